@@ -1,0 +1,1 @@
+"""Memory-mapped torch loader over packtool shards: varlen batches, exactly once, resumable."""
