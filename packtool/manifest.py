@@ -1,0 +1,160 @@
+"""`index.json`: the manifest that makes a folder of Parquet shards a packtool dataset.
+
+The manifest is written last (atomically); a shard it does not list does not exist. Readers refuse
+a `format_version` they do not know. See docs/CONTRACTS.md for the shard columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from packtool.errors import DataError
+
+FORMAT = "packtool.packed"
+FORMAT_VERSION = 1
+INDEX_FILE = "index.json"
+SUPPORTED_VERSIONS = (1,)
+
+
+def packed_schema(token_type: pa.DataType | None = None) -> pa.Schema:
+    """The Arrow schema of a packed shard (format version 1).
+
+    Args:
+        token_type: `pa.uint16()` when the vocabulary has fewer than 65,536 ids, else `pa.uint32()`
+            (the default).
+    """
+    token_type = token_type or pa.uint32()
+    return pa.schema(
+        [
+            pa.field("input_ids", pa.list_(token_type), nullable=False),
+            pa.field("doc_offsets", pa.list_(pa.int32()), nullable=False),
+            pa.field("doc_ids", pa.list_(pa.int64()), nullable=False),
+            pa.field("doc_chunks", pa.list_(pa.int32()), nullable=False),
+        ]
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardInfo:
+    """One shard as the manifest lists it."""
+
+    file: str
+    """File name relative to the dataset folder."""
+    rows: int
+    tokens: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """The contents of `index.json`."""
+
+    tokenizer: dict[str, Any]
+    """Tokenizer identity: kind, name, vocab_size, eos_id, bos_id, sha256."""
+    max_len: int
+    algorithm: str
+    seed: int
+    rounds: int
+    long_docs: str
+    counts: dict[str, int]
+    """documents_in/packed/split/truncated/dropped/empty, tokens_in/out/truncated/dropped, rows."""
+    efficiency: float
+    """Real tokens / (rows * max_len)."""
+    lower_bound_rows: int
+    shards: tuple[ShardInfo, ...]
+    command: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Anything else worth recording (rows per round, per-group efficiency, timings)."""
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def num_rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.tokens for s in self.shards)
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash that changes whenever the dataset's content changes."""
+        h = hashlib.sha256()
+        h.update(str(self.max_len).encode())
+        for s in self.shards:
+            h.update(s.sha256.encode())
+        return h.hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["shards"] = [dataclasses.asdict(s) for s in self.shards]
+        # Put the format first so a person reading the file sees it at once.
+        return {"format": d.pop("format"), "format_version": d.pop("format_version"), **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, where: str = INDEX_FILE) -> Manifest:
+        if d.get("format") != FORMAT:
+            raise DataError(f"{where}: not a packtool dataset (format {d.get('format')!r})")
+        version = d.get("format_version")
+        if version not in SUPPORTED_VERSIONS:
+            raise DataError(
+                f"{where}: format_version {version!r} is not supported by this packtool "
+                f"(supported: {list(SUPPORTED_VERSIONS)}); upgrade packtool or repack the data"
+            )
+        try:
+            shards = tuple(ShardInfo(**s) for s in d["shards"])
+            names = {f.name for f in dataclasses.fields(cls)} - {"shards"}
+            return cls(shards=shards, **{k: v for k, v in d.items() if k in names})
+        except (KeyError, TypeError) as exc:
+            raise DataError(f"{where}: malformed manifest ({exc})") from None
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file and a rename (never a half-written file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:
+    path = Path(directory) / INDEX_FILE
+    text = json.dumps(manifest.to_dict(), indent=2, sort_keys=False) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"))
+    return path
+
+
+def read_manifest(directory: str | os.PathLike) -> Manifest:
+    """Read and check `index.json` in `directory` (a clear `DataError` on any problem)."""
+    directory = Path(directory)
+    path = directory / INDEX_FILE
+    if not directory.is_dir():
+        raise DataError(f"{directory}: no such dataset folder")
+    if not path.is_file():
+        raise DataError(f"{path}: missing; not a packtool dataset or an unfinished `packtool pack`")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: unreadable manifest ({exc})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: malformed manifest (not a JSON object)")
+    return Manifest.from_dict(data, where=str(path))
