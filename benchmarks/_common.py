@@ -1,0 +1,50 @@
+"""Helpers every benchmark shares: timing, peak RSS, a markdown table, and the README block."""
+
+from __future__ import annotations
+
+import re
+import resource
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
+    """The fastest of `repeat` wall-clock timings of `fn()`, in seconds (least noise on a shared box)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def peak_rss_mib(children: bool = False) -> float:
+    """Peak resident set size of this process (or of its waited-for children), in MiB."""
+    who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
+    return resource.getrusage(who).ru_maxrss / 1024.0
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def update_readme(name: str, body: str) -> None:
+    """Replace the text between `<!-- bench:NAME:start -->` and `<!-- bench:NAME:end -->`.
+
+    The markers are appended at the end of README.md when absent.
+    """
+    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+    text = README.read_text(encoding="utf-8")
+    block = f"{start}\n{body.strip()}\n{end}"
+    if start in text and end in text:
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    README.write_text(text, encoding="utf-8")
