@@ -1,0 +1,442 @@
+"""Corpus readers: plain text, JSONL (also .gz / .zst) and Parquet, from files, folders and globs.
+
+Documents stream out in `DocumentBatch`es of bounded size, so memory does not grow with the
+corpus. Every document that cannot be used is a counted skip (`SkipCounter`), never a silent
+drop; `strict=True` turns the first skip into a `DataError`.
+
+Which bad input is an error and which is a skip (see docs/tokenize.md):
+
+- error: a path that matches nothing, an unreadable or corrupt file, a Parquet file without the
+  text column (or an extra field), a JSONL file in which no line has the text field;
+- skip (reason): a line that is not a JSON object (`malformed_json`), a line without the text
+  field or with a null/non-string value (`missing_field`), bytes that are not UTF-8
+  (`invalid_utf8`), a document with no text (`empty`).
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from packtool.errors import ConfigError, DataError
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
+PARQUET_SUFFIXES = (".parquet",)
+TEXT_SUFFIXES = (".txt", ".md", ".text")
+KNOWN_SUFFIXES = JSONL_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES
+"""Suffixes picked up when walking a folder. A file named explicitly (or matched by a glob) with
+any other suffix is read as plain text, one document per file."""
+
+RESERVED_COLUMNS = ("doc_id", "source", "input_ids", "length")
+"""Column names of the tokenized table; an extra field may not take one of them."""
+
+# How many JSON objects without the text field, and none with it, before a file is an error.
+_MISSING_FIELD_PATIENCE = 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadConfig:
+    """How to read a corpus."""
+
+    text_field: str = "text"
+    """The JSONL key holding a document's text."""
+    text_column: str = "text"
+    """The Parquet column holding a document's text."""
+    extra_fields: tuple[str, ...] = ()
+    """String fields (JSONL keys / Parquet columns) carried along with each document, e.g. for
+    `--group-by`. A missing value becomes null. `source` (the file path) is always carried."""
+    strict: bool = False
+    """Raise `DataError` at the first skipped document instead of counting it."""
+    batch_docs: int = 2048
+    """At most this many documents per batch."""
+    batch_bytes: int = 8 << 20
+    """A batch ends once its texts reach this many bytes (bounds memory with long documents)."""
+
+    def __post_init__(self) -> None:
+        if not self.text_field:
+            raise ConfigError("text_field must be a non-empty string")
+        if not self.text_column:
+            raise ConfigError("text_column must be a non-empty string")
+        if isinstance(self.extra_fields, str) or not all(
+            isinstance(f, str) and f for f in self.extra_fields
+        ):
+            raise ConfigError(
+                f"extra_fields must be a tuple of non-empty names, got {self.extra_fields!r}"
+            )
+        clash = sorted(set(self.extra_fields) & set(RESERVED_COLUMNS))
+        if clash:
+            raise ConfigError(
+                f"extra field {clash[0]!r} clashes with a built-in column "
+                f"(reserved: {', '.join(RESERVED_COLUMNS)}; `source` is always the file path)"
+            )
+        if len(set(self.extra_fields)) != len(self.extra_fields):
+            raise ConfigError(f"extra_fields has duplicates: {self.extra_fields!r}")
+        if self.batch_docs < 1:
+            raise ConfigError(f"batch_docs must be >= 1, got {self.batch_docs}")
+        if self.batch_bytes < 1:
+            raise ConfigError(f"batch_bytes must be >= 1, got {self.batch_bytes}")
+
+
+@dataclass(kw_only=True)
+class DocumentBatch:
+    """A batch of documents in reading order."""
+
+    doc_ids: np.ndarray
+    """int64, (n,): global ids, sequential in reading order over all inputs (skips take none)."""
+    texts: list[str]
+    sources: list[str]
+    """The file each document came from."""
+    extras: dict[str, list[str | None]] = field(default_factory=dict)
+    """One list per `ReadConfig.extra_fields` entry."""
+    nbytes: int = 0
+    """Input bytes this batch consumed (uncompressed), for throughput figures."""
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+class SkipCounter:
+    """Counts skipped documents per reason and keeps the first few `file:line` examples.
+
+    Args:
+        strict: raise `DataError` at the first skip instead of counting it.
+        max_examples: examples kept per reason.
+    """
+
+    def __init__(self, *, strict: bool = False, max_examples: int = 3) -> None:
+        self.strict = strict
+        self.max_examples = max_examples
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, list[str]] = {}
+
+    def add(self, reason: str, where: str, detail: str = "") -> None:
+        """Record one skipped document; `where` is `file` or `file:line`."""
+        if self.strict:
+            extra = f" ({detail})" if detail else ""
+            raise DataError(
+                f"{where}: {reason.replace('_', ' ')}{extra}; "
+                "run without --strict to skip and count such documents"
+            )
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        examples = self.examples.setdefault(reason, [])
+        if len(examples) < self.max_examples:
+            examples.append(f"{where} ({detail})" if detail else where)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(sorted(self.counts.items()))
+
+    def summary(self) -> str:
+        """One line: `3 skipped: empty 2 (a.jsonl:4, ...), malformed_json 1 (...)`, or `no skips`."""
+        if not self.counts:
+            return "no skips"
+        parts = [
+            f"{reason} {n} (e.g. {', '.join(self.examples.get(reason, []))})"
+            for reason, n in sorted(self.counts.items())
+        ]
+        return f"{self.total} skipped: " + "; ".join(parts)
+
+
+def file_kind(path: Path) -> str:
+    """`jsonl`, `parquet` or `text`, from the file name."""
+    name = path.name.lower()
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    return "text"
+
+
+def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
+    """Expand files, folders (recursively, known suffixes only) and globs into a file list.
+
+    Each input's matches are sorted; the inputs keep their order; duplicates are dropped.
+
+    Raises:
+        DataError: an input matches no file.
+    """
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    out: list[Path] = []
+    seen: set[Path] = set()
+    for raw in inputs:
+        text = os.fspath(raw)
+        path = Path(text)
+        if path.is_dir():
+            matches = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file()
+                and p.name.lower().endswith(KNOWN_SUFFIXES)
+                and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            )
+            if not matches:
+                raise DataError(
+                    f"{text}: folder has no corpus files (looked for {', '.join(KNOWN_SUFFIXES)})"
+                )
+        elif path.is_file():
+            matches = [path]
+        elif glob.has_magic(text):
+            matches = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+            if not matches:
+                raise DataError(f"{text}: glob matches no files")
+        else:
+            raise DataError(f"{text}: no such file or folder")
+        for p in matches:
+            key = p.resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+    return out
+
+
+def read_corpus(
+    inputs: Iterable[str | os.PathLike],
+    config: ReadConfig | None = None,
+    skips: SkipCounter | None = None,
+) -> Iterator[DocumentBatch]:
+    """Stream the documents of `inputs` as batches, in input order.
+
+    Files are opened lazily, one at a time: the first batch arrives before later files are read.
+
+    Args:
+        inputs: files, folders and globs (see `expand_inputs`).
+        config: reading options; defaults to `ReadConfig()`.
+        skips: where skipped documents are counted; a fresh counter (strict as `config.strict`)
+            when None.
+
+    Raises:
+        DataError: a missing path, an unreadable file, a missing Parquet column, or any skip in
+            strict mode.
+    """
+    config = config or ReadConfig()
+    skips = skips if skips is not None else SkipCounter(strict=config.strict)
+    paths = expand_inputs(inputs)
+    builder = _BatchBuilder(config)
+    for path in paths:
+        for text, extras, nbytes in _read_file(path, config, skips):
+            builder.add(text, str(path), extras, nbytes)
+            if builder.full:
+                yield builder.flush()
+    if builder.texts:
+        yield builder.flush()
+
+
+class _BatchBuilder:
+    def __init__(self, config: ReadConfig) -> None:
+        self.config = config
+        self.next_id = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.texts: list[str] = []
+        self.sources: list[str] = []
+        self.extras: dict[str, list[str | None]] = {f: [] for f in self.config.extra_fields}
+        self.nbytes = 0
+        self.text_bytes = 0
+
+    def add(self, text: str, source: str, extras: tuple[str | None, ...], nbytes: int) -> None:
+        self.texts.append(text)
+        self.sources.append(source)
+        for name, value in zip(self.config.extra_fields, extras, strict=True):
+            self.extras[name].append(value)
+        self.nbytes += nbytes
+        self.text_bytes += len(text)  # characters: a cheap stand-in for bytes
+
+    @property
+    def full(self) -> bool:
+        return (
+            len(self.texts) >= self.config.batch_docs or self.text_bytes >= self.config.batch_bytes
+        )
+
+    def flush(self) -> DocumentBatch:
+        n = len(self.texts)
+        batch = DocumentBatch(
+            doc_ids=np.arange(self.next_id, self.next_id + n, dtype=np.int64),
+            texts=self.texts,
+            sources=self.sources,
+            extras=self.extras,
+            nbytes=self.nbytes,
+        )
+        self.next_id += n
+        self._reset()
+        return batch
+
+
+_Doc = tuple[str, tuple[str | None, ...], int]
+
+
+def _read_file(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_Doc]:
+    kind = file_kind(path)
+    try:
+        if kind == "jsonl":
+            yield from _read_jsonl(path, config, skips)
+        elif kind == "parquet":
+            yield from _read_parquet(path, config, skips)
+        else:
+            yield from _read_text(path, config, skips)
+    except OSError as exc:  # also gzip.BadGzipFile
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except EOFError as exc:
+        raise DataError(f"{path}: file is truncated ({exc})") from None
+
+
+def _as_extra(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        return orjson.dumps(value).decode()
+    return str(value)
+
+
+def _read_text(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_Doc]:
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        skips.add("invalid_utf8", str(path), f"byte {exc.start}")
+        return
+    if not text:
+        skips.add("empty", str(path))
+        return
+    yield text, (None,) * len(config.extra_fields), len(data)
+
+
+def _open_jsonl(path: Path) -> io.BufferedIOBase:
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if name.endswith(".zst"):
+        import zstandard
+
+        raw = open(path, "rb")  # noqa: SIM115 - closed through the wrapper
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+        return io.BufferedReader(reader, buffer_size=1 << 20)  # type: ignore[arg-type]
+    return open(path, "rb", buffering=1 << 20)  # noqa: SIM115
+
+
+def _read_jsonl(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_Doc]:
+    field_name = config.text_field
+    extra_fields = config.extra_fields
+    seen_field = False
+    objects_without = 0
+    first_keys: list[str] = []
+    try:
+        import zstandard
+
+        zstd_error: type[BaseException] = zstandard.ZstdError
+    except ImportError:  # pragma: no cover - zstandard is a dependency
+        zstd_error = OSError
+    try:
+        with _open_jsonl(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue  # a blank line is not a document
+                where = f"{path}:{lineno}"
+                try:
+                    obj = orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    try:
+                        line.decode("utf-8")
+                    except UnicodeDecodeError:
+                        skips.add("invalid_utf8", where)
+                    else:
+                        skips.add("malformed_json", where, str(exc).split(":")[0])
+                    continue
+                if not isinstance(obj, dict):
+                    skips.add(
+                        "malformed_json", where, f"a JSON {type(obj).__name__}, not an object"
+                    )
+                    continue
+                text = obj.get(field_name)
+                if text is None:
+                    if not seen_field:
+                        objects_without += 1
+                        if not first_keys:
+                            first_keys = sorted(obj)
+                        if objects_without >= _MISSING_FIELD_PATIENCE:
+                            _raise_missing_field(path, field_name, first_keys)
+                    skips.add("missing_field", where, f"no {field_name!r}")
+                    continue
+                seen_field = True
+                if not isinstance(text, str):
+                    skips.add("missing_field", where, f"{field_name!r} is a {type(text).__name__}")
+                    continue
+                if not text:
+                    skips.add("empty", where)
+                    continue
+                extras = tuple(_as_extra(obj.get(name)) for name in extra_fields)
+                yield text, extras, len(line)
+    except zstd_error as exc:
+        raise DataError(f"{path}: corrupt zstd stream ({exc})") from None
+    if objects_without and not seen_field:
+        _raise_missing_field(path, field_name, first_keys)
+
+
+def _raise_missing_field(path: Path, field_name: str, keys: list[str]) -> None:
+    raise DataError(
+        f"{path}: no line has the text field {field_name!r} "
+        f"(fields found: {', '.join(keys) or 'none'}); pass --text-field NAME"
+    )
+
+
+def _read_parquet(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_Doc]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except pa.ArrowInvalid as exc:
+        raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+    names = pf.schema_arrow.names
+    wanted = [config.text_column, *config.extra_fields]
+    for name in wanted:
+        if name not in names:
+            what = "text column" if name == config.text_column else "extra field"
+            hint = "; pass --text-column NAME" if name == config.text_column else ""
+            raise DataError(f"{path}: no {what} {name!r} (columns: {', '.join(names)}){hint}")
+    text_type = pf.schema_arrow.field(config.text_column).type
+    is_binary = pa.types.is_binary(text_type) or pa.types.is_large_binary(text_type)
+    if not (is_binary or pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
+        raise DataError(
+            f"{path}: text column {config.text_column!r} has type {text_type}, not a string"
+        )
+    row = 0
+    try:
+        for record_batch in pf.iter_batches(batch_size=config.batch_docs, columns=wanted):
+            text_col = record_batch.column(0)
+            texts = text_col.to_pylist()
+            extra_cols = [
+                [_as_extra(v) for v in record_batch.column(i + 1).to_pylist()]
+                for i in range(len(config.extra_fields))
+            ]
+            for i, text in enumerate(texts):
+                row += 1
+                where = f"{path}:row {row}"
+                if text is None:
+                    skips.add("missing_field", where, f"{config.text_column!r} is null")
+                    continue
+                if is_binary:
+                    try:
+                        text = text.decode("utf-8")
+                    except UnicodeDecodeError:
+                        skips.add("invalid_utf8", where)
+                        continue
+                if not text:
+                    skips.add("empty", where)
+                    continue
+                yield text, tuple(col[i] for col in extra_cols), len(text)
+    except (pa.ArrowInvalid, pa.ArrowIOError) as exc:
+        raise DataError(f"{path}: corrupt Parquet data near row {row} ({exc})") from None
