@@ -29,6 +29,24 @@ def cli() -> None:
 # --- commands are registered below; keep each one thin over a library function ---
 
 
+@cli.command("verify")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.option(
+    "--no-checksums", is_flag=True, help="Skip recomputing sha256 (sizes are still checked)."
+)
+def verify_cmd(directory: str, no_checksums: bool) -> None:
+    """Re-check a packed dataset: checksums, schema, offsets, token ids, totals.
+
+    Prints one OK line, or names the first problem and exits 1.
+    """
+    from packtool.verify import verify_dataset
+
+    report = verify_dataset(directory, checksums=not no_checksums, progress=True)
+    for line in report.warnings:
+        click.echo(f"warning: {line}", err=True)
+    click.echo(report.summary())
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
     try:

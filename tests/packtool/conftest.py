@@ -1,0 +1,129 @@
+"""Shared fixtures for packtool tests: small packed datasets built by hand, per the shard contract.
+
+`packed_dataset_factory` writes Parquet shards with pyarrow and an `index.json` with
+`packtool.manifest.write_manifest`, independently of `packtool pack`, so readers (verify, inspect,
+the loader) can be tested on exact, hand-checkable data, then damaged in specific ways.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packtool.manifest import Manifest, ShardInfo, packed_schema, sha256_file, write_manifest
+
+Doc = tuple[int, int, int | Sequence[int]]
+"""(doc_id, chunk, tokens): tokens is a list of ids, or a length (ids then derived from doc_id)."""
+Row = Sequence[Doc] | dict[str, list]
+"""A row: a list of documents, or a dict of the four raw column values (for invalid rows)."""
+
+
+def doc_tokens(doc_id: int, chunk: int, length: int, vocab_size: int) -> list[int]:
+    """Deterministic token ids for a document given by its length."""
+    return [(doc_id * 31 + chunk * 7 + i) % vocab_size for i in range(length)]
+
+
+def row_columns(row: Row, vocab_size: int) -> dict[str, list]:
+    """The four contract columns of one row."""
+    if isinstance(row, dict):
+        return row
+    ids: list[int] = []
+    offsets = [0]
+    doc_ids: list[int] = []
+    chunks: list[int] = []
+    for doc_id, chunk, tokens in row:
+        toks = doc_tokens(doc_id, chunk, tokens, vocab_size) if isinstance(tokens, int) else tokens
+        ids.extend(toks)
+        offsets.append(len(ids))
+        doc_ids.append(doc_id)
+        chunks.append(chunk)
+    return {"input_ids": ids, "doc_offsets": offsets, "doc_ids": doc_ids, "doc_chunks": chunks}
+
+
+def build_packed_dataset(
+    directory: Path,
+    shards: Sequence[Sequence[Row]],
+    *,
+    max_len: int = 16,
+    vocab_size: int = 256,
+    tokenizer: dict[str, Any] | None = None,
+    schema: pa.Schema | None = None,
+    row_group_size: int | None = None,
+    **manifest_fields: Any,
+) -> Path:
+    """Write `shards` (each a list of rows) as a packed dataset in `directory`.
+
+    The manifest is computed from what was written (rows, tokens, bytes, sha256, counts), so the
+    checksums always match even when the rows themselves break the contract. `manifest_fields`
+    override any `Manifest` field (e.g. `counts=...`, `lower_bound_rows=...`).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    if schema is None:
+        schema = packed_schema(pa.uint16() if vocab_size < 65_536 else pa.uint32())
+    infos = []
+    total_tokens = total_rows = 0
+    documents: set[tuple[int, int]] = set()
+    for i, rows in enumerate(shards):
+        cols = [row_columns(r, vocab_size) for r in rows]
+        table = pa.table({name: [c[name] for c in cols] for name in schema.names}, schema=schema)
+        name = f"shard-{i:05d}.parquet"
+        path = directory / name
+        pq.write_table(table, path, row_group_size=row_group_size)
+        tokens = sum(len(c["input_ids"]) for c in cols)
+        for c in cols:
+            documents.update(zip(c["doc_ids"], c["doc_chunks"], strict=False))
+        infos.append(
+            ShardInfo(
+                file=name,
+                rows=len(rows),
+                tokens=tokens,
+                bytes=path.stat().st_size,
+                sha256=sha256_file(path),
+            )
+        )
+        total_tokens += tokens
+        total_rows += len(rows)
+    fields: dict[str, Any] = {
+        "tokenizer": tokenizer
+        or {
+            "kind": "byte",
+            "name": "byte",
+            "vocab_size": vocab_size,
+            "eos_id": vocab_size - 1,
+            "bos_id": None,
+            "sha256": "",
+        },
+        "max_len": max_len,
+        "algorithm": "ffd",
+        "seed": 0,
+        "rounds": 1,
+        "long_docs": "split",
+        "counts": {
+            "documents_in": len({d for d, _ in documents}),
+            "tokens_in": total_tokens,
+            "tokens_out": total_tokens,
+            "rows": total_rows,
+        },
+        "efficiency": total_tokens / (total_rows * max_len) if total_rows else 0.0,
+        "lower_bound_rows": -(-total_tokens // max_len),
+        "shards": tuple(infos),
+        "command": "tests",
+    }
+    fields.update(manifest_fields)
+    write_manifest(directory, Manifest(**fields))
+    return directory
+
+
+@pytest.fixture
+def packed_dataset_factory(tmp_path: Path) -> Callable[..., Path]:
+    """`make(shards, *, name="packed", **options) -> Path`; see `build_packed_dataset`."""
+
+    def make(shards: Sequence[Sequence[Row]], *, name: str = "packed", **options: Any) -> Path:
+        return build_packed_dataset(tmp_path / name, shards, **options)
+
+    return make
