@@ -1,0 +1,280 @@
+"""`varlen_attention`: attention over packed documents, and the `auto` backend choice.
+
+Packed tensors hold several documents back to back; ``cu_seqlens`` (int32, ``(n_docs + 1,)``)
+marks where each starts. A query only ever sees keys of its own document.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from itertools import pairwise
+
+import torch
+
+from attention import backends
+from attention.backends import SPECS, Window
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", *SPECS)
+"""Names accepted by ``backend=``."""
+
+CUDA_ORDER = ("flash_attn", "torch_varlen", "flex", "sdpa")
+"""Preference on CUDA: the first usable one wins."""
+
+DENSE_MAX_TOKENS = 512
+"""On CPU, `auto` uses `dense` up to this many packed tokens and `sdpa` above.
+
+Measured with ``python -m benchmarks.bench_train --crossover`` (see docs/attention.md): one
+masked SDPA over T tokens costs O(T^2) but a single call; one call per document costs
+O(sum len^2) plus a per-document overhead that dominates for short inputs.
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendChoice:
+    """What `choose_backend` picked and why."""
+
+    name: str
+    """The backend that will run."""
+    reason: str
+    """One line: why this one (and why the preferred ones were passed over)."""
+
+
+def normalize_window(window: int | tuple[int, int] | None, causal: bool) -> Window:
+    """Turn the user's ``window`` into flash-attn's ``(left, right)``, -1 meaning unbounded.
+
+    An int ``w`` is a window of ``w`` keys including the query itself: ``(w - 1, 0)`` when
+    causal, ``(w - 1, w - 1)`` otherwise. With ``causal=True`` the right bound is always 0.
+    """
+    if window is None:
+        return (-1, 0) if causal else (-1, -1)
+    if isinstance(window, bool) or not isinstance(window, (int, tuple, list)):
+        raise ValueError(
+            f"window must be None, an int >= 1 or a (left, right) pair, got {window!r}"
+        )
+    if isinstance(window, int):
+        if window < 1:
+            raise ValueError(f"window must be >= 1 (the query itself counts), got {window}")
+        return (window - 1, 0 if causal else window - 1)
+    if len(window) != 2 or not all(isinstance(w, int) and w >= -1 for w in window):
+        raise ValueError(
+            f"window pair must be two ints >= -1 (-1 = unbounded), got {tuple(window)!r}"
+        )
+    left, right = window
+    return (left, 0 if causal else right)
+
+
+def check_cu_seqlens(cu_seqlens: torch.Tensor, total_tokens: int) -> list[int]:
+    """Validate ``cu_seqlens`` against the token count and return it as a list.
+
+    Raises:
+        ValueError: not int32, not 1-D, empty, not starting at 0, decreasing, or not ending at
+            ``total_tokens``; the message names the offending value.
+    """
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise ValueError(
+            f"cu_seqlens must be int32 (flash kernels require it), got {cu_seqlens.dtype}"
+        )
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"cu_seqlens must be 1-D with n_docs + 1 >= 2 entries, got shape {tuple(cu_seqlens.shape)}"
+        )
+    bounds = cu_seqlens.tolist()  # one device sync on CUDA
+    if bounds[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {bounds[0]}")
+    for i in range(1, len(bounds)):
+        if bounds[i] < bounds[i - 1]:
+            raise ValueError(
+                f"cu_seqlens must be non-decreasing, got {bounds[i - 1]} then {bounds[i]} "
+                f"at index {i}"
+            )
+    if bounds[-1] != total_tokens:
+        raise ValueError(f"cu_seqlens must end at the token count {total_tokens}, got {bounds[-1]}")
+    return bounds
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(
+                f"{name} must be (total_tokens, heads, head_dim), got shape {tuple(t.shape)}"
+            )
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on total_tokens and head_dim"
+        )
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        raise ValueError(
+            f"q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]}) "
+            "for grouped-query attention"
+        )
+    if not (q.dtype == k.dtype == v.dtype) or not q.dtype.is_floating_point:
+        raise ValueError(
+            f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+
+
+def why_not(
+    name: str, device: torch.device, dtype: torch.dtype, window: Window, causal: bool = True
+) -> str | None:
+    """Why backend ``name`` cannot run these inputs, or None when it can."""
+    spec = SPECS[name]
+    missing = spec.available()
+    if missing is not None:
+        return missing
+    if spec.cuda_only and device.type != "cuda":
+        return f"{name} needs CUDA tensors, got {device.type}"
+    if dtype not in spec.dtypes:
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in spec.dtypes)
+        return f"{name} takes {allowed}, got {str(dtype).removeprefix('torch.')}"
+    has_window = window[0] >= 0 or (window[1] >= 0 and not causal)
+    if has_window and not spec.supports_window():
+        return f"{name} cannot apply a sliding window with torch {torch.__version__}"
+    return None
+
+
+def usable_backends(
+    device: torch.device, dtype: torch.dtype, window: Window, causal: bool = True
+) -> list[str]:
+    """Backends that can run inputs of this device, dtype and window."""
+    return [name for name in SPECS if why_not(name, device, dtype, window, causal) is None]
+
+
+def choose_backend(
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    total_tokens: int,
+    window: Window = (-1, 0),
+    causal: bool = True,
+) -> BackendChoice:
+    """The backend `auto` runs for these inputs, with the reason.
+
+    CPU: ``dense`` up to `DENSE_MAX_TOKENS` packed tokens (one masked call beats a Python loop),
+    ``sdpa`` above. CUDA: the first usable of flash_attn > torch_varlen > flex > sdpa.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        if total_tokens <= DENSE_MAX_TOKENS:
+            return BackendChoice(
+                name="dense",
+                reason=f"{device.type}: {total_tokens} tokens <= {DENSE_MAX_TOKENS}, one masked call",
+            )
+        return BackendChoice(
+            name="sdpa",
+            reason=f"{device.type}: {total_tokens} tokens > {DENSE_MAX_TOKENS}, one call per document",
+        )
+    skipped = []
+    for name in CUDA_ORDER:
+        reason = why_not(name, device, dtype, window, causal)
+        if reason is None:
+            why = f"cuda: first usable of {' > '.join(CUDA_ORDER)}"
+            return BackendChoice(
+                name=name, reason=why + (f" ({'; '.join(skipped)})" if skipped else "")
+            )
+        skipped.append(reason)
+    raise AssertionError("sdpa always runs")  # pragma: no cover
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int | None = None,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    window: int | tuple[int, int] | None = None,
+    backend: str = "auto",
+    *,
+    validate: bool = True,
+    return_backend: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, str]:
+    """Attention over packed documents: each document attends only to itself.
+
+    Args:
+        q: ``(total_tokens, n_heads, head_dim)``.
+        k: ``(total_tokens, n_kv_heads, head_dim)``; ``n_heads`` must be a multiple of
+            ``n_kv_heads`` (grouped-query attention).
+        v: same shape as ``k``.
+        cu_seqlens: int32 ``(n_docs + 1,)`` document boundaries, 0 first, ``total_tokens`` last.
+        max_seqlen: longest document; computed from ``cu_seqlens`` when None.
+        causal: a query sees only keys at or before its position.
+        softmax_scale: multiplies ``q k^T``; default ``1 / sqrt(head_dim)``.
+        window: None (no window), an int ``w`` (``w`` keys including the query itself), or a
+            ``(left, right)`` pair as in flash-attn (-1 = unbounded; right is 0 when causal).
+        backend: ``auto`` or one of ``flash_attn``, ``torch_varlen``, ``flex``, ``sdpa``,
+            ``dense``.
+        validate: check ``cu_seqlens`` values (one device sync on CUDA). A caller that checked
+            them once per batch (the model) passes False for each layer.
+        return_backend: also return the name of the backend that ran.
+
+    Returns:
+        ``(total_tokens, n_heads, head_dim)`` output, plus the backend name when
+        ``return_backend``.
+
+    Raises:
+        ValueError: bad shapes, dtypes, ``cu_seqlens``, ``window``, ``softmax_scale``, an
+            unknown backend, or a backend that cannot run these inputs (the message names the
+            backends that can).
+    """
+    _check_qkv(q, k, v)
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.device != q.device:
+        where = cu_seqlens.device if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens)
+        raise ValueError(f"cu_seqlens must be a tensor on {q.device} like q, got {where}")
+    bounds = check_cu_seqlens(cu_seqlens, q.shape[0]) if validate else None
+    if max_seqlen is None:
+        bounds = bounds or cu_seqlens.tolist()
+        max_seqlen = max((b - a for a, b in pairwise(bounds)), default=0)
+    elif bounds is not None:
+        longest = max((b - a for a, b in pairwise(bounds)), default=0)
+        if max_seqlen < longest:
+            raise ValueError(f"max_seqlen {max_seqlen} is below the longest document ({longest})")
+    win = normalize_window(window, causal)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    elif not (softmax_scale > 0 and math.isfinite(softmax_scale)):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+
+    if backend == "auto":
+        choice = choose_backend(
+            device=q.device, dtype=q.dtype, total_tokens=q.shape[0], window=win, causal=causal
+        )
+        log.debug("varlen_attention auto -> %s (%s)", choice.name, choice.reason)
+        name = choice.name
+    elif backend in SPECS:
+        reason = why_not(backend, q.device, q.dtype, win, causal)
+        if reason is not None:
+            ok = usable_backends(q.device, q.dtype, win, causal)
+            raise ValueError(
+                f"backend {backend!r} cannot run: {reason}; usable here: {', '.join(ok)}"
+            )
+        name = backend
+    else:
+        raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+
+    if q.shape[0] == 0:
+        out = q.new_zeros(q.shape)
+    else:
+        out = backends.KERNELS[name](
+            q,
+            k,
+            v,
+            cu_seqlens,
+            max_seqlen=max_seqlen,
+            causal=causal,
+            scale=softmax_scale,
+            window=win,
+        )
+    return (out, name) if return_backend else out

@@ -1,0 +1,364 @@
+"""varlen_attention on CPU: every backend equals attention run on each document alone."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import attention
+from attention import backends
+from attention.varlen import DENSE_MAX_TOKENS, normalize_window
+from tests.attention.helpers import cu_from_lengths, reference_attention
+
+CPU_BACKENDS = ["dense", "sdpa"]
+
+
+def _flex_eager(q, k, v, cu, **kw):
+    # flex's unfused eager path on CPU: checks the document mask_mod without a compiler.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return backends.flex(q, k, v, cu, compile=False, **kw)
+
+
+def _inputs(lengths, n_heads, n_kv, head_dim, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    q = torch.randn(total, n_heads, head_dim, generator=g, dtype=dtype)
+    k = torch.randn(total, n_kv, head_dim, generator=g, dtype=dtype)
+    v = torch.randn(total, n_kv, head_dim, generator=g, dtype=dtype)
+    return q, k, v
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-checkable.
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_uniform_scores_give_running_means_per_document(backend):
+    # q = 0 makes every score equal, so causal attention at position i is the mean of v over
+    # the document's tokens 0..i: a value from another document would show up at once.
+    v = torch.tensor([1.0, 3.0, 5.0, 100.0, 200.0], dtype=torch.float64).reshape(5, 1, 1)
+    q = torch.zeros(5, 1, 1, dtype=torch.float64)
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    out = attention.varlen_attention(q, q, v, cu, backend=backend)
+    assert out.flatten().tolist() == pytest.approx([1.0, 2.0, 3.0, 100.0, 150.0])
+    out = attention.varlen_attention(q, q, v, cu, causal=False, backend=backend)
+    assert out.flatten().tolist() == pytest.approx([3.0, 3.0, 3.0, 150.0, 150.0])
+    # window=2: the query and one key before it.
+    out = attention.varlen_attention(q, q, v, cu, window=2, backend=backend)
+    assert out.flatten().tolist() == pytest.approx([1.0, 2.0, 4.0, 100.0, 150.0])
+
+
+def test_normalize_window():
+    assert normalize_window(None, True) == (-1, 0)
+    assert normalize_window(None, False) == (-1, -1)
+    assert normalize_window(4, True) == (3, 0)
+    assert normalize_window(4, False) == (3, 3)
+    assert normalize_window((2, 5), True) == (2, 0)
+    assert normalize_window((2, -1), False) == (2, -1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties: every CPU backend equals the per-document reference, outputs and gradients.
+
+lengths_st = st.lists(st.integers(0, 13), min_size=1, max_size=5).filter(lambda x: sum(x) > 0)
+window_st = st.one_of(
+    st.none(),
+    st.integers(1, 6),
+    st.tuples(st.integers(-1, 5), st.integers(-1, 5)),
+)
+
+
+def _check_against_reference(
+    kernel, lengths, n_kv, group, head_dim, causal, window, scale, grads=True
+):
+    q, k, v = _inputs(lengths, n_kv * group, n_kv, head_dim, seed=sum(lengths) * 31 + n_kv)
+    left, right = normalize_window(window, causal)
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    if grads:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+    cu = cu_from_lengths(lengths)
+    out = kernel(q, k, v, cu, scale, window)
+    ref_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+    ref = reference_attention(
+        qr, kr, vr, lengths, causal=causal, scale=ref_scale, left=left, right=right
+    )
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    if not grads:
+        return
+    grad_out = torch.randn_like(ref)
+    out.backward(grad_out)
+    ref.backward(grad_out)
+    for a, b in ((q, qr), (k, kr), (v, vr)):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=lengths_st,
+    n_kv=st.integers(1, 2),
+    group=st.sampled_from([1, 2, 3]),
+    head_dim=st.sampled_from([4, 8]),
+    causal=st.booleans(),
+    window=window_st,
+    scale=st.one_of(st.none(), st.floats(0.05, 2.0)),
+)
+def test_backend_equals_per_document_reference(
+    backend, lengths, n_kv, group, head_dim, causal, window, scale
+):
+    def kernel(q, k, v, cu, scale, window):
+        return attention.varlen_attention(
+            q, k, v, cu, causal=causal, softmax_scale=scale, window=window, backend=backend
+        )
+
+    _check_against_reference(kernel, lengths, n_kv, group, head_dim, causal, window, scale)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=lengths_st,
+    n_kv=st.integers(1, 2),
+    group=st.sampled_from([1, 2]),
+    causal=st.booleans(),
+    window=window_st,
+)
+def test_flex_mask_mod_equals_reference_eager(lengths, n_kv, group, causal, window):
+    """Flex runs compiled on CUDA; its document mask_mod is the same code here (forward only:
+    flex has no CPU backward; the GPU tests check its gradients)."""
+
+    def kernel(q, k, v, cu, scale, window):
+        return _flex_eager(
+            q,
+            k,
+            v,
+            cu,
+            max_seqlen=max(lengths),
+            causal=causal,
+            scale=1 / math.sqrt(8),
+            window=normalize_window(window, causal),
+        )
+
+    _check_against_reference(kernel, lengths, n_kv, group, 8, causal, window, None, grads=False)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_float32_and_bfloat16_run(backend):
+    lengths = [5, 1, 9]
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        q, k, v = _inputs(lengths, 4, 2, 8, dtype=dtype)
+        out = attention.varlen_attention(q, k, v, cu_from_lengths(lengths), backend=backend)
+        ref = reference_attention(
+            q.double(), k.double(), v.double(), lengths, causal=True, scale=1 / math.sqrt(8)
+        )
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch_varlen adapts to the installed torch's signature (checked on CPU with stand-ins).
+
+
+def _fake_varlen(signature_kind):
+    def impl(
+        query,
+        key,
+        value,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        scale=None,
+        window=(-1, -1),
+        is_causal=False,
+    ):
+        if key.shape[1] != query.shape[1]:
+            raise AssertionError("GQA must have been expanded or flagged")
+        lengths = (cu_seq_q[1:] - cu_seq_q[:-1]).tolist()
+        s = scale if scale is not None else 1 / math.sqrt(query.shape[-1])
+        left, right = window
+        if is_causal:
+            right = 0
+        return reference_attention(
+            query, key, value, lengths, causal=False, scale=s, left=left, right=right
+        )
+
+    if signature_kind == "2.10":
+
+        def varlen_attn(
+            query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None
+        ):
+            return impl(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=is_causal)
+    else:
+
+        def varlen_attn(
+            query,
+            key,
+            value,
+            cu_seq_q,
+            cu_seq_k,
+            max_q,
+            max_k,
+            *,
+            return_aux=None,
+            scale=None,
+            window_size=(-1, -1),
+            enable_gqa=False,
+        ):
+            if enable_gqa:
+                group = query.shape[1] // key.shape[1]
+                key, value = (t.repeat_interleave(group, dim=1) for t in (key, value))
+            return impl(
+                query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window=window_size
+            )
+
+    return varlen_attn
+
+
+@pytest.mark.parametrize("kind", ["2.10", "2.11+"])
+def test_torch_varlen_adapts_to_signature(monkeypatch, kind):
+    import torch.nn.attention.varlen as tv
+
+    fake = _fake_varlen(kind)
+    monkeypatch.setattr(tv, "varlen_attn", fake)
+    backends._torch_varlen_params.cache_clear()
+    try:
+        assert backends._torch_varlen_params() == frozenset(inspect.signature(fake).parameters)
+        assert backends._torch_varlen_window() is (kind != "2.10")
+        lengths = [4, 7, 2]
+        q, k, v = _inputs(lengths, 4, 2, 8)
+        cu = cu_from_lengths(lengths)
+        windows = [(-1, 0)] if kind == "2.10" else [(-1, 0), (2, 0)]
+        for win in windows:
+            out = backends.torch_varlen(
+                q, k, v, cu, max_seqlen=7, causal=True, scale=0.3, window=win
+            )
+            ref = reference_attention(q, k, v, lengths, causal=True, scale=0.3, left=win[0])
+            torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    finally:
+        backends._torch_varlen_params.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# auto, and errors a person can act on.
+
+
+def test_auto_picks_dense_for_small_and_sdpa_for_large_on_cpu():
+    small = attention.choose_backend(
+        device="cpu", dtype=torch.float32, total_tokens=DENSE_MAX_TOKENS
+    )
+    large = attention.choose_backend(
+        device="cpu", dtype=torch.float32, total_tokens=DENSE_MAX_TOKENS + 1
+    )
+    assert (small.name, large.name) == ("dense", "sdpa")
+    assert str(DENSE_MAX_TOKENS) in small.reason
+    q, k, v = _inputs([3, 4], 2, 2, 4, dtype=torch.float32)
+    _, name = attention.varlen_attention(q, k, v, cu_from_lengths([3, 4]), return_backend=True)
+    assert name == "dense"
+
+
+def test_auto_on_cuda_prefers_flash_then_torch_varlen(monkeypatch):
+    monkeypatch.setitem(
+        backends.SPECS,
+        "flash_attn",
+        backends.BackendSpec(
+            name="flash_attn",
+            cuda_only=True,
+            dtypes=(torch.bfloat16,),
+            available=lambda: "not installed",
+        ),
+    )
+    choice = attention.choose_backend(device="cuda", dtype=torch.float32, total_tokens=10)
+    # float32: flash_attn (missing) and torch_varlen (half only) are passed over.
+    assert choice.name in {"flex", "sdpa"}
+    assert "not installed" in choice.reason and "torch_varlen takes" in choice.reason
+
+
+def _valid():
+    q, k, v = _inputs([3, 4], 4, 2, 8, dtype=torch.float32)
+    return q, k, v, cu_from_lengths([3, 4])
+
+
+@pytest.mark.parametrize(
+    ("cu", "match"),
+    [
+        (torch.tensor([0, 3, 7], dtype=torch.int64), "int32"),
+        (torch.tensor([1, 3, 7], dtype=torch.int32), "start at 0, got 1"),
+        (torch.tensor([0, 5, 3, 7], dtype=torch.int32), "non-decreasing, got 5 then 3"),
+        (torch.tensor([0, 3, 6], dtype=torch.int32), "end at the token count 7, got 6"),
+        (torch.tensor([0], dtype=torch.int32), "n_docs \\+ 1"),
+    ],
+)
+def test_bad_cu_seqlens(cu, match):
+    q, k, v, _ = _valid()
+    with pytest.raises(ValueError, match=match):
+        attention.varlen_attention(q, k, v, cu)
+
+
+def test_bad_shapes_heads_dtypes_and_options():
+    q, k, v, cu = _valid()
+    with pytest.raises(ValueError, match="multiple of k/v heads"):
+        attention.varlen_attention(q, k.repeat(1, 2, 1)[:, :3], v.repeat(1, 2, 1)[:, :3], cu)
+    with pytest.raises(ValueError, match="total_tokens and head_dim"):
+        attention.varlen_attention(q, k[:6], v[:6], cu)
+    with pytest.raises(ValueError, match="total_tokens and head_dim"):
+        attention.varlen_attention(q, k[..., :4], v[..., :4], cu)
+    with pytest.raises(ValueError, match=r"\(total_tokens, heads, head_dim\)"):
+        attention.varlen_attention(q[None], k, v, cu)
+    with pytest.raises(ValueError, match="same shape"):
+        attention.varlen_attention(q, k, v[:, :1], cu)
+    with pytest.raises(ValueError, match="one floating dtype"):
+        attention.varlen_attention(q, k.double(), v, cu)
+    with pytest.raises(ValueError, match="unknown backend 'fast'; choose from auto, flash_attn"):
+        attention.varlen_attention(q, k, v, cu, backend="fast")
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        attention.varlen_attention(q, k, v, cu, window=0)
+    with pytest.raises(ValueError, match="window pair"):
+        attention.varlen_attention(q, k, v, cu, window=(3, -2))
+    with pytest.raises(ValueError, match="softmax_scale"):
+        attention.varlen_attention(q, k, v, cu, softmax_scale=-1.0)
+    with pytest.raises(ValueError, match="max_seqlen 3 is below the longest document \\(4\\)"):
+        attention.varlen_attention(q, k, v, cu, max_seqlen=3)
+
+
+@pytest.mark.parametrize("backend", ["flash_attn", "torch_varlen", "flex"])
+def test_cuda_backend_on_cpu_names_the_usable_ones(backend):
+    q, k, v, cu = _valid()
+    with pytest.raises(
+        ValueError, match=f"backend '{backend}' cannot run: .*usable here: sdpa, dense"
+    ):
+        attention.varlen_attention(q, k, v, cu, backend=backend)
+
+
+def test_flash_attn_refuses_float32_by_dtype_reason(monkeypatch):
+    monkeypatch.setitem(
+        backends.SPECS,
+        "flash_attn",
+        backends.BackendSpec(
+            name="flash_attn",
+            cuda_only=False,
+            dtypes=(torch.float16, torch.bfloat16),
+            available=lambda: None,
+        ),
+    )
+    q, k, v, cu = _valid()
+    with pytest.raises(ValueError, match="flash_attn takes float16, bfloat16, got float32"):
+        attention.varlen_attention(q, k, v, cu, backend="flash_attn")
+
+
+def test_empty_documents_and_zero_tokens():
+    q, k, v = _inputs([0, 3, 0, 2, 0], 2, 1, 4)
+    cu = cu_from_lengths([0, 3, 0, 2, 0])
+    for backend in CPU_BACKENDS:
+        out = attention.varlen_attention(q, k, v, cu, backend=backend)
+        ref = reference_attention(q, k, v, [0, 3, 0, 2, 0], causal=True, scale=0.5)
+        torch.testing.assert_close(out, ref)
+    empty = torch.zeros(0, 2, 4, dtype=torch.float64)
+    out = attention.varlen_attention(empty, empty[:, :1], empty[:, :1], cu_from_lengths([0]))
+    assert out.shape == (0, 2, 4)

@@ -1,0 +1,78 @@
+"""CUDA backends (flash_attn, torch_varlen, flex) against float32 per-document SDPA, in bf16.
+
+Skipped without CUDA (tests/conftest.py). A backend this machine cannot run (flash-attn not
+installed, torch without varlen_attn, no window support) is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attention
+from attention.varlen import normalize_window, why_not
+from tests.attention.helpers import cu_from_lengths
+
+pytestmark = pytest.mark.gpu
+
+CUDA_BACKENDS = ["flash_attn", "torch_varlen", "flex"]
+LENGTHS = [1, 17, 128, 300, 64, 5, 511, 2]
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
+
+
+def _skip_unless_usable(backend, dtype, window, causal):
+    reason = why_not(backend, torch.device("cuda"), dtype, normalize_window(window, causal), causal)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize(
+    ("n_heads", "n_kv", "causal", "window"),
+    [
+        (8, 8, True, None),
+        (8, 2, True, None),
+        (8, 2, False, None),
+        (4, 1, True, 64),
+        (4, 2, False, (16, 8)),
+    ],
+)
+def test_cuda_backend_matches_sdpa(backend, n_heads, n_kv, causal, window):
+    _skip_unless_usable(backend, torch.bfloat16, window, causal)
+    torch.manual_seed(0)
+    total, head_dim = sum(LENGTHS), 64
+    cu = cu_from_lengths(LENGTHS, device="cuda")
+    q32 = torch.randn(total, n_heads, head_dim, device="cuda")
+    k32 = torch.randn(total, n_kv, head_dim, device="cuda")
+    v32 = torch.randn(total, n_kv, head_dim, device="cuda")
+    grad = torch.randn(total, n_heads, head_dim, device="cuda")
+
+    def run(name, dtype):
+        q, k, v = (t.to(dtype).requires_grad_() for t in (q32, k32, v32))
+        out = attention.varlen_attention(
+            q, k, v, cu, max(LENGTHS), causal=causal, window=window, backend=name
+        )
+        out.backward(grad.to(dtype))
+        return out, q.grad, k.grad, v.grad
+
+    ref = run("sdpa", torch.float32)
+    base = run("sdpa", torch.bfloat16)
+    got = run(backend, torch.bfloat16)
+    for name, r, b, g in zip(("out", "dq", "dk", "dv"), ref, base, got, strict=True):
+        err, base_err = _rel_err(g, r), _rel_err(b, r)
+        # bf16 keeps ~3 significant digits; a leak across documents would be O(1).
+        assert err < max(3 * base_err, 2e-2), (
+            f"{backend} {name}: rel err {err:.3g} vs sdpa-bf16 {base_err:.3g}"
+        )
+
+
+def test_auto_on_cuda_reports_a_cuda_kernel():
+    q = torch.randn(40, 4, 64, device="cuda", dtype=torch.bfloat16)
+    cu = cu_from_lengths([10, 30], device="cuda")
+    out, name = attention.varlen_attention(q, q, q, cu, return_backend=True)
+    choice = attention.choose_backend(device="cuda", dtype=torch.bfloat16, total_tokens=40)
+    assert name == choice.name
+    assert out.shape == q.shape
