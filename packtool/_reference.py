@@ -1,0 +1,63 @@
+"""Plain-Python references of the packing kernels: simple O(N * rows) loops, obviously right.
+
+Used by the tests (the numba kernels must give exactly the same assignment) and by
+`benchmarks/bench_pack.py` (the speed-up over a direct implementation). Not for production use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def _decreasing(lengths: Sequence[int]) -> list[int]:
+    # sorted() is stable: equal lengths keep input order
+    return sorted(range(len(lengths)), key=lambda i: -lengths[i])
+
+
+def ffd_reference(lengths: Sequence[int], max_len: int) -> tuple[list[int], list[int], int]:
+    """First-fit-decreasing: longest first, each into the first open row with room."""
+    lengths = [int(x) for x in lengths]
+    rem: list[int] = []
+    row = [0] * len(lengths)
+    offset = [0] * len(lengths)
+    for i in _decreasing(lengths):
+        length = lengths[i]
+        for r in range(len(rem)):
+            if rem[r] >= length:
+                break
+        else:
+            r = len(rem)
+            rem.append(max_len)
+        row[i] = r
+        offset[i] = max_len - rem[r]
+        rem[r] -= length
+    return row, offset, len(rem)
+
+
+def bfd_reference(lengths: Sequence[int], max_len: int) -> tuple[list[int], list[int], int]:
+    """Best-fit-decreasing: longest first, each into the open row with the least room that fits.
+
+    Ties between rows with equal room go to the row that changed most recently.
+    """
+    lengths = [int(x) for x in lengths]
+    rem: list[int] = []
+    stamp: list[int] = []  # step at which each row last received a document
+    row = [0] * len(lengths)
+    offset = [0] * len(lengths)
+    for step, i in enumerate(_decreasing(lengths)):
+        length = lengths[i]
+        best = -1
+        for r in range(len(rem)):
+            if rem[r] >= length and (
+                best < 0 or rem[r] < rem[best] or (rem[r] == rem[best] and stamp[r] > stamp[best])
+            ):
+                best = r
+        if best < 0:
+            best = len(rem)
+            rem.append(max_len)
+            stamp.append(step)
+        row[i] = best
+        offset[i] = max_len - rem[best]
+        rem[best] -= length
+        stamp[best] = step
+    return row, offset, len(rem)
