@@ -6,12 +6,16 @@ usage errors exit with 2. Nothing here is imported by the library.
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
 from packtool import __version__
-from packtool.errors import PacktoolError
+from packtool.errors import ConfigError, PacktoolError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -45,6 +49,148 @@ def verify_cmd(directory: str, no_checksums: bool) -> None:
     for line in report.warnings:
         click.echo(f"warning: {line}", err=True)
     click.echo(report.summary())
+
+
+# --- shared corpus/tokenizer options (tokenize, stats, pack): `@corpus_options` ---
+
+
+@dataclass(frozen=True)
+class CorpusOptions:
+    """The parsed `@corpus_options`; build the library objects with the two methods."""
+
+    text_field: str
+    text_column: str
+    tokenizer: str
+    eos_id: str | None
+    no_eos: bool
+    bos_id: str | None
+    strict: bool
+
+    def read_config(self, **overrides: Any) -> Any:
+        """A `packtool.corpus.ReadConfig` (overrides: e.g. `extra_fields=("lang",)`)."""
+        from packtool.corpus import ReadConfig
+
+        fields = {"text_field": self.text_field, "text_column": self.text_column}
+        return ReadConfig(**{**fields, "strict": self.strict, **overrides})
+
+    def load_tokenizer(self, workers: int | None = None) -> Any:
+        """A `packtool.tokenizers.Tokenizer` from --tokenizer/--eos-id/--no-eos/--bos-id."""
+        from packtool.tokenizers import load_tokenizer
+
+        if self.no_eos and self.eos_id is not None:
+            raise ConfigError("--eos-id and --no-eos contradict each other; pass one")
+        eos = None if self.no_eos else _special_id("--eos-id", self.eos_id or "default")
+        bos = None if self.bos_id is None else _special_id("--bos-id", self.bos_id)
+        return load_tokenizer(self.tokenizer, eos=eos, bos=bos, workers=workers)
+
+
+def _special_id(flag: str, value: str) -> int | str:
+    if value == "default":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise ConfigError(f"{flag} must be a token id >= 0 or 'default', got {value!r}")
+    return number
+
+
+def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the input/reader/tokenizer options; the command receives `corpus: CorpusOptions`."""
+    options = [
+        click.option(
+            "--text-field", default="text", show_default=True, help="JSONL key with the text."
+        ),
+        click.option(
+            "--text-column", default="text", show_default=True, help="Parquet column with the text."
+        ),
+        click.option(
+            "--tokenizer",
+            default="byte",
+            show_default=True,
+            help="byte | PATH/tokenizer.json (or hf:PATH) | tiktoken:NAME | tiktoken:PATH.tiktoken",
+        ),
+        click.option(
+            "--eos-id",
+            default=None,
+            metavar="ID|default",
+            help="EOS id appended to every document [default: the tokenizer's own].",
+        ),
+        click.option("--no-eos", is_flag=True, help="Append no EOS."),
+        click.option(
+            "--bos-id", default=None, metavar="ID|default", help="BOS id put before every document."
+        ),
+        click.option(
+            "--strict", is_flag=True, help="Stop at the first bad document instead of skipping it."
+        ),
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(
+        *args: Any,
+        text_field: str,
+        text_column: str,
+        tokenizer: str,
+        eos_id: str | None,
+        no_eos: bool,
+        bos_id: str | None,
+        strict: bool,
+        **kwargs: Any,
+    ) -> Any:
+        corpus = CorpusOptions(text_field, text_column, tokenizer, eos_id, no_eos, bos_id, strict)
+        return fn(*args, corpus=corpus, **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+@cli.command("tokenize")
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(path_type=str),
+    help="OUT.parquet (one file) or a folder (part-00000.parquet, ...).",
+)
+@click.option(
+    "--keep-field",
+    multiple=True,
+    metavar="NAME",
+    help="Carry this JSONL field / Parquet column along as a string column (repeatable).",
+)
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None, help="Threads [default: all cores]."
+)
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@corpus_options
+def tokenize_cmd(
+    inputs: tuple[str, ...],
+    output: str,
+    keep_field: tuple[str, ...],
+    workers: int | None,
+    overwrite: bool,
+    corpus: CorpusOptions,
+) -> None:
+    """Tokenize text corpora into tokenized Parquet.
+
+    INPUT: .txt (one document per file), .jsonl / .jsonl.gz / .jsonl.zst, .parquet; files,
+    folders (recursive) or quoted globs. Bad lines and empty documents are skipped and counted
+    (--strict makes them errors).
+    """
+    from packtool.tokenize import tokenize_corpus
+
+    summary = tokenize_corpus(
+        inputs,
+        output,
+        read_config=corpus.read_config(extra_fields=keep_field),
+        tokenizer=corpus.load_tokenizer(workers),
+        workers=workers,
+        overwrite=overwrite,
+    )
+    click.echo(summary.format())
 
 
 def main(argv: list[str] | None = None) -> None:
