@@ -6,7 +6,7 @@ file, the row, what is wrong, expected vs found):
 1. `index.json`: readable, a known `format_version`, a sane tokenizer vocab_size and max_len, and
    its totals add up (`counts.rows` / `counts.tokens_out` == the sums over the shard entries).
 2. Every listed shard: present, byte size and sha256 as listed, a readable Parquet file with exactly
-   the contract's columns and types (uint16 tokens below 65,536 vocabulary ids, else uint32), no
+   the contract's columns and types (uint16 tokens when vocab_size <= 65,536, else uint32), no
    nulls, and as many rows and tokens as listed.
 3. Every row, vectorised with numpy over whole row groups: length <= max_len; at least one
    document; len(doc_ids) == len(doc_chunks) == len(doc_offsets) - 1; doc_offsets starts at 0, is
@@ -34,6 +34,8 @@ from numpy.typing import NDArray
 
 from packtool.errors import DataError
 from packtool.manifest import INDEX_FILE, Manifest, packed_schema, read_manifest, sha256_file
+from packtool.progress import progress_enabled
+from packtool.tokenizers import token_dtype
 
 COLUMNS = ("input_ids", "doc_offsets", "doc_ids", "doc_chunks")
 EFFICIENCY_TOLERANCE = 1e-3
@@ -70,8 +72,8 @@ class VerifyReport:
 
 
 def token_type_for(vocab_size: int) -> pa.DataType:
-    """The contract's token type: uint16 below 65,536 ids, else uint32."""
-    return pa.uint16() if vocab_size < 65_536 else pa.uint32()
+    """The contract's token type, as the writer picks it: uint16 when every id is below 65,536."""
+    return pa.from_numpy_dtype(token_dtype(vocab_size))
 
 
 def row_problem(
@@ -238,21 +240,15 @@ def unlisted_files(directory: Path, manifest: Manifest) -> list[str]:
     return lines
 
 
-def _progress(items: list, *, enabled: bool, total_bytes: int):
-    """A progress bar over shards (bytes), shown only on a terminal."""
-    try:
-        from packtool.progress import progress_bar  # type: ignore[attr-defined]
-    except ImportError:
-        progress_bar = None
-    if progress_bar is not None:  # pragma: no cover - depends on a sibling module
-        return progress_bar(items, desc="verify", enabled=enabled)
+def _progress(items: list, *, enabled: bool):
+    """A progress bar over shards on stderr (only on a terminal; see packtool.progress)."""
     from tqdm import tqdm
 
     return tqdm(
         items,
         desc="verify",
         unit="shard",
-        disable=not (enabled and sys.stderr.isatty()),
+        disable=not (enabled and progress_enabled()),
         file=sys.stderr,
         leave=False,
     )
@@ -288,7 +284,7 @@ def verify_dataset(
     shard_starts: list[int] = []
     total_rows = total_tokens = total_bytes = 0
     shards = list(manifest.shards)
-    for shard in _progress(shards, enabled=progress, total_bytes=sum(s.bytes for s in shards)):
+    for shard in _progress(shards, enabled=progress):
         file = directory / shard.file
         where = str(file)
         if not file.is_file():
@@ -385,7 +381,9 @@ def _check_schema(found: pa.Schema, expected: pa.Schema, vocab: int, where: str)
         if not ok:
             hint = ""
             if f.name == "input_ids":
-                hint = f" for vocab_size {vocab:,} (uint16 below 65,536 ids, else uint32)"
+                hint = (
+                    f" for vocab_size {vocab:,} (uint16 when every id is below 65,536, else uint32)"
+                )
             raise _fail(
                 where,
                 f"column {f.name} is {_type_name(f.type)}, expected {_type_name(e.type)}{hint}",

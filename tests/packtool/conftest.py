@@ -64,7 +64,7 @@ def build_packed_dataset(
     """
     directory.mkdir(parents=True, exist_ok=True)
     if schema is None:
-        schema = packed_schema(pa.uint16() if vocab_size < 65_536 else pa.uint32())
+        schema = packed_schema(pa.uint16() if vocab_size <= 65_536 else pa.uint32())
     infos = []
     total_tokens = total_rows = 0
     documents: set[tuple[int, int]] = set()

@@ -79,6 +79,22 @@ def test_uint32_tokens_for_large_vocab(packed_dataset_factory):
     assert verify_dataset(d).tokens == 3
 
 
+def test_uint16_tokens_up_to_65536_ids(packed_dataset_factory, capsys):
+    # vocab_size 65,536: every id fits uint16, as the writer (tokenizers.token_dtype) picks it.
+    d = packed_dataset_factory(
+        [[[(0, 0, [65_535, 3])]]], vocab_size=65_536, max_len=4, schema=packed_schema(pa.uint16())
+    )
+    assert verify_dataset(d).tokens == 2
+    d = packed_dataset_factory(
+        [[[(0, 0, [65_535, 3])]]],
+        vocab_size=65_536,
+        max_len=4,
+        schema=packed_schema(pa.uint32()),
+        name="wide",
+    )
+    assert_fails(d, capsys, "column input_ids is list<uint32>", "expected list<uint16>")
+
+
 def test_flipped_byte_is_a_checksum_error(packed_dataset_factory, capsys):
     d = packed_dataset_factory(SHARDS)
     shard = d / "shard-00001.parquet"
