@@ -76,3 +76,32 @@ def test_auto_on_cuda_reports_a_cuda_kernel():
     choice = attention.choose_backend(device="cuda", dtype=torch.bfloat16, total_tokens=40)
     assert name == choice.name
     assert out.shape == q.shape
+
+
+@pytest.mark.parametrize("backend", [*CUDA_BACKENDS, "sdpa"])
+def test_model_packed_equals_documents_alone_on_cuda(backend):
+    from attention.model import ModelConfig, Transformer
+    from tests.attention.helpers import make_batch
+
+    _skip_unless_usable(backend, torch.bfloat16, None, True)
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=64,
+        dim=128,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=512,
+        attn_backend=backend,
+    )
+    model = Transformer(cfg).to("cuda", torch.bfloat16)
+    g = torch.Generator().manual_seed(1)
+    docs = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (3, 200, 1, 77, 300)]
+    with torch.no_grad():
+        packed = model(make_batch(docs))
+        alone = [model(make_batch([d])) for d in docs]
+    assert packed.backend == backend
+    logits = torch.cat([a.logits for a in alone])
+    assert _rel_err(packed.logits, logits) < 2e-2
+    loss = sum(a.loss_sum for a in alone) / sum(int(a.num_targets) for a in alone)
+    assert abs(packed.loss.item() - loss.item()) < 2e-2 * loss.item()

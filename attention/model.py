@@ -1,0 +1,303 @@
+"""A small Llama-style decoder that trains on packed batches.
+
+RMSNorm, rotary embeddings indexed by the per-document ``position_ids``, SwiGLU feed-forward and
+grouped-query attention through `varlen_attention`, so documents packed into one sequence never
+see each other. ``model(batch)`` takes the loader's batch dict as it is (docs/CONTRACTS.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attention.varlen import (
+    BACKENDS,
+    check_cu_seqlens,
+    choose_backend,
+    normalize_window,
+    varlen_attention,
+)
+
+IGNORE_INDEX = -100
+"""Label value of tokens that have no target (a document's last token, padding)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Shape of the decoder. Validated on construction (ValueError names the bad value)."""
+
+    vocab_size: int
+    """Number of token ids (embedding and output rows)."""
+    dim: int = 256
+    """Hidden size."""
+    n_layers: int = 4
+    """Number of decoder blocks."""
+    n_heads: int = 4
+    """Query heads; ``dim`` must be a multiple."""
+    n_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); must divide ``n_heads``. None = ``n_heads``."""
+    ffn_hidden: int | None = None
+    """SwiGLU hidden size; None = 8/3 * dim rounded up to a multiple of 64 (Llama)."""
+    max_seq_len: int = 2048
+    """Longest document (rotary table size); longer position ids are refused."""
+    rope_theta: float = 10000.0
+    """Rotary base frequency."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    sliding_window: int | None = None
+    """Attention window in keys (including the query itself); None = full causal attention."""
+    attn_backend: str = "auto"
+    """`varlen_attention` backend: auto, flash_attn, torch_varlen, flex, sdpa or dense."""
+    tie_embeddings: bool = False
+    """Share the input embedding with the output projection."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim {self.dim} must be a multiple of n_heads {self.n_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim (dim / n_heads = {self.head_dim}) must be even for rotary")
+        if self.kv_heads < 1 or self.n_heads % self.kv_heads:
+            raise ValueError(
+                f"n_kv_heads {self.n_kv_heads} must be >= 1 and divide n_heads {self.n_heads}"
+            )
+        if self.ffn_hidden is not None and self.ffn_hidden < 1:
+            raise ValueError(f"ffn_hidden must be a positive int or None, got {self.ffn_hidden}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+        if self.attn_backend not in BACKENDS:
+            raise ValueError(
+                f"attn_backend {self.attn_backend!r} is unknown; choose from {', '.join(BACKENDS)}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        return 64 * math.ceil(8 * self.dim / 3 / 64)
+
+
+@dataclass
+class CausalLMOutput:
+    """What `Transformer.forward` returns."""
+
+    logits: torch.Tensor
+    """``(total_tokens, vocab_size)``, in the compute dtype."""
+    loss: torch.Tensor | None = None
+    """Mean cross-entropy over real targets (labels != -100); None without labels."""
+    loss_sum: torch.Tensor | None = None
+    """Summed cross-entropy (float32): combine micro-batches as sum(loss_sum) / sum(num_targets)."""
+    num_targets: torch.Tensor | None = None
+    """Number of real targets (int64 scalar)."""
+    backend: str = ""
+    """The attention backend that ran."""
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 whatever the compute dtype (bf16 squares lose too much).
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight.type_as(x)
+
+
+def rotary_tables(
+    head_dim: int, max_seq_len: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, ``(max_seq_len, head_dim // 2)`` float32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``(T, H, D)`` by per-token angles; ``cos``/``sin``: ``(T, D // 2)``."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # half-split layout (Llama/NeoX)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int,
+        backend: str,
+    ) -> torch.Tensor:
+        # x: (T, dim) -> q: (T, n_heads, head_dim), k/v: (T, n_kv_heads, head_dim)
+        total = x.shape[0]
+        q = self.wq(x).view(total, self.cfg.n_heads, self.cfg.head_dim)
+        k = self.wk(x).view(total, self.cfg.kv_heads, self.cfg.head_dim)
+        v = self.wv(x).view(total, self.cfg.kv_heads, self.cfg.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = varlen_attention(
+            q,
+            k,
+            v,
+            cu_seqlens,
+            max_seqlen,
+            causal=True,
+            window=self.cfg.sliding_window,
+            backend=backend,
+            validate=False,  # checked once per batch in Transformer.forward
+        )
+        return self.wo(out.reshape(total, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)  # gate
+        self.w3 = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)  # up
+        self.w2 = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn = FeedForward(cfg)
+
+    def forward(self, x, cos, sin, cu_seqlens, max_seqlen, backend):
+        x = x + self.attn(self.attn_norm(x), cos, sin, cu_seqlens, max_seqlen, backend)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """The decoder. ``model(batch)`` -> `CausalLMOutput` (logits, and loss when labels exist)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rotary_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # GPT-2/Llama style: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * layers).
+        std = 0.02
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue
+            scale = (
+                1 / math.sqrt(2 * self.cfg.n_layers)
+                if name.endswith(("wo.weight", "w2.weight"))
+                else 1
+            )
+            nn.init.normal_(p, mean=0.0, std=std * scale)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, batch: dict) -> CausalLMOutput:
+        """Run a loader batch (docs/CONTRACTS.md "Loader batch").
+
+        Args:
+            batch: ``input_ids`` int64 ``(T,)``, ``cu_seqlens`` int32 ``(n_docs + 1,)``,
+                ``position_ids`` int64 ``(T,)`` restarting at 0 per document, optional
+                ``max_seqlen`` (int) and ``labels`` int64 ``(T,)`` (-100 = no target). Tensors
+                are moved to the model's device.
+
+        Raises:
+            ValueError: a missing key, bad ``cu_seqlens`` or a document longer than
+                ``max_seq_len``.
+        """
+        missing = [key for key in ("input_ids", "cu_seqlens", "position_ids") if key not in batch]
+        if missing:
+            raise ValueError(f"batch lacks {', '.join(missing)}; it has {', '.join(batch)}")
+        device = self.embed.weight.device
+        input_ids = batch["input_ids"].to(device, non_blocking=True)
+        position_ids = batch["position_ids"].to(device, non_blocking=True)
+        cu_src = batch["cu_seqlens"]
+        # Validate boundaries once per batch on the host copy (no sync when it came from the
+        # loader on CPU); the layers then skip the check.
+        bounds = check_cu_seqlens(cu_src, input_ids.shape[0])
+        longest = max((b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)), default=0)
+        max_seqlen = int(batch.get("max_seqlen") or longest)
+        if max_seqlen < longest:
+            raise ValueError(
+                f"batch max_seqlen {max_seqlen} is below its longest document ({longest})"
+            )
+        if longest > self.cfg.max_seq_len:
+            raise ValueError(
+                f"a document of {longest} tokens exceeds ModelConfig.max_seq_len {self.cfg.max_seq_len}"
+            )
+        cu_seqlens = cu_src.to(device, non_blocking=True)
+
+        h = self.embed(input_ids)  # (T, dim)
+        backend = self.cfg.attn_backend
+        if backend == "auto":
+            dtype = (
+                torch.get_autocast_dtype(device.type)
+                if torch.is_autocast_enabled(device.type)
+                else h.dtype
+            )
+            backend = choose_backend(
+                device=device,
+                dtype=dtype,
+                total_tokens=input_ids.shape[0],
+                window=normalize_window(self.cfg.sliding_window, True),
+            ).name
+        cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]  # (T, head_dim // 2)
+        for layer in self.layers:
+            h = layer(h, cos, sin, cu_seqlens, max_seqlen, backend)
+        logits = self.lm_head(self.norm(h))  # (T, vocab)
+
+        out = CausalLMOutput(logits=logits, backend=backend)
+        labels = batch.get("labels")
+        if labels is not None:
+            labels = labels.to(device, non_blocking=True)
+            # Sum over real targets / their count: the same number however documents are packed.
+            out.loss_sum = F.cross_entropy(
+                logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum"
+            )
+            out.num_targets = (labels != IGNORE_INDEX).sum()
+            out.loss = out.loss_sum / out.num_targets.clamp_min(1)
+        return out

@@ -1,0 +1,174 @@
+"""The model on packed batches equals the model on each document alone: no leakage."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from attention.model import CausalLMOutput, ModelConfig, Transformer
+from tests.attention.helpers import make_batch
+
+DOCS = [[5, 9, 2, 7, 1], [3], [8, 8, 4, 6, 11, 2, 9, 10, 1], [12, 0], [7, 3, 3, 5]]
+
+
+def _model(backend="auto", seed=0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        vocab_size=16,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=64,
+        attn_backend=backend,
+        **overrides,
+    )
+    return Transformer(cfg)
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("backend", ["dense", "sdpa"])
+@pytest.mark.parametrize("window", [None, 3])
+def test_packed_equals_each_document_alone(backend, window):
+    model = _model(backend, sliding_window=window)
+    packed = make_batch(DOCS)
+    out = model(packed)
+    out.loss.backward()
+    packed_grads = _grads(model)
+
+    model.zero_grad()
+    logits, loss_sum, count = [], 0.0, 0
+    for doc in DOCS:
+        alone = model(make_batch([doc]))
+        logits.append(alone.logits)
+        loss_sum = loss_sum + alone.loss_sum
+        count += int(alone.num_targets)
+    # Per-document losses combine as sum over all real targets / total count.
+    loss = loss_sum / count
+    loss.backward()
+    alone_grads = _grads(model)
+
+    torch.testing.assert_close(out.logits, torch.cat(logits), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.loss, loss, rtol=1e-5, atol=1e-5)
+    assert int(out.num_targets) == count == sum(len(d) - 1 for d in DOCS)
+    for name, g in packed_grads.items():
+        torch.testing.assert_close(g, alone_grads[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("backend", ["dense", "sdpa"])
+def test_changing_one_document_leaves_the_others_bit_identical(backend):
+    model = _model(backend)
+    before = model(make_batch(DOCS)).logits
+    changed = [list(d) for d in DOCS]
+    changed[2] = [15 - t for t in changed[2]]
+    after = model(make_batch(changed)).logits
+    start = 0
+    for i, doc in enumerate(DOCS):
+        end = start + len(doc)
+        same = torch.equal(before[start:end], after[start:end])
+        assert same is (i != 2), f"document {i}"
+        start = end
+
+
+def test_order_of_documents_does_not_change_the_loss():
+    model = _model()
+    a = model(make_batch(DOCS)).loss
+    b = model(make_batch(DOCS[::-1])).loss
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_loss_is_mean_over_real_targets_by_hand():
+    model = _model()
+    batch = make_batch([[1, 2, 3], [4, 5]])
+    assert batch["labels"].tolist() == [2, 3, -100, 5, -100]
+    out = model(batch)
+    logp = out.logits.log_softmax(-1)
+    expected = -(logp[0, 2] + logp[1, 3] + logp[3, 5]) / 3
+    torch.testing.assert_close(out.loss, expected)
+    assert isinstance(out, CausalLMOutput) and out.backend == "dense"
+
+
+def test_rotary_uses_per_document_positions():
+    # Rotary scores depend on position differences: a uniform shift of one document's
+    # position ids leaves its logits (numerically) unchanged, stretched positions change them.
+    model = _model()
+    batch = make_batch([[1, 2, 3], [4, 5, 6]])
+    out = model(batch).logits
+    shifted = dict(batch, position_ids=torch.tensor([0, 1, 2, 7, 8, 9]))
+    torch.testing.assert_close(model(shifted).logits, out, rtol=1e-5, atol=1e-5)
+    stretched = dict(batch, position_ids=torch.tensor([0, 1, 2, 0, 3, 9]))
+    changed = model(stretched).logits
+    assert torch.equal(changed[:4], out[:4])  # doc 0, and doc 1's first token (sees only itself)
+    assert not torch.allclose(changed[4:], out[4:], atol=1e-4)
+    torch.testing.assert_close(out[3:], model(make_batch([[4, 5, 6]])).logits)
+
+
+def test_no_labels_gives_logits_only_and_padding_is_ignored():
+    model = _model()
+    batch = make_batch(DOCS)
+    del batch["labels"]
+    out = model(batch)
+    assert out.loss is None and out.logits.shape == (sum(map(len, DOCS)), 16)
+    # Padding as a trailing pseudo-document with -100 labels does not move the loss.
+    padded = make_batch([*DOCS, [0, 0, 0]])
+    padded["labels"][-3:] = -100
+    torch.testing.assert_close(model(padded).loss, model(make_batch(DOCS)).loss)
+
+
+def test_bf16_autocast_on_cpu_trains():
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = make_batch(DOCS)
+    losses = []
+    for _ in range(15):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(batch)
+        assert out.logits.dtype == torch.bfloat16
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        losses.append(out.loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("vocab_size", 0, "vocab_size must be a positive int"),
+        ("dim", 30, "multiple of n_heads"),
+        ("n_kv_heads", 3, "n_kv_heads 3 must be >= 1 and divide n_heads 4"),
+        ("n_kv_heads", 0, "n_kv_heads 0"),
+        ("sliding_window", 0, "sliding_window must be >= 1"),
+        ("attn_backend", "fast", "attn_backend 'fast' is unknown; choose from auto"),
+        ("rope_theta", 0.0, "rope_theta"),
+        ("norm_eps", 0.0, "norm_eps"),
+        ("ffn_hidden", 0, "ffn_hidden"),
+    ],
+)
+def test_config_validation(field, value, match):
+    base = ModelConfig(vocab_size=16, dim=32, n_heads=4)
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(base, **{field: value})
+
+
+def test_config_head_dim_must_be_even():
+    with pytest.raises(ValueError, match="head_dim .* must be even"):
+        ModelConfig(vocab_size=16, dim=12, n_heads=4)
+
+
+def test_batch_errors():
+    model = _model()
+    with pytest.raises(ValueError, match="batch lacks cu_seqlens"):
+        model({"input_ids": torch.zeros(3, dtype=torch.int64), "position_ids": torch.arange(3)})
+    long = make_batch([list(range(16)) * 5])
+    with pytest.raises(ValueError, match="80 tokens exceeds ModelConfig.max_seq_len 64"):
+        model(long)
+    bad = make_batch(DOCS)
+    bad["cu_seqlens"] = bad["cu_seqlens"].long()
+    with pytest.raises(ValueError, match="int32"):
+        model(bad)
