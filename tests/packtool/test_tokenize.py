@@ -1,0 +1,235 @@
+"""tokenized_batches, tokenize_corpus, read_lengths: schema, ids, round trips, outputs, real corpus."""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packtool.corpus import ReadConfig, SkipCounter
+from packtool.errors import ConfigError, DataError
+from packtool.tokenize import (
+    FORMAT,
+    input_identity,
+    prefetch,
+    read_lengths,
+    tokenize_corpus,
+    tokenized_batches,
+    tokenized_meta,
+)
+from packtool.tokenizers import load_tokenizer
+from tests.packtool.test_corpus import DOCS, write_corpus
+
+
+def concat(tables: list[pa.Table]) -> pa.Table:
+    return pa.concat_tables(tables)
+
+
+def test_raw_corpus_gives_the_tokenized_schema(tmp_path):
+    path = write_corpus(tmp_path / "c.jsonl")
+    tables = list(
+        tokenized_batches(
+            [path], read_config=ReadConfig(extra_fields=("lang",), batch_docs=2), tokenizer="byte"
+        )
+    )
+    assert [t.num_rows for t in tables] == [2, 1]
+    table = concat(tables)
+    assert table.schema.names == ["doc_id", "source", "input_ids", "length", "lang"]
+    assert table.schema.field("input_ids").type == pa.list_(pa.uint16())
+    assert table.schema.field("length").type == pa.int32()
+    meta = json.loads(table.schema.metadata[b"packtool"])
+    assert meta["format"] == FORMAT
+    assert meta["version"] == 1
+    assert meta["tokenizer"]["kind"] == "byte"
+    assert meta["tokenizer"]["eos_id"] == 256
+    assert table.column("doc_id").to_pylist() == [0, 1, 2]
+    assert table.column("source").to_pylist() == [str(path)] * 3
+    assert table.column("lang").to_pylist() == ["en", "de", "el"]
+    for row, doc in zip(table.column("input_ids").to_pylist(), DOCS, strict=True):
+        assert row[-1] == 256
+        assert bytes(row[:-1]).decode() == doc["text"]
+    assert table.column("length").to_pylist() == [len(d["text"].encode()) + 1 for d in DOCS]
+
+
+def test_tokenized_parquet_round_trips_and_checks_the_tokenizer(tmp_path):
+    src = write_corpus(tmp_path / "c.jsonl")
+    out = tmp_path / "tok.parquet"
+    tokenize_corpus([src], out, read_config=ReadConfig(extra_fields=("lang",)), progress=False)
+    assert tokenized_meta(out)["tokenizer"]["kind"] == "byte"
+    assert tokenized_meta(src) is None
+    direct = concat(list(tokenized_batches([src], read_config=ReadConfig(extra_fields=("lang",)))))
+    again = concat(list(tokenized_batches([out], read_config=ReadConfig(extra_fields=("lang",)))))
+    assert again.equals(direct)
+    # Without the extra field asked for, it is not read; with None, any tokenizer is accepted.
+    assert concat(list(tokenized_batches([out], tokenizer=None))).num_columns == 4
+    assert input_identity([out]) == load_tokenizer("byte").identity
+    assert input_identity([src]) is None
+    with pytest.raises(
+        DataError, match=r"tokenized with byte:byte .*eos 256.*requested .*eos None"
+    ):
+        list(tokenized_batches([out], tokenizer=load_tokenizer("byte", eos=None)))
+    with pytest.raises(DataError, match=r"no column 'topic'"):
+        list(tokenized_batches([out], read_config=ReadConfig(extra_fields=("topic",))))
+
+
+def test_inputs_of_mixed_kinds_or_tokenizers_are_refused(tmp_path):
+    src = write_corpus(tmp_path / "c.jsonl")
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    tokenize_corpus([src], a, progress=False)
+    tokenize_corpus([src], b, tokenizer=load_tokenizer("byte", bos="default"), progress=False)
+    with pytest.raises(ConfigError, match="mix tokenized Parquet"):
+        list(tokenized_batches([a, src]))
+    with pytest.raises(DataError, match="b.parquet: tokenized with byte:byte"):
+        read_lengths([a, b])
+
+
+def test_read_lengths(tmp_path):
+    src = write_corpus(tmp_path / "c.jsonl")
+    out = tmp_path / "parts"
+    tokenize_corpus([src, src.with_name("c.jsonl")], out, progress=False, part_tokens=10)
+    lengths = read_lengths([out])
+    assert lengths.dtype == np.int32
+    assert lengths.tolist() == [len(d["text"].encode()) + 1 for d in DOCS]
+    with pytest.raises(DataError, match="not tokenized Parquet; run `packtool tokenize` first"):
+        read_lengths([src])
+
+
+def test_tokenize_corpus_outputs_overwrite_and_summary(tmp_path):
+    src = write_corpus(tmp_path / "c.jsonl")
+    out = tmp_path / "o.parquet"
+    s = tokenize_corpus([src], out, read_config=ReadConfig(batch_docs=1), progress=False)
+    assert (s.documents, s.tokens) == (3, sum(len(d["text"].encode()) + 1 for d in DOCS))
+    assert s.files == [str(out)]
+    assert pq.ParquetFile(out).num_row_groups == 3
+    text = s.format()
+    assert "Tokenized 3 documents into" in text
+    assert "tokens/s" in text
+    assert "no skips" in text
+    with pytest.raises(ConfigError, match="already exists; pass --overwrite"):
+        tokenize_corpus([src], out, progress=False)
+    tokenize_corpus([src], out, overwrite=True, progress=False)
+    # A folder of parts; a new part after part_tokens tokens.
+    folder = tmp_path / "parts"
+    s = tokenize_corpus([src], folder, read_config=ReadConfig(batch_docs=1), part_tokens=20)
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["part-00000.parquet", "part-00001.parquet"]
+    assert read_lengths([folder]).sum() == s.tokens
+    tokenize_corpus([src], folder, overwrite=True, progress=False)
+    assert sorted(p.name for p in folder.iterdir()) == ["part-00000.parquet"]
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds files that are not tokenize parts"):
+        tokenize_corpus([src], folder, overwrite=True, progress=False)
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_failed_run_leaves_nothing_behind(tmp_path):
+    src = tmp_path / "bad.jsonl"
+    src.write_text('{"text": "a"}\n{broken\n')
+    out = tmp_path / "o.parquet"
+    with pytest.raises(DataError, match=r"bad.jsonl:2: malformed json"):
+        tokenize_corpus([src], out, read_config=ReadConfig(strict=True), progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
+    s = tokenize_corpus([src], out, progress=False)
+    assert s.skips == {"malformed_json": 1}
+    assert f"malformed_json 1 (e.g. {src}:2" in s.format()
+
+
+def test_empty_corpus_writes_a_readable_empty_file(tmp_path):
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": ""}\n')
+    out = tmp_path / "o.parquet"
+    s = tokenize_corpus([src], out, progress=False)
+    assert (s.documents, s.tokens, s.skips) == (0, 0, {"empty": 1})
+    assert pq.read_table(out).num_rows == 0
+    assert read_lengths([out]).size == 0
+
+
+def test_hf_tokenizer_through_the_pipeline(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    texts = [d["text"] for d in DOCS] * 5
+    hf = Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    hf.save(str(tmp_path / "tokenizer.json"))
+    src = write_corpus(tmp_path / "c.jsonl")
+    table = concat(list(tokenized_batches([src], tokenizer=str(tmp_path / "tokenizer.json"))))
+    eos = hf.token_to_id("</s>")
+    want = [hf.encode(d["text"], add_special_tokens=False).ids + [eos] for d in DOCS]
+    assert table.column("input_ids").to_pylist() == want
+
+
+def test_python_stdlib_sources_as_a_real_corpus(tmp_path):
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(stdlib.glob("*.py"))
+    assert len(files) > 100
+    want_docs, want_tokens, want_skips = 0, 0, {}
+    for f in files:
+        data = f.read_bytes()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            want_skips["invalid_utf8"] = want_skips.get("invalid_utf8", 0) + 1
+            continue
+        if not data:
+            want_skips["empty"] = want_skips.get("empty", 0) + 1
+            continue
+        want_docs += 1
+        want_tokens += len(data) + 1
+    out = tmp_path / "stdlib.parquet"
+    s = tokenize_corpus([str(stdlib / "*.py")], out, progress=False)
+    assert (s.documents, s.tokens, s.skips) == (want_docs, want_tokens, want_skips)
+    table = pq.read_table(out, columns=["source", "length"])
+    first = next(f for f in files if f.stat().st_size > 0)
+    assert table.column("source")[0].as_py() == str(first)
+    assert table.column("length")[0].as_py() == first.stat().st_size + 1
+    assert int(read_lengths([out]).sum()) == want_tokens
+
+
+def test_skips_are_shared_with_the_caller(tmp_path):
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "a"}\n{"text": ""}\n')
+    skips = SkipCounter()
+    assert sum(t.num_rows for t in tokenized_batches([src], skips=skips)) == 1
+    assert skips.counts == {"empty": 1}
+
+
+def test_prefetch_forwards_errors_and_stops_early():
+    def gen():
+        yield 1
+        raise DataError("boom")
+
+    it = prefetch(gen())
+    assert next(it) == 1
+    with pytest.raises(DataError, match="boom"):
+        next(it)
+
+    produced = []
+
+    def endless():
+        i = 0
+        while True:
+            produced.append(i)
+            yield i
+            i += 1
+
+    before = threading.active_count()
+    it = prefetch(endless(), depth=2)
+    assert next(it) == 0
+    it.close()
+    assert threading.active_count() == before
+    assert len(produced) <= 5

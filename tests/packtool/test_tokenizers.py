@@ -1,0 +1,267 @@
+"""Tokenizers: ids equal the libraries' own, BOS/EOS, dtype choice, identity, errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiktoken
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.errors import ConfigError
+from packtool.tokenizers import (
+    BYTE_BOS,
+    BYTE_EOS,
+    GPT2_PATTERN,
+    TokenizerIdentity,
+    _add_specials,
+    load_tokenizer,
+    token_dtype,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE_TEXTS = [
+    json.loads(line)["text"]
+    for line in (ROOT / "sample_data" / "corpus.jsonl")
+    .read_text(encoding="utf-8")
+    .splitlines()[:300]
+]
+TEXTS = [
+    "hello world",
+    "",
+    "héllo wörld ✓ λόγος",
+    "the theme, then them!\n\n  x",
+    *SAMPLE_TEXTS[:40],
+]
+
+
+def split(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    ends = np.cumsum(lengths)
+    return [flat[e - n : e].tolist() for e, n in zip(ends, lengths, strict=True)]
+
+
+# --- dtype and the specials helper ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("vocab", "dtype"),
+    [
+        (1, np.uint16),
+        (258, np.uint16),
+        (65_536, np.uint16),
+        (65_537, np.uint32),
+        (200_000, np.uint32),
+    ],
+)
+def test_token_dtype(vocab, dtype):
+    assert token_dtype(vocab) == dtype
+
+
+@pytest.mark.parametrize("vocab", [0, -3, 2**32 + 1])
+def test_token_dtype_rejects(vocab):
+    with pytest.raises(ConfigError, match="vocab_size"):
+        token_dtype(vocab)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    docs=st.lists(st.lists(st.integers(0, 200), max_size=6), max_size=8),
+    bos=st.sampled_from([None, 300]),
+    eos=st.sampled_from([None, 301]),
+)
+def test_add_specials_matches_a_plain_reference(docs, bos, eos):
+    flat = np.array([t for d in docs for t in d], dtype=np.uint32)
+    lengths = np.array([len(d) for d in docs], dtype=np.int64)
+    out, out_lengths = _add_specials(flat, lengths, bos, eos, np.dtype(np.uint16))
+    want = [
+        ([bos] if bos is not None else []) + d + ([eos] if eos is not None else []) for d in docs
+    ]
+    assert out.dtype == np.uint16
+    assert split(out, out_lengths) == want
+
+
+# --- byte ------------------------------------------------------------------------------------
+
+
+def test_byte_ids_are_utf8_bytes_plus_eos():
+    tok = load_tokenizer("byte")
+    flat, lengths = tok.encode_batch(["hé", "", "a"])
+    assert split(flat, lengths) == [[104, 195, 169, BYTE_EOS], [BYTE_EOS], [97, BYTE_EOS]]
+    assert flat.dtype == np.uint16
+    assert lengths.dtype == np.int64
+    ident = tok.identity
+    assert (ident.kind, ident.vocab_size, ident.eos_id, ident.bos_id) == ("byte", 258, 256, None)
+
+
+def test_byte_bos_and_no_eos_and_custom_ids():
+    assert load_tokenizer("byte", bos="default").encode("a").tolist() == [BYTE_BOS, 97, BYTE_EOS]
+    assert load_tokenizer("byte", eos=None).encode("ab").tolist() == [97, 98]
+    tok = load_tokenizer("byte", eos=0, bos=1)
+    assert tok.encode("a").tolist() == [1, 97, 0]
+    assert tok.vocab_size == 258
+    big = load_tokenizer("byte", eos=70_000)
+    assert big.vocab_size == 70_001
+    assert big.dtype == np.uint32
+    assert big.encode("a").tolist() == [97, 70_000]
+
+
+def test_empty_batch():
+    flat, lengths = load_tokenizer("byte").encode_batch([])
+    assert flat.size == 0
+    assert lengths.size == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"eos": "end"}, "eos must be 'default'"),
+        ({"bos": True}, "bos must be 'default'"),
+        ({"eos": -1}, "eos id must be in"),
+        ({"workers": 0}, "workers must be >= 1"),
+    ],
+)
+def test_load_tokenizer_rejects_bad_options(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        load_tokenizer("byte", **kwargs)
+
+
+def test_unknown_tokenizer_names_the_options():
+    with pytest.raises(ConfigError, match=r"unknown tokenizer 'bpe'; use 'byte', a tokenizer.json"):
+        load_tokenizer("bpe")
+    with pytest.raises(ConfigError, match="tokenizer file 'nope/tokenizer.json' does not exist"):
+        load_tokenizer("nope/tokenizer.json")
+
+
+def test_identity_round_trip_and_matching():
+    a = load_tokenizer("byte").identity
+    assert TokenizerIdentity.from_dict(json.loads(json.dumps(a.to_dict()))) == a
+    renamed = TokenizerIdentity(**{**a.to_dict(), "name": "elsewhere"})
+    assert a.matches(renamed)
+    assert not a.matches(load_tokenizer("byte", eos=None).identity)
+
+
+# --- Hugging Face tokenizer.json ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_json(tmp_path_factory) -> Path:
+    """A small byte-level BPE trained on sample_data at test time (nothing downloaded)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=["<|endoftext|>", "<s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(SAMPLE_TEXTS, trainer=trainer)
+    path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def test_hf_ids_equal_the_library(hf_json):
+    from tokenizers import Tokenizer
+
+    lib = Tokenizer.from_file(str(hf_json))
+    tok = load_tokenizer(str(hf_json))
+    eos = lib.token_to_id("<|endoftext|>")
+    assert tok.identity.eos_id == eos
+    assert tok.identity.kind == "hf"
+    assert tok.vocab_size == lib.get_vocab_size(with_added_tokens=True)
+    flat, lengths = tok.encode_batch(TEXTS)
+    want = [lib.encode(t, add_special_tokens=False).ids + [eos] for t in TEXTS]
+    assert split(flat, lengths) == want
+    assert flat.dtype == np.uint16
+
+
+def test_hf_prefix_bos_default_and_folder(hf_json):
+    from tokenizers import Tokenizer
+
+    lib = Tokenizer.from_file(str(hf_json))
+    tok = load_tokenizer(f"hf:{hf_json.parent}", bos="default", eos=None)
+    assert tok.encode("the").tolist() == [lib.token_to_id("<s>"), *lib.encode("the").ids]
+
+
+def test_hf_errors(hf_json, tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{}")
+    with pytest.raises(ConfigError, match="not a Hugging Face tokenizer.json"):
+        load_tokenizer(str(bad))
+    # The trained tokenizer has <s> but no [CLS]-style BOS is needed; remove both to see the hint.
+    data = json.loads(hf_json.read_text())
+    data["added_tokens"] = []
+    data["model"]["vocab"] = {
+        k: v for k, v in data["model"]["vocab"].items() if not k.startswith("<")
+    }
+    stripped = tmp_path / "stripped.json"
+    stripped.write_text(json.dumps(data))
+    with pytest.raises(
+        ConfigError, match=r"has no default EOS token .*pass --eos-id N or --no-eos"
+    ):
+        load_tokenizer(str(stripped))
+    assert load_tokenizer(str(stripped), eos=5).identity.eos_id == 5
+
+
+# --- tiktoken ----------------------------------------------------------------------------------
+
+MERGES = [b"th", b"he", b"the", b" t", b" the", b"en", b"ti"]
+
+
+def ranks() -> dict[bytes, int]:
+    r = {bytes([i]): i for i in range(256)}
+    for m in MERGES:
+        r[m] = len(r)
+    return r
+
+
+@pytest.fixture
+def ranks_file(tmp_path) -> Path:
+    path = tmp_path / "tiny.tiktoken"
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for t, i in ranks().items()))
+    return path
+
+
+def test_tiktoken_file_ids_equal_the_library(ranks_file):
+    lib = tiktoken.Encoding(
+        name="tiny", pat_str=GPT2_PATTERN, mergeable_ranks=ranks(), special_tokens={}
+    )
+    tok = load_tokenizer(f"tiktoken:{ranks_file}", workers=2)
+    eot = len(ranks())
+    assert tok.identity.eos_id == eot
+    assert tok.vocab_size == eot + 1
+    flat, lengths = tok.encode_batch(TEXTS)
+    assert split(flat, lengths) == [lib.encode_ordinary(t) + [eot] for t in TEXTS]
+    assert tok.encode("the then").tolist()[:2] == [ranks()[b"the"], ranks()[b" the"]]
+    # One thread gives the same ids.
+    one = load_tokenizer(f"tiktoken:{ranks_file}", workers=1)
+    assert np.array_equal(one.encode_batch(TEXTS)[0], flat)
+
+
+def test_tiktoken_errors(tmp_path, ranks_file):
+    with pytest.raises(ConfigError, match=r"unknown tiktoken encoding 'nope'; known: .*gpt2"):
+        load_tokenizer("tiktoken:nope")
+    with pytest.raises(ConfigError, match="ranks file .*missing.tiktoken' does not exist"):
+        load_tokenizer(f"tiktoken:{tmp_path / 'missing.tiktoken'}")
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_text("this is not base64 ranks\n")
+    with pytest.raises(ConfigError, match="not a tiktoken ranks file"):
+        load_tokenizer(f"tiktoken:{bad}")
+    with pytest.raises(ConfigError, match="has no default BOS token"):
+        load_tokenizer(f"tiktoken:{ranks_file}", bos="default")
+
+
+def test_tiktoken_name_offline_is_a_clear_error(monkeypatch):
+    def fail(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", fail)
+    with pytest.raises(ConfigError, match="not in tiktoken's cache .*tiktoken:PATH.tiktoken"):
+        load_tokenizer("tiktoken:gpt2")
