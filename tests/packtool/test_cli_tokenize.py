@@ -1,0 +1,160 @@
+"""`packtool tokenize` through the real entry point: exit codes, one-line errors, summaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from packtool.cli import main
+from tests.packtool.test_corpus import bad_jsonl, write_corpus
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    """Run `packtool ARGS` as the console script does; returns (exit code, stdout, stderr)."""
+    runner = CliRunner()
+    with runner.isolation() as streams:
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    out, err = streams[0].getvalue().decode(), streams[1].getvalue().decode()
+    return code, out, err
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_tokenize_happy_path(tmp_path):
+    src = write_corpus(tmp_path / "c.jsonl")
+    out = tmp_path / "o.parquet"
+    code, stdout, err = run("tokenize", src, "-o", out, "--keep-field", "lang")
+    assert code == 0, err
+    assert stdout.startswith("Tokenized 3 documents into ")
+    assert "(byte:byte, vocab 258, eos 256, bos None, uint16)" in stdout
+    assert pq.read_table(out).column("lang").to_pylist() == ["en", "de", "el"]
+    # Exists: refused, then replaced with --overwrite.
+    code, _, err = run("tokenize", src, "-o", out)
+    assert code == 1
+    assert "already exists; pass --overwrite" in one_error_line(err)
+    assert run("tokenize", src, "-o", out, "--overwrite", "--no-eos")[0] == 0
+    assert pq.read_table(out).column("input_ids")[0].as_py() == list(b"hello world")
+
+
+def test_tokenize_folder_output_and_bos(tmp_path):
+    src = write_corpus(tmp_path / "c.parquet")
+    code, stdout, err = run("tokenize", src, "-o", tmp_path / "out", "--bos-id", "default")
+    assert code == 0, err
+    row = pq.read_table(tmp_path / "out" / "part-00000.parquet").column("input_ids")[0].as_py()
+    assert row == [257, *b"hello world", 256]
+
+
+def test_skips_are_reported_and_strict_fails(tmp_path):
+    src = bad_jsonl(tmp_path)
+    code, stdout, err = run("tokenize", src, "-o", tmp_path / "o.parquet")
+    assert code == 0, err
+    assert "Skips: 6 skipped: empty 1" in stdout
+    assert f"invalid_utf8 1 (e.g. {src}:5)" in stdout
+    assert f"missing_field 2 (e.g. {src}:3 (no 'text')" in stdout
+    code, _, err = run("tokenize", src, "-o", tmp_path / "s.parquet", "--strict")
+    assert code == 1
+    assert one_error_line(err).startswith(f"error: {src}:2: malformed json")
+    assert not (tmp_path / "s.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        (None, ["missing.jsonl"], "missing.jsonl: no such file or folder"),
+        (
+            "c.jsonl",
+            ["c.jsonl", "--text-field", "body"],
+            "no line has the text field 'body' (fields found: lang, n, text)",
+        ),
+        (
+            "c.parquet",
+            ["c.parquet", "--text-column", "body"],
+            "no text column 'body' (columns: text, lang)",
+        ),
+        ("c.jsonl", ["c.jsonl", "--tokenizer", "gpt9"], "unknown tokenizer 'gpt9'"),
+        (
+            "c.jsonl",
+            ["c.jsonl", "--tokenizer", "tiktoken:nope"],
+            "unknown tiktoken encoding 'nope'",
+        ),
+        ("c.jsonl", ["c.jsonl", "--eos-id", "7", "--no-eos"], "--eos-id and --no-eos contradict"),
+        (
+            "c.jsonl",
+            ["c.jsonl", "--eos-id", "end"],
+            "--eos-id must be a token id >= 0 or 'default', got 'end'",
+        ),
+        ("c.jsonl", ["c.jsonl", "--bos-id", "-2"], "--bos-id must be a token id"),
+        ("c.jsonl", ["c.jsonl", "--keep-field", "source"], "clashes with a built-in column"),
+        ("bad.parquet", ["bad.parquet"], "bad.parquet: not a readable Parquet file"),
+    ],
+)
+def test_user_mistakes_are_one_line_errors(tmp_path, monkeypatch, setup, args, message):
+    monkeypatch.chdir(tmp_path)
+    if setup == "bad.parquet":
+        Path("bad.parquet").write_bytes(b"garbage")
+    elif setup:
+        write_corpus(tmp_path / setup)
+    code, stdout, err = run("tokenize", *args, "-o", "out.parquet")
+    assert code == 1
+    assert message in one_error_line(err)
+    assert not Path("out.parquet").exists()
+
+
+def test_usage_errors_exit_2(tmp_path):
+    code, _, err = run("tokenize", "-o", tmp_path / "o.parquet")
+    assert code == 2
+    assert "Missing argument 'INPUT...'" in err
+    code, _, err = run("tokenize", "x.jsonl", "-o", tmp_path / "o.parquet", "--workers", "0")
+    assert code == 2
+
+
+def test_glob_and_several_inputs(tmp_path):
+    write_corpus(tmp_path / "a.jsonl")
+    write_corpus(tmp_path / "b.jsonl.zst")
+    write_corpus(tmp_path / "c.jsonl.gz")
+    (tmp_path / "d.txt").write_text("plain text doc")
+    out = tmp_path / "o.parquet"
+    code, stdout, err = run("tokenize", str(tmp_path / "*.jsonl*"), tmp_path / "d.txt", "-o", out)
+    assert code == 0, err
+    table = pq.read_table(out)
+    assert table.column("doc_id").to_pylist() == list(range(10))
+    assert table.column("source").unique().to_pylist() == [
+        str(tmp_path / n) for n in ("a.jsonl", "b.jsonl.zst", "c.jsonl.gz", "d.txt")
+    ]
+    assert table.schema.field("input_ids").type == pa.list_(pa.uint16())
+
+
+def test_corpus_options_decorator_is_reusable():
+    import click
+
+    from packtool.cli import CorpusOptions, corpus_options
+
+    seen = {}
+
+    @click.command()
+    @click.option("--max-len", type=int, default=8)
+    @corpus_options
+    def cmd(max_len, corpus):
+        seen["corpus"], seen["max_len"] = corpus, max_len
+
+    result = CliRunner().invoke(cmd, ["--text-field", "body", "--no-eos", "--max-len", "4"])
+    assert result.exit_code == 0, result.output
+    corpus = seen["corpus"]
+    assert isinstance(corpus, CorpusOptions)
+    assert seen["max_len"] == 4
+    assert corpus.read_config(extra_fields=("lang",)).text_field == "body"
+    assert corpus.load_tokenizer().identity.eos_id is None
