@@ -51,6 +51,29 @@ def verify_cmd(directory: str, no_checksums: bool) -> None:
     click.echo(report.summary())
 
 
+@cli.command("inspect")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.option(
+    "--row", type=int, default=None, help="List the documents of this global row (0-based)."
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=str),
+    default=None,
+    help="Draw the first 64 rows' fill to FILE.png (.svg/.pdf too); with --row also "
+    "FILE-row-N.png, that row's causal attention mask.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def inspect_cmd(directory: str, row: int | None, plot: str | None, as_json: bool) -> None:
+    """Summarise a packed dataset: manifest, fill distribution, one row, pictures."""
+    import json
+
+    from packtool.inspect_dataset import inspect_dataset
+
+    result = inspect_dataset(directory, row=row, plot=plot)
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.format())
+
+
 # --- shared corpus/tokenizer options (tokenize, stats, pack): `@corpus_options` ---
 
 
