@@ -16,11 +16,22 @@ def _decreasing(lengths: Sequence[int]) -> list[int]:
 
 def ffd_reference(lengths: Sequence[int], max_len: int) -> tuple[list[int], list[int], int]:
     """First-fit-decreasing: longest first, each into the first open row with room."""
+    return _first_fit(lengths, max_len, _decreasing(lengths))
+
+
+def ff_reference(lengths: Sequence[int], max_len: int) -> tuple[list[int], list[int], int]:
+    """First fit in input order (no sort)."""
+    return _first_fit(lengths, max_len, range(len(lengths)))
+
+
+def _first_fit(
+    lengths: Sequence[int], max_len: int, order: Sequence[int]
+) -> tuple[list[int], list[int], int]:
     lengths = [int(x) for x in lengths]
     rem: list[int] = []
     row = [0] * len(lengths)
     offset = [0] * len(lengths)
-    for i in _decreasing(lengths):
+    for i in order:
         length = lengths[i]
         for r in range(len(rem)):
             if rem[r] >= length:

@@ -30,7 +30,15 @@ from numpy.typing import ArrayLike, NDArray
 
 from packtool.errors import ConfigError
 
-__all__ = ["ALGORITHMS", "assign", "bfd_assign", "ffd_assign", "row_fill", "sort_decreasing"]
+__all__ = [
+    "ALGORITHMS",
+    "assign",
+    "bfd_assign",
+    "ff_assign",
+    "ffd_assign",
+    "row_fill",
+    "sort_decreasing",
+]
 
 ALGORITHMS = ("ffd", "bfd")
 
@@ -171,6 +179,48 @@ def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
                 tree[node] = mx
                 node //= 2
     row, offset = _unsort(lengths, counts, max_len, row_s, off_s)
+    return row, offset, n_rows
+
+
+@numba.njit(cache=True)
+def _ff(lengths, max_len):  # pragma: no cover - compiled
+    """First fit in the given order (no sort), on the same max segment tree as `_ffd`."""
+    n = lengths.size
+    row = np.empty(n, np.int64)
+    offset = np.empty(n, np.int64)
+    total = 0
+    for i in range(n):
+        total += lengths[i]
+    # Any two first-fit rows hold more than max_len together: rows <= 2 * ceil(total/max_len) + 1.
+    bound = max(min(2 * ((total + max_len - 1) // max_len) + 1, n), 1)
+    size = 1
+    while size < bound:
+        size *= 2
+    tree = np.full(2 * size, max_len, np.int32)
+    n_rows = 0
+    for i in range(n):
+        length = lengths[i]
+        node = 1
+        while node < size:  # leftmost leaf with remaining >= length
+            node *= 2
+            if tree[node] < length:
+                node += 1
+        r = node - size
+        rem = tree[node]
+        row[i] = r
+        offset[i] = max_len - rem
+        if r >= n_rows:
+            n_rows = r + 1
+        tree[node] = rem - length
+        node //= 2
+        while node >= 1:
+            a = tree[2 * node]
+            b = tree[2 * node + 1]
+            m = a if a >= b else b
+            if tree[node] == m:
+                break
+            tree[node] = m
+            node //= 2
     return row, offset, n_rows
 
 
@@ -329,6 +379,22 @@ def bfd_assign(
     if arr.size == 0:
         return _empty()
     row, offset, n_rows = _bfd(arr, max_len)
+    return row, offset, int(n_rows)
+
+
+def ff_assign(
+    lengths: ArrayLike, max_len: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
+    """First fit in the given order: each document goes to the first row it fits in.
+
+    Used by the multi-round repack, which shuffles a pool of documents and first-fits them
+    again (sorting would undo the shuffle). Arguments, return value and errors as in
+    `ffd_assign`.
+    """
+    arr, max_len = _validated(lengths, max_len)
+    if arr.size == 0:
+        return _empty()
+    row, offset, n_rows = _ff(arr, max_len)
     return row, offset, int(n_rows)
 
 
