@@ -1,0 +1,305 @@
+"""The pure per-chunk packing step: a table of tokenized documents -> a table of packed rows.
+
+`pack_table` takes an Arrow table in the tokenized schema (`doc_id`, `input_ids`, `length`, and
+any extra string columns) and returns packed rows in the shard schema (`input_ids`,
+`doc_offsets`, `doc_ids`, `doc_chunks`) plus exact counts. It reads no files and writes none, so
+the local engine and a distributed one call it unchanged.
+
+Steps: long documents are split / truncated / dropped into *segments* of at most `max_len`
+tokens; segments are assigned to rows by a numba kernel (FFD or BFD), per group when
+`group_by` is set; extra rounds repack the least-filled rows from a seeded shuffle; rows come out
+in a seeded random order so the decreasing sort does not cluster long and short documents in
+training order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
+
+from packtool import kernels
+from packtool.errors import ConfigError, DataError
+
+ALGORITHMS: dict[str, Callable[[NDArray, int], tuple[NDArray, NDArray, int]]] = {
+    "ffd": kernels.ffd_assign,
+    "bfd": kernels.bfd_assign,
+}
+LONG_DOC_POLICIES = ("split", "truncate", "drop")
+
+# Each extra round pools this share of the least-filled rows (at least two rows). Small pools keep
+# a round cheap; the gain of a round comes from the tail of partly-filled rows FFD leaves behind.
+REPACK_FRACTION = 0.10
+_MAX_LIST_VALUES = 2**31 - 1  # Arrow `list` offsets are int32
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackConfig:
+    """How documents become packed rows."""
+
+    max_len: int
+    """Tokens per row at most (>= 2)."""
+    algorithm: str = "ffd"
+    """`ffd` (first-fit-decreasing) or `bfd` (best-fit-decreasing)."""
+    long_docs: str = "split"
+    """Documents longer than max_len: `split` into max_len chunks, `truncate`, or `drop`."""
+    rounds: int = 1
+    """Packing passes; each extra round repacks the least-filled rows from a seeded shuffle."""
+    seed: int = 0
+    """Seeds the repack shuffles and the output row order."""
+    group_by: str | None = None
+    """Pack only documents sharing this column's value together (e.g. `source`, `lang`)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_len, int) or self.max_len < 2:
+            raise ConfigError(f"max_len must be an integer >= 2, got {self.max_len!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(
+                f"algorithm {self.algorithm!r} is unknown; choose one of {sorted(ALGORITHMS)}"
+            )
+        if self.long_docs not in LONG_DOC_POLICIES:
+            raise ConfigError(
+                f"long_docs {self.long_docs!r} is unknown; choose one of {list(LONG_DOC_POLICIES)}"
+            )
+        if not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ConfigError(f"rounds must be an integer >= 1, got {self.rounds!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+
+@dataclass
+class PackCounts:
+    """Exact accounting: tokens_in == tokens_out + tokens_truncated + tokens_dropped."""
+
+    documents_in: int = 0
+    documents_packed: int = 0
+    documents_split: int = 0
+    documents_truncated: int = 0
+    documents_dropped: int = 0
+    documents_empty: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    tokens_truncated: int = 0
+    tokens_dropped: int = 0
+    segments: int = 0
+    rows: int = 0
+
+    def __iadd__(self, other: PackCounts) -> PackCounts:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    def to_dict(self) -> dict[str, int]:
+        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
+
+
+@dataclass
+class PackedChunk:
+    """What `pack_table` returns for one chunk."""
+
+    table: pa.Table
+    """Packed rows in the shard schema, in seeded random order."""
+    counts: PackCounts
+    rows_per_round: list[int]
+    """Rows after each round (first entry: the plain FFD/BFD pass)."""
+    segment_lengths: NDArray[np.int64]
+    """Lengths of the packed segments (for the lower bound over the whole corpus)."""
+    groups: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Group value -> (rows, tokens), when group_by is set."""
+
+
+@dataclass
+class _Segments:
+    doc: NDArray[np.int64]  # index of the source document in the chunk
+    start: NDArray[np.int64]  # first token inside the document
+    length: NDArray[np.int64]
+    chunk: NDArray[np.int32]  # chunk index of a split document, 0 otherwise
+
+
+def make_segments(lengths: NDArray[np.int64], max_len: int, policy: str) -> tuple[_Segments, PackCounts]:
+    """Cut documents into pieces of at most `max_len` tokens according to the long-doc policy."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    counts = PackCounts(documents_in=n, tokens_in=int(lengths.sum()))
+    empty = lengths == 0
+    long = lengths > max_len
+    counts.documents_empty = int(empty.sum())
+    if policy == "split":
+        pieces = np.where(empty, 0, -(-lengths // max_len))
+        counts.documents_split = int(long.sum())
+    elif policy == "truncate":
+        pieces = (~empty).astype(np.int64)
+        counts.documents_truncated = int(long.sum())
+        counts.tokens_truncated = int((lengths[long] - max_len).sum())
+    else:  # drop
+        pieces = (~empty & ~long).astype(np.int64)
+        counts.documents_dropped = int(long.sum())
+        counts.tokens_dropped = int(lengths[long].sum())
+    doc = np.repeat(np.arange(n, dtype=np.int64), pieces)
+    # Index of each piece within its document: position minus the document's first piece.
+    first = np.cumsum(pieces) - pieces
+    chunk = np.arange(len(doc), dtype=np.int64) - np.repeat(first, pieces)
+    start = chunk * max_len
+    length = np.minimum(max_len, lengths[doc] - start)
+    counts.documents_packed = int((pieces > 0).sum())
+    counts.segments = len(doc)
+    counts.tokens_out = int(length.sum())
+    return _Segments(doc, start, length, chunk.astype(np.int32)), counts
+
+
+def _first_round(seg_len: NDArray[np.int64], max_len: int, algorithm: str) -> tuple[NDArray, NDArray, int]:
+    row, offset, n_rows = ALGORITHMS[algorithm](seg_len, max_len)
+    return np.asarray(row, dtype=np.int64), np.asarray(offset, dtype=np.int64), int(n_rows)
+
+
+def _repack_round(
+    row: NDArray[np.int64],
+    offset: NDArray[np.int64],
+    n_rows: int,
+    seg_len: NDArray[np.int64],
+    max_len: int,
+    rng: np.random.Generator,
+) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
+    """Pool the least-filled rows, shuffle their segments, first-fit them again; keep if better."""
+    if n_rows < 2:
+        return row, offset, n_rows
+    fill = np.bincount(row, weights=seg_len, minlength=n_rows)
+    k = max(2, math.ceil(REPACK_FRACTION * n_rows))
+    chosen = np.argsort(fill, kind="stable")[:k]
+    in_pool = np.zeros(n_rows, dtype=bool)
+    in_pool[chosen] = True
+    pool = np.flatnonzero(in_pool[row])
+    order = pool[rng.permutation(len(pool))]
+    new_row, new_offset, m = kernels.ff_assign(seg_len[order], max_len)
+    if m >= k:
+        return row, offset, n_rows
+    row, offset = row.copy(), offset.copy()
+    # Reuse the chosen rows' numbers for the new rows, then renumber densely.
+    row[order] = np.sort(chosen)[np.asarray(new_row, dtype=np.int64)]
+    offset[order] = new_offset
+    used, row = np.unique(row, return_inverse=True)
+    return row.astype(np.int64), offset, len(used)
+
+
+def _assign(
+    seg_len: NDArray[np.int64], config: PackConfig, rng: np.random.Generator
+) -> tuple[NDArray[np.int64], NDArray[np.int64], list[int]]:
+    if len(seg_len) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), [0] * config.rounds
+    row, offset, n_rows = _first_round(seg_len, config.max_len, config.algorithm)
+    history = [n_rows]
+    for _ in range(1, config.rounds):
+        row, offset, n_rows = _repack_round(row, offset, n_rows, seg_len, config.max_len, rng)
+        history.append(n_rows)
+    return row, offset, history
+
+
+def _group_codes(table: pa.Table, column: str) -> tuple[NDArray[np.int64], list[str]]:
+    if column not in table.column_names:
+        available = [c for c in table.column_names if c not in ("input_ids", "length", "doc_id")]
+        raise ConfigError(f"--group-by {column!r}: no such field; available: {available}")
+    values = pc.cast(table.column(column), pa.string()).fill_null("")
+    encoded = pc.dictionary_encode(values).combine_chunks()
+    names = encoded.dictionary.to_pylist()
+    # Sort group names so the output does not depend on which value appears first.
+    order = np.argsort(np.array(names, dtype=object), kind="stable")
+    rank = np.empty(len(names), dtype=np.int64)
+    rank[order] = np.arange(len(names))
+    return rank[encoded.indices.to_numpy(zero_copy_only=False)], [names[i] for i in order]
+
+
+def _token_arrays(table: pa.Table) -> tuple[pa.Array, NDArray[np.int64]]:
+    ids = table.column("input_ids").combine_chunks()
+    if not pa.types.is_list(ids.type) and not pa.types.is_large_list(ids.type):
+        raise DataError(f"input_ids must be a list column, found {ids.type}")
+    offsets = ids.offsets.to_numpy().astype(np.int64)
+    return ids.values, offsets
+
+
+def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> PackedChunk:
+    """Pack one chunk of tokenized documents into rows of at most `config.max_len` tokens.
+
+    Args:
+        table: tokenized documents (`doc_id` int64, `input_ids` list of ints, `length`).
+        config: the packing configuration.
+        chunk_index: position of this chunk in the corpus; seeds this chunk's randomness so that
+            every chunk differs and a rerun reproduces each one exactly.
+    """
+    values, doc_start = _token_arrays(table)
+    lengths = np.diff(doc_start)
+    if "length" in table.column_names:
+        recorded = table.column("length").to_numpy()
+        if len(recorded) != len(lengths) or not np.array_equal(recorded, lengths):
+            raise DataError("tokenized table: `length` does not match the number of input_ids")
+    segs, counts = make_segments(lengths, config.max_len, config.long_docs)
+    rng = np.random.default_rng([config.seed, chunk_index])
+
+    row = np.zeros(len(segs.length), dtype=np.int64)
+    offset = np.zeros(len(segs.length), dtype=np.int64)
+    history = np.zeros(config.rounds, dtype=np.int64)
+    groups: dict[str, tuple[int, int]] = {}
+    if config.group_by is None:
+        row, offset, hist = _assign(segs.length, config, rng)
+        history += hist
+    else:
+        codes, names = _group_codes(table, config.group_by)
+        seg_group = codes[segs.doc]
+        n_rows = 0
+        for g, name in enumerate(names):
+            members = np.flatnonzero(seg_group == g)
+            r, o, hist = _assign(segs.length[members], config, rng)
+            row[members], offset[members] = r + n_rows, o
+            history += hist
+            n_rows += hist[-1]
+            groups[name] = (int(hist[-1]), int(segs.length[members].sum()))
+    n_rows = int(history[-1])
+    counts.rows = n_rows
+
+    # Output order: rows in a seeded permutation, documents inside a row in placement order.
+    row_rank = rng.permutation(n_rows)[row] if n_rows else row
+    order = np.lexsort((offset, row_rank))
+    seg_len = segs.length[order]
+    out_row = row_rank[order]
+    row_len = np.bincount(out_row, weights=seg_len, minlength=n_rows).astype(np.int64)
+    segs_per_row = np.bincount(out_row, minlength=n_rows).astype(np.int64)
+    total = int(seg_len.sum())
+    if total > _MAX_LIST_VALUES:
+        raise ConfigError(
+            f"a chunk of {total} tokens is too large for one Arrow table; lower --chunk-docs"
+        )
+
+    # Gather tokens: segment i copies values[src_i : src_i + len_i] to out[dst_i : dst_i + len_i].
+    src = doc_start[segs.doc[order]] + segs.start[order]
+    dst = np.cumsum(seg_len) - seg_len
+    gather = np.repeat(src - dst, seg_len) + np.arange(total, dtype=np.int64)
+    tokens = values.take(pa.array(gather))
+
+    row_offsets = np.concatenate([[0], np.cumsum(row_len)]).astype(np.int32)
+    seg_offsets = np.concatenate([[0], np.cumsum(segs_per_row)]).astype(np.int32)
+    # doc_offsets of a row: each segment's start inside the row, then the row length.
+    within = dst - np.repeat(row_offsets[:-1].astype(np.int64), segs_per_row)
+    ends_at = seg_offsets[1:]
+    doc_off_values = np.insert(within, ends_at, row_len).astype(np.int32)
+    doc_off_offsets = (seg_offsets + np.arange(n_rows + 1)).astype(np.int32)
+
+    doc_ids = table.column("doc_id").to_numpy().astype(np.int64)[segs.doc[order]]
+    out = pa.table(
+        {
+            "input_ids": pa.ListArray.from_arrays(pa.array(row_offsets), tokens),
+            "doc_offsets": pa.ListArray.from_arrays(pa.array(doc_off_offsets), pa.array(doc_off_values)),
+            "doc_ids": pa.ListArray.from_arrays(pa.array(seg_offsets), pa.array(doc_ids)),
+            "doc_chunks": pa.ListArray.from_arrays(pa.array(seg_offsets), pa.array(segs.chunk[order])),
+        }
+    )
+    return PackedChunk(
+        table=out,
+        counts=counts,
+        rows_per_round=[int(h) for h in history],
+        segment_lengths=segs.length,
+        groups=groups,
+    )
