@@ -283,6 +283,7 @@ class Transformer(nn.Module):
                 device=device,
                 dtype=dtype,
                 total_tokens=input_ids.shape[0],
+                n_docs=len(bounds) - 1,
                 window=normalize_window(self.cfg.sliding_window, True),
             ).name
         cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]  # (T, head_dim // 2)

@@ -24,12 +24,12 @@ BACKENDS = ("auto", *SPECS)
 CUDA_ORDER = ("flash_attn", "torch_varlen", "flex", "sdpa")
 """Preference on CUDA: the first usable one wins."""
 
-DENSE_MAX_TOKENS = 512
-"""On CPU, `auto` uses `dense` up to this many packed tokens and `sdpa` above.
+DENSE_K = 4096
+"""On CPU, `auto` uses `dense` while ``total_tokens**2 <= DENSE_K * n_docs``, else `sdpa`.
 
-Measured with ``python -m benchmarks.bench_train --crossover`` (see docs/attention.md): one
-masked SDPA over T tokens costs O(T^2) but a single call; one call per document costs
-O(sum len^2) plus a per-document overhead that dominates for short inputs.
+One masked SDPA call costs ~T^2; one call per document costs a fixed overhead per document plus
+sum(len^2). Fitted with ``python -m benchmarks.bench_train --crossover`` (docs/attention.md):
+dense won up to 128 tokens with 4 documents, 256 with 16 and 512 with 64, i.e. T^2 / n = 4096.
 """
 
 
@@ -156,24 +156,25 @@ def choose_backend(
     device: torch.device | str,
     dtype: torch.dtype,
     total_tokens: int,
+    n_docs: int = 1,
     window: Window = (-1, 0),
     causal: bool = True,
 ) -> BackendChoice:
     """The backend `auto` runs for these inputs, with the reason.
 
-    CPU: ``dense`` up to `DENSE_MAX_TOKENS` packed tokens (one masked call beats a Python loop),
-    ``sdpa`` above. CUDA: the first usable of flash_attn > torch_varlen > flex > sdpa.
+    CPU: ``dense`` while ``total_tokens**2 <= DENSE_K * n_docs`` (one masked call beats a Python
+    loop over many short documents), ``sdpa`` otherwise. CUDA: the first usable of
+    flash_attn > torch_varlen > flex > sdpa.
     """
     device = torch.device(device)
     if device.type != "cuda":
-        if total_tokens <= DENSE_MAX_TOKENS:
+        rule = f"{total_tokens}^2 {{}} {DENSE_K} * {n_docs} documents"
+        if total_tokens * total_tokens <= DENSE_K * max(n_docs, 1):
             return BackendChoice(
-                name="dense",
-                reason=f"{device.type}: {total_tokens} tokens <= {DENSE_MAX_TOKENS}, one masked call",
+                name="dense", reason=f"{device.type}: {rule.format('<=')}, one masked call"
             )
         return BackendChoice(
-            name="sdpa",
-            reason=f"{device.type}: {total_tokens} tokens > {DENSE_MAX_TOKENS}, one call per document",
+            name="sdpa", reason=f"{device.type}: {rule.format('>')}, one call per document"
         )
     skipped = []
     for name in CUDA_ORDER:
@@ -249,7 +250,12 @@ def varlen_attention(
 
     if backend == "auto":
         choice = choose_backend(
-            device=q.device, dtype=q.dtype, total_tokens=q.shape[0], window=win, causal=causal
+            device=q.device,
+            dtype=q.dtype,
+            total_tokens=q.shape[0],
+            n_docs=cu_seqlens.numel() - 1,
+            window=win,
+            causal=causal,
         )
         log.debug("varlen_attention auto -> %s (%s)", choice.name, choice.reason)
         name = choice.name

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import attention
 from attention import backends
-from attention.varlen import DENSE_MAX_TOKENS, normalize_window
+from attention.varlen import normalize_window
 from tests.attention.helpers import cu_from_lengths, reference_attention
 
 CPU_BACKENDS = ["dense", "sdpa"]
@@ -249,18 +249,23 @@ def test_torch_varlen_adapts_to_signature(monkeypatch, kind):
 # auto, and errors a person can act on.
 
 
-def test_auto_picks_dense_for_small_and_sdpa_for_large_on_cpu():
-    small = attention.choose_backend(
-        device="cpu", dtype=torch.float32, total_tokens=DENSE_MAX_TOKENS
-    )
-    large = attention.choose_backend(
-        device="cpu", dtype=torch.float32, total_tokens=DENSE_MAX_TOKENS + 1
-    )
-    assert (small.name, large.name) == ("dense", "sdpa")
-    assert str(DENSE_MAX_TOKENS) in small.reason
+def test_auto_on_cpu_uses_dense_while_tokens_squared_fit_k_per_document():
+    def pick(total, n_docs):
+        return attention.choose_backend(
+            device="cpu", dtype=torch.float32, total_tokens=total, n_docs=n_docs
+        )
+
+    assert pick(64, 1).name == "dense"  # 64^2 == 4096 * 1
+    assert pick(65, 1).name == "sdpa"
+    assert pick(512, 64).name == "dense"
+    assert pick(513, 64).name == "sdpa"
+    assert "<= 4096 * 64 documents" in pick(512, 64).reason
     q, k, v = _inputs([3, 4], 2, 2, 4, dtype=torch.float32)
     _, name = attention.varlen_attention(q, k, v, cu_from_lengths([3, 4]), return_backend=True)
     assert name == "dense"
+    q, k, v = _inputs([100], 2, 2, 4, dtype=torch.float32)
+    _, name = attention.varlen_attention(q, k, v, cu_from_lengths([100]), return_backend=True)
+    assert name == "sdpa"
 
 
 def test_auto_on_cuda_prefers_flash_then_torch_varlen(monkeypatch):
