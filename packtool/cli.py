@@ -216,6 +216,101 @@ def tokenize_cmd(
     click.echo(summary.format())
 
 
+def _positive_int(flag: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ConfigError(f"{flag} must be a positive integer (tokens), got {value!r}")
+    return number
+
+
+@cli.command("stats")
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option(
+    "--max-len",
+    default="4096",
+    show_default=True,
+    metavar="TOKENS",
+    help="Row length: padding, lower bounds and projected packing are for this length.",
+)
+@click.option(
+    "--batch-size",
+    default="8",
+    show_default=True,
+    metavar="N",
+    help="Documents per batch for the pad-each-batch-to-its-longest waste figure.",
+)
+@click.option(
+    "--candidates",
+    default=None,
+    metavar="L1,L2,...",
+    help="Max lengths to compare [default: 512,1024,...,32768].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option(
+    "--plot",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=str),
+    metavar="FILE.png",
+    help="Draw the length histogram with the max length marked.",
+)
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None, help="Threads [default: all cores]."
+)
+@corpus_options
+def stats_cmd(
+    inputs: tuple[str, ...],
+    max_len: str,
+    batch_size: str,
+    candidates: str | None,
+    as_json: bool,
+    plot: str | None,
+    workers: int | None,
+    corpus: CorpusOptions,
+) -> None:
+    """Length statistics: distribution, padding waste, lower bounds, projected packing.
+
+    INPUT: raw corpora (tokenized on the fly with --tokenizer) or tokenized Parquet (only the
+    `length` column is read). Also compares candidate max lengths and suggests one.
+    """
+    import json
+
+    from packtool.stats import DEFAULT_CANDIDATES, StatsConfig, compute_stats
+
+    if candidates is None:
+        cands = DEFAULT_CANDIDATES
+    else:
+        cands = tuple(_positive_int("--candidates", c.strip()) for c in candidates.split(","))
+    config = StatsConfig(
+        max_len=_positive_int("--max-len", max_len),
+        batch_size=_positive_int("--batch-size", batch_size),
+        candidates=cands,
+    )
+    if plot is not None:
+        from packtool.plots import _check_path
+
+        _check_path(plot)  # fail before the (possibly long) pass over the corpus
+    stats = compute_stats(
+        inputs,
+        config,
+        read_config=corpus.read_config(),
+        tokenizer=corpus.load_tokenizer(workers),
+        workers=workers,
+    )
+    if plot is not None:
+        from packtool.plots import plot_length_histogram
+
+        plot_length_histogram(stats.lengths, config.max_len, plot)
+    if as_json:
+        click.echo(json.dumps(stats.to_dict(), indent=2))
+    else:
+        click.echo(stats.render())
+    if plot is not None:
+        click.echo(f"wrote {plot}", err=as_json)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
     try:
