@@ -1,0 +1,140 @@
+"""Packing benchmarks. Run from the repo root: `python -m benchmarks.bench_pack [--quick]`.
+
+Parts (each a function returning its markdown; `main` runs them and writes README blocks):
+- `bench_assign`: assignment speed of the numba FFD/BFD kernels (`packtool.kernels`) on one core,
+  N = 1e5, 1e6, 1e7 skewed lengths at max_len 4096, sort included, I/O excluded, numba compile
+  time excluded (a warm-up call compiles first). Baseline measured in the same run: the
+  plain-Python references (`packtool._reference`) at N = 1e5. README block `pack-assign`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import numba
+import numpy as np
+
+from benchmarks._common import best_of, markdown_table, peak_rss_mib, update_readme
+from packtool._reference import bfd_reference, ffd_reference
+from packtool.kernels import bfd_assign, ffd_assign
+
+MAX_LEN = 4096
+SEED = 0
+KERNELS = {"ffd": (ffd_assign, ffd_reference), "bfd": (bfd_assign, bfd_reference)}
+
+
+def skewed_lengths(n: int, max_len: int = MAX_LEN, seed: int = SEED) -> np.ndarray:
+    """Token lengths shaped like real corpora (and sample_data): log-normal, median 320, sigma 1,
+    clipped to 1..max_len (int32)."""
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(np.log(320), 1.0, n), 1, max_len).astype(np.int32)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def bench_assign(
+    sizes: tuple[int, ...] = (100_000, 1_000_000, 10_000_000),
+    reference_n: int = 100_000,
+    repeat: int = 3,
+) -> str:
+    """Time FFD/BFD assignment; return the markdown block for README `pack-assign`."""
+    numba.set_num_threads(1)  # the kernels are serial; pin anyway for an honest one-core figure
+    for kernel, _ in KERNELS.values():  # compile (or load the cache) outside the timings
+        kernel(skewed_lengths(1000), MAX_LEN)
+
+    rows = []
+    kernel_at_ref: dict[str, float] = {}
+    for n in sizes:
+        lengths = skewed_lengths(n)
+        for name, (kernel, _) in KERNELS.items():
+            seconds = best_of(lambda k=kernel, x=lengths: k(x, MAX_LEN), repeat)
+            _, _, n_rows = kernel(lengths, MAX_LEN)
+            eff = int(lengths.sum()) / (n_rows * MAX_LEN)
+            rows.append(
+                [
+                    name,
+                    f"{n:,}",
+                    f"{seconds * 1e3:,.1f}",
+                    f"{n / seconds / 1e6:.1f}",
+                    f"{n_rows:,}",
+                    f"{100 * eff:.3f}%",
+                ]
+            )
+            print(f"{name} N={n:,}: {seconds:.3f} s, {n / seconds / 1e6:.1f} M docs/s", flush=True)
+            if n == reference_n:
+                kernel_at_ref[name] = seconds
+
+    ref_rows = []
+    lengths = skewed_lengths(reference_n)
+    as_list = lengths.tolist()
+    for name, (kernel, reference) in KERNELS.items():
+        if name not in kernel_at_ref:
+            kernel_at_ref[name] = best_of(lambda k=kernel, x=lengths: k(x, MAX_LEN), repeat)
+        t0 = time.perf_counter()
+        ref = reference(as_list, MAX_LEN)  # once: it is quadratic
+        ref_s = time.perf_counter() - t0
+        got = kernel(lengths, MAX_LEN)
+        same = got[0].tolist() == ref[0] and got[1].tolist() == ref[1] and got[2] == ref[2]
+        ref_rows.append(
+            [
+                name,
+                f"{reference_n:,}",
+                f"{ref_s:.2f}",
+                f"{kernel_at_ref[name] * 1e3:.1f} ms",
+                f"{ref_s / kernel_at_ref[name]:,.0f}x",
+                "yes" if same else "NO",
+            ]
+        )
+        print(
+            f"{name} reference N={reference_n:,}: {ref_s:.2f} s (same assignment: {same})",
+            flush=True,
+        )
+
+    table = markdown_table(["algorithm", "documents", "ms", "M docs/s", "rows", "efficiency"], rows)
+    ref_table = markdown_table(
+        ["algorithm", "documents", "plain Python (s)", "numba", "speed-up", "same assignment"],
+        ref_rows,
+    )
+    body = (
+        f"Assignment speed, one core ({_cpu_name()}, {os.cpu_count()} cores on the box, shared), "
+        f"max_len {MAX_LEN:,}, log-normal lengths (median 320, sigma 1, clipped to 1..{MAX_LEN:,}), "
+        f"best of {repeat}; sort included, I/O and numba compile time excluded "
+        "(a warm-up call compiles first). `python -m benchmarks.bench_pack`\n\n"
+        f"{table}\n\n"
+        "Against the plain-Python references (`packtool/_reference.py`, O(N x rows) loops, run "
+        f"once) at N = {reference_n:,}:\n\n{ref_table}\n\n"
+        f"Peak RSS {peak_rss_mib():,.0f} MiB."
+    )
+    return body
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, no README update (for development)"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        body = bench_assign(sizes=(10_000, 100_000), reference_n=10_000, repeat=1)
+        print(body)
+        return
+    body = bench_assign()
+    print(body)
+    update_readme("pack-assign", body)
+    print("README.md block pack-assign updated")
+
+
+if __name__ == "__main__":
+    main()
