@@ -1,1 +1,16 @@
 """Memory-mapped torch loader over packtool shards: varlen batches, exactly once, resumable."""
+
+from loader.collate import IGNORE_INDEX, collate
+from loader.dataloader import PackedDataLoader, make_dataloader
+from loader.dataset import LoaderConfig, PackedDataset
+from loader.shards import ShardStore
+
+__all__ = [
+    "IGNORE_INDEX",
+    "LoaderConfig",
+    "PackedDataLoader",
+    "PackedDataset",
+    "ShardStore",
+    "collate",
+    "make_dataloader",
+]

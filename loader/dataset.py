@@ -1,0 +1,425 @@
+"""`PackedDataset`: a torch IterableDataset of collated varlen batches over packtool shards.
+
+It yields whole batches (use `DataLoader(ds, batch_size=None)` or `loader.make_dataloader`).
+Rank r of W takes its rank batch of every global step (loader/order.py); DataLoader worker w of
+N takes global steps first + w, first + w + N, ..., which the DataLoader's round-robin delivers in
+step order, so the stream does not depend on N.
+
+Resume follows the torchdata `StatefulDataLoader` protocol (`state_dict` / `load_state_dict`, called
+in each worker) and also takes a whole StatefulDataLoader state or a `PackedDataLoader` state in
+the main process, from which it restarts at the first unconsumed global step with any number of
+workers, and at the first unconsumed row with other ranks or batch settings.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from loader.balance import imbalance, row_cost, step_loads
+from loader.collate import collate
+from loader.order import EpochPlan, plan_epoch, rank_rows
+from loader.shards import ShardStore
+from packtool.errors import ConfigError, DataError
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """How rows become batches. Exactly one of `rows_per_batch` / `tokens_per_batch`."""
+
+    rows_per_batch: int | None = None
+    """Packed rows per rank batch."""
+    tokens_per_batch: int | None = None
+    """Token budget per rank batch: rows are added in order while the budget holds."""
+    seed: int = 0
+    """Seed of the per-epoch permutation (with the dataset fingerprint and epoch)."""
+    shuffle: bool = True
+    """False: rows in stored order (still split over ranks and workers the same way)."""
+    drop_last: bool = False
+    """Drop an incomplete last global step; otherwise ranks short of rows get a filler batch."""
+    static_shape: bool = False
+    """Pad every batch to the same shapes (CUDA graphs / torch.compile); see loader/collate.py."""
+    max_docs_per_batch: int | None = None
+    """Static shape: cu_seqlens length - 1 (padding pseudo-document included). Required with a
+    token budget; with rows_per_batch it defaults to rows × the most documents in any row + 1."""
+    balance: bool = False
+    """Reassign each global step's rows to ranks so attention cost (Σ len² + linear) is balanced."""
+    balance_linear: float = 1024.0
+    """Weight of the per-token term in the balance cost (about 6 × d_model models the MLPs)."""
+    layout: str = "packtool"
+    """"packtool" (docs/CONTRACTS.md batch) or "hf" (transformers padding-free keys)."""
+    pad_id: int = 0
+    """Token id used for static-shape padding."""
+    cache_bytes: int = 256 << 20
+    """Bound on decoded row groups cached per process."""
+    verify: bool = False
+    """Check every shard's sha256 at open (reads the whole dataset)."""
+
+    def __post_init__(self) -> None:
+        if (self.rows_per_batch is None) == (self.tokens_per_batch is None):
+            raise ConfigError(
+                "give exactly one of rows_per_batch or tokens_per_batch, got "
+                f"rows_per_batch={self.rows_per_batch}, tokens_per_batch={self.tokens_per_batch}"
+            )
+        if self.rows_per_batch is not None and self.rows_per_batch < 1:
+            raise ConfigError(f"rows_per_batch must be >= 1, got {self.rows_per_batch}")
+        if self.tokens_per_batch is not None and self.tokens_per_batch < 1:
+            raise ConfigError(f"tokens_per_batch must be >= 1, got {self.tokens_per_batch}")
+        if self.max_docs_per_batch is not None and self.max_docs_per_batch < 2:
+            raise ConfigError(f"max_docs_per_batch must be >= 2, got {self.max_docs_per_batch}")
+        if self.static_shape and self.tokens_per_batch is not None and self.max_docs_per_batch is None:
+            raise ConfigError("static_shape with tokens_per_batch needs max_docs_per_batch")
+        if self.layout not in ("packtool", "hf"):
+            raise ConfigError(f"layout {self.layout!r} is unknown; choose 'packtool' or 'hf'")
+        if self.cache_bytes < 0:
+            raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
+
+    def layout_key(self, world_size: int) -> dict[str, Any]:
+        """The settings that decide which rows form a global step (resume compares them)."""
+        return {
+            "world_size": world_size,
+            "rows_per_batch": self.rows_per_batch,
+            "tokens_per_batch": self.tokens_per_batch,
+            "max_docs_per_batch": self.max_docs_per_batch if self.static_shape else None,
+            "drop_last": self.drop_last,
+            "shuffle": self.shuffle,
+        }
+
+
+def _dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return (
+            dist.get_rank() if rank is None else rank,
+            dist.get_world_size() if world_size is None else world_size,
+        )
+    return (0 if rank is None else rank), (1 if world_size is None else world_size)
+
+
+class PackedDataset(IterableDataset):
+    """Collated varlen batches from a packtool dataset folder, exactly once per epoch.
+
+    Args:
+        path: The folder holding `index.json` and the Parquet shards.
+        config: Batching settings; or give them as keyword arguments (`rows_per_batch=8`, ...).
+        rank: This data-parallel rank (default: torch.distributed's, else 0).
+        world_size: Number of data-parallel ranks (default: torch.distributed's, else 1).
+
+    Call `set_epoch(e)` before each epoch (as with DistributedSampler).
+
+    Raises:
+        DataError: A missing, truncated or corrupt dataset, or an unsupported format version.
+        ConfigError: Invalid settings.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        config: LoaderConfig | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        **settings: Any,
+    ) -> None:
+        super().__init__()
+        if config is None:
+            config = LoaderConfig(**settings)
+        elif settings:
+            raise ConfigError(f"give either a config or keyword settings, not both ({sorted(settings)})")
+        self.config = config
+        self.rank, self.world_size = _dist_rank_world(rank, world_size)
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world_size}")
+        self.store = ShardStore(path, verify=config.verify, cache_bytes=config.cache_bytes)
+        self.fingerprint = self.store.manifest.fingerprint
+        max_len = self.store.max_len
+        if config.tokens_per_batch is not None and config.tokens_per_batch < max_len:
+            raise ConfigError(
+                f"tokens_per_batch {config.tokens_per_batch} is smaller than the dataset's max_len "
+                f"{max_len}; a row would not fit"
+            )
+        self.lengths = self.n_docs = self.cost = None
+        need_index = config.tokens_per_batch is not None or config.balance or config.static_shape
+        if need_index:
+            self.lengths, self.n_docs, sq = self.store.row_index()
+            if config.balance:
+                self.cost = row_cost(sq, self.lengths, config.balance_linear)
+        self.max_docs = config.max_docs_per_batch
+        if config.static_shape:
+            if self.max_docs is None:
+                most = int(self.n_docs.max()) if len(self.n_docs) else 1
+                self.max_docs = config.rows_per_batch * most + 1
+            self.pad_tokens = config.tokens_per_batch or config.rows_per_batch * max_len
+        else:
+            self.pad_tokens = None
+        # (epoch, origin, next_step, resume_pending) shared with worker processes so that
+        # set_epoch / load_state_dict reach persistent workers too.
+        self._shared = multiprocessing.RawArray("q", 4)
+        self._local_resume: tuple[int, int, int] | None = None
+        self._next_step = 0
+        self._iter_epoch = 0
+        self._iter_origin = 0
+        self._plan_cache: tuple[tuple[int, int], EpochPlan] | None = None
+
+    # ---- planning ---------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return int(self._shared[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration delivers (keeps a pending resume of that epoch)."""
+        if self._shared[3] and int(self._shared[0]) == epoch:
+            return
+        self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, 0, 0, 0
+        self._iter_epoch, self._iter_origin, self._next_step = epoch, 0, 0
+
+    def plan(self, epoch: int, origin: int = 0) -> EpochPlan:
+        """The global steps of `epoch` starting at row position `origin` (cached)."""
+        key = (epoch, origin)
+        if self._plan_cache is None or self._plan_cache[0] != key:
+            c = self.config
+            plan = plan_epoch(
+                num_rows=self.store.num_rows,
+                fingerprint=self.fingerprint,
+                seed=c.seed,
+                epoch=epoch,
+                world_size=self.world_size,
+                origin=origin,
+                shuffle=c.shuffle,
+                drop_last=c.drop_last,
+                rows_per_batch=c.rows_per_batch,
+                tokens_per_batch=c.tokens_per_batch,
+                max_docs=(self.max_docs - 1) if c.static_shape else None,
+                lengths=self.lengths,
+                n_docs=self.n_docs,
+            )
+            self._plan_cache = (key, plan)
+        return self._plan_cache[1]
+
+    def __len__(self) -> int:
+        """Steps this rank runs in the current epoch (from the resume point, if any)."""
+        plan = self.plan(self.epoch, int(self._shared[1]) if self._shared[3] else 0)
+        start = int(self._shared[2]) if self._shared[3] else 0
+        return max(plan.num_steps - start, 0)
+
+    def rows_for(self, plan: EpochPlan, step: int, rank: int | None = None) -> np.ndarray:
+        """Row ids a rank trains on at a global step (empty: filler)."""
+        c = self.config
+        return rank_rows(
+            plan,
+            step,
+            self.rank if rank is None else rank,
+            balance=c.balance,
+            cost=self.cost,
+            lengths=self.lengths,
+            n_docs=self.n_docs,
+            rows_cap=c.rows_per_batch,
+            tokens_cap=self.pad_tokens if c.tokens_per_batch is None and c.static_shape else c.tokens_per_batch,
+            docs_cap=(self.max_docs - 1) if c.static_shape else None,
+        )
+
+    # ---- iteration --------------------------------------------------------------------------
+
+    def batch(self, rows: np.ndarray, *, filler_row: int = 0) -> dict[str, torch.Tensor | int]:
+        """Collate the given rows (empty: a filler batch that trains on nothing)."""
+        c = self.config
+        filler = len(rows) == 0
+        if filler:
+            rows = np.asarray([filler_row], dtype=np.int64)
+        tokens, doc_lens, doc_ids = self.store.gather(rows)
+        out = collate(
+            tokens,
+            doc_lens,
+            doc_ids,
+            pad_tokens=self.pad_tokens,
+            pad_docs=self.max_docs if c.static_shape else None,
+            pad_id=c.pad_id,
+            position_limit=self.store.max_len,
+            layout=c.layout,
+        )
+        if filler:
+            out["labels"].fill_(-100)
+            if "doc_ids" in out:
+                out["doc_ids"].fill_(-1)
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor | int]]:
+        info = get_worker_info()
+        worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        if self._local_resume is not None:
+            epoch, origin, first = self._local_resume
+            self._local_resume = None
+            stride_first = first  # a worker's own next step, restored by StatefulDataLoader
+        else:
+            epoch = int(self._shared[0])
+            origin, first = (int(self._shared[1]), int(self._shared[2])) if self._shared[3] else (0, 0)
+            stride_first = first + worker
+        plan = self.plan(epoch, origin)
+        self._iter_epoch, self._iter_origin = epoch, origin
+        self._next_step = stride_first
+        return self._generate(plan, stride_first, n_workers)
+
+    def _generate(self, plan: EpochPlan, first: int, stride: int) -> Iterator[dict]:
+        filler_row = int(plan.order[0]) if len(plan.order) else 0
+        for step in range(first, plan.num_steps, stride):
+            out = self.batch(self.rows_for(plan, step), filler_row=filler_row)
+            self._next_step = step + stride
+            yield out
+
+    # ---- resume -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this copy of the dataset stands (this worker's next global step)."""
+        plan = self.plan(self._iter_epoch, self._iter_origin)
+        return self._state(self._iter_epoch, self._iter_origin, self._next_step, plan)
+
+    def _state(self, epoch: int, origin: int, next_step: int, plan: EpochPlan) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "fingerprint": self.fingerprint,
+            "seed": self.config.seed,
+            "epoch": epoch,
+            "origin": origin,
+            "next_step": next_step,
+            "cursor": plan.cursor_after(next_step),
+            "layout": self.config.layout_key(self.world_size),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a state.
+
+        Accepts this class's own `state_dict()` (inside a StatefulDataLoader worker: that worker
+        continues at its own next step), a whole `StatefulDataLoader.state_dict()` or a
+        `PackedDataLoader.state_dict()` (in the main process, before iterating: the stream
+        restarts at the first global step not consumed, whatever the number of workers, or at the
+        first row not consumed when the world size or batch settings changed).
+
+        Raises:
+            DataError: The state belongs to another dataset or seed, or is not a loader state.
+        """
+        merged = _merge_loader_state(state)
+        if merged is None:
+            self._check(state)
+            if get_worker_info() is not None:
+                self._local_resume = self._resume_point(state, own_step=True)
+                return
+            merged = state
+        self._check(merged)
+        epoch, origin, first = self._resume_point(merged, own_step=False)
+        self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, origin, first, 1
+        self._iter_epoch, self._iter_origin, self._next_step = epoch, origin, first
+
+    def _check(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise DataError(f"not a PackedDataset state (version {state.get('version') if isinstance(state, dict) else None!r})")
+        if state["fingerprint"] != self.fingerprint:
+            raise DataError(
+                f"the state was saved on dataset {state['fingerprint']} but this is {self.fingerprint} "
+                f"({self.store.path}); resume on the same packed data"
+            )
+        if state["seed"] != self.config.seed:
+            raise DataError(f"the state was saved with seed {state['seed']} but this loader uses seed {self.config.seed}")
+
+    def _resume_point(self, state: dict[str, Any], *, own_step: bool) -> tuple[int, int, int]:
+        if state["layout"] == self.config.layout_key(self.world_size):
+            return int(state["epoch"]), int(state["origin"]), int(state["next_step"])
+        if own_step:
+            raise DataError(
+                "a StatefulDataLoader worker state cannot change world size or batch settings; load "
+                "the whole StatefulDataLoader state into the dataset instead"
+            )
+        # Other ranks or batch settings: continue at the first row no step has consumed.
+        return int(state["epoch"]), int(state["cursor"]), 0
+
+    # ---- reporting --------------------------------------------------------------------------
+
+    def balance_report(self, epoch: int | None = None) -> dict[str, float]:
+        """Mean over the epoch's steps of max/mean rank cost, plain split vs balanced."""
+        lengths, _, sq = (self.lengths, None, None) if self.cost is not None else self.store.row_index()
+        cost = self.cost if self.cost is not None else row_cost(sq, lengths, self.config.balance_linear)
+        plan = self.plan(self.epoch if epoch is None else epoch)
+        before, after = [], []
+        saved = self.cost
+        self.cost = cost
+        try:
+            for step in range(plan.num_steps):
+                plain = plan.step_rows(step)
+                before.append(imbalance([cost[r].sum() for r in plain]))
+                rows = np.concatenate(plain)
+                loads = np.zeros(self.world_size)
+                for r in range(self.world_size):
+                    mine = rank_rows(
+                        plan, step, r, balance=True, cost=cost, lengths=self.lengths,
+                        n_docs=self.n_docs, rows_cap=self.config.rows_per_batch,
+                        tokens_cap=self.config.tokens_per_batch,
+                    )
+                    loads[r] = cost[mine].sum()
+                after.append(imbalance(loads))
+                del rows
+        finally:
+            self.cost = saved
+        return {
+            "steps": plan.num_steps,
+            "imbalance_before": float(np.mean(before)) if before else 1.0,
+            "imbalance_after": float(np.mean(after)) if after else 1.0,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """Settings and sizes, for logs."""
+        return {
+            "path": str(self.store.path),
+            "fingerprint": self.fingerprint,
+            "rows": self.store.num_rows,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            **asdict(self.config),
+        }
+
+
+def _merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The dataset state at the first unconsumed step of a whole loader state, else None."""
+    if not isinstance(state, dict):
+        return None
+    if "packed_dataset" in state:  # PackedDataLoader.state_dict()
+        return state["packed_dataset"]
+    if "dataset_state" in state and "_num_yielded" in state:  # StatefulDataLoader, no workers
+        return state["dataset_state"]
+    snap = state.get("_snapshot")
+    if snap is None:
+        return None
+    # StatefulDataLoader: one dataset state per worker (or the main one with num_workers=0).
+    states = []
+    for w in (snap.get("_worker_snapshots") or {}).values():
+        ds = (w or {}).get("dataset_state")
+        if ds is not None:
+            states.append(ds)
+    main = (snap.get("_main_snapshot") or {}).get("dataset_state")
+    if main is not None:
+        states.append(main)
+    if not states:
+        raise DataError("the StatefulDataLoader state holds no PackedDataset state")
+    # Each worker's next step; the first unconsumed global step is the smallest of them.
+    return min(states, key=lambda s: (s["epoch"], s["next_step"]))
+
+
+def step_loads_for(ds: PackedDataset, epoch: int, step: int) -> np.ndarray:
+    """Per-rank cost of one global step under the dataset's current settings (for reports)."""
+    plan = ds.plan(epoch)
+    cost = ds.cost
+    assert cost is not None
+    rows = [ds.rows_for(plan, step, r) for r in range(ds.world_size)]
+    assignment = np.concatenate([np.full(len(r), i) for i, r in enumerate(rows)])
+    return step_loads(cost[np.concatenate(rows)], assignment, ds.world_size)

@@ -1,0 +1,305 @@
+"""Memory-mapped packtool shards: manifest checks, a row-group index and a bounded row-group cache.
+
+`ShardStore` is the only place the loader touches files. It reads Parquet through
+`pyarrow.memory_map`, so every worker process shares the OS page cache, and it decodes whole row
+groups on demand into flat numpy arrays (values + offsets), kept in a small LRU cache bounded in
+bytes: no per-row or per-token Python objects live in a worker. Offsets read from disk are
+validated once per decoded row group, so a damaged file is a `DataError` naming the file and row.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packtool.errors import DataError
+from packtool.manifest import Manifest, read_manifest, sha256_file
+
+_COLUMNS = ("input_ids", "doc_offsets", "doc_ids")
+
+
+@dataclass(frozen=True)
+class RowGroupData:
+    """One decoded row group as flat arrays (no per-row objects)."""
+
+    tokens: np.ndarray
+    """uint16|uint32, all rows' tokens back to back."""
+    token_offsets: np.ndarray
+    """(rows + 1,) offsets of each row into `tokens`."""
+    doc_offsets: np.ndarray
+    """int32, every row's cu_seqlens back to back (each starts at 0, ends at the row length)."""
+    doc_offsets_offsets: np.ndarray
+    """(rows + 1,) offsets of each row's cu_seqlens into `doc_offsets`."""
+    doc_ids: np.ndarray
+    """int64, every row's document ids back to back."""
+    doc_ids_offsets: np.ndarray
+    """(rows + 1,) offsets of each row's ids into `doc_ids`."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            a.nbytes
+            for a in (
+                self.tokens,
+                self.token_offsets,
+                self.doc_offsets,
+                self.doc_offsets_offsets,
+                self.doc_ids,
+                self.doc_ids_offsets,
+            )
+        )
+
+
+def _list_parts(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, int]:
+    """(values, offsets, null_count) of a list column, zero-copy where Arrow allows."""
+    arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    # `.offsets` and `.values` ignore a slice offset consistently (offsets index into `.values`).
+    offsets = arr.offsets.to_numpy(zero_copy_only=False)
+    values = arr.values.to_numpy(zero_copy_only=False)
+    return values, offsets, arr.null_count + arr.values.null_count
+
+
+def validate_row_group(data: RowGroupData, *, max_len: int, where: str, first_row: int) -> None:
+    """Check the offsets of a decoded row group (a `DataError` naming file and row on failure).
+
+    Args:
+        data: The decoded row group.
+        max_len: The manifest's max_len; no row may be longer.
+        where: The shard file, for messages.
+        first_row: Index of the row group's first row inside the shard, for messages.
+    """
+    n = len(data.token_offsets) - 1
+
+    def fail(mask: np.ndarray, what: str) -> None:
+        bad = int(np.flatnonzero(mask)[0])
+        raise DataError(f"{where}: row {first_row + bad}: {what}; the shard is damaged, repack it")
+
+    lens = np.diff(data.token_offsets)
+    if (lens > max_len).any():
+        fail(lens > max_len, f"row longer than max_len {max_len}")
+    if (lens <= 0).any():
+        fail(lens <= 0, "empty row")
+    n_off = np.diff(data.doc_offsets_offsets)
+    if (n_off < 2).any():
+        fail(n_off < 2, "doc_offsets has fewer than 2 entries")
+    n_ids = np.diff(data.doc_ids_offsets)
+    if (n_ids != n_off - 1).any():
+        fail(n_ids != n_off - 1, "doc_ids and doc_offsets disagree on the number of documents")
+    starts = data.doc_offsets[data.doc_offsets_offsets[:-1]]
+    if (starts != 0).any():
+        fail(starts != 0, "doc_offsets does not start at 0")
+    ends = data.doc_offsets[data.doc_offsets_offsets[1:] - 1]
+    if (ends != lens).any():
+        fail(ends != lens, "doc_offsets does not end at the row length")
+    steps = np.diff(data.doc_offsets.astype(np.int64))
+    # The steps between the last offset of one row and the first of the next are not document
+    # lengths; mask them out before checking that every document is non-empty.
+    boundary = data.doc_offsets_offsets[1:-1] - 1
+    inside = np.ones(len(steps), dtype=bool)
+    inside[boundary] = False
+    if (inside & (steps <= 0)).any():
+        row_of_step = np.searchsorted(data.doc_offsets_offsets, np.arange(len(steps)), "right") - 1
+        bad_rows = np.zeros(n, dtype=bool)
+        bad_rows[row_of_step[inside & (steps <= 0)]] = True
+        fail(bad_rows, "doc_offsets is not strictly increasing")
+
+
+class ShardStore:
+    """Random access to the rows of a packtool dataset folder.
+
+    Args:
+        path: The folder holding `index.json` and the shards.
+        verify: Also check every shard's sha256 against the manifest (reads every byte; slow on
+            large datasets). Sizes and Parquet footers are always checked.
+        cache_bytes: Upper bound on decoded row groups kept per process (at least one row group is
+            always kept).
+
+    Raises:
+        DataError: Missing, truncated or corrupt shards, a manifest that does not match the files,
+            or an unknown format version.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike, *, verify: bool = False, cache_bytes: int = 256 << 20
+    ) -> None:
+        self.path = Path(path)
+        self.manifest: Manifest = read_manifest(self.path)
+        self.cache_bytes = int(cache_bytes)
+        self.max_len = int(self.manifest.max_len)
+        rg_rows: list[int] = []
+        rg_shard: list[int] = []
+        rg_first: list[int] = []
+        for i, info in enumerate(self.manifest.shards):
+            file = self.path / info.file
+            if not file.is_file():
+                raise DataError(f"{file}: shard listed in index.json is missing")
+            size = file.stat().st_size
+            if size != info.bytes:
+                raise DataError(
+                    f"{file}: {size} bytes but index.json says {info.bytes}; "
+                    "the shard is truncated or was replaced"
+                )
+            if verify and sha256_file(file) != info.sha256:
+                raise DataError(f"{file}: sha256 does not match index.json; the shard is corrupt")
+            try:
+                meta = pq.read_metadata(file)
+                schema = meta.schema.to_arrow_schema()
+            except (pa.ArrowException, OSError) as exc:
+                raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
+            for name in _COLUMNS:
+                if name not in schema.names:
+                    raise DataError(f"{file}: column {name!r} missing (has {schema.names})")
+                if not pa.types.is_list(schema.field(name).type) and not pa.types.is_large_list(
+                    schema.field(name).type
+                ):
+                    raise DataError(f"{file}: column {name!r} is {schema.field(name).type}, not a list")
+            if meta.num_rows != info.rows:
+                raise DataError(f"{file}: {meta.num_rows} rows but index.json says {info.rows}")
+            first = 0
+            for g in range(meta.num_row_groups):
+                rg_rows.append(meta.row_group(g).num_rows)
+                rg_shard.append(i)
+                rg_first.append(first)
+                first += rg_rows[-1]
+        self._rg_shard = np.asarray(rg_shard, dtype=np.int64)
+        self._rg_first = np.asarray(rg_first, dtype=np.int64)
+        self._rg_local = np.zeros(len(rg_rows), dtype=np.int64)
+        for i in range(1, len(rg_rows)):
+            same = rg_shard[i] == rg_shard[i - 1]
+            self._rg_local[i] = self._rg_local[i - 1] + 1 if same else 0
+        self._rg_start = np.zeros(len(rg_rows) + 1, dtype=np.int64)
+        np.cumsum(rg_rows, out=self._rg_start[1:])
+        self.num_rows = int(self._rg_start[-1])
+        self._files: dict[int, pq.ParquetFile] = {}
+        self._cache: OrderedDict[int, RowGroupData] = OrderedDict()
+        self._cached_bytes = 0
+        self.decoded_row_groups = 0
+        """How many row groups this process decoded (cache misses)."""
+
+    # Open files and cached row groups belong to one process; a worker opens its own.
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_files"] = {}
+        state["_cache"] = OrderedDict()
+        state["_cached_bytes"] = 0
+        return state
+
+    @property
+    def num_row_groups(self) -> int:
+        return len(self._rg_shard)
+
+    def row_group_of(self, rows: np.ndarray) -> np.ndarray:
+        """The row group index of each global row index."""
+        return np.searchsorted(self._rg_start, rows, side="right") - 1
+
+    def _file(self, shard: int) -> pq.ParquetFile:
+        pf = self._files.get(shard)
+        if pf is None:
+            file = self.path / self.manifest.shards[shard].file
+            try:
+                pf = pq.ParquetFile(pa.memory_map(str(file), "r"))
+            except (pa.ArrowException, OSError) as exc:
+                raise DataError(f"{file}: cannot open shard ({exc})") from None
+            self._files[shard] = pf
+        return pf
+
+    def row_group(self, g: int) -> RowGroupData:
+        """Decoded row group `g` (global numbering), from the cache when possible."""
+        data = self._cache.get(g)
+        if data is not None:
+            self._cache.move_to_end(g)
+            return data
+        shard = int(self._rg_shard[g])
+        where = str(self.path / self.manifest.shards[shard].file)
+        try:
+            table = self._file(shard).read_row_group(int(self._rg_local[g]), columns=list(_COLUMNS))
+            tok, tok_off, tok_nulls = _list_parts(table.column("input_ids"))
+            off, off_off, off_nulls = _list_parts(table.column("doc_offsets"))
+            ids, ids_off, ids_nulls = _list_parts(table.column("doc_ids"))
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(
+                f"{where}: row group {int(self._rg_local[g])} unreadable ({exc}); the shard is damaged"
+            ) from None
+        if tok_nulls or off_nulls or ids_nulls:
+            raise DataError(f"{where}: row group {int(self._rg_local[g])} holds nulls")
+        if not np.issubdtype(tok.dtype, np.integer):
+            raise DataError(f"{where}: input_ids hold {tok.dtype}, not integer token ids")
+        data = RowGroupData(
+            tokens=tok,
+            token_offsets=tok_off.astype(np.int64, copy=False),
+            doc_offsets=off.astype(np.int32, copy=False),
+            doc_offsets_offsets=off_off.astype(np.int64, copy=False),
+            doc_ids=ids.astype(np.int64, copy=False),
+            doc_ids_offsets=ids_off.astype(np.int64, copy=False),
+        )
+        validate_row_group(data, max_len=self.max_len, where=where, first_row=int(self._rg_first[g]))
+        self.decoded_row_groups += 1
+        self._cache[g] = data
+        self._cached_bytes += data.nbytes
+        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cached_bytes -= old.nbytes
+        return data
+
+    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows' tokens, document lengths and document ids, concatenated in the given order.
+
+        Returns:
+            `(tokens, doc_lens, doc_ids)`: tokens in the stored dtype `(total_tokens,)`, document
+            lengths int32 `(n_docs,)` and document ids int64 `(n_docs,)`.
+        """
+        groups = self.row_group_of(rows)
+        toks, lens, ids = [], [], []
+        for row, g in zip(rows.tolist(), groups.tolist(), strict=True):
+            data = self.row_group(g)
+            i = row - int(self._rg_start[g])
+            toks.append(data.tokens[data.token_offsets[i] : data.token_offsets[i + 1]])
+            lens.append(np.diff(data.doc_offsets[data.doc_offsets_offsets[i] : data.doc_offsets_offsets[i + 1]]))
+            ids.append(data.doc_ids[data.doc_ids_offsets[i] : data.doc_ids_offsets[i + 1]])
+        if not toks:
+            return np.zeros(0, np.uint32), np.zeros(0, np.int32), np.zeros(0, np.int64)
+        return np.concatenate(toks), np.concatenate(lens), np.concatenate(ids)
+
+    def row_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-row token count, document count and attention cost Σ len², for batch planning.
+
+        Reads only the `doc_offsets` column of every shard (small next to the tokens).
+
+        Returns:
+            `(lengths int64, n_docs int64, sq_cost float64)`, each `(num_rows,)`.
+        """
+        lengths = np.empty(self.num_rows, dtype=np.int64)
+        n_docs = np.empty(self.num_rows, dtype=np.int64)
+        sq = np.empty(self.num_rows, dtype=np.float64)
+        pos = 0
+        for i, info in enumerate(self.manifest.shards):
+            where = str(self.path / info.file)
+            try:
+                col = self._file(i).read(columns=["doc_offsets"]).column("doc_offsets")
+                off, off_off, nulls = _list_parts(col)
+            except (pa.ArrowException, OSError) as exc:
+                raise DataError(f"{where}: doc_offsets unreadable ({exc}); the shard is damaged") from None
+            n = len(off_off) - 1
+            counts = np.diff(off_off)
+            if nulls or (counts < 2).any():
+                raise DataError(f"{where}: malformed doc_offsets (null or fewer than 2 entries)")
+            ends = off[off_off[1:] - 1].astype(np.int64)
+            if (ends > self.max_len).any() or (ends <= 0).any() or (off[off_off[:-1]] != 0).any():
+                bad = int(np.flatnonzero((ends > self.max_len) | (ends <= 0) | (off[off_off[:-1]] != 0))[0])
+                raise DataError(f"{where}: row {bad}: doc_offsets out of range; the shard is damaged")
+            steps = np.diff(off.astype(np.int64))
+            sq_all = np.zeros(len(off), dtype=np.float64)
+            sq_all[1:] = np.cumsum(steps.astype(np.float64) ** 2)
+            # Σ over a row's documents = prefix-sum difference; the cross-row step is excluded
+            # because each row's range starts at its own first offset.
+            lengths[pos : pos + n] = ends
+            n_docs[pos : pos + n] = counts - 1
+            sq[pos : pos + n] = sq_all[off_off[1:] - 1] - sq_all[off_off[:-1]]
+            pos += n
+        return lengths, n_docs, sq

@@ -1,0 +1,143 @@
+"""loader/shards.py: manifest checks and damaged shards give clear errors, never garbage."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from loader import PackedDataset, ShardStore
+from loader.testing import write_dataset
+from packtool.errors import DataError
+from packtool.manifest import packed_schema, read_manifest, sha256_file, write_manifest
+
+
+def _rewrite_shard(path, table):
+    """Replace shard 0 with `table` and update the manifest so only the content is wrong."""
+    m = read_manifest(path)
+    file = path / m.shards[0].file
+    pq.write_table(table, file)
+    import dataclasses
+
+    s0 = dataclasses.replace(m.shards[0], bytes=file.stat().st_size, sha256=sha256_file(file), rows=table.num_rows)
+    write_manifest(path, dataclasses.replace(m, shards=(s0, *m.shards[1:])))
+
+
+def test_reads_rows_exactly(hand_dataset):
+    store = ShardStore(hand_dataset)
+    assert store.num_rows == 3 and store.num_row_groups == 2
+    tokens, lens, ids = store.gather(np.array([2, 0]))
+    assert tokens.tolist() == [10, 11, 12, 1, 2, 3, 4, 5]
+    assert lens.tolist() == [1, 1, 1, 3, 2]
+    assert ids.tolist() == [3, 4, 5, 0, 1]
+    lengths, n_docs, sq = store.row_index()
+    assert lengths.tolist() == [5, 4, 3]
+    assert n_docs.tolist() == [2, 1, 3]
+    assert sq.tolist() == [13.0, 16.0, 3.0]
+
+
+def test_cache_is_bounded(tmp_path):
+    rows = [[[i] * 5] for i in range(40)]
+    write_dataset(tmp_path, rows, max_len=5, row_group_rows=4)
+    store = ShardStore(tmp_path, cache_bytes=1)  # keeps one row group
+    store.gather(np.arange(40))
+    assert len(store._cache) == 1
+    assert store.decoded_row_groups == 10
+    store = ShardStore(tmp_path, cache_bytes=1 << 20)
+    store.gather(np.arange(40))
+    store.gather(np.arange(40)[::-1])
+    assert store.decoded_row_groups == 10
+
+
+def test_missing_shard(hand_dataset):
+    (hand_dataset / "shard-00000.parquet").unlink()
+    with pytest.raises(DataError, match="shard-00000.parquet: shard listed in index.json is missing"):
+        PackedDataset(hand_dataset, rows_per_batch=1)
+
+
+def test_truncated_shard(hand_dataset):
+    file = hand_dataset / "shard-00000.parquet"
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match="truncated"):
+        PackedDataset(hand_dataset, rows_per_batch=1)
+
+
+def test_truncated_shard_with_matching_manifest_is_not_parquet(hand_dataset):
+    file = hand_dataset / "shard-00000.parquet"
+    file.write_bytes(file.read_bytes()[:100])
+    m = json.loads((hand_dataset / "index.json").read_text())
+    m["shards"][0]["bytes"] = 100
+    (hand_dataset / "index.json").write_text(json.dumps(m))
+    with pytest.raises(DataError, match="not a readable Parquet file"):
+        ShardStore(hand_dataset)
+
+
+def test_wrong_format_version(hand_dataset):
+    m = json.loads((hand_dataset / "index.json").read_text())
+    m["format_version"] = 99
+    (hand_dataset / "index.json").write_text(json.dumps(m))
+    with pytest.raises(DataError, match="format_version 99 is not supported"):
+        PackedDataset(hand_dataset, rows_per_batch=1)
+
+
+def test_missing_manifest(tmp_path):
+    with pytest.raises(DataError, match="index.json: missing"):
+        PackedDataset(tmp_path, rows_per_batch=1)
+
+
+def test_verify_catches_same_size_corruption(hand_dataset):
+    file = hand_dataset / "shard-00000.parquet"
+    data = bytearray(file.read_bytes())
+    data[10] ^= 0xFF
+    file.write_bytes(bytes(data))
+    ShardStore(hand_dataset)  # sizes match: only hashing notices
+    with pytest.raises(DataError, match="sha256 does not match"):
+        ShardStore(hand_dataset, verify=True)
+
+
+def _table(offsets, tokens, ids, max_len=None):
+    return pa.table(
+        {
+            "input_ids": tokens,
+            "doc_offsets": offsets,
+            "doc_ids": ids,
+            "doc_chunks": [[0] * len(i) for i in ids],
+        },
+        schema=packed_schema(pa.uint16()),
+    )
+
+
+@pytest.mark.parametrize(
+    ("offsets", "tokens", "ids", "message"),
+    [
+        ([[0, 3, 5], [0, 2, 3]], [[1] * 5, [1] * 4], [[0, 1], [2, 3]], "row 1: doc_offsets does not end at the row length"),
+        ([[0, 3, 5], [1, 4]], [[1] * 5, [1] * 4], [[0, 1], [2]], "row 1: doc_offsets does not start at 0"),
+        ([[0, 3, 2, 5]], [[1] * 5], [[0, 1, 2]], "row 0: doc_offsets is not strictly increasing"),
+        ([[0, 5], [0, 2, 4]], [[1] * 5, [1] * 4], [[0, 1], [2, 3]], "row 0: doc_ids and doc_offsets disagree"),
+        ([[0, 7]], [[1] * 7], [[0]], "row 0: row longer than max_len 6"),
+        ([[0]], [[]], [[]], "row 0: empty row"),
+    ],
+)
+def test_corrupted_offsets_name_file_and_row(hand_dataset, offsets, tokens, ids, message):
+    _rewrite_shard(hand_dataset, _table(offsets, tokens, ids))
+    ds = PackedDataset(hand_dataset, rows_per_batch=4, shuffle=False)
+    with pytest.raises(DataError, match="shard-00000.parquet: " + message):
+        list(ds)
+
+
+def test_corrupted_offsets_caught_by_row_index(hand_dataset):
+    _rewrite_shard(hand_dataset, _table([[0, 3, 9]], [[1] * 5], [[0, 1]]))
+    with pytest.raises(DataError, match="shard-00000.parquet: row 0: doc_offsets out of range"):
+        PackedDataset(hand_dataset, tokens_per_batch=8)
+
+
+def test_manifest_row_count_mismatch(hand_dataset):
+    m = json.loads((hand_dataset / "index.json").read_text())
+    m["shards"][0]["rows"] = 7
+    (hand_dataset / "index.json").write_text(json.dumps(m))
+    with pytest.raises(DataError, match="3 rows but index.json says 7"):
+        ShardStore(hand_dataset)
