@@ -311,6 +311,121 @@ def stats_cmd(
         click.echo(f"wrote {plot}", err=as_json)
 
 
+@cli.command("pack")
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=str), help="Output folder.")
+@click.option("--max-len", type=int, default=4096, show_default=True, help="Tokens per row at most.")
+@click.option(
+    "--algorithm",
+    type=click.Choice(["ffd", "bfd"]),
+    default="ffd",
+    show_default=True,
+    help="First-fit-decreasing or best-fit-decreasing.",
+)
+@click.option(
+    "--long-docs",
+    type=click.Choice(["split", "truncate", "drop"]),
+    default="split",
+    show_default=True,
+    help="Documents longer than --max-len: cut into max-len chunks, truncate, or drop.",
+)
+@click.option(
+    "--rounds", type=int, default=1, show_default=True, help="Extra rounds repack the least-filled rows."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds repacking and row order.")
+@click.option("--group-by", default=None, metavar="FIELD", help="Pack only documents sharing FIELD.")
+@click.option(
+    "--chunk-docs",
+    type=int,
+    default=100_000,
+    show_default=True,
+    help="Documents packed together (bounds memory).",
+)
+@click.option("--shard-rows", type=int, default=16384, show_default=True, help="Rows per shard.")
+@click.option(
+    "--row-group-rows", type=int, default=256, show_default=True, help="Rows per Parquet row group."
+)
+@click.option(
+    "--compression",
+    type=click.Choice(["zstd", "lz4", "snappy", "none"]),
+    default="zstd",
+    show_default=True,
+)
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted run in the same folder.")
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None, help="Threads [default: all cores]."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@corpus_options
+@click.pass_context
+def pack_cmd(
+    ctx: click.Context,
+    inputs: tuple[str, ...],
+    output: str,
+    max_len: int,
+    algorithm: str,
+    long_docs: str,
+    rounds: int,
+    seed: int,
+    group_by: str | None,
+    chunk_docs: int,
+    shard_rows: int,
+    row_group_rows: int,
+    compression: str,
+    overwrite: bool,
+    resume: bool,
+    workers: int | None,
+    as_json: bool,
+    corpus: CorpusOptions,
+) -> None:
+    """Tokenize (or read tokenized Parquet), pack into rows and write Parquet shards + index.json.
+
+    INPUT: raw corpora as for `packtool tokenize`, or tokenized Parquet from it (then the
+    recorded tokenizer is used unless --tokenizer is given, which must match it).
+    """
+    import json
+    import shlex
+
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack import PackConfig
+    from packtool.shards import ShardConfig
+
+    extra = () if group_by in (None, "source") else (group_by,)
+    config = RunConfig(
+        inputs=inputs,
+        out_dir=output,
+        pack=PackConfig(
+            max_len=max_len,
+            algorithm=algorithm,
+            long_docs=long_docs,
+            rounds=rounds,
+            seed=seed,
+            group_by=group_by,
+        ),
+        shards=ShardConfig(
+            shard_rows=shard_rows, row_group_rows=row_group_rows, compression=compression
+        ),
+        read=corpus.read_config(extra_fields=extra),
+        chunk_docs=chunk_docs,
+        overwrite=overwrite,
+        resume=resume,
+        command=shlex.join(["packtool", *sys.argv[1:]]) if sys.argv else "packtool pack",
+    )
+    explicit = any(
+        ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
+        for name in ("tokenizer", "eos_id", "no_eos", "bos_id")
+    )
+    from packtool.tokenize import input_identity
+
+    tokenizer = corpus.load_tokenizer(workers) if explicit or input_identity(inputs) is None else None
+    summary = run_pack(config, tokenizer)
+    if as_json:
+        click.echo(json.dumps(summary.to_dict(), indent=2))
+    else:
+        click.echo(summary.format(max_len))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
     try:

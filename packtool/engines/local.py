@@ -1,0 +1,357 @@
+"""The local engine: read -> tokenize -> pack per chunk -> write shards -> manifest, on this machine.
+
+Chunks have exactly `chunk_docs` documents (the last one fewer), whatever batch sizes the reader
+and tokenizer produce, so the output depends only on the inputs and the options. After each
+chunk its shards and its accounting go into a hidden state file; `resume=True` checks that file,
+keeps the finished shards and writes only what is missing, so the bytes equal an uninterrupted
+run. The manifest is written last.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packtool import stats
+from packtool.corpus import ReadConfig, SkipCounter
+from packtool.errors import ConfigError, DataError
+from packtool.manifest import (
+    INDEX_FILE,
+    Manifest,
+    ShardInfo,
+    atomic_write_bytes,
+    sha256_file,
+    write_manifest,
+)
+from packtool.pack import PackConfig, PackCounts, pack_table
+from packtool.progress import Progress
+from packtool.shards import ShardConfig, write_shards
+from packtool.tokenize import input_identity, tokenized_batches
+from packtool.tokenizers import Tokenizer
+
+STATE_FILE = ".pack-state.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One `packtool pack` run."""
+
+    inputs: tuple[str, ...]
+    out_dir: str
+    pack: PackConfig
+    shards: ShardConfig = ShardConfig()
+    read: ReadConfig = ReadConfig()
+    chunk_docs: int = 100_000
+    """Documents per packing chunk: bounds memory; efficiency stays within 0.05 % of one chunk."""
+    overwrite: bool = False
+    resume: bool = False
+    command: str = ""
+    """The command line, recorded in the manifest."""
+    progress: bool | None = None
+    """Draw a progress bar (default: when stderr is a terminal)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.chunk_docs, int) or self.chunk_docs < 1:
+            raise ConfigError(f"chunk_docs must be a positive integer, got {self.chunk_docs!r}")
+        if self.overwrite and self.resume:
+            raise ConfigError("--overwrite and --resume exclude each other; choose one")
+
+
+@dataclass
+class PackSummary:
+    """What the run did, for the closing summary and the manifest."""
+
+    counts: PackCounts
+    rows_per_round: list[int]
+    lower_bound_l1: int
+    lower_bound_l2: int
+    efficiency: float
+    shards: list[ShardInfo]
+    groups: dict[str, tuple[int, int]]
+    seconds: dict[str, float] = field(default_factory=dict)
+    skips: dict[str, int] = field(default_factory=dict)
+    resumed_chunks: int = 0
+    out_dir: str = ""
+
+    @property
+    def lower_bound(self) -> int:
+        return max(self.lower_bound_l1, self.lower_bound_l2)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "out_dir": self.out_dir,
+            "counts": self.counts.to_dict(),
+            "efficiency": self.efficiency,
+            "lower_bound_rows": self.lower_bound,
+            "lower_bound_l1": self.lower_bound_l1,
+            "lower_bound_l2": self.lower_bound_l2,
+            "rows_per_round": self.rows_per_round,
+            "shards": [asdict(s) for s in self.shards],
+            "groups": {k: {"rows": r, "tokens": t} for k, (r, t) in self.groups.items()},
+            "skips": self.skips,
+            "seconds": self.seconds,
+            "resumed_chunks": self.resumed_chunks,
+        }
+
+    def format(self, max_len: int) -> str:
+        """The closing summary a person reads after `packtool pack`."""
+        c = self.counts
+        gap = c.rows - self.lower_bound
+        total = self.seconds.get("total", 0.0)
+        stages = ", ".join(f"{k} {v:.2f}s" for k, v in self.seconds.items() if k != "total")
+        lines = [
+            f"packed {c.documents_packed:,} of {c.documents_in:,} documents "
+            f"({c.tokens_out:,} tokens) into {c.rows:,} rows of <= {max_len} tokens "
+            f"in {len(self.shards)} shard(s) -> {self.out_dir}",
+            f"efficiency {self.efficiency:.4%} (padding {1 - self.efficiency:.4%}); "
+            f"lower bound {self.lower_bound:,} rows (L1 {self.lower_bound_l1:,}, "
+            f"L2 {self.lower_bound_l2:,}); gap {gap:,} rows ({gap / max(self.lower_bound, 1):.3%})",
+            "rows per round: " + " -> ".join(f"{r:,}" for r in self.rows_per_round),
+            f"documents: split {c.documents_split:,}, truncated {c.documents_truncated:,}, "
+            f"dropped {c.documents_dropped:,}, empty {c.documents_empty:,}, "
+            f"skipped while reading {sum(self.skips.values()):,}",
+            f"tokens: in {c.tokens_in:,} = out {c.tokens_out:,} + truncated "
+            f"{c.tokens_truncated:,} + dropped {c.tokens_dropped:,}",
+            f"time {total:.2f}s ({stages}); {c.tokens_in / max(total, 1e-9):,.0f} tokens/s",
+        ]
+        if self.skips:
+            lines.append("skips: " + ", ".join(f"{k} {v:,}" for k, v in self.skips.items()))
+        if self.resumed_chunks:
+            lines.append(f"resumed: kept {self.resumed_chunks} finished chunk(s)")
+        for name, (rows, tokens) in self.groups.items():
+            lines.append(
+                f"group {name!r}: {rows:,} rows, efficiency {tokens / (rows * max_len):.4%}"
+            )
+        return "\n".join(lines)
+
+
+def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
+    """Regroup a stream of tables into tables of exactly `chunk_docs` rows (the last fewer)."""
+    pending: list[pa.Table] = []
+    held = 0
+    for batch in batches:
+        pending.append(batch)
+        held += batch.num_rows
+        while held >= chunk_docs:
+            table = pa.concat_tables(pending)
+            yield table.slice(0, chunk_docs).combine_chunks()
+            rest = table.slice(chunk_docs)
+            pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+    if held:
+        yield pa.concat_tables(pending).combine_chunks()
+
+
+def _prepare_out_dir(config: RunConfig) -> dict[str, Any] | None:
+    """Create or check the output folder; return the saved state when resuming."""
+    out = Path(config.out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output {out} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    present = [p for p in out.iterdir()]
+    if config.resume:
+        state_path = out / STATE_FILE
+        if not state_path.exists():
+            if (out / INDEX_FILE).exists():
+                raise ConfigError(
+                    f"{out} is already complete ({INDEX_FILE} exists); nothing to resume"
+                )
+            raise ConfigError(f"{out} has no {STATE_FILE}: nothing to resume; use --overwrite")
+        try:
+            return json.loads(state_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise DataError(f"{state_path}: unreadable ({exc}); use --overwrite") from None
+    if present and not config.overwrite:
+        raise ConfigError(
+            f"output folder {out} is not empty; pass --overwrite to replace it "
+            "or --resume to finish an interrupted run"
+        )
+    for p in present:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    return None
+
+
+def _fingerprint(config: RunConfig, tokenizer_identity: dict[str, Any]) -> dict[str, Any]:
+    """Everything that determines the output bytes; a resume must match it exactly."""
+    inputs = []
+    for name in config.inputs:
+        p = Path(name)
+        inputs.append([name, p.stat().st_size if p.is_file() else None])
+    fingerprint = {
+        "inputs": inputs,
+        "pack": asdict(config.pack),
+        "shards": asdict(config.shards),
+        "read": asdict(config.read),
+        "tokenizer": tokenizer_identity,
+        "chunk_docs": config.chunk_docs,
+    }
+    # Compare in the form the state file stores it (tuples become lists).
+    return json.loads(json.dumps(fingerprint))
+
+
+def _check_done_shards(out: Path, infos: Sequence[ShardInfo]) -> None:
+    for info in infos:
+        path = out / info.file
+        if (
+            not path.exists()
+            or path.stat().st_size != info.bytes
+            or sha256_file(path) != info.sha256
+        ):
+            raise DataError(f"{path}: finished shard is missing or changed; rerun with --overwrite")
+
+
+def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSummary:
+    """Pack `config.inputs` into shards + `index.json` in `config.out_dir`.
+
+    Args:
+        config: inputs, output folder and every option.
+        tokenizer: encodes raw corpora. For tokenized Parquet inputs it must match the recorded
+            tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
+    """
+    recorded = input_identity(config.inputs)
+    if tokenizer is None and recorded is None:
+        from packtool.tokenizers import load_tokenizer
+
+        tokenizer = load_tokenizer("byte")
+    identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
+    state = _prepare_out_dir(config)
+    out = Path(config.out_dir)
+    fingerprint = _fingerprint(config, identity)
+    done: list[dict[str, Any]] = []
+    if state is not None:
+        if state.get("fingerprint") != fingerprint:
+            changed = [
+                k for k in fingerprint if state.get("fingerprint", {}).get(k) != fingerprint[k]
+            ]
+            raise ConfigError(
+                f"cannot resume {out}: options or inputs differ ({', '.join(changed)})"
+            )
+        done = list(state["chunks"])
+        for chunk in done:
+            _check_done_shards(out, [ShardInfo(**s) for s in chunk["shards"]])
+    else:
+        # Written before any work, so a run stopped at any point can be resumed.
+        atomic_write_bytes(
+            out / STATE_FILE, json.dumps({"fingerprint": fingerprint, "chunks": []}).encode()
+        )
+
+    skips = SkipCounter(strict=config.read.strict)
+    stream = tokenized_batches(
+        list(config.inputs), read_config=config.read, tokenizer=tokenizer, skips=skips
+    )
+    counts = PackCounts()
+    rounds = np.zeros(config.pack.rounds, dtype=np.int64)
+    hist = np.zeros(config.pack.max_len + 1, dtype=np.int64)
+    groups: dict[str, list[int]] = {}
+    shards: list[ShardInfo] = []
+    seconds = {"read+tokenize": 0.0, "pack": 0.0, "write": 0.0}
+
+    bar = Progress("pack", enabled=config.progress)
+    chunks = rechunk(stream, config.chunk_docs)
+    index = 0
+    t_start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        table = next(chunks, None)
+        seconds["read+tokenize"] += time.perf_counter() - t0
+        if table is None:
+            break
+        if index < len(done):
+            record = done[index]
+        else:
+            t0 = time.perf_counter()
+            packed = pack_table(table, config.pack, chunk_index=index)
+            t1 = time.perf_counter()
+            infos = write_shards(out, packed.table, len(shards), config.shards)
+            seconds["pack"] += t1 - t0
+            seconds["write"] += time.perf_counter() - t1
+            seg_hist = np.bincount(packed.segment_lengths, minlength=config.pack.max_len + 1)
+            record = {
+                "index": index,
+                "shards": [asdict(s) for s in infos],
+                "counts": packed.counts.to_dict(),
+                "rows_per_round": packed.rows_per_round,
+                "groups": packed.groups,
+                "segment_histogram": {int(k): int(seg_hist[k]) for k in np.flatnonzero(seg_hist)},
+            }
+            done.append(record)
+            state_bytes = json.dumps({"fingerprint": fingerprint, "chunks": done}).encode()
+            atomic_write_bytes(out / STATE_FILE, state_bytes)
+        counts += PackCounts(**record["counts"])
+        rounds += np.asarray(record["rows_per_round"], dtype=np.int64)
+        for k, v in record["segment_histogram"].items():
+            hist[int(k)] += v
+        for name, (r, t) in record["groups"].items():
+            acc = groups.setdefault(name, [0, 0])
+            acc[0] += r
+            acc[1] += t
+        shards.extend(ShardInfo(**s) for s in record["shards"])
+        bar.update(docs=table.num_rows, tokens=record["counts"]["tokens_in"])
+        index += 1
+    bar.close()
+    seconds["total"] = time.perf_counter() - t_start
+
+    if counts.documents_in == 0:
+        raise DataError(f"no documents found in {', '.join(config.inputs)}" + _skip_note(skips))
+    if counts.tokens_out == 0:
+        raise DataError("every document was empty or dropped; nothing to pack" + _skip_note(skips))
+
+    seg_lengths = np.repeat(np.arange(len(hist)), hist)
+    l1 = stats.lower_bound_l1(seg_lengths, config.pack.max_len)
+    l2 = stats.lower_bound_l2(seg_lengths, config.pack.max_len)
+    efficiency = counts.tokens_out / (counts.rows * config.pack.max_len)
+    summary = PackSummary(
+        counts=counts,
+        rows_per_round=[int(r) for r in rounds],
+        lower_bound_l1=int(l1),
+        lower_bound_l2=int(l2),
+        efficiency=efficiency,
+        shards=shards,
+        groups={k: (v[0], v[1]) for k, v in sorted(groups.items())},
+        seconds=seconds,
+        skips=skips.to_dict(),
+        resumed_chunks=len(state["chunks"]) if state is not None else 0,
+        out_dir=str(out),
+    )
+    manifest = Manifest(
+        tokenizer=identity,
+        max_len=config.pack.max_len,
+        algorithm=config.pack.algorithm,
+        seed=config.pack.seed,
+        rounds=config.pack.rounds,
+        long_docs=config.pack.long_docs,
+        counts={**counts.to_dict(), "documents_skipped": int(sum(summary.skips.values()))},
+        efficiency=round(efficiency, 6),
+        lower_bound_rows=summary.lower_bound,
+        shards=tuple(shards),
+        command=config.command,
+        extra={
+            "rows_per_round": summary.rows_per_round,
+            "lower_bound_l1": summary.lower_bound_l1,
+            "lower_bound_l2": summary.lower_bound_l2,
+            "chunk_docs": config.chunk_docs,
+            "groups": {
+                k: {"rows": r, "tokens": t, "efficiency": round(t / (r * config.pack.max_len), 6)}
+                for k, (r, t) in summary.groups.items()
+            },
+            "skips": summary.skips,
+            "group_by": config.pack.group_by,
+        },
+    )
+    write_manifest(out, manifest)
+    (out / STATE_FILE).unlink(missing_ok=True)
+    return summary
+
+
+def _skip_note(skips: SkipCounter) -> str:
+    return f" ({skips.summary()})" if skips.total else ""

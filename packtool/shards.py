@@ -1,0 +1,98 @@
+"""Writing packed rows as Parquet shards, atomically (temporary file, fsync, rename).
+
+A shard that has its final name is complete; anything still being written is a hidden
+`.NAME.tmp` file. Shards never straddle chunks, so the shards of a chunk depend only on that
+chunk, which is what lets `--resume` reproduce an uninterrupted run byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packtool.errors import ConfigError
+from packtool.manifest import ShardInfo, packed_schema, sha256_file
+
+SHARD_PATTERN = "shard-{:05d}.parquet"
+COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardConfig:
+    """How packed rows are laid out on disk."""
+
+    shard_rows: int = 16384
+    """Rows per shard file at most (a chunk's last shard may hold fewer)."""
+    row_group_rows: int = 256
+    """Rows per Parquet row group: the unit the loader reads and caches."""
+    compression: str = "zstd"
+    """Parquet codec: none, snappy, lz4 or zstd."""
+    compression_level: int | None = 1
+    """Codec level where the codec has one (zstd 1: cheap to write, fast to read)."""
+
+    def __post_init__(self) -> None:
+        if self.shard_rows < 1:
+            raise ConfigError(f"shard_rows must be >= 1, got {self.shard_rows}")
+        if self.row_group_rows < 1:
+            raise ConfigError(f"row_group_rows must be >= 1, got {self.row_group_rows}")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(
+                f"compression {self.compression!r} is unknown; choose one of {list(COMPRESSIONS)}"
+            )
+
+
+def _write_one(path: Path, table: pa.Table, config: ShardConfig) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    codec = None if config.compression == "none" else config.compression
+    level = config.compression_level if codec in ("zstd",) else None
+    pq.write_table(
+        table,
+        tmp,
+        row_group_size=config.row_group_rows,
+        compression=codec,
+        compression_level=level,
+        # Token lists are high-entropy ids: dictionary encoding only costs time.
+        use_dictionary=False,
+        write_statistics=False,
+    )
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_shards(
+    directory: Path, table: pa.Table, first_index: int, config: ShardConfig
+) -> list[ShardInfo]:
+    """Write one chunk's packed rows as shards numbered from `first_index`; return their info."""
+    token_type = table.schema.field("input_ids").type.value_type
+    table = table.cast(packed_schema(token_type))
+    infos = []
+    for i, start in enumerate(range(0, max(table.num_rows, 1), config.shard_rows)):
+        part = table.slice(start, config.shard_rows)
+        if part.num_rows == 0:
+            break
+        name = SHARD_PATTERN.format(first_index + i)
+        path = directory / name
+        _write_one(path, part, config)
+        tokens = int(pc_sum_lengths(part))
+        infos.append(
+            ShardInfo(
+                file=name,
+                rows=part.num_rows,
+                tokens=tokens,
+                bytes=path.stat().st_size,
+                sha256=sha256_file(path),
+            )
+        )
+    return infos
+
+
+def pc_sum_lengths(table: pa.Table) -> int:
+    """Tokens in a packed table (sum of row lengths) without touching the values."""
+    ids = table.column("input_ids").combine_chunks()
+    offsets = ids.offsets
+    return int(offsets[len(offsets) - 1].as_py() - offsets[0].as_py()) if len(ids) else 0

@@ -1,0 +1,219 @@
+"""The local engine end to end: shards + manifest, determinism, resume, refusals, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packtool import shards as shards_mod
+from packtool.engines import local
+from packtool.engines.local import RunConfig, rechunk, run_pack
+from packtool.errors import ConfigError, DataError
+from packtool.manifest import read_manifest
+from packtool.pack import PackConfig
+from packtool.shards import ShardConfig
+from packtool.tokenizers import load_tokenizer
+from packtool.verify import verify_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "sample_data" / "corpus.jsonl"
+
+
+def run(out, inputs=(CORPUS,), **kw) -> local.PackSummary:
+    pack = kw.pop("pack", PackConfig(max_len=kw.pop("max_len", 1024)))
+    config = RunConfig(
+        inputs=tuple(str(p) for p in inputs), out_dir=str(out), pack=pack, progress=False, **kw
+    )
+    return run_pack(config)
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.parquet"))}
+
+
+def test_pack_sample_data_writes_a_dataset_that_verifies(tmp_path):
+    summary = run(tmp_path / "out", max_len=2048, shards=ShardConfig(shard_rows=500))
+    manifest = read_manifest(tmp_path / "out")
+    c = manifest.counts
+    assert c["documents_in"] == 4024 and c["documents_skipped"] == 6  # 6 empty docs skipped
+    assert c["tokens_in"] == c["tokens_out"] + c["tokens_truncated"] + c["tokens_dropped"]
+    assert manifest.num_tokens == c["tokens_out"] and manifest.num_rows == c["rows"]
+    assert len(manifest.shards) == -(-c["rows"] // 500)
+    assert manifest.lower_bound_rows <= c["rows"]
+    assert summary.efficiency == pytest.approx(c["tokens_out"] / (c["rows"] * 2048))
+    report = verify_dataset(tmp_path / "out", checksums=True)
+    assert report.rows == c["rows"]
+    assert not list((tmp_path / "out").glob(".*"))  # no state or temporary file left behind
+
+
+def test_every_document_appears_and_matches_its_tokens(tmp_path):
+    run(tmp_path / "out", max_len=512)
+    table = pq.read_table(sorted(str(p) for p in (tmp_path / "out").glob("shard-*.parquet")))
+    tok = load_tokenizer("byte")
+    texts = [json.loads(line)["text"] for line in CORPUS.read_text(encoding="utf-8").splitlines()]
+    pieces: dict[int, list[tuple[int, list[int]]]] = {}
+    for r in table.to_pylist():
+        offs = r["doc_offsets"]
+        for i, (d, c) in enumerate(zip(r["doc_ids"], r["doc_chunks"], strict=True)):
+            pieces.setdefault(d, []).append((c, r["input_ids"][offs[i] : offs[i + 1]]))
+    non_empty = [t for t in texts if t]
+    assert len(pieces) == len(non_empty)
+    for doc_id, text in zip(sorted(pieces), non_empty, strict=True):
+        flat, _ = tok.encode_batch([text])
+        joined = [t for _, toks in sorted(pieces[doc_id]) for t in toks]
+        assert joined == flat.tolist()
+
+
+def test_same_inputs_and_seed_give_identical_bytes(tmp_path):
+    run(tmp_path / "a", pack=PackConfig(max_len=1024, seed=7, rounds=3), chunk_docs=1000)
+    run(tmp_path / "b", pack=PackConfig(max_len=1024, seed=7, rounds=3), chunk_docs=1000)
+    assert shard_bytes(tmp_path / "a") == shard_bytes(tmp_path / "b")
+    a = read_manifest(tmp_path / "a")
+    assert [s.sha256 for s in a.shards] == [s.sha256 for s in read_manifest(tmp_path / "b").shards]
+
+
+def test_interrupted_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+    kw = {"max_len": 1024, "chunk_docs": 700, "shards": ShardConfig(shard_rows=200)}
+    run(tmp_path / "whole", **kw)
+
+    real = shards_mod.write_shards
+    calls = {"n": 0}
+
+    def crash_on_third_chunk(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(local, "write_shards", crash_on_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut", **kw)
+    monkeypatch.setattr(local, "write_shards", real)
+    assert not (tmp_path / "cut" / "index.json").exists()  # never looks complete
+    with pytest.raises(DataError, match="index.json"):
+        read_manifest(tmp_path / "cut")
+
+    summary = run(tmp_path / "cut", resume=True, **kw)
+    assert summary.resumed_chunks == 2
+    assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
+    whole, cut = read_manifest(tmp_path / "whole"), read_manifest(tmp_path / "cut")
+    assert whole.to_dict() == cut.to_dict()
+
+
+def test_resume_refuses_changed_options_and_finished_runs(tmp_path, monkeypatch):
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local, "write_shards", boom)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "out", max_len=1024, chunk_docs=500)
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match="cannot resume.*pack"):
+        run(tmp_path / "out", max_len=2048, chunk_docs=500, resume=True)
+    run(tmp_path / "done", max_len=1024)
+    with pytest.raises(ConfigError, match="already complete"):
+        run(tmp_path / "done", max_len=1024, resume=True)
+
+
+def test_non_empty_output_needs_overwrite(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.txt").write_text("x")
+    with pytest.raises(ConfigError, match="not empty.*--overwrite"):
+        run(tmp_path / "out")
+    run(tmp_path / "out", overwrite=True)
+    assert not (tmp_path / "out" / "old.txt").exists()
+    with pytest.raises(ConfigError, match="exclude each other"):
+        run(tmp_path / "x", overwrite=True, resume=True)
+
+
+def test_chunking_costs_almost_no_efficiency(tmp_path):
+    one = run(tmp_path / "one", max_len=2048)
+    many = run(tmp_path / "many", max_len=2048, chunk_docs=1000)
+    assert many.counts.tokens_out == one.counts.tokens_out
+    assert one.efficiency - many.efficiency < 0.01
+
+
+def test_tokenized_parquet_input_gives_the_same_shards(tmp_path):
+    from packtool.corpus import ReadConfig
+    from packtool.tokenize import tokenize_corpus
+
+    tokenize_corpus([str(CORPUS)], str(tmp_path / "tok.parquet"), read_config=ReadConfig())
+    run(tmp_path / "raw", max_len=1024)
+    run(tmp_path / "tok", inputs=[tmp_path / "tok.parquet"], max_len=1024)
+    assert shard_bytes(tmp_path / "raw") == shard_bytes(tmp_path / "tok")
+
+
+def test_tokenizer_mismatch_is_an_error(tmp_path):
+    from packtool.corpus import ReadConfig
+    from packtool.tokenize import tokenize_corpus
+
+    tokenize_corpus([str(CORPUS)], str(tmp_path / "tok.parquet"), read_config=ReadConfig())
+    config = RunConfig(
+        inputs=(str(tmp_path / "tok.parquet"),),
+        out_dir=str(tmp_path / "out"),
+        pack=PackConfig(max_len=1024),
+        progress=False,
+    )
+    with pytest.raises(DataError, match="requested tokenizer"):
+        run_pack(config, load_tokenizer("byte", eos=None))
+
+
+def test_group_by_reports_each_group(tmp_path):
+    from packtool.corpus import ReadConfig
+
+    run(
+        tmp_path / "out",
+        pack=PackConfig(max_len=2048, group_by="lang"),
+        read=ReadConfig(extra_fields=("lang",)),
+    )
+    groups = read_manifest(tmp_path / "out").extra["groups"]
+    assert sorted(groups) == ["de", "en", "fr", "ja"]
+    assert sum(g["rows"] for g in groups.values()) == read_manifest(tmp_path / "out").num_rows
+    assert all(0 < g["efficiency"] <= 1 for g in groups.values())
+
+
+def test_truncate_and_drop_account_for_every_token(tmp_path):
+    for policy in ("truncate", "drop"):
+        summary = run(tmp_path / policy, pack=PackConfig(max_len=512, long_docs=policy))
+        c = summary.counts
+        assert c.tokens_in == c.tokens_out + c.tokens_truncated + c.tokens_dropped
+        assert (c.tokens_truncated if policy == "truncate" else c.tokens_dropped) > 0
+
+
+def test_empty_corpus_is_an_error(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"text": ""}\n')
+    with pytest.raises(DataError, match="nothing to pack|no documents"):
+        run(tmp_path / "out", inputs=[empty])
+
+
+def test_output_loads_with_plain_pyarrow_and_hf_datasets(tmp_path):
+    run(tmp_path / "out", max_len=1024)
+    files = sorted(str(p) for p in (tmp_path / "out").glob("shard-*.parquet"))
+    table = pq.read_table(files)
+    assert table.column_names == ["input_ids", "doc_offsets", "doc_ids", "doc_chunks"]
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.load_dataset(
+        "parquet", data_files=files, split="train", cache_dir=str(tmp_path / "c")
+    )
+    assert len(ds) == table.num_rows
+    row = ds[0]
+    assert row["doc_offsets"][0] == 0 and row["doc_offsets"][-1] == len(row["input_ids"])
+
+
+def test_rechunk_gives_exact_chunk_sizes():
+    tables = [pa.table({"x": np.arange(n)}) for n in (3, 10, 1, 7)]
+    sizes = [t.num_rows for t in rechunk(tables, 4)]
+    assert sizes == [4, 4, 4, 4, 4, 1]
+    values = np.concatenate([t.column("x").to_numpy() for t in rechunk(tables, 4)])
+    assert values.tolist() == np.concatenate([np.arange(n) for n in (3, 10, 1, 7)]).tolist()
+
+
+def test_chunk_docs_must_be_positive(tmp_path):
+    with pytest.raises(ConfigError, match="chunk_docs"):
+        run(tmp_path / "out", chunk_docs=0)
