@@ -1,0 +1,104 @@
+"""Resume: the stream before a restart plus the stream after equals an uninterrupted run."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from loader import PackedDataLoader, PackedDataset
+from loader.testing import write_random_dataset
+from packtool.errors import DataError
+
+from .conftest import all_doc_ids
+
+SETTINGS = {"tokens_per_batch": 150, "seed": 7}
+
+
+def _key(batch) -> tuple:
+    return tuple(batch["input_ids"].tolist()), tuple(batch["doc_ids"].tolist())
+
+
+def _run(path, *, workers, epochs=(0, 1), state=None, take=None, **kw):
+    """Batches of the given epochs (stopping after `take` batches); returns (keys, state)."""
+    ds = PackedDataset(path, **{**SETTINGS, **kw})
+    dl = PackedDataLoader(ds, num_workers=workers, persistent_workers=workers > 0)
+    if state is not None:
+        dl.load_state_dict(state)
+    out = []
+    start = state["packed_dataset"]["epoch"] if state else epochs[0]
+    for epoch in range(start, epochs[-1] + 1):
+        ds.set_epoch(epoch)
+        for b in dl:
+            out.append(_key(b))
+            if take is not None and len(out) == take:
+                return out, dl.state_dict()
+    return out, dl.state_dict()
+
+
+@pytest.fixture(scope="module")
+def reference(random_dataset):
+    keys, _ = _run(random_dataset, workers=0)
+    return keys
+
+
+@pytest.mark.parametrize(("cut", "before", "after"), [(0, 2, 1), (1, 0, 2), (5, 2, 0), (9, 1, 2), (14, 2, 2), (19, 1, 0), (25, 2, 1)])
+def test_resume_equivalence_with_any_worker_count(random_dataset, reference, cut, before, after):
+    first, state = _run(random_dataset, workers=before, take=cut) if cut else ([], None)
+    if state is None:
+        ds = PackedDataset(random_dataset, **SETTINGS)
+        state = PackedDataLoader(ds).state_dict()
+    rest, _ = _run(random_dataset, workers=after, state=state)
+    assert first + rest == reference
+
+
+def test_resume_with_other_ranks_delivers_every_row_once(random_dataset):
+    expected = all_doc_ids(random_dataset).tolist()
+    # Same global batch (4 rows): 1 rank x 4 rows before, 2 ranks x 2 rows after.
+    ds = PackedDataset(random_dataset, rows_per_batch=4, seed=3)
+    dl = PackedDataLoader(ds, num_workers=1)
+    seen = []
+    for b in itertools.islice(dl, 3):
+        seen += b["doc_ids"][b["doc_ids"] >= 0].tolist()
+    state = dl.state_dict()
+    for rank in range(2):
+        ds2 = PackedDataset(random_dataset, rows_per_batch=2, seed=3, rank=rank, world_size=2)
+        dl2 = PackedDataLoader(ds2, num_workers=2)
+        dl2.load_state_dict(state)
+        for b in dl2:
+            seen += b["doc_ids"][b["doc_ids"] >= 0].tolist()
+    assert sorted(seen) == expected
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_protocol(random_dataset, reference, workers):
+    epoch0 = [k for k in reference[: len(PackedDataset(random_dataset, **SETTINGS))]]
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    sdl = StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+    first = [_key(b) for b in itertools.islice(sdl, 4)]
+    state = sdl.state_dict()
+    # Same worker count: torchdata restores each worker itself.
+    ds2 = PackedDataset(random_dataset, **SETTINGS)
+    sdl2 = StatefulDataLoader(ds2, batch_size=None, num_workers=workers)
+    sdl2.load_state_dict(state)
+    rest = [_key(b) for b in sdl2]
+    assert first + rest == epoch0
+    # Other worker count: give the whole state to the dataset, then iterate any loader.
+    ds3 = PackedDataset(random_dataset, **SETTINGS)
+    ds3.load_state_dict(state)
+    rest3 = [_key(b) for b in PackedDataLoader(ds3, num_workers=1 if workers == 0 else 0)]
+    assert first + rest3 == epoch0
+
+
+def test_other_seed_or_dataset_is_a_clear_error(random_dataset, tmp_path):
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    state = PackedDataLoader(ds).state_dict()
+    with pytest.raises(DataError, match="seed 7 but this loader uses seed 8"):
+        PackedDataset(random_dataset, **{**SETTINGS, "seed": 8}).load_state_dict(state)
+    other = tmp_path / "other"
+    write_random_dataset(other, n_rows=5, max_len=64, seed=99)
+    with pytest.raises(DataError, match="resume on the same packed data"):
+        PackedDataset(other, **SETTINGS).load_state_dict(state)
+    with pytest.raises(DataError, match="not a PackedDataset state"):
+        ds.load_state_dict({"something": 1})
