@@ -121,7 +121,9 @@ class _Segments:
     chunk: NDArray[np.int32]  # chunk index of a split document, 0 otherwise
 
 
-def make_segments(lengths: NDArray[np.int64], max_len: int, policy: str) -> tuple[_Segments, PackCounts]:
+def make_segments(
+    lengths: NDArray[np.int64], max_len: int, policy: str
+) -> tuple[_Segments, PackCounts]:
     """Cut documents into pieces of at most `max_len` tokens according to the long-doc policy."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
@@ -152,7 +154,9 @@ def make_segments(lengths: NDArray[np.int64], max_len: int, policy: str) -> tupl
     return _Segments(doc, start, length, chunk.astype(np.int32)), counts
 
 
-def _first_round(seg_len: NDArray[np.int64], max_len: int, algorithm: str) -> tuple[NDArray, NDArray, int]:
+def _first_round(
+    seg_len: NDArray[np.int64], max_len: int, algorithm: str
+) -> tuple[NDArray, NDArray, int]:
     row, offset, n_rows = ALGORITHMS[algorithm](seg_len, max_len)
     return np.asarray(row, dtype=np.int64), np.asarray(offset, dtype=np.int64), int(n_rows)
 
@@ -203,7 +207,11 @@ def _group_codes(table: pa.Table, column: str) -> tuple[NDArray[np.int64], list[
     if column not in table.column_names:
         available = [c for c in table.column_names if c not in ("input_ids", "length", "doc_id")]
         raise ConfigError(f"--group-by {column!r}: no such field; available: {available}")
-    values = pc.cast(table.column(column), pa.string()).fill_null("")
+    values = pc.cast(table.column(column), pa.string())
+    if table.num_rows and values.null_count == table.num_rows:
+        raise ConfigError(f"--group-by {column!r}: no document has this field")
+    # Documents without the field form their own group, named "".
+    values = values.fill_null("")
     encoded = pc.dictionary_encode(values).combine_chunks()
     names = encoded.dictionary.to_pylist()
     # Sort group names so the output does not depend on which value appears first.
@@ -291,9 +299,13 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
     out = pa.table(
         {
             "input_ids": pa.ListArray.from_arrays(pa.array(row_offsets), tokens),
-            "doc_offsets": pa.ListArray.from_arrays(pa.array(doc_off_offsets), pa.array(doc_off_values)),
+            "doc_offsets": pa.ListArray.from_arrays(
+                pa.array(doc_off_offsets), pa.array(doc_off_values)
+            ),
             "doc_ids": pa.ListArray.from_arrays(pa.array(seg_offsets), pa.array(doc_ids)),
-            "doc_chunks": pa.ListArray.from_arrays(pa.array(seg_offsets), pa.array(segs.chunk[order])),
+            "doc_chunks": pa.ListArray.from_arrays(
+                pa.array(seg_offsets), pa.array(segs.chunk[order])
+            ),
         }
     )
     return PackedChunk(
