@@ -347,9 +347,10 @@ def stats_cmd(
 )
 @click.option(
     "--compression",
-    type=click.Choice(["zstd", "lz4", "snappy", "none"]),
-    default="zstd",
+    type=click.Choice(["lz4", "zstd", "snappy", "none"]),
+    default="lz4",
     show_default=True,
+    help="Parquet codec (lz4: fast to load; zstd: smallest).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted run in the same folder.")

@@ -66,7 +66,10 @@ def test_pack_exact_rows_ffd():
         [(0, 0, [0, 1, 2]), (3, 0, [21])],
         [(1, 0, [7, 8]), (2, 0, [14, 15])],
     ]
-    assert packed.table.column("doc_offsets").to_pylist() in ([[0, 3, 4], [0, 2, 4]], [[0, 2, 4], [0, 3, 4]])
+    assert packed.table.column("doc_offsets").to_pylist() in (
+        [[0, 3, 4], [0, 2, 4]],
+        [[0, 2, 4], [0, 3, 4]],
+    )
     assert packed.counts.rows == 2 and packed.rows_per_round == [2]
 
 
@@ -151,7 +154,9 @@ def test_pack_invariants(lengths, max_len, policy, algorithm, rounds, grouped, s
     assert counts.tokens_in == counts.tokens_out + counts.tokens_truncated + counts.tokens_dropped
     assert sum(len(r["input_ids"]) for r in out.to_pylist()) == counts.tokens_out
     assert counts.rows == out.num_rows == packed.rows_per_round[-1]
-    assert all(b <= a for a, b in zip(packed.rows_per_round, packed.rows_per_round[1:], strict=False))
+    assert all(
+        b <= a for a, b in zip(packed.rows_per_round, packed.rows_per_round[1:], strict=False)
+    )
 
     # Row contract: offsets start at 0, increase strictly, end at the row length <= max_len.
     for r in out.to_pylist():
