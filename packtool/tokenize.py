@@ -177,8 +177,14 @@ def _tokenized_batches(
         raise ConfigError("raw corpus inputs need a tokenizer (e.g. --tokenizer byte)")
     skips = skips if skips is not None else SkipCounter(strict=config.strict)
     schema = tokenized_schema(tokenizer.identity, config.extra_fields)
-    for batch in prefetch(read_corpus(raw, config, skips), depth=2):
-        flat, lengths = tokenizer.encode_batch(batch.texts)
+
+    def encoded() -> Iterator[tuple[DocumentBatch, np.ndarray, np.ndarray]]:
+        for batch in prefetch(read_corpus(raw, config, skips), depth=2):
+            yield batch, *tokenizer.encode_batch(batch.texts)
+
+    # Three stages, each a batch or two ahead: read+parse | encode | build table + the caller's
+    # own work (writing, statistics), so the caller's time overlaps the tokenizer's.
+    for batch, flat, lengths in prefetch(encoded(), depth=2):
         yield batch_table(batch, flat, lengths, schema), batch.nbytes
 
 
@@ -262,6 +268,11 @@ def prefetch(iterator: Iterator[T], depth: int = 2) -> Iterator[T]:
                     except queue.Full:
                         continue
                 if stop.is_set():
+                    # Close a generator here, in the thread that runs it, so that stages it
+                    # reads from (nested prefetches) stop too.
+                    close = getattr(iterator, "close", None)
+                    if close is not None:
+                        close()
                     return
             q.put(("done", None))
         except BaseException as exc:  # forwarded to the consumer

@@ -9,9 +9,10 @@ cores: the Rust libraries release the GIL.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from itertools import chain
@@ -137,6 +138,26 @@ class Tokenizer:
 class ByteTokenizer(Tokenizer):
     """UTF-8 bytes as ids 0-255; nothing to download."""
 
+    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        # Join with placeholder bytes where BOS/EOS go, widen once, then overwrite the
+        # placeholders: a memcpy-speed path with no per-token work at all.
+        bos, eos = self.identity.bos_id, self.identity.eos_id
+        if not texts:
+            return np.empty(0, self.dtype), np.empty(0, np.int64)
+        encoded = [t.encode("utf-8") for t in texts]
+        n_special = (bos is not None) + (eos is not None)
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)) + n_special
+        head = b"\0" if bos is not None else b""
+        tail = b"\0" if eos is not None else b""
+        joined = head + (b"\0" * n_special).join(encoded) + tail
+        out = np.frombuffer(joined, dtype=np.uint8).astype(self.dtype)
+        ends = np.cumsum(lengths)
+        if bos is not None:
+            out[ends - lengths] = bos
+        if eos is not None:
+            out[ends - 1] = eos
+        return out, lengths
+
     def _encode_plain(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         encoded = [t.encode("utf-8") for t in texts]
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
@@ -154,8 +175,8 @@ class HFTokenizer(Tokenizer):
 
     def _encode_plain(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         # Rust encodes on all cores (GIL released); only the id lists are copied out here.
-        ids = [e.ids for e in self._encode(list(texts), add_special_tokens=False)]
-        return _flatten(ids)
+        encodings = self._encode(list(texts), add_special_tokens=False)
+        return _flatten(e.ids for e in encodings)
 
 
 class TiktokenTokenizer(Tokenizer):
@@ -177,13 +198,18 @@ class TiktokenTokenizer(Tokenizer):
         slices = [texts[i : i + step] for i in range(0, len(texts), step)]
         encode = self.enc.encode_ordinary
         parts = self._pool.map(lambda s: [encode(t) for t in s], slices)
-        return _flatten(list(chain.from_iterable(parts)))
+        return _flatten(chain.from_iterable(parts))
 
 
-def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(chain.from_iterable(ids), dtype=np.uint32, count=int(lengths.sum()))
-    return flat, lengths
+def _flatten(ids: Iterable[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    # array.array("I").extend(list) converts in C: the cheapest way from Python int lists to
+    # one flat buffer (faster than np.fromiter or np.concatenate of per-document arrays).
+    flat = array.array("I")
+    lengths = array.array("q")
+    for doc in ids:
+        lengths.append(len(doc))
+        flat.extend(doc)
+    return np.frombuffer(flat, dtype=np.uint32), np.frombuffer(lengths, dtype=np.int64)
 
 
 def _add_specials(
@@ -192,18 +218,19 @@ def _add_specials(
     n_special = (bos is not None) + (eos is not None)
     if n_special == 0:
         return flat.astype(dtype, copy=False), lengths
-    n = len(lengths)
     out_lengths = lengths + n_special
     ends = np.cumsum(out_lengths)  # exclusive end of each document in the output
-    out = np.empty(int(ends[-1]) if n else 0, dtype=dtype)
     starts = ends - out_lengths
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
+    # A boolean mask assignment is ~8x faster than scattering through an index array.
+    plain = np.ones(len(out), dtype=bool)
     if bos is not None:
         out[starts] = bos
+        plain[starts] = False
     if eos is not None:
         out[ends - 1] = eos
-    # Position of every plain token in the output: its input position plus the specials before it.
-    shift = np.repeat(np.arange(n, dtype=np.int64) * n_special + (bos is not None), lengths)
-    out[np.arange(len(flat), dtype=np.int64) + shift] = flat
+        plain[ends - 1] = False
+    out[plain] = flat
     return out, out_lengths
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sysconfig
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -233,3 +234,15 @@ def test_prefetch_forwards_errors_and_stops_early():
     it.close()
     assert threading.active_count() == before
     assert len(produced) <= 5
+
+
+def test_abandoned_pipeline_stops_all_its_threads(tmp_path):
+    src = write_corpus(tmp_path / "c.jsonl", [{"text": f"doc {i}"} for i in range(200)])
+    before = threading.active_count()
+    it = tokenized_batches([src], read_config=ReadConfig(batch_docs=3))
+    assert next(it).num_rows == 3
+    it.close()
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == before

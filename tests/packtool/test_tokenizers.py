@@ -265,3 +265,20 @@ def test_tiktoken_name_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(tiktoken, "get_encoding", fail)
     with pytest.raises(ConfigError, match="not in tiktoken's cache .*tiktoken:PATH.tiktoken"):
         load_tokenizer("tiktoken:gpt2")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    texts=st.lists(st.text(max_size=8), max_size=6),
+    bos=st.sampled_from([None, "default", 0]),
+    eos=st.sampled_from([None, "default", 7]),
+)
+def test_byte_fast_path_matches_the_generic_path(texts, bos, eos):
+    tok = load_tokenizer("byte", bos=bos, eos=eos)
+    flat, lengths = tok.encode_batch(texts)
+    ref = _add_specials(
+        *tok._encode_plain(texts), tok.identity.bos_id, tok.identity.eos_id, tok.dtype
+    )
+    assert flat.dtype == ref[0].dtype
+    assert flat.tolist() == ref[0].tolist()
+    assert lengths.tolist() == ref[1].tolist()

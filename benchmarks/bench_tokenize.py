@@ -1,0 +1,273 @@
+"""Tokenize throughput against the tokenizer libraries, and peak RSS as the corpus grows.
+
+Run from the repository root: `python -m benchmarks.bench_tokenize` (about 2 minutes on 2 cores).
+
+Throughput (tokens/s, all cores, same texts, same threads, measured in this run):
+- library: the library's own batch call on the whole list of texts, ids in hand —
+  `[e.ids for e in Tokenizer.encode_batch_fast(texts)]` (Hugging Face `tokenizers`),
+  `Encoding.encode_ordinary_batch(texts, num_threads=N)` (tiktoken), and for `byte` (no library)
+  the least work that gives the ids: all texts' UTF-8 bytes joined and widened to uint16.
+- packtool encode: `Tokenizer.encode_batch` over the batches the reader makes (flat ids + EOS).
+- packtool tokenize: `tokenize_corpus`, JSONL file in -> tokenized Parquet out (reading, JSON
+  parsing, EOS, Arrow, zstd Parquet writing included).
+
+GPT-2 tokenizers: the real GPT-2 ranks file `gpt2.tiktoken`, fetched from the `openai-whisper`
+sdist on PyPI (`pip download --no-deps openai-whisper`) into bench_data/ (git-ignored), loaded
+offline with GPT-2's split pattern; the Hugging Face `tokenizer.json` is converted from the same
+ranks with `transformers`' `TikTokenConverter` (identical ids, checked here).
+
+Peak RSS: `packtool tokenize` and `packtool stats` run as child processes on sample_data and on
+corpora 10x and 30x larger (sample_data repeated, in bench_data/); each child's own peak, read by
+a small parent process (`getrusage(RUSAGE_CHILDREN)`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+WORKERS = len(os.sched_getaffinity(0))
+os.environ.setdefault("RAYON_NUM_THREADS", str(WORKERS))  # HF tokenizers' thread pool
+os.environ.setdefault("PACKTOOL_NO_PROGRESS", "1")
+
+import numpy as np  # noqa: E402
+
+from benchmarks._common import ROOT, best_of, markdown_table, update_readme  # noqa: E402
+from packtool.corpus import ReadConfig, read_corpus  # noqa: E402
+from packtool.tokenize import tokenize_corpus  # noqa: E402
+from packtool.tokenizers import GPT2_PATTERN, Tokenizer, load_tokenizer  # noqa: E402
+
+DATA = ROOT / "bench_data"
+SAMPLE = ROOT / "sample_data" / "corpus.jsonl"
+TARGET = 0.85
+
+
+def gpt2_ranks() -> Path:
+    """bench_data/gpt2.tiktoken, fetched from the openai-whisper sdist when absent."""
+    path = DATA / "gpt2.tiktoken"
+    if path.exists():
+        return path
+    DATA.mkdir(exist_ok=True)
+    sdists = sorted(DATA.glob("openai_whisper-*.tar.gz"))
+    if not sdists:
+        print("fetching gpt2.tiktoken: pip download --no-deps openai-whisper", file=sys.stderr)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             "openai-whisper", "-d", str(DATA)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        sdists = sorted(DATA.glob("openai_whisper-*.tar.gz"))
+    with tarfile.open(sdists[-1]) as tar:
+        member = next(
+            m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken")
+        )
+        data = tar.extractfile(member).read()  # type: ignore[union-attr]
+    path.write_bytes(data)
+    return path
+
+
+def gpt2_tokenizer_json(ranks: Path) -> Path:
+    """A Hugging Face tokenizer.json converted from the GPT-2 ranks (same ids as tiktoken)."""
+    path = DATA / "gpt2-tokenizer.json"
+    if not path.exists():
+        from transformers.convert_slow_tokenizer import TikTokenConverter
+
+        tok = TikTokenConverter(vocab_file=str(ranks), pattern=GPT2_PATTERN).converted()
+        tok.add_special_tokens(["<|endoftext|>"])  # id 50256, as in GPT-2
+        tok.save(str(path))
+    return path
+
+
+def repeated_corpus(times: int) -> Path:
+    path = DATA / f"corpus_x{times}.jsonl"
+    if not path.exists() or path.stat().st_size != SAMPLE.stat().st_size * times:
+        data = SAMPLE.read_bytes()
+        with open(path, "wb") as f:
+            for _ in range(times):
+                f.write(data)
+    return path
+
+
+def library_call(tok: Tokenizer) -> Callable[[list[str]], object]:
+    """The library's own batch call for `tok`, giving the ids."""
+    if tok.identity.kind == "hf":
+        lib = tok.tok
+        return lambda texts: [e.ids for e in lib.encode_batch_fast(texts, add_special_tokens=False)]
+    if tok.identity.kind == "tiktoken":
+        enc = tok.enc
+        return lambda texts: enc.encode_ordinary_batch(texts, num_threads=WORKERS)
+    # byte: no library; the least work that gives the ids (UTF-8 bytes widened, no EOS).
+    return lambda texts: np.frombuffer(
+        b"".join([t.encode("utf-8") for t in texts]), np.uint8
+    ).astype(np.uint16)
+
+
+def best_interleaved(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Best wall time of each run, timed interleaved (a, b, c, a, b, c, ...).
+
+    Load from other processes on a shared machine then falls on all runs alike.
+    """
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(repeat):
+        for key, fn in runs.items():
+            best[key] = min(best[key], best_of(fn, 1))
+    return best
+
+
+def measure(spec: str, corpus: Path, batches: list[list[str]], repeat: int) -> dict[str, float]:
+    """Seconds for the library call, packtool's encode_batch and tokenize_corpus; and tokens."""
+    tok = load_tokenizer(spec, workers=WORKERS)
+    lib = library_call(tok)
+    texts = [t for b in batches for t in b]
+    out = DATA / "bench-out.parquet"
+    best = best_interleaved(
+        {
+            "lib": lambda: lib(texts),
+            "enc": lambda: [tok.encode_batch(b) for b in batches],
+            "e2e": lambda: tokenize_corpus(
+                [corpus], out, tokenizer=tok, workers=WORKERS, overwrite=True, progress=False
+            ),
+        },
+        repeat,
+    )
+    best["tokens"] = float(sum(int(tok.encode_batch(b)[1].sum()) for b in batches))
+    return best
+
+
+def throughput(repeat: int, copies: int) -> tuple[list[list[object]], list[float]]:
+    corpus = repeated_corpus(copies)
+    batches = [b.texts for b in read_corpus([corpus], ReadConfig())]
+    ranks = gpt2_ranks()
+    hf_json = gpt2_tokenizer_json(ranks)
+    # Both GPT-2 tokenizers must give the same ids, or the conversion is wrong.
+    a, b = load_tokenizer(f"tiktoken:{ranks}"), load_tokenizer(str(hf_json))
+    if not np.array_equal(a.encode_batch(batches[0])[0], b.encode_batch(batches[0])[0]):
+        raise SystemExit("HF and tiktoken GPT-2 ids differ; the tokenizer.json conversion is wrong")
+    specs = [
+        ("byte", "byte"),
+        ("GPT-2 BPE, tiktoken", f"tiktoken:{ranks}"),
+        ("GPT-2 BPE, HF tokenizers", str(hf_json)),
+    ]
+    rows, ratios = [], []
+    for label, spec in specs:
+        m = measure(spec, corpus, batches, repeat)
+        tokens = m["tokens"]
+        lib_tps, enc_tps, e2e_tps = tokens / m["lib"], tokens / m["enc"], tokens / m["e2e"]
+        ratios += [enc_tps / lib_tps, e2e_tps / lib_tps]
+        rows.append(
+            [
+                label,
+                f"{tokens / 1e6:.2f}M",
+                f"{lib_tps / 1e6:.2f}M",
+                f"{enc_tps / 1e6:.2f}M ({enc_tps / lib_tps:.2f}x)",
+                f"{e2e_tps / 1e6:.2f}M ({e2e_tps / lib_tps:.2f}x)",
+            ]
+        )
+        print(markdown_table(HEADERS, rows[-1:]).splitlines()[-1], flush=True)
+    return rows, ratios
+
+
+HEADERS = [
+    "tokenizer",
+    "tokens",
+    "library tokens/s",
+    "packtool encode_batch tokens/s (vs library)",
+    "packtool tokenize JSONL->Parquet tokens/s (vs library)",
+]
+
+
+# A small parent that runs the command and reports its child's peak: measuring from this
+# (large) process would count the pages the child inherits from it before exec.
+_PEAK = (
+    "import resource, subprocess, sys, time; t = time.perf_counter(); "
+    "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE); "
+    "s = time.perf_counter() - t; "
+    "sys.exit(r.stderr.decode()) if r.returncode else "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, s)"
+)
+
+
+def child_peak(cmd: list[str]) -> tuple[float, float]:
+    """Run `cmd`; return (its peak RSS in MiB, wall seconds)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK, *cmd], cwd=ROOT, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+    rss, seconds = proc.stdout.split()
+    return float(rss), float(seconds)
+
+
+def memory(scales: list[int]) -> list[list[object]]:
+    cli = [sys.executable, "-m", "packtool.cli"]
+    corpora = [SAMPLE, *(repeated_corpus(n) for n in scales)]
+    commands = {
+        "python -c 'import packtool.tokenize' (floor)": lambda _: [
+            sys.executable, "-c", "import packtool.tokenize, packtool.cli"
+        ],
+        "packtool tokenize": lambda c: [
+            *cli, "tokenize", str(c), "-o", str(DATA / "rss-out.parquet"), "--overwrite"
+        ],
+    }  # fmt: skip
+    help_text = subprocess.run([*cli, "--help"], capture_output=True, text=True, cwd=ROOT).stdout
+    if "stats" in help_text.split("Commands:")[-1]:
+        commands["packtool stats"] = lambda c: [*cli, "stats", str(c), "--json"]
+    rows = []
+    for name, make in commands.items():
+        for corpus in corpora:
+            rss, seconds = child_peak(make(corpus))
+            size = corpus.stat().st_size / 1e6
+            rows.append(
+                [name, corpus.relative_to(ROOT), f"{size:.0f} MB", f"{rss:.0f}", f"{seconds:.1f}"]
+            )
+            print(" | ".join(map(str, rows[-1])), flush=True)
+            if name.endswith("(floor)"):
+                break
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3, help="timings per figure; the best counts")
+    ap.add_argument("--copies", type=int, default=3, help="sample_data copies for throughput")
+    ap.add_argument(
+        "--scales", default="10,30", help="sizes of the larger RSS corpora (x sample_data)"
+    )
+    ap.add_argument("--no-readme", action="store_true", help="print only, leave README.md alone")
+    args = ap.parse_args()
+
+    print(f"throughput, {WORKERS} cores, best of {args.repeat}:", flush=True)
+    rows, ratios = throughput(args.repeat, args.copies)
+    table = markdown_table(HEADERS, rows)
+    print("\npeak RSS (MiB) of child processes:", flush=True)
+    mem = memory([int(x) for x in args.scales.split(",")])
+    mem_table = markdown_table(["command", "corpus", "size", "peak RSS MiB", "seconds"], mem)
+    enc_min = min(ratios[0::2])
+    bpe_e2e_min = min(ratios[3::2])  # rows 2 and 3: the GPT-2 tokenizers
+    met = "met" if min(enc_min, bpe_e2e_min) >= TARGET else "missed"
+    body = (
+        f"Tokenize throughput on {WORKERS} cores (`python -m benchmarks.bench_tokenize`, "
+        f"{time.strftime('%Y-%m-%d')}; sample_data x{args.copies}, best of {args.repeat}, "
+        "interleaved). The library column is the tokenizer library's own batch call on the same "
+        "texts with the same threads (for `byte`: UTF-8 encode + widen, no library). Lowest "
+        f"ratio to the library: encode_batch {enc_min:.2f}x, GPT-2 tokenize JSONL->Parquet "
+        f"{bpe_e2e_min:.2f}x; the {TARGET:.2f}x target is {met}. `byte` end to end is bound by "
+        "JSON parsing and Parquet writing, not by tokenizing.\n\n"
+        f"{table}\n\nPeak RSS of each command (a child process) as the corpus grows:\n\n"
+        f"{mem_table}"
+    )
+    print("\n" + body)
+    if not args.no_readme:
+        update_readme("tokenize", body)
+        print("\nREADME.md block `tokenize` updated.")
+
+
+if __name__ == "__main__":
+    main()
