@@ -1,5 +1,6 @@
 """Varlen attention backends and a small Llama-style model that trains on packed batches."""
 
+from attention.model import CausalLMOutput, ModelConfig, Transformer
 from attention.varlen import (
     BACKENDS,
     BackendChoice,
@@ -13,6 +14,9 @@ from attention.varlen import (
 __all__ = [
     "BACKENDS",
     "BackendChoice",
+    "CausalLMOutput",
+    "ModelConfig",
+    "Transformer",
     "check_cu_seqlens",
     "choose_backend",
     "normalize_window",
