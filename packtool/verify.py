@@ -12,8 +12,9 @@ file, the row, what is wrong, expected vs found):
    document; len(doc_ids) == len(doc_chunks) == len(doc_offsets) - 1; doc_offsets starts at 0, is
    strictly increasing (documents are never empty), stays inside the row and ends at the row
    length; token ids < vocab_size; chunk indices >= 0.
-4. Across the dataset: every (doc_id, chunk) appears exactly once, and the chunks of a split
-   document are 0..k-1 with none missing.
+4. Across the dataset: every (doc_id, chunk) appears exactly once, the chunks of a split
+   document are 0..k-1 with none missing, and `counts.segments` / `counts.documents_packed` (when
+   recorded) equal the (doc_id, chunk) pieces / distinct doc_ids found.
 
 Files in the folder that the manifest does not list (`*.parquet` leftovers of an interrupted run,
 `.*.tmp` temporaries) are not data; they are reported as warnings, not errors.
@@ -357,7 +358,18 @@ def verify_dataset(
         total_tokens += shard_tokens
         total_bytes += size
 
-    documents = _check_documents(doc_keys, chunk_keys, doc_rows, shards, shard_starts, directory)
+    documents, distinct = _check_documents(
+        doc_keys, chunk_keys, doc_rows, shards, shard_starts, directory
+    )
+    counts = manifest.counts
+    for key, found, what in (
+        ("segments", documents, "(doc_id, chunk) pieces"),
+        ("documents_packed", distinct, "distinct doc_ids"),
+    ):
+        if key in counts and counts[key] != found:
+            raise _fail(
+                str(index), f"counts.{key} is {counts[key]:,} but the shards hold {found:,} {what}"
+            )
     return VerifyReport(
         directory=directory,
         shards=len(shards),
@@ -401,15 +413,19 @@ def _check_documents(
     shards: list,
     shard_starts: list[int],
     directory: Path,
-) -> int:
-    """Every (doc_id, chunk) exactly once; a split document's chunks are 0..k-1."""
+) -> tuple[int, int]:
+    """Every (doc_id, chunk) exactly once; a split document's chunks are 0..k-1.
+
+    Returns:
+        (number of (doc_id, chunk) pieces, number of distinct doc_ids).
+    """
     if not doc_keys:
-        return 0
+        return 0, 0
     ids = np.concatenate(doc_keys)
     chunks = np.concatenate(chunk_keys)
     rows = np.concatenate(doc_rows)
     if not len(ids):
-        return 0
+        return 0, 0
     order = np.lexsort((rows, chunks, ids))
     ids, chunks, rows = ids[order], chunks[order], rows[order]
 
@@ -439,4 +455,4 @@ def _check_documents(
             f"document {ids[k]} has chunk {chunks[k]} but chunk {rank[k]} is missing "
             "(expected the chunks of a split document to be 0..k-1)",
         )
-    return len(ids)
+    return len(ids), int(first.sum())

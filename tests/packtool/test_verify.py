@@ -229,6 +229,17 @@ def test_shard_totals_off(packed_dataset_factory, capsys):
     assert_fails(d, capsys, "shard-00000.parquet", "has 3 rows, expected 4")
 
 
+def test_document_counts_against_manifest(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS)
+    index = json.loads((d / INDEX_FILE).read_text())
+    edit_index(d, counts={**index["counts"], "segments": 9, "documents_packed": 8})
+    assert verify_dataset(d).documents == 9
+    edit_index(d, counts={**index["counts"], "segments": 10})
+    assert_fails(d, capsys, "counts.segments is 10 but the shards hold 9 (doc_id, chunk) pieces")
+    edit_index(d, counts={**index["counts"], "documents_packed": 9})
+    assert_fails(d, capsys, "counts.documents_packed is 9 but the shards hold 8 distinct doc_ids")
+
+
 def test_duplicated_document(packed_dataset_factory, capsys):
     shards = [SHARDS[0], [*SHARDS[1], [(3, 0, 5)]]]
     d = packed_dataset_factory(shards)
@@ -306,3 +317,29 @@ def test_first_bad_row_matches_reference(rows, offset):
     ]
     first = next((i for i, p in enumerate(expected) if p is not None), None)
     assert first_bad_row(parts, max_len=24, vocab_size=64) == first
+
+
+# --- end to end, as the README runs it ---
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "corpus.jsonl"
+
+
+def test_pack_then_verify_and_inspect(tmp_path, capsys):
+    out = tmp_path / "packed"
+    code, _, err = run_cli(["pack", str(SAMPLE), "-o", str(out), "--max-len", "2048"], capsys)
+    assert code == 0, err
+    code, text, err = run_cli(["verify", str(out)], capsys)
+    assert code == 0, err
+    report = verify_dataset(out)
+    assert text.startswith(f"OK {out}: {report.shards} shards, {report.rows:,} rows")
+    index = json.loads((out / INDEX_FILE).read_text())
+    assert report.tokens == index["counts"]["tokens_out"]
+    code, text, err = run_cli(["inspect", str(out), "--json", "--row", "0"], capsys)
+    assert code == 0, err
+    data = json.loads(text)
+    assert data["summary"]["rows"] == report.rows
+    assert data["row"]["doc_offsets"][-1] == data["row"]["length"] <= 2048
+    # Damage the packed output: verify names the shard.
+    shard = out / index["shards"][0]["file"]
+    shard.write_bytes(shard.read_bytes()[:-10])
+    assert_fails(out, capsys, str(shard), "truncated")
