@@ -46,8 +46,8 @@ ALGORITHMS = ("ffd", "bfd")
 # --- numba kernels (plain arrays in and out; validated by the wrappers below) ---
 #
 # Both kernels work in "sorted space": the counting sort only counts, documents are then placed
-# length by length (longest first) writing their row/offset sequentially, and one final pass in
-# input order gathers each document's result (the j-th document of length l in input order is the
+# length by length (longest first) writing runs (k documents of one length back to back in one
+# row) sequentially, and one final pass in input order gathers each document's result (the j-th document of length l in input order is the
 # j-th of length l in sorted space, which is what makes ties stable). This touches the big
 # per-document arrays in streams instead of at random, and lets a run of equal lengths go into
 # one row in a single step: after a document of length l lands in the chosen row, that row stays
@@ -103,18 +103,28 @@ def _row_bound(counts, max_len):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _unsort(lengths, counts, max_len, row_s, off_s):  # pragma: no cover - compiled
-    """Gather sorted-space results back into input order."""
-    nxt = _first_positions(counts, max_len)
+def _unsort(lengths, max_len, first_run, run_row, run_off, run_k):  # pragma: no cover - compiled
+    """Gather sorted-space runs back into input order.
+
+    A run is k documents of one length placed back to back in one row from offset run_off; the
+    runs of one length are contiguous, starting at first_run[length], in sorted-space order.
+    """
+    cur = first_run.copy()
+    used = np.zeros(max_len + 1, np.int64)
     n = lengths.size
     row = np.empty(n, np.int64)
     offset = np.empty(n, np.int64)
     for i in range(n):
         length = lengths[i]
-        p = nxt[length]
-        nxt[length] = p + 1
-        row[i] = row_s[p]
-        offset[i] = off_s[p]
+        c = cur[length]
+        u = used[length]
+        row[i] = run_row[c]
+        offset[i] = run_off[c] + u * length
+        u += 1
+        if u == run_k[c]:
+            cur[length] = c + 1
+            u = 0
+        used[length] = u
     return row, offset
 
 
@@ -130,16 +140,21 @@ def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
     # tree[node] = max of its children. dtype of `proto`: int16 when max_len allows.
     tree = np.empty(2 * size, proto.dtype)
     tree[:] = max_len
-    row_s = np.empty(n, np.int64)
-    off_s = np.empty(n, np.int32)
+    # runs (see _unsort); at most one per document, pages past the last run are never touched
+    first_run = np.zeros(max_len + 1, np.int64)
+    run_row = np.empty(n, np.int64)
+    run_off = np.empty(n, np.int32)
+    run_k = np.empty(n, np.int32)
     half = max_len // 2
 
     # Documents longer than max_len / 2 each open a row of their own, in order.
     j = 0
     for length in range(max_len, half, -1):
+        first_run[length] = j
         for _ in range(counts[length]):
-            row_s[j] = j
-            off_s[j] = 0
+            run_row[j] = j
+            run_off[j] = 0
+            run_k[j] = 1
             tree[size + j] = max_len - length
             j += 1
     n_rows = j
@@ -150,6 +165,7 @@ def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
             tree[node] = a if a >= b else b
 
     for length in range(half, 0, -1):
+        first_run[length] = j
         m = counts[length]
         while m > 0:
             node = 1
@@ -160,11 +176,10 @@ def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
             r = node - size
             rem = np.int64(tree[node])
             k = min(m, rem // length)
-            used = max_len - rem
-            for t in range(k):
-                row_s[j] = r
-                off_s[j] = used + t * length
-                j += 1
+            run_row[j] = r
+            run_off[j] = max_len - rem
+            run_k[j] = k
+            j += 1
             m -= k
             if r >= n_rows:
                 n_rows = r + 1
@@ -178,7 +193,7 @@ def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
                     break
                 tree[node] = mx
                 node //= 2
-    row, offset = _unsort(lengths, counts, max_len, row_s, off_s)
+    row, offset = _unsort(lengths, max_len, first_run, run_row, run_off, run_k)
     return row, offset, n_rows
 
 
@@ -276,12 +291,15 @@ def _bfd(lengths, max_len):  # pragma: no cover - compiled
     while size < max_len + 1:
         size *= 2
     flags = np.zeros(2 * size, np.uint8)  # flags[size + c] = 1 iff the stack for c is non-empty
-    row_s = np.empty(n, np.int64)
-    off_s = np.empty(n, np.int32)
+    first_run = np.zeros(max_len + 1, np.int64)
+    run_row = np.empty(n, np.int64)
+    run_off = np.empty(n, np.int32)
+    run_k = np.empty(n, np.int32)
     half = max_len // 2
     n_rows = 0
     j = 0
     for length in range(max_len, 0, -1):
+        first_run[length] = j
         m = counts[length]
         while m > 0:
             c = -1 if length > half else _flag_find_ge(flags, size, length)
@@ -295,11 +313,10 @@ def _bfd(lengths, max_len):  # pragma: no cover - compiled
                 if head[c] < 0:
                     _flag_clear(flags, size, c)
             k = min(m, c // length)
-            used = max_len - c
-            for t in range(k):
-                row_s[j] = r
-                off_s[j] = used + t * length
-                j += 1
+            run_row[j] = r
+            run_off[j] = max_len - c
+            run_k[j] = k
+            j += 1
             m -= k
             c -= k * length
             if c > 0:
@@ -307,7 +324,7 @@ def _bfd(lengths, max_len):  # pragma: no cover - compiled
                 if head[c] < 0:
                     _flag_set(flags, size, c)
                 head[c] = r
-    row, offset = _unsort(lengths, counts, max_len, row_s, off_s)
+    row, offset = _unsort(lengths, max_len, first_run, run_row, run_off, run_k)
     return row, offset, n_rows
 
 
