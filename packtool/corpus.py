@@ -34,7 +34,10 @@ PARQUET_SUFFIXES = (".parquet",)
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 KNOWN_SUFFIXES = JSONL_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES
 """Suffixes picked up when walking a folder. A file named explicitly (or matched by a glob) with
-any other suffix is read as plain text, one document per file."""
+any other suffix is read as plain text, one document per file, except `.json` (below)."""
+JSON_SUFFIXES = (".json", ".json.gz", ".json.zst")
+"""Read as JSON Lines when named explicitly or matched by a glob (many datasets name JSON Lines
+`.json`), but not picked up in folders, where `.json` files are usually configuration."""
 
 RESERVED_COLUMNS = ("doc_id", "source", "input_ids", "length")
 """Column names of the tokenized table; an extra field may not take one of them."""
@@ -152,7 +155,7 @@ class SkipCounter:
 def file_kind(path: Path) -> str:
     """`jsonl`, `parquet` or `text`, from the file name."""
     name = path.name.lower()
-    if name.endswith(JSONL_SUFFIXES):
+    if name.endswith(JSONL_SUFFIXES + JSON_SUFFIXES):
         return "jsonl"
     if name.endswith(PARQUET_SUFFIXES):
         return "parquet"

@@ -40,7 +40,7 @@ def write_corpus(path: Path, rows: list[dict] = DOCS) -> Path:
         path.write_bytes(gzip.compress(jsonl_bytes(rows)))
     elif name.endswith(".zst"):
         path.write_bytes(zstandard.ZstdCompressor().compress(jsonl_bytes(rows)))
-    elif name.endswith((".jsonl", ".ndjson")):
+    elif name.endswith((".jsonl", ".ndjson", ".json")):
         path.write_bytes(jsonl_bytes(rows))
     else:
         raise ValueError(name)
@@ -103,6 +103,10 @@ def test_expand_inputs_files_folders_globs(tmp_path):
     assert expand_inputs([c, tmp_path / "d", a]) == [c, a, b]
     # A file named explicitly is taken whatever its suffix.
     assert expand_inputs([tmp_path / "d" / "notes.bin"]) == [tmp_path / "d" / "notes.bin"]
+    # `.json` is not picked up in folders (configuration), but read as JSON Lines when named.
+    j = write_corpus(tmp_path / "d" / "data.json")
+    assert expand_inputs([tmp_path / "d"]) == [a, b]
+    assert [d[1] for d in read_all([j])] == [r["text"] for r in DOCS]
 
 
 def test_expand_inputs_errors(tmp_path):
