@@ -126,12 +126,25 @@ def row_problem(
 
 def list_parts(arr: pa.Array) -> tuple[NDArray[np.int64], np.ndarray]:
     """(offsets rebased to start at 0, values as numpy) of a list array, honouring slices."""
-    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    offsets = _primitive_view(arr.offsets).astype(np.int64)
     values = arr.values
     if len(offsets) and (offsets[0] != 0 or offsets[-1] != len(values)):
         values = values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         offsets = offsets - offsets[0]
-    return offsets, values.to_numpy(zero_copy_only=False)
+    return offsets, _primitive_view(values)
+
+
+def _primitive_view(arr: pa.Array) -> np.ndarray:
+    """A zero-copy numpy view of a null-free integer array.
+
+    Straight from the data buffer: pyarrow's own `to_numpy` / `__array__` import pandas on first
+    use, which costs about a second of start-up for a command that otherwise takes milliseconds.
+    """
+    dtype = np.dtype(str(arr.type))
+    buf = arr.buffers()[1]
+    if buf is None or len(arr) == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(buf, dtype=dtype, count=arr.offset + len(arr))[arr.offset :]
 
 
 def _rows_of(positions: NDArray[np.int64], offsets: NDArray[np.int64]) -> NDArray[np.int64]:
