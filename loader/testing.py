@@ -118,10 +118,10 @@ def write_random_dataset(
         n_docs = len(doc_offsets) - n
         row_offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(row_lens, out=row_offsets[1:])
-        tokens = rng.integers(0, vocab, size=int(row_offsets[-1]), dtype=np.int64)
         dtype = np.uint16 if vocab <= 65_536 else np.uint32
+        tokens = rng.integers(0, vocab, size=int(row_offsets[-1]), dtype=dtype)
         table = rows_table(
-            tokens.astype(dtype),
+            tokens,
             row_offsets,
             doc_offsets,
             np.asarray(off_off, dtype=np.int64),

@@ -1,0 +1,196 @@
+"""Loader throughput and start-up: PackedDataset vs Hugging Face datasets + DataCollatorWithFlattening.
+
+Run: `python -m benchmarks.bench_loader [--gb 1.0] [--tokens 300e6] [--baseline-tokens 6e6]`.
+
+Makes a synthetic dataset of about `--gb` GB of Parquet per the shard contract in bench_data/
+(git-ignored; reused when present), then measures in one run:
+- real tokens/s delivered as collated batches (64k-token budget) through a DataLoader with one
+  and two workers, for packtool's loader and for the baseline (`datasets.load_dataset("parquet")`
+  over the same shards, rows split into their documents, `DataCollatorWithFlattening`);
+- time to first batch, fresh and after a mid-epoch resume (warm page cache);
+- per-worker memory (VmRSS, and RssAnon: private memory, i.e. without the shared page cache and
+  the pages inherited from the parent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from benchmarks._common import ROOT, markdown_table, update_readme
+from loader import PackedDataLoader, PackedDataset
+from loader.testing import write_random_dataset
+
+BUDGET = 65_536
+MAX_LEN = 4096
+ROWS_PER_SHARD = 8192
+
+
+def dataset(gb: float) -> Path:
+    path = ROOT / "bench_data" / f"loader_{gb:g}gb"
+    # ~2 bytes per token (random ids barely compress), ~0.98 * MAX_LEN tokens per row.
+    n_rows = int(gb * 1e9 / (2 * 0.98 * MAX_LEN))
+    if not (path / "index.json").is_file():
+        t0 = time.perf_counter()
+        write_random_dataset(path, n_rows=n_rows, max_len=MAX_LEN, mean_doc=300, rows_per_shard=ROWS_PER_SHARD, seed=0)
+        print(f"wrote {path} in {time.perf_counter() - t0:.1f}s")
+    return path
+
+
+def _mem(pid: int) -> tuple[float, float]:
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            fields[k] = v
+    mib = lambda k: int(fields.get(k, "0 kB").split()[0]) / 1024  # noqa: E731
+    return mib("VmRSS"), mib("RssAnon")
+
+
+def _drain(dl, tokens_goal: float, count) -> tuple[float, int, float, float]:
+    """Iterate until `tokens_goal` real tokens; returns (seconds, tokens, peak VmRSS, peak RssAnon)."""
+    it = iter(dl)
+    first = next(it)  # workers started and warm before timing
+    tokens = 0
+    rss = anon = 0.0
+    t0 = time.perf_counter()
+    for n, b in enumerate(it, 1):
+        tokens += count(b)
+        if n % 50 == 0:
+            for w in getattr(it, "_workers", []):
+                r, a = _mem(w.pid)
+                rss, anon = max(rss, r), max(anon, a)
+        if tokens >= tokens_goal:
+            break
+    dt = time.perf_counter() - t0
+    for w in getattr(it, "_workers", []):
+        r, a = _mem(w.pid)
+        rss, anon = max(rss, r), max(anon, a)
+    del first, it
+    return dt, tokens, rss, anon
+
+
+def ours(path: Path, workers: int, tokens_goal: float):
+    ds = PackedDataset(path, tokens_per_batch=BUDGET, seed=0)
+    dl = PackedDataLoader(ds, num_workers=workers, prefetch_factor=8)
+    return _drain(dl, tokens_goal, lambda b: int(b["cu_seqlens"][-1]))
+
+
+def baseline(path: Path, workers: int, tokens_goal: float, files: list[str]):
+    import datasets
+    from transformers import DataCollatorWithFlattening
+
+    datasets.disable_progress_bars()
+    hf = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(path / "hf_cache"))
+    collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+    rows_per_batch = BUDGET // MAX_LEN
+
+    def collate_rows(rows):
+        feats = []
+        for r in rows:
+            ids, off = r["input_ids"], r["doc_offsets"]
+            feats += [{"input_ids": ids[a:b]} for a, b in zip(off[:-1], off[1:], strict=True)]
+        return collator(feats)
+
+    dl = DataLoader(
+        hf.select_columns(["input_ids", "doc_offsets"]),
+        batch_size=rows_per_batch,
+        shuffle=True,
+        collate_fn=collate_rows,
+        num_workers=workers,
+        generator=torch.Generator().manual_seed(0),
+    )
+    return _drain(dl, tokens_goal, lambda b: int(b["input_ids"].numel()))
+
+
+def first_batch(path: Path) -> tuple[float, float, int]:
+    """(fresh seconds, resumed seconds, rows) to the first batch with one worker."""
+    t0 = time.perf_counter()
+    ds = PackedDataset(path, tokens_per_batch=BUDGET, seed=0)
+    dl = PackedDataLoader(ds, num_workers=1)
+    it = iter(dl)
+    next(it)
+    fresh = time.perf_counter() - t0
+    half = len(ds) // 2
+    # A state from the middle of the epoch (what `state_dict()` returns after `half` batches).
+    plan = ds.plan(0)
+    state = {"packed_dataset": ds._state(0, 0, half, plan)}
+    del it, dl
+    t0 = time.perf_counter()
+    ds2 = PackedDataset(path, tokens_per_batch=BUDGET, seed=0)
+    dl2 = PackedDataLoader(ds2, num_workers=1)
+    dl2.load_state_dict(state)
+    b = next(iter(dl2))
+    resumed = time.perf_counter() - t0
+    expected = ds.batch(ds.rows_for(plan, half))
+    assert torch.equal(b["input_ids"], expected["input_ids"]), "resume delivered the wrong batch"
+    return fresh, resumed, ds.store.num_rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gb", type=float, default=1.0)
+    ap.add_argument("--tokens", type=float, default=300e6, help="tokens timed per packtool run")
+    ap.add_argument("--baseline-tokens", type=float, default=6e6, help="tokens timed per baseline run")
+    ap.add_argument("--no-readme", action="store_true")
+    args = ap.parse_args(argv)
+    path = dataset(args.gb)
+    size = sum(f.stat().st_size for f in path.glob("*.parquet"))
+    fresh, resumed, rows = first_batch(path)
+    results = {}
+    for workers in (1, 2):
+        results[("packtool", workers)] = ours(path, workers, args.tokens)
+    files = sorted(str(f) for f in path.glob("shard-*.parquet"))[:2]
+    for workers in (1, 2):
+        results[("baseline", workers)] = baseline(path, workers, args.baseline_tokens, files)
+    table = []
+    for workers in (1, 2):
+        o, b = results[("packtool", workers)], results[("baseline", workers)]
+        o_rate, b_rate = o[1] / o[0], b[1] / b[0]
+        table.append(
+            [
+                workers,
+                f"{o_rate / 1e6:,.0f} M",
+                f"{o_rate / workers / 1e6:,.0f} M",
+                f"{b_rate / 1e6:,.2f} M",
+                f"{o_rate / b_rate:,.0f}×",
+                f"{o[2]:,.0f} / {o[3]:,.0f}",
+                f"{b[2]:,.0f} / {b[3]:,.0f}",
+            ]
+        )
+    headers = [
+        "workers",
+        "packtool tokens/s",
+        "per worker",
+        "baseline tokens/s",
+        "speed-up",
+        "packtool worker MiB (RSS / private)",
+        "baseline worker MiB (RSS / private)",
+    ]
+    cpu = platform.processor() or platform.machine()
+    body = "\n".join(
+        [
+            f"Loader: {size / 1e9:.2f} GB of zstd Parquet ({rows:,} rows of <= {MAX_LEN} tokens), "
+            f"batches of <= {BUDGET:,} tokens, {os.cpu_count()} cores ({cpu}), torch {torch.__version__}. "
+            "Baseline: `datasets.load_dataset(\"parquet\")` + `DataCollatorWithFlattening` through a "
+            "DataLoader, rows split into their documents. Measured by `python -m benchmarks.bench_loader`.",
+            "",
+            markdown_table(headers, table),
+            "",
+            f"Time to first batch (one worker, warm page cache): fresh {fresh:.2f} s, "
+            f"after a mid-epoch resume {resumed:.2f} s.",
+        ]
+    )
+    print(body)
+    if not args.no_readme:
+        update_readme("loader", body)
+
+
+if __name__ == "__main__":
+    main()
