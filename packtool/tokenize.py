@@ -178,13 +178,14 @@ def _tokenized_batches(
     skips = skips if skips is not None else SkipCounter(strict=config.strict)
     schema = tokenized_schema(tokenizer.identity, config.extra_fields)
 
-    def encoded() -> Iterator[tuple[DocumentBatch, np.ndarray, np.ndarray]]:
+    def encoded() -> Iterator[tuple[DocumentBatch, Any]]:
         for batch in prefetch(read_corpus(raw, config, skips), depth=2):
-            yield batch, *tokenizer.encode_batch(batch.texts)
+            yield batch, tokenizer.start_batch(batch.texts)
 
-    # Three stages, each a batch or two ahead: read+parse | encode | build table + the caller's
-    # own work (writing, statistics), so the caller's time overlaps the tokenizer's.
-    for batch, flat, lengths in prefetch(encoded(), depth=2):
+    # Three stages, each a batch or two ahead: read+parse | library encode (GIL released) |
+    # copy ids out + build the table + the caller's own work (writing, statistics).
+    for batch, encoded_batch in prefetch(encoded(), depth=2):
+        flat, lengths = tokenizer.finish_batch(encoded_batch)
         yield batch_table(batch, flat, lengths, schema), batch.nbytes
 
 

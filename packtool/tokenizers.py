@@ -118,16 +118,28 @@ class Tokenizer:
             `(flat_ids, lengths)`: ids of all documents back to back, dtype `self.dtype`, and
             per-document token counts (int64, BOS/EOS included).
         """
-        if not texts:
+        return self.finish_batch(self.start_batch(texts))
+
+    def start_batch(self, texts: Sequence[str]) -> Any:
+        """The first half of `encode_batch`: the library's own encoding (GIL released).
+
+        Pipelines run it in one thread and `finish_batch` (the copy into arrays, which holds
+        the GIL) in another, so that copying one batch overlaps encoding the next.
+        """
+        return self._library_encode(texts) if texts else None
+
+    def finish_batch(self, raw: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The second half of `encode_batch`: flat ids and lengths with BOS/EOS added."""
+        if raw is None:
             return np.empty(0, self.dtype), np.empty(0, np.int64)
-        flat, lengths = self._encode_plain(texts)
+        flat, lengths = _flatten(raw)
         return _add_specials(flat, lengths, self.identity.bos_id, self.identity.eos_id, self.dtype)
 
     def encode(self, text: str) -> np.ndarray:
         """One document (BOS/EOS added)."""
         return self.encode_batch([text])[0]
 
-    def _encode_plain(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def _library_encode(self, texts: Sequence[str]) -> Iterable[list[int]]:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -138,12 +150,12 @@ class Tokenizer:
 class ByteTokenizer(Tokenizer):
     """UTF-8 bytes as ids 0-255; nothing to download."""
 
-    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def start_batch(self, texts: Sequence[str]) -> Any:
         # Join with placeholder bytes where BOS/EOS go, widen once, then overwrite the
         # placeholders: a memcpy-speed path with no per-token work at all.
         bos, eos = self.identity.bos_id, self.identity.eos_id
         if not texts:
-            return np.empty(0, self.dtype), np.empty(0, np.int64)
+            return None
         encoded = [t.encode("utf-8") for t in texts]
         n_special = (bos is not None) + (eos is not None)
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)) + n_special
@@ -158,11 +170,14 @@ class ByteTokenizer(Tokenizer):
             out[ends - 1] = eos
         return out, lengths
 
-    def _encode_plain(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        encoded = [t.encode("utf-8") for t in texts]
-        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-        flat = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        return flat, lengths
+    def finish_batch(self, raw: Any) -> tuple[np.ndarray, np.ndarray]:
+        if raw is None:
+            return np.empty(0, self.dtype), np.empty(0, np.int64)
+        return raw
+
+    def _library_encode(self, texts: Sequence[str]) -> Iterable[list[int]]:
+        # The generic path (per-document id lists); tests check the fast path against it.
+        return [list(t.encode("utf-8")) for t in texts]
 
 
 class HFTokenizer(Tokenizer):
@@ -173,10 +188,10 @@ class HFTokenizer(Tokenizer):
         self.tok = tok
         self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
 
-    def _encode_plain(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        # Rust encodes on all cores (GIL released); only the id lists are copied out here.
+    def _library_encode(self, texts: Sequence[str]) -> Iterable[list[int]]:
+        # Rust encodes on all cores (GIL released); `.ids` lists are made in finish_batch.
         encodings = self._encode(list(texts), add_special_tokens=False)
-        return _flatten(e.ids for e in encodings)
+        return (e.ids for e in encodings)
 
 
 class TiktokenTokenizer(Tokenizer):
@@ -187,18 +202,20 @@ class TiktokenTokenizer(Tokenizer):
         self.enc = enc
         self._pool: ThreadPoolExecutor | None = None
 
-    def _encode_plain(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def _library_encode(self, texts: Sequence[str]) -> Iterable[list[int]]:
         workers = self.workers
         if workers <= 1 or len(texts) < 2:
-            return _flatten([self.enc.encode_ordinary(t) for t in texts])
+            return [self.enc.encode_ordinary(t) for t in texts]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(workers, thread_name_prefix="packtool-tiktoken")
         # One task per slice, not per text: fewer futures; the Rust core releases the GIL.
         step = -(-len(texts) // (workers * 4))
         slices = [texts[i : i + step] for i in range(0, len(texts), step)]
         encode = self.enc.encode_ordinary
-        parts = self._pool.map(lambda s: [encode(t) for t in s], slices)
-        return _flatten(chain.from_iterable(parts))
+        return list(chain.from_iterable(self._pool.map(lambda s: [encode(t) for t in s], slices)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}  # a thread pool does not pickle
 
 
 def _flatten(ids: Iterable[list[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -17,6 +17,7 @@ from packtool.tokenizers import (
     BYTE_BOS,
     BYTE_EOS,
     GPT2_PATTERN,
+    Tokenizer,
     TokenizerIdentity,
     _add_specials,
     load_tokenizer,
@@ -276,9 +277,17 @@ def test_tiktoken_name_offline_is_a_clear_error(monkeypatch):
 def test_byte_fast_path_matches_the_generic_path(texts, bos, eos):
     tok = load_tokenizer("byte", bos=bos, eos=eos)
     flat, lengths = tok.encode_batch(texts)
-    ref = _add_specials(
-        *tok._encode_plain(texts), tok.identity.bos_id, tok.identity.eos_id, tok.dtype
-    )
+    # The generic path: per-document id lists, then the shared finish (flatten + specials).
+    ref = Tokenizer.finish_batch(tok, tok._library_encode(texts) if texts else None)
     assert flat.dtype == ref[0].dtype
     assert flat.tolist() == ref[0].tolist()
     assert lengths.tolist() == ref[1].tolist()
+
+
+def test_tokenizers_pickle(ranks_file):
+    import pickle
+
+    for tok in (load_tokenizer("byte"), load_tokenizer(f"tiktoken:{ranks_file}", workers=2)):
+        tok.encode_batch(TEXTS)  # starts the tiktoken thread pool
+        again = pickle.loads(pickle.dumps(tok))
+        assert np.array_equal(again.encode_batch(TEXTS)[0], tok.encode_batch(TEXTS)[0])
