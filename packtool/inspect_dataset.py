@@ -146,9 +146,10 @@ class DatasetSummary:
             f"eos {tok.get('eos_id')}, bos {tok.get('bos_id')})",
             f"packing     {m.algorithm}, max_len {m.max_len:,}, seed {m.seed}, rounds {m.rounds}, "
             f"long docs: {m.long_docs}",
-            "counts      " + ", ".join(f"{k} {v:,}" for k, v in m.counts.items()),
+            *_count_lines(m.counts),
             f"rows        {self.rows:,} (lower bound {lb:,}, gap {self.gap_rows:,} = {gap})",
-            f"tokens      {self.tokens:,}, efficiency {m.efficiency:.2%}",
+            f"efficiency  {m.efficiency:.2%} ({self.tokens:,} tokens in {self.rows:,} rows of "
+            f"{m.max_len:,})",
         ]
         if self.fill:
             f = self.fill
@@ -169,6 +170,18 @@ class DatasetSummary:
                     f"  {s.file}  {s.rows:,} rows  {s.tokens:,} tokens  {s.bytes / 1e6:.1f} MB"
                 )
         return "\n".join(lines)
+
+
+def _count_lines(counts: dict[str, int]) -> list[str]:
+    """The manifest's counts, documents and tokens on lines of their own."""
+    groups: dict[str, list[str]] = {"documents": [], "tokens": [], "counts": []}
+    for key, value in counts.items():
+        head, _, tail = key.partition("_")
+        if head in ("documents", "tokens") and tail:
+            groups[head].append(f"{tail} {value:,}")
+        else:
+            groups["counts"].append(f"{key} {value:,}")
+    return [f"{name:<12}" + ", ".join(items) for name, items in groups.items() if items]
 
 
 @dataclass(frozen=True, kw_only=True)
