@@ -28,7 +28,7 @@ def packed_schema(token_type: pa.DataType | None = None) -> pa.Schema:
     """The Arrow schema of a packed shard (format version 1).
 
     Args:
-        token_type: `pa.uint16()` when the vocabulary has fewer than 65,536 ids, else `pa.uint32()`
+        token_type: `pa.uint16()` when the vocabulary has at most 65,536 ids (every id fits), else `pa.uint32()`
             (the default).
     """
     token_type = token_type or pa.uint32()
