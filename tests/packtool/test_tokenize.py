@@ -246,3 +246,27 @@ def test_abandoned_pipeline_stops_all_its_threads(tmp_path):
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert threading.active_count() == before
+
+
+def test_progress_counts_and_draws_only_when_enabled(monkeypatch):
+    import io
+    import sys
+
+    from packtool.progress import Progress, progress_enabled
+
+    monkeypatch.delenv("PACKTOOL_NO_PROGRESS", raising=False)
+    assert not progress_enabled()  # pytest's stderr is not a terminal
+    tty = io.StringIO()
+    tty.isatty = lambda: True  # type: ignore[method-assign]
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert progress_enabled()
+    monkeypatch.setenv("PACKTOOL_NO_PROGRESS", "1")
+    assert not progress_enabled()
+    with Progress("tokenize", enabled=True) as bar:
+        bar.update(docs=3, tokens=2_500_000, nbytes=1_000_000)
+        bar._last_postfix = 0.0  # the postfix is throttled to every 0.5 s
+        bar.update(docs=1, tokens=1, nbytes=1)
+        bar._bar.refresh()
+    assert (bar.docs, bar.tokens, bar.nbytes) == (4, 2_500_001, 1_000_001)
+    assert "tokenize" in tty.getvalue()
+    assert "2.5M tokens" in tty.getvalue()
