@@ -50,6 +50,7 @@ def bench_assign(
     repeat: int = 3,
 ) -> str:
     """Time FFD/BFD assignment; return the markdown block for README `pack-assign`."""
+    load_before = os.getloadavg()[0]
     numba.set_num_threads(1)  # the kernels are serial; pin anyway for an honest one-core figure
     for kernel, _ in KERNELS.values():  # compile (or load the cache) outside the timings
         kernel(skewed_lengths(1000), MAX_LEN)
@@ -115,7 +116,9 @@ def bench_assign(
         f"{table}\n\n"
         "Against the plain-Python references (`packtool/_reference.py`, O(N x rows) loops, run "
         f"once) at N = {reference_n:,}:\n\n{ref_table}\n\n"
-        f"Peak RSS {peak_rss_mib():,.0f} MiB."
+        f"Peak RSS {peak_rss_mib():,.0f} MiB. Load average (1 min) {load_before:.1f} before and "
+        f"{os.getloadavg()[0]:.1f} after the run: other work on the box slows the 1e7 rows most "
+        "(their arrays do not fit in cache)."
     )
     return body
 

@@ -18,7 +18,8 @@ included, with no linear scan over open rows:
 Rows are numbered in the order they were opened; within a row documents are laid out in placement
 order, so a document's offset is the row's fill just before it was placed.
 
-The kernels are single-threaded. Plain-Python references with the same tie rules live in
+The kernels are single-threaded and release the GIL (`nogil`), so callers can run several at
+once in threads (e.g. one per chunk, or one per candidate max length). Plain-Python references with the same tie rules live in
 `packtool/_reference.py`; tests check the kernels give exactly the same assignment.
 """
 
@@ -38,6 +39,7 @@ __all__ = [
     "ffd_assign",
     "row_fill",
     "sort_decreasing",
+    "split_lengths",
 ]
 
 ALGORITHMS = ("ffd", "bfd")
@@ -55,7 +57,7 @@ ALGORITHMS = ("ffd", "bfd")
 # fit: every row to its left had less than l; best fit: no row had room in [l, its capacity)).
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _length_counts(lengths, max_len):  # pragma: no cover - compiled
     counts = np.zeros(max_len + 1, np.int64)
     for i in range(lengths.size):
@@ -63,7 +65,7 @@ def _length_counts(lengths, max_len):  # pragma: no cover - compiled
     return counts
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _first_positions(counts, max_len):  # pragma: no cover - compiled
     """first[l] = number of documents longer than l: where length l starts in sorted space."""
     first = np.zeros(max_len + 1, np.int64)
@@ -74,7 +76,7 @@ def _first_positions(counts, max_len):  # pragma: no cover - compiled
     return first
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _sort_decreasing(lengths, max_len):  # pragma: no cover - compiled
     """Stable counting sort: indices by decreasing length, ties in input order."""
     nxt = _first_positions(_length_counts(lengths, max_len), max_len)
@@ -86,7 +88,7 @@ def _sort_decreasing(lengths, max_len):  # pragma: no cover - compiled
     return order
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _row_bound(counts, max_len):  # pragma: no cover - compiled
     """An upper bound on the rows any first/best-fit packing opens.
 
@@ -102,7 +104,7 @@ def _row_bound(counts, max_len):  # pragma: no cover - compiled
     return max(min(2 * ((total + max_len - 1) // max_len) + 1, n), 1)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _unsort(lengths, max_len, first_run, run_row, run_off, run_k):  # pragma: no cover - compiled
     """Gather sorted-space runs back into input order.
 
@@ -128,7 +130,7 @@ def _unsort(lengths, max_len, first_run, run_row, run_off, run_k):  # pragma: no
     return row, offset
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
     n = lengths.size
     counts = _length_counts(lengths, max_len)
@@ -197,7 +199,7 @@ def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
     return row, offset, n_rows
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _ff(lengths, max_len):  # pragma: no cover - compiled
     """First fit in the given order (no sort), on the same max segment tree as `_ffd`."""
     n = lengths.size
@@ -239,7 +241,7 @@ def _ff(lengths, max_len):  # pragma: no cover - compiled
     return row, offset, n_rows
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _flag_set(flags, size, c):  # pragma: no cover - compiled
     node = size + c
     while node >= 1 and flags[node] == 0:
@@ -247,7 +249,7 @@ def _flag_set(flags, size, c):  # pragma: no cover - compiled
         node //= 2
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _flag_clear(flags, size, c):  # pragma: no cover - compiled
     node = size + c
     flags[node] = 0
@@ -260,7 +262,7 @@ def _flag_clear(flags, size, c):  # pragma: no cover - compiled
         node //= 2
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _flag_find_ge(flags, size, c):  # pragma: no cover - compiled
     """Smallest set leaf index >= c, or -1."""
     node = size + c
@@ -278,7 +280,7 @@ def _flag_find_ge(flags, size, c):  # pragma: no cover - compiled
     return -1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _bfd(lengths, max_len):  # pragma: no cover - compiled
     n = lengths.size
     counts = _length_counts(lengths, max_len)
@@ -326,6 +328,25 @@ def _bfd(lengths, max_len):  # pragma: no cover - compiled
                 head[c] = r
     row, offset = _unsort(lengths, max_len, first_run, run_row, run_off, run_k)
     return row, offset, n_rows
+
+
+@numba.njit(cache=True, nogil=True)
+def _split(lengths, max_len):  # pragma: no cover - compiled
+    n_chunks = 0
+    for i in range(lengths.size):
+        n_chunks += (lengths[i] + max_len - 1) // max_len
+    out = np.empty(n_chunks, np.int32)
+    j = 0
+    for i in range(lengths.size):
+        x = lengths[i]
+        while x > max_len:
+            out[j] = max_len
+            j += 1
+            x -= max_len
+        if x > 0:
+            out[j] = x
+            j += 1
+    return out
 
 
 # --- typed wrappers: validate once, then call the kernel ---
@@ -399,9 +420,7 @@ def bfd_assign(
     return row, offset, int(n_rows)
 
 
-def ff_assign(
-    lengths: ArrayLike, max_len: int
-) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
+def ff_assign(lengths: ArrayLike, max_len: int) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
     """First fit in the given order: each document goes to the first row it fits in.
 
     Used by the multi-round repack, which shuffles a pool of documents and first-fits them
@@ -442,3 +461,23 @@ def row_fill(row: ArrayLike, lengths: ArrayLike, n_rows: int) -> NDArray[np.int6
         raise ValueError(f"row and lengths differ in shape: {row.shape} vs {lengths.shape}")
     # float64 weights are exact below 2**53 tokens
     return np.bincount(row, weights=lengths, minlength=n_rows).astype(np.int64)
+
+
+def split_lengths(lengths: ArrayLike, max_len: int) -> NDArray[np.int32]:
+    """Chunk lengths after cutting each document into `max_len`-token pieces plus a remainder.
+
+    Chunks come in input order (a document's pieces in order); empty documents give none.
+
+    Raises:
+        ConfigError: `max_len` is not a positive integer, or a length is negative or not an int.
+    """
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
+        raise ConfigError(f"max_len must be a positive integer, got {max_len!r}")
+    arr = np.asarray(lengths)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ConfigError(f"lengths must be a 1-D integer array, got {arr.dtype} {arr.shape}")
+    if arr.dtype not in (np.int32, np.int64):
+        arr = arr.astype(np.int64)
+    if arr.size and arr.min() < 0:
+        raise ConfigError(f"document {int(np.argmin(arr))} has negative length {int(arr.min())}")
+    return _split(np.ascontiguousarray(arr), int(max_len))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from packtool.errors import ConfigError, DataError
 from packtool.kernels import ffd_assign
+from packtool.kernels import split_lengths as _split_lengths
 
 __all__ = [
     "DEFAULT_CANDIDATES",
@@ -85,19 +87,13 @@ def _as_lengths(lengths: ArrayLike) -> NDArray[np.int64]:
     return arr
 
 
-def split_lengths(lengths: ArrayLike, max_len: int) -> NDArray[np.int64]:
+def split_lengths(lengths: ArrayLike, max_len: int) -> NDArray[np.int32]:
     """Chunk lengths after splitting each document into `max_len`-token pieces plus a remainder.
 
     Chunks come in input order (a document's pieces in order); empty documents give none.
+    (`packtool.kernels.split_lengths`, re-exported.)
     """
-    arr = _as_lengths(lengths)
-    n_chunks = -(-arr // max_len)
-    if not (n_chunks > 1).any():
-        return arr[arr > 0]
-    doc = np.repeat(np.arange(arr.size), n_chunks)
-    first = np.cumsum(n_chunks) - n_chunks
-    piece = np.arange(doc.size) - first[doc]
-    return np.minimum(max_len, arr[doc] - piece * max_len)
+    return _split_lengths(_as_lengths(lengths), max_len)
 
 
 def gini(lengths: ArrayLike) -> float:
@@ -124,11 +120,27 @@ def lower_bound_l2(lengths: ArrayLike, max_len: int) -> int:
     |J1| + |J2| + max(0, ceil((sum J3 - (|J2| * max_len - sum J2)) / max_len)).
     Martello & Toth, "Lower bounds and reduction procedures for the bin packing problem" (1990).
     """
-    chunks = split_lengths(lengths, max_len)
-    if chunks.size == 0:
+    values, counts = np.unique(_as_lengths(lengths), return_counts=True)
+    return _lower_bound_l2_hist(*_split_hist(values, counts, max_len), max_len)
+
+
+def _split_hist(
+    values: NDArray[np.int64], counts: NDArray[np.int64], max_len: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The chunk-length histogram after splitting, from the (distinct length, count) histogram."""
+    full = values // max_len
+    rest = values % max_len
+    keep = rest > 0
+    sizes = np.concatenate([[max_len], rest[keep]])
+    n = np.concatenate([[int((full * counts).sum())], counts[keep]])
+    return sizes, n
+
+
+def _lower_bound_l2_hist(sizes: NDArray[np.int64], n: NDArray[np.int64], max_len: int) -> int:
+    if int(n.sum()) == 0:
         return 0
     c = max_len
-    counts = np.bincount(chunks, minlength=c + 1).astype(np.int64)
+    counts = np.bincount(sizes, weights=n, minlength=c + 1).astype(np.int64)
     cum_n = np.cumsum(counts)  # documents with length <= x
     cum_t = np.cumsum(counts * np.arange(c + 1, dtype=np.int64))  # tokens in them
     n = int(cum_n[-1])
@@ -356,21 +368,34 @@ def length_stats(
     p50, p90, p99 = (int(v) for v in np.percentile(arr, [50, 90, 99], method="inverted_cdf"))
     long_mask = arr > L
 
+    # FFD rows and L2 per max length, once each (max_len is usually a candidate). The kernels
+    # release the GIL, so the lengths are packed in parallel threads.
+    values, counts = np.unique(arr, return_counts=True)
+
+    def pack_at(m: int) -> tuple[int, int, int]:
+        c = chunks if m == L else split_lengths(arr, m)
+        return (
+            int(c.size),
+            _ffd_rows(c, m),
+            _lower_bound_l2_hist(*_split_hist(values, counts, m), m),
+        )
+
+    lens = sorted({L, *config.candidates})
+    with ThreadPoolExecutor(max_workers=max(1, min(len(lens), os.cpu_count() or 1))) as pool:
+        packed = dict(zip(lens, pool.map(pack_at, lens), strict=True))
+
     candidates = []
     for cand in config.candidates:
-        cand_chunks = split_lengths(arr, cand)
-        rows = _ffd_rows(cand_chunks, cand)
+        n_chunks, rows, l2 = packed[cand]
         candidates.append(
             Candidate(
                 max_len=cand,
                 long_documents=int((arr > cand).sum()),
-                chunks=int(cand_chunks.size),
-                lower_bound_rows=lower_bound_l2(cand_chunks, cand),
+                chunks=n_chunks,
+                lower_bound_rows=l2,
                 rows=rows,
                 efficiency=_efficiency(tokens, rows, cand),
-                pad_to_max_len_waste=1.0 - tokens / (cand_chunks.size * cand)
-                if cand_chunks.size
-                else 0.0,
+                pad_to_max_len_waste=1.0 - tokens / (n_chunks * cand) if n_chunks else 0.0,
             )
         )
     suggested = suggest_max_len(candidates, int(arr.size))
@@ -395,8 +420,8 @@ def length_stats(
         pad_to_max_len_slots=int(chunks.size) * L,
         pad_per_batch_slots=_pad_per_batch_slots(chunks, config.batch_size) if chunks.size else 0,
         lower_bound_l1=lower_bound_l1(chunks, L),
-        lower_bound_l2=lower_bound_l2(chunks, L),
-        ffd_rows=_ffd_rows(chunks, L),
+        lower_bound_l2=packed[L][2],
+        ffd_rows=packed[L][1],
         candidates=candidates,
         suggested_max_len=suggested,
         inputs=dict(inputs or {"kind": "array"}),
