@@ -174,3 +174,13 @@ def test_deterministic():
     for kernel, _ in KERNELS:
         a, b = kernel(lengths, 4096), kernel(lengths.copy(), 4096)
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+def test_split_lengths_kernel():
+    from packtool.kernels import split_lengths
+
+    assert split_lengths(np.array([10, 3, 16, 0, 8]), 8).tolist() == [8, 2, 3, 8, 8, 8]
+    with pytest.raises(ConfigError, match="document 1 has negative length -1"):
+        split_lengths([3, -1], 8)
+    with pytest.raises(ConfigError, match="max_len must be a positive integer, got 0"):
+        split_lengths([3], 0)
