@@ -1,0 +1,166 @@
+"""Train the small Llama-style model on packed shards, with checkpoint and exact resume.
+
+    packtool pack sample_data/corpus.jsonl -o /tmp/packed --max-len 512
+    python examples/train.py --data /tmp/packed --steps 300 --ckpt /tmp/ckpt.pt
+    python examples/train.py --data /tmp/packed --steps 600 --ckpt /tmp/ckpt.pt --resume
+
+Every step prints (and appends to ``--log`` as JSON lines) the loss; a checkpoint holds the
+model, the optimizer, the loader position and the step, so a resumed run continues the same
+loss curve it would have followed without the interruption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from attention import ModelConfig, Transformer
+from loader import PackedDataLoader, PackedDataset
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="folder written by `packtool pack`")
+    p.add_argument("--steps", type=int, default=300, help="train until this global step")
+    p.add_argument("--rows-per-batch", type=int, default=4)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=20, help="linear learning-rate warm-up steps")
+    p.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="bf16 autocast; auto = bf16 on CUDA when supported, fp32 on CPU (CPU bf16 autocast "
+        "works but is slower than fp32 without native bf16 instructions)",
+    )
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--ckpt", default=None, help="checkpoint file (written every --ckpt-every)")
+    p.add_argument("--ckpt-every", type=int, default=100)
+    p.add_argument("--resume", action="store_true", help="continue from --ckpt")
+    p.add_argument("--log", default=None, help="append {step, loss, ...} JSON lines here")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    return p.parse_args(argv)
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """Write atomically: a crash mid-write leaves the previous checkpoint intact."""
+    tmp = f"{path}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def lr_at(step: int, args: argparse.Namespace) -> float:
+    return args.lr * min(1.0, (step + 1) / max(args.warmup, 1))
+
+
+def main(argv: list[str] | None = None) -> list[float]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.resume and not (args.ckpt and Path(args.ckpt).exists()):
+        raise SystemExit(f"error: --resume needs an existing --ckpt, got {args.ckpt!r}")
+    device = torch.device(args.device)
+    bf16 = args.precision == "bf16" or (
+        args.precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    )
+
+    dataset = PackedDataset(args.data, rows_per_batch=args.rows_per_batch, seed=args.seed)
+    manifest = dataset.store.manifest
+    cfg = ModelConfig(
+        vocab_size=int(manifest.tokenizer["vocab_size"]),
+        dim=args.dim,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        n_kv_heads=args.kv_heads,
+        max_seq_len=int(manifest.max_len),
+    )
+    torch.manual_seed(args.seed)
+    model = Transformer(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    loader = PackedDataLoader(dataset)
+
+    step, epoch = 0, 0
+    if args.resume:
+        state = torch.load(args.ckpt, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        loader.load_state_dict(state["loader"])
+        step, epoch = state["step"], state["loader"]["packed_dataset"]["epoch"]
+        print(f"resumed at step {step} (epoch {epoch})")
+    print(
+        f"model {model.num_parameters() / 1e6:.2f} M params, vocab {cfg.vocab_size}, "
+        f"max_len {cfg.max_seq_len}, {len(dataset.store.manifest.shards)} shard(s), "
+        f"{'bf16 autocast' if bf16 else 'fp32'} on {device}"
+    )
+
+    def checkpoint() -> None:
+        if args.ckpt:
+            save_checkpoint(
+                args.ckpt,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "loader": loader.state_dict(),
+                    "step": step,
+                    "config": vars(args),
+                },
+            )
+
+    log = open(args.log, "a", encoding="utf-8") if args.log else None  # noqa: SIM115
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    try:
+        while step < args.steps:
+            dataset.set_epoch(epoch)  # keeps a pending resume of this epoch
+            for batch in loader:
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(step, args)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    out = model(batch)
+                opt.zero_grad(set_to_none=True)
+                out.loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+                opt.step()
+                step += 1
+                loss = float(out.loss.detach())
+                losses.append(loss)
+                record = {
+                    "step": step,
+                    "loss": loss,
+                    "grad_norm": float(grad_norm),
+                    "tokens": int(batch["input_ids"].numel()),
+                    "epoch": epoch,
+                }
+                if log:
+                    log.write(json.dumps(record) + "\n")
+                    log.flush()
+                if step % 10 == 0 or step == args.steps:
+                    rate = step / (time.perf_counter() - t0)
+                    print(
+                        f"step {step:5d}  loss {loss:.4f}  |g| {float(grad_norm):.2f}  {rate:.1f} it/s"
+                    )
+                if step % args.ckpt_every == 0:
+                    checkpoint()
+                if step >= args.steps:
+                    break
+            else:
+                epoch += 1
+    finally:
+        if log:
+            log.close()
+    checkpoint()
+    return losses
+
+
+if __name__ == "__main__":
+    main()
