@@ -3,13 +3,18 @@
 from loader.collate import IGNORE_INDEX, collate
 from loader.dataloader import PackedDataLoader, make_dataloader
 from loader.dataset import LoaderConfig, PackedDataset
+from loader.online import OnlineConfig, OnlinePacker, PackedRows, RowBatcher
 from loader.shards import ShardStore
 
 __all__ = [
     "IGNORE_INDEX",
     "LoaderConfig",
+    "OnlineConfig",
+    "OnlinePacker",
     "PackedDataLoader",
     "PackedDataset",
+    "PackedRows",
+    "RowBatcher",
     "ShardStore",
     "collate",
     "make_dataloader",

@@ -1,0 +1,705 @@
+"""Online packing: a stream of tokenized documents -> packed rows and varlen batches, on the fly.
+
+`OnlinePacker` keeps a bounded buffer of document *segments* (documents cut by the offline
+long-document policy, `packtool.pack.make_segments`). When the buffer holds `buffer_docs`
+segments (or `buffer_tokens` tokens, or its oldest new document has waited `buffer_seconds`),
+the whole buffer is packed at once by a numba kernel, in arrays:
+
+- `strategy="ffd"` (default): first-fit-decreasing (`packtool.kernels.ffd_assign`) on the
+  buffer's lengths.
+- `strategy="bucketed"`: the two-level scheme of the seed serving system. Level one rounds each
+  length up to a multiple of `bucket` and fills rows with documents of one bucket only
+  (`max_len // bucket_len` of them); level two treats each such row as one item of its real fill
+  and first-fit-decreasing packs those items together with the documents left over, so short
+  documents fill the gaps across buckets. Measured in `benchmarks/bench_online.py` against plain
+  FFD, which packs tighter (see docs/online.md); FFD stays the default.
+
+Rows filled below `min_fill × max_len` are not emitted: their segments stay in the buffer and are
+packed again with the next refill (a row "kept open"), so the online efficiency approaches the
+offline one. Two bounds keep the buffer moving: segments held back at most fill half the buffer
+(the fullest of the under-filled rows go out first when more would be kept), and a segment held
+back `max_holds` times goes out with its row whatever the fill. The final `flush()` emits every
+row.
+
+Everything is deterministic for a given input order and seed (the time window aside): where packs
+happen depends only on the counts, and emitted rows are shuffled by `default_rng([seed, pack])`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from numpy.typing import NDArray
+
+from packtool import kernels
+from packtool.errors import ConfigError, DataError, PacktoolError
+from packtool.pack import LONG_DOC_POLICIES, PackCounts, make_segments
+
+STRATEGIES = ("ffd", "bucketed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OnlineConfig:
+    """How a stream of documents becomes packed rows."""
+
+    max_len: int
+    """Tokens per row at most (>= 2)."""
+    buffer_docs: int = 10_000
+    """Pack when the buffer holds this many segments (documents, after splitting long ones)."""
+    buffer_tokens: int | None = None
+    """Also pack when the buffer holds this many tokens (None: no token bound)."""
+    buffer_seconds: float | None = None
+    """Also pack when the oldest new document has waited this long (None: no time window; a time
+    window makes the output depend on timing, so training streams leave it off)."""
+    strategy: str = "ffd"
+    """`ffd` (first-fit-decreasing on the buffer) or `bucketed` (two-level, see module doc)."""
+    bucket: int = 32
+    """Length bucket granularity of the `bucketed` strategy."""
+    min_fill: float = 0.99
+    """Rows below this fill (share of max_len) go back into the buffer, except at the flush."""
+    max_holds: int = 4
+    """A segment held back this many times is emitted with its row whatever the fill."""
+    long_docs: str = "split"
+    """Documents longer than max_len: `split` into max_len chunks, `truncate`, or `drop`."""
+    seed: int = 0
+    """Seeds the order of the rows each pack emits."""
+    shuffle_rows: bool = True
+    """Emit each pack's rows in a seeded random order (False: in the order rows were opened, so
+    FFD's long-document rows come first)."""
+
+    def __post_init__(self) -> None:
+        _check_int("max_len", self.max_len, 2)
+        _check_int("buffer_docs", self.buffer_docs, 1)
+        if self.buffer_tokens is not None:
+            _check_int("buffer_tokens", self.buffer_tokens, 1)
+        if self.buffer_seconds is not None and not self.buffer_seconds > 0:
+            raise ConfigError(f"buffer_seconds must be > 0 or None, got {self.buffer_seconds!r}")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(
+                f"strategy {self.strategy!r} is unknown; choose one of {list(STRATEGIES)}"
+            )
+        _check_int("bucket", self.bucket, 1)
+        if not 0.0 <= self.min_fill <= 1.0:
+            raise ConfigError(f"min_fill must be in [0, 1], got {self.min_fill!r}")
+        _check_int("max_holds", self.max_holds, 0)
+        if self.long_docs not in LONG_DOC_POLICIES:
+            raise ConfigError(
+                f"long_docs {self.long_docs!r} is unknown; choose one of {list(LONG_DOC_POLICIES)}"
+            )
+        _check_int("seed", self.seed, 0)
+
+
+def _check_int(name: str, value: Any, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ConfigError(f"{name} must be an integer >= {lo}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """A run of packed rows in flat arrays (one pack's output, or a slice of it).
+
+    Row `r` holds segments `row_docs[r]:row_docs[r + 1]`, laid end to end; its tokens are
+    `tokens[row_offsets[r]:row_offsets[r + 1]]`.
+    """
+
+    row_docs: NDArray[np.int64]
+    """Segment offsets per row, `(n_rows + 1,)`."""
+    seg_len: NDArray[np.int64]
+    """Length of each segment, `(n_segments,)`."""
+    doc_ids: NDArray[np.int64]
+    """Source document id of each segment."""
+    doc_chunks: NDArray[np.int32]
+    """Chunk index of a split document's segment, 0 otherwise."""
+    tokens: NDArray[np.integer] | None
+    """Token ids of every row back to back (None when the packer was fed lengths only)."""
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.row_docs) - 1
+
+    @property
+    def row_lengths(self) -> NDArray[np.int64]:
+        return np.add.reduceat(self.seg_len, self.row_docs[:-1]) if self.n_rows else _I64
+
+    @property
+    def row_offsets(self) -> NDArray[np.int64]:
+        """Token offsets per row, `(n_rows + 1,)`."""
+        out = np.zeros(self.n_rows + 1, np.int64)
+        np.cumsum(self.row_lengths, out=out[1:])
+        return out
+
+    def row(self, r: int) -> tuple[NDArray | None, NDArray[np.int64], NDArray[np.int64]]:
+        """`(tokens, doc_lens, doc_ids)` of row `r`."""
+        a, b = int(self.row_docs[r]), int(self.row_docs[r + 1])
+        start = int(self.seg_len[: a].sum())
+        stop = start + int(self.seg_len[a:b].sum())
+        toks = None if self.tokens is None else self.tokens[start:stop]
+        return toks, self.seg_len[a:b], self.doc_ids[a:b]
+
+    def slice(self, a: int, b: int) -> PackedRows:
+        """Rows `a:b`."""
+        s0, s1 = int(self.row_docs[a]), int(self.row_docs[b])
+        toks = None
+        if self.tokens is not None:
+            t0 = int(self.seg_len[:s0].sum())
+            toks = self.tokens[t0 : t0 + int(self.seg_len[s0:s1].sum())]
+        return PackedRows(
+            self.row_docs[a : b + 1] - s0,
+            self.seg_len[s0:s1],
+            self.doc_ids[s0:s1],
+            self.doc_chunks[s0:s1],
+            toks,
+        )
+
+    @staticmethod
+    def concat(parts: list[PackedRows]) -> PackedRows:
+        if not parts:
+            return _EMPTY_ROWS
+        if len(parts) == 1:
+            return parts[0]
+        shifts = np.cumsum([0] + [len(p.seg_len) for p in parts[:-1]])
+        row_docs = np.concatenate(
+            [parts[0].row_docs[:1]] + [p.row_docs[1:] + s for p, s in zip(parts, shifts, strict=True)]
+        )
+        toks = None
+        if parts[0].tokens is not None:
+            toks = np.concatenate([p.tokens for p in parts])
+        return PackedRows(
+            row_docs,
+            np.concatenate([p.seg_len for p in parts]),
+            np.concatenate([p.doc_ids for p in parts]),
+            np.concatenate([p.doc_chunks for p in parts]),
+            toks,
+        )
+
+    def collate(self, **kwargs: Any) -> dict:
+        """All these rows as one loader batch (`loader.collate`; keyword arguments pass through)."""
+        if self.tokens is None:
+            raise ConfigError("these rows carry no tokens (the packer was fed lengths only)")
+        from loader.collate import collate
+
+        return collate(self.tokens, self.seg_len, self.doc_ids, **kwargs)
+
+    def to_state(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> PackedRows:
+        return PackedRows(**{f.name: state[f.name] for f in fields(PackedRows)})
+
+
+_I64 = np.zeros(0, np.int64)
+_EMPTY_ROWS = PackedRows(np.zeros(1, np.int64), _I64, _I64, np.zeros(0, np.int32), None)
+
+
+@dataclass
+class _Part:
+    """Segments waiting in the buffer; `start` indexes `tokens` (None: lengths only)."""
+
+    tokens: NDArray | None
+    start: NDArray[np.int64]
+    length: NDArray[np.int64]
+    doc: NDArray[np.int64]
+    chunk: NDArray[np.int32]
+    holds: NDArray[np.int32]
+
+    def take(self, a: int, b: int) -> _Part:
+        """Segments a:b, the token array narrowed to their span (a view, no copy)."""
+        start, length = self.start[a:b], self.length[a:b]
+        toks = self.tokens
+        if toks is not None:
+            lo = int(start[0]) if b > a else 0
+            hi = int(start[-1] + length[-1]) if b > a else 0
+            toks, start = toks[lo:hi], start - lo
+        return _Part(toks, start, length, self.doc[a:b], self.chunk[a:b], self.holds[a:b])
+
+
+def _concat_parts(parts: list[_Part]) -> _Part:
+    if len(parts) == 1:
+        return parts[0]
+    toks = None
+    starts = [p.start for p in parts]
+    if parts[0].tokens is not None:
+        shift = np.cumsum([0] + [len(p.tokens) for p in parts[:-1]])
+        starts = [s + d for s, d in zip(starts, shift, strict=True)]
+        toks = np.concatenate([p.tokens for p in parts])
+    return _Part(
+        toks,
+        np.concatenate(starts),
+        np.concatenate([p.length for p in parts]),
+        np.concatenate([p.doc for p in parts]),
+        np.concatenate([p.chunk for p in parts]),
+        np.concatenate([p.holds for p in parts]),
+    )
+
+
+def _gather(tokens: NDArray, start: NDArray[np.int64], length: NDArray[np.int64]) -> NDArray:
+    """Tokens of the given segments back to back (one vectorised take, no per-segment Python)."""
+    total = int(length.sum())
+    if total == 0:
+        return tokens[:0].copy()
+    dst = np.cumsum(length) - length
+    idx = np.repeat(start - dst, length) + np.arange(total, dtype=np.int64)
+    return tokens[idx]
+
+
+def bucketed_assign(
+    lengths: NDArray[np.int64], max_len: int, bucket: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
+    """Two-level packing: full rows inside each length bucket, then FFD across buckets.
+
+    Level one rounds lengths up to multiples of `bucket` and makes rows of `max_len // rounded`
+    documents of one bucket (only full groups, in input order). Level two first-fit-decreasing
+    packs those rows (as items of their real fill) together with the documents left over.
+
+    Returns `(row, offset, n_rows)` like `packtool.kernels.ffd_assign`.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    n = len(lengths)
+    if n == 0:
+        return _I64, _I64, 0
+    rounded = np.minimum(-(-lengths // bucket) * bucket, max_len)
+    per_row = max_len // rounded
+    order = np.lexsort((np.arange(n), rounded))  # by bucket, input order inside
+    rb = rounded[order]
+    first = np.flatnonzero(np.r_[True, rb[1:] != rb[:-1]])
+    counts = np.diff(np.r_[first, n])
+    rank = np.arange(n) - np.repeat(first, counts)
+    k = per_row[order]
+    full_groups = np.repeat(counts, counts) // k
+    in_l1 = (rank // k) < full_groups
+    # Level one groups: (bucket, group index) -> a dense item id.
+    l1_docs = order[in_l1]
+    if len(l1_docs):
+        key = np.repeat(np.arange(len(first)), counts)[in_l1] * n + (rank // k)[in_l1]
+        _, grp = np.unique(key, return_inverse=True)
+        n_groups = int(grp.max()) + 1
+    else:
+        grp = _I64
+        n_groups = 0
+    l1_len = lengths[l1_docs]
+    item_len = np.bincount(grp, weights=l1_len, minlength=n_groups).astype(np.int64)
+    rest = order[~in_l1]
+    items = np.concatenate([item_len, lengths[rest]])
+    irow, ioff, n_rows = kernels.ffd_assign(items, max_len)
+    row = np.empty(n, np.int64)
+    offset = np.empty(n, np.int64)
+    # inside a level-one group: documents in input order, offsets by running real length
+    within = np.cumsum(l1_len) - l1_len
+    gstart = np.zeros(n_groups, np.int64)
+    if n_groups:
+        firsts = np.flatnonzero(np.r_[True, grp[1:] != grp[:-1]])
+        gstart[grp[firsts]] = within[firsts]
+    row[l1_docs] = irow[grp]
+    offset[l1_docs] = ioff[grp] + within - gstart[grp]
+    row[rest] = irow[n_groups:]
+    offset[rest] = ioff[n_groups:]
+    return row, offset, n_rows
+
+
+class PackerClosedError(PacktoolError):
+    """Documents were pushed into a packer after its final flush."""
+
+
+class OnlinePacker:
+    """Packs a stream of tokenized documents into rows of at most `max_len` tokens, on the fly.
+
+    Feed it with `push(tokens, lengths)` (flat token ids of many documents and their lengths),
+    `push_lengths(lengths)` (plan only, no tokens), `push_table(table)` (tokenized Parquet
+    tables, e.g. from `packtool.tokenize.tokenized_batches`) or `push_docs(arrays)`; take packed
+    rows with `pop()`; call `flush()` at the end. `pack_stream(source)` and `batches(source, ...)`
+    do all of it over an iterator.
+
+    Args:
+        config: The packing settings; or give them as keyword arguments (`max_len=4096`, ...).
+        seed_key: Extra integers mixed into the row-order seed (e.g. rank, worker, epoch).
+
+    `stats` counts everything: documents in / empty / split / truncated / dropped, tokens in /
+    out / truncated / dropped, segments, rows, packs, rows held back, flushes. Every input token
+    comes out exactly once or is counted as truncated or dropped.
+    """
+
+    def __init__(
+        self, config: OnlineConfig | None = None, *, seed_key: tuple[int, ...] = (), **settings: Any
+    ) -> None:
+        if config is None:
+            config = OnlineConfig(**settings)
+        elif settings:
+            raise ConfigError(f"give either a config or keyword settings, not both ({sorted(settings)})")
+        self.config = config
+        self.seed_key = tuple(int(k) for k in seed_key)
+        self._parts: list[_Part] = []
+        self._n_segs = 0
+        self._n_tokens = 0
+        self._oldest: float | None = None
+        self._out: list[PackedRows] = []
+        self._has_tokens: bool | None = None
+        self._dtype: np.dtype | None = None
+        self._counts = PackCounts()
+        self._packs = 0
+        self._held_rows = 0
+        self._forced_rows = 0
+        self._flushes = 0
+        self._next_doc_id = 0
+        self._closed = False
+
+    # ---- input ------------------------------------------------------------------------------
+
+    def push(
+        self,
+        tokens: NDArray[np.integer] | None,
+        lengths: NDArray[np.integer],
+        doc_ids: NDArray[np.integer] | None = None,
+    ) -> None:
+        """Add documents: `tokens` holds their ids back to back, `lengths` one entry per document.
+
+        `doc_ids` default to a running count. Empty documents are counted and skipped; long ones
+        follow `long_docs`. Packs run as soon as the buffer is full.
+
+        Raises:
+            PackerClosedError: after `flush(final=True)`.
+            DataError: `lengths` do not match `tokens`, or are negative.
+        """
+        if self._closed:
+            raise PackerClosedError(
+                "this OnlinePacker was closed by its final flush(); create a new one for more data"
+            )
+        lengths = np.asarray(lengths)
+        if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
+            raise DataError(f"lengths must be a 1-D integer array, got {lengths.dtype} {lengths.shape}")
+        lengths = lengths.astype(np.int64, copy=False)
+        if lengths.size and int(lengths.min()) < 0:
+            raise DataError(f"document {int(np.argmin(lengths))} has a negative length")
+        has = tokens is not None
+        if self._has_tokens is None:
+            self._has_tokens = has
+        elif self._has_tokens != has:
+            raise ConfigError("do not mix push() with tokens and push_lengths() in one packer")
+        if has:
+            tokens = np.asarray(tokens)
+            if tokens.ndim != 1 or int(lengths.sum()) != len(tokens):
+                raise DataError(
+                    f"lengths sum to {int(lengths.sum())} but {tokens.shape} token ids were given"
+                )
+            if self._dtype is None:
+                self._dtype = tokens.dtype
+            elif tokens.dtype != self._dtype:
+                self._dtype = np.result_type(self._dtype, tokens.dtype)
+        if doc_ids is None:
+            doc_ids = np.arange(self._next_doc_id, self._next_doc_id + len(lengths), dtype=np.int64)
+        else:
+            doc_ids = np.asarray(doc_ids, np.int64)
+            if doc_ids.shape != lengths.shape:
+                raise DataError(f"{len(doc_ids)} doc_ids for {len(lengths)} documents")
+        self._next_doc_id += len(lengths)
+        if len(lengths) == 0:
+            return
+        segs, counts = make_segments(lengths, self.config.max_len, self.config.long_docs)
+        self._counts += counts
+        counts_tokens_out = counts.tokens_out
+        self._counts.tokens_out -= counts_tokens_out  # counted when the rows come out
+        if has:
+            doc_start = np.cumsum(lengths) - lengths
+            start = doc_start[segs.doc] + segs.start
+        else:
+            start = _I64[:0] if not len(segs.length) else np.zeros(len(segs.length), np.int64)
+        part = _Part(
+            tokens,
+            start,
+            segs.length,
+            doc_ids[segs.doc],
+            segs.chunk,
+            np.zeros(len(segs.length), np.int32),
+        )
+        self._add(part)
+
+    def push_lengths(
+        self, lengths: NDArray[np.integer], doc_ids: NDArray[np.integer] | None = None
+    ) -> None:
+        """Add documents by length only: rows come out as segment layouts without tokens."""
+        self.push(None, lengths, doc_ids)
+
+    def push_table(self, table: pa.Table | pa.RecordBatch) -> None:
+        """Add a tokenized table (`input_ids` list column, `doc_id` used when present)."""
+        if "input_ids" not in table.schema.names:
+            raise DataError(
+                f"a tokenized table needs an `input_ids` column (columns: {table.schema.names}); "
+                "run `packtool tokenize` or use packtool.tokenize.tokenized_batches"
+            )
+        ids = table.column("input_ids")
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
+        if not (pa.types.is_list(ids.type) or pa.types.is_large_list(ids.type)):
+            raise DataError(f"input_ids must be a list column, found {ids.type}")
+        offsets = ids.offsets.to_numpy().astype(np.int64)
+        values = ids.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+        doc_ids = None
+        if "doc_id" in table.schema.names:
+            doc_ids = table.column("doc_id").to_numpy()
+        self.push(values, np.diff(offsets), doc_ids)
+
+    def push_docs(self, docs: Iterable[Any]) -> None:
+        """Add documents given one token array (or list of ints) each."""
+        arrays = [np.asarray(d).reshape(-1) for d in docs]
+        if not arrays:
+            return
+        lengths = np.fromiter((len(a) for a in arrays), np.int64, len(arrays))
+        non_empty = [a for a in arrays if len(a)]
+        tokens = np.concatenate(non_empty) if non_empty else np.zeros(0, np.int64)
+        if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+            raise DataError(f"token ids must be integers, got dtype {tokens.dtype}")
+        self.push(tokens, lengths)
+
+    def _add(self, part: _Part) -> None:
+        c = self.config
+        n = len(part.length)
+        a = 0
+        while a < n:
+            if self._oldest is None and c.buffer_seconds is not None:
+                self._oldest = time.monotonic()
+            # take segments up to the doc bound, and up to the token bound
+            b = min(n, a + c.buffer_docs - self._n_segs)
+            if c.buffer_tokens is not None:
+                room = c.buffer_tokens - self._n_tokens
+                cum = np.cumsum(part.length[a:b])
+                b = min(b, a + int(np.searchsorted(cum, room, side="left")) + 1)
+            piece = part.take(a, b) if (a, b) != (0, n) else part
+            self._parts.append(piece)
+            self._n_segs += b - a
+            self._n_tokens += int(piece.length.sum())
+            a = b
+            if self._full():
+                self._pack(final=False)
+        if self._full():
+            self._pack(final=False)
+
+    def _full(self) -> bool:
+        c = self.config
+        if self._n_segs >= c.buffer_docs:
+            return True
+        if c.buffer_tokens is not None and self._n_tokens >= c.buffer_tokens:
+            return True
+        return (
+            c.buffer_seconds is not None
+            and self._oldest is not None
+            and time.monotonic() - self._oldest >= c.buffer_seconds
+        )
+
+    def poll(self) -> None:
+        """Pack now if the time window has run out (for time-windowed streams between pushes)."""
+        if self._n_segs and self._full():
+            self._pack(final=False)
+
+    # ---- packing ----------------------------------------------------------------------------
+
+    def _assign(self, lengths: NDArray[np.int64]) -> tuple[NDArray, NDArray, int]:
+        c = self.config
+        if c.strategy == "bucketed":
+            return bucketed_assign(lengths, c.max_len, c.bucket)
+        return kernels.ffd_assign(lengths, c.max_len)
+
+    def _pack(self, *, final: bool) -> None:
+        self._oldest = None
+        if not self._parts:
+            return
+        buf = _concat_parts(self._parts)
+        self._parts = []
+        self._n_segs = self._n_tokens = 0
+        c = self.config
+        row, offset, n_rows = self._assign(buf.length)
+        fill = np.bincount(row, weights=buf.length, minlength=n_rows).astype(np.int64)
+        keep = np.zeros(n_rows, bool)
+        if not final and n_rows:
+            under = fill < c.min_fill * c.max_len
+            oldest = np.zeros(n_rows, np.int32)
+            np.maximum.at(oldest, row, buf.holds)
+            forced = under & (oldest >= c.max_holds)
+            self._forced_rows += int(forced.sum())
+            cand = np.flatnonzero(under & ~forced)
+            if len(cand):
+                # least-filled first; the buffer keeps at most half its bounds held back
+                cand = cand[np.argsort(fill[cand], kind="stable")]
+                segs = np.bincount(row, minlength=n_rows)[cand]
+                ok = np.cumsum(segs) <= c.buffer_docs // 2
+                if c.buffer_tokens is not None:
+                    ok &= np.cumsum(fill[cand]) <= c.buffer_tokens // 2
+                keep[cand[: int(np.argmin(ok)) if not ok.all() else len(cand)]] = True
+        held = keep[row]
+        emit_rows = np.flatnonzero(~keep)
+        n_emit = len(emit_rows)
+        self._held_rows += n_rows - n_emit
+        self._packs += 1
+        if final:
+            self._flushes += 1
+        if n_emit:
+            rank = np.full(n_rows, -1, np.int64)
+            if c.shuffle_rows:
+                rng = np.random.default_rng([c.seed, *self.seed_key, self._packs])
+                rank[emit_rows] = rng.permutation(n_emit)
+            else:
+                rank[emit_rows] = np.arange(n_emit)
+            sel = np.flatnonzero(~held)
+            order = sel[np.lexsort((offset[sel], rank[row[sel]]))]
+            seg_len = buf.length[order]
+            per_row = np.bincount(rank[row[order]], minlength=n_emit)
+            row_docs = np.zeros(n_emit + 1, np.int64)
+            np.cumsum(per_row, out=row_docs[1:])
+            toks = None if buf.tokens is None else _gather(buf.tokens, buf.start[order], seg_len)
+            if toks is not None and self._dtype is not None:
+                toks = toks.astype(self._dtype, copy=False)
+            self._out.append(
+                PackedRows(row_docs, seg_len, buf.doc[order], buf.chunk[order], toks)
+            )
+            self._counts.rows += n_emit
+            self._counts.tokens_out += int(seg_len.sum())
+        if held.any():
+            hsel = np.flatnonzero(held)
+            hsel = hsel[np.lexsort((offset[hsel], row[hsel]))]
+            hlen = buf.length[hsel]
+            if buf.tokens is None:
+                toks, start = None, np.zeros(len(hsel), np.int64)
+            else:
+                toks = _gather(buf.tokens, buf.start[hsel], hlen)
+                start = np.cumsum(hlen) - hlen
+            kept = _Part(toks, start, hlen, buf.doc[hsel], buf.chunk[hsel], buf.holds[hsel] + 1)
+            self._parts = [kept]
+            self._n_segs = len(hsel)
+            self._n_tokens = int(hlen.sum())
+
+    def flush(self, *, final: bool = True) -> None:
+        """Pack what is buffered now. `final=True` emits every row and closes the packer."""
+        if self._n_segs:
+            self._pack(final=final)
+        elif final and not self._closed:
+            self._flushes += 1
+        if final:
+            self._closed = True
+
+    def pop(self) -> PackedRows:
+        """The rows packed since the last `pop()` (possibly none)."""
+        out = PackedRows.concat(self._out)
+        self._out = []
+        return out
+
+    @property
+    def buffered(self) -> tuple[int, int]:
+        """`(segments, tokens)` waiting in the buffer."""
+        return self._n_segs, self._n_tokens
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        s: dict[str, Any] = self._counts.to_dict()
+        s.update(
+            packs=self._packs,
+            flushes=self._flushes,
+            rows_held_back=self._held_rows,
+            rows_forced=self._forced_rows,
+            segments_buffered=self._n_segs,
+            tokens_buffered=self._n_tokens,
+            stream_closed=self._closed,
+        )
+        s["efficiency"] = s["tokens_out"] / (s["rows"] * self.config.max_len) if s["rows"] else 0.0
+        return s
+
+    # ---- iterators --------------------------------------------------------------------------
+
+    def pack_stream(self, source: Iterable[Any], *, docs_per_push: int = 4096) -> Iterator[PackedRows]:
+        """Pack a whole stream, yielding rows as packs complete and the rest at its end.
+
+        `source` yields `pyarrow` tables of the tokenized schema (`tokenized_batches`), or token
+        arrays / lists of ints, one per document (collected `docs_per_push` at a time).
+        """
+        pending: list[Any] = []
+        for item in source:
+            if isinstance(item, (pa.Table, pa.RecordBatch)):
+                if pending:
+                    self.push_docs(pending)
+                    pending = []
+                self.push_table(item)
+            else:
+                pending.append(item)
+                if len(pending) < docs_per_push:
+                    continue
+                self.push_docs(pending)
+                pending = []
+            out = self.pop()
+            if out.n_rows:
+                yield out
+        if pending:
+            self.push_docs(pending)
+        self.flush(final=True)
+        out = self.pop()
+        if out.n_rows:
+            yield out
+
+    def batches(
+        self,
+        source: Iterable[Any],
+        *,
+        rows_per_batch: int | None = None,
+        tokens_per_batch: int | None = None,
+        drop_last: bool = False,
+        **collate_kwargs: Any,
+    ) -> Iterator[dict]:
+        """Loader batches (`loader.collate` dicts) from a stream; see `RowBatcher`."""
+        batcher = RowBatcher(rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch)
+        for rows in self.pack_stream(source):
+            batcher.add(rows)
+            for b in batcher.ready():
+                yield b.collate(**collate_kwargs)
+        if not drop_last:
+            for b in batcher.ready(final=True):
+                yield b.collate(**collate_kwargs)
+
+
+class RowBatcher:
+    """Groups packed rows into batches: `rows_per_batch` rows, or rows while `tokens_per_batch`
+    holds (a row longer than the budget goes alone). Exactly one of the two."""
+
+    def __init__(self, *, rows_per_batch: int | None = None, tokens_per_batch: int | None = None):
+        if (rows_per_batch is None) == (tokens_per_batch is None):
+            raise ConfigError(
+                "give exactly one of rows_per_batch or tokens_per_batch, got "
+                f"rows_per_batch={rows_per_batch}, tokens_per_batch={tokens_per_batch}"
+            )
+        if rows_per_batch is not None:
+            _check_int("rows_per_batch", rows_per_batch, 1)
+        if tokens_per_batch is not None:
+            _check_int("tokens_per_batch", tokens_per_batch, 1)
+        self.rows_per_batch = rows_per_batch
+        self.tokens_per_batch = tokens_per_batch
+        self.pending: PackedRows = _EMPTY_ROWS
+
+    def add(self, rows: PackedRows) -> None:
+        if rows.n_rows:
+            self.pending = PackedRows.concat([self.pending, rows]) if self.pending.n_rows else rows
+
+    def ready(self, *, final: bool = False) -> Iterator[PackedRows]:
+        """Complete batches (and, with `final`, the incomplete last one)."""
+        rows = self.pending
+        a = 0
+        if self.rows_per_batch is not None:
+            k = self.rows_per_batch
+            while rows.n_rows - a >= k:
+                yield rows.slice(a, a + k)
+                a += k
+        else:
+            cum = np.cumsum(rows.row_lengths)
+            budget = self.tokens_per_batch
+            while a < rows.n_rows:
+                base = cum[a - 1] if a else 0
+                b = int(np.searchsorted(cum, base + budget, side="right"))
+                b = max(b, a + 1)
+                if b >= rows.n_rows and not final:
+                    break  # the batch might still take more rows
+                yield rows.slice(a, b)
+                a = b
+        if final and a < rows.n_rows:
+            yield rows.slice(a, rows.n_rows)
+            a = rows.n_rows
+        self.pending = rows.slice(a, rows.n_rows) if a else rows
