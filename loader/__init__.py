@@ -5,6 +5,7 @@ from loader.dataloader import PackedDataLoader, make_dataloader
 from loader.dataset import LoaderConfig, PackedDataset
 from loader.online import OnlineConfig, OnlinePacker, PackedRows, RowBatcher
 from loader.shards import ShardStore
+from loader.streaming import StreamingPackedDataset
 
 __all__ = [
     "IGNORE_INDEX",
@@ -16,6 +17,7 @@ __all__ = [
     "PackedRows",
     "RowBatcher",
     "ShardStore",
+    "StreamingPackedDataset",
     "collate",
     "make_dataloader",
 ]

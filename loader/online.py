@@ -606,6 +606,55 @@ class OnlinePacker:
         s["efficiency"] = s["tokens_out"] / (s["rows"] * self.config.max_len) if s["rows"] else 0.0
         return s
 
+    # ---- resume -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: buffered segments (tokens included), rows not
+        yet popped, counters. numpy arrays inside; `torch.save` / pickle store it as is."""
+        buf = _concat_parts(self._parts) if self._parts else None
+        return {
+            "config": {f.name: getattr(self.config, f.name) for f in fields(self.config)},
+            "seed_key": list(self.seed_key),
+            "buffer": None if buf is None else {f.name: getattr(buf, f.name) for f in fields(_Part)},
+            "out": PackedRows.concat(self._out).to_state() if self._out else None,
+            "has_tokens": self._has_tokens,
+            "dtype": None if self._dtype is None else self._dtype.str,
+            "counts": self._counts.to_dict(),
+            "packs": self._packs,
+            "held_rows": self._held_rows,
+            "forced_rows": self._forced_rows,
+            "flushes": self._flushes,
+            "next_doc_id": self._next_doc_id,
+            "closed": self._closed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()` (saved with the same settings).
+
+        Raises:
+            DataError: the state was saved with other settings.
+        """
+        mine = {f.name: getattr(self.config, f.name) for f in fields(self.config)}
+        if state.get("config") != mine:
+            diff = sorted(k for k in mine if state.get("config", {}).get(k) != mine[k])
+            raise DataError(f"the packer state was saved with other settings ({', '.join(diff)})")
+        self.seed_key = tuple(state["seed_key"])
+        buf = state["buffer"]
+        self._parts = [] if buf is None else [_Part(**buf)]
+        self._n_segs = 0 if buf is None else len(buf["length"])
+        self._n_tokens = 0 if buf is None else int(buf["length"].sum())
+        self._oldest = None
+        self._out = [] if state["out"] is None else [PackedRows.from_state(state["out"])]
+        self._has_tokens = state["has_tokens"]
+        self._dtype = None if state["dtype"] is None else np.dtype(state["dtype"])
+        self._counts = PackCounts(**state["counts"])
+        self._packs = state["packs"]
+        self._held_rows = state["held_rows"]
+        self._forced_rows = state["forced_rows"]
+        self._flushes = state["flushes"]
+        self._next_doc_id = state["next_doc_id"]
+        self._closed = state["closed"]
+
     # ---- iterators --------------------------------------------------------------------------
 
     def pack_stream(self, source: Iterable[Any], *, docs_per_push: int = 4096) -> Iterator[PackedRows]:

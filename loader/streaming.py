@@ -1,0 +1,269 @@
+"""`StreamingPackedDataset`: online-packed varlen batches from tokenized Parquet, exactly once.
+
+No offline packing step: documents are read from tokenized Parquet (`packtool tokenize`) and
+packed on the fly by `loader.online.OnlinePacker`, so a change of the data mixture needs no
+re-pack.
+
+Sharding: there are `world_size × num_workers` slots; slot `rank × num_workers + worker` takes
+the documents whose global index (position in the sorted inputs) is `slot` modulo the slot count
+(`shard_by="document"`), or the whole row groups whose global index is (`shard_by="row_group"`:
+reads only its own row groups; even only when there are many more row groups than slots). Every
+document goes to exactly one slot; each slot packs its own stream, so the rows depend on the
+number of slots (not on timing). With `drop_last=False` every token comes out exactly once (or is
+counted as truncated/dropped by the long-document policy).
+
+Resume: `state_dict()` holds the next row group, the packer's buffer (tokens included), packed rows
+not yet batched and the counters; `load_state_dict()` continues exactly, so the stream before and
+after a restart equals an uninterrupted run. It follows the torchdata `StatefulDataLoader`
+protocol (one state per worker, restored in the same worker); in the main process
+(`num_workers=0`) load the dataset's own state before iterating.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+from torch.utils.data import IterableDataset, get_worker_info
+
+from loader.online import OnlineConfig, OnlinePacker, PackedRows, RowBatcher
+from packtool.corpus import expand_inputs
+from packtool.errors import ConfigError, DataError
+from packtool.tokenize import input_identity, tokenized_meta
+
+STATE_VERSION = 1
+SHARD_BY = ("document", "row_group")
+
+
+def _dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return (
+            dist.get_rank() if rank is None else rank,
+            dist.get_world_size() if world_size is None else world_size,
+        )
+    return (0 if rank is None else rank), (1 if world_size is None else world_size)
+
+
+class StreamingPackedDataset(IterableDataset):
+    """Varlen batches (the loader batch dict) packed on the fly from tokenized Parquet.
+
+    Args:
+        inputs: Tokenized Parquet files, folders or globs (`packtool tokenize` output).
+        config: Packing settings (`OnlineConfig`); or give them as keyword arguments
+            (`max_len=4096`, `buffer_docs=10_000`, ...).
+        rows_per_batch: Packed rows per batch (exactly one of this and `tokens_per_batch`).
+        tokens_per_batch: Token budget per batch: rows are added while it holds.
+        drop_last: Drop each slot's incomplete last batch.
+        rank: This data-parallel rank (default: torch.distributed's, else 0).
+        world_size: Data-parallel ranks (default: torch.distributed's, else 1).
+        shard_by: `document` (index modulo slots) or `row_group`.
+        collate_kwargs: Passed to `loader.collate` (e.g. `layout="hf"`).
+
+    Call `set_epoch(e)` before each epoch; the epoch seeds the row order.
+
+    Raises:
+        DataError: an input is not tokenized Parquet, or the inputs used different tokenizers.
+        ConfigError: invalid settings.
+    """
+
+    def __init__(
+        self,
+        inputs: Iterable[str | os.PathLike],
+        config: OnlineConfig | None = None,
+        *,
+        rows_per_batch: int | None = None,
+        tokens_per_batch: int | None = None,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        shard_by: str = "document",
+        collate_kwargs: dict[str, Any] | None = None,
+        **settings: Any,
+    ) -> None:
+        super().__init__()
+        if config is None:
+            config = OnlineConfig(**settings)
+        elif settings:
+            raise ConfigError(f"give either a config or keyword settings, not both ({sorted(settings)})")
+        if config.buffer_seconds is not None:
+            raise ConfigError("a training stream must be reproducible: leave buffer_seconds unset")
+        if shard_by not in SHARD_BY:
+            raise ConfigError(f"shard_by {shard_by!r} is unknown; choose one of {list(SHARD_BY)}")
+        RowBatcher(rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch)  # validates
+        self.config = config
+        self.rows_per_batch = rows_per_batch
+        self.tokens_per_batch = tokens_per_batch
+        self.drop_last = drop_last
+        self.shard_by = shard_by
+        self.collate_kwargs = dict(collate_kwargs or {})
+        self.rank, self.world_size = _dist_rank_world(rank, world_size)
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ConfigError(
+                f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world_size}"
+            )
+        self.paths = expand_inputs(inputs)
+        for p in self.paths:
+            if tokenized_meta(p) is None:
+                raise DataError(f"{p}: not tokenized Parquet; run `packtool tokenize` first")
+        self.identity = input_identity(self.paths)
+        # the global row-group table: (file index, row group, first global document index)
+        groups: list[tuple[int, int, int, int]] = []
+        first = 0
+        for f, p in enumerate(self.paths):
+            meta = pq.ParquetFile(p).metadata
+            for g in range(meta.num_row_groups):
+                n = meta.row_group(g).num_rows
+                groups.append((f, g, first, n))
+                first += n
+        self.groups = groups
+        self.num_documents = first
+        self.epoch = 0
+        self._resume: dict[str, Any] | None = None
+        self._live: dict[str, Any] | None = None  # the running iterator's objects, for state_dict
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration delivers (the epoch seeds the row order)."""
+        self.epoch = int(epoch)
+
+    # ---- iteration --------------------------------------------------------------------------
+
+    def _slot(self) -> tuple[int, int]:
+        info = get_worker_info()
+        worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        return self.rank * n_workers + worker, self.world_size * n_workers
+
+    def __iter__(self) -> Iterator[dict]:
+        slot, n_slots = self._slot()
+        packer = OnlinePacker(self.config, seed_key=(self.epoch, slot, n_slots))
+        batcher = RowBatcher(rows_per_batch=self.rows_per_batch, tokens_per_batch=self.tokens_per_batch)
+        live = {"slot": slot, "n_slots": n_slots, "epoch": self.epoch, "next_group": 0,
+                "packer": packer, "batcher": batcher, "ready": [], "done": False}
+        if self._resume is not None:
+            state, self._resume = self._resume, None
+            self._restore(live, state)
+        self._live = live
+        return self._generate(live)
+
+    def _generate(self, live: dict[str, Any]) -> Iterator[dict]:
+        packer: OnlinePacker = live["packer"]
+        batcher: RowBatcher = live["batcher"]
+        files: dict[int, pq.ParquetFile] = {}
+        slot, n_slots = live["slot"], live["n_slots"]
+        while True:
+            while live["ready"]:
+                rows: PackedRows = live["ready"].pop(0)
+                yield rows.collate(**self.collate_kwargs)
+            if live["done"]:
+                return
+            g = live["next_group"]
+            if g >= len(self.groups):
+                packer.flush(final=True)
+                batcher.add(packer.pop())
+                live["ready"] = list(batcher.ready(final=not self.drop_last))
+                batcher.pending = PackedRows.concat([])
+                live["done"] = True
+                continue
+            live["next_group"] = g + 1
+            f, rg, first, n = self.groups[g]
+            if self.shard_by == "row_group":
+                if g % n_slots != slot:
+                    continue
+                take = None
+            else:
+                # documents first..first+n-1; ours: index ≡ slot (mod n_slots)
+                start = (slot - first) % n_slots
+                if start >= n:
+                    continue
+                take = np.arange(start, n, n_slots)
+            if f not in files:
+                files[f] = pq.ParquetFile(self.paths[f])
+            table = files[f].read_row_group(rg, columns=["doc_id", "input_ids"])
+            if take is not None:
+                table = table.take(take)
+            packer.push_table(table)
+            batcher.add(packer.pop())
+            live["ready"] = list(batcher.ready())
+
+    # ---- resume -----------------------------------------------------------------------------
+
+    def _key(self) -> dict[str, Any]:
+        return {
+            "files": [Path(p).name for p in self.paths],
+            "documents": self.num_documents,
+            "config": {f.name: getattr(self.config, f.name) for f in fields(self.config)},
+            "rows_per_batch": self.rows_per_batch,
+            "tokens_per_batch": self.tokens_per_batch,
+            "drop_last": self.drop_last,
+            "shard_by": self.shard_by,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this copy of the dataset stands, buffer contents included (after the last batch
+        it yielded). Before any iteration: the start of the current epoch."""
+        live = self._live
+        if live is None:
+            return {"version": STATE_VERSION, "key": self._key(), "epoch": self.epoch, "start": True}
+        return {
+            "version": STATE_VERSION,
+            "key": self._key(),
+            "start": False,
+            "epoch": live["epoch"],
+            "slot": live["slot"],
+            "n_slots": live["n_slots"],
+            "next_group": live["next_group"],
+            "done": live["done"],
+            "packer": live["packer"].state_dict(),
+            "pending": live["batcher"].pending.to_state(),
+            "ready": [r.to_state() for r in live["ready"]],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()` at the next iteration (same inputs and settings).
+
+        Raises:
+            DataError: the state belongs to other inputs or settings, or is not a state of this
+                class.
+        """
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION or "key" not in state:
+            raise DataError("not a StreamingPackedDataset state")
+        mine = self._key()
+        if state["key"] != mine:
+            diff = sorted(k for k in mine if state["key"].get(k) != mine[k])
+            raise DataError(
+                f"the state was saved with other inputs or settings ({', '.join(diff)}); resume "
+                "with the same files, packing and batch settings, rank and world size"
+            )
+        self.epoch = int(state["epoch"])
+        self._resume = None if state["start"] else state
+        self._live = None
+
+    def _restore(self, live: dict[str, Any], state: dict[str, Any]) -> None:
+        if (state["slot"], state["n_slots"]) != (live["slot"], live["n_slots"]):
+            raise DataError(
+                f"the state belongs to slot {state['slot']} of {state['n_slots']} (rank × worker) "
+                f"but this is slot {live['slot']} of {live['n_slots']}; resume with the same "
+                "number of workers"
+            )
+        live["epoch"] = state["epoch"]
+        live["next_group"] = state["next_group"]
+        live["done"] = state["done"]
+        live["packer"].load_state_dict(state["packer"])
+        live["batcher"].pending = PackedRows.from_state(state["pending"])
+        live["ready"] = [PackedRows.from_state(r) for r in state["ready"]]
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The running packer's counters (this process / worker)."""
+        live = self._live
+        return {} if live is None else live["packer"].stats

@@ -1,0 +1,166 @@
+"""StreamingPackedDataset: exactly once over ranks × workers, exact resume, bad input."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from loader.streaming import StreamingPackedDataset
+from packtool.errors import ConfigError, DataError
+from packtool.tokenize import tokenized_schema
+from packtool.tokenizers import load_tokenizer
+
+MAX_LEN = 32
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory):
+    """Two tokenized Parquet files, row groups of 25 documents; token id = global position.
+
+    Lengths 0..80: empty documents and documents longer than MAX_LEN included.
+    """
+    root = tmp_path_factory.mktemp("stream")
+    rng = np.random.default_rng(5)
+    schema = tokenized_schema(load_tokenizer("byte").identity)
+    pos = 0
+    doc = 0
+    lengths_all = []
+    for f in range(2):
+        with pq.ParquetWriter(root / f"part-{f:05d}.parquet", schema) as w:
+            for _ in range(4):
+                lengths = rng.integers(0, 30, 25)
+                lengths[rng.integers(0, 25, 2)] = rng.integers(33, 80, 2)
+                lengths[rng.integers(0, 25)] = 0
+                offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+                ids = np.arange(pos, pos + offsets[-1]) % 65536
+                pos += int(offsets[-1])
+                table = pa.Table.from_arrays(
+                    [
+                        pa.array(np.arange(doc, doc + 25), pa.int64()),
+                        pa.array(["t"] * 25),
+                        pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids, pa.uint16())),
+                        pa.array(lengths.astype(np.int32)),
+                    ],
+                    schema=schema,
+                )
+                w.write_table(table)
+                doc += 25
+                lengths_all.append(lengths)
+    assert pos < 65536
+    return root, np.concatenate(lengths_all)
+
+
+def make(path, **kw):
+    settings = dict(max_len=MAX_LEN, buffer_docs=16, rows_per_batch=3)
+    settings.update(kw)
+    return StreamingPackedDataset(path, **settings)
+
+
+def collect(batches) -> tuple[np.ndarray, dict[int, int]]:
+    toks, per_doc = [], {}
+    for b in batches:
+        assert b["cu_seqlens"].dtype == torch.int32
+        toks.append(b["input_ids"].numpy())
+        lens = np.diff(b["cu_seqlens"].numpy())
+        for d, n in zip(b["doc_ids"].tolist(), lens.tolist(), strict=True):
+            per_doc[d] = per_doc.get(d, 0) + n
+    return (np.concatenate(toks) if toks else np.zeros(0, np.int64)), per_doc
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("shard_by", ["document", "row_group"])
+def test_exactly_once_over_ranks_and_workers(tokenized, world, workers, shard_by) -> None:
+    path, lengths = tokenized
+    if shard_by == "row_group" and (world, workers) != (2, 2):
+        pytest.skip("row-group sharding: one combination is enough")
+    batches = []
+    for rank in range(world):
+        ds = make(path, rank=rank, world_size=world, shard_by=shard_by)
+        batches += list(DataLoader(ds, batch_size=None, num_workers=workers))
+    toks, per_doc = collect(batches)
+    assert sorted(toks.tolist()) == list(range(int(lengths.sum())))  # every token exactly once
+    assert per_doc == {d: int(n) for d, n in enumerate(lengths) if n}
+    for b in batches:  # rows never over max_len: each row's documents fit in MAX_LEN
+        assert int(b["max_seqlen"]) <= MAX_LEN
+
+
+def _roundtrip(state):
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+def test_resume_equals_uninterrupted_run(tokenized) -> None:
+    path, _ = tokenized
+    full = list(make(path, world_size=2, rank=1))
+    assert len(full) > 6
+    for cut in (0, 1, 4, len(full) - 1, len(full)):
+        ds = make(path, world_size=2, rank=1)
+        it = iter(ds)
+        head = [next(it) for _ in range(cut)]
+        state = _roundtrip(ds.state_dict())
+        ds2 = make(path, world_size=2, rank=1)
+        ds2.load_state_dict(state)
+        tail = list(ds2)
+        both = head + tail
+        assert len(both) == len(full)
+        for a, b in zip(both, full, strict=True):
+            assert torch.equal(a["input_ids"], b["input_ids"])
+            assert torch.equal(a["cu_seqlens"], b["cu_seqlens"])
+            assert torch.equal(a["doc_ids"], b["doc_ids"])
+
+
+def test_resume_with_stateful_dataloader_workers(tokenized) -> None:
+    tdn = pytest.importorskip("torchdata.stateful_dataloader")
+    path, _ = tokenized
+    full = [b["input_ids"] for b in tdn.StatefulDataLoader(make(path), batch_size=None, num_workers=2)]
+    loader = tdn.StatefulDataLoader(make(path), batch_size=None, num_workers=2)
+    it = iter(loader)
+    head = [next(it)["input_ids"] for _ in range(5)]
+    state = loader.state_dict()
+    del it, loader
+    loader2 = tdn.StatefulDataLoader(make(path), batch_size=None, num_workers=2)
+    loader2.load_state_dict(state)
+    tail = [b["input_ids"] for b in loader2]
+    assert len(head) + len(tail) == len(full)
+    for a, b in zip(head + tail, full, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_bad_input_and_states(tokenized, tmp_path) -> None:
+    path, _ = tokenized
+    raw = tmp_path / "c.jsonl"
+    raw.write_text('{"text": "hi"}\n')
+    with pytest.raises(DataError, match="packtool tokenize"):
+        make(raw)
+    with pytest.raises(ConfigError, match="buffer_seconds"):
+        make(path, buffer_seconds=1.0)
+    with pytest.raises(ConfigError, match="shard_by"):
+        make(path, shard_by="file")
+    with pytest.raises(ConfigError, match="exactly one"):
+        make(path, tokens_per_batch=64)
+    ds = make(path)
+    next(iter(ds))
+    state = ds.state_dict()
+    with pytest.raises(DataError, match="rows_per_batch"):
+        make(path, rows_per_batch=4).load_state_dict(state)
+    with pytest.raises(DataError, match="not a StreamingPackedDataset state"):
+        make(path).load_state_dict({"version": 99})
+
+
+def test_stats_count_skips(tokenized) -> None:
+    path, lengths = tokenized
+    ds = make(path, long_docs="truncate", tokens_per_batch=64, rows_per_batch=None)
+    toks, _ = collect(ds)
+    s = ds.stats
+    assert s["documents_empty"] == int((lengths == 0).sum())
+    assert s["tokens_truncated"] == int(np.maximum(lengths - MAX_LEN, 0).sum())
+    assert s["tokens_out"] == len(toks) == s["tokens_in"] - s["tokens_truncated"]
