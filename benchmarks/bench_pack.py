@@ -5,6 +5,10 @@ Parts (each a function returning its markdown; `main` runs them and writes READM
   N = 1e5, 1e6, 1e7 skewed lengths at max_len 4096, sort included, I/O excluded, numba compile
   time excluded (a warm-up call compiles first). Baseline measured in the same run: the
   plain-Python references (`packtool._reference`) at N = 1e5. README block `pack-assign`.
+- `pack_efficiency.bench_efficiency`: rows against the lower bound at max_len 2048/4096/8192,
+  gains per extra round, whole-corpus BFD, and the cost of chunking. README `pack-efficiency`.
+- `pack_efficiency.bench_end_to_end`: `packtool pack` from raw JSONL with GPT-2 BPE against the
+  tokenizer library alone on the same texts: time beyond tokenization, peak RSS. README `pack-e2e`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 import numba
 import numpy as np
 
+from benchmarks import pack_efficiency
 from benchmarks._common import best_of, markdown_table, peak_rss_mib, update_readme
 from packtool._reference import bfd_reference, ffd_reference
 from packtool.kernels import bfd_assign, ffd_assign
@@ -128,15 +133,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="small sizes, no README update (for development)"
     )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=["pack-assign", "pack-efficiency", "pack-e2e"],
+        help="run only these parts",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         body = bench_assign(sizes=(10_000, 100_000), reference_n=10_000, repeat=1)
         print(body)
         return
-    body = bench_assign()
-    print(body)
-    update_readme("pack-assign", body)
-    print("README.md block pack-assign updated")
+    parts = {
+        "pack-assign": bench_assign,
+        "pack-efficiency": pack_efficiency.bench_efficiency,
+        "pack-e2e": pack_efficiency.bench_end_to_end,
+    }
+    for name, bench in parts.items():
+        if args.only and name not in args.only:
+            continue
+        body = bench()
+        print(body)
+        update_readme(name, body)
+        print(f"README.md block {name} updated", flush=True)
 
 
 if __name__ == "__main__":

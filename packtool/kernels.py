@@ -37,6 +37,7 @@ __all__ = [
     "bfd_assign",
     "ff_assign",
     "ffd_assign",
+    "gather_segments",
     "row_fill",
     "sort_decreasing",
     "split_lengths",
@@ -349,6 +350,21 @@ def _split(lengths, max_len):  # pragma: no cover - compiled
     return out
 
 
+@numba.njit(cache=True, nogil=True)
+def _gather_segments(values, src, lengths):  # pragma: no cover - compiled
+    total = 0
+    for i in range(lengths.size):
+        total += lengths[i]
+    out = np.empty(total, values.dtype)
+    pos = 0
+    for i in range(lengths.size):
+        s = src[i]
+        for t in range(lengths[i]):
+            out[pos + t] = values[s + t]
+        pos += lengths[i]
+    return out
+
+
 # --- typed wrappers: validate once, then call the kernel ---
 
 
@@ -432,6 +448,25 @@ def ff_assign(lengths: ArrayLike, max_len: int) -> tuple[NDArray[np.int64], NDAr
         return _empty()
     row, offset, n_rows = _ff(arr, max_len)
     return row, offset, int(n_rows)
+
+
+def gather_segments(values: NDArray, src: ArrayLike, lengths: ArrayLike) -> NDArray:
+    """Concatenate `values[src[i] : src[i] + lengths[i]]` for every i, in one pass.
+
+    The packed rows' tokens: one output allocation, no index array as long as the output.
+
+    Raises:
+        ValueError: `src` and `lengths` differ in shape, or a segment falls outside `values`.
+    """
+    src = np.ascontiguousarray(src, dtype=np.int64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    if src.shape != lengths.shape or src.ndim != 1:
+        raise ValueError(
+            f"src and lengths must be 1-D of one shape, got {src.shape}, {lengths.shape}"
+        )
+    if src.size and (src.min() < 0 or lengths.min() < 0 or (src + lengths).max() > len(values)):
+        raise ValueError(f"a segment falls outside the {len(values)} values")
+    return _gather_segments(np.ascontiguousarray(values), src, lengths)
 
 
 def assign(

@@ -221,6 +221,12 @@ def _group_codes(table: pa.Table, column: str) -> tuple[NDArray[np.int64], list[
     return rank[encoded.indices.to_numpy(zero_copy_only=False)], [names[i] for i in order]
 
 
+def _numpy_values(values: pa.Array) -> NDArray:
+    if values.null_count:
+        raise DataError("input_ids holds null token ids")
+    return values.to_numpy(zero_copy_only=False)
+
+
 def _token_arrays(table: pa.Table) -> tuple[pa.Array, NDArray[np.int64]]:
     ids = table.column("input_ids").combine_chunks()
     if not pa.types.is_list(ids.type) and not pa.types.is_large_list(ids.type):
@@ -281,11 +287,10 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
             f"a chunk of {total} tokens is too large for one Arrow table; lower --chunk-docs"
         )
 
-    # Gather tokens: segment i copies values[src_i : src_i + len_i] to out[dst_i : dst_i + len_i].
+    # Segment i's tokens are values[src_i : src_i + len_i], laid out one after another.
     src = doc_start[segs.doc[order]] + segs.start[order]
     dst = np.cumsum(seg_len) - seg_len
-    gather = np.repeat(src - dst, seg_len) + np.arange(total, dtype=np.int64)
-    tokens = values.take(pa.array(gather))
+    tokens = pa.array(kernels.gather_segments(_numpy_values(values), src, seg_len))
 
     row_offsets = np.concatenate([[0], np.cumsum(row_len)]).astype(np.int32)
     seg_offsets = np.concatenate([[0], np.cumsum(segs_per_row)]).astype(np.int32)

@@ -1,4 +1,4 @@
-"""First fit in input order (the multi-round repack's kernel) against its plain reference."""
+"""First fit in input order (the repack kernel) and the segment gather, against plain references."""
 
 import numpy as np
 from hypothesis import given, settings
@@ -15,11 +15,36 @@ def test_ff_keeps_input_order_hand_checked():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(1, 64).flatmap(
-    lambda m: st.tuples(st.just(m), st.lists(st.integers(1, m), max_size=200))
-))
+@given(
+    st.integers(1, 64).flatmap(
+        lambda m: st.tuples(st.just(m), st.lists(st.integers(1, m), max_size=200))
+    )
+)
 def test_ff_matches_reference(case):
     max_len, lengths = case
     row, offset, n = ff_assign(np.array(lengths, dtype=np.int64), max_len)
     ref_row, ref_offset, ref_n = ff_reference(lengths, max_len)
     assert (row.tolist(), offset.tolist(), n) == (ref_row, ref_offset, ref_n)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 10)), max_size=30))
+def test_gather_segments_matches_slicing(segments):
+    from packtool.kernels import gather_segments
+
+    values = np.arange(40, dtype=np.uint16) * 3
+    segments = [(s, min(n, 40 - s)) for s, n in segments]
+    src = np.array([s for s, _ in segments], dtype=np.int64)
+    lengths = np.array([n for _, n in segments], dtype=np.int64)
+    got = gather_segments(values, src, lengths)
+    expected = [int(v) for s, n in segments for v in values[s : s + n]]
+    assert got.dtype == values.dtype and got.tolist() == expected
+
+
+def test_gather_segments_rejects_out_of_range():
+    import pytest
+
+    from packtool.kernels import gather_segments
+
+    with pytest.raises(ValueError, match="outside"):
+        gather_segments(np.arange(5), [3], [4])
