@@ -4,10 +4,12 @@ from loader.collate import IGNORE_INDEX, collate
 from loader.dataloader import PackedDataLoader, make_dataloader
 from loader.dataset import LoaderConfig, PackedDataset
 from loader.online import OnlineConfig, OnlinePacker, PackedRows, RowBatcher
+from loader.serving import BatcherClosedError, RequestBatcher
 from loader.shards import ShardStore
 from loader.streaming import StreamingPackedDataset
 
 __all__ = [
+    "BatcherClosedError",
     "IGNORE_INDEX",
     "LoaderConfig",
     "OnlineConfig",
@@ -16,6 +18,7 @@ __all__ = [
     "PackedDataset",
     "PackedRows",
     "RowBatcher",
+    "RequestBatcher",
     "ShardStore",
     "StreamingPackedDataset",
     "collate",
