@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loader.balance import imbalance, row_cost, step_loads
+from loader.balance import imbalance, row_cost
 from loader.collate import collate
 from loader.order import EpochPlan, plan_epoch, rank_rows
 from loader.shards import ShardStore
@@ -44,6 +44,10 @@ class LoaderConfig:
     """Seed of the per-epoch permutation (with the dataset fingerprint and epoch)."""
     shuffle: bool = True
     """False: rows in stored order (still split over ranks and workers the same way)."""
+    shuffle_window: int = 16
+    """Row groups whose rows are shuffled together (row groups themselves are shuffled too); 0
+    shuffles all rows freely, which decodes a whole row group per row unless the cache holds the
+    dataset. Keep `cache_bytes` above this many decoded row groups."""
     drop_last: bool = False
     """Drop an incomplete last global step; otherwise ranks short of rows get a filler batch."""
     static_shape: bool = False
@@ -80,6 +84,8 @@ class LoaderConfig:
             raise ConfigError("static_shape with tokens_per_batch needs max_docs_per_batch")
         if self.layout not in ("packtool", "hf"):
             raise ConfigError(f"layout {self.layout!r} is unknown; choose 'packtool' or 'hf'")
+        if self.shuffle_window < 0:
+            raise ConfigError(f"shuffle_window must be >= 0, got {self.shuffle_window}")
         if self.cache_bytes < 0:
             raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
 
@@ -92,6 +98,7 @@ class LoaderConfig:
             "max_docs_per_batch": self.max_docs_per_batch if self.static_shape else None,
             "drop_last": self.drop_last,
             "shuffle": self.shuffle,
+            "shuffle_window": self.shuffle_window,
         }
 
 
@@ -205,6 +212,8 @@ class PackedDataset(IterableDataset):
                 max_docs=(self.max_docs - 1) if c.static_shape else None,
                 lengths=self.lengths,
                 n_docs=self.n_docs,
+                group_starts=self.store._rg_start,
+                window=c.shuffle_window,
             )
             self._plan_cache = (key, plan)
         return self._plan_cache[1]
@@ -358,7 +367,6 @@ class PackedDataset(IterableDataset):
             for step in range(plan.num_steps):
                 plain = plan.step_rows(step)
                 before.append(imbalance([cost[r].sum() for r in plain]))
-                rows = np.concatenate(plain)
                 loads = np.zeros(self.world_size)
                 for r in range(self.world_size):
                     mine = rank_rows(
@@ -368,7 +376,6 @@ class PackedDataset(IterableDataset):
                     )
                     loads[r] = cost[mine].sum()
                 after.append(imbalance(loads))
-                del rows
         finally:
             self.cost = saved
         return {
@@ -414,12 +421,3 @@ def _merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:
     # Each worker's next step; the first unconsumed global step is the smallest of them.
     return min(states, key=lambda s: (s["epoch"], s["next_step"]))
 
-
-def step_loads_for(ds: PackedDataset, epoch: int, step: int) -> np.ndarray:
-    """Per-rank cost of one global step under the dataset's current settings (for reports)."""
-    plan = ds.plan(epoch)
-    cost = ds.cost
-    assert cost is not None
-    rows = [ds.rows_for(plan, step, r) for r in range(ds.world_size)]
-    assignment = np.concatenate([np.full(len(r), i) for i, r in enumerate(rows)])
-    return step_loads(cost[np.concatenate(rows)], assignment, ds.world_size)

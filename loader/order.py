@@ -23,13 +23,47 @@ import numpy as np
 from loader.balance import balance_step
 
 
-def epoch_permutation(n_rows: int, *, fingerprint: str, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """The epoch's row order, int64 `(n_rows,)`; depends only on its arguments."""
+def epoch_permutation(
+    n_rows: int,
+    *,
+    fingerprint: str,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    group_starts: np.ndarray | None = None,
+    window: int = 0,
+) -> np.ndarray:
+    """The epoch's row order, int64 `(n_rows,)`; depends only on its arguments.
+
+    Args:
+        n_rows: Rows in the dataset.
+        fingerprint: The dataset fingerprint (a different dataset gets a different order).
+        seed: The run's seed.
+        epoch: The epoch.
+        shuffle: False gives the stored order.
+        group_starts: First row of every row group plus the row count, `(n_groups + 1,)`;
+            needed with `window`.
+        window: 0 shuffles all rows freely. Otherwise row groups are shuffled, taken `window` at a
+            time, and the rows of each window shuffled together: every row group is then decoded
+            once per epoch (per worker) instead of once per row, when the cache holds a window.
+    """
     if not shuffle:
         return np.arange(n_rows, dtype=np.int64)
     digest = hashlib.sha256(f"{fingerprint}:{seed}:{epoch}".encode()).digest()
     rng = np.random.default_rng(np.frombuffer(digest[:16], dtype=np.uint32).tolist())
-    return rng.permutation(n_rows).astype(np.int64, copy=False)
+    if not window or group_starts is None:
+        return rng.permutation(n_rows).astype(np.int64, copy=False)
+    n_groups = len(group_starts) - 1
+    groups = rng.permutation(n_groups)
+    sizes = np.diff(group_starts)[groups]
+    # Rows of the shuffled row groups, in the new group order.
+    rows = np.repeat(group_starts[groups] - np.cumsum(np.concatenate([[0], sizes[:-1]])), sizes)
+    rows += np.arange(int(sizes.sum()), dtype=np.int64)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])[::window]
+    bounds = np.append(bounds, len(rows)) if bounds[-1] != len(rows) else bounds
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        rows[a:b] = rows[a:b][rng.permutation(b - a)]
+    return rows.astype(np.int64, copy=False)
 
 
 def cut_batches(
@@ -123,9 +157,19 @@ def plan_epoch(
     max_docs: int | None = None,
     lengths: np.ndarray | None = None,
     n_docs: np.ndarray | None = None,
+    group_starts: np.ndarray | None = None,
+    window: int = 0,
 ) -> EpochPlan:
     """Cut an epoch into global steps (see the module docstring)."""
-    order = epoch_permutation(num_rows, fingerprint=fingerprint, seed=seed, epoch=epoch, shuffle=shuffle)
+    order = epoch_permutation(
+        num_rows,
+        fingerprint=fingerprint,
+        seed=seed,
+        epoch=epoch,
+        shuffle=shuffle,
+        group_starts=group_starts,
+        window=window,
+    )
     origin = min(max(int(origin), 0), num_rows)
     bounds = origin + cut_batches(
         order[origin:],

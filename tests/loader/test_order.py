@@ -146,3 +146,18 @@ def test_epochs_differ_and_drop_last_drops_only_the_tail(random_dataset):
     e1 = [_docs(b) for b in ds]
     assert e0 != e1
     assert all(b["labels"].ne(-100).any() for b in ds)
+
+
+def test_windowed_shuffle_keeps_windows_of_row_groups_together():
+    starts = np.array([0, 4, 8, 10, 14, 20])
+    p = epoch_permutation(20, fingerprint="f", seed=0, epoch=0, group_starts=starts, window=2)
+    assert sorted(p.tolist()) == list(range(20))
+    group = np.searchsorted(starts, p, side="right") - 1
+    order = list(dict.fromkeys(group.tolist()))  # groups by first appearance
+    windows = [order[i : i + 2] for i in range(0, len(order), 2)]
+    last = -1
+    for w in windows:  # a window's rows all come after the previous window's rows
+        pos = np.flatnonzero(np.isin(group, w))
+        assert pos.min() == last + 1 and len(pos) == sum(np.diff(starts)[g] for g in w)
+        last = pos.max()
+    assert not np.array_equal(p, epoch_permutation(20, fingerprint="f", seed=0, epoch=1, group_starts=starts, window=2))
