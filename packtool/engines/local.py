@@ -10,9 +10,11 @@ run. The manifest is written last.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,13 +82,25 @@ class PackSummary:
     skips: dict[str, int] = field(default_factory=dict)
     resumed_chunks: int = 0
     out_dir: str = ""
+    tokenizer_threads: int = 0
+    """Threads the tokenizer encoded with (0: the inputs were already tokenized)."""
 
     @property
     def lower_bound(self) -> int:
         return max(self.lower_bound_l1, self.lower_bound_l2)
 
+    def _cores(self) -> str:
+        cpus = os.cpu_count() or 1
+        if self.tokenizer_threads:
+            return (
+                f"{self.tokenizer_threads} tokenizer thread(s) + 1 reader + 1 packer "
+                f"(of {cpus} cores)"
+            )
+        return f"1 reader + 1 packer (inputs already tokenized; {cpus} cores)"
+
     def to_dict(self) -> dict[str, Any]:
         return {
+            "tokenizer_threads": self.tokenizer_threads,
             "out_dir": self.out_dir,
             "counts": self.counts.to_dict(),
             "efficiency": self.efficiency,
@@ -120,7 +134,8 @@ class PackSummary:
             f"skipped while reading {sum(self.skips.values()):,}",
             f"tokens: in {c.tokens_in:,} = out {c.tokens_out:,} + truncated "
             f"{c.tokens_truncated:,} + dropped {c.tokens_dropped:,}",
-            f"time {total:.2f}s ({stages}); {c.tokens_in / max(total, 1e-9):,.0f} tokens/s",
+            f"time {total:.2f}s ({stages}); {c.tokens_in / max(total, 1e-9):,.0f} tokens/s; "
+            f"cores used: {self._cores()}",
         ]
         if self.skips:
             lines.append("skips: " + ", ".join(f"{k} {v:,}" for k, v in self.skips.items()))
@@ -258,37 +273,29 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
 
     bar = Progress("pack", enabled=config.progress)
     chunks = rechunk(stream, config.chunk_docs)
-    index = 0
     t_start = time.perf_counter()
-    while True:
+
+    def pack_and_write(table: pa.Table, index: int, first_shard: int) -> dict[str, Any]:
         t0 = time.perf_counter()
-        table = next(chunks, None)
-        seconds["read+tokenize"] += time.perf_counter() - t0
-        if table is None:
-            break
-        if index < len(done):
-            record = done[index]
-        else:
-            t0 = time.perf_counter()
-            packed = pack_table(table, config.pack, chunk_index=index)
-            t1 = time.perf_counter()
-            infos = write_shards(out, packed.table, len(shards), config.shards)
-            seconds["pack"] += t1 - t0
-            seconds["write"] += time.perf_counter() - t1
-            seg_hist = np.bincount(packed.segment_lengths, minlength=config.pack.max_len + 1)
-            record = {
-                "index": index,
-                "shards": [asdict(s) for s in infos],
-                "counts": packed.counts.to_dict(),
-                "rows_per_round": packed.rows_per_round,
-                "groups": packed.groups,
-                "segment_histogram": {int(k): int(seg_hist[k]) for k in np.flatnonzero(seg_hist)},
-            }
-            done.append(record)
-            state_bytes = json.dumps({"fingerprint": fingerprint, "chunks": done}).encode()
-            atomic_write_bytes(out / STATE_FILE, state_bytes)
+        packed = pack_table(table, config.pack, chunk_index=index)
+        t1 = time.perf_counter()
+        infos = write_shards(out, packed.table, first_shard, config.shards)
+        seconds["pack"] += t1 - t0
+        seconds["write"] += time.perf_counter() - t1
+        seg_hist = np.bincount(packed.segment_lengths, minlength=config.pack.max_len + 1)
+        return {
+            "index": index,
+            "shards": [asdict(s) for s in infos],
+            "counts": packed.counts.to_dict(),
+            "rows_per_round": packed.rows_per_round,
+            "groups": packed.groups,
+            "segment_histogram": {int(k): int(seg_hist[k]) for k in np.flatnonzero(seg_hist)},
+        }
+
+    def account(record: dict[str, Any], docs: int) -> None:
+        nonlocal counts
         counts += PackCounts(**record["counts"])
-        rounds += np.asarray(record["rows_per_round"], dtype=np.int64)
+        rounds[:] += np.asarray(record["rows_per_round"], dtype=np.int64)
         for k, v in record["segment_histogram"].items():
             hist[int(k)] += v
         for name, (r, t) in record["groups"].items():
@@ -296,8 +303,36 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
             acc[0] += r
             acc[1] += t
         shards.extend(ShardInfo(**s) for s in record["shards"])
-        bar.update(docs=table.num_rows, tokens=record["counts"]["tokens_in"])
-        index += 1
+        bar.update(docs=docs, tokens=record["counts"]["tokens_in"])
+
+    def finish(job: tuple[Future[dict[str, Any]], int]) -> None:
+        record = job[0].result()
+        done.append(record)
+        state_bytes = json.dumps({"fingerprint": fingerprint, "chunks": done}).encode()
+        atomic_write_bytes(out / STATE_FILE, state_bytes)
+        account(record, job[1])
+
+    # Chunk i is packed and written in a second thread while the reader and the tokenizer's
+    # threads produce chunk i + 1 (the kernels and Parquet writer release the GIL). Chunks are
+    # finished in order, so shard numbers and the state file do not depend on timing.
+    n_resumed = len(done)
+    pending: tuple[Future[dict[str, Any]], int] | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packtool-pack") as pool:
+        index = 0
+        while True:
+            t0 = time.perf_counter()
+            table = next(chunks, None)
+            seconds["read+tokenize"] += time.perf_counter() - t0
+            if pending is not None:
+                finish(pending)
+                pending = None
+            if table is None:
+                break
+            if index < n_resumed:
+                account(done[index], table.num_rows)
+            else:
+                pending = (pool.submit(pack_and_write, table, index, len(shards)), table.num_rows)
+            index += 1
     bar.close()
     seconds["total"] = time.perf_counter() - t_start
 
@@ -322,6 +357,7 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
         skips=skips.to_dict(),
         resumed_chunks=len(state["chunks"]) if state is not None else 0,
         out_dir=str(out),
+        tokenizer_threads=tokenizer.workers if tokenizer is not None and recorded is None else 0,
     )
     manifest = Manifest(
         tokenizer=identity,
