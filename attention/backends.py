@@ -159,6 +159,49 @@ def _flex_available() -> str | None:
     return None
 
 
+# One entry: every layer of a forward passes the same cu_seqlens tensor, so the BlockMask is
+# built once per batch, not once per layer. The entry holds the tensor itself (not its id, which
+# could be reused after it is freed) and its in-place version counter.
+_BLOCK_MASK_CACHE: list[tuple] = []
+
+
+def _document_block_mask(
+    cu_seqlens: torch.Tensor, total: int, causal: bool, window: Window, compile: bool
+):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key = (cu_seqlens._version, total, causal, window, compile)
+    if (
+        _BLOCK_MASK_CACHE
+        and _BLOCK_MASK_CACHE[0][0] is cu_seqlens
+        and _BLOCK_MASK_CACHE[0][1] == key
+    ):
+        return _BLOCK_MASK_CACHE[0][2]
+    device = cu_seqlens.device
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    # output_size avoids a device sync to size the result.
+    doc = torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=device), lengths, output_size=total
+    )
+    left, right = window
+    if causal:
+        right = 0
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = doc[q_idx] == doc[kv_idx]
+        if right >= 0:
+            keep = keep & (kv_idx - q_idx <= right)
+        if left >= 0:
+            keep = keep & (q_idx - kv_idx <= left)
+        return keep
+
+    block_mask = create_block_mask(
+        mask_mod, None, None, total, total, device=device, _compile=compile
+    )
+    _BLOCK_MASK_CACHE[:] = [(cu_seqlens, key, block_mask)]
+    return block_mask
+
+
 def flex(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -175,26 +218,9 @@ def flex(
 
     ``compile=False`` runs flex's unfused eager path: slow, but lets CPU tests check the mask.
     """
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
-    total = q.shape[0]
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=q.device), lengths)
-    left, right = window
-    if causal:
-        right = 0
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        keep = doc[q_idx] == doc[kv_idx]
-        if right >= 0:
-            keep = keep & (kv_idx - q_idx <= right)
-        if left >= 0:
-            keep = keep & (q_idx - kv_idx <= left)
-        return keep
-
-    block_mask = create_block_mask(
-        mask_mod, None, None, total, total, device=q.device, _compile=compile
-    )
+    block_mask = _document_block_mask(cu_seqlens, q.shape[0], causal, window, compile)
     qh = q.transpose(0, 1).unsqueeze(0)  # (1, H, T, D)
     kh = k.transpose(0, 1).unsqueeze(0)
     vh = v.transpose(0, 1).unsqueeze(0)

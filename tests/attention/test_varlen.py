@@ -367,3 +367,15 @@ def test_empty_documents_and_zero_tokens():
     empty = torch.zeros(0, 2, 4, dtype=torch.float64)
     out = attention.varlen_attention(empty, empty[:, :1], empty[:, :1], cu_from_lengths([0]))
     assert out.shape == (0, 2, 4)
+
+
+def test_flex_block_mask_is_built_once_per_cu_seqlens():
+    cu = cu_from_lengths([3, 5])
+    first = backends._document_block_mask(cu, 8, True, (-1, 0), False)
+    assert backends._document_block_mask(cu, 8, True, (-1, 0), False) is first  # next layer
+    assert backends._document_block_mask(cu, 8, True, (2, 0), False) is not first
+    other = cu_from_lengths([3, 5])
+    assert backends._document_block_mask(other, 8, True, (-1, 0), False) is not first
+    again = backends._document_block_mask(other, 8, True, (-1, 0), False)
+    other[1] = 4  # in-place change: the version counter invalidates the entry
+    assert backends._document_block_mask(other, 8, True, (-1, 0), False) is not again
