@@ -246,7 +246,7 @@ class Transformer(nn.Module):
                 are moved to the model's device.
 
         Raises:
-            ValueError: a missing key, bad ``cu_seqlens`` or a document longer than
+            ValueError: a missing key, bad ``cu_seqlens`` or a position id outside
                 ``max_seq_len``.
         """
         missing = [key for key in ("input_ids", "cu_seqlens", "position_ids") if key not in batch]
@@ -265,10 +265,17 @@ class Transformer(nn.Module):
             raise ValueError(
                 f"batch max_seqlen {max_seqlen} is below its longest document ({longest})"
             )
-        if longest > self.cfg.max_seq_len:
-            raise ValueError(
-                f"a document of {longest} tokens exceeds ModelConfig.max_seq_len {self.cfg.max_seq_len}"
-            )
+        # Rotary tables end at max_seq_len. A static-shape padding pseudo-document may be longer
+        # than that (the loader wraps its positions), so check positions, not lengths; on the
+        # host copy only (a device tensor would cost a sync; out-of-range indexing asserts there).
+        pos_src = batch["position_ids"]
+        if pos_src.device.type == "cpu" and pos_src.numel():
+            top = int(pos_src.max())
+            if top >= self.cfg.max_seq_len or int(pos_src.min()) < 0:
+                raise ValueError(
+                    f"position id {top} is outside ModelConfig.max_seq_len {self.cfg.max_seq_len} "
+                    "(a document longer than the model's context?)"
+                )
         cu_seqlens = cu_src.to(device, non_blocking=True)
 
         h = self.embed(input_ids)  # (T, dim)

@@ -161,12 +161,31 @@ def test_config_head_dim_must_be_even():
         ModelConfig(vocab_size=16, dim=12, n_heads=4)
 
 
+def test_static_shape_padding_longer_than_max_seq_len_is_accepted():
+    # The loader's static-shape padding is one pseudo-document with wrapped positions; it may
+    # be longer than the model's context. It must not change the real documents' loss.
+    model = _model()
+    batch = make_batch(DOCS)
+    n = batch["input_ids"].numel()
+    pad = 100  # > max_seq_len 64
+    padded = {
+        "input_ids": torch.cat([batch["input_ids"], torch.zeros(pad, dtype=torch.int64)]),
+        "cu_seqlens": torch.cat([batch["cu_seqlens"], torch.tensor([n + pad], dtype=torch.int32)]),
+        "max_seqlen": n + pad,
+        "position_ids": torch.cat([batch["position_ids"], torch.arange(pad) % 64]),
+        "labels": torch.cat([batch["labels"], torch.full((pad,), -100)]),
+    }
+    out = model(padded)
+    torch.testing.assert_close(out.loss, model(batch).loss)
+    torch.testing.assert_close(out.logits[:n], model(batch).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_batch_errors():
     model = _model()
     with pytest.raises(ValueError, match="batch lacks cu_seqlens"):
         model({"input_ids": torch.zeros(3, dtype=torch.int64), "position_ids": torch.arange(3)})
     long = make_batch([list(range(16)) * 5])
-    with pytest.raises(ValueError, match="80 tokens exceeds ModelConfig.max_seq_len 64"):
+    with pytest.raises(ValueError, match="position id 79 is outside ModelConfig.max_seq_len 64"):
         model(long)
     bad = make_batch(DOCS)
     bad["cu_seqlens"] = bad["cu_seqlens"].long()
