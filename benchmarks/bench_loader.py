@@ -53,6 +53,13 @@ def _mem(pid: int) -> tuple[float, float]:
     return mib("VmRSS"), mib("RssAnon")
 
 
+def _workers(dl, it) -> list:
+    inner = getattr(dl, "_iterator", None)  # persistent workers keep the iterator on dl
+    if inner is None:
+        inner = it
+    return list(getattr(inner, "_workers", []))
+
+
 def _drain(dl, tokens_goal: float, count) -> tuple[float, int, float, float]:
     """Iterate until `tokens_goal` real tokens; returns (seconds, tokens, peak VmRSS, peak RssAnon)."""
     it = iter(dl)
@@ -63,13 +70,13 @@ def _drain(dl, tokens_goal: float, count) -> tuple[float, int, float, float]:
     for n, b in enumerate(it, 1):
         tokens += count(b)
         if n % 50 == 0:
-            for w in getattr(it, "_workers", []):
+            for w in _workers(dl, it):
                 r, a = _mem(w.pid)
                 rss, anon = max(rss, r), max(anon, a)
         if tokens >= tokens_goal:
             break
     dt = time.perf_counter() - t0
-    for w in getattr(it, "_workers", []):
+    for w in _workers(dl, it):
         r, a = _mem(w.pid)
         rss, anon = max(rss, r), max(anon, a)
     del first, it
@@ -78,7 +85,7 @@ def _drain(dl, tokens_goal: float, count) -> tuple[float, int, float, float]:
 
 def ours(path: Path, workers: int, tokens_goal: float):
     ds = PackedDataset(path, tokens_per_batch=BUDGET, seed=0)
-    dl = PackedDataLoader(ds, num_workers=workers, prefetch_factor=8)
+    dl = PackedDataLoader(ds, num_workers=workers, prefetch_factor=8, persistent_workers=True)
     return _drain(dl, tokens_goal, lambda b: int(b["cu_seqlens"][-1]))
 
 
