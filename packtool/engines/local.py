@@ -33,7 +33,7 @@ from packtool.manifest import (
     sha256_file,
     write_manifest,
 )
-from packtool.pack import PackConfig, PackCounts, pack_table
+from packtool.pack import PackConfig, PackCounts, PackedChunk, pack_table
 from packtool.progress import Progress
 from packtool.shards import ShardConfig, write_shards
 from packtool.tokenize import input_identity, tokenized_batches
@@ -244,6 +244,11 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
     fingerprint = _fingerprint(config, identity)
     done: list[dict[str, Any]] = []
     if state is not None:
+        if state.get("engine", "local") != "local":
+            raise ConfigError(
+                f"cannot resume {out}: it was started with --engine {state['engine']}; "
+                "resume it with the same engine"
+            )
         if state.get("fingerprint") != fingerprint:
             changed = [
                 k for k in fingerprint if state.get("fingerprint", {}).get(k) != fingerprint[k]
@@ -264,10 +269,6 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
     stream = tokenized_batches(
         list(config.inputs), read_config=config.read, tokenizer=tokenizer, skips=skips
     )
-    counts = PackCounts()
-    rounds = np.zeros(config.pack.rounds, dtype=np.int64)
-    hist = np.zeros(config.pack.max_len + 1, dtype=np.int64)
-    groups: dict[str, list[int]] = {}
     shards: list[ShardInfo] = []
     seconds = {"read+tokenize": 0.0, "pack": 0.0, "write": 0.0}
 
@@ -282,26 +283,9 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
         infos = write_shards(out, packed.table, first_shard, config.shards)
         seconds["pack"] += t1 - t0
         seconds["write"] += time.perf_counter() - t1
-        seg_hist = np.bincount(packed.segment_lengths, minlength=config.pack.max_len + 1)
-        return {
-            "index": index,
-            "shards": [asdict(s) for s in infos],
-            "counts": packed.counts.to_dict(),
-            "rows_per_round": packed.rows_per_round,
-            "groups": packed.groups,
-            "segment_histogram": {int(k): int(seg_hist[k]) for k in np.flatnonzero(seg_hist)},
-        }
+        return chunk_record(index, packed, infos, config.pack.max_len)
 
     def account(record: dict[str, Any], docs: int) -> None:
-        nonlocal counts
-        counts += PackCounts(**record["counts"])
-        rounds[:] += np.asarray(record["rows_per_round"], dtype=np.int64)
-        for k, v in record["segment_histogram"].items():
-            hist[int(k)] += v
-        for name, (r, t) in record["groups"].items():
-            acc = groups.setdefault(name, [0, 0])
-            acc[0] += r
-            acc[1] += t
         shards.extend(ShardInfo(**s) for s in record["shards"])
         bar.update(docs=docs, tokens=record["counts"]["tokens_in"])
 
@@ -336,6 +320,63 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
     bar.close()
     seconds["total"] = time.perf_counter() - t_start
 
+    return finish_run(
+        config,
+        identity,
+        done,
+        skips=skips,
+        seconds=seconds,
+        resumed_chunks=len(state["chunks"]) if state is not None else 0,
+        tokenizer_threads=tokenizer.workers if tokenizer is not None and recorded is None else 0,
+    )
+
+
+def chunk_record(
+    index: int, packed: PackedChunk, infos: Sequence[ShardInfo], max_len: int
+) -> dict[str, Any]:
+    """One finished chunk as the state file stores it (JSON-ready); both engines write these."""
+    seg_hist = np.bincount(packed.segment_lengths, minlength=max_len + 1)
+    return {
+        "index": index,
+        "shards": [asdict(s) for s in infos],
+        "counts": packed.counts.to_dict(),
+        "rows_per_round": packed.rows_per_round,
+        "groups": packed.groups,
+        "segment_histogram": {int(k): int(seg_hist[k]) for k in np.flatnonzero(seg_hist)},
+    }
+
+
+def finish_run(
+    config: RunConfig,
+    identity: dict[str, Any],
+    records: Sequence[dict[str, Any]],
+    *,
+    skips: SkipCounter,
+    seconds: dict[str, float],
+    resumed_chunks: int,
+    tokenizer_threads: int,
+) -> PackSummary:
+    """Sum the chunk records (in chunk order), write `index.json`, drop the state file.
+
+    Both engines end here, so their manifests agree whenever their chunk records do.
+    """
+    counts = PackCounts()
+    rounds = np.zeros(config.pack.rounds, dtype=np.int64)
+    hist = np.zeros(config.pack.max_len + 1, dtype=np.int64)
+    groups: dict[str, list[int]] = {}
+    shards: list[ShardInfo] = []
+    for record in records:
+        counts += PackCounts(**record["counts"])
+        rounds[:] += np.asarray(record["rows_per_round"], dtype=np.int64)
+        for k, v in record["segment_histogram"].items():
+            hist[int(k)] += v
+        for name, (r, t) in record["groups"].items():
+            acc = groups.setdefault(name, [0, 0])
+            acc[0] += r
+            acc[1] += t
+        shards.extend(ShardInfo(**s) for s in record["shards"])
+    out = Path(config.out_dir)
+
     if counts.documents_in == 0:
         raise DataError(f"no documents found in {', '.join(config.inputs)}" + _skip_note(skips))
     if counts.tokens_out == 0:
@@ -355,9 +396,9 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
         groups={k: (v[0], v[1]) for k, v in sorted(groups.items())},
         seconds=seconds,
         skips=skips.to_dict(),
-        resumed_chunks=len(state["chunks"]) if state is not None else 0,
+        resumed_chunks=resumed_chunks,
         out_dir=str(out),
-        tokenizer_threads=tokenizer.workers if tokenizer is not None and recorded is None else 0,
+        tokenizer_threads=tokenizer_threads,
     )
     manifest = Manifest(
         tokenizer=identity,
