@@ -59,8 +59,9 @@ class ReadConfig:
     `--group-by`. A missing value becomes null. `source` (the file path) is always carried."""
     strict: bool = False
     """Raise `DataError` at the first skipped document instead of counting it."""
-    batch_docs: int = 2048
-    """At most this many documents per batch."""
+    batch_docs: int = 8192
+    """At most this many documents per batch. Large batches keep the Rust tokenizers' threads
+    busy: on 2 cores, 2,048-document batches measured ~5% slower than 8,192."""
     batch_bytes: int = 8 << 20
     """A batch ends once its texts reach this many bytes (bounds memory with long documents)."""
 
