@@ -239,13 +239,8 @@ def _concat_parts(parts: list[_Part]) -> _Part:
 
 
 def _gather(tokens: NDArray, start: NDArray[np.int64], length: NDArray[np.int64]) -> NDArray:
-    """Tokens of the given segments back to back (one vectorised take, no per-segment Python)."""
-    total = int(length.sum())
-    if total == 0:
-        return tokens[:0].copy()
-    dst = np.cumsum(length) - length
-    idx = np.repeat(start - dst, length) + np.arange(total, dtype=np.int64)
-    return tokens[idx]
+    """Tokens of the given segments back to back (one numba pass, no index array)."""
+    return kernels.gather_segments(tokens, start, length)
 
 
 def bucketed_assign(
