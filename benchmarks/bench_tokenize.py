@@ -235,7 +235,7 @@ def memory(scales: list[int]) -> list[list[object]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3, help="timings per figure; the best counts")
+    ap.add_argument("--repeat", type=int, default=5, help="timings per figure; the best counts")
     ap.add_argument("--copies", type=int, default=3, help="sample_data copies for throughput")
     ap.add_argument(
         "--scales", default="10,30", help="sizes of the larger RSS corpora (x sample_data)"

@@ -42,6 +42,8 @@ FORMAT = "packtool.tokenized"
 FORMAT_VERSION = 1
 META_KEY = b"packtool"
 PART_PATTERN = "part-{:05d}.parquet"
+PIPELINE_DEPTH = 1
+"""Batches each pipeline stage may run ahead of the next (memory: about 3 stages x depth batches)."""
 
 T = TypeVar("T")
 
@@ -179,12 +181,12 @@ def _tokenized_batches(
     schema = tokenized_schema(tokenizer.identity, config.extra_fields)
 
     def encoded() -> Iterator[tuple[DocumentBatch, Any]]:
-        for batch in prefetch(read_corpus(raw, config, skips), depth=2):
+        for batch in prefetch(read_corpus(raw, config, skips), depth=PIPELINE_DEPTH):
             yield batch, tokenizer.start_batch(batch.texts)
 
     # Three stages, each a batch or two ahead: read+parse | library encode (GIL released) |
     # copy ids out + build the table + the caller's own work (writing, statistics).
-    for batch, encoded_batch in prefetch(encoded(), depth=2):
+    for batch, encoded_batch in prefetch(encoded(), depth=PIPELINE_DEPTH):
         flat, lengths = tokenizer.finish_batch(encoded_batch)
         yield batch_table(batch, flat, lengths, schema), batch.nbytes
 
@@ -512,9 +514,9 @@ class _PartWriter:
 class _BackgroundWriter:
     """Writes tables in a thread (Parquet encoding and compression release the GIL)."""
 
-    def __init__(self, writer: _PartWriter, depth: int = 2) -> None:
+    def __init__(self, writer: _PartWriter, depth: int | None = None) -> None:
         self.writer = writer
-        self.q: queue.Queue[pa.Table | None] = queue.Queue(maxsize=depth)
+        self.q: queue.Queue[pa.Table | None] = queue.Queue(maxsize=depth or PIPELINE_DEPTH)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="packtool-write", daemon=True)
         self.thread.start()
