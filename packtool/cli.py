@@ -357,6 +357,19 @@ def stats_cmd(
 @click.option(
     "--workers", type=click.IntRange(min=1), default=None, help="Threads [default: all cores]."
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="local: this machine's cores; ray: Ray Data, on a cluster (pip install 'packtool[ray]').",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    metavar="ADDR",
+    help="Ray cluster to join (auto, HOST:6379); default: start Ray on this machine.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @corpus_options
 @click.pass_context
@@ -377,6 +390,8 @@ def pack_cmd(
     overwrite: bool,
     resume: bool,
     workers: int | None,
+    engine: str,
+    ray_address: str | None,
     as_json: bool,
     corpus: CorpusOptions,
 ) -> None:
@@ -420,7 +435,16 @@ def pack_cmd(
     from packtool.tokenize import input_identity
 
     tokenizer = corpus.load_tokenizer(workers) if explicit or input_identity(inputs) is None else None
-    summary = run_pack(config, tokenizer)
+    if engine == "ray":
+        from packtool.engines.ray import RayConfig, run_pack_ray
+
+        summary = run_pack_ray(
+            config, RayConfig(address=ray_address, actors=workers), tokenizer
+        )
+    elif ray_address is not None:
+        raise ConfigError("--ray-address needs --engine ray")
+    else:
+        summary = run_pack(config, tokenizer)
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2))
     else:

@@ -84,12 +84,16 @@ class PackSummary:
     out_dir: str = ""
     tokenizer_threads: int = 0
     """Threads the tokenizer encoded with (0: the inputs were already tokenized)."""
+    cores_used: str = ""
+    """What ran the work, when another engine than this one did (the summary's last words)."""
 
     @property
     def lower_bound(self) -> int:
         return max(self.lower_bound_l1, self.lower_bound_l2)
 
     def _cores(self) -> str:
+        if self.cores_used:
+            return self.cores_used
         cpus = os.cpu_count() or 1
         if self.tokenizer_threads:
             return (
