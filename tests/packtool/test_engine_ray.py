@@ -228,3 +228,28 @@ def test_ray_address_needs_the_ray_engine(tmp_path):
     )
     assert result.exit_code != 0
     assert "--ray-address needs --engine ray" in str(result.exception)
+
+
+def test_a_worker_that_dies_is_retried_and_the_output_is_unchanged(
+    ray_session, tmp_path, monkeypatch
+):
+    import os
+
+    from packtool.engines import ray as ray_engine
+
+    run_pack(config(tmp_path / "local"))
+    marker = str(tmp_path / "died")
+
+    # Defined inside the test, so Ray ships the class by value to its workers.
+    class DiesOnce(ray_engine._ChunkWorker):
+        def __call__(self, batch):
+            if 2 in [int(c) for c in batch["chunk"]] and not os.path.exists(marker):
+                Path(marker).touch()
+                os._exit(1)  # the actor process dies in the middle of chunk 2
+            return super().__call__(batch)
+
+    monkeypatch.setattr(ray_engine, "_ChunkWorker", DiesOnce)
+    summary = run_ray(config(tmp_path / "ray"), max_retries=2)
+    assert Path(marker).exists()  # it did die once
+    assert summary.resumed_chunks == 0
+    assert_same_as_local(tmp_path / "ray", tmp_path / "local")
