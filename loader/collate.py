@@ -21,12 +21,14 @@ from packtool.errors import DataError
 IGNORE_INDEX = -100
 
 
-def _alloc_int64(n: int) -> torch.Tensor:
+def _alloc_int64(n: int, pin_memory: bool = False) -> torch.Tensor:
     """An uninitialised int64 tensor; in a DataLoader worker, directly in shared memory.
 
     torch would otherwise copy every tensor of a batch into its own shared-memory segment when
     the worker sends it; allocating there up front saves that copy and most of the set-up cost.
     """
+    if pin_memory and torch.cuda.is_available():
+        return torch.empty(n, dtype=torch.int64, pin_memory=True)
     if get_worker_info() is not None:
         try:
             storage = torch.UntypedStorage._new_shared(max(n, 1) * 8)
@@ -46,6 +48,7 @@ def collate(
     pad_id: int = 0,
     position_limit: int | None = None,
     layout: str = "packtool",
+    pin_memory: bool = False,
 ) -> dict[str, torch.Tensor | int]:
     """Build one varlen batch from documents laid end to end.
 
@@ -62,6 +65,7 @@ def collate(
         layout: `"packtool"` (the contract batch) or `"hf"` (transformers' padding-free
             convention: `input_ids`/`labels`/`position_ids` of shape `(1, T)`, labels unshifted
             with -100 at each document's first token, `cu_seq_lens_q/k`, `max_length_q/k`).
+        pin_memory: Allocate the batch in pinned memory (when CUDA is available).
 
     Returns:
         The batch dict: `input_ids` int64 `(T,)`, `cu_seqlens` int32 `(n_docs + 1,)`,
@@ -94,7 +98,7 @@ def collate(
     # worker one shared-memory segment per batch instead of one per tensor (half the IPC cost).
     # layout: [input_ids T | labels T | position_ids T | doc_ids n_out | cu_seqlens (int32) n_cu]
     words = 3 * T + n_out + (n_cu + 1) // 2
-    flat = _alloc_int64(words)
+    flat = _alloc_int64(words, pin_memory)
     buf = flat.numpy()
     ids, labels, pos = buf[:T], buf[T : 2 * T], buf[2 * T : 3 * T]
     out_ids = buf[3 * T : 3 * T + n_out]

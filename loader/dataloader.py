@@ -8,12 +8,26 @@ state into the dataset, which accepts it whatever the worker count).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
 from loader.dataset import PackedDataset
+from loader.transport import CompactBatch, Ring
+
+
+class _WorkerInit:
+    """worker_init_fn: hands the ring to this worker's copy of the dataset, then the user's fn."""
+
+    def __init__(self, ring: Ring, user_fn: Callable[[int], None] | None) -> None:
+        self.ring = ring
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        get_worker_info().dataset._worker_ring = self.ring
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
 
 
 class PackedDataLoader(DataLoader):
@@ -24,6 +38,8 @@ class PackedDataLoader(DataLoader):
         num_workers: Worker processes (0: load in the main process).
         persistent_workers: Keep workers between epochs.
         **kwargs: Passed to `torch.utils.data.DataLoader` (pin_memory, prefetch_factor, ...).
+
+    With `pin_memory=True` the expanded batch is allocated pinned (when CUDA is available).
     """
 
     def __init__(
@@ -42,7 +58,23 @@ class PackedDataLoader(DataLoader):
             **kwargs,
         )
         self._packed: PackedDataset = dataset
-        self._state = dataset._state(dataset.epoch, 0, 0, dataset.plan(dataset.epoch))
+        self._user_worker_init = self.worker_init_fn
+        self._ring: Ring | None = None
+        # (epoch, origin, consumed steps, plan): the state dict is built on request only.
+        self._position = (dataset.epoch, 0, 0, dataset.plan(dataset.epoch))
+
+    def _new_ring(self, plan) -> Ring:
+        ds = self._packed
+        # A worker can have its in-flight batches plus one block waiting for earlier blocks.
+        in_flight = (self.prefetch_factor or 2) * self.num_workers + 2
+        block = ds.block_steps(plan) if self.num_workers > 1 else 0
+        return Ring(
+            num_workers=self.num_workers,
+            slots=in_flight + block + block // 4,
+            max_tokens=ds.max_batch_tokens,
+            max_docs=ds.max_batch_docs(),
+            token_dtype=ds.store.token_dtype,
+        )
 
     def __iter__(self) -> Iterator[dict]:
         ds = self._packed
@@ -50,27 +82,51 @@ class PackedDataLoader(DataLoader):
         epoch = int(shared[0])
         origin, first = (int(shared[1]), int(shared[2])) if shared[3] else (0, 0)
         plan = ds.plan(epoch, origin)
-        self._state = ds._state(epoch, origin, first, plan)
+        self._position = (epoch, origin, first, plan)
         consumed = first
-        for batch in super().__iter__():
-            consumed += 1
-            self._state = ds._state(epoch, origin, consumed, plan)
-            yield batch
+        if self.num_workers == 0:
+            for batch in super().__iter__():
+                consumed += 1
+                self._position = (epoch, origin, consumed, plan)
+                yield batch
+        else:
+            # Persistent workers keep the ring they started with; otherwise every iteration
+            # starts new workers, with a ring of their own (two live iterators never share one).
+            if self._ring is None or not self.persistent_workers or self._iterator is None:
+                self._ring = self._new_ring(plan)
+                self.worker_init_fn = _WorkerInit(self._ring, self._user_worker_init)
+            ring = self._ring
+            pin = bool(self.pin_memory)
+            # Workers produce blocks of steps; hold early arrivals until their turn.
+            waiting: dict[int, CompactBatch] = {}
+            for item in super().__iter__():
+                waiting[item.step] = item
+                while consumed in waiting:
+                    item = waiting.pop(consumed)
+                    try:
+                        tokens, lens, ids = ring.take(item)
+                        batch = ds.expand(tokens, lens, ids, filler=item.filler, pin_memory=pin)
+                    finally:
+                        ring.release(item)
+                    consumed += 1
+                    self._position = (epoch, origin, consumed, plan)
+                    yield batch
+            if waiting:
+                raise RuntimeError(f"loader workers skipped step {consumed}; this is a bug")
         # The resume point is used up; a new iteration of this epoch starts from the beginning.
         if shared[3] and int(shared[0]) == epoch:
             shared[3] = 0
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this loader handed out."""
-        return {"packed_dataset": dict(self._state)}
+        return {"packed_dataset": self._packed._state(*self._position)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from `state_dict()` (also accepts a StatefulDataLoader or dataset state)."""
         self._packed.load_state_dict(state)
         ds = self._packed
-        self._state = ds._state(
-            int(ds._shared[0]), int(ds._shared[1]), int(ds._shared[2]), ds.plan(int(ds._shared[0]), int(ds._shared[1]))
-        )
+        epoch, origin = int(ds._shared[0]), int(ds._shared[1])
+        self._position = (epoch, origin, int(ds._shared[2]), ds.plan(epoch, origin))
 
 
 def make_dataloader(dataset: PackedDataset, **kwargs: Any) -> PackedDataLoader:

@@ -27,6 +27,7 @@ from loader.balance import imbalance, row_cost
 from loader.collate import collate
 from loader.order import EpochPlan, plan_epoch, rank_rows
 from loader.shards import ShardStore
+from loader.transport import CompactBatch, Ring
 from packtool.errors import ConfigError, DataError
 
 STATE_VERSION = 1
@@ -180,6 +181,8 @@ class PackedDataset(IterableDataset):
         self._iter_epoch = 0
         self._iter_origin = 0
         self._plan_cache: tuple[tuple[int, int], EpochPlan] | None = None
+        # Set only inside the worker processes of a PackedDataLoader (loader/transport.py).
+        self._worker_ring: Ring | None = None
 
     # ---- planning ---------------------------------------------------------------------------
 
@@ -245,11 +248,31 @@ class PackedDataset(IterableDataset):
 
     def batch(self, rows: np.ndarray, *, filler_row: int = 0) -> dict[str, torch.Tensor | int]:
         """Collate the given rows (empty: a filler batch that trains on nothing)."""
-        c = self.config
         filler = len(rows) == 0
         if filler:
             rows = np.asarray([filler_row], dtype=np.int64)
         tokens, doc_lens, doc_ids = self.store.gather(rows)
+        return self.expand(tokens, doc_lens, doc_ids, filler=filler)
+
+    def expand(
+        self,
+        tokens: np.ndarray,
+        doc_lens: np.ndarray,
+        doc_ids: np.ndarray,
+        *,
+        filler: bool = False,
+        pin_memory: bool = False,
+    ) -> dict[str, torch.Tensor | int]:
+        """The batch dict of gathered rows (what `PackedDataLoader` runs on compact batches).
+
+        Args:
+            tokens: The rows' tokens back to back `(total,)`.
+            doc_lens: Document lengths int32 `(n_docs,)`.
+            doc_ids: Document ids int64 `(n_docs,)`.
+            filler: Make it a filler batch (labels -100, doc ids -1).
+            pin_memory: Allocate the batch in pinned memory.
+        """
+        c = self.config
         out = collate(
             tokens,
             doc_lens,
@@ -259,12 +282,35 @@ class PackedDataset(IterableDataset):
             pad_id=c.pad_id,
             position_limit=self.store.max_len,
             layout=c.layout,
+            pin_memory=pin_memory,
         )
         if filler:
             out["labels"].fill_(-100)
             if "doc_ids" in out:
                 out["doc_ids"].fill_(-1)
         return out
+
+    @property
+    def max_batch_tokens(self) -> int:
+        """Most real tokens in one batch (token budget, or rows x max_len)."""
+        c = self.config
+        if c.tokens_per_batch is not None:
+            return c.tokens_per_batch
+        return c.rows_per_batch * self.store.max_len
+
+    def max_batch_docs(self) -> int:
+        """An upper bound on the documents in one batch (sizes the transport ring's slots)."""
+        n_docs = self.n_docs
+        lengths = self.lengths
+        if n_docs is None:
+            lengths, n_docs, _ = self.store.row_index()
+        if len(n_docs) == 0:
+            return 1
+        c = self.config
+        rows = c.rows_per_batch
+        if rows is None:  # rows of a budget batch: at most budget // shortest row
+            rows = max(c.tokens_per_batch // max(int(lengths.min()), 1), 1)
+        return int(min(rows * int(n_docs.max()), self.max_batch_tokens))
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor | int]]:
         info = get_worker_info()
@@ -280,6 +326,10 @@ class PackedDataset(IterableDataset):
         plan = self.plan(epoch, origin)
         self._iter_epoch, self._iter_origin = epoch, origin
         self._next_step = stride_first
+        ring = self._worker_ring if info is not None else None
+        if ring is not None:
+            ring.start_worker()
+            return self._generate_blocks(plan, first, worker, n_workers, ring)
         return self._generate(plan, stride_first, n_workers)
 
     def _generate(self, plan: EpochPlan, first: int, stride: int) -> Iterator[dict]:
@@ -288,6 +338,39 @@ class PackedDataset(IterableDataset):
             out = self.batch(self.rows_for(plan, step), filler_row=filler_row)
             self._next_step = step + stride
             yield out
+
+    def block_steps(self, plan: EpochPlan) -> int:
+        """Consecutive global steps a `PackedDataLoader` worker produces before the next worker.
+
+        About one shuffle window's worth of steps: every window's row groups are then decoded by
+        one worker instead of by each of them (with one step per worker in turn, N workers
+        would all decode every row group, N times the work). 1 for a free shuffle.
+        """
+        c = self.config
+        groups = self.store.num_row_groups
+        if (c.shuffle and c.shuffle_window == 0) or plan.num_steps == 0 or groups == 0:
+            return 1
+        window = c.shuffle_window if c.shuffle else 16
+        rows_per_step = max((self.store.num_rows - plan.origin) / plan.num_steps, 1.0)
+        rows_per_window = self.store.num_rows / groups * window
+        return int(min(max(np.ceil(rows_per_window / rows_per_step), 1), 1024))
+
+    def _generate_blocks(
+        self, plan: EpochPlan, first: int, worker: int, n_workers: int, ring: Ring
+    ) -> Iterator[CompactBatch]:
+        """Compact batches for the ring: blocks `worker`, `worker + n_workers`, ... of
+        `block_steps` steps from `first` (PackedDataLoader puts them back in step order)."""
+        filler_row = int(plan.order[0]) if len(plan.order) else 0
+        k = self.block_steps(plan)
+        start = first + worker * k
+        while start < plan.num_steps:
+            for step in range(start, min(start + k, plan.num_steps)):
+                rows = self.rows_for(plan, step)
+                filler = len(rows) == 0
+                if filler:
+                    rows = np.asarray([filler_row], dtype=np.int64)
+                yield ring.put(self.store, rows, filler=filler, step=step)
+            start += n_workers * k
 
     # ---- resume -----------------------------------------------------------------------------
 

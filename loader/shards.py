@@ -56,12 +56,38 @@ class RowGroupData:
         )
 
 
-def _list_parts(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, int]:
-    """(values, offsets, null_count) of a list column, zero-copy where Arrow allows."""
-    arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+# Integer Arrow types -> numpy dtypes. Converting through `Array.to_numpy` would import pandas on
+# some pyarrow paths (~0.3-0.9 s, in every fresh process), so buffers are wrapped directly.
+_INT_TYPES = {
+    pa.int8(): np.int8,
+    pa.int16(): np.int16,
+    pa.int32(): np.int32,
+    pa.int64(): np.int64,
+    pa.uint8(): np.uint8,
+    pa.uint16(): np.uint16,
+    pa.uint32(): np.uint32,
+    pa.uint64(): np.uint64,
+}
+
+
+def _int_numpy(arr: pa.Array) -> np.ndarray:
+    """Zero-copy numpy view of a null-free integer Arrow array (read-only)."""
+    dtype = _INT_TYPES.get(arr.type)
+    if dtype is None:
+        raise TypeError(f"{arr.type} is not an integer type")
+    itemsize = np.dtype(dtype).itemsize
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * itemsize)
+
+
+def _list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, int]:
+    """(values, offsets, null_count) of a list column, zero-copy for a single chunk."""
+    if isinstance(column, pa.ChunkedArray):
+        arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    else:
+        arr = column
     # `.offsets` and `.values` ignore a slice offset consistently (offsets index into `.values`).
-    offsets = arr.offsets.to_numpy(zero_copy_only=False)
-    values = arr.values.to_numpy(zero_copy_only=False)
+    offsets = _int_numpy(arr.offsets)
+    values = _int_numpy(arr.values)
     return values, offsets, arr.null_count + arr.values.null_count
 
 
@@ -135,6 +161,7 @@ class ShardStore:
         rg_rows: list[int] = []
         rg_shard: list[int] = []
         rg_first: list[int] = []
+        token_dtypes = []
         for i, info in enumerate(self.manifest.shards):
             file = self.path / info.file
             if not file.is_file():
@@ -159,6 +186,10 @@ class ShardStore:
                     schema.field(name).type
                 ):
                     raise DataError(f"{file}: column {name!r} is {schema.field(name).type}, not a list")
+            value_type = schema.field("input_ids").type.value_type
+            if value_type not in _INT_TYPES or value_type.bit_width > 32:
+                raise DataError(f"{file}: input_ids hold {value_type}, not 8-32 bit integer token ids")
+            token_dtypes.append(_INT_TYPES[value_type])
             if meta.num_rows != info.rows:
                 raise DataError(f"{file}: {meta.num_rows} rows but index.json says {info.rows}")
             first = 0
@@ -176,6 +207,8 @@ class ShardStore:
         self._rg_start = np.zeros(len(rg_rows) + 1, dtype=np.int64)
         np.cumsum(rg_rows, out=self._rg_start[1:])
         self.num_rows = int(self._rg_start[-1])
+        self.token_dtype = np.dtype(np.result_type(*token_dtypes) if token_dtypes else np.uint16)
+        """The stored token dtype (the widest over the shards): uint16 or uint32 per the contract."""
         self._files: dict[int, pq.ParquetFile] = {}
         self._cache: OrderedDict[int, RowGroupData] = OrderedDict()
         self._cached_bytes = 0
@@ -218,7 +251,15 @@ class ShardStore:
         shard = int(self._rg_shard[g])
         where = str(self.path / self.manifest.shards[shard].file)
         try:
-            table = self._file(shard).read_row_group(int(self._rg_local[g]), columns=list(_COLUMNS))
+            # One row group is one column chunk per column: a reader thread pool only adds overhead.
+            table = self._file(shard).read_row_group(
+                int(self._rg_local[g]), columns=list(_COLUMNS), use_threads=False
+            )
+            if table.schema.field("input_ids").type.value_type not in _INT_TYPES:
+                raise DataError(
+                    f"{where}: input_ids hold {table.schema.field('input_ids').type.value_type}, "
+                    "not integer token ids"
+                )
             tok, tok_off, tok_nulls = _list_parts(table.column("input_ids"))
             off, off_off, off_nulls = _list_parts(table.column("doc_offsets"))
             ids, ids_off, ids_nulls = _list_parts(table.column("doc_ids"))
@@ -228,8 +269,6 @@ class ShardStore:
             ) from None
         if tok_nulls or off_nulls or ids_nulls:
             raise DataError(f"{where}: row group {int(self._rg_local[g])} holds nulls")
-        if not np.issubdtype(tok.dtype, np.integer):
-            raise DataError(f"{where}: input_ids hold {tok.dtype}, not integer token ids")
         data = RowGroupData(
             tokens=tok,
             token_offsets=tok_off.astype(np.int64, copy=False),
@@ -247,24 +286,69 @@ class ShardStore:
             self._cached_bytes -= old.nbytes
         return data
 
+    def _slices(self, rows: np.ndarray) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], int, int]:
+        """Per row: (tokens, cu_seqlens, doc ids) views into cached row groups; total tokens, docs."""
+        groups = self.row_group_of(rows)
+        parts = []
+        n_tokens = n_docs = 0
+        for row, g in zip(rows.tolist(), groups.tolist(), strict=True):
+            data = self.row_group(g)
+            i = row - int(self._rg_start[g])
+            a, b = int(data.token_offsets[i]), int(data.token_offsets[i + 1])
+            oa, ob = int(data.doc_offsets_offsets[i]), int(data.doc_offsets_offsets[i + 1])
+            ia = int(data.doc_ids_offsets[i])
+            parts.append((data.tokens[a:b], data.doc_offsets[oa:ob], data.doc_ids[ia : ia + ob - oa - 1]))
+            n_tokens += b - a
+            n_docs += ob - oa - 1
+        return parts, n_tokens, n_docs
+
+    def gather_into(
+        self, rows: np.ndarray, tokens: np.ndarray, doc_lens: np.ndarray, doc_ids: np.ndarray
+    ) -> tuple[int, int] | None:
+        """Write the rows' tokens, document lengths and ids into preallocated arrays.
+
+        Args:
+            rows: Global row indices, in batch order.
+            tokens: Destination of the tokens (any integer dtype that holds `token_dtype`).
+            doc_lens: Destination of the document lengths (int32).
+            doc_ids: Destination of the document ids (int64).
+
+        Returns:
+            `(n_tokens, n_docs)` written at the front of the arrays, or None (nothing written)
+            when they are too small.
+        """
+        parts, n_tokens, n_docs = self._slices(rows)
+        if n_tokens > len(tokens) or n_docs > len(doc_lens) or n_docs > len(doc_ids):
+            return None
+        self._write(parts, tokens, doc_lens, doc_ids)
+        return n_tokens, n_docs
+
+    @staticmethod
+    def _write(parts, tokens: np.ndarray, doc_lens: np.ndarray, doc_ids: np.ndarray) -> None:
+        t = d = 0
+        for tok, off, ids in parts:
+            n, k = len(tok), len(ids)
+            tokens[t : t + n] = tok
+            np.subtract(off[1:], off[:-1], out=doc_lens[d : d + k])
+            doc_ids[d : d + k] = ids
+            t += n
+            d += k
+
     def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows' tokens, document lengths and document ids, concatenated in the given order.
 
         Returns:
-            `(tokens, doc_lens, doc_ids)`: tokens in the stored dtype `(total_tokens,)`, document
+            `(tokens, doc_lens, doc_ids)`: tokens in `token_dtype` `(total_tokens,)`, document
             lengths int32 `(n_docs,)` and document ids int64 `(n_docs,)`.
         """
-        groups = self.row_group_of(rows)
-        toks, lens, ids = [], [], []
-        for row, g in zip(rows.tolist(), groups.tolist(), strict=True):
-            data = self.row_group(g)
-            i = row - int(self._rg_start[g])
-            toks.append(data.tokens[data.token_offsets[i] : data.token_offsets[i + 1]])
-            lens.append(np.diff(data.doc_offsets[data.doc_offsets_offsets[i] : data.doc_offsets_offsets[i + 1]]))
-            ids.append(data.doc_ids[data.doc_ids_offsets[i] : data.doc_ids_offsets[i + 1]])
-        if not toks:
-            return np.zeros(0, np.uint32), np.zeros(0, np.int32), np.zeros(0, np.int64)
-        return np.concatenate(toks), np.concatenate(lens), np.concatenate(ids)
+        parts, n_tokens, n_docs = self._slices(rows)
+        out = (
+            np.empty(n_tokens, self.token_dtype),
+            np.empty(n_docs, np.int32),
+            np.empty(n_docs, np.int64),
+        )
+        self._write(parts, *out)
+        return out
 
     def row_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-row token count, document count and attention cost Σ len², for batch planning.
@@ -281,7 +365,7 @@ class ShardStore:
         for i, info in enumerate(self.manifest.shards):
             where = str(self.path / info.file)
             try:
-                col = self._file(i).read(columns=["doc_offsets"]).column("doc_offsets")
+                col = self._file(i).read(columns=["doc_offsets"], use_threads=False).column("doc_offsets")
                 off, off_off, nulls = _list_parts(col)
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(f"{where}: doc_offsets unreadable ({exc}); the shard is damaged") from None

@@ -16,6 +16,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from packtool.manifest import Manifest, ShardInfo, packed_schema, sha256_file, write_manifest
+from packtool.shards import ShardConfig, write_shards
 
 
 def rows_table(
@@ -92,11 +93,17 @@ def write_random_dataset(
     rows_per_shard: int = 1000,
     row_group_rows: int = 256,
     compression: str | None = "zstd",
+    shard_config: ShardConfig | None = None,
 ) -> Manifest:
     """A synthetic dataset: rows about `fill` full of documents with geometric-ish lengths.
 
     Vectorised, so it makes gigabytes in seconds (benchmarks); document ids are sequential.
+    With `shard_config`, shards are written by `packtool.shards.write_shards` exactly as
+    `packtool pack` writes them (its rows per shard, row group size and codec replace
+    `rows_per_shard`, `row_group_rows` and `compression`).
     """
+    if shard_config is not None:
+        rows_per_shard = shard_config.shard_rows
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -129,7 +136,10 @@ def write_random_dataset(
             token_type,
         )
         next_id += n_docs
-        shards.append(_write_shard(path, s, table, row_group_rows, compression))
+        if shard_config is not None:
+            shards += write_shards(path, table, s, shard_config)
+        else:
+            shards.append(_write_shard(path, s, table, row_group_rows, compression))
     return _finish(path, shards, max_len=max_len)
 
 
