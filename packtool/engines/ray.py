@@ -368,42 +368,46 @@ def _execute(
     n_chunks = 0
     skips = SkipCounter(strict=config.read.strict)
     bar = Progress("pack", enabled=config.progress)
-    try:
-        ds = _build_dataset(
-            ray,
-            config,
-            ray_config,
-            identity,
-            blob,
-            tokenized,
-            out,
-            done,
-            actors=actors,
-            actor_cpus=actor_cpus,
-        )
-        for row in ds.iter_rows():
-            index = int(row["chunk"])
-            payload = json.loads(row["record"])
-            if index == _SKIPS_ROW:
-                n_chunks = payload["chunks"]
-                skips.counts = payload["counts"]
-                skips.examples = payload["examples"]
-                continue
-            for k, v in payload.pop("seconds").items():
-                seconds[k] += v
-            docs = payload.pop("docs")
-            done[index] = payload
-            _save_state(out, fingerprint, done)
-            bar.update(docs=docs, tokens=payload["counts"]["tokens_in"])
-    except Exception as exc:
-        cause = _packtool_cause(exc)
-        if cause is not None:
-            raise cause from None
-        raise
-    finally:
-        bar.close()
-        ctx.target_max_block_size, ctx.enable_progress_bars = saved
-        data_logger.setLevel(saved_level)
+    # Ray counts the reader's one input row and warns that the pool cannot be used fully; the
+    # reader's generator makes one row per chunk, so the warning is wrong here.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The minimum number of concurrent actors")
+        try:
+            ds = _build_dataset(
+                ray,
+                config,
+                ray_config,
+                identity,
+                blob,
+                tokenized,
+                out,
+                done,
+                actors=actors,
+                actor_cpus=actor_cpus,
+            )
+            for row in ds.iter_rows():
+                index = int(row["chunk"])
+                payload = json.loads(row["record"])
+                if index == _SKIPS_ROW:
+                    n_chunks = payload["chunks"]
+                    skips.counts = payload["counts"]
+                    skips.examples = payload["examples"]
+                    continue
+                for k, v in payload.pop("seconds").items():
+                    seconds[k] += v
+                docs = payload.pop("docs")
+                done[index] = payload
+                _save_state(out, fingerprint, done)
+                bar.update(docs=docs, tokens=payload["counts"]["tokens_in"])
+        except Exception as exc:
+            cause = _packtool_cause(exc)
+            if cause is not None:
+                raise cause from None
+            raise
+        finally:
+            bar.close()
+            ctx.target_max_block_size, ctx.enable_progress_bars = saved
+            data_logger.setLevel(saved_level)
     return n_chunks, skips
 
 
