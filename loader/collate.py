@@ -20,6 +20,17 @@ from packtool.errors import DataError
 
 IGNORE_INDEX = -100
 
+_ARANGE = np.arange(0, dtype=np.int64)
+
+
+def _arange(n: int) -> np.ndarray:
+    """`np.arange(n)` int64, a read-only view of a cached array (saves a fill per batch)."""
+    global _ARANGE
+    if len(_ARANGE) < n:
+        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)), dtype=np.int64)
+        _ARANGE.flags.writeable = False
+    return _ARANGE[:n]
+
 
 def _alloc_int64(n: int, pin_memory: bool = False) -> torch.Tensor:
     """An uninitialised int64 tensor; in a DataLoader worker, directly in shared memory.
@@ -110,7 +121,7 @@ def collate(
     np.cumsum(doc_lens, out=cu[1 : n_docs + 1])
     cu[n_docs + 1 :] = T
     starts = np.repeat(cu[:n_docs].astype(np.int64), doc_lens)
-    pos[:total] = np.arange(total, dtype=np.int64) - starts
+    np.subtract(_arange(total), starts, out=pos[:total])
     if pad:
         pad_pos = np.arange(pad, dtype=np.int64)
         pos[total:] = pad_pos % position_limit if position_limit else pad_pos
