@@ -1,0 +1,53 @@
+"""The arrows that must never exist (shared/DESIGN.md), checked on the source itself."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def tops(path: Path) -> set[str]:
+    return {name.split(".")[0] for name in imported_modules(path)}
+
+
+@pytest.mark.parametrize("path", files("packtool"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_packtool_never_imports_torch_and_only_the_cli_imports_click(path):
+    used = tops(path)
+    assert "torch" not in used
+    if path.name != "cli.py":
+        assert "click" not in used
+
+
+@pytest.mark.parametrize("path", files("attention"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_attention_takes_a_batch_dict_not_the_loader(path):
+    assert not tops(path) & {"loader", "packtool"}
+
+
+@pytest.mark.parametrize("name", ["pack.py", "kernels.py"])
+def test_packing_is_pure(name):
+    used = imported_modules(ROOT / "packtool" / name)
+    assert not used & {"pyarrow.parquet", "os", "pathlib", "shutil", "io"}
+
+
+def test_the_architecture_test_sees_real_imports():
+    # Guards the guard: the CLI does import click, the model does import torch.
+    assert "click" in tops(ROOT / "packtool" / "cli.py")
+    assert "torch" in tops(ROOT / "attention" / "model.py")
