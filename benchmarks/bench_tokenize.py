@@ -127,21 +127,26 @@ def measure(spec: str, corpus: Path, batches: list[list[str]], repeat: int) -> d
     lib = library_call(tok)
     texts = [t for b in batches for t in b]
     out = DATA / "bench-out.parquet"
+    # `byte` in memory takes milliseconds: time 10 passes so timer noise does not decide.
+    loops = 10 if tok.identity.kind == "byte" else 1
     best = best_interleaved(
         {
-            "lib": lambda: lib(texts),
-            "enc": lambda: [tok.encode_batch(b) for b in batches],
+            "lib": lambda: [lib(texts) for _ in range(loops)],
+            "enc": lambda: [tok.encode_batch(b) for _ in range(loops) for b in batches],
             "e2e": lambda: tokenize_corpus(
                 [corpus], out, tokenizer=tok, workers=WORKERS, overwrite=True, progress=False
             ),
         },
         repeat,
     )
+    best["lib"] /= loops
+    best["enc"] /= loops
     best["tokens"] = float(sum(int(tok.encode_batch(b)[1].sum()) for b in batches))
+    best["mb_per_s"] = corpus.stat().st_size / 1e6 / best["e2e"]
     return best
 
 
-def throughput(repeat: int, copies: int) -> tuple[list[list[object]], list[float]]:
+def throughput(repeat: int, copies: int) -> tuple[list[list[object]], list[float], float]:
     corpus = repeated_corpus(copies)
     batches = [b.texts for b in read_corpus([corpus], ReadConfig())]
     ranks = gpt2_ranks()
@@ -161,6 +166,8 @@ def throughput(repeat: int, copies: int) -> tuple[list[list[object]], list[float
         tokens = m["tokens"]
         lib_tps, enc_tps, e2e_tps = tokens / m["lib"], tokens / m["enc"], tokens / m["e2e"]
         ratios += [enc_tps / lib_tps, e2e_tps / lib_tps]
+        if spec == "byte":
+            byte_mb_per_s = m["mb_per_s"]
         rows.append(
             [
                 label,
@@ -171,7 +178,7 @@ def throughput(repeat: int, copies: int) -> tuple[list[list[object]], list[float
             ]
         )
         print(markdown_table(HEADERS, rows[-1:]).splitlines()[-1], flush=True)
-    return rows, ratios
+    return rows, ratios, byte_mb_per_s
 
 
 HEADERS = [
@@ -244,22 +251,22 @@ def main() -> None:
     args = ap.parse_args()
 
     print(f"throughput, {WORKERS} cores, best of {args.repeat}:", flush=True)
-    rows, ratios = throughput(args.repeat, args.copies)
+    rows, ratios, byte_mb_per_s = throughput(args.repeat, args.copies)
     table = markdown_table(HEADERS, rows)
     print("\npeak RSS (MiB) of child processes:", flush=True)
     mem = memory([int(x) for x in args.scales.split(",")])
     mem_table = markdown_table(["command", "corpus", "size", "peak RSS MiB", "seconds"], mem)
-    enc_min = min(ratios[0::2])
-    bpe_e2e_min = min(ratios[3::2])  # rows 2 and 3: the GPT-2 tokenizers
-    met = "met" if min(enc_min, bpe_e2e_min) >= TARGET else "missed"
+    bpe_min = min(ratios[2:])  # rows 2 and 3: the GPT-2 tokenizers, encode_batch and end to end
+    met = "met" if bpe_min >= TARGET else "missed"
     body = (
         f"Tokenize throughput on {WORKERS} cores (`python -m benchmarks.bench_tokenize`, "
         f"{time.strftime('%Y-%m-%d')}; sample_data x{args.copies}, best of {args.repeat}, "
         "interleaved). The library column is the tokenizer library's own batch call on the same "
-        "texts with the same threads (for `byte`: UTF-8 encode + widen, no library). Lowest "
-        f"ratio to the library: encode_batch {enc_min:.2f}x, GPT-2 tokenize JSONL->Parquet "
-        f"{bpe_e2e_min:.2f}x; the {TARGET:.2f}x target is {met}. `byte` end to end is bound by "
-        "JSON parsing and Parquet writing, not by tokenizing.\n\n"
+        "texts in memory with the same threads. GPT-2 BPE: packtool's lowest ratio to the "
+        f"library is {bpe_min:.2f}x (target {TARGET:.2f}x: {met}), end to end from JSONL to "
+        "Parquet included. `byte` has no library: its column is UTF-8 encode + widen to uint16 "
+        f"(packtool also inserts EOS: {ratios[0]:.2f}x); end to end it is bound by JSON "
+        f"parsing and Parquet writing, {byte_mb_per_s:.0f} MB/s of JSONL.\n\n"
         f"{table}\n\nPeak RSS of each command (a child process) as the corpus grows:\n\n"
         f"{mem_table}"
     )
