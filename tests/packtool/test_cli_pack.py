@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool.manifest import read_manifest
-from tests.packtool.test_cli_tokenize import one_error_line, run
+from tests.cli import one_error_line, run
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "sample_data" / "corpus.jsonl"

@@ -7,20 +7,15 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from packtool.cli import cli, main
+from packtool.cli import cli
+from tests.cli import run
 
 SAMPLE = "sample_data/corpus.jsonl"
 
 
 def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """Run `packtool ARGS` as the console script does: (exit code, stdout, stderr)."""
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+    """`packtool ARGS` through `main()` (tests.cli.run; capsys kept for the call sites)."""
+    return run(*args)
 
 
 @pytest.fixture(scope="module")

@@ -9,29 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from packtool.cli import main
+from tests.cli import one_error_line, run
 from tests.packtool.test_corpus import bad_jsonl, write_corpus
-
-
-def run(*args: str) -> tuple[int, str, str]:
-    """Run `packtool ARGS` as the console script does; returns (exit code, stdout, stderr)."""
-    runner = CliRunner()
-    with runner.isolation() as streams:
-        try:
-            main([str(a) for a in args])
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    out, err = streams[0].getvalue().decode(), streams[1].getvalue().decode()
-    return code, out, err
-
-
-def one_error_line(err: str) -> str:
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ")
-    return lines[0]
 
 
 def test_tokenize_happy_path(tmp_path):

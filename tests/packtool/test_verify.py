@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packtool.cli import main
 from packtool.errors import DataError
 from packtool.manifest import INDEX_FILE, packed_schema
 from packtool.verify import first_bad_row, row_problem, verify_dataset
+from tests.cli import run
 
 from .conftest import row_columns
 
@@ -27,14 +27,8 @@ TOKENS = 5 + 11 + 16 + 4 + 3 + 16 + 6 + 10 + 2
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """Run `packtool ARGS` through `main()` (as the console script does): (exit code, out, err)."""
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+    """`packtool ARGS` through `main()` (tests.cli.run; capsys kept for the call sites)."""
+    return run(*args)
 
 
 def edit_index(directory: Path, **changes) -> None:

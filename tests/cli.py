@@ -1,0 +1,29 @@
+"""Run `packtool` exactly as the console script does, for tests of the CLI."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from packtool.cli import main
+
+
+def run(*args: object) -> tuple[int, str, str]:
+    """Run `packtool ARGS` through `main()`; returns (exit code, stdout, stderr)."""
+    runner = CliRunner()
+    with runner.isolation() as streams:
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    out, err = streams[0].getvalue().decode(), streams[1].getvalue().decode()
+    return code, out, err
+
+
+def one_error_line(err: str) -> str:
+    """The single `error: ...` line a user mistake must produce (no traceback)."""
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    return lines[0]
