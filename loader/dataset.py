@@ -104,7 +104,8 @@ class LoaderConfig:
         }
 
 
-def _dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+def dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """This process's (rank, world size): the explicit values, else torch.distributed's, else (0, 1)."""
     if rank is not None and world_size is not None:
         return rank, world_size
     import torch.distributed as dist
@@ -148,7 +149,7 @@ class PackedDataset(IterableDataset):
         elif settings:
             raise ConfigError(f"give either a config or keyword settings, not both ({sorted(settings)})")
         self.config = config
-        self.rank, self.world_size = _dist_rank_world(rank, world_size)
+        self.rank, self.world_size = dist_rank_world(rank, world_size)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world_size}")
         self.store = ShardStore(path, verify=config.verify, cache_bytes=config.cache_bytes)

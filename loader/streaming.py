@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
+from loader.dataset import dist_rank_world
 from loader.online import OnlineConfig, OnlinePacker, PackedRows, RowBatcher
 from packtool.corpus import expand_inputs
 from packtool.errors import ConfigError, DataError
@@ -38,19 +39,6 @@ from packtool.tokenize import input_identity, tokenized_meta
 
 STATE_VERSION = 1
 SHARD_BY = ("document", "row_group")
-
-
-def _dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return (
-            dist.get_rank() if rank is None else rank,
-            dist.get_world_size() if world_size is None else world_size,
-        )
-    return (0 if rank is None else rank), (1 if world_size is None else world_size)
 
 
 class StreamingPackedDataset(IterableDataset):
@@ -105,7 +93,7 @@ class StreamingPackedDataset(IterableDataset):
         self.drop_last = drop_last
         self.shard_by = shard_by
         self.collate_kwargs = dict(collate_kwargs or {})
-        self.rank, self.world_size = _dist_rank_world(rank, world_size)
+        self.rank, self.world_size = dist_rank_world(rank, world_size)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ConfigError(
                 f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world_size}"
