@@ -47,7 +47,9 @@ def dataset(gb: float) -> Path:
     n_rows = int(gb * 1e9 / (4 * 0.98 * MAX_LEN))
     if not (path / "index.json").is_file():
         t0 = time.perf_counter()
-        write_random_dataset(path, n_rows=n_rows, max_len=MAX_LEN, mean_doc=300, seed=0, shard_config=ShardConfig())
+        write_random_dataset(
+            path, n_rows=n_rows, max_len=MAX_LEN, mean_doc=300, seed=0, shard_config=ShardConfig()
+        )
         print(f"wrote {path} in {time.perf_counter() - t0:.1f}s")
     return path
 
@@ -103,7 +105,9 @@ def baseline(path: Path, workers: int, tokens_goal: float, files: list[str]):
     from transformers import DataCollatorWithFlattening
 
     datasets.disable_progress_bars()
-    hf = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(path / "hf_cache"))
+    hf = datasets.load_dataset(
+        "parquet", data_files=files, split="train", cache_dir=str(path / "hf_cache")
+    )
     collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
     rows_per_batch = BUDGET // MAX_LEN
 
@@ -189,7 +193,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--tokens", type=float, default=150e6, help="tokens timed per packtool run")
-    ap.add_argument("--baseline-tokens", type=float, default=6e6, help="tokens timed per baseline run")
+    ap.add_argument(
+        "--baseline-tokens", type=float, default=6e6, help="tokens timed per baseline run"
+    )
     ap.add_argument("--no-readme", action="store_true")
     args = ap.parse_args(argv)
     path = dataset(args.gb)
@@ -235,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
             f"bytes/token on disk), {rows:,} rows of <= {MAX_LEN} tokens, "
             f"batches of <= {BUDGET:,} tokens, {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, "
             f"load average {os.getloadavg()[0]:.1f} at the end. "
-            "Baseline: `datasets.load_dataset(\"parquet\")` + `DataCollatorWithFlattening` through a "
+            'Baseline: `datasets.load_dataset("parquet")` + `DataCollatorWithFlattening` through a '
             "DataLoader, rows split into their documents. Measured by `python -m benchmarks.bench_loader`.",
             "",
             markdown_table(headers, table),

@@ -94,8 +94,17 @@ def efficiency_table(quick: bool) -> tuple[str, list[str]]:
     for name, lengths in sets.items():
         off, off_rows = offline_efficiency(lengths)
         segs = make_segments(lengths, MAX_LEN, "split")[0].length.size
-        rows_out.append([name, f"{len(lengths):,} docs / {segs:,} segs", "offline FFD", "-",
-                         f"{off:.4f}", off_rows, "1.0000"])
+        rows_out.append(
+            [
+                name,
+                f"{len(lengths):,} docs / {segs:,} segs",
+                "offline FFD",
+                "-",
+                f"{off:.4f}",
+                off_rows,
+                "1.0000",
+            ]
+        )
         for buf in buffers:
             for label, cfg in [
                 ("online FFD", {}),
@@ -105,10 +114,21 @@ def efficiency_table(quick: bool) -> tuple[str, list[str]]:
                 if label != "online FFD" and buf not in (1_000, 10_000):
                     continue
                 s = online_run(lengths, buffer_docs=buf, **cfg)
-                rows_out.append([name, "", label, f"{buf:,}", f"{s['efficiency']:.4f}", s["rows"],
-                                 f"{s['efficiency'] / off:.4f}"])
+                rows_out.append(
+                    [
+                        name,
+                        "",
+                        label,
+                        f"{buf:,}",
+                        f"{s['efficiency']:.4f}",
+                        s["rows"],
+                        f"{s['efficiency'] / off:.4f}",
+                    ]
+                )
                 if label == "online FFD" and buf == 10_000:
-                    notes.append(f"{name}: online/offline at a 10k buffer = {s['efficiency'] / off:.4f}")
+                    notes.append(
+                        f"{name}: online/offline at a 10k buffer = {s['efficiency'] / off:.4f}"
+                    )
     headers = ["corpus", "size", "packer", "buffer", "efficiency", "rows", "vs offline"]
     return markdown_table(headers, rows_out), notes
 
@@ -124,19 +144,51 @@ def throughput_table(quick: bool) -> str:
     rows = []
     for name, L, T in [("sample_data", lengths, tokens), ("stdlib", stdlib, None)]:
         online_run(L[:20_000], buffer_docs=10_000)  # warm-up: numba compile / cache load
-        t = min(_timed(lambda L=L: kernels.ffd_assign(make_segments(L, MAX_LEN, "split")[0].length, MAX_LEN))
-                for _ in range(2))
-        rows.append([name, f"{len(L):,}", "offline FFD (split + assign, no rows)", "-",
-                     f"{len(L) / t / 1e6:.2f}", "-"])
+        t = min(
+            _timed(
+                lambda L=L: kernels.ffd_assign(
+                    make_segments(L, MAX_LEN, "split")[0].length, MAX_LEN
+                )
+            )
+            for _ in range(2)
+        )
+        rows.append(
+            [
+                name,
+                f"{len(L):,}",
+                "offline FFD (split + assign, no rows)",
+                "-",
+                f"{len(L) / t / 1e6:.2f}",
+                "-",
+            ]
+        )
         for buf in (1_000, 10_000, 100_000):
             t = min(_timed(lambda L=L, buf=buf: online_run(L, buffer_docs=buf)) for _ in range(2))
-            rows.append([name, f"{len(L):,}", "online, lengths only", f"{buf:,}",
-                         f"{len(L) / t / 1e6:.2f}", "-"])
+            rows.append(
+                [
+                    name,
+                    f"{len(L):,}",
+                    "online, lengths only",
+                    f"{buf:,}",
+                    f"{len(L) / t / 1e6:.2f}",
+                    "-",
+                ]
+            )
         if T is not None:
             Lt = np.tile(lens, -(-tok_docs // len(lens)))
-            t = min(_timed(lambda Lt=Lt, T=T: online_run(Lt, T, buffer_docs=10_000)) for _ in range(2))
-            rows.append([name, f"{len(Lt):,}", "online, with tokens", "10,000",
-                         f"{len(Lt) / t / 1e6:.2f}", f"{len(T) / t / 1e6:.0f}"])
+            t = min(
+                _timed(lambda Lt=Lt, T=T: online_run(Lt, T, buffer_docs=10_000)) for _ in range(2)
+            )
+            rows.append(
+                [
+                    name,
+                    f"{len(Lt):,}",
+                    "online, with tokens",
+                    "10,000",
+                    f"{len(Lt) / t / 1e6:.2f}",
+                    f"{len(T) / t / 1e6:.0f}",
+                ]
+            )
     headers = ["corpus", "documents", "what", "buffer", "M docs/s", "M tokens/s"]
     return markdown_table(headers, rows)
 
@@ -155,11 +207,30 @@ def serving_table(quick: bool) -> str:
     for rate in (200, 1_000, 4_000):
         for wait in (0.0, 10.0, 50.0):
             r = _serve(rate, wait, model_ms, budget, duration)
-            rows.append([rate, wait, r["requests"], r["batches"], f"{r['per_batch']:.1f}",
-                         f"{r['fill']:.2f}", f"{r['p50']:.1f}", f"{r['p99']:.1f}",
-                         f"{r['wait_p99']:.1f}"])
-    headers = ["arrivals/s", "max_wait_ms", "requests", "batches", "requests/batch", "batch fill",
-               "added p50 ms", "added p99 ms", "batcher wait p99 ms"]
+            rows.append(
+                [
+                    rate,
+                    wait,
+                    r["requests"],
+                    r["batches"],
+                    f"{r['per_batch']:.1f}",
+                    f"{r['fill']:.2f}",
+                    f"{r['p50']:.1f}",
+                    f"{r['p99']:.1f}",
+                    f"{r['wait_p99']:.1f}",
+                ]
+            )
+    headers = [
+        "arrivals/s",
+        "max_wait_ms",
+        "requests",
+        "batches",
+        "requests/batch",
+        "batch fill",
+        "added p50 ms",
+        "added p99 ms",
+        "batcher wait p99 ms",
+    ]
     return markdown_table(headers, rows)
 
 

@@ -82,7 +82,11 @@ class LoaderConfig:
             raise ConfigError(f"tokens_per_batch must be >= 1, got {self.tokens_per_batch}")
         if self.max_docs_per_batch is not None and self.max_docs_per_batch < 2:
             raise ConfigError(f"max_docs_per_batch must be >= 2, got {self.max_docs_per_batch}")
-        if self.static_shape and self.tokens_per_batch is not None and self.max_docs_per_batch is None:
+        if (
+            self.static_shape
+            and self.tokens_per_batch is not None
+            and self.max_docs_per_batch is None
+        ):
             raise ConfigError("static_shape with tokens_per_batch needs max_docs_per_batch")
         if self.layout not in ("packtool", "hf"):
             raise ConfigError(f"layout {self.layout!r} is unknown; choose 'packtool' or 'hf'")
@@ -147,11 +151,15 @@ class PackedDataset(IterableDataset):
         if config is None:
             config = LoaderConfig(**settings)
         elif settings:
-            raise ConfigError(f"give either a config or keyword settings, not both ({sorted(settings)})")
+            raise ConfigError(
+                f"give either a config or keyword settings, not both ({sorted(settings)})"
+            )
         self.config = config
         self.rank, self.world_size = dist_rank_world(rank, world_size)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world_size}")
+            raise ConfigError(
+                f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world_size}"
+            )
         self.store = ShardStore(path, verify=config.verify, cache_bytes=config.cache_bytes)
         self.fingerprint = self.store.manifest.fingerprint
         max_len = self.store.max_len
@@ -241,7 +249,9 @@ class PackedDataset(IterableDataset):
             lengths=self.lengths,
             n_docs=self.n_docs,
             rows_cap=c.rows_per_batch,
-            tokens_cap=self.pad_tokens if c.tokens_per_batch is None and c.static_shape else c.tokens_per_batch,
+            tokens_cap=self.pad_tokens
+            if c.tokens_per_batch is None and c.static_shape
+            else c.tokens_per_batch,
             docs_cap=(self.max_docs - 1) if c.static_shape else None,
         )
 
@@ -322,7 +332,9 @@ class PackedDataset(IterableDataset):
             stride_first = first  # a worker's own next step, restored by StatefulDataLoader
         else:
             epoch = int(self._shared[0])
-            origin, first = (int(self._shared[1]), int(self._shared[2])) if self._shared[3] else (0, 0)
+            origin, first = (
+                (int(self._shared[1]), int(self._shared[2])) if self._shared[3] else (0, 0)
+            )
             stride_first = first + worker
         plan = self.plan(epoch, origin)
         self._iter_epoch, self._iter_origin = epoch, origin
@@ -418,14 +430,18 @@ class PackedDataset(IterableDataset):
 
     def _check(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise DataError(f"not a PackedDataset state (version {state.get('version') if isinstance(state, dict) else None!r})")
+            raise DataError(
+                f"not a PackedDataset state (version {state.get('version') if isinstance(state, dict) else None!r})"
+            )
         if state["fingerprint"] != self.fingerprint:
             raise DataError(
                 f"the state was saved on dataset {state['fingerprint']} but this is {self.fingerprint} "
                 f"({self.store.path}); resume on the same packed data"
             )
         if state["seed"] != self.config.seed:
-            raise DataError(f"the state was saved with seed {state['seed']} but this loader uses seed {self.config.seed}")
+            raise DataError(
+                f"the state was saved with seed {state['seed']} but this loader uses seed {self.config.seed}"
+            )
 
     def _resume_point(self, state: dict[str, Any], *, own_step: bool) -> tuple[int, int, int]:
         if state["layout"] == self.config.layout_key(self.world_size):
@@ -442,8 +458,14 @@ class PackedDataset(IterableDataset):
 
     def balance_report(self, epoch: int | None = None) -> dict[str, float]:
         """Mean over the epoch's steps of max/mean rank cost, plain split vs balanced."""
-        lengths, _, sq = (self.lengths, None, None) if self.cost is not None else self.store.row_index()
-        cost = self.cost if self.cost is not None else row_cost(sq, lengths, self.config.balance_linear)
+        lengths, _, sq = (
+            (self.lengths, None, None) if self.cost is not None else self.store.row_index()
+        )
+        cost = (
+            self.cost
+            if self.cost is not None
+            else row_cost(sq, lengths, self.config.balance_linear)
+        )
         plan = self.plan(self.epoch if epoch is None else epoch)
         before, after = [], []
         saved = self.cost
@@ -455,8 +477,14 @@ class PackedDataset(IterableDataset):
                 loads = np.zeros(self.world_size)
                 for r in range(self.world_size):
                     mine = rank_rows(
-                        plan, step, r, balance=True, cost=cost, lengths=self.lengths,
-                        n_docs=self.n_docs, rows_cap=self.config.rows_per_batch,
+                        plan,
+                        step,
+                        r,
+                        balance=True,
+                        cost=cost,
+                        lengths=self.lengths,
+                        n_docs=self.n_docs,
+                        rows_cap=self.config.rows_per_batch,
                         tokens_cap=self.config.tokens_per_batch,
                     )
                     loads[r] = cost[mine].sum()
@@ -505,4 +533,3 @@ def _merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:
         raise DataError("the StatefulDataLoader state holds no PackedDataset state")
     # Each worker's next step; the first unconsumed global step is the smallest of them.
     return min(states, key=lambda s: (s["epoch"], s["next_step"]))
-

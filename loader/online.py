@@ -136,7 +136,7 @@ class PackedRows:
     def row(self, r: int) -> tuple[NDArray | None, NDArray[np.int64], NDArray[np.int64]]:
         """`(tokens, doc_lens, doc_ids)` of row `r`."""
         a, b = int(self.row_docs[r]), int(self.row_docs[r + 1])
-        start = int(self.seg_len[: a].sum())
+        start = int(self.seg_len[:a].sum())
         stop = start + int(self.seg_len[a:b].sum())
         toks = None if self.tokens is None else self.tokens[start:stop]
         return toks, self.seg_len[a:b], self.doc_ids[a:b]
@@ -164,7 +164,8 @@ class PackedRows:
             return parts[0]
         shifts = np.cumsum([0] + [len(p.seg_len) for p in parts[:-1]])
         row_docs = np.concatenate(
-            [parts[0].row_docs[:1]] + [p.row_docs[1:] + s for p, s in zip(parts, shifts, strict=True)]
+            [parts[0].row_docs[:1]]
+            + [p.row_docs[1:] + s for p, s in zip(parts, shifts, strict=True)]
         )
         toks = None
         if parts[0].tokens is not None:
@@ -325,7 +326,9 @@ class OnlinePacker:
         if config is None:
             config = OnlineConfig(**settings)
         elif settings:
-            raise ConfigError(f"give either a config or keyword settings, not both ({sorted(settings)})")
+            raise ConfigError(
+                f"give either a config or keyword settings, not both ({sorted(settings)})"
+            )
         self.config = config
         self.seed_key = tuple(int(k) for k in seed_key)
         self._parts: list[_Part] = []
@@ -366,7 +369,9 @@ class OnlinePacker:
             )
         lengths = np.asarray(lengths)
         if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
-            raise DataError(f"lengths must be a 1-D integer array, got {lengths.dtype} {lengths.shape}")
+            raise DataError(
+                f"lengths must be a 1-D integer array, got {lengths.dtype} {lengths.shape}"
+            )
         lengths = lengths.astype(np.int64, copy=False)
         if lengths.size and int(lengths.min()) < 0:
             raise DataError(f"document {int(np.argmin(lengths))} has a negative length")
@@ -549,9 +554,7 @@ class OnlinePacker:
             toks = None if buf.tokens is None else _gather(buf.tokens, buf.start[order], seg_len)
             if toks is not None and self._dtype is not None:
                 toks = toks.astype(self._dtype, copy=False)
-            self._out.append(
-                PackedRows(row_docs, seg_len, buf.doc[order], buf.chunk[order], toks)
-            )
+            self._out.append(PackedRows(row_docs, seg_len, buf.doc[order], buf.chunk[order], toks))
             self._counts.rows += n_emit
             self._counts.tokens_out += int(seg_len.sum())
         if held.any():
@@ -612,7 +615,9 @@ class OnlinePacker:
         return {
             "config": {f.name: getattr(self.config, f.name) for f in fields(self.config)},
             "seed_key": list(self.seed_key),
-            "buffer": None if buf is None else {f.name: getattr(buf, f.name) for f in fields(_Part)},
+            "buffer": None
+            if buf is None
+            else {f.name: getattr(buf, f.name) for f in fields(_Part)},
             "out": PackedRows.concat(self._out).to_state() if self._out else None,
             "has_tokens": self._has_tokens,
             "dtype": None if self._dtype is None else self._dtype.str,
@@ -654,7 +659,9 @@ class OnlinePacker:
 
     # ---- iterators --------------------------------------------------------------------------
 
-    def pack_stream(self, source: Iterable[Any], *, docs_per_push: int = 4096) -> Iterator[PackedRows]:
+    def pack_stream(
+        self, source: Iterable[Any], *, docs_per_push: int = 4096
+    ) -> Iterator[PackedRows]:
         """Pack a whole stream, yielding rows as packs complete and the rest at its end.
 
         `source` yields `pyarrow` tables of the tokenized schema (`tokenized_batches`), or token

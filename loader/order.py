@@ -101,7 +101,9 @@ def cut_batches(
     while start < n:
         end = int(np.searchsorted(cum, cum[start] + tokens_per_batch, side="right")) - 1
         if cum_docs is not None:
-            end = min(end, int(np.searchsorted(cum_docs, cum_docs[start] + max_docs, side="right")) - 1)
+            end = min(
+                end, int(np.searchsorted(cum_docs, cum_docs[start] + max_docs, side="right")) - 1
+            )
         end = max(end, start + 1)  # a single row always fits (checked against max_len upfront)
         bounds.append(end)
         start = end

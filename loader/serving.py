@@ -111,7 +111,11 @@ class RequestBatcher:
             BatcherClosedError: after `close()`.
         """
         fut: Future = Future()
-        arr = np.asarray(tokens).reshape(-1) if not hasattr(tokens, "numpy") else tokens.numpy().reshape(-1)
+        arr = (
+            np.asarray(tokens).reshape(-1)
+            if not hasattr(tokens, "numpy")
+            else tokens.numpy().reshape(-1)
+        )
         with self._cond:
             if self._closing:
                 raise BatcherClosedError("this RequestBatcher is closed; submit to a new one")

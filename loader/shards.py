@@ -76,7 +76,9 @@ def _int_numpy(arr: pa.Array) -> np.ndarray:
     if dtype is None:
         raise TypeError(f"{arr.type} is not an integer type")
     itemsize = np.dtype(dtype).itemsize
-    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * itemsize)
+    return np.frombuffer(
+        arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * itemsize
+    )
 
 
 def _list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, int]:
@@ -185,10 +187,14 @@ class ShardStore:
                 if not pa.types.is_list(schema.field(name).type) and not pa.types.is_large_list(
                     schema.field(name).type
                 ):
-                    raise DataError(f"{file}: column {name!r} is {schema.field(name).type}, not a list")
+                    raise DataError(
+                        f"{file}: column {name!r} is {schema.field(name).type}, not a list"
+                    )
             value_type = schema.field("input_ids").type.value_type
             if value_type not in _INT_TYPES or value_type.bit_width > 32:
-                raise DataError(f"{file}: input_ids hold {value_type}, not 8-32 bit integer token ids")
+                raise DataError(
+                    f"{file}: input_ids hold {value_type}, not 8-32 bit integer token ids"
+                )
             token_dtypes.append(_INT_TYPES[value_type])
             if meta.num_rows != info.rows:
                 raise DataError(f"{file}: {meta.num_rows} rows but index.json says {info.rows}")
@@ -277,7 +283,9 @@ class ShardStore:
             doc_ids=ids.astype(np.int64, copy=False),
             doc_ids_offsets=ids_off.astype(np.int64, copy=False),
         )
-        validate_row_group(data, max_len=self.max_len, where=where, first_row=int(self._rg_first[g]))
+        validate_row_group(
+            data, max_len=self.max_len, where=where, first_row=int(self._rg_first[g])
+        )
         self.decoded_row_groups += 1
         self._cache[g] = data
         self._cached_bytes += data.nbytes
@@ -286,7 +294,9 @@ class ShardStore:
             self._cached_bytes -= old.nbytes
         return data
 
-    def _slices(self, rows: np.ndarray) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], int, int]:
+    def _slices(
+        self, rows: np.ndarray
+    ) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], int, int]:
         """Per row: (tokens, cu_seqlens, doc ids) views into cached row groups; total tokens, docs."""
         groups = self.row_group_of(rows)
         parts = []
@@ -297,7 +307,9 @@ class ShardStore:
             a, b = int(data.token_offsets[i]), int(data.token_offsets[i + 1])
             oa, ob = int(data.doc_offsets_offsets[i]), int(data.doc_offsets_offsets[i + 1])
             ia = int(data.doc_ids_offsets[i])
-            parts.append((data.tokens[a:b], data.doc_offsets[oa:ob], data.doc_ids[ia : ia + ob - oa - 1]))
+            parts.append(
+                (data.tokens[a:b], data.doc_offsets[oa:ob], data.doc_ids[ia : ia + ob - oa - 1])
+            )
             n_tokens += b - a
             n_docs += ob - oa - 1
         return parts, n_tokens, n_docs
@@ -365,18 +377,30 @@ class ShardStore:
         for i, info in enumerate(self.manifest.shards):
             where = str(self.path / info.file)
             try:
-                col = self._file(i).read(columns=["doc_offsets"], use_threads=False).column("doc_offsets")
+                col = (
+                    self._file(i)
+                    .read(columns=["doc_offsets"], use_threads=False)
+                    .column("doc_offsets")
+                )
                 off, off_off, nulls = _list_parts(col)
             except (pa.ArrowException, OSError) as exc:
-                raise DataError(f"{where}: doc_offsets unreadable ({exc}); the shard is damaged") from None
+                raise DataError(
+                    f"{where}: doc_offsets unreadable ({exc}); the shard is damaged"
+                ) from None
             n = len(off_off) - 1
             counts = np.diff(off_off)
             if nulls or (counts < 2).any():
                 raise DataError(f"{where}: malformed doc_offsets (null or fewer than 2 entries)")
             ends = off[off_off[1:] - 1].astype(np.int64)
             if (ends > self.max_len).any() or (ends <= 0).any() or (off[off_off[:-1]] != 0).any():
-                bad = int(np.flatnonzero((ends > self.max_len) | (ends <= 0) | (off[off_off[:-1]] != 0))[0])
-                raise DataError(f"{where}: row {bad}: doc_offsets out of range; the shard is damaged")
+                bad = int(
+                    np.flatnonzero((ends > self.max_len) | (ends <= 0) | (off[off_off[:-1]] != 0))[
+                        0
+                    ]
+                )
+                raise DataError(
+                    f"{where}: row {bad}: doc_offsets out of range; the shard is damaged"
+                )
             steps = np.diff(off.astype(np.int64))
             sq_all = np.zeros(len(off), dtype=np.float64)
             sq_all[1:] = np.cumsum(steps.astype(np.float64) ** 2)

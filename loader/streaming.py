@@ -81,7 +81,9 @@ class StreamingPackedDataset(IterableDataset):
         if config is None:
             config = OnlineConfig(**settings)
         elif settings:
-            raise ConfigError(f"give either a config or keyword settings, not both ({sorted(settings)})")
+            raise ConfigError(
+                f"give either a config or keyword settings, not both ({sorted(settings)})"
+            )
         if config.buffer_seconds is not None:
             raise ConfigError("a training stream must be reproducible: leave buffer_seconds unset")
         if shard_by not in SHARD_BY:
@@ -132,9 +134,19 @@ class StreamingPackedDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         slot, n_slots = self._slot()
         packer = OnlinePacker(self.config, seed_key=(self.epoch, slot, n_slots))
-        batcher = RowBatcher(rows_per_batch=self.rows_per_batch, tokens_per_batch=self.tokens_per_batch)
-        live = {"slot": slot, "n_slots": n_slots, "epoch": self.epoch, "next_group": 0,
-                "packer": packer, "batcher": batcher, "ready": [], "done": False}
+        batcher = RowBatcher(
+            rows_per_batch=self.rows_per_batch, tokens_per_batch=self.tokens_per_batch
+        )
+        live = {
+            "slot": slot,
+            "n_slots": n_slots,
+            "epoch": self.epoch,
+            "next_group": 0,
+            "packer": packer,
+            "batcher": batcher,
+            "ready": [],
+            "done": False,
+        }
         if self._resume is not None:
             state, self._resume = self._resume, None
             self._restore(live, state)
@@ -201,7 +213,12 @@ class StreamingPackedDataset(IterableDataset):
         it yielded). Before any iteration: the start of the current epoch."""
         live = self._live
         if live is None:
-            return {"version": STATE_VERSION, "key": self._key(), "epoch": self.epoch, "start": True}
+            return {
+                "version": STATE_VERSION,
+                "key": self._key(),
+                "epoch": self.epoch,
+                "start": True,
+            }
         return {
             "version": STATE_VERSION,
             "key": self._key(),
@@ -223,7 +240,11 @@ class StreamingPackedDataset(IterableDataset):
             DataError: the state belongs to other inputs or settings, or is not a state of this
                 class.
         """
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION or "key" not in state:
+        if (
+            not isinstance(state, dict)
+            or state.get("version") != STATE_VERSION
+            or "key" not in state
+        ):
             raise DataError("not a StreamingPackedDataset state")
         mine = self._key()
         if state["key"] != mine:

@@ -31,10 +31,15 @@ def rows_table(
     n_docs_offsets = doc_offsets_offsets - np.arange(len(doc_offsets_offsets))
     cols = [
         pa.ListArray.from_arrays(pa.array(row_offsets, pa.int32()), pa.array(tokens, token_type)),
-        pa.ListArray.from_arrays(pa.array(doc_offsets_offsets, pa.int32()), pa.array(doc_offsets, pa.int32())),
-        pa.ListArray.from_arrays(pa.array(n_docs_offsets, pa.int32()), pa.array(doc_ids, pa.int64())),
         pa.ListArray.from_arrays(
-            pa.array(n_docs_offsets, pa.int32()), pa.array(np.zeros(len(doc_ids), np.int32), pa.int32())
+            pa.array(doc_offsets_offsets, pa.int32()), pa.array(doc_offsets, pa.int32())
+        ),
+        pa.ListArray.from_arrays(
+            pa.array(n_docs_offsets, pa.int32()), pa.array(doc_ids, pa.int64())
+        ),
+        pa.ListArray.from_arrays(
+            pa.array(n_docs_offsets, pa.int32()),
+            pa.array(np.zeros(len(doc_ids), np.int32), pa.int32()),
         ),
     ]
     return pa.Table.from_arrays(cols, schema=packed_schema(token_type))
@@ -74,7 +79,12 @@ def write_dataset(
                 ids_col.append(list(doc_ids[start + j]))
             chunk_col.append([0] * len(row))
         table = pa.table(
-            {"input_ids": tok_col, "doc_offsets": off_col, "doc_ids": ids_col, "doc_chunks": chunk_col},
+            {
+                "input_ids": tok_col,
+                "doc_offsets": off_col,
+                "doc_ids": ids_col,
+                "doc_chunks": chunk_col,
+            },
             schema=packed_schema(token_type),
         )
         shards.append(_write_shard(path, s, table, row_group_rows, compression))
@@ -112,12 +122,18 @@ def write_random_dataset(
     next_id = 0
     for s, start in enumerate(range(0, n_rows, rows_per_shard)):
         n = min(rows_per_shard, n_rows - start)
-        row_lens = np.clip(rng.normal(fill * max_len, 0.02 * max_len, n).astype(np.int64), 1, max_len)
+        row_lens = np.clip(
+            rng.normal(fill * max_len, 0.02 * max_len, n).astype(np.int64), 1, max_len
+        )
         # Documents per row: cut each row at random points (expected length mean_doc).
         offs, off_off = [], [0]
         for length in row_lens.tolist():
             k = max(int(length / mean_doc), 1)
-            cuts = np.unique(rng.integers(1, length, size=k - 1)) if length > 1 and k > 1 else np.zeros(0, np.int64)
+            cuts = (
+                np.unique(rng.integers(1, length, size=k - 1))
+                if length > 1 and k > 1
+                else np.zeros(0, np.int64)
+            )
             o = np.concatenate([[0], cuts, [length]])
             offs.append(o)
             off_off.append(off_off[-1] + len(o))
@@ -143,13 +159,21 @@ def write_random_dataset(
     return _finish(path, shards, max_len=max_len)
 
 
-def _write_shard(path: Path, index: int, table: pa.Table, row_group_rows: int, compression: str | None) -> ShardInfo:
+def _write_shard(
+    path: Path, index: int, table: pa.Table, row_group_rows: int, compression: str | None
+) -> ShardInfo:
     name = f"shard-{index:05d}.parquet"
     file = path / name
     pq.write_table(table, file, row_group_size=row_group_rows, compression=compression)
-    tokens = int(pa.compute.sum(pa.compute.list_value_length(table.column("input_ids"))).as_py() or 0)
+    tokens = int(
+        pa.compute.sum(pa.compute.list_value_length(table.column("input_ids"))).as_py() or 0
+    )
     return ShardInfo(
-        file=name, rows=table.num_rows, tokens=tokens, bytes=file.stat().st_size, sha256=sha256_file(file)
+        file=name,
+        rows=table.num_rows,
+        tokens=tokens,
+        bytes=file.stat().st_size,
+        sha256=sha256_file(file),
     )
 
 
@@ -157,7 +181,14 @@ def _finish(path: Path, shards: list[ShardInfo], *, max_len: int) -> Manifest:
     rows = sum(s.rows for s in shards)
     tokens = sum(s.tokens for s in shards)
     manifest = Manifest(
-        tokenizer={"kind": "test", "name": "test", "vocab_size": 65536, "eos_id": 0, "bos_id": None, "sha256": ""},
+        tokenizer={
+            "kind": "test",
+            "name": "test",
+            "vocab_size": 65536,
+            "eos_id": 0,
+            "bos_id": None,
+            "sha256": "",
+        },
         max_len=max_len,
         algorithm="test",
         seed=0,

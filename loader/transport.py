@@ -119,7 +119,9 @@ class Ring:
                 busy[slot] = 1
                 return CompactBatch(step, slot, sizes[0], sizes[1], self.doc_cap, filler, None)
         tokens, lens, ids = store.gather(rows)
-        return pack_compact(tokens, lens, ids, filler=filler, token_dtype=self.token_dtype, step=step)
+        return pack_compact(
+            tokens, lens, ids, filler=filler, token_dtype=self.token_dtype, step=step
+        )
 
     # ---- trainer side -------------------------------------------------------------------------
 

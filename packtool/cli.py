@@ -313,8 +313,12 @@ def stats_cmd(
 
 @cli.command("pack")
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click.option("-o", "--output", required=True, type=click.Path(path_type=str), help="Output folder.")
-@click.option("--max-len", type=int, default=4096, show_default=True, help="Tokens per row at most.")
+@click.option(
+    "-o", "--output", required=True, type=click.Path(path_type=str), help="Output folder."
+)
+@click.option(
+    "--max-len", type=int, default=4096, show_default=True, help="Tokens per row at most."
+)
 @click.option(
     "--algorithm",
     type=click.Choice(["ffd", "bfd"]),
@@ -330,10 +334,18 @@ def stats_cmd(
     help="Documents longer than --max-len: cut into max-len chunks, truncate, or drop.",
 )
 @click.option(
-    "--rounds", type=int, default=1, show_default=True, help="Extra rounds repack the least-filled rows."
+    "--rounds",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Extra rounds repack the least-filled rows.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds repacking and row order.")
-@click.option("--group-by", default=None, metavar="FIELD", help="Pack only documents sharing FIELD.")
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seeds repacking and row order."
+)
+@click.option(
+    "--group-by", default=None, metavar="FIELD", help="Pack only documents sharing FIELD."
+)
 @click.option(
     "--chunk-docs",
     type=int,
@@ -434,13 +446,13 @@ def pack_cmd(
     )
     from packtool.tokenize import input_identity
 
-    tokenizer = corpus.load_tokenizer(workers) if explicit or input_identity(inputs) is None else None
+    tokenizer = (
+        corpus.load_tokenizer(workers) if explicit or input_identity(inputs) is None else None
+    )
     if engine == "ray":
         from packtool.engines.ray import RayConfig, run_pack_ray
 
-        summary = run_pack_ray(
-            config, RayConfig(address=ray_address, actors=workers), tokenizer
-        )
+        summary = run_pack_ray(config, RayConfig(address=ray_address, actors=workers), tokenizer)
     elif ray_address is not None:
         raise ConfigError("--ray-address needs --engine ray")
     else:

@@ -12,7 +12,9 @@ from loader.testing import write_dataset, write_random_dataset
 def hand_dataset(tmp_path):
     """Three rows, hand-checkable: [[1,2,3],[4,5]], [[6,7,8,9]], [[10],[11],[12]]; max_len 6."""
     path = tmp_path / "hand"
-    write_dataset(path, [[[1, 2, 3], [4, 5]], [[6, 7, 8, 9]], [[10], [11], [12]]], max_len=6, row_group_rows=2)
+    write_dataset(
+        path, [[[1, 2, 3], [4, 5]], [[6, 7, 8, 9]], [[10], [11], [12]]], max_len=6, row_group_rows=2
+    )
     return path
 
 
@@ -20,7 +22,9 @@ def hand_dataset(tmp_path):
 def random_dataset(tmp_path_factory):
     """37 rows of max_len 64 over 4 shards and several row groups each; doc ids unique."""
     path = tmp_path_factory.mktemp("loader") / "random"
-    write_random_dataset(path, n_rows=37, max_len=64, mean_doc=9, rows_per_shard=10, row_group_rows=4, seed=3)
+    write_random_dataset(
+        path, n_rows=37, max_len=64, mean_doc=9, rows_per_shard=10, row_group_rows=4, seed=3
+    )
     return path
 
 
@@ -32,7 +36,12 @@ def all_doc_ids(path) -> np.ndarray:
 
     m = read_manifest(path)
     ids = [
-        np.asarray(pq.read_table(path / s.file, columns=["doc_ids"]).column("doc_ids").combine_chunks().values)
+        np.asarray(
+            pq.read_table(path / s.file, columns=["doc_ids"])
+            .column("doc_ids")
+            .combine_chunks()
+            .values
+        )
         for s in m.shards
     ]
     return np.sort(np.concatenate(ids))

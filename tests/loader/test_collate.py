@@ -27,8 +27,13 @@ def test_exact_small_batch():
 
 def test_static_shape_padding_convention():
     b = collate(
-        np.array([5, 6, 7], np.uint32), np.array([2, 1]), np.array([1, 2]),
-        pad_tokens=8, pad_docs=5, pad_id=0, position_limit=4,
+        np.array([5, 6, 7], np.uint32),
+        np.array([2, 1]),
+        np.array([1, 2]),
+        pad_tokens=8,
+        pad_docs=5,
+        pad_id=0,
+        position_limit=4,
     )
     assert b["input_ids"].tolist() == [5, 6, 7, 0, 0, 0, 0, 0]
     # Padding = one trailing pseudo-document; extra entries repeat the total.
@@ -50,7 +55,9 @@ def test_hf_layout_matches_transformers_collator():
     from transformers import DataCollatorWithFlattening
 
     docs = [[5, 6, 7], [8, 9], [1, 2, 3, 4]]
-    ref = DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": d} for d in docs])
+    ref = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(
+        [{"input_ids": d} for d in docs]
+    )
     tokens = np.concatenate([np.array(d) for d in docs])
     b = collate(tokens, np.array([len(d) for d in docs]), np.arange(3), layout="hf")
     assert set(b) == set(ref)
@@ -89,9 +96,13 @@ def test_invariants_against_a_plain_reference(case, seed):
     doc_ids = rng.integers(0, 10**9, size=len(lens))
     pad_tokens = None if pad is None else total + pad
     pad_docs = None if pad is None else len(lens) + 1 + extra_docs
-    b = collate(tokens, np.array(lens, dtype=np.int64), doc_ids, pad_tokens=pad_tokens, pad_docs=pad_docs)
+    b = collate(
+        tokens, np.array(lens, dtype=np.int64), doc_ids, pad_tokens=pad_tokens, pad_docs=pad_docs
+    )
     T = total if pad is None else total + pad
-    ids, labels, pos, cu = (b[k].numpy() for k in ("input_ids", "labels", "position_ids", "cu_seqlens"))
+    ids, labels, pos, cu = (
+        b[k].numpy() for k in ("input_ids", "labels", "position_ids", "cu_seqlens")
+    )
     assert ids.shape == labels.shape == pos.shape == (T,)
     assert ids[:total].tolist() == tokens.tolist()
     assert cu[0] == 0 and cu[-1] == T and (np.diff(cu) >= 0).all()

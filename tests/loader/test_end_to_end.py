@@ -19,7 +19,19 @@ def packed(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("e2e") / "packed"
     result = CliRunner().invoke(
-        cli, ["pack", str(SAMPLE), "-o", str(out), "--max-len", "1024", "--shard-rows", "500", "--workers", "1"]
+        cli,
+        [
+            "pack",
+            str(SAMPLE),
+            "-o",
+            str(out),
+            "--max-len",
+            "1024",
+            "--shard-rows",
+            "500",
+            "--workers",
+            "1",
+        ],
     )
     assert result.exit_code == 0, result.output
     return out

@@ -211,8 +211,14 @@ def test_every_token_once_rows_bounded_deterministic(
     lengths, chunks, max_len, buffer_docs, buffer_tokens, min_fill, policy, strategy, seed
 ) -> None:
     cfg = dict(
-        max_len=max_len, buffer_docs=buffer_docs, buffer_tokens=buffer_tokens, min_fill=min_fill,
-        long_docs=policy, strategy=strategy, seed=seed, bucket=4,
+        max_len=max_len,
+        buffer_docs=buffer_docs,
+        buffer_tokens=buffer_tokens,
+        min_fill=min_fill,
+        long_docs=policy,
+        strategy=strategy,
+        seed=seed,
+        bucket=4,
     )
     rows, stats = run_packer(lengths, chunks, **cfg)
     # rows bounded, non-empty, well formed
@@ -235,7 +241,10 @@ def test_every_token_once_rows_bounded_deterministic(
         seg = toks[pos : pos + n]
         assert seg.tolist() == list(range(starts[d] + c * max_len, starts[d] + c * max_len + n))
         pos += n
-    assert stats["tokens_in"] == stats["tokens_out"] + stats["tokens_truncated"] + stats["tokens_dropped"]
+    assert (
+        stats["tokens_in"]
+        == stats["tokens_out"] + stats["tokens_truncated"] + stats["tokens_dropped"]
+    )
     assert stats["documents_empty"] == sum(1 for n in lengths if n == 0)
     assert stats["segments_buffered"] == 0
     # deterministic, and independent of how the input was chunked
@@ -255,4 +264,6 @@ def test_plain_ffd_buffer_never_worse_than_row_bound(lengths, buf) -> None:
     rows = p.pop()
     assert rows.tokens is None
     assert rows.seg_len.sum() == sum(lengths)
-    assert rows.n_rows <= sum(2 * -(-sum(lengths[i : i + buf]) // 64) + 1 for i in range(0, len(lengths), buf))
+    assert rows.n_rows <= sum(
+        2 * -(-sum(lengths[i : i + buf]) // 64) + 1 for i in range(0, len(lengths), buf)
+    )

@@ -28,24 +28,45 @@ def test_token_budget_is_greedy_in_order():
     assert bounds.tolist() == [0, 2, 4, 6]  # [5,4] [3,6] [1,6]
     n_docs = np.array([2, 1, 3, 1, 1, 1])
     bounds = cut_batches(
-        np.arange(6), rows_per_batch=None, tokens_per_batch=9, max_docs=3, lengths=lengths, n_docs=n_docs
+        np.arange(6),
+        rows_per_batch=None,
+        tokens_per_batch=9,
+        max_docs=3,
+        lengths=lengths,
+        n_docs=n_docs,
     )
     assert bounds.tolist() == [0, 2, 3, 5, 6]
     bounds = cut_batches(
-        np.arange(6), rows_per_batch=None, tokens_per_batch=9, max_docs=2, lengths=lengths, n_docs=n_docs
+        np.arange(6),
+        rows_per_batch=None,
+        tokens_per_batch=9,
+        max_docs=2,
+        lengths=lengths,
+        n_docs=n_docs,
     )
     assert bounds.tolist() == [0, 1, 2, 3, 5, 6]  # a row over the cap still goes alone
 
 
 def test_steps_and_fillers():
-    plan = plan_epoch(num_rows=7, fingerprint="f", seed=0, epoch=0, world_size=2, rows_per_batch=2, shuffle=False)
+    plan = plan_epoch(
+        num_rows=7, fingerprint="f", seed=0, epoch=0, world_size=2, rows_per_batch=2, shuffle=False
+    )
     assert plan.num_steps == 2
     assert [r.tolist() for r in plan.step_rows(0)] == [[0, 1], [2, 3]]
     assert [r.tolist() for r in plan.step_rows(1)] == [[4, 5], [6]]
-    plan = plan_epoch(num_rows=5, fingerprint="f", seed=0, epoch=0, world_size=2, rows_per_batch=2, shuffle=False)
+    plan = plan_epoch(
+        num_rows=5, fingerprint="f", seed=0, epoch=0, world_size=2, rows_per_batch=2, shuffle=False
+    )
     assert [r.tolist() for r in plan.step_rows(1)] == [[4], []]  # rank 1 gets a filler
     dropped = plan_epoch(
-        num_rows=7, fingerprint="f", seed=0, epoch=0, world_size=2, rows_per_batch=2, shuffle=False, drop_last=True
+        num_rows=7,
+        fingerprint="f",
+        seed=0,
+        epoch=0,
+        world_size=2,
+        rows_per_batch=2,
+        shuffle=False,
+        drop_last=True,
     )
     assert dropped.num_steps == 1
     assert plan.cursor_after(1) == 4 and plan.cursor_after(2) == 5
@@ -72,7 +93,10 @@ def test_static_token_budget_batches(hand_dataset):
         hand_dataset, tokens_per_batch=8, max_docs_per_batch=5, static_shape=True, shuffle=False
     )
     b = list(ds)
-    assert [x["input_ids"].tolist() for x in b] == [[1, 2, 3, 4, 5, 0, 0, 0], [6, 7, 8, 9, 10, 11, 12, 0]]
+    assert [x["input_ids"].tolist() for x in b] == [
+        [1, 2, 3, 4, 5, 0, 0, 0],
+        [6, 7, 8, 9, 10, 11, 12, 0],
+    ]
     assert [x["cu_seqlens"].tolist() for x in b] == [[0, 3, 5, 8, 8, 8], [0, 4, 5, 6, 7, 8]]
     assert all(x["max_seqlen"] == 8 for x in b)
 
@@ -115,7 +139,9 @@ def test_exactly_once_over_ranks_workers_epochs(random_dataset, world_size, work
         PackedDataset(random_dataset, rank=r, world_size=world_size, seed=5, **settings)
         for r in range(world_size)
     ]
-    loaders = [PackedDataLoader(ds, num_workers=workers, persistent_workers=workers > 0) for ds in ranks]
+    loaders = [
+        PackedDataLoader(ds, num_workers=workers, persistent_workers=workers > 0) for ds in ranks
+    ]
     streams = []
     for epoch in range(2):
         seen, steps = [], []
@@ -135,11 +161,16 @@ def test_exactly_once_over_ranks_workers_epochs(random_dataset, world_size, work
     # The same stream whatever the worker count: compare against single-process rank 0.
     ref = PackedDataset(random_dataset, rank=0, world_size=world_size, seed=5, **settings)
     ref.set_epoch(1)
-    assert all(torch.equal(a, b) for a, b in zip(streams[world_size], [b["input_ids"] for b in ref], strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(streams[world_size], [b["input_ids"] for b in ref], strict=True)
+    )
 
 
 def test_epochs_differ_and_drop_last_drops_only_the_tail(random_dataset):
-    ds = PackedDataset(random_dataset, rows_per_batch=4, seed=1, world_size=2, rank=0, drop_last=True)
+    ds = PackedDataset(
+        random_dataset, rows_per_batch=4, seed=1, world_size=2, rank=0, drop_last=True
+    )
     assert len(ds) == 4  # 37 rows -> 9 full batches + 1 partial -> 4 full steps of 2
     e0 = [_docs(b) for b in ds]
     ds.set_epoch(1)
@@ -160,4 +191,6 @@ def test_windowed_shuffle_keeps_windows_of_row_groups_together():
         pos = np.flatnonzero(np.isin(group, w))
         assert pos.min() == last + 1 and len(pos) == sum(np.diff(starts)[g] for g in w)
         last = pos.max()
-    assert not np.array_equal(p, epoch_permutation(20, fingerprint="f", seed=0, epoch=1, group_starts=starts, window=2))
+    assert not np.array_equal(
+        p, epoch_permutation(20, fingerprint="f", seed=0, epoch=1, group_starts=starts, window=2)
+    )

@@ -43,7 +43,10 @@ def reference(random_dataset):
     return keys
 
 
-@pytest.mark.parametrize(("cut", "before", "after"), [(0, 2, 1), (1, 0, 2), (5, 2, 0), (9, 1, 2), (14, 2, 2), (19, 1, 0), (25, 2, 1)])
+@pytest.mark.parametrize(
+    ("cut", "before", "after"),
+    [(0, 2, 1), (1, 0, 2), (5, 2, 0), (9, 1, 2), (14, 2, 2), (19, 1, 0), (25, 2, 1)],
+)
 def test_resume_equivalence_with_any_worker_count(random_dataset, reference, cut, before, after):
     first, state = _run(random_dataset, workers=before, take=cut) if cut else ([], None)
     if state is None:

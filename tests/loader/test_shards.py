@@ -22,7 +22,9 @@ def _rewrite_shard(path, table):
     pq.write_table(table, file)
     import dataclasses
 
-    s0 = dataclasses.replace(m.shards[0], bytes=file.stat().st_size, sha256=sha256_file(file), rows=table.num_rows)
+    s0 = dataclasses.replace(
+        m.shards[0], bytes=file.stat().st_size, sha256=sha256_file(file), rows=table.num_rows
+    )
     write_manifest(path, dataclasses.replace(m, shards=(s0, *m.shards[1:])))
 
 
@@ -54,7 +56,9 @@ def test_cache_is_bounded(tmp_path):
 
 def test_missing_shard(hand_dataset):
     (hand_dataset / "shard-00000.parquet").unlink()
-    with pytest.raises(DataError, match="shard-00000.parquet: shard listed in index.json is missing"):
+    with pytest.raises(
+        DataError, match="shard-00000.parquet: shard listed in index.json is missing"
+    ):
         PackedDataset(hand_dataset, rows_per_batch=1)
 
 
@@ -114,10 +118,25 @@ def _table(offsets, tokens, ids, max_len=None):
 @pytest.mark.parametrize(
     ("offsets", "tokens", "ids", "message"),
     [
-        ([[0, 3, 5], [0, 2, 3]], [[1] * 5, [1] * 4], [[0, 1], [2, 3]], "row 1: doc_offsets does not end at the row length"),
-        ([[0, 3, 5], [1, 4]], [[1] * 5, [1] * 4], [[0, 1], [2]], "row 1: doc_offsets does not start at 0"),
+        (
+            [[0, 3, 5], [0, 2, 3]],
+            [[1] * 5, [1] * 4],
+            [[0, 1], [2, 3]],
+            "row 1: doc_offsets does not end at the row length",
+        ),
+        (
+            [[0, 3, 5], [1, 4]],
+            [[1] * 5, [1] * 4],
+            [[0, 1], [2]],
+            "row 1: doc_offsets does not start at 0",
+        ),
         ([[0, 3, 2, 5]], [[1] * 5], [[0, 1, 2]], "row 0: doc_offsets is not strictly increasing"),
-        ([[0, 5], [0, 2, 4]], [[1] * 5, [1] * 4], [[0, 1], [2, 3]], "row 0: doc_ids and doc_offsets disagree"),
+        (
+            [[0, 5], [0, 2, 4]],
+            [[1] * 5, [1] * 4],
+            [[0, 1], [2, 3]],
+            "row 0: doc_ids and doc_offsets disagree",
+        ),
         ([[0, 7]], [[1] * 7], [[0]], "row 0: row longer than max_len 6"),
         ([[0]], [[]], [[]], "row 0: empty row"),
     ],

@@ -121,7 +121,9 @@ def test_resume_equals_uninterrupted_run(tokenized) -> None:
 def test_resume_with_stateful_dataloader_workers(tokenized) -> None:
     tdn = pytest.importorskip("torchdata.stateful_dataloader")
     path, _ = tokenized
-    full = [b["input_ids"] for b in tdn.StatefulDataLoader(make(path), batch_size=None, num_workers=2)]
+    full = [
+        b["input_ids"] for b in tdn.StatefulDataLoader(make(path), batch_size=None, num_workers=2)
+    ]
     loader = tdn.StatefulDataLoader(make(path), batch_size=None, num_workers=2)
     it = iter(loader)
     head = [next(it)["input_ids"] for _ in range(5)]

@@ -131,7 +131,9 @@ def test_compact_round_trip_expands_like_collate(lens, wide, pad, layout, seed):
     tokens = rng.integers(0, np.iinfo(dtype).max, size=sum(lens), dtype=dtype)
     doc_lens = np.asarray(lens, np.int32)
     doc_ids = rng.integers(0, 1 << 40, size=len(lens))
-    item = pack_compact(tokens, doc_lens, doc_ids, filler=False, token_dtype=np.dtype(dtype), step=0)
+    item = pack_compact(
+        tokens, doc_lens, doc_ids, filler=False, token_dtype=np.dtype(dtype), step=0
+    )
     assert isinstance(item, CompactBatch)
     ring = Ring(num_workers=1, slots=1, max_tokens=1, max_docs=1, token_dtype=np.dtype(dtype))
     kw = {"pad_tokens": sum(lens) + pad, "pad_docs": len(lens) + 2, "layout": layout}
