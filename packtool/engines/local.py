@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packtool import stats
+from packtool import kernels, stats
 from packtool.corpus import ReadConfig, SkipCounter
 from packtool.errors import ConfigError, DataError
 from packtool.manifest import (
@@ -306,6 +306,7 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
     n_resumed = len(done)
     pending: tuple[Future[dict[str, Any]], int] | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packtool-pack") as pool:
+        pool.submit(kernels.warm_up)  # overlaps loading the kernels with reading chunk 0
         index = 0
         while True:
             t0 = time.perf_counter()

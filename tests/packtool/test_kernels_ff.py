@@ -48,3 +48,14 @@ def test_gather_segments_rejects_out_of_range():
 
     with pytest.raises(ValueError, match="outside"):
         gather_segments(np.arange(5), [3], [4])
+
+
+def test_warm_up_loads_every_kernel():
+    from packtool import kernels
+
+    kernels.warm_up()
+    for fn in (kernels._ffd, kernels._bfd, kernels._ff, kernels._split, kernels._gather_segments):
+        assert fn.signatures, fn
+    # token ids come as uint16 or uint32: both gather specialisations are loaded
+    dtypes = {str(sig[0].dtype) for sig in kernels._gather_segments.signatures}
+    assert {"uint16", "uint32"} <= dtypes
