@@ -29,11 +29,11 @@ class ShardConfig:
     """Rows per shard file at most (a chunk's last shard may hold fewer)."""
     row_group_rows: int = 256
     """Rows per Parquet row group: the unit the loader reads and caches (256 rows of 4096 tokens
-    is ~1 M tokens, fetched in ~10 ms; larger groups decode no faster but cost more per fetch)."""
+    is ~1 M tokens, fetched in ~6 ms; larger groups decode no faster but cost more per fetch)."""
     compression: str = "lz4"
-    """Parquet codec: none, snappy, lz4 or zstd. lz4 decodes nearly as fast as none at a quarter
-    of the bytes (Parquet stores uint16 ids as 4-byte ints); zstd is the smallest but decodes at
-    about half the speed (README, "Shard layout")."""
+    """Parquet codec: none, snappy, lz4 or zstd. lz4 decodes about as fast as none at a quarter
+    of the bytes (Parquet stores uint16 ids as 4-byte ints); zstd is the smallest but decodes
+    ~30 % slower (README, "Shard layout")."""
     compression_level: int | None = 1
     """Codec level where the codec has one (zstd 1: cheap to write, fast to read)."""
 
