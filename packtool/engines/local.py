@@ -88,6 +88,11 @@ class PackSummary:
     """What ran the work, when another engine than this one did (the summary's last words)."""
 
     @property
+    def skipped_unreadable(self) -> int:
+        """Skips that are not empty documents (malformed lines, missing fields, bad UTF-8)."""
+        return sum(v for k, v in self.skips.items() if k != "empty")
+
+    @property
     def lower_bound(self) -> int:
         return max(self.lower_bound_l1, self.lower_bound_l2)
 
@@ -135,7 +140,7 @@ class PackSummary:
             "rows per round: " + " -> ".join(f"{r:,}" for r in self.rows_per_round),
             f"documents: split {c.documents_split:,}, truncated {c.documents_truncated:,}, "
             f"dropped {c.documents_dropped:,}, empty {c.documents_empty:,}, "
-            f"skipped while reading {sum(self.skips.values()):,}",
+            f"skipped while reading {self.skipped_unreadable:,}",
             f"tokens: in {c.tokens_in:,} = out {c.tokens_out:,} + truncated "
             f"{c.tokens_truncated:,} + dropped {c.tokens_dropped:,}",
             f"time {total:.2f}s ({stages}); {c.tokens_in / max(total, 1e-9):,.0f} tokens/s; "
@@ -381,6 +386,11 @@ def finish_run(
             acc[1] += t
         shards.extend(ShardInfo(**s) for s in record["shards"])
     out = Path(config.out_dir)
+    # Empty documents are dropped by the reader (a counted skip); they are documents all the same.
+    empty_read = skips.counts.get("empty", 0)
+    counts.documents_in += empty_read
+    counts.documents_empty += empty_read
+    other_skips = skips.total - empty_read
 
     if counts.documents_in == 0:
         raise DataError(f"no documents found in {', '.join(config.inputs)}" + _skip_note(skips))
@@ -412,7 +422,7 @@ def finish_run(
         seed=config.pack.seed,
         rounds=config.pack.rounds,
         long_docs=config.pack.long_docs,
-        counts={**counts.to_dict(), "documents_skipped": int(sum(summary.skips.values()))},
+        counts={**counts.to_dict(), "documents_skipped": int(other_skips)},
         efficiency=round(efficiency, 6),
         lower_bound_rows=summary.lower_bound,
         shards=tuple(shards),

@@ -19,7 +19,7 @@ CORPUS = ROOT / "sample_data" / "corpus.jsonl"
 def test_readme_pack_command_and_summary(tmp_path):
     code, out, err = run("pack", CORPUS, "-o", tmp_path / "packed", "--max-len", "4096")
     assert code == 0, err
-    assert "packed 4,024 of 4,024 documents" in out
+    assert "packed 4,024 of 4,030 documents" in out
     assert "efficiency" in out and "lower bound" in out and "skips: empty 6" in out
     manifest = read_manifest(tmp_path / "packed")
     assert manifest.command.startswith("packtool ") or manifest.command == "packtool pack"

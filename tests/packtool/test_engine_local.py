@@ -40,7 +40,9 @@ def test_pack_sample_data_writes_a_dataset_that_verifies(tmp_path):
     summary = run(tmp_path / "out", max_len=2048, shards=ShardConfig(shard_rows=500))
     manifest = read_manifest(tmp_path / "out")
     c = manifest.counts
-    assert c["documents_in"] == 4024 and c["documents_skipped"] == 6  # 6 empty docs skipped
+    # 4,030 documents: 6 empty (the reader skips and counts them), none unreadable
+    assert (c["documents_in"], c["documents_packed"], c["documents_empty"]) == (4030, 4024, 6)
+    assert c["documents_skipped"] == 0
     assert c["tokens_in"] == c["tokens_out"] + c["tokens_truncated"] + c["tokens_dropped"]
     assert manifest.num_tokens == c["tokens_out"] and manifest.num_rows == c["rows"]
     assert len(manifest.shards) == -(-c["rows"] // 500)
