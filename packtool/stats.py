@@ -500,6 +500,35 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
+_BARS = " ▁▂▃▄▅▆▇█"
+
+
+def _render_histogram_32(
+    buckets: list[dict[str, int]], max_len: int, per_line: int = 32
+) -> list[str]:
+    """The 32-token histogram up to max_len, one character per bucket (height ~ documents)."""
+    n = -(-max_len // 32)
+    counts = np.zeros(n, dtype=np.int64)
+    longer = 0
+    for b in buckets:
+        if b["lo"] == 0:
+            continue
+        if b["hi"] <= n * 32:
+            counts[(b["hi"] - 1) // 32] = b["documents"]
+        else:
+            longer += b["documents"]
+    peak = max(int(counts.max()), 1)
+    # Any non-empty bucket shows at least the lowest bar; empty buckets stay blank.
+    levels = np.where(counts > 0, np.maximum(1, np.round(8 * counts / peak)), 0).astype(int)
+    lines = [f"length histogram (32-token buckets up to {max_len:,}; bar height ~ documents)"]
+    for start in range(0, n, per_line):
+        lo, hi = start * 32 + 1, min(n, start + per_line) * 32
+        bars = "".join(_BARS[v] for v in levels[start : start + per_line])
+        lines.append(f"{lo:>7,}-{hi:<7,} |{bars}|")
+    lines.append(f"longer than {max_len:,}: {longer:,} documents")
+    return lines
+
+
 def _render(s: LengthStats) -> str:
     L = s.max_len
     tok = s.inputs.get("tokenizer") or {}
@@ -531,6 +560,7 @@ def _render(s: LengthStats) -> str:
         for b in s.histogram_log2
     ]
     lines += _table(["length", "documents", "% docs", "% tokens", ""], hist_rows)
+    lines += ["", *_render_histogram_32(s.histogram_32, L)]
     lines += [
         "",
         f"at max length {L:,}",

@@ -288,3 +288,12 @@ def test_sample_data_tokenized_parquet_matches_raw(sample_stats, tmp_path):
     d.pop("inputs")
     want.pop("inputs")
     assert d == want
+
+
+def test_text_output_draws_the_32_token_histogram():
+    # Buckets up to max_len 64: [1, 32] holds 2 documents (full bar), [33, 64] 1 (half bar).
+    s = length_stats([1, 32, 33, 100, 200], StatsConfig(max_len=64, candidates=(64,)))
+    text = s.render()
+    assert "length histogram (32-token buckets up to 64; bar height ~ documents)" in text
+    assert "      1-64      |█▄|" in text
+    assert "longer than 64: 2 documents" in text
