@@ -54,5 +54,5 @@ def test_packed_sample_data_streams_every_token_once(packed):
             inside = labels != -100
             assert (labels[inside] == ids[1:][inside[:-1]]).all()
     assert tokens == manifest.num_tokens
-    assert len(set(docs)) == manifest.counts["documents_in"] - manifest.counts["documents_dropped"]
+    assert len(set(docs)) == manifest.counts["documents_packed"]
     assert np.all(np.asarray(docs) >= 0)
