@@ -416,6 +416,70 @@ def crossover(
     return table + f"\n\nFitted K = {k:,.0f} (dense while tokens^2 <= K * documents)."
 
 
+def backend_sweep(device: str, repeat: int = 5) -> str:
+    """Every usable backend on `device` against document length, at a fixed token count.
+
+    Forward + backward of `varlen_attention` on T tokens cut into equal documents of length
+    `L` (short, medium, long), GQA 4:1; bf16 on CUDA (T = 65,536, 32 heads, head_dim 128),
+    float32 on CPU (T = 4,096, 4 heads, head_dim 32). Shows where one backend overtakes another
+    and what `auto` picks, which is the evidence for `choose_backend`'s order.
+    """
+    from attention.varlen import BACKENDS, choose_backend, why_not
+    from benchmarks._common import best_of
+
+    cuda = device == "cuda"
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    total, heads, kv, dim = (65_536, 32, 8, 128) if cuda else (4_096, 4, 1, 32)
+    lengths = (64, 256, 1024, 4096, 16384) if cuda else (32, 128, 512, 2048)
+    usable = [b for b in BACKENDS[1:] if why_not(b, dev, dtype, (-1, 0), True) is None]
+    if not cuda:
+        usable = [b for b in usable if b in ("dense", "sdpa")]
+    rows = []
+    for length in lengths:
+        n = total // length
+        cu = torch.arange(0, total + 1, length, dtype=torch.int32, device=dev)
+        q = torch.randn(total, heads, dim, device=dev, dtype=dtype, requires_grad=True)
+        k = torch.randn(total, kv, dim, device=dev, dtype=dtype, requires_grad=True)
+        v = torch.randn(total, kv, dim, device=dev, dtype=dtype, requires_grad=True)
+        times = {}
+        for backend in usable:
+
+            def step(backend=backend, q=q, k=k, v=v, cu=cu, length=length):
+                varlen_attention(q, k, v, cu, max_seqlen=length, backend=backend).sum().backward()
+                if cuda:
+                    torch.cuda.synchronize()
+
+            try:
+                step()
+            except (RuntimeError, ValueError) as exc:  # e.g. dense runs out of memory
+                times[backend] = None
+                print(f"{backend} at L={length}: {type(exc).__name__}: {exc}"[:200], flush=True)
+                continue
+            times[backend] = best_of(step, repeat)
+        ok = {b: t for b, t in times.items() if t is not None}
+        fastest = min(ok, key=ok.get) if ok else "-"
+        auto = choose_backend(device=dev, dtype=dtype, total_tokens=total, n_docs=n).name
+        rows.append(
+            [f"{length:,}", f"{n:,}"]
+            + [f"{times[b] * 1e3:.2f}" if times.get(b) is not None else "failed" for b in usable]
+            + [fastest, auto]
+        )
+        print(*rows[-1], sep="\t", flush=True)
+    headers = ["doc length", "documents"] + [f"{b} ms" for b in usable] + ["fastest", "auto"]
+    what = (
+        f"{torch.cuda.get_device_name(0)}, bf16, T = {total:,}, {heads} heads / {kv} kv, "
+        f"head_dim {dim}"
+        if cuda
+        else f"CPU, float32, T = {total:,}, {heads} heads / {kv} kv, head_dim {dim}"
+    )
+    return (
+        f"Attention backends by document length ({what}; forward + backward, best of {repeat}; "
+        f"`python -m benchmarks.bench_train --sweep --device {device}`):\n\n"
+        + markdown_table(headers, rows)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -423,6 +487,9 @@ def main() -> None:
         "--steps", type=int, default=None, help="timed steps (default 30 CPU, 60 CUDA)"
     )
     parser.add_argument("--crossover", action="store_true", help="CPU dense-vs-sdpa timing only")
+    parser.add_argument(
+        "--sweep", action="store_true", help="every backend on --device against document length"
+    )
     parser.add_argument(
         "--threads", type=int, default=None, help="CPU threads for torch (default: torch's)"
     )
@@ -433,6 +500,12 @@ def main() -> None:
 
     if args.crossover:
         print(crossover())
+        return
+    if args.sweep:
+        body = backend_sweep(args.device)
+        print(body)
+        if not args.no_readme:
+            update_readme(f"attention-{args.device}", body)
         return
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but torch.cuda.is_available() is False")
