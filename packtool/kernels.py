@@ -132,6 +132,32 @@ def _unsort(lengths, max_len, first_run, run_row, run_off, run_k):  # pragma: no
     return row, offset
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _leftmost_fit(tree, size, length):  # pragma: no cover - compiled
+    """Leaf index of the leftmost row whose remaining capacity is >= length (max segment tree)."""
+    node = 1
+    while node < size:
+        node *= 2
+        if tree[node] < length:
+            node += 1
+    return node
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _set_leaf(tree, node, value):  # pragma: no cover - compiled
+    """Set a leaf and restore the max above it; stops at the first ancestor it does not change."""
+    tree[node] = value
+    node //= 2
+    while node >= 1:
+        a = tree[2 * node]
+        b = tree[2 * node + 1]
+        mx = a if a >= b else b
+        if tree[node] == mx:
+            break
+        tree[node] = mx
+        node //= 2
+
+
 @numba.njit(cache=True, nogil=True)
 def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
     n = lengths.size
@@ -172,11 +198,7 @@ def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
         first_run[length] = j
         m = counts[length]
         while m > 0:
-            node = 1
-            while node < size:  # leftmost leaf with remaining >= length
-                node *= 2
-                if tree[node] < length:
-                    node += 1
+            node = _leftmost_fit(tree, size, length)
             r = node - size
             rem = np.int64(tree[node])
             k = min(m, rem // length)
@@ -187,16 +209,7 @@ def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
             m -= k
             if r >= n_rows:
                 n_rows = r + 1
-            tree[node] = rem - k * length
-            node //= 2
-            while node >= 1:  # the max only changes up to the first ancestor it does not bound
-                a = tree[2 * node]
-                b = tree[2 * node + 1]
-                mx = a if a >= b else b
-                if tree[node] == mx:
-                    break
-                tree[node] = mx
-                node //= 2
+            _set_leaf(tree, node, rem - k * length)
     row, offset = _unsort(lengths, max_len, first_run, run_row, run_off, run_k)
     return row, offset, n_rows
 
@@ -219,27 +232,14 @@ def _ff(lengths, max_len):  # pragma: no cover - compiled
     n_rows = 0
     for i in range(n):
         length = lengths[i]
-        node = 1
-        while node < size:  # leftmost leaf with remaining >= length
-            node *= 2
-            if tree[node] < length:
-                node += 1
+        node = _leftmost_fit(tree, size, length)
         r = node - size
         rem = tree[node]
         row[i] = r
         offset[i] = max_len - rem
         if r >= n_rows:
             n_rows = r + 1
-        tree[node] = rem - length
-        node //= 2
-        while node >= 1:
-            a = tree[2 * node]
-            b = tree[2 * node + 1]
-            m = a if a >= b else b
-            if tree[node] == m:
-                break
-            tree[node] = m
-            node //= 2
+        _set_leaf(tree, node, rem - length)
     return row, offset, n_rows
 
 
