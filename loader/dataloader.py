@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, get_worker_info
 
-from loader.dataset import PackedDataset
+from loader.dataset import CHUNK, PackedDataset
 from loader.transport import CompactBatch, Ring
 
 
@@ -65,8 +65,9 @@ class PackedDataLoader(DataLoader):
 
     def _new_ring(self, plan) -> Ring:
         ds = self._packed
-        # A worker can have its in-flight batches plus one block waiting for earlier blocks.
-        in_flight = (self.prefetch_factor or 2) * self.num_workers + 2
+        # A worker can have its in-flight items (CHUNK batches each) plus one block waiting for
+        # earlier blocks.
+        in_flight = ((self.prefetch_factor or 2) * self.num_workers + 2) * CHUNK
         block = ds.block_steps(plan) if self.num_workers > 1 else 0
         return Ring(
             num_workers=self.num_workers,
@@ -99,8 +100,9 @@ class PackedDataLoader(DataLoader):
             pin = bool(self.pin_memory)
             # Workers produce blocks of steps; hold early arrivals until their turn.
             waiting: dict[int, CompactBatch] = {}
-            for item in super().__iter__():
-                waiting[item.step] = item
+            for chunk in super().__iter__():
+                for item in chunk:
+                    waiting[item.step] = item
                 while consumed in waiting:
                     item = waiting.pop(consumed)
                     try:

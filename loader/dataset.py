@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,6 +32,12 @@ from loader.transport import CompactBatch, Ring
 from packtool.errors import ConfigError, DataError
 
 STATE_VERSION = 1
+CHUNK = 4
+"""Compact batches a PackedDataLoader worker sends per DataLoader queue item (after the first)."""
+AHEAD_STEPS = 1024
+"""Most upcoming steps whose rows are planned ahead of the one being produced."""
+AHEAD_GROUPS = 16
+"""Most row groups decoded ahead and not yet used (one default shuffle window; 0: none)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -346,11 +353,50 @@ class PackedDataset(IterableDataset):
         return self._generate(plan, stride_first, n_workers)
 
     def _generate(self, plan: EpochPlan, first: int, stride: int) -> Iterator[dict]:
-        filler_row = int(plan.order[0]) if len(plan.order) else 0
-        for step in range(first, plan.num_steps, stride):
-            out = self.batch(self.rows_for(plan, step), filler_row=filler_row)
+        steps = range(first, plan.num_steps, stride)
+        for step, rows, filler in self._ahead(plan, steps):
+            out = self.expand(*self.store.gather(rows), filler=filler)
             self._next_step = step + stride
             yield out
+
+    def _ahead(
+        self, plan: EpochPlan, steps: Iterable[int]
+    ) -> Iterator[tuple[int, np.ndarray, bool]]:
+        """`(step, rows, filler)` for each step, decoding upcoming row groups in the background.
+
+        Looks ahead along `steps` (up to `AHEAD_STEPS`) and hands the row groups those steps will
+        need, in first-use order, to the store's decode thread while at most `AHEAD_GROUPS` are
+        waiting to be used: a windowed shuffle needs a whole window of new row groups every
+        window, and they decode while the current one is gathered.
+        """
+        filler_row = int(plan.order[0]) if len(plan.order) else 0
+        store = self.store
+        queue: deque[tuple[int, np.ndarray, bool]] = deque()
+        upcoming = iter(steps)
+        more = True
+        try:
+            while True:
+                while (
+                    more
+                    and len(queue) < AHEAD_STEPS
+                    and (not queue or store.pending_row_groups < AHEAD_GROUPS)
+                ):
+                    step = next(upcoming, None)
+                    if step is None:
+                        more = False
+                        break
+                    rows = self.rows_for(plan, step)
+                    filler = len(rows) == 0
+                    if filler:
+                        rows = np.asarray([filler_row], dtype=np.int64)
+                    if AHEAD_GROUPS:
+                        store.prefetch(store.row_group_of(rows))
+                    queue.append((step, rows, filler))
+                if not queue:
+                    return
+                yield queue.popleft()
+        finally:
+            store.cancel_prefetch()
 
     def block_steps(self, plan: EpochPlan) -> int:
         """Consecutive global steps a `PackedDataLoader` worker produces before the next worker.
@@ -370,20 +416,27 @@ class PackedDataset(IterableDataset):
 
     def _generate_blocks(
         self, plan: EpochPlan, first: int, worker: int, n_workers: int, ring: Ring
-    ) -> Iterator[CompactBatch]:
+    ) -> Iterator[list[CompactBatch]]:
         """Compact batches for the ring: blocks `worker`, `worker + n_workers`, ... of
-        `block_steps` steps from `first` (PackedDataLoader puts them back in step order)."""
-        filler_row = int(plan.order[0]) if len(plan.order) else 0
+        `block_steps` steps from `first` (PackedDataLoader puts them back in step order), sent
+        `CHUNK` at a time (one DataLoader queue item each: a quarter of the per-item cost)."""
         k = self.block_steps(plan)
-        start = first + worker * k
-        while start < plan.num_steps:
-            for step in range(start, min(start + k, plan.num_steps)):
-                rows = self.rows_for(plan, step)
-                filler = len(rows) == 0
-                if filler:
-                    rows = np.asarray([filler_row], dtype=np.int64)
-                yield ring.put(self.store, rows, filler=filler, step=step)
-            start += n_workers * k
+
+        def my_steps() -> Iterator[int]:
+            start = first + worker * k
+            while start < plan.num_steps:
+                yield from range(start, min(start + k, plan.num_steps))
+                start += n_workers * k
+
+        chunk: list[CompactBatch] = []
+        size = 1  # the first batch goes out alone (time to first batch), then CHUNK at a time
+        for step, rows, filler in self._ahead(plan, my_steps()):
+            chunk.append(ring.put(self.store, rows, filler=filler, step=step))
+            if len(chunk) == size:
+                yield chunk
+                chunk, size = [], CHUNK
+        if chunk:
+            yield chunk
 
     # ---- resume -----------------------------------------------------------------------------
 

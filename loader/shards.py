@@ -5,12 +5,18 @@
 groups on demand into flat numpy arrays (values + offsets), kept in a small LRU cache bounded in
 bytes: no per-row or per-token Python objects live in a worker. Offsets read from disk are
 validated once per decoded row group, so a damaged file is a `DataError` naming the file and row.
+
+While a dataset iterates, `prefetch` hands the row groups of upcoming steps to one background
+thread per process, which decodes them (pyarrow releases the GIL while decoding) while the caller
+gathers and collates from those already decoded; a decode error is raised where the row group is
+first used, as without prefetching.
 """
 
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,14 +226,56 @@ class ShardStore:
         self._cached_bytes = 0
         self.decoded_row_groups = 0
         """How many row groups this process decoded (cache misses)."""
+        # Decode-ahead: one thread per process (made on first use), which then does every decode
+        # of this store (a ParquetFile is not read from two threads at once).
+        self._pid = os.getpid()
+        self._decoder: ThreadPoolExecutor | None = None
+        self._pending: dict[int, Future] = {}
 
-    # Open files and cached row groups belong to one process; a worker opens its own.
+    # Open files, cached row groups and the decode thread belong to one process; a worker (forked
+    # or spawned) starts with none of them.
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_files"] = {}
         state["_cache"] = OrderedDict()
         state["_cached_bytes"] = 0
+        state["_decoder"] = None
+        state["_pending"] = {}
+        state["_pid"] = -1
         return state
+
+    def _own(self) -> None:
+        """Drop what a fork inherited from the parent (its decode thread does not exist here)."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._decoder = None
+            self._pending = {}
+            self._files = {}
+
+    @property
+    def pending_row_groups(self) -> int:
+        """Row groups handed to the decode thread and not yet used."""
+        return len(self._pending)
+
+    def prefetch(self, groups: np.ndarray) -> None:
+        """Start decoding row groups (global numbering) in the background, in the given order.
+
+        Row groups already cached or pending are skipped; a later `row_group(g)` waits for its
+        decode. Decoded row groups are held until used (at most what the caller asks ahead).
+        """
+        self._own()
+        for g in dict.fromkeys(int(x) for x in groups):
+            if g in self._cache or g in self._pending:
+                continue
+            if self._decoder is None:
+                self._decoder = ThreadPoolExecutor(1, thread_name_prefix="packtool-decode")
+            self._pending[g] = self._decoder.submit(self._decode, g)
+
+    def cancel_prefetch(self) -> None:
+        """Forget the row groups asked ahead (an iteration ended); the decode thread stays idle."""
+        for future in self._pending.values():
+            future.cancel()
+        self._pending = {}
 
     @property
     def num_row_groups(self) -> int:
@@ -254,6 +302,24 @@ class ShardStore:
         if data is not None:
             self._cache.move_to_end(g)
             return data
+        self._own()
+        future = self._pending.pop(g, None)
+        if future is not None:
+            data = future.result()
+        elif self._decoder is not None:
+            data = self._decoder.submit(self._decode, g).result()
+        else:
+            data = self._decode(g)
+        self.decoded_row_groups += 1
+        self._cache[g] = data
+        self._cached_bytes += data.nbytes
+        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cached_bytes -= old.nbytes
+        return data
+
+    def _decode(self, g: int) -> RowGroupData:
+        """Read, decode and validate row group `g` (no cache)."""
         shard = int(self._rg_shard[g])
         where = str(self.path / self.manifest.shards[shard].file)
         try:
@@ -286,12 +352,6 @@ class ShardStore:
         validate_row_group(
             data, max_len=self.max_len, where=where, first_row=int(self._rg_first[g])
         )
-        self.decoded_row_groups += 1
-        self._cache[g] = data
-        self._cached_bytes += data.nbytes
-        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
-            _, old = self._cache.popitem(last=False)
-            self._cached_bytes -= old.nbytes
         return data
 
     def _slices(
