@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from loader import PackedDataset, ShardStore
 from loader.testing import write_dataset
@@ -160,3 +161,44 @@ def test_manifest_row_count_mismatch(hand_dataset):
     (hand_dataset / "index.json").write_text(json.dumps(m))
     with pytest.raises(DataError, match="3 rows but index.json says 7"):
         ShardStore(hand_dataset)
+
+
+def test_prefetch_decodes_each_row_group_once_with_the_same_rows(random_dataset):
+    plain = ShardStore(random_dataset)
+    store = ShardStore(random_dataset)
+    groups = np.arange(store.num_row_groups)[::-1]
+    store.prefetch(groups)
+    store.prefetch(groups)  # already pending: not decoded twice
+    assert store.pending_row_groups == store.num_row_groups
+    rows = np.random.default_rng(0).permutation(store.num_rows)
+    for got, want in zip(store.gather(rows), plain.gather(rows), strict=True):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert store.pending_row_groups == 0
+    assert store.decoded_row_groups == store.num_row_groups
+    store.prefetch(groups)  # all cached: nothing to do
+    assert store.pending_row_groups == 0
+
+
+def test_prefetch_error_surfaces_where_the_row_group_is_used(hand_dataset):
+    _rewrite_shard(hand_dataset, _table([[0, 3, 2, 5]], [[1] * 5], [[0, 1, 2]]))
+    store = ShardStore(hand_dataset)
+    store.prefetch(np.array([0]))  # decodes (and fails) in the background: no error yet
+    with pytest.raises(DataError, match="row 0: doc_offsets is not strictly increasing"):
+        store.row_group(0)
+    store.cancel_prefetch()
+    assert store.pending_row_groups == 0
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_workers_forked_mid_prefetch_read_the_same_stream(random_dataset):
+    from loader import PackedDataLoader
+
+    kw = {"tokens_per_batch": 150, "seed": 5, "shuffle_window": 2}
+    ds = PackedDataset(random_dataset, **kw)
+    expected = [b["input_ids"] for b in PackedDataset(random_dataset, **kw)]
+    it = iter(ds)
+    next(it)  # the trainer now has a decode thread and pending row groups, then forks workers
+    assert ds.store.pending_row_groups > 0
+    got = [b["input_ids"] for b in PackedDataLoader(ds, num_workers=2)]
+    assert len(got) == len(expected)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
