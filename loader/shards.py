@@ -144,6 +144,24 @@ def validate_row_group(data: RowGroupData, *, max_len: int, where: str, first_ro
         fail(bad_rows, "doc_offsets is not strictly increasing")
 
 
+def _decode_with_jemalloc(pf: pq.ParquetFile, source: pa.NativeFile) -> None:
+    """Make `pf` allocate what it decodes from pyarrow's jemalloc pool, when there is one.
+
+    Row groups are decoded in a background thread and freed in the iterating one; with pyarrow's
+    default allocator (mimalloc) that costs ~2 ms of page faults per 1 M-token row group (about a
+    third more decode time), with jemalloc ~0.8 ms. Only this reader's buffers change pool (the
+    process default stays). Keeps the default reader where pyarrow lacks either piece.
+    """
+    try:
+        from pyarrow._parquet import ParquetReader
+
+        reader = ParquetReader(memory_pool=pa.jemalloc_memory_pool())
+        reader.open(source, metadata=pf.metadata)
+    except (ImportError, AttributeError, TypeError, NotImplementedError, pa.ArrowException):
+        return
+    pf.reader = reader
+
+
 class ShardStore:
     """Random access to the rows of a packtool dataset folder.
 
@@ -290,7 +308,9 @@ class ShardStore:
         if pf is None:
             file = self.path / self.manifest.shards[shard].file
             try:
-                pf = pq.ParquetFile(pa.memory_map(str(file), "r"))
+                source = pa.memory_map(str(file), "r")
+                pf = pq.ParquetFile(source)
+                _decode_with_jemalloc(pf, source)
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(f"{file}: cannot open shard ({exc})") from None
             self._files[shard] = pf
