@@ -197,6 +197,7 @@ class PackedDataset(IterableDataset):
         self._iter_epoch = 0
         self._iter_origin = 0
         self._plan_cache: tuple[tuple[int, int], EpochPlan] | None = None
+        self._blocks_cache: tuple[EpochPlan, np.ndarray] | None = None
         # Set only inside the worker processes of a PackedDataLoader (loader/transport.py).
         self._worker_ring: Ring | None = None
 
@@ -398,35 +399,62 @@ class PackedDataset(IterableDataset):
         finally:
             store.cancel_prefetch()
 
-    def block_steps(self, plan: EpochPlan) -> int:
-        """Consecutive global steps a `PackedDataLoader` worker produces before the next worker.
+    def block_starts(self, plan: EpochPlan) -> np.ndarray:
+        """First global step of every `PackedDataLoader` worker block, then `plan.num_steps`.
 
-        About one shuffle window's worth of steps: every window's row groups are then decoded by
-        one worker instead of by each of them (with one step per worker in turn, N workers
-        would all decode every row group, N times the work). 1 for a free shuffle.
+        A block is the run of steps whose first row lies in one shuffle window (or, unshuffled,
+        in one run of about 8 row groups): a worker then decodes its windows' row groups and, at
+        a window's edge, those of the one step that reaches into the next window, instead of two
+        windows per block when blocks are a fixed number of steps. One step per block for a free
+        shuffle. Cached with the plan.
         """
+        if self._blocks_cache is not None and self._blocks_cache[0] is plan:
+            return self._blocks_cache[1]
         c = self.config
-        groups = self.store.num_row_groups
-        if (c.shuffle and c.shuffle_window == 0) or plan.num_steps == 0 or groups == 0:
-            return 1
-        window = c.shuffle_window if c.shuffle else 16
-        rows_per_step = max((self.store.num_rows - plan.origin) / plan.num_steps, 1.0)
-        rows_per_window = self.store.num_rows / groups * window
-        return int(min(max(np.ceil(rows_per_window / rows_per_step), 1), 1024))
+        store = self.store
+        n = plan.num_steps
+        groups = store.num_row_groups
+        if (c.shuffle and c.shuffle_window == 0) or n == 0 or groups == 0:
+            starts = np.arange(n + 1, dtype=np.int64)
+        else:
+            window = c.shuffle_window if c.shuffle else 16
+            order = plan.order
+            rg = store.row_group_of(order)
+            last = np.full(groups, -1, dtype=np.int64)
+            np.maximum.at(last, rg, np.arange(len(order), dtype=np.int64))
+            # Positions after which no row group continues: the windows' edges (and, unshuffled,
+            # every row group's), as positions in `order`.
+            reach = np.maximum.accumulate(last[rg])
+            cuts = np.flatnonzero(reach == np.arange(len(order))) + 1
+            # Keep the first edge in every half-window of rows: each window stays one block.
+            half = max(int(store.num_rows / groups * window) // 2, 1)
+            cuts = cuts[np.diff(cuts // half, prepend=-1) != 0]
+            first_pos = plan.bounds[
+                np.minimum(np.arange(n) * plan.world_size, len(plan.bounds) - 1)
+            ]
+            seg = np.searchsorted(cuts, first_pos, side="right")
+            starts = np.append(np.flatnonzero(np.diff(seg, prepend=-1)), n).astype(np.int64)
+        self._blocks_cache = (plan, starts)
+        return starts
+
+    def block_steps(self, plan: EpochPlan) -> int:
+        """The most steps in one `PackedDataLoader` worker block (sizes the transport ring)."""
+        starts = self.block_starts(plan)
+        return int(min(np.diff(starts).max(), 1024)) if len(starts) > 1 else 1
 
     def _generate_blocks(
         self, plan: EpochPlan, first: int, worker: int, n_workers: int, ring: Ring
     ) -> Iterator[list[CompactBatch]]:
         """Compact batches for the ring: blocks `worker`, `worker + n_workers`, ... of
-        `block_steps` steps from `first` (PackedDataLoader puts them back in step order), sent
-        `CHUNK` at a time (one DataLoader queue item each: a quarter of the per-item cost)."""
-        k = self.block_steps(plan)
+        `block_starts` from step `first` (the first block starts there; PackedDataLoader puts
+        them back in step order), sent `CHUNK` at a time (one DataLoader queue item each: a
+        quarter of the per-item cost)."""
+        starts = self.block_starts(plan)
+        starts = np.unique(np.append(starts[starts > first], min(first, plan.num_steps)))
 
         def my_steps() -> Iterator[int]:
-            start = first + worker * k
-            while start < plan.num_steps:
-                yield from range(start, min(start + k, plan.num_steps))
-                start += n_workers * k
+            for b in range(worker, len(starts) - 1, n_workers):
+                yield from range(int(starts[b]), int(starts[b + 1]))
 
         chunk: list[CompactBatch] = []
         size = 1  # the first batch goes out alone (time to first batch), then CHUNK at a time

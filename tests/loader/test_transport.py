@@ -138,3 +138,21 @@ def test_compact_round_trip_expands_like_collate(lens, wide, pad, layout, seed):
     ring = Ring(num_workers=1, slots=1, max_tokens=1, max_docs=1, token_dtype=np.dtype(dtype))
     kw = {"pad_tokens": sum(lens) + pad, "pad_docs": len(lens) + 2, "layout": layout}
     _same(collate(*ring.take(item), **kw), collate(tokens, doc_lens, doc_ids, **kw))
+
+
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_worker_blocks_follow_shuffle_windows(random_dataset, window):
+    # One row per step: a block is exactly one window, so no row group is in two blocks and
+    # N workers decode the dataset once between them.
+    ds = PackedDataset(random_dataset, rows_per_batch=1, shuffle_window=window, seed=window)
+    plan = ds.plan(0)
+    starts = ds.block_starts(plan)
+    assert starts[0] == 0 and starts[-1] == plan.num_steps and (np.diff(starts) > 0).all()
+    seen: set[int] = set()
+    for a, b in itertools.pairwise(starts.tolist()):
+        rows = np.concatenate([ds.rows_for(plan, s) for s in range(a, b)])
+        groups = set(ds.store.row_group_of(rows).tolist())
+        assert not groups & seen
+        seen |= groups
+    assert len(seen) == ds.store.num_row_groups
+    assert ds.block_steps(plan) == np.diff(starts).max()
