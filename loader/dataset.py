@@ -402,11 +402,11 @@ class PackedDataset(IterableDataset):
     def block_starts(self, plan: EpochPlan) -> np.ndarray:
         """First global step of every `PackedDataLoader` worker block, then `plan.num_steps`.
 
-        A block is the run of steps whose first row lies in one shuffle window (or, unshuffled,
-        in one run of about 8 row groups): a worker then decodes its windows' row groups and, at
-        a window's edge, those of the one step that reaches into the next window, instead of two
-        windows per block when blocks are a fixed number of steps. One step per block for a free
-        shuffle. Cached with the plan.
+        A block is the run of steps whose rows lie (mostly: a step crossing a window's edge goes
+        with the window holding most of its rows) in one shuffle window, or unshuffled in one run
+        of about 8 row groups. A worker then decodes its windows' row groups plus a few of a
+        neighbour's, instead of two windows per block when blocks were a fixed number of steps.
+        One step per block for a free shuffle. Cached with the plan.
         """
         if self._blocks_cache is not None and self._blocks_cache[0] is plan:
             return self._blocks_cache[1]
@@ -429,10 +429,13 @@ class PackedDataset(IterableDataset):
             # Keep the first edge in every half-window of rows: each window stays one block.
             half = max(int(store.num_rows / groups * window) // 2, 1)
             cuts = cuts[np.diff(cuts // half, prepend=-1) != 0]
-            first_pos = plan.bounds[
-                np.minimum(np.arange(n) * plan.world_size, len(plan.bounds) - 1)
-            ]
-            seg = np.searchsorted(cuts, first_pos, side="right")
+            # A step that crosses a window's edge goes with the window holding most of its rows
+            # (its middle row): the fewest row groups of the other window to decode.
+            last_b = len(plan.bounds) - 1
+            steps = np.arange(n) * plan.world_size
+            lo = plan.bounds[np.minimum(steps, last_b)]
+            hi = plan.bounds[np.minimum(steps + plan.world_size, last_b)]
+            seg = np.searchsorted(cuts, (lo + hi) // 2, side="right")
             starts = np.append(np.flatnonzero(np.diff(seg, prepend=-1)), n).astype(np.int64)
         self._blocks_cache = (plan, starts)
         return starts
