@@ -450,6 +450,12 @@ class ShardStore:
         Returns:
             `(lengths int64, n_docs int64, sq_cost float64)`, each `(num_rows,)`.
         """
+        self._own()
+        if self._decoder is not None:  # the decode thread is the only one reading the files
+            return self._decoder.submit(self._row_index).result()
+        return self._row_index()
+
+    def _row_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         lengths = np.empty(self.num_rows, dtype=np.int64)
         n_docs = np.empty(self.num_rows, dtype=np.int64)
         sq = np.empty(self.num_rows, dtype=np.float64)

@@ -202,3 +202,13 @@ def test_workers_forked_mid_prefetch_read_the_same_stream(random_dataset):
     got = [b["input_ids"] for b in PackedDataLoader(ds, num_workers=2)]
     assert len(got) == len(expected)
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def test_row_index_while_decoding_ahead_matches(random_dataset):
+    ds = PackedDataset(random_dataset, rows_per_batch=2, seed=1)
+    before = ShardStore(random_dataset).row_index()
+    it = iter(ds)
+    next(it)  # the decode thread now owns the files
+    for got, want in zip(ds.store.row_index(), before, strict=True):
+        assert np.array_equal(got, want)
+    assert sum(int(b["cu_seqlens"][-1]) for b in it) > 0
