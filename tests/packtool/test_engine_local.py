@@ -199,7 +199,8 @@ def test_output_loads_with_plain_pyarrow_and_hf_datasets(tmp_path):
     files = sorted(str(p) for p in (tmp_path / "out").glob("shard-*.parquet"))
     table = pq.read_table(files)
     assert table.column_names == ["input_ids", "doc_offsets", "doc_ids", "doc_chunks"]
-    datasets = pytest.importorskip("datasets")
+    import datasets  # the dev extra installs it; the test must not skip silently
+
     ds = datasets.load_dataset(
         "parquet", data_files=files, split="train", cache_dir=str(tmp_path / "c")
     )
