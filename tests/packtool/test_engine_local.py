@@ -220,3 +220,39 @@ def test_rechunk_gives_exact_chunk_sizes():
 def test_chunk_docs_must_be_positive(tmp_path):
     with pytest.raises(ConfigError, match="chunk_docs"):
         run(tmp_path / "out", chunk_docs=0)
+
+
+def test_sigkill_mid_run_then_resume_gives_the_same_bytes(tmp_path):
+    """A real `packtool pack` process killed with SIGKILL mid-run, then `--resume`."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    corpus = tmp_path / "x4.jsonl"
+    corpus.write_bytes(CORPUS.read_bytes() * 4)
+    args = ["--max-len", "1024", "--chunk-docs", "400", "--shard-rows", "100"]
+    cmd = [sys.executable, "-m", "packtool.cli", "pack", str(corpus), *args]
+    env = {**os.environ, "PACKTOOL_NO_PROGRESS": "1"}
+    subprocess.run([*cmd, "-o", str(tmp_path / "whole")], check=True, env=env, capture_output=True)
+
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen([*cmd, "-o", str(cut)], env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    # chunk 0 writes ~3 shards, and its state is saved before chunk 1 writes any: wait for 7
+    while len(list(cut.glob("shard-*.parquet"))) < 7 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    if (cut / "index.json").exists():
+        pytest.fail("the run finished before it could be killed; make the corpus larger")
+    assert list(cut.glob("shard-*.parquet"))  # it was killed mid-run, with shards written
+
+    done = subprocess.run(
+        [*cmd, "-o", str(cut), "--resume"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "resumed: kept" in done.stdout
+    assert shard_bytes(cut) == shard_bytes(tmp_path / "whole")
+    assert verify_dataset(cut).rows == read_manifest(tmp_path / "whole").num_rows
