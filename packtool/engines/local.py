@@ -40,6 +40,8 @@ from packtool.tokenize import input_identity, tokenized_batches
 from packtool.tokenizers import Tokenizer
 
 STATE_FILE = ".pack-state.json"
+RAY_STAGING_DIR = ".ray-chunks"
+"""Hidden folder where the Ray engine's workers write each chunk's shards before renumbering."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,12 +199,32 @@ def _prepare_out_dir(config: RunConfig) -> dict[str, Any] | None:
             f"output folder {out} is not empty; pass --overwrite to replace it "
             "or --resume to finish an interrupted run"
         )
+    foreign = sorted(p.name for p in present if not _written_by_pack(p))
+    if foreign:
+        # --overwrite replaces a dataset; it never deletes files packtool did not write.
+        shown = ", ".join(foreign[:3]) + (
+            f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        )
+        raise ConfigError(
+            f"--overwrite: {out} holds files packtool pack did not write ({shown}); "
+            "choose an empty folder or remove them yourself"
+        )
     for p in present:
         if p.is_dir():
             shutil.rmtree(p)
         else:
             p.unlink()
     return None
+
+
+def _written_by_pack(path: Path) -> bool:
+    """Shards, the manifest, the state file, temporaries and the Ray engine's staging folder."""
+    name = path.name
+    return (
+        (name.startswith("shard-") and name.endswith(".parquet"))
+        or name in (INDEX_FILE, STATE_FILE, RAY_STAGING_DIR)
+        or (name.startswith(".") and name.endswith(".tmp"))
+    )
 
 
 def _fingerprint(config: RunConfig, tokenizer_identity: dict[str, Any]) -> dict[str, Any]:

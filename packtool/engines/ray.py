@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from packtool.corpus import ReadConfig, SkipCounter, expand_inputs, read_corpus
 from packtool.engines.local import (
+    RAY_STAGING_DIR,
     STATE_FILE,
     PackSummary,
     RunConfig,
@@ -55,8 +56,7 @@ from packtool.shards import SHARD_PATTERN, ShardConfig, write_shards
 from packtool.tokenize import input_identity, tokenized_batches, tokenized_schema
 from packtool.tokenizers import Tokenizer, TokenizerIdentity
 
-STAGING_DIR = ".ray-chunks"
-"""Hidden folder in the output where workers write each chunk's shards before renumbering."""
+STAGING_DIR = RAY_STAGING_DIR
 _SKIPS_ROW = -1  # the reader's last row: skip counts and the number of chunks, not a chunk
 _move = os.replace  # renames a finished shard to its final name (tests interrupt it)
 

@@ -123,12 +123,21 @@ def test_resume_refuses_changed_options_and_finished_runs(tmp_path, monkeypatch)
 
 
 def test_non_empty_output_needs_overwrite(tmp_path):
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "old.txt").write_text("x")
+    run(tmp_path / "out", max_len=512)
     with pytest.raises(ConfigError, match="not empty.*--overwrite"):
         run(tmp_path / "out")
-    run(tmp_path / "out", overwrite=True)
-    assert not (tmp_path / "out" / "old.txt").exists()
+    (tmp_path / "out" / ".shard-00007.parquet.tmp").write_bytes(b"left by a crash")
+    run(tmp_path / "out", overwrite=True)  # replaces a dataset, temporaries included
+    assert read_manifest(tmp_path / "out").max_len == 1024
+    assert not list((tmp_path / "out").glob(".*"))
+
+
+def test_overwrite_never_deletes_files_packtool_did_not_write(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"did not write \(notes.txt\)"):
+        run(tmp_path / "out", overwrite=True)
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
     with pytest.raises(ConfigError, match="exclude each other"):
         run(tmp_path / "x", overwrite=True, resume=True)
 
