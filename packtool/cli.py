@@ -338,13 +338,18 @@ def stats_cmd(
     type=int,
     default=1,
     show_default=True,
-    help="Extra rounds repack the least-filled rows.",
+    help="Packing passes: 1 = plain FFD/BFD; each extra round repacks the least-filled 10%% of "
+    "rows from a seeded shuffle, kept when it saves rows.",
 )
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seeds repacking and row order."
 )
 @click.option(
-    "--group-by", default=None, metavar="FIELD", help="Pack only documents sharing FIELD."
+    "--group-by",
+    default=None,
+    metavar="FIELD",
+    help="Pack only documents with the same FIELD together (source = the input file, or a "
+    "JSONL field / Parquet column).",
 )
 @click.option(
     "--chunk-docs",
