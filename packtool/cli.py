@@ -338,7 +338,7 @@ def stats_cmd(
     type=int,
     default=1,
     show_default=True,
-    help="Packing passes: 1 = plain FFD/BFD; each extra round repacks the least-filled 10%% of "
+    help="Packing passes: 1 = plain FFD/BFD; each extra round repacks the least-filled 10% of "
     "rows from a seeded shuffle, kept when it saves rows.",
 )
 @click.option(
