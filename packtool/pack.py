@@ -15,7 +15,6 @@ training order.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -26,10 +25,7 @@ from numpy.typing import NDArray
 from packtool import kernels
 from packtool.errors import ConfigError, DataError
 
-ALGORITHMS: dict[str, Callable[[NDArray, int], tuple[NDArray, NDArray, int]]] = {
-    "ffd": kernels.ffd_assign,
-    "bfd": kernels.bfd_assign,
-}
+ALGORITHMS = kernels.ALGORITHMS
 LONG_DOC_POLICIES = ("split", "truncate", "drop")
 
 # Each extra round pools this share of the least-filled rows (at least two rows). Small pools keep
@@ -157,7 +153,7 @@ def make_segments(
 def _first_round(
     seg_len: NDArray[np.int64], max_len: int, algorithm: str
 ) -> tuple[NDArray, NDArray, int]:
-    row, offset, n_rows = ALGORITHMS[algorithm](seg_len, max_len)
+    row, offset, n_rows = kernels.assign(seg_len, max_len, algorithm)
     return np.asarray(row, dtype=np.int64), np.asarray(offset, dtype=np.int64), int(n_rows)
 
 
