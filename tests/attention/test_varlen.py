@@ -148,6 +148,32 @@ def test_flex_mask_mod_equals_reference_eager(lengths, n_kv, group, causal, wind
     _check_against_reference(kernel, lengths, n_kv, group, 8, causal, window, None, grads=False)
 
 
+@pytest.mark.slow
+def test_flex_compiled_path_equals_reference_on_cpu():
+    """The exact code the CUDA backend runs (a compiled `create_block_mask` and a compiled
+    `flex_attention`), here through inductor's CPU code generator: up to ~45 s on a cold compile cache, covering
+    documents, causal, a left window and GQA at once."""
+    lengths = [5, 40, 3, 100, 16]
+    q, k, v = _inputs(lengths, 4, 2, 32, dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = backends.flex(
+            q,
+            k,
+            v,
+            cu_from_lengths(lengths),
+            max_seqlen=100,
+            causal=True,
+            scale=0.2,
+            window=(8, 0),
+            compile=True,
+        )
+    ref = reference_attention(
+        q.double(), k.double(), v.double(), lengths, causal=True, scale=0.2, left=8
+    )
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_float32_and_bfloat16_run(backend):
     lengths = [5, 1, 9]
@@ -189,12 +215,34 @@ def _fake_varlen(signature_kind):
             query, key, value, lengths, causal=False, scale=s, left=left, right=right
         )
 
+    # The keyword parameters below are copied from each release's torch/nn/attention/varlen.py.
     if signature_kind == "2.10":
 
         def varlen_attn(
             query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None
         ):
             return impl(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=is_causal)
+
+    elif signature_kind == "2.11":
+        # scale and window_size, but no enable_gqa (the device image's release).
+
+        def varlen_attn(
+            query,
+            key,
+            value,
+            cu_seq_q,
+            cu_seq_k,
+            max_q,
+            max_k,
+            *,
+            return_aux=None,
+            scale=None,
+            window_size=(-1, -1),
+        ):
+            return impl(
+                query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window=window_size
+            )
+
     else:
 
         def varlen_attn(
@@ -210,6 +258,9 @@ def _fake_varlen(signature_kind):
             scale=None,
             window_size=(-1, -1),
             enable_gqa=False,
+            seqused_k=None,
+            block_table=None,
+            num_splits=None,
         ):
             if enable_gqa:
                 group = query.shape[1] // key.shape[1]
@@ -221,7 +272,7 @@ def _fake_varlen(signature_kind):
     return varlen_attn
 
 
-@pytest.mark.parametrize("kind", ["2.10", "2.11+"])
+@pytest.mark.parametrize("kind", ["2.10", "2.11", "2.13"])
 def test_torch_varlen_adapts_to_signature(monkeypatch, kind):
     import torch.nn.attention.varlen as tv
 
@@ -243,6 +294,15 @@ def test_torch_varlen_adapts_to_signature(monkeypatch, kind):
             torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     finally:
         backends._torch_varlen_params.cache_clear()
+
+
+def test_installed_torch_varlen_signature_is_one_we_adapt_to():
+    """The installed torch's varlen_attn takes causality in one of the two ways we handle."""
+    params = backends._torch_varlen_params()
+    if params is None:
+        pytest.skip(f"torch {torch.__version__} has no torch.nn.attention.varlen")
+    assert {"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k"} <= params
+    assert "window_size" in params or "is_causal" in params, sorted(params)
 
 
 # ---------------------------------------------------------------------------------------------
