@@ -120,7 +120,17 @@ def test_no_labels_gives_logits_only_and_padding_is_ignored():
     torch.testing.assert_close(model(padded).loss, model(make_batch(DOCS)).loss)
 
 
-def test_bf16_autocast_on_cpu_trains():
+def test_bf16_autocast_on_cpu_trains(monkeypatch):
+    import attention.model as model_module
+
+    seen = set()  # q, k, v dtypes at the attention call: on CUDA, bf16 is what lets `auto`
+    real = model_module.varlen_attention  # pick flash_attn / torch_varlen (half-only kernels)
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.update((q.dtype, k.dtype, v.dtype))
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(model_module, "varlen_attention", spy)
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     batch = make_batch(DOCS)
@@ -129,6 +139,7 @@ def test_bf16_autocast_on_cpu_trains():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(batch)
         assert out.logits.dtype == torch.bfloat16
+        assert seen == {torch.bfloat16}
         opt.zero_grad()
         out.loss.backward()
         opt.step()
