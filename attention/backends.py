@@ -153,7 +153,9 @@ def _compiled_flex() -> Callable:
 @functools.lru_cache(maxsize=1)
 def _flex_available() -> str | None:
     try:
-        import torch.nn.attention.flex_attention  # noqa: F401
+        # `from ... import`, not `import torch.nn...`: that would bind `torch` as a local name,
+        # and the message below would then raise UnboundLocalError instead of returning.
+        from torch.nn.attention import flex_attention  # noqa: F401
     except ImportError:
         return f"torch {torch.__version__} has no torch.nn.attention.flex_attention (needs >= 2.5)"
     return None

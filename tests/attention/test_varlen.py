@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
+import sys
+import types
 import warnings
 
 import pytest
@@ -17,6 +20,11 @@ from attention.varlen import normalize_window
 from tests.attention.helpers import cu_from_lengths, reference_attention
 
 CPU_BACKENDS = ["dense", "sdpa"]
+
+# flex_attention arrived in torch 2.5; the package supports older torch without that backend.
+needs_flex = pytest.mark.skipif(
+    backends._flex_available() is not None, reason=str(backends._flex_available())
+)
 
 
 def _flex_eager(q, k, v, cu, **kw):
@@ -121,6 +129,7 @@ def test_backend_equals_per_document_reference(
     _check_against_reference(kernel, lengths, n_kv, group, head_dim, causal, window, scale)
 
 
+@needs_flex
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     lengths=lengths_st,
@@ -148,6 +157,7 @@ def test_flex_mask_mod_equals_reference_eager(lengths, n_kv, group, causal, wind
     _check_against_reference(kernel, lengths, n_kv, group, 8, causal, window, None, grads=False)
 
 
+@needs_flex
 @pytest.mark.slow
 def test_flex_compiled_path_equals_reference_on_cpu():
     """The exact code the CUDA backend runs (a compiled `create_block_mask` and a compiled
@@ -274,10 +284,13 @@ def _fake_varlen(signature_kind):
 
 @pytest.mark.parametrize("kind", ["2.10", "2.11", "2.13"])
 def test_torch_varlen_adapts_to_signature(monkeypatch, kind):
-    import torch.nn.attention.varlen as tv
-
     fake = _fake_varlen(kind)
-    monkeypatch.setattr(tv, "varlen_attn", fake)
+    try:
+        import torch.nn.attention.varlen as tv
+    except ImportError:  # torch < 2.10: stand in the whole module
+        tv = types.ModuleType("torch.nn.attention.varlen")
+        monkeypatch.setitem(sys.modules, tv.__name__, tv)
+    monkeypatch.setattr(tv, "varlen_attn", fake, raising=False)
     backends._torch_varlen_params.cache_clear()
     try:
         assert backends._torch_varlen_params() == frozenset(inspect.signature(fake).parameters)
@@ -338,6 +351,11 @@ def test_auto_on_cuda_prefers_flash_then_torch_varlen(monkeypatch):
             dtypes=(torch.bfloat16,),
             available=lambda: "not installed",
         ),
+    )
+    monkeypatch.setitem(  # present whatever the installed torch, so its dtype rule is what skips it
+        backends.SPECS,
+        "torch_varlen",
+        dataclasses.replace(backends.SPECS["torch_varlen"], available=lambda: None),
     )
     choice = attention.choose_backend(device="cuda", dtype=torch.float32, total_tokens=10)
     # float32: flash_attn (missing) and torch_varlen (half only) are passed over.
@@ -429,6 +447,7 @@ def test_empty_documents_and_zero_tokens():
     assert out.shape == (0, 2, 4)
 
 
+@needs_flex
 def test_flex_block_mask_is_built_once_per_cu_seqlens():
     cu = cu_from_lengths([3, 5])
     first = backends._document_block_mask(cu, 8, True, (-1, 0), False)
