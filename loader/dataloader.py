@@ -60,8 +60,11 @@ class PackedDataLoader(DataLoader):
         self._packed: PackedDataset = dataset
         self._user_worker_init = self.worker_init_fn
         self._ring: Ring | None = None
-        # (epoch, origin, consumed steps, plan): the state dict is built on request only.
+        # (epoch, origin, consumed steps, plan): the state dict is built on request only. It is
+        # valid while the dataset's generation is the one seen then (no set_epoch /
+        # load_state_dict since); None: not iterated yet, the dataset's start point holds.
         self._position = (dataset.epoch, 0, 0, dataset.plan(dataset.epoch))
+        self._generation: int | None = None
 
     def _new_ring(self, plan) -> Ring:
         ds = self._packed
@@ -84,6 +87,7 @@ class PackedDataLoader(DataLoader):
         origin, first = (int(shared[1]), int(shared[2])) if shared[3] else (0, 0)
         plan = ds.plan(epoch, origin)
         self._position = (epoch, origin, first, plan)
+        self._generation = ds._generation
         consumed = first
         if self.num_workers == 0:
             for batch in super().__iter__():
@@ -120,15 +124,24 @@ class PackedDataLoader(DataLoader):
             shared[3] = 0
 
     def state_dict(self) -> dict[str, Any]:
-        """The position after the last batch this loader handed out."""
-        return {"packed_dataset": self._packed._state(*self._position)}
+        """The position after the last batch this loader handed out.
+
+        After `set_epoch` / `load_state_dict` and before the next iteration: where that
+        iteration will start (a checkpoint taken between epochs resumes at the new one).
+        """
+        ds = self._packed
+        if self._generation != ds._generation:
+            epoch, origin, first = ds.pending_start()
+            return {"packed_dataset": ds._state(epoch, origin, first, ds.plan(epoch, origin))}
+        return {"packed_dataset": ds._state(*self._position)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from `state_dict()` (also accepts a StatefulDataLoader or dataset state)."""
         self._packed.load_state_dict(state)
         ds = self._packed
-        epoch, origin = int(ds._shared[0]), int(ds._shared[1])
-        self._position = (epoch, origin, int(ds._shared[2]), ds.plan(epoch, origin))
+        epoch, origin, first = ds.pending_start()
+        self._position = (epoch, origin, first, ds.plan(epoch, origin))
+        self._generation = ds._generation
 
 
 def make_dataloader(dataset: PackedDataset, **kwargs: Any) -> PackedDataLoader:

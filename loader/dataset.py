@@ -27,11 +27,22 @@ from torch.utils.data import IterableDataset, get_worker_info
 from loader.balance import imbalance, row_cost
 from loader.collate import collate
 from loader.order import EpochPlan, plan_epoch, rank_rows
+from loader.rows import make_config
 from loader.shards import ShardStore
 from loader.transport import CompactBatch, Ring
 from packtool.errors import ConfigError, DataError
 
 STATE_VERSION = 1
+_STATE_FIELDS = {
+    "fingerprint": str,
+    "seed": (int, np.integer),
+    "epoch": (int, np.integer),
+    "origin": (int, np.integer),
+    "next_step": (int, np.integer),
+    "cursor": (int, np.integer),
+    "layout": dict,
+}
+"""What a state must hold (and of which type) before any of it is used."""
 CHUNK = 4
 """Compact batches a PackedDataLoader worker sends per DataLoader queue item (after the first)."""
 AHEAD_STEPS = 1024
@@ -83,12 +94,36 @@ class LoaderConfig:
                 "give exactly one of rows_per_batch or tokens_per_batch, got "
                 f"rows_per_batch={self.rows_per_batch}, tokens_per_batch={self.tokens_per_batch}"
             )
+        # Types first: a float row count would cut batches of alternating sizes, a string
+        # "False" would switch an option on; both silently.
+        for name in ("rows_per_batch", "tokens_per_batch", "max_docs_per_batch"):
+            if getattr(self, name) is not None:
+                _need_int(name, getattr(self, name))
+        for name in ("seed", "shuffle_window", "pad_id", "cache_bytes"):
+            _need_int(name, getattr(self, name))
+        for name in ("shuffle", "drop_last", "static_shape", "balance", "verify"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.rows_per_batch is not None and self.rows_per_batch < 1:
             raise ConfigError(f"rows_per_batch must be >= 1, got {self.rows_per_batch}")
         if self.tokens_per_batch is not None and self.tokens_per_batch < 1:
             raise ConfigError(f"tokens_per_batch must be >= 1, got {self.tokens_per_batch}")
         if self.max_docs_per_batch is not None and self.max_docs_per_batch < 2:
             raise ConfigError(f"max_docs_per_batch must be >= 2, got {self.max_docs_per_batch}")
+        if self.max_docs_per_batch is not None and not self.static_shape:
+            raise ConfigError(
+                "max_docs_per_batch only applies with static_shape=True (it sizes cu_seqlens)"
+            )
+        if not 0 <= self.pad_id < 2**63:
+            raise ConfigError(f"pad_id must be a token id >= 0, got {self.pad_id}")
+        if (
+            isinstance(self.balance_linear, bool)
+            or not isinstance(self.balance_linear, (int, float, np.integer, np.floating))
+            or not 0 <= self.balance_linear < float("inf")
+        ):
+            raise ConfigError(
+                f"balance_linear must be a finite number >= 0, got {self.balance_linear!r}"
+            )
         if (
             self.static_shape
             and self.tokens_per_batch is not None
@@ -113,6 +148,11 @@ class LoaderConfig:
             "shuffle": self.shuffle,
             "shuffle_window": self.shuffle_window,
         }
+
+
+def _need_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
 
 
 def dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -156,13 +196,15 @@ class PackedDataset(IterableDataset):
     ) -> None:
         super().__init__()
         if config is None:
-            config = LoaderConfig(**settings)
+            config = make_config(LoaderConfig, settings)
         elif settings:
             raise ConfigError(
                 f"give either a config or keyword settings, not both ({sorted(settings)})"
             )
         self.config = config
         self.rank, self.world_size = dist_rank_world(rank, world_size)
+        _need_int("rank", self.rank)
+        _need_int("world_size", self.world_size)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ConfigError(
                 f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world_size}"
@@ -186,6 +228,8 @@ class PackedDataset(IterableDataset):
             if self.max_docs is None:
                 most = int(self.n_docs.max()) if len(self.n_docs) else 1
                 self.max_docs = config.rows_per_batch * most + 1
+            else:
+                self._check_max_docs()
             self.pad_tokens = config.tokens_per_batch or config.rows_per_batch * max_len
         else:
             self.pad_tokens = None
@@ -193,6 +237,9 @@ class PackedDataset(IterableDataset):
         # set_epoch / load_state_dict reach persistent workers too.
         self._shared = multiprocessing.RawArray("q", 4)
         self._local_resume: tuple[int, int, int] | None = None
+        # Bumped by set_epoch / load_state_dict (main process): a PackedDataLoader that has not
+        # iterated since then reports the dataset's new starting point, not its old position.
+        self._generation = 0
         self._next_step = 0
         self._iter_epoch = 0
         self._iter_origin = 0
@@ -200,6 +247,29 @@ class PackedDataset(IterableDataset):
         self._blocks_cache: tuple[EpochPlan, np.ndarray] | None = None
         # Set only inside the worker processes of a PackedDataLoader (loader/transport.py).
         self._worker_ring: Ring | None = None
+
+    def _check_max_docs(self) -> None:
+        """Refuse a `max_docs_per_batch` some batch would exceed (else a `DataError` mid-epoch).
+
+        With a token budget batches close before `max_docs_per_batch - 1` documents, so only a
+        single row with more documents breaks it; with `rows_per_batch` batches are not cut by
+        documents, so the bound is the `rows_per_batch` rows with the most documents together.
+        One entry is always left for the padding pseudo-document.
+        """
+        c = self.config
+        n_docs = np.sort(self.n_docs)
+        if c.tokens_per_batch is not None:
+            need, what = int(n_docs[-1]) if len(n_docs) else 0, "one row holds"
+        else:
+            need = int(n_docs[-c.rows_per_batch :].sum())
+            what = (
+                f"a batch of {c.rows_per_batch} row{'s' if c.rows_per_batch > 1 else ''} can hold"
+            )
+        if need + 1 > self.max_docs:
+            raise ConfigError(
+                f"max_docs_per_batch {self.max_docs} is too small for this dataset: {what} "
+                f"{need} documents, plus one entry for padding; use at least {need + 1}"
+            )
 
     # ---- planning ---------------------------------------------------------------------------
 
@@ -213,6 +283,7 @@ class PackedDataset(IterableDataset):
             return
         self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, 0, 0, 0
         self._iter_epoch, self._iter_origin, self._next_step = epoch, 0, 0
+        self._generation += 1
 
     def plan(self, epoch: int, origin: int = 0) -> EpochPlan:
         """The global steps of `epoch` starting at row position `origin` (cached)."""
@@ -511,12 +582,25 @@ class PackedDataset(IterableDataset):
         epoch, origin, first = self._resume_point(merged, own_step=False)
         self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, origin, first, 1
         self._iter_epoch, self._iter_origin, self._next_step = epoch, origin, first
+        self._generation += 1
+
+    def pending_start(self) -> tuple[int, int, int]:
+        """`(epoch, origin, first step)` where the next iteration starts (main process)."""
+        shared = self._shared
+        origin, first = (int(shared[1]), int(shared[2])) if shared[3] else (0, 0)
+        return int(shared[0]), origin, first
 
     def _check(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise DataError(
                 f"not a PackedDataset state (version {state.get('version') if isinstance(state, dict) else None!r})"
             )
+        for key, kind in _STATE_FIELDS.items():
+            value = state.get(key)
+            if value is None or isinstance(value, bool) or not isinstance(value, kind):
+                raise DataError(
+                    f"malformed PackedDataset state: {key!r} is {value!r}; the checkpoint is damaged"
+                )
         if state["fingerprint"] != self.fingerprint:
             raise DataError(
                 f"the state was saved on dataset {state['fingerprint']} but this is {self.fingerprint} "
@@ -524,19 +608,36 @@ class PackedDataset(IterableDataset):
             )
         if state["seed"] != self.config.seed:
             raise DataError(
-                f"the state was saved with seed {state['seed']} but this loader uses seed {self.config.seed}"
+                f"the state was saved with seed {state['seed']!r} but this loader uses seed "
+                f"{self.config.seed!r}"
             )
 
     def _resume_point(self, state: dict[str, Any], *, own_step: bool) -> tuple[int, int, int]:
+        epoch, origin, step = int(state["epoch"]), int(state["origin"]), int(state["next_step"])
+        cursor, rows = int(state["cursor"]), self.store.num_rows
+        # A hand-edited or damaged position would otherwise be clamped or wrap around (a negative
+        # step indexes the plan from its end): rows repeated or skipped without a word.
+        if not (0 <= origin <= cursor <= rows and step >= 0):
+            raise DataError(
+                f"the state's position (epoch {epoch}, origin {origin}, step {step}, row "
+                f"{cursor}) does not fit this dataset of {rows} rows; the checkpoint is damaged"
+            )
         if state["layout"] == self.config.layout_key(self.world_size):
-            return int(state["epoch"]), int(state["origin"]), int(state["next_step"])
+            steps = self.plan(epoch, origin).num_steps
+            # A StatefulDataLoader worker's own next step runs past the end by up to its stride.
+            if not own_step and step > steps:
+                raise DataError(
+                    f"the state resumes at step {step} of epoch {epoch}, which has {steps} steps; "
+                    "the checkpoint is damaged"
+                )
+            return epoch, origin, step
         if own_step:
             raise DataError(
                 "a StatefulDataLoader worker state cannot change world size or batch settings; load "
                 "the whole StatefulDataLoader state into the dataset instead"
             )
         # Other ranks or batch settings: continue at the first row no step has consumed.
-        return int(state["epoch"]), int(state["cursor"]), 0
+        return epoch, cursor, 0
 
     # ---- reporting --------------------------------------------------------------------------
 
@@ -615,5 +716,13 @@ def _merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:
         states.append(main)
     if not states:
         raise DataError("the StatefulDataLoader state holds no PackedDataset state")
+    for s in states:
+        if not isinstance(s, dict) or not all(
+            isinstance(s.get(k), (int, np.integer)) for k in ("epoch", "next_step")
+        ):
+            raise DataError(
+                "malformed PackedDataset state inside the StatefulDataLoader state; the "
+                "checkpoint is damaged"
+            )
     # Each worker's next step; the first unconsumed global step is the smallest of them.
     return min(states, key=lambda s: (s["epoch"], s["next_step"]))

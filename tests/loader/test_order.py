@@ -194,3 +194,48 @@ def test_windowed_shuffle_keeps_windows_of_row_groups_together():
     assert not np.array_equal(
         p, epoch_permutation(20, fingerprint="f", seed=0, epoch=1, group_starts=starts, window=2)
     )
+
+
+@pytest.mark.parametrize(
+    ("settings_", "match"),
+    [
+        # 1.5 rows per batch used to cut batches of 1 and 2 rows in turn, silently.
+        ({"rows_per_batch": 1.5}, "rows_per_batch must be an integer, got 1.5"),
+        ({"rows_per_batch": "2"}, "rows_per_batch must be an integer, got '2'"),
+        ({"tokens_per_batch": 64.0}, "tokens_per_batch must be an integer"),
+        ({"rows_per_batch": 1, "seed": "a"}, "seed must be an integer"),
+        ({"rows_per_batch": 1, "drop_last": "False"}, "drop_last must be True or False"),
+        ({"rows_per_batch": 1, "pad_id": -1}, "pad_id must be a token id >= 0"),
+        ({"rows_per_batch": 1, "pad_id": 2**70}, "pad_id must be a token id >= 0"),
+        ({"rows_per_batch": 1, "balance_linear": -1.0}, "balance_linear must be a finite"),
+        ({"rows_per_batch": 1, "max_docs_per_batch": 4}, "only applies with static_shape"),
+    ],
+)
+def test_config_types_are_checked(settings_, match):
+    with pytest.raises(ConfigError, match=match):
+        LoaderConfig(**settings_)
+
+
+def test_unknown_setting_is_a_config_error_naming_the_valid_ones(hand_dataset):
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) 'batch_size'; .*rows_per_batch"):
+        PackedDataset(hand_dataset, batch_size=4)
+    with pytest.raises(ConfigError, match="rank must be an integer"):
+        PackedDataset(hand_dataset, rows_per_batch=1, rank="0", world_size=2)
+
+
+@pytest.mark.parametrize(
+    ("settings_", "need", "enough"),
+    [
+        # The third row holds 3 documents: 2 entries (one is padding) can never fit it.
+        ({"tokens_per_batch": 6, "max_docs_per_batch": 2}, "one row holds 3", 4),
+        # Two rows with the most documents hold 3 + 2; + padding = 6 > 5.
+        ({"rows_per_batch": 2, "max_docs_per_batch": 5}, "a batch of 2 rows can hold 5", 6),
+    ],
+)
+def test_static_shape_too_few_docs_is_refused_upfront(hand_dataset, settings_, need, enough):
+    # Before: a DataError from collate in the middle of the epoch, at the first such batch.
+    with pytest.raises(ConfigError, match=f"{need} documents, plus one entry for padding"):
+        PackedDataset(hand_dataset, static_shape=True, shuffle=False, **settings_)
+    ok = {**settings_, "max_docs_per_batch": enough}
+    batches = list(PackedDataset(hand_dataset, static_shape=True, **ok))
+    assert sorted(i for b in batches for i in _docs(b)) == list(range(6))

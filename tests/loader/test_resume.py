@@ -105,3 +105,84 @@ def test_other_seed_or_dataset_is_a_clear_error(random_dataset, tmp_path):
         PackedDataset(other, **SETTINGS).load_state_dict(state)
     with pytest.raises(DataError, match="not a PackedDataset state"):
         ds.load_state_dict({"something": 1})
+
+
+def _dl_state(path, take: int, **kw) -> dict:
+    dl = PackedDataLoader(PackedDataset(path, **{**SETTINGS, **kw}))
+    list(itertools.islice(dl, take))
+    return dl.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        # A negative step used to index the plan from its end: 5 batches replayed, one a filler.
+        ("next_step", -5, "does not fit this dataset"),
+        ("next_step", 10_000, "resumes at step 10000 of epoch 0"),
+        ("origin", 10**9, "does not fit this dataset"),
+        ("origin", -3, "does not fit this dataset"),
+        ("cursor", 10**9, "does not fit this dataset"),
+        ("next_step", "3", "'next_step' is '3'"),
+        ("layout", None, "'layout' is None"),
+        ("seed", "7", "'seed' is '7'"),
+    ],
+)
+def test_damaged_state_is_a_clear_error(random_dataset, key, value, match):
+    state = _dl_state(random_dataset, 3)
+    state["packed_dataset"][key] = value
+    with pytest.raises(DataError, match=match):
+        PackedDataLoader(PackedDataset(random_dataset, **SETTINGS)).load_state_dict(state)
+
+
+@pytest.mark.parametrize("key", ["next_step", "epoch", "origin", "layout", "fingerprint", "seed"])
+def test_state_missing_a_key_is_a_clear_error(random_dataset, key):
+    state = _dl_state(random_dataset, 3)
+    del state["packed_dataset"][key]
+    with pytest.raises(DataError, match=f"malformed PackedDataset state: '{key}' is None"):
+        PackedDataset(random_dataset, **SETTINGS).load_state_dict(state)
+
+
+def test_stateful_dataloader_state_with_damaged_worker_state(random_dataset):
+    sdl = StatefulDataLoader(
+        PackedDataset(random_dataset, **SETTINGS), batch_size=None, num_workers=2
+    )
+    list(itertools.islice(sdl, 2))
+    state = sdl.state_dict()
+    state["_snapshot"]["_worker_snapshots"]["worker_1"]["dataset_state"]["next_step"] = "x"
+    with pytest.raises(DataError, match="malformed PackedDataset state"):
+        PackedDataset(random_dataset, **SETTINGS).load_state_dict(state)
+
+
+def test_checkpoint_between_epochs_resumes_at_the_new_epoch(random_dataset, reference):
+    # Before: state_dict() after set_epoch(1) still described epoch 0's end (or, for a fresh
+    # loader, epoch 0's start), so a resume replayed finished epochs.
+    n0 = len(PackedDataset(random_dataset, **SETTINGS))
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    dl = PackedDataLoader(ds)
+    ds.set_epoch(1)
+    assert dl.state_dict()["packed_dataset"]["epoch"] == 1
+    ds.set_epoch(0)
+    list(dl)
+    ds.set_epoch(1)
+    state = dl.state_dict()
+    assert (state["packed_dataset"]["epoch"], state["packed_dataset"]["next_step"]) == (1, 0)
+    rest, _ = _run(random_dataset, workers=0, state=state)
+    assert rest == reference[n0:]
+
+
+def test_state_of_a_resumed_loader_before_iterating_is_the_resume_point(random_dataset):
+    state = _dl_state(random_dataset, 4)
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    ds.load_state_dict(state)  # the dataset, not the loader: the loader must still report it
+    assert PackedDataLoader(ds).state_dict() == state
+
+
+def test_resume_at_the_end_of_an_epoch_and_after_the_last(random_dataset, reference):
+    n0 = len(PackedDataset(random_dataset, **SETTINGS))
+    end0 = _dl_state(random_dataset, n0)
+    rest, _ = _run(random_dataset, workers=0, state=end0)  # epoch 0 delivers nothing more
+    assert rest == reference[n0:]
+    _, end1 = _run(random_dataset, workers=2)
+    assert end1["packed_dataset"]["epoch"] == 1
+    rest, _ = _run(random_dataset, workers=2, state=end1)
+    assert rest == []

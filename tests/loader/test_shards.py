@@ -212,3 +212,13 @@ def test_row_index_while_decoding_ahead_matches(random_dataset):
     for got, want in zip(ds.store.row_index(), before, strict=True):
         assert np.array_equal(got, want)
     assert sum(int(b["cu_seqlens"][-1]) for b in it) > 0
+
+
+def test_shard_listed_twice_is_refused(hand_dataset):
+    # Before: every row of that shard was delivered twice per epoch.
+    m = read_manifest(hand_dataset)
+    import dataclasses
+
+    write_manifest(hand_dataset, dataclasses.replace(m, shards=(m.shards[0], m.shards[0])))
+    with pytest.raises(DataError, match="shard-00000.parquet is listed more than once"):
+        PackedDataset(hand_dataset, rows_per_batch=1)

@@ -156,3 +156,111 @@ def test_worker_blocks_follow_shuffle_windows(random_dataset, window):
         seen |= groups
     assert len(seen) == ds.store.num_row_groups
     assert ds.block_steps(plan) == np.diff(starts).max()
+
+
+_LIFECYCLE = r"""
+import gc, os, signal, sys, time
+import torch
+torch.multiprocessing.set_sharing_strategy("file_system")  # segments show up in /dev/shm
+from loader import PackedDataLoader, PackedDataset
+
+def workers():
+    me, out = os.getpid(), []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                stat = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # only the DataLoader workers, not the sharing strategy's manager process
+            if int(stat[1]) == me and not open(f"/proc/{p}/comm").read().startswith("torch_"):
+                out.append(int(p))
+    return out
+
+ds = PackedDataset(sys.argv[1], tokens_per_batch=150, seed=7, shuffle_window=1)
+if sys.argv[2] == "sigint":
+    dl = PackedDataLoader(ds, num_workers=2, persistent_workers=True)
+    for epoch in range(10**6):
+        ds.set_epoch(epoch)
+        for i, b in enumerate(dl):
+            if epoch == 0 and i == 2:
+                print("pids", *workers(), flush=True)
+                print("running", flush=True)
+            time.sleep(0.005)
+for persistent in (False, True):  # abandon an epoch half way, drop the loader
+    dl = PackedDataLoader(ds, num_workers=2, persistent_workers=persistent)
+    it = iter(dl)
+    [next(it) for _ in range(3)]
+    print("pids", *workers(), flush=True)
+    del it, dl
+    gc.collect()
+dl = PackedDataLoader(ds, num_workers=2)  # a worker dies mid-epoch
+it = iter(dl)
+next(it)
+pids = workers()
+print("pids", *pids, flush=True)
+os.kill(pids[0], signal.SIGKILL)
+try:
+    for _ in it:
+        pass
+except RuntimeError as exc:
+    print("worker death:", exc, flush=True)
+del it, dl
+gc.collect()
+print("done", flush=True)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["drop-and-kill", "sigint"])
+def test_loader_processes_and_shared_memory_are_released(random_dataset, mode):
+    """Abandoned iterations, a killed worker and Ctrl-C: no hang, no worker or /dev/shm left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    shm = "/dev/shm"
+    proc = subprocess.Popen(
+        [sys.executable, "-W", "ignore", "-c", _LIFECYCLE, str(random_dataset), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    try:
+        if mode == "sigint":
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith("running"):
+                    break
+            proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"the loader hung:\n{''.join(lines)}{out}")
+    out = "".join(lines) + out
+    if mode == "sigint":
+        assert "KeyboardInterrupt" in out, out
+    else:
+        assert proc.returncode == 0 and "worker death:" in out and "done" in out, out
+    pids = [
+        int(p) for line in out.splitlines() if line.startswith("pids") for p in line.split()[1:]
+    ]
+    assert pids, out
+    deadline = time.monotonic() + 15  # orphaned workers notice a dead parent within ~5 s
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p)]
+    if os.path.isdir(shm):
+        assert not [f for f in os.listdir(shm) if f.startswith(f"torch_{proc.pid}_")]
