@@ -36,12 +36,30 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from loader.rows import EMPTY_I64, PackedRows, RowBatcher, check_int
+from loader.rows import EMPTY_I64, PackedRows, RowBatcher, check_int, make_config
 from packtool import kernels
 from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.pack import LONG_DOC_POLICIES, PackCounts, make_segments
 
 STRATEGIES = ("ffd", "bucketed")
+_STATE_KEYS = frozenset(
+    (
+        "config",
+        "seed_key",
+        "buffer",
+        "out",
+        "has_tokens",
+        "dtype",
+        "counts",
+        "packs",
+        "held_rows",
+        "forced_rows",
+        "flushes",
+        "next_doc_id",
+        "closed",
+    )
+)
+"""The keys of `OnlinePacker.state_dict()`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +213,21 @@ def bucketed_assign(
     return row, offset, n_rows
 
 
+def _doc_array(doc: Any, i: int) -> NDArray:
+    """One document's token ids as a 1-D array; `(1, T)` (a tokenizer's batch of one) is fine.
+
+    A `(B, T)` array with B > 1 is refused: flattened, B sequences would become one document.
+    """
+    arr = np.asarray(doc)
+    if arr.ndim > 1 and sum(d > 1 for d in arr.shape) > 1:
+        raise DataError(
+            f"document {i} has shape {arr.shape}; give one 1-D token array per document"
+        )
+    if arr.dtype.kind not in "iu" and arr.size:
+        raise DataError(f"document {i}: token ids must be integers, got dtype {arr.dtype}")
+    return arr.reshape(-1)
+
+
 class PackerClosedError(PacktoolError):
     """Documents were pushed into a packer after its final flush."""
 
@@ -221,7 +254,7 @@ class OnlinePacker:
         self, config: OnlineConfig | None = None, *, seed_key: tuple[int, ...] = (), **settings: Any
     ) -> None:
         if config is None:
-            config = OnlineConfig(**settings)
+            config = make_config(OnlineConfig, settings)
         elif settings:
             raise ConfigError(
                 f"give either a config or keyword settings, not both ({sorted(settings)})"
@@ -283,6 +316,9 @@ class OnlinePacker:
                 raise DataError(
                     f"lengths sum to {int(lengths.sum())} but {tokens.shape} token ids were given"
                 )
+            if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+                # Float ids would be truncated to integers when a batch is collated.
+                raise DataError(f"token ids must be integers, got dtype {tokens.dtype}")
             if self._dtype is None:
                 self._dtype = tokens.dtype
             elif tokens.dtype != self._dtype:
@@ -342,7 +378,7 @@ class OnlinePacker:
 
     def push_docs(self, docs: Iterable[Any]) -> None:
         """Add documents given one token array (or list of ints) each."""
-        arrays = [np.asarray(d).reshape(-1) for d in docs]
+        arrays = [_doc_array(d, i) for i, d in enumerate(docs)]
         if not arrays:
             return
         lengths = np.fromiter((len(a) for a in arrays), np.int64, len(arrays))
@@ -533,9 +569,21 @@ class OnlinePacker:
         Raises:
             DataError: the state was saved with other settings.
         """
+        missing = (
+            sorted(_STATE_KEYS - set(state)) if isinstance(state, dict) else sorted(_STATE_KEYS)
+        )
+        if (
+            missing
+            or not isinstance(state["config"], dict)
+            or not isinstance(state["counts"], dict)
+        ):
+            raise DataError(
+                "not an OnlinePacker state (from state_dict()): "
+                + (f"missing {', '.join(missing)}" if missing else "config or counts malformed")
+            )
         mine = {f.name: getattr(self.config, f.name) for f in fields(self.config)}
-        if state.get("config") != mine:
-            diff = sorted(k for k in mine if state.get("config", {}).get(k) != mine[k])
+        if state["config"] != mine:
+            diff = sorted(k for k in mine if state["config"].get(k) != mine[k])
             raise DataError(f"the packer state was saved with other settings ({', '.join(diff)})")
         self.seed_key = tuple(state["seed_key"])
         buf = state["buffer"]
@@ -564,22 +612,30 @@ class OnlinePacker:
         `source` yields `pyarrow` tables of the tokenized schema (`tokenized_batches`), or token
         arrays / lists of ints, one per document (collected `docs_per_push` at a time).
         """
-        pending: list[Any] = []
-        for item in source:
-            if isinstance(item, (pa.Table, pa.RecordBatch)):
-                if pending:
+        pending: list[NDArray] = []
+        try:
+            for item in source:
+                if isinstance(item, (pa.Table, pa.RecordBatch)):
+                    if pending:
+                        self.push_docs(pending)
+                        pending = []
+                    self.push_table(item)
+                else:
+                    # Checked one by one, so a bad document fails alone, not with its neighbours.
+                    pending.append(_doc_array(item, self._next_doc_id + len(pending)))
+                    if len(pending) < docs_per_push:
+                        continue
                     self.push_docs(pending)
                     pending = []
-                self.push_table(item)
-            else:
-                pending.append(item)
-                if len(pending) < docs_per_push:
-                    continue
+                out = self.pop()
+                if out.n_rows:
+                    yield out
+        except BaseException:
+            # The source failed, a document was bad, or the consumer stopped: the documents
+            # already handed over stay in the packer, so flush() + pop() still return them.
+            if pending:
                 self.push_docs(pending)
-                pending = []
-            out = self.pop()
-            if out.n_rows:
-                yield out
+            raise
         if pending:
             self.push_docs(pending)
         self.flush(final=True)
@@ -598,10 +654,16 @@ class OnlinePacker:
     ) -> Iterator[dict]:
         """Loader batches (`loader.collate` dicts) from a stream; see `RowBatcher`."""
         batcher = RowBatcher(rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch)
-        for rows in self.pack_stream(source):
-            batcher.add(rows)
-            for b in batcher.ready():
-                yield b.collate(**collate_kwargs)
+        try:
+            for rows in self.pack_stream(source):
+                batcher.add(rows)
+                for b in batcher.ready():
+                    yield b.collate(**collate_kwargs)
+        except BaseException:
+            # Rows packed but not yet batched go back to the packer (pop() returns them first).
+            if batcher.pending.n_rows:
+                self._out.insert(0, batcher.pending)
+            raise
         if not drop_last:
             for b in batcher.ready(final=True):
                 yield b.collate(**collate_kwargs)

@@ -19,8 +19,10 @@ model call.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -57,6 +59,39 @@ class _Stats:
     """The most recent dispatch waits (bounded, for a long-running server)."""
 
 
+_COLLATE_KEYS = frozenset(
+    p for p in inspect.signature(collate).parameters if p not in ("tokens", "doc_lens", "doc_ids")
+)
+
+
+def _request_array(tokens: Any) -> np.ndarray:
+    """A request's token ids as a 1-D numpy array (a torch tensor on any device is fine).
+
+    `(1, T)` (a tokenizer's batch of one) is accepted; `(B, T)` with B > 1 is refused, since
+    flattened it would silently become one request of B sequences.
+    """
+    if hasattr(tokens, "detach"):  # torch: a CUDA or grad-tracking tensor has no .numpy()
+        tokens = tokens.detach().cpu().numpy()
+    arr = np.asarray(tokens)
+    if sum(d > 1 for d in arr.shape) > 1:
+        raise DataError(f"a request is one sequence of token ids, got shape {arr.shape}")
+    return arr.reshape(-1)
+
+
+def _request_problem(arr: np.ndarray, token_budget: int) -> DataError | None:
+    """Why a request cannot be served (its future gets this), or None."""
+    if arr.size == 0:
+        return DataError("empty request: a request needs at least one token")
+    if not np.issubdtype(arr.dtype, np.integer):
+        return DataError(f"request token ids must be integers, got dtype {arr.dtype}")
+    if arr.size > token_budget:
+        return DataError(
+            f"request of {arr.size} tokens exceeds the token budget {token_budget}; "
+            "shorten it or raise token_budget"
+        )
+    return None
+
+
 class RequestBatcher:
     """Batches concurrent requests into packed varlen batches for one model function.
 
@@ -66,9 +101,11 @@ class RequestBatcher:
         max_wait_ms: A request waits at most this long for others to join its batch.
         token_budget: Tokens per batch at most; a request longer than this is rejected.
         max_requests: Requests per batch at most (None: only the token budget limits).
-        collate_kwargs: Passed to `loader.collate` (e.g. `pad_tokens` for a static shape).
+        collate_kwargs: Passed to `loader.collate` (e.g. `pad_tokens` for a static shape; it must
+            be at least `token_budget`, and `pad_docs` caps the requests per batch).
 
-    Use as a context manager, or call `close()` to drain and stop.
+    Use as a context manager, or call `close()` to drain and stop. A batcher dropped without
+    `close()` is closed when garbage-collected (its queued requests are still served).
     """
 
     def __init__(
@@ -88,19 +125,19 @@ class RequestBatcher:
             raise ConfigError(f"token_budget must be an integer >= 1, got {token_budget!r}")
         if max_requests is not None and (not isinstance(max_requests, int) or max_requests < 1):
             raise ConfigError(f"max_requests must be an integer >= 1 or None, got {max_requests!r}")
+        collate_kwargs = dict(collate_kwargs or {})
+        max_requests = _check_collate(collate_kwargs, token_budget, max_requests)
         self.run_batch = run_batch
         self.max_wait = max_wait_ms / 1000.0
         self.token_budget = token_budget
         self.max_requests = max_requests
-        self.collate_kwargs = dict(collate_kwargs or {})
-        self._cond = threading.Condition()
-        self._queue: list[_Request] = []
-        self._queued_tokens = 0
-        self._closing = False
-        self._seq = 0
-        self._stats = _Stats()
-        self._thread = threading.Thread(target=self._loop, name="RequestBatcher", daemon=True)
+        self.collate_kwargs = collate_kwargs
+        # The thread holds only the core, so a batcher nobody references can be collected; its
+        # finalizer then closes the core and the thread ends after serving what was queued.
+        self._core = _Core(run_batch, self.max_wait, token_budget, max_requests, collate_kwargs)
+        self._thread = threading.Thread(target=self._core.loop, name="RequestBatcher", daemon=True)
         self._thread.start()
+        weakref.finalize(self, self._core.shut)
 
     # ---- client side ------------------------------------------------------------------------
 
@@ -111,40 +148,30 @@ class RequestBatcher:
             BatcherClosedError: after `close()`.
         """
         fut: Future = Future()
-        arr = (
-            np.asarray(tokens).reshape(-1)
-            if not hasattr(tokens, "numpy")
-            else tokens.numpy().reshape(-1)
-        )
-        with self._cond:
-            if self._closing:
+        core = self._core
+        bad = None
+        try:
+            arr = _request_array(tokens)
+        except DataError as exc:
+            arr, bad = np.zeros(0, np.int64), exc
+        with core.cond:
+            if core.closing:
                 raise BatcherClosedError("this RequestBatcher is closed; submit to a new one")
-            self._stats.requests += 1
-            bad = None
-            if arr.size == 0:
-                bad = DataError("empty request: a request needs at least one token")
-            elif not np.issubdtype(arr.dtype, np.integer):
-                bad = DataError(f"request token ids must be integers, got dtype {arr.dtype}")
-            elif arr.size > self.token_budget:
-                bad = DataError(
-                    f"request of {arr.size} tokens exceeds the token budget {self.token_budget}; "
-                    "shorten it or raise token_budget"
-                )
+            core.stats.requests += 1
+            bad = bad or _request_problem(arr, self.token_budget)
             if bad is not None:
-                self._stats.rejected += 1
+                core.stats.rejected += 1
                 fut.set_exception(bad)
                 return fut
-            self._queue.append(_Request(arr, fut, time.monotonic(), self._seq))
-            self._seq += 1
-            self._queued_tokens += arr.size
-            self._cond.notify()
+            core.queue.append(_Request(arr, fut, time.monotonic(), core.seq))
+            core.seq += 1
+            core.queued_tokens += arr.size
+            core.cond.notify()
         return fut
 
     def close(self, timeout: float | None = None) -> None:
         """Refuse new requests, dispatch every queued one, and stop the thread."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
+        self._core.shut()
         self._thread.join(timeout)
 
     def __enter__(self) -> RequestBatcher:
@@ -156,8 +183,9 @@ class RequestBatcher:
     @property
     def stats(self) -> dict[str, Any]:
         """Counters, batch fill (tokens / budget) and the time requests waited to be dispatched."""
-        with self._cond:
-            s = self._stats
+        core = self._core
+        with core.cond:
+            s = core.stats
             waits = np.asarray(s.waits_ms) if s.waits_ms else np.zeros(1)
             return {
                 "requests": s.requests,
@@ -166,60 +194,128 @@ class RequestBatcher:
                 "batches": s.batches,
                 "failed_batches": s.failed_batches,
                 "tokens": s.tokens,
-                "queued": len(self._queue),
+                "queued": len(core.queue),
                 "mean_fill": s.tokens / (s.batches * self.token_budget) if s.batches else 0.0,
                 "wait_ms_p50": float(np.percentile(waits, 50)),
                 "wait_ms_p99": float(np.percentile(waits, 99)),
                 "wait_ms_max": float(waits.max()),
-                "closed": self._closing,
+                "closed": core.closing,
             }
 
-    # ---- batcher thread ---------------------------------------------------------------------
 
-    def _take(self) -> list[_Request]:
+def _check_collate(
+    kwargs: dict[str, Any], token_budget: int, max_requests: int | None
+) -> int | None:
+    """Validate `collate_kwargs` up front (a bad one would fail every batch); the request cap.
+
+    Returns:
+        `max_requests`, lowered so a batch never holds more documents than `pad_docs` allows.
+    """
+    unknown = sorted(set(kwargs) - _COLLATE_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"collate_kwargs {unknown} unknown; loader.collate takes {sorted(_COLLATE_KEYS)}"
+        )
+    pad_tokens = kwargs.get("pad_tokens")
+    if pad_tokens is not None and pad_tokens < token_budget:
+        raise ConfigError(
+            f"collate_kwargs pad_tokens={pad_tokens} is smaller than token_budget={token_budget}; "
+            "a full batch would not fit its static shape"
+        )
+    pad_docs = kwargs.get("pad_docs")
+    if pad_docs is not None:
+        room = pad_docs - (1 if pad_tokens is not None else 0)  # one entry for the padding
+        if room < 1:
+            raise ConfigError(f"collate_kwargs pad_docs={pad_docs} leaves no room for a request")
+        max_requests = room if max_requests is None else min(max_requests, room)
+    return max_requests
+
+
+class _Core:
+    """The queue, the counters and the serving thread's loop (all the thread references)."""
+
+    def __init__(
+        self,
+        run_batch: Callable[[dict], Any],
+        max_wait: float,
+        token_budget: int,
+        max_requests: int | None,
+        collate_kwargs: dict[str, Any],
+    ) -> None:
+        self.run_batch = run_batch
+        self.max_wait = max_wait
+        self.token_budget = token_budget
+        self.max_requests = max_requests
+        self.collate_kwargs = collate_kwargs
+        self.cond = threading.Condition()
+        self.queue: list[_Request] = []
+        self.queued_tokens = 0
+        self.closing = False
+        self.seq = 0
+        self.stats = _Stats()
+
+    def shut(self) -> None:
+        with self.cond:
+            self.closing = True
+            self.cond.notify()
+
+    def take(self) -> list[_Request]:
         """Requests for the next batch: arrival order while they fit, then gap filling."""
         chosen, left, room = [], [], self.token_budget
-        cap = self.max_requests or len(self._queue)
-        for r in self._queue:
+        cap = self.max_requests or len(self.queue)
+        for r in self.queue:
             if len(chosen) < cap and r.tokens.size <= room:
                 chosen.append(r)
                 room -= r.tokens.size
             else:
                 left.append(r)
-        self._queue = left
-        self._queued_tokens -= self.token_budget - room
+        self.queue = left
+        self.queued_tokens -= self.token_budget - room
         return chosen
 
-    def _loop(self) -> None:
+    def loop(self) -> None:
+        try:
+            self._serve()
+        finally:
+            # Only reached early by a bug: no client may wait forever on a dead thread.
+            with self.cond:
+                self.closing = True
+                stranded, self.queue = self.queue, []
+            for r in stranded:
+                if r.future.set_running_or_notify_cancel():
+                    r.future.set_exception(BatcherClosedError("the RequestBatcher thread stopped"))
+
+    def _serve(self) -> None:
         while True:
-            with self._cond:
+            with self.cond:
                 while True:
-                    if not self._queue:
-                        if self._closing:
+                    if not self.queue:
+                        if self.closing:
                             return
-                        self._cond.wait()
+                        self.cond.wait()
                         continue
                     now = time.monotonic()
-                    deadline = self._queue[0].arrived + self.max_wait
-                    full = self._queued_tokens >= self.token_budget or (
-                        self.max_requests is not None and len(self._queue) >= self.max_requests
+                    deadline = self.queue[0].arrived + self.max_wait
+                    full = self.queued_tokens >= self.token_budget or (
+                        self.max_requests is not None and len(self.queue) >= self.max_requests
                     )
-                    if full or self._closing or now >= deadline:
+                    if full or self.closing or now >= deadline:
                         break
-                    self._cond.wait(deadline - now)
-                batch = self._take()
+                    # max_wait_ms=inf: no deadline (an infinite timeout overflows time_t)
+                    self.cond.wait(min(deadline - now, threading.TIMEOUT_MAX))
+                batch = self.take()
                 now = time.monotonic()
                 live = []
                 for r in batch:
                     if r.future.set_running_or_notify_cancel():
                         live.append(r)
-                        self._stats.waits_ms.append((now - r.arrived) * 1000.0)
+                        self.stats.waits_ms.append((now - r.arrived) * 1000.0)
                     else:
-                        self._stats.cancelled += 1
+                        self.stats.cancelled += 1
             if live:
-                self._run(live)
+                self.run(live)
 
-    def _run(self, reqs: list[_Request]) -> None:
+    def run(self, reqs: list[_Request]) -> None:
         lens = np.fromiter((r.tokens.size for r in reqs), np.int64, len(reqs))
         try:
             tokens = np.concatenate([r.tokens for r in reqs])
@@ -233,15 +329,17 @@ class RequestBatcher:
                     f"run_batch returned {type(out).__name__} of shape "
                     f"{getattr(out, 'shape', None)}; expected a first axis of {total} tokens"
                 )
-        except Exception as exc:  # handed to every caller of this batch
-            with self._cond:
-                self._stats.failed_batches += 1
+        except BaseException as exc:  # handed to every caller of this batch
+            # BaseException too: a model raising SystemExit / KeyboardInterrupt would otherwise
+            # end the thread, leaving this batch's callers and every later one waiting forever.
+            with self.cond:
+                self.stats.failed_batches += 1
             for r in reqs:
                 r.future.set_exception(exc)
             return
-        with self._cond:
-            self._stats.batches += 1
-            self._stats.tokens += int(lens.sum())
+        with self.cond:
+            self.stats.batches += 1
+            self.stats.tokens += int(lens.sum())
         cu = np.r_[0, np.cumsum(lens)]
         for i, r in enumerate(reqs):
             r.future.set_result(out[int(cu[i]) : int(cu[i + 1])])

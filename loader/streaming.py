@@ -28,16 +28,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.dataset import dist_rank_world
 from loader.online import OnlineConfig, OnlinePacker, PackedRows, RowBatcher
+from loader.rows import make_config
 from packtool.corpus import expand_inputs
 from packtool.errors import ConfigError, DataError
 from packtool.tokenize import input_identity, tokenized_meta
 
 STATE_VERSION = 1
+_LIVE_KEYS = frozenset(("slot", "n_slots", "next_group", "done", "packer", "pending", "ready"))
+"""What a mid-stream state holds besides version, key, epoch and start."""
 SHARD_BY = ("document", "row_group")
 
 
@@ -79,7 +83,7 @@ class StreamingPackedDataset(IterableDataset):
     ) -> None:
         super().__init__()
         if config is None:
-            config = OnlineConfig(**settings)
+            config = make_config(OnlineConfig, settings)
         elif settings:
             raise ConfigError(
                 f"give either a config or keyword settings, not both ({sorted(settings)})"
@@ -100,7 +104,11 @@ class StreamingPackedDataset(IterableDataset):
             raise ConfigError(
                 f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world_size}"
             )
+        if isinstance(inputs, (str, os.PathLike)):
+            inputs = [inputs]
         self.paths = expand_inputs(inputs)
+        if not self.paths:
+            raise DataError("no input files: give tokenized Parquet files, folders or globs")
         for p in self.paths:
             if tokenized_meta(p) is None:
                 raise DataError(f"{p}: not tokenized Parquet; run `packtool tokenize` first")
@@ -121,8 +129,17 @@ class StreamingPackedDataset(IterableDataset):
         self._live: dict[str, Any] | None = None  # the running iterator's objects, for state_dict
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration delivers (the epoch seeds the row order)."""
-        self.epoch = int(epoch)
+        """Select the epoch the next iteration delivers (the epoch seeds the row order).
+
+        A resume point loaded for this epoch is kept; one for another epoch is dropped (its
+        buffer holds that epoch's documents in that epoch's order).
+        """
+        epoch = int(epoch)
+        if self._resume is not None and int(self._resume["epoch"]) != epoch:
+            self._resume = None
+        if self._live is not None and self._live["epoch"] != epoch:
+            self._live = None  # state_dict() now describes the start of the new epoch
+        self.epoch = epoch
 
     # ---- iteration --------------------------------------------------------------------------
 
@@ -184,9 +201,15 @@ class StreamingPackedDataset(IterableDataset):
                 if start >= n:
                     continue
                 take = np.arange(start, n, n_slots)
-            if f not in files:
-                files[f] = pq.ParquetFile(self.paths[f])
-            table = files[f].read_row_group(rg, columns=["doc_id", "input_ids"])
+            try:
+                if f not in files:
+                    files[f] = pq.ParquetFile(self.paths[f])
+                table = files[f].read_row_group(rg, columns=["doc_id", "input_ids"])
+            except (OSError, pa.ArrowException) as exc:
+                raise DataError(
+                    f"{self.paths[f]}: row group {rg} unreadable ({exc}); the file changed or is "
+                    "damaged since the dataset was opened"
+                ) from None
             if take is not None:
                 table = table.take(take)
             packer.push_table(table)
@@ -243,9 +266,25 @@ class StreamingPackedDataset(IterableDataset):
         if (
             not isinstance(state, dict)
             or state.get("version") != STATE_VERSION
-            or "key" not in state
+            or not isinstance(state.get("key"), dict)
+            or not isinstance(state.get("epoch"), (int, np.integer))
+            or not isinstance(state.get("start"), bool)
         ):
             raise DataError("not a StreamingPackedDataset state")
+        if not state["start"]:
+            missing = sorted(_LIVE_KEYS - set(state))
+            group = state.get("next_group")
+            if missing or not isinstance(group, (int, np.integer)):
+                what = f"missing {', '.join(missing)}" if missing else f"next_group is {group!r}"
+                raise DataError(
+                    f"malformed StreamingPackedDataset state ({what}); the checkpoint is damaged"
+                )
+            if not 0 <= group <= len(self.groups):
+                # A wrong position would re-read or skip row groups without a word.
+                raise DataError(
+                    f"the state resumes at row group {group} but the inputs have "
+                    f"{len(self.groups)}; the checkpoint is damaged"
+                )
         mine = self._key()
         if state["key"] != mine:
             diff = sorted(k for k in mine if state["key"].get(k) != mine[k])

@@ -267,3 +267,61 @@ def test_plain_ffd_buffer_never_worse_than_row_bound(lengths, buf) -> None:
     assert rows.n_rows <= sum(
         2 * -(-sum(lengths[i : i + buf]) // 64) + 1 for i in range(0, len(lengths), buf)
     )
+
+
+def test_float_tokens_and_batches_of_sequences_are_refused() -> None:
+    p = OnlinePacker(max_len=8)
+    # Before: float ids were accepted by push() and truncated to integers when collated.
+    with pytest.raises(DataError, match="token ids must be integers, got dtype float64"):
+        p.push(np.array([1.5, 2.0]), np.array([2]))
+    # Before: a (2, 3) array became one document of 6 tokens.
+    with pytest.raises(DataError, match=r"document 1 has shape \(2, 3\)"):
+        p.push_docs([[1, 2], np.ones((2, 3), np.int64)])
+    p.push_docs([np.array([[4, 5, 6]])])  # (1, T), a tokenizer's batch of one, is fine
+    p.flush()
+    assert p.pop().tokens.tolist() == [4, 5, 6]
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) 'maxlen'; OnlineConfig takes"):
+        OnlinePacker(maxlen=8)
+
+
+def test_source_error_keeps_every_document_handed_over() -> None:
+    def source():
+        yield from ([1, 2, 3], [4, 5], [6] * 8, [7, 7])
+        raise RuntimeError("source broke")
+
+    # Before: the documents collected for the next push were dropped with the exception.
+    p = OnlinePacker(max_len=8, buffer_docs=100)
+    with pytest.raises(RuntimeError, match="source broke"):
+        list(p.pack_stream(source()))
+    p.flush()
+    assert sorted(p.pop().tokens.tolist()) == sorted([1, 2, 3, 4, 5] + [6] * 8 + [7, 7])
+    # Rows packed but not yet batched go back to the packer too.
+    p = OnlinePacker(max_len=8, buffer_docs=2, min_fill=0.0)
+    got = []
+    with pytest.raises(RuntimeError, match="source broke"):
+        for b in p.batches(source(), rows_per_batch=3):
+            got += b["input_ids"].tolist()
+    p.flush()
+    rest = p.pop().tokens.tolist()
+    assert sorted(got + rest) == sorted([1, 2, 3, 4, 5] + [6] * 8 + [7, 7])
+    # A bad document fails alone: the good ones before it stay in the packer.
+    p = OnlinePacker(max_len=8, buffer_docs=100)
+    with pytest.raises(DataError, match="document 2: token ids must be integers"):
+        list(p.pack_stream([[1, 2], [3], [0.5]]))
+    p.flush()
+    assert sorted(p.pop().tokens.tolist()) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("state", [None, {}, {"config": {}}, "x"])
+def test_load_state_dict_rejects_what_is_not_a_packer_state(state) -> None:
+    with pytest.raises(DataError, match="not an OnlinePacker state"):
+        OnlinePacker(max_len=8).load_state_dict(state)
+
+
+def test_load_state_dict_with_a_key_missing() -> None:
+    p = OnlinePacker(max_len=8)
+    p.push_docs([[1, 2, 3]])
+    state = p.state_dict()
+    del state["buffer"]
+    with pytest.raises(DataError, match="missing buffer"):
+        OnlinePacker(max_len=8).load_state_dict(state)

@@ -137,3 +137,88 @@ def test_config_validation(kwargs: dict, match: str) -> None:
     settings = {"run_batch": Model(), **kwargs}
     with pytest.raises(ConfigError, match=match):
         RequestBatcher(**settings)
+
+
+def test_model_raising_base_exception_does_not_kill_the_thread() -> None:
+    def quits(batch: dict) -> torch.Tensor:
+        raise SystemExit("model quit")
+
+    with RequestBatcher(run_batch=quits, max_wait_ms=0, token_budget=8) as batcher:
+        # Before: the thread died; this future and every later one waited forever.
+        with pytest.raises(SystemExit):
+            batcher.submit([1, 2]).result(timeout=5)
+        assert isinstance(batcher.submit([3]).exception(timeout=5), SystemExit)
+        assert batcher.stats["failed_batches"] == 2
+
+
+def test_infinite_window_waits_for_a_full_budget_or_close() -> None:
+    batcher = RequestBatcher(run_batch=Model(), max_wait_ms=float("inf"), token_budget=4)
+    # Before: Condition.wait(inf) raised OverflowError in the thread, which then died.
+    a, b = batcher.submit([1]), batcher.submit([1, 2, 3])
+    assert a.result(timeout=5).tolist() == [3] and b.result(timeout=5).tolist() == [3, 5, 7]
+    c = batcher.submit([4])
+    time.sleep(0.1)
+    assert not c.done()
+    batcher.close(timeout=5)
+    assert c.result(timeout=0).tolist() == [9]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        # Before: each of these failed every batch (every request) at its first model call.
+        ({"collate_kwargs": {"pad_tokn": 8}}, r"collate_kwargs \['pad_tokn'\] unknown"),
+        ({"collate_kwargs": {"pad_tokens": 4}}, "pad_tokens=4 is smaller than token_budget=8"),
+        ({"collate_kwargs": {"pad_tokens": 8, "pad_docs": 1}}, "leaves no room"),
+    ],
+)
+def test_collate_kwargs_are_checked_upfront(kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        RequestBatcher(run_batch=Model(), token_budget=8, **kwargs)
+
+
+def test_pad_docs_caps_the_requests_per_batch() -> None:
+    model = Model(delay=0.2)
+    kw = {"pad_tokens": 16, "pad_docs": 3}  # 2 requests + the padding pseudo-document
+    with RequestBatcher(
+        run_batch=model, max_wait_ms=50, token_budget=16, collate_kwargs=kw
+    ) as batcher:
+        first = batcher.submit([9])  # keeps the model busy while the next five queue up
+        futs = [batcher.submit([i + 1]) for i in range(5)]
+        # Before: the five went into one batch, which collate refused (6 > pad_docs): all failed.
+        assert [f.result(timeout=10).tolist() for f in futs] == [[3], [5], [7], [9], [11]]
+        first.result(timeout=10)
+    assert max(n for _, _, n in model.calls) == 3  # cu_seqlens has pad_docs + 1 entries
+
+
+def test_requests_of_several_sequences_and_device_tensors() -> None:
+    with RequestBatcher(run_batch=Model(), max_wait_ms=0, token_budget=16) as batcher:
+        # Before: a (2, 3) batch was flattened into one request of 6 tokens.
+        with pytest.raises(DataError, match=r"one sequence of token ids, got shape \(2, 3\)"):
+            batcher.submit(torch.ones(2, 3, dtype=torch.long)).result(timeout=5)
+        assert batcher.submit(torch.tensor([[1, 2]])).result(timeout=5).tolist() == [3, 5]
+        x = torch.ones(2, requires_grad=True)  # .numpy() refuses a tensor that tracks grad
+        assert batcher.submit(x.long()).result(timeout=5).tolist() == [3, 3]
+
+
+def test_a_dropped_batcher_serves_its_queue_and_stops_its_thread() -> None:
+    import gc
+
+    def submit_and_drop() -> object:
+        batcher = RequestBatcher(run_batch=Model(), max_wait_ms=60_000, token_budget=16)
+        return batcher.submit([1, 2])
+
+    before = {t.ident for t in threading.enumerate()}
+    fut = submit_and_drop()
+    gc.collect()
+    # Before: nothing referenced the batcher but its own thread, which waited forever.
+    assert fut.result(timeout=5).tolist() == [3, 5]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        extra = [
+            t for t in threading.enumerate() if t.ident not in before and t.name == "RequestBatcher"
+        ]
+        if not extra:
+            break
+        time.sleep(0.01)
+    assert not extra

@@ -167,3 +167,67 @@ def test_stats_count_skips(tokenized) -> None:
     assert s["documents_empty"] == int((lengths == 0).sum())
     assert s["tokens_truncated"] == int(np.maximum(lengths - MAX_LEN, 0).sum())
     assert s["tokens_out"] == len(toks) == s["tokens_in"] - s["tokens_truncated"]
+
+
+def test_no_inputs_and_files_gone_after_open(tokenized, tmp_path) -> None:
+    path, _ = tokenized
+    # Before: an empty input list made a stream that silently yielded nothing.
+    with pytest.raises(DataError, match="no input files"):
+        make([])
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in path.glob("*.parquet"):
+        (copy / f.name).write_bytes(f.read_bytes())
+    ds = make(copy)
+    (copy / "part-00000.parquet").unlink()
+    # Before: a bare FileNotFoundError / ArrowInvalid (the latter naming no file).
+    with pytest.raises(DataError, match=r"part-00000.parquet: row group 0 unreadable"):
+        list(ds)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        # Before: -1 re-read every row group (documents twice), a huge one skipped them all.
+        ({"next_group": -1}, "resumes at row group -1 but the inputs have 8"),
+        ({"next_group": 99}, "resumes at row group 99 but the inputs have 8"),
+        ({"packer": None}, "missing packer"),
+        ({"epoch": "0"}, "not a StreamingPackedDataset state"),
+    ],
+)
+def test_damaged_state_is_a_clear_error(tokenized, edit, match) -> None:
+    path, _ = tokenized
+    ds = make(path)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    for k, v in edit.items():
+        if v is None:
+            del state[k]
+        else:
+            state[k] = v
+    with pytest.raises(DataError, match=match):
+        make(path).load_state_dict(state)
+
+
+def test_set_epoch_drops_a_resume_point_of_another_epoch(tokenized) -> None:
+    path, _ = tokenized
+    ds = make(path)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()  # mid-epoch 0
+    ds2 = make(path)
+    ds2.load_state_dict(state)
+    ds2.set_epoch(1)
+    # Before: epoch 1 continued epoch 0's buffer and position (the rest of epoch 0, in
+    # epoch 0's order, and nothing of epoch 1's first row groups).
+    got = [b["input_ids"] for b in ds2]
+    fresh = make(path)
+    fresh.set_epoch(1)
+    want = [b["input_ids"] for b in fresh]
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    # A checkpoint taken after set_epoch(1) and before iterating describes epoch 1's start.
+    ds3 = make(path)
+    list(ds3)
+    ds3.set_epoch(1)
+    assert (ds3.state_dict()["epoch"], ds3.state_dict()["start"]) == (1, True)
