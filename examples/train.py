@@ -21,6 +21,7 @@ import torch
 
 from attention import ModelConfig, Transformer
 from loader import PackedDataLoader, PackedDataset
+from packtool.errors import PacktoolError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,10 +82,15 @@ def main(argv: list[str] | None = None) -> list[float]:
         torch.set_num_threads(args.threads)
     if args.resume and not (args.ckpt and Path(args.ckpt).exists()):
         raise SystemExit(f"error: --resume needs an existing --ckpt, got {args.ckpt!r}")
+    if args.ckpt:
+        Path(args.ckpt).parent.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
     bf16 = args.precision == "bf16" or (args.precision == "auto" and native_bf16(device))
 
-    dataset = PackedDataset(args.data, rows_per_batch=args.rows_per_batch, seed=args.seed)
+    try:
+        dataset = PackedDataset(args.data, rows_per_batch=args.rows_per_batch, seed=args.seed)
+    except PacktoolError as exc:  # a missing or damaged --data folder: one line, no traceback
+        raise SystemExit(f"error: {exc}") from None
     manifest = dataset.store.manifest
     cfg = ModelConfig(
         vocab_size=int(manifest.tokenizer["vocab_size"]),

@@ -65,3 +65,12 @@ def test_resume_without_checkpoint_is_a_clear_error(packed, tmp_path):
     train = _train_module()
     with pytest.raises(SystemExit, match="--resume needs an existing --ckpt"):
         train.main(_args(packed, tmp_path, 2, "--resume", "--ckpt", str(tmp_path / "none.pt")))
+
+
+def test_checkpoint_folder_is_created_and_bad_data_is_one_line(packed, tmp_path):
+    train = _train_module()
+    ckpt = tmp_path / "new" / "dir" / "ckpt.pt"
+    train.main(_args(packed, tmp_path, 1, "--ckpt", str(ckpt)))
+    assert ckpt.is_file()
+    with pytest.raises(SystemExit, match=r"^error: .*no_such_folder"):
+        train.main(_args(tmp_path / "no_such_folder", tmp_path, 1))
