@@ -1,4 +1,5 @@
-"""Corpus readers: plain text, JSONL (also .gz / .zst) and Parquet, from files, folders and globs.
+"""Corpus readers: plain text, JSONL and Parquet (text and JSONL also .gz / .zst), from files,
+folders and globs.
 
 Documents stream out in `DocumentBatch`es of bounded size, so memory does not grow with the
 corpus. Every document that cannot be used is a counted skip (`SkipCounter`), never a silent
@@ -6,18 +7,20 @@ drop; `strict=True` turns the first skip into a `DataError`.
 
 Which bad input is an error and which is a skip (see docs/tokenize.md):
 
-- error: a path that matches nothing, an unreadable or corrupt file, a Parquet file without the
-  text column (or an extra field), a JSONL file in which no line has the text field;
+- error: a path that matches nothing, an unreadable, truncated or corrupt file, a Parquet file
+  without the text column (or an extra field), a JSONL file in which no line has the text field;
 - skip (reason): a line that is not a JSON object (`malformed_json`), a line without the text
   field or with a null/non-string value (`missing_field`), bytes that are not UTF-8
   (`invalid_utf8`), a document with no text (`empty`).
+
+A UTF-8 byte order mark at the start of a text or JSONL file is not part of the data and is
+dropped. A `.json` file that holds one JSON array (rather than JSON Lines) is read as the
+objects in it.
 """
 
 from __future__ import annotations
 
 import glob
-import gzip
-import io
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,17 +30,25 @@ from typing import Any
 import numpy as np
 import orjson
 
+from packtool.compressed import open_stream, strip_compression, zstd_error
 from packtool.errors import ConfigError, DataError
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
 PARQUET_SUFFIXES = (".parquet",)
-TEXT_SUFFIXES = (".txt", ".md", ".text")
+TEXT_SUFFIXES = tuple(f"{s}{c}" for s in (".txt", ".md", ".text") for c in ("", ".gz", ".zst"))
+"""One document per file; `.gz` / `.zst` are decompressed first."""
 KNOWN_SUFFIXES = JSONL_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES
 """Suffixes picked up when walking a folder. A file named explicitly (or matched by a glob) with
-any other suffix is read as plain text, one document per file, except `.json` (below)."""
+any other suffix is read as plain text, one document per file (decompressed when it ends in
+`.gz` / `.zst`), except `.json` (below)."""
+_KNOWN_SHORT = ".jsonl, .ndjson, .parquet, .txt, .md, .text (text and JSONL also .gz / .zst)"
 JSON_SUFFIXES = (".json", ".json.gz", ".json.zst")
 """Read as JSON Lines when named explicitly or matched by a glob (many datasets name JSON Lines
-`.json`), but not picked up in folders, where `.json` files are usually configuration."""
+`.json`), but not picked up in folders, where `.json` files are usually configuration. A `.json`
+file whose first character is `[` is read as one JSON array of objects instead."""
+
+_BOM = b"\xef\xbb\xbf"
+_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
 
 RESERVED_COLUMNS = ("doc_id", "source", "input_ids", "length")
 """Column names of the tokenized table; an extra field may not take one of them."""
@@ -187,9 +198,7 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
                 and not any(part.startswith(".") for part in p.relative_to(path).parts)
             )
             if not matches:
-                raise DataError(
-                    f"{text}: folder has no corpus files (looked for {', '.join(KNOWN_SUFFIXES)})"
-                )
+                raise DataError(f"{text}: folder has no corpus files (looked for {_KNOWN_SHORT})")
         elif path.is_file():
             matches = [path]
         elif glob.has_magic(text):
@@ -295,6 +304,8 @@ def _read_file(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except EOFError as exc:
         raise DataError(f"{path}: file is truncated ({exc})") from None
+    except zstd_error() as exc:
+        raise DataError(f"{path}: corrupt zstd stream ({exc})") from None
 
 
 def _as_extra(value: Any) -> str | None:
@@ -305,8 +316,16 @@ def _as_extra(value: Any) -> str | None:
     return str(value)
 
 
+def _json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type (`number`, `array`, `null`, ...)."""
+    return _JSON_TYPES.get(type(value), "number")
+
+
 def _read_text(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_Doc]:
-    data = path.read_bytes()
+    with open_stream(path) as f:
+        data = f.read()
+    nbytes = len(data)
+    data = data.removeprefix(_BOM)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -315,20 +334,56 @@ def _read_text(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_
     if not text:
         skips.add("empty", str(path))
         return
-    yield text, (None,) * len(config.extra_fields), len(data)
+    yield text, (None,) * len(config.extra_fields), nbytes
 
 
-def _open_jsonl(path: Path) -> io.BufferedIOBase:
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    if name.endswith(".zst"):
-        import zstandard
+def _json_array_file(path: Path) -> bool:
+    """A `.json` file whose first non-blank byte is `[`: one JSON array, not JSON Lines."""
+    if not strip_compression(path.name).lower().endswith(".json"):
+        return False
+    with open_stream(path) as f:
+        head = f.read(4096).removeprefix(_BOM).lstrip()
+    return head.startswith(b"[")
 
-        raw = open(path, "rb")  # noqa: SIM115 - closed through the wrapper
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-        return io.BufferedReader(reader, buffer_size=1 << 20)  # type: ignore[arg-type]
-    return open(path, "rb", buffering=1 << 20)  # noqa: SIM115
+
+def _read_json_array(path: Path) -> Iterator[tuple[str, Any, int]]:
+    """(where, object, bytes) for each element of a file holding one JSON array."""
+    with open_stream(path) as f:
+        data = f.read().removeprefix(_BOM)
+    try:
+        items = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise DataError(
+            f"{path}: starts with '[' but is not one valid JSON array ({exc}); "
+            "JSON Lines files must have one object per line"
+        ) from None
+    if not isinstance(items, list):  # pragma: no cover - a leading '[' parses as an array
+        raise DataError(f"{path}: expected a JSON array")
+    per_item = len(data) // max(len(items), 1)
+    for i, obj in enumerate(items):
+        yield f"{path}:item {i}", obj, per_item
+
+
+def _jsonl_objects(path: Path, skips: SkipCounter) -> Iterator[tuple[str, Any, int]]:
+    """(where, parsed object, bytes) per non-blank line; unparseable lines are counted skips."""
+    with open_stream(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if lineno == 1:
+                line = line.removeprefix(_BOM)
+            if not line.strip():
+                continue  # a blank line is not a document
+            where = f"{path}:{lineno}"
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError:
+                    skips.add("invalid_utf8", where)
+                else:
+                    skips.add("malformed_json", where, str(exc).split(":")[0])
+                continue
+            yield where, obj, len(line)
 
 
 def _read_jsonl(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_Doc]:
@@ -337,54 +392,31 @@ def _read_jsonl(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[
     seen_field = False
     objects_without = 0
     first_keys: list[str] = []
-    try:
-        import zstandard
-
-        zstd_error: type[BaseException] = zstandard.ZstdError
-    except ImportError:  # pragma: no cover - zstandard is a dependency
-        zstd_error = OSError
-    try:
-        with _open_jsonl(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue  # a blank line is not a document
-                where = f"{path}:{lineno}"
-                try:
-                    obj = orjson.loads(line)
-                except orjson.JSONDecodeError as exc:
-                    try:
-                        line.decode("utf-8")
-                    except UnicodeDecodeError:
-                        skips.add("invalid_utf8", where)
-                    else:
-                        skips.add("malformed_json", where, str(exc).split(":")[0])
-                    continue
-                if not isinstance(obj, dict):
-                    skips.add(
-                        "malformed_json", where, f"a JSON {type(obj).__name__}, not an object"
-                    )
-                    continue
-                text = obj.get(field_name)
-                if text is None:
-                    if not seen_field:
-                        objects_without += 1
-                        if not first_keys:
-                            first_keys = sorted(obj)
-                        if objects_without >= _MISSING_FIELD_PATIENCE:
-                            _raise_missing_field(path, field_name, first_keys)
-                    skips.add("missing_field", where, f"no {field_name!r}")
-                    continue
-                seen_field = True
-                if not isinstance(text, str):
-                    skips.add("missing_field", where, f"{field_name!r} is a {type(text).__name__}")
-                    continue
-                if not text:
-                    skips.add("empty", where)
-                    continue
-                extras = tuple(_as_extra(obj.get(name)) for name in extra_fields)
-                yield text, extras, len(line)
-    except zstd_error as exc:
-        raise DataError(f"{path}: corrupt zstd stream ({exc})") from None
+    objects = _read_json_array(path) if _json_array_file(path) else _jsonl_objects(path, skips)
+    for where, obj, nbytes in objects:
+        if not isinstance(obj, dict):
+            skips.add("malformed_json", where, f"a JSON {_json_type(obj)}, not an object")
+            continue
+        text = obj.get(field_name)
+        if text is None:
+            if not seen_field:
+                objects_without += 1
+                if not first_keys:
+                    first_keys = sorted(obj)
+                if objects_without >= _MISSING_FIELD_PATIENCE:
+                    _raise_missing_field(path, field_name, first_keys)
+            what = f"no {field_name!r}" if field_name not in obj else f"{field_name!r} is null"
+            skips.add("missing_field", where, what)
+            continue
+        seen_field = True
+        if not isinstance(text, str):
+            skips.add("missing_field", where, f"{field_name!r} is a {_json_type(text)}")
+            continue
+        if not text:
+            skips.add("empty", where)
+            continue
+        extras = tuple(_as_extra(obj.get(name)) for name in extra_fields)
+        yield text, extras, nbytes
     if objects_without and not seen_field:
         _raise_missing_field(path, field_name, first_keys)
 

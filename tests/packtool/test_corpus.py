@@ -215,11 +215,11 @@ def test_bad_lines_are_counted_skips_with_file_line(tmp_path):
     assert skips.examples["malformed_json"][0].startswith(f"{path}:2 ")
     assert skips.examples["missing_field"] == [
         f"{path}:3 (no 'text')",
-        f"{path}:4 ('text' is a int)",
+        f"{path}:4 ('text' is a number)",
     ]
     assert skips.examples["invalid_utf8"] == [f"{path}:5"]
     assert skips.examples["empty"] == [f"{path}:6"]
-    assert skips.examples["malformed_json"][1] == f"{path}:8 (a JSON list, not an object)"
+    assert skips.examples["malformed_json"][1] == f"{path}:8 (a JSON array, not an object)"
     assert skips.total == 6
     assert skips.summary().startswith("6 skipped: empty 1 (e.g. ")
 
