@@ -7,7 +7,11 @@ usage errors exit with 2. Nothing here is imported by the library.
 from __future__ import annotations
 
 import functools
+import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -185,7 +189,10 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     help="Carry this JSONL field / Parquet column along as a string column (repeatable).",
 )
 @click.option(
-    "--workers", type=click.IntRange(min=1), default=None, help="Threads [default: all cores]."
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Tokenizer threads (also sets RAYON_NUM_THREADS for HF tokenizers) [default: all cores].",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @corpus_options
@@ -199,9 +206,9 @@ def tokenize_cmd(
 ) -> None:
     """Tokenize text corpora into tokenized Parquet.
 
-    INPUT: .txt (one document per file), .jsonl / .jsonl.gz / .jsonl.zst, .parquet; files,
-    folders (recursive) or quoted globs. Bad lines and empty documents are skipped and counted
-    (--strict makes them errors).
+    INPUT: .txt / .md (one document per file), .jsonl, .parquet; text and JSONL also .gz /
+    .zst; files, folders (recursive) or quoted globs. Bad lines and empty documents are skipped
+    and counted (--strict makes them errors).
     """
     from packtool.tokenize import tokenize_corpus
 
@@ -216,14 +223,22 @@ def tokenize_cmd(
     click.echo(summary.format())
 
 
-def _positive_int(flag: str, value: str) -> int:
+def _positive_int(flag: str, value: str, unit: str = "tokens") -> int:
     try:
         number = int(value)
     except ValueError:
         number = 0
     if number < 1:
-        raise ConfigError(f"{flag} must be a positive integer (tokens), got {value!r}")
+        raise ConfigError(f"{flag} must be a positive integer ({unit}), got {value!r}")
     return number
+
+
+_TOKENIZER_OPTIONS = ("tokenizer", "eos_id", "no_eos", "bos_id")
+
+
+def _explicit(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
+    """The options among `names` the user gave (not left at their defaults)."""
+    return [n for n in names if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
 
 
 @cli.command("stats")
@@ -260,7 +275,9 @@ def _positive_int(flag: str, value: str) -> int:
     "--workers", type=click.IntRange(min=1), default=None, help="Threads [default: all cores]."
 )
 @corpus_options
+@click.pass_context
 def stats_cmd(
+    ctx: click.Context,
     inputs: tuple[str, ...],
     max_len: str,
     batch_size: str,
@@ -285,18 +302,29 @@ def stats_cmd(
         cands = tuple(_positive_int("--candidates", c.strip()) for c in candidates.split(","))
     config = StatsConfig(
         max_len=_positive_int("--max-len", max_len),
-        batch_size=_positive_int("--batch-size", batch_size),
+        batch_size=_positive_int("--batch-size", batch_size, "documents"),
         candidates=cands,
     )
     if plot is not None:
         from packtool.plots import _check_path
 
         _check_path(plot)  # fail before the (possibly long) pass over the corpus
+    from packtool.tokenize import input_identity
+
+    # Tokenized Parquet carries its lengths: only the `length` column is read, so the tokenizer
+    # is neither needed nor loaded (loading a large tokenizer.json takes seconds).
+    tokenized = input_identity(inputs) is not None
+    if tokenized and _explicit(ctx, _TOKENIZER_OPTIONS):
+        click.echo(
+            "warning: the inputs are tokenized Parquet; the tokenizer recorded in them is "
+            "reported and --tokenizer/--eos-id/--no-eos/--bos-id are ignored",
+            err=True,
+        )
     stats = compute_stats(
         inputs,
         config,
         read_config=corpus.read_config(),
-        tokenizer=corpus.load_tokenizer(workers),
+        tokenizer=None if tokenized else corpus.load_tokenizer(workers),
         workers=workers,
     )
     if plot is not None:
@@ -420,7 +448,7 @@ def pack_cmd(
     import json
     import shlex
 
-    from packtool.engines.local import RunConfig, run_pack
+    from packtool.engines.local import STATE_FILE, RunConfig, run_pack
     from packtool.pack import PackConfig
     from packtool.shards import ShardConfig
 
@@ -445,15 +473,13 @@ def pack_cmd(
         resume=resume,
         command=shlex.join(["packtool", *sys.argv[1:]]) if sys.argv else "packtool pack",
     )
-    explicit = any(
-        ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
-        for name in ("tokenizer", "eos_id", "no_eos", "bos_id")
-    )
+    explicit = bool(_explicit(ctx, _TOKENIZER_OPTIONS))
     from packtool.tokenize import input_identity
 
     tokenizer = (
         corpus.load_tokenizer(workers) if explicit or input_identity(inputs) is None else None
     )
+    _interrupt_note[0] = functools.partial(_resume_note, output, STATE_FILE, overwrite)
     if engine == "ray":
         from packtool.engines.ray import RayConfig, run_pack_ray
 
@@ -468,15 +494,67 @@ def pack_cmd(
         click.echo(summary.format(max_len))
 
 
+# --- Ctrl-C: a short message, exit code 130, and never a hang ---
+
+FORCE_EXIT_AFTER_S = 5.0
+"""After Ctrl-C, how long the orderly shutdown may take before the process exits anyway."""
+_interrupt_note: list[Callable[[], str]] = [lambda: ""]
+"""What to tell the user after an interrupt (pack: how to resume); set by the command."""
+_interrupted = threading.Event()
+
+
+def _resume_note(output: str, state_file: str, overwrite: bool) -> str:
+    if not os.path.exists(os.path.join(output, state_file)):
+        return ""
+    how = "--resume instead of --overwrite" if overwrite else "--resume"
+    return f"; finished chunks are kept in {output}: run the same command with {how} to finish"
+
+
+def _force_exit() -> None:
+    # Only os-level calls: the orderly path may be stuck holding locks (see _on_sigint).
+    os.write(2, f"interrupted{_interrupt_note[0]()} (forced exit)\n".encode())
+    os._exit(130)
+
+
+def _exit_later() -> None:
+    time.sleep(FORCE_EXIT_AFTER_S)
+    _force_exit()
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """First Ctrl-C: raise KeyboardInterrupt as usual, and exit anyway if that stalls.
+
+    A KeyboardInterrupt that lands while the main thread imports a module can be swallowed by
+    the import machinery and leave its lock held; the reader, tokenizer and packer threads then
+    wait on it forever (seen in `pack` under load). The watchdog bounds that. A second Ctrl-C
+    exits at once. Either way `pack --resume` works: shards and the state file are written
+    atomically, and only finished chunks are recorded.
+    """
+    if _interrupted.is_set():
+        _force_exit()
+    _interrupted.set()
+    threading.Thread(target=_exit_later, name="packtool-interrupt", daemon=True).start()
+    raise KeyboardInterrupt
+
+
+def _install_sigint() -> Any:
+    """Install `_on_sigint`; returns the previous handler (None when not on the main thread)."""
+    try:
+        return signal.signal(signal.SIGINT, _on_sigint)
+    except ValueError:  # not the main thread (e.g. an embedding application)
+        return None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
+    previous = _install_sigint()
     try:
         cli.main(args=argv, prog_name="packtool", standalone_mode=False)
     except PacktoolError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+        click.echo(f"interrupted{_interrupt_note[0]()}", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
@@ -485,6 +563,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except BrokenPipeError:  # `packtool stats ... | head`
         sys.exit(0)
+    except OSError as exc:  # the disk filled up, a permission changed mid-run, ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+        sys.exit(1)
+    finally:
+        _interrupt_note[0] = lambda: ""
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

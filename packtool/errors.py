@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class PacktoolError(Exception):
     """Base class for every error a user can act on (no traceback is shown for these)."""
@@ -17,3 +19,19 @@ class DataError(PacktoolError):
 
 class MissingDependencyError(PacktoolError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
+
+
+def make_output_folder(folder: Path) -> None:
+    """`folder.mkdir(parents=True, exist_ok=True)`, failing with a `ConfigError` that says why.
+
+    The bare OSError is misleading when a parent is a file: Python reports "File exists" or
+    "Not a directory" for the folder the user asked for, not for the file in the way.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        blocker = next(
+            (p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None
+        )
+        why = f"{blocker} is a file, not a folder" if blocker else (exc.strerror or str(exc))
+        raise ConfigError(f"cannot create output folder {folder} ({why})") from None

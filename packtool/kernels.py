@@ -33,8 +33,10 @@ from packtool.errors import ConfigError
 
 __all__ = [
     "ALGORITHMS",
+    "MAX_LEN_LIMIT",
     "assign",
     "bfd_assign",
+    "check_max_len",
     "ff_assign",
     "ffd_assign",
     "gather_segments",
@@ -45,6 +47,23 @@ __all__ = [
 ]
 
 ALGORITHMS = ("ffd", "bfd")
+MAX_LEN_LIMIT = 1 << 24
+"""The largest max_len accepted (16,777,216 tokens). The kernels' work arrays are indexed by
+length and remaining capacity, tens of bytes per unit of max_len: at this limit `packtool pack`
+and `packtool stats` peak at ~1.3 GB whatever the corpus, and 2**30 was measured past 24 GB."""
+
+
+def check_max_len(max_len: object, name: str = "max_len", minimum: int = 1) -> int:
+    """`max_len` as an int if it is an integer in [minimum, MAX_LEN_LIMIT], else `ConfigError`."""
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigError(f"{name} must be {what}, got {max_len!r}")
+    if max_len > MAX_LEN_LIMIT:
+        raise ConfigError(
+            f"{name} {max_len} is too large: at most {MAX_LEN_LIMIT:,} (2**24) tokens per row "
+            "are supported (memory grows with the row length)"
+        )
+    return int(max_len)
 
 
 # --- numba kernels (plain arrays in and out; validated by the wrappers below) ---
@@ -370,8 +389,7 @@ def _gather_segments(values, src, lengths):  # pragma: no cover - compiled
 
 
 def _validated(lengths: ArrayLike, max_len: int) -> tuple[NDArray[np.integer], int]:
-    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
-        raise ConfigError(f"max_len must be a positive integer, got {max_len!r}")
+    max_len = check_max_len(max_len)
     arr = np.asarray(lengths)
     if arr.ndim != 1:
         raise ConfigError(f"lengths must be a 1-D array, got shape {arr.shape}")
@@ -520,10 +538,10 @@ def split_lengths(lengths: ArrayLike, max_len: int) -> NDArray[np.int32]:
     Chunks come in input order (a document's pieces in order); empty documents give none.
 
     Raises:
-        ConfigError: `max_len` is not a positive integer, or a length is negative or not an int.
+        ConfigError: `max_len` is not an integer in 1..MAX_LEN_LIMIT, or a length is negative or
+            not an int.
     """
-    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
-        raise ConfigError(f"max_len must be a positive integer, got {max_len!r}")
+    max_len = check_max_len(max_len)
     arr = np.asarray(lengths)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise ConfigError(f"lengths must be a 1-D integer array, got {arr.dtype} {arr.shape}")

@@ -110,12 +110,68 @@ class Manifest:
                 f"{where}: format_version {version!r} is not supported by this packtool "
                 f"(supported: {list(SUPPORTED_VERSIONS)}); upgrade packtool or repack the data"
             )
+        problem = _type_problem(d)
+        if problem:
+            raise DataError(f"{where}: malformed manifest: {problem}")
         try:
             shards = tuple(ShardInfo(**s) for s in d["shards"])
             names = {f.name for f in dataclasses.fields(cls)} - {"shards"}
             return cls(shards=shards, **{k: v for k, v in d.items() if k in names})
         except (KeyError, TypeError) as exc:
             raise DataError(f"{where}: malformed manifest ({exc})") from None
+
+
+def _is_int(value: Any, minimum: int | None = None) -> bool:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    return ok and (minimum is None or value >= minimum)
+
+
+def _type_problem(d: dict[str, Any]) -> str | None:
+    """The first field of a manifest dict with the wrong type, described; None when all are fine.
+
+    Readers do arithmetic on these fields; a hand-edited or foreign `index.json` must fail here
+    with a sentence, not deep inside as a TypeError.
+    """
+    tok = d.get("tokenizer")
+    if not isinstance(tok, dict):
+        return f"tokenizer must be an object, found {tok!r}"
+    if not _is_int(tok.get("vocab_size"), 1):
+        return f"tokenizer.vocab_size must be a positive integer, found {tok.get('vocab_size')!r}"
+    for key in ("eos_id", "bos_id"):
+        if tok.get(key) is not None and not _is_int(tok.get(key), 0):
+            return f"tokenizer.{key} must be a token id or null, found {tok.get(key)!r}"
+    if not _is_int(d.get("max_len"), 1):
+        return f"max_len must be a positive integer, found {d.get('max_len')!r}"
+    for key in ("seed", "rounds", "lower_bound_rows"):
+        if key in d and not _is_int(d[key], 0):
+            return f"{key} must be an integer >= 0, found {d[key]!r}"
+    for key in ("algorithm", "long_docs", "command"):
+        if key in d and not isinstance(d[key], str):
+            return f"{key} must be a string, found {d[key]!r}"
+    counts = d.get("counts")
+    if not isinstance(counts, dict):
+        return f"counts must be an object, found {counts!r}"
+    for key, value in counts.items():
+        if not _is_int(value, 0):
+            return f"counts.{key} must be an integer >= 0, found {value!r}"
+    eff = d.get("efficiency")
+    if isinstance(eff, bool) or not isinstance(eff, (int, float)):
+        return f"efficiency must be a number, found {eff!r}"
+    if "extra" in d and not isinstance(d["extra"], dict):
+        return f"extra must be an object, found {d['extra']!r}"
+    shards = d.get("shards")
+    if not isinstance(shards, list):
+        return f"shards must be a list, found {shards!r}"
+    for i, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            return f"shards[{i}] must be an object, found {shard!r}"
+        for key in ("file", "sha256"):
+            if not isinstance(shard.get(key), str):
+                return f"shards[{i}].{key} must be a string, found {shard.get(key)!r}"
+        for key in ("rows", "tokens", "bytes"):
+            if not _is_int(shard.get(key), 0):
+                return f"shards[{i}].{key} must be an integer >= 0, found {shard.get(key)!r}"
+    return None
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

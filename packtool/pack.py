@@ -39,7 +39,7 @@ class PackConfig:
     """How documents become packed rows."""
 
     max_len: int
-    """Tokens per row at most (>= 2)."""
+    """Tokens per row at most (2 to `kernels.MAX_LEN_LIMIT`)."""
     algorithm: str = "ffd"
     """`ffd` (first-fit-decreasing) or `bfd` (best-fit-decreasing)."""
     long_docs: str = "split"
@@ -52,8 +52,7 @@ class PackConfig:
     """Pack only documents sharing this column's value together (e.g. `source`, `lang`)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_len, int) or self.max_len < 2:
-            raise ConfigError(f"max_len must be an integer >= 2, got {self.max_len!r}")
+        kernels.check_max_len(self.max_len, minimum=2)
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(
                 f"algorithm {self.algorithm!r} is unknown; choose one of {sorted(ALGORITHMS)}"
@@ -66,6 +65,20 @@ class PackConfig:
             raise ConfigError(f"rounds must be an integer >= 1, got {self.rounds!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+
+def check_room_for_text(max_len: int, eos_id: int | None, bos_id: int | None) -> None:
+    """Refuse a max_len that BOS + EOS alone fill: no row could hold a token of any document.
+
+    Such rows are legal but every document would come out cut into pieces of specials and
+    single tokens; it is a typo (`--max-len 2` for 2048) far more often than a wish.
+    """
+    specials = (eos_id is not None) + (bos_id is not None)
+    if max_len <= specials:
+        raise ConfigError(
+            f"--max-len {max_len} leaves no room for text: every document already takes "
+            f"{specials} tokens for BOS and EOS; use --max-len {specials + 1} or more"
+        )
 
 
 @dataclass
@@ -204,9 +217,8 @@ def _group_codes(table: pa.Table, column: str) -> tuple[NDArray[np.int64], list[
         available = [c for c in table.column_names if c not in ("input_ids", "length", "doc_id")]
         raise ConfigError(f"--group-by {column!r}: no such field; available: {available}")
     values = pc.cast(table.column(column), pa.string())
-    if table.num_rows and values.null_count == table.num_rows:
-        raise ConfigError(f"--group-by {column!r}: no document has this field")
-    # Documents without the field form their own group, named "".
+    # Documents without the field form their own group, named "". A chunk in which no document
+    # has it is no error (the field may appear in later chunks): the engine checks the whole run.
     values = values.fill_null("")
     encoded = pc.dictionary_encode(values).combine_chunks()
     names = encoded.dictionary.to_pylist()

@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from packtool.errors import ConfigError, DataError
-from packtool.kernels import ffd_assign
+from packtool.kernels import check_max_len, ffd_assign
 from packtool.kernels import split_lengths as _split_lengths
 
 __all__ = [
@@ -64,14 +64,15 @@ class StatsConfig:
     """Max lengths compared in the candidates table (the suggestion is one of these)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_len, bool) or not isinstance(self.max_len, int) or self.max_len < 1:
-            raise ConfigError(f"max_len must be a positive integer, got {self.max_len!r}")
+        check_max_len(self.max_len)
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size!r}")
         if not self.candidates or any(c < 1 for c in self.candidates):
             raise ConfigError(
                 f"candidates must be a non-empty tuple of positive lengths, got {self.candidates!r}"
             )
+        for c in self.candidates:
+            check_max_len(c, "candidate max length")
 
 
 # --- the pure statistics (arrays in, numbers out) ---
@@ -443,8 +444,8 @@ def compute_stats(
         inputs: files, folders, globs: all raw corpus files, or all tokenized Parquet.
         config: what to compute.
         read_config: a `packtool.corpus.ReadConfig` for raw corpora.
-        tokenizer: a `Tokenizer` or a spec for raw corpora (ignored for tokenized Parquet, whose
-            recorded tokenizer is reported instead).
+        tokenizer: a `Tokenizer` or a spec for raw corpora (None: `byte`). Ignored for tokenized
+            Parquet, whose recorded tokenizer is reported instead (a spec is then not loaded).
         workers: tokenizer threads when `tokenizer` is a spec.
 
     Raises:
@@ -457,13 +458,15 @@ def compute_stats(
     identity = input_identity(inputs)
     if identity is not None:
         lengths = read_lengths(inputs)
+        if not lengths.size:
+            raise DataError(f"no documents in {', '.join(map(str, inputs))} (tokenized, 0 rows)")
         info: dict[str, Any] = {"kind": "tokenized", "tokenizer": identity.to_dict()}
     else:
         skips = SkipCounter(strict=bool(getattr(read_config, "strict", False)))
-        if isinstance(tokenizer, str):
+        if tokenizer is None or isinstance(tokenizer, str):
             from packtool.tokenizers import load_tokenizer
 
-            tokenizer = load_tokenizer(tokenizer, workers=workers)
+            tokenizer = load_tokenizer(tokenizer or "byte", workers=workers)
         parts = [
             t.column("length").to_numpy()
             for t in tokenized_batches(
@@ -471,6 +474,9 @@ def compute_stats(
             )
         ]
         lengths = np.concatenate(parts) if parts else np.empty(0, np.int64)
+        if not lengths.size:
+            detail = f" ({skips.summary()})" if skips.total else ""
+            raise DataError(f"no documents in {', '.join(map(str, inputs))}{detail}")
         info = {
             "kind": "raw",
             "tokenizer": tokenizer.identity.to_dict(),
@@ -504,25 +510,32 @@ _BARS = " ▁▂▃▄▅▆▇█"
 
 
 def _render_histogram_32(
-    buckets: list[dict[str, int]], max_len: int, per_line: int = 32
+    buckets: list[dict[str, int]],
+    max_len: int,
+    longer: int,
+    per_line: int = 32,
+    max_lines: int = 4,
 ) -> list[str]:
-    """The 32-token histogram up to max_len, one character per bucket (height ~ documents)."""
+    """The length histogram up to max_len, one character per bucket (height ~ documents).
+
+    Buckets are 32 tokens wide, or a multiple of 32 chosen so that the picture stays within
+    `max_lines` lines (at max_len 4,096 it is 32; at 1 M tokens it would otherwise be 1,000
+    lines). `longer` is the number of documents longer than max_len.
+    """
     n = -(-max_len // 32)
     counts = np.zeros(n, dtype=np.int64)
-    longer = 0
     for b in buckets:
-        if b["lo"] == 0:
-            continue
-        if b["hi"] <= n * 32:
+        if b["lo"] != 0 and b["hi"] <= n * 32:
             counts[(b["hi"] - 1) // 32] = b["documents"]
-        else:
-            longer += b["documents"]
+    group = -(-n // (per_line * max_lines))
+    counts = np.pad(counts, (0, -n % group)).reshape(-1, group).sum(axis=1)
+    width, n = 32 * group, len(counts)
     peak = max(int(counts.max()), 1)
     # Any non-empty bucket shows at least the lowest bar; empty buckets stay blank.
     levels = np.where(counts > 0, np.maximum(1, np.round(8 * counts / peak)), 0).astype(int)
-    lines = [f"length histogram (32-token buckets up to {max_len:,}; bar height ~ documents)"]
+    lines = [f"length histogram ({width}-token buckets up to {max_len:,}; bar height ~ documents)"]
     for start in range(0, n, per_line):
-        lo, hi = start * 32 + 1, min(n, start + per_line) * 32
+        lo, hi = start * width + 1, min(n, start + per_line) * width
         bars = "".join(_BARS[v] for v in levels[start : start + per_line])
         lines.append(f"{lo:>7,}-{hi:<7,} |{bars}|")
     lines.append(f"longer than {max_len:,}: {longer:,} documents")
@@ -560,7 +573,7 @@ def _render(s: LengthStats) -> str:
         for b in s.histogram_log2
     ]
     lines += _table(["length", "documents", "% docs", "% tokens", ""], hist_rows)
-    lines += ["", *_render_histogram_32(s.histogram_32, L)]
+    lines += ["", *_render_histogram_32(s.histogram_32, L, s.long_documents)]
     lines += [
         "",
         f"at max length {L:,}",

@@ -34,7 +34,7 @@ from packtool.corpus import (
     expand_inputs,
     read_corpus,
 )
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, make_output_folder
 from packtool.progress import Progress
 from packtool.tokenizers import Tokenizer, TokenizerIdentity, load_tokenizer
 
@@ -211,19 +211,28 @@ def batch_table(
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def check_recorded_tokenizer(
+    identity: TokenizerIdentity, tokenizer: Tokenizer, where: str | os.PathLike
+) -> None:
+    """Raise `DataError` naming both when `tokenizer` is not the one recorded in the input."""
+    if tokenizer.identity.matches(identity):
+        return
+    want = tokenizer.identity
+    raise DataError(
+        f"{where}: tokenized with {identity.kind}:{identity.name} "
+        f"(vocab {identity.vocab_size}, eos {identity.eos_id}, bos {identity.bos_id}), but "
+        f"the requested tokenizer is {want.kind}:{want.name} (vocab {want.vocab_size}, "
+        f"eos {want.eos_id}, bos {want.bos_id}); pass the same --tokenizer/--eos-id/--bos-id "
+        "or re-tokenize the raw corpus"
+    )
+
+
 def _read_tokenized(
     tokenized: list[tuple[Path, dict[str, Any]]], config: ReadConfig, tokenizer: Tokenizer | None
 ) -> Iterator[tuple[pa.Table, int]]:
     identity = _common_identity(tokenized)
-    if tokenizer is not None and not tokenizer.identity.matches(identity):
-        want = tokenizer.identity
-        raise DataError(
-            f"{tokenized[0][0]}: tokenized with {identity.kind}:{identity.name} "
-            f"(vocab {identity.vocab_size}, eos {identity.eos_id}, bos {identity.bos_id}), but "
-            f"the requested tokenizer is {want.kind}:{want.name} (vocab {want.vocab_size}, "
-            f"eos {want.eos_id}, bos {want.bos_id}); pass the same --tokenizer/--eos-id/--bos-id "
-            "or re-tokenize the raw corpus"
-        )
+    if tokenizer is not None:
+        check_recorded_tokenizer(identity, tokenizer, tokenized[0][0])
     columns = ["doc_id", "source", "input_ids", "length", *config.extra_fields]
     for path, _ in tokenized:
         pf = pq.ParquetFile(path)
@@ -373,10 +382,9 @@ def tokenize_corpus(
     schema = tokenized_schema(tokenizer.identity, config.extra_fields)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     _remove(tmp)
+    make_output_folder(out.parent)
     if not single:
-        tmp.mkdir(parents=True)
-    else:
-        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
     start = time.perf_counter()
     writer = _PartWriter(tmp, schema, single=single, part_tokens=part_tokens)
     try:

@@ -282,7 +282,8 @@ def load_tokenizer(
         eos: id appended to every document: `"default"` (the tokenizer's own end-of-text token),
             an int, or None for none.
         bos: id put before every document: None (default), `"default"` or an int.
-        workers: threads for encoding (default: all cores).
+        workers: threads for encoding (default: all cores). For a Hugging Face tokenizer this
+            sets `RAYON_NUM_THREADS` when it is not set (see `limit_rayon_threads`).
 
     Raises:
         ConfigError: unknown spec, unreadable tokenizer, or no default EOS/BOS to be found.
@@ -332,8 +333,21 @@ def _pick(
     )
 
 
+def limit_rayon_threads(workers: int | None) -> None:
+    """Size the Rust `tokenizers` thread pool to `workers`, unless the user already chose.
+
+    The pool is rayon's global pool: process-wide, built on the library's first parallel encode
+    from `RAYON_NUM_THREADS` (read then, not at import), and never resized. So this takes effect
+    only before that first encode, and an explicit `RAYON_NUM_THREADS` always wins.
+    """
+    if workers is not None and "RAYON_NUM_THREADS" not in os.environ:
+        os.environ["RAYON_NUM_THREADS"] = str(workers)
+
+
 def _load_hf(spec: str, path: Path, eos: Any, bos: Any, workers: int | None) -> Tokenizer:
     from tokenizers import Tokenizer as HFTok
+
+    limit_rayon_threads(workers)
 
     if path.is_dir():
         path = path / "tokenizer.json"

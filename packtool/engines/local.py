@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 
 from packtool import kernels, stats
-from packtool.corpus import ReadConfig, SkipCounter
-from packtool.errors import ConfigError, DataError
+from packtool.corpus import ReadConfig, SkipCounter, expand_inputs
+from packtool.errors import ConfigError, DataError, PacktoolError, make_output_folder
 from packtool.manifest import (
     INDEX_FILE,
     Manifest,
@@ -33,10 +33,10 @@ from packtool.manifest import (
     sha256_file,
     write_manifest,
 )
-from packtool.pack import PackConfig, PackCounts, PackedChunk, pack_table
+from packtool.pack import PackConfig, PackCounts, PackedChunk, check_room_for_text, pack_table
 from packtool.progress import Progress
 from packtool.shards import ShardConfig, write_shards
-from packtool.tokenize import input_identity, tokenized_batches
+from packtool.tokenize import check_recorded_tokenizer, input_identity, tokenized_batches
 from packtool.tokenizers import Tokenizer
 
 STATE_FILE = ".pack-state.json"
@@ -180,8 +180,6 @@ def _prepare_out_dir(config: RunConfig) -> dict[str, Any] | None:
     out = Path(config.out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output {out} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    present = [p for p in out.iterdir()]
     if config.resume:
         state_path = out / STATE_FILE
         if not state_path.exists():
@@ -189,11 +187,25 @@ def _prepare_out_dir(config: RunConfig) -> dict[str, Any] | None:
                 raise ConfigError(
                     f"{out} is already complete ({INDEX_FILE} exists); nothing to resume"
                 )
+            if not out.exists():
+                raise ConfigError(f"{out} does not exist: nothing to resume; drop --resume")
             raise ConfigError(f"{out} has no {STATE_FILE}: nothing to resume; use --overwrite")
         try:
-            return json.loads(state_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
+            state = json.loads(state_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
             raise DataError(f"{state_path}: unreadable ({exc}); use --overwrite") from None
+        if not (
+            isinstance(state, dict)
+            and isinstance(state.get("fingerprint"), dict)
+            and isinstance(state.get("chunks"), list)
+            and all(
+                isinstance(c, dict) and isinstance(c.get("shards"), list) for c in state["chunks"]
+            )
+        ):
+            raise DataError(f"{state_path}: malformed state; use --overwrite")
+        return state
+    make_output_folder(out)
+    present = [p for p in out.iterdir()]
     if present and not config.overwrite:
         raise ConfigError(
             f"output folder {out} is not empty; pass --overwrite to replace it "
@@ -229,10 +241,13 @@ def _written_by_pack(path: Path) -> bool:
 
 def _fingerprint(config: RunConfig, tokenizer_identity: dict[str, Any]) -> dict[str, Any]:
     """Everything that determines the output bytes; a resume must match it exactly."""
-    inputs = []
-    for name in config.inputs:
-        p = Path(name)
-        inputs.append([name, p.stat().st_size if p.is_file() else None])
+    # Every file the inputs expand to, with its size and modification time: a file added to an
+    # input folder, or edited, between the interrupted run and the resume changes the documents.
+    inputs = [
+        [str(p), st.st_size, st.st_mtime_ns]
+        for p in expand_inputs(config.inputs)
+        for st in (p.stat(),)
+    ]
     fingerprint = {
         "inputs": inputs,
         "pack": asdict(config.pack),
@@ -269,8 +284,46 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
         from packtool.tokenizers import load_tokenizer
 
         tokenizer = load_tokenizer("byte")
+    if tokenizer is not None and recorded is not None:
+        # Checked before the output folder is touched, so a mistake leaves nothing behind.
+        check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])
     identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
+    check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
+    out = Path(config.out_dir)
+    created = not out.exists()
     state = _prepare_out_dir(config)
+    try:
+        return _run_local(config, tokenizer, identity, state, recorded is None)
+    except PacktoolError:
+        if state is None:
+            _discard_unstarted(out, created)
+        raise
+
+
+def _discard_unstarted(out: Path, created: bool) -> None:
+    """After an error in a fresh run, drop the state file if no chunk had finished.
+
+    Also the folder, if this run made it and it is now empty: the corrected command then needs
+    no --overwrite.
+    """
+    state_path = out / STATE_FILE
+    try:
+        chunks = json.loads(state_path.read_text(encoding="utf-8")).get("chunks")
+    except (OSError, ValueError, AttributeError):
+        return
+    if chunks == []:
+        state_path.unlink(missing_ok=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+
+
+def _run_local(
+    config: RunConfig,
+    tokenizer: Tokenizer | None,
+    identity: dict[str, Any],
+    state: dict[str, Any] | None,
+    raw_inputs: bool,
+) -> PackSummary:
     out = Path(config.out_dir)
     fingerprint = _fingerprint(config, identity)
     done: list[dict[str, Any]] = []
@@ -289,7 +342,13 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
             )
         done = list(state["chunks"])
         for chunk in done:
-            _check_done_shards(out, [ShardInfo(**s) for s in chunk["shards"]])
+            try:
+                infos = [ShardInfo(**s) for s in chunk["shards"]]
+            except TypeError as exc:
+                raise DataError(
+                    f"{out / STATE_FILE}: malformed state ({exc}); use --overwrite"
+                ) from None
+            _check_done_shards(out, infos)
     else:
         # Written before any work, so a run stopped at any point can be resumed.
         atomic_write_bytes(
@@ -366,7 +425,7 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
         skips=skips,
         seconds=seconds,
         resumed_chunks=len(state["chunks"]) if state is not None else 0,
-        tokenizer_threads=tokenizer.workers if tokenizer is not None and recorded is None else 0,
+        tokenizer_threads=tokenizer.workers if tokenizer is not None and raw_inputs else 0,
     )
 
 
@@ -425,6 +484,11 @@ def finish_run(
         raise DataError(f"no documents found in {', '.join(config.inputs)}" + _skip_note(skips))
     if counts.tokens_out == 0:
         raise DataError("every document was empty or dropped; nothing to pack" + _skip_note(skips))
+    if config.pack.group_by is not None and set(groups) == {""}:
+        raise ConfigError(
+            f"--group-by {config.pack.group_by!r}: no document has this field "
+            "(check the name; rerun with --overwrite)"
+        )
 
     seg_lengths = np.repeat(np.arange(len(hist)), hist)
     l1 = stats.lower_bound_l1(seg_lengths, config.pack.max_len)

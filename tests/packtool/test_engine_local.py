@@ -265,3 +265,39 @@ def test_sigkill_mid_run_then_resume_gives_the_same_bytes(tmp_path):
     assert "resumed: kept" in done.stdout
     assert shard_bytes(cut) == shard_bytes(tmp_path / "whole")
     assert verify_dataset(cut).rows == read_manifest(tmp_path / "whole").num_rows
+
+
+def test_resume_refuses_a_changed_input_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"{i}.jsonl").write_text(
+            "".join(json.dumps({"text": f"doc {i}.{j} " * 5}) + "\n" for j in range(200))
+        )
+    kw = {"max_len": 256, "chunk_docs": 100}
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local, "write_shards", boom)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "out", inputs=(folder,), **kw)
+    monkeypatch.undo()
+    # A file added to the folder would shift every chunk after the finished ones.
+    (folder / "3.jsonl").write_text(json.dumps({"text": "late"}) + "\n")
+    with pytest.raises(ConfigError, match=r"options or inputs differ \(inputs\)"):
+        run(tmp_path / "out", inputs=(folder,), resume=True, **kw)
+    (folder / "3.jsonl").unlink()
+    # So would an edit that keeps the size.
+    first = folder / "0.jsonl"
+    first.write_text(first.read_text().replace("doc 0.1 ", "DOC 0.1 "))
+    with pytest.raises(ConfigError, match=r"options or inputs differ \(inputs\)"):
+        run(tmp_path / "out", inputs=(folder,), resume=True, **kw)
+
+
+@pytest.mark.parametrize("state", ["[]", '{"fingerprint": {}, "chunks": 3}', "not json"])
+def test_a_damaged_state_file_is_a_one_line_error(tmp_path, state):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / local.STATE_FILE).write_text(state)
+    with pytest.raises(DataError, match=r"\.pack-state\.json: (malformed|unreadable).*--overwrite"):
+        run(tmp_path / "out", resume=True)

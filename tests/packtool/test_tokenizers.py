@@ -191,6 +191,46 @@ def test_hf_prefix_bos_default_and_folder(hf_json):
     assert tok.encode("the").tolist() == [lib.token_to_id("<s>"), *lib.encode("the").ids]
 
 
+# Runs in a fresh interpreter: rayon's pool is process-wide and sized once, at the first encode.
+RAYON_PROBE = """
+import os, sys
+from packtool.tokenizers import load_tokenizer
+workers = None if sys.argv[2] == "none" else int(sys.argv[2])
+tok = load_tokenizer(sys.argv[1], workers=workers)
+before = len(os.listdir("/proc/self/task"))
+tok.encode_batch(["some text to encode, " * 20] * 2000)
+print(os.environ.get("RAYON_NUM_THREADS"), len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+def rayon_probe(hf_json: Path, workers: str, env: dict[str, str]) -> tuple[str, int]:
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS",)}
+    out = subprocess.run(
+        [sys.executable, "-c", RAYON_PROBE, str(hf_json), workers],
+        env={**clean, "TOKENIZERS_PARALLELISM": "true", **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout.split()
+    return out[0], int(out[1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_hf_workers_sizes_the_rust_thread_pool(hf_json):
+    # The threads the first parallel encode starts are rayon's pool: --workers N gives N.
+    assert rayon_probe(hf_json, "1", {}) == ("1", 1)
+    assert rayon_probe(hf_json, "2", {}) == ("2", 2)
+    # An explicit RAYON_NUM_THREADS wins over --workers.
+    assert rayon_probe(hf_json, "1", {"RAYON_NUM_THREADS": "2"}) == ("2", 2)
+    # Without --workers nothing is set and the library picks (all cores).
+    assert rayon_probe(hf_json, "none", {})[0] == "None"
+
+
 def test_hf_errors(hf_json, tmp_path):
     bad = tmp_path / "tokenizer.json"
     bad.write_text("{}")

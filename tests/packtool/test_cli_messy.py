@@ -1,0 +1,268 @@
+"""The CLI on a new user's mistakes: odd paths and options, late failures, Ctrl-C, full disks."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from packtool.engines import local
+from packtool.manifest import read_manifest
+from packtool.verify import verify_dataset
+from tests.cli import one_error_line, run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def small(tmp_path) -> Path:
+    return jsonl(
+        tmp_path / "small.jsonl", [{"text": f"document {i} " * (i % 7 + 1)} for i in range(60)]
+    )
+
+
+# --- stats ------------------------------------------------------------------------------------
+
+
+def test_stats_on_tokenized_parquet_does_not_load_the_tokenizer(tmp_path, small, monkeypatch):
+    code, _, err = run("tokenize", small, "-o", tmp_path / "tok.parquet")
+    assert code == 0, err
+
+    import packtool.tokenizers
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the tokenizer must not be loaded for tokenized input")
+
+    monkeypatch.setattr(packtool.tokenizers, "load_tokenizer", no_loading)
+    code, out, err = run("stats", tmp_path / "tok.parquet", "--max-len", "64")
+    assert code == 0, err
+    assert "documents   60" in out and err == ""
+    # A tokenizer that does not even exist is not looked at; the user is told it is ignored.
+    code, out, err = run("stats", tmp_path / "tok.parquet", "--tokenizer", tmp_path / "no.json")
+    assert code == 0, err
+    assert "tokenizer   byte:byte" in out
+    assert err.startswith("warning: the inputs are tokenized Parquet") and "ignored" in err
+
+
+def test_stats_with_only_skipped_documents_says_why(tmp_path):
+    path = jsonl(tmp_path / "numbers.jsonl", [{"text": 5}, {"text": 6}])
+    code, _, err = run("stats", path)
+    line = one_error_line(err)
+    assert code == 1
+    assert "no documents in" in line and "missing_field 2" in line and "'text' is a number" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-len", "99999999999999999999"], "is too large: at most 16,777,216"),
+        (["--max-len", str(2**24 + 1)], "is too large"),
+        (["--candidates", "512,99999999999999999999"], "candidate max length"),
+        (["--batch-size", "0"], "--batch-size must be a positive integer (documents)"),
+    ],
+)
+def test_stats_rejects_absurd_lengths_in_one_line(small, args, message):
+    code, _, err = run("stats", small, *args)
+    assert code == 1
+    assert message in one_error_line(err)
+
+
+def test_stats_histogram_stays_short_at_a_large_max_len(small):
+    code, out, _ = run("stats", small, "--max-len", str(2**20), "--candidates", "64")
+    assert code == 0
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("length histogram (8192-"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("longer than"))
+    assert end - start - 1 <= 4  # 1 M tokens in 128 buckets of 8,192, not 1,024 lines
+
+
+# --- pack: output folders, resume, early failures ------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_output_under_a_file_is_a_one_line_error(tmp_path, small, command):
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "afile" / ("sub" if command == "pack" else "t.parquet")
+    code, _, err = run(command, small, "-o", out)
+    assert code == 1
+    line = one_error_line(err)
+    assert "cannot create output folder" in line
+    assert f"({tmp_path / 'afile'} is a file, not a folder)" in line
+
+
+def test_pack_max_len_beyond_the_limit(tmp_path, small):
+    code, _, err = run("pack", small, "-o", tmp_path / "p", "--max-len", "99999999999999999999")
+    assert code == 1
+    assert "too large" in one_error_line(err)
+    assert not (tmp_path / "p").exists()
+
+
+def test_pack_max_len_with_no_room_beside_bos_and_eos(tmp_path, small):
+    code, _, err = run("pack", small, "-o", tmp_path / "p", "--max-len", "2", "--bos-id", "default")
+    assert code == 1
+    assert "--max-len 2 leaves no room for text" in one_error_line(err)
+    assert not (tmp_path / "p").exists()
+    # EOS alone leaves one token of text per row: allowed.
+    code, _, err = run("pack", small, "-o", tmp_path / "q", "--max-len", "2")
+    assert code == 0, err
+
+
+def test_resume_without_a_previous_run_creates_nothing(tmp_path, small):
+    code, _, err = run("pack", small, "-o", tmp_path / "new", "--resume")
+    assert code == 1 and "nothing to resume" in one_error_line(err)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_run_that_fails_before_any_chunk_leaves_nothing_behind(tmp_path, small):
+    code, _, err = run("tokenize", small, "-o", tmp_path / "tok.parquet")
+    assert code == 0, err
+    # Wrong EOS for this tokenized input: refused before the output folder is made.
+    code, _, err = run("pack", tmp_path / "tok.parquet", "-o", tmp_path / "p", "--eos-id", "3")
+    assert code == 1 and "requested tokenizer" in one_error_line(err)
+    assert not (tmp_path / "p").exists()
+    # A corpus with no usable document: the state file is dropped again, the folder too.
+    empty = jsonl(tmp_path / "empty.jsonl", [{"text": ""}])
+    code, _, err = run("pack", empty, "-o", tmp_path / "q")
+    assert code == 1 and "nothing to pack" in one_error_line(err)
+    assert not (tmp_path / "q").exists()
+    # So the corrected command just works, no --overwrite needed.
+    code, _, err = run("pack", tmp_path / "tok.parquet", "-o", tmp_path / "p")
+    assert code == 0, err
+
+
+def test_group_by_a_field_that_appears_only_in_later_chunks(tmp_path):
+    rows = [{"text": f"doc {i}"} for i in range(5)]
+    rows += [{"text": f"doc {i}", "lang": "en" if i % 2 else "fr"} for i in range(5, 10)]
+    path = jsonl(tmp_path / "part.jsonl", rows)
+    code, _, err = run(
+        "pack",
+        path,
+        "-o",
+        tmp_path / "p",
+        "--group-by",
+        "lang",
+        "--chunk-docs",
+        "3",
+        "--max-len",
+        "16",
+    )
+    assert code == 0, err
+    groups = read_manifest(tmp_path / "p").extra["groups"]
+    assert set(groups) == {"", "en", "fr"}
+    # A field no document has at all is still an error (a typo, most likely).
+    code, _, err = run(
+        "pack", path, "-o", tmp_path / "q", "--group-by", "lnag", "--chunk-docs", "3"
+    )
+    assert code == 1 and "no document has this field" in one_error_line(err)
+
+
+def test_a_full_disk_is_a_one_line_error(tmp_path, small, monkeypatch):
+    def full(directory, *args, **kwargs):
+        raise OSError(
+            errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / "shard-00000.parquet")
+        )
+
+    monkeypatch.setattr(local, "write_shards", full)
+    code, _, err = run("pack", small, "-o", tmp_path / "p")
+    assert code == 1
+    assert one_error_line(err) == (
+        f"error: {tmp_path / 'p' / 'shard-00000.parquet'}: No space left on device"
+    )
+
+
+# --- Ctrl-C ---------------------------------------------------------------------------------
+
+
+def packtool_process(*args: object, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "packtool.cli", *map(str, args)],
+        cwd=ROOT,
+        env={**os.environ, "PACKTOOL_NO_PROGRESS": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_in_pack_is_a_short_message_and_resume_finishes(tmp_path):
+    corpus = jsonl(
+        tmp_path / "c.jsonl", [{"text": f"doc {i} " * (i % 13 + 1)} for i in range(40_000)]
+    )
+    args = ["pack", corpus, "-o", tmp_path / "cut", "--max-len", "64", "--chunk-docs", "100"]
+    proc = packtool_process(*args)
+    wait_for(lambda: (tmp_path / "cut" / "shard-00002.parquet").exists())
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interrupted; finished chunks are kept in ")
+    assert "--resume" in lines[0]
+    assert not (tmp_path / "cut" / "index.json").exists()
+
+    code, out, err = run(*args, "--resume")
+    assert code == 0, err
+    assert "resumed: kept" in out
+    code, _, err = run(*args[:3], tmp_path / "whole", *args[4:])
+    assert code == 0, err
+    cut, whole = read_manifest(tmp_path / "cut"), read_manifest(tmp_path / "whole")
+    assert [s.sha256 for s in cut.shards] == [s.sha256 for s in whole.shards]
+    assert verify_dataset(tmp_path / "cut").rows == whole.num_rows
+
+
+# A stand-in for the stall seen in `pack`: the KeyboardInterrupt is swallowed (as the import
+# machinery can do) and the program carries on waiting.
+SWALLOWED = """
+import sys, time
+import packtool.cli as cli
+cli.FORCE_EXIT_AFTER_S = float(sys.argv[1])
+cli._install_sigint()
+print("ready", flush=True)
+while True:
+    try:
+        time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize(("after_s", "signals"), [(0.5, 1), (60.0, 2)])
+def test_ctrl_c_never_hangs(after_s, signals):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SWALLOWED, str(after_s)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    t0 = time.monotonic()
+    for _ in range(signals):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+    _, err = proc.communicate(timeout=30)
+    # One Ctrl-C: out after the grace period; a second one: at once.
+    assert time.monotonic() - t0 < 15
+    assert proc.returncode == 130
+    assert err.strip() == "interrupted (forced exit)"
