@@ -1,9 +1,11 @@
 """Memory-mapped torch loader over packtool shards: varlen batches, exactly once, resumable."""
 
 from loader.collate import IGNORE_INDEX, collate
+from loader.config import LoaderConfig, OnlineConfig
 from loader.dataloader import PackedDataLoader, make_dataloader
-from loader.dataset import LoaderConfig, PackedDataset
-from loader.online import OnlineConfig, OnlinePacker, PackedRows, RowBatcher
+from loader.dataset import PackedDataset
+from loader.online import OnlinePacker
+from loader.rows import PackedRows, RowBatcher
 from loader.serving import BatcherClosedError, RequestBatcher
 from loader.shards import ShardStore
 from loader.streaming import StreamingPackedDataset

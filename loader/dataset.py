@@ -8,7 +8,8 @@ step order, so the stream does not depend on N.
 Resume follows the torchdata `StatefulDataLoader` protocol (`state_dict` / `load_state_dict`, called
 in each worker) and also takes a whole StatefulDataLoader state or a `PackedDataLoader` state in
 the main process, from which it restarts at the first unconsumed global step with any number of
-workers, and at the first unconsumed row with other ranks or batch settings.
+workers, and at the first unconsumed row with other ranks or batch settings (the state's format
+and checks: loader/resume.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import multiprocessing
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -26,147 +27,19 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.balance import imbalance, row_cost
 from loader.collate import collate
-from loader.order import EpochPlan, plan_epoch, rank_rows
-from loader.rows import make_config
+from loader.config import LoaderConfig, dist_rank_world, make_config, need_int, static_max_docs
+from loader.order import EpochPlan, plan_epoch, rank_rows, worker_block_starts
+from loader.resume import check_state, make_state, merge_loader_state, resume_point
 from loader.shards import ShardStore
 from loader.transport import CompactBatch, Ring
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError
 
-STATE_VERSION = 1
-_STATE_FIELDS = {
-    "fingerprint": str,
-    "seed": (int, np.integer),
-    "epoch": (int, np.integer),
-    "origin": (int, np.integer),
-    "next_step": (int, np.integer),
-    "cursor": (int, np.integer),
-    "layout": dict,
-}
-"""What a state must hold (and of which type) before any of it is used."""
 CHUNK = 4
 """Compact batches a PackedDataLoader worker sends per DataLoader queue item (after the first)."""
 AHEAD_STEPS = 1024
 """Most upcoming steps whose rows are planned ahead of the one being produced."""
 AHEAD_GROUPS = 16
 """Most row groups decoded ahead and not yet used (one default shuffle window; 0: none)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoaderConfig:
-    """How rows become batches. Exactly one of `rows_per_batch` / `tokens_per_batch`."""
-
-    rows_per_batch: int | None = None
-    """Packed rows per rank batch."""
-    tokens_per_batch: int | None = None
-    """Token budget per rank batch: rows are added in order while the budget holds."""
-    seed: int = 0
-    """Seed of the per-epoch permutation (with the dataset fingerprint and epoch)."""
-    shuffle: bool = True
-    """False: rows in stored order (still split over ranks and workers the same way)."""
-    shuffle_window: int = 16
-    """Row groups whose rows are shuffled together (row groups themselves are shuffled too); 0
-    shuffles all rows freely, which decodes a whole row group per row unless the cache holds the
-    dataset. Keep `cache_bytes` above this many decoded row groups."""
-    drop_last: bool = False
-    """Drop an incomplete last global step; otherwise ranks short of rows get a filler batch."""
-    static_shape: bool = False
-    """Pad every batch to the same shapes (CUDA graphs / torch.compile); see loader/collate.py."""
-    max_docs_per_batch: int | None = None
-    """Static shape: cu_seqlens length - 1 (padding pseudo-document included). Required with a
-    token budget; with rows_per_batch it defaults to rows × the most documents in any row + 1."""
-    balance: bool = False
-    """Reassign each global step's rows to ranks so attention cost (Σ len² + linear) is balanced."""
-    balance_linear: float = 1024.0
-    """Weight of the per-token term in the balance cost (about 6 × d_model models the MLPs)."""
-    layout: str = "packtool"
-    """"packtool" (docs/CONTRACTS.md batch) or "hf" (transformers padding-free keys)."""
-    pad_id: int = 0
-    """Token id used for static-shape padding."""
-    cache_bytes: int = 96 << 20
-    """Bound on decoded row groups cached per process (default: a 16-row-group shuffle window of
-    256 rows x 4096 uint16 tokens, with room to spare)."""
-    verify: bool = False
-    """Check every shard's sha256 at open (reads the whole dataset)."""
-
-    def __post_init__(self) -> None:
-        if (self.rows_per_batch is None) == (self.tokens_per_batch is None):
-            raise ConfigError(
-                "give exactly one of rows_per_batch or tokens_per_batch, got "
-                f"rows_per_batch={self.rows_per_batch}, tokens_per_batch={self.tokens_per_batch}"
-            )
-        # Types first: a float row count would cut batches of alternating sizes, a string
-        # "False" would switch an option on; both silently.
-        for name in ("rows_per_batch", "tokens_per_batch", "max_docs_per_batch"):
-            if getattr(self, name) is not None:
-                _need_int(name, getattr(self, name))
-        for name in ("seed", "shuffle_window", "pad_id", "cache_bytes"):
-            _need_int(name, getattr(self, name))
-        for name in ("shuffle", "drop_last", "static_shape", "balance", "verify"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.rows_per_batch is not None and self.rows_per_batch < 1:
-            raise ConfigError(f"rows_per_batch must be >= 1, got {self.rows_per_batch}")
-        if self.tokens_per_batch is not None and self.tokens_per_batch < 1:
-            raise ConfigError(f"tokens_per_batch must be >= 1, got {self.tokens_per_batch}")
-        if self.max_docs_per_batch is not None and self.max_docs_per_batch < 2:
-            raise ConfigError(f"max_docs_per_batch must be >= 2, got {self.max_docs_per_batch}")
-        if self.max_docs_per_batch is not None and not self.static_shape:
-            raise ConfigError(
-                "max_docs_per_batch only applies with static_shape=True (it sizes cu_seqlens)"
-            )
-        if not 0 <= self.pad_id < 2**63:
-            raise ConfigError(f"pad_id must be a token id >= 0, got {self.pad_id}")
-        if (
-            isinstance(self.balance_linear, bool)
-            or not isinstance(self.balance_linear, (int, float, np.integer, np.floating))
-            or not 0 <= self.balance_linear < float("inf")
-        ):
-            raise ConfigError(
-                f"balance_linear must be a finite number >= 0, got {self.balance_linear!r}"
-            )
-        if (
-            self.static_shape
-            and self.tokens_per_batch is not None
-            and self.max_docs_per_batch is None
-        ):
-            raise ConfigError("static_shape with tokens_per_batch needs max_docs_per_batch")
-        if self.layout not in ("packtool", "hf"):
-            raise ConfigError(f"layout {self.layout!r} is unknown; choose 'packtool' or 'hf'")
-        if self.shuffle_window < 0:
-            raise ConfigError(f"shuffle_window must be >= 0, got {self.shuffle_window}")
-        if self.cache_bytes < 0:
-            raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
-
-    def layout_key(self, world_size: int) -> dict[str, Any]:
-        """The settings that decide which rows form a global step (resume compares them)."""
-        return {
-            "world_size": world_size,
-            "rows_per_batch": self.rows_per_batch,
-            "tokens_per_batch": self.tokens_per_batch,
-            "max_docs_per_batch": self.max_docs_per_batch if self.static_shape else None,
-            "drop_last": self.drop_last,
-            "shuffle": self.shuffle,
-            "shuffle_window": self.shuffle_window,
-        }
-
-
-def _need_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-
-
-def dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """This process's (rank, world size): the explicit values, else torch.distributed's, else (0, 1)."""
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return (
-            dist.get_rank() if rank is None else rank,
-            dist.get_world_size() if world_size is None else world_size,
-        )
-    return (0 if rank is None else rank), (1 if world_size is None else world_size)
 
 
 class PackedDataset(IterableDataset):
@@ -203,8 +76,8 @@ class PackedDataset(IterableDataset):
             )
         self.config = config
         self.rank, self.world_size = dist_rank_world(rank, world_size)
-        _need_int("rank", self.rank)
-        _need_int("world_size", self.world_size)
+        need_int("rank", self.rank)
+        need_int("world_size", self.world_size)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ConfigError(
                 f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world_size}"
@@ -225,11 +98,7 @@ class PackedDataset(IterableDataset):
                 self.cost = row_cost(sq, self.lengths, config.balance_linear)
         self.max_docs = config.max_docs_per_batch
         if config.static_shape:
-            if self.max_docs is None:
-                most = int(self.n_docs.max()) if len(self.n_docs) else 1
-                self.max_docs = config.rows_per_batch * most + 1
-            else:
-                self._check_max_docs()
+            self.max_docs = static_max_docs(config, self.n_docs)
             self.pad_tokens = config.tokens_per_batch or config.rows_per_batch * max_len
         else:
             self.pad_tokens = None
@@ -247,29 +116,6 @@ class PackedDataset(IterableDataset):
         self._blocks_cache: tuple[EpochPlan, np.ndarray] | None = None
         # Set only inside the worker processes of a PackedDataLoader (loader/transport.py).
         self._worker_ring: Ring | None = None
-
-    def _check_max_docs(self) -> None:
-        """Refuse a `max_docs_per_batch` some batch would exceed (else a `DataError` mid-epoch).
-
-        With a token budget batches close before `max_docs_per_batch - 1` documents, so only a
-        single row with more documents breaks it; with `rows_per_batch` batches are not cut by
-        documents, so the bound is the `rows_per_batch` rows with the most documents together.
-        One entry is always left for the padding pseudo-document.
-        """
-        c = self.config
-        n_docs = np.sort(self.n_docs)
-        if c.tokens_per_batch is not None:
-            need, what = int(n_docs[-1]) if len(n_docs) else 0, "one row holds"
-        else:
-            need = int(n_docs[-c.rows_per_batch :].sum())
-            what = (
-                f"a batch of {c.rows_per_batch} row{'s' if c.rows_per_batch > 1 else ''} can hold"
-            )
-        if need + 1 > self.max_docs:
-            raise ConfigError(
-                f"max_docs_per_batch {self.max_docs} is too small for this dataset: {what} "
-                f"{need} documents, plus one entry for padding; use at least {need + 1}"
-            )
 
     # ---- planning ---------------------------------------------------------------------------
 
@@ -473,41 +319,22 @@ class PackedDataset(IterableDataset):
     def block_starts(self, plan: EpochPlan) -> np.ndarray:
         """First global step of every `PackedDataLoader` worker block, then `plan.num_steps`.
 
-        A block is the run of steps whose rows lie (mostly: a step crossing a window's edge goes
-        with the window holding most of its rows) in one shuffle window, or unshuffled in one run
-        of about 8 row groups. A worker then decodes its windows' row groups plus a few of a
-        neighbour's, instead of two windows per block when blocks were a fixed number of steps.
-        One step per block for a free shuffle. Cached with the plan.
+        Blocks follow the shuffle windows (`loader.order.worker_block_starts`); one step per block
+        for a free shuffle. Cached with the plan.
         """
         if self._blocks_cache is not None and self._blocks_cache[0] is plan:
             return self._blocks_cache[1]
         c = self.config
         store = self.store
-        n = plan.num_steps
-        groups = store.num_row_groups
-        if (c.shuffle and c.shuffle_window == 0) or n == 0 or groups == 0:
-            starts = np.arange(n + 1, dtype=np.int64)
+        if (c.shuffle and c.shuffle_window == 0) or store.num_row_groups == 0:
+            starts = np.arange(plan.num_steps + 1, dtype=np.int64)  # free shuffle: step by step
         else:
-            window = c.shuffle_window if c.shuffle else 16
-            order = plan.order
-            rg = store.row_group_of(order)
-            last = np.full(groups, -1, dtype=np.int64)
-            np.maximum.at(last, rg, np.arange(len(order), dtype=np.int64))
-            # Positions after which no row group continues: the windows' edges (and, unshuffled,
-            # every row group's), as positions in `order`.
-            reach = np.maximum.accumulate(last[rg])
-            cuts = np.flatnonzero(reach == np.arange(len(order))) + 1
-            # Keep the first edge in every half-window of rows: each window stays one block.
-            half = max(int(store.num_rows / groups * window) // 2, 1)
-            cuts = cuts[np.diff(cuts // half, prepend=-1) != 0]
-            # A step that crosses a window's edge goes with the window holding most of its rows
-            # (its middle row): the fewest row groups of the other window to decode.
-            last_b = len(plan.bounds) - 1
-            steps = np.arange(n) * plan.world_size
-            lo = plan.bounds[np.minimum(steps, last_b)]
-            hi = plan.bounds[np.minimum(steps + plan.world_size, last_b)]
-            seg = np.searchsorted(cuts, (lo + hi) // 2, side="right")
-            starts = np.append(np.flatnonzero(np.diff(seg, prepend=-1)), n).astype(np.int64)
+            starts = worker_block_starts(
+                plan,
+                store.row_group_of(plan.order),
+                num_row_groups=store.num_row_groups,
+                window=c.shuffle_window if c.shuffle else 16,
+            )
         self._blocks_cache = (plan, starts)
         return starts
 
@@ -548,16 +375,15 @@ class PackedDataset(IterableDataset):
         return self._state(self._iter_epoch, self._iter_origin, self._next_step, plan)
 
     def _state(self, epoch: int, origin: int, next_step: int, plan: EpochPlan) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "fingerprint": self.fingerprint,
-            "seed": self.config.seed,
-            "epoch": epoch,
-            "origin": origin,
-            "next_step": next_step,
-            "cursor": plan.cursor_after(next_step),
-            "layout": self.config.layout_key(self.world_size),
-        }
+        return make_state(
+            fingerprint=self.fingerprint,
+            seed=self.config.seed,
+            epoch=epoch,
+            origin=origin,
+            next_step=next_step,
+            cursor=plan.cursor_after(next_step),
+            layout=self.config.layout_key(self.world_size),
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a state.
@@ -571,7 +397,7 @@ class PackedDataset(IterableDataset):
         Raises:
             DataError: The state belongs to another dataset or seed, or is not a loader state.
         """
-        merged = _merge_loader_state(state)
+        merged = merge_loader_state(state)
         if merged is None:
             self._check(state)
             if get_worker_info() is not None:
@@ -591,53 +417,18 @@ class PackedDataset(IterableDataset):
         return int(shared[0]), origin, first
 
     def _check(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise DataError(
-                f"not a PackedDataset state (version {state.get('version') if isinstance(state, dict) else None!r})"
-            )
-        for key, kind in _STATE_FIELDS.items():
-            value = state.get(key)
-            if value is None or isinstance(value, bool) or not isinstance(value, kind):
-                raise DataError(
-                    f"malformed PackedDataset state: {key!r} is {value!r}; the checkpoint is damaged"
-                )
-        if state["fingerprint"] != self.fingerprint:
-            raise DataError(
-                f"the state was saved on dataset {state['fingerprint']} but this is {self.fingerprint} "
-                f"({self.store.path}); resume on the same packed data"
-            )
-        if state["seed"] != self.config.seed:
-            raise DataError(
-                f"the state was saved with seed {state['seed']!r} but this loader uses seed "
-                f"{self.config.seed!r}"
-            )
+        check_state(
+            state, fingerprint=self.fingerprint, seed=self.config.seed, path=self.store.path
+        )
 
     def _resume_point(self, state: dict[str, Any], *, own_step: bool) -> tuple[int, int, int]:
-        epoch, origin, step = int(state["epoch"]), int(state["origin"]), int(state["next_step"])
-        cursor, rows = int(state["cursor"]), self.store.num_rows
-        # A hand-edited or damaged position would otherwise be clamped or wrap around (a negative
-        # step indexes the plan from its end): rows repeated or skipped without a word.
-        if not (0 <= origin <= cursor <= rows and step >= 0):
-            raise DataError(
-                f"the state's position (epoch {epoch}, origin {origin}, step {step}, row "
-                f"{cursor}) does not fit this dataset of {rows} rows; the checkpoint is damaged"
-            )
-        if state["layout"] == self.config.layout_key(self.world_size):
-            steps = self.plan(epoch, origin).num_steps
-            # A StatefulDataLoader worker's own next step runs past the end by up to its stride.
-            if not own_step and step > steps:
-                raise DataError(
-                    f"the state resumes at step {step} of epoch {epoch}, which has {steps} steps; "
-                    "the checkpoint is damaged"
-                )
-            return epoch, origin, step
-        if own_step:
-            raise DataError(
-                "a StatefulDataLoader worker state cannot change world size or batch settings; load "
-                "the whole StatefulDataLoader state into the dataset instead"
-            )
-        # Other ranks or batch settings: continue at the first row no step has consumed.
-        return epoch, cursor, 0
+        return resume_point(
+            state,
+            num_rows=self.store.num_rows,
+            layout=self.config.layout_key(self.world_size),
+            num_steps=lambda epoch, origin: self.plan(epoch, origin).num_steps,
+            own_step=own_step,
+        )
 
     # ---- reporting --------------------------------------------------------------------------
 
@@ -692,37 +483,3 @@ class PackedDataset(IterableDataset):
             "world_size": self.world_size,
             **asdict(self.config),
         }
-
-
-def _merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:
-    """The dataset state at the first unconsumed step of a whole loader state, else None."""
-    if not isinstance(state, dict):
-        return None
-    if "packed_dataset" in state:  # PackedDataLoader.state_dict()
-        return state["packed_dataset"]
-    if "dataset_state" in state and "_num_yielded" in state:  # StatefulDataLoader, no workers
-        return state["dataset_state"]
-    snap = state.get("_snapshot")
-    if snap is None:
-        return None
-    # StatefulDataLoader: one dataset state per worker (or the main one with num_workers=0).
-    states = []
-    for w in (snap.get("_worker_snapshots") or {}).values():
-        ds = (w or {}).get("dataset_state")
-        if ds is not None:
-            states.append(ds)
-    main = (snap.get("_main_snapshot") or {}).get("dataset_state")
-    if main is not None:
-        states.append(main)
-    if not states:
-        raise DataError("the StatefulDataLoader state holds no PackedDataset state")
-    for s in states:
-        if not isinstance(s, dict) or not all(
-            isinstance(s.get(k), (int, np.integer)) for k in ("epoch", "next_step")
-        ):
-            raise DataError(
-                "malformed PackedDataset state inside the StatefulDataLoader state; the "
-                "checkpoint is damaged"
-            )
-    # Each worker's next step; the first unconsumed global step is the smallest of them.
-    return min(states, key=lambda s: (s["epoch"], s["next_step"]))

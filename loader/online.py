@@ -7,12 +7,9 @@ the whole buffer is packed at once by a numba kernel, in arrays:
 
 - `strategy="ffd"` (default): first-fit-decreasing (`packtool.kernels.ffd_assign`) on the
   buffer's lengths.
-- `strategy="bucketed"`: the two-level scheme of the seed serving system. Level one rounds each
-  length up to a multiple of `bucket` and fills rows with documents of one bucket only
-  (`max_len // bucket_len` of them); level two treats each such row as one item of its real fill
-  and first-fit-decreasing packs those items together with the documents left over, so short
-  documents fill the gaps across buckets. Measured in `benchmarks/bench_online.py` against plain
-  FFD, which packs tighter (see docs/online.md); FFD stays the default.
+- `strategy="bucketed"`: the two-level scheme of the seed serving system (loader/bucketed.py):
+  full rows inside each length bucket, then FFD across buckets. Plain FFD packs tighter
+  (benchmarks/bench_online.py, docs/online.md) and stays the default.
 
 Rows filled below `min_fill × max_len` are not emitted: their segments stay in the buffer and are
 packed again with the next refill (a row "kept open"), so the online efficiency approaches the
@@ -29,188 +26,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from loader.rows import EMPTY_I64, PackedRows, RowBatcher, check_int, make_config
+from loader.bucketed import bucketed_assign
+from loader.config import OnlineConfig, make_config
+from loader.online_state import check_packer_state, config_state
+from loader.rows import EMPTY_I64, PackedRows, RowBatcher
+from loader.segments import Segments
 from packtool import kernels
 from packtool.errors import ConfigError, DataError, PacktoolError
-from packtool.pack import LONG_DOC_POLICIES, PackCounts, make_segments
-
-STRATEGIES = ("ffd", "bucketed")
-_STATE_KEYS = frozenset(
-    (
-        "config",
-        "seed_key",
-        "buffer",
-        "out",
-        "has_tokens",
-        "dtype",
-        "counts",
-        "packs",
-        "held_rows",
-        "forced_rows",
-        "flushes",
-        "next_doc_id",
-        "closed",
-    )
-)
-"""The keys of `OnlinePacker.state_dict()`."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class OnlineConfig:
-    """How a stream of documents becomes packed rows."""
-
-    max_len: int
-    """Tokens per row at most (>= 2)."""
-    buffer_docs: int = 10_000
-    """Pack when the buffer holds this many segments (documents, after splitting long ones)."""
-    buffer_tokens: int | None = None
-    """Also pack when the buffer holds this many tokens (None: no token bound)."""
-    buffer_seconds: float | None = None
-    """Also pack when the oldest new document has waited this long (None: no time window; a time
-    window makes the output depend on timing, so training streams leave it off)."""
-    strategy: str = "ffd"
-    """`ffd` (first-fit-decreasing on the buffer) or `bucketed` (two-level, see module doc)."""
-    bucket: int = 32
-    """Length bucket granularity of the `bucketed` strategy."""
-    min_fill: float = 0.99
-    """Rows below this fill (share of max_len) go back into the buffer, except at the flush."""
-    max_holds: int = 4
-    """A segment held back this many times is emitted with its row whatever the fill."""
-    long_docs: str = "split"
-    """Documents longer than max_len: `split` into max_len chunks, `truncate`, or `drop`."""
-    seed: int = 0
-    """Seeds the order of the rows each pack emits."""
-    shuffle_rows: bool = True
-    """Emit each pack's rows in a seeded random order (False: in the order rows were opened, so
-    FFD's long-document rows come first)."""
-
-    def __post_init__(self) -> None:
-        check_int("max_len", self.max_len, 2)
-        check_int("buffer_docs", self.buffer_docs, 1)
-        if self.buffer_tokens is not None:
-            check_int("buffer_tokens", self.buffer_tokens, 1)
-        if self.buffer_seconds is not None and not self.buffer_seconds > 0:
-            raise ConfigError(f"buffer_seconds must be > 0 or None, got {self.buffer_seconds!r}")
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(
-                f"strategy {self.strategy!r} is unknown; choose one of {list(STRATEGIES)}"
-            )
-        check_int("bucket", self.bucket, 1)
-        if not 0.0 <= self.min_fill <= 1.0:
-            raise ConfigError(f"min_fill must be in [0, 1], got {self.min_fill!r}")
-        check_int("max_holds", self.max_holds, 0)
-        if self.long_docs not in LONG_DOC_POLICIES:
-            raise ConfigError(
-                f"long_docs {self.long_docs!r} is unknown; choose one of {list(LONG_DOC_POLICIES)}"
-            )
-        check_int("seed", self.seed, 0)
-
-
-@dataclass
-class _Part:
-    """Segments waiting in the buffer; `start` indexes `tokens` (None: lengths only)."""
-
-    tokens: NDArray | None
-    start: NDArray[np.int64]
-    length: NDArray[np.int64]
-    doc: NDArray[np.int64]
-    chunk: NDArray[np.int32]
-    holds: NDArray[np.int32]
-
-    def take(self, a: int, b: int) -> _Part:
-        """Segments a:b, the token array narrowed to their span (a view, no copy)."""
-        start, length = self.start[a:b], self.length[a:b]
-        toks = self.tokens
-        if toks is not None:
-            lo = int(start[0]) if b > a else 0
-            hi = int(start[-1] + length[-1]) if b > a else 0
-            toks, start = toks[lo:hi], start - lo
-        return _Part(toks, start, length, self.doc[a:b], self.chunk[a:b], self.holds[a:b])
-
-
-def _concat_parts(parts: list[_Part]) -> _Part:
-    if len(parts) == 1:
-        return parts[0]
-    toks = None
-    starts = [p.start for p in parts]
-    if parts[0].tokens is not None:
-        shift = np.cumsum([0] + [len(p.tokens) for p in parts[:-1]])
-        starts = [s + d for s, d in zip(starts, shift, strict=True)]
-        toks = np.concatenate([p.tokens for p in parts])
-    return _Part(
-        toks,
-        np.concatenate(starts),
-        np.concatenate([p.length for p in parts]),
-        np.concatenate([p.doc for p in parts]),
-        np.concatenate([p.chunk for p in parts]),
-        np.concatenate([p.holds for p in parts]),
-    )
-
-
-def _gather(tokens: NDArray, start: NDArray[np.int64], length: NDArray[np.int64]) -> NDArray:
-    """Tokens of the given segments back to back (one numba pass, no index array)."""
-    return kernels.gather_segments(tokens, start, length)
-
-
-def bucketed_assign(
-    lengths: NDArray[np.int64], max_len: int, bucket: int
-) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
-    """Two-level packing: full rows inside each length bucket, then FFD across buckets.
-
-    Level one rounds lengths up to multiples of `bucket` and makes rows of `max_len // rounded`
-    documents of one bucket (only full groups, in input order). Level two first-fit-decreasing
-    packs those rows (as items of their real fill) together with the documents left over.
-
-    Returns `(row, offset, n_rows)` like `packtool.kernels.ffd_assign`.
-    """
-    lengths = np.asarray(lengths, np.int64)
-    n = len(lengths)
-    if n == 0:
-        return EMPTY_I64, EMPTY_I64, 0
-    rounded = np.minimum(-(-lengths // bucket) * bucket, max_len)
-    per_row = max_len // rounded
-    order = np.lexsort((np.arange(n), rounded))  # by bucket, input order inside
-    rb = rounded[order]
-    first = np.flatnonzero(np.r_[True, rb[1:] != rb[:-1]])
-    counts = np.diff(np.r_[first, n])
-    rank = np.arange(n) - np.repeat(first, counts)
-    k = per_row[order]
-    full_groups = np.repeat(counts, counts) // k
-    in_l1 = (rank // k) < full_groups
-    # Level one groups: (bucket, group index) -> a dense item id.
-    l1_docs = order[in_l1]
-    if len(l1_docs):
-        key = np.repeat(np.arange(len(first)), counts)[in_l1] * n + (rank // k)[in_l1]
-        _, grp = np.unique(key, return_inverse=True)
-        n_groups = int(grp.max()) + 1
-    else:
-        grp = EMPTY_I64
-        n_groups = 0
-    l1_len = lengths[l1_docs]
-    item_len = np.bincount(grp, weights=l1_len, minlength=n_groups).astype(np.int64)
-    rest = order[~in_l1]
-    items = np.concatenate([item_len, lengths[rest]])
-    irow, ioff, n_rows = kernels.ffd_assign(items, max_len)
-    row = np.empty(n, np.int64)
-    offset = np.empty(n, np.int64)
-    # inside a level-one group: documents in input order, offsets by running real length
-    within = np.cumsum(l1_len) - l1_len
-    gstart = np.zeros(n_groups, np.int64)
-    if n_groups:
-        firsts = np.flatnonzero(np.r_[True, grp[1:] != grp[:-1]])
-        gstart[grp[firsts]] = within[firsts]
-    row[l1_docs] = irow[grp]
-    offset[l1_docs] = ioff[grp] + within - gstart[grp]
-    row[rest] = irow[n_groups:]
-    offset[rest] = ioff[n_groups:]
-    return row, offset, n_rows
+from packtool.pack import PackCounts, make_segments
 
 
 def _doc_array(doc: Any, i: int) -> NDArray:
@@ -261,7 +90,7 @@ class OnlinePacker:
             )
         self.config = config
         self.seed_key = tuple(int(k) for k in seed_key)
-        self._parts: list[_Part] = []
+        self._parts: list[Segments] = []
         self._n_segs = 0
         self._n_tokens = 0
         self._oldest: float | None = None
@@ -341,7 +170,7 @@ class OnlinePacker:
             start = doc_start[segs.doc] + segs.start
         else:
             start = EMPTY_I64[:0] if not len(segs.length) else np.zeros(len(segs.length), np.int64)
-        part = _Part(
+        part = Segments(
             tokens,
             start,
             segs.length,
@@ -388,7 +217,7 @@ class OnlinePacker:
             raise DataError(f"token ids must be integers, got dtype {tokens.dtype}")
         self.push(tokens, lengths)
 
-    def _add(self, part: _Part) -> None:
+    def _add(self, part: Segments) -> None:
         c = self.config
         n = len(part.length)
         a = 0
@@ -440,7 +269,7 @@ class OnlinePacker:
         self._oldest = None
         if not self._parts:
             return
-        buf = _concat_parts(self._parts)
+        buf = Segments.concat(self._parts)
         self._parts = []
         self._n_segs = self._n_tokens = 0
         c = self.config
@@ -484,7 +313,11 @@ class OnlinePacker:
             per_row = np.bincount(rank[row[order]], minlength=n_emit)
             row_docs = np.zeros(n_emit + 1, np.int64)
             np.cumsum(per_row, out=row_docs[1:])
-            toks = None if buf.tokens is None else _gather(buf.tokens, buf.start[order], seg_len)
+            toks = (
+                None
+                if buf.tokens is None
+                else kernels.gather_segments(buf.tokens, buf.start[order], seg_len)
+            )
             if toks is not None and self._dtype is not None:
                 toks = toks.astype(self._dtype, copy=False)
             self._out.append(PackedRows(row_docs, seg_len, buf.doc[order], buf.chunk[order], toks))
@@ -497,9 +330,9 @@ class OnlinePacker:
             if buf.tokens is None:
                 toks, start = None, np.zeros(len(hsel), np.int64)
             else:
-                toks = _gather(buf.tokens, buf.start[hsel], hlen)
+                toks = kernels.gather_segments(buf.tokens, buf.start[hsel], hlen)
                 start = np.cumsum(hlen) - hlen
-            kept = _Part(toks, start, hlen, buf.doc[hsel], buf.chunk[hsel], buf.holds[hsel] + 1)
+            kept = Segments(toks, start, hlen, buf.doc[hsel], buf.chunk[hsel], buf.holds[hsel] + 1)
             self._parts = [kept]
             self._n_segs = len(hsel)
             self._n_tokens = int(hlen.sum())
@@ -544,13 +377,11 @@ class OnlinePacker:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: buffered segments (tokens included), rows not
         yet popped, counters. numpy arrays inside; `torch.save` / pickle store it as is."""
-        buf = _concat_parts(self._parts) if self._parts else None
+        buf = Segments.concat(self._parts) if self._parts else None
         return {
-            "config": {f.name: getattr(self.config, f.name) for f in fields(self.config)},
+            "config": config_state(self.config),
             "seed_key": list(self.seed_key),
-            "buffer": None
-            if buf is None
-            else {f.name: getattr(buf, f.name) for f in fields(_Part)},
+            "buffer": None if buf is None else buf.to_state(),
             "out": PackedRows.concat(self._out).to_state() if self._out else None,
             "has_tokens": self._has_tokens,
             "dtype": None if self._dtype is None else self._dtype.str,
@@ -569,25 +400,10 @@ class OnlinePacker:
         Raises:
             DataError: the state was saved with other settings.
         """
-        missing = (
-            sorted(_STATE_KEYS - set(state)) if isinstance(state, dict) else sorted(_STATE_KEYS)
-        )
-        if (
-            missing
-            or not isinstance(state["config"], dict)
-            or not isinstance(state["counts"], dict)
-        ):
-            raise DataError(
-                "not an OnlinePacker state (from state_dict()): "
-                + (f"missing {', '.join(missing)}" if missing else "config or counts malformed")
-            )
-        mine = {f.name: getattr(self.config, f.name) for f in fields(self.config)}
-        if state["config"] != mine:
-            diff = sorted(k for k in mine if state["config"].get(k) != mine[k])
-            raise DataError(f"the packer state was saved with other settings ({', '.join(diff)})")
+        check_packer_state(state, self.config)
         self.seed_key = tuple(state["seed_key"])
         buf = state["buffer"]
-        self._parts = [] if buf is None else [_Part(**buf)]
+        self._parts = [] if buf is None else [Segments.from_state(buf)]
         self._n_segs = 0 if buf is None else len(buf["length"])
         self._n_tokens = 0 if buf is None else int(buf["length"].sum())
         self._oldest = None

@@ -11,6 +11,9 @@ runs the same number of steps: with `drop_last` an incomplete last step is dropp
 ranks that have no rows left in the last step get a *filler* batch (one row repeated with every
 label -100 and doc_ids -1), so they run the step but learn nothing from it and no row is
 trained on twice.
+
+`worker_block_starts` groups the steps into blocks for `PackedDataLoader` workers, one shuffle
+window each, so a worker decodes its own windows' row groups and few others.
 """
 
 from __future__ import annotations
@@ -232,3 +235,47 @@ def rank_rows(
     if assignment is None:  # no balanced split fits the caps: keep the plain one
         return per_rank[rank]
     return rows[assignment == rank]
+
+
+def worker_block_starts(
+    plan: EpochPlan,
+    row_groups: np.ndarray,
+    *,
+    num_row_groups: int,
+    window: int,
+) -> np.ndarray:
+    """First global step of every `PackedDataLoader` worker block, then `plan.num_steps`.
+
+    A block is the run of steps whose rows lie (mostly: a step crossing a window's edge goes
+    with the window holding most of its rows) in one shuffle window, or unshuffled in one run
+    of about 8 row groups. A worker then decodes its windows' row groups plus a few of a
+    neighbour's, instead of two windows per block when blocks were a fixed number of steps.
+
+    Args:
+        plan: The epoch plan.
+        row_groups: The row group of every row of `plan.order`, in that order.
+        num_row_groups: Row groups in the dataset.
+        window: Row groups per shuffle window (16 unshuffled). A free shuffle has no windows:
+            there every step is its own block.
+    """
+    n = plan.num_steps
+    num_rows = len(plan.order)
+    if n == 0 or num_row_groups == 0:
+        return np.arange(n + 1, dtype=np.int64)
+    last = np.full(num_row_groups, -1, dtype=np.int64)
+    np.maximum.at(last, row_groups, np.arange(num_rows, dtype=np.int64))
+    # Positions after which no row group continues: the windows' edges (and, unshuffled,
+    # every row group's), as positions in `order`.
+    reach = np.maximum.accumulate(last[row_groups])
+    cuts = np.flatnonzero(reach == np.arange(num_rows)) + 1
+    # Keep the first edge in every half-window of rows: each window stays one block.
+    half = max(int(num_rows / num_row_groups * window) // 2, 1)
+    cuts = cuts[np.diff(cuts // half, prepend=-1) != 0]
+    # A step that crosses a window's edge goes with the window holding most of its rows
+    # (its middle row): the fewest row groups of the other window to decode.
+    last_b = len(plan.bounds) - 1
+    steps = np.arange(n) * plan.world_size
+    lo = plan.bounds[np.minimum(steps, last_b)]
+    hi = plan.bounds[np.minimum(steps + plan.world_size, last_b)]
+    seg = np.searchsorted(cuts, (lo + hi) // 2, side="right")
+    return np.append(np.flatnonzero(np.diff(seg, prepend=-1)), n).astype(np.int64)

@@ -14,27 +14,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from loader.config import check_int
 from packtool.errors import ConfigError
-
-
-def check_int(name: str, value: Any, lo: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise ConfigError(f"{name} must be an integer >= {lo}, got {value!r}")
-
-
-def make_config(cls: type, settings: dict[str, Any]) -> Any:
-    """`cls(**settings)` for a config dataclass, unknown or missing names as a `ConfigError`."""
-    known = [f.name for f in fields(cls)]
-    unknown = sorted(set(settings) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"unknown setting(s) {', '.join(map(repr, unknown))}; {cls.__name__} takes "
-            f"{', '.join(known)}"
-        )
-    try:
-        return cls(**settings)
-    except TypeError as exc:  # a required setting is missing
-        raise ConfigError(f"{cls.__name__}: {exc}") from None
 
 
 @dataclass(frozen=True)

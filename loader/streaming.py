@@ -32,9 +32,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loader.dataset import dist_rank_world
-from loader.online import OnlineConfig, OnlinePacker, PackedRows, RowBatcher
-from loader.rows import make_config
+from loader.config import OnlineConfig, dist_rank_world, make_config
+from loader.online import OnlinePacker
+from loader.rows import PackedRows, RowBatcher
 from packtool.corpus import expand_inputs
 from packtool.errors import ConfigError, DataError
 from packtool.tokenize import input_identity, tokenized_meta

@@ -1,0 +1,240 @@
+"""The loader's settings, each a frozen dataclass validated when it is made (`ConfigError`).
+
+`LoaderConfig`: how a `PackedDataset` turns packed rows into batches. `OnlineConfig`: how
+`OnlinePacker` (and `StreamingPackedDataset`) pack a stream of documents. Also the checks that
+need more than the settings: the static-shape document cap against the dataset's rows
+(`static_max_docs`), and the rank and world size a loader runs as (`dist_rank_world`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from packtool.errors import ConfigError
+from packtool.pack import LONG_DOC_POLICIES
+
+STRATEGIES = ("ffd", "bucketed")
+"""`OnlineConfig.strategy` values."""
+
+
+def check_int(name: str, value: Any, lo: int) -> None:
+    """Raise a `ConfigError` unless `value` is an integer >= `lo` (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ConfigError(f"{name} must be an integer >= {lo}, got {value!r}")
+
+
+def need_int(name: str, value: Any) -> None:
+    """Raise a `ConfigError` unless `value` is an integer (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+
+
+def make_config(cls: type, settings: dict[str, Any]) -> Any:
+    """`cls(**settings)` for a config dataclass, unknown or missing names as a `ConfigError`."""
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown setting(s) {', '.join(map(repr, unknown))}; {cls.__name__} takes "
+            f"{', '.join(known)}"
+        )
+    try:
+        return cls(**settings)
+    except TypeError as exc:  # a required setting is missing
+        raise ConfigError(f"{cls.__name__}: {exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """How rows become batches. Exactly one of `rows_per_batch` / `tokens_per_batch`."""
+
+    rows_per_batch: int | None = None
+    """Packed rows per rank batch."""
+    tokens_per_batch: int | None = None
+    """Token budget per rank batch: rows are added in order while the budget holds."""
+    seed: int = 0
+    """Seed of the per-epoch permutation (with the dataset fingerprint and epoch)."""
+    shuffle: bool = True
+    """False: rows in stored order (still split over ranks and workers the same way)."""
+    shuffle_window: int = 16
+    """Row groups whose rows are shuffled together (row groups themselves are shuffled too); 0
+    shuffles all rows freely, which decodes a whole row group per row unless the cache holds the
+    dataset. Keep `cache_bytes` above this many decoded row groups."""
+    drop_last: bool = False
+    """Drop an incomplete last global step; otherwise ranks short of rows get a filler batch."""
+    static_shape: bool = False
+    """Pad every batch to the same shapes (CUDA graphs / torch.compile); see loader/collate.py."""
+    max_docs_per_batch: int | None = None
+    """Static shape: cu_seqlens length - 1 (padding pseudo-document included). Required with a
+    token budget; with rows_per_batch it defaults to rows × the most documents in any row + 1."""
+    balance: bool = False
+    """Reassign each global step's rows to ranks so attention cost (Σ len² + linear) is balanced."""
+    balance_linear: float = 1024.0
+    """Weight of the per-token term in the balance cost (about 6 × d_model models the MLPs)."""
+    layout: str = "packtool"
+    """"packtool" (docs/CONTRACTS.md batch) or "hf" (transformers padding-free keys)."""
+    pad_id: int = 0
+    """Token id used for static-shape padding."""
+    cache_bytes: int = 96 << 20
+    """Bound on decoded row groups cached per process (default: a 16-row-group shuffle window of
+    256 rows x 4096 uint16 tokens, with room to spare)."""
+    verify: bool = False
+    """Check every shard's sha256 at open (reads the whole dataset)."""
+
+    def __post_init__(self) -> None:
+        if (self.rows_per_batch is None) == (self.tokens_per_batch is None):
+            raise ConfigError(
+                "give exactly one of rows_per_batch or tokens_per_batch, got "
+                f"rows_per_batch={self.rows_per_batch}, tokens_per_batch={self.tokens_per_batch}"
+            )
+        # Types first: a float row count would cut batches of alternating sizes, a string
+        # "False" would switch an option on; both silently.
+        for name in ("rows_per_batch", "tokens_per_batch", "max_docs_per_batch"):
+            if getattr(self, name) is not None:
+                need_int(name, getattr(self, name))
+        for name in ("seed", "shuffle_window", "pad_id", "cache_bytes"):
+            need_int(name, getattr(self, name))
+        for name in ("shuffle", "drop_last", "static_shape", "balance", "verify"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.rows_per_batch is not None and self.rows_per_batch < 1:
+            raise ConfigError(f"rows_per_batch must be >= 1, got {self.rows_per_batch}")
+        if self.tokens_per_batch is not None and self.tokens_per_batch < 1:
+            raise ConfigError(f"tokens_per_batch must be >= 1, got {self.tokens_per_batch}")
+        if self.max_docs_per_batch is not None and self.max_docs_per_batch < 2:
+            raise ConfigError(f"max_docs_per_batch must be >= 2, got {self.max_docs_per_batch}")
+        if self.max_docs_per_batch is not None and not self.static_shape:
+            raise ConfigError(
+                "max_docs_per_batch only applies with static_shape=True (it sizes cu_seqlens)"
+            )
+        if not 0 <= self.pad_id < 2**63:
+            raise ConfigError(f"pad_id must be a token id >= 0, got {self.pad_id}")
+        if (
+            isinstance(self.balance_linear, bool)
+            or not isinstance(self.balance_linear, (int, float, np.integer, np.floating))
+            or not 0 <= self.balance_linear < float("inf")
+        ):
+            raise ConfigError(
+                f"balance_linear must be a finite number >= 0, got {self.balance_linear!r}"
+            )
+        if (
+            self.static_shape
+            and self.tokens_per_batch is not None
+            and self.max_docs_per_batch is None
+        ):
+            raise ConfigError("static_shape with tokens_per_batch needs max_docs_per_batch")
+        if self.layout not in ("packtool", "hf"):
+            raise ConfigError(f"layout {self.layout!r} is unknown; choose 'packtool' or 'hf'")
+        if self.shuffle_window < 0:
+            raise ConfigError(f"shuffle_window must be >= 0, got {self.shuffle_window}")
+        if self.cache_bytes < 0:
+            raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
+
+    def layout_key(self, world_size: int) -> dict[str, Any]:
+        """The settings that decide which rows form a global step (resume compares them)."""
+        return {
+            "world_size": world_size,
+            "rows_per_batch": self.rows_per_batch,
+            "tokens_per_batch": self.tokens_per_batch,
+            "max_docs_per_batch": self.max_docs_per_batch if self.static_shape else None,
+            "drop_last": self.drop_last,
+            "shuffle": self.shuffle,
+            "shuffle_window": self.shuffle_window,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class OnlineConfig:
+    """How a stream of documents becomes packed rows."""
+
+    max_len: int
+    """Tokens per row at most (>= 2)."""
+    buffer_docs: int = 10_000
+    """Pack when the buffer holds this many segments (documents, after splitting long ones)."""
+    buffer_tokens: int | None = None
+    """Also pack when the buffer holds this many tokens (None: no token bound)."""
+    buffer_seconds: float | None = None
+    """Also pack when the oldest new document has waited this long (None: no time window; a time
+    window makes the output depend on timing, so training streams leave it off)."""
+    strategy: str = "ffd"
+    """`ffd` (first-fit-decreasing on the buffer) or `bucketed` (two-level, loader/bucketed.py)."""
+    bucket: int = 32
+    """Length bucket granularity of the `bucketed` strategy."""
+    min_fill: float = 0.99
+    """Rows below this fill (share of max_len) go back into the buffer, except at the flush."""
+    max_holds: int = 4
+    """A segment held back this many times is emitted with its row whatever the fill."""
+    long_docs: str = "split"
+    """Documents longer than max_len: `split` into max_len chunks, `truncate`, or `drop`."""
+    seed: int = 0
+    """Seeds the order of the rows each pack emits."""
+    shuffle_rows: bool = True
+    """Emit each pack's rows in a seeded random order (False: in the order rows were opened, so
+    FFD's long-document rows come first)."""
+
+    def __post_init__(self) -> None:
+        check_int("max_len", self.max_len, 2)
+        check_int("buffer_docs", self.buffer_docs, 1)
+        if self.buffer_tokens is not None:
+            check_int("buffer_tokens", self.buffer_tokens, 1)
+        if self.buffer_seconds is not None and not self.buffer_seconds > 0:
+            raise ConfigError(f"buffer_seconds must be > 0 or None, got {self.buffer_seconds!r}")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(
+                f"strategy {self.strategy!r} is unknown; choose one of {list(STRATEGIES)}"
+            )
+        check_int("bucket", self.bucket, 1)
+        if not 0.0 <= self.min_fill <= 1.0:
+            raise ConfigError(f"min_fill must be in [0, 1], got {self.min_fill!r}")
+        check_int("max_holds", self.max_holds, 0)
+        if self.long_docs not in LONG_DOC_POLICIES:
+            raise ConfigError(
+                f"long_docs {self.long_docs!r} is unknown; choose one of {list(LONG_DOC_POLICIES)}"
+            )
+        check_int("seed", self.seed, 0)
+
+
+def static_max_docs(config: LoaderConfig, n_docs: np.ndarray) -> int:
+    """The static-shape `cu_seqlens` length - 1 for a dataset with `n_docs` documents per row.
+
+    The default (rows_per_batch only) is rows × the most documents in any row + 1. A given
+    `max_docs_per_batch` that some batch would exceed is refused now rather than as a `DataError`
+    mid-epoch: with a token budget batches close before `max_docs_per_batch - 1` documents, so
+    only a single row with more documents breaks it; with `rows_per_batch` batches are not cut by
+    documents, so the bound is the `rows_per_batch` rows with the most documents together. One
+    entry is always left for the padding pseudo-document.
+    """
+    if config.max_docs_per_batch is None:
+        most = int(n_docs.max()) if len(n_docs) else 1
+        return config.rows_per_batch * most + 1
+    max_docs = config.max_docs_per_batch
+    n_docs = np.sort(n_docs)
+    if config.tokens_per_batch is not None:
+        need, what = int(n_docs[-1]) if len(n_docs) else 0, "one row holds"
+    else:
+        rows = config.rows_per_batch
+        need = int(n_docs[-rows:].sum())
+        what = f"a batch of {rows} row{'s' if rows > 1 else ''} can hold"
+    if need + 1 > max_docs:
+        raise ConfigError(
+            f"max_docs_per_batch {max_docs} is too small for this dataset: {what} "
+            f"{need} documents, plus one entry for padding; use at least {need + 1}"
+        )
+    return max_docs
+
+
+def dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """This process's (rank, world size): the explicit values, else torch.distributed's, else (0, 1)."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return (
+            dist.get_rank() if rank is None else rank,
+            dist.get_world_size() if world_size is None else world_size,
+        )
+    return (0 if rank is None else rank), (1 if world_size is None else world_size)
