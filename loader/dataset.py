@@ -164,13 +164,22 @@ class PackedDataset(IterableDataset):
 
     def rows_for(self, plan: EpochPlan, step: int, rank: int | None = None) -> np.ndarray:
         """Row ids a rank trains on at a global step (empty: filler)."""
+        rank = self.rank if rank is None else rank
+        return self._rank_rows(plan, step, rank, balance=self.config.balance, cost=self.cost)
+
+    def _rank_rows(
+        self, plan: EpochPlan, step: int, rank: int, *, balance: bool, cost: np.ndarray | None
+    ) -> np.ndarray:
+        """`rank_rows` under this loader's caps: rows, token budget (static shape: the padded
+        length) and static shape's document cap. `balance_report` uses it too, so its figure is
+        the balancing the ranks really get."""
         c = self.config
         return rank_rows(
             plan,
             step,
-            self.rank if rank is None else rank,
-            balance=c.balance,
-            cost=self.cost,
+            rank,
+            balance=balance,
+            cost=cost,
             lengths=self.lengths,
             n_docs=self.n_docs,
             rows_cap=c.rows_per_batch,
@@ -433,40 +442,24 @@ class PackedDataset(IterableDataset):
     # ---- reporting --------------------------------------------------------------------------
 
     def balance_report(self, epoch: int | None = None) -> dict[str, float]:
-        """Mean over the epoch's steps of max/mean rank cost, plain split vs balanced."""
-        lengths, _, sq = (
-            (self.lengths, None, None) if self.cost is not None else self.store.row_index()
-        )
-        cost = (
-            self.cost
-            if self.cost is not None
-            else row_cost(sq, lengths, self.config.balance_linear)
-        )
+        """Mean over the epoch's steps of max/mean rank cost, plain split vs balanced.
+
+        "After" is what `balance=True` gives with this loader's caps (static shape's document
+        cap included), whether or not this loader balances.
+        """
+        cost = self.cost
+        if cost is None:
+            lengths, _, sq = self.store.row_index()
+            cost = row_cost(sq, lengths, self.config.balance_linear)
         plan = self.plan(self.epoch if epoch is None else epoch)
         before, after = [], []
-        saved = self.cost
-        self.cost = cost
-        try:
-            for step in range(plan.num_steps):
-                plain = plan.step_rows(step)
-                before.append(imbalance([cost[r].sum() for r in plain]))
-                loads = np.zeros(self.world_size)
-                for r in range(self.world_size):
-                    mine = rank_rows(
-                        plan,
-                        step,
-                        r,
-                        balance=True,
-                        cost=cost,
-                        lengths=self.lengths,
-                        n_docs=self.n_docs,
-                        rows_cap=self.config.rows_per_batch,
-                        tokens_cap=self.config.tokens_per_batch,
-                    )
-                    loads[r] = cost[mine].sum()
-                after.append(imbalance(loads))
-        finally:
-            self.cost = saved
+        for step in range(plan.num_steps):
+            before.append(imbalance([cost[r].sum() for r in plan.step_rows(step)]))
+            loads = [
+                cost[self._rank_rows(plan, step, r, balance=True, cost=cost)].sum()
+                for r in range(self.world_size)
+            ]
+            after.append(imbalance(loads))
         return {
             "steps": plan.num_steps,
             "imbalance_before": float(np.mean(before)) if before else 1.0,
