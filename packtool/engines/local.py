@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,24 +23,26 @@ import pyarrow as pa
 
 from packtool import kernels, stats
 from packtool.corpus import ReadConfig, SkipCounter, expand_inputs
-from packtool.errors import ConfigError, DataError, PacktoolError, make_output_folder
+from packtool.engines.preflight import (
+    STATE_FILE,
+    Checked,
+    check_fingerprint,
+    check_inputs,
+    output_folder,
+)
+from packtool.errors import ConfigError, DataError
 from packtool.manifest import (
-    INDEX_FILE,
     Manifest,
     ShardInfo,
     atomic_write_bytes,
     sha256_file,
     write_manifest,
 )
-from packtool.pack import PackConfig, PackCounts, PackedChunk, check_room_for_text, pack_table
+from packtool.pack import PackConfig, PackCounts, PackedChunk, pack_table
 from packtool.progress import Progress
 from packtool.shards import ShardConfig, write_shards
-from packtool.tokenize import check_recorded_tokenizer, input_identity, tokenized_batches
+from packtool.tokenize import tokenized_batches
 from packtool.tokenizers import Tokenizer
-
-STATE_FILE = ".pack-state.json"
-RAY_STAGING_DIR = ".ray-chunks"
-"""Hidden folder where the Ray engine's workers write each chunk's shards before renumbering."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,70 +176,6 @@ def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
         yield pa.concat_tables(pending).combine_chunks()
 
 
-def _prepare_out_dir(config: RunConfig) -> dict[str, Any] | None:
-    """Create or check the output folder; return the saved state when resuming."""
-    out = Path(config.out_dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"output {out} exists and is not a folder")
-    if config.resume:
-        state_path = out / STATE_FILE
-        if not state_path.exists():
-            if (out / INDEX_FILE).exists():
-                raise ConfigError(
-                    f"{out} is already complete ({INDEX_FILE} exists); nothing to resume"
-                )
-            if not out.exists():
-                raise ConfigError(f"{out} does not exist: nothing to resume; drop --resume")
-            raise ConfigError(f"{out} has no {STATE_FILE}: nothing to resume; use --overwrite")
-        try:
-            state = json.loads(state_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{state_path}: unreadable ({exc}); use --overwrite") from None
-        if not (
-            isinstance(state, dict)
-            and isinstance(state.get("fingerprint"), dict)
-            and isinstance(state.get("chunks"), list)
-            and all(
-                isinstance(c, dict) and isinstance(c.get("shards"), list) for c in state["chunks"]
-            )
-        ):
-            raise DataError(f"{state_path}: malformed state; use --overwrite")
-        return state
-    make_output_folder(out)
-    present = [p for p in out.iterdir()]
-    if present and not config.overwrite:
-        raise ConfigError(
-            f"output folder {out} is not empty; pass --overwrite to replace it "
-            "or --resume to finish an interrupted run"
-        )
-    foreign = sorted(p.name for p in present if not _written_by_pack(p))
-    if foreign:
-        # --overwrite replaces a dataset; it never deletes files packtool did not write.
-        shown = ", ".join(foreign[:3]) + (
-            f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
-        )
-        raise ConfigError(
-            f"--overwrite: {out} holds files packtool pack did not write ({shown}); "
-            "choose an empty folder or remove them yourself"
-        )
-    for p in present:
-        if p.is_dir():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
-    return None
-
-
-def _written_by_pack(path: Path) -> bool:
-    """Shards, the manifest, the state file, temporaries and the Ray engine's staging folder."""
-    name = path.name
-    return (
-        (name.startswith("shard-") and name.endswith(".parquet"))
-        or name in (INDEX_FILE, STATE_FILE, RAY_STAGING_DIR)
-        or (name.startswith(".") and name.endswith(".tmp"))
-    )
-
-
 def _fingerprint(config: RunConfig, tokenizer_identity: dict[str, Any]) -> dict[str, Any]:
     """Everything that determines the output bytes; a resume must match it exactly."""
     # Every file the inputs expand to, with its size and modification time: a file added to an
@@ -279,53 +216,15 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
         tokenizer: encodes raw corpora. For tokenized Parquet inputs it must match the recorded
             tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
     """
-    recorded = input_identity(config.inputs)
-    if tokenizer is None and recorded is None:
-        from packtool.tokenizers import load_tokenizer
+    checked = check_inputs(config, tokenizer)
+    with output_folder(config) as state:
+        return _run_local(config, checked, state)
 
-        tokenizer = load_tokenizer("byte")
-    if tokenizer is not None and recorded is not None:
-        # Checked before the output folder is touched, so a mistake leaves nothing behind.
-        check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])
-    identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
-    check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
+
+def _run_local(config: RunConfig, checked: Checked, state: dict[str, Any] | None) -> PackSummary:
     out = Path(config.out_dir)
-    created = not out.exists()
-    state = _prepare_out_dir(config)
-    try:
-        return _run_local(config, tokenizer, identity, state, recorded is None)
-    except PacktoolError:
-        if state is None:
-            _discard_unstarted(out, created)
-        raise
-
-
-def _discard_unstarted(out: Path, created: bool) -> None:
-    """After an error in a fresh run, drop the state file if no chunk had finished.
-
-    Also the folder, if this run made it and it is now empty: the corrected command then needs
-    no --overwrite.
-    """
-    state_path = out / STATE_FILE
-    try:
-        chunks = json.loads(state_path.read_text(encoding="utf-8")).get("chunks")
-    except (OSError, ValueError, AttributeError):
-        return
-    if chunks == []:
-        state_path.unlink(missing_ok=True)
-        if created and not any(out.iterdir()):
-            out.rmdir()
-
-
-def _run_local(
-    config: RunConfig,
-    tokenizer: Tokenizer | None,
-    identity: dict[str, Any],
-    state: dict[str, Any] | None,
-    raw_inputs: bool,
-) -> PackSummary:
-    out = Path(config.out_dir)
-    fingerprint = _fingerprint(config, identity)
+    tokenizer = checked.tokenizer
+    fingerprint = _fingerprint(config, checked.identity)
     done: list[dict[str, Any]] = []
     if state is not None:
         if state.get("engine", "local") != "local":
@@ -333,13 +232,7 @@ def _run_local(
                 f"cannot resume {out}: it was started with --engine {state['engine']}; "
                 "resume it with the same engine"
             )
-        if state.get("fingerprint") != fingerprint:
-            changed = [
-                k for k in fingerprint if state.get("fingerprint", {}).get(k) != fingerprint[k]
-            ]
-            raise ConfigError(
-                f"cannot resume {out}: options or inputs differ ({', '.join(changed)})"
-            )
+        check_fingerprint(state, fingerprint, out)
         done = list(state["chunks"])
         for chunk in done:
             try:
@@ -420,12 +313,12 @@ def _run_local(
 
     return finish_run(
         config,
-        identity,
+        checked.identity,
         done,
         skips=skips,
         seconds=seconds,
         resumed_chunks=len(state["chunks"]) if state is not None else 0,
-        tokenizer_threads=tokenizer.workers if tokenizer is not None and raw_inputs else 0,
+        tokenizer_threads=tokenizer.workers if tokenizer and not checked.tokenized else 0,
     )
 
 

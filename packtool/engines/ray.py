@@ -36,27 +36,26 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packtool.corpus import ReadConfig, SkipCounter, expand_inputs, read_corpus
+from packtool.corpus import ReadConfig, SkipCounter, read_corpus
+from packtool.engines import preflight
 from packtool.engines.local import (
-    RAY_STAGING_DIR,
-    STATE_FILE,
     PackSummary,
     RunConfig,
     _fingerprint,
-    _prepare_out_dir,
     chunk_record,
     finish_run,
     rechunk,
 )
+from packtool.engines.preflight import STATE_FILE
 from packtool.errors import ConfigError, DataError, MissingDependencyError, PacktoolError
 from packtool.manifest import ShardInfo, atomic_write_bytes, sha256_file
 from packtool.pack import PackConfig, pack_table
 from packtool.progress import Progress
 from packtool.shards import SHARD_PATTERN, ShardConfig, write_shards
-from packtool.tokenize import input_identity, tokenized_batches, tokenized_schema
+from packtool.tokenize import tokenized_batches, tokenized_schema
 from packtool.tokenizers import Tokenizer, TokenizerIdentity
 
-STAGING_DIR = RAY_STAGING_DIR
+STAGING_DIR = preflight.RAY_STAGING_DIR
 _SKIPS_ROW = -1  # the reader's last row: skip counts and the number of chunks, not a chunk
 _move = os.replace  # renames a finished shard to its final name (tests interrupt it)
 
@@ -251,24 +250,26 @@ def run_pack_ray(
     ray_config = ray_config or RayConfig()
     ray = import_ray()
     t_start = time.perf_counter()
-    expand_inputs(config.inputs)  # a missing path fails here, before Ray starts
-    recorded = input_identity(config.inputs)
-    if tokenizer is None and recorded is None:
-        from packtool.tokenizers import load_tokenizer
+    # A missing path, a tokenizer mismatch or a max_len BOS + EOS fill fails before Ray starts.
+    checked = preflight.check_inputs(config, tokenizer)
+    with preflight.output_folder(config) as state:
+        return _run_ray(ray, config, ray_config, checked, state, t_start)
 
-        tokenizer = load_tokenizer("byte")
-    identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
-    state = _prepare_out_dir(config)
+
+def _run_ray(
+    ray: Any,
+    config: RunConfig,
+    ray_config: RayConfig,
+    checked: preflight.Checked,
+    state: dict[str, Any] | None,
+    t_start: float,
+) -> PackSummary:
+    identity = checked.identity
     out = Path(config.out_dir).resolve()
     fingerprint = _fingerprint(config, identity)
     done: dict[int, dict[str, Any]] = {}
     if state is not None:
-        if state.get("fingerprint") != fingerprint:
-            old = state.get("fingerprint", {})
-            changed = [k for k in fingerprint if old.get(k) != fingerprint[k]]
-            raise ConfigError(
-                f"cannot resume {out}: options or inputs differ ({', '.join(changed)})"
-            )
+        preflight.check_fingerprint(state, fingerprint, out)
         for record in state["chunks"]:
             _locate_shards(out, record)  # raises when a finished shard is missing or changed
             done[int(record["index"])] = record
@@ -287,8 +288,8 @@ def run_pack_ray(
             config,
             ray_config,
             identity,
-            tokenizer,
-            recorded is not None,
+            checked.tokenizer,
+            checked.tokenized,
             out,
             done,
             actors=actors,
@@ -312,7 +313,7 @@ def run_pack_ray(
         skips=skips,
         seconds=seconds,
         resumed_chunks=resumed,
-        tokenizer_threads=actors if recorded is None else 0,
+        tokenizer_threads=0 if checked.tokenized else actors,
     )
     summary.cores_used = (
         f"Ray: 1 reader task + {actors} tokenize/pack/write actor(s) "

@@ -1,5 +1,7 @@
 """Shared fixtures for packtool tests: small packed datasets built by hand, per the shard contract.
 
+`ray_session` starts one local Ray for the whole test session (start-up costs ~10 s).
+
 `packed_dataset_factory` writes Parquet shards with pyarrow and an `index.json` with
 `packtool.manifest.write_manifest`, independently of `packtool pack`, so readers (verify, inspect,
 the loader) can be tested on exact, hand-checkable data, then damaged in specific ways.
@@ -127,3 +129,15 @@ def packed_dataset_factory(tmp_path: Path) -> Callable[..., Path]:
         return build_packed_dataset(tmp_path / name, shards, **options)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray (2 CPUs) shared by every test that runs the Ray engine; skips without Ray."""
+    ray = pytest.importorskip(
+        "ray", reason="ray[data] is not installed (pip install 'packtool[ray]')"
+    )
+    pytest.importorskip("ray.data", reason="ray[data] is not installed")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()

@@ -1,7 +1,7 @@
 """The Ray engine against the local engine: same shards byte for byte, resume, missing extra.
 
-One local Ray (2 CPUs) serves the whole module; tests that need it skip cleanly when ray[data] is
-not installed. The missing-extra tests run without Ray.
+One local Ray (2 CPUs, the `ray_session` fixture of conftest.py) serves every test that needs it;
+they skip cleanly when ray[data] is not installed. The missing-extra tests run without Ray.
 """
 
 from __future__ import annotations
@@ -26,17 +26,6 @@ from packtool.verify import verify_dataset
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "sample_data" / "corpus.jsonl"
 CHUNK_DOCS = 1000  # 4,024 documents -> 5 chunks, so ordering and renumbering matter
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    ray = pytest.importorskip(
-        "ray", reason="ray[data] is not installed (pip install 'packtool[ray]')"
-    )
-    pytest.importorskip("ray.data", reason="ray[data] is not installed")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
 
 
 def config(out: Path, inputs=(CORPUS,), **kw) -> RunConfig:

@@ -1,0 +1,181 @@
+"""What every `packtool pack` run does before its first chunk, whichever engine runs it.
+
+1. `check_inputs`: decide the tokenizer and check it against tokenized inputs, and check that BOS +
+   EOS leave room within `max_len`, before the output folder is touched, so a mistake leaves
+   nothing behind.
+2. `output_folder`: create or check the output folder (or load the state of the run to resume),
+   and, when a fresh run fails before any chunk is recorded, remove what it wrote, so that the
+   corrected command needs no `--overwrite`.
+
+The local and the Ray engine both go through here; neither repeats these checks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from packtool.errors import ConfigError, DataError, make_output_folder
+from packtool.manifest import INDEX_FILE
+from packtool.pack import check_room_for_text
+from packtool.tokenize import check_recorded_tokenizer, input_identity
+from packtool.tokenizers import Tokenizer
+
+if TYPE_CHECKING:  # local.py imports this module; the config class lives there
+    from packtool.engines.local import RunConfig
+
+STATE_FILE = ".pack-state.json"
+RAY_STAGING_DIR = ".ray-chunks"
+"""Hidden folder where the Ray engine's workers write each chunk's shards before renumbering."""
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The outcome of `check_inputs`: what the run encodes with and what the manifest records."""
+
+    tokenizer: Tokenizer | None
+    """Encodes raw inputs; None when tokenized inputs are packed with their recorded tokenizer."""
+    identity: dict[str, Any]
+    """The tokenizer identity `index.json` records."""
+    tokenized: bool
+    """The inputs are tokenized Parquet (nothing is encoded)."""
+
+
+def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
+    """Check the inputs, the tokenizer and `max_len` before anything is written.
+
+    Args:
+        config: the run.
+        tokenizer: encodes raw corpora. For tokenized Parquet inputs it must match the recorded
+            tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
+
+    Raises:
+        DataError: a missing input, or a tokenizer that differs from the recorded one.
+        ConfigError: inputs of both kinds, or a `max_len` that BOS + EOS fill.
+    """
+    recorded = input_identity(config.inputs)
+    if tokenizer is None and recorded is None:
+        from packtool.tokenizers import load_tokenizer
+
+        tokenizer = load_tokenizer("byte")
+    if tokenizer is not None and recorded is not None:
+        check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])
+    identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
+    check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
+    return Checked(tokenizer=tokenizer, identity=identity, tokenized=recorded is not None)
+
+
+@contextmanager
+def output_folder(config: RunConfig) -> Iterator[dict[str, Any] | None]:
+    """Prepare `config.out_dir`; yield the saved state when resuming, else None.
+
+    When the body fails (an error, not an interrupt: Ctrl-C keeps the state for `--resume`) in a
+    fresh run whose state file records no finished chunk, what the run wrote is removed: the
+    state file, unrecorded shards and staging folders, and the folder itself if the run made it.
+    """
+    out = Path(config.out_dir)
+    created = not out.exists()
+    state = _prepare(config)
+    try:
+        yield state
+    except Exception:
+        if state is None:
+            _discard_unstarted(out, created)
+        raise
+
+
+def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, Any], out: Path) -> None:
+    """Refuse to resume when the options or inputs differ from the interrupted run's."""
+    old = state.get("fingerprint", {})
+    if old != fingerprint:
+        changed = [k for k in fingerprint if old.get(k) != fingerprint[k]]
+        raise ConfigError(f"cannot resume {out}: options or inputs differ ({', '.join(changed)})")
+
+
+def _prepare(config: RunConfig) -> dict[str, Any] | None:
+    """Create or check the output folder; return the saved state when resuming."""
+    out = Path(config.out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output {out} exists and is not a folder")
+    if config.resume:
+        return _load_state(out)
+    make_output_folder(out)
+    present = list(out.iterdir())
+    if present and not config.overwrite:
+        raise ConfigError(
+            f"output folder {out} is not empty; pass --overwrite to replace it "
+            "or --resume to finish an interrupted run"
+        )
+    foreign = sorted(p.name for p in present if not _written_by_pack(p))
+    if foreign:
+        # --overwrite replaces a dataset; it never deletes files packtool did not write.
+        shown = ", ".join(foreign[:3]) + (
+            f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        )
+        raise ConfigError(
+            f"--overwrite: {out} holds files packtool pack did not write ({shown}); "
+            "choose an empty folder or remove them yourself"
+        )
+    _remove(present)
+    return None
+
+
+def _load_state(out: Path) -> dict[str, Any]:
+    state_path = out / STATE_FILE
+    if not state_path.exists():
+        if (out / INDEX_FILE).exists():
+            raise ConfigError(f"{out} is already complete ({INDEX_FILE} exists); nothing to resume")
+        if not out.exists():
+            raise ConfigError(f"{out} does not exist: nothing to resume; drop --resume")
+        raise ConfigError(f"{out} has no {STATE_FILE}: nothing to resume; use --overwrite")
+    try:
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{state_path}: unreadable ({exc}); use --overwrite") from None
+    if not (
+        isinstance(state, dict)
+        and isinstance(state.get("fingerprint"), dict)
+        and isinstance(state.get("chunks"), list)
+        and all(isinstance(c, dict) and isinstance(c.get("shards"), list) for c in state["chunks"])
+    ):
+        raise DataError(f"{state_path}: malformed state; use --overwrite")
+    return state
+
+
+def _written_by_pack(path: Path) -> bool:
+    """Shards, the manifest, the state file, temporaries and the Ray engine's staging folder."""
+    name = path.name
+    return (
+        (name.startswith("shard-") and name.endswith(".parquet"))
+        or name in (INDEX_FILE, STATE_FILE, RAY_STAGING_DIR)
+        or (name.startswith(".") and name.endswith(".tmp"))
+    )
+
+
+def _remove(paths: list[Path]) -> None:
+    for p in paths:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def _discard_unstarted(out: Path, created: bool) -> None:
+    state_path = out / STATE_FILE
+    try:
+        chunks = json.loads(state_path.read_text(encoding="utf-8")).get("chunks")
+    except (OSError, ValueError, AttributeError):
+        return
+    if chunks != []:
+        return
+    # The folder was empty (or emptied by --overwrite) when this run began and no chunk was
+    # recorded since, so every file packtool writes that is here now is this run's litter: a
+    # shard written before the failure, a Ray worker's staged chunk, a temporary.
+    _remove([p for p in out.iterdir() if _written_by_pack(p)])
+    if created and not any(out.iterdir()):
+        out.rmdir()
