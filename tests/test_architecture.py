@@ -51,3 +51,10 @@ def test_the_architecture_test_sees_real_imports():
     # Guards the guard: the CLI does import click, the model does import torch.
     assert "click" in tops(ROOT / "packtool" / "cli.py")
     assert "torch" in tops(ROOT / "attention" / "model.py")
+
+
+@pytest.mark.parametrize("path", files("packtool"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_packtool_modules_stay_small(path):
+    # STYLE.md: one concept per module, split before ~600 lines.
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= 600, f"{path.name} has {lines} lines; split it along a real seam"
