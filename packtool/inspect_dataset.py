@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from packtool.errors import ConfigError, DataError
-from packtool.manifest import Manifest, read_manifest
+from packtool.manifest import Manifest, dataset_folder, read_manifest
 from packtool.verify import list_parts
 
 PLOT_ROWS = 64
@@ -209,7 +209,7 @@ class Inspection:
 
 def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> DatasetSummary:
     """Read the manifest and the `doc_offsets` column of every shard; measure fill per row."""
-    directory = Path(path)
+    directory = dataset_folder(path)
     manifest = read_manifest(directory)
     lengths: list[NDArray[np.int64]] = []
     docs: list[NDArray[np.int64]] = []
@@ -263,7 +263,7 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
     Raises:
         ConfigError: `row` is outside 0..rows-1 (the message names the valid range).
     """
-    directory = Path(path)
+    directory = dataset_folder(path)
     manifest = manifest or read_manifest(directory)
     total = manifest.num_rows
     if not 0 <= row < total:
@@ -338,7 +338,7 @@ def inspect_dataset(
     """Summarise a packed dataset; optionally show one row and draw pictures.
 
     Args:
-        path: The dataset folder (with `index.json`).
+        path: The dataset folder (with `index.json`), or its `index.json`.
         row: A global row index to list the documents of (0-based across shards).
         plot: Write the row-fill picture here (PNG); with `row`, also `STEM-row-N.png` holding
             that row's block-diagonal causal attention mask.

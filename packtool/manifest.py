@@ -199,9 +199,25 @@ def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:
     return path
 
 
+def dataset_folder(path: str | os.PathLike) -> Path:
+    """The dataset folder `path` names: the folder itself, or the folder of its `index.json`.
+
+    People point at the manifest as often as at its folder (`packtool verify out/index.json`);
+    both mean the same dataset. Shard paths are relative to the folder this returns.
+    """
+    path = Path(path)
+    if path.name == INDEX_FILE and not path.is_dir():
+        return path.parent
+    return path
+
+
 def read_manifest(directory: str | os.PathLike) -> Manifest:
-    """Read and check `index.json` in `directory` (a clear `DataError` on any problem)."""
-    directory = Path(directory)
+    """Read and check `index.json` in `directory` (a clear `DataError` on any problem).
+
+    Args:
+        directory: the dataset folder, or its `index.json` (see `dataset_folder`).
+    """
+    directory = dataset_folder(directory)
     path = directory / INDEX_FILE
     if not directory.is_dir():
         raise DataError(f"{directory}: no such dataset folder")

@@ -34,7 +34,14 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from packtool.errors import DataError
-from packtool.manifest import INDEX_FILE, Manifest, packed_schema, read_manifest, sha256_file
+from packtool.manifest import (
+    INDEX_FILE,
+    Manifest,
+    dataset_folder,
+    packed_schema,
+    read_manifest,
+    sha256_file,
+)
 from packtool.progress import progress_enabled
 from packtool.tokenizers import token_dtype
 
@@ -274,7 +281,7 @@ def verify_dataset(
     """Re-check a packed dataset; raise `DataError` naming the first problem.
 
     Args:
-        path: The dataset folder (with `index.json`).
+        path: The dataset folder (with `index.json`), or its `index.json`.
         checksums: Recompute each shard's sha256 (byte sizes are checked either way).
         progress: Show a progress bar over shards on stderr (only on a terminal).
 
@@ -285,7 +292,7 @@ def verify_dataset(
         DataError: On the first problem, as one line: file, row, what is wrong, expected vs found.
     """
     start = time.perf_counter()
-    directory = Path(path)
+    directory = dataset_folder(path)
     manifest = read_manifest(directory)
     index = directory / INDEX_FILE
     vocab, max_len = _check_manifest(manifest, index)

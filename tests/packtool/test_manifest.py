@@ -8,7 +8,7 @@ import pytest
 
 from packtool.errors import DataError
 from packtool.inspect_dataset import inspect_dataset
-from packtool.manifest import INDEX_FILE, read_manifest
+from packtool.manifest import INDEX_FILE, dataset_folder, read_manifest
 from packtool.verify import verify_dataset
 
 ROWS = [[[(0, 0, 5), (1, 0, 3)], [(2, 0, 7)]]]  # one shard, two rows
@@ -63,3 +63,21 @@ def test_a_valid_manifest_still_reads(packed_dataset_factory):
     d = packed_dataset_factory(ROWS, max_len=16)
     assert read_manifest(d).num_rows == 2
     assert verify_dataset(d).rows == 2
+
+
+def test_the_index_json_path_means_its_folder(packed_dataset_factory, tmp_path):
+    d = packed_dataset_factory(ROWS, max_len=16)
+    index = d / INDEX_FILE
+    assert dataset_folder(index) == d and dataset_folder(d) == d
+    assert read_manifest(index) == read_manifest(d)
+    # The readers find the shards next to it (a path under index.json would not exist).
+    report = verify_dataset(index, checksums=True)
+    assert (report.rows, report.directory) == (2, d)
+    view = inspect_dataset(index, row=1).row
+    assert view is not None and [(d.doc_id, d.length) for d in view.documents] == [(2, 7)]
+    # A missing dataset is still named by its folder.
+    with pytest.raises(DataError, match=f"^{tmp_path / 'nothing'}: no such dataset folder$"):
+        read_manifest(tmp_path / "nothing" / INDEX_FILE)
+    # A folder that happens to be called index.json is a folder.
+    odd = packed_dataset_factory(ROWS, name=INDEX_FILE)
+    assert dataset_folder(odd) == odd and read_manifest(odd).num_rows == 2
