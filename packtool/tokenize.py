@@ -368,10 +368,12 @@ def tokenize_corpus(
 
     Raises:
         ConfigError: `out` exists without `overwrite`, or bad options.
-        DataError: bad input (see `read_corpus`).
+        DataError: bad input (see `read_corpus`), or no document at all (the skips are named;
+            nothing is written and an existing `out` is kept).
     """
     if part_tokens < 1:
         raise ConfigError(f"part_tokens must be >= 1, got {part_tokens}")
+    inputs = list(inputs)
     config = read_config or ReadConfig()
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
@@ -382,6 +384,8 @@ def tokenize_corpus(
     schema = tokenized_schema(tokenizer.identity, config.extra_fields)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     _remove(tmp)
+    # The outermost folder this call creates (None: out's folder exists), removed on failure.
+    made = next((p for p in reversed(out.parents) if not p.exists()), None)
     make_output_folder(out.parent)
     if not single:
         tmp.mkdir()
@@ -400,10 +404,16 @@ def tokenize_corpus(
                     bar.update(docs=table.num_rows, tokens=tokens, nbytes=nbytes)
             finally:
                 write_q.close()
+        if bar.docs == 0:
+            # As `stats` and `pack` do: an output without a document is a mistake, not a result.
+            detail = f" ({skips.summary()})" if skips.total else ""
+            raise DataError(f"no documents in {', '.join(map(str, inputs))}{detail}")
         files = writer.close()
     except BaseException:
         writer.abort()
         _remove(tmp)
+        if made is not None:
+            _remove_empty_folders(out.parent, made)
         raise
     seconds = time.perf_counter() - start
     if single:
@@ -461,6 +471,15 @@ def _remove_parts(out: Path) -> None:
     out.rmdir()
 
 
+def _remove_empty_folders(folder: Path, outermost: Path) -> None:
+    """Remove `folder` and its parents up to `outermost` while they are empty."""
+    while folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        if folder == outermost:
+            return
+        folder = folder.parent
+
+
 def _remove(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
@@ -506,10 +525,8 @@ class _PartWriter:
         self._tokens += int(pc.sum(table.column("length")).as_py() or 0)
 
     def close(self) -> list[Path]:
-        if self._writer is None:
-            self._open()  # an empty corpus still gives a readable file with the schema
-        assert self._writer is not None
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
         return self.files
 
     def abort(self) -> None:

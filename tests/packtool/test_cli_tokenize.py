@@ -50,6 +50,18 @@ def test_skips_are_reported_and_strict_fails(tmp_path):
     assert not (tmp_path / "s.parquet").exists()
 
 
+def test_a_corpus_of_skips_only_is_one_error_line(tmp_path):
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": ""}\n{"body": "no text field"}\nnot json\n')
+    code, stdout, err = run("tokenize", src, "-o", tmp_path / "o.parquet")
+    assert code == 1 and stdout == ""
+    line = one_error_line(err)
+    assert line.startswith(f"error: no documents in {src} (3 skipped: ")
+    for skip in ("empty 1", "missing_field 1", "malformed_json 1"):
+        assert skip in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
 @pytest.mark.parametrize(
     ("setup", "args", "message"),
     [

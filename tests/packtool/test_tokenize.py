@@ -141,14 +141,29 @@ def test_failed_run_leaves_nothing_behind(tmp_path):
     assert f"malformed_json 1 (e.g. {src}:2" in s.format()
 
 
-def test_empty_corpus_writes_a_readable_empty_file(tmp_path):
+@pytest.mark.parametrize("name", ["o.parquet", "parts"])
+def test_a_corpus_without_a_usable_document_is_an_error_that_writes_nothing(tmp_path, name):
     src = tmp_path / "c.jsonl"
-    src.write_text('{"text": ""}\n')
-    out = tmp_path / "o.parquet"
-    s = tokenize_corpus([src], out, progress=False)
-    assert (s.documents, s.tokens, s.skips) == (0, 0, {"empty": 1})
-    assert pq.read_table(out).num_rows == 0
-    assert read_lengths([out]).size == 0
+    src.write_text('{"text": ""}\n{"text": 5}\n')
+    out = tmp_path / "new" / "sub" / name
+    with pytest.raises(
+        DataError, match=rf"^no documents in {src} \(2 skipped: empty 1 .*missing_field 1 "
+    ):
+        tokenize_corpus([src], out, progress=False)
+    # No output, no temporary, and not the folders made for them.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+    # An empty file is the same mistake, with no skips to name.
+    (tmp_path / "e.jsonl").write_text("")
+    with pytest.raises(DataError, match=rf"^no documents in {tmp_path / 'e.jsonl'}$"):
+        tokenize_corpus([tmp_path / "e.jsonl"], out, progress=False)
+    # An earlier output is kept, even with overwrite=True.
+    good = write_corpus(tmp_path / "good.jsonl")
+    tokenize_corpus([good], out, progress=False)
+    before = sorted((p.name, p.stat().st_size) for p in out.parent.rglob("*"))
+    with pytest.raises(DataError, match="no documents"):
+        tokenize_corpus([src], out, overwrite=True, progress=False)
+    assert sorted((p.name, p.stat().st_size) for p in out.parent.rglob("*")) == before
+    assert read_lengths([out]).size == len(DOCS)
 
 
 def test_hf_tokenizer_through_the_pipeline(tmp_path):
