@@ -398,7 +398,8 @@ class OnlinePacker:
         """Continue from `state_dict()` (saved with the same settings).
 
         Raises:
-            DataError: the state was saved with other settings.
+            DataError: Not a packer state, one saved with other settings, or a damaged one (a
+                part missing or malformed; loader/online_state.py checks every part).
         """
         check_packer_state(state, self.config)
         self.seed_key = tuple(state["seed_key"])

@@ -34,6 +34,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.config import OnlineConfig, dist_rank_world, make_config
 from loader.online import OnlinePacker
+from loader.online_state import StateCheck, check_packer_state, check_rows_state, settings_diff
 from loader.rows import PackedRows, RowBatcher
 from packtool.corpus import expand_inputs
 from packtool.errors import ConfigError, DataError
@@ -260,34 +261,20 @@ class StreamingPackedDataset(IterableDataset):
         """Continue from `state_dict()` at the next iteration (same inputs and settings).
 
         Raises:
-            DataError: the state belongs to other inputs or settings, or is not a state of this
-                class.
+            DataError: the state belongs to other inputs or settings, is not a state of this
+                class, or is damaged (every part is checked here, the packer's and the packed
+                rows' included, before any of it is used).
         """
-        if (
-            not isinstance(state, dict)
-            or state.get("version") != STATE_VERSION
-            or not isinstance(state.get("key"), dict)
-            or not isinstance(state.get("epoch"), (int, np.integer))
-            or not isinstance(state.get("start"), bool)
-        ):
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise DataError("not a StreamingPackedDataset state")
-        if not state["start"]:
-            missing = sorted(_LIVE_KEYS - set(state))
-            group = state.get("next_group")
-            if missing or not isinstance(group, (int, np.integer)):
-                what = f"missing {', '.join(missing)}" if missing else f"next_group is {group!r}"
-                raise DataError(
-                    f"malformed StreamingPackedDataset state ({what}); the checkpoint is damaged"
-                )
-            if not 0 <= group <= len(self.groups):
-                # A wrong position would re-read or skip row groups without a word.
-                raise DataError(
-                    f"the state resumes at row group {group} but the inputs have "
-                    f"{len(self.groups)}; the checkpoint is damaged"
-                )
-        mine = self._key()
-        if state["key"] != mine:
-            diff = sorted(k for k in mine if state["key"].get(k) != mine[k])
+        check = StateCheck("StreamingPackedDataset")
+        check.dict_(state, "", ("key", "epoch", "start"))
+        check.dict_(state["key"], "key", ())
+        check.int_(state["epoch"], "epoch", None)
+        if not check.bool_(state["start"], "start"):
+            self._check_live(check, state)
+        diff = settings_diff(state["key"], self._key())
+        if diff:
             raise DataError(
                 f"the state was saved with other inputs or settings ({', '.join(diff)}); resume "
                 "with the same files, packing and batch settings, rank and world size"
@@ -295,6 +282,27 @@ class StreamingPackedDataset(IterableDataset):
         self.epoch = int(state["epoch"])
         self._resume = None if state["start"] else state
         self._live = None
+
+    def _check_live(self, check: StateCheck, state: dict[str, Any]) -> None:
+        """Every part of a mid-stream state, before any of it is used."""
+        check.dict_(state, "", sorted(_LIVE_KEYS))
+        n_slots = check.int_(state["n_slots"], "n_slots", 1)
+        if check.int_(state["slot"], "slot") >= n_slots:
+            raise check.fail("slot", f"is {state['slot']!r}, not below n_slots {n_slots}")
+        group = check.int_(state["next_group"], "next_group", None)
+        if not 0 <= group <= len(self.groups):
+            # A wrong position would re-read or skip row groups without a word.
+            raise DataError(
+                f"the state resumes at row group {group} but the inputs have "
+                f"{len(self.groups)}; the checkpoint is damaged"
+            )
+        check.bool_(state["done"], "done")
+        check_packer_state(state["packer"], self.config, owner=check.owner, at="packer.")
+        check_rows_state(state["pending"], owner=check.owner, path="pending", with_tokens=True)
+        if not isinstance(state["ready"], list):
+            raise check.fail("ready", f"is {state['ready']!r}, not a list")
+        for i, rows in enumerate(state["ready"]):
+            check_rows_state(rows, owner=check.owner, path=f"ready[{i}]", with_tokens=True)
 
     def _restore(self, live: dict[str, Any], state: dict[str, Any]) -> None:
         if (state["slot"], state["n_slots"]) != (live["slot"], live["n_slots"]):

@@ -45,3 +45,44 @@ def all_doc_ids(path) -> np.ndarray:
         for s in m.shards
     ]
     return np.sort(np.concatenate(ids))
+
+
+BAD_VALUES = ("x", 1.5, {"bad": 1})
+"""Values of the wrong type for every part of a state (no part takes a str, float or such dict)."""
+
+
+def key_name(path: tuple) -> str:
+    """The name a damaged-state message gives a part: `packer.buffer.length`, `ready[0].tokens`."""
+    out = ""
+    for k in path:
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else k)
+    return out
+
+
+def damaged_states(state: dict, skip: tuple[str, ...] = ()):
+    """`(name, damaged copy)` for every nested part of `state`: removed (dict entries) and
+    replaced by each of `BAD_VALUES`. Top-level keys in `skip` (and what they hold) are left."""
+    import copy
+
+    def parts(value, path):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            yield (*path, k), isinstance(value, dict)
+            if isinstance(v, (dict, list, tuple)):
+                yield from parts(v, (*path, k))
+
+    for path, removable in parts(state, ()):
+        if path[0] in skip:
+            continue
+        for edit in (("del",) if removable else ()) + BAD_VALUES:
+            damaged = copy.deepcopy(state)
+            parent = damaged
+            for k in path[:-1]:
+                if isinstance(parent[k], tuple):  # seed_key may be a tuple: make it editable
+                    parent[k] = list(parent[k])
+                parent = parent[k]
+            if edit == "del":
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = edit
+            yield key_name(path), damaged

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +20,8 @@ from loader.online import (
     bucketed_assign,
 )
 from packtool.errors import ConfigError, DataError
+
+from .conftest import damaged_states
 
 
 def docs_of(lengths: list[int], start: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -325,3 +330,39 @@ def test_load_state_dict_with_a_key_missing() -> None:
     del state["buffer"]
     with pytest.raises(DataError, match="missing buffer"):
         OnlinePacker(max_len=8).load_state_dict(state)
+
+
+@pytest.mark.parametrize("with_tokens", [True, False])
+def test_every_damaged_part_of_a_packer_state_is_a_clear_error(with_tokens) -> None:
+    p = OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9)
+    lengths = np.array([3, 5, 2, 7, 1, 4, 6])
+    p.push(np.arange(lengths.sum()) if with_tokens else None, lengths)
+    state = p.state_dict()
+    assert state["buffer"] is not None and state["out"] is not None  # both parts to damage
+    target = OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9)
+    # "config" is compared, not parsed: another value is "saved with other settings".
+    for name, damaged in damaged_states(state, skip=("config",)):
+        with pytest.raises(DataError, match=re.escape(name)):
+            target.load_state_dict(damaged)
+    # Parts of the right type that do not fit together.
+    edits = {
+        "out.row_docs": lambda s: s["out"].update(row_docs=s["out"]["row_docs"][::-1].copy()),
+        "counts.extra": lambda s: s["counts"].update(extra=1),
+        "dtype": lambda s: s.update(dtype="<f8"),
+    }
+    if with_tokens:
+        edits["buffer.start"] = lambda s: s["buffer"].update(start=s["buffer"]["start"] + 100)
+        edits["out.tokens"] = lambda s: s["out"].update(tokens=s["out"]["tokens"][:-1])
+    else:
+        edits["buffer.tokens"] = lambda s: s["buffer"].update(tokens=np.arange(5))
+    for name, edit in edits.items():
+        damaged = copy.deepcopy(state)
+        edit(damaged)
+        with pytest.raises(DataError, match=re.escape(name) + ".* the checkpoint is damaged"):
+            target.load_state_dict(damaged)
+    # The intact state still loads, and continues exactly.
+    target.load_state_dict(state)
+    for packer in (p, target):
+        packer.flush()
+    a, b = p.pop(), target.pop()
+    assert a.seg_len.tolist() == b.seg_len.tolist() and a.doc_ids.tolist() == b.doc_ids.tolist()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +16,8 @@ from loader.streaming import StreamingPackedDataset
 from packtool.errors import ConfigError, DataError
 from packtool.tokenize import tokenized_schema
 from packtool.tokenizers import load_tokenizer
+
+from .conftest import damaged_states
 
 MAX_LEN = 32
 
@@ -191,8 +194,8 @@ def test_no_inputs_and_files_gone_after_open(tokenized, tmp_path) -> None:
         # Before: -1 re-read every row group (documents twice), a huge one skipped them all.
         ({"next_group": -1}, "resumes at row group -1 but the inputs have 8"),
         ({"next_group": 99}, "resumes at row group 99 but the inputs have 8"),
-        ({"packer": None}, "missing packer"),
-        ({"epoch": "0"}, "not a StreamingPackedDataset state"),
+        ({"packer": None}, "packer is missing; the checkpoint is damaged"),
+        ({"epoch": "0"}, "epoch is '0', not an integer"),
     ],
 )
 def test_damaged_state_is_a_clear_error(tokenized, edit, match) -> None:
@@ -231,3 +234,26 @@ def test_set_epoch_drops_a_resume_point_of_another_epoch(tokenized) -> None:
     list(ds3)
     ds3.set_epoch(1)
     assert (ds3.state_dict()["epoch"], ds3.state_dict()["start"]) == (1, True)
+
+
+def test_every_damaged_part_of_a_state_is_a_clear_error(tokenized) -> None:
+    path, _ = tokenized
+    ds = make(path)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    # The parts worth damaging are all there: a buffer with tokens, rows waiting to be batched
+    # and batches waiting to be yielded.
+    assert len(state["packer"]["buffer"]["length"]) and len(state["pending"]["seg_len"])
+    assert state["ready"]
+    target = make(path)
+    cases = list(damaged_states(state, skip=("version", "key")))
+    assert len(cases) > 200
+    for name, damaged in cases:
+        # Before: bare KeyError / TypeError / ValueError (some only at the next iteration), or
+        # accepted (counts deleted, pending.row_docs replaced).
+        with pytest.raises(DataError, match=re.escape(name) + r".* the checkpoint is damaged"):
+            target.load_state_dict(damaged)
+    # The intact state still loads and continues.
+    target.load_state_dict(state)
+    assert len(list(target)) > 0
