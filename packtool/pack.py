@@ -67,17 +67,20 @@ class PackConfig:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
 
 
-def check_room_for_text(max_len: int, eos_id: int | None, bos_id: int | None) -> None:
+def check_room_for_text(
+    max_len: int, eos_id: int | None, bos_id: int | None, name: str = "--max-len"
+) -> None:
     """Refuse a max_len that BOS + EOS alone fill: no row could hold a token of any document.
 
     Such rows are legal but every document would come out cut into pieces of specials and
-    single tokens; it is a typo (`--max-len 2` for 2048) far more often than a wish.
+    single tokens; it is a typo (`--max-len 2` for 2048) far more often than a wish. `name` is
+    what the message calls the length (`packtool stats` checks its candidates too).
     """
     specials = (eos_id is not None) + (bos_id is not None)
     if max_len <= specials:
         raise ConfigError(
-            f"--max-len {max_len} leaves no room for text: every document already takes "
-            f"{specials} tokens for BOS and EOS; use --max-len {specials + 1} or more"
+            f"{name} {max_len} leaves no room for text: every document already takes "
+            f"{specials} tokens for BOS and EOS; use {name} {specials + 1} or more"
         )
 
 

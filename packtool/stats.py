@@ -29,6 +29,7 @@ from numpy.typing import ArrayLike, NDArray
 from packtool.errors import ConfigError, DataError
 from packtool.kernels import check_max_len, ffd_assign
 from packtool.kernels import split_lengths as _split_lengths
+from packtool.pack import check_room_for_text
 
 __all__ = [
     "DEFAULT_CANDIDATES",
@@ -64,7 +65,8 @@ class StatsConfig:
     """Max lengths compared in the candidates table (the suggestion is one of these)."""
 
     def __post_init__(self) -> None:
-        check_max_len(self.max_len)
+        # The lengths `packtool pack` accepts (rows of one token are refused there too).
+        check_max_len(self.max_len, minimum=2)
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size!r}")
         if not self.candidates or any(c < 1 for c in self.candidates):
@@ -72,7 +74,13 @@ class StatsConfig:
                 f"candidates must be a non-empty tuple of positive lengths, got {self.candidates!r}"
             )
         for c in self.candidates:
-            check_max_len(c, "candidate max length")
+            check_max_len(c, "candidate max length", minimum=2)
+
+    def check_room_for_text(self, eos_id: int | None, bos_id: int | None) -> None:
+        """Refuse, as `packtool pack` does, a max length that BOS + EOS fill (`ConfigError`)."""
+        check_room_for_text(self.max_len, eos_id, bos_id)
+        for c in self.candidates:
+            check_room_for_text(c, eos_id, bos_id, name="candidate max length")
 
 
 # --- the pure statistics (arrays in, numbers out) ---
@@ -453,13 +461,16 @@ def compute_stats(
 
     Raises:
         DataError: unreadable or mixed inputs, or no documents at all.
+        ConfigError: a max length (or candidate) that BOS + EOS fill, which `pack` refuses.
     """
     from packtool.corpus import SkipCounter
     from packtool.tokenize import input_identity, read_lengths, tokenized_batches
 
     inputs = list(inputs)
+    config = config or StatsConfig()
     identity = input_identity(inputs)
     if identity is not None:
+        config.check_room_for_text(identity.eos_id, identity.bos_id)
         lengths = read_lengths(inputs)
         if not lengths.size:
             raise DataError(f"no documents in {', '.join(map(str, inputs))} (tokenized, 0 rows)")
@@ -470,6 +481,7 @@ def compute_stats(
             from packtool.tokenizers import load_tokenizer
 
             tokenizer = load_tokenizer(tokenizer or "byte", workers=workers)
+        config.check_room_for_text(tokenizer.identity.eos_id, tokenizer.identity.bos_id)
         parts = [
             t.column("length").to_numpy()
             for t in tokenized_batches(

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from packtool.cli import cli
-from tests.cli import run
+from tests.cli import one_error_line, run
 
 SAMPLE = "sample_data/corpus.jsonl"
 
@@ -114,3 +114,20 @@ def test_sample_data_end_to_end(capsys):
     assert d["inputs"]["skipped"] == {"empty": 6}
     assert d["lower_bound_rows"]["l1"] <= d["lower_bound_rows"]["l2"] <= d["packed"]["rows"]
     assert d["suggested_max_len"] in [c["max_len"] for c in d["candidates"]]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--max-len", "1"],
+        ["--max-len", "1", "--no-eos"],
+        ["--max-len", "2", "--bos-id", "default"],
+    ],
+)
+def test_max_lengths_pack_refuses_are_refused_with_packs_message(small_corpus, tmp_path, args):
+    code, _, err = run("stats", small_corpus, *args)
+    assert code == 1
+    line = one_error_line(err)
+    code, _, pack_err = run("pack", small_corpus, "-o", tmp_path / "p", *args)
+    assert code == 1
+    assert line == one_error_line(pack_err)

@@ -205,8 +205,11 @@ def test_render_mentions_the_figures():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"max_len": 0}, "max_len must be a positive integer, got 0"),
-        ({"max_len": 1.5}, "max_len must be a positive integer, got 1.5"),
+        # The lengths `packtool pack` refuses, with its message (PackConfig).
+        ({"max_len": 0}, "^max_len must be an integer >= 2, got 0$"),
+        ({"max_len": 1}, "^max_len must be an integer >= 2, got 1$"),
+        ({"max_len": 1.5}, "^max_len must be an integer >= 2, got 1.5$"),
+        ({"candidates": (512, 1)}, "^candidate max length must be an integer >= 2, got 1$"),
         ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
         ({"candidates": ()}, "candidates must be a non-empty tuple"),
         ({"candidates": (512, -1)}, "candidates must be a non-empty tuple"),
@@ -215,6 +218,30 @@ def test_render_mentions_the_figures():
 def test_config_validation(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         StatsConfig(**kwargs)
+
+
+def test_max_lengths_that_bos_and_eos_fill_are_refused_as_pack_refuses_them(tmp_path):
+    from packtool.tokenize import tokenize_corpus
+    from packtool.tokenizers import load_tokenizer
+
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "abc"}\n')
+    both = load_tokenizer("byte", bos="default")  # BOS + EOS: 2 tokens a document
+    tokenize_corpus([src], tmp_path / "tok.parquet", tokenizer=both, progress=False)
+    packs_message = (
+        "--max-len 2 leaves no room for text: every document already takes 2 tokens for BOS "
+        "and EOS; use --max-len 3 or more"
+    )
+    # Raw input with that tokenizer, and tokenized input that recorded it.
+    for inputs, tokenizer in [([src], both), ([tmp_path / "tok.parquet"], None)]:
+        with pytest.raises(ConfigError) as info:
+            compute_stats(inputs, StatsConfig(max_len=2, candidates=(64,)), tokenizer=tokenizer)
+        assert str(info.value) == packs_message
+        with pytest.raises(ConfigError, match="^candidate max length 2 leaves no room for text"):
+            compute_stats(inputs, StatsConfig(max_len=64, candidates=(2, 64)), tokenizer=tokenizer)
+    # EOS alone leaves one token a row, which pack allows: so does stats.
+    s = compute_stats([src], StatsConfig(max_len=2, candidates=(2,)), tokenizer="byte")
+    assert (s.tokens, s.chunks) == (4, 2)
 
 
 def test_bad_lengths():
