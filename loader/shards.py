@@ -18,14 +18,13 @@ import os
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.errors import DataError
-from packtool.manifest import Manifest, read_manifest, sha256_file
+from packtool.manifest import Manifest, dataset_folder, read_manifest, sha256_file
 
 _COLUMNS = ("input_ids", "doc_offsets", "doc_ids")
 
@@ -180,7 +179,7 @@ class ShardStore:
     def __init__(
         self, path: str | os.PathLike, *, verify: bool = False, cache_bytes: int = 256 << 20
     ) -> None:
-        self.path = Path(path)
+        self.path = dataset_folder(path)  # the folder, also when given its index.json
         self.manifest: Manifest = read_manifest(self.path)
         self.cache_bytes = int(cache_bytes)
         self.max_len = int(self.manifest.max_len)

@@ -38,14 +38,15 @@ def cli() -> None:
 
 
 @cli.command("verify")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.argument("directory", type=click.Path(path_type=str), metavar="DATASET")
 @click.option(
     "--no-checksums", is_flag=True, help="Skip recomputing sha256 (sizes are still checked)."
 )
 def verify_cmd(directory: str, no_checksums: bool) -> None:
     """Re-check a packed dataset: checksums, schema, offsets, token ids, totals.
 
-    Prints one OK line, or names the first problem and exits 1.
+    DATASET: the folder `packtool pack` wrote, or its index.json. Prints one OK line, or names
+    the first problem and exits 1.
     """
     from packtool.verify import verify_dataset
 
@@ -56,7 +57,7 @@ def verify_cmd(directory: str, no_checksums: bool) -> None:
 
 
 @cli.command("inspect")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.argument("directory", type=click.Path(path_type=str), metavar="DATASET")
 @click.option(
     "--row", type=int, default=None, help="List the documents of this global row (0-based)."
 )

@@ -42,6 +42,13 @@ def test_reads_rows_exactly(hand_dataset):
     assert sq.tolist() == [13.0, 16.0, 3.0]
 
 
+def test_index_json_path_opens_its_dataset(hand_dataset):
+    by_file = ShardStore(hand_dataset / "index.json")
+    assert by_file.path == hand_dataset
+    assert by_file.gather(np.array([2, 0]))[0].tolist() == [10, 11, 12, 1, 2, 3, 4, 5]
+    assert len(list(PackedDataset(hand_dataset / "index.json", rows_per_batch=1))) == 3
+
+
 def test_cache_is_bounded(tmp_path):
     rows = [[[i] * 5] for i in range(40)]
     write_dataset(tmp_path, rows, max_len=5, row_group_rows=4)

@@ -68,6 +68,16 @@ def test_valid_dataset_verifies(packed_dataset_factory, capsys):
     assert len(out.strip().splitlines()) == 1
 
 
+def test_cli_takes_the_index_json_path_too(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS, row_group_size=2)
+    code, out, err = run_cli(["verify", str(d / INDEX_FILE)], capsys)
+    assert code == 0, err
+    assert out.startswith(f"OK {d}: 2 shards, 6 rows")
+    code, out, err = run_cli(["inspect", str(d / INDEX_FILE), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["summary"]["rows"] == 6
+
+
 def test_uint32_tokens_for_large_vocab(packed_dataset_factory):
     d = packed_dataset_factory([[[(0, 0, [70_000, 3, 65_535])]]], vocab_size=100_000, max_len=4)
     assert verify_dataset(d).tokens == 3
