@@ -162,7 +162,7 @@ def _chunked_efficiency(table: pa.Table, chunk: int, max_len: int) -> float:
     return tokens / (rows * max_len)
 
 
-def bench_end_to_end(copies: int = 10) -> str:
+def bench_end_to_end(copies: int = 10, repeat: int = 4) -> str:
     from benchmarks.bench_tokenize import gpt2_ranks, library_call, repeated_corpus
     from packtool.tokenizers import load_tokenizer
 
@@ -175,9 +175,11 @@ def bench_end_to_end(copies: int = 10) -> str:
 
     lib = library_call(tok)
     lib(texts[:1000])  # warm-up
-    t_tok = min(_time(lambda: lib(texts)) for _ in range(2))
-    results = []
-    for _ in range(2):
+    # The two alternate, best of `repeat` each: on a shared 2-core box a burst of load then
+    # slows both alike (one baseline timing before the pack runs read anywhere from 4 to 18 %).
+    lib_times, results = [], []
+    for _ in range(repeat):
+        lib_times.append(_time(lambda: lib(texts)))
         with tempfile.TemporaryDirectory() as tmp:
             cmd = [
                 sys.executable, "-c",
@@ -197,8 +199,9 @@ def bench_end_to_end(copies: int = 10) -> str:
             summary = json.loads(out[: out.rindex("RSS")])
             rss = int(out.rsplit("RSS", 1)[1]) / 1024
             results.append((wall, summary, rss))
+    t_tok = min(lib_times)
     wall, summary, rss = min(results, key=lambda r: r[0])
-    inside = summary["seconds"]["total"]
+    inside = min(r[1]["seconds"]["total"] for r in results)
     tokens = summary["counts"]["tokens_in"]
     rows = [
         ["tiktoken alone (`encode_ordinary_batch`, same texts, 2 threads)", f"{t_tok:.2f}", "", ""],
@@ -219,7 +222,8 @@ def bench_end_to_end(copies: int = 10) -> str:
     return (
         f"End to end: `packtool pack` on sample_data x{copies} as raw JSONL "
         f"({corpus.stat().st_size / 2**20:.0f} MiB, {tokens / 1e6:.1f} M GPT-2 tokens, "
-        f"tiktoken with the real GPT-2 ranks) at max_len 4096 on 2 cores ({stages}):\n\n"
+        f"tiktoken with the real GPT-2 ranks) at max_len 4096 on 2 cores ({stages}); "
+        f"tiktoken and `packtool pack` alternate, best of {repeat} each:\n\n"
         + markdown_table(["run", "seconds", "beyond tokenization", "peak RSS MiB"], rows)
     )
 
