@@ -34,6 +34,10 @@ def cli() -> None:
     """
 
 
+WORKERS_HELP = (
+    "Tokenizer threads (also sets RAYON_NUM_THREADS for HF tokenizers) [default: all cores]."
+)
+
 # --- commands are registered below; keep each one thin over a library function ---
 
 
@@ -189,12 +193,7 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     metavar="NAME",
     help="Carry this JSONL field / Parquet column along as a string column (repeatable).",
 )
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Tokenizer threads (also sets RAYON_NUM_THREADS for HF tokenizers) [default: all cores].",
-)
+@click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @corpus_options
 def tokenize_cmd(
@@ -272,9 +271,7 @@ def _explicit(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     metavar="FILE.png",
     help="Draw the length histogram with the max length marked.",
 )
-@click.option(
-    "--workers", type=click.IntRange(min=1), default=None, help="Threads [default: all cores]."
-)
+@click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
 @corpus_options
 @click.pass_context
 def stats_cmd(
@@ -400,9 +397,7 @@ def stats_cmd(
 )
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted run in the same folder.")
-@click.option(
-    "--workers", type=click.IntRange(min=1), default=None, help="Threads [default: all cores]."
-)
+@click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
 @click.option(
     "--engine",
     type=click.Choice(["local", "ray"]),
