@@ -20,16 +20,12 @@ STRATEGIES = ("ffd", "bucketed")
 """`OnlineConfig.strategy` values."""
 
 
-def check_int(name: str, value: Any, lo: int) -> None:
-    """Raise a `ConfigError` unless `value` is an integer >= `lo` (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise ConfigError(f"{name} must be an integer >= {lo}, got {value!r}")
-
-
-def need_int(name: str, value: Any) -> None:
-    """Raise a `ConfigError` unless `value` is an integer (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
+def check_int(name: str, value: Any, lo: int | None = None) -> None:
+    """Raise a `ConfigError` unless `value` is an integer (>= `lo` when given; bools refused)."""
+    wrong_type = isinstance(value, bool) or not isinstance(value, (int, np.integer))
+    if wrong_type or (lo is not None and value < lo):
+        bound = "" if lo is None else f" >= {lo}"
+        raise ConfigError(f"{name} must be an integer{bound}, got {value!r}")
 
 
 def make_config(cls: type, settings: dict[str, Any]) -> Any:
@@ -94,9 +90,9 @@ class LoaderConfig:
         # "False" would switch an option on; both silently.
         for name in ("rows_per_batch", "tokens_per_batch", "max_docs_per_batch"):
             if getattr(self, name) is not None:
-                need_int(name, getattr(self, name))
+                check_int(name, getattr(self, name))
         for name in ("seed", "shuffle_window", "pad_id", "cache_bytes"):
-            need_int(name, getattr(self, name))
+            check_int(name, getattr(self, name))
         for name in ("shuffle", "drop_last", "static_shape", "balance", "verify"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
