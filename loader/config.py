@@ -223,14 +223,23 @@ def static_max_docs(config: LoaderConfig, n_docs: np.ndarray) -> int:
 
 
 def dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """This process's (rank, world size): the explicit values, else torch.distributed's, else (0, 1)."""
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    import torch.distributed as dist
+    """This process's (rank, world size): the explicit values, else torch.distributed's, else (0, 1).
 
-    if dist.is_available() and dist.is_initialized():
-        return (
-            dist.get_rank() if rank is None else rank,
-            dist.get_world_size() if world_size is None else world_size,
+    Raises:
+        ConfigError: Either is not an integer, or the rank is not in [0, world_size).
+    """
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+        rank = 0 if rank is None else rank
+        world_size = 1 if world_size is None else world_size
+    check_int("rank", rank)
+    check_int("world_size", world_size)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(
+            f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}"
         )
-    return (0 if rank is None else rank), (1 if world_size is None else world_size)
+    return rank, world_size

@@ -27,7 +27,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.balance import imbalance, row_cost
 from loader.collate import collate
-from loader.config import LoaderConfig, check_int, dist_rank_world, make_config, static_max_docs
+from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
 from loader.order import EpochPlan, plan_epoch, rank_rows, worker_block_starts
 from loader.resume import check_state, make_state, merge_loader_state, resume_point
 from loader.shards import ShardStore
@@ -76,12 +76,6 @@ class PackedDataset(IterableDataset):
             )
         self.config = config
         self.rank, self.world_size = dist_rank_world(rank, world_size)
-        check_int("rank", self.rank)
-        check_int("world_size", self.world_size)
-        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ConfigError(
-                f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world_size}"
-            )
         self.store = ShardStore(path, verify=config.verify, cache_bytes=config.cache_bytes)
         self.fingerprint = self.store.manifest.fingerprint
         max_len = self.store.max_len

@@ -101,10 +101,6 @@ class StreamingPackedDataset(IterableDataset):
         self.shard_by = shard_by
         self.collate_kwargs = dict(collate_kwargs or {})
         self.rank, self.world_size = dist_rank_world(rank, world_size)
-        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ConfigError(
-                f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world_size}"
-            )
         if isinstance(inputs, (str, os.PathLike)):
             inputs = [inputs]
         self.paths = expand_inputs(inputs)

@@ -257,3 +257,11 @@ def test_every_damaged_part_of_a_state_is_a_clear_error(tokenized) -> None:
     # The intact state still loads and continues.
     target.load_state_dict(state)
     assert len(list(target)) > 0
+
+
+@pytest.mark.parametrize(("rank", "world"), [(0.5, 2), ("0", 2), (0, 2.0), (True, 2)])
+def test_rank_and_world_size_must_be_integers(tokenized, rank, world) -> None:
+    # Before: only the range was checked, as PackedDataset did before it checked types too; a
+    # string rank was a TypeError, a float one made float document indices.
+    with pytest.raises(ConfigError, match=r"(rank|world_size) must be an integer, got"):
+        make(tokenized[0], rank=rank, world_size=world)
