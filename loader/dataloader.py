@@ -14,6 +14,7 @@ from typing import Any
 from torch.utils.data import DataLoader, get_worker_info
 
 from loader.dataset import CHUNK, PackedDataset
+from loader.order import EpochPlan
 from loader.transport import CompactBatch, Ring
 
 
@@ -60,13 +61,14 @@ class PackedDataLoader(DataLoader):
         self._packed: PackedDataset = dataset
         self._user_worker_init = self.worker_init_fn
         self._ring: Ring | None = None
-        # (epoch, origin, consumed steps, plan): the state dict is built on request only. It is
-        # valid while the dataset's generation is the one seen then (no set_epoch /
-        # load_state_dict since); None: not iterated yet, the dataset's start point holds.
-        self._position = (dataset.epoch, 0, 0, dataset.plan(dataset.epoch))
+        # (epoch, origin, consumed steps, plan) after the last batch handed out: the state dict
+        # is built on request only. It holds while the dataset's generation is the one seen when
+        # this iteration began (no set_epoch / load_state_dict since); otherwise, and before the
+        # first iteration (None), the dataset's pending start is the position.
+        self._position: tuple[int, int, int, EpochPlan] | None = None
         self._generation: int | None = None
 
-    def _new_ring(self, plan) -> Ring:
+    def _new_ring(self, plan: EpochPlan) -> Ring:
         ds = self._packed
         # A worker can have its in-flight items (CHUNK batches each) plus one block waiting for
         # earlier blocks.
@@ -83,8 +85,7 @@ class PackedDataLoader(DataLoader):
     def __iter__(self) -> Iterator[dict]:
         ds = self._packed
         shared = ds._shared
-        epoch = int(shared[0])
-        origin, first = (int(shared[1]), int(shared[2])) if shared[3] else (0, 0)
+        epoch, origin, first = ds.pending_start()
         plan = ds.plan(epoch, origin)
         self._position = (epoch, origin, first, plan)
         self._generation = ds._generation
@@ -136,12 +137,12 @@ class PackedDataLoader(DataLoader):
         return {"packed_dataset": ds._state(*self._position)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from `state_dict()` (also accepts a StatefulDataLoader or dataset state)."""
+        """Resume from `state_dict()` (also accepts a StatefulDataLoader or dataset state).
+
+        The dataset's new generation makes `state_dict()` report its resume point until the next
+        iteration starts there.
+        """
         self._packed.load_state_dict(state)
-        ds = self._packed
-        epoch, origin, first = ds.pending_start()
-        self._position = (epoch, origin, first, ds.plan(epoch, origin))
-        self._generation = ds._generation
 
 
 def make_dataloader(dataset: PackedDataset, **kwargs: Any) -> PackedDataLoader:

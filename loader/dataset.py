@@ -152,9 +152,8 @@ class PackedDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Steps this rank runs in the current epoch (from the resume point, if any)."""
-        plan = self.plan(self.epoch, int(self._shared[1]) if self._shared[3] else 0)
-        start = int(self._shared[2]) if self._shared[3] else 0
-        return max(plan.num_steps - start, 0)
+        epoch, origin, first = self.pending_start()
+        return max(self.plan(epoch, origin).num_steps - first, 0)
 
     def rows_for(self, plan: EpochPlan, step: int, rank: int | None = None) -> np.ndarray:
         """Row ids a rank trains on at a global step (empty: filler)."""
@@ -259,10 +258,7 @@ class PackedDataset(IterableDataset):
             self._local_resume = None
             stride_first = first  # a worker's own next step, restored by StatefulDataLoader
         else:
-            epoch = int(self._shared[0])
-            origin, first = (
-                (int(self._shared[1]), int(self._shared[2])) if self._shared[3] else (0, 0)
-            )
+            epoch, origin, first = self.pending_start()
             stride_first = first + worker
         plan = self.plan(epoch, origin)
         self._iter_epoch, self._iter_origin = epoch, origin
@@ -414,7 +410,8 @@ class PackedDataset(IterableDataset):
         self._generation += 1
 
     def pending_start(self) -> tuple[int, int, int]:
-        """`(epoch, origin, first step)` where the next iteration starts (main process)."""
+        """`(epoch, origin, first step)` where the next iteration starts: the pending resume
+        point, else the start of the epoch set last (shared with the workers)."""
         shared = self._shared
         origin, first = (int(shared[1]), int(shared[2])) if shared[3] else (0, 0)
         return int(shared[0]), origin, first

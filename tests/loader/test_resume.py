@@ -175,6 +175,10 @@ def test_state_of_a_resumed_loader_before_iterating_is_the_resume_point(random_d
     ds = PackedDataset(random_dataset, **SETTINGS)
     ds.load_state_dict(state)  # the dataset, not the loader: the loader must still report it
     assert PackedDataLoader(ds).state_dict() == state
+    dl = PackedDataLoader(PackedDataset(random_dataset, **SETTINGS))
+    list(itertools.islice(dl, 2))
+    dl.load_state_dict(state)  # the loader itself, after it has run: the loaded point wins
+    assert dl.state_dict() == state
 
 
 def test_resume_at_the_end_of_an_epoch_and_after_the_last(random_dataset, reference):
