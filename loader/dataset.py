@@ -398,11 +398,11 @@ class PackedDataset(IterableDataset):
         """
         merged = merge_loader_state(state)
         if merged is None:
-            self._check(state)
+            merged = state
             if get_worker_info() is not None:
+                self._check(state)
                 self._local_resume = self._resume_point(state, own_step=True)
                 return
-            merged = state
         self._check(merged)
         epoch, origin, first = self._resume_point(merged, own_step=False)
         self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, origin, first, 1

@@ -207,14 +207,15 @@ class OnlinePacker:
 
     def push_docs(self, docs: Iterable[Any]) -> None:
         """Add documents given one token array (or list of ints) each."""
-        arrays = [_doc_array(d, i) for i, d in enumerate(docs)]
+        self._push_arrays([_doc_array(d, i) for i, d in enumerate(docs)])
+
+    def _push_arrays(self, arrays: list[NDArray]) -> None:
+        """Add documents that `_doc_array` made 1-D integer arrays."""
         if not arrays:
             return
         lengths = np.fromiter((len(a) for a in arrays), np.int64, len(arrays))
         non_empty = [a for a in arrays if len(a)]
         tokens = np.concatenate(non_empty) if non_empty else np.zeros(0, np.int64)
-        if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
-            raise DataError(f"token ids must be integers, got dtype {tokens.dtype}")
         self.push(tokens, lengths)
 
     def _add(self, part: Segments) -> None:
@@ -402,6 +403,10 @@ class OnlinePacker:
                 part missing or malformed; loader/online_state.py checks every part).
         """
         check_packer_state(state, self.config)
+        self._set_state(state)
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        """Take over a state that `check_packer_state` passed (also inside a dataset's state)."""
         self.seed_key = tuple(state["seed_key"])
         buf = state["buffer"]
         self._parts = [] if buf is None else [Segments.from_state(buf)]
@@ -434,7 +439,7 @@ class OnlinePacker:
             for item in source:
                 if isinstance(item, (pa.Table, pa.RecordBatch)):
                     if pending:
-                        self.push_docs(pending)
+                        self._push_arrays(pending)
                         pending = []
                     self.push_table(item)
                 else:
@@ -442,7 +447,7 @@ class OnlinePacker:
                     pending.append(_doc_array(item, self._next_doc_id + len(pending)))
                     if len(pending) < docs_per_push:
                         continue
-                    self.push_docs(pending)
+                    self._push_arrays(pending)
                     pending = []
                 out = self.pop()
                 if out.n_rows:
@@ -451,10 +456,10 @@ class OnlinePacker:
             # The source failed, a document was bad, or the consumer stopped: the documents
             # already handed over stay in the packer, so flush() + pop() still return them.
             if pending:
-                self.push_docs(pending)
+                self._push_arrays(pending)
             raise
         if pending:
-            self.push_docs(pending)
+            self._push_arrays(pending)
         self.flush(final=True)
         out = self.pop()
         if out.n_rows:

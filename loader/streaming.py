@@ -310,7 +310,7 @@ class StreamingPackedDataset(IterableDataset):
         live["epoch"] = state["epoch"]
         live["next_group"] = state["next_group"]
         live["done"] = state["done"]
-        live["packer"].load_state_dict(state["packer"])
+        live["packer"]._set_state(state["packer"])  # checked by load_state_dict (_check_live)
         live["batcher"].pending = PackedRows.from_state(state["pending"])
         live["ready"] = [PackedRows.from_state(r) for r in state["ready"]]
 

@@ -14,7 +14,6 @@ import io
 from pathlib import Path
 from typing import Any
 
-COMPRESSED_SUFFIXES = (".gz", ".zst")
 BUFFER_BYTES = 1 << 20
 
 
@@ -26,14 +25,6 @@ def compression_of(path: Path) -> str | None:
     if name.endswith(".zst"):
         return "zstd"
     return None
-
-
-def strip_compression(name: str) -> str:
-    """`a.txt.gz` -> `a.txt` (case kept); other names unchanged."""
-    for suffix in COMPRESSED_SUFFIXES:
-        if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
-    return name
 
 
 def open_stream(path: Path) -> io.BufferedIOBase:

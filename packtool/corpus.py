@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from packtool.compressed import open_stream, strip_compression, zstd_error
+from packtool.compressed import open_stream, zstd_error
 from packtool.errors import ConfigError, DataError
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
@@ -339,7 +339,7 @@ def _read_text(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_
 
 def _json_array_file(path: Path) -> bool:
     """A `.json` file whose first non-blank byte is `[`: one JSON array, not JSON Lines."""
-    if not strip_compression(path.name).lower().endswith(".json"):
+    if not path.name.lower().endswith(JSON_SUFFIXES):
         return False
     with open_stream(path) as f:
         head = f.read(4096).removeprefix(_BOM).lstrip()
