@@ -163,6 +163,10 @@ class SkipCounter:
         ]
         return f"{self.total} skipped: " + "; ".join(parts)
 
+    def note(self) -> str:
+        """` (<summary>)` to end an error message with, or "" when nothing was skipped."""
+        return f" ({self.summary()})" if self.total else ""
+
 
 def file_kind(path: Path) -> str:
     """`jsonl`, `parquet` or `text`, from the file name."""

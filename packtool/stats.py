@@ -490,8 +490,7 @@ def compute_stats(
         ]
         lengths = np.concatenate(parts) if parts else np.empty(0, np.int64)
         if not lengths.size:
-            detail = f" ({skips.summary()})" if skips.total else ""
-            raise DataError(f"no documents in {', '.join(map(str, inputs))}{detail}")
+            raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")
         info = {
             "kind": "raw",
             "tokenizer": tokenizer.identity.to_dict(),

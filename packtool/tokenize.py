@@ -406,8 +406,7 @@ def tokenize_corpus(
                 write_q.close()
         if bar.docs == 0:
             # As `stats` and `pack` do: an output without a document is a mistake, not a result.
-            detail = f" ({skips.summary()})" if skips.total else ""
-            raise DataError(f"no documents in {', '.join(map(str, inputs))}{detail}")
+            raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")
         files = writer.close()
     except BaseException:
         writer.abort()

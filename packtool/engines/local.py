@@ -374,9 +374,9 @@ def finish_run(
     other_skips = skips.total - empty_read
 
     if counts.documents_in == 0:
-        raise DataError(f"no documents found in {', '.join(config.inputs)}" + _skip_note(skips))
+        raise DataError(f"no documents found in {', '.join(config.inputs)}" + skips.note())
     if counts.tokens_out == 0:
-        raise DataError("every document was empty or dropped; nothing to pack" + _skip_note(skips))
+        raise DataError("every document was empty or dropped; nothing to pack" + skips.note())
     if config.pack.group_by is not None and set(groups) == {""}:
         raise ConfigError(
             f"--group-by {config.pack.group_by!r}: no document has this field "
@@ -429,7 +429,3 @@ def finish_run(
     write_manifest(out, manifest)
     (out / STATE_FILE).unlink(missing_ok=True)
     return summary
-
-
-def _skip_note(skips: SkipCounter) -> str:
-    return f" ({skips.summary()})" if skips.total else ""

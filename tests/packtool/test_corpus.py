@@ -239,6 +239,13 @@ def test_skip_counter_keeps_a_few_examples():
     assert SkipCounter().summary() == "no skips"
 
 
+def test_skip_note_ends_an_error_message_only_when_something_was_skipped():
+    assert SkipCounter().note() == ""
+    skips = SkipCounter()
+    skips.add("empty", "f:3")
+    assert skips.note() == " (1 skipped: empty 1 (e.g. f:3))"
+
+
 def test_text_field_missing_everywhere_is_an_error_naming_the_fields(tmp_path):
     path = write_corpus(tmp_path / "c.jsonl")
     with pytest.raises(
