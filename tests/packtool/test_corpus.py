@@ -304,6 +304,26 @@ def test_parquet_nulls_binary_and_wrong_types(tmp_path):
         ("c.jsonl.gz", b"not gzip", "cannot read"),
         ("c.jsonl.zst", b"not zstd data here", "corrupt zstd stream"),
         ("c.jsonl.gz", gzip.compress(b'{"text": "a"}\n' * 100)[:-20], "truncated"),
+        ("c.txt.gz", b"plain text, not gzip", "cannot read"),
+        ("c.txt.zst", b"plain text, not zstd", "corrupt zstd stream"),
+        ("c.txt.gz", gzip.compress(b"x" * 1000)[:-12], "truncated"),
+        ("c.txt.zst", zstandard.ZstdCompressor().compress(b"abc" * 5000)[:-7], "truncated"),
+        (
+            "c.jsonl.zst",
+            zstandard.ZstdCompressor().compress(b'{"text": "a"}\n' * 5000)[:-7],
+            "truncated",
+        ),
+    ],
+    ids=[
+        "not-parquet",
+        "not-gzip-jsonl",
+        "not-zstd-jsonl",
+        "truncated-gzip-jsonl",
+        "not-gzip-text",
+        "not-zstd-text",
+        "truncated-gzip-text",
+        "truncated-zstd-text",
+        "truncated-zstd-jsonl",
     ],
 )
 def test_corrupt_files_are_one_line_errors(tmp_path, name, data, match):
