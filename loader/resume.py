@@ -9,7 +9,7 @@ would otherwise repeat or skip rows without a word.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,15 @@ def make_state(
     }
 
 
+def _bad_field(state: dict[str, Any], keys: Iterable[str]) -> str | None:
+    """The first of `keys` that `state` lacks or holds with a type `STATE_FIELDS` refuses."""
+    for key in keys:
+        value = state.get(key)
+        if value is None or isinstance(value, bool) or not isinstance(value, STATE_FIELDS[key]):
+            return key
+    return None
+
+
 def check_state(state: dict[str, Any], *, fingerprint: str, seed: int, path: Any) -> None:
     """Refuse a state that is not a well-formed `PackedDataset` state of this dataset and seed.
 
@@ -62,12 +71,12 @@ def check_state(state: dict[str, Any], *, fingerprint: str, seed: int, path: Any
         raise DataError(
             f"not a PackedDataset state (version {state.get('version') if isinstance(state, dict) else None!r})"
         )
-    for key, kind in STATE_FIELDS.items():
-        value = state.get(key)
-        if value is None or isinstance(value, bool) or not isinstance(value, kind):
-            raise DataError(
-                f"malformed PackedDataset state: {key!r} is {value!r}; the checkpoint is damaged"
-            )
+    key = _bad_field(state, STATE_FIELDS)
+    if key is not None:
+        raise DataError(
+            f"malformed PackedDataset state: {key!r} is {state.get(key)!r}; the checkpoint is "
+            "damaged"
+        )
     if state["fingerprint"] != fingerprint:
         raise DataError(
             f"the state was saved on dataset {state['fingerprint']} but this is {fingerprint} "
@@ -150,9 +159,8 @@ def merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:
     if not states:
         raise DataError("the StatefulDataLoader state holds no PackedDataset state")
     for s in states:
-        if not isinstance(s, dict) or not all(
-            isinstance(s.get(k), (int, np.integer)) for k in ("epoch", "next_step")
-        ):
+        # Every worker's position is compared (the smallest is kept): each must be well-typed.
+        if not isinstance(s, dict) or _bad_field(s, ("epoch", "next_step")) is not None:
             raise DataError(
                 "malformed PackedDataset state inside the StatefulDataLoader state; the "
                 "checkpoint is damaged"

@@ -142,13 +142,21 @@ def test_state_missing_a_key_is_a_clear_error(random_dataset, key):
         PackedDataset(random_dataset, **SETTINGS).load_state_dict(state)
 
 
-def test_stateful_dataloader_state_with_damaged_worker_state(random_dataset):
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("next_step", "x"),
+        # Not the smallest position, so it used to be passed over: a damaged state resumed.
+        ("epoch", True),
+    ],
+)
+def test_stateful_dataloader_state_with_damaged_worker_state(random_dataset, key, value):
     sdl = StatefulDataLoader(
         PackedDataset(random_dataset, **SETTINGS), batch_size=None, num_workers=2
     )
     list(itertools.islice(sdl, 2))
     state = sdl.state_dict()
-    state["_snapshot"]["_worker_snapshots"]["worker_1"]["dataset_state"]["next_step"] = "x"
+    state["_snapshot"]["_worker_snapshots"]["worker_1"]["dataset_state"][key] = value
     with pytest.raises(DataError, match="malformed PackedDataset state"):
         PackedDataset(random_dataset, **SETTINGS).load_state_dict(state)
 
