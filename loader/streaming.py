@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.config import OnlineConfig, dist_rank_world, make_config
 from loader.online import OnlinePacker
-from loader.online_state import StateCheck, check_packer_state, check_rows_state, settings_diff
+from loader.online_state import (
+    StateCheck,
+    check_packer_state,
+    check_rows_state,
+    config_state,
+    settings_diff,
+)
 from loader.rows import PackedRows, RowBatcher
 from packtool.corpus import expand_inputs
 from packtool.errors import ConfigError, DataError
@@ -219,7 +224,7 @@ class StreamingPackedDataset(IterableDataset):
         return {
             "files": [Path(p).name for p in self.paths],
             "documents": self.num_documents,
-            "config": {f.name: getattr(self.config, f.name) for f in fields(self.config)},
+            "config": config_state(self.config),
             "rows_per_batch": self.rows_per_batch,
             "tokens_per_batch": self.tokens_per_batch,
             "drop_last": self.drop_last,
