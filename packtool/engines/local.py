@@ -22,12 +22,13 @@ import numpy as np
 import pyarrow as pa
 
 from packtool import kernels, stats
-from packtool.corpus import ReadConfig, SkipCounter, expand_inputs
+from packtool.corpus import ReadConfig, SkipCounter
 from packtool.engines.preflight import (
     STATE_FILE,
     Checked,
     check_fingerprint,
     check_inputs,
+    fingerprint_of,
     output_folder,
 )
 from packtool.errors import ConfigError, DataError
@@ -176,27 +177,6 @@ def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
         yield pa.concat_tables(pending).combine_chunks()
 
 
-def _fingerprint(config: RunConfig, tokenizer_identity: dict[str, Any]) -> dict[str, Any]:
-    """Everything that determines the output bytes; a resume must match it exactly."""
-    # Every file the inputs expand to, with its size and modification time: a file added to an
-    # input folder, or edited, between the interrupted run and the resume changes the documents.
-    inputs = [
-        [str(p), st.st_size, st.st_mtime_ns]
-        for p in expand_inputs(config.inputs)
-        for st in (p.stat(),)
-    ]
-    fingerprint = {
-        "inputs": inputs,
-        "pack": asdict(config.pack),
-        "shards": asdict(config.shards),
-        "read": asdict(config.read),
-        "tokenizer": tokenizer_identity,
-        "chunk_docs": config.chunk_docs,
-    }
-    # Compare in the form the state file stores it (tuples become lists).
-    return json.loads(json.dumps(fingerprint))
-
-
 def _check_done_shards(out: Path, infos: Sequence[ShardInfo]) -> None:
     for info in infos:
         path = out / info.file
@@ -224,7 +204,7 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
 def _run_local(config: RunConfig, checked: Checked, state: dict[str, Any] | None) -> PackSummary:
     out = Path(config.out_dir)
     tokenizer = checked.tokenizer
-    fingerprint = _fingerprint(config, checked.identity)
+    fingerprint = fingerprint_of(config, checked)
     done: list[dict[str, Any]] = []
     if state is not None:
         if state.get("engine", "local") != "local":

@@ -6,6 +6,8 @@
 2. `output_folder`: create or check the output folder (or load the state of the run to resume),
    and, when a fresh run fails before any chunk is recorded, remove what it wrote, so that the
    corrected command needs no `--overwrite`.
+3. `fingerprint_of` / `check_fingerprint`: what a `--resume` must match (options, tokenizer, and
+   the files `check_inputs` expanded the inputs to).
 
 The local and the Ray engine both go through here; neither repeats these checks.
 """
@@ -16,10 +18,11 @@ import json
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from packtool.corpus import expand_inputs
 from packtool.errors import ConfigError, DataError, make_output_folder
 from packtool.manifest import INDEX_FILE
 from packtool.pack import check_room_for_text
@@ -44,6 +47,8 @@ class Checked:
     """The tokenizer identity `index.json` records."""
     tokenized: bool
     """The inputs are tokenized Parquet (nothing is encoded)."""
+    paths: list[Path]
+    """Every file the inputs expand to (`corpus.expand_inputs`), in reading order."""
 
 
 def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
@@ -58,7 +63,8 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
         DataError: a missing input, or a tokenizer that differs from the recorded one.
         ConfigError: inputs of both kinds, or a `max_len` that BOS + EOS fill.
     """
-    recorded = input_identity(config.inputs)
+    paths = expand_inputs(config.inputs)
+    recorded = input_identity(paths)
     if tokenizer is None and recorded is None:
         from packtool.tokenizers import load_tokenizer
 
@@ -67,7 +73,9 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
         check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])
     identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
     check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
-    return Checked(tokenizer=tokenizer, identity=identity, tokenized=recorded is not None)
+    return Checked(
+        tokenizer=tokenizer, identity=identity, tokenized=recorded is not None, paths=paths
+    )
 
 
 @contextmanager
@@ -87,6 +95,23 @@ def output_folder(config: RunConfig) -> Iterator[dict[str, Any] | None]:
         if state is None:
             _discard_unstarted(out, created)
         raise
+
+
+def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
+    """Everything that determines the output bytes; a resume must match it exactly."""
+    # Every file the inputs expand to, with its size and modification time: a file added to an
+    # input folder, or edited, between the interrupted run and the resume changes the documents.
+    inputs = [[str(p), st.st_size, st.st_mtime_ns] for p in checked.paths for st in (p.stat(),)]
+    fingerprint = {
+        "inputs": inputs,
+        "pack": asdict(config.pack),
+        "shards": asdict(config.shards),
+        "read": asdict(config.read),
+        "tokenizer": checked.identity,
+        "chunk_docs": config.chunk_docs,
+    }
+    # Compare in the form the state file stores it (tuples become lists).
+    return json.loads(json.dumps(fingerprint))
 
 
 def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, Any], out: Path) -> None:

@@ -41,7 +41,6 @@ from packtool.engines import preflight
 from packtool.engines.local import (
     PackSummary,
     RunConfig,
-    _fingerprint,
     chunk_record,
     finish_run,
     rechunk,
@@ -266,7 +265,7 @@ def _run_ray(
 ) -> PackSummary:
     identity = checked.identity
     out = Path(config.out_dir).resolve()
-    fingerprint = _fingerprint(config, identity)
+    fingerprint = preflight.fingerprint_of(config, checked)
     done: dict[int, dict[str, Any]] = {}
     if state is not None:
         preflight.check_fingerprint(state, fingerprint, out)
