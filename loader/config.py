@@ -207,12 +207,13 @@ def static_max_docs(config: LoaderConfig, n_docs: np.ndarray) -> int:
         most = int(n_docs.max()) if len(n_docs) else 1
         return config.rows_per_batch * most + 1
     max_docs = config.max_docs_per_batch
-    n_docs = np.sort(n_docs)
     if config.tokens_per_batch is not None:
-        need, what = int(n_docs[-1]) if len(n_docs) else 0, "one row holds"
+        need, what = int(n_docs.max()) if len(n_docs) else 0, "one row holds"
     else:
         rows = config.rows_per_batch
-        need = int(n_docs[-rows:].sum())
+        # The rows with the most documents: a partition, not a sort of every row (start-up).
+        most = n_docs if rows >= len(n_docs) else np.partition(n_docs, -rows)[-rows:]
+        need = int(most.sum())
         what = f"a batch of {rows} row{'s' if rows > 1 else ''} can hold"
     if need + 1 > max_docs:
         raise ConfigError(
