@@ -64,32 +64,31 @@ _COLLATE_KEYS = frozenset(
 )
 
 
-def _request_array(tokens: Any) -> np.ndarray:
-    """A request's token ids as a 1-D numpy array (a torch tensor on any device is fine).
+def _request_tokens(tokens: Any, token_budget: int) -> np.ndarray:
+    """A request's token ids as a 1-D integer array (a torch tensor on any device is fine).
 
     `(1, T)` (a tokenizer's batch of one) is accepted; `(B, T)` with B > 1 is refused, since
     flattened it would silently become one request of B sequences.
+
+    Raises:
+        DataError: Why the request cannot be served (its future gets it).
     """
     if hasattr(tokens, "detach"):  # torch: a CUDA or grad-tracking tensor has no .numpy()
         tokens = tokens.detach().cpu().numpy()
     arr = np.asarray(tokens)
     if sum(d > 1 for d in arr.shape) > 1:
         raise DataError(f"a request is one sequence of token ids, got shape {arr.shape}")
-    return arr.reshape(-1)
-
-
-def _request_problem(arr: np.ndarray, token_budget: int) -> DataError | None:
-    """Why a request cannot be served (its future gets this), or None."""
+    arr = arr.reshape(-1)
     if arr.size == 0:
-        return DataError("empty request: a request needs at least one token")
+        raise DataError("empty request: a request needs at least one token")
     if not np.issubdtype(arr.dtype, np.integer):
-        return DataError(f"request token ids must be integers, got dtype {arr.dtype}")
+        raise DataError(f"request token ids must be integers, got dtype {arr.dtype}")
     if arr.size > token_budget:
-        return DataError(
+        raise DataError(
             f"request of {arr.size} tokens exceeds the token budget {token_budget}; "
             "shorten it or raise token_budget"
         )
-    return None
+    return arr
 
 
 class RequestBatcher:
@@ -149,16 +148,14 @@ class RequestBatcher:
         """
         fut: Future = Future()
         core = self._core
-        bad = None
         try:
-            arr = _request_array(tokens)
+            arr, bad = _request_tokens(tokens, self.token_budget), None
         except DataError as exc:
-            arr, bad = np.zeros(0, np.int64), exc
+            arr, bad = None, exc
         with core.cond:
             if core.closing:
                 raise BatcherClosedError("this RequestBatcher is closed; submit to a new one")
             core.stats.requests += 1
-            bad = bad or _request_problem(arr, self.token_budget)
             if bad is not None:
                 core.stats.rejected += 1
                 fut.set_exception(bad)
