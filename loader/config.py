@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import ConfigError
+from packtool.kernels import check_max_len
 from packtool.pack import LONG_DOC_POLICIES
 
 STRATEGIES = ("ffd", "bucketed")
@@ -172,7 +173,7 @@ class OnlineConfig:
     FFD's long-document rows come first)."""
 
     def __post_init__(self) -> None:
-        check_int("max_len", self.max_len, 2)
+        check_max_len(self.max_len, minimum=2)  # also the kernels' 2**24 ceiling, up front
         check_int("buffer_docs", self.buffer_docs, 1)
         if self.buffer_tokens is not None:
             check_int("buffer_tokens", self.buffer_tokens, 1)

@@ -149,7 +149,8 @@ def test_row_batcher_token_budget() -> None:
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"max_len": 1}, "max_len"),
+        ({"max_len": 1}, "max_len must be an integer >= 2, got 1"),
+        ({"max_len": 2**24 + 1}, "max_len 16777217 is too large"),
         ({"max_len": 8, "buffer_docs": 0}, "buffer_docs"),
         ({"max_len": 8, "strategy": "lpt"}, "strategy"),
         ({"max_len": 8, "min_fill": 1.5}, "min_fill"),
