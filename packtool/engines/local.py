@@ -215,13 +215,7 @@ def _run_local(config: RunConfig, checked: Checked, state: dict[str, Any] | None
         check_fingerprint(state, fingerprint, out)
         done = list(state["chunks"])
         for chunk in done:
-            try:
-                infos = [ShardInfo(**s) for s in chunk["shards"]]
-            except TypeError as exc:
-                raise DataError(
-                    f"{out / STATE_FILE}: malformed state ({exc}); use --overwrite"
-                ) from None
-            _check_done_shards(out, infos)
+            _check_done_shards(out, [ShardInfo(**s) for s in chunk["shards"]])
     else:
         # Written before any work, so a run stopped at any point can be resumed.
         atomic_write_bytes(

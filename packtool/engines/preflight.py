@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from packtool.corpus import expand_inputs
 from packtool.errors import ConfigError, DataError, make_output_folder
-from packtool.manifest import INDEX_FILE
+from packtool.manifest import INDEX_FILE, ShardInfo
 from packtool.pack import check_room_for_text
 from packtool.tokenize import check_recorded_tokenizer, input_identity
 from packtool.tokenizers import Tokenizer
@@ -169,6 +169,12 @@ def _load_state(out: Path) -> dict[str, Any]:
         and all(isinstance(c, dict) and isinstance(c.get("shards"), list) for c in state["chunks"])
     ):
         raise DataError(f"{state_path}: malformed state; use --overwrite")
+    try:
+        for chunk in state["chunks"]:
+            for shard in chunk["shards"]:
+                ShardInfo(**shard)
+    except TypeError as exc:
+        raise DataError(f"{state_path}: malformed state ({exc}); use --overwrite") from None
     return state
 
 

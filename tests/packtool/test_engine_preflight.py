@@ -135,6 +135,20 @@ def test_a_failure_before_ray_runs_anything_leaves_nothing_behind(tmp_path, pack
     assert not out.exists()
 
 
+@pytest.mark.parametrize("shard", ['{"file": "shard-00000.parquet"}', '"shard-00000.parquet"'])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_state_file_with_a_damaged_shard_entry_is_refused_before_ray_starts(
+    tmp_path, pack_with, engine, shard
+):
+    good, out = jsonl(tmp_path / "good.jsonl", ["fine"]), tmp_path / "out"
+    out.mkdir()
+    state = f'{{"fingerprint": {{}}, "chunks": [{{"index": 0, "shards": [{shard}]}}]}}'
+    (out / local.STATE_FILE).write_text(state)
+    with pytest.raises(DataError, match=r"\.pack-state\.json: malformed state \(.*--overwrite$"):
+        pack_with(engine)(config(good, out, resume=True))
+    assert (out / local.STATE_FILE).read_text() == state
+
+
 def test_an_interrupt_keeps_the_state_for_resume(tmp_path, monkeypatch):
     good, out = jsonl(tmp_path / "good.jsonl", ["fine"]), tmp_path / "out"
 
