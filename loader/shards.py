@@ -183,11 +183,6 @@ class ShardStore:
         self.manifest: Manifest = read_manifest(self.path)
         self.cache_bytes = int(cache_bytes)
         self.max_len = int(self.manifest.max_len)
-        files = [info.file for info in self.manifest.shards]
-        if len(set(files)) != len(files):
-            dup = next(f for f in files if files.count(f) > 1)
-            # Every row of that shard would be delivered twice per epoch.
-            raise DataError(f"{self.path / 'index.json'}: shard {dup} is listed more than once")
         rg_rows: list[int] = []
         rg_shard: list[int] = []
         rg_first: list[int] = []

@@ -229,4 +229,22 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
         raise DataError(f"{path}: unreadable manifest ({exc})") from None
     if not isinstance(data, dict):
         raise DataError(f"{path}: malformed manifest (not a JSON object)")
-    return Manifest.from_dict(data, where=str(path))
+    manifest = Manifest.from_dict(data, where=str(path))
+    problem = _shard_files_problem(manifest)
+    if problem:
+        raise DataError(f"{path}: {problem}")
+    return manifest
+
+
+def _shard_files_problem(manifest: Manifest) -> str | None:
+    """Shard paths every reader relies on: inside the folder (a reader must never open a file
+    elsewhere) and each listed once (its rows would otherwise be read twice per epoch)."""
+    seen: set[str] = set()
+    for s in manifest.shards:
+        p = Path(s.file)
+        if not s.file or p.is_absolute() or ".." in p.parts:
+            return f"shard file {s.file!r} must be a path inside the dataset folder"
+        if s.file in seen:
+            return f"shard file {s.file!r} is listed more than once"
+        seen.add(s.file)
+    return None

@@ -227,5 +227,18 @@ def test_shard_listed_twice_is_refused(hand_dataset):
     import dataclasses
 
     write_manifest(hand_dataset, dataclasses.replace(m, shards=(m.shards[0], m.shards[0])))
-    with pytest.raises(DataError, match="shard-00000.parquet is listed more than once"):
+    with pytest.raises(
+        DataError, match="shard file 'shard-00000.parquet' is listed more than once"
+    ):
+        PackedDataset(hand_dataset, rows_per_batch=1)
+
+
+def test_shard_outside_the_folder_is_refused(hand_dataset, tmp_path):
+    # The loader must never open a file the manifest points to outside the dataset folder.
+    m = read_manifest(hand_dataset)
+    import dataclasses
+
+    outside = dataclasses.replace(m.shards[0], file="../elsewhere.parquet")
+    write_manifest(hand_dataset, dataclasses.replace(m, shards=(outside, *m.shards[1:])))
+    with pytest.raises(DataError, match="'../elsewhere.parquet' must be a path inside the dataset"):
         PackedDataset(hand_dataset, rows_per_batch=1)
