@@ -387,8 +387,15 @@ def tokenize_corpus(
     # The outermost folder this call creates (None: out's folder exists), removed on failure.
     made = next((p for p in reversed(out.parents) if not p.exists()), None)
     make_output_folder(out.parent)
-    if not single:
-        tmp.mkdir()
+    try:  # the first write, up front: a failure names the user's path, not our temporary one
+        if single:
+            tmp.touch()
+        else:
+            tmp.mkdir()
+    except OSError as exc:
+        if made is not None:
+            _remove_empty_folders(out.parent, made)
+        raise ConfigError(f"cannot write {out} ({exc.strerror or exc})") from None
     start = time.perf_counter()
     writer = _PartWriter(tmp, schema, single=single, part_tokens=part_tokens)
     try:

@@ -348,7 +348,7 @@ def finish_run(
     other_skips = skips.total - empty_read
 
     if counts.documents_in == 0:
-        raise DataError(f"no documents found in {', '.join(config.inputs)}" + skips.note())
+        raise DataError(f"no documents in {', '.join(config.inputs)}" + skips.note())
     if counts.tokens_out == 0:
         raise DataError("every document was empty or dropped; nothing to pack" + skips.note())
     if config.pack.group_by is not None and set(groups) == {""}:

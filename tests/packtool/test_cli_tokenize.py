@@ -62,6 +62,17 @@ def test_a_corpus_of_skips_only_is_one_error_line(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize("name", ["x.parquet", "parts"])
+def test_an_unwritable_output_is_named_as_given(tmp_path, name):
+    # /proc exists but takes no new files, even as root: the first write fails. The error used
+    # to name the hidden temporary (/proc/.x.parquet.tmp-PID), in pyarrow's words for a file.
+    write_corpus(tmp_path / "c.jsonl")
+    code, stdout, err = run("tokenize", tmp_path / "c.jsonl", "-o", f"/proc/{name}")
+    assert code == 1 and stdout == ""
+    assert one_error_line(err) == f"error: cannot write /proc/{name} (No such file or directory)"
+
+
 @pytest.mark.parametrize(
     ("setup", "args", "message"),
     [
