@@ -50,7 +50,7 @@ ALGORITHMS = ("ffd", "bfd")
 MAX_LEN_LIMIT = 1 << 24
 """The largest max_len accepted (16,777,216 tokens). The kernels' work arrays are indexed by
 length and remaining capacity, tens of bytes per unit of max_len: at this limit `packtool pack`
-and `packtool stats` peak at ~1.3 GB whatever the corpus, and 2**30 was measured past 24 GB."""
+and `packtool stats` peak at ~1.2-1.3 GB whatever the corpus, and 2**30 was measured past 24 GB."""
 
 
 def check_max_len(max_len: object, name: str = "max_len", minimum: int = 1) -> int:
