@@ -148,6 +148,9 @@ class OnlinePacker:
             if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
                 # Float ids would be truncated to integers when a batch is collated.
                 raise DataError(f"token ids must be integers, got dtype {tokens.dtype}")
+            if tokens.dtype.kind == "i" and tokens.size and (low := int(tokens.min())) < 0:
+                # A negative id would reach the model's embedding as an index error mid-training.
+                raise DataError(f"token ids must be >= 0, got {low}")
             if self._dtype is None:
                 self._dtype = tokens.dtype
             elif tokens.dtype != self._dtype:

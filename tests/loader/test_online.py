@@ -275,7 +275,7 @@ def test_plain_ffd_buffer_never_worse_than_row_bound(lengths, buf) -> None:
     )
 
 
-def test_float_tokens_and_batches_of_sequences_are_refused() -> None:
+def test_float_or_negative_tokens_and_batches_of_sequences_are_refused() -> None:
     p = OnlinePacker(max_len=8)
     # Before: float ids were accepted by push() and truncated to integers when collated.
     with pytest.raises(DataError, match="token ids must be integers, got dtype float64"):
@@ -283,6 +283,11 @@ def test_float_tokens_and_batches_of_sequences_are_refused() -> None:
     # Before: a (2, 3) array became one document of 6 tokens.
     with pytest.raises(DataError, match=r"document 1 has shape \(2, 3\)"):
         p.push_docs([[1, 2], np.ones((2, 3), np.int64)])
+    # Before: negative ids went through and failed later, in the model's embedding.
+    with pytest.raises(DataError, match="token ids must be >= 0, got -3"):
+        p.push(np.array([1, -3, 2]), np.array([3]))
+    with pytest.raises(DataError, match="token ids must be >= 0, got -1"):
+        p.push_docs([[1, 2], [-1]])
     p.push_docs([np.array([[4, 5, 6]])])  # (1, T), a tokenizer's batch of one, is fine
     p.flush()
     assert p.pop().tokens.tolist() == [4, 5, 6]
