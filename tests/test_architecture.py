@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,51 @@ def test_packtool_modules_stay_small(path):
     # STYLE.md: one concept per module, split before ~600 lines.
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= 600, f"{path.name} has {lines} lines; split it along a real seam"
+
+
+@pytest.mark.parametrize(
+    "path", files("loader") + files("attention"), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_loader_and_attention_modules_stay_small(path):
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= 600, f"{path.name} has {lines} lines; split it along a real seam"
+
+
+# benchmarks/gpu_check.sh runs on a GPU machine whose image has torch, numpy, pytest and
+# hypothesis but none of packtool's own dependencies, and nothing can be installed there.
+GPU_RUN = ("tests/attention/test_varlen_gpu.py", "benchmarks/bench_train.py", "tests/conftest.py")
+GPU_IMAGE_HAS = {"torch", "numpy", "pytest", "hypothesis"}
+OPTIONAL = {"flash_attn"}  # imported behind a guard: without it the backend says it is missing
+
+
+def _local_file(module: str) -> Path | None:
+    for candidate in (ROOT / f"{module.replace('.', '/')}.py", ROOT / module.replace(".", "/")):
+        if candidate.is_file():
+            return candidate
+        if (candidate / "__init__.py").is_file():
+            return candidate / "__init__.py"
+    return None
+
+
+def test_the_gpu_run_needs_only_what_the_gpu_image_has():
+    seen: set[Path] = set()
+    todo = [ROOT / p for p in GPU_RUN]
+    outside: dict[str, str] = {}
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for module in imported_modules(path):
+            top = module.split(".")[0]
+            local = _local_file(module) or _local_file(top)
+            if local is not None:
+                # `from pkg.mod import x` runs pkg/__init__.py too.
+                parts = module.split(".")
+                todo += [
+                    f for i in range(1, len(parts) + 1) if (f := _local_file(".".join(parts[:i])))
+                ]
+            elif top not in sys.stdlib_module_names | GPU_IMAGE_HAS | OPTIONAL:
+                outside[module] = str(path.relative_to(ROOT))
+    assert ROOT / "attention" / "model.py" in seen  # the walk follows project imports
+    assert not outside, f"the GPU run would import what its image lacks: {outside}"
