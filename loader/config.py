@@ -29,8 +29,15 @@ def check_int(name: str, value: Any, lo: int | None = None) -> None:
         raise ConfigError(f"{name} must be an integer{bound}, got {value!r}")
 
 
-def make_config(cls: type, settings: dict[str, Any]) -> Any:
-    """`cls(**settings)` for a config dataclass, unknown or missing names as a `ConfigError`."""
+def make_config(cls: type, settings: dict[str, Any], config: Any = None) -> Any:
+    """`config` when given, else `cls(**settings)` for a config dataclass; unknown or missing
+    names, or a config together with keyword settings, are a `ConfigError`."""
+    if config is not None:
+        if settings:
+            raise ConfigError(
+                f"give either a config or keyword settings, not both ({sorted(settings)})"
+            )
+        return config
     known = [f.name for f in fields(cls)]
     unknown = sorted(set(settings) - set(known))
     if unknown:

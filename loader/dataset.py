@@ -68,13 +68,7 @@ class PackedDataset(IterableDataset):
         **settings: Any,
     ) -> None:
         super().__init__()
-        if config is None:
-            config = make_config(LoaderConfig, settings)
-        elif settings:
-            raise ConfigError(
-                f"give either a config or keyword settings, not both ({sorted(settings)})"
-            )
-        self.config = config
+        self.config = config = make_config(LoaderConfig, settings, config)
         self.rank, self.world_size = dist_rank_world(rank, world_size)
         self.store = ShardStore(path, verify=config.verify, cache_bytes=config.cache_bytes)
         self.fingerprint = self.store.manifest.fingerprint

@@ -82,13 +82,7 @@ class OnlinePacker:
     def __init__(
         self, config: OnlineConfig | None = None, *, seed_key: tuple[int, ...] = (), **settings: Any
     ) -> None:
-        if config is None:
-            config = make_config(OnlineConfig, settings)
-        elif settings:
-            raise ConfigError(
-                f"give either a config or keyword settings, not both ({sorted(settings)})"
-            )
-        self.config = config
+        self.config = config = make_config(OnlineConfig, settings, config)
         self.seed_key = tuple(int(k) for k in seed_key)
         self._parts: list[Segments] = []
         self._n_segs = 0

@@ -88,12 +88,7 @@ class StreamingPackedDataset(IterableDataset):
         **settings: Any,
     ) -> None:
         super().__init__()
-        if config is None:
-            config = make_config(OnlineConfig, settings)
-        elif settings:
-            raise ConfigError(
-                f"give either a config or keyword settings, not both ({sorted(settings)})"
-            )
+        config = make_config(OnlineConfig, settings, config)
         if config.buffer_seconds is not None:
             raise ConfigError("a training stream must be reproducible: leave buffer_seconds unset")
         if shard_by not in SHARD_BY:
