@@ -372,3 +372,10 @@ def test_every_damaged_part_of_a_packer_state_is_a_clear_error(with_tokens) -> N
         packer.flush()
     a, b = p.pop(), target.pop()
     assert a.seg_len.tolist() == b.seg_len.tolist() and a.doc_ids.tolist() == b.doc_ids.tolist()
+
+
+def test_a_config_and_keyword_settings_together_are_refused() -> None:
+    with pytest.raises(
+        ConfigError, match=r"give either a config or keyword settings, not both \(\['seed'\]\)"
+    ):
+        OnlinePacker(OnlineConfig(max_len=8), seed=1)
