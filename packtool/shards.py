@@ -70,9 +70,14 @@ def _write_one(path: Path, table: pa.Table, config: ShardConfig) -> None:
 def write_shards(
     directory: Path, table: pa.Table, first_index: int, config: ShardConfig
 ) -> list[ShardInfo]:
-    """Write one chunk's packed rows as shards numbered from `first_index`; return their info."""
+    """Write one chunk's packed rows as shards numbered from `first_index`; return their info.
+
+    The table's columns (the required ones plus any declared optional ones, packtool/columns.py)
+    are written in declaration order with the declared types.
+    """
     token_type = table.schema.field("input_ids").type.value_type
-    table = table.cast(packed_schema(token_type))
+    schema = packed_schema(token_type, tuple(table.column_names))
+    table = table.select(schema.names).cast(schema)
     infos = []
     for i, start in enumerate(range(0, max(table.num_rows, 1), config.shard_rows)):
         part = table.slice(start, config.shard_rows)

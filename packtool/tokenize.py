@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from packtool import columns as shard_columns
 from packtool.corpus import (
     DocumentBatch,
     ReadConfig,
@@ -35,15 +36,16 @@ from packtool.corpus import (
     read_corpus,
 )
 from packtool.errors import ConfigError, DataError, make_output_folder
+from packtool.pretokenized import read_pretokenized, split_pretokenized
 from packtool.progress import Progress
+from packtool.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
 from packtool.tokenizers import Tokenizer, TokenizerIdentity, load_tokenizer
 
 FORMAT = "packtool.tokenized"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Written when the documents carry optional columns (`loss_mask`); plain files stay version 1."""
+SUPPORTED_VERSIONS = (1, 2)
 META_KEY = b"packtool"
-PART_PATTERN = "part-{:05d}.parquet"
-PIPELINE_DEPTH = 1
-"""Batches each pipeline stage may run ahead of the next (memory: about 3 stages x depth batches)."""
 
 T = TypeVar("T")
 
@@ -52,8 +54,14 @@ def tokenized_schema(
     identity: TokenizerIdentity,
     extra_fields: Iterable[str] = (),
     token_type: pa.DataType | None = None,
+    optional: Iterable[str] = (),
 ) -> pa.Schema:
-    """The Arrow schema of tokenized Parquet, with the tokenizer identity in its metadata."""
+    """The Arrow schema of tokenized Parquet, with the tokenizer identity in its metadata.
+
+    `optional`: declared optional shard columns the documents carry (packtool/columns.py), after
+    `length`: a list per document for per-token ones (`loss_mask`), a value for per-document ones.
+    Files with one are version 2 (their metadata lists them); without, version 1 as before.
+    """
     if token_type is None:
         token_type = pa.uint16() if identity.vocab_size <= 1 << 16 else pa.uint32()
     fields = [
@@ -62,9 +70,35 @@ def tokenized_schema(
         pa.field("input_ids", pa.list_(token_type), nullable=False),
         pa.field("length", pa.int32(), nullable=False),
     ]
+    optional = shard_columns.names(shard_columns.tokenized_optional(list(optional)))
+    for c in map(shard_columns.get, optional):
+        value = c.arrow_type(token_type)
+        kind = pa.list_(value) if c.level == shard_columns.TOKEN else value
+        fields.append(pa.field(c.name, kind, nullable=False))
     fields += [pa.field(name, pa.string()) for name in extra_fields]
-    meta = {"format": FORMAT, "version": FORMAT_VERSION, "tokenizer": identity.to_dict()}
+    meta: dict[str, Any] = {"format": FORMAT, "version": 1, "tokenizer": identity.to_dict()}
+    if optional:
+        meta.update(version=FORMAT_VERSION, columns=list(optional))
     return pa.schema(fields, metadata={META_KEY: json.dumps(meta).encode()})
+
+
+def optional_columns(meta: dict[str, Any]) -> tuple[str, ...]:
+    """The optional columns a tokenized file's metadata records (none before version 2)."""
+    return tuple(meta.get("columns", ())) if meta.get("version") == 2 else ()
+
+
+def common_optional(tokenized: list[tuple[Path, dict[str, Any]]]) -> tuple[str, ...]:
+    """The optional columns every tokenized input has; inputs that differ are a `DataError`."""
+    first_path, first_meta = tokenized[0]
+    first = optional_columns(first_meta)
+    for p, meta in tokenized[1:]:
+        other = optional_columns(meta)
+        if other != first:
+            raise DataError(
+                f"{p}: has columns {list(other) or 'none'} beyond the ids, unlike {first_path} "
+                f"({list(first) or 'none'}); a dataset is one kind: tokenize all of it the same way"
+            )
+    return first
 
 
 def tokenized_meta(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -85,10 +119,10 @@ def tokenized_meta(path: str | os.PathLike) -> dict[str, Any] | None:
         raise DataError(f"{path}: malformed packtool metadata") from None
     if meta.get("format") != FORMAT:
         return None
-    if meta.get("version") != FORMAT_VERSION:
+    if meta.get("version") not in SUPPORTED_VERSIONS:
         raise DataError(
             f"{path}: tokenized format version {meta.get('version')!r} is not supported "
-            f"(supported: {FORMAT_VERSION}); re-run packtool tokenize"
+            f"(supported: {list(SUPPORTED_VERSIONS)}); re-run packtool tokenize"
         )
     return meta
 
@@ -97,6 +131,22 @@ def input_identity(inputs: Iterable[str | os.PathLike]) -> TokenizerIdentity | N
     """The tokenizer recorded in tokenized Parquet inputs (None when the inputs are raw)."""
     tokenized, _ = _split_inputs(expand_inputs(inputs))
     return _common_identity(tokenized) if tokenized else None
+
+
+def input_columns(
+    inputs: Iterable[str | os.PathLike], read_config: ReadConfig | None = None
+) -> tuple[str, ...]:
+    """The optional shard columns the inputs' documents carry (`loss_mask`); () for text.
+
+    Raises:
+        DataError: some inputs carry a column that others do not (see `common_optional`).
+    """
+    paths = expand_inputs(inputs)
+    pre, mask_source = split_pretokenized(paths, read_config or ReadConfig())
+    if pre:
+        return (shard_columns.LOSS_MASK,) if mask_source else ()
+    tokenized, _ = _split_inputs(paths)
+    return common_optional(tokenized) if tokenized else ()
 
 
 def _split_inputs(paths: list[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], list[Path]]:
@@ -169,7 +219,8 @@ def _tokenized_batches(
 ) -> Iterator[tuple[pa.Table, int]]:
     config = read_config or ReadConfig()
     paths = expand_inputs(inputs)
-    tokenized, raw = _split_inputs(paths)
+    pre, mask_source = split_pretokenized(paths, config)
+    tokenized, raw = ([], pre) if pre else _split_inputs(paths)
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
     if tokenized:
@@ -178,6 +229,12 @@ def _tokenized_batches(
     if tokenizer is None:
         raise ConfigError("raw corpus inputs need a tokenizer (e.g. --tokenizer byte)")
     skips = skips if skips is not None else SkipCounter(strict=config.strict)
+    if pre:  # ids made elsewhere: checked against the tokenizer's vocabulary, not encoded
+        optional = (shard_columns.LOSS_MASK,) if mask_source else ()
+        schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
+        vocab = tokenizer.identity.vocab_size
+        yield from read_pretokenized(pre, mask_source, config, schema, vocab, skips)
+        return
     schema = tokenized_schema(tokenizer.identity, config.extra_fields)
 
     def encoded() -> Iterator[tuple[DocumentBatch, Any]]:
@@ -208,7 +265,7 @@ def batch_table(
         pa.array(lengths.astype(np.int32)),
     ]
     columns += [pa.array(batch.extras[name], type=pa.string()) for name in schema.names[4:]]
-    return pa.Table.from_arrays(columns, schema=schema)
+    return pa.Table.from_arrays(columns, schema=schema)  # raw text carries no optional column
 
 
 def check_recorded_tokenizer(
@@ -233,7 +290,8 @@ def _read_tokenized(
     identity = _common_identity(tokenized)
     if tokenizer is not None:
         check_recorded_tokenizer(identity, tokenizer, tokenized[0][0])
-    columns = ["doc_id", "source", "input_ids", "length", *config.extra_fields]
+    optional = common_optional(tokenized)
+    columns = ["doc_id", "source", "input_ids", "length", *optional, *config.extra_fields]
     for path, _ in tokenized:
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
@@ -323,6 +381,8 @@ class TokenizeSummary:
     output_bytes: int = 0
     tokenizer: dict[str, Any] = field(default_factory=dict)
     dtype: str = ""
+    supervised_tokens: int | None = None
+    """Tokens with loss_mask 1, when the input has labels or a loss mask (else None)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -338,8 +398,15 @@ class TokenizeSummary:
             f"eos {tok.get('eos_id')}, bos {tok.get('bos_id')}, {self.dtype}) in "
             f"{self.seconds:.2f} s: {self.tokens_per_s:,.0f} tokens/s, "
             f"{self.input_bytes / 1e6 / max(self.seconds, 1e-9):.1f} MB/s of input. "
-            f"Skips: {self.skip_line}. Wrote {where} ({self.output_bytes / 1e6:.1f} MB)."
+            f"{self._supervised()}Skips: {self.skip_line}. "
+            f"Wrote {where} ({self.output_bytes / 1e6:.1f} MB)."
         )
+
+    def _supervised(self) -> str:
+        if self.supervised_tokens is None:
+            return ""
+        share = self.supervised_tokens / max(self.tokens, 1)
+        return f"Loss mask kept: {self.supervised_tokens:,} supervised tokens ({share:.1%}). "
 
 
 def tokenize_corpus(
@@ -381,7 +448,9 @@ def tokenize_corpus(
     single = out.name.lower().endswith(".parquet")
     _check_out(out, single, overwrite)
     skips = SkipCounter(strict=config.strict)
-    schema = tokenized_schema(tokenizer.identity, config.extra_fields)
+    optional = input_columns(inputs, config)  # e.g. loss_mask from labels: passed through
+    schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
+    supervised: int | None = 0 if shard_columns.LOSS_MASK in optional else None
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     _remove(tmp)
     # The outermost folder this call creates (None: out's folder exists), removed on failure.
@@ -397,17 +466,20 @@ def tokenize_corpus(
             _remove_empty_folders(out.parent, made)
         raise ConfigError(f"cannot write {out} ({exc.strerror or exc})") from None
     start = time.perf_counter()
-    writer = _PartWriter(tmp, schema, single=single, part_tokens=part_tokens)
+    writer = PartWriter(tmp, schema, single=single, part_tokens=part_tokens)
     try:
         with Progress("tokenize", enabled=progress) as bar:
             tables = _tokenized_batches(
                 inputs, read_config=config, tokenizer=tokenizer, workers=workers, skips=skips
             )
-            write_q = _BackgroundWriter(writer)
+            write_q = BackgroundWriter(writer)
             try:
                 for table, nbytes in tables:
                     write_q.put(table)
                     tokens = int(pc.sum(table.column("length")).as_py() or 0)
+                    if supervised is not None:
+                        mask = table.column(shard_columns.LOSS_MASK).combine_chunks()
+                        supervised += int(pc.sum(mask.flatten()).as_py() or 0)
                     bar.update(docs=table.num_rows, tokens=tokens, nbytes=nbytes)
             finally:
                 write_q.close()
@@ -443,6 +515,7 @@ def tokenize_corpus(
         output_bytes=sum(f.stat().st_size for f in files),
         tokenizer=tokenizer.identity.to_dict(),
         dtype=str(tokenizer.dtype),
+        supervised_tokens=supervised,
     )
 
 
@@ -491,82 +564,3 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists():
         path.unlink()
-
-
-class _PartWriter:
-    """Writes tables to one file or to numbered part files."""
-
-    def __init__(self, target: Path, schema: pa.Schema, *, single: bool, part_tokens: int):
-        self.target, self.schema, self.single, self.part_tokens = (
-            target,
-            schema,
-            single,
-            part_tokens,
-        )
-        self.files: list[Path] = []
-        self._writer: pq.ParquetWriter | None = None
-        self._tokens = 0
-
-    def _open(self) -> None:
-        path = self.target if self.single else self.target / PART_PATTERN.format(len(self.files))
-        self.files.append(path)
-        self._writer = pq.ParquetWriter(
-            path,
-            self.schema,
-            compression="zstd",
-            use_dictionary=[
-                n for n in self.schema.names if n not in ("input_ids", "doc_id", "length")
-            ],
-        )
-        self._tokens = 0
-
-    def write(self, table: pa.Table) -> None:
-        if self._writer is None:
-            self._open()
-        elif not self.single and self._tokens >= self.part_tokens:
-            self._writer.close()
-            self._open()
-        assert self._writer is not None
-        self._writer.write_table(table, row_group_size=max(table.num_rows, 1))
-        self._tokens += int(pc.sum(table.column("length")).as_py() or 0)
-
-    def close(self) -> list[Path]:
-        if self._writer is not None:
-            self._writer.close()
-        return self.files
-
-    def abort(self) -> None:
-        if self._writer is not None:
-            # The real error is being raised already; a failing close must not mask it.
-            with contextlib.suppress(Exception):
-                self._writer.close()
-
-
-class _BackgroundWriter:
-    """Writes tables in a thread (Parquet encoding and compression release the GIL)."""
-
-    def __init__(self, writer: _PartWriter, depth: int | None = None) -> None:
-        self.writer = writer
-        self.q: queue.Queue[pa.Table | None] = queue.Queue(maxsize=depth or PIPELINE_DEPTH)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="packtool-write", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while (table := self.q.get()) is not None:
-            if self.error is None:
-                try:
-                    self.writer.write(table)
-                except BaseException as exc:  # re-raised in the caller
-                    self.error = exc
-
-    def put(self, table: pa.Table) -> None:
-        if self.error is not None:
-            raise self.error
-        self.q.put(table)
-
-    def close(self) -> None:
-        self.q.put(None)
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
