@@ -355,9 +355,9 @@ def stats_cmd(
 @click.option(
     "--long-docs",
     type=click.Choice(["split", "truncate", "drop"]),
-    default="split",
-    show_default=True,
-    help="Documents longer than --max-len: cut into max-len chunks, truncate, or drop.",
+    default=None,
+    help="Documents longer than --max-len: cut into max-len chunks, truncate, or drop "
+    "[default: split; truncate for data with a loss mask, which is never split].",
 )
 @click.option(
     "--rounds",
@@ -420,7 +420,7 @@ def pack_cmd(
     output: str,
     max_len: int,
     algorithm: str,
-    long_docs: str,
+    long_docs: str | None,
     rounds: int,
     seed: int,
     group_by: str | None,
@@ -449,6 +449,11 @@ def pack_cmd(
     from packtool.shards import ShardConfig
 
     extra = () if group_by in (None, "source") else (group_by,)
+    if long_docs is None:  # a loss mask's documents are never split (packtool/pack_columns.py)
+        from packtool.tokenize import input_columns
+
+        masked = "loss_mask" in input_columns(inputs, corpus.read_config())
+        long_docs = "truncate" if masked else "split"
     config = RunConfig(
         inputs=inputs,
         out_dir=output,

@@ -499,7 +499,7 @@ def warm_up() -> None:
     bfd_assign(lengths, 4)
     ff_assign(lengths, 4)
     split_lengths(np.array([5], dtype=np.int64), 4)
-    for dtype in (np.uint16, np.uint32):
+    for dtype in (np.uint8, np.uint16, np.uint32):  # uint8: loss masks
         gather_segments(np.arange(4, dtype=dtype), [0], [2])
 
 

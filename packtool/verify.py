@@ -6,12 +6,15 @@ file, the row, what is wrong, expected vs found):
 1. `index.json`: readable, a known `format_version`, a sane tokenizer vocab_size and max_len, and
    its totals add up (`counts.rows` / `counts.tokens_out` == the sums over the shard entries).
 2. Every listed shard: present, byte size and sha256 as listed, a readable Parquet file with exactly
-   the contract's columns and types (uint16 tokens when vocab_size <= 65,536, else uint32), no
+   the columns index.json lists, in declaration order, with the declared types (uint16 tokens when vocab_size <= 65,536, else uint32), no
    nulls, and as many rows and tokens as listed.
 3. Every row, vectorised with numpy over whole row groups: length <= max_len; at least one
    document; len(doc_ids) == len(doc_chunks) == len(doc_offsets) - 1; doc_offsets starts at 0, is
    strictly increasing (documents are never empty), stays inside the row and ends at the row
-   length; token ids < vocab_size; chunk indices >= 0.
+   length; token ids < vocab_size; chunk indices >= 0. The optional columns index.json lists
+   (`loss_mask`) are checked as packtool/columns.py declares them (packtool/verify_columns.py):
+   one value per token or per document, values in range, and for `loss_mask` no document
+   without a supervised token; `counts.tokens_supervised` equals the mask's sum.
 4. Across the dataset: every (doc_id, chunk) appears exactly once, the chunks of a split
    document are 0..k-1 with none missing, and `counts.segments` / `counts.documents_packed` (when
    recorded) equal the (doc_id, chunk) pieces / distinct doc_ids found.
@@ -33,6 +36,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from packtool import verify_columns
+from packtool.columns import LOSS_MASK
 from packtool.errors import DataError
 from packtool.manifest import (
     INDEX_FILE,
@@ -68,14 +73,20 @@ class VerifyReport:
     """Whether sha256 checksums were recomputed (sizes are always checked)."""
     warnings: tuple[str, ...] = ()
     seconds: float = 0.0
+    supervised_tokens: int | None = None
+    """Tokens with loss_mask 1, for a dataset with a loss mask (else None)."""
 
     def summary(self) -> str:
         """The one-line OK summary the CLI prints."""
         what = "sha256 verified" if self.checksums else "sha256 not checked"
+        masked = ""
+        if self.supervised_tokens is not None:
+            share = self.supervised_tokens / (self.rows * self.max_len) if self.rows else 0.0
+            masked = f", {self.supervised_tokens:,} supervised tokens (supervised efficiency {share:.2%})"
         return (
             f"OK {self.directory}: {self.shards} shards, {self.rows:,} rows, {self.tokens:,} "
             f"tokens, {self.documents:,} documents, efficiency {self.efficiency:.2%} "
-            f"(max_len {self.max_len}), {what}, {self.seconds:.1f}s"
+            f"(max_len {self.max_len}){masked}, {what}, {self.seconds:.1f}s"
         )
 
 
@@ -279,7 +290,9 @@ def verify_dataset(
     index = directory / INDEX_FILE
     vocab, max_len = _check_manifest(manifest, index)
     warnings = unlisted_files(directory, manifest)
-    expected_schema = packed_schema(token_type_for(vocab))
+    expected_schema = packed_schema(token_type_for(vocab), manifest.columns)
+    optional = verify_columns.optional_columns(manifest.columns)
+    supervised = 0
 
     doc_keys: list[NDArray[np.int64]] = []
     chunk_keys: list[NDArray[np.int64]] = []
@@ -321,16 +334,20 @@ def verify_dataset(
         row_base = 0
         for rg in range(pf.num_row_groups):
             try:
-                table = pf.read_row_group(rg, columns=list(COLUMNS))
+                table = pf.read_row_group(rg, columns=list(manifest.columns))
             except (pa.ArrowException, OSError) as exc:
                 raise _fail(where, f"row group {rg} unreadable ({exc})") from None
             parts = {}
-            for name in COLUMNS:
+            for name in manifest.columns:
                 col = table.column(name).combine_chunks()
-                if col.null_count or col.values.null_count:
+                if col.null_count or (hasattr(col, "values") and col.values.null_count):
                     raise _fail(where, f"row group {rg}: {name} contains nulls")
-                parts[name] = list_parts(col)
-            bad = first_bad_row(parts, max_len=max_len, vocab_size=vocab)
+                parts[name] = (
+                    list_parts(col) if hasattr(col, "values") else (None, _primitive_view(col))
+                )
+            core = first_bad_row(parts, max_len=max_len, vocab_size=vocab)
+            more = verify_columns.first_bad_row(parts, optional)
+            bad = min((b for b in (core, more) if b is not None), default=None)
             if bad is not None:
                 what = (
                     row_problem(
@@ -338,6 +355,7 @@ def verify_dataset(
                         max_len=max_len,
                         vocab_size=vocab,
                     )
+                    or verify_columns.row_problem(_one_row(parts, bad), optional)
                     or "breaks a row invariant"
                 )
                 r = row_base + bad
@@ -351,6 +369,8 @@ def verify_dataset(
             )
             ids_off = parts["input_ids"][0]
             shard_tokens += int(ids_off[-1]) if len(ids_off) else 0
+            if LOSS_MASK in parts:
+                supervised += int(parts[LOSS_MASK][1].sum(dtype=np.int64))
             row_base += n
         if shard_tokens != shard.tokens:
             raise _fail(
@@ -364,10 +384,13 @@ def verify_dataset(
         doc_keys, chunk_keys, doc_rows, shards, shard_starts, directory
     )
     counts = manifest.counts
-    for key, found, what in (
+    measured = [
         ("segments", documents, "(doc_id, chunk) pieces"),
         ("documents_packed", distinct, "distinct doc_ids"),
-    ):
+    ]
+    if LOSS_MASK in manifest.columns:
+        measured.append(("tokens_supervised", supervised, "supervised tokens (loss_mask 1)"))
+    for key, found, what in measured:
         if key in counts and counts[key] != found:
             raise _fail(
                 str(index), f"counts.{key} is {counts[key]:,} but the shards hold {found:,} {what}"
@@ -384,14 +407,21 @@ def verify_dataset(
         checksums=checksums,
         warnings=tuple(warnings),
         seconds=time.perf_counter() - start,
+        supervised_tokens=supervised if LOSS_MASK in manifest.columns else None,
     )
 
 
 def _check_schema(found: pa.Schema, expected: pa.Schema, vocab: int, where: str) -> None:
     if found.names != expected.names:
-        raise _fail(where, f"columns are {found.names}, expected exactly {expected.names}")
+        raise _fail(
+            where,
+            f"columns are {found.names}, expected exactly {expected.names} (index.json columns)",
+        )
     for f, e in zip(found, expected, strict=True):
-        ok = pa.types.is_list(f.type) and f.type.value_type.equals(e.type.value_type)
+        if not pa.types.is_list(e.type):  # a per-row column: a scalar of the declared type
+            ok = f.type.equals(e.type)
+        else:
+            ok = pa.types.is_list(f.type) and f.type.value_type.equals(e.type.value_type)
         if not ok:
             hint = ""
             if f.name == "input_ids":
@@ -402,6 +432,11 @@ def _check_schema(found: pa.Schema, expected: pa.Schema, vocab: int, where: str)
                 where,
                 f"column {f.name} is {_type_name(f.type)}, expected {_type_name(e.type)}{hint}",
             )
+
+
+def _one_row(parts: dict[str, tuple], r: int) -> dict[str, np.ndarray]:
+    """Row `r`'s values by column (list columns sliced, scalar columns indexed)."""
+    return {n: v[r] if o is None else v[o[r] : o[r + 1]] for n, (o, v) in parts.items()}
 
 
 def _type_name(t: pa.DataType) -> str:

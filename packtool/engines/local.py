@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool import kernels, stats
+from packtool.columns import LOSS_MASK, names, required, resolve
 from packtool.corpus import ReadConfig, SkipCounter
 from packtool.engines.preflight import (
     STATE_FILE,
@@ -90,6 +91,18 @@ class PackSummary:
     """Threads the tokenizer encoded with (0: the inputs were already tokenized)."""
     cores_used: str = ""
     """What ran the work, when another engine than this one did (the summary's last words)."""
+    columns: tuple[str, ...] = ()
+    """The optional shard columns the dataset has (`loss_mask`)."""
+    max_len: int = 0
+
+    @property
+    def masked(self) -> bool:
+        return LOSS_MASK in self.columns
+
+    @property
+    def supervised_efficiency(self) -> float:
+        """Supervised tokens / (rows * max_len): the share of slots that train on something."""
+        return self.counts.tokens_supervised / max(self.counts.rows * self.max_len, 1)
 
     @property
     def skipped_unreadable(self) -> int:
@@ -126,6 +139,8 @@ class PackSummary:
             "skips": self.skips,
             "seconds": self.seconds,
             "resumed_chunks": self.resumed_chunks,
+            "columns": list(self.columns),
+            **({"supervised_efficiency": self.supervised_efficiency} if self.masked else {}),
         }
 
     def format(self, max_len: int) -> str:
@@ -150,6 +165,13 @@ class PackSummary:
             f"time {total:.2f}s ({stages}); {c.tokens_in / max(total, 1e-9):,.0f} tokens/s; "
             f"cores used: {self._cores()}",
         ]
+        if self.masked:
+            share = c.tokens_supervised / max(c.tokens_out, 1)
+            lines.append(
+                f"supervised: {c.tokens_supervised:,} tokens ({share:.2%} of tokens out); "
+                f"supervised efficiency {self.supervised_efficiency:.4%}; documents dropped for "
+                f"holding no supervised token (after truncation) {c.documents_unsupervised:,}"
+            )
         if self.skips:
             lines.append("skips: " + ", ".join(f"{k} {v:,}" for k, v in self.skips.items()))
         if self.resumed_chunks:
@@ -293,6 +315,7 @@ def _run_local(config: RunConfig, checked: Checked, state: dict[str, Any] | None
         seconds=seconds,
         resumed_chunks=len(state["chunks"]) if state is not None else 0,
         tokenizer_threads=tokenizer.workers if tokenizer and not checked.tokenized else 0,
+        columns=checked.columns,
     )
 
 
@@ -320,8 +343,11 @@ def finish_run(
     seconds: dict[str, float],
     resumed_chunks: int,
     tokenizer_threads: int,
+    columns: Sequence[str] = (),
 ) -> PackSummary:
     """Sum the chunk records (in chunk order), write `index.json`, drop the state file.
+
+    `columns`: the optional shard columns the inputs carry (`preflight.Checked.columns`).
 
     Both engines end here, so their manifests agree whenever their chunk records do.
     """
@@ -374,7 +400,12 @@ def finish_run(
         resumed_chunks=resumed_chunks,
         out_dir=str(out),
         tokenizer_threads=tokenizer_threads,
+        columns=tuple(columns),
+        max_len=config.pack.max_len,
     )
+    counts_out = counts.to_dict()
+    if not summary.masked:  # supervised counts mean nothing without a mask
+        del counts_out["documents_unsupervised"], counts_out["tokens_supervised"]
     manifest = Manifest(
         tokenizer=identity,
         max_len=config.pack.max_len,
@@ -382,11 +413,12 @@ def finish_run(
         seed=config.pack.seed,
         rounds=config.pack.rounds,
         long_docs=config.pack.long_docs,
-        counts={**counts.to_dict(), "documents_skipped": int(other_skips)},
+        counts={**counts_out, "documents_skipped": int(other_skips)},
         efficiency=round(efficiency, 6),
         lower_bound_rows=summary.lower_bound,
         shards=tuple(shards),
         command=config.command,
+        columns=names(resolve([*names(required()), *columns])),
         extra={
             "rows_per_round": summary.rows_per_round,
             "lower_bound_l1": summary.lower_bound_l1,
@@ -398,6 +430,11 @@ def finish_run(
             },
             "skips": summary.skips,
             "group_by": config.pack.group_by,
+            **(
+                {"supervised_efficiency": round(summary.supervised_efficiency, 6)}
+                if summary.masked
+                else {}
+            ),
         },
     )
     write_manifest(out, manifest)

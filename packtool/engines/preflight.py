@@ -26,7 +26,9 @@ from packtool.corpus import expand_inputs
 from packtool.errors import ConfigError, DataError, make_output_folder
 from packtool.manifest import INDEX_FILE, ShardInfo
 from packtool.pack import check_room_for_text
-from packtool.tokenize import check_recorded_tokenizer, input_identity
+from packtool.pack_columns import check_policy
+from packtool.pretokenized import split_pretokenized
+from packtool.tokenize import check_recorded_tokenizer, input_columns, input_identity
 from packtool.tokenizers import Tokenizer
 
 if TYPE_CHECKING:  # local.py imports this module; the config class lives there
@@ -46,9 +48,11 @@ class Checked:
     identity: dict[str, Any]
     """The tokenizer identity `index.json` records."""
     tokenized: bool
-    """The inputs are tokenized Parquet (nothing is encoded)."""
+    """The inputs are tokenized Parquet, packtool's or pre-tokenized ids (nothing is encoded)."""
     paths: list[Path]
     """Every file the inputs expand to (`corpus.expand_inputs`), in reading order."""
+    columns: tuple[str, ...] = ()
+    """The optional shard columns the inputs carry (`loss_mask`), which the dataset will have."""
 
 
 def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
@@ -60,10 +64,14 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
             tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
 
     Raises:
-        DataError: a missing input, or a tokenizer that differs from the recorded one.
-        ConfigError: inputs of both kinds, or a `max_len` that BOS + EOS fill.
+        DataError: a missing input, a tokenizer that differs from the recorded one, or inputs
+            of which some carry a loss mask and others not.
+        ConfigError: inputs of two kinds, a `max_len` that BOS + EOS fill, or `long_docs="split"`
+            for inputs with a loss mask.
     """
     paths = expand_inputs(config.inputs)
+    columns = input_columns(paths, config.read)  # e.g. loss_mask; mixed inputs fail here
+    check_policy(columns, config.pack.long_docs)
     recorded = input_identity(paths)
     if tokenizer is None and recorded is None:
         from packtool.tokenizers import load_tokenizer
@@ -73,8 +81,13 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
         check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])
     identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
     check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
+    pretokenized = bool(split_pretokenized(paths, config.read)[0])
     return Checked(
-        tokenizer=tokenizer, identity=identity, tokenized=recorded is not None, paths=paths
+        tokenizer=tokenizer,
+        identity=identity,
+        tokenized=recorded is not None or pretokenized,
+        paths=paths,
+        columns=columns,
     )
 
 

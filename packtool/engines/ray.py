@@ -313,6 +313,7 @@ def _run_ray(
         seconds=seconds,
         resumed_chunks=resumed,
         tokenizer_threads=0 if checked.tokenized else actors,
+        columns=checked.columns,
     )
     summary.cores_used = (
         f"Ray: 1 reader task + {actors} tokenize/pack/write actor(s) "
