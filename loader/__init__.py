@@ -5,6 +5,7 @@ from loader.config import LoaderConfig, OnlineConfig
 from loader.dataloader import PackedDataLoader, make_dataloader
 from loader.dataset import PackedDataset
 from loader.online import OnlinePacker
+from loader.record import Documents
 from loader.rows import PackedRows, RowBatcher
 from loader.serving import BatcherClosedError, RequestBatcher
 from loader.shards import ShardStore
@@ -12,6 +13,7 @@ from loader.streaming import StreamingPackedDataset
 
 __all__ = [
     "BatcherClosedError",
+    "Documents",
     "IGNORE_INDEX",
     "LoaderConfig",
     "OnlineConfig",

@@ -80,6 +80,7 @@ class PackedDataLoader(DataLoader):
             max_tokens=ds.max_batch_tokens,
             max_docs=ds.max_batch_docs(),
             token_dtype=ds.store.token_dtype,
+            columns=ds.store.optional,
         )
 
     def __iter__(self) -> Iterator[dict]:
@@ -111,8 +112,7 @@ class PackedDataLoader(DataLoader):
                 while consumed in waiting:
                     item = waiting.pop(consumed)
                     try:
-                        tokens, lens, ids = ring.take(item)
-                        batch = ds.expand(tokens, lens, ids, filler=item.filler, pin_memory=pin)
+                        batch = ds.expand(ring.take(item), filler=item.filler, pin_memory=pin)
                     finally:
                         ring.release(item)
                     consumed += 1

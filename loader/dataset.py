@@ -29,6 +29,7 @@ from loader.balance import imbalance, row_cost
 from loader.collate import collate
 from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
 from loader.order import EpochPlan, plan_epoch, rank_rows, worker_block_starts
+from loader.record import Documents
 from loader.resume import check_state, make_state, merge_loader_state, resume_point
 from loader.shards import ShardStore
 from loader.transport import CompactBatch, Ring
@@ -183,32 +184,22 @@ class PackedDataset(IterableDataset):
         filler = len(rows) == 0
         if filler:
             rows = np.asarray([filler_row], dtype=np.int64)
-        tokens, doc_lens, doc_ids = self.store.gather(rows)
-        return self.expand(tokens, doc_lens, doc_ids, filler=filler)
+        return self.expand(self.store.gather(rows), filler=filler)
 
     def expand(
-        self,
-        tokens: np.ndarray,
-        doc_lens: np.ndarray,
-        doc_ids: np.ndarray,
-        *,
-        filler: bool = False,
-        pin_memory: bool = False,
+        self, docs: Documents, *, filler: bool = False, pin_memory: bool = False
     ) -> dict[str, torch.Tensor | int]:
         """The batch dict of gathered rows (what `PackedDataLoader` runs on compact batches).
 
         Args:
-            tokens: The rows' tokens back to back `(total,)`.
-            doc_lens: Document lengths int32 `(n_docs,)`.
-            doc_ids: Document ids int64 `(n_docs,)`.
+            docs: The rows' documents (`ShardStore.gather`; a loss mask, if the dataset has one,
+                inside).
             filler: Make it a filler batch (labels -100, doc ids -1).
             pin_memory: Allocate the batch in pinned memory.
         """
         c = self.config
         out = collate(
-            tokens,
-            doc_lens,
-            doc_ids,
+            docs,
             pad_tokens=self.pad_tokens,
             pad_docs=self.max_docs if c.static_shape else None,
             pad_id=c.pad_id,
@@ -266,7 +257,7 @@ class PackedDataset(IterableDataset):
     def _generate(self, plan: EpochPlan, first: int, stride: int) -> Iterator[dict]:
         steps = range(first, plan.num_steps, stride)
         for step, rows, filler in self._ahead(plan, steps):
-            out = self.expand(*self.store.gather(rows), filler=filler)
+            out = self.expand(self.store.gather(rows), filler=filler)
             self._next_step = step + stride
             yield out
 

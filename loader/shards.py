@@ -17,16 +17,20 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from loader.record import Documents
+from packtool.columns import TOKEN, Column, loaded_optional
 from packtool.errors import DataError
 from packtool.manifest import Manifest, dataset_folder, read_manifest, sha256_file
 
 _COLUMNS = ("input_ids", "doc_offsets", "doc_ids")
+"""The required columns the loader reads; the optional ones it carries come from the manifest's
+`columns` and the declaration (`ShardStore.optional`)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,9 @@ class RowGroupData:
     """int64, every row's document ids back to back."""
     doc_ids_offsets: np.ndarray
     """(rows + 1,) offsets of each row's ids into `doc_ids`."""
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+    """Optional columns' values back to back: per-token ones indexed by `token_offsets`,
+    per-document ones by `doc_ids_offsets` (checked when decoded)."""
 
     @property
     def nbytes(self) -> int:
@@ -57,6 +64,7 @@ class RowGroupData:
                 self.doc_offsets_offsets,
                 self.doc_ids,
                 self.doc_ids_offsets,
+                *self.columns.values(),
             )
         )
 
@@ -96,6 +104,15 @@ def _list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndar
     offsets = _int_numpy(arr.offsets)
     values = _int_numpy(arr.values)
     return values, offsets, arr.null_count + arr.values.null_count
+
+
+def _aligned(values: np.ndarray, offsets: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """`values` shifted so that `like`'s offsets index them (both lists' offsets may start past
+    0 in a sliced array; they were checked to describe the same lengths)."""
+    shift = int(offsets[0]) - int(like[0]) if len(offsets) else 0
+    if shift >= 0:
+        return values[shift:]
+    return np.concatenate([np.zeros(-shift, values.dtype), values])
 
 
 def validate_row_group(data: RowGroupData, *, max_len: int, where: str, first_row: int) -> None:
@@ -183,6 +200,9 @@ class ShardStore:
         self.manifest: Manifest = read_manifest(self.path)
         self.cache_bytes = int(cache_bytes)
         self.max_len = int(self.manifest.max_len)
+        self.optional: tuple[Column, ...] = loaded_optional(self.manifest.columns)
+        """The optional columns this dataset has that records carry (`loss_mask`)."""
+        self._read_columns = (*_COLUMNS, *(c.name for c in self.optional))
         rg_rows: list[int] = []
         rg_shard: list[int] = []
         rg_first: list[int] = []
@@ -204,7 +224,7 @@ class ShardStore:
                 schema = meta.schema.to_arrow_schema()
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
-            for name in _COLUMNS:
+            for name in self._read_columns:
                 if name not in schema.names:
                     raise DataError(f"{file}: column {name!r} missing (has {schema.names})")
                 if not pa.types.is_list(schema.field(name).type) and not pa.types.is_large_list(
@@ -344,7 +364,7 @@ class ShardStore:
         try:
             # One row group is one column chunk per column: a reader thread pool only adds overhead.
             table = self._file(shard).read_row_group(
-                int(self._rg_local[g]), columns=list(_COLUMNS), use_threads=False
+                int(self._rg_local[g]), columns=list(self._read_columns), use_threads=False
             )
             if table.schema.field("input_ids").type.value_type not in _INT_TYPES:
                 raise DataError(
@@ -354,12 +374,20 @@ class ShardStore:
             tok, tok_off, tok_nulls = _list_parts(table.column("input_ids"))
             off, off_off, off_nulls = _list_parts(table.column("doc_offsets"))
             ids, ids_off, ids_nulls = _list_parts(table.column("doc_ids"))
-        except (pa.ArrowException, OSError) as exc:
+            extra = {c.name: _list_parts(table.column(c.name)) for c in self.optional}
+        except (pa.ArrowException, OSError, TypeError) as exc:
             raise DataError(
                 f"{where}: row group {int(self._rg_local[g])} unreadable ({exc}); the shard is damaged"
             ) from None
-        if tok_nulls or off_nulls or ids_nulls:
+        if tok_nulls or off_nulls or ids_nulls or any(x[2] for x in extra.values()):
             raise DataError(f"{where}: row group {int(self._rg_local[g])} holds nulls")
+        for c in self.optional:  # one value per token / per document, as declared
+            want = tok_off if c.level == TOKEN else ids_off
+            if not np.array_equal(extra[c.name][1] - extra[c.name][1][0], want - want[0]):
+                raise DataError(
+                    f"{where}: row group {int(self._rg_local[g])}: {c.name} does not have one "
+                    f"value per {'token' if c.level == TOKEN else 'document'}; repack it"
+                )
         data = RowGroupData(
             tokens=tok,
             token_offsets=tok_off.astype(np.int64, copy=False),
@@ -367,16 +395,19 @@ class ShardStore:
             doc_offsets_offsets=off_off.astype(np.int64, copy=False),
             doc_ids=ids.astype(np.int64, copy=False),
             doc_ids_offsets=ids_off.astype(np.int64, copy=False),
+            columns={
+                c.name: _aligned(*extra[c.name][:2], tok_off if c.level == TOKEN else ids_off)
+                for c in self.optional
+            },
         )
         validate_row_group(
             data, max_len=self.max_len, where=where, first_row=int(self._rg_first[g])
         )
         return data
 
-    def _slices(
-        self, rows: np.ndarray
-    ) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], int, int]:
-        """Per row: (tokens, cu_seqlens, doc ids) views into cached row groups; total tokens, docs."""
+    def _slices(self, rows: np.ndarray) -> tuple[list[tuple], int, int]:
+        """Per row: (tokens, cu_seqlens, doc ids, optional columns) views into cached row groups;
+        total tokens and documents."""
         groups = self.row_group_of(rows)
         parts = []
         n_tokens = n_docs = 0
@@ -386,59 +417,80 @@ class ShardStore:
             a, b = int(data.token_offsets[i]), int(data.token_offsets[i + 1])
             oa, ob = int(data.doc_offsets_offsets[i]), int(data.doc_offsets_offsets[i + 1])
             ia = int(data.doc_ids_offsets[i])
+            extra = {
+                c.name: data.columns[c.name][a:b]
+                if c.level == TOKEN
+                else data.columns[c.name][ia : ia + ob - oa - 1]
+                for c in self.optional
+            }
             parts.append(
-                (data.tokens[a:b], data.doc_offsets[oa:ob], data.doc_ids[ia : ia + ob - oa - 1])
+                (
+                    data.tokens[a:b],
+                    data.doc_offsets[oa:ob],
+                    data.doc_ids[ia : ia + ob - oa - 1],
+                    extra,
+                )
             )
             n_tokens += b - a
             n_docs += ob - oa - 1
         return parts, n_tokens, n_docs
 
-    def gather_into(
-        self, rows: np.ndarray, tokens: np.ndarray, doc_lens: np.ndarray, doc_ids: np.ndarray
-    ) -> tuple[int, int] | None:
-        """Write the rows' tokens, document lengths and ids into preallocated arrays.
+    def gather_into(self, rows: np.ndarray, dest: Documents) -> tuple[int, int] | None:
+        """Write the rows' documents into the front of preallocated arrays.
 
         Args:
             rows: Global row indices, in batch order.
-            tokens: Destination of the tokens (any integer dtype that holds `token_dtype`).
-            doc_lens: Destination of the document lengths (int32).
-            doc_ids: Destination of the document ids (int64).
+            dest: Destination arrays: tokens (any integer dtype that holds `token_dtype`),
+                doc_lens (int32), doc_ids (int64) and one array per optional column (`optional`).
 
         Returns:
             `(n_tokens, n_docs)` written at the front of the arrays, or None (nothing written)
             when they are too small.
         """
         parts, n_tokens, n_docs = self._slices(rows)
-        if n_tokens > len(tokens) or n_docs > len(doc_lens) or n_docs > len(doc_ids):
+        if n_tokens > dest.n_tokens or n_docs > min(dest.n_docs, len(dest.doc_ids)):
             return None
-        self._write(parts, tokens, doc_lens, doc_ids)
+        self._write(parts, dest)
         return n_tokens, n_docs
 
-    @staticmethod
-    def _write(parts, tokens: np.ndarray, doc_lens: np.ndarray, doc_ids: np.ndarray) -> None:
+    def _write(self, parts: list[tuple], dest: Documents) -> None:
         t = d = 0
-        for tok, off, ids in parts:
+        for tok, off, ids, extra in parts:
             n, k = len(tok), len(ids)
-            tokens[t : t + n] = tok
-            np.subtract(off[1:], off[:-1], out=doc_lens[d : d + k])
-            doc_ids[d : d + k] = ids
+            dest.tokens[t : t + n] = tok
+            np.subtract(off[1:], off[:-1], out=dest.doc_lens[d : d + k])
+            dest.doc_ids[d : d + k] = ids
+            for c in self.optional:
+                if c.level == TOKEN:
+                    dest.columns[c.name][t : t + n] = extra[c.name]
+                else:
+                    dest.columns[c.name][d : d + k] = extra[c.name]
             t += n
             d += k
 
-    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The rows' tokens, document lengths and document ids, concatenated in the given order.
-
-        Returns:
-            `(tokens, doc_lens, doc_ids)`: tokens in `token_dtype` `(total_tokens,)`, document
-            lengths int32 `(n_docs,)` and document ids int64 `(n_docs,)`.
-        """
-        parts, n_tokens, n_docs = self._slices(rows)
-        out = (
+    def empty_record(self, n_tokens: int, n_docs: int) -> Documents:
+        """Uninitialised arrays for `n_tokens` tokens and `n_docs` documents (stored dtypes)."""
+        return Documents(
             np.empty(n_tokens, self.token_dtype),
             np.empty(n_docs, np.int32),
             np.empty(n_docs, np.int64),
+            {
+                c.name: np.empty(n_tokens if c.level == TOKEN else n_docs, c.numpy_dtype())
+                for c in self.optional
+            },
         )
-        self._write(parts, *out)
+
+    def gather(self, rows: np.ndarray) -> Documents:
+        """The rows' documents, concatenated in the given order.
+
+        Returns:
+            A `Documents`: tokens in `token_dtype` `(total_tokens,)`, document lengths int32
+            `(n_docs,)`, document ids int64 `(n_docs,)`, and the optional columns the dataset
+            has (`optional`, e.g. `loss_mask` uint8 `(total_tokens,)`).
+        """
+        parts, n_tokens, n_docs = self._slices(rows)
+        out = self.empty_record(n_tokens, n_docs)
+        self._write(parts, out)
         return out
 
     def row_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

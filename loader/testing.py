@@ -15,7 +15,16 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
-from packtool.manifest import Manifest, ShardInfo, packed_schema, sha256_file, write_manifest
+from packtool import columns as shard_columns
+from packtool.columns import names, required
+from packtool.manifest import (
+    FORMAT_VERSION,
+    Manifest,
+    ShardInfo,
+    packed_schema,
+    sha256_file,
+    write_manifest,
+)
 from packtool.shards import ShardConfig, write_shards
 
 
@@ -26,23 +35,36 @@ def rows_table(
     doc_offsets_offsets: np.ndarray,
     doc_ids: np.ndarray,
     token_type: pa.DataType,
+    columns: dict[str, np.ndarray] | None = None,
 ) -> pa.Table:
-    """A packed-shard table from flat arrays (the layout `loader.shards.RowGroupData` uses)."""
+    """A packed-shard table from flat arrays (the layout `loader.shards.RowGroupData` uses).
+
+    `columns`: optional declared columns' flat values (per-token ones as long as `tokens`).
+    """
     n_docs_offsets = doc_offsets_offsets - np.arange(len(doc_offsets_offsets))
-    cols = [
-        pa.ListArray.from_arrays(pa.array(row_offsets, pa.int32()), pa.array(tokens, token_type)),
-        pa.ListArray.from_arrays(
+    data = {
+        "input_ids": pa.ListArray.from_arrays(
+            pa.array(row_offsets, pa.int32()), pa.array(tokens, token_type)
+        ),
+        "doc_offsets": pa.ListArray.from_arrays(
             pa.array(doc_offsets_offsets, pa.int32()), pa.array(doc_offsets, pa.int32())
         ),
-        pa.ListArray.from_arrays(
+        "doc_ids": pa.ListArray.from_arrays(
             pa.array(n_docs_offsets, pa.int32()), pa.array(doc_ids, pa.int64())
         ),
-        pa.ListArray.from_arrays(
+        "doc_chunks": pa.ListArray.from_arrays(
             pa.array(n_docs_offsets, pa.int32()),
             pa.array(np.zeros(len(doc_ids), np.int32), pa.int32()),
         ),
-    ]
-    return pa.Table.from_arrays(cols, schema=packed_schema(token_type))
+    }
+    for name, values in (columns or {}).items():
+        c = shard_columns.get(name)
+        offsets = row_offsets if c.level == shard_columns.TOKEN else n_docs_offsets
+        data[name] = pa.ListArray.from_arrays(
+            pa.array(offsets, pa.int32()), pa.array(values, c.arrow_type(token_type))
+        )
+    schema = packed_schema(token_type, tuple(data))
+    return pa.Table.from_arrays([data[n] for n in schema.names], schema=schema)
 
 
 def write_dataset(
@@ -55,11 +77,17 @@ def write_dataset(
     row_group_rows: int = 256,
     token_type: pa.DataType | None = None,
     compression: str | None = "zstd",
+    loss_masks: Sequence[Sequence[Sequence[int]]] | None = None,
+    format_version: int = FORMAT_VERSION,
 ) -> Manifest:
     """Write `rows` (each a list of documents, each a list of token ids) as a packtool dataset.
 
-    Document ids default to a running count over all documents, in row order.
+    Document ids default to a running count over all documents, in row order. `loss_masks`
+    (shaped like `rows`: 0/1 per token) adds a `loss_mask` column; `format_version=1` writes
+    the manifest as packtool wrote it before optional columns (no `columns` list).
     """
+    if loss_masks is not None and format_version < 2:
+        raise ValueError("format 1 has no optional columns; a loss mask needs format 2")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     token_type = token_type or pa.uint16()
@@ -67,10 +95,12 @@ def write_dataset(
     shards = []
     for s, start in enumerate(range(0, max(len(rows), 1), rows_per_shard)):
         chunk = rows[start : start + rows_per_shard]
-        ids_col, off_col, tok_col, chunk_col = [], [], [], []
+        ids_col, off_col, tok_col, chunk_col, mask_col = [], [], [], [], []
         for j, row in enumerate(chunk):
             lens = [len(d) for d in row]
             tok_col.append([t for d in row for t in d])
+            if loss_masks is not None:
+                mask_col.append([int(m) for d in loss_masks[start + j] for m in d])
             off_col.append(np.concatenate([[0], np.cumsum(lens)]).astype(int).tolist())
             if doc_ids is None:
                 ids_col.append(list(range(next_id, next_id + len(row))))
@@ -78,17 +108,18 @@ def write_dataset(
             else:
                 ids_col.append(list(doc_ids[start + j]))
             chunk_col.append([0] * len(row))
-        table = pa.table(
-            {
-                "input_ids": tok_col,
-                "doc_offsets": off_col,
-                "doc_ids": ids_col,
-                "doc_chunks": chunk_col,
-            },
-            schema=packed_schema(token_type),
-        )
+        data = {
+            "input_ids": tok_col,
+            "doc_offsets": off_col,
+            "doc_ids": ids_col,
+            "doc_chunks": chunk_col,
+        }
+        if loss_masks is not None:
+            data["loss_mask"] = mask_col
+        table = pa.table(data, schema=packed_schema(token_type, tuple(data)))
         shards.append(_write_shard(path, s, table, row_group_rows, compression))
-    return _finish(path, shards, max_len=max_len)
+    columns = tuple(data) if rows else names(required())
+    return _finish(path, shards, max_len=max_len, columns=columns, format_version=format_version)
 
 
 def write_random_dataset(
@@ -177,7 +208,14 @@ def _write_shard(
     )
 
 
-def _finish(path: Path, shards: list[ShardInfo], *, max_len: int) -> Manifest:
+def _finish(
+    path: Path,
+    shards: list[ShardInfo],
+    *,
+    max_len: int,
+    columns: tuple[str, ...] | None = None,
+    format_version: int = FORMAT_VERSION,
+) -> Manifest:
     rows = sum(s.rows for s in shards)
     tokens = sum(s.tokens for s in shards)
     manifest = Manifest(
@@ -199,6 +237,8 @@ def _finish(path: Path, shards: list[ShardInfo], *, max_len: int) -> Manifest:
         lower_bound_rows=-(-tokens // max_len),
         shards=tuple(shards),
         command="loader.testing",
+        columns=columns or names(required()),
+        format_version=format_version,
     )
     write_manifest(path, manifest)
     return manifest

@@ -171,7 +171,7 @@ def make_segments(
     return _Segments(doc, start, length, chunk.astype(np.int32)), counts
 
 
-def _drop_unsupervised(
+def drop_unsupervised(
     segs: _Segments,
     counts: PackCounts,
     mask: NDArray,
@@ -304,7 +304,7 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
     flat: dict[str, NDArray] = {}
     if columns.LOSS_MASK in columns.names(optional):
         flat[columns.LOSS_MASK] = pack_columns.token_values(table, columns.LOSS_MASK, doc_start)
-        segs = _drop_unsupervised(segs, counts, flat[columns.LOSS_MASK], doc_start, lengths)
+        segs = drop_unsupervised(segs, counts, flat[columns.LOSS_MASK], doc_start, lengths)
     rng = np.random.default_rng([config.seed, chunk_index])
 
     row = np.zeros(len(segs.length), dtype=np.int64)

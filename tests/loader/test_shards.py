@@ -32,7 +32,9 @@ def _rewrite_shard(path, table):
 def test_reads_rows_exactly(hand_dataset):
     store = ShardStore(hand_dataset)
     assert store.num_rows == 3 and store.num_row_groups == 2
-    tokens, lens, ids = store.gather(np.array([2, 0]))
+    got = store.gather(np.array([2, 0]))
+    tokens, lens, ids = got.tokens, got.doc_lens, got.doc_ids
+    assert got.columns == {}  # no optional column in this dataset
     assert tokens.tolist() == [10, 11, 12, 1, 2, 3, 4, 5]
     assert lens.tolist() == [1, 1, 1, 3, 2]
     assert ids.tolist() == [3, 4, 5, 0, 1]
@@ -45,7 +47,7 @@ def test_reads_rows_exactly(hand_dataset):
 def test_index_json_path_opens_its_dataset(hand_dataset):
     by_file = ShardStore(hand_dataset / "index.json")
     assert by_file.path == hand_dataset
-    assert by_file.gather(np.array([2, 0]))[0].tolist() == [10, 11, 12, 1, 2, 3, 4, 5]
+    assert by_file.gather(np.array([2, 0])).tokens.tolist() == [10, 11, 12, 1, 2, 3, 4, 5]
     assert len(list(PackedDataset(hand_dataset / "index.json", rows_per_batch=1))) == 3
 
 
@@ -178,7 +180,8 @@ def test_prefetch_decodes_each_row_group_once_with_the_same_rows(random_dataset)
     store.prefetch(groups)  # already pending: not decoded twice
     assert store.pending_row_groups == store.num_row_groups
     rows = np.random.default_rng(0).permutation(store.num_rows)
-    for got, want in zip(store.gather(rows), plain.gather(rows), strict=True):
+    a, b = store.gather(rows), plain.gather(rows)
+    for got, want in ((a.tokens, b.tokens), (a.doc_lens, b.doc_lens), (a.doc_ids, b.doc_ids)):
         assert got.dtype == want.dtype and np.array_equal(got, want)
     assert store.pending_row_groups == 0
     assert store.decoded_row_groups == store.num_row_groups
