@@ -7,8 +7,9 @@ exact rows and benchmarks can make large synthetic datasets quickly.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -78,16 +79,22 @@ def write_dataset(
     token_type: pa.DataType | None = None,
     compression: str | None = "zstd",
     loss_masks: Sequence[Sequence[Sequence[int]]] | None = None,
+    columns: Mapping[str, Sequence[Sequence[Any]]] | None = None,
     format_version: int = FORMAT_VERSION,
 ) -> Manifest:
     """Write `rows` (each a list of documents, each a list of token ids) as a packtool dataset.
 
     Document ids default to a running count over all documents, in row order. `loss_masks`
-    (shaped like `rows`: 0/1 per token) adds a `loss_mask` column; `format_version=1` writes
-    the manifest as packtool wrote it before optional columns (no `columns` list).
+    (shaped like `rows`: 0/1 per token) adds a `loss_mask` column; `columns` adds any declared
+    optional column by name (a per-token one shaped like `rows`, a per-document one as one value
+    per document of each row). `format_version=1` writes the manifest as packtool wrote it
+    before optional columns (no `columns` list).
     """
-    if loss_masks is not None and format_version < 2:
-        raise ValueError("format 1 has no optional columns; a loss mask needs format 2")
+    columns = dict(columns or {})
+    if loss_masks is not None:
+        columns["loss_mask"] = loss_masks
+    if columns and format_version < 2:
+        raise ValueError("format 1 has no optional columns")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     token_type = token_type or pa.uint16()
@@ -95,12 +102,15 @@ def write_dataset(
     shards = []
     for s, start in enumerate(range(0, max(len(rows), 1), rows_per_shard)):
         chunk = rows[start : start + rows_per_shard]
-        ids_col, off_col, tok_col, chunk_col, mask_col = [], [], [], [], []
+        ids_col, off_col, tok_col, chunk_col = [], [], [], []
+        extra: dict[str, list] = {name: [] for name in columns}
         for j, row in enumerate(chunk):
             lens = [len(d) for d in row]
             tok_col.append([t for d in row for t in d])
-            if loss_masks is not None:
-                mask_col.append([int(m) for d in loss_masks[start + j] for m in d])
+            for name, values in columns.items():
+                per_token = shard_columns.get(name).level == shard_columns.TOKEN
+                given = values[start + j]
+                extra[name].append([int(v) for d in given for v in d] if per_token else given)
             off_col.append(np.concatenate([[0], np.cumsum(lens)]).astype(int).tolist())
             if doc_ids is None:
                 ids_col.append(list(range(next_id, next_id + len(row))))
@@ -114,12 +124,11 @@ def write_dataset(
             "doc_ids": ids_col,
             "doc_chunks": chunk_col,
         }
-        if loss_masks is not None:
-            data["loss_mask"] = mask_col
+        data.update(extra)
         table = pa.table(data, schema=packed_schema(token_type, tuple(data)))
         shards.append(_write_shard(path, s, table, row_group_rows, compression))
-    columns = tuple(data) if rows else names(required())
-    return _finish(path, shards, max_len=max_len, columns=columns, format_version=format_version)
+    in_order = names(shard_columns.resolve(data))
+    return _finish(path, shards, max_len=max_len, columns=in_order, format_version=format_version)
 
 
 def write_random_dataset(
