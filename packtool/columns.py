@@ -65,6 +65,14 @@ class Column:
     """`verify`: each document holds at least one non-zero value (e.g. a supervised token)."""
     loaded: bool = False
     """An optional column the loader decodes and carries in its records (`TOKEN`/`DOCUMENT`)."""
+    dictionary: bool = False
+    """Parquet dictionary-encodes it (few distinct values in long runs: a 0/1 mask takes a
+    third of the bytes and decodes as fast; README, "What a loss mask costs")."""
+
+    @property
+    def parquet_path(self) -> str:
+        """The leaf column's path in a Parquet file (what writer options name)."""
+        return self.name if self.level == ROW else f"{self.name}.list.element"
 
     def numpy_dtype(self, token_dtype: np.dtype | type = np.uint32) -> np.dtype:
         return np.dtype(token_dtype if self.dtype == TOKEN_DTYPE else self.dtype)
@@ -125,6 +133,7 @@ SHARD_COLUMNS: tuple[Column, ...] = (
         max_value=1,
         every_document_positive=True,
         loaded=True,
+        dictionary=True,
     ),
 )
 """Every shard column, in the order shards store them."""

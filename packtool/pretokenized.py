@@ -266,17 +266,20 @@ def _convert(
     np.cumsum(kept_len, out=new_off[1:])
     if new_off[-1] >= 2**31:
         raise ConfigError("a row group holds >= 2**31 tokens; write the file with smaller groups")
-    # The kept documents' values, in order: positions of every kept token.
-    take = np.repeat(offsets[rows] - new_off[:-1], kept_len) + np.arange(new_off[-1])
+    if len(rows) == len(lengths):  # the usual case: every document kept, nothing to gather
+        kept_ids, kept_mask = ids, mask
+    else:  # the kept documents' values, in order: positions of every kept token
+        take = np.repeat(offsets[rows] - new_off[:-1], kept_len) + np.arange(new_off[-1])
+        kept_ids, kept_mask = ids[take], None if mask is None else mask[take]
     off32 = pa.array(new_off.astype(np.int32))
     columns = {
         "doc_id": pa.array(np.arange(first_id, first_id + len(rows), dtype=np.int64)),
         "source": pa.array([where] * len(rows), pa.string()),
-        "input_ids": pa.ListArray.from_arrays(off32, pa.array(ids[take], token_type)),
+        "input_ids": pa.ListArray.from_arrays(off32, pa.array(kept_ids, token_type)),
         "length": pa.array(kept_len.astype(np.int32)),
     }
-    if mask is not None:
-        columns[LOSS_MASK] = pa.ListArray.from_arrays(off32, pa.array(mask[take], pa.uint8()))
+    if kept_mask is not None:
+        columns[LOSS_MASK] = pa.ListArray.from_arrays(off32, pa.array(kept_mask, pa.uint8()))
     for name in config.extra_fields:
         col = table.column(name).take(pa.array(rows))
         columns[name] = col.cast(pa.string()) if col.type != pa.string() else col
