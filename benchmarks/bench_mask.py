@@ -9,7 +9,9 @@ supervised) and without. Both are packed with `--long-docs truncate --max-len 40
 datasets hold exactly the same rows and the only difference is the mask. Then, interleaved and
 best of `--repeat`, the baseline (no mask) against the masked data:
 
-- `packtool pack` wall time (read pre-tokenized Parquet, pack, write);
+- `packtool pack` wall time from the pre-tokenized Parquet (reading and checking int64 `labels`
+  is part of it), `packtool tokenize` of it (the pass-through to packtool's tokenized Parquet),
+  and `pack` from that tokenized Parquet (packing's own cost of the mask);
 - shard bytes per token on disk (lz4, the default);
 - `packtool verify` wall time (checksums included);
 - loader tokens/s in-process (decode, gather, collate: what one worker produces) and through a
@@ -33,6 +35,7 @@ from benchmarks._common import ROOT, markdown_table, update_readme
 from loader import PackedDataLoader, PackedDataset
 from packtool.engines.local import RunConfig, run_pack
 from packtool.pack import PackConfig
+from packtool.tokenize import tokenize_corpus
 from packtool.verify import verify_dataset
 
 MAX_LEN = 4096
@@ -65,6 +68,12 @@ def inputs(copies: int) -> tuple[Path, Path]:
     lab_col = pa.array(labels, pa.list_(pa.int64()))
     pq.write_table(pa.table({"input_ids": ids_col, "labels": lab_col}), masked, row_group_size=8192)
     return masked, plain
+
+
+def tokenize(src: Path, out: Path) -> float:
+    t0 = time.perf_counter()
+    tokenize_corpus([src], out, overwrite=True)
+    return time.perf_counter() - t0
 
 
 def pack(src: Path, out: Path) -> float:
@@ -129,6 +138,9 @@ def main(argv: list[str] | None = None) -> None:
         for name, src in (("plain", plain_src), ("masked", masked_src)):
             path = out / f"packed_{name}"
             keep((name, "pack"), pack(src, path), low=True)
+            tok = out / f"tokenized_{name}.parquet"
+            keep((name, "tokenize"), tokenize(src, tok), low=True)
+            keep((name, "pack-tok"), pack(tok, out / f"packed_tok_{name}"), low=True)
             keep((name, "verify"), verify(path), low=True)
             keep((name, "in-process"), in_process(path), low=False)
             keep((name, "worker"), one_worker(path), low=False)
@@ -143,7 +155,18 @@ def main(argv: list[str] | None = None) -> None:
     assert tokens["plain"] == tokens["masked"], "the two datasets must hold the same rows"
     n = tokens["plain"]
     rows = [
-        ["`pack` wall (s)", *(f"{best[(k, 'pack')]:.2f}" for k in ("plain", "masked"))],
+        [
+            "`pack` from pre-tokenized Parquet, wall (s)",
+            *(f"{best[(k, 'pack')]:.2f}" for k in ("plain", "masked")),
+        ],
+        [
+            "`tokenize` (ids and mask passed through), wall (s)",
+            *(f"{best[(k, 'tokenize')]:.2f}" for k in ("plain", "masked")),
+        ],
+        [
+            "`pack` from tokenized Parquet, wall (s)",
+            *(f"{best[(k, 'pack-tok')]:.2f}" for k in ("plain", "masked")),
+        ],
         ["shard bytes / token", *(f"{sizes[k] / n:.3f}" for k in ("plain", "masked"))],
         ["`verify` wall (s)", *(f"{best[(k, 'verify')]:.2f}" for k in ("plain", "masked"))],
         [

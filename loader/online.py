@@ -38,7 +38,7 @@ from loader.online_state import check_packer_state, config_state
 from loader.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.segments import Segments
 from packtool import kernels
-from packtool.columns import LOSS_MASK
+from packtool.columns import LOSS_MASK, TOKEN, get, names, optional
 from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.pack import PackCounts, drop_unsupervised, make_segments
 from packtool.pack_columns import check_policy
@@ -116,6 +116,7 @@ class OnlinePacker:
         doc_ids: NDArray[np.integer] | None = None,
         *,
         loss_mask: NDArray | None = None,
+        columns: dict[str, NDArray] | None = None,
     ) -> None:
         """Add documents: `tokens` holds their ids back to back, `lengths` one entry per document.
 
@@ -127,6 +128,8 @@ class OnlinePacker:
         (`long_docs="split"` is refused: use `truncate` or `drop`), and a document without a
         supervised token is left out and counted (`documents_unsupervised`, in
         `documents_dropped`). A packer takes documents all with a mask or all without.
+        `columns` carries any declared optional per-token column the same way, by name
+        (`loss_mask=m` is `columns={"loss_mask": m}`).
 
         Raises:
             PackerClosedError: after `flush(final=True)`.
@@ -168,7 +171,11 @@ class OnlinePacker:
                 self._dtype = tokens.dtype
             elif tokens.dtype != self._dtype:
                 self._dtype = np.result_type(self._dtype, tokens.dtype)
-        mask = self._check_mask(tokens, loss_mask)
+        extra = dict(columns or {})
+        if loss_mask is not None:
+            extra[LOSS_MASK] = loss_mask
+        extra = self._check_columns(tokens, extra)
+        mask = extra.get(LOSS_MASK)
         if doc_ids is None:
             doc_ids = np.arange(self._next_doc_id, self._next_doc_id + len(lengths), dtype=np.int64)
         else:
@@ -197,35 +204,46 @@ class OnlinePacker:
             doc_ids[segs.doc],
             segs.chunk,
             np.zeros(len(segs.length), np.int32),
-            {} if mask is None else {LOSS_MASK: mask},
+            extra,
         )
         self._add(part)
 
-    def _check_mask(self, tokens: NDArray | None, loss_mask: NDArray | None) -> NDArray | None:
-        """The mask as uint8 (None without one), after checking it and the packer's kind."""
-        mask = None
-        if loss_mask is not None:
-            if tokens is None:
-                raise DataError("a loss mask needs the tokens it masks (push tokens with it)")
-            mask = np.asarray(loss_mask)
-            if mask.shape != tokens.shape or (mask.size and mask.dtype.kind not in "iub"):
-                raise DataError(
-                    f"loss_mask must be one 0/1 value per token: got {mask.dtype} {mask.shape} "
-                    f"for {tokens.shape} token ids"
+    def _check_columns(
+        self, tokens: NDArray | None, columns: dict[str, NDArray]
+    ) -> dict[str, NDArray]:
+        """Per-token optional columns in their declared dtypes, after checking each one (one
+        value per token, the declared range) and the packer's kind (the same columns always)."""
+        out = {}
+        for name, values in columns.items():
+            c = get(name)
+            if c.level != TOKEN:
+                raise ConfigError(
+                    f"{name} is not a per-token column; the packer carries only those"
                 )
-            if mask.size and ((mask != 0) & (mask != 1)).any():
-                raise DataError("a loss mask holds 0 or 1 (1 = the token is supervised)")
-            mask = mask.astype(np.uint8, copy=False)
-        columns = () if mask is None else (LOSS_MASK,)
+            if tokens is None:
+                raise DataError(f"{name} needs the tokens it belongs to (push tokens with it)")
+            arr = np.asarray(values)
+            if arr.shape != tokens.shape or (arr.size and arr.dtype.kind not in "iubf"):
+                raise DataError(
+                    f"{name} must have one value per token: got {arr.dtype} {arr.shape} for "
+                    f"{tokens.shape} token ids"
+                )
+            low, high = c.min_value, c.max_value
+            if arr.size and (
+                (low is not None and arr.min() < low) or (high is not None and arr.max() > high)
+            ):
+                raise DataError(f"{name} values must be in {low}..{high} ({c.doc})")
+            out[name] = arr.astype(c.numpy_dtype(), copy=False)
+        kind = names(c for c in optional() if c.name in out)
         if self._columns is None:
-            self._columns = columns
-        elif self._columns != columns:
+            self._columns = kind
+        elif self._columns != kind:
             raise ConfigError(
-                "do not mix documents with and without a loss mask in one packer (a dataset is "
-                "one kind)"
+                f"do not mix documents with and without {', '.join(set(kind) ^ set(self._columns))} "
+                "in one packer (a dataset is one kind)"
             )
-        check_policy(columns, self.config.long_docs)
-        return mask
+        check_policy(kind, self.config.long_docs)
+        return {name: out[name] for name in kind}
 
     def push_lengths(
         self, lengths: NDArray[np.integer], doc_ids: NDArray[np.integer] | None = None
@@ -250,15 +268,17 @@ class OnlinePacker:
         doc_ids = None
         if "doc_id" in table.schema.names:
             doc_ids = table.column("doc_id").to_numpy()
-        mask = None
-        if LOSS_MASK in table.schema.names:
-            col = table.column(LOSS_MASK)
+        extra = {}
+        for c in optional():  # the declared per-token columns the table carries
+            if c.level != TOKEN or c.name not in table.schema.names:
+                continue
+            col = table.column(c.name)
             col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-            m_off = col.offsets.to_numpy().astype(np.int64)
-            if not np.array_equal(m_off - m_off[0], offsets - offsets[0]):
-                raise DataError("loss_mask does not have one value per token of input_ids")
-            mask = col.values.to_numpy(zero_copy_only=False)[m_off[0] : m_off[-1]]
-        self.push(values, np.diff(offsets), doc_ids, loss_mask=mask)
+            c_off = col.offsets.to_numpy().astype(np.int64)
+            if not np.array_equal(c_off - c_off[0], offsets - offsets[0]):
+                raise DataError(f"{c.name} does not have one value per token of input_ids")
+            extra[c.name] = col.values.to_numpy(zero_copy_only=False)[c_off[0] : c_off[-1]]
+        self.push(values, np.diff(offsets), doc_ids, columns=extra)
 
     def push_docs(self, docs: Iterable[Any], masks: Iterable[Any] | None = None) -> None:
         """Add documents given one token array (or list of ints) each, and optionally a loss

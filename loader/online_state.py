@@ -164,7 +164,11 @@ def _check_columns(check: StateCheck, cols: Any, path: str, tokens: Any) -> None
     for name, values in cols.items():
         if name not in known:
             raise check.fail(f"{path}.{name}", "is not a declared optional column")
-        check.ints(values, f"{path}.{name}", None if tokens is None else len(tokens))
+        n = None if tokens is None else len(tokens)
+        if not isinstance(values, np.ndarray) or values.ndim != 1 or values.dtype.kind not in "iuf":
+            raise check.fail(f"{path}.{name}", f"is {_show(values)}, not a 1-D numeric array")
+        if n is not None and len(values) != n:
+            raise check.fail(f"{path}.{name}", f"has {len(values)} entries where {n} are needed")
 
 
 def check_rows_state(state: Any, *, owner: str, path: str, with_tokens: bool | None = None) -> None:

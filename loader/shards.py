@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.record import Documents
-from packtool.columns import TOKEN, Column, loaded_optional
+from packtool.columns import BYTES, TOKEN, Column, bytes_parts, loaded_optional
 from packtool.errors import DataError
 from packtool.manifest import Manifest, dataset_folder, read_manifest, sha256_file
 
@@ -81,13 +81,15 @@ _INT_TYPES = {
     pa.uint32(): np.uint32,
     pa.uint64(): np.uint64,
 }
+_NUMERIC_TYPES = {**_INT_TYPES, pa.float32(): np.float32, pa.float64(): np.float64}
+"""What a declared optional column may hold (token ids are checked against `_INT_TYPES`)."""
 
 
 def _int_numpy(arr: pa.Array) -> np.ndarray:
     """Zero-copy numpy view of a null-free integer Arrow array (read-only)."""
-    dtype = _INT_TYPES.get(arr.type)
+    dtype = _NUMERIC_TYPES.get(arr.type)
     if dtype is None:
-        raise TypeError(f"{arr.type} is not an integer type")
+        raise TypeError(f"{arr.type} is not an integer or float type")
     itemsize = np.dtype(dtype).itemsize
     return np.frombuffer(
         arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * itemsize
@@ -100,6 +102,9 @@ def _list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndar
         arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     else:
         arr = column
+    if pa.types.is_binary(arr.type):  # a column stored as bytes: one binary value per row
+        offsets, values = bytes_parts(arr)
+        return values, offsets, arr.null_count
     # `.offsets` and `.values` ignore a slice offset consistently (offsets index into `.values`).
     offsets = _int_numpy(arr.offsets)
     values = _int_numpy(arr.values)
@@ -203,6 +208,7 @@ class ShardStore:
         self.optional: tuple[Column, ...] = loaded_optional(self.manifest.columns)
         """The optional columns this dataset has that records carry (`loss_mask`)."""
         self._read_columns = (*_COLUMNS, *(c.name for c in self.optional))
+        self._bytes = {c.name for c in self.optional if c.storage == BYTES}
         rg_rows: list[int] = []
         rg_shard: list[int] = []
         rg_first: list[int] = []
@@ -227,12 +233,10 @@ class ShardStore:
             for name in self._read_columns:
                 if name not in schema.names:
                     raise DataError(f"{file}: column {name!r} missing (has {schema.names})")
-                if not pa.types.is_list(schema.field(name).type) and not pa.types.is_large_list(
-                    schema.field(name).type
-                ):
-                    raise DataError(
-                        f"{file}: column {name!r} is {schema.field(name).type}, not a list"
-                    )
+                kind = schema.field(name).type
+                is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+                if not is_list and not (pa.types.is_binary(kind) and name in self._bytes):
+                    raise DataError(f"{file}: column {name!r} is {kind}, not a list")
             value_type = schema.field("input_ids").type.value_type
             if value_type not in _INT_TYPES or value_type.bit_width > 32:
                 raise DataError(

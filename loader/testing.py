@@ -61,9 +61,7 @@ def rows_table(
     for name, values in (columns or {}).items():
         c = shard_columns.get(name)
         offsets = row_offsets if c.level == shard_columns.TOKEN else n_docs_offsets
-        data[name] = pa.ListArray.from_arrays(
-            pa.array(offsets, pa.int32()), pa.array(values, c.arrow_type(token_type))
-        )
+        data[name] = c.array(offsets, values, token_type)
     schema = packed_schema(token_type, tuple(data))
     return pa.Table.from_arrays([data[n] for n in schema.names], schema=schema)
 
@@ -108,9 +106,13 @@ def write_dataset(
             lens = [len(d) for d in row]
             tok_col.append([t for d in row for t in d])
             for name, values in columns.items():
-                per_token = shard_columns.get(name).level == shard_columns.TOKEN
+                c = shard_columns.get(name)
                 given = values[start + j]
-                extra[name].append([int(v) for d in given for v in d] if per_token else given)
+                if c.level == shard_columns.TOKEN:
+                    flat = [v for d in given for v in d]
+                    stored = c.storage == shard_columns.BYTES
+                    given = np.asarray(flat, c.numpy_dtype()).tobytes() if stored else flat
+                extra[name].append(given)
             off_col.append(np.concatenate([[0], np.cumsum(lens)]).astype(int).tolist())
             if doc_ids is None:
                 ids_col.append(list(range(next_id, next_id + len(row))))

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from packtool.columns import names, optional
 from packtool.compressed import open_stream, zstd_error
 from packtool.errors import ConfigError, DataError
 
@@ -50,8 +51,9 @@ file whose first character is `[` is read as one JSON array of objects instead."
 _BOM = b"\xef\xbb\xbf"
 _JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
 
-RESERVED_COLUMNS = ("doc_id", "source", "input_ids", "length")
-"""Column names of the tokenized table; an extra field may not take one of them."""
+RESERVED_COLUMNS = ("doc_id", "source", "input_ids", "length", *names(optional()))
+"""Column names of the tokenized table (with the declared optional ones, packtool/columns.py);
+an extra field may not take one of them."""
 
 # How many JSON objects without the text field, and none with it, before a file is an error.
 _MISSING_FIELD_PATIENCE = 1000

@@ -321,7 +321,9 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
         raise DataError(f"{file}: cannot read row {local} ({exc}); run `packtool verify`") from None
     ids = np.asarray(values["input_ids"], dtype=np.int64)
     offsets = np.asarray(values["doc_offsets"], dtype=np.int64)
-    mask = values.get(LOSS_MASK)
+    mask = values.get(LOSS_MASK)  # bytes (its storage) or a list
+    if isinstance(mask, bytes):
+        mask = np.frombuffer(mask, np.uint8)
     mask = None if mask is None else np.asarray(mask, dtype=np.uint8)
     documents = []
     for k, (doc_id, chunk) in enumerate(zip(values["doc_ids"], values["doc_chunks"], strict=False)):

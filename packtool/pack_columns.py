@@ -72,7 +72,7 @@ def gather(
     row_offsets: NDArray[np.int32],
     seg_offsets: NDArray[np.int32],
     values: dict[str, NDArray] | None = None,
-) -> dict[str, pa.ListArray]:
+) -> dict[str, pa.Array]:
     """The packed rows' optional columns: per-token ones like the ids, per-document ones per piece.
 
     Args:
@@ -86,19 +86,15 @@ def gather(
         seg_offsets: piece offsets of the rows.
         values: flat per-token values already read (`token_values`), by name.
     """
-    out: dict[str, pa.ListArray] = {}
+    out: dict[str, pa.Array] = {}
     for c in columns:
         if c.level == shard_columns.TOKEN:
             flat = (values or {}).get(c.name)
             if flat is None:
                 flat = token_values(table, c.name, doc_start)
             packed = kernels.gather_segments(flat.astype(c.numpy_dtype(), copy=False), src, seg_len)
-            out[c.name] = pa.ListArray.from_arrays(
-                pa.array(row_offsets), pa.array(packed, c.arrow_type())
-            )
+            out[c.name] = c.array(row_offsets, packed)  # a list, or bytes (`Column.storage`)
         else:  # DOCUMENT: one value per document of the chunk, one per piece in the rows
             per_doc = table.column(c.name).to_numpy().astype(c.numpy_dtype(), copy=False)
-            out[c.name] = pa.ListArray.from_arrays(
-                pa.array(seg_offsets), pa.array(per_doc[seg_doc], c.arrow_type())
-            )
+            out[c.name] = c.array(seg_offsets, per_doc[seg_doc])
     return out

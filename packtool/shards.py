@@ -14,7 +14,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.columns import resolve
 from packtool.errors import ConfigError
 from packtool.manifest import ShardInfo, packed_schema, sha256_file
 
@@ -53,16 +52,14 @@ def _write_one(path: Path, table: pa.Table, config: ShardConfig) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     codec = None if config.compression == "none" else config.compression
     level = config.compression_level if codec in ("zstd",) else None
-    # Token lists are high-entropy ids: dictionary encoding only costs time. Columns declared
-    # with `dictionary` (a 0/1 loss mask) are the exception.
-    dictionary = [c.parquet_path for c in resolve(table.column_names) if c.dictionary]
     pq.write_table(
         table,
         tmp,
         row_group_size=config.row_group_rows,
         compression=codec,
         compression_level=level,
-        use_dictionary=dictionary or False,
+        # Token lists are high-entropy ids: dictionary encoding only costs time.
+        use_dictionary=False,
         write_statistics=False,
     )
     with open(tmp, "rb+") as f:

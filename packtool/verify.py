@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from packtool import verify_columns
-from packtool.columns import LOSS_MASK
+from packtool.columns import LOSS_MASK, bytes_parts
 from packtool.errors import DataError
 from packtool.manifest import (
     INDEX_FILE,
@@ -51,6 +51,8 @@ from packtool.progress import progress_enabled
 from packtool.tokenizers import token_dtype
 
 COLUMNS = ("input_ids", "doc_offsets", "doc_ids", "doc_chunks")
+_FLOATS = {pa.float32(): np.dtype(np.float32), pa.float64(): np.dtype(np.float64)}
+"""Arrow float types whose names are not numpy's (`float` is float32 in Arrow)."""
 EFFICIENCY_TOLERANCE = 1e-3
 """How far index.json's recorded efficiency may be from tokens / (rows * max_len) (rounding)."""
 
@@ -152,13 +154,25 @@ def list_parts(arr: pa.Array) -> tuple[NDArray[np.int64], np.ndarray]:
     return offsets, _primitive_view(values)
 
 
+def column_parts(arr: pa.Array) -> tuple[NDArray[np.int64] | None, np.ndarray]:
+    """(offsets, values) of a shard column: a list, a binary value per row (the values' bytes,
+    as uint8) or, for a per-row scalar, (None, the values)."""
+    if pa.types.is_binary(arr.type):
+        offsets, values = bytes_parts(arr)
+        offsets = offsets.astype(np.int64)
+        return offsets - offsets[0], values[int(offsets[0]) : int(offsets[-1])]
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        return list_parts(arr)
+    return None, _primitive_view(arr)
+
+
 def _primitive_view(arr: pa.Array) -> np.ndarray:
     """A zero-copy numpy view of a null-free integer array.
 
     Straight from the data buffer: pyarrow's own `to_numpy` / `__array__` import pandas on first
     use, which costs about a second of start-up for a command that otherwise takes milliseconds.
     """
-    dtype = np.dtype(str(arr.type))
+    dtype = _FLOATS.get(arr.type) or np.dtype(str(arr.type))
     buf = arr.buffers()[1]
     if buf is None or len(arr) == 0:
         return np.zeros(0, dtype=dtype)
@@ -342,9 +356,7 @@ def verify_dataset(
                 col = table.column(name).combine_chunks()
                 if col.null_count or (hasattr(col, "values") and col.values.null_count):
                     raise _fail(where, f"row group {rg}: {name} contains nulls")
-                parts[name] = (
-                    list_parts(col) if hasattr(col, "values") else (None, _primitive_view(col))
-                )
+                parts[name] = column_parts(col)
             core = first_bad_row(parts, max_len=max_len, vocab_size=vocab)
             more = verify_columns.first_bad_row(parts, optional)
             bad = min((b for b in (core, more) if b is not None), default=None)

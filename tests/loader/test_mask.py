@@ -182,11 +182,11 @@ def test_online_packer_refuses_split_and_mixed_documents():
         OnlinePacker(max_len=8).push(np.arange(3), np.array([3]), loss_mask=np.ones(3, np.uint8))
     p = OnlinePacker(max_len=8, long_docs="drop")
     p.push(np.arange(3), np.array([3]), loss_mask=np.ones(3, np.uint8))
-    with pytest.raises(ConfigError, match="with and without a loss mask"):
+    with pytest.raises(ConfigError, match="with and without loss_mask"):
         p.push(np.arange(3), np.array([3]))
-    with pytest.raises(DataError, match="one 0/1 value per token"):
+    with pytest.raises(DataError, match="loss_mask must have one value per token"):
         p.push(np.arange(3), np.array([3]), loss_mask=np.ones(2, np.uint8))
-    with pytest.raises(DataError, match="holds 0 or 1"):
+    with pytest.raises(DataError, match=r"loss_mask values must be in 0..1"):
         p.push(np.arange(3), np.array([3]), loss_mask=np.array([0, 2, 1]))
 
 

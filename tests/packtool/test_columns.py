@@ -40,7 +40,24 @@ def test_loss_mask_is_declared_optional_per_token():
     assert (c.level, c.dtype, c.required, c.loaded) == (TOKEN, "uint8", False, True)
     schema = packed_schema(pa.uint16(), ("loss_mask", *REQUIRED))  # any order in, declared out
     assert schema.names == [*REQUIRED, "loss_mask"]
-    assert schema.field("loss_mask").type == pa.list_(pa.uint8())
+    # One byte per token, one binary value per row: decodes as one copy, not value by value.
+    assert c.storage == shard_columns.BYTES and schema.field("loss_mask").type == pa.binary()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"storage": "bytes", "dtype": "int32"},
+        {"storage": "bytes", "level": DOCUMENT},
+        {"storage": "bits"},
+        {"level": "span"},
+    ],
+)
+def test_a_column_declaration_that_cannot_work_is_refused(bad):
+    with pytest.raises(ValueError, match="column x"):
+        Column(
+            **{"name": "x", "dtype": "uint8", "level": TOKEN, "required": False, "doc": "", **bad}
+        )
 
 
 @pytest.mark.parametrize(

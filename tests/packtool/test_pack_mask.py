@@ -80,7 +80,7 @@ def pieces(table: pa.Table) -> dict[int, tuple[list[int], list[int], int]]:
         for k, (doc, chunk) in enumerate(zip(row["doc_ids"], row["doc_chunks"], strict=True)):
             assert doc not in out, "a masked document was split"
             a, b = off[k], off[k + 1]
-            out[doc] = (row["input_ids"][a:b], row["loss_mask"][a:b], chunk)
+            out[doc] = (row["input_ids"][a:b], list(row["loss_mask"][a:b]), chunk)
     return out
 
 
