@@ -38,7 +38,7 @@ from loader.online_state import check_packer_state, config_state
 from loader.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.segments import Segments
 from packtool import kernels
-from packtool.columns import LOSS_MASK, TOKEN, get, names, optional
+from packtool.columns import LOSS_MASK, TOKEN, flat_parts, get, names, optional
 from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.pack import PackCounts, drop_unsupervised, make_segments
 from packtool.pack_columns import check_policy
@@ -272,12 +272,10 @@ class OnlinePacker:
         for c in optional():  # the declared per-token columns the table carries
             if c.level != TOKEN or c.name not in table.schema.names:
                 continue
-            col = table.column(c.name)
-            col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-            c_off = col.offsets.to_numpy().astype(np.int64)
-            if not np.array_equal(c_off - c_off[0], offsets - offsets[0]):
+            c_off, c_values = flat_parts(table.column(c.name))  # a list, or bytes
+            if not np.array_equal(c_off, offsets - offsets[0]):
                 raise DataError(f"{c.name} does not have one value per token of input_ids")
-            extra[c.name] = col.values.to_numpy(zero_copy_only=False)[c_off[0] : c_off[-1]]
+            extra[c.name] = c_values
         self.push(values, np.diff(offsets), doc_ids, columns=extra)
 
     def push_docs(self, docs: Iterable[Any], masks: Iterable[Any] | None = None) -> None:

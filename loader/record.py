@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from packtool.columns import LOSS_MASK, TOKEN, get
-from packtool.errors import DataError
+from packtool.columns import LOSS_MASK
 
 
 @dataclass(frozen=True)
@@ -47,15 +46,3 @@ class Documents:
     def loss_mask(self) -> NDArray | None:
         """uint8 `(total,)`, 1 where the token is a target of the loss; None without a mask."""
         return self.columns.get(LOSS_MASK)
-
-    def check(self) -> None:
-        """Raise `DataError` when the arrays do not describe the same documents."""
-        if self.doc_ids.shape[0] != self.n_docs:
-            raise DataError(f"{self.doc_ids.shape[0]} doc_ids for {self.n_docs} documents")
-        total = int(np.asarray(self.doc_lens, np.int64).sum())
-        if total != self.n_tokens:
-            raise DataError(f"document lengths sum to {total} but {self.n_tokens} tokens given")
-        for name, values in self.columns.items():
-            want = self.n_tokens if get(name).level == TOKEN else self.n_docs
-            if values.shape[0] != want:
-                raise DataError(f"{name} has {values.shape[0]} values where {want} are needed")

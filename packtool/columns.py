@@ -270,3 +270,19 @@ def bytes_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     data = arr.buffers()[2]
     values = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
     return offsets, values
+
+
+def flat_parts(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 offsets from 0, flat values) of a per-token column stored as a list or as bytes."""
+    import pyarrow as pa
+
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_binary(arr.type):
+        offsets, values = bytes_parts(arr)
+    else:
+        offsets = arr.offsets.to_numpy()
+        values = arr.values.to_numpy(zero_copy_only=False)
+    offsets = offsets.astype(np.int64)
+    if not len(offsets):
+        return np.zeros(1, np.int64), values[:0]
+    return offsets - offsets[0], values[int(offsets[0]) : int(offsets[-1])]

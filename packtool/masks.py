@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 def segment_sums(values: NDArray, offsets: NDArray[np.integer]) -> NDArray[np.int64]:
     """Sum of `values[offsets[i]:offsets[i + 1]]` for each i (empty segments give 0)."""
     cum = np.zeros(len(values) + 1, np.int64)
-    np.cumsum(values, out=cum[1:])
+    np.cumsum(values, dtype=np.int64, out=cum[1:])  # dtype: ~4x faster than casting on output
     offsets = np.asarray(offsets, np.int64)
     return cum[offsets[1:]] - cum[offsets[:-1]]
 
@@ -27,7 +27,7 @@ def prefix_sums(
     What truncating every document to `limits[j]` tokens keeps of its supervised tokens.
     """
     cum = np.zeros(len(values) + 1, np.int64)
-    np.cumsum(values, out=cum[1:])
+    np.cumsum(values, dtype=np.int64, out=cum[1:])
     offsets = np.asarray(offsets, np.int64)
     starts, ends = offsets[:-1, None], offsets[1:, None]
     cut = np.minimum(starts + np.asarray(limits, np.int64)[None, :], ends)

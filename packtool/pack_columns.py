@@ -44,22 +44,19 @@ def check_policy(names: tuple[str, ...], long_docs: str) -> None:
 def token_values(table: pa.Table, name: str, doc_start: NDArray[np.int64]) -> NDArray:
     """The flat values of per-token column `name`, checked to have the ids' offsets."""
     col = table.column(name).combine_chunks()
-    offsets = col.offsets.to_numpy().astype(np.int64)
-    if col.null_count or col.values.null_count:
+    if col.null_count or (hasattr(col, "values") and col.values.null_count):
         raise DataError(f"tokenized table: {name} holds nulls")
-    if len(offsets) != len(doc_start) or not np.array_equal(offsets - offsets[0], doc_start):
+    offsets, values = shard_columns.flat_parts(col)  # a list, or bytes
+    if len(offsets) != len(doc_start) or not np.array_equal(offsets, doc_start):
         raise DataError(f"tokenized table: {name} does not have one value per token of input_ids")
-    values = col.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    return values.to_numpy(zero_copy_only=False)
+    return values
 
 
 def supervised_per_segment(
     mask: NDArray, src: NDArray[np.int64], length: NDArray[np.int64]
 ) -> NDArray[np.int64]:
     """Supervised tokens in each segment `mask[src : src + length]`."""
-    cum = np.zeros(len(mask) + 1, np.int64)
-    np.cumsum(mask, out=cum[1:])
-    return cum[src + length] - cum[src]
+    return kernels.segment_sums(mask, src, length)
 
 
 def gather(

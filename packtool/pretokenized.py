@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.columns import LOSS_MASK
+from packtool.columns import LOSS_MASK, get
 from packtool.corpus import ReadConfig, SkipCounter
 from packtool.errors import ConfigError, DataError
 from packtool.masks import segment_sums
@@ -279,7 +279,7 @@ def _convert(
         "length": pa.array(kept_len.astype(np.int32)),
     }
     if kept_mask is not None:
-        columns[LOSS_MASK] = pa.ListArray.from_arrays(off32, pa.array(kept_mask, pa.uint8()))
+        columns[LOSS_MASK] = get(LOSS_MASK).array(new_off, kept_mask)  # bytes, as in the shards
     for name in config.extra_fields:
         col = table.column(name).take(pa.array(rows))
         columns[name] = col.cast(pa.string()) if col.type != pa.string() else col

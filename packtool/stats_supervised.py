@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from packtool.columns import LOSS_MASK
+from packtool.columns import LOSS_MASK, flat_parts
 from packtool.kernels import ffd_assign
 from packtool.masks import prefix_sums
 
@@ -117,11 +117,7 @@ class SupervisedCounter:
         self.tokens = 0
 
     def add(self, table: pa.Table) -> None:
-        col = table.column(LOSS_MASK).combine_chunks()
-        offsets = col.offsets.to_numpy().astype(np.int64)
-        mask = col.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-        mask = mask.to_numpy(zero_copy_only=False)
-        offsets = offsets - offsets[0]
+        offsets, mask = flat_parts(table.column(LOSS_MASK))
         lengths = np.diff(offsets)
         self.tokens += int(lengths.sum())
         self.total_supervised += int(mask.sum(dtype=np.int64))

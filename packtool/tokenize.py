@@ -71,10 +71,12 @@ def tokenized_schema(
         pa.field("length", pa.int32(), nullable=False),
     ]
     optional = shard_columns.names(shard_columns.tokenized_optional(list(optional)))
-    for c in map(shard_columns.get, optional):
-        value = c.arrow_type(token_type)
-        kind = pa.list_(value) if c.level == shard_columns.TOKEN else value
-        fields.append(pa.field(c.name, kind, nullable=False))
+    for c in map(shard_columns.get, optional):  # stored as the shards store them
+        fields.append(
+            c.field(token_type)
+            if c.level == shard_columns.TOKEN
+            else pa.field(c.name, c.arrow_type(token_type), nullable=False)
+        )
     fields += [pa.field(name, pa.string()) for name in extra_fields]
     meta: dict[str, Any] = {"format": FORMAT, "version": 1, "tokenizer": identity.to_dict()}
     if optional:
@@ -478,8 +480,8 @@ def tokenize_corpus(
                     write_q.put(table)
                     tokens = int(pc.sum(table.column("length")).as_py() or 0)
                     if supervised is not None:
-                        mask = table.column(shard_columns.LOSS_MASK).combine_chunks()
-                        supervised += int(pc.sum(mask.flatten()).as_py() or 0)
+                        mask = shard_columns.flat_parts(table.column(shard_columns.LOSS_MASK))
+                        supervised += int(mask[1].sum(dtype=np.int64))
                     bar.update(docs=table.num_rows, tokens=tokens, nbytes=nbytes)
             finally:
                 write_q.close()

@@ -41,8 +41,9 @@ class PartWriter:
             path,
             self.schema,
             compression="zstd",
+            # Dictionaries for the strings (source, extra fields), not for ids or masks.
             use_dictionary=[
-                n for n in self.schema.names if n not in ("input_ids", "doc_id", "length")
+                n for n in self.schema.names if self.schema.field(n).type == pa.string()
             ],
         )
         self._tokens = 0

@@ -82,7 +82,7 @@ def _empty_document_rows(
     # Offsets past the row are the core checks' to report; clipped, they cannot index outside.
     bounds = np.clip(d_values[take].astype(np.int64) + row_start, row_start, row_end)
     cum = np.zeros(len(values) + 1, np.int64)
-    np.cumsum(values != 0, out=cum[1:])
+    np.cumsum(values != 0, dtype=np.int64, out=cum[1:])  # dtype: ~4x faster than on output
     sums = np.diff(cum[bounds])
     # Differences across the end of one row and the start of the next are not documents.
     last = np.cumsum(counts) - 1

@@ -238,3 +238,25 @@ def test_a_per_row_column_out_of_range_is_refused(monkeypatch, tmp_path):
     write_dataset(tmp_path, ROWS, max_len=6, columns={"row_lang": [1, -2, 3]})
     with pytest.raises(DataError, match=r"row 1 .*row_lang\[0\] = -2 is below 0"):
         verify_dataset(tmp_path)
+
+
+def test_online_packing_carries_an_added_per_token_column(extended):
+    from loader import OnlinePacker
+
+    p = OnlinePacker(max_len=6, buffer_docs=2, min_fill=0.0, shuffle_rows=False)
+    p.push(np.arange(7), np.array([4, 3]), columns={"weight": np.array([0, 1, 2, 3, 3, 2, 1])})
+    p.push(np.arange(2), np.array([2]), columns={"weight": np.array([1, 1])})
+    state = p.state_dict()
+    again = OnlinePacker(max_len=6, buffer_docs=2, min_fill=0.0, shuffle_rows=False)
+    again.load_state_dict(state)
+    for packer in (p, again):
+        packer.flush()
+        rows = packer.pop()
+        got = zip(rows.tokens.tolist(), rows.columns["weight"].tolist(), strict=True)
+        want = zip([0, 1, 2, 3, 4, 5, 6, 0, 1], [0, 1, 2, 3, 3, 2, 1, 1, 1], strict=True)
+        assert sorted(got) == sorted(want)
+        assert rows.documents.columns["weight"].dtype == np.uint8
+    with pytest.raises(DataError, match=r"weight values must be in 0..3"):
+        OnlinePacker(max_len=6).push(
+            np.arange(2), np.array([2]), columns={"weight": np.array([0, 7])}
+        )
