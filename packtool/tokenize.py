@@ -59,7 +59,8 @@ def tokenized_schema(
     """The Arrow schema of tokenized Parquet, with the tokenizer identity in its metadata.
 
     `optional`: declared optional shard columns the documents carry (packtool/columns.py), after
-    `length`: a list per document for per-token ones (`loss_mask`), a value for per-document ones.
+    `length`, stored per document as the shards store them per row (`loss_mask`: bytes), a value
+    for per-document ones.
     Files with one are version 2 (their metadata lists them); without, version 1 as before.
     """
     if token_type is None:
@@ -229,7 +230,12 @@ def _tokenized_batches(
         yield from _read_tokenized(tokenized, config, tokenizer)
         return
     if tokenizer is None:
-        raise ConfigError("raw corpus inputs need a tokenizer (e.g. --tokenizer byte)")
+        what = (
+            "pre-tokenized inputs need the tokenizer that made them"
+            if pre
+            else ("raw corpus inputs need a tokenizer")
+        )
+        raise ConfigError(f"{what} (e.g. --tokenizer byte)")
     skips = skips if skips is not None else SkipCounter(strict=config.strict)
     if pre:  # ids made elsewhere: checked against the tokenizer's vocabulary, not encoded
         optional = (shard_columns.LOSS_MASK,) if mask_source else ()
