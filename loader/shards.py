@@ -10,11 +10,15 @@ While a dataset iterates, `prefetch` hands the row groups of upcoming steps to o
 thread per process, which decodes them (pyarrow releases the GIL while decoding) while the caller
 gathers and collates from those already decoded; a decode error is raised where the row group is
 first used, as without prefetching.
+
+Row counts for batch planning (tokens, documents and Σ len² per row) are read per row group from
+the `doc_offsets` column alone (`row_stats`), when the epoch order first needs them.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,10 +27,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from loader.row_index import GroupStats
 from packtool.errors import DataError
 from packtool.manifest import Manifest, dataset_folder, read_manifest, sha256_file
 
 _COLUMNS = ("input_ids", "doc_offsets", "doc_ids")
+_STATS_FILES = 16
+"""Shard files kept open for reading row counts (`ShardStore.row_stats`)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,42 @@ def validate_row_group(data: RowGroupData, *, max_len: int, where: str, first_ro
         fail(bad_rows, "doc_offsets is not strictly increasing")
 
 
+def offsets_stats(
+    off: np.ndarray, off_off: np.ndarray, nulls: int, *, max_len: int, where: str, first_row: int
+) -> GroupStats:
+    """Row lengths, document counts and Σ len² from a `doc_offsets` column's values and offsets.
+
+    Checks what the counts rely on (at least 2 offsets a row, starting at 0, ending in
+    `1..max_len`); the rest of a row is checked when its row group is decoded.
+
+    Args:
+        off: The offsets of every row back to back.
+        off_off: `(rows + 1,)` offsets of each row's offsets into `off`.
+        nulls: Nulls found in the column (any is an error).
+        max_len: The manifest's max_len.
+        where: The shard file, for messages.
+        first_row: Index of the first row inside the shard, for messages.
+    """
+    counts = np.diff(off_off)
+    if nulls or (counts < 2).any():
+        raise DataError(f"{where}: malformed doc_offsets (null or fewer than 2 entries)")
+    ends = off[off_off[1:] - 1].astype(np.int64)
+    bad = (ends > max_len) | (ends <= 0) | (off[off_off[:-1]] != 0)
+    if bad.any():
+        row = first_row + int(np.flatnonzero(bad)[0])
+        raise DataError(f"{where}: row {row}: doc_offsets out of range; the shard is damaged")
+    steps = np.diff(off.astype(np.int64))
+    sq_all = np.zeros(len(off), dtype=np.float64)
+    sq_all[1:] = np.cumsum(steps.astype(np.float64) ** 2)
+    # Σ over a row's documents = prefix-sum difference; the cross-row step is excluded because
+    # each row's range starts at its own first offset.
+    return GroupStats(
+        lengths=ends.astype(np.int32),
+        n_docs=(counts - 1).astype(np.int32),
+        sq=sq_all[off_off[1:] - 1] - sq_all[off_off[:-1]],
+    )
+
+
 def _decode_with_jemalloc(pf: pq.ParquetFile, source: pa.NativeFile) -> None:
     """Make `pf` allocate what it decodes from pyarrow's jemalloc pool, when there is one.
 
@@ -227,9 +270,11 @@ class ShardStore:
                 rg_shard.append(i)
                 rg_first.append(first)
                 first += rg_rows[-1]
-        self._rg_shard = np.asarray(rg_shard, dtype=np.int64)
+        # int32 where it fits: ~20 bytes per row group in all (~80 MB at 10^9 rows of 256-row
+        # groups), the store's only per-row-group state besides the row counts in flight.
+        self._rg_shard = np.asarray(rg_shard, dtype=np.int32)
         self._rg_first = np.asarray(rg_first, dtype=np.int64)
-        self._rg_local = np.zeros(len(rg_rows), dtype=np.int64)
+        self._rg_local = np.zeros(len(rg_rows), dtype=np.int32)
         for i in range(1, len(rg_rows)):
             same = rg_shard[i] == rg_shard[i - 1]
             self._rg_local[i] = self._rg_local[i - 1] + 1 if same else 0
@@ -248,6 +293,10 @@ class ShardStore:
         self._pid = os.getpid()
         self._decoder: ThreadPoolExecutor | None = None
         self._pending: dict[int, Future] = {}
+        # Row counts (`row_stats`) are read through file handles of their own, so the iterating
+        # thread never waits behind the decode thread's queue (nor reads its files).
+        self._stats_files: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        self._stats_lock = threading.Lock()
 
     # Open files, cached row groups and the decode thread belong to one process; a worker (forked
     # or spawned) starts with none of them.
@@ -259,7 +308,13 @@ class ShardStore:
         state["_decoder"] = None
         state["_pending"] = {}
         state["_pid"] = -1
+        state["_stats_files"] = OrderedDict()
+        state["_stats_lock"] = None
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._stats_lock = threading.Lock()
 
     def _own(self) -> None:
         """Drop what a fork inherited from the parent (its decode thread does not exist here)."""
@@ -268,6 +323,8 @@ class ShardStore:
             self._decoder = None
             self._pending = {}
             self._files = {}
+            self._stats_files = OrderedDict()
+            self._stats_lock = threading.Lock()  # a fork may copy it held by another thread
 
     @property
     def pending_row_groups(self) -> int:
@@ -297,6 +354,11 @@ class ShardStore:
     @property
     def num_row_groups(self) -> int:
         return len(self._rg_shard)
+
+    @property
+    def row_group_starts(self) -> np.ndarray:
+        """First row of every row group plus the row count, int64 `(num_row_groups + 1,)`."""
+        return self._rg_start
 
     def row_group_of(self, rows: np.ndarray) -> np.ndarray:
         """The row group index of each global row index."""
@@ -442,9 +504,11 @@ class ShardStore:
         return out
 
     def row_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-row token count, document count and attention cost Σ len², for batch planning.
+        """Every row's token count, document count and attention cost Σ len², at once.
 
-        Reads only the `doc_offsets` column of every shard (small next to the tokens).
+        Reads the `doc_offsets` column of every shard and holds 24 bytes a row (24 GB at 10^9
+        rows): for checks and small datasets. `PackedDataset` reads them per row group instead
+        (`row_stats`, `loader.row_index.RowIndex`).
 
         Returns:
             `(lengths int64, n_docs int64, sq_cost float64)`, each `(num_rows,)`.
@@ -472,27 +536,47 @@ class ShardStore:
                 raise DataError(
                     f"{where}: doc_offsets unreadable ({exc}); the shard is damaged"
                 ) from None
-            n = len(off_off) - 1
-            counts = np.diff(off_off)
-            if nulls or (counts < 2).any():
-                raise DataError(f"{where}: malformed doc_offsets (null or fewer than 2 entries)")
-            ends = off[off_off[1:] - 1].astype(np.int64)
-            if (ends > self.max_len).any() or (ends <= 0).any() or (off[off_off[:-1]] != 0).any():
-                bad = int(
-                    np.flatnonzero((ends > self.max_len) | (ends <= 0) | (off[off_off[:-1]] != 0))[
-                        0
-                    ]
-                )
-                raise DataError(
-                    f"{where}: row {bad}: doc_offsets out of range; the shard is damaged"
-                )
-            steps = np.diff(off.astype(np.int64))
-            sq_all = np.zeros(len(off), dtype=np.float64)
-            sq_all[1:] = np.cumsum(steps.astype(np.float64) ** 2)
-            # Σ over a row's documents = prefix-sum difference; the cross-row step is excluded
-            # because each row's range starts at its own first offset.
-            lengths[pos : pos + n] = ends
-            n_docs[pos : pos + n] = counts - 1
-            sq[pos : pos + n] = sq_all[off_off[1:] - 1] - sq_all[off_off[:-1]]
+            stats = offsets_stats(
+                off, off_off, nulls, max_len=self.max_len, where=where, first_row=0
+            )
+            n = len(stats.lengths)
+            lengths[pos : pos + n] = stats.lengths
+            n_docs[pos : pos + n] = stats.n_docs
+            sq[pos : pos + n] = stats.sq
             pos += n
         return lengths, n_docs, sq
+
+    def row_stats(self, g: int) -> GroupStats:
+        """Row lengths, document counts and Σ len² of row group `g` (global numbering).
+
+        Reads only that row group's `doc_offsets` column (a few KB), through file handles of its
+        own: what `loader.row_index.RowIndex` loads when a window of the epoch order needs it.
+        """
+        self._own()
+        shard, local = int(self._rg_shard[g]), int(self._rg_local[g])
+        where = str(self.path / self.manifest.shards[shard].file)
+        with self._stats_lock:
+            try:
+                pf = self._stats_files.get(shard)
+                if pf is None:
+                    pf = pq.ParquetFile(pa.memory_map(where, "r"))
+                    self._stats_files[shard] = pf
+                    if len(self._stats_files) > _STATS_FILES:
+                        self._stats_files.popitem(last=False)
+                else:
+                    self._stats_files.move_to_end(shard)
+                col = pf.read_row_group(local, columns=["doc_offsets"], use_threads=False)
+                off, off_off, nulls = _list_parts(col.column("doc_offsets"))
+            except (pa.ArrowException, OSError) as exc:
+                raise DataError(
+                    f"{where}: row group {local}: doc_offsets unreadable ({exc}); the shard is "
+                    "damaged"
+                ) from None
+        return offsets_stats(
+            off,
+            off_off,
+            nulls,
+            max_len=self.max_len,
+            where=where,
+            first_row=int(self._rg_first[g]),
+        )

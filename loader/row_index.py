@@ -1,0 +1,185 @@
+"""Per-row token and document counts, read one row group at a time when the order needs them.
+
+A token budget cuts batches by row length, a static shape bounds documents per batch, rank
+balance weighs rows by Σ len²: each needs a number per row. Held for every row at once that is
+24 bytes a row, ~24 GB per rank at 10^9 rows; `RowIndex` instead reads a row group's counts when
+a window of the epoch order first touches it (`ShardStore.row_stats`: the row group's
+`doc_offsets` column only, ~1 % of its bytes) and keeps the recent ones in an LRU bounded in
+bytes (16 bytes a row). A dataset whose counts fit the bound is read once per process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+DEFAULT_CACHE_BYTES = 32 << 20
+"""Row counts kept per process: 2 M rows, ~500 default shuffle windows."""
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """The counts of one row group's rows."""
+
+    lengths: NDArray[np.int32]
+    """Tokens of each row `(rows,)`."""
+    n_docs: NDArray[np.int32]
+    """Documents of each row `(rows,)`."""
+    sq: NDArray[np.float64]
+    """Σ len² over each row's documents `(rows,)` (attention cost)."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.lengths.nbytes + self.n_docs.nbytes + self.sq.nbytes
+
+
+def group_stats(
+    lengths: NDArray[np.integer],
+    n_docs: NDArray[np.integer] | None = None,
+    sq: NDArray[np.floating] | None = None,
+) -> GroupStats:
+    """A `GroupStats` from arrays (one document per row and Σ len² = len² when not given)."""
+    lengths = np.asarray(lengths)
+    return GroupStats(
+        lengths=lengths.astype(np.int32, copy=False),
+        n_docs=(np.ones(len(lengths)) if n_docs is None else np.asarray(n_docs)).astype(
+            np.int32, copy=False
+        ),
+        sq=(lengths.astype(np.float64) ** 2 if sq is None else np.asarray(sq, np.float64)),
+    )
+
+
+class RowIndex:
+    """Random access to every row's counts, loaded per row group on demand.
+
+    Args:
+        group_starts: First row of every row group plus the row count, int64 `(groups + 1,)`.
+        read: Reads the counts of row group `g` (global numbering).
+        cache_bytes: Bound on the counts kept (at least one row group is always kept).
+    """
+
+    def __init__(
+        self,
+        group_starts: NDArray[np.int64],
+        read: Callable[[int], GroupStats],
+        *,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ) -> None:
+        self.group_starts = np.asarray(group_starts, dtype=np.int64)
+        self.read = read
+        self.cache_bytes = int(cache_bytes)
+        self._cache: OrderedDict[int, GroupStats] = OrderedDict()
+        self._cached_bytes = 0
+        self._lock = threading.Lock()
+        self.groups_read = 0
+        """Row groups whose counts this process read (cache misses)."""
+
+    @classmethod
+    def from_arrays(
+        cls,
+        lengths: NDArray[np.integer],
+        n_docs: NDArray[np.integer] | None = None,
+        sq: NDArray[np.floating] | None = None,
+        *,
+        group_starts: NDArray[np.int64] | None = None,
+    ) -> RowIndex:
+        """An index over counts already in memory (tests, references, small datasets)."""
+        n = len(lengths)
+        starts = np.array([0, n], np.int64) if group_starts is None else group_starts
+        full = group_stats(lengths, n_docs, sq)
+
+        def read(g: int) -> GroupStats:
+            a, b = int(starts[g]), int(starts[g + 1])
+            return GroupStats(full.lengths[a:b], full.n_docs[a:b], full.sq[a:b])
+
+        return cls(starts, read, cache_bytes=0)
+
+    # A lock cannot be pickled, and a forked or spawned copy starts with its own.
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.group_starts[-1])
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_starts) - 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of counts held in the cache now."""
+        return self._cached_bytes
+
+    def group(self, g: int) -> GroupStats:
+        """The counts of row group `g`, from the cache when possible."""
+        with self._lock:
+            data = self._cache.get(g)
+            if data is not None:
+                self._cache.move_to_end(g)
+                return data
+        data = self.read(g)
+        with self._lock:
+            if g not in self._cache:
+                self.groups_read += 1
+                self._cache[g] = data
+                self._cached_bytes += data.nbytes
+                while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+                    _, old = self._cache.popitem(last=False)
+                    self._cached_bytes -= old.nbytes
+        return data
+
+    def stats(
+        self, rows: NDArray[np.integer]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
+        """`(lengths int64, n_docs int64, sq float64)` of the given global rows, each `(n,)`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        lengths = np.empty(len(rows), np.int64)
+        n_docs = np.empty(len(rows), np.int64)
+        sq = np.empty(len(rows), np.float64)
+        if len(rows) == 0:
+            return lengths, n_docs, sq
+        groups = np.searchsorted(self.group_starts, rows, side="right") - 1
+        by_group = np.argsort(groups, kind="stable")
+        sorted_groups = groups[by_group]
+        edges = np.flatnonzero(np.diff(sorted_groups)) + 1
+        for a, b in zip(
+            np.concatenate([[0], edges]).tolist(),
+            np.concatenate([edges, [len(rows)]]).tolist(),
+            strict=True,
+        ):
+            g = int(sorted_groups[a])
+            data = self.group(g)
+            at = by_group[a:b]
+            local = rows[at] - self.group_starts[g]
+            lengths[at] = data.lengths[local]
+            n_docs[at] = data.n_docs[local]
+            sq[at] = data.sq[local]
+        return lengths, n_docs, sq
+
+    def scan(self) -> Iterator[GroupStats]:
+        """Every row group's counts in stored order, read once and not cached (whole-dataset
+        checks: O(rows) time, one row group in memory)."""
+        for g in range(self.num_groups):
+            with self._lock:
+                data = self._cache.get(g)
+            yield self.read(g) if data is None else data
+
+    def top_n_docs(self, k: int) -> NDArray[np.int64]:
+        """The `k` largest per-row document counts (fewer when there are fewer rows), one pass."""
+        top = np.zeros(0, np.int64)
+        for data in self.scan():
+            both = np.concatenate([top, data.n_docs.astype(np.int64)])
+            top = both if len(both) <= k else np.partition(both, -k)[-k:]
+        return top
