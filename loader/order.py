@@ -40,9 +40,13 @@ from loader.row_index import RowIndex
 from packtool.errors import DataError
 
 CHUNK = 1024
-"""Rank batches cut at a time from an anchor (token budget)."""
+"""Most rank batches cut at a time from an anchor (token budget)."""
+FIRST_CHUNK = 64
+"""Rank batches cut from an origin or resume anchor; each next chunk is twice the last, up to
+`CHUNK` (a first batch needs only a few rows' lengths, a long run few anchors)."""
 PIECE = 8192
-"""Positions whose row lengths are read at a time while cutting."""
+"""Most positions whose row lengths are read at a time while cutting (the first piece of a cut
+is 256, then doubling)."""
 CHUNKS_CACHED = 8
 BLOCK_STEPS_CAP = 1024
 """Most steps `block_steps` reports (it sizes the transport ring: one slot per step)."""
@@ -159,6 +163,7 @@ class EpochPlan:
         # starts cut from an anchor; the batch count once the cut has reached the end.
         self._anchor_keys = [0]
         self._anchors = {0: self.origin}
+        self._sizes = {0: FIRST_CHUNK}  # batches to cut from each anchor
         self._chunks: OrderedDict[int, NDArray[np.int64]] = OrderedDict()
         self._n_batches: int | None = None
         self._empty_from: int | None = None  # a batch index known to start at the end
@@ -178,6 +183,7 @@ class EpochPlan:
         elif batch not in self._anchors:
             bisect.insort(self._anchor_keys, batch)
             self._anchors[batch] = position
+            self._sizes[batch] = FIRST_CHUNK
 
     def batch_starts(self, first: int, last: int) -> NDArray[np.int64]:
         """Start positions of rank batches `first..last` (inclusive), int64; a batch past the
@@ -196,11 +202,16 @@ class EpochPlan:
             ):
                 break
             a, starts = self._chunk_at(i)
-            if a + len(starts) - 1 < i:  # the cut ended before batch i
+            end = a + len(starts) - 1
+            if end < i:  # the cut ended before batch i
                 continue
-            upto = min(last, a + len(starts) - 1)
+            upto = min(last, end)
             out[i - first : upto - first + 1] = starts[i - a : upto - a + 1]
-            i = upto + 1
+            if upto == last:
+                break
+            # Go on from this chunk's end (an anchor), so the cut between two anchors is never
+            # skipped: a resume anchor is checked where the cut from before reaches it.
+            i = upto
         return out
 
     def _chunk_at(self, i: int) -> tuple[int, NDArray[np.int64]]:
@@ -222,7 +233,8 @@ class EpochPlan:
         """Cut up to `CHUNK` batches from anchor `a` (fewer before the next anchor or the end)."""
         k = bisect.bisect_right(self._anchor_keys, a)
         limit = self._anchor_keys[k] if k < len(self._anchor_keys) else None
-        m = CHUNK if limit is None else min(CHUNK, limit - a)
+        size = min(self._sizes[a], CHUNK)
+        m = size if limit is None else min(size, limit - a)
         if self._empty_from is not None:
             m = min(m, max(self._empty_from - a, 0))
         starts = self._cut(self._anchors[a], m)
@@ -239,6 +251,7 @@ class EpochPlan:
         else:
             bisect.insort(self._anchor_keys, end)
             self._anchors[end] = int(starts[-1])
+            self._sizes[end] = 2 * size
         self._chunks[a] = starts
         while len(self._chunks) > CHUNKS_CACHED:
             self._chunks.popitem(last=False)
@@ -259,9 +272,11 @@ class EpochPlan:
         start = p  # first position not yet in a finished batch
         lengths = np.zeros(0, np.int64)
         docs = np.zeros(0, np.int64)
+        piece = min(256, PIECE)
         while got < m and start < n:
             have = start + len(lengths)
-            stop = min(have + PIECE, n)
+            stop = min(have + piece, n)
+            piece = min(2 * piece, PIECE)
             length, n_doc, _ = self.index.stats(self.order.rows(have, stop))
             lengths = np.concatenate([lengths, length])
             docs = np.concatenate([docs, n_doc])
