@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
@@ -21,7 +22,7 @@ from loader.order import (
     plan_epoch,
 )
 from loader.permutation import EpochOrder
-from loader.testing import held_bytes, synthetic_index
+from loader.testing import held_bytes, synthetic_index, write_random_dataset
 from packtool.errors import ConfigError, DataError
 
 from .conftest import all_doc_ids
@@ -472,3 +473,54 @@ def test_huge_synthetic_dataset_keeps_the_order_state_small():
         if kw != {"window": 0}:  # a free shuffle's rows lie in a row group each
             assert index.groups_read < 1_000  # a few windows' row groups, not 3.9 M
         index.groups_read = 0
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@settings(max_examples=8, deadline=None)
+@given(
+    n_rows=st.integers(1, 40),
+    group_rows=st.integers(1, 6),
+    world=st.sampled_from([1, 2, 4]),
+    workers=st.sampled_from([0, 1, 2]),
+    kw=st.sampled_from(
+        [
+            {"tokens_per_batch": 100},
+            {"tokens_per_batch": 64, "shuffle_window": 1, "drop_last": True},
+            {"rows_per_batch": 2, "shuffle_window": 3},
+            {"rows_per_batch": 3, "shuffle_window": 0},
+            {"rows_per_batch": 1, "shuffle": False, "balance": True},
+        ]
+    ),
+    seed=st.integers(0, 5),
+)
+def test_every_document_once_over_ranks_and_workers_on_random_datasets(
+    n_rows, group_rows, world, workers, kw, seed
+):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "ds"
+        write_random_dataset(
+            path,
+            n_rows=n_rows,
+            max_len=64,
+            mean_doc=9,
+            rows_per_shard=7,
+            row_group_rows=group_rows,
+            seed=seed,
+        )
+        expected = all_doc_ids(path).tolist()
+        seen, streams = [], []
+        for rank in range(world):
+            ds = PackedDataset(path, rank=rank, world_size=world, seed=seed, **kw)
+            batches = list(PackedDataLoader(ds, num_workers=workers))
+            single = list(PackedDataset(path, rank=rank, world_size=world, seed=seed, **kw))
+            assert [b["input_ids"].tolist() for b in batches] == [
+                b["input_ids"].tolist() for b in single
+            ]  # the same stream with 0 or N workers
+            streams.append(len(batches))
+            seen += [i for b in batches for i in _docs(b)]
+        assert len(set(streams)) == 1
+        assert len(seen) == len(set(seen))
+        if not kw.get("drop_last"):
+            assert sorted(seen) == expected
