@@ -62,27 +62,27 @@ def greedy_cut(
     """Boundaries of greedy token-budget batches over rows in stream order, `(n_batches + 1,)`.
 
     A batch takes rows while its tokens stay within `tokens_per_batch` (and its documents within
-    `max_docs`); a single row always fits (rows are checked against max_len upfront).
+    `max_docs`); a single row always fits (rows are checked against max_len upfront). Where a
+    batch starting at each row would end is found for all rows at once (`searchsorted`); the
+    batches are then the chain of those ends from row 0 (~0.1 µs a batch).
     """
     n = len(lengths)
     cum = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths, out=cum[1:])
-    cum_docs = None
+    ends = np.searchsorted(cum, cum[:-1] + tokens_per_batch, side="right") - 1
     if max_docs is not None:
         assert n_docs is not None
         cum_docs = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(n_docs, out=cum_docs[1:])
+        docs_end = np.searchsorted(cum_docs, cum_docs[:-1] + max_docs, side="right") - 1
+        np.minimum(ends, docs_end, out=ends)
+    np.maximum(ends, np.arange(1, n + 1), out=ends)
+    jump = ends.tolist()
     bounds = [0]
     start = 0
     while start < n:
-        end = int(np.searchsorted(cum, cum[start] + tokens_per_batch, side="right")) - 1
-        if cum_docs is not None:
-            end = min(
-                end, int(np.searchsorted(cum_docs, cum_docs[start] + max_docs, side="right")) - 1
-            )
-        end = max(end, start + 1)
-        bounds.append(end)
-        start = end
+        start = jump[start]
+        bounds.append(start)
     return np.asarray(bounds, dtype=np.int64)
 
 
@@ -166,6 +166,7 @@ class EpochPlan:
         self._sizes = {0: FIRST_CHUNK}  # batches to cut from each anchor
         self._chunks: OrderedDict[int, NDArray[np.int64]] = OrderedDict()
         self._n_batches: int | None = None
+        self._hint: tuple[int, NDArray[np.int64]] | None = None  # the chunk used last
         self._empty_from: int | None = None  # a batch index known to start at the end
         if rows_per_batch is not None:
             self._n_batches = -(-(self.num_rows - self.origin) // rows_per_batch)
@@ -194,6 +195,10 @@ class EpochPlan:
         if self.full_rows is not None:
             i = np.arange(first, last + 1, dtype=np.int64)
             return np.minimum(self.origin + i * self.full_rows, self.num_rows)
+        if self._hint is not None:  # most calls fall in the chunk used last (read-only)
+            a, starts = self._hint
+            if a <= first and last < a + len(starts):
+                return starts[first - a : last - a + 1]
         out = np.full(count, self.num_rows, dtype=np.int64)
         i = first
         while i <= last:
@@ -226,6 +231,7 @@ class EpochPlan:
                 self._chunks.move_to_end(a)
             end = a + len(starts) - 1
             if i <= end or starts[-1] >= self.num_rows or end not in self._anchors:
+                self._hint = (a, starts)
                 return a, starts
             a = end
 
@@ -252,6 +258,7 @@ class EpochPlan:
             bisect.insort(self._anchor_keys, end)
             self._anchors[end] = int(starts[-1])
             self._sizes[end] = 2 * size
+        starts.flags.writeable = False
         self._chunks[a] = starts
         while len(self._chunks) > CHUNKS_CACHED:
             self._chunks.popitem(last=False)

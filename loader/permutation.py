@@ -106,6 +106,7 @@ class EpochOrder:
         self._groups: NDArray[np.integer] | None = None
         self._feistel: FeistelPermutation | None = None
         self._cache: OrderedDict[int, NDArray[np.int64]] = OrderedDict()
+        self._hint: tuple[int, int, NDArray[np.int64]] | None = None  # (start, end, rows)
         if not shuffle:
             self.kind, self.window = "stored", STORED_WINDOW
         elif window == 0:
@@ -173,6 +174,7 @@ class EpochOrder:
             rows += np.arange(b - a, dtype=np.int64)
             seq = np.random.SeedSequence(self._entropy, spawn_key=(j,))
             rows = rows[np.random.default_rng(seq).permutation(b - a)]
+        rows.flags.writeable = False  # slices of it are handed out
         self._cache[j] = rows
         while len(self._cache) > WINDOWS_CACHED:
             self._cache.popitem(last=False)
@@ -187,11 +189,15 @@ class EpochOrder:
             return np.arange(a, b, dtype=np.int64)
         if self.kind == "free":
             return self._feistel(np.arange(a, b, dtype=np.int64))
+        hint = self._hint
+        if hint is not None and hint[0] <= a and b <= hint[1]:  # inside the window read last
+            return hint[2][a - hint[0] : b - hint[0]]
         first, last = self.window_of(np.array([a, b - 1])).tolist()
         parts = []
         for j in range(first, last + 1):
             start = int(self.window_starts[j])
             rows = self.window_rows(j)
+            self._hint = (start, start + len(rows), rows)
             parts.append(rows[max(a - start, 0) : min(b - start, len(rows))])
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 

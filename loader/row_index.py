@@ -145,28 +145,20 @@ class RowIndex:
     ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
         """`(lengths int64, n_docs int64, sq float64)` of the given global rows, each `(n,)`."""
         rows = np.asarray(rows, dtype=np.int64)
-        lengths = np.empty(len(rows), np.int64)
-        n_docs = np.empty(len(rows), np.int64)
-        sq = np.empty(len(rows), np.float64)
         if len(rows) == 0:
-            return lengths, n_docs, sq
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
         groups = np.searchsorted(self.group_starts, rows, side="right") - 1
-        by_group = np.argsort(groups, kind="stable")
-        sorted_groups = groups[by_group]
-        edges = np.flatnonzero(np.diff(sorted_groups)) + 1
-        for a, b in zip(
-            np.concatenate([[0], edges]).tolist(),
-            np.concatenate([edges, [len(rows)]]).tolist(),
-            strict=True,
-        ):
-            g = int(sorted_groups[a])
-            data = self.group(g)
-            at = by_group[a:b]
-            local = rows[at] - self.group_starts[g]
-            lengths[at] = data.lengths[local]
-            n_docs[at] = data.n_docs[local]
-            sq[at] = data.sq[local]
-        return lengths, n_docs, sq
+        uniq, inv = np.unique(groups, return_inverse=True)
+        parts = [self.group(g) for g in uniq.tolist()]
+        # The row groups' counts side by side: one gather per column, not one per row group.
+        sizes = np.fromiter((len(p.lengths) for p in parts), np.int64, len(parts))
+        base = np.cumsum(sizes) - sizes
+        at = base[inv] + (rows - self.group_starts[groups])
+        return (
+            np.concatenate([p.lengths for p in parts])[at].astype(np.int64),
+            np.concatenate([p.n_docs for p in parts])[at].astype(np.int64),
+            np.concatenate([p.sq for p in parts])[at],
+        )
 
     def scan(self) -> Iterator[GroupStats]:
         """Every row group's counts in stored order, read once and not cached (whole-dataset
