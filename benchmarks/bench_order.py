@@ -9,8 +9,9 @@ group, nothing stored per row), cut for 8 ranks under a 64k-token budget with th
 - *lazy* (this loader): `EpochOrder` + `EpochPlan` + `RowIndex`; time to rank 0's first batch
   (the rows of step 0), fresh and after a resume at the middle step of the epoch (a plan that
   knows only the resume state's step and cursor); the bytes the order, plan and row index then
-  hold (`loader.testing.held_bytes`) and the peak of traced allocations. Also the one thing that
-  needs the whole epoch: `len()` under a token budget (the cut to the end, every row's length).
+  hold (`loader.testing.held_bytes`) and the peak RSS growth. Also the one thing that needs the
+  whole epoch: `len()` under a token budget (the cut to the end, every row's length), up to
+  `--walk-max` rows (it also gives the true cursor of the middle step).
 - *eager* (the order before this change, copied below as it was): every row's lengths and
   document counts read into arrays (what the loader did at open), the windowed permutation of all
   rows, the greedy cut of the whole epoch; a resume recomputed all of it. Run up to
@@ -23,10 +24,10 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
-import tracemalloc
 
 import numpy as np
 
@@ -81,7 +82,8 @@ def _child(impl: str, n: int, step: int, cursor: int) -> dict:
     from loader.testing import held_bytes, synthetic_index
 
     index = synthetic_index(n, group_rows=256, max_len=MAX_LEN)
-    tracemalloc.start()
+    with open("/proc/self/statm") as f:
+        before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     t0 = time.perf_counter()
     out: dict = {}
     if impl == "eager":
@@ -114,7 +116,7 @@ def _child(impl: str, n: int, step: int, cursor: int) -> dict:
             rows = plan.step_rows(step)[0]
             out["first_s"] = time.perf_counter() - t0
         out["held"] = held_bytes(plan)
-    out["peak"] = tracemalloc.get_traced_memory()[1]
+    out["peak"] = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before, 0)
     out["rows"] = [int(rows[0]), len(rows)]
     return out
 
@@ -138,12 +140,38 @@ def _mb(x: float) -> str:
     return f"{x / 1e6:,.1f} MB" if x < 1e9 else f"{x / 1e9:,.2f} GB"
 
 
+def _row(n: int, walk: dict | None, fresh: dict, resumed: dict, eager: dict | None) -> list:
+    if eager is None:
+        e_cells = ["–", "–", "does not fit (~50 bytes a row)"]
+    elif "error" in eager:
+        e_cells = ["–", "–", f"failed: {eager['error']}"]
+    else:
+        e_cells = [
+            _mb(eager["held"]),
+            _mb(eager["peak"]),
+            f"{eager['first_s']:,.2f} s ({eager['index_s']:,.2f} s of it reading counts)",
+        ]
+    return [
+        f"10^{round(np.log10(n))}",
+        "–" if walk is None else f"{walk['steps']:,}",
+        _mb(fresh["held"]),
+        _mb(max(fresh["peak"], resumed["peak"])),
+        f"{fresh['first_s'] * 1e3:,.0f} ms",
+        f"{resumed['first_s'] * 1e3:,.0f} ms",
+        "not run" if walk is None else f"{walk['first_s']:,.1f} s / {_mb(walk['peak'])}",
+        *e_cells,
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="10^5, 10^6, 10^7 rows")
     ap.add_argument("--repeat", type=int, default=3, help="runs per lazy setting (best kept)")
     ap.add_argument("--eager-max", type=float, default=1e8, help="largest size run eagerly")
+    ap.add_argument(
+        "--walk-max", type=float, default=1e8, help="largest size whose whole epoch is cut"
+    )
     ap.add_argument("--no-readme", action="store_true")
     args = ap.parse_args(argv)
     if args.child:
@@ -153,39 +181,19 @@ def main(argv: list[str] | None = None) -> None:
     sizes = (10**5, 10**6, 10**7) if args.quick else (10**6, 10**8, 10**9)
     table = []
     for n in sizes:
-        walk = _measure("walk", n)  # also gives the middle step and its cursor
-        mid, cursor = walk["mid_step"], walk["mid_cursor"]
-        fresh, resumed, eager = [], [], []
-        for _ in range(args.repeat):  # interleaved, so a load spike hits all alike
+        walk = None
+        if n <= args.walk_max:
+            walk = _measure("walk", n)  # len(); also the middle step and its true cursor
+            mid, cursor = walk["mid_step"], walk["mid_cursor"]
+        else:  # a middle step at row n/2: what resuming costs does not depend on the cursor
+            mid = round(n * 0.75 * MAX_LEN / BUDGET / WORLD / 2)
+            cursor = n // 2
+        fresh, resumed = [], []
+        for _ in range(args.repeat):  # interleaved, so a load spike hits both alike
             fresh.append(_measure("lazy", n))
             resumed.append(_measure("lazy", n, mid, cursor))
-        if n <= args.eager_max:
-            eager.append(_measure("eager", n, mid))
-        f, r = _best(fresh), _best(resumed)
-        e = eager[0] if eager else None
-        e_cell = (
-            "does not fit (≈50 bytes/row)"
-            if e is None
-            else (
-                f"failed: {e['error']}"
-                if "error" in e
-                else f"{e['first_s']:.2f} s ({e['index_s']:.2f} s reading counts)"
-            )
-        )
-        table.append(
-            [
-                f"10^{round(np.log10(n))}",
-                f"{walk['steps']:,}",
-                _mb(f["held"]),
-                _mb(max(f["peak"], r["peak"])),
-                f"{f['first_s'] * 1e3:,.0f} ms",
-                f"{r['first_s'] * 1e3:,.0f} ms",
-                f"{walk['first_s']:,.1f} s / {_mb(walk['peak'])}",
-                "–" if e is None or "error" in e else _mb(e["held"]),
-                "–" if e is None or "error" in e else _mb(e["peak"]),
-                e_cell,
-            ]
-        )
+        eager = _measure("eager", n, mid) if n <= args.eager_max else None
+        table.append(_row(n, walk, _best(fresh), _best(resumed), eager))
         print(table[-1], flush=True)
     headers = [
         "rows",
@@ -193,8 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         "lazy: held",
         "lazy: peak",
         "lazy: first batch",
-        "lazy: first batch after mid-epoch resume",
-        "lazy: len() (cut to the end) / peak",
+        "lazy: first batch after a mid-epoch resume",
+        "lazy: len() (the cut to the end) / peak",
         "eager: held",
         "eager: peak",
         "eager: first batch (fresh or resumed)",
@@ -202,17 +210,20 @@ def main(argv: list[str] | None = None) -> None:
     cpu = platform.processor() or platform.machine()
     body = "\n".join(
         [
-            "Epoch order at scale: a synthetic dataset (256-row row groups, row lengths "
-            f"{MAX_LEN // 2}-{MAX_LEN} generated per row group), {WORLD} ranks, "
-            f"{BUDGET:,}-token budget, {WINDOW}-row-group shuffle windows; rank 0's first batch "
-            "in a fresh process. *lazy*: this loader (`EpochOrder` + `EpochPlan` + `RowIndex`); "
-            "*held*: what the order, plan and row index hold after the first batch (group table "
-            "included), *peak*: traced allocations. *eager*: the order before this change "
-            "(every row's counts, the whole permutation and cut; a resume recomputed all of it), "
-            f"run up to {args.eager_max:.0e} rows. Best of {args.repeat} interleaved runs (eager "
-            f"and len(): one). {os.cpu_count()} cores ({cpu}), load average "
-            f"{os.getloadavg()[0]:.1f} at the end. Measured by `python -m "
-            f"benchmarks.bench_order{' --quick' if args.quick else ''}`.",
+            "Epoch order at scale: a synthetic dataset (`loader.testing.synthetic_index`: "
+            f"256-row row groups, row lengths {MAX_LEN // 2}-{MAX_LEN} generated per row group), "
+            f"{WORLD} ranks, {BUDGET:,}-token budget, {WINDOW}-row-group shuffle windows; rank 0's "
+            "first batch in a fresh process. *lazy*: this loader (`EpochOrder` + `EpochPlan` + "
+            "`RowIndex`); *held*: what the order, plan and row index hold after the first batch "
+            "(the row-group table included); *peak*: peak RSS growth while computing it. The "
+            "mid-epoch resume is a plan told the middle step and its cursor, as `load_state_dict` "
+            f"does (true cursors from the cut up to {args.walk_max:.0e} rows; beyond, row n/2). "
+            "*eager*: the order before this change (every row's counts read first, the whole "
+            "permutation and cut; a resume recomputed all of it), run up to "
+            f"{args.eager_max:.0e} rows. Best of {args.repeat} interleaved runs (eager and len(): "
+            f"one). {os.cpu_count()} cores ({cpu}), load average {os.getloadavg()[0]:.1f} at "
+            f"the end. Measured by `python -m benchmarks.bench_order"
+            f"{' --quick' if args.quick else ''}`.",
             "",
             markdown_table(headers, table),
         ]

@@ -121,9 +121,10 @@ class EpochOrder:
             return
         sizes = np.diff(self.group_starts)
         if self.kind == "windowed":
-            groups = rng.permutation(n_groups)
-            self._groups = groups.astype(np.int32) if n_groups < 2**31 else groups
-            sizes = sizes[groups]
+            # = rng.permutation(n_groups) (the same draws), in int32: half the bytes and time.
+            self._groups = np.arange(n_groups, dtype=np.int32 if n_groups < 2**31 else np.int64)
+            rng.shuffle(self._groups)
+            sizes = sizes[self._groups]
         firsts = np.arange(0, n_groups, self.window)
         per_window = np.add.reduceat(sizes, firsts) if n_groups else np.zeros(0, np.int64)
         self.window_starts = np.zeros(len(firsts) + 1, dtype=np.int64)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from packtool.errors import DataError
+
 DEFAULT_CACHE_BYTES = 32 << 20
 """Row counts kept per process: 2 M rows, ~500 default shuffle windows."""
 
@@ -51,6 +53,42 @@ def group_stats(
             np.int32, copy=False
         ),
         sq=(lengths.astype(np.float64) ** 2 if sq is None else np.asarray(sq, np.float64)),
+    )
+
+
+def offsets_stats(
+    off: np.ndarray, off_off: np.ndarray, nulls: int, *, max_len: int, where: str, first_row: int
+) -> GroupStats:
+    """Row lengths, document counts and Σ len² from a `doc_offsets` column's values and offsets.
+
+    Checks what the counts rely on (at least 2 offsets a row, starting at 0, ending in
+    `1..max_len`); the rest of a row is checked when its row group is decoded.
+
+    Args:
+        off: The offsets of every row back to back.
+        off_off: `(rows + 1,)` offsets of each row's offsets into `off`.
+        nulls: Nulls found in the column (any is an error).
+        max_len: The manifest's max_len.
+        where: The shard file, for messages.
+        first_row: Index of the first row inside the shard, for messages.
+    """
+    counts = np.diff(off_off)
+    if nulls or (counts < 2).any():
+        raise DataError(f"{where}: malformed doc_offsets (null or fewer than 2 entries)")
+    ends = off[off_off[1:] - 1].astype(np.int64)
+    bad = (ends > max_len) | (ends <= 0) | (off[off_off[:-1]] != 0)
+    if bad.any():
+        row = first_row + int(np.flatnonzero(bad)[0])
+        raise DataError(f"{where}: row {row}: doc_offsets out of range; the shard is damaged")
+    steps = np.diff(off.astype(np.int64))
+    sq_all = np.zeros(len(off), dtype=np.float64)
+    sq_all[1:] = np.cumsum(steps.astype(np.float64) ** 2)
+    # Σ over a row's documents = prefix-sum difference; the cross-row step is excluded because
+    # each row's range starts at its own first offset.
+    return GroupStats(
+        lengths=ends.astype(np.int32),
+        n_docs=(counts - 1).astype(np.int32),
+        sq=sq_all[off_off[1:] - 1] - sq_all[off_off[:-1]],
     )
 
 
@@ -99,10 +137,13 @@ class RowIndex:
 
         return cls(starts, read, cache_bytes=0)
 
-    # A lock cannot be pickled, and a forked or spawned copy starts with its own.
+    # A lock cannot be pickled, and a spawned copy starts with its own lock and an empty cache
+    # (a forked one keeps the parent's, copied with the process).
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_lock"] = None
+        state["_cache"] = OrderedDict()
+        state["_cached_bytes"] = 0
         return state
 
     def __setstate__(self, state: dict) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from loader.row_index import GroupStats
+from loader.row_index import GroupStats, offsets_stats
 from packtool.errors import DataError
 from packtool.manifest import Manifest, dataset_folder, read_manifest, sha256_file
 
@@ -150,42 +150,6 @@ def validate_row_group(data: RowGroupData, *, max_len: int, where: str, first_ro
         fail(bad_rows, "doc_offsets is not strictly increasing")
 
 
-def offsets_stats(
-    off: np.ndarray, off_off: np.ndarray, nulls: int, *, max_len: int, where: str, first_row: int
-) -> GroupStats:
-    """Row lengths, document counts and Σ len² from a `doc_offsets` column's values and offsets.
-
-    Checks what the counts rely on (at least 2 offsets a row, starting at 0, ending in
-    `1..max_len`); the rest of a row is checked when its row group is decoded.
-
-    Args:
-        off: The offsets of every row back to back.
-        off_off: `(rows + 1,)` offsets of each row's offsets into `off`.
-        nulls: Nulls found in the column (any is an error).
-        max_len: The manifest's max_len.
-        where: The shard file, for messages.
-        first_row: Index of the first row inside the shard, for messages.
-    """
-    counts = np.diff(off_off)
-    if nulls or (counts < 2).any():
-        raise DataError(f"{where}: malformed doc_offsets (null or fewer than 2 entries)")
-    ends = off[off_off[1:] - 1].astype(np.int64)
-    bad = (ends > max_len) | (ends <= 0) | (off[off_off[:-1]] != 0)
-    if bad.any():
-        row = first_row + int(np.flatnonzero(bad)[0])
-        raise DataError(f"{where}: row {row}: doc_offsets out of range; the shard is damaged")
-    steps = np.diff(off.astype(np.int64))
-    sq_all = np.zeros(len(off), dtype=np.float64)
-    sq_all[1:] = np.cumsum(steps.astype(np.float64) ** 2)
-    # Σ over a row's documents = prefix-sum difference; the cross-row step is excluded because
-    # each row's range starts at its own first offset.
-    return GroupStats(
-        lengths=ends.astype(np.int32),
-        n_docs=(counts - 1).astype(np.int32),
-        sq=sq_all[off_off[1:] - 1] - sq_all[off_off[:-1]],
-    )
-
-
 def _decode_with_jemalloc(pf: pq.ParquetFile, source: pa.NativeFile) -> None:
     """Make `pf` allocate what it decodes from pyarrow's jemalloc pool, when there is one.
 
@@ -270,10 +234,11 @@ class ShardStore:
                 rg_shard.append(i)
                 rg_first.append(first)
                 first += rg_rows[-1]
-        # int32 where it fits: ~20 bytes per row group in all (~80 MB at 10^9 rows of 256-row
-        # groups), the store's only per-row-group state besides the row counts in flight.
+        # int32 where it fits (a shard holds under 2^31 rows): 20 bytes per row group with the
+        # int64 starts (~78 MB at 10^9 rows of 256-row groups), the store's only per-row-group
+        # state.
         self._rg_shard = np.asarray(rg_shard, dtype=np.int32)
-        self._rg_first = np.asarray(rg_first, dtype=np.int64)
+        self._rg_first = np.asarray(rg_first, dtype=np.int32)
         self._rg_local = np.zeros(len(rg_rows), dtype=np.int32)
         for i in range(1, len(rg_rows)):
             same = rg_shard[i] == rg_shard[i - 1]
