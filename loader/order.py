@@ -15,11 +15,12 @@ from it and no row is trained on twice.
 Nothing is computed for the whole epoch up front. With `rows_per_batch` a batch's rows are
 arithmetic. With a token budget the greedy cut runs forward from an *anchor* (a batch index whose
 start position is known: the origin, or the step a resume state names together with its row
-cursor) `CHUNK` batches at a time, reading only the rows' lengths it passes (per row group,
-`loader.row_index.RowIndex`); each chunk's end becomes a new anchor, so going back to any
-step already passed costs one chunk, and the state held is one anchor per `CHUNK` batches plus
-a few cached chunks. `num_steps` with a token budget is the one thing that needs the cut to the
-end of the epoch (every row's length, once; cached).
+cursor) a chunk at a time (`FIRST_CHUNK` batches, doubling up to `CHUNK`), reading only the rows'
+lengths it passes (per row group, `loader.row_index.RowIndex`); each chunk's end becomes a new
+anchor, so going back to any step already passed costs one chunk, and the state held is one
+anchor per `CHUNK` batches plus a few cached chunks. Where a cut from an earlier anchor reaches a
+resume anchor, the two must agree (else a `DataError`). `num_steps` with a token budget is the
+one thing that needs the cut to the end of the epoch (every row's length, once; cached).
 
 `iter_blocks` groups the steps into blocks for `PackedDataLoader` workers, one window of the
 order each, so a worker decodes its own windows' row groups and few others.
