@@ -202,7 +202,10 @@ class OnlineConfig:
 
 
 def static_max_docs(config: LoaderConfig, n_docs: np.ndarray) -> int:
-    """The static-shape `cu_seqlens` length - 1 for a dataset with `n_docs` documents per row.
+    """The static-shape `cu_seqlens` length - 1 for a dataset whose rows hold `n_docs` documents.
+
+    `n_docs` may be every row's count or only the `rows_per_batch` (or 1) largest
+    (`RowIndex.top_n_docs`): nothing else decides the result.
 
     The default (rows_per_batch only) is rows × the most documents in any row + 1. A given
     `max_docs_per_batch` that some batch would exceed is refused now rather than as a `DataError`

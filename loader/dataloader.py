@@ -87,7 +87,7 @@ class PackedDataLoader(DataLoader):
         ds = self._packed
         shared = ds._shared
         epoch, origin, first = ds.pending_start()
-        plan = ds.plan(epoch, origin)
+        plan = ds._start_plan(epoch, origin, first, ds._pending_cursor())
         self._position = (epoch, origin, first, plan)
         self._generation = ds._generation
         consumed = first
@@ -133,7 +133,8 @@ class PackedDataLoader(DataLoader):
         ds = self._packed
         if self._generation != ds._generation:
             epoch, origin, first = ds.pending_start()
-            return {"packed_dataset": ds._state(epoch, origin, first, ds.plan(epoch, origin))}
+            plan = ds._start_plan(epoch, origin, first, ds._pending_cursor())
+            return {"packed_dataset": ds._state(epoch, origin, first, plan)}
         return {"packed_dataset": ds._state(*self._position)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -7,6 +7,8 @@ exact rows and benchmarks can make large synthetic datasets quickly.
 from __future__ import annotations
 
 import os
+import sys
+import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
+from loader.row_index import GroupStats, RowIndex, group_stats
 from packtool import columns as shard_columns
 from packtool.columns import names, required
 from packtool.manifest import (
@@ -38,7 +41,7 @@ def rows_table(
     token_type: pa.DataType,
     columns: dict[str, np.ndarray] | None = None,
 ) -> pa.Table:
-    """A packed-shard table from flat arrays (the layout `loader.shards.RowGroupData` uses).
+    """A packed-shard table from flat arrays (the layout `loader.row_group.RowGroupData` uses).
 
     `columns`: optional declared columns' flat values (per-token ones as long as `tokens`).
     """
@@ -253,3 +256,74 @@ def _finish(
     )
     write_manifest(path, manifest)
     return manifest
+
+
+def synthetic_index(
+    n_rows: int,
+    *,
+    group_rows: int = 256,
+    max_len: int = 4096,
+    seed: int = 0,
+    cache_bytes: int = 32 << 20,
+) -> RowIndex:
+    """A `RowIndex` over `n_rows` rows with no shards behind it (order and plan at any scale).
+
+    Rows come in row groups of `group_rows` (the last one shorter); a row group's counts are
+    generated from `(seed, group)` when first asked for: lengths uniform in `max_len/2 ..
+    max_len`, 1 to 15 documents a row. Nothing per row is stored beyond the index's cache.
+    """
+    starts = np.minimum(np.arange(0, n_rows + group_rows, group_rows, dtype=np.int64), n_rows)
+    if len(starts) > 1 and starts[-2] == n_rows:
+        starts = starts[:-1]
+
+    def read(g: int) -> GroupStats:
+        rng = np.random.default_rng((seed, g))
+        n = int(starts[g + 1] - starts[g])
+        lengths = rng.integers(max(max_len // 2, 1), max_len + 1, size=n)
+        n_docs = rng.integers(1, 16, size=n)
+        return group_stats(lengths, n_docs, lengths.astype(np.float64) ** 2 / n_docs)
+
+    return RowIndex(starts, read, cache_bytes=cache_bytes)
+
+
+_NOT_FOLLOWED = (
+    type,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    types.ModuleType,
+)
+
+
+def held_bytes(*objects: object) -> int:
+    """Bytes held by `objects` and everything reachable from them through attributes and
+    containers: numpy arrays by `nbytes` (a view by its base), other objects by
+    `sys.getsizeof`, each counted once. Functions and modules are not followed."""
+    seen: set[int] = set()
+    todo = list(objects)
+    total = 0
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, _NOT_FOLLOWED):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            base = obj
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            if base is not obj:
+                todo.append(base)
+                continue
+            total += obj.nbytes + sys.getsizeof(np.empty(0))
+            continue
+        total += sys.getsizeof(obj)
+        if isinstance(obj, dict):
+            todo += list(obj.keys()) + list(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo += list(obj)
+        if hasattr(obj, "__dict__"):
+            todo.append(vars(obj))
+        for slot in getattr(type(obj), "__slots__", ()):
+            if hasattr(obj, slot):
+                todo.append(getattr(obj, slot))
+    return total

@@ -160,8 +160,16 @@ def test_corrupted_offsets_name_file_and_row(hand_dataset, offsets, tokens, ids,
 
 def test_corrupted_offsets_caught_by_row_index(hand_dataset):
     _rewrite_shard(hand_dataset, _table([[0, 3, 9]], [[1] * 5], [[0, 1]]))
-    with pytest.raises(DataError, match="shard-00000.parquet: row 0: doc_offsets out of range"):
-        PackedDataset(hand_dataset, tokens_per_batch=8)
+    match = "shard-00000.parquet: row 0: doc_offsets out of range"
+    # Row counts are read per row group when the order first needs them (was: at open, for
+    # every row): the first batch of a token budget reads them.
+    ds = PackedDataset(hand_dataset, tokens_per_batch=8)
+    with pytest.raises(DataError, match=match):
+        next(iter(ds))
+    with pytest.raises(DataError, match=match):
+        ShardStore(hand_dataset).row_stats(0)
+    with pytest.raises(DataError, match=match):
+        ShardStore(hand_dataset).row_index()
 
 
 def test_manifest_row_count_mismatch(hand_dataset):

@@ -157,7 +157,8 @@ def test_worker_blocks_follow_shuffle_windows(random_dataset, window):
         assert not groups & seen
         seen |= groups
     assert len(seen) == ds.store.num_row_groups
-    assert ds.block_steps(plan) == np.diff(starts).max()
+    # The ring is sized before the epoch is cut: a bound from the window sizes, not the count.
+    assert np.diff(starts).max() <= ds.block_steps(plan) <= np.diff(starts).max() + 2
 
 
 _LIFECYCLE = r"""
