@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+from pathlib import Path
+
 import numpy as np
+import pytest
 import torch
 
 VOCAB = 96
@@ -101,3 +107,69 @@ def logit_gap(model, batch: dict, **kwargs) -> float:
             [model(input_ids=d[None], use_cache=False).logits[0] for d in documents(batch)]
         )
     return float((packed - alone).abs().max())
+
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs" / "integrations.md"
+
+
+def snippet(name: str) -> str:
+    """The python block after `<!-- snippet: name -->` in docs/integrations.md."""
+    text = DOCS.read_text(encoding="utf-8")
+    match = re.search(rf"<!-- snippet: {name} -->\n```python\n(.*?)\n```", text, re.S)
+    assert match, f"no snippet {name!r} in {DOCS}"
+    return match.group(1)
+
+
+def shell_commands() -> list[str]:
+    """The `packtool ...` lines of the page's bash blocks."""
+    text = DOCS.read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)\n```", text, re.S)
+    return [line for b in blocks for line in b.splitlines() if line.startswith("packtool ")]
+
+
+def docs_workspace(folder: Path) -> Path:
+    """What the page starts from: corpus.jsonl (40 sample documents), tok/tokenizer.json (a BPE
+    trained on them), then the page's own `packtool pack` command, run in `folder`."""
+    import shlex
+
+    from click.testing import CliRunner
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from packtool.cli import cli
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = (ROOT / "sample_data" / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[:40]
+    (folder / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    texts = [json.loads(line)["text"] for line in lines]
+    bpe.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=512,
+            special_tokens=["</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    (folder / "tok").mkdir()
+    bpe.save(str(folder / "tok" / "tokenizer.json"))
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        for command in shell_commands():
+            result = CliRunner().invoke(cli, shlex.split(command)[1:])
+            assert result.exit_code == 0, result.output
+    finally:
+        os.chdir(cwd)
+    return folder
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and far faster than on two on a loaded box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

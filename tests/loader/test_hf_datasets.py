@@ -19,7 +19,10 @@ from loader.testing import write_dataset
 from packtool.errors import ConfigError
 from packtool.manifest import read_manifest
 
-from .hf_helpers import random_rows
+from .hf_helpers import (
+    one_torch_thread,  # noqa: F401  (autouse: one torch thread)
+    random_rows,
+)
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "corpus.jsonl"
 

@@ -12,7 +12,14 @@ from loader.hf import check_packed_model
 from loader.testing import write_dataset
 from packtool.errors import ConfigError
 
-from .hf_helpers import VOCAB, documents, logit_gap, per_document_loss, tiny_model
+from .hf_helpers import (
+    VOCAB,
+    documents,
+    logit_gap,
+    one_torch_thread,  # noqa: F401  (autouse: one torch thread)
+    per_document_loss,
+    tiny_model,
+)
 
 ARCHS = ["llama", "gpt2"]
 IMPLS = ["sdpa", "eager"]

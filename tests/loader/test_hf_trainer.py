@@ -11,7 +11,11 @@ from loader import PackedDataset
 from loader.testing import write_dataset
 from packtool.errors import ConfigError
 
-from .hf_helpers import counting_rows, tiny_model
+from .hf_helpers import (
+    counting_rows,
+    one_torch_thread,  # noqa: F401  (autouse: one torch thread)
+    tiny_model,
+)
 
 ROWS, RPB, GA, EPOCHS = 24, 4, 2, 3  # 6 batches = 3 optimizer steps per epoch, 9 in all
 
