@@ -38,8 +38,15 @@ _TRAINER_NAMES = ("PackedTrainer", "PackedTrainerMixin", "CheckPackedModel", "Tr
 def __getattr__(name: str) -> Any:
     # The Trainer pieces subclass transformers' classes: import them on first use only.
     if name in _TRAINER_NAMES:
-        import loader.hf_trainer as hf_trainer
-
+        try:
+            import loader.hf_trainer as hf_trainer
+        except ImportError as exc:
+            if exc.name not in ("transformers", "accelerate"):
+                raise
+            raise MissingDependencyError(
+                f"loader.hf.{name} needs transformers and accelerate; install them with "
+                "`pip install packtool[hf]`"
+            ) from None
         return getattr(hf_trainer, name)
     raise AttributeError(f"module 'loader.hf' has no attribute {name!r}")
 
@@ -62,6 +69,15 @@ def _unwrap(model: Any) -> Any:
     while hasattr(model, "module") and not hasattr(model, "config"):  # DDP, accelerate wrappers
         model = model.module
     return model
+
+
+def _is_flash(impl: str) -> bool:
+    """Whether transformers runs `impl` through its flash-attention path (cu_seq_lens aware)."""
+    try:
+        from transformers.utils.generic import is_flash_attention_requested
+    except ImportError:  # transformers < 5: the names were flash_attention_2 / _3
+        return impl.startswith("flash_attention")
+    return is_flash_attention_requested(requested_attention_implementation=impl)
 
 
 def check_packed_model(model: Any, batch: Mapping[str, Any] | None = None) -> str:
@@ -101,9 +117,7 @@ def check_packed_model(model: Any, batch: Mapping[str, Any] | None = None) -> st
             "and its documents attend to each other; drop it (packtool's layout='hf' batches have "
             "none and separate documents with position_ids and cu_seq_lens)"
         )
-    from transformers.utils.generic import is_flash_attention_requested
-
-    if impl is not None and is_flash_attention_requested(requested_attention_implementation=impl):
+    if impl is not None and _is_flash(impl):
         if batch and "cu_seq_lens_q" not in batch and "position_ids" not in batch:
             raise ConfigError(
                 f"{name} needs cu_seq_lens_q/k or position_ids in the batch to separate documents; "
@@ -204,7 +218,7 @@ def hf_dataset(
     """
     from packtool.manifest import read_manifest
 
-    datasets = _require("datasets", "datasets")
+    datasets = _require("datasets", "packtool[hf]")
     manifest = read_manifest(path)
     files = [os.path.join(os.fspath(path), s.file) for s in manifest.shards]
     kwargs: dict[str, Any] = {"data_files": {"train": files}, "split": "train"}

@@ -119,3 +119,44 @@ def test_trl_padding_free_collator_on_packtool_rows_equals_the_loader(small, tmp
     # The stored rows alone: every row read as one document (what the seq_lengths column fixes).
     without = trl([{"input_ids": r["input_ids"]} for r in rows])
     assert len(without["cu_seq_lens_q"]) == 4 < len(want["cu_seq_lens_q"])
+
+
+def test_transformers_flattening_collator_on_stored_rows_mixes_documents(small, tmp_path):
+    from transformers import DataCollatorWithFlattening
+
+    rows = list(hf_dataset(small, cache_dir=tmp_path / "c").select(range(3)))
+    want = next(iter(PackedDataset(small, rows_per_batch=3, layout="hf", shuffle=False)))
+    flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+    mixed = flat([{"input_ids": r["input_ids"]} for r in rows])
+    assert len(mixed["cu_seq_lens_q"]) == 4 < len(want["cu_seq_lens_q"])
+    docs = [
+        {"input_ids": r["input_ids"][a:b]}
+        for r in rows
+        for a, b in zip(r["doc_offsets"], r["doc_offsets"][1:], strict=False)
+    ]
+    for k, v in flat(docs).items():  # given the documents, it is packtool's batch
+        assert torch.equal(v, want[k]) if isinstance(v, torch.Tensor) else v == want[k], k
+
+
+def test_loader_imports_none_of_the_hf_stack_until_asked():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, loader, loader.hf; "
+        "print(sorted({'transformers', 'datasets', 'trl', 'accelerate'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_trainer_pieces_without_transformers_name_the_extra(monkeypatch):
+    import sys
+
+    import loader.hf
+    from packtool.errors import MissingDependencyError
+
+    monkeypatch.delitem(sys.modules, "loader.hf_trainer", raising=False)
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(MissingDependencyError, match=r"pip install packtool\[hf\]"):
+        _ = loader.hf.PackedTrainer
