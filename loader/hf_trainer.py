@@ -132,7 +132,7 @@ def _loader_kwargs(args: Any) -> dict[str, Any]:
     workers = args.dataloader_num_workers
     kwargs: dict[str, Any] = {
         "num_workers": workers,
-        "pin_memory": args.dataloader_pin_memory,
+        "pin_memory": args.dataloader_pin_memory and torch.cuda.is_available(),
         "persistent_workers": args.dataloader_persistent_workers,
     }
     if workers > 0:

@@ -158,3 +158,34 @@ def test_settings_trainer_cannot_follow_are_refused(data, tmp_path):
     ds = PackedDataset(data, rows_per_batch=2, layout="hf")
     with pytest.raises(ConfigError, match="use_cache is on"):
         PackedTrainer(model=tiny_model(), args=cache_on, train_dataset=ds)
+
+
+def test_a_plain_trainer_with_row_collator_trains_on_the_documents(data, tmp_path):
+    import copy
+
+    from transformers import Trainer, TrainingArguments
+
+    from loader.hf import RowCollator, hf_dataset
+
+    from .hf_helpers import documents, per_document_loss
+
+    seen = []
+
+    class Recording(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            seen.append(({k: v for k, v in inputs.items()}, loss.item()))
+            return loss
+
+    args = TrainingArguments(
+        str(tmp_path), max_steps=2, per_device_train_batch_size=3, use_cpu=True, report_to=[],
+        remove_unused_columns=False, save_strategy="no", disable_tqdm=True,
+    )  # fmt: skip
+    model = tiny_model("gpt2")
+    initial = copy.deepcopy(model)
+    train = hf_dataset(data, cache_dir=tmp_path / "c")
+    Recording(model=model, args=args, train_dataset=train, data_collator=RowCollator()).train()
+    batch, loss = seen[0]
+    assert "attention_mask" not in batch and len(documents(batch)) == 9  # 3 rows x 3 documents
+    with torch.no_grad():
+        assert abs(loss - per_document_loss(initial, documents(batch)).item()) <= 1e-5
