@@ -219,7 +219,8 @@ class PackedTrainerMixin:
             self._packed_expect_first = False
             view = self.callback_handler.train_dataloader.dataset
             first = view.first_real
-            if first is None or not torch.equal(first["input_ids"], inputs["input_ids"]):
+            ids = first["input_ids"] if first is not None else None
+            if ids is None or not torch.equal(ids, inputs["input_ids"].to(ids.device)):
                 raise RuntimeError(
                     "the first batch trained after the resume is not the one packtool placed "
                     "there: Trainer skipped more batches than packtool computed from the "
