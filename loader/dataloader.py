@@ -124,6 +124,10 @@ class PackedDataLoader(DataLoader):
         if shared[3] and int(shared[0]) == epoch:
             shared[3] = 0
 
+    def set_epoch(self, epoch: int) -> None:
+        """`PackedDataset.set_epoch`: what `Trainer` and accelerate call on a loader each epoch."""
+        self._packed.set_epoch(epoch)
+
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this loader handed out.
 

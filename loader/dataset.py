@@ -27,7 +27,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.balance import imbalance, row_cost
 from loader.collate import collate
-from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
+from loader.config import LoaderConfig, check_int, dist_rank_world, make_config, static_max_docs
 from loader.order import EpochPlan, block_steps_bound, iter_blocks, rank_rows
 from loader.permutation import EpochOrder
 from loader.record import Documents
@@ -121,6 +121,22 @@ class PackedDataset(IterableDataset):
         self._shared[4] = 0
         self._iter_epoch, self._iter_origin, self._next_step = epoch, 0, 0
         self._generation += 1
+
+    def seek(self, epoch: int, step: int = 0) -> None:
+        """Start the next iteration at global step `step` of `epoch` (0 <= step <= its steps).
+
+        The same position as `load_state_dict` of a state saved there by a run with these
+        settings; for trainers that count steps themselves (loader/hf_trainer.py).
+        """
+        check_int("epoch", epoch, 0)
+        check_int("step", step, 0)
+        plan = self.plan(epoch)
+        # has_step cuts the epoch only as far as `step`, not to its end (the plan is lazy).
+        if step > 0 and not plan.has_step(step - 1):
+            raise ConfigError(
+                f"step {step} is past the end of epoch {epoch} ({plan.num_steps} steps)"
+            )
+        self.load_state_dict(self._state(epoch, 0, step, plan))
 
     def order(self, epoch: int) -> EpochOrder:
         """The row order of `epoch` (lazy: a window at a time; cached)."""
