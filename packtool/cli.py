@@ -444,7 +444,7 @@ def pack_cmd(
     import json
     import shlex
 
-    from packtool.engines.local import STATE_FILE, RunConfig, run_pack
+    from packtool.engines.local import RunConfig, run_pack
     from packtool.pack import PackConfig
     from packtool.shards import ShardConfig
 
@@ -475,7 +475,7 @@ def pack_cmd(
     tokenizer = (
         corpus.load_tokenizer(workers) if explicit or input_identity(inputs) is None else None
     )
-    _interrupt_note[0] = functools.partial(_resume_note, output, STATE_FILE, overwrite)
+    _interrupt_note[0] = functools.partial(_resume_note, output, overwrite)
     if engine == "ray":
         from packtool.engines.ray import RayConfig, run_pack_ray
 
@@ -499,11 +499,14 @@ _interrupt_note: list[Callable[[], str]] = [lambda: ""]
 _interrupted = threading.Event()
 
 
-def _resume_note(output: str, state_file: str, overwrite: bool) -> str:
-    if not os.path.exists(os.path.join(output, state_file)):
+def _resume_note(output: str, overwrite: bool) -> str:
+    from packtool.engines.preflight import STATE_FILE, staging_folder
+
+    staging = staging_folder(output)
+    if not (staging / STATE_FILE).exists():
         return ""
     how = "--resume instead of --overwrite" if overwrite else "--resume"
-    return f"; finished chunks are kept in {output}: run the same command with {how} to finish"
+    return f"; finished chunks are kept in {staging}: run the same command with {how} to finish"
 
 
 def _force_exit() -> None:
@@ -561,7 +564,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0)
     except OSError as exc:  # the disk filled up, a permission changed mid-run, ...
         where = f"{exc.filename}: " if exc.filename else ""
-        click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+        click.echo(f"error: {where}{exc.strerror or exc}{_interrupt_note[0]()}", err=True)
         sys.exit(1)
     finally:
         _interrupt_note[0] = lambda: ""

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from packtool.errors import DataError
+from packtool.errors import DataError, naming
 
 FORMAT = "packtool.packed"
 FORMAT_VERSION = 1
@@ -185,7 +185,7 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file and a rename (never a half-written file)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with naming(tmp), open(tmp, "wb") as f:  # a full disk names the file
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -26,6 +26,7 @@ from packtool.corpus import ReadConfig, SkipCounter
 from packtool.engines.preflight import (
     STATE_FILE,
     Checked,
+    Output,
     check_fingerprint,
     check_inputs,
     fingerprint_of,
@@ -197,22 +198,22 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
             tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
     """
     checked = check_inputs(config, tokenizer)
-    with output_folder(config) as state:
-        return _run_local(config, checked, state)
+    with output_folder(config) as output:
+        return _run_local(config, checked, output)
 
 
-def _run_local(config: RunConfig, checked: Checked, state: dict[str, Any] | None) -> PackSummary:
-    out = Path(config.out_dir)
+def _run_local(config: RunConfig, checked: Checked, output: Output) -> PackSummary:
+    out, state = output.work, output.state
     tokenizer = checked.tokenizer
     fingerprint = fingerprint_of(config, checked)
     done: list[dict[str, Any]] = []
     if state is not None:
         if state.get("engine", "local") != "local":
             raise ConfigError(
-                f"cannot resume {out}: it was started with --engine {state['engine']}; "
-                "resume it with the same engine"
+                f"cannot resume {config.out_dir}: it was started with --engine "
+                f"{state['engine']}; resume it with the same engine"
             )
-        check_fingerprint(state, fingerprint, out)
+        check_fingerprint(state, fingerprint, Path(config.out_dir))
         done = list(state["chunks"])
         for chunk in done:
             _check_done_shards(out, [ShardInfo(**s) for s in chunk["shards"]])
@@ -287,6 +288,7 @@ def _run_local(config: RunConfig, checked: Checked, state: dict[str, Any] | None
 
     return finish_run(
         config,
+        out,
         checked.identity,
         done,
         skips=skips,
@@ -313,6 +315,7 @@ def chunk_record(
 
 def finish_run(
     config: RunConfig,
+    work: Path,
     identity: dict[str, Any],
     records: Sequence[dict[str, Any]],
     *,
@@ -321,9 +324,10 @@ def finish_run(
     resumed_chunks: int,
     tokenizer_threads: int,
 ) -> PackSummary:
-    """Sum the chunk records (in chunk order), write `index.json`, drop the state file.
+    """Sum the chunk records (in chunk order), write `index.json` into `work`, drop the state file.
 
-    Both engines end here, so their manifests agree whenever their chunk records do.
+    Both engines end here, so their manifests agree whenever their chunk records do. `work` is
+    the run's staging folder; `preflight.output_folder` swaps it in afterwards.
     """
     counts = PackCounts()
     rounds = np.zeros(config.pack.rounds, dtype=np.int64)
@@ -340,7 +344,6 @@ def finish_run(
             acc[0] += r
             acc[1] += t
         shards.extend(ShardInfo(**s) for s in record["shards"])
-    out = Path(config.out_dir)
     # Empty documents are dropped by the reader (a counted skip); they are documents all the same.
     empty_read = skips.counts.get("empty", 0)
     counts.documents_in += empty_read
@@ -372,7 +375,7 @@ def finish_run(
         seconds=seconds,
         skips=skips.to_dict(),
         resumed_chunks=resumed_chunks,
-        out_dir=str(out),
+        out_dir=config.out_dir,
         tokenizer_threads=tokenizer_threads,
     )
     manifest = Manifest(
@@ -400,6 +403,6 @@ def finish_run(
             "group_by": config.pack.group_by,
         },
     )
-    write_manifest(out, manifest)
-    (out / STATE_FILE).unlink(missing_ok=True)
+    write_manifest(work, manifest)
+    (work / STATE_FILE).unlink(missing_ok=True)
     return summary
