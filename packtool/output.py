@@ -25,6 +25,7 @@ file system (a rename never copies) and hidden from the folder walk of `corpus.e
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import json
@@ -193,7 +194,9 @@ def _describe_holder(fd: int) -> str:
     if "pid" not in info:
         return "a process that is starting up"
     command = info.get("command") or "packtool"
-    return f"pid {info['pid']} on {info.get('host', '?')}, since {info.get('started', '?')}: {command}"
+    return (
+        f"pid {info['pid']} on {info.get('host', '?')}, since {info.get('started', '?')}: {command}"
+    )
 
 
 def recover(paths: OutputPaths) -> None:
@@ -230,10 +233,8 @@ def commit(paths: OutputPaths) -> None:
     except Exception:
         # Put things as they were or as they should be; if that fails too, the next run's
         # `recover` does it. Either way the output is never a mixture.
-        try:
+        with contextlib.suppress(OSError):
             recover(paths)
-        except OSError:
-            pass
         raise
     remove(paths.old)
 
@@ -277,8 +278,7 @@ def _fsync_dir(folder: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):  # some file systems cannot fsync a folder
+            os.fsync(fd)
     finally:
         os.close(fd)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from packtool.engines import local
 from packtool.engines.preflight import staging_folder
 from packtool.manifest import read_manifest
 from packtool.verify import verify_dataset
@@ -196,8 +195,9 @@ def test_a_full_disk_names_the_file_and_resume_finishes(tmp_path, small, monkeyp
     assert code == 0 and "resumed: kept 1 finished chunk(s)" in out, err
     code, _, err = run(*args[:3], tmp_path / "whole", *args[4:])
     assert code == 0, err
-    assert read_manifest(tmp_path / "p").to_dict()["shards"] == (
-        read_manifest(tmp_path / "whole").to_dict()["shards"]
+    assert (
+        read_manifest(tmp_path / "p").to_dict()["shards"]
+        == (read_manifest(tmp_path / "whole").to_dict()["shards"])
     )
 
 
