@@ -210,6 +210,8 @@ def tokenize_cmd(
     .zst; files, folders (recursive) or quoted globs. Bad lines and empty documents are skipped
     and counted (--strict makes them errors).
     """
+    import shlex
+
     from packtool.tokenize import tokenize_corpus
 
     summary = tokenize_corpus(
@@ -219,6 +221,7 @@ def tokenize_cmd(
         tokenizer=corpus.load_tokenizer(workers),
         workers=workers,
         overwrite=overwrite,
+        command=shlex.join(["packtool", *sys.argv[1:]]),
     )
     click.echo(summary.format())
 

@@ -140,10 +140,9 @@ class OutputLock:
         while True:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as exc:
+            except OSError as exc:  # the first write of a run: name the output as given
                 raise ConfigError(
-                    f"cannot write beside {self.paths.shown} ({path.parent}: "
-                    f"{exc.strerror or exc}); packtool builds the output next to it"
+                    f"cannot write {self.paths.shown} ({exc.strerror or exc})"
                 ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
