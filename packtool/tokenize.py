@@ -45,6 +45,7 @@ from packtool.output import (
     remove_empty_parents,
 )
 from packtool.progress import Progress
+from packtool.tokenized_input import checked_table
 from packtool.tokenizers import Tokenizer, TokenizerIdentity, load_tokenizer
 
 FORMAT = "packtool.tokenized"
@@ -243,8 +244,10 @@ def _read_tokenized(
     if tokenizer is not None:
         check_recorded_tokenizer(identity, tokenizer, tokenized[0][0])
     columns = ["doc_id", "source", "input_ids", "length", *config.extra_fields]
-    for path, _ in tokenized:
-        pf = pq.ParquetFile(path)
+    schema = tokenized_schema(identity, config.extra_fields)
+    for file_index, (path, _) in enumerate(tokenized):
+        # Page CRC32s, where the writer stored them (packtool tokenize does), catch a damaged page.
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
         names = pf.schema_arrow.names
         missing = [c for c in columns if c not in names]
         if missing:
@@ -252,10 +255,17 @@ def _read_tokenized(
                 f"{path}: no column {missing[0]!r} (columns: {', '.join(names)}); "
                 "extra fields must be chosen when tokenizing"
             )
-        schema = pf.schema_arrow
-        schema = pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
+        row = 0
         for rg in range(pf.num_row_groups):
-            table = pf.read_row_group(rg, columns=columns)
+            try:
+                table = pf.read_row_group(rg, columns=columns)
+            except (pa.ArrowException, OSError) as exc:
+                raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
+            # Ids checked against the vocabulary, doc ids made unique across files (docids.py).
+            table = checked_table(
+                table, path=path, first_row=row, file_index=file_index, identity=identity
+            )
+            row += table.num_rows
             nbytes = pf.metadata.row_group(rg).total_byte_size
             yield table.cast(schema) if table.schema != schema else table, nbytes
 

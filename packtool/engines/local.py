@@ -29,6 +29,7 @@ from packtool.engines.preflight import (
     Output,
     check_fingerprint,
     check_inputs,
+    doc_id_record,
     fingerprint_of,
     output_folder,
 )
@@ -295,6 +296,7 @@ def _run_local(config: RunConfig, checked: Checked, output: Output) -> PackSumma
         seconds=seconds,
         resumed_chunks=len(state["chunks"]) if state is not None else 0,
         tokenizer_threads=tokenizer.workers if tokenizer and not checked.tokenized else 0,
+        doc_ids=doc_id_record(checked),
     )
 
 
@@ -323,6 +325,7 @@ def finish_run(
     seconds: dict[str, float],
     resumed_chunks: int,
     tokenizer_threads: int,
+    doc_ids: dict[str, Any],
 ) -> PackSummary:
     """Sum the chunk records (in chunk order), write `index.json` into `work`, drop the state file.
 
@@ -401,6 +404,7 @@ def finish_run(
             },
             "skips": summary.skips,
             "group_by": config.pack.group_by,
+            "doc_ids": doc_ids,
         },
     )
     write_manifest(work, manifest)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from packtool import docids
 from packtool.corpus import expand_inputs
 from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.manifest import INDEX_FILE, ShardInfo
@@ -138,6 +139,17 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
 def staging_folder(out_dir: str | os.PathLike) -> Path:
     """Where a run into `out_dir` builds its output (and keeps an interrupted run's state)."""
     return output_paths(out_dir).staging
+
+
+def doc_id_record(checked: Checked) -> dict[str, Any]:
+    """How the run numbers documents, for `index.json` (`extra.doc_ids`).
+
+    Tokenized inputs: `packtool.docids` (input file index, row in the file), with the files, so
+    a packed doc id leads back to its tokenized row. Raw inputs: 0, 1, 2, ... in reading order.
+    """
+    if checked.tokenized:
+        return docids.record([str(p) for p in checked.paths])
+    return {"scheme": "sequential"}
 
 
 def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:

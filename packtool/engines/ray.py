@@ -314,6 +314,7 @@ def _run_ray(
         seconds=seconds,
         resumed_chunks=resumed,
         tokenizer_threads=0 if checked.tokenized else actors,
+        doc_ids=preflight.doc_id_record(checked),
     )
     summary.cores_used = (
         f"Ray: 1 reader task + {actors} tokenize/pack/write actor(s) "
