@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from packtool.errors import DataError, naming
+from packtool.manifest_check import manifest_problem
 
 FORMAT = "packtool.packed"
 FORMAT_VERSION = 1
@@ -105,7 +106,7 @@ class Manifest:
         if d.get("format") != FORMAT:
             raise DataError(f"{where}: not a packtool dataset (format {d.get('format')!r})")
         version = d.get("format_version")
-        if version not in SUPPORTED_VERSIONS:
+        if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:  # True == 1
             raise DataError(
                 f"{where}: format_version {version!r} is not supported by this packtool "
                 f"(supported: {list(SUPPORTED_VERSIONS)}); upgrade packtool or repack the data"
@@ -214,6 +215,9 @@ def dataset_folder(path: str | os.PathLike) -> Path:
 def read_manifest(directory: str | os.PathLike) -> Manifest:
     """Read and check `index.json` in `directory` (a clear `DataError` on any problem).
 
+    Checked: the format and version, every field's type, shard paths, and the manifest as a
+    whole (`packtool.manifest_check`: enumerations, ranges, counting identities, totals).
+
     Args:
         directory: the dataset folder, or its `index.json` (see `dataset_folder`).
     """
@@ -230,7 +234,8 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     if not isinstance(data, dict):
         raise DataError(f"{path}: malformed manifest (not a JSON object)")
     manifest = Manifest.from_dict(data, where=str(path))
-    problem = _shard_files_problem(manifest)
+    # The whole manifest, not field by field: what verify refuses, every reader refuses.
+    problem = _shard_files_problem(manifest) or manifest_problem(data)
     if problem:
         raise DataError(f"{path}: {problem}")
     return manifest

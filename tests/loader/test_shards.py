@@ -17,16 +17,36 @@ from packtool.manifest import packed_schema, read_manifest, sha256_file, write_m
 
 
 def _rewrite_shard(path, table):
-    """Replace shard 0 with `table` and update the manifest so only the content is wrong."""
+    """Replace shard 0 with `table` and update the manifest so only the content is wrong.
+
+    The manifest stays consistent on its own (read_manifest checks it as a whole): the shard's
+    tokens are recorded within rows..rows x max_len even when the rows break that bound.
+    """
     m = read_manifest(path)
     file = path / m.shards[0].file
     pq.write_table(table, file)
     import dataclasses
 
+    tokens = sum(len(r) for r in table.column("input_ids").to_pylist())
+    tokens = min(max(tokens, table.num_rows), table.num_rows * m.max_len)
     s0 = dataclasses.replace(
-        m.shards[0], bytes=file.stat().st_size, sha256=sha256_file(file), rows=table.num_rows
+        m.shards[0],
+        bytes=file.stat().st_size,
+        sha256=sha256_file(file),
+        rows=table.num_rows,
+        tokens=tokens,
     )
-    write_manifest(path, dataclasses.replace(m, shards=(s0, *m.shards[1:])))
+    shards = (s0, *m.shards[1:])
+    rows, tokens = sum(s.rows for s in shards), sum(s.tokens for s in shards)
+    counts = {**m.counts, "rows": rows, "tokens_out": tokens, "tokens_in": tokens}
+    fixed = dataclasses.replace(
+        m,
+        shards=shards,
+        counts=counts,
+        efficiency=tokens / (rows * m.max_len),
+        lower_bound_rows=-(-tokens // m.max_len),
+    )
+    write_manifest(path, fixed)
 
 
 def test_reads_rows_exactly(hand_dataset):
@@ -165,6 +185,9 @@ def test_corrupted_offsets_caught_by_row_index(hand_dataset):
 def test_manifest_row_count_mismatch(hand_dataset):
     m = json.loads((hand_dataset / "index.json").read_text())
     m["shards"][0]["rows"] = 7
+    # Consistent on its own (read_manifest checks that first): only the file disagrees.
+    m["counts"]["rows"] = 7
+    m["efficiency"] = m["counts"]["tokens_out"] / (7 * m["max_len"])
     (hand_dataset / "index.json").write_text(json.dumps(m))
     with pytest.raises(DataError, match="3 rows but index.json says 7"):
         ShardStore(hand_dataset)
