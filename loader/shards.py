@@ -98,14 +98,23 @@ def _list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndar
     return values, offsets, arr.null_count + arr.values.null_count
 
 
-def validate_row_group(data: RowGroupData, *, max_len: int, where: str, first_row: int) -> None:
-    """Check the offsets of a decoded row group (a `DataError` naming file and row on failure).
+def validate_row_group(
+    data: RowGroupData,
+    *,
+    max_len: int,
+    where: str,
+    first_row: int,
+    vocab_size: int | None = None,
+) -> None:
+    """Check the offsets and ids of a decoded row group (a `DataError` naming file and row).
 
     Args:
         data: The decoded row group.
         max_len: The manifest's max_len; no row may be longer.
         where: The shard file, for messages.
         first_row: Index of the row group's first row inside the shard, for messages.
+        vocab_size: The tokenizer's vocabulary size; every token id must be below it. Skipped
+            when the token dtype cannot hold a larger id (uint16 with vocab_size 65,536).
     """
     n = len(data.token_offsets) - 1
 
@@ -141,9 +150,21 @@ def validate_row_group(data: RowGroupData, *, max_len: int, where: str, first_ro
         bad_rows = np.zeros(n, dtype=bool)
         bad_rows[row_of_step[inside & (steps <= 0)]] = True
         fail(bad_rows, "doc_offsets is not strictly increasing")
+    tokens = data.tokens
+    # One max over the row group's tokens (about 2% of decoding it, README "Loader"): an id the
+    # model's embedding does not have would otherwise fail much later, or index another row.
+    if vocab_size is not None and len(tokens) and np.iinfo(tokens.dtype).max >= vocab_size:
+        top = int(tokens.max())
+        if top >= vocab_size:
+            pos = int(np.flatnonzero(tokens >= vocab_size)[0])
+            row = int(np.searchsorted(data.token_offsets, pos, side="right") - 1)
+            raise DataError(
+                f"{where}: row {first_row + row}: token id {int(tokens[pos])} is not below the "
+                f"tokenizer's vocab_size {vocab_size}; the shard is damaged, repack it"
+            )
 
 
-def _decode_with_jemalloc(pf: pq.ParquetFile, source: pa.NativeFile) -> None:
+def _decode_with_jemalloc(pf: pq.ParquetFile, source: pa.NativeFile, page_checksums: bool) -> None:
     """Make `pf` allocate what it decodes from pyarrow's jemalloc pool, when there is one.
 
     Row groups are decoded in a background thread and freed in the iterating one; with pyarrow's
@@ -155,7 +176,7 @@ def _decode_with_jemalloc(pf: pq.ParquetFile, source: pa.NativeFile) -> None:
         from pyarrow._parquet import ParquetReader
 
         reader = ParquetReader(memory_pool=pa.jemalloc_memory_pool())
-        reader.open(source, metadata=pf.metadata)
+        reader.open(source, metadata=pf.metadata, page_checksum_verification=page_checksums)
     except (ImportError, AttributeError, TypeError, NotImplementedError, pa.ArrowException):
         return
     pf.reader = reader
@@ -166,8 +187,11 @@ class ShardStore:
 
     Args:
         path: The folder holding `index.json` and the shards.
-        verify: Also check every shard's sha256 against the manifest (reads every byte; slow on
-            large datasets). Sizes and Parquet footers are always checked.
+        verify: Also check every shard's sha256 against the manifest at open (reads every byte;
+            slow on large datasets). Sizes and Parquet footers are always checked.
+        page_checksums: Check the CRC32 of every Parquet page as it is decoded (packtool pack
+            writes them; pages without one are read unchecked): a damaged page is a `DataError`
+            instead of different tokens. Costs about 1% of decoding (README, "Loader").
         cache_bytes: Upper bound on decoded row groups kept per process (at least one row group is
             always kept).
 
@@ -177,10 +201,17 @@ class ShardStore:
     """
 
     def __init__(
-        self, path: str | os.PathLike, *, verify: bool = False, cache_bytes: int = 256 << 20
+        self,
+        path: str | os.PathLike,
+        *,
+        verify: bool = False,
+        cache_bytes: int = 256 << 20,
+        page_checksums: bool = True,
     ) -> None:
         self.path = dataset_folder(path)  # the folder, also when given its index.json
         self.manifest: Manifest = read_manifest(self.path)
+        self.page_checksums = bool(page_checksums)
+        self.vocab_size = int(self.manifest.tokenizer["vocab_size"])
         self.cache_bytes = int(cache_bytes)
         self.max_len = int(self.manifest.max_len)
         rg_rows: list[int] = []
@@ -221,6 +252,13 @@ class ShardStore:
             token_dtypes.append(_INT_TYPES[value_type])
             if meta.num_rows != info.rows:
                 raise DataError(f"{file}: {meta.num_rows} rows but index.json says {info.rows}")
+            groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            if sum(groups) != info.rows:
+                # The footer has no checksum: a damaged row count would shift every row after it.
+                raise DataError(
+                    f"{file}: its row groups hold {sum(groups)} rows but the file says "
+                    f"{meta.num_rows}; the footer is damaged, repack it"
+                )
             first = 0
             for g in range(meta.num_row_groups):
                 rg_rows.append(meta.row_group(g).num_rows)
@@ -308,8 +346,8 @@ class ShardStore:
             file = self.path / self.manifest.shards[shard].file
             try:
                 source = pa.memory_map(str(file), "r")
-                pf = pq.ParquetFile(source)
-                _decode_with_jemalloc(pf, source)
+                pf = pq.ParquetFile(source, page_checksum_verification=self.page_checksums)
+                _decode_with_jemalloc(pf, source, self.page_checksums)
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(f"{file}: cannot open shard ({exc})") from None
             self._files[shard] = pf
@@ -360,6 +398,12 @@ class ShardStore:
             ) from None
         if tok_nulls or off_nulls or ids_nulls:
             raise DataError(f"{where}: row group {int(self._rg_local[g])} holds nulls")
+        expected = int(self._rg_start[g + 1] - self._rg_start[g])
+        if not len(tok_off) - 1 == len(off_off) - 1 == len(ids_off) - 1 == expected:
+            raise DataError(
+                f"{where}: row group {int(self._rg_local[g])} decodes to "
+                f"{len(tok_off) - 1} rows, its footer says {expected}; the shard is damaged"
+            )
         data = RowGroupData(
             tokens=tok,
             token_offsets=tok_off.astype(np.int64, copy=False),
@@ -369,7 +413,11 @@ class ShardStore:
             doc_ids_offsets=ids_off.astype(np.int64, copy=False),
         )
         validate_row_group(
-            data, max_len=self.max_len, where=where, first_row=int(self._rg_first[g])
+            data,
+            max_len=self.max_len,
+            where=where,
+            first_row=int(self._rg_first[g]),
+            vocab_size=self.vocab_size,
         )
         return data
 
@@ -491,6 +539,11 @@ class ShardStore:
             sq_all[1:] = np.cumsum(steps.astype(np.float64) ** 2)
             # Σ over a row's documents = prefix-sum difference; the cross-row step is excluded
             # because each row's range starts at its own first offset.
+            if n != info.rows or int(ends.sum()) != info.tokens:
+                raise DataError(
+                    f"{where}: {n} rows of {int(ends.sum())} tokens but index.json says "
+                    f"{info.rows} of {info.tokens}; the shard is damaged"
+                )
             lengths[pos : pos + n] = ends
             n_docs[pos : pos + n] = counts - 1
             sq[pos : pos + n] = sq_all[off_off[1:] - 1] - sq_all[off_off[:-1]]

@@ -289,7 +289,8 @@ def verify_dataset(
                     "corrupt or was changed after packing",
                 )
         try:
-            pf = pq.ParquetFile(file, memory_map=True)
+            # Page CRC32s too: with --no-checksums they are what catches a flipped bit.
+            pf = pq.ParquetFile(file, memory_map=True, page_checksum_verification=True)
         except (pa.ArrowException, OSError) as exc:
             raise _fail(where, f"not a readable Parquet file ({exc})") from None
         _check_schema(pf.schema_arrow, expected_schema, vocab, where)
