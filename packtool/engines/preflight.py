@@ -123,6 +123,11 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
     try:
         with OutputLock(paths, config.command or "packtool pack"):
             recover(paths)
+            if (paths.staging / INDEX_FILE).is_file():
+                # A run killed after writing index.json (written last) but before its swap:
+                # complete, so it is swapped in now, as it would have been.
+                (paths.staging / STATE_FILE).unlink(missing_ok=True)
+                commit(paths)
             state = _prepare(config, paths)
             try:
                 yield Output(work=paths.staging, state=state)
