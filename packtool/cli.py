@@ -398,8 +398,13 @@ def stats_cmd(
     show_default=True,
     help="Parquet codec (lz4: fast to load; zstd: smallest).",
 )
-@click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder.")
-@click.option("--resume", is_flag=True, help="Finish an interrupted run in the same folder.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the dataset in the output folder; the old one stays until the new one is "
+    "complete, and is kept if the run fails.",
+)
+@click.option("--resume", is_flag=True, help="Finish an interrupted run into the same folder.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
 @click.option(
     "--engine",
