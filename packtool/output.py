@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import glob
 import json
 import os
@@ -42,6 +43,8 @@ STAGING_SUFFIX = ".packtool-staging"
 READY_SUFFIX = ".packtool-ready"
 OLD_SUFFIX = ".packtool-old"
 LOCK_SUFFIX = ".packtool-lock"
+OUTPUT_NAMES = ("shard-00000.parquet", "part-00000.parquet", "index.json")
+"""Names `pack` and `tokenize` write inside an output folder (for the glob check)."""
 _rename = os.rename  # every rename of the swap goes through here (tests interrupt it)
 
 
@@ -75,7 +78,8 @@ def output_paths(out: str | os.PathLike) -> OutputPaths:
 def check_apart(
     out: str | os.PathLike, inputs: list[str] | tuple[str, ...], files: list[Path] = ()
 ) -> None:
-    """Refuse an output that is an input, lies inside an input folder, or holds an input.
+    """Refuse an output that is an input, lies inside an input folder, holds an input, or is
+    (or holds) the current folder.
 
     Args:
         out: the output as given.
@@ -86,13 +90,23 @@ def check_apart(
         ConfigError: naming both paths.
     """
     target = Path(out).resolve()
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        # The swap would leave this shell in a deleted folder (the old output).
+        raise ConfigError(
+            f"output {out} is the current folder or holds it; packtool replaces the output "
+            "folder whole, so run it from outside (e.g. `cd ..`)"
+        )
     for raw in inputs:
         text = os.fspath(raw)
         if glob.has_magic(text):
-            # A recursive glob reaches every folder under its fixed part.
+            # A recursive glob reaches every folder under its fixed part; it would read the
+            # output back if its last part matches a name packtool writes there.
             parts = Path(text).parts
             fixed = Path(*[p for p in parts[: _first_magic(parts)]] or ["."]).resolve()
-            if "**" in parts and (fixed == target or fixed in target.parents):
+            names = (*OUTPUT_NAMES, target.name)
+            reaches = fixed == target or fixed in target.parents
+            if "**" in parts and reaches and any(fnmatch.fnmatch(n, parts[-1]) for n in names):
                 raise ConfigError(
                     f"output {out} is inside the folder the input glob {text!r} searches: a later "
                     "run would read its own output; choose an output outside it"

@@ -154,8 +154,12 @@ def test_an_input_inside_the_output_is_refused_and_kept(tmp_path, good):
 def test_a_recursive_glob_that_reaches_the_output_is_refused(tmp_path, good):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.jsonl").write_bytes(good.read_bytes())
-    code, _, err = run("pack", f"{tmp_path}/data/**/*.jsonl", "-o", tmp_path / "data" / "p")
+    tok = tmp_path / "data" / "tok"
+    code, _, err = run("tokenize", f"{tmp_path}/data/**/*.jsonl", "-o", tok)
+    assert code == 0, err  # a glob for .jsonl cannot reach the part files tokenize writes
+    code, _, err = run("pack", f"{tmp_path}/data/**/*.parquet", "-o", tmp_path / "data" / "p")
     assert code == 1 and "inside the folder the input glob" in one_error_line(err)
+    assert not (tmp_path / "data" / "p").exists()
 
 
 # --- 4: separately tokenized files, hand-made tokenized Parquet ------------------------------

@@ -177,7 +177,8 @@ def test_the_lock_survives_a_holder_that_unlinks_as_it_lets_go(tmp_path, monkeyp
         ("src", ["src/a.jsonl"], "input src/a.jsonl is inside the output src"),
         ("src", ["src"], "is also an input"),
         ("src/../src/sub/p", ["./src"], "inside the input folder ./src"),
-        ("data/p", ["data/**/*.jsonl"], "inside the folder the input glob"),
+        ("data/p", ["data/**/*.parquet"], "inside the folder the input glob"),
+        ("data/p", ["data/**"], "inside the folder the input glob"),
     ],
 )
 def test_outputs_and_inputs_are_kept_apart(tmp_path, monkeypatch, out, inputs, message):
@@ -187,9 +188,18 @@ def test_outputs_and_inputs_are_kept_apart(tmp_path, monkeypatch, out, inputs, m
         check_apart(out, inputs)
 
 
+@pytest.mark.parametrize("out", [".", "..", "sub/.."])
+def test_the_current_folder_cannot_be_the_output(tmp_path, monkeypatch, out):
+    (tmp_path / "here" / "sub").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "here")
+    with pytest.raises(ConfigError, match="is the current folder or holds it"):
+        check_apart(out, ["x.jsonl"])
+
+
 def test_unrelated_paths_pass(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     check_apart("packed", ["src", "src/a.jsonl", "data/*.jsonl", "srcx"])
     check_apart("src2/p", ["src"])
+    check_apart("data/p", ["data/**/*.jsonl"])  # cannot match what packtool writes in data/p
     with pytest.raises(ConfigError, match="inside the output"):
         check_apart("data", ["x"], [tmp_path / "data" / "y.jsonl"])
