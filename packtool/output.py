@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, naming
 
 STAGING_SUFFIX = ".packtool-staging"
 READY_SUFFIX = ".packtool-ready"
@@ -183,9 +183,14 @@ class OutputLock:
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": self.command[:300],
         }
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(info).encode())
         self._fd = fd
+        try:
+            with naming(path):  # a full disk names the file
+                os.ftruncate(fd, 0)
+                os.write(fd, json.dumps(info).encode())
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
