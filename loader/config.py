@@ -87,6 +87,8 @@ class LoaderConfig:
     256 rows x 4096 uint16 tokens, with room to spare)."""
     verify: bool = False
     """Check every shard's sha256 at open (reads the whole dataset)."""
+    page_checksums: bool = True
+    """Check each Parquet page's CRC32 as it is decoded (about 1% of decoding; README "Loader")."""
 
     def __post_init__(self) -> None:
         if (self.rows_per_batch is None) == (self.tokens_per_batch is None):
@@ -101,7 +103,7 @@ class LoaderConfig:
                 check_int(name, getattr(self, name))
         for name in ("seed", "shuffle_window", "pad_id", "cache_bytes"):
             check_int(name, getattr(self, name))
-        for name in ("shuffle", "drop_last", "static_shape", "balance", "verify"):
+        for name in ("shuffle", "drop_last", "static_shape", "balance", "verify", "page_checksums"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.rows_per_batch is not None and self.rows_per_batch < 1:

@@ -73,7 +73,12 @@ class PackedDataset(IterableDataset):
         super().__init__()
         self.config = config = make_config(LoaderConfig, settings, config)
         self.rank, self.world_size = dist_rank_world(rank, world_size)
-        self.store = ShardStore(path, verify=config.verify, cache_bytes=config.cache_bytes)
+        self.store = ShardStore(
+            path,
+            verify=config.verify,
+            cache_bytes=config.cache_bytes,
+            page_checksums=config.page_checksums,
+        )
         self.fingerprint = self.store.manifest.fingerprint
         max_len = self.store.max_len
         if config.tokens_per_batch is not None and config.tokens_per_batch < max_len:

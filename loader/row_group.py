@@ -104,14 +104,23 @@ def aligned(values: np.ndarray, offsets: np.ndarray, like: np.ndarray) -> np.nda
     return np.concatenate([np.zeros(-shift, values.dtype), values])
 
 
-def validate_row_group(data: RowGroupData, *, max_len: int, where: str, first_row: int) -> None:
-    """Check the offsets of a decoded row group (a `DataError` naming file and row on failure).
+def validate_row_group(
+    data: RowGroupData,
+    *,
+    max_len: int,
+    where: str,
+    first_row: int,
+    vocab_size: int | None = None,
+) -> None:
+    """Check the offsets and ids of a decoded row group (a `DataError` naming file and row).
 
     Args:
         data: The decoded row group.
         max_len: The manifest's max_len; no row may be longer.
         where: The shard file, for messages.
         first_row: Index of the row group's first row inside the shard, for messages.
+        vocab_size: The tokenizer's vocabulary size; every token id must be below it. Skipped
+            when the token dtype cannot hold a larger id (uint16 with vocab_size 65,536).
     """
     n = len(data.token_offsets) - 1
 
@@ -147,9 +156,21 @@ def validate_row_group(data: RowGroupData, *, max_len: int, where: str, first_ro
         bad_rows = np.zeros(n, dtype=bool)
         bad_rows[row_of_step[inside & (steps <= 0)]] = True
         fail(bad_rows, "doc_offsets is not strictly increasing")
+    tokens = data.tokens
+    # One max over the row group's tokens (about 2% of decoding it, README "Loader"): an id the
+    # model's embedding does not have would otherwise fail much later, or index another row.
+    if vocab_size is not None and len(tokens) and np.iinfo(tokens.dtype).max >= vocab_size:
+        top = int(tokens.max())
+        if top >= vocab_size:
+            pos = int(np.flatnonzero(tokens >= vocab_size)[0])
+            row = int(np.searchsorted(data.token_offsets, pos, side="right") - 1)
+            raise DataError(
+                f"{where}: row {first_row + row}: token id {int(tokens[pos])} is not below the "
+                f"tokenizer's vocab_size {vocab_size}; the shard is damaged, repack it"
+            )
 
 
-def decode_with_jemalloc(pf: pq.ParquetFile, source: pa.NativeFile) -> None:
+def decode_with_jemalloc(pf: pq.ParquetFile, source: pa.NativeFile, page_checksums: bool) -> None:
     """Make `pf` allocate what it decodes from pyarrow's jemalloc pool, when there is one.
 
     Row groups are decoded in a background thread and freed in the iterating one; with pyarrow's
@@ -161,7 +182,7 @@ def decode_with_jemalloc(pf: pq.ParquetFile, source: pa.NativeFile) -> None:
         from pyarrow._parquet import ParquetReader
 
         reader = ParquetReader(memory_pool=pa.jemalloc_memory_pool())
-        reader.open(source, metadata=pf.metadata)
+        reader.open(source, metadata=pf.metadata, page_checksum_verification=page_checksums)
     except (ImportError, AttributeError, TypeError, NotImplementedError, pa.ArrowException):
         return
     pf.reader = reader

@@ -242,7 +242,7 @@ def _finish(
             "sha256": "",
         },
         max_len=max_len,
-        algorithm="test",
+        algorithm="ffd",  # the manifest check accepts only real algorithms
         seed=0,
         rounds=1,
         long_docs="split",

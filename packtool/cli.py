@@ -210,6 +210,8 @@ def tokenize_cmd(
     .zst; files, folders (recursive) or quoted globs. Bad lines and empty documents are skipped
     and counted (--strict makes them errors).
     """
+    import shlex
+
     from packtool.tokenize import tokenize_corpus
 
     summary = tokenize_corpus(
@@ -219,6 +221,7 @@ def tokenize_cmd(
         tokenizer=corpus.load_tokenizer(workers),
         workers=workers,
         overwrite=overwrite,
+        command=shlex.join(["packtool", *sys.argv[1:]]),
     )
     click.echo(summary.format())
 
@@ -395,8 +398,13 @@ def stats_cmd(
     show_default=True,
     help="Parquet codec (lz4: fast to load; zstd: smallest).",
 )
-@click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder.")
-@click.option("--resume", is_flag=True, help="Finish an interrupted run in the same folder.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the dataset in the output folder; the old one stays until the new one is "
+    "complete, and is kept if the run fails.",
+)
+@click.option("--resume", is_flag=True, help="Finish an interrupted run into the same folder.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
 @click.option(
     "--engine",
@@ -444,7 +452,7 @@ def pack_cmd(
     import json
     import shlex
 
-    from packtool.engines.local import STATE_FILE, RunConfig, run_pack
+    from packtool.engines.local import RunConfig, run_pack
     from packtool.pack import PackConfig
     from packtool.shards import ShardConfig
 
@@ -480,7 +488,7 @@ def pack_cmd(
     tokenizer = (
         corpus.load_tokenizer(workers) if explicit or input_identity(inputs) is None else None
     )
-    _interrupt_note[0] = functools.partial(_resume_note, output, STATE_FILE, overwrite)
+    _interrupt_note[0] = functools.partial(_resume_note, output, overwrite)
     if engine == "ray":
         from packtool.engines.ray import RayConfig, run_pack_ray
 
@@ -504,11 +512,14 @@ _interrupt_note: list[Callable[[], str]] = [lambda: ""]
 _interrupted = threading.Event()
 
 
-def _resume_note(output: str, state_file: str, overwrite: bool) -> str:
-    if not os.path.exists(os.path.join(output, state_file)):
+def _resume_note(output: str, overwrite: bool) -> str:
+    from packtool.engines.preflight import STATE_FILE, staging_folder
+
+    staging = staging_folder(output)
+    if not (staging / STATE_FILE).exists():
         return ""
     how = "--resume instead of --overwrite" if overwrite else "--resume"
-    return f"; finished chunks are kept in {output}: run the same command with {how} to finish"
+    return f"; finished chunks are kept in {staging}: run the same command with {how} to finish"
 
 
 def _force_exit() -> None:
@@ -566,7 +577,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0)
     except OSError as exc:  # the disk filled up, a permission changed mid-run, ...
         where = f"{exc.filename}: " if exc.filename else ""
-        click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+        click.echo(f"error: {where}{exc.strerror or exc}{_interrupt_note[0]()}", err=True)
         sys.exit(1)
     finally:
         _interrupt_note[0] = lambda: ""

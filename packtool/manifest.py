@@ -18,7 +18,8 @@ from typing import Any
 import pyarrow as pa
 
 from packtool import columns as shard_columns
-from packtool.errors import DataError
+from packtool.errors import DataError, naming
+from packtool.manifest_check import manifest_problem
 
 FORMAT = "packtool.packed"
 FORMAT_VERSION = 2
@@ -114,7 +115,7 @@ class Manifest:
         if d.get("format") != FORMAT:
             raise DataError(f"{where}: not a packtool dataset (format {d.get('format')!r})")
         version = d.get("format_version")
-        if version not in SUPPORTED_VERSIONS:
+        if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:  # True == 1
             raise DataError(
                 f"{where}: format_version {version!r} is not supported by this packtool "
                 f"(supported: {list(SUPPORTED_VERSIONS)}); upgrade packtool or repack the data"
@@ -198,7 +199,7 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file and a rename (never a half-written file)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with naming(tmp), open(tmp, "wb") as f:  # a full disk names the file
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -227,6 +228,9 @@ def dataset_folder(path: str | os.PathLike) -> Path:
 def read_manifest(directory: str | os.PathLike) -> Manifest:
     """Read and check `index.json` in `directory` (a clear `DataError` on any problem).
 
+    Checked: the format and version, every field's type, shard paths, and the manifest as a
+    whole (`packtool.manifest_check`: enumerations, ranges, counting identities, totals).
+
     Args:
         directory: the dataset folder, or its `index.json` (see `dataset_folder`).
     """
@@ -243,7 +247,8 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     if not isinstance(data, dict):
         raise DataError(f"{path}: malformed manifest (not a JSON object)")
     manifest = Manifest.from_dict(data, where=str(path))
-    problem = _shard_files_problem(manifest)
+    # The whole manifest, not field by field: what verify refuses, every reader refuses.
+    problem = _shard_files_problem(manifest) or manifest_problem(data)
     if problem:
         raise DataError(f"{path}: {problem}")
     return manifest

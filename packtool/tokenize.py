@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -35,9 +34,20 @@ from packtool.corpus import (
     expand_inputs,
     read_corpus,
 )
-from packtool.errors import ConfigError, DataError, make_output_folder
+from packtool.errors import ConfigError, DataError
+from packtool.output import (
+    OutputLock,
+    check_apart,
+    commit,
+    create_parent,
+    output_paths,
+    recover,
+    remove,
+    remove_empty_parents,
+)
 from packtool.pretokenized import read_pretokenized, split_pretokenized
 from packtool.progress import Progress
+from packtool.tokenized_input import checked_table
 from packtool.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
 from packtool.tokenizers import Tokenizer, TokenizerIdentity, load_tokenizer
 
@@ -300,8 +310,10 @@ def _read_tokenized(
         check_recorded_tokenizer(identity, tokenizer, tokenized[0][0])
     optional = common_optional(tokenized)
     columns = ["doc_id", "source", "input_ids", "length", *optional, *config.extra_fields]
-    for path, _ in tokenized:
-        pf = pq.ParquetFile(path)
+    schema = tokenized_schema(identity, config.extra_fields, optional=optional)
+    for file_index, (path, _) in enumerate(tokenized):
+        # Page CRC32s, where the writer stored them (packtool tokenize does), catch a damaged page.
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
         names = pf.schema_arrow.names
         missing = [c for c in columns if c not in names]
         if missing:
@@ -309,10 +321,17 @@ def _read_tokenized(
                 f"{path}: no column {missing[0]!r} (columns: {', '.join(names)}); "
                 "extra fields must be chosen when tokenizing"
             )
-        schema = pf.schema_arrow
-        schema = pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
+        row = 0
         for rg in range(pf.num_row_groups):
-            table = pf.read_row_group(rg, columns=columns)
+            try:
+                table = pf.read_row_group(rg, columns=columns)
+            except (pa.ArrowException, OSError) as exc:
+                raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
+            # Ids checked against the vocabulary, doc ids made unique across files (docids.py).
+            table = checked_table(
+                table, path=path, first_row=row, file_index=file_index, identity=identity
+            )
+            row += table.num_rows
             nbytes = pf.metadata.row_group(rg).total_byte_size
             yield table.cast(schema) if table.schema != schema else table, nbytes
 
@@ -427,22 +446,26 @@ def tokenize_corpus(
     overwrite: bool = False,
     progress: bool | None = None,
     part_tokens: int = 200_000_000,
+    command: str = "",
 ) -> TokenizeSummary:
     """Tokenize `inputs` into tokenized Parquet at `out`.
 
     Args:
         inputs: files, folders, globs of raw corpus files.
         out: a `.parquet` file, or a folder that gets `part-00000.parquet`, ... (a new part after
-            `part_tokens` tokens). Written under a temporary name and renamed at the end.
+            `part_tokens` tokens). Built beside it (`.NAME.packtool-staging`) and swapped in at
+            the end (`packtool/output.py`): a failure leaves an existing `out` as it was.
         read_config: how to read the inputs.
         tokenizer: a `Tokenizer` or a `load_tokenizer` spec.
         workers: encoding threads (default: all cores).
         overwrite: replace an existing `out` (a folder only if it holds nothing but part files).
         progress: draw a progress bar (default: when stderr is a terminal).
         part_tokens: tokens per part file when `out` is a folder.
+        command: the command line, shown to a second writer that the output's lock refuses.
 
     Raises:
-        ConfigError: `out` exists without `overwrite`, or bad options.
+        ConfigError: `out` exists without `overwrite`, another process is writing it, it is
+            inside an input folder (or holds an input), or bad options.
         DataError: bad input (see `read_corpus`), or no document at all (the skips are named;
             nothing is written and an existing `out` is kept).
     """
@@ -450,68 +473,47 @@ def tokenize_corpus(
         raise ConfigError(f"part_tokens must be >= 1, got {part_tokens}")
     inputs = list(inputs)
     config = read_config or ReadConfig()
+    out = Path(out)
+    check_apart(out, [os.fspath(i) for i in inputs])  # before anything is read
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
-    out = Path(out)
     single = out.name.lower().endswith(".parquet")
-    _check_out(out, single, overwrite)
+    paths = output_paths(out)
     skips = SkipCounter(strict=config.strict)
     optional = input_columns(inputs, config)  # e.g. loss_mask from labels: passed through
     schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
-    supervised: int | None = 0 if shard_columns.LOSS_MASK in optional else None
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    _remove(tmp)
     # The outermost folder this call creates (None: out's folder exists), removed on failure.
-    made = next((p for p in reversed(out.parents) if not p.exists()), None)
-    make_output_folder(out.parent)
-    try:  # the first write, up front: a failure names the user's path, not our temporary one
-        if single:
-            tmp.touch()
-        else:
-            tmp.mkdir()
-    except OSError as exc:
-        if made is not None:
-            _remove_empty_folders(out.parent, made)
-        raise ConfigError(f"cannot write {out} ({exc.strerror or exc})") from None
-    start = time.perf_counter()
-    writer = PartWriter(tmp, schema, single=single, part_tokens=part_tokens)
+    made = create_parent(paths)
     try:
-        with Progress("tokenize", enabled=progress) as bar:
-            tables = _tokenized_batches(
-                inputs, read_config=config, tokenizer=tokenizer, workers=workers, skips=skips
-            )
-            write_q = BackgroundWriter(writer)
+        with OutputLock(paths, command or "packtool tokenize"):
+            recover(paths)
+            _check_out(paths.target, single, overwrite, shown=str(out))
+            remove(paths.staging)  # a killed run's leftovers: tokenize has nothing to resume
+            try:  # the first write, up front: a failure names the user's path
+                if single:
+                    paths.staging.touch()
+                else:
+                    paths.staging.mkdir()
+            except OSError as exc:
+                raise ConfigError(f"cannot write {out} ({exc.strerror or exc})") from None
+            start = time.perf_counter()
+            writer = PartWriter(paths.staging, schema, single=single, part_tokens=part_tokens)
             try:
-                for table, nbytes in tables:
-                    write_q.put(table)
-                    tokens = int(pc.sum(table.column("length")).as_py() or 0)
-                    if supervised is not None:
-                        mask = shard_columns.flat_parts(table.column(shard_columns.LOSS_MASK))
-                        supervised += int(mask[1].sum(dtype=np.int64))
-                    bar.update(docs=table.num_rows, tokens=tokens, nbytes=nbytes)
-            finally:
-                write_q.close()
-        if bar.docs == 0:
-            # As `stats` and `pack` do: an output without a document is a mistake, not a result.
-            raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")
-        files = writer.close()
+                bar, supervised = _write_all(
+                    inputs, config, tokenizer, workers, skips, writer, progress, optional
+                )
+                files = writer.close()
+            except BaseException:
+                writer.abort()
+                remove(paths.staging)
+                raise
+            # The old output (if any) is replaced only now, in one swap (packtool/output.py).
+            commit(paths)
     except BaseException:
-        writer.abort()
-        _remove(tmp)
-        if made is not None:
-            _remove_empty_folders(out.parent, made)
+        remove_empty_parents(paths, made)
         raise
     seconds = time.perf_counter() - start
-    if single:
-        if out.exists():
-            out.unlink()
-        os.replace(tmp, out)
-        files = [out]
-    else:
-        if out.exists():
-            _remove_parts(out)
-        os.replace(tmp, out)
-        files = [out / f.name for f in files]
+    files = [out] if single else [out / f.name for f in files]
     return TokenizeSummary(
         documents=bar.docs,
         tokens=bar.tokens,
@@ -527,48 +529,61 @@ def tokenize_corpus(
     )
 
 
-def _check_out(out: Path, single: bool, overwrite: bool) -> None:
+def _write_all(
+    inputs: list,
+    config: ReadConfig,
+    tokenizer: Tokenizer,
+    workers: int | None,
+    skips: SkipCounter,
+    writer: PartWriter,
+    progress: bool | None,
+    optional: Iterable[str],
+) -> tuple[Progress, int | None]:
+    """Read, encode and write every input; the closed progress bar (its totals) and the
+    supervised tokens (None without a loss mask)."""
+    supervised: int | None = 0 if shard_columns.LOSS_MASK in optional else None
+    with Progress("tokenize", enabled=progress) as bar:
+        tables = _tokenized_batches(
+            inputs, read_config=config, tokenizer=tokenizer, workers=workers, skips=skips
+        )
+        write_q = BackgroundWriter(writer)
+        try:
+            for table, nbytes in tables:
+                write_q.put(table)
+                tokens = int(pc.sum(table.column("length")).as_py() or 0)
+                if supervised is not None:
+                    mask = shard_columns.flat_parts(table.column(shard_columns.LOSS_MASK))
+                    supervised += int(mask[1].sum(dtype=np.int64))
+                bar.update(docs=table.num_rows, tokens=tokens, nbytes=nbytes)
+        finally:
+            write_q.close()
+    if bar.docs == 0:
+        # As `stats` and `pack` do: an output without a document is a mistake, not a result.
+        raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")
+    return bar, supervised
+
+
+def _check_out(out: Path, single: bool, overwrite: bool, *, shown: str) -> None:
     if not out.exists():
         return
     if not overwrite:
-        raise ConfigError(f"{out} already exists; pass --overwrite to replace it")
+        raise ConfigError(f"{shown} already exists; pass --overwrite to replace it")
     if single and out.is_dir():
         raise ConfigError(
-            f"{out} is a folder; give a .parquet file name or a folder without .parquet"
+            f"{shown} is a folder; give a .parquet file name or a folder without .parquet"
         )
     if not single:
         if not out.is_dir():
-            raise ConfigError(f"{out} exists and is not a folder")
+            raise ConfigError(f"{shown} exists and is not a folder")
         others = [p.name for p in out.iterdir() if not _is_part(p)]
         if others:
             raise ConfigError(
-                f"{out} holds files that are not tokenize parts ({', '.join(sorted(others)[:3])}); "
-                "refusing to replace it, choose another output"
+                f"{shown} holds files that are not tokenize parts "
+                f"({', '.join(sorted(others)[:3])}); refusing to replace it, choose another output"
             )
+        if os.path.ismount(out):
+            raise ConfigError(f"{shown} is a mount point; write to a folder inside it")
 
 
 def _is_part(p: Path) -> bool:
     return p.is_file() and p.name.startswith("part-") and p.name.endswith(".parquet")
-
-
-def _remove_parts(out: Path) -> None:
-    for p in out.iterdir():
-        if _is_part(p):
-            p.unlink()
-    out.rmdir()
-
-
-def _remove_empty_folders(folder: Path, outermost: Path) -> None:
-    """Remove `folder` and its parents up to `outermost` while they are empty."""
-    while folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
-        if folder == outermost:
-            return
-        folder = folder.parent
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
-        path.unlink()

@@ -15,6 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from packtool.errors import naming
+
 PART_PATTERN = "part-{:05d}.parquet"
 PIPELINE_DEPTH = 1
 """Batches each pipeline stage may run ahead of the next (memory: about 3 stages x depth batches)."""
@@ -37,30 +39,35 @@ class PartWriter:
     def _open(self) -> None:
         path = self.target if self.single else self.target / PART_PATTERN.format(len(self.files))
         self.files.append(path)
-        self._writer = pq.ParquetWriter(
-            path,
-            self.schema,
-            compression="zstd",
-            # Dictionaries for the strings (source, extra fields), not for ids or masks.
-            use_dictionary=[
-                n for n in self.schema.names if self.schema.field(n).type == pa.string()
-            ],
-        )
+        with naming(path):
+            self._writer = pq.ParquetWriter(
+                path,
+                self.schema,
+                compression="zstd",
+                # Dictionaries for the strings (source, extra fields), not for ids or masks.
+                use_dictionary=[
+                    n for n in self.schema.names if self.schema.field(n).type == pa.string()
+                ],
+                write_page_checksum=True,  # checked when pack and stats read it back
+            )
         self._tokens = 0
 
     def write(self, table: pa.Table) -> None:
         if self._writer is None:
             self._open()
         elif not self.single and self._tokens >= self.part_tokens:
-            self._writer.close()
+            with naming(self.files[-1]):
+                self._writer.close()
             self._open()
         assert self._writer is not None
-        self._writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        with naming(self.files[-1]):  # a full disk names the file
+            self._writer.write_table(table, row_group_size=max(table.num_rows, 1))
         self._tokens += int(pc.sum(table.column("length")).as_py() or 0)
 
     def close(self) -> list[Path]:
         if self._writer is not None:
-            self._writer.close()
+            with naming(self.files[-1]):
+                self._writer.close()
         return self.files
 
     def abort(self) -> None:

@@ -3,8 +3,10 @@
 What is checked, in this order, stopping at the first problem (a one-line `DataError` naming the
 file, the row, what is wrong, expected vs found):
 
-1. `index.json`: readable, a known `format_version`, a sane tokenizer vocab_size and max_len, and
-   its totals add up (`counts.rows` / `counts.tokens_out` == the sums over the shard entries).
+1. `index.json`: readable, a known `format_version`, every field of the right type and range, and
+   consistent as a whole (`packtool.manifest_check`, run by `read_manifest` for every reader:
+   tokens in = out + truncated + dropped, the document counts, totals == the sums over the shard
+   entries, efficiency, bounds, eos/bos below the vocabulary).
 2. Every listed shard: present, byte size and sha256 as listed, a readable Parquet file with exactly
    the columns index.json lists, in declaration order, with the declared types (uint16 tokens when vocab_size <= 65,536, else uint32), no
    nulls, and as many rows and tokens as listed.
@@ -25,7 +27,6 @@ Files in the folder that the manifest does not list (`*.parquet` leftovers of an
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -53,8 +54,6 @@ from packtool.tokenizers import token_dtype
 COLUMNS = ("input_ids", "doc_offsets", "doc_ids", "doc_chunks")
 _FLOATS = {pa.float32(): np.dtype(np.float32), pa.float64(): np.dtype(np.float64)}
 """Arrow float types whose names are not numpy's (`float` is float32 in Arrow)."""
-EFFICIENCY_TOLERANCE = 1e-3
-"""How far index.json's recorded efficiency may be from tokens / (rows * max_len) (rounding)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,31 +225,13 @@ def _fail(where: str, what: str) -> DataError:
 
 
 def _check_manifest(manifest: Manifest, index: Path) -> tuple[int, int]:
-    """Manifest-level consistency; returns (vocab_size, max_len).
+    """(vocab_size, max_len): the manifest was checked as a whole when `read_manifest` read it.
 
-    The types and ranges of the fields (a positive vocab_size and max_len, non-negative shard
-    sizes, numeric counts and efficiency) and the shard paths (inside the folder, each listed
-    once) were checked when `read_manifest` read the file.
+    Types and ranges of every field, shard paths (inside the folder, each listed once), and the
+    identities (`packtool.manifest_check`): counts.rows / counts.tokens_out against the shard
+    entries, efficiency, tokens in = out + truncated + dropped, documents, bounds.
     """
-    vocab, max_len = manifest.tokenizer["vocab_size"], manifest.max_len
-    counts = manifest.counts
-    for key, total in (("rows", manifest.num_rows), ("tokens_out", manifest.num_tokens)):
-        if key not in counts:
-            raise _fail(str(index), f"counts.{key} is missing")
-        if counts[key] != total:
-            raise _fail(
-                str(index),
-                f"counts.{key} is {counts[key]:,} but the shards list {total:,} in total",
-            )
-    rows, tokens = manifest.num_rows, manifest.num_tokens
-    expected = tokens / (rows * max_len) if rows else 0.0
-    eff = manifest.efficiency
-    if not math.isclose(eff, expected, abs_tol=EFFICIENCY_TOLERANCE):
-        raise _fail(
-            str(index),
-            f"efficiency is {eff!r} but tokens / (rows * max_len) = {expected:.6f}",
-        )
-    return vocab, max_len
+    return manifest.tokenizer["vocab_size"], manifest.max_len
 
 
 def unlisted_files(directory: Path, manifest: Manifest) -> list[str]:
@@ -335,7 +316,8 @@ def verify_dataset(
                     "corrupt or was changed after packing",
                 )
         try:
-            pf = pq.ParquetFile(file, memory_map=True)
+            # Page CRC32s too: with --no-checksums they are what catches a flipped bit.
+            pf = pq.ParquetFile(file, memory_map=True, page_checksum_verification=True)
         except (pa.ArrowException, OSError) as exc:
             raise _fail(where, f"not a readable Parquet file ({exc})") from None
         _check_schema(pf.schema_arrow, expected_schema, vocab, where)

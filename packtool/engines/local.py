@@ -27,8 +27,10 @@ from packtool.corpus import ReadConfig, SkipCounter
 from packtool.engines.preflight import (
     STATE_FILE,
     Checked,
+    Output,
     check_fingerprint,
     check_inputs,
+    doc_id_record,
     fingerprint_of,
     output_folder,
 )
@@ -219,22 +221,22 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
             tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
     """
     checked = check_inputs(config, tokenizer)
-    with output_folder(config) as state:
-        return _run_local(config, checked, state)
+    with output_folder(config) as output:
+        return _run_local(config, checked, output)
 
 
-def _run_local(config: RunConfig, checked: Checked, state: dict[str, Any] | None) -> PackSummary:
-    out = Path(config.out_dir)
+def _run_local(config: RunConfig, checked: Checked, output: Output) -> PackSummary:
+    out, state = output.work, output.state
     tokenizer = checked.tokenizer
     fingerprint = fingerprint_of(config, checked)
     done: list[dict[str, Any]] = []
     if state is not None:
         if state.get("engine", "local") != "local":
             raise ConfigError(
-                f"cannot resume {out}: it was started with --engine {state['engine']}; "
-                "resume it with the same engine"
+                f"cannot resume {config.out_dir}: it was started with --engine "
+                f"{state['engine']}; resume it with the same engine"
             )
-        check_fingerprint(state, fingerprint, out)
+        check_fingerprint(state, fingerprint, Path(config.out_dir))
         done = list(state["chunks"])
         for chunk in done:
             _check_done_shards(out, [ShardInfo(**s) for s in chunk["shards"]])
@@ -309,6 +311,7 @@ def _run_local(config: RunConfig, checked: Checked, state: dict[str, Any] | None
 
     return finish_run(
         config,
+        out,
         checked.identity,
         done,
         skips=skips,
@@ -316,6 +319,7 @@ def _run_local(config: RunConfig, checked: Checked, state: dict[str, Any] | None
         resumed_chunks=len(state["chunks"]) if state is not None else 0,
         tokenizer_threads=tokenizer.workers if tokenizer and not checked.tokenized else 0,
         columns=checked.columns,
+        doc_ids=doc_id_record(checked),
     )
 
 
@@ -336,6 +340,7 @@ def chunk_record(
 
 def finish_run(
     config: RunConfig,
+    work: Path,
     identity: dict[str, Any],
     records: Sequence[dict[str, Any]],
     *,
@@ -343,13 +348,15 @@ def finish_run(
     seconds: dict[str, float],
     resumed_chunks: int,
     tokenizer_threads: int,
+    doc_ids: dict[str, Any],
     columns: Sequence[str] = (),
 ) -> PackSummary:
-    """Sum the chunk records (in chunk order), write `index.json`, drop the state file.
+    """Sum the chunk records (in chunk order), write `index.json` into `work`, drop the state file.
 
     `columns`: the optional shard columns the inputs carry (`preflight.Checked.columns`).
 
-    Both engines end here, so their manifests agree whenever their chunk records do.
+    Both engines end here, so their manifests agree whenever their chunk records do. `work` is
+    the run's staging folder; `preflight.output_folder` swaps it in afterwards.
     """
     counts = PackCounts()
     rounds = np.zeros(config.pack.rounds, dtype=np.int64)
@@ -366,7 +373,6 @@ def finish_run(
             acc[0] += r
             acc[1] += t
         shards.extend(ShardInfo(**s) for s in record["shards"])
-    out = Path(config.out_dir)
     # Empty documents are dropped by the reader (a counted skip); they are documents all the same.
     empty_read = skips.counts.get("empty", 0)
     counts.documents_in += empty_read
@@ -398,7 +404,7 @@ def finish_run(
         seconds=seconds,
         skips=skips.to_dict(),
         resumed_chunks=resumed_chunks,
-        out_dir=str(out),
+        out_dir=config.out_dir,
         tokenizer_threads=tokenizer_threads,
         columns=tuple(columns),
         max_len=config.pack.max_len,
@@ -435,8 +441,9 @@ def finish_run(
                 if summary.masked
                 else {}
             ),
+            "doc_ids": doc_ids,
         },
     )
-    write_manifest(out, manifest)
-    (out / STATE_FILE).unlink(missing_ok=True)
+    write_manifest(work, manifest)
+    (work / STATE_FILE).unlink(missing_ok=True)
     return summary
