@@ -404,8 +404,29 @@ def stats_cmd(
     help="Replace the dataset in the output folder; the old one stays until the new one is "
     "complete, and is kept if the run fails.",
 )
-@click.option("--resume", is_flag=True, help="Finish an interrupted run into the same folder.")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
+@click.option(
+    "--partition-size",
+    type=str,
+    default="256MB",
+    show_default=True,
+    metavar="SIZE",
+    help="Input bytes per partition (e.g. 64MB, 1GB), the unit of parallel work and of "
+    "--resume: small files are grouped, big JSONL files cut at line boundaries, Parquet "
+    "between row groups. The output depends on it, not on --workers.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Finish an interrupted run into the same folder: only the partitions without a "
+    "completion record run.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Cores to use: partition worker processes (local), tasks in flight (Ray), or "
+    "tokenizer threads when one partition is left [default: all cores].",
+)
 @click.option(
     "--engine",
     type=click.Choice(["local", "ray"]),
@@ -437,6 +458,7 @@ def pack_cmd(
     row_group_rows: int,
     compression: str,
     overwrite: bool,
+    partition_size: str,
     resume: bool,
     workers: int | None,
     engine: str,
@@ -478,6 +500,8 @@ def pack_cmd(
         ),
         read=corpus.read_config(extra_fields=extra),
         chunk_docs=chunk_docs,
+        partition_size=parse_size(partition_size, "--partition-size"),
+        workers=workers,
         overwrite=overwrite,
         resume=resume,
         command=shlex.join(["packtool", *sys.argv[1:]]) if sys.argv else "packtool pack",
@@ -485,9 +509,7 @@ def pack_cmd(
     explicit = bool(_explicit(ctx, _TOKENIZER_OPTIONS))
     from packtool.tokenize import input_identity
 
-    tokenizer = (
-        corpus.load_tokenizer(workers) if explicit or input_identity(inputs) is None else None
-    )
+    tokenizer = corpus.load_tokenizer() if explicit or input_identity(inputs) is None else None
     _interrupt_note[0] = functools.partial(_resume_note, output, overwrite)
     if engine == "ray":
         from packtool.engines.ray import RayConfig, run_pack_ray
@@ -503,6 +525,22 @@ def pack_cmd(
         click.echo(summary.format(max_len))
 
 
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, flag: str) -> int:
+    """Bytes from `256MB`, `1G`, `64MiB`, `65536` (binary units: 1 MB = 2**20 bytes)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
+    if m is None:
+        raise ConfigError(f"{flag} {text!r}: expected a size such as 256MB, 1GB or 1048576")
+    value = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
+    if value < 1:
+        raise ConfigError(f"{flag} {text!r}: must be at least 1 byte")
+    return value
+
+
 # --- Ctrl-C: a short message, exit code 130, and never a hang ---
 
 FORCE_EXIT_AFTER_S = 5.0
@@ -513,13 +551,13 @@ _interrupted = threading.Event()
 
 
 def _resume_note(output: str, overwrite: bool) -> str:
-    from packtool.engines.preflight import STATE_FILE, staging_folder
+    from packtool.engines.preflight import STATE_DIR, staging_folder
 
     staging = staging_folder(output)
-    if not (staging / STATE_FILE).exists():
+    if not (staging / STATE_DIR).exists():
         return ""
     how = "--resume instead of --overwrite" if overwrite else "--resume"
-    return f"; finished chunks are kept in {staging}: run the same command with {how} to finish"
+    return f"; finished partitions are kept in {staging}: run the same command with {how} to finish"
 
 
 def _force_exit() -> None:

@@ -309,31 +309,45 @@ def _read_tokenized(
     if tokenizer is not None:
         check_recorded_tokenizer(identity, tokenizer, tokenized[0][0])
     optional = common_optional(tokenized)
-    columns = ["doc_id", "source", "input_ids", "length", *optional, *config.extra_fields]
     schema = tokenized_schema(identity, config.extra_fields, optional=optional)
     for file_index, (path, _) in enumerate(tokenized):
-        # Page CRC32s, where the writer stored them (packtool tokenize does), catch a damaged page.
-        pf = pq.ParquetFile(path, page_checksum_verification=True)
-        names = pf.schema_arrow.names
-        missing = [c for c in columns if c not in names]
-        if missing:
-            raise DataError(
-                f"{path}: no column {missing[0]!r} (columns: {', '.join(names)}); "
-                "extra fields must be chosen when tokenizing"
-            )
-        row = 0
-        for rg in range(pf.num_row_groups):
-            try:
-                table = pf.read_row_group(rg, columns=columns)
-            except (pa.ArrowException, OSError) as exc:
-                raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
-            # Ids checked against the vocabulary, doc ids made unique across files (docids.py).
-            table = checked_table(
-                table, path=path, first_row=row, file_index=file_index, identity=identity
-            )
-            row += table.num_rows
-            nbytes = pf.metadata.row_group(rg).total_byte_size
-            yield table.cast(schema) if table.schema != schema else table, nbytes
+        yield from read_tokenized_file(path, file_index, schema, identity)
+
+
+def read_tokenized_file(
+    path: Path,
+    file_index: int,
+    schema: pa.Schema,
+    identity: TokenizerIdentity,
+    start: int = 0,
+    end: int = -1,
+) -> Iterator[tuple[pa.Table, int]]:
+    """Row groups `[start, end)` (-1: to the last) of tokenized file number `file_index`, checked
+    (`checked_table`), as tables of `schema`, with the row group's bytes."""
+    columns = schema.names
+    # Page CRC32s, where the writer stored them (packtool tokenize does), catch a damaged page.
+    pf = pq.ParquetFile(path, page_checksum_verification=True)
+    names = pf.schema_arrow.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise DataError(
+            f"{path}: no column {missing[0]!r} (columns: {', '.join(names)}); "
+            "extra fields must be chosen when tokenizing"
+        )
+    stop = pf.num_row_groups if end == -1 else end
+    row = sum(pf.metadata.row_group(g).num_rows for g in range(start))
+    for rg in range(start, stop):
+        try:
+            table = pf.read_row_group(rg, columns=columns)
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
+        # Ids checked against the vocabulary, doc ids made unique across files (docids.py).
+        table = checked_table(
+            table, path=path, first_row=row, file_index=file_index, identity=identity
+        )
+        row += table.num_rows
+        nbytes = pf.metadata.row_group(rg).total_byte_size
+        yield table.cast(schema) if table.schema != schema else table, nbytes
 
 
 def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:
