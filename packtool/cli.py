@@ -97,6 +97,7 @@ class CorpusOptions:
     no_eos: bool
     bos_id: str | None
     strict: bool
+    tokenizer_engine: str = "auto"
 
     def read_config(self, **overrides: Any) -> Any:
         """A `packtool.corpus.ReadConfig` (overrides: e.g. `extra_fields=("lang",)`)."""
@@ -113,7 +114,12 @@ class CorpusOptions:
             raise ConfigError("--eos-id and --no-eos contradict each other; pass one")
         eos = None if self.no_eos else _special_id("--eos-id", self.eos_id or "default")
         bos = None if self.bos_id is None else _special_id("--bos-id", self.bos_id)
-        return load_tokenizer(self.tokenizer, eos=eos, bos=bos, workers=workers)
+        tok = load_tokenizer(
+            self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
+        )
+        if tok.engine_note:
+            click.echo(f"note: {tok.engine_note}; encoding with {tok.identity.engine}", err=True)
+        return tok
 
 
 def _special_id(flag: str, value: str) -> int | str:
@@ -141,7 +147,17 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--tokenizer",
             default="byte",
             show_default=True,
-            help="byte | PATH/tokenizer.json (or hf:PATH) | tiktoken:NAME | tiktoken:PATH.tiktoken",
+            help="byte | PATH/tokenizer.json (or hf:PATH) | FOLDER with tokenizer.json | org/model "
+            "(Hugging Face cache, else downloaded) | PATH.tiktoken | tiktoken:NAME",
+        ),
+        click.option(
+            "--tokenizer-engine",
+            default="auto",
+            show_default=True,
+            metavar="auto|NAME[,NAME]",
+            help="What encodes: auto = the fastest engine that loads this tokenizer and gives "
+            "the reference library's ids on a probe text (fastokens, else tokenizers / "
+            "tiktoken); or engine names tried in order. Ids never depend on it.",
         ),
         click.option(
             "--eos-id",
@@ -168,9 +184,12 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         no_eos: bool,
         bos_id: str | None,
         strict: bool,
+        tokenizer_engine: str,
         **kwargs: Any,
     ) -> Any:
-        corpus = CorpusOptions(text_field, text_column, tokenizer, eos_id, no_eos, bos_id, strict)
+        corpus = CorpusOptions(
+            text_field, text_column, tokenizer, eos_id, no_eos, bos_id, strict, tokenizer_engine
+        )
         return fn(*args, corpus=corpus, **kwargs)
 
     for option in reversed(options):

@@ -36,7 +36,7 @@ from packtool.corpus import (
 )
 from packtool.errors import ConfigError, DataError, make_output_folder
 from packtool.progress import Progress
-from packtool.tokenizers import Tokenizer, TokenizerIdentity, load_tokenizer
+from packtool.tokenizers import Tokenizer, TokenizerIdentity, describe_tokenizer, load_tokenizer
 
 FORMAT = "packtool.tokenized"
 FORMAT_VERSION = 1
@@ -323,6 +323,8 @@ class TokenizeSummary:
     output_bytes: int = 0
     tokenizer: dict[str, Any] = field(default_factory=dict)
     dtype: str = ""
+    special_names: dict[str, str] = field(default_factory=dict)
+    """`eos` / `bos` -> the token text a default id came from."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -330,12 +332,10 @@ class TokenizeSummary:
 
     def format(self) -> str:
         """One paragraph for the terminal."""
-        tok = self.tokenizer
         where = self.files[0] if len(self.files) == 1 else f"{len(self.files)} part files"
         return (
-            f"Tokenized {self.documents:,} documents into {self.tokens:,} tokens "
-            f"({tok.get('kind')}:{tok.get('name')}, vocab {tok.get('vocab_size'):,}, "
-            f"eos {tok.get('eos_id')}, bos {tok.get('bos_id')}, {self.dtype}) in "
+            f"Tokenized {self.documents:,} documents into {self.tokens:,} tokens with "
+            f"{describe_tokenizer(self.tokenizer, self.special_names)}, {self.dtype} ids, in "
             f"{self.seconds:.2f} s: {self.tokens_per_s:,.0f} tokens/s, "
             f"{self.input_bytes / 1e6 / max(self.seconds, 1e-9):.1f} MB/s of input. "
             f"Skips: {self.skip_line}. Wrote {where} ({self.output_bytes / 1e6:.1f} MB)."
@@ -443,6 +443,7 @@ def tokenize_corpus(
         output_bytes=sum(f.stat().st_size for f in files),
         tokenizer=tokenizer.identity.to_dict(),
         dtype=str(tokenizer.dtype),
+        special_names=tokenizer.special_names,
     )
 
 

@@ -43,7 +43,7 @@ from packtool.pack import PackConfig, PackCounts, PackedChunk, pack_table
 from packtool.progress import Progress
 from packtool.shards import ShardConfig, write_shards
 from packtool.tokenize import tokenized_batches
-from packtool.tokenizers import Tokenizer
+from packtool.tokenizers import Tokenizer, describe_tokenizer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +90,10 @@ class PackSummary:
     """Threads the tokenizer encoded with (0: the inputs were already tokenized)."""
     cores_used: str = ""
     """What ran the work, when another engine than this one did (the summary's last words)."""
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+    """The tokenizer identity `index.json` records (its `engine` says what encoded)."""
+    special_names: dict[str, str] = field(default_factory=dict)
+    """`eos` / `bos` -> the token text a default id came from (`Tokenizer.special_names`)."""
 
     @property
     def skipped_unreadable(self) -> int:
@@ -126,6 +130,7 @@ class PackSummary:
             "skips": self.skips,
             "seconds": self.seconds,
             "resumed_chunks": self.resumed_chunks,
+            "tokenizer": self.tokenizer,
         }
 
     def format(self, max_len: int) -> str:
@@ -150,6 +155,8 @@ class PackSummary:
             f"time {total:.2f}s ({stages}); {c.tokens_in / max(total, 1e-9):,.0f} tokens/s; "
             f"cores used: {self._cores()}",
         ]
+        if self.tokenizer:
+            lines.append("tokenizer " + describe_tokenizer(self.tokenizer, self.special_names))
         if self.skips:
             lines.append("skips: " + ", ".join(f"{k} {v:,}" for k, v in self.skips.items()))
         if self.resumed_chunks:
@@ -198,7 +205,10 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
     """
     checked = check_inputs(config, tokenizer)
     with output_folder(config) as state:
-        return _run_local(config, checked, state)
+        summary = _run_local(config, checked, state)
+    if checked.tokenizer is not None and not checked.tokenized:
+        summary.special_names = checked.tokenizer.special_names
+    return summary
 
 
 def _run_local(config: RunConfig, checked: Checked, state: dict[str, Any] | None) -> PackSummary:
@@ -374,6 +384,7 @@ def finish_run(
         resumed_chunks=resumed_chunks,
         out_dir=str(out),
         tokenizer_threads=tokenizer_threads,
+        tokenizer=dict(identity),
     )
     manifest = Manifest(
         tokenizer=identity,
