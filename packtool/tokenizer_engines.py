@@ -362,23 +362,24 @@ class Choice:
 
 def choose_engine(
     source: Source,
-    reference: Encoder,
+    reference: Callable[[], Encoder],
     reference_name: str,
     *,
     spec: str = "auto",
     workers: int = 1,
-    added: Sequence[str] = (),
+    added: Callable[[], Sequence[str]] = tuple,
 ) -> Choice:
     """The engine that encodes `source`: the first of `spec` that loads it and passes the probe.
 
     Args:
         source: the tokenizer.
-        reference: the reference library's encoder for it (already loaded).
+        reference: returns the reference library's encoder for it (the caller may be loading it
+            in another thread meanwhile: a large tokenizer.json takes a second per library).
         reference_name: that library's engine name.
         spec: `auto` (the registry order) or engine names, comma-separated (tried in order; the
             reference library may be among them).
         workers: encoding threads.
-        added: the tokenizer's added-token texts, for the probe.
+        added: returns the tokenizer's added-token texts, for the probe.
 
     Raises:
         ConfigError: none of the named engines can encode this tokenizer exactly (the message
@@ -388,7 +389,7 @@ def choose_engine(
     passed_over: list[str] = []
     for e in engines:
         if e.name == reference_name:
-            return Choice(e.name, reference, "; ".join(passed_over))
+            return Choice(e.name, reference(), "; ".join(passed_over))
         try:
             __import__(e.module)
         except ImportError:
@@ -399,7 +400,7 @@ def choose_engine(
         except EngineRefused as exc:
             passed_over.append(f"{e.name} cannot load it ({exc})")
             continue
-        problem = None if e.reference else self_check(candidate, reference, added)
+        problem = None if e.reference else self_check(candidate, reference(), added())
         if problem is None:
             return Choice(e.name, candidate, "; ".join(passed_over))
         passed_over.append(f"{e.name} {problem}")
