@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -169,19 +170,21 @@ def wordchipper_encoder(ranks_path: Path) -> Callable[[list[str]], list[list[int
 OFFLINE_PROBE = {
     "fastokens": "import fastokens as f; t=f.Tokenizer.from_file({json!r}); t.encode_batch_flat(['hi there'])",  # fmt: skip
     "riptoken": "import riptoken as r; e=r.CoreBPE(r.load_tiktoken_bpe({ranks!r}), {{}}, r'\\w+|\\s+'); e.encode_ordinary('hi')",  # fmt: skip
-    "wordchipper": "import wordchipper as w; t=w.Tokenizer.from_pretrained('openai:gpt2'); print(t.vocab_size, t.encode('hello world'))",  # fmt: skip
+    "wordchipper": "import wordchipper as w; t=w.Tokenizer.from_pretrained('openai:r50k_base'); print(t.vocab_size, t.encode('hello world'))",  # fmt: skip
 }
 
 
 def offline(name: str, json_path: Path, ranks_path: Path) -> str:
     """What loading + encoding does without network: connect() calls (strace), outcome."""
     code = OFFLINE_PROBE[name].format(json=str(json_path), ranks=str(ranks_path))
-    env = {**os.environ, "HOME": str(DATA / "offline-home")}  # an empty cache for wordchipper
     cmd = ["strace", "-f", "-qq", "-e", "trace=connect", sys.executable, "-c", code]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
-    except FileNotFoundError:
-        return "not checked (no strace)"
+    with tempfile.TemporaryDirectory() as home:  # empty caches (wordchipper keeps its own)
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": home}
+            )
+        except FileNotFoundError:
+            return "not checked (no strace)"
     inet = [ln for ln in proc.stderr.splitlines() if "connect(" in ln and "AF_INET" in ln]
     outcome = "ok" if proc.returncode == 0 else "fails"
     if name == "wordchipper" and proc.returncode == 0:

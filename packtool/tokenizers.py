@@ -273,7 +273,6 @@ class EngineTokenizer(Tokenizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        limit_threads(self.workers)
         self.encoder = engine_entry(self.identity.engine or "").open(self.source, self.workers)
 
 
