@@ -46,7 +46,7 @@ from packtool.pack import PackConfig, PackCounts, PackedChunk, pack_table
 from packtool.progress import Progress
 from packtool.shards import ShardConfig, write_shards
 from packtool.tokenize import tokenized_batches
-from packtool.tokenizers import Tokenizer
+from packtool.tokenizers import Tokenizer, describe_tokenizer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +97,11 @@ class PackSummary:
     """The optional shard columns the dataset has (`loss_mask`)."""
     max_len: int = 0
 
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+    """The tokenizer identity `index.json` records (its `engine` says what encoded)."""
+    special_names: dict[str, str] = field(default_factory=dict)
+    """`eos` / `bos` -> the token text a default id came from (`Tokenizer.special_names`)."""
+
     @property
     def masked(self) -> bool:
         return LOSS_MASK in self.columns
@@ -143,6 +148,7 @@ class PackSummary:
             "resumed_chunks": self.resumed_chunks,
             "columns": list(self.columns),
             **({"supervised_efficiency": self.supervised_efficiency} if self.masked else {}),
+            "tokenizer": self.tokenizer,
         }
 
     def format(self, max_len: int) -> str:
@@ -174,6 +180,8 @@ class PackSummary:
                 f"supervised efficiency {self.supervised_efficiency:.4%}; documents dropped for "
                 f"holding no supervised token (after truncation) {c.documents_unsupervised:,}"
             )
+        if self.tokenizer:
+            lines.append("tokenizer " + describe_tokenizer(self.tokenizer, self.special_names))
         if self.skips:
             lines.append("skips: " + ", ".join(f"{k} {v:,}" for k, v in self.skips.items()))
         if self.resumed_chunks:
@@ -222,7 +230,10 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
     """
     checked = check_inputs(config, tokenizer)
     with output_folder(config) as output:
-        return _run_local(config, checked, output)
+        summary = _run_local(config, checked, output)
+    if checked.tokenizer is not None and not checked.tokenized:
+        summary.special_names = checked.tokenizer.special_names
+    return summary
 
 
 def _run_local(config: RunConfig, checked: Checked, output: Output) -> PackSummary:
@@ -408,6 +419,7 @@ def finish_run(
         tokenizer_threads=tokenizer_threads,
         columns=tuple(columns),
         max_len=config.pack.max_len,
+        tokenizer=dict(identity),
     )
     counts_out = counts.to_dict()
     if not summary.masked:  # supervised counts mean nothing without a mask

@@ -98,6 +98,8 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
     if tokenizer is not None and recorded is not None:
         check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])
     identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
+    if recorded is not None:  # the ids were encoded when tokenizing: record that engine
+        identity["engine"] = recorded.engine
     check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
     pretokenized = bool(split_pretokenized(paths, config.read)[0])
     return Checked(
@@ -180,7 +182,8 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
         "pack": asdict(config.pack),
         "shards": asdict(config.shards),
         "read": asdict(config.read),
-        "tokenizer": checked.identity,
+        # Not the engine: every engine gives the same ids, so a resume may use another one.
+        "tokenizer": {k: v for k, v in checked.identity.items() if k != "engine"},
         "chunk_docs": config.chunk_docs,
     }
     # Compare in the form the state file stores it (tuples become lists).
