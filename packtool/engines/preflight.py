@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from packtool.columns import written
 from packtool.corpus import expand_inputs
 from packtool.errors import ConfigError, DataError, make_output_folder
 from packtool.manifest import INDEX_FILE, ShardInfo
@@ -122,6 +123,9 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
         "read": asdict(config.read),
         "tokenizer": checked.identity,
         "chunk_docs": config.chunk_docs,
+        # The shards' columns: a state from a packtool that wrote other columns (e.g. before
+        # seq_lengths was declared) cannot be finished with shards of a different schema.
+        "columns": list(written(checked.columns)),
     }
     # Compare in the form the state file stores it (tuples become lists).
     return json.loads(json.dumps(fingerprint))
