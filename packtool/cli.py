@@ -7,18 +7,15 @@ usage errors exit with 2. Nothing here is imported by the library.
 from __future__ import annotations
 
 import functools
-import os
 import signal
 import sys
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
-from packtool import __version__
+from packtool import __version__, interrupt
 from packtool.errors import ConfigError, PacktoolError
 
 
@@ -97,6 +94,7 @@ class CorpusOptions:
     no_eos: bool
     bos_id: str | None
     strict: bool
+    tokenizer_engine: str = "auto"
 
     def read_config(self, **overrides: Any) -> Any:
         """A `packtool.corpus.ReadConfig` (overrides: e.g. `extra_fields=("lang",)`)."""
@@ -113,7 +111,12 @@ class CorpusOptions:
             raise ConfigError("--eos-id and --no-eos contradict each other; pass one")
         eos = None if self.no_eos else _special_id("--eos-id", self.eos_id or "default")
         bos = None if self.bos_id is None else _special_id("--bos-id", self.bos_id)
-        return load_tokenizer(self.tokenizer, eos=eos, bos=bos, workers=workers)
+        tok = load_tokenizer(
+            self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
+        )
+        if tok.engine_note:
+            click.echo(f"note: {tok.engine_note}; encoding with {tok.identity.engine}", err=True)
+        return tok
 
 
 def _special_id(flag: str, value: str) -> int | str:
@@ -141,7 +144,17 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--tokenizer",
             default="byte",
             show_default=True,
-            help="byte | PATH/tokenizer.json (or hf:PATH) | tiktoken:NAME | tiktoken:PATH.tiktoken",
+            help="byte | PATH/tokenizer.json (or hf:PATH) | FOLDER with tokenizer.json | org/model "
+            "(Hugging Face cache, else downloaded) | PATH.tiktoken | tiktoken:NAME",
+        ),
+        click.option(
+            "--tokenizer-engine",
+            default="auto",
+            show_default=True,
+            metavar="auto|NAME[,NAME]",
+            help="What encodes: auto = the fastest engine that loads this tokenizer and gives "
+            "the reference library's ids on a probe text (fastokens, else tokenizers / "
+            "tiktoken); or engine names tried in order. Ids never depend on it.",
         ),
         click.option(
             "--eos-id",
@@ -168,9 +181,12 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         no_eos: bool,
         bos_id: str | None,
         strict: bool,
+        tokenizer_engine: str,
         **kwargs: Any,
     ) -> Any:
-        corpus = CorpusOptions(text_field, text_column, tokenizer, eos_id, no_eos, bos_id, strict)
+        corpus = CorpusOptions(
+            text_field, text_column, tokenizer, eos_id, no_eos, bos_id, strict, tokenizer_engine
+        )
         return fn(*args, corpus=corpus, **kwargs)
 
     for option in reversed(options):
@@ -510,7 +526,7 @@ def pack_cmd(
     from packtool.tokenize import input_identity
 
     tokenizer = corpus.load_tokenizer() if explicit or input_identity(inputs) is None else None
-    _interrupt_note[0] = functools.partial(_resume_note, output, overwrite)
+    interrupt.note[0] = functools.partial(interrupt.resume_note, output, overwrite)
     if engine == "ray":
         from packtool.engines.ray import RayConfig, run_pack_ray
 
@@ -541,70 +557,16 @@ def parse_size(text: str, flag: str) -> int:
     return value
 
 
-# --- Ctrl-C: a short message, exit code 130, and never a hang ---
-
-FORCE_EXIT_AFTER_S = 5.0
-"""After Ctrl-C, how long the orderly shutdown may take before the process exits anyway."""
-_interrupt_note: list[Callable[[], str]] = [lambda: ""]
-"""What to tell the user after an interrupt (pack: how to resume); set by the command."""
-_interrupted = threading.Event()
-
-
-def _resume_note(output: str, overwrite: bool) -> str:
-    from packtool.engines.preflight import STATE_DIR, staging_folder
-
-    staging = staging_folder(output)
-    if not (staging / STATE_DIR).exists():
-        return ""
-    how = "--resume instead of --overwrite" if overwrite else "--resume"
-    return f"; finished partitions are kept in {staging}: run the same command with {how} to finish"
-
-
-def _force_exit() -> None:
-    # Only os-level calls: the orderly path may be stuck holding locks (see _on_sigint).
-    os.write(2, f"interrupted{_interrupt_note[0]()} (forced exit)\n".encode())
-    os._exit(130)
-
-
-def _exit_later() -> None:
-    time.sleep(FORCE_EXIT_AFTER_S)
-    _force_exit()
-
-
-def _on_sigint(signum: int, frame: Any) -> None:
-    """First Ctrl-C: raise KeyboardInterrupt as usual, and exit anyway if that stalls.
-
-    A KeyboardInterrupt that lands while the main thread imports a module can be swallowed by
-    the import machinery and leave its lock held; the reader, tokenizer and packer threads then
-    wait on it forever (seen in `pack` under load). The watchdog bounds that. A second Ctrl-C
-    exits at once. Either way `pack --resume` works: shards and the state file are written
-    atomically, and only finished chunks are recorded.
-    """
-    if _interrupted.is_set():
-        _force_exit()
-    _interrupted.set()
-    threading.Thread(target=_exit_later, name="packtool-interrupt", daemon=True).start()
-    raise KeyboardInterrupt
-
-
-def _install_sigint() -> Any:
-    """Install `_on_sigint`; returns the previous handler (None when not on the main thread)."""
-    try:
-        return signal.signal(signal.SIGINT, _on_sigint)
-    except ValueError:  # not the main thread (e.g. an embedding application)
-        return None
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
-    previous = _install_sigint()
+    previous = interrupt.install_sigint()
     try:
         cli.main(args=argv, prog_name="packtool", standalone_mode=False)
     except PacktoolError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
-        click.echo(f"interrupted{_interrupt_note[0]()}", err=True)
+        click.echo(f"interrupted{interrupt.note[0]()}", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
@@ -615,10 +577,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0)
     except OSError as exc:  # the disk filled up, a permission changed mid-run, ...
         where = f"{exc.filename}: " if exc.filename else ""
-        click.echo(f"error: {where}{exc.strerror or exc}{_interrupt_note[0]()}", err=True)
+        click.echo(f"error: {where}{exc.strerror or exc}{interrupt.note[0]()}", err=True)
         sys.exit(1)
     finally:
-        _interrupt_note[0] = lambda: ""
+        interrupt.note[0] = lambda: ""
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
 

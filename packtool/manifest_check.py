@@ -59,6 +59,10 @@ def _tokenizer(d: dict[str, Any]) -> str | None:
             return f"tokenizer.{key} must be a non-empty string, found {tok.get(key)!r}"
     if not isinstance(tok.get("sha256", ""), str):
         return f"tokenizer.sha256 must be a string, found {tok.get('sha256')!r}"
+    # The engine that encoded (packtool/tokenizer_engines.py): any name, since it never changes an
+    # id, so a reader need not know it; absent or null in datasets packed before engines.
+    if tok.get("engine") is not None and not isinstance(tok["engine"], str):
+        return f"tokenizer.engine must be a string or null, found {tok['engine']!r}"
     vocab = tok["vocab_size"]
     for key in ("eos_id", "bos_id"):
         value = tok.get(key)

@@ -3,7 +3,8 @@
 `pack_table` takes an Arrow table in the tokenized schema (`doc_id`, `input_ids`, `length`, any
 declared optional columns such as `loss_mask`, and any extra string columns) and returns packed
 rows in the shard schema (`input_ids`, `doc_offsets`, `doc_ids`, `doc_chunks`, then the optional
-columns it carried, packtool/pack_columns.py) plus exact counts. It reads no files and writes none, so
+columns it carried, packtool/pack_columns.py, and the derived ones such as `seq_lengths`,
+`columns.with_derived`) plus exact counts. It reads no files and writes none, so
 the local engine and a distributed one call it unchanged.
 
 Steps: long documents are split / truncated / dropped into *segments* of at most `max_len`
@@ -486,7 +487,7 @@ def _rows_table(
     extra = pack_columns.gather(
         table, optional, doc_start, segs.doc[order], src, seg_len, row_offsets, seg_offsets, flat
     )
-    return pa.table(
+    out = pa.table(
         {
             "input_ids": pa.ListArray.from_arrays(pa.array(row_offsets), tokens),
             "doc_offsets": pa.ListArray.from_arrays(
@@ -499,3 +500,4 @@ def _rows_table(
             **extra,
         }
     )
+    return columns.with_derived(out)  # e.g. seq_lengths, from doc_offsets

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from packtool.stats import SUGGESTION_RULE, LengthStats
+from packtool.tokenizers import describe_tokenizer
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: bool = True) -> list[str]:
@@ -89,9 +90,7 @@ def render_report(s: LengthStats) -> str:
     tok = s.inputs.get("tokenizer") or {}
     lines = []
     if tok:
-        lines.append(
-            f"tokenizer   {tok.get('kind')}:{tok.get('name')} (vocab {tok.get('vocab_size')})"
-        )
+        lines.append(f"tokenizer   {describe_tokenizer(tok)}")
     if s.inputs.get("skipped_summary"):
         lines.append(f"skipped     {s.inputs['skipped_summary']}")
     lines += [

@@ -49,7 +49,7 @@ from packtool.pretokenized import read_pretokenized, split_pretokenized
 from packtool.progress import Progress
 from packtool.tokenized_input import checked_table
 from packtool.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
-from packtool.tokenizers import Tokenizer, TokenizerIdentity, load_tokenizer
+from packtool.tokenizers import Tokenizer, TokenizerIdentity, describe_tokenizer, load_tokenizer
 
 FORMAT = "packtool.tokenized"
 FORMAT_VERSION = 2
@@ -424,6 +424,8 @@ class TokenizeSummary:
     dtype: str = ""
     supervised_tokens: int | None = None
     """Tokens with loss_mask 1, when the input has labels or a loss mask (else None)."""
+    special_names: dict[str, str] = field(default_factory=dict)
+    """`eos` / `bos` -> the token text a default id came from."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -431,12 +433,10 @@ class TokenizeSummary:
 
     def format(self) -> str:
         """One paragraph for the terminal."""
-        tok = self.tokenizer
         where = self.files[0] if len(self.files) == 1 else f"{len(self.files)} part files"
         return (
-            f"Tokenized {self.documents:,} documents into {self.tokens:,} tokens "
-            f"({tok.get('kind')}:{tok.get('name')}, vocab {tok.get('vocab_size'):,}, "
-            f"eos {tok.get('eos_id')}, bos {tok.get('bos_id')}, {self.dtype}) in "
+            f"Tokenized {self.documents:,} documents into {self.tokens:,} tokens with "
+            f"{describe_tokenizer(self.tokenizer, self.special_names)}, {self.dtype} ids, in "
             f"{self.seconds:.2f} s: {self.tokens_per_s:,.0f} tokens/s, "
             f"{self.input_bytes / 1e6 / max(self.seconds, 1e-9):.1f} MB/s of input. "
             f"{self._supervised()}Skips: {self.skip_line}. "
@@ -540,6 +540,7 @@ def tokenize_corpus(
         tokenizer=tokenizer.identity.to_dict(),
         dtype=str(tokenizer.dtype),
         supervised_tokens=supervised,
+        special_names=tokenizer.special_names,
     )
 
 

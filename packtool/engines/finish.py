@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool import docids, stats
-from packtool.columns import names, required, resolve
+from packtool.columns import names, required, written
 from packtool.engines import records
 from packtool.engines.records import Totals
 from packtool.engines.summary import PackSummary
@@ -153,9 +153,10 @@ def manifest_head(
         skips=dict(sorted(skips.items())),
         partitions=partitions,
         out_dir=config.out_dir,
-        columns=tuple(columns),
+        columns=tuple(c for c in written(columns) if c not in names(required())),
         max_len=max_len,
         tail_pieces=totals.tail_pieces,
+        tokenizer=dict(identity),
     )
     counts_out = counts.to_dict()
     if not summary.masked:  # supervised counts mean nothing without a mask
@@ -172,7 +173,7 @@ def manifest_head(
         lower_bound_rows=summary.lower_bound,
         shards=(),
         command=config.command,
-        columns=names(resolve([*names(required()), *columns])),
+        columns=written(columns),  # with the derived ones (seq_lengths) pack_table adds
         extra={
             "rows_per_round": summary.rows_per_round,
             "lower_bound_l1": l1,

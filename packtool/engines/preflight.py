@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from packtool.columns import written
 from packtool.corpus import _json_array_file, expand_inputs, file_kind
 from packtool.engines import records
 from packtool.engines.config import RunConfig
@@ -116,6 +117,8 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
     if tokenizer is not None and recorded is not None:
         check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])
     identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
+    if recorded is not None:  # the ids were encoded when tokenizing: record that engine
+        identity["engine"] = recorded.engine
     check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
     pre, mask_source = split_pretokenized(paths, config.read)
     mode = TOKENIZED if recorded is not None else PRETOKENIZED if pre else RAW
@@ -192,9 +195,13 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
         "pack": asdict(config.pack),
         "shards": asdict(config.shards),
         "read": asdict(config.read),
-        "tokenizer": checked.identity,
+        # Not the engine: every engine gives the same ids, so a resume may use another one.
+        "tokenizer": {k: v for k, v in checked.identity.items() if k != "engine"},
         "chunk_docs": config.chunk_docs,
         "partition_size": config.partition_size,
+        # The shards' columns: a state from a packtool that wrote other columns (e.g. before
+        # seq_lengths was declared) cannot be finished with shards of a different schema.
+        "columns": list(written(checked.columns)),
     }
     # Compare in the form the state file stores it (tuples become lists).
     return json.loads(json.dumps(fingerprint))

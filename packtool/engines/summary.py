@@ -7,6 +7,7 @@ from typing import Any
 
 from packtool.columns import LOSS_MASK
 from packtool.pack import PackCounts
+from packtool.tokenizers import describe_tokenizer
 
 
 @dataclass
@@ -29,10 +30,14 @@ class PackSummary:
     cores_used: str = ""
     """What ran the work (the summary's last words)."""
     columns: tuple[str, ...] = ()
-    """The optional shard columns the dataset has (`loss_mask`)."""
+    """The optional shard columns the dataset has (`loss_mask`, `seq_lengths`)."""
     max_len: int = 0
     tail_pieces: int = 0
     """Pieces the partitions set aside and the final stage packed together."""
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+    """The tokenizer identity `index.json` records (its `engine` says what encoded)."""
+    special_names: dict[str, str] = field(default_factory=dict)
+    """`eos` / `bos` -> the token text a default id came from (`Tokenizer.special_names`)."""
 
     @property
     def masked(self) -> bool:
@@ -71,6 +76,7 @@ class PackSummary:
             "cores_used": self.cores_used,
             "columns": list(self.columns),
             **({"supervised_efficiency": self.supervised_efficiency} if self.masked else {}),
+            "tokenizer": self.tokenizer,
         }
 
     def format(self, max_len: int) -> str:
@@ -102,6 +108,8 @@ class PackSummary:
                 f"supervised efficiency {self.supervised_efficiency:.4%}; documents dropped for "
                 f"holding no supervised token (after truncation) {c.documents_unsupervised:,}"
             )
+        if self.tokenizer:
+            lines.append("tokenizer " + describe_tokenizer(self.tokenizer, self.special_names))
         if self.skips:
             lines.append("skips: " + ", ".join(f"{k} {v:,}" for k, v in self.skips.items()))
         if self.resumed_partitions:

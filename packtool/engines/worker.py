@@ -22,7 +22,6 @@ leaves no record; running the partition again rewrites the same files with the s
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,6 +40,7 @@ from packtool.pack import PackConfig, PackCounts, PackedChunk, pack_table
 from packtool.pack_tail import DOC_CHUNK, TailPolicy
 from packtool.pieces import RAW, FilePiece, Source, partition_tables
 from packtool.shards import ShardConfig, ShardWriter
+from packtool.tokenizer_engines import limit_threads
 from packtool.tokenizers import Tokenizer
 
 
@@ -79,8 +79,8 @@ def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
 
 def setup_process(threads: int | None) -> None:
     """Once per worker process: tokenizer threads for this worker's share of the cores, kernels."""
-    if threads is not None:
-        os.environ["RAYON_NUM_THREADS"] = str(threads)  # HF tokenizers read it at first use
+    # The Rust engines size their thread pools at their first encode (an explicit variable wins).
+    limit_threads(threads)
     kernels.warm_up()
 
 

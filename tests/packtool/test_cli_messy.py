@@ -301,9 +301,9 @@ def test_ctrl_c_in_pack_is_a_short_message_and_resume_finishes(tmp_path):
 # `try`, entered before "ready" is printed, catches it there.
 SWALLOWED = """
 import sys, time
-import packtool.cli as cli
-cli.FORCE_EXIT_AFTER_S = float(sys.argv[1])
-cli._install_sigint()
+import packtool.interrupt as interrupt
+interrupt.FORCE_EXIT_AFTER_S = float(sys.argv[1])
+interrupt.install_sigint()
 
 def wait():
     print("ready", flush=True)

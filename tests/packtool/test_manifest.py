@@ -140,6 +140,7 @@ WHOLE = [
     (("extra", "lower_bound_l1"), 1, "extra.lower_bound_l1 is 1 but ceil(tokens_out / max_len)"),
     (("extra", "rows_per_round"), [1], "extra.rows_per_round is [1]; expected 1 row counts"),
     (("shards", 0, "tokens"), 5, "counts.tokens_out is 2,839,131 but the shards list 5 in total"),
+    (("tokenizer", "engine"), 5, "tokenizer.engine must be a string or null, found 5"),
     # A loss mask's counts (written only for masked data; any dataset is refused with them wrong).
     (
         ("counts", "tokens_supervised"),
