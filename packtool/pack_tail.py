@@ -40,8 +40,11 @@ DOC_CHUNK = "doc_chunk"
 class TailPolicy:
     """Which rows a chunk sets aside for later packing."""
 
-    rows_per_group: int = 4
-    """At most this many rows per group (FFD leaves one or two part-empty rows per run)."""
+    rows_per_group: int = 32
+    """At most this many rows per group. Not only FFD's last, nearly empty rows: the rows
+    before them have gaps of a few tokens that only the small documents of other partitions
+    can fill (on the 1,000-file test corpus, 4 rows per partition lost 0.24 points of
+    efficiency against one chunk, 32 rows 0.04)."""
     max_rows: int = 32
     """At most this many rows in all, whatever the number of groups."""
     min_free: int = 1
