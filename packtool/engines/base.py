@@ -46,17 +46,27 @@ class Run:
         self.checked = checked
         self.work = output.work
         kinds = checked.kinds()
-        files = [
-            describe(p, k, config.partition_size) for p, k in zip(checked.paths, kinds, strict=True)
-        ]
-        self.plan: Plan = make_plan(files, config.partition_size)
         fingerprint = fingerprint_of(config, checked)
-        saved = {"fingerprint": fingerprint, "plan": self.plan.to_dict()}
         if output.state is None:
+            files = [
+                describe(p, k, config.partition_size)
+                for p, k in zip(checked.paths, kinds, strict=True)
+            ]
+            self.plan: Plan = make_plan(files, config.partition_size)
+            saved = {"fingerprint": fingerprint, "plan": self.plan.to_dict()}
             records.write_plan(self.work, saved)  # before any work: any stop can be resumed
         else:
+            # The fingerprint holds every input's size and modification time: when it matches,
+            # the saved plan is the plan (no Parquet footer is read again).
             check_fingerprint(output.state, fingerprint, Path(config.out_dir))
-            if output.state["plan"] != saved["plan"]:
+            try:
+                self.plan = Plan.from_dict(output.state["plan"])
+            except (KeyError, TypeError, ValueError):
+                raise DataError(
+                    f"{records.run_dir(self.work) / records.PLAN_FILE}: malformed plan; "
+                    "use --overwrite"
+                ) from None
+            if [f.path for f in self.plan.files] != [str(p) for p in checked.paths]:
                 raise ConfigError(f"cannot resume {config.out_dir}: the partition plan differs")
         self.units = [UNITS.get(k, "row") for k in kinds]
         self.totals = records.Totals(config.pack.max_len, config.pack.rounds)

@@ -92,6 +92,17 @@ class Plan:
             "partitions": [[p.to_json() for p in part] for part in self.partitions],
         }
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        """The plan `to_dict` saved (`--resume` reads it instead of planning again)."""
+        return cls(
+            files=tuple(InputFile(str(p), int(n), int(t), str(k)) for p, n, t, k in d["files"]),
+            partitions=tuple(
+                tuple(Piece(int(f), int(a), int(b)) for f, a, b in part) for part in d["partitions"]
+            ),
+            partition_size=int(d["partition_size"]),
+        )
+
     def descriptor(self, index: int) -> dict[str, Any]:
         """What a worker needs for partition `index`: its pieces and their files (small)."""
         pieces = self.partitions[index]

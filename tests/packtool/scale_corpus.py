@@ -22,10 +22,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-WORDS = (
-    "pack rows tokens shard loader ray plan partition resume offset line byte file cluster "
-    "worker record tail chunk efficiency bound histogram manifest seed order epoch node"
-).split()
+WORDS = [
+    *("pack", "rows", "tokens", "shard", "loader", "ray", "plan", "partition", "resume"),
+    *("offset", "line", "byte", "file", "cluster", "worker", "record", "tail", "chunk"),
+    *("efficiency", "bound", "histogram", "manifest", "seed", "order", "epoch", "node"),
+]
 
 
 def _text(rng: random.Random, lo: int, hi: int) -> str:
@@ -40,7 +41,7 @@ def _jsonl(rng: random.Random, texts: list[str], *, crlf: bool, bom: bool, final
 
 
 def make_corpus(
-    folder: Path, *, n_tiny: int = 990, big_bytes: int = 400_000, seed: int = 0
+    folder: Path, *, n_tiny: int = 1000, big_bytes: int = 400_000, seed: int = 0
 ) -> list[Path]:
     """Write the corpus into `folder`; return its files in reading order."""
     import zstandard
