@@ -169,6 +169,10 @@ def _packtool_cause(exc: BaseException) -> PacktoolError | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
+        inner = getattr(e, "cause", None)
+        if isinstance(inner, BaseException):  # a RayTaskError: also a subclass of its cause,
+            todo.append(inner)  # but its text is the remote traceback; the cause's is one line
+            continue
         if isinstance(e, PacktoolError):
             return e
         todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
