@@ -27,7 +27,8 @@ import pyarrow as pa
 from packtool.corpus import DocumentBatch, ReadConfig, SkipCounter, _BatchBuilder, _read_file
 from packtool.corpus_lines import TO_END
 from packtool.pretokenized import read_pretokenized_file
-from packtool.tokenize import batch_table, prefetch, read_tokenized_file
+from packtool.tokenize import batch_table, prefetch
+from packtool.tokenized_input import read_tokenized_file
 from packtool.tokenized_writer import PIPELINE_DEPTH
 from packtool.tokenizers import Tokenizer, TokenizerIdentity
 

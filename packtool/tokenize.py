@@ -47,7 +47,7 @@ from packtool.output import (
 )
 from packtool.pretokenized import read_pretokenized, split_pretokenized
 from packtool.progress import Progress
-from packtool.tokenized_input import checked_table
+from packtool.tokenized_input import read_tokenized_file
 from packtool.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
 from packtool.tokenizers import Tokenizer, TokenizerIdentity, describe_tokenizer, load_tokenizer
 
@@ -312,42 +312,6 @@ def _read_tokenized(
     schema = tokenized_schema(identity, config.extra_fields, optional=optional)
     for file_index, (path, _) in enumerate(tokenized):
         yield from read_tokenized_file(path, file_index, schema, identity)
-
-
-def read_tokenized_file(
-    path: Path,
-    file_index: int,
-    schema: pa.Schema,
-    identity: TokenizerIdentity,
-    start: int = 0,
-    end: int = -1,
-) -> Iterator[tuple[pa.Table, int]]:
-    """Row groups `[start, end)` (-1: to the last) of tokenized file number `file_index`, checked
-    (`checked_table`), as tables of `schema`, with the row group's bytes."""
-    columns = schema.names
-    # Page CRC32s, where the writer stored them (packtool tokenize does), catch a damaged page.
-    pf = pq.ParquetFile(path, page_checksum_verification=True)
-    names = pf.schema_arrow.names
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise DataError(
-            f"{path}: no column {missing[0]!r} (columns: {', '.join(names)}); "
-            "extra fields must be chosen when tokenizing"
-        )
-    stop = pf.num_row_groups if end == -1 else end
-    row = sum(pf.metadata.row_group(g).num_rows for g in range(start))
-    for rg in range(start, stop):
-        try:
-            table = pf.read_row_group(rg, columns=columns)
-        except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
-        # Ids checked against the vocabulary, doc ids made unique across files (docids.py).
-        table = checked_table(
-            table, path=path, first_row=row, file_index=file_index, identity=identity
-        )
-        row += table.num_rows
-        nbytes = pf.metadata.row_group(rg).total_byte_size
-        yield table.cast(schema) if table.schema != schema else table, nbytes
 
 
 def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:
