@@ -219,12 +219,16 @@ def reading(corpus: Path, gpt2: str | None, gpt2_docs: int) -> tuple[str, dict]:
     rows = []
     rates = {}
     size = corpus.stat().st_size
-    for workers in (1, 2):
-        seconds, s = pack(corpus, "--partition-size", "32MB", "--workers", str(workers))
-        rates[f"byte x{workers}"] = size / seconds / 1e6
+    for workers, pool in ((1, "process"), (2, "process"), (2, "thread")):
+        seconds, s = pack(
+            corpus,
+            *("--partition-size", "32MB", "--workers", str(workers)),
+            env={"PACKTOOL_WORKER_POOL": pool},
+        )
+        rates[f"byte x{workers} {pool}"] = size / seconds / 1e6
         rows.append(
             [
-                f"byte, {workers} partition worker(s)",
+                f"byte, {workers} partition worker(s)" + (", threads" if pool == "thread" else ""),
                 f"{size / 1e6:.0f}",
                 f"{seconds:.1f}",
                 f"{size / seconds / 1e6:.1f}",
@@ -307,7 +311,7 @@ def main() -> None:
 
 {book}
 
-**Reading rate** with 1 and 2 partition workers (byte: {corpus.stat().st_size / 1e6:.0f} MB in 32 MB partitions), and a partition worker's per-core rate with GPT-2 BPE (first {args.gpt2_docs:,} documents, 4 MB partitions; `taskset -c 0`, one tokenizer thread):
+**Reading rate** with 1 and 2 partition workers (byte: {corpus.stat().st_size / 1e6:.0f} MB in 32 MB partitions; 2 workers as processes, the default, and as threads of one process, `PACKTOOL_WORKER_POOL=thread`), and a partition worker's per-core rate with GPT-2 BPE (first {args.gpt2_docs:,} documents, 4 MB partitions; `taskset -c 0`, one tokenizer thread):
 
 {read}
 
