@@ -4,6 +4,8 @@ from loader.collate import IGNORE_INDEX, collate
 from loader.config import LoaderConfig, OnlineConfig
 from loader.dataloader import PackedDataLoader, make_dataloader
 from loader.dataset import PackedDataset
+from loader.mixture import MixedDataset
+from loader.mixture_loader import MixedDataLoader
 from loader.online import OnlinePacker
 from loader.rows import PackedRows, RowBatcher
 from loader.serving import BatcherClosedError, RequestBatcher
@@ -14,6 +16,8 @@ __all__ = [
     "BatcherClosedError",
     "IGNORE_INDEX",
     "LoaderConfig",
+    "MixedDataLoader",
+    "MixedDataset",
     "OnlineConfig",
     "OnlinePacker",
     "PackedDataLoader",

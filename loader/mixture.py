@@ -1,0 +1,633 @@
+"""`MixedDataset`: batches from several packed datasets in exact, changeable proportions.
+
+The mixture is one stream of packed rows: `packtool.schedule.Schedule` picks the source of
+every next row (each source's share of the tokens, or rows, within one row of its weight on
+every prefix), each source delivering its rows in its own epoch order and starting its next
+epoch (its own reshuffle) when it runs out. The stream is then cut into rank batches and global
+steps exactly as `PackedDataset` cuts one epoch (loader/order.py): `rows_per_batch` rows or as
+many as fit `tokens_per_batch`, global step k = rank batches k*W .. k*W + W - 1, rank r takes
+the r-th (rebalanced by attention cost with `balance=True`), and a filler batch for a rank past
+the end. Every process computes the whole schedule (cheap: ~40 ns a row) and gathers only its
+own steps, so the stream depends on neither the number of workers nor, for the rows it holds,
+on the batch settings.
+
+Batches are the usual batch dict (loader/collate.py, any layout, static shape too) plus
+`source`: int64 `(n_docs,)`, the index of each document's source in `MixedDataset.names` (-1 for
+padding and filler entries), so a training loop can log the loss per source.
+
+Resume: `state_dict()` is the schedule's state at a step boundary (a cursor per source: epoch,
+position, delivered counts) plus the step and the mixture's fingerprint. The same mixture
+continues bit for bit; changed weights or caps, an added or a removed source continue every
+kept source from its cursor (loader warns and `describe()["changes"]` says what changed);
+another seed, or other data under a kept name, is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from loader.balance import balance_step
+from loader.collate import collate
+from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
+from loader.mixture_sources import PackedSource, StreamSource, open_source
+from loader.transport import Ring
+from packtool.errors import ConfigError, DataError
+from packtool.mixture import MixtureSpec, SourceSpec, check_compatible, read_mixture_file
+from packtool.schedule import Schedule
+
+STATE_FORMAT = "packtool.mixture"
+STATE_VERSION = 1
+AHEAD_STEPS = 32
+"""Own steps planned ahead of the one being gathered (their row groups decode meanwhile)."""
+_FIELDS = ("src", "epoch", "pos", "rid", "length", "docs", "sq")
+
+
+def as_mixture(mixture: Any) -> MixtureSpec:
+    """A `MixtureSpec` from a spec, a mixture file, or a list of `SourceSpec`."""
+    if isinstance(mixture, MixtureSpec):
+        return mixture
+    if isinstance(mixture, (str, os.PathLike)):
+        return read_mixture_file(mixture)
+    if isinstance(mixture, Sequence) and all(isinstance(s, SourceSpec) for s in mixture):
+        return MixtureSpec(sources=tuple(mixture))
+    raise ConfigError(
+        "a mixture is a MixtureSpec, a mixture file (.json/.yaml) or a list of SourceSpec, got "
+        f"{type(mixture).__name__}"
+    )
+
+
+@dataclass
+class _Step:
+    """One global step as this rank sees it."""
+
+    step: int
+    rows: dict[str, np.ndarray]
+    """This rank's rows (`_FIELDS`), in stream order."""
+    filler: bool
+    begin: int
+    """Stream index of the step's first row (any rank's)."""
+    end: int
+    """Stream index after the step."""
+    state: dict[str, Any] | None = None
+    """The `MixedDataset` state after the step."""
+
+
+class _Stream:
+    """The mixed row stream from a schedule state, as a sliding buffer of rows with their
+    source, epoch, position, row id, length, documents and cost."""
+
+    def __init__(self, ds: MixedDataset, state: dict[str, Any] | None) -> None:
+        self.sources = ds.sources
+        self.schedule = ds._schedule(state)
+        self.buf = {f: np.zeros(0, np.float64 if f == "sq" else np.int64) for f in _FIELDS}
+        self.base = 0  # stream index of buf[0]
+        self.p = 0  # next stream index to cut
+        self.chunks: deque[tuple[int, Any]] = deque()  # (stream index of its first row, chunk)
+        self.end = 0  # stream index after the last row read
+
+    def available(self) -> int:
+        return self.end - self.p
+
+    def ensure(self, n: int) -> int:
+        """Read rows until `n` are available after `p` (or the mixture ends); the count."""
+        while self.available() < n and self.schedule.done is None:
+            chunk = self.schedule.next(max(n - self.available(), 4096))
+            self.chunks.append((self.end, chunk))
+            if not len(chunk):
+                continue
+            cols = {
+                "src": chunk.src.astype(np.int64),
+                "epoch": chunk.epoch,
+                "pos": chunk.pos,
+                "length": chunk.length,
+                "rid": np.empty(len(chunk), np.int64),
+                "docs": np.empty(len(chunk), np.int64),
+                "sq": np.empty(len(chunk), np.float64),
+            }
+            for i in np.unique(chunk.src).tolist():
+                mine = np.flatnonzero(chunk.src == i)
+                epochs = chunk.epoch[mine]
+                for e in np.unique(epochs).tolist():
+                    at = mine[epochs == e]
+                    rid, docs, sq = self.sources[i].describe_rows(e, int(chunk.pos[at[0]]), len(at))
+                    cols["rid"][at], cols["docs"][at], cols["sq"][at] = rid, docs, sq
+            keep = self.p - self.base
+            if keep > 65536:  # forget rows already cut
+                self.buf = {f: a[keep:] for f, a in self.buf.items()}
+                self.base += keep
+                while len(self.chunks) > 1 and self.chunks[1][0] <= self.p:
+                    self.chunks.popleft()
+            self.buf = {f: np.concatenate([self.buf[f], cols[f]]) for f in _FIELDS}
+            self.end += len(chunk)
+        return self.available()
+
+    def rows(self, a: int, b: int) -> dict[str, np.ndarray]:
+        return {f: arr[a - self.base : b - self.base] for f, arr in self.buf.items()}
+
+    def state_at(self, index: int) -> dict[str, Any]:
+        """The schedule state after the first `index` rows of the stream."""
+        for start, chunk in reversed(self.chunks):
+            if start <= index:
+                return self.schedule.state_after(chunk, index - start)
+        raise AssertionError("the stream forgot a chunk it still needs")  # pragma: no cover
+
+    def release(self, index: int) -> None:
+        """Streaming sources may forget their rows before stream index `index`."""
+        for i, src in enumerate(self.sources):
+            if isinstance(src, StreamSource):
+                sel = np.flatnonzero(self.buf["src"][max(index - self.base, 0) :] == i)
+                if len(sel):
+                    at = sel[0] + max(index - self.base, 0)
+                    src.release(int(self.buf["epoch"][at]), int(self.buf["pos"][at]))
+                else:
+                    sch = self.schedule
+                    src.release(int(sch.epoch[i]), int(sch.pos[i]))
+
+
+class MixedDataset(IterableDataset):
+    """Collated varlen batches from a mixture of packed datasets (see the module docstring).
+
+    Args:
+        mixture: A `MixtureSpec`, a mixture file (`packtool.mixture.read_mixture_file`), or a
+            list of `SourceSpec` (each source's `path` a packed folder, a `PackedDataset` or a
+            `StreamingPackedDataset`).
+        config: Batching settings (`LoaderConfig`); or give them as keyword arguments
+            (`tokens_per_batch=65_536`, `balance=True`, ...). The seed is the mixture's.
+        rank: This data-parallel rank (default: torch.distributed's, else 0).
+        world_size: Number of data-parallel ranks (default: torch.distributed's, else 1).
+
+    Iterating starts at the beginning of the mixture or at the state last loaded; use
+    `MixedDataLoader` for worker processes (it keeps the position and the shared-memory
+    transport).
+
+    Raises:
+        ConfigError: Bad weights, names or settings; sources with different tokenizers or
+            max_len; an empty source; a mixture that never ends.
+        DataError: A missing or damaged dataset.
+    """
+
+    def __init__(
+        self,
+        mixture: Any,
+        config: LoaderConfig | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        **settings: Any,
+    ) -> None:
+        super().__init__()
+        spec = as_mixture(mixture)
+        if "seed" in settings:
+            raise ConfigError(
+                "the seed of a mixture is the mixture's (MixtureSpec.seed, the file's `seed`), "
+                "not a loader setting"
+            )
+        config = make_config(LoaderConfig, settings, config)
+        if config.seed not in (0, spec.seed):
+            raise ConfigError(
+                f"config.seed {config.seed} differs from the mixture's seed {spec.seed}; set it "
+                "in the mixture"
+            )
+        self.config = config = replace(config, seed=spec.seed)
+        self.spec = spec
+        self.rank, self.world_size = dist_rank_world(rank, world_size)
+        self.sources = [open_source(s, config) for s in spec.sources]
+        self.names = spec.names
+        check_compatible([(s.name, s.tokenizer, s.max_len) for s in self.sources])
+        for s in self.sources:
+            if s.num_rows == 0:
+                raise ConfigError(f"source {s.name!r} ({s.path}) has no rows; remove it")
+        if not spec.ends():
+            raise ConfigError(
+                "this mixture never ends: give total_tokens or total_steps, or a max_epochs with "
+                "at_cap 'stop' (or a max_epochs on every source)"
+            )
+        self.max_len = self.sources[0].max_len
+        if config.tokens_per_batch is not None and config.tokens_per_batch < self.max_len:
+            raise ConfigError(
+                f"tokens_per_batch {config.tokens_per_batch} is smaller than the sources' max_len "
+                f"{self.max_len}; a row would not fit"
+            )
+        self.token_dtype = np.dtype(np.result_type(*[s.token_dtype for s in self.sources]))
+        need_docs = config.static_shape or config.tokens_per_batch is None
+        for s in self.sources:
+            if need_docs or config.tokens_per_batch is not None or config.balance:
+                s.load_index()
+        self.max_docs = self.pad_tokens = None
+        if config.static_shape:
+            if any(isinstance(s, StreamSource) for s in self.sources):
+                raise ConfigError("static_shape needs packed sources (row sizes known ahead)")
+            top = [s.row_docs for s in self.sources]
+            self.max_docs = static_max_docs(config, np.concatenate(top))
+            self.pad_tokens = config.tokens_per_batch or config.rows_per_batch * self.max_len
+        self.fingerprint = self._fingerprint()
+        self._start: dict[str, Any] | None = None
+        self._position: dict[str, Any] | None = None
+        self.changes: list[str] = []
+        """What the last loaded state's mixture changed (shown by `describe()`)."""
+        self._reported = 0  # schedule events already warned about (main process)
+        self._worker_ring: Ring | None = None
+        self._block = 1
+
+    # ---- identity and state -----------------------------------------------------------------
+
+    def _fingerprint(self) -> str:
+        h = hashlib.sha256()
+        h.update(json.dumps([self.spec.unit, self.spec.seed]).encode())
+        for s, src in zip(self.spec.sources, self.sources, strict=True):
+            h.update(
+                json.dumps([s.name, src.fingerprint, s.weight, s.max_epochs, s.at_cap]).encode()
+            )
+        return h.hexdigest()[:16]
+
+    def _schedule(self, state: dict[str, Any] | None) -> Schedule:
+        return Schedule(
+            self.spec.sources,
+            self.sources,
+            unit=self.spec.unit,
+            max_len=self.max_len,
+            total_tokens=self.spec.total_tokens,
+            fingerprints=[s.fingerprint for s in self.sources],
+            state=state,
+        )
+
+    def _state(self, step: int, schedule_state: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "fingerprint": self.fingerprint,
+            "seed": self.spec.seed,
+            "step": step,
+            "layout": self.config.layout_key(self.world_size),
+            "schedule": schedule_state,
+        }
+
+    def start_state(self) -> dict[str, Any]:
+        """Where the next iteration starts (the state loaded last, else the beginning)."""
+        if self._start is not None:
+            return self._start
+        return self._state(0, self._schedule(None).state())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch this process yielded (before any: the start)."""
+        return self._position if self._position is not None else self.start_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start the next iteration where `state` stands (also a `MixedDataLoader` state).
+
+        Raises:
+            DataError: Not a mixture state, a damaged one, another seed, or other data under a
+                kept source name.
+        """
+        if isinstance(state, dict) and "mixed_dataset" in state:
+            state = state["mixed_dataset"]
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise DataError("not a MixedDataset state (a PackedDataset state? a whole checkpoint?)")
+        if state.get("version") != STATE_VERSION:
+            raise DataError(f"mixture state version {state.get('version')!r} is not supported")
+        step = state.get("step")
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise DataError(f"malformed mixture state: step is {step!r}; the checkpoint is damaged")
+        if state.get("seed") != self.spec.seed:
+            raise DataError(
+                f"the state was saved with seed {state.get('seed')!r} but this mixture uses seed "
+                f"{self.spec.seed}; every source's epoch order would change"
+            )
+        schedule = self._schedule(state.get("schedule"))  # checks it, finds what changed
+        self.changes = list(schedule.changes)
+        if self.changes and get_worker_info() is None:
+            warnings.warn("resuming a changed mixture: " + "; ".join(self.changes), stacklevel=2)
+        self._reported = len(schedule.events)
+        self._start = self._state(int(step), schedule.state())
+        self._position = None
+
+    # ---- the stream of steps ----------------------------------------------------------------
+
+    def _cut(self, stream: _Stream) -> list[tuple[int, int]]:
+        """Rank batches of the next global step, as stream ranges (fewer than W at the end)."""
+        c = self.config
+        out = []
+        p = stream.p
+        for _ in range(self.world_size):
+            if c.rows_per_batch is not None:
+                n = min(
+                    stream.ensure(p - stream.p + c.rows_per_batch) - (p - stream.p),
+                    c.rows_per_batch,
+                )
+            else:
+                want = max(64, 2 * c.tokens_per_batch // self.max_len)
+                while True:
+                    got = stream.ensure(p - stream.p + want) - (p - stream.p)
+                    rows = stream.rows(p, p + got)
+                    cum = np.cumsum(rows["length"])
+                    n = int(np.searchsorted(cum, c.tokens_per_batch, side="right"))
+                    if self.max_docs is not None:
+                        docs = np.cumsum(rows["docs"])
+                        n = min(n, int(np.searchsorted(docs, self.max_docs - 1, side="right")))
+                    if n < got or got < want:
+                        break
+                    want *= 2
+                n = max(n, 1) if got else 0
+            if n == 0:
+                break
+            out.append((p, p + n))
+            p += n
+        stream.p = p
+        return out
+
+    def _steps(self, stream: _Stream, first: int, own) -> Iterator[_Step]:
+        """Every global step from `first` (this rank's rows), planned only where `own(step)`."""
+        c = self.config
+        total = self.spec.total_steps
+        step = first
+        while total is None or step < total:
+            ranges = self._cut(stream)
+            if not ranges:
+                return
+            short = len(ranges) < self.world_size or (
+                c.rows_per_batch is not None and ranges[-1][1] - ranges[-1][0] < c.rows_per_batch
+            )
+            if short and c.drop_last:
+                return
+            end = ranges[-1][1]
+            if own(step):
+                s = self._rank_step(stream, step, ranges, end)
+                s.state = self._state(step + 1, stream.state_at(end))
+                yield s
+            step += 1
+            if short:
+                return
+
+    def _rank_step(
+        self, stream: _Stream, step: int, ranges: list[tuple[int, int]], end: int
+    ) -> _Step:
+        c = self.config
+        r = self.rank
+        begin = ranges[0][0]
+        if c.balance and self.world_size > 1:
+            rows = stream.rows(ranges[0][0], end)
+            cost = rows["sq"] + float(c.balance_linear) * rows["length"]
+            assignment = balance_step(
+                np.arange(len(cost)),
+                cost,
+                self.world_size,
+                lengths=rows["length"],
+                n_docs=rows["docs"],
+                rows_cap=c.rows_per_batch,
+                tokens_cap=self.pad_tokens
+                if c.tokens_per_batch is None and c.static_shape
+                else c.tokens_per_batch,
+                docs_cap=(self.max_docs - 1) if c.static_shape else None,
+            )
+            if assignment is not None:
+                mine = assignment == r
+                if mine.any():
+                    return _Step(
+                        step, {f: a[mine].copy() for f, a in rows.items()}, False, begin, end
+                    )
+                ranges = []  # nothing for this rank: a filler batch
+        if r < len(ranges):
+            a, b = ranges[r]
+            return _Step(
+                step, {f: x.copy() for f, x in stream.rows(a, b).items()}, False, begin, end
+            )
+        one = {f: x.copy() for f, x in stream.rows(begin, begin + 1).items()}
+        return _Step(step, one, True, begin, end)
+
+    def _ahead(self, steps: Iterator[_Step], stream: _Stream) -> Iterator[_Step]:
+        """The steps, with the row groups of up to `AHEAD_STEPS` upcoming ones decoding; a
+        streaming source forgets its rows once every step holding them has been taken."""
+        queue: deque[_Step] = deque()
+        try:
+            for s in steps:
+                self._prefetch(s)
+                queue.append(s)
+                if len(queue) > AHEAD_STEPS:
+                    yield queue.popleft()
+                    stream.release(queue[0].begin)
+            while queue:
+                yield queue.popleft()
+                stream.release(queue[0].begin if queue else stream.p)
+        finally:
+            for src in self.sources:
+                src.close_iteration()
+
+    def _prefetch(self, s: _Step) -> None:
+        src = s.rows["src"]
+        for i in np.unique(src).tolist():
+            if isinstance(self.sources[i], PackedSource):
+                self.sources[i].prefetch(s.rows["rid"][src == i])
+
+    # ---- gathering and collating ------------------------------------------------------------
+
+    def gather(self, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """`(tokens, doc_lens int32, doc_ids int64, doc_sources int64)` of rows in order."""
+        n_tok, n_docs = int(rows["length"].sum()), int(rows["docs"].sum())
+        tokens = np.empty(n_tok, self.token_dtype)
+        lens = np.empty(n_docs, np.int32)
+        ids = np.empty(n_docs, np.int64)
+        self.gather_into(rows, tokens, lens, ids)
+        return tokens, lens, ids, np.repeat(rows["src"], rows["docs"])
+
+    def gather_into(
+        self,
+        rows: dict[str, np.ndarray],
+        tokens: np.ndarray,
+        lens: np.ndarray,
+        ids: np.ndarray,
+    ) -> tuple[int, int] | None:
+        """Write the rows' tokens, document lengths and ids at the front of the arrays, runs of
+        one source at a time; None (nothing written) when they are too small."""
+        src = rows["src"]
+        if int(rows["length"].sum()) > len(tokens) or int(rows["docs"].sum()) > len(lens):
+            return None
+        cuts = np.flatnonzero(np.diff(src)) + 1
+        t = d = 0
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(src)].tolist(), strict=True):
+            source = self.sources[int(src[a])]
+            if isinstance(source, PackedSource):
+                what = rows["rid"][a:b]
+            else:
+                what = np.stack([rows["epoch"][a:b], rows["pos"][a:b]], axis=1)
+            nt, nd = source.gather_into(what, tokens[t:], lens[d:], ids[d:])
+            t += nt
+            d += nd
+        return t, d
+
+    def expand(
+        self,
+        tokens: np.ndarray,
+        doc_lens: np.ndarray,
+        doc_ids: np.ndarray,
+        doc_sources: np.ndarray,
+        *,
+        filler: bool = False,
+        pin_memory: bool = False,
+    ) -> dict[str, torch.Tensor | int]:
+        """The batch dict of gathered rows, with `source` per document (see the module doc)."""
+        c = self.config
+        out = collate(
+            tokens,
+            doc_lens,
+            doc_ids,
+            pad_tokens=self.pad_tokens,
+            pad_docs=self.max_docs if c.static_shape else None,
+            pad_id=c.pad_id,
+            position_limit=self.max_len,
+            layout=c.layout,
+            pin_memory=pin_memory,
+        )
+        cu = out["cu_seqlens"] if "cu_seqlens" in out else out["cu_seq_lens_q"]
+        source = torch.full((len(cu) - 1,), -1, dtype=torch.int64)
+        if not filler:
+            source[: len(doc_sources)] = torch.from_numpy(np.asarray(doc_sources, np.int64))
+        if filler:
+            out["labels"].fill_(-100)
+            if "doc_ids" in out:
+                out["doc_ids"].fill_(-1)
+        out["source"] = source
+        return out
+
+    def batch(self, rows: dict[str, np.ndarray], *, filler: bool = False) -> dict[str, Any]:
+        return self.expand(*self.gather(rows), filler=filler)
+
+    # ---- iteration --------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        start = self.start_state()
+        stream = _Stream(self, start["schedule"])
+        first = int(start["step"])
+        ring = self._worker_ring if info is not None else None
+        if ring is not None:
+            block = max(self._block, 1)
+
+            def own(step: int) -> bool:
+                return ((step - first) // block) % n_workers == worker
+
+            ring.start_worker()
+            return self._ring_items(stream, first, own, ring)
+
+        def own_plain(step: int) -> bool:
+            return (step - first) % n_workers == worker
+
+        return self._batches(stream, first, own_plain, in_process=info is None)
+
+    def _batches(self, stream: _Stream, first: int, own, *, in_process: bool) -> Iterator[dict]:
+        self._position = None
+        for s in self._ahead(self._steps(stream, first, own), stream):
+            batch = self.batch(s.rows, filler=s.filler)
+            if in_process:
+                self._position = s.state
+                self.report(s.state)
+            yield batch
+
+    def _ring_items(self, stream: _Stream, first: int, own, ring: Ring) -> Iterator[list]:
+        chunk: list = []
+        size = 1  # the first batch alone (time to first batch), then 4 per queue item
+        for s in self._ahead(self._steps(stream, first, own), stream):
+            item = ring.put(_RowsView(self, s.rows), None, filler=s.filler, step=s.step)
+            chunk.append((item, (np.repeat(s.rows["src"], s.rows["docs"]), s.state)))
+            if len(chunk) == size:
+                yield chunk
+                chunk, size = [], 4
+        if chunk:
+            yield chunk
+
+    def report(self, state: dict[str, Any]) -> None:
+        """Warn (once, in the main process) about sources dropped or the mixture stopping."""
+        events = state["schedule"]["events"]
+        for e in events[self._reported :]:
+            if e["what"] in ("dropped", "stopped"):
+                warnings.warn(e["message"], stacklevel=3)
+        self._reported = len(events)
+
+    # ---- sizes and reporting ----------------------------------------------------------------
+
+    @property
+    def max_batch_tokens(self) -> int:
+        c = self.config
+        return (
+            c.tokens_per_batch
+            if c.tokens_per_batch is not None
+            else c.rows_per_batch * self.max_len
+        )
+
+    def max_batch_docs(self) -> int:
+        """An upper bound on the documents in one batch (sizes the transport ring's slots)."""
+        most, shortest = 1, self.max_len
+        for s in self.sources:
+            if isinstance(s, StreamSource):
+                return self.max_batch_tokens
+            s.load_index()
+            if len(s.row_docs):
+                most = max(most, int(s.row_docs.max()))
+                shortest = min(shortest, int(s.row_len.min()))
+        rows = self.config.rows_per_batch or max(self.max_batch_tokens // max(shortest, 1), 1)
+        return int(min(rows * most, self.max_batch_tokens))
+
+    def __len__(self) -> int:
+        """Steps left (only with `total_steps`; a length in tokens has no step count ahead)."""
+        if self.spec.total_steps is None:
+            raise TypeError("a mixture bounded in tokens or by caps has no length in steps")
+        return max(self.spec.total_steps - int(self.start_state()["step"]), 0)
+
+    def describe(self) -> dict[str, Any]:
+        """The mixture, its sources and where it stands, for logs."""
+        state = self.state_dict()
+        sched = state["schedule"]
+        return {
+            "fingerprint": self.fingerprint,
+            "unit": self.spec.unit,
+            "seed": self.spec.seed,
+            "total_tokens": self.spec.total_tokens,
+            "total_steps": self.spec.total_steps,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "step": state["step"],
+            "tokens": sched["tokens"],
+            "done": sched["done"],
+            "sources": [
+                {
+                    "name": s.name,
+                    "kind": src.kind,
+                    "path": src.path,
+                    "fingerprint": src.fingerprint,
+                    "rows": src.num_rows,
+                    "weight": s.weight,
+                    "max_epochs": s.max_epochs,
+                    "at_cap": s.at_cap,
+                    **{k: sched["sources"][s.name][k] for k in ("epoch", "pos", "tokens", "share")},
+                }
+                for s, src in zip(self.spec.sources, self.sources, strict=True)
+            ],
+            "events": sched["events"],
+            "changes": self.changes,
+            **{k: v for k, v in vars(self.config).items() if k != "seed"},
+        }
+
+
+class _RowsView:
+    """What `Ring.put` gathers from: a mixed rank batch (duck-types `ShardStore.gather_into`
+    and `ShardStore.gather` for it)."""
+
+    def __init__(self, ds: MixedDataset, rows: dict[str, np.ndarray]) -> None:
+        self.ds, self.rows = ds, rows
+
+    def gather_into(self, _rows: Any, tokens: np.ndarray, lens: np.ndarray, ids: np.ndarray):
+        return self.ds.gather_into(self.rows, tokens, lens, ids)
+
+    def gather(self, _rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.ds.gather(self.rows)[:3]
