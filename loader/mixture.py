@@ -30,17 +30,17 @@ import os
 import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loader.balance import balance_step
 from loader.collate import collate
 from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
 from loader.mixture_sources import PackedSource, StreamSource, open_source
+from loader.mixture_steps import RowStream, Step, plan_steps
 from loader.transport import Ring
 from packtool.errors import ConfigError, DataError
 from packtool.mixture import MixtureSpec, SourceSpec, check_compatible, read_mixture_file
@@ -50,7 +50,6 @@ STATE_FORMAT = "packtool.mixture"
 STATE_VERSION = 1
 AHEAD_STEPS = 32
 """Own steps planned ahead of the one being gathered (their row groups decode meanwhile)."""
-_FIELDS = ("src", "epoch", "pos", "rid", "length", "docs", "sq")
 
 
 def as_mixture(mixture: Any) -> MixtureSpec:
@@ -65,94 +64,6 @@ def as_mixture(mixture: Any) -> MixtureSpec:
         "a mixture is a MixtureSpec, a mixture file (.json/.yaml) or a list of SourceSpec, got "
         f"{type(mixture).__name__}"
     )
-
-
-@dataclass
-class _Step:
-    """One global step as this rank sees it."""
-
-    step: int
-    rows: dict[str, np.ndarray]
-    """This rank's rows (`_FIELDS`), in stream order."""
-    filler: bool
-    begin: int
-    """Stream index of the step's first row (any rank's)."""
-    end: int
-    """Stream index after the step."""
-    state: dict[str, Any] | None = None
-    """The `MixedDataset` state after the step."""
-
-
-class _Stream:
-    """The mixed row stream from a schedule state, as a sliding buffer of rows with their
-    source, epoch, position, row id, length, documents and cost."""
-
-    def __init__(self, ds: MixedDataset, state: dict[str, Any] | None) -> None:
-        self.sources = ds.sources
-        self.schedule = ds._schedule(state)
-        self.buf = {f: np.zeros(0, np.float64 if f == "sq" else np.int64) for f in _FIELDS}
-        self.base = 0  # stream index of buf[0]
-        self.p = 0  # next stream index to cut
-        self.chunks: deque[tuple[int, Any]] = deque()  # (stream index of its first row, chunk)
-        self.end = 0  # stream index after the last row read
-
-    def available(self) -> int:
-        return self.end - self.p
-
-    def ensure(self, n: int) -> int:
-        """Read rows until `n` are available after `p` (or the mixture ends); the count."""
-        while self.available() < n and self.schedule.done is None:
-            chunk = self.schedule.next(max(n - self.available(), 4096))
-            self.chunks.append((self.end, chunk))
-            if not len(chunk):
-                continue
-            cols = {
-                "src": chunk.src.astype(np.int64),
-                "epoch": chunk.epoch,
-                "pos": chunk.pos,
-                "length": chunk.length,
-                "rid": np.empty(len(chunk), np.int64),
-                "docs": np.empty(len(chunk), np.int64),
-                "sq": np.empty(len(chunk), np.float64),
-            }
-            for i in np.unique(chunk.src).tolist():
-                mine = np.flatnonzero(chunk.src == i)
-                epochs = chunk.epoch[mine]
-                for e in np.unique(epochs).tolist():
-                    at = mine[epochs == e]
-                    rid, docs, sq = self.sources[i].describe_rows(e, int(chunk.pos[at[0]]), len(at))
-                    cols["rid"][at], cols["docs"][at], cols["sq"][at] = rid, docs, sq
-            keep = self.p - self.base
-            if keep > 65536:  # forget rows already cut
-                self.buf = {f: a[keep:] for f, a in self.buf.items()}
-                self.base += keep
-                while len(self.chunks) > 1 and self.chunks[1][0] <= self.p:
-                    self.chunks.popleft()
-            self.buf = {f: np.concatenate([self.buf[f], cols[f]]) for f in _FIELDS}
-            self.end += len(chunk)
-        return self.available()
-
-    def rows(self, a: int, b: int) -> dict[str, np.ndarray]:
-        return {f: arr[a - self.base : b - self.base] for f, arr in self.buf.items()}
-
-    def state_at(self, index: int) -> dict[str, Any]:
-        """The schedule state after the first `index` rows of the stream."""
-        for start, chunk in reversed(self.chunks):
-            if start <= index:
-                return self.schedule.state_after(chunk, index - start)
-        raise AssertionError("the stream forgot a chunk it still needs")  # pragma: no cover
-
-    def release(self, index: int) -> None:
-        """Streaming sources may forget their rows before stream index `index`."""
-        for i, src in enumerate(self.sources):
-            if isinstance(src, StreamSource):
-                sel = np.flatnonzero(self.buf["src"][max(index - self.base, 0) :] == i)
-                if len(sel):
-                    at = sel[0] + max(index - self.base, 0)
-                    src.release(int(self.buf["epoch"][at]), int(self.buf["pos"][at]))
-                else:
-                    sch = self.schedule
-                    src.release(int(sch.epoch[i]), int(sch.pos[i]))
 
 
 class MixedDataset(IterableDataset):
@@ -314,101 +225,10 @@ class MixedDataset(IterableDataset):
 
     # ---- the stream of steps ----------------------------------------------------------------
 
-    def _cut(self, stream: _Stream) -> list[tuple[int, int]]:
-        """Rank batches of the next global step, as stream ranges (fewer than W at the end)."""
-        c = self.config
-        out = []
-        p = stream.p
-        for _ in range(self.world_size):
-            if c.rows_per_batch is not None:
-                n = min(
-                    stream.ensure(p - stream.p + c.rows_per_batch) - (p - stream.p),
-                    c.rows_per_batch,
-                )
-            else:
-                want = max(64, 2 * c.tokens_per_batch // self.max_len)
-                while True:
-                    got = stream.ensure(p - stream.p + want) - (p - stream.p)
-                    rows = stream.rows(p, p + got)
-                    cum = np.cumsum(rows["length"])
-                    n = int(np.searchsorted(cum, c.tokens_per_batch, side="right"))
-                    if self.max_docs is not None:
-                        docs = np.cumsum(rows["docs"])
-                        n = min(n, int(np.searchsorted(docs, self.max_docs - 1, side="right")))
-                    if n < got or got < want:
-                        break
-                    want *= 2
-                n = max(n, 1) if got else 0
-            if n == 0:
-                break
-            out.append((p, p + n))
-            p += n
-        stream.p = p
-        return out
-
-    def _steps(self, stream: _Stream, first: int, own) -> Iterator[_Step]:
-        """Every global step from `first` (this rank's rows), planned only where `own(step)`."""
-        c = self.config
-        total = self.spec.total_steps
-        step = first
-        while total is None or step < total:
-            ranges = self._cut(stream)
-            if not ranges:
-                return
-            short = len(ranges) < self.world_size or (
-                c.rows_per_batch is not None and ranges[-1][1] - ranges[-1][0] < c.rows_per_batch
-            )
-            if short and c.drop_last:
-                return
-            end = ranges[-1][1]
-            if own(step):
-                s = self._rank_step(stream, step, ranges, end)
-                s.state = self._state(step + 1, stream.state_at(end))
-                yield s
-            step += 1
-            if short:
-                return
-
-    def _rank_step(
-        self, stream: _Stream, step: int, ranges: list[tuple[int, int]], end: int
-    ) -> _Step:
-        c = self.config
-        r = self.rank
-        begin = ranges[0][0]
-        if c.balance and self.world_size > 1:
-            rows = stream.rows(ranges[0][0], end)
-            cost = rows["sq"] + float(c.balance_linear) * rows["length"]
-            assignment = balance_step(
-                np.arange(len(cost)),
-                cost,
-                self.world_size,
-                lengths=rows["length"],
-                n_docs=rows["docs"],
-                rows_cap=c.rows_per_batch,
-                tokens_cap=self.pad_tokens
-                if c.tokens_per_batch is None and c.static_shape
-                else c.tokens_per_batch,
-                docs_cap=(self.max_docs - 1) if c.static_shape else None,
-            )
-            if assignment is not None:
-                mine = assignment == r
-                if mine.any():
-                    return _Step(
-                        step, {f: a[mine].copy() for f, a in rows.items()}, False, begin, end
-                    )
-                ranges = []  # nothing for this rank: a filler batch
-        if r < len(ranges):
-            a, b = ranges[r]
-            return _Step(
-                step, {f: x.copy() for f, x in stream.rows(a, b).items()}, False, begin, end
-            )
-        one = {f: x.copy() for f, x in stream.rows(begin, begin + 1).items()}
-        return _Step(step, one, True, begin, end)
-
-    def _ahead(self, steps: Iterator[_Step], stream: _Stream) -> Iterator[_Step]:
+    def _ahead(self, steps: Iterator[Step], stream: RowStream) -> Iterator[Step]:
         """The steps, with the row groups of up to `AHEAD_STEPS` upcoming ones decoding; a
         streaming source forgets its rows once every step holding them has been taken."""
-        queue: deque[_Step] = deque()
+        queue: deque[Step] = deque()
         try:
             for s in steps:
                 self._prefetch(s)
@@ -423,7 +243,7 @@ class MixedDataset(IterableDataset):
             for src in self.sources:
                 src.close_iteration()
 
-    def _prefetch(self, s: _Step) -> None:
+    def _prefetch(self, s: Step) -> None:
         src = s.rows["src"]
         for i in np.unique(src).tolist():
             if isinstance(self.sources[i], PackedSource):
@@ -508,7 +328,7 @@ class MixedDataset(IterableDataset):
         info = get_worker_info()
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
         start = self.start_state()
-        stream = _Stream(self, start["schedule"])
+        stream = RowStream(self, start["schedule"])
         first = int(start["step"])
         ring = self._worker_ring if info is not None else None
         if ring is not None:
@@ -525,19 +345,19 @@ class MixedDataset(IterableDataset):
 
         return self._batches(stream, first, own_plain, in_process=info is None)
 
-    def _batches(self, stream: _Stream, first: int, own, *, in_process: bool) -> Iterator[dict]:
+    def _batches(self, stream: RowStream, first: int, own, *, in_process: bool) -> Iterator[dict]:
         self._position = None
-        for s in self._ahead(self._steps(stream, first, own), stream):
+        for s in self._ahead(plan_steps(self, stream, first, own), stream):
             batch = self.batch(s.rows, filler=s.filler)
             if in_process:
                 self._position = s.state
                 self.report(s.state)
             yield batch
 
-    def _ring_items(self, stream: _Stream, first: int, own, ring: Ring) -> Iterator[list]:
+    def _ring_items(self, stream: RowStream, first: int, own, ring: Ring) -> Iterator[list]:
         chunk: list = []
         size = 1  # the first batch alone (time to first batch), then 4 per queue item
-        for s in self._ahead(self._steps(stream, first, own), stream):
+        for s in self._ahead(plan_steps(self, stream, first, own), stream):
             item = ring.put(_RowsView(self, s.rows), None, filler=s.filler, step=s.step)
             chunk.append((item, (np.repeat(s.rows["src"], s.rows["docs"]), s.state)))
             if len(chunk) == size:

@@ -431,3 +431,81 @@ def test_no_warning_on_a_plain_run(sources):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         stream(MixedDataset(spec(sources), rows_per_batch=2), workers=1)
+
+
+# --- a streaming (online-packed) source -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def online(tmp_path_factory, sources):
+    """Tokenized Parquet of 90 documents (byte tokenizer) and a packed source sharing its
+    tokenizer identity."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.tokenize import tokenized_schema
+    from packtool.tokenizers import load_tokenizer
+
+    root = tmp_path_factory.mktemp("online")
+    identity = load_tokenizer("byte").identity
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(1, 40, 90)
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+    table = pa.Table.from_arrays(
+        [
+            pa.array(np.arange(1000, 1090), pa.int64()),
+            pa.array(["t"] * 90),
+            pa.ListArray.from_arrays(
+                pa.array(offsets), pa.array(np.arange(offsets[-1]) % 250, pa.uint16())
+            ),
+            pa.array(lengths.astype(np.int32)),
+        ],
+        schema=tokenized_schema(identity),
+    )
+    pq.write_table(table, root / "part.parquet", row_group_size=30)
+    packed = root / "packed"
+    shutil.copytree(sources[0], packed)
+    index = json.loads((packed / INDEX_FILE).read_text())
+    index["tokenizer"] = identity.to_dict()
+    (packed / INDEX_FILE).write_text(json.dumps(index))
+    return root / "part.parquet", packed
+
+
+def online_spec(online, **kw):
+    from loader import StreamingPackedDataset
+
+    parquet, packed = online
+    live = StreamingPackedDataset(parquet, max_len=64, buffer_docs=20, rows_per_batch=1)
+    return MixtureSpec(
+        sources=(
+            SourceSpec(name="packed", path=str(packed), weight=0.6),
+            SourceSpec(name="live", path=live, weight=0.4),
+        ),
+        total_tokens=kw.pop("total_tokens", 5000),
+        **kw,
+    )
+
+
+def test_a_streaming_source_is_read_whole_once_per_epoch_whatever_the_workers(online):
+    ref, _ = stream(MixedDataset(online_spec(online), rows_per_batch=2))
+    live = source_rows(ref)[1]
+    assert len(live) > 90  # more than one epoch
+    assert sorted(live[:90]) == list(
+        range(1000, 1090)
+    )  # each document once in epoch 0 (none is split)
+    got, _ = stream(MixedDataset(online_spec(online), rows_per_batch=2), workers=2)
+    assert same(got, ref)
+
+
+@pytest.mark.parametrize(("cut", "before", "after"), [(3, 0, 2), (17, 2, 0)])
+def test_a_streaming_source_resumes_exactly(online, cut, before, after):
+    ref, _ = stream(MixedDataset(online_spec(online), rows_per_batch=2))
+    first, state = stream(
+        MixedDataset(online_spec(online), rows_per_batch=2), workers=before, take=cut
+    )
+    rest, _ = stream(
+        MixedDataset(online_spec(online), rows_per_batch=2), workers=after, state=state
+    )
+    assert same(first + rest, ref)
