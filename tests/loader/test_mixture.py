@@ -509,3 +509,15 @@ def test_a_streaming_source_resumes_exactly(online, cut, before, after):
         MixedDataset(online_spec(online), rows_per_batch=2), workers=after, state=state
     )
     assert same(first + rest, ref)
+
+
+def test_packtool_mix_plans_what_the_loader_delivers(sources):
+    from packtool.mix_plan import plan_mixture
+
+    mix = spec(sources, total_tokens=9000)
+    plan = plan_mixture(mix)
+    _, state = stream(MixedDataset(mix, rows_per_batch=2))
+    real = state["mixed_dataset"]["schedule"]["sources"]
+    for s in plan.sources:
+        assert abs(s.tokens - real[s.name]["tokens"]) <= 2 * 64  # both within a row of target
+        assert abs(s.rows - real[s.name]["rows"]) <= 3
