@@ -4,7 +4,7 @@ from loader.collate import IGNORE_INDEX, collate
 from loader.config import LoaderConfig, OnlineConfig
 from loader.dataloader import PackedDataLoader, make_dataloader
 from loader.dataset import PackedDataset
-from loader.mixture import MixedDataset
+from loader.mixture import MixedDataset, token_sources
 from loader.mixture_loader import MixedDataLoader
 from loader.online import OnlinePacker
 from loader.rows import PackedRows, RowBatcher
@@ -29,4 +29,5 @@ __all__ = [
     "StreamingPackedDataset",
     "collate",
     "make_dataloader",
+    "token_sources",
 ]

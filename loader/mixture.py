@@ -439,6 +439,14 @@ class MixedDataset(IterableDataset):
         }
 
 
+def token_sources(batch: dict[str, Any]) -> torch.Tensor:
+    """The source of every token of a mixture batch, int64 `(total_tokens,)` (-1 for padding),
+    from its per-document `source` and `cu_seqlens` (either layout): e.g. to average a
+    per-token loss by source."""
+    cu = batch["cu_seqlens"] if "cu_seqlens" in batch else batch["cu_seq_lens_q"]
+    return torch.repeat_interleave(batch["source"], torch.diff(cu).long())
+
+
 class _RowsView:
     """What `Ring.put` gathers from: a mixed rank batch (duck-types `ShardStore.gather_into`
     and `ShardStore.gather` for it)."""
