@@ -144,7 +144,7 @@ class MixedDataset(IterableDataset):
             self.pad_tokens = config.tokens_per_batch or config.rows_per_batch * self.max_len
         self.fingerprint = self._fingerprint()
         self._start: dict[str, Any] | None = None
-        self._position: dict[str, Any] | None = None
+        self._last_step: Step | None = None
         self.changes: list[str] = []
         """What the last loaded state's mixture changed (shown by `describe()`)."""
         self._reported = 0  # schedule events already warned about (main process)
@@ -192,7 +192,7 @@ class MixedDataset(IterableDataset):
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this process yielded (before any: the start)."""
-        return self._position if self._position is not None else self.start_state()
+        return self._last_step.state if self._last_step is not None else self.start_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Start the next iteration where `state` stands (also a `MixedDataLoader` state).
@@ -221,7 +221,7 @@ class MixedDataset(IterableDataset):
             warnings.warn("resuming a changed mixture: " + "; ".join(self.changes), stacklevel=2)
         self._reported = len(schedule.events)
         self._start = self._state(int(step), schedule.state())
-        self._position = None
+        self._last_step = None
 
     # ---- the stream of steps ----------------------------------------------------------------
 
@@ -244,10 +244,12 @@ class MixedDataset(IterableDataset):
                 src.close_iteration()
 
     def _prefetch(self, s: Step) -> None:
-        src = s.rows["src"]
-        for i in np.unique(src).tolist():
-            if isinstance(self.sources[i], PackedSource):
-                self.sources[i].prefetch(s.rows["rid"][src == i])
+        src = s.rows["src"]  # grouped by source
+        edges = [0, *(np.flatnonzero(np.diff(src)) + 1).tolist(), len(src)]
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
+            source = self.sources[int(src[a])]
+            if isinstance(source, PackedSource):
+                source.prefetch(s.rows["rid"][a:b])
 
     # ---- gathering and collating ------------------------------------------------------------
 
@@ -272,9 +274,9 @@ class MixedDataset(IterableDataset):
         src = rows["src"]
         if int(rows["length"].sum()) > len(tokens) or int(rows["docs"].sum()) > len(lens):
             return None
-        cuts = np.flatnonzero(np.diff(src)) + 1
+        edges = [0, *(np.flatnonzero(np.diff(src)) + 1).tolist(), len(src)]
         t = d = 0
-        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(src)].tolist(), strict=True):
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
             source = self.sources[int(src[a])]
             if isinstance(source, PackedSource):
                 what = rows["rid"][a:b]
@@ -346,12 +348,12 @@ class MixedDataset(IterableDataset):
         return self._batches(stream, first, own_plain, in_process=info is None)
 
     def _batches(self, stream: RowStream, first: int, own, *, in_process: bool) -> Iterator[dict]:
-        self._position = None
+        self._last_step = None
         for s in self._ahead(plan_steps(self, stream, first, own), stream):
             batch = self.batch(s.rows, filler=s.filler)
             if in_process:
-                self._position = s.state
-                self.report(s.state)
+                self._last_step = s  # its state is made only if state_dict() asks
+                self.report(stream.schedule.events, s.end)
             yield batch
 
     def _ring_items(self, stream: RowStream, first: int, own, ring: Ring) -> Iterator[list]:
@@ -366,13 +368,14 @@ class MixedDataset(IterableDataset):
         if chunk:
             yield chunk
 
-    def report(self, state: dict[str, Any]) -> None:
-        """Warn (once, in the main process) about sources dropped or the mixture stopping."""
-        events = state["schedule"]["events"]
-        for e in events[self._reported :]:
+    def report(self, events: list[dict[str, Any]], upto: int) -> None:
+        """Warn (once, in the main process) about sources dropped or the mixture stopping, as
+        the stream handed out passes row `upto`."""
+        while self._reported < len(events) and events[self._reported]["rows"] <= upto:
+            e = events[self._reported]
             if e["what"] in ("dropped", "stopped"):
                 warnings.warn(e["message"], stacklevel=3)
-        self._reported = len(events)
+            self._reported += 1
 
     # ---- sizes and reporting ----------------------------------------------------------------
 

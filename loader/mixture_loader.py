@@ -107,7 +107,7 @@ class MixedDataLoader(DataLoader):
                     ring.release(item)
                 consumed += 1
                 self._state = state
-                ds.report(state)
+                ds.report(state["schedule"]["events"], state["schedule"]["rows"])
                 yield batch
         if waiting:
             raise RuntimeError(f"mixture workers skipped step {consumed}; this is a bug")

@@ -118,7 +118,10 @@ class PackedSource:
     def prefetch(self, rows: np.ndarray) -> None:
         store = self.store
         if store.pending_row_groups < 16:
-            store.prefetch(store.row_group_of(rows))
+            groups = store.row_group_of(rows)
+            # in first-use order, each once (a step holds a few row groups, not one per row)
+            _, first = np.unique(groups, return_index=True)
+            store.prefetch(groups[np.sort(first)])
 
     def release(self, epoch: int, pos: int) -> None:
         """Nothing to forget: rows are read from the shards on demand."""

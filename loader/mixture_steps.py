@@ -33,14 +33,20 @@ class Step:
 
     step: int
     rows: dict[str, np.ndarray]
-    """This rank's rows (`FIELDS`), in stream order."""
+    """This rank's rows (`FIELDS`): grouped by source, each source's in stream order."""
     filler: bool
     begin: int
     """Stream index of the step's first row (any rank's)."""
     end: int
     """Stream index after the step."""
-    state: dict[str, Any] | None = None
-    """The `MixedDataset` state after the step."""
+    state_fn: Callable[[], dict[str, Any]] | None = None
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The `MixedDataset` state after the step (computed when first asked for)."""
+        if not isinstance(self.state_fn, dict):
+            self.state_fn = self.state_fn()
+        return self.state_fn
 
 
 class RowStream:
@@ -55,6 +61,8 @@ class RowStream:
         self.p = 0  # next stream index to cut
         self.chunks: deque[tuple[int, Any]] = deque()  # (stream index of its first row, chunk)
         self.end = 0  # stream index after the last row read
+        self.cum_len = np.zeros(1, np.int64)  # tokens before each buffered row (and after all)
+        self.cum_docs = np.zeros(1, np.int64)
 
     def available(self) -> int:
         return self.end - self.p
@@ -85,22 +93,23 @@ class RowStream:
             keep = self.p - self.base
             if keep > 65536:  # forget rows already cut
                 self.buf = {f: a[keep:] for f, a in self.buf.items()}
+                self.cum_len = self.cum_len[keep:] - self.cum_len[keep]
+                self.cum_docs = self.cum_docs[keep:] - self.cum_docs[keep]
                 self.base += keep
                 while len(self.chunks) > 1 and self.chunks[1][0] <= self.p:
                     self.chunks.popleft()
             self.buf = {f: np.concatenate([self.buf[f], cols[f]]) for f in FIELDS}
+            self.cum_len = np.concatenate(
+                [self.cum_len, self.cum_len[-1] + np.cumsum(cols["length"])]
+            )
+            self.cum_docs = np.concatenate(
+                [self.cum_docs, self.cum_docs[-1] + np.cumsum(cols["docs"])]
+            )
             self.end += len(chunk)
         return self.available()
 
     def rows(self, a: int, b: int) -> dict[str, np.ndarray]:
         return {f: arr[a - self.base : b - self.base] for f, arr in self.buf.items()}
-
-    def state_at(self, index: int) -> dict[str, Any]:
-        """The schedule state after the first `index` rows of the stream."""
-        for start, chunk in reversed(self.chunks):
-            if start <= index:
-                return self.schedule.state_after(chunk, index - start)
-        raise AssertionError("the stream forgot a chunk it still needs")  # pragma: no cover
 
     def release(self, index: int) -> None:
         """Streaming sources may forget their rows before stream index `index`."""
@@ -123,23 +132,31 @@ def cut_step(ds: MixedDataset, stream: RowStream) -> list[tuple[int, int]]:
     for _ in range(ds.world_size):
         if c.rows_per_batch is not None:
             n = min(
-                stream.ensure(p - stream.p + c.rows_per_batch) - (p - stream.p),
-                c.rows_per_batch,
+                stream.ensure(p - stream.p + c.rows_per_batch) - (p - stream.p), c.rows_per_batch
             )
         else:
             want = max(64, 2 * c.tokens_per_batch // ds.max_len)
             while True:
                 got = stream.ensure(p - stream.p + want) - (p - stream.p)
-                rows = stream.rows(p, p + got)
-                cum = np.cumsum(rows["length"])
-                n = int(np.searchsorted(cum, c.tokens_per_batch, side="right"))
+                i = p - stream.base
+                n = (
+                    int(
+                        np.searchsorted(
+                            stream.cum_len, stream.cum_len[i] + c.tokens_per_batch, "right"
+                        )
+                    )
+                    - 1
+                    - i
+                )
                 if ds.max_docs is not None:
-                    docs = np.cumsum(rows["docs"])
-                    n = min(n, int(np.searchsorted(docs, ds.max_docs - 1, side="right")))
+                    docs = np.searchsorted(
+                        stream.cum_docs, stream.cum_docs[i] + ds.max_docs - 1, "right"
+                    )
+                    n = min(n, int(docs) - 1 - i)
                 if n < got or got < want:
                     break
                 want *= 2
-            n = max(n, 1) if got else 0
+            n = max(min(n, got), 1) if got else 0
         if n == 0:
             break
         out.append((p, p + n))
@@ -167,11 +184,18 @@ def plan_steps(
         end = ranges[-1][1]
         if own(step):
             s = rank_step(ds, stream, step, ranges, end)
-            s.state = ds._state(step + 1, stream.state_at(end))
+            s.state_fn = _state_fn(ds, stream, step + 1, end)
             yield s
         step += 1
         if short:
             return
+
+
+def _state_fn(ds: MixedDataset, stream: RowStream, step: int, end: int) -> Callable[[], dict]:
+    """The state after a step, made later: most steps' states are never asked for."""
+    start, chunk = next((a, c) for a, c in reversed(stream.chunks) if a <= end)
+    schedule = stream.schedule
+    return lambda: ds._state(step, schedule.state_after(chunk, end - start))
 
 
 def rank_step(
@@ -198,10 +222,19 @@ def rank_step(
         if assignment is not None:
             mine = assignment == r
             if mine.any():
-                return Step(step, {f: a[mine].copy() for f, a in rows.items()}, False, begin, end)
+                return Step(step, _grouped(rows, np.flatnonzero(mine)), False, begin, end)
             ranges = []  # nothing for this rank: a filler batch
     if r < len(ranges):
         a, b = ranges[r]
-        return Step(step, {f: x.copy() for f, x in stream.rows(a, b).items()}, False, begin, end)
-    one = {f: x.copy() for f, x in stream.rows(begin, begin + 1).items()}
-    return Step(step, one, True, begin, end)
+        return Step(step, _grouped(stream.rows(a, b)), False, begin, end)
+    return Step(step, _grouped(stream.rows(begin, begin + 1)), True, begin, end)
+
+
+def _grouped(rows: dict[str, np.ndarray], take: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """A copy of `rows` (those at `take`) grouped by source in mixture order, each source's
+    rows in stream order: one gather per source instead of one per run of rows."""
+    src = rows["src"] if take is None else rows["src"][take]
+    order = np.argsort(src, kind="stable")
+    if take is not None:
+        order = take[order]
+    return {f: a[order] for f, a in rows.items()}

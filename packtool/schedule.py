@@ -29,10 +29,9 @@ changes at a resume: the counters restart and the weights of the sources left re
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numba
@@ -56,21 +55,28 @@ def _mix(
     wpos,
     wend,
     cap_left,
+    epoch,
+    pos,
+    rows,
+    tokens,
     tokens_mode,
     max_units,
     tokens_left,
     out_src,
+    out_epoch,
+    out_pos,
     out_len,
-    out_idx,
+    start,
+    stop,
 ):  # pragma: no cover - compiled
     k = weights.shape[0]
     d_total = 0
     for i in range(k):
         d_total += seg[i]
-    n = 0
+    n = start
     status = 0
     which = -1
-    while n < out_src.shape[0]:
+    while n < stop:
         best = -1
         best_slack = np.inf
         behind = -1
@@ -96,10 +102,14 @@ def _mix(
             which = best
             break
         length = buf[wpos[best]]
-        out_src[n] = best
-        out_len[n] = length
-        out_idx[n] = wpos[best]
         wpos[best] += 1
+        out_src[n] = best
+        out_epoch[n] = epoch[best]
+        out_pos[n] = pos[best]
+        out_len[n] = length
+        pos[best] += 1
+        rows[best] += 1
+        tokens[best] += length
         n += 1
         u = length if tokens_mode else 1
         seg[best] += u
@@ -130,8 +140,8 @@ def mix_kernel(
     tokens_left: int,
     n_out: int,
 ) -> tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.int64], int, int, int]:
-    """Choose up to `n_out` rows (the rule in the module docstring). Updates `seg`, `wpos` and
-    `cap_left` in place.
+    """Choose up to `n_out` rows (the rule in the module docstring) from windows of row lengths,
+    cursors at 0. Updates `seg`, `wpos` and `cap_left` in place.
 
     Args:
         weights: Normalised weights, 0 for sources not drawn from, float64 `(k,)`.
@@ -146,28 +156,18 @@ def mix_kernel(
         n_out: Most rows to choose.
 
     Returns:
-        `(src int32, length int64, buf index int64, status, which, tokens_left)`; status 0: `n_out`
-        rows; 1: source `which` needs a new window (its row is not taken); 2: source `which`
-        reached its cap with its last row; 3: `tokens_left` reached 0.
+        `(src int32, length int64, position in its window int64, status, which, tokens_left)`;
+        status 0: `n_out` rows; 1: source `which` needs a new window (its row is not taken);
+        2: source `which` reached its cap with its last row; 3: `tokens_left` reached 0.
     """
-    out_src = np.empty(n_out, np.int32)
-    out_len = np.empty(n_out, np.int64)
-    out_idx = np.empty(n_out, np.int64)
+    k = len(weights)
+    zeros = [np.zeros(k, np.int64) for _ in range(4)]
+    out = (np.empty(n_out, np.int32), *(np.empty(n_out, np.int64) for _ in range(3)))
     n, status, which, left = _mix(
-        weights,
-        seg,
-        buf,
-        wpos,
-        wend,
-        cap_left,
-        tokens_mode,
-        float(max_units),
-        tokens_left,
-        out_src,
-        out_len,
-        out_idx,
-    )
-    return out_src[:n], out_len[:n], out_idx[:n], int(status), int(which), int(left)
+        weights, seg, buf, wpos, wend, cap_left, *zeros, tokens_mode, float(max_units),
+        tokens_left, *out, 0, n_out,
+    )  # fmt: skip
+    return out[0][:n], out[3][:n], out[2][:n], int(status), int(which), int(left)
 
 
 class LengthReader(Protocol):
@@ -221,6 +221,8 @@ class Chunk:
     """The schedule state before the chunk."""
     end: dict[str, Any]
     """The state after the chunk (a drop or the end of the mixture applied)."""
+    prefix: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """Per-source prefix counts, made by `Schedule.state_after` when first needed."""
 
     def __len__(self) -> int:
         return len(self.src)
@@ -296,6 +298,8 @@ class Schedule:
         self.done: str | None = None
         self.changes: list[str] = []
         """What a resume changed (empty: none, or a fresh start)."""
+        self._weights_key = b""
+        self._weights_cache = np.zeros(k)
         if state is not None:
             self._restore(state)
         self._window = np.zeros(k * WINDOW, np.int64)
@@ -315,6 +319,13 @@ class Schedule:
         )
         total = math.fsum(w.tolist())
         return w / total if total > 0 else w
+
+    @property
+    def _weights(self) -> NDArray[np.float64]:
+        key = self.capped.tobytes()
+        if self._weights_key != key:
+            self._weights_cache, self._weights_key = self.weights, key
+        return self._weights_cache
 
     def _event(self, what: str, message: str, source: str | None = None) -> None:
         self.events.append(
@@ -424,14 +435,14 @@ class Schedule:
         """The next rows of the stream: `n`, fewer when a segment or the mixture ends (none
         only once `done`)."""
         start = self.state()
-        parts: list[tuple[np.ndarray, ...]] = []
+        out_src = np.empty(n, np.int32)
+        out_epoch, out_pos, out_len = (np.empty(n, np.int64) for _ in range(3))
         got = 0
         tokens_mode = self.unit == "tokens"
-        max_units = self.max_len if tokens_mode else 1
+        max_units = float(self.max_len if tokens_mode else 1)
         while got < n and self.done is None:
-            weights = self.weights
             capped = False
-            for i in np.flatnonzero(self._fresh & (weights > 0)).tolist():
+            for i in np.flatnonzero(self._fresh & (self._weights > 0)).tolist():
                 if not self._refill(i):
                     capped = True
                     break
@@ -441,30 +452,14 @@ class Schedule:
                 start = self.state()
                 continue
             left = 2**62 if self.total_tokens is None else self.total_tokens - self.delivered_tokens
-            before = self._wpos.copy()
-            pos_before = self.pos.copy()
-            src, length, idx, status, which, _ = mix_kernel(
-                weights,
-                self.seg,
-                self._window,
-                self._wpos,
-                self._wend,
-                self._cap_left,
-                tokens_mode=tokens_mode,
-                max_units=max_units,
-                tokens_left=left,
-                n_out=min(n - got, int((self._wend - self._wpos).sum()) + 1),
-            )
-            used = self._wpos - before
-            if len(src):
-                for i in np.flatnonzero(used).tolist():
-                    self.tokens[i] += int(self._window[before[i] : self._wpos[i]].sum())
-                self.rows += used
-                self.pos += used
-                self.delivered_rows += len(src)
-                self.delivered_tokens += int(length.sum())
-                parts.append((src, self.epoch[src], pos_before[src] + idx - before[src], length))
-                got += len(src)
+            end, status, which, _ = _mix(
+                self._weights, self.seg, self._window, self._wpos, self._wend, self._cap_left,
+                self.epoch, self.pos, self.rows, self.tokens, tokens_mode, max_units, left,
+                out_src, out_epoch, out_pos, out_len, got, n,
+            )  # fmt: skip
+            self.delivered_rows += end - got
+            self.delivered_tokens += int(out_len[got:end].sum())
+            got = end
             if status == _REFILL:
                 self._fresh[which] = True
                 continue
@@ -475,12 +470,9 @@ class Schedule:
                 self.done = f"total_tokens {self.total_tokens:,} reached"
             if status != _OK:
                 break
-        if parts:
-            src, epoch, pos, length = (np.concatenate(a) for a in zip(*parts, strict=True))
-        else:
-            src = np.zeros(0, np.int32)
-            epoch = pos = length = np.zeros(0, np.int64)
-        return Chunk(src, epoch, pos, length, start, self.state())
+        return Chunk(
+            out_src[:got], out_epoch[:got], out_pos[:got], out_len[:got], start, self.state()
+        )
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -512,32 +504,43 @@ class Schedule:
             "done": self.done,
             "segment": dict(self.segment),
             "sources": sources,
-            "dormant": copy.deepcopy(self.dormant),
-            "events": copy.deepcopy(self.events),
+            "dormant": dict(self.dormant),
+            "events": list(self.events),
         }
 
     def state_after(self, chunk: Chunk, j: int) -> dict[str, Any]:
         """The state after the first `j` rows of `chunk` (a step boundary inside it)."""
         if j >= len(chunk):
             return chunk.end
-        state = copy.deepcopy(chunk.start)
-        src, length = chunk.src[:j], chunk.length[:j]
-        k = len(self.names)
-        rows = np.bincount(src, minlength=k)
-        tokens = np.bincount(src, weights=length, minlength=k).astype(np.int64)
-        units = tokens if state["unit"] == "tokens" else rows
+        if not chunk.prefix:  # per source: rows, tokens and the last row's index before each j
+            k, n = len(self.names), len(chunk)
+            mine = chunk.src[None, :] == np.arange(k)[:, None]
+            zero = np.zeros((k, 1), np.int64)
+            chunk.prefix["rows"] = np.concatenate([zero, np.cumsum(mine, axis=1)], axis=1)
+            chunk.prefix["tokens"] = np.concatenate(
+                [zero, np.cumsum(np.where(mine, chunk.length, 0), axis=1)], axis=1
+            )
+            last = np.maximum.accumulate(np.where(mine, np.arange(n), -1), axis=1)
+            chunk.prefix["last"] = np.concatenate([zero - 1, last], axis=1)
+        start = chunk.start
+        rows = chunk.prefix["rows"][:, j].tolist()
+        tokens = chunk.prefix["tokens"][:, j].tolist()
+        last = chunk.prefix["last"][:, j].tolist()
+        sources = dict(start["sources"])  # entries shared with `start` unless they change
         for i, name in enumerate(self.names):
-            if not rows[i]:
-                continue
-            s = state["sources"][name]
-            last = int(np.flatnonzero(src == i)[-1])
-            s["epoch"], s["pos"] = int(chunk.epoch[last]), int(chunk.pos[last]) + 1
-            s["rows"] += int(rows[i])
-            s["tokens"] += int(tokens[i])
-            s["seg"] += int(units[i])
-        state["rows"] += int(j)
-        state["tokens"] += int(tokens.sum())
-        return state
+            if rows[i]:
+                s = dict(sources[name])
+                s["epoch"], s["pos"] = int(chunk.epoch[last[i]]), int(chunk.pos[last[i]]) + 1
+                s["rows"] += rows[i]
+                s["tokens"] += tokens[i]
+                s["seg"] += tokens[i] if start["unit"] == "tokens" else rows[i]
+                sources[name] = s
+        return {
+            **start,
+            "rows": start["rows"] + int(j),
+            "tokens": start["tokens"] + sum(tokens),
+            "sources": sources,
+        }
 
     def _restore(self, state: dict[str, Any]) -> None:
         from packtool.schedule_state import restore
