@@ -149,7 +149,6 @@ class MixedDataset(IterableDataset):
         """What the last loaded state's mixture changed (shown by `describe()`)."""
         self._reported = 0  # schedule events already warned about (main process)
         self._worker_ring: Ring | None = None
-        self._block = 1
 
     # ---- identity and state -----------------------------------------------------------------
 
@@ -225,13 +224,18 @@ class MixedDataset(IterableDataset):
 
     # ---- the stream of steps ----------------------------------------------------------------
 
-    def _ahead(self, steps: Iterator[Step], stream: RowStream) -> Iterator[Step]:
-        """The steps, with the row groups of up to `AHEAD_STEPS` upcoming ones decoding; a
-        streaming source forgets its rows once every step holding them has been taken."""
+    def _ahead(self, steps: Iterator[Step], stream: RowStream, keep=None) -> Iterator[Step]:
+        """The steps, with the row groups of up to `AHEAD_STEPS` upcoming ones decoding (only
+        of the rows `keep(rows)` selects); a streaming source forgets its rows once every step
+        holding them has been taken."""
         queue: deque[Step] = deque()
         try:
             for s in steps:
-                self._prefetch(s)
+                if keep is None:
+                    self._prefetch(s.rows)
+                else:
+                    mask = keep(s.rows)
+                    self._prefetch({f: s.rows[f][mask] for f in ("src", "group")})
                 queue.append(s)
                 if len(queue) > AHEAD_STEPS:
                     yield queue.popleft()
@@ -243,13 +247,25 @@ class MixedDataset(IterableDataset):
             for src in self.sources:
                 src.close_iteration()
 
-    def _prefetch(self, s: Step) -> None:
-        src = s.rows["src"]  # grouped by source
+    def _prefetch(self, rows: dict[str, np.ndarray]) -> None:
+        src = rows["src"]  # grouped by source
+        if not len(src):
+            return
+        groups = rows["group"] if "group" in rows else self._groups(rows)
+        edges = [0, *(np.flatnonzero(np.diff(src)) + 1).tolist(), len(src)]
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
+            self.sources[int(src[a])].prefetch(groups[a:b].tolist())
+
+    def _groups(self, rows: dict[str, np.ndarray]) -> np.ndarray:
+        """Each row's row group in its source (streaming sources: blocks of 256 positions)."""
+        src = rows["src"]  # grouped by source
+        group = rows["pos"] // 256
         edges = [0, *(np.flatnonzero(np.diff(src)) + 1).tolist(), len(src)]
         for a, b in zip(edges[:-1], edges[1:], strict=True):
             source = self.sources[int(src[a])]
             if isinstance(source, PackedSource):
-                source.prefetch(s.rows["rid"][a:b])
+                group[a:b] = source.store.row_group_of(rows["rid"][a:b])
+        return group
 
     # ---- gathering and collating ------------------------------------------------------------
 
@@ -334,18 +350,13 @@ class MixedDataset(IterableDataset):
         first = int(start["step"])
         ring = self._worker_ring if info is not None else None
         if ring is not None:
-            block = max(self._block, 1)
-
-            def own(step: int) -> bool:
-                return ((step - first) // block) % n_workers == worker
-
             ring.start_worker()
-            return self._ring_items(stream, first, own, ring)
+            return self._ring_parts(stream, first, ring, worker, n_workers)
 
-        def own_plain(step: int) -> bool:
+        def own(step: int) -> bool:
             return (step - first) % n_workers == worker
 
-        return self._batches(stream, first, own_plain, in_process=info is None)
+        return self._batches(stream, first, own, in_process=info is None)
 
     def _batches(self, stream: RowStream, first: int, own, *, in_process: bool) -> Iterator[dict]:
         self._last_step = None
@@ -356,15 +367,42 @@ class MixedDataset(IterableDataset):
                 self.report(stream.schedule.events, s.end)
             yield batch
 
-    def _ring_items(self, stream: RowStream, first: int, own, ring: Ring) -> Iterator[list]:
+    def owners(self, rows: dict[str, np.ndarray], n_workers: int) -> np.ndarray:
+        """The `MixedDataLoader` worker that gathers each row: the one that owns its row group
+        (a hash of source and row group), so every row group is decoded by one worker only."""
+        if n_workers == 1:
+            return np.zeros(len(rows["src"]), np.int64)
+        return (self._groups(rows) * 40503 + rows["src"] * 9973) % n_workers
+
+    def _ring_parts(
+        self, stream: RowStream, first: int, ring: Ring, worker: int, n_workers: int
+    ) -> Iterator[list]:
+        """This worker's part of every step (the rows whose row group it owns) as compact
+        batches in the ring, with what the trainer needs to splice the parts back together
+        (the part of the lowest worker present also carries the state after the step)."""
         chunk: list = []
-        size = 1  # the first batch alone (time to first batch), then 4 per queue item
-        for s in self._ahead(plan_steps(self, stream, first, own), stream):
-            item = ring.put(_RowsView(self, s.rows), None, filler=s.filler, step=s.step)
-            chunk.append((item, (np.repeat(s.rows["src"], s.rows["docs"]), s.state)))
+        size = 1  # the first part alone (time to first batch), then 8 per queue item
+
+        def owned(steps: Iterator[Step]) -> Iterator[Step]:
+            for s in steps:
+                s.rows["group"] = self._groups(s.rows)
+                s.rows["owner"] = (s.rows["group"] * 40503 + s.rows["src"] * 9973) % n_workers
+                yield s
+
+        steps = owned(plan_steps(self, stream, first, lambda step: True))
+        for s in self._ahead(steps, stream, keep=lambda rows: rows["owner"] == worker):
+            owner = s.rows["owner"]
+            mine = owner == worker
+            if not mine.any():
+                continue
+            part = {f: s.rows[f][mine] for f in ("src", "rid", "epoch", "pos", "length", "docs")}
+            item = ring.put(_RowsView(self, part), None, filler=s.filler, step=s.step)
+            layout = (owner, s.rows["length"], s.rows["docs"], s.rows["src"])
+            state = s.state if int(owner.min()) == worker else None
+            chunk.append((item, (worker, layout, state)))
             if len(chunk) == size:
                 yield chunk
-                chunk, size = [], 4
+                chunk, size = [], 8
         if chunk:
             yield chunk
 

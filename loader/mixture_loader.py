@@ -1,12 +1,13 @@
 """`MixedDataLoader`: a torch DataLoader over a `MixedDataset` that keeps the mixture's position.
 
-Workers take blocks of consecutive global steps in turn (block w, w + N, ... of `block_steps`
-steps: consecutive steps read neighbouring rows of every source, so a worker decodes few row
-groups twice) and send each batch in compact form through the shared-memory ring of
-loader/transport.py, with its per-document sources and the mixture state after it; the trainer
-puts the batches back in step order, expands them (loader/collate.py) and keeps the state of
-the last batch it handed out, which `state_dict()` returns. Every worker computes the whole
-schedule, so the batches do not depend on the number of workers.
+Every worker computes the whole schedule and every step, and gathers the rows of each step whose
+row group it owns (`MixedDataset.owners`: a hash of source and row group), so each row group is
+decoded by one worker only, whatever the mixture interleaves. It sends its part of each step in
+compact form through the shared-memory ring of loader/transport.py, with the step's layout (the
+owner, tokens, documents and source of every row) and the mixture state after the step; the
+trainer splices the parts back into the step's row order, expands the batch (loader/collate.py)
+and keeps the state of the last batch it handed out, which `state_dict()` returns. The batches
+do not depend on the number of workers.
 """
 
 from __future__ import annotations
@@ -14,25 +15,60 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 from torch.utils.data import DataLoader, get_worker_info
 
 from loader.mixture import MixedDataset
-from loader.transport import Ring
+from loader.transport import CompactBatch, Ring
 
-BLOCK_ROWS = 8192
-"""Rows (all ranks) a worker's block of steps should span: about a shuffle window of rows for
-two or three sources, so blocks seldom share a row group."""
+
+def _as_is(item: Any) -> Any:
+    """collate_fn: items are whole batches (or parts of one); the default would turn the numpy
+    arrays beside a compact part into shared tensors, one socket round trip each."""
+    return item
 
 
 class _WorkerInit:
-    def __init__(self, ring: Ring, block: int, user_fn: Callable[[int], None] | None) -> None:
-        self.ring, self.block, self.user_fn = ring, block, user_fn
+    def __init__(self, ring: Ring, user_fn: Callable[[int], None] | None) -> None:
+        self.ring, self.user_fn = ring, user_fn
 
     def __call__(self, worker_id: int) -> None:
-        ds = get_worker_info().dataset
-        ds._worker_ring, ds._block = self.ring, self.block
+        get_worker_info().dataset._worker_ring = self.ring
         if self.user_fn is not None:
             self.user_fn(worker_id)
+
+
+def splice(parts: dict[int, tuple[np.ndarray, ...]], layout: tuple[np.ndarray, ...], dtype):
+    """One step's `(tokens, doc_lens, doc_ids)` in row order from the workers' parts.
+
+    Args:
+        parts: Per worker, its rows' `(tokens, doc_lens, doc_ids)` in row order.
+        layout: Per row of the step: owner, tokens, documents (and source).
+        dtype: The token dtype.
+    """
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    owner, row_tokens, row_docs = layout[0], layout[1], layout[2]
+    cut = np.flatnonzero(np.diff(owner)) + 1
+    starts = np.concatenate([[0], cut])
+    run_owner = owner[starts].tolist()
+    cum_t = np.concatenate([[0], np.cumsum(row_tokens)])
+    cum_d = np.concatenate([[0], np.cumsum(row_docs)])
+    edges = [*starts.tolist(), len(owner)]
+    tok_at, doc_at = cum_t[edges].tolist(), cum_d[edges].tolist()
+    tokens = np.empty(tok_at[-1], dtype)
+    lens = np.empty(doc_at[-1], np.int32)
+    ids = np.empty(doc_at[-1], np.int64)
+    at = dict.fromkeys(parts, (0, 0))  # next token and document of each part
+    for r, w in enumerate(run_owner):
+        t, t2, d, d2 = tok_at[r], tok_at[r + 1], doc_at[r], doc_at[r + 1]
+        pt, pd = at[w]
+        src_tokens, src_lens, src_ids = parts[w]
+        tokens[t:t2] = src_tokens[pt : pt + t2 - t]
+        lens[d:d2] = src_lens[pd : pd + d2 - d]
+        ids[d:d2] = src_ids[pd : pd + d2 - d]
+        at[w] = (pt + t2 - t, pd + d2 - d)
+    return tokens, lens, ids
 
 
 class MixedDataLoader(DataLoader):
@@ -41,39 +77,26 @@ class MixedDataLoader(DataLoader):
     Args:
         dataset: The mixture (it yields whole batches, so `batch_size=None`).
         num_workers: Worker processes (0: load in the main process).
-        block_steps: Consecutive steps per worker block (default: about `BLOCK_ROWS` rows).
         **kwargs: Passed to `torch.utils.data.DataLoader` (pin_memory, prefetch_factor, ...);
             workers are not persistent (each iteration starts them with its start state).
     """
 
-    def __init__(
-        self,
-        dataset: MixedDataset,
-        *,
-        num_workers: int = 0,
-        block_steps: int | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, dataset: MixedDataset, *, num_workers: int = 0, **kwargs: Any) -> None:
         kwargs.pop("persistent_workers", None)
+        kwargs.setdefault("collate_fn", _as_is)
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
         self._mixed = dataset
         self._user_worker_init = self.worker_init_fn
         self._state: dict[str, Any] | None = None
-        c = dataset.config
-        if block_steps is None:
-            per_step = dataset.world_size * (
-                c.rows_per_batch or max(c.tokens_per_batch // dataset.max_len, 1)
-            )
-            block_steps = max(1, min(1024, BLOCK_ROWS // per_step))
-        self.block_steps = int(block_steps)
 
     def _new_ring(self) -> Ring:
         ds = self._mixed
-        in_flight = ((self.prefetch_factor or 2) * self.num_workers + 2) * 4
-        block = self.block_steps if self.num_workers > 1 else 0
+        # A worker can have its in-flight items (8 parts each) plus a few parts waiting for
+        # the other workers' parts of the same steps.
+        in_flight = ((self.prefetch_factor or 2) * self.num_workers + 2) * 8
         return Ring(
             num_workers=self.num_workers,
-            slots=in_flight + block + block // 4,
+            slots=2 * in_flight,
             max_tokens=ds.max_batch_tokens,
             max_docs=ds.max_batch_docs(),
             token_dtype=ds.token_dtype,
@@ -89,22 +112,30 @@ class MixedDataLoader(DataLoader):
                 yield batch
             return
         ring = self._new_ring()
-        self.worker_init_fn = _WorkerInit(ring, self.block_steps, self._user_worker_init)
+        self.worker_init_fn = _WorkerInit(ring, self._user_worker_init)
         pin = bool(self.pin_memory)
-        waiting: dict[int, tuple] = {}
+        waiting: dict[int, dict[int, tuple[CompactBatch, tuple]]] = {}
         consumed = int(start["step"])
         for chunk in super().__iter__():
             for item, meta in chunk:
-                waiting[item.step] = (item, meta)
+                waiting.setdefault(item.step, {})[meta[0]] = (item, meta)
             while consumed in waiting:
-                item, (sources, state) = waiting.pop(consumed)
+                parts = waiting[consumed]
+                layout = next(iter(parts.values()))[1][1]
+                lowest = int(layout[0].min())
+                if lowest not in parts or not set(np.unique(layout[0]).tolist()) <= set(parts):
+                    break  # another worker's part of this step is still on its way
+                del waiting[consumed]
+                state = parts[lowest][1][2]
                 try:
-                    tokens, lens, ids = ring.take(item)
-                    batch = ds.expand(
-                        tokens, lens, ids, sources, filler=item.filler, pin_memory=pin
-                    )
+                    views = {w: ring.take(item) for w, (item, _) in parts.items()}
+                    tokens, lens, ids = splice(views, layout, ds.token_dtype)
+                    filler = next(iter(parts.values()))[0].filler
+                    sources = np.repeat(layout[3], layout[2])
+                    batch = ds.expand(tokens, lens, ids, sources, filler=filler, pin_memory=pin)
                 finally:
-                    ring.release(item)
+                    for item, _ in parts.values():
+                        ring.release(item)
                 consumed += 1
                 self._state = state
                 ds.report(state["schedule"]["events"], state["schedule"]["rows"])

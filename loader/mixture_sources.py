@@ -67,6 +67,7 @@ class PackedSource:
         self.num_rows = int(self.store.num_rows)
         self.row_len: np.ndarray | None = None
         self._plans: OrderedDict[int, Any] = OrderedDict()
+        self._asked: set[int] = set()
 
     def load_index(self) -> None:
         """Per-row tokens, documents and attention cost (`ShardStore.row_index`), once."""
@@ -115,19 +116,21 @@ class PackedSource:
         assert sizes is not None  # the caller sized the arrays from the row index
         return sizes
 
-    def prefetch(self, rows: np.ndarray) -> None:
-        store = self.store
-        if store.pending_row_groups < 16:
-            groups = store.row_group_of(rows)
-            # in first-use order, each once (a step holds a few row groups, not one per row)
-            _, first = np.unique(groups, return_index=True)
-            store.prefetch(groups[np.sort(first)])
+    def prefetch(self, groups: list[int]) -> None:
+        """Start decoding these row groups (first-use order) unless asked for lately."""
+        new = [g for g in dict.fromkeys(groups) if g not in self._asked]
+        if new and self.store.pending_row_groups < 16:
+            if len(self._asked) > 256:
+                self._asked.clear()
+            self._asked.update(new)
+            self.store.prefetch(np.asarray(new, np.int64))
 
     def release(self, epoch: int, pos: int) -> None:
         """Nothing to forget: rows are read from the shards on demand."""
 
     def close_iteration(self) -> None:
         self.store.cancel_prefetch()
+        self._asked.clear()
 
 
 class _OneStream(StreamingPackedDataset):
@@ -241,7 +244,7 @@ class StreamSource:
             d += len(dl)
         return t, d
 
-    def prefetch(self, rows: np.ndarray) -> None:
+    def prefetch(self, groups: list[int]) -> None:
         """Rows are packed when the schedule reads their lengths."""
 
     def release(self, epoch: int, pos: int) -> None:
