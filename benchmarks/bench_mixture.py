@@ -61,28 +61,46 @@ def sources(quick: bool) -> dict[str, Path]:
     return out
 
 
-def _drain(dl, goal: float) -> float:
+def _cpu_seconds() -> float:
+    """CPU time of this process and its live children (DataLoader workers), every thread."""
+    import glob
+
+    tick = os.sysconf("SC_CLK_TCK")
+    total = time.process_time()
+    for f in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+        for pid in Path(f).read_text().split():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(stat[11]) + int(stat[12])) / tick
+    return total
+
+
+def _drain(dl, goal: float) -> tuple[float, float]:
+    """(tokens/s, CPU seconds per million tokens over every process) after the first batch."""
     it = iter(dl)
     next(it)  # workers started and warm before timing
     tokens = 0
-    t0 = time.perf_counter()
+    c0, t0 = _cpu_seconds(), time.perf_counter()
     for b in it:
         tokens += int(b["cu_seqlens"][-1])
         if tokens >= goal:
             break
     rate = tokens / (time.perf_counter() - t0)
+    cpu = (_cpu_seconds() - c0) / tokens * 1e6
     del it
-    return rate
+    return rate, cpu
 
 
-def single(path: Path, workers: int, goal: float) -> float:
+def single(path: Path, workers: int, goal: float) -> tuple[float, float]:
     ds = PackedDataset(path, tokens_per_batch=BUDGET, seed=0)
     if workers == 0:
         return _drain(ds, goal)
     return _drain(PackedDataLoader(ds, num_workers=workers, prefetch_factor=8), goal)
 
 
-def mixture(paths: dict[str, Path], workers: int, goal: float) -> float:
+def mixture(paths: dict[str, Path], workers: int, goal: float) -> tuple[float, float]:
     spec = MixtureSpec(
         sources=tuple(SourceSpec(name=n, path=str(p), weight=WEIGHTS[n]) for n, p in paths.items()),
         total_tokens=int(10 * goal),
@@ -271,7 +289,11 @@ def main(argv: list[str] | None = None) -> None:
         "`PackedDataLoader` against a 3-source `MixedDataset` through `MixedDataLoader` (weights "
         f"in tokens; {sizes}; random token ids in `packtool pack`'s shard layout, lz4, 256-row "
         "row groups, page cache warm).",
-        markdown_table(["loader", "one PackedDataset", "3-source mixture", "mixture / one"], tput),
+        markdown_table(
+            ["loader", "one PackedDataset", "3-source mixture", "mixture / one",
+             "CPU ms per M tokens, one / mixture (every process and thread)"],
+            tput,
+        ),  # fmt: skip
         "Proportion error after n rows, weights 0.5 / 0.3 / 0.2: the largest |share - weight| "
         "over the sources (percentage points) and the largest |delivered - target| (rows; in "
         "tokens mode in rows of max_len 4,096 tokens). packtool: `packtool.schedule` (one "
