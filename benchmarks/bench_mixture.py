@@ -61,20 +61,20 @@ def sources(quick: bool) -> dict[str, Path]:
     return out
 
 
-def _cpu_seconds() -> float:
-    """CPU time of this process and its live children (DataLoader workers), every thread."""
+def _children_cpu() -> dict[int, float]:
+    """CPU seconds of each live child process (DataLoader workers), every thread."""
     import glob
 
     tick = os.sysconf("SC_CLK_TCK")
-    total = time.process_time()
+    out = {}
     for f in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
         for pid in Path(f).read_text().split():
             try:
                 stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            total += (int(stat[11]) + int(stat[12])) / tick
-    return total
+            out[int(pid)] = (int(stat[11]) + int(stat[12])) / tick
+    return out
 
 
 def _drain(dl, goal: float) -> tuple[float, float]:
@@ -82,15 +82,19 @@ def _drain(dl, goal: float) -> tuple[float, float]:
     it = iter(dl)
     next(it)  # workers started and warm before timing
     tokens = 0
-    c0, t0 = _cpu_seconds(), time.perf_counter()
-    for b in it:
+    start, seen = _children_cpu(), {}
+    main, t0 = time.process_time(), time.perf_counter()
+    for n, b in enumerate(it, 1):
         tokens += int(b["cu_seqlens"][-1])
+        if n % 16 == 0:  # workers exit at the end: keep their last reading
+            seen.update(_children_cpu())
         if tokens >= goal:
             break
     rate = tokens / (time.perf_counter() - t0)
-    cpu = (_cpu_seconds() - c0) / tokens * 1e6
+    seen.update(_children_cpu())
+    used = time.process_time() - main + sum(v - start.get(p, 0.0) for p, v in seen.items())
     del it
-    return rate, cpu
+    return rate, used / tokens * 1e6
 
 
 def single(path: Path, workers: int, goal: float) -> tuple[float, float]:
@@ -113,20 +117,31 @@ def mixture(paths: dict[str, Path], workers: int, goal: float) -> tuple[float, f
 
 def throughput(paths: dict[str, Path], goal: float, repeat: int) -> list[list[object]]:
     best: dict[tuple[str, int], float] = {}
+    cpu: dict[tuple[str, int], float] = {}
+    runs = (
+        ("one", lambda w: single(paths["web"], w, goal)),
+        ("mix", lambda w: mixture(paths, w, goal)),
+    )
     for _ in range(repeat):
         for workers in (0, 1, 2):
-            for name, fn in (
-                ("one", lambda w: single(paths["web"], w, goal)),
-                ("mix", lambda w: mixture(paths, w, goal)),
-            ):
-                rate = fn(workers)
+            for name, fn in runs:
+                rate, secs = fn(workers)
                 best[(name, workers)] = max(best.get((name, workers), 0.0), rate)
-                print(f"  {name} workers={workers}: {rate / 1e6:.1f} M tokens/s", flush=True)
+                cpu[(name, workers)] = min(cpu.get((name, workers), float("inf")), secs)
+                print(
+                    f"  {name} workers={workers}: {rate / 1e6:.1f} M tokens/s, "
+                    f"{1e3 * secs:.1f} ms CPU per M tokens",
+                    flush=True,
+                )
     rows = []
     for workers in (0, 1, 2):
         one, mix = best[("one", workers)], best[("mix", workers)]
+        c1, c2 = cpu[("one", workers)], cpu[("mix", workers)]
         label = "in-process" if workers == 0 else f"{workers} worker{'s' if workers > 1 else ''}"
-        rows.append([label, f"{one / 1e6:.0f} M", f"{mix / 1e6:.0f} M", f"{mix / one:.2f}x"])
+        rows.append([
+            label, f"{one / 1e6:.0f} M", f"{mix / 1e6:.0f} M", f"{mix / one:.2f}x",
+            f"{1e3 * c1:.1f} / {1e3 * c2:.1f} ({c2 / c1:.2f}x)",
+        ])  # fmt: skip
     return rows
 
 

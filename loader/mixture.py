@@ -251,21 +251,19 @@ class MixedDataset(IterableDataset):
         src = rows["src"]  # grouped by source
         if not len(src):
             return
-        groups = rows["group"] if "group" in rows else self._groups(rows)
-        edges = [0, *(np.flatnonzero(np.diff(src)) + 1).tolist(), len(src)]
-        for a, b in zip(edges[:-1], edges[1:], strict=True):
-            self.sources[int(src[a])].prefetch(groups[a:b].tolist())
+        groups = rows["group"]
+        for i, a, b in self._runs(src):
+            self.sources[i].prefetch(groups[a:b].tolist())
 
-    def _groups(self, rows: dict[str, np.ndarray]) -> np.ndarray:
-        """Each row's row group in its source (streaming sources: blocks of 256 positions)."""
-        src = rows["src"]  # grouped by source
-        group = rows["pos"] // 256
-        edges = [0, *(np.flatnonzero(np.diff(src)) + 1).tolist(), len(src)]
-        for a, b in zip(edges[:-1], edges[1:], strict=True):
-            source = self.sources[int(src[a])]
-            if isinstance(source, PackedSource):
-                group[a:b] = source.store.row_group_of(rows["rid"][a:b])
-        return group
+    def _runs(self, src: np.ndarray) -> list[tuple[int, int, int]]:
+        """`(source, start, stop)` of each source's rows in `src` (grouped by source)."""
+        ends = np.cumsum(np.bincount(src, minlength=len(self.sources))).tolist()
+        out, a = [], 0
+        for i, b in enumerate(ends):
+            if b > a:
+                out.append((i, a, b))
+            a = b
+        return out
 
     # ---- gathering and collating ------------------------------------------------------------
 
@@ -285,15 +283,15 @@ class MixedDataset(IterableDataset):
         lens: np.ndarray,
         ids: np.ndarray,
     ) -> tuple[int, int] | None:
-        """Write the rows' tokens, document lengths and ids at the front of the arrays, runs of
-        one source at a time; None (nothing written) when they are too small."""
+        """Write the rows' tokens, document lengths and ids at the front of the arrays, one
+        source at a time (the rows are grouped by source); None (nothing written) when they
+        are too small."""
         src = rows["src"]
         if int(rows["length"].sum()) > len(tokens) or int(rows["docs"].sum()) > len(lens):
             return None
-        edges = [0, *(np.flatnonzero(np.diff(src)) + 1).tolist(), len(src)]
         t = d = 0
-        for a, b in zip(edges[:-1], edges[1:], strict=True):
-            source = self.sources[int(src[a])]
+        for i, a, b in self._runs(src):
+            source = self.sources[i]
             if isinstance(source, PackedSource):
                 what = rows["rid"][a:b]
             else:
@@ -327,14 +325,14 @@ class MixedDataset(IterableDataset):
             pin_memory=pin_memory,
         )
         cu = out["cu_seqlens"] if "cu_seqlens" in out else out["cu_seq_lens_q"]
-        source = torch.full((len(cu) - 1,), -1, dtype=torch.int64)
+        source = np.full(len(cu) - 1, -1, np.int64)
         if not filler:
-            source[: len(doc_sources)] = torch.from_numpy(np.asarray(doc_sources, np.int64))
+            source[: len(doc_sources)] = doc_sources
         if filler:
             out["labels"].fill_(-100)
             if "doc_ids" in out:
                 out["doc_ids"].fill_(-1)
-        out["source"] = source
+        out["source"] = torch.from_numpy(source)
         return out
 
     def batch(self, rows: dict[str, np.ndarray], *, filler: bool = False) -> dict[str, Any]:
@@ -372,7 +370,7 @@ class MixedDataset(IterableDataset):
         (a hash of source and row group), so every row group is decoded by one worker only."""
         if n_workers == 1:
             return np.zeros(len(rows["src"]), np.int64)
-        return (self._groups(rows) * 40503 + rows["src"] * 9973) % n_workers
+        return (rows["group"] * 40503 + rows["src"] * 9973) % n_workers
 
     def _ring_parts(
         self, stream: RowStream, first: int, ring: Ring, worker: int, n_workers: int
@@ -385,8 +383,7 @@ class MixedDataset(IterableDataset):
 
         def owned(steps: Iterator[Step]) -> Iterator[Step]:
             for s in steps:
-                s.rows["group"] = self._groups(s.rows)
-                s.rows["owner"] = (s.rows["group"] * 40503 + s.rows["src"] * 9973) % n_workers
+                s.rows["owner"] = self.owners(s.rows, n_workers)
                 yield s
 
         steps = owned(plan_steps(self, stream, first, lambda step: True))

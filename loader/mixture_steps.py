@@ -23,8 +23,11 @@ from loader.mixture_sources import StreamSource
 if TYPE_CHECKING:
     from loader.mixture import MixedDataset
 
-FIELDS = ("src", "epoch", "pos", "rid", "length", "docs", "sq")
-"""What the stream knows of every row."""
+FIELDS = ("src", "epoch", "pos", "rid", "length", "docs", "group", "sq")
+"""What the stream knows of every row (`group`: its row group in its source; streaming
+sources: blocks of 256 positions)."""
+STEP_FIELDS = FIELDS[:-1]
+"""What a step keeps of its rows (the cost `sq` only matters to balancing)."""
 
 
 @dataclass
@@ -82,6 +85,7 @@ class RowStream:
                 "rid": np.empty(len(chunk), np.int64),
                 "docs": np.empty(len(chunk), np.int64),
                 "sq": np.empty(len(chunk), np.float64),
+                "group": chunk.pos // 256,
             }
             for i in np.unique(chunk.src).tolist():
                 mine = np.flatnonzero(chunk.src == i)
@@ -90,6 +94,8 @@ class RowStream:
                     at = mine[epochs == e]
                     rid, docs, sq = self.sources[i].describe_rows(e, int(chunk.pos[at[0]]), len(at))
                     cols["rid"][at], cols["docs"][at], cols["sq"][at] = rid, docs, sq
+                    if rid[0] >= 0:  # a packed source: its row groups
+                        cols["group"][at] = self.sources[i].store.row_group_of(rid)
             keep = self.p - self.base
             if keep > 65536:  # forget rows already cut
                 self.buf = {f: a[keep:] for f, a in self.buf.items()}
@@ -237,4 +243,4 @@ def _grouped(rows: dict[str, np.ndarray], take: np.ndarray | None = None) -> dic
     order = np.argsort(src, kind="stable")
     if take is not None:
         order = take[order]
-    return {f: a[order] for f, a in rows.items()}
+    return {f: rows[f][order] for f in STEP_FIELDS}
