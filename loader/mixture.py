@@ -380,6 +380,7 @@ class MixedDataset(IterableDataset):
         (the part of the lowest worker present also carries the state after the step)."""
         chunk: list = []
         size = 1  # the first part alone (time to first batch), then 8 per queue item
+        sent: set[int] = set()  # schedule chunks already sent to the trainer
 
         def owned(steps: Iterator[Step]) -> Iterator[Step]:
             for s in steps:
@@ -395,8 +396,12 @@ class MixedDataset(IterableDataset):
             part = {f: s.rows[f][mine] for f in ("src", "rid", "epoch", "pos", "length", "docs")}
             item = ring.put(_RowsView(self, part), None, filler=s.filler, step=s.step)
             layout = (owner, s.rows["length"], s.rows["docs"], s.rows["src"])
-            state = s.state if int(owner.min()) == worker else None
-            chunk.append((item, (worker, layout, state)))
+            where = None  # the lowest owner tells where the state after the step is
+            if int(owner.min()) == worker:
+                cid = s.ref[1]
+                where = (*s.ref, None if cid in sent else s.chunk)
+                sent.add(cid)
+            chunk.append((item, (worker, layout, where)))
             if len(chunk) == size:
                 yield chunk
                 chunk, size = [], 8

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from loader.mixture import MixedDataset
 from loader.transport import CompactBatch, Ring
+from packtool.schedule import state_after
 
 
 def _as_is(item: Any) -> Any:
@@ -88,6 +89,9 @@ class MixedDataLoader(DataLoader):
         self._mixed = dataset
         self._user_worker_init = self.worker_init_fn
         self._state: dict[str, Any] | None = None
+        # With workers: (next step, schedule chunk, rows of it) after the last batch handed out;
+        # the state is made from it only when asked for.
+        self._where: tuple[int, Any, int] | None = None
 
     def _new_ring(self) -> Ring:
         ds = self._mixed
@@ -105,16 +109,17 @@ class MixedDataLoader(DataLoader):
     def __iter__(self) -> Iterator[dict]:
         ds = self._mixed
         start = ds.start_state()
-        self._state = start
+        self._state, self._where = start, None
         if self.num_workers == 0:
             for batch in super().__iter__():
-                self._state = ds.state_dict()
+                self._state = None  # the dataset's own position (made when asked for)
                 yield batch
             return
         ring = self._new_ring()
         self.worker_init_fn = _WorkerInit(ring, self._user_worker_init)
         pin = bool(self.pin_memory)
         waiting: dict[int, dict[int, tuple[CompactBatch, tuple]]] = {}
+        chunks: dict[int, Any] = {}  # schedule chunks by id (the recent ones)
         consumed = int(start["step"])
         for chunk in super().__iter__():
             for item, meta in chunk:
@@ -126,7 +131,11 @@ class MixedDataLoader(DataLoader):
                 if lowest not in parts or not set(np.unique(layout[0]).tolist()) <= set(parts):
                     break  # another worker's part of this step is still on its way
                 del waiting[consumed]
-                state = parts[lowest][1][2]
+                next_step, cid, j, new = parts[lowest][1][2]
+                if new is not None:
+                    chunks[cid] = new
+                    for old in [c for c in chunks if c < cid - 8]:
+                        del chunks[old]
                 try:
                     views = {w: ring.take(item) for w, (item, _) in parts.items()}
                     tokens, lens, ids = splice(views, layout, ds.token_dtype)
@@ -137,18 +146,23 @@ class MixedDataLoader(DataLoader):
                     for item, _ in parts.values():
                         ring.release(item)
                 consumed += 1
-                self._state = state
-                ds.report(state["schedule"]["events"], state["schedule"]["rows"])
+                self._where = (next_step, chunks[cid], j)
+                end = chunks[cid].end
+                ds.report(end["events"], chunks[cid].start["rows"] + j)
                 yield batch
         if waiting:
             raise RuntimeError(f"mixture workers skipped step {consumed}; this is a bug")
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch handed out (before any: where iteration starts)."""
-        state = self._state if self._state is not None else self._mixed.start_state()
+        if self._where is not None:
+            step, chunk, j = self._where
+            self._state = self._mixed._state(step, state_after(self._mixed.names, chunk, j))
+            self._where = None
+        state = self._state if self._state is not None else self._mixed.state_dict()
         return {"mixed_dataset": state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from `state_dict()` (or a `MixedDataset` state)."""
         self._mixed.load_state_dict(state)
-        self._state = None
+        self._state = self._where = None

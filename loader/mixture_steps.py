@@ -19,6 +19,7 @@ import numpy as np
 
 from loader.balance import balance_step
 from loader.mixture_sources import StreamSource
+from packtool.schedule import state_after
 
 if TYPE_CHECKING:
     from loader.mixture import MixedDataset
@@ -43,6 +44,10 @@ class Step:
     end: int
     """Stream index after the step."""
     state_fn: Callable[[], dict[str, Any]] | None = None
+    ref: tuple[int, int, int] | None = None
+    """`(next step, chunk id, rows of that chunk)`: where the state after the step is."""
+    chunk: Any = None
+    """That schedule chunk (`packtool.schedule.Chunk`)."""
 
     @property
     def state(self) -> dict[str, Any]:
@@ -62,7 +67,8 @@ class RowStream:
         self.buf = {f: np.zeros(0, np.float64 if f == "sq" else np.int64) for f in FIELDS}
         self.base = 0  # stream index of buf[0]
         self.p = 0  # next stream index to cut
-        self.chunks: deque[tuple[int, Any]] = deque()  # (stream index of its first row, chunk)
+        self.chunks: deque[tuple[int, Any, int]] = deque()  # (first row's index, chunk, id)
+        self.chunk_ids = 0
         self.end = 0  # stream index after the last row read
         self.cum_len = np.zeros(1, np.int64)  # tokens before each buffered row (and after all)
         self.cum_docs = np.zeros(1, np.int64)
@@ -74,7 +80,8 @@ class RowStream:
         """Read rows until `n` are available after `p` (or the mixture ends); the count."""
         while self.available() < n and self.schedule.done is None:
             chunk = self.schedule.next(max(n - self.available(), 4096))
-            self.chunks.append((self.end, chunk))
+            self.chunks.append((self.end, chunk, self.chunk_ids))
+            self.chunk_ids += 1
             if not len(chunk):
                 continue
             cols = {
@@ -190,18 +197,18 @@ def plan_steps(
         end = ranges[-1][1]
         if own(step):
             s = rank_step(ds, stream, step, ranges, end)
-            s.state_fn = _state_fn(ds, stream, step + 1, end)
+            start, s.chunk, cid = next(x for x in reversed(stream.chunks) if x[0] <= end)
+            s.ref = (step + 1, cid, end - start)
+            s.state_fn = _state_fn(ds, s.chunk, step + 1, end - start)
             yield s
         step += 1
         if short:
             return
 
 
-def _state_fn(ds: MixedDataset, stream: RowStream, step: int, end: int) -> Callable[[], dict]:
+def _state_fn(ds: MixedDataset, chunk: Any, step: int, j: int) -> Callable[[], dict]:
     """The state after a step, made later: most steps' states are never asked for."""
-    start, chunk = next((a, c) for a, c in reversed(stream.chunks) if a <= end)
-    schedule = stream.schedule
-    return lambda: ds._state(step, schedule.state_after(chunk, end - start))
+    return lambda: ds._state(step, state_after(ds.names, chunk, j))
 
 
 def rank_step(

@@ -228,6 +228,42 @@ class Chunk:
         return len(self.src)
 
 
+def state_after(names: Sequence[str], chunk: Chunk, j: int) -> dict[str, Any]:
+    """The schedule state after the first `j` rows of `chunk` (`names`: the sources in order),
+    from the state before it and per-source prefix counts made once per chunk."""
+    if j >= len(chunk):
+        return chunk.end
+    if not chunk.prefix:  # per source: rows, tokens and the last row's index before each j
+        k, n = len(names), len(chunk)
+        mine = chunk.src[None, :] == np.arange(k)[:, None]
+        zero = np.zeros((k, 1), np.int64)
+        chunk.prefix["rows"] = np.concatenate([zero, np.cumsum(mine, axis=1)], axis=1)
+        chunk.prefix["tokens"] = np.concatenate(
+            [zero, np.cumsum(np.where(mine, chunk.length, 0), axis=1)], axis=1
+        )
+        last = np.maximum.accumulate(np.where(mine, np.arange(n), -1), axis=1)
+        chunk.prefix["last"] = np.concatenate([zero - 1, last], axis=1)
+    start = chunk.start
+    rows = chunk.prefix["rows"][:, j].tolist()
+    tokens = chunk.prefix["tokens"][:, j].tolist()
+    last = chunk.prefix["last"][:, j].tolist()
+    sources = dict(start["sources"])  # entries shared with `start` unless they change
+    for i, name in enumerate(names):
+        if rows[i]:
+            s = dict(sources[name])
+            s["epoch"], s["pos"] = int(chunk.epoch[last[i]]), int(chunk.pos[last[i]]) + 1
+            s["rows"] += rows[i]
+            s["tokens"] += tokens[i]
+            s["seg"] += tokens[i] if start["unit"] == "tokens" else rows[i]
+            sources[name] = s
+    return {
+        **start,
+        "rows": start["rows"] + int(j),
+        "tokens": start["tokens"] + sum(tokens),
+        "sources": sources,
+    }
+
+
 def _allowed(spec: SourceSpec, reader: LengthReader, epoch: int) -> int | None:
     """Rows `spec` may deliver from `epoch` under its cap (None: the whole epoch)."""
     m = spec.max_epochs
@@ -510,37 +546,7 @@ class Schedule:
 
     def state_after(self, chunk: Chunk, j: int) -> dict[str, Any]:
         """The state after the first `j` rows of `chunk` (a step boundary inside it)."""
-        if j >= len(chunk):
-            return chunk.end
-        if not chunk.prefix:  # per source: rows, tokens and the last row's index before each j
-            k, n = len(self.names), len(chunk)
-            mine = chunk.src[None, :] == np.arange(k)[:, None]
-            zero = np.zeros((k, 1), np.int64)
-            chunk.prefix["rows"] = np.concatenate([zero, np.cumsum(mine, axis=1)], axis=1)
-            chunk.prefix["tokens"] = np.concatenate(
-                [zero, np.cumsum(np.where(mine, chunk.length, 0), axis=1)], axis=1
-            )
-            last = np.maximum.accumulate(np.where(mine, np.arange(n), -1), axis=1)
-            chunk.prefix["last"] = np.concatenate([zero - 1, last], axis=1)
-        start = chunk.start
-        rows = chunk.prefix["rows"][:, j].tolist()
-        tokens = chunk.prefix["tokens"][:, j].tolist()
-        last = chunk.prefix["last"][:, j].tolist()
-        sources = dict(start["sources"])  # entries shared with `start` unless they change
-        for i, name in enumerate(self.names):
-            if rows[i]:
-                s = dict(sources[name])
-                s["epoch"], s["pos"] = int(chunk.epoch[last[i]]), int(chunk.pos[last[i]]) + 1
-                s["rows"] += rows[i]
-                s["tokens"] += tokens[i]
-                s["seg"] += tokens[i] if start["unit"] == "tokens" else rows[i]
-                sources[name] = s
-        return {
-            **start,
-            "rows": start["rows"] + int(j),
-            "tokens": start["tokens"] + sum(tokens),
-            "sources": sources,
-        }
+        return state_after(self.names, chunk, j)
 
     def _restore(self, state: dict[str, Any]) -> None:
         from packtool.schedule_state import restore
