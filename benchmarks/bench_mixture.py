@@ -303,7 +303,9 @@ def main(argv: list[str] | None = None) -> None:
         f"runs of {goal / 1e6:,.0f} M tokens: one `PackedDataset` (the largest source) through "
         "`PackedDataLoader` against a 3-source `MixedDataset` through `MixedDataLoader` (weights "
         f"in tokens; {sizes}; random token ids in `packtool pack`'s shard layout, lz4, 256-row "
-        "row groups, page cache warm).",
+        "row groups, page cache warm). On a shared box the tokens/s ratio swings from run to "
+        "run (other work takes the cores at random); the CPU time per token over every process "
+        "and thread (best of the runs) is the steadier comparison.",
         markdown_table(
             ["loader", "one PackedDataset", "3-source mixture", "mixture / one",
              "CPU ms per M tokens, one / mixture (every process and thread)"],
