@@ -1,7 +1,7 @@
 """Loader throughput and start-up: PackedDataset vs Hugging Face datasets + DataCollatorWithFlattening.
 
 Run: `python -m benchmarks.bench_loader [--gb 1.0] [--tokens 150e6] [--baseline-tokens 6e6]
-[--repeat 2]`.
+[--repeat 2] [--only checksums] [--quick]`.
 
 Uses two datasets in bench_data/ (git-ignored; made once, reused when present): a synthetic one
 of about `--gb` GB of random token ids, written by `packtool.shards.write_shards` with
@@ -16,7 +16,14 @@ tokenizer, defaults). Then measures in one run:
   the pages inherited from the parent);
 - for context, the loader in-process (no DataLoader: what one worker can produce) and the
   transport ceiling of a do-nothing dataset sending same-size collated batches (24 bytes/token)
-  the plain torch way through a one-worker DataLoader.
+  the plain torch way through a one-worker DataLoader;
+- the cost of the checks on read (`--only checksums` runs just this): decoding every row group
+  with Parquet page CRC32 verification on and off (`ShardStore(page_checksums=...)`), and the
+  loader in-process both ways, interleaved, best of `--repeat`; plus the share of decoding that
+  the vocabulary check (one max over each row group's tokens) takes. Its table goes into the
+  README block `loader-checksums`.
+
+`--quick`: 0.1 GB of random ids, the text corpus 33 times, 20 M tokens per timed run.
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ def dataset(gb: float) -> Path:
     shard. Random token ids barely compress (Parquet stores uint16 as 4-byte ints), so this is
     about 4 bytes per token on disk; real text packs to about 0.9-2.
     """
-    path = ROOT / "bench_data" / f"loader_lz4_{gb:g}gb"
+    # "_crc": written with page checksums (datasets of older runs have none).
+    path = ROOT / "bench_data" / f"loader_lz4_{gb:g}gb_crc"
     n_rows = int(gb * 1e9 / (4 * 0.98 * MAX_LEN))
     if not (path / "index.json").is_file():
         t0 = time.perf_counter()
@@ -65,7 +73,7 @@ def text_dataset(copies: int = 330) -> Path:
     Byte tokenizer, max_len 4096, lz4, 256-row row groups (about 0.94 G tokens, 0.76 GB): real
     text, which compresses to under 1 byte/token on disk, against the random ids' 4.
     """
-    path = ROOT / "bench_data" / f"loader_text_x{copies}"
+    path = ROOT / "bench_data" / f"loader_text_x{copies}_crc"
     if (path / "index.json").is_file():
         return path
     corpus = ROOT / "bench_data" / f"corpus_x{copies}.jsonl"
@@ -158,18 +166,20 @@ def baseline(path: Path, workers: int, tokens_goal: float, files: list[str]):
     return _drain(dl, tokens_goal, lambda b: int(b["input_ids"].numel()))
 
 
-def in_process(path: Path, tokens_goal: float) -> float:
+def in_process(
+    path: Path, tokens_goal: float, page_checksums: bool = True, clock=time.perf_counter
+) -> float:
     """Tokens/s of `PackedDataset` iterated in this process (decode, gather and collate)."""
-    ds = PackedDataset(path, tokens_per_batch=BUDGET, seed=0)
+    ds = PackedDataset(path, tokens_per_batch=BUDGET, seed=0, page_checksums=page_checksums)
     it = iter(ds)
     next(it)
     tokens = 0
-    t0 = time.perf_counter()
+    t0 = clock()
     for b in it:
         tokens += int(b["cu_seqlens"][-1])
         if tokens >= tokens_goal:
             break
-    return tokens / (time.perf_counter() - t0)
+    return tokens / (clock() - t0)
 
 
 class _NoOp(torch.utils.data.IterableDataset):
@@ -218,6 +228,79 @@ def first_batch(path: Path) -> tuple[float, float, int]:
     return fresh, resumed, ds.store.num_rows
 
 
+def decode_all(path: Path, page_checksums: bool) -> tuple[float, float]:
+    """(tokens/s decoding every row group once, the vocabulary check's time / decoding's).
+
+    `ShardStore` with no cache, so each row group is read, CRC-checked (or not), decoded and
+    validated; the vocabulary check is then timed alone on the same tokens (one max each).
+    """
+    from loader.shards import ShardStore
+
+    store = ShardStore(path, cache_bytes=0, page_checksums=page_checksums)
+    vocab_s = 0.0
+    clock = time.thread_time  # CPU time: other work on a shared box does not count
+    t0 = clock()
+    for g in range(store.num_row_groups):
+        tokens = store.row_group(g).tokens  # decoded in this thread (no prefetch)
+        t1 = clock()
+        if int(tokens.max()) >= store.vocab_size:  # the check validate_row_group makes
+            raise AssertionError("token id beyond the vocabulary")
+        vocab_s += clock() - t1
+    seconds = clock() - t0 - vocab_s
+    return store.manifest.num_tokens / seconds, vocab_s / seconds
+
+
+def checksum_cost(sets: dict[str, Path], repeat: int, tokens_goal: float) -> str:
+    """The checks on read, on against off, interleaved, best of `repeat`; a markdown paragraph."""
+    best: dict[tuple[str, str, bool], float] = {}
+    vocab_share: dict[str, float] = {}
+    for _ in range(repeat):
+        for name, path in sets.items():
+            for on in (True, False):
+                rate, share = decode_all(path, on)
+                key = (name, "decode", on)
+                best[key] = max(best.get(key, 0.0), rate)
+                if on:
+                    vocab_share[name] = min(vocab_share.get(name, 1.0), share)
+                key = (name, "loader", on)
+                rate = in_process(path, tokens_goal, on, clock=time.process_time)
+                best[key] = max(best.get(key, 0.0), rate)
+    rows = []
+    for name, path in sets.items():
+        for what, label in (("decode", "decode every row group"), ("loader", "loader in-process")):
+            on, off = best[(name, what, True)], best[(name, what, False)]
+            rows.append(
+                [
+                    f"{name} ({sum(f.stat().st_size for f in path.glob('*.parquet')) / 1e9:.2f} GB)",
+                    label,
+                    f"{off / 1e6:,.0f} M",
+                    f"{on / 1e6:,.0f} M",
+                    f"{(off / on - 1) * 100:+.1f}%",
+                ]
+            )
+    headers = ["dataset", "what", "CRC off tokens/CPU-s", "CRC on tokens/CPU-s", "cost of CRC"]
+    shares = ", ".join(f"{v * 100:.1f}% ({k})" for k, v in vocab_share.items())
+    return "\n".join(
+        [
+            "Checks on read (`python -m benchmarks.bench_loader --only checksums`): Parquet page "
+            "CRC32 verification on against off, the same shards (lz4, 256-row row groups, "
+            f"written with checksums), interleaved, best of {repeat}, page cache warm, load "
+            f"average {os.getloadavg()[0]:.1f} at the end. Rates are per CPU second (thread or "
+            "process CPU time, not wall time, so other work on a shared box does not count). "
+            "*decode*: every row group read, checked and decoded once by `ShardStore`; *loader*: "
+            f"`PackedDataset` iterated in-process for {tokens_goal / 1e6:,.0f} M tokens (decode "
+            "+ gather + collate, its decode-ahead thread included). The CRC covers the stored "
+            "(compressed) bytes, so its cost follows bytes per token: ~4 for random ids, under 1 "
+            "for text.",
+            "",
+            markdown_table(headers, rows),
+            "",
+            "The vocabulary check (one max over each decoded row group's tokens, always on) "
+            f"takes {shares} of decoding.",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=1.0)
@@ -227,8 +310,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--repeat", type=int, default=2, help="packtool runs per setting (best kept)")
     ap.add_argument("--no-readme", action="store_true")
+    ap.add_argument("--only", choices=["all", "checksums"], default="all")
+    ap.add_argument("--quick", action="store_true", help="small datasets, short runs")
     args = ap.parse_args(argv)
-    sets = {"random ids": dataset(args.gb), "text": text_dataset()}
+    if args.quick:
+        args.gb, args.tokens, args.baseline_tokens = 0.1, 20e6, 2e6
+    sets = {"random ids": dataset(args.gb), "text": text_dataset(33 if args.quick else 330)}
+    cost = checksum_cost(sets, max(args.repeat, 5), args.tokens / 3)
+    print(cost)
+    if not args.no_readme:
+        update_readme("loader-checksums", cost)
+    if args.only == "checksums":
+        return
     fresh, resumed, rows = first_batch(sets["random ids"])
     results: dict[tuple[str, int], tuple] = {}
     # Interleaved: every setting once per round, so a load spike hits all of them alike.

@@ -7,6 +7,7 @@ from loader.dataset import PackedDataset
 from loader.mixture import MixedDataset, token_sources
 from loader.mixture_loader import MixedDataLoader
 from loader.online import OnlinePacker
+from loader.record import Documents
 from loader.rows import PackedRows, RowBatcher
 from loader.serving import BatcherClosedError, RequestBatcher
 from loader.shards import ShardStore
@@ -14,6 +15,7 @@ from loader.streaming import StreamingPackedDataset
 
 __all__ = [
     "BatcherClosedError",
+    "Documents",
     "IGNORE_INDEX",
     "LoaderConfig",
     "MixedDataLoader",

@@ -2,6 +2,12 @@
 
 Pure numpy (concatenate, cumsum, repeat, arange) and `torch.from_numpy`; no per-token Python.
 
+Labels: a label never crosses a document (the last token of each document predicts nothing), and
+with a loss mask (`Documents.loss_mask`, 1 = supervised) a position whose target token is not
+supervised gets -100 too, so a masked token is never a target, in both layouts and with static
+shapes. The first token of a document is never a target either (nothing before it in the same
+document predicts it).
+
 Static-shape convention (`pad_tokens`/`pad_docs`, for CUDA graphs and torch.compile): tokens are
 padded with `pad_id` up to `pad_tokens`; the padding forms one trailing pseudo-document whose
 `labels` are -100 and whose `doc_ids` entry is -1; `cu_seqlens` always has `pad_docs + 1`
@@ -16,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from loader.record import Documents
 from packtool.errors import DataError
 
 IGNORE_INDEX = -100
@@ -50,9 +57,7 @@ def _alloc_int64(n: int, pin_memory: bool = False) -> torch.Tensor:
 
 
 def collate(
-    tokens: np.ndarray,
-    doc_lens: np.ndarray,
-    doc_ids: np.ndarray,
+    docs: Documents,
     *,
     pad_tokens: int | None = None,
     pad_docs: int | None = None,
@@ -64,9 +69,9 @@ def collate(
     """Build one varlen batch from documents laid end to end.
 
     Args:
-        tokens: Token ids of every document back to back, any integer dtype, `(total,)`.
-        doc_lens: Length of each document, `(n_docs,)`, positive, summing to `total`.
-        doc_ids: Source document id of each document, `(n_docs,)`.
+        docs: The documents (`loader.record.Documents`): tokens `(total,)` of any integer
+            dtype, positive lengths summing to `total`, ids, and optionally a `loss_mask`
+            `(total,)` (1 = the token is a target of the loss).
         pad_tokens: Static shape: pad the token axis to exactly this many tokens.
         pad_docs: Static shape: `cu_seqlens` gets exactly `pad_docs + 1` entries (the padding
             pseudo-document counts as one document).
@@ -81,15 +86,19 @@ def collate(
     Returns:
         The batch dict: `input_ids` int64 `(T,)`, `cu_seqlens` int32 `(n_docs + 1,)`,
         `max_seqlen` int, `position_ids` int64 `(T,)`, `labels` int64 `(T,)` (labels[t] =
-        input_ids[t + 1] inside a document, else -100), `doc_ids` int64 `(n_docs,)`.
+        input_ids[t + 1] inside a document, else -100; with a loss mask also -100 where the
+        target token input_ids[t + 1] is not supervised), `doc_ids` int64 `(n_docs,)`.
 
     Raises:
         DataError: The documents do not fit the static shape.
     """
     if layout not in ("packtool", "hf"):
         raise ValueError(f"layout must be 'packtool' or 'hf', got {layout!r}")
+    tokens, doc_ids, mask = docs.tokens, docs.doc_ids, docs.loss_mask
     total = int(tokens.shape[0])
-    doc_lens = np.asarray(doc_lens, dtype=np.int64)
+    doc_lens = np.asarray(docs.doc_lens, dtype=np.int64)
+    if mask is not None and mask.shape[0] != total:
+        raise DataError(f"loss_mask has {mask.shape[0]} values for {total} tokens")
     n_docs = int(doc_lens.shape[0])
     max_seqlen = int(doc_lens.max()) if n_docs else 0
     pad = 0
@@ -131,6 +140,8 @@ def collate(
         # labels[t] = input_ids[t + 1]; the last token of every document predicts nothing.
         labels[: T - 1] = ids[1:]
         labels[T - 1 :] = IGNORE_INDEX
+        if mask is not None and total > 1:  # the target of position t is token t + 1
+            labels[: total - 1][mask[1:] == 0] = IGNORE_INDEX
         if n_docs:
             labels[cu[1 : n_docs + 1] - 1] = IGNORE_INDEX
         labels[total:] = IGNORE_INDEX
@@ -147,6 +158,8 @@ def collate(
     # transformers shifts labels inside the model: labels[t] = input_ids[t], -100 at each
     # document's first token (and at padding), as DataCollatorWithFlattening builds them.
     labels[:] = ids
+    if mask is not None:  # unshifted: the target at t is token t itself
+        labels[:total][mask == 0] = IGNORE_INDEX
     labels[cu[:n_docs]] = IGNORE_INDEX
     labels[total:] = IGNORE_INDEX
     if pad:

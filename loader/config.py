@@ -87,6 +87,8 @@ class LoaderConfig:
     256 rows x 4096 uint16 tokens, with room to spare)."""
     verify: bool = False
     """Check every shard's sha256 at open (reads the whole dataset)."""
+    page_checksums: bool = True
+    """Check each Parquet page's CRC32 as it is decoded (about 1% of decoding; README "Loader")."""
 
     def __post_init__(self) -> None:
         if (self.rows_per_batch is None) == (self.tokens_per_batch is None):
@@ -101,7 +103,7 @@ class LoaderConfig:
                 check_int(name, getattr(self, name))
         for name in ("seed", "shuffle_window", "pad_id", "cache_bytes"):
             check_int(name, getattr(self, name))
-        for name in ("shuffle", "drop_last", "static_shape", "balance", "verify"):
+        for name in ("shuffle", "drop_last", "static_shape", "balance", "verify", "page_checksums"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.rows_per_batch is not None and self.rows_per_batch < 1:
@@ -202,7 +204,10 @@ class OnlineConfig:
 
 
 def static_max_docs(config: LoaderConfig, n_docs: np.ndarray) -> int:
-    """The static-shape `cu_seqlens` length - 1 for a dataset with `n_docs` documents per row.
+    """The static-shape `cu_seqlens` length - 1 for a dataset whose rows hold `n_docs` documents.
+
+    `n_docs` may be every row's count or only the `rows_per_batch` (or 1) largest
+    (`RowIndex.top_n_docs`): nothing else decides the result.
 
     The default (rows_per_batch only) is rows × the most documents in any row + 1. A given
     `max_docs_per_batch` that some batch would exceed is refused now rather than as a `DataError`

@@ -80,13 +80,14 @@ class PackedDataLoader(DataLoader):
             max_tokens=ds.max_batch_tokens,
             max_docs=ds.max_batch_docs(),
             token_dtype=ds.store.token_dtype,
+            columns=ds.store.optional,
         )
 
     def __iter__(self) -> Iterator[dict]:
         ds = self._packed
         shared = ds._shared
         epoch, origin, first = ds.pending_start()
-        plan = ds.plan(epoch, origin)
+        plan = ds._start_plan(epoch, origin, first, ds._pending_cursor())
         self._position = (epoch, origin, first, plan)
         self._generation = ds._generation
         consumed = first
@@ -111,8 +112,7 @@ class PackedDataLoader(DataLoader):
                 while consumed in waiting:
                     item = waiting.pop(consumed)
                     try:
-                        tokens, lens, ids = ring.take(item)
-                        batch = ds.expand(tokens, lens, ids, filler=item.filler, pin_memory=pin)
+                        batch = ds.expand(ring.take(item), filler=item.filler, pin_memory=pin)
                     finally:
                         ring.release(item)
                     consumed += 1
@@ -124,6 +124,10 @@ class PackedDataLoader(DataLoader):
         if shared[3] and int(shared[0]) == epoch:
             shared[3] = 0
 
+    def set_epoch(self, epoch: int) -> None:
+        """`PackedDataset.set_epoch`: what `Trainer` and accelerate call on a loader each epoch."""
+        self._packed.set_epoch(epoch)
+
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this loader handed out.
 
@@ -133,7 +137,8 @@ class PackedDataLoader(DataLoader):
         ds = self._packed
         if self._generation != ds._generation:
             epoch, origin, first = ds.pending_start()
-            return {"packed_dataset": ds._state(epoch, origin, first, ds.plan(epoch, origin))}
+            plan = ds._start_plan(epoch, origin, first, ds._pending_cursor())
+            return {"packed_dataset": ds._state(epoch, origin, first, plan)}
         return {"packed_dataset": ds._state(*self._position)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -27,9 +27,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.balance import imbalance, row_cost
 from loader.collate import collate
-from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
-from loader.order import EpochPlan, plan_epoch, rank_rows, worker_block_starts
+from loader.config import LoaderConfig, check_int, dist_rank_world, make_config, static_max_docs
+from loader.order import EpochPlan, block_steps_bound, iter_blocks, rank_rows
+from loader.permutation import EpochOrder
+from loader.record import Documents
 from loader.resume import check_state, make_state, merge_loader_state, resume_point
+from loader.row_index import RowIndex
 from loader.shards import ShardStore
 from loader.transport import CompactBatch, Ring
 from packtool.errors import ConfigError
@@ -70,7 +73,12 @@ class PackedDataset(IterableDataset):
         super().__init__()
         self.config = config = make_config(LoaderConfig, settings, config)
         self.rank, self.world_size = dist_rank_world(rank, world_size)
-        self.store = ShardStore(path, verify=config.verify, cache_bytes=config.cache_bytes)
+        self.store = ShardStore(
+            path,
+            verify=config.verify,
+            cache_bytes=config.cache_bytes,
+            page_checksums=config.page_checksums,
+        )
         self.fingerprint = self.store.manifest.fingerprint
         max_len = self.store.max_len
         if config.tokens_per_batch is not None and config.tokens_per_batch < max_len:
@@ -78,30 +86,29 @@ class PackedDataset(IterableDataset):
                 f"tokens_per_batch {config.tokens_per_batch} is smaller than the dataset's max_len "
                 f"{max_len}; a row would not fit"
             )
-        self.lengths = self.n_docs = self.cost = None
-        need_index = config.tokens_per_batch is not None or config.balance or config.static_shape
-        if need_index:
-            self.lengths, self.n_docs, sq = self.store.row_index()
-            if config.balance:
-                self.cost = row_cost(sq, self.lengths, config.balance_linear)
+        # Row lengths, document counts and Σ len², read per row group when the order needs them
+        # (token budget, balance); never an array of every row.
+        self.index = RowIndex(self.store.row_group_starts, self.store.row_stats)
         self.max_docs = config.max_docs_per_batch
-        if config.static_shape:
-            self.max_docs = static_max_docs(config, self.n_docs)
+        if config.static_shape:  # one pass over every row's document count (at open)
+            self.max_docs = static_max_docs(
+                config, self.index.top_n_docs(config.rows_per_batch or 1)
+            )
             self.pad_tokens = config.tokens_per_batch or config.rows_per_batch * max_len
         else:
             self.pad_tokens = None
-        # (epoch, origin, next_step, resume_pending) shared with worker processes so that
-        # set_epoch / load_state_dict reach persistent workers too.
-        self._shared = multiprocessing.RawArray("q", 4)
-        self._local_resume: tuple[int, int, int] | None = None
+        # (epoch, origin, next_step, resume_pending, cursor) shared with worker processes so
+        # that set_epoch / load_state_dict reach persistent workers too.
+        self._shared = multiprocessing.RawArray("q", 5)
+        self._local_resume: tuple[int, int, int, int] | None = None
         # Bumped by set_epoch / load_state_dict (main process): a PackedDataLoader that has not
         # iterated since then reports the dataset's new starting point, not its old position.
         self._generation = 0
         self._next_step = 0
         self._iter_epoch = 0
         self._iter_origin = 0
+        self._order_cache: tuple[int, EpochOrder] | None = None
         self._plan_cache: tuple[tuple[int, int], EpochPlan] | None = None
-        self._blocks_cache: tuple[EpochPlan, np.ndarray] | None = None
         # Set only inside the worker processes of a PackedDataLoader (loader/transport.py).
         self._worker_ring: Ring | None = None
 
@@ -116,47 +123,83 @@ class PackedDataset(IterableDataset):
         if self._shared[3] and int(self._shared[0]) == epoch:
             return
         self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, 0, 0, 0
+        self._shared[4] = 0
         self._iter_epoch, self._iter_origin, self._next_step = epoch, 0, 0
         self._generation += 1
 
-    def plan(self, epoch: int, origin: int = 0) -> EpochPlan:
-        """The global steps of `epoch` starting at row position `origin` (cached)."""
-        key = (epoch, origin)
-        if self._plan_cache is None or self._plan_cache[0] != key:
+    def seek(self, epoch: int, step: int = 0) -> None:
+        """Start the next iteration at global step `step` of `epoch` (0 <= step <= its steps).
+
+        The same position as `load_state_dict` of a state saved there by a run with these
+        settings; for trainers that count steps themselves (loader/hf_trainer.py).
+        """
+        check_int("epoch", epoch, 0)
+        check_int("step", step, 0)
+        plan = self.plan(epoch)
+        # has_step cuts the epoch only as far as `step`, not to its end (the plan is lazy).
+        if step > 0 and not plan.has_step(step - 1):
+            raise ConfigError(
+                f"step {step} is past the end of epoch {epoch} ({plan.num_steps} steps)"
+            )
+        self.load_state_dict(self._state(epoch, 0, step, plan))
+
+    def order(self, epoch: int) -> EpochOrder:
+        """The row order of `epoch` (lazy: a window at a time; cached)."""
+        if self._order_cache is None or self._order_cache[0] != epoch:
             c = self.config
-            plan = plan_epoch(
-                num_rows=self.store.num_rows,
+            order = EpochOrder(
+                self.store.row_group_starts,
                 fingerprint=self.fingerprint,
                 seed=c.seed,
                 epoch=epoch,
-                world_size=self.world_size,
-                origin=origin,
                 shuffle=c.shuffle,
-                drop_last=c.drop_last,
+                window=c.shuffle_window,
+            )
+            self._order_cache = (epoch, order)
+        return self._order_cache[1]
+
+    def plan(self, epoch: int, origin: int = 0) -> EpochPlan:
+        """The global steps of `epoch` starting at row position `origin` (cached; lazy: a step's
+        rows are computed when asked for, from the nearest known position)."""
+        key = (epoch, origin)
+        if self._plan_cache is None or self._plan_cache[0] != key:
+            c = self.config
+            plan = EpochPlan(
+                self.order(epoch),
+                origin=origin,
+                world_size=self.world_size,
                 rows_per_batch=c.rows_per_batch,
                 tokens_per_batch=c.tokens_per_batch,
                 max_docs=(self.max_docs - 1) if c.static_shape else None,
-                lengths=self.lengths,
-                n_docs=self.n_docs,
-                group_starts=self.store._rg_start,
-                window=c.shuffle_window,
+                drop_last=c.drop_last,
+                index=self.index,
             )
             self._plan_cache = (key, plan)
         return self._plan_cache[1]
 
+    def _start_plan(self, epoch: int, origin: int, first: int, cursor: int) -> EpochPlan:
+        """The plan of `(epoch, origin)`, knowing that step `first` starts at row `cursor` (a
+        resume point: its steps are cut from there, not from the origin)."""
+        plan = self.plan(epoch, origin)
+        plan.anchor(first * self.world_size, cursor)
+        return plan
+
     def __len__(self) -> int:
-        """Steps this rank runs in the current epoch (from the resume point, if any)."""
+        """Steps this rank runs in the current epoch (from the resume point, if any).
+
+        With a token budget this cuts the rest of the epoch (reads every remaining row's length
+        once per epoch; then cached).
+        """
         epoch, origin, first = self.pending_start()
-        return max(self.plan(epoch, origin).num_steps - first, 0)
+        plan = self._start_plan(epoch, origin, first, self._pending_cursor())
+        return max(plan.num_steps - first, 0)
 
     def rows_for(self, plan: EpochPlan, step: int, rank: int | None = None) -> np.ndarray:
         """Row ids a rank trains on at a global step (empty: filler)."""
         rank = self.rank if rank is None else rank
-        return self._rank_rows(plan, step, rank, balance=self.config.balance, cost=self.cost)
+        return self._rank_rows(plan, step, rank, balance=self.config.balance)
 
-    def _rank_rows(
-        self, plan: EpochPlan, step: int, rank: int, *, balance: bool, cost: np.ndarray | None
-    ) -> np.ndarray:
+    def _rank_rows(self, plan: EpochPlan, step: int, rank: int, *, balance: bool) -> np.ndarray:
         """`rank_rows` under this loader's caps: rows, token budget (static shape: the padded
         length) and static shape's document cap. `balance_report` uses it too, so its figure is
         the balancing the ranks really get."""
@@ -166,9 +209,8 @@ class PackedDataset(IterableDataset):
             step,
             rank,
             balance=balance,
-            cost=cost,
-            lengths=self.lengths,
-            n_docs=self.n_docs,
+            index=self.index,
+            linear=c.balance_linear,
             rows_cap=c.rows_per_batch,
             tokens_cap=self.pad_tokens
             if c.tokens_per_batch is None and c.static_shape
@@ -183,32 +225,22 @@ class PackedDataset(IterableDataset):
         filler = len(rows) == 0
         if filler:
             rows = np.asarray([filler_row], dtype=np.int64)
-        tokens, doc_lens, doc_ids = self.store.gather(rows)
-        return self.expand(tokens, doc_lens, doc_ids, filler=filler)
+        return self.expand(self.store.gather(rows), filler=filler)
 
     def expand(
-        self,
-        tokens: np.ndarray,
-        doc_lens: np.ndarray,
-        doc_ids: np.ndarray,
-        *,
-        filler: bool = False,
-        pin_memory: bool = False,
+        self, docs: Documents, *, filler: bool = False, pin_memory: bool = False
     ) -> dict[str, torch.Tensor | int]:
         """The batch dict of gathered rows (what `PackedDataLoader` runs on compact batches).
 
         Args:
-            tokens: The rows' tokens back to back `(total,)`.
-            doc_lens: Document lengths int32 `(n_docs,)`.
-            doc_ids: Document ids int64 `(n_docs,)`.
+            docs: The rows' documents (`ShardStore.gather`; a loss mask, if the dataset has one,
+                inside).
             filler: Make it a filler batch (labels -100, doc ids -1).
             pin_memory: Allocate the batch in pinned memory.
         """
         c = self.config
         out = collate(
-            tokens,
-            doc_lens,
-            doc_ids,
+            docs,
             pad_tokens=self.pad_tokens,
             pad_docs=self.max_docs if c.static_shape else None,
             pad_id=c.pad_id,
@@ -231,30 +263,35 @@ class PackedDataset(IterableDataset):
         return c.rows_per_batch * self.store.max_len
 
     def max_batch_docs(self) -> int:
-        """An upper bound on the documents in one batch (sizes the transport ring's slots)."""
-        n_docs = self.n_docs
-        lengths = self.lengths
-        if n_docs is None:
-            lengths, n_docs, _ = self.store.row_index()
-        if len(n_docs) == 0:
-            return 1
-        c = self.config
-        rows = c.rows_per_batch
-        if rows is None:  # rows of a budget batch: at most budget // shortest row
-            rows = max(c.tokens_per_batch // max(int(lengths.min()), 1), 1)
-        return int(min(rows * int(n_docs.max()), self.max_batch_tokens))
+        """Documents a transport ring slot has room for.
+
+        Static shape: the document cap. Otherwise twice the documents per token of the first
+        (up to) 64 row groups times the batch's tokens, at most one per token: a sizing, not a
+        bound (every row's count would have to be read); a batch with more goes outside the ring
+        (loader/transport.py), slower but the same batch.
+        """
+        if self.config.static_shape:
+            return int(self.max_docs)
+        tokens = docs = 0
+        for g in range(min(self.index.num_groups, 64)):
+            stats = self.index.group(g)
+            tokens += int(stats.lengths.sum())
+            docs += int(stats.n_docs.sum())
+        per_token = docs / max(tokens, 1)
+        return int(max(min(2 * per_token * self.max_batch_tokens + 16, self.max_batch_tokens), 1))
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor | int]]:
         info = get_worker_info()
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
         if self._local_resume is not None:
-            epoch, origin, first = self._local_resume
+            epoch, origin, first, cursor = self._local_resume
             self._local_resume = None
             stride_first = first  # a worker's own next step, restored by StatefulDataLoader
         else:
             epoch, origin, first = self.pending_start()
+            cursor = self._pending_cursor()
             stride_first = first + worker
-        plan = self.plan(epoch, origin)
+        plan = self._start_plan(epoch, origin, first, cursor)
         self._iter_epoch, self._iter_origin = epoch, origin
         self._next_step = stride_first
         ring = self._worker_ring if info is not None else None
@@ -264,9 +301,8 @@ class PackedDataset(IterableDataset):
         return self._generate(plan, stride_first, n_workers)
 
     def _generate(self, plan: EpochPlan, first: int, stride: int) -> Iterator[dict]:
-        steps = range(first, plan.num_steps, stride)
-        for step, rows, filler in self._ahead(plan, steps):
-            out = self.expand(*self.store.gather(rows), filler=filler)
+        for step, rows, filler in self._ahead(plan, plan.steps(first, stride)):
+            out = self.expand(self.store.gather(rows), filler=filler)
             self._next_step = step + stride
             yield out
 
@@ -280,7 +316,7 @@ class PackedDataset(IterableDataset):
         waiting to be used: a windowed shuffle needs a whole window of new row groups every
         window, and they decode while the current one is gathered.
         """
-        filler_row = int(plan.order[0]) if len(plan.order) else 0
+        filler_row = plan.order[0] if len(plan.order) else 0
         store = self.store
         queue: deque[tuple[int, np.ndarray, bool]] = deque()
         upcoming = iter(steps)
@@ -312,43 +348,37 @@ class PackedDataset(IterableDataset):
     def block_starts(self, plan: EpochPlan) -> np.ndarray:
         """First global step of every `PackedDataLoader` worker block, then `plan.num_steps`.
 
-        Blocks follow the shuffle windows (`loader.order.worker_block_starts`); one step per block
-        for a free shuffle. Cached with the plan.
+        Blocks follow the windows of the order (`loader.order.iter_blocks`); one step per block
+        for a free shuffle. Cuts the whole epoch: for tests and reports (workers walk the blocks
+        lazily).
         """
-        if self._blocks_cache is not None and self._blocks_cache[0] is plan:
-            return self._blocks_cache[1]
-        c = self.config
-        store = self.store
-        if (c.shuffle and c.shuffle_window == 0) or store.num_row_groups == 0:
-            starts = np.arange(plan.num_steps + 1, dtype=np.int64)  # free shuffle: step by step
-        else:
-            starts = worker_block_starts(
-                plan,
-                store.row_group_of(plan.order),
-                num_row_groups=store.num_row_groups,
-                window=c.shuffle_window if c.shuffle else 16,
-            )
-        self._blocks_cache = (plan, starts)
-        return starts
+        starts = [a for a, _ in iter_blocks(plan, 0, per_step=self._per_step_blocks)]
+        return np.asarray([*starts, plan.num_steps], dtype=np.int64)
 
     def block_steps(self, plan: EpochPlan) -> int:
-        """The most steps in one `PackedDataLoader` worker block (sizes the transport ring)."""
-        starts = self.block_starts(plan)
-        return int(min(np.diff(starts).max(), 1024)) if len(starts) > 1 else 1
+        """At least the most steps in one `PackedDataLoader` worker block, at most 1024 (sizes
+        the transport ring), from the window sizes alone."""
+        return block_steps_bound(plan, max_len=self.store.max_len, per_step=self._per_step_blocks)
+
+    @property
+    def _per_step_blocks(self) -> bool:
+        c = self.config
+        return (c.shuffle and c.shuffle_window == 0) or self.store.num_row_groups == 0
 
     def _generate_blocks(
         self, plan: EpochPlan, first: int, worker: int, n_workers: int, ring: Ring
     ) -> Iterator[list[CompactBatch]]:
-        """Compact batches for the ring: blocks `worker`, `worker + n_workers`, ... of
-        `block_starts` from step `first` (the first block starts there; PackedDataLoader puts
-        them back in step order), sent `CHUNK` at a time (one DataLoader queue item each: a
-        quarter of the per-item cost)."""
-        starts = self.block_starts(plan)
-        starts = np.unique(np.append(starts[starts > first], min(first, plan.num_steps)))
+        """Compact batches for the ring: blocks `worker`, `worker + n_workers`, ... of the worker
+        blocks from step `first` (the first block starts there; PackedDataLoader puts them back
+        in step order), sent `CHUNK` at a time (one DataLoader queue item each: a quarter of the
+        per-item cost). Every worker walks all the blocks' step positions (no tokens) to know
+        where its own begin."""
 
         def my_steps() -> Iterator[int]:
-            for b in range(worker, len(starts) - 1, n_workers):
-                yield from range(int(starts[b]), int(starts[b + 1]))
+            blocks = iter_blocks(plan, first, per_step=self._per_step_blocks)
+            for b, (start, end) in enumerate(blocks):
+                if b % n_workers == worker:
+                    yield from range(start, end)
 
         chunk: list[CompactBatch] = []
         size = 1  # the first batch goes out alone (time to first batch), then CHUNK at a time
@@ -398,9 +428,12 @@ class PackedDataset(IterableDataset):
                 self._local_resume = self._resume_point(state, own_step=True)
                 return
         self._check(merged)
-        epoch, origin, first = self._resume_point(merged, own_step=False)
+        epoch, origin, first, cursor = self._resume_point(merged, own_step=False)
+        self._plan_cache = None  # a fresh plan: only this state's position is known in it
         self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, origin, first, 1
+        self._shared[4] = cursor
         self._iter_epoch, self._iter_origin, self._next_step = epoch, origin, first
+        self._start_plan(epoch, origin, first, cursor)
         self._generation += 1
 
     def pending_start(self) -> tuple[int, int, int]:
@@ -410,17 +443,22 @@ class PackedDataset(IterableDataset):
         origin, first = (int(shared[1]), int(shared[2])) if shared[3] else (0, 0)
         return int(shared[0]), origin, first
 
+    def _pending_cursor(self) -> int:
+        """The row where `pending_start`'s step starts (the resume state's cursor)."""
+        shared = self._shared
+        return int(shared[4]) if shared[3] else 0
+
     def _check(self, state: dict[str, Any]) -> None:
         check_state(
             state, fingerprint=self.fingerprint, seed=self.config.seed, path=self.store.path
         )
 
-    def _resume_point(self, state: dict[str, Any], *, own_step: bool) -> tuple[int, int, int]:
+    def _resume_point(self, state: dict[str, Any], *, own_step: bool) -> tuple[int, int, int, int]:
         return resume_point(
             state,
             num_rows=self.store.num_rows,
             layout=self.config.layout_key(self.world_size),
-            num_steps=lambda epoch, origin: self.plan(epoch, origin).num_steps,
+            plan=self.plan,
             own_step=own_step,
         )
 
@@ -432,17 +470,18 @@ class PackedDataset(IterableDataset):
         "After" is what `balance=True` gives with this loader's caps (static shape's document
         cap included), whether or not this loader balances.
         """
-        cost = self.cost
-        if cost is None:
-            lengths, _, sq = self.store.row_index()
-            cost = row_cost(sq, lengths, self.config.balance_linear)
+        linear = self.config.balance_linear
+
+        def cost(rows: np.ndarray) -> float:
+            lengths, _, sq = self.index.stats(rows)
+            return float(row_cost(sq, lengths, linear).sum())
+
         plan = self.plan(self.epoch if epoch is None else epoch)
         before, after = [], []
-        for step in range(plan.num_steps):
-            before.append(imbalance([cost[r].sum() for r in plan.step_rows(step)]))
+        for step in plan.steps(0):
+            before.append(imbalance([cost(r) for r in plan.step_rows(step)]))
             loads = [
-                cost[self._rank_rows(plan, step, r, balance=True, cost=cost)].sum()
-                for r in range(self.world_size)
+                cost(self._rank_rows(plan, step, r, balance=True)) for r in range(self.world_size)
             ]
             after.append(imbalance(loads))
         return {

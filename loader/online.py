@@ -38,8 +38,10 @@ from loader.online_state import check_packer_state, config_state
 from loader.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.segments import Segments
 from packtool import kernels
+from packtool.columns import LOSS_MASK, TOKEN, flat_parts, get, names, optional
 from packtool.errors import ConfigError, DataError, PacktoolError
-from packtool.pack import PackCounts, make_segments
+from packtool.pack import PackCounts, drop_unsupervised, make_segments
+from packtool.pack_columns import check_policy
 
 
 def _doc_array(doc: Any, i: int) -> NDArray:
@@ -55,6 +57,11 @@ def _doc_array(doc: Any, i: int) -> NDArray:
     if arr.dtype.kind not in "iu" and arr.size:
         raise DataError(f"document {i}: token ids must be integers, got dtype {arr.dtype}")
     return arr.reshape(-1)
+
+
+def _gather_columns(buf: Segments, start: NDArray, length: NDArray) -> dict[str, NDArray]:
+    """The buffer's per-token columns for the segments `start`/`length`, laid end to end."""
+    return {n: kernels.gather_segments(v, start, length) for n, v in buf.columns.items()}
 
 
 class PackerClosedError(PacktoolError):
@@ -90,6 +97,7 @@ class OnlinePacker:
         self._oldest: float | None = None
         self._out: list[PackedRows] = []
         self._has_tokens: bool | None = None
+        self._columns: tuple[str, ...] | None = None  # optional columns, set by the first push
         self._dtype: np.dtype | None = None
         self._counts = PackCounts()
         self._packs = 0
@@ -106,15 +114,29 @@ class OnlinePacker:
         tokens: NDArray[np.integer] | None,
         lengths: NDArray[np.integer],
         doc_ids: NDArray[np.integer] | None = None,
+        *,
+        loss_mask: NDArray | None = None,
+        columns: dict[str, NDArray] | None = None,
     ) -> None:
         """Add documents: `tokens` holds their ids back to back, `lengths` one entry per document.
 
         `doc_ids` default to a running count. Empty documents are counted and skipped; long ones
         follow `long_docs`. Packs run as soon as the buffer is full.
 
+        `loss_mask` (0/1, one per token, 1 = supervised) travels with the tokens into the rows
+        and becomes the batches' labels (`loader.collate`). With a mask no document is split
+        (`long_docs="split"` is refused: use `truncate` or `drop`), and a document without a
+        supervised token is left out and counted (`documents_unsupervised`, in
+        `documents_dropped`). A packer takes documents all with a mask or all without.
+        `columns` carries any declared optional per-token column the same way, by name
+        (`loss_mask=m` is `columns={"loss_mask": m}`).
+
         Raises:
             PackerClosedError: after `flush(final=True)`.
-            DataError: `lengths` do not match `tokens`, or are negative.
+            DataError: `lengths` do not match `tokens`, or are negative; a mask that is not
+                one 0/1 value per token.
+            ConfigError: documents with and without a mask in one packer, or `long_docs="split"`
+                with a mask.
         """
         if self._closed:
             raise PackerClosedError(
@@ -149,6 +171,11 @@ class OnlinePacker:
                 self._dtype = tokens.dtype
             elif tokens.dtype != self._dtype:
                 self._dtype = np.result_type(self._dtype, tokens.dtype)
+        extra = dict(columns or {})
+        if loss_mask is not None:
+            extra[LOSS_MASK] = loss_mask
+        extra = self._check_columns(tokens, extra)
+        mask = extra.get(LOSS_MASK)
         if doc_ids is None:
             doc_ids = np.arange(self._next_doc_id, self._next_doc_id + len(lengths), dtype=np.int64)
         else:
@@ -159,11 +186,14 @@ class OnlinePacker:
         if len(lengths) == 0:
             return
         segs, counts = make_segments(lengths, self.config.max_len, self.config.long_docs)
+        doc_start = np.cumsum(lengths) - lengths
+        if mask is not None:
+            segs = drop_unsupervised(segs, counts, mask, doc_start, lengths)
         self._counts += counts
-        counts_tokens_out = counts.tokens_out
-        self._counts.tokens_out -= counts_tokens_out  # counted when the rows come out
+        # counted when the rows come out
+        self._counts.tokens_out -= counts.tokens_out
+        self._counts.tokens_supervised -= counts.tokens_supervised
         if has:
-            doc_start = np.cumsum(lengths) - lengths
             start = doc_start[segs.doc] + segs.start
         else:
             start = EMPTY_I64[:0] if not len(segs.length) else np.zeros(len(segs.length), np.int64)
@@ -174,8 +204,46 @@ class OnlinePacker:
             doc_ids[segs.doc],
             segs.chunk,
             np.zeros(len(segs.length), np.int32),
+            extra,
         )
         self._add(part)
+
+    def _check_columns(
+        self, tokens: NDArray | None, columns: dict[str, NDArray]
+    ) -> dict[str, NDArray]:
+        """Per-token optional columns in their declared dtypes, after checking each one (one
+        value per token, the declared range) and the packer's kind (the same columns always)."""
+        out = {}
+        for name, values in columns.items():
+            c = get(name)
+            if c.level != TOKEN:
+                raise ConfigError(
+                    f"{name} is not a per-token column; the packer carries only those"
+                )
+            if tokens is None:
+                raise DataError(f"{name} needs the tokens it belongs to (push tokens with it)")
+            arr = np.asarray(values)
+            if arr.shape != tokens.shape or (arr.size and arr.dtype.kind not in "iubf"):
+                raise DataError(
+                    f"{name} must have one value per token: got {arr.dtype} {arr.shape} for "
+                    f"{tokens.shape} token ids"
+                )
+            low, high = c.min_value, c.max_value
+            if arr.size and (
+                (low is not None and arr.min() < low) or (high is not None and arr.max() > high)
+            ):
+                raise DataError(f"{name} values must be in {low}..{high} ({c.doc})")
+            out[name] = arr.astype(c.numpy_dtype(), copy=False)
+        kind = names(c for c in optional() if c.name in out)
+        if self._columns is None:
+            self._columns = kind
+        elif self._columns != kind:
+            raise ConfigError(
+                f"do not mix documents with and without {', '.join(set(kind) ^ set(self._columns))} "
+                "in one packer (a dataset is one kind)"
+            )
+        check_policy(kind, self.config.long_docs)
+        return {name: out[name] for name in kind}
 
     def push_lengths(
         self, lengths: NDArray[np.integer], doc_ids: NDArray[np.integer] | None = None
@@ -200,20 +268,35 @@ class OnlinePacker:
         doc_ids = None
         if "doc_id" in table.schema.names:
             doc_ids = table.column("doc_id").to_numpy()
-        self.push(values, np.diff(offsets), doc_ids)
+        extra = {}
+        for c in optional():  # the declared per-token columns the table carries
+            if c.level != TOKEN or c.name not in table.schema.names:
+                continue
+            c_off, c_values = flat_parts(table.column(c.name))  # a list, or bytes
+            if not np.array_equal(c_off, offsets - offsets[0]):
+                raise DataError(f"{c.name} does not have one value per token of input_ids")
+            extra[c.name] = c_values
+        self.push(values, np.diff(offsets), doc_ids, columns=extra)
 
-    def push_docs(self, docs: Iterable[Any]) -> None:
-        """Add documents given one token array (or list of ints) each."""
-        self._push_arrays([_doc_array(d, i) for i, d in enumerate(docs)])
+    def push_docs(self, docs: Iterable[Any], masks: Iterable[Any] | None = None) -> None:
+        """Add documents given one token array (or list of ints) each, and optionally a loss
+        mask (0/1 per token) for each."""
+        arrays = [_doc_array(d, i) for i, d in enumerate(docs)]
+        self._push_arrays(arrays, None if masks is None else [np.asarray(m) for m in masks])
 
-    def _push_arrays(self, arrays: list[NDArray]) -> None:
+    def _push_arrays(self, arrays: list[NDArray], masks: list[NDArray] | None = None) -> None:
         """Add documents that `_doc_array` made 1-D integer arrays."""
         if not arrays:
             return
         lengths = np.fromiter((len(a) for a in arrays), np.int64, len(arrays))
         non_empty = [a for a in arrays if len(a)]
         tokens = np.concatenate(non_empty) if non_empty else np.zeros(0, np.int64)
-        self.push(tokens, lengths)
+        mask = None
+        if masks is not None:
+            if len(masks) != len(arrays):
+                raise DataError(f"{len(masks)} loss masks for {len(arrays)} documents")
+            mask = np.concatenate([m.reshape(-1) for m in masks]) if masks else None
+        self.push(tokens, lengths, loss_mask=mask)
 
     def _add(self, part: Segments) -> None:
         c = self.config
@@ -318,19 +401,27 @@ class OnlinePacker:
             )
             if toks is not None and self._dtype is not None:
                 toks = toks.astype(self._dtype, copy=False)
-            self._out.append(PackedRows(row_docs, seg_len, buf.doc[order], buf.chunk[order], toks))
+            cols = _gather_columns(buf, buf.start[order], seg_len)
+            self._out.append(
+                PackedRows(row_docs, seg_len, buf.doc[order], buf.chunk[order], toks, cols)
+            )
             self._counts.rows += n_emit
             self._counts.tokens_out += int(seg_len.sum())
+            if LOSS_MASK in cols:
+                self._counts.tokens_supervised += int(cols[LOSS_MASK].sum(dtype=np.int64))
         if held.any():
             hsel = np.flatnonzero(held)
             hsel = hsel[np.argsort(row[hsel] * (c.max_len + 1) + offset[hsel])]
             hlen = buf.length[hsel]
+            cols = _gather_columns(buf, buf.start[hsel], hlen)
             if buf.tokens is None:
                 toks, start = None, np.zeros(len(hsel), np.int64)
             else:
                 toks = kernels.gather_segments(buf.tokens, buf.start[hsel], hlen)
                 start = np.cumsum(hlen) - hlen
-            kept = Segments(toks, start, hlen, buf.doc[hsel], buf.chunk[hsel], buf.holds[hsel] + 1)
+            kept = Segments(
+                toks, start, hlen, buf.doc[hsel], buf.chunk[hsel], buf.holds[hsel] + 1, cols
+            )
             self._parts = [kept]
             self._n_segs = len(hsel)
             self._n_tokens = int(hlen.sum())
@@ -382,6 +473,7 @@ class OnlinePacker:
             "buffer": None if buf is None else buf.to_state(),
             "out": PackedRows.concat(self._out).to_state() if self._out else None,
             "has_tokens": self._has_tokens,
+            "columns": None if self._columns is None else list(self._columns),
             "dtype": None if self._dtype is None else self._dtype.str,
             "counts": self._counts.to_dict(),
             "packs": self._packs,
@@ -412,6 +504,8 @@ class OnlinePacker:
         self._oldest = None
         self._out = [] if state["out"] is None else [PackedRows.from_state(state["out"])]
         self._has_tokens = state["has_tokens"]
+        columns = state.get("columns")  # absent in states saved before optional columns
+        self._columns = None if columns is None else tuple(columns)
         self._dtype = None if state["dtype"] is None else np.dtype(state["dtype"])
         self._counts = PackCounts(**state["counts"])
         self._packs = state["packs"]

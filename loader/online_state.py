@@ -17,6 +17,7 @@ import numpy as np
 from loader.config import OnlineConfig
 from loader.rows import PackedRows
 from loader.segments import Segments
+from packtool.columns import optional
 from packtool.errors import DataError
 from packtool.pack import PackCounts
 
@@ -37,11 +38,17 @@ STATE_KEYS = frozenset(
         "closed",
     )
 )
-"""The keys of `OnlinePacker.state_dict()`."""
+"""The keys of `OnlinePacker.state_dict()` (and `columns`, absent from states saved before
+optional columns existed)."""
 _COUNTERS = ("packs", "held_rows", "forced_rows", "flushes", "next_doc_id")
+_LATER_COUNTS = frozenset(("documents_unsupervised", "tokens_supervised"))
+"""Counts added with the loss mask: a state saved before them lacks them (they were 0)."""
+LATER_KEYS = _LATER_COUNTS | {"columns"}
+"""Keys added with optional columns: a state saved before them lacks them and loads with their
+defaults (no optional column, counts 0); present, they are checked like every other part."""
 _COUNT_KEYS = frozenset(f.name for f in fields(PackCounts))
-_ROWS_KEYS = tuple(f.name for f in fields(PackedRows))
-_SEGMENT_KEYS = tuple(f.name for f in fields(Segments))
+_ROWS_KEYS = tuple(f.name for f in fields(PackedRows) if f.name != "columns")
+_SEGMENT_KEYS = tuple(f.name for f in fields(Segments) if f.name != "columns")
 
 
 def config_state(config: OnlineConfig) -> dict[str, Any]:
@@ -144,6 +151,24 @@ def _check_rows(check: StateCheck, state: Any, path: str, with_tokens: bool | No
         raise check.fail(
             f"{path}.tokens", f"has {len(tokens)} ids where the segments need {int(seg_len.sum())}"
         )
+    _check_columns(check, rows.get("columns"), f"{path}.columns", tokens)
+
+
+def _check_columns(check: StateCheck, cols: Any, path: str, tokens: Any) -> None:
+    """Optional per-token columns: declared ones, each one integer per token."""
+    if cols is None:
+        return
+    if not isinstance(cols, dict):
+        raise check.fail(path, f"is {_show(cols)}, not a dict")
+    known = {c.name for c in optional()}
+    for name, values in cols.items():
+        if name not in known:
+            raise check.fail(f"{path}.{name}", "is not a declared optional column")
+        n = None if tokens is None else len(tokens)
+        if not isinstance(values, np.ndarray) or values.ndim != 1 or values.dtype.kind not in "iuf":
+            raise check.fail(f"{path}.{name}", f"is {_show(values)}, not a 1-D numeric array")
+        if n is not None and len(values) != n:
+            raise check.fail(f"{path}.{name}", f"has {len(values)} entries where {n} are needed")
 
 
 def check_rows_state(state: Any, *, owner: str, path: str, with_tokens: bool | None = None) -> None:
@@ -213,12 +238,17 @@ def check_packer_state(
             ok = False
         if not ok:
             raise check.fail(f"{at}dtype", f"is {_show(dtype)}, not an integer dtype")
-    counts = check.dict_(state["counts"], f"{at}counts", sorted(_COUNT_KEYS))
+    counts = check.dict_(state["counts"], f"{at}counts", sorted(_COUNT_KEYS - _LATER_COUNTS))
     extra = sorted(str(k) for k in set(counts) - _COUNT_KEYS)
     if extra:
         raise check.fail(f"{at}counts.{extra[0]}", "is not a packing count")
-    for key in sorted(_COUNT_KEYS):
+    for key in sorted(_COUNT_KEYS & set(counts)):
         check.int_(counts[key], f"{at}counts.{key}")
+    columns = state.get("columns")
+    if columns is not None:
+        known = {c.name for c in optional()}
+        if not isinstance(columns, list) or not all(c in known for c in columns):
+            raise check.fail(f"{at}columns", f"is {_show(columns)}, not a list of column names")
     if state["buffer"] is not None:
         if has_tokens is None:  # set by the first push, and a buffer needs a push
             raise check.fail(f"{at}has_tokens", "is None but the buffer holds segments")
@@ -243,3 +273,4 @@ def _check_buffer(check: StateCheck, state: Any, path: str, has_tokens: bool | N
     # A segment outside its tokens would be gathered from other segments' tokens.
     if tokens is not None and n and (start.min() < 0 or (start + length).max() > len(tokens)):
         raise check.fail(f"{path}.start", f"puts a segment outside the {len(tokens)} token ids")
+    _check_columns(check, buf.get("columns"), f"{path}.columns", tokens)

@@ -2,13 +2,22 @@
 
 A state names a global step of an epoch plan (`next_step`) and the row position that step
 starts at (`cursor`), together with the settings that cut the plan (`layout`). With the same
-layout the stream resumes at the step; with other ranks or batch settings, at the first row no
-step has consumed. Everything is checked before any of it is used: a damaged or hand-edited state
-would otherwise repeat or skip rows without a word.
+layout the stream resumes at the step, cutting the plan onward from the cursor (never from the
+epoch's start); with other ranks or batch settings, at the first row no step has consumed.
+Everything is checked before any of it is used: a damaged or hand-edited state would otherwise
+repeat or skip rows without a word. Where the plan cannot check a cursor cheaply (a token budget:
+only the cut from the epoch's start would say where a step starts), the state's `check` value, a
+hash of its position and layout, does.
+
+Version 2 (this one) goes with the lazy epoch order (loader/permutation.py); a version 1 state
+(the earlier order) is accepted only at the start of an epoch, where both orders agree on what
+is left (all of it).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -16,7 +25,8 @@ import numpy as np
 
 from packtool.errors import DataError
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+OLD_VERSIONS = (1,)
 STATE_FIELDS = {
     "fingerprint": str,
     "seed": (int, np.integer),
@@ -40,7 +50,7 @@ def make_state(
     layout: dict[str, Any],
 ) -> dict[str, Any]:
     """A `PackedDataset` state (what `state_dict()` returns)."""
-    return {
+    state = {
         "version": STATE_VERSION,
         "fingerprint": fingerprint,
         "seed": seed,
@@ -50,6 +60,24 @@ def make_state(
         "cursor": cursor,
         "layout": layout,
     }
+    state["check"] = state_check(state)
+    return state
+
+
+def state_check(state: dict[str, Any]) -> str:
+    """A hash of a state's position and layout (16 hex digits)."""
+    keys = ("fingerprint", "seed", "epoch", "origin", "next_step", "cursor", "layout")
+    text = json.dumps([_plain(state[k]) for k in keys], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _plain(value: Any) -> Any:
+    """numpy integers as ints (a state may hold either; the hash must not tell them apart)."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def _bad_field(state: dict[str, Any], keys: Iterable[str]) -> str | None:
@@ -67,15 +95,24 @@ def check_state(state: dict[str, Any], *, fingerprint: str, seed: int, path: Any
     Raises:
         DataError: Not a state, a field missing or of the wrong type, or another dataset or seed.
     """
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-        raise DataError(
-            f"not a PackedDataset state (version {state.get('version') if isinstance(state, dict) else None!r})"
-        )
+    version = state.get("version") if isinstance(state, dict) else None
+    if version != STATE_VERSION and version not in OLD_VERSIONS:
+        raise DataError(f"not a PackedDataset state (version {version!r})")
     key = _bad_field(state, STATE_FIELDS)
     if key is not None:
         raise DataError(
             f"malformed PackedDataset state: {key!r} is {state.get(key)!r}; the checkpoint is "
             "damaged"
+        )
+    if version in OLD_VERSIONS and (state["next_step"], state["origin"], state["cursor"]) != (
+        0,
+        0,
+        0,
+    ):
+        raise DataError(
+            f"the state was saved by an older packtool (state version {version}) in the middle "
+            f"of epoch {state['epoch']}, whose row order this version no longer makes; finish "
+            "that epoch with the older version, or restart it here (set_epoch)"
         )
     if state["fingerprint"] != fingerprint:
         raise DataError(
@@ -93,16 +130,17 @@ def resume_point(
     *,
     num_rows: int,
     layout: dict[str, Any],
-    num_steps: Callable[[int, int], int],
+    plan: Callable[[int, int], Any],
     own_step: bool,
-) -> tuple[int, int, int]:
-    """`(epoch, origin, first step)` a checked state resumes at.
+) -> tuple[int, int, int, int]:
+    """`(epoch, origin, first step, cursor)` a checked state resumes at (step `first` of the
+    plan of `(epoch, origin)` starts at row position `cursor`).
 
     Args:
         state: A state that passed `check_state`.
         num_rows: Rows in the dataset.
         layout: This loader's `LoaderConfig.layout_key(world_size)`.
-        num_steps: Steps of the plan of `(epoch, origin)`.
+        plan: The `EpochPlan` of `(epoch, origin)` (its `check_position` vets the position).
         own_step: The state is a StatefulDataLoader worker's own (its next step may run past the
             end by up to its stride, and it cannot change the layout).
 
@@ -118,22 +156,24 @@ def resume_point(
             f"the state's position (epoch {epoch}, origin {origin}, step {step}, row "
             f"{cursor}) does not fit this dataset of {num_rows} rows; the checkpoint is damaged"
         )
-    if state["layout"] == layout:
-        steps = num_steps(epoch, origin)
+    same_layout = state["layout"] == layout
+    if same_layout:
         # A StatefulDataLoader worker's own next step runs past the end by up to its stride.
-        if not own_step and step > steps:
-            raise DataError(
-                f"the state resumes at step {step} of epoch {epoch}, which has {steps} steps; "
-                "the checkpoint is damaged"
-            )
-        return epoch, origin, step
-    if own_step:
+        plan(epoch, origin).check_position(epoch=epoch, step=step, cursor=cursor, own_step=own_step)
+    elif own_step:
         raise DataError(
             "a StatefulDataLoader worker state cannot change world size or batch settings; load "
             "the whole StatefulDataLoader state into the dataset instead"
         )
+    if state["version"] == STATE_VERSION and state.get("check") != state_check(state):
+        raise DataError(
+            f"the state's position (epoch {epoch}, origin {origin}, step {step}, row {cursor}) "
+            "does not match its check value; the checkpoint is damaged or was edited"
+        )
+    if same_layout:
+        return epoch, origin, step, cursor
     # Other ranks or batch settings: continue at the first row no step has consumed.
-    return epoch, cursor, 0
+    return epoch, cursor, 0, cursor
 
 
 def merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:

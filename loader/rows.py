@@ -8,13 +8,14 @@ collating never touch a Python object per row.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from loader.config import check_int
+from loader.record import Documents
 from packtool.errors import ConfigError
 
 
@@ -36,6 +37,8 @@ class PackedRows:
     """Chunk index of a split document's segment, 0 otherwise."""
     tokens: NDArray[np.integer] | None
     """Token ids of every row back to back (None when the packer was fed lengths only)."""
+    columns: dict[str, NDArray] = field(default_factory=dict)
+    """Optional per-token columns (`loss_mask`), aligned with `tokens`."""
 
     @property
     def n_rows(self) -> int:
@@ -52,27 +55,32 @@ class PackedRows:
         np.cumsum(self.row_lengths, out=out[1:])
         return out
 
-    def row(self, r: int) -> tuple[NDArray | None, NDArray[np.int64], NDArray[np.int64]]:
-        """`(tokens, doc_lens, doc_ids)` of row `r`."""
+    def row(self, r: int) -> Documents:
+        """The documents of row `r` (tokens and columns empty when fed lengths only)."""
         a, b = int(self.row_docs[r]), int(self.row_docs[r + 1])
         start = int(self.seg_len[:a].sum())
         stop = start + int(self.seg_len[a:b].sum())
-        toks = None if self.tokens is None else self.tokens[start:stop]
-        return toks, self.seg_len[a:b], self.doc_ids[a:b]
+        toks = EMPTY_I64[:0] if self.tokens is None else self.tokens[start:stop]
+        cols = {name: v[start:stop] for name, v in self.columns.items()}
+        return Documents(toks, self.seg_len[a:b], self.doc_ids[a:b], cols)
 
     def slice(self, a: int, b: int) -> PackedRows:
         """Rows `a:b`."""
         s0, s1 = int(self.row_docs[a]), int(self.row_docs[b])
         toks = None
+        cols = {}
         if self.tokens is not None:
             t0 = int(self.seg_len[:s0].sum())
-            toks = self.tokens[t0 : t0 + int(self.seg_len[s0:s1].sum())]
+            t1 = t0 + int(self.seg_len[s0:s1].sum())
+            toks = self.tokens[t0:t1]
+            cols = {name: v[t0:t1] for name, v in self.columns.items()}
         return PackedRows(
             self.row_docs[a : b + 1] - s0,
             self.seg_len[s0:s1],
             self.doc_ids[s0:s1],
             self.doc_chunks[s0:s1],
             toks,
+            cols,
         )
 
     @staticmethod
@@ -95,22 +103,32 @@ class PackedRows:
             np.concatenate([p.doc_ids for p in parts]),
             np.concatenate([p.doc_chunks for p in parts]),
             toks,
+            {name: np.concatenate([p.columns[name] for p in parts]) for name in parts[0].columns},
         )
+
+    @property
+    def documents(self) -> Documents:
+        """All these rows' documents, end to end."""
+        if self.tokens is None:
+            raise ConfigError("these rows carry no tokens (the packer was fed lengths only)")
+        return Documents(self.tokens, self.seg_len, self.doc_ids, self.columns)
 
     def collate(self, **kwargs: Any) -> dict:
         """All these rows as one loader batch (`loader.collate`; keyword arguments pass through)."""
-        if self.tokens is None:
-            raise ConfigError("these rows carry no tokens (the packer was fed lengths only)")
         from loader.collate import collate
 
-        return collate(self.tokens, self.seg_len, self.doc_ids, **kwargs)
+        return collate(self.documents, **kwargs)
 
     def to_state(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> PackedRows:
-        return PackedRows(**{f.name: state[f.name] for f in fields(PackedRows)})
+        # `columns` came later: a state saved before it had none.
+        return PackedRows(
+            **{f.name: state[f.name] for f in fields(PackedRows) if f.name != "columns"},
+            columns=dict(state.get("columns") or {}),
+        )
 
 
 EMPTY_I64 = np.zeros(0, np.int64)

@@ -7,7 +7,7 @@ refill, a pack and a checkpoint never touch a Python object per document.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -30,16 +30,20 @@ class Segments:
     """Chunk index of a split document's segment, 0 otherwise."""
     holds: NDArray[np.int32]
     """Packs each segment has been held back by (its row was under-filled)."""
+    columns: dict[str, NDArray] = field(default_factory=dict)
+    """Optional per-token columns (`loss_mask`), aligned with `tokens` (indexed by `start`)."""
 
     def take(self, a: int, b: int) -> Segments:
         """Segments a:b, the token array narrowed to their span (a view, no copy)."""
         start, length = self.start[a:b], self.length[a:b]
         toks = self.tokens
+        cols = self.columns
         if toks is not None:
             lo = int(start[0]) if b > a else 0
             hi = int(start[-1] + length[-1]) if b > a else 0
             toks, start = toks[lo:hi], start - lo
-        return Segments(toks, start, length, self.doc[a:b], self.chunk[a:b], self.holds[a:b])
+            cols = {name: v[lo:hi] for name, v in cols.items()}
+        return Segments(toks, start, length, self.doc[a:b], self.chunk[a:b], self.holds[a:b], cols)
 
     @staticmethod
     def concat(parts: list[Segments]) -> Segments:
@@ -59,6 +63,7 @@ class Segments:
             np.concatenate([p.doc for p in parts]),
             np.concatenate([p.chunk for p in parts]),
             np.concatenate([p.holds for p in parts]),
+            {name: np.concatenate([p.columns[name] for p in parts]) for name in parts[0].columns},
         )
 
     def to_state(self) -> dict[str, Any]:
@@ -66,4 +71,5 @@ class Segments:
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> Segments:
-        return Segments(**state)
+        # `columns` came later: a state saved before it had none.
+        return Segments(**{**state, "columns": dict(state.get("columns") or {})})

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from loader.collate import collate
+from loader.record import Documents
 from packtool.errors import ConfigError, DataError, PacktoolError
 
 
@@ -59,9 +60,7 @@ class _Stats:
     """The most recent dispatch waits (bounded, for a long-running server)."""
 
 
-_COLLATE_KEYS = frozenset(
-    p for p in inspect.signature(collate).parameters if p not in ("tokens", "doc_lens", "doc_ids")
-)
+_COLLATE_KEYS = frozenset(p for p in inspect.signature(collate).parameters if p != "docs")
 
 
 def _request_tokens(tokens: Any, token_budget: int) -> np.ndarray:
@@ -318,7 +317,7 @@ class _Core:
             tokens = np.concatenate([r.tokens for r in reqs])
             ids = np.fromiter((r.seq for r in reqs), np.int64, len(reqs))
             # batch: input_ids (T,), cu_seqlens int32 (n + 1,), ... as loader.collate builds it
-            batch = collate(tokens, lens, ids, **self.collate_kwargs)
+            batch = collate(Documents(tokens, lens, ids), **self.collate_kwargs)
             out = self.run_batch(batch)
             total = int(lens.sum())
             if not hasattr(out, "shape") or len(out.shape) == 0 or out.shape[0] < total:

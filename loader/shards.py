@@ -10,155 +10,41 @@ While a dataset iterates, `prefetch` hands the row groups of upcoming steps to o
 thread per process, which decodes them (pyarrow releases the GIL while decoding) while the caller
 gathers and collates from those already decoded; a decode error is raised where the row group is
 first used, as without prefetching.
+
+Row counts for batch planning (tokens, documents and Σ len² per row) are read per row group from
+the `doc_offsets` column alone (`row_stats`), when the epoch order first needs them.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from loader.record import Documents
+from loader.row_group import (
+    INT_TYPES,
+    RowGroupData,
+    aligned,
+    decode_with_jemalloc,
+    list_parts,
+    validate_row_group,
+)
+from loader.row_index import GroupStats, offsets_stats
+from packtool.columns import BYTES, TOKEN, Column, loaded_optional
 from packtool.errors import DataError
 from packtool.manifest import Manifest, dataset_folder, read_manifest, sha256_file
 
 _COLUMNS = ("input_ids", "doc_offsets", "doc_ids")
-
-
-@dataclass(frozen=True)
-class RowGroupData:
-    """One decoded row group as flat arrays (no per-row objects)."""
-
-    tokens: np.ndarray
-    """uint16|uint32, all rows' tokens back to back."""
-    token_offsets: np.ndarray
-    """(rows + 1,) offsets of each row into `tokens`."""
-    doc_offsets: np.ndarray
-    """int32, every row's cu_seqlens back to back (each starts at 0, ends at the row length)."""
-    doc_offsets_offsets: np.ndarray
-    """(rows + 1,) offsets of each row's cu_seqlens into `doc_offsets`."""
-    doc_ids: np.ndarray
-    """int64, every row's document ids back to back."""
-    doc_ids_offsets: np.ndarray
-    """(rows + 1,) offsets of each row's ids into `doc_ids`."""
-
-    @property
-    def nbytes(self) -> int:
-        return sum(
-            a.nbytes
-            for a in (
-                self.tokens,
-                self.token_offsets,
-                self.doc_offsets,
-                self.doc_offsets_offsets,
-                self.doc_ids,
-                self.doc_ids_offsets,
-            )
-        )
-
-
-# Integer Arrow types -> numpy dtypes. Converting through `Array.to_numpy` would import pandas on
-# some pyarrow paths (~0.3-0.9 s, in every fresh process), so buffers are wrapped directly.
-_INT_TYPES = {
-    pa.int8(): np.int8,
-    pa.int16(): np.int16,
-    pa.int32(): np.int32,
-    pa.int64(): np.int64,
-    pa.uint8(): np.uint8,
-    pa.uint16(): np.uint16,
-    pa.uint32(): np.uint32,
-    pa.uint64(): np.uint64,
-}
-
-
-def _int_numpy(arr: pa.Array) -> np.ndarray:
-    """Zero-copy numpy view of a null-free integer Arrow array (read-only)."""
-    dtype = _INT_TYPES.get(arr.type)
-    if dtype is None:
-        raise TypeError(f"{arr.type} is not an integer type")
-    itemsize = np.dtype(dtype).itemsize
-    return np.frombuffer(
-        arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * itemsize
-    )
-
-
-def _list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, int]:
-    """(values, offsets, null_count) of a list column, zero-copy for a single chunk."""
-    if isinstance(column, pa.ChunkedArray):
-        arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    else:
-        arr = column
-    # `.offsets` and `.values` ignore a slice offset consistently (offsets index into `.values`).
-    offsets = _int_numpy(arr.offsets)
-    values = _int_numpy(arr.values)
-    return values, offsets, arr.null_count + arr.values.null_count
-
-
-def validate_row_group(data: RowGroupData, *, max_len: int, where: str, first_row: int) -> None:
-    """Check the offsets of a decoded row group (a `DataError` naming file and row on failure).
-
-    Args:
-        data: The decoded row group.
-        max_len: The manifest's max_len; no row may be longer.
-        where: The shard file, for messages.
-        first_row: Index of the row group's first row inside the shard, for messages.
-    """
-    n = len(data.token_offsets) - 1
-
-    def fail(mask: np.ndarray, what: str) -> None:
-        bad = int(np.flatnonzero(mask)[0])
-        raise DataError(f"{where}: row {first_row + bad}: {what}; the shard is damaged, repack it")
-
-    lens = np.diff(data.token_offsets)
-    if (lens > max_len).any():
-        fail(lens > max_len, f"row longer than max_len {max_len}")
-    if (lens <= 0).any():
-        fail(lens <= 0, "empty row")
-    n_off = np.diff(data.doc_offsets_offsets)
-    if (n_off < 2).any():
-        fail(n_off < 2, "doc_offsets has fewer than 2 entries")
-    n_ids = np.diff(data.doc_ids_offsets)
-    if (n_ids != n_off - 1).any():
-        fail(n_ids != n_off - 1, "doc_ids and doc_offsets disagree on the number of documents")
-    starts = data.doc_offsets[data.doc_offsets_offsets[:-1]]
-    if (starts != 0).any():
-        fail(starts != 0, "doc_offsets does not start at 0")
-    ends = data.doc_offsets[data.doc_offsets_offsets[1:] - 1]
-    if (ends != lens).any():
-        fail(ends != lens, "doc_offsets does not end at the row length")
-    steps = np.diff(data.doc_offsets.astype(np.int64))
-    # The steps between the last offset of one row and the first of the next are not document
-    # lengths; mask them out before checking that every document is non-empty.
-    boundary = data.doc_offsets_offsets[1:-1] - 1
-    inside = np.ones(len(steps), dtype=bool)
-    inside[boundary] = False
-    if (inside & (steps <= 0)).any():
-        row_of_step = np.searchsorted(data.doc_offsets_offsets, np.arange(len(steps)), "right") - 1
-        bad_rows = np.zeros(n, dtype=bool)
-        bad_rows[row_of_step[inside & (steps <= 0)]] = True
-        fail(bad_rows, "doc_offsets is not strictly increasing")
-
-
-def _decode_with_jemalloc(pf: pq.ParquetFile, source: pa.NativeFile) -> None:
-    """Make `pf` allocate what it decodes from pyarrow's jemalloc pool, when there is one.
-
-    Row groups are decoded in a background thread and freed in the iterating one; with pyarrow's
-    default allocator (mimalloc) that costs ~2 ms of page faults per 1 M-token row group (about a
-    third more decode time), with jemalloc ~0.8 ms. Only this reader's buffers change pool (the
-    process default stays). Keeps the default reader where pyarrow lacks either piece.
-    """
-    try:
-        from pyarrow._parquet import ParquetReader
-
-        reader = ParquetReader(memory_pool=pa.jemalloc_memory_pool())
-        reader.open(source, metadata=pf.metadata)
-    except (ImportError, AttributeError, TypeError, NotImplementedError, pa.ArrowException):
-        return
-    pf.reader = reader
+"""The required columns the loader reads; the optional ones it carries come from the manifest's
+`columns` and the declaration (`ShardStore.optional`)."""
+_STATS_FILES = 16
+"""Shard files kept open for reading row counts (`ShardStore.row_stats`)."""
 
 
 class ShardStore:
@@ -166,8 +52,11 @@ class ShardStore:
 
     Args:
         path: The folder holding `index.json` and the shards.
-        verify: Also check every shard's sha256 against the manifest (reads every byte; slow on
-            large datasets). Sizes and Parquet footers are always checked.
+        verify: Also check every shard's sha256 against the manifest at open (reads every byte;
+            slow on large datasets). Sizes and Parquet footers are always checked.
+        page_checksums: Check the CRC32 of every Parquet page as it is decoded (packtool pack
+            writes them; pages without one are read unchecked): a damaged page is a `DataError`
+            instead of different tokens. Costs about 1% of decoding (README, "Loader").
         cache_bytes: Upper bound on decoded row groups kept per process (at least one row group is
             always kept).
 
@@ -177,12 +66,23 @@ class ShardStore:
     """
 
     def __init__(
-        self, path: str | os.PathLike, *, verify: bool = False, cache_bytes: int = 256 << 20
+        self,
+        path: str | os.PathLike,
+        *,
+        verify: bool = False,
+        cache_bytes: int = 256 << 20,
+        page_checksums: bool = True,
     ) -> None:
         self.path = dataset_folder(path)  # the folder, also when given its index.json
         self.manifest: Manifest = read_manifest(self.path)
+        self.page_checksums = bool(page_checksums)
+        self.vocab_size = int(self.manifest.tokenizer["vocab_size"])
         self.cache_bytes = int(cache_bytes)
         self.max_len = int(self.manifest.max_len)
+        self.optional: tuple[Column, ...] = loaded_optional(self.manifest.columns)
+        """The optional columns this dataset has that records carry (`loss_mask`)."""
+        self._read_columns = (*_COLUMNS, *(c.name for c in self.optional))
+        self._bytes = {c.name for c in self.optional if c.storage == BYTES}
         rg_rows: list[int] = []
         rg_shard: list[int] = []
         rg_first: list[int] = []
@@ -204,32 +104,40 @@ class ShardStore:
                 schema = meta.schema.to_arrow_schema()
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
-            for name in _COLUMNS:
+            for name in self._read_columns:
                 if name not in schema.names:
                     raise DataError(f"{file}: column {name!r} missing (has {schema.names})")
-                if not pa.types.is_list(schema.field(name).type) and not pa.types.is_large_list(
-                    schema.field(name).type
-                ):
-                    raise DataError(
-                        f"{file}: column {name!r} is {schema.field(name).type}, not a list"
-                    )
+                kind = schema.field(name).type
+                is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+                if not is_list and not (pa.types.is_binary(kind) and name in self._bytes):
+                    raise DataError(f"{file}: column {name!r} is {kind}, not a list")
             value_type = schema.field("input_ids").type.value_type
-            if value_type not in _INT_TYPES or value_type.bit_width > 32:
+            if value_type not in INT_TYPES or value_type.bit_width > 32:
                 raise DataError(
                     f"{file}: input_ids hold {value_type}, not 8-32 bit integer token ids"
                 )
-            token_dtypes.append(_INT_TYPES[value_type])
+            token_dtypes.append(INT_TYPES[value_type])
             if meta.num_rows != info.rows:
                 raise DataError(f"{file}: {meta.num_rows} rows but index.json says {info.rows}")
+            groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            if sum(groups) != info.rows:
+                # The footer has no checksum: a damaged row count would shift every row after it.
+                raise DataError(
+                    f"{file}: its row groups hold {sum(groups)} rows but the file says "
+                    f"{meta.num_rows}; the footer is damaged, repack it"
+                )
             first = 0
             for g in range(meta.num_row_groups):
                 rg_rows.append(meta.row_group(g).num_rows)
                 rg_shard.append(i)
                 rg_first.append(first)
                 first += rg_rows[-1]
-        self._rg_shard = np.asarray(rg_shard, dtype=np.int64)
-        self._rg_first = np.asarray(rg_first, dtype=np.int64)
-        self._rg_local = np.zeros(len(rg_rows), dtype=np.int64)
+        # int32 where it fits (a shard holds under 2^31 rows): 20 bytes per row group with the
+        # int64 starts (~78 MB at 10^9 rows of 256-row groups), the store's only per-row-group
+        # state.
+        self._rg_shard = np.asarray(rg_shard, dtype=np.int32)
+        self._rg_first = np.asarray(rg_first, dtype=np.int32)
+        self._rg_local = np.zeros(len(rg_rows), dtype=np.int32)
         for i in range(1, len(rg_rows)):
             same = rg_shard[i] == rg_shard[i - 1]
             self._rg_local[i] = self._rg_local[i - 1] + 1 if same else 0
@@ -248,6 +156,10 @@ class ShardStore:
         self._pid = os.getpid()
         self._decoder: ThreadPoolExecutor | None = None
         self._pending: dict[int, Future] = {}
+        # Row counts (`row_stats`) are read through file handles of their own, so the iterating
+        # thread never waits behind the decode thread's queue (nor reads its files).
+        self._stats_files: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        self._stats_lock = threading.Lock()
 
     # Open files, cached row groups and the decode thread belong to one process; a worker (forked
     # or spawned) starts with none of them.
@@ -259,7 +171,13 @@ class ShardStore:
         state["_decoder"] = None
         state["_pending"] = {}
         state["_pid"] = -1
+        state["_stats_files"] = OrderedDict()
+        state["_stats_lock"] = None
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._stats_lock = threading.Lock()
 
     def _own(self) -> None:
         """Drop what a fork inherited from the parent (its decode thread does not exist here)."""
@@ -268,6 +186,8 @@ class ShardStore:
             self._decoder = None
             self._pending = {}
             self._files = {}
+            self._stats_files = OrderedDict()
+            self._stats_lock = threading.Lock()  # a fork may copy it held by another thread
 
     @property
     def pending_row_groups(self) -> int:
@@ -298,6 +218,11 @@ class ShardStore:
     def num_row_groups(self) -> int:
         return len(self._rg_shard)
 
+    @property
+    def row_group_starts(self) -> np.ndarray:
+        """First row of every row group plus the row count, int64 `(num_row_groups + 1,)`."""
+        return self._rg_start
+
     def row_group_of(self, rows: np.ndarray) -> np.ndarray:
         """The row group index of each global row index."""
         return np.searchsorted(self._rg_start, rows, side="right") - 1
@@ -308,8 +233,8 @@ class ShardStore:
             file = self.path / self.manifest.shards[shard].file
             try:
                 source = pa.memory_map(str(file), "r")
-                pf = pq.ParquetFile(source)
-                _decode_with_jemalloc(pf, source)
+                pf = pq.ParquetFile(source, page_checksum_verification=self.page_checksums)
+                decode_with_jemalloc(pf, source, self.page_checksums)
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(f"{file}: cannot open shard ({exc})") from None
             self._files[shard] = pf
@@ -344,22 +269,36 @@ class ShardStore:
         try:
             # One row group is one column chunk per column: a reader thread pool only adds overhead.
             table = self._file(shard).read_row_group(
-                int(self._rg_local[g]), columns=list(_COLUMNS), use_threads=False
+                int(self._rg_local[g]), columns=list(self._read_columns), use_threads=False
             )
-            if table.schema.field("input_ids").type.value_type not in _INT_TYPES:
+            if table.schema.field("input_ids").type.value_type not in INT_TYPES:
                 raise DataError(
                     f"{where}: input_ids hold {table.schema.field('input_ids').type.value_type}, "
                     "not integer token ids"
                 )
-            tok, tok_off, tok_nulls = _list_parts(table.column("input_ids"))
-            off, off_off, off_nulls = _list_parts(table.column("doc_offsets"))
-            ids, ids_off, ids_nulls = _list_parts(table.column("doc_ids"))
-        except (pa.ArrowException, OSError) as exc:
+            tok, tok_off, tok_nulls = list_parts(table.column("input_ids"))
+            off, off_off, off_nulls = list_parts(table.column("doc_offsets"))
+            ids, ids_off, ids_nulls = list_parts(table.column("doc_ids"))
+            extra = {c.name: list_parts(table.column(c.name)) for c in self.optional}
+        except (pa.ArrowException, OSError, TypeError) as exc:
             raise DataError(
                 f"{where}: row group {int(self._rg_local[g])} unreadable ({exc}); the shard is damaged"
             ) from None
-        if tok_nulls or off_nulls or ids_nulls:
+        if tok_nulls or off_nulls or ids_nulls or any(x[2] for x in extra.values()):
             raise DataError(f"{where}: row group {int(self._rg_local[g])} holds nulls")
+        expected = int(self._rg_start[g + 1] - self._rg_start[g])
+        if not len(tok_off) - 1 == len(off_off) - 1 == len(ids_off) - 1 == expected:
+            raise DataError(
+                f"{where}: row group {int(self._rg_local[g])} decodes to "
+                f"{len(tok_off) - 1} rows, its footer says {expected}; the shard is damaged"
+            )
+        for c in self.optional:  # one value per token / per document, as declared
+            want = tok_off if c.level == TOKEN else ids_off
+            if not np.array_equal(extra[c.name][1] - extra[c.name][1][0], want - want[0]):
+                raise DataError(
+                    f"{where}: row group {int(self._rg_local[g])}: {c.name} does not have one "
+                    f"value per {'token' if c.level == TOKEN else 'document'}; repack it"
+                )
         data = RowGroupData(
             tokens=tok,
             token_offsets=tok_off.astype(np.int64, copy=False),
@@ -367,16 +306,23 @@ class ShardStore:
             doc_offsets_offsets=off_off.astype(np.int64, copy=False),
             doc_ids=ids.astype(np.int64, copy=False),
             doc_ids_offsets=ids_off.astype(np.int64, copy=False),
+            columns={
+                c.name: aligned(*extra[c.name][:2], tok_off if c.level == TOKEN else ids_off)
+                for c in self.optional
+            },
         )
         validate_row_group(
-            data, max_len=self.max_len, where=where, first_row=int(self._rg_first[g])
+            data,
+            max_len=self.max_len,
+            where=where,
+            first_row=int(self._rg_first[g]),
+            vocab_size=self.vocab_size,
         )
         return data
 
-    def _slices(
-        self, rows: np.ndarray
-    ) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], int, int]:
-        """Per row: (tokens, cu_seqlens, doc ids) views into cached row groups; total tokens, docs."""
+    def _slices(self, rows: np.ndarray) -> tuple[list[tuple], int, int]:
+        """Per row: (tokens, cu_seqlens, doc ids, optional columns) views into cached row groups;
+        total tokens and documents."""
         groups = self.row_group_of(rows)
         parts = []
         n_tokens = n_docs = 0
@@ -386,65 +332,88 @@ class ShardStore:
             a, b = int(data.token_offsets[i]), int(data.token_offsets[i + 1])
             oa, ob = int(data.doc_offsets_offsets[i]), int(data.doc_offsets_offsets[i + 1])
             ia = int(data.doc_ids_offsets[i])
+            extra = {
+                c.name: data.columns[c.name][a:b]
+                if c.level == TOKEN
+                else data.columns[c.name][ia : ia + ob - oa - 1]
+                for c in self.optional
+            }
             parts.append(
-                (data.tokens[a:b], data.doc_offsets[oa:ob], data.doc_ids[ia : ia + ob - oa - 1])
+                (
+                    data.tokens[a:b],
+                    data.doc_offsets[oa:ob],
+                    data.doc_ids[ia : ia + ob - oa - 1],
+                    extra,
+                )
             )
             n_tokens += b - a
             n_docs += ob - oa - 1
         return parts, n_tokens, n_docs
 
-    def gather_into(
-        self, rows: np.ndarray, tokens: np.ndarray, doc_lens: np.ndarray, doc_ids: np.ndarray
-    ) -> tuple[int, int] | None:
-        """Write the rows' tokens, document lengths and ids into preallocated arrays.
+    def gather_into(self, rows: np.ndarray, dest: Documents) -> tuple[int, int] | None:
+        """Write the rows' documents into the front of preallocated arrays.
 
         Args:
             rows: Global row indices, in batch order.
-            tokens: Destination of the tokens (any integer dtype that holds `token_dtype`).
-            doc_lens: Destination of the document lengths (int32).
-            doc_ids: Destination of the document ids (int64).
+            dest: Destination arrays: tokens (any integer dtype that holds `token_dtype`),
+                doc_lens (int32), doc_ids (int64) and one array per optional column (`optional`).
 
         Returns:
             `(n_tokens, n_docs)` written at the front of the arrays, or None (nothing written)
             when they are too small.
         """
         parts, n_tokens, n_docs = self._slices(rows)
-        if n_tokens > len(tokens) or n_docs > len(doc_lens) or n_docs > len(doc_ids):
+        if n_tokens > dest.n_tokens or n_docs > min(dest.n_docs, len(dest.doc_ids)):
             return None
-        self._write(parts, tokens, doc_lens, doc_ids)
+        self._write(parts, dest)
         return n_tokens, n_docs
 
-    @staticmethod
-    def _write(parts, tokens: np.ndarray, doc_lens: np.ndarray, doc_ids: np.ndarray) -> None:
+    def _write(self, parts: list[tuple], dest: Documents) -> None:
         t = d = 0
-        for tok, off, ids in parts:
+        for tok, off, ids, extra in parts:
             n, k = len(tok), len(ids)
-            tokens[t : t + n] = tok
-            np.subtract(off[1:], off[:-1], out=doc_lens[d : d + k])
-            doc_ids[d : d + k] = ids
+            dest.tokens[t : t + n] = tok
+            np.subtract(off[1:], off[:-1], out=dest.doc_lens[d : d + k])
+            dest.doc_ids[d : d + k] = ids
+            for c in self.optional:
+                if c.level == TOKEN:
+                    dest.columns[c.name][t : t + n] = extra[c.name]
+                else:
+                    dest.columns[c.name][d : d + k] = extra[c.name]
             t += n
             d += k
 
-    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The rows' tokens, document lengths and document ids, concatenated in the given order.
-
-        Returns:
-            `(tokens, doc_lens, doc_ids)`: tokens in `token_dtype` `(total_tokens,)`, document
-            lengths int32 `(n_docs,)` and document ids int64 `(n_docs,)`.
-        """
-        parts, n_tokens, n_docs = self._slices(rows)
-        out = (
+    def empty_record(self, n_tokens: int, n_docs: int) -> Documents:
+        """Uninitialised arrays for `n_tokens` tokens and `n_docs` documents (stored dtypes)."""
+        return Documents(
             np.empty(n_tokens, self.token_dtype),
             np.empty(n_docs, np.int32),
             np.empty(n_docs, np.int64),
+            {
+                c.name: np.empty(n_tokens if c.level == TOKEN else n_docs, c.numpy_dtype())
+                for c in self.optional
+            },
         )
-        self._write(parts, *out)
+
+    def gather(self, rows: np.ndarray) -> Documents:
+        """The rows' documents, concatenated in the given order.
+
+        Returns:
+            A `Documents`: tokens in `token_dtype` `(total_tokens,)`, document lengths int32
+            `(n_docs,)`, document ids int64 `(n_docs,)`, and the optional columns the dataset
+            has (`optional`, e.g. `loss_mask` uint8 `(total_tokens,)`).
+        """
+        parts, n_tokens, n_docs = self._slices(rows)
+        out = self.empty_record(n_tokens, n_docs)
+        self._write(parts, out)
         return out
 
     def row_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-row token count, document count and attention cost Σ len², for batch planning.
+        """Every row's token count, document count and attention cost Σ len², at once.
 
-        Reads only the `doc_offsets` column of every shard (small next to the tokens).
+        Reads the `doc_offsets` column of every shard and holds 24 bytes a row (24 GB at 10^9
+        rows): for checks and small datasets. `PackedDataset` reads them per row group instead
+        (`row_stats`, `loader.row_index.RowIndex`).
 
         Returns:
             `(lengths int64, n_docs int64, sq_cost float64)`, each `(num_rows,)`.
@@ -467,32 +436,59 @@ class ShardStore:
                     .read(columns=["doc_offsets"], use_threads=False)
                     .column("doc_offsets")
                 )
-                off, off_off, nulls = _list_parts(col)
+                off, off_off, nulls = list_parts(col)
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(
                     f"{where}: doc_offsets unreadable ({exc}); the shard is damaged"
                 ) from None
-            n = len(off_off) - 1
-            counts = np.diff(off_off)
-            if nulls or (counts < 2).any():
-                raise DataError(f"{where}: malformed doc_offsets (null or fewer than 2 entries)")
-            ends = off[off_off[1:] - 1].astype(np.int64)
-            if (ends > self.max_len).any() or (ends <= 0).any() or (off[off_off[:-1]] != 0).any():
-                bad = int(
-                    np.flatnonzero((ends > self.max_len) | (ends <= 0) | (off[off_off[:-1]] != 0))[
-                        0
-                    ]
-                )
+            stats = offsets_stats(
+                off, off_off, nulls, max_len=self.max_len, where=where, first_row=0
+            )
+            n = len(stats.lengths)
+            lengths[pos : pos + n] = stats.lengths
+            n_docs[pos : pos + n] = stats.n_docs
+            sq[pos : pos + n] = stats.sq
+            if n != info.rows or int(stats.lengths.sum()) != info.tokens:
                 raise DataError(
-                    f"{where}: row {bad}: doc_offsets out of range; the shard is damaged"
+                    f"{where}: {n} rows of {int(stats.lengths.sum())} tokens but index.json says "
+                    f"{info.rows} of {info.tokens}; the shard is damaged"
                 )
-            steps = np.diff(off.astype(np.int64))
-            sq_all = np.zeros(len(off), dtype=np.float64)
-            sq_all[1:] = np.cumsum(steps.astype(np.float64) ** 2)
-            # Σ over a row's documents = prefix-sum difference; the cross-row step is excluded
-            # because each row's range starts at its own first offset.
-            lengths[pos : pos + n] = ends
-            n_docs[pos : pos + n] = counts - 1
-            sq[pos : pos + n] = sq_all[off_off[1:] - 1] - sq_all[off_off[:-1]]
             pos += n
         return lengths, n_docs, sq
+
+    def row_stats(self, g: int) -> GroupStats:
+        """Row lengths, document counts and Σ len² of row group `g` (global numbering).
+
+        Reads only that row group's `doc_offsets` column (a few KB), through file handles of its
+        own: what `loader.row_index.RowIndex` loads when a window of the epoch order needs it.
+        """
+        self._own()
+        shard, local = int(self._rg_shard[g]), int(self._rg_local[g])
+        where = str(self.path / self.manifest.shards[shard].file)
+        with self._stats_lock:
+            try:
+                pf = self._stats_files.get(shard)
+                if pf is None:
+                    pf = pq.ParquetFile(
+                        pa.memory_map(where, "r"), page_checksum_verification=self.page_checksums
+                    )
+                    self._stats_files[shard] = pf
+                    if len(self._stats_files) > _STATS_FILES:
+                        self._stats_files.popitem(last=False)
+                else:
+                    self._stats_files.move_to_end(shard)
+                col = pf.read_row_group(local, columns=["doc_offsets"], use_threads=False)
+                off, off_off, nulls = list_parts(col.column("doc_offsets"))
+            except (pa.ArrowException, OSError) as exc:
+                raise DataError(
+                    f"{where}: row group {local}: doc_offsets unreadable ({exc}); the shard is "
+                    "damaged"
+                ) from None
+        return offsets_stats(
+            off,
+            off_off,
+            nulls,
+            max_len=self.max_len,
+            where=where,
+            first_row=int(self._rg_first[g]),
+        )

@@ -2,7 +2,8 @@
 
 No offline packing step: documents are read from tokenized Parquet (`packtool tokenize`) and
 packed on the fly by `loader.online.OnlinePacker`, so a change of the data mixture needs no
-re-pack.
+re-pack. A `loss_mask` column (tokenized from labels or a mask) comes along and sets the
+batches' labels; the packer's `long_docs` must then be `truncate` or `drop`.
 
 Sharding: there are `world_size × num_workers` slots; slot `rank × num_workers + worker` takes
 the documents whose global index (position in the sorted inputs) is `slot` modulo the slot count
@@ -43,7 +44,7 @@ from loader.online_state import (
 from loader.rows import PackedRows, RowBatcher
 from packtool.corpus import expand_inputs
 from packtool.errors import ConfigError, DataError
-from packtool.tokenize import input_identity, tokenized_meta
+from packtool.tokenize import input_columns, input_identity, tokenized_meta
 
 STATE_VERSION = 1
 _LIVE_KEYS = frozenset(("slot", "n_slots", "next_group", "done", "packer", "pending", "ready"))
@@ -110,6 +111,8 @@ class StreamingPackedDataset(IterableDataset):
             if tokenized_meta(p) is None:
                 raise DataError(f"{p}: not tokenized Parquet; run `packtool tokenize` first")
         self.identity = input_identity(self.paths)
+        # Optional columns (`loss_mask`) travel with the ids; files that differ are refused here.
+        self._read_columns = ["doc_id", "input_ids", *input_columns(self.paths)]
         # the global row-group table: (file index, row group, first global document index)
         groups: list[tuple[int, int, int, int]] = []
         first = 0
@@ -201,7 +204,7 @@ class StreamingPackedDataset(IterableDataset):
             try:
                 if f not in files:
                     files[f] = pq.ParquetFile(self.paths[f])
-                table = files[f].read_row_group(rg, columns=["doc_id", "input_ids"])
+                table = files[f].read_row_group(rg, columns=self._read_columns)
             except (OSError, pa.ArrowException) as exc:
                 raise DataError(
                     f"{self.paths[f]}: row group {rg} unreadable ({exc}); the file changed or is "

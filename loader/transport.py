@@ -7,7 +7,9 @@ while a small tuple goes through the same queue at over 15,000 items/s.
 
 So a `PackedDataLoader` worker writes each batch in *compact* form (the stored uint16/uint32
 token ids, int32 document lengths, int64 document ids: about 2 bytes per token instead of 24)
-into a slot of a ring allocated once in shared memory, and sends only a `CompactBatch` (slot
+(and the optional columns the dataset carries, e.g. one byte per token of `loss_mask`; the
+layout is derived from the column declaration, `_areas`) into a slot of a ring allocated once
+in shared memory, and sends only a `CompactBatch` (slot
 number and sizes) through the DataLoader queue. The trainer's iterator expands it with
 `loader.collate.collate` (the same function the in-process path uses: int64 `input_ids`,
 `labels`, `position_ids`, ...) into fresh tensors and frees the slot at once, so a batch the
@@ -29,6 +31,9 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from loader.record import Documents
+from packtool.columns import TOKEN, Column, get
+
 
 class CompactBatch(NamedTuple):
     """What a worker sends: a batch before expansion (in a ring slot, or in `data`)."""
@@ -45,6 +50,9 @@ class CompactBatch(NamedTuple):
     """A filler batch: every label -100 and doc id -1 after expansion."""
     data: torch.Tensor | None
     """uint8 buffer when the batch is not in the ring."""
+    tok_cap: int = -1
+    """Tokens the buffer's layout has room for (-1: all the bytes after the documents' arrays,
+    which is what a layout without per-token optional columns needs)."""
 
 
 def _shared_bytes(n: int) -> torch.Tensor:
@@ -56,13 +64,65 @@ def _shared_bytes(n: int) -> torch.Tensor:
         return torch.empty(n, dtype=torch.uint8).share_memory_()
 
 
-def _layout(buf: np.ndarray, doc_cap: int, token_dtype: np.dtype) -> tuple[np.ndarray, ...]:
-    """(doc_ids int64, doc_lens int32, tokens) views of a compact buffer (uint8)."""
-    ids = buf[: 8 * doc_cap].view(np.int64)
-    lens = buf[8 * doc_cap : 12 * doc_cap].view(np.int32)
-    end = 12 * doc_cap + (len(buf) - 12 * doc_cap) // token_dtype.itemsize * token_dtype.itemsize
-    tokens = buf[12 * doc_cap : end].view(token_dtype)
-    return ids, lens, tokens
+def _areas(
+    doc_cap: int, tok_cap: int, token_dtype: np.dtype, columns: tuple[Column, ...]
+) -> list[tuple[str, np.dtype, int, int]]:
+    """(name, dtype, byte offset, count) of each array of a compact buffer, 8-byte aligned.
+
+    Derived from the declaration: document ids and lengths, then the optional per-document
+    columns, the tokens, then the optional per-token columns.
+    """
+    per_doc = [("doc_ids", np.dtype(np.int64)), ("doc_lens", np.dtype(np.int32))]
+    per_doc += [(c.name, c.numpy_dtype()) for c in columns if c.level != TOKEN]
+    per_tok = [("tokens", np.dtype(token_dtype))]
+    per_tok += [(c.name, c.numpy_dtype()) for c in columns if c.level == TOKEN]
+    areas, at = [], 0
+    for names, n in ((per_doc, doc_cap), (per_tok, tok_cap)):
+        for name, dtype in names:
+            areas.append((name, dtype, at, n))
+            at += -(-dtype.itemsize * n // 8) * 8
+    return areas
+
+
+def compact_bytes(
+    doc_cap: int, tok_cap: int, token_dtype: np.dtype, columns: tuple[Column, ...] = ()
+) -> int:
+    """Bytes of a compact buffer for `doc_cap` documents and `tok_cap` tokens."""
+    name, dtype, at, n = _areas(doc_cap, tok_cap, token_dtype, columns)[-1]
+    return at + -(-dtype.itemsize * n // 8) * 8
+
+
+def _layout(
+    buf: np.ndarray,
+    doc_cap: int,
+    tok_cap: int,
+    token_dtype: np.dtype,
+    columns: tuple[Column, ...] = (),
+) -> Documents:
+    """A `Documents` of views into a compact buffer (uint8)."""
+    if tok_cap < 0:  # the tokens take the rest of the buffer (no per-token optional column)
+        start = _areas(doc_cap, 0, token_dtype, columns)[-1][2]
+        tok_cap = (len(buf) - start) // np.dtype(token_dtype).itemsize
+    views = {
+        name: buf[at : at + dtype.itemsize * n].view(dtype)
+        for name, dtype, at, n in _areas(doc_cap, tok_cap, token_dtype, columns)
+    }
+    return Documents(
+        views.pop("tokens"), views.pop("doc_lens"), views.pop("doc_ids"), columns=views
+    )
+
+
+def _head(docs: Documents, n_tokens: int, n_docs: int) -> Documents:
+    """The first `n_tokens` tokens and `n_docs` documents of a record of buffers."""
+    return Documents(
+        docs.tokens[:n_tokens],
+        docs.doc_lens[:n_docs],
+        docs.doc_ids[:n_docs],
+        {
+            name: v[:n_tokens] if get(name).level == TOKEN else v[:n_docs]
+            for name, v in docs.columns.items()
+        },
+    )
 
 
 class Ring:
@@ -77,13 +137,23 @@ class Ring:
     """
 
     def __init__(
-        self, *, num_workers: int, slots: int, max_tokens: int, max_docs: int, token_dtype: np.dtype
+        self,
+        *,
+        num_workers: int,
+        slots: int,
+        max_tokens: int,
+        max_docs: int,
+        token_dtype: np.dtype,
+        columns: tuple[Column, ...] = (),
     ) -> None:
         self.num_workers = num_workers
         self.slots = slots
         self.token_dtype = np.dtype(token_dtype)
+        self.columns = tuple(columns)
+        """The optional columns each batch carries (`ShardStore.optional`)."""
         self.doc_cap = max_docs
-        size = 12 * self.doc_cap + self.token_dtype.itemsize * max_tokens
+        self.tok_cap = max_tokens
+        size = compact_bytes(self.doc_cap, self.tok_cap, self.token_dtype, self.columns)
         self.slot_bytes = -(-size // 64) * 64
         self.buffer = _shared_bytes(num_workers * slots * self.slot_bytes)  # uint8
         self.busy = torch.zeros(num_workers * slots, dtype=torch.int32).share_memory_()
@@ -113,23 +183,30 @@ class Ring:
         self._count += 1
         busy = self.busy.numpy()
         if busy[slot] == 0:
-            ids, lens, tokens = _layout(self._slot(slot), self.doc_cap, self.token_dtype)
-            sizes = store.gather_into(rows, tokens, lens, ids)
+            dest = _layout(
+                self._slot(slot), self.doc_cap, self.tok_cap, self.token_dtype, self.columns
+            )
+            sizes = store.gather_into(rows, dest)
             if sizes is not None:
                 busy[slot] = 1
-                return CompactBatch(step, slot, sizes[0], sizes[1], self.doc_cap, filler, None)
-        tokens, lens, ids = store.gather(rows)
+                return CompactBatch(
+                    step, slot, sizes[0], sizes[1], self.doc_cap, filler, None, self.tok_cap
+                )
         return pack_compact(
-            tokens, lens, ids, filler=filler, token_dtype=self.token_dtype, step=step
+            store.gather(rows),
+            filler=filler,
+            token_dtype=self.token_dtype,
+            step=step,
+            columns=self.columns,
         )
 
     # ---- trainer side -------------------------------------------------------------------------
 
-    def take(self, item: CompactBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`(tokens, doc_lens, doc_ids)` views of a received batch; `release` it after copying."""
+    def take(self, item: CompactBatch) -> Documents:
+        """Views of a received batch's documents; `release` it after copying."""
         buf = self._slot(item.slot) if item.data is None else item.data.numpy()
-        ids, lens, tokens = _layout(buf, item.doc_cap, self.token_dtype)
-        return tokens[: item.n_tokens], lens[: item.n_docs], ids[: item.n_docs]
+        docs = _layout(buf, item.doc_cap, item.tok_cap, self.token_dtype, self.columns)
+        return _head(docs, item.n_tokens, item.n_docs)
 
     def release(self, item: CompactBatch) -> None:
         if item.data is None:
@@ -137,20 +214,20 @@ class Ring:
 
 
 def pack_compact(
-    tokens: np.ndarray,
-    doc_lens: np.ndarray,
-    doc_ids: np.ndarray,
+    docs: Documents,
     *,
     filler: bool,
     token_dtype: np.dtype,
     step: int,
+    columns: tuple[Column, ...] = (),
 ) -> CompactBatch:
     """A compact batch in its own shared buffer (when the ring has no room)."""
-    n_tokens, n_docs = len(tokens), len(doc_lens)
-    size = 12 * n_docs + np.dtype(token_dtype).itemsize * n_tokens
-    data = _shared_bytes(size)
-    ids, lens, toks = _layout(data.numpy(), n_docs, np.dtype(token_dtype))
-    ids[:] = doc_ids
-    lens[:] = doc_lens
-    toks[:] = tokens
-    return CompactBatch(step, -1, n_tokens, n_docs, n_docs, filler, data)
+    n_tokens, n_docs = docs.n_tokens, docs.n_docs
+    data = _shared_bytes(compact_bytes(n_docs, n_tokens, np.dtype(token_dtype), columns))
+    dest = _layout(data.numpy(), n_docs, n_tokens, np.dtype(token_dtype), columns)
+    dest.doc_ids[:] = docs.doc_ids
+    dest.doc_lens[:] = docs.doc_lens
+    dest.tokens[:] = docs.tokens
+    for name, values in dest.columns.items():
+        values[:] = docs.columns[name]
+    return CompactBatch(step, -1, n_tokens, n_docs, n_docs, filler, data, n_tokens)

@@ -7,18 +7,15 @@ usage errors exit with 2. Nothing here is imported by the library.
 from __future__ import annotations
 
 import functools
-import os
 import signal
 import sys
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
-from packtool import __version__
+from packtool import __version__, interrupt
 from packtool.errors import ConfigError, PacktoolError
 
 
@@ -121,6 +118,7 @@ class CorpusOptions:
     no_eos: bool
     bos_id: str | None
     strict: bool
+    tokenizer_engine: str = "auto"
 
     def read_config(self, **overrides: Any) -> Any:
         """A `packtool.corpus.ReadConfig` (overrides: e.g. `extra_fields=("lang",)`)."""
@@ -137,7 +135,12 @@ class CorpusOptions:
             raise ConfigError("--eos-id and --no-eos contradict each other; pass one")
         eos = None if self.no_eos else _special_id("--eos-id", self.eos_id or "default")
         bos = None if self.bos_id is None else _special_id("--bos-id", self.bos_id)
-        return load_tokenizer(self.tokenizer, eos=eos, bos=bos, workers=workers)
+        tok = load_tokenizer(
+            self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
+        )
+        if tok.engine_note:
+            click.echo(f"note: {tok.engine_note}; encoding with {tok.identity.engine}", err=True)
+        return tok
 
 
 def _special_id(flag: str, value: str) -> int | str:
@@ -165,7 +168,17 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--tokenizer",
             default="byte",
             show_default=True,
-            help="byte | PATH/tokenizer.json (or hf:PATH) | tiktoken:NAME | tiktoken:PATH.tiktoken",
+            help="byte | PATH/tokenizer.json (or hf:PATH) | FOLDER with tokenizer.json | org/model "
+            "(Hugging Face cache, else downloaded) | PATH.tiktoken | tiktoken:NAME",
+        ),
+        click.option(
+            "--tokenizer-engine",
+            default="auto",
+            show_default=True,
+            metavar="auto|NAME[,NAME]",
+            help="What encodes: auto = the fastest engine that loads this tokenizer and gives "
+            "the reference library's ids on a probe text (fastokens, else tokenizers / "
+            "tiktoken); or engine names tried in order. Ids never depend on it.",
         ),
         click.option(
             "--eos-id",
@@ -192,9 +205,12 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         no_eos: bool,
         bos_id: str | None,
         strict: bool,
+        tokenizer_engine: str,
         **kwargs: Any,
     ) -> Any:
-        corpus = CorpusOptions(text_field, text_column, tokenizer, eos_id, no_eos, bos_id, strict)
+        corpus = CorpusOptions(
+            text_field, text_column, tokenizer, eos_id, no_eos, bos_id, strict, tokenizer_engine
+        )
         return fn(*args, corpus=corpus, **kwargs)
 
     for option in reversed(options):
@@ -234,6 +250,8 @@ def tokenize_cmd(
     .zst; files, folders (recursive) or quoted globs. Bad lines and empty documents are skipped
     and counted (--strict makes them errors).
     """
+    import shlex
+
     from packtool.tokenize import tokenize_corpus
 
     summary = tokenize_corpus(
@@ -243,6 +261,7 @@ def tokenize_cmd(
         tokenizer=corpus.load_tokenizer(workers),
         workers=workers,
         overwrite=overwrite,
+        command=shlex.join(["packtool", *sys.argv[1:]]),
     )
     click.echo(summary.format())
 
@@ -379,9 +398,9 @@ def stats_cmd(
 @click.option(
     "--long-docs",
     type=click.Choice(["split", "truncate", "drop"]),
-    default="split",
-    show_default=True,
-    help="Documents longer than --max-len: cut into max-len chunks, truncate, or drop.",
+    default=None,
+    help="Documents longer than --max-len: cut into max-len chunks, truncate, or drop "
+    "[default: split; truncate for data with a loss mask, which is never split].",
 )
 @click.option(
     "--rounds",
@@ -419,8 +438,13 @@ def stats_cmd(
     show_default=True,
     help="Parquet codec (lz4: fast to load; zstd: smallest).",
 )
-@click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder.")
-@click.option("--resume", is_flag=True, help="Finish an interrupted run in the same folder.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the dataset in the output folder; the old one stays until the new one is "
+    "complete, and is kept if the run fails.",
+)
+@click.option("--resume", is_flag=True, help="Finish an interrupted run into the same folder.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
 @click.option(
     "--engine",
@@ -444,7 +468,7 @@ def pack_cmd(
     output: str,
     max_len: int,
     algorithm: str,
-    long_docs: str,
+    long_docs: str | None,
     rounds: int,
     seed: int,
     group_by: str | None,
@@ -468,11 +492,16 @@ def pack_cmd(
     import json
     import shlex
 
-    from packtool.engines.local import STATE_FILE, RunConfig, run_pack
+    from packtool.engines.local import RunConfig, run_pack
     from packtool.pack import PackConfig
     from packtool.shards import ShardConfig
 
     extra = () if group_by in (None, "source") else (group_by,)
+    if long_docs is None:  # a loss mask's documents are never split (packtool/pack_columns.py)
+        from packtool.tokenize import input_columns
+
+        masked = "loss_mask" in input_columns(inputs, corpus.read_config())
+        long_docs = "truncate" if masked else "split"
     config = RunConfig(
         inputs=inputs,
         out_dir=output,
@@ -499,7 +528,7 @@ def pack_cmd(
     tokenizer = (
         corpus.load_tokenizer(workers) if explicit or input_identity(inputs) is None else None
     )
-    _interrupt_note[0] = functools.partial(_resume_note, output, STATE_FILE, overwrite)
+    interrupt.note[0] = functools.partial(interrupt.resume_note, output, overwrite)
     if engine == "ray":
         from packtool.engines.ray import RayConfig, run_pack_ray
 
@@ -514,67 +543,16 @@ def pack_cmd(
         click.echo(summary.format(max_len))
 
 
-# --- Ctrl-C: a short message, exit code 130, and never a hang ---
-
-FORCE_EXIT_AFTER_S = 5.0
-"""After Ctrl-C, how long the orderly shutdown may take before the process exits anyway."""
-_interrupt_note: list[Callable[[], str]] = [lambda: ""]
-"""What to tell the user after an interrupt (pack: how to resume); set by the command."""
-_interrupted = threading.Event()
-
-
-def _resume_note(output: str, state_file: str, overwrite: bool) -> str:
-    if not os.path.exists(os.path.join(output, state_file)):
-        return ""
-    how = "--resume instead of --overwrite" if overwrite else "--resume"
-    return f"; finished chunks are kept in {output}: run the same command with {how} to finish"
-
-
-def _force_exit() -> None:
-    # Only os-level calls: the orderly path may be stuck holding locks (see _on_sigint).
-    os.write(2, f"interrupted{_interrupt_note[0]()} (forced exit)\n".encode())
-    os._exit(130)
-
-
-def _exit_later() -> None:
-    time.sleep(FORCE_EXIT_AFTER_S)
-    _force_exit()
-
-
-def _on_sigint(signum: int, frame: Any) -> None:
-    """First Ctrl-C: raise KeyboardInterrupt as usual, and exit anyway if that stalls.
-
-    A KeyboardInterrupt that lands while the main thread imports a module can be swallowed by
-    the import machinery and leave its lock held; the reader, tokenizer and packer threads then
-    wait on it forever (seen in `pack` under load). The watchdog bounds that. A second Ctrl-C
-    exits at once. Either way `pack --resume` works: shards and the state file are written
-    atomically, and only finished chunks are recorded.
-    """
-    if _interrupted.is_set():
-        _force_exit()
-    _interrupted.set()
-    threading.Thread(target=_exit_later, name="packtool-interrupt", daemon=True).start()
-    raise KeyboardInterrupt
-
-
-def _install_sigint() -> Any:
-    """Install `_on_sigint`; returns the previous handler (None when not on the main thread)."""
-    try:
-        return signal.signal(signal.SIGINT, _on_sigint)
-    except ValueError:  # not the main thread (e.g. an embedding application)
-        return None
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
-    previous = _install_sigint()
+    previous = interrupt.install_sigint()
     try:
         cli.main(args=argv, prog_name="packtool", standalone_mode=False)
     except PacktoolError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
-        click.echo(f"interrupted{_interrupt_note[0]()}", err=True)
+        click.echo(f"interrupted{interrupt.note[0]()}", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
@@ -585,10 +563,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0)
     except OSError as exc:  # the disk filled up, a permission changed mid-run, ...
         where = f"{exc.filename}: " if exc.filename else ""
-        click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+        click.echo(f"error: {where}{exc.strerror or exc}{interrupt.note[0]()}", err=True)
         sys.exit(1)
     finally:
-        _interrupt_note[0] = lambda: ""
+        interrupt.note[0] = lambda: ""
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
 

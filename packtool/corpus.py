@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from packtool.columns import names, optional
 from packtool.compressed import open_stream, zstd_error
 from packtool.errors import ConfigError, DataError
 
@@ -50,8 +52,9 @@ file whose first character is `[` is read as one JSON array of objects instead."
 _BOM = b"\xef\xbb\xbf"
 _JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
 
-RESERVED_COLUMNS = ("doc_id", "source", "input_ids", "length")
-"""Column names of the tokenized table; an extra field may not take one of them."""
+RESERVED_COLUMNS = ("doc_id", "source", "input_ids", "length", *names(optional()))
+"""Column names of the tokenized table (with the declared optional ones, packtool/columns.py);
+an extra field may not take one of them."""
 
 # How many JSON objects without the text field, and none with it, before a file is an error.
 _MISSING_FIELD_PATIENCE = 1000
@@ -194,19 +197,21 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
         text = os.fspath(raw)
         path = Path(text)
         if path.is_dir():
-            matches = sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file()
-                and p.name.lower().endswith(KNOWN_SUFFIXES)
-                and not any(part.startswith(".") for part in p.relative_to(path).parts)
-            )
+            matches = _walk(path)
             if not matches:
                 raise DataError(f"{text}: folder has no corpus files (looked for {_KNOWN_SHORT})")
         elif path.is_file():
             matches = [path]
+        elif os.path.lexists(path):
+            raise DataError(_not_a_file(path))
         elif glob.has_magic(text):
-            matches = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+            matches = []
+            for name in sorted(glob.glob(text, recursive=True)):
+                p = Path(name)
+                if p.is_file():
+                    matches.append(p)
+                elif not p.is_dir():
+                    raise DataError(_not_a_file(p))
             if not matches:
                 raise DataError(f"{text}: glob matches no files")
         else:
@@ -217,6 +222,54 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
                 seen.add(key)
                 out.append(p)
     return out
+
+
+def _walk(folder: Path) -> list[Path]:
+    """The corpus files under `folder`, sorted; hidden names and symlinked folders are skipped.
+
+    Nothing that looks like a corpus file is passed over in silence: an entry with a corpus
+    suffix that is not a readable regular file (a dangling symlink, a named pipe) and a sub-folder
+    that cannot be listed are errors.
+    """
+
+    def cannot_list(exc: OSError) -> None:
+        raise DataError(f"{exc.filename}: cannot list folder ({exc.strerror or exc})")
+
+    found = []
+    for top, dirs, files in os.walk(folder, onerror=cannot_list):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            if name.startswith(".") or not name.lower().endswith(KNOWN_SUFFIXES):
+                continue
+            p = Path(top) / name
+            if p.is_file():
+                found.append(p)
+            elif not p.is_dir():
+                raise DataError(_not_a_file(p))
+    return sorted(found)
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_a_file(path: Path) -> str:
+    """Why `path`, which exists as a name, is not an input packtool can read."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"{path}: a symbolic link to {os.readlink(path)}, which does not exist"
+    except OSError as exc:
+        return f"{path}: cannot be followed ({exc.strerror or exc})"
+    kind = next((what for test, what in _KINDS if test(mode)), "not a regular file")
+    return (
+        f"{path}: {kind}, not a regular file; packtool reads an input more than once (to check "
+        "it, to read it, to resume), so save the stream to a file first"
+    )
 
 
 def read_corpus(
@@ -432,6 +485,26 @@ def _raise_missing_field(path: Path, field_name: str, keys: list[str]) -> None:
     )
 
 
+def _text_kind(arrow_type: Any) -> str | None:
+    """`string` or `binary` for a column that holds text, else None.
+
+    Every Arrow layout of text counts: string / large_string / string_view, their binary twins
+    (decoded as UTF-8), and a dictionary of any of them (a pandas Categorical, or what Parquet
+    writers store for low-cardinality columns); `to_pylist` gives the values of each alike.
+    """
+    import pyarrow as pa
+
+    t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+    for kind, tests in (
+        ("string", ("is_string", "is_large_string", "is_string_view")),
+        ("binary", ("is_binary", "is_large_binary", "is_binary_view")),
+    ):
+        # The view types came with pyarrow 16; older ones cannot read such a column anyway.
+        if any(getattr(pa.types, test, lambda _: False)(t) for test in tests):
+            return kind
+    return None
+
+
 def _read_parquet(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_Doc]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -448,11 +521,12 @@ def _read_parquet(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterato
             hint = "; pass --text-column NAME" if name == config.text_column else ""
             raise DataError(f"{path}: no {what} {name!r} (columns: {', '.join(names)}){hint}")
     text_type = pf.schema_arrow.field(config.text_column).type
-    is_binary = pa.types.is_binary(text_type) or pa.types.is_large_binary(text_type)
-    if not (is_binary or pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
+    kind = _text_kind(text_type)
+    if kind is None:
         raise DataError(
             f"{path}: text column {config.text_column!r} has type {text_type}, not a string"
         )
+    is_binary = kind == "binary"
     row = 0
     try:
         for record_batch in pf.iter_batches(batch_size=config.batch_docs, columns=wanted):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -35,3 +38,20 @@ def make_output_folder(folder: Path) -> None:
         )
         why = f"{blocker} is a file, not a folder" if blocker else (exc.strerror or str(exc))
         raise ConfigError(f"cannot create output folder {folder} ({why})") from None
+
+
+@contextmanager
+def naming(path: str | os.PathLike) -> Iterator[None]:
+    """Give an `OSError` raised inside the name of the file being written.
+
+    pyarrow's writers and Python's `write` / `fsync` report a full disk as "Error writing bytes
+    to file ... No space left on device" or "[Errno 28] No space left on device", naming no file;
+    the CLI prints `error: PATH: No space left on device` from the error this re-raises.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise OSError(exc.errno, why, os.fspath(path)) from None

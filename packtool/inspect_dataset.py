@@ -18,14 +18,18 @@ import numpy as np
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from packtool.columns import LOSS_MASK
 from packtool.errors import ConfigError, DataError
 from packtool.manifest import Manifest, dataset_folder, read_manifest
+from packtool.masks import segment_sums, spans
 from packtool.verify import list_parts
 
 PLOT_ROWS = 64
 """Rows drawn in the row-fill picture."""
 PREVIEW_CHARS = 40
 PREVIEW_IDS = 8
+STRIP_CHARS = 100
+"""Characters of the loss-mask strip under a row (`RowView.mask_strip`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +56,12 @@ class RowDocument:
     length: int
     preview: str
     """Decoded text (byte tokenizer) or the first token ids."""
+    supervised: int | None = None
+    """Tokens with loss_mask 1 (None: the dataset has no loss mask)."""
+    spans: tuple[tuple[int, int], ...] = ()
+    """The supervised runs, `(start, end)` token positions in the row (half-open)."""
+    supervised_preview: str = ""
+    """The start of the first supervised run, previewed like `preview`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,19 +87,36 @@ class RowView:
             "max_len": self.max_len,
             "fill": self.length / self.max_len,
             "doc_offsets": [int(x) for x in self.doc_offsets],
-            "documents": [d.__dict__ for d in self.documents],
+            "documents": [
+                {**d.__dict__, "spans": [list(p) for p in d.spans]} for d in self.documents
+            ],
+            "mask_strip": self.mask_strip,
         }
 
+    mask_strip: str = ""
+    """With a loss mask: the row drawn in `STRIP_CHARS` characters, `#` where some token of the
+    stretch is supervised, `.` where none is, `|` at document starts."""
+
     def format(self) -> str:
+        masked = any(d.supervised is not None for d in self.documents)
         lines = [
             f"row {self.row} ({self.file} row {self.shard_row}): {self.length:,} tokens of max_len "
             f"{self.max_len:,} ({self.length / self.max_len:.1%}), {len(self.documents)} documents",
-            f"  {'doc_id':>10}  {'chunk':>5}  {'start':>7}  {'length':>7}  preview",
+            f"  {'doc_id':>10}  {'chunk':>5}  {'start':>7}  {'length':>7}  "
+            + (f"{'supervised':>10}  " if masked else "")
+            + "preview",
         ]
         for d in self.documents:
+            sup = f"{d.supervised:>10}  " if masked else ""
             lines.append(
-                f"  {d.doc_id:>10}  {d.chunk:>5}  {d.start:>7}  {d.length:>7}  {d.preview}"
+                f"  {d.doc_id:>10}  {d.chunk:>5}  {d.start:>7}  {d.length:>7}  {sup}{d.preview}"
             )
+            if masked:
+                runs = ", ".join(f"{a}-{b}" for a, b in d.spans[:8])
+                more = f" (+{len(d.spans) - 8} more)" if len(d.spans) > 8 else ""
+                lines.append(f"  {'':>10}  supervised tokens {runs}{more}: {d.supervised_preview}")
+        if self.mask_strip:
+            lines.append(f"  loss mask |{self.mask_strip}|")
         return "\n".join(lines)
 
 
@@ -124,6 +151,7 @@ class DatasetSummary:
             "rounds": m.rounds,
             "long_docs": m.long_docs,
             "counts": m.counts,
+            "columns": list(m.columns),
             "rows": self.rows,
             "tokens": self.tokens,
             "efficiency": m.efficiency,
@@ -146,11 +174,18 @@ class DatasetSummary:
             f"eos {tok.get('eos_id')}, bos {tok.get('bos_id')})",
             f"packing     {m.algorithm}, max_len {m.max_len:,}, seed {m.seed}, rounds {m.rounds}, "
             f"long docs: {m.long_docs}",
+            f"columns     {', '.join(m.columns)}",
             *_count_lines(m.counts),
             f"rows        {self.rows:,} (lower bound {lb:,}, gap {self.gap_rows:,} = {gap})",
             f"efficiency  {m.efficiency:.2%} ({self.tokens:,} tokens in {self.rows:,} rows of "
             f"{m.max_len:,})",
         ]
+        if "tokens_supervised" in m.counts and self.rows:
+            sup = m.counts["tokens_supervised"]
+            lines.append(
+                f"supervised  {sup / (self.rows * m.max_len):.2%} of slots ({sup:,} tokens with "
+                "loss_mask 1: the supervised efficiency)"
+            )
         if self.fill:
             f = self.fill
             lines += [
@@ -286,9 +321,14 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
         raise DataError(f"{file}: cannot read row {local} ({exc}); run `packtool verify`") from None
     ids = np.asarray(values["input_ids"], dtype=np.int64)
     offsets = np.asarray(values["doc_offsets"], dtype=np.int64)
+    mask = values.get(LOSS_MASK)  # bytes (its storage) or a list
+    if isinstance(mask, bytes):
+        mask = np.frombuffer(mask, np.uint8)
+    mask = None if mask is None else np.asarray(mask, dtype=np.uint8)
     documents = []
     for k, (doc_id, chunk) in enumerate(zip(values["doc_ids"], values["doc_chunks"], strict=False)):
         start, end = int(offsets[k]), int(offsets[k + 1])
+        runs = [] if mask is None else [(a + start, b + start) for a, b in spans(mask[start:end])]
         documents.append(
             RowDocument(
                 doc_id=int(doc_id),
@@ -296,6 +336,11 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
                 start=start,
                 length=end - start,
                 preview=preview(ids[start:end], manifest.tokenizer),
+                supervised=None if mask is None else int(mask[start:end].sum()),
+                spans=tuple(runs),
+                supervised_preview=preview(ids[runs[0][0] : runs[0][1]], manifest.tokenizer)
+                if runs
+                else "",
             )
         )
     return RowView(
@@ -306,7 +351,21 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
         max_len=manifest.max_len,
         doc_offsets=offsets,
         documents=tuple(documents),
+        mask_strip="" if mask is None else mask_strip(mask, offsets),
     )
+
+
+def mask_strip(mask: NDArray, offsets: NDArray[np.int64], width: int = STRIP_CHARS) -> str:
+    """A row's loss mask in at most `width` characters (see `RowView.mask_strip`)."""
+    n = len(mask)
+    if n == 0:
+        return ""
+    edges = np.linspace(0, n, min(width, n) + 1).astype(np.int64)
+    sums = segment_sums(mask, edges)
+    chars = np.where(sums > 0, "#", ".").astype(object)
+    starts = np.searchsorted(edges, offsets[1:-1], side="right") - 1
+    chars[starts[starts < len(chars)]] = "|"
+    return "".join(chars)
 
 
 def preview(ids: NDArray[np.int64], tokenizer: dict[str, Any]) -> str:

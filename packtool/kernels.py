@@ -385,6 +385,18 @@ def _gather_segments(values, src, lengths):  # pragma: no cover - compiled
     return out
 
 
+@numba.njit(cache=True, nogil=True)
+def _segment_sums(values, src, lengths):  # pragma: no cover - compiled
+    out = np.zeros(lengths.size, np.int64)
+    for i in range(lengths.size):
+        s = src[i]
+        acc = 0
+        for t in range(lengths[i]):
+            acc += values[s + t]
+        out[i] = acc
+    return out
+
+
 # --- typed wrappers: validate once, then call the kernel ---
 
 
@@ -488,6 +500,26 @@ def gather_segments(values: NDArray, src: ArrayLike, lengths: ArrayLike) -> NDAr
     return _gather_segments(np.ascontiguousarray(values), src, lengths)
 
 
+def segment_sums(values: NDArray, src: ArrayLike, lengths: ArrayLike) -> NDArray[np.int64]:
+    """`values[src[i] : src[i] + lengths[i]].sum()` for every i, in one pass (int64).
+
+    The supervised tokens of each packed piece: numpy's cumulative sum of a uint8 mask into
+    int64 takes ~6-25 ns per value; this loop ~1.
+
+    Raises:
+        ValueError: as `gather_segments`.
+    """
+    src = np.ascontiguousarray(src, dtype=np.int64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    if src.shape != lengths.shape or src.ndim != 1:
+        raise ValueError(
+            f"src and lengths must be 1-D of one shape, got {src.shape}, {lengths.shape}"
+        )
+    if src.size and (src.min() < 0 or lengths.min() < 0 or (src + lengths).max() > len(values)):
+        raise ValueError(f"a segment falls outside the {len(values)} values")
+    return _segment_sums(np.ascontiguousarray(values), src, lengths)
+
+
 def warm_up() -> None:
     """Load every kernel from numba's cache (or compile it) on tiny inputs.
 
@@ -499,8 +531,9 @@ def warm_up() -> None:
     bfd_assign(lengths, 4)
     ff_assign(lengths, 4)
     split_lengths(np.array([5], dtype=np.int64), 4)
-    for dtype in (np.uint16, np.uint32):
+    for dtype in (np.uint8, np.uint16, np.uint32):  # uint8: loss masks
         gather_segments(np.arange(4, dtype=dtype), [0], [2])
+    segment_sums(np.arange(4, dtype=np.uint8), [0], [2])
 
 
 def assign(

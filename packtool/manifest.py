@@ -1,7 +1,8 @@
 """`index.json`: the manifest that makes a folder of Parquet shards a packtool dataset.
 
 The manifest is written last (atomically); a shard it does not list does not exist. Readers refuse
-a `format_version` they do not know. See docs/CONTRACTS.md for the shard columns.
+a `format_version` they do not know. The shard columns are declared in `packtool/columns.py`;
+format 2 records the ones a dataset has (`columns`), format 1 had exactly the required ones.
 """
 
 from __future__ import annotations
@@ -16,30 +17,31 @@ from typing import Any
 
 import pyarrow as pa
 
-from packtool.errors import DataError
+from packtool import columns as shard_columns
+from packtool.errors import DataError, naming
+from packtool.manifest_check import manifest_problem
 
 FORMAT = "packtool.packed"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 INDEX_FILE = "index.json"
-SUPPORTED_VERSIONS = (1,)
+SUPPORTED_VERSIONS = (1, 2)
+"""1: the four required columns; 2: adds the `columns` list (and optional columns such as
+`loss_mask`)."""
 
 
-def packed_schema(token_type: pa.DataType | None = None) -> pa.Schema:
-    """The Arrow schema of a packed shard (format version 1).
+def packed_schema(
+    token_type: pa.DataType | None = None, columns: tuple[str, ...] | None = None
+) -> pa.Schema:
+    """The Arrow schema of a packed shard with `columns` (None: the required ones).
+
+    Derived from the declaration in `packtool/columns.py`.
 
     Args:
-        token_type: `pa.uint16()` when the vocabulary has at most 65,536 ids (every id fits), else `pa.uint32()`
-            (the default).
+        token_type: `pa.uint16()` when the vocabulary has at most 65,536 ids (every id fits), else
+            `pa.uint32()` (the default).
+        columns: the dataset's column names (`Manifest.columns`).
     """
-    token_type = token_type or pa.uint32()
-    return pa.schema(
-        [
-            pa.field("input_ids", pa.list_(token_type), nullable=False),
-            pa.field("doc_offsets", pa.list_(pa.int32()), nullable=False),
-            pa.field("doc_ids", pa.list_(pa.int64()), nullable=False),
-            pa.field("doc_chunks", pa.list_(pa.int32()), nullable=False),
-        ]
-    )
+    return shard_columns.packed_schema(token_type, columns)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +74,11 @@ class Manifest:
     lower_bound_rows: int
     shards: tuple[ShardInfo, ...]
     command: str = ""
+    columns: tuple[str, ...] = field(
+        default_factory=lambda: shard_columns.names(shard_columns.required())
+    )
+    """The shard columns this dataset has, in declaration order (format 2; format 1: the
+    required ones)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else worth recording (rows per round, per-group efficiency, timings)."""
     format: str = FORMAT
@@ -97,6 +104,9 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["shards"] = [dataclasses.asdict(s) for s in self.shards]
+        d["columns"] = list(self.columns)
+        if self.format_version == 1:  # format 1 had no list: exactly the required columns
+            del d["columns"]
         # Put the format first so a person reading the file sees it at once.
         return {"format": d.pop("format"), "format_version": d.pop("format_version"), **d}
 
@@ -105,7 +115,7 @@ class Manifest:
         if d.get("format") != FORMAT:
             raise DataError(f"{where}: not a packtool dataset (format {d.get('format')!r})")
         version = d.get("format_version")
-        if version not in SUPPORTED_VERSIONS:
+        if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:  # True == 1
             raise DataError(
                 f"{where}: format_version {version!r} is not supported by this packtool "
                 f"(supported: {list(SUPPORTED_VERSIONS)}); upgrade packtool or repack the data"
@@ -113,10 +123,14 @@ class Manifest:
         problem = _type_problem(d)
         if problem:
             raise DataError(f"{where}: malformed manifest: {problem}")
+        columns = shard_columns.manifest_columns(d, version)
+        if isinstance(columns, str):
+            raise DataError(f"{where}: malformed manifest: {columns}")
         try:
             shards = tuple(ShardInfo(**s) for s in d["shards"])
-            names = {f.name for f in dataclasses.fields(cls)} - {"shards"}
-            return cls(shards=shards, **{k: v for k, v in d.items() if k in names})
+            names = {f.name for f in dataclasses.fields(cls)} - {"shards", "columns"}
+            fields = {k: v for k, v in d.items() if k in names}
+            return cls(shards=shards, columns=columns, **fields)
         except (KeyError, TypeError) as exc:
             raise DataError(f"{where}: malformed manifest ({exc})") from None
 
@@ -185,7 +199,7 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file and a rename (never a half-written file)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with naming(tmp), open(tmp, "wb") as f:  # a full disk names the file
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -214,6 +228,9 @@ def dataset_folder(path: str | os.PathLike) -> Path:
 def read_manifest(directory: str | os.PathLike) -> Manifest:
     """Read and check `index.json` in `directory` (a clear `DataError` on any problem).
 
+    Checked: the format and version, every field's type, shard paths, and the manifest as a
+    whole (`packtool.manifest_check`: enumerations, ranges, counting identities, totals).
+
     Args:
         directory: the dataset folder, or its `index.json` (see `dataset_folder`).
     """
@@ -230,7 +247,8 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     if not isinstance(data, dict):
         raise DataError(f"{path}: malformed manifest (not a JSON object)")
     manifest = Manifest.from_dict(data, where=str(path))
-    problem = _shard_files_problem(manifest)
+    # The whole manifest, not field by field: what verify refuses, every reader refuses.
+    problem = _shard_files_problem(manifest) or manifest_problem(data)
     if problem:
         raise DataError(f"{path}: {problem}")
     return manifest

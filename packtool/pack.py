@@ -1,8 +1,9 @@
 """The pure per-chunk packing step: a table of tokenized documents -> a table of packed rows.
 
-`pack_table` takes an Arrow table in the tokenized schema (`doc_id`, `input_ids`, `length`, and
-any extra string columns) and returns packed rows in the shard schema (`input_ids`,
-`doc_offsets`, `doc_ids`, `doc_chunks`) plus exact counts. It reads no files and writes none, so
+`pack_table` takes an Arrow table in the tokenized schema (`doc_id`, `input_ids`, `length`, any
+declared optional columns such as `loss_mask`, and any extra string columns) and returns packed
+rows in the shard schema (`input_ids`, `doc_offsets`, `doc_ids`, `doc_chunks`, then the optional
+columns it carried, packtool/pack_columns.py) plus exact counts. It reads no files and writes none, so
 the local engine and a distributed one call it unchanged.
 
 Steps: long documents are split / truncated / dropped into *segments* of at most `max_len`
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from packtool import kernels
+from packtool import columns, kernels, pack_columns
 from packtool.errors import ConfigError, DataError
 
 ALGORITHMS = kernels.ALGORITHMS
@@ -100,6 +101,10 @@ class PackCounts:
     tokens_dropped: int = 0
     segments: int = 0
     rows: int = 0
+    documents_unsupervised: int = 0
+    """With a loss mask: documents left out for holding no supervised token (in `dropped`)."""
+    tokens_supervised: int = 0
+    """With a loss mask: supervised tokens packed (a share of `tokens_out`)."""
 
     def __iadd__(self, other: PackCounts) -> PackCounts:
         for f in fields(self):
@@ -164,6 +169,38 @@ def make_segments(
     counts.segments = len(doc)
     counts.tokens_out = int(length.sum())
     return _Segments(doc, start, length, chunk.astype(np.int32)), counts
+
+
+def drop_unsupervised(
+    segs: _Segments,
+    counts: PackCounts,
+    mask: NDArray,
+    doc_start: NDArray[np.int64],
+    lengths: NDArray[np.int64],
+) -> _Segments:
+    """Leave out the pieces without a supervised token; count them as dropped documents.
+
+    With a loss mask nothing is split, so each piece is a whole document or its truncated head.
+    """
+    supervised = pack_columns.supervised_per_segment(
+        mask, doc_start[segs.doc] + segs.start, segs.length
+    )
+    gone = supervised == 0
+    counts.tokens_supervised = int(supervised.sum())
+    if gone.any():
+        doc_len = lengths[segs.doc[gone]]
+        cut = doc_len > segs.length[gone]  # truncated first: its truncation is undone
+        counts.documents_truncated -= int(cut.sum())
+        counts.tokens_truncated -= int((doc_len - segs.length[gone])[cut].sum())
+        counts.documents_unsupervised += int(gone.sum())
+        counts.documents_dropped += int(gone.sum())
+        counts.tokens_dropped += int(doc_len.sum())
+        counts.documents_packed -= int(gone.sum())
+        counts.segments -= int(gone.sum())
+        counts.tokens_out -= int(segs.length[gone].sum())
+        keep = ~gone
+        segs = _Segments(segs.doc[keep], segs.start[keep], segs.length[keep], segs.chunk[keep])
+    return segs
 
 
 def _first_round(
@@ -261,7 +298,13 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
         recorded = table.column("length").to_numpy()
         if len(recorded) != len(lengths) or not np.array_equal(recorded, lengths):
             raise DataError("tokenized table: `length` does not match the number of input_ids")
+    optional = pack_columns.carried(table)
+    pack_columns.check_policy(columns.names(optional), config.long_docs)
     segs, counts = make_segments(lengths, config.max_len, config.long_docs)
+    flat: dict[str, NDArray] = {}
+    if columns.LOSS_MASK in columns.names(optional):
+        flat[columns.LOSS_MASK] = pack_columns.token_values(table, columns.LOSS_MASK, doc_start)
+        segs = drop_unsupervised(segs, counts, flat[columns.LOSS_MASK], doc_start, lengths)
     rng = np.random.default_rng([config.seed, chunk_index])
 
     row = np.zeros(len(segs.length), dtype=np.int64)
@@ -312,6 +355,9 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
     doc_off_offsets = (seg_offsets + np.arange(n_rows + 1)).astype(np.int32)
 
     doc_ids = table.column("doc_id").to_numpy().astype(np.int64)[segs.doc[order]]
+    extra = pack_columns.gather(
+        table, optional, doc_start, segs.doc[order], src, seg_len, row_offsets, seg_offsets, flat
+    )
     out = pa.table(
         {
             "input_ids": pa.ListArray.from_arrays(pa.array(row_offsets), tokens),
@@ -322,6 +368,7 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
             "doc_chunks": pa.ListArray.from_arrays(
                 pa.array(seg_offsets), pa.array(segs.chunk[order])
             ),
+            **extra,
         }
     )
     return PackedChunk(

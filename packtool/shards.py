@@ -1,4 +1,5 @@
-"""Writing packed rows as Parquet shards, atomically (temporary file, fsync, rename).
+"""Writing packed rows as Parquet shards, atomically (temporary file, fsync, rename), with a CRC32
+checksum on every page.
 
 A shard that has its final name is complete; anything still being written is a hidden
 `.NAME.tmp` file. Shards never straddle chunks, so the shards of a chunk depend only on that
@@ -14,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, naming
 from packtool.manifest import ShardInfo, packed_schema, sha256_file
 
 SHARD_PATTERN = "shard-{:05d}.parquet"
@@ -52,27 +53,36 @@ def _write_one(path: Path, table: pa.Table, config: ShardConfig) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     codec = None if config.compression == "none" else config.compression
     level = config.compression_level if codec in ("zstd",) else None
-    pq.write_table(
-        table,
-        tmp,
-        row_group_size=config.row_group_rows,
-        compression=codec,
-        compression_level=level,
-        # Token lists are high-entropy ids: dictionary encoding only costs time.
-        use_dictionary=False,
-        write_statistics=False,
-    )
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
+    with naming(tmp):  # a full disk names the file
+        pq.write_table(
+            table,
+            tmp,
+            row_group_size=config.row_group_rows,
+            compression=codec,
+            compression_level=level,
+            # Token lists are high-entropy ids: dictionary encoding only costs time.
+            use_dictionary=False,
+            write_statistics=False,
+            # A CRC32 per page, checked by the loader on every read: a flipped bit in a page is
+            # an error instead of different tokens (README, "Loader", for the cost).
+            write_page_checksum=True,
+        )
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
 def write_shards(
     directory: Path, table: pa.Table, first_index: int, config: ShardConfig
 ) -> list[ShardInfo]:
-    """Write one chunk's packed rows as shards numbered from `first_index`; return their info."""
+    """Write one chunk's packed rows as shards numbered from `first_index`; return their info.
+
+    The table's columns (the required ones plus any declared optional ones, packtool/columns.py)
+    are written in declaration order with the declared types.
+    """
     token_type = table.schema.field("input_ids").type.value_type
-    table = table.cast(packed_schema(token_type))
+    schema = packed_schema(token_type, tuple(table.column_names))
+    table = table.select(schema.names).cast(schema)
     infos = []
     for i, start in enumerate(range(0, max(table.num_rows, 1), config.shard_rows)):
         part = table.slice(start, config.shard_rows)

@@ -21,15 +21,19 @@ import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from packtool.columns import LOSS_MASK
 from packtool.errors import ConfigError, DataError
 from packtool.kernels import check_max_len, ffd_assign
 from packtool.kernels import split_lengths as _split_lengths
 from packtool.pack import check_room_for_text
+
+if TYPE_CHECKING:
+    from packtool.stats_supervised import SupervisedStats
 
 __all__ = [
     "DEFAULT_CANDIDATES",
@@ -285,6 +289,8 @@ class LengthStats:
     """Where the lengths came from: kind (raw | tokenized | array), tokenizer, skipped counts."""
     lengths: NDArray[np.int64] | None = field(default=None, repr=False, compare=False)
     """The lengths themselves (for plots); not part of `to_dict()`."""
+    supervised: SupervisedStats | None = None
+    """Supervised tokens and efficiency, for data with a loss mask (packtool/stats_supervised.py)."""
 
     @property
     def ffd_efficiency(self) -> float:
@@ -342,6 +348,7 @@ class LengthStats:
             "suggestion_rule": SUGGESTION_RULE,
             "histogram_log2": self.histogram_log2,
             "histogram_32": self.histogram_32,
+            **({"supervised": self.supervised.to_dict()} if self.supervised else {}),
         }
 
     def render(self) -> str:
@@ -362,7 +369,11 @@ def suggest_max_len(candidates: Sequence[Candidate], documents: int) -> int:
 
 
 def length_stats(
-    lengths: ArrayLike, config: StatsConfig | None = None, *, inputs: dict[str, Any] | None = None
+    lengths: ArrayLike,
+    config: StatsConfig | None = None,
+    *,
+    inputs: dict[str, Any] | None = None,
+    supervised: SupervisedStats | None = None,
 ) -> LengthStats:
     """All statistics of one array of document lengths (tokens, BOS/EOS included).
 
@@ -438,6 +449,7 @@ def length_stats(
         suggested_max_len=suggested,
         inputs=dict(inputs or {"kind": "array"}),
         lengths=arr,
+        supervised=supervised,
     )
 
 
@@ -464,14 +476,18 @@ def compute_stats(
         ConfigError: a max length (or candidate) that BOS + EOS fill, which `pack` refuses.
     """
     from packtool.corpus import SkipCounter
-    from packtool.tokenize import input_identity, read_lengths, tokenized_batches
+    from packtool.stats_supervised import SupervisedCounter, read_supervised
+    from packtool.tokenize import input_columns, input_identity, read_lengths, tokenized_batches
 
     inputs = list(inputs)
     config = config or StatsConfig()
     identity = input_identity(inputs)
+    counter = None
+    if LOSS_MASK in input_columns(inputs, read_config):
+        counter = SupervisedCounter([config.max_len, *config.candidates])
     if identity is not None:
         config.check_room_for_text(identity.eos_id, identity.bos_id)
-        lengths = read_lengths(inputs)
+        lengths = read_lengths(inputs) if counter is None else read_supervised(inputs, counter)
         if not lengths.size:
             raise DataError(f"no documents in {', '.join(map(str, inputs))} (tokenized, 0 rows)")
         info: dict[str, Any] = {"kind": "tokenized", "tokenizer": identity.to_dict()}
@@ -482,12 +498,13 @@ def compute_stats(
 
             tokenizer = load_tokenizer(tokenizer or "byte", workers=workers)
         config.check_room_for_text(tokenizer.identity.eos_id, tokenizer.identity.bos_id)
-        parts = [
-            t.column("length").to_numpy()
-            for t in tokenized_batches(
-                inputs, read_config=read_config, tokenizer=tokenizer, skips=skips
-            )
-        ]
+        parts = []
+        for t in tokenized_batches(
+            inputs, read_config=read_config, tokenizer=tokenizer, skips=skips
+        ):
+            parts.append(t.column("length").to_numpy())
+            if counter is not None:
+                counter.add(t)
         lengths = np.concatenate(parts) if parts else np.empty(0, np.int64)
         if not lengths.size:
             raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")
@@ -497,4 +514,5 @@ def compute_stats(
             "skipped": skips.to_dict(),
             "skipped_summary": skips.summary(),
         }
-    return length_stats(lengths, config, inputs=info)
+    supervised = counter.result() if counter is not None else None
+    return length_stats(lengths, config, inputs=info, supervised=supervised)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from packtool.stats import SUGGESTION_RULE, LengthStats
+from packtool.tokenizers import describe_tokenizer
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: bool = True) -> list[str]:
@@ -65,15 +66,31 @@ def _render_histogram_32(
     return lines
 
 
+def _supervised_lines(s: LengthStats) -> list[tuple[str, str]]:
+    """With a loss mask: supervised tokens, and the packing `pack` does by default for them."""
+    sup = s.supervised
+    if sup is None:
+        return []
+    at = sup.at[s.max_len]
+    share = sup.supervised_tokens / sup.tokens if sup.tokens else 0.0
+    return [
+        ("supervised tokens", f"{sup.supervised_tokens:,} ({_pct(share)} of tokens)"),
+        (
+            "masked: FFD, truncated",
+            f"{at.rows:,} rows, efficiency {_pct(at.efficiency)}, supervised efficiency "
+            f"{_pct(at.supervised_efficiency)} (documents never split: {at.documents_truncated:,}"
+            f" truncated, {at.documents_unsupervised:,} dropped with no supervised token left)",
+        ),
+    ]
+
+
 def render_report(s: LengthStats) -> str:
     """The text `packtool stats` prints (`LengthStats.render()`)."""
     L = s.max_len
     tok = s.inputs.get("tokenizer") or {}
     lines = []
     if tok:
-        lines.append(
-            f"tokenizer   {tok.get('kind')}:{tok.get('name')} (vocab {tok.get('vocab_size')})"
-        )
+        lines.append(f"tokenizer   {describe_tokenizer(tok)}")
     if s.inputs.get("skipped_summary"):
         lines.append(f"skipped     {s.inputs['skipped_summary']}")
     lines += [
@@ -116,11 +133,13 @@ def render_report(s: LengthStats) -> str:
                 ),
                 ("lower bound on rows", f"L1 {s.lower_bound_l1:,}  L2 {s.lower_bound_l2:,}"),
                 ("FFD packing", f"{s.ffd_rows:,} rows, efficiency {_pct(s.ffd_efficiency)}"),
+                *_supervised_lines(s),
             ]
         ),
         "",
         "candidate max lengths (FFD after splitting)",
     ]
+    sup = s.supervised
     cand_rows = [
         [
             f"{c.max_len:,}" + (" *" if c.max_len == s.suggested_max_len else ""),
@@ -130,20 +149,19 @@ def render_report(s: LengthStats) -> str:
             f"{c.rows:,}",
             _pct(c.efficiency),
             _pct(c.pad_to_max_len_waste),
+            *([_pct(sup.at[c.max_len].supervised_efficiency)] if sup else []),
         ]
         for c in s.candidates
     ]
-    lines += _table(
-        [
-            "max_len",
-            "split docs",
-            "chunks",
-            "L2 rows",
-            "FFD rows",
-            "efficiency",
-            "pad-to-max waste",
-        ],
-        cand_rows,
-    )
+    headers = [
+        "max_len",
+        "split docs",
+        "chunks",
+        "L2 rows",
+        "FFD rows",
+        "efficiency",
+        "pad-to-max waste",
+    ]
+    lines += _table(headers + (["supervised eff. (truncated)"] if sup else []), cand_rows)
     lines += ["", f"suggested max length: {s.suggested_max_len:,} (* : {SUGGESTION_RULE})"]
     return "\n".join(lines)

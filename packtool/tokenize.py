@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -27,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from packtool import columns as shard_columns
 from packtool.corpus import (
     DocumentBatch,
     ReadConfig,
@@ -34,16 +34,28 @@ from packtool.corpus import (
     expand_inputs,
     read_corpus,
 )
-from packtool.errors import ConfigError, DataError, make_output_folder
+from packtool.errors import ConfigError, DataError
+from packtool.output import (
+    OutputLock,
+    check_apart,
+    commit,
+    create_parent,
+    output_paths,
+    recover,
+    remove,
+    remove_empty_parents,
+)
+from packtool.pretokenized import read_pretokenized, split_pretokenized
 from packtool.progress import Progress
-from packtool.tokenizers import Tokenizer, TokenizerIdentity, load_tokenizer
+from packtool.tokenized_input import checked_table
+from packtool.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
+from packtool.tokenizers import Tokenizer, TokenizerIdentity, describe_tokenizer, load_tokenizer
 
 FORMAT = "packtool.tokenized"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Written when the documents carry optional columns (`loss_mask`); plain files stay version 1."""
+SUPPORTED_VERSIONS = (1, 2)
 META_KEY = b"packtool"
-PART_PATTERN = "part-{:05d}.parquet"
-PIPELINE_DEPTH = 1
-"""Batches each pipeline stage may run ahead of the next (memory: about 3 stages x depth batches)."""
 
 T = TypeVar("T")
 
@@ -52,8 +64,15 @@ def tokenized_schema(
     identity: TokenizerIdentity,
     extra_fields: Iterable[str] = (),
     token_type: pa.DataType | None = None,
+    optional: Iterable[str] = (),
 ) -> pa.Schema:
-    """The Arrow schema of tokenized Parquet, with the tokenizer identity in its metadata."""
+    """The Arrow schema of tokenized Parquet, with the tokenizer identity in its metadata.
+
+    `optional`: declared optional shard columns the documents carry (packtool/columns.py), after
+    `length`, stored per document as the shards store them per row (`loss_mask`: bytes), a value
+    for per-document ones.
+    Files with one are version 2 (their metadata lists them); without, version 1 as before.
+    """
     if token_type is None:
         token_type = pa.uint16() if identity.vocab_size <= 1 << 16 else pa.uint32()
     fields = [
@@ -62,9 +81,37 @@ def tokenized_schema(
         pa.field("input_ids", pa.list_(token_type), nullable=False),
         pa.field("length", pa.int32(), nullable=False),
     ]
+    optional = shard_columns.names(shard_columns.tokenized_optional(list(optional)))
+    for c in map(shard_columns.get, optional):  # stored as the shards store them
+        fields.append(
+            c.field(token_type)
+            if c.level == shard_columns.TOKEN
+            else pa.field(c.name, c.arrow_type(token_type), nullable=False)
+        )
     fields += [pa.field(name, pa.string()) for name in extra_fields]
-    meta = {"format": FORMAT, "version": FORMAT_VERSION, "tokenizer": identity.to_dict()}
+    meta: dict[str, Any] = {"format": FORMAT, "version": 1, "tokenizer": identity.to_dict()}
+    if optional:
+        meta.update(version=FORMAT_VERSION, columns=list(optional))
     return pa.schema(fields, metadata={META_KEY: json.dumps(meta).encode()})
+
+
+def optional_columns(meta: dict[str, Any]) -> tuple[str, ...]:
+    """The optional columns a tokenized file's metadata records (none before version 2)."""
+    return tuple(meta.get("columns", ())) if meta.get("version") == 2 else ()
+
+
+def common_optional(tokenized: list[tuple[Path, dict[str, Any]]]) -> tuple[str, ...]:
+    """The optional columns every tokenized input has; inputs that differ are a `DataError`."""
+    first_path, first_meta = tokenized[0]
+    first = optional_columns(first_meta)
+    for p, meta in tokenized[1:]:
+        other = optional_columns(meta)
+        if other != first:
+            raise DataError(
+                f"{p}: has columns {list(other) or 'none'} beyond the ids, unlike {first_path} "
+                f"({list(first) or 'none'}); a dataset is one kind: tokenize all of it the same way"
+            )
+    return first
 
 
 def tokenized_meta(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -85,10 +132,10 @@ def tokenized_meta(path: str | os.PathLike) -> dict[str, Any] | None:
         raise DataError(f"{path}: malformed packtool metadata") from None
     if meta.get("format") != FORMAT:
         return None
-    if meta.get("version") != FORMAT_VERSION:
+    if meta.get("version") not in SUPPORTED_VERSIONS:
         raise DataError(
             f"{path}: tokenized format version {meta.get('version')!r} is not supported "
-            f"(supported: {FORMAT_VERSION}); re-run packtool tokenize"
+            f"(supported: {list(SUPPORTED_VERSIONS)}); re-run packtool tokenize"
         )
     return meta
 
@@ -97,6 +144,22 @@ def input_identity(inputs: Iterable[str | os.PathLike]) -> TokenizerIdentity | N
     """The tokenizer recorded in tokenized Parquet inputs (None when the inputs are raw)."""
     tokenized, _ = _split_inputs(expand_inputs(inputs))
     return _common_identity(tokenized) if tokenized else None
+
+
+def input_columns(
+    inputs: Iterable[str | os.PathLike], read_config: ReadConfig | None = None
+) -> tuple[str, ...]:
+    """The optional shard columns the inputs' documents carry (`loss_mask`); () for text.
+
+    Raises:
+        DataError: some inputs carry a column that others do not (see `common_optional`).
+    """
+    paths = expand_inputs(inputs)
+    pre, mask_source = split_pretokenized(paths, read_config or ReadConfig())
+    if pre:
+        return (shard_columns.LOSS_MASK,) if mask_source else ()
+    tokenized, _ = _split_inputs(paths)
+    return common_optional(tokenized) if tokenized else ()
 
 
 def _split_inputs(paths: list[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], list[Path]]:
@@ -169,15 +232,27 @@ def _tokenized_batches(
 ) -> Iterator[tuple[pa.Table, int]]:
     config = read_config or ReadConfig()
     paths = expand_inputs(inputs)
-    tokenized, raw = _split_inputs(paths)
+    pre, mask_source = split_pretokenized(paths, config)
+    tokenized, raw = ([], pre) if pre else _split_inputs(paths)
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
     if tokenized:
         yield from _read_tokenized(tokenized, config, tokenizer)
         return
     if tokenizer is None:
-        raise ConfigError("raw corpus inputs need a tokenizer (e.g. --tokenizer byte)")
+        what = (
+            "pre-tokenized inputs need the tokenizer that made them"
+            if pre
+            else ("raw corpus inputs need a tokenizer")
+        )
+        raise ConfigError(f"{what} (e.g. --tokenizer byte)")
     skips = skips if skips is not None else SkipCounter(strict=config.strict)
+    if pre:  # ids made elsewhere: checked against the tokenizer's vocabulary, not encoded
+        optional = (shard_columns.LOSS_MASK,) if mask_source else ()
+        schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
+        vocab = tokenizer.identity.vocab_size
+        yield from read_pretokenized(pre, mask_source, config, schema, vocab, skips)
+        return
     schema = tokenized_schema(tokenizer.identity, config.extra_fields)
 
     def encoded() -> Iterator[tuple[DocumentBatch, Any]]:
@@ -208,7 +283,7 @@ def batch_table(
         pa.array(lengths.astype(np.int32)),
     ]
     columns += [pa.array(batch.extras[name], type=pa.string()) for name in schema.names[4:]]
-    return pa.Table.from_arrays(columns, schema=schema)
+    return pa.Table.from_arrays(columns, schema=schema)  # raw text carries no optional column
 
 
 def check_recorded_tokenizer(
@@ -233,9 +308,12 @@ def _read_tokenized(
     identity = _common_identity(tokenized)
     if tokenizer is not None:
         check_recorded_tokenizer(identity, tokenizer, tokenized[0][0])
-    columns = ["doc_id", "source", "input_ids", "length", *config.extra_fields]
-    for path, _ in tokenized:
-        pf = pq.ParquetFile(path)
+    optional = common_optional(tokenized)
+    columns = ["doc_id", "source", "input_ids", "length", *optional, *config.extra_fields]
+    schema = tokenized_schema(identity, config.extra_fields, optional=optional)
+    for file_index, (path, _) in enumerate(tokenized):
+        # Page CRC32s, where the writer stored them (packtool tokenize does), catch a damaged page.
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
         names = pf.schema_arrow.names
         missing = [c for c in columns if c not in names]
         if missing:
@@ -243,10 +321,17 @@ def _read_tokenized(
                 f"{path}: no column {missing[0]!r} (columns: {', '.join(names)}); "
                 "extra fields must be chosen when tokenizing"
             )
-        schema = pf.schema_arrow
-        schema = pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
+        row = 0
         for rg in range(pf.num_row_groups):
-            table = pf.read_row_group(rg, columns=columns)
+            try:
+                table = pf.read_row_group(rg, columns=columns)
+            except (pa.ArrowException, OSError) as exc:
+                raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
+            # Ids checked against the vocabulary, doc ids made unique across files (docids.py).
+            table = checked_table(
+                table, path=path, first_row=row, file_index=file_index, identity=identity
+            )
+            row += table.num_rows
             nbytes = pf.metadata.row_group(rg).total_byte_size
             yield table.cast(schema) if table.schema != schema else table, nbytes
 
@@ -323,6 +408,10 @@ class TokenizeSummary:
     output_bytes: int = 0
     tokenizer: dict[str, Any] = field(default_factory=dict)
     dtype: str = ""
+    supervised_tokens: int | None = None
+    """Tokens with loss_mask 1, when the input has labels or a loss mask (else None)."""
+    special_names: dict[str, str] = field(default_factory=dict)
+    """`eos` / `bos` -> the token text a default id came from."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -330,16 +419,21 @@ class TokenizeSummary:
 
     def format(self) -> str:
         """One paragraph for the terminal."""
-        tok = self.tokenizer
         where = self.files[0] if len(self.files) == 1 else f"{len(self.files)} part files"
         return (
-            f"Tokenized {self.documents:,} documents into {self.tokens:,} tokens "
-            f"({tok.get('kind')}:{tok.get('name')}, vocab {tok.get('vocab_size'):,}, "
-            f"eos {tok.get('eos_id')}, bos {tok.get('bos_id')}, {self.dtype}) in "
+            f"Tokenized {self.documents:,} documents into {self.tokens:,} tokens with "
+            f"{describe_tokenizer(self.tokenizer, self.special_names)}, {self.dtype} ids, in "
             f"{self.seconds:.2f} s: {self.tokens_per_s:,.0f} tokens/s, "
             f"{self.input_bytes / 1e6 / max(self.seconds, 1e-9):.1f} MB/s of input. "
-            f"Skips: {self.skip_line}. Wrote {where} ({self.output_bytes / 1e6:.1f} MB)."
+            f"{self._supervised()}Skips: {self.skip_line}. "
+            f"Wrote {where} ({self.output_bytes / 1e6:.1f} MB)."
         )
+
+    def _supervised(self) -> str:
+        if self.supervised_tokens is None:
+            return ""
+        share = self.supervised_tokens / max(self.tokens, 1)
+        return f"Loss mask kept: {self.supervised_tokens:,} supervised tokens ({share:.1%}). "
 
 
 def tokenize_corpus(
@@ -352,22 +446,26 @@ def tokenize_corpus(
     overwrite: bool = False,
     progress: bool | None = None,
     part_tokens: int = 200_000_000,
+    command: str = "",
 ) -> TokenizeSummary:
     """Tokenize `inputs` into tokenized Parquet at `out`.
 
     Args:
         inputs: files, folders, globs of raw corpus files.
         out: a `.parquet` file, or a folder that gets `part-00000.parquet`, ... (a new part after
-            `part_tokens` tokens). Written under a temporary name and renamed at the end.
+            `part_tokens` tokens). Built beside it (`.NAME.packtool-staging`) and swapped in at
+            the end (`packtool/output.py`): a failure leaves an existing `out` as it was.
         read_config: how to read the inputs.
         tokenizer: a `Tokenizer` or a `load_tokenizer` spec.
         workers: encoding threads (default: all cores).
         overwrite: replace an existing `out` (a folder only if it holds nothing but part files).
         progress: draw a progress bar (default: when stderr is a terminal).
         part_tokens: tokens per part file when `out` is a folder.
+        command: the command line, shown to a second writer that the output's lock refuses.
 
     Raises:
-        ConfigError: `out` exists without `overwrite`, or bad options.
+        ConfigError: `out` exists without `overwrite`, another process is writing it, it is
+            inside an input folder (or holds an input), or bad options.
         DataError: bad input (see `read_corpus`), or no document at all (the skips are named;
             nothing is written and an existing `out` is kept).
     """
@@ -375,63 +473,47 @@ def tokenize_corpus(
         raise ConfigError(f"part_tokens must be >= 1, got {part_tokens}")
     inputs = list(inputs)
     config = read_config or ReadConfig()
+    out = Path(out)
+    check_apart(out, [os.fspath(i) for i in inputs])  # before anything is read
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
-    out = Path(out)
     single = out.name.lower().endswith(".parquet")
-    _check_out(out, single, overwrite)
+    paths = output_paths(out)
     skips = SkipCounter(strict=config.strict)
-    schema = tokenized_schema(tokenizer.identity, config.extra_fields)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    _remove(tmp)
+    optional = input_columns(inputs, config)  # e.g. loss_mask from labels: passed through
+    schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
     # The outermost folder this call creates (None: out's folder exists), removed on failure.
-    made = next((p for p in reversed(out.parents) if not p.exists()), None)
-    make_output_folder(out.parent)
-    try:  # the first write, up front: a failure names the user's path, not our temporary one
-        if single:
-            tmp.touch()
-        else:
-            tmp.mkdir()
-    except OSError as exc:
-        if made is not None:
-            _remove_empty_folders(out.parent, made)
-        raise ConfigError(f"cannot write {out} ({exc.strerror or exc})") from None
-    start = time.perf_counter()
-    writer = _PartWriter(tmp, schema, single=single, part_tokens=part_tokens)
+    made = create_parent(paths)
     try:
-        with Progress("tokenize", enabled=progress) as bar:
-            tables = _tokenized_batches(
-                inputs, read_config=config, tokenizer=tokenizer, workers=workers, skips=skips
-            )
-            write_q = _BackgroundWriter(writer)
+        with OutputLock(paths, command or "packtool tokenize"):
+            recover(paths)
+            _check_out(paths.target, single, overwrite, shown=str(out))
+            remove(paths.staging)  # a killed run's leftovers: tokenize has nothing to resume
+            try:  # the first write, up front: a failure names the user's path
+                if single:
+                    paths.staging.touch()
+                else:
+                    paths.staging.mkdir()
+            except OSError as exc:
+                raise ConfigError(f"cannot write {out} ({exc.strerror or exc})") from None
+            start = time.perf_counter()
+            writer = PartWriter(paths.staging, schema, single=single, part_tokens=part_tokens)
             try:
-                for table, nbytes in tables:
-                    write_q.put(table)
-                    tokens = int(pc.sum(table.column("length")).as_py() or 0)
-                    bar.update(docs=table.num_rows, tokens=tokens, nbytes=nbytes)
-            finally:
-                write_q.close()
-        if bar.docs == 0:
-            # As `stats` and `pack` do: an output without a document is a mistake, not a result.
-            raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")
-        files = writer.close()
+                bar, supervised = _write_all(
+                    inputs, config, tokenizer, workers, skips, writer, progress, optional
+                )
+                files = writer.close()
+            except BaseException:
+                writer.abort()
+                remove(paths.staging)
+                raise
+            # The old output (if any) is replaced only now, in one swap (packtool/output.py).
+            commit(paths)
     except BaseException:
-        writer.abort()
-        _remove(tmp)
-        if made is not None:
-            _remove_empty_folders(out.parent, made)
+        remove_empty_parents(paths, made)
         raise
     seconds = time.perf_counter() - start
-    if single:
-        if out.exists():
-            out.unlink()
-        os.replace(tmp, out)
-        files = [out]
-    else:
-        if out.exists():
-            _remove_parts(out)
-        os.replace(tmp, out)
-        files = [out / f.name for f in files]
+    files = [out] if single else [out / f.name for f in files]
     return TokenizeSummary(
         documents=bar.docs,
         tokens=bar.tokens,
@@ -443,130 +525,66 @@ def tokenize_corpus(
         output_bytes=sum(f.stat().st_size for f in files),
         tokenizer=tokenizer.identity.to_dict(),
         dtype=str(tokenizer.dtype),
+        supervised_tokens=supervised,
+        special_names=tokenizer.special_names,
     )
 
 
-def _check_out(out: Path, single: bool, overwrite: bool) -> None:
+def _write_all(
+    inputs: list,
+    config: ReadConfig,
+    tokenizer: Tokenizer,
+    workers: int | None,
+    skips: SkipCounter,
+    writer: PartWriter,
+    progress: bool | None,
+    optional: Iterable[str],
+) -> tuple[Progress, int | None]:
+    """Read, encode and write every input; the closed progress bar (its totals) and the
+    supervised tokens (None without a loss mask)."""
+    supervised: int | None = 0 if shard_columns.LOSS_MASK in optional else None
+    with Progress("tokenize", enabled=progress) as bar:
+        tables = _tokenized_batches(
+            inputs, read_config=config, tokenizer=tokenizer, workers=workers, skips=skips
+        )
+        write_q = BackgroundWriter(writer)
+        try:
+            for table, nbytes in tables:
+                write_q.put(table)
+                tokens = int(pc.sum(table.column("length")).as_py() or 0)
+                if supervised is not None:
+                    mask = shard_columns.flat_parts(table.column(shard_columns.LOSS_MASK))
+                    supervised += int(mask[1].sum(dtype=np.int64))
+                bar.update(docs=table.num_rows, tokens=tokens, nbytes=nbytes)
+        finally:
+            write_q.close()
+    if bar.docs == 0:
+        # As `stats` and `pack` do: an output without a document is a mistake, not a result.
+        raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")
+    return bar, supervised
+
+
+def _check_out(out: Path, single: bool, overwrite: bool, *, shown: str) -> None:
     if not out.exists():
         return
     if not overwrite:
-        raise ConfigError(f"{out} already exists; pass --overwrite to replace it")
+        raise ConfigError(f"{shown} already exists; pass --overwrite to replace it")
     if single and out.is_dir():
         raise ConfigError(
-            f"{out} is a folder; give a .parquet file name or a folder without .parquet"
+            f"{shown} is a folder; give a .parquet file name or a folder without .parquet"
         )
     if not single:
         if not out.is_dir():
-            raise ConfigError(f"{out} exists and is not a folder")
+            raise ConfigError(f"{shown} exists and is not a folder")
         others = [p.name for p in out.iterdir() if not _is_part(p)]
         if others:
             raise ConfigError(
-                f"{out} holds files that are not tokenize parts ({', '.join(sorted(others)[:3])}); "
-                "refusing to replace it, choose another output"
+                f"{shown} holds files that are not tokenize parts "
+                f"({', '.join(sorted(others)[:3])}); refusing to replace it, choose another output"
             )
+        if os.path.ismount(out):
+            raise ConfigError(f"{shown} is a mount point; write to a folder inside it")
 
 
 def _is_part(p: Path) -> bool:
     return p.is_file() and p.name.startswith("part-") and p.name.endswith(".parquet")
-
-
-def _remove_parts(out: Path) -> None:
-    for p in out.iterdir():
-        if _is_part(p):
-            p.unlink()
-    out.rmdir()
-
-
-def _remove_empty_folders(folder: Path, outermost: Path) -> None:
-    """Remove `folder` and its parents up to `outermost` while they are empty."""
-    while folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
-        if folder == outermost:
-            return
-        folder = folder.parent
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
-        path.unlink()
-
-
-class _PartWriter:
-    """Writes tables to one file or to numbered part files."""
-
-    def __init__(self, target: Path, schema: pa.Schema, *, single: bool, part_tokens: int):
-        self.target, self.schema, self.single, self.part_tokens = (
-            target,
-            schema,
-            single,
-            part_tokens,
-        )
-        self.files: list[Path] = []
-        self._writer: pq.ParquetWriter | None = None
-        self._tokens = 0
-
-    def _open(self) -> None:
-        path = self.target if self.single else self.target / PART_PATTERN.format(len(self.files))
-        self.files.append(path)
-        self._writer = pq.ParquetWriter(
-            path,
-            self.schema,
-            compression="zstd",
-            use_dictionary=[
-                n for n in self.schema.names if n not in ("input_ids", "doc_id", "length")
-            ],
-        )
-        self._tokens = 0
-
-    def write(self, table: pa.Table) -> None:
-        if self._writer is None:
-            self._open()
-        elif not self.single and self._tokens >= self.part_tokens:
-            self._writer.close()
-            self._open()
-        assert self._writer is not None
-        self._writer.write_table(table, row_group_size=max(table.num_rows, 1))
-        self._tokens += int(pc.sum(table.column("length")).as_py() or 0)
-
-    def close(self) -> list[Path]:
-        if self._writer is not None:
-            self._writer.close()
-        return self.files
-
-    def abort(self) -> None:
-        if self._writer is not None:
-            # The real error is being raised already; a failing close must not mask it.
-            with contextlib.suppress(Exception):
-                self._writer.close()
-
-
-class _BackgroundWriter:
-    """Writes tables in a thread (Parquet encoding and compression release the GIL)."""
-
-    def __init__(self, writer: _PartWriter, depth: int | None = None) -> None:
-        self.writer = writer
-        self.q: queue.Queue[pa.Table | None] = queue.Queue(maxsize=depth or PIPELINE_DEPTH)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="packtool-write", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while (table := self.q.get()) is not None:
-            if self.error is None:
-                try:
-                    self.writer.write(table)
-                except BaseException as exc:  # re-raised in the caller
-                    self.error = exc
-
-    def put(self, table: pa.Table) -> None:
-        if self.error is not None:
-            raise self.error
-        self.q.put(table)
-
-    def close(self) -> None:
-        self.q.put(None)
-        self.thread.join()
-        if self.error is not None:
-            raise self.error

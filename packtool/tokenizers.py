@@ -1,27 +1,37 @@
 """Tokenizers behind one interface: `byte`, a Hugging Face `tokenizer.json`, a tiktoken encoding.
 
 `Tokenizer.encode_batch(texts)` returns a flat id array plus per-document lengths with BOS/EOS
-added; the ids between them are exactly what the underlying library returns for the text
-(`tokenizers.Tokenizer.encode(text, add_special_tokens=False).ids`,
-`tiktoken.Encoding.encode_ordinary(text)`, or the text's UTF-8 bytes). Encoding runs on all
-cores: the Rust libraries release the GIL.
+added; the ids between them are exactly what the tokenizer's reference library returns for the
+text (`tokenizers.Tokenizer.encode(text, add_special_tokens=False).ids`,
+`tiktoken.Encoding.encode_ordinary(text)`, or the text's UTF-8 bytes), whichever engine encodes
+them (`packtool/tokenizer_engines.py`: the fastest one that loads the tokenizer and proves the
+same ids on a probe text). Encoding runs on all cores: the Rust libraries release the GIL.
+Names (`org/model`, folders, `.tiktoken` files) are resolved by `packtool/tokenizer_files.py`.
 """
 
 from __future__ import annotations
 
-import array
 import hashlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packtool.errors import ConfigError
+from packtool.tokenizer_engines import (
+    Encoder,
+    EngineRefused,
+    Source,
+    choose_engine,
+    flatten_lists,
+    limit_threads,
+)
+from packtool.tokenizer_engines import engine as engine_entry
+from packtool.tokenizer_files import TokenizerConfig, TokenizerFiles, resolve
 
 BYTE_VOCAB = 258
 """`byte`: ids 0-255 are the UTF-8 bytes, 256 is EOS, 257 is BOS (both always reserved)."""
@@ -40,8 +50,8 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 class TokenizerIdentity:
     """What a tokenizer is, recorded in tokenized Parquet and `index.json`.
 
-    Two identities match when everything but `name` is equal (the same file under another path
-    is the same tokenizer).
+    Two identities match when everything but `name` and `engine` is equal (the same file under
+    another path is the same tokenizer, and every engine gives the same ids).
     """
 
     kind: str
@@ -54,15 +64,17 @@ class TokenizerIdentity:
     bos_id: int | None
     sha256: str
     """Hash of the vocabulary (the file, or the ranks) so a changed tokenizer is noticed."""
+    engine: str | None = None
+    """The library that encoded (`fastokens`, `tokenizers`, `tiktoken`, `byte`); None when not
+    recorded. Not compared by `matches`: every engine gives the reference library's ids."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TokenizerIdentity:
-        return cls(
-            **{k: d.get(k) for k in ("kind", "name", "vocab_size", "eos_id", "bos_id", "sha256")}
-        )
+        keys = ("kind", "name", "vocab_size", "eos_id", "bos_id", "sha256", "engine")
+        return cls(**{k: d.get(k) for k in keys})
 
     def matches(self, other: TokenizerIdentity) -> bool:
         return (self.kind, self.vocab_size, self.eos_id, self.bos_id, self.sha256) == (
@@ -71,6 +83,35 @@ class TokenizerIdentity:
             other.eos_id,
             other.bos_id,
             other.sha256,
+        )
+
+
+def describe_tokenizer(identity: dict[str, Any], names: dict[str, str] | None = None) -> str:
+    """One line for summaries: `hf:x.json (engine fastokens, vocab 50,257, eos 50256 <|endoftext|>, bos none)`."""
+    names = names or {}
+
+    def special(which: str) -> str:
+        value = identity.get(f"{which}_id")
+        if value is None:
+            return f"{which} none"
+        return f"{which} {value}" + (f" {names[which]}" if names.get(which) else "")
+
+    vocab = identity.get("vocab_size")
+    return (
+        f"{identity.get('kind')}:{identity.get('name')} (engine {identity.get('engine') or 'unknown'}, "
+        f"vocab {vocab:,}, {special('eos')}, {special('bos')})"
+        if isinstance(vocab, int)
+        else f"{identity.get('kind')}:{identity.get('name')}"
+    )
+
+
+def check_vocab_fits(name: str, vocab_size: int) -> None:
+    """Raise `ConfigError` naming `name` when ids up to `vocab_size` do not fit uint32."""
+    if vocab_size > 2**32:
+        raise ConfigError(
+            f"{name}: the vocabulary has {vocab_size:,} ids, more than the uint32 token ids "
+            "packtool stores can hold (2**32); the file is corrupt or not a text tokenizer: "
+            "check it or use another tokenizer"
         )
 
 
@@ -95,17 +136,29 @@ class Tokenizer:
         eos_id: int | None,
         bos_id: int | None,
         sha256: str,
+        engine: str | None = None,
         workers: int | None = None,
     ) -> None:
         for what, value in (("eos", eos_id), ("bos", bos_id)):
             if value is not None and not 0 <= value < 2**32:
                 raise ConfigError(f"{what} id must be in [0, 2**32), got {value}")
         vocab = max(base_vocab, (eos_id or 0) + 1, (bos_id or 0) + 1)
+        check_vocab_fits(name, vocab)
         self.identity = TokenizerIdentity(
-            kind=kind, name=name, vocab_size=vocab, eos_id=eos_id, bos_id=bos_id, sha256=sha256
+            kind=kind,
+            name=name,
+            vocab_size=vocab,
+            eos_id=eos_id,
+            bos_id=bos_id,
+            sha256=sha256,
+            engine=engine,
         )
         self.dtype = token_dtype(vocab)
         self.workers = workers or _cpu_count()
+        self.engine_note = ""
+        """Why faster engines were passed over (one line; "" when the fastest was used)."""
+        self.special_names: dict[str, str] = {}
+        """`eos` / `bos` -> the token text and where the id came from, for summaries."""
 
     @property
     def vocab_size(self) -> int:
@@ -132,19 +185,25 @@ class Tokenizer:
         """The second half of `encode_batch`: flat ids and lengths with BOS/EOS added."""
         if raw is None:
             return np.empty(0, self.dtype), np.empty(0, np.int64)
-        flat, lengths = _flatten(raw)
+        flat, lengths = self._flat(raw)
         return _add_specials(flat, lengths, self.identity.bos_id, self.identity.eos_id, self.dtype)
 
     def encode(self, text: str) -> np.ndarray:
         """One document (BOS/EOS added)."""
         return self.encode_batch([text])[0]
 
-    def _library_encode(self, texts: Sequence[str]) -> Iterable[list[int]]:
+    def _library_encode(self, texts: Sequence[str]) -> Any:
         raise NotImplementedError
+
+    def _flat(self, raw: Any) -> tuple[np.ndarray, np.ndarray]:
+        return flatten_lists(raw)
 
     def __repr__(self) -> str:
         i = self.identity
-        return f"Tokenizer({i.kind}:{i.name}, vocab={i.vocab_size}, eos={i.eos_id}, bos={i.bos_id})"
+        return (
+            f"Tokenizer({i.kind}:{i.name}, engine={i.engine}, vocab={i.vocab_size}, "
+            f"eos={i.eos_id}, bos={i.bos_id})"
+        )
 
 
 class ByteTokenizer(Tokenizer):
@@ -175,58 +234,46 @@ class ByteTokenizer(Tokenizer):
             return np.empty(0, self.dtype), np.empty(0, np.int64)
         return raw
 
-    def _library_encode(self, texts: Sequence[str]) -> Iterable[list[int]]:
+    def _library_encode(self, texts: Sequence[str]) -> Any:
         # The generic path (per-document id lists); tests check the fast path against it.
         return [list(t.encode("utf-8")) for t in texts]
 
 
-class HFTokenizer(Tokenizer):
-    """A Hugging Face `tokenizers` tokenizer from a `tokenizer.json` file."""
+class EngineTokenizer(Tokenizer):
+    """A `tokenizer.json` or tiktoken tokenizer encoded by one engine of the registry.
 
-    def __init__(self, tok: Any, **kw: Any) -> None:
+    Pickles as its `Source` plus the engine's name (Ray ships tokenizers to actors); unpickling
+    rebuilds the same engine's encoder, which proved its ids when the tokenizer was loaded.
+    """
+
+    def __init__(self, encoder: Encoder, source: Source, **kw: Any) -> None:
+        self.encoder = encoder
+        self.source = source
         super().__init__(**kw)
-        self.tok = tok
-        self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
 
-    def _library_encode(self, texts: Sequence[str]) -> Iterable[list[int]]:
-        # Rust encodes on all cores (GIL released); `.ids` lists are made in finish_batch.
-        encodings = self._encode(list(texts), add_special_tokens=False)
-        return (e.ids for e in encodings)
+    @property
+    def workers(self) -> int:
+        return self._workers
 
+    @workers.setter
+    def workers(self, n: int) -> None:
+        # The Ray engine sets 1 per actor; tiktoken's encoder reads it at every batch.
+        self._workers = n
+        if hasattr(self.encoder, "workers"):
+            self.encoder.workers = n
 
-class TiktokenTokenizer(Tokenizer):
-    """A tiktoken `Encoding` (`encode_ordinary`: special-token text is encoded as plain text)."""
+    def _library_encode(self, texts: Sequence[str]) -> Any:
+        return self.encoder.encode(texts)
 
-    def __init__(self, enc: Any, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.enc = enc
-        self._pool: ThreadPoolExecutor | None = None
-
-    def _library_encode(self, texts: Sequence[str]) -> Iterable[list[int]]:
-        workers = self.workers
-        if workers <= 1 or len(texts) < 2:
-            return [self.enc.encode_ordinary(t) for t in texts]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="packtool-tiktoken")
-        # One task per slice, not per text: fewer futures; the Rust core releases the GIL.
-        step = -(-len(texts) // (workers * 4))
-        slices = [texts[i : i + step] for i in range(0, len(texts), step)]
-        encode = self.enc.encode_ordinary
-        return list(chain.from_iterable(self._pool.map(lambda s: [encode(t) for t in s], slices)))
+    def _flat(self, raw: Any) -> tuple[np.ndarray, np.ndarray]:
+        return self.encoder.flat(raw)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": None}  # a thread pool does not pickle
+        return {**self.__dict__, "encoder": None}  # Rust objects and thread pools do not pickle
 
-
-def _flatten(ids: Iterable[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    # array.array("I").extend(list) converts in C: the cheapest way from Python int lists to
-    # one flat buffer (faster than np.fromiter or np.concatenate of per-document arrays).
-    flat = array.array("I")
-    lengths = array.array("q")
-    for doc in ids:
-        lengths.append(len(doc))
-        flat.extend(doc)
-    return np.frombuffer(flat, dtype=np.uint32), np.frombuffer(lengths, dtype=np.int64)
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.encoder = engine_entry(self.identity.engine or "").open(self.source, self.workers)
 
 
 def _add_specials(
@@ -239,13 +286,16 @@ def _add_specials(
     ends = np.cumsum(out_lengths)  # exclusive end of each document in the output
     starts = ends - out_lengths
     out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
-    # A boolean mask assignment is ~8x faster than scattering through an index array.
-    plain = np.ones(len(out), dtype=bool)
     if bos is not None:
         out[starts] = bos
-        plain[starts] = False
     if eos is not None:
         out[ends - 1] = eos
+    # A boolean mask assignment: ~2 ns per token, ~8x faster than scattering through indices
+    # (and than one slice copy per document unless documents average over ~1,000 tokens).
+    plain = np.ones(len(out), dtype=bool)
+    if bos is not None:
+        plain[starts] = False
+    if eos is not None:
         plain[ends - 1] = False
     out[plain] = flat
     return out, out_lengths
@@ -272,21 +322,30 @@ def load_tokenizer(
     eos: int | str | None = "default",
     bos: int | str | None = None,
     workers: int | None = None,
+    engine: str = "auto",
 ) -> Tokenizer:
     """Load a tokenizer.
 
     Args:
-        spec: `byte`; a `tokenizer.json` path (or `hf:PATH`); `tiktoken:NAME` (an encoding in
-            tiktoken's cache, e.g. `tiktoken:gpt2`) or `tiktoken:PATH` (a local ranks file such as
-            `gpt2.tiktoken`, loaded offline with GPT-2's split pattern).
-        eos: id appended to every document: `"default"` (the tokenizer's own end-of-text token),
-            an int, or None for none.
-        bos: id put before every document: None (default), `"default"` or an int.
-        workers: threads for encoding (default: all cores). For a Hugging Face tokenizer this
-            sets `RAYON_NUM_THREADS` when it is not set (see `limit_rayon_threads`).
+        spec: `byte`; a `tokenizer.json` path (or `hf:PATH`); a folder holding `tokenizer.json`;
+            a Hugging Face repository id `org/model` (the local cache first, else downloaded);
+            `PATH.tiktoken` or `tiktoken:PATH` (a local ranks file, loaded offline with GPT-2's
+            split pattern); `tiktoken:NAME` (an encoding in tiktoken's cache, e.g. tiktoken:gpt2).
+            See `packtool.tokenizer_files.resolve`.
+        eos: id appended to every document: `"default"` (the tokenizer's own end-of-text token:
+            `eos_token` of `tokenizer_config.json` when there is one, else the first of
+            `EOS_NAMES` in the vocabulary), an int, or None for none.
+        bos: id put before every document: None (default), `"default"` (as for `eos`, from
+            `bos_token` / `BOS_NAMES`) or an int.
+        workers: threads for encoding (default: all cores). Sets `RAYON_NUM_THREADS` and
+            `FASTOKENS_BPE_THREADS` when they are not set (see `limit_threads`).
+        engine: `auto` (the fastest engine that loads this tokenizer and passes the self-check on
+            a probe text; the reference library otherwise) or engine names, comma-separated, tried
+            in order (`fastokens`, `tokenizers`, `tiktoken`).
 
     Raises:
-        ConfigError: unknown spec, unreadable tokenizer, or no default EOS/BOS to be found.
+        ConfigError: unknown spec, unreadable tokenizer, no default EOS/BOS to be found, or no
+            named engine that encodes this tokenizer exactly.
     """
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"tokenizer must be a non-empty string, got {spec!r}")
@@ -298,6 +357,11 @@ def load_tokenizer(
         ):
             raise ConfigError(f"{what} must be 'default', an integer id or None, got {value!r}")
     if spec == "byte":
+        if engine.strip() not in ("auto", "byte"):
+            raise ConfigError(
+                f"tokenizer engine {engine!r} does not apply to 'byte' (built into packtool); "
+                "engines encode tokenizer.json and tiktoken tokenizers (use auto)"
+            )
         return ByteTokenizer(
             kind="byte",
             name="byte",
@@ -305,95 +369,110 @@ def load_tokenizer(
             eos_id=BYTE_EOS if eos == "default" else eos,  # type: ignore[arg-type]
             bos_id=BYTE_BOS if bos == "default" else bos,  # type: ignore[arg-type]
             sha256=hashlib.sha256(b"packtool-byte-v1").hexdigest(),
+            engine="byte",
             workers=workers,
         )
-    if spec.startswith("tiktoken:"):
-        return _load_tiktoken(spec, spec.removeprefix("tiktoken:"), eos, bos, workers)
-    path = Path(spec.removeprefix("hf:"))
-    if spec.startswith("hf:") or path.name.endswith(".json") or path.exists():
-        return _load_hf(spec, path, eos, bos, workers)
-    raise ConfigError(
-        f"unknown tokenizer {spec!r}; use 'byte', a tokenizer.json path (or hf:PATH), "
-        "'tiktoken:NAME' (e.g. tiktoken:gpt2) or 'tiktoken:PATH.tiktoken'"
-    )
-
-
-def _pick(
-    which: str, value: int | str | None, vocab: dict[str, int], names: tuple[str, ...], spec: str
-) -> int | None:
-    if value != "default":
-        return value  # type: ignore[return-value]
-    for name in names:
-        if name in vocab:
-            return vocab[name]
-    flag = "--eos-id N or --no-eos" if which == "eos" else "--bos-id N"
-    raise ConfigError(
-        f"tokenizer {spec!r} has no default {which.upper()} token (looked for "
-        f"{', '.join(names)}); pass {flag}"
-    )
-
-
-def limit_rayon_threads(workers: int | None) -> None:
-    """Size the Rust `tokenizers` thread pool to `workers`, unless the user already chose.
-
-    The pool is rayon's global pool: process-wide, built on the library's first parallel encode
-    from `RAYON_NUM_THREADS` (read then, not at import), and never resized. So this takes effect
-    only before that first encode, and an explicit `RAYON_NUM_THREADS` always wins.
-    """
-    if workers is not None and "RAYON_NUM_THREADS" not in os.environ:
-        os.environ["RAYON_NUM_THREADS"] = str(workers)
-
-
-def _load_hf(spec: str, path: Path, eos: Any, bos: Any, workers: int | None) -> Tokenizer:
-    from tokenizers import Tokenizer as HFTok
-
-    limit_rayon_threads(workers)
-
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    if not path.is_file():
-        raise ConfigError(f"tokenizer file {str(path)!r} does not exist")
-    try:
-        tok = HFTok.from_file(str(path))
-    except Exception as exc:  # the library raises plain Exception on a bad file
-        raise ConfigError(f"{path}: not a Hugging Face tokenizer.json ({exc})") from None
-    vocab = tok.get_vocab(with_added_tokens=True)
-    return HFTokenizer(
-        tok,
-        kind="hf",
-        name=str(path),
-        base_vocab=max(vocab.values(), default=-1) + 1,
-        eos_id=_pick("eos", eos, vocab, EOS_NAMES, spec),
-        bos_id=_pick("bos", bos, vocab, BOS_NAMES, spec),
-        sha256=_sha256_file(path),
+    files = resolve(spec)
+    limit_threads(workers)
+    source, sha = _tiktoken_source(files) if files.kind == "tiktoken" else _hf_source(files)
+    ref_name = "tiktoken" if files.kind == "tiktoken" else "tokenizers"
+    # The reference library loads in a thread while the candidate engine loads here (both take
+    # about a second on a large tokenizer.json; the Rust builders release the GIL).
+    with ThreadPoolExecutor(1, thread_name_prefix="packtool-load") as pool:
+        loading = pool.submit(engine_open, ref_name, source, workers)
+        choice = choose_engine(
+            source,
+            loading.result,
+            ref_name,
+            spec=engine,
+            workers=workers or _cpu_count(),
+            added=lambda: _added_tokens(loading.result(), source),
+        )
+        base_vocab, vocab = _vocab(loading.result(), source)
+    eos_id, eos_from = _default_id("eos", eos, vocab, files, spec)
+    bos_id, bos_from = _default_id("bos", bos, vocab, files, spec)
+    tok = EngineTokenizer(
+        choice.encoder,
+        source,
+        kind=files.kind,
+        name=files.name,
+        base_vocab=base_vocab,
+        eos_id=eos_id,
+        bos_id=bos_id,
+        sha256=sha,
+        engine=choice.engine,
         workers=workers,
     )
+    tok.engine_note = choice.note
+    tok.special_names = {k: v for k, v in (("eos", eos_from), ("bos", bos_from)) if v}
+    return tok
 
 
-def _load_tiktoken(spec: str, target: str, eos: Any, bos: Any, workers: int | None) -> Tokenizer:
+def engine_open(name: str, source: Source, workers: int | None) -> Encoder:
+    """Open engine `name` for `source`, as a `ConfigError` naming the file when it refuses."""
+    try:
+        return engine_entry(name).open(source, workers or _cpu_count())
+    except EngineRefused as exc:
+        what = "Hugging Face tokenizer.json" if source.kind == "hf" else "tiktoken ranks file"
+        raise ConfigError(
+            f"{source.where}: not a {what} ({exc}); check the file (re-download it) or "
+            "pass another tokenizer"
+        ) from None
+
+
+def _hf_source(files: TokenizerFiles) -> tuple[Source, str]:
+    path = files.path
+    assert path is not None
+    try:
+        data = path.read_bytes()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the tokenizer file ({exc}); check it") from None
+    return Source(kind="hf", where=str(path), json=text), hashlib.sha256(data).hexdigest()
+
+
+def _vocab(reference: Encoder, source: Source) -> tuple[int, dict[str, int]]:
+    """(one more than the largest id, the token texts EOS/BOS defaults are looked up in)."""
+    if source.kind == "hf":
+        vocab = reference.tok.get_vocab(with_added_tokens=True)  # type: ignore[attr-defined]
+        return max(vocab.values(), default=-1) + 1, vocab
+    specials = source.specials or {}
+    ids = [*(source.ranks or {}).values(), *specials.values()]
+    return max(ids, default=-1) + 1, dict(specials)
+
+
+def _added_tokens(reference: Encoder, source: Source) -> list[str]:
+    """The added-token texts (special or not), for the engine probe."""
+    if source.kind == "hf":
+        decoder = reference.tok.get_added_tokens_decoder()  # type: ignore[attr-defined]
+        return [t.content for _, t in sorted(decoder.items())]
+    return list(source.specials or {})
+
+
+def _tiktoken_source(files: TokenizerFiles) -> tuple[Source, str]:
     import tiktoken
 
-    path = Path(target)
-    if path.suffix == ".tiktoken" or path.is_file():
+    if files.path is not None:
         from tiktoken.load import load_tiktoken_bpe
 
-        if not path.is_file():
-            raise ConfigError(f"tiktoken ranks file {target!r} does not exist")
+        path = files.path
         try:
             ranks = load_tiktoken_bpe(str(path))
         except Exception as exc:  # malformed lines: ValueError, binascii.Error, ...
-            raise ConfigError(f"{path}: not a tiktoken ranks file ({exc})") from None
+            raise ConfigError(
+                f"{path}: not a tiktoken ranks file ({exc}); check the file (re-download it)"
+            ) from None
         if not ranks:
             raise ConfigError(f"{path}: tiktoken ranks file is empty")
-        enc = tiktoken.Encoding(
-            name=path.stem,
-            pat_str=GPT2_PATTERN,
-            mergeable_ranks=ranks,
-            special_tokens={"<|endoftext|>": max(ranks.values()) + 1},
-        )
+        check_vocab_fits(str(path), max(ranks.values()) + 2)  # + <|endoftext|>, added below
+        specials = {"<|endoftext|>": max(ranks.values()) + 1}
+        source = Source(
+            kind="tiktoken", where=str(path), ranks=ranks, pattern=GPT2_PATTERN,
+            specials=specials, path=str(path),
+        )  # fmt: skip
         sha = _sha256_file(path)
-        name = str(path)
     else:
+        target = files.encoding or ""
         known = tiktoken.list_encoding_names()
         if target not in known:
             raise ConfigError(
@@ -408,20 +487,44 @@ def _load_tiktoken(spec: str, target: str, eos: Any, bos: Any, workers: int | No
                 f"could not be downloaded ({type(exc).__name__}); pass tiktoken:PATH.tiktoken "
                 "with a local ranks file instead"
             ) from None
-        h = hashlib.sha256(enc.pat_str.encode())
+        h = hashlib.sha256(enc._pat_str.encode())
         for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
             h.update(token)
             h.update(rank.to_bytes(4, "little"))
         sha = h.hexdigest()
-        name = target
-    specials = dict(enc._special_tokens)
-    return TiktokenTokenizer(
-        enc,
-        kind="tiktoken",
-        name=name,
-        base_vocab=enc.n_vocab,
-        eos_id=_pick("eos", eos, specials, EOS_NAMES, spec),
-        bos_id=_pick("bos", bos, specials, BOS_NAMES, spec),
-        sha256=sha,
-        workers=workers,
+        source = Source(
+            kind="tiktoken", where=target, ranks=dict(enc._mergeable_ranks),
+            pattern=enc._pat_str, specials=dict(enc._special_tokens),
+        )  # fmt: skip
+    return source, sha
+
+
+def _default_id(
+    which: str, value: int | str | None, vocab: dict[str, int], files: TokenizerFiles, spec: str
+) -> tuple[int | None, str]:
+    """The id to use and, for a default, the token text and where it came from."""
+    if value != "default":
+        return value, ""  # type: ignore[return-value]
+    config: TokenizerConfig | None = files.config
+    token = None if config is None else config.token(f"{which}_token")
+    if token is not None:
+        if token not in vocab:
+            raise ConfigError(
+                f"{config.path}: {which}_token {token!r} is not in the tokenizer's vocabulary "
+                f"({files.name}); pass --{which}-id N" + (" or --no-eos" if which == "eos" else "")
+            )
+        return vocab[token], f"{token} (tokenizer_config.json)"
+    names = EOS_NAMES if which == "eos" else BOS_NAMES
+    for name in names:
+        if name in vocab:
+            return vocab[name], name
+    flag = "--eos-id N or --no-eos" if which == "eos" else "--bos-id N"
+    raise ConfigError(
+        f"tokenizer {spec!r} has no default {which.upper()} token (looked for "
+        f"{', '.join(names)}); pass {flag}"
     )
+
+
+def limit_rayon_threads(workers: int | None) -> None:
+    """Kept for callers of earlier releases: `packtool.tokenizer_engines.limit_threads`."""
+    limit_threads(workers)

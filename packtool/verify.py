@@ -3,15 +3,20 @@
 What is checked, in this order, stopping at the first problem (a one-line `DataError` naming the
 file, the row, what is wrong, expected vs found):
 
-1. `index.json`: readable, a known `format_version`, a sane tokenizer vocab_size and max_len, and
-   its totals add up (`counts.rows` / `counts.tokens_out` == the sums over the shard entries).
+1. `index.json`: readable, a known `format_version`, every field of the right type and range, and
+   consistent as a whole (`packtool.manifest_check`, run by `read_manifest` for every reader:
+   tokens in = out + truncated + dropped, the document counts, totals == the sums over the shard
+   entries, efficiency, bounds, eos/bos below the vocabulary).
 2. Every listed shard: present, byte size and sha256 as listed, a readable Parquet file with exactly
-   the contract's columns and types (uint16 tokens when vocab_size <= 65,536, else uint32), no
+   the columns index.json lists, in declaration order, with the declared types (uint16 tokens when vocab_size <= 65,536, else uint32), no
    nulls, and as many rows and tokens as listed.
 3. Every row, vectorised with numpy over whole row groups: length <= max_len; at least one
    document; len(doc_ids) == len(doc_chunks) == len(doc_offsets) - 1; doc_offsets starts at 0, is
    strictly increasing (documents are never empty), stays inside the row and ends at the row
-   length; token ids < vocab_size; chunk indices >= 0.
+   length; token ids < vocab_size; chunk indices >= 0. The optional columns index.json lists
+   (`loss_mask`) are checked as packtool/columns.py declares them (packtool/verify_columns.py):
+   one value per token or per document, values in range, and for `loss_mask` no document
+   without a supervised token; `counts.tokens_supervised` equals the mask's sum.
 4. Across the dataset: every (doc_id, chunk) appears exactly once, the chunks of a split
    document are 0..k-1 with none missing, and `counts.segments` / `counts.documents_packed` (when
    recorded) equal the (doc_id, chunk) pieces / distinct doc_ids found.
@@ -22,7 +27,6 @@ Files in the folder that the manifest does not list (`*.parquet` leftovers of an
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -33,6 +37,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from packtool import verify_columns
+from packtool.columns import LOSS_MASK, bytes_parts
 from packtool.errors import DataError
 from packtool.manifest import (
     INDEX_FILE,
@@ -46,8 +52,8 @@ from packtool.progress import progress_enabled
 from packtool.tokenizers import token_dtype
 
 COLUMNS = ("input_ids", "doc_offsets", "doc_ids", "doc_chunks")
-EFFICIENCY_TOLERANCE = 1e-3
-"""How far index.json's recorded efficiency may be from tokens / (rows * max_len) (rounding)."""
+_FLOATS = {pa.float32(): np.dtype(np.float32), pa.float64(): np.dtype(np.float64)}
+"""Arrow float types whose names are not numpy's (`float` is float32 in Arrow)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,14 +74,20 @@ class VerifyReport:
     """Whether sha256 checksums were recomputed (sizes are always checked)."""
     warnings: tuple[str, ...] = ()
     seconds: float = 0.0
+    supervised_tokens: int | None = None
+    """Tokens with loss_mask 1, for a dataset with a loss mask (else None)."""
 
     def summary(self) -> str:
         """The one-line OK summary the CLI prints."""
         what = "sha256 verified" if self.checksums else "sha256 not checked"
+        masked = ""
+        if self.supervised_tokens is not None:
+            share = self.supervised_tokens / (self.rows * self.max_len) if self.rows else 0.0
+            masked = f", {self.supervised_tokens:,} supervised tokens (supervised efficiency {share:.2%})"
         return (
             f"OK {self.directory}: {self.shards} shards, {self.rows:,} rows, {self.tokens:,} "
             f"tokens, {self.documents:,} documents, efficiency {self.efficiency:.2%} "
-            f"(max_len {self.max_len}), {what}, {self.seconds:.1f}s"
+            f"(max_len {self.max_len}){masked}, {what}, {self.seconds:.1f}s"
         )
 
 
@@ -141,13 +153,25 @@ def list_parts(arr: pa.Array) -> tuple[NDArray[np.int64], np.ndarray]:
     return offsets, _primitive_view(values)
 
 
+def column_parts(arr: pa.Array) -> tuple[NDArray[np.int64] | None, np.ndarray]:
+    """(offsets, values) of a shard column: a list, a binary value per row (the values' bytes,
+    as uint8) or, for a per-row scalar, (None, the values)."""
+    if pa.types.is_binary(arr.type):
+        offsets, values = bytes_parts(arr)
+        offsets = offsets.astype(np.int64)
+        return offsets - offsets[0], values[int(offsets[0]) : int(offsets[-1])]
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        return list_parts(arr)
+    return None, _primitive_view(arr)
+
+
 def _primitive_view(arr: pa.Array) -> np.ndarray:
     """A zero-copy numpy view of a null-free integer array.
 
     Straight from the data buffer: pyarrow's own `to_numpy` / `__array__` import pandas on first
     use, which costs about a second of start-up for a command that otherwise takes milliseconds.
     """
-    dtype = np.dtype(str(arr.type))
+    dtype = _FLOATS.get(arr.type) or np.dtype(str(arr.type))
     buf = arr.buffers()[1]
     if buf is None or len(arr) == 0:
         return np.zeros(0, dtype=dtype)
@@ -201,31 +225,13 @@ def _fail(where: str, what: str) -> DataError:
 
 
 def _check_manifest(manifest: Manifest, index: Path) -> tuple[int, int]:
-    """Manifest-level consistency; returns (vocab_size, max_len).
+    """(vocab_size, max_len): the manifest was checked as a whole when `read_manifest` read it.
 
-    The types and ranges of the fields (a positive vocab_size and max_len, non-negative shard
-    sizes, numeric counts and efficiency) and the shard paths (inside the folder, each listed
-    once) were checked when `read_manifest` read the file.
+    Types and ranges of every field, shard paths (inside the folder, each listed once), and the
+    identities (`packtool.manifest_check`): counts.rows / counts.tokens_out against the shard
+    entries, efficiency, tokens in = out + truncated + dropped, documents, bounds.
     """
-    vocab, max_len = manifest.tokenizer["vocab_size"], manifest.max_len
-    counts = manifest.counts
-    for key, total in (("rows", manifest.num_rows), ("tokens_out", manifest.num_tokens)):
-        if key not in counts:
-            raise _fail(str(index), f"counts.{key} is missing")
-        if counts[key] != total:
-            raise _fail(
-                str(index),
-                f"counts.{key} is {counts[key]:,} but the shards list {total:,} in total",
-            )
-    rows, tokens = manifest.num_rows, manifest.num_tokens
-    expected = tokens / (rows * max_len) if rows else 0.0
-    eff = manifest.efficiency
-    if not math.isclose(eff, expected, abs_tol=EFFICIENCY_TOLERANCE):
-        raise _fail(
-            str(index),
-            f"efficiency is {eff!r} but tokens / (rows * max_len) = {expected:.6f}",
-        )
-    return vocab, max_len
+    return manifest.tokenizer["vocab_size"], manifest.max_len
 
 
 def unlisted_files(directory: Path, manifest: Manifest) -> list[str]:
@@ -279,7 +285,9 @@ def verify_dataset(
     index = directory / INDEX_FILE
     vocab, max_len = _check_manifest(manifest, index)
     warnings = unlisted_files(directory, manifest)
-    expected_schema = packed_schema(token_type_for(vocab))
+    expected_schema = packed_schema(token_type_for(vocab), manifest.columns)
+    optional = verify_columns.optional_columns(manifest.columns)
+    supervised = 0
 
     doc_keys: list[NDArray[np.int64]] = []
     chunk_keys: list[NDArray[np.int64]] = []
@@ -308,7 +316,8 @@ def verify_dataset(
                     "corrupt or was changed after packing",
                 )
         try:
-            pf = pq.ParquetFile(file, memory_map=True)
+            # Page CRC32s too: with --no-checksums they are what catches a flipped bit.
+            pf = pq.ParquetFile(file, memory_map=True, page_checksum_verification=True)
         except (pa.ArrowException, OSError) as exc:
             raise _fail(where, f"not a readable Parquet file ({exc})") from None
         _check_schema(pf.schema_arrow, expected_schema, vocab, where)
@@ -321,16 +330,18 @@ def verify_dataset(
         row_base = 0
         for rg in range(pf.num_row_groups):
             try:
-                table = pf.read_row_group(rg, columns=list(COLUMNS))
+                table = pf.read_row_group(rg, columns=list(manifest.columns))
             except (pa.ArrowException, OSError) as exc:
                 raise _fail(where, f"row group {rg} unreadable ({exc})") from None
             parts = {}
-            for name in COLUMNS:
+            for name in manifest.columns:
                 col = table.column(name).combine_chunks()
-                if col.null_count or col.values.null_count:
+                if col.null_count or (hasattr(col, "values") and col.values.null_count):
                     raise _fail(where, f"row group {rg}: {name} contains nulls")
-                parts[name] = list_parts(col)
-            bad = first_bad_row(parts, max_len=max_len, vocab_size=vocab)
+                parts[name] = column_parts(col)
+            core = first_bad_row(parts, max_len=max_len, vocab_size=vocab)
+            more = verify_columns.first_bad_row(parts, optional)
+            bad = min((b for b in (core, more) if b is not None), default=None)
             if bad is not None:
                 what = (
                     row_problem(
@@ -338,6 +349,7 @@ def verify_dataset(
                         max_len=max_len,
                         vocab_size=vocab,
                     )
+                    or verify_columns.row_problem(_one_row(parts, bad), optional)
                     or "breaks a row invariant"
                 )
                 r = row_base + bad
@@ -351,6 +363,8 @@ def verify_dataset(
             )
             ids_off = parts["input_ids"][0]
             shard_tokens += int(ids_off[-1]) if len(ids_off) else 0
+            if LOSS_MASK in parts:
+                supervised += int(parts[LOSS_MASK][1].sum(dtype=np.int64))
             row_base += n
         if shard_tokens != shard.tokens:
             raise _fail(
@@ -364,10 +378,13 @@ def verify_dataset(
         doc_keys, chunk_keys, doc_rows, shards, shard_starts, directory
     )
     counts = manifest.counts
-    for key, found, what in (
+    measured = [
         ("segments", documents, "(doc_id, chunk) pieces"),
         ("documents_packed", distinct, "distinct doc_ids"),
-    ):
+    ]
+    if LOSS_MASK in manifest.columns:
+        measured.append(("tokens_supervised", supervised, "supervised tokens (loss_mask 1)"))
+    for key, found, what in measured:
         if key in counts and counts[key] != found:
             raise _fail(
                 str(index), f"counts.{key} is {counts[key]:,} but the shards hold {found:,} {what}"
@@ -384,14 +401,21 @@ def verify_dataset(
         checksums=checksums,
         warnings=tuple(warnings),
         seconds=time.perf_counter() - start,
+        supervised_tokens=supervised if LOSS_MASK in manifest.columns else None,
     )
 
 
 def _check_schema(found: pa.Schema, expected: pa.Schema, vocab: int, where: str) -> None:
     if found.names != expected.names:
-        raise _fail(where, f"columns are {found.names}, expected exactly {expected.names}")
+        raise _fail(
+            where,
+            f"columns are {found.names}, expected exactly {expected.names} (index.json columns)",
+        )
     for f, e in zip(found, expected, strict=True):
-        ok = pa.types.is_list(f.type) and f.type.value_type.equals(e.type.value_type)
+        if not pa.types.is_list(e.type):  # a per-row column: a scalar of the declared type
+            ok = f.type.equals(e.type)
+        else:
+            ok = pa.types.is_list(f.type) and f.type.value_type.equals(e.type.value_type)
         if not ok:
             hint = ""
             if f.name == "input_ids":
@@ -402,6 +426,11 @@ def _check_schema(found: pa.Schema, expected: pa.Schema, vocab: int, where: str)
                 where,
                 f"column {f.name} is {_type_name(f.type)}, expected {_type_name(e.type)}{hint}",
             )
+
+
+def _one_row(parts: dict[str, tuple], r: int) -> dict[str, np.ndarray]:
+    """Row `r`'s values by column (list columns sliced, scalar columns indexed)."""
+    return {n: v[r] if o is None else v[o[r] : o[r + 1]] for n, (o, v) in parts.items()}
 
 
 def _type_name(t: pa.DataType) -> str:

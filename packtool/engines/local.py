@@ -22,12 +22,15 @@ import numpy as np
 import pyarrow as pa
 
 from packtool import kernels, stats
+from packtool.columns import LOSS_MASK, names, required, resolve
 from packtool.corpus import ReadConfig, SkipCounter
 from packtool.engines.preflight import (
     STATE_FILE,
     Checked,
+    Output,
     check_fingerprint,
     check_inputs,
+    doc_id_record,
     fingerprint_of,
     output_folder,
 )
@@ -43,7 +46,7 @@ from packtool.pack import PackConfig, PackCounts, PackedChunk, pack_table
 from packtool.progress import Progress
 from packtool.shards import ShardConfig, write_shards
 from packtool.tokenize import tokenized_batches
-from packtool.tokenizers import Tokenizer
+from packtool.tokenizers import Tokenizer, describe_tokenizer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +93,23 @@ class PackSummary:
     """Threads the tokenizer encoded with (0: the inputs were already tokenized)."""
     cores_used: str = ""
     """What ran the work, when another engine than this one did (the summary's last words)."""
+    columns: tuple[str, ...] = ()
+    """The optional shard columns the dataset has (`loss_mask`)."""
+    max_len: int = 0
+
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+    """The tokenizer identity `index.json` records (its `engine` says what encoded)."""
+    special_names: dict[str, str] = field(default_factory=dict)
+    """`eos` / `bos` -> the token text a default id came from (`Tokenizer.special_names`)."""
+
+    @property
+    def masked(self) -> bool:
+        return LOSS_MASK in self.columns
+
+    @property
+    def supervised_efficiency(self) -> float:
+        """Supervised tokens / (rows * max_len): the share of slots that train on something."""
+        return self.counts.tokens_supervised / max(self.counts.rows * self.max_len, 1)
 
     @property
     def skipped_unreadable(self) -> int:
@@ -126,6 +146,9 @@ class PackSummary:
             "skips": self.skips,
             "seconds": self.seconds,
             "resumed_chunks": self.resumed_chunks,
+            "columns": list(self.columns),
+            **({"supervised_efficiency": self.supervised_efficiency} if self.masked else {}),
+            "tokenizer": self.tokenizer,
         }
 
     def format(self, max_len: int) -> str:
@@ -150,6 +173,15 @@ class PackSummary:
             f"time {total:.2f}s ({stages}); {c.tokens_in / max(total, 1e-9):,.0f} tokens/s; "
             f"cores used: {self._cores()}",
         ]
+        if self.masked:
+            share = c.tokens_supervised / max(c.tokens_out, 1)
+            lines.append(
+                f"supervised: {c.tokens_supervised:,} tokens ({share:.2%} of tokens out); "
+                f"supervised efficiency {self.supervised_efficiency:.4%}; documents dropped for "
+                f"holding no supervised token (after truncation) {c.documents_unsupervised:,}"
+            )
+        if self.tokenizer:
+            lines.append("tokenizer " + describe_tokenizer(self.tokenizer, self.special_names))
         if self.skips:
             lines.append("skips: " + ", ".join(f"{k} {v:,}" for k, v in self.skips.items()))
         if self.resumed_chunks:
@@ -197,22 +229,25 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
             tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
     """
     checked = check_inputs(config, tokenizer)
-    with output_folder(config) as state:
-        return _run_local(config, checked, state)
+    with output_folder(config) as output:
+        summary = _run_local(config, checked, output)
+    if checked.tokenizer is not None and not checked.tokenized:
+        summary.special_names = checked.tokenizer.special_names
+    return summary
 
 
-def _run_local(config: RunConfig, checked: Checked, state: dict[str, Any] | None) -> PackSummary:
-    out = Path(config.out_dir)
+def _run_local(config: RunConfig, checked: Checked, output: Output) -> PackSummary:
+    out, state = output.work, output.state
     tokenizer = checked.tokenizer
     fingerprint = fingerprint_of(config, checked)
     done: list[dict[str, Any]] = []
     if state is not None:
         if state.get("engine", "local") != "local":
             raise ConfigError(
-                f"cannot resume {out}: it was started with --engine {state['engine']}; "
-                "resume it with the same engine"
+                f"cannot resume {config.out_dir}: it was started with --engine "
+                f"{state['engine']}; resume it with the same engine"
             )
-        check_fingerprint(state, fingerprint, out)
+        check_fingerprint(state, fingerprint, Path(config.out_dir))
         done = list(state["chunks"])
         for chunk in done:
             _check_done_shards(out, [ShardInfo(**s) for s in chunk["shards"]])
@@ -287,12 +322,15 @@ def _run_local(config: RunConfig, checked: Checked, state: dict[str, Any] | None
 
     return finish_run(
         config,
+        out,
         checked.identity,
         done,
         skips=skips,
         seconds=seconds,
         resumed_chunks=len(state["chunks"]) if state is not None else 0,
         tokenizer_threads=tokenizer.workers if tokenizer and not checked.tokenized else 0,
+        columns=checked.columns,
+        doc_ids=doc_id_record(checked),
     )
 
 
@@ -313,6 +351,7 @@ def chunk_record(
 
 def finish_run(
     config: RunConfig,
+    work: Path,
     identity: dict[str, Any],
     records: Sequence[dict[str, Any]],
     *,
@@ -320,10 +359,15 @@ def finish_run(
     seconds: dict[str, float],
     resumed_chunks: int,
     tokenizer_threads: int,
+    doc_ids: dict[str, Any],
+    columns: Sequence[str] = (),
 ) -> PackSummary:
-    """Sum the chunk records (in chunk order), write `index.json`, drop the state file.
+    """Sum the chunk records (in chunk order), write `index.json` into `work`, drop the state file.
 
-    Both engines end here, so their manifests agree whenever their chunk records do.
+    `columns`: the optional shard columns the inputs carry (`preflight.Checked.columns`).
+
+    Both engines end here, so their manifests agree whenever their chunk records do. `work` is
+    the run's staging folder; `preflight.output_folder` swaps it in afterwards.
     """
     counts = PackCounts()
     rounds = np.zeros(config.pack.rounds, dtype=np.int64)
@@ -340,7 +384,6 @@ def finish_run(
             acc[0] += r
             acc[1] += t
         shards.extend(ShardInfo(**s) for s in record["shards"])
-    out = Path(config.out_dir)
     # Empty documents are dropped by the reader (a counted skip); they are documents all the same.
     empty_read = skips.counts.get("empty", 0)
     counts.documents_in += empty_read
@@ -372,9 +415,15 @@ def finish_run(
         seconds=seconds,
         skips=skips.to_dict(),
         resumed_chunks=resumed_chunks,
-        out_dir=str(out),
+        out_dir=config.out_dir,
         tokenizer_threads=tokenizer_threads,
+        columns=tuple(columns),
+        max_len=config.pack.max_len,
+        tokenizer=dict(identity),
     )
+    counts_out = counts.to_dict()
+    if not summary.masked:  # supervised counts mean nothing without a mask
+        del counts_out["documents_unsupervised"], counts_out["tokens_supervised"]
     manifest = Manifest(
         tokenizer=identity,
         max_len=config.pack.max_len,
@@ -382,11 +431,12 @@ def finish_run(
         seed=config.pack.seed,
         rounds=config.pack.rounds,
         long_docs=config.pack.long_docs,
-        counts={**counts.to_dict(), "documents_skipped": int(other_skips)},
+        counts={**counts_out, "documents_skipped": int(other_skips)},
         efficiency=round(efficiency, 6),
         lower_bound_rows=summary.lower_bound,
         shards=tuple(shards),
         command=config.command,
+        columns=names(resolve([*names(required()), *columns])),
         extra={
             "rows_per_round": summary.rows_per_round,
             "lower_bound_l1": summary.lower_bound_l1,
@@ -398,8 +448,14 @@ def finish_run(
             },
             "skips": summary.skips,
             "group_by": config.pack.group_by,
+            **(
+                {"supervised_efficiency": round(summary.supervised_efficiency, 6)}
+                if summary.masked
+                else {}
+            ),
+            "doc_ids": doc_ids,
         },
     )
-    write_manifest(out, manifest)
-    (out / STATE_FILE).unlink(missing_ok=True)
+    write_manifest(work, manifest)
+    (work / STATE_FILE).unlink(missing_ok=True)
     return summary

@@ -251,8 +251,8 @@ def run_pack_ray(
     t_start = time.perf_counter()
     # A missing path, a tokenizer mismatch or a max_len BOS + EOS fill fails before Ray starts.
     checked = preflight.check_inputs(config, tokenizer)
-    with preflight.output_folder(config) as state:
-        return _run_ray(ray, config, ray_config, checked, state, t_start)
+    with preflight.output_folder(config) as output:
+        return _run_ray(ray, config, ray_config, checked, output, t_start)
 
 
 def _run_ray(
@@ -260,15 +260,15 @@ def _run_ray(
     config: RunConfig,
     ray_config: RayConfig,
     checked: preflight.Checked,
-    state: dict[str, Any] | None,
+    output: preflight.Output,
     t_start: float,
 ) -> PackSummary:
     identity = checked.identity
-    out = Path(config.out_dir).resolve()
+    out, state = output.work, output.state  # the staging folder, an absolute path
     fingerprint = preflight.fingerprint_of(config, checked)
     done: dict[int, dict[str, Any]] = {}
     if state is not None:
-        preflight.check_fingerprint(state, fingerprint, out)
+        preflight.check_fingerprint(state, fingerprint, Path(config.out_dir))
         for record in state["chunks"]:
             _locate_shards(out, record)  # raises when a finished shard is missing or changed
             done[int(record["index"])] = record
@@ -307,12 +307,15 @@ def _run_ray(
     seconds["total"] = time.perf_counter() - t_start
     summary = finish_run(
         config,
+        out,
         identity,
         records,
         skips=skips,
         seconds=seconds,
         resumed_chunks=resumed,
         tokenizer_threads=0 if checked.tokenized else actors,
+        columns=checked.columns,
+        doc_ids=preflight.doc_id_record(checked),
     )
     summary.cores_used = (
         f"Ray: 1 reader task + {actors} tokenize/pack/write actor(s) "

@@ -59,9 +59,10 @@ def key_name(path: tuple) -> str:
     return out
 
 
-def damaged_states(state: dict, skip: tuple[str, ...] = ()):
+def damaged_states(state: dict, skip: tuple[str, ...] = (), optional: frozenset = frozenset()):
     """`(name, damaged copy)` for every nested part of `state`: removed (dict entries) and
-    replaced by each of `BAD_VALUES`. Top-level keys in `skip` (and what they hold) are left."""
+    replaced by each of `BAD_VALUES`. Top-level keys in `skip` (and what they hold) are left;
+    keys named in `optional` (states saved before they existed lack them) are not removed."""
     import copy
 
     def parts(value, path):
@@ -74,6 +75,7 @@ def damaged_states(state: dict, skip: tuple[str, ...] = ()):
     for path, removable in parts(state, ()):
         if path[0] in skip:
             continue
+        removable = removable and path[-1] not in optional
         for edit in (("del",) if removable else ()) + BAD_VALUES:
             damaged = copy.deepcopy(state)
             parent = damaged

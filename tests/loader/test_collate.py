@@ -9,11 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.collate import IGNORE_INDEX, collate
+from loader.record import Documents
 from packtool.errors import DataError
 
 
+def docs(tokens, lens, ids, mask=None) -> Documents:
+    return Documents(tokens, lens, ids, {} if mask is None else {"loss_mask": mask})
+
+
 def test_exact_small_batch():
-    b = collate(np.array([5, 6, 7, 8, 9], np.uint16), np.array([3, 2]), np.array([10, 11]))
+    b = collate(docs(np.array([5, 6, 7, 8, 9], np.uint16), np.array([3, 2]), np.array([10, 11])))
     assert b["input_ids"].tolist() == [5, 6, 7, 8, 9]
     assert b["cu_seqlens"].tolist() == [0, 3, 5]
     assert b["cu_seqlens"].dtype == torch.int32
@@ -27,9 +32,7 @@ def test_exact_small_batch():
 
 def test_static_shape_padding_convention():
     b = collate(
-        np.array([5, 6, 7], np.uint32),
-        np.array([2, 1]),
-        np.array([1, 2]),
+        docs(np.array([5, 6, 7], np.uint32), np.array([2, 1]), np.array([1, 2])),
         pad_tokens=8,
         pad_docs=5,
         pad_id=0,
@@ -46,20 +49,20 @@ def test_static_shape_padding_convention():
 
 def test_static_shape_overflow_is_a_clear_error():
     with pytest.raises(DataError, match="static budget"):
-        collate(np.arange(5), np.array([5]), np.array([0]), pad_tokens=4)
+        collate(docs(np.arange(5), np.array([5]), np.array([0])), pad_tokens=4)
     with pytest.raises(DataError, match="pad_docs"):
-        collate(np.arange(4), np.array([1, 1, 1, 1]), np.arange(4), pad_tokens=4, pad_docs=3)
+        collate(docs(np.arange(4), np.array([1, 1, 1, 1]), np.arange(4)), pad_tokens=4, pad_docs=3)
 
 
 def test_hf_layout_matches_transformers_collator():
     from transformers import DataCollatorWithFlattening
 
-    docs = [[5, 6, 7], [8, 9], [1, 2, 3, 4]]
+    seqs = [[5, 6, 7], [8, 9], [1, 2, 3, 4]]
     ref = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(
-        [{"input_ids": d} for d in docs]
+        [{"input_ids": d} for d in seqs]
     )
-    tokens = np.concatenate([np.array(d) for d in docs])
-    b = collate(tokens, np.array([len(d) for d in docs]), np.arange(3), layout="hf")
+    tokens = np.concatenate([np.array(d) for d in seqs])
+    b = collate(docs(tokens, np.array([len(d) for d in seqs]), np.arange(3)), layout="hf")
     assert set(b) == set(ref)
     for k, v in ref.items():
         if isinstance(v, torch.Tensor):
@@ -72,8 +75,8 @@ def test_hf_layout_matches_transformers_collator():
 def test_hf_and_packtool_labels_give_the_same_loss_targets():
     tokens = np.array([5, 6, 7, 8, 9, 1])
     lens = np.array([3, 2, 1])
-    ours = collate(tokens, lens, np.arange(3))["labels"]
-    hf = collate(tokens, lens, np.arange(3), layout="hf")["labels"][0]
+    ours = collate(docs(tokens, lens, np.arange(3)))["labels"]
+    hf = collate(docs(tokens, lens, np.arange(3)), layout="hf")["labels"][0]
     # transformers predicts hf[t + 1] from position t.
     assert ours[:-1].tolist() == hf[1:].tolist()
 
@@ -97,7 +100,9 @@ def test_invariants_against_a_plain_reference(case, seed):
     pad_tokens = None if pad is None else total + pad
     pad_docs = None if pad is None else len(lens) + 1 + extra_docs
     b = collate(
-        tokens, np.array(lens, dtype=np.int64), doc_ids, pad_tokens=pad_tokens, pad_docs=pad_docs
+        docs(tokens, np.array(lens, dtype=np.int64), doc_ids),
+        pad_tokens=pad_tokens,
+        pad_docs=pad_docs,
     )
     T = total if pad is None else total + pad
     ids, labels, pos, cu = (

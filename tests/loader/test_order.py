@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import loader.order as order_module
 from loader import LoaderConfig, PackedDataLoader, PackedDataset
-from loader.order import cut_batches, epoch_permutation, plan_epoch
-from packtool.errors import ConfigError
+from loader.order import (
+    EpochPlan,
+    block_steps_bound,
+    cut_batches,
+    epoch_permutation,
+    iter_blocks,
+    plan_epoch,
+)
+from loader.permutation import EpochOrder
+from loader.testing import held_bytes, synthetic_index, write_random_dataset
+from packtool.errors import ConfigError, DataError
 
 from .conftest import all_doc_ids
 
@@ -239,3 +254,273 @@ def test_static_shape_too_few_docs_is_refused_upfront(hand_dataset, settings_, n
     ok = {**settings_, "max_docs_per_batch": enough}
     batches = list(PackedDataset(hand_dataset, static_shape=True, **ok))
     assert sorted(i for b in batches for i in _docs(b)) == list(range(6))
+
+
+# ---- the lazy plan against the plain reference ------------------------------------------------
+
+
+def _reference_plan(order, origin, world, rows, budget, max_docs, lengths, n_docs, drop_last):
+    """The old eager plan: the whole order cut at once (what EpochPlan must equal)."""
+    bounds = origin + cut_batches(
+        order[origin:],
+        rows_per_batch=rows,
+        tokens_per_batch=budget,
+        max_docs=max_docs,
+        lengths=lengths,
+        n_docs=n_docs,
+    )
+    n_batches = len(bounds) - 1
+    if drop_last:
+        steps = n_batches // world
+        if steps and rows is not None and bounds[steps * world] - bounds[steps * world - 1] < rows:
+            steps -= 1
+    else:
+        steps = -(-n_batches // world)
+
+    def step_rows(k):
+        out = []
+        for b in range(k * world, k * world + world):
+            out.append(order[bounds[b] : bounds[b + 1]] if b + 1 < len(bounds) else order[:0])
+        return out
+
+    def cursor_after(k):
+        return origin if k <= 0 else int(bounds[min(k * world, n_batches)])
+
+    return steps, step_rows, cursor_after
+
+
+@st.composite
+def plans(draw):
+    sizes = draw(st.lists(st.integers(1, 12), min_size=0, max_size=20))
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    n = int(starts[-1])
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    lengths = rng.integers(1, 17, size=n)  # max_len 16
+    n_docs = rng.integers(1, 6, size=n)
+    if draw(st.booleans()):
+        rows, budget, max_docs = draw(st.integers(1, 5)), None, None
+    else:
+        rows, budget = None, draw(st.integers(16, 60))
+        max_docs = draw(st.none() | st.integers(1, 12))
+    kind = draw(st.sampled_from(["windowed", "free", "stored"]))
+    return {
+        "starts": starts,
+        "lengths": lengths,
+        "n_docs": n_docs,
+        "rows": rows,
+        "budget": budget,
+        "max_docs": max_docs,
+        "world": draw(st.sampled_from([1, 2, 4])),
+        "drop_last": draw(st.booleans()),
+        "origin": draw(st.integers(0, n)),
+        "shuffle": kind != "stored",
+        "window": 0 if kind == "free" else draw(st.integers(1, 4)),
+        "epoch": draw(st.integers(0, 2)),
+    }
+
+
+def _plan(p, **over):
+    kw = dict(
+        num_rows=int(p["starts"][-1]),
+        fingerprint="f",
+        seed=3,
+        epoch=p["epoch"],
+        world_size=p["world"],
+        origin=p["origin"],
+        shuffle=p["shuffle"],
+        drop_last=p["drop_last"],
+        rows_per_batch=p["rows"],
+        tokens_per_batch=p["budget"],
+        max_docs=p["max_docs"],
+        lengths=p["lengths"],
+        n_docs=p["n_docs"],
+        group_starts=p["starts"],
+        window=p["window"],
+    )
+    return plan_epoch(**{**kw, **over})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    p=plans(),
+    chunk=st.integers(1, 6),
+    first=st.integers(1, 3),
+    piece=st.integers(1, 9),
+    data=st.data(),
+)
+def test_lazy_plan_equals_the_eager_reference(p, chunk, first, piece, data):
+    with (
+        mock.patch.object(order_module, "CHUNK", chunk),
+        mock.patch.object(order_module, "FIRST_CHUNK", first),
+        mock.patch.object(order_module, "PIECE", piece),
+    ):
+        plan = _plan(p)
+        full = np.asarray(plan.order)
+        steps, ref_rows, ref_cursor = _reference_plan(
+            full,
+            plan.origin,
+            p["world"],
+            p["rows"],
+            p["budget"],
+            p["max_docs"],
+            p["lengths"],
+            p["n_docs"],
+            p["drop_last"],
+        )
+        assert plan.num_steps == steps
+        assert [plan.has_step(k) for k in range(steps + 2)] == [True] * steps + [False] * 2
+        delivered = []
+        for k in range(steps):
+            got = plan.step_rows(k)
+            assert [r.tolist() for r in got] == [r.tolist() for r in ref_rows(k)]
+            delivered += [int(x) for r in got for x in r]
+        for k in range(steps + 2):
+            assert plan.cursor_after(k) == ref_cursor(k)
+        # Every row from the origin exactly once per epoch across the ranks (none twice even
+        # with drop_last, which only leaves out the tail).
+        assert len(delivered) == len(set(delivered))
+        if not p["drop_last"]:
+            assert sorted(delivered) == sorted(full[plan.origin :].tolist())
+        # A resume at a random step: a fresh plan told only where that step starts (the
+        # state's cursor) continues with the same steps, and never cuts from the origin.
+        k = data.draw(st.integers(0, steps))
+        resumed = _plan(p)
+        resumed.anchor(k * p["world"], ref_cursor(k))
+        assert [[r.tolist() for r in resumed.step_rows(j)] for j in range(k, steps)] == [
+            [r.tolist() for r in ref_rows(j)] for j in range(k, steps)
+        ]
+        assert resumed.num_steps == steps
+        if p["budget"] is not None and k * p["world"] > chunk and ref_cursor(k) < len(full):
+            assert min(resumed._anchors) == 0 and 0 not in resumed._chunks  # origin untouched
+
+
+@settings(max_examples=150, deadline=None)
+@given(p=plans(), data=st.data())
+def test_worker_splits_deliver_every_step_once_in_order(p, data):
+    plan = _plan(p)
+    steps = plan.num_steps
+    per_step = p["shuffle"] and p["window"] == 0
+    first = data.draw(st.integers(0, steps))
+    blocks = list(iter_blocks(plan, first, per_step=per_step))
+    flat = [s for a, b in blocks for s in range(a, b)]
+    assert flat == list(range(first, steps))  # contiguous blocks, in order, from `first`
+    assert all(b > a for a, b in blocks)
+    if not per_step and blocks:
+        bound = PackedDatasetBound(plan)
+        assert max(b - a for a, b in blocks) <= bound
+    for workers in (1, 2, 3):
+        # PackedDataLoader: block b to worker b % N, put back in step order by the trainer.
+        mine = [
+            [s for i, (a, b) in enumerate(blocks) if i % workers == w for s in range(a, b)]
+            for w in range(workers)
+        ]
+        assert sorted(s for m in mine for s in m) == flat
+        # Plain DataLoader workers: steps w, w + N, ... (the round robin restores the order).
+        strided = [list(plan.steps(first + w, workers)) for w in range(workers)]
+        assert sorted(s for m in strided for s in m) == flat
+
+
+def PackedDatasetBound(plan) -> int:  # noqa: N802 - reads as the quantity it returns
+    return block_steps_bound(plan, max_len=16)
+
+
+def test_a_cursor_off_the_plan_is_found_where_the_cut_reaches_it():
+    lengths = np.full(40, 10)
+    kw = dict(num_rows=40, fingerprint="f", seed=0, epoch=0, world_size=1, lengths=lengths)
+    plan = plan_epoch(tokens_per_batch=20, **kw)  # 2 rows a batch: batch 5 starts at row 10
+    with mock.patch.object(order_module, "CHUNK", 2):
+        plan.anchor(5, 11)
+        with pytest.raises(DataError, match="rank batch 5 at a row where this plan has none"):
+            plan.step_rows(4)
+        plan = plan_epoch(tokens_per_batch=20, **kw)
+        plan.anchor(30, 39)  # beyond the epoch's 20 batches
+        with pytest.raises(DataError, match="rank batch 30"):
+            plan.step_rows(25)  # cut from the origin, which ends before batch 30
+
+
+def test_check_position_refuses_impossible_cursors():
+    lengths = np.full(40, 10)
+    kw = dict(num_rows=40, fingerprint="f", seed=0, epoch=0, world_size=2, lengths=lengths)
+    rows = plan_epoch(rows_per_batch=3, **kw)
+    rows.check_position(epoch=0, step=2, cursor=12, own_step=False)
+    with pytest.raises(DataError, match="but that step starts at row 12"):
+        rows.check_position(epoch=0, step=2, cursor=13, own_step=False)
+    budget = plan_epoch(tokens_per_batch=20, **kw)
+    budget.check_position(epoch=0, step=3, cursor=12, own_step=False)
+    budget.check_position(epoch=0, step=30, cursor=40, own_step=True)  # past the end: at N
+    for step, cursor in ((0, 1), (3, 4), (3, 13 * 20)):
+        with pytest.raises(DataError, match="cannot consume"):
+            budget.check_position(epoch=0, step=step, cursor=cursor, own_step=False)
+
+
+def test_huge_synthetic_dataset_keeps_the_order_state_small():
+    # 10^9 rows in 256-row row groups, row counts generated per row group: the state of the
+    # order, the plan and the row index after a fresh start and a resume in the middle of the
+    # epoch stays far under 256 MB (an eager order: 8 GB for the row ids alone).
+    n = 10**9
+    index = synthetic_index(n, group_rows=256, max_len=4096)
+    for kw in ({"window": 16}, {"window": 0}, {"shuffle": False}):
+        order = EpochOrder(index.group_starts, fingerprint="f", seed=0, epoch=0, **kw)
+        plan = EpochPlan(order, world_size=8, tokens_per_batch=65_536, index=index)
+        first = plan.step_rows(0)
+        assert sum(len(r) for r in first) >= 8 * 16
+        # A resume in the middle of the epoch (with other settings, which needs no cut before).
+        middle = EpochPlan(order, origin=n // 2, world_size=8, tokens_per_batch=65_536, index=index)
+        rows = np.concatenate(middle.step_rows(0) + middle.step_rows(1))
+        assert len(np.unique(rows)) == len(rows) and rows.min() >= 0 and rows.max() < n
+        held = held_bytes(plan, middle)
+        assert held < 256 << 20, (kw, held)
+        if kw != {"window": 0}:  # a free shuffle's rows lie in a row group each
+            assert index.groups_read < 1_000  # a few windows' row groups, not 3.9 M
+        index.groups_read = 0
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@settings(max_examples=8, deadline=None)
+@given(
+    n_rows=st.integers(1, 40),
+    group_rows=st.integers(1, 6),
+    world=st.sampled_from([1, 2, 4]),
+    workers=st.sampled_from([0, 1, 2]),
+    kw=st.sampled_from(
+        [
+            {"tokens_per_batch": 100},
+            {"tokens_per_batch": 64, "shuffle_window": 1, "drop_last": True},
+            {"rows_per_batch": 2, "shuffle_window": 3},
+            {"rows_per_batch": 3, "shuffle_window": 0},
+            {"rows_per_batch": 1, "shuffle": False, "balance": True},
+        ]
+    ),
+    seed=st.integers(0, 5),
+)
+def test_every_document_once_over_ranks_and_workers_on_random_datasets(
+    n_rows, group_rows, world, workers, kw, seed
+):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "ds"
+        write_random_dataset(
+            path,
+            n_rows=n_rows,
+            max_len=64,
+            mean_doc=9,
+            rows_per_shard=7,
+            row_group_rows=group_rows,
+            seed=seed,
+        )
+        expected = all_doc_ids(path).tolist()
+        seen, streams = [], []
+        for rank in range(world):
+            ds = PackedDataset(path, rank=rank, world_size=world, seed=seed, **kw)
+            batches = list(PackedDataLoader(ds, num_workers=workers))
+            single = list(PackedDataset(path, rank=rank, world_size=world, seed=seed, **kw))
+            assert [b["input_ids"].tolist() for b in batches] == [
+                b["input_ids"].tolist() for b in single
+            ]  # the same stream with 0 or N workers
+            streams.append(len(batches))
+            seen += [i for b in batches for i in _docs(b)]
+        assert len(set(streams)) == 1
+        assert len(seen) == len(set(seen))
+        if not kw.get("drop_last"):
+            assert sorted(seen) == expected

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from loader import PackedDataLoader, PackedDataset
@@ -198,3 +200,53 @@ def test_resume_at_the_end_of_an_epoch_and_after_the_last(random_dataset, refere
     assert end1["packed_dataset"]["epoch"] == 1
     rest, _ = _run(random_dataset, workers=2, state=end1)
     assert rest == []
+
+
+@pytest.mark.parametrize(("key", "delta"), [("cursor", 1), ("cursor", -1), ("next_step", 1)])
+def test_edited_position_is_refused_by_the_check_value(random_dataset, key, delta):
+    # With a token budget the cursor decides where the cut resumes; only the full cut from the
+    # epoch's start could tell a plausible edit from the real one, so the state carries a hash.
+    state = _dl_state(random_dataset, 3)
+    state["packed_dataset"][key] += delta
+    with pytest.raises(DataError, match="does not match its check value|cannot consume"):
+        PackedDataLoader(PackedDataset(random_dataset, **SETTINGS)).load_state_dict(state)
+
+
+def test_state_of_the_earlier_order_resumes_only_at_an_epoch_start(random_dataset, reference):
+    n0 = len(PackedDataset(random_dataset, **SETTINGS))
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    old = {k: v for k, v in ds._state(1, 0, 0, ds.plan(1)).items() if k != "check"}
+    old["version"] = 1  # what the previous packtool saved between epochs
+    rest, _ = _run(random_dataset, workers=0, state={"packed_dataset": old})
+    assert rest == reference[n0:]
+    mid = {**old, "epoch": 0, "next_step": 3, "cursor": ds.plan(0).cursor_after(3)}
+    with pytest.raises(DataError, match="older packtool .* in the middle of epoch 0"):
+        PackedDataset(random_dataset, **SETTINGS).load_state_dict({"packed_dataset": mid})
+
+
+_SETTINGS = st.sampled_from(
+    [
+        {"tokens_per_batch": 150, "seed": 7},
+        {"tokens_per_batch": 150, "seed": 1, "shuffle_window": 1},
+        {"tokens_per_batch": 200, "seed": 2, "shuffle_window": 0},
+        # (None: replaces SETTINGS' budget)
+        {"rows_per_batch": 3, "tokens_per_batch": None, "seed": 3, "shuffle_window": 2},
+        {"rows_per_batch": 2, "tokens_per_batch": None, "shuffle": False},
+        {"tokens_per_batch": 128, "static_shape": True, "max_docs_per_batch": 40, "seed": 4},
+    ]
+)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@settings(max_examples=10, deadline=None)
+@given(kw=_SETTINGS, data=st.data())
+def test_resume_at_a_random_step_continues_the_same_stream(random_dataset, kw, data):
+    ref, _ = _run(random_dataset, workers=0, epochs=(0,), **kw)
+    cut = data.draw(st.integers(0, len(ref)))
+    before, after = data.draw(st.sampled_from([0, 1, 2])), data.draw(st.sampled_from([0, 1, 2]))
+    first, state = _run(random_dataset, workers=before, epochs=(0,), take=cut or None, **kw)
+    if not cut:
+        ds = PackedDataset(random_dataset, **{**SETTINGS, **kw})
+        first, state = [], PackedDataLoader(ds).state_dict()
+    rest, _ = _run(random_dataset, workers=after, epochs=(0,), state=state, **kw)
+    assert first + rest == ref

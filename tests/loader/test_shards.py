@@ -17,22 +17,48 @@ from packtool.manifest import packed_schema, read_manifest, sha256_file, write_m
 
 
 def _rewrite_shard(path, table):
-    """Replace shard 0 with `table` and update the manifest so only the content is wrong."""
+    """Replace shard 0 with `table` and update the manifest so only the content is wrong.
+
+    The manifest stays consistent on its own (read_manifest checks it as a whole): the shard's
+    tokens are recorded within rows..rows x max_len even when the rows break that bound.
+    """
     m = read_manifest(path)
     file = path / m.shards[0].file
     pq.write_table(table, file)
     import dataclasses
 
+    tokens = sum(len(r) for r in table.column("input_ids").to_pylist())
+    tokens = min(max(tokens, table.num_rows), table.num_rows * m.max_len)
     s0 = dataclasses.replace(
-        m.shards[0], bytes=file.stat().st_size, sha256=sha256_file(file), rows=table.num_rows
+        m.shards[0],
+        bytes=file.stat().st_size,
+        sha256=sha256_file(file),
+        rows=table.num_rows,
+        tokens=tokens,
     )
-    write_manifest(path, dataclasses.replace(m, shards=(s0, *m.shards[1:])))
+    shards = (s0, *m.shards[1:])
+    if (s0.rows, s0.tokens) == (m.shards[0].rows, m.shards[0].tokens):
+        write_manifest(path, dataclasses.replace(m, shards=shards))
+        return
+    rows, tokens = sum(s.rows for s in shards), sum(s.tokens for s in shards)
+    counts = {"rows": rows, "tokens_out": tokens, "tokens_in": tokens}
+    fixed = dataclasses.replace(
+        m,
+        shards=shards,
+        counts=counts,
+        efficiency=tokens / (rows * m.max_len),
+        lower_bound_rows=-(-tokens // m.max_len),
+        extra={},
+    )
+    write_manifest(path, fixed)
 
 
 def test_reads_rows_exactly(hand_dataset):
     store = ShardStore(hand_dataset)
     assert store.num_rows == 3 and store.num_row_groups == 2
-    tokens, lens, ids = store.gather(np.array([2, 0]))
+    got = store.gather(np.array([2, 0]))
+    tokens, lens, ids = got.tokens, got.doc_lens, got.doc_ids
+    assert got.columns == {}  # no optional column in this dataset
     assert tokens.tolist() == [10, 11, 12, 1, 2, 3, 4, 5]
     assert lens.tolist() == [1, 1, 1, 3, 2]
     assert ids.tolist() == [3, 4, 5, 0, 1]
@@ -45,7 +71,7 @@ def test_reads_rows_exactly(hand_dataset):
 def test_index_json_path_opens_its_dataset(hand_dataset):
     by_file = ShardStore(hand_dataset / "index.json")
     assert by_file.path == hand_dataset
-    assert by_file.gather(np.array([2, 0]))[0].tolist() == [10, 11, 12, 1, 2, 3, 4, 5]
+    assert by_file.gather(np.array([2, 0])).tokens.tolist() == [10, 11, 12, 1, 2, 3, 4, 5]
     assert len(list(PackedDataset(hand_dataset / "index.json", rows_per_batch=1))) == 3
 
 
@@ -158,13 +184,24 @@ def test_corrupted_offsets_name_file_and_row(hand_dataset, offsets, tokens, ids,
 
 def test_corrupted_offsets_caught_by_row_index(hand_dataset):
     _rewrite_shard(hand_dataset, _table([[0, 3, 9]], [[1] * 5], [[0, 1]]))
-    with pytest.raises(DataError, match="shard-00000.parquet: row 0: doc_offsets out of range"):
-        PackedDataset(hand_dataset, tokens_per_batch=8)
+    match = "shard-00000.parquet: row 0: doc_offsets out of range"
+    # Row counts are read per row group when the order first needs them (was: at open, for
+    # every row): the first batch of a token budget reads them.
+    ds = PackedDataset(hand_dataset, tokens_per_batch=8)
+    with pytest.raises(DataError, match=match):
+        next(iter(ds))
+    with pytest.raises(DataError, match=match):
+        ShardStore(hand_dataset).row_stats(0)
+    with pytest.raises(DataError, match=match):
+        ShardStore(hand_dataset).row_index()
 
 
 def test_manifest_row_count_mismatch(hand_dataset):
     m = json.loads((hand_dataset / "index.json").read_text())
     m["shards"][0]["rows"] = 7
+    # Consistent on its own (read_manifest checks that first): only the file disagrees.
+    m["counts"]["rows"] = 7
+    m["efficiency"] = m["counts"]["tokens_out"] / (7 * m["max_len"])
     (hand_dataset / "index.json").write_text(json.dumps(m))
     with pytest.raises(DataError, match="3 rows but index.json says 7"):
         ShardStore(hand_dataset)
@@ -178,7 +215,8 @@ def test_prefetch_decodes_each_row_group_once_with_the_same_rows(random_dataset)
     store.prefetch(groups)  # already pending: not decoded twice
     assert store.pending_row_groups == store.num_row_groups
     rows = np.random.default_rng(0).permutation(store.num_rows)
-    for got, want in zip(store.gather(rows), plain.gather(rows), strict=True):
+    a, b = store.gather(rows), plain.gather(rows)
+    for got, want in ((a.tokens, b.tokens), (a.doc_lens, b.doc_lens), (a.doc_ids, b.doc_ids)):
         assert got.dtype == want.dtype and np.array_equal(got, want)
     assert store.pending_row_groups == 0
     assert store.decoded_row_groups == store.num_row_groups
@@ -242,3 +280,122 @@ def test_shard_outside_the_folder_is_refused(hand_dataset, tmp_path):
     write_manifest(hand_dataset, dataclasses.replace(m, shards=(outside, *m.shards[1:])))
     with pytest.raises(DataError, match="'../elsewhere.parquet' must be a path inside the dataset"):
         PackedDataset(hand_dataset, rows_per_batch=1)
+
+
+# --- damage caught on read by default (issue #11 defect 5) ------------------------------------
+
+
+def _packed(tmp_path, codec: str, name: str = "p", rows_per_group: int = 8):
+    """A small dataset as `packtool pack` writes it (page CRC32s included), vocab 258."""
+    import json as _json
+
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack import PackConfig
+    from packtool.shards import ShardConfig
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(
+        "".join(_json.dumps({"text": f"text {i} " * (i % 9 + 1)}) + "\n" for i in range(60))
+    )
+    out = tmp_path / name
+    run_pack(
+        RunConfig(
+            inputs=(str(corpus),),
+            out_dir=str(out),
+            pack=PackConfig(max_len=64),
+            shards=ShardConfig(compression=codec, row_group_rows=rows_per_group),
+            progress=False,
+        )
+    )
+    return out
+
+
+def _all_rows(path, **kw):
+    store = ShardStore(path, cache_bytes=0, **kw)
+    store.row_index()
+    docs = store.gather(np.arange(store.num_rows))
+    return [a.copy() for a in (docs.tokens, docs.doc_lens, docs.doc_ids)]
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4", "zstd"])
+def test_a_flipped_byte_in_token_data_is_an_error_by_default(tmp_path, codec):
+    d = _packed(tmp_path, codec)
+    shard = d / "shard-00000.parquet"
+    column = pq.ParquetFile(shard).metadata.row_group(0).column(0)  # input_ids
+    assert column.path_in_schema == "input_ids.list.element"
+    data = bytearray(shard.read_bytes())
+    want = _all_rows(d)
+    # The middle of the first token page (past its header); the size, so the manifest, is intact.
+    data[column.data_page_offset + column.total_compressed_size // 2] ^= 0x04
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"shard-00000.parquet: row group 0 unreadable .*CRC"):
+        list(PackedDataset(d, rows_per_batch=4, shuffle=False))
+    if codec == "none":  # the CRC is what catches it: unchecked, other tokens come back
+        got = _all_rows(d, page_checksums=False)
+        assert not all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_every_damaged_byte_is_an_error_or_harmless(tmp_path):
+    """Flip bytes all over a shard (data pages, page headers, the footer): the loader, with its
+    defaults, either raises DataError or delivers exactly the original rows."""
+    d = _packed(tmp_path, "lz4", rows_per_group=4)
+    shard = d / "shard-00000.parquet"
+    original = shard.read_bytes()
+    want = _all_rows(d)
+    footer_start = len(original) - 8 - int.from_bytes(original[-8:-4], "little")
+    rng = np.random.default_rng(0)
+    positions = sorted(
+        set(rng.choice(footer_start, 250, replace=False).tolist())
+        | set(range(footer_start, len(original), 9))
+    )
+    outcomes = {"error": 0, "same": 0}
+    for pos in positions:
+        data = bytearray(original)
+        data[pos] ^= 0x10
+        shard.write_bytes(bytes(data))
+        try:
+            got = _all_rows(d)
+        except DataError:
+            outcomes["error"] += 1
+            continue
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), pos
+        outcomes["same"] += 1
+    assert outcomes["error"] > 200  # and the harmless ones are footer text (created_by, ...)
+
+
+def test_a_token_id_beyond_the_vocabulary_is_an_error(tmp_path):
+    d = _packed(tmp_path, "lz4")
+    table = pq.read_table(d / "shard-00000.parquet")
+    rows = table.column("input_ids").to_pylist()
+    row = next(i for i, r in enumerate(rows) if 101 in r)  # a stored 101 ('e') becomes 357
+    rows[row][rows[row].index(101)] = 357
+    table = table.set_column(0, "input_ids", pa.array(rows, pa.list_(pa.uint16())))
+    _rewrite_shard(d, table)
+    with pytest.raises(DataError, match=rf"row {row}: token id 357 is not below .* vocab_size 258"):
+        list(PackedDataset(d, rows_per_batch=4, shuffle=False))
+
+
+def test_a_footer_whose_row_groups_disagree_with_its_rows_is_an_error(tmp_path):
+    d = _packed(tmp_path, "lz4")
+    shard = d / "shard-00000.parquet"
+    meta = pq.read_metadata(shard)
+    assert meta.num_row_groups > 1
+    # pyarrow cannot write such a footer: damage one, bit by bit, until a row group's count is
+    # off while the file's total still matches index.json (it used to shift rows, or IndexError).
+    original = shard.read_bytes()
+    footer_start = len(original) - 8 - int.from_bytes(original[-8:-4], "little")
+    caught = 0
+    for pos in range(footer_start, len(original) - 8):
+        data = bytearray(original)
+        data[pos] ^= 0x02
+        shard.write_bytes(bytes(data))
+        try:
+            m = pq.read_metadata(shard)
+        except Exception:
+            continue
+        groups = [m.row_group(g).num_rows for g in range(m.num_row_groups)]
+        if m.num_rows == meta.num_rows and sum(groups) != m.num_rows:
+            with pytest.raises(DataError, match="its row groups hold .* the footer is damaged"):
+                ShardStore(d)
+            caught += 1
+    assert caught  # the footer has such fields: each is refused

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import astuple
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader import PackedDataLoader, PackedDataset, ShardStore, collate
+from loader.record import Documents
 from loader.transport import CompactBatch, Ring, pack_compact
 
 
@@ -108,7 +110,8 @@ def test_ring_slots_and_fallback(random_dataset):
     assert (a.slot, b.slot, c.slot) == (0, 1, -1) and c.data is not None and b.filler
     want = store.gather(rows)
     for item in (a, b, c):
-        for x, y in zip(ring.take(item), want, strict=True):
+        got = ring.take(item)
+        for x, y in zip(astuple(got)[:3], astuple(want)[:3], strict=True):
             assert np.array_equal(x, y)
     ring.release(a)
     ring.release(b)
@@ -131,13 +134,12 @@ def test_compact_round_trip_expands_like_collate(lens, wide, pad, layout, seed):
     tokens = rng.integers(0, np.iinfo(dtype).max, size=sum(lens), dtype=dtype)
     doc_lens = np.asarray(lens, np.int32)
     doc_ids = rng.integers(0, 1 << 40, size=len(lens))
-    item = pack_compact(
-        tokens, doc_lens, doc_ids, filler=False, token_dtype=np.dtype(dtype), step=0
-    )
+    docs = Documents(tokens, doc_lens, doc_ids)
+    item = pack_compact(docs, filler=False, token_dtype=np.dtype(dtype), step=0)
     assert isinstance(item, CompactBatch)
     ring = Ring(num_workers=1, slots=1, max_tokens=1, max_docs=1, token_dtype=np.dtype(dtype))
     kw = {"pad_tokens": sum(lens) + pad, "pad_docs": len(lens) + 2, "layout": layout}
-    _same(collate(*ring.take(item), **kw), collate(tokens, doc_lens, doc_ids, **kw))
+    _same(collate(ring.take(item), **kw), collate(docs, **kw))
 
 
 @pytest.mark.parametrize("window", [1, 2, 3])
@@ -155,7 +157,8 @@ def test_worker_blocks_follow_shuffle_windows(random_dataset, window):
         assert not groups & seen
         seen |= groups
     assert len(seen) == ds.store.num_row_groups
-    assert ds.block_steps(plan) == np.diff(starts).max()
+    # The ring is sized before the epoch is cut: a bound from the window sizes, not the count.
+    assert np.diff(starts).max() <= ds.block_steps(plan) <= np.diff(starts).max() + 2
 
 
 _LIFECYCLE = r"""

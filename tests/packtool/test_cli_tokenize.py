@@ -19,7 +19,7 @@ def test_tokenize_happy_path(tmp_path):
     code, stdout, err = run("tokenize", src, "-o", out, "--keep-field", "lang")
     assert code == 0, err
     assert stdout.startswith("Tokenized 3 documents into ")
-    assert "(byte:byte, vocab 258, eos 256, bos None, uint16)" in stdout
+    assert "with byte:byte (engine byte, vocab 258, eos 256, bos none), uint16 ids" in stdout
     assert pq.read_table(out).column("lang").to_pylist() == ["en", "de", "el"]
     # Exists: refused, then replaced with --overwrite.
     code, _, err = run("tokenize", src, "-o", out)

@@ -13,6 +13,7 @@ import pytest
 from packtool import shards as shards_mod
 from packtool.engines import local
 from packtool.engines.local import RunConfig, rechunk, run_pack
+from packtool.engines.preflight import staging_folder
 from packtool.errors import ConfigError, DataError
 from packtool.manifest import read_manifest
 from packtool.pack import PackConfig
@@ -96,9 +97,10 @@ def test_interrupted_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "cut", **kw)
     monkeypatch.setattr(local, "write_shards", real)
-    assert not (tmp_path / "cut" / "index.json").exists()  # never looks complete
-    with pytest.raises(DataError, match="index.json"):
+    assert not (tmp_path / "cut").exists()  # never looks complete: built beside it
+    with pytest.raises(DataError, match="no such dataset folder"):
         read_manifest(tmp_path / "cut")
+    assert (staging_folder(tmp_path / "cut") / local.STATE_FILE).is_file()
 
     summary = run(tmp_path / "cut", resume=True, **kw)
     assert summary.resumed_chunks == 2
@@ -247,16 +249,19 @@ def test_sigkill_mid_run_then_resume_gives_the_same_bytes(tmp_path):
     subprocess.run([*cmd, "-o", str(tmp_path / "whole")], check=True, env=env, capture_output=True)
 
     cut = tmp_path / "cut"
+    staging = staging_folder(cut)
     proc = subprocess.Popen([*cmd, "-o", str(cut)], env=env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     # chunk 0 writes ~3 shards, and its state is saved before chunk 1 writes any: wait for 7
-    while len(list(cut.glob("shard-*.parquet"))) < 7 and time.monotonic() < deadline:
+    while len(list(staging.glob("shard-*.parquet"))) < 7 and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    if (cut / "index.json").exists():
+    if cut.exists():
         pytest.fail("the run finished before it could be killed; make the corpus larger")
-    assert list(cut.glob("shard-*.parquet"))  # it was killed mid-run, with shards written
+    assert list(staging.glob("shard-*.parquet"))  # it was killed mid-run, with shards written
+    # Its lock file stays behind, but the lock died with the process: --resume takes it.
+    assert list(tmp_path.glob(".cut.packtool-lock"))
 
     done = subprocess.run(
         [*cmd, "-o", str(cut), "--resume"], env=env, capture_output=True, text=True
@@ -297,7 +302,7 @@ def test_resume_refuses_a_changed_input_folder(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("state", ["[]", '{"fingerprint": {}, "chunks": 3}', "not json"])
 def test_a_damaged_state_file_is_a_one_line_error(tmp_path, state):
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / local.STATE_FILE).write_text(state)
+    staging_folder(tmp_path / "out").mkdir()
+    (staging_folder(tmp_path / "out") / local.STATE_FILE).write_text(state)
     with pytest.raises(DataError, match=r"\.pack-state\.json: (malformed|unreadable).*--overwrite"):
         run(tmp_path / "out", resume=True)

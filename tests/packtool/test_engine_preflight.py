@@ -16,6 +16,7 @@ import pytest
 from packtool.corpus import ReadConfig
 from packtool.engines import local
 from packtool.engines.local import RunConfig, run_pack
+from packtool.engines.preflight import staging_folder
 from packtool.errors import ConfigError, DataError
 from packtool.pack import PackConfig
 from packtool.tokenize import tokenize_corpus
@@ -141,12 +142,12 @@ def test_a_state_file_with_a_damaged_shard_entry_is_refused_before_ray_starts(
     tmp_path, pack_with, engine, shard
 ):
     good, out = jsonl(tmp_path / "good.jsonl", ["fine"]), tmp_path / "out"
-    out.mkdir()
+    staging_folder(out).mkdir()
     state = f'{{"fingerprint": {{}}, "chunks": [{{"index": 0, "shards": [{shard}]}}]}}'
-    (out / local.STATE_FILE).write_text(state)
+    (staging_folder(out) / local.STATE_FILE).write_text(state)
     with pytest.raises(DataError, match=r"\.pack-state\.json: malformed state \(.*--overwrite$"):
         pack_with(engine)(config(good, out, resume=True))
-    assert (out / local.STATE_FILE).read_text() == state
+    assert (staging_folder(out) / local.STATE_FILE).read_text() == state
 
 
 def test_an_interrupt_keeps_the_state_for_resume(tmp_path, monkeypatch):
@@ -158,7 +159,8 @@ def test_an_interrupt_keeps_the_state_for_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(local, "write_shards", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_pack(config(good, out))
-    assert [p.name for p in out.iterdir()] == [local.STATE_FILE]
+    assert not out.exists()  # the run is built beside the output, which it never reached
+    assert [p.name for p in staging_folder(out).iterdir()] == [local.STATE_FILE]
     monkeypatch.undo()
     assert run_pack(config(good, out, resume=True)).counts.documents_packed == 1
 

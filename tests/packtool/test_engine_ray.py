@@ -18,6 +18,7 @@ from packtool.cli import cli, main
 from packtool.corpus import ReadConfig
 from packtool.engines import local
 from packtool.engines.local import STATE_FILE, RunConfig, run_pack
+from packtool.engines.preflight import staging_folder
 from packtool.errors import ConfigError, DataError, MissingDependencyError
 from packtool.pack import PackConfig
 from packtool.shards import ShardConfig
@@ -125,18 +126,19 @@ def test_resume_after_the_driver_dies_midway(ray_session, tmp_path, monkeypatch)
         run_ray(config(tmp_path / "ray"))
     monkeypatch.setattr(ray_engine, "_save_state", real_save)
     out = tmp_path / "ray"
-    assert not (out / "index.json").exists() and (out / STATE_FILE).exists()
-    state = json.loads((out / STATE_FILE).read_text())
+    staging = staging_folder(out)
+    assert not out.exists() and (staging / STATE_FILE).exists()
+    state = json.loads((staging / STATE_FILE).read_text())
     assert state["engine"] == "ray" and len(state["chunks"]) == 2
 
-    with pytest.raises(ConfigError, match="not empty"):
+    with pytest.raises(ConfigError, match="interrupted run .* --resume"):
         run_ray(config(out))  # neither --overwrite nor --resume
     with pytest.raises(ConfigError, match="started with --engine ray"):
         run_pack(config(out, resume=True))  # the local engine refuses a Ray run's state
     summary = run_ray(config(out, resume=True))
     assert summary.resumed_chunks == 2
     assert_same_as_local(out, tmp_path / "local")
-    assert not (out / STATE_FILE).exists()
+    assert not (out / STATE_FILE).exists() and not staging.exists()
 
 
 def test_resume_when_killed_while_renaming_shards(ray_session, tmp_path, monkeypatch):
@@ -156,7 +158,7 @@ def test_resume_when_killed_while_renaming_shards(ray_session, tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         run_ray(config(tmp_path / "ray"))
     monkeypatch.setattr(ray_engine, "_move", real_move)
-    assert len(moved) == 3 and not (tmp_path / "ray" / "index.json").exists()
+    assert len(moved) == 3 and not (tmp_path / "ray").exists()
     summary = run_ray(config(tmp_path / "ray", resume=True))
     assert summary.resumed_chunks == 5
     assert_same_as_local(tmp_path / "ray", tmp_path / "local")

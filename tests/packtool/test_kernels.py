@@ -184,3 +184,27 @@ def test_split_lengths_kernel():
         split_lengths([3, -1], 8)
     with pytest.raises(ConfigError, match="max_len must be a positive integer, got 0"):
         split_lengths([3], 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    values=st.lists(st.integers(0, 255), min_size=0, max_size=60),
+    segments=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 20)), max_size=20),
+)
+def test_segment_sums_match_a_plain_sum(values, segments):
+    from packtool.kernels import segment_sums
+
+    values = np.asarray(values, np.uint8)
+    segments = [(s, n) for s, n in segments if s + n <= len(values)]
+    src = np.array([s for s, _ in segments], np.int64)
+    lengths = np.array([n for _, n in segments], np.int64)
+    got = segment_sums(values, src, lengths)
+    assert got.dtype == np.int64
+    assert got.tolist() == [int(values[s : s + n].sum()) for s, n in segments]
+
+
+def test_segment_sums_refuse_a_segment_outside_the_values():
+    from packtool.kernels import segment_sums
+
+    with pytest.raises(ValueError, match="outside the 3 values"):
+        segment_sums(np.zeros(3, np.uint8), [2], [2])

@@ -81,3 +81,110 @@ def test_the_index_json_path_means_its_folder(packed_dataset_factory, tmp_path):
     # A folder that happens to be called index.json is a folder.
     odd = packed_dataset_factory(ROWS, name=INDEX_FILE)
     assert dataset_folder(odd) == odd and read_manifest(odd).num_rows == 2
+
+
+# --- index.json as a whole (issue #11 defect 8): what `packtool pack` writes, then edited -------
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """A real `packtool pack` dataset (byte tokenizer, vocab 258, max_len 1024)."""
+    from pathlib import Path
+
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack import PackConfig
+
+    out = tmp_path_factory.mktemp("whole") / "packed"
+    corpus = Path(__file__).resolve().parents[2] / "sample_data" / "corpus.jsonl"
+    run_pack(
+        RunConfig(
+            inputs=(str(corpus),), out_dir=str(out), pack=PackConfig(max_len=1024), progress=False
+        )
+    )
+    return out
+
+
+def copy_of(packed, tmp_path):
+    import shutil
+
+    return shutil.copytree(packed, tmp_path / "copy")
+
+
+def bump(key: str, by: int):
+    return lambda index: index["counts"][key] + by
+
+
+WHOLE = [
+    # The issue's list, in its order.
+    (("counts", "tokens_in"), bump("tokens_in", 5), "counts.tokens_in is 2,839,136 but tokens_out"),
+    (("counts", "documents_in"), 10, "counts.documents_in is 10 but documents_packed"),
+    (
+        ("tokenizer", "eos_id"),
+        999,
+        "tokenizer.eos_id is 999 but token ids are below vocab_size 258",
+    ),
+    (("format_version",), True, "format_version True is not supported"),
+    (("algorithm",), "xyz", "algorithm 'xyz' is not one of ['ffd', 'bfd']"),
+    (("long_docs",), "nope", "long_docs 'nope' is not one of ['split', 'truncate', 'drop']"),
+    (("tokenizer", "kind"), 5, "tokenizer.kind must be a non-empty string, found 5"),
+    (("max_len",), 1025, "efficiency is 0.999491 but tokens / (rows * max_len) = 0.998516"),
+    # And the rest of the class.
+    (("tokenizer", "bos_id"), 258, "tokenizer.bos_id is 258 but token ids are below"),
+    (("max_len",), 2**24 + 1, "above the limit 16,777,216"),
+    (("rounds",), 0, "rounds must be >= 1"),
+    (("counts", "documents_split"), 99_999, "counts.documents_split is 99,999, above documents"),
+    (("counts", "documents_truncated"), 3, "documents_truncated is 3 but long_docs is 'split'"),
+    (("counts", "segments"), 3, "counts.segments is 3; expected documents_packed"),
+    (("counts", "rows"), None, "counts.rows must be an integer"),
+    (("lower_bound_rows",), 10_000, "lower_bound_rows is 10,000; expected ceil"),
+    (("extra", "lower_bound_l1"), 1, "extra.lower_bound_l1 is 1 but ceil(tokens_out / max_len)"),
+    (("extra", "rows_per_round"), [1], "extra.rows_per_round is [1]; expected 1 row counts"),
+    (("shards", 0, "tokens"), 5, "counts.tokens_out is 2,839,131 but the shards list 5 in total"),
+    (("tokenizer", "engine"), 5, "tokenizer.engine must be a string or null, found 5"),
+    # A loss mask's counts (written only for masked data; any dataset is refused with them wrong).
+    (
+        ("counts", "tokens_supervised"),
+        bump("tokens_out", 1),
+        "tokens_supervised is 2,839,132, above",
+    ),
+    (
+        ("counts", "documents_unsupervised"),
+        1,
+        "documents_unsupervised is 1, above documents_dropped",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), WHOLE, ids=[str(w[0]) for w in WHOLE])
+def test_an_inconsistent_manifest_is_refused_by_verify_and_the_loader_alike(
+    packed, tmp_path, path, value, message
+):
+    from loader import PackedDataset
+
+    d = copy_of(packed, tmp_path)
+    index = json.loads((d / INDEX_FILE).read_text())
+    edit(d, path, value(index) if callable(value) else value)
+    for read in (
+        lambda p: verify_dataset(p, checksums=False),
+        lambda p: PackedDataset(p, rows_per_batch=1),
+        lambda p: inspect_dataset(p),
+    ):
+        with pytest.raises(DataError) as info:
+            read(d)
+        assert message in str(info.value), str(info.value)
+        assert str(info.value).startswith(str(d / INDEX_FILE))
+
+
+def test_what_pack_writes_passes_every_manifest_check(packed):
+    from packtool.manifest_check import manifest_problem
+
+    assert manifest_problem(json.loads((packed / INDEX_FILE).read_text())) is None
+    assert verify_dataset(packed).rows == read_manifest(packed).num_rows
+
+
+def test_the_manifest_check_knows_what_pack_knows():
+    from packtool import kernels, manifest_check, pack
+
+    assert set(manifest_check.ALGORITHMS) == set(kernels.ALGORITHMS)
+    assert manifest_check.LONG_DOC_POLICIES == pack.LONG_DOC_POLICIES
+    assert manifest_check.MAX_LEN_LIMIT == kernels.MAX_LEN_LIMIT

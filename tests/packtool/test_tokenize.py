@@ -285,3 +285,73 @@ def test_progress_counts_and_draws_only_when_enabled(monkeypatch):
     assert (bar.docs, bar.tokens, bar.nbytes) == (4, 2_500_001, 1_000_001)
     assert "tokenize" in tty.getvalue()
     assert "2.5M tokens" in tty.getvalue()
+
+
+# --- tokenized Parquet read back as input (issue #11 defect 4) --------------------------------
+
+
+def _hand_tokenized(path, rows, *, lengths=None, doc_ids=None, ids_type=None):
+    """A tokenized file made by hand with the byte tokenizer's identity (vocab 258)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.tokenize import tokenized_schema
+    from packtool.tokenizers import load_tokenizer
+
+    schema = tokenized_schema(load_tokenizer("byte").identity)
+    ids_type = pa.list_(ids_type or pa.uint16())
+    schema = schema.set(2, pa.field("input_ids", ids_type, nullable=True))  # a foreign writer
+    table = pa.table(
+        {
+            "doc_id": pa.array(doc_ids or [0] * len(rows), pa.int64()),
+            "source": pa.array(["hand"] * len(rows)),
+            "input_ids": pa.array(rows, schema.field("input_ids").type),
+            "length": pa.array(lengths or [len(r or []) for r in rows], pa.int32()),
+        },
+        schema=schema,
+    )
+    pq.write_table(table, path, row_group_size=2)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("rows", "kw", "message"),
+    [
+        ([[1, 256], [2, 300, 256]], {}, "row 1: token id 300 is outside the vocabulary"),
+        ([[1, 256], [2, 256], [3, 4]], {"lengths": [2, 2, 3]}, "row 2: length is 3 but the row"),
+        ([[1, 256], [2, 256], None], {}, "row 2: null input_ids"),
+        ([[1, 256], [2, None]], {}, "row 1: a null token id"),
+    ],
+    ids=["beyond the vocabulary", "wrong length", "null row", "null id"],
+)
+def test_damaged_tokenized_rows_are_named_by_file_and_row(tmp_path, rows, kw, message):
+    from packtool.tokenize import tokenized_batches
+
+    path = _hand_tokenized(tmp_path / "t.parquet", rows, **kw)
+    with pytest.raises(DataError, match=f"^{path}: {message}"):
+        list(tokenized_batches([path], tokenizer=None))
+
+
+def test_ids_are_unique_across_files_and_row_groups(tmp_path):
+    from packtool import docids
+    from packtool.tokenize import tokenized_batches
+
+    a = _hand_tokenized(tmp_path / "a.parquet", [[1, 256]] * 5, doc_ids=[0, 1, 2, 3, 4])
+    b = _hand_tokenized(tmp_path / "b.parquet", [[2, 256]] * 3, doc_ids=[0, 0, 0])
+    ids = [i for t in tokenized_batches([a, b], tokenizer=None) for i in t["doc_id"].to_pylist()]
+    assert ids == [docids.encode(0, r) for r in range(5)] + [docids.encode(1, r) for r in range(3)]
+
+
+def test_other_integer_id_types_are_cast_to_the_contract(tmp_path):
+    import pyarrow as pa
+
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack import PackConfig
+    from packtool.verify import verify_dataset
+
+    path = _hand_tokenized(tmp_path / "t.parquet", [[1, 2, 256], [3, 256]], ids_type=pa.int64())
+    out = tmp_path / "O"
+    run_pack(
+        RunConfig(inputs=(str(path),), out_dir=str(out), pack=PackConfig(max_len=8), progress=False)
+    )
+    assert verify_dataset(out).tokens == 5  # list<uint16>, as verify expects for vocab 258

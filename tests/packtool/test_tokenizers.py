@@ -191,44 +191,55 @@ def test_hf_prefix_bos_default_and_folder(hf_json):
     assert tok.encode("the").tolist() == [lib.token_to_id("<s>"), *lib.encode("the").ids]
 
 
-# Runs in a fresh interpreter: rayon's pool is process-wide and sized once, at the first encode.
-RAYON_PROBE = """
+# Runs in a fresh interpreter: the Rust pools are process-wide and sized once, at the first encode.
+POOL_PROBE = """
 import os, sys
 from packtool.tokenizers import load_tokenizer
 workers = None if sys.argv[2] == "none" else int(sys.argv[2])
-tok = load_tokenizer(sys.argv[1], workers=workers)
 before = len(os.listdir("/proc/self/task"))
+tok = load_tokenizer(sys.argv[1], workers=workers, engine=sys.argv[3])
 tok.encode_batch(["some text to encode, " * 20] * 2000)
-print(os.environ.get("RAYON_NUM_THREADS"), len(os.listdir("/proc/self/task")) - before)
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+fast = sum(n.startswith("fastokens-") for n in names)
+print(os.environ.get("RAYON_NUM_THREADS"), os.environ.get("FASTOKENS_BPE_THREADS"),
+      len(names) - before - fast, fast)
 """
 
 
-def rayon_probe(hf_json: Path, workers: str, env: dict[str, str]) -> tuple[str, int]:
+def pool_probe(hf_json: Path, workers: str, engine: str, env: dict[str, str]) -> list[str]:
     import os
     import subprocess
     import sys
 
-    clean = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS",)}
-    out = subprocess.run(
-        [sys.executable, "-c", RAYON_PROBE, str(hf_json), workers],
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAYON_NUM_THREADS", "FASTOKENS_BPE_THREADS")
+    }
+    return subprocess.run(
+        [sys.executable, "-c", POOL_PROBE, str(hf_json), workers, engine],
         env={**clean, "TOKENIZERS_PARALLELISM": "true", **env},
         capture_output=True,
         text=True,
         check=True,
         cwd=ROOT,
     ).stdout.split()
-    return out[0], int(out[1])
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
-def test_hf_workers_sizes_the_rust_thread_pool(hf_json):
-    # The threads the first parallel encode starts are rayon's pool: --workers N gives N.
-    assert rayon_probe(hf_json, "1", {}) == ("1", 1)
-    assert rayon_probe(hf_json, "2", {}) == ("2", 2)
-    # An explicit RAYON_NUM_THREADS wins over --workers.
-    assert rayon_probe(hf_json, "1", {"RAYON_NUM_THREADS": "2"}) == ("2", 2)
-    # Without --workers nothing is set and the library picks (all cores).
-    assert rayon_probe(hf_json, "none", {})[0] == "None"
+def test_workers_size_the_rust_thread_pools(hf_json):
+    # tokenizers: the threads the first parallel encode starts are rayon's pool: N for --workers N.
+    assert pool_probe(hf_json, "1", "tokenizers", {}) == ["1", "1", "1", "0"]
+    assert pool_probe(hf_json, "2", "tokenizers", {}) == ["2", "2", "2", "0"]
+    # An explicit variable wins over --workers.
+    assert pool_probe(hf_json, "1", "tokenizers", {"RAYON_NUM_THREADS": "2"})[::2] == ["2", "2"]
+    # Without --workers nothing is set and the libraries pick (all cores).
+    assert pool_probe(hf_json, "none", "tokenizers", {})[:2] == ["None", "None"]
+    # fastokens: the caller encodes too, so N participants are N - 1 "fastokens-i" threads (the
+    # self-check at load also ran the reference library, which started rayon's pool).
+    assert pool_probe(hf_json, "1", "fastokens", {})[1::2] == ["1", "0"]
+    assert pool_probe(hf_json, "2", "fastokens", {})[1::2] == ["2", "1"]
+    assert pool_probe(hf_json, "1", "fastokens", {"FASTOKENS_BPE_THREADS": "2"})[1::2] == ["2", "1"]
 
 
 def test_hf_errors(hf_json, tmp_path):

@@ -141,7 +141,7 @@ def test_missing_and_corrupt_index(packed_dataset_factory, capsys):
 def test_unknown_format_version(packed_dataset_factory, capsys):
     d = packed_dataset_factory(SHARDS)
     edit_index(d, format_version=99)
-    assert_fails(d, capsys, "format_version 99 is not supported", "supported: [1]")
+    assert_fails(d, capsys, "format_version 99 is not supported", "supported: [1, 2]")
 
 
 def test_wrong_column_type(packed_dataset_factory, capsys):
@@ -217,7 +217,9 @@ def test_manifest_totals_off(packed_dataset_factory, capsys):
 
 
 def test_shard_totals_off(packed_dataset_factory, capsys):
-    d = packed_dataset_factory(SHARDS)
+    # max_len 64: a row moved between shard entries keeps each within rows..rows x max_len
+    # tokens (read_manifest checks that), so only the files disagree.
+    d = packed_dataset_factory(SHARDS, max_len=64)
     index = json.loads((d / INDEX_FILE).read_text())
     # Move one token from shard 1 to shard 0 in the manifest: its totals still add up.
     shards = index["shards"]
@@ -227,10 +229,10 @@ def test_shard_totals_off(packed_dataset_factory, capsys):
     assert_fails(d, capsys, "shard-00000.parquet", "has 39 tokens, expected 40")
     shards[0]["tokens"] -= 1
     shards[1]["tokens"] += 1
-    shards[0]["rows"] += 1
-    shards[1]["rows"] -= 1
+    shards[0]["rows"] -= 1
+    shards[1]["rows"] += 1
     edit_index(d, shards=shards)
-    assert_fails(d, capsys, "shard-00000.parquet", "has 3 rows, expected 4")
+    assert_fails(d, capsys, "shard-00000.parquet", "has 3 rows, expected 2")
 
 
 def test_document_counts_against_manifest(packed_dataset_factory, capsys):
@@ -240,7 +242,7 @@ def test_document_counts_against_manifest(packed_dataset_factory, capsys):
     assert verify_dataset(d).documents == 9
     edit_index(d, counts={**index["counts"], "segments": 10})
     assert_fails(d, capsys, "counts.segments is 10 but the shards hold 9 (doc_id, chunk) pieces")
-    edit_index(d, counts={**index["counts"], "documents_packed": 9})
+    edit_index(d, counts={**index["counts"], "documents_packed": 9, "documents_in": 9})
     assert_fails(d, capsys, "counts.documents_packed is 9 but the shards hold 8 distinct doc_ids")
 
 

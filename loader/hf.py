@@ -1,0 +1,294 @@
+"""packtool data in the Hugging Face stack: a model check, a `datasets` view, a row collator.
+
+Imported only when used (`import loader` does not import it, nor transformers, datasets or TRL);
+the Trainer pieces (`PackedTrainer`, `PackedTrainerMixin`, `CheckPackedModel`) live in
+loader/hf_trainer.py and are reachable from here. See docs/integrations.md.
+
+- `check_packed_model(model, batch)`: refuses, in one line that names the fix, a model
+  configuration under which a packed batch's documents would attend to each other.
+- `hf_dataset(path)`: the shards as a `datasets.Dataset` whose rows carry TRL's per-row
+  document lengths (`seq_lengths`), so `trl.SFTTrainer(padding_free=True)` takes them as packed.
+- `RowCollator`: rows of `hf_dataset` -> one `layout="hf"` batch (for a plain `Trainer`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from loader.collate import collate
+from loader.record import Documents
+from packtool.columns import LOSS_MASK
+from packtool.errors import ConfigError, MissingDependencyError
+
+MASK_FROM_POSITIONS = ("sdpa", "eager", "flex_attention")
+"""Attention implementations that ignore `cu_seq_lens_*`: transformers separates documents for
+them by building the mask from `position_ids`, which it does only with no attention mask and
+no cache (transformers.masking_utils._preprocess_mask_arguments)."""
+
+SEQ_LENGTHS = "seq_lengths"
+"""TRL's per-row column of document lengths (trl.DataCollatorForLanguageModeling)."""
+
+_TRAINER_NAMES = ("PackedTrainer", "PackedTrainerMixin", "CheckPackedModel", "TrainerLoader")
+
+
+def __getattr__(name: str) -> Any:
+    # The Trainer pieces subclass transformers' classes: import them on first use only.
+    if name in _TRAINER_NAMES:
+        try:
+            import loader.hf_trainer as hf_trainer
+        except ImportError as exc:
+            if exc.name not in ("transformers", "accelerate"):
+                raise
+            raise MissingDependencyError(
+                f"loader.hf.{name} needs transformers and accelerate; install them with "
+                "`pip install packtool[hf]`"
+            ) from None
+        return getattr(hf_trainer, name)
+    raise AttributeError(f"module 'loader.hf' has no attribute {name!r}")
+
+
+def _require(module: str, extra: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(
+            f"{module} is not installed; install it with `pip install {extra}`"
+        ) from None
+
+
+# ---- the model check ----------------------------------------------------------------------
+
+
+def _unwrap(model: Any) -> Any:
+    while hasattr(model, "module") and not hasattr(model, "config"):  # DDP, accelerate wrappers
+        model = model.module
+    return model
+
+
+def _is_flash(impl: str) -> bool:
+    """Whether transformers runs `impl` through its flash-attention path (cu_seq_lens aware)."""
+    try:
+        from transformers.utils.generic import is_flash_attention_requested
+    except ImportError:  # transformers < 5: the names were flash_attention_2 / _3
+        return impl.startswith("flash_attention")
+    return is_flash_attention_requested(requested_attention_implementation=impl)
+
+
+def check_packed_model(model: Any, batch: Mapping[str, Any] | None = None) -> str:
+    """Refuse a transformers model (and batch) that would let packed documents see each other.
+
+    Args:
+        model: A `transformers.PreTrainedModel` (DDP / accelerate wrappers are unwrapped).
+        batch: The batch about to be passed as `model(**batch)`; also checks its keys (an
+            `attention_mask`, missing `position_ids`, a `use_cache` key).
+
+    Returns:
+        How the model separates documents: `"cu_seq_lens"` (flash attention varlen kernels) or
+        `"position_ids"` (a mask built from the restarting positions).
+
+    Raises:
+        ConfigError: One line: why documents would attend across their boundaries, and the fix.
+    """
+    model = _unwrap(model)
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    if config is None:
+        raise ConfigError(
+            f"{type(model).__name__} is not a transformers model (no .config); packtool's own "
+            "attention.Transformer takes the packtool batch and needs no check"
+        )
+    name = f"attn_implementation={impl!r}"
+    forward = inspect.signature(model.forward).parameters
+    if "position_ids" not in forward:
+        raise ConfigError(
+            f"{type(model).__name__}.forward takes no position_ids, so positions run across the "
+            "packed documents; use an architecture whose forward takes position_ids"
+        )
+    batch = batch if batch is not None else {}
+    if batch.get("attention_mask") is not None:
+        raise ConfigError(
+            "the batch holds an attention_mask: transformers then reads each row as one sequence "
+            "and its documents attend to each other; drop it (packtool's layout='hf' batches have "
+            "none and separate documents with position_ids and cu_seq_lens)"
+        )
+    if impl is not None and _is_flash(impl):
+        if batch and "cu_seq_lens_q" not in batch and "position_ids" not in batch:
+            raise ConfigError(
+                f"{name} needs cu_seq_lens_q/k or position_ids in the batch to separate documents; "
+                "use PackedDataset(..., layout='hf') batches"
+            )
+        return "cu_seq_lens"
+    if impl not in MASK_FROM_POSITIONS:
+        raise ConfigError(
+            f"{name} uses neither cu_seq_lens nor packed position_ids, so documents would attend "
+            "to each other; load the model with attn_implementation='sdpa' (or 'flash_attention_2' "
+            "on CUDA)"
+        )
+    if batch and batch.get("position_ids") is None:
+        raise ConfigError(
+            f"{name} separates documents only by their position_ids, and the batch has none; use "
+            "PackedDataset(..., layout='hf') batches"
+        )
+    use_cache = batch["use_cache"] if "use_cache" in batch else getattr(config, "use_cache", False)
+    checkpointing = getattr(model, "is_activation_checkpointing", None)
+    if checkpointing is None:  # transformers < 5.x
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    if use_cache and checkpointing and model.training and torch.is_grad_enabled():
+        use_cache = False  # what transformers does (utils.generic.merge_with_config_defaults)
+    if use_cache:
+        raise ConfigError(
+            f"{name} ignores cu_seq_lens and separates documents only when no KV cache is made, "
+            "but use_cache is on, so documents would attend to each other; set "
+            "model.config.use_cache = False (Trainer does; a plain loop must) or pass "
+            "use_cache=False"
+        )
+    return "position_ids"
+
+
+# ---- datasets -------------------------------------------------------------------------------
+
+
+def seq_lengths_table(doc_offsets: Any) -> Any:
+    """`seq_lengths` (list<int32>, one length per document) of an Arrow `doc_offsets` column.
+
+    Vectorised: the differences of the flat offsets, less the one across each row boundary.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = doc_offsets.combine_chunks() if isinstance(doc_offsets, pa.ChunkedArray) else doc_offsets
+    flat = np.asarray(pc.list_flatten(col).to_numpy(zero_copy_only=False), dtype=np.int64)
+    entries = np.asarray(pc.list_value_length(col).to_numpy(zero_copy_only=False), np.int64)
+    if len(entries) and entries.min() < 1:
+        raise ConfigError("a row has an empty doc_offsets list; the dataset is damaged")
+    ends = np.cumsum(entries)
+    keep = np.ones(max(len(flat) - 1, 0), dtype=bool)
+    keep[ends[:-1] - 1] = False  # the step from one row's last offset to the next row's 0
+    values = np.diff(flat)[keep].astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(entries - 1)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def _list_of(datasets: Any, dtype: str) -> Any:
+    # datasets 4 renamed Sequence (which it keeps as a deprecated alias) to List.
+    return getattr(datasets, "List", datasets.Sequence)(datasets.Value(dtype))
+
+
+def _seq_lengths_only(table: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.table({SEQ_LENGTHS: seq_lengths_table(table.column("doc_offsets"))})
+
+
+def _add_seq_lengths(table: Any) -> Any:
+    return table.append_column(SEQ_LENGTHS, seq_lengths_table(table.column("doc_offsets")))
+
+
+def hf_dataset(
+    path: str | os.PathLike,
+    *,
+    streaming: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    num_proc: int | None = None,
+) -> Any:
+    """The packed rows as a Hugging Face dataset TRL takes as already packed.
+
+    Reads exactly the shards `index.json` lists (in its order) with `datasets`' Parquet
+    builder, and adds `seq_lengths` (each row's document lengths, TRL's packed format) from
+    `doc_offsets` unless the shards store it. Pass it to `trl.SFTTrainer` with
+    `SFTConfig(padding_free=True, max_length=None, dataset_kwargs={"skip_prepare_dataset":
+    True})`, or to a plain `Trainer` with `data_collator=RowCollator()`.
+
+    Args:
+        path: A `packtool pack` output folder.
+        streaming: Return a `datasets.IterableDataset` (nothing converted or cached; the
+            lengths are computed as rows stream).
+        cache_dir: `datasets`' cache folder (default: its own).
+        num_proc: Processes for computing `seq_lengths` (non-streaming).
+
+    Raises:
+        DataError: A missing or damaged `index.json`.
+        MissingDependencyError: `datasets` is not installed.
+    """
+    from packtool.manifest import read_manifest
+
+    datasets = _require("datasets", "packtool[hf]")
+    manifest = read_manifest(path)
+    files = [os.path.join(os.fspath(path), s.file) for s in manifest.shards]
+    kwargs: dict[str, Any] = {"data_files": {"train": files}, "split": "train"}
+    if cache_dir is not None and not streaming:
+        kwargs["cache_dir"] = os.fspath(cache_dir)
+    ds = datasets.load_dataset("parquet", streaming=streaming, **kwargs)
+    columns = ds.column_names if not streaming else list(ds.features or {})
+    if SEQ_LENGTHS in columns:
+        return ds
+    if streaming:
+        return ds.with_format("arrow").map(_add_seq_lengths, batched=True).with_format(None)
+    # Only the new column is written to the cache (4 bytes per document); the rows are joined
+    # to it side by side without a copy of the tokens.
+    lengths = (
+        ds.select_columns(["doc_offsets"])
+        .with_format("arrow")
+        .map(
+            _seq_lengths_only,
+            batched=True,
+            batch_size=4096,
+            remove_columns=["doc_offsets"],
+            num_proc=num_proc,
+            features=datasets.Features({SEQ_LENGTHS: _list_of(datasets, "int32")}),
+            desc="seq_lengths from doc_offsets",
+        )
+        .with_format(None)
+    )
+    return datasets.concatenate_datasets([ds, lengths], axis=1)
+
+
+class RowCollator:
+    """Rows of `hf_dataset` (`input_ids` with `seq_lengths` or `doc_offsets`) -> one batch.
+
+    The batch is `loader.collate(..., layout="hf")`: the rows' documents back to back, positions
+    restarting per document, `cu_seq_lens_q/k`, labels -100 at each document's first token; the
+    same as `PackedDataset(..., layout="hf")` gives for those rows. With `Trainer`, set
+    `TrainingArguments(remove_unused_columns=False)`: it would otherwise drop the lengths.
+    """
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        if not features:
+            raise ConfigError("RowCollator got no rows")
+        first = features[0]
+        if SEQ_LENGTHS in first:
+            lens = [np.asarray(f[SEQ_LENGTHS], dtype=np.int64) for f in features]
+        elif "doc_offsets" in first:
+            lens = [np.diff(np.asarray(f["doc_offsets"], dtype=np.int64)) for f in features]
+        else:
+            raise ConfigError(
+                f"rows have no {SEQ_LENGTHS} or doc_offsets (only {sorted(first)}), so their "
+                "documents cannot be told apart; if Trainer removed them, set "
+                "TrainingArguments(remove_unused_columns=False)"
+            )
+        tokens = np.concatenate([np.asarray(f["input_ids"], dtype=np.int64) for f in features])
+        doc_lens = np.concatenate(lens)
+        if int(doc_lens.sum()) != len(tokens) or (len(doc_lens) and doc_lens.min() < 1):
+            raise ConfigError("the rows' document lengths do not add up to their input_ids")
+        ids = np.full(len(doc_lens), -1, dtype=np.int64)
+        columns = {}
+        if LOSS_MASK in first:
+            # Stored as one byte string per row (packtool/columns.py); lists are accepted too.
+            columns[LOSS_MASK] = np.concatenate([_mask_values(f[LOSS_MASK]) for f in features])
+            if len(columns[LOSS_MASK]) != len(tokens):
+                raise ConfigError("the rows' loss_mask is not as long as their input_ids")
+        return collate(Documents(tokens, doc_lens, ids, columns), layout="hf")
+
+
+def _mask_values(value: Any) -> np.ndarray:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return np.frombuffer(value, dtype=np.uint8)
+    return np.asarray(value, dtype=np.uint8)

@@ -1,0 +1,48 @@
+"""`Documents`: the loader's one record type, documents laid end to end before collation.
+
+What `ShardStore.gather` returns, what the worker transport carries (`loader/transport.py`), what
+`OnlinePacker`'s rows and the serving batcher hand over, and what `loader.collate.collate`
+turns into a batch dict. It holds the three arrays every batch needs (tokens, document lengths,
+document ids) and, by name, the optional columns the data carries (`loss_mask`; declared in
+packtool/columns.py with `loaded=True`): per-token ones as long as `tokens`, per-document ones as
+long as `doc_lens`. Code that only moves records (gather, transport, slicing, concatenating)
+treats every optional column alike; only `collate` gives one a meaning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from packtool.columns import LOSS_MASK
+
+
+@dataclass(frozen=True)
+class Documents:
+    """Documents laid end to end (a batch before collation, or some packed rows)."""
+
+    tokens: NDArray[np.integer]
+    """Token ids of every document back to back, `(total,)` (the stored uint16/uint32, or any
+    integer dtype)."""
+    doc_lens: NDArray[np.integer]
+    """Length of each document, `(n_docs,)`, positive, summing to `total`."""
+    doc_ids: NDArray[np.integer]
+    """Source document id of each document, `(n_docs,)`."""
+    columns: Mapping[str, NDArray] = field(default_factory=dict)
+    """Optional columns by name: per-token ones `(total,)`, per-document ones `(n_docs,)`."""
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def n_docs(self) -> int:
+        return int(self.doc_lens.shape[0])
+
+    @property
+    def loss_mask(self) -> NDArray | None:
+        """uint8 `(total,)`, 1 where the token is a target of the loss; None without a mask."""
+        return self.columns.get(LOSS_MASK)

@@ -1,0 +1,66 @@
+"""Ctrl-C in the command line: a short message, exit code 130, and never a hang.
+
+The CLI installs `on_sigint` for the length of a command; a command that can be resumed sets
+`note` to say how. Only os-level calls on the forced path: the orderly one may be stuck holding
+locks (see `on_sigint`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+FORCE_EXIT_AFTER_S = 5.0
+"""After Ctrl-C, how long the orderly shutdown may take before the process exits anyway."""
+note: list[Callable[[], str]] = [lambda: ""]
+"""What to tell the user after an interrupt (pack: how to resume); set by the command."""
+_interrupted = threading.Event()
+
+
+def resume_note(output: str, overwrite: bool) -> str:
+    """`pack`'s note: where the finished chunks are kept and how to finish the run."""
+    from packtool.engines.preflight import STATE_FILE, staging_folder
+
+    staging = staging_folder(output)
+    if not (staging / STATE_FILE).exists():
+        return ""
+    how = "--resume instead of --overwrite" if overwrite else "--resume"
+    return f"; finished chunks are kept in {staging}: run the same command with {how} to finish"
+
+
+def _force_exit() -> None:
+    os.write(2, f"interrupted{note[0]()} (forced exit)\n".encode())
+    os._exit(130)
+
+
+def _exit_later() -> None:
+    time.sleep(FORCE_EXIT_AFTER_S)
+    _force_exit()
+
+
+def on_sigint(signum: int, frame: Any) -> None:
+    """First Ctrl-C: raise KeyboardInterrupt as usual, and exit anyway if that stalls.
+
+    A KeyboardInterrupt that lands while the main thread imports a module can be swallowed by
+    the import machinery and leave its lock held; the reader, tokenizer and packer threads then
+    wait on it forever (seen in `pack` under load). The watchdog bounds that. A second Ctrl-C
+    exits at once. Either way `pack --resume` works: shards and the state file are written
+    atomically, and only finished chunks are recorded.
+    """
+    if _interrupted.is_set():
+        _force_exit()
+    _interrupted.set()
+    threading.Thread(target=_exit_later, name="packtool-interrupt", daemon=True).start()
+    raise KeyboardInterrupt
+
+
+def install_sigint() -> Any:
+    """Install `on_sigint`; returns the previous handler (None when not on the main thread)."""
+    try:
+        return signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread (e.g. an embedding application)
+        return None

@@ -1,0 +1,302 @@
+"""Where a command's output is built, who may build it, and how it replaces the old one.
+
+`packtool pack` and `packtool tokenize` both write through here:
+
+- **One writer per output.** `OutputLock` holds `fcntl.flock` on a hidden lock file beside the
+  output for the life of the run; the file records pid, host, start time and command, so a second
+  writer is refused at once with a line naming the first. The kernel drops the lock when its
+  process dies (kill -9 included), so a lock left by a dead run is stale by construction: the
+  next run takes it without asking.
+- **Built beside, swapped in whole.** A run writes into a hidden staging path next to the output
+  (`.NAME.packtool-staging`) and `commit` swaps it in with a fixed number of renames, whatever
+  its size: staging -> `.NAME.packtool-ready` (the mark that it is complete), the old output ->
+  `.NAME.packtool-old`, ready -> NAME, then the old one is deleted. A run killed between those
+  renames is finished by `recover`, which every writer calls first (under the lock): a ready
+  folder is moved in, a leftover old one deleted, so the output is always the old dataset or
+  the new one, never a mixture. A file output (tokenize's `OUT.parquet`) is one atomic
+  `os.replace`.
+- **Apart from the inputs.** `check_apart` refuses an output inside an input folder (a later run
+  would read its own output) and an input inside the output (a replacement would delete it),
+  on resolved paths, before anything is read or removed.
+
+The staging, ready and old names sit in the output's parent folder, so they are on the output's
+file system (a rename never copies) and hidden from the folder walk of `corpus.expand_inputs`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import fnmatch
+import glob
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from packtool.errors import ConfigError, naming
+
+STAGING_SUFFIX = ".packtool-staging"
+READY_SUFFIX = ".packtool-ready"
+OLD_SUFFIX = ".packtool-old"
+LOCK_SUFFIX = ".packtool-lock"
+OUTPUT_NAMES = ("shard-00000.parquet", "part-00000.parquet", "index.json")
+"""Names `pack` and `tokenize` write inside an output folder (for the glob check)."""
+_rename = os.rename  # every rename of the swap goes through here (tests interrupt it)
+
+
+@dataclass(frozen=True)
+class OutputPaths:
+    """The output and the hidden names beside it (all absolute, symlinks resolved)."""
+
+    shown: str
+    """The output as the user gave it, for messages."""
+    target: Path
+    staging: Path
+    ready: Path
+    old: Path
+    lock: Path
+
+
+def output_paths(out: str | os.PathLike) -> OutputPaths:
+    """The paths of output `out`. A symlinked output is written where the link points."""
+    target = Path(out).resolve()
+    side = target.parent / f".{target.name}"
+    return OutputPaths(
+        shown=os.fspath(out),
+        target=target,
+        staging=Path(f"{side}{STAGING_SUFFIX}"),
+        ready=Path(f"{side}{READY_SUFFIX}"),
+        old=Path(f"{side}{OLD_SUFFIX}"),
+        lock=Path(f"{side}{LOCK_SUFFIX}"),
+    )
+
+
+def check_apart(
+    out: str | os.PathLike, inputs: list[str] | tuple[str, ...], files: list[Path] = ()
+) -> None:
+    """Refuse an output that is an input, lies inside an input folder, holds an input, or is
+    (or holds) the current folder.
+
+    Args:
+        out: the output as given.
+        inputs: the inputs as given (files, folders, globs).
+        files: what the inputs expand to, when known (catches a glob reaching into the output).
+
+    Raises:
+        ConfigError: naming both paths.
+    """
+    target = Path(out).resolve()
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        # The swap would leave this shell in a deleted folder (the old output).
+        raise ConfigError(
+            f"output {out} is the current folder or holds it; packtool replaces the output "
+            "folder whole, so run it from outside (e.g. `cd ..`)"
+        )
+    for raw in inputs:
+        text = os.fspath(raw)
+        if glob.has_magic(text):
+            # A recursive glob reaches every folder under its fixed part; it would read the
+            # output back if its last part matches a name packtool writes there.
+            parts = Path(text).parts
+            fixed = Path(*[p for p in parts[: _first_magic(parts)]] or ["."]).resolve()
+            names = (*OUTPUT_NAMES, target.name)
+            reaches = fixed == target or fixed in target.parents
+            if "**" in parts and reaches and any(fnmatch.fnmatch(n, parts[-1]) for n in names):
+                raise ConfigError(
+                    f"output {out} is inside the folder the input glob {text!r} searches: a later "
+                    "run would read its own output; choose an output outside it"
+                )
+            continue
+        path = Path(text).resolve()
+        if path == target:
+            raise ConfigError(f"output {out} is also an input ({text}); choose another output")
+        if path in target.parents:
+            raise ConfigError(
+                f"output {out} is inside the input folder {text}: a later run would read its "
+                f"own output; choose an output outside {text}"
+            )
+        if target in path.parents:
+            raise ConfigError(
+                f"input {text} is inside the output {out}, which this run replaces; "
+                "choose another output"
+            )
+    for f in files:
+        if target in f.resolve().parents:
+            raise ConfigError(
+                f"input {f} is inside the output {out}, which this run replaces; "
+                "choose another output"
+            )
+
+
+def _first_magic(parts: tuple[str, ...]) -> int:
+    return next(i for i, p in enumerate(parts) if glob.has_magic(p))
+
+
+class OutputLock:
+    """An exclusive `flock` on `paths.lock`, held from `__enter__` to `__exit__`.
+
+    Raises:
+        ConfigError: (on enter) another live process holds the lock; the message names it.
+    """
+
+    def __init__(self, paths: OutputPaths, command: str = "") -> None:
+        self.paths = paths
+        self.command = command
+        self._fd: int | None = None
+
+    def __enter__(self) -> OutputLock:
+        path = self.paths.lock
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:  # the first write of a run: name the output as given
+                raise ConfigError(
+                    f"cannot write {self.paths.shown} ({exc.strerror or exc})"
+                ) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _describe_holder(fd)
+                os.close(fd)
+                raise ConfigError(
+                    f"{self.paths.shown} is being written by another packtool ({holder}); "
+                    "wait for it to finish or stop it"
+                ) from None
+            # The previous holder unlinks the file as it lets go: if that happened between our
+            # open and our flock, we hold a lock on a file no one else will open. Start again.
+            try:
+                st = os.stat(path)
+                same = (st.st_ino, st.st_dev) == (os.fstat(fd).st_ino, os.fstat(fd).st_dev)
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": self.command[:300],
+        }
+        self._fd = fd
+        try:
+            with naming(path):  # a full disk names the file
+                os.ftruncate(fd, 0)
+                os.write(fd, json.dumps(info).encode())
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is None:
+            return
+        # Unlink while still holding it (see the identity check in __enter__), then let go.
+        self.paths.lock.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _describe_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        if not isinstance(info, dict):
+            info = {}
+    except (OSError, ValueError):
+        info = {}
+    if "pid" not in info:
+        return "a process that is starting up"
+    command = info.get("command") or "packtool"
+    return (
+        f"pid {info['pid']} on {info.get('host', '?')}, since {info.get('started', '?')}: {command}"
+    )
+
+
+def recover(paths: OutputPaths) -> None:
+    """Finish a replacement that a killed run left half done; call with the lock held.
+
+    A ready folder is complete (it was renamed from staging only when complete): it becomes the
+    output. An old folder beside an output is the dataset it replaced: deleted. An old folder
+    with no output (a failure between two renames of `commit`) is put back.
+    """
+    if paths.ready.exists():
+        if os.path.lexists(paths.target) and not os.path.lexists(paths.old):
+            _rename(paths.target, paths.old)
+        _rename(paths.ready, paths.target)
+        _fsync_dir(paths.target.parent)
+    if os.path.lexists(paths.old):
+        if os.path.lexists(paths.target):
+            remove(paths.old)
+        else:
+            _rename(paths.old, paths.target)
+
+
+def commit(paths: OutputPaths) -> None:
+    """Swap the complete staging output in for the old one (see the module docstring)."""
+    if paths.staging.is_file():
+        os.replace(paths.staging, paths.target)  # one atomic step for a file
+        _fsync_dir(paths.target.parent)
+        return
+    try:
+        _rename(paths.staging, paths.ready)
+        if os.path.lexists(paths.target):
+            _rename(paths.target, paths.old)
+        _rename(paths.ready, paths.target)
+        _fsync_dir(paths.target.parent)
+    except Exception:
+        # Put things as they were or as they should be; if that fails too, the next run's
+        # `recover` does it. Either way the output is never a mixture.
+        with contextlib.suppress(OSError):
+            recover(paths)
+        raise
+    remove(paths.old)
+
+
+def create_parent(paths: OutputPaths) -> Path | None:
+    """Create the output's parent folders; return the outermost one made (None: it existed)."""
+    from packtool.errors import make_output_folder
+
+    parent = paths.target.parent
+    made = next((p for p in reversed(parent.parents) if not p.exists()), None)
+    if made is None and not parent.exists():
+        made = parent
+    make_output_folder(parent)
+    return made
+
+
+def remove_empty_parents(paths: OutputPaths, made: Path | None) -> None:
+    """Remove the parent folders `create_parent` made, while they are empty."""
+    if made is None:
+        return
+    folder = paths.target.parent
+    while folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        if folder == made:
+            return
+        folder = folder.parent
+
+
+def remove(path: Path) -> None:
+    """Delete a file or a folder tree, if it is there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the renames in `folder` durable (a crash after `commit` keeps the new output)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):  # some file systems cannot fsync a folder
+            os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,255 @@
+"""Tokenizer names as people write them, resolved to files; `tokenizer_config.json` read once.
+
+`resolve(spec)` turns what a user passes to `--tokenizer` into a `TokenizerFiles`:
+
+- `tiktoken:NAME` / `tiktoken:PATH` / `PATH.tiktoken`: a tiktoken encoding or ranks file;
+- `PATH/tokenizer.json` (or any existing file, or `hf:PATH`): a Hugging Face tokenizer file,
+  with the `tokenizer_config.json` beside it when there is one;
+- a folder holding `tokenizer.json` (+ `tokenizer_config.json`);
+- `org/model` (optionally `org/model@REVISION`): a Hugging Face Hub repository, found the way
+  `transformers` finds it: in the local cache first (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
+  `~/.cache/huggingface/hub`, layout `models--org--model/{refs/REV, snapshots/<commit>/}`), so it
+  works offline; otherwise downloaded with `huggingface_hub` (imported only then) unless
+  `HF_HUB_OFFLINE` is set. When neither works the error names both ways.
+
+`load_tokenizer_config(folder)` reads `tokenizer_config.json` (and the legacy
+`special_tokens_map.json`) as `transformers` does; it is the one place that file is parsed, so
+whatever else needs it (EOS/BOS defaults now, chat templates later) calls this.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packtool.errors import ConfigError
+
+CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+TOKENIZER_FILE = "tokenizer.json"
+HUB_FILES = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE)
+"""What a hub download fetches: the tokenizer, nothing of the model."""
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
+_FORMS = (
+    "use 'byte', a tokenizer.json path (or hf:PATH), a folder holding tokenizer.json, a Hugging "
+    "Face repository id (org/model), 'tiktoken:NAME' (e.g. tiktoken:gpt2) or PATH.tiktoken"
+)
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """`tokenizer_config.json` (merged with `special_tokens_map.json` as transformers does)."""
+
+    path: Path
+    """The file read (`tokenizer_config.json`, or `special_tokens_map.json` when alone)."""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def token(self, key: str) -> str | None:
+        """The content of a special token entry (`eos_token`, `bos_token`, ...), or None.
+
+        Entries are strings or serialized `AddedToken`s (`{"content": "</s>", ...}`).
+        """
+        value = self.data.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        return value if isinstance(value, str) and value else None
+
+    @property
+    def eos_token(self) -> str | None:
+        return self.token("eos_token")
+
+    @property
+    def bos_token(self) -> str | None:
+        return self.token("bos_token")
+
+    @property
+    def chat_template(self) -> Any:
+        """The chat template(s) as stored: a string, a list of named templates, or None."""
+        return self.data.get("chat_template")
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """What a `--tokenizer` spec names, on disk."""
+
+    kind: str
+    """`hf` (a tokenizer.json) or `tiktoken`."""
+    path: Path | None
+    """The tokenizer.json or ranks file; None for a tiktoken encoding name."""
+    name: str
+    """The name recorded in the tokenizer identity (what the user passed, or the file)."""
+    config: TokenizerConfig | None = None
+    encoding: str | None = None
+    """`tiktoken:NAME`: the encoding name (tiktoken's own cache)."""
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(
+            f"{path}: not a readable JSON file ({_one_line(why)}); fix or remove it"
+        ) from None
+
+
+def _one_line(value: Any, limit: int = 200) -> str:
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def load_tokenizer_config(folder: str | os.PathLike) -> TokenizerConfig | None:
+    """Read `folder/tokenizer_config.json` the way `transformers` (v4 and v5) does.
+
+    A config that lists `added_tokens_decoder` (every config `transformers` has written since
+    v4.34) is used as it is; an older one is overridden by `special_tokens_map.json`, key by
+    key, as transformers' legacy path does. None when neither file is there.
+
+    Raises:
+        ConfigError: a file that is there but is not a JSON object.
+    """
+    folder = Path(folder)
+    cfg_path, map_path = folder / CONFIG_FILE, folder / SPECIAL_TOKENS_MAP_FILE
+    data: dict[str, Any] = {}
+    path = None
+    if cfg_path.is_file():
+        data = _read_json(cfg_path)
+        if not isinstance(data, dict):
+            raise ConfigError(f"{cfg_path}: expected a JSON object, found {type(data).__name__}")
+        path = cfg_path
+    if map_path.is_file() and "added_tokens_decoder" not in data:
+        extra = _read_json(map_path)
+        if not isinstance(extra, dict):
+            raise ConfigError(f"{map_path}: expected a JSON object, found {type(extra).__name__}")
+        data = {**data, **extra}
+        path = path or map_path
+    return TokenizerConfig(path=path, data=data) if path is not None else None
+
+
+def hub_cache() -> Path:
+    """The Hugging Face Hub cache folder, chosen as `huggingface_hub` chooses it."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser()
+    home = os.environ.get("HF_HOME")
+    if not home:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+        home = os.path.join(xdg, "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def _offline() -> bool:
+    return any(
+        os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def cached_snapshot(repo_id: str, revision: str = "main", cache: Path | None = None) -> Path | None:
+    """The cached snapshot folder of `repo_id` at `revision` holding tokenizer.json, or None.
+
+    `revision` is a branch or tag (`refs/<revision>` holds the commit) or a commit hash.
+    """
+    repo = (cache or hub_cache()) / ("models--" + repo_id.replace("/", "--"))
+    ref = repo / "refs" / revision
+    try:
+        commit = ref.read_text(encoding="utf-8").strip() if ref.is_file() else revision
+    except OSError:
+        return None
+    snapshot = repo / "snapshots" / commit
+    return snapshot if (snapshot / TOKENIZER_FILE).is_file() else None
+
+
+def download_snapshot(repo_id: str, revision: str) -> Path:
+    """Download the tokenizer files of `repo_id` into the cache; their snapshot folder.
+
+    Raises:
+        OSError, ImportError, or huggingface_hub's errors: the caller words them.
+    """
+    from huggingface_hub import snapshot_download  # a transformers/datasets dependency
+
+    return Path(snapshot_download(repo_id, revision=revision, allow_patterns=list(HUB_FILES)))
+
+
+def _hub_files(spec: str, repo_id: str, revision: str) -> TokenizerFiles:
+    cache = hub_cache()
+    snapshot = cached_snapshot(repo_id, revision, cache)
+    if snapshot is None:
+        why = ""
+        if _offline():
+            why = "HF_HUB_OFFLINE is set"
+        else:
+            try:
+                snapshot = download_snapshot(repo_id, revision)
+            except ImportError:
+                why = "huggingface_hub is not installed (pip install huggingface_hub)"
+            except Exception as exc:  # network, authentication, unknown repository
+                why = f"{type(exc).__name__}: {_one_line(exc, 160)}"
+        if snapshot is not None and not (snapshot / TOKENIZER_FILE).is_file():
+            raise ConfigError(
+                f"tokenizer {spec!r}: the repository has no {TOKENIZER_FILE} (packtool reads "
+                "Hugging Face tokenizer.json files; a SentencePiece-only repository needs "
+                "converting with transformers first)"
+            )
+        if snapshot is None:
+            raise ConfigError(
+                f"tokenizer {spec!r}: not in the Hugging Face cache ({cache}) and not downloaded "
+                f"({why}); either run `huggingface-cli download {repo_id} {' '.join(HUB_FILES)}` "
+                "where there is network (then copy the cache here, or set HF_HUB_CACHE), or pass "
+                "the path of a folder holding tokenizer.json"
+            )
+    return TokenizerFiles(
+        kind="hf",
+        path=snapshot / TOKENIZER_FILE,
+        name=spec,
+        config=load_tokenizer_config(snapshot),
+    )
+
+
+def resolve(spec: str) -> TokenizerFiles:
+    """Where the tokenizer named `spec` is (see the module docstring); `byte` is not handled.
+
+    Raises:
+        ConfigError: a missing file, a folder without tokenizer.json, a hub id that is neither
+            cached nor downloadable, or a spec of no known form.
+    """
+    if spec.startswith("tiktoken:"):
+        target = spec.removeprefix("tiktoken:")
+        path = Path(target)
+        if path.suffix == ".tiktoken" or path.is_file():
+            if not path.is_file():
+                raise ConfigError(f"tiktoken ranks file {target!r} does not exist")
+            return TokenizerFiles(kind="tiktoken", path=path, name=str(path))
+        return TokenizerFiles(kind="tiktoken", path=None, name=target, encoding=target)
+    explicit_hf = spec.startswith("hf:")
+    target = spec.removeprefix("hf:")
+    path = Path(target)
+    if path.is_dir():
+        file = path / TOKENIZER_FILE
+        if not file.is_file():
+            raise ConfigError(
+                f"tokenizer folder {str(path)!r} has no {TOKENIZER_FILE}; pass a folder that "
+                "holds one (as transformers' save_pretrained writes it) or the file itself"
+            )
+        return TokenizerFiles(
+            kind="hf", path=file, name=str(file), config=load_tokenizer_config(path)
+        )
+    if path.is_file():
+        if path.suffix == ".tiktoken" and not explicit_hf:
+            return TokenizerFiles(kind="tiktoken", path=path, name=str(path))
+        return TokenizerFiles(
+            kind="hf", path=path, name=str(path), config=load_tokenizer_config(path.parent)
+        )
+    if path.suffix == ".tiktoken":
+        raise ConfigError(f"tiktoken ranks file {target!r} does not exist")
+    if path.suffix == ".json" or (explicit_hf and not _HUB_ID.match(target)):
+        raise ConfigError(f"tokenizer file {target!r} does not exist")
+    if _HUB_ID.match(target):
+        repo_id, _, revision = target.partition("@")
+        return _hub_files(target, repo_id, revision or "main")
+    raise ConfigError(f"unknown tokenizer {spec!r}; {_FORMS}")

@@ -1,0 +1,62 @@
+"""Run by tests/loader/test_hf_accelerate.py under `torch.distributed.run --nproc_per_node 2`:
+trains a tiny model with accelerate (gloo, CPU) on a PackedDataset and writes, per rank, the
+documents of every batch it trained on; then, in the same processes, runs docs/integrations.md's
+accelerate snippet in the folder given (one launch for both: start-up is most of the cost)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import torch
+from accelerate import Accelerator
+
+from loader import PackedDataLoader, PackedDataset
+from loader.hf import check_packed_model
+from tests.loader.hf_helpers import documents, snippet, tiny_model
+
+
+def main(path: str, out: str, workers: int) -> None:
+    accelerator = Accelerator(cpu=True)
+    ds = PackedDataset(
+        path,
+        rows_per_batch=2,
+        layout="hf",
+        seed=3,
+        rank=accelerator.process_index,
+        world_size=accelerator.num_processes,
+    )
+    loader = PackedDataLoader(ds, num_workers=workers)
+    model = tiny_model("llama")
+    model.config.use_cache = False
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt = accelerator.prepare(model, opt)
+    seen = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            check_packed_model(model, batch)
+            targets = accelerator.reduce((batch["labels"] != -100).sum(), "sum")
+            loss = model(**batch, num_items_in_batch=targets).loss * accelerator.num_processes
+            assert math.isfinite(loss.item())  # a filler batch (no targets) adds 0, not NaN
+            accelerator.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            real = bool((batch["labels"] != -100).any())
+            seen.append(
+                {"epoch": epoch, "docs": [d.tolist() for d in documents(batch)] if real else []}
+            )
+    with open(f"{out}.{accelerator.process_index}.json", "w") as f:
+        json.dump(seen, f)
+
+
+def run_snippet(folder: str) -> None:
+    os.chdir(folder)
+    exec(compile(snippet("accelerate"), "docs/integrations.md:accelerate", "exec"), {})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    run_snippet(sys.argv[4])

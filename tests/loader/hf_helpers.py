@@ -1,0 +1,175 @@
+"""Tiny random transformers models, packed datasets and per-document references (HF tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+VOCAB = 96
+
+
+def tiny_model(arch: str = "llama", impl: str = "sdpa", *, vocab: int = VOCAB, seed: int = 0):
+    """A 2-layer random model (fp32, no dropout) with `attn_implementation=impl`."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    torch.manual_seed(seed)
+    if arch == "llama":
+        config = LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            attn_implementation=impl,
+        )
+        return LlamaForCausalLM(config)
+    if arch == "gpt2":
+        config = GPT2Config(
+            vocab_size=vocab,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=128,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+            attn_implementation=impl,
+        )
+        return GPT2LMHeadModel(config)
+    raise ValueError(arch)
+
+
+def random_rows(n_rows: int, *, seed: int, max_len: int = 48, vocab: int = VOCAB) -> list:
+    """Rows of 1-4 random documents (lengths 1..20, at most max_len tokens a row)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n_rows):
+        docs, used = [], 0
+        for _ in range(int(rng.integers(1, 5))):
+            n = int(rng.integers(1, 21))
+            if used + n > max_len:
+                break
+            docs.append(rng.integers(2, vocab, n).tolist())
+            used += n
+        rows.append(docs or [[int(rng.integers(2, vocab))]])
+    return rows
+
+
+def counting_rows(n_rows: int, *, seed: int, vocab: int = VOCAB) -> list:
+    """Learnable rows: each document counts up from a random start (mod vocab)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n_rows):
+        docs = []
+        for _ in range(3):
+            start, n = int(rng.integers(0, vocab)), int(rng.integers(4, 13))
+            docs.append([(start + i) % vocab for i in range(n)])
+        rows.append(docs)
+    return rows
+
+
+def documents(batch: dict) -> list[torch.Tensor]:
+    """The documents of a `layout="hf"` batch, cut at its cu_seq_lens."""
+    cu = batch["cu_seq_lens_q"].tolist()
+    ids = batch["input_ids"].reshape(-1)
+    return [ids[a:b] for a, b in zip(cu[:-1], cu[1:], strict=True)]
+
+
+def per_document_loss(model, docs: list[torch.Tensor]) -> torch.Tensor:
+    """Mean next-token loss over every document run through `model` alone (no cache)."""
+    total, count = torch.zeros(()), 0
+    for doc in docs:
+        if len(doc) < 2:
+            continue
+        out = model(input_ids=doc[None], labels=doc[None], use_cache=False)
+        total = total + out.loss * (len(doc) - 1)
+        count += len(doc) - 1
+    return total / count
+
+
+def logit_gap(model, batch: dict, **kwargs) -> float:
+    """Largest |packed logit - logit of the document run alone| over the batch (no grad)."""
+    with torch.no_grad():
+        packed = model(**batch, **kwargs).logits[0]
+        alone = torch.cat(
+            [model(input_ids=d[None], use_cache=False).logits[0] for d in documents(batch)]
+        )
+    return float((packed - alone).abs().max())
+
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs" / "integrations.md"
+
+
+def snippet(name: str) -> str:
+    """The python block after `<!-- snippet: name -->` in docs/integrations.md."""
+    text = DOCS.read_text(encoding="utf-8")
+    match = re.search(rf"<!-- snippet: {name} -->\n```python\n(.*?)\n```", text, re.S)
+    assert match, f"no snippet {name!r} in {DOCS}"
+    return match.group(1)
+
+
+def shell_commands() -> list[str]:
+    """The `packtool ...` lines of the page's bash blocks."""
+    text = DOCS.read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)\n```", text, re.S)
+    return [line for b in blocks for line in b.splitlines() if line.startswith("packtool ")]
+
+
+def docs_workspace(folder: Path) -> Path:
+    """What the page starts from: corpus.jsonl (40 sample documents), tok/tokenizer.json (a BPE
+    trained on them), then the page's own `packtool pack` command, run in `folder`."""
+    import shlex
+
+    from click.testing import CliRunner
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from packtool.cli import cli
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = (ROOT / "sample_data" / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[:40]
+    (folder / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    texts = [json.loads(line)["text"] for line in lines]
+    bpe.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=512,
+            special_tokens=["</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    (folder / "tok").mkdir()
+    bpe.save(str(folder / "tok" / "tokenizer.json"))
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        for command in shell_commands():
+            result = CliRunner().invoke(cli, shlex.split(command)[1:])
+            assert result.exit_code == 0, result.output
+    finally:
+        os.chdir(cwd)
+    return folder
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and far faster than on two on a loaded box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
