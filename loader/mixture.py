@@ -38,10 +38,12 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.collate import collate
+from loader.record import Documents
 from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
-from loader.mixture_sources import PackedSource, StreamSource, open_source
+from loader.mixture_sources import PackedSource, StreamSource, missing_fill, open_source, tail
 from loader.mixture_steps import RowStream, Step, plan_steps
 from loader.transport import Ring
+from packtool.columns import TOKEN, Column, optional
 from packtool.errors import ConfigError, DataError
 from packtool.mixture import MixtureSpec, SourceSpec, check_compatible, read_mixture_file
 from packtool.schedule import Schedule
@@ -50,6 +52,18 @@ STATE_FORMAT = "packtool.mixture"
 STATE_VERSION = 1
 AHEAD_STEPS = 32
 """Own steps planned ahead of the one being gathered (their row groups decode meanwhile)."""
+
+
+def mixture_columns(sources: Sequence[PackedSource | StreamSource]) -> tuple[Column, ...]:
+    """The optional columns of a mixture's batches: every one a source has, in declared order
+    (a source without one fills it, `loader.mixture_sources.missing_fill`, or is refused)."""
+    have = {c.name: c for s in sources for c in s.columns}
+    out = tuple(c for c in optional() if c.name in have)
+    for s in sources:
+        for c in out:
+            if c not in s.columns:
+                missing_fill(c, s.name)  # raises for a column nothing can stand in for
+    return out
 
 
 def as_mixture(mixture: Any) -> MixtureSpec:
@@ -131,16 +145,16 @@ class MixedDataset(IterableDataset):
                 f"{self.max_len}; a row would not fit"
             )
         self.token_dtype = np.dtype(np.result_type(*[s.token_dtype for s in self.sources]))
-        need_docs = config.static_shape or config.tokens_per_batch is None
-        for s in self.sources:
-            if need_docs or config.tokens_per_batch is not None or config.balance:
-                s.load_index()
+        self.columns = mixture_columns(self.sources)
+        """The optional columns the batches carry (`loss_mask`): those any source has."""
         self.max_docs = self.pad_tokens = None
         if config.static_shape:
             if any(isinstance(s, StreamSource) for s in self.sources):
                 raise ConfigError("static_shape needs packed sources (row sizes known ahead)")
-            top = [s.row_docs for s in self.sources]
-            self.max_docs = static_max_docs(config, np.concatenate(top))
+            # one pass over every row's document count at open, as PackedDataset's static shape
+            k = config.rows_per_batch or 1
+            top = np.concatenate([s.top_n_docs(k) for s in self.sources])
+            self.max_docs = static_max_docs(config, top)
             self.pad_tokens = config.tokens_per_batch or config.rows_per_batch * self.max_len
         self.fingerprint = self._fingerprint()
         self._start: dict[str, Any] | None = None
@@ -267,27 +281,32 @@ class MixedDataset(IterableDataset):
 
     # ---- gathering and collating ------------------------------------------------------------
 
-    def gather(self, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
-        """`(tokens, doc_lens int32, doc_ids int64, doc_sources int64)` of rows in order."""
-        n_tok, n_docs = int(rows["length"].sum()), int(rows["docs"].sum())
-        tokens = np.empty(n_tok, self.token_dtype)
-        lens = np.empty(n_docs, np.int32)
-        ids = np.empty(n_docs, np.int64)
-        self.gather_into(rows, tokens, lens, ids)
-        return tokens, lens, ids, np.repeat(rows["src"], rows["docs"])
+    def empty_record(self, n_tokens: int, n_docs: int) -> Documents:
+        """Uninitialised arrays for `n_tokens` tokens and `n_docs` documents (the mixture's
+        token dtype and optional columns)."""
+        return Documents(
+            np.empty(n_tokens, self.token_dtype),
+            np.empty(n_docs, np.int32),
+            np.empty(n_docs, np.int64),
+            {
+                c.name: np.empty(n_tokens if c.level == TOKEN else n_docs, c.numpy_dtype())
+                for c in self.columns
+            },
+        )
 
-    def gather_into(
-        self,
-        rows: dict[str, np.ndarray],
-        tokens: np.ndarray,
-        lens: np.ndarray,
-        ids: np.ndarray,
-    ) -> tuple[int, int] | None:
-        """Write the rows' tokens, document lengths and ids at the front of the arrays, one
-        source at a time (the rows are grouped by source); None (nothing written) when they
-        are too small."""
+    def gather(self, rows: dict[str, np.ndarray]) -> tuple[Documents, np.ndarray]:
+        """The rows' documents in order and each document's source (int64 `(n_docs,)`)."""
+        out = self.empty_record(int(rows["length"].sum()), int(rows["docs"].sum()))
+        self.gather_into(rows, out)
+        return out, np.repeat(rows["src"], rows["docs"])
+
+    def gather_into(self, rows: dict[str, np.ndarray], dest: Documents) -> tuple[int, int] | None:
+        """Write the rows' documents (optional columns included) at the front of `dest`, one
+        source at a time (the rows are grouped by source); None (nothing written) when it is
+        too small."""
         src = rows["src"]
-        if int(rows["length"].sum()) > len(tokens) or int(rows["docs"].sum()) > len(lens):
+        n_tok, n_docs = int(rows["length"].sum()), int(rows["docs"].sum())
+        if n_tok > dest.n_tokens or n_docs > min(dest.n_docs, len(dest.doc_ids)):
             return None
         t = d = 0
         for i, a, b in self._runs(src):
@@ -296,27 +315,26 @@ class MixedDataset(IterableDataset):
                 what = rows["rid"][a:b]
             else:
                 what = np.stack([rows["epoch"][a:b], rows["pos"][a:b]], axis=1)
-            nt, nd = source.gather_into(what, tokens[t:], lens[d:], ids[d:])
+            nt, nd = source.gather_into(what, tail(dest, t, d))
             t += nt
             d += nd
         return t, d
 
     def expand(
         self,
-        tokens: np.ndarray,
-        doc_lens: np.ndarray,
-        doc_ids: np.ndarray,
+        docs: Documents,
         doc_sources: np.ndarray,
         *,
         filler: bool = False,
         pin_memory: bool = False,
     ) -> dict[str, torch.Tensor | int]:
-        """The batch dict of gathered rows, with `source` per document (see the module doc)."""
+        """The batch dict of gathered rows, with `source` per document (see the module doc).
+
+        The optional columns in `docs` act as in `PackedDataset` (a `loss_mask` sets -100
+        labels where the target token is not supervised)."""
         c = self.config
         out = collate(
-            tokens,
-            doc_lens,
-            doc_ids,
+            docs,
             pad_tokens=self.pad_tokens,
             pad_docs=self.max_docs if c.static_shape else None,
             pad_id=c.pad_id,
@@ -336,7 +354,8 @@ class MixedDataset(IterableDataset):
         return out
 
     def batch(self, rows: dict[str, np.ndarray], *, filler: bool = False) -> dict[str, Any]:
-        return self.expand(*self.gather(rows), filler=filler)
+        docs, sources = self.gather(rows)
+        return self.expand(docs, sources, filler=filler)
 
     # ---- iteration --------------------------------------------------------------------------
 
@@ -429,17 +448,21 @@ class MixedDataset(IterableDataset):
         )
 
     def max_batch_docs(self) -> int:
-        """An upper bound on the documents in one batch (sizes the transport ring's slots)."""
-        most, shortest = 1, self.max_len
-        for s in self.sources:
-            if isinstance(s, StreamSource):
-                return self.max_batch_tokens
-            s.load_index()
-            if len(s.row_docs):
-                most = max(most, int(s.row_docs.max()))
-                shortest = min(shortest, int(s.row_len.min()))
-        rows = self.config.rows_per_batch or max(self.max_batch_tokens // max(shortest, 1), 1)
-        return int(min(rows * most, self.max_batch_tokens))
+        """Documents a transport ring slot has room for (as `PackedDataset.max_batch_docs`).
+
+        Static shape: the document cap. Otherwise twice the most documents per token of any
+        source's first (up to) 64 row groups times the batch's tokens, at most one per token
+        (a streaming source: one per token): a sizing, not a bound, that reads no source
+        whole; a part with more goes outside the ring (loader/transport.py), slower but the
+        same batch.
+        """
+        if self.config.static_shape:
+            return int(self.max_docs)
+        tokens = self.max_batch_tokens
+        if any(isinstance(s, StreamSource) for s in self.sources):
+            return tokens
+        per_token = max(s.docs_per_token() for s in self.sources)
+        return int(max(min(2 * per_token * tokens + 16, tokens), 1))
 
     def __len__(self) -> int:
         """Steps left (only with `total_steps`; a length in tokens has no step count ahead)."""
@@ -497,8 +520,8 @@ class _RowsView:
     def __init__(self, ds: MixedDataset, rows: dict[str, np.ndarray]) -> None:
         self.ds, self.rows = ds, rows
 
-    def gather_into(self, _rows: Any, tokens: np.ndarray, lens: np.ndarray, ids: np.ndarray):
-        return self.ds.gather_into(self.rows, tokens, lens, ids)
+    def gather_into(self, _rows: Any, dest: Documents) -> tuple[int, int] | None:
+        return self.ds.gather_into(self.rows, dest)
 
-    def gather(self, _rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.ds.gather(self.rows)[:3]
+    def gather(self, _rows: Any) -> Documents:
+        return self.ds.gather(self.rows)[0]

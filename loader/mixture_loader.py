@@ -19,7 +19,9 @@ import numpy as np
 from torch.utils.data import DataLoader, get_worker_info
 
 from loader.mixture import MixedDataset
+from loader.record import Documents
 from loader.transport import CompactBatch, Ring
+from packtool.columns import TOKEN, get
 from packtool.schedule import state_after
 
 
@@ -39,13 +41,15 @@ class _WorkerInit:
             self.user_fn(worker_id)
 
 
-def splice(parts: dict[int, tuple[np.ndarray, ...]], layout: tuple[np.ndarray, ...], dtype):
-    """One step's `(tokens, doc_lens, doc_ids)` in row order from the workers' parts.
+def splice(
+    parts: dict[int, Documents], layout: tuple[np.ndarray, ...], empty: Callable[..., Documents]
+) -> Documents:
+    """One step's documents in row order from the workers' parts.
 
     Args:
-        parts: Per worker, its rows' `(tokens, doc_lens, doc_ids)` in row order.
+        parts: Per worker, its rows' documents in row order.
         layout: Per row of the step: owner, tokens, documents (and source).
-        dtype: The token dtype.
+        empty: Makes the uninitialised record (`MixedDataset.empty_record`).
     """
     if len(parts) == 1:
         return next(iter(parts.values()))
@@ -57,19 +61,23 @@ def splice(parts: dict[int, tuple[np.ndarray, ...]], layout: tuple[np.ndarray, .
     cum_d = np.concatenate([[0], np.cumsum(row_docs)])
     edges = [*starts.tolist(), len(owner)]
     tok_at, doc_at = cum_t[edges].tolist(), cum_d[edges].tolist()
-    tokens = np.empty(tok_at[-1], dtype)
-    lens = np.empty(doc_at[-1], np.int32)
-    ids = np.empty(doc_at[-1], np.int64)
+    out = empty(tok_at[-1], doc_at[-1])
+    per_token = [n for n in out.columns if get(n).level == TOKEN]
+    per_doc = [n for n in out.columns if get(n).level != TOKEN]
     at = dict.fromkeys(parts, (0, 0))  # next token and document of each part
     for r, w in enumerate(run_owner):
         t, t2, d, d2 = tok_at[r], tok_at[r + 1], doc_at[r], doc_at[r + 1]
         pt, pd = at[w]
-        src_tokens, src_lens, src_ids = parts[w]
-        tokens[t:t2] = src_tokens[pt : pt + t2 - t]
-        lens[d:d2] = src_lens[pd : pd + d2 - d]
-        ids[d:d2] = src_ids[pd : pd + d2 - d]
+        part = parts[w]
+        out.tokens[t:t2] = part.tokens[pt : pt + t2 - t]
+        out.doc_lens[d:d2] = part.doc_lens[pd : pd + d2 - d]
+        out.doc_ids[d:d2] = part.doc_ids[pd : pd + d2 - d]
+        for n in per_token:
+            out.columns[n][t:t2] = part.columns[n][pt : pt + t2 - t]
+        for n in per_doc:
+            out.columns[n][d:d2] = part.columns[n][pd : pd + d2 - d]
         at[w] = (pt + t2 - t, pd + d2 - d)
-    return tokens, lens, ids
+    return out
 
 
 class MixedDataLoader(DataLoader):
@@ -104,6 +112,7 @@ class MixedDataLoader(DataLoader):
             max_tokens=ds.max_batch_tokens,
             max_docs=ds.max_batch_docs(),
             token_dtype=ds.token_dtype,
+            columns=ds.columns,
         )
 
     def __iter__(self) -> Iterator[dict]:
@@ -138,10 +147,10 @@ class MixedDataLoader(DataLoader):
                         del chunks[old]
                 try:
                     views = {w: ring.take(item) for w, (item, _) in parts.items()}
-                    tokens, lens, ids = splice(views, layout, ds.token_dtype)
+                    docs = splice(views, layout, ds.empty_record)
                     filler = next(iter(parts.values()))[0].filler
                     sources = np.repeat(layout[3], layout[2])
-                    batch = ds.expand(tokens, lens, ids, sources, filler=filler, pin_memory=pin)
+                    batch = ds.expand(docs, sources, filler=filler, pin_memory=pin)
                 finally:
                     for item, _ in parts.values():
                         ring.release(item)

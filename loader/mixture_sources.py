@@ -1,16 +1,24 @@
 """A mixture's sources, row by row: each source's epoch order as a `packtool.schedule`
 `LengthReader`, plus the rows themselves for gathering.
 
-A packed source reads its epoch order through `PackedDataset`'s public API only: a private
-`PackedDataset` over the same folder with one rank and `rows_per_batch=ORDER_CHUNK`, whose step
-s is positions `s * ORDER_CHUNK ...` of the epoch order (`plan` / `rows_for`), shuffled with the
-mixture's seed and shuffle settings. Row lengths come from `ShardStore.row_index()`.
+A packed source reads its epoch order and row counts the way `PackedDataset` does, lazily: the
+order is the dataset's `EpochOrder` (loader/permutation.py: a window of rows computed when a
+position inside it is first asked for), shuffled with the mixture's seed and shuffle settings,
+and a row's tokens, documents and attention cost come from the dataset's `RowIndex`
+(loader/row_index.py: one row group's counts read when first touched, an LRU bounded in bytes).
+Nothing per row of a source is held: at 10^9 rows a source costs what a `PackedDataset` costs
+(~12 bytes per row group for each of the two epoch orders kept, 20 for the shard store's table,
+the index's 32 MB cache), not the 24 bytes a row of `ShardStore.row_index()`.
 
 A streaming source (`StreamingPackedDataset`) is packed whole, as one stream (one slot, whatever
 the rank and worker), so its rows do not depend on how many workers read the mixture; each
 process packs it ahead in small windows and forgets rows once the mixture has passed them.
 Resuming it re-packs its current epoch up to the cursor (the cost of online packing: its state is
 its buffer, not a position).
+
+Both gather rows as `loader.record.Documents` with the mixture's optional columns; a source
+without one of them (a plain source in a mixture with masked ones) fills it as "no mask" would
+read (`loss_mask` 1: every token a target, as `PackedDataset` trains on such a source).
 """
 
 from __future__ import annotations
@@ -25,12 +33,51 @@ import numpy as np
 from loader.config import LoaderConfig
 from loader.dataset import PackedDataset
 from loader.online_state import config_state
+from loader.permutation import EpochOrder
+from loader.record import Documents
+from loader.rows import PackedRows
 from loader.streaming import StreamingPackedDataset
+from packtool.columns import LOSS_MASK, TOKEN, Column, get
 from packtool.errors import ConfigError
 from packtool.mixture import SourceSpec
+from packtool.tokenize import input_columns
 
-ORDER_CHUNK = 1024
-"""Epoch-order positions per step of a packed source's private plan."""
+STREAM_BLOCK = 256
+"""Positions of a streaming source that count as one "row group" (prefetch, worker ownership)."""
+MISSING_FILL = {LOSS_MASK: 1}
+"""What a source without an optional column contributes to it (a mask of 1: all supervised)."""
+
+
+def missing_fill(column: Column, source: str) -> int:
+    """The value a source lacking `column` fills it with, or a `ConfigError`."""
+    if column.name not in MISSING_FILL:
+        raise ConfigError(
+            f"source {source!r} has no {column.name!r} column but other sources of the mixture "
+            f"do; a mixture can fill only {sorted(MISSING_FILL)}"
+        )
+    return MISSING_FILL[column.name]
+
+
+def tail(dest: Documents, t: int, d: int) -> Documents:
+    """Views of `dest` from token `t` and document `d` on (where the next rows go)."""
+    return Documents(
+        dest.tokens[t:],
+        dest.doc_lens[d:],
+        dest.doc_ids[d:],
+        {
+            name: a[t:] if get(name).level == TOKEN else a[d:]
+            for name, a in dest.columns.items()
+        },
+    )
+
+
+def fill_missing(dest: Documents, have: tuple[Column, ...], name: str, n_tok: int, n_doc: int):
+    """Fill the front of `dest`'s columns that the source (`have`) lacks."""
+    own = {c.name for c in have}
+    for col, values in dest.columns.items():
+        if col not in own:
+            c = get(col)
+            values[: n_tok if c.level == TOKEN else n_doc] = missing_fill(c, name)
 
 
 class PackedSource:
@@ -38,7 +85,8 @@ class PackedSource:
 
     Args:
         spec: The source (its `path` a folder or a `PackedDataset`, whose folder is used).
-        config: The mixture's loader settings (seed, shuffle, shuffle_window, cache, verify).
+        config: The mixture's loader settings (seed, shuffle, shuffle_window, cache, verify,
+            page checksums).
     """
 
     kind = "packed"
@@ -49,71 +97,72 @@ class PackedSource:
         path = spec.path.store.path if isinstance(spec.path, PackedDataset) else spec.path
         self.ds = PackedDataset(
             path,
-            rows_per_batch=ORDER_CHUNK,
+            rows_per_batch=1,
             seed=config.seed,
             shuffle=config.shuffle,
             shuffle_window=config.shuffle_window,
             cache_bytes=config.cache_bytes,
             verify=config.verify,
+            page_checksums=config.page_checksums,
             rank=0,
             world_size=1,
         )
         self.store = self.ds.store
+        self.index = self.ds.index  # RowIndex: counts per row group, loaded on demand
         self.path = str(self.store.path)
         self.fingerprint = self.ds.fingerprint
         self.tokenizer = dict(self.store.manifest.tokenizer)
         self.max_len = int(self.store.max_len)
         self.token_dtype = self.store.token_dtype
         self.num_rows = int(self.store.num_rows)
-        self.row_len: np.ndarray | None = None
-        self._plans: OrderedDict[int, Any] = OrderedDict()
+        self.columns: tuple[Column, ...] = self.store.optional
+        self._orders: OrderedDict[int, EpochOrder] = OrderedDict()
         self._asked: set[int] = set()
 
-    def load_index(self) -> None:
-        """Per-row tokens, documents and attention cost (`ShardStore.row_index`), once."""
-        if self.row_len is None:
-            self.row_len, self.row_docs, self.row_sq = self.store.row_index()
-
-    def _plan(self, epoch: int) -> Any:
-        plan = self._plans.get(epoch)
-        if plan is None:
-            # ds.plan caches one epoch; the mixture reads two at an epoch's edge
-            plan = self.ds.plan(epoch)
-            self._plans[epoch] = plan
-            while len(self._plans) > 2:
-                self._plans.popitem(last=False)
-        return plan
+    def order(self, epoch: int) -> EpochOrder:
+        """`epoch`'s row order (the mixture reads two epochs at an epoch's edge: both kept)."""
+        order = self._orders.get(epoch)
+        if order is None:
+            order = self.ds.order(epoch)
+            self._orders[epoch] = order
+            while len(self._orders) > 2:
+                self._orders.popitem(last=False)
+        return order
 
     def epoch_rows(self, epoch: int) -> int:
         return self.num_rows
 
     def ids(self, epoch: int, start: int, n: int) -> np.ndarray:
         """Row ids at positions `start .. start + n - 1` of `epoch`'s order (fewer at its end)."""
-        stop = min(start + n, self.num_rows)
-        if stop <= start:
-            return np.zeros(0, np.int64)
-        plan = self._plan(epoch)
-        first, last = start // ORDER_CHUNK, (stop - 1) // ORDER_CHUNK
-        parts = [self.ds.rows_for(plan, c, 0) for c in range(first, last + 1)]
-        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        base = first * ORDER_CHUNK
-        return np.asarray(rows[start - base : stop - base], dtype=np.int64)
+        return self.order(epoch).rows(start, start + n)
 
     def lengths(self, epoch: int, start: int, n: int) -> np.ndarray:
-        self.load_index()
-        return self.row_len[self.ids(epoch, start, n)]
+        return self.index.stats(self.ids(epoch, start, n))[0]
 
     def describe_rows(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
-        """`(row ids, documents, attention cost)` of `n` rows from `start` of `epoch`."""
-        self.load_index()
+        """`(row ids, documents, attention cost, row groups)` of `n` rows from `start`."""
         ids = self.ids(epoch, start, n)
-        return ids, self.row_docs[ids], self.row_sq[ids]
+        _, docs, sq = self.index.stats(ids)
+        return ids, docs, sq, self.store.row_group_of(ids)
 
-    def gather_into(
-        self, rows: np.ndarray, tokens: np.ndarray, lens: np.ndarray, ids: np.ndarray
-    ) -> tuple[int, int]:
-        sizes = self.store.gather_into(rows, tokens, lens, ids)
-        assert sizes is not None  # the caller sized the arrays from the row index
+    def top_n_docs(self, k: int) -> np.ndarray:
+        """The `k` largest per-row document counts (one pass over the counts: static shape)."""
+        return self.index.top_n_docs(k)
+
+    def docs_per_token(self) -> float:
+        """Documents per token over the first (up to) 64 row groups (sizes ring slots)."""
+        tokens = docs = 0
+        for g in range(min(self.index.num_groups, 64)):
+            stats = self.index.group(g)
+            tokens += int(stats.lengths.sum())
+            docs += int(stats.n_docs.sum())
+        return docs / max(tokens, 1)
+
+    def gather_into(self, rows: np.ndarray, dest: Documents) -> tuple[int, int]:
+        """Write rows (row ids) at the front of `dest` (the caller sized it from the counts)."""
+        sizes = self.store.gather_into(rows, dest)
+        assert sizes is not None
+        fill_missing(dest, self.columns, self.name, *sizes)
         return sizes
 
     def prefetch(self, groups: list[int]) -> None:
@@ -134,10 +183,14 @@ class PackedSource:
 
 
 class _OneStream(StreamingPackedDataset):
-    """The whole source as one stream: slot 0 of 1 in every process and DataLoader worker."""
+    """The whole source as one stream: slot 0 of 1 in every process and DataLoader worker,
+    yielding each packed row's `Documents` (optional columns included) instead of a batch."""
 
     def _slot(self) -> tuple[int, int]:
         return 0, 1
+
+    def _emit(self, rows: PackedRows) -> Documents:
+        return rows.documents
 
 
 class StreamSource:
@@ -163,20 +216,18 @@ class StreamSource:
         self.tokenizer = src.identity.to_dict() if src.identity is not None else {}
         self.max_len = int(src.config.max_len)
         self.token_dtype = np.dtype(np.uint32)
+        self.columns = tuple(get(n) for n in input_columns(src.paths) if get(n).loaded)
         self.num_rows: int | None = None
         self._epoch: int | None = None
         self._it: Any = None
         self._base = 0  # position of the first row held
-        self._rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._rows: list[Documents] = []
         self._ended = False
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state.update(_epoch=None, _it=None, _rows=[], _base=0, _ended=False)
         return state
-
-    def load_index(self) -> None:
-        """Row lengths are known once a row is packed."""
 
     def epoch_rows(self, epoch: int) -> None:
         return None
@@ -197,51 +248,51 @@ class StreamSource:
 
     def _pull(self, stop: int) -> None:
         while not self._ended and self._base + len(self._rows) < stop:
-            batch = next(self._it, None)
-            if batch is None:
+            row = next(self._it, None)
+            if row is None:
                 self._ended = True
                 break
-            cu = batch["cu_seqlens"].numpy()
-            self._rows.append(
-                (
-                    batch["input_ids"].numpy().astype(self.token_dtype),
-                    np.diff(cu).astype(np.int32),
-                    batch["doc_ids"].numpy().copy(),
-                )
-            )
+            self._rows.append(row)
 
     def lengths(self, epoch: int, start: int, n: int) -> np.ndarray:
         self._seek(epoch, start)
         self._pull(start + n)
         rows = self._rows[start - self._base : start - self._base + n]
-        return np.asarray([len(r[0]) for r in rows], dtype=np.int64)
+        return np.asarray([r.n_tokens for r in rows], dtype=np.int64)
 
     def describe_rows(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
-        """`(-1 (no row ids), documents, attention cost)` of `n` rows from `start` of `epoch`."""
+        """`(-1 (no row ids), documents, attention cost, blocks)` of `n` rows from `start`."""
         rows = [self.row(epoch, p) for p in range(start, start + n)]
-        docs = np.asarray([len(r[1]) for r in rows], dtype=np.int64)
-        sq = np.asarray([float((r[1].astype(np.float64) ** 2).sum()) for r in rows])
-        return np.full(n, -1, np.int64), docs, sq
+        docs = np.asarray([r.n_docs for r in rows], dtype=np.int64)
+        sq = np.asarray([float((r.doc_lens.astype(np.float64) ** 2).sum()) for r in rows])
+        groups = np.arange(start, start + n, dtype=np.int64) // STREAM_BLOCK
+        return np.full(n, -1, np.int64), docs, sq, groups
 
-    def row(self, epoch: int, pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def row(self, epoch: int, pos: int) -> Documents:
         self._seek(epoch, pos)
         self._pull(pos + 1)
         if pos - self._base >= len(self._rows):
             raise ConfigError(f"source {self.name!r}: row {pos} of epoch {epoch} does not exist")
         return self._rows[pos - self._base]
 
-    def gather_into(
-        self, rows: np.ndarray, tokens: np.ndarray, lens: np.ndarray, ids: np.ndarray
-    ) -> tuple[int, int]:
+    def gather_into(self, rows: np.ndarray, dest: Documents) -> tuple[int, int]:
         """`rows`: (epoch, pos) pairs, int64 `(n, 2)`."""
         t = d = 0
         for epoch, pos in rows.tolist():
-            tok, dl, di = self.row(epoch, pos)
-            tokens[t : t + len(tok)] = tok
-            lens[d : d + len(dl)] = dl
-            ids[d : d + len(di)] = di
-            t += len(tok)
-            d += len(dl)
+            r = self.row(epoch, pos)
+            n, k = r.n_tokens, r.n_docs
+            dest.tokens[t : t + n] = r.tokens
+            dest.doc_lens[d : d + k] = r.doc_lens
+            dest.doc_ids[d : d + k] = r.doc_ids
+            for name, values in r.columns.items():
+                if name in dest.columns:
+                    if get(name).level == TOKEN:
+                        dest.columns[name][t : t + n] = values
+                    else:
+                        dest.columns[name][d : d + k] = values
+            t += n
+            d += k
+        fill_missing(dest, self.columns, self.name, t, d)
         return t, d
 
     def prefetch(self, groups: list[int]) -> None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 FIELDS = ("src", "epoch", "pos", "rid", "length", "docs", "group", "sq")
 """What the stream knows of every row (`group`: its row group in its source; streaming
-sources: blocks of 256 positions)."""
+sources: blocks of `STREAM_BLOCK` positions)."""
 STEP_FIELDS = FIELDS[:-1]
 """What a step keeps of its rows (the cost `sq` only matters to balancing)."""
 
@@ -92,17 +92,16 @@ class RowStream:
                 "rid": np.empty(len(chunk), np.int64),
                 "docs": np.empty(len(chunk), np.int64),
                 "sq": np.empty(len(chunk), np.float64),
-                "group": chunk.pos // 256,
+                "group": np.empty(len(chunk), np.int64),
             }
             for i in np.unique(chunk.src).tolist():
                 mine = np.flatnonzero(chunk.src == i)
                 epochs = chunk.epoch[mine]
                 for e in np.unique(epochs).tolist():
                     at = mine[epochs == e]
-                    rid, docs, sq = self.sources[i].describe_rows(e, int(chunk.pos[at[0]]), len(at))
-                    cols["rid"][at], cols["docs"][at], cols["sq"][at] = rid, docs, sq
-                    if rid[0] >= 0:  # a packed source: its row groups
-                        cols["group"][at] = self.sources[i].store.row_group_of(rid)
+                    described = self.sources[i].describe_rows(e, int(chunk.pos[at[0]]), len(at))
+                    for f, values in zip(("rid", "docs", "sq", "group"), described, strict=True):
+                        cols[f][at] = values
             keep = self.p - self.base
             if keep > 65536:  # forget rows already cut
                 self.buf = {f: a[keep:] for f, a in self.buf.items()}

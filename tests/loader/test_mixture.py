@@ -384,7 +384,8 @@ def test_sources_must_share_tokenizer_and_max_len(sources, tmp_path):
         match=r"different tokenizers \(web test \(kind 'test'\), code test \(kind 'tiktoken'\)",
     ):
         MixedDataset(spec([sources[0], other_tok]), rows_per_batch=2)
-    other_len = _copy_with(sources[1], tmp_path, "len", max_len=128)
+    other_len = tmp_path / "len"  # a real dataset: index.json is checked as a whole
+    write_random_dataset(other_len, n_rows=5, max_len=128, mean_doc=9, seed=3)
     with pytest.raises(ConfigError, match=r"different max_len \(web 64, code 128\)"):
         MixedDataset(spec([sources[0], other_len]), rows_per_batch=2)
 
@@ -437,11 +438,9 @@ def test_no_warning_on_a_plain_run(sources):
 
 
 @pytest.fixture(scope="module")
-def online(tmp_path_factory, sources):
+def online(tmp_path_factory):
     """Tokenized Parquet of 90 documents (byte tokenizer) and a packed source sharing its
     tokenizer identity."""
-    import shutil
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -465,8 +464,10 @@ def online(tmp_path_factory, sources):
         schema=tokenized_schema(identity),
     )
     pq.write_table(table, root / "part.parquet", row_group_size=30)
-    packed = root / "packed"
-    shutil.copytree(sources[0], packed)
+    packed = root / "packed"  # token ids below the byte tokenizer's vocabulary
+    write_random_dataset(
+        packed, n_rows=23, max_len=64, mean_doc=9, rows_per_shard=7, row_group_rows=3, vocab=250
+    )
     index = json.loads((packed / INDEX_FILE).read_text())
     index["tokenizer"] = identity.to_dict()
     (packed / INDEX_FILE).write_text(json.dumps(index))
