@@ -11,9 +11,11 @@ the end. Every process computes the whole schedule (cheap: ~40 ns a row) and gat
 own steps, so the stream depends on neither the number of workers nor, for the rows it holds,
 on the batch settings.
 
-Batches are the usual batch dict (loader/collate.py, any layout, static shape too) plus
-`source`: int64 `(n_docs,)`, the index of each document's source in `MixedDataset.names` (-1 for
-padding and filler entries), so a training loop can log the loss per source.
+Batches are the usual batch dict (loader/collate.py, any layout, static shape too; optional
+columns such as `loss_mask` act as in `PackedDataset`) plus `source`: int64 `(n_docs,)`, the
+index of each document's source in `MixedDataset.names` (-1 for padding and filler entries), so
+a training loop can log the loss per source. In `layout="hf"` it is the batch's attribute
+`source` instead of a key (`HFMixedBatch`: `model(**batch)` must see only model inputs).
 
 Resume: `state_dict()` is the schedule's state at a step boundary (a cursor per source: epoch,
 position, delivered counts) plus the step and the mixture's fingerprint. The same mixture
@@ -38,10 +40,10 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.collate import collate
-from loader.record import Documents
 from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
 from loader.mixture_sources import PackedSource, StreamSource, missing_fill, open_source, tail
 from loader.mixture_steps import RowStream, Step, plan_steps
+from loader.record import Documents
 from loader.transport import Ring
 from packtool.columns import TOKEN, Column, optional
 from packtool.errors import ConfigError, DataError
@@ -350,7 +352,11 @@ class MixedDataset(IterableDataset):
             out["labels"].fill_(-100)
             if "doc_ids" in out:
                 out["doc_ids"].fill_(-1)
-        out["source"] = torch.from_numpy(source)
+        if c.layout == "hf":  # a key would reach the model's forward (see `HFMixedBatch`)
+            out = HFMixedBatch(out)
+            out.source = torch.from_numpy(source)
+        else:
+            out["source"] = torch.from_numpy(source)
         return out
 
     def batch(self, rows: dict[str, np.ndarray], *, filler: bool = False) -> dict[str, Any]:
@@ -505,12 +511,36 @@ class MixedDataset(IterableDataset):
         }
 
 
+class HFMixedBatch(dict):
+    """A `layout="hf"` mixture batch: exactly the keys of `PackedDataset`'s hf batch, so
+    `model(**batch)`, `loader.hf.check_packed_model` and `Trainer` take it unchanged, and the
+    per-document source as the attribute `source` (int64 `(n_docs,)`).
+
+    Not a key: transformers hands keys its forward does not name on to attention and loss
+    (`source` is a parameter of its cross entropy, so `model(**batch)` would fail). A copy
+    made by a device move (`type(batch)({...})`) has `source` None: read it first.
+    """
+
+    source: torch.Tensor | None = None
+
+
+def batch_sources(batch: dict[str, Any]) -> torch.Tensor:
+    """The per-document source of a mixture batch, either layout (`source`)."""
+    source = batch["source"] if "source" in batch else getattr(batch, "source", None)
+    if source is None:
+        raise ConfigError(
+            "this batch carries no mixture sources (not a MixedDataset batch, or an hf batch "
+            "copied by a device move: read batch.source before moving it)"
+        )
+    return source
+
+
 def token_sources(batch: dict[str, Any]) -> torch.Tensor:
     """The source of every token of a mixture batch, int64 `(total_tokens,)` (-1 for padding),
     from its per-document `source` and `cu_seqlens` (either layout): e.g. to average a
     per-token loss by source."""
     cu = batch["cu_seqlens"] if "cu_seqlens" in batch else batch["cu_seq_lens_q"]
-    return torch.repeat_interleave(batch["source"], torch.diff(cu).long())
+    return torch.repeat_interleave(batch_sources(batch), torch.diff(cu).long())
 
 
 class _RowsView:

@@ -162,6 +162,11 @@ class MixedDataLoader(DataLoader):
         if waiting:
             raise RuntimeError(f"mixture workers skipped step {consumed}; this is a bug")
 
+    def __len__(self) -> int:
+        """Steps left (`MixedDataset.__len__`). Workers send a part of a step each, so torch's
+        own count of items fetched against this length would warn for nothing."""
+        return len(self._mixed)
+
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch handed out (before any: where iteration starts)."""
         if self._where is not None:

@@ -64,10 +64,7 @@ def tail(dest: Documents, t: int, d: int) -> Documents:
         dest.tokens[t:],
         dest.doc_lens[d:],
         dest.doc_ids[d:],
-        {
-            name: a[t:] if get(name).level == TOKEN else a[d:]
-            for name, a in dest.columns.items()
-        },
+        {name: a[t:] if get(name).level == TOKEN else a[d:] for name, a in dest.columns.items()},
     )
 
 
