@@ -49,7 +49,7 @@ def sources(quick: bool) -> dict[str, Path]:
         rows = {k: v // 10 for k, v in rows.items()}
     out = {}
     for i, (name, n) in enumerate(rows.items()):
-        path = ROOT / "bench_data" / f"mix_{name}_{n}"
+        path = ROOT / "bench_data" / f"mix2_{name}_{n}"  # format 2, page checksums
         if not (path / "index.json").is_file():
             t0 = time.perf_counter()
             write_random_dataset(

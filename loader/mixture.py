@@ -52,8 +52,12 @@ from packtool.schedule import Schedule
 
 STATE_FORMAT = "packtool.mixture"
 STATE_VERSION = 1
-AHEAD_STEPS = 32
-"""Own steps planned ahead of the one being gathered (their row groups decode meanwhile)."""
+AHEAD_STEPS = 1024
+"""Most steps planned ahead of the one being gathered (their row groups decode meanwhile)."""
+AHEAD_GROUPS = 16
+"""Most row groups of one source decoded ahead and not yet used (one default shuffle window)."""
+AHEAD_STREAMING = 32
+"""Most steps planned ahead when a source is streaming (it holds those steps' rows)."""
 
 
 def mixture_columns(sources: Sequence[PackedSource | StreamSource]) -> tuple[Column, ...]:
@@ -241,22 +245,37 @@ class MixedDataset(IterableDataset):
     # ---- the stream of steps ----------------------------------------------------------------
 
     def _ahead(self, steps: Iterator[Step], stream: RowStream, keep=None) -> Iterator[Step]:
-        """The steps, with the row groups of up to `AHEAD_STEPS` upcoming ones decoding (only
-        of the rows `keep(rows)` selects); a streaming source forgets its rows once every step
-        holding them has been taken."""
+        """The steps, with the row groups of upcoming ones decoding in the background (only of
+        the rows `keep(rows)` selects), as `PackedDataset` looks ahead: up to `AHEAD_STEPS`
+        steps while no source has `AHEAD_GROUPS` row groups waiting (a windowed shuffle needs
+        a whole window of new row groups at once; they decode while the last one is
+        gathered). With a streaming source, `AHEAD_STREAMING` steps (it holds the rows of the
+        steps planned). A streaming source forgets its rows once every step holding them has
+        been taken."""
         queue: deque[Step] = deque()
+        packed = [s for s in self.sources if isinstance(s, PackedSource)]
+        most = AHEAD_STEPS if len(packed) == len(self.sources) else AHEAD_STREAMING
+        upcoming = iter(steps)
+        more = True
         try:
-            for s in steps:
-                if keep is None:
-                    self._prefetch(s.rows)
-                else:
-                    mask = keep(s.rows)
-                    self._prefetch({f: s.rows[f][mask] for f in ("src", "group")})
-                queue.append(s)
-                if len(queue) > AHEAD_STEPS:
-                    yield queue.popleft()
-                    stream.release(queue[0].begin)
-            while queue:
+            while True:
+                while (
+                    more
+                    and len(queue) < most
+                    and (not queue or all(p.pending < AHEAD_GROUPS for p in packed))
+                ):
+                    s = next(upcoming, None)
+                    if s is None:
+                        more = False
+                        break
+                    if keep is None:
+                        self._prefetch(s.rows)
+                    else:
+                        mask = keep(s.rows)
+                        self._prefetch({f: s.rows[f][mask] for f in ("src", "group")})
+                    queue.append(s)
+                if not queue:
+                    return
                 yield queue.popleft()
                 stream.release(queue[0].begin if queue else stream.p)
         finally:
@@ -269,7 +288,7 @@ class MixedDataset(IterableDataset):
             return
         groups = rows["group"]
         for i, a, b in self._runs(src):
-            self.sources[i].prefetch(groups[a:b].tolist())
+            self.sources[i].prefetch(groups[a:b])
 
     def _runs(self, src: np.ndarray) -> list[tuple[int, int, int]]:
         """`(source, start, stop)` of each source's rows in `src` (grouped by source)."""

@@ -114,7 +114,6 @@ class PackedSource:
         self.num_rows = int(self.store.num_rows)
         self.columns: tuple[Column, ...] = self.store.optional
         self._orders: OrderedDict[int, EpochOrder] = OrderedDict()
-        self._asked: set[int] = set()
 
     def order(self, epoch: int) -> EpochOrder:
         """`epoch`'s row order (the mixture reads two epochs at an epoch's edge: both kept)."""
@@ -162,21 +161,20 @@ class PackedSource:
         fill_missing(dest, self.columns, self.name, *sizes)
         return sizes
 
-    def prefetch(self, groups: list[int]) -> None:
-        """Start decoding these row groups (first-use order) unless asked for lately."""
-        new = [g for g in dict.fromkeys(groups) if g not in self._asked]
-        if new and self.store.pending_row_groups < 16:
-            if len(self._asked) > 256:
-                self._asked.clear()
-            self._asked.update(new)
-            self.store.prefetch(np.asarray(new, np.int64))
+    @property
+    def pending(self) -> int:
+        """Row groups handed to the decode thread and not yet used."""
+        return self.store.pending_row_groups
+
+    def prefetch(self, groups: np.ndarray) -> None:
+        """Start decoding these row groups (first-use order; cached or pending ones skipped)."""
+        self.store.prefetch(groups)
 
     def release(self, epoch: int, pos: int) -> None:
         """Nothing to forget: rows are read from the shards on demand."""
 
     def close_iteration(self) -> None:
         self.store.cancel_prefetch()
-        self._asked.clear()
 
 
 class _OneStream(StreamingPackedDataset):
@@ -292,7 +290,7 @@ class StreamSource:
         fill_missing(dest, self.columns, self.name, t, d)
         return t, d
 
-    def prefetch(self, groups: list[int]) -> None:
+    def prefetch(self, groups: np.ndarray) -> None:
         """Rows are packed when the schedule reads their lengths."""
 
     def release(self, epoch: int, pos: int) -> None:
