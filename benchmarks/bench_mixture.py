@@ -1,12 +1,13 @@
 """Mixtures: loader throughput, proportion error against HF `interleave_datasets`, schedule cost.
 
-Run: `python -m benchmarks.bench_mixture [--quick] [--tokens 120e6] [--repeat 2]`. Writes the
+Run: `python -m benchmarks.bench_mixture [--quick] [--tokens 64e6] [--warm 48e6] [--repeat 2]`. Writes the
 README block `mixture`. Measures, in one run:
 
 - Loader throughput (real tokens/s, 64k-token batches) of a 3-source `MixedDataset` (weights
   0.5 / 0.3 / 0.2 in tokens) through `MixedDataLoader`, against one `PackedDataset` through
   `PackedDataLoader` over the largest of the three, in-process and with 1 and 2 workers;
-  interleaved, best of `--repeat`. The sources are synthetic random token ids written the way
+  interleaved, best of `--repeat`, each timed over `--tokens` after `--warm` tokens (both
+  inside one epoch of the single dataset). The sources are synthetic random token ids written the way
   `packtool pack` writes shards (lz4, 256-row row groups: the costliest to decode), in
   bench_data/ (made once, reused).
 - Proportion error after 1k, 10k and 100k rows: packtool's schedule against
@@ -77,10 +78,18 @@ def _children_cpu() -> dict[int, float]:
     return out
 
 
-def _drain(dl, goal: float) -> tuple[float, float]:
-    """(tokens/s, CPU seconds per million tokens over every process) after the first batch."""
+def _drain(dl, goal: float, warm: float) -> tuple[float, float]:
+    """(tokens/s, CPU seconds per million tokens over every process) over `goal` tokens, after
+    `warm` tokens untimed: workers started, and every source's decode-ahead (a shuffle window
+    of row groups each) under way, so the ahead-work at the start and at the end of the timed
+    stretch roughly cancel. Without it the mixture's first windows (three sources, not one)
+    would be decoded inside the timed stretch and charged to it."""
     it = iter(dl)
-    next(it)  # workers started and warm before timing
+    tokens = 0
+    for b in it:
+        tokens += int(b["cu_seqlens"][-1])
+        if tokens >= warm:
+            break
     tokens = 0
     start, seen = _children_cpu(), {}
     main, t0 = time.process_time(), time.perf_counter()
@@ -97,30 +106,30 @@ def _drain(dl, goal: float) -> tuple[float, float]:
     return rate, used / tokens * 1e6
 
 
-def single(path: Path, workers: int, goal: float) -> tuple[float, float]:
+def single(path: Path, workers: int, goal: float, warm: float) -> tuple[float, float]:
     ds = PackedDataset(path, tokens_per_batch=BUDGET, seed=0)
     if workers == 0:
-        return _drain(ds, goal)
-    return _drain(PackedDataLoader(ds, num_workers=workers, prefetch_factor=8), goal)
+        return _drain(ds, goal, warm)
+    return _drain(PackedDataLoader(ds, num_workers=workers, prefetch_factor=8), goal, warm)
 
 
-def mixture(paths: dict[str, Path], workers: int, goal: float) -> tuple[float, float]:
+def mixture(paths: dict[str, Path], workers: int, goal: float, warm: float) -> tuple[float, float]:
     spec = MixtureSpec(
         sources=tuple(SourceSpec(name=n, path=str(p), weight=WEIGHTS[n]) for n, p in paths.items()),
-        total_tokens=int(10 * goal),
+        total_tokens=int(10 * (goal + warm)),
     )
     ds = MixedDataset(spec, tokens_per_batch=BUDGET)
     if workers == 0:
-        return _drain(ds, goal)
-    return _drain(MixedDataLoader(ds, num_workers=workers, prefetch_factor=8), goal)
+        return _drain(ds, goal, warm)
+    return _drain(MixedDataLoader(ds, num_workers=workers, prefetch_factor=8), goal, warm)
 
 
-def throughput(paths: dict[str, Path], goal: float, repeat: int) -> list[list[object]]:
+def throughput(paths: dict[str, Path], goal: float, warm: float, repeat: int) -> list[list[object]]:
     best: dict[tuple[str, int], float] = {}
     cpu: dict[tuple[str, int], float] = {}
     runs = (
-        ("one", lambda w: single(paths["web"], w, goal)),
-        ("mix", lambda w: mixture(paths, w, goal)),
+        ("one", lambda w: single(paths["web"], w, goal, warm)),
+        ("mix", lambda w: mixture(paths, w, goal, warm)),
     )
     for _ in range(repeat):
         for workers in (0, 1, 2):
@@ -277,15 +286,21 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--tokens", type=float, default=None, help="tokens per throughput run")
+    ap.add_argument("--warm", type=float, default=None, help="tokens read before timing")
     ap.add_argument("--repeat", type=int, default=2, help="interleaved runs per setting")
     ap.add_argument("--schedule-rows", type=float, default=None, help="rows for the schedule cost")
     args = ap.parse_args(argv)
-    goal = args.tokens or (20e6 if args.quick else 120e6)
+    # warm + timed stay inside one epoch of the single dataset (web: ~118 M tokens): an epoch's
+    # end (nothing left to decode ahead) would make the single dataset's stretch cheaper than a
+    # loader (in its timed stretch). The warm-up lets each source's decode-ahead (up to 16 row
+    # groups, a shuffle window, per source and worker) fill before timing starts.
+    goal = args.tokens or (6e6 if args.quick else 64e6)
+    warm = args.warm if args.warm is not None else (4e6 if args.quick else 48e6)
     n_sched = int(args.schedule_rows or (1e6 if args.quick else 1e8))
     marks = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
     paths = sources(args.quick)
     print("throughput", flush=True)
-    tput = throughput(paths, goal, args.repeat)
+    tput = throughput(paths, goal, warm, args.repeat)
     print("proportion error", flush=True)
     prop = proportion_table(marks, seeds=5)
     print("schedule cost", flush=True)
@@ -300,7 +315,9 @@ def main(argv: list[str] | None = None) -> None:
         f"{time.strftime('%Y-%m-%d')}; {os.cpu_count()} cores ({platform.machine()}), torch "
         f"{torch.__version__}, load average {load[0]:.1f} / {load[1]:.1f} (1 / 5 min) at the end).",
         f"Loader throughput, real tokens/s in 64k-token batches, best of {args.repeat} interleaved "
-        f"runs of {goal / 1e6:,.0f} M tokens: one `PackedDataset` (the largest source) through "
+        f"runs of {goal / 1e6:,.0f} M tokens timed after {warm / 1e6:,.0f} M untimed (workers "
+        "started, every source's decode-ahead under way): one `PackedDataset` (the largest "
+        "source) through "
         "`PackedDataLoader` against a 3-source `MixedDataset` through `MixedDataLoader` (weights "
         f"in tokens; {sizes}; random token ids in `packtool pack`'s shard layout, lz4, 256-row "
         "row groups, page cache warm). On a shared box the tokens/s ratio swings from run to "

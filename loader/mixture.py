@@ -41,7 +41,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.collate import collate
 from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
-from loader.mixture_sources import PackedSource, StreamSource, missing_fill, open_source, tail
+from loader.mixture_sources import PackedSource, StreamSource, missing_fill, open_source
 from loader.mixture_steps import RowStream, Step, plan_steps
 from loader.record import Documents
 from loader.transport import Ring
@@ -58,6 +58,8 @@ AHEAD_GROUPS = 16
 """Most row groups of one source decoded ahead and not yet used (one default shuffle window)."""
 AHEAD_STREAMING = 32
 """Most steps planned ahead when a source is streaming (it holds those steps' rows)."""
+_PART_FIELDS = ("src", "rid", "epoch", "pos", "length", "docs")
+"""What a worker's part of a step keeps of its rows (`gather_into` reads these)."""
 
 
 def mixture_columns(sources: Sequence[PackedSource | StreamSource]) -> tuple[Column, ...]:
@@ -246,7 +248,7 @@ class MixedDataset(IterableDataset):
 
     def _ahead(self, steps: Iterator[Step], stream: RowStream, keep=None) -> Iterator[Step]:
         """The steps, with the row groups of upcoming ones decoding in the background (only of
-        the rows `keep(rows)` selects), as `PackedDataset` looks ahead: up to `AHEAD_STEPS`
+        the rows `keep(step)` selects: a mask, None for all, False for none), as `PackedDataset` looks ahead: up to `AHEAD_STEPS`
         steps while no source has `AHEAD_GROUPS` row groups waiting (a windowed shuffle needs
         a whole window of new row groups at once; they decode while the last one is
         gathered). With a streaming source, `AHEAD_STREAMING` steps (it holds the rows of the
@@ -268,10 +270,10 @@ class MixedDataset(IterableDataset):
                     if s is None:
                         more = False
                         break
-                    if keep is None:
+                    mask = None if keep is None else keep(s)
+                    if mask is None:
                         self._prefetch(s.rows)
-                    else:
-                        mask = keep(s.rows)
+                    elif mask is not False:
                         self._prefetch({f: s.rows[f][mask] for f in ("src", "group")})
                     queue.append(s)
                 if not queue:
@@ -336,7 +338,7 @@ class MixedDataset(IterableDataset):
                 what = rows["rid"][a:b]
             else:
                 what = np.stack([rows["epoch"][a:b], rows["pos"][a:b]], axis=1)
-            nt, nd = source.gather_into(what, tail(dest, t, d))
+            nt, nd = source.gather_into(what, dest, t, d)
             t += nt
             d += nd
         return t, d
@@ -428,24 +430,28 @@ class MixedDataset(IterableDataset):
 
         def owned(steps: Iterator[Step]) -> Iterator[Step]:
             for s in steps:
-                s.rows["owner"] = self.owners(s.rows, n_workers)
+                owner = self.owners(s.rows, n_workers)
+                s.rows["owner"] = owner
+                counts = np.bincount(owner, minlength=n_workers).tolist()
+                present = [w for w, c in enumerate(counts) if c]
+                mine = counts[worker] == len(owner) or (counts[worker] > 0 and owner == worker)
+                s.share = (None if mine is True else mine, len(present), present[0])
                 yield s
 
         steps = owned(plan_steps(self, stream, first, lambda step: True))
-        for s in self._ahead(steps, stream, keep=lambda rows: rows["owner"] == worker):
-            owner = s.rows["owner"]
-            mine = owner == worker
-            if not mine.any():
+        for s in self._ahead(steps, stream, keep=lambda step: step.share[0]):
+            mine, n_parts, lowest = s.share
+            if mine is False:
                 continue
-            part = {f: s.rows[f][mine] for f in ("src", "rid", "epoch", "pos", "length", "docs")}
-            item = ring.put(_RowsView(self, part), None, filler=s.filler, step=s.step)
-            layout = (owner, s.rows["length"], s.rows["docs"], s.rows["src"])
+            rows = s.rows if mine is None else {f: s.rows[f][mine] for f in _PART_FIELDS}
+            item = ring.put(_RowsView(self, rows), None, filler=s.filler, step=s.step)
+            layout = (s.rows["owner"], s.rows["length"], s.rows["docs"], s.rows["src"])
             where = None  # the lowest owner tells where the state after the step is
-            if int(owner.min()) == worker:
+            if lowest == worker:
                 cid = s.ref[1]
                 where = (*s.ref, None if cid in sent else s.chunk)
                 sent.add(cid)
-            chunk.append((item, (worker, layout, where)))
+            chunk.append((item, (worker, layout, where, n_parts)))
             if len(chunk) == size:
                 yield chunk
                 chunk, size = [], 8

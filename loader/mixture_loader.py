@@ -22,7 +22,7 @@ from loader.mixture import MixedDataset
 from loader.record import Documents
 from loader.transport import CompactBatch, Ring
 from packtool.columns import TOKEN, get
-from packtool.schedule import state_after
+from packtool.schedule import load_kernel, state_after
 
 
 def _as_is(item: Any) -> Any:
@@ -41,43 +41,43 @@ class _WorkerInit:
             self.user_fn(worker_id)
 
 
-def splice(
-    parts: dict[int, Documents], layout: tuple[np.ndarray, ...], empty: Callable[..., Documents]
-) -> Documents:
+def splice(parts: dict[int, Documents], layout: tuple[np.ndarray, ...]) -> Documents:
     """One step's documents in row order from the workers' parts.
 
     Args:
         parts: Per worker, its rows' documents in row order.
         layout: Per row of the step: owner, tokens, documents (and source).
-        empty: Makes the uninitialised record (`MixedDataset.empty_record`).
     """
     if len(parts) == 1:
         return next(iter(parts.values()))
     owner, row_tokens, row_docs = layout[0], layout[1], layout[2]
-    cut = np.flatnonzero(np.diff(owner)) + 1
-    starts = np.concatenate([[0], cut])
+    starts = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
     run_owner = owner[starts].tolist()
-    cum_t = np.concatenate([[0], np.cumsum(row_tokens)])
-    cum_d = np.concatenate([[0], np.cumsum(row_docs)])
-    edges = [*starts.tolist(), len(owner)]
-    tok_at, doc_at = cum_t[edges].tolist(), cum_d[edges].tolist()
-    out = empty(tok_at[-1], doc_at[-1])
-    per_token = [n for n in out.columns if get(n).level == TOKEN]
-    per_doc = [n for n in out.columns if get(n).level != TOKEN]
+    run_tokens = np.add.reduceat(row_tokens, starts).tolist()
+    run_docs = np.add.reduceat(row_docs, starts).tolist()
+    first = next(iter(parts.values()))
+    per_token = [n for n in first.columns if get(n).level == TOKEN]
+    per_doc = [n for n in first.columns if get(n).level != TOKEN]
+    tokens, lens, ids = [], [], []
+    columns: dict[str, list[np.ndarray]] = {n: [] for n in first.columns}
     at = dict.fromkeys(parts, (0, 0))  # next token and document of each part
-    for r, w in enumerate(run_owner):
-        t, t2, d, d2 = tok_at[r], tok_at[r + 1], doc_at[r], doc_at[r + 1]
+    for w, nt, nd in zip(run_owner, run_tokens, run_docs, strict=True):
         pt, pd = at[w]
         part = parts[w]
-        out.tokens[t:t2] = part.tokens[pt : pt + t2 - t]
-        out.doc_lens[d:d2] = part.doc_lens[pd : pd + d2 - d]
-        out.doc_ids[d:d2] = part.doc_ids[pd : pd + d2 - d]
+        tokens.append(part.tokens[pt : pt + nt])
+        lens.append(part.doc_lens[pd : pd + nd])
+        ids.append(part.doc_ids[pd : pd + nd])
         for n in per_token:
-            out.columns[n][t:t2] = part.columns[n][pt : pt + t2 - t]
+            columns[n].append(part.columns[n][pt : pt + nt])
         for n in per_doc:
-            out.columns[n][d:d2] = part.columns[n][pd : pd + d2 - d]
-        at[w] = (pt + t2 - t, pd + d2 - d)
-    return out
+            columns[n].append(part.columns[n][pd : pd + nd])
+        at[w] = (pt + nt, pd + nd)
+    return Documents(
+        np.concatenate(tokens),
+        np.concatenate(lens),
+        np.concatenate(ids),
+        {n: np.concatenate(v) for n, v in columns.items()},
+    )
 
 
 class MixedDataLoader(DataLoader):
@@ -124,6 +124,7 @@ class MixedDataLoader(DataLoader):
                 self._state = None  # the dataset's own position (made when asked for)
                 yield batch
             return
+        load_kernel()  # the workers forked below inherit it
         ring = self._new_ring()
         self.worker_init_fn = _WorkerInit(ring, self._user_worker_init)
         pin = bool(self.pin_memory)
@@ -135,19 +136,18 @@ class MixedDataLoader(DataLoader):
                 waiting.setdefault(item.step, {})[meta[0]] = (item, meta)
             while consumed in waiting:
                 parts = waiting[consumed]
-                layout = next(iter(parts.values()))[1][1]
-                lowest = int(layout[0].min())
-                if lowest not in parts or not set(np.unique(layout[0]).tolist()) <= set(parts):
+                _, layout, _, n_parts = next(iter(parts.values()))[1]
+                if len(parts) < n_parts:
                     break  # another worker's part of this step is still on its way
                 del waiting[consumed]
-                next_step, cid, j, new = parts[lowest][1][2]
+                next_step, cid, j, new = parts[min(parts)][1][2]
                 if new is not None:
                     chunks[cid] = new
                     for old in [c for c in chunks if c < cid - 8]:
                         del chunks[old]
                 try:
                     views = {w: ring.take(item) for w, (item, _) in parts.items()}
-                    docs = splice(views, layout, ds.empty_record)
+                    docs = splice(views, layout)
                     filler = next(iter(parts.values()))[0].filler
                     sources = np.repeat(layout[3], layout[2])
                     batch = ds.expand(docs, sources, filler=filler, pin_memory=pin)

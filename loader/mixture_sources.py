@@ -58,23 +58,17 @@ def missing_fill(column: Column, source: str) -> int:
     return MISSING_FILL[column.name]
 
 
-def tail(dest: Documents, t: int, d: int) -> Documents:
-    """Views of `dest` from token `t` and document `d` on (where the next rows go)."""
-    return Documents(
-        dest.tokens[t:],
-        dest.doc_lens[d:],
-        dest.doc_ids[d:],
-        {name: a[t:] if get(name).level == TOKEN else a[d:] for name, a in dest.columns.items()},
-    )
-
-
-def fill_missing(dest: Documents, have: tuple[Column, ...], name: str, n_tok: int, n_doc: int):
-    """Fill the front of `dest`'s columns that the source (`have`) lacks."""
+def fill_missing(
+    dest: Documents, have: tuple[Column, ...], name: str, t: int, d: int, n_tok: int, n_doc: int
+) -> None:
+    """Fill the columns of `dest` that the source (`have`) lacks, for its `n_tok` tokens and
+    `n_doc` documents written from token `t` and document `d`."""
     own = {c.name for c in have}
     for col, values in dest.columns.items():
         if col not in own:
             c = get(col)
-            values[: n_tok if c.level == TOKEN else n_doc] = missing_fill(c, name)
+            a, n = (t, n_tok) if c.level == TOKEN else (d, n_doc)
+            values[a : a + n] = missing_fill(c, name)
 
 
 class PackedSource:
@@ -154,11 +148,13 @@ class PackedSource:
             docs += int(stats.n_docs.sum())
         return docs / max(tokens, 1)
 
-    def gather_into(self, rows: np.ndarray, dest: Documents) -> tuple[int, int]:
-        """Write rows (row ids) at the front of `dest` (the caller sized it from the counts)."""
-        sizes = self.store.gather_into(rows, dest)
+    def gather_into(self, rows: np.ndarray, dest: Documents, t: int, d: int) -> tuple[int, int]:
+        """Write rows (row ids) into `dest` from token `t` and document `d` (the caller sized it
+        from the counts); `(tokens, documents)` written."""
+        sizes = self.store.gather_into(rows, dest, (t, d))
         assert sizes is not None
-        fill_missing(dest, self.columns, self.name, *sizes)
+        if len(dest.columns) > len(self.columns):
+            fill_missing(dest, self.columns, self.name, t, d, *sizes)
         return sizes
 
     @property
@@ -270,9 +266,9 @@ class StreamSource:
             raise ConfigError(f"source {self.name!r}: row {pos} of epoch {epoch} does not exist")
         return self._rows[pos - self._base]
 
-    def gather_into(self, rows: np.ndarray, dest: Documents) -> tuple[int, int]:
-        """`rows`: (epoch, pos) pairs, int64 `(n, 2)`."""
-        t = d = 0
+    def gather_into(self, rows: np.ndarray, dest: Documents, t: int, d: int) -> tuple[int, int]:
+        """`rows`: (epoch, pos) pairs, int64 `(n, 2)`, written from token `t` and document `d`."""
+        t0, d0 = t, d
         for epoch, pos in rows.tolist():
             r = self.row(epoch, pos)
             n, k = r.n_tokens, r.n_docs
@@ -287,8 +283,8 @@ class StreamSource:
                         dest.columns[name][d : d + k] = values
             t += n
             d += k
-        fill_missing(dest, self.columns, self.name, t, d)
-        return t, d
+        fill_missing(dest, self.columns, self.name, t0, d0, t - t0, d - d0)
+        return t - t0, d - d0
 
     def prefetch(self, groups: np.ndarray) -> None:
         """Rows are packed when the schedule reads their lengths."""
