@@ -7,7 +7,9 @@ loader/hf_trainer.py and are reachable from here. See docs/integrations.md.
 - `check_packed_model(model, batch)`: refuses, in one line that names the fix, a model
   configuration under which a packed batch's documents would attend to each other.
 - `hf_dataset(path)`: the shards as a `datasets.Dataset` whose rows carry TRL's per-row
-  document lengths (`seq_lengths`), so `trl.SFTTrainer(padding_free=True)` takes them as packed.
+  document lengths (`seq_lengths`, stored by `pack` since it was declared, computed for older
+  datasets) and, with a loss mask, TRL's `labels`, so `trl.SFTTrainer(padding_free=True)` takes
+  them as packed and trains on the supervised tokens only.
 - `RowCollator`: rows of `hf_dataset` -> one `layout="hf"` batch (for a plain `Trainer`).
 """
 
@@ -23,7 +25,8 @@ import torch
 
 from loader.collate import collate
 from loader.record import Documents
-from packtool.columns import LOSS_MASK
+from packtool import columns as shard_columns
+from packtool.columns import LOSS_MASK, SEQ_LENGTHS, flat_parts
 from packtool.errors import ConfigError, MissingDependencyError
 
 MASK_FROM_POSITIONS = ("sdpa", "eager", "flex_attention")
@@ -31,8 +34,11 @@ MASK_FROM_POSITIONS = ("sdpa", "eager", "flex_attention")
 them by building the mask from `position_ids`, which it does only with no attention mask and
 no cache (transformers.masking_utils._preprocess_mask_arguments)."""
 
-SEQ_LENGTHS = "seq_lengths"
-"""TRL's per-row column of document lengths (trl.DataCollatorForLanguageModeling)."""
+LABELS = "labels"
+"""TRL's per-token targets, unshifted, -100 where a token is not a target: what
+`trl.DataCollatorForLanguageModeling` (1.16) reads; it ignores `completion_mask` and
+`assistant_masks`, which SFTTrainer folds into `labels` only when it prepares the dataset."""
+IGNORE = -100
 
 _TRAINER_NAMES = ("PackedTrainer", "PackedTrainerMixin", "CheckPackedModel", "TrainerLoader")
 
@@ -159,22 +165,33 @@ def check_packed_model(model: Any, batch: Mapping[str, Any] | None = None) -> st
 def seq_lengths_table(doc_offsets: Any) -> Any:
     """`seq_lengths` (list<int32>, one length per document) of an Arrow `doc_offsets` column.
 
-    Vectorised: the differences of the flat offsets, less the one across each row boundary.
+    The declared rule of the shard column (`packtool.columns.piece_lengths`), vectorised.
     """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    col = doc_offsets.combine_chunks() if isinstance(doc_offsets, pa.ChunkedArray) else doc_offsets
-    flat = np.asarray(pc.list_flatten(col).to_numpy(zero_copy_only=False), dtype=np.int64)
-    entries = np.asarray(pc.list_value_length(col).to_numpy(zero_copy_only=False), np.int64)
-    if len(entries) and entries.min() < 1:
+    parts = {"doc_offsets": flat_parts(doc_offsets)}
+    if len(parts["doc_offsets"][0]) > 1 and np.diff(parts["doc_offsets"][0]).min() < 1:
         raise ConfigError("a row has an empty doc_offsets list; the dataset is damaged")
-    ends = np.cumsum(entries)
-    keep = np.ones(max(len(flat) - 1, 0), dtype=bool)
-    keep[ends[:-1] - 1] = False  # the step from one row's last offset to the next row's 0
-    values = np.diff(flat)[keep].astype(np.int32)
-    offsets = np.concatenate([[0], np.cumsum(entries - 1)]).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    return shard_columns.get(SEQ_LENGTHS).derive(parts)
+
+
+def labels_table(input_ids: Any, loss_mask: Any, doc_offsets: Any) -> Any:
+    """TRL's `labels` (list<int32>) from Arrow columns: each token's id where `loss_mask` is 1,
+    -100 where it is 0 and at every document's first token (nothing predicts it), i.e. the
+    `labels` of a `layout="hf"` batch of those rows. Vectorised over the rows."""
+    import pyarrow as pa
+
+    ids_off, ids = flat_parts(input_ids)
+    mask_off, mask = flat_parts(loss_mask)  # a binary value per row (its storage) or a list
+    doc_off, docs = flat_parts(doc_offsets)
+    if not np.array_equal(ids_off, mask_off):
+        raise ConfigError("a row's loss_mask is not as long as its input_ids; run packtool verify")
+    labels = np.where(mask != 0, ids.astype(np.int32), np.int32(IGNORE))
+    # Every offset but each row's last is a document's first token, at row start + offset.
+    entries = np.diff(doc_off)
+    row_of = np.repeat(np.arange(len(entries)), entries)
+    last = np.zeros(len(docs), dtype=bool)
+    last[doc_off[1:][entries > 0] - 1] = True
+    labels[(ids_off[row_of] + docs)[~last]] = IGNORE
+    return pa.ListArray.from_arrays(pa.array(ids_off.astype(np.int32)), pa.array(labels))
 
 
 def _list_of(datasets: Any, dtype: str) -> Any:
@@ -182,14 +199,25 @@ def _list_of(datasets: Any, dtype: str) -> Any:
     return getattr(datasets, "List", datasets.Sequence)(datasets.Value(dtype))
 
 
-def _seq_lengths_only(table: Any) -> Any:
+def _view_columns(table: Any, *, lengths: bool, labels: bool) -> Any:
+    """The columns `hf_dataset` adds to some rows: `seq_lengths` and/or `labels`."""
     import pyarrow as pa
 
-    return pa.table({SEQ_LENGTHS: seq_lengths_table(table.column("doc_offsets"))})
+    out = {}
+    if lengths:
+        out[SEQ_LENGTHS] = seq_lengths_table(table.column("doc_offsets"))
+    if labels:
+        out[LABELS] = labels_table(
+            table.column("input_ids"), table.column(LOSS_MASK), table.column("doc_offsets")
+        )
+    return pa.table(out)
 
 
-def _add_seq_lengths(table: Any) -> Any:
-    return table.append_column(SEQ_LENGTHS, seq_lengths_table(table.column("doc_offsets")))
+def _with_view_columns(table: Any, *, lengths: bool, labels: bool) -> Any:
+    extra = _view_columns(table, lengths=lengths, labels=labels)
+    for name in extra.column_names:
+        table = table.append_column(name, extra.column(name))
+    return table
 
 
 def hf_dataset(
@@ -202,22 +230,27 @@ def hf_dataset(
     """The packed rows as a Hugging Face dataset TRL takes as already packed.
 
     Reads exactly the shards `index.json` lists (in its order) with `datasets`' Parquet
-    builder, and adds `seq_lengths` (each row's document lengths, TRL's packed format) from
-    `doc_offsets` unless the shards store it. Pass it to `trl.SFTTrainer` with
-    `SFTConfig(padding_free=True, max_length=None, dataset_kwargs={"skip_prepare_dataset":
-    True})`, or to a plain `Trainer` with `data_collator=RowCollator()`.
+    builder. Rows carry `seq_lengths` (each row's document lengths, TRL's packed format): stored
+    by `packtool pack`, or computed from `doc_offsets` for datasets packed before it was. With a
+    loss mask they also carry `labels` (the id where the mask is 1, -100 elsewhere and at each
+    document's first token), which TRL trains on instead of every token. Pass it to
+    `trl.SFTTrainer` with `SFTConfig(padding_free=True, max_length=None,
+    dataset_kwargs={"skip_prepare_dataset": True})`, or to a plain `Trainer` with
+    `data_collator=RowCollator()`.
 
     Args:
         path: A `packtool pack` output folder.
-        streaming: Return a `datasets.IterableDataset` (nothing converted or cached; the
-            lengths are computed as rows stream).
+        streaming: Return a `datasets.IterableDataset` (nothing converted or cached; what is
+            added is computed as rows stream).
         cache_dir: `datasets`' cache folder (default: its own).
-        num_proc: Processes for computing `seq_lengths` (non-streaming).
+        num_proc: Processes for computing what is added (non-streaming).
 
     Raises:
         DataError: A missing or damaged `index.json`.
         MissingDependencyError: `datasets` is not installed.
     """
+    from functools import partial
+
     from packtool.manifest import read_manifest
 
     datasets = _require("datasets", "packtool[hf]")
@@ -228,27 +261,35 @@ def hf_dataset(
         kwargs["cache_dir"] = os.fspath(cache_dir)
     ds = datasets.load_dataset("parquet", streaming=streaming, **kwargs)
     columns = ds.column_names if not streaming else list(ds.features or {})
-    if SEQ_LENGTHS in columns:
+    lengths = SEQ_LENGTHS not in columns
+    labels = LOSS_MASK in columns and LABELS not in columns
+    if not (lengths or labels):
         return ds
+    add = {"lengths": lengths, "labels": labels}
     if streaming:
-        return ds.with_format("arrow").map(_add_seq_lengths, batched=True).with_format(None)
-    # Only the new column is written to the cache (4 bytes per document); the rows are joined
-    # to it side by side without a copy of the tokens.
-    lengths = (
-        ds.select_columns(["doc_offsets"])
+        added = ds.with_format("arrow").map(partial(_with_view_columns, **add), batched=True)
+        return added.with_format(None)
+    # Only the new columns are written to the cache (4 bytes a document for seq_lengths, 4 a
+    # token for labels); the rows are joined to them side by side without a copy of the tokens.
+    inputs = ["doc_offsets", *(["input_ids", LOSS_MASK] if labels else [])]
+    features = {SEQ_LENGTHS: _list_of(datasets, "int32")} if lengths else {}
+    if labels:
+        features[LABELS] = _list_of(datasets, "int32")
+    added = (
+        ds.select_columns(inputs)
         .with_format("arrow")
         .map(
-            _seq_lengths_only,
+            partial(_view_columns, **add),
             batched=True,
-            batch_size=4096,
-            remove_columns=["doc_offsets"],
+            batch_size=4096 if not labels else 256,
+            remove_columns=inputs,
             num_proc=num_proc,
-            features=datasets.Features({SEQ_LENGTHS: _list_of(datasets, "int32")}),
-            desc="seq_lengths from doc_offsets",
+            features=datasets.Features(features),
+            desc=f"{' and '.join(features)} from the shards",
         )
         .with_format(None)
     )
-    return datasets.concatenate_datasets([ds, lengths], axis=1)
+    return datasets.concatenate_datasets([ds, added], axis=1)
 
 
 class RowCollator:

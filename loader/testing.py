@@ -82,6 +82,7 @@ def write_dataset(
     loss_masks: Sequence[Sequence[Sequence[int]]] | None = None,
     columns: Mapping[str, Sequence[Sequence[Any]]] | None = None,
     format_version: int = FORMAT_VERSION,
+    derived: bool = False,
 ) -> Manifest:
     """Write `rows` (each a list of documents, each a list of token ids) as a packtool dataset.
 
@@ -89,12 +90,14 @@ def write_dataset(
     (shaped like `rows`: 0/1 per token) adds a `loss_mask` column; `columns` adds any declared
     optional column by name (a per-token one shaped like `rows`, a per-document one as one value
     per document of each row). `format_version=1` writes the manifest as packtool wrote it
-    before optional columns (no `columns` list).
+    before optional columns (no `columns` list). `derived=True` also writes the derived columns
+    (`seq_lengths`) as `packtool pack` does; without it the dataset is shaped like one packed
+    before they were declared.
     """
     columns = dict(columns or {})
     if loss_masks is not None:
         columns["loss_mask"] = loss_masks
-    if columns and format_version < 2:
+    if (columns or derived) and format_version < 2:
         raise ValueError("format 1 has no optional columns")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -131,8 +134,10 @@ def write_dataset(
         }
         data.update(extra)
         table = pa.table(data, schema=packed_schema(token_type, tuple(data)))
+        if derived:
+            table = shard_columns.with_derived(table)
         shards.append(_write_shard(path, s, table, row_group_rows, compression))
-    in_order = names(shard_columns.resolve(data))
+    in_order = names(shard_columns.resolve(table.column_names))
     return _finish(path, shards, max_len=max_len, columns=in_order, format_version=format_version)
 
 

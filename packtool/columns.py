@@ -12,6 +12,14 @@ whether every dataset has it, and what one entry describes:
 A per-token column of one byte per token may be stored as `BYTES` (one binary value per row, the
 values' bytes) rather than a list: `loss_mask` is, because Parquet decodes lists value by value.
 
+A column may be *derived*: computed from other columns of the same row by a declared rule
+(`Derivation`), such as `seq_lengths` = diff(`doc_offsets`), the per-row document lengths TRL's
+packed format reads, so that `datasets.load_dataset` on a packtool folder feeds TRL directly.
+`pack` writes every derived column for every new dataset (`with_derived`), `verify` checks the
+stored values against the rule, it is never carried from the tokenized inputs, and it is
+optional: datasets packed before it was declared lack it and stay valid (readers that need it
+compute it with the same rule).
+
 From `SHARD_COLUMNS` come the Parquet schema the shards are written with (`packed_schema`), the
 `columns` list `index.json` records (format version 2), the schema and per-column checks of
 `packtool verify` (list lengths by level, the declared value range, `every_document_positive`),
@@ -29,11 +37,12 @@ Always look columns up through the functions here (`declared`, `get`, ...), neve
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import NDArray
 
 from packtool.errors import DataError
 
@@ -47,6 +56,41 @@ LEVELS = (TOKEN, DOCUMENT, OFFSETS, ROW)
 LIST, BYTES = "list", "bytes"
 """`Column.storage`: a Parquet list per row, or one binary value per row."""
 LOSS_MASK = "loss_mask"
+SEQ_LENGTHS = "seq_lengths"
+"""TRL's name for a row's document lengths (`trl.DataCollatorForLanguageModeling`)."""
+
+Parts = Mapping[str, tuple[NDArray[np.int64], np.ndarray]]
+"""Columns of some rows by name: (row offsets into the values, starting at 0; flat values)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Derivation:
+    """How a derived column is computed from other columns of the same rows."""
+
+    inputs: tuple[str, ...]
+    """The columns it is computed from (required ones, so every dataset can compute it)."""
+    compute: Callable[[Parts], tuple[NDArray[np.int64], np.ndarray]]
+    """Parts of `inputs` for some rows -> (row offsets from 0, flat values) of the column."""
+    rule: str
+    """The rule in words, for docs and `verify`'s messages."""
+
+
+def piece_lengths(parts: Parts) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
+    """Each row's document (piece) lengths: the differences of its `doc_offsets`.
+
+    Vectorised over all rows: the steps between consecutive flat offsets, less the step from one
+    row's last offset to the next row's first. A row with k offsets has k - 1 lengths (none for
+    a damaged row with no offset, which `verify` reports on its own).
+    """
+    off, values = parts["doc_offsets"]
+    off = np.asarray(off, dtype=np.int64)
+    flat = np.asarray(values, dtype=np.int64)
+    entries = np.diff(off)
+    row_start = np.zeros(len(flat), dtype=bool)
+    row_start[off[:-1][entries > 0]] = True
+    lengths = np.diff(flat)[~row_start[1:]].astype(np.int32)
+    per_row = np.maximum(entries - 1, 0)
+    return np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64), lengths
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +120,9 @@ class Column:
     Parquet decodes a list value by value (with its repetition levels) at about the speed of the
     ids, while a binary value decodes as one copy, ~20x faster: a 0/1 mask stored as bytes
     costs the loader a few percent instead of a third (README, "What a loss mask costs")."""
+    derived: Derivation | None = None
+    """Computed from other columns of the row: written by `pack` for every new dataset, checked
+    against the rule by `verify`, never read from the tokenized inputs (module docstring)."""
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -85,6 +132,9 @@ class Column:
         one_byte = self.dtype != TOKEN_DTYPE and np.dtype(self.dtype).itemsize == 1
         if self.storage == BYTES and (self.level != TOKEN or not one_byte):
             raise ValueError(f"column {self.name}: bytes storage needs one byte per token")
+        if self.derived is not None and self.required:
+            # Datasets packed before the column was declared lack it and must stay readable.
+            raise ValueError(f"column {self.name}: a derived column cannot be required")
 
     def numpy_dtype(self, token_dtype: np.dtype | type = np.uint32) -> np.dtype:
         return np.dtype(token_dtype if self.dtype == TOKEN_DTYPE else self.dtype)
@@ -121,6 +171,17 @@ class Column:
                 pa.binary(), len(offsets) - 1, [None, offsets.buffers()[1], pa.py_buffer(data)]
             )
         return pa.ListArray.from_arrays(offsets, pa.array(values, self.arrow_type(token_type)))
+
+    def derive(self, parts: Parts) -> pa.Array:
+        """This derived column for the rows of `parts` (which hold its `derived.inputs`)."""
+        if self.derived is None:
+            raise ValueError(f"column {self.name} is not derived")
+        offsets, values = self.derived.compute(parts)
+        if self.level == ROW:
+            import pyarrow as pa
+
+            return pa.array(values, self.arrow_type())
+        return self.array(offsets, values)
 
 
 SHARD_COLUMNS: tuple[Column, ...] = (
@@ -165,6 +226,18 @@ SHARD_COLUMNS: tuple[Column, ...] = (
         loaded=True,
         storage=BYTES,
     ),
+    Column(
+        name=SEQ_LENGTHS,
+        dtype="int32",
+        level=DOCUMENT,
+        required=False,
+        doc="each piece's length, diff(doc_offsets): TRL's packed format",
+        derived=Derivation(
+            inputs=("doc_offsets",), compute=piece_lengths, rule="the differences of doc_offsets"
+        ),
+        # The loader has doc_offsets; this column is for readers that only take lengths.
+        loaded=False,
+    ),
 )
 """Every shard column, in the order shards store them."""
 
@@ -192,6 +265,32 @@ def required() -> tuple[Column, ...]:
 
 def optional() -> tuple[Column, ...]:
     return tuple(c for c in declared() if not c.required)
+
+
+def derived() -> tuple[Column, ...]:
+    """The derived columns (`Column.derived`), in declaration order."""
+    return tuple(c for c in declared() if c.derived is not None)
+
+
+def written(carried: Iterable[str] = ()) -> tuple[str, ...]:
+    """The columns `pack` writes for inputs that carry the optional columns `carried`: the
+    required ones, those, and every derived column, in declaration order."""
+    return names(resolve([*names(required()), *carried, *names(derived())]))
+
+
+def with_derived(table: pa.Table) -> pa.Table:
+    """`table` (packed rows) with every derived column it lacks, columns in declaration order.
+
+    What `pack` writes; a table without a derived column's inputs is returned without it.
+    """
+    for c in derived():
+        if c.name in table.column_names or not set(c.derived.inputs) <= set(table.column_names):
+            continue
+        parts = {name: flat_parts(table.column(name)) for name in c.derived.inputs}
+        table = table.append_column(c.field(), c.derive(parts))
+    order = [n for n in names(declared()) if n in table.column_names]
+    rest = [n for n in table.column_names if n not in order]
+    return table.select(order + rest)
 
 
 def loaded_optional(present: Iterable[str]) -> tuple[Column, ...]:
@@ -256,9 +355,16 @@ def manifest_columns(d: dict, version: int) -> tuple[str, ...] | str:
 
 
 def tokenized_optional(schema_names: Sequence[str]) -> tuple[Column, ...]:
-    """Optional `TOKEN`/`DOCUMENT` columns a tokenized table carries (pack moves these along)."""
+    """Optional `TOKEN`/`DOCUMENT` columns a tokenized table carries (pack moves these along).
+
+    Derived columns are not among them: pack computes those from the packed rows.
+    """
     present = set(schema_names)
-    return tuple(c for c in optional() if c.level in (TOKEN, DOCUMENT) and c.name in present)
+    return tuple(
+        c
+        for c in optional()
+        if c.level in (TOKEN, DOCUMENT) and c.name in present and c.derived is None
+    )
 
 
 def bytes_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from packtool.columns import LOSS_MASK
+from packtool.columns import LOSS_MASK, Column, derived
 from packtool.errors import ConfigError, DataError
 from packtool.manifest import Manifest, dataset_folder, read_manifest
 from packtool.masks import segment_sums, spans
@@ -134,6 +134,11 @@ class DatasetSummary:
     """doc_offsets of the first `PLOT_ROWS` rows (for the row-fill picture)."""
 
     @property
+    def not_stored(self) -> tuple[Column, ...]:
+        """Derived columns this dataset lacks (packed before they were declared)."""
+        return tuple(c for c in derived() if c.name not in self.manifest.columns)
+
+    @property
     def gap_rows(self) -> int:
         return self.rows - self.manifest.lower_bound_rows
 
@@ -152,6 +157,7 @@ class DatasetSummary:
             "long_docs": m.long_docs,
             "counts": m.counts,
             "columns": list(m.columns),
+            "columns_not_stored": [c.name for c in self.not_stored],
             "rows": self.rows,
             "tokens": self.tokens,
             "efficiency": m.efficiency,
@@ -175,6 +181,11 @@ class DatasetSummary:
             f"packing     {m.algorithm}, max_len {m.max_len:,}, seed {m.seed}, rounds {m.rounds}, "
             f"long docs: {m.long_docs}",
             f"columns     {', '.join(m.columns)}",
+            *(
+                f"            no {c.name} ({c.doc}): packed before packtool stored it; "
+                "a repack stores it"
+                for c in self.not_stored
+            ),
             *_count_lines(m.counts),
             f"rows        {self.rows:,} (lower bound {lb:,}, gap {self.gap_rows:,} = {gap})",
             f"efficiency  {m.efficiency:.2%} ({self.tokens:,} tokens in {self.rows:,} rows of "

@@ -3,7 +3,8 @@
 `pack_table` takes an Arrow table in the tokenized schema (`doc_id`, `input_ids`, `length`, any
 declared optional columns such as `loss_mask`, and any extra string columns) and returns packed
 rows in the shard schema (`input_ids`, `doc_offsets`, `doc_ids`, `doc_chunks`, then the optional
-columns it carried, packtool/pack_columns.py) plus exact counts. It reads no files and writes none, so
+columns it carried, packtool/pack_columns.py, and the derived ones such as `seq_lengths`,
+`columns.with_derived`) plus exact counts. It reads no files and writes none, so
 the local engine and a distributed one call it unchanged.
 
 Steps: long documents are split / truncated / dropped into *segments* of at most `max_len`
@@ -372,7 +373,7 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
         }
     )
     return PackedChunk(
-        table=out,
+        table=columns.with_derived(out),  # e.g. seq_lengths, from doc_offsets
         counts=counts,
         rows_per_round=[int(h) for h in history],
         segment_lengths=segs.length,

@@ -15,8 +15,9 @@ file, the row, what is wrong, expected vs found):
    strictly increasing (documents are never empty), stays inside the row and ends at the row
    length; token ids < vocab_size; chunk indices >= 0. The optional columns index.json lists
    (`loss_mask`) are checked as packtool/columns.py declares them (packtool/verify_columns.py):
-   one value per token or per document, values in range, and for `loss_mask` no document
-   without a supervised token; `counts.tokens_supervised` equals the mask's sum.
+   one value per token or per document, values in range, for `loss_mask` no document
+   without a supervised token, and a derived column (`seq_lengths`) equal to its rule (the
+   differences of `doc_offsets`); `counts.tokens_supervised` equals the mask's sum.
 4. Across the dataset: every (doc_id, chunk) appears exactly once, the chunks of a split
    document are 0..k-1 with none missing, and `counts.segments` / `counts.documents_packed` (when
    recorded) equal the (doc_id, chunk) pieces / distinct doc_ids found.

@@ -6,7 +6,9 @@ Derived from the declaration, so a column added there is checked with no change 
   column one value per document (`len(doc_offsets) - 1`); a `ROW` column is a scalar;
 - its values within the declared `min_value` / `max_value`;
 - with `every_document_positive`, every document holds a non-zero value (for `loss_mask`: no
-  document without a supervised token, which would train on nothing).
+  document without a supervised token, which would train on nothing);
+- a derived column (`Column.derived`) equals its rule computed from the row's own columns (for
+  `seq_lengths`: the differences of `doc_offsets`).
 
 `first_bad_row` is the vectorised check over a whole row group; `row_problem` is the plain
 reference for one row that names what is wrong (tests hold the two to the same answer). The
@@ -55,9 +57,27 @@ def first_bad_row(parts: Parts, columns: tuple[Column, ...]) -> int | None:
                 hit[positions if c.level == ROW else _rows_of(positions, off)] = True
         if c.every_document_positive and c.level == TOKEN and not hit.all():
             hit |= _empty_document_rows(values, off, ids_off, parts["doc_offsets"], ~hit)
+        if c.derived is not None:
+            hit |= _differs_from_rule(c, parts, off, values)
         bad |= hit
     hits = np.flatnonzero(bad)
     return int(hits[0]) if len(hits) else None
+
+
+def _differs_from_rule(
+    c: Column, parts: Parts, off: NDArray[np.int64] | None, values: np.ndarray
+) -> NDArray[np.bool_]:
+    """Rows where derived column `c` differs from its rule (rows of another length included)."""
+    want_off, want = c.derived.compute(parts)
+    if off is None:  # ROW: one value per row
+        return np.asarray(values) != np.asarray(want)
+    same = np.diff(off) == np.diff(want_off)
+    # Compare the rows of the right length value by value; the others differ already.
+    stored = np.repeat(same, np.diff(off))
+    wrong = np.flatnonzero(stored)[values[stored] != want[np.repeat(same, np.diff(want_off))]]
+    hit = ~same
+    hit[_rows_of(wrong, off)] = True
+    return hit
 
 
 def _empty_document_rows(
@@ -114,6 +134,14 @@ def row_problem(row: dict[str, np.ndarray], columns: tuple[Column, ...]) -> str 
                 return f"{c.name}[{k}] = {v} is below {c.min_value} ({c.doc})"
             if c.max_value is not None and v > c.max_value:
                 return f"{c.name}[{k}] = {v} is above {c.max_value} ({c.doc})"
+        if c.derived is not None:
+            one = {name: _one_row_parts(row[name]) for name in c.derived.inputs}
+            want = np.atleast_1d(c.derived.compute(one)[1])
+            if len(want) != len(values):
+                return f"{len(values)} {c.name} values, expected {len(want)} ({c.derived.rule})"
+            for k, (v, w) in enumerate(zip(values.tolist(), want.tolist(), strict=True)):
+                if v != w:
+                    return f"{c.name}[{k}] = {v}, expected {w} ({c.derived.rule})"
         if c.every_document_positive and c.level == TOKEN:
             for d in range(n_docs):
                 if not values[offsets[d] : offsets[d + 1]].any():
@@ -122,3 +150,8 @@ def row_problem(row: dict[str, np.ndarray], columns: tuple[Column, ...]) -> str 
                         f"{c.name} value ({c.doc}); it would train on nothing"
                     )
     return None
+
+
+def _one_row_parts(values: np.ndarray) -> tuple[NDArray[np.int64], np.ndarray]:
+    values = np.atleast_1d(np.asarray(values))
+    return np.array([0, len(values)], dtype=np.int64), values

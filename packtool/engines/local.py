@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool import kernels, stats
-from packtool.columns import LOSS_MASK, names, required, resolve
+from packtool.columns import LOSS_MASK, names, required, written
 from packtool.corpus import ReadConfig, SkipCounter
 from packtool.engines.preflight import (
     STATE_FILE,
@@ -94,7 +94,7 @@ class PackSummary:
     cores_used: str = ""
     """What ran the work, when another engine than this one did (the summary's last words)."""
     columns: tuple[str, ...] = ()
-    """The optional shard columns the dataset has (`loss_mask`)."""
+    """The optional shard columns the dataset has (`loss_mask`, `seq_lengths`)."""
     max_len: int = 0
 
     tokenizer: dict[str, Any] = field(default_factory=dict)
@@ -417,7 +417,7 @@ def finish_run(
         resumed_chunks=resumed_chunks,
         out_dir=config.out_dir,
         tokenizer_threads=tokenizer_threads,
-        columns=tuple(columns),
+        columns=tuple(c for c in written(columns) if c not in names(required())),
         max_len=config.pack.max_len,
         tokenizer=dict(identity),
     )
@@ -436,7 +436,7 @@ def finish_run(
         lower_bound_rows=summary.lower_bound,
         shards=tuple(shards),
         command=config.command,
-        columns=names(resolve([*names(required()), *columns])),
+        columns=written(columns),  # with the derived ones (seq_lengths) pack_table adds
         extra={
             "rows_per_round": summary.rows_per_round,
             "lower_bound_l1": summary.lower_bound_l1,

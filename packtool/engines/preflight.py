@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packtool import docids
+from packtool.columns import written
 from packtool.corpus import expand_inputs
 from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.manifest import INDEX_FILE, ShardInfo
@@ -185,6 +186,9 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
         # Not the engine: every engine gives the same ids, so a resume may use another one.
         "tokenizer": {k: v for k, v in checked.identity.items() if k != "engine"},
         "chunk_docs": config.chunk_docs,
+        # The shards' columns: a state from a packtool that wrote other columns (e.g. before
+        # seq_lengths was declared) cannot be finished with shards of a different schema.
+        "columns": list(written(checked.columns)),
     }
     # Compare in the form the state file stores it (tuples become lists).
     return json.loads(json.dumps(fingerprint))

@@ -130,7 +130,8 @@ def shell_commands() -> list[str]:
 
 def docs_workspace(folder: Path) -> Path:
     """What the page starts from: corpus.jsonl (40 sample documents), tok/tokenizer.json (a BPE
-    trained on them), then the page's own `packtool pack` command, run in `folder`."""
+    trained on them), sft.parquet (those documents tokenized, `labels` -100 on each one's first
+    third: a made-up prompt), then the page's own `packtool pack` commands, run in `folder`."""
     import shlex
 
     from click.testing import CliRunner
@@ -155,6 +156,12 @@ def docs_workspace(folder: Path) -> Path:
     )
     (folder / "tok").mkdir()
     bpe.save(str(folder / "tok" / "tokenizer.json"))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = [e.ids[:120] for e in bpe.encode_batch(texts)]
+    labels = [[-100] * (len(d) // 3) + d[len(d) // 3 :] for d in ids]
+    pq.write_table(pa.table({"input_ids": ids, "labels": labels}), folder / "sft.parquet")
     cwd = os.getcwd()
     os.chdir(folder)
     try:

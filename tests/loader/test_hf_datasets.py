@@ -80,11 +80,44 @@ def test_load_dataset_on_the_output_folder_reads_the_listed_shards(tmp_path):
     # As users type it: the folder alone; index.json beside the shards is not read as data.
     ds = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "c"))
     assert len(ds) == m.num_rows
-    assert ds.column_names == ["input_ids", "doc_offsets", "doc_ids", "doc_chunks"]
+    assert (
+        ds.column_names
+        == [*m.columns]
+        == [
+            "input_ids",
+            "doc_offsets",
+            "doc_ids",
+            "doc_chunks",
+            "seq_lengths",
+        ]
+    )
     assert sum(len(r) for r in ds["input_ids"]) == m.num_tokens
+    assert ds["seq_lengths"] == [np.diff(o).tolist() for o in ds["doc_offsets"]]
     view = hf_dataset(out, cache_dir=tmp_path / "c")
+    assert view.column_names == ds.column_names  # stored: passed through, nothing added
     assert view["input_ids"] == ds["input_ids"]  # index.json's shard order is the folder's
-    assert [sum(s) for s in view["seq_lengths"]] == [len(r) for r in ds["input_ids"]]
+    assert view["seq_lengths"] == ds["seq_lengths"]
+    # The parquet builder given the folder takes every file in it, index.json included: it
+    # needs the data files named (datasets skips README.md, dataset_info.json and such only).
+    cache = str(tmp_path / "c")
+    with pytest.raises(Exception, match="magic bytes"):
+        datasets.load_dataset("parquet", data_dir=str(out), split="train", cache_dir=cache)
+    for kwargs in ({"data_dir": str(out), "data_files": "*.parquet"}, {"data_files": files(out)}):
+        got = datasets.load_dataset("parquet", split="train", cache_dir=cache, **kwargs)
+        assert got["input_ids"] == ds["input_ids"] and got["seq_lengths"] == ds["seq_lengths"]
+
+
+def files(out):
+    return [str(out / s.file) for s in read_manifest(out).shards]
+
+
+def test_hf_dataset_derives_seq_lengths_for_older_datasets(small, tmp_path):
+    import datasets
+
+    old = datasets.load_dataset(str(small), split="train", cache_dir=str(tmp_path / "c"))
+    assert "seq_lengths" not in old.column_names  # packed before pack stored it
+    view = hf_dataset(small, cache_dir=tmp_path / "c")
+    assert view["seq_lengths"] == [np.diff(o).tolist() for o in old["doc_offsets"]]
 
 
 def test_row_collator_gives_the_loaders_batch(small, tmp_path):
@@ -173,3 +206,80 @@ def test_row_collator_keeps_the_loss_mask(tmp_path):
     assert got["labels"][0].tolist() == [-100, 6, 7, -100, 9, -100, -100, 3, 4]
     for k, v in want.items():
         assert torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v, k
+
+
+def masked_rows(n_rows: int, *, seed: int):
+    """random_rows with a 0/1 mask per token, every document holding a supervised token."""
+    rows = random_rows(n_rows, seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    masks = []
+    for row in rows:
+        m = [rng.integers(0, 2, len(d)).tolist() for d in row]
+        for d in m:
+            d[-1] = 1
+        masks.append(m)
+    return rows, masks
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 6), cut=st.integers(0, 5))
+def test_labels_are_the_supervised_ids_and_minus_100_elsewhere(seed, n, cut):
+    from loader.hf import labels_table
+
+    rows, masks = masked_rows(n, seed=seed)
+    table = pa.table(
+        {
+            "input_ids": pa.array([sum(r, []) for r in rows], pa.list_(pa.uint16())),
+            "doc_offsets": pa.array(
+                [np.concatenate([[0], np.cumsum([len(d) for d in r])]).tolist() for r in rows],
+                pa.list_(pa.int32()),
+            ),
+            "loss_mask": pa.array([bytes(sum(m, [])) for m in masks], pa.binary()),
+        }
+    )
+    cut = min(cut, n - 1)
+    table = pa.concat_tables([table.slice(0, cut), table.slice(cut)])  # chunked, sliced
+    want = []
+    for row, mask in zip(rows, masks, strict=True):
+        labels = []
+        for doc, m in zip(row, mask, strict=True):
+            labels += [-100] + [t if k else -100 for t, k in zip(doc[1:], m[1:], strict=True)]
+        want.append(labels)
+    got = labels_table(*(table.column(c) for c in ("input_ids", "loss_mask", "doc_offsets")))
+    assert got.type == pa.list_(pa.int32()) and got.to_pylist() == want
+
+
+@pytest.fixture(scope="module")
+def masked(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hfm") / "ds"
+    rows, masks = masked_rows(9, seed=8)
+    write_dataset(path, rows, max_len=48, rows_per_shard=4, loss_masks=masks, derived=True)
+    return path
+
+
+def test_hf_dataset_adds_the_loaders_labels_to_masked_rows(masked, tmp_path):
+    ds = hf_dataset(masked, cache_dir=tmp_path / "c")
+    assert ds.column_names[-1] == "labels" and "seq_lengths" in ds.column_names
+    want = PackedDataset(masked, rows_per_batch=1, layout="hf", shuffle=False)
+    for got, batch in zip(ds, want, strict=True):
+        assert got["labels"] == batch["labels"][0].tolist()
+    streamed = list(hf_dataset(masked, streaming=True))
+    assert [r["labels"] for r in streamed] == ds["labels"]
+
+
+def test_trl_collator_on_masked_rows_equals_the_loader(masked, tmp_path):
+    import datasets
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    keys = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k")
+    trl = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+    want = next(iter(PackedDataset(masked, rows_per_batch=3, layout="hf", shuffle=False)))
+    rows = list(hf_dataset(masked, cache_dir=tmp_path / "c").select(range(3)))
+    got = trl([{k: r[k] for k in ("input_ids", "seq_lengths", "labels")} for r in rows])
+    for k in keys:
+        assert torch.equal(got[k], want[k]), k
+    # load_dataset alone: TRL does not read the binary loss_mask and trains on every token.
+    raw = datasets.load_dataset(str(masked), split="train", cache_dir=str(tmp_path / "c"))
+    assert "loss_mask" in raw.column_names and "labels" not in raw.column_names
+    every = trl([{k: r[k] for k in ("input_ids", "seq_lengths")} for r in raw.select(range(3))])
+    assert (every["labels"] != -100).sum() > (want["labels"] != -100).sum()

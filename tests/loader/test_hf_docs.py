@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+
+from packtool.manifest import read_manifest
 
 from .hf_helpers import (
     docs_workspace,
@@ -19,17 +22,19 @@ def workspace(tmp_path_factory):
     return docs_workspace(tmp_path_factory.mktemp("integrations"))
 
 
-def run(name: str) -> dict:
-    scope: dict = {"__name__": "__main__"}
+def run(name: str, scope: dict | None = None) -> dict:
+    scope = scope if scope is not None else {"__name__": "__main__"}
     exec(compile(snippet(name), f"docs/integrations.md:{name}", "exec"), scope)
     return scope
 
 
 def test_the_page_packs_with_its_own_command(workspace):
     assert shell_commands() == [
-        "packtool pack corpus.jsonl -o packed --max-len 256 --tokenizer tok/tokenizer.json"
+        "packtool pack corpus.jsonl -o packed --max-len 256 --tokenizer tok/tokenizer.json",
+        "packtool pack sft.parquet -o packed-sft --max-len 256 --tokenizer tok/tokenizer.json",
     ]
     assert (workspace / "packed" / "index.json").exists()
+    assert "loss_mask" in read_manifest(workspace / "packed-sft").columns
 
 
 def test_trainer_snippet_trains_and_resumes(workspace, monkeypatch):
@@ -47,11 +52,21 @@ def test_trainer_snippet_trains_and_resumes(workspace, monkeypatch):
     assert trainer.state.global_step == 2 * steps
 
 
-def test_trl_snippet_trains(workspace, monkeypatch):
+def test_trl_snippets_train_on_load_dataset_and_on_masked_rows(workspace, monkeypatch):
     monkeypatch.chdir(workspace)
     scope = run("trl")
     assert scope["trainer"].state.global_step == 4
+    # load_dataset as typed: the stored columns, seq_lengths among them, nothing added.
+    assert scope["train"].column_names == list(read_manifest(workspace / "packed").columns)
     assert "seq_lengths" in scope["train"].column_names
+    first = scope["trainer"]
+    run("trl-mask", scope)  # "continuing the snippet above"
+    assert scope["trainer"] is not first and scope["trainer"].state.global_step == 4
+    train = scope["train"]
+    assert {"loss_mask", "seq_lengths", "labels"} <= set(train.column_names)
+    row = train[0]
+    mask = np.frombuffer(row["loss_mask"], np.uint8)
+    assert 0 < (np.asarray(row["labels"]) != -100).sum() <= mask.sum()
 
 
 def test_plain_loop_snippet_trains_and_saves_the_loader_position(workspace, monkeypatch):

@@ -213,7 +213,7 @@ def test_pack_moves_an_added_column_with_the_ids(extended):
         }
     )
     out = pack_table(table, PackConfig(max_len=5, long_docs="split")).table
-    assert out.column_names == [*REQUIRED, "weight", "source_id"]
+    assert out.column_names == [*REQUIRED, "seq_lengths", "weight", "source_id"]
     by_doc = {}
     for row in out.to_pylist():
         off = row["doc_offsets"]

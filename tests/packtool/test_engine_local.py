@@ -209,7 +209,13 @@ def test_output_loads_with_plain_pyarrow_and_hf_datasets(tmp_path):
     run(tmp_path / "out", max_len=1024)
     files = sorted(str(p) for p in (tmp_path / "out").glob("shard-*.parquet"))
     table = pq.read_table(files)
-    assert table.column_names == ["input_ids", "doc_offsets", "doc_ids", "doc_chunks"]
+    assert table.column_names == [
+        "input_ids",
+        "doc_offsets",
+        "doc_ids",
+        "doc_chunks",
+        "seq_lengths",
+    ]
     import datasets  # the dev extra installs it; the test must not skip silently
 
     ds = datasets.load_dataset(
@@ -218,6 +224,7 @@ def test_output_loads_with_plain_pyarrow_and_hf_datasets(tmp_path):
     assert len(ds) == table.num_rows
     row = ds[0]
     assert row["doc_offsets"][0] == 0 and row["doc_offsets"][-1] == len(row["input_ids"])
+    assert row["seq_lengths"] == np.diff(row["doc_offsets"]).tolist()
 
 
 def test_rechunk_gives_exact_chunk_sizes():

@@ -159,7 +159,9 @@ def sft(tmp_path) -> list[Path]:
 def test_local_engine_end_to_end(sft, tmp_path):
     summary = run_pack(config(tmp_path / "out", sft))
     manifest = read_manifest(tmp_path / "out")
-    assert manifest.columns[-1] == "loss_mask" and manifest.long_docs == "truncate"
+    assert (
+        manifest.columns[-2:] == ("loss_mask", "seq_lengths") and manifest.long_docs == "truncate"
+    )
     c = manifest.counts
     assert c["tokens_supervised"] == summary.counts.tokens_supervised > 0
     assert c["documents_skipped"] == 12  # every 50th conversation has nothing supervised
@@ -209,7 +211,7 @@ def test_ray_engine_writes_the_same_bytes(ray_session, sft, tmp_path):
     assert {k: v for k, v in a.items() if k != "command"} == {
         k: v for k, v in b.items() if k != "command"
     }
-    assert got.counts == want.counts and got.columns == ("loss_mask",)
+    assert got.counts == want.counts and got.columns == ("loss_mask", "seq_lengths")
 
 
 def test_cli_defaults_to_truncate_and_refuses_split(sft, tmp_path):
@@ -248,7 +250,7 @@ def test_inspect_marks_the_supervised_spans(tmp_path):
     )
     assert docs[1].supervised == 2
     text = view.format()
-    assert "columns     input_ids, doc_offsets, doc_ids, doc_chunks, loss_mask" in text
+    assert "columns     input_ids, doc_offsets, doc_ids, doc_chunks, loss_mask, seq_lengths" in text
     assert "supervised tokens" in text and "loss mask |" in text
     assert view.row.to_dict()["documents"][0]["spans"]
 
