@@ -41,12 +41,13 @@ class _WorkerInit:
             self.user_fn(worker_id)
 
 
-def splice(parts: dict[int, Documents], layout: tuple[np.ndarray, ...]) -> Documents:
+def splice(parts: dict[int, Documents], layout: np.ndarray) -> Documents:
     """One step's documents in row order from the workers' parts.
 
     Args:
         parts: Per worker, its rows' documents in row order.
-        layout: Per row of the step: owner, tokens, documents (and source).
+        layout: int64 `(4, rows)`: per row of the step, its owner, tokens, documents and
+            source.
     """
     if len(parts) == 1:
         return next(iter(parts.values()))
@@ -140,6 +141,8 @@ class MixedDataLoader(DataLoader):
                 if len(parts) < n_parts:
                     break  # another worker's part of this step is still on its way
                 del waiting[consumed]
+                # per row of the step: owner, tokens, documents, source
+                layout = np.frombuffer(layout, np.int64).reshape(4, -1)
                 next_step, cid, j, new = parts[min(parts)][1][2]
                 if new is not None:
                     chunks[cid] = new
