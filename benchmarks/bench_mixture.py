@@ -1,15 +1,16 @@
 """Mixtures: loader throughput, proportion error against HF `interleave_datasets`, schedule cost.
 
-Run: `python -m benchmarks.bench_mixture [--quick] [--tokens 64e6] [--warm 48e6] [--repeat 2]`. Writes the
-README block `mixture`. Measures, in one run:
+Run: `python -m benchmarks.bench_mixture [--quick] [--tokens 64e6] [--warm 48e6] [--repeat 2]`.
+Writes the README block `mixture`. Measures, in one run:
 
 - Loader throughput (real tokens/s, 64k-token batches) of a 3-source `MixedDataset` (weights
   0.5 / 0.3 / 0.2 in tokens) through `MixedDataLoader`, against one `PackedDataset` through
   `PackedDataLoader` over the largest of the three, in-process and with 1 and 2 workers;
   interleaved, best of `--repeat`, each timed over `--tokens` after `--warm` tokens (both
-  inside one epoch of the single dataset). The sources are synthetic random token ids written the way
-  `packtool pack` writes shards (lz4, 256-row row groups: the costliest to decode), in
-  bench_data/ (made once, reused).
+  inside one epoch of the single dataset), and the CPU of a whole run of both from a cold
+  iterator. The sources are synthetic random token ids written the way `packtool pack` writes
+  shards (lz4, 256-row row groups: the costliest to decode), in bench_data/ (made once,
+  reused).
 - Proportion error after 1k, 10k and 100k rows: packtool's schedule against
   `datasets.interleave_datasets(probabilities=...)` with the same weights (5 seeds), in rows,
   and in tokens for sources of different row lengths (HF's probabilities then set to

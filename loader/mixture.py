@@ -248,12 +248,12 @@ class MixedDataset(IterableDataset):
 
     def _ahead(self, steps: Iterator[Step], stream: RowStream, keep=None) -> Iterator[Step]:
         """The steps, with the row groups of upcoming ones decoding in the background (only of
-        the rows `keep(step)` selects: a mask, None for all, False for none), as `PackedDataset` looks ahead: up to `AHEAD_STEPS`
-        steps while no source has `AHEAD_GROUPS` row groups waiting (a windowed shuffle needs
-        a whole window of new row groups at once; they decode while the last one is
-        gathered). With a streaming source, `AHEAD_STREAMING` steps (it holds the rows of the
-        steps planned). A streaming source forgets its rows once every step holding them has
-        been taken."""
+        the rows `keep(step)` selects: a mask, None for all, False for none), as
+        `PackedDataset` looks ahead: up to `AHEAD_STEPS` steps while no source has
+        `AHEAD_GROUPS` row groups waiting (a windowed shuffle needs a whole window of new row
+        groups at once; they decode while the last one is gathered). With a streaming source,
+        `AHEAD_STREAMING` steps (it holds the rows of the steps planned). A streaming source
+        forgets its rows once every step holding them has been taken."""
         queue: deque[Step] = deque()
         packed = [s for s in self.sources if isinstance(s, PackedSource)]
         most = AHEAD_STEPS if len(packed) == len(self.sources) else AHEAD_STREAMING
