@@ -80,6 +80,30 @@ def inspect_cmd(directory: str, row: int | None, plot: str | None, as_json: bool
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.format())
 
 
+@cli.command("mix")
+@click.argument("mixture", metavar="MIXTURE")
+@click.option("--tokens", help="Plan this many tokens (10B, 2.5M, ...).")
+@click.option("--steps", help="Plan this many global steps (give a batch size).")
+@click.option("--rows-per-batch", type=click.IntRange(min=1))
+@click.option("--tokens-per-batch", type=click.IntRange(min=1))
+@click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
+    """Plan a mixture file: each source's tokens, epochs and share (docs/mixtures.md).
+
+    Runs the loader's schedule on each source's index.json; the length is --tokens or --steps,
+    else the file's total. Warns about a source repeated past its max_epochs.
+    """
+    import json
+
+    from packtool.mix_plan import plan_file
+
+    plan = plan_file(mixture, **length)
+    for line in plan.warnings:
+        click.echo(f"warning: {line}", err=True)
+    click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else plan.format())
+
+
 # --- shared corpus/tokenizer options (tokenize, stats, pack): `@corpus_options` ---
 
 
