@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import signal
 import sys
 import threading
@@ -19,6 +20,11 @@ import click
 
 from packtool import __version__, interrupt
 from packtool.errors import ConfigError, PacktoolError
+
+# numpy's OpenBLAS starts a spinning thread per core at import; no command does linear algebra,
+# and on 2 cores those threads took ~0.3 s of start-up from the tokenizer and numba's loading.
+# Set before numpy is first imported (commands import it lazily); an explicit value wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
