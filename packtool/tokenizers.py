@@ -159,6 +159,9 @@ class Tokenizer:
         self.workers = workers or _cpu_count()
         self.engine_note = ""
         """Why faster engines were passed over (one line; "" when the fastest was used)."""
+        self.engine_check = ""
+        """How the engine's ids were proven: `probe`, `record` (packtool/engine_checks.py), or
+        "" (the reference library, or `byte`)."""
         self.special_names: dict[str, str] = {}
         """`eos` / `bos` -> the token text and where the id came from, for summaries."""
 
