@@ -7,8 +7,11 @@ usage errors exit with 2. Nothing here is imported by the library.
 from __future__ import annotations
 
 import functools
+import gc
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +20,11 @@ import click
 
 from packtool import __version__, interrupt
 from packtool.errors import ConfigError, PacktoolError
+
+# numpy's OpenBLAS starts a spinning thread per core at import; no command does linear algebra,
+# and on 2 cores those threads took ~0.3 s of start-up from the tokenizer and numba's loading.
+# Set before numpy is first imported (commands import it lazily); an explicit value wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -78,6 +86,30 @@ def inspect_cmd(directory: str, row: int | None, plot: str | None, as_json: bool
 
     result = inspect_dataset(directory, row=row, plot=plot)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.format())
+
+
+@cli.command("mix")
+@click.argument("mixture", metavar="MIXTURE")
+@click.option("--tokens", help="Plan this many tokens (10B, 2.5M, ...).")
+@click.option("--steps", help="Plan this many global steps (give a batch size).")
+@click.option("--rows-per-batch", type=click.IntRange(min=1))
+@click.option("--tokens-per-batch", type=click.IntRange(min=1))
+@click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
+    """Plan a mixture file: each source's tokens, epochs and share (docs/mixtures.md).
+
+    Runs the loader's schedule on each source's index.json; the length is --tokens or --steps,
+    else the file's total. Warns about a source repeated past its max_epochs.
+    """
+    import json
+
+    from packtool.mix_plan import plan_file
+
+    plan = plan_file(mixture, **length)
+    for line in plan.warnings:
+        click.echo(f"warning: {line}", err=True)
+    click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else plan.format())
 
 
 # --- shared corpus/tokenizer options (tokenize, stats, pack): `@corpus_options` ---
@@ -489,10 +521,29 @@ def pack_cmd(
     """
     import json
     import shlex
+    from concurrent.futures import ThreadPoolExecutor
 
+    def tokenizer_for_inputs() -> Any:
+        from packtool.tokenize import input_identity
+
+        explicit = bool(_explicit(ctx, _TOKENIZER_OPTIONS))
+        # Not `workers`: --workers counts partition workers; each sizes its tokenizer's threads
+        # to its share of the cores (packtool/engines/local.py), which an environment variable
+        # set here would override in every worker process.
+        return corpus.load_tokenizer() if explicit or input_identity(inputs) is None else None
+
+    # Start-up overlaps: the tokenizer loads in one thread (fastokens' builder releases the GIL)
+    # while this one imports the packer (numba) and another loads its kernels from numba's
+    # cache. Errors keep their order: the tokenizer's surface only where it is awaited below.
+    loader = ThreadPoolExecutor(1, thread_name_prefix="packtool-tokenizer")
+    loading = loader.submit(tokenizer_for_inputs)
+    loader.shutdown(wait=False)
+    from packtool import kernels
     from packtool.engines.local import RunConfig, run_pack
     from packtool.pack import PackConfig
     from packtool.shards import ShardConfig
+
+    threading.Thread(target=kernels.warm_up, name="packtool-kernels", daemon=True).start()
 
     extra = () if group_by in (None, "source") else (group_by,)
     if long_docs is None:  # a loss mask's documents are never split (packtool/pack_columns.py)
@@ -522,10 +573,7 @@ def pack_cmd(
         resume=resume,
         command=shlex.join(["packtool", *sys.argv[1:]]) if sys.argv else "packtool pack",
     )
-    explicit = bool(_explicit(ctx, _TOKENIZER_OPTIONS))
-    from packtool.tokenize import input_identity
-
-    tokenizer = corpus.load_tokenizer() if explicit or input_identity(inputs) is None else None
+    tokenizer = loading.result()
     interrupt.note[0] = functools.partial(interrupt.resume_note, output, overwrite)
     if engine == "ray":
         from packtool.engines.ray import RayConfig, run_pack_ray
@@ -560,6 +608,10 @@ def parse_size(text: str, flag: str) -> int:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
     previous = interrupt.install_sigint()
+    # Python's default (700 allocations) ran ~250 young and 2 full collections during a pack's
+    # imports and numba's kernel loading: 0.3-0.45 s with the GIL held. A command is one
+    # short process whose data is arrays, not cycles; collections stay on, just rarer.
+    gc.set_threshold(10_000, 10, 10)
     try:
         cli.main(args=argv, prog_name="packtool", standalone_mode=False)
     except PacktoolError as exc:
