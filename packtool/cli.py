@@ -20,6 +20,7 @@ import click
 
 from packtool import __version__, interrupt
 from packtool.errors import ConfigError, PacktoolError
+from packtool.quantities import parse_size, positive_int
 
 # numpy's OpenBLAS starts a spinning thread per core at import; no command does linear algebra,
 # and on 2 cores those threads took ~0.3 s of start-up from the tokenizer and numba's loading.
@@ -42,6 +43,11 @@ def cli() -> None:
 WORKERS_HELP = (
     "Tokenizer threads (also sets RAYON_NUM_THREADS for HF tokenizers) [default: all cores]."
 )
+PARTS = (
+    "Input bytes per partition (64MB, 1GB), the unit of parallel work and of --resume: small "
+    "files grouped, big JSONL cut at line starts, Parquet between row groups (docs/scale-out.md)."
+)
+PACK_WORKERS = "Partition worker processes (local) or tasks in flight (Ray) [default: all cores]."
 
 # --- commands are registered below; keep each one thin over a library function ---
 
@@ -274,16 +280,6 @@ def tokenize_cmd(
     click.echo(summary.format())
 
 
-def _positive_int(flag: str, value: str, unit: str = "tokens") -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise ConfigError(f"{flag} must be a positive integer ({unit}), got {value!r}")
-    return number
-
-
 _TOKENIZER_OPTIONS = ("tokenizer", "eos_id", "no_eos", "bos_id")
 
 
@@ -348,10 +344,10 @@ def stats_cmd(
     if candidates is None:
         cands = DEFAULT_CANDIDATES
     else:
-        cands = tuple(_positive_int("--candidates", c.strip()) for c in candidates.split(","))
+        cands = tuple(positive_int("--candidates", c.strip()) for c in candidates.split(","))
     config = StatsConfig(
-        max_len=_positive_int("--max-len", max_len),
-        batch_size=_positive_int("--batch-size", batch_size, "documents"),
+        max_len=positive_int("--max-len", max_len),
+        batch_size=positive_int("--batch-size", batch_size, "documents"),
         candidates=cands,
     )
     if plot is not None:
@@ -452,29 +448,9 @@ def stats_cmd(
     help="Replace the dataset in the output folder; the old one stays until the new one is "
     "complete, and is kept if the run fails.",
 )
-@click.option(
-    "--partition-size",
-    type=str,
-    default="256MB",
-    show_default=True,
-    metavar="SIZE",
-    help="Input bytes per partition (e.g. 64MB, 1GB), the unit of parallel work and of "
-    "--resume: small files are grouped, big JSONL files cut at line boundaries, Parquet "
-    "between row groups. The output depends on it, not on --workers.",
-)
-@click.option(
-    "--resume",
-    is_flag=True,
-    help="Finish an interrupted run into the same folder: only the partitions without a "
-    "completion record run.",
-)
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Cores to use: partition worker processes (local), tasks in flight (Ray), or "
-    "tokenizer threads when one partition is left [default: all cores].",
-)
+@click.option("--partition-size", default="256MB", show_default=True, metavar="SIZE", help=PARTS)
+@click.option("--resume", is_flag=True, help="Finish an interrupted run into the same folder.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help=PACK_WORKERS)
 @click.option(
     "--engine",
     type=click.Choice(["local", "ray"]),
@@ -527,9 +503,6 @@ def pack_cmd(
         from packtool.tokenize import input_identity
 
         explicit = bool(_explicit(ctx, _TOKENIZER_OPTIONS))
-        # Not `workers`: --workers counts partition workers; each sizes its tokenizer's threads
-        # to its share of the cores (packtool/engines/local.py), which an environment variable
-        # set here would override in every worker process.
         return corpus.load_tokenizer() if explicit or input_identity(inputs) is None else None
 
     # Start-up overlaps: the tokenizer loads in one thread (fastokens' builder releases the GIL)
@@ -587,22 +560,6 @@ def pack_cmd(
         click.echo(json.dumps(summary.to_dict(), indent=2))
     else:
         click.echo(summary.format(max_len))
-
-
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str, flag: str) -> int:
-    """Bytes from `256MB`, `1G`, `64MiB`, `65536` (binary units: 1 MB = 2**20 bytes)."""
-    import re
-
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
-    if m is None:
-        raise ConfigError(f"{flag} {text!r}: expected a size such as 256MB, 1GB or 1048576")
-    value = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
-    if value < 1:
-        raise ConfigError(f"{flag} {text!r}: must be at least 1 byte")
-    return value
 
 
 def main(argv: list[str] | None = None) -> None:

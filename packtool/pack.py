@@ -332,7 +332,7 @@ def pack_table(
         segs = drop_unsupervised(segs, counts, flat[columns.LOSS_MASK], doc_start, lengths)
     new_lengths = segs.length
     if n_carry:  # one segment per carried piece, first (placement ties go to the carried)
-        chunk = carry.column(DOC_CHUNK).to_numpy().astype(np.int32)
+        chunk = to_numpy(carry.column(DOC_CHUNK)).astype(np.int32)
         segs = _Segments(
             np.concatenate([np.arange(n_carry, dtype=np.int64), segs.doc]),
             np.concatenate([np.zeros(n_carry, np.int64), segs.start]),

@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 
 from packtool import columns as shard_columns
 from packtool import kernels
+from packtool.arrow_numpy import from_numpy
 from packtool.errors import ConfigError
 from packtool.pack_columns import token_values
 
@@ -130,14 +131,14 @@ def pieces_table(
         if c.level == shard_columns.TOKEN
     }
     rest = [n for n in table.column_names if n not in per_token and n != "length"]
-    taken = table.select(rest).take(pa.array(seg_doc, pa.int64()))
+    taken = table.select(rest).take(from_numpy(np.asarray(seg_doc, np.int64)))
     token_type = table.schema.field("input_ids").type.value_type
     arrays: dict[str, pa.Array] = {n: taken.column(n) for n in rest}
     ids = kernels.gather_segments(values, src, seg_len)
     arrays["input_ids"] = pa.ListArray.from_arrays(
-        pa.array(offsets.astype(np.int32)), pa.array(ids, token_type)
+        from_numpy(offsets.astype(np.int32)), from_numpy(ids, token_type)
     )
-    arrays["length"] = pa.array(seg_len.astype(np.int32))
+    arrays["length"] = from_numpy(seg_len.astype(np.int32))
     for name in sorted(per_token - {"input_ids"}):
         c = shard_columns.get(name)
         values_c = flat[name] if name in flat else token_values(table, name, doc_start)
@@ -146,4 +147,4 @@ def pieces_table(
         )
         arrays[name] = c.array(offsets, gathered, token_type)
     out = pa.table({n: arrays[n] for n in table.column_names}, schema=table.schema)
-    return out.append_column(DOC_CHUNK, pa.array(np.asarray(seg_chunk, np.int32)))
+    return out.append_column(DOC_CHUNK, from_numpy(np.asarray(seg_chunk, np.int32)))

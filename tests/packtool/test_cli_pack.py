@@ -119,7 +119,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     [("65536", 65536), ("64MB", 64 << 20), ("1G", 1 << 30), ("1.5KiB", 1536), ("2 mb", 2 << 20)],
 )
 def test_partition_size_parses(text, want):
-    from packtool.cli import parse_size
+    from packtool.quantities import parse_size
 
     assert parse_size(text, "--partition-size") == want
 
