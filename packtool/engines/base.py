@@ -132,6 +132,11 @@ class Run:
         self.bar.close()
         t0 = time.perf_counter()
         n = self.partitions
+        if self.totals.partitions != n:  # a driver bug, never bad input: fail loudly, keep the run
+            raise RuntimeError(
+                f"{self.totals.partitions} of {n} partition records accounted before the final "
+                "stage; the finished partitions are kept: rerun with --resume"
+            )
         if self.final_done:
             final = records.read_record(self.work, n)
         else:

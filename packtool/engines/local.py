@@ -146,8 +146,9 @@ def _run_pool(run: Run, workers: int, threads: int, kind: str) -> None:
                     inflight[pool.submit(task, run.descriptor(p))] = p
                 finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    p = inflight.pop(fut)
-                    run.account(fut.result())
+                    record = fut.result()  # raises BrokenProcessPool if its worker died
+                    del inflight[fut]  # only now: a partition lost with its worker runs again
+                    run.account(record)
         except BrokenProcessPool:
             # A worker process died (killed, out of memory); its partitions run again.
             retries += 1

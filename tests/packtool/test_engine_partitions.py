@@ -252,3 +252,36 @@ def test_an_input_changed_between_plan_and_read_names_the_file(corpus, tmp_path,
     # A run stopped by a changed input keeps nothing a resume could wrongly finish.
     with pytest.raises(ConfigError, match="nothing to resume|no interrupted run|differ"):
         run_pack(config(tmp_path / "out", [folder], workers=1, resume=True))
+
+
+def test_a_killed_worker_process_is_replaced_and_the_bytes_are_unchanged(
+    reference, corpus, tmp_path
+):
+    """SIGKILL one of the local engine's worker processes mid-run: the pool is rebuilt, the
+    unfinished partitions run again, and the dataset is the one an uninterrupted run makes."""
+    import multiprocessing
+    import signal
+    import threading
+    import time
+
+    base, _, _ = reference
+    out = tmp_path / "killed"
+    staging = staging_folder(out)
+    killed: list[int] = []
+
+    def kill_one_worker():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            workers = multiprocessing.active_children()
+            if workers and records.finished(staging):  # mid-run: a partition is done
+                os.kill(workers[0].pid, signal.SIGKILL)
+                killed.append(workers[0].pid)
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_one_worker, daemon=True)
+    killer.start()
+    run_pack(config(out, [corpus], workers=2))
+    killer.join(timeout=5)
+    assert killed, "no worker process was killed: the run ended first"
+    assert shard_bytes(out) == shard_bytes(base / "w1")
+    assert (out / "index.json").read_bytes() == (base / "w1" / "index.json").read_bytes()
