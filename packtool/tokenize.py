@@ -38,6 +38,7 @@ from packtool.corpus import (
 from packtool.errors import ConfigError, DataError, make_output_folder
 from packtool.pretokenized import read_pretokenized, split_pretokenized
 from packtool.progress import Progress
+from packtool.sft_inputs import sft_kind
 from packtool.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
 from packtool.tokenizers import Tokenizer, TokenizerIdentity, load_tokenizer
 
@@ -145,10 +146,14 @@ def input_columns(
         DataError: some inputs carry a column that others do not (see `common_optional`).
     """
     paths = expand_inputs(inputs)
-    pre, mask_source = split_pretokenized(paths, read_config or ReadConfig())
+    config = read_config or ReadConfig()
+    pre, mask_source = split_pretokenized(paths, config)
     if pre:
+        sft_kind(pre, config, tokenized=True)  # refuses a --format of raw records
         return (shard_columns.LOSS_MASK,) if mask_source else ()
-    tokenized, _ = _split_inputs(paths)
+    tokenized, raw = _split_inputs(paths)
+    if sft_kind(raw, config, tokenized=bool(tokenized)):  # prompt/completion, chat records
+        return (shard_columns.LOSS_MASK,)
     return common_optional(tokenized) if tokenized else ()
 
 
@@ -224,6 +229,7 @@ def _tokenized_batches(
     paths = expand_inputs(inputs)
     pre, mask_source = split_pretokenized(paths, config)
     tokenized, raw = ([], pre) if pre else _split_inputs(paths)
+    kind = sft_kind(raw, config, tokenized=bool(pre or tokenized))
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
     if tokenized:
@@ -242,6 +248,13 @@ def _tokenized_batches(
         schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
         vocab = tokenizer.identity.vocab_size
         yield from read_pretokenized(pre, mask_source, config, schema, vocab, skips)
+        return
+    if kind is not None:  # fine-tuning records: rendered, encoded, masked (sft_encode.py)
+        from packtool.sft_encode import sft_tables
+
+        optional = (shard_columns.LOSS_MASK,)
+        schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
+        yield from sft_tables(raw, kind, config, tokenizer, skips, schema)
         return
     schema = tokenized_schema(tokenizer.identity, config.extra_fields)
 

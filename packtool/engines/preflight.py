@@ -48,7 +48,9 @@ class Checked:
     identity: dict[str, Any]
     """The tokenizer identity `index.json` records."""
     tokenized: bool
-    """The inputs are tokenized Parquet, packtool's or pre-tokenized ids (nothing is encoded)."""
+    """The inputs are read as tokenized tables (`tokenized_batches`): tokenized Parquet,
+    packtool's or pre-tokenized ids (nothing is encoded), or fine-tuning records (rendered and
+    encoded by the reader, packtool/sft_encode.py)."""
     paths: list[Path]
     """Every file the inputs expand to (`corpus.expand_inputs`), in reading order."""
     columns: tuple[str, ...] = ()
@@ -82,10 +84,11 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
     identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
     check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
     pretokenized = bool(split_pretokenized(paths, config.read)[0])
+    sft_records = "loss_mask" in columns  # also fine-tuning records: encoded where they are read
     return Checked(
         tokenizer=tokenizer,
         identity=identity,
-        tokenized=recorded is not None or pretokenized,
+        tokenized=recorded is not None or pretokenized or sft_records,
         paths=paths,
         columns=columns,
     )
