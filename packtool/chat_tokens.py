@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from packtool.errors import ConfigError
+from packtool.masks import segment_sums
 
 
 def _byte_level(tokenizer_json: dict[str, Any]) -> bool:
@@ -200,6 +201,11 @@ def masks_for(
 ) -> NDArray[np.uint8]:
     """The flat loss mask of encoded texts: 1 on every token that overlaps one of its spans.
 
+    With byte lengths, the whole batch is one `overlap_mask` in batch byte coordinates (the
+    texts end to end: a document's spans only ever meet its own tokens); documents whose token
+    bytes do not add up to their text, and tokenizers without byte lengths, go one by one with
+    the tokenizer's character offsets.
+
     Args:
         encoder: what encoded them.
         texts: the rendered texts.
@@ -207,32 +213,61 @@ def masks_for(
         flat: the flat ids (`encoder.encode(texts)`).
         lengths: tokens per text.
     """
+    n = len(texts)
     out = np.zeros(len(flat), np.uint8)
-    doc_off = np.zeros(len(lengths) + 1, np.int64)
+    doc_off = np.zeros(n + 1, np.int64)
     np.cumsum(lengths, out=doc_off[1:])
+    alone = range(n)
     table = encoder.byte_lengths
     if table is not None:
         tok_bytes = table[flat.astype(np.int64, copy=False)]
         tok_end = np.cumsum(tok_bytes)
-    for d, (text, doc_spans) in enumerate(zip(texts, spans, strict=True)):
+        ascii_ = [t.isascii() for t in texts]
+        nbytes = np.fromiter(
+            (len(t) if a else len(t.encode("utf-8")) for t, a in zip(texts, ascii_, strict=True)),
+            np.int64,
+            n,
+        )
+        doc_start = np.concatenate([[0], tok_end])[doc_off[:-1]]  # token bytes before each doc
+        good = segment_sums(tok_bytes, doc_off) == nbytes  # its tokens add up to its text
+        starts, stops = [], []
+        for d in np.flatnonzero(good):
+            doc_spans = spans[d]
+            if not doc_spans:
+                continue
+            base = int(doc_start[d])
+            if ascii_[d]:
+                starts += [base + a for a, _ in doc_spans]
+                stops += [base + b for _, b in doc_spans]
+            else:
+                to_bytes = _char_to_byte(texts[d])
+                starts += [base + int(to_bytes[a]) for a, _ in doc_spans]
+                stops += [base + int(to_bytes[b]) for _, b in doc_spans]
+        ss, se = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        tok_start = tok_end - tok_bytes
+        if len(ss) and np.all(ss[1:] >= se[:-1]) and np.all(se >= ss):
+            out[:] = overlap_mask(tok_start, tok_end, ss, se)
+            alone = np.flatnonzero(~good)
+        else:  # spans out of order somewhere: every document by itself
+            alone = range(n)
+    for d in alone:
+        doc_spans = spans[d]
         if not doc_spans:
             continue
         a, b = int(doc_off[d]), int(doc_off[d + 1])
-        ss = np.fromiter((s for s, _ in doc_spans), np.int64, len(doc_spans))
-        se = np.fromiter((e for _, e in doc_spans), np.int64, len(doc_spans))
-        starts = None
+        ss = np.fromiter((x for x, _ in doc_spans), np.int64, len(doc_spans))
+        se = np.fromiter((y for _, y in doc_spans), np.int64, len(doc_spans))
         if table is not None:
-            base = int(tok_end[a - 1]) if a else 0
-            ends = tok_end[a:b] - base
-            nbytes = len(text) if text.isascii() else len(text.encode("utf-8"))
-            if (int(ends[-1]) if b > a else 0) == nbytes:
-                starts = ends - tok_bytes[a:b]
-                to_bytes = _char_to_byte(text)
+            ends = tok_end[a:b] - (int(tok_end[a - 1]) if a else 0)
+            starts_ = ends - tok_bytes[a:b]
+            if (int(ends[-1]) if b > a else 0) == int(nbytes[d]):
+                to_bytes = None if ascii_[d] else _char_to_byte(texts[d])
                 if to_bytes is not None:
                     ss, se = to_bytes[ss], to_bytes[se]
-        if starts is None:  # offsets from the tokenizer (characters)
-            starts, ends = encoder.char_offsets(text)
-            if len(starts) != b - a:  # pragma: no cover - the same tokenizer, the same text
-                raise AssertionError("token offsets disagree with the ids")
-        out[a:b] = overlap_mask(starts, ends, ss, se)
+                out[a:b] = overlap_mask(starts_, ends, ss, se)
+                continue
+        starts_, ends = encoder.char_offsets(texts[d])  # offsets from the tokenizer (characters)
+        if len(starts_) != b - a:  # pragma: no cover - the same tokenizer, the same text
+            raise AssertionError("token offsets disagree with the ids")
+        out[a:b] = overlap_mask(starts_, ends, ss, se)
     return out
