@@ -60,25 +60,39 @@ def special_tokens() -> tuple[str, ...]:
 
 
 @cache
-def trained_tokenizer_dir(root: str, trim_offsets: bool = False) -> Path:
-    """A folder with tokenizer.json (byte-level BPE, the specials) and tokenizer_config.json."""
+def trained_tokenizer_dir(root: str, kind: str = "bytelevel") -> Path:
+    """A folder with tokenizer.json (a BPE with the specials) and tokenizer_config.json.
+
+    `kind`: `bytelevel` (GPT-2 / Llama 3 / Qwen style), `trim` (the same with a post-processor
+    that trims offsets, as GPT-2's does), or `metaspace` (SentencePiece style, Llama 2 / Mistral /
+    Gemma: no byte alphabet, offsets from the tokenizer).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    folder = Path(root) / ("tok-trim" if trim_offsets else "tok")
+    folder = Path(root) / f"tok-{kind}"
     folder.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    if trim_offsets:
+    if kind == "metaspace":
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+        tok.decoder = decoders.Metaspace(prepend_scheme="first")
+        alphabet: list[str] = []
+    else:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if kind == "trim":
         tok.post_processor = processors.ByteLevel(trim_offsets=True)
     trainer = trainers.BpeTrainer(
         vocab_size=2000,
         special_tokens=list(special_tokens()),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        initial_alphabet=alphabet,
         show_progress=False,
     )
     lines = (ROOT / "sample_data" / "corpus.jsonl").read_text("utf-8").splitlines()[:400]
-    tok.train_from_iterator([json.loads(line)["text"] for line in lines], trainer)
+    texts = [json.loads(line)["text"] for line in lines]
+    texts.append("".join(sorted(set("hello world é 日本語 🙂 x Ünï\t."))))  # every test character
+    tok.train_from_iterator(texts, trainer)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(SPECIALS), encoding="utf-8")
     return folder

@@ -115,13 +115,16 @@ def test_generation_templates_equal_transformers(path, tok_dir, convs):
     _check_generation_template(path, tok_dir, convs)
 
 
+@pytest.mark.parametrize("kind", ["trim", "metaspace"])
 @pytest.mark.parametrize("name", ["qwen2_5_training", "llama3_training", "gemma3_training"])
 @SETTINGS
 @given(convs=st.lists(conversations(), min_size=1, max_size=3))
-def test_trimmed_offsets_use_the_tokenizers_offsets_and_still_agree(name, tmp_path_factory, convs):
-    # A post-processor that trims offsets changes which tokens overlap a span: byte lengths
-    # would not give transformers' answer, so packtool reads the tokenizer's own offsets.
-    folder = trained_tokenizer_dir(str(tmp_path_factory.getbasetemp()), trim_offsets=True)
+def test_tokenizers_without_byte_offsets_use_their_own_offsets_and_still_agree(
+    kind, name, tmp_path_factory, convs
+):
+    # A post-processor that trims offsets changes which tokens overlap a span, and a
+    # SentencePiece-style tokenizer has no byte alphabet: packtool reads the tokenizer's offsets.
+    folder = trained_tokenizer_dir(str(tmp_path_factory.getbasetemp()), kind)
     path = next(p for p in templates(generation=True) if p.stem == name)
     _check_generation_template(path, folder, convs)
 
