@@ -162,9 +162,45 @@ def encode_chat(
         tokenizer: a `packtool.tokenizers.Tokenizer`.
         train_on: `assistant`, `last` or `all`.
     """
-    from packtool.sft_inputs import BadRecord, to_messages
+    from concurrent.futures import ThreadPoolExecutor
 
     prep = ChatPreparer(template, train_on, SkipCounter())
+    encoder = text_encoder(tokenizer, specials=True)
+    out: list[EncodedChat] = []
+    # Render a chunk while the tokenizer (GIL released) encodes the one before.
+    with ThreadPoolExecutor(1, thread_name_prefix="packtool-encode") as pool:
+        jobs = []
+        for at in range(0, len(conversations), _CHUNK):
+            results, texts, spans = _render_chunk(prep, conversations[at : at + _CHUNK])
+            jobs.append((pool.submit(encoder.encode, texts), results, texts, spans))
+        for job, results, texts, spans in jobs:
+            flat, lengths = job.result()
+            out += _encoded(encoder, results, texts, spans, flat, lengths)
+    return out
+
+
+_CHUNK = 256
+_ENCODERS: Any = None
+
+
+def text_encoder(tokenizer: Any, *, specials: bool) -> TextEncoder:
+    """A `TextEncoder` for `tokenizer`, made once (its byte-length table reads the vocabulary)."""
+    global _ENCODERS
+    import weakref
+
+    if _ENCODERS is None:
+        _ENCODERS = weakref.WeakKeyDictionary()
+    per = _ENCODERS.setdefault(tokenizer, {})
+    if specials not in per:
+        per[specials] = TextEncoder(tokenizer, specials=specials)
+    return per[specials]
+
+
+def _render_chunk(
+    prep: ChatPreparer, conversations: Sequence[Any]
+) -> tuple[list[EncodedChat | None], list[str], list[list[tuple[int, int]]]]:
+    from packtool.sft_inputs import BadRecord, to_messages
+
     results: list[EncodedChat | None] = []
     texts, spans = [], []
     for conversation in conversations:
@@ -182,8 +218,17 @@ def encode_chat(
         results.append(None)
         texts.append(text)
         spans.append(doc_spans)
-    encoder = TextEncoder(tokenizer, specials=True)
-    flat, lengths = encoder.encode(texts)
+    return results, texts, spans
+
+
+def _encoded(
+    encoder: TextEncoder,
+    results: list[EncodedChat | None],
+    texts: list[str],
+    spans: list[list[tuple[int, int]]],
+    flat: np.ndarray,
+    lengths: np.ndarray,
+) -> list[EncodedChat]:
     mask = masks_for(encoder, texts, spans, flat, lengths)
     off = np.concatenate([[0], np.cumsum(lengths)])
     out, j = [], 0
@@ -275,7 +320,7 @@ def sft_tables(
         prepare = ChatPreparer(chat_template_for(read.sft, tokenizer), read.sft.train_on, skips)
     else:
         prepare = _prompt_completion
-    encoder = TextEncoder(tokenizer, specials=chat)
+    encoder = text_encoder(tokenizer, specials=chat)
     identity = tokenizer.identity
 
     def prepared() -> Iterator[_Prepared]:

@@ -26,6 +26,7 @@ Memory: one batch of records at a time (`ReadConfig.batch_docs` / `batch_bytes`)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,10 @@ SHAREGPT_ROLES = {
 _PATIENCE = 1000
 """Records of a file lacking the kind's fields, with none having them, before it is an error."""
 _SNIFF_LINES = 100
+BATCH_RECORDS = 1024
+"""At most this many records per batch (or `ReadConfig.batch_docs`, if smaller): a record costs
+a render, so smaller batches than for text keep rendering and encoding overlapped (packtool/
+sft_encode.py) while still giving the tokenizer's threads enough texts at once."""
 
 
 class BadRecord(Exception):
@@ -154,11 +159,8 @@ def dataset_kind(paths: list[Path], read: ReadConfig) -> str:
         DataError: files of different kinds.
     """
     forced = read.sft.format
-    if forced not in ("auto", "tokenized"):
-        kind = SHAREGPT if forced == SHAREGPT else forced
-        first_path = None
-    else:
-        kind, first_path = None, None
+    kind = forced if forced not in ("auto", TOKENIZED) else None
+    first_path = None
     for path in paths:
         found = file_record_kind(path, read)
         if found is None:
@@ -203,8 +205,19 @@ def sft_kind(paths: list[Path], read: ReadConfig, *, tokenized: bool) -> str | N
         )
     if fmt == TEXT:
         return None
-    kind = dataset_kind(paths, read)
+    try:
+        key = tuple((p, p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+    except OSError:  # the reader names the file
+        return None
+    kind = _dataset_kind_cached(key, read)
     return kind if kind in SFT_KINDS else None
+
+
+@functools.lru_cache(maxsize=8)
+def _dataset_kind_cached(files: tuple[tuple[Path, int, int], ...], read: ReadConfig) -> str:
+    # The CLI, preflight and the reader each ask; the answer reads a record of every file, so
+    # it is kept for the same files (same sizes and times) and options.
+    return dataset_kind([p for p, _, _ in files], read)
 
 
 def to_messages(value: Any) -> list[dict[str, Any]]:
@@ -291,6 +304,7 @@ def read_records(
 ) -> Iterator[Records]:
     """Batches of the records of `paths`, for an SFT `kind` (see the module docstring)."""
     batch = Records(extras={f: [] for f in read.extra_fields})
+    limit = min(read.batch_docs, BATCH_RECORDS)
     for path in paths:
         for where, obj, nbytes in _objects(path, kind, read, skips):
             try:
@@ -306,7 +320,7 @@ def read_records(
             size = _text_bytes(value)
             batch.nbytes += nbytes or size  # Parquet: the text, as the corpus readers count it
             batch.text_bytes += size
-            if len(batch) >= read.batch_docs or batch.text_bytes >= read.batch_bytes:
+            if len(batch) >= limit or batch.text_bytes >= read.batch_bytes:
                 yield batch
                 batch = Records(extras={f: [] for f in read.extra_fields})
     if len(batch):

@@ -55,6 +55,8 @@ class Checked:
     """Every file the inputs expand to (`corpus.expand_inputs`), in reading order."""
     columns: tuple[str, ...] = ()
     """The optional shard columns the inputs carry (`loss_mask`), which the dataset will have."""
+    records: bool = False
+    """Fine-tuning records (prompt/completion, chat): read as tables, but encoded by the reader."""
 
 
 def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
@@ -84,13 +86,14 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
     identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
     check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
     pretokenized = bool(split_pretokenized(paths, config.read)[0])
-    sft_records = "loss_mask" in columns  # also fine-tuning records: encoded where they are read
+    sft_records = "loss_mask" in columns and recorded is None and not pretokenized
     return Checked(
         tokenizer=tokenizer,
         identity=identity,
         tokenized=recorded is not None or pretokenized or sft_records,
         paths=paths,
         columns=columns,
+        records=sft_records,
     )
 
 
