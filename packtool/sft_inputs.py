@@ -70,7 +70,7 @@ SHAREGPT_ROLES = {
 _PATIENCE = 1000
 """Records of a file lacking the kind's fields, with none having them, before it is an error."""
 _SNIFF_LINES = 100
-BATCH_RECORDS = 1024
+BATCH_RECORDS = 512
 """At most this many records per batch (or `ReadConfig.batch_docs`, if smaller): a record costs
 a render, so smaller batches than for text keep rendering and encoding overlapped (packtool/
 sft_encode.py) while still giving the tokenizer's threads enough texts at once."""

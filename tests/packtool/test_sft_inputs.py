@@ -316,3 +316,55 @@ def test_tokenize_writes_the_mask_and_pack_reads_it_back(tmp_path):
     assert np.array_equal(
         back.column("length").to_numpy(), [len(expected_chat(CONV, assistant_spans)[0])] * 3
     )
+
+
+def test_the_tokenizers_own_template_and_special_tokens(tmp_path):
+    from tests.packtool.chat_helpers import trained_tokenizer_dir
+
+    folder = trained_tokenizer_dir(str(tmp_path))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    source = "{{ bos_token }}" + GEN + "{{ eos_token }}"
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": source}))
+    path = jsonl(tmp_path / "c.jsonl", [{"messages": CONV}])
+    tok = load_tokenizer(str(folder / "tokenizer.json"))
+    (table,) = list(tokenized_batches([path], tokenizer=tok))
+    text = "<s>" + "".join(f"<|{m['role']}|>{m['content']}<|end|>\n" for m in CONV) + "</s>"
+    assert (
+        table.column("input_ids").to_pylist()[0]
+        == tok.tok.encode(text, add_special_tokens=False).ids
+    )
+    # chat_template.jinja beside the tokenizer takes precedence over the config's template.
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    code, out, err = run(
+        "tokenize", path, "-o", tmp_path / "t.parquet", "--tokenizer", folder / "tokenizer.json",
+        "--train-on", "all",
+    )  # fmt: skip
+    assert code == 0, err
+    ids = pq.read_table(tmp_path / "t.parquet").column("input_ids").to_pylist()[0]
+    assert ids == tok.tok.encode("".join(m["content"] for m in CONV), add_special_tokens=False).ids
+
+
+def test_cli_options_reach_the_readers(tmp_path):
+    share = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]
+    a = jsonl(tmp_path / "a.jsonl", [{"chat": share}])
+    tpl = template_file(tmp_path)
+    code, out, err = run(
+        "pack", a, "-o", tmp_path / "p", "--chat-template", tpl, "--messages-field", "chat",
+        "--format", "sharegpt", "--train-on", "last", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["counts"]["tokens_supervised"] == len("a<|end|>")
+    b = jsonl(tmp_path / "b.jsonl", [{"q": "x", "a": "y"}])
+    code, out, err = run(
+        "stats", b, "--prompt-field", "q", "--completion-field", "a", "--max-len", 16, "--json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["supervised"]["supervised_tokens"] == 2  # "y" and the EOS
+    code, _, err = run("stats", b, "--format", "nonsense")
+    assert code == 2 and "nonsense" in err  # click's own usage error
+    code, _, err = run(
+        "pack", b, "-o", tmp_path / "x", "--format", "messages", "--strict", "--chat-template", tpl
+    )
+    assert code == 1 and f"{b}:1: missing field (no 'messages' or" in one_error_line(err)
