@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from packtool import __version__, interrupt
+from packtool.cli_sft import sft_options
 from packtool.errors import ConfigError, PacktoolError
 
 
@@ -212,6 +213,7 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @corpus_options
+@sft_options
 def tokenize_cmd(
     inputs: tuple[str, ...],
     output: str,
@@ -219,12 +221,13 @@ def tokenize_cmd(
     workers: int | None,
     overwrite: bool,
     corpus: CorpusOptions,
+    sft: Any,
 ) -> None:
     """Tokenize text corpora into tokenized Parquet.
 
     INPUT: .txt / .md (one document per file), .jsonl, .parquet; text and JSONL also .gz /
     .zst; files, folders (recursive) or quoted globs. Bad lines and empty documents are skipped
-    and counted (--strict makes them errors).
+    and counted (--strict makes them errors). Fine-tuning records: docs/sft.md.
     """
     import shlex
 
@@ -233,7 +236,7 @@ def tokenize_cmd(
     summary = tokenize_corpus(
         inputs,
         output,
-        read_config=corpus.read_config(extra_fields=keep_field),
+        read_config=corpus.read_config(extra_fields=keep_field, sft=sft),
         tokenizer=corpus.load_tokenizer(workers),
         workers=workers,
         overwrite=overwrite,
@@ -292,6 +295,7 @@ def _explicit(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
 )
 @click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
 @corpus_options
+@sft_options
 @click.pass_context
 def stats_cmd(
     ctx: click.Context,
@@ -303,6 +307,7 @@ def stats_cmd(
     plot: str | None,
     workers: int | None,
     corpus: CorpusOptions,
+    sft: Any,
 ) -> None:
     """Length statistics: distribution, padding waste, lower bounds, projected packing.
 
@@ -340,7 +345,7 @@ def stats_cmd(
     stats = compute_stats(
         inputs,
         config,
-        read_config=corpus.read_config(),
+        read_config=corpus.read_config(sft=sft),
         tokenizer=None if tokenized else corpus.load_tokenizer(workers),
         workers=workers,
     )
@@ -437,6 +442,7 @@ def stats_cmd(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @corpus_options
+@sft_options
 @click.pass_context
 def pack_cmd(
     ctx: click.Context,
@@ -459,6 +465,7 @@ def pack_cmd(
     ray_address: str | None,
     as_json: bool,
     corpus: CorpusOptions,
+    sft: Any,
 ) -> None:
     """Tokenize (or read tokenized Parquet), pack into rows and write Parquet shards + index.json.
 
@@ -476,7 +483,7 @@ def pack_cmd(
     if long_docs is None:  # a loss mask's documents are never split (packtool/pack_columns.py)
         from packtool.tokenize import input_columns
 
-        masked = "loss_mask" in input_columns(inputs, corpus.read_config())
+        masked = "loss_mask" in input_columns(inputs, corpus.read_config(sft=sft))
         long_docs = "truncate" if masked else "split"
     config = RunConfig(
         inputs=inputs,
@@ -492,7 +499,7 @@ def pack_cmd(
         shards=ShardConfig(
             shard_rows=shard_rows, row_group_rows=row_group_rows, compression=compression
         ),
-        read=corpus.read_config(extra_fields=extra),
+        read=corpus.read_config(extra_fields=extra, sft=sft),
         chunk_docs=chunk_docs,
         overwrite=overwrite,
         resume=resume,

@@ -1,0 +1,273 @@
+"""Rendered conversations -> token ids and the loss mask, as transformers computes it.
+
+`apply_chat_template(..., tokenize=True, return_assistant_tokens_mask=True)` encodes the rendered
+text with the tokenizer (`add_special_tokens=False`: the template writes BOS/EOS itself; special
+tokens written in the text become their ids) and marks every token whose character offsets
+overlap a `{% generation %}` span (for each token in order, the first span that ends after the
+token's start is checked; the token is marked when it ends after that span starts). This module
+does the same for a whole batch at once:
+
+- the ids come from the tokenizer's batch encoder (all cores, no per-token Python);
+- token offsets: for byte-level BPE (GPT-2, Llama 3, Qwen, ...: no normalizer, offsets not
+  trimmed, no added token that strips spaces) each token's byte length (a table over the
+  vocabulary) gives exact offsets by a cumulative sum, with any encoder; the overlap test on
+  bytes is the same as on characters (a character belongs to every token holding one of its
+  bytes). Otherwise the tokenizer's own character offsets are used (`tokenizers` computes them);
+  a document whose token bytes do not add up to its text falls back to them too;
+- the overlap rule is one `searchsorted` over the batch's spans (spans in order and disjoint,
+  as templates produce them; other spans are handled token by token, exactly as transformers).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from packtool.errors import ConfigError
+from packtool.masks import segment_sums
+
+
+def _byte_level(tokenizer_json: dict[str, Any]) -> bool:
+    """Whether token byte lengths give exact offsets (see the module docstring)."""
+
+    def has_byte_level(node: Any) -> bool:
+        if not isinstance(node, dict):
+            return False
+        if node.get("type") == "ByteLevel":
+            return not node.get("add_prefix_space", False)
+        return any(has_byte_level(n) for n in node.get("pretokenizers") or ())
+
+    def trims(node: Any) -> bool:
+        if not isinstance(node, dict):
+            return False
+        if node.get("type") == "ByteLevel" and node.get("trim_offsets", True):
+            return True
+        if node.get("type") in ("RobertaProcessing", "BertProcessing"):
+            return bool(node.get("trim_offsets", True))
+        return any(trims(n) for n in node.get("processors") or ())
+
+    if tokenizer_json.get("normalizer") is not None:
+        return False
+    if not has_byte_level(tokenizer_json.get("pre_tokenizer")):
+        return False
+    if trims(tokenizer_json.get("post_processor")):
+        return False
+    return not any(
+        t.get("lstrip") or t.get("rstrip") or t.get("single_word")
+        for t in tokenizer_json.get("added_tokens") or ()
+    )
+
+
+class TextEncoder:
+    """Encodes rendered texts with a packtool `Tokenizer`, with token offsets when asked.
+
+    Args:
+        tokenizer: a `packtool.tokenizers.Tokenizer` (`byte`, a Hugging Face tokenizer.json, or
+            tiktoken).
+        specials: special-token text in the input becomes the special ids (chat templates); False
+            encodes the text the way packtool encodes plain documents.
+    """
+
+    def __init__(self, tokenizer: Any, *, specials: bool) -> None:
+        self.tokenizer = tokenizer
+        self.kind = tokenizer.identity.kind
+        self.specials = specials
+        self.dtype = tokenizer.dtype
+        self.byte_lengths: NDArray[np.int64] | None = None
+        if self.kind == "byte":
+            self.byte_lengths = np.ones(tokenizer.vocab_size, np.int64)
+        elif self.kind == "hf":
+            hf = tokenizer.tok
+            if _byte_level(json.loads(hf.to_str())):
+                vocab = hf.get_vocab(with_added_tokens=False)
+                added = hf.get_added_tokens_decoder()
+                table = np.zeros(tokenizer.vocab_size, np.int64)
+                for token, i in vocab.items():
+                    table[i] = len(token)  # one character of the byte alphabet per byte
+                for i, token in added.items():
+                    table[i] = len(token.content.encode("utf-8"))
+                self.byte_lengths = table
+        elif self.kind == "tiktoken":
+            enc = tokenizer.enc
+            table = np.zeros(tokenizer.vocab_size, np.int64)
+            for token, i in enc._mergeable_ranks.items():
+                table[i] = len(token)
+            for token, i in enc._special_tokens.items():
+                table[i] = len(token.encode("utf-8"))
+            self.byte_lengths = table
+        else:  # pragma: no cover - a tokenizer kind this module does not know yet
+            raise ConfigError(f"chat inputs do not support tokenizer kind {self.kind!r} yet")
+
+    def encode(self, texts: Sequence[str]) -> tuple[NDArray, NDArray[np.int64]]:
+        """(flat ids, per-text lengths): no BOS/EOS added."""
+        if not texts:
+            return np.empty(0, self.dtype), np.empty(0, np.int64)
+        if self.kind == "byte":
+            encoded = [t.encode("utf-8") for t in texts]
+            lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+            return np.frombuffer(b"".join(encoded), np.uint8).astype(self.dtype), lengths
+        if self.kind == "hf":
+            hf = self.tokenizer.tok
+            encode = getattr(hf, "encode_batch_fast", hf.encode_batch)
+            docs: Any = [e.ids for e in encode(list(texts), add_special_tokens=False)]
+        else:
+            enc = self.tokenizer.enc
+            if self.specials:
+                docs = enc.encode_batch(list(texts), allowed_special="all")
+            else:
+                docs = enc.encode_ordinary_batch(list(texts))
+        return _flatten(docs, self.dtype)
+
+    def char_offsets(self, text: str) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """(starts, ends) of each token of `text` in characters, from the tokenizer itself."""
+        if self.kind != "hf":  # byte and tiktoken always have byte lengths
+            raise AssertionError("char_offsets is only needed for Hugging Face tokenizers")
+        enc = self.tokenizer.tok.encode(text, add_special_tokens=False)
+        off = np.asarray(enc.offsets, np.int64).reshape(-1, 2)
+        return off[:, 0], off[:, 1]
+
+
+def _flatten(docs: Sequence[Sequence[int]], dtype: np.dtype) -> tuple[NDArray, NDArray[np.int64]]:
+    import array
+
+    flat = array.array("I")
+    lengths = array.array("q")
+    for d in docs:
+        lengths.append(len(d))
+        flat.extend(d)
+    return (
+        np.frombuffer(flat, np.uint32).astype(dtype, copy=False),
+        np.frombuffer(lengths, np.int64),
+    )
+
+
+def _char_to_byte(text: str) -> NDArray[np.int64] | None:
+    """Byte offset of every character boundary of `text` (None when it is ASCII: the same)."""
+    if text.isascii():
+        return None
+    cp = np.frombuffer(text.encode("utf-32-le"), np.uint32)
+    width = 1 + (cp >= 0x80).astype(np.int64) + (cp >= 0x800) + (cp >= 0x10000)
+    out = np.zeros(len(cp) + 1, np.int64)
+    np.cumsum(width, out=out[1:])
+    return out
+
+
+def overlap_mask(
+    starts: NDArray[np.int64],
+    ends: NDArray[np.int64],
+    span_starts: NDArray[np.int64],
+    span_ends: NDArray[np.int64],
+) -> NDArray[np.uint8]:
+    """transformers' rule: a token is marked when it overlaps the first span ending after its start.
+
+    Vectorised for spans in order and disjoint and token starts in order (what templates and
+    tokenizers produce); otherwise the loop transformers runs, token by token.
+    """
+    if not len(span_starts):
+        return np.zeros(len(starts), np.uint8)
+    ordered = (
+        np.all(span_starts[1:] >= span_ends[:-1])
+        and np.all(span_ends >= span_starts)
+        and np.all(starts[1:] >= starts[:-1])
+    )
+    if ordered:
+        i = np.searchsorted(span_ends, starts, side="right")
+        inside = i < len(span_ends)
+        mask = np.zeros(len(starts), bool)
+        mask[inside] = ends[inside] > span_starts[i[inside]]
+        return mask.astype(np.uint8)
+    out = np.zeros(len(starts), np.uint8)
+    k = 0
+    for t in range(len(starts)):
+        while k < len(span_ends) and starts[t] >= span_ends[k]:
+            k += 1
+        if k == len(span_ends):
+            break
+        if ends[t] > span_starts[k]:
+            out[t] = 1
+    return out
+
+
+def masks_for(
+    encoder: TextEncoder,
+    texts: Sequence[str],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    flat: NDArray,
+    lengths: NDArray[np.int64],
+) -> NDArray[np.uint8]:
+    """The flat loss mask of encoded texts: 1 on every token that overlaps one of its spans.
+
+    With byte lengths, the whole batch is one `overlap_mask` in batch byte coordinates (the
+    texts end to end: a document's spans only ever meet its own tokens); documents whose token
+    bytes do not add up to their text, and tokenizers without byte lengths, go one by one with
+    the tokenizer's character offsets.
+
+    Args:
+        encoder: what encoded them.
+        texts: the rendered texts.
+        spans: per text, its character spans (in order).
+        flat: the flat ids (`encoder.encode(texts)`).
+        lengths: tokens per text.
+    """
+    n = len(texts)
+    out = np.zeros(len(flat), np.uint8)
+    doc_off = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=doc_off[1:])
+    alone = range(n)
+    table = encoder.byte_lengths
+    if table is not None:
+        tok_bytes = table[flat.astype(np.int64, copy=False)]
+        tok_end = np.cumsum(tok_bytes)
+        ascii_ = [t.isascii() for t in texts]
+        nbytes = np.fromiter(
+            (len(t) if a else len(t.encode("utf-8")) for t, a in zip(texts, ascii_, strict=True)),
+            np.int64,
+            n,
+        )
+        doc_start = np.concatenate([[0], tok_end])[doc_off[:-1]]  # token bytes before each doc
+        good = segment_sums(tok_bytes, doc_off) == nbytes  # its tokens add up to its text
+        starts, stops = [], []
+        for d in np.flatnonzero(good):
+            doc_spans = spans[d]
+            if not doc_spans:
+                continue
+            base = int(doc_start[d])
+            if ascii_[d]:
+                starts += [base + a for a, _ in doc_spans]
+                stops += [base + b for _, b in doc_spans]
+            else:
+                to_bytes = _char_to_byte(texts[d])
+                starts += [base + int(to_bytes[a]) for a, _ in doc_spans]
+                stops += [base + int(to_bytes[b]) for _, b in doc_spans]
+        ss, se = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        tok_start = tok_end - tok_bytes
+        if len(ss) and np.all(ss[1:] >= se[:-1]) and np.all(se >= ss):
+            out[:] = overlap_mask(tok_start, tok_end, ss, se)
+            alone = np.flatnonzero(~good)
+        else:  # spans out of order somewhere: every document by itself
+            alone = range(n)
+    for d in alone:
+        doc_spans = spans[d]
+        if not doc_spans:
+            continue
+        a, b = int(doc_off[d]), int(doc_off[d + 1])
+        ss = np.fromiter((x for x, _ in doc_spans), np.int64, len(doc_spans))
+        se = np.fromiter((y for _, y in doc_spans), np.int64, len(doc_spans))
+        if table is not None:
+            ends = tok_end[a:b] - (int(tok_end[a - 1]) if a else 0)
+            starts_ = ends - tok_bytes[a:b]
+            if (int(ends[-1]) if b > a else 0) == int(nbytes[d]):
+                to_bytes = None if ascii_[d] else _char_to_byte(texts[d])
+                if to_bytes is not None:
+                    ss, se = to_bytes[ss], to_bytes[se]
+                out[a:b] = overlap_mask(starts_, ends, ss, se)
+                continue
+        starts_, ends = encoder.char_offsets(texts[d])  # offsets from the tokenizer (characters)
+        if len(starts_) != b - a:  # pragma: no cover - the same tokenizer, the same text
+            raise AssertionError("token offsets disagree with the ids")
+        out[a:b] = overlap_mask(starts_, ends, ss, se)
+    return out
