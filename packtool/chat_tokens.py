@@ -65,6 +65,12 @@ def _byte_level(tokenizer_json: dict[str, Any]) -> bool:
 class TextEncoder:
     """Encodes rendered texts with a packtool `Tokenizer`, with token offsets when asked.
 
+    The ids come from the tokenizer's own engine (packtool/tokenizer_engines.py: the fastest
+    library proven to give the reference library's ids), without BOS/EOS. For a tiktoken
+    tokenizer with `specials`, special-token text must become the special ids, which the
+    engines' ordinary encoding does not do: tiktoken itself encodes those texts
+    (`allowed_special="all"`).
+
     Args:
         tokenizer: a `packtool.tokenizers.Tokenizer` (`byte`, a Hugging Face tokenizer.json, or
             tiktoken).
@@ -78,25 +84,21 @@ class TextEncoder:
         self.specials = specials
         self.dtype = tokenizer.dtype
         self.byte_lengths: NDArray[np.int64] | None = None
+        self._reference: Any = None
+        self._tiktoken: Any = None
+        self._json: dict[str, Any] | None = None
         if self.kind == "byte":
             self.byte_lengths = np.ones(tokenizer.vocab_size, np.int64)
         elif self.kind == "hf":
-            hf = tokenizer.tok
-            if _byte_level(json.loads(hf.to_str())):
-                vocab = hf.get_vocab(with_added_tokens=False)
-                added = hf.get_added_tokens_decoder()
-                table = np.zeros(tokenizer.vocab_size, np.int64)
-                for token, i in vocab.items():
-                    table[i] = len(token)  # one character of the byte alphabet per byte
-                for i, token in added.items():
-                    table[i] = len(token.content.encode("utf-8"))
-                self.byte_lengths = table
+            self._json = json.loads(tokenizer.source.json)
+            if _byte_level(self._json):
+                self.byte_lengths = _hf_byte_lengths(self._json, tokenizer.vocab_size)
         elif self.kind == "tiktoken":
-            enc = tokenizer.enc
+            source = tokenizer.source
             table = np.zeros(tokenizer.vocab_size, np.int64)
-            for token, i in enc._mergeable_ranks.items():
+            for token, i in (source.ranks or {}).items():
                 table[i] = len(token)
-            for token, i in enc._special_tokens.items():
+            for token, i in (source.specials or {}).items():
                 table[i] = len(token.encode("utf-8"))
             self.byte_lengths = table
         else:  # pragma: no cover - a tokenizer kind this module does not know yet
@@ -110,25 +112,57 @@ class TextEncoder:
             encoded = [t.encode("utf-8") for t in texts]
             lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
             return np.frombuffer(b"".join(encoded), np.uint8).astype(self.dtype), lengths
-        if self.kind == "hf":
-            hf = self.tokenizer.tok
-            encode = getattr(hf, "encode_batch_fast", hf.encode_batch)
-            docs: Any = [e.ids for e in encode(list(texts), add_special_tokens=False)]
-        else:
-            enc = self.tokenizer.enc
-            if self.specials:
-                docs = enc.encode_batch(list(texts), allowed_special="all")
-            else:
-                docs = enc.encode_ordinary_batch(list(texts))
-        return _flatten(docs, self.dtype)
+        if self.kind == "tiktoken" and self.specials:
+            if self._tiktoken is None:
+                from packtool.tokenizer_engines import tiktoken_encoding
+
+                self._tiktoken = tiktoken_encoding(self.tokenizer.source)
+            docs = self._tiktoken.encode_batch(list(texts), allowed_special="all")
+            return _flatten(docs, self.dtype)
+        engine = self.tokenizer.encoder  # hf: added-token text becomes its id in every engine
+        flat, lengths = engine.flat(engine.encode(texts))
+        return flat.astype(self.dtype, copy=False), lengths
+
+    def token_text(self, i: int) -> str | None:
+        """The text of id `i` of a Hugging Face tokenizer (an added token, else the model's)."""
+        assert self._json is not None, "token_text is for Hugging Face tokenizers"
+        for t in self._json.get("added_tokens") or ():
+            if t.get("id") == i:
+                return t.get("content")
+        vocab = (self._json.get("model") or {}).get("vocab")
+        if isinstance(vocab, dict):
+            return next((token for token, j in vocab.items() if j == i), None)
+        if isinstance(vocab, list) and 0 <= i < len(vocab):  # Unigram: [token, score]
+            return vocab[i][0]
+        return None
 
     def char_offsets(self, text: str) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """(starts, ends) of each token of `text` in characters, from the tokenizer itself."""
         if self.kind != "hf":  # byte and tiktoken always have byte lengths
             raise AssertionError("char_offsets is only needed for Hugging Face tokenizers")
-        enc = self.tokenizer.tok.encode(text, add_special_tokens=False)
+        if self._reference is None:  # the reference library: the engines give no offsets
+            from tokenizers import Tokenizer as HFTok
+
+            self._reference = HFTok.from_str(self.tokenizer.source.json)
+        enc = self._reference.encode(text, add_special_tokens=False)
         off = np.asarray(enc.offsets, np.int64).reshape(-1, 2)
         return off[:, 0], off[:, 1]
+
+
+def _hf_byte_lengths(tokenizer_json: dict[str, Any], size: int) -> NDArray[np.int64] | None:
+    """Each id's length in bytes, for a byte-level BPE (None: a vocabulary of another shape)."""
+    vocab = (tokenizer_json.get("model") or {}).get("vocab")
+    if not isinstance(vocab, dict):
+        return None
+    table = np.zeros(size, np.int64)
+    for token, i in vocab.items():
+        if 0 <= i < size:
+            table[i] = len(token)  # one character of the byte alphabet per byte
+    for t in tokenizer_json.get("added_tokens") or ():
+        i = t.get("id")
+        if isinstance(i, int) and 0 <= i < size:
+            table[i] = len(str(t.get("content", "")).encode("utf-8"))
+    return table
 
 
 def _flatten(docs: Sequence[Sequence[int]], dtype: np.dtype) -> tuple[NDArray, NDArray[np.int64]]:

@@ -54,8 +54,9 @@ def chat_template_for(sft: SFTConfig, tokenizer: Any) -> ChatTemplate:
     folder = Path(identity.name).parent if identity.kind == "hf" else None
     fallback = {}
     if identity.kind == "hf":  # the ids' strings, when no tokenizer_config.json names them
+        encoder = text_encoder(tokenizer, specials=True)
         for name, i in (("bos_token", identity.bos_id), ("eos_token", identity.eos_id)):
-            token = tokenizer.tok.id_to_token(i) if i is not None else None
+            token = encoder.token_text(i) if i is not None else None
             if token is not None:
                 fallback[name] = token
     template = load_chat_template(sft.chat_template, tokenizer_dir=folder)
