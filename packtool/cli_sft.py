@@ -39,6 +39,14 @@ _OPTIONS = (
         "tokenizer's chat_template.jinja or tokenizer_config.json, beside its tokenizer.json].",
     ),
     click.option(
+        "--render-processes",
+        type=click.IntRange(min=0),
+        default=None,
+        metavar="N",
+        help="Processes that render chat templates (0: the main process) [default: one per "
+        "core for inputs of 1 MiB or more]. The output is the same.",
+    ),
+    click.option(
         "--prompt-field", default="prompt", show_default=True, help="Prompt field / column."
     ),
     click.option(
@@ -60,7 +68,10 @@ def sft_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, data_format: str, **kwargs: Any) -> Any:
-        names = ("train_on", "chat_template", "prompt_field", "completion_field", "messages_field")
+        names = (
+            "train_on", "chat_template", "render_processes", "prompt_field", "completion_field",
+            "messages_field",
+        )  # fmt: skip
         sft = SFTConfig(format=data_format, **{n: kwargs.pop(n) for n in names})
         return fn(*args, sft=sft, **kwargs)
 

@@ -44,6 +44,10 @@ class SFTConfig:
     """A chat template file (`.jinja`, or a `.json` with a `chat_template` entry); None: the
     tokenizer's own (`chat_template.jinja` or `tokenizer_config.json` beside its
     tokenizer.json)."""
+    render_processes: int | None = None
+    """Worker processes that render chat templates (packtool/chat_render.py): None: one per core
+    when there are two or more and the input holds at least `chat_render.POOL_MIN_BYTES`; 0:
+    render in the main process. The output is the same either way."""
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -61,6 +65,14 @@ class SFTConfig:
             raise ConfigError(f"prompt_field and completion_field are both {self.prompt_field!r}")
         if self.messages_field is not None and not self.messages_field:
             raise ConfigError("messages_field must be a non-empty string or None")
+        if self.render_processes is not None and (
+            isinstance(self.render_processes, bool)
+            or not isinstance(self.render_processes, int)
+            or self.render_processes < 0
+        ):
+            raise ConfigError(
+                f"render_processes must be None or an integer >= 0, got {self.render_processes!r}"
+            )
         if self.chat_template is not None and not self.chat_template:
             raise ConfigError("chat_template must be a file name or None")
 

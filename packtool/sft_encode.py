@@ -28,14 +28,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packtool.chat_template import (
-    ChatTemplate,
-    TemplateFailure,
-    load_chat_template,
-    normalize_messages,
+from packtool.chat_render import (
+    POOL_MIN_BYTES,
+    POOL_MIN_CONVERSATIONS,
+    RenderedBatch,
+    Renderer,
+    RenderPool,
+    render_processes,
+    rendered_in_order,
 )
+from packtool.chat_template import ChatTemplate, load_chat_template
 from packtool.chat_tokens import TextEncoder, masks_for
-from packtool.chat_turns import NotIncremental, check_turn_template, turn_spans
+from packtool.chat_turns import check_turn_template
 from packtool.columns import LOSS_MASK, get
 from packtool.corpus import ReadConfig, SkipCounter
 from packtool.errors import ConfigError
@@ -76,58 +80,27 @@ class _Prepared:
     """One batch after stage 1: what to encode, and how to mask it."""
 
     texts: list[str]
-    spans: list[list[tuple[int, int]]] = field(default_factory=list)
-    """Chat: per conversation, the character spans that are supervised."""
+    rendered: RenderedBatch | None = None
+    """Chat: the rendering (its supervised character spans, as flat arrays)."""
     wheres: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     extras: dict[str, list[str | None]] = field(default_factory=dict)
     nbytes: int = 0
 
 
-class ChatPreparer:
-    """Renders conversations and finds their supervised spans (stage 1)."""
-
-    def __init__(self, template: ChatTemplate, train_on: str, skips: SkipCounter) -> None:
-        self.template = template
-        self.train_on = train_on
-        self.skips = skips
-
-    def spans(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
-        """(text, spans) of one normalised conversation; raises what `__call__` counts."""
-        t = self.template
-        if self.train_on == "all":
-            text = t.render(messages).text
-            return text, [(0, len(text))]
-        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-        if not turns:
-            return t.render(messages).text, []
-        if t.has_generation:
-            r = t.render(messages, track=True)
-            spans = list(r.spans)
-            return r.text, spans[-1:] if self.train_on == "last" else spans
-        return turn_spans(t, messages, turns[-1:] if self.train_on == "last" else turns)
-
-    def __call__(self, records: Records) -> _Prepared:
-        out = _Prepared(texts=[], extras={k: [] for k in records.extras}, nbytes=records.nbytes)
-        for i, (where, value) in enumerate(zip(records.wheres, records.values, strict=True)):
-            try:
-                text, spans = self.spans(normalize_messages(value))
-            except TemplateFailure as exc:
-                self.skips.add("template_error", where, str(exc))
-                continue
-            except NotIncremental as exc:
-                self.skips.add("template_not_incremental", where, str(exc))
-                continue
-            if not spans:
-                self.skips.add("no_supervised_tokens", where, "no assistant turn")
-                continue
-            out.texts.append(text)
-            out.spans.append(spans)
-            out.wheres.append(where)
-            out.sources.append(records.sources[i])
-            for k, v in records.extras.items():
-                out.extras[k].append(v[i])
-        return out
+def _chat_prepared(records: Records, r: RenderedBatch, skips: SkipCounter) -> _Prepared:
+    """Stage 1 of chat records, once rendered: the skips counted, the kept records' fields."""
+    for i, reason, detail in r.skips:
+        skips.add(reason, records.wheres[i], detail)
+    kept = r.kept.tolist()
+    return _Prepared(
+        texts=r.texts(),
+        rendered=r,
+        wheres=[records.wheres[i] for i in kept],
+        sources=[records.sources[i] for i in kept],
+        extras={k: [v[i] for i in kept] for k, v in records.extras.items()},
+        nbytes=records.nbytes,
+    )
 
 
 @dataclass(frozen=True)
@@ -149,6 +122,7 @@ def encode_chat(
     template: ChatTemplate,
     tokenizer: Any,
     train_on: str = "assistant",
+    processes: int | None = None,
 ) -> list[EncodedChat]:
     """Encode conversations (messages or ShareGPT lists) as `packtool pack` does, in memory.
 
@@ -162,21 +136,36 @@ def encode_chat(
         template: the chat template (`chat_template.load_chat_template`).
         tokenizer: a `packtool.tokenizers.Tokenizer`.
         train_on: `assistant`, `last` or `all`.
+        processes: worker processes that render (packtool/chat_render.py); None: one per core
+            for `chat_render.POOL_MIN_CONVERSATIONS` conversations or more; 0: this process.
+            The result is the same.
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    prep = ChatPreparer(template, train_on, SkipCounter())
+    renderer = Renderer(template, train_on)
     encoder = text_encoder(tokenizer, specials=True)
+    if processes is None:
+        processes = render_processes(None) if len(conversations) >= POOL_MIN_CONVERSATIONS else 0
+    chunks = [conversations[at : at + _CHUNK] for at in range(0, len(conversations), _CHUNK)]
     out: list[EncodedChat] = []
-    # Render a chunk while the tokenizer (GIL released) encodes the one before.
-    with ThreadPoolExecutor(1, thread_name_prefix="packtool-encode") as pool:
-        jobs = []
-        for at in range(0, len(conversations), _CHUNK):
-            results, texts, spans = _render_chunk(prep, conversations[at : at + _CHUNK])
-            jobs.append((pool.submit(encoder.encode, texts), results, texts, spans))
-        for job, results, texts, spans in jobs:
-            flat, lengths = job.result()
-            out += _encoded(encoder, results, texts, spans, flat, lengths)
+    pool = RenderPool(renderer, processes) if processes else None
+    try:
+        # Render a chunk (here or in the pool) while the tokenizer (GIL released) encodes the
+        # one before.
+        rendered = rendered_in_order(
+            iter(chunks), lambda c: c, renderer, pool, convert=True, drop_unsupervised=False
+        )
+        with ThreadPoolExecutor(1, thread_name_prefix="packtool-encode") as threads:
+            jobs = []
+            for chunk, r in rendered:
+                texts = r.texts()
+                jobs.append((threads.submit(encoder.encode, texts), len(chunk), r, texts))
+            for job, n, r, texts in jobs:
+                flat, lengths = job.result()
+                out += _encoded(encoder, n, r, texts, flat, lengths)
+    finally:
+        if pool is not None:
+            pool.close()
     return out
 
 
@@ -197,55 +186,30 @@ def text_encoder(tokenizer: Any, *, specials: bool) -> TextEncoder:
     return per[specials]
 
 
-def _render_chunk(
-    prep: ChatPreparer, conversations: Sequence[Any]
-) -> tuple[list[EncodedChat | None], list[str], list[list[tuple[int, int]]]]:
-    from packtool.sft_inputs import BadRecord, to_messages
-
-    results: list[EncodedChat | None] = []
-    texts, spans = [], []
-    for conversation in conversations:
-        try:
-            text, doc_spans = prep.spans(normalize_messages(to_messages(conversation)))
-        except BadRecord as bad:
-            results.append(EncodedChat(skip=bad.reason, detail=bad.detail))
-            continue
-        except TemplateFailure as exc:
-            results.append(EncodedChat(skip="template_error", detail=str(exc)))
-            continue
-        except NotIncremental as exc:
-            results.append(EncodedChat(skip="template_not_incremental", detail=str(exc)))
-            continue
-        results.append(None)
-        texts.append(text)
-        spans.append(doc_spans)
-    return results, texts, spans
-
-
 def _encoded(
     encoder: TextEncoder,
-    results: list[EncodedChat | None],
+    n: int,
+    r: RenderedBatch,
     texts: list[str],
-    spans: list[list[tuple[int, int]]],
     flat: np.ndarray,
     lengths: np.ndarray,
 ) -> list[EncodedChat]:
-    mask = masks_for(encoder, texts, spans, flat, lengths)
-    off = np.concatenate([[0], np.cumsum(lengths)])
-    out, j = [], 0
-    for r in results:
-        if r is not None:
-            out.append(r)
-            continue
+    """The `EncodedChat` of each of the `n` conversations of a chunk, in order."""
+    mask = masks_for(encoder, texts, r.span_counts, r.span_starts, r.span_ends, flat, lengths)
+    off = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    out: list[EncodedChat | None] = [None] * n
+    for i, reason, detail in r.skips:
+        out[i] = EncodedChat(skip=reason, detail=detail)
+    counts = r.span_counts.tolist()
+    for j, i in enumerate(r.kept.tolist()):
         ids, m = flat[off[j] : off[j + 1]], mask[off[j] : off[j + 1]]
         if not len(ids):
-            out.append(EncodedChat(text=texts[j], skip="empty", detail="no tokens"))
-        elif not spans[j] or not m.any():
-            out.append(EncodedChat(ids=ids, mask=m, text=texts[j], skip="no_supervised_tokens"))
+            out[i] = EncodedChat(text=texts[j], skip="empty", detail="no tokens")
+        elif not counts[j] or not m.any():
+            out[i] = EncodedChat(ids=ids, mask=m, text=texts[j], skip="no_supervised_tokens")
         else:
-            out.append(EncodedChat(ids=ids, mask=m, text=texts[j]))
-        j += 1
-    return out
+            out[i] = EncodedChat(ids=ids, mask=m, text=texts[j])
+    return out  # type: ignore[return-value]
 
 
 def _prompt_completion(records: Records) -> _Prepared:
@@ -316,34 +280,61 @@ def sft_tables(
     from packtool.tokenized_writer import PIPELINE_DEPTH
 
     chat = kind in CHAT_KINDS
-    prepare: Any
-    if chat:
-        prepare = ChatPreparer(chat_template_for(read.sft, tokenizer), read.sft.train_on, skips)
-    else:
-        prepare = _prompt_completion
     encoder = text_encoder(tokenizer, specials=chat)
     identity = tokenizer.identity
+    pool: RenderPool | None = None
+    if chat:
+        renderer = Renderer(chat_template_for(read.sft, tokenizer), read.sft.train_on)
+        processes = render_processes(read.sft.render_processes)
+        if processes and (read.sft.render_processes or _input_bytes(paths) >= POOL_MIN_BYTES):
+            pool = RenderPool(renderer, processes)  # forked before the threads below start
 
     def prepared() -> Iterator[_Prepared]:
-        for records in read_records(paths, kind, read, skips):
-            yield prepare(records)
+        records = read_records(paths, kind, read, skips)
+        if not chat:
+            yield from map(_prompt_completion, records)
+            return
+        for batch, r in rendered_in_order(
+            records, lambda b: b.values, renderer, pool, convert=False, drop_unsupervised=True
+        ):
+            yield _chat_prepared(batch, r, skips)
 
     def encoded() -> Iterator[tuple[_Prepared, tuple[np.ndarray, np.ndarray]]]:
         for p in prefetch(prepared(), depth=PIPELINE_DEPTH):
             yield p, encoder.encode(p.texts)
 
     next_id = 0
-    for p, (flat, lengths) in prefetch(encoded(), depth=PIPELINE_DEPTH):
-        if chat:
-            mask = masks_for(encoder, p.texts, p.spans, flat, lengths)
-            ids, doc_len = flat, lengths
-        else:
-            ids, mask, doc_len = assemble_prompt_completion(
-                flat, lengths, identity.bos_id, identity.eos_id, read.sft.train_on
-            )
-        table = _table(p, ids, mask, doc_len, next_id, schema, skips)
-        next_id += table.num_rows
-        yield table, p.nbytes
+    stream = prefetch(encoded(), depth=PIPELINE_DEPTH)
+    try:
+        for p, (flat, lengths) in stream:
+            if chat:
+                r = p.rendered
+                assert r is not None
+                mask = masks_for(
+                    encoder, p.texts, r.span_counts, r.span_starts, r.span_ends, flat, lengths
+                )
+                ids, doc_len = flat, lengths
+            else:
+                ids, mask, doc_len = assemble_prompt_completion(
+                    flat, lengths, identity.bos_id, identity.eos_id, read.sft.train_on
+                )
+            table = _table(p, ids, mask, doc_len, next_id, schema, skips)
+            next_id += table.num_rows
+            yield table, p.nbytes
+    finally:
+        stream.close()
+        if pool is not None:
+            pool.close()
+
+
+def _input_bytes(paths: list[Path]) -> int:
+    import contextlib
+
+    total = 0
+    for path in paths:
+        with contextlib.suppress(OSError):  # the reader names the file
+            total += path.stat().st_size
+    return total
 
 
 def _table(

@@ -184,11 +184,13 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
     # Every file the inputs expand to, with its size and modification time: a file added to an
     # input folder, or edited, between the interrupted run and the resume changes the documents.
     inputs = [[str(p), st.st_size, st.st_mtime_ns] for p in checked.paths for st in (p.stat(),)]
+    read = asdict(config.read)
+    read["sft"].pop("render_processes")  # where templates render never changes a byte
     fingerprint = {
         "inputs": inputs,
         "pack": asdict(config.pack),
         "shards": asdict(config.shards),
-        "read": asdict(config.read),
+        "read": read,
         # Not the engine: every engine gives the same ids, so a resume may use another one.
         "tokenizer": {k: v for k, v in checked.identity.items() if k != "engine"},
         "chunk_docs": config.chunk_docs,
