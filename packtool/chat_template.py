@@ -37,7 +37,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -289,13 +289,30 @@ class ChatTemplate:
         self.has_generation = GENERATION_RE.search(source) is not None
         self.sha256 = hashlib.sha256(source.encode("utf-8")).hexdigest()
         self._watched: Any = None
+        self._globals = {id(self.template): dict(self.template.globals)}
 
     @property
     def watched(self) -> Any:
         """The same template compiled with a watched `namespace` (packtool/chat_turns.py)."""
         if self._watched is None:
             self._watched = _environment(watched=True).from_string(self.source)
+            self._globals[id(self._watched)] = dict(self._watched.globals)
         return self._watched
+
+    def blocks(self, compiled: Any, variables: dict[str, Any]) -> Iterator[str]:
+        """What `compiled.generate(variables)` yields (`compiled`: `template` or `watched`).
+
+        The same context jinja2 builds, without copying the template's globals out of their
+        `ChainMap` at every render (an eighth of a render's time); exceptions come as raised.
+        """
+        from jinja2.runtime import new_context
+
+        globals_ = self._globals[id(compiled)]
+        ctx = new_context(
+            compiled.environment, compiled.name, compiled.blocks, {**globals_, **variables}, True,
+            globals_,
+        )  # fmt: skip
+        return compiled.root_render_func(ctx)
 
     def variables(self, messages: Any, add_generation_prompt: bool) -> dict[str, Any]:
         return {
@@ -326,14 +343,14 @@ class ChatTemplate:
         variables = self.variables(messages, add_generation_prompt)
         if not track:
             try:
-                return Rendered(self.template.render(variables))
+                return Rendered("".join(self.blocks(self.template, variables)))
             except Exception as exc:  # the template is user code: any failure is its failure
                 raise TemplateFailure(failure_message(exc)) from None
         tracking = _Tracking()
         token = _TRACKING.set(tracking)
         blocks: list[str] = []
         try:
-            for block in self.template.generate(variables):
+            for block in self.blocks(self.template, variables):
                 blocks.append(block)
                 tracking.length += len(block)
         except Exception as exc:

@@ -272,7 +272,7 @@ def _render(template: ChatTemplate, messages: list[Any], agp: bool) -> tuple[str
     blocks: list[str] = []
     try:
         variables = template.variables(_Messages(messages, watch), agp)
-        for block in template.watched.generate(variables):
+        for block in template.blocks(template.watched, variables):
             blocks.append(block)
             watch.length += len(block)
     except Exception as exc:  # the template is user code
