@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import packtool.chat_render as chat_render
+import packtool.sft_encode as sft_encode
 from packtool.chat_render import Renderer, RenderPool, render_processes, rendered_in_order
 from packtool.chat_template import ChatTemplate
 from packtool.chat_tokens import overlap_mask
@@ -87,10 +88,12 @@ def test_encode_chat_in_a_pool_equals_in_process(source, train_on, convs):
     same(here, pooled)
 
 
-def test_encode_chat_pool_over_many_chunks_and_skips():
+def test_encode_chat_pool_over_many_chunks_and_skips(monkeypatch):
+    started = spy_pools(monkeypatch)
+    monkeypatch.setattr(sft_encode, "POOL_MIN_CONVERSATIONS", 1000)  # the default pools too
     rng = np.random.default_rng(0)
     convs = []
-    for k in range(1500):  # > POOL_MIN_CONVERSATIONS: the default uses the pool too
+    for k in range(1500):
         if k % 97 == 0:
             convs.append(BAD[k % len(BAD)])
             continue
@@ -105,8 +108,22 @@ def test_encode_chat_pool_over_many_chunks_and_skips():
     here = encode_chat(convs, template=template, tokenizer=tok, processes=0)
     for processes in (None, 1, 3):
         same(here, encode_chat(convs, template=template, tokenizer=tok, processes=processes))
+    assert started == [render_processes(None), 1, 3]
     reasons = {r.skip for r in here}
     assert {None, "template_error", "malformed_conversation", "empty", "unknown_role"} <= reasons
+
+
+def spy_pools(monkeypatch) -> list[int]:
+    """The process counts of the render pools started from now on."""
+    started: list[int] = []
+
+    class Spy(RenderPool):
+        def __init__(self, renderer, processes, method=None):
+            started.append(processes)
+            super().__init__(renderer, processes, method)
+
+    monkeypatch.setattr(sft_encode, "RenderPool", Spy)
+    return started
 
 
 def _records(n: int, seed: int, bad: bool = True):
@@ -130,12 +147,14 @@ def _records(n: int, seed: int, bad: bool = True):
 
 
 @pytest.mark.parametrize("source", [FAIL + GEN, FAIL + TURNS], ids=["generation", "turns"])
-def test_tokenize_in_a_pool_writes_the_same_bytes_and_skips(tmp_path, source):
+def test_tokenize_in_a_pool_writes_the_same_bytes_and_skips(tmp_path, source, monkeypatch):
     path = tmp_path / "c.jsonl"
     path.write_text("\n".join(_records(700, 1)) + "\n", "utf-8")
     template = template_file(tmp_path, source)
+    started = spy_pools(monkeypatch)
+    monkeypatch.setattr(sft_encode, "POOL_MIN_BYTES", path.stat().st_size)  # None: a pool
     outs, skips = {}, {}
-    for processes in (0, 1, 2):
+    for processes in (0, 1, 2, None):
         sft = SFTConfig(chat_template=str(template), render_processes=processes)
         read = ReadConfig(sft=sft, batch_docs=37, extra_fields=("id",))  # many batches
         out = tmp_path / f"t{processes}.parquet"
@@ -143,7 +162,8 @@ def test_tokenize_in_a_pool_writes_the_same_bytes_and_skips(tmp_path, source):
         outs[processes] = pq.read_table(out)
         skips[processes] = summary.skips
     assert outs[0].num_rows > 500
-    for processes in (1, 2):
+    assert started == [1, 2, render_processes(None)]
+    for processes in (1, 2, None):
         assert outs[processes].equals(outs[0])
         assert skips[processes] == skips[0]
     assert {"template_error", "malformed_json", "unknown_role"} <= set(skips[0])
