@@ -179,15 +179,20 @@ def _flatten(docs: Sequence[Sequence[int]], dtype: np.dtype) -> tuple[NDArray, N
     )
 
 
-def _char_to_byte(text: str) -> NDArray[np.int64] | None:
-    """Byte offset of every character boundary of `text` (None when it is ASCII: the same)."""
-    if text.isascii():
-        return None
-    cp = np.frombuffer(text.encode("utf-32-le"), np.uint32)
-    width = 1 + (cp >= 0x80).astype(np.int64) + (cp >= 0x800) + (cp >= 0x10000)
-    out = np.zeros(len(cp) + 1, np.int64)
-    np.cumsum(width, out=out[1:])
-    return out
+def _char_to_byte(text: str, chars: NDArray[np.int64]) -> NDArray[np.int64]:
+    """The byte offsets in `text` (UTF-8) of the character offsets `chars`.
+
+    One encode of the text between consecutive offsets (C speed, nothing per character in Python
+    or numpy): spans have few boundaries, texts many characters.
+    """
+    points = sorted(set(chars.tolist()))
+    at: dict[int, int] = {}
+    prev = nbytes = 0
+    for c in points:
+        nbytes += len(text[prev:c].encode("utf-8"))
+        at[c] = nbytes
+        prev = c
+    return np.fromiter(map(at.__getitem__, chars.tolist()), np.int64, len(chars))
 
 
 def overlap_mask(
@@ -284,9 +289,9 @@ def masks_for(
         good = segment_sums(tok_bytes, doc_off) == nbytes  # its tokens add up to its text
         ss, se = span_starts.copy(), span_ends.copy()  # characters -> bytes of their text
         for d in np.flatnonzero(~ascii_ & good & (span_counts > 0)):
-            to_bytes = _char_to_byte(texts[d])
             a, b = span_off[d], span_off[d + 1]
-            ss[a:b], se[a:b] = to_bytes[ss[a:b]], to_bytes[se[a:b]]
+            both = _char_to_byte(texts[d], np.concatenate([ss[a:b], se[a:b]]))
+            ss[a:b], se[a:b] = both[: b - a], both[b - a :]
         keep = good[span_doc]
         ss = ss[keep] + doc_start[span_doc[keep]]
         se = se[keep] + doc_start[span_doc[keep]]
@@ -306,9 +311,9 @@ def masks_for(
             ends = tok_end[a:b] - (int(tok_end[a - 1]) if a else 0)
             starts_ = ends - tok_bytes[a:b]
             if (int(ends[-1]) if b > a else 0) == int(nbytes[d]):
-                to_bytes = None if ascii_[d] else _char_to_byte(texts[d])
-                if to_bytes is not None:
-                    ss, se = to_bytes[ss], to_bytes[se]
+                if not ascii_[d]:
+                    both = _char_to_byte(texts[d], np.concatenate([ss, se]))
+                    ss, se = both[: len(ss)], both[len(ss) :]
                 out[a:b] = overlap_mask(starts_, ends, ss, se)
                 continue
         starts_, ends = encoder.char_offsets(texts[d])  # offsets from the tokenizer (characters)

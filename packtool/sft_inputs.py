@@ -341,8 +341,9 @@ def _objects(
             if not isinstance(obj, dict):
                 skips.add("malformed_json", where, f"a JSON {_json_type(obj)}, not an object")
                 continue
-            has = kind_of_record(obj, read)
-            if not seen and has not in (
+            if seen:  # (the kind of a record is asked only until one has the fields)
+                pass
+            elif kind_of_record(obj, read) not in (
                 kind,
                 *((SHAREGPT, MESSAGES) if kind in CHAT_KINDS else ()),
             ):

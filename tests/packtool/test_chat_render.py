@@ -309,3 +309,13 @@ def test_overlap_mask_equals_transformers_loop(widths, cuts, shuffle, data):
         ss, se = ss[::-1].copy(), se[::-1].copy()
     got = overlap_mask(starts, ends, ss, se).tolist()
     assert got == _loop(starts.tolist(), ends.tolist(), ss.tolist(), se.tolist())
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=60), data=st.data())
+def test_character_offsets_to_bytes(text, data):
+    from packtool.chat_tokens import _char_to_byte
+
+    chars = data.draw(st.lists(st.integers(0, len(text)), max_size=10))
+    got = _char_to_byte(text, np.asarray(chars, np.int64)).tolist()
+    assert got == [len(text[:c].encode("utf-8")) for c in chars]
