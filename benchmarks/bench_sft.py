@@ -1,6 +1,7 @@
 """Fine-tuning data: chat rendering + tokenizing against transformers, and `pack` against TRL.
 
-Run: `python -m benchmarks.bench_sft [--copies 3] [--repeat 3] [--quick] [--no-readme]`.
+Run: `python -m benchmarks.bench_sft [--copies 3] [--repeat 5] [--pool-copies 20] [--quick]
+[--no-readme]`.
 
 Data (bench_data/sft/, git-ignored, made once): sample_data/chat.jsonl (700 generated
 conversations, 1-8 exchanges) `--copies` times; a byte-level BPE tokenizer (vocabulary 8,192)
@@ -18,7 +19,7 @@ turn-by-turn masks, where transformers returns no mask (its row renders and toke
    tokenized Parquet (reading, rendering, encoding, masks and writing, in its pipeline), with
    rendering in the main process (the default below 8 MiB of input) and in a pool of 2 forked
    processes (`--render-processes 2`, packtool/chat_render.py). CPU seconds count this process
-   and its children.
+   and its children. The same two on `--pool-copies` copies (above the pool's threshold).
 2. End to end at max_len 2048: `packtool pack` (the whole process) against TRL's SFTTrainer data
    path (`load_dataset("json")`, `map` with `apply_chat_template` and the assistant mask, the
    labels, `trl.pack_dataset(..., strategy="bfd")`): wall time, rows, efficiency and supervised
@@ -255,12 +256,39 @@ def packtool_pack(path: Path, folder: Path, template_path: Path, max_len: int, o
     }
 
 
+def pool_table(copies: int, repeat: int, tok) -> tuple[str, int, float]:
+    """`packtool tokenize` of a bigger input, rendering in process and in 2 processes."""
+    path = chat_file(copies)
+    n = sum(1 for _ in path.open("rb"))
+    rows = []
+    for name in ("qwen2_5_training", "qwen2_5"):
+        template_path = DATA / f"{name}.jinja"
+        best: dict[int, tuple[float, float]] = {}
+        for _ in range(repeat):
+            for processes in (0, 2):
+                c0, t0 = _cpu(), time.perf_counter()
+                run_packtool_tokenize(path, template_path, tok, DATA / "big.parquet", processes)
+                seconds, cpu = time.perf_counter() - t0, _cpu() - c0
+                if processes not in best or seconds < best[processes][0]:
+                    best[processes] = (seconds, cpu)
+        for processes, (seconds, cpu) in best.items():
+            where = "main process" if not processes else f"{processes} processes"
+            rows.append([
+                f"`{name}`", where, f"{seconds:.2f}", f"{n / seconds:,.0f}", f"{cpu:.2f}",
+                f"{best[0][0] / seconds:.2f}x",
+            ])  # fmt: skip
+    (DATA / "big.parquet").unlink(missing_ok=True)
+    header = ["template", "rendering in", "seconds", "conversations/s", "CPU s", "vs main process"]
+    return markdown_table(header, rows), n, path.stat().st_size / 1e6
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--copies", type=int, default=3)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="1 copy, 1 repeat")
     p.add_argument("--no-readme", action="store_true")
+    p.add_argument("--pool-copies", type=int, default=20, help="input copies for the pool table")
     p.add_argument(
         "--trl-worker", nargs=2, metavar=("JSONL", "TOKENIZER_DIR"), help=argparse.SUPPRESS
     )
@@ -274,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(_map_worker(Path(path), Path(folder), name, mask == "1", int(num_proc))))
         return
     if args.quick:
-        args.copies, args.repeat = 1, 1
+        args.copies, args.repeat, args.pool_copies = 1, 1, 2
     from packtool.chat_template import ChatTemplate
     from packtool.tokenizers import load_tokenizer
 
@@ -345,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
         ["template", "run", "output", "conversations/s", "M tokens/s", "CPU s", "vs transformers"],
         rows,
     )
+    table_pool, big_n, big_mb = pool_table(args.pool_copies, args.repeat, tok)
     e2e_path = path
     template_path = DATA / "qwen2_5_training.jinja"
     best_pt, best_trl = None, None
@@ -384,7 +413,12 @@ def main(argv: list[str] | None = None) -> None:
         "conversations longer than a row are truncated by both (TRL's `bfd`, packtool's "
         f"`--long-docs truncate`); best of {args.repeat}, interleaved:"
     )
-    body = f"{head}\n\n{table1}\n\n{tail}\n\n{table2}"
+    pool_head = (
+        f"`packtool tokenize` on sample_data/chat.jsonl x{args.pool_copies} ({big_n:,} "
+        f"conversations, {big_mb:.1f} MB; the render pool is the default from 8 MiB), rendering "
+        f"in the main process and in 2 forked processes; best of {args.repeat}, interleaved:"
+    )
+    body = f"{head}\n\n{table1}\n\n{pool_head}\n\n{table_pool}\n\n{tail}\n\n{table2}"
     print(body)
     if not args.no_readme:
         update_readme("sft", body)
