@@ -21,7 +21,7 @@ def test_sft_example_packs_chat_data_and_the_assistant_loss_falls(tmp_path):
     assert len(losses) == 14
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3
     index = json.loads((tmp_path / "packed" / "index.json").read_text())
-    assert index["columns"][-1] == "loss_mask"
+    assert "loss_mask" in index["columns"]
     assert index["long_docs"] == "truncate"  # a conversation is never split across rows
     c = index["counts"]
     assert 0 < c["tokens_supervised"] < c["tokens_out"]

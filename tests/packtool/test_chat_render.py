@@ -319,3 +319,25 @@ def test_character_offsets_to_bytes(text, data):
     chars = data.draw(st.lists(st.integers(0, len(text)), max_size=10))
     got = _char_to_byte(text, np.asarray(chars, np.int64)).tolist()
     assert got == [len(text[:c].encode("utf-8")) for c in chars]
+
+
+def test_cli_render_processes(tmp_path, monkeypatch):
+    from tests.cli import run
+
+    started = spy_pools(monkeypatch)
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(_records(120, 3)) + "\n", "utf-8")
+    template = template_file(tmp_path, FAIL + GEN)
+    tables = []
+    for n in ("2", "0"):
+        out = tmp_path / f"t{n}.parquet"
+        code, _, err = run(
+            "tokenize", path, "-o", out, "--tokenizer", "byte", "--chat-template", template,
+            "--render-processes", n,
+        )  # fmt: skip
+        assert code == 0, err
+        tables.append(pq.read_table(out))
+    assert started == [2]  # 0: no pool
+    assert tables[0].equals(tables[1]) and tables[0].num_rows > 80
+    code, _, err = run("tokenize", path, "-o", tmp_path / "x.parquet", "--render-processes", "-1")
+    assert code == 2 and "-1" in err
