@@ -47,7 +47,7 @@ class NotIncremental(Exception):
     """The turn boundaries of this conversation cannot be found without guessing."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Event:
     seq: int
     pos: int
@@ -89,10 +89,12 @@ class _Watch:
         self.events.append(_Event(self.tick(), self.length, min(reach, self.n - 1)))
 
     def fetched(self, index: int, loop: int, peek: bool) -> None:
-        reach = min(index, self.n - 1)
-        ev = _Event(self.tick(), self.length, reach, fetch=index, loop=loop, peek=peek)
+        """A loop asked for element `index` (<= n; n: the end of the list)."""
+        n = self.n
+        self.seq += 1
+        ev = _Event(self.seq, self.length, index if index < n else n - 1, index, loop, peek)
         self.events.append(ev)
-        if index == self.n and loop >= 0 and not peek:
+        if index == n and loop >= 0 and not peek:
             self.ends[loop] = ev
 
     # the `namespace` watcher protocol (packtool/chat_template.namespace_class)
@@ -123,9 +125,10 @@ class _Iterator:
     def __next__(self) -> Any:
         v = self.view
         index = v._start + self.i
+        n = v._watch.n
         peek = sys._getframe(1).f_code.co_name == "_peek_next"
-        v._watch.fetched(min(index, v._watch.n), self.loop, peek)
-        if index >= v._watch.n:
+        v._watch.fetched(index if index < n else n, self.loop, peek)
+        if index >= n:
             raise StopIteration
         self.i += 1
         return v._all[index]
