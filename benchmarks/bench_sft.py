@@ -17,7 +17,7 @@ turn-by-turn masks, where transformers returns no mask (its row renders and toke
    `datasets.Dataset.map` of that call with `num_proc=2` (the usual way to use both cores);
    packtool `encode_chat` (the library, in memory); packtool `tokenize` from the JSONL file to
    tokenized Parquet (reading, rendering, encoding, masks and writing, in its pipeline), with
-   rendering in the main process (the default below 8 MiB of input) and in a pool of 2 forked
+   rendering in the main process (the default here) and in a pool of 2 forked
    processes (`--render-processes 2`, packtool/chat_render.py). CPU seconds count this process
    and its children. The same two on `--pool-copies` copies (above the pool's threshold).
 2. End to end at max_len 2048: `packtool pack` (the whole process) against TRL's SFTTrainer data
@@ -415,7 +415,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     pool_head = (
         f"`packtool tokenize` on sample_data/chat.jsonl x{args.pool_copies} ({big_n:,} "
-        f"conversations, {big_mb:.1f} MB; the render pool is the default from 8 MiB), rendering "
+        f"conversations, {big_mb:.1f} MB; from 8 MiB the render pool is the default for turn masks), "
+        "rendering "
         f"in the main process and in 2 forked processes; best of {args.repeat}, interleaved:"
     )
     body = f"{head}\n\n{table1}\n\n{pool_head}\n\n{table_pool}\n\n{tail}\n\n{table2}"

@@ -44,7 +44,8 @@ _OPTIONS = (
         default=None,
         metavar="N",
         help="Processes that render chat templates (0: the main process) [default: one per "
-        "core for inputs of 8 MiB or more]. The output is the same.",
+        "core for inputs of 8 MiB or more whose template needs turn masks]. The output is the "
+        "same.",
     ),
     click.option(
         "--prompt-field", default="prompt", show_default=True, help="Prompt field / column."

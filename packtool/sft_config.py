@@ -46,8 +46,9 @@ class SFTConfig:
     tokenizer.json)."""
     render_processes: int | None = None
     """Worker processes that render chat templates (packtool/chat_render.py): None: one per core
-    when there are two or more and the input holds at least `chat_render.POOL_MIN_BYTES`; 0:
-    render in the main process. The output is the same either way."""
+    when there are two or more, the input holds at least `chat_render.POOL_MIN_BYTES` and the
+    template needs turn masks (`chat_render.pool_pays`), else the main process; 0: the main
+    process. The output is the same either way."""
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:

@@ -34,6 +34,7 @@ from packtool.chat_render import (
     RenderedBatch,
     Renderer,
     RenderPool,
+    pool_pays,
     render_processes,
     rendered_in_order,
 )
@@ -137,7 +138,8 @@ def encode_chat(
         tokenizer: a `packtool.tokenizers.Tokenizer`.
         train_on: `assistant`, `last` or `all`.
         processes: worker processes that render (packtool/chat_render.py); None: one per core
-            for `chat_render.POOL_MIN_CONVERSATIONS` conversations or more; 0: this process.
+            for `chat_render.POOL_MIN_CONVERSATIONS` conversations or more when rendering is
+            most of the work (`chat_render.pool_pays`: turn masks); 0: this process.
             The result is the same.
     """
     from concurrent.futures import ThreadPoolExecutor
@@ -145,7 +147,8 @@ def encode_chat(
     renderer = Renderer(template, train_on)
     encoder = text_encoder(tokenizer, specials=True)
     if processes is None:
-        processes = render_processes(None) if len(conversations) >= POOL_MIN_CONVERSATIONS else 0
+        big = len(conversations) >= POOL_MIN_CONVERSATIONS and pool_pays(renderer)
+        processes = render_processes(None) if big else 0
     chunks = [conversations[at : at + _CHUNK] for at in range(0, len(conversations), _CHUNK)]
     out: list[EncodedChat] = []
     pool = RenderPool(renderer, processes) if processes else None
@@ -286,7 +289,8 @@ def sft_tables(
     if chat:
         renderer = Renderer(chat_template_for(read.sft, tokenizer), read.sft.train_on)
         processes = render_processes(read.sft.render_processes)
-        if processes and (read.sft.render_processes or _input_bytes(paths) >= POOL_MIN_BYTES):
+        big = _input_bytes(paths) >= POOL_MIN_BYTES and pool_pays(renderer)
+        if processes and (read.sft.render_processes or big):
             pool = RenderPool(renderer, processes)  # forked before the threads below start
 
     def prepared() -> Iterator[_Prepared]:

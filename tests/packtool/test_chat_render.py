@@ -88,7 +88,8 @@ def test_encode_chat_in_a_pool_equals_in_process(source, train_on, convs):
     same(here, pooled)
 
 
-def test_encode_chat_pool_over_many_chunks_and_skips(monkeypatch):
+@pytest.mark.parametrize("source", [FAIL + GEN, FAIL + TURNS], ids=["generation", "turns"])
+def test_encode_chat_pool_over_many_chunks_and_skips(monkeypatch, source):
     started = spy_pools(monkeypatch)
     monkeypatch.setattr(sft_encode, "POOL_MIN_CONVERSATIONS", 1000)  # the default pools too
     rng = np.random.default_rng(0)
@@ -103,12 +104,14 @@ def test_encode_chat_pool_over_many_chunks_and_skips(monkeypatch):
              "".join(rng.choice(PIECES, int(rng.integers(0, 5))))}
             for i in range(n)
         ])  # fmt: skip
-    template = ChatTemplate(FAIL + GEN, name="t")
+    template = ChatTemplate(source, name="t")
     tok = load_tokenizer("byte")
     here = encode_chat(convs, template=template, tokenizer=tok, processes=0)
     for processes in (None, 1, 3):
         same(here, encode_chat(convs, template=template, tokenizer=tok, processes=processes))
-    assert started == [render_processes(None), 1, 3]
+    # By default a pool only where rendering is most of the work (turn masks).
+    default = [render_processes(None)] if source.endswith(TURNS) and render_processes(None) else []
+    assert started == [*default, 1, 3]
     reasons = {r.skip for r in here}
     assert {None, "template_error", "malformed_conversation", "empty", "unknown_role"} <= reasons
 
@@ -162,7 +165,8 @@ def test_tokenize_in_a_pool_writes_the_same_bytes_and_skips(tmp_path, source, mo
         outs[processes] = pq.read_table(out)
         skips[processes] = summary.skips
     assert outs[0].num_rows > 500
-    assert started == [1, 2, render_processes(None)]
+    default = [render_processes(None)] if source.endswith(TURNS) and render_processes(None) else []
+    assert started == [1, 2, *default]
     for processes in (1, 2, None):
         assert outs[processes].equals(outs[0])
         assert skips[processes] == skips[0]
