@@ -3,10 +3,13 @@
     packtool pack sample_data/corpus.jsonl -o /tmp/packed --max-len 512
     python examples/train.py --data /tmp/packed --steps 300 --ckpt /tmp/ckpt.pt
     python examples/train.py --data /tmp/packed --steps 600 --ckpt /tmp/ckpt.pt --resume
+    python examples/train.py --mixture mix.yaml --steps 300   # several datasets, docs/mixtures.md
 
 Every step prints (and appends to ``--log`` as JSON lines) the loss; a checkpoint holds the
 model, the optimizer, the loader position and the step, so a resumed run continues the same
-loss curve it would have followed without the interruption.
+loss curve it would have followed without the interruption. With ``--mixture`` the log also has
+the loss per source; resuming with an edited mixture file continues every kept source from its
+cursor (a warning says what changed).
 """
 
 from __future__ import annotations
@@ -18,15 +21,18 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from attention import ModelConfig, Transformer
-from loader import PackedDataLoader, PackedDataset
+from loader import MixedDataLoader, MixedDataset, PackedDataLoader, PackedDataset, token_sources
 from packtool.errors import PacktoolError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", required=True, help="folder written by `packtool pack`")
+    data = p.add_mutually_exclusive_group(required=True)
+    data.add_argument("--data", help="folder written by `packtool pack`")
+    data.add_argument("--mixture", help="mixture file of several packed folders (docs/mixtures.md)")
     p.add_argument("--steps", type=int, default=300, help="train until this global step")
     p.add_argument("--rows-per-batch", type=int, default=4)
     p.add_argument("--dim", type=int, default=128)
@@ -36,7 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=20, help="linear learning-rate warm-up steps")
     p.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="model init (and data order, but a mixture's file has its own seed)",
+    )
     p.add_argument(
         "--precision",
         choices=["auto", "fp32", "bf16"],
@@ -78,6 +89,21 @@ def save_checkpoint(path: str, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def loss_by_source(logits: torch.Tensor, batch: dict, names: list[str]) -> dict[str, float]:
+    """Mean next-token loss of each source's tokens in a mixture batch (no gradient)."""
+    with torch.no_grad():
+        labels = batch["labels"].to(logits.device)
+        per_token = F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="none")
+        src = token_sources(batch).to(logits.device)
+        counted = labels != -100
+        out = {}
+        for i, name in enumerate(names):
+            mine = counted & (src == i)
+            if mine.any():
+                out[name] = float(per_token[mine].mean())
+        return out
+
+
 def lr_at(step: int, args: argparse.Namespace) -> float:
     return args.lr * min(1.0, (step + 1) / max(args.warmup, 1))
 
@@ -94,36 +120,49 @@ def main(argv: list[str] | None = None) -> list[float]:
     bf16 = args.precision == "bf16" or (args.precision == "auto" and native_bf16(device))
 
     try:
-        dataset = PackedDataset(args.data, rows_per_batch=args.rows_per_batch, seed=args.seed)
+        if args.mixture:
+            dataset = MixedDataset(args.mixture, rows_per_batch=args.rows_per_batch)
+            vocab, max_len = dataset.sources[0].tokenizer["vocab_size"], dataset.max_len
+        else:
+            dataset = PackedDataset(args.data, rows_per_batch=args.rows_per_batch, seed=args.seed)
+            vocab, max_len = dataset.store.manifest.tokenizer["vocab_size"], dataset.store.max_len
     except PacktoolError as exc:  # a missing or damaged --data folder: one line, no traceback
         raise SystemExit(f"error: {exc}") from None
-    manifest = dataset.store.manifest
     cfg = ModelConfig(
-        vocab_size=int(manifest.tokenizer["vocab_size"]),
+        vocab_size=int(vocab),
         dim=args.dim,
         n_layers=args.layers,
         n_heads=args.heads,
         n_kv_heads=args.kv_heads,
-        max_seq_len=int(manifest.max_len),
+        max_seq_len=int(max_len),
         loss_normalization=args.loss_normalization,
     )
     torch.manual_seed(args.seed)
     model = Transformer(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    loader = PackedDataLoader(dataset)
+    mixed = isinstance(dataset, MixedDataset)
+    loader = MixedDataLoader(dataset) if mixed else PackedDataLoader(dataset)
 
     step, epoch = 0, 0
     if args.resume:
         state = torch.load(args.ckpt, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"])
-        step, epoch = state["step"], state["loader"]["packed_dataset"]["epoch"]
-        print(f"resumed at step {step} (epoch {epoch})")
+        try:
+            loader.load_state_dict(state["loader"])
+        except PacktoolError as exc:  # a checkpoint of other data: one line, no traceback
+            raise SystemExit(f"error: {exc}") from None
+        step = state["step"]
+        epoch = 0 if mixed else state["loader"]["packed_dataset"]["epoch"]
+        print(f"resumed at step {step}" + ("" if mixed else f" (epoch {epoch})"))
+    what = (
+        "mixture of " + ", ".join(f"{s.name} {s.weight:g}" for s in dataset.spec.sources)
+        if mixed
+        else f"{len(dataset.store.manifest.shards)} shard(s)"
+    )
     print(
         f"model {model.num_parameters() / 1e6:.2f} M params, vocab {cfg.vocab_size}, "
-        f"max_len {cfg.max_seq_len}, {len(dataset.store.manifest.shards)} shard(s), "
-        f"{'bf16 autocast' if bf16 else 'fp32'} on {device}"
+        f"max_len {cfg.max_seq_len}, {what}, {'bf16 autocast' if bf16 else 'fp32'} on {device}"
     )
 
     def checkpoint() -> None:
@@ -144,7 +183,8 @@ def main(argv: list[str] | None = None) -> list[float]:
     t0, start_step = time.perf_counter(), step
     try:
         while step < args.steps:
-            dataset.set_epoch(epoch)  # keeps a pending resume of this epoch
+            if not mixed:
+                dataset.set_epoch(epoch)  # keeps a pending resume of this epoch
             for batch in loader:
                 for group in opt.param_groups:
                     group["lr"] = lr_at(step, args)
@@ -164,6 +204,8 @@ def main(argv: list[str] | None = None) -> list[float]:
                     "tokens": int(batch["input_ids"].numel()),
                     "epoch": epoch,
                 }
+                if mixed:
+                    record["loss_by_source"] = loss_by_source(out.logits, batch, dataset.names)
                 if log:
                     log.write(json.dumps(record) + "\n")
                     log.flush()
@@ -177,6 +219,9 @@ def main(argv: list[str] | None = None) -> list[float]:
                 if step >= args.steps:
                     break
             else:
+                if mixed:  # a mixture is one run: it ended (its total or a source's cap)
+                    print(f"the mixture ended at step {step}: {dataset.describe()['done']}")
+                    break
                 epoch += 1
     finally:
         if log:

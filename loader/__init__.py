@@ -4,6 +4,8 @@ from loader.collate import IGNORE_INDEX, collate
 from loader.config import LoaderConfig, OnlineConfig
 from loader.dataloader import PackedDataLoader, make_dataloader
 from loader.dataset import PackedDataset
+from loader.mixture import MixedDataset, token_sources
+from loader.mixture_loader import MixedDataLoader
 from loader.online import OnlinePacker
 from loader.record import Documents
 from loader.rows import PackedRows, RowBatcher
@@ -16,6 +18,8 @@ __all__ = [
     "Documents",
     "IGNORE_INDEX",
     "LoaderConfig",
+    "MixedDataLoader",
+    "MixedDataset",
     "OnlineConfig",
     "OnlinePacker",
     "PackedDataLoader",
@@ -27,4 +31,5 @@ __all__ = [
     "StreamingPackedDataset",
     "collate",
     "make_dataloader",
+    "token_sources",
 ]

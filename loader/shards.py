@@ -20,7 +20,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from types import MappingProxyType
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +42,8 @@ from packtool.columns import BYTES, TOKEN, Column, loaded_optional
 from packtool.errors import DataError
 from packtool.manifest import Manifest, dataset_folder, read_manifest, sha256_file
 
+_NO_COLUMNS: Mapping[str, np.ndarray] = MappingProxyType({})
+"""The optional columns of a row of a store that has none."""
 _COLUMNS = ("input_ids", "doc_offsets", "doc_ids")
 """The required columns the loader reads; the optional ones it carries come from the manifest's
 `columns` and the declaration (`ShardStore.optional`)."""
@@ -324,62 +328,67 @@ class ShardStore:
         """Per row: (tokens, cu_seqlens, doc ids, optional columns) views into cached row groups;
         total tokens and documents."""
         groups = self.row_group_of(rows)
+        local = (rows - self._rg_start[groups]).tolist()
         parts = []
         n_tokens = n_docs = 0
-        for row, g in zip(rows.tolist(), groups.tolist(), strict=True):
+        optional = self.optional
+        for i, g in zip(local, groups.tolist(), strict=True):
             data = self.row_group(g)
-            i = row - int(self._rg_start[g])
-            a, b = int(data.token_offsets[i]), int(data.token_offsets[i + 1])
-            oa, ob = int(data.doc_offsets_offsets[i]), int(data.doc_offsets_offsets[i + 1])
+            a, b = data.token_offsets[i : i + 2].tolist()
+            oa, ob = data.doc_offsets_offsets[i : i + 2].tolist()
             ia = int(data.doc_ids_offsets[i])
-            extra = {
-                c.name: data.columns[c.name][a:b]
-                if c.level == TOKEN
-                else data.columns[c.name][ia : ia + ob - oa - 1]
-                for c in self.optional
-            }
-            parts.append(
-                (
-                    data.tokens[a:b],
-                    data.doc_offsets[oa:ob],
-                    data.doc_ids[ia : ia + ob - oa - 1],
-                    extra,
-                )
+            ib = ia + ob - oa - 1
+            extra = (
+                {
+                    c.name: data.columns[c.name][a:b]
+                    if c.level == TOKEN
+                    else data.columns[c.name][ia:ib]
+                    for c in optional
+                }
+                if optional
+                else _NO_COLUMNS
             )
+            parts.append((data.tokens[a:b], data.doc_offsets[oa:ob], data.doc_ids[ia:ib], extra))
             n_tokens += b - a
-            n_docs += ob - oa - 1
+            n_docs += ib - ia
         return parts, n_tokens, n_docs
 
-    def gather_into(self, rows: np.ndarray, dest: Documents) -> tuple[int, int] | None:
-        """Write the rows' documents into the front of preallocated arrays.
+    def gather_into(
+        self, rows: np.ndarray, dest: Documents, at: tuple[int, int] = (0, 0)
+    ) -> tuple[int, int] | None:
+        """Write the rows' documents into preallocated arrays, from token and document `at`.
 
         Args:
             rows: Global row indices, in batch order.
             dest: Destination arrays: tokens (any integer dtype that holds `token_dtype`),
                 doc_lens (int32), doc_ids (int64) and one array per optional column (`optional`).
+            at: The token and document of `dest` where the rows go (a mixture writes several
+                stores' rows one after another).
 
         Returns:
-            `(n_tokens, n_docs)` written at the front of the arrays, or None (nothing written)
-            when they are too small.
+            `(n_tokens, n_docs)` written from `at`, or None (nothing written) when the arrays
+            are too small.
         """
         parts, n_tokens, n_docs = self._slices(rows)
-        if n_tokens > dest.n_tokens or n_docs > min(dest.n_docs, len(dest.doc_ids)):
+        t, d = at
+        if t + n_tokens > dest.n_tokens or d + n_docs > min(dest.n_docs, len(dest.doc_ids)):
             return None
-        self._write(parts, dest)
+        self._write(parts, dest, t, d)
         return n_tokens, n_docs
 
-    def _write(self, parts: list[tuple], dest: Documents) -> None:
-        t = d = 0
+    def _write(self, parts: list[tuple], dest: Documents, t: int = 0, d: int = 0) -> None:
+        tokens, doc_lens, doc_ids, columns = dest.tokens, dest.doc_lens, dest.doc_ids, dest.columns
+        optional = self.optional
         for tok, off, ids, extra in parts:
             n, k = len(tok), len(ids)
-            dest.tokens[t : t + n] = tok
-            np.subtract(off[1:], off[:-1], out=dest.doc_lens[d : d + k])
-            dest.doc_ids[d : d + k] = ids
-            for c in self.optional:
+            tokens[t : t + n] = tok
+            np.subtract(off[1:], off[:-1], out=doc_lens[d : d + k])
+            doc_ids[d : d + k] = ids
+            for c in optional:
                 if c.level == TOKEN:
-                    dest.columns[c.name][t : t + n] = extra[c.name]
+                    columns[c.name][t : t + n] = extra[c.name]
                 else:
-                    dest.columns[c.name][d : d + k] = extra[c.name]
+                    columns[c.name][d : d + k] = extra[c.name]
             t += n
             d += k
 

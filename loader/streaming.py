@@ -170,6 +170,11 @@ class StreamingPackedDataset(IterableDataset):
         self._live = live
         return self._generate(live)
 
+    def _emit(self, rows: PackedRows) -> Any:
+        """What the stream yields for one batch of packed rows: the batch dict (a mixture's
+        source yields the rows' `Documents` instead, loader/mixture_sources.py)."""
+        return rows.collate(**self.collate_kwargs)
+
     def _generate(self, live: dict[str, Any]) -> Iterator[dict]:
         packer: OnlinePacker = live["packer"]
         batcher: RowBatcher = live["batcher"]
@@ -177,8 +182,7 @@ class StreamingPackedDataset(IterableDataset):
         slot, n_slots = live["slot"], live["n_slots"]
         while True:
             while live["ready"]:
-                rows: PackedRows = live["ready"].pop(0)
-                yield rows.collate(**self.collate_kwargs)
+                yield self._emit(live["ready"].pop(0))
             if live["done"]:
                 return
             g = live["next_group"]

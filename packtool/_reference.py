@@ -72,3 +72,48 @@ def bfd_reference(lengths: Sequence[int], max_len: int) -> tuple[list[int], list
         rem[best] -= length
         stamp[best] = step
     return row, offset, len(rem)
+
+
+def mix_reference(
+    weights: Sequence[float],
+    seg: list[int],
+    windows: list[list[int]],
+    cap_left: list[int],
+    *,
+    tokens_mode: bool,
+    max_units: int,
+    tokens_left: int,
+    n_out: int,
+) -> tuple[list[int], int, int, int]:
+    """The mixture schedule's rule (packtool/schedule.py) as a plain loop over Python lists.
+
+    Chooses up to `n_out` rows; `seg` and `cap_left` are updated in place and each chosen row is
+    popped from the front of its source's window. Returns `(sources, status, which,
+    tokens_left)` with the statuses of `packtool.schedule.mix_kernel`.
+    """
+    out: list[int] = []
+    while len(out) < n_out:
+        total = float(sum(seg))
+        lags = [w * total - float(s) if w > 0 else None for w, s in zip(weights, seg, strict=True)]
+        eligible = [
+            ((float(max_units) - e) / w, i)
+            for i, (w, e) in enumerate(zip(weights, lags, strict=True))
+            if e is not None and e >= 0.0
+        ]
+        if eligible:
+            best = min(eligible)[1]  # smallest slack; ties: the earlier source
+        else:
+            best = max((e, -i) for i, e in enumerate(lags) if e is not None)[1] * -1
+        if not windows[best]:
+            return out, 1, best, tokens_left
+        length = windows[best].pop(0)
+        out.append(best)
+        seg[best] += length if tokens_mode else 1
+        tokens_left -= length
+        if cap_left[best] > 0:
+            cap_left[best] -= 1
+            if cap_left[best] == 0:
+                return out, 2, best, tokens_left
+        if tokens_left <= 0:
+            return out, 3, -1, tokens_left
+    return out, 0, -1, tokens_left

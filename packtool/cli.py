@@ -7,17 +7,23 @@ usage errors exit with 2. Nothing here is imported by the library.
 from __future__ import annotations
 
 import functools
+import gc
+import os
 import signal
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+import threading
 from typing import Any
 
 import click
 
 from packtool import __version__, interrupt
-from packtool.cli_sft import sft_options
+from packtool.cli_sft import CorpusOptions, corpus_options, sft_options
 from packtool.errors import ConfigError, PacktoolError
+
+# numpy's OpenBLAS starts a spinning thread per core at import; no command does linear algebra,
+# and on 2 cores those threads took ~0.3 s of start-up from the tokenizer and numba's loading.
+# Set before numpy is first imported (commands import it lazily); an explicit value wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -81,118 +87,28 @@ def inspect_cmd(directory: str, row: int | None, plot: str | None, as_json: bool
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.format())
 
 
-# --- shared corpus/tokenizer options (tokenize, stats, pack): `@corpus_options` ---
+@cli.command("mix")
+@click.argument("mixture", metavar="MIXTURE")
+@click.option("--tokens", help="Plan this many tokens (10B, 2.5M, ...).")
+@click.option("--steps", help="Plan this many global steps (give a batch size).")
+@click.option("--rows-per-batch", type=click.IntRange(min=1))
+@click.option("--tokens-per-batch", type=click.IntRange(min=1))
+@click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
+    """Plan a mixture file: each source's tokens, epochs and share (docs/mixtures.md).
 
+    Runs the loader's schedule on each source's index.json; the length is --tokens or --steps,
+    else the file's total. Warns about a source repeated past its max_epochs.
+    """
+    import json
 
-@dataclass(frozen=True)
-class CorpusOptions:
-    """The parsed `@corpus_options`; build the library objects with the two methods."""
+    from packtool.mix_plan import plan_file
 
-    text_field: str
-    text_column: str
-    tokenizer: str
-    eos_id: str | None
-    no_eos: bool
-    bos_id: str | None
-    strict: bool
-    tokenizer_engine: str = "auto"
-
-    def read_config(self, **overrides: Any) -> Any:
-        """A `packtool.corpus.ReadConfig` (overrides: e.g. `extra_fields=("lang",)`)."""
-        from packtool.corpus import ReadConfig
-
-        fields = {"text_field": self.text_field, "text_column": self.text_column}
-        return ReadConfig(**{**fields, "strict": self.strict, **overrides})
-
-    def load_tokenizer(self, workers: int | None = None) -> Any:
-        """A `packtool.tokenizers.Tokenizer` from --tokenizer/--eos-id/--no-eos/--bos-id."""
-        from packtool.tokenizers import load_tokenizer
-
-        if self.no_eos and self.eos_id is not None:
-            raise ConfigError("--eos-id and --no-eos contradict each other; pass one")
-        eos = None if self.no_eos else _special_id("--eos-id", self.eos_id or "default")
-        bos = None if self.bos_id is None else _special_id("--bos-id", self.bos_id)
-        tok = load_tokenizer(
-            self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
-        )
-        if tok.engine_note:
-            click.echo(f"note: {tok.engine_note}; encoding with {tok.identity.engine}", err=True)
-        return tok
-
-
-def _special_id(flag: str, value: str) -> int | str:
-    if value == "default":
-        return value
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise ConfigError(f"{flag} must be a token id >= 0 or 'default', got {value!r}")
-    return number
-
-
-def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the input/reader/tokenizer options; the command receives `corpus: CorpusOptions`."""
-    options = [
-        click.option(
-            "--text-field", default="text", show_default=True, help="JSONL key with the text."
-        ),
-        click.option(
-            "--text-column", default="text", show_default=True, help="Parquet column with the text."
-        ),
-        click.option(
-            "--tokenizer",
-            default="byte",
-            show_default=True,
-            help="byte | PATH/tokenizer.json (or hf:PATH) | FOLDER with tokenizer.json | org/model "
-            "(Hugging Face cache, else downloaded) | PATH.tiktoken | tiktoken:NAME",
-        ),
-        click.option(
-            "--tokenizer-engine",
-            default="auto",
-            show_default=True,
-            metavar="auto|NAME[,NAME]",
-            help="What encodes: auto = the fastest engine that loads this tokenizer and gives "
-            "the reference library's ids on a probe text (fastokens, else tokenizers / "
-            "tiktoken); or engine names tried in order. Ids never depend on it.",
-        ),
-        click.option(
-            "--eos-id",
-            default=None,
-            metavar="ID|default",
-            help="EOS id appended to every document [default: the tokenizer's own].",
-        ),
-        click.option("--no-eos", is_flag=True, help="Append no EOS."),
-        click.option(
-            "--bos-id", default=None, metavar="ID|default", help="BOS id put before every document."
-        ),
-        click.option(
-            "--strict", is_flag=True, help="Stop at the first bad document instead of skipping it."
-        ),
-    ]
-
-    @functools.wraps(fn)
-    def wrapper(
-        *args: Any,
-        text_field: str,
-        text_column: str,
-        tokenizer: str,
-        eos_id: str | None,
-        no_eos: bool,
-        bos_id: str | None,
-        strict: bool,
-        tokenizer_engine: str,
-        **kwargs: Any,
-    ) -> Any:
-        corpus = CorpusOptions(
-            text_field, text_column, tokenizer, eos_id, no_eos, bos_id, strict, tokenizer_engine
-        )
-        return fn(*args, corpus=corpus, **kwargs)
-
-    for option in reversed(options):
-        wrapper = option(wrapper)
-    return wrapper
+    plan = plan_file(mixture, **length)
+    for line in plan.warnings:
+        click.echo(f"warning: {line}", err=True)
+    click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else plan.format())
 
 
 @cli.command("tokenize")
@@ -474,10 +390,28 @@ def pack_cmd(
     """
     import json
     import shlex
+    from concurrent.futures import ThreadPoolExecutor
 
+    def tokenizer_for_inputs() -> Any:
+        from packtool.tokenize import input_identity
+
+        explicit = bool(_explicit(ctx, _TOKENIZER_OPTIONS))
+        return (
+            corpus.load_tokenizer(workers) if explicit or input_identity(inputs) is None else None
+        )
+
+    # Start-up overlaps: the tokenizer loads in one thread (fastokens' builder releases the GIL)
+    # while this one imports the packer (numba) and another loads its kernels from numba's
+    # cache. Errors keep their order: the tokenizer's surface only where it is awaited below.
+    loader = ThreadPoolExecutor(1, thread_name_prefix="packtool-tokenizer")
+    loading = loader.submit(tokenizer_for_inputs)
+    loader.shutdown(wait=False)
+    from packtool import kernels
     from packtool.engines.local import RunConfig, run_pack
     from packtool.pack import PackConfig
     from packtool.shards import ShardConfig
+
+    threading.Thread(target=kernels.warm_up, name="packtool-kernels", daemon=True).start()
 
     extra = () if group_by in (None, "source") else (group_by,)
     if long_docs is None:  # a loss mask's documents are never split (packtool/pack_columns.py)
@@ -505,12 +439,7 @@ def pack_cmd(
         resume=resume,
         command=shlex.join(["packtool", *sys.argv[1:]]) if sys.argv else "packtool pack",
     )
-    explicit = bool(_explicit(ctx, _TOKENIZER_OPTIONS))
-    from packtool.tokenize import input_identity
-
-    tokenizer = (
-        corpus.load_tokenizer(workers) if explicit or input_identity(inputs) is None else None
-    )
+    tokenizer = loading.result()
     interrupt.note[0] = functools.partial(interrupt.resume_note, output, overwrite)
     if engine == "ray":
         from packtool.engines.ray import RayConfig, run_pack_ray
@@ -529,6 +458,10 @@ def pack_cmd(
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
     previous = interrupt.install_sigint()
+    # Python's default (700 allocations) ran ~250 young and 2 full collections during a pack's
+    # imports and numba's kernel loading: 0.3-0.45 s with the GIL held. A command is one
+    # short process whose data is arrays, not cycles; collections stay on, just rarer.
+    gc.set_threshold(10_000, 10, 10)
     try:
         cli.main(args=argv, prog_name="packtool", standalone_mode=False)
     except PacktoolError as exc:

@@ -74,3 +74,56 @@ def test_checkpoint_folder_is_created_and_bad_data_is_one_line(packed, tmp_path)
     assert ckpt.is_file()
     with pytest.raises(SystemExit, match=r"^error: .*no_such_folder"):
         train.main(_args(tmp_path / "no_such_folder", tmp_path, 1))
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory, packed) -> Path:
+    """A mixture file: the packed sample slice and a second slice of the corpus."""
+    tmp = tmp_path_factory.mktemp("mixture")
+    lines = (ROOT / "sample_data" / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+    corpus = tmp / "other.jsonl"
+    corpus.write_text("\n".join(lines[150:260]) + "\n", encoding="utf-8")
+    other = tmp / "other"
+    result = CliRunner().invoke(
+        cli, ["pack", str(corpus), "-o", str(other), "--max-len", "256", "--workers", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    file = tmp / "mix.json"
+    file.write_text(
+        json.dumps(
+            {
+                "total_steps": 40,
+                "sources": [
+                    {"name": "first", "path": str(packed), "weight": 0.7},
+                    {"name": "second", "path": str(other), "weight": 0.3},
+                ],
+            }
+        )
+    )
+    return file
+
+
+def _mix_args(mixture: Path, steps: int, *extra: str) -> list[str]:
+    args = _args(Path("unused"), Path("unused"), steps, *extra)
+    i = args.index("--data")
+    return args[:i] + ["--mixture", str(mixture)] + args[i + 2 :]
+
+
+def test_a_mixture_trains_logs_loss_per_source_and_resumes(mixture, tmp_path):
+    train = _train_module()
+    log = tmp_path / "mix.jsonl"
+    straight = train.main(_mix_args(mixture, 8, "--log", str(log)))
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(records) == 8 and set(records[0]["loss_by_source"]) <= {"first", "second"}
+    assert any(len(r["loss_by_source"]) == 2 for r in records)
+    ckpt = tmp_path / "mix.pt"
+    first = train.main(_mix_args(mixture, 3, "--ckpt", str(ckpt)))
+    second = train.main(_mix_args(mixture, 8, "--ckpt", str(ckpt), "--resume"))
+    assert first + second == straight
+    edited = tmp_path / "edited.json"
+    spec = json.loads(mixture.read_text())
+    spec["sources"][1]["weight"] = 0.9
+    edited.write_text(json.dumps(spec))
+    with pytest.warns(UserWarning, match="weight of 'second' 0.3 -> 0.9"):
+        more = train.main(_mix_args(edited, 10, "--ckpt", str(ckpt), "--resume"))
+    assert len(more) == 2

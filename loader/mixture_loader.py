@@ -1,0 +1,185 @@
+"""`MixedDataLoader`: a torch DataLoader over a `MixedDataset` that keeps the mixture's position.
+
+Every worker computes the whole schedule and every step, and gathers the rows of each step whose
+row group it owns (`MixedDataset.owners`: a hash of source and row group), so each row group is
+decoded by one worker only, whatever the mixture interleaves. It sends its part of each step in
+compact form through the shared-memory ring of loader/transport.py, with the step's layout (the
+owner, tokens, documents and source of every row) and the mixture state after the step; the
+trainer splices the parts back into the step's row order, expands the batch (loader/collate.py)
+and keeps the state of the last batch it handed out, which `state_dict()` returns. The batches
+do not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader, get_worker_info
+
+from loader.mixture import MixedDataset
+from loader.record import Documents
+from loader.transport import CompactBatch, Ring
+from packtool.columns import TOKEN, get
+from packtool.schedule import load_kernel, state_after
+
+
+def _as_is(item: Any) -> Any:
+    """collate_fn: items are whole batches (or parts of one); the default would turn the numpy
+    arrays beside a compact part into shared tensors, one socket round trip each."""
+    return item
+
+
+class _WorkerInit:
+    def __init__(self, ring: Ring, user_fn: Callable[[int], None] | None) -> None:
+        self.ring, self.user_fn = ring, user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        get_worker_info().dataset._worker_ring = self.ring
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
+def splice(parts: dict[int, Documents], layout: np.ndarray) -> Documents:
+    """One step's documents in row order from the workers' parts.
+
+    Args:
+        parts: Per worker, its rows' documents in row order.
+        layout: int64 `(4, rows)`: per row of the step, its owner, tokens, documents and
+            source.
+    """
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    owner, row_tokens, row_docs = layout[0], layout[1], layout[2]
+    starts = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
+    run_owner = owner[starts].tolist()
+    run_tokens = np.add.reduceat(row_tokens, starts).tolist()
+    run_docs = np.add.reduceat(row_docs, starts).tolist()
+    first = next(iter(parts.values()))
+    per_token = [n for n in first.columns if get(n).level == TOKEN]
+    per_doc = [n for n in first.columns if get(n).level != TOKEN]
+    tokens, lens, ids = [], [], []
+    columns: dict[str, list[np.ndarray]] = {n: [] for n in first.columns}
+    at = dict.fromkeys(parts, (0, 0))  # next token and document of each part
+    for w, nt, nd in zip(run_owner, run_tokens, run_docs, strict=True):
+        pt, pd = at[w]
+        part = parts[w]
+        tokens.append(part.tokens[pt : pt + nt])
+        lens.append(part.doc_lens[pd : pd + nd])
+        ids.append(part.doc_ids[pd : pd + nd])
+        for n in per_token:
+            columns[n].append(part.columns[n][pt : pt + nt])
+        for n in per_doc:
+            columns[n].append(part.columns[n][pd : pd + nd])
+        at[w] = (pt + nt, pd + nd)
+    return Documents(
+        np.concatenate(tokens),
+        np.concatenate(lens),
+        np.concatenate(ids),
+        {n: np.concatenate(v) for n, v in columns.items()},
+    )
+
+
+class MixedDataLoader(DataLoader):
+    """A DataLoader whose `state_dict()` resumes the mixture exactly where it stopped.
+
+    Args:
+        dataset: The mixture (it yields whole batches, so `batch_size=None`).
+        num_workers: Worker processes (0: load in the main process).
+        **kwargs: Passed to `torch.utils.data.DataLoader` (pin_memory, prefetch_factor, ...);
+            workers are not persistent (each iteration starts them with its start state).
+    """
+
+    def __init__(self, dataset: MixedDataset, *, num_workers: int = 0, **kwargs: Any) -> None:
+        kwargs.pop("persistent_workers", None)
+        kwargs.setdefault("collate_fn", _as_is)
+        super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+        self._mixed = dataset
+        self._user_worker_init = self.worker_init_fn
+        self._state: dict[str, Any] | None = None
+        # With workers: (next step, schedule chunk, rows of it) after the last batch handed out;
+        # the state is made from it only when asked for.
+        self._where: tuple[int, Any, int] | None = None
+
+    def _new_ring(self) -> Ring:
+        ds = self._mixed
+        # A worker can have its in-flight items (8 parts each) plus a few parts waiting for
+        # the other workers' parts of the same steps.
+        in_flight = ((self.prefetch_factor or 2) * self.num_workers + 2) * 8
+        return Ring(
+            num_workers=self.num_workers,
+            slots=2 * in_flight,
+            max_tokens=ds.max_batch_tokens,
+            max_docs=ds.max_batch_docs(),
+            token_dtype=ds.token_dtype,
+            columns=ds.columns,
+        )
+
+    def __iter__(self) -> Iterator[dict]:
+        ds = self._mixed
+        start = ds.start_state()
+        self._state, self._where = start, None
+        if self.num_workers == 0:
+            for batch in super().__iter__():
+                self._state = None  # the dataset's own position (made when asked for)
+                yield batch
+            return
+        load_kernel()  # the workers forked below inherit it
+        ring = self._new_ring()
+        self.worker_init_fn = _WorkerInit(ring, self._user_worker_init)
+        pin = bool(self.pin_memory)
+        waiting: dict[int, dict[int, tuple[CompactBatch, tuple]]] = {}
+        chunks: dict[int, Any] = {}  # schedule chunks by id (the recent ones)
+        consumed = int(start["step"])
+        for chunk in super().__iter__():
+            for item, meta in chunk:
+                waiting.setdefault(item.step, {})[meta[0]] = (item, meta)
+            while consumed in waiting:
+                parts = waiting[consumed]
+                _, layout, _, n_parts = next(iter(parts.values()))[1]
+                if len(parts) < n_parts:
+                    break  # another worker's part of this step is still on its way
+                del waiting[consumed]
+                # per row of the step: owner, tokens, documents, source
+                layout = np.frombuffer(layout, np.int64).reshape(4, -1)
+                next_step, cid, j, new = parts[min(parts)][1][2]
+                if new is not None:
+                    chunks[cid] = new
+                    for old in [c for c in chunks if c < cid - 8]:
+                        del chunks[old]
+                try:
+                    views = {w: ring.take(item) for w, (item, _) in parts.items()}
+                    docs = splice(views, layout)
+                    filler = next(iter(parts.values()))[0].filler
+                    sources = np.repeat(layout[3], layout[2])
+                    batch = ds.expand(docs, sources, filler=filler, pin_memory=pin)
+                finally:
+                    for item, _ in parts.values():
+                        ring.release(item)
+                consumed += 1
+                self._where = (next_step, chunks[cid], j)
+                end = chunks[cid].end
+                ds.report(end["events"], chunks[cid].start["rows"] + j)
+                yield batch
+        if waiting:
+            raise RuntimeError(f"mixture workers skipped step {consumed}; this is a bug")
+
+    def __len__(self) -> int:
+        """Steps left (`MixedDataset.__len__`). Workers send a part of a step each, so torch's
+        own count of items fetched against this length would warn for nothing."""
+        return len(self._mixed)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch handed out (before any: where iteration starts)."""
+        if self._where is not None:
+            step, chunk, j = self._where
+            self._state = self._mixed._state(step, state_after(self._mixed.names, chunk, j))
+            self._where = None
+        state = self._state if self._state is not None else self._mixed.state_dict()
+        return {"mixed_dataset": state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from `state_dict()` (or a `MixedDataset` state)."""
+        self._mixed.load_state_dict(state)
+        self._state = self._where = None

@@ -1,0 +1,315 @@
+"""A mixture's sources, row by row: each source's epoch order as a `packtool.schedule`
+`LengthReader`, plus the rows themselves for gathering.
+
+A packed source reads its epoch order and row counts the way `PackedDataset` does, lazily: the
+order is the dataset's `EpochOrder` (loader/permutation.py: a window of rows computed when a
+position inside it is first asked for), shuffled with the mixture's seed and shuffle settings,
+and a row's tokens, documents and attention cost come from the dataset's `RowIndex`
+(loader/row_index.py: one row group's counts read when first touched, an LRU bounded in bytes).
+Nothing per row of a source is held: at 10^9 rows a source costs what a `PackedDataset` costs
+(~12 bytes per row group for each of the two epoch orders kept, 20 for the shard store's table,
+the index's 32 MB cache), not the 24 bytes a row of `ShardStore.row_index()`.
+
+A streaming source (`StreamingPackedDataset`) is packed whole, as one stream (one slot, whatever
+the rank and worker), so its rows do not depend on how many workers read the mixture; each
+process packs it ahead in small windows and forgets rows once the mixture has passed them.
+Resuming it re-packs its current epoch up to the cursor (the cost of online packing: its state is
+its buffer, not a position).
+
+Both gather rows as `loader.record.Documents` with the mixture's optional columns; a source
+without one of them (a plain source in a mixture with masked ones) fills it as "no mask" would
+read (`loss_mask` 1: every token a target, as `PackedDataset` trains on such a source).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loader.config import LoaderConfig
+from loader.dataset import PackedDataset
+from loader.online_state import config_state
+from loader.permutation import EpochOrder
+from loader.record import Documents
+from loader.rows import PackedRows
+from loader.streaming import StreamingPackedDataset
+from packtool.columns import LOSS_MASK, TOKEN, Column, get
+from packtool.errors import ConfigError
+from packtool.mixture import SourceSpec
+from packtool.tokenize import input_columns
+
+STREAM_BLOCK = 256
+"""Positions of a streaming source that count as one "row group" (prefetch, worker ownership)."""
+MISSING_FILL = {LOSS_MASK: 1}
+"""What a source without an optional column contributes to it (a mask of 1: all supervised)."""
+
+
+def missing_fill(column: Column, source: str) -> int:
+    """The value a source lacking `column` fills it with, or a `ConfigError`."""
+    if column.name not in MISSING_FILL:
+        raise ConfigError(
+            f"source {source!r} has no {column.name!r} column but other sources of the mixture "
+            f"do; a mixture can fill only {sorted(MISSING_FILL)}"
+        )
+    return MISSING_FILL[column.name]
+
+
+def fill_missing(
+    dest: Documents, have: tuple[Column, ...], name: str, t: int, d: int, n_tok: int, n_doc: int
+) -> None:
+    """Fill the columns of `dest` that the source (`have`) lacks, for its `n_tok` tokens and
+    `n_doc` documents written from token `t` and document `d`."""
+    own = {c.name for c in have}
+    for col, values in dest.columns.items():
+        if col not in own:
+            c = get(col)
+            a, n = (t, n_tok) if c.level == TOKEN else (d, n_doc)
+            values[a : a + n] = missing_fill(c, name)
+
+
+class PackedSource:
+    """A packed dataset folder as a mixture source.
+
+    Args:
+        spec: The source (its `path` a folder or a `PackedDataset`, whose folder is used).
+        config: The mixture's loader settings (seed, shuffle, shuffle_window, cache, verify,
+            page checksums).
+    """
+
+    kind = "packed"
+    window = 4096
+
+    def __init__(self, spec: SourceSpec, config: LoaderConfig) -> None:
+        self.name = spec.name
+        path = spec.path.store.path if isinstance(spec.path, PackedDataset) else spec.path
+        self.ds = PackedDataset(
+            path,
+            rows_per_batch=1,
+            seed=config.seed,
+            shuffle=config.shuffle,
+            shuffle_window=config.shuffle_window,
+            cache_bytes=config.cache_bytes,
+            verify=config.verify,
+            page_checksums=config.page_checksums,
+            rank=0,
+            world_size=1,
+        )
+        self.store = self.ds.store
+        self.index = self.ds.index  # RowIndex: counts per row group, loaded on demand
+        self.path = str(self.store.path)
+        self.fingerprint = self.ds.fingerprint
+        self.tokenizer = dict(self.store.manifest.tokenizer)
+        self.max_len = int(self.store.max_len)
+        self.token_dtype = self.store.token_dtype
+        self.num_rows = int(self.store.num_rows)
+        self.columns: tuple[Column, ...] = self.store.optional
+        self._orders: OrderedDict[int, EpochOrder] = OrderedDict()
+
+    def order(self, epoch: int) -> EpochOrder:
+        """`epoch`'s row order (the mixture reads two epochs at an epoch's edge: both kept)."""
+        order = self._orders.get(epoch)
+        if order is None:
+            order = self.ds.order(epoch)
+            self._orders[epoch] = order
+            while len(self._orders) > 2:
+                self._orders.popitem(last=False)
+        return order
+
+    def epoch_rows(self, epoch: int) -> int:
+        return self.num_rows
+
+    def ids(self, epoch: int, start: int, n: int) -> np.ndarray:
+        """Row ids at positions `start .. start + n - 1` of `epoch`'s order (fewer at its end)."""
+        return self.order(epoch).rows(start, start + n)
+
+    def lengths(self, epoch: int, start: int, n: int) -> np.ndarray:
+        return self.index.stats(self.ids(epoch, start, n))[0]
+
+    def describe_rows(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
+        """`(row ids, documents, attention cost, row groups)` of `n` rows from `start`."""
+        ids = self.ids(epoch, start, n)
+        _, docs, sq = self.index.stats(ids)
+        return ids, docs, sq, self.store.row_group_of(ids)
+
+    def top_n_docs(self, k: int) -> np.ndarray:
+        """The `k` largest per-row document counts (one pass over the counts: static shape)."""
+        return self.index.top_n_docs(k)
+
+    def docs_per_token(self) -> float:
+        """Documents per token over the first (up to) 64 row groups (sizes ring slots)."""
+        tokens = docs = 0
+        for g in range(min(self.index.num_groups, 64)):
+            stats = self.index.group(g)
+            tokens += int(stats.lengths.sum())
+            docs += int(stats.n_docs.sum())
+        return docs / max(tokens, 1)
+
+    def gather_into(self, rows: np.ndarray, dest: Documents, t: int, d: int) -> tuple[int, int]:
+        """Write rows (row ids) into `dest` from token `t` and document `d` (the caller sized it
+        from the counts); `(tokens, documents)` written."""
+        sizes = self.store.gather_into(rows, dest, (t, d))
+        assert sizes is not None
+        if len(dest.columns) > len(self.columns):
+            fill_missing(dest, self.columns, self.name, t, d, *sizes)
+        return sizes
+
+    @property
+    def pending(self) -> int:
+        """Row groups handed to the decode thread and not yet used."""
+        return self.store.pending_row_groups
+
+    def prefetch(self, groups: np.ndarray) -> None:
+        """Start decoding these row groups (first-use order; cached or pending ones skipped)."""
+        self.store.prefetch(groups)
+
+    def release(self, epoch: int, pos: int) -> None:
+        """Nothing to forget: rows are read from the shards on demand."""
+
+    def close_iteration(self) -> None:
+        self.store.cancel_prefetch()
+
+
+class _OneStream(StreamingPackedDataset):
+    """The whole source as one stream: slot 0 of 1 in every process and DataLoader worker,
+    yielding each packed row's `Documents` (optional columns included) instead of a batch."""
+
+    def _slot(self) -> tuple[int, int]:
+        return 0, 1
+
+    def _emit(self, rows: PackedRows) -> Documents:
+        return rows.documents
+
+
+class StreamSource:
+    """A `StreamingPackedDataset` as a mixture source (see the module docstring)."""
+
+    kind = "streaming"
+    window = 256
+
+    def __init__(self, spec: SourceSpec, config: LoaderConfig) -> None:
+        src: StreamingPackedDataset = spec.path
+        self.name = spec.name
+        self.path = ", ".join(str(p) for p in src.paths[:3]) + (
+            " ..." if len(src.paths) > 3 else ""
+        )
+        self.ds = _OneStream(
+            src.paths, src.config, rows_per_batch=1, shard_by=src.shard_by, rank=0, world_size=1
+        )
+        h = hashlib.sha256()
+        for p in src.paths:
+            h.update(f"{Path(p).name}:{Path(p).stat().st_size};".encode())
+        h.update(repr((src.num_documents, sorted(config_state(src.config).items()))).encode())
+        self.fingerprint = h.hexdigest()[:16]
+        self.tokenizer = src.identity.to_dict() if src.identity is not None else {}
+        self.max_len = int(src.config.max_len)
+        self.token_dtype = np.dtype(np.uint32)
+        self.columns = tuple(get(n) for n in input_columns(src.paths) if get(n).loaded)
+        self.num_rows: int | None = None
+        self._epoch: int | None = None
+        self._it: Any = None
+        self._base = 0  # position of the first row held
+        self._rows: list[Documents] = []
+        self._ended = False
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.update(_epoch=None, _it=None, _rows=[], _base=0, _ended=False)
+        return state
+
+    def epoch_rows(self, epoch: int) -> None:
+        return None
+
+    def _seek(self, epoch: int, start: int) -> None:
+        if self._epoch == epoch and self._base <= start:
+            return
+        self.ds.set_epoch(epoch)
+        self._it, self._epoch, self._base, self._rows, self._ended = (
+            iter(self.ds),
+            epoch,
+            0,
+            [],
+            False,
+        )
+        self._pull(start)  # replay up to the cursor (a resume, or a second look at an old row)
+        self.release(epoch, start)
+
+    def _pull(self, stop: int) -> None:
+        while not self._ended and self._base + len(self._rows) < stop:
+            row = next(self._it, None)
+            if row is None:
+                self._ended = True
+                break
+            self._rows.append(row)
+
+    def lengths(self, epoch: int, start: int, n: int) -> np.ndarray:
+        self._seek(epoch, start)
+        self._pull(start + n)
+        rows = self._rows[start - self._base : start - self._base + n]
+        return np.asarray([r.n_tokens for r in rows], dtype=np.int64)
+
+    def describe_rows(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
+        """`(-1 (no row ids), documents, attention cost, blocks)` of `n` rows from `start`."""
+        rows = [self.row(epoch, p) for p in range(start, start + n)]
+        docs = np.asarray([r.n_docs for r in rows], dtype=np.int64)
+        sq = np.asarray([float((r.doc_lens.astype(np.float64) ** 2).sum()) for r in rows])
+        groups = np.arange(start, start + n, dtype=np.int64) // STREAM_BLOCK
+        return np.full(n, -1, np.int64), docs, sq, groups
+
+    def row(self, epoch: int, pos: int) -> Documents:
+        self._seek(epoch, pos)
+        self._pull(pos + 1)
+        if pos - self._base >= len(self._rows):
+            raise ConfigError(f"source {self.name!r}: row {pos} of epoch {epoch} does not exist")
+        return self._rows[pos - self._base]
+
+    def gather_into(self, rows: np.ndarray, dest: Documents, t: int, d: int) -> tuple[int, int]:
+        """`rows`: (epoch, pos) pairs, int64 `(n, 2)`, written from token `t` and document `d`."""
+        t0, d0 = t, d
+        for epoch, pos in rows.tolist():
+            r = self.row(epoch, pos)
+            n, k = r.n_tokens, r.n_docs
+            dest.tokens[t : t + n] = r.tokens
+            dest.doc_lens[d : d + k] = r.doc_lens
+            dest.doc_ids[d : d + k] = r.doc_ids
+            for name, values in r.columns.items():
+                if name in dest.columns:
+                    if get(name).level == TOKEN:
+                        dest.columns[name][t : t + n] = values
+                    else:
+                        dest.columns[name][d : d + k] = values
+            t += n
+            d += k
+        fill_missing(dest, self.columns, self.name, t0, d0, t - t0, d - d0)
+        return t - t0, d - d0
+
+    def prefetch(self, groups: np.ndarray) -> None:
+        """Rows are packed when the schedule reads their lengths."""
+
+    def release(self, epoch: int, pos: int) -> None:
+        """Forget the rows of `epoch` before `pos` (the mixture has passed them)."""
+        if self._epoch == epoch and pos > self._base:
+            drop = min(pos - self._base, len(self._rows))
+            del self._rows[:drop]
+            self._base += drop
+
+    def close_iteration(self) -> None:
+        self._epoch, self._it, self._rows, self._base, self._ended = None, None, [], 0, False
+
+
+def open_source(spec: SourceSpec, config: LoaderConfig) -> PackedSource | StreamSource:
+    """The reader for a source: a packed folder or `PackedDataset`, or a
+    `StreamingPackedDataset`."""
+    if isinstance(spec.path, StreamingPackedDataset):
+        return StreamSource(spec, config)
+    if not isinstance(spec.path, (str, Path, PackedDataset)) and not hasattr(
+        spec.path, "__fspath__"
+    ):
+        raise ConfigError(
+            f"source {spec.name!r}: path must be a packed dataset folder, a PackedDataset or a "
+            f"StreamingPackedDataset, got {type(spec.path).__name__}"
+        )
+    return PackedSource(spec, config)
