@@ -234,8 +234,8 @@ def pool_pays(renderer: Renderer) -> bool:
 
     Measured (docs/sft.md): turn masks (two watched renders, ~70 % of the CPU time) gained up
     to 1.6x on 14,000 conversations; a template with `{% generation %}` blocks (one render,
-    about half) lost 13-25 % on this shared 2-core machine, so it renders in process unless a
-    pool is asked for.
+    about half) lost 13-25 % on the shared 2-core machine measured, so it renders in process
+    unless a pool is asked for.
     """
     return not renderer.template.has_generation and renderer.train_on != "all"
 
