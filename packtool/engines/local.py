@@ -328,7 +328,9 @@ def _run_local(config: RunConfig, checked: Checked, output: Output) -> PackSumma
         skips=skips,
         seconds=seconds,
         resumed_chunks=len(state["chunks"]) if state is not None else 0,
-        tokenizer_threads=tokenizer.workers if tokenizer and not checked.tokenized else 0,
+        tokenizer_threads=(
+            tokenizer.workers if tokenizer and (not checked.tokenized or checked.records) else 0
+        ),
         columns=checked.columns,
         doc_ids=doc_id_record(checked),
     )

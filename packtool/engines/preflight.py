@@ -64,11 +64,15 @@ class Checked:
     identity: dict[str, Any]
     """The tokenizer identity `index.json` records."""
     tokenized: bool
-    """The inputs are tokenized Parquet, packtool's or pre-tokenized ids (nothing is encoded)."""
+    """The inputs are read as tokenized tables (`tokenized_batches`): tokenized Parquet,
+    packtool's or pre-tokenized ids (nothing is encoded), or fine-tuning records (rendered and
+    encoded by the reader, packtool/sft_encode.py)."""
     paths: list[Path]
     """Every file the inputs expand to (`corpus.expand_inputs`), in reading order."""
     columns: tuple[str, ...] = ()
     """The optional shard columns the inputs carry (`loss_mask`), which the dataset will have."""
+    records: bool = False
+    """Fine-tuning records (prompt/completion, chat): read as tables, but encoded by the reader."""
 
 
 def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
@@ -103,12 +107,14 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
         identity["engine"] = recorded.engine
     check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
     pretokenized = bool(split_pretokenized(paths, config.read)[0])
+    sft_records = "loss_mask" in columns and recorded is None and not pretokenized
     return Checked(
         tokenizer=tokenizer,
         identity=identity,
-        tokenized=recorded is not None or pretokenized,
+        tokenized=recorded is not None or pretokenized or sft_records,
         paths=paths,
         columns=columns,
+        records=sft_records,
     )
 
 
@@ -178,11 +184,13 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
     # Every file the inputs expand to, with its size and modification time: a file added to an
     # input folder, or edited, between the interrupted run and the resume changes the documents.
     inputs = [[str(p), st.st_size, st.st_mtime_ns] for p in checked.paths for st in (p.stat(),)]
+    read = asdict(config.read)
+    read["sft"].pop("render_processes")  # where templates render never changes a byte
     fingerprint = {
         "inputs": inputs,
         "pack": asdict(config.pack),
         "shards": asdict(config.shards),
-        "read": asdict(config.read),
+        "read": read,
         # Not the engine: every engine gives the same ids, so a resume may use another one.
         "tokenizer": {k: v for k, v in checked.identity.items() if k != "engine"},
         "chunk_docs": config.chunk_docs,

@@ -131,6 +131,8 @@ def _read_chunks(
     done: frozenset[int],
 ) -> Iterator[dict[str, list[Any]]]:
     skips = SkipCounter(strict=read.strict)
+    if read.sft.render_processes is None:  # a Ray worker (gRPC threads) forks no pool of its own
+        read = replace(read, sft=replace(read.sft, render_processes=0))
     if tokenized:
         tokenizer = pickle.loads(tokenizer_blob) if tokenizer_blob else None
         tables: Iterator[pa.Table] = tokenized_batches(
