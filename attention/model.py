@@ -24,6 +24,7 @@ from attention.varlen import (
 
 IGNORE_INDEX = -100
 """Label value of tokens that have no target (a document's last token, padding)."""
+LOSS_NORMALIZATIONS = ("token", "sequence")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +55,11 @@ class ModelConfig:
     """`varlen_attention` backend: auto, flash_attn, torch_varlen, flex, sdpa or dense."""
     tie_embeddings: bool = False
     """Share the input embedding with the output projection."""
+    loss_normalization: str = "token"
+    """What `loss` averages over: `token` (every target weighs the same: the batch's summed loss
+    / its targets) or `sequence` (each document's mean loss, then the mean over the documents
+    that have a target: a short answer weighs as much as a long one). Packing changes neither
+    (docs/attention.md); both sums are always in the output for micro-batch accumulation."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -76,6 +82,11 @@ class ModelConfig:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+        if self.loss_normalization not in LOSS_NORMALIZATIONS:
+            raise ValueError(
+                f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
+                f"got {self.loss_normalization!r}"
+            )
         if self.attn_backend not in BACKENDS:
             raise ValueError(
                 f"attn_backend {self.attn_backend!r} is unknown; choose from {', '.join(BACKENDS)}"
@@ -103,11 +114,17 @@ class CausalLMOutput:
     logits: torch.Tensor
     """``(total_tokens, vocab_size)``, in the compute dtype."""
     loss: torch.Tensor | None = None
-    """Mean cross-entropy over real targets (labels != -100); None without labels."""
+    """The loss `ModelConfig.loss_normalization` asks for: ``loss_sum / num_targets`` (token) or
+    ``sequence_loss_sum / num_sequences`` (sequence); None without labels."""
     loss_sum: torch.Tensor | None = None
     """Summed cross-entropy (float32): combine micro-batches as sum(loss_sum) / sum(num_targets)."""
     num_targets: torch.Tensor | None = None
     """Number of real targets (int64 scalar)."""
+    sequence_loss_sum: torch.Tensor | None = None
+    """Sum over documents of each one's mean cross-entropy (float32): combine micro-batches as
+    sum(sequence_loss_sum) / sum(num_sequences) (a document is never split across batches)."""
+    num_sequences: torch.Tensor | None = None
+    """Documents with at least one target (int64 scalar)."""
     backend: str = ""
     """The attention backend that ran."""
 
@@ -302,10 +319,38 @@ class Transformer(nn.Module):
         labels = batch.get("labels")
         if labels is not None:
             labels = labels.to(device, non_blocking=True)
-            # Sum over real targets / their count: the same number however documents are packed.
-            out.loss_sum = F.cross_entropy(
-                logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum"
-            )
-            out.num_targets = (labels != IGNORE_INDEX).sum()
-            out.loss = out.loss_sum / out.num_targets.clamp_min(1)
+            self._loss(out, logits, labels, cu_seqlens, batch.get("doc_targets"))
         return out
+
+    def _loss(
+        self,
+        out: CausalLMOutput,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        doc_targets: torch.Tensor | None,
+    ) -> None:
+        """Both normalisations, from per-token losses; neither depends on how rows were packed."""
+        # per_token: (T,) float32, 0 where there is no target
+        per_token = F.cross_entropy(
+            logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="none"
+        )
+        has = labels != IGNORE_INDEX
+        out.loss_sum = per_token.sum()
+        out.num_targets = has.sum()
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()  # (n_docs,), padding entries too
+        doc_of = torch.repeat_interleave(
+            torch.arange(len(lengths), device=labels.device), lengths, output_size=len(labels)
+        )  # (T,): each token's document
+        if doc_targets is None:  # another loader's batch: count them here
+            counts = torch.zeros(len(lengths), dtype=torch.int64, device=labels.device)
+            counts.index_add_(0, doc_of, has.long())
+        else:  # the loader's per-document label counts (docs/CONTRACTS.md)
+            counts = doc_targets.to(labels.device, non_blocking=True)
+        weight = 1.0 / counts.clamp_min(1).to(per_token.dtype)
+        out.sequence_loss_sum = (per_token * weight[doc_of]).sum()
+        out.num_sequences = (counts > 0).sum()
+        if self.cfg.loss_normalization == "sequence":
+            out.loss = out.sequence_loss_sum / out.num_sequences.clamp_min(1)
+        else:
+            out.loss = out.loss_sum / out.num_targets.clamp_min(1)

@@ -61,6 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue from --ckpt")
     p.add_argument("--log", default=None, help="append {step, loss, ...} JSON lines here")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument(
+        "--loss-normalization",
+        choices=["token", "sequence"],
+        default="token",
+        help="mean over every target (token), or each document's mean, then their mean (sequence)",
+    )
     return p.parse_args(argv)
 
 
@@ -129,6 +135,7 @@ def main(argv: list[str] | None = None) -> list[float]:
         n_heads=args.heads,
         n_kv_heads=args.kv_heads,
         max_seq_len=int(max_len),
+        loss_normalization=args.loss_normalization,
     )
     torch.manual_seed(args.seed)
     model = Transformer(cfg).to(device)

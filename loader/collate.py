@@ -87,7 +87,10 @@ def collate(
         The batch dict: `input_ids` int64 `(T,)`, `cu_seqlens` int32 `(n_docs + 1,)`,
         `max_seqlen` int, `position_ids` int64 `(T,)`, `labels` int64 `(T,)` (labels[t] =
         input_ids[t + 1] inside a document, else -100; with a loss mask also -100 where the
-        target token input_ids[t + 1] is not supervised), `doc_ids` int64 `(n_docs,)`.
+        target token input_ids[t + 1] is not supervised), `doc_ids` int64 `(n_docs,)`,
+        `doc_targets` int64 `(n_docs,)`: the positions of each document (`cu_seqlens` entry)
+        that have a label (0 for padding entries), what per-sequence loss normalisation divides
+        by. `layout="hf"` has `doc_targets` too, beside transformers' keys.
 
     Raises:
         DataError: The documents do not fit the static shape.
@@ -116,13 +119,14 @@ def collate(
     n_out = n_cu - 1
     # Every array of the batch lives in one int64 buffer: one allocation, and in a DataLoader
     # worker one shared-memory segment per batch instead of one per tensor (half the IPC cost).
-    # layout: [input_ids T | labels T | position_ids T | doc_ids n_out | cu_seqlens (int32) n_cu]
-    words = 3 * T + n_out + (n_cu + 1) // 2
+    # layout: [input_ids T | labels T | position_ids T | doc_ids n_out | doc_targets n_out |
+    #          cu_seqlens (int32) n_cu]
+    words = 3 * T + 2 * n_out + (n_cu + 1) // 2
     flat = _alloc_int64(words, pin_memory)
     buf = flat.numpy()
     ids, labels, pos = buf[:T], buf[T : 2 * T], buf[2 * T : 3 * T]
     out_ids = buf[3 * T : 3 * T + n_out]
-    cu_t = flat[3 * T + n_out :].view(torch.int32)[:n_cu]
+    cu_t = flat[3 * T + 2 * n_out :].view(torch.int32)[:n_cu]
     cu = cu_t.numpy()
     ids[:total] = tokens
     ids[total:] = pad_id
@@ -136,6 +140,17 @@ def collate(
         pos[total:] = pad_pos % position_limit if position_limit else pad_pos
     out_ids[:n_docs] = doc_ids
     out_ids[n_docs:] = -1
+    targets = buf[3 * T + n_out : 3 * T + 2 * n_out]  # doc_targets: labelled positions per entry
+    targets[n_docs:] = 0
+    if mask is None:  # every position but a document's last has a target
+        np.subtract(doc_lens, 1, out=targets[:n_docs])
+        np.maximum(targets[:n_docs], 0, out=targets[:n_docs])
+    elif n_docs:  # the supervised tokens but the first (nothing in its document predicts it)
+        cum = np.zeros(total + 1, np.int64)
+        np.cumsum(mask, dtype=np.int64, out=cum[1:])
+        bounds = cu[: n_docs + 1].astype(np.int64)
+        targets[:n_docs] = cum[bounds[1:]] - cum[bounds[:-1]] - mask[bounds[:-1]]
+    doc_targets = flat[3 * T + n_out : 3 * T + 2 * n_out]
     if layout == "packtool":
         # labels[t] = input_ids[t + 1]; the last token of every document predicts nothing.
         labels[: T - 1] = ids[1:]
@@ -154,6 +169,7 @@ def collate(
             "position_ids": flat[2 * T : 3 * T],
             "labels": flat[T : 2 * T],
             "doc_ids": flat[3 * T : 3 * T + n_out],
+            "doc_targets": doc_targets,
         }
     # transformers shifts labels inside the model: labels[t] = input_ids[t], -100 at each
     # document's first token (and at padding), as DataCollatorWithFlattening builds them.
@@ -174,4 +190,5 @@ def collate(
         "cu_seq_lens_k": cu_t,
         "max_length_q": max_seqlen,
         "max_length_k": max_seqlen,
+        "doc_targets": doc_targets,
     }

@@ -250,6 +250,7 @@ class PackedDataset(IterableDataset):
         )
         if filler:
             out["labels"].fill_(-100)
+            out["doc_targets"].zero_()
             if "doc_ids" in out:
                 out["doc_ids"].fill_(-1)
         return out

@@ -12,13 +12,12 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from packtool import __version__, interrupt
+from packtool.cli_sft import CorpusOptions, corpus_options, sft_options
 from packtool.errors import ConfigError, PacktoolError
 from packtool.quantities import parse_size, positive_int
 
@@ -118,120 +117,6 @@ def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
     click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else plan.format())
 
 
-# --- shared corpus/tokenizer options (tokenize, stats, pack): `@corpus_options` ---
-
-
-@dataclass(frozen=True)
-class CorpusOptions:
-    """The parsed `@corpus_options`; build the library objects with the two methods."""
-
-    text_field: str
-    text_column: str
-    tokenizer: str
-    eos_id: str | None
-    no_eos: bool
-    bos_id: str | None
-    strict: bool
-    tokenizer_engine: str = "auto"
-
-    def read_config(self, **overrides: Any) -> Any:
-        """A `packtool.corpus.ReadConfig` (overrides: e.g. `extra_fields=("lang",)`)."""
-        from packtool.corpus import ReadConfig
-
-        fields = {"text_field": self.text_field, "text_column": self.text_column}
-        return ReadConfig(**{**fields, "strict": self.strict, **overrides})
-
-    def load_tokenizer(self, workers: int | None = None) -> Any:
-        """A `packtool.tokenizers.Tokenizer` from --tokenizer/--eos-id/--no-eos/--bos-id."""
-        from packtool.tokenizers import load_tokenizer
-
-        if self.no_eos and self.eos_id is not None:
-            raise ConfigError("--eos-id and --no-eos contradict each other; pass one")
-        eos = None if self.no_eos else _special_id("--eos-id", self.eos_id or "default")
-        bos = None if self.bos_id is None else _special_id("--bos-id", self.bos_id)
-        tok = load_tokenizer(
-            self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
-        )
-        if tok.engine_note:
-            click.echo(f"note: {tok.engine_note}; encoding with {tok.identity.engine}", err=True)
-        return tok
-
-
-def _special_id(flag: str, value: str) -> int | str:
-    if value == "default":
-        return value
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise ConfigError(f"{flag} must be a token id >= 0 or 'default', got {value!r}")
-    return number
-
-
-def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the input/reader/tokenizer options; the command receives `corpus: CorpusOptions`."""
-    options = [
-        click.option(
-            "--text-field", default="text", show_default=True, help="JSONL key with the text."
-        ),
-        click.option(
-            "--text-column", default="text", show_default=True, help="Parquet column with the text."
-        ),
-        click.option(
-            "--tokenizer",
-            default="byte",
-            show_default=True,
-            help="byte | PATH/tokenizer.json (or hf:PATH) | FOLDER with tokenizer.json | org/model "
-            "(Hugging Face cache, else downloaded) | PATH.tiktoken | tiktoken:NAME",
-        ),
-        click.option(
-            "--tokenizer-engine",
-            default="auto",
-            show_default=True,
-            metavar="auto|NAME[,NAME]",
-            help="What encodes: auto = the fastest engine that loads this tokenizer and gives "
-            "the reference library's ids on a probe text (fastokens, else tokenizers / "
-            "tiktoken); or engine names tried in order. Ids never depend on it.",
-        ),
-        click.option(
-            "--eos-id",
-            default=None,
-            metavar="ID|default",
-            help="EOS id appended to every document [default: the tokenizer's own].",
-        ),
-        click.option("--no-eos", is_flag=True, help="Append no EOS."),
-        click.option(
-            "--bos-id", default=None, metavar="ID|default", help="BOS id put before every document."
-        ),
-        click.option(
-            "--strict", is_flag=True, help="Stop at the first bad document instead of skipping it."
-        ),
-    ]
-
-    @functools.wraps(fn)
-    def wrapper(
-        *args: Any,
-        text_field: str,
-        text_column: str,
-        tokenizer: str,
-        eos_id: str | None,
-        no_eos: bool,
-        bos_id: str | None,
-        strict: bool,
-        tokenizer_engine: str,
-        **kwargs: Any,
-    ) -> Any:
-        corpus = CorpusOptions(
-            text_field, text_column, tokenizer, eos_id, no_eos, bos_id, strict, tokenizer_engine
-        )
-        return fn(*args, corpus=corpus, **kwargs)
-
-    for option in reversed(options):
-        wrapper = option(wrapper)
-    return wrapper
-
-
 @cli.command("tokenize")
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option(
@@ -250,6 +135,7 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @corpus_options
+@sft_options
 def tokenize_cmd(
     inputs: tuple[str, ...],
     output: str,
@@ -257,12 +143,13 @@ def tokenize_cmd(
     workers: int | None,
     overwrite: bool,
     corpus: CorpusOptions,
+    sft: Any,
 ) -> None:
     """Tokenize text corpora into tokenized Parquet.
 
     INPUT: .txt / .md (one document per file), .jsonl, .parquet; text and JSONL also .gz /
     .zst; files, folders (recursive) or quoted globs. Bad lines and empty documents are skipped
-    and counted (--strict makes them errors).
+    and counted (--strict makes them errors). Fine-tuning records: docs/sft.md.
     """
     import shlex
 
@@ -271,7 +158,7 @@ def tokenize_cmd(
     summary = tokenize_corpus(
         inputs,
         output,
-        read_config=corpus.read_config(extra_fields=keep_field),
+        read_config=corpus.read_config(extra_fields=keep_field, sft=sft),
         tokenizer=corpus.load_tokenizer(workers),
         workers=workers,
         overwrite=overwrite,
@@ -320,6 +207,7 @@ def _explicit(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
 )
 @click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
 @corpus_options
+@sft_options
 @click.pass_context
 def stats_cmd(
     ctx: click.Context,
@@ -331,6 +219,7 @@ def stats_cmd(
     plot: str | None,
     workers: int | None,
     corpus: CorpusOptions,
+    sft: Any,
 ) -> None:
     """Length statistics: distribution, padding waste, lower bounds, projected packing.
 
@@ -368,7 +257,7 @@ def stats_cmd(
     stats = compute_stats(
         inputs,
         config,
-        read_config=corpus.read_config(),
+        read_config=corpus.read_config(sft=sft),
         tokenizer=None if tokenized else corpus.load_tokenizer(workers),
         workers=workers,
     )
@@ -466,6 +355,7 @@ def stats_cmd(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @corpus_options
+@sft_options
 @click.pass_context
 def pack_cmd(
     ctx: click.Context,
@@ -489,6 +379,7 @@ def pack_cmd(
     ray_address: str | None,
     as_json: bool,
     corpus: CorpusOptions,
+    sft: Any,
 ) -> None:
     """Tokenize (or read tokenized Parquet), pack into rows and write Parquet shards + index.json.
 
@@ -522,7 +413,7 @@ def pack_cmd(
     if long_docs is None:  # a loss mask's documents are never split (packtool/pack_columns.py)
         from packtool.tokenize import input_columns
 
-        masked = "loss_mask" in input_columns(inputs, corpus.read_config())
+        masked = "loss_mask" in input_columns(inputs, corpus.read_config(sft=sft))
         long_docs = "truncate" if masked else "split"
     config = RunConfig(
         inputs=inputs,
@@ -538,7 +429,7 @@ def pack_cmd(
         shards=ShardConfig(
             shard_rows=shard_rows, row_group_rows=row_group_rows, compression=compression
         ),
-        read=corpus.read_config(extra_fields=extra),
+        read=corpus.read_config(extra_fields=extra, sft=sft),
         chunk_docs=chunk_docs,
         partition_size=parse_size(partition_size, "--partition-size"),
         workers=workers,

@@ -37,6 +37,7 @@ from packtool.compressed import open_stream, zstd_error
 from packtool.corpus_lines import BOM as _BOM
 from packtool.corpus_lines import TO_END, lines
 from packtool.errors import ConfigError, DataError
+from packtool.sft_config import SFTConfig
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
 PARQUET_SUFFIXES = (".parquet",)
@@ -80,6 +81,9 @@ class ReadConfig:
     busy: on 2 cores, 2,048-document batches measured ~5% slower than 8,192."""
     batch_bytes: int = 8 << 20
     """A batch ends once its texts reach this many bytes (bounds memory with long documents)."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Fine-tuning inputs: the dataset's kind, field names, chat template, `--train-on`
+    (packtool/sft_config.py; read by packtool/sft_inputs.py and packtool/sft_encode.py)."""
 
     def __post_init__(self) -> None:
         if not self.text_field:
@@ -104,6 +108,8 @@ class ReadConfig:
             raise ConfigError(f"batch_docs must be >= 1, got {self.batch_docs}")
         if self.batch_bytes < 1:
             raise ConfigError(f"batch_bytes must be >= 1, got {self.batch_bytes}")
+        if not isinstance(self.sft, SFTConfig):
+            raise ConfigError(f"sft must be an SFTConfig, got {type(self.sft).__name__}")
 
 
 @dataclass(kw_only=True)

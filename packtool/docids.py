@@ -20,7 +20,9 @@ numbers every document this way, with the offset in the unit of its file's kind:
 - `row`: Parquet (text, tokenized, pre-tokenized): the row in the file, counted over its row
   groups (a tokenized input's id then leads back to its tokenized row);
 - `item`: a `.json` file holding one array: the element's index;
-- `file`: a text file, one document: 0.
+- `file`: a text file, one document: 0;
+- `record`: fine-tuning records (prompt/completion, chat): the k-th record the file
+  contributed (records whose mask trains on nothing are dropped before they are numbered).
 
 `index.json` records the scheme, the input files and each one's unit (`extra.doc_ids`); with
 more than `INLINE_FILES` files the two lists go to `SOURCES_FILE` beside it, so that the
@@ -43,7 +45,7 @@ MAX_FILES = 1 << FILE_BITS
 MAX_OFFSET = (1 << OFFSET_BITS) - 1
 SCHEME = "file_offset"
 """The name `index.json` records for this layout (`extra.doc_ids.scheme`)."""
-UNITS = ("byte", "row", "item", "file")
+UNITS = ("byte", "row", "item", "file", "record")
 """What an offset counts, per input file (see the module docstring)."""
 INLINE_FILES = 1000
 """Up to this many input files are listed inside `index.json`; more go to `SOURCES_FILE`."""
@@ -167,6 +169,6 @@ def where(file: str, offset: int, unit: str, *, count_lines: bool = True) -> str
             except (OSError, EOFError):
                 pass
         return f"{file}:byte {offset}"
-    if unit in ("row", "item"):
+    if unit in ("row", "item", "record"):
         return f"{file}:{unit} {offset}"
     return file

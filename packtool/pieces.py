@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
+from packtool import docids
 from packtool.corpus import DocumentBatch, ReadConfig, SkipCounter, _BatchBuilder, _read_file
 from packtool.corpus_lines import TO_END
 from packtool.pretokenized import read_pretokenized_file
@@ -32,9 +34,10 @@ from packtool.tokenized_input import read_tokenized_file
 from packtool.tokenized_writer import PIPELINE_DEPTH
 from packtool.tokenizers import Tokenizer, TokenizerIdentity
 
-RAW, TOKENIZED, PRETOKENIZED = "raw", "tokenized", "pretokenized"
-"""How a run's inputs are read: raw text (tokenized here), `packtool tokenize` output, or ids
-made elsewhere."""
+RAW, TOKENIZED, PRETOKENIZED, RECORDS = "raw", "tokenized", "pretokenized", "records"
+"""How a run's inputs are read: raw text (tokenized here), `packtool tokenize` output, ids made
+elsewhere, or fine-tuning records (prompt/completion, chat: rendered, encoded and masked by
+packtool/sft_encode.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +51,8 @@ class Source:
     identity: TokenizerIdentity
     mask_source: str | None = None
     """Pre-tokenized inputs: the column saying where the loss goes (`labels`, `loss_mask`)."""
+    sft_kind: str | None = None
+    """Fine-tuning records: their kind (`sft_inputs.sft_kind`)."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,9 @@ def partition_tables(
     for piece in pieces:
         check(piece)
         path = Path(piece.path)
-        if source.mode == TOKENIZED:
+        if source.mode == RECORDS:
+            tables = _records(source, tokenizer, path, piece.file_index, skips)
+        elif source.mode == TOKENIZED:
             tables = read_tokenized_file(
                 path, piece.file_index, source.schema, source.identity, piece.start, piece.end
             )
@@ -122,6 +129,23 @@ def partition_tables(
             )
         yield from tables
         check(piece)
+
+
+def _records(
+    source: Source, tokenizer: Tokenizer | None, path: Path, file_index: int, skips: SkipCounter
+) -> Iterator[tuple[pa.Table, int]]:
+    """One file of fine-tuning records, with ids `docids.encode(file_index, k)`: the k-th record
+    the file contributes (records are whole-file pieces; sft_tables numbers them 0, 1, 2, ...)."""
+    from packtool.arrow_numpy import from_numpy, to_numpy
+    from packtool.sft_encode import sft_tables
+
+    assert tokenizer is not None and source.sft_kind is not None
+    for table, nbytes in sft_tables(
+        [path], source.sft_kind, source.read, tokenizer, skips, source.schema
+    ):
+        k = table.schema.get_field_index("doc_id")
+        ids = docids.encode(file_index, to_numpy(table.column(k)).astype(np.int64))
+        yield table.set_column(k, "doc_id", from_numpy(ids)), nbytes
 
 
 def _raw_batches(

@@ -10,16 +10,13 @@ list<uint16|uint32>, `length` int32, then the extra fields as strings. The schem
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import queue
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -46,8 +43,10 @@ from packtool.output import (
     remove,
     remove_empty_parents,
 )
+from packtool.prefetch import prefetch
 from packtool.pretokenized import read_pretokenized, split_pretokenized
 from packtool.progress import Progress
+from packtool.sft_inputs import sft_kind
 from packtool.tokenized_input import read_tokenized_file
 from packtool.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
 from packtool.tokenizers import Tokenizer, TokenizerIdentity, describe_tokenizer, load_tokenizer
@@ -57,8 +56,6 @@ FORMAT_VERSION = 2
 """Written when the documents carry optional columns (`loss_mask`); plain files stay version 1."""
 SUPPORTED_VERSIONS = (1, 2)
 META_KEY = b"packtool"
-
-T = TypeVar("T")
 
 
 def tokenized_schema(
@@ -156,10 +153,14 @@ def input_columns(
         DataError: some inputs carry a column that others do not (see `common_optional`).
     """
     paths = expand_inputs(inputs)
-    pre, mask_source = split_pretokenized(paths, read_config or ReadConfig())
+    config = read_config or ReadConfig()
+    pre, mask_source = split_pretokenized(paths, config)
     if pre:
+        sft_kind(pre, config, tokenized=True)  # refuses a --format of raw records
         return (shard_columns.LOSS_MASK,) if mask_source else ()
-    tokenized, _ = _split_inputs(paths)
+    tokenized, raw = _split_inputs(paths)
+    if sft_kind(raw, config, tokenized=bool(tokenized)):  # prompt/completion, chat records
+        return (shard_columns.LOSS_MASK,)
     return common_optional(tokenized) if tokenized else ()
 
 
@@ -235,6 +236,7 @@ def _tokenized_batches(
     paths = expand_inputs(inputs)
     pre, mask_source = split_pretokenized(paths, config)
     tokenized, raw = ([], pre) if pre else _split_inputs(paths)
+    kind = sft_kind(raw, config, tokenized=bool(pre or tokenized))
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
     if tokenized:
@@ -253,6 +255,13 @@ def _tokenized_batches(
         schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
         vocab = tokenizer.identity.vocab_size
         yield from read_pretokenized(pre, mask_source, config, schema, vocab, skips)
+        return
+    if kind is not None:  # fine-tuning records: rendered, encoded, masked (sft_encode.py)
+        from packtool.sft_encode import sft_tables
+
+        optional = (shard_columns.LOSS_MASK,)
+        schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
+        yield from sft_tables(raw, kind, config, tokenizer, skips, schema)
         return
     schema = tokenized_schema(tokenizer.identity, config.extra_fields)
 
@@ -328,48 +337,6 @@ def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:
     _common_identity(tokenized)
     parts = [pq.read_table(p, columns=["length"]).column(0).to_numpy() for p, _ in tokenized]
     return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)
-
-
-def prefetch(iterator: Iterator[T], depth: int = 2) -> Iterator[T]:
-    """Run `iterator` in a thread, `depth` items ahead; its exceptions re-raise here."""
-    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for item in iterator:
-                while not stop.is_set():
-                    try:
-                        q.put(("item", item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    # Close a generator here, in the thread that runs it, so that stages it
-                    # reads from (nested prefetches) stop too.
-                    close = getattr(iterator, "close", None)
-                    if close is not None:
-                        close()
-                    return
-            q.put(("done", None))
-        except BaseException as exc:  # forwarded to the consumer
-            q.put(("error", exc))
-
-    thread = threading.Thread(target=produce, name="packtool-read", daemon=True)
-    thread.start()
-    try:
-        while True:
-            kind, value = q.get()
-            if kind == "done":
-                return
-            if kind == "error":
-                raise value
-            yield value
-    finally:
-        stop.set()
-        while thread.is_alive():
-            with contextlib.suppress(queue.Empty):
-                q.get(timeout=0.1)
 
 
 @dataclass(kw_only=True)

@@ -5,6 +5,12 @@ A few thousand synthetic documents with the length shape real corpora have: a lo
 of empty documents, and non-ASCII text (accents, CJK, emoji). Words follow a Zipf law so a BPE
 trained on the corpus learns something real. Written as JSONL and as Parquet (same documents),
 plus a folder of plain-text files (one document per file).
+
+Also `chat.jsonl`: a fine-tuning set of conversations (`{"messages": [...]}`, from its own seed,
+so the corpus above does not change): a system prompt in about half, 1 to 8 user/assistant
+exchanges (most 1 to 3), short questions, longer answers with a long tail, so that some
+conversations are longer than a 1,024-token row (byte tokenizer). Each answer repeats a few words
+of its question, so a model trained on the answers alone has something to learn from the prompt.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 SEED = 20261129
+CHAT_SEED = 20261201
+N_CHATS = 700
 N_BODY = 4000
 N_TAIL = 24
 N_EMPTY = 6
@@ -86,6 +94,39 @@ def build() -> list[dict]:
     return docs
 
 
+_SYSTEM = [
+    "You are a helpful assistant.",
+    "Answer briefly and precisely.",
+    "You are a careful tutor: explain each step.",
+    "Reply in the language of the question.",
+]
+
+
+def build_chat() -> list[dict]:
+    """Conversations for fine-tuning (see the module docstring)."""
+    rng = np.random.default_rng(CHAT_SEED)
+    vocab = _vocabulary(np.random.default_rng(SEED))  # the corpus's words, its generator untouched
+    ranks = np.arange(1, len(vocab) + 1, dtype=np.float64)
+    weights = 1.0 / ranks**1.1
+    weights /= weights.sum()
+    chats = []
+    for i in range(N_CHATS):
+        messages = []
+        if rng.random() < 0.5:
+            messages.append({"role": "system", "content": str(rng.choice(_SYSTEM))})
+        for _ in range(min(8, int(rng.geometric(0.45)))):
+            q_len = int(np.clip(rng.lognormal(np.log(70), 0.6), 8, 600))
+            a_len = int(np.clip(rng.lognormal(np.log(260), 0.9), 4, 6000))
+            question = _document(rng, vocab, weights, q_len)
+            words = question.split()
+            echo = " ".join(words[: int(rng.integers(1, 4))]) if words else ""
+            answer = (echo + " " + _document(rng, vocab, weights, a_len)).strip()
+            messages.append({"role": "user", "content": question})
+            messages.append({"role": "assistant", "content": answer})
+        chats.append({"id": f"chat-{i:05d}", "messages": messages})
+    return chats
+
+
 def write(docs: list[dict], out: Path = HERE) -> None:
     with open(out / "corpus.jsonl", "w", encoding="utf-8", newline="\n") as f:
         for doc in docs:
@@ -99,6 +140,9 @@ def write(docs: list[dict], out: Path = HERE) -> None:
     non_empty = [d for d in docs if d["text"]][:N_TEXT_FILES]
     for doc in non_empty:
         (text_dir / f"{doc['id']}.txt").write_text(doc["text"] + "\n", encoding="utf-8")
+    with open(out / "chat.jsonl", "w", encoding="utf-8", newline="\n") as f:
+        for chat in build_chat():
+            f.write(json.dumps(chat, ensure_ascii=False, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ def test_regenerates_byte_identically(tmp_path):
     gen = load_generator()
     gen.write(gen.build(), tmp_path)
     assert (tmp_path / "corpus.jsonl").read_bytes() == (SAMPLE / "corpus.jsonl").read_bytes()
+    assert (tmp_path / "chat.jsonl").read_bytes() == (SAMPLE / "chat.jsonl").read_bytes()
     for txt in sorted((SAMPLE / "text").glob("*.txt")):
         assert (tmp_path / "text" / txt.name).read_bytes() == txt.read_bytes()
     assert len(list((tmp_path / "text").glob("*.txt"))) == len(
@@ -44,3 +45,22 @@ def test_has_the_promised_shape():
     assert any(any(ord(c) > 127 for c in d["text"]) for d in docs)  # non-ASCII text
     total = sum(p.stat().st_size for p in SAMPLE.rglob("*") if p.is_file())
     assert total < 6 * 2**20  # a few MB
+
+
+def test_chat_data_has_the_promised_shape():
+    chats = [json.loads(line) for line in (SAMPLE / "chat.jsonl").read_text("utf-8").splitlines()]
+    assert 500 <= len(chats) <= 2000
+    turns, sizes, systems = [], [], 0
+    for chat in chats:
+        roles = [m["role"] for m in chat["messages"]]
+        if roles[0] == "system":
+            systems += 1
+            roles = roles[1:]
+        assert roles == ["user", "assistant"] * (len(roles) // 2)  # alternating, ends answered
+        turns.append(len(roles) // 2)
+        sizes.append(sum(len(m["content"].encode("utf-8")) for m in chat["messages"]))
+    assert min(turns) == 1 and max(turns) == 8
+    assert sum(t == 1 for t in turns) > sum(t >= 4 for t in turns)  # most are short
+    assert 0.3 < systems / len(chats) < 0.7
+    assert sum(s > 2048 for s in sizes) >= 20  # some are longer than a 2,048-token byte row
+    assert sorted(sizes)[len(sizes) // 2] < 2048

@@ -89,6 +89,7 @@ class Run:
                 ),
                 identity=TokenizerIdentity.from_dict(checked.identity),
                 mask_source=checked.mask_source,
+                sft_kind=checked.sft_kind,
             ),
             pack=config.pack,
             shards=config.shards,

@@ -109,7 +109,7 @@ def _init_process(ctx: WorkerContext, threads: int) -> None:
     if ctx.tokenizer is not None:
         ctx.tokenizer.workers = threads
     worker.setup_process(threads)
-    _CONTEXT = ctx
+    _CONTEXT = worker.without_render_pool(ctx)
 
 
 def _run_in_process(descriptor: dict[str, Any]) -> dict[str, Any]:

@@ -41,9 +41,10 @@ PARTITION_SIZE = 256 << 20
 record, a tail, a few shards) vanish, small enough that a 100 GB corpus has ~400 partitions to
 spread over workers."""
 TO_END = -1
-KINDS = ("jsonl", "json_array", "text", "parquet", "tokenized", "pretokenized")
+KINDS = ("jsonl", "json_array", "text", "parquet", "tokenized", "pretokenized", "records")
 """How a file is read: JSON Lines, one `.json` array, one text document, Parquet with a text
-column, `packtool tokenize` output, token ids made elsewhere (packtool/pretokenized.py)."""
+column, `packtool tokenize` output, token ids made elsewhere (packtool/pretokenized.py), fine-tuning
+records (read whole: packtool/sft_encode.py)."""
 PARQUET_KINDS = ("parquet", "tokenized", "pretokenized")
 
 

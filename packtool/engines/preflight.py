@@ -44,7 +44,7 @@ from packtool.output import (
 )
 from packtool.pack import check_room_for_text
 from packtool.pack_columns import check_policy
-from packtool.pieces import PRETOKENIZED, RAW, TOKENIZED
+from packtool.pieces import PRETOKENIZED, RAW, RECORDS, TOKENIZED
 from packtool.pretokenized import split_pretokenized
 from packtool.tokenize import check_recorded_tokenizer, input_columns, input_identity
 from packtool.tokenizers import Tokenizer
@@ -53,7 +53,7 @@ STATE_DIR = records.RUN_DIR
 """The run's state in its staging folder (packtool/engines/records.py)."""
 OLD_STATE = (".pack-state.json", ".ray-chunks")
 """What packtool before the partition engines (#13) kept there; such a run cannot be resumed."""
-UNITS = {"jsonl": "byte", "json_array": "item", "text": "file"}
+UNITS = {"jsonl": "byte", "json_array": "item", "text": "file", "records": "record"}
 """The document-id offset unit per file kind (packtool/docids.py); Parquet kinds count rows."""
 
 
@@ -66,15 +66,22 @@ class Checked:
     identity: dict[str, Any]
     """The tokenizer identity `index.json` records."""
     tokenized: bool
-    """The inputs are tokenized Parquet, packtool's or pre-tokenized ids (nothing is encoded)."""
+    """The inputs are read as tokenized tables (`tokenized_batches`): tokenized Parquet,
+    packtool's or pre-tokenized ids (nothing is encoded), or fine-tuning records (rendered and
+    encoded by the reader, packtool/sft_encode.py)."""
     paths: list[Path]
     """Every file the inputs expand to (`corpus.expand_inputs`), in reading order."""
     columns: tuple[str, ...] = ()
     """The optional shard columns the inputs carry (`loss_mask`), which the dataset will have."""
     mode: str = RAW
-    """`raw`, `tokenized` (packtool tokenize output) or `pretokenized` (ids made elsewhere)."""
+    """`raw`, `tokenized` (packtool tokenize output), `pretokenized` (ids made elsewhere) or
+    `records` (fine-tuning records: rendered, encoded and masked by the reader, sft_encode.py)."""
     mask_source: str | None = None
     """Pre-tokenized inputs: their `labels` or `loss_mask` column (None: no mask)."""
+    records: bool = False
+    """Fine-tuning records (prompt/completion, chat): read as tables, but encoded by the reader."""
+    sft_kind: str | None = None
+    """The records' kind (`sft_inputs.sft_kind`), for `records` mode."""
 
     def kinds(self) -> list[str]:
         """How each input file is read (`plan.KINDS`), in reading order."""
@@ -121,7 +128,13 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
         identity["engine"] = recorded.engine
     check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
     pre, mask_source = split_pretokenized(paths, config.read)
+    sft_records = "loss_mask" in columns and recorded is None and not pre
     mode = TOKENIZED if recorded is not None else PRETOKENIZED if pre else RAW
+    kind = None
+    if sft_records:
+        from packtool.sft_inputs import sft_kind
+
+        mode, kind = RECORDS, sft_kind(paths, config.read, tokenized=False)
     return Checked(
         tokenizer=tokenizer,
         identity=identity,
@@ -130,6 +143,8 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
         columns=columns,
         mode=mode,
         mask_source=mask_source,
+        records=sft_records,
+        sft_kind=kind,
     )
 
 
@@ -190,11 +205,13 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
     # Every file the inputs expand to, with its size and modification time: a file added to an
     # input folder, or edited, between the interrupted run and the resume changes the documents.
     inputs = [[str(p), st.st_size, st.st_mtime_ns] for p in checked.paths for st in (p.stat(),)]
+    read = asdict(config.read)
+    read["sft"].pop("render_processes")  # where templates render never changes a byte
     fingerprint = {
         "inputs": inputs,
         "pack": asdict(config.pack),
         "shards": asdict(config.shards),
-        "read": asdict(config.read),
+        "read": read,
         # Not the engine: every engine gives the same ids, so a resume may use another one.
         "tokenizer": {k: v for k, v in checked.identity.items() if k != "engine"},
         "chunk_docs": config.chunk_docs,

@@ -78,6 +78,7 @@ def _partition_task(key: str, blob: bytes, descriptor: dict[str, Any]) -> dict[s
         if ctx.tokenizer is not None:
             ctx.tokenizer.workers = 1  # one task per CPU: parallelism comes from the tasks
         worker.setup_process(1)
+        ctx = worker.without_render_pool(ctx)  # a Ray worker (gRPC threads) forks no pool
         _CONTEXTS.clear()
         _CONTEXTS[key] = ctx
     return worker.run_partition(ctx, descriptor)

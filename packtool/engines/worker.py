@@ -38,7 +38,7 @@ from packtool.engines import records
 from packtool.engines.plan import TO_END, check_unchanged
 from packtool.pack import PackConfig, PackCounts, PackedChunk, pack_table
 from packtool.pack_tail import DOC_CHUNK, TailPolicy
-from packtool.pieces import RAW, FilePiece, Source, partition_tables
+from packtool.pieces import RAW, RECORDS, FilePiece, Source, partition_tables
 from packtool.shards import ShardConfig, ShardWriter
 from packtool.tokenizer_engines import limit_threads
 from packtool.tokenizers import Tokenizer
@@ -82,6 +82,17 @@ def setup_process(threads: int | None) -> None:
     # The Rust engines size their thread pools at their first encode (an explicit variable wins).
     limit_threads(threads)
     kernels.warm_up()
+
+
+def without_render_pool(ctx: WorkerContext) -> WorkerContext:
+    """`ctx` for a worker process of a pool (local processes, Ray): chat templates render in
+    the worker itself unless --render-processes asked otherwise (a pool in each worker would
+    oversubscribe the cores the partition workers already share)."""
+    read = ctx.source.read
+    if read.sft.render_processes is not None:
+        return ctx
+    read = replace(read, sft=replace(read.sft, render_processes=0))
+    return replace(ctx, source=replace(ctx.source, read=read))
 
 
 def write_chunk(writer: ShardWriter, packed: PackedChunk) -> None:
@@ -260,7 +271,7 @@ def context_for(
         shards=shards,
         chunk_docs=chunk_docs,
         work=str(work),
-        tokenizer=tokenizer if source.mode == RAW else None,
+        tokenizer=tokenizer if source.mode in (RAW, RECORDS) else None,
         sources_close=pack.group_by == "source" and source.mode == RAW,
     )
 

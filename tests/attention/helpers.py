@@ -78,3 +78,27 @@ def reference_attention(
     if not outs:
         return q.new_zeros(q.shape)
     return torch.cat(outs)
+
+
+def make_sft_batch(docs: list[list[int]], masks: list[list[int]]) -> dict:
+    """`make_batch` with a loss mask: the target t + 1 of position t must be supervised.
+
+    As the loader builds it (docs/CONTRACTS.md): labels -100 where the next token is masked,
+    and `doc_targets`, the labelled positions per document.
+    """
+    batch = make_batch(docs)
+    flat_mask = [m for d in masks for m in d]
+    labels = batch["labels"].clone()
+    pos = 0
+    for d in docs:
+        for i in range(len(d) - 1):
+            if not flat_mask[pos + i + 1]:
+                labels[pos + i] = -100
+        pos += len(d)
+    batch["labels"] = labels
+    counts, pos = [], 0
+    for d in docs:
+        counts.append(int((labels[pos : pos + len(d)] != -100).sum()))
+        pos += len(d)
+    batch["doc_targets"] = torch.tensor(counts, dtype=torch.int64)
+    return batch

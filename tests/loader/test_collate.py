@@ -63,7 +63,9 @@ def test_hf_layout_matches_transformers_collator():
     )
     tokens = np.concatenate([np.array(d) for d in seqs])
     b = collate(docs(tokens, np.array([len(d) for d in seqs]), np.arange(3)), layout="hf")
-    assert set(b) == set(ref)
+    # transformers' keys, plus the per-document target counts (per-sequence loss normalisation).
+    assert set(b) == set(ref) | {"doc_targets"}
+    assert b["doc_targets"].tolist() == [2, 1, 3]
     for k, v in ref.items():
         if isinstance(v, torch.Tensor):
             assert b[k].shape == v.shape, k

@@ -86,9 +86,13 @@ def test_batch_dict_carries_the_source_of_every_document(sources):
         "position_ids",
         "labels",
         "doc_ids",
+        "doc_targets",
         "source",
     }
     assert b["source"].dtype == torch.int64 and b["source"].shape == b["doc_ids"].shape
+    # The fine-tuning loss's per-document counts (docs/loader.md) come through the mixture too.
+    assert b["doc_targets"].shape == b["doc_ids"].shape
+    assert int(b["doc_targets"].sum()) == int((b["labels"] != -100).sum())
     assert set(b["source"].tolist()) <= {0, 1, 2}
     assert ds.names == ["web", "code", "books"]
 

@@ -230,6 +230,7 @@ def test_hf_layout_batches_train_a_transformers_model_without_leakage(sources, w
             "cu_seq_lens_k",
             "max_length_q",
             "max_length_k",
+            "doc_targets",
         }
         assert check_packed_model(model, batch) == "position_ids"
         with torch.no_grad():
@@ -240,6 +241,7 @@ def test_hf_layout_batches_train_a_transformers_model_without_leakage(sources, w
         assert per_token.shape == batch["input_ids"].reshape(-1).shape
         assert set(per_token.tolist()) <= {0, 1}
         assert len(batch_sources(batch)) == len(batch["cu_seq_lens_q"]) - 1
+        assert int(batch["doc_targets"].sum()) == int((batch["labels"] != -100).sum())
 
 
 def test_an_hf_batch_copied_without_its_sources_says_so(sources):
