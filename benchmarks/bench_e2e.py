@@ -174,6 +174,10 @@ def main() -> None:
     tok_json = gpt2_tokenizer_json(gpt2_ranks())
     out_pt, out_hf = DATA / "e2e-packtool", DATA / "e2e-hf.parquet"
     ids_out = str(DATA / "e2e-hf-ids")
+    from packtool.engine_checks import cache_dir
+
+    records = cache_dir()
+    recorded = records is not None and any((records / "engine-checks").glob("*.json"))
     load_before = os.getloadavg()[0]
     best: dict[str, tuple[float, float, dict]] = {}
     for i in range(repeat):
@@ -218,7 +222,10 @@ def main() -> None:
         f"- Same token ids: every document's ids in packtool's shards (chunks in order) equal the "
         f"HF tokenized dataset's: **{same}**; tokens packed equal ({tokens:,}): **{same_total}**.\n"
         f"- packtool stages: {pt_stages} (stages overlap; read+tokenize includes waiting for "
-        f"the encoder).\n- HF stages: {hf_stages}."
+        f"the encoder). The engine self-check was "
+        f"{'recorded before these runs' if recorded else 'recorded by the first packtool run'} "
+        f"(packtool/engine_checks.py: later loads of the same tokenizer.json skip the "
+        f"reference library and the probe).\n- HF stages: {hf_stages}."
     )
     print("\n" + body)
     if not args.no_readme and not args.quick:

@@ -164,13 +164,15 @@ class Column:
         """A shard column from int32 row offsets and flat values, in this column's storage."""
         import pyarrow as pa
 
-        offsets = pa.array(np.asarray(offsets, np.int32))
+        from packtool.arrow_numpy import from_numpy
+
+        offsets = from_numpy(np.asarray(offsets, np.int32))
         if self.storage == BYTES:
             data = np.ascontiguousarray(values, self.numpy_dtype())
             return pa.Array.from_buffers(
                 pa.binary(), len(offsets) - 1, [None, offsets.buffers()[1], pa.py_buffer(data)]
             )
-        return pa.ListArray.from_arrays(offsets, pa.array(values, self.arrow_type(token_type)))
+        return pa.ListArray.from_arrays(offsets, from_numpy(values, self.arrow_type(token_type)))
 
     def derive(self, parts: Parts) -> pa.Array:
         """This derived column for the rows of `parts` (which hold its `derived.inputs`)."""
@@ -178,9 +180,9 @@ class Column:
             raise ValueError(f"column {self.name} is not derived")
         offsets, values = self.derived.compute(parts)
         if self.level == ROW:
-            import pyarrow as pa
+            from packtool.arrow_numpy import from_numpy
 
-            return pa.array(values, self.arrow_type())
+            return from_numpy(values, self.arrow_type())
         return self.array(offsets, values)
 
 
@@ -382,12 +384,14 @@ def flat_parts(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]
     """(int64 offsets from 0, flat values) of a per-token column stored as a list or as bytes."""
     import pyarrow as pa
 
+    from packtool.arrow_numpy import to_numpy
+
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if pa.types.is_binary(arr.type):
         offsets, values = bytes_parts(arr)
     else:
-        offsets = arr.offsets.to_numpy()
-        values = arr.values.to_numpy(zero_copy_only=False)
+        offsets = to_numpy(arr.offsets)
+        values = to_numpy(arr.values)
     offsets = offsets.astype(np.int64)
     if not len(offsets):
         return np.zeros(1, np.int64), values[:0]

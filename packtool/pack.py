@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from packtool import columns, kernels, pack_columns
+from packtool.arrow_numpy import from_numpy, to_numpy
 from packtool.errors import ConfigError, DataError
 
 ALGORITHMS = kernels.ALGORITHMS
@@ -273,14 +274,14 @@ def _group_codes(table: pa.Table, column: str) -> tuple[NDArray[np.int64], list[
 def _numpy_values(values: pa.Array) -> NDArray:
     if values.null_count:
         raise DataError("input_ids holds null token ids")
-    return values.to_numpy(zero_copy_only=False)
+    return to_numpy(values)
 
 
 def _token_arrays(table: pa.Table) -> tuple[pa.Array, NDArray[np.int64]]:
     ids = table.column("input_ids").combine_chunks()
     if not pa.types.is_list(ids.type) and not pa.types.is_large_list(ids.type):
         raise DataError(f"input_ids must be a list column, found {ids.type}")
-    offsets = ids.offsets.to_numpy().astype(np.int64)
+    offsets = to_numpy(ids.offsets).astype(np.int64)
     return ids.values, offsets
 
 
@@ -296,7 +297,7 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
     values, doc_start = _token_arrays(table)
     lengths = np.diff(doc_start)
     if "length" in table.column_names:
-        recorded = table.column("length").to_numpy()
+        recorded = to_numpy(table.column("length"))
         if len(recorded) != len(lengths) or not np.array_equal(recorded, lengths):
             raise DataError("tokenized table: `length` does not match the number of input_ids")
     optional = pack_columns.carried(table)
@@ -345,7 +346,7 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
     # Segment i's tokens are values[src_i : src_i + len_i], laid out one after another.
     src = doc_start[segs.doc[order]] + segs.start[order]
     dst = np.cumsum(seg_len) - seg_len
-    tokens = pa.array(kernels.gather_segments(_numpy_values(values), src, seg_len))
+    tokens = from_numpy(kernels.gather_segments(_numpy_values(values), src, seg_len))
 
     row_offsets = np.concatenate([[0], np.cumsum(row_len)]).astype(np.int32)
     seg_offsets = np.concatenate([[0], np.cumsum(segs_per_row)]).astype(np.int32)
@@ -355,19 +356,19 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
     doc_off_values = np.insert(within, ends_at, row_len).astype(np.int32)
     doc_off_offsets = (seg_offsets + np.arange(n_rows + 1)).astype(np.int32)
 
-    doc_ids = table.column("doc_id").to_numpy().astype(np.int64)[segs.doc[order]]
+    doc_ids = to_numpy(table.column("doc_id")).astype(np.int64)[segs.doc[order]]
     extra = pack_columns.gather(
         table, optional, doc_start, segs.doc[order], src, seg_len, row_offsets, seg_offsets, flat
     )
     out = pa.table(
         {
-            "input_ids": pa.ListArray.from_arrays(pa.array(row_offsets), tokens),
+            "input_ids": pa.ListArray.from_arrays(from_numpy(row_offsets), tokens),
             "doc_offsets": pa.ListArray.from_arrays(
-                pa.array(doc_off_offsets), pa.array(doc_off_values)
+                from_numpy(doc_off_offsets), from_numpy(doc_off_values)
             ),
-            "doc_ids": pa.ListArray.from_arrays(pa.array(seg_offsets), pa.array(doc_ids)),
+            "doc_ids": pa.ListArray.from_arrays(from_numpy(seg_offsets), from_numpy(doc_ids)),
             "doc_chunks": pa.ListArray.from_arrays(
-                pa.array(seg_offsets), pa.array(segs.chunk[order])
+                from_numpy(seg_offsets), from_numpy(segs.chunk[order])
             ),
             **extra,
         }

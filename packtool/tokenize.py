@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packtool import columns as shard_columns
+from packtool.arrow_numpy import from_numpy, strings
 from packtool.corpus import (
     DocumentBatch,
     ReadConfig,
@@ -275,14 +276,15 @@ def batch_table(
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     token_type = schema.field("input_ids").type.value_type
-    ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=token_type))
+    # Straight from the buffers (packtool/arrow_numpy.py: `pa.array` would import pandas).
+    ids = pa.ListArray.from_arrays(from_numpy(offsets), from_numpy(flat, token_type))
     columns = [
-        pa.array(batch.doc_ids, type=pa.int64()),
-        pa.array(batch.sources, type=pa.string()),
+        from_numpy(batch.doc_ids, pa.int64()),
+        strings(batch.sources),
         ids,
-        pa.array(lengths.astype(np.int32)),
+        from_numpy(lengths.astype(np.int32)),
     ]
-    columns += [pa.array(batch.extras[name], type=pa.string()) for name in schema.names[4:]]
+    columns += [strings(batch.extras[name]) for name in schema.names[4:]]
     return pa.Table.from_arrays(columns, schema=schema)  # raw text carries no optional column
 
 

@@ -358,6 +358,9 @@ class Choice:
     encoder: Encoder
     note: str = ""
     """Why faster engines were passed over (one line), or "" when the fastest was used."""
+    checked: str = ""
+    """How the ids were proven: `probe` (the self-check ran), `record` (a passed check was
+    recorded for this file and these versions, packtool/engine_checks.py), "" (the reference)."""
 
 
 def choose_engine(
@@ -368,6 +371,8 @@ def choose_engine(
     spec: str = "auto",
     workers: int = 1,
     added: Callable[[], Sequence[str]] = tuple,
+    proven: Callable[[Engine], bool] = lambda e: False,
+    opener: Callable[[Engine], Encoder] | None = None,
 ) -> Choice:
     """The engine that encodes `source`: the first of `spec` that loads it and passes the probe.
 
@@ -380,6 +385,10 @@ def choose_engine(
             reference library may be among them).
         workers: encoding threads.
         added: returns the tokenizer's added-token texts, for the probe.
+        proven: whether an engine already passed the probe for this tokenizer with its
+            installed version (a record, packtool/engine_checks.py): then it is not run again.
+        opener: builds an engine's encoder (default `engine.open(source, workers)`; the caller
+            may have started building one in another thread).
 
     Raises:
         ConfigError: none of the named engines can encode this tokenizer exactly (the message
@@ -396,13 +405,17 @@ def choose_engine(
             passed_over.append(f"{e.name} is not installed (pip install {e.module})")
             continue
         try:
-            candidate = e.open(source, workers)
+            candidate = opener(e) if opener is not None else e.open(source, workers)
         except EngineRefused as exc:
             passed_over.append(f"{e.name} cannot load it ({exc})")
             continue
-        problem = None if e.reference else self_check(candidate, reference(), added())
+        if e.reference or proven(e):
+            return Choice(
+                e.name, candidate, "; ".join(passed_over), "" if e.reference else "record"
+            )
+        problem = self_check(candidate, reference(), added())
         if problem is None:
-            return Choice(e.name, candidate, "; ".join(passed_over))
+            return Choice(e.name, candidate, "; ".join(passed_over), "probe")
         passed_over.append(f"{e.name} {problem}")
     fallback = "auto" if forced else reference_name
     raise ConfigError(

@@ -14,3 +14,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _no_engine_check_records(monkeypatch):
+    """Tests prove engines afresh: no record of earlier self-checks (packtool/engine_checks.py)
+    is read or written, unless a test sets PACKTOOL_CACHE_DIR itself (subprocesses inherit it)."""
+    monkeypatch.setenv("PACKTOOL_CACHE_DIR", "")
