@@ -233,7 +233,7 @@ class ShardStore:
         decode. Decoded row groups are held until used (at most what the caller asks ahead).
         """
         self._own()
-        for g in dict.fromkeys(int(x) for x in groups):
+        for g in dict.fromkeys(np.asarray(groups).tolist()):
             if g in self._cache or g in self._pending:
                 continue
             if self._decoder is None:
