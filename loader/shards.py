@@ -174,8 +174,9 @@ class ShardStore:
         self._cached_bytes = 0
         self.decoded_row_groups = 0
         """How many row groups this process decoded (cache misses)."""
-        # Decode-ahead: one thread per process (made on first use), which then does every decode
-        # of this store (a ParquetFile is not read from two threads at once).
+        # Decode-ahead: one thread per process (made on first use; a mixture's stores share one),
+        # which then does every decode of this store (a ParquetFile is not read from two threads
+        # at once).
         self._pid = os.getpid()
         self._thread = DecodeThread()  # shared by the stores of a mixture (`share_decode_thread`)
         self._decoder: ThreadPoolExecutor | None = None
