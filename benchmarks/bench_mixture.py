@@ -1,16 +1,22 @@
 """Mixtures: loader throughput, proportion error against HF `interleave_datasets`, schedule cost.
 
-Run: `python -m benchmarks.bench_mixture [--quick] [--tokens 64e6] [--warm 48e6] [--repeat 2]`.
+Run: `python -m benchmarks.bench_mixture [--quick] [--short 32e6] [--long 352e6] [--repeat 3]`.
 Writes the README block `mixture`. Measures, in one run:
 
-- Loader throughput (real tokens/s, 64k-token batches) of a 3-source `MixedDataset` (weights
-  0.5 / 0.3 / 0.2 in tokens) through `MixedDataLoader`, against one `PackedDataset` through
-  `PackedDataLoader` over the largest of the three, in-process and with 1 and 2 workers;
-  interleaved, best of `--repeat`, each timed over `--tokens` after `--warm` tokens (both
-  inside one epoch of the single dataset), and the CPU of a whole run of both from a cold
-  iterator. The sources are synthetic random token ids written the way `packtool pack` writes
-  shards (lz4, 256-row row groups: the costliest to decode), in bench_data/ (made once,
-  reused).
+- Loader throughput (real tokens/s, 64k-token batches, `tokens_per_batch` the same for both) of
+  a 3-source `MixedDataset` (weights 0.5 / 0.3 / 0.2 in tokens) through `MixedDataLoader`,
+  against one `PackedDataset` through `PackedDataLoader` over the largest of the three (same
+  workers, prefetch_factor 8, shuffle window and seed), in-process and with 1 and 2 workers.
+  Each setting runs whole, from a cold iterator, for `--short` and for `--long` tokens (both
+  inside one epoch of the single dataset); the figures are the marginal cost of the tokens in
+  between: (CPU of the long run - CPU of the short one) / (tokens between), CPU of every process
+  and thread, workers joined; tokens/s likewise from wall time. Startup (forks, opening the
+  sources, the first shuffle windows) and the row groups decoded ahead and never used at the end
+  (a window per source: the mixture has three) are in both runs and cancel; they are in the
+  whole-run column. Rounds are interleaved (one and mixture adjacent, their order alternating),
+  medians of `--repeat`. The sources are synthetic random token ids written the way
+  `packtool pack` writes shards (lz4, 256-row row groups: the costliest to decode), in
+  bench_data/ (made once, reused).
 - Proportion error after 1k, 10k and 100k rows: packtool's schedule against
   `datasets.interleave_datasets(probabilities=...)` with the same weights (5 seeds), in rows,
   and in tokens for sources of different row lengths (HF's probabilities then set to
@@ -39,6 +45,7 @@ from benchmarks._common import ROOT, markdown_table, update_readme
 from loader import MixedDataLoader, MixedDataset, PackedDataLoader, PackedDataset
 from loader.testing import write_random_dataset
 from packtool.mixture import MixtureSpec, SourceSpec
+from packtool.schedule import load_kernel
 from packtool.shards import ShardConfig
 
 BUDGET = 65_536
@@ -48,7 +55,7 @@ WEIGHTS = {"web": 0.5, "code": 0.3, "books": 0.2}
 
 def sources(quick: bool) -> dict[str, Path]:
     """Three synthetic packed datasets (random ids, `packtool pack`'s shard layout)."""
-    rows = {"web": 30_000, "code": 12_000, "books": 4_000}
+    rows = {"web": 120_000, "code": 48_000, "books": 16_000}
     if quick:
         rows = {k: v // 10 for k, v in rows.items()}
     out = {}
@@ -65,70 +72,28 @@ def sources(quick: bool) -> dict[str, Path]:
     return out
 
 
-def _children_cpu() -> dict[int, float]:
-    """CPU seconds of each live child process (DataLoader workers), every thread."""
-    import glob
-
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for f in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-        for pid in Path(f).read_text().split():
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            out[int(pid)] = (int(stat[11]) + int(stat[12])) / tick
-    return out
-
-
-def _drain(dl, goal: float, warm: float) -> tuple[float, float]:
-    """(tokens/s, CPU seconds per million tokens over every process) over `goal` tokens, after
-    `warm` tokens untimed: workers started, and every source's decode-ahead (a shuffle window
-    of row groups each) under way, so the ahead-work at the start and at the end of the timed
-    stretch roughly cancel. Without it the mixture's first windows (three sources, not one)
-    would be decoded inside the timed stretch and charged to it."""
-    it = iter(dl)
-    tokens = 0
-    for b in it:
-        tokens += int(b["cu_seqlens"][-1])
-        if tokens >= warm:
-            break
-    tokens = 0
-    start, seen = _children_cpu(), {}
-    main, t0 = time.process_time(), time.perf_counter()
-    for n, b in enumerate(it, 1):
-        tokens += int(b["cu_seqlens"][-1])
-        if n % 16 == 0:  # workers exit at the end: keep their last reading
-            seen.update(_children_cpu())
-        if tokens >= goal:
-            break
-    rate = tokens / (time.perf_counter() - t0)
-    seen.update(_children_cpu())
-    used = time.process_time() - main + sum(v - start.get(p, 0.0) for p, v in seen.items())
-    del it
-    return rate, used / tokens * 1e6
-
-
 def _whole_cpu() -> float:
-    """CPU seconds of this process and of its finished (waited-for) children."""
+    """CPU seconds of this process (every thread) and of its finished (waited-for) children."""
     a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
 
-def whole_run(dl, total: float) -> float:
-    """CPU seconds per million tokens over a whole run of `total` tokens, from the iterator's
-    start (workers forked, first windows decoded) to its end (workers joined, the row groups
-    decoded ahead and never used included)."""
-    c0, tokens = _whole_cpu(), 0
+def run(dl, total: float) -> tuple[float, float, int]:
+    """(CPU seconds over every process, wall seconds, tokens) of a whole run of `total` tokens
+    from a cold iterator: workers forked, first windows decoded, to the last batch (wall) and
+    the workers joined (CPU: the row groups decoded ahead and never used included)."""
+    gc.collect()
+    c0, t0, tokens = _whole_cpu(), time.perf_counter(), 0
     it = iter(dl)
     for b in it:
         tokens += int(b["cu_seqlens"][-1])
         if tokens >= total:
             break
+    wall = time.perf_counter() - t0
     del it, b
     gc.collect()  # the DataLoader iterator joins its workers
     time.sleep(0.2)
-    return (_whole_cpu() - c0) / tokens * 1e6
+    return _whole_cpu() - c0, wall, tokens
 
 
 def single_loader(path: Path, workers: int):
@@ -145,64 +110,56 @@ def mixture_loader(paths: dict[str, Path], workers: int, total: float):
     return ds if workers == 0 else MixedDataLoader(ds, num_workers=workers, prefetch_factor=8)
 
 
-def single(path: Path, workers: int, goal: float, warm: float) -> tuple[float, float]:
-    ds = PackedDataset(path, tokens_per_batch=BUDGET, seed=0)
-    if workers == 0:
-        return _drain(ds, goal, warm)
-    return _drain(PackedDataLoader(ds, num_workers=workers, prefetch_factor=8), goal, warm)
-
-
-def mixture(paths: dict[str, Path], workers: int, goal: float, warm: float) -> tuple[float, float]:
-    spec = MixtureSpec(
-        sources=tuple(SourceSpec(name=n, path=str(p), weight=WEIGHTS[n]) for n, p in paths.items()),
-        total_tokens=int(10 * (goal + warm)),
-    )
-    ds = MixedDataset(spec, tokens_per_batch=BUDGET)
-    if workers == 0:
-        return _drain(ds, goal, warm)
-    return _drain(MixedDataLoader(ds, num_workers=workers, prefetch_factor=8), goal, warm)
-
-
-def throughput(paths: dict[str, Path], goal: float, warm: float, repeat: int) -> list[list[object]]:
-    best: dict[tuple[str, int], float] = {}
-    cpu: dict[tuple[str, int], float] = {}
-    runs = (
-        ("one", lambda w: single(paths["web"], w, goal, warm)),
-        ("mix", lambda w: mixture(paths, w, goal, warm)),
-    )
-    whole: dict[tuple[str, int], float] = {}
-    total = goal + warm
-    loaders = (
-        ("one", lambda w: single_loader(paths["web"], w)),
-        ("mix", lambda w: mixture_loader(paths, w, total)),
-    )
-    for _ in range(repeat):
+def throughput(
+    paths: dict[str, Path], short: float, long: float, repeat: int
+) -> tuple[list[list[object]], list[str]]:
+    """Per worker count: the marginal cost of the tokens between a short and a long whole run
+    (what a token costs once the loader runs: startup, the first shuffle windows and the end's
+    unused decode-ahead cancel), median over `repeat` interleaved rounds, and the whole long
+    run's CPU per token."""
+    makers = {
+        "one": lambda w, n: single_loader(paths["web"], w),
+        "mix": lambda w, n: mixture_loader(paths, w, n),
+    }
+    got: dict[tuple[str, int, str], list[tuple[float, float, int]]] = {}
+    loads = []
+    load_kernel()  # the schedule's compiled kernel, once per process (an import, not a run)
+    for r in range(repeat):
         for workers in (0, 1, 2):
-            for name, fn in runs:
-                rate, secs = fn(workers)
-                best[(name, workers)] = max(best.get((name, workers), 0.0), rate)
-                cpu[(name, workers)] = min(cpu.get((name, workers), float("inf")), secs)
-                print(
-                    f"  {name} workers={workers}: {rate / 1e6:.1f} M tokens/s, "
-                    f"{1e3 * secs:.1f} ms CPU per M tokens",
-                    flush=True,
-                )
-            for name, make in loaders:
-                secs = whole_run(make(workers), total)
-                whole[(name, workers)] = min(whole.get((name, workers), float("inf")), secs)
-                print(f"  {name} workers={workers}: whole run {1e3 * secs:.1f} ms CPU per M")
+            for length, total in (("short", short), ("long", long)):
+                order = ("one", "mix") if r % 2 == 0 else ("mix", "one")
+                for name in order:
+                    cpu, wall, tokens = run(makers[name](workers, total), total)
+                    got.setdefault((name, workers, length), []).append((cpu, wall, tokens))
+                    print(
+                        f"  round {r} {name} workers={workers} {length}: {tokens / wall / 1e6:.1f} "
+                        f"M tokens/s, {1e3 * cpu / tokens * 1e6:.1f} ms CPU per M tokens",
+                        flush=True,
+                    )
+        loads.append(f"{os.getloadavg()[0]:.1f}")
     rows = []
     for workers in (0, 1, 2):
-        one, mix = best[("one", workers)], best[("mix", workers)]
-        c1, c2 = cpu[("one", workers)], cpu[("mix", workers)]
-        w1, w2 = whole[("one", workers)], whole[("mix", workers)]
+        per = {}
+        for name in ("one", "mix"):
+            marg_cpu, marg_rate, whole = [], [], []
+            for (c1, w1, t1), (c2, w2, t2) in zip(
+                got[(name, workers, "short")], got[(name, workers, "long")], strict=True
+            ):
+                marg_cpu.append((c2 - c1) / (t2 - t1) * 1e9)  # ms per M tokens
+                # a long run faster than the short one (a loaded box): no rate to report
+                marg_rate.append((t2 - t1) / (w2 - w1) if w2 > w1 else float("nan"))
+                whole.append(c2 / t2 * 1e9)
+            per[name] = [float(np.median(x)) for x in (marg_rate, marg_cpu, whole)]
+            per[name + "_ratios"] = marg_cpu
+        (r1, c1, w1), (r2, c2, w2) = per["one"], per["mix"]
+        ratios = [m / o for o, m in zip(per["one_ratios"], per["mix_ratios"], strict=True)]
         label = "in-process" if workers == 0 else f"{workers} worker{'s' if workers > 1 else ''}"
         rows.append([
-            label, f"{one / 1e6:.0f} M", f"{mix / 1e6:.0f} M", f"{mix / one:.2f}x",
-            f"{1e3 * c1:.1f} / {1e3 * c2:.1f} ({c2 / c1:.2f}x)",
-            f"{1e3 * w1:.1f} / {1e3 * w2:.1f} ({w2 / w1:.2f}x)",
+            label, f"{r1 / 1e6:.0f} M", f"{r2 / 1e6:.0f} M", f"{r2 / r1:.2f}x",
+            f"{c1:.1f} / {c2:.1f} ({c2 / c1:.2f}x; rounds {min(ratios):.2f}-{max(ratios):.2f}x)",
+            f"{w1:.1f} / {w2:.1f} ({w2 / w1:.2f}x)",
         ])  # fmt: skip
-    return rows
+    return rows, loads
 
 
 # --- proportion error ------------------------------------------------------------------------
@@ -336,22 +293,22 @@ def schedule_cost(n: int) -> list[list[object]]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    ap.add_argument("--tokens", type=float, default=None, help="tokens per throughput run")
-    ap.add_argument("--warm", type=float, default=None, help="tokens read before timing")
-    ap.add_argument("--repeat", type=int, default=2, help="interleaved runs per setting")
+    ap.add_argument("--short", type=float, default=None, help="tokens of the short run")
+    ap.add_argument("--long", type=float, default=None, help="tokens of the long run")
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds")
     ap.add_argument("--schedule-rows", type=float, default=None, help="rows for the schedule cost")
     args = ap.parse_args(argv)
-    # warm + timed stay inside one epoch of the single dataset (web: ~118 M tokens): an epoch's
-    # end (nothing left to decode ahead) would make the single dataset's stretch cheaper than a
-    # loader (in its timed stretch). The warm-up lets each source's decode-ahead (up to 16 row
-    # groups, a shuffle window, per source and worker) fill before timing starts.
-    goal = args.tokens or (6e6 if args.quick else 64e6)
-    warm = args.warm if args.warm is not None else (4e6 if args.quick else 48e6)
+    # Both runs stay inside one epoch of the single dataset (web: ~470 M tokens): an epoch's end
+    # (nothing left to decode ahead) would make it cheaper than a loader in mid-run. The long
+    # run is ~20 shuffle windows of every source, so where a run stops inside a window (its
+    # unused decode-ahead) moves the marginal CPU by a few per cent at most.
+    short = args.short or (4e6 if args.quick else 32e6)
+    long = args.long or (40e6 if args.quick else 352e6)
     n_sched = int(args.schedule_rows or (1e6 if args.quick else 1e8))
     marks = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
     paths = sources(args.quick)
     print("throughput", flush=True)
-    tput = throughput(paths, goal, warm, args.repeat)
+    tput, loads = throughput(paths, short, long, args.repeat)
     print("proportion error", flush=True)
     prop = proportion_table(marks, seeds=5)
     print("schedule cost", flush=True)
@@ -365,22 +322,24 @@ def main(argv: list[str] | None = None) -> None:
         f"Mixtures (`python -m benchmarks.bench_mixture{' --quick' if args.quick else ''}`, "
         f"{time.strftime('%Y-%m-%d')}; {os.cpu_count()} cores ({platform.machine()}), torch "
         f"{torch.__version__}, load average {load[0]:.1f} / {load[1]:.1f} (1 / 5 min) at the end).",
-        f"Loader throughput, real tokens/s in 64k-token batches, best of {args.repeat} interleaved "
-        f"runs of {goal / 1e6:,.0f} M tokens timed after {warm / 1e6:,.0f} M untimed (workers "
-        "started, every source's decode-ahead under way): one `PackedDataset` (the largest "
-        "source) through "
-        "`PackedDataLoader` against a 3-source `MixedDataset` through `MixedDataLoader` (weights "
-        f"in tokens; {sizes}; random token ids in `packtool pack`'s shard layout, lz4, 256-row "
-        "row groups, page cache warm). On a shared box the tokens/s ratio swings from run to "
-        "run (other work takes the cores at random); the CPU time per token over every process "
-        "and thread (best of the runs) is the steadier comparison. The last column counts "
-        "every CPU second of a whole run from a cold iterator to its last batch (startup, the "
-        "first shuffle windows, and the row groups decoded ahead and never used at the end "
-        "included: the mixture has a window in flight per source, the single dataset one).",
+        "Loader throughput, real tokens/s in 64k-token batches (`tokens_per_batch` 65,536 for "
+        "both), one `PackedDataset` (the largest source) through `PackedDataLoader` against a "
+        f"3-source `MixedDataset` through `MixedDataLoader` (weights in tokens; {sizes}; random "
+        "token ids in `packtool pack`'s shard layout, lz4, 256-row row groups, page cache warm; "
+        "the same workers, prefetch_factor 8, shuffle window 16 row groups). Marginal figures: "
+        f"each setting runs whole from a cold iterator for {short / 1e6:,.0f} M and for "
+        f"{long / 1e6:,.0f} M tokens, and the tokens in between are charged (CPU of every "
+        "process and thread, workers joined, and wall time): startup, the first shuffle windows "
+        "and the decode-ahead never used at the end cancel. Median of "
+        f"{args.repeat} interleaved rounds (load average {' / '.join(loads)} after each); the "
+        "CPU ratio of each round in brackets. tokens/s on this shared box moves with other "
+        "work; CPU per token is the steadier figure. The last column is the whole long run, "
+        "fixed costs included (the mixture opens three sources and keeps a shuffle window in "
+        "flight per source).",
         markdown_table(
-            ["loader", "one PackedDataset", "3-source mixture", "mixture / one",
-             "CPU ms per M tokens, one / mixture (every process and thread)",
-             f"whole {(goal + warm) / 1e6:,.0f} M-token run: CPU ms per M tokens"],
+            ["loader", "one PackedDataset tokens/s", "3-source mixture tokens/s", "mixture / one",
+             "CPU ms per M tokens, one / mixture",
+             f"whole {long / 1e6:,.0f} M-token run: CPU ms per M tokens"],
             tput,
         ),  # fmt: skip
         "Proportion error after n rows, weights 0.5 / 0.3 / 0.2: the largest |share - weight| "

@@ -44,6 +44,7 @@ from loader.config import LoaderConfig, dist_rank_world, make_config, static_max
 from loader.mixture_sources import PackedSource, StreamSource, missing_fill, open_source
 from loader.mixture_steps import RowStream, Step, plan_steps
 from loader.record import Documents
+from loader.shards import DecodeThread
 from loader.transport import Ring
 from packtool.columns import TOKEN, Column, optional
 from packtool.errors import ConfigError, DataError
@@ -136,6 +137,10 @@ class MixedDataset(IterableDataset):
         self.spec = spec
         self.rank, self.world_size = dist_rank_world(rank, world_size)
         self.sources = [open_source(s, config) for s in spec.sources]
+        shared = DecodeThread()  # one decode thread per process, as one dataset has
+        for s in self.sources:
+            if isinstance(s, PackedSource):
+                s.store.share_decode_thread(shared)
         self.names = spec.names
         check_compatible([(s.name, s.tokenizer, s.max_len) for s in self.sources])
         for s in self.sources:

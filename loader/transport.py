@@ -159,9 +159,26 @@ class Ring:
         self.busy = torch.zeros(num_workers * slots, dtype=torch.int32).share_memory_()
         self._count = 0
         self._worker = -1
+        self._views: dict[int, Documents] = {}  # per slot, its arrays (made when first used)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_views"] = {}  # views of this process's mapping: made again where unpickled
+        return state
 
     def _slot(self, slot: int) -> np.ndarray:
         return self.buffer.numpy()[slot * self.slot_bytes : (slot + 1) * self.slot_bytes]
+
+    def _slot_views(self, slot: int) -> Documents:
+        """The arrays of a slot (views of the shared buffer, the same for every batch in it:
+        made once per slot, a mixture step's parts take two to three slots)."""
+        views = self._views.get(slot)
+        if views is None:
+            views = _layout(
+                self._slot(slot), self.doc_cap, self.tok_cap, self.token_dtype, self.columns
+            )
+            self._views[slot] = views
+        return views
 
     # ---- worker side --------------------------------------------------------------------------
 
@@ -183,10 +200,7 @@ class Ring:
         self._count += 1
         busy = self.busy.numpy()
         if busy[slot] == 0:
-            dest = _layout(
-                self._slot(slot), self.doc_cap, self.tok_cap, self.token_dtype, self.columns
-            )
-            sizes = store.gather_into(rows, dest)
+            sizes = store.gather_into(rows, self._slot_views(slot))
             if sizes is not None:
                 busy[slot] = 1
                 return CompactBatch(
@@ -204,8 +218,12 @@ class Ring:
 
     def take(self, item: CompactBatch) -> Documents:
         """Views of a received batch's documents; `release` it after copying."""
-        buf = self._slot(item.slot) if item.data is None else item.data.numpy()
-        docs = _layout(buf, item.doc_cap, item.tok_cap, self.token_dtype, self.columns)
+        if item.data is None:
+            docs = self._slot_views(item.slot)
+        else:
+            docs = _layout(
+                item.data.numpy(), item.doc_cap, item.tok_cap, self.token_dtype, self.columns
+            )
         return _head(docs, item.n_tokens, item.n_docs)
 
     def release(self, item: CompactBatch) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from loader import PackedDataset, ShardStore
+from loader.record import Documents
 from loader.testing import write_dataset
 from packtool.errors import DataError
 from packtool.manifest import packed_schema, read_manifest, sha256_file, write_manifest
@@ -238,6 +239,68 @@ def test_prefetch_decodes_each_row_group_once_with_the_same_rows(random_dataset)
     assert store.decoded_row_groups == store.num_row_groups
     store.prefetch(groups)  # all cached: nothing to do
     assert store.pending_row_groups == 0
+
+
+def test_stores_sharing_a_decode_thread_read_the_same_rows(random_dataset, hand_dataset):
+    import pickle
+
+    from loader.shards import DecodeThread
+
+    shared = DecodeThread()
+    stores = [ShardStore(random_dataset), ShardStore(hand_dataset), ShardStore(random_dataset)]
+    for s in stores:
+        s.share_decode_thread(shared)
+    for s in stores:
+        s.prefetch(np.arange(s.num_row_groups)[::-1])
+    assert len({id(s._decoder) for s in stores}) == 1  # one thread decodes for all three
+    for s, path in zip(stores, (random_dataset, hand_dataset, random_dataset), strict=True):
+        rows = np.random.default_rng(1).permutation(s.num_rows)
+        a, b = s.gather(rows), ShardStore(path).gather(rows)
+        for got, want in ((a.tokens, b.tokens), (a.doc_lens, b.doc_lens), (a.doc_ids, b.doc_ids)):
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+        assert s.pending_row_groups == 0 and s.decoded_row_groups == s.num_row_groups
+    with pytest.raises(RuntimeError, match="before the store decodes ahead"):
+        stores[0].share_decode_thread(DecodeThread())
+    # a pickled pair (a spawned worker) shares one thread of its own, made when first used
+    a, b = pickle.loads(pickle.dumps(stores[:2]))
+    assert a._thread is b._thread and a._thread is not shared and a._thread._pool is None
+    a.prefetch(np.array([0]))
+    b.prefetch(np.array([0]))
+    assert a._decoder is b._decoder is not shared._pool
+    assert np.array_equal(a.gather(np.array([0])).tokens, stores[0].gather(np.array([0])).tokens)
+
+
+def test_ring_reuses_its_slot_views_and_does_not_pickle_them():
+    from loader.transport import Ring
+
+    ring = Ring(num_workers=1, slots=2, max_tokens=64, max_docs=8, token_dtype=np.uint16)
+    ring.start_worker()
+    docs = [
+        Documents(np.arange(n, dtype=np.uint16) + n, np.array([n], np.int32), np.array([n]))
+        for n in (5, 9, 3)
+    ]
+
+    class _Store:  # gathers a fixed record (what `Ring.put` needs of a store)
+        def __init__(self, d):
+            self.d = d
+
+        def gather_into(self, rows, dest):
+            n, k = self.d.n_tokens, self.d.n_docs
+            dest.tokens[:n], dest.doc_lens[:k], dest.doc_ids[:k] = (
+                self.d.tokens,
+                self.d.doc_lens,
+                self.d.doc_ids,
+            )
+            return n, k
+
+    for step, d in enumerate(docs):  # the third batch reuses slot 0 and its cached views
+        item = ring.put(_Store(d), None, filler=False, step=step)
+        got = ring.take(item)
+        assert np.array_equal(got.tokens, d.tokens) and np.array_equal(got.doc_ids, d.doc_ids)
+        assert np.array_equal(got.doc_lens, d.doc_lens)
+        ring.release(item)
+    assert set(ring._views) == {0, 1}
+    assert ring.__getstate__()["_views"] == {}
 
 
 def test_prefetch_error_surfaces_where_the_row_group_is_used(hand_dataset):
