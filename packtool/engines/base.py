@@ -149,6 +149,7 @@ class Run:
         summary, manifest = finish.manifest_head(
             self.config, self.totals, self.checked.identity, self.checked.columns, doc_ids, n
         )
+        finish.remove_temporaries(self.work)  # left by workers killed mid-write
         finish.write_index(self.work, manifest, n)
         remove(records.run_dir(self.work))  # index.json exists: the run is complete
         self.seconds["total"] = time.perf_counter() - self.t_start

@@ -219,6 +219,15 @@ def doc_id_record(work: Path, files: list[str], units: list[str]) -> dict[str, A
     return docids.record(files, units, sources_sha256=hashlib.sha256(data).hexdigest())
 
 
+def remove_temporaries(work: Path) -> None:
+    """Delete the hidden `.NAME.<writer>.tmp` files a killed writer left in `work` (one listing:
+    a worker killed mid-shard, a cancelled Ray task), so the dataset holds none of them."""
+    with os.scandir(work) as entries:
+        for e in entries:
+            if e.name.startswith(".") and e.name.endswith(".tmp") and e.is_file():
+                Path(e.path).unlink(missing_ok=True)
+
+
 def write_index(work: Path, manifest: Manifest, partitions: int) -> Path:
     """`index.json` with the shards of records 0..partitions (the final stage's last), streamed.
 

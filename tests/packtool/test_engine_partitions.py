@@ -285,3 +285,25 @@ def test_a_killed_worker_process_is_replaced_and_the_bytes_are_unchanged(
     assert killed, "no worker process was killed: the run ended first"
     assert shard_bytes(out) == shard_bytes(base / "w1")
     assert (out / "index.json").read_bytes() == (base / "w1" / "index.json").read_bytes()
+
+
+def test_a_killed_writers_temporary_file_does_not_reach_the_dataset(corpus, tmp_path, monkeypatch):
+    """A worker killed mid-shard leaves `.NAME.<writer>.tmp` in the staging folder; the finished
+    dataset holds no such file."""
+    out = tmp_path / "out"
+    staging = staging_folder(out)
+    real = worker.write_chunk
+
+    def stop_in_the_third_partition(writer, packed):
+        if len(records.finished(staging)) == 2:
+            raise KeyboardInterrupt
+        return real(writer, packed)
+
+    monkeypatch.setattr(worker, "write_chunk", stop_in_the_third_partition)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(config(out, [corpus], workers=1))
+    monkeypatch.undo()
+    (staging / ".shard-000002-00000.parquet.999-deadbeef.tmp").write_bytes(b"half a shard")
+    run_pack(config(out, [corpus], workers=1, resume=True))
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert not verify_dataset(out).warnings
