@@ -19,6 +19,7 @@ import click
 from packtool import __version__, interrupt
 from packtool.cli_sft import CorpusOptions, corpus_options, sft_options
 from packtool.errors import ConfigError, PacktoolError
+from packtool.quantities import parse_size, positive_int
 
 # numpy's OpenBLAS starts a spinning thread per core at import; no command does linear algebra,
 # and on 2 cores those threads took ~0.3 s of start-up from the tokenizer and numba's loading.
@@ -41,6 +42,11 @@ def cli() -> None:
 WORKERS_HELP = (
     "Tokenizer threads (also sets RAYON_NUM_THREADS for HF tokenizers) [default: all cores]."
 )
+PARTS = (
+    "Input bytes per partition (64MB, 1GB), the unit of parallel work and of --resume: small "
+    "files grouped, big JSONL cut at line starts, Parquet between row groups (docs/scale-out.md)."
+)
+PACK_WORKERS = "Partition worker processes (local) or tasks in flight (Ray) [default: all cores]."
 
 # --- commands are registered below; keep each one thin over a library function ---
 
@@ -161,16 +167,6 @@ def tokenize_cmd(
     click.echo(summary.format())
 
 
-def _positive_int(flag: str, value: str, unit: str = "tokens") -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise ConfigError(f"{flag} must be a positive integer ({unit}), got {value!r}")
-    return number
-
-
 _TOKENIZER_OPTIONS = ("tokenizer", "eos_id", "no_eos", "bos_id")
 
 
@@ -237,10 +233,10 @@ def stats_cmd(
     if candidates is None:
         cands = DEFAULT_CANDIDATES
     else:
-        cands = tuple(_positive_int("--candidates", c.strip()) for c in candidates.split(","))
+        cands = tuple(positive_int("--candidates", c.strip()) for c in candidates.split(","))
     config = StatsConfig(
-        max_len=_positive_int("--max-len", max_len),
-        batch_size=_positive_int("--batch-size", batch_size, "documents"),
+        max_len=positive_int("--max-len", max_len),
+        batch_size=positive_int("--batch-size", batch_size, "documents"),
         candidates=cands,
     )
     if plot is not None:
@@ -341,8 +337,9 @@ def stats_cmd(
     help="Replace the dataset in the output folder; the old one stays until the new one is "
     "complete, and is kept if the run fails.",
 )
+@click.option("--partition-size", default="256MB", show_default=True, metavar="SIZE", help=PARTS)
 @click.option("--resume", is_flag=True, help="Finish an interrupted run into the same folder.")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
+@click.option("--workers", type=click.IntRange(min=1), default=None, help=PACK_WORKERS)
 @click.option(
     "--engine",
     type=click.Choice(["local", "ray"]),
@@ -375,6 +372,7 @@ def pack_cmd(
     row_group_rows: int,
     compression: str,
     overwrite: bool,
+    partition_size: str,
     resume: bool,
     workers: int | None,
     engine: str,
@@ -396,9 +394,7 @@ def pack_cmd(
         from packtool.tokenize import input_identity
 
         explicit = bool(_explicit(ctx, _TOKENIZER_OPTIONS))
-        return (
-            corpus.load_tokenizer(workers) if explicit or input_identity(inputs) is None else None
-        )
+        return corpus.load_tokenizer() if explicit or input_identity(inputs) is None else None
 
     # Start-up overlaps: the tokenizer loads in one thread (fastokens' builder releases the GIL)
     # while this one imports the packer (numba) and another loads its kernels from numba's
@@ -435,6 +431,8 @@ def pack_cmd(
         ),
         read=corpus.read_config(extra_fields=extra, sft=sft),
         chunk_docs=chunk_docs,
+        partition_size=parse_size(partition_size, "--partition-size"),
+        workers=workers,
         overwrite=overwrite,
         resume=resume,
         command=shlex.join(["packtool", *sys.argv[1:]]) if sys.argv else "packtool pack",

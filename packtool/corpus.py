@@ -31,8 +31,11 @@ from typing import Any
 import numpy as np
 import orjson
 
+from packtool import docids
 from packtool.columns import names, optional
 from packtool.compressed import open_stream, zstd_error
+from packtool.corpus_lines import BOM as _BOM
+from packtool.corpus_lines import TO_END, lines
 from packtool.errors import ConfigError, DataError
 from packtool.sft_config import SFTConfig
 
@@ -50,7 +53,6 @@ JSON_SUFFIXES = (".json", ".json.gz", ".json.zst")
 `.json`), but not picked up in folders, where `.json` files are usually configuration. A `.json`
 file whose first character is `[` is read as one JSON array of objects instead."""
 
-_BOM = b"\xef\xbb\xbf"
 _JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
 
 RESERVED_COLUMNS = ("doc_id", "source", "input_ids", "length", *names(optional()))
@@ -115,7 +117,8 @@ class DocumentBatch:
     """A batch of documents in reading order."""
 
     doc_ids: np.ndarray
-    """int64, (n,): global ids, sequential in reading order over all inputs (skips take none)."""
+    """int64, (n,): from `read_corpus`, global ids, sequential in reading order over all inputs
+    (skips take none); from `read_piece`, `docids.encode(file index, record offset)`."""
     texts: list[str]
     sources: list[str]
     """The file each document came from."""
@@ -302,7 +305,7 @@ def read_corpus(
     paths = expand_inputs(inputs)
     builder = _BatchBuilder(config)
     for path in paths:
-        for text, extras, nbytes in _read_file(path, config, skips):
+        for text, extras, nbytes, _ in _read_file(path, config, skips):
             builder.add(text, str(path), extras, nbytes)
             if builder.full:
                 yield builder.flush()
@@ -311,8 +314,9 @@ def read_corpus(
 
 
 class _BatchBuilder:
-    def __init__(self, config: ReadConfig) -> None:
+    def __init__(self, config: ReadConfig, file_index: int | None = None) -> None:
         self.config = config
+        self.file_index = file_index
         self.next_id = 0
         self._reset()
 
@@ -322,9 +326,13 @@ class _BatchBuilder:
         self.extras: dict[str, list[str | None]] = {f: [] for f in self.config.extra_fields}
         self.nbytes = 0
         self.text_bytes = 0
+        self.offsets: list[int] = []
 
-    def add(self, text: str, source: str, extras: tuple[str | None, ...], nbytes: int) -> None:
+    def add(
+        self, text: str, source: str, extras: tuple[str | None, ...], nbytes: int, offset: int = 0
+    ) -> None:
         self.texts.append(text)
+        self.offsets.append(offset)
         self.sources.append(source)
         for name, value in zip(self.config.extra_fields, extras, strict=True):
             self.extras[name].append(value)
@@ -339,8 +347,12 @@ class _BatchBuilder:
 
     def flush(self) -> DocumentBatch:
         n = len(self.texts)
+        if self.file_index is None:
+            ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        else:
+            ids = docids.encode(self.file_index, np.asarray(self.offsets, dtype=np.int64))
         batch = DocumentBatch(
-            doc_ids=np.arange(self.next_id, self.next_id + n, dtype=np.int64),
+            doc_ids=ids,
             texts=self.texts,
             sources=self.sources,
             extras=self.extras,
@@ -351,16 +363,19 @@ class _BatchBuilder:
         return batch
 
 
-_Doc = tuple[str, tuple[str | None, ...], int]
+_Doc = tuple[str, tuple[str | None, ...], int, int]
+"""(text, extra field values, input bytes, record offset in the file: see `read_piece`)."""
 
 
-def _read_file(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_Doc]:
+def _read_file(
+    path: Path, config: ReadConfig, skips: SkipCounter, start: int = 0, end: int = TO_END
+) -> Iterator[_Doc]:
     kind = file_kind(path)
     try:
         if kind == "jsonl":
-            yield from _read_jsonl(path, config, skips)
+            yield from _read_jsonl(path, config, skips, start, end)
         elif kind == "parquet":
-            yield from _read_parquet(path, config, skips)
+            yield from _read_parquet(path, config, skips, start, end)
         else:
             yield from _read_text(path, config, skips)
     except OSError as exc:  # also gzip.BadGzipFile
@@ -397,7 +412,7 @@ def _read_text(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_
     if not text:
         skips.add("empty", str(path))
         return
-    yield text, (None,) * len(config.extra_fields), nbytes
+    yield text, (None,) * len(config.extra_fields), nbytes, 0
 
 
 def _json_array_file(path: Path) -> bool:
@@ -409,8 +424,8 @@ def _json_array_file(path: Path) -> bool:
     return head.startswith(b"[")
 
 
-def _read_json_array(path: Path) -> Iterator[tuple[str, Any, int]]:
-    """(where, object, bytes) for each element of a file holding one JSON array."""
+def _read_json_array(path: Path) -> Iterator[tuple[str, Any, int, int]]:
+    """(where, object, bytes, item index) for each element of a file holding one JSON array."""
     with open_stream(path) as f:
         data = f.read().removeprefix(_BOM)
     try:
@@ -424,39 +439,45 @@ def _read_json_array(path: Path) -> Iterator[tuple[str, Any, int]]:
         raise DataError(f"{path}: expected a JSON array")
     per_item = len(data) // max(len(items), 1)
     for i, obj in enumerate(items):
-        yield f"{path}:item {i}", obj, per_item
+        yield f"{path}:item {i}", obj, per_item, i
 
 
-def _jsonl_objects(path: Path, skips: SkipCounter) -> Iterator[tuple[str, Any, int]]:
-    """(where, parsed object, bytes) per non-blank line; unparseable lines are counted skips."""
-    with open_stream(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if lineno == 1:
-                line = line.removeprefix(_BOM)
-            if not line.strip():
-                continue  # a blank line is not a document
-            where = f"{path}:{lineno}"
+def _jsonl_objects(
+    path: Path, skips: SkipCounter, start: int = 0, end: int = TO_END
+) -> Iterator[tuple[str, Any, int, int]]:
+    """(where, parsed object, bytes, byte offset) per non-blank line starting in `[start, end)`;
+    unparseable lines are counted skips. `where` is `file:line`, or `file:byte N` inside a
+    range that does not start the file (its line numbers are unknown there)."""
+    for offset, lineno, line in lines(path, start, end):
+        if not line.strip():
+            continue  # a blank line is not a document
+        where = f"{path}:{lineno}" if lineno is not None else f"{path}:byte {offset}"
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
             try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                try:
-                    line.decode("utf-8")
-                except UnicodeDecodeError:
-                    skips.add("invalid_utf8", where)
-                else:
-                    skips.add("malformed_json", where, str(exc).split(":")[0])
-                continue
-            yield where, obj, len(line)
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                skips.add("invalid_utf8", where)
+            else:
+                skips.add("malformed_json", where, str(exc).split(":")[0])
+            continue
+        yield where, obj, len(line), offset
 
 
-def _read_jsonl(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_Doc]:
+def _read_jsonl(
+    path: Path, config: ReadConfig, skips: SkipCounter, start: int = 0, end: int = TO_END
+) -> Iterator[_Doc]:
     field_name = config.text_field
     extra_fields = config.extra_fields
     seen_field = False
     objects_without = 0
     first_keys: list[str] = []
-    objects = _read_json_array(path) if _json_array_file(path) else _jsonl_objects(path, skips)
-    for where, obj, nbytes in objects:
+    if _json_array_file(path):
+        objects = _read_json_array(path)
+    else:
+        objects = _jsonl_objects(path, skips, start, end)
+    for where, obj, nbytes, offset in objects:
         if not isinstance(obj, dict):
             skips.add("malformed_json", where, f"a JSON {_json_type(obj)}, not an object")
             continue
@@ -479,7 +500,7 @@ def _read_jsonl(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[
             skips.add("empty", where)
             continue
         extras = tuple(_as_extra(obj.get(name)) for name in extra_fields)
-        yield text, extras, nbytes
+        yield text, extras, nbytes, offset
     if objects_without and not seen_field:
         _raise_missing_field(path, field_name, first_keys)
 
@@ -511,7 +532,10 @@ def _text_kind(arrow_type: Any) -> str | None:
     return None
 
 
-def _read_parquet(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[_Doc]:
+def _read_parquet(
+    path: Path, config: ReadConfig, skips: SkipCounter, start: int = 0, end: int = TO_END
+) -> Iterator[_Doc]:
+    """The documents of row groups `[start, end)` (`TO_END`: the rest) of a text Parquet file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -533,9 +557,12 @@ def _read_parquet(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterato
             f"{path}: text column {config.text_column!r} has type {text_type}, not a string"
         )
     is_binary = kind == "binary"
-    row = 0
+    meta = pf.metadata
+    groups = list(range(start, meta.num_row_groups if end == TO_END else end))
+    row = sum(meta.row_group(g).num_rows for g in range(start))  # rows before the piece
     try:
-        for record_batch in pf.iter_batches(batch_size=config.batch_docs, columns=wanted):
+        batches = pf.iter_batches(batch_size=config.batch_docs, columns=wanted, row_groups=groups)
+        for record_batch in batches if groups else ():
             text_col = record_batch.column(0)
             texts = text_col.to_pylist()
             extra_cols = [
@@ -557,6 +584,6 @@ def _read_parquet(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterato
                 if not text:
                     skips.add("empty", where)
                     continue
-                yield text, tuple(col[i] for col in extra_cols), len(text)
+                yield text, tuple(col[i] for col in extra_cols), len(text), row - 1
     except (pa.ArrowInvalid, pa.ArrowIOError) as exc:
         raise DataError(f"{path}: corrupt Parquet data near row {row} ({exc})") from None

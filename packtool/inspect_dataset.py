@@ -62,6 +62,9 @@ class RowDocument:
     """The supervised runs, `(start, end)` token positions in the row (half-open)."""
     supervised_preview: str = ""
     """The start of the first supervised run, previewed like `preview`."""
+    source: str = ""
+    """Where the document came from: `file:line N (byte B)`, `file:row N`, ... (`docids.where`);
+    empty for datasets whose ids do not say (packed before format 3)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +114,8 @@ class RowView:
             lines.append(
                 f"  {d.doc_id:>10}  {d.chunk:>5}  {d.start:>7}  {d.length:>7}  {sup}{d.preview}"
             )
+            if d.source:
+                lines.append(f"  {'':>10}  from {d.source}")
             if masked:
                 runs = ", ".join(f"{a}-{b}" for a, b in d.spans[:8])
                 more = f" (+{len(d.spans) - 8} more)" if len(d.spans) > 8 else ""
@@ -352,6 +357,7 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
                 supervised_preview=preview(ids[runs[0][0] : runs[0][1]], manifest.tokenizer)
                 if runs
                 else "",
+                source=_source(manifest, int(doc_id), directory),
             )
         )
     return RowView(
@@ -364,6 +370,18 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
         documents=tuple(documents),
         mask_strip="" if mask is None else mask_strip(mask, offsets),
     )
+
+
+def _source(manifest: Manifest, doc_id: int, directory: Path) -> str:
+    """`docids.where` of a document, or "" when the dataset's ids do not encode their source."""
+    from packtool import docids
+
+    if (manifest.extra.get("doc_ids") or {}).get("scheme") != docids.SCHEME:
+        return ""
+    try:
+        return docids.where(*docids.source(manifest.extra, doc_id, directory))
+    except DataError:
+        return ""
 
 
 def mask_strip(mask: NDArray, offsets: NDArray[np.int64], width: int = STRIP_CHARS) -> str:

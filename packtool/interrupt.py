@@ -22,14 +22,14 @@ _interrupted = threading.Event()
 
 
 def resume_note(output: str, overwrite: bool) -> str:
-    """`pack`'s note: where the finished chunks are kept and how to finish the run."""
-    from packtool.engines.preflight import STATE_FILE, staging_folder
+    """`pack`'s note: where the finished partitions are kept and how to finish the run."""
+    from packtool.engines.preflight import STATE_DIR, staging_folder
 
     staging = staging_folder(output)
-    if not (staging / STATE_FILE).exists():
+    if not (staging / STATE_DIR).exists():
         return ""
     how = "--resume instead of --overwrite" if overwrite else "--resume"
-    return f"; finished chunks are kept in {staging}: run the same command with {how} to finish"
+    return f"; finished partitions are kept in {staging}: run the same command with {how} to finish"
 
 
 def _force_exit() -> None:
@@ -48,8 +48,8 @@ def on_sigint(signum: int, frame: Any) -> None:
     A KeyboardInterrupt that lands while the main thread imports a module can be swallowed by
     the import machinery and leave its lock held; the reader, tokenizer and packer threads then
     wait on it forever (seen in `pack` under load). The watchdog bounds that. A second Ctrl-C
-    exits at once. Either way `pack --resume` works: shards and the state file are written
-    atomically, and only finished chunks are recorded.
+    exits at once. Either way `pack --resume` works: shards and partition records are written
+    atomically, and only finished partitions are recorded.
     """
     if _interrupted.is_set():
         _force_exit()

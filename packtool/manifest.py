@@ -22,11 +22,14 @@ from packtool.errors import DataError, naming
 from packtool.manifest_check import manifest_problem
 
 FORMAT = "packtool.packed"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 INDEX_FILE = "index.json"
-SUPPORTED_VERSIONS = (1, 2)
+SUPPORTED_VERSIONS = (1, 2, 3)
 """1: the four required columns; 2: adds the `columns` list (and optional columns such as
-`loss_mask`)."""
+`loss_mask`); 3: every `doc_ids` value is `packtool.docids` (input file index, record offset),
+raw corpora too, with the files in `extra.doc_ids` (or `sources.json` beside it), and shards
+are named by partition (`shard-PPPPPP-KKKKK.parquet`). Readers read all three the same way:
+only what the ids mean changed (a version 2 dataset of raw text numbers them 0, 1, 2, ...)."""
 
 
 def packed_schema(

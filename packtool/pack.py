@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from packtool import columns, kernels, pack_columns
 from packtool.arrow_numpy import from_numpy, to_numpy
 from packtool.errors import ConfigError, DataError
+from packtool.pack_tail import DOC_CHUNK, TailPolicy, pieces_table, tail_rows
 
 ALGORITHMS = kernels.ALGORITHMS
 LONG_DOC_POLICIES = ("split", "truncate", "drop")
@@ -130,6 +131,8 @@ class PackedChunk:
     """Lengths of the packed segments (for the lower bound over the whole corpus)."""
     groups: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Group value -> (rows, tokens), when group_by is set."""
+    tail: pa.Table | None = None
+    """The pieces of the rows set aside (`pack_table(..., tail=...)`), or None."""
 
 
 @dataclass
@@ -285,15 +288,34 @@ def _token_arrays(table: pa.Table) -> tuple[pa.Array, NDArray[np.int64]]:
     return ids.values, offsets
 
 
-def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> PackedChunk:
+def pack_table(
+    table: pa.Table,
+    config: PackConfig,
+    *,
+    chunk_index: int | tuple[int, ...] = 0,
+    carry: pa.Table | None = None,
+    tail: TailPolicy | None = None,
+) -> PackedChunk:
     """Pack one chunk of tokenized documents into rows of at most `config.max_len` tokens.
 
     Args:
         table: tokenized documents (`doc_id` int64, `input_ids` list of ints, `length`).
         config: the packing configuration.
-        chunk_index: position of this chunk in the corpus; seeds this chunk's randomness so that
-            every chunk differs and a rerun reproduces each one exactly.
+        chunk_index: position of this chunk in the corpus (an int, or a tuple such as
+            (partition, chunk)); seeds this chunk's randomness so that every chunk differs and a
+            rerun reproduces each one exactly.
+        carry: pieces an earlier chunk set aside (`PackedChunk.tail`: `table`'s columns plus
+            `doc_chunk`), packed with `table`'s documents. They were counted where they were
+            cut, so they add rows here but no document, segment or token counts.
+        tail: set the least-filled rows aside as `PackedChunk.tail` instead of writing them
+            (packtool/pack_tail.py); None keeps every row.
     """
+    n_carry = carry.num_rows if carry is not None else 0
+    if n_carry:
+        pieces = carry.drop_columns([DOC_CHUNK])
+        if pieces.schema != table.schema:
+            pieces = pieces.cast(table.schema)
+        table = pa.concat_tables([pieces, table]).combine_chunks()
     values, doc_start = _token_arrays(table)
     lengths = np.diff(doc_start)
     if "length" in table.column_names:
@@ -302,13 +324,103 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
             raise DataError("tokenized table: `length` does not match the number of input_ids")
     optional = pack_columns.carried(table)
     pack_columns.check_policy(columns.names(optional), config.long_docs)
-    segs, counts = make_segments(lengths, config.max_len, config.long_docs)
+    segs, counts = make_segments(lengths[n_carry:], config.max_len, config.long_docs)
+    segs.doc += n_carry
     flat: dict[str, NDArray] = {}
     if columns.LOSS_MASK in columns.names(optional):
         flat[columns.LOSS_MASK] = pack_columns.token_values(table, columns.LOSS_MASK, doc_start)
         segs = drop_unsupervised(segs, counts, flat[columns.LOSS_MASK], doc_start, lengths)
-    rng = np.random.default_rng([config.seed, chunk_index])
+    new_lengths = segs.length
+    if n_carry:  # one segment per carried piece, first (placement ties go to the carried)
+        chunk = to_numpy(carry.column(DOC_CHUNK)).astype(np.int32)
+        segs = _Segments(
+            np.concatenate([np.arange(n_carry, dtype=np.int64), segs.doc]),
+            np.concatenate([np.zeros(n_carry, np.int64), segs.start]),
+            np.concatenate([lengths[:n_carry], segs.length]),
+            np.concatenate([chunk, segs.chunk]),
+        )
+    seed = chunk_index if isinstance(chunk_index, tuple) else (chunk_index,)
+    rng = np.random.default_rng([config.seed, *seed])
+    placed = _place(table, segs, config, rng)
+    set_aside = None
+    if tail is not None and placed.n_rows:
+        fill = np.bincount(placed.row, weights=segs.length, minlength=placed.n_rows)
+        is_tail = tail_rows(
+            fill.astype(np.int64), placed.row_group, placed.names, config.max_len, tail
+        )
+        if is_tail.any():
+            gone = is_tail[placed.row]
+            pick = np.flatnonzero(gone)
+            set_aside = pieces_table(
+                table,
+                _numpy_values(values),
+                doc_start,
+                segs.doc[pick],
+                segs.start[pick],
+                segs.length[pick],
+                segs.chunk[pick],
+                flat,
+            )
+            placed = placed.without(is_tail, gone, segs.length)
+            keep = ~gone
+            segs = _Segments(segs.doc[keep], segs.start[keep], segs.length[keep], segs.chunk[keep])
+    counts.rows = placed.n_rows
+    out = _rows_table(table, values, doc_start, segs, placed, optional, flat, rng)
+    return PackedChunk(
+        table=out,
+        counts=counts,
+        rows_per_round=[int(h) for h in placed.history],
+        segment_lengths=new_lengths,
+        groups=placed.groups,
+        tail=set_aside,
+    )
 
+
+@dataclass
+class _Placement:
+    """Where each segment went: row and offset, with the rows per round, group and group totals."""
+
+    row: NDArray[np.int64]
+    offset: NDArray[np.int64]
+    history: NDArray[np.int64]
+    row_group: NDArray[np.int64]
+    names: list[str]
+    groups: dict[str, tuple[int, int]]
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.history[-1])
+
+    def without(
+        self, is_tail: NDArray[np.bool_], gone: NDArray[np.bool_], seg_len: NDArray[np.int64]
+    ) -> _Placement:
+        """The placement of the segments left once the rows `is_tail` are set aside."""
+        kept_rows = ~is_tail
+        new_id = np.cumsum(kept_rows) - 1
+        groups = dict(self.groups)
+        if groups:
+            lost_rows = np.bincount(self.row_group[is_tail], minlength=len(self.names))
+            lost_tokens = np.bincount(
+                self.row_group[self.row[gone]], weights=seg_len[gone], minlength=len(self.names)
+            )
+            for g, name in enumerate(self.names):
+                if name in groups:
+                    r, t = groups[name]
+                    groups[name] = (r - int(lost_rows[g]), t - int(lost_tokens[g]))
+        return _Placement(
+            row=new_id[self.row[~gone]],
+            offset=self.offset[~gone],
+            history=self.history - int(is_tail.sum()),
+            row_group=self.row_group[kept_rows],
+            names=self.names,
+            groups=groups,
+        )
+
+
+def _place(
+    table: pa.Table, segs: _Segments, config: PackConfig, rng: np.random.Generator
+) -> _Placement:
+    """Assign every segment to a row (per group when `config.group_by` is set)."""
     row = np.zeros(len(segs.length), dtype=np.int64)
     offset = np.zeros(len(segs.length), dtype=np.int64)
     history = np.zeros(config.rounds, dtype=np.int64)
@@ -316,20 +428,36 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
     if config.group_by is None:
         row, offset, hist = _assign(segs.length, config, rng)
         history += hist
-    else:
-        codes, names = _group_codes(table, config.group_by)
-        seg_group = codes[segs.doc]
-        n_rows = 0
-        for g, name in enumerate(names):
-            members = np.flatnonzero(seg_group == g)
-            r, o, hist = _assign(segs.length[members], config, rng)
-            row[members], offset[members] = r + n_rows, o
-            history += hist
-            n_rows += hist[-1]
+        return _Placement(row, offset, history, np.zeros(int(history[-1]), np.int64), [""], {})
+    codes, names = _group_codes(table, config.group_by)
+    seg_group = codes[segs.doc]
+    row_group = []
+    n_rows = 0
+    for g, name in enumerate(names):
+        members = np.flatnonzero(seg_group == g)
+        r, o, hist = _assign(segs.length[members], config, rng)
+        row[members], offset[members] = r + n_rows, o
+        history += hist
+        n_rows += hist[-1]
+        row_group.append(np.full(hist[-1], g, dtype=np.int64))
+        if len(members):
             groups[name] = (int(hist[-1]), int(segs.length[members].sum()))
-    n_rows = int(history[-1])
-    counts.rows = n_rows
+    row_group_arr = np.concatenate(row_group) if row_group else np.zeros(0, np.int64)
+    return _Placement(row, offset, history, row_group_arr, names, groups)
 
+
+def _rows_table(
+    table: pa.Table,
+    values: pa.Array,
+    doc_start: NDArray[np.int64],
+    segs: _Segments,
+    placed: _Placement,
+    optional: tuple,
+    flat: dict[str, NDArray],
+    rng: np.random.Generator,
+) -> pa.Table:
+    """The packed rows in the shard schema, in a seeded random order."""
+    n_rows, row, offset = placed.n_rows, placed.row, placed.offset
     # Output order: rows in a seeded permutation, documents inside a row in placement order.
     row_rank = rng.permutation(n_rows)[row] if n_rows else row
     order = np.lexsort((offset, row_rank))
@@ -373,10 +501,4 @@ def pack_table(table: pa.Table, config: PackConfig, *, chunk_index: int = 0) -> 
             **extra,
         }
     )
-    return PackedChunk(
-        table=columns.with_derived(out),  # e.g. seq_lengths, from doc_offsets
-        counts=counts,
-        rows_per_round=[int(h) for h in history],
-        segment_lengths=segs.length,
-        groups=groups,
-    )
+    return columns.with_derived(out)  # e.g. seq_lengths, from doc_offsets

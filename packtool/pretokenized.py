@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packtool import docids
 from packtool.columns import LOSS_MASK, get
 from packtool.corpus import ReadConfig, SkipCounter
 from packtool.errors import ConfigError, DataError
@@ -192,25 +193,59 @@ def read_pretokenized(
     """
     next_id = 0
     for path in paths:
-        pf = pq.ParquetFile(path)
-        names = pf.schema_arrow.names
-        wanted = ["input_ids", *([source] if source else []), *config.extra_fields]
-        missing = [c for c in wanted if c not in names]
-        if missing:
-            raise DataError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
-        first_row = 0
-        for rg in range(pf.num_row_groups):
-            try:
-                table = pf.read_row_group(rg, columns=wanted)
-            except (OSError, pa.ArrowException) as exc:
-                raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
-            nbytes = pf.metadata.row_group(rg).total_byte_size
-            out = _convert(
-                table, source, config, schema, vocab_size, skips, str(path), first_row, next_id
-            )
-            first_row += table.num_rows
+        for out, nbytes in read_pretokenized_file(
+            path, source, config, schema, vocab_size, skips, first_id=next_id
+        ):
             next_id += out.num_rows
             yield out, nbytes
+
+
+def read_pretokenized_file(
+    path: Path,
+    source: str | None,
+    config: ReadConfig,
+    schema: pa.Schema,
+    vocab_size: int,
+    skips: SkipCounter,
+    *,
+    first_id: int = 0,
+    file_index: int | None = None,
+    start: int = 0,
+    end: int = -1,
+) -> Iterator[tuple[pa.Table, int]]:
+    """Row groups `[start, end)` (-1: to the last) of one pre-tokenized file, as
+    `read_pretokenized` gives them. Document ids: `first_id`, `first_id + 1`, ... over the rows
+    kept, or with `file_index`, `docids.encode(file_index, row in the file)` (a partition plan's
+    piece: packtool/engines/plan.py)."""
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    wanted = ["input_ids", *([source] if source else []), *config.extra_fields]
+    missing = [c for c in wanted if c not in names]
+    if missing:
+        raise DataError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
+    stop = pf.num_row_groups if end == -1 else end
+    first_row = sum(pf.metadata.row_group(g).num_rows for g in range(start))
+    for rg in range(start, stop):
+        try:
+            table = pf.read_row_group(rg, columns=wanted)
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
+        nbytes = pf.metadata.row_group(rg).total_byte_size
+        out = _convert(
+            table,
+            source,
+            config,
+            schema,
+            vocab_size,
+            skips,
+            str(path),
+            first_row,
+            first_id,
+            file_index,
+        )
+        first_row += table.num_rows
+        first_id += out.num_rows
+        yield out, nbytes
 
 
 def _convert(
@@ -223,6 +258,7 @@ def _convert(
     where: str,
     first_row: int,
     first_id: int,
+    file_index: int | None = None,
 ) -> pa.Table:
     token_type = schema.field("input_ids").type.value_type
     ids_col = table.column("input_ids").combine_chunks()
@@ -272,8 +308,12 @@ def _convert(
         take = np.repeat(offsets[rows] - new_off[:-1], kept_len) + np.arange(new_off[-1])
         kept_ids, kept_mask = ids[take], None if mask is None else mask[take]
     off32 = pa.array(new_off.astype(np.int32))
+    if file_index is None:
+        ids = np.arange(first_id, first_id + len(rows), dtype=np.int64)
+    else:
+        ids = docids.encode(file_index, first_row + rows.astype(np.int64))
     columns = {
-        "doc_id": pa.array(np.arange(first_id, first_id + len(rows), dtype=np.int64)),
+        "doc_id": pa.array(ids, pa.int64()),
         "source": pa.array([where] * len(rows), pa.string()),
         "input_ids": pa.ListArray.from_arrays(off32, pa.array(kept_ids, token_type)),
         "length": pa.array(kept_len.astype(np.int32)),

@@ -136,7 +136,7 @@ def file_record_kind(path: Path, read: ReadConfig) -> str | None:
         _read_json_array(path) if _json_array_file(path) else _jsonl_objects(path, SkipCounter())
     )
     try:
-        for i, (_, obj, _) in enumerate(objects):
+        for i, (_, obj, *_) in enumerate(objects):
             if isinstance(obj, dict):
                 found = kind_of_record(obj, read)
                 if found is not None:
@@ -364,10 +364,9 @@ def _objects(
 
 
 def _json_rows(path: Path, skips: SkipCounter) -> Iterator[tuple[str, Any, int]]:
-    if _json_array_file(path):
-        yield from _read_json_array(path)
-    else:
-        yield from _jsonl_objects(path, skips)
+    objects = _read_json_array(path) if _json_array_file(path) else _jsonl_objects(path, skips)
+    for where, obj, nbytes, _ in objects:  # (the record's offset: not used here)
+        yield where, obj, nbytes
 
 
 def _parquet_rows(path: Path, kind: str, read: ReadConfig) -> Iterator[tuple[str, Any, int]]:

@@ -2,13 +2,22 @@
 checksum on every page.
 
 A shard that has its final name is complete; anything still being written is a hidden
-`.NAME.tmp` file. Shards never straddle chunks, so the shards of a chunk depend only on that
-chunk, which is what lets `--resume` reproduce an uninterrupted run byte for byte.
+`.NAME.<unique>.tmp` file (unique per writer, so two attempts at the same partition, e.g. a Ray
+task retried while the first attempt still runs, never rename each other's half-written file).
+
+`write_shards` writes one table; `ShardWriter` streams a partition's chunks into shards of
+exactly `shard_rows` rows in row groups of exactly `row_group_rows` rows (the last ones of the
+partition fewer), so the file layout does not depend on `--chunk-docs`, and many small chunks
+cost no more files than a few large ones. Shards never straddle partitions: the shards of a
+partition depend only on that partition, which is what lets `--resume` reproduce an
+uninterrupted run byte for byte.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,27 +58,36 @@ class ShardConfig:
             )
 
 
-def _write_one(path: Path, table: pa.Table, config: ShardConfig) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+def _writer_options(config: ShardConfig) -> dict:
     codec = None if config.compression == "none" else config.compression
-    level = config.compression_level if codec in ("zstd",) else None
-    with naming(tmp):  # a full disk names the file
-        pq.write_table(
-            table,
-            tmp,
-            row_group_size=config.row_group_rows,
-            compression=codec,
-            compression_level=level,
-            # Token lists are high-entropy ids: dictionary encoding only costs time.
-            use_dictionary=False,
-            write_statistics=False,
-            # A CRC32 per page, checked by the loader on every read: a flipped bit in a page is
-            # an error instead of different tokens (README, "Loader", for the cost).
-            write_page_checksum=True,
-        )
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+    return {
+        "compression": codec,
+        "compression_level": config.compression_level if codec in ("zstd",) else None,
+        # Token lists are high-entropy ids: dictionary encoding only costs time.
+        "use_dictionary": False,
+        "write_statistics": False,
+        # A CRC32 per page, checked by the loader on every read: a flipped bit in a page is an
+        # error instead of different tokens (README, "Loader", for the cost).
+        "write_page_checksum": True,
+    }
+
+
+def temporary_name(path: Path) -> Path:
+    """A hidden name beside `path`, unique to this writer, to write it under before the rename."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _finish(tmp: Path, path: Path) -> None:
+    with naming(tmp), open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _write_one(path: Path, table: pa.Table, config: ShardConfig) -> None:
+    tmp = temporary_name(path)
+    with naming(tmp):  # a full disk names the file
+        pq.write_table(table, tmp, row_group_size=config.row_group_rows, **_writer_options(config))
+    _finish(tmp, path)
 
 
 def write_shards(
@@ -109,3 +127,99 @@ def pc_sum_lengths(table: pa.Table) -> int:
     ids = table.column("input_ids").combine_chunks()
     offsets = ids.offsets
     return int(offsets[len(offsets) - 1].as_py() - offsets[0].as_py()) if len(ids) else 0
+
+
+class ShardWriter:
+    """Streams packed tables into shards of `shard_rows` rows, row groups of `row_group_rows`.
+
+    Args:
+        directory: where the shards go.
+        name: the final file name of the shard with this number (0, 1, 2, ... per writer).
+        config: the layout.
+
+    Rows are buffered until a row group is full, so memory holds at most one row group beyond
+    the table being added. `close()` writes what is left and returns every shard's info.
+    """
+
+    def __init__(self, directory: Path, name: Callable[[int], str], config: ShardConfig) -> None:
+        self.directory = directory
+        self.name = name
+        self.config = config
+        self.infos: list[ShardInfo] = []
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self._writer: pq.ParquetWriter | None = None
+        self._tmp: Path | None = None
+        self._rows = 0  # in the open shard
+        self._tokens = 0
+
+    def add(self, table: pa.Table) -> None:
+        """Queue packed rows (shard schema columns); full row groups are written at once."""
+        if not table.num_rows:
+            return
+        token_type = table.schema.field("input_ids").type.value_type
+        schema = packed_schema(token_type, tuple(table.column_names))
+        self._pending.append(table.select(schema.names).cast(schema))
+        self._pending_rows += table.num_rows
+        self._drain(final=False)
+
+    def close(self) -> list[ShardInfo]:
+        self._drain(final=True)
+        self._close_shard()
+        return self.infos
+
+    def abort(self) -> None:
+        """Drop the shard being written (a failed partition: its retry writes it again)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
+            self._tmp = None
+
+    def _drain(self, *, final: bool) -> None:
+        rg = self.config.row_group_rows
+        while self._pending_rows >= rg or (final and self._pending_rows):
+            room = self.config.shard_rows - self._rows
+            take = min(rg, room, self._pending_rows)
+            table = pa.concat_tables(self._pending)
+            part, rest = table.slice(0, take), table.slice(take)
+            self._pending = [rest] if rest.num_rows else []
+            self._pending_rows -= take
+            self._write(part.combine_chunks())
+            if self._rows == self.config.shard_rows:
+                self._close_shard()
+
+    def _write(self, part: pa.Table) -> None:
+        if self._writer is None:
+            path = self.directory / self.name(len(self.infos))
+            self._tmp = temporary_name(path)
+            with naming(self._tmp):
+                self._writer = pq.ParquetWriter(
+                    self._tmp, part.schema, **_writer_options(self.config)
+                )
+        with naming(self._tmp):
+            self._writer.write_table(part, row_group_size=self.config.row_group_rows)
+        self._rows += part.num_rows
+        self._tokens += pc_sum_lengths(part)
+
+    def _close_shard(self) -> None:
+        if self._writer is None:
+            return
+        with naming(self._tmp):
+            self._writer.close()
+        self._writer = None
+        name = self.name(len(self.infos))
+        path = self.directory / name
+        _finish(self._tmp, path)
+        self._tmp = None
+        self.infos.append(
+            ShardInfo(
+                file=name,
+                rows=self._rows,
+                tokens=self._tokens,
+                bytes=path.stat().st_size,
+                sha256=sha256_file(path),
+            )
+        )
+        self._rows = self._tokens = 0

@@ -137,6 +137,20 @@ def lower_bound_l2(lengths: ArrayLike, max_len: int) -> int:
     return _lower_bound_l2_hist(*_split_hist(values, counts, max_len), max_len)
 
 
+def lower_bounds_from_histogram(histogram: ArrayLike, max_len: int) -> tuple[int, int]:
+    """(L1, L2) from a histogram of piece lengths (`histogram[l]` pieces of length l <= max_len).
+
+    What the engines use: a histogram merges across partitions by addition, so the bounds of a
+    whole corpus cost max_len + 1 integers, never a list of every length.
+    """
+    hist = np.asarray(histogram, dtype=np.int64)
+    sizes = np.flatnonzero(hist)
+    total = int((sizes * hist[sizes]).sum())
+    if len(sizes) and sizes[-1] > max_len:
+        raise ValueError(f"a piece of {sizes[-1]} tokens is longer than max_len {max_len}")
+    return int(-(-total // max_len)), _lower_bound_l2_hist(sizes, hist[sizes], max_len)
+
+
 def _split_hist(
     values: NDArray[np.int64], counts: NDArray[np.int64], max_len: int
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:

@@ -47,7 +47,7 @@ from packtool.prefetch import prefetch
 from packtool.pretokenized import read_pretokenized, split_pretokenized
 from packtool.progress import Progress
 from packtool.sft_inputs import sft_kind
-from packtool.tokenized_input import checked_table
+from packtool.tokenized_input import read_tokenized_file
 from packtool.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
 from packtool.tokenizers import Tokenizer, TokenizerIdentity, describe_tokenizer, load_tokenizer
 
@@ -320,31 +320,9 @@ def _read_tokenized(
     if tokenizer is not None:
         check_recorded_tokenizer(identity, tokenizer, tokenized[0][0])
     optional = common_optional(tokenized)
-    columns = ["doc_id", "source", "input_ids", "length", *optional, *config.extra_fields]
     schema = tokenized_schema(identity, config.extra_fields, optional=optional)
     for file_index, (path, _) in enumerate(tokenized):
-        # Page CRC32s, where the writer stored them (packtool tokenize does), catch a damaged page.
-        pf = pq.ParquetFile(path, page_checksum_verification=True)
-        names = pf.schema_arrow.names
-        missing = [c for c in columns if c not in names]
-        if missing:
-            raise DataError(
-                f"{path}: no column {missing[0]!r} (columns: {', '.join(names)}); "
-                "extra fields must be chosen when tokenizing"
-            )
-        row = 0
-        for rg in range(pf.num_row_groups):
-            try:
-                table = pf.read_row_group(rg, columns=columns)
-            except (pa.ArrowException, OSError) as exc:
-                raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
-            # Ids checked against the vocabulary, doc ids made unique across files (docids.py).
-            table = checked_table(
-                table, path=path, first_row=row, file_index=file_index, identity=identity
-            )
-            row += table.num_rows
-            nbytes = pf.metadata.row_group(rg).total_byte_size
-            yield table.cast(schema) if table.schema != schema else table, nbytes
+        yield from read_tokenized_file(path, file_index, schema, identity)
 
 
 def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:

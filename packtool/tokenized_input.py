@@ -18,11 +18,13 @@ A problem is a `DataError` naming the file and the row.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from packtool import docids
 from packtool.errors import DataError
@@ -98,3 +100,39 @@ def checked_table(
 def _row_of(position: int, offsets: np.ndarray) -> int:
     """The row whose ids hold flat position `position`."""
     return int(np.searchsorted(offsets, position, side="right") - 1)
+
+
+def read_tokenized_file(
+    path: Path,
+    file_index: int,
+    schema: pa.Schema,
+    identity: TokenizerIdentity,
+    start: int = 0,
+    end: int = -1,
+) -> Iterator[tuple[pa.Table, int]]:
+    """Row groups `[start, end)` (-1: to the last) of tokenized file number `file_index`, checked
+    (`checked_table`), as tables of `schema`, with the row group's bytes."""
+    columns = schema.names
+    # Page CRC32s, where the writer stored them (packtool tokenize does), catch a damaged page.
+    pf = pq.ParquetFile(path, page_checksum_verification=True)
+    names = pf.schema_arrow.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise DataError(
+            f"{path}: no column {missing[0]!r} (columns: {', '.join(names)}); "
+            "extra fields must be chosen when tokenizing"
+        )
+    stop = pf.num_row_groups if end == -1 else end
+    row = sum(pf.metadata.row_group(g).num_rows for g in range(start))
+    for rg in range(start, stop):
+        try:
+            table = pf.read_row_group(rg, columns=columns)
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
+        # Ids checked against the vocabulary, doc ids made unique across files (docids.py).
+        table = checked_table(
+            table, path=path, first_row=row, file_index=file_index, identity=identity
+        )
+        row += table.num_rows
+        nbytes = pf.metadata.row_group(rg).total_byte_size
+        yield table.cast(schema) if table.schema != schema else table, nbytes

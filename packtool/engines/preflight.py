@@ -9,7 +9,8 @@
    complete, so a failure never harms the old dataset, and remove the staging folder of a fresh
    run that fails, so that the corrected command needs no `--overwrite` (`packtool/output.py`).
 3. `fingerprint_of` / `check_fingerprint`: what a `--resume` must match (options, tokenizer, and
-   the files `check_inputs` expanded the inputs to).
+   the files `check_inputs` expanded the inputs to, with their sizes and modification times).
+   The run's state itself (plan, partition records) is packtool/engines/records.py.
 
 The local and the Ray engine both go through here; neither repeats these checks.
 """
@@ -22,13 +23,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from packtool import docids
 from packtool.columns import written
-from packtool.corpus import expand_inputs
-from packtool.errors import ConfigError, DataError, PacktoolError
-from packtool.manifest import INDEX_FILE, ShardInfo
+from packtool.corpus import _json_array_file, expand_inputs, file_kind
+from packtool.engines import records
+from packtool.engines.config import RunConfig
+from packtool.errors import ConfigError, PacktoolError
+from packtool.manifest import INDEX_FILE
 from packtool.output import (
     OutputLock,
     OutputPaths,
@@ -42,17 +44,17 @@ from packtool.output import (
 )
 from packtool.pack import check_room_for_text
 from packtool.pack_columns import check_policy
+from packtool.pieces import PRETOKENIZED, RAW, RECORDS, TOKENIZED
 from packtool.pretokenized import split_pretokenized
 from packtool.tokenize import check_recorded_tokenizer, input_columns, input_identity
 from packtool.tokenizers import Tokenizer
 
-if TYPE_CHECKING:  # local.py imports this module; the config class lives there
-    from packtool.engines.local import RunConfig
-
-STATE_FILE = ".pack-state.json"
-RAY_STAGING_DIR = ".ray-chunks"
-"""Hidden folder (in the run's staging folder) where the Ray engine's workers write each chunk's
-shards before renumbering."""
+STATE_DIR = records.RUN_DIR
+"""The run's state in its staging folder (packtool/engines/records.py)."""
+OLD_STATE = (".pack-state.json", ".ray-chunks")
+"""What packtool before the partition engines (#13) kept there; such a run cannot be resumed."""
+UNITS = {"jsonl": "byte", "json_array": "item", "text": "file", "records": "record"}
+"""The document-id offset unit per file kind (packtool/docids.py); Parquet kinds count rows."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,27 @@ class Checked:
     """Every file the inputs expand to (`corpus.expand_inputs`), in reading order."""
     columns: tuple[str, ...] = ()
     """The optional shard columns the inputs carry (`loss_mask`), which the dataset will have."""
+    mode: str = RAW
+    """`raw`, `tokenized` (packtool tokenize output), `pretokenized` (ids made elsewhere) or
+    `records` (fine-tuning records: rendered, encoded and masked by the reader, sft_encode.py)."""
+    mask_source: str | None = None
+    """Pre-tokenized inputs: their `labels` or `loss_mask` column (None: no mask)."""
     records: bool = False
     """Fine-tuning records (prompt/completion, chat): read as tables, but encoded by the reader."""
+    sft_kind: str | None = None
+    """The records' kind (`sft_inputs.sft_kind`), for `records` mode."""
+
+    def kinds(self) -> list[str]:
+        """How each input file is read (`plan.KINDS`), in reading order."""
+        if self.mode != RAW:
+            return [self.mode] * len(self.paths)
+        out = []
+        for p in self.paths:
+            kind = file_kind(p)
+            if kind == "jsonl" and _json_array_file(p):
+                kind = "json_array"
+            out.append(kind)
+        return out
 
 
 def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
@@ -106,15 +127,24 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
     if recorded is not None:  # the ids were encoded when tokenizing: record that engine
         identity["engine"] = recorded.engine
     check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
-    pretokenized = bool(split_pretokenized(paths, config.read)[0])
-    sft_records = "loss_mask" in columns and recorded is None and not pretokenized
+    pre, mask_source = split_pretokenized(paths, config.read)
+    sft_records = "loss_mask" in columns and recorded is None and not pre
+    mode = TOKENIZED if recorded is not None else PRETOKENIZED if pre else RAW
+    kind = None
+    if sft_records:
+        from packtool.sft_inputs import sft_kind
+
+        mode, kind = RECORDS, sft_kind(paths, config.read, tokenized=False)
     return Checked(
         tokenizer=tokenizer,
         identity=identity,
-        tokenized=recorded is not None or pretokenized or sft_records,
+        tokenized=mode != RAW,
         paths=paths,
         columns=columns,
+        mode=mode,
+        mask_source=mask_source,
         records=sft_records,
+        sft_kind=kind,
     )
 
 
@@ -126,7 +156,8 @@ class Output:
     """The staging folder beside the output: every file of this run goes here, and it becomes
     the output when the run completes (`packtool.output.commit`)."""
     state: dict[str, Any] | None
-    """The saved state of the interrupted run to resume, or None for a fresh run."""
+    """The saved plan and fingerprint of the interrupted run to resume (`records.read_plan`),
+    or None for a fresh run."""
 
 
 @contextmanager
@@ -136,9 +167,10 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
     The old output is untouched until the new one is complete (`index.json` written): then one
     `packtool.output.commit` replaces it. When the body fails, the staging folder of a fresh run
     is removed on a `PacktoolError` (a mistake: the corrected command is another run, which could
-    not resume this one) and on any other error before a chunk was recorded; it is kept, for
-    `--resume`, on Ctrl-C, on other errors after a finished chunk (a full disk, a lost worker),
-    and always in a resumed run. Parent folders this run created are removed when empty.
+    not resume this one) and on any other error before a partition was recorded; it is kept, for
+    `--resume`, on Ctrl-C, on other errors after a finished partition (a full disk, a lost
+    worker), and always in a resumed run. Parent folders this run created are removed when
+    empty.
     """
     paths = output_paths(config.out_dir)
     made = create_parent(paths)
@@ -148,7 +180,7 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
             if (paths.staging / INDEX_FILE).is_file():
                 # A run killed after writing index.json (written last) but before its swap:
                 # complete, so it is swapped in now, as it would have been.
-                (paths.staging / STATE_FILE).unlink(missing_ok=True)
+                remove(paths.staging / STATE_DIR)
                 commit(paths)
             state = _prepare(config, paths)
             try:
@@ -168,17 +200,6 @@ def staging_folder(out_dir: str | os.PathLike) -> Path:
     return output_paths(out_dir).staging
 
 
-def doc_id_record(checked: Checked) -> dict[str, Any]:
-    """How the run numbers documents, for `index.json` (`extra.doc_ids`).
-
-    Tokenized inputs: `packtool.docids` (input file index, row in the file), with the files, so
-    a packed doc id leads back to its tokenized row. Raw inputs: 0, 1, 2, ... in reading order.
-    """
-    if checked.tokenized:
-        return docids.record([str(p) for p in checked.paths])
-    return {"scheme": "sequential"}
-
-
 def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
     """Everything that determines the output bytes; a resume must match it exactly."""
     # Every file the inputs expand to, with its size and modification time: a file added to an
@@ -194,6 +215,7 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
         # Not the engine: every engine gives the same ids, so a resume may use another one.
         "tokenizer": {k: v for k, v in checked.identity.items() if k != "engine"},
         "chunk_docs": config.chunk_docs,
+        "partition_size": config.partition_size,
         # The shards' columns: a state from a packtool that wrote other columns (e.g. before
         # seq_lengths was declared) cannot be finished with shards of a different schema.
         "columns": list(written(checked.columns)),
@@ -228,8 +250,8 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
     if paths.staging.exists():
         if not config.overwrite:
             raise ConfigError(
-                f"an interrupted run into {shown} left its finished chunks in {paths.staging}; "
-                "pass --resume to finish it or --overwrite to start over"
+                f"an interrupted run into {shown} left its finished partitions in "
+                f"{paths.staging}; pass --resume to finish it or --overwrite to start over"
             )
         remove(paths.staging)
     present = list(out.iterdir()) if out.is_dir() else []
@@ -254,46 +276,31 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
 
 def _load_state(paths: OutputPaths) -> dict[str, Any]:
     out, shown = paths.target, paths.shown
-    state_path = paths.staging / STATE_FILE
-    if not state_path.exists():
+    if not (paths.staging / STATE_DIR).is_dir():
         if (out / INDEX_FILE).exists():
             raise ConfigError(
                 f"{shown} is already complete ({INDEX_FILE} exists); nothing to resume"
             )
-        if (out / STATE_FILE).exists():
+        if any((where / old).exists() for where in (out, paths.staging) for old in OLD_STATE):
             raise ConfigError(
-                f"{shown} holds a run interrupted by an older packtool, which keeps its state "
-                "elsewhere; start over with --overwrite"
+                f"{shown} holds a run interrupted by an older packtool, which this one cannot "
+                "finish; start over with --overwrite"
             )
         if not out.exists() and not paths.staging.exists():
             raise ConfigError(f"{shown} does not exist: nothing to resume; drop --resume")
         raise ConfigError(f"{shown}: no interrupted run to resume; use --overwrite")
-    try:
-        state = json.loads(state_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{state_path}: unreadable ({exc}); use --overwrite") from None
-    if not (
-        isinstance(state, dict)
-        and isinstance(state.get("fingerprint"), dict)
-        and isinstance(state.get("chunks"), list)
-        and all(isinstance(c, dict) and isinstance(c.get("shards"), list) for c in state["chunks"])
-    ):
-        raise DataError(f"{state_path}: malformed state; use --overwrite")
-    try:
-        for chunk in state["chunks"]:
-            for shard in chunk["shards"]:
-                ShardInfo(**shard)
-    except TypeError as exc:
-        raise DataError(f"{state_path}: malformed state ({exc}); use --overwrite") from None
-    return state
+    return records.read_plan(paths.staging)
 
 
 def _written_by_pack(path: Path) -> bool:
-    """Shards, the manifest, the state file, temporaries and the Ray engine's staging folder."""
+    """Shards, the manifest and its list of sources, the run state (also an older packtool's),
+    temporaries."""
+    from packtool.docids import SOURCES_FILE
+
     name = path.name
     return (
         (name.startswith("shard-") and name.endswith(".parquet"))
-        or name in (INDEX_FILE, STATE_FILE, RAY_STAGING_DIR)
+        or name in (INDEX_FILE, SOURCES_FILE, STATE_DIR, *OLD_STATE)
         or (name.startswith(".") and name.endswith(".tmp"))
     )
 
@@ -304,8 +311,4 @@ def _discard(exc: BaseException, state: dict[str, Any] | None, staging: Path) ->
         return False  # Ctrl-C / SystemExit, or a resumed run: keep the work for --resume
     if isinstance(exc, PacktoolError):
         return True
-    try:
-        saved = json.loads((staging / STATE_FILE).read_text(encoding="utf-8"))
-        return not saved.get("chunks")
-    except (OSError, ValueError, AttributeError):
-        return True
+    return not records.finished(staging)

@@ -1,6 +1,6 @@
 """Shared fixtures for packtool tests: small packed datasets built by hand, per the shard contract.
 
-`ray_session` starts one local Ray for the whole test session (start-up costs ~10 s).
+`ray_session` starts a two-node Ray cluster for the whole test session (start-up ~10 s).
 
 `packed_dataset_factory` writes Parquet shards with pyarrow and an `index.json` with
 `packtool.manifest.write_manifest`, independently of `packtool pack`, so readers (verify, inspect,
@@ -133,11 +133,32 @@ def packed_dataset_factory(tmp_path: Path) -> Callable[..., Path]:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray (2 CPUs) shared by every test that runs the Ray engine; skips without Ray."""
+    """A real two-node Ray cluster on this machine (`ray.cluster_utils.Cluster`: a head and a
+    worker node, 1 CPU each, separate raylets and object stores), shared by every test that
+    runs the Ray engine; the `ray_cluster` fixture lets a test add and remove nodes."""
     ray = pytest.importorskip(
         "ray", reason="ray[data] is not installed (pip install 'packtool[ray]')"
     )
-    pytest.importorskip("ray.data", reason="ray[data] is not installed")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False},
+    )
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+    _CLUSTER.append(cluster)
     yield ray
     ray.shutdown()
+    cluster.shutdown()
+    _CLUSTER.clear()
+
+
+_CLUSTER: list[Any] = []
+
+
+@pytest.fixture
+def ray_cluster(ray_session):
+    """The `ray.cluster_utils.Cluster` behind `ray_session`."""
+    return _CLUSTER[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from packtool.engines import records
 from packtool.engines.preflight import staging_folder
 from packtool.manifest import read_manifest
 from packtool.verify import verify_dataset
@@ -172,27 +174,34 @@ def test_a_full_disk_names_the_file_and_resume_finishes(tmp_path, small, monkeyp
     # pyarrow's own words for ENOSPC, with no file name (what users saw: defect 10 of #11).
     from packtool import shards
 
-    real, calls = shards.pq.write_table, []
+    calls = []
 
-    def full(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # chunk 0 is written and recorded; chunk 1 meets a full disk
-            raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space")
-        return real(*args, **kwargs)
+    class Full(shards.pq.ParquetWriter):
+        def write_table(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 3:  # partitions 0 and 1 are written and recorded; 2 meets a full disk
+                raise OSError(
+                    errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space"
+                )
+            return super().write_table(*args, **kwargs)
 
-    monkeypatch.setattr(shards.pq, "write_table", full)
+    monkeypatch.setattr(shards.pq, "ParquetWriter", Full)
     args = ["pack", small, "-o", tmp_path / "p", "--max-len", "64", "--chunk-docs", "20"]
+    args += ["--partition-size", "1KB", "--workers", "1", "--row-group-rows", "64"]
     code, _, err = run(*args)
     assert code == 1
     staging = staging_folder(tmp_path / "p")
-    assert one_error_line(err) == (
-        f"error: {staging / '.shard-00001.parquet.tmp'}: No space left on device; finished chunks "
-        f"are kept in {staging}: run the same command with --resume to finish"
-    )
+    line = one_error_line(err)
+    assert re.fullmatch(
+        rf"error: {re.escape(str(staging))}/\.shard-000002-00000\.parquet\.[0-9a-f-]+\.tmp: No "
+        rf"space left on device; finished partitions are kept in {re.escape(str(staging))}: run "
+        "the same command with --resume to finish",
+        line,
+    ), line
     assert not (tmp_path / "p").exists()
     monkeypatch.undo()  # space freed
     code, out, err = run(*args, "--resume")
-    assert code == 0 and "resumed: kept 1 finished chunk(s)" in out, err
+    assert code == 0 and "resumed: kept 2 finished partition(s)" in out, err
     code, _, err = run(*args[:3], tmp_path / "whole", *args[4:])
     assert code == 0, err
     assert (
@@ -204,17 +213,17 @@ def test_a_full_disk_names_the_file_and_resume_finishes(tmp_path, small, monkeyp
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_FSIZE")
 def test_a_real_write_failure_in_a_process_names_the_file(tmp_path):
     """The kernel refuses the write (a file-size limit: EFBIG, the same path as ENOSPC)."""
-    small = [{"text": "tiny"} for _ in range(20)]
-    big = [{"text": f"{i} " + "x" * 50_000} for i in range(20)]
-    corpus = jsonl(tmp_path / "c.jsonl", small + big)
-    args = ["pack", corpus, "-o", tmp_path / "p", "--chunk-docs", "20", "--compression", "none"]
+    small = jsonl(tmp_path / "a.jsonl", [{"text": "tiny"} for _ in range(2000)])  # 36 KB
+    big = jsonl(tmp_path / "b.jsonl", [{"text": f"{i} " + "x" * 50_000} for i in range(20)])
+    args = ["pack", small, big, "-o", tmp_path / "p", "--chunk-docs", "20"]
+    args += ["--compression", "none", "--partition-size", "60KB"]  # a.jsonl, then b.jsonl's ranges
     limit = (
         "import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
         "resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000)); "
         "from packtool.cli import main; main(sys.argv[1:])"
     )
     done = subprocess.run(
-        [sys.executable, "-c", limit, *map(str, args)],
+        [sys.executable, "-c", limit, *map(str, args), "--workers", "1"],
         cwd=ROOT,
         env={**os.environ, "PACKTOOL_NO_PROGRESS": "1"},
         capture_output=True,
@@ -222,10 +231,16 @@ def test_a_real_write_failure_in_a_process_names_the_file(tmp_path):
     )
     assert done.returncode == 1, done.stderr
     staging = staging_folder(tmp_path / "p")
-    assert one_error_line(done.stderr).startswith(
-        f"error: {staging / '.shard-00001.parquet.tmp'}: File too large; finished chunks are kept"
+    line = one_error_line(done.stderr)
+    assert re.match(
+        rf"error: {re.escape(str(staging))}/\.shard-000001-00000\.parquet\..*\.tmp: ", line
     )
-    code, out, err = run(*args, "--resume")  # no limit now
+    assert line.endswith(
+        "File too large; finished partitions are kept in "
+        + str(staging)
+        + ": run the same command with --resume to finish"
+    )
+    code, out, err = run(*args, "--resume")  # no limit now, and two worker processes
     assert code == 0, err
     assert verify_dataset(tmp_path / "p").rows == read_manifest(tmp_path / "p").num_rows
 
@@ -257,14 +272,15 @@ def test_ctrl_c_in_pack_is_a_short_message_and_resume_finishes(tmp_path):
         tmp_path / "c.jsonl", [{"text": f"doc {i} " * (i % 13 + 1)} for i in range(40_000)]
     )
     args = ["pack", corpus, "-o", tmp_path / "cut", "--max-len", "64", "--chunk-docs", "100"]
+    args += ["--partition-size", "200KB"]  # 9 partitions, on two worker processes
     proc = packtool_process(*args)
-    wait_for(lambda: (staging_folder(tmp_path / "cut") / "shard-00002.parquet").exists())
+    wait_for(lambda: records.finished(staging_folder(tmp_path / "cut")))
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("interrupted; finished chunks are kept in ")
+    assert len(lines) == 1 and lines[0].startswith("interrupted; finished partitions are kept in ")
     assert "--resume" in lines[0]
     assert not (tmp_path / "cut").exists()
 

@@ -112,3 +112,29 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     (tmp_path / "full" / "x").write_text("x")
     code, _, err = run("pack", CORPUS, "-o", tmp_path / "full")
     assert code == 1 and "--overwrite" in one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("65536", 65536), ("64MB", 64 << 20), ("1G", 1 << 30), ("1.5KiB", 1536), ("2 mb", 2 << 20)],
+)
+def test_partition_size_parses(text, want):
+    from packtool.quantities import parse_size
+
+    assert parse_size(text, "--partition-size") == want
+
+
+@pytest.mark.parametrize("text", ["0", "lots", "-1MB", "12PB"])
+def test_a_bad_partition_size_is_one_line(tmp_path, text):
+    code, _, err = run("pack", CORPUS, "-o", tmp_path / "o", "--partition-size", text)
+    assert code != 0
+    assert one_error_line(err).startswith(f"error: --partition-size {text!r}")
+
+
+def test_partition_size_cuts_the_corpus_and_says_so(tmp_path):
+    code, out, err = run(
+        "pack", CORPUS, "-o", tmp_path / "o", "--partition-size", "1MB", "--workers", "1"
+    )
+    assert code == 0, err
+    assert "3 partition(s)" in out  # 3.0 MB in byte ranges of 1 MiB
+    assert read_manifest(tmp_path / "o").extra["partitions"] == 3

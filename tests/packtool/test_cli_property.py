@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from packtool.engines import local
+from packtool.engines import worker
 from packtool.verify import verify_dataset
 from tests.cli import run
 
@@ -87,10 +87,10 @@ REPLACED = [
 
 
 def interrupting(kind: str, at: int):
-    """A `write_shards` that fails at its `at`-th call, as Ctrl-C or a full disk would."""
-    real, calls = local.write_shards, []
+    """A `write_chunk` that fails at its `at`-th call, as Ctrl-C or a full disk would."""
+    real, calls = worker.write_chunk, []
 
-    def write_shards(*args, **kwargs):
+    def write_chunk(*args, **kwargs):
         calls.append(1)
         if len(calls) == at:
             if kind == "ctrl-c":
@@ -98,7 +98,7 @@ def interrupting(kind: str, at: int):
             raise OSError(errno.ENOSPC, "No space left on device", "shard.parquet")
         return real(*args, **kwargs)
 
-    return write_shards
+    return write_chunk
 
 
 @settings(
@@ -120,7 +120,7 @@ def test_the_output_is_always_the_last_good_dataset_or_absent(world, tmp_path_fa
             code, _, err = run(*args)
         else:
             with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(local, "write_shards", interrupting(*interrupt))
+                mp.setattr(worker, "write_chunk", interrupting(*interrupt))
                 code, _, err = run(*args)
         assert "Traceback" not in err
         now = snapshot(out)

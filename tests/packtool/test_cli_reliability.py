@@ -178,8 +178,9 @@ def test_separately_tokenized_files_pack_into_a_dataset_that_verifies(tmp_path, 
     # Each packed id leads back to its tokenized row (docs/pack.md, "Document ids").
     from packtool import docids
 
-    extra = read_manifest(out).extra
-    ids = pq.read_table(out / "shard-00000.parquet").column("doc_ids").combine_chunks()
+    manifest = read_manifest(out)
+    extra = manifest.extra
+    ids = pq.read_table(out / manifest.shards[0].file).column("doc_ids").combine_chunks()
     for doc_id in ids.values.to_pylist()[:20]:
         file, row = docids.locate(extra, doc_id)
         original = pq.read_table(file).slice(row, 1).to_pylist()[0]
@@ -233,11 +234,11 @@ def packtool_process(*args: object, gate: Path | None = None) -> subprocess.Pope
     code = "import sys; from packtool.cli import main; main(sys.argv[1:])"
     if gate is not None:
         code = (
-            "import os, sys, time; import packtool.engines.local as local; real = local.write_shards\n"
+            "import os, sys, time; import packtool.engines.worker as worker; real = worker.write_chunk\n"
             "def gated(*a, **k):\n"
             f"    while not os.path.exists({str(gate)!r}): time.sleep(0.02)\n"
             "    return real(*a, **k)\n"
-            "local.write_shards = gated\n" + code
+            "worker.write_chunk = gated\n" + code
         )
     return subprocess.Popen(
         [sys.executable, "-c", code, *map(str, args)],

@@ -84,7 +84,7 @@ def test_index_json_records_the_columns_and_format_1_still_reads(tmp_path):
         loss_masks=[[[0, 1, 1], [1, 0]], [[0, 0, 0, 1]], [[1], [1], [1]]],
     )
     index = _index(tmp_path / "v2")
-    assert index["format_version"] == 2 and index["columns"] == [*REQUIRED, "loss_mask"]
+    assert index["format_version"] == 3 and index["columns"] == [*REQUIRED, "loss_mask"]
     assert read_manifest(tmp_path / "v2").columns == (*REQUIRED, "loss_mask")
     write_dataset(tmp_path / "v1", ROWS, max_len=6, format_version=1)
     index = _index(tmp_path / "v1")

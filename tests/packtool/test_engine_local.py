@@ -10,10 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packtool import shards as shards_mod
-from packtool.engines import local
+from packtool.engines import local, records, worker
 from packtool.engines.local import RunConfig, rechunk, run_pack
-from packtool.engines.preflight import staging_folder
+from packtool.engines.preflight import STATE_DIR, staging_folder
 from packtool.errors import ConfigError, DataError
 from packtool.manifest import read_manifest
 from packtool.pack import PackConfig
@@ -80,30 +79,33 @@ def test_same_inputs_and_seed_give_identical_bytes(tmp_path):
     assert [s.sha256 for s in a.shards] == [s.sha256 for s in read_manifest(tmp_path / "b").shards]
 
 
+# 3.3 MB of sample_data in 600 KB partitions: 6 partitions, several chunks each.
+PARTS = {"partition_size": 600_000, "workers": 1}
+
+
 def test_interrupted_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
-    kw = {"max_len": 1024, "chunk_docs": 700, "shards": ShardConfig(shard_rows=200)}
+    kw = {"max_len": 1024, "chunk_docs": 300, "shards": ShardConfig(shard_rows=200), **PARTS}
     run(tmp_path / "whole", **kw)
 
-    real = shards_mod.write_shards
-    calls = {"n": 0}
+    real = worker.write_chunk
+    staging = staging_folder(tmp_path / "cut")
 
-    def crash_on_third_chunk(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
+    def crash_in_the_third_partition(writer, packed):
+        if len(records.finished(staging)) == 2:  # two partitions are recorded
             raise KeyboardInterrupt
-        return real(*args, **kwargs)
+        return real(writer, packed)
 
-    monkeypatch.setattr(local, "write_shards", crash_on_third_chunk)
+    monkeypatch.setattr(worker, "write_chunk", crash_in_the_third_partition)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "cut", **kw)
-    monkeypatch.setattr(local, "write_shards", real)
+    monkeypatch.setattr(worker, "write_chunk", real)
     assert not (tmp_path / "cut").exists()  # never looks complete: built beside it
     with pytest.raises(DataError, match="no such dataset folder"):
         read_manifest(tmp_path / "cut")
-    assert (staging_folder(tmp_path / "cut") / local.STATE_FILE).is_file()
+    assert records.finished(staging) == [0, 1]
 
     summary = run(tmp_path / "cut", resume=True, **kw)
-    assert summary.resumed_chunks == 2
+    assert summary.resumed_partitions == 2 and summary.partitions == 6
     assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
     whole, cut = read_manifest(tmp_path / "whole"), read_manifest(tmp_path / "cut")
     assert whole.to_dict() == cut.to_dict()
@@ -113,7 +115,7 @@ def test_resume_refuses_changed_options_and_finished_runs(tmp_path, monkeypatch)
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(local, "write_shards", boom)
+    monkeypatch.setattr(worker, "write_chunk", boom)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "out", max_len=1024, chunk_docs=500)
     monkeypatch.undo()
@@ -151,14 +153,33 @@ def test_chunking_costs_almost_no_efficiency(tmp_path):
     assert one.efficiency - many.efficiency < 0.01
 
 
-def test_tokenized_parquet_input_gives_the_same_shards(tmp_path):
+def test_tokenized_parquet_input_gives_the_same_rows(tmp_path):
+    from packtool import docids
     from packtool.corpus import ReadConfig
     from packtool.tokenize import tokenize_corpus
 
     tokenize_corpus([str(CORPUS)], str(tmp_path / "tok.parquet"), read_config=ReadConfig())
     run(tmp_path / "raw", max_len=1024)
     run(tmp_path / "tok", inputs=[tmp_path / "tok.parquet"], max_len=1024)
-    assert shard_bytes(tmp_path / "raw") == shard_bytes(tmp_path / "tok")
+    raw, tok = (
+        pq.read_table(sorted((tmp_path / d).glob("shard-*.parquet"))) for d in ("raw", "tok")
+    )
+    for name in ("input_ids", "doc_offsets", "doc_chunks"):
+        assert raw.column(name).equals(tok.column(name))
+    # The same documents, numbered by where each was read: the line's byte offset in the JSONL,
+    # the row in the tokenized file.
+    starts = [0]
+    for line in CORPUS.read_bytes().splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    non_empty = [
+        o
+        for o, line in zip(starts, CORPUS.read_bytes().splitlines(), strict=False)
+        if json.loads(line)["text"]
+    ]
+    row_of = {o: r for r, o in enumerate(non_empty)}
+    raw_ids = np.concatenate(raw.column("doc_ids").to_numpy(zero_copy_only=False))
+    tok_ids = np.concatenate(tok.column("doc_ids").to_numpy(zero_copy_only=False))
+    assert [row_of[int(o)] for o in docids.decode(raw_ids)[1]] == docids.decode(tok_ids)[1].tolist()
 
 
 def test_tokenizer_mismatch_is_an_error(tmp_path):
@@ -227,7 +248,7 @@ def test_output_loads_with_plain_pyarrow_and_hf_datasets(tmp_path):
     assert row["seq_lengths"] == np.diff(row["doc_offsets"]).tolist()
 
 
-def test_rechunk_gives_exact_chunk_sizes():
+def test_rechunk_gives_exact_chunk_sizes():  # inside a partition
     tables = [pa.table({"x": np.arange(n)}) for n in (3, 10, 1, 7)]
     sizes = [t.num_rows for t in rechunk(tables, 4)]
     assert sizes == [4, 4, 4, 4, 4, 1]
@@ -251,6 +272,7 @@ def test_sigkill_mid_run_then_resume_gives_the_same_bytes(tmp_path):
     corpus = tmp_path / "x4.jsonl"
     corpus.write_bytes(CORPUS.read_bytes() * 4)
     args = ["--max-len", "1024", "--chunk-docs", "400", "--shard-rows", "100"]
+    args += ["--partition-size", "1MB", "--workers", "1"]  # 12 partitions, one at a time
     cmd = [sys.executable, "-m", "packtool.cli", "pack", str(corpus), *args]
     env = {**os.environ, "PACKTOOL_NO_PROGRESS": "1"}
     subprocess.run([*cmd, "-o", str(tmp_path / "whole")], check=True, env=env, capture_output=True)
@@ -259,8 +281,8 @@ def test_sigkill_mid_run_then_resume_gives_the_same_bytes(tmp_path):
     staging = staging_folder(cut)
     proc = subprocess.Popen([*cmd, "-o", str(cut)], env=env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    # chunk 0 writes ~3 shards, and its state is saved before chunk 1 writes any: wait for 7
-    while len(list(staging.glob("shard-*.parquet"))) < 7 and time.monotonic() < deadline:
+    # Killed once two partitions are recorded and a third is being written.
+    while len(records.finished(staging)) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -274,7 +296,7 @@ def test_sigkill_mid_run_then_resume_gives_the_same_bytes(tmp_path):
         [*cmd, "-o", str(cut), "--resume"], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert "resumed: kept" in done.stdout
+    assert "resumed: kept" in done.stdout and "of 12 (their inputs were not read" in done.stdout
     assert shard_bytes(cut) == shard_bytes(tmp_path / "whole")
     assert verify_dataset(cut).rows == read_manifest(tmp_path / "whole").num_rows
 
@@ -291,7 +313,7 @@ def test_resume_refuses_a_changed_input_folder(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(local, "write_shards", boom)
+    monkeypatch.setattr(worker, "write_chunk", boom)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "out", inputs=(folder,), **kw)
     monkeypatch.undo()
@@ -307,9 +329,16 @@ def test_resume_refuses_a_changed_input_folder(tmp_path, monkeypatch):
         run(tmp_path / "out", inputs=(folder,), resume=True, **kw)
 
 
-@pytest.mark.parametrize("state", ["[]", '{"fingerprint": {}, "chunks": 3}', "not json"])
+@pytest.mark.parametrize("state", ["[]", '{"fingerprint": {}, "plan": 3}', "not json"])
 def test_a_damaged_state_file_is_a_one_line_error(tmp_path, state):
+    (staging_folder(tmp_path / "out") / STATE_DIR).mkdir(parents=True)
+    (staging_folder(tmp_path / "out") / STATE_DIR / "plan.json").write_text(state)
+    with pytest.raises(DataError, match=r"plan\.json: (malformed|unreadable).*--overwrite"):
+        run(tmp_path / "out", resume=True)
+
+
+def test_an_older_packtools_interrupted_run_is_named(tmp_path):
     staging_folder(tmp_path / "out").mkdir()
-    (staging_folder(tmp_path / "out") / local.STATE_FILE).write_text(state)
-    with pytest.raises(DataError, match=r"\.pack-state\.json: (malformed|unreadable).*--overwrite"):
+    (staging_folder(tmp_path / "out") / ".pack-state.json").write_text("{}")
+    with pytest.raises(ConfigError, match="interrupted by an older packtool.*--overwrite"):
         run(tmp_path / "out", resume=True)

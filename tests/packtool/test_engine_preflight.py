@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from packtool.corpus import ReadConfig
-from packtool.engines import local
+from packtool.engines import local, records, worker
 from packtool.engines.local import RunConfig, run_pack
-from packtool.engines.preflight import staging_folder
+from packtool.engines.preflight import STATE_DIR, staging_folder
 from packtool.errors import ConfigError, DataError
 from packtool.pack import PackConfig
 from packtool.tokenize import tokenize_corpus
@@ -136,18 +136,32 @@ def test_a_failure_before_ray_runs_anything_leaves_nothing_behind(tmp_path, pack
     assert not out.exists()
 
 
-@pytest.mark.parametrize("shard", ['{"file": "shard-00000.parquet"}', '"shard-00000.parquet"'])
+@pytest.mark.parametrize("record", ['{"partition": 0, "shards": 3}', '"shard-00000.parquet"'])
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_state_file_with_a_damaged_shard_entry_is_refused_before_ray_starts(
-    tmp_path, pack_with, engine, shard
+def test_a_damaged_partition_record_is_refused_before_ray_starts(
+    tmp_path, pack_with, engine, record, monkeypatch
 ):
-    good, out = jsonl(tmp_path / "good.jsonl", ["fine"]), tmp_path / "out"
-    staging_folder(out).mkdir()
-    state = f'{{"fingerprint": {{}}, "chunks": [{{"index": 0, "shards": [{shard}]}}]}}'
-    (staging_folder(out) / local.STATE_FILE).write_text(state)
-    with pytest.raises(DataError, match=r"\.pack-state\.json: malformed state \(.*--overwrite$"):
-        pack_with(engine)(config(good, out, resume=True))
-    assert (staging_folder(out) / local.STATE_FILE).read_text() == state
+    good = jsonl(tmp_path / "good.jsonl", [f"document {i} " * 20 for i in range(40)])
+    out = tmp_path / "out"
+    kw = {"partition_size": 400, "workers": 1}  # 4 partitions
+    real = worker.write_chunk
+
+    def stop_in_the_second_partition(writer, packed):
+        if records.finished(staging_folder(out)):
+            raise KeyboardInterrupt
+        return real(writer, packed)
+
+    monkeypatch.setattr(worker, "write_chunk", stop_in_the_second_partition)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(config(good, out, **kw))
+    monkeypatch.undo()
+    path = records.record_path(staging_folder(out), 0)
+    path.write_text(record)
+    with pytest.raises(
+        DataError, match=r"parts/000000\.json: malformed partition record.*--overwrite$"
+    ):
+        pack_with(engine)(config(good, out, resume=True, **kw))
+    assert path.read_text() == record
 
 
 def test_an_interrupt_keeps_the_state_for_resume(tmp_path, monkeypatch):
@@ -156,11 +170,11 @@ def test_an_interrupt_keeps_the_state_for_resume(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(local, "write_shards", interrupted)
+    monkeypatch.setattr(worker, "write_chunk", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_pack(config(good, out))
     assert not out.exists()  # the run is built beside the output, which it never reached
-    assert [p.name for p in staging_folder(out).iterdir()] == [local.STATE_FILE]
+    assert [p.name for p in staging_folder(out).iterdir()] == [STATE_DIR]
     monkeypatch.undo()
     assert run_pack(config(good, out, resume=True)).counts.documents_packed == 1
 

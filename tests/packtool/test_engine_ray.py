@@ -1,13 +1,17 @@
-"""The Ray engine against the local engine: same shards byte for byte, resume, missing extra.
+"""The Ray engine against the local engine, on a real two-node Ray cluster: the same dataset
+byte for byte, a killed worker process, a node removed mid-run, a killed driver resumed.
 
-One local Ray (2 CPUs, the `ray_session` fixture of conftest.py) serves every test that needs it;
-they skip cleanly when ray[data] is not installed. The missing-extra tests run without Ray.
+The cluster (`ray_session` / `ray_cluster` in conftest.py) has two nodes of 1 CPU each, each
+with its own raylet and object store, so partition tasks run on both. The missing-extra tests
+run without Ray.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,29 +20,28 @@ from click.testing import CliRunner
 
 from packtool.cli import cli, main
 from packtool.corpus import ReadConfig
-from packtool.engines import local
-from packtool.engines.local import STATE_FILE, RunConfig, run_pack
+from packtool.engines import base, records, worker
+from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.preflight import staging_folder
 from packtool.errors import ConfigError, DataError, MissingDependencyError
 from packtool.pack import PackConfig
 from packtool.shards import ShardConfig
 from packtool.verify import verify_dataset
 
+from .scale_corpus import make_corpus
+
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "sample_data" / "corpus.jsonl"
-CHUNK_DOCS = 1000  # 4,024 documents -> 5 chunks, so ordering and renumbering matter
+PARTITION = 600_000  # sample_data's 3.0 MB: 6 partitions (byte ranges of one file)
 
 
 def config(out: Path, inputs=(CORPUS,), **kw) -> RunConfig:
     kw.setdefault("pack", PackConfig(max_len=2048))
     kw.setdefault("shards", ShardConfig(shard_rows=100))
-    return RunConfig(
-        inputs=tuple(str(p) for p in inputs),
-        out_dir=str(out),
-        chunk_docs=CHUNK_DOCS,
-        progress=False,
-        **kw,
-    )
+    kw.setdefault("partition_size", PARTITION)
+    kw.setdefault("chunk_docs", 400)
+    kw.setdefault("workers", 1)
+    return RunConfig(inputs=tuple(str(p) for p in inputs), out_dir=str(out), progress=False, **kw)
 
 
 def run_ray(cfg: RunConfig, **ray_kw):
@@ -58,9 +61,7 @@ def manifest_without_command(out: Path) -> dict:
 
 
 def assert_same_as_local(ray_out: Path, local_out: Path) -> None:
-    a, b = manifest_without_command(ray_out), manifest_without_command(local_out)
-    assert a == b
-    # The Ray engine's documented promise: byte-identical shards under the same names.
+    assert manifest_without_command(ray_out) == manifest_without_command(local_out)
     assert shard_bytes(ray_out) == shard_bytes(local_out)
     assert sorted(p.name for p in ray_out.iterdir()) == sorted(p.name for p in local_out.iterdir())
 
@@ -73,17 +74,16 @@ def assert_same_as_local(ray_out: Path, local_out: Path) -> None:
     ],
     ids=["ffd", "bfd-rounds-groups"],
 )
-def test_ray_shards_are_byte_identical_to_the_local_engine(ray_session, tmp_path, pack):
+def test_ray_is_byte_identical_to_the_local_engine(ray_session, tmp_path, pack):
     read = ReadConfig(extra_fields=("lang",) if pack.group_by == "lang" else ())
     want = run_pack(config(tmp_path / "local", pack=pack, read=read))
     got = run_ray(config(tmp_path / "ray", pack=pack, read=read))
     assert_same_as_local(tmp_path / "ray", tmp_path / "local")
+    assert got.partitions == want.partitions == 6
     assert got.counts == want.counts and got.skips == want.skips == {"empty": 6}
-    assert abs(got.efficiency - want.efficiency) <= 0.0005
-    assert len(got.shards) > 5  # several chunks, several shards each: renumbering was exercised
-    report = verify_dataset(tmp_path / "ray", checksums=True)
-    assert report.rows == got.counts.rows
-    # Every document exactly once, with all of its tokens, under the local engine's doc ids.
+    assert "Ray: 2 CPU(s)" in got.cores_used
+    assert verify_dataset(tmp_path / "ray", checksums=True).rows == got.counts.rows
+    # Every document exactly once, with all of its tokens.
     table = pq.read_table(sorted(str(p) for p in (tmp_path / "ray").glob("shard-*.parquet")))
     pieces: dict[int, int] = {}
     for offsets, ids in zip(
@@ -91,7 +91,7 @@ def test_ray_shards_are_byte_identical_to_the_local_engine(ray_session, tmp_path
     ):
         for doc, a, b in zip(ids, offsets, offsets[1:], strict=False):
             pieces[doc] = pieces.get(doc, 0) + b - a
-    assert sorted(pieces) == list(range(4024))
+    assert len(pieces) == got.counts.documents_packed == 4024  # of 4,030 lines, 6 empty
     assert sum(pieces.values()) == got.counts.tokens_out == got.counts.tokens_in
 
 
@@ -101,93 +101,135 @@ def test_cli_engine_ray_on_tokenized_parquet(ray_session, tmp_path):
     tok = tmp_path / "tok.parquet"
     assert runner.invoke(cli, ["tokenize", str(CORPUS), "-o", str(tok)]).exit_code == 0
     common = [str(tok), "--max-len", "4096", "--chunk-docs", "1500", "--shard-rows", "64"]
+    common += ["--partition-size", "200KB"]
     result = runner.invoke(cli, ["pack", *common, "-o", str(tmp_path / "ray"), "--engine", "ray"])
     assert result.exit_code == 0, result.output
-    assert "Ray: 1 reader task" in result.output
+    assert "Ray: 2 CPU(s) in the cluster, one task per partition" in result.output
     assert runner.invoke(cli, ["pack", *common, "-o", str(tmp_path / "local")]).exit_code == 0
     assert_same_as_local(tmp_path / "ray", tmp_path / "local")
 
 
-def test_resume_after_the_driver_dies_midway(ray_session, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    """The 1,000-file corpus and the local engine's dataset of it."""
+    base_dir = tmp_path_factory.mktemp("gen")
+    make_corpus(base_dir / "in", big_bytes=600_000)
+    kw = {"pack": PackConfig(max_len=1024), "partition_size": 150_000, "chunk_docs": 500}
+    run_pack(config(base_dir / "local", [base_dir / "in"], **kw))
+    return base_dir, kw
+
+
+def test_a_killed_worker_and_a_removed_node_leave_the_bytes_unchanged(
+    generated, ray_cluster, tmp_path, monkeypatch
+):
+    """On the 1,000-file corpus (tiny files, ranges of a big one, .zst, Parquet, bad lines):
+    the worker process of one partition dies (os._exit), and a third node is removed from the
+    cluster while it runs a partition; Ray runs both again elsewhere."""
     from packtool.engines import ray as ray_engine
 
+    base_dir, kw = generated
+    victim = ray_cluster.add_node(num_cpus=1)
+    ray_cluster.wait_for_nodes()
+    victim_id = victim.node_id
+    killed, on_victim = tmp_path / "killed", tmp_path / "on-victim"
+
+    # Defined here, so Ray ships it by value to the workers.
+    def flaky(key, blob, descriptor):
+        import os
+
+        import ray
+
+        from packtool.engines import ray as engine
+
+        here = ray.get_runtime_context().get_node_id()
+        if here == victim_id and not on_victim.exists():
+            on_victim.touch()
+            time.sleep(120)  # until the node is removed under it
+        if descriptor["index"] == 2 and here != victim_id and not killed.exists():
+            killed.touch()
+            os._exit(1)  # the worker process dies in the middle of its partition
+        return engine._partition_task(key, blob, descriptor)
+
+    def remove_when_busy():
+        deadline = time.monotonic() + 90
+        while not on_victim.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ray_cluster.remove_node(victim, allow_graceful=False)
+
+    remover = threading.Thread(target=remove_when_busy, daemon=True)
+    remover.start()
+    monkeypatch.setattr(ray_engine, "_partition_task", flaky)
+    summary = run_ray(config(tmp_path / "ray", [base_dir / "in"], **kw), max_retries=3)
+    remover.join(timeout=100)
+    assert killed.exists() and on_victim.exists()  # both faults happened
+    assert summary.partitions >= 8
+    assert_same_as_local(tmp_path / "ray", base_dir / "local")
+
+
+def test_a_killed_driver_is_resumed_with_the_same_bytes(ray_session, tmp_path, monkeypatch):
     run_pack(config(tmp_path / "local"))
-    real_save = ray_engine._save_state
-    saves = []
+    real = base.Run.account
+    seen = []
 
-    def dying_save(out, fingerprint, done):
-        real_save(out, fingerprint, done)
-        saves.append(len(done))
-        if len(done) == 2:  # two chunks finished and recorded, three still to go
-            raise KeyboardInterrupt
+    def driver_dies(self, record):
+        real(self, record)
+        seen.append(record["partition"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt  # as a killed driver: two records kept, the rest not
 
-    monkeypatch.setattr(ray_engine, "_save_state", dying_save)
+    monkeypatch.setattr(base.Run, "account", driver_dies)
     with pytest.raises(KeyboardInterrupt):
         run_ray(config(tmp_path / "ray"))
-    monkeypatch.setattr(ray_engine, "_save_state", real_save)
+    monkeypatch.undo()
     out = tmp_path / "ray"
     staging = staging_folder(out)
-    assert not out.exists() and (staging / STATE_FILE).exists()
-    state = json.loads((staging / STATE_FILE).read_text())
-    assert state["engine"] == "ray" and len(state["chunks"]) == 2
-
+    done = records.finished(staging)
+    assert not out.exists() and 2 <= len(done) < 6
     with pytest.raises(ConfigError, match="interrupted run .* --resume"):
         run_ray(config(out))  # neither --overwrite nor --resume
-    with pytest.raises(ConfigError, match="started with --engine ray"):
-        run_pack(config(out, resume=True))  # the local engine refuses a Ray run's state
     summary = run_ray(config(out, resume=True))
-    assert summary.resumed_chunks == 2
+    assert summary.resumed_partitions == len(done)
     assert_same_as_local(out, tmp_path / "local")
-    assert not (out / STATE_FILE).exists() and not staging.exists()
+    assert not staging.exists()
 
 
-def test_resume_when_killed_while_renaming_shards(ray_session, tmp_path, monkeypatch):
-    from packtool.engines import ray as ray_engine
-
-    run_pack(config(tmp_path / "local"))
-    real_move = ray_engine._move
-    moved = []
-
-    def dying_move(src, dst):
-        if len(moved) == 3:
-            raise KeyboardInterrupt
-        moved.append(dst)
-        real_move(src, dst)
-
-    monkeypatch.setattr(ray_engine, "_move", dying_move)
-    with pytest.raises(KeyboardInterrupt):
-        run_ray(config(tmp_path / "ray"))
-    monkeypatch.setattr(ray_engine, "_move", real_move)
-    assert len(moved) == 3 and not (tmp_path / "ray").exists()
-    summary = run_ray(config(tmp_path / "ray", resume=True))
-    assert summary.resumed_chunks == 5
-    assert_same_as_local(tmp_path / "ray", tmp_path / "local")
-
-
-def test_ray_resumes_a_run_the_local_engine_started(ray_session, tmp_path, monkeypatch):
+def test_either_engine_resumes_the_others_run(ray_session, tmp_path, monkeypatch):
     run_pack(config(tmp_path / "whole"))
-    real_write = local.write_shards
-    calls = []
+    real = worker.write_chunk
 
-    def dying_write(*args, **kw):
-        if len(calls) == 2:
+    def stop_in_the_third_partition(writer, packed):
+        if len(records.finished(staging_folder(tmp_path / "a"))) == 2:
             raise KeyboardInterrupt
-        calls.append(1)
-        return real_write(*args, **kw)
+        return real(writer, packed)
 
-    monkeypatch.setattr(local, "write_shards", dying_write)
+    monkeypatch.setattr(worker, "write_chunk", stop_in_the_third_partition)
     with pytest.raises(KeyboardInterrupt):
-        run_pack(config(tmp_path / "out"))
-    monkeypatch.setattr(local, "write_shards", real_write)
-    summary = run_ray(config(tmp_path / "out", resume=True))
-    assert summary.resumed_chunks == 2
-    assert_same_as_local(tmp_path / "out", tmp_path / "whole")
+        run_pack(config(tmp_path / "a"))
+    monkeypatch.undo()
+    summary = run_ray(config(tmp_path / "a", resume=True))  # local started, Ray finishes
+    assert summary.resumed_partitions == 2
+    assert_same_as_local(tmp_path / "a", tmp_path / "whole")
+
+    real_account = base.Run.account
+
+    def driver_dies(self, record):
+        real_account(self, record)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(base.Run, "account", driver_dies)
+    with pytest.raises(KeyboardInterrupt):
+        run_ray(config(tmp_path / "b"))
+    monkeypatch.undo()
+    summary = run_pack(config(tmp_path / "b", resume=True))  # Ray started, local finishes
+    assert summary.resumed_partitions >= 1
+    assert_same_as_local(tmp_path / "b", tmp_path / "whole")
 
 
 def test_a_user_error_inside_a_ray_task_is_one_readable_error(ray_session, tmp_path):
-    # sample_data has 6 empty documents: strict mode stops at the first, inside the reader task.
-    with pytest.raises(DataError, match="empty.*run without --strict"):
+    # sample_data has 6 empty documents: strict mode stops at the first, inside a task.
+    with pytest.raises(DataError, match="empty.*run without --strict") as e:
         run_ray(config(tmp_path / "out", read=ReadConfig(strict=True)), max_retries=0)
+    assert "\n" not in str(e.value)
 
 
 def test_ray_config_validation():
@@ -210,7 +252,7 @@ def test_missing_ray_names_the_extra(tmp_path, monkeypatch, capsys):
         main(argv)
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.strip()
-    assert err == "error: --engine ray needs Ray Data: pip install 'packtool[ray]'"
+    assert err == "error: --engine ray needs Ray: pip install 'packtool[ray]'"
 
 
 def test_ray_address_needs_the_ray_engine(tmp_path):
@@ -219,28 +261,3 @@ def test_ray_address_needs_the_ray_engine(tmp_path):
     )
     assert result.exit_code != 0
     assert "--ray-address needs --engine ray" in str(result.exception)
-
-
-def test_a_worker_that_dies_is_retried_and_the_output_is_unchanged(
-    ray_session, tmp_path, monkeypatch
-):
-    import os
-
-    from packtool.engines import ray as ray_engine
-
-    run_pack(config(tmp_path / "local"))
-    marker = str(tmp_path / "died")
-
-    # Defined inside the test, so Ray ships the class by value to its workers.
-    class DiesOnce(ray_engine._ChunkWorker):
-        def __call__(self, batch):
-            if 2 in [int(c) for c in batch["chunk"]] and not os.path.exists(marker):
-                Path(marker).touch()
-                os._exit(1)  # the actor process dies in the middle of chunk 2
-            return super().__call__(batch)
-
-    monkeypatch.setattr(ray_engine, "_ChunkWorker", DiesOnce)
-    summary = run_ray(config(tmp_path / "ray"), max_retries=2)
-    assert Path(marker).exists()  # it did die once
-    assert summary.resumed_chunks == 0
-    assert_same_as_local(tmp_path / "ray", tmp_path / "local")

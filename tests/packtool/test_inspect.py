@@ -146,3 +146,38 @@ def test_plots_draw_long_rows_quickly(tmp_path):
     rows = [np.unique(np.r_[0, rng.integers(1, 32_768, 30), 32_768]) for _ in range(16)]
     assert_png(plot_row_fill(rows, 32_768, tmp_path / "fill.png"), min_side=150)
     assert_png(plot_attention_mask(rows[0], tmp_path / "mask.png"))
+
+
+def test_a_packed_documents_source_file_and_line(tmp_path, capsys):
+    """`inspect --row` names the file and line each document came from (format 3 ids)."""
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack import PackConfig
+
+    files = []
+    for f in range(2):
+        path = tmp_path / f"in-{f}.jsonl"
+        lines = [json.dumps({"text": f"file {f} line {k + 1} " + "x" * (k % 9)}) for k in range(30)]
+        path.write_text("\n".join(lines) + "\n")
+        files.append(path)
+    out = tmp_path / "out"
+    run_pack(
+        RunConfig(
+            inputs=tuple(map(str, files)),
+            out_dir=str(out),
+            pack=PackConfig(max_len=128),
+            partition_size=500,  # the files are cut into byte ranges
+            workers=1,
+            progress=False,
+        )
+    )
+    code, text, err = run_cli(["inspect", str(out), "--row", "3"], capsys)
+    assert code == 0, err
+    sources = [line.split("from ", 1)[1] for line in text.splitlines() if " from " in line]
+    view = read_row(out, 3)
+    assert len(sources) == len(view.documents) >= 2
+    for doc, where in zip(view.documents, sources, strict=True):
+        file, rest = where.split(":line ")
+        line_no = int(rest.split()[0])
+        # The document's own text names its file and line: the two must agree.
+        assert doc.preview.strip("'").startswith(f"file {file[-7]} line {line_no} ")
+        assert where == doc.source

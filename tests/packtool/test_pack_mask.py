@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packtool import shards as shards_mod
-from packtool.engines import local
+from packtool.engines import records, worker
 from packtool.engines.local import RunConfig, run_pack
+from packtool.engines.preflight import staging_folder
 from packtool.errors import ConfigError
 from packtool.inspect_dataset import inspect_dataset
 from packtool.manifest import read_manifest
@@ -180,22 +180,23 @@ def test_local_engine_end_to_end(sft, tmp_path):
 
 
 def test_resume_gives_the_same_bytes(sft, tmp_path, monkeypatch):
-    run_pack(config(tmp_path / "whole", sft))
-    real = shards_mod.write_shards
-    calls = {"n": 0}
+    kw = {"partition_size": 8_000, "workers": 1}  # the files cut between row groups
+    whole = run_pack(config(tmp_path / "whole", sft, **kw))
+    assert whole.partitions >= 4
+    real = worker.write_chunk
+    staging = staging_folder(tmp_path / "cut")
 
-    def crash_on_third_chunk(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
+    def crash_in_the_third_partition(writer, packed):
+        if len(records.finished(staging)) == 2:
             raise KeyboardInterrupt
-        return real(*args, **kwargs)
+        return real(writer, packed)
 
-    monkeypatch.setattr(local, "write_shards", crash_on_third_chunk)
+    monkeypatch.setattr(worker, "write_chunk", crash_in_the_third_partition)
     with pytest.raises(KeyboardInterrupt):
-        run_pack(config(tmp_path / "cut", sft))
-    monkeypatch.setattr(local, "write_shards", real)
-    summary = run_pack(config(tmp_path / "cut", sft, resume=True))
-    assert summary.resumed_chunks == 2
+        run_pack(config(tmp_path / "cut", sft, **kw))
+    monkeypatch.setattr(worker, "write_chunk", real)
+    summary = run_pack(config(tmp_path / "cut", sft, resume=True, **kw))
+    assert summary.resumed_partitions == 2
     assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
     assert read_manifest(tmp_path / "cut").to_dict() == read_manifest(tmp_path / "whole").to_dict()
 

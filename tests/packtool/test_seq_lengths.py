@@ -19,7 +19,7 @@ from loader.testing import write_dataset
 from packtool import columns as shard_columns
 from packtool import verify_columns
 from packtool.columns import DOCUMENT, ROW, SEQ_LENGTHS, Column, Derivation
-from packtool.engines import local
+from packtool.engines import worker
 from packtool.engines.local import RunConfig, run_pack
 from packtool.errors import ConfigError, DataError
 from packtool.inspect_dataset import inspect_dataset
@@ -212,7 +212,7 @@ def test_a_run_started_before_seq_lengths_is_not_resumed_with_other_shards(tmp_p
     corpus = _text_corpus(tmp_path / "in")
     before = tuple(c for c in shard_columns.SHARD_COLUMNS if c.name != SEQ_LENGTHS)
     monkeypatch.setattr(shard_columns, "SHARD_COLUMNS", before)
-    real = local.write_shards
+    real = worker.write_chunk
     calls = {"n": 0}
 
     def crash_on_second_chunk(*args, **kwargs):
@@ -221,7 +221,7 @@ def test_a_run_started_before_seq_lengths_is_not_resumed_with_other_shards(tmp_p
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(local, "write_shards", crash_on_second_chunk)
+    monkeypatch.setattr(worker, "write_chunk", crash_on_second_chunk)
     with pytest.raises(KeyboardInterrupt):
         run_pack(_config(tmp_path / "out", corpus))
     monkeypatch.undo()

@@ -16,10 +16,12 @@ import pytest
 
 from loader import PackedDataLoader, PackedDataset, StreamingPackedDataset
 from loader.collate import IGNORE_INDEX
+from packtool import docids
 from packtool.chat_template import load_chat_template
 from packtool.corpus import ReadConfig
-from packtool.engines import local
+from packtool.engines import records, worker
 from packtool.engines.local import RunConfig, run_pack
+from packtool.engines.preflight import staging_folder
 from packtool.manifest import read_manifest
 from packtool.pack import PackConfig
 from packtool.sft_config import SFTConfig
@@ -63,15 +65,19 @@ def chat(tmp_path_factory):
         part = chats[f * len(chats) // 2 : (f + 1) * len(chats) // 2]
         path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in part), "utf-8")
         paths.append(path)
-    encoded = encode_chat(
-        chats, template=load_chat_template(template), tokenizer=load_tokenizer("byte")
-    )
-    kept = [r for r in encoded if r.skip is None]
-    expected = {}
-    for doc_id, r in enumerate(kept):  # ids run over the conversations kept, in order
-        ids, mask = r.ids[:MAX_LEN].tolist(), r.mask[:MAX_LEN].tolist()
-        if sum(mask):
-            expected[doc_id] = (ids, mask, 0)
+    kept, expected = [], {}
+    for f in range(2):
+        part = chats[f * len(chats) // 2 : (f + 1) * len(chats) // 2]
+        encoded = encode_chat(
+            part, template=load_chat_template(template), tokenizer=load_tokenizer("byte")
+        )
+        mine = [r for r in encoded if r.skip is None]
+        kept += mine
+        # Ids: the input file's index and the record's place among those the file kept.
+        for k, r in enumerate(mine):
+            ids, mask = r.ids[:MAX_LEN].tolist(), r.mask[:MAX_LEN].tolist()
+            if sum(mask):
+                expected[docids.encode(f, k)] = (ids, mask, 0)
     return {
         "paths": paths,
         "read": ReadConfig(sft=SFTConfig(chat_template=str(template))),
@@ -111,21 +117,22 @@ def test_local_engine_keeps_each_conversation_whole_with_its_mask(chat, tmp_path
 
 
 def test_resume_gives_the_same_bytes(chat, tmp_path, monkeypatch):
-    run_pack(config(tmp_path / "whole", chat))
-    real, calls = local.write_shards, {"n": 0}
+    kw = {"partition_size": 1, "workers": 1}  # one partition per file
+    run_pack(config(tmp_path / "whole", chat, **kw))
+    real = worker.write_chunk
+    staging = staging_folder(tmp_path / "cut")
 
-    def crash_on_third_chunk(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
+    def crash_in_the_second_partition(*args, **kwargs):
+        if records.finished(staging):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(local, "write_shards", crash_on_third_chunk)
+    monkeypatch.setattr(worker, "write_chunk", crash_in_the_second_partition)
     with pytest.raises(KeyboardInterrupt):
-        run_pack(config(tmp_path / "cut", chat))
-    monkeypatch.setattr(local, "write_shards", real)
-    summary = run_pack(config(tmp_path / "cut", chat, resume=True))
-    assert summary.resumed_chunks == 2
+        run_pack(config(tmp_path / "cut", chat, **kw))
+    monkeypatch.setattr(worker, "write_chunk", real)
+    summary = run_pack(config(tmp_path / "cut", chat, resume=True, **kw))
+    assert summary.resumed_partitions == 1 and summary.partitions == 2
     assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
 
 

@@ -141,7 +141,7 @@ def test_missing_and_corrupt_index(packed_dataset_factory, capsys):
 def test_unknown_format_version(packed_dataset_factory, capsys):
     d = packed_dataset_factory(SHARDS)
     edit_index(d, format_version=99)
-    assert_fails(d, capsys, "format_version 99 is not supported", "supported: [1, 2]")
+    assert_fails(d, capsys, "format_version 99 is not supported", "supported: [1, 2, 3]")
 
 
 def test_wrong_column_type(packed_dataset_factory, capsys):

@@ -1,0 +1,159 @@
+"""What both drivers share: plan the run, keep its running sums, finish it.
+
+A driver (packtool/engines/local.py, ray.py) does three things, and only the middle one differs:
+
+1. `Run(config, checked, output)`: make the plan (packtool/engines/plan.py) from the inputs'
+   sizes and modification times, save it with the run's fingerprint before any work (a fresh
+   run), or compare it with the saved one and add up the finished partitions' records
+   (`--resume`: one small file read per finished partition, none of its inputs);
+2. run `worker.run_partition(run.context, run.descriptor(p))` for every `p` in `run.todo`,
+   anywhere, in any order, calling `run.account(record)` as each one finishes;
+3. `run.finish()`: the final stage (every partition's tail packed together), then `index.json`
+   streamed from the records, then the run state removed; `preflight.output_folder` swaps the
+   staging folder in.
+
+So the drivers are small, the dataset is the same whichever one ran it (or both: a run the
+local engine started can be resumed on a cluster, and the other way round), and the driver's
+memory is the running sums (`records.Totals`) plus the plan.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from packtool.engines import finish, records
+from packtool.engines.config import RunConfig
+from packtool.engines.plan import Plan, describe, make_plan
+from packtool.engines.preflight import UNITS, Checked, Output, check_fingerprint, fingerprint_of
+from packtool.engines.summary import PackSummary
+from packtool.engines.worker import WorkerContext, context_for
+from packtool.errors import ConfigError, DataError
+from packtool.output import remove
+from packtool.pieces import Source
+from packtool.progress import Progress
+from packtool.tokenize import tokenized_schema
+from packtool.tokenizers import TokenizerIdentity
+
+
+class Run:
+    """One `packtool pack` run as both drivers see it (see the module docstring)."""
+
+    def __init__(self, config: RunConfig, checked: Checked, output: Output) -> None:
+        self.t_start = time.perf_counter()
+        self.config = config
+        self.checked = checked
+        self.work = output.work
+        kinds = checked.kinds()
+        fingerprint = fingerprint_of(config, checked)
+        if output.state is None:
+            files = [
+                describe(p, k, config.partition_size)
+                for p, k in zip(checked.paths, kinds, strict=True)
+            ]
+            self.plan: Plan = make_plan(files, config.partition_size)
+            saved = {"fingerprint": fingerprint, "plan": self.plan.to_dict()}
+            records.write_plan(self.work, saved)  # before any work: any stop can be resumed
+        else:
+            # The fingerprint holds every input's size and modification time: when it matches,
+            # the saved plan is the plan (no Parquet footer is read again).
+            check_fingerprint(output.state, fingerprint, Path(config.out_dir))
+            try:
+                self.plan = Plan.from_dict(output.state["plan"])
+            except (KeyError, TypeError, ValueError):
+                raise DataError(
+                    f"{records.run_dir(self.work) / records.PLAN_FILE}: malformed plan; "
+                    "use --overwrite"
+                ) from None
+            if [f.path for f in self.plan.files] != [str(p) for p in checked.paths]:
+                raise ConfigError(f"cannot resume {config.out_dir}: the partition plan differs")
+        self.units = [UNITS.get(k, "row") for k in kinds]
+        self.totals = records.Totals(config.pack.max_len, config.pack.rounds)
+        n = len(self.plan.partitions)
+        done = set(records.finished(self.work)) if output.state is not None else set()
+        for p in sorted(done):
+            if p < n:  # the final stage's record (p == n) is added by `finish`
+                self.totals.add(self._checked_record(p))
+        self.resumed = len(done - {n})
+        self.final_done = n in done
+        self.todo = [p for p in range(n) if p not in done]
+        self.context: WorkerContext = context_for(
+            Source(
+                mode=checked.mode,
+                read=config.read,
+                schema=tokenized_schema(
+                    TokenizerIdentity.from_dict(checked.identity),
+                    config.read.extra_fields,
+                    optional=checked.columns,
+                ),
+                identity=TokenizerIdentity.from_dict(checked.identity),
+                mask_source=checked.mask_source,
+                sft_kind=checked.sft_kind,
+            ),
+            pack=config.pack,
+            shards=config.shards,
+            chunk_docs=config.chunk_docs,
+            work=self.work,
+            tokenizer=checked.tokenizer,
+            read=config.read,
+        )
+        self.bar = Progress("pack", enabled=config.progress)
+        self.seconds: dict[str, float] = {}
+
+    def _checked_record(self, p: int) -> dict[str, Any]:
+        """A finished partition's record, after checking its shards are there at their size."""
+        record = records.read_record(self.work, p)
+        for s in record["shards"]:
+            path = self.work / s["file"]
+            if not path.is_file() or path.stat().st_size != s["bytes"]:
+                raise DataError(
+                    f"{path}: finished shard is missing or changed; rerun with --overwrite"
+                )
+        return record
+
+    @property
+    def partitions(self) -> int:
+        return len(self.plan.partitions)
+
+    def descriptor(self, p: int) -> dict[str, Any]:
+        return self.plan.descriptor(p)
+
+    def account(self, record: dict[str, Any]) -> None:
+        """Add a finished partition's record to the running sums (constant cost)."""
+        self.totals.add(record)
+        self.bar.update(
+            docs=int(record.get("documents", 0)),
+            tokens=int(record["counts"]["tokens_in"]),
+            nbytes=int(record.get("input_bytes", 0)),
+        )
+
+    def finish(self, cores_used: str) -> PackSummary:
+        """The final stage, `index.json`, and the run state removed (see the module docstring)."""
+        self.bar.close()
+        t0 = time.perf_counter()
+        n = self.partitions
+        if self.totals.partitions != n:  # a driver bug, never bad input: fail loudly, keep the run
+            raise RuntimeError(
+                f"{self.totals.partitions} of {n} partition records accounted before the final "
+                "stage; the finished partitions are kept: rerun with --resume"
+            )
+        if self.final_done:
+            final = records.read_record(self.work, n)
+        else:
+            final = finish.final_stage(self.context, n)
+        self.totals.add(final)
+        self.seconds = {k: round(v, 3) for k, v in self.totals.seconds.items()}
+        self.seconds["final stage"] = time.perf_counter() - t0
+        doc_ids = finish.doc_id_record(self.work, [f.path for f in self.plan.files], self.units)
+        summary, manifest = finish.manifest_head(
+            self.config, self.totals, self.checked.identity, self.checked.columns, doc_ids, n
+        )
+        finish.remove_temporaries(self.work)  # left by workers killed mid-write
+        finish.write_index(self.work, manifest, n)
+        remove(records.run_dir(self.work))  # index.json exists: the run is complete
+        self.seconds["total"] = time.perf_counter() - self.t_start
+        summary.seconds = self.seconds
+        summary.resumed_partitions = self.resumed
+        summary.cores_used = cores_used
+        return summary

@@ -1,0 +1,46 @@
+"""What one `packtool pack` run is asked to do: the options both engines take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packtool.corpus import ReadConfig
+from packtool.engines.plan import PARTITION_SIZE, check_partition_size
+from packtool.errors import ConfigError
+from packtool.pack import PackConfig
+from packtool.shards import ShardConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One `packtool pack` run."""
+
+    inputs: tuple[str, ...]
+    out_dir: str
+    pack: PackConfig
+    shards: ShardConfig = ShardConfig()
+    read: ReadConfig = ReadConfig()
+    chunk_docs: int = 100_000
+    """Documents per packing chunk inside a partition: bounds a worker's memory. Chunks hand
+    their part-empty rows on (packtool/pack_tail.py), so their size costs no efficiency."""
+    partition_size: int = PARTITION_SIZE
+    """Target input bytes per partition, the unit of parallel work and of resume
+    (packtool/engines/plan.py). The output depends on it, never on the number of workers."""
+    workers: int | None = None
+    """Partition workers (local engine: processes on this machine; default: one per core, at
+    most one per partition). The output does not depend on it."""
+    overwrite: bool = False
+    resume: bool = False
+    command: str = ""
+    """The command line, recorded in the manifest."""
+    progress: bool | None = None
+    """Draw a progress bar (default: when stderr is a terminal)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.chunk_docs, int) or self.chunk_docs < 1:
+            raise ConfigError(f"chunk_docs must be a positive integer, got {self.chunk_docs!r}")
+        check_partition_size(self.partition_size)
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):
+            raise ConfigError(f"workers must be a positive integer, got {self.workers!r}")
+        if self.overwrite and self.resume:
+            raise ConfigError("--overwrite and --resume exclude each other; choose one")

@@ -1,0 +1,256 @@
+"""The end of a run: pack the partitions' tails together, then write `index.json` last.
+
+The final stage is "partition N" (N = the number of partitions): it reads each partition's tail
+(the pieces of its least-filled rows, packtool/pack_tail.py) in partition order, packs them in
+chunks of `chunk_docs` pieces handing part-empty rows on as the partitions do, and writes the
+last shards (`shard-NNNNNN-KKKKK.parquet`) and a record like a partition's (rows, no documents:
+the pieces were counted where they were read). It reads O(partitions x tail rows x max_len)
+tokens, not the corpus; its record makes a resume skip it too.
+
+`index.json` is then streamed: its head (counts, bounds, options) comes from the running sums,
+its shard list from the records, read one at a time in partition order, so neither the driver
+nor this stage ever holds every shard's entry. Nothing is renamed or re-hashed: the shards were
+written under their final names with their sha256.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packtool import docids, stats
+from packtool.columns import names, required, written
+from packtool.engines import records
+from packtool.engines.records import Totals
+from packtool.engines.summary import PackSummary
+from packtool.engines.worker import WorkerContext, read_tail
+from packtool.errors import ConfigError, DataError, naming
+from packtool.manifest import INDEX_FILE, Manifest
+from packtool.pack import PackCounts, pack_table
+from packtool.pack_tail import DOC_CHUNK
+from packtool.shards import ShardWriter, temporary_name
+
+
+def _tail_chunks(work: Path, partitions: int, chunk_pieces: int) -> Iterator[pa.Table]:
+    """The partitions' tails in partition order, regrouped into tables of `chunk_pieces`."""
+    pending: list[pa.Table] = []
+    held = 0
+    for p in range(partitions):
+        path = records.tail_path(work, p)
+        if not path.exists():
+            continue
+        table = read_tail(path)
+        pending.append(table)
+        held += table.num_rows
+        while held >= chunk_pieces:
+            joined = pa.concat_tables(pending)
+            yield joined.slice(0, chunk_pieces)
+            rest = joined.slice(chunk_pieces)
+            pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+    if held:
+        yield pa.concat_tables(pending)
+
+
+def final_stage(ctx: WorkerContext, partitions: int) -> dict[str, Any]:
+    """Pack every partition's tail; write the shards and the record of "partition N"."""
+    work = Path(ctx.work)
+    n = partitions
+    writer = ShardWriter(work, lambda k: records.shard_name(n, k), ctx.shards)
+    counts = PackCounts()
+    rounds = np.zeros(ctx.pack.rounds, dtype=np.int64)
+    groups: dict[str, list[int]] = {}
+    carry: pa.Table | None = None
+    chunks = _tail_chunks(work, partitions, ctx.chunk_docs)
+    table = next(chunks, None)
+    c = 0
+    try:
+        while table is not None:
+            following = next(chunks, None)
+            pieces = table if carry is None else pa.concat_tables([carry, table])
+            empty = pieces.drop_columns([DOC_CHUNK]).slice(0, 0)
+            last = following is None
+            packed = pack_table(
+                empty, ctx.pack, chunk_index=(n, c), carry=pieces, tail=None if last else ctx.tail
+            )
+            writer.add(packed.table)
+            carry = packed.tail
+            counts += packed.counts
+            rounds += np.asarray(packed.rows_per_round, dtype=np.int64)
+            for name, (r, t) in packed.groups.items():
+                acc = groups.setdefault(name, [0, 0])
+                acc[0] += r
+                acc[1] += t
+            table, c = following, c + 1
+        shards = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    record = {
+        "partition": n,
+        "shards": [asdict(s) for s in shards],
+        "counts": counts.to_dict(),
+        "rows_per_round": [int(r) for r in rounds],
+        "groups": groups,
+        "histogram": None,
+        "skips": {},
+        "tail": None,
+        "final": True,
+    }
+    records.write_record(work, record)
+    return record
+
+
+def manifest_head(
+    config: Any,
+    totals: Totals,
+    identity: dict[str, Any],
+    columns: tuple[str, ...],
+    doc_ids: dict[str, Any],
+    partitions: int,
+) -> tuple[PackSummary, Manifest]:
+    """The summary and `index.json` without its shard list, from the running sums.
+
+    Raises:
+        DataError: no document, or nothing left to pack.
+        ConfigError: `--group-by` named a field no document has.
+    """
+    counts = totals.counts
+    skips = totals.skips
+    # Empty documents are dropped by the reader (a counted skip); they are documents all the same.
+    empty_read = skips.get("empty", 0)
+    counts.documents_in += empty_read
+    counts.documents_empty += empty_read
+    other_skips = sum(skips.values()) - empty_read
+    note = _skip_note(totals)
+    if counts.documents_in == 0:
+        raise DataError(f"no documents in {', '.join(config.inputs)}" + note)
+    if counts.tokens_out == 0:
+        raise DataError("every document was empty or dropped; nothing to pack" + note)
+    if config.pack.group_by is not None and set(totals.groups) == {""}:
+        raise ConfigError(
+            f"--group-by {config.pack.group_by!r}: no document has this field "
+            "(check the name; rerun with --overwrite)"
+        )
+    max_len = config.pack.max_len
+    l1, l2 = stats.lower_bounds_from_histogram(totals.histogram, max_len)
+    efficiency = counts.tokens_out / (counts.rows * max_len)
+    groups = {k: (v[0], v[1]) for k, v in sorted(totals.groups.items())}
+    summary = PackSummary(
+        counts=counts,
+        rows_per_round=[int(r) for r in totals.rounds],
+        lower_bound_l1=l1,
+        lower_bound_l2=l2,
+        efficiency=efficiency,
+        num_shards=totals.shards,
+        groups=groups,
+        skips=dict(sorted(skips.items())),
+        partitions=partitions,
+        out_dir=config.out_dir,
+        columns=tuple(c for c in written(columns) if c not in names(required())),
+        max_len=max_len,
+        tail_pieces=totals.tail_pieces,
+        tokenizer=dict(identity),
+    )
+    counts_out = counts.to_dict()
+    if not summary.masked:  # supervised counts mean nothing without a mask
+        del counts_out["documents_unsupervised"], counts_out["tokens_supervised"]
+    manifest = Manifest(
+        tokenizer=identity,
+        max_len=max_len,
+        algorithm=config.pack.algorithm,
+        seed=config.pack.seed,
+        rounds=config.pack.rounds,
+        long_docs=config.pack.long_docs,
+        counts={**counts_out, "documents_skipped": int(other_skips)},
+        efficiency=round(efficiency, 6),
+        lower_bound_rows=summary.lower_bound,
+        shards=(),
+        command=config.command,
+        columns=written(columns),  # with the derived ones (seq_lengths) pack_table adds
+        extra={
+            "rows_per_round": summary.rows_per_round,
+            "lower_bound_l1": l1,
+            "lower_bound_l2": l2,
+            "chunk_docs": config.chunk_docs,
+            "partition_size": config.partition_size,
+            "partitions": partitions,
+            "groups": {
+                k: {"rows": r, "tokens": t, "efficiency": round(t / (r * max_len), 6)}
+                for k, (r, t) in groups.items()
+            },
+            "skips": summary.skips,
+            "group_by": config.pack.group_by,
+            **(
+                {"supervised_efficiency": round(summary.supervised_efficiency, 6)}
+                if summary.masked
+                else {}
+            ),
+            "doc_ids": doc_ids,
+        },
+    )
+    return summary, manifest
+
+
+def _skip_note(totals: Totals) -> str:
+    if not totals.skips:
+        return ""
+    parts = [
+        f"{reason} {n} (e.g. {', '.join(totals.examples.get(reason, []))})"
+        for reason, n in sorted(totals.skips.items())
+    ]
+    return f" ({sum(totals.skips.values())} skipped: " + "; ".join(parts) + ")"
+
+
+def doc_id_record(work: Path, files: list[str], units: list[str]) -> dict[str, Any]:
+    """`extra.doc_ids`, writing `sources.json` into `work` when there are many files."""
+    if len(files) <= docids.INLINE_FILES:
+        return docids.record(files, units)
+    import hashlib
+
+    data = docids.sources_bytes(files, units)
+    records.atomic_write(work / docids.SOURCES_FILE, data)
+    return docids.record(files, units, sources_sha256=hashlib.sha256(data).hexdigest())
+
+
+def remove_temporaries(work: Path) -> None:
+    """Delete the hidden `.NAME.<writer>.tmp` files a killed writer left in `work` (one listing:
+    a worker killed mid-shard, a cancelled Ray task), so the dataset holds none of them."""
+    with os.scandir(work) as entries:
+        for e in entries:
+            if e.name.startswith(".") and e.name.endswith(".tmp") and e.is_file():
+                Path(e.path).unlink(missing_ok=True)
+
+
+def write_index(work: Path, manifest: Manifest, partitions: int) -> Path:
+    """`index.json` with the shards of records 0..partitions (the final stage's last), streamed.
+
+    The same JSON as `manifest.write_manifest` would give for the full manifest, written
+    through a temporary file and a rename (a reader never sees half of it).
+    """
+    head = manifest.to_dict()
+    marker = "__packtool_shards__"
+    head["shards"] = marker
+    text = json.dumps(head, indent=2)
+    before, after = text.split(f'"{marker}"')
+    path = work / INDEX_FILE
+    tmp = temporary_name(path)
+    with naming(tmp), open(tmp, "w", encoding="utf-8") as f:
+        f.write(before + "[")
+        first = True
+        for record in records.records_in_order(work, partitions + 1):
+            for shard in record["shards"]:
+                f.write(("\n    " if first else ",\n    ") + json.dumps(shard))
+                first = False
+        f.write("\n  ]" if not first else "]")
+        f.write(after + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,196 @@
+"""A run's state on disk, and the running sums the driver keeps: constant cost per partition.
+
+Everything a run needs to be resumed lives in its staging folder (so a killed driver is resumed
+from any machine that sees the folder):
+
+    .OUT.packtool-staging/
+        shard-PPPPPP-KKKKK.parquet   final names, written by the partition workers
+        .packtool-run/
+            plan.json                the fingerprint (options, tokenizer, inputs) and the plan
+            parts/PPPPPP.json        one completion record per finished partition
+            tails/PPPPPP.arrow       the pieces a partition set aside (packtool/pack_tail.py)
+
+A partition's worker writes its shards, then its tail, then its record, each atomically (a
+temporary name unique to the writer, fsync, rename), so a record exists only for a partition
+whose every output is complete. Nothing is ever rewritten: a record is one small file of its
+own (~1-50 KB: counts, shard list, skip examples, and the segment-length histogram), written
+once. `--resume` lists `parts/` and reads only those records.
+
+`Totals` is what the driver keeps in memory: sums of the counts, the rows per round, one length
+histogram (max_len + 1 integers, for the L1/L2 bounds), per-group sums, skip counts and the
+first few skip examples in partition order: O(max_len + groups), whatever the number of
+partitions. Shard lists are not kept; `index.json` is streamed from the records at the end
+(packtool/engines/finish.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packtool.errors import DataError, naming
+from packtool.pack import PackCounts
+from packtool.shards import temporary_name
+
+RUN_DIR = ".packtool-run"
+PLAN_FILE = "plan.json"
+PARTS_DIR = "parts"
+TAILS_DIR = "tails"
+SHARD_NAME = "shard-{:06d}-{:05d}.parquet"
+"""Shard `k` of partition `p`; the final stage's shards use partition number = the count of
+partitions. Names are final when written and sort in manifest order."""
+
+
+def shard_name(partition: int, k: int) -> str:
+    return SHARD_NAME.format(partition, k)
+
+
+def run_dir(work: Path) -> Path:
+    return work / RUN_DIR
+
+
+def record_path(work: Path, partition: int) -> Path:
+    return work / RUN_DIR / PARTS_DIR / f"{partition:06d}.json"
+
+
+def tail_path(work: Path, partition: int) -> Path:
+    return work / RUN_DIR / TAILS_DIR / f"{partition:06d}.arrow"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """`data` to `path` through a temporary name unique to this writer, fsync and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(path)
+    with naming(tmp), open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_plan(work: Path, state: dict[str, Any]) -> None:
+    atomic_write(run_dir(work) / PLAN_FILE, json.dumps(state).encode())
+
+
+def read_plan(work: Path) -> dict[str, Any]:
+    """The saved plan and fingerprint (`DataError` naming the file when damaged)."""
+    path = run_dir(work) / PLAN_FILE
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
+    if not (
+        isinstance(state, dict)
+        and isinstance(state.get("fingerprint"), dict)
+        and isinstance(state.get("plan"), dict)
+    ):
+        raise DataError(f"{path}: malformed run state; use --overwrite")
+    return state
+
+
+def write_record(work: Path, record: dict[str, Any]) -> None:
+    atomic_write(record_path(work, record["partition"]), json.dumps(record).encode())
+
+
+def read_record(work: Path, partition: int) -> dict[str, Any]:
+    path = record_path(work, partition)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
+    if not (
+        isinstance(record, dict)
+        and record.get("partition") == partition
+        and isinstance(record.get("shards"), list)
+        and isinstance(record.get("counts"), dict)
+    ):
+        raise DataError(f"{path}: malformed partition record; use --overwrite")
+    return record
+
+
+def finished(work: Path) -> list[int]:
+    """The partitions with a completion record (one listing of `parts/`)."""
+    folder = run_dir(work) / PARTS_DIR
+    if not folder.is_dir():
+        return []
+    out = []
+    with os.scandir(folder) as entries:
+        for e in entries:
+            name = e.name
+            if name.endswith(".json") and not name.startswith(".") and name[:-5].isdigit():
+                out.append(int(name[:-5]))
+    return sorted(out)
+
+
+def records_in_order(work: Path, partitions: int) -> Iterator[dict[str, Any]]:
+    """Every partition's record, 0 .. partitions - 1 (one file read each, none kept)."""
+    for p in range(partitions):
+        yield read_record(work, p)
+
+
+class Totals:
+    """The running sums of the partition records (memory independent of their number)."""
+
+    def __init__(self, max_len: int, rounds: int, max_examples: int = 3) -> None:
+        self.max_len = max_len
+        self.counts = PackCounts()
+        self.rounds = np.zeros(rounds, dtype=np.int64)
+        self.histogram = np.zeros(max_len + 1, dtype=np.int64)
+        self.groups: dict[str, list[int]] = {}
+        self.skips: dict[str, int] = {}
+        self._examples: dict[str, list[tuple[int, int, str]]] = {}
+        self.max_examples = max_examples
+        self.shards = 0
+        self.partitions = 0
+        self.documents_read = 0
+        self.input_bytes = 0
+        self.tail_pieces = 0
+        self.tail_tokens = 0
+        self.seconds: dict[str, float] = {}
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Add one partition's record (or the final stage's, which has rows but no documents)."""
+        self.counts += PackCounts(**record["counts"])
+        self.rounds += np.asarray(record["rows_per_round"], dtype=np.int64)
+        hist = record.get("histogram")
+        if hist and hist["lengths"]:
+            np.add.at(self.histogram, np.asarray(hist["lengths"]), np.asarray(hist["counts"]))
+        for name, (rows, tokens) in record.get("groups", {}).items():
+            acc = self.groups.setdefault(name, [0, 0])
+            acc[0] += rows
+            acc[1] += tokens
+        skips = record.get("skips") or {}
+        p = int(record.get("partition", -1))
+        for reason, n in skips.get("counts", {}).items():
+            self.skips[reason] = self.skips.get(reason, 0) + int(n)
+        for reason, examples in skips.get("examples", {}).items():
+            kept = self._examples.setdefault(reason, [])
+            kept.extend((p, k, text) for k, text in enumerate(examples))
+            kept.sort()
+            del kept[self.max_examples :]
+        for key, value in (record.get("seconds") or {}).items():
+            self.seconds[key] = self.seconds.get(key, 0.0) + float(value)
+        self.shards += len(record["shards"])
+        self.partitions += 1
+        self.documents_read += int(record.get("documents", 0))
+        self.input_bytes += int(record.get("input_bytes", 0))
+        tail = record.get("tail") or {}
+        self.tail_pieces += int(tail.get("pieces", 0))
+        self.tail_tokens += int(tail.get("tokens", 0))
+
+    @property
+    def examples(self) -> dict[str, list[str]]:
+        """The first `max_examples` skip examples per reason, in partition order."""
+        return {reason: [t for _, _, t in kept] for reason, kept in self._examples.items()}
+
+
+def histogram_of(lengths: np.ndarray, max_len: int) -> dict[str, list[int]]:
+    """A segment-length histogram as a record stores it: the lengths present and their counts."""
+    hist = np.bincount(np.asarray(lengths, dtype=np.int64), minlength=max_len + 1)
+    present = np.flatnonzero(hist)
+    return {"lengths": present.tolist(), "counts": hist[present].tolist()}

@@ -1,0 +1,124 @@
+"""What a `packtool pack` run reports at the end (the closing lines, and `--json`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from packtool.columns import LOSS_MASK
+from packtool.pack import PackCounts
+from packtool.tokenizers import describe_tokenizer
+
+
+@dataclass
+class PackSummary:
+    """What the run did, for the closing summary and the manifest."""
+
+    counts: PackCounts
+    rows_per_round: list[int]
+    lower_bound_l1: int
+    lower_bound_l2: int
+    efficiency: float
+    num_shards: int
+    groups: dict[str, tuple[int, int]]
+    seconds: dict[str, float] = field(default_factory=dict)
+    skips: dict[str, int] = field(default_factory=dict)
+    partitions: int = 0
+    resumed_partitions: int = 0
+    """Partitions a `--resume` found finished (their inputs were not read again)."""
+    out_dir: str = ""
+    cores_used: str = ""
+    """What ran the work (the summary's last words)."""
+    columns: tuple[str, ...] = ()
+    """The optional shard columns the dataset has (`loss_mask`, `seq_lengths`)."""
+    max_len: int = 0
+    tail_pieces: int = 0
+    """Pieces the partitions set aside and the final stage packed together."""
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+    """The tokenizer identity `index.json` records (its `engine` says what encoded)."""
+    special_names: dict[str, str] = field(default_factory=dict)
+    """`eos` / `bos` -> the token text a default id came from (`Tokenizer.special_names`)."""
+
+    @property
+    def masked(self) -> bool:
+        return LOSS_MASK in self.columns
+
+    @property
+    def supervised_efficiency(self) -> float:
+        """Supervised tokens / (rows * max_len): the share of slots that train on something."""
+        return self.counts.tokens_supervised / max(self.counts.rows * self.max_len, 1)
+
+    @property
+    def skipped_unreadable(self) -> int:
+        """Skips that are not empty documents (malformed lines, missing fields, bad UTF-8)."""
+        return sum(v for k, v in self.skips.items() if k != "empty")
+
+    @property
+    def lower_bound(self) -> int:
+        return max(self.lower_bound_l1, self.lower_bound_l2)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "out_dir": self.out_dir,
+            "counts": self.counts.to_dict(),
+            "efficiency": self.efficiency,
+            "lower_bound_rows": self.lower_bound,
+            "lower_bound_l1": self.lower_bound_l1,
+            "lower_bound_l2": self.lower_bound_l2,
+            "rows_per_round": self.rows_per_round,
+            "shards": self.num_shards,
+            "partitions": self.partitions,
+            "resumed_partitions": self.resumed_partitions,
+            "tail_pieces": self.tail_pieces,
+            "groups": {k: {"rows": r, "tokens": t} for k, (r, t) in self.groups.items()},
+            "skips": self.skips,
+            "seconds": self.seconds,
+            "cores_used": self.cores_used,
+            "columns": list(self.columns),
+            **({"supervised_efficiency": self.supervised_efficiency} if self.masked else {}),
+            "tokenizer": self.tokenizer,
+        }
+
+    def format(self, max_len: int) -> str:
+        """The closing summary a person reads after `packtool pack`."""
+        c = self.counts
+        gap = c.rows - self.lower_bound
+        total = self.seconds.get("total", 0.0)
+        stages = ", ".join(f"{k} {v:.2f}s" for k, v in self.seconds.items() if k != "total")
+        lines = [
+            f"packed {c.documents_packed:,} of {c.documents_in:,} documents "
+            f"({c.tokens_out:,} tokens) into {c.rows:,} rows of <= {max_len} tokens "
+            f"in {self.num_shards} shard(s) -> {self.out_dir}",
+            f"efficiency {self.efficiency:.4%} (padding {1 - self.efficiency:.4%}); "
+            f"lower bound {self.lower_bound:,} rows (L1 {self.lower_bound_l1:,}, "
+            f"L2 {self.lower_bound_l2:,}); gap {gap:,} rows ({gap / max(self.lower_bound, 1):.3%})",
+            "rows per round: " + " -> ".join(f"{r:,}" for r in self.rows_per_round),
+            f"documents: split {c.documents_split:,}, truncated {c.documents_truncated:,}, "
+            f"dropped {c.documents_dropped:,}, empty {c.documents_empty:,}, "
+            f"skipped while reading {self.skipped_unreadable:,}",
+            f"tokens: in {c.tokens_in:,} = out {c.tokens_out:,} + truncated "
+            f"{c.tokens_truncated:,} + dropped {c.tokens_dropped:,}",
+            f"time {total:.2f}s ({stages}); {c.tokens_in / max(total, 1e-9):,.0f} tokens/s; "
+            f"{self.partitions:,} partition(s); cores used: {self.cores_used}",
+        ]
+        if self.masked:
+            share = c.tokens_supervised / max(c.tokens_out, 1)
+            lines.append(
+                f"supervised: {c.tokens_supervised:,} tokens ({share:.2%} of tokens out); "
+                f"supervised efficiency {self.supervised_efficiency:.4%}; documents dropped for "
+                f"holding no supervised token (after truncation) {c.documents_unsupervised:,}"
+            )
+        if self.tokenizer:
+            lines.append("tokenizer " + describe_tokenizer(self.tokenizer, self.special_names))
+        if self.skips:
+            lines.append("skips: " + ", ".join(f"{k} {v:,}" for k, v in self.skips.items()))
+        if self.resumed_partitions:
+            lines.append(
+                f"resumed: kept {self.resumed_partitions:,} finished partition(s) of "
+                f"{self.partitions:,} (their inputs were not read again)"
+            )
+        for name, (rows, tokens) in self.groups.items():
+            lines.append(
+                f"group {name!r}: {rows:,} rows, efficiency {tokens / (rows * max_len):.4%}"
+            )
+        return "\n".join(lines)

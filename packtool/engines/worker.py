@@ -1,0 +1,279 @@
+"""The partition worker: read -> tokenize -> pack chunks -> write final-named shards -> record.
+
+Both engines run exactly this function, `run_partition(context, descriptor)`, once per
+partition: the local engine in a pool of processes on this machine, the Ray engine as one Ray
+task per partition anywhere in the cluster. Its output depends only on the partition's pieces
+and the run's options, so the dataset is the same whichever engine, machine or worker ran it,
+and however often a partition was retried.
+
+Inside a partition, documents are packed in chunks of `chunk_docs` (bounding memory), each
+chunk seeded by (partition, chunk). A chunk keeps its well-filled rows and hands the pieces of
+its least-filled rows to the next chunk (packtool/pack_tail.py), so chunk boundaries cost no
+rows; what the last chunk sets aside is the partition's *tail*, which the final stage packs
+together with every other partition's (packtool/engines/finish.py). Rows stream into shards of
+`shard_rows` rows (`shards.ShardWriter`) named `shard-PPPPPP-KKKKK.parquet`: final names, so
+no pass at the end renames or re-hashes anything. Reading the next chunk overlaps packing and
+writing this one (the numba kernels and the Parquet writer release the GIL).
+
+Then the worker writes its tail (Arrow IPC) and last its completion record, both atomically: a
+record exists only for a partition whose shards are all complete. A worker killed at any point
+leaves no record; running the partition again rewrites the same files with the same bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packtool import kernels
+from packtool.corpus import ReadConfig, SkipCounter
+from packtool.engines import records
+from packtool.engines.plan import TO_END, check_unchanged
+from packtool.pack import PackConfig, PackCounts, PackedChunk, pack_table
+from packtool.pack_tail import DOC_CHUNK, TailPolicy
+from packtool.pieces import RAW, RECORDS, FilePiece, Source, partition_tables
+from packtool.shards import ShardConfig, ShardWriter
+from packtool.tokenizer_engines import limit_threads
+from packtool.tokenizers import Tokenizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerContext:
+    """Everything a partition worker needs besides its descriptor (shipped once per worker)."""
+
+    source: Source
+    pack: PackConfig
+    shards: ShardConfig
+    chunk_docs: int
+    work: str
+    """The run's staging folder (absolute; on a cluster, a path every node sees)."""
+    tokenizer: Tokenizer | None = None
+    tail: TailPolicy = TailPolicy()
+    sources_close: bool = False
+    """`--group-by source` on raw inputs: a file read to its end is a closed group (its rows
+    are not set aside: no later document can join them)."""
+
+
+def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
+    """Regroup a stream of tables into tables of exactly `chunk_docs` rows (the last fewer)."""
+    pending: list[pa.Table] = []
+    held = 0
+    for batch in batches:
+        pending.append(batch)
+        held += batch.num_rows
+        while held >= chunk_docs:
+            table = pa.concat_tables(pending)
+            yield table.slice(0, chunk_docs).combine_chunks()
+            rest = table.slice(chunk_docs)
+            pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+    if held:
+        yield pa.concat_tables(pending).combine_chunks()
+
+
+def setup_process(threads: int | None) -> None:
+    """Once per worker process: tokenizer threads for this worker's share of the cores, kernels."""
+    # The Rust engines size their thread pools at their first encode (an explicit variable wins).
+    limit_threads(threads)
+    kernels.warm_up()
+
+
+def without_render_pool(ctx: WorkerContext) -> WorkerContext:
+    """`ctx` for a worker process of a pool (local processes, Ray): chat templates render in
+    the worker itself unless --render-processes asked otherwise (a pool in each worker would
+    oversubscribe the cores the partition workers already share)."""
+    read = ctx.source.read
+    if read.sft.render_processes is not None:
+        return ctx
+    read = replace(read, sft=replace(read.sft, render_processes=0))
+    return replace(ctx, source=replace(ctx.source, read=read))
+
+
+def write_chunk(writer: ShardWriter, packed: PackedChunk) -> None:
+    """Queue one chunk's packed rows for writing (a seam tests use to interrupt a run)."""
+    writer.add(packed.table)
+
+
+def _pieces(descriptor: dict[str, Any]) -> list[FilePiece]:
+    files = {int(k): v for k, v in descriptor["files"].items()}
+    out = []
+    for f, start, end in descriptor["pieces"]:
+        path, size, mtime_ns, _ = files[f]
+        out.append(FilePiece(path, size, mtime_ns, f, start, end))
+    return out
+
+
+def _check(piece: FilePiece) -> None:
+    check_unchanged(piece.path, piece.size, piece.mtime_ns)
+
+
+def _open_groups(ctx: WorkerContext, table: pa.Table) -> frozenset[str] | None:
+    """With closing sources: only the source of the chunk's last document can still grow
+    (files are read one after another; the last one may go on in the next chunk or partition)."""
+    if not ctx.sources_close or table.num_rows == 0:
+        return None
+    return frozenset([table.column("source")[table.num_rows - 1].as_py()])
+
+
+class _Partition:
+    """The running sums of one partition's chunks."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.counts = PackCounts()
+        self.rounds = np.zeros(ctx.pack.rounds, dtype=np.int64)
+        self.groups: dict[str, list[int]] = {}
+        self.lengths: list[np.ndarray] = []
+        self.histogram = np.zeros(ctx.pack.max_len + 1, dtype=np.int64)
+        self.seconds = {"read+tokenize": 0.0, "load kernels": 0.0, "pack": 0.0, "write": 0.0}
+
+    def add(self, packed: PackedChunk) -> None:
+        self.counts += packed.counts
+        self.rounds += np.asarray(packed.rows_per_round, dtype=np.int64)
+        self.histogram += np.bincount(packed.segment_lengths, minlength=len(self.histogram))
+        for name, (r, t) in packed.groups.items():
+            acc = self.groups.setdefault(name, [0, 0])
+            acc[0] += r
+            acc[1] += t
+
+
+def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]:
+    """Pack one partition into shards + tail + completion record; return the record.
+
+    Args:
+        ctx: the run's options, tokenizer and staging folder.
+        descriptor: `plan.Plan.descriptor(index)`: the partition's index, pieces and files.
+
+    Raises:
+        DataError: bad input (as the readers say: a corrupt file, a skip in strict mode), or an
+            input that changed since the run was planned.
+    """
+    p = int(descriptor["index"])
+    work = Path(ctx.work)
+    skips = SkipCounter(strict=ctx.source.read.strict)
+    state = _Partition(ctx)
+    writer = ShardWriter(work, lambda k: records.shard_name(p, k), ctx.shards)
+    documents = nbytes = 0
+
+    def tables() -> Iterator[pa.Table]:
+        nonlocal documents, nbytes
+        for table, n in partition_tables(
+            ctx.source, ctx.tokenizer, _pieces(descriptor), skips, _check
+        ):
+            documents += table.num_rows
+            nbytes += n
+            yield table
+
+    def load_kernels() -> None:
+        t0 = time.perf_counter()
+        kernels.warm_up()  # ~0.3 s on a process's first call, then free
+        state.seconds["load kernels"] += time.perf_counter() - t0
+
+    def pack_and_write(table: pa.Table, c: int, carry: pa.Table | None) -> pa.Table | None:
+        t0 = time.perf_counter()
+        tail = replace(ctx.tail, open_groups=_open_groups(ctx, table))
+        packed = pack_table(table, ctx.pack, chunk_index=(p, c), carry=carry, tail=tail)
+        t1 = time.perf_counter()
+        write_chunk(writer, packed)
+        state.seconds["pack"] += t1 - t0
+        state.seconds["write"] += time.perf_counter() - t1
+        state.add(packed)
+        return packed.tail
+
+    carry: pa.Table | None = None
+    try:
+        # Chunk c is packed and written in a second thread while the readers and the
+        # tokenizer produce chunk c + 1; chunk c + 1 waits for chunk c's tail.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packtool-pack") as pool:
+            pending: Future | None = pool.submit(load_kernels)
+            chunks = rechunk(tables(), ctx.chunk_docs)
+            c = 0
+            while True:
+                t0 = time.perf_counter()
+                table = next(chunks, None)
+                state.seconds["read+tokenize"] += time.perf_counter() - t0
+                if pending is not None:
+                    carry = pending.result()  # chunk c - 1's tail (None after load_kernels)
+                    pending = None
+                if table is None:
+                    break
+                pending = pool.submit(pack_and_write, table, c, carry)
+                c += 1
+            if carry is not None and descriptor.get("partitions") == 1:
+                # The only partition: its tail is the whole final stage, packed here instead.
+                empty = carry.drop_columns([DOC_CHUNK]).slice(0, 0)
+                packed = pack_table(empty, ctx.pack, chunk_index=(p, c), carry=carry)
+                write_chunk(writer, packed)
+                state.add(packed)
+                carry = None
+        t1 = time.perf_counter()
+        shards = writer.close()
+        state.seconds["write"] += time.perf_counter() - t1
+    except BaseException:
+        writer.abort()
+        raise
+    tail = None
+    if carry is not None and carry.num_rows:
+        _write_tail(records.tail_path(work, p), carry)
+        tail = {"pieces": carry.num_rows, "tokens": int(np.sum(carry.column("length")))}
+    hist = state.histogram
+    present = np.flatnonzero(hist)
+    record = {
+        "partition": p,
+        "shards": [asdict(s) for s in shards],
+        "counts": state.counts.to_dict(),
+        "rows_per_round": [int(r) for r in state.rounds],
+        "groups": state.groups,
+        "histogram": {"lengths": present.tolist(), "counts": hist[present].tolist()},
+        "skips": {"counts": skips.counts, "examples": skips.examples},
+        "tail": tail,
+        "documents": documents,
+        "input_bytes": nbytes,
+        "seconds": state.seconds,
+    }
+    records.write_record(work, record)
+    return record
+
+
+def _write_tail(path: Path, table: pa.Table) -> None:
+    sink = pa.BufferOutputStream()
+    # lz4: a tail's `source` column repeats one path per piece.
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    with pa.ipc.new_file(sink, table.schema, options=options) as w:
+        w.write_table(table)
+    records.atomic_write(path, sink.getvalue().to_pybytes())
+
+
+def read_tail(path: Path) -> pa.Table:
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def context_for(
+    source: Source,
+    *,
+    pack: PackConfig,
+    shards: ShardConfig,
+    chunk_docs: int,
+    work: Path,
+    tokenizer: Tokenizer | None,
+    read: ReadConfig,
+) -> WorkerContext:
+    """The run's `WorkerContext` (the engines build it the same way)."""
+    return WorkerContext(
+        source=source,
+        pack=pack,
+        shards=shards,
+        chunk_docs=chunk_docs,
+        work=str(work),
+        tokenizer=tokenizer if source.mode in (RAW, RECORDS) else None,
+        sources_close=pack.group_by == "source" and source.mode == RAW,
+    )
+
+
+__all__ = ["TO_END", "WorkerContext", "context_for", "rechunk", "read_tail", "run_partition"]

@@ -1,0 +1,34 @@
+"""Quantities people type on the command line: sizes (`256MB`) and positive counts.
+
+Plain functions (no click), so the library and its tests use the same rules and messages.
+"""
+
+from __future__ import annotations
+
+import re
+
+from packtool.errors import ConfigError
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, flag: str) -> int:
+    """Bytes from `256MB`, `1G`, `64MiB`, `65536` (binary units: 1 MB = 2**20 bytes)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
+    if m is None:
+        raise ConfigError(f"{flag} {text!r}: expected a size such as 256MB, 1GB or 1048576")
+    value = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
+    if value < 1:
+        raise ConfigError(f"{flag} {text!r}: must be at least 1 byte")
+    return value
+
+
+def positive_int(flag: str, value: str, unit: str = "tokens") -> int:
+    """`value` as an integer >= 1, or a `ConfigError` naming `flag` and the unit."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ConfigError(f"{flag} must be a positive integer ({unit}), got {value!r}")
+    return number
