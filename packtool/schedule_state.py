@@ -44,6 +44,9 @@ _SOURCE = {
 }
 
 
+_EVENT = {"what", "rows", "tokens", "message"}
+
+
 def _damaged(where: str, value: Any) -> DataError:
     return DataError(f"malformed mixture state: {where} is {value!r}; the checkpoint is damaged")
 
@@ -58,8 +61,9 @@ def check(state: Any) -> None:
         value = state.get(key)
         if isinstance(value, bool) or not isinstance(value, kind):
             raise _damaged(key, value)
-    if state["done"] is not None and not isinstance(state["done"], str):
-        raise _damaged("done", state["done"])
+    done = state.get("done", ...)  # present in every state; None while the mixture runs
+    if done is not None and not isinstance(done, str):
+        raise _damaged("done", done)
     for key in ("index", "rows", "tokens"):
         value = state["segment"].get(key)
         if isinstance(value, bool) or not isinstance(value, _INT) or value < 0:
@@ -76,6 +80,12 @@ def check(state: Any) -> None:
             fp = entry.get("fingerprint")
             if fp is not None and not isinstance(fp, str):
                 raise _damaged(f"{group}.{name}.fingerprint", fp)
+            cap = entry.get("max_epochs")
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float))):
+                raise _damaged(f"{group}.{name}.max_epochs", cap)
+    for i, event in enumerate(state["events"]):
+        if not isinstance(event, dict) or not _EVENT <= event.keys():
+            raise _damaged(f"events[{i}]", event)
     for key in ("rows", "tokens", "max_len"):
         if state[key] < 0:
             raise _damaged(key, state[key])

@@ -387,6 +387,10 @@ def test_other_data_under_the_same_name_is_refused():
         lambda s: s["sources"]["s0"].__setitem__("capped", 1),
         lambda s: s["segment"].__setitem__("index", None),
         lambda s: s.__setitem__("max_len", 6),
+        lambda s: s.pop("done"),
+        lambda s: s.__setitem__("events", [1]),
+        lambda s: s.__setitem__("events", [{"what": "stopped"}]),
+        lambda s: s["sources"]["s0"].__setitem__("max_epochs", "x"),
     ],
 )
 def test_a_damaged_state_is_refused_in_one_line(edit):
