@@ -35,10 +35,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool import docids
-from packtool.columns import LOSS_MASK, get
+from packtool.arrow_numpy import from_numpy
+from packtool.columns import LOSS_MASK
 from packtool.corpus import ReadConfig, SkipCounter
 from packtool.errors import ConfigError, DataError
 from packtool.masks import segment_sums
+from packtool.tokenized_table import kept_documents, tokenized_table
+
+TOO_BIG = "a row group holds >= 2**31 tokens; write the file with smaller groups"
 
 IGNORE_INDEX = -100
 """The label that means "no loss here" (transformers, TRL, torch's cross_entropy default)."""
@@ -260,7 +264,6 @@ def _convert(
     first_id: int,
     file_index: int | None = None,
 ) -> pa.Table:
-    token_type = schema.field("input_ids").type.value_type
     ids_col = table.column("input_ids").combine_chunks()
     null = ids_col.is_null().to_numpy(zero_copy_only=False) if ids_col.null_count else None
     if ids_col.values.null_count:
@@ -297,30 +300,21 @@ def _convert(
             )
         keep &= supervised > 0
     rows = np.flatnonzero(keep)
-    kept_len = lengths[rows]
-    new_off = np.zeros(len(rows) + 1, np.int64)
-    np.cumsum(kept_len, out=new_off[1:])
-    if new_off[-1] >= 2**31:
-        raise ConfigError("a row group holds >= 2**31 tokens; write the file with smaller groups")
-    if len(rows) == len(lengths):  # the usual case: every document kept, nothing to gather
-        kept_ids, kept_mask = ids, mask
-    else:  # the kept documents' values, in order: positions of every kept token
-        take = np.repeat(offsets[rows] - new_off[:-1], kept_len) + np.arange(new_off[-1])
-        kept_ids, kept_mask = ids[take], None if mask is None else mask[take]
-    off32 = pa.array(new_off.astype(np.int32))
+    kept_ids, kept_mask, new_off = kept_documents(ids, mask, offsets, rows, too_big=TOO_BIG)
     if file_index is None:
-        ids = np.arange(first_id, first_id + len(rows), dtype=np.int64)
+        doc_ids = np.arange(first_id, first_id + len(rows), dtype=np.int64)
     else:
-        ids = docids.encode(file_index, first_row + rows.astype(np.int64))
-    columns = {
-        "doc_id": pa.array(ids, pa.int64()),
-        "source": pa.array([where] * len(rows), pa.string()),
-        "input_ids": pa.ListArray.from_arrays(off32, pa.array(kept_ids, token_type)),
-        "length": pa.array(kept_len.astype(np.int32)),
-    }
-    if kept_mask is not None:
-        columns[LOSS_MASK] = get(LOSS_MASK).array(new_off, kept_mask)  # bytes, as in the shards
+        doc_ids = docids.encode(file_index, first_row + rows.astype(np.int64))
+    extras = {}
     for name in config.extra_fields:
-        col = table.column(name).take(pa.array(rows))
-        columns[name] = col.cast(pa.string()) if col.type != pa.string() else col
-    return pa.Table.from_pydict(columns, schema=schema)
+        col = table.column(name).take(from_numpy(rows))
+        extras[name] = col.cast(pa.string()) if col.type != pa.string() else col
+    return tokenized_table(
+        schema,
+        doc_ids=doc_ids,
+        sources=[where] * len(rows),
+        ids=kept_ids,
+        offsets=new_off,
+        mask=kept_mask,
+        extras=extras,
+    )

@@ -84,7 +84,7 @@ def check(state: Any) -> None:
             if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float))):
                 raise _damaged(f"{group}.{name}.max_epochs", cap)
     for i, event in enumerate(state["events"]):
-        if not isinstance(event, dict) or not _EVENT <= event.keys():
+        if not isinstance(event, dict) or not event.keys() >= _EVENT:
             raise _damaged(f"events[{i}]", event)
     for key in ("rows", "tokens", "max_len"):
         if state[key] < 0:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packtool.arrow_numpy import strings
 from packtool.chat_render import (
     POOL_MIN_BYTES,
     POOL_MIN_CONVERSATIONS,
@@ -41,12 +42,12 @@ from packtool.chat_render import (
 from packtool.chat_template import ChatTemplate, load_chat_template
 from packtool.chat_tokens import TextEncoder, masks_for
 from packtool.chat_turns import check_turn_template
-from packtool.columns import LOSS_MASK, get
 from packtool.corpus import ReadConfig, SkipCounter
 from packtool.errors import ConfigError
 from packtool.masks import segment_sums
 from packtool.sft_config import CHAT_KINDS, SFTConfig
 from packtool.sft_inputs import Records, read_records
+from packtool.tokenized_table import kept_documents, tokenized_table
 
 
 def chat_template_for(sft: SFTConfig, tokenizer: Any) -> ChatTemplate:
@@ -361,23 +362,14 @@ def _table(
         else:
             skips.add("no_supervised_tokens", p.wheres[i], "the mask is all zeros")
     rows = np.flatnonzero(keep)
-    if len(rows) < len(doc_len):
-        take = _scatter(off[rows], doc_len[rows])  # the kept documents' token positions
-        ids, mask = ids[take], mask[take]
-        doc_len = doc_len[rows]
-        off = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum(doc_len, out=off[1:])
-    if off[-1] >= 2**31:
-        raise ConfigError("a batch holds >= 2**31 tokens; lower ReadConfig.batch_bytes")
-    token_type = schema.field("input_ids").type.value_type
-    off32 = pa.array(off.astype(np.int32))
-    columns: dict[str, Any] = {
-        "doc_id": pa.array(np.arange(first_id, first_id + len(rows), dtype=np.int64)),
-        "source": pa.array([p.sources[i] for i in rows], pa.string()),
-        "input_ids": pa.ListArray.from_arrays(off32, pa.array(ids, token_type)),
-        "length": pa.array(doc_len.astype(np.int32)),
-        LOSS_MASK: get(LOSS_MASK).array(off, mask),
-    }
-    for name, values in p.extras.items():
-        columns[name] = pa.array([values[i] for i in rows], pa.string())
-    return pa.Table.from_pydict(columns, schema=schema)
+    too_big = "a batch holds >= 2**31 tokens; lower ReadConfig.batch_bytes"
+    ids, mask, off = kept_documents(ids, mask, off, rows, too_big=too_big)
+    return tokenized_table(
+        schema,
+        doc_ids=np.arange(first_id, first_id + len(rows), dtype=np.int64),
+        sources=[p.sources[i] for i in rows],
+        ids=ids,
+        offsets=off,
+        mask=mask,
+        extras={name: strings([values[i] for i in rows]) for name, values in p.extras.items()},
+    )
