@@ -105,7 +105,8 @@ class MixPlan:
         return "\n".join(head + lines + notes)
 
 
-def _source_sizes(spec: MixtureSpec) -> list[tuple[str, int, int]]:
+def _source_sizes(spec: MixtureSpec) -> tuple[list[tuple[str, int, int]], int]:
+    """`(path, rows, tokens)` per source from its index.json, and their common max_len."""
     entries, sizes = [], []
     for s in spec.sources:
         if not isinstance(s.path, (str, bytes)) and not hasattr(s.path, "__fspath__"):
@@ -115,8 +116,8 @@ def _source_sizes(spec: MixtureSpec) -> list[tuple[str, int, int]]:
         if m.num_rows == 0:
             raise ConfigError(f"source {s.name!r} ({s.path}) has no rows; remove it")
         sizes.append((str(s.path), m.num_rows, m.num_tokens))
-    check_compatible(entries)
-    return sizes
+    check_compatible(entries)  # one max_len for all
+    return sizes, int(entries[0][2])
 
 
 def plan_file(
@@ -170,8 +171,7 @@ def plan_mixture(
         raise ConfigError(
             "planning --steps needs exactly one of --rows-per-batch, --tokens-per-batch"
         )
-    sizes = _source_sizes(spec)
-    max_len = int(read_manifest(spec.sources[0].path).max_len)
+    sizes, max_len = _source_sizes(spec)
     if tokens_per_batch is not None and tokens_per_batch < max_len:
         raise ConfigError(f"tokens_per_batch {tokens_per_batch} is smaller than max_len {max_len}")
     readers = [SyntheticLengths(r, t) for _, r, t in sizes]

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import ConfigError, MissingDependencyError
+from packtool.tokenizers import IDENTITY_FIELDS
 
 UNITS = ("tokens", "rows")
 """What a weight counts: tokens delivered (default) or packed rows."""
@@ -80,7 +81,9 @@ class SourceSpec:
             raise ConfigError(f"a source name must be a non-empty string, got {self.name!r}")
         if not _is_number(self.weight):
             hint = ""
-            if isinstance(self.weight, str):
+            if isinstance(self.weight, str) and re.fullmatch(
+                r"[0-9.]+[eE][-+]?[0-9]+", self.weight
+            ):
                 hint = " (YAML reads 1e-3 as text: write 0.001 or 1.0e-3)"
             raise ConfigError(
                 f"source {self.name!r}: weight must be a number, got {self.weight!r}{hint}"
@@ -298,10 +301,6 @@ def mixture_from_dict(
 # --- what the sources must share ---------------------------------------------------------------
 
 
-TOKENIZER_FIELDS = ("kind", "vocab_size", "eos_id", "bos_id", "sha256")
-"""Tokenizer identity fields that must agree (the name may differ, as in `matches`)."""
-
-
 def check_compatible(entries: Sequence[tuple[str, Mapping[str, Any], int]]) -> None:
     """Refuse sources that were packed with different tokenizers or max_len.
 
@@ -317,7 +316,7 @@ def check_compatible(entries: Sequence[tuple[str, Mapping[str, Any], int]]) -> N
             f"the sources were packed with different max_len ({values}); pack them with one "
             "--max-len"
         )
-    for key in TOKENIZER_FIELDS:
+    for key in IDENTITY_FIELDS:  # as TokenizerIdentity.matches compares
         if len({repr(t.get(key)) for _, t, _ in entries}) > 1:
             values = ", ".join(
                 f"{n} {t.get('name', '?')} ({key} {t.get(key)!r})" for n, t, _ in entries

@@ -48,6 +48,10 @@ BOS_NAMES = ("<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[BOS]", "[
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
+IDENTITY_FIELDS = ("kind", "vocab_size", "eos_id", "bos_id", "sha256")
+"""The fields two identities must share to give the same ids (not `name`, not `engine`)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TokenizerIdentity:
     """What a tokenizer is, recorded in tokenized Parquet and `index.json`.
@@ -79,13 +83,7 @@ class TokenizerIdentity:
         return cls(**{k: d.get(k) for k in keys})
 
     def matches(self, other: TokenizerIdentity) -> bool:
-        return (self.kind, self.vocab_size, self.eos_id, self.bos_id, self.sha256) == (
-            other.kind,
-            other.vocab_size,
-            other.eos_id,
-            other.bos_id,
-            other.sha256,
-        )
+        return all(getattr(self, f) == getattr(other, f) for f in IDENTITY_FIELDS)
 
 
 def describe_tokenizer(identity: dict[str, Any], names: dict[str, str] | None = None) -> str:

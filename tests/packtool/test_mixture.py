@@ -84,6 +84,7 @@ sources:
         ),
         ("e.json", '{"sorces": []}', "unknown key\\(s\\) 'sorces'"),
         ("f.yaml", "sources:\n  - {name: a, path: p, weight: 1e-3}\n", "YAML reads 1e-3 as text"),
+        ("f2.json", '{"sources": [{"name": "a", "path": "p", "weight": "x"}]}', "got 'x'$"),
         ("g.json", '{"sources": [{"path": "p"}]}', "has no 'name'"),
         (
             "h.json",
