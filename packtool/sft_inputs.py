@@ -294,9 +294,15 @@ def _value(obj: dict[str, Any], kind: str, sft: SFTConfig, read: ReadConfig) -> 
 
 
 def _text_bytes(value: Any) -> int:
+    """UTF-8 bytes of a record's text (what `ReadConfig.batch_bytes` counts; CJK text is ~3
+    bytes a character)."""
     if isinstance(value, tuple):
-        return sum(len(v) for v in value)
-    return sum(len(m["content"]) for m in value if isinstance(m.get("content"), str))
+        return sum(len(v.encode("utf-8", "surrogatepass")) for v in value)
+    return sum(
+        len(m["content"].encode("utf-8", "surrogatepass"))
+        for m in value
+        if isinstance(m.get("content"), str)
+    )
 
 
 def read_records(

@@ -369,3 +369,15 @@ def test_cli_options_reach_the_readers(tmp_path):
         "pack", b, "-o", tmp_path / "x", "--format", "messages", "--strict", "--chat-template", tpl
     )
     assert code == 1 and f"{b}:1: missing field (no 'messages' or" in one_error_line(err)
+
+
+def test_record_batches_are_cut_by_utf8_bytes_not_characters(tmp_path):
+    from packtool.sft_inputs import read_records
+
+    path = tmp_path / "cjk.jsonl"
+    record = {"prompt": "问" * 100, "completion": "答" * 100}  # 200 characters, 600 UTF-8 bytes
+    path.write_text((json.dumps(record, ensure_ascii=False) + "\n") * 50, encoding="utf-8")
+    read = ReadConfig(batch_bytes=6000)
+    batches = list(read_records([path], "prompt-completion", read, SkipCounter()))
+    assert [len(b) for b in batches] == [10] * 5
+    assert all(b.text_bytes == 6000 for b in batches)
