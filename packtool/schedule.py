@@ -236,25 +236,39 @@ class Chunk:
         return len(self.src)
 
 
+PREFIX_CELLS = 1 << 22
+"""Largest sources x rows chunk whose per-source prefix counts are kept (3 int64 matrices of
+32 MiB each at most); beyond, each state is counted directly from the chunk's first j rows."""
+
+
 def state_after(names: Sequence[str], chunk: Chunk, j: int) -> dict[str, Any]:
     """The schedule state after the first `j` rows of `chunk` (`names`: the sources in order),
     from the state before it and per-source prefix counts made once per chunk."""
     if j >= len(chunk):
         return chunk.end
-    if not chunk.prefix:  # per source: rows, tokens and the last row's index before each j
-        k, n = len(names), len(chunk)
-        mine = chunk.src[None, :] == np.arange(k)[:, None]
-        zero = np.zeros((k, 1), np.int64)
-        chunk.prefix["rows"] = np.concatenate([zero, np.cumsum(mine, axis=1)], axis=1)
-        chunk.prefix["tokens"] = np.concatenate(
-            [zero, np.cumsum(np.where(mine, chunk.length, 0), axis=1)], axis=1
-        )
-        last = np.maximum.accumulate(np.where(mine, np.arange(n), -1), axis=1)
-        chunk.prefix["last"] = np.concatenate([zero - 1, last], axis=1)
+    k, n = len(names), len(chunk)
+    if k * n > PREFIX_CELLS:  # one state out of a big chunk (`packtool mix`): O(n), no matrices
+        src = chunk.src[:j]
+        rows = np.bincount(src, minlength=k).tolist()
+        tokens = np.bincount(src, weights=chunk.length[:j], minlength=k).astype(np.int64).tolist()
+        found, at = np.unique(src[::-1], return_index=True)
+        last = [-1] * k
+        for i, a in zip(found.tolist(), at.tolist(), strict=True):
+            last[i] = j - 1 - a
+    else:
+        if not chunk.prefix:  # per source: rows, tokens and the last row's index before each j
+            mine = chunk.src[None, :] == np.arange(k)[:, None]
+            zero = np.zeros((k, 1), np.int64)
+            chunk.prefix["rows"] = np.concatenate([zero, np.cumsum(mine, axis=1)], axis=1)
+            chunk.prefix["tokens"] = np.concatenate(
+                [zero, np.cumsum(np.where(mine, chunk.length, 0), axis=1)], axis=1
+            )
+            last_m = np.maximum.accumulate(np.where(mine, np.arange(n), -1), axis=1)
+            chunk.prefix["last"] = np.concatenate([zero - 1, last_m], axis=1)
+        rows = chunk.prefix["rows"][:, j].tolist()
+        tokens = chunk.prefix["tokens"][:, j].tolist()
+        last = chunk.prefix["last"][:, j].tolist()
     start = chunk.start
-    rows = chunk.prefix["rows"][:, j].tolist()
-    tokens = chunk.prefix["tokens"][:, j].tolist()
-    last = chunk.prefix["last"][:, j].tolist()
     sources = dict(start["sources"])  # entries shared with `start` unless they change
     for i, name in enumerate(names):
         if rows[i]:
