@@ -184,8 +184,43 @@ class _OneStream(StreamingPackedDataset):
         return rows.documents
 
 
+class _Pass:
+    """One epoch of a streaming source being packed: its iterator and the rows held (those
+    from position `base` on that the mixture has not passed)."""
+
+    __slots__ = ("base", "ended", "it", "rows")
+
+    def __init__(self, it: Any) -> None:
+        self.it = it
+        self.base = 0
+        self.rows: list[Documents] = []
+        self.ended = False
+
+    def pull(self, stop: int) -> None:
+        """Pack rows until position `stop` is held (or the epoch ends)."""
+        while not self.ended and self.base + len(self.rows) < stop:
+            row = next(self.it, None)
+            if row is None:
+                self.ended = True
+                break
+            self.rows.append(row)
+
+    def forget(self, pos: int) -> None:
+        """Drop the rows before position `pos`."""
+        if pos > self.base:
+            drop = min(pos - self.base, len(self.rows))
+            del self.rows[:drop]
+            self.base += drop
+
+
 class StreamSource:
-    """A `StreamingPackedDataset` as a mixture source (see the module docstring)."""
+    """A `StreamingPackedDataset` as a mixture source (see the module docstring).
+
+    Each epoch is packed once, as its own pass: the schedule reads the next epoch's lengths
+    (a new pass) before the rows of this one in the same chunk are described and gathered, so
+    every epoch not yet passed keeps its pass; `release` drops the rows, and the passes of
+    earlier epochs, that the mixture has passed (what is held is what the schedule read ahead).
+    """
 
     kind = "streaming"
     window = 256
@@ -209,46 +244,32 @@ class StreamSource:
         self.token_dtype = np.dtype(np.uint32)
         self.columns = tuple(get(n) for n in input_columns(src.paths) if get(n).loaded)
         self.num_rows: int | None = None
-        self._epoch: int | None = None
-        self._it: Any = None
-        self._base = 0  # position of the first row held
-        self._rows: list[Documents] = []
-        self._ended = False
+        self._passes: dict[int, _Pass] = {}  # epoch -> its pass, epochs not yet passed
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_epoch=None, _it=None, _rows=[], _base=0, _ended=False)
+        state.update(_passes={})
         return state
 
     def epoch_rows(self, epoch: int) -> None:
         return None
 
-    def _seek(self, epoch: int, start: int) -> None:
-        if self._epoch == epoch and self._base <= start:
-            return
+    def _seek(self, epoch: int, start: int) -> _Pass:
+        """`epoch`'s pass, holding position `start` (a new pass replays up to it: a resume, or
+        a second look at a row already forgotten)."""
+        held = self._passes.get(epoch)
+        if held is not None and held.base <= start:
+            return held
         self.ds.set_epoch(epoch)
-        self._it, self._epoch, self._base, self._rows, self._ended = (
-            iter(self.ds),
-            epoch,
-            0,
-            [],
-            False,
-        )
-        self._pull(start)  # replay up to the cursor (a resume, or a second look at an old row)
-        self.release(epoch, start)
-
-    def _pull(self, stop: int) -> None:
-        while not self._ended and self._base + len(self._rows) < stop:
-            row = next(self._it, None)
-            if row is None:
-                self._ended = True
-                break
-            self._rows.append(row)
+        held = self._passes[epoch] = _Pass(iter(self.ds))
+        held.pull(start)
+        held.forget(start)
+        return held
 
     def lengths(self, epoch: int, start: int, n: int) -> np.ndarray:
-        self._seek(epoch, start)
-        self._pull(start + n)
-        rows = self._rows[start - self._base : start - self._base + n]
+        held = self._seek(epoch, start)
+        held.pull(start + n)
+        rows = held.rows[start - held.base : start - held.base + n]
         return np.asarray([r.n_tokens for r in rows], dtype=np.int64)
 
     def describe_rows(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
@@ -260,11 +281,11 @@ class StreamSource:
         return np.full(n, -1, np.int64), docs, sq, groups
 
     def row(self, epoch: int, pos: int) -> Documents:
-        self._seek(epoch, pos)
-        self._pull(pos + 1)
-        if pos - self._base >= len(self._rows):
+        held = self._seek(epoch, pos)
+        held.pull(pos + 1)
+        if pos - held.base >= len(held.rows):
             raise ConfigError(f"source {self.name!r}: row {pos} of epoch {epoch} does not exist")
-        return self._rows[pos - self._base]
+        return held.rows[pos - held.base]
 
     def gather_into(self, rows: np.ndarray, dest: Documents, t: int, d: int) -> tuple[int, int]:
         """`rows`: (epoch, pos) pairs, int64 `(n, 2)`, written from token `t` and document `d`."""
@@ -290,14 +311,16 @@ class StreamSource:
         """Rows are packed when the schedule reads their lengths."""
 
     def release(self, epoch: int, pos: int) -> None:
-        """Forget the rows of `epoch` before `pos` (the mixture has passed them)."""
-        if self._epoch == epoch and pos > self._base:
-            drop = min(pos - self._base, len(self._rows))
-            del self._rows[:drop]
-            self._base += drop
+        """Forget the rows before position `pos` of `epoch`, and earlier epochs' passes (the
+        mixture has passed them)."""
+        for e in [e for e in self._passes if e < epoch]:
+            del self._passes[e]
+        held = self._passes.get(epoch)
+        if held is not None:
+            held.forget(pos)
 
     def close_iteration(self) -> None:
-        self._epoch, self._it, self._rows, self._base, self._ended = None, None, [], 0, False
+        self._passes = {}
 
 
 def open_source(spec: SourceSpec, config: LoaderConfig) -> PackedSource | StreamSource:

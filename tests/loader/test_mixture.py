@@ -517,6 +517,57 @@ def test_a_streaming_source_resumes_exactly(online, cut, before, after):
     assert same(first + rest, ref)
 
 
+def capped_live_spec(online, epochs=3):
+    """`online_spec` with the streaming source capped at `epochs` passes (the mixture stops
+    there): long enough to cross several of its epoch boundaries."""
+    mix = online_spec(online, total_tokens=10**6)
+    packed, live = mix.sources
+    return MixtureSpec(
+        sources=(packed, SourceSpec(name="live", path=live.path, weight=0.4, max_epochs=epochs)),
+        total_tokens=10**6,
+    )
+
+
+@pytest.fixture
+def epochs_packed(monkeypatch):
+    """The epoch of every pass the streaming source starts (an iterator over its stream)."""
+    from loader.mixture_sources import _OneStream
+
+    started: list[int] = []
+    real = _OneStream.__iter__
+
+    def counting(self):
+        started.append(int(self.epoch))
+        return real(self)
+
+    monkeypatch.setattr(_OneStream, "__iter__", counting)
+    return started
+
+
+def test_a_streaming_source_packs_each_epoch_once(online, epochs_packed):
+    # The schedule reads epoch e+1's lengths before the rows of epoch e in the same chunk are
+    # described: epoch e's rows must survive that (not be packed again from row 0).
+    batches, state = stream(MixedDataset(capped_live_spec(online), rows_per_batch=2))
+    assert state["mixed_dataset"]["schedule"]["done"] == "source 'live' reached max_epochs 3"
+    live = source_rows(batches)[1]
+    assert len(live) == 3 * 90
+    for e in range(3):
+        assert sorted(live[90 * e : 90 * (e + 1)]) == list(range(1000, 1090))
+    assert epochs_packed == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("cut", "epoch"), [(5, 0), (50, 1), (100, 2)])
+def test_a_resumed_streaming_source_replays_its_epoch_once(online, epochs_packed, cut, epoch):
+    ref, _ = stream(MixedDataset(capped_live_spec(online), rows_per_batch=2))
+    first, state = stream(MixedDataset(capped_live_spec(online), rows_per_batch=2), take=cut)
+    assert state["mixed_dataset"]["schedule"]["sources"]["live"]["epoch"] == epoch
+    epochs_packed.clear()
+    rest, _ = stream(MixedDataset(capped_live_spec(online), rows_per_batch=2), state=state)
+    assert same(first + rest, ref)
+    # the resume re-packs its epoch up to the cursor once, then every later epoch once
+    assert epochs_packed == list(range(epoch, 3))
+
+
 def test_packtool_mix_plans_what_the_loader_delivers(sources):
     from packtool.mix_plan import plan_mixture
 
