@@ -24,7 +24,7 @@ import pytest
 
 from packtool.engines import records, worker
 from packtool.engines.local import RunConfig, run_pack
-from packtool.engines.preflight import staging_folder
+from packtool.engines.preflight import FACTS_KEY, staging_folder
 from packtool.errors import ConfigError
 from packtool.pack import PackConfig
 from packtool.shards import ShardConfig
@@ -184,3 +184,18 @@ def test_resume_over_changed_parquet_names_the_file(tmp_path, monkeypatch):
     message = str(e.value)
     assert message.endswith(f"options or inputs differ (inputs: {victim} changed)")
     assert "\n" not in message
+
+
+def test_a_state_without_saved_input_facts_still_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+    """A run state written before the facts were saved: the inputs are read again, as then."""
+    folder = tokenized_parquet(tmp_path)
+    whole = run_pack(config(tmp_path / "whole", [folder]))
+    interrupt_after(tmp_path / "cut", [folder], 2, monkeypatch)
+    plan_file = staging_folder(tmp_path / "cut") / records.RUN_DIR / records.PLAN_FILE
+    state = json.loads(plan_file.read_text())
+    assert state.pop(FACTS_KEY)["mode"] == "tokenized"
+    plan_file.write_text(json.dumps(state))
+    summary = run_pack(config(tmp_path / "cut", [folder], resume=True))
+    assert summary.resumed_partitions == 2
+    assert summary.counts == whole.counts
+    assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
