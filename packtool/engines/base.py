@@ -26,7 +26,15 @@ from typing import Any
 from packtool.engines import finish, records
 from packtool.engines.config import RunConfig
 from packtool.engines.plan import Plan, describe, make_plan
-from packtool.engines.preflight import UNITS, Checked, Output, check_fingerprint, fingerprint_of
+from packtool.engines.preflight import (
+    FACTS_KEY,
+    UNITS,
+    Checked,
+    Output,
+    check_facts,
+    check_fingerprint,
+    fingerprint_of,
+)
 from packtool.engines.summary import PackSummary
 from packtool.engines.worker import WorkerContext, context_for
 from packtool.errors import ConfigError, DataError
@@ -54,11 +62,15 @@ class Run:
             ]
             self.plan: Plan = make_plan(files, config.partition_size)
             saved = {"fingerprint": fingerprint, "plan": self.plan.to_dict()}
+            if checked.facts is not None:
+                saved[FACTS_KEY] = checked.facts.to_dict()
             records.write_plan(self.work, saved)  # before any work: any stop can be resumed
         else:
             # The fingerprint holds every input's size and modification time: when it matches,
-            # the saved plan is the plan (no Parquet footer is read again).
+            # the saved plan is the plan, and `check_inputs` took what it knows of the inputs
+            # from the saved state (no Parquet footer, no first record is read again).
             check_fingerprint(output.state, fingerprint, Path(config.out_dir))
+            check_facts(output.state, checked, Path(config.out_dir))
             try:
                 self.plan = Plan.from_dict(output.state["plan"])
             except (KeyError, TypeError, ValueError):

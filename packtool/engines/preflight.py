@@ -3,7 +3,9 @@
 1. `check_inputs`: refuse an output inside an input folder (or an input inside the output),
    decide the tokenizer and check it against tokenized inputs, and check that BOS + EOS leave
    room within `max_len`, before the output folder is touched, so a mistake leaves nothing
-   behind.
+   behind. What it reads of the inputs (`InputFacts`: Parquet footers, first records) is saved
+   with the plan; `--resume` takes it from there when no input's size or modification time
+   changed, so it opens no input that only finished partitions read.
 2. `output_folder`: lock the output (one writer), check it, and build the new dataset in a
    staging folder beside it (or load the state of the run to resume there); swap it in only when
    complete, so a failure never harms the old dataset, and remove the staging folder of a fresh
@@ -47,7 +49,7 @@ from packtool.pack_columns import check_policy
 from packtool.pieces import PRETOKENIZED, RAW, RECORDS, TOKENIZED
 from packtool.pretokenized import split_pretokenized
 from packtool.tokenize import check_recorded_tokenizer, input_columns, input_identity
-from packtool.tokenizers import Tokenizer
+from packtool.tokenizers import Tokenizer, TokenizerIdentity
 
 STATE_DIR = records.RUN_DIR
 """The run's state in its staging folder (packtool/engines/records.py)."""
@@ -83,17 +85,14 @@ class Checked:
     sft_kind: str | None = None
     """The records' kind (`sft_inputs.sft_kind`), for `records` mode."""
 
+    facts: InputFacts | None = None
+    """What was read of the inputs (or taken from the interrupted run's state on `--resume`)."""
+
     def kinds(self) -> list[str]:
         """How each input file is read (`plan.KINDS`), in reading order."""
-        if self.mode != RAW:
-            return [self.mode] * len(self.paths)
-        out = []
-        for p in self.paths:
-            kind = file_kind(p)
-            if kind == "jsonl" and _json_array_file(p):
-                kind = "json_array"
-            out.append(kind)
-        return out
+        if self.facts is not None:
+            return list(self.facts.kinds)
+        return _file_kinds(self.paths, self.mode)
 
 
 def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
@@ -114,9 +113,10 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
     check_apart(config.out_dir, config.inputs)  # before anything is read
     paths = expand_inputs(config.inputs)
     check_apart(config.out_dir, config.inputs, paths)
-    columns = input_columns(paths, config.read)  # e.g. loss_mask; mixed inputs fail here
-    check_policy(columns, config.pack.long_docs)
-    recorded = input_identity(paths)
+    seen = _saved_facts(config, paths) if config.resume else None
+    facts = seen if seen is not None else _read_facts(config, paths)
+    check_policy(facts.columns, config.pack.long_docs)
+    recorded = None if facts.recorded is None else TokenizerIdentity.from_dict(facts.recorded)
     if tokenizer is None and recorded is None:
         from packtool.tokenizers import load_tokenizer
 
@@ -127,6 +127,62 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
     if recorded is not None:  # the ids were encoded when tokenizing: record that engine
         identity["engine"] = recorded.engine
     check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
+    return Checked(
+        tokenizer=tokenizer,
+        identity=identity,
+        tokenized=facts.mode != RAW,
+        paths=paths,
+        columns=facts.columns,
+        mode=facts.mode,
+        mask_source=facts.mask_source,
+        records=facts.mode == RECORDS,
+        sft_kind=facts.sft_kind,
+        facts=facts,
+    )
+
+
+@dataclass(frozen=True)
+class InputFacts:
+    """What `check_inputs` learns by reading the inputs (Parquet footers, first records).
+
+    A fresh run saves it with its plan (`facts_key`); `--resume` takes it from there once the
+    inputs' sizes and modification times match the saved ones, so a resume reads no byte of an
+    input that only finished partitions read, whatever the number of files.
+    """
+
+    columns: tuple[str, ...]
+    recorded: dict[str, Any] | None
+    """The tokenizer identity recorded in tokenized inputs (None: they are not tokenized)."""
+    mode: str
+    mask_source: str | None
+    sft_kind: str | None
+    kinds: tuple[str, ...]
+    """How each input file is read (`plan.KINDS`), in reading order."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> InputFacts:
+        return cls(
+            columns=tuple(d["columns"]),
+            recorded=d["recorded"],
+            mode=d["mode"],
+            mask_source=d["mask_source"],
+            sft_kind=d["sft_kind"],
+            kinds=tuple(d["kinds"]),
+        )
+
+
+FACTS_KEY = "inputs_read"
+"""Where the run state (`records.write_plan`) keeps the `InputFacts` of the run."""
+
+
+def _read_facts(config: RunConfig, paths: list[Path]) -> InputFacts:
+    """Read what the run needs to know of its inputs (every Parquet footer, first records)."""
+    columns = input_columns(paths, config.read)  # e.g. loss_mask; mixed inputs fail here
+    check_policy(columns, config.pack.long_docs)
+    recorded = input_identity(paths)
     pre, mask_source = split_pretokenized(paths, config.read)
     sft_records = "loss_mask" in columns and recorded is None and not pre
     mode = TOKENIZED if recorded is not None else PRETOKENIZED if pre else RAW
@@ -135,17 +191,45 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
         from packtool.sft_inputs import sft_kind
 
         mode, kind = RECORDS, sft_kind(paths, config.read, tokenized=False)
-    return Checked(
-        tokenizer=tokenizer,
-        identity=identity,
-        tokenized=mode != RAW,
-        paths=paths,
+    return InputFacts(
         columns=columns,
+        recorded=None if recorded is None else recorded.to_dict(),
         mode=mode,
         mask_source=mask_source,
-        records=sft_records,
         sft_kind=kind,
+        kinds=tuple(_file_kinds(paths, mode)),
     )
+
+
+def _saved_facts(config: RunConfig, paths: list[Path]) -> InputFacts | None:
+    """The interrupted run's `InputFacts` when its inputs are these, unchanged; else None.
+
+    Reads only the saved state (`records.read_plan`, no lock yet: `Run` compares the state it
+    resumes, read under the lock, with what was taken from here) and stats the inputs. None
+    sends the caller to read the inputs; a changed input is then refused by `check_fingerprint`
+    naming the file, a missing or damaged state by `output_folder`.
+    """
+    try:
+        state = records.read_plan(staging_folder(config.out_dir))
+        saved = state["fingerprint"]["inputs"]
+        current = [[str(p), st.st_size, st.st_mtime_ns] for p in paths for st in (p.stat(),)]
+        if saved != current:
+            return None
+        return InputFacts.from_dict(state[FACTS_KEY])
+    except (PacktoolError, OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _file_kinds(paths: list[Path], mode: str) -> list[str]:
+    if mode != RAW:
+        return [mode] * len(paths)
+    out = []
+    for p in paths:
+        kind = file_kind(p)
+        if kind == "jsonl" and _json_array_file(p):  # reads the file's first bytes
+            kind = "json_array"
+        out.append(kind)
+    return out
 
 
 @dataclass(frozen=True)
@@ -229,7 +313,29 @@ def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, Any], out: P
     old = state.get("fingerprint", {})
     if old != fingerprint:
         changed = [k for k in fingerprint if old.get(k) != fingerprint[k]]
+        if "inputs" in changed:  # name the first file added, removed or changed
+            was = old.get("inputs")
+            was = {tuple(f[:1]): f for f in was} if isinstance(was, list) else {}
+            now = {tuple(f[:1]): f for f in fingerprint["inputs"]}
+            diff = [k for k in [*now, *was] if was.get(k) != now.get(k)]
+            if diff:
+                how = (
+                    "added"
+                    if diff[0] not in was
+                    else "removed"
+                    if diff[0] not in now
+                    else "changed"
+                )
+                changed[changed.index("inputs")] = f"inputs: {diff[0][0]} {how}"
         raise ConfigError(f"cannot resume {out}: options or inputs differ ({', '.join(changed)})")
+
+
+def check_facts(state: dict[str, Any], checked: Checked, out: Path) -> None:
+    """Refuse to resume a state whose `InputFacts` differ from those the run was checked with
+    (a state replaced between `check_inputs` and the lock); an older state has none."""
+    saved = state.get(FACTS_KEY)
+    if saved is not None and checked.facts is not None and saved != checked.facts.to_dict():
+        raise ConfigError(f"cannot resume {out}: the inputs read differently from the saved run")
 
 
 def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
