@@ -142,6 +142,11 @@ def test_a_killed_worker_and_a_removed_node_leave_the_bytes_unchanged(
         from packtool.engines import ray as engine
 
         here = ray.get_runtime_context().get_node_id()
+        # The other nodes' tasks wait until one runs on the victim, so a quick run cannot end
+        # before the scheduler has placed a partition there (it would on a quiet machine).
+        deadline = time.monotonic() + 60
+        while here != victim_id and not on_victim.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         if here == victim_id and not on_victim.exists():
             on_victim.touch()
             time.sleep(120)  # until the node is removed under it
