@@ -148,7 +148,9 @@ def packtool_documents(out: Path) -> tuple[np.ndarray, np.ndarray]:
     start, length = np.concatenate(seg_start), np.concatenate(seg_len)
     order = np.lexsort((chunk, doc))
     pieces = [flat[s : s + n] for s, n in zip(start[order].tolist(), length[order].tolist(), strict=True)]  # fmt: skip
-    doc_len = np.bincount(doc, weights=length).astype(np.int64)
+    # ids are (file index, record offset) since format 3: sparse, so count per distinct id
+    _, doc_index = np.unique(doc, return_inverse=True)
+    doc_len = np.bincount(doc_index, weights=length).astype(np.int64)
     return np.concatenate(pieces), doc_len
 
 
