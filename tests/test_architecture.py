@@ -107,3 +107,17 @@ def test_the_gpu_run_needs_only_what_the_gpu_image_has():
                 outside[module] = str(path.relative_to(ROOT))
     assert ROOT / "attention" / "model.py" in seen  # the walk follows project imports
     assert not outside, f"the GPU run would import what its image lacks: {outside}"
+
+
+def test_no_merge_conflict_markers_are_committed():
+    # An unresolved merge once landed in README.md's architecture list; git lets it through.
+    markers = ("<" * 7 + " ", "=" * 7 + "\n", ">" * 7 + " ")
+    found = []
+    for folder in ("packtool", "loader", "attention", "benchmarks", "docs", "tests", "examples"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".md", ".yaml", ".json", ".toml") and path.is_file():
+                text = path.read_text(encoding="utf-8", errors="replace")
+                found += [str(path) for m in markers if f"\n{m}" in text]
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    found += ["README.md" for m in markers if f"\n{m}" in text]
+    assert not found
