@@ -25,8 +25,8 @@ from typing import Any
 
 from packtool import docids, stats
 from packtool.columns import names, required, written
-from packtool.engines import records
-from packtool.engines.merge import TailTree, merge_node
+from packtool.engines import merge, records
+from packtool.engines.merge import TailTree
 from packtool.engines.records import Totals
 from packtool.engines.summary import PackSummary
 from packtool.engines.worker import WorkerContext
@@ -38,7 +38,7 @@ from packtool.shards import temporary_name
 def final_stage(ctx: WorkerContext, tree: TailTree) -> dict[str, Any]:
     """Pack the root of the tail tree (its children's tails, at most F x 32 rows) in this
     process; write its shards and its record ("partition" = `tree.root`, `final`: True)."""
-    return merge_node(ctx, tree.descriptor(tree.root))
+    return merge.merge_node(ctx, tree.descriptor(tree.root))
 
 
 def manifest_head(
