@@ -335,6 +335,16 @@ def tree_runs(corpus, tmp_path_factory):
     return base, runs
 
 
+def test_at_most_64_partitions_the_tree_is_the_root_alone_as_partition_n(reference):
+    """The final stage before the tree: "partition N" packs every partition's tail, last."""
+    base, summary, _ = reference
+    n = summary.partitions
+    assert n <= merge.TAIL_FAN_IN
+    listed = [s.file for s in read_manifest(base / "w1").shards]
+    assert {int(f.split("-")[1]) for f in listed} <= set(range(n + 1))
+    assert listed[-1].startswith(f"shard-{n:06d}-") and listed == sorted(listed)
+
+
 def test_a_tail_tree_keeps_efficiency_within_0_05_points_of_one_chunk(tree_runs, reference):
     base, runs = tree_runs
     _, _, one = reference
