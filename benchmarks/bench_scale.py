@@ -2,7 +2,8 @@
 
     python -m benchmarks.bench_scale [--docs 1000000] [--quick]
 
-Four measurements, written to the README block `scale`:
+Five measurements, written to the README block `scale` (`--only-tail`: the fifth alone,
+printed, no README update):
 
 1. **Chunk size no longer matters**: `packtool pack` (byte tokenizer, max_len 2048, local
    engine, one process per run, wall clock) on 1 M short synthetic documents (~184 MB of JSONL,
@@ -19,6 +20,11 @@ Four measurements, written to the README block `scale`:
    fetched once from the openai-whisper sdist by benchmarks/bench_tokenize.py) under
    `taskset -c 0`, one tokenizer thread.
 4. **On paper**: 64 nodes x 32 cores from the per-core rate, and what limits it then.
+5. **The tail tree** (packtool/engines/merge.py) on synthetic partition tails (each the
+   least-filled rows a real `pack_table` call sets aside from 2,000 log-normal documents at
+   max_len 2048, ~32 rows): the time of the merge waves with 1 and 2 worker processes, the
+   root's input (bounded by 64 x 32 rows), and the flat final stage before the tree (every
+   tail packed by one process) for comparison; the two worker counts give the same shards.
 """
 
 from __future__ import annotations
@@ -218,6 +224,140 @@ def _record(p: int, lengths: list[int], rng: random.Random) -> dict:
     }
 
 
+def _synthetic_tails(work: Path, partitions: int, max_len: int) -> int:
+    """Write `partitions` tails as partition workers would; return their tokens."""
+    import numpy as np
+    import pyarrow as pa
+
+    from packtool.engines import records
+    from packtool.pack import PackConfig, pack_table
+    from packtool.pack_tail import TailPolicy
+
+    rng = np.random.default_rng(0)
+    config = PackConfig(max_len=max_len)
+    tokens = 0
+    for p in range(partitions):
+        lengths = np.clip(rng.lognormal(5.0, 0.9, 2000).astype(np.int64), 2, 3 * max_len)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        ids = pa.array(rng.integers(0, 256, int(offsets[-1])).astype(np.uint16))
+        table = pa.table(
+            {
+                "doc_id": pa.array(np.arange(len(lengths)) + (p << 20), pa.int64()),
+                "source": pa.array([f"f{p}.jsonl"] * len(lengths)),
+                "input_ids": pa.ListArray.from_arrays(pa.array(offsets), ids),
+                "length": pa.array(lengths.astype(np.int32)),
+            }
+        )
+        tail = pack_table(table, config, chunk_index=(p, 0), tail=TailPolicy()).tail
+        records.write_tail(work, p, tail)
+        tokens += int(np.sum(tail.column("length")))
+    return tokens
+
+
+def _merge_context(work: Path, max_len: int):
+    from packtool.corpus import ReadConfig
+    from packtool.engines.worker import WorkerContext
+    from packtool.pack import PackConfig
+    from packtool.pieces import RAW, Source
+    from packtool.shards import ShardConfig
+    from packtool.tokenize import tokenized_schema
+    from packtool.tokenizers import load_tokenizer
+
+    identity = load_tokenizer("byte").identity
+    source = Source(
+        mode=RAW, read=ReadConfig(), schema=tokenized_schema(identity), identity=identity
+    )
+    return WorkerContext(
+        source=source,
+        pack=PackConfig(max_len=max_len),
+        shards=ShardConfig(),
+        chunk_docs=100_000,
+        work=str(work),
+    )
+
+
+def _run_tree(work: Path, partitions: int, fan_in: int | None, workers: int, max_len: int):
+    """The tail tree's waves on `workers` processes, then the root here: (waves s, root s,
+    root input tokens, sha256 of every shard in id order)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from packtool.engines import finish, merge, records, worker
+
+    ctx = _merge_context(work, max_len)
+    tree = merge.TailTree(partitions, fan_in)
+    for p in records.finished(work):  # a previous tree's records and shards
+        for shard in records.read_record(work, p)["shards"]:
+            (work / shard["file"]).unlink()
+        records.record_path(work, p).unlink()
+    for u in range(partitions, tree.root + 1):
+        records.tail_path(work, u).unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(workers) as pool:
+        for level in range(1, tree.levels + 1):
+            descriptors = [tree.descriptor(u) for u in tree.level_ids(level)]
+            list(pool.map(worker.run_partition, [ctx] * len(descriptors), descriptors))
+    t_waves = time.perf_counter() - t0
+    root_in = sum(
+        int(records.read_tail(path).column("length").to_numpy().sum())
+        for path in map(lambda u: records.tail_path(work, u), tree.children(tree.root))
+        if path.exists()
+    )
+    t0 = time.perf_counter()
+    finish.final_stage(ctx, tree)
+    t_root = time.perf_counter() - t0
+    shas = [
+        s["sha256"]
+        for u in range(partitions, tree.root + 1)
+        for s in records.read_record(work, u)["shards"]
+    ]
+    return t_waves, t_root, root_in, shas, tree
+
+
+def tail_tree(counts=(256, 1024), max_len: int = 2048) -> str:
+    """The tail stage on synthetic tails (see the module docstring, item 5)."""
+    from packtool.engines import merge
+
+    rows = []
+    for n in counts:
+        work = Path(tempfile.mkdtemp(dir=DATA, prefix="tails-"))
+        try:
+            tokens = _synthetic_tails(work, n, max_len)
+            _, t_flat, flat_in, _, _ = _run_tree(work, n, None, 1, max_len)
+            got = {w: _run_tree(work, n, merge.TAIL_FAN_IN, w, max_len) for w in (1, 2)}
+            assert got[1][3] == got[2][3], "1 and 2 workers wrote different shards"
+            tree = got[1][4]
+            bound = merge.TAIL_FAN_IN * 32 * max_len
+            rows.append(
+                [
+                    f"{n:,}",
+                    f"{tokens / 1e6:.1f}",
+                    f"{t_flat:.1f}",
+                    " -> ".join(f"{k:,}" for k in (*tree.sizes[1:], 1)),
+                    f"{got[1][0]:.1f} ({got[1][0] / (tree.root - n):.2f} per node)",
+                    f"{got[2][0]:.1f}",
+                    f"{got[1][1]:.2f}",
+                    f"{got[1][2] / 1e6:.2f} (bound {bound / 1e6:.2f})",
+                ]
+            )
+            assert flat_in == tokens and got[1][2] <= bound
+        finally:
+            shutil.rmtree(work)
+    return markdown_table(
+        [
+            "partitions",
+            "tail M tokens",
+            "flat final stage s (one process, before the tree)",
+            "tree nodes per level",
+            "merge waves s, 1 worker",
+            "2 workers",
+            "root s (driver)",
+            "root input M tokens",
+        ],
+        rows,
+    )
+
+
 def _rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -279,9 +419,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="fewer runs (no README update)")
     ap.add_argument("--no-gpt2", action="store_true")
+    ap.add_argument("--only-tail", action="store_true", help="the tail tree alone, printed")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     before = load()
+    if args.only_tail:
+        table = tail_tree((256,) if args.quick else (256, 1024))
+        print(f"load average {before:.1f} before, {load():.1f} after\n\n{table}")
+        return
     corpus = make_corpus(args.docs)
     print(f"corpus {corpus} ({corpus.stat().st_size / 1e6:.0f} MB)", file=sys.stderr)
     chunks, ratio = chunk_table(corpus, args.docs, args.quick, args.repeat)
@@ -295,6 +440,8 @@ def main() -> None:
         gpt2 = f"tiktoken:{gpt2_ranks()}"
     read, rates = reading(corpus, gpt2, args.gpt2_docs)
     print(read, file=sys.stderr)
+    tails = tail_tree()
+    print(tails, file=sys.stderr)
     after = load()
     per_core = rates.get("GPT-2 BPE, 1 core")
     paper = ""
@@ -311,10 +458,12 @@ def main() -> None:
             "system's aggregate read + "
             "write bandwidth (the input once, the shards once); per partition the driver "
             "spends the read + add time above (100k partitions, i.e. 25 TB at 256 MB, ~"
-            "minutes in all, overlapped with the work); and the two stages after the last "
-            "partition: the final stage packs every partition's tail (at most 32 rows x "
-            "max_len tokens each: ~65k tokens a partition, 1.3 G tokens at 20k partitions, "
-            "one process) and index.json is streamed from the records (µs per record above)."
+            "minutes in all, overlapped with the work); and what follows the last "
+            "partition: the tail tree (at most 32 rows x max_len tokens of tail a partition: "
+            "~65k tokens, 1.3 G at 20k partitions) packed by merge nodes of at most 64 "
+            "children in ~log_64(partitions) waves as parallel as the partitions (20k: 313 "
+            "nodes, then 5, then the root), the root in the driver (at most 64 x 32 rows), "
+            "and index.json streamed from the records (µs per record above)."
         )
     when = time.strftime("%Y-%m-%d")
     body = f"""`python -m benchmarks.bench_scale` ({when}; 2-core box shared with other work, load average (1 min) {before:.1f} before, {after:.1f} after). Byte tokenizer unless said, max_len 2048, local engine, every run a separate `packtool pack` process timed from outside (interpreter start included).
@@ -330,6 +479,10 @@ def main() -> None:
 **Reading rate** with 1 and 2 partition workers (byte: {corpus.stat().st_size / 1e6:.0f} MB in 32 MB partitions; 2 workers as processes, the default, and as threads of one process, `PACKTOOL_WORKER_POOL=thread`), and a partition worker's per-core rate with GPT-2 BPE (first {args.gpt2_docs:,} documents, 16 MB partitions; `taskset -c 0`, one tokenizer thread). *In run*: the run's own total from its summary, without the interpreter start and imports (~1 s) that *wall* includes:
 
 {read}
+
+**Tail tree** (packtool/engines/merge.py) on synthetic partition tails (each what `pack_table` sets aside from 2,000 log-normal documents, max_len 2048): the merge nodes' waves on 1 and 2 worker processes (the same shards), the root in the driver, against the flat final stage before the tree (every tail in one process: it grows with the partitions; a node's and the root's input do not):
+
+{tails}
 
 {paper}
 """

@@ -5,11 +5,14 @@ small documents were left) stay part-empty. Packing a corpus in many chunks, eac
 pay those rows once per chunk. Instead `pack.pack_table(..., tail=TailPolicy())` keeps the
 well-filled rows and returns the pieces of the least-filled ones as a *tail*: a tokenized table
 of pieces (each at most `max_len` tokens, with its `doc_chunk`), which the next chunk packs
-again with its own documents (`carry=`). A partition's last tail goes to the run's final stage
-(packtool/engines/finish.py), which packs every partition's tail together, so what is lost is
-about one chunk's worth of part-empty rows for the whole corpus, not one per chunk.
+again with its own documents (`carry=`). A partition's last tail goes to the run's tail tree
+(packtool/engines/merge.py): merge nodes of at most F children (64) pack their children's tails
+together and set aside their own least-filled rows, with this same policy, for the level above;
+the root keeps none. So what is lost is about one chunk's worth of part-empty rows for the
+whole corpus, not one per chunk or per partition.
 
-Bounds (they keep the final stage small: O(partitions x max_rows x max_len) tokens):
+Bounds (they keep every merge node small: at most F x max_rows x max_len tokens in, whatever
+the number of partitions):
 
 - at most `rows_per_group` rows per group and `max_rows` rows in all, least-filled first (ties:
   the earlier row), and only rows with at least `min_free` free slots;

@@ -6,15 +6,19 @@ A driver (packtool/engines/local.py, ray.py) does three things, and only the mid
    sizes and modification times, save it with the run's fingerprint before any work (a fresh
    run), or compare it with the saved one and add up the finished partitions' records
    (`--resume`: one small file read per finished partition, none of its inputs);
-2. run `worker.run_partition(run.context, run.descriptor(p))` for every `p` in `run.todo`,
-   anywhere, in any order, calling `run.account(record)` as each one finishes;
-3. `run.finish()`: the final stage (every partition's tail packed together), then `index.json`
-   streamed from the records, then the run state removed; `preflight.output_folder` swaps the
-   staging folder in.
+2. for each wave of `run.waves()`, one after another: run
+   `worker.run_partition(run.context, run.descriptor(u))` for every unit `u` of the wave,
+   anywhere, in any order, calling `run.account(record)` as each one finishes. The first wave
+   is the partitions without a record (`run.todo`), each next one a level of the tail tree's
+   merge nodes without a record (packtool/engines/merge.py: each packs the tails of at most
+   `TAIL_FAN_IN` units of the wave before, so it waits for that wave only);
+3. `run.finish()`: the tree's root (the last level's tails packed together, at most
+   F x 32 rows), then `index.json` streamed from the records, then the run state removed;
+   `preflight.output_folder` swaps the staging folder in.
 
 So the drivers are small, the dataset is the same whichever one ran it (or both: a run the
 local engine started can be resumed on a cluster, and the other way round), and the driver's
-memory is the running sums (`records.Totals`) plus the plan.
+memory is the running sums (`records.Totals`) plus the plan (and the ids of the units left).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packtool.engines import finish, records
+from packtool.engines import finish, merge, records
 from packtool.engines.config import RunConfig
 from packtool.engines.plan import Plan, describe, make_plan
 from packtool.engines.preflight import (
@@ -44,6 +48,9 @@ from packtool.progress import Progress
 from packtool.tokenize import tokenized_schema
 from packtool.tokenizers import TokenizerIdentity
 
+FAN_IN_KEY = "tail_fan_in"
+"""The tail tree's fan-in, saved in the run state (`plan.json`) so a resume builds its tree."""
+
 
 class Run:
     """One `packtool pack` run as both drivers see it (see the module docstring)."""
@@ -61,7 +68,8 @@ class Run:
                 for p, k in zip(checked.paths, kinds, strict=True)
             ]
             self.plan: Plan = make_plan(files, config.partition_size)
-            saved = {"fingerprint": fingerprint, "plan": self.plan.to_dict()}
+            fan_in = merge.TAIL_FAN_IN
+            saved = {"fingerprint": fingerprint, "plan": self.plan.to_dict(), FAN_IN_KEY: fan_in}
             if checked.facts is not None:
                 saved[FACTS_KEY] = checked.facts.to_dict()
             records.write_plan(self.work, saved)  # before any work: any stop can be resumed
@@ -80,16 +88,25 @@ class Run:
                 ) from None
             if [f.path for f in self.plan.files] != [str(p) for p in checked.paths]:
                 raise ConfigError(f"cannot resume {config.out_dir}: the partition plan differs")
+            # The saved fan-in builds the same tree; a state without one (an earlier packtool)
+            # packed every tail in the root.
+            fan_in = output.state.get(FAN_IN_KEY)
         self.units = [UNITS.get(k, "row") for k in kinds]
         self.totals = records.Totals(config.pack.max_len, config.pack.rounds)
         n = len(self.plan.partitions)
+        self.tree = merge.TailTree(n, fan_in)
+        root = self.tree.root
         done = set(records.finished(self.work)) if output.state is not None else set()
         for p in sorted(done):
-            if p < n:  # the final stage's record (p == n) is added by `finish`
+            if p < root:  # the root's record is added by `finish`
                 self.totals.add(self._checked_record(p))
-        self.resumed = len(done - {n})
-        self.final_done = n in done
+        self.resumed = sum(1 for p in done if p < n)
+        self.final_done = root in done
         self.todo = [p for p in range(n) if p not in done]
+        self._waves = [self.todo] + [
+            [u for u in self.tree.level_ids(level) if u not in done]
+            for level in range(1, self.tree.levels + 1)
+        ]
         self.context: WorkerContext = context_for(
             Source(
                 mode=checked.mode,
@@ -128,12 +145,24 @@ class Run:
     def partitions(self) -> int:
         return len(self.plan.partitions)
 
+    def waves(self) -> list[list[int]]:
+        """The units to run, wave after wave: the partitions without a record, then each level
+        of merge nodes without one (the root, run by `finish`, is in none). The units of a wave
+        are independent; a wave needs only the waves before it finished. Empty waves left out.
+        """
+        return [wave for wave in self._waves if wave]
+
     def descriptor(self, p: int) -> dict[str, Any]:
-        return self.plan.descriptor(p)
+        """What `worker.run_partition` needs for unit `p`: a partition or a merge node."""
+        if p < self.partitions:
+            return self.plan.descriptor(p)
+        return self.tree.descriptor(p)
 
     def account(self, record: dict[str, Any]) -> None:
-        """Add a finished partition's record to the running sums (constant cost)."""
+        """Add a finished unit's record to the running sums (constant cost)."""
         self.totals.add(record)
+        if "merge" in record:
+            return
         self.bar.update(
             docs=int(record.get("documents", 0)),
             tokens=int(record["counts"]["tokens_in"]),
@@ -145,15 +174,19 @@ class Run:
         self.bar.close()
         t0 = time.perf_counter()
         n = self.partitions
-        if self.totals.partitions != n:  # a driver bug, never bad input: fail loudly, keep the run
+        root = self.tree.root
+        merges = root - n
+        # A driver bug, never bad input: fail loudly, keep the run.
+        if self.totals.partitions != n or self.totals.merges != merges:
             raise RuntimeError(
-                f"{self.totals.partitions} of {n} partition records accounted before the final "
-                "stage; the finished partitions are kept: rerun with --resume"
+                f"{self.totals.partitions} of {n} partition records and {self.totals.merges} of "
+                f"{merges} merge records accounted before the final stage; the finished ones "
+                "are kept: rerun with --resume"
             )
         if self.final_done:
-            final = records.read_record(self.work, n)
+            final = records.read_record(self.work, root)
         else:
-            final = finish.final_stage(self.context, n)
+            final = finish.final_stage(self.context, self.tree)
         self.totals.add(final)
         self.seconds = {k: round(v, 3) for k, v in self.totals.seconds.items()}
         self.seconds["final stage"] = time.perf_counter() - t0
@@ -162,7 +195,7 @@ class Run:
             self.config, self.totals, self.checked.identity, self.checked.columns, doc_ids, n
         )
         finish.remove_temporaries(self.work)  # left by workers killed mid-write
-        finish.write_index(self.work, manifest, n)
+        finish.write_index(self.work, manifest, root)
         remove(records.run_dir(self.work))  # index.json exists: the run is complete
         self.seconds["total"] = time.perf_counter() - self.t_start
         summary.seconds = self.seconds

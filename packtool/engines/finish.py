@@ -1,110 +1,44 @@
-"""The end of a run: pack the partitions' tails together, then write `index.json` last.
+"""The end of a run: the root of the tail tree, then `index.json` written last.
 
-The final stage is "partition N" (N = the number of partitions): it reads each partition's tail
-(the pieces of its least-filled rows, packtool/pack_tail.py) in partition order, packs them in
-chunks of `chunk_docs` pieces handing part-empty rows on as the partitions do, and writes the
-last shards (`shard-NNNNNN-KKKKK.parquet`) and a record like a partition's (rows, no documents:
-the pieces were counted where they were read). It reads O(partitions x tail rows x max_len)
-tokens, not the corpus; its record makes a resume skip it too.
+The partitions' tails are packed by the tail tree (packtool/engines/merge.py): merge nodes of
+at most `merge.TAIL_FAN_IN` (F) children each, run level by level on the engine's workers
+(`base.Run.waves`). What is left for the driver is the **root**, `final_stage`: the tails of
+the last level (at most F x 32 rows of at most max_len tokens, whatever the number of
+partitions), packed with no tail of its own into the last shards
+(`shard-RRRRRR-KKKKK.parquet`, R = the root's id) and a record like a partition's (rows, no
+documents: the pieces were counted where they were read). With at most F partitions the root
+is "partition N" (N = the number of partitions) and packs every partition's tail, as the single
+final stage did before the tree. Its record makes a resume skip it too.
 
 `index.json` is then streamed: its head (counts, bounds, options) comes from the running sums,
-its shard list from the records, read one at a time in partition order, so neither the driver
-nor this stage ever holds every shard's entry. Nothing is renamed or re-hashed: the shards were
-written under their final names with their sha256.
+its shard list from the records, read one at a time in id order (partitions, merge nodes, the
+root), so neither the driver nor this stage ever holds every shard's entry. Nothing is renamed
+or re-hashed: the shards were written under their final names with their sha256.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
 from packtool import docids, stats
 from packtool.columns import names, required, written
-from packtool.engines import records
+from packtool.engines import merge, records
+from packtool.engines.merge import TailTree
 from packtool.engines.records import Totals
 from packtool.engines.summary import PackSummary
-from packtool.engines.worker import WorkerContext, read_tail
+from packtool.engines.worker import WorkerContext
 from packtool.errors import ConfigError, DataError, naming
 from packtool.manifest import INDEX_FILE, Manifest
-from packtool.pack import PackCounts, pack_table
-from packtool.pack_tail import DOC_CHUNK
-from packtool.shards import ShardWriter, temporary_name
+from packtool.shards import temporary_name
 
 
-def _tail_chunks(work: Path, partitions: int, chunk_pieces: int) -> Iterator[pa.Table]:
-    """The partitions' tails in partition order, regrouped into tables of `chunk_pieces`."""
-    pending: list[pa.Table] = []
-    held = 0
-    for p in range(partitions):
-        path = records.tail_path(work, p)
-        if not path.exists():
-            continue
-        table = read_tail(path)
-        pending.append(table)
-        held += table.num_rows
-        while held >= chunk_pieces:
-            joined = pa.concat_tables(pending)
-            yield joined.slice(0, chunk_pieces)
-            rest = joined.slice(chunk_pieces)
-            pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
-    if held:
-        yield pa.concat_tables(pending)
-
-
-def final_stage(ctx: WorkerContext, partitions: int) -> dict[str, Any]:
-    """Pack every partition's tail; write the shards and the record of "partition N"."""
-    work = Path(ctx.work)
-    n = partitions
-    writer = ShardWriter(work, lambda k: records.shard_name(n, k), ctx.shards)
-    counts = PackCounts()
-    rounds = np.zeros(ctx.pack.rounds, dtype=np.int64)
-    groups: dict[str, list[int]] = {}
-    carry: pa.Table | None = None
-    chunks = _tail_chunks(work, partitions, ctx.chunk_docs)
-    table = next(chunks, None)
-    c = 0
-    try:
-        while table is not None:
-            following = next(chunks, None)
-            pieces = table if carry is None else pa.concat_tables([carry, table])
-            empty = pieces.drop_columns([DOC_CHUNK]).slice(0, 0)
-            last = following is None
-            packed = pack_table(
-                empty, ctx.pack, chunk_index=(n, c), carry=pieces, tail=None if last else ctx.tail
-            )
-            writer.add(packed.table)
-            carry = packed.tail
-            counts += packed.counts
-            rounds += np.asarray(packed.rows_per_round, dtype=np.int64)
-            for name, (r, t) in packed.groups.items():
-                acc = groups.setdefault(name, [0, 0])
-                acc[0] += r
-                acc[1] += t
-            table, c = following, c + 1
-        shards = writer.close()
-    except BaseException:
-        writer.abort()
-        raise
-    record = {
-        "partition": n,
-        "shards": [asdict(s) for s in shards],
-        "counts": counts.to_dict(),
-        "rows_per_round": [int(r) for r in rounds],
-        "groups": groups,
-        "histogram": None,
-        "skips": {},
-        "tail": None,
-        "final": True,
-    }
-    records.write_record(work, record)
-    return record
+def final_stage(ctx: WorkerContext, tree: TailTree) -> dict[str, Any]:
+    """Pack the root of the tail tree (its children's tails, at most F x 32 rows) in this
+    process; write its shards and its record ("partition" = `tree.root`, `final`: True)."""
+    return merge.merge_node(ctx, tree.descriptor(tree.root))
 
 
 def manifest_head(
@@ -228,8 +162,9 @@ def remove_temporaries(work: Path) -> None:
                 Path(e.path).unlink(missing_ok=True)
 
 
-def write_index(work: Path, manifest: Manifest, partitions: int) -> Path:
-    """`index.json` with the shards of records 0..partitions (the final stage's last), streamed.
+def write_index(work: Path, manifest: Manifest, root: int) -> Path:
+    """`index.json` with the shards of records 0..root (partitions, merge nodes, the root last),
+    streamed.
 
     The same JSON as `manifest.write_manifest` would give for the full manifest, written
     through a temporary file and a rename (a reader never sees half of it).
@@ -244,7 +179,7 @@ def write_index(work: Path, manifest: Manifest, partitions: int) -> Path:
     with naming(tmp), open(tmp, "w", encoding="utf-8") as f:
         f.write(before + "[")
         first = True
-        for record in records.records_in_order(work, partitions + 1):
+        for record in records.records_in_order(work, root + 1):
             for shard in record["shards"]:
                 f.write(("\n    " if first else ",\n    ") + json.dumps(shard))
                 first = False

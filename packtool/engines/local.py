@@ -1,8 +1,10 @@
 """The local engine: the partition workers over this machine's cores.
 
-    plan (driver) -> partition workers, one per core, each a process   -> records -> final stage
-                     read -> tokenize -> pack chunks -> final-named         (driver) -> index.json
-                     shards + tail + completion record
+    plan (driver) -> partition workers, one per core, each a process   -> records -> root of the
+                     read -> tokenize -> pack chunks -> final-named         tail tree (driver)
+                     shards + tail + completion record;                   -> index.json
+                     then the tail tree's merge nodes, level by level,
+                     on the same workers
 
 One partition to do (a corpus under `--partition-size`, or a resume with one left) runs in this
 process, with the tokenizer's threads on every core and packing overlapped with reading, as
@@ -68,19 +70,21 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
     with output_folder(config) as output:
         run = Run(config, checked, output)
         cores = _cores()
-        workers = min(config.workers or cores, max(len(run.todo), 1))
+        waves = run.waves()
+        workers = min(config.workers or cores, max(map(len, waves), default=1))
         if workers <= 1:
             tok = run.context.tokenizer
             if tok is not None:
                 tok.workers = config.workers or tok.workers  # --workers: the cores to use
-            for p in run.todo:
-                run.account(run_partition(run.context, run.descriptor(p)))
+            for wave in waves:
+                for p in wave:
+                    run.account(run_partition(run.context, run.descriptor(p)))
             threads = f"{tok.workers} tokenizer thread(s), " if tok is not None else ""
             used = f"1 partition worker in this process ({threads}{cores} cores)"
         else:
             threads = max(1, cores // workers)
             kind = os.environ.get(POOL_ENV, "process")
-            _run_pool(run, workers, threads, kind)
+            _run_pool(run, waves, workers, threads, kind)
             used = (
                 f"{workers} partition worker {'process' if kind != 'thread' else 'thread'}(es) x "
                 f"{threads} tokenizer thread(s) ({cores} cores; stage times summed over workers)"
@@ -132,37 +136,45 @@ def _make_pool(run: Run, workers: int, threads: int, kind: str) -> tuple[Any, Ca
     return pool, _run_in_process
 
 
-def _run_pool(run: Run, workers: int, threads: int, kind: str) -> None:
-    """Run `run.todo` on `workers` workers, at most two partitions queued per worker."""
-    todo = list(run.todo)
+def _run_pool(run: Run, waves: list[list[int]], workers: int, threads: int, kind: str) -> None:
+    """Run each wave's units on `workers` workers, a wave once the one before it is done, at
+    most two units queued per worker; the pool is kept from wave to wave."""
     retries = 0
-    while todo:
-        pool, task = _make_pool(run, workers, threads, kind)
-        inflight: dict[Future, int] = {}
-        try:
-            while todo or inflight:
-                while todo and len(inflight) < 2 * workers:
-                    p = todo.pop(0)
-                    inflight[pool.submit(task, run.descriptor(p))] = p
-                finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    record = fut.result()  # raises BrokenProcessPool if its worker died
-                    del inflight[fut]  # only now: a partition lost with its worker runs again
-                    run.account(record)
-        except BrokenProcessPool:
-            # A worker process died (killed, out of memory); its partitions run again.
-            retries += 1
-            todo = sorted(set(todo) | set(inflight.values()))
+    pool = task = None
+    try:
+        for wave in waves:
+            todo = list(wave)
+            while todo:
+                if pool is None:
+                    pool, task = _make_pool(run, workers, threads, kind)
+                inflight: dict[Future, int] = {}
+                try:
+                    while todo or inflight:
+                        while todo and len(inflight) < 2 * workers:
+                            p = todo.pop(0)
+                            inflight[pool.submit(task, run.descriptor(p))] = p
+                        finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                        for fut in finished:
+                            record = fut.result()  # raises BrokenProcessPool if its worker died
+                            del inflight[fut]  # only now: a unit lost with its worker runs again
+                            run.account(record)
+                except BrokenProcessPool:
+                    # A worker process died (killed, out of memory); its units run again.
+                    retries += 1
+                    todo = sorted(set(todo) | set(inflight.values()))
+                    _stop(pool)
+                    pool = None
+                    if retries > MAX_RETRIES:
+                        raise DataError(
+                            f"partition worker processes died {retries} times; the finished "
+                            "partitions are kept: rerun with --resume (and fewer --workers if "
+                            "memory is short)"
+                        ) from None
+    except BaseException:
+        if pool is not None:
             _stop(pool)
-            if retries > MAX_RETRIES:
-                raise DataError(
-                    f"partition worker processes died {retries} times; the finished partitions "
-                    "are kept: rerun with --resume (and fewer --workers if memory is short)"
-                ) from None
-            continue
-        except BaseException:
-            _stop(pool)
-            raise
+        raise
+    if pool is not None:
         pool.shutdown(wait=True)
 
 

@@ -2,8 +2,9 @@
 
     driver (any node)                  Ray tasks, one per partition, 1 CPU each      driver
     plan -> partition descriptors ->   read -> tokenize -> pack chunks -> shards      -> records ->
-    (a few hundred bytes each)         + tail + record, on the shared file system       final stage,
-                                                                                          index.json
+    (a few hundred bytes each)         + tail + record, on the shared file system       root of the
+                                       then one task per merge node of the tail tree,   tail tree,
+                                       level by level (packtool/engines/merge.py)       index.json
 
 Each task runs `worker.run_partition` (the local engine's function) on one partition: it reads
 its own byte ranges / row groups straight from the shared file system and writes its shards
@@ -105,7 +106,8 @@ def run_pack_ray(
         try:
             cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
             inflight = ray_config.actors or 2 * cpus
-            _execute(ray, run, ray_config, inflight)
+            for wave in run.waves():  # the partitions, then each level of the tail tree
+                _execute(ray, run, wave, ray_config, inflight)
         except Exception as exc:
             cause = _packtool_cause(exc)
             if cause is not None:
@@ -134,9 +136,9 @@ def _connect(ray: Any, address: str | None) -> bool:
     return True
 
 
-def _execute(ray: Any, run: Run, ray_config: RayConfig, inflight: int) -> None:
-    """Submit every unfinished partition (at most `inflight` at once); account each record."""
-    if not run.todo:
+def _execute(ray: Any, run: Run, todo: list[int], ray_config: RayConfig, inflight: int) -> None:
+    """Submit the units `todo` (at most `inflight` at once); account each record."""
+    if not todo:
         return
     blob = pickle.dumps(run.context)
     key = hashlib.sha256(blob).hexdigest()
@@ -144,7 +146,7 @@ def _execute(ray: Any, run: Run, ray_config: RayConfig, inflight: int) -> None:
     task = ray.remote(_partition_task).options(
         num_cpus=1, max_retries=ray_config.max_retries, retry_exceptions=False
     )
-    todo = list(run.todo)
+    todo = list(todo)
     pending: dict[Any, int] = {}
     try:
         while todo or pending:

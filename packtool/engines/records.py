@@ -7,8 +7,9 @@ from any machine that sees the folder):
         shard-PPPPPP-KKKKK.parquet   final names, written by the partition workers
         .packtool-run/
             plan.json                the fingerprint (options, tokenizer, inputs) and the plan
-            parts/PPPPPP.json        one completion record per finished partition
-            tails/PPPPPP.arrow       the pieces a partition set aside (packtool/pack_tail.py)
+            parts/PPPPPP.json        one completion record per finished partition or merge node
+            tails/PPPPPP.arrow       the pieces a partition or merge node set aside
+                                     (packtool/pack_tail.py, packtool/engines/merge.py)
 
 A partition's worker writes its shards, then its tail, then its record, each atomically (a
 temporary name unique to the writer, fsync, rename), so a record exists only for a partition
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from packtool.errors import DataError, naming
 from packtool.pack import PackCounts
@@ -42,8 +44,9 @@ PLAN_FILE = "plan.json"
 PARTS_DIR = "parts"
 TAILS_DIR = "tails"
 SHARD_NAME = "shard-{:06d}-{:05d}.parquet"
-"""Shard `k` of partition `p`; the final stage's shards use partition number = the count of
-partitions. Names are final when written and sort in manifest order."""
+"""Shard `k` of unit `p`: a partition (0 .. N - 1), or a node of the tail tree, numbered on
+after the partitions (packtool/engines/merge.py; the root last, N when there are at most
+`merge.TAIL_FAN_IN` partitions). Names are final when written and sort in manifest order."""
 
 
 def shard_name(partition: int, k: int) -> str:
@@ -60,6 +63,21 @@ def record_path(work: Path, partition: int) -> Path:
 
 def tail_path(work: Path, partition: int) -> Path:
     return work / RUN_DIR / TAILS_DIR / f"{partition:06d}.arrow"
+
+
+def write_tail(work: Path, unit: int, table: pa.Table) -> None:
+    """A unit's tail (pieces, packtool/pack_tail.py) as Arrow IPC, atomically."""
+    sink = pa.BufferOutputStream()
+    # lz4: a tail's `source` column repeats one path per piece.
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    with pa.ipc.new_file(sink, table.schema, options=options) as w:
+        w.write_table(table)
+    atomic_write(tail_path(work, unit), sink.getvalue().to_pybytes())
+
+
+def read_tail(path: Path) -> pa.Table:
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -127,9 +145,10 @@ def finished(work: Path) -> list[int]:
     return sorted(out)
 
 
-def records_in_order(work: Path, partitions: int) -> Iterator[dict[str, Any]]:
-    """Every partition's record, 0 .. partitions - 1 (one file read each, none kept)."""
-    for p in range(partitions):
+def records_in_order(work: Path, units: int) -> Iterator[dict[str, Any]]:
+    """The records of units 0 .. units - 1 (partitions, then the tail tree's nodes; one file
+    read each, none kept)."""
+    for p in range(units):
         yield read_record(work, p)
 
 
@@ -147,6 +166,7 @@ class Totals:
         self.max_examples = max_examples
         self.shards = 0
         self.partitions = 0
+        self.merges = 0
         self.documents_read = 0
         self.input_bytes = 0
         self.tail_pieces = 0
@@ -154,7 +174,8 @@ class Totals:
         self.seconds: dict[str, float] = {}
 
     def add(self, record: dict[str, Any]) -> None:
-        """Add one partition's record (or the final stage's, which has rows but no documents)."""
+        """Add one partition's record, or a tail-tree node's (rows, no documents, packtool/
+        engines/merge.py): a merge node's own tail is counted by its parent, not here."""
         self.counts += PackCounts(**record["counts"])
         self.rounds += np.asarray(record["rows_per_round"], dtype=np.int64)
         hist = record.get("histogram")
@@ -176,9 +197,12 @@ class Totals:
         for key, value in (record.get("seconds") or {}).items():
             self.seconds[key] = self.seconds.get(key, 0.0) + float(value)
         self.shards += len(record["shards"])
-        self.partitions += 1
         self.documents_read += int(record.get("documents", 0))
         self.input_bytes += int(record.get("input_bytes", 0))
+        if "merge" in record:  # an inner node of the tail tree
+            self.merges += 1
+            return
+        self.partitions += 1
         tail = record.get("tail") or {}
         self.tail_pieces += int(tail.get("pieces", 0))
         self.tail_tokens += int(tail.get("tokens", 0))

@@ -9,8 +9,9 @@ and however often a partition was retried.
 Inside a partition, documents are packed in chunks of `chunk_docs` (bounding memory), each
 chunk seeded by (partition, chunk). A chunk keeps its well-filled rows and hands the pieces of
 its least-filled rows to the next chunk (packtool/pack_tail.py), so chunk boundaries cost no
-rows; what the last chunk sets aside is the partition's *tail*, which the final stage packs
-together with every other partition's (packtool/engines/finish.py). Rows stream into shards of
+rows; what the last chunk sets aside is the partition's *tail*, which the tail tree's merge
+nodes pack together with the other partitions' (packtool/engines/merge.py; the engines run
+them through this same function, `run_partition` on a merge descriptor). Rows stream into shards of
 `shard_rows` rows (`shards.ShardWriter`) named `shard-PPPPPP-KKKKK.parquet`: final names, so
 no pass at the end renames or re-hashes anything. Reading the next chunk overlaps packing and
 writing this one (the numba kernels and the Parquet writer release the GIL).
@@ -34,8 +35,9 @@ import pyarrow as pa
 
 from packtool import kernels
 from packtool.corpus import ReadConfig, SkipCounter
-from packtool.engines import records
+from packtool.engines import merge, records
 from packtool.engines.plan import TO_END, check_unchanged
+from packtool.engines.records import read_tail
 from packtool.pack import PackConfig, PackCounts, PackedChunk, pack_table
 from packtool.pack_tail import DOC_CHUNK, TailPolicy
 from packtool.pieces import RAW, RECORDS, FilePiece, Source, partition_tables
@@ -145,14 +147,21 @@ class _Partition:
 def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]:
     """Pack one partition into shards + tail + completion record; return the record.
 
+    A merge node's descriptor (`kind` "merge", packtool/engines/merge.py) runs
+    `merge.merge_node` instead, so the engines run the tail tree's waves with the function and
+    the workers they run the partitions with.
+
     Args:
         ctx: the run's options, tokenizer and staging folder.
-        descriptor: `plan.Plan.descriptor(index)`: the partition's index, pieces and files.
+        descriptor: `plan.Plan.descriptor(index)`: the partition's index, pieces and files; or
+            `merge.TailTree.descriptor(index)`.
 
     Raises:
         DataError: bad input (as the readers say: a corrupt file, a skip in strict mode), or an
             input that changed since the run was planned.
     """
+    if descriptor.get("kind") == merge.MERGE:
+        return merge.merge_node(ctx, descriptor)
     p = int(descriptor["index"])
     work = Path(ctx.work)
     skips = SkipCounter(strict=ctx.source.read.strict)
@@ -219,7 +228,7 @@ def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, A
         raise
     tail = None
     if carry is not None and carry.num_rows:
-        _write_tail(records.tail_path(work, p), carry)
+        records.write_tail(work, p, carry)
         tail = {"pieces": carry.num_rows, "tokens": int(np.sum(carry.column("length")))}
     hist = state.histogram
     present = np.flatnonzero(hist)
@@ -238,20 +247,6 @@ def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, A
     }
     records.write_record(work, record)
     return record
-
-
-def _write_tail(path: Path, table: pa.Table) -> None:
-    sink = pa.BufferOutputStream()
-    # lz4: a tail's `source` column repeats one path per piece.
-    options = pa.ipc.IpcWriteOptions(compression="lz4")
-    with pa.ipc.new_file(sink, table.schema, options=options) as w:
-        w.write_table(table)
-    records.atomic_write(path, sink.getvalue().to_pybytes())
-
-
-def read_tail(path: Path) -> pa.Table:
-    with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_file(source).read_all()
 
 
 def context_for(

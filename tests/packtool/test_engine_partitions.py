@@ -1,6 +1,7 @@
 """The partition engine on a generated 1,000-file corpus (tests/packtool/scale_corpus.py).
 
-The same bytes whatever the number of workers; efficiency within 0.05 points of one chunk;
+The same bytes whatever the number of workers; efficiency within 0.05 points of one chunk, also
+with a tail tree of two levels (and its bytes unchanged by a stop mid-tree and a resume);
 `--resume` reads no byte of a finished partition; an input changed between planning and reading
 is a one-line error naming it; every packed id leads back to its file and line.
 """
@@ -12,12 +13,15 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 import pytest
 
 from packtool import corpus as corpus_mod
 from packtool import corpus_lines, docids
-from packtool.engines import records, worker
+from packtool.engines import base as base_engine
+from packtool.engines import merge, records, worker
 from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.preflight import staging_folder
 from packtool.errors import ConfigError, DataError
@@ -307,3 +311,131 @@ def test_a_killed_writers_temporary_file_does_not_reach_the_dataset(corpus, tmp_
     run_pack(config(out, [corpus], workers=1, resume=True))
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
     assert not verify_dataset(out).warnings
+
+
+# --- the tail tree (packtool/engines/merge.py), with a small fan-in so ~21 partitions make one ---
+
+TREE_PARTITION = 100_000  # ~1 MB of input: 21 partitions
+
+
+def tree_config(out: Path, corpus: Path, **kw) -> RunConfig:
+    return config(out, [corpus], partition_size=TREE_PARTITION, **kw)
+
+
+@pytest.fixture(scope="module")
+def tree_runs(corpus, tmp_path_factory):
+    """Uninterrupted one-worker runs with a tail tree: fan-in 8 (21 partitions: 3 level-1
+    nodes, then the root) and fan-in 4 (21 -> 6 -> 2 nodes, then the root)."""
+    base = tmp_path_factory.mktemp("tree")
+    runs = {}
+    with pytest.MonkeyPatch.context() as mp:
+        for fan_in in (8, 4):
+            mp.setattr(merge, "TAIL_FAN_IN", fan_in)
+            runs[fan_in] = run_pack(tree_config(base / f"f{fan_in}", corpus, workers=1))
+    return base, runs
+
+
+def test_at_most_64_partitions_the_tree_is_the_root_alone_as_partition_n(reference):
+    """The final stage before the tree: "partition N" packs every partition's tail, last."""
+    base, summary, _ = reference
+    n = summary.partitions
+    assert n <= merge.TAIL_FAN_IN
+    listed = [s.file for s in read_manifest(base / "w1").shards]
+    assert {int(f.split("-")[1]) for f in listed} <= set(range(n + 1))
+    assert listed[-1].startswith(f"shard-{n:06d}-") and listed == sorted(listed)
+
+
+def test_a_tail_tree_keeps_efficiency_within_0_05_points_of_one_chunk(tree_runs, reference):
+    base, runs = tree_runs
+    _, _, one = reference
+    for fan_in, summary in runs.items():
+        tree = merge.TailTree(summary.partitions, fan_in)
+        assert summary.partitions == 21 and tree.levels == (1 if fan_in == 8 else 2)
+        names = {int(p.name.split("-")[1]) for p in (base / f"f{fan_in}").glob("shard-*")}
+        assert names & set(tree.level_ids(1)) and tree.root in names  # the nodes wrote rows
+        assert summary.counts.documents_packed == one.counts.documents_packed
+        assert summary.counts.tokens_out == one.counts.tokens_out
+        assert verify_dataset(base / f"f{fan_in}", checksums=True).rows == summary.counts.rows
+    # Two levels (3 nodes of 8 partitions' tails, then the root): one row more than one chunk,
+    # as without the tree (one row of this 2,534-row corpus is 0.04 points).
+    assert one.efficiency - runs[8].efficiency < 0.0005, (runs[8].efficiency, one.efficiency)
+    # Three levels of fan-in 4 pack each node's pieces with 3 other partitions' only, so the
+    # rows they write keep gaps only other partitions' small pieces could fill: one row more
+    # here (with F = 64, a node packs 64 partitions' tails, as rich as this whole corpus's).
+    assert one.efficiency - runs[4].efficiency < 0.001, (runs[4].efficiency, one.efficiency)
+
+
+def test_a_tail_tree_is_the_same_with_two_workers_and_after_a_stop_mid_tree(
+    tree_runs, corpus, tmp_path, monkeypatch
+):
+    base, runs = tree_runs
+    want = base / "f4"
+    monkeypatch.setattr(merge, "TAIL_FAN_IN", 4)
+    two = run_pack(tree_config(tmp_path / "w2", corpus, workers=2))
+    assert "2 partition worker process" in two.cores_used
+    assert shard_bytes(tmp_path / "w2") == shard_bytes(want)
+    assert (tmp_path / "w2" / "index.json").read_bytes() == (want / "index.json").read_bytes()
+
+    # Stop (as a killed driver) once every level-1 node has its record.
+    tree = merge.TailTree(21, 4)
+    out = tmp_path / "cut"
+    real_account = base_engine.Run.account
+
+    def driver_dies(self, record):
+        real_account(self, record)
+        if self.totals.merges == len(tree.level_ids(1)):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(base_engine.Run, "account", driver_dies)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(tree_config(out, corpus, workers=1))
+    monkeypatch.undo()
+    done = set(records.finished(staging_folder(out)))
+    assert done == set(range(tree.level_ids(2).start))  # partitions and level 1, nothing above
+
+    # The resume builds the saved tree (fan-in 4, not today's 64) and runs only what is left.
+    ran: list[int] = []
+    real_node = merge.merge_node
+
+    def counting(ctx, descriptor):
+        ran.append(descriptor["index"])
+        return real_node(ctx, descriptor)
+
+    monkeypatch.setattr(merge, "merge_node", counting)
+    summary = run_pack(tree_config(out, corpus, workers=1, resume=True))
+    assert summary.resumed_partitions == 21
+    assert sorted(ran) == [*tree.level_ids(2), tree.root]
+    assert shard_bytes(out) == shard_bytes(want)
+    assert (out / "index.json").read_bytes() == (want / "index.json").read_bytes()
+    assert summary.counts == runs[4].counts
+
+
+def test_each_merge_node_reads_only_its_childrens_tails(corpus, tmp_path, monkeypatch):
+    """The bookkeeping stays constant: a node reads its children's tails and nothing else, and
+    the root's input is at most F tails of at most 32 rows each."""
+    monkeypatch.setattr(merge, "TAIL_FAN_IN", 4)
+    tree = merge.TailTree(21, 4)
+    current: list[int] = []
+    reads: list[tuple[int, int, int]] = []  # (node, child, tokens)
+    real_node, real_read = merge.merge_node, records.read_tail
+
+    def node(ctx, descriptor):
+        current.append(descriptor["index"])
+        return real_node(ctx, descriptor)
+
+    def read(path):
+        table = real_read(path)
+        tokens = int(pa.compute.sum(table.column("length")).as_py())
+        reads.append((current[-1], int(Path(path).stem), tokens))
+        return table
+
+    monkeypatch.setattr(merge, "merge_node", node)
+    monkeypatch.setattr(records, "read_tail", read)
+    run_pack(tree_config(tmp_path / "out", corpus, workers=1))
+    assert sorted(current) == list(range(21, tree.root + 1))  # each node once
+    assert len({child for _, child, _ in reads}) == len(reads)  # each tail read once
+    for n, child, tokens in reads:
+        assert child in tree.children(n), (n, child)
+        assert tokens <= 32 * 1024  # a tail: at most 32 rows of at most max_len tokens
+    root_reads = [t for n, _, t in reads if n == tree.root]
+    assert 1 <= len(root_reads) <= 4 and sum(root_reads) <= 4 * 32 * 1024

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from packtool.cli import cli, main
 from packtool.corpus import ReadConfig
-from packtool.engines import base, records, worker
+from packtool.engines import base, merge, records, worker
 from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.preflight import staging_folder
 from packtool.errors import ConfigError, DataError, MissingDependencyError
@@ -93,6 +93,41 @@ def test_ray_is_byte_identical_to_the_local_engine(ray_session, tmp_path, pack):
             pieces[doc] = pieces.get(doc, 0) + b - a
     assert len(pieces) == got.counts.documents_packed == 4024  # of 4,030 lines, 6 empty
     assert sum(pieces.values()) == got.counts.tokens_out == got.counts.tokens_in
+
+
+def test_ray_is_byte_identical_with_a_tail_tree_and_resumes_mid_tree(
+    ray_session, tmp_path, monkeypatch
+):
+    """Fan-in 2 over the 6 partitions: 3 level-1 nodes, 2 level-2 nodes, the root (unit 11).
+    The merge nodes run as Ray tasks, a wave per level; a driver stopped after the first
+    merge record is resumed on Ray; both give the local engine's bytes."""
+    monkeypatch.setattr(merge, "TAIL_FAN_IN", 2)
+    tree = merge.TailTree(6, 2)
+    assert tree.sizes == (6, 3, 2) and tree.root == 11
+    run_pack(config(tmp_path / "local"))
+    names = {int(p.name.split("-")[1]) for p in (tmp_path / "local").glob("shard-*")}
+    assert names & set(tree.level_ids(1)) and tree.root in names
+    got = run_ray(config(tmp_path / "ray"))
+    assert_same_as_local(tmp_path / "ray", tmp_path / "local")
+    assert got.partitions == 6
+
+    real = base.Run.account
+
+    def driver_dies(self, record):
+        real(self, record)
+        if "merge" in record:
+            raise KeyboardInterrupt  # partitions done, one merge node recorded
+
+    monkeypatch.setattr(base.Run, "account", driver_dies)
+    with pytest.raises(KeyboardInterrupt):
+        run_ray(config(tmp_path / "cut"))
+    monkeypatch.setattr(base.Run, "account", real)
+    done = set(records.finished(staging_folder(tmp_path / "cut")))
+    assert set(range(6)) <= done and done & set(tree.level_ids(1))
+    assert tree.root not in done
+    summary = run_ray(config(tmp_path / "cut", resume=True))
+    assert summary.resumed_partitions == 6
+    assert_same_as_local(tmp_path / "cut", tmp_path / "local")
 
 
 def test_cli_engine_ray_on_tokenized_parquet(ray_session, tmp_path):
