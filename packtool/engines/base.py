@@ -40,6 +40,7 @@ from packtool.engines.worker import WorkerContext, context_for
 from packtool.errors import ConfigError, DataError
 from packtool.output import remove
 from packtool.pieces import Source
+from packtool.prefetch import map_ordered
 from packtool.progress import Progress
 from packtool.tokenize import tokenized_schema
 from packtool.tokenizers import TokenizerIdentity
@@ -56,10 +57,14 @@ class Run:
         kinds = checked.kinds()
         fingerprint = fingerprint_of(config, checked)
         if output.state is None:
-            files = [
-                describe(p, k, config.partition_size)
-                for p, k in zip(checked.paths, kinds, strict=True)
-            ]
+            # A stat of every input (a footer too for a Parquet file above the target), in
+            # parallel, taken in input order: the plan is that of one file after another.
+            files = list(
+                map_ordered(
+                    lambda pk: describe(*pk, config.partition_size),
+                    zip(checked.paths, kinds, strict=True),
+                )
+            )
             self.plan: Plan = make_plan(files, config.partition_size)
             saved = {"fingerprint": fingerprint, "plan": self.plan.to_dict()}
             if checked.facts is not None:
