@@ -46,6 +46,17 @@ from packtool.tokenize import tokenized_schema
 from packtool.tokenizers import TokenizerIdentity
 
 
+def plan_of(config: RunConfig, checked: Checked) -> Plan:
+    """The partition plan of a fresh run: a stat of every input (and the footer of a Parquet
+    file above the target), `prefetch.io_threads()` files at a time, taken in input order, so
+    the plan is that of reading one file after another."""
+    files = map_ordered(
+        lambda pk: describe(*pk, config.partition_size),
+        zip(checked.paths, checked.kinds(), strict=True),
+    )
+    return make_plan(list(files), config.partition_size)
+
+
 class Run:
     """One `packtool pack` run as both drivers see it (see the module docstring)."""
 
@@ -57,15 +68,7 @@ class Run:
         kinds = checked.kinds()
         fingerprint = fingerprint_of(config, checked)
         if output.state is None:
-            # A stat of every input (a footer too for a Parquet file above the target), in
-            # parallel, taken in input order: the plan is that of one file after another.
-            files = list(
-                map_ordered(
-                    lambda pk: describe(*pk, config.partition_size),
-                    zip(checked.paths, kinds, strict=True),
-                )
-            )
-            self.plan: Plan = make_plan(files, config.partition_size)
+            self.plan: Plan = plan_of(config, checked)
             saved = {"fingerprint": fingerprint, "plan": self.plan.to_dict()}
             if checked.facts is not None:
                 saved[FACTS_KEY] = checked.facts.to_dict()
