@@ -132,7 +132,7 @@ def main() -> None:
 
 {markdown_table(head, rows)}
 
-Per file, preflight reads the footer three times (pre-tokenized ids? packtool metadata? the records' kind) and stats it three times (folder walk, plan, fingerprint); each pass runs {args.threads} files at a time, taken in input order. At 10^5 inputs on a mount with ~20 ms per request that is ~6 x 10^5 requests: ~3.3 h one at a time, ~6 min with 32 threads (`PACKTOOL_IO_THREADS` raises it where the store allows more). `--resume` reads no footer (the facts are saved with the plan) and stats each file twice.
+Per file, a fresh run's preflight reads the footer three times (pre-tokenized ids? packtool metadata? the records' kind) and stats it six times (the folder walk, two path resolutions, the kind cache's key, the plan, the fingerprint); each pass runs {args.threads} files at a time, taken in input order, so the plan and the file an error names are those of a sequential loop. On local disk there is no latency to hide (the two columns are within this box's noise); with latency the gain approaches the thread count. At 10^5 inputs on a mount with ~20 ms per request that is ~9 x 10^5 requests: ~5 h one at a time, ~10 min with 32 threads (`PACKTOOL_IO_THREADS` raises it where the store allows more). `--resume` reads no footer (the facts are saved with the plan).
 """
     print(body)
     if not args.quick:

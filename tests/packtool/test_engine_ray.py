@@ -81,7 +81,7 @@ def test_ray_is_byte_identical_to_the_local_engine(ray_session, tmp_path, pack):
     assert_same_as_local(tmp_path / "ray", tmp_path / "local")
     assert got.partitions == want.partitions == 6
     assert got.counts == want.counts and got.skips == want.skips == {"empty": 6}
-    assert "Ray: 2 CPU(s)" in got.cores_used
+    assert "Ray: 2 CPU(s) in the cluster, a Ray Data pool of up to 2" in got.cores_used
     assert verify_dataset(tmp_path / "ray", checksums=True).rows == got.counts.rows
     # Every document exactly once, with all of its tokens.
     table = pq.read_table(sorted(str(p) for p in (tmp_path / "ray").glob("shard-*.parquet")))
@@ -104,7 +104,7 @@ def test_cli_engine_ray_on_tokenized_parquet(ray_session, tmp_path):
     common += ["--partition-size", "200KB"]
     result = runner.invoke(cli, ["pack", *common, "-o", str(tmp_path / "ray"), "--engine", "ray"])
     assert result.exit_code == 0, result.output
-    assert "Ray: 2 CPU(s) in the cluster, one task per partition" in result.output
+    assert "Ray: 2 CPU(s) in the cluster, a Ray Data pool of up to " in result.output
     assert runner.invoke(cli, ["pack", *common, "-o", str(tmp_path / "local")]).exit_code == 0
     assert_same_as_local(tmp_path / "ray", tmp_path / "local")
 
@@ -182,6 +182,18 @@ def test_a_killed_driver_is_resumed_with_the_same_bytes(ray_session, tmp_path, m
         if len(seen) == 2:
             raise KeyboardInterrupt  # as a killed driver: two records kept, the rest not
 
+    def slow_after_two(key, blob, descriptor):  # defined here: Ray ships it by value
+        import time
+
+        from packtool.engines import ray as engine
+
+        if descriptor["index"] >= 2:
+            time.sleep(5)  # still running when the driver dies
+        return engine._partition_task(key, blob, descriptor)
+
+    from packtool.engines import ray as ray_engine
+
+    monkeypatch.setattr(ray_engine, "_partition_task", slow_after_two)
     monkeypatch.setattr(base.Run, "account", driver_dies)
     with pytest.raises(KeyboardInterrupt):
         run_ray(config(tmp_path / "ray"))
@@ -190,6 +202,8 @@ def test_a_killed_driver_is_resumed_with_the_same_bytes(ray_session, tmp_path, m
     staging = staging_folder(out)
     done = records.finished(staging)
     assert not out.exists() and 2 <= len(done) < 6
+    time.sleep(6)  # an actor left running would finish its partition by now
+    assert records.finished(staging) == done  # the pool was shut down with the driver
     with pytest.raises(ConfigError, match="interrupted run .* --resume"):
         run_ray(config(out))  # neither --overwrite nor --resume
     summary = run_ray(config(out, resume=True))
