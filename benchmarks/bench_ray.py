@@ -60,7 +60,9 @@ def main() -> None:
     try:
         for name, (inputs, max_len, size, chunk) in corpora.items():
 
-            def cfg(out: Path, workers: int | None = None, inputs=inputs, m=max_len, s=size, c=chunk):
+            def cfg(
+                out: Path, workers: int | None = None, inputs=inputs, m=max_len, s=size, c=chunk
+            ):
                 return RunConfig(
                     inputs=tuple(str(p) for p in inputs),
                     out_dir=str(out),
