@@ -202,19 +202,11 @@ def _execute(
     data.enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # its per-run INFO lines
     try:
-        with warnings.catch_warnings():
-            # Ray 2.60 deprecates passing actor options (max_restarts) this way, and has no
-            # other: without them Ray Data restarts actors without bound.
-            warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated")
-            ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-                PartitionActor,
-                fn_constructor_args=(_partition_task, key, ray.put(blob)),
-                batch_size=1,
-                concurrency=(1, n, n),  # start n; fewer when nodes are lost
-                num_cpus=1,
-                max_restarts=ray_config.max_retries,
-                max_task_retries=-1,  # a partition waits for its actor's restart, then reruns
-            )
+        source = ray.data.from_items(items, override_num_blocks=len(items))
+        try:
+            ds = _pool(source, ray_config, key, ray.put(blob), (1, n, n))  # start n at once
+        except (TypeError, ValueError):  # a Ray without an initial pool size (ray#56370)
+            ds = _pool(source, ray_config, key, ray.put(blob), (1, n))
         with closing(iter(ds.iter_rows())) as rows:  # closing shuts the pool down
             for row in rows:
                 got = json.loads(row["record"])
@@ -223,6 +215,23 @@ def _execute(
                 run.account(got["record"])
     finally:
         data.enable_progress_bars = saved
+
+
+def _pool(source: Any, ray_config: RayConfig, key: str, blob: Any, size: tuple) -> Any:
+    """`source` (descriptors) mapped by a pool of `size` (min, max[, initial]) actors."""
+    with warnings.catch_warnings():
+        # Ray 2.60 deprecates passing actor options (max_restarts) this way, and has no other:
+        # without them Ray Data restarts an actor without bound.
+        warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated")
+        return source.map_batches(
+            PartitionActor,
+            fn_constructor_args=(_partition_task, key, blob),
+            batch_size=1,
+            concurrency=size,  # fewer than n when nodes are lost
+            num_cpus=1,
+            max_restarts=ray_config.max_retries,
+            max_task_retries=-1,  # a partition waits for its actor's restart, then reruns
+        )
 
 
 def _caused_by(exc: BaseException, kind: type) -> bool:
