@@ -247,7 +247,7 @@ def _caused_by(exc: BaseException, kind: type) -> bool:
 
 
 def _packtool_cause(exc: BaseException) -> PacktoolError | None:
-    """The user-facing error inside a Ray task error, if there is one."""
+    """The user-facing error inside a Ray error, if there is one."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
