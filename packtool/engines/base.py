@@ -37,7 +37,7 @@ from packtool.engines.preflight import (
 )
 from packtool.engines.summary import PackSummary
 from packtool.engines.worker import WorkerContext, context_for
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, WorkersLost
 from packtool.output import remove
 from packtool.pieces import Source
 from packtool.prefetch import map_ordered
@@ -138,6 +138,17 @@ class Run:
 
     def descriptor(self, p: int) -> dict[str, Any]:
         return self.plan.descriptor(p)
+
+    def workers_lost(self, what: str, advice: str) -> WorkersLost:
+        """The error that stops a run whose workers died too often (`what`): it says whether
+        finished partitions are kept for `--resume` (`preflight.output_folder` keeps them)."""
+        done = len(records.finished(self.work))
+        kept = (
+            f"its {done} finished partition(s) are kept: rerun with --resume"
+            if done
+            else "no partition had finished"
+        )
+        return WorkersLost(f"{what}; {kept} ({advice})")
 
     def account(self, record: dict[str, Any]) -> None:
         """Add a finished partition's record to the running sums (constant cost)."""

@@ -31,7 +31,7 @@ from packtool.columns import written
 from packtool.corpus import _json_array_file, expand_inputs, file_kind
 from packtool.engines import records
 from packtool.engines.config import RunConfig
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import ConfigError, PacktoolError, WorkersLost
 from packtool.manifest import INDEX_FILE
 from packtool.output import (
     OutputLock,
@@ -440,6 +440,6 @@ def _discard(exc: BaseException, state: dict[str, Any] | None, staging: Path) ->
     """Whether a failed run's staging folder goes (see `output_folder`)."""
     if not isinstance(exc, Exception) or state is not None:
         return False  # Ctrl-C / SystemExit, or a resumed run: keep the work for --resume
-    if isinstance(exc, PacktoolError):
+    if isinstance(exc, PacktoolError) and not isinstance(exc, WorkersLost):
         return True
     return not records.finished(staging)

@@ -45,7 +45,7 @@ from packtool.engines import preflight, worker
 from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
 from packtool.engines.summary import PackSummary
-from packtool.errors import ConfigError, DataError, MissingDependencyError, PacktoolError
+from packtool.errors import ConfigError, MissingDependencyError, PacktoolError
 from packtool.tokenizers import Tokenizer
 
 
@@ -126,9 +126,10 @@ def run_pack_ray(
             if cause is not None:
                 raise cause from None
             if _caused_by(exc, ray.exceptions.RayActorError):
-                raise DataError(
+                raise run.workers_lost(
                     f"a partition actor's process or node died more than {ray_config.max_retries} "
-                    "time(s); the finished partitions are kept: rerun with --resume"
+                    "time(s)",
+                    "fewer --workers if memory is short",
                 ) from None
             raise
         finally:

@@ -23,7 +23,7 @@ from packtool.corpus import ReadConfig
 from packtool.engines import base, records, worker
 from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.preflight import staging_folder
-from packtool.errors import ConfigError, DataError, MissingDependencyError
+from packtool.errors import ConfigError, DataError, MissingDependencyError, WorkersLost
 from packtool.pack import PackConfig
 from packtool.shards import ShardConfig
 from packtool.verify import verify_dataset
@@ -280,3 +280,44 @@ def test_ray_address_needs_the_ray_engine(tmp_path):
     )
     assert result.exit_code != 0
     assert "--ray-address needs --engine ray" in str(result.exception)
+
+
+def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(ray_session, tmp_path, monkeypatch):
+    """A partition whose actor dies every time (as an out-of-memory kill would) ends the run
+    after `max_retries` restarts with one line, not a Ray traceback or a hang; the partitions
+    that finished are kept, and `--resume` ends with the local engine's bytes."""
+    from packtool.engines import ray as ray_engine
+
+    run_pack(config(tmp_path / "local"))
+    out = tmp_path / "ray"
+    staging = staging_folder(out)
+
+    def partition_3_dies(key, blob, descriptor):  # defined here: Ray ships it by value
+        import os
+        import time
+
+        from packtool.engines import ray as engine
+
+        if descriptor["index"] == 3:
+            deadline = time.monotonic() + 60
+            while len(records.finished(staging)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)  # die only once two partitions are done
+            os._exit(1)
+        return engine._partition_task(key, blob, descriptor)
+
+    monkeypatch.setattr(ray_engine, "_partition_task", partition_3_dies)
+    with pytest.raises(WorkersLost) as e:
+        run_ray(config(out), max_retries=1)
+    monkeypatch.undo()
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith("a partition actor's process or node died more than 1 time(s); ")
+    kept = int(message.split("its ")[1].split(" finished")[0])
+    assert message.endswith(
+        f"its {kept} finished partition(s) are kept: rerun with --resume "
+        "(fewer --workers if memory is short)"
+    )
+    assert 2 <= kept <= len(records.finished(staging)) < 6 and 3 not in records.finished(staging)
+    summary = run_ray(config(out, resume=True))
+    assert summary.resumed_partitions >= kept
+    assert_same_as_local(out, tmp_path / "local")
