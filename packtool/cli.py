@@ -46,7 +46,7 @@ PARTS = (
     "Input bytes per partition (64MB, 1GB), the unit of parallel work and of --resume: small "
     "files grouped, big JSONL cut at line starts, Parquet between row groups (docs/scale-out.md)."
 )
-PACK_WORKERS = "Partition worker processes (local) or tasks in flight (Ray) [default: all cores]."
+PACK_WORKERS = "Partition worker processes (local) or actors (Ray) [default: all cores]."
 
 # --- commands are registered below; keep each one thin over a library function ---
 

@@ -37,6 +37,7 @@ from packtool.compressed import open_stream, zstd_error
 from packtool.corpus_lines import BOM as _BOM
 from packtool.corpus_lines import TO_END, lines
 from packtool.errors import ConfigError, DataError
+from packtool.prefetch import map_ordered
 from packtool.sft_config import SFTConfig
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
@@ -225,8 +226,7 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
                 raise DataError(f"{text}: glob matches no files")
         else:
             raise DataError(f"{text}: no such file or folder")
-        for p in matches:
-            key = p.resolve()
+        for p, key in zip(matches, map_ordered(Path.resolve, matches), strict=True):
             if key not in seen:
                 seen.add(key)
                 out.append(p)
@@ -247,11 +247,14 @@ def _walk(folder: Path) -> list[Path]:
     found = []
     for top, dirs, files in os.walk(folder, onerror=cannot_list):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
-            if name.startswith(".") or not name.lower().endswith(KNOWN_SUFFIXES):
-                continue
-            p = Path(top) / name
-            if p.is_file():
+        named = [
+            Path(top) / name
+            for name in files
+            if not name.startswith(".") and name.lower().endswith(KNOWN_SUFFIXES)
+        ]
+        # A stat per file, in parallel (on a mount a stat waits on latency), taken in order.
+        for p, regular in zip(named, map_ordered(Path.is_file, named), strict=True):
+            if regular:
                 found.append(p)
             elif not p.is_dir():
                 raise DataError(_not_a_file(p))

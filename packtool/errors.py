@@ -20,6 +20,11 @@ class DataError(PacktoolError):
     """Input data is missing, unreadable or malformed; the message names the file (and line)."""
 
 
+class WorkersLost(DataError):
+    """Partition workers (processes, Ray actors, nodes) died too often and the run stopped; not
+    a mistake in the command, so the finished partitions stay for `--resume`."""
+
+
 class MissingDependencyError(PacktoolError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 

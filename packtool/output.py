@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packtool.errors import ConfigError, naming
+from packtool.prefetch import map_ordered
 
 STAGING_SUFFIX = ".packtool-staging"
 READY_SUFFIX = ".packtool-ready"
@@ -125,8 +126,9 @@ def check_apart(
                 f"input {text} is inside the output {out}, which this run replaces; "
                 "choose another output"
             )
-    for f in files:
-        if target in f.resolve().parents:
+    files = list(files)
+    for f, resolved in zip(files, map_ordered(Path.resolve, files), strict=True):
+        if target in resolved.parents:
             raise ConfigError(
                 f"input {f} is inside the output {out}, which this run replaces; "
                 "choose another output"

@@ -40,6 +40,7 @@ from packtool.columns import LOSS_MASK
 from packtool.corpus import ReadConfig, SkipCounter
 from packtool.errors import ConfigError, DataError
 from packtool.masks import segment_sums
+from packtool.prefetch import map_ordered
 from packtool.tokenized_table import kept_documents, tokenized_table
 
 TOO_BIG = "a row group holds >= 2**31 tokens; write the file with smaller groups"
@@ -89,7 +90,7 @@ def split_pretokenized(paths: list[Path], config: ReadConfig) -> tuple[list[Path
         ConfigError: pre-tokenized files mixed with other inputs.
         DataError: some files have a mask and others do not, or masks of both kinds.
     """
-    kinds = [mask_source(p, config) for p in paths]
+    kinds = list(map_ordered(lambda p: mask_source(p, config), paths))  # footers, in parallel
     pre = [(p, k) for p, k in zip(paths, kinds, strict=True) if k is not False]
     if not pre:
         return [], None

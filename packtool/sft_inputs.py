@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from packtool.corpus import (
     file_kind,
 )
 from packtool.errors import ConfigError, DataError
+from packtool.prefetch import map_ordered, stat_all
 from packtool.sft_config import (
     CHAT_KINDS,
     MESSAGES,
@@ -161,20 +163,21 @@ def dataset_kind(paths: list[Path], read: ReadConfig) -> str:
     forced = read.sft.format
     kind = forced if forced not in ("auto", TOKENIZED) else None
     first_path = None
-    for path in paths:
-        found = file_record_kind(path, read)
-        if found is None:
-            continue
-        if found == SHAREGPT and kind == MESSAGES or found == MESSAGES and kind == SHAREGPT:
-            continue  # chat either way: each message says which form it has
-        if kind is None:
-            kind, first_path = found, path
-        elif found != kind:
-            against = f"{first_path} ({kind})" if first_path else f"--format {kind}"
-            raise DataError(
-                f"{path}: holds {found} records, unlike {against}; a dataset is one kind "
-                "(pass --format to say which)"
-            )
+    # A first record of every file, read in parallel and taken in input order.
+    with closing(map_ordered(lambda p: file_record_kind(p, read), paths)) as kinds:
+        for path, found in zip(paths, kinds, strict=True):
+            if found is None:
+                continue
+            if found == SHAREGPT and kind == MESSAGES or found == MESSAGES and kind == SHAREGPT:
+                continue  # chat either way: each message says which form it has
+            if kind is None:
+                kind, first_path = found, path
+            elif found != kind:
+                against = f"{first_path} ({kind})" if first_path else f"--format {kind}"
+                raise DataError(
+                    f"{path}: holds {found} records, unlike {against}; a dataset is one kind "
+                    "(pass --format to say which)"
+                )
     return kind or TEXT
 
 
@@ -206,7 +209,9 @@ def sft_kind(paths: list[Path], read: ReadConfig, *, tokenized: bool) -> str | N
     if fmt == TEXT:
         return None
     try:
-        key = tuple((p, p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+        key = tuple(
+            (p, st.st_size, st.st_mtime_ns) for p, st in zip(paths, stat_all(paths), strict=True)
+        )
     except OSError:  # the reader names the file
         return None
     kind = _dataset_kind_cached(key, read)

@@ -43,7 +43,7 @@ from packtool.output import (
     remove,
     remove_empty_parents,
 )
-from packtool.prefetch import prefetch
+from packtool.prefetch import map_ordered, prefetch
 from packtool.pretokenized import read_pretokenized, split_pretokenized
 from packtool.progress import Progress
 from packtool.sft_inputs import sft_kind
@@ -152,22 +152,48 @@ def input_columns(
     Raises:
         DataError: some inputs carry a column that others do not (see `common_optional`).
     """
-    paths = expand_inputs(inputs)
-    config = read_config or ReadConfig()
+    return inputs_read(expand_inputs(inputs), read_config or ReadConfig()).columns
+
+
+@dataclass(frozen=True)
+class InputsRead:
+    """What `inputs_read` learns of the input files from their footers and first records."""
+
+    columns: tuple[str, ...]
+    """The optional shard columns (`input_columns`)."""
+    pretokenized: list[Path]
+    """All the files when they are token ids made elsewhere (packtool/pretokenized.py), else []."""
+    mask_source: str | None
+    """The pre-tokenized files' mask column (None: no mask)."""
+    tokenized: list[tuple[Path, dict[str, Any]]]
+    """`packtool tokenize` files with their metadata (all of the files, or [])."""
+
+    def identity(self) -> TokenizerIdentity | None:
+        """The tokenizer recorded in tokenized inputs (`input_identity`)."""
+        return _common_identity(self.tokenized) if self.tokenized else None
+
+
+def inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
+    """`input_columns` and what it read on the way, each footer read once (`map_ordered`).
+
+    Raises:
+        ConfigError, DataError: as `input_columns`.
+    """
     pre, mask_source = split_pretokenized(paths, config)
     if pre:
         sft_kind(pre, config, tokenized=True)  # refuses a --format of raw records
-        return (shard_columns.LOSS_MASK,) if mask_source else ()
+        columns = (shard_columns.LOSS_MASK,) if mask_source else ()
+        return InputsRead(columns, pre, mask_source, [])  # no packtool metadata: not tokenized
     tokenized, raw = _split_inputs(paths)
     if sft_kind(raw, config, tokenized=bool(tokenized)):  # prompt/completion, chat records
-        return (shard_columns.LOSS_MASK,)
-    return common_optional(tokenized) if tokenized else ()
+        return InputsRead((shard_columns.LOSS_MASK,), [], None, tokenized)
+    columns = common_optional(tokenized) if tokenized else ()
+    return InputsRead(columns, [], None, tokenized)
 
 
 def _split_inputs(paths: list[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], list[Path]]:
     tokenized, raw = [], []
-    for p in paths:
-        meta = tokenized_meta(p)
+    for p, meta in zip(paths, map_ordered(tokenized_meta, paths), strict=True):  # footers
         if meta is None:
             raw.append(p)
         else:

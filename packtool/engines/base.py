@@ -41,15 +41,27 @@ from packtool.engines.preflight import (
 )
 from packtool.engines.summary import PackSummary
 from packtool.engines.worker import WorkerContext, context_for
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, WorkersLost
 from packtool.output import remove
 from packtool.pieces import Source
+from packtool.prefetch import map_ordered
 from packtool.progress import Progress
 from packtool.tokenize import tokenized_schema
 from packtool.tokenizers import TokenizerIdentity
 
 FAN_IN_KEY = "tail_fan_in"
 """The tail tree's fan-in, saved in the run state (`plan.json`) so a resume builds its tree."""
+
+
+def plan_of(config: RunConfig, checked: Checked) -> Plan:
+    """The partition plan of a fresh run: a stat of every input (and the footer of a Parquet
+    file above the target), `prefetch.io_threads()` files at a time, taken in input order, so
+    the plan is that of reading one file after another."""
+    files = map_ordered(
+        lambda pk: describe(*pk, config.partition_size),
+        zip(checked.paths, checked.kinds(), strict=True),
+    )
+    return make_plan(list(files), config.partition_size)
 
 
 class Run:
@@ -63,11 +75,7 @@ class Run:
         kinds = checked.kinds()
         fingerprint = fingerprint_of(config, checked)
         if output.state is None:
-            files = [
-                describe(p, k, config.partition_size)
-                for p, k in zip(checked.paths, kinds, strict=True)
-            ]
-            self.plan: Plan = make_plan(files, config.partition_size)
+            self.plan: Plan = plan_of(config, checked)
             fan_in = merge.TAIL_FAN_IN
             saved = {"fingerprint": fingerprint, "plan": self.plan.to_dict(), FAN_IN_KEY: fan_in}
             if checked.facts is not None:
@@ -157,6 +165,17 @@ class Run:
         if p < self.partitions:
             return self.plan.descriptor(p)
         return self.tree.descriptor(p)
+
+    def workers_lost(self, what: str, advice: str) -> WorkersLost:
+        """The error that stops a run whose workers died too often (`what`): it says whether
+        finished partitions are kept for `--resume` (`preflight.output_folder` keeps them)."""
+        done = len(records.finished(self.work))
+        kept = (
+            f"its {done} finished partition(s) are kept: rerun with --resume"
+            if done
+            else "no partition had finished"
+        )
+        return WorkersLost(f"{what}; {kept} ({advice})")
 
     def account(self, record: dict[str, Any]) -> None:
         """Add a finished unit's record to the running sums (constant cost)."""

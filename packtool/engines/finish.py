@@ -155,7 +155,7 @@ def doc_id_record(work: Path, files: list[str], units: list[str]) -> dict[str, A
 
 def remove_temporaries(work: Path) -> None:
     """Delete the hidden `.NAME.<writer>.tmp` files a killed writer left in `work` (one listing:
-    a worker killed mid-shard, a cancelled Ray task), so the dataset holds none of them."""
+    a worker killed mid-shard, a killed Ray actor), so the dataset holds none of them."""
     with os.scandir(work) as entries:
         for e in entries:
             if e.name.startswith(".") and e.name.endswith(".tmp") and e.is_file():

@@ -46,7 +46,6 @@ from packtool.engines.config import RunConfig
 from packtool.engines.preflight import check_inputs, output_folder
 from packtool.engines.summary import PackSummary
 from packtool.engines.worker import WorkerContext, rechunk, run_partition
-from packtool.errors import DataError
 from packtool.tokenizers import Tokenizer
 
 POOL_ENV = "PACKTOOL_WORKER_POOL"
@@ -165,10 +164,9 @@ def _run_pool(run: Run, waves: list[list[int]], workers: int, threads: int, kind
                     _stop(pool)
                     pool = None
                     if retries > MAX_RETRIES:
-                        raise DataError(
-                            f"partition worker processes died {retries} times; the finished "
-                            "partitions are kept: rerun with --resume (and fewer --workers if "
-                            "memory is short)"
+                        raise run.workers_lost(
+                            f"partition worker processes died {retries} times",
+                            "fewer --workers if memory is short",
                         ) from None
     except BaseException:
         if pool is not None:

@@ -31,7 +31,7 @@ from packtool.columns import written
 from packtool.corpus import _json_array_file, expand_inputs, file_kind
 from packtool.engines import records
 from packtool.engines.config import RunConfig
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import ConfigError, PacktoolError, WorkersLost
 from packtool.manifest import INDEX_FILE
 from packtool.output import (
     OutputLock,
@@ -47,8 +47,8 @@ from packtool.output import (
 from packtool.pack import check_room_for_text
 from packtool.pack_columns import check_policy
 from packtool.pieces import PRETOKENIZED, RAW, RECORDS, TOKENIZED
-from packtool.pretokenized import split_pretokenized
-from packtool.tokenize import check_recorded_tokenizer, input_columns, input_identity
+from packtool.prefetch import map_ordered, stat_all
+from packtool.tokenize import check_recorded_tokenizer, inputs_read
 from packtool.tokenizers import Tokenizer, TokenizerIdentity
 
 STATE_DIR = records.RUN_DIR
@@ -179,11 +179,18 @@ FACTS_KEY = "inputs_read"
 
 
 def _read_facts(config: RunConfig, paths: list[Path]) -> InputFacts:
-    """Read what the run needs to know of its inputs (every Parquet footer, first records)."""
-    columns = input_columns(paths, config.read)  # e.g. loss_mask; mixed inputs fail here
+    """Read what the run needs to know of its inputs (every Parquet footer, first records).
+
+    Each pass over the files (`tokenize.inputs_read`: the footers once for pre-tokenized ids,
+    once for packtool metadata, a first record or footer once for the records' kind) reads
+    `prefetch.io_threads()` files at a time and takes their answers in input order, so the
+    outcome, and the file an error names, are those of reading them one after another.
+    """
+    read = inputs_read(paths, config.read)  # e.g. loss_mask; mixed inputs fail here
+    columns = read.columns
     check_policy(columns, config.pack.long_docs)
-    recorded = input_identity(paths)
-    pre, mask_source = split_pretokenized(paths, config.read)
+    recorded = read.identity()
+    pre, mask_source = read.pretokenized, read.mask_source
     sft_records = "loss_mask" in columns and recorded is None and not pre
     mode = TOKENIZED if recorded is not None else PRETOKENIZED if pre else RAW
     kind = None
@@ -212,7 +219,7 @@ def _saved_facts(config: RunConfig, paths: list[Path]) -> InputFacts | None:
     try:
         state = records.read_plan(staging_folder(config.out_dir))
         saved = state["fingerprint"]["inputs"]
-        current = [[str(p), st.st_size, st.st_mtime_ns] for p in paths for st in (p.stat(),)]
+        current = [[str(p), st.st_size, st.st_mtime_ns] for p, st in _stats(paths)]
         if saved != current:
             return None
         return InputFacts.from_dict(state[FACTS_KEY])
@@ -223,13 +230,18 @@ def _saved_facts(config: RunConfig, paths: list[Path]) -> InputFacts | None:
 def _file_kinds(paths: list[Path], mode: str) -> list[str]:
     if mode != RAW:
         return [mode] * len(paths)
-    out = []
-    for p in paths:
-        kind = file_kind(p)
-        if kind == "jsonl" and _json_array_file(p):  # reads the file's first bytes
-            kind = "json_array"
-        out.append(kind)
-    return out
+    return list(map_ordered(_raw_kind, paths))
+
+
+def _raw_kind(path: Path) -> str:
+    kind = file_kind(path)
+    if kind == "jsonl" and _json_array_file(path):  # reads the file's first bytes
+        kind = "json_array"
+    return kind
+
+
+def _stats(paths: list[Path]) -> zip[tuple[Path, os.stat_result]]:
+    return zip(paths, stat_all(paths), strict=True)
 
 
 @dataclass(frozen=True)
@@ -288,7 +300,7 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
     """Everything that determines the output bytes; a resume must match it exactly."""
     # Every file the inputs expand to, with its size and modification time: a file added to an
     # input folder, or edited, between the interrupted run and the resume changes the documents.
-    inputs = [[str(p), st.st_size, st.st_mtime_ns] for p in checked.paths for st in (p.stat(),)]
+    inputs = [[str(p), st.st_size, st.st_mtime_ns] for p, st in _stats(checked.paths)]
     read = asdict(config.read)
     read["sft"].pop("render_processes")  # where templates render never changes a byte
     fingerprint = {
@@ -334,8 +346,21 @@ def check_facts(state: dict[str, Any], checked: Checked, out: Path) -> None:
     """Refuse to resume a state whose `InputFacts` differ from those the run was checked with
     (a state replaced between `check_inputs` and the lock); an older state has none."""
     saved = state.get(FACTS_KEY)
-    if saved is not None and checked.facts is not None and saved != checked.facts.to_dict():
-        raise ConfigError(f"cannot resume {out}: the inputs read differently from the saved run")
+    if saved is None or checked.facts is None:
+        return
+    now = checked.facts.to_dict()
+    if saved == now:
+        return
+    differ = [k for k in now if saved.get(k) != now[k]]
+    what = ", ".join(differ)
+    was = saved.get("kinds")
+    if "kinds" in differ and isinstance(was, list) and len(was) == len(now["kinds"]):
+        i = next(i for i, (a, b) in enumerate(zip(was, now["kinds"], strict=True)) if a != b)
+        what = what.replace("kinds", f"{checked.paths[i]} read as {now['kinds'][i]}, not {was[i]}")
+    raise ConfigError(
+        f"cannot resume {out}: the inputs read differently from the saved run ({what}); "
+        "start over with --overwrite"
+    )
 
 
 def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
@@ -415,6 +440,6 @@ def _discard(exc: BaseException, state: dict[str, Any] | None, staging: Path) ->
     """Whether a failed run's staging folder goes (see `output_folder`)."""
     if not isinstance(exc, Exception) or state is not None:
         return False  # Ctrl-C / SystemExit, or a resumed run: keep the work for --resume
-    if isinstance(exc, PacktoolError):
+    if isinstance(exc, PacktoolError) and not isinstance(exc, WorkersLost):
         return True
     return not records.finished(staging)

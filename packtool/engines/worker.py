@@ -1,8 +1,8 @@
 """The partition worker: read -> tokenize -> pack chunks -> write final-named shards -> record.
 
 Both engines run exactly this function, `run_partition(context, descriptor)`, once per
-partition: the local engine in a pool of processes on this machine, the Ray engine as one Ray
-task per partition anywhere in the cluster. Its output depends only on the partition's pieces
+partition: the local engine in a pool of processes on this machine, the Ray engine in a Ray
+Data actor pool anywhere in the cluster. Its output depends only on the partition's pieces
 and the run's options, so the dataset is the same whichever engine, machine or worker ran it,
 and however often a partition was retried.
 

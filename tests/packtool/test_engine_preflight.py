@@ -188,3 +188,23 @@ def test_shards_of_a_chunk_not_yet_recorded_are_removed_too(tmp_path):
     with pytest.raises(DataError, match="empty"):
         run_pack(config(bad, out, read=read, chunk_docs=2))
     assert not out.exists()
+
+
+@pytest.mark.parametrize("finished", [0, 1])
+def test_workers_lost_keeps_a_fresh_runs_finished_partitions(tmp_path, finished):
+    """`WorkersLost` (workers died too often) is not a mistake in the command: the staging
+    folder of a fresh run stays when a partition finished, for `--resume`; any other
+    `PacktoolError` removes it; with nothing finished there is nothing to keep."""
+    from packtool.engines.preflight import output_folder
+    from packtool.errors import WorkersLost
+
+    corpus = jsonl(tmp_path / "c.jsonl", ["a b c"] * 3)
+    for error, kept in [(WorkersLost("died"), bool(finished)), (DataError("bad"), False)]:
+        cfg = config(corpus, tmp_path / "out", overwrite=True)
+        with pytest.raises(type(error)), output_folder(cfg) as output:
+            records.write_plan(output.work, {"fingerprint": {}, "plan": {}})
+            if finished:
+                records.write_record(output.work, {"partition": 0})
+            raise error
+        assert staging_folder(tmp_path / "out").is_dir() is kept
+        assert not (tmp_path / "out").exists()

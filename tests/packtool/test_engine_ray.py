@@ -23,7 +23,7 @@ from packtool.corpus import ReadConfig
 from packtool.engines import base, merge, records, worker
 from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.preflight import staging_folder
-from packtool.errors import ConfigError, DataError, MissingDependencyError
+from packtool.errors import ConfigError, DataError, MissingDependencyError, WorkersLost
 from packtool.pack import PackConfig
 from packtool.shards import ShardConfig
 from packtool.verify import verify_dataset
@@ -81,7 +81,7 @@ def test_ray_is_byte_identical_to_the_local_engine(ray_session, tmp_path, pack):
     assert_same_as_local(tmp_path / "ray", tmp_path / "local")
     assert got.partitions == want.partitions == 6
     assert got.counts == want.counts and got.skips == want.skips == {"empty": 6}
-    assert "Ray: 2 CPU(s)" in got.cores_used
+    assert "Ray: 2 CPU(s) in the cluster, a Ray Data pool of up to 2" in got.cores_used
     assert verify_dataset(tmp_path / "ray", checksums=True).rows == got.counts.rows
     # Every document exactly once, with all of its tokens.
     table = pq.read_table(sorted(str(p) for p in (tmp_path / "ray").glob("shard-*.parquet")))
@@ -139,7 +139,7 @@ def test_cli_engine_ray_on_tokenized_parquet(ray_session, tmp_path):
     common += ["--partition-size", "200KB"]
     result = runner.invoke(cli, ["pack", *common, "-o", str(tmp_path / "ray"), "--engine", "ray"])
     assert result.exit_code == 0, result.output
-    assert "Ray: 2 CPU(s) in the cluster, one task per partition" in result.output
+    assert "Ray: 2 CPU(s) in the cluster, a Ray Data pool of up to " in result.output
     assert runner.invoke(cli, ["pack", *common, "-o", str(tmp_path / "local")]).exit_code == 0
     assert_same_as_local(tmp_path / "ray", tmp_path / "local")
 
@@ -217,6 +217,18 @@ def test_a_killed_driver_is_resumed_with_the_same_bytes(ray_session, tmp_path, m
         if len(seen) == 2:
             raise KeyboardInterrupt  # as a killed driver: two records kept, the rest not
 
+    def slow_after_two(key, blob, descriptor):  # defined here: Ray ships it by value
+        import time
+
+        from packtool.engines import ray as engine
+
+        if descriptor["index"] >= 2:
+            time.sleep(5)  # still running when the driver dies
+        return engine._partition_task(key, blob, descriptor)
+
+    from packtool.engines import ray as ray_engine
+
+    monkeypatch.setattr(ray_engine, "_partition_task", slow_after_two)
     monkeypatch.setattr(base.Run, "account", driver_dies)
     with pytest.raises(KeyboardInterrupt):
         run_ray(config(tmp_path / "ray"))
@@ -225,6 +237,8 @@ def test_a_killed_driver_is_resumed_with_the_same_bytes(ray_session, tmp_path, m
     staging = staging_folder(out)
     done = records.finished(staging)
     assert not out.exists() and 2 <= len(done) < 6
+    time.sleep(6)  # an actor left running would finish its partition by now
+    assert records.finished(staging) == done  # the pool was shut down with the driver
     with pytest.raises(ConfigError, match="interrupted run .* --resume"):
         run_ray(config(out))  # neither --overwrite nor --resume
     summary = run_ray(config(out, resume=True))
@@ -301,3 +315,44 @@ def test_ray_address_needs_the_ray_engine(tmp_path):
     )
     assert result.exit_code != 0
     assert "--ray-address needs --engine ray" in str(result.exception)
+
+
+def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(ray_session, tmp_path, monkeypatch):
+    """A partition whose actor dies every time (as an out-of-memory kill would) ends the run
+    after `max_retries` restarts with one line, not a Ray traceback or a hang; the partitions
+    that finished are kept, and `--resume` ends with the local engine's bytes."""
+    from packtool.engines import ray as ray_engine
+
+    run_pack(config(tmp_path / "local"))
+    out = tmp_path / "ray"
+    staging = staging_folder(out)
+
+    def partition_3_dies(key, blob, descriptor):  # defined here: Ray ships it by value
+        import os
+        import time
+
+        from packtool.engines import ray as engine
+
+        if descriptor["index"] == 3:
+            deadline = time.monotonic() + 60
+            while len(records.finished(staging)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)  # die only once two partitions are done
+            os._exit(1)
+        return engine._partition_task(key, blob, descriptor)
+
+    monkeypatch.setattr(ray_engine, "_partition_task", partition_3_dies)
+    with pytest.raises(WorkersLost) as e:
+        run_ray(config(out), max_retries=1)
+    monkeypatch.undo()
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith("a partition actor's process or node died more than 1 time(s); ")
+    kept = int(message.split("its ")[1].split(" finished")[0])
+    assert message.endswith(
+        f"its {kept} finished partition(s) are kept: rerun with --resume "
+        "(fewer --workers if memory is short)"
+    )
+    assert 2 <= kept <= len(records.finished(staging)) < 6 and 3 not in records.finished(staging)
+    summary = run_ray(config(out, resume=True))
+    assert summary.resumed_partitions >= kept
+    assert_same_as_local(out, tmp_path / "local")

@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packtool.engines import records, worker
+from packtool.engines import base, records, worker
 from packtool.engines.local import RunConfig, run_pack
-from packtool.engines.preflight import FACTS_KEY, staging_folder
+from packtool.engines.preflight import FACTS_KEY, check_inputs, output_folder, staging_folder
 from packtool.errors import ConfigError
 from packtool.pack import PackConfig
 from packtool.shards import ShardConfig
@@ -199,3 +199,49 @@ def test_a_state_without_saved_input_facts_still_resumes_to_the_same_bytes(tmp_p
     assert summary.resumed_partitions == 2
     assert summary.counts == whole.counts
     assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
+
+
+def test_a_resume_with_matching_facts_opens_no_input_before_its_partitions(tmp_path, monkeypatch):
+    """Preflight and the plan of a resume (under the output lock, `check_facts` included) take
+    what they know of the inputs from the saved state: no input file is opened at all."""
+    folder = tokenized_parquet(tmp_path)
+    whole = run_pack(config(tmp_path / "whole", [folder]))
+    interrupt_after(tmp_path / "cut", [folder], 2, monkeypatch)
+    inputs = sorted(folder.iterdir())
+    cfg = config(tmp_path / "cut", [folder], resume=True)
+    watch = OpenWatch(inputs)
+    checked = check_inputs(cfg, None)
+    with pytest.raises(KeyboardInterrupt), output_folder(cfg) as output:
+        run = base.Run(cfg, checked, output)
+        raise KeyboardInterrupt  # leave before any partition runs; the staging folder stays
+    assert watch.seen() == set()
+    assert run.resumed == 2 and len(run.todo) == len(inputs) - 2
+    watch = OpenWatch(inputs)
+    summary = run_pack(cfg)
+    assert len(watch.seen()) == len(inputs) - 2  # the watch works: the partitions' files open
+    assert summary.counts == whole.counts
+    assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
+
+
+def test_facts_that_changed_under_the_lock_are_refused_naming_the_file(tmp_path, monkeypatch):
+    """`check_facts`: the saved state is replaced between `check_inputs` (no lock yet) and the
+    lock, by one that read an input differently: the resume stops, naming the file."""
+    folder = jsonl(tmp_path / "j")
+    kw = {"partition_size": max(p.stat().st_size for p in folder.iterdir()) + 1}
+    interrupt_after(tmp_path / "cut", [folder], 2, monkeypatch, **kw)
+    cfg = config(tmp_path / "cut", [folder], resume=True, **kw)
+    checked = check_inputs(cfg, None)
+    plan_file = staging_folder(tmp_path / "cut") / records.RUN_DIR / records.PLAN_FILE
+    state = json.loads(plan_file.read_text())
+    assert state[FACTS_KEY]["kinds"] == ["jsonl"] * 6
+    state[FACTS_KEY]["kinds"][3] = "json_array"  # as another run that saw a `[` there
+    plan_file.write_text(json.dumps(state))
+    with pytest.raises(ConfigError) as e, output_folder(cfg) as output:
+        base.Run(cfg, checked, output)
+    message = str(e.value)
+    assert message == (
+        f"cannot resume {cfg.out_dir}: the inputs read differently from the saved run "
+        f"({checked.paths[3]} read as jsonl, not json_array); start over with --overwrite"
+    )
+    assert checked.paths[3] == sorted(folder.iterdir())[3]
+    assert staging_folder(tmp_path / "cut").is_dir()  # a resumed run's work is kept
