@@ -78,12 +78,17 @@ class PackedSource:
         spec: The source (its `path` a folder or a `PackedDataset`, whose folder is used).
         config: The mixture's loader settings (seed, shuffle, shuffle_window, cache, verify,
             page checksums).
+        cache_share: The part of `config.cache_bytes` this source's decoded row groups may
+            hold (the mixture splits the process's cache over its sources); it keeps at least
+            a shuffle window and one row group more whatever their bytes.
     """
 
     kind = "packed"
     window = 4096
 
-    def __init__(self, spec: SourceSpec, config: LoaderConfig) -> None:
+    def __init__(
+        self, spec: SourceSpec, config: LoaderConfig, cache_share: int | None = None
+    ) -> None:
         self.name = spec.name
         path = spec.path.store.path if isinstance(spec.path, PackedDataset) else spec.path
         self.ds = PackedDataset(
@@ -92,13 +97,15 @@ class PackedSource:
             seed=config.seed,
             shuffle=config.shuffle,
             shuffle_window=config.shuffle_window,
-            cache_bytes=config.cache_bytes,
+            cache_bytes=config.cache_bytes if cache_share is None else cache_share,
             verify=config.verify,
             page_checksums=config.page_checksums,
             rank=0,
             world_size=1,
         )
         self.store = self.ds.store
+        # a windowed shuffle draws from a whole window of row groups at once
+        self.store.min_row_groups = config.shuffle_window + 1 if config.shuffle else 2
         self.index = self.ds.index  # RowIndex: counts per row group, loaded on demand
         self.path = str(self.store.path)
         self.fingerprint = self.ds.fingerprint
@@ -323,9 +330,11 @@ class StreamSource:
         self._passes = {}
 
 
-def open_source(spec: SourceSpec, config: LoaderConfig) -> PackedSource | StreamSource:
-    """The reader for a source: a packed folder or `PackedDataset`, or a
-    `StreamingPackedDataset`."""
+def open_source(
+    spec: SourceSpec, config: LoaderConfig, cache_share: int | None = None
+) -> PackedSource | StreamSource:
+    """The reader for a source: a packed folder or `PackedDataset` (its row-group cache
+    `cache_share` bytes, default `config.cache_bytes`), or a `StreamingPackedDataset`."""
     if isinstance(spec.path, StreamingPackedDataset):
         return StreamSource(spec, config)
     if not isinstance(spec.path, (str, Path, PackedDataset)) and not hasattr(
@@ -335,4 +344,4 @@ def open_source(spec: SourceSpec, config: LoaderConfig) -> PackedSource | Stream
             f"source {spec.name!r}: path must be a packed dataset folder, a PackedDataset or a "
             f"StreamingPackedDataset, got {type(spec.path).__name__}"
         )
-    return PackedSource(spec, config)
+    return PackedSource(spec, config, cache_share)

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from loader.record import Documents
+from loader.record import Documents, empty_documents
 from loader.row_group import (
     INT_TYPES,
     RowGroupData,
@@ -82,6 +82,8 @@ class ShardStore:
             instead of different tokens. Costs about 1% of decoding (README, "Loader").
         cache_bytes: Upper bound on decoded row groups kept per process (at least one row group is
             always kept).
+        min_row_groups: Row groups kept whatever their bytes (a mixture's source: its share of
+            the process's `cache_bytes` still holds a whole shuffle window).
 
     Raises:
         DataError: Missing, truncated or corrupt shards, a manifest that does not match the files,
@@ -95,12 +97,14 @@ class ShardStore:
         verify: bool = False,
         cache_bytes: int = 256 << 20,
         page_checksums: bool = True,
+        min_row_groups: int = 1,
     ) -> None:
         self.path = dataset_folder(path)  # the folder, also when given its index.json
         self.manifest: Manifest = read_manifest(self.path)
         self.page_checksums = bool(page_checksums)
         self.vocab_size = int(self.manifest.tokenizer["vocab_size"])
         self.cache_bytes = int(cache_bytes)
+        self.min_row_groups = max(int(min_row_groups), 1)
         self.max_len = int(self.manifest.max_len)
         self.optional: tuple[Column, ...] = loaded_optional(self.manifest.columns)
         """The optional columns this dataset has that records carry (`loss_mask`)."""
@@ -290,7 +294,7 @@ class ShardStore:
         self.decoded_row_groups += 1
         self._cache[g] = data
         self._cached_bytes += data.nbytes
-        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+        while self._cached_bytes > self.cache_bytes and len(self._cache) > self.min_row_groups:
             _, old = self._cache.popitem(last=False)
             self._cached_bytes -= old.nbytes
         return data
@@ -423,15 +427,7 @@ class ShardStore:
 
     def empty_record(self, n_tokens: int, n_docs: int) -> Documents:
         """Uninitialised arrays for `n_tokens` tokens and `n_docs` documents (stored dtypes)."""
-        return Documents(
-            np.empty(n_tokens, self.token_dtype),
-            np.empty(n_docs, np.int32),
-            np.empty(n_docs, np.int64),
-            {
-                c.name: np.empty(n_tokens if c.level == TOKEN else n_docs, c.numpy_dtype())
-                for c in self.optional
-            },
-        )
+        return empty_documents(n_tokens, n_docs, self.token_dtype, self.optional)
 
     def gather(self, rows: np.ndarray) -> Documents:
         """The rows' documents, concatenated in the given order.

@@ -97,6 +97,19 @@ def test_batch_dict_carries_the_source_of_every_document(sources):
     assert ds.names == ["web", "code", "books"]
 
 
+def test_the_sources_share_one_cache_budget_each_keeping_a_window(sources):
+    """cache_bytes bounds a process's decoded row groups, as for one dataset: split over the
+    sources, each still holding a whole shuffle window (and one row group more)."""
+    ds = MixedDataset(spec(sources), tokens_per_batch=128, cache_bytes=3000, shuffle_window=4)
+    assert [s.store.cache_bytes for s in ds.sources] == [1000] * 3
+    assert [s.store.min_row_groups for s in ds.sources] == [5] * 3
+    got = [rows_of(b) for b in ds]
+    for s in ds.sources:
+        assert 1 <= len(s.store._cache) <= 5
+    plain = MixedDataset(spec(sources), tokens_per_batch=128, shuffle_window=4)
+    assert got == [rows_of(b) for b in plain]  # the cache changes no batch
+
+
 @pytest.mark.parametrize("unit", ["tokens", "rows"])
 def test_every_batch_prefix_is_within_one_row_of_the_weights(sources, unit):
     ds = MixedDataset(spec(sources, unit=unit, total_tokens=20_000), tokens_per_batch=150)
