@@ -264,7 +264,8 @@ class MixedDataset(IterableDataset):
         def start(s: Step) -> Step:
             mask = None if keep is None else keep(s)
             if mask is None:
-                self._prefetch(s.rows)
+                s.runs = self._runs(s.rows["src"])  # once: the gather reads them too
+                self._prefetch(s.rows, s.runs)
             elif mask is not False:
                 self._prefetch({f: s.rows[f][mask] for f in ("src", "group")})
             return s
@@ -284,12 +285,12 @@ class MixedDataset(IterableDataset):
             for src in self.sources:
                 src.close_iteration()
 
-    def _prefetch(self, rows: dict[str, np.ndarray]) -> None:
+    def _prefetch(self, rows: dict[str, np.ndarray], runs: list | None = None) -> None:
         src = rows["src"]  # grouped by source
         if not len(src):
             return
         groups = rows["group"]
-        for i, a, b in self._runs(src):
+        for i, a, b in self._runs(src) if runs is None else runs:
             self.sources[i].prefetch(groups[a:b])
 
     def _runs(self, src: np.ndarray) -> list[tuple[int, int, int]]:
@@ -309,22 +310,31 @@ class MixedDataset(IterableDataset):
         token dtype and optional columns)."""
         return empty_documents(n_tokens, n_docs, self.token_dtype, self.columns)
 
-    def gather(self, rows: dict[str, np.ndarray]) -> tuple[Documents, np.ndarray]:
+    def gather(
+        self, rows: dict[str, np.ndarray], runs: list | None = None
+    ) -> tuple[Documents, np.ndarray]:
         """The rows' documents in order and each document's source (int64 `(n_docs,)`)."""
         out = self.empty_record(int(rows["length"].sum()), int(rows["docs"].sum()))
-        self.gather_into(rows, out)
+        self.gather_into(rows, out, runs, fits=True)
         return out, np.repeat(rows["src"], rows["docs"])
 
-    def gather_into(self, rows: dict[str, np.ndarray], dest: Documents) -> tuple[int, int] | None:
+    def gather_into(
+        self,
+        rows: dict[str, np.ndarray],
+        dest: Documents,
+        runs: list | None = None,
+        *,
+        fits: bool = False,
+    ) -> tuple[int, int] | None:
         """Write the rows' documents (optional columns included) at the front of `dest`, one
-        source at a time (the rows are grouped by source); None (nothing written) when it is
-        too small."""
-        src = rows["src"]
-        n_tok, n_docs = int(rows["length"].sum()), int(rows["docs"].sum())
-        if n_tok > dest.n_tokens or n_docs > min(dest.n_docs, len(dest.doc_ids)):
-            return None
+        source at a time (the rows are grouped by source: `runs`, `_runs` of their sources);
+        None (nothing written) when it is too small (`fits`: sized for them)."""
+        if not fits:
+            n_tok, n_docs = int(rows["length"].sum()), int(rows["docs"].sum())
+            if n_tok > dest.n_tokens or n_docs > min(dest.n_docs, len(dest.doc_ids)):
+                return None
         t = d = 0
-        for i, a, b in self._runs(src):
+        for i, a, b in self._runs(rows["src"]) if runs is None else runs:
             source = self.sources[i]
             if isinstance(source, PackedSource):
                 what = rows["rid"][a:b]
@@ -372,8 +382,10 @@ class MixedDataset(IterableDataset):
             out["source"] = torch.from_numpy(source)
         return out
 
-    def batch(self, rows: dict[str, np.ndarray], *, filler: bool = False) -> dict[str, Any]:
-        docs, sources = self.gather(rows)
+    def batch(
+        self, rows: dict[str, np.ndarray], *, filler: bool = False, runs: list | None = None
+    ) -> dict[str, Any]:
+        docs, sources = self.gather(rows, runs)
         return self.expand(docs, sources, filler=filler)
 
     # ---- iteration --------------------------------------------------------------------------
@@ -397,7 +409,7 @@ class MixedDataset(IterableDataset):
     def _batches(self, stream: RowStream, first: int, own, *, in_process: bool) -> Iterator[dict]:
         self._last_step = None
         for s in self._ahead(plan_steps(self, stream, first, own), stream):
-            batch = self.batch(s.rows, filler=s.filler)
+            batch = self.batch(s.rows, filler=s.filler, runs=s.runs)
             if in_process:
                 self._last_step = s  # its state is made only if state_dict() asks
                 self.report(stream.schedule.events, s.end)

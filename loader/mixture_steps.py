@@ -48,6 +48,9 @@ class Step:
     """`(next step, chunk id, rows of that chunk)`: where the state after the step is."""
     chunk: Any = None
     """That schedule chunk (`packtool.schedule.Chunk`)."""
+    runs: list[tuple[int, int, int]] | None = None
+    """`(source, start, stop)` of each source's rows in `rows` (`MixedDataset._runs`), once
+    known."""
     share: tuple[Any, int, int] | None = None
     """With `MixedDataLoader` workers: which rows this worker gathers (a mask, or None for all
     of them, or False for none), how many workers have rows in the step, and the lowest."""
