@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -41,48 +40,27 @@ from torch.utils.data import IterableDataset, get_worker_info
 from loader.collate import collate
 from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
 from loader.dataset import AHEAD_GROUPS, AHEAD_STEPS, look_ahead
-from loader.mixture_sources import PackedSource, StreamSource, missing_fill, open_source
+from loader.mixture_sources import (
+    PackedSource,
+    StreamSource,
+    as_mixture,
+    mixture_columns,
+    open_source,
+)
 from loader.mixture_steps import RowStream, Step, plan_steps
 from loader.record import Documents, empty_documents
-from loader.shards import DecodeThread
+from loader.shards import DecodeThread, write_parts
 from loader.transport import Ring
-from packtool.columns import Column, optional
 from packtool.errors import ConfigError, DataError
-from packtool.mixture import MixtureSpec, SourceSpec, check_compatible, read_mixture_file
+from packtool.mixture import check_compatible
 from packtool.schedule import Schedule
 
 STATE_FORMAT = "packtool.mixture"
 STATE_VERSION = 1
 AHEAD_STREAMING = 32
 """Most steps planned ahead when a source is streaming (it holds those steps' rows)."""
-_PART_FIELDS = ("src", "rid", "epoch", "pos", "length", "docs")
+_PART_FIELDS = ("src", "rid", "epoch", "pos", "length", "docs", "group", "local")
 """What a worker's part of a step keeps of its rows (`gather_into` reads these)."""
-
-
-def mixture_columns(sources: Sequence[PackedSource | StreamSource]) -> tuple[Column, ...]:
-    """The optional columns of a mixture's batches: every one a source has, in declared order
-    (a source without one fills it, `loader.mixture_sources.missing_fill`, or is refused)."""
-    have = {c.name: c for s in sources for c in s.columns}
-    out = tuple(c for c in optional() if c.name in have)
-    for s in sources:
-        for c in out:
-            if c not in s.columns:
-                missing_fill(c, s.name)  # raises for a column nothing can stand in for
-    return out
-
-
-def as_mixture(mixture: Any) -> MixtureSpec:
-    """A `MixtureSpec` from a spec, a mixture file, or a list of `SourceSpec`."""
-    if isinstance(mixture, MixtureSpec):
-        return mixture
-    if isinstance(mixture, (str, os.PathLike)):
-        return read_mixture_file(mixture)
-    if isinstance(mixture, Sequence) and all(isinstance(s, SourceSpec) for s in mixture):
-        return MixtureSpec(sources=tuple(mixture))
-    raise ConfigError(
-        "a mixture is a MixtureSpec, a mixture file (.json/.yaml) or a list of SourceSpec, got "
-        f"{type(mixture).__name__}"
-    )
 
 
 class MixedDataset(IterableDataset):
@@ -160,6 +138,8 @@ class MixedDataset(IterableDataset):
         self.token_dtype = np.dtype(np.result_type(*[s.token_dtype for s in self.sources]))
         self.columns = mixture_columns(self.sources)
         """The optional columns the batches carry (`loss_mask`): those any source has."""
+        self._stores = [s.store if isinstance(s, PackedSource) else None for s in self.sources]
+        self._one_loop = all(st is not None and st.optional == self.columns for st in self._stores)
         self.max_docs = self.pad_tokens = None
         if config.static_shape:
             if any(isinstance(s, StreamSource) for s in self.sources):
@@ -314,9 +294,26 @@ class MixedDataset(IterableDataset):
         self, rows: dict[str, np.ndarray], runs: list | None = None
     ) -> tuple[Documents, np.ndarray]:
         """The rows' documents in order and each document's source (int64 `(n_docs,)`)."""
-        out = self.empty_record(int(rows["length"].sum()), int(rows["docs"].sum()))
-        self.gather_into(rows, out, runs, fits=True)
+        if self._one_loop:
+            parts, n_tok, n_docs = self._views(rows, runs)
+            out = self.empty_record(n_tok, n_docs)
+            write_parts(parts, out, self.columns)
+        else:
+            out = self.empty_record(int(rows["length"].sum()), int(rows["docs"].sum()))
+            self.gather_into(rows, out, runs, fits=True)
         return out, np.repeat(rows["src"], rows["docs"])
+
+    def _views(self, rows: dict[str, np.ndarray], runs: list | None) -> tuple[list, int, int]:
+        """`ShardStore.views` of every row, source after source, in one list (packed sources
+        with the mixture's columns: one write for the whole batch, as one dataset's)."""
+        groups, local = rows["group"].tolist(), rows["local"].tolist()
+        parts: list[tuple] = []
+        n_tok = n_docs = 0
+        for i, a, b in self._runs(rows["src"]) if runs is None else runs:
+            _, nt, nd = self._stores[i].views(groups[a:b], local[a:b], parts)
+            n_tok += nt
+            n_docs += nd
+        return parts, n_tok, n_docs
 
     def gather_into(
         self,
@@ -329,6 +326,12 @@ class MixedDataset(IterableDataset):
         """Write the rows' documents (optional columns included) at the front of `dest`, one
         source at a time (the rows are grouped by source: `runs`, `_runs` of their sources);
         None (nothing written) when it is too small (`fits`: sized for them)."""
+        if self._one_loop:
+            parts, n_tok, n_docs = self._views(rows, runs)
+            if n_tok > dest.n_tokens or n_docs > min(dest.n_docs, len(dest.doc_ids)):
+                return None
+            write_parts(parts, dest, self.columns)
+            return n_tok, n_docs
         if not fits:
             n_tok, n_docs = int(rows["length"].sum()), int(rows["docs"].sum())
             if n_tok > dest.n_tokens or n_docs > min(dest.n_docs, len(dest.doc_ids)):

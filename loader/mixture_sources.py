@@ -24,7 +24,9 @@ read (`loss_mask` 1: every token a target, as `PackedDataset` trains on such a s
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +39,9 @@ from loader.permutation import EpochOrder
 from loader.record import Documents
 from loader.rows import PackedRows
 from loader.streaming import StreamingPackedDataset
-from packtool.columns import LOSS_MASK, TOKEN, Column, get
+from packtool.columns import LOSS_MASK, TOKEN, Column, get, optional
 from packtool.errors import ConfigError
-from packtool.mixture import SourceSpec
+from packtool.mixture import MixtureSpec, SourceSpec, read_mixture_file
 from packtool.tokenize import input_columns
 
 STREAM_BLOCK = 256
@@ -137,10 +139,12 @@ class PackedSource:
         return self.index.stats(self.ids(epoch, start, n))[0]
 
     def describe_rows(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
-        """`(row ids, documents, attention cost, row groups)` of `n` rows from `start`."""
+        """`(row ids, documents, attention cost, row groups, index in the row group)` of `n`
+        rows from `start`."""
         ids = self.ids(epoch, start, n)
         _, docs, sq = self.index.stats(ids)
-        return ids, docs, sq, self.store.row_group_of(ids)
+        groups = self.store.row_group_of(ids)
+        return ids, docs, sq, groups, ids - self.store.row_group_starts[groups]
 
     def top_n_docs(self, k: int) -> np.ndarray:
         """The `k` largest per-row document counts (one pass over the counts: static shape)."""
@@ -280,12 +284,13 @@ class StreamSource:
         return np.asarray([r.n_tokens for r in rows], dtype=np.int64)
 
     def describe_rows(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
-        """`(-1 (no row ids), documents, attention cost, blocks)` of `n` rows from `start`."""
+        """`(-1 (no row ids), documents, attention cost, blocks, index in the block)` of `n`
+        rows from `start`."""
         rows = [self.row(epoch, p) for p in range(start, start + n)]
         docs = np.asarray([r.n_docs for r in rows], dtype=np.int64)
         sq = np.asarray([float((r.doc_lens.astype(np.float64) ** 2).sum()) for r in rows])
-        groups = np.arange(start, start + n, dtype=np.int64) // STREAM_BLOCK
-        return np.full(n, -1, np.int64), docs, sq, groups
+        pos = np.arange(start, start + n, dtype=np.int64)
+        return np.full(n, -1, np.int64), docs, sq, pos // STREAM_BLOCK, pos % STREAM_BLOCK
 
     def row(self, epoch: int, pos: int) -> Documents:
         held = self._seek(epoch, pos)
@@ -345,3 +350,29 @@ def open_source(
             f"StreamingPackedDataset, got {type(spec.path).__name__}"
         )
     return PackedSource(spec, config, cache_share)
+
+
+def mixture_columns(sources: Sequence[PackedSource | StreamSource]) -> tuple[Column, ...]:
+    """The optional columns of a mixture's batches: every one a source has, in declared order
+    (a source without one fills it, `loader.mixture_sources.missing_fill`, or is refused)."""
+    have = {c.name: c for s in sources for c in s.columns}
+    out = tuple(c for c in optional() if c.name in have)
+    for s in sources:
+        for c in out:
+            if c not in s.columns:
+                missing_fill(c, s.name)  # raises for a column nothing can stand in for
+    return out
+
+
+def as_mixture(mixture: Any) -> MixtureSpec:
+    """A `MixtureSpec` from a spec, a mixture file, or a list of `SourceSpec`."""
+    if isinstance(mixture, MixtureSpec):
+        return mixture
+    if isinstance(mixture, (str, os.PathLike)):
+        return read_mixture_file(mixture)
+    if isinstance(mixture, Sequence) and all(isinstance(s, SourceSpec) for s in mixture):
+        return MixtureSpec(sources=tuple(mixture))
+    raise ConfigError(
+        "a mixture is a MixtureSpec, a mixture file (.json/.yaml) or a list of SourceSpec, got "
+        f"{type(mixture).__name__}"
+    )

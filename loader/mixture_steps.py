@@ -24,9 +24,9 @@ from packtool.schedule import state_after
 if TYPE_CHECKING:
     from loader.mixture import MixedDataset
 
-FIELDS = ("src", "epoch", "pos", "rid", "length", "docs", "group", "sq")
-"""What the stream knows of every row (`group`: its row group in its source; streaming
-sources: blocks of `STREAM_BLOCK` positions)."""
+FIELDS = ("src", "epoch", "pos", "rid", "length", "docs", "group", "local", "sq")
+"""What the stream knows of every row (`group`: its row group in its source, `local` its index
+there; streaming sources: blocks of `STREAM_BLOCK` positions)."""
 STEP_FIELDS = FIELDS[:-1]
 """What a step keeps of its rows (the cost `sq` only matters to balancing)."""
 
@@ -99,6 +99,7 @@ class RowStream:
                 "docs": np.empty(len(chunk), np.int64),
                 "sq": np.empty(len(chunk), np.float64),
                 "group": np.empty(len(chunk), np.int64),
+                "local": np.empty(len(chunk), np.int64),
             }
             for i in np.unique(chunk.src).tolist():
                 mine = np.flatnonzero(chunk.src == i)
@@ -106,7 +107,8 @@ class RowStream:
                 for e in np.unique(epochs).tolist():
                     at = mine[epochs == e]
                     described = self.sources[i].describe_rows(e, int(chunk.pos[at[0]]), len(at))
-                    for f, values in zip(("rid", "docs", "sq", "group"), described, strict=True):
+                    fields = ("rid", "docs", "sq", "group", "local")
+                    for f, values in zip(fields, described, strict=True):
                         cols[f][at] = values
             keep = self.p - self.base
             if keep > 65536:  # forget rows already cut

@@ -51,6 +51,26 @@ _STATS_FILES = 16
 """Shard files kept open for reading row counts (`ShardStore.row_stats`)."""
 
 
+def write_parts(
+    parts: list[tuple], dest: Documents, optional: tuple[Column, ...], t: int = 0, d: int = 0
+) -> None:
+    """Write row views (`ShardStore.views`: tokens, doc offsets, doc ids, optional columns)
+    into `dest` from token `t` and document `d`, one after another."""
+    tokens, doc_lens, doc_ids, columns = dest.tokens, dest.doc_lens, dest.doc_ids, dest.columns
+    for tok, off, ids, extra in parts:
+        n, k = len(tok), len(ids)
+        tokens[t : t + n] = tok
+        np.subtract(off[1:], off[:-1], out=doc_lens[d : d + k])
+        doc_ids[d : d + k] = ids
+        for c in optional:
+            if c.level == TOKEN:
+                columns[c.name][t : t + n] = extra[c.name]
+            else:
+                columns[c.name][d : d + k] = extra[c.name]
+        t += n
+        d += k
+
+
 class DecodeThread:
     """One background decode thread per process (made on first use; a forked or unpickled copy
     makes its own), for one store or shared by several."""
@@ -361,11 +381,16 @@ class ShardStore:
         """Per row: (tokens, cu_seqlens, doc ids, optional columns) views into cached row groups;
         total tokens and documents."""
         groups = self.row_group_of(rows)
-        local = (rows - self._rg_start[groups]).tolist()
-        parts = []
+        return self.views(groups.tolist(), (rows - self._rg_start[groups]).tolist(), [])
+
+    def views(
+        self, groups: list[int], local: list[int], parts: list[tuple]
+    ) -> tuple[list[tuple], int, int]:
+        """`_slices` of the rows at `local` in row groups `groups`, appended to `parts` (a
+        mixture collects several stores' rows in one list); the tokens and documents added."""
         n_tokens = n_docs = 0
         optional = self.optional
-        for i, g in zip(local, groups.tolist(), strict=True):
+        for i, g in zip(local, groups, strict=True):
             data = self.row_group(g)
             a, b = data.token_offsets[i : i + 2].tolist()
             oa, ob = data.doc_offsets_offsets[i : i + 2].tolist()
@@ -410,20 +435,7 @@ class ShardStore:
         return n_tokens, n_docs
 
     def _write(self, parts: list[tuple], dest: Documents, t: int = 0, d: int = 0) -> None:
-        tokens, doc_lens, doc_ids, columns = dest.tokens, dest.doc_lens, dest.doc_ids, dest.columns
-        optional = self.optional
-        for tok, off, ids, extra in parts:
-            n, k = len(tok), len(ids)
-            tokens[t : t + n] = tok
-            np.subtract(off[1:], off[:-1], out=doc_lens[d : d + k])
-            doc_ids[d : d + k] = ids
-            for c in optional:
-                if c.level == TOKEN:
-                    columns[c.name][t : t + n] = extra[c.name]
-                else:
-                    columns[c.name][d : d + k] = extra[c.name]
-            t += n
-            d += k
+        write_parts(parts, dest, self.optional, t, d)
 
     def empty_record(self, n_tokens: int, n_docs: int) -> Documents:
         """Uninitialised arrays for `n_tokens` tokens and `n_docs` documents (stored dtypes)."""
