@@ -27,6 +27,7 @@ another seed, or other data under a kept name, is refused.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import warnings
 from collections.abc import Iterator
@@ -138,6 +139,7 @@ class MixedDataset(IterableDataset):
         self.token_dtype = np.dtype(np.result_type(*[s.token_dtype for s in self.sources]))
         self.columns = mixture_columns(self.sources)
         """The optional columns the batches carry (`loss_mask`): those any source has."""
+        self._source_ids = np.arange(len(self.sources) + 1)
         self._stores = [s.store if isinstance(s, PackedSource) else None for s in self.sources]
         self._one_loop = all(st is not None and st.optional == self.columns for st in self._stores)
         self.max_docs = self.pad_tokens = None
@@ -269,19 +271,15 @@ class MixedDataset(IterableDataset):
         src = rows["src"]  # grouped by source
         if not len(src):
             return
-        groups = rows["group"]
+        groups = rows["group"].tolist()
         for i, a, b in self._runs(src) if runs is None else runs:
             self.sources[i].prefetch(groups[a:b])
 
     def _runs(self, src: np.ndarray) -> list[tuple[int, int, int]]:
-        """`(source, start, stop)` of each source's rows in `src` (grouped by source)."""
-        ends = np.cumsum(np.bincount(src, minlength=len(self.sources))).tolist()
-        out, a = [], 0
-        for i, b in enumerate(ends):
-            if b > a:
-                out.append((i, a, b))
-            a = b
-        return out
+        """`(source, start, stop)` of each source's rows in `src` (sorted: grouped by source in
+        mixture order)."""
+        ends = src.searchsorted(self._source_ids).tolist()
+        return [(i, a, b) for i, (a, b) in enumerate(itertools.pairwise(ends)) if b > a]
 
     # ---- gathering and collating ------------------------------------------------------------
 

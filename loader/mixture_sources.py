@@ -173,7 +173,7 @@ class PackedSource:
         """Row groups handed to the decode thread and not yet used."""
         return self.store.pending_row_groups
 
-    def prefetch(self, groups: np.ndarray) -> None:
+    def prefetch(self, groups: np.ndarray | list[int]) -> None:
         """Start decoding these row groups (first-use order; cached or pending ones skipped)."""
         self.store.prefetch(groups)
 
@@ -319,7 +319,7 @@ class StreamSource:
         fill_missing(dest, self.columns, self.name, t0, d0, t - t0, d - d0)
         return t - t0, d - d0
 
-    def prefetch(self, groups: np.ndarray) -> None:
+    def prefetch(self, groups: np.ndarray | list[int]) -> None:
         """Rows are packed when the schedule reads their lengths."""
 
     def release(self, epoch: int, pos: int) -> None:

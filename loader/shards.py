@@ -251,14 +251,14 @@ class ShardStore:
         """Row groups handed to the decode thread and not yet used."""
         return len(self._pending)
 
-    def prefetch(self, groups: np.ndarray) -> None:
+    def prefetch(self, groups: np.ndarray | list[int]) -> None:
         """Start decoding row groups (global numbering) in the background, in the given order.
 
         Row groups already cached or pending are skipped; a later `row_group(g)` waits for its
         decode. Decoded row groups are held until used (at most what the caller asks ahead).
         """
         self._own()
-        for g in dict.fromkeys(np.asarray(groups).tolist()):
+        for g in dict.fromkeys(groups.tolist() if isinstance(groups, np.ndarray) else groups):
             if g in self._cache or g in self._pending:
                 continue
             if self._decoder is None:

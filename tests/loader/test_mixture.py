@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from loader import MixedDataLoader, MixedDataset, PackedDataset
+from loader.mixture_steps import RowStream, plan_steps
 from loader.testing import write_dataset, write_random_dataset
 from packtool.errors import ConfigError, DataError
 from packtool.manifest import INDEX_FILE
@@ -191,6 +192,19 @@ def test_worker_count_and_seed(sources):
     assert same(again, ref)
     other, _ = stream(MixedDataset(spec(sources, seed=1), tokens_per_batch=200))
     assert not same(other, ref)
+
+
+def test_parts_too_big_for_the_ring_travel_outside_it(sources, monkeypatch):
+    """A worker's part with more documents than a ring slot holds (gather_into answers None) is
+    sent on its own: the same batches."""
+    ref, _ = stream(MixedDataset(spec(sources), tokens_per_batch=200))
+    monkeypatch.setattr(MixedDataset, "max_batch_docs", lambda self: 1)
+    ds = MixedDataset(spec(sources), tokens_per_batch=200)
+    got, _ = stream(ds, workers=2)
+    assert same(got, ref)
+    rows = next(iter(ds._ahead(plan_steps(ds, RowStream(ds, None), 0, lambda k: True), None)))
+    small = ds.empty_record(1, 1)
+    assert ds.gather_into(rows.rows, small) is None  # nothing written: too small
 
 
 def test_static_shape_and_hf_layout(sources):
