@@ -246,7 +246,9 @@ def rank_step(
             ranges = []  # nothing for this rank: a filler batch
     if r < len(ranges):
         a, b = ranges[r]
-        return Step(step, _grouped(stream.rows(a, b)), False, begin, end)
+        lo = a - stream.base  # _grouped(stream.rows(a, b)) without the slices
+        order = np.argsort(stream.buf["src"][lo : b - stream.base], kind="stable") + lo
+        return Step(step, {f: stream.buf[f][order] for f in STEP_FIELDS}, False, begin, end)
     return Step(step, _grouped(stream.rows(begin, begin + 1)), True, begin, end)
 
 
