@@ -113,7 +113,7 @@ class MixedDataset(IterableDataset):
         self.rank, self.world_size = dist_rank_world(rank, world_size)
         # One row-group cache budget per process, as one dataset has: split over the sources
         # (each keeps at least its shuffle window): three 96 MB caches filled over the first
-        # ~150 M tokens cost ~0.4 ms of page faults per row group decoded (bench_mixture).
+        # ~150 M tokens cost ~0.4-1 ms of page faults per row group decoded (bench_mixture).
         share = config.cache_bytes // len(spec.sources)
         self.sources = [open_source(s, config, share) for s in spec.sources]
         shared = DecodeThread()  # one decode thread per process, as one dataset has
@@ -237,11 +237,15 @@ class MixedDataset(IterableDataset):
         """The steps, with the row groups of upcoming ones decoding in the background (only of
         the rows `keep(step)` selects: a mask, None for all, False for none), as
         `PackedDataset` looks ahead (`loader.dataset.look_ahead`): up to `AHEAD_STEPS` steps
-        while no source has `AHEAD_GROUPS` row groups waiting. With a streaming source,
+        while fewer than `AHEAD_GROUPS` row groups per source wait to be used. With a streaming source,
         `AHEAD_STREAMING` steps (it holds the rows of the steps planned); it forgets its rows
         once every step holding them has been taken."""
         packed = [s for s in self.sources if isinstance(s, PackedSource)]
         streaming = len(packed) < len(self.sources)
+        # AHEAD_GROUPS per source, in all: one source's next window waiting must not stop the
+        # look-ahead short of the others' (their windows would then decode only when needed,
+        # the iterating thread waiting: ~10% of the wall time in-process, bench_mixture)
+        room = AHEAD_GROUPS * len(packed)
 
         def start(s: Step) -> Step:
             mask = None if keep is None else keep(s)
@@ -260,7 +264,7 @@ class MixedDataset(IterableDataset):
                 steps,
                 start,
                 most=AHEAD_STREAMING if streaming else AHEAD_STEPS,
-                busy=lambda: any(p.pending >= AHEAD_GROUPS for p in packed),
+                busy=lambda: sum(p.pending for p in packed) >= room,
                 after=after if streaming else None,
             )
         finally:
