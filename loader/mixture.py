@@ -237,15 +237,23 @@ class MixedDataset(IterableDataset):
         """The steps, with the row groups of upcoming ones decoding in the background (only of
         the rows `keep(step)` selects: a mask, None for all, False for none), as
         `PackedDataset` looks ahead (`loader.dataset.look_ahead`): up to `AHEAD_STEPS` steps
-        while fewer than `AHEAD_GROUPS` row groups per source wait to be used. With a streaming source,
+        while fewer than `AHEAD_GROUPS` row groups per source wait to be used (in all, in the
+        iterating process; each source, in a worker). With a streaming source,
         `AHEAD_STREAMING` steps (it holds the rows of the steps planned); it forgets its rows
         once every step holding them has been taken."""
         packed = [s for s in self.sources if isinstance(s, PackedSource)]
         streaming = len(packed) < len(self.sources)
-        # AHEAD_GROUPS per source, in all: one source's next window waiting must not stop the
-        # look-ahead short of the others' (their windows would then decode only when needed,
-        # the iterating thread waiting: ~10% of the wall time in-process, bench_mixture)
-        room = AHEAD_GROUPS * len(packed)
+        # In-process, AHEAD_GROUPS per source in all: one source's next window waiting must not
+        # stop the look-ahead short of the others' (their windows would then decode only when
+        # needed, the iterating thread waiting: ~10% of the wall time, bench_mixture). A worker
+        # (`keep`) stops at AHEAD_GROUPS for any source: its DataLoader queue hides the wait,
+        # and it holds less decoded ahead.
+        room = AHEAD_GROUPS * len(packed) if keep is None else AHEAD_GROUPS
+
+        def busy() -> bool:
+            if keep is None:
+                return sum(p.pending for p in packed) >= room
+            return any(p.pending >= room for p in packed)
 
         def start(s: Step) -> Step:
             mask = None if keep is None else keep(s)
@@ -264,7 +272,7 @@ class MixedDataset(IterableDataset):
                 steps,
                 start,
                 most=AHEAD_STREAMING if streaming else AHEAD_STEPS,
-                busy=lambda: sum(p.pending for p in packed) >= room,
+                busy=busy,
                 after=after if streaming else None,
             )
         finally:
