@@ -84,7 +84,8 @@ class LoaderConfig:
     """Token id used for static-shape padding."""
     cache_bytes: int = 96 << 20
     """Bound on decoded row groups cached per process (default: a 16-row-group shuffle window of
-    256 rows x 4096 uint16 tokens, with room to spare)."""
+    256 rows x 4096 uint16 tokens, with room to spare). A mixture splits it over its sources,
+    each keeping at least its shuffle window and one row group more."""
     verify: bool = False
     """Check every shard's sha256 at open (reads the whole dataset)."""
     page_checksums: bool = True

@@ -17,9 +17,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -43,6 +43,41 @@ AHEAD_STEPS = 1024
 """Most upcoming steps whose rows are planned ahead of the one being produced."""
 AHEAD_GROUPS = 16
 """Most row groups decoded ahead and not yet used (one default shuffle window; 0: none)."""
+_END = object()
+S = TypeVar("S")
+T = TypeVar("T")
+
+
+def look_ahead(
+    steps: Iterable[S],
+    start: Callable[[S], T],
+    *,
+    most: int,
+    busy: Callable[[], bool],
+    after: Callable[[T | None], None] | None = None,
+) -> Iterator[T]:
+    """`start(step)` of each step, called ahead of the step's turn: `start` hands the row groups
+    the step will need, in first-use order, to the decode thread, which decodes them while the
+    steps before are gathered. Looks ahead up to `most` steps while not `busy()` (a windowed
+    shuffle needs a whole window of new row groups every window: `AHEAD_GROUPS` waiting), at
+    least one. `after(next item, or None)` runs once each item has been handed out.
+    `PackedDataset` and `loader.mixture.MixedDataset` share it.
+    """
+    queue: deque[T] = deque()
+    upcoming = iter(steps)
+    more = True
+    while True:
+        while more and len(queue) < most and (not queue or not busy()):
+            step = next(upcoming, _END)
+            if step is _END:
+                more = False
+                break
+            queue.append(start(step))
+        if not queue:
+            return
+        yield queue.popleft()
+        if after is not None:
+            after(queue[0] if queue else None)
 
 
 class PackedDataset(IterableDataset):
@@ -310,39 +345,28 @@ class PackedDataset(IterableDataset):
     def _ahead(
         self, plan: EpochPlan, steps: Iterable[int]
     ) -> Iterator[tuple[int, np.ndarray, bool]]:
-        """`(step, rows, filler)` for each step, decoding upcoming row groups in the background.
-
-        Looks ahead along `steps` (up to `AHEAD_STEPS`) and hands the row groups those steps will
-        need, in first-use order, to the store's decode thread while at most `AHEAD_GROUPS` are
-        waiting to be used: a windowed shuffle needs a whole window of new row groups every
-        window, and they decode while the current one is gathered.
-        """
+        """`(step, rows, filler)` for each step, decoding upcoming row groups in the background
+        (`look_ahead`: up to `AHEAD_STEPS` steps while fewer than `AHEAD_GROUPS` row groups
+        wait to be used)."""
         filler_row = plan.order[0] if len(plan.order) else 0
         store = self.store
-        queue: deque[tuple[int, np.ndarray, bool]] = deque()
-        upcoming = iter(steps)
-        more = True
+
+        def start(step: int) -> tuple[int, np.ndarray, bool]:
+            rows = self.rows_for(plan, step)
+            filler = len(rows) == 0
+            if filler:
+                rows = np.asarray([filler_row], dtype=np.int64)
+            if AHEAD_GROUPS:
+                store.prefetch(store.row_group_of(rows))
+            return step, rows, filler
+
         try:
-            while True:
-                while (
-                    more
-                    and len(queue) < AHEAD_STEPS
-                    and (not queue or store.pending_row_groups < AHEAD_GROUPS)
-                ):
-                    step = next(upcoming, None)
-                    if step is None:
-                        more = False
-                        break
-                    rows = self.rows_for(plan, step)
-                    filler = len(rows) == 0
-                    if filler:
-                        rows = np.asarray([filler_row], dtype=np.int64)
-                    if AHEAD_GROUPS:
-                        store.prefetch(store.row_group_of(rows))
-                    queue.append((step, rows, filler))
-                if not queue:
-                    return
-                yield queue.popleft()
+            yield from look_ahead(
+                steps,
+                start,
+                most=AHEAD_STEPS,
+                busy=lambda: store.pending_row_groups >= AHEAD_GROUPS,
+            )
         finally:
             store.cancel_prefetch()
 

@@ -27,11 +27,10 @@ another seed, or other data under a kept name, is refused.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-import os
 import warnings
-from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -41,52 +40,28 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.collate import collate
 from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
-from loader.mixture_sources import PackedSource, StreamSource, missing_fill, open_source
+from loader.dataset import AHEAD_GROUPS, AHEAD_STEPS, look_ahead
+from loader.mixture_sources import (
+    PackedSource,
+    StreamSource,
+    as_mixture,
+    mixture_columns,
+    open_source,
+)
 from loader.mixture_steps import RowStream, Step, plan_steps
-from loader.record import Documents
-from loader.shards import DecodeThread
+from loader.record import Documents, empty_documents
+from loader.shards import DecodeThread, write_parts
 from loader.transport import Ring
-from packtool.columns import TOKEN, Column, optional
 from packtool.errors import ConfigError, DataError
-from packtool.mixture import MixtureSpec, SourceSpec, check_compatible, read_mixture_file
+from packtool.mixture import check_compatible
 from packtool.schedule import Schedule
 
 STATE_FORMAT = "packtool.mixture"
 STATE_VERSION = 1
-AHEAD_STEPS = 1024
-"""Most steps planned ahead of the one being gathered (their row groups decode meanwhile)."""
-AHEAD_GROUPS = 16
-"""Most row groups of one source decoded ahead and not yet used (one default shuffle window)."""
 AHEAD_STREAMING = 32
 """Most steps planned ahead when a source is streaming (it holds those steps' rows)."""
-_PART_FIELDS = ("src", "rid", "epoch", "pos", "length", "docs")
+_PART_FIELDS = ("src", "rid", "epoch", "pos", "length", "docs", "group", "local")
 """What a worker's part of a step keeps of its rows (`gather_into` reads these)."""
-
-
-def mixture_columns(sources: Sequence[PackedSource | StreamSource]) -> tuple[Column, ...]:
-    """The optional columns of a mixture's batches: every one a source has, in declared order
-    (a source without one fills it, `loader.mixture_sources.missing_fill`, or is refused)."""
-    have = {c.name: c for s in sources for c in s.columns}
-    out = tuple(c for c in optional() if c.name in have)
-    for s in sources:
-        for c in out:
-            if c not in s.columns:
-                missing_fill(c, s.name)  # raises for a column nothing can stand in for
-    return out
-
-
-def as_mixture(mixture: Any) -> MixtureSpec:
-    """A `MixtureSpec` from a spec, a mixture file, or a list of `SourceSpec`."""
-    if isinstance(mixture, MixtureSpec):
-        return mixture
-    if isinstance(mixture, (str, os.PathLike)):
-        return read_mixture_file(mixture)
-    if isinstance(mixture, Sequence) and all(isinstance(s, SourceSpec) for s in mixture):
-        return MixtureSpec(sources=tuple(mixture))
-    raise ConfigError(
-        "a mixture is a MixtureSpec, a mixture file (.json/.yaml) or a list of SourceSpec, got "
-        f"{type(mixture).__name__}"
-    )
 
 
 class MixedDataset(IterableDataset):
@@ -136,7 +111,11 @@ class MixedDataset(IterableDataset):
         self.config = config = replace(config, seed=spec.seed)
         self.spec = spec
         self.rank, self.world_size = dist_rank_world(rank, world_size)
-        self.sources = [open_source(s, config) for s in spec.sources]
+        # One row-group cache budget per process, as one dataset has: split over the sources
+        # (each keeps at least its shuffle window): three 96 MB caches filled over the first
+        # ~150 M tokens cost ~0.4-1 ms of page faults per row group decoded (bench_mixture).
+        share = config.cache_bytes // len(spec.sources)
+        self.sources = [open_source(s, config, share) for s in spec.sources]
         shared = DecodeThread()  # one decode thread per process, as one dataset has
         for s in self.sources:
             if isinstance(s, PackedSource):
@@ -160,6 +139,9 @@ class MixedDataset(IterableDataset):
         self.token_dtype = np.dtype(np.result_type(*[s.token_dtype for s in self.sources]))
         self.columns = mixture_columns(self.sources)
         """The optional columns the batches carry (`loss_mask`): those any source has."""
+        self._source_ids = np.arange(len(self.sources) + 1)
+        self._stores = [s.store if isinstance(s, PackedSource) else None for s in self.sources]
+        self._one_loop = all(st is not None and st.optional == self.columns for st in self._stores)
         self.max_docs = self.pad_tokens = None
         if config.static_shape:
             if any(isinstance(s, StreamSource) for s in self.sources):
@@ -254,90 +236,118 @@ class MixedDataset(IterableDataset):
     def _ahead(self, steps: Iterator[Step], stream: RowStream, keep=None) -> Iterator[Step]:
         """The steps, with the row groups of upcoming ones decoding in the background (only of
         the rows `keep(step)` selects: a mask, None for all, False for none), as
-        `PackedDataset` looks ahead: up to `AHEAD_STEPS` steps while no source has
-        `AHEAD_GROUPS` row groups waiting (a windowed shuffle needs a whole window of new row
-        groups at once; they decode while the last one is gathered). With a streaming source,
-        `AHEAD_STREAMING` steps (it holds the rows of the steps planned). A streaming source
-        forgets its rows once every step holding them has been taken."""
-        queue: deque[Step] = deque()
+        `PackedDataset` looks ahead (`loader.dataset.look_ahead`): up to `AHEAD_STEPS` steps
+        while fewer than `AHEAD_GROUPS` row groups per source wait to be used (in all, in the
+        iterating process; each source, in a worker). With a streaming source,
+        `AHEAD_STREAMING` steps (it holds the rows of the steps planned); it forgets its rows
+        once every step holding them has been taken."""
         packed = [s for s in self.sources if isinstance(s, PackedSource)]
-        most = AHEAD_STEPS if len(packed) == len(self.sources) else AHEAD_STREAMING
-        upcoming = iter(steps)
-        more = True
+        streaming = len(packed) < len(self.sources)
+        # In-process, AHEAD_GROUPS per source in all: one source's next window waiting must not
+        # stop the look-ahead short of the others' (their windows would then decode only when
+        # needed, the iterating thread waiting: ~10% of the wall time, bench_mixture). A worker
+        # (`keep`) stops at AHEAD_GROUPS for any source: its DataLoader queue hides the wait,
+        # and it holds less decoded ahead.
+        room = AHEAD_GROUPS * len(packed) if keep is None else AHEAD_GROUPS
+
+        def busy() -> bool:
+            if keep is None:
+                return sum(p.pending for p in packed) >= room
+            return any(p.pending >= room for p in packed)
+
+        def start(s: Step) -> Step:
+            mask = None if keep is None else keep(s)
+            if mask is None:
+                s.runs = self._runs(s.rows["src"])  # once: the gather reads them too
+                self._prefetch(s.rows, s.runs)
+            elif mask is not False:
+                self._prefetch({f: s.rows[f][mask] for f in ("src", "group")})
+            return s
+
+        def after(upcoming: Step | None) -> None:
+            stream.release(upcoming.begin if upcoming is not None else stream.p)
+
         try:
-            while True:
-                while (
-                    more
-                    and len(queue) < most
-                    and (not queue or all(p.pending < AHEAD_GROUPS for p in packed))
-                ):
-                    s = next(upcoming, None)
-                    if s is None:
-                        more = False
-                        break
-                    mask = None if keep is None else keep(s)
-                    if mask is None:
-                        self._prefetch(s.rows)
-                    elif mask is not False:
-                        self._prefetch({f: s.rows[f][mask] for f in ("src", "group")})
-                    queue.append(s)
-                if not queue:
-                    return
-                yield queue.popleft()
-                stream.release(queue[0].begin if queue else stream.p)
+            yield from look_ahead(
+                steps,
+                start,
+                most=AHEAD_STREAMING if streaming else AHEAD_STEPS,
+                busy=busy,
+                after=after if streaming else None,
+            )
         finally:
             for src in self.sources:
                 src.close_iteration()
 
-    def _prefetch(self, rows: dict[str, np.ndarray]) -> None:
+    def _prefetch(self, rows: dict[str, np.ndarray], runs: list | None = None) -> None:
         src = rows["src"]  # grouped by source
         if not len(src):
             return
-        groups = rows["group"]
-        for i, a, b in self._runs(src):
+        groups = rows["group"].tolist()
+        for i, a, b in self._runs(src) if runs is None else runs:
             self.sources[i].prefetch(groups[a:b])
 
     def _runs(self, src: np.ndarray) -> list[tuple[int, int, int]]:
-        """`(source, start, stop)` of each source's rows in `src` (grouped by source)."""
-        ends = np.cumsum(np.bincount(src, minlength=len(self.sources))).tolist()
-        out, a = [], 0
-        for i, b in enumerate(ends):
-            if b > a:
-                out.append((i, a, b))
-            a = b
-        return out
+        """`(source, start, stop)` of each source's rows in `src` (sorted: grouped by source in
+        mixture order)."""
+        ends = src.searchsorted(self._source_ids).tolist()
+        return [(i, a, b) for i, (a, b) in enumerate(itertools.pairwise(ends)) if b > a]
 
     # ---- gathering and collating ------------------------------------------------------------
 
     def empty_record(self, n_tokens: int, n_docs: int) -> Documents:
         """Uninitialised arrays for `n_tokens` tokens and `n_docs` documents (the mixture's
         token dtype and optional columns)."""
-        return Documents(
-            np.empty(n_tokens, self.token_dtype),
-            np.empty(n_docs, np.int32),
-            np.empty(n_docs, np.int64),
-            {
-                c.name: np.empty(n_tokens if c.level == TOKEN else n_docs, c.numpy_dtype())
-                for c in self.columns
-            },
-        )
+        return empty_documents(n_tokens, n_docs, self.token_dtype, self.columns)
 
-    def gather(self, rows: dict[str, np.ndarray]) -> tuple[Documents, np.ndarray]:
+    def gather(
+        self, rows: dict[str, np.ndarray], runs: list | None = None
+    ) -> tuple[Documents, np.ndarray]:
         """The rows' documents in order and each document's source (int64 `(n_docs,)`)."""
-        out = self.empty_record(int(rows["length"].sum()), int(rows["docs"].sum()))
-        self.gather_into(rows, out)
+        if self._one_loop:
+            parts, n_tok, n_docs = self._views(rows, runs)
+            out = self.empty_record(n_tok, n_docs)
+            write_parts(parts, out, self.columns)
+        else:
+            out = self.empty_record(int(rows["length"].sum()), int(rows["docs"].sum()))
+            self.gather_into(rows, out, runs, fits=True)
         return out, np.repeat(rows["src"], rows["docs"])
 
-    def gather_into(self, rows: dict[str, np.ndarray], dest: Documents) -> tuple[int, int] | None:
+    def _views(self, rows: dict[str, np.ndarray], runs: list | None) -> tuple[list, int, int]:
+        """`ShardStore.views` of every row, source after source, in one list (packed sources
+        with the mixture's columns: one write for the whole batch, as one dataset's)."""
+        groups, local = rows["group"].tolist(), rows["local"].tolist()
+        parts: list[tuple] = []
+        n_tok = n_docs = 0
+        for i, a, b in self._runs(rows["src"]) if runs is None else runs:
+            _, nt, nd = self._stores[i].views(groups[a:b], local[a:b], parts)
+            n_tok += nt
+            n_docs += nd
+        return parts, n_tok, n_docs
+
+    def gather_into(
+        self,
+        rows: dict[str, np.ndarray],
+        dest: Documents,
+        runs: list | None = None,
+        *,
+        fits: bool = False,
+    ) -> tuple[int, int] | None:
         """Write the rows' documents (optional columns included) at the front of `dest`, one
-        source at a time (the rows are grouped by source); None (nothing written) when it is
-        too small."""
-        src = rows["src"]
-        n_tok, n_docs = int(rows["length"].sum()), int(rows["docs"].sum())
-        if n_tok > dest.n_tokens or n_docs > min(dest.n_docs, len(dest.doc_ids)):
-            return None
+        source at a time (the rows are grouped by source: `runs`, `_runs` of their sources);
+        None (nothing written) when it is too small (`fits`: sized for them)."""
+        if self._one_loop:
+            parts, n_tok, n_docs = self._views(rows, runs)
+            if n_tok > dest.n_tokens or n_docs > min(dest.n_docs, len(dest.doc_ids)):
+                return None
+            write_parts(parts, dest, self.columns)
+            return n_tok, n_docs
+        if not fits:
+            n_tok, n_docs = int(rows["length"].sum()), int(rows["docs"].sum())
+            if n_tok > dest.n_tokens or n_docs > min(dest.n_docs, len(dest.doc_ids)):
+                return None
         t = d = 0
-        for i, a, b in self._runs(src):
+        for i, a, b in self._runs(rows["src"]) if runs is None else runs:
             source = self.sources[i]
             if isinstance(source, PackedSource):
                 what = rows["rid"][a:b]
@@ -385,8 +395,10 @@ class MixedDataset(IterableDataset):
             out["source"] = torch.from_numpy(source)
         return out
 
-    def batch(self, rows: dict[str, np.ndarray], *, filler: bool = False) -> dict[str, Any]:
-        docs, sources = self.gather(rows)
+    def batch(
+        self, rows: dict[str, np.ndarray], *, filler: bool = False, runs: list | None = None
+    ) -> dict[str, Any]:
+        docs, sources = self.gather(rows, runs)
         return self.expand(docs, sources, filler=filler)
 
     # ---- iteration --------------------------------------------------------------------------
@@ -410,7 +422,7 @@ class MixedDataset(IterableDataset):
     def _batches(self, stream: RowStream, first: int, own, *, in_process: bool) -> Iterator[dict]:
         self._last_step = None
         for s in self._ahead(plan_steps(self, stream, first, own), stream):
-            batch = self.batch(s.rows, filler=s.filler)
+            batch = self.batch(s.rows, filler=s.filler, runs=s.runs)
             if in_process:
                 self._last_step = s  # its state is made only if state_dict() asks
                 self.report(stream.schedule.events, s.end)

@@ -24,7 +24,9 @@ read (`loss_mask` 1: every token a target, as `PackedDataset` trains on such a s
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +39,9 @@ from loader.permutation import EpochOrder
 from loader.record import Documents
 from loader.rows import PackedRows
 from loader.streaming import StreamingPackedDataset
-from packtool.columns import LOSS_MASK, TOKEN, Column, get
+from packtool.columns import LOSS_MASK, TOKEN, Column, get, optional
 from packtool.errors import ConfigError
-from packtool.mixture import SourceSpec
+from packtool.mixture import MixtureSpec, SourceSpec, read_mixture_file
 from packtool.tokenize import input_columns
 
 STREAM_BLOCK = 256
@@ -78,12 +80,17 @@ class PackedSource:
         spec: The source (its `path` a folder or a `PackedDataset`, whose folder is used).
         config: The mixture's loader settings (seed, shuffle, shuffle_window, cache, verify,
             page checksums).
+        cache_share: The part of `config.cache_bytes` this source's decoded row groups may
+            hold (the mixture splits the process's cache over its sources); it keeps at least
+            a shuffle window and one row group more whatever their bytes.
     """
 
     kind = "packed"
     window = 4096
 
-    def __init__(self, spec: SourceSpec, config: LoaderConfig) -> None:
+    def __init__(
+        self, spec: SourceSpec, config: LoaderConfig, cache_share: int | None = None
+    ) -> None:
         self.name = spec.name
         path = spec.path.store.path if isinstance(spec.path, PackedDataset) else spec.path
         self.ds = PackedDataset(
@@ -92,13 +99,15 @@ class PackedSource:
             seed=config.seed,
             shuffle=config.shuffle,
             shuffle_window=config.shuffle_window,
-            cache_bytes=config.cache_bytes,
+            cache_bytes=config.cache_bytes if cache_share is None else cache_share,
             verify=config.verify,
             page_checksums=config.page_checksums,
             rank=0,
             world_size=1,
         )
         self.store = self.ds.store
+        # a windowed shuffle draws from a whole window of row groups at once
+        self.store.min_row_groups = config.shuffle_window + 1 if config.shuffle else 2
         self.index = self.ds.index  # RowIndex: counts per row group, loaded on demand
         self.path = str(self.store.path)
         self.fingerprint = self.ds.fingerprint
@@ -130,10 +139,12 @@ class PackedSource:
         return self.index.stats(self.ids(epoch, start, n))[0]
 
     def describe_rows(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
-        """`(row ids, documents, attention cost, row groups)` of `n` rows from `start`."""
+        """`(row ids, documents, attention cost, row groups, index in the row group)` of `n`
+        rows from `start`."""
         ids = self.ids(epoch, start, n)
         _, docs, sq = self.index.stats(ids)
-        return ids, docs, sq, self.store.row_group_of(ids)
+        groups = self.store.row_group_of(ids)
+        return ids, docs, sq, groups, ids - self.store.row_group_starts[groups]
 
     def top_n_docs(self, k: int) -> np.ndarray:
         """The `k` largest per-row document counts (one pass over the counts: static shape)."""
@@ -162,7 +173,7 @@ class PackedSource:
         """Row groups handed to the decode thread and not yet used."""
         return self.store.pending_row_groups
 
-    def prefetch(self, groups: np.ndarray) -> None:
+    def prefetch(self, groups: np.ndarray | list[int]) -> None:
         """Start decoding these row groups (first-use order; cached or pending ones skipped)."""
         self.store.prefetch(groups)
 
@@ -273,12 +284,13 @@ class StreamSource:
         return np.asarray([r.n_tokens for r in rows], dtype=np.int64)
 
     def describe_rows(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
-        """`(-1 (no row ids), documents, attention cost, blocks)` of `n` rows from `start`."""
+        """`(-1 (no row ids), documents, attention cost, blocks, index in the block)` of `n`
+        rows from `start`."""
         rows = [self.row(epoch, p) for p in range(start, start + n)]
         docs = np.asarray([r.n_docs for r in rows], dtype=np.int64)
         sq = np.asarray([float((r.doc_lens.astype(np.float64) ** 2).sum()) for r in rows])
-        groups = np.arange(start, start + n, dtype=np.int64) // STREAM_BLOCK
-        return np.full(n, -1, np.int64), docs, sq, groups
+        pos = np.arange(start, start + n, dtype=np.int64)
+        return np.full(n, -1, np.int64), docs, sq, pos // STREAM_BLOCK, pos % STREAM_BLOCK
 
     def row(self, epoch: int, pos: int) -> Documents:
         held = self._seek(epoch, pos)
@@ -307,7 +319,7 @@ class StreamSource:
         fill_missing(dest, self.columns, self.name, t0, d0, t - t0, d - d0)
         return t - t0, d - d0
 
-    def prefetch(self, groups: np.ndarray) -> None:
+    def prefetch(self, groups: np.ndarray | list[int]) -> None:
         """Rows are packed when the schedule reads their lengths."""
 
     def release(self, epoch: int, pos: int) -> None:
@@ -323,9 +335,11 @@ class StreamSource:
         self._passes = {}
 
 
-def open_source(spec: SourceSpec, config: LoaderConfig) -> PackedSource | StreamSource:
-    """The reader for a source: a packed folder or `PackedDataset`, or a
-    `StreamingPackedDataset`."""
+def open_source(
+    spec: SourceSpec, config: LoaderConfig, cache_share: int | None = None
+) -> PackedSource | StreamSource:
+    """The reader for a source: a packed folder or `PackedDataset` (its row-group cache
+    `cache_share` bytes, default `config.cache_bytes`), or a `StreamingPackedDataset`."""
     if isinstance(spec.path, StreamingPackedDataset):
         return StreamSource(spec, config)
     if not isinstance(spec.path, (str, Path, PackedDataset)) and not hasattr(
@@ -335,4 +349,30 @@ def open_source(spec: SourceSpec, config: LoaderConfig) -> PackedSource | Stream
             f"source {spec.name!r}: path must be a packed dataset folder, a PackedDataset or a "
             f"StreamingPackedDataset, got {type(spec.path).__name__}"
         )
-    return PackedSource(spec, config)
+    return PackedSource(spec, config, cache_share)
+
+
+def mixture_columns(sources: Sequence[PackedSource | StreamSource]) -> tuple[Column, ...]:
+    """The optional columns of a mixture's batches: every one a source has, in declared order
+    (a source without one fills it, `loader.mixture_sources.missing_fill`, or is refused)."""
+    have = {c.name: c for s in sources for c in s.columns}
+    out = tuple(c for c in optional() if c.name in have)
+    for s in sources:
+        for c in out:
+            if c not in s.columns:
+                missing_fill(c, s.name)  # raises for a column nothing can stand in for
+    return out
+
+
+def as_mixture(mixture: Any) -> MixtureSpec:
+    """A `MixtureSpec` from a spec, a mixture file, or a list of `SourceSpec`."""
+    if isinstance(mixture, MixtureSpec):
+        return mixture
+    if isinstance(mixture, (str, os.PathLike)):
+        return read_mixture_file(mixture)
+    if isinstance(mixture, Sequence) and all(isinstance(s, SourceSpec) for s in mixture):
+        return MixtureSpec(sources=tuple(mixture))
+    raise ConfigError(
+        "a mixture is a MixtureSpec, a mixture file (.json/.yaml) or a list of SourceSpec, got "
+        f"{type(mixture).__name__}"
+    )

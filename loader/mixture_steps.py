@@ -24,9 +24,9 @@ from packtool.schedule import state_after
 if TYPE_CHECKING:
     from loader.mixture import MixedDataset
 
-FIELDS = ("src", "epoch", "pos", "rid", "length", "docs", "group", "sq")
-"""What the stream knows of every row (`group`: its row group in its source; streaming
-sources: blocks of `STREAM_BLOCK` positions)."""
+FIELDS = ("src", "epoch", "pos", "rid", "length", "docs", "group", "local", "sq")
+"""What the stream knows of every row (`group`: its row group in its source, `local` its index
+there; streaming sources: blocks of `STREAM_BLOCK` positions)."""
 STEP_FIELDS = FIELDS[:-1]
 """What a step keeps of its rows (the cost `sq` only matters to balancing)."""
 
@@ -48,6 +48,9 @@ class Step:
     """`(next step, chunk id, rows of that chunk)`: where the state after the step is."""
     chunk: Any = None
     """That schedule chunk (`packtool.schedule.Chunk`)."""
+    runs: list[tuple[int, int, int]] | None = None
+    """`(source, start, stop)` of each source's rows in `rows` (`MixedDataset._runs`), once
+    known."""
     share: tuple[Any, int, int] | None = None
     """With `MixedDataLoader` workers: which rows this worker gathers (a mask, or None for all
     of them, or False for none), how many workers have rows in the step, and the lowest."""
@@ -96,6 +99,7 @@ class RowStream:
                 "docs": np.empty(len(chunk), np.int64),
                 "sq": np.empty(len(chunk), np.float64),
                 "group": np.empty(len(chunk), np.int64),
+                "local": np.empty(len(chunk), np.int64),
             }
             for i in np.unique(chunk.src).tolist():
                 mine = np.flatnonzero(chunk.src == i)
@@ -103,7 +107,8 @@ class RowStream:
                 for e in np.unique(epochs).tolist():
                     at = mine[epochs == e]
                     described = self.sources[i].describe_rows(e, int(chunk.pos[at[0]]), len(at))
-                    for f, values in zip(("rid", "docs", "sq", "group"), described, strict=True):
+                    fields = ("rid", "docs", "sq", "group", "local")
+                    for f, values in zip(fields, described, strict=True):
                         cols[f][at] = values
             keep = self.p - self.base
             if keep > 65536:  # forget rows already cut
@@ -241,7 +246,9 @@ def rank_step(
             ranges = []  # nothing for this rank: a filler batch
     if r < len(ranges):
         a, b = ranges[r]
-        return Step(step, _grouped(stream.rows(a, b)), False, begin, end)
+        lo = a - stream.base  # _grouped(stream.rows(a, b)) without the slices
+        order = np.argsort(stream.buf["src"][lo : b - stream.base], kind="stable") + lo
+        return Step(step, {f: stream.buf[f][order] for f in STEP_FIELDS}, False, begin, end)
     return Step(step, _grouped(stream.rows(begin, begin + 1)), True, begin, end)
 
 

@@ -11,13 +11,13 @@ treats every optional column alike; only `collate` gives one a meaning.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import DTypeLike, NDArray
 
-from packtool.columns import LOSS_MASK
+from packtool.columns import LOSS_MASK, TOKEN, Column
 
 
 @dataclass(frozen=True)
@@ -46,3 +46,20 @@ class Documents:
     def loss_mask(self) -> NDArray | None:
         """uint8 `(total,)`, 1 where the token is a target of the loss; None without a mask."""
         return self.columns.get(LOSS_MASK)
+
+
+def empty_documents(
+    n_tokens: int, n_docs: int, token_dtype: DTypeLike, columns: Iterable[Column] = ()
+) -> Documents:
+    """Uninitialised `Documents` for `n_tokens` tokens and `n_docs` documents: tokens in
+    `token_dtype`, lengths int32, ids int64, and each optional column in its declared dtype (what
+    `ShardStore.gather_into` writes; a mixture's record has every source's columns)."""
+    return Documents(
+        np.empty(n_tokens, token_dtype),
+        np.empty(n_docs, np.int32),
+        np.empty(n_docs, np.int64),
+        {
+            c.name: np.empty(n_tokens if c.level == TOKEN else n_docs, c.numpy_dtype())
+            for c in columns
+        },
+    )

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from loader.record import Documents
+from loader.record import Documents, empty_documents
 from loader.row_group import (
     INT_TYPES,
     RowGroupData,
@@ -49,6 +49,26 @@ _COLUMNS = ("input_ids", "doc_offsets", "doc_ids")
 `columns` and the declaration (`ShardStore.optional`)."""
 _STATS_FILES = 16
 """Shard files kept open for reading row counts (`ShardStore.row_stats`)."""
+
+
+def write_parts(
+    parts: list[tuple], dest: Documents, optional: tuple[Column, ...], t: int = 0, d: int = 0
+) -> None:
+    """Write row views (`ShardStore.views`: tokens, doc offsets, doc ids, optional columns)
+    into `dest` from token `t` and document `d`, one after another."""
+    tokens, doc_lens, doc_ids, columns = dest.tokens, dest.doc_lens, dest.doc_ids, dest.columns
+    for tok, off, ids, extra in parts:
+        n, k = len(tok), len(ids)
+        tokens[t : t + n] = tok
+        np.subtract(off[1:], off[:-1], out=doc_lens[d : d + k])
+        doc_ids[d : d + k] = ids
+        for c in optional:
+            if c.level == TOKEN:
+                columns[c.name][t : t + n] = extra[c.name]
+            else:
+                columns[c.name][d : d + k] = extra[c.name]
+        t += n
+        d += k
 
 
 class DecodeThread:
@@ -82,6 +102,8 @@ class ShardStore:
             instead of different tokens. Costs about 1% of decoding (README, "Loader").
         cache_bytes: Upper bound on decoded row groups kept per process (at least one row group is
             always kept).
+        min_row_groups: Row groups kept whatever their bytes (a mixture's source: its share of
+            the process's `cache_bytes` still holds a whole shuffle window).
 
     Raises:
         DataError: Missing, truncated or corrupt shards, a manifest that does not match the files,
@@ -95,12 +117,14 @@ class ShardStore:
         verify: bool = False,
         cache_bytes: int = 256 << 20,
         page_checksums: bool = True,
+        min_row_groups: int = 1,
     ) -> None:
         self.path = dataset_folder(path)  # the folder, also when given its index.json
         self.manifest: Manifest = read_manifest(self.path)
         self.page_checksums = bool(page_checksums)
         self.vocab_size = int(self.manifest.tokenizer["vocab_size"])
         self.cache_bytes = int(cache_bytes)
+        self.min_row_groups = max(int(min_row_groups), 1)
         self.max_len = int(self.manifest.max_len)
         self.optional: tuple[Column, ...] = loaded_optional(self.manifest.columns)
         """The optional columns this dataset has that records carry (`loss_mask`)."""
@@ -227,14 +251,14 @@ class ShardStore:
         """Row groups handed to the decode thread and not yet used."""
         return len(self._pending)
 
-    def prefetch(self, groups: np.ndarray) -> None:
+    def prefetch(self, groups: np.ndarray | list[int]) -> None:
         """Start decoding row groups (global numbering) in the background, in the given order.
 
         Row groups already cached or pending are skipped; a later `row_group(g)` waits for its
         decode. Decoded row groups are held until used (at most what the caller asks ahead).
         """
         self._own()
-        for g in dict.fromkeys(np.asarray(groups).tolist()):
+        for g in dict.fromkeys(groups.tolist() if isinstance(groups, np.ndarray) else groups):
             if g in self._cache or g in self._pending:
                 continue
             if self._decoder is None:
@@ -290,7 +314,7 @@ class ShardStore:
         self.decoded_row_groups += 1
         self._cache[g] = data
         self._cached_bytes += data.nbytes
-        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+        while self._cached_bytes > self.cache_bytes and len(self._cache) > self.min_row_groups:
             _, old = self._cache.popitem(last=False)
             self._cached_bytes -= old.nbytes
         return data
@@ -357,11 +381,16 @@ class ShardStore:
         """Per row: (tokens, cu_seqlens, doc ids, optional columns) views into cached row groups;
         total tokens and documents."""
         groups = self.row_group_of(rows)
-        local = (rows - self._rg_start[groups]).tolist()
-        parts = []
+        return self.views(groups.tolist(), (rows - self._rg_start[groups]).tolist(), [])
+
+    def views(
+        self, groups: list[int], local: list[int], parts: list[tuple]
+    ) -> tuple[list[tuple], int, int]:
+        """`_slices` of the rows at `local` in row groups `groups`, appended to `parts` (a
+        mixture collects several stores' rows in one list); the tokens and documents added."""
         n_tokens = n_docs = 0
         optional = self.optional
-        for i, g in zip(local, groups.tolist(), strict=True):
+        for i, g in zip(local, groups, strict=True):
             data = self.row_group(g)
             a, b = data.token_offsets[i : i + 2].tolist()
             oa, ob = data.doc_offsets_offsets[i : i + 2].tolist()
@@ -406,32 +435,11 @@ class ShardStore:
         return n_tokens, n_docs
 
     def _write(self, parts: list[tuple], dest: Documents, t: int = 0, d: int = 0) -> None:
-        tokens, doc_lens, doc_ids, columns = dest.tokens, dest.doc_lens, dest.doc_ids, dest.columns
-        optional = self.optional
-        for tok, off, ids, extra in parts:
-            n, k = len(tok), len(ids)
-            tokens[t : t + n] = tok
-            np.subtract(off[1:], off[:-1], out=doc_lens[d : d + k])
-            doc_ids[d : d + k] = ids
-            for c in optional:
-                if c.level == TOKEN:
-                    columns[c.name][t : t + n] = extra[c.name]
-                else:
-                    columns[c.name][d : d + k] = extra[c.name]
-            t += n
-            d += k
+        write_parts(parts, dest, self.optional, t, d)
 
     def empty_record(self, n_tokens: int, n_docs: int) -> Documents:
         """Uninitialised arrays for `n_tokens` tokens and `n_docs` documents (stored dtypes)."""
-        return Documents(
-            np.empty(n_tokens, self.token_dtype),
-            np.empty(n_docs, np.int32),
-            np.empty(n_docs, np.int64),
-            {
-                c.name: np.empty(n_tokens if c.level == TOKEN else n_docs, c.numpy_dtype())
-                for c in self.optional
-            },
-        )
+        return empty_documents(n_tokens, n_docs, self.token_dtype, self.optional)
 
     def gather(self, rows: np.ndarray) -> Documents:
         """The rows' documents, concatenated in the given order.

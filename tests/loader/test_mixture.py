@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from loader import MixedDataLoader, MixedDataset, PackedDataset
+from loader.mixture_steps import RowStream, plan_steps
 from loader.testing import write_dataset, write_random_dataset
 from packtool.errors import ConfigError, DataError
 from packtool.manifest import INDEX_FILE
@@ -97,6 +98,19 @@ def test_batch_dict_carries_the_source_of_every_document(sources):
     assert ds.names == ["web", "code", "books"]
 
 
+def test_the_sources_share_one_cache_budget_each_keeping_a_window(sources):
+    """cache_bytes bounds a process's decoded row groups, as for one dataset: split over the
+    sources, each still holding a whole shuffle window (and one row group more)."""
+    ds = MixedDataset(spec(sources), tokens_per_batch=128, cache_bytes=3000, shuffle_window=4)
+    assert [s.store.cache_bytes for s in ds.sources] == [1000] * 3
+    assert [s.store.min_row_groups for s in ds.sources] == [5] * 3
+    got = [rows_of(b) for b in ds]
+    for s in ds.sources:
+        assert 1 <= len(s.store._cache) <= 5
+    plain = MixedDataset(spec(sources), tokens_per_batch=128, shuffle_window=4)
+    assert got == [rows_of(b) for b in plain]  # the cache changes no batch
+
+
 @pytest.mark.parametrize("unit", ["tokens", "rows"])
 def test_every_batch_prefix_is_within_one_row_of_the_weights(sources, unit):
     ds = MixedDataset(spec(sources, unit=unit, total_tokens=20_000), tokens_per_batch=150)
@@ -178,6 +192,19 @@ def test_worker_count_and_seed(sources):
     assert same(again, ref)
     other, _ = stream(MixedDataset(spec(sources, seed=1), tokens_per_batch=200))
     assert not same(other, ref)
+
+
+def test_parts_too_big_for_the_ring_travel_outside_it(sources, monkeypatch):
+    """A worker's part with more documents than a ring slot holds (gather_into answers None) is
+    sent on its own: the same batches."""
+    ref, _ = stream(MixedDataset(spec(sources), tokens_per_batch=200))
+    monkeypatch.setattr(MixedDataset, "max_batch_docs", lambda self: 1)
+    ds = MixedDataset(spec(sources), tokens_per_batch=200)
+    got, _ = stream(ds, workers=2)
+    assert same(got, ref)
+    rows = next(iter(ds._ahead(plan_steps(ds, RowStream(ds, None), 0, lambda k: True), None)))
+    small = ds.empty_record(1, 1)
+    assert ds.gather_into(rows.rows, small) is None  # nothing written: too small
 
 
 def test_static_shape_and_hf_layout(sources):

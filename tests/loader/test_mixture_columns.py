@@ -14,8 +14,8 @@ import torch
 
 from loader import MixedDataLoader, MixedDataset, PackedDataset, StreamingPackedDataset
 from loader.collate import IGNORE_INDEX
-from loader.mixture import HFMixedBatch, batch_sources, mixture_columns, token_sources
-from loader.mixture_sources import missing_fill
+from loader.mixture import HFMixedBatch, batch_sources, token_sources
+from loader.mixture_sources import missing_fill, mixture_columns
 from loader.testing import write_dataset
 from packtool.columns import LOSS_MASK, TOKEN, Column, get
 from packtool.errors import ConfigError

@@ -87,6 +87,11 @@ def test_cache_is_bounded(tmp_path):
     store.gather(np.arange(40))
     store.gather(np.arange(40)[::-1])
     assert store.decoded_row_groups == 10
+    store = ShardStore(tmp_path, cache_bytes=1, min_row_groups=3)  # keeps three whatever bytes
+    store.gather(np.arange(40))
+    assert list(store._cache) == [7, 8, 9]
+    store.gather(np.arange(28, 40)[::-1])
+    assert store.decoded_row_groups == 10
 
 
 def test_missing_shard(hand_dataset):
