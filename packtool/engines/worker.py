@@ -62,7 +62,11 @@ class WorkerContext:
 
 
 def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
-    """Regroup a stream of tables into tables of exactly `chunk_docs` rows (the last fewer)."""
+    """Regroup a stream of tables into tables of exactly `chunk_docs` rows (the last fewer).
+
+    The tables keep the batches as their chunks (no copy): `pack_table` reads the ids chunk by
+    chunk (packtool/flat_ids.py), so no pass over every token runs after the last batch.
+    """
     pending: list[pa.Table] = []
     held = 0
     for batch in batches:
@@ -70,11 +74,11 @@ def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
         held += batch.num_rows
         while held >= chunk_docs:
             table = pa.concat_tables(pending)
-            yield table.slice(0, chunk_docs).combine_chunks()
+            yield table.slice(0, chunk_docs)
             rest = table.slice(chunk_docs)
             pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
     if held:
-        yield pa.concat_tables(pending).combine_chunks()
+        yield pa.concat_tables(pending)
 
 
 def setup_process(threads: int | None) -> None:
