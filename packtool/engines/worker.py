@@ -161,7 +161,9 @@ def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, A
     work = Path(ctx.work)
     skips = SkipCounter(strict=ctx.source.read.strict)
     state = _Partition(ctx)
-    writer = ShardWriter(work, lambda k: records.shard_name(p, k), ctx.shards)
+    # The run's only partition has the machine to itself: its shards encode on two threads.
+    threads = 2 if descriptor.get("partitions") == 1 else 1
+    writer = ShardWriter(work, lambda k: records.shard_name(p, k), ctx.shards, threads=threads)
     documents = nbytes = 0
 
     def tables() -> Iterator[pa.Table]:

@@ -1,0 +1,128 @@
+"""Parquet parts written apart and stitched are byte for byte what one writer writes."""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.parquet_stitch import StitchError, parse_footer, stitch, write_footer
+from packtool.shards import ShardConfig, ShardWriter, _writer_options
+
+
+def packed(n_rows: int, seed: int = 0) -> pa.Table:
+    """About `n_rows` packed rows in the shard schema (`pack_table` on random documents)."""
+    from packtool.pack import PackConfig, pack_table
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(20, 40, 2 * n_rows)  # two per 48-token row at most
+    ids = [rng.integers(0, 50_000, n).tolist() for n in lengths]
+    docs = pa.table(
+        {
+            "doc_id": pa.array(np.arange(len(lengths)), pa.int64()),
+            "input_ids": pa.array(ids, pa.list_(pa.uint16())),
+            "length": pa.array(lengths, pa.int32()),
+        }
+    )
+    rows = pack_table(docs, PackConfig(max_len=48)).table
+    assert rows.num_rows >= n_rows
+    return rows.slice(0, n_rows)
+
+
+def written(table: pa.Table, row_group: int, **options) -> bytes:
+    sink = pa.BufferOutputStream()
+    opts = {**_writer_options(ShardConfig()), **options}
+    with pq.ParquetWriter(sink, table.schema, **opts) as w:
+        for start in range(0, table.num_rows, row_group):
+            w.write_table(table.slice(start, row_group), row_group_size=row_group)
+    return sink.getvalue().to_pybytes()
+
+
+def footer(data: bytes) -> bytes:
+    n = int.from_bytes(data[-8:-4], "little")
+    return data[-8 - n : -8]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 300),
+    st.integers(1, 40),
+    st.lists(st.integers(1, 12), max_size=4),
+    st.sampled_from(["lz4", "zstd", "none"]),
+)
+def test_stitched_parts_equal_one_writer(n_rows, row_group, cuts, codec):
+    table = packed(n_rows, seed=n_rows)
+    opts = {"compression": None if codec == "none" else codec}
+    one = written(table, row_group, **opts)
+    bounds = [0]
+    for c in cuts:  # part boundaries on row group boundaries, as ShardWriter cuts them
+        nxt = bounds[-1] + c * row_group
+        if nxt >= n_rows:
+            break
+        bounds.append(nxt)
+    bounds.append(n_rows)
+    parts = [
+        written(table.slice(a, b - a), row_group, **opts)
+        for a, b in zip(bounds, bounds[1:], strict=False)
+    ]
+    assert stitch(parts) == one
+    assert pq.read_table(pa.BufferReader(stitch(parts))).equals(table)
+
+
+def test_footer_reads_back_to_its_bytes():
+    raw = footer(written(packed(50), 8))
+    assert write_footer(parse_footer(raw)) == raw
+
+
+def test_page_indexes_are_refused():
+    # offsets this module does not move: the caller writes the rows again with one writer
+    table = packed(40)
+    parts = [written(table.slice(0, 20), 10, write_page_index=True)] * 2
+    with pytest.raises(StitchError, match="page indexes"):
+        stitch(parts)
+
+
+def test_different_schemas_are_refused():
+    a = written(packed(20), 10)
+    table = packed(20)
+    b = written(table.rename_columns([*table.column_names[:-1], "other"]), 10)
+    with pytest.raises(StitchError, match="differ"):
+        stitch([a, b])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    adds=st.lists(st.integers(1, 120), min_size=1, max_size=6),
+    row_group=st.integers(1, 9),
+    shard_rows=st.integers(5, 200),
+)
+def test_shard_writer_on_two_threads_writes_the_same_bytes(adds, row_group, shard_rows):
+    table = packed(sum(adds), seed=len(adds))
+    config = ShardConfig(shard_rows=shard_rows, row_group_rows=row_group)
+    outputs = []
+    for threads in (1, 2):
+        out = Path(tempfile.mkdtemp(prefix=f"stitch-t{threads}-"))
+        writer = ShardWriter(out, lambda k: f"shard-{k:05d}.parquet", config, threads=threads)
+        start = 0
+        for n in adds:  # chunks of several sizes, as a partition's chunks come
+            writer.add(table.slice(start, n))
+            start += n
+        infos = writer.close()
+        outputs.append((infos, {p.name: p.read_bytes() for p in sorted(out.iterdir())}))
+        shutil.rmtree(out)
+    assert outputs[0] == outputs[1]
+    assert not [n for n in outputs[1][1] if n.startswith(".")]  # no part left behind
+
+
+def test_two_threads_split_a_large_add_and_abort_leaves_nothing(tmp_path: Path):
+    config = ShardConfig(shard_rows=1000, row_group_rows=10)
+    writer = ShardWriter(tmp_path, lambda k: f"s{k}.parquet", config, threads=2)
+    writer.add(packed(95))  # 9 full row groups: two parts on two threads
+    assert len(writer._parts) == 2
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []
