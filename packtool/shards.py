@@ -302,7 +302,9 @@ def _join_parts(parts: list[Path], config: ShardConfig) -> None:
             for part in parts:
                 size = part.stat().st_size
                 with open(part, "rb") as f:
-                    f.seek(max(0, size - (1 << 20)))
+                    f.seek(max(0, size - 8))
+                    n = int.from_bytes(f.read(8)[:4], "little")  # the footer's length
+                    f.seek(max(0, size - 8 - n))
                     split.append(footer_of(f.read(), size))
             end = stitched_footer(split)
         except StitchError:  # not expected from this writer's options: one writer then
