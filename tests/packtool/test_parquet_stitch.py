@@ -126,3 +126,37 @@ def test_two_threads_split_a_large_add_and_abort_leaves_nothing(tmp_path: Path):
     assert len(writer._parts) == 2
     writer.abort()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_one_partition_run_writes_on_two_threads_with_the_bytes_of_one(tmp_path, monkeypatch):
+    """The local engine's in-process partition uses the two-thread writer; the dataset is the
+    one a single writer gives (the split is forced off by a row-group minimum no drain has)."""
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack import PackConfig
+
+    corpus = Path(__file__).resolve().parents[2] / "sample_data" / "corpus.jsonl"
+    splits = []
+    write_part = ShardWriter._write_part
+
+    def spy(self, path, groups):
+        splits.append((self.threads, len(groups)))
+        return write_part(self, path, groups)
+
+    monkeypatch.setattr(ShardWriter, "_write_part", spy)
+
+    def run(out: Path) -> dict[str, bytes]:
+        config = RunConfig(
+            inputs=(str(corpus),),
+            out_dir=str(out),
+            pack=PackConfig(max_len=512),
+            shards=ShardConfig(shard_rows=1000, row_group_rows=32),
+            progress=False,
+        )
+        run_pack(config)
+        return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+    two = run(tmp_path / "two")
+    assert splits and all(threads == 2 for threads, _ in splits)
+    assert len(splits) > len({p for p in two if p.startswith("shard-")})  # parts were joined
+    monkeypatch.setattr(ShardWriter, "PARALLEL_GROUPS", 10**9)
+    assert run(tmp_path / "one") == two
