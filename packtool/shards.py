@@ -336,12 +336,16 @@ class _Limited:
 
 
 def _rewrite(parts: list[Path], config: ShardConfig) -> None:
-    """The parts' row groups through one writer, into `parts[0]`."""
-    tables = [pq.ParquetFile(p) for p in parts]
+    """The parts' row groups through one writer, into `parts[0]` (read back in the shard
+    schema `ShardWriter.add` casts to: Parquet names list items `element`, not `item`)."""
+    sources = [pq.ParquetFile(p) for p in parts]
+    names = tuple(sources[0].schema_arrow.names)
+    token_type = sources[0].schema_arrow.field("input_ids").type.value_type
+    schema = packed_schema(token_type, names)
     tmp = temporary_name(parts[0])
-    writer = pq.ParquetWriter(tmp, tables[0].schema_arrow, **_writer_options(config))
-    for source in tables:
-        for i in range(source.num_row_groups):
-            writer.write_table(source.read_row_group(i), row_group_size=config.row_group_rows)
-    writer.close()
+    with pq.ParquetWriter(tmp, schema, **_writer_options(config)) as writer:
+        for source in sources:
+            for i in range(source.num_row_groups):
+                table = source.read_row_group(i).cast(schema)
+                writer.write_table(table, row_group_size=config.row_group_rows)
     os.replace(tmp, parts[0])

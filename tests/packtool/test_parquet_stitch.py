@@ -160,3 +160,27 @@ def test_a_one_partition_run_writes_on_two_threads_with_the_bytes_of_one(tmp_pat
     assert len(splits) > len({p for p in two if p.startswith("shard-")})  # parts were joined
     monkeypatch.setattr(ShardWriter, "PARALLEL_GROUPS", 10**9)
     assert run(tmp_path / "one") == two
+
+
+def test_a_footer_the_join_refuses_is_written_again_by_one_writer(tmp_path, monkeypatch):
+    import packtool.shards as shards
+
+    def refuse(parts):
+        raise StitchError("refused for the test")
+
+    config = ShardConfig(shard_rows=1000, row_group_rows=10)
+    table = packed(95)
+    one = ShardWriter(tmp_path / "one", lambda k: f"s{k}.parquet", config)
+    (tmp_path / "one").mkdir()
+    one.add(table)
+    expected = one.close()
+    monkeypatch.setattr(shards, "stitched_footer", refuse)
+    (tmp_path / "two").mkdir()
+    two = ShardWriter(tmp_path / "two", lambda k: f"s{k}.parquet", config, threads=2)
+    two.add(table)
+    assert len(two._parts) == 2  # split, then refused at the join
+    assert two.close() == expected
+    assert [p.name for p in (tmp_path / "two").iterdir()] == ["s0.parquet"]
+    assert (tmp_path / "two" / "s0.parquet").read_bytes() == (
+        tmp_path / "one" / "s0.parquet"
+    ).read_bytes()
