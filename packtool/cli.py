@@ -391,10 +391,13 @@ def pack_cmd(
     from concurrent.futures import ThreadPoolExecutor
 
     def tokenizer_for_inputs() -> Any:
+        if _explicit(ctx, _TOKENIZER_OPTIONS):
+            # First thing in this thread, before any import it does not need (pyarrow's
+            # Parquet reader for input_identity): the engine's build is on the critical path.
+            return corpus.load_tokenizer()
         from packtool.tokenize import input_identity
 
-        explicit = bool(_explicit(ctx, _TOKENIZER_OPTIONS))
-        return corpus.load_tokenizer() if explicit or input_identity(inputs) is None else None
+        return corpus.load_tokenizer() if input_identity(inputs) is None else None
 
     # Start-up overlaps: the tokenizer loads in one thread (fastokens' builder releases the GIL)
     # while this one imports the packer (numba) and another loads its kernels from numba's

@@ -534,6 +534,9 @@ def warm_up() -> None:
     for dtype in (np.uint8, np.uint16, np.uint32):  # uint8: loss masks
         gather_segments(np.arange(4, dtype=dtype), [0], [2])
     segment_sums(np.arange(4, dtype=np.uint8), [0], [2])
+    from packtool import flat_ids  # imports this module: loaded here, not at the top
+
+    flat_ids.warm_up()
 
 
 def assign(

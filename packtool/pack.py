@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from packtool import columns, kernels, pack_columns
 from packtool.arrow_numpy import from_numpy, to_numpy
 from packtool.errors import ConfigError, DataError
+from packtool.flat_ids import FlatIds
 from packtool.pack_tail import DOC_CHUNK, TailPolicy, pieces_table, tail_rows
 
 ALGORITHMS = kernels.ALGORITHMS
@@ -274,20 +275,6 @@ def _group_codes(table: pa.Table, column: str) -> tuple[NDArray[np.int64], list[
     return rank[encoded.indices.to_numpy(zero_copy_only=False)], [names[i] for i in order]
 
 
-def _numpy_values(values: pa.Array) -> NDArray:
-    if values.null_count:
-        raise DataError("input_ids holds null token ids")
-    return to_numpy(values)
-
-
-def _token_arrays(table: pa.Table) -> tuple[pa.Array, NDArray[np.int64]]:
-    ids = table.column("input_ids").combine_chunks()
-    if not pa.types.is_list(ids.type) and not pa.types.is_large_list(ids.type):
-        raise DataError(f"input_ids must be a list column, found {ids.type}")
-    offsets = to_numpy(ids.offsets).astype(np.int64)
-    return ids.values, offsets
-
-
 def pack_table(
     table: pa.Table,
     config: PackConfig,
@@ -315,8 +302,9 @@ def pack_table(
         pieces = carry.drop_columns([DOC_CHUNK])
         if pieces.schema != table.schema:
             pieces = pieces.cast(table.schema)
-        table = pa.concat_tables([pieces, table]).combine_chunks()
-    values, doc_start = _token_arrays(table)
+        table = pa.concat_tables([pieces, table])  # no copy: FlatIds reads chunk by chunk
+    values = FlatIds(table.column("input_ids"))
+    doc_start = values.doc_start
     lengths = np.diff(doc_start)
     if "length" in table.column_names:
         recorded = to_numpy(table.column("length"))
@@ -353,7 +341,7 @@ def pack_table(
             pick = np.flatnonzero(gone)
             set_aside = pieces_table(
                 table,
-                _numpy_values(values),
+                values,
                 doc_start,
                 segs.doc[pick],
                 segs.start[pick],
@@ -448,7 +436,7 @@ def _place(
 
 def _rows_table(
     table: pa.Table,
-    values: pa.Array,
+    values: FlatIds,
     doc_start: NDArray[np.int64],
     segs: _Segments,
     placed: _Placement,
@@ -474,7 +462,7 @@ def _rows_table(
     # Segment i's tokens are values[src_i : src_i + len_i], laid out one after another.
     src = doc_start[segs.doc[order]] + segs.start[order]
     dst = np.cumsum(seg_len) - seg_len
-    tokens = from_numpy(kernels.gather_segments(_numpy_values(values), src, seg_len))
+    tokens = from_numpy(values.gather(src, seg_len))
 
     row_offsets = np.concatenate([[0], np.cumsum(row_len)]).astype(np.int32)
     seg_offsets = np.concatenate([[0], np.cumsum(segs_per_row)]).astype(np.int32)

@@ -25,6 +25,7 @@ Pure, like packtool/pack.py: arrays and tables in, tables out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +36,9 @@ from packtool import kernels
 from packtool.arrow_numpy import from_numpy
 from packtool.errors import ConfigError
 from packtool.pack_columns import token_values
+
+if TYPE_CHECKING:
+    from packtool.flat_ids import FlatIds
 
 DOC_CHUNK = "doc_chunk"
 """The column of a tail table giving each piece's chunk index within its document."""
@@ -104,7 +108,7 @@ def tail_rows(
 
 def pieces_table(
     table: pa.Table,
-    values: np.ndarray,
+    values: FlatIds,
     doc_start: NDArray[np.int64],
     seg_doc: NDArray[np.int64],
     seg_start: NDArray[np.int64],
@@ -119,7 +123,7 @@ def pieces_table(
 
     Args:
         table: tokenized documents.
-        values: their flat token ids.
+        values: their token ids (`doc_start` indexes them).
         doc_start: each document's first token in `values` (n + 1 entries).
         seg_doc, seg_start, seg_len, seg_chunk: the pieces: document, first token inside it,
             length, chunk index.
@@ -137,7 +141,7 @@ def pieces_table(
     taken = table.select(rest).take(from_numpy(np.asarray(seg_doc, np.int64)))
     token_type = table.schema.field("input_ids").type.value_type
     arrays: dict[str, pa.Array] = {n: taken.column(n) for n in rest}
-    ids = kernels.gather_segments(values, src, seg_len)
+    ids = values.gather(src, seg_len)
     arrays["input_ids"] = pa.ListArray.from_arrays(
         from_numpy(offsets.astype(np.int32)), from_numpy(ids, token_type)
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -379,13 +379,14 @@ def load_tokenizer(
         )
     files = resolve(spec)
     limit_threads(workers)
-    source, sha = _tiktoken_source(files) if files.kind == "tiktoken" else _hf_source(files)
+    if files.kind == "tiktoken":
+        source, digest = _tiktoken_source(files)
+        sha_of: Callable[[], str] = lambda: digest  # noqa: E731
+    else:
+        source, sha_of = _hf_source(files)
     ref_name = "tiktoken" if files.kind == "tiktoken" else "tokenizers"
     threads = workers or _cpu_count()
     candidates, _ = parse_engines(engine, source.kind)
-    record = open_record(sha, ref_name)
-    names = _looked_up(files)
-    known = record.vocab(names) if record is not None and source.kind == "hf" else None
     with ThreadPoolExecutor(2, thread_name_prefix="packtool-load") as pool:
         # The fastest candidate builds first, in a thread: fastokens' builder releases the GIL
         # (~0.4 s for GPT-2), the reference library's holds it. The reference library loads
@@ -393,6 +394,10 @@ def load_tokenizer(
         first = candidates[0] if candidates and not candidates[0].reference else None
         building = pool.submit(first.open, source, threads) if first is not None else None
         loading: Future[Encoder] | None = None
+        sha = sha_of()  # only now, while the engine builds: its start is on the critical path
+        record = open_record(sha, ref_name)
+        names = _looked_up(files)
+        known = record.vocab(names) if record is not None and source.kind == "hf" else None
 
         def reference(wait: bool = True) -> Encoder | None:
             nonlocal loading
@@ -466,7 +471,7 @@ def engine_open(name: str, source: Source, workers: int | None) -> Encoder:
         ) from None
 
 
-def _hf_source(files: TokenizerFiles) -> tuple[Source, str]:
+def _hf_source(files: TokenizerFiles) -> tuple[Source, Callable[[], str]]:
     path = files.path
     assert path is not None
     try:
@@ -474,7 +479,8 @@ def _hf_source(files: TokenizerFiles) -> tuple[Source, str]:
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the tokenizer file ({exc}); check it") from None
-    return Source(kind="hf", where=str(path), json=text), hashlib.sha256(data).hexdigest()
+    # The digest as a function: load_tokenizer takes it once the engine has started building.
+    return Source(kind="hf", where=str(path), json=text), lambda: hashlib.sha256(data).hexdigest()
 
 
 def _vocab(reference: Encoder | None, source: Source) -> tuple[int, dict[str, int]]:

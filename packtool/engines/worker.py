@@ -61,10 +61,17 @@ class WorkerContext:
     sources_close: bool = False
     """`--group-by source` on raw inputs: a file read to its end is a closed group (its rows
     are not set aside: no later document can join them)."""
+    shard_threads: int = 1
+    """Threads encoding a shard's Parquet (`shards.ShardWriter`): 2 where the partition has the
+    machine to itself (the local engine running partitions one at a time in its own process)."""
 
 
 def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
-    """Regroup a stream of tables into tables of exactly `chunk_docs` rows (the last fewer)."""
+    """Regroup a stream of tables into tables of exactly `chunk_docs` rows (the last fewer).
+
+    The tables keep the batches as their chunks (no copy): `pack_table` reads the ids chunk by
+    chunk (packtool/flat_ids.py), so no pass over every token runs after the last batch.
+    """
     pending: list[pa.Table] = []
     held = 0
     for batch in batches:
@@ -72,11 +79,11 @@ def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
         held += batch.num_rows
         while held >= chunk_docs:
             table = pa.concat_tables(pending)
-            yield table.slice(0, chunk_docs).combine_chunks()
+            yield table.slice(0, chunk_docs)
             rest = table.slice(chunk_docs)
             pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
     if held:
-        yield pa.concat_tables(pending).combine_chunks()
+        yield pa.concat_tables(pending)
 
 
 def setup_process(threads: int | None) -> None:
@@ -166,7 +173,9 @@ def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, A
     work = Path(ctx.work)
     skips = SkipCounter(strict=ctx.source.read.strict)
     state = _Partition(ctx)
-    writer = ShardWriter(work, lambda k: records.shard_name(p, k), ctx.shards)
+    writer = ShardWriter(
+        work, lambda k: records.shard_name(p, k), ctx.shards, threads=ctx.shard_threads
+    )
     documents = nbytes = 0
 
     def tables() -> Iterator[pa.Table]:
