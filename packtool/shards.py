@@ -16,20 +16,16 @@ uninterrupted run byte for byte.
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.errors import ConfigError, naming
 from packtool.manifest import ShardInfo, packed_schema, sha256_file
-from packtool.parquet_stitch import StitchError, footer_of, stitched_footer
 
 SHARD_PATTERN = "shard-{:05d}.parquet"
 COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
@@ -140,36 +136,20 @@ class ShardWriter:
         directory: where the shards go.
         name: the final file name of the shard with this number (0, 1, 2, ... per writer).
         config: the layout.
-        threads: Parquet writers run at once (1 or 2). With 2, the full row groups one `add`
-            brings (at least `PARALLEL_GROUPS`) are written as two parts on two threads (the
-            writer releases the GIL), each a Parquet file of its own, and joined when the shard
-            closes (packtool/parquet_stitch.py): the same bytes as one writer.
 
     Rows are buffered until a row group is full, so memory holds at most one row group beyond
     the table being added. `close()` writes what is left and returns every shard's info.
     """
 
-    PARALLEL_GROUPS = 4
-    """Fewest row groups one drain splits into two parts (fewer: one part, one thread)."""
-
-    def __init__(
-        self,
-        directory: Path,
-        name: Callable[[int], str],
-        config: ShardConfig,
-        *,
-        threads: int = 1,
-    ) -> None:
+    def __init__(self, directory: Path, name: Callable[[int], str], config: ShardConfig) -> None:
         self.directory = directory
         self.name = name
         self.config = config
-        self.threads = threads
         self.infos: list[ShardInfo] = []
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
-        self._writer: pq.ParquetWriter | None = None  # the open shard's current part
-        self._parts: list[Path] = []  # the open shard's parts (the first becomes the shard)
-        self._pool: ThreadPoolExecutor | None = None
+        self._writer: pq.ParquetWriter | None = None
+        self._tmp: Path | None = None
         self._rows = 0  # in the open shard
         self._tokens = 0
 
@@ -186,7 +166,6 @@ class ShardWriter:
     def close(self) -> list[ShardInfo]:
         self._drain(final=True)
         self._close_shard()
-        self._stop_pool()
         return self.infos
 
     def abort(self) -> None:
@@ -194,14 +173,12 @@ class ShardWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        self._stop_pool()
-        for part in self._parts:
-            part.unlink(missing_ok=True)
-        self._parts = []
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
+            self._tmp = None
 
     def _drain(self, *, final: bool) -> None:
         rg = self.config.row_group_rows
-        groups: list[pa.Table] = []  # full row groups for the open shard, written together
         while self._pending_rows >= rg or (final and self._pending_rows):
             room = self.config.shard_rows - self._rows
             take = min(rg, room, self._pending_rows)
@@ -209,73 +186,33 @@ class ShardWriter:
             part, rest = table.slice(0, take), table.slice(take)
             self._pending = [rest] if rest.num_rows else []
             self._pending_rows -= take
-            groups.append(part.combine_chunks())
-            self._rows += take
-            self._tokens += pc_sum_lengths(part)
+            self._write(part.combine_chunks())
             if self._rows == self.config.shard_rows:
-                self._write(groups)
-                groups = []
                 self._close_shard()
-        self._write(groups)
 
-    def _write(self, groups: list[pa.Table]) -> None:
-        """Write row groups of the open shard: into its current part, or as two new parts on
-        two threads (the second part's writer stays open for the row groups that follow)."""
-        if not groups:
-            return
-        if self.threads < 2 or len(groups) < self.PARALLEL_GROUPS:
-            if self._writer is None:
-                self._writer = self._write_part(self._new_part(), groups)
-            else:
-                self._write_groups(self._writer, self._parts[-1], groups)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="packtool-shard")
-        if self._writer is not None:  # the part before stays as it is
-            self._close_part(self._writer, self._parts[-1])
-            self._writer = None
-        half = len(groups) // 2
-        first, second = self._new_part(), self._new_part()
-        later = self._pool.submit(self._write_part, second, groups[half:])
-        try:
-            self._close_part(self._write_part(first, groups[:half]), first)
-        finally:
-            self._writer = later.result()  # re-raises the other thread's error
-
-    def _new_part(self) -> Path:
-        path = temporary_name(self.directory / self.name(len(self.infos)))
-        self._parts.append(path)  # in file order; the first becomes the shard
-        return path
-
-    def _write_part(self, path: Path, groups: list[pa.Table]) -> pq.ParquetWriter:
-        """A new part's writer, `groups` (at least one) written, left open."""
-        with naming(path):
-            writer = pq.ParquetWriter(path, groups[0].schema, **_writer_options(self.config))
-        self._write_groups(writer, path, groups)
-        return writer
-
-    def _write_groups(self, writer: pq.ParquetWriter, path: Path, groups: list[pa.Table]) -> None:
-        with naming(path):  # a full disk names the file
-            for group in groups:
-                writer.write_table(group, row_group_size=self.config.row_group_rows)
-
-    def _close_part(self, writer: pq.ParquetWriter, path: Path) -> None:
-        with naming(path):
-            writer.close()
+    def _write(self, part: pa.Table) -> None:
+        if self._writer is None:
+            path = self.directory / self.name(len(self.infos))
+            self._tmp = temporary_name(path)
+            with naming(self._tmp):
+                self._writer = pq.ParquetWriter(
+                    self._tmp, part.schema, **_writer_options(self.config)
+                )
+        with naming(self._tmp):
+            self._writer.write_table(part, row_group_size=self.config.row_group_rows)
+        self._rows += part.num_rows
+        self._tokens += pc_sum_lengths(part)
 
     def _close_shard(self) -> None:
-        if self._writer is not None:
-            self._close_part(self._writer, self._parts[-1])
-            self._writer = None
-        if not self._parts:
+        if self._writer is None:
             return
-        tmp = self._parts[0]
-        if len(self._parts) > 1:
-            _join_parts(self._parts, self.config)
-        self._parts = []
+        with naming(self._tmp):
+            self._writer.close()
+        self._writer = None
         name = self.name(len(self.infos))
         path = self.directory / name
-        _finish(tmp, path)
+        _finish(self._tmp, path)
+        self._tmp = None
         self.infos.append(
             ShardInfo(
                 file=name,
@@ -286,66 +223,3 @@ class ShardWriter:
             )
         )
         self._rows = self._tokens = 0
-
-    def _stop_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-
-def _join_parts(parts: list[Path], config: ShardConfig) -> None:
-    """Make `parts[0]` the file one writer would have written for every part's row groups (in
-    order), and delete the others."""
-    with naming(parts[0]):
-        try:
-            split = []
-            for part in parts:
-                size = part.stat().st_size
-                with open(part, "rb") as f:
-                    f.seek(max(0, size - 8))
-                    n = int.from_bytes(f.read(8)[:4], "little")  # the footer's length
-                    f.seek(max(0, size - 8 - n))
-                    split.append(footer_of(f.read(), size))
-            end = stitched_footer(split)
-        except StitchError:  # not expected from this writer's options: one writer then
-            _rewrite(parts, config)
-        else:
-            with open(parts[0], "r+b") as out:
-                out.truncate(4 + split[0][0])
-                out.seek(0, os.SEEK_END)
-                for part, (body, _) in zip(parts[1:], split[1:], strict=True):
-                    with open(part, "rb") as f:
-                        f.seek(4)
-                        shutil.copyfileobj(_Limited(f, body), out, 1 << 22)
-                out.write(end)
-    for part in parts[1:]:
-        part.unlink(missing_ok=True)
-
-
-class _Limited:
-    """The next `n` bytes of a file, for `shutil.copyfileobj`."""
-
-    def __init__(self, f: BinaryIO, n: int) -> None:
-        self.f, self.left = f, n
-
-    def read(self, size: int = -1) -> bytes:
-        size = self.left if size < 0 else min(size, self.left)
-        data = self.f.read(size)
-        self.left -= len(data)
-        return data
-
-
-def _rewrite(parts: list[Path], config: ShardConfig) -> None:
-    """The parts' row groups through one writer, into `parts[0]` (read back in the shard
-    schema `ShardWriter.add` casts to: Parquet names list items `element`, not `item`)."""
-    sources = [pq.ParquetFile(p) for p in parts]
-    names = tuple(sources[0].schema_arrow.names)
-    token_type = sources[0].schema_arrow.field("input_ids").type.value_type
-    schema = packed_schema(token_type, names)
-    tmp = temporary_name(parts[0])
-    with pq.ParquetWriter(tmp, schema, **_writer_options(config)) as writer:
-        for source in sources:
-            for i in range(source.num_row_groups):
-                table = source.read_row_group(i).cast(schema)
-                writer.write_table(table, row_group_size=config.row_group_rows)
-    os.replace(tmp, parts[0])

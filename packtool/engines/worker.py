@@ -61,9 +61,6 @@ class WorkerContext:
     sources_close: bool = False
     """`--group-by source` on raw inputs: a file read to its end is a closed group (its rows
     are not set aside: no later document can join them)."""
-    shard_threads: int = 1
-    """Threads encoding a shard's Parquet (`shards.ShardWriter`): 2 where the partition has the
-    machine to itself (the local engine running partitions one at a time in its own process)."""
 
 
 def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
@@ -173,9 +170,7 @@ def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, A
     work = Path(ctx.work)
     skips = SkipCounter(strict=ctx.source.read.strict)
     state = _Partition(ctx)
-    writer = ShardWriter(
-        work, lambda k: records.shard_name(p, k), ctx.shards, threads=ctx.shard_threads
-    )
+    writer = ShardWriter(work, lambda k: records.shard_name(p, k), ctx.shards)
     documents = nbytes = 0
 
     def tables() -> Iterator[pa.Table]:
