@@ -429,11 +429,15 @@ class MixedDataset(IterableDataset):
             yield batch
 
     def owners(self, rows: dict[str, np.ndarray], n_workers: int) -> np.ndarray:
-        """The `MixedDataLoader` worker that gathers each row: the one that owns its row group
-        (a hash of source and row group), so every row group is decoded by one worker only."""
+        """The `MixedDataLoader` worker that gathers each row: the one that owns its window of
+        its source's epoch order (its row group in a free shuffle, its block of a streaming
+        source), so every row group is decoded by one worker only; a source's consecutive
+        windows go to the workers in turn (offset by source and epoch). A step's rows of one
+        source then mostly come from one worker: fewer parts per step, and fewer runs to
+        splice, than owning row groups (which the rows of a window interleave)."""
         if n_workers == 1:
             return np.zeros(len(rows["src"]), np.int64)
-        return (rows["group"] * 40503 + rows["src"] * 9973) % n_workers
+        return (rows["own"] + rows["src"] + rows["epoch"]) % n_workers
 
     def _ring_parts(
         self, stream: RowStream, first: int, ring: Ring, worker: int, n_workers: int

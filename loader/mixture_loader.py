@@ -19,7 +19,7 @@ import numpy as np
 from torch.utils.data import DataLoader, get_worker_info
 
 from loader.mixture import MixedDataset
-from loader.record import Documents
+from loader.record import Documents, TokenRuns
 from loader.transport import CompactBatch, Ring
 from packtool.columns import TOKEN, get
 from packtool.schedule import load_kernel, state_after
@@ -44,6 +44,9 @@ class _WorkerInit:
 def splice(parts: dict[int, Documents], layout: np.ndarray) -> Documents:
     """One step's documents in row order from the workers' parts.
 
+    The tokens come back as `TokenRuns` (views of the parts, in order), which `collate` writes
+    straight into the batch; the per-document arrays and any per-token column are joined.
+
     Args:
         parts: Per worker, its rows' documents in row order.
         layout: int64 `(4, rows)`: per row of the step, its owner, tokens, documents and
@@ -51,19 +54,28 @@ def splice(parts: dict[int, Documents], layout: np.ndarray) -> Documents:
     """
     if len(parts) == 1:
         return next(iter(parts.values()))
-    owner, row_tokens, row_docs = layout[0], layout[1], layout[2]
-    starts = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
-    run_owner = owner[starts].tolist()
-    run_tokens = np.add.reduceat(row_tokens, starts).tolist()
-    run_docs = np.add.reduceat(row_docs, starts).tolist()
+    # runs of rows with one owner, in plain Python: a step has tens of rows and a few runs
+    # (owners own whole windows), where numpy's per-call cost would dominate
+    runs: list[list[int]] = []  # [owner, first token, tokens, first document, documents]
+    at = {w: [0, 0] for w in parts}  # next token and document of each part
+    last = -1
+    for w, nt, nd in zip(*layout[:3].tolist(), strict=True):
+        here = at[w]
+        if w == last:
+            run = runs[-1]
+            run[2] += nt
+            run[4] += nd
+        else:
+            runs.append([w, here[0], nt, here[1], nd])
+            last = w
+        here[0] += nt
+        here[1] += nd
     first = next(iter(parts.values()))
     per_token = [n for n in first.columns if get(n).level == TOKEN]
     per_doc = [n for n in first.columns if get(n).level != TOKEN]
     tokens, lens, ids = [], [], []
     columns: dict[str, list[np.ndarray]] = {n: [] for n in first.columns}
-    at = dict.fromkeys(parts, (0, 0))  # next token and document of each part
-    for w, nt, nd in zip(run_owner, run_tokens, run_docs, strict=True):
-        pt, pd = at[w]
+    for w, pt, nt, pd, nd in runs:
         part = parts[w]
         tokens.append(part.tokens[pt : pt + nt])
         lens.append(part.doc_lens[pd : pd + nd])
@@ -72,9 +84,8 @@ def splice(parts: dict[int, Documents], layout: np.ndarray) -> Documents:
             columns[n].append(part.columns[n][pt : pt + nt])
         for n in per_doc:
             columns[n].append(part.columns[n][pd : pd + nd])
-        at[w] = (pt + nt, pd + nd)
     return Documents(
-        np.concatenate(tokens),
+        TokenRuns(tokens),
         np.concatenate(lens),
         np.concatenate(ids),
         {n: np.concatenate(v) for n, v in columns.items()},

@@ -48,6 +48,26 @@ class Documents:
         return self.columns.get(LOSS_MASK)
 
 
+class TokenRuns:
+    """Tokens as runs of arrays laid end to end, in place of `Documents.tokens`: a batch
+    spliced from several parts (`loader.mixture_loader.splice`), whose tokens `collate` writes
+    straight into the batch instead of joining them first (one copy of every token less)."""
+
+    def __init__(self, runs: list[NDArray[np.integer]]) -> None:
+        self.runs = runs
+        self.shape = (sum(len(r) for r in runs),)
+
+    def write(self, out: NDArray) -> None:
+        """Copy the runs into `out` (`(total,)`, any dtype the ids fit)."""
+        at = 0
+        for r in self.runs:
+            out[at : at + len(r)] = r
+            at += len(r)
+
+    def __array__(self, dtype: DTypeLike = None, copy: bool | None = None) -> NDArray:
+        return np.concatenate(self.runs).astype(dtype, copy=False)
+
+
 def empty_documents(
     n_tokens: int, n_docs: int, token_dtype: DTypeLike, columns: Iterable[Column] = ()
 ) -> Documents:
