@@ -148,13 +148,13 @@ class MixedDataLoader(DataLoader):
                 waiting.setdefault(item.step, {})[meta[0]] = (item, meta)
             while consumed in waiting:
                 parts = waiting[consumed]
-                _, layout, _, n_parts = next(iter(parts.values()))[1]
-                if len(parts) < n_parts:
+                if len(parts) < next(iter(parts.values()))[1][3]:
                     break  # another worker's part of this step is still on its way
                 del waiting[consumed]
+                # the lowest owner's part has the layout and where the state is
+                _, layout, (next_step, cid, j, new), _ = parts[min(parts)][1]
                 # per row of the step: owner, tokens, documents, source
                 layout = np.frombuffer(layout, np.int64).reshape(4, -1)
-                next_step, cid, j, new = parts[min(parts)][1][2]
                 if new is not None:
                     chunks[cid] = new
                     for old in [c for c in chunks if c < cid - 8]:
