@@ -432,15 +432,17 @@ class MixedDataset(IterableDataset):
             yield batch
 
     def owners(self, rows: dict[str, np.ndarray], n_workers: int) -> np.ndarray:
-        """The `MixedDataLoader` worker that gathers each row: the one that owns its window of
-        its source's epoch order (its row group in a free shuffle, its block of a streaming
-        source), so every row group is decoded by one worker only; a source's consecutive
-        windows go to the workers in turn (offset by source and epoch). A step's rows of one
-        source then mostly come from one worker: fewer parts per step, and fewer runs to
-        splice, than owning row groups (which the rows of a window interleave)."""
+        """The `MixedDataLoader` worker that gathers each row: the one that owns its row group
+        (a function of source and row group), so every row group is decoded by one worker only,
+        and every worker decodes a share of every window (owning whole windows would leave all
+        but one worker per source idle while a window decodes: with more workers than sources,
+        most of them)."""
         if n_workers == 1:
             return np.zeros(len(rows["src"]), np.int64)
-        return (rows["own"] + rows["src"] + rows["epoch"]) % n_workers
+        # Primes, so any worker count below a million spreads a source's row groups over all
+        # workers (40503, the multiplier before, is 3 x 13501: with 3, 6, 9 ... workers each
+        # source went whole to one worker).
+        return (rows["group"] * 1_000_003 + rows["src"] * 7919) % n_workers
 
     def report(self, events: list[dict[str, Any]], upto: int) -> None:
         """Warn (once, in the main process) about sources dropped or the mixture stopping, as

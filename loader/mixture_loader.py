@@ -1,13 +1,15 @@
 """`MixedDataLoader`: a torch DataLoader over a `MixedDataset` that keeps the mixture's position.
 
-Every worker computes the whole schedule and every step, and gathers the rows of each step whose
-row group it owns (`MixedDataset.owners`: a hash of source and row group), so each row group is
-decoded by one worker only, whatever the mixture interleaves. It sends its part of each step in
-compact form through the shared-memory ring of loader/transport.py, with the step's layout (the
-owner, tokens, documents and source of every row) and the mixture state after the step; the
-trainer splices the parts back into the step's row order, expands the batch (loader/collate.py)
-and keeps the state of the last batch it handed out, which `state_dict()` returns. The batches
-do not depend on the number of workers.
+Every worker computes the whole schedule and every step, and gathers the rows of each step it
+owns (`MixedDataset.owners`: a hash of source and row group), so each row group is decoded by
+one worker only, whatever the mixture interleaves (loader/mixture_worker.py). It sends its part
+of each step in compact form through the shared-memory ring of loader/transport.py; the lowest
+owner of a step adds the step's layout (the owner, tokens, documents and source of every row)
+and where the mixture state after the step is. The trainer splices the parts back into the
+step's row order (`splice`: one scan of the layout for the runs of one owner, the tokens
+written straight into the batch), expands the batch (loader/collate.py) and keeps the state of
+the last batch it handed out, which `state_dict()` returns. The batches do not depend on the
+number of workers.
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ def splice(parts: dict[int, Documents], layout: np.ndarray) -> Documents:
     """
     if len(parts) == 1:
         return next(iter(parts.values()))
-    # runs of rows with one owner, in plain Python: a step has tens of rows and a few runs
-    # (owners own whole windows), where numpy's per-call cost would dominate
+    # runs of rows with one owner, in plain Python: a step has tens of rows, where numpy's
+    # per-call cost would dominate
     runs: list[list[int]] = []  # [owner, first token, tokens, first document, documents]
     at = {w: [0, 0] for w in parts}  # next token and document of each part
     last = -1

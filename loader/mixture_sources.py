@@ -139,20 +139,12 @@ class PackedSource:
         return self.index.stats(self.ids(epoch, start, n))[0]
 
     def describe_rows(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
-        """`(row ids, documents, attention cost, row groups, index in the row group, owner
-        key)` of `n` rows from `start`. The owner key (`MixedDataset.owners`) is the row's
-        window of the epoch's order (its rows come from that window's row groups only, so a
-        worker owning whole windows decodes every row group of them and no other worker
-        does); the row group in a free shuffle (one window)."""
-        order = self.order(epoch)
-        ids = order.rows(start, start + n)
+        """`(row ids, documents, attention cost, row groups, index in the row group)` of `n`
+        rows from `start`."""
+        ids = self.ids(epoch, start, n)
         _, docs, sq = self.index.stats(ids)
         groups = self.store.row_group_of(ids)
-        if order.kind == "free":
-            own = groups
-        else:
-            own = order.window_of(np.arange(start, start + len(ids), dtype=np.int64))
-        return ids, docs, sq, groups, ids - self.store.row_group_starts[groups], own
+        return ids, docs, sq, groups, ids - self.store.row_group_starts[groups]
 
     def top_n_docs(self, k: int) -> np.ndarray:
         """The `k` largest per-row document counts (one pass over the counts: static shape)."""
@@ -292,14 +284,13 @@ class StreamSource:
         return np.asarray([r.n_tokens for r in rows], dtype=np.int64)
 
     def describe_rows(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
-        """`(-1 (no row ids), documents, attention cost, blocks, index in the block, owner key:
-        the block)` of `n` rows from `start`."""
+        """`(-1 (no row ids), documents, attention cost, blocks, index in the block)` of `n`
+        rows from `start`."""
         rows = [self.row(epoch, p) for p in range(start, start + n)]
         docs = np.asarray([r.n_docs for r in rows], dtype=np.int64)
         sq = np.asarray([float((r.doc_lens.astype(np.float64) ** 2).sum()) for r in rows])
         pos = np.arange(start, start + n, dtype=np.int64)
-        block = pos // STREAM_BLOCK
-        return np.full(n, -1, np.int64), docs, sq, block, pos % STREAM_BLOCK, block
+        return np.full(n, -1, np.int64), docs, sq, pos // STREAM_BLOCK, pos % STREAM_BLOCK
 
     def row(self, epoch: int, pos: int) -> Documents:
         held = self._seek(epoch, pos)

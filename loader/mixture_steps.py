@@ -24,10 +24,9 @@ from packtool.schedule import state_after
 if TYPE_CHECKING:
     from loader.mixture import MixedDataset
 
-FIELDS = ("src", "epoch", "pos", "rid", "length", "docs", "group", "local", "own", "sq")
+FIELDS = ("src", "epoch", "pos", "rid", "length", "docs", "group", "local", "sq")
 """What the stream knows of every row (`group`: its row group in its source, `local` its index
-there; streaming sources: blocks of `STREAM_BLOCK` positions; `own`: the key that picks the
-worker gathering it, `MixedDataset.owners`)."""
+there; streaming sources: blocks of `STREAM_BLOCK` positions)."""
 STEP_FIELDS = FIELDS[:-1]
 """What a step keeps of its rows (the cost `sq` only matters to balancing)."""
 
@@ -101,7 +100,6 @@ class RowStream:
                 "sq": np.empty(len(chunk), np.float64),
                 "group": np.empty(len(chunk), np.int64),
                 "local": np.empty(len(chunk), np.int64),
-                "own": np.empty(len(chunk), np.int64),
             }
             for i in np.unique(chunk.src).tolist():
                 mine = np.flatnonzero(chunk.src == i)
@@ -109,7 +107,7 @@ class RowStream:
                 for e in np.unique(epochs).tolist():
                     at = mine[epochs == e]
                     described = self.sources[i].describe_rows(e, int(chunk.pos[at[0]]), len(at))
-                    fields = ("rid", "docs", "sq", "group", "local", "own")
+                    fields = ("rid", "docs", "sq", "group", "local")
                     for f, values in zip(fields, described, strict=True):
                         cols[f][at] = values
             keep = self.p - self.base

@@ -2,7 +2,7 @@
 step, through the shared-memory ring.
 
 Every worker plans every step (`loader.mixture_steps.plan_steps`) and gathers the rows whose
-owner (`MixedDataset.owners`: the window of its source's order) it is, so each row group is
+owner (`MixedDataset.owners`: a hash of source and row group) it is, so each row group is
 decoded by one worker only; the lowest worker with rows in a step also sends the step's layout
 (owner, tokens, documents and source of every row) and where the state after it is, from which
 the trainer (loader/mixture_loader.py) splices the parts back together.

@@ -1,5 +1,5 @@
-"""MixedDataLoader's workers: which worker gathers each row (whole windows of a source's order,
-each row group decoded by one worker), the trainer's splice of a step's parts (the batch the
+"""MixedDataLoader's workers: which worker gathers each row (each row group decoded by one
+worker, every worker a share), the trainer's splice of a step's parts (the batch the
 rows make in one process), and small windows spread over two workers delivering the in-process
 stream, resumed too."""
 
@@ -29,27 +29,19 @@ def stream_rows(ds, n):
     return {f: a[:n] for f, a in rs.buf.items()}
 
 
-@pytest.mark.parametrize("window", [0, 1, 2])
+@pytest.mark.parametrize("window", [0, 2])
 @pytest.mark.parametrize("n_workers", [2, 3])
-def test_each_row_group_and_window_has_one_owner(sources, window, n_workers):
-    """Every (source, epoch, row group) goes to one worker (decoded once), all rows of a window
-    of the order to the same one, and every worker gathers some rows."""
+def test_each_row_group_has_one_owner_and_every_worker_a_share(sources, window, n_workers):
+    """Every (source, row group) goes to one worker (decoded once, in any epoch), every worker
+    gathers rows, and one source's rows are spread over workers."""
     ds = MixedDataset(spec(sources, total_tokens=40_000), rows_per_batch=2, shuffle_window=window)
     rows = stream_rows(ds, 600)  # several epochs of every source
     owner = ds.owners(rows, n_workers)
+    seen: dict[tuple[int, int], int] = {}
+    for s, g, w in zip(rows["src"].tolist(), rows["group"].tolist(), owner.tolist(), strict=True):
+        assert seen.setdefault((s, g), w) == w
     assert set(owner.tolist()) == set(range(n_workers))
-    for key in ("group", "own"):
-        seen: dict[tuple[int, int, int], int] = {}
-        for s, e, k, w in zip(rows["src"], rows["epoch"], rows[key], owner, strict=True):
-            assert seen.setdefault((int(s), int(e), int(k)), int(w)) == w
-    if window:  # the windows of the order, in turn
-        for i, src in enumerate(ds.sources):
-            mine = rows["src"] == i
-            pos, epoch = rows["pos"][mine], rows["epoch"][mine]
-            for e in np.unique(epoch).tolist():
-                at = pos[epoch == e]
-                want = src.order(e).window_of(at)
-                assert rows["own"][mine][epoch == e].tolist() == want.tolist()
+    assert len(set(owner[rows["src"] == 0].tolist())) > 1  # a source's rows are spread
 
 
 @pytest.mark.parametrize("window", [1, 2])
