@@ -26,7 +26,8 @@ class Documents:
 
     tokens: NDArray[np.integer]
     """Token ids of every document back to back, `(total,)` (the stored uint16/uint32, or any
-    integer dtype)."""
+    integer dtype; in a mixture step spliced from workers' parts, a `TokenRuns`, which
+    `collate` writes straight into the batch)."""
     doc_lens: NDArray[np.integer]
     """Length of each document, `(n_docs,)`, positive, summing to `total`."""
     doc_ids: NDArray[np.integer]
