@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from loader.record import Documents
+from loader.record import Documents, TokenRuns
 from packtool.errors import DataError
 
 IGNORE_INDEX = -100
@@ -128,7 +128,10 @@ def collate(
     out_ids = buf[3 * T : 3 * T + n_out]
     cu_t = flat[3 * T + 2 * n_out :].view(torch.int32)[:n_cu]
     cu = cu_t.numpy()
-    ids[:total] = tokens
+    if isinstance(tokens, TokenRuns):
+        tokens.write(ids[:total])
+    else:
+        ids[:total] = tokens
     ids[total:] = pad_id
     cu[0] = 0
     np.cumsum(doc_lens, out=cu[1 : n_docs + 1])

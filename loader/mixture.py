@@ -49,6 +49,7 @@ from loader.mixture_sources import (
     open_source,
 )
 from loader.mixture_steps import RowStream, Step, plan_steps
+from loader.mixture_worker import ring_parts
 from loader.record import Documents, empty_documents
 from loader.shards import DecodeThread, write_parts
 from loader.transport import Ring
@@ -60,8 +61,6 @@ STATE_FORMAT = "packtool.mixture"
 STATE_VERSION = 1
 AHEAD_STREAMING = 32
 """Most steps planned ahead when a source is streaming (it holds those steps' rows)."""
-_PART_FIELDS = ("src", "rid", "epoch", "pos", "length", "docs", "group", "local")
-"""What a worker's part of a step keeps of its rows (`gather_into` reads these)."""
 
 
 class MixedDataset(IterableDataset):
@@ -233,9 +232,12 @@ class MixedDataset(IterableDataset):
 
     # ---- the stream of steps ----------------------------------------------------------------
 
-    def _ahead(self, steps: Iterator[Step], stream: RowStream, keep=None) -> Iterator[Step]:
+    def _ahead(
+        self, steps: Iterator[Step], stream: RowStream, keep=None, fields=()
+    ) -> Iterator[Step]:
         """The steps, with the row groups of upcoming ones decoding in the background (only of
-        the rows `keep(step)` selects: a mask, None for all, False for none), as
+        the rows `keep(step)` selects: a mask, None for all, False for none; a masked step
+        keeps only those rows' `fields`), as
         `PackedDataset` looks ahead (`loader.dataset.look_ahead`): up to `AHEAD_STEPS` steps
         while fewer than `AHEAD_GROUPS` row groups per source wait to be used (in all, in the
         iterating process; each source, in a worker). With a streaming source,
@@ -257,11 +259,12 @@ class MixedDataset(IterableDataset):
 
         def start(s: Step) -> Step:
             mask = None if keep is None else keep(s)
-            if mask is None:
-                s.runs = self._runs(s.rows["src"])  # once: the gather reads them too
-                self._prefetch(s.rows, s.runs)
-            elif mask is not False:
-                self._prefetch({f: s.rows[f][mask] for f in ("src", "group")})
+            if mask is False:
+                return s
+            if mask is not None:  # this worker's part of the step: only what it gathers
+                s.rows = {f: s.rows[f][mask] for f in fields}
+            s.runs = self._runs(s.rows["src"])  # once: the gather reads them too
+            self._prefetch(s.rows, s.runs)
             return s
 
         def after(upcoming: Step | None) -> None:
@@ -412,7 +415,7 @@ class MixedDataset(IterableDataset):
         ring = self._worker_ring if info is not None else None
         if ring is not None:
             ring.start_worker()
-            return self._ring_parts(stream, first, ring, worker, n_workers)
+            return ring_parts(self, stream, first, ring, worker, n_workers)
 
         def own(step: int) -> bool:
             return (step - first) % n_workers == worker
@@ -430,51 +433,16 @@ class MixedDataset(IterableDataset):
 
     def owners(self, rows: dict[str, np.ndarray], n_workers: int) -> np.ndarray:
         """The `MixedDataLoader` worker that gathers each row: the one that owns its row group
-        (a hash of source and row group), so every row group is decoded by one worker only."""
+        (a function of source and row group), so every row group is decoded by one worker only,
+        and every worker decodes a share of every window (owning whole windows would leave all
+        but one worker per source idle while a window decodes: with more workers than sources,
+        most of them)."""
         if n_workers == 1:
             return np.zeros(len(rows["src"]), np.int64)
-        return (rows["group"] * 40503 + rows["src"] * 9973) % n_workers
-
-    def _ring_parts(
-        self, stream: RowStream, first: int, ring: Ring, worker: int, n_workers: int
-    ) -> Iterator[list]:
-        """This worker's part of every step (the rows whose row group it owns) as compact
-        batches in the ring, with what the trainer needs to splice the parts back together
-        (the part of the lowest worker present also carries the state after the step)."""
-        chunk: list = []
-        size = 1  # the first part alone (time to first batch), then 8 per queue item
-        sent: set[int] = set()  # schedule chunks already sent to the trainer
-
-        def owned(steps: Iterator[Step]) -> Iterator[Step]:
-            for s in steps:
-                owner = self.owners(s.rows, n_workers)
-                s.rows["owner"] = owner
-                counts = np.bincount(owner, minlength=n_workers).tolist()
-                present = [w for w, c in enumerate(counts) if c]
-                mine = counts[worker] == len(owner) or (counts[worker] > 0 and owner == worker)
-                s.share = (None if mine is True else mine, len(present), present[0])
-                yield s
-
-        steps = owned(plan_steps(self, stream, first, lambda step: True))
-        for s in self._ahead(steps, stream, keep=lambda step: step.share[0]):
-            mine, n_parts, lowest = s.share
-            if mine is False:
-                continue
-            rows = s.rows if mine is None else {f: s.rows[f][mine] for f in _PART_FIELDS}
-            item = ring.put(_RowsView(self, rows), None, filler=s.filler, step=s.step)
-            # one bytes object, not four arrays: pickling a numpy array costs microseconds
-            layout = np.stack([s.rows[f] for f in ("owner", "length", "docs", "src")]).tobytes()
-            where = None  # the lowest owner tells where the state after the step is
-            if lowest == worker:
-                cid = s.ref[1]
-                where = (*s.ref, None if cid in sent else s.chunk)
-                sent.add(cid)
-            chunk.append((item, (worker, layout, where, n_parts)))
-            if len(chunk) == size:
-                yield chunk
-                chunk, size = [], 8
-        if chunk:
-            yield chunk
+        # Primes, so any worker count below a million spreads a source's row groups over all
+        # workers (40503, the multiplier before, is 3 x 13501: with 3, 6, 9 ... workers each
+        # source went whole to one worker).
+        return (rows["group"] * 1_000_003 + rows["src"] * 7919) % n_workers
 
     def report(self, events: list[dict[str, Any]], upto: int) -> None:
         """Warn (once, in the main process) about sources dropped or the mixture stopping, as
@@ -584,17 +552,3 @@ def token_sources(batch: dict[str, Any]) -> torch.Tensor:
     per-token loss by source."""
     cu = batch["cu_seqlens"] if "cu_seqlens" in batch else batch["cu_seq_lens_q"]
     return torch.repeat_interleave(batch_sources(batch), torch.diff(cu).long())
-
-
-class _RowsView:
-    """What `Ring.put` gathers from: a mixed rank batch (duck-types `ShardStore.gather_into`
-    and `ShardStore.gather` for it)."""
-
-    def __init__(self, ds: MixedDataset, rows: dict[str, np.ndarray]) -> None:
-        self.ds, self.rows = ds, rows
-
-    def gather_into(self, _rows: Any, dest: Documents) -> tuple[int, int] | None:
-        return self.ds.gather_into(self.rows, dest)
-
-    def gather(self, _rows: Any) -> Documents:
-        return self.ds.gather(self.rows)[0]

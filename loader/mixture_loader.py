@@ -1,13 +1,15 @@
 """`MixedDataLoader`: a torch DataLoader over a `MixedDataset` that keeps the mixture's position.
 
-Every worker computes the whole schedule and every step, and gathers the rows of each step whose
-row group it owns (`MixedDataset.owners`: a hash of source and row group), so each row group is
-decoded by one worker only, whatever the mixture interleaves. It sends its part of each step in
-compact form through the shared-memory ring of loader/transport.py, with the step's layout (the
-owner, tokens, documents and source of every row) and the mixture state after the step; the
-trainer splices the parts back into the step's row order, expands the batch (loader/collate.py)
-and keeps the state of the last batch it handed out, which `state_dict()` returns. The batches
-do not depend on the number of workers.
+Every worker computes the whole schedule and every step, and gathers the rows of each step it
+owns (`MixedDataset.owners`: a hash of source and row group), so each row group is decoded by
+one worker only, whatever the mixture interleaves (loader/mixture_worker.py). It sends its part
+of each step in compact form through the shared-memory ring of loader/transport.py; the lowest
+owner of a step adds the step's layout (the owner, tokens, documents and source of every row)
+and where the mixture state after the step is. The trainer splices the parts back into the
+step's row order (`splice`: one scan of the layout for the runs of one owner, the tokens
+written straight into the batch), expands the batch (loader/collate.py) and keeps the state of
+the last batch it handed out, which `state_dict()` returns. The batches do not depend on the
+number of workers.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from torch.utils.data import DataLoader, get_worker_info
 
 from loader.mixture import MixedDataset
-from loader.record import Documents
+from loader.record import Documents, TokenRuns
 from loader.transport import CompactBatch, Ring
 from packtool.columns import TOKEN, get
 from packtool.schedule import load_kernel, state_after
@@ -44,6 +46,9 @@ class _WorkerInit:
 def splice(parts: dict[int, Documents], layout: np.ndarray) -> Documents:
     """One step's documents in row order from the workers' parts.
 
+    The tokens come back as `TokenRuns` (views of the parts, in order), which `collate` writes
+    straight into the batch; the per-document arrays and any per-token column are joined.
+
     Args:
         parts: Per worker, its rows' documents in row order.
         layout: int64 `(4, rows)`: per row of the step, its owner, tokens, documents and
@@ -51,19 +56,28 @@ def splice(parts: dict[int, Documents], layout: np.ndarray) -> Documents:
     """
     if len(parts) == 1:
         return next(iter(parts.values()))
-    owner, row_tokens, row_docs = layout[0], layout[1], layout[2]
-    starts = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
-    run_owner = owner[starts].tolist()
-    run_tokens = np.add.reduceat(row_tokens, starts).tolist()
-    run_docs = np.add.reduceat(row_docs, starts).tolist()
+    # runs of rows with one owner, in plain Python: a step has tens of rows, where numpy's
+    # per-call cost would dominate
+    runs: list[list[int]] = []  # [owner, first token, tokens, first document, documents]
+    at = {w: [0, 0] for w in parts}  # next token and document of each part
+    last = -1
+    for w, nt, nd in zip(*layout[:3].tolist(), strict=True):
+        here = at[w]
+        if w == last:
+            run = runs[-1]
+            run[2] += nt
+            run[4] += nd
+        else:
+            runs.append([w, here[0], nt, here[1], nd])
+            last = w
+        here[0] += nt
+        here[1] += nd
     first = next(iter(parts.values()))
     per_token = [n for n in first.columns if get(n).level == TOKEN]
     per_doc = [n for n in first.columns if get(n).level != TOKEN]
     tokens, lens, ids = [], [], []
     columns: dict[str, list[np.ndarray]] = {n: [] for n in first.columns}
-    at = dict.fromkeys(parts, (0, 0))  # next token and document of each part
-    for w, nt, nd in zip(run_owner, run_tokens, run_docs, strict=True):
-        pt, pd = at[w]
+    for w, pt, nt, pd, nd in runs:
         part = parts[w]
         tokens.append(part.tokens[pt : pt + nt])
         lens.append(part.doc_lens[pd : pd + nd])
@@ -72,9 +86,8 @@ def splice(parts: dict[int, Documents], layout: np.ndarray) -> Documents:
             columns[n].append(part.columns[n][pt : pt + nt])
         for n in per_doc:
             columns[n].append(part.columns[n][pd : pd + nd])
-        at[w] = (pt + nt, pd + nd)
     return Documents(
-        np.concatenate(tokens),
+        TokenRuns(tokens),
         np.concatenate(lens),
         np.concatenate(ids),
         {n: np.concatenate(v) for n, v in columns.items()},
@@ -137,13 +150,13 @@ class MixedDataLoader(DataLoader):
                 waiting.setdefault(item.step, {})[meta[0]] = (item, meta)
             while consumed in waiting:
                 parts = waiting[consumed]
-                _, layout, _, n_parts = next(iter(parts.values()))[1]
-                if len(parts) < n_parts:
+                if len(parts) < next(iter(parts.values()))[1][3]:
                     break  # another worker's part of this step is still on its way
                 del waiting[consumed]
+                # the lowest owner's part has the layout and where the state is
+                _, layout, (next_step, cid, j, new), _ = parts[min(parts)][1]
                 # per row of the step: owner, tokens, documents, source
                 layout = np.frombuffer(layout, np.int64).reshape(4, -1)
-                next_step, cid, j, new = parts[min(parts)][1][2]
                 if new is not None:
                     chunks[cid] = new
                     for old in [c for c in chunks if c < cid - 8]:

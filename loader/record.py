@@ -26,7 +26,8 @@ class Documents:
 
     tokens: NDArray[np.integer]
     """Token ids of every document back to back, `(total,)` (the stored uint16/uint32, or any
-    integer dtype)."""
+    integer dtype; in a mixture step spliced from workers' parts, a `TokenRuns`, which
+    `collate` writes straight into the batch)."""
     doc_lens: NDArray[np.integer]
     """Length of each document, `(n_docs,)`, positive, summing to `total`."""
     doc_ids: NDArray[np.integer]
@@ -46,6 +47,26 @@ class Documents:
     def loss_mask(self) -> NDArray | None:
         """uint8 `(total,)`, 1 where the token is a target of the loss; None without a mask."""
         return self.columns.get(LOSS_MASK)
+
+
+class TokenRuns:
+    """Tokens as runs of arrays laid end to end, in place of `Documents.tokens`: a batch
+    spliced from several parts (`loader.mixture_loader.splice`), whose tokens `collate` writes
+    straight into the batch instead of joining them first (one copy of every token less)."""
+
+    def __init__(self, runs: list[NDArray[np.integer]]) -> None:
+        self.runs = runs
+        self.shape = (sum(len(r) for r in runs),)
+
+    def write(self, out: NDArray) -> None:
+        """Copy the runs into `out` (`(total,)`, any dtype the ids fit)."""
+        at = 0
+        for r in self.runs:
+            out[at : at + len(r)] = r
+            at += len(r)
+
+    def __array__(self, dtype: DTypeLike = None, copy: bool | None = None) -> NDArray:
+        return np.concatenate(self.runs).astype(dtype, copy=False)
 
 
 def empty_documents(

@@ -1,0 +1,88 @@
+"""A `MixedDataLoader` worker's side (for `loader.mixture.MixedDataset`): its part of every
+step, through the shared-memory ring.
+
+Every worker plans every step (`loader.mixture_steps.plan_steps`) and gathers the rows whose
+owner (`MixedDataset.owners`: a hash of source and row group) it is, so each row group is
+decoded by one worker only; the lowest worker with rows in a step also sends the step's layout
+(owner, tokens, documents and source of every row) and where the state after it is, from which
+the trainer (loader/mixture_loader.py) splices the parts back together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from loader.mixture_steps import RowStream, Step, plan_steps
+from loader.record import Documents
+from loader.transport import Ring
+
+if TYPE_CHECKING:
+    from loader.mixture import MixedDataset
+
+PART_FIELDS = ("src", "rid", "epoch", "pos", "length", "docs", "group", "local")
+"""What a worker's part of a step keeps of its rows (`MixedDataset.gather_into` reads these;
+with packed sources of the mixture's columns only `ONE_LOOP_FIELDS`)."""
+ONE_LOOP_FIELDS = ("src", "group", "local", "docs")
+
+
+def ring_parts(
+    ds: MixedDataset, stream: RowStream, first: int, ring: Ring, worker: int, n_workers: int
+) -> Iterator[list]:
+    """This worker's part of every step (the rows it owns, `MixedDataset.owners`) as compact
+    batches in the ring, with what the trainer needs to splice the parts back together
+    (the part of the lowest worker present also carries the state after the step)."""
+    chunk: list = []
+    size = 1  # the first part alone (time to first batch), then 8 per queue item
+    sent: set[int] = set()  # schedule chunks already sent to the trainer
+    fields = ONE_LOOP_FIELDS if ds._one_loop else PART_FIELDS
+
+    def owned(steps: Iterator[Step]) -> Iterator[Step]:
+        for s in steps:
+            owner = ds.owners(s.rows, n_workers)
+            counts = np.bincount(owner, minlength=n_workers).tolist()
+            present = [w for w, c in enumerate(counts) if c]
+            n = counts[worker]
+            mine = None if n == len(owner) else (owner == worker if n else False)
+            layout = None  # the step's layout, from its lowest owner only
+            if present[0] == worker:
+                # one bytes object, not four arrays: pickling an array costs microseconds
+                layout = np.stack([owner, *(s.rows[f] for f in ("length", "docs", "src"))])
+                layout = layout.tobytes()
+            s.share = (mine, len(present), layout)
+            yield s
+
+    steps = owned(plan_steps(ds, stream, first, lambda step: True))
+    for s in ds._ahead(steps, stream, keep=lambda step: step.share[0], fields=fields):
+        mine, n_parts, layout = s.share
+        if mine is False:
+            continue
+        view = _RowsView(ds, s.rows, s.runs)
+        item = ring.put(view, None, filler=s.filler, step=s.step)
+        where = None  # the lowest owner tells where the state after the step is
+        if layout is not None:
+            cid = s.ref[1]
+            where = (*s.ref, None if cid in sent else s.chunk)
+            sent.add(cid)
+        chunk.append((item, (worker, layout, where, n_parts)))
+        if len(chunk) == size:
+            yield chunk
+            chunk, size = [], 8
+    if chunk:
+        yield chunk
+
+
+class _RowsView:
+    """What `Ring.put` gathers from: a mixed rank batch (duck-types `ShardStore.gather_into`
+    and `ShardStore.gather` for it)."""
+
+    def __init__(self, ds: MixedDataset, rows: dict[str, np.ndarray], runs: list | None) -> None:
+        self.ds, self.rows, self.runs = ds, rows, runs
+
+    def gather_into(self, _rows: Any, dest: Documents) -> tuple[int, int] | None:
+        return self.ds.gather_into(self.rows, dest, self.runs)
+
+    def gather(self, _rows: Any) -> Documents:
+        return self.ds.gather(self.rows, self.runs)[0]

@@ -1,0 +1,107 @@
+"""MixedDataLoader's workers: which worker gathers each row (each row group decoded by one
+worker, every worker a share), the trainer's splice of a step's parts (the batch the
+rows make in one process), and small windows spread over two workers delivering the in-process
+stream, resumed too."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loader import MixedDataset
+from loader.collate import collate
+from loader.mixture_loader import splice
+from loader.mixture_steps import RowStream
+from loader.record import Documents, TokenRuns
+from packtool.columns import LOSS_MASK
+
+from .test_mixture import same, sources, spec, stream
+
+__all__ = ["sources"]  # the module fixture, shared with test_mixture.py
+
+
+def stream_rows(ds, n):
+    rs = RowStream(ds, None)
+    rs.ensure(n)
+    return {f: a[:n] for f, a in rs.buf.items()}
+
+
+@pytest.mark.parametrize("window", [0, 2])
+@pytest.mark.parametrize("n_workers", [2, 3])
+def test_each_row_group_has_one_owner_and_every_worker_a_share(sources, window, n_workers):
+    """Every (source, row group) goes to one worker (decoded once, in any epoch), every worker
+    gathers rows, and one source's rows are spread over workers."""
+    ds = MixedDataset(spec(sources, total_tokens=40_000), rows_per_batch=2, shuffle_window=window)
+    rows = stream_rows(ds, 600)  # several epochs of every source
+    owner = ds.owners(rows, n_workers)
+    seen: dict[tuple[int, int], int] = {}
+    for s, g, w in zip(rows["src"].tolist(), rows["group"].tolist(), owner.tolist(), strict=True):
+        assert seen.setdefault((s, g), w) == w
+    assert set(owner.tolist()) == set(range(n_workers))
+    assert len(set(owner[rows["src"] == 0].tolist())) > 1  # a source's rows are spread
+
+
+@pytest.mark.parametrize("window", [1, 2])
+@pytest.mark.parametrize("cut", [1, 7])
+def test_two_workers_with_small_windows_deliver_the_in_process_stream(sources, window, cut):
+    def make():
+        return MixedDataset(spec(sources), tokens_per_batch=200, shuffle_window=window)
+
+    ref, _ = stream(make())
+    got, _ = stream(make(), workers=2)
+    assert same(got, ref)
+    head, state = stream(make(), workers=2, take=cut)
+    tail, _ = stream(make(), workers=2, state=state)
+    assert same(head + tail, ref)
+
+
+def _docs(rng, n_docs, mask):
+    lens = rng.integers(1, 9, n_docs).astype(np.int32)
+    tokens = rng.integers(0, 1000, int(lens.sum())).astype(np.uint16)
+    ids = rng.integers(0, 10**6, n_docs).astype(np.int64)
+    cols = {LOSS_MASK: rng.integers(0, 2, len(tokens)).astype(np.uint8)} if mask else {}
+    return Documents(tokens, lens, ids, cols)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    owners=st.lists(st.integers(0, 2), min_size=1, max_size=30),
+    mask=st.booleans(),
+    layout=st.sampled_from(["packtool", "hf"]),
+    seed=st.integers(0, 2**31),
+)
+def test_splice_makes_the_batch_of_the_rows_in_order(owners, mask, layout, seed):
+    """Rows owned by workers in any pattern: the parts spliced by the step's layout collate to
+    the batch of the rows laid end to end (tokens written from their runs)."""
+    rng = np.random.default_rng(seed)
+    rows = [_docs(rng, int(rng.integers(1, 4)), mask) for _ in owners]
+    parts = {}
+    for w in sorted(set(owners)):
+        mine = [r for r, o in zip(rows, owners, strict=True) if o == w]
+        parts[w] = _join(mine)
+    layout_arr = np.array(
+        [owners, [r.n_tokens for r in rows], [r.n_docs for r in rows], [0] * len(rows)],
+        np.int64,
+    )
+    got = splice(parts, layout_arr)
+    want = _join(rows)
+    if len(parts) > 1:
+        assert isinstance(got.tokens, TokenRuns)
+    assert np.asarray(got.tokens).tolist() == want.tokens.tolist()
+    a = collate(got, layout=layout, pad_tokens=want.n_tokens + 3)
+    b = collate(want, layout=layout, pad_tokens=want.n_tokens + 3)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k], k
+
+
+def _join(docs):
+    return Documents(
+        np.concatenate([d.tokens for d in docs]),
+        np.concatenate([d.doc_lens for d in docs]),
+        np.concatenate([d.doc_ids for d in docs]),
+        {n: np.concatenate([d.columns[n] for d in docs]) for n in docs[0].columns},
+    )
