@@ -1,6 +1,6 @@
 """A chunk's token ids as the batches they were encoded in, addressed as one flat array.
 
-A partition's chunk is the concatenation of the tokenizer's batches (`engines/worker.rechunk`).
+A partition's chunk is the concatenation of the tokenizer's batches (`rechunk`).
 Copying them into one contiguous array first would cost a pass over every token after the last
 batch is encoded, on one core, in the single-threaded tail of a run (~0.02-0.2 s per 38 M
 GPT-2 tokens on the project's box: a fresh 75 MB allocation, slow when the kernel compacts
@@ -14,6 +14,8 @@ is the first token of the first document, over the batches in order.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
 
 import numba
 import numpy as np
@@ -122,3 +124,23 @@ def warm_up() -> None:
     for dtype in (np.uint16, np.uint32):
         v = np.arange(4, dtype=dtype)
         _scatter_segments(v, np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64), v)
+
+
+def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
+    """Regroup a stream of tables into tables of exactly `chunk_docs` rows (the last fewer).
+
+    The tables keep the batches as their chunks (no copy): `pack_table` reads the ids chunk by
+    chunk (`FlatIds`), so no pass over every token runs after the last batch.
+    """
+    pending: list[pa.Table] = []
+    held = 0
+    for batch in batches:
+        pending.append(batch)
+        held += batch.num_rows
+        while held >= chunk_docs:
+            table = pa.concat_tables(pending)
+            yield table.slice(0, chunk_docs)
+            rest = table.slice(chunk_docs)
+            pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+    if held:
+        yield pa.concat_tables(pending)

@@ -47,6 +47,7 @@ import pyarrow as pa
 
 from packtool.engines import records
 from packtool.errors import ConfigError
+from packtool.flat_ids import rechunk
 from packtool.pack import PackCounts, pack_table
 from packtool.pack_tail import DOC_CHUNK
 from packtool.shards import ShardWriter
@@ -142,24 +143,12 @@ class TailTree:
         }
 
 
-def _tail_chunks(work: Path, children: range, chunk_pieces: int) -> Iterator[pa.Table]:
-    """The children's tails in id order, regrouped into tables of `chunk_pieces` pieces."""
-    pending: list[pa.Table] = []
-    held = 0
+def _tails(work: Path, children: range) -> Iterator[pa.Table]:
+    """The children's tails in id order (a child that set nothing aside has none)."""
     for p in children:
         path = records.tail_path(work, p)
-        if not path.exists():  # a child that set nothing aside
-            continue
-        table = records.read_tail(path)
-        pending.append(table)
-        held += table.num_rows
-        while held >= chunk_pieces:
-            joined = pa.concat_tables(pending)
-            yield joined.slice(0, chunk_pieces)
-            rest = joined.slice(chunk_pieces)
-            pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
-    if held:
-        yield pa.concat_tables(pending)
+        if path.exists():
+            yield records.read_tail(path)
 
 
 def merge_node(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]:
@@ -177,7 +166,7 @@ def merge_node(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]
     rounds = np.zeros(ctx.pack.rounds, dtype=np.int64)
     groups: dict[str, list[int]] = {}
     carry: pa.Table | None = None
-    chunks = _tail_chunks(work, range(first, stop), ctx.chunk_docs)
+    chunks = rechunk(_tails(work, range(first, stop)), ctx.chunk_docs)  # chunk_docs pieces
     table = next(chunks, None)
     c = 0
     try:

@@ -24,7 +24,7 @@ leaves no record; running the partition again rewrites the same files with the s
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -38,6 +38,7 @@ from packtool.corpus import ReadConfig, SkipCounter
 from packtool.engines import merge, records
 from packtool.engines.plan import TO_END, check_unchanged
 from packtool.engines.records import read_tail
+from packtool.flat_ids import rechunk
 from packtool.pack import PackConfig, PackCounts, PackedChunk, pack_table
 from packtool.pack_tail import DOC_CHUNK, TailPolicy
 from packtool.pieces import RAW, RECORDS, FilePiece, Source, partition_tables
@@ -61,26 +62,6 @@ class WorkerContext:
     sources_close: bool = False
     """`--group-by source` on raw inputs: a file read to its end is a closed group (its rows
     are not set aside: no later document can join them)."""
-
-
-def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
-    """Regroup a stream of tables into tables of exactly `chunk_docs` rows (the last fewer).
-
-    The tables keep the batches as their chunks (no copy): `pack_table` reads the ids chunk by
-    chunk (packtool/flat_ids.py), so no pass over every token runs after the last batch.
-    """
-    pending: list[pa.Table] = []
-    held = 0
-    for batch in batches:
-        pending.append(batch)
-        held += batch.num_rows
-        while held >= chunk_docs:
-            table = pa.concat_tables(pending)
-            yield table.slice(0, chunk_docs)
-            rest = table.slice(chunk_docs)
-            pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
-    if held:
-        yield pa.concat_tables(pending)
 
 
 def setup_process(threads: int | None) -> None:
