@@ -95,13 +95,18 @@ def write_plan(work: Path, state: dict[str, Any]) -> None:
     atomic_write(run_dir(work) / PLAN_FILE, json.dumps(state).encode())
 
 
+def _read_json(path: Path) -> Any:
+    """A run-state file's JSON (`DataError` naming the file when it cannot be read)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
+
+
 def read_plan(work: Path) -> dict[str, Any]:
     """The saved plan and fingerprint (`DataError` naming the file when damaged)."""
     path = run_dir(work) / PLAN_FILE
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
+    state = _read_json(path)
     if not (
         isinstance(state, dict)
         and isinstance(state.get("fingerprint"), dict)
@@ -117,10 +122,7 @@ def write_record(work: Path, record: dict[str, Any]) -> None:
 
 def read_record(work: Path, partition: int) -> dict[str, Any]:
     path = record_path(work, partition)
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
+    record = _read_json(path)
     if not (
         isinstance(record, dict)
         and record.get("partition") == partition
