@@ -33,15 +33,9 @@ def io_threads() -> int:
     raw = os.environ.get(IO_THREADS_ENV, "")
     if not raw:
         return IO_THREADS
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if n < 1:
-        from packtool.errors import ConfigError
+    from packtool.quantities import positive_int
 
-        raise ConfigError(f"{IO_THREADS_ENV} must be a positive integer, got {raw!r}")
-    return n
+    return positive_int(IO_THREADS_ENV, raw, "threads")
 
 
 def map_ordered(
