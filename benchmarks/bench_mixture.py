@@ -1,6 +1,7 @@
 """Mixtures: loader throughput, proportion error against HF `interleave_datasets`, schedule cost.
 
-Run: `python -m benchmarks.bench_mixture [--quick] [--short 32e6] [--long 352e6] [--repeat 3]`.
+Run: `python -m benchmarks.bench_mixture [--quick] [--short 32e6] [--long 352e6] [--repeat 3]
+[--workers 0,1,2]`.
 Writes the README block `mixture`. Measures, in one run:
 
 - Loader throughput (real tokens/s, 64k-token batches, `tokens_per_batch` the same for both) of
@@ -111,7 +112,7 @@ def mixture_loader(paths: dict[str, Path], workers: int, total: float):
 
 
 def throughput(
-    paths: dict[str, Path], short: float, long: float, repeat: int
+    paths: dict[str, Path], short: float, long: float, repeat: int, counts=(0, 1, 2)
 ) -> tuple[list[list[object]], list[str]]:
     """Per worker count: the marginal cost of the tokens between a short and a long whole run
     (what a token costs once the loader runs: startup, the first shuffle windows and the end's
@@ -125,7 +126,7 @@ def throughput(
     loads = []
     load_kernel()  # the schedule's compiled kernel, once per process (an import, not a run)
     for r in range(repeat):
-        for workers in (0, 1, 2):
+        for workers in counts:
             for length, total in (("short", short), ("long", long)):
                 order = ("one", "mix") if r % 2 == 0 else ("mix", "one")
                 for name in order:
@@ -138,7 +139,7 @@ def throughput(
                     )
         loads.append(f"{os.getloadavg()[0]:.1f}")
     rows = []
-    for workers in (0, 1, 2):
+    for workers in counts:
         per = {}
         for name in ("one", "mix"):
             marg_cpu, marg_rate, whole = [], [], []
@@ -297,7 +298,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--long", type=float, default=None, help="tokens of the long run")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds")
     ap.add_argument("--schedule-rows", type=float, default=None, help="rows for the schedule cost")
+    ap.add_argument(
+        "--workers",
+        default="0,1,2",
+        help="worker counts to measure, e.g. 2 (anything but 0,1,2 prints the throughput table "
+        "only and leaves the README as it is)",
+    )
     args = ap.parse_args(argv)
+    counts = tuple(int(w) for w in args.workers.split(","))
     # Both runs stay inside one epoch of the single dataset (web: ~470 M tokens): an epoch's end
     # (nothing left to decode ahead) would make it cheaper than a loader in mid-run. The long
     # run is ~20 shuffle windows of every source, so where a run stops inside a window (its
@@ -308,7 +316,10 @@ def main(argv: list[str] | None = None) -> None:
     marks = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
     paths = sources(args.quick)
     print("throughput", flush=True)
-    tput, loads = throughput(paths, short, long, args.repeat)
+    tput, loads = throughput(paths, short, long, args.repeat, counts)
+    if counts != (0, 1, 2):
+        print(markdown_table(["loader", "one", "mixture", "mixture / one", "CPU", "whole"], tput))
+        return
     print("proportion error", flush=True)
     prop = proportion_table(marks, seeds=5)
     print("schedule cost", flush=True)

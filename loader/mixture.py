@@ -232,12 +232,9 @@ class MixedDataset(IterableDataset):
 
     # ---- the stream of steps ----------------------------------------------------------------
 
-    def _ahead(
-        self, steps: Iterator[Step], stream: RowStream, keep=None, fields=()
-    ) -> Iterator[Step]:
-        """The steps, with the row groups of upcoming ones decoding in the background (only of
-        the rows `keep(step)` selects: a mask, None for all, False for none; a masked step
-        keeps only those rows' `fields`), as
+    def _ahead(self, steps: Iterator[Step], stream: RowStream, keep=None) -> Iterator[Step]:
+        """The steps, with the row groups of upcoming ones decoding in the background (of those
+        steps `keep(step)` is not False for: a worker's steps without rows of its own), as
         `PackedDataset` looks ahead (`loader.dataset.look_ahead`): up to `AHEAD_STEPS` steps
         while fewer than `AHEAD_GROUPS` row groups per source wait to be used (in all, in the
         iterating process; each source, in a worker). With a streaming source,
@@ -258,11 +255,8 @@ class MixedDataset(IterableDataset):
             return any(p.pending >= room for p in packed)
 
         def start(s: Step) -> Step:
-            mask = None if keep is None else keep(s)
-            if mask is False:
+            if keep is not None and keep(s) is False:
                 return s
-            if mask is not None:  # this worker's part of the step: only what it gathers
-                s.rows = {f: s.rows[f][mask] for f in fields}
             s.runs = self._runs(s.rows["src"])  # once: the gather reads them too
             self._prefetch(s.rows, s.runs)
             return s

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from loader.mixture_steps import RowStream, Step, plan_steps
+from loader.mixture_steps import Block, RowStream, Step, plan_blocks
 from loader.record import Documents
 from loader.transport import Ring
 
@@ -39,23 +39,40 @@ def ring_parts(
     sent: set[int] = set()  # schedule chunks already sent to the trainer
     fields = ONE_LOOP_FIELDS if ds._one_loop else PART_FIELDS
 
-    def owned(steps: Iterator[Step]) -> Iterator[Step]:
-        for s in steps:
-            owner = ds.owners(s.rows, n_workers)
-            counts = np.bincount(owner, minlength=n_workers).tolist()
-            present = [w for w, c in enumerate(counts) if c]
-            n = counts[worker]
-            mine = None if n == len(owner) else (owner == worker if n else False)
-            layout = None  # the step's layout, from its lowest owner only
-            if present[0] == worker:
+    def owned(blocks: Iterator[Block]) -> Iterator[Step]:
+        """Each step with `share`: what this worker gathers of it. Worked out a block of steps
+        at a time (numpy's per-call cost, paid per block: a step has tens of rows)."""
+        for b in blocks:
+            rows = b.rows
+            owner = ds.owners(rows, n_workers)
+            sizes = np.diff(b.offsets)
+            per_step = np.repeat(np.arange(len(b.steps)), sizes)
+            counts = np.bincount(
+                per_step * n_workers + owner, minlength=len(b.steps) * n_workers
+            ).reshape(len(b.steps), n_workers)
+            # per row: owner, tokens, documents, source (a step's layout: a slice of columns)
+            layout = np.stack([owner, rows["length"], rows["docs"], rows["src"]])
+            sel = np.flatnonzero(owner == worker)
+            mine = {f: rows[f][sel] for f in fields}  # this worker's rows, step after step
+            ends = np.cumsum(counts[:, worker]).tolist()
+            starts = [0, *ends[:-1]]
+            for s, c, lo, hi, a, z in zip(
+                b.steps, counts.tolist(), b.offsets[:-1], b.offsets[1:], starts, ends, strict=True
+            ):
+                present = [w for w, n in enumerate(c) if n]
+                lowest = present[0] == worker
                 # one bytes object, not four arrays: pickling an array costs microseconds
-                layout = np.stack([owner, *(s.rows[f] for f in ("length", "docs", "src"))])
-                layout = layout.tobytes()
-            s.share = (mine, len(present), layout)
-            yield s
+                s.share = (
+                    None if z > a else False,
+                    len(present),
+                    layout[:, lo:hi].tobytes() if lowest else None,
+                )
+                if z > a:
+                    s.rows = {f: v[a:z] for f, v in mine.items()}
+                yield s
 
-    steps = owned(plan_steps(ds, stream, first, lambda step: True))
-    for s in ds._ahead(steps, stream, keep=lambda step: step.share[0], fields=fields):
+    steps = owned(plan_blocks(ds, stream, first, lambda step: True))
+    for s in ds._ahead(steps, stream, keep=lambda step: step.share[0]):
         mine, n_parts, layout = s.share
         if mine is False:
             continue
