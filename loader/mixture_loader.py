@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from loader.mixture import MixedDataset
 from loader.record import Documents, TokenRuns
-from loader.transport import CompactBatch, Ring
+from loader.transport import CompactBatch, Ring, head
 from packtool.columns import TOKEN, get
 from packtool.schedule import load_kernel, state_after
 
@@ -43,16 +43,20 @@ class _WorkerInit:
             self.user_fn(worker_id)
 
 
-def splice(parts: dict[int, Documents], layout: np.ndarray) -> Documents:
+def splice(
+    parts: dict[int, Documents], layout: np.ndarray, placed: frozenset[int] = frozenset()
+) -> Documents:
     """One step's documents in row order from the workers' parts.
 
     The tokens come back as `TokenRuns` (views of the parts, in order), which `collate` writes
     straight into the batch; the per-document arrays and any per-token column are joined.
 
     Args:
-        parts: Per worker, its rows' documents in row order.
+        parts: Per worker, its rows' documents in row order (or, for a worker in `placed`,
+            the step's shared slot, where its rows are at their places in the step).
         layout: int64 `(4, rows)`: per row of the step, its owner, tokens, documents and
             source.
+        placed: The workers whose rows are in the step's shared slot.
     """
     if len(parts) == 1:
         return next(iter(parts.values()))
@@ -60,9 +64,12 @@ def splice(parts: dict[int, Documents], layout: np.ndarray) -> Documents:
     # per-call cost would dominate
     runs: list[list[int]] = []  # [owner, first token, tokens, first document, documents]
     at = {w: [0, 0] for w in parts}  # next token and document of each part
+    for w in placed:
+        at[w] = None  # its rows at their places in the step
+    step_at = [0, 0]  # the step's next token and document
     last = -1
     for w, nt, nd in zip(*layout[:3].tolist(), strict=True):
-        here = at[w]
+        here = at[w] or step_at
         if w == last:
             run = runs[-1]
             run[2] += nt
@@ -70,8 +77,11 @@ def splice(parts: dict[int, Documents], layout: np.ndarray) -> Documents:
         else:
             runs.append([w, here[0], nt, here[1], nd])
             last = w
-        here[0] += nt
-        here[1] += nd
+        if here is not step_at:
+            here[0] += nt
+            here[1] += nd
+        step_at[0] += nt
+        step_at[1] += nd
     first = next(iter(parts.values()))
     per_token = [n for n in first.columns if get(n).level == TOKEN]
     per_doc = [n for n in first.columns if get(n).level != TOKEN]
@@ -115,19 +125,24 @@ class MixedDataLoader(DataLoader):
         # the state is made from it only when asked for.
         self._where: tuple[int, Any, int] | None = None
 
-    def _new_ring(self) -> Ring:
+    def _new_ring(self, first: int) -> Ring:
         ds = self._mixed
         # A worker can have its in-flight items (8 parts each) plus a few parts waiting for
-        # the other workers' parts of the same steps.
+        # the other workers' parts of the same steps. With step slots (packed sources of the
+        # mixture's columns: rows written at their places), a worker's own slots are for the
+        # rare step whose shared slot is not free yet.
         in_flight = ((self.prefetch_factor or 2) * self.num_workers + 2) * 8
-        return Ring(
+        ring = Ring(
             num_workers=self.num_workers,
-            slots=2 * in_flight,
+            slots=16 if ds._one_loop else 2 * in_flight,
             max_tokens=ds.max_batch_tokens,
             max_docs=ds.max_batch_docs(),
             token_dtype=ds.token_dtype,
             columns=ds.columns,
+            step_slots=2 * in_flight if ds._one_loop else 0,
         )
+        ring.set_consumed(first)
+        return ring
 
     def __iter__(self) -> Iterator[dict]:
         ds = self._mixed
@@ -139,7 +154,7 @@ class MixedDataLoader(DataLoader):
                 yield batch
             return
         load_kernel()  # the workers forked below inherit it
-        ring = self._new_ring()
+        ring = self._new_ring(int(start["step"]))
         self.worker_init_fn = _WorkerInit(ring, self._user_worker_init)
         pin = bool(self.pin_memory)
         waiting: dict[int, dict[int, tuple[CompactBatch, tuple]]] = {}
@@ -154,7 +169,7 @@ class MixedDataLoader(DataLoader):
                     break  # another worker's part of this step is still on its way
                 del waiting[consumed]
                 # the lowest owner's part has the layout and where the state is
-                _, layout, (next_step, cid, j, new), _ = parts[min(parts)][1]
+                _, layout, (next_step, cid, j, new), _, _ = parts[min(parts)][1]
                 # per row of the step: owner, tokens, documents, source
                 layout = np.frombuffer(layout, np.int64).reshape(4, -1)
                 if new is not None:
@@ -162,14 +177,25 @@ class MixedDataLoader(DataLoader):
                     for old in [c for c in chunks if c < cid - 8]:
                         del chunks[old]
                 try:
-                    views = {w: ring.take(item) for w, (item, _) in parts.items()}
-                    docs = splice(views, layout)
+                    placed = frozenset(w for w, (_, meta) in parts.items() if meta[4])
+                    if placed:
+                        whole = ring.step_views(consumed)
+                        whole = head(whole, int(layout[1].sum()), int(layout[2].sum()))
+                    if len(placed) == len(parts):
+                        docs = whole  # every row at its place: nothing to splice
+                    else:
+                        views = {
+                            w: whole if w in placed else ring.take(item)
+                            for w, (item, _) in parts.items()
+                        }
+                        docs = splice(views, layout, placed)
                     filler = next(iter(parts.values()))[0].filler
                     sources = np.repeat(layout[3], layout[2])
                     batch = ds.expand(docs, sources, filler=filler, pin_memory=pin)
                 finally:
                     for item, _ in parts.values():
                         ring.release(item)
+                    ring.set_consumed(consumed + 1)
                 consumed += 1
                 self._where = (next_step, chunks[cid], j)
                 end = chunks[cid].end

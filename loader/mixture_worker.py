@@ -1,11 +1,15 @@
 """A `MixedDataLoader` worker's side (for `loader.mixture.MixedDataset`): its part of every
 step, through the shared-memory ring.
 
-Every worker plans every step (`loader.mixture_steps.plan_steps`) and gathers the rows whose
-owner (`MixedDataset.owners`: a hash of source and row group) it is, so each row group is
-decoded by one worker only; the lowest worker with rows in a step also sends the step's layout
-(owner, tokens, documents and source of every row) and where the state after it is, from which
-the trainer (loader/mixture_loader.py) splices the parts back together.
+Every worker plans every step (`loader.mixture_steps.plan_blocks`, a block of steps at a
+time) and gathers the rows whose owner (`MixedDataset.owners`: a hash of source and row group)
+it is, so each row group is decoded by one worker only. It writes them at their places in the
+step's shared slot of the ring (`Ring.step_free`: once the trainer has consumed the step that
+used the slot before), so the trainer takes the step whole; otherwise (the slot not yet free,
+a step too big for a slot, sources gathered one by one) into a slot of its own, and the trainer
+splices the parts. The lowest worker with rows in a step also sends the step's layout (owner,
+tokens, documents and source of every row) and where the state after it is
+(loader/mixture_loader.py).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import numpy as np
 
 from loader.mixture_steps import Block, RowStream, Step, plan_blocks
 from loader.record import Documents
-from loader.transport import Ring
+from loader.shards import write_parts
+from loader.transport import CompactBatch, Ring
 
 if TYPE_CHECKING:
     from loader.mixture import MixedDataset
@@ -52,13 +57,23 @@ def ring_parts(
             ).reshape(len(b.steps), n_workers)
             # per row: owner, tokens, documents, source (a step's layout: a slice of columns)
             layout = np.stack([owner, rows["length"], rows["docs"], rows["src"]])
+            # each row's first token and document in its step, and each step's totals
+            offs = np.asarray(b.offsets)
+            first, last = offs[:-1], offs[1:] - 1  # a step has a row at least (a filler one)
+            at, totals = {}, {}
+            for f in ("length", "docs"):
+                before = np.cumsum(rows[f]) - rows[f]
+                at[f] = before - np.repeat(before[first], sizes)
+                totals[f] = (before[last] + rows[f][last] - before[first]).tolist()
             sel = np.flatnonzero(owner == worker)
             mine = {f: rows[f][sel] for f in fields}  # this worker's rows, step after step
+            mine["tok_at"], mine["doc_at"] = at["length"][sel], at["docs"][sel]
             ends = np.cumsum(counts[:, worker]).tolist()
             starts = [0, *ends[:-1]]
-            for s, c, lo, hi, a, z in zip(
-                b.steps, counts.tolist(), b.offsets[:-1], b.offsets[1:], starts, ends, strict=True
-            ):
+            for s, c, lo, hi, a, z, nt, nd in zip(
+                b.steps, counts.tolist(), b.offsets[:-1], b.offsets[1:], starts, ends,
+                totals["length"], totals["docs"], strict=True,
+            ):  # fmt: skip
                 present = [w for w, n in enumerate(c) if n]
                 lowest = present[0] == worker
                 # one bytes object, not four arrays: pickling an array costs microseconds
@@ -66,24 +81,37 @@ def ring_parts(
                     None if z > a else False,
                     len(present),
                     layout[:, lo:hi].tobytes() if lowest else None,
+                    nt <= ring.tok_cap and nd <= ring.doc_cap,
                 )
                 if z > a:
                     s.rows = {f: v[a:z] for f, v in mine.items()}
                 yield s
 
     steps = owned(plan_blocks(ds, stream, first, lambda step: True))
+    step_slots = ds._one_loop and ring.step_slots > 0
     for s in ds._ahead(steps, stream, keep=lambda step: step.share[0]):
-        mine, n_parts, layout = s.share
+        mine, n_parts, layout, fits = s.share
         if mine is False:
             continue
-        view = _RowsView(ds, s.rows, s.runs)
-        item = ring.put(view, None, filler=s.filler, step=s.step)
+        if step_slots and fits and ring.step_free(s.step):
+            # the rows at their places in the step's shared slot: nothing to splice
+            parts, n_tok, n_docs = ds._views(s.rows, s.runs)
+            at = (s.rows["tok_at"].tolist(), s.rows["doc_at"].tolist())
+            write_parts(parts, ring.step_views(s.step), ds.columns, at=at)
+            slot = ring.step_slot(s.step)
+            item = CompactBatch(
+                s.step, slot, n_tok, n_docs, ring.doc_cap, s.filler, None, ring.tok_cap
+            )
+            placed = True
+        else:
+            item = ring.put(_RowsView(ds, s.rows, s.runs), None, filler=s.filler, step=s.step)
+            placed = False
         where = None  # the lowest owner tells where the state after the step is
         if layout is not None:
             cid = s.ref[1]
             where = (*s.ref, None if cid in sent else s.chunk)
             sent.add(cid)
-        chunk.append((item, (worker, layout, where, n_parts)))
+        chunk.append((item, (worker, layout, where, n_parts, placed)))
         if len(chunk) == size:
             yield chunk
             chunk, size = [], 8

@@ -52,12 +52,20 @@ _STATS_FILES = 16
 
 
 def write_parts(
-    parts: list[tuple], dest: Documents, optional: tuple[Column, ...], t: int = 0, d: int = 0
+    parts: list[tuple],
+    dest: Documents,
+    optional: tuple[Column, ...],
+    t: int = 0,
+    d: int = 0,
+    at: tuple[list[int], list[int]] | None = None,
 ) -> None:
     """Write row views (`ShardStore.views`: tokens, doc offsets, doc ids, optional columns)
-    into `dest` from token `t` and document `d`, one after another."""
+    into `dest` from token `t` and document `d`, one after another; with `at`, each row at
+    its own first token and document (`at[0][i]`, `at[1][i]`)."""
     tokens, doc_lens, doc_ids, columns = dest.tokens, dest.doc_lens, dest.doc_ids, dest.columns
-    for tok, off, ids, extra in parts:
+    for i, (tok, off, ids, extra) in enumerate(parts):
+        if at is not None:
+            t, d = at[0][i], at[1][i]
         n, k = len(tok), len(ids)
         tokens[t : t + n] = tok
         np.subtract(off[1:], off[:-1], out=doc_lens[d : d + k])

@@ -21,6 +21,14 @@ worker when written and free by the trainer after expansion. The DataLoader keep
 finds its next slot busy; if it does anyway (or a batch does not fit), it sends that batch in its
 own shared tensor instead, never waiting. Plain `DataLoader` / `StatefulDataLoader` workers never
 see the ring and yield ordinary collated batches.
+
+A `MixedDataLoader` ring also has *step slots*, shared by the workers: step k's rows are
+written into step slot k mod `step_slots` at their final places in the step, each worker its
+own rows, so the trainer takes the step as one batch with nothing to splice. The trainer
+publishes how many steps it has consumed (`set_consumed`); a worker writes step k there only
+once step k - `step_slots` has been consumed (`step_free`), so a step slot is never written
+while the trainer reads it, and with no flag to claim there is no race between workers. A worker
+that finds the slot not yet free uses its own slots as above.
 """
 
 from __future__ import annotations
@@ -112,7 +120,7 @@ def _layout(
     )
 
 
-def _head(docs: Documents, n_tokens: int, n_docs: int) -> Documents:
+def head(docs: Documents, n_tokens: int, n_docs: int) -> Documents:
     """The first `n_tokens` tokens and `n_docs` documents of a record of buffers."""
     return Documents(
         docs.tokens[:n_tokens],
@@ -134,6 +142,8 @@ class Ring:
         max_tokens: Most tokens in one batch.
         max_docs: Most documents in one batch (a batch with more goes outside the ring).
         token_dtype: The stored token dtype (uint16 / uint32).
+        columns: The optional columns each batch carries.
+        step_slots: Step slots shared by the workers (see the module doc; 0: none).
     """
 
     def __init__(
@@ -145,6 +155,7 @@ class Ring:
         max_docs: int,
         token_dtype: np.dtype,
         columns: tuple[Column, ...] = (),
+        step_slots: int = 0,
     ) -> None:
         self.num_workers = num_workers
         self.slots = slots
@@ -155,8 +166,12 @@ class Ring:
         self.tok_cap = max_tokens
         size = compact_bytes(self.doc_cap, self.tok_cap, self.token_dtype, self.columns)
         self.slot_bytes = -(-size // 64) * 64
-        self.buffer = _shared_bytes(num_workers * slots * self.slot_bytes)  # uint8
+        self.step_slots = step_slots
+        self._first_step_slot = num_workers * slots
+        self.buffer = _shared_bytes((num_workers * slots + step_slots) * self.slot_bytes)  # uint8
         self.busy = torch.zeros(num_workers * slots, dtype=torch.int32).share_memory_()
+        self.consumed = torch.zeros(1, dtype=torch.int64).share_memory_()
+        """Steps the trainer has consumed (the next one it takes), for the step slots."""
         self._count = 0
         self._worker = -1
         self._views: dict[int, Documents] = {}  # per slot, its arrays (made when first used)
@@ -214,7 +229,24 @@ class Ring:
             columns=self.columns,
         )
 
+    def step_free(self, step: int) -> bool:
+        """Whether step `step` may be written into its step slot now (the step that used the
+        slot before, `step - step_slots`, has been consumed)."""
+        return self.step_slots > 0 and int(self.consumed.numpy()[0]) > step - self.step_slots
+
+    def step_slot(self, step: int) -> int:
+        return self._first_step_slot + step % self.step_slots
+
+    def step_views(self, step: int) -> Documents:
+        """The arrays of step `step`'s step slot (a whole step's room: its rows are written at
+        their places in the step)."""
+        return self._slot_views(self.step_slot(step))
+
     # ---- trainer side -------------------------------------------------------------------------
+
+    def set_consumed(self, steps: int) -> None:
+        """Steps consumed so far (their step slots may be written again)."""
+        self.consumed.numpy()[0] = steps
 
     def take(self, item: CompactBatch) -> Documents:
         """Views of a received batch's documents; `release` it after copying."""
@@ -224,10 +256,11 @@ class Ring:
             docs = _layout(
                 item.data.numpy(), item.doc_cap, item.tok_cap, self.token_dtype, self.columns
             )
-        return _head(docs, item.n_tokens, item.n_docs)
+        return head(docs, item.n_tokens, item.n_docs)
 
     def release(self, item: CompactBatch) -> None:
-        if item.data is None:
+        """Free a worker's slot (a step slot is free once its step is consumed)."""
+        if item.data is None and item.slot < self._first_step_slot:
             self.busy.numpy()[item.slot] = 0
 
 

@@ -72,21 +72,29 @@ def _docs(rng, n_docs, mask):
     mask=st.booleans(),
     layout=st.sampled_from(["packtool", "hf"]),
     seed=st.integers(0, 2**31),
+    placed=st.sets(st.integers(0, 2)),
 )
-def test_splice_makes_the_batch_of_the_rows_in_order(owners, mask, layout, seed):
-    """Rows owned by workers in any pattern: the parts spliced by the step's layout collate to
-    the batch of the rows laid end to end (tokens written from their runs)."""
+def test_splice_makes_the_batch_of_the_rows_in_order(owners, mask, layout, seed, placed):
+    """Rows owned by workers in any pattern, each worker's rows in a part of its own or (the
+    workers in `placed`) at their places in the step's shared slot: the parts spliced by the
+    step's layout collate to the batch of the rows laid end to end (tokens written from their
+    runs)."""
     rng = np.random.default_rng(seed)
     rows = [_docs(rng, int(rng.integers(1, 4)), mask) for _ in owners]
+    placed = frozenset(placed & set(owners))
+    # the shared slot: the placed workers' rows at their places, anything else elsewhere
+    shared = _join(
+        [r if o in placed else _scrambled(r, rng) for r, o in zip(rows, owners, strict=True)]
+    )
     parts = {}
     for w in sorted(set(owners)):
         mine = [r for r, o in zip(rows, owners, strict=True) if o == w]
-        parts[w] = _join(mine)
+        parts[w] = shared if w in placed else _join(mine)
     layout_arr = np.array(
         [owners, [r.n_tokens for r in rows], [r.n_docs for r in rows], [0] * len(rows)],
         np.int64,
     )
-    got = splice(parts, layout_arr)
+    got = splice(parts, layout_arr, placed)
     want = _join(rows)
     if len(parts) > 1:
         assert isinstance(got.tokens, TokenRuns)
@@ -98,6 +106,16 @@ def test_splice_makes_the_batch_of_the_rows_in_order(owners, mask, layout, seed)
         assert torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k], k
 
 
+def _scrambled(docs, rng):
+    """Other values of the same sizes (what a shared slot holds where no worker placed rows)."""
+    return Documents(
+        rng.integers(1000, 2000, docs.n_tokens).astype(docs.tokens.dtype),
+        docs.doc_lens,  # the lengths decide the sizes
+        rng.integers(-9, -1, docs.n_docs),
+        {n: 1 - v for n, v in docs.columns.items()},
+    )
+
+
 def _join(docs):
     return Documents(
         np.concatenate([d.tokens for d in docs]),
@@ -105,3 +123,36 @@ def _join(docs):
         np.concatenate([d.doc_ids for d in docs]),
         {n: np.concatenate([d.columns[n] for d in docs]) for n in docs[0].columns},
     )
+
+
+@pytest.mark.parametrize("free", ["always", "never", "some"])
+def test_rows_placed_in_step_slots_or_sent_in_parts_give_the_in_process_stream(
+    sources, monkeypatch, free
+):
+    """Workers write a step's rows at their places in its shared slot when the slot is free,
+    else in slots of their own (the trainer then splices): any mix gives the same batches."""
+    from loader.transport import Ring
+
+    real = Ring.step_free
+    rule = {
+        "always": real,
+        "never": lambda self, step: False,
+        "some": lambda self, step: real(self, step) and (step * 7 + self._worker) % 3 != 0,
+    }[free]
+    placed = []
+    monkeypatch.setattr(Ring, "step_free", rule)
+    real_views = Ring.step_views
+    monkeypatch.setattr(
+        Ring, "step_views", lambda self, step: placed.append(step) or real_views(self, step)
+    )
+
+    def make():
+        return MixedDataset(spec(sources, total_tokens=20_000), tokens_per_batch=200)
+
+    ref, _ = stream(make())
+    got, _ = stream(make(), workers=2)
+    assert same(got, ref)
+    if free == "never":
+        assert placed == []  # the trainer took no step slot
+    else:
+        assert len(set(placed)) > len(ref) // 2  # most steps came whole or partly placed
