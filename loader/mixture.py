@@ -249,10 +249,12 @@ class MixedDataset(IterableDataset):
         # and it holds less decoded ahead.
         room = AHEAD_GROUPS * len(packed) if keep is None else AHEAD_GROUPS
 
+        stores = [p.store for p in packed]
+
         def busy() -> bool:
             if keep is None:
-                return sum(p.pending for p in packed) >= room
-            return any(p.pending >= room for p in packed)
+                return sum(st.pending_row_groups for st in stores) >= room
+            return any(st.pending_row_groups >= room for st in stores)
 
         def start(s: Step) -> Step:
             if keep is not None and keep(s) is False:

@@ -168,11 +168,6 @@ class PackedSource:
             fill_missing(dest, self.columns, self.name, t, d, *sizes)
         return sizes
 
-    @property
-    def pending(self) -> int:
-        """Row groups handed to the decode thread and not yet used."""
-        return self.store.pending_row_groups
-
     def prefetch(self, groups: np.ndarray | list[int]) -> None:
         """Start decoding these row groups (first-use order; cached or pending ones skipped)."""
         self.store.prefetch(groups)

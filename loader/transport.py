@@ -179,7 +179,17 @@ class Ring:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_views"] = {}  # views of this process's mapping: made again where unpickled
+        state.pop("_flags", None)
         return state
+
+    @property
+    def flags(self) -> tuple[np.ndarray, np.ndarray]:
+        """numpy views of `busy` and `consumed` (made once per process: `Tensor.numpy()` costs
+        microseconds, and they are read for every batch)."""
+        flags = self.__dict__.get("_flags")
+        if flags is None:
+            flags = self._flags = (self.busy.numpy(), self.consumed.numpy())
+        return flags
 
     def _slot(self, slot: int) -> np.ndarray:
         return self.buffer.numpy()[slot * self.slot_bytes : (slot + 1) * self.slot_bytes]
@@ -207,13 +217,13 @@ class Ring:
         self._worker = 0 if info is None else info.id
         self._count = 0
         first = self._worker * self.slots
-        self.busy.numpy()[first : first + self.slots] = 0
+        self.flags[0][first : first + self.slots] = 0
 
     def put(self, store: Any, rows: np.ndarray, *, filler: bool, step: int) -> CompactBatch:
         """Gather `rows` from `store` (a `ShardStore`) into this worker's next slot."""
         slot = self._worker * self.slots + self._count % self.slots
         self._count += 1
-        busy = self.busy.numpy()
+        busy = self.flags[0]
         if busy[slot] == 0:
             sizes = store.gather_into(rows, self._slot_views(slot))
             if sizes is not None:
@@ -232,7 +242,7 @@ class Ring:
     def step_free(self, step: int) -> bool:
         """Whether step `step` may be written into its step slot now (the step that used the
         slot before, `step - step_slots`, has been consumed)."""
-        return self.step_slots > 0 and int(self.consumed.numpy()[0]) > step - self.step_slots
+        return self.step_slots > 0 and int(self.flags[1][0]) > step - self.step_slots
 
     def step_slot(self, step: int) -> int:
         return self._first_step_slot + step % self.step_slots
@@ -246,7 +256,7 @@ class Ring:
 
     def set_consumed(self, steps: int) -> None:
         """Steps consumed so far (their step slots may be written again)."""
-        self.consumed.numpy()[0] = steps
+        self.flags[1][0] = steps
 
     def take(self, item: CompactBatch) -> Documents:
         """Views of a received batch's documents; `release` it after copying."""
@@ -261,7 +271,7 @@ class Ring:
     def release(self, item: CompactBatch) -> None:
         """Free a worker's slot (a step slot is free once its step is consumed)."""
         if item.data is None and item.slot < self._first_step_slot:
-            self.busy.numpy()[item.slot] = 0
+            self.flags[0][item.slot] = 0
 
 
 def pack_compact(
