@@ -44,8 +44,9 @@ class Step:
     """One global step as this rank sees it."""
 
     step: int
-    rows: dict[str, np.ndarray]
-    """This rank's rows (`FIELDS`): grouped by source, each source's in stream order."""
+    rows: dict[str, np.ndarray] | None
+    """This rank's rows (`FIELDS`): grouped by source, each source's in stream order (None
+    until a `MixedDataLoader` worker sets its share, `plan_blocks(step_rows=False)`)."""
     filler: bool
     begin: int
     """Stream index of the step's first row (any rank's)."""
@@ -190,13 +191,25 @@ def _batch_rows_guess(ds: MixedDataset) -> int:
     return max(64, 2 * c.tokens_per_batch // ds.max_len)
 
 
-def _batch_ends(ds: MixedDataset, stream: RowStream, q: int) -> list[int]:
-    """For every stream index i from `q` to the rows read: the end of a rank batch starting at
-    i (greedy: `rows_per_batch` rows, or as many as fit `tokens_per_batch` and the document cap,
-    at least one), or -1 where rows not read yet could change it (the mixture not done)."""
+def _rows_per_batch(ds: MixedDataset, stream: RowStream, guess: int) -> int:
+    """About how many rows a rank batch holds, a quarter more (from the rows read: their mean
+    length; `guess` when no rows are read or with `rows_per_batch`)."""
+    c = ds.config
+    n = stream.end - stream.base
+    if c.rows_per_batch is not None or n == 0:
+        return guess
+    mean = (int(stream.cum_len[-1]) - int(stream.cum_len[0])) / n
+    return int(1.25 * c.tokens_per_batch / max(mean, 1.0)) + 2
+
+
+def _batch_ends(ds: MixedDataset, stream: RowStream, q: int, n: int) -> list[int]:
+    """For every stream index i from `q` to `q + n` (at most to the rows read): the end of a
+    rank batch starting at i (greedy: `rows_per_batch` rows, or as many as fit
+    `tokens_per_batch` and the document cap, at least one), or -1 where rows not read yet could
+    change it (the mixture not done)."""
     c = ds.config
     i0, i1 = q - stream.base, stream.end - stream.base
-    idx = np.arange(i0, i1)
+    idx = np.arange(i0, min(i1, i0 + n))
     got = i1 - idx  # rows from i to the end of the buffer
     done = stream.schedule.done is not None
     if c.rows_per_batch is not None:
@@ -204,10 +217,10 @@ def _batch_ends(ds: MixedDataset, stream: RowStream, q: int) -> list[int]:
         valid = got >= c.rows_per_batch
     else:
         cl = stream.cum_len
-        n = np.searchsorted(cl, cl[i0:i1] + c.tokens_per_batch, "right") - 1 - idx
+        n = np.searchsorted(cl, cl[idx] + c.tokens_per_batch, "right") - 1 - idx
         if ds.max_docs is not None:
             cd = stream.cum_docs
-            n = np.minimum(n, np.searchsorted(cd, cd[i0:i1] + ds.max_docs - 1, "right") - 1 - idx)
+            n = np.minimum(n, np.searchsorted(cd, cd[idx] + ds.max_docs - 1, "right") - 1 - idx)
         valid = n < got  # a batch that reaches the end of the buffer might take more rows
         n = np.maximum(np.minimum(n, got), 1)
     ends = idx + n + stream.base
@@ -233,15 +246,17 @@ def cut_steps(ds: MixedDataset, stream: RowStream, most: int) -> list[list[tuple
     while len(steps) < most:
         e = ends[q - lo] if q - lo < len(ends) else -1
         if e < 0:
+            left = world * (most - len(steps)) - len(ranges)  # rank batches still to cut
             if q - lo < len(ends):  # the batch may run past the rows read: read more
                 want = stream.end - stream.p + max(guess, stream.end - q)
             else:
-                left = world * (most - len(steps)) - len(ranges)
                 want = q - stream.p + guess * left
             stream.ensure(want)
             if q >= stream.end and stream.schedule.done is not None:
                 break  # the stream is over
-            ends, lo = _batch_ends(ds, stream, q), q
+            # the ends of batches starting in about what is left to cut (the walk finds more
+            # if it gets past them)
+            ends, lo = _batch_ends(ds, stream, q, left * _rows_per_batch(ds, stream, guess)), q
             continue
         ranges.append((q, e))
         q = e
@@ -266,11 +281,17 @@ class Block:
 
 
 def plan_blocks(
-    ds: MixedDataset, stream: RowStream, first: int, own: Callable[[int], bool]
+    ds: MixedDataset,
+    stream: RowStream,
+    first: int,
+    own: Callable[[int], bool],
+    *,
+    step_rows: bool = True,
 ) -> Iterator[Block]:
     """Every global step from `first` (this rank's rows, those `own(step)` selects), planned a
     block of up to `BLOCK_STEPS` steps at a time (one cut, one sort and one gather per field
-    for the block)."""
+    for the block). Without `step_rows` the steps' `rows` are left to the caller (None unless
+    rebalanced), which takes its share of the block's rows itself."""
     c = ds.config
     total = ds.spec.total_steps
     world = ds.world_size
@@ -296,7 +317,7 @@ def plan_blocks(
                 last = True
                 break
         if planned:
-            yield _block(ds, stream, planned)
+            yield _block(ds, stream, planned, step_rows)
         if last:
             return
 
@@ -310,7 +331,10 @@ def plan_steps(
 
 
 def _block(
-    ds: MixedDataset, stream: RowStream, planned: list[tuple[int, list[tuple[int, int]]]]
+    ds: MixedDataset,
+    stream: RowStream,
+    planned: list[tuple[int, list[tuple[int, int]]]],
+    step_rows: bool,
 ) -> Block:
     r = ds.rank
     if ds.config.balance and ds.world_size > 1:  # rebalanced: step by step
@@ -331,7 +355,7 @@ def _block(
         steps = []
         o = 0
         for (k, ranges), n in zip(planned, sizes, strict=True):
-            part = {f: a[o : o + n] for f, a in rows.items()}
+            part = {f: a[o : o + n] for f, a in rows.items()} if step_rows else None
             o += n
             filler = r >= len(ranges)
             steps.append(Step(k, part, filler, ranges[0][0], ranges[-1][1]))

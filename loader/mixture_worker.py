@@ -87,7 +87,7 @@ def ring_parts(
                     s.rows = {f: v[a:z] for f, v in mine.items()}
                 yield s
 
-    steps = owned(plan_blocks(ds, stream, first, lambda step: True))
+    steps = owned(plan_blocks(ds, stream, first, lambda step: True, step_rows=False))
     step_slots = ds._one_loop and ring.step_slots > 0
     for s in ds._ahead(steps, stream, keep=lambda step: step.share[0]):
         mine, n_parts, layout, fits = s.share
