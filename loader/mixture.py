@@ -260,7 +260,11 @@ class MixedDataset(IterableDataset):
             if keep is not None and keep(s) is False:
                 return s
             s.runs = self._runs(s.rows["src"])  # once: the gather reads them too
-            self._prefetch(s.rows, s.runs)
+            if s.fresh is None:
+                self._prefetch(s.rows, s.runs)
+            else:
+                for i, groups in s.fresh:
+                    self.sources[i].prefetch(groups)
             return s
 
         def after(upcoming: Step | None) -> None:

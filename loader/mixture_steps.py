@@ -60,9 +60,13 @@ class Step:
     runs: list[tuple[int, int, int]] | None = None
     """`(source, start, stop)` of each source's rows in `rows` (`MixedDataset._runs`), once
     known."""
-    share: tuple[Any, int, int] | None = None
-    """With `MixedDataLoader` workers: which rows this worker gathers (a mask, or None for all
-    of them, or False for none), how many workers have rows in the step, and the lowest."""
+    share: tuple[Any, int, bytes | None, bool] | None = None
+    """With `MixedDataLoader` workers: None when this worker has rows in the step (`rows`),
+    False when it has none; how many workers have rows in it; the step's layout (from its
+    lowest owner only); whether the whole step fits a ring slot."""
+    fresh: list[tuple[int, list[int]]] | None = None
+    """Per source, the row groups of `rows` not used earlier in the step's block (the ones to
+    hand to the decode thread); None: all of the step's."""
 
     @property
     def state(self) -> dict[str, Any]:

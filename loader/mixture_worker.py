@@ -14,7 +14,10 @@ tokens, documents and source of every row) and where the state after it is
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
+from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -70,6 +73,13 @@ def ring_parts(
             mine["tok_at"], mine["doc_at"] = at["length"][sel], at["docs"][sel]
             ends = np.cumsum(counts[:, worker]).tolist()
             starts = [0, *ends[:-1]]
+            # where each of its row groups is first used in the block: a step hands only those
+            # to the decode thread (the rest were handed with an earlier step)
+            src_m, group_m = mine["src"], mine["group"]
+            firsts = np.unique(src_m * (1 << 40) + group_m, return_index=True)[1]
+            firsts.sort()
+            fresh_src, fresh_group = src_m[firsts].tolist(), group_m[firsts].tolist()
+            firsts = firsts.tolist()
             for s, c, lo, hi, a, z, nt, nd in zip(
                 b.steps, counts.tolist(), b.offsets[:-1], b.offsets[1:], starts, ends,
                 totals["length"], totals["docs"], strict=True,
@@ -85,6 +95,13 @@ def ring_parts(
                 )
                 if z > a:
                     s.rows = {f: v[a:z] for f, v in mine.items()}
+                    i, j = bisect_left(firsts, a), bisect_left(firsts, z)
+                    s.fresh = [
+                        (src, [g for _, g in run])
+                        for src, run in groupby(
+                            zip(fresh_src[i:j], fresh_group[i:j], strict=True), itemgetter(0)
+                        )
+                    ]
                 yield s
 
     steps = owned(plan_blocks(ds, stream, first, lambda step: True, step_rows=False))

@@ -156,3 +156,55 @@ def test_rows_placed_in_step_slots_or_sent_in_parts_give_the_in_process_stream(
         assert placed == []  # the trainer took no step slot
     else:
         assert len(set(placed)) > len(ref) // 2  # most steps came whole or partly placed
+
+
+@pytest.mark.parametrize("worker", [0, 1])
+def test_a_worker_hands_each_row_group_to_the_decode_thread_before_gathering_it(
+    sources, monkeypatch, worker
+):
+    """A worker's steps name only the row groups new in their block (`Step.fresh`): every row
+    group it gathers was handed to the decode thread with that step or an earlier one of the
+    same block, and is decoded in the background, never waited for from scratch."""
+    from loader import mixture_worker
+    from loader.mixture_loader import MixedDataLoader
+    from loader.mixture_sources import PackedSource
+    from loader.shards import ShardStore
+
+    ds = MixedDataset(spec(sources, total_tokens=60_000), tokens_per_batch=200, shuffle_window=2)
+    ring = MixedDataLoader(ds, num_workers=2)._new_ring(0)
+    ring.start_worker()
+    handed: set[tuple[int, int]] = set()
+    late = []
+    real_prefetch, real_views = PackedSource.prefetch, ds._views
+
+    def prefetch(self, groups):
+        handed.update((ds.sources.index(self), g) for g in groups)
+        return real_prefetch(self, groups)
+
+    def views(rows, runs):
+        for src, g in zip(rows["src"].tolist(), rows["group"].tolist(), strict=True):
+            if (src, g) not in handed:
+                late.append((src, g))
+        return real_views(rows, runs)
+
+    monkeypatch.setattr(PackedSource, "prefetch", prefetch)
+    monkeypatch.setattr(ds, "_views", views)
+    waited = []
+    real_row_group = ShardStore.row_group
+
+    def row_group(self, g):
+        if g not in self._cache and g not in self._pending:
+            waited.append(g)
+        return real_row_group(self, g)
+
+    monkeypatch.setattr(ShardStore, "row_group", row_group)
+    stream = RowStream(ds, ds.start_state()["schedule"])
+    parts = 0
+    for chunk in mixture_worker.ring_parts(ds, stream, 0, ring, worker, 2):
+        for item, _ in chunk:
+            ring.release(item)
+            ring.set_consumed(item.step + 1)
+            parts += 1
+    assert parts > 50 and len(handed) >= 6  # of the 16 row groups, this worker's share
+    assert late == []  # nothing gathered before it was handed to the decode thread
+    assert waited == []  # every row group was pending or cached when gathered
