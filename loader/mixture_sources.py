@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -117,6 +117,7 @@ class PackedSource:
         self.num_rows = int(self.store.num_rows)
         self.columns: tuple[Column, ...] = self.store.optional
         self._orders: OrderedDict[int, EpochOrder] = OrderedDict()
+        self._recent: deque[tuple[int, int, tuple[np.ndarray, ...]]] = deque(maxlen=2)
 
     def order(self, epoch: int) -> EpochOrder:
         """`epoch`'s row order (the mixture reads two epochs at an epoch's edge: both kept)."""
@@ -136,15 +137,28 @@ class PackedSource:
         return self.order(epoch).rows(start, start + n)
 
     def lengths(self, epoch: int, start: int, n: int) -> np.ndarray:
-        return self.index.stats(self.ids(epoch, start, n))[0]
+        return self._described(epoch, start, n)[1]
 
     def describe_rows(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
         """`(row ids, documents, attention cost, row groups, index in the row group)` of `n`
         rows from `start`."""
+        ids, _, docs, sq, groups, local = self._described(epoch, start, n)
+        return ids, docs, sq, groups, local
+
+    def _described(self, epoch: int, start: int, n: int) -> tuple[np.ndarray, ...]:
+        """`(row ids, tokens, documents, attention cost, row groups, index in the row group)`
+        of `n` rows from `start` of `epoch`'s order (fewer at its end): worked out once for the
+        rows the schedule reads ahead (`lengths`, a window at a time) and sliced when the
+        stream describes them (`describe_rows`)."""
+        for e, a, cols in self._recent:
+            if e == epoch and a <= start and start + n <= a + len(cols[0]):
+                return tuple(c[start - a : start - a + n] for c in cols)
         ids = self.ids(epoch, start, n)
-        _, docs, sq = self.index.stats(ids)
+        lengths, docs, sq = self.index.stats(ids)
         groups = self.store.row_group_of(ids)
-        return ids, docs, sq, groups, ids - self.store.row_group_starts[groups]
+        cols = (ids, lengths, docs, sq, groups, ids - self.store.row_group_starts[groups])
+        self._recent.append((epoch, start, cols))
+        return cols
 
     def top_n_docs(self, k: int) -> np.ndarray:
         """The `k` largest per-row document counts (one pass over the counts: static shape)."""

@@ -203,3 +203,29 @@ def test_cut_steps_stops_at_the_end_of_the_stream(sources):
     assert all(len(step) == 3 for step in steps[:-1]) and 1 <= len(steps[-1]) <= 3
     assert stream.schedule.done is not None and flat[-1][1] == stream.end
     assert cut_steps(ds, stream, 5) == []
+
+
+@examples
+@given(
+    reads=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 30), st.integers(0, 30), st.booleans()),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_a_source_describes_its_rows_as_computed_afresh(sources, reads):
+    """`PackedSource.lengths` / `describe_rows` (served from the ranges read recently) give
+    what the epoch order and the row counts give for any sequence of reads."""
+    ds = MixedDataset(spec(sources), tokens_per_batch=200, shuffle_window=2)
+    src = ds.sources[0]
+    for epoch, start, n, lengths in reads:
+        ids = src.order(epoch).rows(start, start + n)
+        want_len, want_docs, want_sq = src.index.stats(ids)
+        groups = src.store.row_group_of(ids)
+        if lengths:
+            np.testing.assert_array_equal(src.lengths(epoch, start, n), want_len)
+        else:
+            got = src.describe_rows(epoch, start, n)
+            want = (ids, want_docs, want_sq, groups, ids - src.store.row_group_starts[groups])
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g, w)
