@@ -29,6 +29,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import (
     FIRST_COMPLETED,
@@ -142,7 +143,7 @@ def _run_pool(run: Run, waves: list[list[int]], workers: int, threads: int, kind
     pool = task = None
     try:
         for wave in waves:
-            todo = list(wave)
+            todo = deque(wave)  # popped from the front: O(1) a unit at 10^5 partitions
             while todo:
                 if pool is None:
                     pool, task = _make_pool(run, workers, threads, kind)
@@ -150,7 +151,7 @@ def _run_pool(run: Run, waves: list[list[int]], workers: int, threads: int, kind
                 try:
                     while todo or inflight:
                         while todo and len(inflight) < 2 * workers:
-                            p = todo.pop(0)
+                            p = todo.popleft()
                             inflight[pool.submit(task, run.descriptor(p))] = p
                         finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
                         for fut in finished:
@@ -160,7 +161,7 @@ def _run_pool(run: Run, waves: list[list[int]], workers: int, threads: int, kind
                 except BrokenProcessPool:
                     # A worker process died (killed, out of memory); its units run again.
                     retries += 1
-                    todo = sorted(set(todo) | set(inflight.values()))
+                    todo = deque(sorted(set(todo) | set(inflight.values())))
                     _stop(pool)
                     pool = None
                     if retries > MAX_RETRIES:
