@@ -71,7 +71,7 @@ def _patch_worker(m: Any) -> None:
 
 
 def _patch_shards(m: Any) -> None:
-    m.ShardWriter._write_groups = _timed(m.ShardWriter._write_groups, "Parquet encode")
+    m.ShardWriter._write = _timed(m.ShardWriter._write, "Parquet encode (row group)")
     m.ShardWriter._close_shard = _timed(
         m.ShardWriter._close_shard, "close shard (join, fsync, sha256)"
     )
