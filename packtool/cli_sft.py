@@ -42,10 +42,6 @@ class CorpusOptions:
 
     def load_tokenizer(self, workers: int | None = None) -> Any:
         """A `packtool.tokenizers.Tokenizer` from --tokenizer/--eos-id/--no-eos/--bos-id."""
-        from packtool import engine_prebuild
-
-        # fastokens' build is the start-up's critical path: started before the imports below.
-        engine_prebuild.start(self.tokenizer, self.tokenizer_engine)
         from packtool.tokenizers import load_tokenizer
 
         if self.no_eos and self.eos_id is not None:

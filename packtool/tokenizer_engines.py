@@ -29,7 +29,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from packtool import engine_prebuild
 from packtool.errors import ConfigError
 
 
@@ -138,10 +137,7 @@ def _open_fastokens(source: Source, workers: int) -> Encoder:
 
     try:
         if source.kind == "hf":
-            tok = engine_prebuild.take(source.json)  # built early from this very text, or None
-            if tok is None:
-                tok = fastokens.Tokenizer.from_json_str(source.json)
-            return _FastokensEncoder(tok, False)
+            return _FastokensEncoder(fastokens.Tokenizer.from_json_str(source.json), False)
         if source.path is not None:
             tok = fastokens.Tokenizer.from_tiktoken(
                 source.path, pattern=source.pattern, special_tokens=source.specials
