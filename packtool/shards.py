@@ -189,9 +189,12 @@ class _RunningHash:
                 raise OSError(f"shard shrank while being hashed at byte {self._done}")
             self._hash.update(block)
             self._done += len(block)
-        if self._done - self._synced >= SYNC_EVERY:
-            os.fdatasync(self._fd)
-            self._synced = self._done
+        if self._synced >= 0 and self._done - self._synced >= SYNC_EVERY:
+            try:
+                os.fdatasync(self._fd)
+                self._synced = self._done
+            except OSError:  # only a head start: the close's fsync is what makes it durable
+                self._synced = -1  # (a file system that refuses it on a read-only descriptor)
 
 
 class ShardWriter:

@@ -102,3 +102,21 @@ def test_abort_drops_the_shard_and_its_hash(tmp_path):
     writer.abort()
     assert list(tmp_path.iterdir()) == []
     assert not [t for t in threading.enumerate() if t.name.startswith("packtool-sha256")]
+
+
+def test_a_refused_early_flush_only_stops_the_flushing(tmp_path, monkeypatch):
+    def refuse(fd):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(os, "fdatasync", refuse)
+    monkeypatch.setattr(shards, "SYNC_EVERY", 1000)
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    running = _RunningHash(path)
+    with open(path, "ab") as f:
+        for _ in range(5):
+            f.write(b"y" * 3000)
+            f.flush()
+            running.advance()
+    assert running.hexdigest() == hashlib.sha256(b"y" * 15000).hexdigest()
+    assert running._synced == -1
