@@ -23,6 +23,19 @@ from typing import Any
 
 T0 = time.perf_counter()
 EVENTS: list[tuple[str, str, float, float, float]] = []  # thread, stage, start, end, cpu
+MARKS: dict[str, tuple[float, float]] = {}  # phase boundary -> (wall since T0, process CPU-s)
+
+
+def _process_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _mark(name: str, *, last: bool = False) -> None:
+    """Note the wall time and the process's CPU seconds at a phase boundary (its first time, or
+    its last with `last`)."""
+    if last or name not in MARKS:
+        MARKS[name] = (time.perf_counter() - T0, _process_cpu())
 
 
 def _timed(fn: Callable, stage: str) -> Callable:
@@ -53,9 +66,24 @@ def _timed_iter(fn: Callable, stage: str) -> Callable:
     return wrapper
 
 
+def _marked(fn: Callable, name: str, *, last: bool) -> Callable:
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        if not last:
+            _mark(name)
+        try:
+            return fn(*args, **kw)
+        finally:
+            if last:
+                _mark(name, last=True)
+
+    return wrapper
+
+
 def _patch_tokenizers(m: Any) -> None:
-    m.Tokenizer.start_batch = _timed(m.Tokenizer.start_batch, "encode (engine)")
-    m.Tokenizer.finish_batch = _timed(m.Tokenizer.finish_batch, "ids out + EOS")
+    start = _marked(m.Tokenizer.start_batch, "first encode", last=False)
+    m.Tokenizer.start_batch = _timed(start, "encode (engine)")
+    finish = _marked(m.Tokenizer.finish_batch, "last token", last=True)
+    m.Tokenizer.finish_batch = _timed(finish, "ids out + EOS")
     m.load_tokenizer = _timed(m.load_tokenizer, "load tokenizer")
 
 
@@ -71,7 +99,7 @@ def _patch_worker(m: Any) -> None:
 
 
 def _patch_shards(m: Any) -> None:
-    m.ShardWriter._write_groups = _timed(m.ShardWriter._write_groups, "Parquet encode")
+    m.ShardWriter._write = _timed(m.ShardWriter._write, "Parquet encode (row group)")
     m.ShardWriter._close_shard = _timed(
         m.ShardWriter._close_shard, "close shard (join, fsync, sha256)"
     )
@@ -125,6 +153,7 @@ def main() -> None:
         "bench_data/real_corpus_110mb.jsonl", "-o", "bench_data/timeline-out", "--max-len", "4096",
         "--tokenizer", "bench_data/gpt2-tokenizer.json", "--overwrite",
     ]  # fmt: skip
+    MARKS["start"] = (0.0, _process_cpu())  # the interpreter's own start-up before T0 aside
     sys.meta_path.insert(0, _Finder())
     from packtool import cli
 
@@ -158,6 +187,17 @@ def main() -> None:
         f"\nwhole run {total:.3f} s wall, {cpu:.2f} s CPU ({cpu / total:.2f} cores busy on average)",
         file=sys.stderr,
     )
+    bounds = [("start", (0.0, MARKS.get("start", (0.0, 0.0))[1]))]
+    bounds += [(k, MARKS[k]) for k in ("first encode", "last token") if k in MARKS]
+    bounds.append(("end", (total, cpu)))
+    names = {"start": "start-up", "first encode": "encoding", "last token": "tail"}
+    for (a, (w0, c0)), (_, (w1, c1)) in zip(bounds, bounds[1:], strict=False):
+        wall = w1 - w0
+        print(
+            f"{names[a]:9} {w0:6.3f} -> {w1:6.3f} s: {wall:.3f} s wall, {c1 - c0:.2f} CPU-s "
+            f"({(c1 - c0) / wall if wall else 0:.2f} cores busy)",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

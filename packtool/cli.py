@@ -486,6 +486,19 @@ def main(argv: list[str] | None = None) -> None:
         interrupt.note[0] = lambda: ""
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+        if argv is None:
+            _before_exit()
+
+
+def _before_exit() -> None:
+    """The console script's process ends next: spare it the teardown's garbage collections.
+
+    Python's shutdown runs full collections over every object the imports made (numba, pyarrow:
+    ~117,000), ~0.1 s of a pack's 2.5 s on this project's box; frozen objects are skipped by
+    them (`gc.freeze`). Only when `main()` read `sys.argv` (the command itself): a caller that
+    passes `argv` (tests, other programs) goes on living and keeps its collections.
+    """
+    gc.freeze()
 
 
 if __name__ == "__main__":  # pragma: no cover

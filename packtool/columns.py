@@ -290,9 +290,15 @@ def with_derived(table: pa.Table) -> pa.Table:
             continue
         parts = {name: flat_parts(table.column(name)) for name in c.derived.inputs}
         table = table.append_column(c.field(), c.derive(parts))
-    order = [n for n in names(declared()) if n in table.column_names]
-    rest = [n for n in table.column_names if n not in order]
-    return table.select(order + rest)
+    return table.select(ordered(table.column_names))
+
+
+def ordered(present: Iterable[str]) -> list[str]:
+    """`present` column names in the order shards store them: the declared ones in declaration
+    order, then any others (extra string columns) as given."""
+    present = list(present)
+    order = [n for n in names(declared()) if n in present]
+    return order + [n for n in present if n not in order]
 
 
 def loaded_optional(present: Iterable[str]) -> tuple[Column, ...]:

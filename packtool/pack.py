@@ -16,6 +16,7 @@ training order.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields
 
@@ -29,6 +30,7 @@ from packtool.arrow_numpy import from_numpy, to_numpy
 from packtool.errors import ConfigError, DataError
 from packtool.flat_ids import FlatIds
 from packtool.pack_tail import DOC_CHUNK, TailPolicy, pieces_table, tail_rows
+from packtool.packed_rows import IDS, PackedRows
 
 ALGORITHMS = kernels.ALGORITHMS
 LONG_DOC_POLICIES = ("split", "truncate", "drop")
@@ -123,8 +125,9 @@ class PackCounts:
 class PackedChunk:
     """What `pack_table` returns for one chunk."""
 
-    table: pa.Table
-    """Packed rows in the shard schema, in seeded random order."""
+    rows: PackedRows
+    """Packed rows in the shard schema, in seeded random order; their ids are gathered when
+    asked for (`table`, or `rows.blocks(n)` a block at a time, as the shard writer takes them)."""
     counts: PackCounts
     rows_per_round: list[int]
     """Rows after each round (first entry: the plain FFD/BFD pass)."""
@@ -134,6 +137,11 @@ class PackedChunk:
     """Group value -> (rows, tokens), when group_by is set."""
     tail: pa.Table | None = None
     """The pieces of the rows set aside (`pack_table(..., tail=...)`), or None."""
+
+    @functools.cached_property
+    def table(self) -> pa.Table:
+        """Every packed row (the ids gathered on first use)."""
+        return self.rows.table()
 
 
 @dataclass
@@ -353,9 +361,9 @@ def pack_table(
             keep = ~gone
             segs = _Segments(segs.doc[keep], segs.start[keep], segs.length[keep], segs.chunk[keep])
     counts.rows = placed.n_rows
-    out = _rows_table(table, values, doc_start, segs, placed, optional, flat, rng)
+    out = _packed_rows(table, values, doc_start, segs, placed, optional, flat, rng)
     return PackedChunk(
-        table=out,
+        rows=out,
         counts=counts,
         rows_per_round=[int(h) for h in placed.history],
         segment_lengths=new_lengths,
@@ -434,7 +442,7 @@ def _place(
     return _Placement(row, offset, history, row_group_arr, names, groups)
 
 
-def _rows_table(
+def _packed_rows(
     table: pa.Table,
     values: FlatIds,
     doc_start: NDArray[np.int64],
@@ -443,8 +451,8 @@ def _rows_table(
     optional: tuple,
     flat: dict[str, NDArray],
     rng: np.random.Generator,
-) -> pa.Table:
-    """The packed rows in the shard schema, in a seeded random order."""
+) -> PackedRows:
+    """The packed rows in the shard schema, in a seeded random order (ids not yet gathered)."""
     n_rows, row, offset = placed.n_rows, placed.row, placed.offset
     # Output order: rows in a seeded permutation, documents inside a row in placement order.
     row_rank = rng.permutation(n_rows)[row] if n_rows else row
@@ -459,10 +467,10 @@ def _rows_table(
             f"a chunk of {total} tokens is too large for one Arrow table; lower --chunk-docs"
         )
 
-    # Segment i's tokens are values[src_i : src_i + len_i], laid out one after another.
+    # Segment i's tokens are values[src_i : src_i + len_i], laid out one after another (gathered
+    # when the rows are asked for: PackedRows).
     src = doc_start[segs.doc[order]] + segs.start[order]
     dst = np.cumsum(seg_len) - seg_len
-    tokens = from_numpy(values.gather(src, seg_len))
 
     row_offsets = np.concatenate([[0], np.cumsum(row_len)]).astype(np.int32)
     seg_offsets = np.concatenate([[0], np.cumsum(segs_per_row)]).astype(np.int32)
@@ -476,9 +484,8 @@ def _rows_table(
     extra = pack_columns.gather(
         table, optional, doc_start, segs.doc[order], src, seg_len, row_offsets, seg_offsets, flat
     )
-    out = pa.table(
+    rest = pa.table(
         {
-            "input_ids": pa.ListArray.from_arrays(from_numpy(row_offsets), tokens),
             "doc_offsets": pa.ListArray.from_arrays(
                 from_numpy(doc_off_offsets), from_numpy(doc_off_values)
             ),
@@ -489,4 +496,6 @@ def _rows_table(
             **extra,
         }
     )
-    return columns.with_derived(out)  # e.g. seq_lengths, from doc_offsets
+    rest = columns.with_derived(rest)  # e.g. seq_lengths, from doc_offsets (never the ids)
+    names = columns.ordered([IDS, *rest.column_names])
+    return PackedRows(values, src, seg_len, row_offsets, seg_offsets, rest, names)

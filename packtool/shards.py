@@ -15,9 +15,11 @@ uninterrupted run byte for byte.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,10 +125,76 @@ def write_shards(
 
 
 def pc_sum_lengths(table: pa.Table) -> int:
-    """Tokens in a packed table (sum of row lengths) without touching the values."""
-    ids = table.column("input_ids").combine_chunks()
-    offsets = ids.offsets
-    return int(offsets[len(offsets) - 1].as_py() - offsets[0].as_py()) if len(ids) else 0
+    """Tokens in a packed table (sum of row lengths) from its offsets, without copying anything
+    (`ChunkedArray.combine_chunks` would copy the ids, even of a single chunk)."""
+    total = 0
+    for chunk in table.column("input_ids").chunks:
+        if len(chunk):
+            offsets = chunk.offsets  # a slice's own offsets
+            total += offsets[len(offsets) - 1].as_py() - offsets[0].as_py()
+    return int(total)
+
+
+SYNC_EVERY = 8 << 20
+"""Bytes the hashing thread hashes between two `fdatasync`s of the shard being written: its
+pages reach the disk while it is written, so the fsync that makes it durable at the close waits
+for the last few MB only (0.021-0.022 s -> 0.005-0.007 s per 42 MB shard on this project's box)."""
+
+
+class _RunningHash:
+    """The sha256 of a file being written front to back, hashed as it grows, in a thread.
+
+    A Parquet writer only appends (pages, then the footer at `close`), so the bytes before the
+    file's current size are final: `advance()` after each row group hashes what is new while
+    the writer encodes the next one, and `hexdigest()` after the close reads only the footer.
+    The shard's close then no longer reads the whole file back on the writer's thread (~0.03 s
+    per 42 MB shard, in the single-core tail of a run). The thread also flushes the file to the
+    disk every `SYNC_EVERY` bytes, so the close's fsync has little left to wait for.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self._hash = hashlib.sha256()
+        self._done = 0
+        self._synced = 0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="packtool-sha256")
+        self._pending: Future | None = None
+
+    def advance(self) -> None:
+        """Hash, in the thread, what the file holds now beyond what was hashed."""
+        if self._pending is not None and not self._pending.done():
+            return  # still hashing: the next call (or hexdigest) takes the rest
+        if self._pending is not None:
+            self._pending.result()  # a read error surfaces here
+        self._pending = self._pool.submit(self._read_to, os.fstat(self._fd).st_size)
+
+    def hexdigest(self) -> str:
+        """The digest of the whole file (call once, after the writer closed it)."""
+        try:
+            if self._pending is not None:
+                self._pending.result()
+            self._read_to(os.fstat(self._fd).st_size)
+            return self._hash.hexdigest()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        os.close(self._fd)
+
+    def _read_to(self, end: int) -> None:
+        while self._done < end:
+            block = os.pread(self._fd, min(end - self._done, 1 << 20), self._done)
+            if not block:  # the file is shorter than its size said: never for an append
+                raise OSError(f"shard shrank while being hashed at byte {self._done}")
+            self._hash.update(block)
+            self._done += len(block)
+        if self._synced >= 0 and self._done - self._synced >= SYNC_EVERY:
+            try:
+                os.fdatasync(self._fd)
+                self._synced = self._done
+            except OSError:  # only a head start: the close's fsync is what makes it durable
+                self._synced = -1  # (a file system that refuses it on a read-only descriptor)
 
 
 class ShardWriter:
@@ -150,6 +218,7 @@ class ShardWriter:
         self._pending_rows = 0
         self._writer: pq.ParquetWriter | None = None
         self._tmp: Path | None = None
+        self._hash: _RunningHash | None = None
         self._rows = 0  # in the open shard
         self._tokens = 0
 
@@ -173,6 +242,9 @@ class ShardWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._hash is not None:
+            self._hash.close()
+            self._hash = None
         if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)
             self._tmp = None
@@ -198,8 +270,10 @@ class ShardWriter:
                 self._writer = pq.ParquetWriter(
                     self._tmp, part.schema, **_writer_options(self.config)
                 )
+                self._hash = _RunningHash(self._tmp)
         with naming(self._tmp):
             self._writer.write_table(part, row_group_size=self.config.row_group_rows)
+            self._hash.advance()
         self._rows += part.num_rows
         self._tokens += pc_sum_lengths(part)
 
@@ -208,7 +282,9 @@ class ShardWriter:
             return
         with naming(self._tmp):
             self._writer.close()
-        self._writer = None
+            self._writer = None
+            digest = self._hash.hexdigest()
+            self._hash = None
         name = self.name(len(self.infos))
         path = self.directory / name
         _finish(self._tmp, path)
@@ -219,7 +295,7 @@ class ShardWriter:
                 rows=self._rows,
                 tokens=self._tokens,
                 bytes=path.stat().st_size,
-                sha256=sha256_file(path),
+                sha256=digest,
             )
         )
         self._rows = self._tokens = 0

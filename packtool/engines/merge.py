@@ -176,7 +176,8 @@ def merge_node(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]
             empty = pieces.drop_columns([DOC_CHUNK]).slice(0, 0)
             tail = None if root and following is None else ctx.tail
             packed = pack_table(empty, ctx.pack, chunk_index=(n, c), carry=pieces, tail=tail)
-            writer.add(packed.table)
+            for block in packed.rows.blocks(writer.config.row_group_rows):
+                writer.add(block)
             carry = packed.tail
             counts += packed.counts
             rounds += np.asarray(packed.rows_per_round, dtype=np.int64)

@@ -83,8 +83,10 @@ def without_render_pool(ctx: WorkerContext) -> WorkerContext:
 
 
 def write_chunk(writer: ShardWriter, packed: PackedChunk) -> None:
-    """Queue one chunk's packed rows for writing (a seam tests use to interrupt a run)."""
-    writer.add(packed.table)
+    """Queue one chunk's packed rows for writing (a seam tests use to interrupt a run): a row
+    group's worth at a time, the next one's ids gathered while this one is written."""
+    for block in packed.rows.blocks(writer.config.row_group_rows):
+        writer.add(block)
 
 
 def _pieces(descriptor: dict[str, Any]) -> list[FilePiece]:

@@ -138,3 +138,27 @@ def test_partition_size_cuts_the_corpus_and_says_so(tmp_path):
     assert code == 0, err
     assert "3 partition(s)" in out  # 3.0 MB in byte ranges of 1 MiB
     assert read_manifest(tmp_path / "o").extra["partitions"] == 3
+
+
+def test_the_console_script_freezes_the_collector_before_exit_and_callers_keep_it(
+    monkeypatch, capsys
+):
+    """`main()` (sys.argv: the process ends next) freezes the collector so the shutdown's
+    collections skip the imports' objects; `main(argv)` (tests, other programs) does not."""
+    import gc
+    import sys
+
+    from packtool import cli
+
+    frozen: list[int] = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(1))
+    monkeypatch.setattr(sys, "argv", ["packtool", "--version"])
+    cli.main()
+    assert frozen == [1]
+    assert "packtool, version" in capsys.readouterr().out
+    cli.main(["--version"])
+    assert frozen == [1]
+    monkeypatch.setattr(sys, "argv", ["packtool", "no-such-command"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2 and frozen == [1, 1]  # errors too: the process ends either way
