@@ -206,14 +206,14 @@ def _rows_per_batch(ds: MixedDataset, stream: RowStream, guess: int) -> int:
     return int(1.25 * c.tokens_per_batch / max(mean, 1.0)) + 2
 
 
-def _batch_ends(ds: MixedDataset, stream: RowStream, q: int, n: int) -> list[int]:
-    """For every stream index i from `q` to `q + n` (at most to the rows read): the end of a
+def _batch_ends(ds: MixedDataset, stream: RowStream, q: int, count: int) -> list[int]:
+    """For every stream index i from `q` to `q + count` (at most to the rows read): the end of a
     rank batch starting at i (greedy: `rows_per_batch` rows, or as many as fit
     `tokens_per_batch` and the document cap, at least one), or -1 where rows not read yet could
     change it (the mixture not done)."""
     c = ds.config
     i0, i1 = q - stream.base, stream.end - stream.base
-    idx = np.arange(i0, min(i1, i0 + n))
+    idx = np.arange(i0, min(i1, i0 + count))
     got = i1 - idx  # rows from i to the end of the buffer
     done = stream.schedule.done is not None
     if c.rows_per_batch is not None:
