@@ -85,20 +85,21 @@ class PackedRows:
         cols = {IDS: ids, **{n: rest.column(n) for n in rest.column_names}}
         return pa.table({n: cols[n] for n in self._names})
 
-    def blocks(self, rows: int) -> Iterator[pa.Table]:
-        """The rows in blocks of `rows` (the last fewer; none without rows), each gathered in a
-        second thread while the caller holds the one before."""
+    def blocks(self, rows: int, start: int = 0, stop: int | None = None) -> Iterator[pa.Table]:
+        """Rows `start` to `stop` (default: all) in blocks of `rows` (the last fewer; none
+        without rows), each gathered in a second thread while the caller holds the one before."""
         if rows < 1:
             raise ValueError(f"rows must be >= 1, got {rows}")
-        bounds = list(range(0, self.num_rows, rows))
+        stop = self.num_rows if stop is None else min(stop, self.num_rows)
+        bounds = [(a, min(a + rows, stop)) for a in range(max(start, 0), stop, rows)]
         if not bounds:
             return
         with ThreadPoolExecutor(1, thread_name_prefix="packtool-gather") as pool:
-            ahead: Future = pool.submit(self.block, bounds[0], bounds[0] + rows)
+            ahead: Future = pool.submit(self.block, *bounds[0])
             try:
-                for start in bounds[1:]:
+                for bound in bounds[1:]:
                     block = ahead.result()
-                    ahead = pool.submit(self.block, start, start + rows)
+                    ahead = pool.submit(self.block, *bound)
                     yield block
                 yield ahead.result()
             finally:

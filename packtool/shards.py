@@ -15,6 +15,7 @@ uninterrupted run byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import uuid
@@ -22,12 +23,17 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.errors import ConfigError, naming
 from packtool.manifest import ShardInfo, packed_schema, sha256_file
+from packtool.parquet_stitch import StitchError, footer_of, stitched_footer
+
+if TYPE_CHECKING:
+    from packtool.packed_rows import PackedRows
 
 SHARD_PATTERN = "shard-{:05d}.parquet"
 COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
@@ -168,6 +174,12 @@ class _RunningHash:
             self._pending.result()  # a read error surfaces here
         self._pending = self._pool.submit(self._read_to, os.fstat(self._fd).st_size)
 
+    def wait(self) -> None:
+        """Let the hashing under way finish (the file may then change beyond what it hashed)."""
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+
     def hexdigest(self) -> str:
         """The digest of the whole file (call once, after the writer closed it)."""
         try:
@@ -204,21 +216,39 @@ class ShardWriter:
         directory: where the shards go.
         name: the final file name of the shard with this number (0, 1, 2, ... per writer).
         config: the layout.
+        threads: Parquet writers run at once (1 or 2). With 2, `add_rows` writes a run of at
+            least `PARALLEL_GROUPS` row groups of one shard as two *parts* on two threads (the
+            writer releases the GIL): the first half into the shard's file, the second into a
+            part file of its own, which then takes the shard's later row groups. Closing the
+            shard appends the parts to its file and writes the footer one writer would have
+            written (packtool/parquet_stitch.py): the same bytes as `threads=1`.
 
     Rows are buffered until a row group is full, so memory holds at most one row group beyond
     the table being added. `close()` writes what is left and returns every shard's info.
     """
 
-    def __init__(self, directory: Path, name: Callable[[int], str], config: ShardConfig) -> None:
+    PARALLEL_GROUPS = 4
+    """Fewest row groups of one shard that `add_rows` splits into two parts."""
+
+    def __init__(
+        self,
+        directory: Path,
+        name: Callable[[int], str],
+        config: ShardConfig,
+        *,
+        threads: int = 1,
+    ) -> None:
         self.directory = directory
         self.name = name
         self.config = config
+        self.threads = threads
         self.infos: list[ShardInfo] = []
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
-        self._writer: pq.ParquetWriter | None = None
-        self._tmp: Path | None = None
-        self._hash: _RunningHash | None = None
+        self._writer: pq.ParquetWriter | None = None  # the open shard's last part's writer
+        self._parts: list[Path] = []  # the open shard's parts; the first is the shard's file
+        self._hash: _RunningHash | None = None  # of the first part, as it grows
+        self._pool: ThreadPoolExecutor | None = None
         self._rows = 0  # in the open shard
         self._tokens = 0
 
@@ -226,15 +256,39 @@ class ShardWriter:
         """Queue packed rows (shard schema columns); full row groups are written at once."""
         if not table.num_rows:
             return
-        token_type = table.schema.field("input_ids").type.value_type
-        schema = packed_schema(token_type, tuple(table.column_names))
-        self._pending.append(table.select(schema.names).cast(schema))
+        self._pending.append(_shard_table(table))
         self._pending_rows += table.num_rows
         self._drain(final=False)
+
+    def add_rows(self, rows: PackedRows) -> None:
+        """`add` every row of `rows`, their ids gathered a row group at a time (the next one in
+        a second thread); with `threads=2`, long runs of one shard's row groups are written on
+        two threads."""
+        rg, i, n = self.config.row_group_rows, 0, rows.num_rows
+        while i < n:
+            if self._pending_rows:  # fewer than a row group: complete it first
+                lead = min(rg - self._pending_rows, n - i)
+                self.add(rows.block(i, i + lead))
+                i += lead
+                continue
+            room = self.config.shard_rows - self._rows  # > 0: a full shard is closed at once
+            take = min(room, n - i)
+            span = take if take == room else take // rg * rg  # whole groups, or to its end
+            groups = -(-span // rg)
+            if self.threads >= 2 and groups >= self.PARALLEL_GROUPS:
+                self._two_parts(rows, i, i + groups // 2 * rg, i + span)
+                i += span
+                if self._rows == self.config.shard_rows:
+                    self._close_shard()
+                continue
+            for block in rows.blocks(rg, i, i + take):
+                self.add(block)
+            i += take
 
     def close(self) -> list[ShardInfo]:
         self._drain(final=True)
         self._close_shard()
+        self._stop_pool()
         return self.infos
 
     def abort(self) -> None:
@@ -245,9 +299,10 @@ class ShardWriter:
         if self._hash is not None:
             self._hash.close()
             self._hash = None
-        if self._tmp is not None:
-            self._tmp.unlink(missing_ok=True)
-            self._tmp = None
+        self._stop_pool()
+        for part in self._parts:
+            part.unlink(missing_ok=True)
+        self._parts = []
 
     def _drain(self, *, final: bool) -> None:
         rg = self.config.row_group_rows
@@ -262,33 +317,91 @@ class ShardWriter:
             if self._rows == self.config.shard_rows:
                 self._close_shard()
 
-    def _write(self, part: pa.Table) -> None:
+    def _write(self, group: pa.Table) -> None:
+        """Write one row group into the open shard's last part (opening the shard first)."""
         if self._writer is None:
-            path = self.directory / self.name(len(self.infos))
-            self._tmp = temporary_name(path)
-            with naming(self._tmp):
-                self._writer = pq.ParquetWriter(
-                    self._tmp, part.schema, **_writer_options(self.config)
-                )
-                self._hash = _RunningHash(self._tmp)
-        with naming(self._tmp):
-            self._writer.write_table(part, row_group_size=self.config.row_group_rows)
-            self._hash.advance()
-        self._rows += part.num_rows
-        self._tokens += pc_sum_lengths(part)
+            self._writer = self._open_part(group.schema)
+        part = self._parts[-1]
+        with naming(part):
+            self._writer.write_table(group, row_group_size=self.config.row_group_rows)
+            if len(self._parts) == 1:
+                self._hash.advance()
+        self._count(group)
+
+    def _open_part(self, schema: pa.Schema) -> pq.ParquetWriter:
+        """A new part's writer; the shard's file (and its running hash) when it is the first."""
+        path = temporary_name(self.directory / self.name(len(self.infos)))
+        with naming(path):
+            writer = pq.ParquetWriter(path, schema, **_writer_options(self.config))
+            self._parts.append(path)
+            if len(self._parts) == 1:
+                self._hash = _RunningHash(path)
+        return writer
+
+    def _count(self, group: pa.Table) -> None:
+        self._rows += group.num_rows
+        self._tokens += pc_sum_lengths(group)
+
+    def _two_parts(self, rows: PackedRows, start: int, middle: int, stop: int) -> None:
+        """Rows `start` to `stop` of `rows` (whole row groups of the open shard, or to its end;
+        nothing pending) on two threads: to `middle` into the open part (this thread), the rest
+        into a new part (a second thread), which stays open for what follows."""
+        rg = self.config.row_group_rows
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="packtool-shard")
+        path = temporary_name(self.directory / self.name(len(self.infos)))
+
+        def second() -> tuple[pq.ParquetWriter, int]:
+            # Touches nothing of `self` but the config: this thread's part is added after.
+            writer, tokens = None, 0
+            try:
+                with naming(path):
+                    for a in range(middle, stop, rg):
+                        group = _shard_table(rows.block(a, min(a + rg, stop)))
+                        if writer is None:
+                            writer = pq.ParquetWriter(
+                                path, group.schema, **_writer_options(self.config)
+                            )
+                        writer.write_table(group, row_group_size=rg)
+                        tokens += pc_sum_lengths(group)
+                return writer, tokens
+            except BaseException:
+                if writer is not None:
+                    writer.close()
+                path.unlink(missing_ok=True)
+                raise
+
+        later = self._pool.submit(second)
+        try:
+            for block in rows.blocks(rg, start, middle):
+                self._write(_shard_table(block))
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                writer, _ = later.result()
+                writer.close()
+            path.unlink(missing_ok=True)
+            raise
+        writer, tokens = later.result()  # re-raises the second thread's error
+        with naming(self._parts[-1]):
+            self._writer.close()  # the first half's part is complete (its footer goes at the join)
+        self._writer = writer
+        self._parts.append(path)
+        self._rows += stop - middle
+        self._tokens += tokens
 
     def _close_shard(self) -> None:
         if self._writer is None:
             return
-        with naming(self._tmp):
+        shard = self._parts[0]
+        with naming(shard):
             self._writer.close()
             self._writer = None
-            digest = self._hash.hexdigest()
+            digest = self._join_parts() if len(self._parts) > 1 else self._hash.hexdigest()
             self._hash = None
         name = self.name(len(self.infos))
         path = self.directory / name
-        _finish(self._tmp, path)
-        self._tmp = None
+        _finish(shard, path)
+        self._parts = []
         self.infos.append(
             ShardInfo(
                 file=name,
@@ -299,3 +412,89 @@ class ShardWriter:
             )
         )
         self._rows = self._tokens = 0
+
+    def _join_parts(self) -> str:
+        """Make the shard's file the one one writer would have written for its parts' row
+        groups (in order), delete the other parts, and return the file's sha256."""
+        shard, others = self._parts[0], self._parts[1:]
+        try:
+            split = [_footer_of(p) for p in self._parts]
+            end = stitched_footer(split)
+        except StitchError:  # not expected from this writer's options: one writer then
+            self._hash.close()
+            _rewrite(self._parts, self.config)
+            digest = sha256_file(shard)
+        else:
+            self._hash.wait()  # it hashed no further than the first part's row groups
+            with open(shard, "r+b") as out:
+                out.truncate(4 + split[0][0])  # the first part's footer goes
+                out.seek(0, os.SEEK_END)
+                for part, (body, _) in zip(others, split[1:], strict=True):
+                    _append(part, 4, body, out)
+                out.write(end)
+            digest = self._hash.hexdigest()
+        for part in others:
+            part.unlink(missing_ok=True)
+        return digest
+
+    def _stop_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def _shard_table(table: pa.Table) -> pa.Table:
+    """`table`'s columns in the shard schema's order and types."""
+    token_type = table.schema.field("input_ids").type.value_type
+    schema = packed_schema(token_type, tuple(table.column_names))
+    return table.select(schema.names).cast(schema)
+
+
+def _footer_of(path: Path) -> tuple[int, bytes]:
+    """(bytes of row groups, raw footer) of the Parquet file at `path`."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        f.seek(max(0, size - 8))
+        n = int.from_bytes(f.read(8)[:4], "little")  # the footer's length
+        f.seek(max(0, size - 8 - n))
+        return footer_of(f.read(), size)
+
+
+def _append(src: Path, offset: int, count: int, out: BinaryIO) -> None:
+    """Append `count` bytes of `src` from `offset` to `out` (in the kernel where it can)."""
+    out.flush()
+    with open(src, "rb") as f:
+        try:
+            while count > 0:
+                done = os.copy_file_range(f.fileno(), out.fileno(), count, offset)
+                if done <= 0:
+                    raise OSError("copy_file_range copied nothing")
+                offset += done
+                count -= done
+            return
+        except (AttributeError, OSError):  # not Linux, or a file system without it
+            pass
+        f.seek(offset)
+        out.seek(0, os.SEEK_END)
+        while count > 0:
+            block = f.read(min(count, 1 << 22))
+            if not block:
+                raise OSError(f"{src}: shorter than its footer says")
+            out.write(block)
+            count -= len(block)
+
+
+def _rewrite(parts: list[Path], config: ShardConfig) -> None:
+    """The parts' row groups through one writer, into `parts[0]` (read back in the shard
+    schema: Parquet names list items `element`, not `item`)."""
+    sources = [pq.ParquetFile(p) for p in parts]
+    names = tuple(sources[0].schema_arrow.names)
+    token_type = sources[0].schema_arrow.field("input_ids").type.value_type
+    schema = packed_schema(token_type, names)
+    tmp = temporary_name(parts[0])
+    with pq.ParquetWriter(tmp, schema, **_writer_options(config)) as writer:
+        for source in sources:
+            for i in range(source.num_row_groups):
+                table = source.read_row_group(i).cast(schema)
+                writer.write_table(table, row_group_size=config.row_group_rows)
+    os.replace(tmp, parts[0])

@@ -39,6 +39,7 @@ from concurrent.futures import (
     wait,
 )
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 from typing import Any
 
 from packtool.engines import worker
@@ -76,9 +77,12 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
             tok = run.context.tokenizer
             if tok is not None:
                 tok.workers = config.workers or tok.workers  # --workers: the cores to use
+            # One partition at a time, with the machine to itself: its shards are encoded on
+            # two threads too (packtool/shards.py), the only work left after its last token.
+            ctx = replace(run.context, shard_threads=min(2, config.workers or cores))
             for wave in waves:
                 for p in wave:
-                    run.account(run_partition(run.context, run.descriptor(p)))
+                    run.account(run_partition(ctx, run.descriptor(p)))
             threads = f"{tok.workers} tokenizer thread(s), " if tok is not None else ""
             used = f"1 partition worker in this process ({threads}{cores} cores)"
         else:

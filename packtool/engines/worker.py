@@ -62,6 +62,9 @@ class WorkerContext:
     sources_close: bool = False
     """`--group-by source` on raw inputs: a file read to its end is a closed group (its rows
     are not set aside: no later document can join them)."""
+    shard_threads: int = 1
+    """Threads encoding a shard's Parquet (`shards.ShardWriter`): 2 where the partition has the
+    machine to itself (the local engine running partitions one at a time in its own process)."""
 
 
 def setup_process(threads: int | None) -> None:
@@ -85,8 +88,7 @@ def without_render_pool(ctx: WorkerContext) -> WorkerContext:
 def write_chunk(writer: ShardWriter, packed: PackedChunk) -> None:
     """Queue one chunk's packed rows for writing (a seam tests use to interrupt a run): a row
     group's worth at a time, the next one's ids gathered while this one is written."""
-    for block in packed.rows.blocks(writer.config.row_group_rows):
-        writer.add(block)
+    writer.add_rows(packed.rows)
 
 
 def _pieces(descriptor: dict[str, Any]) -> list[FilePiece]:
@@ -153,7 +155,9 @@ def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, A
     work = Path(ctx.work)
     skips = SkipCounter(strict=ctx.source.read.strict)
     state = _Partition(ctx)
-    writer = ShardWriter(work, lambda k: records.shard_name(p, k), ctx.shards)
+    writer = ShardWriter(
+        work, lambda k: records.shard_name(p, k), ctx.shards, threads=ctx.shard_threads
+    )
     documents = nbytes = 0
 
     def tables() -> Iterator[pa.Table]:
