@@ -6,9 +6,12 @@ Run from the repository root: `python -m benchmarks.bench_e2e [--quick]` (about 
 - Corpus: >= 100 MB of JSONL made at bench time from real text on this machine
   (benchmarks/real_corpus.py: the man pages' troff sources, then the standard library's and
   site-packages' sources), never repeated text. `--quick`: 12 MB of it.
-- Tokenizer: GPT-2 BPE, the `tokenizer.json` bench_tokenize converts from the real GPT-2 ranks
-  (fetched from PyPI, the openai-whisper sdist). Every document gets EOS (50256) appended.
-- packtool: `packtool pack CORPUS -o OUT --max-len 4096 --tokenizer gpt2-tokenizer.json`, the
+- Tokenizer: GPT-2's own tokenizer.json, as the Hugging Face hub serves it (its vocab.json and
+  50,000 merges, from the openai-whisper 20230124 sdist on PyPI, assembled with `tokenizers`:
+  bench_tokenize.gpt2_hub_tokenizer_json). `--tokenizer-json converted`: the tokenizer.json
+  bench_tokenize converts from the GPT-2 tiktoken ranks instead (same ids, 108,299 merges, so
+  slower to load; printed only). Every document gets EOS (50256) appended.
+- packtool: `packtool pack CORPUS -o OUT --max-len 4096 --tokenizer gpt2-hub-tokenizer.json`, the
   whole command in a child process (start-up, imports, tokenizer load and self-check included);
   its stage times from `--json`.
 - Baseline: a child process doing what a Hugging Face user does: `datasets.load_dataset("json")`
@@ -38,7 +41,7 @@ import numpy as np
 
 from benchmarks import real_corpus
 from benchmarks._common import ROOT, markdown_table, update_readme
-from benchmarks.bench_tokenize import gpt2_ranks, gpt2_tokenizer_json
+from benchmarks.bench_tokenize import gpt2_hub_tokenizer_json, gpt2_ranks, gpt2_tokenizer_json
 
 DATA = ROOT / "bench_data"
 CORES = len(os.sched_getaffinity(0))
@@ -169,11 +172,21 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="runs of each pipeline; best counts")
     ap.add_argument("--mb", type=int, default=110, help="corpus size in MB (>= 100 for figures)")
     ap.add_argument("--no-readme", action="store_true", help="print only, leave README.md alone")
+    ap.add_argument(
+        "--tokenizer-json",
+        choices=("hub", "converted"),
+        default="hub",
+        help="GPT-2's own tokenizer.json (hub, the default) or the one converted from its "
+        "tiktoken ranks (same ids, twice the merges; print only)",
+    )
     args = ap.parse_args()
     mb, repeat = (12, 1) if args.quick else (args.mb, args.repeat)
     corpus = DATA / f"real_corpus_{mb}mb.jsonl"
     info = real_corpus.build(corpus, mb * 1_000_000)
-    tok_json = gpt2_tokenizer_json(gpt2_ranks())
+    if args.tokenizer_json == "hub":
+        tok_json = gpt2_hub_tokenizer_json()
+    else:
+        tok_json, args.no_readme = gpt2_tokenizer_json(gpt2_ranks()), True
     out_pt, out_hf = DATA / "e2e-packtool", DATA / "e2e-hf.parquet"
     ids_out = str(DATA / "e2e-hf-ids")
     from packtool.engine_checks import cache_dir
@@ -204,7 +217,7 @@ def main() -> None:
             f"{hf_wall:.1f}", f"{hf_cpu:.1f}", f"{tokens / hf_wall / 1e6:.2f}", f"{hf['rows']:,}", "1.0x",
         ],
         [
-            "`packtool pack --tokenizer gpt2-tokenizer.json` (engine fastokens)",
+            f"`packtool pack --tokenizer {tok_json.name}` (engine fastokens)",
             f"{pt_wall:.1f}", f"{pt_cpu:.1f}", f"{tokens / pt_wall / 1e6:.2f}", f"{pt['counts']['rows']:,}", f"**{speedup:.1f}x**",
         ],
     ]  # fmt: skip
@@ -216,7 +229,7 @@ def main() -> None:
         f"End to end on {CORES} cores (`python -m benchmarks.bench_e2e`, {time.strftime('%Y-%m-%d')}): "
         f"{info['bytes'] / 1e6:.0f} MB of JSONL made from real text on this machine "
         f"(benchmarks/real_corpus.py: man page sources, {docs:,} documents, {tokens / 1e6:.1f} M "
-        f"GPT-2 tokens with EOS), max_len {MAX_LEN}; whole processes (start-up, imports, "
+        f"GPT-2 tokens with EOS; tokenizer {tok_json.name}), max_len {MAX_LEN}; whole processes (start-up, imports, "
         f"tokenizer loading included), the two alternating, best of {repeat}; load average "
         f"(1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after.\n\n{table}\n\n"
         f"- Goal >= {GOAL:.0f}x: **{met}** ({speedup:.1f}x wall clock). CPU seconds, less "

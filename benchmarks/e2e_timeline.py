@@ -151,7 +151,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 def main() -> None:
     args = sys.argv[1:] or [
         "bench_data/real_corpus_110mb.jsonl", "-o", "bench_data/timeline-out", "--max-len", "4096",
-        "--tokenizer", "bench_data/gpt2-tokenizer.json", "--overwrite",
+        "--tokenizer", "bench_data/gpt2-hub-tokenizer.json", "--overwrite",
     ]  # fmt: skip
     MARKS["start"] = (0.0, _process_cpu())  # the interpreter's own start-up before T0 aside
     sys.meta_path.insert(0, _Finder())
