@@ -17,8 +17,11 @@ loads each tokenizer (`--tokenizer-engine` forced):
 
 GPT-2 tokenizers: the real GPT-2 ranks file `gpt2.tiktoken`, fetched from the `openai-whisper`
 sdist on PyPI (`pip download --no-deps openai-whisper`) into bench_data/ (git-ignored), loaded
-offline with GPT-2's split pattern; the Hugging Face `tokenizer.json` is converted from the same
-ranks with `transformers`' `TikTokenConverter` (identical ids, checked here).
+offline with GPT-2's split pattern; two Hugging Face `tokenizer.json` files with the same ids
+(checked here): GPT-2's own, as the hub serves it (`gpt2_hub_tokenizer_json`: its vocab.json and
+50,000 merges, a `ByteLevel` pre-tokenizer), and one converted from the ranks with
+`transformers`' `TikTokenConverter` (108,299 merges, GPT-2's regex as a `Split` before
+`ByteLevel(use_regex=False)`: the shape of Llama 3 / Qwen style tokenizer.json files).
 
 Peak RSS: `packtool tokenize` and `packtool stats` run as child processes on sample_data and on
 corpora 10x and 30x larger (sample_data repeated, in bench_data/); each child's own peak, read by
@@ -221,12 +224,19 @@ def throughput(repeat: int, mb: int) -> tuple[list[list[object]], dict[str, floa
     b = load_tokenizer(str(hf_json), engine="tokenizers")
     if not np.array_equal(a.encode_batch(batches[0])[0], b.encode_batch(batches[0])[0]):
         raise SystemExit("HF and tiktoken GPT-2 ids differ; the tokenizer.json conversion is wrong")
+    hub_json = gpt2_hub_tokenizer_json()
+    c = load_tokenizer(str(hub_json), engine="tokenizers")
+    if not np.array_equal(a.encode_batch(batches[0])[0], c.encode_batch(batches[0])[0]):
+        raise SystemExit("GPT-2's own tokenizer.json and the ranks give different ids")
+    hub, converted = "GPT-2 tokenizer.json (hub)", "GPT-2 tokenizer.json (converted: Split regex)"
     specs = [
         ("byte", "byte", "auto"),
         ("GPT-2 ranks file", f"tiktoken:{ranks}", "fastokens"),
         ("GPT-2 ranks file", f"tiktoken:{ranks}", "tiktoken"),
-        ("GPT-2 tokenizer.json", str(hf_json), "fastokens"),
-        ("GPT-2 tokenizer.json", str(hf_json), "tokenizers"),
+        (hub, str(hub_json), "fastokens"),
+        (hub, str(hub_json), "tokenizers"),
+        (converted, str(hf_json), "fastokens"),
+        (converted, str(hf_json), "tokenizers"),
     ]
     rows, ratios = [], {}
     for label, spec, engine in specs:
