@@ -20,6 +20,7 @@ import os
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -168,6 +169,7 @@ class _RunningHash:
     def __init__(self, path: Path) -> None:
         self._fd = os.open(path, os.O_RDONLY)  # the file hashed now
         self._shard_fd = self._fd  # the one flushed as it goes (parts are copied, not kept)
+        self._open = {self._fd}
         self._hash = hashlib.sha256()
         self._done = 0
         self._synced = 0
@@ -187,6 +189,7 @@ class _RunningHash:
         go on with the file at `path` from byte `start`."""
         self.wait()
         fd = os.open(path, os.O_RDONLY)
+        self._open.add(fd)  # closed by `close` whatever happens
         self._pending = self._pool.submit(self._switch, fd, start, end)
 
     def wait(self) -> None:
@@ -216,17 +219,16 @@ class _RunningHash:
             self.close()
 
     def close(self) -> None:
+        """Stop the thread and close the files (again: nothing; an abort after a failed close)."""
         self._pool.shutdown(wait=True)
-        for fd in {self._fd, self._shard_fd}:
+        fds, self._open = (self._open, set())
+        for fd in fds:
             os.close(fd)
 
     def _switch(self, fd: int, start: int, end: int) -> None:
-        try:
-            self._read_to(end)
-        except BaseException:
-            os.close(fd)
-            raise
+        self._read_to(end)
         if self._fd != self._shard_fd:
+            self._open.discard(self._fd)
             os.close(self._fd)
         self._fd, self._done = fd, start
 
@@ -287,7 +289,7 @@ class ShardWriter:
         self._pending_rows = 0
         self._writer: pq.ParquetWriter | None = None  # the open shard's last part's writer
         self._parts: list[Path] = []  # the open shard's parts; the first is the shard's file
-        self._hash: _RunningHash | None = None  # of the first part, as it grows
+        self._hash: _RunningHash | None = None  # of the open shard's parts, as they grow
         self._pool: ThreadPoolExecutor | None = None
         self._rows = 0  # in the open shard
         self._tokens = 0
@@ -422,7 +424,7 @@ class ShardWriter:
                 try:
                     writer, tokens = later.result(timeout=HASH_POLL)
                     break
-                except TimeoutError:
+                except FutureTimeout:  # not the built-in TimeoutError before Python 3.11
                     self._hash.advance()
         except BaseException:
             try:

@@ -282,3 +282,28 @@ def test_parts_are_appended_without_copy_file_range_too(tmp_path, monkeypatch):
     two = ShardWriter(tmp_path / "two", lambda k: f"s{k}.parquet", config, threads=2)
     two.add_rows(rows)
     assert two.close() == expected
+
+
+@pytest.mark.parametrize("where", ["hash", "rename"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_abort_after_a_failed_close_leaves_nothing_and_raises_nothing(
+    tmp_path, monkeypatch, threads, where
+):
+    import packtool.shards as shards
+
+    def failing(*args):
+        raise OSError(5, "Input/output error")
+
+    config = ShardConfig(shard_rows=1000, row_group_rows=4)
+    writer = ShardWriter(tmp_path, lambda k: f"s{k}.parquet", config, threads=threads)
+    writer.add_rows(chunk(200, seed=6, index=0))
+    assert len(writer._parts) == threads
+    if where == "hash":  # the close's last read of the shard (its hash then closes itself)
+        monkeypatch.setattr(shards._RunningHash, "_read_to", failing)
+    else:
+        monkeypatch.setattr(shards, "_finish", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        writer.close()
+    writer.abort()  # closing what the failed close already closed is nothing
+    assert list(tmp_path.iterdir()) == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("packtool-")]
