@@ -103,22 +103,9 @@ def gpt2_hub_tokenizer_json() -> Path:
     path = DATA / "gpt2-hub-tokenizer.json"
     if path.exists():
         return path
-    import hashlib
-    import io
-    import urllib.request
-
-    url, sha256 = WHISPER_WITH_GPT2_FILES
-    print(f"fetching GPT-2's vocab.json and merges.txt: {url.rsplit('/', 1)[1]}", file=sys.stderr)
-    data = urllib.request.urlopen(url, timeout=120).read()
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise SystemExit(f"{url}: sha256 differs from the release's")
-    DATA.mkdir(exist_ok=True)
-    files = {}
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        for name in ("vocab.json", "merges.txt"):
-            member = next(m for m in tar.getmembers() if m.name.endswith(f"assets/gpt2/{name}"))
-            files[name] = DATA / f"gpt2-{name}"
-            files[name].write_bytes(tar.extractfile(member).read())  # type: ignore[union-attr]
+    files = {name: DATA / f"gpt2-{name}" for name in ("vocab.json", "merges.txt")}
+    if not all(f.exists() for f in files.values()):
+        _fetch_gpt2_files(files)
     from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -131,6 +118,31 @@ def gpt2_hub_tokenizer_json() -> Path:
         raise SystemExit("GPT-2's files did not give its 50,257 ids")
     tok.save(str(path))
     return path
+
+
+def _fetch_gpt2_files(files: dict[str, Path]) -> None:
+    """GPT-2's vocab.json and merges.txt from the openai-whisper sdist that bundled them."""
+    import hashlib
+    import io
+    import urllib.request
+
+    url, sha256 = WHISPER_WITH_GPT2_FILES
+    print(f"fetching GPT-2's vocab.json and merges.txt: {url.rsplit('/', 1)[1]}", file=sys.stderr)
+    try:
+        data = urllib.request.urlopen(url, timeout=120).read()
+    except OSError as exc:  # URLError, timeouts: no route to PyPI's file host
+        raise SystemExit(
+            f"cannot fetch {url}: {exc}; put GPT-2's vocab.json and merges.txt at "
+            f"{files['vocab.json']} and {files['merges.txt']}, or use the converted "
+            "tokenizer.json (bench_e2e --tokenizer-json converted)"
+        ) from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise SystemExit(f"{url}: sha256 differs from the release's")
+    DATA.mkdir(exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for name, path in files.items():
+            member = next(m for m in tar.getmembers() if m.name.endswith(f"assets/gpt2/{name}"))
+            path.write_bytes(tar.extractfile(member).read())  # type: ignore[union-attr]
 
 
 def gpt2_tokenizer_json(ranks: Path) -> Path:
