@@ -240,6 +240,14 @@ def test_a_one_partition_run_writes_on_two_threads_with_the_bytes_of_one(tmp_pat
     assert one[index].replace(b"/one", b"/two") == two[index]
 
 
+def one_writer(folder: Path, rows, config: ShardConfig):
+    """The infos of `rows` written into `folder` by one thread."""
+    folder.mkdir()
+    writer = ShardWriter(folder, lambda k: f"s{k}.parquet", config)
+    writer.add_rows(rows)
+    return writer.close()
+
+
 def test_a_footer_the_join_refuses_is_written_again_by_one_writer(tmp_path, monkeypatch):
     import packtool.shards as shards
 
@@ -248,10 +256,7 @@ def test_a_footer_the_join_refuses_is_written_again_by_one_writer(tmp_path, monk
 
     config = ShardConfig(shard_rows=1000, row_group_rows=4)
     rows = chunk(200, seed=4, index=0)
-    (tmp_path / "one").mkdir()
-    one = ShardWriter(tmp_path / "one", lambda k: f"s{k}.parquet", config)
-    one.add_rows(rows)
-    expected = one.close()
+    expected = one_writer(tmp_path / "one", rows, config)
     monkeypatch.setattr(shards, "stitched_footer", refuse)
     (tmp_path / "two").mkdir()
     two = ShardWriter(tmp_path / "two", lambda k: f"s{k}.parquet", config, threads=2)
@@ -269,10 +274,7 @@ def test_parts_are_appended_without_copy_file_range_too(tmp_path, monkeypatch):
 
     config = ShardConfig(shard_rows=1000, row_group_rows=4)
     rows = chunk(200, seed=5, index=0)
-    (tmp_path / "one").mkdir()
-    one = ShardWriter(tmp_path / "one", lambda k: f"s{k}.parquet", config)
-    one.add_rows(rows)
-    expected = one.close()
+    expected = one_writer(tmp_path / "one", rows, config)
 
     def unsupported(*args):
         raise OSError(38, "Function not implemented")
