@@ -161,7 +161,9 @@ def merge_node(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]
     n = int(descriptor["index"])
     root = bool(descriptor["root"])
     first, stop = descriptor["children"]
-    writer = ShardWriter(work, lambda k: records.shard_name(n, k), ctx.shards)
+    writer = ShardWriter(
+        work, lambda k: records.shard_name(n, k), ctx.shards, threads=ctx.shard_threads
+    )
     counts = PackCounts()
     rounds = np.zeros(ctx.pack.rounds, dtype=np.int64)
     groups: dict[str, list[int]] = {}
@@ -176,8 +178,7 @@ def merge_node(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]
             empty = pieces.drop_columns([DOC_CHUNK]).slice(0, 0)
             tail = None if root and following is None else ctx.tail
             packed = pack_table(empty, ctx.pack, chunk_index=(n, c), carry=pieces, tail=tail)
-            for block in packed.rows.blocks(writer.config.row_group_rows):
-                writer.add(block)
+            writer.add_rows(packed.rows)
             carry = packed.tail
             counts += packed.counts
             rounds += np.asarray(packed.rows_per_round, dtype=np.int64)
