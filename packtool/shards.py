@@ -244,8 +244,10 @@ class _RunningHash:
             and self._synced >= 0
             and self._done - self._synced >= SYNC_EVERY
         ):
+            # macOS has no fdatasync; fsync flushes the metadata too, a little more work
+            sync = getattr(os, "fdatasync", os.fsync)
             try:
-                os.fdatasync(self._fd)
+                sync(self._fd)
                 self._synced = self._done
             except OSError:  # only a head start: the close's fsync is what makes it durable
                 self._synced = -1  # (a file system that refuses it on a read-only descriptor)

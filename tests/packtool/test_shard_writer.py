@@ -120,3 +120,20 @@ def test_a_refused_early_flush_only_stops_the_flushing(tmp_path, monkeypatch):
             running.advance()
     assert running.hexdigest() == hashlib.sha256(b"y" * 15000).hexdigest()
     assert running._synced == -1
+
+
+def test_early_flushes_use_fsync_where_there_is_no_fdatasync(tmp_path, monkeypatch):
+    synced = []
+    monkeypatch.delattr(os, "fdatasync", raising=False)  # macOS
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    monkeypatch.setattr(shards, "SYNC_EVERY", 1000)
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    running = _RunningHash(path)
+    with open(path, "ab") as f:
+        for _ in range(3):
+            f.write(b"z" * 3000)
+            f.flush()
+            running.advance()
+    assert running.hexdigest() == hashlib.sha256(b"z" * 9000).hexdigest()
+    assert synced and running._synced > 0
