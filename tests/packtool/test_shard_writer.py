@@ -104,20 +104,26 @@ def test_abort_drops_the_shard_and_its_hash(tmp_path):
     assert not [t for t in threading.enumerate() if t.name.startswith("packtool-sha256")]
 
 
+def _hashed_while_growing(path, piece: bytes, times: int, monkeypatch) -> _RunningHash:
+    """A running hash of `path` advanced after each of `times` appends of `piece`, flushing
+    every 1,000 bytes."""
+    monkeypatch.setattr(shards, "SYNC_EVERY", 1000)
+    path.write_bytes(b"")
+    running = _RunningHash(path)
+    with open(path, "ab") as f:
+        for _ in range(times):
+            f.write(piece)
+            f.flush()
+            running.advance()
+    return running
+
+
 def test_a_refused_early_flush_only_stops_the_flushing(tmp_path, monkeypatch):
     def refuse(fd):
         raise OSError(22, "Invalid argument")
 
     monkeypatch.setattr(os, "fdatasync", refuse)
-    monkeypatch.setattr(shards, "SYNC_EVERY", 1000)
-    path = tmp_path / "f"
-    path.write_bytes(b"")
-    running = _RunningHash(path)
-    with open(path, "ab") as f:
-        for _ in range(5):
-            f.write(b"y" * 3000)
-            f.flush()
-            running.advance()
+    running = _hashed_while_growing(tmp_path / "f", b"y" * 3000, 5, monkeypatch)
     assert running.hexdigest() == hashlib.sha256(b"y" * 15000).hexdigest()
     assert running._synced == -1
 
@@ -126,14 +132,6 @@ def test_early_flushes_use_fsync_where_there_is_no_fdatasync(tmp_path, monkeypat
     synced = []
     monkeypatch.delattr(os, "fdatasync", raising=False)  # macOS
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
-    monkeypatch.setattr(shards, "SYNC_EVERY", 1000)
-    path = tmp_path / "f"
-    path.write_bytes(b"")
-    running = _RunningHash(path)
-    with open(path, "ab") as f:
-        for _ in range(3):
-            f.write(b"z" * 3000)
-            f.flush()
-            running.advance()
+    running = _hashed_while_growing(tmp_path / "f", b"z" * 3000, 3, monkeypatch)
     assert running.hexdigest() == hashlib.sha256(b"z" * 9000).hexdigest()
     assert synced and running._synced > 0
