@@ -1,4 +1,5 @@
-"""Helpers every benchmark shares: timing, peak RSS, a markdown table, and the README block."""
+"""Helpers every benchmark shares: timing, peak RSS, a markdown table, and its block in
+docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+"""Where every benchmark writes its figures; the README links here."""
 
 
 def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
@@ -34,17 +36,15 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     return "\n".join(lines)
 
 
-def update_readme(name: str, body: str) -> None:
-    """Replace the text between `<!-- bench:NAME:start -->` and `<!-- bench:NAME:end -->`.
-
-    The markers are appended at the end of README.md when absent.
-    """
+def update_block(name: str, body: str) -> None:
+    """Replace the text between `<!-- bench:NAME:start -->` and `<!-- bench:NAME:end -->` in
+    docs/benchmarks.md (the markers are appended at the end when absent)."""
     start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
-    text = README.read_text(encoding="utf-8")
+    text = BENCHMARKS.read_text(encoding="utf-8")
     block = f"{start}\n{body.strip()}\n{end}"
     if start in text and end in text:
         pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
         text = pattern.sub(lambda _: block, text)
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
-    README.write_text(text, encoding="utf-8")
+    BENCHMARKS.write_text(text, encoding="utf-8")

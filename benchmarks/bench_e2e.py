@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import real_corpus
-from benchmarks._common import ROOT, markdown_table, update_readme
+from benchmarks._common import ROOT, markdown_table, update_block
 from benchmarks.bench_tokenize import gpt2_hub_tokenizer_json, gpt2_ranks, gpt2_tokenizer_json
 
 DATA = ROOT / "bench_data"
@@ -105,7 +105,7 @@ def child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
 
 def run_packtool(corpus: Path, tok_json: Path, out: Path) -> tuple[float, float, dict]:
     cmd = [
-        sys.executable, "-m", "packtool.cli", "pack", str(corpus), "-o", str(out),
+        sys.executable, "-m", "packtool.cli.commands", "pack", str(corpus), "-o", str(out),
         "--max-len", str(MAX_LEN), "--tokenizer", str(tok_json), "--overwrite", "--json",
     ]  # fmt: skip
     wall, cpu, stdout = child(cmd, {**os.environ, "PACKTOOL_NO_PROGRESS": "1"})
@@ -171,7 +171,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a 12 MB corpus, one run each")
     ap.add_argument("--repeat", type=int, default=2, help="runs of each pipeline; best counts")
     ap.add_argument("--mb", type=int, default=110, help="corpus size in MB (>= 100 for figures)")
-    ap.add_argument("--no-readme", action="store_true", help="print only, leave README.md alone")
+    ap.add_argument(
+        "--no-readme", action="store_true", help="print only, leave docs/benchmarks.md alone"
+    )
     ap.add_argument(
         "--tokenizer-json",
         choices=("hub", "converted"),
@@ -189,7 +191,7 @@ def main() -> None:
         tok_json, args.no_readme = gpt2_tokenizer_json(gpt2_ranks()), True
     out_pt, out_hf = DATA / "e2e-packtool", DATA / "e2e-hf.parquet"
     ids_out = str(DATA / "e2e-hf-ids")
-    from packtool.engine_checks import cache_dir
+    from packtool.tokenizer.engine_checks import cache_dir
 
     records = cache_dir()
     recorded = records is not None and any((records / "engine-checks").glob("*.json"))
@@ -239,13 +241,13 @@ def main() -> None:
         f"- packtool stages: {pt_stages} (stages overlap; read+tokenize includes waiting for "
         f"the encoder). The engine self-check was "
         f"{'recorded before these runs' if recorded else 'recorded by the first packtool run'} "
-        f"(packtool/engine_checks.py: later loads of the same tokenizer.json skip the "
+        f"(packtool/tokenizer/engine_checks.py: later loads of the same tokenizer.json skip the "
         f"reference library and the probe).\n- HF stages: {hf_stages}."
     )
     print("\n" + body)
     if not args.no_readme and not args.quick:
-        update_readme("e2e", body)
-        print("\nREADME.md block `e2e` updated.")
+        update_block("e2e", body)
+        print("\ndocs/benchmarks.md block `e2e` updated.")
     shutil.rmtree(out_pt, ignore_errors=True)
     if not (same and same_total):
         raise SystemExit("token ids differ between packtool and the HF pipeline")

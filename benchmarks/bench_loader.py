@@ -4,7 +4,7 @@ Run: `python -m benchmarks.bench_loader [--gb 1.0] [--tokens 150e6] [--baseline-
 [--repeat 2] [--only checksums] [--quick]`.
 
 Uses two datasets in bench_data/ (git-ignored; made once, reused when present): a synthetic one
-of about `--gb` GB of random token ids, written by `packtool.shards.write_shards` with
+of about `--gb` GB of random token ids, written by `packtool.dataset.shards.write_shards` with
 `ShardConfig()` as `packtool pack` writes it (lz4, 256-row row groups; the worst case for
 decoding), and sample_data/corpus.jsonl repeated 330 times packed by `packtool pack` (byte
 tokenizer, defaults). Then measures in one run:
@@ -21,7 +21,7 @@ tokenizer, defaults). Then measures in one run:
   with Parquet page CRC32 verification on and off (`ShardStore(page_checksums=...)`), and the
   loader in-process both ways, interleaved, best of `--repeat`; plus the share of decoding that
   the vocabulary check (one max over each row group's tokens) takes. Its table goes into the
-  README block `loader-checksums`.
+  docs/benchmarks.md block `loader-checksums`.
 
 `--quick`: 0.1 GB of random ids, the text corpus 33 times, 20 M tokens per timed run.
 """
@@ -39,10 +39,10 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks._common import ROOT, markdown_table, update_readme
+from benchmarks._common import ROOT, markdown_table, update_block
 from loader import PackedDataLoader, PackedDataset
 from loader.testing import write_random_dataset
-from packtool.shards import ShardConfig
+from packtool.dataset.shards import ShardConfig
 
 BUDGET = 65_536
 MAX_LEN = 4096
@@ -51,7 +51,7 @@ MAX_LEN = 4096
 def dataset(gb: float) -> Path:
     """~`gb` GB of shards written the way `packtool pack` writes them by default.
 
-    `packtool.shards.write_shards` with `ShardConfig()`: lz4, 256-row row groups, 16,384 rows per
+    `packtool.dataset.shards.write_shards` with `ShardConfig()`: lz4, 256-row row groups, 16,384 rows per
     shard. Random token ids barely compress (Parquet stores uint16 as 4-byte ints), so this is
     about 4 bytes per token on disk; real text packs to about 0.9-2.
     """
@@ -85,7 +85,7 @@ def text_dataset(copies: int = 330) -> Path:
                 f.write(data)
         tmp.replace(corpus)
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "packtool.cli", "pack", str(corpus), "-o", str(path)]
+    cmd = [sys.executable, "-m", "packtool.cli.commands", "pack", str(corpus), "-o", str(path)]
     subprocess.run([*cmd, "--max-len", str(MAX_LEN), "--overwrite"], check=True, cwd=ROOT)
     print(f"wrote {path} in {time.perf_counter() - t0:.1f}s")
     return path
@@ -234,7 +234,7 @@ def decode_all(path: Path, page_checksums: bool) -> tuple[float, float]:
     `ShardStore` with no cache, so each row group is read, CRC-checked (or not), decoded and
     validated; the vocabulary check is then timed alone on the same tokens (one max each).
     """
-    from loader.shards import ShardStore
+    from loader.store.shards import ShardStore
 
     store = ShardStore(path, cache_bytes=0, page_checksums=page_checksums)
     vocab_s = 0.0
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     cost = checksum_cost(sets, max(args.repeat, 5), args.tokens / 3)
     print(cost)
     if not args.no_readme:
-        update_readme("loader-checksums", cost)
+        update_block("loader-checksums", cost)
     if args.only == "checksums":
         return
     fresh, resumed, rows = first_batch(sets["random ids"])
@@ -391,12 +391,12 @@ def main(argv: list[str] | None = None) -> None:
             + "; a do-nothing dataset sending same-size int64 batches the plain torch way (one "
             "shared-memory segment each) through a one-worker DataLoader "
             f"{ceiling / 1e6:,.0f} M tokens/s (PackedDataLoader workers send compact batches "
-            "through a shared-memory ring instead, loader/transport.py).",
+            "through a shared-memory ring instead, loader/packed/transport.py).",
         ]
     )
     print(body)
     if not args.no_readme:
-        update_readme("loader", body)
+        update_block("loader", body)
 
 
 if __name__ == "__main__":

@@ -31,12 +31,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks._common import ROOT, markdown_table, update_readme
+from benchmarks._common import ROOT, markdown_table, update_block
 from loader import PackedDataLoader, PackedDataset
+from packtool.audit.verify import verify_dataset
 from packtool.engines.local import RunConfig, run_pack
-from packtool.pack import PackConfig
-from packtool.tokenize import tokenize_corpus
-from packtool.verify import verify_dataset
+from packtool.pack.chunk import PackConfig
+from packtool.tokenize.tokenize import tokenize_corpus
 
 MAX_LEN = 4096
 BUDGET = 65_536
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     body = f"{head}\n\n{table}"
     print(body)
     if not args.no_readme:
-        update_readme("mask", body)
+        update_block("mask", body)
 
 
 if __name__ == "__main__":

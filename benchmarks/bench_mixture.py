@@ -2,7 +2,7 @@
 
 Run: `python -m benchmarks.bench_mixture [--quick] [--short 32e6] [--long 352e6] [--repeat 3]
 [--workers 0,1,2]`.
-Writes the README block `mixture`. Measures, in one run:
+Writes the docs/benchmarks.md block `mixture`. Measures, in one run:
 
 - Loader throughput (real tokens/s, 64k-token batches, `tokens_per_batch` the same for both) of
   a 3-source `MixedDataset` (weights 0.5 / 0.3 / 0.2 in tokens) through `MixedDataLoader`,
@@ -42,12 +42,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks._common import ROOT, markdown_table, update_readme
+from benchmarks._common import ROOT, markdown_table, update_block
 from loader import MixedDataLoader, MixedDataset, PackedDataLoader, PackedDataset
 from loader.testing import write_random_dataset
-from packtool.mixture import MixtureSpec, SourceSpec
-from packtool.schedule import load_kernel
-from packtool.shards import ShardConfig
+from packtool.dataset.shards import ShardConfig
+from packtool.mixture.schedule import load_kernel
+from packtool.mixture.spec import MixtureSpec, SourceSpec
 
 BUDGET = 65_536
 MAX_LEN = 4096
@@ -212,7 +212,7 @@ def proportion_table(marks: list[int], seeds: int) -> list[list[object]]:
     lens = _row_lengths(n, 0)
     rows = []
     for unit in ("rows", "tokens"):
-        from packtool.schedule import Schedule
+        from packtool.mixture.schedule import Schedule
 
         specs = [SourceSpec(name=k, path="-", weight=WEIGHTS[k]) for k in names]
         sch = Schedule(specs, [_Lengths(lens[k]) for k in names], unit=unit, max_len=MAX_LEN)
@@ -250,8 +250,8 @@ def proportion_table(marks: list[int], seeds: int) -> list[list[object]]:
 _CHILD = """
 import json, sys, time
 import numpy as np
-from packtool.mixture import SourceSpec
-from packtool.schedule import Schedule, SyntheticLengths
+from packtool.mixture.spec import SourceSpec
+from packtool.mixture.schedule import Schedule, SyntheticLengths
 n, unit, build = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
 def hwm():  # this process's peak RSS (ru_maxrss would include the parent's, kept across exec)
     with open("/proc/self/status") as f:
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         "--workers",
         default="0,1,2",
         help="worker counts to measure, e.g. 2 (anything but 0,1,2 prints the throughput table "
-        "only and leaves the README as it is)",
+        "only and leaves docs/benchmarks.md as it is)",
     )
     args = ap.parse_args(argv)
     counts = tuple(int(w) for w in args.workers.split(","))
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         ),  # fmt: skip
         "Proportion error after n rows, weights 0.5 / 0.3 / 0.2: the largest |share - weight| "
         "over the sources (percentage points) and the largest |delivered - target| (rows; in "
-        "tokens mode in rows of max_len 4,096 tokens). packtool: `packtool.schedule` (one "
+        "tokens mode in rows of max_len 4,096 tokens). packtool: `packtool.mixture.schedule` (one "
         "deterministic stream). HF: `datasets.interleave_datasets(probabilities=...)`, mean "
         "over 5 seeds (worst seed in brackets); in tokens mode the rows are ~4,000 / 1,000-4,096 "
         "/ 200-1,500 tokens and HF's probabilities are weight / mean row length.",
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
         markdown_table(["unit", "rows", "seconds", "ns / row", "peak RSS MiB", "state bytes"], cost),
     ])  # fmt: skip
     print(body)
-    update_readme("mixture", body)
+    update_block("mixture", body)
 
 
 if __name__ == "__main__":

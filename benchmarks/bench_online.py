@@ -1,12 +1,12 @@
 """Online packing and request batching: efficiency vs buffer size, packer throughput, serving latency.
 
-Run from the repo root: `python -m benchmarks.bench_online [--quick]`. Writes README block `online`.
+Run from the repo root: `python -m benchmarks.bench_online [--quick]`. Writes docs/benchmarks.md block `online`.
 
 1. Efficiency (tokens / (rows × max_len)) of `loader.OnlinePacker` against buffer size, on
-   sample_data (byte tokenizer, `packtool.tokenize.tokenized_batches`) and on the Python standard
+   sample_data (byte tokenizer, `packtool.tokenize.tokenize.tokenized_batches`) and on the Python standard
    library's sources (lengths = file bytes + 1 EOS, as the byte tokenizer counts them), each
    repeated in a seeded shuffled order to 200k+ documents; baseline: offline FFD
-   (`packtool.kernels.ffd_assign`) over the whole set after `make_segments`, in the same run.
+   (`packtool.pack.kernels.ffd_assign`) over the whole set after `make_segments`, in the same run.
 2. Throughput on one core (numba kernels are single-threaded): documents pushed in chunks of 8192,
    timed from the first push to the last row out after the final flush: long-document split,
    buffer bookkeeping, FFD per buffer, hold-back of under-filled rows and the emitted row layout
@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import markdown_table, update_readme
-from loader.online import OnlinePacker
-from loader.serving import RequestBatcher
-from packtool import kernels
-from packtool.pack import make_segments
-from packtool.tokenize import tokenized_batches
+from benchmarks._common import markdown_table, update_block
+from loader.online.packer import OnlinePacker
+from loader.online.serving import RequestBatcher
+from packtool.pack import kernels
+from packtool.pack.chunk import make_segments
+from packtool.tokenize.tokenize import tokenized_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LEN = 4096
@@ -297,7 +297,7 @@ def main() -> None:
         f"log-normal lengths, median 256):\n\n{srv}\n"
     )
     if not args.quick and not args.no_readme:
-        update_readme("online", body)
+        update_block("online", body)
 
 
 if __name__ == "__main__":

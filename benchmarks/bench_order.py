@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from benchmarks._common import markdown_table, update_readme
+from benchmarks._common import markdown_table, update_block
 
 WORLD = 8
 BUDGET = 65_536
@@ -39,7 +39,7 @@ MAX_LEN = 4096
 WINDOW = 16
 
 
-# ---- the eager order, as loader/order.py had it before the lazy one ------------------------
+# ---- the eager order, as loader/order/steps.py had it before the lazy one ------------------------
 
 
 def eager_permutation(n_rows, *, fingerprint, seed, epoch, group_starts, window):
@@ -77,8 +77,8 @@ def eager_cut(order, *, tokens_per_batch, lengths):
 
 
 def _child(impl: str, n: int, step: int, cursor: int) -> dict:
-    from loader.order import EpochPlan
-    from loader.permutation import EpochOrder
+    from loader.order.permutation import EpochOrder
+    from loader.order.steps import EpochPlan
     from loader.testing import held_bytes, synthetic_index
 
     index = synthetic_index(n, group_rows=256, max_len=MAX_LEN)
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(body)
     if not args.no_readme:
-        update_readme("order", body)
+        update_block("order", body)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
 """Packing benchmarks. Run from the repo root: `python -m benchmarks.bench_pack [--quick]`.
 
-Parts (each a function returning its markdown; `main` runs them and writes README blocks):
-- `bench_assign`: assignment speed of the numba FFD/BFD kernels (`packtool.kernels`) on one core,
+Parts (each a function returning its markdown; `main` runs them and writes docs/benchmarks.md blocks):
+- `bench_assign`: assignment speed of the numba FFD/BFD kernels (`packtool.pack.kernels`) on one core,
   N = 1e5, 1e6, 1e7 skewed lengths at max_len 4096, sort included, I/O excluded, numba compile
   time excluded (a warm-up call compiles first). Baseline measured in the same run: the
-  plain-Python references (`packtool._reference`) at N = 1e5. README block `pack-assign`.
+  plain-Python references (`packtool.pack.reference`) at N = 1e5. docs/benchmarks.md block `pack-assign`.
 - `pack_efficiency.bench_efficiency`: rows against the lower bound at max_len 2048/4096/8192,
-  gains per extra round, whole-corpus BFD, and the cost of chunking. README `pack-efficiency`.
+  gains per extra round, whole-corpus BFD, and the cost of chunking. docs/benchmarks.md `pack-efficiency`.
 - `pack_efficiency.bench_end_to_end`: `packtool pack` from raw JSONL with GPT-2 BPE against the
-  tokenizer library alone on the same texts: time beyond tokenization, peak RSS. README `pack-e2e`.
+  tokenizer library alone on the same texts: time beyond tokenization, peak RSS. docs/benchmarks.md `pack-e2e`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import numba
 import numpy as np
 
 from benchmarks import pack_efficiency
-from benchmarks._common import best_of, markdown_table, peak_rss_mib, update_readme
-from packtool._reference import bfd_reference, ffd_reference
-from packtool.kernels import bfd_assign, ffd_assign
+from benchmarks._common import best_of, markdown_table, peak_rss_mib, update_block
+from packtool.pack.kernels import bfd_assign, ffd_assign
+from packtool.pack.reference import bfd_reference, ffd_reference
 
 MAX_LEN = 4096
 SEED = 0
@@ -54,7 +54,7 @@ def bench_assign(
     reference_n: int = 100_000,
     repeat: int = 3,
 ) -> str:
-    """Time FFD/BFD assignment; return the markdown block for README `pack-assign`."""
+    """Time FFD/BFD assignment; return the markdown block for docs/benchmarks.md `pack-assign`."""
     load_before = os.getloadavg()[0]
     numba.set_num_threads(1)  # the kernels are serial; pin anyway for an honest one-core figure
     for kernel, _ in KERNELS.values():  # compile (or load the cache) outside the timings
@@ -119,7 +119,7 @@ def bench_assign(
         f"best of {repeat}; sort included, I/O and numba compile time excluded "
         "(a warm-up call compiles first). `python -m benchmarks.bench_pack`\n\n"
         f"{table}\n\n"
-        "Against the plain-Python references (`packtool/_reference.py`, O(N x rows) loops, run "
+        "Against the plain-Python references (`packtool/pack/reference.py`, O(N x rows) loops, run "
         f"once) at N = {reference_n:,}:\n\n{ref_table}\n\n"
         f"Peak RSS {peak_rss_mib():,.0f} MiB. Load average (1 min) {load_before:.1f} before and "
         f"{os.getloadavg()[0]:.1f} after the run: other work on the box slows the 1e7 rows most "
@@ -131,7 +131,9 @@ def bench_assign(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--quick", action="store_true", help="small sizes, no README update (for development)"
+        "--quick",
+        action="store_true",
+        help="small sizes, no docs/benchmarks.md update (for development)",
     )
     parser.add_argument(
         "--only",
@@ -154,8 +156,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         body = bench()
         print(body)
-        update_readme(name, body)
-        print(f"README.md block {name} updated", flush=True)
+        update_block(name, body)
+        print(f"docs/benchmarks.md block {name} updated", flush=True)
 
 
 if __name__ == "__main__":

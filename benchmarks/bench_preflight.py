@@ -15,7 +15,7 @@ microseconds, so there is little latency to hide), then with a **simulated objec
 `--latency-ms` added, as a `time.sleep` (which releases the GIL, as waiting on the network
 does), to every footer read (`pyarrow.parquet.read_schema`, `pyarrow.parquet.ParquetFile`) and
 every `os.stat` (what `Path.stat` / `is_file` call), i.e. to each request that would go to an
-object-store mount such as s3fs or gcsfuse. Writes the README block `preflight`.
+object-store mount such as s3fs or gcsfuse. Writes the docs/benchmarks.md block `preflight`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks._common import ROOT, markdown_table, update_readme
+from benchmarks._common import ROOT, markdown_table, update_block
 
 DATA = ROOT / "bench_data"
 
@@ -84,8 +84,8 @@ def preflight(folder: Path, threads: int) -> tuple[float, str]:
     from packtool.engines.base import plan_of
     from packtool.engines.config import RunConfig
     from packtool.engines.preflight import check_inputs, fingerprint_of
-    from packtool.pack import PackConfig
-    from packtool.sft_inputs import _dataset_kind_cached
+    from packtool.pack.chunk import PackConfig
+    from packtool.sft.inputs import _dataset_kind_cached
 
     _dataset_kind_cached.cache_clear()  # a fresh process would not have it
     os.environ["PACKTOOL_IO_THREADS"] = str(threads)
@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--files", type=int, nargs="+", default=[5_000, 20_000])
     ap.add_argument("--latency-ms", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=32)
-    ap.add_argument("--quick", action="store_true", help="no README update")
+    ap.add_argument("--quick", action="store_true", help="no docs/benchmarks.md update")
     args = ap.parse_args()
     before = os.getloadavg()[0]
     rows = []
@@ -136,7 +136,7 @@ Per file, a fresh run's preflight reads the footer three times (pre-tokenized id
 """
     print(body)
     if not args.quick:
-        update_readme("preflight", body)
+        update_block("preflight", body)
 
 
 if __name__ == "__main__":

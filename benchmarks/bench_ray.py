@@ -12,7 +12,7 @@ options, checking the bytes are the same:
 
 *first* is the first Ray run in the session (the pool's worker processes start and load the
 tokenizer and numba kernels); *then* the best of `--repeat` later runs. Wall time in this
-process, the cluster start (~5 s) excluded. Writes the README block `ray`.
+process, the cluster start (~5 s) excluded. Writes the docs/benchmarks.md block `ray`.
 """
 
 from __future__ import annotations
@@ -25,22 +25,22 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._common import ROOT, markdown_table, update_readme
+from benchmarks._common import ROOT, markdown_table, update_block
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="no README update")
+    ap.add_argument("--quick", action="store_true", help="no docs/benchmarks.md update")
     args = ap.parse_args()
 
     import ray
     from ray.cluster_utils import Cluster
 
+    from packtool.dataset.shards import ShardConfig
     from packtool.engines.local import RunConfig, run_pack
     from packtool.engines.ray import RayConfig, run_pack_ray
-    from packtool.pack import PackConfig
-    from packtool.shards import ShardConfig
+    from packtool.pack.chunk import PackConfig
     from tests.packtool.scale_corpus import make_corpus
 
     before = os.getloadavg()[0]
@@ -108,7 +108,7 @@ def main() -> None:
 """
     print(body)
     if not args.quick:
-        update_readme("ray", body)
+        update_block("ray", body)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
     python -m benchmarks.bench_scale [--docs 1000000] [--quick]
 
-Five measurements, written to the README block `scale` (`--only-tail`: the fifth alone,
-printed, no README update):
+Five measurements, written to the docs/benchmarks.md block `scale` (`--only-tail`: the fifth alone,
+printed, no docs/benchmarks.md update):
 
 1. **Chunk size no longer matters**: `packtool pack` (byte tokenizer, max_len 2048, local
    engine, one process per run, wall clock) on 1 M short synthetic documents (~184 MB of JSONL,
@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._common import ROOT, markdown_table, update_readme
+from benchmarks._common import ROOT, markdown_table, update_block
 
 DATA = ROOT / "bench_data"
 CORPUS = DATA / "scale_1m.jsonl"
@@ -94,7 +94,16 @@ def pack(corpus: Path, *args: str, env: dict | None = None, prefix=()) -> tuple[
     out = OUT / "run"
     shutil.rmtree(OUT, ignore_errors=True)  # also a staging folder an interrupted bench left
     OUT.mkdir(parents=True)
-    cmd = [*prefix, sys.executable, "-m", "packtool.cli", "pack", str(corpus), "-o", str(out)]
+    cmd = [
+        *prefix,
+        sys.executable,
+        "-m",
+        "packtool.cli.commands",
+        "pack",
+        str(corpus),
+        "-o",
+        str(out),
+    ]
     cmd += ["--max-len", "2048", "--json", *args]
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -140,8 +149,8 @@ def chunk_table(corpus: Path, docs: int, quick: bool, repeat: int) -> tuple[str,
 
 def bookkeeping(counts=(1_000, 10_000, 100_000)) -> str:
     """The driver's bookkeeping alone on synthetic partition records (see the module doc)."""
+    from packtool.dataset.manifest import Manifest
     from packtool.engines import finish, records
-    from packtool.manifest import Manifest
 
     rng = random.Random(1)
     rows = []
@@ -230,8 +239,8 @@ def _synthetic_tails(work: Path, partitions: int, max_len: int) -> int:
     import pyarrow as pa
 
     from packtool.engines import records
-    from packtool.pack import PackConfig, pack_table
-    from packtool.pack_tail import TailPolicy
+    from packtool.pack.chunk import PackConfig, pack_table
+    from packtool.pack.tail import TailPolicy
 
     rng = np.random.default_rng(0)
     config = PackConfig(max_len=max_len)
@@ -256,13 +265,13 @@ def _synthetic_tails(work: Path, partitions: int, max_len: int) -> int:
 
 
 def _merge_context(work: Path, max_len: int):
-    from packtool.corpus import ReadConfig
-    from packtool.engines.worker import WorkerContext
-    from packtool.pack import PackConfig
-    from packtool.pieces import RAW, Source
-    from packtool.shards import ShardConfig
-    from packtool.tokenize import tokenized_schema
-    from packtool.tokenizers import load_tokenizer
+    from packtool.dataset.shards import ShardConfig
+    from packtool.dataset.tokenized import tokenized_schema
+    from packtool.engines.context import WorkerContext
+    from packtool.pack.chunk import PackConfig
+    from packtool.read.documents import ReadConfig
+    from packtool.tokenize.pieces import RAW, Source
+    from packtool.tokenizer.tokenizers import load_tokenizer
 
     identity = load_tokenizer("byte").identity
     source = Source(
@@ -417,7 +426,9 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=1_000_000)
     ap.add_argument("--gpt2-docs", type=int, default=400_000)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="fewer runs (no README update)")
+    ap.add_argument(
+        "--quick", action="store_true", help="fewer runs (no docs/benchmarks.md update)"
+    )
     ap.add_argument("--no-gpt2", action="store_true")
     ap.add_argument("--only-tail", action="store_true", help="the tail tree alone, printed")
     args = ap.parse_args()
@@ -488,7 +499,7 @@ def main() -> None:
 """
     print(body)
     if not args.quick:
-        update_readme("scale", body)
+        update_block("scale", body)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 """What the stored `seq_lengths` column costs `packtool pack`: shard bytes and pack + write time.
 
 Baseline: the same rows packed with the declaration as it was before `seq_lengths` (the
-declaration is read at call time, packtool/columns.py), in the same run, interleaved, best of N.
+declaration is read at call time, packtool/dataset/columns.py), in the same run, interleaved, best of N.
 Three corpora: sample_data with the byte tokenizer (long documents, ~700 tokens each), and
 synthetic tokenized documents of about 400 and 60 tokens (BPE-sized web text and SFT-sized
 turns: the column costs ~4 bytes a document before compression, so short documents pay most).
 Each is one chunk through `pack_table` + `write_shards` (default lz4, and zstd). Writes the table
-into README block `seq-lengths`.
+into docs/benchmarks.md block `seq-lengths`.
 
     python -m benchmarks.bench_seq_lengths [--quick]
 """
@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from benchmarks._common import ROOT, markdown_table, update_readme
-from packtool import columns as shard_columns
-from packtool.corpus import ReadConfig
-from packtool.pack import PackConfig, pack_table
-from packtool.shards import ShardConfig, write_shards
-from packtool.tokenize import tokenized_batches
+from benchmarks._common import ROOT, markdown_table, update_block
+from packtool.dataset import columns as shard_columns
+from packtool.dataset.shards import ShardConfig, write_shards
+from packtool.pack.chunk import PackConfig, pack_table
+from packtool.read.documents import ReadConfig
+from packtool.tokenize.tokenize import tokenized_batches
 
 MAX_LEN = 4096
 
@@ -161,7 +161,7 @@ def main() -> None:
         "column:"
     )
     print(body)
-    update_readme("seq-lengths", note + "\n\n" + body)
+    update_block("seq-lengths", note + "\n\n" + body)
 
 
 if __name__ == "__main__":

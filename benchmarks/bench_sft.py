@@ -18,7 +18,7 @@ turn-by-turn masks, where transformers returns no mask (its row renders and toke
    packtool `encode_chat` (the library, in memory); packtool `tokenize` from the JSONL file to
    tokenized Parquet (reading, rendering, encoding, masks and writing, in its pipeline), with
    rendering in the main process (the default here) and in a pool of 2 forked
-   processes (`--render-processes 2`, packtool/chat_render.py). CPU seconds count this process
+   processes (`--render-processes 2`, packtool/sft/render.py). CPU seconds count this process
    and its children. The same two on `--pool-copies` copies (above the pool's threshold).
 2. End to end at max_len 2048: `packtool pack` (the whole process) against TRL's SFTTrainer data
    path (`load_dataset("json")`, `map` with `apply_chat_template` and the assistant mask, the
@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks._common import ROOT, markdown_table, update_readme
+from benchmarks._common import ROOT, markdown_table, update_block
 
 DATA = ROOT / "bench_data" / "sft"
 CHAT = ROOT / "sample_data" / "chat.jsonl"
@@ -168,7 +168,7 @@ def _map_worker(path: Path, folder: Path, name: str, mask: bool, num_proc: int) 
 
 
 def run_packtool(template, tok, convs: list) -> int:
-    from packtool.sft_encode import encode_chat
+    from packtool.sft.encode import encode_chat
 
     return sum(
         len(r.ids)
@@ -180,9 +180,9 @@ def run_packtool(template, tok, convs: list) -> int:
 def run_packtool_tokenize(
     path: Path, template_path: Path, tok, out: Path, processes: int | None = None
 ) -> int:
-    from packtool.corpus import ReadConfig
-    from packtool.sft_config import SFTConfig
-    from packtool.tokenize import tokenize_corpus
+    from packtool.read.documents import ReadConfig
+    from packtool.read.sft_config import SFTConfig
+    from packtool.tokenize.tokenize import tokenize_corpus
 
     sft = SFTConfig(chat_template=str(template_path), render_processes=processes)
     read = ReadConfig(sft=sft)
@@ -240,7 +240,7 @@ def packtool_pack(path: Path, folder: Path, template_path: Path, max_len: int, o
     """`packtool pack` as a user runs it: a whole process, start-up and imports included."""
     t0 = time.perf_counter()
     cmd = [
-        sys.executable, "-m", "packtool.cli", "pack", str(path), "-o", str(out), "--overwrite",
+        sys.executable, "-m", "packtool.cli.commands", "pack", str(path), "-o", str(out), "--overwrite",
         "--tokenizer", str(folder / "tokenizer.json"), "--chat-template", str(template_path),
         "--max-len", str(max_len), "--json",
     ]  # fmt: skip
@@ -303,8 +303,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.quick:
         args.copies, args.repeat, args.pool_copies = 1, 1, 2
-    from packtool.chat_template import ChatTemplate
-    from packtool.tokenizers import load_tokenizer
+    from packtool.sft.template import ChatTemplate
+    from packtool.tokenizer.tokenizers import load_tokenizer
 
     load_before = os.getloadavg()[0]
     folder = tokenizer_dir()
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> None:
     body = f"{head}\n\n{table1}\n\n{pool_head}\n\n{table_pool}\n\n{tail}\n\n{table2}"
     print(body)
     if not args.no_readme:
-        update_readme("sft", body)
+        update_block("sft", body)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Packs sample_data (byte tokenizer, repeated to ~11 M tokens, max_len 4096) once, writes the same
 rows with each codec and row-group size, then measures what the loader does: decode every row
 group into flat numpy arrays (throughput), and open a file + fetch one random row group
-(latency). Writes the table into README block `shards`.
+(latency). Writes the table into docs/benchmarks.md block `shards`.
 
     python -m benchmarks.bench_shards
 """
@@ -18,11 +18,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks._common import ROOT, markdown_table, update_readme
-from packtool.corpus import ReadConfig
-from packtool.pack import PackConfig, pack_table
-from packtool.shards import ShardConfig, write_shards
-from packtool.tokenize import tokenized_batches
+from benchmarks._common import ROOT, markdown_table, update_block
+from packtool.dataset.shards import ShardConfig, write_shards
+from packtool.pack.chunk import PackConfig, pack_table
+from packtool.read.documents import ReadConfig
+from packtool.tokenize.tokenize import tokenized_batches
 
 REPEAT = 4
 MAX_LEN = 4096
@@ -99,7 +99,7 @@ def main() -> None:
         "(one core, page cache warm):"
     )
     print(body)
-    update_readme("shards", note + "\n\n" + body)
+    update_block("shards", note + "\n\n" + body)
 
 
 def _timed(fn) -> float:

@@ -46,10 +46,11 @@ os.environ.setdefault("PACKTOOL_NO_PROGRESS", "1")
 import numpy as np  # noqa: E402
 
 from benchmarks import real_corpus  # noqa: E402
-from benchmarks._common import ROOT, best_of, markdown_table, update_readme  # noqa: E402
-from packtool.corpus import ReadConfig, read_corpus  # noqa: E402
-from packtool.tokenize import tokenize_corpus  # noqa: E402
-from packtool.tokenizers import GPT2_PATTERN, Tokenizer, load_tokenizer  # noqa: E402
+from benchmarks._common import ROOT, best_of, markdown_table, update_block  # noqa: E402
+from packtool.read.corpus import read_corpus  # noqa: E402
+from packtool.read.documents import ReadConfig  # noqa: E402
+from packtool.tokenize.tokenize import tokenize_corpus  # noqa: E402
+from packtool.tokenizer.tokenizers import GPT2_PATTERN, Tokenizer, load_tokenizer  # noqa: E402
 
 DATA = ROOT / "bench_data"
 SAMPLE = ROOT / "sample_data" / "corpus.jsonl"
@@ -306,11 +307,11 @@ def child_peak(cmd: list[str]) -> tuple[float, float]:
 
 
 def memory(scales: list[int]) -> list[list[object]]:
-    cli = [sys.executable, "-m", "packtool.cli"]
+    cli = [sys.executable, "-m", "packtool.cli.commands"]
     corpora = [SAMPLE, *(repeated_corpus(n) for n in scales)]
     commands = {
-        "python -c 'import packtool.tokenize' (floor)": lambda _: [
-            sys.executable, "-c", "import packtool.tokenize, packtool.cli"
+        "python -c 'import packtool.tokenize.tokenize' (floor)": lambda _: [
+            sys.executable, "-c", "import packtool.tokenize.tokenize, packtool.cli.commands"
         ],
         "packtool tokenize": lambda c: [
             *cli, "tokenize", str(c), "-o", str(DATA / "rss-out.parquet"), "--overwrite"
@@ -341,7 +342,9 @@ def main() -> None:
         "--scales", default="10,30", help="sizes of the larger RSS corpora (x sample_data)"
     )
     ap.add_argument("--quick", action="store_true", help="8 MB, one timing, one RSS scale")
-    ap.add_argument("--no-readme", action="store_true", help="print only, leave README.md alone")
+    ap.add_argument(
+        "--no-readme", action="store_true", help="print only, leave docs/benchmarks.md alone"
+    )
     args = ap.parse_args()
     if args.quick:
         args.repeat, args.mb, args.scales = 1, 8, "3"
@@ -379,8 +382,8 @@ def main() -> None:
     ).replace("{speedups}", speedups)
     print("\n" + body)
     if not args.no_readme and not args.quick:
-        update_readme("tokenize", body)
-        print("\nREADME.md block `tokenize` updated.")
+        update_block("tokenize", body)
+        print("\ndocs/benchmarks.md block `tokenize` updated.")
 
 
 def _engine_speedups(rows: list[list[object]]) -> dict[str, float]:

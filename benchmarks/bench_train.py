@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from attention.model import ModelConfig, Transformer, apply_rotary
 from attention.varlen import varlen_attention
-from benchmarks._common import ROOT, markdown_table, peak_rss_mib, update_readme
+from benchmarks._common import ROOT, markdown_table, peak_rss_mib, update_block
 
 CORPUS = ROOT / "sample_data" / "corpus.jsonl"
 
@@ -494,7 +494,7 @@ def main() -> None:
         "--threads", type=int, default=None, help="CPU threads for torch (default: torch's)"
     )
     parser.add_argument(
-        "--no-readme", action="store_true", help="print only; leave README.md alone"
+        "--no-readme", action="store_true", help="print only; leave docs/benchmarks.md alone"
     )
     args = parser.parse_args()
 
@@ -505,7 +505,7 @@ def main() -> None:
         body = backend_sweep(args.device)
         print(body)
         if not args.no_readme:
-            update_readme(f"attention-{args.device}", body)
+            update_block(f"attention-{args.device}", body)
         return
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but torch.cuda.is_available() is False")
@@ -526,9 +526,9 @@ def main() -> None:
 
 def _write_readme(device: str, section: str) -> None:
     """Keep one section per device in the `train` block: a CUDA run keeps the CPU table."""
-    from benchmarks._common import README
+    from benchmarks._common import BENCHMARKS
 
-    text = README.read_text(encoding="utf-8") if README.exists() else ""
+    text = BENCHMARKS.read_text(encoding="utf-8") if BENCHMARKS.exists() else ""
     start, end = "<!-- bench:train:start -->", "<!-- bench:train:end -->"
     old = (
         text[text.find(start) + len(start) : text.find(end)]
@@ -543,7 +543,7 @@ def _write_readme(device: str, section: str) -> None:
     body = "\n\n".join(
         f"<!-- train:{k} -->\n{sections[k]}" for k in ("cpu", "cuda") if k in sections
     )
-    update_readme("train", body)
+    update_block("train", body)
 
 
 if __name__ == "__main__":

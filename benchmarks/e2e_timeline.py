@@ -106,14 +106,16 @@ def _patch_shards(m: Any) -> None:
 
 
 PATCHES: dict[str, Callable[[Any], None]] = {
-    "packtool.tokenizers": _patch_tokenizers,
-    "packtool.tokenizer_engines": _patch_engines,
-    "packtool.pieces": lambda m: setattr(
+    "packtool.tokenizer.tokenizers": _patch_tokenizers,
+    "packtool.tokenizer.engines": _patch_engines,
+    "packtool.tokenize.pieces": lambda m: setattr(
         m, "read_piece", _timed_iter(m.read_piece, "read + parse JSON")
     ),
     "packtool.engines.worker": _patch_worker,
-    "packtool.shards": _patch_shards,
-    "packtool.kernels": lambda m: setattr(m, "warm_up", _timed(m.warm_up, "load numba kernels")),
+    "packtool.dataset.shards": _patch_shards,
+    "packtool.pack.kernels": lambda m: setattr(
+        m, "warm_up", _timed(m.warm_up, "load numba kernels")
+    ),
     "numba": lambda m: None,  # its import is timed
 }
 
@@ -155,7 +157,7 @@ def main() -> None:
     ]  # fmt: skip
     MARKS["start"] = (0.0, _process_cpu())  # the interpreter's own start-up before T0 aside
     sys.meta_path.insert(0, _Finder())
-    from packtool import cli
+    from packtool.cli import commands as cli
 
     try:
         cli.main(["pack", *args, "--json"])

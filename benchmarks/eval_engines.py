@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 from benchmarks import real_corpus  # noqa: E402
 from benchmarks._common import ROOT, markdown_table  # noqa: E402
 from benchmarks.bench_tokenize import gpt2_ranks, gpt2_tokenizer_json  # noqa: E402
-from packtool.tokenizers import GPT2_PATTERN  # noqa: E402
+from packtool.tokenizer.tokenizers import GPT2_PATTERN  # noqa: E402
 
 CANDIDATES = ("fastokens", "riptoken", "wordchipper")
 DATA = ROOT / "bench_data"

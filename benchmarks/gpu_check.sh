@@ -7,8 +7,8 @@
 # these benchmarks import no other project dependency. Only the GPU test file is collected: the
 # rest of tests/attention imports packtool (orjson, polars, ...), which the device image lacks, and
 # one collection error would stop pytest before any test ran. The steps' limits add up to 9
-# minutes, inside one 10-minute device command. Each step writes its README block; README.md and
-# the logs are copied to $OUT (default gpu_out/) so they can be brought back and committed.
+# minutes, inside one 10-minute device command. Each step writes its block in docs/benchmarks.md; that page
+# and the logs are copied to $OUT (default gpu_out/) so they can be brought back and committed.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-gpu_out}
@@ -19,5 +19,5 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 timeout 180 python3 -m pytest -q -m gpu tests/attention/test_varlen_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" || status=1
 timeout 180 python3 -m benchmarks.bench_train --sweep --device cuda 2>&1 | tee "$OUT/sweep.log" || status=1
 timeout 180 python3 -m benchmarks.bench_train --device cuda 2>&1 | tee "$OUT/bench_train.log" || status=1
-cp README.md "$OUT/README.md"
+cp docs/benchmarks.md "$OUT/benchmarks.md"
 exit $status

@@ -2,7 +2,7 @@
 of `benchmarks.bench_mixture`, with DataLoader workers.
 
 Run: `python -m benchmarks.mixture_threads [--workers 2] [--short 32e6] [--long 300e6]
-[--repeat 2]`. Prints a table (nothing is written to the README; `bench_mixture` has the
+[--repeat 2]`. Prints a table (nothing is written to docs/benchmarks.md; `bench_mixture` has the
 figures). For each loader, a whole run of `--short` and of `--long` tokens from a cold
 iterator; the CPU of every thread (read from /proc/<pid>/task/<tid>/stat before the workers are
 joined) over the tokens in between, in ms per M tokens: the trainer's main thread and its other
@@ -19,7 +19,7 @@ import time
 
 from benchmarks._common import markdown_table
 from benchmarks.bench_mixture import mixture_loader, single_loader, sources
-from packtool.schedule import load_kernel
+from packtool.mixture.schedule import load_kernel
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -1,12 +1,12 @@
-"""Packing quality and end-to-end cost; `benchmarks/bench_pack.py` runs these and writes README.
+"""Packing quality and end-to-end cost; `benchmarks/bench_pack.py` runs these and writes docs/benchmarks.md.
 
 - `bench_efficiency`: rows against the lower bound on sample_data and on the Python standard
   library's own sources at max_len 2048 / 4096 / 8192, with what each extra round gains, checked
   against a whole-corpus best-fit-decreasing; and the cost of chunking (`--chunk-docs`) on a
-  large skewed corpus of lengths. README block `pack-efficiency`.
+  large skewed corpus of lengths. docs/benchmarks.md block `pack-efficiency`.
 - `bench_end_to_end`: `packtool pack` from raw JSONL with a GPT-2-size BPE on both cores, against
   tokenizing the same texts with the tokenizer alone in the same run: the share of time spent
-  beyond tokenization, and peak RSS. README block `pack-e2e`.
+  beyond tokenization, and peak RSS. docs/benchmarks.md block `pack-e2e`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks._common import ROOT, markdown_table
-from packtool import stats
-from packtool.corpus import ReadConfig
-from packtool.kernels import bfd_assign, ffd_assign
-from packtool.pack import PackConfig, make_segments, pack_table
-from packtool.tokenize import tokenized_batches
+from packtool.pack.chunk import PackConfig, make_segments, pack_table
+from packtool.pack.kernels import bfd_assign, ffd_assign
+from packtool.read.documents import ReadConfig
+from packtool.stats import lengths as stats
+from packtool.tokenize.tokenize import tokenized_batches
 
 MAX_LENS = (2048, 4096, 8192)
 ROUNDS = 4
@@ -164,7 +164,7 @@ def _chunked_efficiency(table: pa.Table, chunk: int, max_len: int) -> float:
 
 def bench_end_to_end(copies: int = 10, repeat: int = 4) -> str:
     from benchmarks.bench_tokenize import gpt2_ranks, library_call, repeated_corpus
-    from packtool.tokenizers import load_tokenizer
+    from packtool.tokenizer.tokenizers import load_tokenizer
 
     ranks = gpt2_ranks()
     corpus = repeated_corpus(copies)
@@ -186,7 +186,7 @@ def bench_end_to_end(copies: int = 10, repeat: int = 4) -> str:
                 sys.executable, "-c",
                 # VmHWM, not ru_maxrss: after fork + exec, ru_maxrss can still hold the
                 # benchmark parent's peak.
-                "import re, sys; from packtool.cli import main\n"
+                "import re, sys; from packtool.cli.commands import main\n"
                 "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
                 "s = open('/proc/self/status').read()\n"
                 "print('RSS', re.search(r'VmHWM:\\s+(\\d+)', s).group(1))",

@@ -40,10 +40,10 @@ def _train_module():
 
 def pack(args: argparse.Namespace) -> Path:
     """`packtool pack` on the chat data, through the library (what the CLI runs)."""
-    from packtool.corpus import ReadConfig
     from packtool.engines.local import RunConfig, run_pack
-    from packtool.pack import PackConfig
-    from packtool.sft_config import SFTConfig
+    from packtool.pack.chunk import PackConfig
+    from packtool.read.documents import ReadConfig
+    from packtool.read.sft_config import SFTConfig
 
     out = Path(args.out)
     data = Path(args.data)

@@ -23,9 +23,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from loader.record import Documents, TokenRuns
+from packtool.dataset.columns import IGNORE_INDEX
 from packtool.errors import DataError
-
-IGNORE_INDEX = -100
 
 _ARANGE = np.arange(0, dtype=np.int64)
 

@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import ConfigError
-from packtool.kernels import check_max_len
-from packtool.pack import LONG_DOC_POLICIES
+from packtool.pack.limits import LONG_DOC_POLICIES, check_max_len
 
 STRATEGIES = ("ffd", "bucketed")
 """`OnlineConfig.strategy` values."""
@@ -167,7 +166,7 @@ class OnlineConfig:
     """Also pack when the oldest new document has waited this long (None: no time window; a time
     window makes the output depend on timing, so training streams leave it off)."""
     strategy: str = "ffd"
-    """`ffd` (first-fit-decreasing on the buffer) or `bucketed` (two-level, loader/bucketed.py)."""
+    """`ffd` (first-fit-decreasing on the buffer) or `bucketed` (two-level, loader/online/bucketed.py)."""
     bucket: int = 32
     """Length bucket granularity of the `bucketed` strategy."""
     min_fill: float = 0.99

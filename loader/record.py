@@ -1,10 +1,10 @@
 """`Documents`: the loader's one record type, documents laid end to end before collation.
 
-What `ShardStore.gather` returns, what the worker transport carries (`loader/transport.py`), what
+What `ShardStore.gather` returns, what the worker transport carries (`loader/packed/transport.py`), what
 `OnlinePacker`'s rows and the serving batcher hand over, and what `loader.collate.collate`
 turns into a batch dict. It holds the three arrays every batch needs (tokens, document lengths,
 document ids) and, by name, the optional columns the data carries (`loss_mask`; declared in
-packtool/columns.py with `loaded=True`): per-token ones as long as `tokens`, per-document ones as
+packtool/dataset/columns.py with `loaded=True`): per-token ones as long as `tokens`, per-document ones as
 long as `doc_lens`. Code that only moves records (gather, transport, slicing, concatenating)
 treats every optional column alike; only `collate` gives one a meaning.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
-from packtool.columns import LOSS_MASK, TOKEN, Column
+from packtool.dataset.columns import LOSS_MASK, TOKEN, Column
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Documents:
 
 class TokenRuns:
     """Tokens as runs of arrays laid end to end, in place of `Documents.tokens`: a batch
-    spliced from several parts (`loader.mixture_loader.splice`), whose tokens `collate` writes
+    spliced from several parts (`loader.mixture.dataloader.splice`), whose tokens `collate` writes
     straight into the batch instead of joining them first (one copy of every token less)."""
 
     def __init__(self, runs: list[NDArray[np.integer]]) -> None:

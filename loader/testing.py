@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
-from loader.row_index import GroupStats, RowIndex, group_stats
-from packtool import columns as shard_columns
-from packtool.columns import names, required
-from packtool.manifest import (
+from loader.store.row_index import GroupStats, RowIndex, group_stats
+from packtool.dataset import columns as shard_columns
+from packtool.dataset.columns import names, required
+from packtool.dataset.manifest import (
     FORMAT_VERSION,
     Manifest,
     ShardInfo,
@@ -29,7 +29,7 @@ from packtool.manifest import (
     sha256_file,
     write_manifest,
 )
-from packtool.shards import ShardConfig, write_shards
+from packtool.dataset.shards import ShardConfig, write_shards
 
 
 def rows_table(
@@ -41,7 +41,7 @@ def rows_table(
     token_type: pa.DataType,
     columns: dict[str, np.ndarray] | None = None,
 ) -> pa.Table:
-    """A packed-shard table from flat arrays (the layout `loader.row_group.RowGroupData` uses).
+    """A packed-shard table from flat arrays (the layout `loader.store.row_group.RowGroupData` uses).
 
     `columns`: optional declared columns' flat values (per-token ones as long as `tokens`).
     """
@@ -158,7 +158,7 @@ def write_random_dataset(
     """A synthetic dataset: rows about `fill` full of documents with geometric-ish lengths.
 
     Vectorised, so it makes gigabytes in seconds (benchmarks); document ids are sequential.
-    With `shard_config`, shards are written by `packtool.shards.write_shards` exactly as
+    With `shard_config`, shards are written by `packtool.dataset.shards.write_shards` exactly as
     `packtool pack` writes them (its rows per shard, row group size and codec replace
     `rows_per_shard`, `row_group_rows` and `compression`).
     """

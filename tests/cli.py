@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from packtool.cli import main
+from packtool.cli.commands import main
 
 
 def run(*args: object) -> tuple[int, str, str]:

@@ -18,6 +18,6 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _no_engine_check_records(monkeypatch):
-    """Tests prove engines afresh: no record of earlier self-checks (packtool/engine_checks.py)
+    """Tests prove engines afresh: no record of earlier self-checks (packtool/tokenizer/engine_checks.py)
     is read or written, unless a test sets PACKTOOL_CACHE_DIR itself (subprocesses inherit it)."""
     monkeypatch.setenv("PACKTOOL_CACHE_DIR", "")

@@ -1,14 +1,56 @@
-"""The arrows that must never exist (shared/DESIGN.md), checked on the source itself."""
+"""The house rules of docs/architecture.md, checked on the source itself.
+
+Every import counts: module-level, deferred (inside a function) and `TYPE_CHECKING` alike, since
+each is an arrow a reader has to follow. The layers are declared here and in
+docs/architecture.md (a test below keeps the two the same).
+"""
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("packtool", "loader", "attention")
+
+PACKTOOL_LAYERS = (
+    "",  # the top-level modules: errors, quantities, progress, prefetch, arrow_numpy
+    "storage",
+    "dataset",
+    "pack",
+    "mixture",
+    "read",
+    "tokenizer",
+    "sft",
+    "tokenize",
+    "stats",
+    "audit",
+    "engines",
+    "cli",
+)
+"""packtool's stages, lowest first: a module may import its own stage and the stages before it."""
+LOADER_LAYERS = ("", "store", "order", "packed", "online", "mixture", "hf", "testing")
+"""loader's parts, lowest first ("": record.py, config.py, collate.py), as for packtool."""
+LOADER_SEES = {"", "storage", "dataset", "pack", "mixture"}
+"""What of packtool the loader may import: the format side, the pure packer and schedule."""
+NEVER_IN_TRAINING = ("packtool.tokenizer", "packtool.sft", "packtool.cli", "packtool.read")
+TOP_LEVEL_MODULES = 12
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -18,55 +60,255 @@ def imported_modules(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
 
 
-def files(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+def _resolve(name: str) -> str | None:
+    """The project module `name` refers to (a `from pkg import name` may name an attribute)."""
+    modules = project_modules()
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in modules:
+            return ".".join(parts[:i])
+    return None
 
 
-def tops(path: Path) -> set[str]:
-    return {name.split(".")[0] for name in imported_modules(path)}
+def imported_project_modules(path: Path) -> set[str]:
+    """The project modules a file imports: `from pkg import sub` is an arrow to `pkg.sub`,
+    `from pkg.mod import name` one to `pkg.mod` (the module that defines or re-exports it)."""
+    found: set[str | None] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(_resolve(alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in project_modules() else _resolve(node.module))
+    return {m for m in found if m is not None}
 
 
-@pytest.mark.parametrize("path", files("packtool"), ids=lambda p: str(p.relative_to(ROOT)))
+@cache
+def import_graph() -> dict[str, frozenset[str]]:
+    return {
+        name: frozenset(imported_project_modules(path) - {name})
+        for name, path in project_modules().items()
+    }
+
+
+def circles(graph: dict[str, frozenset[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    component = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        component.append(w)
+                        if w == v:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def stage(module: str) -> tuple[str, str]:
+    """(package, stage) of a module: `packtool.read.corpus` -> ("packtool", "read");
+    `packtool.errors` -> ("packtool", ""); `loader.testing` -> ("loader", "testing")."""
+    parts = module.split(".")
+    is_package = project_modules()[module].name == "__init__.py"
+    if len(parts) >= 3 or (len(parts) == 2 and is_package):
+        return parts[0], parts[1]
+    if module == "loader.testing":
+        return "loader", "testing"
+    return parts[0], ""
+
+
+def test_the_graph_sees_real_imports():
+    # Guards the guard: deferred and TYPE_CHECKING imports are arrows too.
+    graph = import_graph()
+    assert "packtool.dataset.columns" in graph["packtool.pack.chunk"]
+    assert "packtool.engines.context" in graph["packtool.engines.merge"]  # TYPE_CHECKING only
+    assert "packtool.audit.verify" in graph["packtool.cli.commands"]  # inside a function
+    assert circles({"a": frozenset("b"), "b": frozenset("a"), "c": frozenset("a")}) == [["a", "b"]]
+
+
+def test_no_import_circle():
+    assert circles(import_graph()) == []
+
+
+def test_every_arrow_points_down_the_layers():
+    wrong = []
+    for source, targets in import_graph().items():
+        top, here = stage(source)
+        for target in targets:
+            other, there = stage(target)
+            if source in (top, f"{top}.{here}") and target.startswith(f"{source}."):
+                continue  # a package's own overview may name what is inside it
+            if top == other == "packtool":
+                ok = PACKTOOL_LAYERS.index(there) <= PACKTOOL_LAYERS.index(here)
+            elif top == other == "loader":
+                ok = LOADER_LAYERS.index(there) <= LOADER_LAYERS.index(here)
+            elif (top, other) == ("loader", "packtool"):
+                ok = there in LOADER_SEES
+            else:  # packtool never imports the loader or attention; attention takes batch dicts
+                ok = top == other
+            if not ok:
+                wrong.append(f"{source} -> {target}")
+    assert not wrong, "arrows back up the layers (docs/architecture.md): " + ", ".join(wrong)
+
+
+def test_every_stage_is_a_declared_layer():
+    for name in project_modules():
+        top, here = stage(name)
+        if top == "packtool":
+            assert here in PACKTOOL_LAYERS, f"{name}: stage {here!r} is not in PACKTOOL_LAYERS"
+        elif top == "loader":
+            assert here in LOADER_LAYERS, f"{name}: part {here!r} is not in LOADER_LAYERS"
+
+
+def test_the_layers_are_the_ones_the_docs_declare():
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    declared = re.search(r"packtool layers, lowest first: (.*)", text)
+    assert declared, "docs/architecture.md lists the packtool layers"
+    assert [s.strip(" `.") for s in declared.group(1).split("<")] == [
+        s or "top-level modules" for s in PACKTOOL_LAYERS
+    ]
+    declared = re.search(r"loader layers, lowest first: (.*)", text)
+    assert declared, "docs/architecture.md lists the loader layers"
+    assert [s.strip(" `.") for s in declared.group(1).split("<")] == [
+        s or "top-level modules" for s in LOADER_LAYERS
+    ]
+
+
+@pytest.mark.parametrize("package", ["packtool", "loader"])
+def test_at_most_a_dozen_modules_at_the_top(package):
+    top = [p.name for p in (ROOT / package).glob("*.py")]
+    assert len(top) <= TOP_LEVEL_MODULES, f"{package}/ has {len(top)} top-level modules: {top}"
+
+
+def test_every_subpackage_opens_with_an_overview():
+    for init in sorted(ROOT.glob("*/*/__init__.py")):
+        if init.parts[-3] not in PACKAGES:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        lines = len(doc.splitlines())
+        assert 10 <= lines <= 30, f"{init.relative_to(ROOT)}: overview of {lines} lines (10-30)"
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = []
+    for name, path in project_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and _resolve(node.module):
+                private = [a.name for a in node.names if re.match(r"_[^_]", a.name)]
+                found += [f"{name}: {node.module}.{p}" for p in private]
+    assert not found, found
+
+
+def _packtool_modules_after(code: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys\nprint(sorted(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    return [m for m in ast.literal_eval(out.strip().splitlines()[-1]) if m.startswith("packtool")]
+
+
+def test_import_loader_loads_only_the_format_side():
+    loaded = _packtool_modules_after("import loader")
+    assert len(loaded) <= 15, loaded
+    assert not [m for m in loaded if m.startswith(NEVER_IN_TRAINING)]
+
+
+def test_the_whole_loader_never_loads_a_tokenizer_or_the_cli():
+    every = [m for m in project_modules() if m.startswith("loader") and m != "loader.testing"]
+    loaded = _packtool_modules_after("\n".join(f"import {m}" for m in every))
+    assert not [m for m in loaded if m.startswith(NEVER_IN_TRAINING)], loaded
+    assert "packtool.tokenize" not in loaded
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "packtool").rglob("*.py")), ids=str)
 def test_packtool_never_imports_torch_and_only_the_cli_imports_click(path):
-    used = tops(path)
+    used = {m.split(".")[0] for m in imported_modules(path)}
     assert "torch" not in used
-    if path.name not in ("cli.py", "cli_sft.py"):  # the command-line modules
+    if "cli" not in path.relative_to(ROOT).parts:
         assert "click" not in used
 
 
-@pytest.mark.parametrize("path", files("attention"), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", sorted((ROOT / "attention").rglob("*.py")), ids=str)
 def test_attention_takes_a_batch_dict_not_the_loader(path):
-    assert not tops(path) & {"loader", "packtool"}
+    assert not {m.split(".")[0] for m in imported_modules(path)} & {"loader", "packtool"}
 
 
-@pytest.mark.parametrize("name", ["pack.py", "kernels.py"])
+@pytest.mark.parametrize("name", ["chunk.py", "kernels.py", "limits.py", "tail.py"])
 def test_packing_is_pure(name):
-    used = imported_modules(ROOT / "packtool" / name)
+    used = imported_modules(ROOT / "packtool" / "pack" / name)
     assert not used & {"pyarrow.parquet", "os", "pathlib", "shutil", "io"}
 
 
 def test_the_architecture_test_sees_real_imports():
     # Guards the guard: the CLI does import click, the model does import torch.
-    assert "click" in tops(ROOT / "packtool" / "cli.py")
-    assert "torch" in tops(ROOT / "attention" / "model.py")
-
-
-@pytest.mark.parametrize("path", files("packtool"), ids=lambda p: str(p.relative_to(ROOT)))
-def test_packtool_modules_stay_small(path):
-    # STYLE.md: one concept per module, split before ~600 lines.
-    lines = len(path.read_text(encoding="utf-8").splitlines())
-    assert lines <= 600, f"{path.name} has {lines} lines; split it along a real seam"
+    assert "click" in {m.split(".")[0] for m in imported_modules(ROOT / "packtool/cli/commands.py")}
+    assert "torch" in {m.split(".")[0] for m in imported_modules(ROOT / "attention/model.py")}
 
 
 @pytest.mark.parametrize(
-    "path", files("loader") + files("attention"), ids=lambda p: str(p.relative_to(ROOT))
+    "path", [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))], ids=str
 )
-def test_loader_and_attention_modules_stay_small(path):
+def test_modules_stay_small(path):
+    # One concept per module, split before ~600 lines: along a seam inside the stage's folder,
+    # where what is split off does not need the module it came from (no circle, above).
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= 600, f"{path.name} has {lines} lines; split it along a real seam"
+
+
+def test_tests_mirror_the_tree():
+    # tests/packtool/read/test_corpus.py tests packtool/read/corpus.py: every test folder under a
+    # package is one of that package's stages.
+    for folder in sorted((ROOT / "tests").glob("*/*/")):
+        if folder.name.startswith((".", "_")) or folder.parts[-2] not in PACKAGES:
+            continue
+        assert (ROOT / folder.parts[-2] / folder.name / "__init__.py").is_file(), folder
+
+
+def test_nothing_points_outside_the_repository():
+    # The architecture lives in docs/architecture.md; the repo stands alone.
+    outside = re.compile(r"\.\./shared|shared/DESIGN\.md|shared/STYLE\.md")
+    found = []
+    for path in [ROOT / "README.md", *ROOT.glob("*/**/*")]:
+        text_file = path.suffix in (".py", ".md", ".sh", ".toml") and path.is_file()
+        if text_file and ".venv" not in path.parts and outside.search(path.read_text("utf-8")):
+            found.append(str(path.relative_to(ROOT)))
+    assert not found, found
 
 
 # benchmarks/gpu_check.sh runs on a GPU machine whose image has torch, numpy, pytest and

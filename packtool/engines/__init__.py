@@ -1,0 +1,18 @@
+"""Engines: one partition worker, several drivers, the same bytes from each.
+
+A run is planned into partitions of input bytes (`plan.py`), checked before any work
+(`preflight.py`), run by partition workers (`worker.py`: read -> tokenize -> pack -> shards
+-> completion record) on this machine's cores (`local.py`) or a Ray cluster (`ray.py`), and
+finished by the tail tree and `index.json`, written last (`merge.py`, `finish.py`). Completion
+records (`records.py`) make `--resume` redo only unfinished partitions.
+
+Records in: a `RunConfig` (`config.py`). Out: a dataset folder and a `RunSummary`.
+May import: every stage below it.
+
+Modules:
+- `config.py`, `context.py`, `plan.py`, `preflight.py`: what a run is asked, is handed, reads,
+  and checks first.
+- `worker.py`, `merge.py`, `records.py`: the partition worker, the tail tree, the run's state.
+- `base.py`, `local.py`, `ray.py`: what both drivers share; the two drivers.
+- `finish.py`, `summary.py`: the end of a run; what it reports.
+"""

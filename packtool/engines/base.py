@@ -27,8 +27,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from packtool.dataset.identity import TokenizerIdentity
+from packtool.dataset.output import remove
+from packtool.dataset.tokenized import tokenized_schema
 from packtool.engines import finish, merge, records
 from packtool.engines.config import RunConfig
+from packtool.engines.context import WorkerContext, context_for
 from packtool.engines.plan import Plan, describe, make_plan
 from packtool.engines.preflight import (
     FACTS_KEY,
@@ -40,14 +44,10 @@ from packtool.engines.preflight import (
     fingerprint_of,
 )
 from packtool.engines.summary import PackSummary
-from packtool.engines.worker import WorkerContext, context_for
 from packtool.errors import ConfigError, DataError, WorkersLost
-from packtool.output import remove
-from packtool.pieces import Source
 from packtool.prefetch import map_ordered
 from packtool.progress import Progress
-from packtool.tokenize import tokenized_schema
-from packtool.tokenizers import TokenizerIdentity
+from packtool.tokenize.pieces import Source
 
 FAN_IN_KEY = "tail_fan_in"
 """The tail tree's fan-in, saved in the run state (`plan.json`) so a resume builds its tree."""

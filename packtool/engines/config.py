@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packtool.corpus import ReadConfig
+from packtool.dataset.shards import ShardConfig
 from packtool.engines.plan import PARTITION_SIZE, check_partition_size
 from packtool.errors import ConfigError
-from packtool.pack import PackConfig
-from packtool.shards import ShardConfig
+from packtool.pack.chunk import PackConfig
+from packtool.read.documents import ReadConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,7 +22,7 @@ class RunConfig:
     read: ReadConfig = ReadConfig()
     chunk_docs: int = 100_000
     """Documents per packing chunk inside a partition: bounds a worker's memory. Chunks hand
-    their part-empty rows on (packtool/pack_tail.py), so their size costs no efficiency."""
+    their part-empty rows on (packtool/pack/tail.py), so their size costs no efficiency."""
     partition_size: int = PARTITION_SIZE
     """Target input bytes per partition, the unit of parallel work and of resume
     (packtool/engines/plan.py). The output depends on it, never on the number of workers."""

@@ -23,16 +23,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from packtool import docids, stats
-from packtool.columns import names, required, written
+from packtool.dataset.columns import names, required, written
+from packtool.dataset.manifest import INDEX_FILE, Manifest
+from packtool.dataset.shards import temporary_name
 from packtool.engines import merge, records
+from packtool.engines.context import WorkerContext
 from packtool.engines.merge import TailTree
 from packtool.engines.records import Totals
 from packtool.engines.summary import PackSummary
-from packtool.engines.worker import WorkerContext
 from packtool.errors import ConfigError, DataError, naming
-from packtool.manifest import INDEX_FILE, Manifest
-from packtool.shards import temporary_name
+from packtool.read import docids
+from packtool.stats import lengths as stats
 
 
 def final_stage(ctx: WorkerContext, tree: TailTree) -> dict[str, Any]:

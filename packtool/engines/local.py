@@ -42,13 +42,14 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from typing import Any
 
-from packtool.engines import worker
+from packtool.engines import context
 from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
+from packtool.engines.context import WorkerContext
 from packtool.engines.preflight import check_inputs, output_folder
 from packtool.engines.summary import PackSummary
-from packtool.engines.worker import WorkerContext, rechunk, run_partition
-from packtool.tokenizers import Tokenizer
+from packtool.engines.worker import rechunk, run_partition
+from packtool.tokenizer.tokenizers import Tokenizer
 
 POOL_ENV = "PACKTOOL_WORKER_POOL"
 """`process` (the default) or `thread`: how the local engine runs several partition workers
@@ -78,7 +79,7 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
             if tok is not None:
                 tok.workers = config.workers or tok.workers  # --workers: the cores to use
             # One partition at a time, with the machine to itself: its shards are encoded on
-            # two threads too (packtool/shards.py), the only work left after its last token.
+            # two threads too (packtool/dataset/shards.py), the only work left after its last token.
             ctx = replace(run.context, shard_threads=min(2, config.workers or cores))
             for wave in waves:
                 for p in wave:
@@ -116,8 +117,8 @@ def _init_process(ctx: WorkerContext, threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops the pool on Ctrl-C
     if ctx.tokenizer is not None:
         ctx.tokenizer.workers = threads
-    worker.setup_process(threads)
-    _CONTEXT = worker.without_render_pool(ctx)
+    context.setup_process(threads)
+    _CONTEXT = context.without_render_pool(ctx)
 
 
 def _run_in_process(descriptor: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The tail tree: the partitions' tails packed together by merge nodes of bounded fan-in.
 
 Every partition sets aside the pieces of its least-filled rows (at most 32 rows, its *tail*,
-packtool/pack_tail.py) so that partition ends cost no rows. Those tails are packed together by
+packtool/pack/tail.py) so that partition ends cost no rows. Those tails are packed together by
 a tree of **merge nodes**, each reading the tails of at most `TAIL_FAN_IN` (F) children:
 
     level 0   partitions 0 .. N-1                          (tails/PPPPPP.arrow)
@@ -45,15 +45,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from packtool.dataset.shards import ShardWriter
 from packtool.engines import records
 from packtool.errors import ConfigError
-from packtool.flat_ids import rechunk
-from packtool.pack import PackCounts, pack_table
-from packtool.pack_tail import DOC_CHUNK
-from packtool.shards import ShardWriter
+from packtool.pack.chunk import PackCounts, pack_table
+from packtool.pack.flat_ids import rechunk
+from packtool.pack.tail import DOC_CHUNK
 
 if TYPE_CHECKING:
-    from packtool.engines.worker import WorkerContext
+    from packtool.engines.context import WorkerContext
 
 MERGE = "merge"
 """A descriptor's `kind` for a tail-tree node (a partition's descriptor has no `kind`)."""
@@ -63,7 +63,7 @@ max_len 2048: one process, ~0.2 s, a few tens of MB of memory) and the tree shal
 partitions: 3 levels), while each node packs as many tails together as the flat final stage
 of a 64-partition run did, so the rows it writes are as full (a small fan-in costs rows: on
 the 1,000-file test corpus, fan-in 8 keeps within 0.05 points of one chunk, fan-in 4 loses
-one row more, tests/packtool/test_engine_partitions.py). Saved in the run state: changing it
+one row more, tests/packtool/engines/test_partitions.py). Saved in the run state: changing it
 changes the dataset of a run of more than 64 partitions, not a resumed run."""
 
 

@@ -7,7 +7,7 @@ modification time, kind; for a big Parquet file its row groups' sizes) and the t
   (so many small files make few partitions; a piece never splits further);
 - an uncompressed JSON Lines file larger than the target is cut into `ceil(size / target)`
   byte ranges of equal size; a range owns the lines that *start* inside it
-  (packtool/corpus_lines.py), so every line is read by exactly one partition and nobody had to
+  (packtool/read/lines.py), so every line is read by exactly one partition and nobody had to
   read the file to find its line boundaries;
 - a Parquet file larger than the target is cut between row groups (consecutive row groups up
   to the target; a row group larger than the target is a piece of its own);
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packtool.compressed import compression_of
 from packtool.errors import ConfigError, DataError
+from packtool.read.compressed import compression_of
 
 PARTITION_SIZE = 256 << 20
 """Default target bytes per partition: big enough that per-partition costs (a process task, a
@@ -43,8 +43,8 @@ spread over workers."""
 TO_END = -1
 KINDS = ("jsonl", "json_array", "text", "parquet", "tokenized", "pretokenized", "records")
 """How a file is read: JSON Lines, one `.json` array, one text document, Parquet with a text
-column, `packtool tokenize` output, token ids made elsewhere (packtool/pretokenized.py), fine-tuning
-records (read whole: packtool/sft_encode.py)."""
+column, `packtool tokenize` output, token ids made elsewhere (packtool/read/pretokenized.py), fine-tuning
+records (read whole: packtool/sft/encode.py)."""
 PARQUET_KINDS = ("parquet", "tokenized", "pretokenized")
 
 

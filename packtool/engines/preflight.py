@@ -9,7 +9,7 @@
 2. `output_folder`: lock the output (one writer), check it, and build the new dataset in a
    staging folder beside it (or load the state of the run to resume there); swap it in only when
    complete, so a failure never harms the old dataset, and remove the staging folder of a fresh
-   run that fails, so that the corrected command needs no `--overwrite` (`packtool/output.py`).
+   run that fails, so that the corrected command needs no `--overwrite` (`packtool/dataset/output.py`).
 3. `fingerprint_of` / `check_fingerprint`: what a `--resume` must match (options, tokenizer, and
    the files `check_inputs` expanded the inputs to, with their sizes and modification times).
    The run's state itself (plan, partition records) is packtool/engines/records.py.
@@ -27,13 +27,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from packtool.columns import written
-from packtool.corpus import _json_array_file, expand_inputs, file_kind
-from packtool.engines import records
-from packtool.engines.config import RunConfig
-from packtool.errors import ConfigError, PacktoolError, WorkersLost
-from packtool.manifest import INDEX_FILE
-from packtool.output import (
+from packtool.dataset.columns import written
+from packtool.dataset.identity import TokenizerIdentity
+from packtool.dataset.manifest import INDEX_FILE
+from packtool.dataset.output import (
     OutputLock,
     OutputPaths,
     check_apart,
@@ -44,19 +41,25 @@ from packtool.output import (
     remove,
     remove_empty_parents,
 )
-from packtool.pack import check_room_for_text
-from packtool.pack_columns import check_policy
-from packtool.pieces import PRETOKENIZED, RAW, RECORDS, TOKENIZED
+from packtool.engines import records
+from packtool.engines.config import RunConfig
+from packtool.errors import ConfigError, PacktoolError, WorkersLost
+from packtool.pack.chunk import check_room_for_text
+from packtool.pack.columns import check_policy
 from packtool.prefetch import map_ordered, stat_all
-from packtool.tokenize import check_recorded_tokenizer, inputs_read
-from packtool.tokenizers import Tokenizer, TokenizerIdentity
+from packtool.read.corpus import expand_inputs
+from packtool.read.formats import file_kind
+from packtool.read.jsonl import json_array_file
+from packtool.tokenize.pieces import PRETOKENIZED, RAW, RECORDS, TOKENIZED
+from packtool.tokenize.tokenize import check_recorded_tokenizer, inputs_read
+from packtool.tokenizer.tokenizers import Tokenizer
 
 STATE_DIR = records.RUN_DIR
 """The run's state in its staging folder (packtool/engines/records.py)."""
 OLD_STATE = (".pack-state.json", ".ray-chunks")
 """What packtool before the partition engines (#13) kept there; such a run cannot be resumed."""
 UNITS = {"jsonl": "byte", "json_array": "item", "text": "file", "records": "record"}
-"""The document-id offset unit per file kind (packtool/docids.py); Parquet kinds count rows."""
+"""The document-id offset unit per file kind (packtool/read/docids.py); Parquet kinds count rows."""
 
 
 @dataclass(frozen=True)
@@ -70,14 +73,14 @@ class Checked:
     tokenized: bool
     """The inputs are read as tokenized tables (`tokenized_batches`): tokenized Parquet,
     packtool's or pre-tokenized ids (nothing is encoded), or fine-tuning records (rendered and
-    encoded by the reader, packtool/sft_encode.py)."""
+    encoded by the reader, packtool/sft/encode.py)."""
     paths: list[Path]
     """Every file the inputs expand to (`corpus.expand_inputs`), in reading order."""
     columns: tuple[str, ...] = ()
     """The optional shard columns the inputs carry (`loss_mask`), which the dataset will have."""
     mode: str = RAW
     """`raw`, `tokenized` (packtool tokenize output), `pretokenized` (ids made elsewhere) or
-    `records` (fine-tuning records: rendered, encoded and masked by the reader, sft_encode.py)."""
+    `records` (fine-tuning records: rendered, encoded and masked by the reader, packtool/sft/encode.py)."""
     mask_source: str | None = None
     """Pre-tokenized inputs: their `labels` or `loss_mask` column (None: no mask)."""
     records: bool = False
@@ -118,7 +121,7 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
     check_policy(facts.columns, config.pack.long_docs)
     recorded = None if facts.recorded is None else TokenizerIdentity.from_dict(facts.recorded)
     if tokenizer is None and recorded is None:
-        from packtool.tokenizers import load_tokenizer
+        from packtool.tokenizer.tokenizers import load_tokenizer
 
         tokenizer = load_tokenizer("byte")
     if tokenizer is not None and recorded is not None:
@@ -195,7 +198,7 @@ def _read_facts(config: RunConfig, paths: list[Path]) -> InputFacts:
     mode = TOKENIZED if recorded is not None else PRETOKENIZED if pre else RAW
     kind = None
     if sft_records:
-        from packtool.sft_inputs import sft_kind
+        from packtool.sft.inputs import sft_kind
 
         mode, kind = RECORDS, sft_kind(paths, config.read, tokenized=False)
     return InputFacts(
@@ -235,7 +238,7 @@ def _file_kinds(paths: list[Path], mode: str) -> list[str]:
 
 def _raw_kind(path: Path) -> str:
     kind = file_kind(path)
-    if kind == "jsonl" and _json_array_file(path):  # reads the file's first bytes
+    if kind == "jsonl" and json_array_file(path):  # reads the file's first bytes
         kind = "json_array"
     return kind
 
@@ -250,7 +253,7 @@ class Output:
 
     work: Path
     """The staging folder beside the output: every file of this run goes here, and it becomes
-    the output when the run completes (`packtool.output.commit`)."""
+    the output when the run completes (`packtool.dataset.output.commit`)."""
     state: dict[str, Any] | None
     """The saved plan and fingerprint of the interrupted run to resume (`records.read_plan`),
     or None for a fresh run."""
@@ -261,7 +264,7 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
     """Lock `config.out_dir`, prepare its staging folder, and swap it in when the body succeeds.
 
     The old output is untouched until the new one is complete (`index.json` written): then one
-    `packtool.output.commit` replaces it. When the body fails, the staging folder of a fresh run
+    `packtool.dataset.output.commit` replaces it. When the body fails, the staging folder of a fresh run
     is removed on a `PacktoolError` (a mistake: the corrected command is another run, which could
     not resume this one) and on any other error before a partition was recorded; it is kept, for
     `--resume`, on Ctrl-C, on other errors after a finished partition (a full disk, a lost
@@ -426,7 +429,7 @@ def _load_state(paths: OutputPaths) -> dict[str, Any]:
 def _written_by_pack(path: Path) -> bool:
     """Shards, the manifest and its list of sources, the run state (also an older packtool's),
     temporaries."""
-    from packtool.docids import SOURCES_FILE
+    from packtool.read.docids import SOURCES_FILE
 
     name = path.name
     return (

@@ -43,12 +43,12 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from packtool.engines import preflight, worker
+from packtool.engines import context, preflight, worker
 from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
 from packtool.engines.summary import PackSummary
 from packtool.errors import ConfigError, MissingDependencyError, PacktoolError
-from packtool.tokenizers import Tokenizer
+from packtool.tokenizer.tokenizers import Tokenizer
 
 
 def import_ray() -> Any:
@@ -84,7 +84,7 @@ class RayConfig:
 
 # --- on the workers: the context is unpickled once per worker process ---
 
-_CONTEXTS: dict[str, worker.WorkerContext] = {}
+_CONTEXTS: dict[str, context.WorkerContext] = {}
 
 
 def _partition_task(key: str, blob: bytes, descriptor: dict[str, Any]) -> dict[str, Any]:
@@ -93,8 +93,8 @@ def _partition_task(key: str, blob: bytes, descriptor: dict[str, Any]) -> dict[s
         ctx = pickle.loads(blob)
         if ctx.tokenizer is not None:
             ctx.tokenizer.workers = 1  # one actor per CPU: parallelism comes from the actors
-        worker.setup_process(1)
-        ctx = worker.without_render_pool(ctx)  # a Ray worker (gRPC threads) forks no pool
+        context.setup_process(1)
+        ctx = context.without_render_pool(ctx)  # a Ray worker (gRPC threads) forks no pool
         _CONTEXTS.clear()
         _CONTEXTS[key] = ctx
     return worker.run_partition(ctx, descriptor)

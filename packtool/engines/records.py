@@ -9,7 +9,7 @@ from any machine that sees the folder):
             plan.json                the fingerprint (options, tokenizer, inputs) and the plan
             parts/PPPPPP.json        one completion record per finished partition or merge node
             tails/PPPPPP.arrow       the pieces a partition or merge node set aside
-                                     (packtool/pack_tail.py, packtool/engines/merge.py)
+                                     (packtool/pack/tail.py, packtool/engines/merge.py)
 
 A partition's worker writes its shards, then its tail, then its record, each atomically (a
 temporary name unique to the writer, fsync, rename), so a record exists only for a partition
@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packtool.dataset.shards import temporary_name
 from packtool.errors import DataError, naming
-from packtool.pack import PackCounts
-from packtool.shards import temporary_name
+from packtool.pack.chunk import PackCounts
 
 RUN_DIR = ".packtool-run"
 PLAN_FILE = "plan.json"
@@ -66,7 +66,7 @@ def tail_path(work: Path, partition: int) -> Path:
 
 
 def write_tail(work: Path, unit: int, table: pa.Table) -> None:
-    """A unit's tail (pieces, packtool/pack_tail.py) as Arrow IPC, atomically."""
+    """A unit's tail (pieces, packtool/pack/tail.py) as Arrow IPC, atomically."""
     sink = pa.BufferOutputStream()
     # lz4: a tail's `source` column repeats one path per piece.
     options = pa.ipc.IpcWriteOptions(compression="lz4")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from packtool.columns import LOSS_MASK
-from packtool.pack import PackCounts
-from packtool.tokenizers import describe_tokenizer
+from packtool.dataset.columns import LOSS_MASK
+from packtool.dataset.identity import describe_tokenizer
+from packtool.pack.chunk import PackCounts
 
 
 @dataclass

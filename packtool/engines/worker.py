@@ -8,7 +8,7 @@ and however often a partition was retried.
 
 Inside a partition, documents are packed in chunks of `chunk_docs` (bounding memory), each
 chunk seeded by (partition, chunk). A chunk keeps its well-filled rows and hands the pieces of
-its least-filled rows to the next chunk (packtool/pack_tail.py), so chunk boundaries cost no
+its least-filled rows to the next chunk (packtool/pack/tail.py), so chunk boundaries cost no
 rows; what the last chunk sets aside is the partition's *tail*, which the tail tree's merge
 nodes pack together with the other partitions' (packtool/engines/merge.py; the engines run
 them through this same function, `run_partition` on a merge descriptor). Rows stream into shards of
@@ -26,63 +26,24 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from packtool import kernels
-from packtool.corpus import ReadConfig, SkipCounter
+from packtool.dataset.shards import ShardWriter
 from packtool.engines import merge, records
+from packtool.engines.context import WorkerContext
 from packtool.engines.plan import TO_END, check_unchanged
 from packtool.engines.records import read_tail
-from packtool.flat_ids import rechunk
-from packtool.pack import PackConfig, PackCounts, PackedChunk, pack_table
-from packtool.pack_tail import DOC_CHUNK, TailPolicy
-from packtool.pieces import RAW, RECORDS, FilePiece, Source, partition_tables
-from packtool.shards import ShardConfig, ShardWriter
-from packtool.tokenizer_engines import limit_threads
-from packtool.tokenizers import Tokenizer
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkerContext:
-    """Everything a partition worker needs besides its descriptor (shipped once per worker)."""
-
-    source: Source
-    pack: PackConfig
-    shards: ShardConfig
-    chunk_docs: int
-    work: str
-    """The run's staging folder (absolute; on a cluster, a path every node sees)."""
-    tokenizer: Tokenizer | None = None
-    tail: TailPolicy = TailPolicy()
-    sources_close: bool = False
-    """`--group-by source` on raw inputs: a file read to its end is a closed group (its rows
-    are not set aside: no later document can join them)."""
-    shard_threads: int = 1
-    """Threads encoding a shard's Parquet (`shards.ShardWriter`): 2 where the partition has the
-    machine to itself (the local engine running partitions one at a time in its own process)."""
-
-
-def setup_process(threads: int | None) -> None:
-    """Once per worker process: tokenizer threads for this worker's share of the cores, kernels."""
-    # The Rust engines size their thread pools at their first encode (an explicit variable wins).
-    limit_threads(threads)
-    kernels.warm_up()
-
-
-def without_render_pool(ctx: WorkerContext) -> WorkerContext:
-    """`ctx` for a worker process of a pool (local processes, Ray): chat templates render in
-    the worker itself unless --render-processes asked otherwise (a pool in each worker would
-    oversubscribe the cores the partition workers already share)."""
-    read = ctx.source.read
-    if read.sft.render_processes is not None:
-        return ctx
-    read = replace(read, sft=replace(read.sft, render_processes=0))
-    return replace(ctx, source=replace(ctx.source, read=read))
+from packtool.pack import warmup
+from packtool.pack.chunk import PackCounts, PackedChunk, pack_table
+from packtool.pack.flat_ids import rechunk
+from packtool.pack.tail import DOC_CHUNK
+from packtool.read.documents import SkipCounter
+from packtool.tokenize.pieces import FilePiece, partition_tables
 
 
 def write_chunk(writer: ShardWriter, packed: PackedChunk) -> None:
@@ -171,7 +132,7 @@ def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, A
 
     def load_kernels() -> None:
         t0 = time.perf_counter()
-        kernels.warm_up()  # ~0.3 s on a process's first call, then free
+        warmup.warm_up()  # ~0.3 s on a process's first call, then free
         state.seconds["load kernels"] += time.perf_counter() - t0
 
     def pack_and_write(table: pa.Table, c: int, carry: pa.Table | None) -> pa.Table | None:
@@ -240,26 +201,4 @@ def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, A
     return record
 
 
-def context_for(
-    source: Source,
-    *,
-    pack: PackConfig,
-    shards: ShardConfig,
-    chunk_docs: int,
-    work: Path,
-    tokenizer: Tokenizer | None,
-    read: ReadConfig,
-) -> WorkerContext:
-    """The run's `WorkerContext` (the engines build it the same way)."""
-    return WorkerContext(
-        source=source,
-        pack=pack,
-        shards=shards,
-        chunk_docs=chunk_docs,
-        work=str(work),
-        tokenizer=tokenizer if source.mode in (RAW, RECORDS) else None,
-        sources_close=pack.group_by == "source" and source.mode == RAW,
-    )
-
-
-__all__ = ["TO_END", "WorkerContext", "context_for", "rechunk", "read_tail", "run_partition"]
+__all__ = ["TO_END", "rechunk", "read_tail", "run_partition"]

@@ -202,3 +202,13 @@ def test_batch_errors():
     bad["cu_seqlens"] = bad["cu_seqlens"].long()
     with pytest.raises(ValueError, match="int32"):
         model(bad)
+
+
+def test_the_model_ignores_the_label_the_loader_writes():
+    # attention/ imports nothing of packtool (the GPU image lacks its dependencies), so it keeps
+    # its own copy of the batch contract's ignore label: the two must never differ.
+    import loader
+    from attention import model
+    from packtool.dataset.columns import IGNORE_INDEX
+
+    assert model.IGNORE_INDEX == IGNORE_INDEX == loader.IGNORE_INDEX == -100

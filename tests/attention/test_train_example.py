@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from packtool.cli import cli
+from packtool.cli.commands import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

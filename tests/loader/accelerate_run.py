@@ -1,4 +1,4 @@
-"""Run by tests/loader/test_hf_accelerate.py under `torch.distributed.run --nproc_per_node 2`:
+"""Run by tests/loader/hf/test_accelerate.py under `torch.distributed.run --nproc_per_node 2`:
 trains a tiny model with accelerate (gloo, CPU) on a PackedDataset and writes, per rank, the
 documents of every batch it trained on; then, in the same processes, runs docs/integrations.md's
 accelerate snippet in the folder given (one launch for both: start-up is most of the cost)."""

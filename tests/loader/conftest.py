@@ -32,7 +32,7 @@ def all_doc_ids(path) -> np.ndarray:
     """Every document id in the dataset (reading the shards with pyarrow, not the loader)."""
     import pyarrow.parquet as pq
 
-    from packtool.manifest import read_manifest
+    from packtool.dataset.manifest import read_manifest
 
     m = read_manifest(path)
     ids = [

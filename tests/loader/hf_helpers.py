@@ -137,7 +137,7 @@ def docs_workspace(folder: Path) -> Path:
     from click.testing import CliRunner
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from packtool.cli import cli
+    from packtool.cli.commands import cli
 
     folder.mkdir(parents=True, exist_ok=True)
     lines = (ROOT / "sample_data" / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[:40]

@@ -15,7 +15,7 @@ SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "corpus.jsonl"
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    from packtool.cli import cli
+    from packtool.cli.commands import cli
 
     out = tmp_path_factory.mktemp("e2e") / "packed"
     result = CliRunner().invoke(
@@ -38,7 +38,7 @@ def packed(tmp_path_factory):
 
 
 def test_packed_sample_data_streams_every_token_once(packed):
-    from packtool.manifest import read_manifest
+    from packtool.dataset.manifest import read_manifest
 
     manifest = read_manifest(packed)
     tokens, docs = 0, []

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from loader import OnlinePacker, PackedDataLoader, PackedDataset, StreamingPackedDataset
 from loader.collate import IGNORE_INDEX, collate
 from loader.record import Documents
-from loader.shards import ShardStore
+from loader.store.shards import ShardStore
 from loader.testing import write_dataset
 from packtool.engines.local import RunConfig, run_pack
 from packtool.errors import ConfigError, DataError
-from packtool.pack import PackConfig
-from packtool.tokenize import tokenize_corpus
+from packtool.pack.chunk import PackConfig
+from packtool.tokenize.tokenize import tokenize_corpus
 
 
 def reference_labels(tokens, lens, mask, layout):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from packtool.chat_template import GENERATION_RE
+from packtool.sft.template import GENERATION_RE
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}

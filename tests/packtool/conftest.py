@@ -3,7 +3,7 @@
 `ray_session` starts a two-node Ray cluster for the whole test session (start-up ~10 s).
 
 `packed_dataset_factory` writes Parquet shards with pyarrow and an `index.json` with
-`packtool.manifest.write_manifest`, independently of `packtool pack`, so readers (verify, inspect,
+`packtool.dataset.manifest.write_manifest`, independently of `packtool pack`, so readers (verify, inspect,
 the loader) can be tested on exact, hand-checkable data, then damaged in specific ways.
 """
 
@@ -17,7 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packtool.manifest import Manifest, ShardInfo, packed_schema, sha256_file, write_manifest
+from packtool.dataset.manifest import (
+    Manifest,
+    ShardInfo,
+    packed_schema,
+    sha256_file,
+    write_manifest,
+)
 
 Doc = tuple[int, int, int | Sequence[int]]
 """(doc_id, chunk, tokens): tokens is a list of ids, or a length (ids then derived from doc_id)."""

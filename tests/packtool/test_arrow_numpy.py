@@ -89,14 +89,14 @@ def test_strings_equals_pa_array(values):
 )
 def test_pack_path_does_not_import_pandas(tmp_path, record):
     """A whole `packtool pack` never imports pandas (~0.4 s of CPU per process): plain text and
-    fine-tuning records (their tables are built by packtool/tokenized_table.py)."""
+    fine-tuning records (their tables are built by packtool/dataset/tokenized_table.py)."""
     import json
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(record(i)) + "\n" for i in range(300)))
     code = (
         "import sys\n"
-        "from packtool.cli import main\n"
+        "from packtool.cli.commands import main\n"
         f"try:\n    main(['pack', {str(corpus)!r}, '-o', {str(tmp_path / 'out')!r}, '--max-len', '64'])\n"
         "except SystemExit as e:\n    assert not e.code, e.code\n"
         "print('pandas' in sys.modules)\n"

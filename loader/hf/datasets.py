@@ -1,0 +1,307 @@
+"""The `datasets` side of loader.hf: a model check, a `datasets` view, a row collator.
+
+Public through `loader.hf` (loader/hf/__init__.py), which also reaches the Trainer pieces
+(loader/hf/trainer.py) on first use.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from loader.collate import collate
+from loader.record import Documents
+from packtool.dataset import columns as shard_columns
+from packtool.dataset.columns import IGNORE_INDEX, LOSS_MASK, SEQ_LENGTHS, flat_parts
+from packtool.errors import ConfigError, MissingDependencyError
+
+MASK_FROM_POSITIONS = ("sdpa", "eager", "flex_attention")
+"""Attention implementations that ignore `cu_seq_lens_*`: transformers separates documents for
+them by building the mask from `position_ids`, which it does only with no attention mask and
+no cache (transformers.masking_utils._preprocess_mask_arguments)."""
+
+LABELS = "labels"
+"""TRL's per-token targets, unshifted, -100 where a token is not a target: what
+`trl.DataCollatorForLanguageModeling` (1.16) reads; it ignores `completion_mask` and
+`assistant_masks`, which SFTTrainer folds into `labels` only when it prepares the dataset."""
+
+
+def _require(module: str, extra: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(
+            f"{module} is not installed; install it with `pip install {extra}`"
+        ) from None
+
+
+# ---- the model check ----------------------------------------------------------------------
+
+
+def _unwrap(model: Any) -> Any:
+    while hasattr(model, "module") and not hasattr(model, "config"):  # DDP, accelerate wrappers
+        model = model.module
+    return model
+
+
+def _is_flash(impl: str) -> bool:
+    """Whether transformers runs `impl` through its flash-attention path (cu_seq_lens aware)."""
+    try:
+        from transformers.utils.generic import is_flash_attention_requested
+    except ImportError:  # transformers < 5: the names were flash_attention_2 / _3
+        return impl.startswith("flash_attention")
+    return is_flash_attention_requested(requested_attention_implementation=impl)
+
+
+def check_packed_model(model: Any, batch: Mapping[str, Any] | None = None) -> str:
+    """Refuse a transformers model (and batch) that would let packed documents see each other.
+
+    Args:
+        model: A `transformers.PreTrainedModel` (DDP / accelerate wrappers are unwrapped).
+        batch: The batch about to be passed as `model(**batch)`; also checks its keys (an
+            `attention_mask`, missing `position_ids`, a `use_cache` key).
+
+    Returns:
+        How the model separates documents: `"cu_seq_lens"` (flash attention varlen kernels) or
+        `"position_ids"` (a mask built from the restarting positions).
+
+    Raises:
+        ConfigError: One line: why documents would attend across their boundaries, and the fix.
+    """
+    model = _unwrap(model)
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    if config is None:
+        raise ConfigError(
+            f"{type(model).__name__} is not a transformers model (no .config); packtool's own "
+            "attention.Transformer takes the packtool batch and needs no check"
+        )
+    name = f"attn_implementation={impl!r}"
+    forward = inspect.signature(model.forward).parameters
+    if "position_ids" not in forward:
+        raise ConfigError(
+            f"{type(model).__name__}.forward takes no position_ids, so positions run across the "
+            "packed documents; use an architecture whose forward takes position_ids"
+        )
+    batch = batch if batch is not None else {}
+    if batch.get("attention_mask") is not None:
+        raise ConfigError(
+            "the batch holds an attention_mask: transformers then reads each row as one sequence "
+            "and its documents attend to each other; drop it (packtool's layout='hf' batches have "
+            "none and separate documents with position_ids and cu_seq_lens)"
+        )
+    if impl is not None and _is_flash(impl):
+        if batch and "cu_seq_lens_q" not in batch and "position_ids" not in batch:
+            raise ConfigError(
+                f"{name} needs cu_seq_lens_q/k or position_ids in the batch to separate documents; "
+                "use PackedDataset(..., layout='hf') batches"
+            )
+        return "cu_seq_lens"
+    if impl not in MASK_FROM_POSITIONS:
+        raise ConfigError(
+            f"{name} uses neither cu_seq_lens nor packed position_ids, so documents would attend "
+            "to each other; load the model with attn_implementation='sdpa' (or 'flash_attention_2' "
+            "on CUDA)"
+        )
+    if batch and batch.get("position_ids") is None:
+        raise ConfigError(
+            f"{name} separates documents only by their position_ids, and the batch has none; use "
+            "PackedDataset(..., layout='hf') batches"
+        )
+    use_cache = batch["use_cache"] if "use_cache" in batch else getattr(config, "use_cache", False)
+    checkpointing = getattr(model, "is_activation_checkpointing", None)
+    if checkpointing is None:  # transformers < 5.x
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    if use_cache and checkpointing and model.training and torch.is_grad_enabled():
+        use_cache = False  # what transformers does (utils.generic.merge_with_config_defaults)
+    if use_cache:
+        raise ConfigError(
+            f"{name} ignores cu_seq_lens and separates documents only when no KV cache is made, "
+            "but use_cache is on, so documents would attend to each other; set "
+            "model.config.use_cache = False (Trainer does; a plain loop must) or pass "
+            "use_cache=False"
+        )
+    return "position_ids"
+
+
+# ---- datasets -------------------------------------------------------------------------------
+
+
+def seq_lengths_table(doc_offsets: Any) -> Any:
+    """`seq_lengths` (list<int32>, one length per document) of an Arrow `doc_offsets` column.
+
+    The declared rule of the shard column (`packtool.dataset.columns.piece_lengths`), vectorised.
+    """
+    parts = {"doc_offsets": flat_parts(doc_offsets)}
+    if len(parts["doc_offsets"][0]) > 1 and np.diff(parts["doc_offsets"][0]).min() < 1:
+        raise ConfigError("a row has an empty doc_offsets list; the dataset is damaged")
+    return shard_columns.get(SEQ_LENGTHS).derive(parts)
+
+
+def labels_table(input_ids: Any, loss_mask: Any, doc_offsets: Any) -> Any:
+    """TRL's `labels` (list<int32>) from Arrow columns: each token's id where `loss_mask` is 1,
+    -100 where it is 0 and at every document's first token (nothing predicts it), i.e. the
+    `labels` of a `layout="hf"` batch of those rows. Vectorised over the rows."""
+    import pyarrow as pa
+
+    ids_off, ids = flat_parts(input_ids)
+    mask_off, mask = flat_parts(loss_mask)  # a binary value per row (its storage) or a list
+    doc_off, docs = flat_parts(doc_offsets)
+    if not np.array_equal(ids_off, mask_off):
+        raise ConfigError("a row's loss_mask is not as long as its input_ids; run packtool verify")
+    labels = np.where(mask != 0, ids.astype(np.int32), np.int32(IGNORE_INDEX))
+    # Every offset but each row's last is a document's first token, at row start + offset.
+    entries = np.diff(doc_off)
+    row_of = np.repeat(np.arange(len(entries)), entries)
+    last = np.zeros(len(docs), dtype=bool)
+    last[doc_off[1:][entries > 0] - 1] = True
+    labels[(ids_off[row_of] + docs)[~last]] = IGNORE_INDEX
+    return pa.ListArray.from_arrays(pa.array(ids_off.astype(np.int32)), pa.array(labels))
+
+
+def _list_of(datasets: Any, dtype: str) -> Any:
+    # datasets 4 renamed Sequence (which it keeps as a deprecated alias) to List.
+    return getattr(datasets, "List", datasets.Sequence)(datasets.Value(dtype))
+
+
+def _view_columns(table: Any, *, lengths: bool, labels: bool) -> Any:
+    """The columns `hf_dataset` adds to some rows: `seq_lengths` and/or `labels`."""
+    import pyarrow as pa
+
+    out = {}
+    if lengths:
+        out[SEQ_LENGTHS] = seq_lengths_table(table.column("doc_offsets"))
+    if labels:
+        out[LABELS] = labels_table(
+            table.column("input_ids"), table.column(LOSS_MASK), table.column("doc_offsets")
+        )
+    return pa.table(out)
+
+
+def _with_view_columns(table: Any, *, lengths: bool, labels: bool) -> Any:
+    extra = _view_columns(table, lengths=lengths, labels=labels)
+    for name in extra.column_names:
+        table = table.append_column(name, extra.column(name))
+    return table
+
+
+def hf_dataset(
+    path: str | os.PathLike,
+    *,
+    streaming: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    num_proc: int | None = None,
+) -> Any:
+    """The packed rows as a Hugging Face dataset TRL takes as already packed.
+
+    Reads exactly the shards `index.json` lists (in its order) with `datasets`' Parquet
+    builder. Rows carry `seq_lengths` (each row's document lengths, TRL's packed format): stored
+    by `packtool pack`, or computed from `doc_offsets` for datasets packed before it was. With a
+    loss mask they also carry `labels` (the id where the mask is 1, -100 elsewhere and at each
+    document's first token), which TRL trains on instead of every token. Pass it to
+    `trl.SFTTrainer` with `SFTConfig(padding_free=True, max_length=None,
+    dataset_kwargs={"skip_prepare_dataset": True})`, or to a plain `Trainer` with
+    `data_collator=RowCollator()`.
+
+    Args:
+        path: A `packtool pack` output folder.
+        streaming: Return a `datasets.IterableDataset` (nothing converted or cached; what is
+            added is computed as rows stream).
+        cache_dir: `datasets`' cache folder (default: its own).
+        num_proc: Processes for computing what is added (non-streaming).
+
+    Raises:
+        DataError: A missing or damaged `index.json`.
+        MissingDependencyError: `datasets` is not installed.
+    """
+    from functools import partial
+
+    from packtool.dataset.manifest import read_manifest
+
+    datasets = _require("datasets", "packtool[hf]")
+    manifest = read_manifest(path)
+    files = [os.path.join(os.fspath(path), s.file) for s in manifest.shards]
+    kwargs: dict[str, Any] = {"data_files": {"train": files}, "split": "train"}
+    if cache_dir is not None and not streaming:
+        kwargs["cache_dir"] = os.fspath(cache_dir)
+    ds = datasets.load_dataset("parquet", streaming=streaming, **kwargs)
+    columns = ds.column_names if not streaming else list(ds.features or {})
+    lengths = SEQ_LENGTHS not in columns
+    labels = LOSS_MASK in columns and LABELS not in columns
+    if not (lengths or labels):
+        return ds
+    add = {"lengths": lengths, "labels": labels}
+    if streaming:
+        added = ds.with_format("arrow").map(partial(_with_view_columns, **add), batched=True)
+        return added.with_format(None)
+    # Only the new columns are written to the cache (4 bytes a document for seq_lengths, 4 a
+    # token for labels); the rows are joined to them side by side without a copy of the tokens.
+    inputs = ["doc_offsets", *(["input_ids", LOSS_MASK] if labels else [])]
+    features = {SEQ_LENGTHS: _list_of(datasets, "int32")} if lengths else {}
+    if labels:
+        features[LABELS] = _list_of(datasets, "int32")
+    added = (
+        ds.select_columns(inputs)
+        .with_format("arrow")
+        .map(
+            partial(_view_columns, **add),
+            batched=True,
+            batch_size=4096 if not labels else 256,
+            remove_columns=inputs,
+            num_proc=num_proc,
+            features=datasets.Features(features),
+            desc=f"{' and '.join(features)} from the shards",
+        )
+        .with_format(None)
+    )
+    return datasets.concatenate_datasets([ds, added], axis=1)
+
+
+class RowCollator:
+    """Rows of `hf_dataset` (`input_ids` with `seq_lengths` or `doc_offsets`) -> one batch.
+
+    The batch is `loader.collate(..., layout="hf")`: the rows' documents back to back, positions
+    restarting per document, `cu_seq_lens_q/k`, labels -100 at each document's first token; the
+    same as `PackedDataset(..., layout="hf")` gives for those rows. With `Trainer`, set
+    `TrainingArguments(remove_unused_columns=False)`: it would otherwise drop the lengths.
+    """
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        if not features:
+            raise ConfigError("RowCollator got no rows")
+        first = features[0]
+        if SEQ_LENGTHS in first:
+            lens = [np.asarray(f[SEQ_LENGTHS], dtype=np.int64) for f in features]
+        elif "doc_offsets" in first:
+            lens = [np.diff(np.asarray(f["doc_offsets"], dtype=np.int64)) for f in features]
+        else:
+            raise ConfigError(
+                f"rows have no {SEQ_LENGTHS} or doc_offsets (only {sorted(first)}), so their "
+                "documents cannot be told apart; if Trainer removed them, set "
+                "TrainingArguments(remove_unused_columns=False)"
+            )
+        tokens = np.concatenate([np.asarray(f["input_ids"], dtype=np.int64) for f in features])
+        doc_lens = np.concatenate(lens)
+        if int(doc_lens.sum()) != len(tokens) or (len(doc_lens) and doc_lens.min() < 1):
+            raise ConfigError("the rows' document lengths do not add up to their input_ids")
+        ids = np.full(len(doc_lens), -1, dtype=np.int64)
+        columns = {}
+        if LOSS_MASK in first:
+            # Stored as one byte string per row (packtool/dataset/columns.py); lists are accepted too.
+            columns[LOSS_MASK] = np.concatenate([_mask_values(f[LOSS_MASK]) for f in features])
+            if len(columns[LOSS_MASK]) != len(tokens):
+                raise ConfigError("the rows' loss_mask is not as long as their input_ids")
+        return collate(Documents(tokens, doc_lens, ids, columns), layout="hf")
+
+
+def _mask_values(value: Any) -> np.ndarray:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return np.frombuffer(value, dtype=np.uint8)
+    return np.asarray(value, dtype=np.uint8)

@@ -1,0 +1,242 @@
+"""`transformers.Trainer` on a `PackedDataset`: epochs reshuffled, mid-epoch resume exact.
+
+Imported on first use (`from loader.hf import PackedTrainer`); imports transformers.
+
+How Trainer drives a train loader (transformers 5.x, `Trainer._run_epoch`): each epoch it calls
+`loader.set_epoch(epoch)` and iterates it. Resuming from a checkpoint at global step g, it takes
+`epoch = g // U` and `k = (g % U) * gradient_accumulation_steps` (U = optimizer steps per epoch,
+from `len(loader)`), and for that epoch iterates `accelerate.skip_first_batches(loader, k)`
+instead: a new loader over `loader.dataset` that reads k batches and drops them, and that has no
+`set_epoch` (so a plain loader would replay epoch 0's order, and pay for decoding k batches).
+
+`TrainerLoader` makes that path exact and cheap: its `dataset` is a view that first yields k
+empty `SkippedBatch` placeholders (what the skip drops) and then the `PackedDataLoader`'s
+batches, which `PackedDataset.seek(epoch, k)` has already placed at step k of the right epoch
+(`_PackedEpochs.on_train_begin`, from the same arithmetic). `PackedTrainerMixin.training_step`
+refuses a placeholder and checks that the first batch trained after the resume is the view's
+first real one, so a skip count that ever disagreed would fail loudly instead of silently
+dropping or repeating data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset
+from transformers import Trainer, TrainerCallback
+
+from loader.hf.datasets import check_packed_model
+from loader.packed.dataloader import PackedDataLoader
+from loader.packed.dataset import PackedDataset
+from packtool.errors import ConfigError
+
+
+class SkippedBatch(dict):
+    """A placeholder the resume skip drops; training on one is a bug (refused)."""
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+class _SkipView(IterableDataset):
+    """What `accelerate.skip_first_batches` wraps: placeholders, then the real batches."""
+
+    def __init__(self, owner: TrainerLoader) -> None:
+        self.owner = owner
+        self.placeholders = 0
+        self.first_real: dict | None = None
+
+    def __iter__(self) -> Iterator[dict]:
+        for _ in range(self.placeholders):
+            yield SkippedBatch()
+        self.placeholders = 0
+        for i, batch in enumerate(self.owner.loader):
+            if i == 0:
+                self.first_real = batch
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.owner)
+
+
+class TrainerLoader:
+    """The train loader `PackedTrainerMixin` hands to Trainer (wraps a `PackedDataLoader`).
+
+    Has what Trainer and `accelerate.skip_first_batches` read: `len`, `set_epoch`, `dataset`
+    (the skip view), `batch_size=None`, `drop_last`, `collate_fn`; `state_dict` /
+    `load_state_dict` are the `PackedDataLoader`'s.
+    """
+
+    batch_size = None
+    drop_last = False
+    num_workers = 0  # the skip view runs in the trainer; the PackedDataLoader has the workers
+    collate_fn = staticmethod(_identity)
+    pin_memory = False
+    prefetch_factor = None
+    persistent_workers = False
+
+    def __init__(self, loader: PackedDataLoader) -> None:
+        self.loader = loader
+        self.packed: PackedDataset = loader.dataset
+        self.dataset = _SkipView(self)
+        self.steps = self.packed.plan(0).num_steps
+
+    def __iter__(self) -> Iterator[dict]:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def resume(self, epoch: int, skip: int) -> None:
+        """Place the stream at step `skip` of `epoch`, and let the skip drop placeholders."""
+        self.packed.seek(epoch, skip)
+        self.dataset.placeholders = skip
+        self.dataset.first_real = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+
+def _check_dataset(ds: Any, args: Any, role: str) -> None:
+    if not isinstance(ds, PackedDataset):
+        return
+    c = ds.config
+    if c.layout != "hf":
+        raise ConfigError(
+            f"the {role} PackedDataset gives layout={c.layout!r} batches; transformers models "
+            "take layout='hf' (PackedDataset(..., layout='hf'))"
+        )
+    if role == "train" and c.rows_per_batch is None:
+        raise ConfigError(
+            "Trainer counts every epoch as len(loader) steps, but with tokens_per_batch the "
+            "number of steps changes from epoch to epoch; use rows_per_batch"
+        )
+    if (ds.rank, ds.world_size) != (args.process_index, args.world_size):
+        raise ConfigError(
+            f"the {role} PackedDataset was made for rank {ds.rank} of {ds.world_size} but this "
+            f"Trainer process is rank {args.process_index} of {args.world_size}; make it after "
+            "TrainingArguments, or pass rank=args.process_index, world_size=args.world_size"
+        )
+
+
+def _loader_kwargs(args: Any) -> dict[str, Any]:
+    workers = args.dataloader_num_workers
+    kwargs: dict[str, Any] = {
+        "num_workers": workers,
+        "pin_memory": args.dataloader_pin_memory and torch.cuda.is_available(),
+        "persistent_workers": args.dataloader_persistent_workers,
+    }
+    if workers > 0:
+        if args.dataloader_prefetch_factor is not None:
+            kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
+        if args.dataloader_multiprocessing_context is not None:
+            kwargs["multiprocessing_context"] = args.dataloader_multiprocessing_context
+    return kwargs
+
+
+class _PackedEpochs(TrainerCallback):
+    """Checks the model, and on a resume places the loader where Trainer will continue."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        check_packed_model(trainer.model)
+        loader = kwargs.get("train_dataloader")
+        if not isinstance(loader, TrainerLoader) or state.global_step == 0:
+            return
+        # transformers.Trainer._init_training_state / set_initial_training_values.
+        ga = args.gradient_accumulation_steps
+        per_epoch = max(len(loader) // ga + int(len(loader) % ga > 0), 1)
+        epoch = state.global_step // per_epoch
+        skip = 0 if args.ignore_data_skip else (state.global_step % per_epoch) * ga
+        loader.resume(epoch, skip)
+        trainer._packed_expect_first = skip > 0
+
+
+class PackedTrainerMixin:
+    """Mix into a `transformers.Trainer` subclass to train on a `PackedDataset` (layout="hf").
+
+    The train loader is a `PackedDataLoader` (workers, pinning and prefetch from
+    `TrainingArguments.dataloader_*`); each epoch is the dataset's own permutation of that
+    epoch, and `resume_from_checkpoint` continues the token stream exactly. The batch size is
+    the dataset's (`rows_per_batch`); `per_device_train_batch_size` is not used. The model is
+    checked (`check_packed_model`) at init and when training starts. A `PackedDataset` given as
+    `eval_dataset` is read in stored order by a `PackedDataLoader` too.
+
+    Raises:
+        ConfigError: The dataset is not `layout="hf"`, uses `tokens_per_batch` (Trainer needs the
+            same number of steps every epoch), or was made for another rank; or the model
+            would attend across documents.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _check_dataset(self.train_dataset, self.args, "train")
+        evals = (
+            self.eval_dataset if isinstance(self.eval_dataset, dict) else {"": self.eval_dataset}
+        )
+        for ds in evals.values():
+            _check_dataset(ds, self.args, "eval")
+        if getattr(self, "get_sp_size", lambda: 1)() > 1:
+            raise ConfigError("PackedTrainer does not support sequence parallelism (sp_size > 1)")
+        check_packed_model(self.model)  # after Trainer set use_cache from TrainingArguments
+        self._packed_expect_first = False
+        self.add_callback(_PackedEpochs(self))
+
+    def get_train_dataloader(self) -> Any:
+        ds = self.train_dataset
+        if not isinstance(ds, PackedDataset):
+            return super().get_train_dataloader()
+        return TrainerLoader(PackedDataLoader(ds, **_loader_kwargs(self.args)))
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        ds = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(ds, str):
+            ds = self.eval_dataset[ds]
+        if not isinstance(ds, PackedDataset):
+            return super().get_eval_dataloader(eval_dataset)
+        _check_dataset(ds, self.args, "eval")
+        return PackedDataLoader(ds, **_loader_kwargs(self.args))
+
+    def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if isinstance(inputs, SkippedBatch):
+            raise RuntimeError(
+                "Trainer trained on a placeholder that its resume skip should have dropped: it "
+                "skipped fewer batches than packtool computed from the checkpoint's global step"
+            )
+        if self._packed_expect_first:
+            self._packed_expect_first = False
+            view = self.callback_handler.train_dataloader.dataset
+            first = view.first_real
+            ids = first["input_ids"] if first is not None else None
+            if ids is None or not torch.equal(ids, inputs["input_ids"].to(ids.device)):
+                raise RuntimeError(
+                    "the first batch trained after the resume is not the one packtool placed "
+                    "there: Trainer skipped more batches than packtool computed from the "
+                    "checkpoint's global step"
+                )
+        return super().training_step(model, inputs, *args, **kwargs)
+
+
+class PackedTrainer(PackedTrainerMixin, Trainer):
+    """`transformers.Trainer` with `PackedTrainerMixin`."""
+
+
+class CheckPackedModel(TrainerCallback):
+    """A callback for any Trainer (e.g. `trl.SFTTrainer`): `check_packed_model` when training
+    starts, after Trainer has applied `TrainingArguments.use_cache`."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None:
+            check_packed_model(model)

@@ -1,0 +1,332 @@
+"""`StreamingPackedDataset`: online-packed varlen batches from tokenized Parquet, exactly once.
+
+No offline packing step: documents are read from tokenized Parquet (`packtool tokenize`) and
+packed on the fly by `loader.online.packer.OnlinePacker`, so a change of the data mixture needs no
+re-pack. A `loss_mask` column (tokenized from labels or a mask) comes along and sets the
+batches' labels; the packer's `long_docs` must then be `truncate` or `drop`.
+
+Sharding: there are `world_size × num_workers` slots; slot `rank × num_workers + worker` takes
+the documents whose global index (position in the sorted inputs) is `slot` modulo the slot count
+(`shard_by="document"`), or the whole row groups whose global index is (`shard_by="row_group"`:
+reads only its own row groups; even only when there are many more row groups than slots). Every
+document goes to exactly one slot; each slot packs its own stream, so the rows depend on the
+number of slots (not on timing). With `drop_last=False` every token comes out exactly once (or is
+counted as truncated/dropped by the long-document policy).
+
+Resume: `state_dict()` holds the next row group, the packer's buffer (tokens included), packed rows
+not yet batched and the counters; `load_state_dict()` continues exactly, so the stream before and
+after a restart equals an uninterrupted run. It follows the torchdata `StatefulDataLoader`
+protocol (one state per worker, restored in the same worker); in the main process
+(`num_workers=0`) load the dataset's own state before iterating.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from torch.utils.data import IterableDataset, get_worker_info
+
+from loader.config import OnlineConfig, dist_rank_world, make_config
+from loader.online.packer import OnlinePacker
+from loader.online.rows import PackedRows, RowBatcher
+from loader.online.state import (
+    StateCheck,
+    check_packer_state,
+    check_rows_state,
+    config_state,
+    settings_diff,
+)
+from packtool.dataset.tokenized import common_identity, common_optional, tokenized_meta
+from packtool.errors import ConfigError, DataError
+from packtool.storage.local import expand
+
+STATE_VERSION = 1
+_LIVE_KEYS = frozenset(("slot", "n_slots", "next_group", "done", "packer", "pending", "ready"))
+"""What a mid-stream state holds besides version, key, epoch and start."""
+SHARD_BY = ("document", "row_group")
+
+
+class StreamingPackedDataset(IterableDataset):
+    """Varlen batches (the loader batch dict) packed on the fly from tokenized Parquet.
+
+    Args:
+        inputs: Tokenized Parquet files, folders or globs (`packtool tokenize` output).
+        config: Packing settings (`OnlineConfig`); or give them as keyword arguments
+            (`max_len=4096`, `buffer_docs=10_000`, ...).
+        rows_per_batch: Packed rows per batch (exactly one of this and `tokens_per_batch`).
+        tokens_per_batch: Token budget per batch: rows are added while it holds.
+        drop_last: Drop each slot's incomplete last batch.
+        rank: This data-parallel rank (default: torch.distributed's, else 0).
+        world_size: Data-parallel ranks (default: torch.distributed's, else 1).
+        shard_by: `document` (index modulo slots) or `row_group`.
+        collate_kwargs: Passed to `loader.collate` (e.g. `layout="hf"`).
+
+    Call `set_epoch(e)` before each epoch; the epoch seeds the row order.
+
+    Raises:
+        DataError: an input is not tokenized Parquet, or the inputs used different tokenizers.
+        ConfigError: invalid settings.
+    """
+
+    def __init__(
+        self,
+        inputs: Iterable[str | os.PathLike],
+        config: OnlineConfig | None = None,
+        *,
+        rows_per_batch: int | None = None,
+        tokens_per_batch: int | None = None,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        shard_by: str = "document",
+        collate_kwargs: dict[str, Any] | None = None,
+        **settings: Any,
+    ) -> None:
+        super().__init__()
+        config = make_config(OnlineConfig, settings, config)
+        if config.buffer_seconds is not None:
+            raise ConfigError("a training stream must be reproducible: leave buffer_seconds unset")
+        if shard_by not in SHARD_BY:
+            raise ConfigError(f"shard_by {shard_by!r} is unknown; choose one of {list(SHARD_BY)}")
+        RowBatcher(rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch)  # validates
+        self.config = config
+        self.rows_per_batch = rows_per_batch
+        self.tokens_per_batch = tokens_per_batch
+        self.drop_last = drop_last
+        self.shard_by = shard_by
+        self.collate_kwargs = dict(collate_kwargs or {})
+        self.rank, self.world_size = dist_rank_world(rank, world_size)
+        if isinstance(inputs, (str, os.PathLike)):
+            inputs = [inputs]
+        self.paths = expand(inputs, (".parquet",), "tokenized Parquet (.parquet)")
+        if not self.paths:
+            raise DataError("no input files: give tokenized Parquet files, folders or globs")
+        tokenized = []
+        for p in self.paths:
+            meta = tokenized_meta(p)
+            if meta is None:
+                raise DataError(f"{p}: not tokenized Parquet; run `packtool tokenize` first")
+            tokenized.append((p, meta))
+        self.identity = common_identity(tokenized)
+        self.columns = common_optional(tokenized)
+        """The optional columns (`loss_mask`) the documents carry; files that differ are refused."""
+        self._read_columns = ["doc_id", "input_ids", *self.columns]
+        # the global row-group table: (file index, row group, first global document index)
+        groups: list[tuple[int, int, int, int]] = []
+        first = 0
+        for f, p in enumerate(self.paths):
+            meta = pq.ParquetFile(p).metadata
+            for g in range(meta.num_row_groups):
+                n = meta.row_group(g).num_rows
+                groups.append((f, g, first, n))
+                first += n
+        self.groups = groups
+        self.num_documents = first
+        self.epoch = 0
+        self._resume: dict[str, Any] | None = None
+        self._live: dict[str, Any] | None = None  # the running iterator's objects, for state_dict
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration delivers (the epoch seeds the row order).
+
+        A resume point loaded for this epoch is kept; one for another epoch is dropped (its
+        buffer holds that epoch's documents in that epoch's order).
+        """
+        epoch = int(epoch)
+        if self._resume is not None and int(self._resume["epoch"]) != epoch:
+            self._resume = None
+        if self._live is not None and self._live["epoch"] != epoch:
+            self._live = None  # state_dict() now describes the start of the new epoch
+        self.epoch = epoch
+
+    # ---- iteration --------------------------------------------------------------------------
+
+    def _slot(self) -> tuple[int, int]:
+        info = get_worker_info()
+        worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        return self.rank * n_workers + worker, self.world_size * n_workers
+
+    def __iter__(self) -> Iterator[dict]:
+        slot, n_slots = self._slot()
+        packer = OnlinePacker(self.config, seed_key=(self.epoch, slot, n_slots))
+        batcher = RowBatcher(
+            rows_per_batch=self.rows_per_batch, tokens_per_batch=self.tokens_per_batch
+        )
+        live = {
+            "slot": slot,
+            "n_slots": n_slots,
+            "epoch": self.epoch,
+            "next_group": 0,
+            "packer": packer,
+            "batcher": batcher,
+            "ready": [],
+            "done": False,
+        }
+        if self._resume is not None:
+            state, self._resume = self._resume, None
+            self._restore(live, state)
+        self._live = live
+        return self._generate(live)
+
+    def _emit(self, rows: PackedRows) -> Any:
+        """What the stream yields for one batch of packed rows: the batch dict (a mixture's
+        source yields the rows' `Documents` instead, loader/mixture/sources.py)."""
+        return rows.collate(**self.collate_kwargs)
+
+    def _generate(self, live: dict[str, Any]) -> Iterator[dict]:
+        packer: OnlinePacker = live["packer"]
+        batcher: RowBatcher = live["batcher"]
+        files: dict[int, pq.ParquetFile] = {}
+        slot, n_slots = live["slot"], live["n_slots"]
+        while True:
+            while live["ready"]:
+                yield self._emit(live["ready"].pop(0))
+            if live["done"]:
+                return
+            g = live["next_group"]
+            if g >= len(self.groups):
+                packer.flush(final=True)
+                batcher.add(packer.pop())
+                live["ready"] = list(batcher.ready(final=not self.drop_last))
+                batcher.pending = PackedRows.concat([])
+                live["done"] = True
+                continue
+            live["next_group"] = g + 1
+            f, rg, first, n = self.groups[g]
+            if self.shard_by == "row_group":
+                if g % n_slots != slot:
+                    continue
+                take = None
+            else:
+                # documents first..first+n-1; ours: index ≡ slot (mod n_slots)
+                start = (slot - first) % n_slots
+                if start >= n:
+                    continue
+                take = np.arange(start, n, n_slots)
+            try:
+                if f not in files:
+                    files[f] = pq.ParquetFile(self.paths[f])
+                table = files[f].read_row_group(rg, columns=self._read_columns)
+            except (OSError, pa.ArrowException) as exc:
+                raise DataError(
+                    f"{self.paths[f]}: row group {rg} unreadable ({exc}); the file changed or is "
+                    "damaged since the dataset was opened"
+                ) from None
+            if take is not None:
+                table = table.take(take)
+            packer.push_table(table)
+            batcher.add(packer.pop())
+            live["ready"] = list(batcher.ready())
+
+    # ---- resume -----------------------------------------------------------------------------
+
+    def _key(self) -> dict[str, Any]:
+        return {
+            "files": [Path(p).name for p in self.paths],
+            "documents": self.num_documents,
+            "config": config_state(self.config),
+            "rows_per_batch": self.rows_per_batch,
+            "tokens_per_batch": self.tokens_per_batch,
+            "drop_last": self.drop_last,
+            "shard_by": self.shard_by,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this copy of the dataset stands, buffer contents included (after the last batch
+        it yielded). Before any iteration: the start of the current epoch."""
+        live = self._live
+        if live is None:
+            return {
+                "version": STATE_VERSION,
+                "key": self._key(),
+                "epoch": self.epoch,
+                "start": True,
+            }
+        return {
+            "version": STATE_VERSION,
+            "key": self._key(),
+            "start": False,
+            "epoch": live["epoch"],
+            "slot": live["slot"],
+            "n_slots": live["n_slots"],
+            "next_group": live["next_group"],
+            "done": live["done"],
+            "packer": live["packer"].state_dict(),
+            "pending": live["batcher"].pending.to_state(),
+            "ready": [r.to_state() for r in live["ready"]],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()` at the next iteration (same inputs and settings).
+
+        Raises:
+            DataError: the state belongs to other inputs or settings, is not a state of this
+                class, or is damaged (every part is checked here, the packer's and the packed
+                rows' included, before any of it is used).
+        """
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise DataError("not a StreamingPackedDataset state")
+        check = StateCheck("StreamingPackedDataset")
+        check.dict_(state, "", ("key", "epoch", "start"))
+        check.dict_(state["key"], "key", ())
+        check.int_(state["epoch"], "epoch", None)
+        if not check.bool_(state["start"], "start"):
+            self._check_live(check, state)
+        diff = settings_diff(state["key"], self._key())
+        if diff:
+            raise DataError(
+                f"the state was saved with other inputs or settings ({', '.join(diff)}); resume "
+                "with the same files, packing and batch settings, rank and world size"
+            )
+        self.epoch = int(state["epoch"])
+        self._resume = None if state["start"] else state
+        self._live = None
+
+    def _check_live(self, check: StateCheck, state: dict[str, Any]) -> None:
+        """Every part of a mid-stream state, before any of it is used."""
+        check.dict_(state, "", sorted(_LIVE_KEYS))
+        n_slots = check.int_(state["n_slots"], "n_slots", 1)
+        if check.int_(state["slot"], "slot") >= n_slots:
+            raise check.fail("slot", f"is {state['slot']!r}, not below n_slots {n_slots}")
+        group = check.int_(state["next_group"], "next_group", None)
+        if not 0 <= group <= len(self.groups):
+            # A wrong position would re-read or skip row groups without a word.
+            raise DataError(
+                f"the state resumes at row group {group} but the inputs have "
+                f"{len(self.groups)}; the checkpoint is damaged"
+            )
+        check.bool_(state["done"], "done")
+        check_packer_state(state["packer"], self.config, owner=check.owner, at="packer.")
+        check_rows_state(state["pending"], owner=check.owner, path="pending", with_tokens=True)
+        if not isinstance(state["ready"], list):
+            raise check.fail("ready", f"is {state['ready']!r}, not a list")
+        for i, rows in enumerate(state["ready"]):
+            check_rows_state(rows, owner=check.owner, path=f"ready[{i}]", with_tokens=True)
+
+    def _restore(self, live: dict[str, Any], state: dict[str, Any]) -> None:
+        if (state["slot"], state["n_slots"]) != (live["slot"], live["n_slots"]):
+            raise DataError(
+                f"the state belongs to slot {state['slot']} of {state['n_slots']} (rank × worker) "
+                f"but this is slot {live['slot']} of {live['n_slots']}; resume with the same "
+                "number of workers"
+            )
+        live["epoch"] = state["epoch"]
+        live["next_group"] = state["next_group"]
+        live["done"] = state["done"]
+        live["packer"]._set_state(state["packer"])  # checked by load_state_dict (_check_live)
+        live["batcher"].pending = PackedRows.from_state(state["pending"])
+        live["ready"] = [PackedRows.from_state(r) for r in state["ready"]]
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The running packer's counters (this process / worker)."""
+        live = self._live
+        return {} if live is None else live["packer"].stats

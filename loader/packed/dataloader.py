@@ -1,0 +1,155 @@
+"""`PackedDataLoader`: a plain torch DataLoader over a `PackedDataset` that keeps its own state.
+
+The main process counts the batches it hands out; since batches arrive in global-step order, that
+count is the resume point, independent of how many workers produced them. Use it, or torchdata's
+`StatefulDataLoader(ds, batch_size=None, ...)` (same number of workers on resume, or load its
+state into the dataset, which accepts it whatever the worker count).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, get_worker_info
+
+from loader.order.steps import EpochPlan
+from loader.packed.dataset import CHUNK, PackedDataset
+from loader.packed.transport import CompactBatch, Ring
+
+
+class _WorkerInit:
+    """worker_init_fn: hands the ring to this worker's copy of the dataset, then the user's fn."""
+
+    def __init__(self, ring: Ring, user_fn: Callable[[int], None] | None) -> None:
+        self.ring = ring
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        get_worker_info().dataset._worker_ring = self.ring
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
+class PackedDataLoader(DataLoader):
+    """A DataLoader whose `state_dict()` resumes the stream exactly where it stopped.
+
+    Args:
+        dataset: The dataset (it yields whole batches, so `batch_size=None`).
+        num_workers: Worker processes (0: load in the main process).
+        persistent_workers: Keep workers between epochs.
+        **kwargs: Passed to `torch.utils.data.DataLoader` (pin_memory, prefetch_factor, ...).
+
+    With `pin_memory=True` the expanded batch is allocated pinned (when CUDA is available).
+    """
+
+    def __init__(
+        self,
+        dataset: PackedDataset,
+        *,
+        num_workers: int = 0,
+        persistent_workers: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            dataset,
+            batch_size=None,
+            num_workers=num_workers,
+            persistent_workers=persistent_workers and num_workers > 0,
+            **kwargs,
+        )
+        self._packed: PackedDataset = dataset
+        self._user_worker_init = self.worker_init_fn
+        self._ring: Ring | None = None
+        # (epoch, origin, consumed steps, plan) after the last batch handed out: the state dict
+        # is built on request only. It holds while the dataset's generation is the one seen when
+        # this iteration began (no set_epoch / load_state_dict since); otherwise, and before the
+        # first iteration (None), the dataset's pending start is the position.
+        self._position: tuple[int, int, int, EpochPlan] | None = None
+        self._generation: int | None = None
+
+    def _new_ring(self, plan: EpochPlan) -> Ring:
+        ds = self._packed
+        # A worker can have its in-flight items (CHUNK batches each) plus one block waiting for
+        # earlier blocks.
+        in_flight = ((self.prefetch_factor or 2) * self.num_workers + 2) * CHUNK
+        block = ds.block_steps(plan) if self.num_workers > 1 else 0
+        return Ring(
+            num_workers=self.num_workers,
+            slots=in_flight + block + block // 4,
+            max_tokens=ds.max_batch_tokens,
+            max_docs=ds.max_batch_docs(),
+            token_dtype=ds.store.token_dtype,
+            columns=ds.store.optional,
+        )
+
+    def __iter__(self) -> Iterator[dict]:
+        ds = self._packed
+        shared = ds._shared
+        epoch, origin, first = ds.pending_start()
+        plan = ds._start_plan(epoch, origin, first, ds._pending_cursor())
+        self._position = (epoch, origin, first, plan)
+        self._generation = ds._generation
+        consumed = first
+        if self.num_workers == 0:
+            for batch in super().__iter__():
+                consumed += 1
+                self._position = (epoch, origin, consumed, plan)
+                yield batch
+        else:
+            # Persistent workers keep the ring they started with; otherwise every iteration
+            # starts new workers, with a ring of their own (two live iterators never share one).
+            if self._ring is None or not self.persistent_workers or self._iterator is None:
+                self._ring = self._new_ring(plan)
+                self.worker_init_fn = _WorkerInit(self._ring, self._user_worker_init)
+            ring = self._ring
+            pin = bool(self.pin_memory)
+            # Workers produce blocks of steps; hold early arrivals until their turn.
+            waiting: dict[int, CompactBatch] = {}
+            for chunk in super().__iter__():
+                for item in chunk:
+                    waiting[item.step] = item
+                while consumed in waiting:
+                    item = waiting.pop(consumed)
+                    try:
+                        batch = ds.expand(ring.take(item), filler=item.filler, pin_memory=pin)
+                    finally:
+                        ring.release(item)
+                    consumed += 1
+                    self._position = (epoch, origin, consumed, plan)
+                    yield batch
+            if waiting:
+                raise RuntimeError(f"loader workers skipped step {consumed}; this is a bug")
+        # The resume point is used up; a new iteration of this epoch starts from the beginning.
+        if shared[3] and int(shared[0]) == epoch:
+            shared[3] = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """`PackedDataset.set_epoch`: what `Trainer` and accelerate call on a loader each epoch."""
+        self._packed.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch this loader handed out.
+
+        After `set_epoch` / `load_state_dict` and before the next iteration: where that
+        iteration will start (a checkpoint taken between epochs resumes at the new one).
+        """
+        ds = self._packed
+        if self._generation != ds._generation:
+            epoch, origin, first = ds.pending_start()
+            plan = ds._start_plan(epoch, origin, first, ds._pending_cursor())
+            return {"packed_dataset": ds._state(epoch, origin, first, plan)}
+        return {"packed_dataset": ds._state(*self._position)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from `state_dict()` (also accepts a StatefulDataLoader or dataset state).
+
+        The dataset's new generation makes `state_dict()` report its resume point until the next
+        iteration starts there.
+        """
+        self._packed.load_state_dict(state)
+
+
+def make_dataloader(dataset: PackedDataset, **kwargs: Any) -> PackedDataLoader:
+    """`PackedDataLoader(dataset, **kwargs)`."""
+    return PackedDataLoader(dataset, **kwargs)

@@ -1,0 +1,527 @@
+"""`PackedDataset`: a torch IterableDataset of collated varlen batches over packtool shards.
+
+It yields whole batches (use `DataLoader(ds, batch_size=None)` or `loader.make_dataloader`).
+Rank r of W takes its rank batch of every global step (loader/order/steps.py); DataLoader worker w of
+N takes global steps first + w, first + w + N, ..., which the DataLoader's round-robin delivers in
+step order, so the stream does not depend on N.
+
+Resume follows the torchdata `StatefulDataLoader` protocol (`state_dict` / `load_state_dict`, called
+in each worker) and also takes a whole StatefulDataLoader state or a `PackedDataLoader` state in
+the main process, from which it restarts at the first unconsumed global step with any number of
+workers, and at the first unconsumed row with other ranks or batch settings (the state's format
+and checks: loader/packed/resume.py).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from loader.collate import collate
+from loader.config import LoaderConfig, check_int, dist_rank_world, make_config, static_max_docs
+from loader.order.balance import imbalance, row_cost
+from loader.order.permutation import EpochOrder
+from loader.order.steps import EpochPlan, block_steps_bound, iter_blocks, rank_rows
+from loader.packed.resume import check_state, make_state, merge_loader_state, resume_point
+from loader.packed.transport import CompactBatch, Ring
+from loader.record import Documents
+from loader.store.row_index import RowIndex
+from loader.store.shards import ShardStore
+from packtool.errors import ConfigError
+
+CHUNK = 4
+"""Compact batches a PackedDataLoader worker sends per DataLoader queue item (after the first)."""
+AHEAD_STEPS = 1024
+"""Most upcoming steps whose rows are planned ahead of the one being produced."""
+AHEAD_GROUPS = 16
+"""Most row groups decoded ahead and not yet used (one default shuffle window; 0: none)."""
+_END = object()
+S = TypeVar("S")
+T = TypeVar("T")
+
+
+def look_ahead(
+    steps: Iterable[S],
+    start: Callable[[S], T],
+    *,
+    most: int,
+    busy: Callable[[], bool],
+    after: Callable[[T | None], None] | None = None,
+) -> Iterator[T]:
+    """`start(step)` of each step, called ahead of the step's turn: `start` hands the row groups
+    the step will need, in first-use order, to the decode thread, which decodes them while the
+    steps before are gathered. Looks ahead up to `most` steps while not `busy()` (a windowed
+    shuffle needs a whole window of new row groups every window: `AHEAD_GROUPS` waiting), at
+    least one. `after(next item, or None)` runs once each item has been handed out.
+    `PackedDataset` and `loader.mixture.dataset.MixedDataset` share it.
+    """
+    queue: deque[T] = deque()
+    upcoming = iter(steps)
+    more = True
+    while True:
+        while more and len(queue) < most and (not queue or not busy()):
+            step = next(upcoming, _END)
+            if step is _END:
+                more = False
+                break
+            queue.append(start(step))
+        if not queue:
+            return
+        yield queue.popleft()
+        if after is not None:
+            after(queue[0] if queue else None)
+
+
+class PackedDataset(IterableDataset):
+    """Collated varlen batches from a packtool dataset folder, exactly once per epoch.
+
+    Args:
+        path: The folder holding `index.json` and the Parquet shards.
+        config: Batching settings; or give them as keyword arguments (`rows_per_batch=8`, ...).
+        rank: This data-parallel rank (default: torch.distributed's, else 0).
+        world_size: Number of data-parallel ranks (default: torch.distributed's, else 1).
+
+    Call `set_epoch(e)` before each epoch (as with DistributedSampler).
+
+    Raises:
+        DataError: A missing, truncated or corrupt dataset, or an unsupported format version.
+        ConfigError: Invalid settings.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        config: LoaderConfig | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        **settings: Any,
+    ) -> None:
+        super().__init__()
+        self.config = config = make_config(LoaderConfig, settings, config)
+        self.rank, self.world_size = dist_rank_world(rank, world_size)
+        self.store = ShardStore(
+            path,
+            verify=config.verify,
+            cache_bytes=config.cache_bytes,
+            page_checksums=config.page_checksums,
+        )
+        self.fingerprint = self.store.manifest.fingerprint
+        max_len = self.store.max_len
+        if config.tokens_per_batch is not None and config.tokens_per_batch < max_len:
+            raise ConfigError(
+                f"tokens_per_batch {config.tokens_per_batch} is smaller than the dataset's max_len "
+                f"{max_len}; a row would not fit"
+            )
+        # Row lengths, document counts and Σ len², read per row group when the order needs them
+        # (token budget, balance); never an array of every row.
+        self.index = RowIndex(self.store.row_group_starts, self.store.row_stats)
+        self.max_docs = config.max_docs_per_batch
+        if config.static_shape:  # one pass over every row's document count (at open)
+            self.max_docs = static_max_docs(
+                config, self.index.top_n_docs(config.rows_per_batch or 1)
+            )
+            self.pad_tokens = config.tokens_per_batch or config.rows_per_batch * max_len
+        else:
+            self.pad_tokens = None
+        # (epoch, origin, next_step, resume_pending, cursor) shared with worker processes so
+        # that set_epoch / load_state_dict reach persistent workers too.
+        self._shared = multiprocessing.RawArray("q", 5)
+        self._local_resume: tuple[int, int, int, int] | None = None
+        # Bumped by set_epoch / load_state_dict (main process): a PackedDataLoader that has not
+        # iterated since then reports the dataset's new starting point, not its old position.
+        self._generation = 0
+        self._next_step = 0
+        self._iter_epoch = 0
+        self._iter_origin = 0
+        self._order_cache: tuple[int, EpochOrder] | None = None
+        self._plan_cache: tuple[tuple[int, int], EpochPlan] | None = None
+        # Set only inside the worker processes of a PackedDataLoader (loader/packed/transport.py).
+        self._worker_ring: Ring | None = None
+
+    # ---- planning ---------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return int(self._shared[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration delivers (keeps a pending resume of that epoch)."""
+        if self._shared[3] and int(self._shared[0]) == epoch:
+            return
+        self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, 0, 0, 0
+        self._shared[4] = 0
+        self._iter_epoch, self._iter_origin, self._next_step = epoch, 0, 0
+        self._generation += 1
+
+    def seek(self, epoch: int, step: int = 0) -> None:
+        """Start the next iteration at global step `step` of `epoch` (0 <= step <= its steps).
+
+        The same position as `load_state_dict` of a state saved there by a run with these
+        settings; for trainers that count steps themselves (loader/hf/trainer.py).
+        """
+        check_int("epoch", epoch, 0)
+        check_int("step", step, 0)
+        plan = self.plan(epoch)
+        # has_step cuts the epoch only as far as `step`, not to its end (the plan is lazy).
+        if step > 0 and not plan.has_step(step - 1):
+            raise ConfigError(
+                f"step {step} is past the end of epoch {epoch} ({plan.num_steps} steps)"
+            )
+        self.load_state_dict(self._state(epoch, 0, step, plan))
+
+    def order(self, epoch: int) -> EpochOrder:
+        """The row order of `epoch` (lazy: a window at a time; cached)."""
+        if self._order_cache is None or self._order_cache[0] != epoch:
+            c = self.config
+            order = EpochOrder(
+                self.store.row_group_starts,
+                fingerprint=self.fingerprint,
+                seed=c.seed,
+                epoch=epoch,
+                shuffle=c.shuffle,
+                window=c.shuffle_window,
+            )
+            self._order_cache = (epoch, order)
+        return self._order_cache[1]
+
+    def plan(self, epoch: int, origin: int = 0) -> EpochPlan:
+        """The global steps of `epoch` starting at row position `origin` (cached; lazy: a step's
+        rows are computed when asked for, from the nearest known position)."""
+        key = (epoch, origin)
+        if self._plan_cache is None or self._plan_cache[0] != key:
+            c = self.config
+            plan = EpochPlan(
+                self.order(epoch),
+                origin=origin,
+                world_size=self.world_size,
+                rows_per_batch=c.rows_per_batch,
+                tokens_per_batch=c.tokens_per_batch,
+                max_docs=(self.max_docs - 1) if c.static_shape else None,
+                drop_last=c.drop_last,
+                index=self.index,
+            )
+            self._plan_cache = (key, plan)
+        return self._plan_cache[1]
+
+    def _start_plan(self, epoch: int, origin: int, first: int, cursor: int) -> EpochPlan:
+        """The plan of `(epoch, origin)`, knowing that step `first` starts at row `cursor` (a
+        resume point: its steps are cut from there, not from the origin)."""
+        plan = self.plan(epoch, origin)
+        plan.anchor(first * self.world_size, cursor)
+        return plan
+
+    def __len__(self) -> int:
+        """Steps this rank runs in the current epoch (from the resume point, if any).
+
+        With a token budget this cuts the rest of the epoch (reads every remaining row's length
+        once per epoch; then cached).
+        """
+        epoch, origin, first = self.pending_start()
+        plan = self._start_plan(epoch, origin, first, self._pending_cursor())
+        return max(plan.num_steps - first, 0)
+
+    def rows_for(self, plan: EpochPlan, step: int, rank: int | None = None) -> np.ndarray:
+        """Row ids a rank trains on at a global step (empty: filler)."""
+        rank = self.rank if rank is None else rank
+        return self._rank_rows(plan, step, rank, balance=self.config.balance)
+
+    def _rank_rows(self, plan: EpochPlan, step: int, rank: int, *, balance: bool) -> np.ndarray:
+        """`rank_rows` under this loader's caps: rows, token budget (static shape: the padded
+        length) and static shape's document cap. `balance_report` uses it too, so its figure is
+        the balancing the ranks really get."""
+        c = self.config
+        return rank_rows(
+            plan,
+            step,
+            rank,
+            balance=balance,
+            index=self.index,
+            linear=c.balance_linear,
+            rows_cap=c.rows_per_batch,
+            tokens_cap=self.pad_tokens
+            if c.tokens_per_batch is None and c.static_shape
+            else c.tokens_per_batch,
+            docs_cap=(self.max_docs - 1) if c.static_shape else None,
+        )
+
+    # ---- iteration --------------------------------------------------------------------------
+
+    def batch(self, rows: np.ndarray, *, filler_row: int = 0) -> dict[str, torch.Tensor | int]:
+        """Collate the given rows (empty: a filler batch that trains on nothing)."""
+        filler = len(rows) == 0
+        if filler:
+            rows = np.asarray([filler_row], dtype=np.int64)
+        return self.expand(self.store.gather(rows), filler=filler)
+
+    def expand(
+        self, docs: Documents, *, filler: bool = False, pin_memory: bool = False
+    ) -> dict[str, torch.Tensor | int]:
+        """The batch dict of gathered rows (what `PackedDataLoader` runs on compact batches).
+
+        Args:
+            docs: The rows' documents (`ShardStore.gather`; a loss mask, if the dataset has one,
+                inside).
+            filler: Make it a filler batch (labels -100, doc ids -1).
+            pin_memory: Allocate the batch in pinned memory.
+        """
+        c = self.config
+        out = collate(
+            docs,
+            pad_tokens=self.pad_tokens,
+            pad_docs=self.max_docs if c.static_shape else None,
+            pad_id=c.pad_id,
+            position_limit=self.store.max_len,
+            layout=c.layout,
+            pin_memory=pin_memory,
+        )
+        if filler:
+            out["labels"].fill_(-100)
+            out["doc_targets"].zero_()
+            if "doc_ids" in out:
+                out["doc_ids"].fill_(-1)
+        return out
+
+    @property
+    def max_batch_tokens(self) -> int:
+        """Most real tokens in one batch (token budget, or rows x max_len)."""
+        c = self.config
+        if c.tokens_per_batch is not None:
+            return c.tokens_per_batch
+        return c.rows_per_batch * self.store.max_len
+
+    def max_batch_docs(self) -> int:
+        """Documents a transport ring slot has room for.
+
+        Static shape: the document cap. Otherwise twice the documents per token of the first
+        (up to) 64 row groups times the batch's tokens, at most one per token: a sizing, not a
+        bound (every row's count would have to be read); a batch with more goes outside the ring
+        (loader/packed/transport.py), slower but the same batch.
+        """
+        if self.config.static_shape:
+            return int(self.max_docs)
+        tokens = docs = 0
+        for g in range(min(self.index.num_groups, 64)):
+            stats = self.index.group(g)
+            tokens += int(stats.lengths.sum())
+            docs += int(stats.n_docs.sum())
+        per_token = docs / max(tokens, 1)
+        return int(max(min(2 * per_token * self.max_batch_tokens + 16, self.max_batch_tokens), 1))
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor | int]]:
+        info = get_worker_info()
+        worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        if self._local_resume is not None:
+            epoch, origin, first, cursor = self._local_resume
+            self._local_resume = None
+            stride_first = first  # a worker's own next step, restored by StatefulDataLoader
+        else:
+            epoch, origin, first = self.pending_start()
+            cursor = self._pending_cursor()
+            stride_first = first + worker
+        plan = self._start_plan(epoch, origin, first, cursor)
+        self._iter_epoch, self._iter_origin = epoch, origin
+        self._next_step = stride_first
+        ring = self._worker_ring if info is not None else None
+        if ring is not None:
+            ring.start_worker()
+            return self._generate_blocks(plan, first, worker, n_workers, ring)
+        return self._generate(plan, stride_first, n_workers)
+
+    def _generate(self, plan: EpochPlan, first: int, stride: int) -> Iterator[dict]:
+        for step, rows, filler in self._ahead(plan, plan.steps(first, stride)):
+            out = self.expand(self.store.gather(rows), filler=filler)
+            self._next_step = step + stride
+            yield out
+
+    def _ahead(
+        self, plan: EpochPlan, steps: Iterable[int]
+    ) -> Iterator[tuple[int, np.ndarray, bool]]:
+        """`(step, rows, filler)` for each step, decoding upcoming row groups in the background
+        (`look_ahead`: up to `AHEAD_STEPS` steps while fewer than `AHEAD_GROUPS` row groups
+        wait to be used)."""
+        filler_row = plan.order[0] if len(plan.order) else 0
+        store = self.store
+
+        def start(step: int) -> tuple[int, np.ndarray, bool]:
+            rows = self.rows_for(plan, step)
+            filler = len(rows) == 0
+            if filler:
+                rows = np.asarray([filler_row], dtype=np.int64)
+            if AHEAD_GROUPS:
+                store.prefetch(store.row_group_of(rows))
+            return step, rows, filler
+
+        try:
+            yield from look_ahead(
+                steps,
+                start,
+                most=AHEAD_STEPS,
+                busy=lambda: store.pending_row_groups >= AHEAD_GROUPS,
+            )
+        finally:
+            store.cancel_prefetch()
+
+    def block_starts(self, plan: EpochPlan) -> np.ndarray:
+        """First global step of every `PackedDataLoader` worker block, then `plan.num_steps`.
+
+        Blocks follow the windows of the order (`loader.order.steps.iter_blocks`); one step per block
+        for a free shuffle. Cuts the whole epoch: for tests and reports (workers walk the blocks
+        lazily).
+        """
+        starts = [a for a, _ in iter_blocks(plan, 0, per_step=self._per_step_blocks)]
+        return np.asarray([*starts, plan.num_steps], dtype=np.int64)
+
+    def block_steps(self, plan: EpochPlan) -> int:
+        """At least the most steps in one `PackedDataLoader` worker block, at most 1024 (sizes
+        the transport ring), from the window sizes alone."""
+        return block_steps_bound(plan, max_len=self.store.max_len, per_step=self._per_step_blocks)
+
+    @property
+    def _per_step_blocks(self) -> bool:
+        c = self.config
+        return (c.shuffle and c.shuffle_window == 0) or self.store.num_row_groups == 0
+
+    def _generate_blocks(
+        self, plan: EpochPlan, first: int, worker: int, n_workers: int, ring: Ring
+    ) -> Iterator[list[CompactBatch]]:
+        """Compact batches for the ring: blocks `worker`, `worker + n_workers`, ... of the worker
+        blocks from step `first` (the first block starts there; PackedDataLoader puts them back
+        in step order), sent `CHUNK` at a time (one DataLoader queue item each: a quarter of the
+        per-item cost). Every worker walks all the blocks' step positions (no tokens) to know
+        where its own begin."""
+
+        def my_steps() -> Iterator[int]:
+            blocks = iter_blocks(plan, first, per_step=self._per_step_blocks)
+            for b, (start, end) in enumerate(blocks):
+                if b % n_workers == worker:
+                    yield from range(start, end)
+
+        chunk: list[CompactBatch] = []
+        size = 1  # the first batch goes out alone (time to first batch), then CHUNK at a time
+        for step, rows, filler in self._ahead(plan, my_steps()):
+            chunk.append(ring.put(self.store, rows, filler=filler, step=step))
+            if len(chunk) == size:
+                yield chunk
+                chunk, size = [], CHUNK
+        if chunk:
+            yield chunk
+
+    # ---- resume -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this copy of the dataset stands (this worker's next global step)."""
+        plan = self.plan(self._iter_epoch, self._iter_origin)
+        return self._state(self._iter_epoch, self._iter_origin, self._next_step, plan)
+
+    def _state(self, epoch: int, origin: int, next_step: int, plan: EpochPlan) -> dict[str, Any]:
+        return make_state(
+            fingerprint=self.fingerprint,
+            seed=self.config.seed,
+            epoch=epoch,
+            origin=origin,
+            next_step=next_step,
+            cursor=plan.cursor_after(next_step),
+            layout=self.config.layout_key(self.world_size),
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a state.
+
+        Accepts this class's own `state_dict()` (inside a StatefulDataLoader worker: that worker
+        continues at its own next step), a whole `StatefulDataLoader.state_dict()` or a
+        `PackedDataLoader.state_dict()` (in the main process, before iterating: the stream
+        restarts at the first global step not consumed, whatever the number of workers, or at the
+        first row not consumed when the world size or batch settings changed).
+
+        Raises:
+            DataError: The state belongs to another dataset or seed, or is not a loader state.
+        """
+        merged = merge_loader_state(state)
+        if merged is None:
+            merged = state
+            if get_worker_info() is not None:
+                self._check(state)
+                self._local_resume = self._resume_point(state, own_step=True)
+                return
+        self._check(merged)
+        epoch, origin, first, cursor = self._resume_point(merged, own_step=False)
+        self._plan_cache = None  # a fresh plan: only this state's position is known in it
+        self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, origin, first, 1
+        self._shared[4] = cursor
+        self._iter_epoch, self._iter_origin, self._next_step = epoch, origin, first
+        self._start_plan(epoch, origin, first, cursor)
+        self._generation += 1
+
+    def pending_start(self) -> tuple[int, int, int]:
+        """`(epoch, origin, first step)` where the next iteration starts: the pending resume
+        point, else the start of the epoch set last (shared with the workers)."""
+        shared = self._shared
+        origin, first = (int(shared[1]), int(shared[2])) if shared[3] else (0, 0)
+        return int(shared[0]), origin, first
+
+    def _pending_cursor(self) -> int:
+        """The row where `pending_start`'s step starts (the resume state's cursor)."""
+        shared = self._shared
+        return int(shared[4]) if shared[3] else 0
+
+    def _check(self, state: dict[str, Any]) -> None:
+        check_state(
+            state, fingerprint=self.fingerprint, seed=self.config.seed, path=self.store.path
+        )
+
+    def _resume_point(self, state: dict[str, Any], *, own_step: bool) -> tuple[int, int, int, int]:
+        return resume_point(
+            state,
+            num_rows=self.store.num_rows,
+            layout=self.config.layout_key(self.world_size),
+            plan=self.plan,
+            own_step=own_step,
+        )
+
+    # ---- reporting --------------------------------------------------------------------------
+
+    def balance_report(self, epoch: int | None = None) -> dict[str, float]:
+        """Mean over the epoch's steps of max/mean rank cost, plain split vs balanced.
+
+        "After" is what `balance=True` gives with this loader's caps (static shape's document
+        cap included), whether or not this loader balances.
+        """
+        linear = self.config.balance_linear
+
+        def cost(rows: np.ndarray) -> float:
+            lengths, _, sq = self.index.stats(rows)
+            return float(row_cost(sq, lengths, linear).sum())
+
+        plan = self.plan(self.epoch if epoch is None else epoch)
+        before, after = [], []
+        for step in plan.steps(0):
+            before.append(imbalance([cost(r) for r in plan.step_rows(step)]))
+            loads = [
+                cost(self._rank_rows(plan, step, r, balance=True)) for r in range(self.world_size)
+            ]
+            after.append(imbalance(loads))
+        return {
+            "steps": plan.num_steps,
+            "imbalance_before": float(np.mean(before)) if before else 1.0,
+            "imbalance_after": float(np.mean(after)) if after else 1.0,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """Settings and sizes, for logs."""
+        return {
+            "path": str(self.store.path),
+            "fingerprint": self.fingerprint,
+            "rows": self.store.num_rows,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            **asdict(self.config),
+        }

@@ -1,0 +1,209 @@
+"""The `PackedDataset` resume state: its format, its checks, and where a state resumes.
+
+A state names a global step of an epoch plan (`next_step`) and the row position that step
+starts at (`cursor`), together with the settings that cut the plan (`layout`). With the same
+layout the stream resumes at the step, cutting the plan onward from the cursor (never from the
+epoch's start); with other ranks or batch settings, at the first row no step has consumed.
+Everything is checked before any of it is used: a damaged or hand-edited state would otherwise
+repeat or skip rows without a word. Where the plan cannot check a cursor cheaply (a token budget:
+only the cut from the epoch's start would say where a step starts), the state's `check` value, a
+hash of its position and layout, does.
+
+Version 2 (this one) goes with the lazy epoch order (loader/order/permutation.py); a version 1 state
+(the earlier order) is accepted only at the start of an epoch, where both orders agree on what
+is left (all of it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from packtool.errors import DataError
+
+STATE_VERSION = 2
+OLD_VERSIONS = (1,)
+STATE_FIELDS = {
+    "fingerprint": str,
+    "seed": (int, np.integer),
+    "epoch": (int, np.integer),
+    "origin": (int, np.integer),
+    "next_step": (int, np.integer),
+    "cursor": (int, np.integer),
+    "layout": dict,
+}
+"""What a state must hold (and of which type) before any of it is used."""
+
+
+def make_state(
+    *,
+    fingerprint: str,
+    seed: int,
+    epoch: int,
+    origin: int,
+    next_step: int,
+    cursor: int,
+    layout: dict[str, Any],
+) -> dict[str, Any]:
+    """A `PackedDataset` state (what `state_dict()` returns)."""
+    state = {
+        "version": STATE_VERSION,
+        "fingerprint": fingerprint,
+        "seed": seed,
+        "epoch": epoch,
+        "origin": origin,
+        "next_step": next_step,
+        "cursor": cursor,
+        "layout": layout,
+    }
+    state["check"] = state_check(state)
+    return state
+
+
+def state_check(state: dict[str, Any]) -> str:
+    """A hash of a state's position and layout (16 hex digits)."""
+    keys = ("fingerprint", "seed", "epoch", "origin", "next_step", "cursor", "layout")
+    text = json.dumps([_plain(state[k]) for k in keys], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _plain(value: Any) -> Any:
+    """numpy integers as ints (a state may hold either; the hash must not tell them apart)."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _bad_field(state: dict[str, Any], keys: Iterable[str]) -> str | None:
+    """The first of `keys` that `state` lacks or holds with a type `STATE_FIELDS` refuses."""
+    for key in keys:
+        value = state.get(key)
+        if value is None or isinstance(value, bool) or not isinstance(value, STATE_FIELDS[key]):
+            return key
+    return None
+
+
+def check_state(state: dict[str, Any], *, fingerprint: str, seed: int, path: Any) -> None:
+    """Refuse a state that is not a well-formed `PackedDataset` state of this dataset and seed.
+
+    Raises:
+        DataError: Not a state, a field missing or of the wrong type, or another dataset or seed.
+    """
+    version = state.get("version") if isinstance(state, dict) else None
+    if version != STATE_VERSION and version not in OLD_VERSIONS:
+        raise DataError(f"not a PackedDataset state (version {version!r})")
+    key = _bad_field(state, STATE_FIELDS)
+    if key is not None:
+        raise DataError(
+            f"malformed PackedDataset state: {key!r} is {state.get(key)!r}; the checkpoint is "
+            "damaged"
+        )
+    if version in OLD_VERSIONS and (state["next_step"], state["origin"], state["cursor"]) != (
+        0,
+        0,
+        0,
+    ):
+        raise DataError(
+            f"the state was saved by an older packtool (state version {version}) in the middle "
+            f"of epoch {state['epoch']}, whose row order this version no longer makes; finish "
+            "that epoch with the older version, or restart it here (set_epoch)"
+        )
+    if state["fingerprint"] != fingerprint:
+        raise DataError(
+            f"the state was saved on dataset {state['fingerprint']} but this is {fingerprint} "
+            f"({path}); resume on the same packed data"
+        )
+    if state["seed"] != seed:
+        raise DataError(
+            f"the state was saved with seed {state['seed']!r} but this loader uses seed {seed!r}"
+        )
+
+
+def resume_point(
+    state: dict[str, Any],
+    *,
+    num_rows: int,
+    layout: dict[str, Any],
+    plan: Callable[[int, int], Any],
+    own_step: bool,
+) -> tuple[int, int, int, int]:
+    """`(epoch, origin, first step, cursor)` a checked state resumes at (step `first` of the
+    plan of `(epoch, origin)` starts at row position `cursor`).
+
+    Args:
+        state: A state that passed `check_state`.
+        num_rows: Rows in the dataset.
+        layout: This loader's `LoaderConfig.layout_key(world_size)`.
+        plan: The `EpochPlan` of `(epoch, origin)` (its `check_position` vets the position).
+        own_step: The state is a StatefulDataLoader worker's own (its next step may run past the
+            end by up to its stride, and it cannot change the layout).
+
+    Raises:
+        DataError: The position does not fit this dataset or plan.
+    """
+    epoch, origin, step = int(state["epoch"]), int(state["origin"]), int(state["next_step"])
+    cursor = int(state["cursor"])
+    # A hand-edited or damaged position would otherwise be clamped or wrap around (a negative
+    # step indexes the plan from its end): rows repeated or skipped without a word.
+    if not (0 <= origin <= cursor <= num_rows and step >= 0):
+        raise DataError(
+            f"the state's position (epoch {epoch}, origin {origin}, step {step}, row "
+            f"{cursor}) does not fit this dataset of {num_rows} rows; the checkpoint is damaged"
+        )
+    same_layout = state["layout"] == layout
+    if same_layout:
+        # A StatefulDataLoader worker's own next step runs past the end by up to its stride.
+        plan(epoch, origin).check_position(epoch=epoch, step=step, cursor=cursor, own_step=own_step)
+    elif own_step:
+        raise DataError(
+            "a StatefulDataLoader worker state cannot change world size or batch settings; load "
+            "the whole StatefulDataLoader state into the dataset instead"
+        )
+    if state["version"] == STATE_VERSION and state.get("check") != state_check(state):
+        raise DataError(
+            f"the state's position (epoch {epoch}, origin {origin}, step {step}, row {cursor}) "
+            "does not match its check value; the checkpoint is damaged or was edited"
+        )
+    if same_layout:
+        return epoch, origin, step, cursor
+    # Other ranks or batch settings: continue at the first row no step has consumed.
+    return epoch, cursor, 0, cursor
+
+
+def merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The dataset state at the first unconsumed step of a whole loader state, else None."""
+    if not isinstance(state, dict):
+        return None
+    if "packed_dataset" in state:  # PackedDataLoader.state_dict()
+        return state["packed_dataset"]
+    if "dataset_state" in state and "_num_yielded" in state:  # StatefulDataLoader, no workers
+        return state["dataset_state"]
+    snap = state.get("_snapshot")
+    if snap is None:
+        return None
+    # StatefulDataLoader: one dataset state per worker (or the main one with num_workers=0).
+    states = []
+    for w in (snap.get("_worker_snapshots") or {}).values():
+        ds = (w or {}).get("dataset_state")
+        if ds is not None:
+            states.append(ds)
+    main = (snap.get("_main_snapshot") or {}).get("dataset_state")
+    if main is not None:
+        states.append(main)
+    if not states:
+        raise DataError("the StatefulDataLoader state holds no PackedDataset state")
+    for s in states:
+        # Every worker's position is compared (the smallest is kept): each must be well-typed.
+        if not isinstance(s, dict) or _bad_field(s, ("epoch", "next_step")) is not None:
+            raise DataError(
+                "malformed PackedDataset state inside the StatefulDataLoader state; the "
+                "checkpoint is damaged"
+            )
+    # Each worker's next step; the first unconsumed global step is the smallest of them.
+    return min(states, key=lambda s: (s["epoch"], s["next_step"]))

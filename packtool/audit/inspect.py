@@ -1,0 +1,462 @@
+"""`packtool inspect`: what a packed dataset holds, one row's documents, and pictures of both.
+
+The summary comes from `index.json` plus one cheap measurement: only the `doc_offsets` column is
+read (its last entry per row is the row length), which gives each row's fill and document count
+without touching the tokens. `--row N` reads the one row group that holds global row N.
+
+(Named `inspect_dataset`, not `inspect`: a module called `inspect.py` in this folder would shadow
+the standard library's `inspect` for any script run from inside `packtool/`.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+from numpy.typing import NDArray
+
+from packtool.audit.verify import list_parts
+from packtool.dataset.columns import LOSS_MASK, Column, derived
+from packtool.dataset.manifest import Manifest, dataset_folder, read_manifest
+from packtool.dataset.masks import segment_sums, spans
+from packtool.errors import ConfigError, DataError
+
+PLOT_ROWS = 64
+"""Rows drawn in the row-fill picture."""
+PREVIEW_CHARS = 40
+PREVIEW_IDS = 8
+STRIP_CHARS = 100
+"""Characters of the loss-mask strip under a row (`RowView.mask_strip`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FillStats:
+    """Measured fill (row length / max_len) and documents per row over every row."""
+
+    fill_min: float
+    fill_p50: float
+    fill_p90: float
+    fill_mean: float
+    docs_min: int
+    docs_p50: float
+    docs_mean: float
+    docs_max: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowDocument:
+    """One document (or chunk) inside a packed row."""
+
+    doc_id: int
+    chunk: int
+    start: int
+    length: int
+    preview: str
+    """Decoded text (byte tokenizer) or the first token ids."""
+    supervised: int | None = None
+    """Tokens with loss_mask 1 (None: the dataset has no loss mask)."""
+    spans: tuple[tuple[int, int], ...] = ()
+    """The supervised runs, `(start, end)` token positions in the row (half-open)."""
+    supervised_preview: str = ""
+    """The start of the first supervised run, previewed like `preview`."""
+    source: str = ""
+    """Where the document came from: `file:line N (byte B)`, `file:row N`, ... (`docids.where`);
+    empty for datasets whose ids do not say (packed before format 3)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowView:
+    """One packed row: where it lives and its documents."""
+
+    row: int
+    """Global row index across shards."""
+    file: str
+    shard_row: int
+    length: int
+    max_len: int
+    doc_offsets: NDArray[np.int64]
+    """int64, (n_docs + 1,): the row's cu_seqlens."""
+    documents: tuple[RowDocument, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "row": self.row,
+            "file": self.file,
+            "shard_row": self.shard_row,
+            "length": self.length,
+            "max_len": self.max_len,
+            "fill": self.length / self.max_len,
+            "doc_offsets": [int(x) for x in self.doc_offsets],
+            "documents": [
+                {**d.__dict__, "spans": [list(p) for p in d.spans]} for d in self.documents
+            ],
+            "mask_strip": self.mask_strip,
+        }
+
+    mask_strip: str = ""
+    """With a loss mask: the row drawn in `STRIP_CHARS` characters, `#` where some token of the
+    stretch is supervised, `.` where none is, `|` at document starts."""
+
+    def format(self) -> str:
+        masked = any(d.supervised is not None for d in self.documents)
+        lines = [
+            f"row {self.row} ({self.file} row {self.shard_row}): {self.length:,} tokens of max_len "
+            f"{self.max_len:,} ({self.length / self.max_len:.1%}), {len(self.documents)} documents",
+            f"  {'doc_id':>10}  {'chunk':>5}  {'start':>7}  {'length':>7}  "
+            + (f"{'supervised':>10}  " if masked else "")
+            + "preview",
+        ]
+        for d in self.documents:
+            sup = f"{d.supervised:>10}  " if masked else ""
+            lines.append(
+                f"  {d.doc_id:>10}  {d.chunk:>5}  {d.start:>7}  {d.length:>7}  {sup}{d.preview}"
+            )
+            if d.source:
+                lines.append(f"  {'':>10}  from {d.source}")
+            if masked:
+                runs = ", ".join(f"{a}-{b}" for a, b in d.spans[:8])
+                more = f" (+{len(d.spans) - 8} more)" if len(d.spans) > 8 else ""
+                lines.append(f"  {'':>10}  supervised tokens {runs}{more}: {d.supervised_preview}")
+        if self.mask_strip:
+            lines.append(f"  loss mask |{self.mask_strip}|")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSummary:
+    """The manifest's record plus the measured fill distribution."""
+
+    directory: Path
+    manifest: Manifest
+    rows: int
+    tokens: int
+    fill: FillStats | None
+    """None for a dataset with no rows."""
+    first_rows: tuple[NDArray[np.int64], ...]
+    """doc_offsets of the first `PLOT_ROWS` rows (for the row-fill picture)."""
+
+    @property
+    def not_stored(self) -> tuple[Column, ...]:
+        """Derived columns this dataset lacks (packed before they were declared)."""
+        return tuple(c for c in derived() if c.name not in self.manifest.columns)
+
+    @property
+    def gap_rows(self) -> int:
+        return self.rows - self.manifest.lower_bound_rows
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.manifest
+        lb = m.lower_bound_rows
+        return {
+            "directory": str(self.directory),
+            "format": m.format,
+            "format_version": m.format_version,
+            "tokenizer": m.tokenizer,
+            "max_len": m.max_len,
+            "algorithm": m.algorithm,
+            "seed": m.seed,
+            "rounds": m.rounds,
+            "long_docs": m.long_docs,
+            "counts": m.counts,
+            "columns": list(m.columns),
+            "columns_not_stored": [c.name for c in self.not_stored],
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "efficiency": m.efficiency,
+            "lower_bound_rows": lb,
+            "gap_rows": self.gap_rows,
+            "gap": self.gap_rows / lb if lb else None,
+            "fill": self.fill.__dict__ if self.fill else None,
+            "shards": [s.__dict__ for s in m.shards],
+            "command": m.command,
+        }
+
+    def format(self) -> str:
+        m = self.manifest
+        tok = m.tokenizer
+        lb = m.lower_bound_rows
+        gap = f"{self.gap_rows / lb:.2%}" if lb else "n/a"
+        lines = [
+            f"dataset     {self.directory} ({m.format} v{m.format_version})",
+            f"tokenizer   {tok.get('kind')}:{tok.get('name')} (vocab {tok.get('vocab_size'):,}, "
+            f"eos {tok.get('eos_id')}, bos {tok.get('bos_id')})",
+            f"packing     {m.algorithm}, max_len {m.max_len:,}, seed {m.seed}, rounds {m.rounds}, "
+            f"long docs: {m.long_docs}",
+            f"columns     {', '.join(m.columns)}",
+            *(
+                f"            no {c.name} ({c.doc}): packed before packtool stored it; "
+                "a repack stores it"
+                for c in self.not_stored
+            ),
+            *_count_lines(m.counts),
+            f"rows        {self.rows:,} (lower bound {lb:,}, gap {self.gap_rows:,} = {gap})",
+            f"efficiency  {m.efficiency:.2%} ({self.tokens:,} tokens in {self.rows:,} rows of "
+            f"{m.max_len:,})",
+        ]
+        if "tokens_supervised" in m.counts and self.rows:
+            sup = m.counts["tokens_supervised"]
+            lines.append(
+                f"supervised  {sup / (self.rows * m.max_len):.2%} of slots ({sup:,} tokens with "
+                "loss_mask 1: the supervised efficiency)"
+            )
+        if self.fill:
+            f = self.fill
+            lines += [
+                f"fill        min {f.fill_min:.1%}  p50 {f.fill_p50:.1%}  p90 {f.fill_p90:.1%}  "
+                f"mean {f.fill_mean:.1%}",
+                f"docs/row    min {f.docs_min}  p50 {f.docs_p50:g}  mean {f.docs_mean:.2f}  "
+                f"max {f.docs_max}",
+            ]
+        shards = list(m.shards)
+        shown = shards if len(shards) <= 6 else [*shards[:3], None, *shards[-2:]]
+        lines.append(f"shards      {len(shards)}")
+        for s in shown:
+            if s is None:
+                lines.append(f"  ... {len(shards) - 5} more")
+            else:
+                lines.append(
+                    f"  {s.file}  {s.rows:,} rows  {s.tokens:,} tokens  {s.bytes / 1e6:.1f} MB"
+                )
+        return "\n".join(lines)
+
+
+def _count_lines(counts: dict[str, int]) -> list[str]:
+    """The manifest's counts, documents and tokens on lines of their own."""
+    groups: dict[str, list[str]] = {"documents": [], "tokens": [], "counts": []}
+    for key, value in counts.items():
+        head, _, tail = key.partition("_")
+        if head in ("documents", "tokens") and tail:
+            groups[head].append(f"{tail} {value:,}")
+        else:
+            groups["counts"].append(f"{key} {value:,}")
+    return [f"{name:<12}" + ", ".join(items) for name, items in groups.items() if items]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inspection:
+    """What `packtool inspect` shows: the summary, optionally a row and the pictures written."""
+
+    summary: DatasetSummary
+    row: RowView | None = None
+    plots: tuple[Path, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "summary": self.summary.to_dict(),
+            "row": self.row.to_dict() if self.row else None,
+            "plots": [str(p) for p in self.plots],
+        }
+
+    def format(self) -> str:
+        parts = [self.summary.format()]
+        if self.row:
+            parts.append(self.row.format())
+        parts += [f"wrote {p}" for p in self.plots]
+        return "\n".join(parts)
+
+
+def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> DatasetSummary:
+    """Read the manifest and the `doc_offsets` column of every shard; measure fill per row."""
+    directory = dataset_folder(path)
+    manifest = read_manifest(directory)
+    lengths: list[NDArray[np.int64]] = []
+    docs: list[NDArray[np.int64]] = []
+    first_rows: list[NDArray[np.int64]] = []
+    for shard in manifest.shards:
+        file = directory / shard.file
+        try:
+            # ParquetFile.read, not pq.read_table: the latter imports pandas (~1 s).
+            column = pq.ParquetFile(file).read(columns=["doc_offsets"]).column(0).combine_chunks()
+        except (OSError, KeyError, ValueError) as exc:
+            raise DataError(
+                f"{file}: cannot read doc_offsets ({exc}); run `packtool verify`"
+            ) from None
+        off_off, off = list_parts(column)
+        n_off = np.diff(off_off)
+        last = np.zeros(len(n_off), dtype=np.int64)
+        has = n_off > 0
+        last[has] = off[off_off[1:][has] - 1]
+        lengths.append(last)
+        docs.append(np.maximum(n_off - 1, 0))
+        for i in range(min(len(n_off), plot_rows - len(first_rows))):
+            first_rows.append(off[off_off[i] : off_off[i + 1]].astype(np.int64))
+    row_len = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    n_docs = np.concatenate(docs) if docs else np.zeros(0, dtype=np.int64)
+    fill = None
+    if len(row_len):
+        frac = row_len / manifest.max_len
+        fill = FillStats(
+            fill_min=float(frac.min()),
+            fill_p50=float(np.percentile(frac, 50)),
+            fill_p90=float(np.percentile(frac, 90)),
+            fill_mean=float(frac.mean()),
+            docs_min=int(n_docs.min()),
+            docs_p50=float(np.percentile(n_docs, 50)),
+            docs_mean=float(n_docs.mean()),
+            docs_max=int(n_docs.max()),
+        )
+    return DatasetSummary(
+        directory=directory,
+        manifest=manifest,
+        rows=len(row_len),
+        tokens=int(row_len.sum()),
+        fill=fill,
+        first_rows=tuple(first_rows),
+    )
+
+
+def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) -> RowView:
+    """Read global row `row` (0-based across shards, in manifest order) and list its documents.
+
+    Raises:
+        ConfigError: `row` is outside 0..rows-1 (the message names the valid range).
+    """
+    directory = dataset_folder(path)
+    manifest = manifest or read_manifest(directory)
+    total = manifest.num_rows
+    if not 0 <= row < total:
+        valid = f"0..{total - 1}" if total else "none: the dataset has no rows"
+        raise ConfigError(f"--row {row} is out of range (valid: {valid}; {total:,} rows)")
+    starts = np.cumsum([0] + [s.rows for s in manifest.shards])
+    i = int(np.searchsorted(starts, row, side="right") - 1)
+    shard = manifest.shards[i]
+    local = row - int(starts[i])
+    file = directory / shard.file
+    try:
+        pf = pq.ParquetFile(file)
+        rg_starts = np.cumsum(
+            [0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+        )
+        g = int(np.searchsorted(rg_starts, local, side="right") - 1)
+        table = pf.read_row_group(g).slice(local - int(rg_starts[g]), 1)
+        values = table.to_pylist()[0]
+    except (OSError, IndexError, KeyError, ValueError) as exc:
+        raise DataError(f"{file}: cannot read row {local} ({exc}); run `packtool verify`") from None
+    ids = np.asarray(values["input_ids"], dtype=np.int64)
+    offsets = np.asarray(values["doc_offsets"], dtype=np.int64)
+    mask = values.get(LOSS_MASK)  # bytes (its storage) or a list
+    if isinstance(mask, bytes):
+        mask = np.frombuffer(mask, np.uint8)
+    mask = None if mask is None else np.asarray(mask, dtype=np.uint8)
+    documents = []
+    for k, (doc_id, chunk) in enumerate(zip(values["doc_ids"], values["doc_chunks"], strict=False)):
+        start, end = int(offsets[k]), int(offsets[k + 1])
+        runs = [] if mask is None else [(a + start, b + start) for a, b in spans(mask[start:end])]
+        documents.append(
+            RowDocument(
+                doc_id=int(doc_id),
+                chunk=int(chunk),
+                start=start,
+                length=end - start,
+                preview=preview(ids[start:end], manifest.tokenizer),
+                supervised=None if mask is None else int(mask[start:end].sum()),
+                spans=tuple(runs),
+                supervised_preview=preview(ids[runs[0][0] : runs[0][1]], manifest.tokenizer)
+                if runs
+                else "",
+                source=_source(manifest, int(doc_id), directory),
+            )
+        )
+    return RowView(
+        row=row,
+        file=shard.file,
+        shard_row=local,
+        length=len(ids),
+        max_len=manifest.max_len,
+        doc_offsets=offsets,
+        documents=tuple(documents),
+        mask_strip="" if mask is None else mask_strip(mask, offsets),
+    )
+
+
+def _source(manifest: Manifest, doc_id: int, directory: Path) -> str:
+    """`docids.where` of a document, or "" when the dataset's ids do not encode their source."""
+    from packtool.read import docids
+
+    if (manifest.extra.get("doc_ids") or {}).get("scheme") != docids.SCHEME:
+        return ""
+    try:
+        return docids.where(*docids.source(manifest.extra, doc_id, directory))
+    except DataError:
+        return ""
+
+
+def mask_strip(mask: NDArray, offsets: NDArray[np.int64], width: int = STRIP_CHARS) -> str:
+    """A row's loss mask in at most `width` characters (see `RowView.mask_strip`)."""
+    n = len(mask)
+    if n == 0:
+        return ""
+    edges = np.linspace(0, n, min(width, n) + 1).astype(np.int64)
+    sums = segment_sums(mask, edges)
+    chars = np.where(sums > 0, "#", ".").astype(object)
+    starts = np.searchsorted(edges, offsets[1:-1], side="right") - 1
+    chars[starts[starts < len(chars)]] = "|"
+    return "".join(chars)
+
+
+def preview(ids: NDArray[np.int64], tokenizer: dict[str, Any]) -> str:
+    """Decoded start of a document for the byte tokenizer, else its first token ids."""
+    if tokenizer.get("kind") == "byte":
+        specials = {tokenizer.get("eos_id"), tokenizer.get("bos_id")}
+        data = bytes(int(t) for t in ids[: PREVIEW_CHARS * 4] if t < 256 and t not in specials)
+        text = data.decode("utf-8", errors="replace")
+        more = len(text) > PREVIEW_CHARS or len(ids) > PREVIEW_CHARS * 4
+        return repr(text[:PREVIEW_CHARS]) + ("..." if more else "")
+    head = " ".join(str(int(t)) for t in ids[:PREVIEW_IDS])
+    return f"[{head}{' ...' if len(ids) > PREVIEW_IDS else ''}]"
+
+
+def plot_paths(plot: str | Path, row: int | None) -> tuple[Path, Path | None]:
+    """FILE.png for the row fill and, with a row, FILE-row-N.png for its attention mask."""
+    plot = Path(plot)
+    mask = plot.with_name(f"{plot.stem}-row-{row}{plot.suffix}") if row is not None else None
+    return plot, mask
+
+
+def inspect_dataset(
+    path: str | Path,
+    *,
+    row: int | None = None,
+    plot: str | Path | None = None,
+    plot_rows: int = PLOT_ROWS,
+) -> Inspection:
+    """Summarise a packed dataset; optionally show one row and draw pictures.
+
+    Args:
+        path: The dataset folder (with `index.json`), or its `index.json`.
+        row: A global row index to list the documents of (0-based across shards).
+        plot: Write the row-fill picture here (PNG); with `row`, also `STEM-row-N.png` holding
+            that row's block-diagonal causal attention mask.
+        plot_rows: Rows drawn in the row-fill picture.
+    """
+    if plot_rows < 1:
+        raise ConfigError(f"plot_rows must be >= 1, got {plot_rows}")
+    summary = summarize_dataset(path, plot_rows=plot_rows)
+    view = read_row(path, row, manifest=summary.manifest) if row is not None else None
+    written: list[Path] = []
+    if plot is not None:
+        from packtool.stats.plots import plot_attention_mask, plot_row_fill
+
+        fill_path, mask_path = plot_paths(plot, row)
+        written.append(
+            plot_row_fill(
+                summary.first_rows,
+                summary.manifest.max_len,
+                fill_path,
+                title=f"{summary.directory}: first {len(summary.first_rows)} of "
+                f"{summary.rows:,} rows (max_len {summary.manifest.max_len:,})",
+            )
+        )
+        if view is not None and mask_path is not None:
+            written.append(
+                plot_attention_mask(
+                    view.doc_offsets,
+                    mask_path,
+                    title=f"row {view.row}: causal mask, {len(view.documents)} documents, "
+                    f"{view.length:,} tokens",
+                )
+            )
+    return Inspection(summary=summary, row=view, plots=tuple(written))

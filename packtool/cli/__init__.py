@@ -1,0 +1,14 @@
+"""The `packtool` command line: click only, thin over the library.
+
+Each command parses its options, builds the library's config, calls one library function and
+prints its result; errors of the `PacktoolError` hierarchy become one line and exit code 1
+(2 for usage errors), Ctrl-C a short message and exit code 130. The console script is `packtool.cli.commands:main`.
+
+Records in: argv. Out: text or JSON on stdout, the library's files.
+May import: anything in packtool (it is the top layer); nothing imports it.
+
+Modules:
+- `commands.py`: the commands (`tokenize`, `stats`, `pack`, `mix`, `verify`, `inspect`).
+- `input_options.py`: the corpus and fine-tuning options the input commands share.
+- `interrupt.py`: Ctrl-C handling.
+"""

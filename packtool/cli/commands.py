@@ -1,0 +1,507 @@
+"""The `packtool` command line: click only. Each command builds a config and calls one function.
+
+Errors a user can act on (`PacktoolError`) become one line on stderr and exit code 1; click's own
+usage errors exit with 2. Nothing here is imported by the library.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import click
+
+from packtool import __version__
+from packtool.cli import interrupt
+from packtool.cli.input_options import CorpusOptions, corpus_options, sft_options
+from packtool.errors import ConfigError, PacktoolError
+from packtool.quantities import parse_size, positive_int
+
+# numpy's OpenBLAS starts a spinning thread per core at import; no command does linear algebra,
+# and on 2 cores those threads took ~0.3 s of start-up from the tokenizer and numba's loading.
+# Set before numpy is first imported (commands import it lazily); an explicit value wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="packtool")
+def cli() -> None:
+    """Turn raw text corpora into packed training data.
+
+    \b
+    Typical use:
+      packtool stats sample_data/corpus.jsonl --max-len 4096
+      packtool pack  sample_data/corpus.jsonl -o packed/ --max-len 4096
+    """
+
+
+WORKERS_HELP = (
+    "Tokenizer threads (also sets RAYON_NUM_THREADS for HF tokenizers) [default: all cores]."
+)
+PARTS = (
+    "Input bytes per partition (64MB, 1GB), the unit of parallel work and of --resume: small "
+    "files grouped, big JSONL cut at line starts, Parquet between row groups (docs/scale-out.md)."
+)
+PACK_WORKERS = "Partition worker processes (local) or actors (Ray) [default: all cores]."
+
+# --- commands are registered below; keep each one thin over a library function ---
+
+
+@cli.command("verify")
+@click.argument("directory", type=click.Path(path_type=str), metavar="DATASET")
+@click.option(
+    "--no-checksums", is_flag=True, help="Skip recomputing sha256 (sizes are still checked)."
+)
+def verify_cmd(directory: str, no_checksums: bool) -> None:
+    """Re-check a packed dataset: checksums, schema, offsets, token ids, totals.
+
+    DATASET: the folder `packtool pack` wrote, or its index.json. Prints one OK line, or names
+    the first problem and exits 1.
+    """
+    from packtool.audit.verify import verify_dataset
+
+    report = verify_dataset(directory, checksums=not no_checksums, progress=True)
+    for line in report.warnings:
+        click.echo(f"warning: {line}", err=True)
+    click.echo(report.summary())
+
+
+@cli.command("inspect")
+@click.argument("directory", type=click.Path(path_type=str), metavar="DATASET")
+@click.option(
+    "--row", type=int, default=None, help="List the documents of this global row (0-based)."
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=str),
+    default=None,
+    help="Draw the first 64 rows' fill to FILE.png (.svg/.pdf too); with --row also "
+    "FILE-row-N.png, that row's causal attention mask.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def inspect_cmd(directory: str, row: int | None, plot: str | None, as_json: bool) -> None:
+    """Summarise a packed dataset: manifest, fill distribution, one row, pictures."""
+    import json
+
+    from packtool.audit.inspect import inspect_dataset
+
+    result = inspect_dataset(directory, row=row, plot=plot)
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.format())
+
+
+@cli.command("mix")
+@click.argument("mixture", metavar="MIXTURE")
+@click.option("--tokens", help="Plan this many tokens (10B, 2.5M, ...).")
+@click.option("--steps", help="Plan this many global steps (give a batch size).")
+@click.option("--rows-per-batch", type=click.IntRange(min=1))
+@click.option("--tokens-per-batch", type=click.IntRange(min=1))
+@click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
+    """Plan a mixture file: each source's tokens, epochs and share (docs/mixtures.md).
+
+    Runs the loader's schedule on each source's index.json; the length is --tokens or --steps,
+    else the file's total. Warns about a source repeated past its max_epochs.
+    """
+    import json
+
+    from packtool.mixture.plan import plan_file
+
+    plan = plan_file(mixture, **length)
+    for line in plan.warnings:
+        click.echo(f"warning: {line}", err=True)
+    click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else plan.format())
+
+
+@cli.command("tokenize")
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(path_type=str),
+    help="OUT.parquet (one file) or a folder (part-00000.parquet, ...).",
+)
+@click.option(
+    "--keep-field",
+    multiple=True,
+    metavar="NAME",
+    help="Carry this JSONL field / Parquet column along as a string column (repeatable).",
+)
+@click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@corpus_options
+@sft_options
+def tokenize_cmd(
+    inputs: tuple[str, ...],
+    output: str,
+    keep_field: tuple[str, ...],
+    workers: int | None,
+    overwrite: bool,
+    corpus: CorpusOptions,
+    sft: Any,
+) -> None:
+    """Tokenize text corpora into tokenized Parquet.
+
+    INPUT: .txt / .md (one document per file), .jsonl, .parquet; text and JSONL also .gz /
+    .zst; files, folders (recursive) or quoted globs. Bad lines and empty documents are skipped
+    and counted (--strict makes them errors). Fine-tuning records: docs/sft.md.
+    """
+    import shlex
+
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    summary = tokenize_corpus(
+        inputs,
+        output,
+        read_config=corpus.read_config(extra_fields=keep_field, sft=sft),
+        tokenizer=corpus.load_tokenizer(workers),
+        workers=workers,
+        overwrite=overwrite,
+        command=shlex.join(["packtool", *sys.argv[1:]]),
+    )
+    click.echo(summary.format())
+
+
+_TOKENIZER_OPTIONS = ("tokenizer", "eos_id", "no_eos", "bos_id")
+
+
+def _explicit(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
+    """The options among `names` the user gave (not left at their defaults)."""
+    return [n for n in names if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
+
+
+@cli.command("stats")
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option(
+    "--max-len",
+    default="4096",
+    show_default=True,
+    metavar="TOKENS",
+    help="Row length: padding, lower bounds and projected packing are for this length.",
+)
+@click.option(
+    "--batch-size",
+    default="8",
+    show_default=True,
+    metavar="N",
+    help="Documents per batch for the pad-each-batch-to-its-longest waste figure.",
+)
+@click.option(
+    "--candidates",
+    default=None,
+    metavar="L1,L2,...",
+    help="Max lengths to compare [default: 512,1024,...,32768].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option(
+    "--plot",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=str),
+    metavar="FILE.png",
+    help="Draw the length histogram with the max length marked.",
+)
+@click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
+@corpus_options
+@sft_options
+@click.pass_context
+def stats_cmd(
+    ctx: click.Context,
+    inputs: tuple[str, ...],
+    max_len: str,
+    batch_size: str,
+    candidates: str | None,
+    as_json: bool,
+    plot: str | None,
+    workers: int | None,
+    corpus: CorpusOptions,
+    sft: Any,
+) -> None:
+    """Length statistics: distribution, padding waste, lower bounds, projected packing.
+
+    INPUT: raw corpora (tokenized on the fly with --tokenizer) or tokenized Parquet (only the
+    `length` column is read). Also compares candidate max lengths and suggests one.
+    """
+    import json
+
+    from packtool.stats.lengths import DEFAULT_CANDIDATES, StatsConfig, compute_stats
+    from packtool.stats.report import render_report
+
+    if candidates is None:
+        cands = DEFAULT_CANDIDATES
+    else:
+        cands = tuple(positive_int("--candidates", c.strip()) for c in candidates.split(","))
+    config = StatsConfig(
+        max_len=positive_int("--max-len", max_len),
+        batch_size=positive_int("--batch-size", batch_size, "documents"),
+        candidates=cands,
+    )
+    if plot is not None:
+        from packtool.stats.plots import check_plot_path
+
+        check_plot_path(plot)  # fail before the (possibly long) pass over the corpus
+    from packtool.tokenize.tokenize import input_identity
+
+    # Tokenized Parquet carries its lengths: only the `length` column is read, so the tokenizer
+    # is neither needed nor loaded (loading a large tokenizer.json takes seconds).
+    tokenized = input_identity(inputs) is not None
+    if tokenized and _explicit(ctx, _TOKENIZER_OPTIONS):
+        click.echo(
+            "warning: the inputs are tokenized Parquet; the tokenizer recorded in them is "
+            "reported and --tokenizer/--eos-id/--no-eos/--bos-id are ignored",
+            err=True,
+        )
+    stats = compute_stats(
+        inputs,
+        config,
+        read_config=corpus.read_config(sft=sft),
+        tokenizer=None if tokenized else corpus.load_tokenizer(workers),
+        workers=workers,
+    )
+    if plot is not None:
+        from packtool.stats.plots import plot_length_histogram
+
+        plot_length_histogram(stats.lengths, config.max_len, plot)
+    if as_json:
+        click.echo(json.dumps(stats.to_dict(), indent=2))
+    else:
+        click.echo(render_report(stats))
+    if plot is not None:
+        click.echo(f"wrote {plot}", err=as_json)
+
+
+@cli.command("pack")
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option(
+    "-o", "--output", required=True, type=click.Path(path_type=str), help="Output folder."
+)
+@click.option(
+    "--max-len", type=int, default=4096, show_default=True, help="Tokens per row at most."
+)
+@click.option(
+    "--algorithm",
+    type=click.Choice(["ffd", "bfd"]),
+    default="ffd",
+    show_default=True,
+    help="First-fit-decreasing or best-fit-decreasing.",
+)
+@click.option(
+    "--long-docs",
+    type=click.Choice(["split", "truncate", "drop"]),
+    default=None,
+    help="Documents longer than --max-len: cut into max-len chunks, truncate, or drop "
+    "[default: split; truncate for data with a loss mask, which is never split].",
+)
+@click.option(
+    "--rounds",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Packing passes: 1 = plain FFD/BFD; each extra round repacks the least-filled 10% of "
+    "rows from a seeded shuffle, kept when it saves rows.",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seeds repacking and row order."
+)
+@click.option(
+    "--group-by",
+    default=None,
+    metavar="FIELD",
+    help="Pack only documents with the same FIELD together (source = the input file, or a "
+    "JSONL field / Parquet column).",
+)
+@click.option(
+    "--chunk-docs",
+    type=int,
+    default=100_000,
+    show_default=True,
+    help="Documents packed together (bounds memory).",
+)
+@click.option("--shard-rows", type=int, default=16384, show_default=True, help="Rows per shard.")
+@click.option(
+    "--row-group-rows", type=int, default=256, show_default=True, help="Rows per Parquet row group."
+)
+@click.option(
+    "--compression",
+    type=click.Choice(["lz4", "zstd", "snappy", "none"]),
+    default="lz4",
+    show_default=True,
+    help="Parquet codec (lz4: fast to load; zstd: smallest).",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the dataset in the output folder; the old one stays until the new one is "
+    "complete, and is kept if the run fails.",
+)
+@click.option("--partition-size", default="256MB", show_default=True, metavar="SIZE", help=PARTS)
+@click.option("--resume", is_flag=True, help="Finish an interrupted run into the same folder.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help=PACK_WORKERS)
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="local: this machine's cores; ray: Ray Data, on a cluster (pip install 'packtool[ray]').",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    metavar="ADDR",
+    help="Ray cluster to join (auto, HOST:6379); default: start Ray on this machine.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@corpus_options
+@sft_options
+@click.pass_context
+def pack_cmd(
+    ctx: click.Context,
+    inputs: tuple[str, ...],
+    output: str,
+    max_len: int,
+    algorithm: str,
+    long_docs: str | None,
+    rounds: int,
+    seed: int,
+    group_by: str | None,
+    chunk_docs: int,
+    shard_rows: int,
+    row_group_rows: int,
+    compression: str,
+    overwrite: bool,
+    partition_size: str,
+    resume: bool,
+    workers: int | None,
+    engine: str,
+    ray_address: str | None,
+    as_json: bool,
+    corpus: CorpusOptions,
+    sft: Any,
+) -> None:
+    """Tokenize (or read tokenized Parquet), pack into rows and write Parquet shards + index.json.
+
+    INPUT: raw corpora as for `packtool tokenize`, or tokenized Parquet from it (then the
+    recorded tokenizer is used unless --tokenizer is given, which must match it).
+    """
+    import json
+    import shlex
+    from concurrent.futures import ThreadPoolExecutor
+
+    def tokenizer_for_inputs() -> Any:
+        if _explicit(ctx, _TOKENIZER_OPTIONS):
+            # First thing in this thread, before any import it does not need (pyarrow's
+            # Parquet reader for input_identity): the engine's build is on the critical path.
+            return corpus.load_tokenizer()
+        from packtool.tokenize.tokenize import input_identity
+
+        return corpus.load_tokenizer() if input_identity(inputs) is None else None
+
+    # Start-up overlaps: the tokenizer loads in one thread (fastokens' builder releases the GIL)
+    # while this one imports the packer (numba) and another loads its kernels from numba's
+    # cache. Errors keep their order: the tokenizer's surface only where it is awaited below.
+    loader = ThreadPoolExecutor(1, thread_name_prefix="packtool-tokenizer")
+    loading = loader.submit(tokenizer_for_inputs)
+    loader.shutdown(wait=False)
+    from packtool.dataset.shards import ShardConfig
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack import warmup
+    from packtool.pack.chunk import PackConfig
+
+    threading.Thread(target=warmup.warm_up, name="packtool-kernels", daemon=True).start()
+
+    extra = () if group_by in (None, "source") else (group_by,)
+    if long_docs is None:  # a loss mask's documents are never split (packtool/pack/columns.py)
+        from packtool.tokenize.tokenize import input_columns
+
+        masked = "loss_mask" in input_columns(inputs, corpus.read_config(sft=sft))
+        long_docs = "truncate" if masked else "split"
+    config = RunConfig(
+        inputs=inputs,
+        out_dir=output,
+        pack=PackConfig(
+            max_len=max_len,
+            algorithm=algorithm,
+            long_docs=long_docs,
+            rounds=rounds,
+            seed=seed,
+            group_by=group_by,
+        ),
+        shards=ShardConfig(
+            shard_rows=shard_rows, row_group_rows=row_group_rows, compression=compression
+        ),
+        read=corpus.read_config(extra_fields=extra, sft=sft),
+        chunk_docs=chunk_docs,
+        partition_size=parse_size(partition_size, "--partition-size"),
+        workers=workers,
+        overwrite=overwrite,
+        resume=resume,
+        command=shlex.join(["packtool", *sys.argv[1:]]) if sys.argv else "packtool pack",
+    )
+    tokenizer = loading.result()
+    interrupt.note[0] = functools.partial(interrupt.resume_note, output, overwrite)
+    if engine == "ray":
+        from packtool.engines.ray import RayConfig, run_pack_ray
+
+        summary = run_pack_ray(config, RayConfig(address=ray_address, actors=workers), tokenizer)
+    elif ray_address is not None:
+        raise ConfigError("--ray-address needs --engine ray")
+    else:
+        summary = run_pack(config, tokenizer)
+    if as_json:
+        click.echo(json.dumps(summary.to_dict(), indent=2))
+    else:
+        click.echo(summary.format(max_len))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
+    previous = interrupt.install_sigint()
+    # Python's default (700 allocations) ran ~250 young and 2 full collections during a pack's
+    # imports and numba's kernel loading: 0.3-0.45 s with the GIL held. A command is one
+    # short process whose data is arrays, not cycles; collections stay on, just rarer.
+    gc.set_threshold(10_000, 10, 10)
+    try:
+        cli.main(args=argv, prog_name="packtool", standalone_mode=False)
+    except PacktoolError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+        click.echo(f"interrupted{interrupt.note[0]()}", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:  # `packtool stats ... | head`
+        sys.exit(0)
+    except OSError as exc:  # the disk filled up, a permission changed mid-run, ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        click.echo(f"error: {where}{exc.strerror or exc}{interrupt.note[0]()}", err=True)
+        sys.exit(1)
+    finally:
+        interrupt.note[0] = lambda: ""
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        if argv is None:
+            _before_exit()
+
+
+def _before_exit() -> None:
+    """The console script's process ends next: spare it the teardown's garbage collections.
+
+    Python's shutdown runs full collections over every object the imports made (numba, pyarrow:
+    ~117,000), ~0.1 s of a pack's 2.5 s on this project's box; frozen objects are skipped by
+    them (`gc.freeze`). Only when `main()` read `sys.argv` (the command itself): a caller that
+    passes `argv` (tests, other programs) goes on living and keeps its collections.
+    """
+    gc.freeze()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

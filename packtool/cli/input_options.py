@@ -1,0 +1,200 @@
+"""The input options of `tokenize`, `stats` and `pack` (click, like packtool/cli/commands.py).
+
+`@corpus_options` (reader and tokenizer: `CorpusOptions`) and `@sft_options` (fine-tuning
+records: `packtool.read.sft_config.SFTConfig`). A second command-line module so that packtool/cli/commands.py
+stays under the size every module keeps; like cli.py it only parses options into configs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from packtool.errors import ConfigError
+from packtool.read.sft_config import FORMATS, TRAIN_ON, SFTConfig
+
+# --- shared corpus/tokenizer options (tokenize, stats, pack): `@corpus_options` ---
+
+
+@dataclass(frozen=True)
+class CorpusOptions:
+    """The parsed `@corpus_options`; build the library objects with the two methods."""
+
+    text_field: str
+    text_column: str
+    tokenizer: str
+    eos_id: str | None
+    no_eos: bool
+    bos_id: str | None
+    strict: bool
+    tokenizer_engine: str = "auto"
+
+    def read_config(self, **overrides: Any) -> Any:
+        """A `packtool.read.corpus.ReadConfig` (overrides: e.g. `extra_fields=("lang",)`)."""
+        from packtool.read.documents import ReadConfig
+
+        fields = {"text_field": self.text_field, "text_column": self.text_column}
+        return ReadConfig(**{**fields, "strict": self.strict, **overrides})
+
+    def load_tokenizer(self, workers: int | None = None) -> Any:
+        """A `packtool.tokenizer.tokenizers.Tokenizer` from --tokenizer/--eos-id/--no-eos/--bos-id."""
+        from packtool.tokenizer.tokenizers import load_tokenizer
+
+        if self.no_eos and self.eos_id is not None:
+            raise ConfigError("--eos-id and --no-eos contradict each other; pass one")
+        eos = None if self.no_eos else _special_id("--eos-id", self.eos_id or "default")
+        bos = None if self.bos_id is None else _special_id("--bos-id", self.bos_id)
+        tok = load_tokenizer(
+            self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
+        )
+        if tok.engine_note:
+            click.echo(f"note: {tok.engine_note}; encoding with {tok.identity.engine}", err=True)
+        return tok
+
+
+def _special_id(flag: str, value: str) -> int | str:
+    if value == "default":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise ConfigError(f"{flag} must be a token id >= 0 or 'default', got {value!r}")
+    return number
+
+
+def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the input/reader/tokenizer options; the command receives `corpus: CorpusOptions`."""
+    options = [
+        click.option(
+            "--text-field", default="text", show_default=True, help="JSONL key with the text."
+        ),
+        click.option(
+            "--text-column", default="text", show_default=True, help="Parquet column with the text."
+        ),
+        click.option(
+            "--tokenizer",
+            default="byte",
+            show_default=True,
+            help="byte | PATH/tokenizer.json (or hf:PATH) | FOLDER with tokenizer.json | org/model "
+            "(Hugging Face cache, else downloaded) | PATH.tiktoken | tiktoken:NAME",
+        ),
+        click.option(
+            "--tokenizer-engine",
+            default="auto",
+            show_default=True,
+            metavar="auto|NAME[,NAME]",
+            help="What encodes: auto = the fastest engine that loads this tokenizer and gives "
+            "the reference library's ids on a probe text (fastokens, else tokenizers / "
+            "tiktoken); or engine names tried in order. Ids never depend on it.",
+        ),
+        click.option(
+            "--eos-id",
+            default=None,
+            metavar="ID|default",
+            help="EOS id appended to every document [default: the tokenizer's own].",
+        ),
+        click.option("--no-eos", is_flag=True, help="Append no EOS."),
+        click.option(
+            "--bos-id", default=None, metavar="ID|default", help="BOS id put before every document."
+        ),
+        click.option(
+            "--strict", is_flag=True, help="Stop at the first bad document instead of skipping it."
+        ),
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(
+        *args: Any,
+        text_field: str,
+        text_column: str,
+        tokenizer: str,
+        eos_id: str | None,
+        no_eos: bool,
+        bos_id: str | None,
+        strict: bool,
+        tokenizer_engine: str,
+        **kwargs: Any,
+    ) -> Any:
+        corpus = CorpusOptions(
+            text_field, text_column, tokenizer, eos_id, no_eos, bos_id, strict, tokenizer_engine
+        )
+        return fn(*args, corpus=corpus, **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+# --- fine-tuning records: `@sft_options` ---
+
+_OPTIONS = (
+    click.option(
+        "--format",
+        "data_format",
+        type=click.Choice(FORMATS),
+        default="auto",
+        show_default=True,
+        help="What the records are; auto: from the first record's fields (messages / "
+        "conversations, prompt + completion, text). docs/sft.md.",
+    ),
+    click.option(
+        "--train-on",
+        type=click.Choice(TRAIN_ON),
+        default="assistant",
+        show_default=True,
+        help="Chat and prompt/completion data: the loss on every assistant turn (the "
+        "completion), on the last assistant turn, or on every token.",
+    ),
+    click.option(
+        "--chat-template",
+        metavar="FILE",
+        help="A .jinja chat template, or a .json with a chat_template entry [default: the "
+        "tokenizer's chat_template.jinja or tokenizer_config.json, beside its tokenizer.json].",
+    ),
+    click.option(
+        "--render-processes",
+        type=click.IntRange(min=0),
+        default=None,
+        metavar="N",
+        help="Processes that render chat templates (0: the main process) [default: one per "
+        "core for inputs of 8 MiB or more whose template needs turn masks]. The output is the "
+        "same.",
+    ),
+    click.option(
+        "--prompt-field", default="prompt", show_default=True, help="Prompt field / column."
+    ),
+    click.option(
+        "--completion-field",
+        default="completion",
+        show_default=True,
+        help="Completion field / column (the supervised part).",
+    ),
+    click.option(
+        "--messages-field",
+        metavar="NAME",
+        help="Field / column of the conversation [default: messages or conversations].",
+    ),
+)
+
+
+def sft_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the fine-tuning input options; the command receives `sft: SFTConfig`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, data_format: str, **kwargs: Any) -> Any:
+        names = (
+            "train_on", "chat_template", "render_processes", "prompt_field", "completion_field",
+            "messages_field",
+        )  # fmt: skip
+        sft = SFTConfig(format=data_format, **{n: kwargs.pop(n) for n in names})
+        return fn(*args, sft=sft, **kwargs)
+
+    for option in reversed(_OPTIONS):
+        wrapper = option(wrapper)
+    return wrapper

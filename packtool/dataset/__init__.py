@@ -1,0 +1,20 @@
+"""The dataset: the on-disk contract every stage writes and the loader reads.
+
+A packed dataset is a folder of Parquet shards (one row = one packed sequence, with per-row
+document offsets) plus `index.json`, written last; tokenized Parquet is the same idea one row
+per document. This folder holds both formats and the writers that keep them whole.
+
+Records: pyarrow tables of the declared columns in, shard files and manifests out.
+May import: packtool's top-level modules and `storage`. Imported by every stage above and by
+the loader (which sees only this side of packtool).
+
+Modules:
+- `columns.py`: the packed-shard columns, declared once (schema, levels, derived columns).
+- `identity.py`: the tokenizer identity a dataset records; the token dtype.
+- `manifest.py`, `manifest_check.py`: `index.json`, read and written, and checked as a whole.
+- `shards.py`, `stitch.py`: writing shards atomically (two threads joined into one file).
+- `tokenized.py`, `tokenized_table.py`, `tokenized_writer.py`: the tokenized-Parquet format,
+  its table builder and its background writer.
+- `masks.py`: loss-mask arithmetic on flat arrays.
+- `output.py`: the output transaction (lock, staging, recovery, the switch to the new dataset).
+"""

@@ -1,0 +1,271 @@
+"""`index.json`: the manifest that makes a folder of Parquet shards a packtool dataset.
+
+The manifest is written last (atomically); a shard it does not list does not exist. Readers refuse
+a `format_version` they do not know. The shard columns are declared in `packtool/dataset/columns.py`;
+format 2 records the ones a dataset has (`columns`), format 1 had exactly the required ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from packtool.dataset import columns as shard_columns
+from packtool.dataset.manifest_check import manifest_problem
+from packtool.errors import DataError, naming
+
+FORMAT = "packtool.packed"
+FORMAT_VERSION = 3
+INDEX_FILE = "index.json"
+SUPPORTED_VERSIONS = (1, 2, 3)
+"""1: the four required columns; 2: adds the `columns` list (and optional columns such as
+`loss_mask`); 3: every `doc_ids` value is `packtool.read.docids` (input file index, record offset),
+raw corpora too, with the files in `extra.doc_ids` (or `sources.json` beside it), and shards
+are named by partition (`shard-PPPPPP-KKKKK.parquet`). Readers read all three the same way:
+only what the ids mean changed (a version 2 dataset of raw text numbers them 0, 1, 2, ...)."""
+
+
+def packed_schema(
+    token_type: pa.DataType | None = None, columns: tuple[str, ...] | None = None
+) -> pa.Schema:
+    """The Arrow schema of a packed shard with `columns` (None: the required ones).
+
+    Derived from the declaration in `packtool/dataset/columns.py`.
+
+    Args:
+        token_type: `pa.uint16()` when the vocabulary has at most 65,536 ids (every id fits), else
+            `pa.uint32()` (the default).
+        columns: the dataset's column names (`Manifest.columns`).
+    """
+    return shard_columns.packed_schema(token_type, columns)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardInfo:
+    """One shard as the manifest lists it."""
+
+    file: str
+    """File name relative to the dataset folder."""
+    rows: int
+    tokens: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """The contents of `index.json`."""
+
+    tokenizer: dict[str, Any]
+    """Tokenizer identity: kind, name, vocab_size, eos_id, bos_id, sha256."""
+    max_len: int
+    algorithm: str
+    seed: int
+    rounds: int
+    long_docs: str
+    counts: dict[str, int]
+    """documents_in/packed/split/truncated/dropped/empty, tokens_in/out/truncated/dropped, rows."""
+    efficiency: float
+    """Real tokens / (rows * max_len)."""
+    lower_bound_rows: int
+    shards: tuple[ShardInfo, ...]
+    command: str = ""
+    columns: tuple[str, ...] = field(
+        default_factory=lambda: shard_columns.names(shard_columns.required())
+    )
+    """The shard columns this dataset has, in declaration order (format 2; format 1: the
+    required ones)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Anything else worth recording (rows per round, per-group efficiency, timings)."""
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def num_rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.tokens for s in self.shards)
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash that changes whenever the dataset's content changes."""
+        h = hashlib.sha256()
+        h.update(str(self.max_len).encode())
+        for s in self.shards:
+            h.update(s.sha256.encode())
+        return h.hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["shards"] = [dataclasses.asdict(s) for s in self.shards]
+        d["columns"] = list(self.columns)
+        if self.format_version == 1:  # format 1 had no list: exactly the required columns
+            del d["columns"]
+        # Put the format first so a person reading the file sees it at once.
+        return {"format": d.pop("format"), "format_version": d.pop("format_version"), **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, where: str = INDEX_FILE) -> Manifest:
+        if d.get("format") != FORMAT:
+            raise DataError(f"{where}: not a packtool dataset (format {d.get('format')!r})")
+        version = d.get("format_version")
+        if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:  # True == 1
+            raise DataError(
+                f"{where}: format_version {version!r} is not supported by this packtool "
+                f"(supported: {list(SUPPORTED_VERSIONS)}); upgrade packtool or repack the data"
+            )
+        problem = _type_problem(d)
+        if problem:
+            raise DataError(f"{where}: malformed manifest: {problem}")
+        columns = shard_columns.manifest_columns(d, version)
+        if isinstance(columns, str):
+            raise DataError(f"{where}: malformed manifest: {columns}")
+        try:
+            shards = tuple(ShardInfo(**s) for s in d["shards"])
+            names = {f.name for f in dataclasses.fields(cls)} - {"shards", "columns"}
+            fields = {k: v for k, v in d.items() if k in names}
+            return cls(shards=shards, columns=columns, **fields)
+        except (KeyError, TypeError) as exc:
+            raise DataError(f"{where}: malformed manifest ({exc})") from None
+
+
+def _is_int(value: Any, minimum: int | None = None) -> bool:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    return ok and (minimum is None or value >= minimum)
+
+
+def _type_problem(d: dict[str, Any]) -> str | None:
+    """The first field of a manifest dict with the wrong type, described; None when all are fine.
+
+    Readers do arithmetic on these fields; a hand-edited or foreign `index.json` must fail here
+    with a sentence, not deep inside as a TypeError.
+    """
+    tok = d.get("tokenizer")
+    if not isinstance(tok, dict):
+        return f"tokenizer must be an object, found {tok!r}"
+    if not _is_int(tok.get("vocab_size"), 1):
+        return f"tokenizer.vocab_size must be a positive integer, found {tok.get('vocab_size')!r}"
+    for key in ("eos_id", "bos_id"):
+        if tok.get(key) is not None and not _is_int(tok.get(key), 0):
+            return f"tokenizer.{key} must be a token id or null, found {tok.get(key)!r}"
+    if not _is_int(d.get("max_len"), 1):
+        return f"max_len must be a positive integer, found {d.get('max_len')!r}"
+    for key in ("seed", "rounds", "lower_bound_rows"):
+        if key in d and not _is_int(d[key], 0):
+            return f"{key} must be an integer >= 0, found {d[key]!r}"
+    for key in ("algorithm", "long_docs", "command"):
+        if key in d and not isinstance(d[key], str):
+            return f"{key} must be a string, found {d[key]!r}"
+    counts = d.get("counts")
+    if not isinstance(counts, dict):
+        return f"counts must be an object, found {counts!r}"
+    for key, value in counts.items():
+        if not _is_int(value, 0):
+            return f"counts.{key} must be an integer >= 0, found {value!r}"
+    eff = d.get("efficiency")
+    if isinstance(eff, bool) or not isinstance(eff, (int, float)):
+        return f"efficiency must be a number, found {eff!r}"
+    if "extra" in d and not isinstance(d["extra"], dict):
+        return f"extra must be an object, found {d['extra']!r}"
+    shards = d.get("shards")
+    if not isinstance(shards, list):
+        return f"shards must be a list, found {shards!r}"
+    for i, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            return f"shards[{i}] must be an object, found {shard!r}"
+        for key in ("file", "sha256"):
+            if not isinstance(shard.get(key), str):
+                return f"shards[{i}].{key} must be a string, found {shard.get(key)!r}"
+        for key in ("rows", "tokens", "bytes"):
+            if not _is_int(shard.get(key), 0):
+                return f"shards[{i}].{key} must be an integer >= 0, found {shard.get(key)!r}"
+    return None
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file and a rename (never a half-written file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with naming(tmp), open(tmp, "wb") as f:  # a full disk names the file
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:
+    path = Path(directory) / INDEX_FILE
+    text = json.dumps(manifest.to_dict(), indent=2, sort_keys=False) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"))
+    return path
+
+
+def dataset_folder(path: str | os.PathLike) -> Path:
+    """The dataset folder `path` names: the folder itself, or the folder of its `index.json`.
+
+    People point at the manifest as often as at its folder (`packtool verify out/index.json`);
+    both mean the same dataset. Shard paths are relative to the folder this returns.
+    """
+    path = Path(path)
+    if path.name == INDEX_FILE and not path.is_dir():
+        return path.parent
+    return path
+
+
+def read_manifest(directory: str | os.PathLike) -> Manifest:
+    """Read and check `index.json` in `directory` (a clear `DataError` on any problem).
+
+    Checked: the format and version, every field's type, shard paths, and the manifest as a
+    whole (`packtool.dataset.manifest_check`: enumerations, ranges, counting identities, totals).
+
+    Args:
+        directory: the dataset folder, or its `index.json` (see `dataset_folder`).
+    """
+    directory = dataset_folder(directory)
+    path = directory / INDEX_FILE
+    if not directory.is_dir():
+        raise DataError(f"{directory}: no such dataset folder")
+    if not path.is_file():
+        raise DataError(f"{path}: missing; not a packtool dataset or an unfinished `packtool pack`")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: unreadable manifest ({exc})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: malformed manifest (not a JSON object)")
+    manifest = Manifest.from_dict(data, where=str(path))
+    # The whole manifest, not field by field: what verify refuses, every reader refuses.
+    problem = _shard_files_problem(manifest) or manifest_problem(data)
+    if problem:
+        raise DataError(f"{path}: {problem}")
+    return manifest
+
+
+def _shard_files_problem(manifest: Manifest) -> str | None:
+    """Shard paths every reader relies on: inside the folder (a reader must never open a file
+    elsewhere) and each listed once (its rows would otherwise be read twice per epoch)."""
+    seen: set[str] = set()
+    for s in manifest.shards:
+        p = Path(s.file)
+        if not s.file or p.is_absolute() or ".." in p.parts:
+            return f"shard file {s.file!r} must be a path inside the dataset folder"
+        if s.file in seen:
+            return f"shard file {s.file!r} is listed more than once"
+        seen.add(s.file)
+    return None

@@ -1,0 +1,220 @@
+"""`index.json` checked as a whole: enumerations, ranges and the counting identities.
+
+`manifest.read_manifest` runs `manifest_problem` on every read, after the field types are known
+to be right, so `verify`, `inspect` and the loader refuse the same manifests. What `packtool
+pack` writes always passes; a hand-edited, foreign or damaged manifest fails with one sentence
+naming the field and both sides of the identity it breaks. A count that is absent is not
+checked (hand-made datasets may record fewer); `rows` and `tokens_out` are required.
+
+The identities (docs/verify-inspect.md lists them too):
+
+- tokens_in = tokens_out + tokens_truncated + tokens_dropped;
+- documents_in = documents_packed + documents_dropped + documents_empty (>= documents_packed
+  when those are not recorded); documents_split, documents_truncated <= documents_packed;
+- documents_packed <= segments <= tokens_out, rows <= segments; a policy's counts are zero
+  under the other policies (nothing is truncated under `split`, ...);
+- rows and tokens_out are the sums over the shard entries; each shard holds rows..rows x max_len
+  tokens; efficiency = tokens_out / (rows x max_len) to 6 decimals (as written);
+- ceil(tokens_out / max_len) <= lower_bound_rows <= rows; with `extra`, lower_bound_l1 is that
+  ceiling, lower_bound_rows = max(lower_bound_l1, lower_bound_l2), and rows_per_round has one
+  entry per round, never increasing, ending at rows.
+
+Each check is arithmetic on the manifest alone (no shard is opened): O(shards).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+ALGORITHMS = ("ffd", "bfd")
+"""As `packtool.pack.kernels.ALGORITHMS` (kept here: the loader must not import numba to read a manifest)."""
+LONG_DOC_POLICIES = ("split", "truncate", "drop")
+MAX_LEN_LIMIT = 1 << 24
+"""As `packtool.pack.kernels.MAX_LEN_LIMIT`."""
+EFFICIENCY_TOLERANCE = 1e-6
+"""`packtool pack` records efficiency rounded to 6 decimals (error <= 5e-7)."""
+
+# Which counts each long-doc policy may make non-zero.
+_POLICY_COUNTS = {
+    "split": ("documents_split",),
+    "truncate": ("documents_truncated", "tokens_truncated"),
+    "drop": ("documents_dropped", "tokens_dropped"),
+}
+
+
+def manifest_problem(d: dict[str, Any]) -> str | None:
+    """The first inconsistency of a manifest dict (types already checked), or None."""
+    for check in (_tokenizer, _settings, _shards, _counts, _bounds, _extra):
+        problem = check(d)
+        if problem:
+            return problem
+    return None
+
+
+def _tokenizer(d: dict[str, Any]) -> str | None:
+    tok = d["tokenizer"]
+    for key in ("kind", "name"):
+        if not isinstance(tok.get(key), str) or not tok.get(key):
+            return f"tokenizer.{key} must be a non-empty string, found {tok.get(key)!r}"
+    if not isinstance(tok.get("sha256", ""), str):
+        return f"tokenizer.sha256 must be a string, found {tok.get('sha256')!r}"
+    # The engine that encoded (packtool/tokenizer/engines.py): any name, since it never changes an
+    # id, so a reader need not know it; absent or null in datasets packed before engines.
+    if tok.get("engine") is not None and not isinstance(tok["engine"], str):
+        return f"tokenizer.engine must be a string or null, found {tok['engine']!r}"
+    vocab = tok["vocab_size"]
+    for key in ("eos_id", "bos_id"):
+        value = tok.get(key)
+        if value is not None and value >= vocab:
+            return f"tokenizer.{key} is {value} but token ids are below vocab_size {vocab}"
+    return None
+
+
+def _settings(d: dict[str, Any]) -> str | None:
+    if d["algorithm"] not in ALGORITHMS:
+        return f"algorithm {d['algorithm']!r} is not one of {list(ALGORITHMS)}"
+    if d["long_docs"] not in LONG_DOC_POLICIES:
+        return f"long_docs {d['long_docs']!r} is not one of {list(LONG_DOC_POLICIES)}"
+    if d["max_len"] > MAX_LEN_LIMIT:
+        return f"max_len {d['max_len']:,} is above the limit {MAX_LEN_LIMIT:,} (2**24)"
+    if d.get("rounds", 1) < 1:
+        return f"rounds must be >= 1, found {d['rounds']}"
+    return None
+
+
+def _counts(d: dict[str, Any]) -> str | None:
+    counts = d["counts"]
+
+    def get(key: str) -> int:
+        return counts.get(key, 0)
+
+    if "tokens_in" in counts:
+        out = get("tokens_out") + get("tokens_truncated") + get("tokens_dropped")
+        if counts["tokens_in"] != out:
+            return (
+                f"counts.tokens_in is {counts['tokens_in']:,} but tokens_out + tokens_truncated + "
+                f"tokens_dropped = {out:,}"
+            )
+    if "documents_in" in counts and "documents_packed" in counts:
+        parts = ("documents_packed", "documents_dropped", "documents_empty")
+        if all(k in counts for k in parts):
+            total = sum(counts[k] for k in parts)
+            if counts["documents_in"] != total:
+                return (
+                    f"counts.documents_in is {counts['documents_in']:,} but documents_packed + "
+                    f"documents_dropped + documents_empty = {total:,}"
+                )
+        elif counts["documents_in"] < counts["documents_packed"]:
+            return (
+                f"counts.documents_in is {counts['documents_in']:,}, below documents_packed "
+                f"{counts['documents_packed']:,}"
+            )
+    if "documents_packed" in counts:
+        for key in ("documents_split", "documents_truncated"):
+            if get(key) > counts["documents_packed"]:
+                return f"counts.{key} is {get(key):,}, above documents_packed {get('documents_packed'):,}"
+    if "segments" in counts:
+        seg = counts["segments"]
+        if not get("documents_packed") <= seg <= get("tokens_out") or get("rows") > seg:
+            return (
+                f"counts.segments is {seg:,}; expected documents_packed ({get('documents_packed'):,})"
+                f" <= segments <= tokens_out ({get('tokens_out'):,}) and rows ({get('rows'):,}) "
+                "<= segments"
+            )
+    # A loss mask's counts (packtool/pack/columns.py): supervised tokens are tokens out, and a
+    # document left without one is one of the dropped.
+    if get("tokens_supervised") > get("tokens_out"):
+        return (
+            f"counts.tokens_supervised is {get('tokens_supervised'):,}, above tokens_out "
+            f"{get('tokens_out'):,}"
+        )
+    if get("documents_unsupervised") > get("documents_dropped"):
+        return (
+            f"counts.documents_unsupervised is {get('documents_unsupervised'):,}, above "
+            f"documents_dropped {get('documents_dropped'):,}"
+        )
+    policy = d["long_docs"]
+    for other, keys in _POLICY_COUNTS.items():
+        for key in keys if other != policy else ():
+            if get(key):
+                return f"counts.{key} is {get(key):,} but long_docs is {policy!r}"
+    return None
+
+
+def _shards(d: dict[str, Any]) -> str | None:
+    counts, max_len = d["counts"], d["max_len"]
+    for key, field in (("rows", "rows"), ("tokens_out", "tokens")):
+        if key not in counts:
+            return f"counts.{key} is missing"
+        total = sum(s[field] for s in d["shards"])
+        if counts[key] != total:
+            return f"counts.{key} is {counts[key]:,} but the shards list {total:,} in total"
+    for s in d["shards"]:
+        if not s["rows"] <= s["tokens"] <= s["rows"] * max_len:
+            return (
+                f"shard {s['file']} lists {s['tokens']:,} tokens in {s['rows']:,} rows; expected "
+                f"between 1 and max_len ({max_len:,}) tokens per row"
+            )
+    rows, tokens = counts["rows"], counts["tokens_out"]
+    expected = tokens / (rows * max_len) if rows else 0.0
+    if not math.isclose(d["efficiency"], expected, abs_tol=EFFICIENCY_TOLERANCE):
+        return (
+            f"efficiency is {d['efficiency']!r} but tokens / (rows * max_len) = {expected:.6f} "
+            f"({tokens:,} / ({rows:,} * {max_len:,}))"
+        )
+    return None
+
+
+def _bounds(d: dict[str, Any]) -> str | None:
+    if "lower_bound_rows" not in d:
+        return None
+    counts, bound = d["counts"], d["lower_bound_rows"]
+    l1 = -(-counts["tokens_out"] // d["max_len"])
+    if not l1 <= bound <= counts["rows"]:
+        return (
+            f"lower_bound_rows is {bound:,}; expected ceil(tokens_out / max_len) = {l1:,} <= it "
+            f"<= rows ({counts['rows']:,})"
+        )
+    return None
+
+
+def _extra(d: dict[str, Any]) -> str | None:
+    extra, counts = d.get("extra") or {}, d["counts"]
+    l1 = -(-counts["tokens_out"] // d["max_len"])
+    if "lower_bound_l1" in extra and extra["lower_bound_l1"] != l1:
+        return (
+            f"extra.lower_bound_l1 is {extra['lower_bound_l1']!r} but ceil(tokens_out / max_len) "
+            f"= {l1:,} (max_len {d['max_len']:,})"
+        )
+    if "lower_bound_l1" in extra and "lower_bound_l2" in extra and "lower_bound_rows" in d:
+        bound = max(extra["lower_bound_l1"], extra["lower_bound_l2"])
+        if d["lower_bound_rows"] != bound:
+            return f"lower_bound_rows is {d['lower_bound_rows']:,} but max(L1, L2) = {bound:,}"
+    rounds = extra.get("rows_per_round")
+    if rounds is not None:
+        ok = (
+            isinstance(rounds, list)
+            and len(rounds) == d.get("rounds", 1)
+            and all(isinstance(r, int) and not isinstance(r, bool) for r in rounds)
+            and all(a >= b for a, b in zip(rounds, rounds[1:], strict=False))
+            and rounds[-1] == counts["rows"]
+        )
+        if not ok:
+            return (
+                f"extra.rows_per_round is {rounds!r}; expected {d.get('rounds', 1)} row counts, "
+                f"never increasing, ending at rows ({counts['rows']:,})"
+            )
+    groups = extra.get("groups")
+    if isinstance(groups, dict) and groups:
+        try:
+            rows = sum(g["rows"] for g in groups.values())
+            tokens = sum(g["tokens"] for g in groups.values())
+        except (TypeError, KeyError):
+            return "extra.groups must map each group to its rows and tokens"
+        if (rows, tokens) != (counts["rows"], counts["tokens_out"]):
+            return (
+                f"extra.groups add up to {rows:,} rows and {tokens:,} tokens; the dataset has "
+                f"{counts['rows']:,} and {counts['tokens_out']:,}"
+            )
+    return None

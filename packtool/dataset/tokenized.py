@@ -1,0 +1,145 @@
+"""The tokenized-Parquet format: its schema, its metadata, and what a set of such files records.
+
+Schema (docs/CONTRACTS.md): `doc_id` int64, `source` string, `input_ids` list<uint16|uint32>,
+`length` int32, the declared optional columns the documents carry (`loss_mask`), then the
+extra fields as strings. The schema metadata key `packtool` holds `{"format":
+"packtool.tokenized", "version": 1 or 2, "tokenizer": {...}, "columns": [...]}`.
+
+Written by `packtool tokenize` (packtool/tokenize/), read back as input by `pack` and `stats`
+and by the loader's online packing; this module is the part all of them share, so the loader
+reads tokenized Parquet without importing the tokenize stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packtool.dataset import columns as shard_columns
+from packtool.dataset.identity import TokenizerIdentity
+from packtool.errors import ConfigError, DataError
+from packtool.prefetch import map_ordered
+
+FORMAT = "packtool.tokenized"
+FORMAT_VERSION = 2
+"""Written when the documents carry optional columns (`loss_mask`); plain files stay version 1."""
+SUPPORTED_VERSIONS = (1, 2)
+META_KEY = b"packtool"
+
+
+def tokenized_schema(
+    identity: TokenizerIdentity,
+    extra_fields: Iterable[str] = (),
+    token_type: pa.DataType | None = None,
+    optional: Iterable[str] = (),
+) -> pa.Schema:
+    """The Arrow schema of tokenized Parquet, with the tokenizer identity in its metadata.
+
+    `optional`: declared optional shard columns the documents carry (packtool/dataset/columns.py), after
+    `length`, stored per document as the shards store them per row (`loss_mask`: bytes), a value
+    for per-document ones.
+    Files with one are version 2 (their metadata lists them); without, version 1 as before.
+    """
+    if token_type is None:
+        token_type = pa.uint16() if identity.vocab_size <= 1 << 16 else pa.uint32()
+    fields = [
+        pa.field("doc_id", pa.int64(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("input_ids", pa.list_(token_type), nullable=False),
+        pa.field("length", pa.int32(), nullable=False),
+    ]
+    optional = shard_columns.names(shard_columns.tokenized_optional(list(optional)))
+    for c in map(shard_columns.get, optional):  # stored as the shards store them
+        fields.append(
+            c.field(token_type)
+            if c.level == shard_columns.TOKEN
+            else pa.field(c.name, c.arrow_type(token_type), nullable=False)
+        )
+    fields += [pa.field(name, pa.string()) for name in extra_fields]
+    meta: dict[str, Any] = {"format": FORMAT, "version": 1, "tokenizer": identity.to_dict()}
+    if optional:
+        meta.update(version=FORMAT_VERSION, columns=list(optional))
+    return pa.schema(fields, metadata={META_KEY: json.dumps(meta).encode()})
+
+
+def optional_columns(meta: dict[str, Any]) -> tuple[str, ...]:
+    """The optional columns a tokenized file's metadata records (none before version 2)."""
+    return tuple(meta.get("columns", ())) if meta.get("version") == 2 else ()
+
+
+def common_optional(tokenized: list[tuple[Path, dict[str, Any]]]) -> tuple[str, ...]:
+    """The optional columns every tokenized input has; inputs that differ are a `DataError`."""
+    first_path, first_meta = tokenized[0]
+    first = optional_columns(first_meta)
+    for p, meta in tokenized[1:]:
+        other = optional_columns(meta)
+        if other != first:
+            raise DataError(
+                f"{p}: has columns {list(other) or 'none'} beyond the ids, unlike {first_path} "
+                f"({list(first) or 'none'}); a dataset is one kind: tokenize all of it the same way"
+            )
+    return first
+
+
+def tokenized_meta(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The `packtool` metadata of a tokenized Parquet file, or None for any other file."""
+    path = Path(path)
+    if not path.name.lower().endswith(".parquet"):
+        return None
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+    raw = (schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        return None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        raise DataError(f"{path}: malformed packtool metadata") from None
+    if meta.get("format") != FORMAT:
+        return None
+    if meta.get("version") not in SUPPORTED_VERSIONS:
+        raise DataError(
+            f"{path}: tokenized format version {meta.get('version')!r} is not supported "
+            f"(supported: {list(SUPPORTED_VERSIONS)}); re-run packtool tokenize"
+        )
+    return meta
+
+
+def split_tokenized(paths: list[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], list[Path]]:
+    """Inputs split into `packtool tokenize` files (with their metadata) and other files; a
+    mix of both is a `ConfigError`. Each footer is read once, several at a time."""
+    tokenized, raw = [], []
+    for p, meta in zip(paths, map_ordered(tokenized_meta, paths), strict=True):  # footers
+        if meta is None:
+            raw.append(p)
+        else:
+            tokenized.append((p, meta))
+    if tokenized and raw:
+        raise ConfigError(
+            f"inputs mix tokenized Parquet ({tokenized[0][0]}) with raw corpus files ({raw[0]}); "
+            "pass one kind at a time"
+        )
+    return tokenized, raw
+
+
+def common_identity(tokenized: list[tuple[Path, dict[str, Any]]]) -> TokenizerIdentity:
+    """The tokenizer every tokenized input records; inputs that differ are a `DataError`."""
+    first_path, first_meta = tokenized[0]
+    first = TokenizerIdentity.from_dict(first_meta["tokenizer"])
+    for p, meta in tokenized[1:]:
+        other = TokenizerIdentity.from_dict(meta["tokenizer"])
+        if not other.matches(first):
+            raise DataError(
+                f"{p}: tokenized with {other.kind}:{other.name} (vocab {other.vocab_size}, "
+                f"eos {other.eos_id}), unlike {first_path} ({first.kind}:{first.name}, "
+                f"vocab {first.vocab_size}, eos {first.eos_id})"
+            )
+    return first

@@ -1,0 +1,327 @@
+"""Data mixtures: named sources with weights and caps, the mixture file, and `packtool mix`.
+
+A mixture is a list of sources (a name, a packed dataset folder, a weight, an optional cap on
+repetitions and what happens at the cap) plus the unit the weights count (`tokens` or `rows`),
+a seed and an optional total length. This module holds the description and its checks (pure,
+no torch): `MixtureSpec`, `read_mixture_file` (JSON, or YAML when PyYAML is installed),
+`check_compatible` (one tokenizer and one max_len) and `plan_mixture`, which runs the loader's
+own schedule (`packtool.mixture.schedule`) on the sizes in each source's `index.json` for `packtool mix`.
+The loader's `MixedDataset` (loader/mixture/dataset.py) takes the same `MixtureSpec`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packtool.dataset.identity import IDENTITY_FIELDS
+from packtool.errors import ConfigError, MissingDependencyError
+
+UNITS = ("tokens", "rows")
+"""What a weight counts: tokens delivered (default) or packed rows."""
+AT_CAP = ("stop", "drop")
+"""At a source's `max_epochs`: end the whole mixture, or drop the source and renormalise."""
+SOURCE_KEYS = ("name", "path", "weight", "max_epochs", "at_cap")
+FILE_KEYS = ("sources", "unit", "seed", "total_tokens", "total_steps")
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+
+
+def parse_count(value: Any, what: str) -> int:
+    """A positive integer count: an int, or text like `10B`, `2.5M`, `1_000` (K, M, B/G, T).
+
+    Raises:
+        ConfigError: Anything else (the message names `what`).
+    """
+    if _is_number(value) and float(value).is_integer() and value > 0:
+        return int(value)
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([kKmMbBgGtT]?)\s*", value)
+        if m:
+            scale = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+            n = float(m.group(1).replace("_", "")) * scale[m.group(2).lower()]
+            if n >= 1 and n.is_integer():
+                return int(n)
+    raise ConfigError(
+        f"{what} must be a positive whole number (e.g. 1000000, 10B, 2.5M), got {value!r}"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceSpec:
+    """One source of a mixture."""
+
+    name: str
+    """Unique within the mixture; the resume state keys each source's cursor by it."""
+    path: Any
+    """A packed dataset folder (`packtool pack` output). In Python also a `PackedDataset` or a
+    `StreamingPackedDataset` (loader/mixture/dataset.py reads its data and settings)."""
+    weight: float = 1.0
+    """Relative weight (>= 0; normalised over the sources). 0 keeps a source's cursor without
+    drawing from it."""
+    max_epochs: float | None = None
+    """Most passes over the source (e.g. 2, or 0.5 for its first half per its epoch order);
+    None: repeated as long as the mixture runs."""
+    at_cap: str = "stop"
+    """At `max_epochs`: `stop` ends the whole mixture, `drop` removes the source and
+    renormalises the others' weights (reported)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError(f"a source name must be a non-empty string, got {self.name!r}")
+        if not _is_number(self.weight):
+            hint = ""
+            if isinstance(self.weight, str) and re.fullmatch(
+                r"[0-9.]+[eE][-+]?[0-9]+", self.weight
+            ):
+                hint = " (YAML reads 1e-3 as text: write 0.001 or 1.0e-3)"
+            raise ConfigError(
+                f"source {self.name!r}: weight must be a number, got {self.weight!r}{hint}"
+            )
+        if not math.isfinite(self.weight) or self.weight < 0:
+            raise ConfigError(
+                f"source {self.name!r}: weight must be a finite number >= 0, got {self.weight!r}"
+            )
+        if self.max_epochs is not None and (
+            not _is_number(self.max_epochs)
+            or not math.isfinite(self.max_epochs)
+            or self.max_epochs <= 0
+        ):
+            raise ConfigError(
+                f"source {self.name!r}: max_epochs must be a number > 0 or null, got "
+                f"{self.max_epochs!r}"
+            )
+        if self.at_cap not in AT_CAP:
+            raise ConfigError(
+                f"source {self.name!r}: at_cap {self.at_cap!r} is unknown; choose one of "
+                f"{list(AT_CAP)}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixtureSpec:
+    """A mixture: its sources, the unit its weights count, its seed and total length."""
+
+    sources: tuple[SourceSpec, ...]
+    unit: str = "tokens"
+    """`tokens` (weights are shares of the tokens delivered) or `rows` (of packed rows)."""
+    seed: int = 0
+    """Seeds every source's epoch order (with the source's fingerprint and epoch)."""
+    total_tokens: int | None = None
+    """End the mixture once this many tokens are delivered (the last step may be partial)."""
+    total_steps: int | None = None
+    """End the mixture after this many global steps."""
+    origin: str = field(default="", compare=False)
+    """Where the spec came from (a file), for messages."""
+
+    def __post_init__(self) -> None:
+        sources = tuple(self.sources)
+        object.__setattr__(self, "sources", sources)
+        if not sources:
+            raise ConfigError(f"{self._where()}a mixture needs at least one source")
+        for s in sources:
+            if not isinstance(s, SourceSpec):
+                raise ConfigError(f"{self._where()}sources must be SourceSpec, got {s!r}")
+        names = [s.name for s in sources]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(
+                f"{self._where()}duplicate source name(s) {', '.join(map(repr, dupes))}; "
+                "every source needs its own name"
+            )
+        if not any(s.weight > 0 for s in sources):
+            raise ConfigError(
+                f"{self._where()}every source has weight 0; give at least one a weight > 0"
+            )
+        if self.unit not in UNITS:
+            raise ConfigError(f"unit {self.unit!r} is unknown; choose one of {list(UNITS)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed!r}")
+        for key in ("total_tokens", "total_steps"):
+            value = getattr(self, key)
+            if value is not None:
+                object.__setattr__(self, key, parse_count(value, key))
+        if self.total_tokens is not None and self.total_steps is not None:
+            raise ConfigError("give total_tokens or total_steps, not both")
+
+    def _where(self) -> str:
+        return f"{self.origin}: " if self.origin else ""
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.sources]
+
+    def weights(self) -> dict[str, float]:
+        """Each source's share (weights normalised to sum to 1)."""
+        total = math.fsum(float(s.weight) for s in self.sources)
+        return {s.name: float(s.weight) / total for s in self.sources}
+
+    def source(self, name: str) -> SourceSpec:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise ConfigError(f"unknown source {name!r}; the mixture has {', '.join(self.names)}")
+
+    def with_weights(self, weights: Mapping[str, float]) -> MixtureSpec:
+        """The same mixture with some sources' weights changed (names checked)."""
+        for name in weights:
+            self.source(name)
+        sources = tuple(
+            replace(s, weight=weights[s.name]) if s.name in weights else s for s in self.sources
+        )
+        return replace(self, sources=sources)
+
+    def ends(self) -> bool:
+        """Whether the mixture has an end: a total length, a source that stops it at its cap,
+        or a cap on every source with a weight."""
+        if self.total_tokens is not None or self.total_steps is not None:
+            return True
+        drawn = [s for s in self.sources if s.weight > 0]
+        return any(s.max_epochs is not None and s.at_cap == "stop" for s in drawn) or all(
+            s.max_epochs is not None for s in drawn
+        )
+
+
+# --- the mixture file ------------------------------------------------------------------------
+
+
+def _unique_pairs(pairs: list[tuple[Any, Any]], where: str) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(f"{where}: key {key!r} appears twice; keep one")
+        out[key] = value
+    return out
+
+
+def _load_yaml(text: str, where: str) -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise MissingDependencyError(
+            f"{where}: reading YAML needs PyYAML (`pip install pyyaml`), or write the mixture "
+            "as JSON"
+        ) from None
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: Any, node: Any) -> dict[Any, Any]:
+        loader.flatten_mapping(node)
+        pairs = [(loader.construct_object(k), loader.construct_object(v)) for k, v in node.value]
+        return _unique_pairs(pairs, where)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    try:
+        return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+
+
+def read_mixture_file(path: str | os.PathLike) -> MixtureSpec:
+    """Read a mixture file (`.json`, or `.yaml` / `.yml` with PyYAML).
+
+    Relative source paths are taken relative to the file's folder. Duplicate keys, unknown keys
+    and values of the wrong type are refused with one line naming them.
+
+    Raises:
+        ConfigError: The file is missing or malformed.
+        MissingDependencyError: A YAML file without PyYAML installed.
+    """
+    file = Path(path)
+    where = str(file)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: mixture file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: cannot read the mixture file ({exc})") from None
+    if file.suffix.lower() in (".yaml", ".yml"):
+        data = _load_yaml(text, where)
+    else:
+        try:
+            data = json.loads(text, object_pairs_hook=lambda p: _unique_pairs(p, where))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: not valid JSON ({exc})") from None
+    return mixture_from_dict(data, base=file.parent, origin=where)
+
+
+def mixture_from_dict(
+    data: Any, *, base: str | os.PathLike | None = None, origin: str = "mixture"
+) -> MixtureSpec:
+    """A `MixtureSpec` from the parsed mixture file (`base`: folder for relative paths)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: a mixture is a mapping with a `sources` list")
+    unknown = sorted(set(data) - set(FILE_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{origin}: unknown key(s) {', '.join(map(repr, unknown))}; a mixture takes "
+            f"{', '.join(FILE_KEYS)}"
+        )
+    raw = data.get("sources")
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{origin}: `sources` must be a non-empty list of {{name, path, ...}}")
+    sources = []
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{origin}: sources[{i}] must be a mapping, got {entry!r}")
+        label = entry.get("name", f"sources[{i}]")
+        bad = sorted(set(entry) - set(SOURCE_KEYS))
+        if bad:
+            raise ConfigError(
+                f"{origin}: source {label!r}: unknown key(s) {', '.join(map(repr, bad))}; a "
+                f"source takes {', '.join(SOURCE_KEYS)}"
+            )
+        for key in ("name", "path"):
+            if key not in entry:
+                raise ConfigError(f"{origin}: source {label!r} has no {key!r}")
+        p = entry["path"]
+        if not isinstance(p, str) or not p:
+            raise ConfigError(f"{origin}: source {label!r}: path must be a folder, got {p!r}")
+        if base is not None and not os.path.isabs(p):
+            p = str(Path(base) / p)
+        kwargs = {k: entry[k] for k in ("weight", "max_epochs", "at_cap") if k in entry}
+        sources.append(SourceSpec(name=entry["name"], path=p, **kwargs))
+    kwargs = {k: data[k] for k in ("unit", "seed", "total_tokens", "total_steps") if k in data}
+    return MixtureSpec(sources=tuple(sources), origin=origin, **kwargs)
+
+
+# --- what the sources must share ---------------------------------------------------------------
+
+
+def check_compatible(entries: Sequence[tuple[str, Mapping[str, Any], int]]) -> None:
+    """Refuse sources that were packed with different tokenizers or max_len.
+
+    Args:
+        entries: `(name, tokenizer identity dict, max_len)` per source.
+
+    Raises:
+        ConfigError: One line naming the field that differs and each source's value.
+    """
+    if len({int(m) for _, _, m in entries}) > 1:
+        values = ", ".join(f"{n} {m}" for n, _, m in entries)
+        raise ConfigError(
+            f"the sources were packed with different max_len ({values}); pack them with one "
+            "--max-len"
+        )
+    for key in IDENTITY_FIELDS:  # as TokenizerIdentity.matches compares
+        if len({repr(t.get(key)) for _, t, _ in entries}) > 1:
+            values = ", ".join(
+                f"{n} {t.get('name', '?')} ({key} {t.get(key)!r})" for n, t, _ in entries
+            )
+            raise ConfigError(
+                f"the sources were packed with different tokenizers ({values}); a mixture needs "
+                "one tokenizer"
+            )

@@ -1,0 +1,146 @@
+"""A chunk's token ids as the batches they were encoded in, addressed as one flat array.
+
+A partition's chunk is the concatenation of the tokenizer's batches (`rechunk`).
+Copying them into one contiguous array first would cost a pass over every token after the last
+batch is encoded, on one core, in the single-threaded tail of a run (~0.02-0.2 s per 38 M
+GPT-2 tokens on the project's box: a fresh 75 MB allocation, slow when the kernel compacts
+memory for its huge pages). `FlatIds` keeps the batches and gathers the packed rows' tokens
+straight from them: each segment lies inside one document, and each document inside one batch,
+so a segment is copied from its batch in one piece (`gather`). The tokens and their order are
+the same as gathering from the concatenation.
+
+Coordinates are those of `column.combine_chunks()` (which copies even a single chunk): token 0
+is the first token of the first document, over the batches in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numba
+import numpy as np
+import pyarrow as pa
+from numpy.typing import ArrayLike, NDArray
+
+from packtool.arrow_numpy import to_numpy
+from packtool.errors import DataError
+from packtool.pack import kernels
+
+
+class FlatIds:
+    """The values of a list column (`input_ids`), chunk by chunk, without concatenating them.
+
+    Args:
+        column: a list (or large list) column, one chunk or several.
+
+    Attributes:
+        doc_start: int64, (documents + 1,): each document's first token, then the end.
+
+    Raises:
+        DataError: the column is not a list of ids, or holds a null id.
+    """
+
+    def __init__(self, column: pa.ChunkedArray | pa.Array) -> None:
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        kind = column.type
+        if not pa.types.is_list(kind) and not pa.types.is_large_list(kind):
+            raise DataError(f"input_ids must be a list column, found {kind}")
+        self._arrays: list[pa.Array] = []  # each chunk's own ids (slices, no copy)
+        starts = [0]
+        doc_start = []
+        for c in chunks:
+            if not len(c):
+                continue
+            offsets = to_numpy(c.offsets).astype(np.int64)  # absolute in a slice's child array
+            self._arrays.append(c.values.slice(offsets[0], offsets[-1] - offsets[0]))
+            doc_start.append(offsets[:-1] - offsets[0] + starts[-1])
+            starts.append(starts[-1] + int(offsets[-1] - offsets[0]))
+        doc_start.append(np.array([starts[-1]], dtype=np.int64))
+        self.doc_start: NDArray[np.int64] = np.concatenate(doc_start)
+        self._starts = np.asarray(starts, dtype=np.int64)  # (chunks + 1,)
+        if not self._arrays:  # no rows
+            self._arrays.append(pa.array([], kind.value_type))
+        self._values: list[np.ndarray] | None = None
+
+    def values(self) -> list[np.ndarray]:
+        """Each chunk's ids as numpy (views).
+
+        Raises:
+            DataError: an id is null (checked here, when the ids are first needed, as
+                `pack_table` always did).
+        """
+        if self._values is None:
+            if any(a.null_count for a in self._arrays):
+                raise DataError("input_ids holds null token ids")
+            self._values = [to_numpy(a) for a in self._arrays]
+        return self._values
+
+    def gather(self, src: ArrayLike, lengths: ArrayLike) -> NDArray:
+        """Concatenate tokens `[src[i], src[i] + lengths[i])` for every i (global coordinates).
+
+        Raises:
+            ValueError: `src` and `lengths` differ in shape, or a segment is not inside one
+                chunk (segments are pieces of one document, which never spans chunks).
+        """
+        src = np.ascontiguousarray(src, dtype=np.int64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        chunks = self.values()
+        if len(chunks) == 1:
+            return kernels.gather_segments(chunks[0], src, lengths)
+        if src.shape != lengths.shape or src.ndim != 1:
+            raise ValueError(
+                f"src and lengths must be 1-D of one shape, got {src.shape}, {lengths.shape}"
+            )
+        n_chunks = len(chunks)
+        chunk = np.clip(np.searchsorted(self._starts, src, side="right") - 1, 0, n_chunks - 1)
+        if src.size and (
+            src.min() < 0 or lengths.min() < 0 or np.any(src + lengths > self._starts[chunk + 1])
+        ):
+            raise ValueError("a segment falls outside the chunk it starts in")
+        dst = np.cumsum(lengths) - lengths
+        out = np.empty(int(lengths.sum()), dtype=chunks[0].dtype)
+        # Segments grouped by chunk (stable: each chunk's in output order), one kernel call per
+        # chunk: O(segments log segments + tokens), however many batches the chunk holds.
+        order = np.argsort(chunk, kind="stable")
+        bounds = np.searchsorted(chunk[order], np.arange(n_chunks + 1))
+        for k in range(n_chunks):
+            pick = order[bounds[k] : bounds[k + 1]]
+            if len(pick):
+                local = src[pick] - self._starts[k]
+                _scatter_segments(chunks[k], local, dst[pick], lengths[pick], out)
+        return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter_segments(values, src, dst, lengths, out):  # pragma: no cover - compiled
+    for i in range(lengths.size):
+        s, d = src[i], dst[i]
+        for t in range(lengths[i]):
+            out[d + t] = values[s + t]
+
+
+def warm_up() -> None:
+    """Load the kernel from numba's cache (or compile it) for every id dtype."""
+    for dtype in (np.uint16, np.uint32):
+        v = np.arange(4, dtype=dtype)
+        _scatter_segments(v, np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64), v)
+
+
+def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
+    """Regroup a stream of tables into tables of exactly `chunk_docs` rows (the last fewer).
+
+    The tables keep the batches as their chunks (no copy): `pack_table` reads the ids chunk by
+    chunk (`FlatIds`), so no pass over every token runs after the last batch.
+    """
+    pending: list[pa.Table] = []
+    held = 0
+    for batch in batches:
+        pending.append(batch)
+        held += batch.num_rows
+        while held >= chunk_docs:
+            table = pa.concat_tables(pending)
+            yield table.slice(0, chunk_docs)
+            rest = table.slice(chunk_docs)
+            pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+    if held:
+        yield pa.concat_tables(pending)

@@ -1,0 +1,33 @@
+"""The packer's options and their bounds, checked without loading the kernels (numba).
+
+The loader validates its settings (`loader.config`) against these when a config is made, and
+packtool/pack/kernels.py and packtool/pack/chunk.py use them; keeping them here lets a process
+that only reads packed shards skip numba's import (~0.4 s).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from packtool.errors import ConfigError
+
+LONG_DOC_POLICIES = ("split", "truncate", "drop")
+"""What a document longer than max_len becomes: cut into max_len pieces, cut to one, or left out."""
+ALGORITHMS = ("ffd", "bfd")
+MAX_LEN_LIMIT = 1 << 24
+"""The largest max_len accepted (16,777,216 tokens). The kernels' work arrays are indexed by
+length and remaining capacity, tens of bytes per unit of max_len: at this limit `packtool pack`
+and `packtool stats` peak at ~1.2-1.3 GB whatever the corpus, and 2**30 was measured past 24 GB."""
+
+
+def check_max_len(max_len: object, name: str = "max_len", minimum: int = 1) -> int:
+    """`max_len` as an int if it is an integer in [minimum, MAX_LEN_LIMIT], else `ConfigError`."""
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigError(f"{name} must be {what}, got {max_len!r}")
+    if max_len > MAX_LEN_LIMIT:
+        raise ConfigError(
+            f"{name} {max_len} is too large: at most {MAX_LEN_LIMIT:,} (2**24) tokens per row "
+            "are supported (memory grows with the row length)"
+        )
+    return int(max_len)

@@ -1,0 +1,72 @@
+"""Corpus readers: plain text, JSONL and Parquet (text and JSONL also .gz / .zst), from files,
+folders and globs.
+
+`read_corpus` streams the documents of every input in order, in `DocumentBatch`es of bounded
+size (packtool/read/documents.py), each file read by its format's reader
+(packtool/read/formats.py: text.py, jsonl.py, parquet.py).
+
+Which bad input is an error and which is a skip (see docs/tokenize.md):
+
+- error: a path that matches nothing, an unreadable, truncated or corrupt file, a Parquet file
+  without the text column (or an extra field), a JSONL file in which no line has the text field;
+- skip (reason): a line that is not a JSON object (`malformed_json`), a line without the text
+  field or with a null/non-string value (`missing_field`), bytes that are not UTF-8
+  (`invalid_utf8`), a document with no text (`empty`).
+
+A UTF-8 byte order mark at the start of a text or JSONL file is not part of the data and is
+dropped. A `.json` file that holds one JSON array (rather than JSON Lines) is read as the
+objects in it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from packtool.read.documents import BatchBuilder, DocumentBatch, ReadConfig, SkipCounter
+from packtool.read.formats import KNOWN_SHORT, KNOWN_SUFFIXES, read_file
+from packtool.storage.local import expand
+
+
+def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
+    """Expand files, folders (recursively, the corpus suffixes only) and globs into a file list
+    (`packtool.storage.local.expand`: each input's matches sorted, the inputs in their order,
+    duplicates dropped).
+
+    Raises:
+        DataError: an input matches no file, or names something that is not a regular file.
+    """
+    return expand(inputs, KNOWN_SUFFIXES, KNOWN_SHORT)
+
+
+def read_corpus(
+    inputs: Iterable[str | os.PathLike],
+    config: ReadConfig | None = None,
+    skips: SkipCounter | None = None,
+) -> Iterator[DocumentBatch]:
+    """Stream the documents of `inputs` as batches, in input order.
+
+    Files are opened lazily, one at a time: the first batch arrives before later files are read.
+
+    Args:
+        inputs: files, folders and globs (see `expand_inputs`).
+        config: reading options; defaults to `ReadConfig()`.
+        skips: where skipped documents are counted; a fresh counter (strict as `config.strict`)
+            when None.
+
+    Raises:
+        DataError: a missing path, an unreadable file, a missing Parquet column, or any skip in
+            strict mode.
+    """
+    config = config or ReadConfig()
+    skips = skips if skips is not None else SkipCounter(strict=config.strict)
+    paths = expand_inputs(inputs)
+    builder = BatchBuilder(config)
+    for path in paths:
+        for text, extras, nbytes, _ in read_file(path, config, skips):
+            builder.add(text, str(path), extras, nbytes)
+            if builder.full:
+                yield builder.flush()
+    if builder.texts:
+        yield builder.flush()

@@ -1,0 +1,174 @@
+"""Document ids that are unique across input files without remembering any id.
+
+A document id names where its document was read: the index of its input file (in the order the
+inputs expand to, `corpus.expand_inputs`) and its record offset inside that file. Two files can
+then never give the same id, whatever ids they carry themselves, and no set of seen ids (memory
+growing with the corpus) is needed to prove it.
+
+Bit layout of the int64 (the sign bit stays 0, so every id is >= 0):
+
+    bit 63   bits 62..39               bits 38..0
+    0        file index (24 bits)      offset inside the file (39 bits)
+
+so up to 16,777,216 input files, and offsets up to 549,755,813,887 (512 GiB). `packtool pack`
+numbers every document this way, with the offset in the unit of its file's kind:
+
+- `byte`: JSON Lines (also `.gz` / `.zst`): the byte offset where the document's line starts
+  (in the decompressed stream), so a worker reading any byte range of the file knows its ids
+  without counting the lines before it, and the same line has the same id however the file is
+  cut into partitions;
+- `row`: Parquet (text, tokenized, pre-tokenized): the row in the file, counted over its row
+  groups (a tokenized input's id then leads back to its tokenized row);
+- `item`: a `.json` file holding one array: the element's index;
+- `file`: a text file, one document: 0;
+- `record`: fine-tuning records (prompt/completion, chat): the k-th record the file
+  contributed (records whose mask trains on nothing are dropped before they are numbered).
+
+`index.json` records the scheme, the input files and each one's unit (`extra.doc_ids`); with
+more than `INLINE_FILES` files the two lists go to `SOURCES_FILE` beside it, so that the
+manifest every loader rank reads stays small (10^5 files are ~10 MB of paths). `locate` and
+`where` turn an id back into a file and offset, and a `file:line N` a person can open.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from packtool.errors import DataError
+
+FILE_BITS = 24
+OFFSET_BITS = 39
+MAX_FILES = 1 << FILE_BITS
+MAX_OFFSET = (1 << OFFSET_BITS) - 1
+SCHEME = "file_offset"
+"""The name `index.json` records for this layout (`extra.doc_ids.scheme`)."""
+UNITS = ("byte", "row", "item", "file", "record")
+"""What an offset counts, per input file (see the module docstring)."""
+INLINE_FILES = 1000
+"""Up to this many input files are listed inside `index.json`; more go to `SOURCES_FILE`."""
+SOURCES_FILE = "sources.json"
+
+
+def encode(file_index: int, offsets: NDArray[np.integer] | int) -> NDArray[np.int64] | int:
+    """The ids of records at `offsets` inside input file `file_index`.
+
+    Raises:
+        DataError: the file index or an offset does not fit its bits.
+    """
+    if not 0 <= file_index < MAX_FILES:
+        raise DataError(
+            f"input file number {file_index} is beyond the {MAX_FILES:,} files ids can name"
+        )
+    if isinstance(offsets, (int, np.integer)):
+        if not 0 <= offsets <= MAX_OFFSET:
+            raise DataError(
+                f"record {offsets} is beyond the {MAX_OFFSET + 1:,} records per file ids can name"
+            )
+        return (int(file_index) << OFFSET_BITS) | int(offsets)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if len(offsets) and (offsets.min() < 0 or offsets.max() > MAX_OFFSET):
+        raise DataError(
+            f"a record offset is beyond the {MAX_OFFSET + 1:,} records per file ids can name"
+        )
+    return (np.int64(file_index) << np.int64(OFFSET_BITS)) | offsets
+
+
+def decode(doc_ids: NDArray[np.integer] | int) -> tuple[Any, Any]:
+    """(file index, offset inside the file) of each id; the inverse of `encode`."""
+    if isinstance(doc_ids, (int, np.integer)):
+        return int(doc_ids) >> OFFSET_BITS, int(doc_ids) & MAX_OFFSET
+    ids = np.asarray(doc_ids, dtype=np.int64)
+    return ids >> OFFSET_BITS, ids & MAX_OFFSET
+
+
+def record(
+    files: list[str], units: list[str] | None = None, *, sources_sha256: str | None = None
+) -> dict[str, Any]:
+    """What `index.json` records under `extra.doc_ids` for ids made from `files`.
+
+    `units`: each file's offset unit (default `row` for all). With `sources_sha256`, the lists
+    live in `SOURCES_FILE` (whose sha256 it is) and the record only counts them.
+    """
+    units = units if units is not None else ["row"] * len(files)
+    head = {"scheme": SCHEME, "file_bits": FILE_BITS, "offset_bits": OFFSET_BITS}
+    if sources_sha256 is not None:
+        return {**head, "num_files": len(files), "sources": SOURCES_FILE, "sha256": sources_sha256}
+    return {**head, "files": files, "units": units}
+
+
+def sources_bytes(files: list[str], units: list[str]) -> bytes:
+    """The contents of `SOURCES_FILE` for `files` (when there are more than `INLINE_FILES`)."""
+    import json
+
+    return (json.dumps({"files": files, "units": units}) + "\n").encode()
+
+
+def _lists(info: dict[str, Any], directory: Any) -> tuple[list[str], list[str]]:
+    if "files" in info:
+        files = info["files"]
+        return files, info.get("units") or ["row"] * len(files)
+    if directory is None:
+        raise DataError(f"the dataset lists its input files in {SOURCES_FILE}; pass its folder")
+    import json
+    from pathlib import Path
+
+    path = Path(directory) / info.get("sources", SOURCES_FILE)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data["files"], data["units"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: unreadable list of input files ({exc})") from None
+
+
+def locate(extra: dict[str, Any], doc_id: int, directory: Any = None) -> tuple[str, int]:
+    """(input file, offset) a packed document came from, from a manifest's `extra`.
+
+    `directory`: the dataset folder, needed when the files are listed in `SOURCES_FILE`.
+
+    Raises:
+        DataError: the dataset's ids are not of this scheme, or the id names no listed file.
+    """
+    file, offset, _ = source(extra, doc_id, directory)
+    return file, offset
+
+
+def source(extra: dict[str, Any], doc_id: int, directory: Any = None) -> tuple[str, int, str]:
+    """(input file, offset, unit) a packed document came from (see `locate`)."""
+    info = extra.get("doc_ids") or {}
+    if info.get("scheme") != SCHEME:
+        raise DataError(
+            f"the dataset's doc ids are {info.get('scheme', 'sequential')!r}, not {SCHEME!r}: "
+            "they number documents in reading order"
+        )
+    file_index, offset = decode(int(doc_id))
+    files, units = _lists(info, directory)
+    if file_index >= len(files):
+        raise DataError(
+            f"doc id {doc_id} names input file {file_index}; the dataset lists {len(files)}"
+        )
+    return files[file_index], offset, units[file_index]
+
+
+def where(file: str, offset: int, unit: str, *, count_lines: bool = True) -> str:
+    """`file:line N (byte B)`, `file:row N`, `file:item N` or `file`: a document's place.
+
+    A line number is counted from the byte offset (one read of the file up to it; skipped
+    with `count_lines=False` or when the file is gone).
+    """
+    if unit == "byte":
+        if count_lines:
+            from pathlib import Path
+
+            from packtool.read.lines import line_number
+
+            try:
+                return f"{file}:line {line_number(Path(file), offset)} (byte {offset})"
+            except (OSError, EOFError):
+                pass
+        return f"{file}:byte {offset}"
+    if unit in ("row", "item", "record"):
+        return f"{file}:{unit} {offset}"
+    return file

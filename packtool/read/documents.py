@@ -1,0 +1,207 @@
+"""What reading yields: documents in `DocumentBatch`es, skips counted, options in `ReadConfig`.
+
+Every reader (packtool/read/text.py, jsonl.py, parquet.py) yields `Doc` tuples; `BatchBuilder`
+gathers them into batches of bounded size, so memory does not grow with the corpus. Every
+document that cannot be used is a counted skip (`SkipCounter`), never a silent drop;
+`strict=True` turns the first skip into a `DataError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from packtool.dataset.columns import names, optional
+from packtool.errors import ConfigError, DataError
+from packtool.read import docids
+from packtool.read.sft_config import SFTConfig
+
+RESERVED_COLUMNS = ("doc_id", "source", "input_ids", "length", *names(optional()))
+"""Column names of the tokenized table (with the declared optional ones, packtool/dataset/columns.py);
+an extra field may not take one of them."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadConfig:
+    """How to read a corpus."""
+
+    text_field: str = "text"
+    """The JSONL key holding a document's text."""
+    text_column: str = "text"
+    """The Parquet column holding a document's text."""
+    extra_fields: tuple[str, ...] = ()
+    """String fields (JSONL keys / Parquet columns) carried along with each document, e.g. for
+    `--group-by`. A missing value becomes null. `source` (the file path) is always carried."""
+    strict: bool = False
+    """Raise `DataError` at the first skipped document instead of counting it."""
+    batch_docs: int = 8192
+    """At most this many documents per batch. Large batches keep the Rust tokenizers' threads
+    busy: on 2 cores, 2,048-document batches measured ~5% slower than 8,192."""
+    batch_bytes: int = 8 << 20
+    """A batch ends once its texts reach this many bytes (bounds memory with long documents)."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Fine-tuning inputs: the dataset's kind, field names, chat template, `--train-on`
+    (packtool/read/sft_config.py; read by packtool/sft/inputs.py and packtool/sft/encode.py)."""
+
+    def __post_init__(self) -> None:
+        if not self.text_field:
+            raise ConfigError("text_field must be a non-empty string")
+        if not self.text_column:
+            raise ConfigError("text_column must be a non-empty string")
+        if isinstance(self.extra_fields, str) or not all(
+            isinstance(f, str) and f for f in self.extra_fields
+        ):
+            raise ConfigError(
+                f"extra_fields must be a tuple of non-empty names, got {self.extra_fields!r}"
+            )
+        clash = sorted(set(self.extra_fields) & set(RESERVED_COLUMNS))
+        if clash:
+            raise ConfigError(
+                f"extra field {clash[0]!r} clashes with a built-in column "
+                f"(reserved: {', '.join(RESERVED_COLUMNS)}; `source` is always the file path)"
+            )
+        if len(set(self.extra_fields)) != len(self.extra_fields):
+            raise ConfigError(f"extra_fields has duplicates: {self.extra_fields!r}")
+        if self.batch_docs < 1:
+            raise ConfigError(f"batch_docs must be >= 1, got {self.batch_docs}")
+        if self.batch_bytes < 1:
+            raise ConfigError(f"batch_bytes must be >= 1, got {self.batch_bytes}")
+        if not isinstance(self.sft, SFTConfig):
+            raise ConfigError(f"sft must be an SFTConfig, got {type(self.sft).__name__}")
+
+
+@dataclass(kw_only=True)
+class DocumentBatch:
+    """A batch of documents in reading order."""
+
+    doc_ids: np.ndarray
+    """int64, (n,): from `read_corpus`, global ids, sequential in reading order over all inputs
+    (skips take none); from `read_piece`, `docids.encode(file index, record offset)`."""
+    texts: list[str]
+    sources: list[str]
+    """The file each document came from."""
+    extras: dict[str, list[str | None]] = field(default_factory=dict)
+    """One list per `ReadConfig.extra_fields` entry."""
+    nbytes: int = 0
+    """Input bytes this batch consumed (uncompressed), for throughput figures."""
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+class SkipCounter:
+    """Counts skipped documents per reason and keeps the first few `file:line` examples.
+
+    Args:
+        strict: raise `DataError` at the first skip instead of counting it.
+        max_examples: examples kept per reason.
+    """
+
+    def __init__(self, *, strict: bool = False, max_examples: int = 3) -> None:
+        self.strict = strict
+        self.max_examples = max_examples
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, list[str]] = {}
+
+    def add(self, reason: str, where: str, detail: str = "") -> None:
+        """Record one skipped document; `where` is `file` or `file:line`."""
+        if self.strict:
+            extra = f" ({detail})" if detail else ""
+            raise DataError(
+                f"{where}: {reason.replace('_', ' ')}{extra}; "
+                "run without --strict to skip and count such documents"
+            )
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        examples = self.examples.setdefault(reason, [])
+        if len(examples) < self.max_examples:
+            examples.append(f"{where} ({detail})" if detail else where)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(sorted(self.counts.items()))
+
+    def summary(self) -> str:
+        """One line: `3 skipped: empty 2 (a.jsonl:4, ...), malformed_json 1 (...)`, or `no skips`."""
+        if not self.counts:
+            return "no skips"
+        parts = [
+            f"{reason} {n} (e.g. {', '.join(self.examples.get(reason, []))})"
+            for reason, n in sorted(self.counts.items())
+        ]
+        return f"{self.total} skipped: " + "; ".join(parts)
+
+    def note(self) -> str:
+        """` (<summary>)` to end an error message with, or "" when nothing was skipped."""
+        return f" ({self.summary()})" if self.total else ""
+
+
+Doc = tuple[str, tuple[str | None, ...], int, int]
+"""(text, extra field values, input bytes, record offset in the file: see `read_piece`)."""
+
+
+class BatchBuilder:
+    """Documents gathered into `DocumentBatch`es of at most `batch_docs` documents or
+    `batch_bytes` of text, their ids sequential (`file_index` None) or file index + offset."""
+
+    def __init__(self, config: ReadConfig, file_index: int | None = None) -> None:
+        self.config = config
+        self.file_index = file_index
+        self.next_id = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.texts: list[str] = []
+        self.sources: list[str] = []
+        self.extras: dict[str, list[str | None]] = {f: [] for f in self.config.extra_fields}
+        self.nbytes = 0
+        self.text_bytes = 0
+        self.offsets: list[int] = []
+
+    def add(
+        self, text: str, source: str, extras: tuple[str | None, ...], nbytes: int, offset: int = 0
+    ) -> None:
+        self.texts.append(text)
+        self.offsets.append(offset)
+        self.sources.append(source)
+        for name, value in zip(self.config.extra_fields, extras, strict=True):
+            self.extras[name].append(value)
+        self.nbytes += nbytes
+        self.text_bytes += len(text)  # characters: a cheap stand-in for bytes
+
+    @property
+    def full(self) -> bool:
+        return (
+            len(self.texts) >= self.config.batch_docs or self.text_bytes >= self.config.batch_bytes
+        )
+
+    def flush(self) -> DocumentBatch:
+        n = len(self.texts)
+        if self.file_index is None:
+            ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        else:
+            ids = docids.encode(self.file_index, np.asarray(self.offsets, dtype=np.int64))
+        batch = DocumentBatch(
+            doc_ids=ids,
+            texts=self.texts,
+            sources=self.sources,
+            extras=self.extras,
+            nbytes=self.nbytes,
+        )
+        self.next_id += n
+        self._reset()
+        return batch
+
+
+def as_extra(value: Any) -> str | None:
+    """An extra field's value as the string column stores it (JSON for objects and lists)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        return orjson.dumps(value).decode()
+    return str(value)

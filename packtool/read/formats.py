@@ -1,0 +1,93 @@
+"""The input formats, one registry: a file's format from its name, and its reader.
+
+Each format is one module (packtool/read/text.py, jsonl.py, parquet.py) with its suffixes and
+its reader; `FORMATS` lists them, and everything that asks what a file is (reading, the
+partition plan, the fine-tuning readers, preflight) asks `format_of`. Adding a format is one
+module and one entry here (docs/CONTRACTS.md, "Adding a reader format").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from packtool.errors import DataError
+from packtool.read import jsonl, parquet, text
+from packtool.read.compressed import zstd_error
+from packtool.read.documents import Doc, ReadConfig, SkipCounter
+from packtool.read.lines import TO_END
+
+
+@dataclass(frozen=True)
+class Format:
+    """One input format."""
+
+    name: str
+    """`jsonl`, `parquet` or `text`: what plans, records and messages call it."""
+    suffixes: tuple[str, ...]
+    """Names this format reads when a file is named explicitly or matched by a glob."""
+    walked: tuple[str, ...]
+    """Names picked up when walking a folder (`.json` is read when named, not walked)."""
+    read: Callable[..., Iterator[Doc]]
+    """`read(path, config, skips, start, end)`: the documents of the file or of one piece (bytes
+    of JSONL, row groups of Parquet: packtool/engines/plan.py decides where a file is cut)."""
+
+
+def _read_text(path: Path, config: ReadConfig, skips: SkipCounter, start: int, end: int):
+    return text.read_text(path, config, skips)  # one document a file: never cut
+
+
+JSONL = Format(
+    "jsonl",
+    jsonl.JSONL_SUFFIXES + jsonl.JSON_SUFFIXES,
+    jsonl.JSONL_SUFFIXES,
+    jsonl.read_jsonl,
+)
+PARQUET = Format(
+    "parquet",
+    parquet.PARQUET_SUFFIXES,
+    parquet.PARQUET_SUFFIXES,
+    parquet.read_parquet,
+)
+TEXT = Format("text", text.TEXT_SUFFIXES, text.TEXT_SUFFIXES, _read_text)
+FORMATS = (JSONL, PARQUET, TEXT)
+"""Every format, in the order a name is matched against them."""
+FALLBACK = TEXT
+"""A file named explicitly with no known suffix is read as plain text, one document a file."""
+
+KNOWN_SUFFIXES = tuple(s for f in FORMATS for s in f.walked)
+"""Suffixes picked up when walking a folder. A file named explicitly (or matched by a glob) with
+any other suffix is read as plain text, one document per file (decompressed when it ends in
+`.gz` / `.zst`), except `.json` (below)."""
+_KNOWN_SHORT = ".jsonl, .ndjson, .parquet, .txt, .md, .text (text and JSONL also .gz / .zst)"
+KNOWN_SHORT = ".jsonl, .ndjson, .parquet, .txt, .md, .text (text and JSONL also .gz / .zst)"
+"""The walked suffixes as an error message names them."""
+
+
+def format_of(path: Path) -> Format:
+    """The format that reads `path`, from its name (`FALLBACK` for any other name)."""
+    name = path.name.lower()
+    return next((f for f in FORMATS if name.endswith(f.suffixes)), FALLBACK)
+
+
+def file_kind(path: Path) -> str:
+    """`jsonl`, `parquet` or `text`, from the file name (`format_of(path).name`)."""
+    return format_of(path).name
+
+
+def read_file(
+    path: Path, config: ReadConfig, skips: SkipCounter, start: int = 0, end: int = TO_END
+) -> Iterator[Doc]:
+    """The documents of `path` (of its piece `[start, end)`: bytes or row groups, as its format
+    counts them), read by its format's reader; every way a file can fail to read is one
+    `DataError` naming it (unreadable, truncated, a corrupt gzip or zstd stream)."""
+    fmt = format_of(path)
+    try:
+        yield from fmt.read(path, config, skips, start, end)
+    except OSError as exc:  # also gzip.BadGzipFile
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except EOFError as exc:
+        raise DataError(f"{path}: file is truncated ({exc})") from None
+    except zstd_error() as exc:
+        raise DataError(f"{path}: corrupt zstd stream ({exc})") from None

@@ -1,0 +1,135 @@
+"""JSON Lines (`.jsonl`, `.ndjson`, also `.gz` / `.zst`) and `.json` files: one object a document.
+
+A line that is not a JSON object is a `malformed_json` skip, an object without the text field
+(or with a null or non-string one) a `missing_field` skip, bytes that are not UTF-8
+`invalid_utf8`; a file in which no line has the text field is an error. A `.json` file whose
+first character is `[` is read as one JSON array of objects. Byte ranges of a file (a partition's
+piece) start and end at line starts (packtool/read/lines.py). The fine-tuning readers
+(packtool/sft/inputs.py) read records through `jsonl_objects` and `read_json_array` too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from packtool.errors import DataError
+from packtool.read.compressed import open_stream
+from packtool.read.documents import Doc, ReadConfig, SkipCounter, as_extra
+from packtool.read.lines import BOM, TO_END, lines
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
+JSON_SUFFIXES = (".json", ".json.gz", ".json.zst")
+"""Read as JSON Lines when named explicitly or matched by a glob (many datasets name JSON Lines
+`.json`), but not picked up in folders, where `.json` files are usually configuration. A `.json`
+file whose first character is `[` is read as one JSON array of objects instead."""
+
+_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+
+# How many JSON objects without the text field, and none with it, before a file is an error.
+MISSING_FIELD_PATIENCE = 1000
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type (`number`, `array`, `null`, ...)."""
+    return _JSON_TYPES.get(type(value), "number")
+
+
+def json_array_file(path: Path) -> bool:
+    """A `.json` file whose first non-blank byte is `[`: one JSON array, not JSON Lines."""
+    if not path.name.lower().endswith(JSON_SUFFIXES):
+        return False
+    with open_stream(path) as f:
+        head = f.read(4096).removeprefix(BOM).lstrip()
+    return head.startswith(b"[")
+
+
+def read_json_array(path: Path) -> Iterator[tuple[str, Any, int, int]]:
+    """(where, object, bytes, item index) for each element of a file holding one JSON array."""
+    with open_stream(path) as f:
+        data = f.read().removeprefix(BOM)
+    try:
+        items = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise DataError(
+            f"{path}: starts with '[' but is not one valid JSON array ({exc}); "
+            "JSON Lines files must have one object per line"
+        ) from None
+    if not isinstance(items, list):  # pragma: no cover - a leading '[' parses as an array
+        raise DataError(f"{path}: expected a JSON array")
+    per_item = len(data) // max(len(items), 1)
+    for i, obj in enumerate(items):
+        yield f"{path}:item {i}", obj, per_item, i
+
+
+def jsonl_objects(
+    path: Path, skips: SkipCounter, start: int = 0, end: int = TO_END
+) -> Iterator[tuple[str, Any, int, int]]:
+    """(where, parsed object, bytes, byte offset) per non-blank line starting in `[start, end)`;
+    unparseable lines are counted skips. `where` is `file:line`, or `file:byte N` inside a
+    range that does not start the file (its line numbers are unknown there)."""
+    for offset, lineno, line in lines(path, start, end):
+        if not line.strip():
+            continue  # a blank line is not a document
+        where = f"{path}:{lineno}" if lineno is not None else f"{path}:byte {offset}"
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                skips.add("invalid_utf8", where)
+            else:
+                skips.add("malformed_json", where, str(exc).split(":")[0])
+            continue
+        yield where, obj, len(line), offset
+
+
+def read_jsonl(
+    path: Path, config: ReadConfig, skips: SkipCounter, start: int = 0, end: int = TO_END
+) -> Iterator[Doc]:
+    field_name = config.text_field
+    extra_fields = config.extra_fields
+    seen_field = False
+    objects_without = 0
+    first_keys: list[str] = []
+    if json_array_file(path):
+        objects = read_json_array(path)
+    else:
+        objects = jsonl_objects(path, skips, start, end)
+    for where, obj, nbytes, offset in objects:
+        if not isinstance(obj, dict):
+            skips.add("malformed_json", where, f"a JSON {json_type(obj)}, not an object")
+            continue
+        text = obj.get(field_name)
+        if text is None:
+            if not seen_field:
+                objects_without += 1
+                if not first_keys:
+                    first_keys = sorted(obj)
+                if objects_without >= MISSING_FIELD_PATIENCE:
+                    raise_missing_field(path, field_name, first_keys)
+            what = f"no {field_name!r}" if field_name not in obj else f"{field_name!r} is null"
+            skips.add("missing_field", where, what)
+            continue
+        seen_field = True
+        if not isinstance(text, str):
+            skips.add("missing_field", where, f"{field_name!r} is a {json_type(text)}")
+            continue
+        if not text:
+            skips.add("empty", where)
+            continue
+        extras = tuple(as_extra(obj.get(name)) for name in extra_fields)
+        yield text, extras, nbytes, offset
+    if objects_without and not seen_field:
+        raise_missing_field(path, field_name, first_keys)
+
+
+def raise_missing_field(path: Path, field_name: str, keys: list[str]) -> None:
+    raise DataError(
+        f"{path}: no line has the text field {field_name!r} "
+        f"(fields found: {', '.join(keys) or 'none'}); pass --text-field NAME"
+    )

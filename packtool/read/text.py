@@ -1,0 +1,34 @@
+"""Plain text: one document per file (`.txt`, `.md`, `.text`, also `.gz` / `.zst`).
+
+A UTF-8 byte order mark at the start is not part of the document and is dropped; bytes that
+are not UTF-8 make the file an `invalid_utf8` skip, an empty file an `empty` skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from packtool.read.compressed import open_stream
+from packtool.read.documents import Doc, ReadConfig, SkipCounter
+from packtool.read.lines import BOM
+
+TEXT_SUFFIXES = tuple(f"{s}{c}" for s in (".txt", ".md", ".text") for c in ("", ".gz", ".zst"))
+"""One document per file; `.gz` / `.zst` are decompressed first."""
+
+
+def read_text(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[Doc]:
+    """The file as one document (`Doc`), or nothing (a counted skip)."""
+    with open_stream(path) as f:
+        data = f.read()
+    nbytes = len(data)
+    data = data.removeprefix(BOM)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        skips.add("invalid_utf8", str(path), f"byte {exc.start}")
+        return
+    if not text:
+        skips.add("empty", str(path))
+        return
+    yield text, (None,) * len(config.extra_fields), nbytes, 0

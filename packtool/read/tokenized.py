@@ -1,0 +1,138 @@
+"""Tokenized Parquet read back as input: every row checked, and ids unique across files.
+
+`packtool pack` and `packtool stats` trust nothing in a tokenized file they did not just write:
+it may come from another tool, be edited by hand, or be damaged. Each row group read goes
+through `checked_table`, vectorised over the whole row group (a min/max and a comparison, small
+next to decompressing it), so that every input `pack` accepts makes a dataset `verify` accepts:
+
+- `input_ids` is a list of integer ids, none null, each in `0 .. vocab_size - 1` of the
+  recorded tokenizer; they are cast to the contract's token type (uint16 when every id of the
+  vocabulary fits, else uint32), which is what the shards are written in;
+- `length` equals the number of ids of its row;
+- `doc_id` is replaced by `packtool.read.docids.encode(file index, row in the file)`: the ids two
+  separately tokenized files carry (both 0, 1, 2, ...) can then never collide, and no set of
+  seen ids is kept. The original `doc_id` stays in the tokenized file, at that row.
+
+A problem is a `DataError` naming the file and the row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from packtool.dataset.identity import TokenizerIdentity, token_dtype
+from packtool.errors import DataError
+from packtool.read import docids
+
+
+def checked_table(
+    table: pa.Table,
+    *,
+    path: Path,
+    first_row: int,
+    file_index: int,
+    identity: TokenizerIdentity,
+) -> pa.Table:
+    """One row group of a tokenized file, checked, with ids cast and doc ids renumbered.
+
+    Args:
+        table: the row group (columns doc_id, source, input_ids, length, extras).
+        path: its file, for messages.
+        first_row: the row group's first row within the file.
+        file_index: the file's position among the inputs (see `packtool.read.docids`).
+        identity: the tokenizer recorded in the file.
+
+    Raises:
+        DataError: a null, out-of-vocabulary or mistyped id, or a wrong `length`.
+    """
+
+    def fail(row: int, what: str) -> DataError:
+        return DataError(f"{path}: row {first_row + row}: {what}")
+
+    ids = table.column("input_ids").combine_chunks()
+    if not (pa.types.is_list(ids.type) or pa.types.is_large_list(ids.type)) or not (
+        pa.types.is_integer(ids.type.value_type)
+    ):
+        raise DataError(f"{path}: input_ids is {ids.type}, not a list of integer token ids")
+    if ids.null_count:
+        row = int(np.flatnonzero(ids.is_null().to_numpy(zero_copy_only=False))[0])
+        raise fail(row, "null input_ids")
+    offsets = ids.offsets.to_numpy().astype(np.int64)
+    values = ids.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    offsets -= offsets[0]
+    if values.null_count:
+        pos = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+        raise fail(_row_of(pos, offsets), "a null token id")
+    vocab = identity.vocab_size
+    if len(values):
+        extremes = pc.min_max(values)
+        if extremes["min"].as_py() < 0 or extremes["max"].as_py() >= vocab:
+            v = values.to_numpy()
+            pos = int(np.flatnonzero((v < 0) | (v >= vocab))[0])
+            raise fail(
+                _row_of(pos, offsets),
+                f"token id {int(v[pos])} is outside the vocabulary of the recorded tokenizer "
+                f"({identity.kind}:{identity.name}, ids 0..{vocab - 1}); the file is damaged or "
+                "does not match its metadata",
+            )
+    lengths = np.diff(offsets)
+    recorded = table.column("length").to_numpy()
+    if not np.array_equal(recorded, lengths):
+        row = int(np.flatnonzero(recorded != lengths)[0])
+        raise fail(row, f"length is {int(recorded[row])} but the row has {int(lengths[row])} ids")
+    token_type = pa.from_numpy_dtype(token_dtype(vocab))
+    if ids.type.value_type != token_type or not pa.types.is_list(ids.type):
+        ids = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values.cast(token_type))
+        table = table.set_column(table.schema.get_field_index("input_ids"), "input_ids", ids)
+    n = table.num_rows
+    new_ids = docids.encode(file_index, np.arange(first_row, first_row + n, dtype=np.int64))
+    return table.set_column(
+        table.schema.get_field_index("doc_id"), "doc_id", pa.array(new_ids, pa.int64())
+    )
+
+
+def _row_of(position: int, offsets: np.ndarray) -> int:
+    """The row whose ids hold flat position `position`."""
+    return int(np.searchsorted(offsets, position, side="right") - 1)
+
+
+def read_tokenized_file(
+    path: Path,
+    file_index: int,
+    schema: pa.Schema,
+    identity: TokenizerIdentity,
+    start: int = 0,
+    end: int = -1,
+) -> Iterator[tuple[pa.Table, int]]:
+    """Row groups `[start, end)` (-1: to the last) of tokenized file number `file_index`, checked
+    (`checked_table`), as tables of `schema`, with the row group's bytes."""
+    columns = schema.names
+    # Page CRC32s, where the writer stored them (packtool tokenize does), catch a damaged page.
+    pf = pq.ParquetFile(path, page_checksum_verification=True)
+    names = pf.schema_arrow.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise DataError(
+            f"{path}: no column {missing[0]!r} (columns: {', '.join(names)}); "
+            "extra fields must be chosen when tokenizing"
+        )
+    stop = pf.num_row_groups if end == -1 else end
+    row = sum(pf.metadata.row_group(g).num_rows for g in range(start))
+    for rg in range(start, stop):
+        try:
+            table = pf.read_row_group(rg, columns=columns)
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
+        # Ids checked against the vocabulary, doc ids made unique across files (docids.py).
+        table = checked_table(
+            table, path=path, first_row=row, file_index=file_index, identity=identity
+        )
+        row += table.num_rows
+        nbytes = pf.metadata.row_group(rg).total_byte_size
+        yield table.cast(schema) if table.schema != schema else table, nbytes

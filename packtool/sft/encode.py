@@ -1,0 +1,375 @@
+"""Fine-tuning records -> tables of the tokenized schema with a `loss_mask` column.
+
+- Conversations are rendered with the chat template (packtool/sft/template.py) and encoded as
+  transformers' `apply_chat_template(..., tokenize=True)` encodes them (no BOS/EOS added: the
+  template writes its own). Where the loss goes (`--train-on`):
+  `assistant` (default): the assistant turns, from the template's `{% generation %}` blocks
+  when it has them, else turn by turn (packtool/sft/turns.py); `last`: the last of those;
+  `all`: every token.
+- Prompt/completion records are encoded piece by piece, as a model sees them when it generates:
+  [BOS] + prompt + completion + [EOS] (BOS/EOS as the tokenizer options say), the loss on the
+  completion and the EOS (`--train-on all`: on every token). Encoding the prompt alone keeps its
+  last token what it is at inference time, whatever the completion starts with.
+
+Skipped and counted (an error with `--strict`): a template error (`template_error`, with its
+message), a turn the template hides (`template_not_incremental`), a conversation without an
+assistant turn or whose mask is all zeros (`no_supervised_tokens`), a document of no tokens
+(`empty`). Three stages run a batch apart: read + render (Python) | encode (the tokenizer's
+threads) | masks + the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packtool.arrow_numpy import strings
+from packtool.dataset.masks import segment_sums
+from packtool.dataset.tokenized_table import kept_documents, tokenized_table
+from packtool.errors import ConfigError
+from packtool.read.documents import ReadConfig, SkipCounter
+from packtool.read.sft_config import CHAT_KINDS, SFTConfig
+from packtool.sft.inputs import Records, read_records
+from packtool.sft.render import (
+    POOL_MIN_BYTES,
+    POOL_MIN_CONVERSATIONS,
+    RenderedBatch,
+    Renderer,
+    RenderPool,
+    pool_pays,
+    render_processes,
+    rendered_in_order,
+)
+from packtool.sft.template import ChatTemplate, load_chat_template
+from packtool.sft.tokens import TextEncoder, masks_for
+from packtool.sft.turns import check_turn_template
+
+
+def chat_template_for(sft: SFTConfig, tokenizer: Any) -> ChatTemplate:
+    """The template `sft` names, or the tokenizer's own; checked for `sft.train_on`.
+
+    Raises:
+        ConfigError: no template, a bad one, or one whose turns cannot be found.
+    """
+    identity = tokenizer.identity
+    folder = Path(identity.name).parent if identity.kind == "hf" else None
+    fallback = {}
+    if identity.kind == "hf":  # the ids' strings, when no tokenizer_config.json names them
+        encoder = text_encoder(tokenizer, specials=True)
+        for name, i in (("bos_token", identity.bos_id), ("eos_token", identity.eos_id)):
+            token = encoder.token_text(i) if i is not None else None
+            if token is not None:
+                fallback[name] = token
+    template = load_chat_template(sft.chat_template, tokenizer_dir=folder)
+    template.special_tokens = {**fallback, **template.special_tokens}
+    if not template.has_generation and sft.train_on != "all":
+        why = check_turn_template(template)
+        if why is not None:
+            raise ConfigError(
+                f"{template.name}: assistant turns cannot be found in this template ({why}); "
+                "use a template with {% generation %} blocks, or --train-on all"
+            )
+    return template
+
+
+@dataclass
+class _Prepared:
+    """One batch after stage 1: what to encode, and how to mask it."""
+
+    texts: list[str]
+    rendered: RenderedBatch | None = None
+    """Chat: the rendering (its supervised character spans, as flat arrays)."""
+    wheres: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    extras: dict[str, list[str | None]] = field(default_factory=dict)
+    nbytes: int = 0
+
+
+def _chat_prepared(records: Records, r: RenderedBatch, skips: SkipCounter) -> _Prepared:
+    """Stage 1 of chat records, once rendered: the skips counted, the kept records' fields."""
+    for i, reason, detail in r.skips:
+        skips.add(reason, records.wheres[i], detail)
+    kept = r.kept.tolist()
+    return _Prepared(
+        texts=r.texts(),
+        rendered=r,
+        wheres=[records.wheres[i] for i in kept],
+        sources=[records.sources[i] for i in kept],
+        extras={k: [v[i] for i in kept] for k, v in records.extras.items()},
+        nbytes=records.nbytes,
+    )
+
+
+@dataclass(frozen=True)
+class EncodedChat:
+    """One conversation encoded by `encode_chat`, or why it was skipped."""
+
+    ids: np.ndarray | None = None
+    mask: np.ndarray | None = None
+    """uint8, 1 on the supervised tokens."""
+    text: str | None = None
+    skip: str | None = None
+    """The skip reason (`template_error`, `unknown_role`, ...) when it was not encoded."""
+    detail: str = ""
+
+
+def encode_chat(
+    conversations: Sequence[Any],
+    *,
+    template: ChatTemplate,
+    tokenizer: Any,
+    train_on: str = "assistant",
+    processes: int | None = None,
+) -> list[EncodedChat]:
+    """Encode conversations (messages or ShareGPT lists) as `packtool pack` does, in memory.
+
+    The library form of what the readers do to each record: for each conversation its token ids
+    and loss mask (equal to transformers' `apply_chat_template(..., tokenize=True,
+    return_assistant_tokens_mask=True)` for templates with `{% generation %}` blocks), or the
+    reason it would be skipped.
+
+    Args:
+        conversations: each a list of message objects.
+        template: the chat template (`chat_template.load_chat_template`).
+        tokenizer: a `packtool.tokenizer.tokenizers.Tokenizer`.
+        train_on: `assistant`, `last` or `all`.
+        processes: worker processes that render (packtool/sft/render.py); None: one per core
+            for `chat_render.POOL_MIN_CONVERSATIONS` conversations or more when rendering is
+            most of the work (`chat_render.pool_pays`: turn masks); 0: this process.
+            The result is the same.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    renderer = Renderer(template, train_on)
+    encoder = text_encoder(tokenizer, specials=True)
+    if processes is None:
+        big = len(conversations) >= POOL_MIN_CONVERSATIONS and pool_pays(renderer)
+        processes = render_processes(None) if big else 0
+    chunks = [conversations[at : at + _CHUNK] for at in range(0, len(conversations), _CHUNK)]
+    out: list[EncodedChat] = []
+    pool = RenderPool(renderer, processes) if processes else None
+    try:
+        # Render a chunk (here or in the pool) while the tokenizer (GIL released) encodes the
+        # one before.
+        rendered = rendered_in_order(
+            iter(chunks), lambda c: c, renderer, pool, convert=True, drop_unsupervised=False
+        )
+        with ThreadPoolExecutor(1, thread_name_prefix="packtool-encode") as threads:
+            jobs = []
+            for chunk, r in rendered:
+                texts = r.texts()
+                jobs.append((threads.submit(encoder.encode, texts), len(chunk), r, texts))
+            for job, n, r, texts in jobs:
+                flat, lengths = job.result()
+                out += _encoded(encoder, n, r, texts, flat, lengths)
+    finally:
+        if pool is not None:
+            pool.close()
+    return out
+
+
+_CHUNK = 256
+_ENCODERS: Any = None
+
+
+def text_encoder(tokenizer: Any, *, specials: bool) -> TextEncoder:
+    """A `TextEncoder` for `tokenizer`, made once (its byte-length table reads the vocabulary)."""
+    global _ENCODERS
+    import weakref
+
+    if _ENCODERS is None:
+        _ENCODERS = weakref.WeakKeyDictionary()
+    per = _ENCODERS.setdefault(tokenizer, {})
+    if specials not in per:
+        per[specials] = TextEncoder(tokenizer, specials=specials)
+    return per[specials]
+
+
+def _encoded(
+    encoder: TextEncoder,
+    n: int,
+    r: RenderedBatch,
+    texts: list[str],
+    flat: np.ndarray,
+    lengths: np.ndarray,
+) -> list[EncodedChat]:
+    """The `EncodedChat` of each of the `n` conversations of a chunk, in order."""
+    mask = masks_for(encoder, texts, r.span_counts, r.span_starts, r.span_ends, flat, lengths)
+    off = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    out: list[EncodedChat | None] = [None] * n
+    for i, reason, detail in r.skips:
+        out[i] = EncodedChat(skip=reason, detail=detail)
+    counts = r.span_counts.tolist()
+    for j, i in enumerate(r.kept.tolist()):
+        ids, m = flat[off[j] : off[j + 1]], mask[off[j] : off[j + 1]]
+        if not len(ids):
+            out[i] = EncodedChat(text=texts[j], skip="empty", detail="no tokens")
+        elif not counts[j] or not m.any():
+            out[i] = EncodedChat(ids=ids, mask=m, text=texts[j], skip="no_supervised_tokens")
+        else:
+            out[i] = EncodedChat(ids=ids, mask=m, text=texts[j])
+    return out  # type: ignore[return-value]
+
+
+def _prompt_completion(records: Records) -> _Prepared:
+    """Stage 1 of prompt/completion: the prompts, then the completions, as one list to encode."""
+    prompts = [p for p, _ in records.values]
+    completions = [c for _, c in records.values]
+    return _Prepared(
+        texts=prompts + completions,
+        wheres=list(records.wheres),
+        sources=list(records.sources),
+        extras=records.extras,
+        nbytes=records.nbytes,
+    )
+
+
+def _scatter(dest_starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Flat positions `dest_starts[i] + 0 .. lengths[i] - 1` for every i."""
+    total = int(lengths.sum())
+    src = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=src[1:])
+    return np.repeat(dest_starts - src[:-1], lengths) + np.arange(total, dtype=np.int64)
+
+
+def assemble_prompt_completion(
+    flat: np.ndarray, lengths: np.ndarray, bos: int | None, eos: int | None, train_on: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, mask, per-document lengths) of [BOS] + prompt + completion + [EOS].
+
+    `flat`/`lengths`: the encoded prompts followed by the encoded completions.
+    """
+    n = len(lengths) // 2
+    split = int(lengths[:n].sum())
+    p_len, c_len = lengths[:n], lengths[n:]
+    nb, ne = int(bos is not None), int(eos is not None)
+    doc_len = p_len + c_len + nb + ne
+    off = np.zeros(n + 1, np.int64)
+    np.cumsum(doc_len, out=off[1:])
+    ids = np.empty(int(off[-1]), flat.dtype)
+    mask = np.zeros(int(off[-1]), np.uint8)
+    p_at = _scatter(off[:-1] + nb, p_len)
+    c_at = _scatter(off[:-1] + nb + p_len, c_len)
+    ids[p_at] = flat[:split]
+    ids[c_at] = flat[split:]
+    mask[c_at] = 1
+    if bos is not None:
+        ids[off[:-1]] = bos
+    if eos is not None:
+        ids[off[1:] - 1] = eos
+        mask[off[1:] - 1] = 1
+    if train_on == "all":
+        mask[:] = 1
+    return ids, mask, doc_len
+
+
+def sft_tables(
+    paths: list[Path],
+    kind: str,
+    read: ReadConfig,
+    tokenizer: Any,
+    skips: SkipCounter,
+    schema: pa.Schema,
+) -> Iterator[tuple[pa.Table, int]]:
+    """(table, input bytes) per batch: the tokenized `schema` with a `loss_mask` column.
+
+    Document ids run 0, 1, 2, ... over the documents kept, in reading order.
+    """
+    from packtool.dataset.tokenized_writer import PIPELINE_DEPTH
+    from packtool.prefetch import prefetch
+
+    chat = kind in CHAT_KINDS
+    encoder = text_encoder(tokenizer, specials=chat)
+    identity = tokenizer.identity
+    pool: RenderPool | None = None
+    if chat:
+        renderer = Renderer(chat_template_for(read.sft, tokenizer), read.sft.train_on)
+        processes = render_processes(read.sft.render_processes)
+        big = _input_bytes(paths) >= POOL_MIN_BYTES and pool_pays(renderer)
+        if processes and (read.sft.render_processes or big):
+            pool = RenderPool(renderer, processes)  # forked before the threads below start
+
+    def prepared() -> Iterator[_Prepared]:
+        records = read_records(paths, kind, read, skips)
+        if not chat:
+            yield from map(_prompt_completion, records)
+            return
+        for batch, r in rendered_in_order(
+            records, lambda b: b.values, renderer, pool, convert=False, drop_unsupervised=True
+        ):
+            yield _chat_prepared(batch, r, skips)
+
+    def encoded() -> Iterator[tuple[_Prepared, tuple[np.ndarray, np.ndarray]]]:
+        for p in prefetch(prepared(), depth=PIPELINE_DEPTH):
+            yield p, encoder.encode(p.texts)
+
+    next_id = 0
+    stream = prefetch(encoded(), depth=PIPELINE_DEPTH)
+    try:
+        for p, (flat, lengths) in stream:
+            if chat:
+                r = p.rendered
+                assert r is not None
+                mask = masks_for(
+                    encoder, p.texts, r.span_counts, r.span_starts, r.span_ends, flat, lengths
+                )
+                ids, doc_len = flat, lengths
+            else:
+                ids, mask, doc_len = assemble_prompt_completion(
+                    flat, lengths, identity.bos_id, identity.eos_id, read.sft.train_on
+                )
+            table = _table(p, ids, mask, doc_len, next_id, schema, skips)
+            next_id += table.num_rows
+            yield table, p.nbytes
+    finally:
+        stream.close()
+        if pool is not None:
+            pool.close()
+
+
+def _input_bytes(paths: list[Path]) -> int:
+    import contextlib
+
+    total = 0
+    for path in paths:
+        with contextlib.suppress(OSError):  # the reader names the file
+            total += path.stat().st_size
+    return total
+
+
+def _table(
+    p: _Prepared,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    doc_len: np.ndarray,
+    first_id: int,
+    schema: pa.Schema,
+    skips: SkipCounter,
+) -> pa.Table:
+    """The kept documents of a batch as a tokenized table (skips counted here)."""
+    off = np.zeros(len(doc_len) + 1, np.int64)
+    np.cumsum(doc_len, out=off[1:])
+    supervised = segment_sums(mask, off)
+    keep = (doc_len > 0) & (supervised > 0)
+    for i in np.flatnonzero(~keep):
+        if doc_len[i] == 0:
+            skips.add("empty", p.wheres[i], "no tokens")
+        else:
+            skips.add("no_supervised_tokens", p.wheres[i], "the mask is all zeros")
+    rows = np.flatnonzero(keep)
+    too_big = "a batch holds >= 2**31 tokens; lower ReadConfig.batch_bytes"
+    ids, mask, off = kept_documents(ids, mask, off, rows, too_big=too_big)
+    return tokenized_table(
+        schema,
+        doc_ids=np.arange(first_id, first_id + len(rows), dtype=np.int64),
+        sources=[p.sources[i] for i in rows],
+        ids=ids,
+        offsets=off,
+        mask=mask,
+        extras={name: strings([values[i] for i in rows]) for name, values in p.extras.items()},
+    )

@@ -1,0 +1,530 @@
+"""Length statistics of a corpus: distribution, padding waste, lower bounds, projected packing.
+
+Everything is computed on an array of document lengths in tokens (`length_stats`); `compute_stats`
+gets that array from raw corpora (tokenizing on the fly) or from tokenized Parquet (reading only
+the `length` column). `packtool.stats.report.render_report` formats them.
+
+Conventions (the same as `packtool pack` with its default long-document policy):
+- Documents longer than `max_len` are split into `max_len`-token chunks plus a remainder before
+  anything is packed or padded; "chunks" below are these pieces in input order.
+- Efficiency = real tokens / (rows * max_len), the share of row slots holding tokens.
+- Suggested max length: among the candidates that split at most `SPLIT_TOLERANCE` (1%) of the
+  documents (all candidates >= the p99 length; the largest candidate alone when none is), the
+  smallest whose projected FFD efficiency is within `SUGGEST_TOLERANCE` (one percentage point) of
+  the best of them. Short rows always pack well once documents are chopped to fit, so efficiency
+  alone would always suggest the shortest candidate; the split limit keeps documents whole.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from packtool.dataset.columns import LOSS_MASK
+from packtool.errors import ConfigError, DataError
+from packtool.pack.chunk import check_room_for_text
+from packtool.pack.kernels import check_max_len, ffd_assign
+from packtool.pack.kernels import split_lengths as _split_lengths
+
+if TYPE_CHECKING:
+    from packtool.stats.supervised import SupervisedStats
+
+__all__ = [
+    "DEFAULT_CANDIDATES",
+    "SUGGEST_TOLERANCE",
+    "LengthStats",
+    "StatsConfig",
+    "compute_stats",
+    "gini",
+    "length_stats",
+    "lower_bound_l1",
+    "lower_bound_l2",
+    "split_lengths",
+]
+
+DEFAULT_CANDIDATES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+SUGGEST_TOLERANCE = 0.01
+SPLIT_TOLERANCE = 0.01
+SUGGESTION_RULE = (
+    "among candidates that split at most 1% of documents, the smallest whose projected FFD "
+    "efficiency is within 1 percentage point of the best of them"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatsConfig:
+    """What to compute."""
+
+    max_len: int = 4096
+    """Row length in tokens: the padding, bound and packing figures are for this length."""
+    batch_size: int = 8
+    """Documents per batch for the "pad each batch to its longest" waste figure."""
+    candidates: tuple[int, ...] = DEFAULT_CANDIDATES
+    """Max lengths compared in the candidates table (the suggestion is one of these)."""
+
+    def __post_init__(self) -> None:
+        # The lengths `packtool pack` accepts (rows of one token are refused there too).
+        check_max_len(self.max_len, minimum=2)
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size!r}")
+        if not self.candidates or any(c < 1 for c in self.candidates):
+            raise ConfigError(
+                f"candidates must be a non-empty tuple of positive lengths, got {self.candidates!r}"
+            )
+        for c in self.candidates:
+            check_max_len(c, "candidate max length", minimum=2)
+
+    def check_room_for_text(self, eos_id: int | None, bos_id: int | None) -> None:
+        """Refuse, as `packtool pack` does, a max length that BOS + EOS fill (`ConfigError`)."""
+        check_room_for_text(self.max_len, eos_id, bos_id)
+        for c in self.candidates:
+            check_room_for_text(c, eos_id, bos_id, name="candidate max length")
+
+
+# --- the pure statistics (arrays in, numbers out) ---
+
+
+def _as_lengths(lengths: ArrayLike) -> NDArray[np.int64]:
+    arr = np.asarray(lengths)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ConfigError(f"lengths must be a 1-D integer array, got {arr.dtype} {arr.shape}")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size and arr.min() < 0:
+        raise ConfigError(f"document {int(np.argmin(arr))} has negative length {int(arr.min())}")
+    return arr
+
+
+def split_lengths(lengths: ArrayLike, max_len: int) -> NDArray[np.int32]:
+    """Chunk lengths after splitting each document into `max_len`-token pieces plus a remainder.
+
+    Chunks come in input order (a document's pieces in order); empty documents give none.
+    (`packtool.pack.kernels.split_lengths`, re-exported.)
+    """
+    return _split_lengths(_as_lengths(lengths), max_len)
+
+
+def gini(lengths: ArrayLike) -> float:
+    """Gini coefficient of the lengths: 0 when all are equal, towards 1 when a few hold all."""
+    x = np.sort(_as_lengths(lengths)).astype(np.float64)
+    n, total = x.size, x.sum()
+    if n == 0 or total == 0:
+        return 0.0
+    ranks = np.arange(1, n + 1, dtype=np.float64)
+    return float(2.0 * (ranks * x).sum() / (n * total) - (n + 1) / n)
+
+
+def lower_bound_l1(lengths: ArrayLike, max_len: int) -> int:
+    """L1 = ceil(total tokens / max_len): no packing into max_len rows can use fewer rows."""
+    return int(-(-int(_as_lengths(lengths).sum()) // max_len))
+
+
+def lower_bound_l2(lengths: ArrayLike, max_len: int) -> int:
+    """The Martello–Toth L2 lower bound on rows, after splitting long documents (>= L1).
+
+    For each k in 0..max_len/2: documents longer than max_len - k (J1) and those in
+    (max_len/2, max_len - k] (J2) each need a row of their own, and documents in [k, max_len/2]
+    (J3) can only use the room J2's rows leave; L2 = max over k of
+    |J1| + |J2| + max(0, ceil((sum J3 - (|J2| * max_len - sum J2)) / max_len)).
+    Martello & Toth, "Lower bounds and reduction procedures for the bin packing problem" (1990).
+    """
+    values, counts = np.unique(_as_lengths(lengths), return_counts=True)
+    return _lower_bound_l2_hist(*_split_hist(values, counts, max_len), max_len)
+
+
+def lower_bounds_from_histogram(histogram: ArrayLike, max_len: int) -> tuple[int, int]:
+    """(L1, L2) from a histogram of piece lengths (`histogram[l]` pieces of length l <= max_len).
+
+    What the engines use: a histogram merges across partitions by addition, so the bounds of a
+    whole corpus cost max_len + 1 integers, never a list of every length.
+    """
+    hist = np.asarray(histogram, dtype=np.int64)
+    sizes = np.flatnonzero(hist)
+    total = int((sizes * hist[sizes]).sum())
+    if len(sizes) and sizes[-1] > max_len:
+        raise ValueError(f"a piece of {sizes[-1]} tokens is longer than max_len {max_len}")
+    return int(-(-total // max_len)), _lower_bound_l2_hist(sizes, hist[sizes], max_len)
+
+
+def _split_hist(
+    values: NDArray[np.int64], counts: NDArray[np.int64], max_len: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The chunk-length histogram after splitting, from the (distinct length, count) histogram."""
+    full = values // max_len
+    rest = values % max_len
+    keep = rest > 0
+    sizes = np.concatenate([[max_len], rest[keep]])
+    n = np.concatenate([[int((full * counts).sum())], counts[keep]])
+    return sizes, n
+
+
+def _lower_bound_l2_hist(sizes: NDArray[np.int64], n: NDArray[np.int64], max_len: int) -> int:
+    if int(n.sum()) == 0:
+        return 0
+    c = max_len
+    counts = np.bincount(sizes, weights=n, minlength=c + 1).astype(np.int64)
+    cum_n = np.cumsum(counts)  # documents with length <= x
+    cum_t = np.cumsum(counts * np.arange(c + 1, dtype=np.int64))  # tokens in them
+    n = int(cum_n[-1])
+    half = c // 2  # largest length s with 2s <= c
+    k = np.arange(0, half + 1)
+    j1 = n - cum_n[c - k]
+    j2 = cum_n[c - k] - cum_n[half]
+    s2 = cum_t[c - k] - cum_t[half]
+    below_k = np.where(k > 0, cum_t[np.maximum(k - 1, 0)], 0)
+    s3 = cum_t[half] - below_k
+    extra = -(-(s3 - (j2 * c - s2)) // c)
+    return int((j1 + j2 + np.maximum(extra, 0)).max())
+
+
+def _pad_per_batch_slots(chunks: NDArray[np.int64], batch_size: int) -> int:
+    n = chunks.size
+    full = n // batch_size * batch_size
+    slots = int(chunks[:full].reshape(-1, batch_size).max(axis=1).sum()) * batch_size
+    if full < n:
+        slots += int(chunks[full:].max()) * (n - full)
+    return slots
+
+
+def _ffd_rows(chunks: NDArray[np.int64], max_len: int) -> int:
+    return ffd_assign(chunks, max_len)[2] if chunks.size else 0
+
+
+def _histogram_log2(arr: NDArray[np.int64]) -> list[dict[str, int]]:
+    """Buckets [1, 1], [2, 3], [4, 7], ... from the shortest to the longest document.
+
+    Empty documents get a [0, 0] bucket of their own.
+    """
+    pos = arr[arr > 0]
+    bucket = (np.frexp(pos)[1] - 1).astype(np.int64)  # exact floor(log2) for integers
+    n_b = int(bucket.max()) + 1 if pos.size else 0
+    lo_b = int(bucket.min()) if pos.size else 0
+    docs = np.bincount(bucket, minlength=n_b)
+    toks = np.bincount(bucket, weights=pos, minlength=n_b)
+    out = []
+    n_zero = int((arr == 0).sum())
+    if n_zero:
+        out.append({"lo": 0, "hi": 0, "documents": n_zero, "tokens": 0})
+    for b in range(lo_b, n_b):
+        out.append(
+            {
+                "lo": 1 << b,
+                "hi": (1 << (b + 1)) - 1,
+                "documents": int(docs[b]),
+                "tokens": int(toks[b]),
+            }
+        )
+    return out
+
+
+def _histogram_linear(arr: NDArray[np.int64], width: int = 32) -> list[dict[str, int]]:
+    """Non-empty buckets [1, 32], [33, 64], ... (empty documents in a [0, 0] bucket)."""
+    out = []
+    n_zero = int((arr == 0).sum())
+    if n_zero:
+        out.append({"lo": 0, "hi": 0, "documents": n_zero})
+    pos = arr[arr > 0]
+    counts = np.bincount((pos - 1) // width) if pos.size else np.empty(0, np.int64)
+    for b in np.flatnonzero(counts):
+        out.append(
+            {"lo": int(b) * width + 1, "hi": (int(b) + 1) * width, "documents": int(counts[b])}
+        )
+    return out
+
+
+def _efficiency(tokens: int, rows: int, max_len: int) -> float:
+    return tokens / (rows * max_len) if rows else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """Projected packing at one candidate max length."""
+
+    max_len: int
+    long_documents: int
+    """Documents longer than max_len (split into chunks)."""
+    chunks: int
+    """Pieces after splitting documents longer than max_len."""
+    lower_bound_rows: int
+    """Martello–Toth L2."""
+    rows: int
+    """Rows FFD packs the chunks into."""
+    efficiency: float
+    pad_to_max_len_waste: float
+    """Share of slots wasted if every chunk were padded to max_len."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_len": self.max_len,
+            "long_documents": self.long_documents,
+            "chunks": self.chunks,
+            "lower_bound_rows": self.lower_bound_rows,
+            "rows": self.rows,
+            "efficiency": self.efficiency,
+            "pad_to_max_len_waste": self.pad_to_max_len_waste,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class LengthStats:
+    """The statistics `packtool stats` reports; `to_dict()` for scripts, `render()` for people."""
+
+    max_len: int
+    batch_size: int
+    documents: int
+    tokens: int
+    min: int
+    mean: float
+    p50: int
+    p90: int
+    p99: int
+    max: int
+    gini: float
+    histogram_log2: list[dict[str, int]]
+    histogram_32: list[dict[str, int]]
+    long_documents: int
+    """Documents longer than max_len."""
+    long_tokens: int
+    chunks: int
+    """Pieces after splitting documents longer than max_len."""
+    pad_to_max_len_slots: int
+    pad_per_batch_slots: int
+    lower_bound_l1: int
+    lower_bound_l2: int
+    ffd_rows: int
+    candidates: list[Candidate]
+    suggested_max_len: int
+    inputs: dict[str, Any] = field(default_factory=dict)
+    """Where the lengths came from: kind (raw | tokenized | array), tokenizer, skipped counts."""
+    lengths: NDArray[np.int64] | None = field(default=None, repr=False, compare=False)
+    """The lengths themselves (for plots); not part of `to_dict()`."""
+    supervised: SupervisedStats | None = None
+    """Supervised tokens and efficiency, for data with a loss mask (packtool/stats/supervised.py)."""
+
+    @property
+    def ffd_efficiency(self) -> float:
+        return _efficiency(self.tokens, self.ffd_rows, self.max_len)
+
+    @property
+    def pad_to_max_len_waste(self) -> float:
+        return 1.0 - self.tokens / self.pad_to_max_len_slots if self.pad_to_max_len_slots else 0.0
+
+    @property
+    def pad_per_batch_waste(self) -> float:
+        return 1.0 - self.tokens / self.pad_per_batch_slots if self.pad_per_batch_slots else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with stable keys (see docs/stats.md)."""
+        return {
+            "max_len": self.max_len,
+            "inputs": self.inputs,
+            "documents": self.documents,
+            "tokens": self.tokens,
+            "length": {
+                "min": self.min,
+                "mean": self.mean,
+                "p50": self.p50,
+                "p90": self.p90,
+                "p99": self.p99,
+                "max": self.max,
+            },
+            "gini": self.gini,
+            "longer_than_max_len": {
+                "documents": self.long_documents,
+                "tokens": self.long_tokens,
+                "chunks_after_split": self.chunks,
+            },
+            "padding": {
+                "pad_to_max_len": {
+                    "slots": self.pad_to_max_len_slots,
+                    "waste": self.pad_to_max_len_waste,
+                },
+                "pad_per_batch": {
+                    "batch_size": self.batch_size,
+                    "slots": self.pad_per_batch_slots,
+                    "waste": self.pad_per_batch_waste,
+                },
+            },
+            "lower_bound_rows": {"l1": self.lower_bound_l1, "l2": self.lower_bound_l2},
+            "packed": {
+                "algorithm": "ffd",
+                "rows": self.ffd_rows,
+                "efficiency": self.ffd_efficiency,
+                "rows_over_l2": self.ffd_rows / self.lower_bound_l2 if self.lower_bound_l2 else 0.0,
+            },
+            "candidates": [c.to_dict() for c in self.candidates],
+            "suggested_max_len": self.suggested_max_len,
+            "suggestion_rule": SUGGESTION_RULE,
+            "histogram_log2": self.histogram_log2,
+            "histogram_32": self.histogram_32,
+            **({"supervised": self.supervised.to_dict()} if self.supervised else {}),
+        }
+
+
+def suggest_max_len(candidates: Sequence[Candidate], documents: int) -> int:
+    """The suggested max length by `SUGGESTION_RULE` (see the module docstring)."""
+    eligible = [c for c in candidates if c.long_documents <= SPLIT_TOLERANCE * documents]
+    if not eligible:
+        eligible = [max(candidates, key=lambda c: c.max_len)]
+    best = max(c.efficiency for c in eligible)
+    return min(c.max_len for c in eligible if c.efficiency >= best - SUGGEST_TOLERANCE)
+
+
+def length_stats(
+    lengths: ArrayLike,
+    config: StatsConfig | None = None,
+    *,
+    inputs: dict[str, Any] | None = None,
+    supervised: SupervisedStats | None = None,
+) -> LengthStats:
+    """All statistics of one array of document lengths (tokens, BOS/EOS included).
+
+    Raises:
+        DataError: there are no documents.
+        ConfigError: lengths are not a 1-D array of non-negative integers.
+    """
+    config = config or StatsConfig()
+    arr = _as_lengths(lengths)
+    if arr.size == 0:
+        raise DataError("no documents to describe (every input was empty or skipped)")
+    L = config.max_len
+    chunks = split_lengths(arr, L)
+    tokens = int(arr.sum())
+    p50, p90, p99 = (int(v) for v in np.percentile(arr, [50, 90, 99], method="inverted_cdf"))
+    long_mask = arr > L
+
+    # FFD rows and L2 per max length, once each (max_len is usually a candidate). The kernels
+    # release the GIL, so the lengths are packed in parallel threads.
+    values, counts = np.unique(arr, return_counts=True)
+
+    def pack_at(m: int) -> tuple[int, int, int]:
+        c = chunks if m == L else split_lengths(arr, m)
+        return (
+            int(c.size),
+            _ffd_rows(c, m),
+            _lower_bound_l2_hist(*_split_hist(values, counts, m), m),
+        )
+
+    lens = sorted({L, *config.candidates})
+    with ThreadPoolExecutor(max_workers=max(1, min(len(lens), os.cpu_count() or 1))) as pool:
+        packed = dict(zip(lens, pool.map(pack_at, lens), strict=True))
+
+    candidates = []
+    for cand in config.candidates:
+        n_chunks, rows, l2 = packed[cand]
+        candidates.append(
+            Candidate(
+                max_len=cand,
+                long_documents=int((arr > cand).sum()),
+                chunks=n_chunks,
+                lower_bound_rows=l2,
+                rows=rows,
+                efficiency=_efficiency(tokens, rows, cand),
+                pad_to_max_len_waste=1.0 - tokens / (n_chunks * cand) if n_chunks else 0.0,
+            )
+        )
+    suggested = suggest_max_len(candidates, int(arr.size))
+
+    return LengthStats(
+        max_len=L,
+        batch_size=config.batch_size,
+        documents=int(arr.size),
+        tokens=tokens,
+        min=int(arr.min()),
+        mean=float(arr.mean()),
+        p50=p50,
+        p90=p90,
+        p99=p99,
+        max=int(arr.max()),
+        gini=gini(arr),
+        histogram_log2=_histogram_log2(arr),
+        histogram_32=_histogram_linear(arr, 32),
+        long_documents=int(long_mask.sum()),
+        long_tokens=int(arr[long_mask].sum()),
+        chunks=int(chunks.size),
+        pad_to_max_len_slots=int(chunks.size) * L,
+        pad_per_batch_slots=_pad_per_batch_slots(chunks, config.batch_size) if chunks.size else 0,
+        lower_bound_l1=lower_bound_l1(chunks, L),
+        lower_bound_l2=packed[L][2],
+        ffd_rows=packed[L][1],
+        candidates=candidates,
+        suggested_max_len=suggested,
+        inputs=dict(inputs or {"kind": "array"}),
+        lengths=arr,
+        supervised=supervised,
+    )
+
+
+def compute_stats(
+    inputs: Iterable[str | os.PathLike],
+    config: StatsConfig | None = None,
+    *,
+    read_config: Any = None,
+    tokenizer: Any = "byte",
+    workers: int | None = None,
+) -> LengthStats:
+    """Statistics of a corpus: raw files are tokenized on the fly, tokenized Parquet is read.
+
+    Args:
+        inputs: files, folders, globs: all raw corpus files, or all tokenized Parquet.
+        config: what to compute.
+        read_config: a `packtool.read.corpus.ReadConfig` for raw corpora.
+        tokenizer: a `Tokenizer` or a spec for raw corpora (None: `byte`). Ignored for tokenized
+            Parquet, whose recorded tokenizer is reported instead (a spec is then not loaded).
+        workers: tokenizer threads when `tokenizer` is a spec.
+
+    Raises:
+        DataError: unreadable or mixed inputs, or no documents at all.
+        ConfigError: a max length (or candidate) that BOS + EOS fill, which `pack` refuses.
+    """
+    from packtool.read.documents import SkipCounter
+    from packtool.stats.supervised import SupervisedCounter, read_supervised
+    from packtool.tokenize.tokenize import (
+        input_columns,
+        input_identity,
+        read_lengths,
+        tokenized_batches,
+    )
+
+    inputs = list(inputs)
+    config = config or StatsConfig()
+    identity = input_identity(inputs)
+    counter = None
+    if LOSS_MASK in input_columns(inputs, read_config):
+        counter = SupervisedCounter([config.max_len, *config.candidates])
+    if identity is not None:
+        config.check_room_for_text(identity.eos_id, identity.bos_id)
+        lengths = read_lengths(inputs) if counter is None else read_supervised(inputs, counter)
+        if not lengths.size:
+            raise DataError(f"no documents in {', '.join(map(str, inputs))} (tokenized, 0 rows)")
+        info: dict[str, Any] = {"kind": "tokenized", "tokenizer": identity.to_dict()}
+    else:
+        skips = SkipCounter(strict=bool(getattr(read_config, "strict", False)))
+        if tokenizer is None or isinstance(tokenizer, str):
+            from packtool.tokenizer.tokenizers import load_tokenizer
+
+            tokenizer = load_tokenizer(tokenizer or "byte", workers=workers)
+        config.check_room_for_text(tokenizer.identity.eos_id, tokenizer.identity.bos_id)
+        parts = []
+        for t in tokenized_batches(
+            inputs, read_config=read_config, tokenizer=tokenizer, skips=skips
+        ):
+            parts.append(t.column("length").to_numpy())
+            if counter is not None:
+                counter.add(t)
+        lengths = np.concatenate(parts) if parts else np.empty(0, np.int64)
+        if not lengths.size:
+            raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")
+        info = {
+            "kind": "raw",
+            "tokenizer": tokenizer.identity.to_dict(),
+            "skipped": skips.to_dict(),
+            "skipped_summary": skips.summary(),
+        }
+    supervised = counter.result() if counter is not None else None
+    return length_stats(lengths, config, inputs=info, supervised=supervised)

@@ -1,0 +1,449 @@
+"""Tokenize corpora into tokenized Parquet, and read tokenized Parquet back.
+
+Tokenized schema (docs/CONTRACTS.md): `doc_id` int64, `source` string, `input_ids`
+list<uint16|uint32>, `length` int32, then the extra fields as strings. The schema metadata key
+`packtool` holds `{"format": "packtool.tokenized", "version": 1, "tokenizer": {...}}`.
+
+`tokenized_batches` is what stats and pack call: it yields tables of that schema from raw corpora
+(reading, tokenizing) or from tokenized Parquet (reading, after checking the tokenizer).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from packtool.arrow_numpy import from_numpy, strings
+from packtool.dataset import columns as shard_columns
+from packtool.dataset.identity import TokenizerIdentity, describe_tokenizer
+from packtool.dataset.output import (
+    OutputLock,
+    check_apart,
+    commit,
+    create_parent,
+    output_paths,
+    recover,
+    remove,
+    remove_empty_parents,
+)
+from packtool.dataset.tokenized import (
+    common_identity,
+    common_optional,
+    split_tokenized,
+    tokenized_schema,
+)
+from packtool.dataset.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
+from packtool.errors import ConfigError, DataError
+from packtool.prefetch import prefetch
+from packtool.progress import Progress
+from packtool.read.corpus import expand_inputs, read_corpus
+from packtool.read.documents import DocumentBatch, ReadConfig, SkipCounter
+from packtool.read.pretokenized import read_pretokenized, split_pretokenized
+from packtool.read.tokenized import read_tokenized_file
+from packtool.sft.inputs import sft_kind
+from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
+
+
+def input_identity(inputs: Iterable[str | os.PathLike]) -> TokenizerIdentity | None:
+    """The tokenizer recorded in tokenized Parquet inputs (None when the inputs are raw)."""
+    tokenized, _ = split_tokenized(expand_inputs(inputs))
+    return common_identity(tokenized) if tokenized else None
+
+
+def input_columns(
+    inputs: Iterable[str | os.PathLike], read_config: ReadConfig | None = None
+) -> tuple[str, ...]:
+    """The optional shard columns the inputs' documents carry (`loss_mask`); () for text.
+
+    Raises:
+        DataError: some inputs carry a column that others do not (see `common_optional`).
+    """
+    return inputs_read(expand_inputs(inputs), read_config or ReadConfig()).columns
+
+
+@dataclass(frozen=True)
+class InputsRead:
+    """What `inputs_read` learns of the input files from their footers and first records."""
+
+    columns: tuple[str, ...]
+    """The optional shard columns (`input_columns`)."""
+    pretokenized: list[Path]
+    """All the files when they are token ids made elsewhere (packtool/read/pretokenized.py), else []."""
+    mask_source: str | None
+    """The pre-tokenized files' mask column (None: no mask)."""
+    tokenized: list[tuple[Path, dict[str, Any]]]
+    """`packtool tokenize` files with their metadata (all of the files, or [])."""
+
+    def identity(self) -> TokenizerIdentity | None:
+        """The tokenizer recorded in tokenized inputs (`input_identity`)."""
+        return common_identity(self.tokenized) if self.tokenized else None
+
+
+def inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
+    """`input_columns` and what it read on the way, each footer read once (`map_ordered`).
+
+    Raises:
+        ConfigError, DataError: as `input_columns`.
+    """
+    pre, mask_source = split_pretokenized(paths, config)
+    if pre:
+        sft_kind(pre, config, tokenized=True)  # refuses a --format of raw records
+        columns = (shard_columns.LOSS_MASK,) if mask_source else ()
+        return InputsRead(columns, pre, mask_source, [])  # no packtool metadata: not tokenized
+    tokenized, raw = split_tokenized(paths)
+    if sft_kind(raw, config, tokenized=bool(tokenized)):  # prompt/completion, chat records
+        return InputsRead((shard_columns.LOSS_MASK,), [], None, tokenized)
+    columns = common_optional(tokenized) if tokenized else ()
+    return InputsRead(columns, [], None, tokenized)
+
+
+def tokenized_batches(
+    inputs: Iterable[str | os.PathLike],
+    *,
+    read_config: ReadConfig | None = None,
+    tokenizer: Tokenizer | str | None = "byte",
+    workers: int | None = None,
+    skips: SkipCounter | None = None,
+) -> Iterator[pa.Table]:
+    """Yield tables of the tokenized schema, from raw corpora or from tokenized Parquet.
+
+    Reading runs one batch ahead in a thread, overlapping the (GIL-free) tokenizer.
+
+    Args:
+        inputs: files, folders, globs: all raw corpus files, or all tokenized Parquet.
+        read_config: how to read raw corpora (also which extra fields to carry).
+        tokenizer: a `Tokenizer` or a spec for `load_tokenizer`. For tokenized Parquet it must
+            match the recorded tokenizer (pass None to accept whatever is recorded).
+        workers: encoding threads when `tokenizer` is a spec (default: all cores).
+        skips: counts skipped documents (a fresh one when None; pass one to read the counts).
+
+    Raises:
+        DataError: bad input (see `read_corpus`), or tokenized Parquet made with another
+            tokenizer.
+    """
+    for table, _ in _tokenized_batches(
+        inputs, read_config=read_config, tokenizer=tokenizer, workers=workers, skips=skips
+    ):
+        yield table
+
+
+def _tokenized_batches(
+    inputs: Iterable[str | os.PathLike],
+    *,
+    read_config: ReadConfig | None,
+    tokenizer: Tokenizer | str | None,
+    workers: int | None,
+    skips: SkipCounter | None,
+) -> Iterator[tuple[pa.Table, int]]:
+    config = read_config or ReadConfig()
+    paths = expand_inputs(inputs)
+    pre, mask_source = split_pretokenized(paths, config)
+    tokenized, raw = ([], pre) if pre else split_tokenized(paths)
+    kind = sft_kind(raw, config, tokenized=bool(pre or tokenized))
+    if isinstance(tokenizer, str):
+        tokenizer = load_tokenizer(tokenizer, workers=workers)
+    if tokenized:
+        yield from _read_tokenized(tokenized, config, tokenizer)
+        return
+    if tokenizer is None:
+        what = (
+            "pre-tokenized inputs need the tokenizer that made them"
+            if pre
+            else ("raw corpus inputs need a tokenizer")
+        )
+        raise ConfigError(f"{what} (e.g. --tokenizer byte)")
+    skips = skips if skips is not None else SkipCounter(strict=config.strict)
+    if pre:  # ids made elsewhere: checked against the tokenizer's vocabulary, not encoded
+        optional = (shard_columns.LOSS_MASK,) if mask_source else ()
+        schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
+        vocab = tokenizer.identity.vocab_size
+        yield from read_pretokenized(pre, mask_source, config, schema, vocab, skips)
+        return
+    if kind is not None:  # fine-tuning records: rendered, encoded, masked (packtool/sft/encode.py)
+        from packtool.sft.encode import sft_tables
+
+        optional = (shard_columns.LOSS_MASK,)
+        schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
+        yield from sft_tables(raw, kind, config, tokenizer, skips, schema)
+        return
+    schema = tokenized_schema(tokenizer.identity, config.extra_fields)
+
+    def encoded() -> Iterator[tuple[DocumentBatch, Any]]:
+        for batch in prefetch(read_corpus(raw, config, skips), depth=PIPELINE_DEPTH):
+            yield batch, tokenizer.start_batch(batch.texts)
+
+    # Three stages, each a batch or two ahead: read+parse | library encode (GIL released) |
+    # copy ids out + build the table + the caller's own work (writing, statistics).
+    for batch, encoded_batch in prefetch(encoded(), depth=PIPELINE_DEPTH):
+        flat, lengths = tokenizer.finish_batch(encoded_batch)
+        yield batch_table(batch, flat, lengths, schema), batch.nbytes
+
+
+def batch_table(
+    batch: DocumentBatch, flat: np.ndarray, lengths: np.ndarray, schema: pa.Schema
+) -> pa.Table:
+    """Build a tokenized table from a document batch and its encoded ids (no per-token Python)."""
+    if int(lengths.sum()) >= 2**31:
+        raise ConfigError("a batch holds >= 2**31 tokens; lower ReadConfig.batch_bytes")
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    token_type = schema.field("input_ids").type.value_type
+    # Straight from the buffers (packtool/arrow_numpy.py: `pa.array` would import pandas).
+    ids = pa.ListArray.from_arrays(from_numpy(offsets), from_numpy(flat, token_type))
+    columns = [
+        from_numpy(batch.doc_ids, pa.int64()),
+        strings(batch.sources),
+        ids,
+        from_numpy(lengths.astype(np.int32)),
+    ]
+    columns += [strings(batch.extras[name]) for name in schema.names[4:]]
+    return pa.Table.from_arrays(columns, schema=schema)  # raw text carries no optional column
+
+
+def check_recorded_tokenizer(
+    identity: TokenizerIdentity, tokenizer: Tokenizer, where: str | os.PathLike
+) -> None:
+    """Raise `DataError` naming both when `tokenizer` is not the one recorded in the input."""
+    if tokenizer.identity.matches(identity):
+        return
+    want = tokenizer.identity
+    raise DataError(
+        f"{where}: tokenized with {identity.kind}:{identity.name} "
+        f"(vocab {identity.vocab_size}, eos {identity.eos_id}, bos {identity.bos_id}), but "
+        f"the requested tokenizer is {want.kind}:{want.name} (vocab {want.vocab_size}, "
+        f"eos {want.eos_id}, bos {want.bos_id}); pass the same --tokenizer/--eos-id/--bos-id "
+        "or re-tokenize the raw corpus"
+    )
+
+
+def _read_tokenized(
+    tokenized: list[tuple[Path, dict[str, Any]]], config: ReadConfig, tokenizer: Tokenizer | None
+) -> Iterator[tuple[pa.Table, int]]:
+    identity = common_identity(tokenized)
+    if tokenizer is not None:
+        check_recorded_tokenizer(identity, tokenizer, tokenized[0][0])
+    optional = common_optional(tokenized)
+    schema = tokenized_schema(identity, config.extra_fields, optional=optional)
+    for file_index, (path, _) in enumerate(tokenized):
+        yield from read_tokenized_file(path, file_index, schema, identity)
+
+
+def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:
+    """Document lengths (int32, BOS/EOS included) from tokenized Parquet, reading only `length`.
+
+    Raises:
+        DataError: an input is not tokenized Parquet, or the files used different tokenizers.
+    """
+    tokenized, raw = split_tokenized(expand_inputs(inputs))
+    if raw:
+        raise DataError(f"{raw[0]}: not tokenized Parquet; run `packtool tokenize` first")
+    common_identity(tokenized)
+    parts = [pq.read_table(p, columns=["length"]).column(0).to_numpy() for p, _ in tokenized]
+    return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)
+
+
+@dataclass(kw_only=True)
+class TokenizeSummary:
+    """What `tokenize_corpus` did."""
+
+    documents: int
+    tokens: int
+    seconds: float
+    input_bytes: int
+    skips: dict[str, int] = field(default_factory=dict)
+    skip_line: str = "no skips"
+    """`SkipCounter.summary()`: counts per reason with file:line examples."""
+    files: list[str] = field(default_factory=list)
+    """Files written."""
+    output_bytes: int = 0
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+    dtype: str = ""
+    supervised_tokens: int | None = None
+    """Tokens with loss_mask 1, when the input has labels or a loss mask (else None)."""
+    special_names: dict[str, str] = field(default_factory=dict)
+    """`eos` / `bos` -> the token text a default id came from."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+    def format(self) -> str:
+        """One paragraph for the terminal."""
+        where = self.files[0] if len(self.files) == 1 else f"{len(self.files)} part files"
+        return (
+            f"Tokenized {self.documents:,} documents into {self.tokens:,} tokens with "
+            f"{describe_tokenizer(self.tokenizer, self.special_names)}, {self.dtype} ids, in "
+            f"{self.seconds:.2f} s: {self.tokens_per_s:,.0f} tokens/s, "
+            f"{self.input_bytes / 1e6 / max(self.seconds, 1e-9):.1f} MB/s of input. "
+            f"{self._supervised()}Skips: {self.skip_line}. "
+            f"Wrote {where} ({self.output_bytes / 1e6:.1f} MB)."
+        )
+
+    def _supervised(self) -> str:
+        if self.supervised_tokens is None:
+            return ""
+        share = self.supervised_tokens / max(self.tokens, 1)
+        return f"Loss mask kept: {self.supervised_tokens:,} supervised tokens ({share:.1%}). "
+
+
+def tokenize_corpus(
+    inputs: Iterable[str | os.PathLike],
+    out: str | os.PathLike,
+    *,
+    read_config: ReadConfig | None = None,
+    tokenizer: Tokenizer | str = "byte",
+    workers: int | None = None,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    part_tokens: int = 200_000_000,
+    command: str = "",
+) -> TokenizeSummary:
+    """Tokenize `inputs` into tokenized Parquet at `out`.
+
+    Args:
+        inputs: files, folders, globs of raw corpus files.
+        out: a `.parquet` file, or a folder that gets `part-00000.parquet`, ... (a new part after
+            `part_tokens` tokens). Built beside it (`.NAME.packtool-staging`) and swapped in at
+            the end (`packtool/dataset/output.py`): a failure leaves an existing `out` as it was.
+        read_config: how to read the inputs.
+        tokenizer: a `Tokenizer` or a `load_tokenizer` spec.
+        workers: encoding threads (default: all cores).
+        overwrite: replace an existing `out` (a folder only if it holds nothing but part files).
+        progress: draw a progress bar (default: when stderr is a terminal).
+        part_tokens: tokens per part file when `out` is a folder.
+        command: the command line, shown to a second writer that the output's lock refuses.
+
+    Raises:
+        ConfigError: `out` exists without `overwrite`, another process is writing it, it is
+            inside an input folder (or holds an input), or bad options.
+        DataError: bad input (see `read_corpus`), or no document at all (the skips are named;
+            nothing is written and an existing `out` is kept).
+    """
+    if part_tokens < 1:
+        raise ConfigError(f"part_tokens must be >= 1, got {part_tokens}")
+    inputs = list(inputs)
+    config = read_config or ReadConfig()
+    out = Path(out)
+    check_apart(out, [os.fspath(i) for i in inputs])  # before anything is read
+    if isinstance(tokenizer, str):
+        tokenizer = load_tokenizer(tokenizer, workers=workers)
+    single = out.name.lower().endswith(".parquet")
+    paths = output_paths(out)
+    skips = SkipCounter(strict=config.strict)
+    optional = input_columns(inputs, config)  # e.g. loss_mask from labels: passed through
+    schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
+    # The outermost folder this call creates (None: out's folder exists), removed on failure.
+    made = create_parent(paths)
+    try:
+        with OutputLock(paths, command or "packtool tokenize"):
+            recover(paths)
+            _check_out(paths.target, single, overwrite, shown=str(out))
+            remove(paths.staging)  # a killed run's leftovers: tokenize has nothing to resume
+            try:  # the first write, up front: a failure names the user's path
+                if single:
+                    paths.staging.touch()
+                else:
+                    paths.staging.mkdir()
+            except OSError as exc:
+                raise ConfigError(f"cannot write {out} ({exc.strerror or exc})") from None
+            start = time.perf_counter()
+            writer = PartWriter(paths.staging, schema, single=single, part_tokens=part_tokens)
+            try:
+                bar, supervised = _write_all(
+                    inputs, config, tokenizer, workers, skips, writer, progress, optional
+                )
+                files = writer.close()
+            except BaseException:
+                writer.abort()
+                remove(paths.staging)
+                raise
+            # The old output (if any) is replaced only now, in one swap (packtool/dataset/output.py).
+            commit(paths)
+    except BaseException:
+        remove_empty_parents(paths, made)
+        raise
+    seconds = time.perf_counter() - start
+    files = [out] if single else [out / f.name for f in files]
+    return TokenizeSummary(
+        documents=bar.docs,
+        tokens=bar.tokens,
+        seconds=seconds,
+        input_bytes=bar.nbytes,
+        skips=skips.to_dict(),
+        skip_line=skips.summary(),
+        files=[str(f) for f in files],
+        output_bytes=sum(f.stat().st_size for f in files),
+        tokenizer=tokenizer.identity.to_dict(),
+        dtype=str(tokenizer.dtype),
+        supervised_tokens=supervised,
+        special_names=tokenizer.special_names,
+    )
+
+
+def _write_all(
+    inputs: list,
+    config: ReadConfig,
+    tokenizer: Tokenizer,
+    workers: int | None,
+    skips: SkipCounter,
+    writer: PartWriter,
+    progress: bool | None,
+    optional: Iterable[str],
+) -> tuple[Progress, int | None]:
+    """Read, encode and write every input; the closed progress bar (its totals) and the
+    supervised tokens (None without a loss mask)."""
+    supervised: int | None = 0 if shard_columns.LOSS_MASK in optional else None
+    with Progress("tokenize", enabled=progress) as bar:
+        tables = _tokenized_batches(
+            inputs, read_config=config, tokenizer=tokenizer, workers=workers, skips=skips
+        )
+        write_q = BackgroundWriter(writer)
+        try:
+            for table, nbytes in tables:
+                write_q.put(table)
+                tokens = int(pc.sum(table.column("length")).as_py() or 0)
+                if supervised is not None:
+                    mask = shard_columns.flat_parts(table.column(shard_columns.LOSS_MASK))
+                    supervised += int(mask[1].sum(dtype=np.int64))
+                bar.update(docs=table.num_rows, tokens=tokens, nbytes=nbytes)
+        finally:
+            write_q.close()
+    if bar.docs == 0:
+        # As `stats` and `pack` do: an output without a document is a mistake, not a result.
+        raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")
+    return bar, supervised
+
+
+def _check_out(out: Path, single: bool, overwrite: bool, *, shown: str) -> None:
+    if not out.exists():
+        return
+    if not overwrite:
+        raise ConfigError(f"{shown} already exists; pass --overwrite to replace it")
+    if single and out.is_dir():
+        raise ConfigError(
+            f"{shown} is a folder; give a .parquet file name or a folder without .parquet"
+        )
+    if not single:
+        if not out.is_dir():
+            raise ConfigError(f"{shown} exists and is not a folder")
+        others = [p.name for p in out.iterdir() if not _is_part(p)]
+        if others:
+            raise ConfigError(
+                f"{shown} holds files that are not tokenize parts "
+                f"({', '.join(sorted(others)[:3])}); refusing to replace it, choose another output"
+            )
+        if os.path.ismount(out):
+            raise ConfigError(f"{shown} is a mount point; write to a folder inside it")
+
+
+def _is_part(p: Path) -> bool:
+    return p.is_file() and p.name.startswith("part-") and p.name.endswith(".parquet")

@@ -1,0 +1,124 @@
+"""Real transformers models on packtool's layout="hf" batches: equal to each document alone, and
+`check_packed_model` refuses every configuration that lets documents see each other."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from loader import PackedDataset
+from loader.hf import check_packed_model
+from loader.testing import write_dataset
+from packtool.errors import ConfigError
+from tests.loader.hf_helpers import (
+    VOCAB,
+    documents,
+    logit_gap,
+    one_torch_thread,  # noqa: F401  (autouse: one torch thread)
+    per_document_loss,
+    tiny_model,
+)
+
+ARCHS = ["llama", "gpt2"]
+IMPLS = ["sdpa", "eager"]
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hfm") / "ds"
+    rng = np.random.default_rng(1)
+    lens = [[7, 1, 12], [20, 3], [5, 5, 9, 2]]  # a one-token document too
+    rows = [[rng.integers(2, VOCAB, n).tolist() for n in row] for row in lens]
+    write_dataset(path, rows, max_len=48)
+    b = next(iter(PackedDataset(path, rows_per_batch=3, layout="hf", shuffle=False)))
+    assert [len(d) for d in documents(b)] == [n for row in lens for n in row]
+    return b
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_loss_and_gradients_equal_each_document_alone(arch, impl, batch):
+    model = tiny_model(arch, impl)
+    model.config.use_cache = False
+    assert check_packed_model(model, batch) == "position_ids"
+    packed = model(**batch).loss
+    packed.backward()
+    g_packed = grads(model)
+    model.zero_grad()
+    ref = per_document_loss(model, documents(batch))
+    ref.backward()
+    g_ref = grads(model)
+    assert abs(packed.item() - ref.item()) <= 1e-5
+    assert g_packed.keys() == g_ref.keys() and len(g_ref) > 4
+    for name, g in g_ref.items():
+        assert torch.allclose(g_packed[name], g, atol=1e-5, rtol=0), name
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_check_fires_where_documents_really_leak(arch, impl, batch):
+    model = tiny_model(arch, impl)
+    assert model.config.use_cache  # the transformers default, in training too
+    masked = {**batch, "attention_mask": torch.ones_like(batch["input_ids"])}
+    # The cache on (the default) or an all-ones mask: the row is read as one sequence.
+    assert logit_gap(model, batch) > 1e-3
+    assert logit_gap(model, masked, use_cache=False) > 1e-3
+    assert logit_gap(model, batch, use_cache=False) < 1e-5
+    with pytest.raises(ConfigError, match=r"use_cache is on.*model.config.use_cache = False"):
+        check_packed_model(model, batch)
+    with pytest.raises(ConfigError, match="attention_mask.*drop it"):
+        check_packed_model(model, {**masked, "use_cache": False})
+    model.config.use_cache = False
+    with pytest.raises(ConfigError, match="use_cache is on"):
+        check_packed_model(model, {**batch, "use_cache": True})
+    assert check_packed_model(model, batch) == "position_ids"
+
+
+def test_gradient_checkpointing_turns_the_cache_off(batch):
+    model = tiny_model("llama")
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5.x name
+    (enable or model.gradient_checkpointing_enable)()
+    model.train()
+    assert check_packed_model(model, batch) == "position_ids"
+    loss = model(**batch).loss
+    assert abs(loss.item() - per_document_loss(model, documents(batch)).item()) <= 1e-5
+    with torch.no_grad(), pytest.raises(ConfigError, match="use_cache is on"):
+        check_packed_model(model, batch)  # transformers keeps the cache without gradients
+    model.eval()
+    with pytest.raises(ConfigError, match="use_cache is on"):
+        check_packed_model(model, batch)
+
+
+def test_implementations_and_batches_the_check_refuses(batch):
+    model = tiny_model("llama")
+    model.config.use_cache = False
+    no_positions = {k: v for k, v in batch.items() if k != "position_ids"}
+    with pytest.raises(ConfigError, match="batch has none"):
+        check_packed_model(model, no_positions)
+    model.config._attn_implementation = "paged|eager"
+    with pytest.raises(ConfigError, match="neither cu_seq_lens nor packed position_ids.*sdpa"):
+        check_packed_model(model)
+    # flash attention's varlen kernels read cu_seq_lens: the cache does not matter, a mask does.
+    model.config._attn_implementation = "flash_attention_2"
+    model.config.use_cache = True
+    assert check_packed_model(model, batch) == "cu_seq_lens"
+    with pytest.raises(ConfigError, match="attention_mask"):
+        check_packed_model(model, {**batch, "attention_mask": torch.ones(1)})
+    with pytest.raises(ConfigError, match="not a transformers model"):
+        check_packed_model(torch.nn.Linear(2, 2))
+
+
+def test_the_check_unwraps_a_ddp_style_wrapper(batch):
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    model = tiny_model("gpt2")
+    with pytest.raises(ConfigError, match="use_cache"):
+        check_packed_model(Wrapper(model), batch)

@@ -1,0 +1,606 @@
+"""MixedDataset / MixedDataLoader: exact shares, exactly once per source epoch over ranks x
+workers, determinism, layouts, resume (same and changed mixtures) and bad input."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from loader import MixedDataLoader, MixedDataset, PackedDataset
+from loader.mixture.steps import RowStream, plan_steps
+from loader.testing import write_dataset, write_random_dataset
+from packtool.dataset.manifest import INDEX_FILE
+from packtool.errors import ConfigError, DataError
+from packtool.mixture.spec import MixtureSpec, SourceSpec
+from tests.loader.conftest import all_doc_ids
+
+ROWS = (23, 17, 6)
+WEIGHTS = (0.5, 0.3, 0.2)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """Three packed datasets of max_len 64 (23, 17 and 6 rows; doc ids unique in each)."""
+    root = tmp_path_factory.mktemp("mix")
+    paths = []
+    for i, n in enumerate(ROWS):
+        p = root / f"src{i}"
+        write_random_dataset(
+            p, n_rows=n, max_len=64, mean_doc=9, rows_per_shard=7, row_group_rows=3, seed=10 + i
+        )
+        paths.append(p)
+    return paths
+
+
+def spec(paths, weights=WEIGHTS, names=("web", "code", "books"), **kw):
+    kw.setdefault("total_tokens", 6000)
+    return MixtureSpec(
+        sources=tuple(
+            SourceSpec(name=n, path=str(p), weight=w)
+            for n, p, w in zip(names, paths, weights, strict=False)
+        ),
+        **kw,
+    )
+
+
+def rows_of(batch):
+    """Per document: (source, doc id, length)."""
+    lens = np.diff(batch["cu_seqlens"].numpy())
+    return list(
+        zip(batch["source"].tolist(), batch["doc_ids"].tolist(), lens.tolist(), strict=True)
+    )
+
+
+def stream(ds, *, workers=0, take=None, state=None):
+    dl = MixedDataLoader(ds, num_workers=workers)
+    if state is not None:
+        dl.load_state_dict(state)
+    out = []
+    for b in dl:
+        out.append(b)
+        if take is not None and len(out) == take:
+            break
+    return out, dl.state_dict()
+
+
+def same(a, b):
+    return len(a) == len(b) and all(
+        x.keys() == y.keys()
+        and all(torch.equal(x[k], y[k]) if torch.is_tensor(x[k]) else x[k] == y[k] for k in x)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_batch_dict_carries_the_source_of_every_document(sources):
+    ds = MixedDataset(spec(sources), rows_per_batch=4)
+    (b, *_), _ = stream(ds, take=1)
+    assert set(b) == {
+        "input_ids",
+        "cu_seqlens",
+        "max_seqlen",
+        "position_ids",
+        "labels",
+        "doc_ids",
+        "doc_targets",
+        "source",
+    }
+    assert b["source"].dtype == torch.int64 and b["source"].shape == b["doc_ids"].shape
+    # The fine-tuning loss's per-document counts (docs/loader.md) come through the mixture too.
+    assert b["doc_targets"].shape == b["doc_ids"].shape
+    assert int(b["doc_targets"].sum()) == int((b["labels"] != -100).sum())
+    assert set(b["source"].tolist()) <= {0, 1, 2}
+    assert ds.names == ["web", "code", "books"]
+
+
+def test_the_sources_share_one_cache_budget_each_keeping_a_window(sources):
+    """cache_bytes bounds a process's decoded row groups, as for one dataset: split over the
+    sources, each still holding a whole shuffle window (and one row group more)."""
+    ds = MixedDataset(spec(sources), tokens_per_batch=128, cache_bytes=3000, shuffle_window=4)
+    assert [s.store.cache_bytes for s in ds.sources] == [1000] * 3
+    assert [s.store.min_row_groups for s in ds.sources] == [5] * 3
+    got = [rows_of(b) for b in ds]
+    for s in ds.sources:
+        assert 1 <= len(s.store._cache) <= 5
+    plain = MixedDataset(spec(sources), tokens_per_batch=128, shuffle_window=4)
+    assert got == [rows_of(b) for b in plain]  # the cache changes no batch
+
+
+@pytest.mark.parametrize("unit", ["tokens", "rows"])
+def test_every_batch_prefix_is_within_one_row_of_the_weights(sources, unit):
+    ds = MixedDataset(spec(sources, unit=unit, total_tokens=20_000), tokens_per_batch=150)
+    batches, state = stream(ds)
+    assert state["mixed_dataset"]["schedule"]["done"] == "total_tokens 20,000 reached"
+    w = [Fraction(x) / sum(Fraction(y) for y in WEIGHTS) for x in WEIGHTS]
+    done = [0, 0, 0]
+    # a row is at most max_len tokens; a document of a row counts with its row
+    one_row = 64 if unit == "tokens" else 1
+    starts = {(s, d) for b in batches for s, d, _ in rows_of(b)}
+    assert starts
+    for b in batches:
+        for s, _, n in rows_of(b):
+            done[s] += n
+        if unit == "rows":
+            continue  # rows are checked on the schedule itself (tests/packtool/mixture/test_schedule.py)
+        total = sum(done)
+        assert all(abs(d - wi * total) < one_row for d, wi in zip(done, w, strict=True))
+
+
+def global_stream(paths, world, workers, **kw):
+    """Per source, the rows delivered over all ranks in stream order: [(step, rank, doc ids)]."""
+    per_rank = []
+    for r in range(world):
+        ds = MixedDataset(spec(paths, total_tokens=4000), rank=r, world_size=world, **kw)
+        batches, _ = stream(ds, workers=workers)
+        per_rank.append(batches)
+    assert len({len(b) for b in per_rank}) == 1  # every rank runs the same number of steps
+    out = []
+    for step in range(len(per_rank[0])):
+        for r in range(world):
+            out.append(per_rank[r][step])
+    return out
+
+
+def source_rows(batches):
+    """Per source, its documents (doc ids) in stream order, fillers left out."""
+    got = {0: [], 1: [], 2: []}
+    for b in batches:
+        for s, d, _ in rows_of(b):
+            if s >= 0:
+                got.setdefault(s, []).append(d)
+    return got
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_every_row_once_per_source_epoch_over_ranks_and_workers(sources, world, workers):
+    batches = global_stream(sources, world, workers, rows_per_batch=2)
+    got = source_rows(batches)
+    for i, path in enumerate(sources):
+        every = all_doc_ids(path).tolist()
+        docs = got[i]
+        assert docs, i
+        n = len(every)
+        epochs = [docs[k : k + n] for k in range(0, len(docs), n)]
+        for e in epochs[:-1]:
+            assert sorted(e) == every  # a whole epoch: each document once
+        assert len(set(epochs[-1])) == len(epochs[-1]) and set(epochs[-1]) <= set(every)
+    if (world, workers) != (1, 0):
+        ref = global_stream(sources, 1, 0, rows_per_batch=2)
+        assert source_rows(ref) == got  # the same rows in the same order whatever the split
+
+
+def test_rank_balance_keeps_every_row_once(sources):
+    batches = global_stream(sources, 2, 0, rows_per_batch=3, balance=True)
+    plain = global_stream(sources, 2, 0, rows_per_batch=3)
+    a, b = source_rows(batches), source_rows(plain)
+    for i in range(3):
+        assert sorted(a[i]) == sorted(b[i])
+
+
+def test_worker_count_and_seed(sources):
+    ref, _ = stream(MixedDataset(spec(sources), tokens_per_batch=200))
+    for workers in (1, 2):
+        got, _ = stream(MixedDataset(spec(sources), tokens_per_batch=200), workers=workers)
+        assert same(got, ref)
+    again, _ = stream(MixedDataset(spec(sources), tokens_per_batch=200))
+    assert same(again, ref)
+    other, _ = stream(MixedDataset(spec(sources, seed=1), tokens_per_batch=200))
+    assert not same(other, ref)
+
+
+def test_parts_too_big_for_the_ring_travel_outside_it(sources, monkeypatch):
+    """A worker's part with more documents than a ring slot holds (gather_into answers None) is
+    sent on its own: the same batches."""
+    ref, _ = stream(MixedDataset(spec(sources), tokens_per_batch=200))
+    monkeypatch.setattr(MixedDataset, "max_batch_docs", lambda self: 1)
+    ds = MixedDataset(spec(sources), tokens_per_batch=200)
+    got, _ = stream(ds, workers=2)
+    assert same(got, ref)
+    rows = next(iter(ds.look_ahead(plan_steps(ds, RowStream(ds, None), 0, lambda k: True), None)))
+    small = ds.empty_record(1, 1)
+    assert ds.gather_into(rows.rows, small) is None  # nothing written: too small
+
+
+def test_static_shape_and_hf_layout(sources):
+    ds = MixedDataset(spec(sources), tokens_per_batch=256, static_shape=True, max_docs_per_batch=64)
+    batches, _ = stream(ds, workers=2)
+    assert {b["input_ids"].shape for b in batches} == {(256,)}
+    assert {b["source"].shape for b in batches} == {(64,)}
+    assert (batches[0]["source"][batches[0]["doc_ids"] < 0] == -1).all()
+    hf = MixedDataset(spec(sources), rows_per_batch=2, layout="hf")
+    (b, *_), _ = stream(hf, take=1)
+    assert "cu_seq_lens_q" in b and "source" not in b  # model(**b) sees model inputs only
+    assert len(b.source) == len(b["cu_seq_lens_q"]) - 1
+
+
+def test_total_steps_and_drop_last(sources):
+    ds = MixedDataset(spec(sources, total_tokens=None, total_steps=7), rows_per_batch=2)
+    assert len(ds) == 7
+    batches, state = stream(ds)
+    assert len(batches) == 7 and state["mixed_dataset"]["step"] == 7
+    # the last step of a length in tokens is short: filler for a rank with nothing, or dropped
+    last = [
+        stream(
+            MixedDataset(spec(sources, total_tokens=900), rows_per_batch=3, rank=r, world_size=4)
+        )[0]
+        for r in range(4)
+    ]
+    assert len({len(x) for x in last}) == 1
+    fillers = [x[-1] for x in last if (x[-1]["labels"] == -100).all()]
+    assert fillers and all((f["source"] == -1).all() for f in fillers)
+    kept = stream(
+        MixedDataset(
+            spec(sources, total_tokens=900), rows_per_batch=3, rank=0, world_size=4, drop_last=True
+        )
+    )[0]
+    assert len(kept) == len(last[0]) - 1
+
+
+# --- resume -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cut", "before", "after"), [(1, 0, 2), (5, 2, 0), (13, 1, 1), (20, 2, 2)])
+def test_resume_with_the_same_mixture_is_exact(sources, cut, before, after):
+    ref, _ = stream(MixedDataset(spec(sources), tokens_per_batch=150))
+    first, state = stream(
+        MixedDataset(spec(sources), tokens_per_batch=150), workers=before, take=cut
+    )
+    state = json.loads(json.dumps(state))  # a checkpoint survives JSON
+    rest, _ = stream(MixedDataset(spec(sources), tokens_per_batch=150), workers=after, state=state)
+    assert same(first + rest, ref)
+
+
+def per_source_reference(paths):
+    """Each source's documents in its own epoch order (what any mixture delivers from it)."""
+    out = {}
+    for i in range(3):
+        only = MixtureSpec(
+            sources=(SourceSpec(name=["web", "code", "books"][i], path=str(paths[i])),),
+            total_tokens=40_000,
+        )
+        batches, _ = stream(MixedDataset(only, rows_per_batch=4))
+        out[i] = source_rows(batches)[0]
+    return out
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["weights", "added", "removed"],
+)
+def test_resume_with_a_changed_mixture_repeats_and_skips_nothing(sources, change):
+    ref = per_source_reference(sources)
+    first, state = stream(MixedDataset(spec(sources), tokens_per_batch=150), take=9)
+    before = source_rows(first)
+    if change == "weights":
+        new = spec(sources, weights=(0.1, 0.1, 0.8))
+        kept = {0: 0, 1: 1, 2: 2}
+    elif change == "removed":
+        new = spec(sources[:2], names=("web", "code"))
+        kept = {0: 0, 1: 1}
+    else:
+        new = MixtureSpec(
+            sources=spec(sources).sources
+            + (SourceSpec(name="extra", path=str(sources[0]), weight=1.0),),
+            total_tokens=6000,
+        )
+        kept = {0: 0, 1: 1, 2: 2}
+    ds = MixedDataset(new, tokens_per_batch=150)
+    with pytest.warns(UserWarning, match="resuming a changed mixture"):
+        ds.load_state_dict(state)
+    assert ds.describe()["changes"]
+    rest, _ = stream(ds)
+    after = source_rows(rest)
+    for old_i, new_i in kept.items():
+        delivered = before[old_i] + after[new_i]
+        assert delivered == ref[old_i][: len(delivered)]  # its epoch order, no repeat, no gap
+    if change == "added":
+        assert after[3]  # the new source is drawn from, from its first row
+        assert after[3] == ref[0][: len(after[3])]
+
+
+def test_resume_onto_other_data_under_the_same_name_is_refused(sources):
+    _, state = stream(MixedDataset(spec(sources), rows_per_batch=2), take=3)
+    swapped = spec([sources[1], sources[0], sources[2]])
+    with pytest.raises(
+        DataError, match=r"^source 'web': the state was saved on data \w+ but 'web' is now \w+"
+    ):
+        MixedDataset(swapped, rows_per_batch=2).load_state_dict(state)
+
+
+def test_resume_refuses_another_seed_and_other_states(sources, tmp_path):
+    _, state = stream(MixedDataset(spec(sources), rows_per_batch=2), take=3)
+    with pytest.raises(DataError, match="seed"):
+        MixedDataset(spec(sources, seed=3), rows_per_batch=2).load_state_dict(state)
+    packed = PackedDataset(sources[0], rows_per_batch=2)
+    with pytest.raises(DataError, match="not a MixedDataset state"):
+        MixedDataset(spec(sources), rows_per_batch=2).load_state_dict(packed.state_dict())
+    damaged = json.loads(json.dumps(state))
+    damaged["mixed_dataset"]["schedule"]["sources"]["web"]["pos"] = "x"
+    with pytest.raises(DataError, match="malformed mixture state: sources.web.pos"):
+        MixedDataset(spec(sources), rows_per_batch=2).load_state_dict(damaged)
+
+
+def test_a_source_dropped_at_its_cap_is_reported(sources):
+    capped = MixtureSpec(
+        sources=(
+            SourceSpec(name="web", path=str(sources[0])),
+            SourceSpec(name="books", path=str(sources[2]), max_epochs=1, at_cap="drop"),
+        ),
+        total_tokens=6000,
+    )
+    ds = MixedDataset(capped, rows_per_batch=2)
+    with pytest.warns(UserWarning, match="source 'books' reached max_epochs 1 .* dropped"):
+        batches, _ = stream(ds)
+    got = source_rows(batches)
+    assert sorted(got[1]) == all_doc_ids(sources[2]).tolist()  # one whole epoch, then no more
+    assert any(e["what"] == "dropped" for e in ds.describe()["events"])
+
+
+# --- bad input -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: SourceSpec(name="a", path=p, weight=-1), "weight must be a finite number >= 0"),
+        (lambda p: SourceSpec(name="a", path=p, weight="0.5"), "weight must be a number"),
+        (lambda p: SourceSpec(name="a", path=p, weight=float("nan")), "finite"),
+        (lambda p: SourceSpec(name="", path=p), "non-empty string"),
+        (lambda p: SourceSpec(name="a", path=p, max_epochs=0), "max_epochs must be a number > 0"),
+        (lambda p: SourceSpec(name="a", path=p, at_cap="wrap"), "at_cap 'wrap' is unknown"),
+        (
+            lambda p: MixtureSpec(sources=(SourceSpec(name="a", path=p, weight=0),), total_steps=1),
+            "every source has weight 0",
+        ),
+        (
+            lambda p: MixtureSpec(
+                sources=(SourceSpec(name="a", path=p), SourceSpec(name="a", path=p)), total_steps=1
+            ),
+            "duplicate source name",
+        ),
+        (
+            lambda p: MixtureSpec(
+                sources=(SourceSpec(name="a", path=p),), total_steps=1
+            ).with_weights({"b": 1}),
+            "unknown source 'b'; the mixture has a",
+        ),
+        (
+            lambda p: MixtureSpec(
+                sources=(SourceSpec(name="a", path=p),), total_steps=1, total_tokens=5
+            ),
+            "not both",
+        ),
+        (
+            lambda p: MixtureSpec(sources=(SourceSpec(name="a", path=p),), total_steps=0),
+            "total_steps must be",
+        ),
+        (
+            lambda p: MixtureSpec(sources=(SourceSpec(name="a", path=p),), unit="docs"),
+            "unit 'docs'",
+        ),
+    ],
+)
+def test_bad_specs_are_one_line_errors(sources, make, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        make(str(sources[0]))
+    assert "\n" not in str(info.value)
+
+
+def _copy_with(path, tmp_path, name, **changes):
+    import shutil
+
+    out = tmp_path / name
+    shutil.copytree(path, out)
+    index = json.loads((out / INDEX_FILE).read_text())
+    for key, value in changes.items():
+        if key == "tokenizer":
+            index["tokenizer"].update(value)
+        else:
+            index[key] = value
+    (out / INDEX_FILE).write_text(json.dumps(index))
+    return out
+
+
+def test_sources_must_share_tokenizer_and_max_len(sources, tmp_path):
+    other_tok = _copy_with(
+        sources[1], tmp_path, "tok", tokenizer={"kind": "tiktoken", "vocab_size": 50257}
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"different tokenizers \(web test \(kind 'test'\), code test \(kind 'tiktoken'\)",
+    ):
+        MixedDataset(spec([sources[0], other_tok]), rows_per_batch=2)
+    other_len = tmp_path / "len"  # a real dataset: index.json is checked as a whole
+    write_random_dataset(other_len, n_rows=5, max_len=128, mean_doc=9, seed=3)
+    with pytest.raises(ConfigError, match=r"different max_len \(web 64, code 128\)"):
+        MixedDataset(spec([sources[0], other_len]), rows_per_batch=2)
+
+
+def test_an_empty_source_and_a_mixture_without_end_are_refused(sources, tmp_path):
+    empty = tmp_path / "empty"
+    write_dataset(empty, [], max_len=64)
+    with pytest.raises(ConfigError, match=r"source 'code' \(.*empty\) has no rows"):
+        MixedDataset(spec([sources[0], empty]), rows_per_batch=2)
+    with pytest.raises(ConfigError, match="this mixture never ends"):
+        MixedDataset(spec(sources, total_tokens=None), rows_per_batch=2)
+    with pytest.raises(ConfigError, match="seed of a mixture is the mixture's"):
+        MixedDataset(spec(sources), rows_per_batch=2, seed=3)
+    with pytest.raises(ConfigError, match="tokens_per_batch 32 is smaller"):
+        MixedDataset(spec(sources), tokens_per_batch=32)
+
+
+def test_sources_given_as_datasets_and_a_mixture_file(sources, tmp_path):
+    as_objects = [
+        SourceSpec(name="web", path=PackedDataset(sources[0], rows_per_batch=9), weight=1)
+    ]
+    ds = MixedDataset(MixtureSpec(sources=tuple(as_objects), total_steps=3), rows_per_batch=2)
+    batches, _ = stream(ds)
+    assert len(batches) == 3
+    file = tmp_path / "mix.json"
+    file.write_text(
+        json.dumps(
+            {
+                "seed": 0,
+                "total_tokens": 6000,
+                "sources": [
+                    {"name": n, "path": str(p), "weight": w}
+                    for n, p, w in zip(["web", "code", "books"], sources, WEIGHTS, strict=True)
+                ],
+            }
+        )
+    )
+    from_file, _ = stream(MixedDataset(str(file), rows_per_batch=2))
+    direct, _ = stream(MixedDataset(spec(sources), rows_per_batch=2))
+    assert same(from_file, direct)
+
+
+def test_no_warning_on_a_plain_run(sources):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream(MixedDataset(spec(sources), rows_per_batch=2), workers=1)
+
+
+# --- a streaming (online-packed) source -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def online(tmp_path_factory):
+    """Tokenized Parquet of 90 documents (byte tokenizer) and a packed source sharing its
+    tokenizer identity."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.dataset.tokenized import tokenized_schema
+    from packtool.tokenizer.tokenizers import load_tokenizer
+
+    root = tmp_path_factory.mktemp("online")
+    identity = load_tokenizer("byte").identity
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(1, 40, 90)
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+    table = pa.Table.from_arrays(
+        [
+            pa.array(np.arange(1000, 1090), pa.int64()),
+            pa.array(["t"] * 90),
+            pa.ListArray.from_arrays(
+                pa.array(offsets), pa.array(np.arange(offsets[-1]) % 250, pa.uint16())
+            ),
+            pa.array(lengths.astype(np.int32)),
+        ],
+        schema=tokenized_schema(identity),
+    )
+    pq.write_table(table, root / "part.parquet", row_group_size=30)
+    packed = root / "packed"  # token ids below the byte tokenizer's vocabulary
+    write_random_dataset(
+        packed, n_rows=23, max_len=64, mean_doc=9, rows_per_shard=7, row_group_rows=3, vocab=250
+    )
+    index = json.loads((packed / INDEX_FILE).read_text())
+    index["tokenizer"] = identity.to_dict()
+    (packed / INDEX_FILE).write_text(json.dumps(index))
+    return root / "part.parquet", packed
+
+
+def online_spec(online, **kw):
+    from loader import StreamingPackedDataset
+
+    parquet, packed = online
+    live = StreamingPackedDataset(parquet, max_len=64, buffer_docs=20, rows_per_batch=1)
+    return MixtureSpec(
+        sources=(
+            SourceSpec(name="packed", path=str(packed), weight=0.6),
+            SourceSpec(name="live", path=live, weight=0.4),
+        ),
+        total_tokens=kw.pop("total_tokens", 5000),
+        **kw,
+    )
+
+
+def test_a_streaming_source_is_read_whole_once_per_epoch_whatever_the_workers(online):
+    ref, _ = stream(MixedDataset(online_spec(online), rows_per_batch=2))
+    live = source_rows(ref)[1]
+    assert len(live) > 90  # more than one epoch
+    assert sorted(live[:90]) == list(
+        range(1000, 1090)
+    )  # each document once in epoch 0 (none is split)
+    got, _ = stream(MixedDataset(online_spec(online), rows_per_batch=2), workers=2)
+    assert same(got, ref)
+
+
+@pytest.mark.parametrize(("cut", "before", "after"), [(3, 0, 2), (17, 2, 0)])
+def test_a_streaming_source_resumes_exactly(online, cut, before, after):
+    ref, _ = stream(MixedDataset(online_spec(online), rows_per_batch=2))
+    first, state = stream(
+        MixedDataset(online_spec(online), rows_per_batch=2), workers=before, take=cut
+    )
+    rest, _ = stream(
+        MixedDataset(online_spec(online), rows_per_batch=2), workers=after, state=state
+    )
+    assert same(first + rest, ref)
+
+
+def capped_live_spec(online, epochs=3):
+    """`online_spec` with the streaming source capped at `epochs` passes (the mixture stops
+    there): long enough to cross several of its epoch boundaries."""
+    mix = online_spec(online, total_tokens=10**6)
+    packed, live = mix.sources
+    return MixtureSpec(
+        sources=(packed, SourceSpec(name="live", path=live.path, weight=0.4, max_epochs=epochs)),
+        total_tokens=10**6,
+    )
+
+
+@pytest.fixture
+def epochs_packed(monkeypatch):
+    """The epoch of every pass the streaming source starts (an iterator over its stream)."""
+    from loader.mixture.sources import _OneStream
+
+    started: list[int] = []
+    real = _OneStream.__iter__
+
+    def counting(self):
+        started.append(int(self.epoch))
+        return real(self)
+
+    monkeypatch.setattr(_OneStream, "__iter__", counting)
+    return started
+
+
+def test_a_streaming_source_packs_each_epoch_once(online, epochs_packed):
+    # The schedule reads epoch e+1's lengths before the rows of epoch e in the same chunk are
+    # described: epoch e's rows must survive that (not be packed again from row 0).
+    batches, state = stream(MixedDataset(capped_live_spec(online), rows_per_batch=2))
+    assert state["mixed_dataset"]["schedule"]["done"] == "source 'live' reached max_epochs 3"
+    live = source_rows(batches)[1]
+    assert len(live) == 3 * 90
+    for e in range(3):
+        assert sorted(live[90 * e : 90 * (e + 1)]) == list(range(1000, 1090))
+    assert epochs_packed == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("cut", "epoch"), [(5, 0), (50, 1), (100, 2)])
+def test_a_resumed_streaming_source_replays_its_epoch_once(online, epochs_packed, cut, epoch):
+    ref, _ = stream(MixedDataset(capped_live_spec(online), rows_per_batch=2))
+    first, state = stream(MixedDataset(capped_live_spec(online), rows_per_batch=2), take=cut)
+    assert state["mixed_dataset"]["schedule"]["sources"]["live"]["epoch"] == epoch
+    epochs_packed.clear()
+    rest, _ = stream(MixedDataset(capped_live_spec(online), rows_per_batch=2), state=state)
+    assert same(first + rest, ref)
+    # the resume re-packs its epoch up to the cursor once, then every later epoch once
+    assert epochs_packed == list(range(epoch, 3))
+
+
+def test_packtool_mix_plans_what_the_loader_delivers(sources):
+    from packtool.mixture.plan import plan_mixture
+
+    mix = spec(sources, total_tokens=9000)
+    plan = plan_mixture(mix)
+    _, state = stream(MixedDataset(mix, rows_per_batch=2))
+    real = state["mixed_dataset"]["schedule"]["sources"]
+    for s in plan.sources:
+        assert abs(s.tokens - real[s.name]["tokens"]) <= 2 * 64  # both within a row of target
+        assert abs(s.rows - real[s.name]["rows"]) <= 3

@@ -1,0 +1,388 @@
+"""OnlinePacker: exact rows on tiny streams, property tests (exactly once, bounds, determinism)."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loader.online.packer import (
+    OnlineConfig,
+    OnlinePacker,
+    PackedRows,
+    PackerClosedError,
+    RowBatcher,
+    bucketed_assign,
+)
+from loader.online.state import LATER_KEYS
+from packtool.errors import ConfigError, DataError
+from tests.loader.conftest import damaged_states
+
+
+def docs_of(lengths: list[int], start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids = global token positions, so every token is unique and traceable."""
+    lengths = np.asarray(lengths, np.int64)
+    return np.arange(start, start + int(lengths.sum()), dtype=np.int64), lengths
+
+
+def rows_as_lists(rows: PackedRows) -> list[list[list[int]]]:
+    out = []
+    for r in range(rows.n_rows):
+        row = rows.row(r)
+        toks, lens = row.tokens, row.doc_lens
+        cut = np.cumsum(lens)[:-1]
+        out.append([d.tolist() for d in np.split(toks, cut)])
+    return out
+
+
+def test_tiny_stream_exact_rows() -> None:
+    p = OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.0, shuffle_rows=False)
+    p.push(*docs_of([5, 3, 4, 2]))
+    rows = p.pop()
+    # FFD: 5 -> row 0, 4 -> row 1, 3 -> row 0, 2 -> row 1
+    assert rows_as_lists(rows) == [
+        [[0, 1, 2, 3, 4], [5, 6, 7]],
+        [[8, 9, 10, 11], [12, 13]],
+    ]
+    assert rows.doc_ids.tolist() == [0, 1, 2, 3]
+    p.flush()
+    assert p.pop().n_rows == 0
+    assert p.stats["rows"] == 2 and p.stats["tokens_out"] == 14
+
+
+def test_underfilled_rows_stay_open_until_flush() -> None:
+    p = OnlinePacker(max_len=8, buffer_docs=4, min_fill=1.0, shuffle_rows=False)
+    p.push(*docs_of([5, 3, 4, 2]))
+    # row [4, 2] holds 6 < 8 tokens: back into the buffer
+    assert rows_as_lists(p.pop()) == [[[0, 1, 2, 3, 4], [5, 6, 7]]]
+    assert p.buffered == (2, 6)
+    p.push(*docs_of([2], start=14))
+    assert p.pop().n_rows == 0
+    p.push(*docs_of([1], start=16))
+    # buffer [4, 2, 2, 1]: 4 + 2 + 2 fill a row, the 1 waits
+    assert rows_as_lists(p.pop()) == [[[8, 9, 10, 11], [12, 13], [14, 15]]]
+    assert p.buffered == (1, 1)
+    p.flush()
+    last = p.pop()
+    assert rows_as_lists(last) == [[[16]]] and last.doc_ids.tolist() == [5]
+    s = p.stats
+    assert s["rows_held_back"] == 2 and s["flushes"] == 1 and s["stream_closed"]
+    assert s["tokens_in"] == s["tokens_out"] == 17
+    with pytest.raises(PackerClosedError, match="closed"):
+        p.push(*docs_of([1]))
+
+
+def test_held_rows_are_forced_out_after_max_holds() -> None:
+    p = OnlinePacker(max_len=8, buffer_docs=4, min_fill=1.0, max_holds=1, shuffle_rows=False)
+    p.push_lengths(np.array([6, 1, 7, 1]))  # rows [7, 1] (full) and [6, 1] (held once)
+    assert p.pop().seg_len.tolist() == [7, 1]
+    p.push_lengths(np.array([8, 8]))
+    rows = p.pop()
+    # [6, 1] was held once already: out with its 7-token row
+    assert rows.seg_len.tolist() == [8, 8, 6, 1] and rows.n_rows == 3
+    assert p.stats["rows_forced"] == 1 and p.buffered == (0, 0)
+
+
+def test_long_documents_follow_the_policy() -> None:
+    toks, lens = docs_of([10, 0, 3])
+    for policy, expect_out, trunc, dropped in [
+        ("split", 13, 0, 0),
+        ("truncate", 7, 6, 0),
+        ("drop", 3, 0, 10),
+    ]:
+        p = OnlinePacker(max_len=4, buffer_docs=100, long_docs=policy, shuffle_rows=False)
+        p.push(toks, lens)
+        p.flush()
+        rows = p.pop()
+        s = p.stats
+        assert s["documents_empty"] == 1
+        assert s["tokens_out"] == expect_out == int(rows.seg_len.sum())
+        assert s["tokens_truncated"] == trunc and s["tokens_dropped"] == dropped
+        assert s["tokens_in"] == s["tokens_out"] + trunc + dropped
+    p = OnlinePacker(max_len=4, buffer_docs=100, long_docs="split", shuffle_rows=False)
+    p.push(toks, lens)
+    p.flush()
+    rows = p.pop()
+    split = sorted(zip(rows.doc_ids.tolist(), rows.doc_chunks.tolist(), strict=True))
+    assert split == [(0, 0), (0, 1), (0, 2), (2, 0)]
+
+
+def test_bucketed_assignment_two_levels() -> None:
+    # bucket 4, max_len 8: lengths 3,3 round to 4 -> one level-one row of two; 7 rounds to 8 ->
+    # a row of its own; the 1 fills a gap across buckets.
+    row, offset, n_rows = bucketed_assign(np.array([3, 7, 3, 1]), 8, 4)
+    assert n_rows == 2
+    assert row.tolist() == [1, 0, 1, 0]
+    assert offset.tolist() == [0, 0, 3, 7]
+
+
+def test_batches_use_the_loader_format() -> None:
+    p = OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.0, shuffle_rows=False)
+    source = [np.arange(n) + 100 for n in (5, 3, 4, 2, 6)]
+    batches = list(p.batches(iter(source), rows_per_batch=2))
+    assert len(batches) == 2
+    b = batches[0]
+    assert b["cu_seqlens"].dtype == torch.int32 and b["cu_seqlens"].tolist() == [0, 5, 8, 12, 14]
+    assert b["input_ids"].dtype == torch.int64
+    assert b["position_ids"].tolist()[:8] == [0, 1, 2, 3, 4, 0, 1, 2]
+    assert b["labels"][4].item() == -100 and b["labels"][0].item() == 101
+    assert b["max_seqlen"] == 5 and b["doc_ids"].tolist() == [0, 1, 2, 3]
+    assert batches[1]["doc_ids"].tolist() == [4]
+
+
+def test_row_batcher_token_budget() -> None:
+    rows = PackedRows(
+        np.array([0, 1, 2, 3, 4]), np.array([5, 4, 3, 8]), np.arange(4), np.zeros(4, np.int32), None
+    )
+    rb = RowBatcher(tokens_per_batch=9)
+    rb.add(rows)
+    got = [b.seg_len.tolist() for b in rb.ready(final=True)]
+    assert got == [[5, 4], [3], [8]]
+    with pytest.raises(ConfigError, match="exactly one"):
+        RowBatcher()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_len": 1}, "max_len must be an integer >= 2, got 1"),
+        ({"max_len": 2**24 + 1}, "max_len 16777217 is too large"),
+        ({"max_len": 8, "buffer_docs": 0}, "buffer_docs"),
+        ({"max_len": 8, "strategy": "lpt"}, "strategy"),
+        ({"max_len": 8, "min_fill": 1.5}, "min_fill"),
+        ({"max_len": 8, "long_docs": "cut"}, "long_docs"),
+        ({"max_len": 8, "buffer_seconds": 0}, "buffer_seconds"),
+        ({"max_len": 8, "buffer_tokens": 0}, "buffer_tokens"),
+        ({"max_len": 8, "seed": -1}, "seed"),
+    ],
+)
+def test_config_validation(kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        OnlineConfig(**kwargs)
+
+
+def test_bad_input_is_reported() -> None:
+    p = OnlinePacker(max_len=8)
+    with pytest.raises(DataError, match="sum to"):
+        p.push(np.arange(3), np.array([2, 2]))
+    with pytest.raises(DataError, match="negative"):
+        p.push(np.arange(0), np.array([-1, 1]))
+    with pytest.raises(DataError, match="input_ids"):
+        import pyarrow as pa
+
+        p.push_table(pa.table({"x": [1]}))
+
+
+def test_time_window_packs_without_a_full_buffer() -> None:
+    p = OnlinePacker(max_len=8, buffer_docs=1000, buffer_seconds=0.01, min_fill=0.0)
+    p.push_lengths(np.array([3]))
+    import time
+
+    time.sleep(0.03)
+    p.poll()
+    assert p.pop().n_rows == 1
+
+
+# ---- properties ---------------------------------------------------------------------------
+
+
+def run_packer(lengths, chunks, **cfg) -> tuple[PackedRows, dict]:
+    toks, lens = docs_of(lengths)
+    p = OnlinePacker(**cfg)
+    starts = np.r_[0, np.cumsum(lens)]
+    cuts = sorted({0, len(lens), *[c % (len(lens) + 1) for c in chunks]})
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        p.push(toks[starts[a] : starts[b]], lens[a:b], np.arange(a, b))
+    p.flush()
+    return p.pop(), p.stats
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), max_size=60),
+    chunks=st.lists(st.integers(0, 60), max_size=4),
+    max_len=st.integers(2, 16),
+    buffer_docs=st.integers(1, 12),
+    buffer_tokens=st.one_of(st.none(), st.integers(1, 60)),
+    min_fill=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+    policy=st.sampled_from(["split", "truncate", "drop"]),
+    strategy=st.sampled_from(["ffd", "bucketed"]),
+    seed=st.integers(0, 3),
+)
+def test_every_token_once_rows_bounded_deterministic(
+    lengths, chunks, max_len, buffer_docs, buffer_tokens, min_fill, policy, strategy, seed
+) -> None:
+    cfg = dict(
+        max_len=max_len,
+        buffer_docs=buffer_docs,
+        buffer_tokens=buffer_tokens,
+        min_fill=min_fill,
+        long_docs=policy,
+        strategy=strategy,
+        seed=seed,
+        bucket=4,
+    )
+    rows, stats = run_packer(lengths, chunks, **cfg)
+    # rows bounded, non-empty, well formed
+    assert rows.n_rows == stats["rows"]
+    if rows.n_rows:
+        assert rows.row_lengths.max() <= max_len and rows.row_lengths.min() >= 1
+    assert (rows.seg_len >= 1).all()
+    # every expected token exactly once, each segment a contiguous piece of its document
+    starts = np.r_[0, np.cumsum(lengths)]
+    expect = []
+    for d, n in enumerate(lengths):
+        if n > max_len and policy == "drop":
+            continue
+        keep = min(n, max_len) if policy == "truncate" else n
+        expect.extend(range(starts[d], starts[d] + keep))
+    toks = rows.tokens if rows.tokens is not None else np.zeros(0)
+    assert sorted(toks.tolist()) == expect
+    pos = 0
+    for n, d, c in zip(rows.seg_len, rows.doc_ids, rows.doc_chunks, strict=True):
+        seg = toks[pos : pos + n]
+        assert seg.tolist() == list(range(starts[d] + c * max_len, starts[d] + c * max_len + n))
+        pos += n
+    assert (
+        stats["tokens_in"]
+        == stats["tokens_out"] + stats["tokens_truncated"] + stats["tokens_dropped"]
+    )
+    assert stats["documents_empty"] == sum(1 for n in lengths if n == 0)
+    assert stats["segments_buffered"] == 0
+    # deterministic, and independent of how the input was chunked
+    again, _ = run_packer(lengths, [], **cfg)
+    assert np.array_equal(again.tokens, rows.tokens)
+    assert np.array_equal(again.row_docs, rows.row_docs)
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(1, 64), min_size=1, max_size=200), buf=st.integers(1, 50))
+def test_plain_ffd_buffer_never_worse_than_row_bound(lengths, buf) -> None:
+    # with min_fill 0 every pack is plain FFD over the buffer: at most 2*ceil(total/max_len)+1
+    # rows per pack (any two first-fit rows hold more than max_len together)
+    p = OnlinePacker(max_len=64, buffer_docs=buf, min_fill=0.0)
+    p.push_lengths(np.array(lengths))
+    p.flush()
+    rows = p.pop()
+    assert rows.tokens is None
+    assert rows.seg_len.sum() == sum(lengths)
+    assert rows.n_rows <= sum(
+        2 * -(-sum(lengths[i : i + buf]) // 64) + 1 for i in range(0, len(lengths), buf)
+    )
+
+
+def test_float_or_negative_tokens_and_batches_of_sequences_are_refused() -> None:
+    p = OnlinePacker(max_len=8)
+    # Before: float ids were accepted by push() and truncated to integers when collated.
+    with pytest.raises(DataError, match="token ids must be integers, got dtype float64"):
+        p.push(np.array([1.5, 2.0]), np.array([2]))
+    # Before: a (2, 3) array became one document of 6 tokens.
+    with pytest.raises(DataError, match=r"document 1 has shape \(2, 3\)"):
+        p.push_docs([[1, 2], np.ones((2, 3), np.int64)])
+    # Before: negative ids went through and failed later, in the model's embedding.
+    with pytest.raises(DataError, match="token ids must be >= 0, got -3"):
+        p.push(np.array([1, -3, 2]), np.array([3]))
+    with pytest.raises(DataError, match="token ids must be >= 0, got -1"):
+        p.push_docs([[1, 2], [-1]])
+    p.push_docs([np.array([[4, 5, 6]])])  # (1, T), a tokenizer's batch of one, is fine
+    p.flush()
+    assert p.pop().tokens.tolist() == [4, 5, 6]
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) 'maxlen'; OnlineConfig takes"):
+        OnlinePacker(maxlen=8)
+
+
+def test_source_error_keeps_every_document_handed_over() -> None:
+    def source():
+        yield from ([1, 2, 3], [4, 5], [6] * 8, [7, 7])
+        raise RuntimeError("source broke")
+
+    # Before: the documents collected for the next push were dropped with the exception.
+    p = OnlinePacker(max_len=8, buffer_docs=100)
+    with pytest.raises(RuntimeError, match="source broke"):
+        list(p.pack_stream(source()))
+    p.flush()
+    assert sorted(p.pop().tokens.tolist()) == sorted([1, 2, 3, 4, 5] + [6] * 8 + [7, 7])
+    # Rows packed but not yet batched go back to the packer too.
+    p = OnlinePacker(max_len=8, buffer_docs=2, min_fill=0.0)
+    got = []
+    with pytest.raises(RuntimeError, match="source broke"):
+        for b in p.batches(source(), rows_per_batch=3):
+            got += b["input_ids"].tolist()
+    p.flush()
+    rest = p.pop().tokens.tolist()
+    assert sorted(got + rest) == sorted([1, 2, 3, 4, 5] + [6] * 8 + [7, 7])
+    # A bad document fails alone: the good ones before it stay in the packer.
+    p = OnlinePacker(max_len=8, buffer_docs=100)
+    with pytest.raises(DataError, match="document 2: token ids must be integers"):
+        list(p.pack_stream([[1, 2], [3], [0.5]]))
+    p.flush()
+    assert sorted(p.pop().tokens.tolist()) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("state", [None, {}, {"config": {}}, "x"])
+def test_load_state_dict_rejects_what_is_not_a_packer_state(state) -> None:
+    with pytest.raises(DataError, match="not an OnlinePacker state"):
+        OnlinePacker(max_len=8).load_state_dict(state)
+
+
+def test_load_state_dict_with_a_key_missing() -> None:
+    p = OnlinePacker(max_len=8)
+    p.push_docs([[1, 2, 3]])
+    state = p.state_dict()
+    del state["buffer"]
+    with pytest.raises(DataError, match="missing buffer"):
+        OnlinePacker(max_len=8).load_state_dict(state)
+
+
+@pytest.mark.parametrize("with_tokens", [True, False])
+def test_every_damaged_part_of_a_packer_state_is_a_clear_error(with_tokens) -> None:
+    p = OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9)
+    lengths = np.array([3, 5, 2, 7, 1, 4, 6])
+    p.push(np.arange(lengths.sum()) if with_tokens else None, lengths)
+    state = p.state_dict()
+    assert state["buffer"] is not None and state["out"] is not None  # both parts to damage
+    target = OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9)
+    # "config" is compared, not parsed: another value is "saved with other settings".
+    for name, damaged in damaged_states(state, skip=("config",), optional=LATER_KEYS):
+        with pytest.raises(DataError, match=re.escape(name)):
+            target.load_state_dict(damaged)
+    # A state saved before optional columns existed lacks their keys, and loads.
+    old = copy.deepcopy(state)
+    for part in (old, old["counts"], old["buffer"], old["out"]):
+        for key in LATER_KEYS & set(part):
+            del part[key]
+    OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9).load_state_dict(old)
+    # Parts of the right type that do not fit together.
+    edits = {
+        "out.row_docs": lambda s: s["out"].update(row_docs=s["out"]["row_docs"][::-1].copy()),
+        "counts.extra": lambda s: s["counts"].update(extra=1),
+        "dtype": lambda s: s.update(dtype="<f8"),
+    }
+    if with_tokens:
+        edits["buffer.start"] = lambda s: s["buffer"].update(start=s["buffer"]["start"] + 100)
+        edits["out.tokens"] = lambda s: s["out"].update(tokens=s["out"]["tokens"][:-1])
+    else:
+        edits["buffer.tokens"] = lambda s: s["buffer"].update(tokens=np.arange(5))
+    for name, edit in edits.items():
+        damaged = copy.deepcopy(state)
+        edit(damaged)
+        with pytest.raises(DataError, match=re.escape(name) + ".* the checkpoint is damaged"):
+            target.load_state_dict(damaged)
+    # The intact state still loads, and continues exactly.
+    target.load_state_dict(state)
+    for packer in (p, target):
+        packer.flush()
+    a, b = p.pop(), target.pop()
+    assert a.seg_len.tolist() == b.seg_len.tolist() and a.doc_ids.tolist() == b.doc_ids.tolist()
+
+
+def test_a_config_and_keyword_settings_together_are_refused() -> None:
+    with pytest.raises(
+        ConfigError, match=r"give either a config or keyword settings, not both \(\['seed'\]\)"
+    ):
+        OnlinePacker(OnlineConfig(max_len=8), seed=1)

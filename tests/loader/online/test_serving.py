@@ -1,0 +1,224 @@
+"""RequestBatcher: every request gets its own slice, deadlines, budget, close, bad requests."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from loader.online.serving import BatcherClosedError, RequestBatcher
+from packtool.errors import ConfigError, DataError
+
+
+class Model:
+    """Elementwise model (2x + 1) that records each batch's arrival time and size."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.calls: list[tuple[float, int, int]] = []
+        self.delay = delay
+        self.lock = threading.Lock()
+
+    def __call__(self, batch: dict) -> torch.Tensor:
+        cu = batch["cu_seqlens"]
+        assert cu.dtype == torch.int32 and int(cu[-1]) == batch["input_ids"].shape[0]
+        with self.lock:
+            self.calls.append((time.monotonic(), int(cu[-1]), len(cu) - 1))
+        if self.delay:
+            time.sleep(self.delay)
+        return batch["input_ids"] * 2 + 1
+
+
+def test_concurrent_requests_get_their_own_slice() -> None:
+    model = Model()
+    results: dict[tuple[int, int], tuple[np.ndarray, object]] = {}
+    with RequestBatcher(run_batch=model, max_wait_ms=5, token_budget=256) as batcher:
+
+        def client(t: int) -> None:
+            rng = np.random.default_rng(t)
+            futs = []
+            for i in range(25):
+                toks = rng.integers(0, 1000, rng.integers(1, 120))
+                futs.append((i, toks, batcher.submit(toks)))
+                if i % 5 == 0:
+                    time.sleep(0.001)
+            for i, toks, f in futs:
+                results[(t, i)] = (toks, f.result(timeout=30))
+
+        threads = [threading.Thread(target=client, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    assert len(results) == 200
+    for toks, out in results.values():
+        assert out.tolist() == (toks * 2 + 1).tolist()
+    assert all(total <= 256 for _, total, _ in model.calls)
+    assert sum(n for _, _, n in model.calls) == 200
+    s = batcher.stats
+    assert s["requests"] == 200 and s["rejected"] == 0 and s["batches"] == len(model.calls)
+    assert s["closed"] and s["queued"] == 0
+
+
+def test_lone_request_waits_the_window_but_not_past_it() -> None:
+    model = Model()
+    with RequestBatcher(run_batch=model, max_wait_ms=50, token_budget=1000) as batcher:
+        t0 = time.monotonic()
+        out = batcher.submit([1, 2, 3]).result(timeout=10)
+        dispatched = model.calls[0][0] - t0
+    assert out.tolist() == [3, 5, 7]
+    assert 0.045 <= dispatched <= 0.05 + 0.5  # generous slack for a loaded machine
+
+
+def test_full_budget_goes_without_waiting() -> None:
+    model = Model()
+    with RequestBatcher(run_batch=model, max_wait_ms=10_000, token_budget=100) as batcher:
+        t0 = time.monotonic()
+        a, b = batcher.submit(np.ones(60, np.int64)), batcher.submit(np.ones(40, np.int64))
+        a.result(timeout=5), b.result(timeout=5)
+        assert time.monotonic() - t0 < 5
+    assert model.calls[0][1:] == (100, 2)
+
+
+def test_gap_filling_and_budget_split() -> None:
+    # 70 + 50 > 100: the 50 waits for the next batch, the 30 fills the gap after the 70
+    model = Model(delay=0.5)
+    with RequestBatcher(run_batch=model, max_wait_ms=20, token_budget=100) as batcher:
+        first = batcher.submit(np.ones(5, np.int64))  # occupies the model for 0.5 s
+        time.sleep(0.2)
+        futs = [batcher.submit(np.ones(n, np.int64)) for n in (70, 50, 30)]
+        [f.result(timeout=10) for f in futs + [first]]
+    assert [c[1:] for c in model.calls] == [(5, 1), (100, 2), (50, 1)]
+
+
+def test_close_drains_and_refuses() -> None:
+    model = Model()
+    batcher = RequestBatcher(run_batch=model, max_wait_ms=10_000, token_budget=1000)
+    futs = [batcher.submit([i + 1]) for i in range(3)]
+    batcher.close()
+    assert [f.result(timeout=0).tolist() for f in futs] == [[3], [5], [7]]
+    with pytest.raises(BatcherClosedError, match="closed"):
+        batcher.submit([1])
+
+
+def test_bad_requests_and_model_errors_reach_the_future() -> None:
+    def broken(batch: dict) -> torch.Tensor:
+        raise RuntimeError("model exploded")
+
+    with RequestBatcher(run_batch=Model(), max_wait_ms=1, token_budget=8) as batcher:
+        with pytest.raises(DataError, match="exceeds the token budget 8"):
+            batcher.submit(np.arange(9)).result(timeout=5)
+        with pytest.raises(DataError, match="empty request"):
+            batcher.submit([]).result(timeout=5)
+        assert batcher.stats["rejected"] == 2
+    with RequestBatcher(run_batch=broken, max_wait_ms=1, token_budget=8) as batcher:
+        with pytest.raises(RuntimeError, match="exploded"):
+            batcher.submit([1, 2]).result(timeout=5)
+        assert batcher.submit([1]).exception(timeout=5) is not None  # thread still serves
+    with (
+        RequestBatcher(run_batch=lambda b: 3, max_wait_ms=1, token_budget=8) as batcher,
+        pytest.raises(DataError, match="first axis"),
+    ):
+        batcher.submit([1, 2]).result(timeout=5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"token_budget": 0}, "token_budget"),
+        ({"max_wait_ms": -1}, "max_wait_ms"),
+        ({"max_requests": 0}, "max_requests"),
+        ({"run_batch": 3}, "callable"),
+    ],
+)
+def test_config_validation(kwargs: dict, match: str) -> None:
+    settings = {"run_batch": Model(), **kwargs}
+    with pytest.raises(ConfigError, match=match):
+        RequestBatcher(**settings)
+
+
+def test_model_raising_base_exception_does_not_kill_the_thread() -> None:
+    def quits(batch: dict) -> torch.Tensor:
+        raise SystemExit("model quit")
+
+    with RequestBatcher(run_batch=quits, max_wait_ms=0, token_budget=8) as batcher:
+        # Before: the thread died; this future and every later one waited forever.
+        with pytest.raises(SystemExit):
+            batcher.submit([1, 2]).result(timeout=5)
+        assert isinstance(batcher.submit([3]).exception(timeout=5), SystemExit)
+        assert batcher.stats["failed_batches"] == 2
+
+
+def test_infinite_window_waits_for_a_full_budget_or_close() -> None:
+    batcher = RequestBatcher(run_batch=Model(), max_wait_ms=float("inf"), token_budget=4)
+    # Before: Condition.wait(inf) raised OverflowError in the thread, which then died.
+    a, b = batcher.submit([1]), batcher.submit([1, 2, 3])
+    assert a.result(timeout=5).tolist() == [3] and b.result(timeout=5).tolist() == [3, 5, 7]
+    c = batcher.submit([4])
+    time.sleep(0.1)
+    assert not c.done()
+    batcher.close(timeout=5)
+    assert c.result(timeout=0).tolist() == [9]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        # Before: each of these failed every batch (every request) at its first model call.
+        ({"collate_kwargs": {"pad_tokn": 8}}, r"collate_kwargs \['pad_tokn'\] unknown"),
+        ({"collate_kwargs": {"pad_tokens": 4}}, "pad_tokens=4 is smaller than token_budget=8"),
+        ({"collate_kwargs": {"pad_tokens": 8, "pad_docs": 1}}, "leaves no room"),
+    ],
+)
+def test_collate_kwargs_are_checked_upfront(kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        RequestBatcher(run_batch=Model(), token_budget=8, **kwargs)
+
+
+def test_pad_docs_caps_the_requests_per_batch() -> None:
+    model = Model(delay=0.2)
+    kw = {"pad_tokens": 16, "pad_docs": 3}  # 2 requests + the padding pseudo-document
+    with RequestBatcher(
+        run_batch=model, max_wait_ms=50, token_budget=16, collate_kwargs=kw
+    ) as batcher:
+        first = batcher.submit([9])  # keeps the model busy while the next five queue up
+        futs = [batcher.submit([i + 1]) for i in range(5)]
+        # Before: the five went into one batch, which collate refused (6 > pad_docs): all failed.
+        assert [f.result(timeout=10).tolist() for f in futs] == [[3], [5], [7], [9], [11]]
+        first.result(timeout=10)
+    assert max(n for _, _, n in model.calls) == 3  # cu_seqlens has pad_docs + 1 entries
+
+
+def test_requests_of_several_sequences_and_device_tensors() -> None:
+    with RequestBatcher(run_batch=Model(), max_wait_ms=0, token_budget=16) as batcher:
+        # Before: a (2, 3) batch was flattened into one request of 6 tokens.
+        with pytest.raises(DataError, match=r"one sequence of token ids, got shape \(2, 3\)"):
+            batcher.submit(torch.ones(2, 3, dtype=torch.long)).result(timeout=5)
+        assert batcher.submit(torch.tensor([[1, 2]])).result(timeout=5).tolist() == [3, 5]
+        x = torch.ones(2, requires_grad=True)  # .numpy() refuses a tensor that tracks grad
+        assert batcher.submit(x.long()).result(timeout=5).tolist() == [3, 3]
+
+
+def test_a_dropped_batcher_serves_its_queue_and_stops_its_thread() -> None:
+    import gc
+
+    def submit_and_drop() -> object:
+        batcher = RequestBatcher(run_batch=Model(), max_wait_ms=60_000, token_budget=16)
+        return batcher.submit([1, 2])
+
+    before = {t.ident for t in threading.enumerate()}
+    fut = submit_and_drop()
+    gc.collect()
+    # Before: nothing referenced the batcher but its own thread, which waited forever.
+    assert fut.result(timeout=5).tolist() == [3, 5]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        extra = [
+            t for t in threading.enumerate() if t.ident not in before and t.name == "RequestBatcher"
+        ]
+        if not extra:
+            break
+        time.sleep(0.01)
+    assert not extra

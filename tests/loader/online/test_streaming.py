@@ -1,0 +1,267 @@
+"""StreamingPackedDataset: exactly once over ranks × workers, exact resume, bad input."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from loader.online.state import LATER_KEYS
+from loader.online.streaming import StreamingPackedDataset
+from packtool.dataset.tokenized import tokenized_schema
+from packtool.errors import ConfigError, DataError
+from packtool.tokenizer.tokenizers import load_tokenizer
+from tests.loader.conftest import damaged_states
+
+MAX_LEN = 32
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory):
+    """Two tokenized Parquet files, row groups of 25 documents; token id = global position.
+
+    Lengths 0..80: empty documents and documents longer than MAX_LEN included.
+    """
+    root = tmp_path_factory.mktemp("stream")
+    rng = np.random.default_rng(5)
+    schema = tokenized_schema(load_tokenizer("byte").identity)
+    pos = 0
+    doc = 0
+    lengths_all = []
+    for f in range(2):
+        with pq.ParquetWriter(root / f"part-{f:05d}.parquet", schema) as w:
+            for _ in range(4):
+                lengths = rng.integers(0, 30, 25)
+                lengths[rng.integers(0, 25, 2)] = rng.integers(33, 80, 2)
+                lengths[rng.integers(0, 25)] = 0
+                offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+                ids = np.arange(pos, pos + offsets[-1]) % 65536
+                pos += int(offsets[-1])
+                table = pa.Table.from_arrays(
+                    [
+                        pa.array(np.arange(doc, doc + 25), pa.int64()),
+                        pa.array(["t"] * 25),
+                        pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids, pa.uint16())),
+                        pa.array(lengths.astype(np.int32)),
+                    ],
+                    schema=schema,
+                )
+                w.write_table(table)
+                doc += 25
+                lengths_all.append(lengths)
+    assert pos < 65536
+    return root, np.concatenate(lengths_all)
+
+
+def make(path, **kw):
+    settings = dict(max_len=MAX_LEN, buffer_docs=16, rows_per_batch=3)
+    settings.update(kw)
+    return StreamingPackedDataset(path, **settings)
+
+
+def collect(batches) -> tuple[np.ndarray, dict[int, int]]:
+    toks, per_doc = [], {}
+    for b in batches:
+        assert b["cu_seqlens"].dtype == torch.int32
+        toks.append(b["input_ids"].numpy())
+        lens = np.diff(b["cu_seqlens"].numpy())
+        for d, n in zip(b["doc_ids"].tolist(), lens.tolist(), strict=True):
+            per_doc[d] = per_doc.get(d, 0) + n
+    return (np.concatenate(toks) if toks else np.zeros(0, np.int64)), per_doc
+
+
+# Document sharding over every combination; row-group sharding on the hardest one only.
+COMBINATIONS = [(w, k, "document") for w in (1, 2) for k in (0, 2)] + [(2, 2, "row_group")]
+
+
+@pytest.mark.parametrize("world, workers, shard_by", COMBINATIONS)
+def test_exactly_once_over_ranks_and_workers(tokenized, world, workers, shard_by) -> None:
+    path, lengths = tokenized
+    batches = []
+    for rank in range(world):
+        ds = make(path, rank=rank, world_size=world, shard_by=shard_by)
+        batches += list(DataLoader(ds, batch_size=None, num_workers=workers))
+    toks, per_doc = collect(batches)
+    assert sorted(toks.tolist()) == list(range(int(lengths.sum())))  # every token exactly once
+    assert per_doc == {d: int(n) for d, n in enumerate(lengths) if n}
+    for b in batches:  # rows never over max_len: each row's documents fit in MAX_LEN
+        assert int(b["max_seqlen"]) <= MAX_LEN
+
+
+def _roundtrip(state):
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+def test_resume_equals_uninterrupted_run(tokenized) -> None:
+    path, _ = tokenized
+    full = list(make(path, world_size=2, rank=1))
+    assert len(full) > 6
+    for cut in (0, 1, 4, len(full) - 1, len(full)):
+        ds = make(path, world_size=2, rank=1)
+        it = iter(ds)
+        head = [next(it) for _ in range(cut)]
+        state = _roundtrip(ds.state_dict())
+        ds2 = make(path, world_size=2, rank=1)
+        ds2.load_state_dict(state)
+        tail = list(ds2)
+        both = head + tail
+        assert len(both) == len(full)
+        for a, b in zip(both, full, strict=True):
+            assert torch.equal(a["input_ids"], b["input_ids"])
+            assert torch.equal(a["cu_seqlens"], b["cu_seqlens"])
+            assert torch.equal(a["doc_ids"], b["doc_ids"])
+
+
+def test_resume_with_stateful_dataloader_workers(tokenized) -> None:
+    import torchdata.stateful_dataloader as tdn  # in the dev extra: never skipped
+
+    path, _ = tokenized
+    full = [
+        b["input_ids"] for b in tdn.StatefulDataLoader(make(path), batch_size=None, num_workers=2)
+    ]
+    loader = tdn.StatefulDataLoader(make(path), batch_size=None, num_workers=2)
+    it = iter(loader)
+    head = [next(it)["input_ids"] for _ in range(5)]
+    state = loader.state_dict()
+    del it, loader
+    loader2 = tdn.StatefulDataLoader(make(path), batch_size=None, num_workers=2)
+    loader2.load_state_dict(state)
+    tail = [b["input_ids"] for b in loader2]
+    assert len(head) + len(tail) == len(full)
+    for a, b in zip(head + tail, full, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_bad_input_and_states(tokenized, tmp_path) -> None:
+    path, _ = tokenized
+    raw = tmp_path / "c.jsonl"
+    raw.write_text('{"text": "hi"}\n')
+    with pytest.raises(DataError, match="packtool tokenize"):
+        make(raw)
+    with pytest.raises(ConfigError, match="buffer_seconds"):
+        make(path, buffer_seconds=1.0)
+    with pytest.raises(ConfigError, match="shard_by"):
+        make(path, shard_by="file")
+    with pytest.raises(ConfigError, match="exactly one"):
+        make(path, tokens_per_batch=64)
+    ds = make(path)
+    next(iter(ds))
+    state = ds.state_dict()
+    with pytest.raises(DataError, match="rows_per_batch"):
+        make(path, rows_per_batch=4).load_state_dict(state)
+    with pytest.raises(DataError, match="not a StreamingPackedDataset state"):
+        make(path).load_state_dict({"version": 99})
+
+
+def test_stats_count_skips(tokenized) -> None:
+    path, lengths = tokenized
+    ds = make(path, long_docs="truncate", tokens_per_batch=64, rows_per_batch=None)
+    toks, _ = collect(ds)
+    s = ds.stats
+    assert s["documents_empty"] == int((lengths == 0).sum())
+    assert s["tokens_truncated"] == int(np.maximum(lengths - MAX_LEN, 0).sum())
+    assert s["tokens_out"] == len(toks) == s["tokens_in"] - s["tokens_truncated"]
+
+
+def test_no_inputs_and_files_gone_after_open(tokenized, tmp_path) -> None:
+    path, _ = tokenized
+    # Before: an empty input list made a stream that silently yielded nothing.
+    with pytest.raises(DataError, match="no input files"):
+        make([])
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in path.glob("*.parquet"):
+        (copy / f.name).write_bytes(f.read_bytes())
+    ds = make(copy)
+    (copy / "part-00000.parquet").unlink()
+    # Before: a bare FileNotFoundError / ArrowInvalid (the latter naming no file).
+    with pytest.raises(DataError, match=r"part-00000.parquet: row group 0 unreadable"):
+        list(ds)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        # Before: -1 re-read every row group (documents twice), a huge one skipped them all.
+        ({"next_group": -1}, "resumes at row group -1 but the inputs have 8"),
+        ({"next_group": 99}, "resumes at row group 99 but the inputs have 8"),
+        ({"packer": None}, "packer is missing; the checkpoint is damaged"),
+        ({"epoch": "0"}, "epoch is '0', not an integer"),
+    ],
+)
+def test_damaged_state_is_a_clear_error(tokenized, edit, match) -> None:
+    path, _ = tokenized
+    ds = make(path)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    for k, v in edit.items():
+        if v is None:
+            del state[k]
+        else:
+            state[k] = v
+    with pytest.raises(DataError, match=match):
+        make(path).load_state_dict(state)
+
+
+def test_set_epoch_drops_a_resume_point_of_another_epoch(tokenized) -> None:
+    path, _ = tokenized
+    ds = make(path)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()  # mid-epoch 0
+    ds2 = make(path)
+    ds2.load_state_dict(state)
+    ds2.set_epoch(1)
+    # Before: epoch 1 continued epoch 0's buffer and position (the rest of epoch 0, in
+    # epoch 0's order, and nothing of epoch 1's first row groups).
+    got = [b["input_ids"] for b in ds2]
+    fresh = make(path)
+    fresh.set_epoch(1)
+    want = [b["input_ids"] for b in fresh]
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    # A checkpoint taken after set_epoch(1) and before iterating describes epoch 1's start.
+    ds3 = make(path)
+    list(ds3)
+    ds3.set_epoch(1)
+    assert (ds3.state_dict()["epoch"], ds3.state_dict()["start"]) == (1, True)
+
+
+def test_every_damaged_part_of_a_state_is_a_clear_error(tokenized) -> None:
+    path, _ = tokenized
+    ds = make(path)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    # The parts worth damaging are all there: a buffer with tokens, rows waiting to be batched
+    # and batches waiting to be yielded.
+    assert len(state["packer"]["buffer"]["length"]) and len(state["pending"]["seg_len"])
+    assert state["ready"]
+    target = make(path)
+    cases = list(damaged_states(state, skip=("version", "key"), optional=LATER_KEYS))
+    assert len(cases) > 200
+    for name, damaged in cases:
+        # Before: bare KeyError / TypeError / ValueError (some only at the next iteration), or
+        # accepted (counts deleted, pending.row_docs replaced).
+        with pytest.raises(DataError, match=re.escape(name) + r".* the checkpoint is damaged"):
+            target.load_state_dict(damaged)
+    # The intact state still loads and continues.
+    target.load_state_dict(state)
+    assert len(list(target)) > 0
+
+
+@pytest.mark.parametrize(("rank", "world"), [(0.5, 2), ("0", 2), (0, 2.0), (True, 2)])
+def test_rank_and_world_size_must_be_integers(tokenized, rank, world) -> None:
+    # Before: only the range was checked, as PackedDataset did before it checked types too; a
+    # string rank was a TypeError, a float one made float document indices.
+    with pytest.raises(ConfigError, match=r"(rank|world_size) must be an integer, got"):
+        make(tokenized[0], rank=rank, world_size=world)

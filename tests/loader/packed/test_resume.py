@@ -1,0 +1,251 @@
+"""Resume: the stream before a restart plus the stream after equals an uninterrupted run."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from loader import PackedDataLoader, PackedDataset
+from loader.testing import write_random_dataset
+from packtool.errors import DataError
+from tests.loader.conftest import all_doc_ids
+
+SETTINGS = {"tokens_per_batch": 150, "seed": 7}
+
+
+def _key(batch) -> tuple:
+    return tuple(batch["input_ids"].tolist()), tuple(batch["doc_ids"].tolist())
+
+
+def _run(path, *, workers, epochs=(0, 1), state=None, take=None, **kw):
+    """Batches of the given epochs (stopping after `take` batches); returns (keys, state)."""
+    ds = PackedDataset(path, **{**SETTINGS, **kw})
+    dl = PackedDataLoader(ds, num_workers=workers, persistent_workers=workers > 0)
+    if state is not None:
+        dl.load_state_dict(state)
+    out = []
+    start = state["packed_dataset"]["epoch"] if state else epochs[0]
+    for epoch in range(start, epochs[-1] + 1):
+        ds.set_epoch(epoch)
+        for b in dl:
+            out.append(_key(b))
+            if take is not None and len(out) == take:
+                return out, dl.state_dict()
+    return out, dl.state_dict()
+
+
+@pytest.fixture(scope="module")
+def reference(random_dataset):
+    keys, _ = _run(random_dataset, workers=0)
+    return keys
+
+
+@pytest.mark.parametrize(
+    ("cut", "before", "after"),
+    [(0, 2, 1), (1, 0, 2), (5, 2, 0), (9, 1, 2), (14, 2, 2), (19, 1, 0), (25, 2, 1)],
+)
+def test_resume_equivalence_with_any_worker_count(random_dataset, reference, cut, before, after):
+    first, state = _run(random_dataset, workers=before, take=cut) if cut else ([], None)
+    if state is None:
+        ds = PackedDataset(random_dataset, **SETTINGS)
+        state = PackedDataLoader(ds).state_dict()
+    rest, _ = _run(random_dataset, workers=after, state=state)
+    assert first + rest == reference
+
+
+def test_resume_with_other_ranks_delivers_every_row_once(random_dataset):
+    expected = all_doc_ids(random_dataset).tolist()
+    # Same global batch (4 rows): 1 rank x 4 rows before, 2 ranks x 2 rows after.
+    ds = PackedDataset(random_dataset, rows_per_batch=4, seed=3)
+    dl = PackedDataLoader(ds, num_workers=1)
+    seen = []
+    for b in itertools.islice(dl, 3):
+        seen += b["doc_ids"][b["doc_ids"] >= 0].tolist()
+    state = dl.state_dict()
+    for rank in range(2):
+        ds2 = PackedDataset(random_dataset, rows_per_batch=2, seed=3, rank=rank, world_size=2)
+        dl2 = PackedDataLoader(ds2, num_workers=2)
+        dl2.load_state_dict(state)
+        for b in dl2:
+            seen += b["doc_ids"][b["doc_ids"] >= 0].tolist()
+    assert sorted(seen) == expected
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_protocol(random_dataset, reference, workers):
+    epoch0 = [k for k in reference[: len(PackedDataset(random_dataset, **SETTINGS))]]
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    sdl = StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+    first = [_key(b) for b in itertools.islice(sdl, 4)]
+    state = sdl.state_dict()
+    # Same worker count: torchdata restores each worker itself.
+    ds2 = PackedDataset(random_dataset, **SETTINGS)
+    sdl2 = StatefulDataLoader(ds2, batch_size=None, num_workers=workers)
+    sdl2.load_state_dict(state)
+    rest = [_key(b) for b in sdl2]
+    assert first + rest == epoch0
+    # Other worker count: give the whole state to the dataset, then iterate any loader.
+    ds3 = PackedDataset(random_dataset, **SETTINGS)
+    ds3.load_state_dict(state)
+    rest3 = [_key(b) for b in PackedDataLoader(ds3, num_workers=1 if workers == 0 else 0)]
+    assert first + rest3 == epoch0
+
+
+def test_other_seed_or_dataset_is_a_clear_error(random_dataset, tmp_path):
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    state = PackedDataLoader(ds).state_dict()
+    with pytest.raises(DataError, match="seed 7 but this loader uses seed 8"):
+        PackedDataset(random_dataset, **{**SETTINGS, "seed": 8}).load_state_dict(state)
+    other = tmp_path / "other"
+    write_random_dataset(other, n_rows=5, max_len=64, seed=99)
+    with pytest.raises(DataError, match="resume on the same packed data"):
+        PackedDataset(other, **SETTINGS).load_state_dict(state)
+    with pytest.raises(DataError, match="not a PackedDataset state"):
+        ds.load_state_dict({"something": 1})
+
+
+def _dl_state(path, take: int, **kw) -> dict:
+    dl = PackedDataLoader(PackedDataset(path, **{**SETTINGS, **kw}))
+    list(itertools.islice(dl, take))
+    return dl.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        # A negative step used to index the plan from its end: 5 batches replayed, one a filler.
+        ("next_step", -5, "does not fit this dataset"),
+        ("next_step", 10_000, "resumes at step 10000 of epoch 0"),
+        ("origin", 10**9, "does not fit this dataset"),
+        ("origin", -3, "does not fit this dataset"),
+        ("cursor", 10**9, "does not fit this dataset"),
+        ("next_step", "3", "'next_step' is '3'"),
+        ("layout", None, "'layout' is None"),
+        ("seed", "7", "'seed' is '7'"),
+    ],
+)
+def test_damaged_state_is_a_clear_error(random_dataset, key, value, match):
+    state = _dl_state(random_dataset, 3)
+    state["packed_dataset"][key] = value
+    with pytest.raises(DataError, match=match):
+        PackedDataLoader(PackedDataset(random_dataset, **SETTINGS)).load_state_dict(state)
+
+
+@pytest.mark.parametrize("key", ["next_step", "epoch", "origin", "layout", "fingerprint", "seed"])
+def test_state_missing_a_key_is_a_clear_error(random_dataset, key):
+    state = _dl_state(random_dataset, 3)
+    del state["packed_dataset"][key]
+    with pytest.raises(DataError, match=f"malformed PackedDataset state: '{key}' is None"):
+        PackedDataset(random_dataset, **SETTINGS).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("next_step", "x"),
+        # Not the smallest position, so it used to be passed over: a damaged state resumed.
+        ("epoch", True),
+    ],
+)
+def test_stateful_dataloader_state_with_damaged_worker_state(random_dataset, key, value):
+    sdl = StatefulDataLoader(
+        PackedDataset(random_dataset, **SETTINGS), batch_size=None, num_workers=2
+    )
+    list(itertools.islice(sdl, 2))
+    state = sdl.state_dict()
+    state["_snapshot"]["_worker_snapshots"]["worker_1"]["dataset_state"][key] = value
+    with pytest.raises(DataError, match="malformed PackedDataset state"):
+        PackedDataset(random_dataset, **SETTINGS).load_state_dict(state)
+
+
+def test_checkpoint_between_epochs_resumes_at_the_new_epoch(random_dataset, reference):
+    # Before: state_dict() after set_epoch(1) still described epoch 0's end (or, for a fresh
+    # loader, epoch 0's start), so a resume replayed finished epochs.
+    n0 = len(PackedDataset(random_dataset, **SETTINGS))
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    dl = PackedDataLoader(ds)
+    ds.set_epoch(1)
+    assert dl.state_dict()["packed_dataset"]["epoch"] == 1
+    ds.set_epoch(0)
+    list(dl)
+    ds.set_epoch(1)
+    state = dl.state_dict()
+    assert (state["packed_dataset"]["epoch"], state["packed_dataset"]["next_step"]) == (1, 0)
+    rest, _ = _run(random_dataset, workers=0, state=state)
+    assert rest == reference[n0:]
+
+
+def test_state_of_a_resumed_loader_before_iterating_is_the_resume_point(random_dataset):
+    state = _dl_state(random_dataset, 4)
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    ds.load_state_dict(state)  # the dataset, not the loader: the loader must still report it
+    assert PackedDataLoader(ds).state_dict() == state
+    dl = PackedDataLoader(PackedDataset(random_dataset, **SETTINGS))
+    list(itertools.islice(dl, 2))
+    dl.load_state_dict(state)  # the loader itself, after it has run: the loaded point wins
+    assert dl.state_dict() == state
+
+
+def test_resume_at_the_end_of_an_epoch_and_after_the_last(random_dataset, reference):
+    n0 = len(PackedDataset(random_dataset, **SETTINGS))
+    end0 = _dl_state(random_dataset, n0)
+    rest, _ = _run(random_dataset, workers=0, state=end0)  # epoch 0 delivers nothing more
+    assert rest == reference[n0:]
+    _, end1 = _run(random_dataset, workers=2)
+    assert end1["packed_dataset"]["epoch"] == 1
+    rest, _ = _run(random_dataset, workers=2, state=end1)
+    assert rest == []
+
+
+@pytest.mark.parametrize(("key", "delta"), [("cursor", 1), ("cursor", -1), ("next_step", 1)])
+def test_edited_position_is_refused_by_the_check_value(random_dataset, key, delta):
+    # With a token budget the cursor decides where the cut resumes; only the full cut from the
+    # epoch's start could tell a plausible edit from the real one, so the state carries a hash.
+    state = _dl_state(random_dataset, 3)
+    state["packed_dataset"][key] += delta
+    with pytest.raises(DataError, match="does not match its check value|cannot consume"):
+        PackedDataLoader(PackedDataset(random_dataset, **SETTINGS)).load_state_dict(state)
+
+
+def test_state_of_the_earlier_order_resumes_only_at_an_epoch_start(random_dataset, reference):
+    n0 = len(PackedDataset(random_dataset, **SETTINGS))
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    old = {k: v for k, v in ds._state(1, 0, 0, ds.plan(1)).items() if k != "check"}
+    old["version"] = 1  # what the previous packtool saved between epochs
+    rest, _ = _run(random_dataset, workers=0, state={"packed_dataset": old})
+    assert rest == reference[n0:]
+    mid = {**old, "epoch": 0, "next_step": 3, "cursor": ds.plan(0).cursor_after(3)}
+    with pytest.raises(DataError, match="older packtool .* in the middle of epoch 0"):
+        PackedDataset(random_dataset, **SETTINGS).load_state_dict({"packed_dataset": mid})
+
+
+_SETTINGS = st.sampled_from(
+    [
+        {"tokens_per_batch": 150, "seed": 7},
+        {"tokens_per_batch": 150, "seed": 1, "shuffle_window": 1},
+        {"tokens_per_batch": 200, "seed": 2, "shuffle_window": 0},
+        # (None: replaces SETTINGS' budget)
+        {"rows_per_batch": 3, "tokens_per_batch": None, "seed": 3, "shuffle_window": 2},
+        {"rows_per_batch": 2, "tokens_per_batch": None, "shuffle": False},
+        {"tokens_per_batch": 128, "static_shape": True, "max_docs_per_batch": 40, "seed": 4},
+    ]
+)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@settings(max_examples=10, deadline=None)
+@given(kw=_SETTINGS, data=st.data())
+def test_resume_at_a_random_step_continues_the_same_stream(random_dataset, kw, data):
+    ref, _ = _run(random_dataset, workers=0, epochs=(0,), **kw)
+    cut = data.draw(st.integers(0, len(ref)))
+    before, after = data.draw(st.sampled_from([0, 1, 2])), data.draw(st.sampled_from([0, 1, 2]))
+    first, state = _run(random_dataset, workers=before, epochs=(0,), take=cut or None, **kw)
+    if not cut:
+        ds = PackedDataset(random_dataset, **{**SETTINGS, **kw})
+        first, state = [], PackedDataLoader(ds).state_dict()
+    rest, _ = _run(random_dataset, workers=after, epochs=(0,), state=state, **kw)
+    assert first + rest == ref

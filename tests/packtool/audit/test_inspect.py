@@ -1,0 +1,182 @@
+"""`packtool inspect`: exact summary and row contents on a hand-made dataset, pictures, JSON."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from packtool.audit.inspect import inspect_dataset, read_row, summarize_dataset
+from packtool.errors import ConfigError
+from packtool.stats.plots import plot_attention_mask, plot_row_fill
+from tests.packtool.audit.test_verify import run_cli
+
+HELLO = list(b"hello world\n")
+# max_len 16; row fills 16, 16, 7 | 16, 16, 2 tokens; document 5 split across shards.
+SHARDS = [
+    [[(0, 0, HELLO), (1, 0, 4)], [(2, 0, 16)], [(3, 0, 4), (4, 0, 3)]],
+    [[(5, 0, 16)], [(5, 1, 6), (6, 0, 10)], [(7, 0, [257, 258])]],
+]
+
+
+@pytest.fixture
+def dataset(packed_dataset_factory):
+    return packed_dataset_factory(SHARDS, vocab_size=300, row_group_size=2)
+
+
+def test_summary_measures_fill(dataset):
+    s = summarize_dataset(dataset)
+    assert (s.rows, s.tokens) == (6, 73)
+    assert s.fill is not None
+    assert s.fill.fill_min == pytest.approx(2 / 16)
+    assert s.fill.fill_p50 == pytest.approx(1.0)
+    assert s.fill.fill_mean == pytest.approx(73 / 96)
+    assert (s.fill.docs_min, s.fill.docs_max, s.fill.docs_mean) == (1, 2, 1.5)
+    assert s.gap_rows == 6 - 5
+    assert [list(r) for r in s.first_rows] == [
+        [0, 12, 16],
+        [0, 16],
+        [0, 4, 7],
+        [0, 16],
+        [0, 6, 16],
+        [0, 2],
+    ]
+    text = s.format()
+    assert "rows        6 (lower bound 5, gap 1 = 20.00%)" in text
+    assert "fill        min 12.5%  p50 100.0%  p90 100.0%  mean 76.0%" in text
+
+
+def test_row_lists_its_documents(dataset):
+    # Global row 4 is shard 1's row 1, in that shard's second row group.
+    view = read_row(dataset, 4)
+    assert (view.file, view.shard_row, view.length) == ("shard-00001.parquet", 1, 16)
+    assert [(d.doc_id, d.chunk, d.start, d.length) for d in view.documents] == [
+        (5, 1, 0, 6),
+        (6, 0, 6, 10),
+    ]
+    assert list(view.doc_offsets) == [0, 6, 16]
+
+
+def test_byte_preview_and_token_ids(dataset, packed_dataset_factory):
+    view = read_row(dataset, 0)
+    assert view.documents[0].preview == "'hello world\\n'"
+    # Ids above 255 (specials) are left out of a byte preview.
+    assert read_row(dataset, 5).documents[0].preview == "''"
+    other = packed_dataset_factory(
+        [[[(0, 0, list(range(100, 110)))]]],
+        name="hf",
+        tokenizer={"kind": "hf", "name": "t", "vocab_size": 300, "eos_id": 0, "bos_id": None},
+    )
+    assert read_row(other, 0).documents[0].preview == "[100 101 102 103 104 105 106 107 ...]"
+
+
+def test_cli_row_output(dataset, capsys):
+    code, out, err = run_cli(["inspect", str(dataset), "--row", "4"], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    i = lines.index(
+        "row 4 (shard-00001.parquet row 1): 16 tokens of max_len 16 (100.0%), 2 documents"
+    )
+    assert lines[i + 2].split()[:4] == ["5", "1", "0", "6"]
+    assert lines[i + 3].split()[:4] == ["6", "0", "6", "10"]
+
+
+@pytest.mark.parametrize("row", ["6", "-1"])
+def test_out_of_range_row_is_one_line(dataset, capsys, row):
+    code, out, err = run_cli(["inspect", str(dataset), "--row", row], capsys)
+    assert code == 1
+    assert err.strip() == f"error: --row {row} is out of range (valid: 0..5; 6 rows)"
+    with pytest.raises(ConfigError):
+        read_row(dataset, int(row))
+
+
+def test_json_parses(dataset, capsys):
+    code, out, err = run_cli(["inspect", str(dataset), "--json", "--row", "0"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["summary"]["rows"] == 6
+    assert data["summary"]["gap_rows"] == 1
+    assert data["summary"]["tokenizer"]["vocab_size"] == 300
+    assert data["row"]["doc_offsets"] == [0, 12, 16]
+    assert [d["doc_id"] for d in data["row"]["documents"]] == [0, 1]
+    assert data["plots"] == []
+
+
+def assert_png(path, min_side=200):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 2_000
+    image = matplotlib.image.imread(path)
+    assert min(image.shape[:2]) >= min_side
+    # Not blank: several distinct colours (documents, white padding, axes).
+    assert len(np.unique(image.reshape(-1, image.shape[2]), axis=0)) > 3
+
+
+def test_plot_writes_fill_and_mask(dataset, tmp_path, capsys):
+    out_png = tmp_path / "pics" / "fill.png"
+    out_png.parent.mkdir()
+    code, out, err = run_cli(
+        ["inspect", str(dataset), "--row", "2", "--plot", str(out_png)], capsys
+    )
+    assert code == 0, err
+    mask_png = tmp_path / "pics" / "fill-row-2.png"
+    assert f"wrote {out_png}" in out
+    assert f"wrote {mask_png}" in out
+    assert_png(out_png, min_side=150)
+    assert_png(mask_png)
+    # Without --row only the fill picture is written.
+    result = inspect_dataset(dataset, plot=tmp_path / "only.png")
+    assert result.plots == (tmp_path / "only.png",)
+    assert not (tmp_path / "only-row-2.png").exists()
+
+
+def test_plot_rejects_unknown_suffix(dataset, tmp_path, capsys):
+    code, out, err = run_cli(["inspect", str(dataset), "--plot", str(tmp_path / "x.txt")], capsys)
+    assert code == 1
+    assert err.startswith("error: plot file") and ".txt" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_plots_draw_long_rows_quickly(tmp_path):
+    # Rows of max_len 32,768 and a 32k-token mask are sampled down, not drawn pixel by pixel.
+    rng = np.random.default_rng(0)
+    rows = [np.unique(np.r_[0, rng.integers(1, 32_768, 30), 32_768]) for _ in range(16)]
+    assert_png(plot_row_fill(rows, 32_768, tmp_path / "fill.png"), min_side=150)
+    assert_png(plot_attention_mask(rows[0], tmp_path / "mask.png"))
+
+
+def test_a_packed_documents_source_file_and_line(tmp_path, capsys):
+    """`inspect --row` names the file and line each document came from (format 3 ids)."""
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack.chunk import PackConfig
+
+    files = []
+    for f in range(2):
+        path = tmp_path / f"in-{f}.jsonl"
+        lines = [json.dumps({"text": f"file {f} line {k + 1} " + "x" * (k % 9)}) for k in range(30)]
+        path.write_text("\n".join(lines) + "\n")
+        files.append(path)
+    out = tmp_path / "out"
+    run_pack(
+        RunConfig(
+            inputs=tuple(map(str, files)),
+            out_dir=str(out),
+            pack=PackConfig(max_len=128),
+            partition_size=500,  # the files are cut into byte ranges
+            workers=1,
+            progress=False,
+        )
+    )
+    code, text, err = run_cli(["inspect", str(out), "--row", "3"], capsys)
+    assert code == 0, err
+    sources = [line.split("from ", 1)[1] for line in text.splitlines() if " from " in line]
+    view = read_row(out, 3)
+    assert len(sources) == len(view.documents) >= 2
+    for doc, where in zip(view.documents, sources, strict=True):
+        file, rest = where.split(":line ")
+        line_no = int(rest.split()[0])
+        # The document's own text names its file and line: the two must agree.
+        assert doc.preview.strip("'").startswith(f"file {file[-7]} line {line_no} ")
+        assert where == doc.source

@@ -1,0 +1,350 @@
+"""`packtool verify`: a valid dataset passes; each kind of damage is named in one line, exit 1."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.audit.verify import first_bad_row, row_problem, verify_dataset
+from packtool.dataset.manifest import INDEX_FILE, packed_schema
+from packtool.errors import DataError
+from tests.cli import run
+from tests.packtool.conftest import row_columns
+
+# Two shards, max_len 16: document 5 is split into chunks 0 and 1 across the shards.
+SHARDS = [
+    [[(0, 0, 5), (1, 0, 11)], [(2, 0, 16)], [(3, 0, 4), (4, 0, 3)]],
+    [[(5, 0, 16)], [(5, 1, 6), (6, 0, 10)], [(7, 0, 2)]],
+]
+TOKENS = 5 + 11 + 16 + 4 + 3 + 16 + 6 + 10 + 2
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`packtool ARGS` through `main()` (tests.cli.run; capsys kept for the call sites)."""
+    return run(*args)
+
+
+def edit_index(directory: Path, **changes) -> None:
+    path = directory / INDEX_FILE
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        data[key] = value
+    path.write_text(json.dumps(data))
+
+
+def assert_fails(directory: Path, capsys, *needles: str) -> str:
+    """The library raises DataError naming the problem; the CLI prints it on one line, exit 1."""
+    with pytest.raises(DataError) as info:
+        verify_dataset(directory)
+    message = str(info.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, message
+    code, out, err = run_cli(["verify", str(directory)], capsys)
+    assert code == 1
+    assert out == ""
+    assert err.strip() == f"error: {message}"
+    assert len(err.strip().splitlines()) == 1
+    return message
+
+
+def test_valid_dataset_verifies(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS, row_group_size=2)
+    report = verify_dataset(d)
+    assert (report.shards, report.rows, report.tokens, report.documents) == (2, 6, TOKENS, 9)
+    assert report.efficiency == pytest.approx(TOKENS / (6 * 16))
+    assert report.warnings == ()
+    code, out, err = run_cli(["verify", str(d)], capsys)
+    assert code == 0, err
+    assert out.startswith(f"OK {d}: 2 shards, 6 rows, {TOKENS} tokens, 9 documents")
+    assert "efficiency 76.04%" in out
+    assert len(out.strip().splitlines()) == 1
+
+
+def test_cli_takes_the_index_json_path_too(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS, row_group_size=2)
+    code, out, err = run_cli(["verify", str(d / INDEX_FILE)], capsys)
+    assert code == 0, err
+    assert out.startswith(f"OK {d}: 2 shards, 6 rows")
+    code, out, err = run_cli(["inspect", str(d / INDEX_FILE), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["summary"]["rows"] == 6
+
+
+def test_uint32_tokens_for_large_vocab(packed_dataset_factory):
+    d = packed_dataset_factory([[[(0, 0, [70_000, 3, 65_535])]]], vocab_size=100_000, max_len=4)
+    assert verify_dataset(d).tokens == 3
+
+
+def test_uint16_tokens_up_to_65536_ids(packed_dataset_factory, capsys):
+    # vocab_size 65,536: every id fits uint16, as the writer (packtool.dataset.identity.token_dtype) picks it.
+    d = packed_dataset_factory(
+        [[[(0, 0, [65_535, 3])]]], vocab_size=65_536, max_len=4, schema=packed_schema(pa.uint16())
+    )
+    assert verify_dataset(d).tokens == 2
+    d = packed_dataset_factory(
+        [[[(0, 0, [65_535, 3])]]],
+        vocab_size=65_536,
+        max_len=4,
+        schema=packed_schema(pa.uint32()),
+        name="wide",
+    )
+    assert_fails(d, capsys, "column input_ids is list<uint32>", "expected list<uint16>")
+
+
+def test_flipped_byte_is_a_checksum_error(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS)
+    shard = d / "shard-00001.parquet"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert_fails(d, capsys, "shard-00001.parquet", "sha256 mismatch")
+    # Without checksums the file is still decoded and checked: a flipped byte inside compressed
+    # data may go unnoticed (Parquet pages carry no CRC here), but never crashes with a traceback.
+    try:
+        verify_dataset(d, checksums=False)
+    except DataError as exc:
+        assert "shard-00001.parquet" in str(exc)
+
+
+def test_truncated_shard(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS)
+    shard = d / "shard-00000.parquet"
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[: size - 100])
+    assert_fails(d, capsys, "shard-00000.parquet", f"expected {size:,}", "truncated")
+
+
+def test_missing_shard(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS)
+    (d / "shard-00001.parquet").unlink()
+    assert_fails(d, capsys, "shard-00001.parquet", "missing")
+
+
+def test_missing_and_corrupt_index(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS)
+    (d / INDEX_FILE).write_text('{"format": "packtool.packed", "format_')
+    assert_fails(d, capsys, INDEX_FILE, "unreadable manifest")
+    (d / INDEX_FILE).write_text("[1, 2]")
+    assert_fails(d, capsys, INDEX_FILE, "malformed")
+    (d / INDEX_FILE).unlink()
+    assert_fails(d, capsys, INDEX_FILE, "missing")
+
+
+def test_unknown_format_version(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS)
+    edit_index(d, format_version=99)
+    assert_fails(d, capsys, "format_version 99 is not supported", "supported: [1, 2, 3]")
+
+
+def test_wrong_column_type(packed_dataset_factory, capsys):
+    schema = packed_schema(pa.uint16())
+    schema = schema.set(1, pa.field("doc_offsets", pa.list_(pa.int64()), nullable=False))
+    d = packed_dataset_factory(SHARDS, schema=schema)
+    assert_fails(d, capsys, "column doc_offsets is list<int64>", "expected list<int32>")
+
+
+def test_token_type_must_match_vocab(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS, schema=packed_schema(pa.uint32()))
+    assert_fails(d, capsys, "column input_ids is list<uint32>", "vocab_size 256", "uint16")
+
+
+def test_extra_or_missing_column(packed_dataset_factory, capsys):
+    schema = packed_schema(pa.uint16()).remove(3)
+    d = packed_dataset_factory(SHARDS, schema=schema, name="missing")
+    assert_fails(d, capsys, "columns are ['input_ids', 'doc_offsets', 'doc_ids']")
+
+
+def bad_row(**columns) -> dict[str, list]:
+    base = {
+        "input_ids": [1, 2, 3, 4],
+        "doc_offsets": [0, 2, 4],
+        "doc_ids": [90, 91],
+        "doc_chunks": [0, 0],
+    }
+    return {**base, **columns}
+
+
+@pytest.mark.parametrize(
+    ("row", "needle"),
+    [
+        (bad_row(doc_offsets=[1, 2, 4]), "doc_offsets starts at 1, expected 0"),
+        (
+            bad_row(doc_offsets=[0, 3, 2, 4], doc_ids=[90, 91, 92], doc_chunks=[0, 0, 0]),
+            "not strictly increasing at index 2: 3 then 2",
+        ),
+        (
+            bad_row(doc_offsets=[0, 2, 2, 4], doc_ids=[90, 91, 92], doc_chunks=[0, 0, 0]),
+            "not strictly increasing at index 2: 2 then 2",
+        ),
+        (bad_row(doc_offsets=[0, 2, 6]), "doc_offsets[2] = 6 is past the row end (row length 4)"),
+        (bad_row(doc_offsets=[0, 2, 3]), "doc_offsets ends at 3, expected the row length 4"),
+        (
+            bad_row(input_ids=list(range(20)), doc_offsets=[0, 2, 20]),
+            "row length 20 exceeds max_len 16",
+        ),
+        (bad_row(doc_ids=[90]), "1 doc_ids and 2 doc_chunks for 3 doc_offsets"),
+        (bad_row(doc_chunks=[0, 0, 0]), "2 doc_ids and 3 doc_chunks"),
+        (bad_row(doc_offsets=[0], doc_ids=[], doc_chunks=[], input_ids=[]), "row has no documents"),
+        (bad_row(input_ids=[1, 2, 256, 4]), "input_ids[2] = 256 is not below"),
+        (bad_row(doc_chunks=[0, -1]), "doc_chunks[1] = -1 is negative"),
+    ],
+)
+def test_row_damage_is_named_with_file_and_row(packed_dataset_factory, capsys, row, needle):
+    # The bad row is row 3 of shard 1 (global row 6), in the second row group of that shard.
+    shards = [SHARDS[0] + [[(8, 0, 3)]], [*SHARDS[1], row]]
+    d = packed_dataset_factory(shards, row_group_size=2)
+    message = assert_fails(d, capsys, needle)
+    assert message.startswith(f"{d / 'shard-00001.parquet'}: row 3 (global row 7): "), message
+
+
+def test_manifest_totals_off(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS)
+    index = json.loads((d / INDEX_FILE).read_text())
+    edit_index(d, counts={**index["counts"], "rows": 7})
+    assert_fails(d, capsys, "counts.rows is 7 but the shards list 6")
+    edit_index(d, counts={**index["counts"], "tokens_out": TOKENS + 1})
+    assert_fails(d, capsys, f"counts.tokens_out is {TOKENS + 1}")
+    edit_index(d, counts=index["counts"], efficiency=0.5)
+    assert_fails(d, capsys, "efficiency is 0.5")
+
+
+def test_shard_totals_off(packed_dataset_factory, capsys):
+    # max_len 64: a row moved between shard entries keeps each within rows..rows x max_len
+    # tokens (read_manifest checks that), so only the files disagree.
+    d = packed_dataset_factory(SHARDS, max_len=64)
+    index = json.loads((d / INDEX_FILE).read_text())
+    # Move one token from shard 1 to shard 0 in the manifest: its totals still add up.
+    shards = index["shards"]
+    shards[0]["tokens"] += 1
+    shards[1]["tokens"] -= 1
+    edit_index(d, shards=shards)
+    assert_fails(d, capsys, "shard-00000.parquet", "has 39 tokens, expected 40")
+    shards[0]["tokens"] -= 1
+    shards[1]["tokens"] += 1
+    shards[0]["rows"] -= 1
+    shards[1]["rows"] += 1
+    edit_index(d, shards=shards)
+    assert_fails(d, capsys, "shard-00000.parquet", "has 3 rows, expected 2")
+
+
+def test_document_counts_against_manifest(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS)
+    index = json.loads((d / INDEX_FILE).read_text())
+    edit_index(d, counts={**index["counts"], "segments": 9, "documents_packed": 8})
+    assert verify_dataset(d).documents == 9
+    edit_index(d, counts={**index["counts"], "segments": 10})
+    assert_fails(d, capsys, "counts.segments is 10 but the shards hold 9 (doc_id, chunk) pieces")
+    edit_index(d, counts={**index["counts"], "documents_packed": 9, "documents_in": 9})
+    assert_fails(d, capsys, "counts.documents_packed is 9 but the shards hold 8 distinct doc_ids")
+
+
+def test_duplicated_document(packed_dataset_factory, capsys):
+    shards = [SHARDS[0], [*SHARDS[1], [(3, 0, 5)]]]
+    d = packed_dataset_factory(shards)
+    message = assert_fails(d, capsys, "document 3 chunk 0 appears again")
+    assert message.startswith(f"{d / 'shard-00001.parquet'}: row 3:")
+    assert f"first in {d / 'shard-00000.parquet'}: row 2" in message
+
+
+def test_missing_chunk(packed_dataset_factory, capsys):
+    shards = [SHARDS[0], [[(9, 0, 4), (9, 2, 4)]]]
+    d = packed_dataset_factory(shards)
+    assert_fails(d, capsys, "document 9 has chunk 2 but chunk 1 is missing")
+
+
+def test_unlisted_files_are_warnings(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS)
+    (d / "shard-00002.parquet").write_bytes((d / "shard-00000.parquet").read_bytes())
+    (d / ".shard-00003.parquet.tmp").write_bytes(b"partial")
+    report = verify_dataset(d)
+    assert report.rows == 6
+    assert len(report.warnings) == 2
+    assert "shard-00002.parquet: not listed in index.json" in report.warnings[0]
+    assert ".shard-00003.parquet.tmp: temporary file" in report.warnings[1]
+    code, out, err = run_cli(["verify", str(d)], capsys)
+    assert code == 0
+    assert out.startswith("OK ")
+    assert [line.split(":")[0] for line in err.strip().splitlines()] == ["warning", "warning"]
+
+
+def test_shard_path_outside_folder(packed_dataset_factory, capsys):
+    d = packed_dataset_factory(SHARDS)
+    index = json.loads((d / INDEX_FILE).read_text())
+    index["shards"][0]["file"] = "../elsewhere.parquet"
+    edit_index(d, shards=index["shards"])
+    assert_fails(d, capsys, "'../elsewhere.parquet' must be a path inside the dataset folder")
+
+
+# --- the vectorised row checks agree with the plain reference ---
+
+doc_st = st.tuples(st.integers(0, 50), st.integers(0, 3), st.integers(1, 8))
+
+
+@st.composite
+def raw_rows(draw):
+    """Mostly valid rows, some with one column perturbed."""
+    row = row_columns(draw(st.lists(doc_st, min_size=0, max_size=4)), 64)
+    kind = draw(st.sampled_from(["ok", "ok", "offsets", "ids", "doc_ids", "chunks"]))
+    if kind == "offsets":
+        row["doc_offsets"] = draw(st.lists(st.integers(-2, 30), max_size=6))
+    elif kind == "ids" and row["input_ids"]:
+        row["input_ids"][draw(st.integers(0, len(row["input_ids"]) - 1))] = draw(
+            st.integers(0, 100)
+        )
+    elif kind == "doc_ids":
+        row["doc_ids"] = row["doc_ids"][:-1]
+    elif kind == "chunks" and row["doc_chunks"]:
+        row["doc_chunks"][-1] = -1
+    return row
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(raw_rows(), min_size=1, max_size=6), st.integers(0, 3))
+def test_first_bad_row_matches_reference(rows, offset):
+    schema = packed_schema(pa.uint16())
+    table = pa.table({n: [r[n] for r in rows] for n in schema.names}, schema=schema)
+    # Slice so that list offsets do not start at 0 (as in a real read of a later batch).
+    table = table.slice(min(offset, len(rows) - 1))
+    from packtool.audit.verify import list_parts
+
+    parts = {n: list_parts(table.column(n).combine_chunks()) for n in schema.names}
+    rows = rows[min(offset, len(rows) - 1) :]
+    expected = [
+        row_problem(*(np.asarray(r[n]) for n in schema.names), max_len=24, vocab_size=64)
+        for r in rows
+    ]
+    first = next((i for i, p in enumerate(expected) if p is not None), None)
+    assert first_bad_row(parts, max_len=24, vocab_size=64) == first
+
+
+# --- end to end, as the README runs it ---
+
+SAMPLE = Path(__file__).resolve().parents[3] / "sample_data" / "corpus.jsonl"
+
+
+def test_pack_then_verify_and_inspect(tmp_path, capsys):
+    out = tmp_path / "packed"
+    code, _, err = run_cli(["pack", str(SAMPLE), "-o", str(out), "--max-len", "2048"], capsys)
+    assert code == 0, err
+    code, text, err = run_cli(["verify", str(out)], capsys)
+    assert code == 0, err
+    report = verify_dataset(out)
+    assert text.startswith(f"OK {out}: {report.shards} shards, {report.rows:,} rows")
+    index = json.loads((out / INDEX_FILE).read_text())
+    assert report.tokens == index["counts"]["tokens_out"]
+    code, text, err = run_cli(["inspect", str(out), "--json", "--row", "0"], capsys)
+    assert code == 0, err
+    data = json.loads(text)
+    assert data["summary"]["rows"] == report.rows
+    assert data["row"]["doc_offsets"][-1] == data["row"]["length"] <= 2048
+    # Damage the packed output: verify names the shard.
+    shard = out / index["shards"][0]["file"]
+    shard.write_bytes(shard.read_bytes()[:-10])
+    assert_fails(out, capsys, str(shard), "truncated")

@@ -1,0 +1,164 @@
+"""`packtool pack` through the real entry point, as the README runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packtool.dataset.manifest import read_manifest
+from tests.cli import one_error_line, run
+
+ROOT = Path(__file__).resolve().parents[3]
+CORPUS = ROOT / "sample_data" / "corpus.jsonl"
+
+
+def test_readme_pack_command_and_summary(tmp_path):
+    code, out, err = run("pack", CORPUS, "-o", tmp_path / "packed", "--max-len", "4096")
+    assert code == 0, err
+    assert "packed 4,024 of 4,030 documents" in out
+    assert "efficiency" in out and "lower bound" in out and "skips: empty 6" in out
+    manifest = read_manifest(tmp_path / "packed")
+    assert manifest.command.startswith("packtool ") or manifest.command == "packtool pack"
+    code, out, err = run("verify", tmp_path / "packed")
+    assert code == 0, err
+
+
+def test_pack_json_summary_and_options(tmp_path):
+    code, out, err = run(
+        "pack",
+        ROOT / "sample_data" / "corpus.parquet",
+        "-o",
+        tmp_path / "p",
+        "--max-len",
+        "1024",
+        "--algorithm",
+        "bfd",
+        "--rounds",
+        "3",
+        "--seed",
+        "5",
+        "--group-by",
+        "source",
+        "--long-docs",
+        "truncate",
+        "--shard-rows",
+        "300",
+        "--compression",
+        "lz4",
+        "--json",
+    )
+    assert code == 0, err
+    summary = json.loads(out)
+    c = summary["counts"]
+    assert c["tokens_in"] == c["tokens_out"] + c["tokens_truncated"]
+    assert len(summary["rows_per_round"]) == 3
+    manifest = read_manifest(tmp_path / "p")
+    assert (manifest.algorithm, manifest.rounds, manifest.seed) == ("bfd", 3, 5)
+    assert len(manifest.shards) == -(-c["rows"] // 300)
+
+
+def test_pack_tokenized_input_uses_the_recorded_tokenizer(tmp_path):
+    assert run("tokenize", CORPUS, "-o", tmp_path / "tok.parquet", "--no-eos")[0] == 0
+    code, _, err = run("pack", tmp_path / "tok.parquet", "-o", tmp_path / "p", "--max-len", "512")
+    assert code == 0, err
+    assert read_manifest(tmp_path / "p").tokenizer["eos_id"] is None
+    code, _, err = run(
+        "pack", tmp_path / "tok.parquet", "-o", tmp_path / "q", "--tokenizer", "byte"
+    )
+    assert code == 1 and "requested tokenizer" in one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max-len", "1"], "max_len must be an integer >= 2"),
+        (["--chunk-docs", "0"], "chunk_docs must be a positive integer"),
+        (["--rounds", "0"], "rounds must be an integer >= 1"),
+        (["--shard-rows", "0"], "shard_rows must be >= 1"),
+        (["--group-by", "domain"], "--group-by"),
+        (["--overwrite", "--resume"], "exclude each other"),
+    ],
+)
+def test_bad_options_are_one_line_errors(tmp_path, args, message):
+    code, _, err = run("pack", CORPUS, "-o", tmp_path / "p", *args)
+    assert code == 1
+    assert message in one_error_line(err)
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    code, _, err = run("pack", empty, "-o", tmp_path / "a")
+    assert code == 1 and "no documents" in one_error_line(err)
+
+    code, _, err = run("pack", tmp_path / "missing.jsonl", "-o", tmp_path / "b")
+    assert code == 1 and "missing.jsonl" in one_error_line(err)
+
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(b"PAR1 this is not parquet")
+    code, _, err = run("pack", corrupt, "-o", tmp_path / "c")
+    assert code == 1 and "corrupt.parquet" in one_error_line(err)
+
+    wrong = tmp_path / "wrong.parquet"
+    pq.write_table(pa.table({"body": ["x"]}), wrong)
+    code, _, err = run("pack", wrong, "-o", tmp_path / "d")
+    assert code == 1 and "body" in one_error_line(err)
+
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    code, _, err = run("pack", CORPUS, "-o", tmp_path / "full")
+    assert code == 1 and "--overwrite" in one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("65536", 65536), ("64MB", 64 << 20), ("1G", 1 << 30), ("1.5KiB", 1536), ("2 mb", 2 << 20)],
+)
+def test_partition_size_parses(text, want):
+    from packtool.quantities import parse_size
+
+    assert parse_size(text, "--partition-size") == want
+
+
+@pytest.mark.parametrize("text", ["0", "lots", "-1MB", "12PB"])
+def test_a_bad_partition_size_is_one_line(tmp_path, text):
+    code, _, err = run("pack", CORPUS, "-o", tmp_path / "o", "--partition-size", text)
+    assert code != 0
+    assert one_error_line(err).startswith(f"error: --partition-size {text!r}")
+
+
+def test_partition_size_cuts_the_corpus_and_says_so(tmp_path):
+    code, out, err = run(
+        "pack", CORPUS, "-o", tmp_path / "o", "--partition-size", "1MB", "--workers", "1"
+    )
+    assert code == 0, err
+    assert "3 partition(s)" in out  # 3.0 MB in byte ranges of 1 MiB
+    assert read_manifest(tmp_path / "o").extra["partitions"] == 3
+
+
+def test_the_console_script_freezes_the_collector_before_exit_and_callers_keep_it(
+    monkeypatch, capsys
+):
+    """`main()` (sys.argv: the process ends next) freezes the collector so the shutdown's
+    collections skip the imports' objects; `main(argv)` (tests, other programs) does not."""
+    import gc
+    import sys
+
+    from packtool.cli import commands as cli
+
+    frozen: list[int] = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(1))
+    monkeypatch.setattr(sys, "argv", ["packtool", "--version"])
+    cli.main()
+    assert frozen == [1]
+    assert "packtool, version" in capsys.readouterr().out
+    cli.main(["--version"])
+    assert frozen == [1]
+    monkeypatch.setattr(sys, "argv", ["packtool", "no-such-command"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2 and frozen == [1, 1]  # errors too: the process ends either way

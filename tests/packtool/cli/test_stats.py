@@ -1,0 +1,133 @@
+"""`packtool stats` through the CLI: table, --json, --plot, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from packtool.cli.commands import cli
+from tests.cli import one_error_line, run
+
+SAMPLE = "sample_data/corpus.jsonl"
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`packtool ARGS` through `main()` (tests.cli.run; capsys kept for the call sites)."""
+    return run(*args)
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
+    texts = ["a" * 9, "b" * 19, "", "c" * 39, "d" * 99]  # byte tokenizer + EOS: 10, 20, 40, 100
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+def test_table(small_corpus):
+    result = CliRunner().invoke(cli, ["stats", str(small_corpus), "--max-len", "64"])
+    assert result.exit_code == 0, result.output
+    assert "documents   4\n" in result.output
+    assert "tokens      170\n" in result.output
+    assert "min 10  mean 42.5  p50 20  p90 100  p99 100  max 100" in result.output
+    assert "skipped     1 skipped: empty 1" in result.output
+    assert "longer than 64          1 documents, 100 tokens -> 5 chunks" in result.output
+    assert "suggested max length:" in result.output
+
+
+def test_json(small_corpus):
+    result = CliRunner().invoke(
+        cli, ["stats", str(small_corpus), "--max-len", "64", "--batch-size", "2", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.output)
+    assert (d["documents"], d["tokens"], d["max_len"]) == (4, 170, 64)
+    # chunks 10, 20, 40, 64, 36 -> batches (10, 20), (40, 64), (36)
+    assert d["padding"]["pad_per_batch"] == {
+        "batch_size": 2,
+        "slots": 2 * 20 + 2 * 64 + 36,
+        "waste": pytest.approx(1 - 170 / 204),
+    }
+    assert d["lower_bound_rows"] == {"l1": 3, "l2": 3}
+    assert d["inputs"]["kind"] == "raw" and d["inputs"]["skipped"] == {"empty": 1}
+    assert [c["max_len"] for c in d["candidates"]] == [512, 1024, 2048, 4096, 8192, 16384, 32768]
+
+
+def test_candidates_option(small_corpus):
+    result = CliRunner().invoke(
+        cli, ["stats", str(small_corpus), "--candidates", "32, 128", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.output)
+    assert [c["max_len"] for c in d["candidates"]] == [32, 128]
+    assert d["suggested_max_len"] == 128  # 32 would split 2 of 4 documents
+
+
+def test_plot_writes_png(small_corpus, tmp_path):
+    out = tmp_path / "lengths.png"
+    result = CliRunner().invoke(
+        cli, ["stats", str(small_corpus), "--max-len", "64", "--plot", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}" in result.output
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-len", "0"], "error: --max-len must be a positive integer (tokens), got '0'"),
+        (["--max-len", "4k"], "error: --max-len must be a positive integer (tokens), got '4k'"),
+        (
+            ["--batch-size", "-1"],
+            "error: --batch-size must be a positive integer (documents), got '-1'",
+        ),
+        (
+            ["--candidates", "512,x"],
+            "error: --candidates must be a positive integer (tokens), got 'x'",
+        ),
+        (["--plot", "out.txt"], "error: plot file 'out.txt': unsupported image type '.txt'"),
+    ],
+)
+def test_bad_options_are_one_line_errors(small_corpus, capsys, args, message):
+    code, out, err = run_main(["stats", str(small_corpus), *args], capsys)
+    assert code == 1
+    assert err.startswith(message)
+    assert err.count("\n") == 1
+    assert out == ""
+
+
+def test_missing_input_is_one_line_error(tmp_path, capsys):
+    code, _, err = run_main(["stats", str(tmp_path / "nope.jsonl")], capsys)
+    assert code == 1
+    assert err.startswith("error: ") and "nope.jsonl" in err and err.count("\n") == 1
+
+
+def test_sample_data_end_to_end(capsys):
+    code, out, err = run_main(["stats", SAMPLE, "--max-len", "4096", "--json"], capsys)
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["documents"] == 4024
+    assert d["inputs"]["skipped"] == {"empty": 6}
+    assert d["lower_bound_rows"]["l1"] <= d["lower_bound_rows"]["l2"] <= d["packed"]["rows"]
+    assert d["suggested_max_len"] in [c["max_len"] for c in d["candidates"]]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--max-len", "1"],
+        ["--max-len", "1", "--no-eos"],
+        ["--max-len", "2", "--bos-id", "default"],
+    ],
+)
+def test_max_lengths_pack_refuses_are_refused_with_packs_message(small_corpus, tmp_path, args):
+    code, _, err = run("stats", small_corpus, *args)
+    assert code == 1
+    line = one_error_line(err)
+    code, _, pack_err = run("pack", small_corpus, "-o", tmp_path / "p", *args)
+    assert code == 1
+    assert line == one_error_line(pack_err)

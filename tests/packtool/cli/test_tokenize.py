@@ -1,0 +1,162 @@
+"""`packtool tokenize` through the real entry point: exit codes, one-line errors, summaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from tests.cli import one_error_line, run
+from tests.packtool.read.test_corpus import bad_jsonl, write_corpus
+
+
+def test_tokenize_happy_path(tmp_path):
+    src = write_corpus(tmp_path / "c.jsonl")
+    out = tmp_path / "o.parquet"
+    code, stdout, err = run("tokenize", src, "-o", out, "--keep-field", "lang")
+    assert code == 0, err
+    assert stdout.startswith("Tokenized 3 documents into ")
+    assert "with byte:byte (engine byte, vocab 258, eos 256, bos none), uint16 ids" in stdout
+    assert pq.read_table(out).column("lang").to_pylist() == ["en", "de", "el"]
+    # Exists: refused, then replaced with --overwrite.
+    code, _, err = run("tokenize", src, "-o", out)
+    assert code == 1
+    assert "already exists; pass --overwrite" in one_error_line(err)
+    assert run("tokenize", src, "-o", out, "--overwrite", "--no-eos")[0] == 0
+    assert pq.read_table(out).column("input_ids")[0].as_py() == list(b"hello world")
+
+
+def test_tokenize_folder_output_and_bos(tmp_path):
+    src = write_corpus(tmp_path / "c.parquet")
+    code, stdout, err = run("tokenize", src, "-o", tmp_path / "out", "--bos-id", "default")
+    assert code == 0, err
+    row = pq.read_table(tmp_path / "out" / "part-00000.parquet").column("input_ids")[0].as_py()
+    assert row == [257, *b"hello world", 256]
+
+
+def test_skips_are_reported_and_strict_fails(tmp_path):
+    src = bad_jsonl(tmp_path)
+    code, stdout, err = run("tokenize", src, "-o", tmp_path / "o.parquet")
+    assert code == 0, err
+    assert "Skips: 6 skipped: empty 1" in stdout
+    assert f"invalid_utf8 1 (e.g. {src}:5)" in stdout
+    assert f"missing_field 2 (e.g. {src}:3 (no 'text')" in stdout
+    code, _, err = run("tokenize", src, "-o", tmp_path / "s.parquet", "--strict")
+    assert code == 1
+    assert one_error_line(err).startswith(f"error: {src}:2: malformed json")
+    assert not (tmp_path / "s.parquet").exists()
+
+
+def test_a_corpus_of_skips_only_is_one_error_line(tmp_path):
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": ""}\n{"body": "no text field"}\nnot json\n')
+    code, stdout, err = run("tokenize", src, "-o", tmp_path / "o.parquet")
+    assert code == 1 and stdout == ""
+    line = one_error_line(err)
+    assert line.startswith(f"error: no documents in {src} (3 skipped: ")
+    for skip in ("empty 1", "missing_field 1", "malformed_json 1"):
+        assert skip in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize("name", ["x.parquet", "parts"])
+def test_an_unwritable_output_is_named_as_given(tmp_path, name):
+    # /proc exists but takes no new files, even as root: the first write fails. The error used
+    # to name the hidden temporary (/proc/.x.parquet.tmp-PID), in pyarrow's words for a file.
+    write_corpus(tmp_path / "c.jsonl")
+    code, stdout, err = run("tokenize", tmp_path / "c.jsonl", "-o", f"/proc/{name}")
+    assert code == 1 and stdout == ""
+    assert one_error_line(err) == f"error: cannot write /proc/{name} (No such file or directory)"
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        (None, ["missing.jsonl"], "missing.jsonl: no such file or folder"),
+        (
+            "c.jsonl",
+            ["c.jsonl", "--text-field", "body"],
+            "no line has the text field 'body' (fields found: lang, n, text)",
+        ),
+        (
+            "c.parquet",
+            ["c.parquet", "--text-column", "body"],
+            "no text column 'body' (columns: text, lang)",
+        ),
+        ("c.jsonl", ["c.jsonl", "--tokenizer", "gpt9"], "unknown tokenizer 'gpt9'"),
+        (
+            "c.jsonl",
+            ["c.jsonl", "--tokenizer", "tiktoken:nope"],
+            "unknown tiktoken encoding 'nope'",
+        ),
+        ("c.jsonl", ["c.jsonl", "--eos-id", "7", "--no-eos"], "--eos-id and --no-eos contradict"),
+        (
+            "c.jsonl",
+            ["c.jsonl", "--eos-id", "end"],
+            "--eos-id must be a token id >= 0 or 'default', got 'end'",
+        ),
+        ("c.jsonl", ["c.jsonl", "--bos-id", "-2"], "--bos-id must be a token id"),
+        ("c.jsonl", ["c.jsonl", "--keep-field", "source"], "clashes with a built-in column"),
+        ("bad.parquet", ["bad.parquet"], "bad.parquet: not a readable Parquet file"),
+    ],
+)
+def test_user_mistakes_are_one_line_errors(tmp_path, monkeypatch, setup, args, message):
+    monkeypatch.chdir(tmp_path)
+    if setup == "bad.parquet":
+        Path("bad.parquet").write_bytes(b"garbage")
+    elif setup:
+        write_corpus(tmp_path / setup)
+    code, stdout, err = run("tokenize", *args, "-o", "out.parquet")
+    assert code == 1
+    assert message in one_error_line(err)
+    assert not Path("out.parquet").exists()
+
+
+def test_usage_errors_exit_2(tmp_path):
+    code, _, err = run("tokenize", "-o", tmp_path / "o.parquet")
+    assert code == 2
+    assert "Missing argument 'INPUT...'" in err
+    code, _, err = run("tokenize", "x.jsonl", "-o", tmp_path / "o.parquet", "--workers", "0")
+    assert code == 2
+
+
+def test_glob_and_several_inputs(tmp_path):
+    write_corpus(tmp_path / "a.jsonl")
+    write_corpus(tmp_path / "b.jsonl.zst")
+    write_corpus(tmp_path / "c.jsonl.gz")
+    (tmp_path / "d.txt").write_text("plain text doc")
+    out = tmp_path / "o.parquet"
+    code, stdout, err = run("tokenize", str(tmp_path / "*.jsonl*"), tmp_path / "d.txt", "-o", out)
+    assert code == 0, err
+    table = pq.read_table(out)
+    assert table.column("doc_id").to_pylist() == list(range(10))
+    assert table.column("source").unique().to_pylist() == [
+        str(tmp_path / n) for n in ("a.jsonl", "b.jsonl.zst", "c.jsonl.gz", "d.txt")
+    ]
+    assert table.schema.field("input_ids").type == pa.list_(pa.uint16())
+
+
+def test_corpus_options_decorator_is_reusable():
+    import click
+
+    from packtool.cli.commands import CorpusOptions, corpus_options
+
+    seen = {}
+
+    @click.command()
+    @click.option("--max-len", type=int, default=8)
+    @corpus_options
+    def cmd(max_len, corpus):
+        seen["corpus"], seen["max_len"] = corpus, max_len
+
+    result = CliRunner().invoke(cmd, ["--text-field", "body", "--no-eos", "--max-len", "4"])
+    assert result.exit_code == 0, result.output
+    corpus = seen["corpus"]
+    assert isinstance(corpus, CorpusOptions)
+    assert seen["max_len"] == 4
+    assert corpus.read_config(extra_fields=("lang",)).text_field == "body"
+    assert corpus.load_tokenizer().identity.eos_id is None

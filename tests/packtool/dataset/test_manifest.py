@@ -1,0 +1,192 @@
+"""`index.json`: a hand-edited or foreign manifest fails with one sentence, in every reader."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from packtool.audit.inspect import inspect_dataset
+from packtool.audit.verify import verify_dataset
+from packtool.dataset.manifest import INDEX_FILE, dataset_folder, read_manifest
+from packtool.errors import DataError
+
+ROWS = [[[(0, 0, 5), (1, 0, 3)], [(2, 0, 7)]]]  # one shard, two rows
+
+
+def edit(directory, path: tuple, value) -> None:
+    index = json.loads((directory / INDEX_FILE).read_text())
+    node = index
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    (directory / INDEX_FILE).write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("max_len",), "16", "max_len must be a positive integer, found '16'"),
+        (("max_len",), 0, "max_len must be a positive integer, found 0"),
+        (("max_len",), None, "max_len must be a positive integer"),
+        (("tokenizer",), [], "tokenizer must be an object"),
+        (("tokenizer", "vocab_size"), 1.5, "tokenizer.vocab_size must be a positive integer"),
+        (("tokenizer", "eos_id"), {}, "tokenizer.eos_id must be a token id or null"),
+        (("counts",), 3, "counts must be an object"),
+        (("counts", "rows"), None, "counts.rows must be an integer >= 0"),
+        (("efficiency",), "high", "efficiency must be a number"),
+        (("lower_bound_rows",), "x", "lower_bound_rows must be an integer >= 0"),
+        (("shards",), {}, "shards must be a list"),
+        (("shards", 0), "shard-00000.parquet", "shards[0] must be an object"),
+        (("shards", 0, "file"), None, "shards[0].file must be a string"),
+        (("shards", 0, "rows"), "2", "shards[0].rows must be an integer >= 0"),
+        (("shards", 0, "bytes"), -1, "shards[0].bytes must be an integer >= 0"),
+        (("algorithm",), 1, "algorithm must be a string"),
+        (("extra",), [], "extra must be an object"),
+    ],
+)
+def test_wrong_types_are_one_clear_error_everywhere(packed_dataset_factory, path, value, message):
+    d = packed_dataset_factory(ROWS, max_len=16)
+    edit(d, path, value)
+    for read in (
+        read_manifest,
+        lambda p: verify_dataset(p, checksums=False),
+        lambda p: inspect_dataset(p, row=0).format(),
+    ):
+        with pytest.raises(DataError, match="malformed manifest") as info:
+            read(d)
+        assert message in str(info.value)
+        assert str(d / INDEX_FILE) in str(info.value)
+
+
+def test_a_valid_manifest_still_reads(packed_dataset_factory):
+    d = packed_dataset_factory(ROWS, max_len=16)
+    assert read_manifest(d).num_rows == 2
+    assert verify_dataset(d).rows == 2
+
+
+def test_the_index_json_path_means_its_folder(packed_dataset_factory, tmp_path):
+    d = packed_dataset_factory(ROWS, max_len=16)
+    index = d / INDEX_FILE
+    assert dataset_folder(index) == d and dataset_folder(d) == d
+    assert read_manifest(index) == read_manifest(d)
+    # The readers find the shards next to it (a path under index.json would not exist).
+    report = verify_dataset(index, checksums=True)
+    assert (report.rows, report.directory) == (2, d)
+    view = inspect_dataset(index, row=1).row
+    assert view is not None and [(d.doc_id, d.length) for d in view.documents] == [(2, 7)]
+    # A missing dataset is still named by its folder.
+    with pytest.raises(DataError, match=f"^{tmp_path / 'nothing'}: no such dataset folder$"):
+        read_manifest(tmp_path / "nothing" / INDEX_FILE)
+    # A folder that happens to be called index.json is a folder.
+    odd = packed_dataset_factory(ROWS, name=INDEX_FILE)
+    assert dataset_folder(odd) == odd and read_manifest(odd).num_rows == 2
+
+
+# --- index.json as a whole (issue #11 defect 8): what `packtool pack` writes, then edited -------
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """A real `packtool pack` dataset (byte tokenizer, vocab 258, max_len 1024)."""
+    from pathlib import Path
+
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack.chunk import PackConfig
+
+    out = tmp_path_factory.mktemp("whole") / "packed"
+    corpus = Path(__file__).resolve().parents[3] / "sample_data" / "corpus.jsonl"
+    run_pack(
+        RunConfig(
+            inputs=(str(corpus),), out_dir=str(out), pack=PackConfig(max_len=1024), progress=False
+        )
+    )
+    return out
+
+
+def copy_of(packed, tmp_path):
+    import shutil
+
+    return shutil.copytree(packed, tmp_path / "copy")
+
+
+def bump(key: str, by: int):
+    return lambda index: index["counts"][key] + by
+
+
+WHOLE = [
+    # The issue's list, in its order.
+    (("counts", "tokens_in"), bump("tokens_in", 5), "counts.tokens_in is 2,839,136 but tokens_out"),
+    (("counts", "documents_in"), 10, "counts.documents_in is 10 but documents_packed"),
+    (
+        ("tokenizer", "eos_id"),
+        999,
+        "tokenizer.eos_id is 999 but token ids are below vocab_size 258",
+    ),
+    (("format_version",), True, "format_version True is not supported"),
+    (("algorithm",), "xyz", "algorithm 'xyz' is not one of ['ffd', 'bfd']"),
+    (("long_docs",), "nope", "long_docs 'nope' is not one of ['split', 'truncate', 'drop']"),
+    (("tokenizer", "kind"), 5, "tokenizer.kind must be a non-empty string, found 5"),
+    (("max_len",), 1025, "efficiency is 0.999491 but tokens / (rows * max_len) = 0.998516"),
+    # And the rest of the class.
+    (("tokenizer", "bos_id"), 258, "tokenizer.bos_id is 258 but token ids are below"),
+    (("max_len",), 2**24 + 1, "above the limit 16,777,216"),
+    (("rounds",), 0, "rounds must be >= 1"),
+    (("counts", "documents_split"), 99_999, "counts.documents_split is 99,999, above documents"),
+    (("counts", "documents_truncated"), 3, "documents_truncated is 3 but long_docs is 'split'"),
+    (("counts", "segments"), 3, "counts.segments is 3; expected documents_packed"),
+    (("counts", "rows"), None, "counts.rows must be an integer"),
+    (("lower_bound_rows",), 10_000, "lower_bound_rows is 10,000; expected ceil"),
+    (("extra", "lower_bound_l1"), 1, "extra.lower_bound_l1 is 1 but ceil(tokens_out / max_len)"),
+    (("extra", "rows_per_round"), [1], "extra.rows_per_round is [1]; expected 1 row counts"),
+    (("shards", 0, "tokens"), 5, "counts.tokens_out is 2,839,131 but the shards list 5 in total"),
+    (("tokenizer", "engine"), 5, "tokenizer.engine must be a string or null, found 5"),
+    # A loss mask's counts (written only for masked data; any dataset is refused with them wrong).
+    (
+        ("counts", "tokens_supervised"),
+        bump("tokens_out", 1),
+        "tokens_supervised is 2,839,132, above",
+    ),
+    (
+        ("counts", "documents_unsupervised"),
+        1,
+        "documents_unsupervised is 1, above documents_dropped",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), WHOLE, ids=[str(w[0]) for w in WHOLE])
+def test_an_inconsistent_manifest_is_refused_by_verify_and_the_loader_alike(
+    packed, tmp_path, path, value, message
+):
+    from loader import PackedDataset
+
+    d = copy_of(packed, tmp_path)
+    index = json.loads((d / INDEX_FILE).read_text())
+    edit(d, path, value(index) if callable(value) else value)
+    for read in (
+        lambda p: verify_dataset(p, checksums=False),
+        lambda p: PackedDataset(p, rows_per_batch=1),
+        lambda p: inspect_dataset(p),
+    ):
+        with pytest.raises(DataError) as info:
+            read(d)
+        assert message in str(info.value), str(info.value)
+        assert str(info.value).startswith(str(d / INDEX_FILE))
+
+
+def test_what_pack_writes_passes_every_manifest_check(packed):
+    from packtool.dataset.manifest_check import manifest_problem
+
+    assert manifest_problem(json.loads((packed / INDEX_FILE).read_text())) is None
+    assert verify_dataset(packed).rows == read_manifest(packed).num_rows
+
+
+def test_the_manifest_check_knows_what_pack_knows():
+    from packtool.dataset import manifest_check
+    from packtool.pack import chunk as pack
+    from packtool.pack import kernels
+
+    assert set(manifest_check.ALGORITHMS) == set(kernels.ALGORITHMS)
+    assert manifest_check.LONG_DOC_POLICIES == pack.LONG_DOC_POLICIES
+    assert manifest_check.MAX_LEN_LIMIT == kernels.MAX_LEN_LIMIT

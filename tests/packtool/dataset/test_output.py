@@ -1,0 +1,205 @@
+"""packtool/dataset/output.py: the lock, the swap and its recovery, and outputs kept apart from inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from packtool.audit.verify import verify_dataset
+from packtool.dataset import output
+from packtool.dataset.manifest import read_manifest
+from packtool.dataset.output import OutputLock, check_apart, output_paths, recover
+from packtool.engines.local import RunConfig, run_pack
+from packtool.errors import ConfigError
+from packtool.pack.chunk import PackConfig
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def corpus(path: Path, word: str, n: int = 40) -> Path:
+    path.write_text("".join(json.dumps({"text": f"{word} {i} " * 5}) + "\n" for i in range(n)))
+    return path
+
+
+def pack(inputs: Path, out: Path, **kw) -> None:
+    run_pack(
+        RunConfig(
+            inputs=(str(inputs),),
+            out_dir=str(out),
+            pack=PackConfig(max_len=64),
+            progress=False,
+            **kw,
+        )
+    )
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_paths_sit_hidden_beside_the_output(tmp_path):
+    paths = output_paths(tmp_path / "D")
+    assert paths.target == (tmp_path / "D").resolve()
+    names = [p.name for p in (paths.staging, paths.ready, paths.old, paths.lock)]
+    assert names == [f".D.packtool-{s}" for s in ("staging", "ready", "old", "lock")]
+    assert all(p.parent == paths.target.parent for p in (paths.staging, paths.lock))
+
+
+def test_a_symlinked_output_is_replaced_where_it_points(tmp_path):
+    real = tmp_path / "disk" / "D"
+    real.parent.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    pack(corpus(tmp_path / "a.jsonl", "a"), tmp_path / "link")
+    pack(corpus(tmp_path / "b.jsonl", "b"), tmp_path / "link", overwrite=True)
+    assert (tmp_path / "link").is_symlink() and verify_dataset(real).rows > 0
+    assert read_manifest(tmp_path / "link").shards == read_manifest(real).shards
+
+
+@pytest.mark.parametrize("killed_before", [1, 2, 3, 4])
+def test_a_run_killed_between_the_renames_is_completed_by_the_next_run(
+    tmp_path, monkeypatch, killed_before
+):
+    """commit: staging -> ready, D -> old, ready -> D, delete old. Stop before step k, as kill -9
+    would (nothing is undone in the process); the next writer's `recover` finishes the swap."""
+    out = tmp_path / "D"
+    pack(corpus(tmp_path / "a.jsonl", "a"), out)
+    old = snapshot(out)
+    pack(corpus(tmp_path / "b.jsonl", "b"), tmp_path / "B")
+    new = snapshot(tmp_path / "B")
+    real_rename, real_remove, calls = output._rename, output.remove, []
+
+    class Killed(BaseException):
+        pass
+
+    def step(*args):
+        calls.append(args)
+        if len(calls) == killed_before:
+            raise Killed
+        return real_rename(*args)
+
+    def remove(path):
+        if path == output_paths(out).old and killed_before == 4:
+            raise Killed
+        real_remove(path)
+
+    monkeypatch.setattr(output, "_rename", step)
+    monkeypatch.setattr(output, "remove", remove)
+    with pytest.raises(Killed):
+        pack(corpus(tmp_path / "b.jsonl", "b"), out, overwrite=True)
+    monkeypatch.undo()
+    # Whatever the step, the output is one whole dataset or absent, never a mixture...
+    assert not out.exists() or snapshot(out) in (old, new)
+    # ... and the next writer (here a command that then fails) completes the replacement.
+    with pytest.raises(ConfigError, match="not empty"):
+        pack(corpus(tmp_path / "c.jsonl", "c"), out)
+    assert snapshot(out) == new
+    assert sorted(p.name for p in tmp_path.glob(".D.packtool-*")) == []
+
+
+def test_recover_puts_an_old_dataset_back_when_no_new_one_is_ready(tmp_path):
+    paths = output_paths(tmp_path / "D")
+    paths.old.mkdir()
+    (paths.old / "index.json").write_text("{}")
+    recover(paths)
+    assert (tmp_path / "D" / "index.json").read_text() == "{}" and not paths.old.exists()
+
+
+def test_the_lock_refuses_a_second_writer_and_names_the_first(tmp_path):
+    paths = output_paths(tmp_path / "D")
+    with OutputLock(paths, "packtool pack x -o D"):
+        info = json.loads(paths.lock.read_text())
+        assert info["pid"] == os.getpid() and info["command"] == "packtool pack x -o D"
+        with pytest.raises(ConfigError) as refused, OutputLock(paths):
+            pass
+        message = str(refused.value)
+        assert message.startswith(f"{tmp_path / 'D'} is being written by another packtool (pid ")
+        assert message.endswith(": packtool pack x -o D); wait for it to finish or stop it")
+        with pytest.raises(ConfigError, match="being written by another packtool"):
+            pack(corpus(tmp_path / "a.jsonl", "a"), tmp_path / "D")
+    assert not paths.lock.exists()  # let go: the lock file goes with it
+    pack(corpus(tmp_path / "a.jsonl", "a"), tmp_path / "D")
+
+
+def test_a_lock_left_by_a_killed_process_is_stale(tmp_path):
+    paths = output_paths(tmp_path / "D")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from packtool.dataset.output import OutputLock, output_paths\n"
+            f"with OutputLock(output_paths({str(tmp_path / 'D')!r}), 'holder'):\n"
+            "    print('held', flush=True); time.sleep(600)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(ConfigError, match=f"pid {holder.pid} on .*: holder"):
+        OutputLock(paths).__enter__()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert paths.lock.exists()  # left behind, but no process holds it any more
+    with OutputLock(paths):
+        assert json.loads(paths.lock.read_text())["pid"] == os.getpid()
+
+
+def test_the_lock_survives_a_holder_that_unlinks_as_it_lets_go(tmp_path, monkeypatch):
+    """A waiter that opened the lock file just before its holder unlinked it must not keep a
+    lock on the dead file: it sees the inode changed and starts again."""
+    paths = output_paths(tmp_path / "D")
+    real_flock, calls = output.fcntl.flock, []
+
+    def flock(fd, op):
+        calls.append(fd)
+        if len(calls) == 1:  # between our open and our flock, the holder unlinks and another
+            paths.lock.unlink()  # process makes a new lock file
+            paths.lock.write_text("")
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(output.fcntl, "flock", flock)
+    with OutputLock(paths):
+        assert len(calls) == 2  # it started again on the file now at the path...
+        with pytest.raises(ConfigError, match="being written by another packtool"):
+            OutputLock(paths).__enter__()  # ... so the lock it holds is the one others see
+
+
+@pytest.mark.parametrize(
+    ("out", "inputs", "message"),
+    [
+        ("src/packed", ["src"], "inside the input folder src"),
+        ("src", ["src/a.jsonl"], "input src/a.jsonl is inside the output src"),
+        ("src", ["src"], "is also an input"),
+        ("src/../src/sub/p", ["./src"], "inside the input folder ./src"),
+        ("data/p", ["data/**/*.parquet"], "inside the folder the input glob"),
+        ("data/p", ["data/**"], "inside the folder the input glob"),
+    ],
+)
+def test_outputs_and_inputs_are_kept_apart(tmp_path, monkeypatch, out, inputs, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src").mkdir()
+    with pytest.raises(ConfigError, match=message):
+        check_apart(out, inputs)
+
+
+@pytest.mark.parametrize("out", [".", "..", "sub/.."])
+def test_the_current_folder_cannot_be_the_output(tmp_path, monkeypatch, out):
+    (tmp_path / "here" / "sub").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "here")
+    with pytest.raises(ConfigError, match="is the current folder or holds it"):
+        check_apart(out, ["x.jsonl"])
+
+
+def test_unrelated_paths_pass(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    check_apart("packed", ["src", "src/a.jsonl", "data/*.jsonl", "srcx"])
+    check_apart("src2/p", ["src"])
+    check_apart("data/p", ["data/**/*.jsonl"])  # cannot match what packtool writes in data/p
+    with pytest.raises(ConfigError, match="inside the output"):
+        check_apart("data", ["x"], [tmp_path / "data" / "y.jsonl"])

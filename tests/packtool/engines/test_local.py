@@ -1,0 +1,344 @@
+"""The local engine end to end: shards + manifest, determinism, resume, refusals, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packtool.audit.verify import verify_dataset
+from packtool.dataset.manifest import read_manifest
+from packtool.dataset.shards import ShardConfig
+from packtool.engines import local, records, worker
+from packtool.engines.local import RunConfig, rechunk, run_pack
+from packtool.engines.preflight import STATE_DIR, staging_folder
+from packtool.errors import ConfigError, DataError
+from packtool.pack.chunk import PackConfig
+from packtool.tokenizer.tokenizers import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[3]
+CORPUS = ROOT / "sample_data" / "corpus.jsonl"
+
+
+def run(out, inputs=(CORPUS,), **kw) -> local.PackSummary:
+    pack = kw.pop("pack", PackConfig(max_len=kw.pop("max_len", 1024)))
+    config = RunConfig(
+        inputs=tuple(str(p) for p in inputs), out_dir=str(out), pack=pack, progress=False, **kw
+    )
+    return run_pack(config)
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.parquet"))}
+
+
+def test_pack_sample_data_writes_a_dataset_that_verifies(tmp_path):
+    summary = run(tmp_path / "out", max_len=2048, shards=ShardConfig(shard_rows=500))
+    manifest = read_manifest(tmp_path / "out")
+    c = manifest.counts
+    # 4,030 documents: 6 empty (the reader skips and counts them), none unreadable
+    assert (c["documents_in"], c["documents_packed"], c["documents_empty"]) == (4030, 4024, 6)
+    assert c["documents_skipped"] == 0
+    assert c["tokens_in"] == c["tokens_out"] + c["tokens_truncated"] + c["tokens_dropped"]
+    assert manifest.num_tokens == c["tokens_out"] and manifest.num_rows == c["rows"]
+    assert len(manifest.shards) == -(-c["rows"] // 500)
+    assert manifest.lower_bound_rows <= c["rows"]
+    assert summary.efficiency == pytest.approx(c["tokens_out"] / (c["rows"] * 2048))
+    report = verify_dataset(tmp_path / "out", checksums=True)
+    assert report.rows == c["rows"]
+    assert not list((tmp_path / "out").glob(".*"))  # no state or temporary file left behind
+
+
+def test_every_document_appears_and_matches_its_tokens(tmp_path):
+    run(tmp_path / "out", max_len=512)
+    table = pq.read_table(sorted(str(p) for p in (tmp_path / "out").glob("shard-*.parquet")))
+    tok = load_tokenizer("byte")
+    texts = [json.loads(line)["text"] for line in CORPUS.read_text(encoding="utf-8").splitlines()]
+    pieces: dict[int, list[tuple[int, list[int]]]] = {}
+    for r in table.to_pylist():
+        offs = r["doc_offsets"]
+        for i, (d, c) in enumerate(zip(r["doc_ids"], r["doc_chunks"], strict=True)):
+            pieces.setdefault(d, []).append((c, r["input_ids"][offs[i] : offs[i + 1]]))
+    non_empty = [t for t in texts if t]
+    assert len(pieces) == len(non_empty)
+    for doc_id, text in zip(sorted(pieces), non_empty, strict=True):
+        flat, _ = tok.encode_batch([text])
+        joined = [t for _, toks in sorted(pieces[doc_id]) for t in toks]
+        assert joined == flat.tolist()
+
+
+def test_same_inputs_and_seed_give_identical_bytes(tmp_path):
+    run(tmp_path / "a", pack=PackConfig(max_len=1024, seed=7, rounds=3), chunk_docs=1000)
+    run(tmp_path / "b", pack=PackConfig(max_len=1024, seed=7, rounds=3), chunk_docs=1000)
+    assert shard_bytes(tmp_path / "a") == shard_bytes(tmp_path / "b")
+    a = read_manifest(tmp_path / "a")
+    assert [s.sha256 for s in a.shards] == [s.sha256 for s in read_manifest(tmp_path / "b").shards]
+
+
+# 3.3 MB of sample_data in 600 KB partitions: 6 partitions, several chunks each.
+PARTS = {"partition_size": 600_000, "workers": 1}
+
+
+def test_interrupted_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+    kw = {"max_len": 1024, "chunk_docs": 300, "shards": ShardConfig(shard_rows=200), **PARTS}
+    run(tmp_path / "whole", **kw)
+
+    real = worker.write_chunk
+    staging = staging_folder(tmp_path / "cut")
+
+    def crash_in_the_third_partition(writer, packed):
+        if len(records.finished(staging)) == 2:  # two partitions are recorded
+            raise KeyboardInterrupt
+        return real(writer, packed)
+
+    monkeypatch.setattr(worker, "write_chunk", crash_in_the_third_partition)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut", **kw)
+    monkeypatch.setattr(worker, "write_chunk", real)
+    assert not (tmp_path / "cut").exists()  # never looks complete: built beside it
+    with pytest.raises(DataError, match="no such dataset folder"):
+        read_manifest(tmp_path / "cut")
+    assert records.finished(staging) == [0, 1]
+
+    summary = run(tmp_path / "cut", resume=True, **kw)
+    assert summary.resumed_partitions == 2 and summary.partitions == 6
+    assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
+    whole, cut = read_manifest(tmp_path / "whole"), read_manifest(tmp_path / "cut")
+    assert whole.to_dict() == cut.to_dict()
+
+
+def test_resume_refuses_changed_options_and_finished_runs(tmp_path, monkeypatch):
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(worker, "write_chunk", boom)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "out", max_len=1024, chunk_docs=500)
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match="cannot resume.*pack"):
+        run(tmp_path / "out", max_len=2048, chunk_docs=500, resume=True)
+    run(tmp_path / "done", max_len=1024)
+    with pytest.raises(ConfigError, match="already complete"):
+        run(tmp_path / "done", max_len=1024, resume=True)
+
+
+def test_non_empty_output_needs_overwrite(tmp_path):
+    run(tmp_path / "out", max_len=512)
+    with pytest.raises(ConfigError, match="not empty.*--overwrite"):
+        run(tmp_path / "out")
+    (tmp_path / "out" / ".shard-00007.parquet.tmp").write_bytes(b"left by a crash")
+    run(tmp_path / "out", overwrite=True)  # replaces a dataset, temporaries included
+    assert read_manifest(tmp_path / "out").max_len == 1024
+    assert not list((tmp_path / "out").glob(".*"))
+
+
+def test_overwrite_never_deletes_files_packtool_did_not_write(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"did not write \(notes.txt\)"):
+        run(tmp_path / "out", overwrite=True)
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
+    with pytest.raises(ConfigError, match="exclude each other"):
+        run(tmp_path / "x", overwrite=True, resume=True)
+
+
+def test_chunking_costs_almost_no_efficiency(tmp_path):
+    one = run(tmp_path / "one", max_len=2048)
+    many = run(tmp_path / "many", max_len=2048, chunk_docs=1000)
+    assert many.counts.tokens_out == one.counts.tokens_out
+    assert one.efficiency - many.efficiency < 0.01
+
+
+def test_tokenized_parquet_input_gives_the_same_rows(tmp_path):
+    from packtool.read import docids
+    from packtool.read.documents import ReadConfig
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    tokenize_corpus([str(CORPUS)], str(tmp_path / "tok.parquet"), read_config=ReadConfig())
+    run(tmp_path / "raw", max_len=1024)
+    run(tmp_path / "tok", inputs=[tmp_path / "tok.parquet"], max_len=1024)
+    raw, tok = (
+        pq.read_table(sorted((tmp_path / d).glob("shard-*.parquet"))) for d in ("raw", "tok")
+    )
+    for name in ("input_ids", "doc_offsets", "doc_chunks"):
+        assert raw.column(name).equals(tok.column(name))
+    # The same documents, numbered by where each was read: the line's byte offset in the JSONL,
+    # the row in the tokenized file.
+    starts = [0]
+    for line in CORPUS.read_bytes().splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    non_empty = [
+        o
+        for o, line in zip(starts, CORPUS.read_bytes().splitlines(), strict=False)
+        if json.loads(line)["text"]
+    ]
+    row_of = {o: r for r, o in enumerate(non_empty)}
+    raw_ids = np.concatenate(raw.column("doc_ids").to_numpy(zero_copy_only=False))
+    tok_ids = np.concatenate(tok.column("doc_ids").to_numpy(zero_copy_only=False))
+    assert [row_of[int(o)] for o in docids.decode(raw_ids)[1]] == docids.decode(tok_ids)[1].tolist()
+
+
+def test_tokenizer_mismatch_is_an_error(tmp_path):
+    from packtool.read.documents import ReadConfig
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    tokenize_corpus([str(CORPUS)], str(tmp_path / "tok.parquet"), read_config=ReadConfig())
+    config = RunConfig(
+        inputs=(str(tmp_path / "tok.parquet"),),
+        out_dir=str(tmp_path / "out"),
+        pack=PackConfig(max_len=1024),
+        progress=False,
+    )
+    with pytest.raises(DataError, match="requested tokenizer"):
+        run_pack(config, load_tokenizer("byte", eos=None))
+
+
+def test_group_by_reports_each_group(tmp_path):
+    from packtool.read.documents import ReadConfig
+
+    run(
+        tmp_path / "out",
+        pack=PackConfig(max_len=2048, group_by="lang"),
+        read=ReadConfig(extra_fields=("lang",)),
+    )
+    groups = read_manifest(tmp_path / "out").extra["groups"]
+    assert sorted(groups) == ["de", "en", "fr", "ja"]
+    assert sum(g["rows"] for g in groups.values()) == read_manifest(tmp_path / "out").num_rows
+    assert all(0 < g["efficiency"] <= 1 for g in groups.values())
+
+
+def test_truncate_and_drop_account_for_every_token(tmp_path):
+    for policy in ("truncate", "drop"):
+        summary = run(tmp_path / policy, pack=PackConfig(max_len=512, long_docs=policy))
+        c = summary.counts
+        assert c.tokens_in == c.tokens_out + c.tokens_truncated + c.tokens_dropped
+        assert (c.tokens_truncated if policy == "truncate" else c.tokens_dropped) > 0
+
+
+def test_empty_corpus_is_an_error(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"text": ""}\n')
+    with pytest.raises(DataError, match="nothing to pack|no documents"):
+        run(tmp_path / "out", inputs=[empty])
+
+
+def test_output_loads_with_plain_pyarrow_and_hf_datasets(tmp_path):
+    run(tmp_path / "out", max_len=1024)
+    files = sorted(str(p) for p in (tmp_path / "out").glob("shard-*.parquet"))
+    table = pq.read_table(files)
+    assert table.column_names == [
+        "input_ids",
+        "doc_offsets",
+        "doc_ids",
+        "doc_chunks",
+        "seq_lengths",
+    ]
+    import datasets  # the dev extra installs it; the test must not skip silently
+
+    ds = datasets.load_dataset(
+        "parquet", data_files=files, split="train", cache_dir=str(tmp_path / "c")
+    )
+    assert len(ds) == table.num_rows
+    row = ds[0]
+    assert row["doc_offsets"][0] == 0 and row["doc_offsets"][-1] == len(row["input_ids"])
+    assert row["seq_lengths"] == np.diff(row["doc_offsets"]).tolist()
+
+
+def test_rechunk_gives_exact_chunk_sizes():  # inside a partition
+    tables = [pa.table({"x": np.arange(n)}) for n in (3, 10, 1, 7)]
+    sizes = [t.num_rows for t in rechunk(tables, 4)]
+    assert sizes == [4, 4, 4, 4, 4, 1]
+    values = np.concatenate([t.column("x").to_numpy() for t in rechunk(tables, 4)])
+    assert values.tolist() == np.concatenate([np.arange(n) for n in (3, 10, 1, 7)]).tolist()
+
+
+def test_chunk_docs_must_be_positive(tmp_path):
+    with pytest.raises(ConfigError, match="chunk_docs"):
+        run(tmp_path / "out", chunk_docs=0)
+
+
+def test_sigkill_mid_run_then_resume_gives_the_same_bytes(tmp_path):
+    """A real `packtool pack` process killed with SIGKILL mid-run, then `--resume`."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    corpus = tmp_path / "x4.jsonl"
+    corpus.write_bytes(CORPUS.read_bytes() * 4)
+    args = ["--max-len", "1024", "--chunk-docs", "400", "--shard-rows", "100"]
+    args += ["--partition-size", "1MB", "--workers", "1"]  # 12 partitions, one at a time
+    cmd = [sys.executable, "-m", "packtool.cli.commands", "pack", str(corpus), *args]
+    env = {**os.environ, "PACKTOOL_NO_PROGRESS": "1"}
+    subprocess.run([*cmd, "-o", str(tmp_path / "whole")], check=True, env=env, capture_output=True)
+
+    cut = tmp_path / "cut"
+    staging = staging_folder(cut)
+    proc = subprocess.Popen([*cmd, "-o", str(cut)], env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    # Killed once two partitions are recorded and a third is being written.
+    while len(records.finished(staging)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    if cut.exists():
+        pytest.fail("the run finished before it could be killed; make the corpus larger")
+    assert list(staging.glob("shard-*.parquet"))  # it was killed mid-run, with shards written
+    # Its lock file stays behind, but the lock died with the process: --resume takes it.
+    assert list(tmp_path.glob(".cut.packtool-lock"))
+
+    done = subprocess.run(
+        [*cmd, "-o", str(cut), "--resume"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "resumed: kept" in done.stdout and "of 12 (their inputs were not read" in done.stdout
+    assert shard_bytes(cut) == shard_bytes(tmp_path / "whole")
+    assert verify_dataset(cut).rows == read_manifest(tmp_path / "whole").num_rows
+
+
+def test_resume_refuses_a_changed_input_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"{i}.jsonl").write_text(
+            "".join(json.dumps({"text": f"doc {i}.{j} " * 5}) + "\n" for j in range(200))
+        )
+    kw = {"max_len": 256, "chunk_docs": 100}
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(worker, "write_chunk", boom)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "out", inputs=(folder,), **kw)
+    monkeypatch.undo()
+    # A file added to the folder would shift every chunk after the finished ones.
+    (folder / "3.jsonl").write_text(json.dumps({"text": "late"}) + "\n")
+    with pytest.raises(ConfigError, match=r"options or inputs differ \(inputs: .*3\.jsonl added"):
+        run(tmp_path / "out", inputs=(folder,), resume=True, **kw)
+    (folder / "3.jsonl").unlink()
+    # So would an edit that keeps the size.
+    first = folder / "0.jsonl"
+    first.write_text(first.read_text().replace("doc 0.1 ", "DOC 0.1 "))
+    with pytest.raises(ConfigError, match=r"differ \(inputs: .*0\.jsonl changed\)$"):
+        run(tmp_path / "out", inputs=(folder,), resume=True, **kw)
+
+
+@pytest.mark.parametrize("state", ["[]", '{"fingerprint": {}, "plan": 3}', "not json"])
+def test_a_damaged_state_file_is_a_one_line_error(tmp_path, state):
+    (staging_folder(tmp_path / "out") / STATE_DIR).mkdir(parents=True)
+    (staging_folder(tmp_path / "out") / STATE_DIR / "plan.json").write_text(state)
+    with pytest.raises(DataError, match=r"plan\.json: (malformed|unreadable).*--overwrite"):
+        run(tmp_path / "out", resume=True)
+
+
+def test_an_older_packtools_interrupted_run_is_named(tmp_path):
+    staging_folder(tmp_path / "out").mkdir()
+    (staging_folder(tmp_path / "out") / ".pack-state.json").write_text("{}")
+    with pytest.raises(ConfigError, match="interrupted by an older packtool.*--overwrite"):
+        run(tmp_path / "out", resume=True)

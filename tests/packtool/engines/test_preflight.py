@@ -1,0 +1,210 @@
+"""What both engines check before writing, and how a run that fails before its first chunk is undone.
+
+Every test runs on the local and on the Ray engine. The checks that come before the output folder
+must also come before Ray starts: those tests make starting Ray fail, so they need no Ray. The
+others share the one local Ray of conftest.py's `ray_session`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from packtool.audit.verify import verify_dataset
+from packtool.engines import local, records, worker
+from packtool.engines.local import RunConfig, run_pack
+from packtool.engines.preflight import STATE_DIR, staging_folder
+from packtool.errors import ConfigError, DataError
+from packtool.pack.chunk import PackConfig
+from packtool.read.documents import ReadConfig
+from packtool.tokenize.tokenize import tokenize_corpus
+from packtool.tokenizer.tokenizers import load_tokenizer
+
+ENGINES = ["local", "ray"]
+
+
+def jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+def config(inputs: Path, out: Path, **kw) -> RunConfig:
+    kw.setdefault("pack", PackConfig(max_len=64))
+    return RunConfig(inputs=(str(inputs),), out_dir=str(out), progress=False, **kw)
+
+
+@pytest.fixture
+def pack_with(request, monkeypatch) -> Callable[..., Callable[..., local.PackSummary]]:
+    """`pack_with(engine, ray_may_start=False)` -> a `run_pack(config, tokenizer=None)` for it.
+
+    Unless `ray_may_start`, starting Ray fails the test: what is checked before the output folder
+    is touched must not cost a Ray start-up either.
+    """
+
+    def make(engine: str, ray_may_start: bool = False) -> Callable[..., local.PackSummary]:
+        if engine == "local":
+            return run_pack
+        pytest.importorskip("ray.data", reason="ray[data] is not installed")
+        from packtool.engines import ray as ray_engine
+
+        if ray_may_start:
+            request.getfixturevalue("ray_session")
+        else:
+
+            def no_start(*args, **kwargs):
+                raise AssertionError("Ray was started before the pre-flight checks failed")
+
+            monkeypatch.setattr(ray_engine, "_connect", no_start)
+
+        def run(cfg: RunConfig, tokenizer=None) -> local.PackSummary:
+            return ray_engine.run_pack_ray(cfg, ray_engine.RayConfig(max_retries=0), tokenizer)
+
+        return run
+
+    return make
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_tokenizer_unlike_the_recorded_one_is_refused_before_any_output(
+    tmp_path, pack_with, engine
+):
+    raw = jsonl(tmp_path / "c.jsonl", ["one document", "another"])
+    tokenize_corpus([raw], tmp_path / "tok.parquet", progress=False)  # byte, EOS 256
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=r"tok\.parquet: tokenized with byte:byte.*eos None"):
+        pack_with(engine)(config(tmp_path / "tok.parquet", out), load_tokenizer("byte", eos=None))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("inputs", ["raw", "tokenized"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_max_len_that_bos_and_eos_fill_is_refused_before_any_output(
+    tmp_path, pack_with, engine, inputs
+):
+    raw = jsonl(tmp_path / "c.jsonl", ["one document", "another"])
+    tokenizer = load_tokenizer("byte", bos="default")
+    if inputs == "tokenized":
+        # The recorded tokenizer (BOS and EOS) is the one checked when none is given.
+        tokenize_corpus([raw], tmp_path / "tok.parquet", tokenizer=tokenizer, progress=False)
+        raw, tokenizer = tmp_path / "tok.parquet", None
+    out = tmp_path / "out"
+    cfg = config(raw, out, pack=PackConfig(max_len=2))
+    with pytest.raises(ConfigError, match=r"^--max-len 2 leaves no room for text: .* 2 tokens"):
+        pack_with(engine)(cfg, tokenizer)
+    assert not out.exists()
+
+
+FAILURES = {
+    # No usable document: the run fails at the end, with no chunk at all.
+    "empty corpus": ([""], ReadConfig(), "every document was empty or dropped"),
+    # --strict stops at the empty document while the first chunk is read.
+    "strict": (["fine", ""], ReadConfig(strict=True), "empty.*run without --strict"),
+}
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_run_that_fails_before_its_first_chunk_leaves_nothing_behind(
+    tmp_path, pack_with, engine, failure
+):
+    texts, read, message = FAILURES[failure]
+    bad, out = jsonl(tmp_path / "bad.jsonl", texts), tmp_path / "out"
+    pack = pack_with(engine, ray_may_start=True)
+    with pytest.raises(DataError, match=message):
+        pack(config(bad, out, read=read))
+    assert not out.exists()  # the state file is gone, and the folder this run made
+    # A folder that was there before stays, empty.
+    out.mkdir()
+    with pytest.raises(DataError, match=message):
+        pack(config(bad, out, read=read))
+    assert list(out.iterdir()) == []
+    # So the corrected command works without --overwrite.
+    good = jsonl(tmp_path / "good.jsonl", ["fine", "also fine"])
+    assert pack(config(good, out)).counts.documents_packed == 2
+    assert verify_dataset(out).rows == 1
+
+
+def test_a_failure_before_ray_runs_anything_leaves_nothing_behind(tmp_path, pack_with):
+    """Not only packtool's own errors: a cluster that cannot be reached, say."""
+    pack = pack_with("ray")  # starting Ray raises AssertionError
+    good, out = jsonl(tmp_path / "good.jsonl", ["fine"]), tmp_path / "out"
+    with pytest.raises(AssertionError, match="Ray was started"):
+        pack(config(good, out))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("record", ['{"partition": 0, "shards": 3}', '"shard-00000.parquet"'])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_damaged_partition_record_is_refused_before_ray_starts(
+    tmp_path, pack_with, engine, record, monkeypatch
+):
+    good = jsonl(tmp_path / "good.jsonl", [f"document {i} " * 20 for i in range(40)])
+    out = tmp_path / "out"
+    kw = {"partition_size": 400, "workers": 1}  # 4 partitions
+    real = worker.write_chunk
+
+    def stop_in_the_second_partition(writer, packed):
+        if records.finished(staging_folder(out)):
+            raise KeyboardInterrupt
+        return real(writer, packed)
+
+    monkeypatch.setattr(worker, "write_chunk", stop_in_the_second_partition)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(config(good, out, **kw))
+    monkeypatch.undo()
+    path = records.record_path(staging_folder(out), 0)
+    path.write_text(record)
+    with pytest.raises(
+        DataError, match=r"parts/000000\.json: malformed partition record.*--overwrite$"
+    ):
+        pack_with(engine)(config(good, out, resume=True, **kw))
+    assert path.read_text() == record
+
+
+def test_an_interrupt_keeps_the_state_for_resume(tmp_path, monkeypatch):
+    good, out = jsonl(tmp_path / "good.jsonl", ["fine"]), tmp_path / "out"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(worker, "write_chunk", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(config(good, out))
+    assert not out.exists()  # the run is built beside the output, which it never reached
+    assert [p.name for p in staging_folder(out).iterdir()] == [STATE_DIR]
+    monkeypatch.undo()
+    assert run_pack(config(good, out, resume=True)).counts.documents_packed == 1
+
+
+def test_shards_of_a_chunk_not_yet_recorded_are_removed_too(tmp_path):
+    # Chunk 0 is packed and written while chunk 1 is read; the read fails (strict, empty
+    # document) before chunk 0 is recorded, so its shard is litter of a run that never started.
+    bad = jsonl(tmp_path / "bad.jsonl", ["a", "b", "c", ""])
+    read = ReadConfig(strict=True, batch_docs=2)
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match="empty"):
+        run_pack(config(bad, out, read=read, chunk_docs=2))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("finished", [0, 1])
+def test_workers_lost_keeps_a_fresh_runs_finished_partitions(tmp_path, finished):
+    """`WorkersLost` (workers died too often) is not a mistake in the command: the staging
+    folder of a fresh run stays when a partition finished, for `--resume`; any other
+    `PacktoolError` removes it; with nothing finished there is nothing to keep."""
+    from packtool.engines.preflight import output_folder
+    from packtool.errors import WorkersLost
+
+    corpus = jsonl(tmp_path / "c.jsonl", ["a b c"] * 3)
+    for error, kept in [(WorkersLost("died"), bool(finished)), (DataError("bad"), False)]:
+        cfg = config(corpus, tmp_path / "out", overwrite=True)
+        with pytest.raises(type(error)), output_folder(cfg) as output:
+            records.write_plan(output.work, {"fingerprint": {}, "plan": {}})
+            if finished:
+                records.write_record(output.work, {"partition": 0})
+            raise error
+        assert staging_folder(tmp_path / "out").is_dir() is kept
+        assert not (tmp_path / "out").exists()

@@ -1,0 +1,357 @@
+"""The Ray engine against the local engine, on a real two-node Ray cluster: the same dataset
+byte for byte, a killed worker process, a node removed mid-run, a killed driver resumed.
+
+The cluster (`ray_session` / `ray_cluster` in conftest.py) has two nodes of 1 CPU each, each
+with its own raylet and object store, so partition tasks run on both. The missing-extra tests
+run without Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from packtool.audit.verify import verify_dataset
+from packtool.cli.commands import cli, main
+from packtool.dataset.shards import ShardConfig
+from packtool.engines import base, merge, records, worker
+from packtool.engines.local import RunConfig, run_pack
+from packtool.engines.preflight import staging_folder
+from packtool.errors import ConfigError, DataError, MissingDependencyError, WorkersLost
+from packtool.pack.chunk import PackConfig
+from packtool.read.documents import ReadConfig
+from tests.packtool.scale_corpus import make_corpus
+
+ROOT = Path(__file__).resolve().parents[3]
+CORPUS = ROOT / "sample_data" / "corpus.jsonl"
+PARTITION = 600_000  # sample_data's 3.0 MB: 6 partitions (byte ranges of one file)
+
+
+def config(out: Path, inputs=(CORPUS,), **kw) -> RunConfig:
+    kw.setdefault("pack", PackConfig(max_len=2048))
+    kw.setdefault("shards", ShardConfig(shard_rows=100))
+    kw.setdefault("partition_size", PARTITION)
+    kw.setdefault("chunk_docs", 400)
+    kw.setdefault("workers", 1)
+    return RunConfig(inputs=tuple(str(p) for p in inputs), out_dir=str(out), progress=False, **kw)
+
+
+def run_ray(cfg: RunConfig, **ray_kw):
+    from packtool.engines.ray import RayConfig, run_pack_ray
+
+    return run_pack_ray(cfg, RayConfig(**ray_kw))
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.parquet"))}
+
+
+def manifest_without_command(out: Path) -> dict:
+    data = json.loads((out / "index.json").read_text())
+    data.pop("command")
+    return data
+
+
+def assert_same_as_local(ray_out: Path, local_out: Path) -> None:
+    assert manifest_without_command(ray_out) == manifest_without_command(local_out)
+    assert shard_bytes(ray_out) == shard_bytes(local_out)
+    assert sorted(p.name for p in ray_out.iterdir()) == sorted(p.name for p in local_out.iterdir())
+
+
+@pytest.mark.parametrize(
+    "pack",
+    [
+        PackConfig(max_len=2048),
+        PackConfig(max_len=1024, algorithm="bfd", rounds=3, seed=7, group_by="lang"),
+    ],
+    ids=["ffd", "bfd-rounds-groups"],
+)
+def test_ray_is_byte_identical_to_the_local_engine(ray_session, tmp_path, pack):
+    read = ReadConfig(extra_fields=("lang",) if pack.group_by == "lang" else ())
+    want = run_pack(config(tmp_path / "local", pack=pack, read=read))
+    got = run_ray(config(tmp_path / "ray", pack=pack, read=read))
+    assert_same_as_local(tmp_path / "ray", tmp_path / "local")
+    assert got.partitions == want.partitions == 6
+    assert got.counts == want.counts and got.skips == want.skips == {"empty": 6}
+    assert "Ray: 2 CPU(s) in the cluster, a Ray Data pool of up to 2" in got.cores_used
+    assert verify_dataset(tmp_path / "ray", checksums=True).rows == got.counts.rows
+    # Every document exactly once, with all of its tokens.
+    table = pq.read_table(sorted(str(p) for p in (tmp_path / "ray").glob("shard-*.parquet")))
+    pieces: dict[int, int] = {}
+    for offsets, ids in zip(
+        table.column("doc_offsets").to_pylist(), table.column("doc_ids").to_pylist(), strict=True
+    ):
+        for doc, a, b in zip(ids, offsets, offsets[1:], strict=False):
+            pieces[doc] = pieces.get(doc, 0) + b - a
+    assert len(pieces) == got.counts.documents_packed == 4024  # of 4,030 lines, 6 empty
+    assert sum(pieces.values()) == got.counts.tokens_out == got.counts.tokens_in
+
+
+def test_ray_is_byte_identical_with_a_tail_tree_and_resumes_mid_tree(
+    ray_session, tmp_path, monkeypatch
+):
+    """Fan-in 2 over the 6 partitions: 3 level-1 nodes, 2 level-2 nodes, the root (unit 11).
+    The merge nodes run as Ray tasks, a wave per level; a driver stopped after the first
+    merge record is resumed on Ray; both give the local engine's bytes."""
+    monkeypatch.setattr(merge, "TAIL_FAN_IN", 2)
+    tree = merge.TailTree(6, 2)
+    assert tree.sizes == (6, 3, 2) and tree.root == 11
+    run_pack(config(tmp_path / "local"))
+    names = {int(p.name.split("-")[1]) for p in (tmp_path / "local").glob("shard-*")}
+    assert names & set(tree.level_ids(1)) and tree.root in names
+    got = run_ray(config(tmp_path / "ray"))
+    assert_same_as_local(tmp_path / "ray", tmp_path / "local")
+    assert got.partitions == 6
+
+    real = base.Run.account
+
+    def driver_dies(self, record):
+        real(self, record)
+        if "merge" in record:
+            raise KeyboardInterrupt  # partitions done, one merge node recorded
+
+    monkeypatch.setattr(base.Run, "account", driver_dies)
+    with pytest.raises(KeyboardInterrupt):
+        run_ray(config(tmp_path / "cut"))
+    monkeypatch.setattr(base.Run, "account", real)
+    done = set(records.finished(staging_folder(tmp_path / "cut")))
+    assert set(range(6)) <= done and done & set(tree.level_ids(1))
+    assert tree.root not in done
+    summary = run_ray(config(tmp_path / "cut", resume=True))
+    assert summary.resumed_partitions == 6
+    assert_same_as_local(tmp_path / "cut", tmp_path / "local")
+
+
+def test_cli_engine_ray_on_tokenized_parquet(ray_session, tmp_path):
+    """`packtool pack --engine ray` through the CLI, on `packtool tokenize` output."""
+    runner = CliRunner()
+    tok = tmp_path / "tok.parquet"
+    assert runner.invoke(cli, ["tokenize", str(CORPUS), "-o", str(tok)]).exit_code == 0
+    common = [str(tok), "--max-len", "4096", "--chunk-docs", "1500", "--shard-rows", "64"]
+    common += ["--partition-size", "200KB"]
+    result = runner.invoke(cli, ["pack", *common, "-o", str(tmp_path / "ray"), "--engine", "ray"])
+    assert result.exit_code == 0, result.output
+    assert "Ray: 2 CPU(s) in the cluster, a Ray Data pool of up to " in result.output
+    assert runner.invoke(cli, ["pack", *common, "-o", str(tmp_path / "local")]).exit_code == 0
+    assert_same_as_local(tmp_path / "ray", tmp_path / "local")
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    """The 1,000-file corpus and the local engine's dataset of it."""
+    base_dir = tmp_path_factory.mktemp("gen")
+    make_corpus(base_dir / "in", big_bytes=600_000)
+    kw = {"pack": PackConfig(max_len=1024), "partition_size": 150_000, "chunk_docs": 500}
+    run_pack(config(base_dir / "local", [base_dir / "in"], **kw))
+    return base_dir, kw
+
+
+def test_a_killed_worker_and_a_removed_node_leave_the_bytes_unchanged(
+    generated, ray_cluster, tmp_path, monkeypatch
+):
+    """On the 1,000-file corpus (tiny files, ranges of a big one, .zst, Parquet, bad lines):
+    the worker process of one partition dies (os._exit), and a third node is removed from the
+    cluster while it runs a partition; Ray runs both again elsewhere."""
+    from packtool.engines import ray as ray_engine
+
+    base_dir, kw = generated
+    victim = ray_cluster.add_node(num_cpus=1)
+    ray_cluster.wait_for_nodes()
+    victim_id = victim.node_id
+    killed, on_victim = tmp_path / "killed", tmp_path / "on-victim"
+
+    # Defined here, so Ray ships it by value to the workers.
+    def flaky(key, blob, descriptor):
+        import os
+
+        import ray
+
+        from packtool.engines import ray as engine
+
+        here = ray.get_runtime_context().get_node_id()
+        # The other nodes' tasks wait until one runs on the victim, so a quick run cannot end
+        # before the scheduler has placed a partition there (it would on a quiet machine).
+        deadline = time.monotonic() + 60
+        while here != victim_id and not on_victim.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if here == victim_id and not on_victim.exists():
+            on_victim.touch()
+            time.sleep(120)  # until the node is removed under it
+        if descriptor["index"] == 2 and here != victim_id and not killed.exists():
+            killed.touch()
+            os._exit(1)  # the worker process dies in the middle of its partition
+        return engine._partition_task(key, blob, descriptor)
+
+    def remove_when_busy():
+        deadline = time.monotonic() + 90
+        while not on_victim.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ray_cluster.remove_node(victim, allow_graceful=False)
+
+    remover = threading.Thread(target=remove_when_busy, daemon=True)
+    remover.start()
+    monkeypatch.setattr(ray_engine, "_partition_task", flaky)
+    summary = run_ray(config(tmp_path / "ray", [base_dir / "in"], **kw), max_retries=3)
+    remover.join(timeout=100)
+    assert killed.exists() and on_victim.exists()  # both faults happened
+    assert summary.partitions >= 8
+    assert_same_as_local(tmp_path / "ray", base_dir / "local")
+
+
+def test_a_killed_driver_is_resumed_with_the_same_bytes(ray_session, tmp_path, monkeypatch):
+    run_pack(config(tmp_path / "local"))
+    real = base.Run.account
+    seen = []
+
+    def driver_dies(self, record):
+        real(self, record)
+        seen.append(record["partition"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt  # as a killed driver: two records kept, the rest not
+
+    def slow_after_two(key, blob, descriptor):  # defined here: Ray ships it by value
+        import time
+
+        from packtool.engines import ray as engine
+
+        if descriptor["index"] >= 2:
+            time.sleep(5)  # still running when the driver dies
+        return engine._partition_task(key, blob, descriptor)
+
+    from packtool.engines import ray as ray_engine
+
+    monkeypatch.setattr(ray_engine, "_partition_task", slow_after_two)
+    monkeypatch.setattr(base.Run, "account", driver_dies)
+    with pytest.raises(KeyboardInterrupt):
+        run_ray(config(tmp_path / "ray"))
+    monkeypatch.undo()
+    out = tmp_path / "ray"
+    staging = staging_folder(out)
+    done = records.finished(staging)
+    assert not out.exists() and 2 <= len(done) < 6
+    time.sleep(6)  # an actor left running would finish its partition by now
+    assert records.finished(staging) == done  # the pool was shut down with the driver
+    with pytest.raises(ConfigError, match="interrupted run .* --resume"):
+        run_ray(config(out))  # neither --overwrite nor --resume
+    summary = run_ray(config(out, resume=True))
+    assert summary.resumed_partitions == len(done)
+    assert_same_as_local(out, tmp_path / "local")
+    assert not staging.exists()
+
+
+def test_either_engine_resumes_the_others_run(ray_session, tmp_path, monkeypatch):
+    run_pack(config(tmp_path / "whole"))
+    real = worker.write_chunk
+
+    def stop_in_the_third_partition(writer, packed):
+        if len(records.finished(staging_folder(tmp_path / "a"))) == 2:
+            raise KeyboardInterrupt
+        return real(writer, packed)
+
+    monkeypatch.setattr(worker, "write_chunk", stop_in_the_third_partition)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(config(tmp_path / "a"))
+    monkeypatch.undo()
+    summary = run_ray(config(tmp_path / "a", resume=True))  # local started, Ray finishes
+    assert summary.resumed_partitions == 2
+    assert_same_as_local(tmp_path / "a", tmp_path / "whole")
+
+    real_account = base.Run.account
+
+    def driver_dies(self, record):
+        real_account(self, record)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(base.Run, "account", driver_dies)
+    with pytest.raises(KeyboardInterrupt):
+        run_ray(config(tmp_path / "b"))
+    monkeypatch.undo()
+    summary = run_pack(config(tmp_path / "b", resume=True))  # Ray started, local finishes
+    assert summary.resumed_partitions >= 1
+    assert_same_as_local(tmp_path / "b", tmp_path / "whole")
+
+
+def test_a_user_error_inside_a_ray_task_is_one_readable_error(ray_session, tmp_path):
+    # sample_data has 6 empty documents: strict mode stops at the first, inside a task.
+    with pytest.raises(DataError, match="empty.*run without --strict") as e:
+        run_ray(config(tmp_path / "out", read=ReadConfig(strict=True)), max_retries=0)
+    assert "\n" not in str(e.value)
+
+
+def test_ray_config_validation():
+    from packtool.engines.ray import RayConfig
+
+    with pytest.raises(ConfigError, match="actors"):
+        RayConfig(actors=0)
+    with pytest.raises(ConfigError, match="max_retries"):
+        RayConfig(max_retries=-1)
+
+
+def test_missing_ray_names_the_extra(tmp_path, monkeypatch, capsys):
+    from packtool.engines.ray import run_pack_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    with pytest.raises(MissingDependencyError, match=r"pip install 'packtool\[ray\]'"):
+        run_pack_ray(config(tmp_path / "out"))
+    argv = ["pack", str(CORPUS), "-o", str(tmp_path / "cli"), "--engine", "ray"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --engine ray needs Ray: pip install 'packtool[ray]'"
+
+
+def test_ray_address_needs_the_ray_engine(tmp_path):
+    result = CliRunner().invoke(
+        cli, ["pack", str(CORPUS), "-o", str(tmp_path / "o"), "--ray-address", "auto"]
+    )
+    assert result.exit_code != 0
+    assert "--ray-address needs --engine ray" in str(result.exception)
+
+
+def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(ray_session, tmp_path, monkeypatch):
+    """A partition whose actor dies every time (as an out-of-memory kill would) ends the run
+    after `max_retries` restarts with one line, not a Ray traceback or a hang; the partitions
+    that finished are kept, and `--resume` ends with the local engine's bytes."""
+    from packtool.engines import ray as ray_engine
+
+    run_pack(config(tmp_path / "local"))
+    out = tmp_path / "ray"
+    staging = staging_folder(out)
+
+    def partition_3_dies(key, blob, descriptor):  # defined here: Ray ships it by value
+        import os
+        import time
+
+        from packtool.engines import ray as engine
+
+        if descriptor["index"] == 3:
+            deadline = time.monotonic() + 60
+            while len(records.finished(staging)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)  # die only once two partitions are done
+            os._exit(1)
+        return engine._partition_task(key, blob, descriptor)
+
+    monkeypatch.setattr(ray_engine, "_partition_task", partition_3_dies)
+    with pytest.raises(WorkersLost) as e:
+        run_ray(config(out), max_retries=1)
+    monkeypatch.undo()
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith("a partition actor's process or node died more than 1 time(s); ")
+    kept = int(message.split("its ")[1].split(" finished")[0])
+    assert message.endswith(
+        f"its {kept} finished partition(s) are kept: rerun with --resume "
+        "(fewer --workers if memory is short)"
+    )
+    assert 2 <= kept <= len(records.finished(staging)) < 6 and 3 not in records.finished(staging)
+    summary = run_ray(config(out, resume=True))
+    assert summary.resumed_partitions >= kept
+    assert_same_as_local(out, tmp_path / "local")

@@ -1,0 +1,221 @@
+"""Mixture files (packtool/mixture/spec.py) and `packtool mix` (packtool/mixture/plan.py, the CLI)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loader.testing import write_random_dataset
+from packtool.errors import ConfigError
+from packtool.mixture.plan import plan_mixture
+from packtool.mixture.spec import (
+    MixtureSpec,
+    SourceSpec,
+    check_compatible,
+    parse_count,
+    read_mixture_file,
+)
+from tests.cli import one_error_line, run
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mixfiles")
+    for name, n in (("web", 400), ("code", 200), ("books", 30)):
+        write_random_dataset(root / name, n_rows=n, max_len=512, mean_doc=60, seed=len(name))
+    return root
+
+
+def write(root, name, text):
+    path = root / name
+    path.write_text(text)
+    return path
+
+
+def test_json_and_yaml_files_read_the_same(folders):
+    body = {
+        "seed": 3,
+        "unit": "tokens",
+        "total_tokens": "2.5M",
+        "sources": [
+            {"name": "web", "path": "web", "weight": 0.7},
+            {"name": "books", "path": "books", "weight": 0.3, "max_epochs": 2, "at_cap": "drop"},
+        ],
+    }
+    j = read_mixture_file(write(folders, "m.json", json.dumps(body)))
+    yaml_text = """
+seed: 3
+unit: tokens
+total_tokens: 2.5M
+sources:
+  - {name: web, path: web, weight: 0.7}
+  - name: books
+    path: books
+    weight: 0.3
+    max_epochs: 2
+    at_cap: drop
+"""
+    y = read_mixture_file(write(folders, "m.yaml", yaml_text))
+    assert j == y
+    assert j.total_tokens == 2_500_000 and j.seed == 3
+    assert j.sources[0].path == str(folders / "web")  # relative to the file's folder
+    assert j.weights() == {"web": 0.7, "books": 0.3}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("a.json", '{"sources": [], "seed": 0}', "`sources` must be a non-empty list"),
+        (
+            "b.json",
+            '{"sources": [{"name": "a", "path": "p"}], "sources": []}',
+            "key 'sources' appears twice",
+        ),
+        (
+            "c.yaml",
+            "sources:\n  - {name: a, path: p}\nseed: 1\nseed: 2\n",
+            "key 'seed' appears twice",
+        ),
+        (
+            "d.json",
+            '{"sources": [{"name": "a", "path": "p", "wieght": 1}]}',
+            "unknown key\\(s\\) 'wieght'",
+        ),
+        ("e.json", '{"sorces": []}', "unknown key\\(s\\) 'sorces'"),
+        ("f.yaml", "sources:\n  - {name: a, path: p, weight: 1e-3}\n", "YAML reads 1e-3 as text"),
+        ("f2.json", '{"sources": [{"name": "a", "path": "p", "weight": "x"}]}', "got 'x'$"),
+        ("g.json", '{"sources": [{"path": "p"}]}', "has no 'name'"),
+        (
+            "h.json",
+            '{"sources": [{"name": "a", "path": "p"}], "total_tokens": "lots"}',
+            "total_tokens must be",
+        ),
+        ("i.json", "{not json", "not valid JSON"),
+        ("j.yaml", "sources: [\n", "not valid YAML"),
+        ("k.json", '["a"]', "a mixture is a mapping"),
+        (
+            "l.json",
+            '{"sources": [{"name": "a", "path": "p"}, {"name": "a", "path": "q"}]}',
+            "duplicate source name",
+        ),
+        (
+            "m.json",
+            '{"sources": [{"name": "a", "path": "p", "weight": true}]}',
+            "weight must be a number",
+        ),
+    ],
+)
+def test_bad_mixture_files_are_one_line_errors(tmp_path, name, text, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        read_mixture_file(write(tmp_path, name, text))
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="mixture file not found"):
+        read_mixture_file(tmp_path / "none.json")
+
+
+def test_parse_count():
+    assert parse_count("10B", "x") == 10_000_000_000
+    assert parse_count("1_000", "x") == 1000 and parse_count(5, "x") == 5
+    for bad in ("0", -3, 1.5, "1.5", "ten", True):
+        with pytest.raises(ConfigError):
+            parse_count(bad, "x")
+
+
+def test_check_compatible_names_what_differs():
+    tok = {
+        "kind": "byte",
+        "name": "byte",
+        "vocab_size": 258,
+        "eos_id": 257,
+        "bos_id": None,
+        "sha256": "",
+    }
+    check_compatible([("a", tok, 64), ("b", {**tok, "name": "other"}, 64)])  # the name may differ
+    with pytest.raises(
+        ConfigError, match=r"different tokenizers \(a byte \(eos_id 257\), b byte \(eos_id 0\)\)"
+    ):
+        check_compatible([("a", tok, 64), ("b", {**tok, "eos_id": 0}, 64)])
+    with pytest.raises(ConfigError, match=r"different max_len \(a 64, b 32\)"):
+        check_compatible([("a", tok, 64), ("b", tok, 32)])
+
+
+def spec(folders, **kw):
+    return MixtureSpec(
+        sources=(
+            SourceSpec(name="web", path=str(folders / "web"), weight=0.7),
+            SourceSpec(name="code", path=str(folders / "code"), weight=0.2),
+            SourceSpec(name="books", path=str(folders / "books"), weight=0.1, **kw),
+        ),
+        origin="test",
+    )
+
+
+def test_plan_shares_are_within_one_row_and_epochs_add_up(folders):
+    plan = plan_mixture(spec(folders), tokens=3_000_000)
+    assert 3_000_000 <= plan.tokens < 3_000_000 + 512
+    for s in plan.sources:
+        assert abs(s.tokens - s.target * plan.tokens) < 512
+        assert s.epochs == pytest.approx(s.rows / s.epoch_rows)
+    assert plan.warnings == () and plan.ended is None
+
+
+def test_plan_warns_and_follows_a_cap(folders):
+    drop = plan_mixture(spec(folders, max_epochs=1, at_cap="drop"), tokens=3_000_000)
+    books = drop.sources[2]
+    assert books.rows == books.epoch_rows  # exactly one epoch, then dropped
+    assert books.needed_epochs > 1
+    assert any("would be repeated" in w and "dropped there" in w for w in drop.warnings)
+    assert [e["what"] for e in drop.events] == ["dropped"]
+    stop = plan_mixture(spec(folders, max_epochs=1, at_cap="stop"), tokens=3_000_000)
+    assert stop.ended and stop.tokens < 3_000_000
+    assert any("ends early" in w for w in stop.warnings)
+
+
+def test_plan_in_steps(folders):
+    rows = plan_mixture(spec(folders), steps=10, rows_per_batch=4, world_size=2)
+    assert rows.rows == 80 and rows.steps == 10
+    budget = plan_mixture(spec(folders), steps=10, tokens_per_batch=2048)
+    assert budget.steps == 10 and budget.tokens <= 10 * 2048
+    with pytest.raises(ConfigError, match="needs exactly one of"):
+        plan_mixture(spec(folders), steps=10)
+    with pytest.raises(ConfigError, match="give a length to plan"):
+        plan_mixture(spec(folders))
+
+
+def test_cli_table_json_and_errors(folders, tmp_path):
+    file = write(
+        tmp_path,
+        "mix.json",
+        json.dumps(
+            {
+                "sources": [
+                    {"name": "web", "path": str(folders / "web"), "weight": 3},
+                    {"name": "books", "path": str(folders / "books"), "weight": 1, "max_epochs": 2},
+                ]
+            }
+        ),
+    )
+    code, out, err = run("mix", file, "--tokens", "2M")
+    assert code == 0, err
+    assert "source  weight  target" in out and "web" in out and "2 (stop)" in out
+    assert "warning: source 'books' would be repeated" in err
+    assert "warning: the mixture ends early" in err
+    code, out, _ = run("mix", file, "--steps", "5", "--rows-per-batch", "2", "--json")
+    assert code == 0 and json.loads(out)["rows"] == 10
+    code, _, err = run("mix", file)
+    assert code == 0  # the cap ends it: planned until then
+    code, _, err = run("mix", file, "--steps", "5")
+    assert code == 1 and "needs exactly one of" in one_error_line(err)
+    code, _, err = run("mix", tmp_path / "missing.json")
+    assert code == 1 and "mixture file not found" in one_error_line(err)
+    bad = write(
+        tmp_path,
+        "bad.json",
+        json.dumps({"sources": [{"name": "x", "path": str(tmp_path / "nope")}]}),
+    )
+    code, _, err = run("mix", bad, "--tokens", "5")
+    assert code == 1 and "no such dataset folder" in one_error_line(err)

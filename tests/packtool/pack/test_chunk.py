@@ -1,0 +1,201 @@
+"""The pure per-chunk packing step: exact small cases and invariants on random input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.errors import ConfigError, DataError
+from packtool.pack.chunk import PackConfig, make_segments, pack_table
+from packtool.stats import lengths as stats
+
+
+def tokenized(lengths, groups=None, start_id=0) -> pa.Table:
+    """Documents whose tokens encode (doc, position) so any misplaced token is detectable."""
+    ids = [[(d * 7 + t) % 250 for t in range(n)] for d, n in enumerate(lengths)]
+    cols = {
+        "doc_id": pa.array(np.arange(start_id, start_id + len(lengths)), pa.int64()),
+        "input_ids": pa.array(ids, pa.list_(pa.uint16())),
+        "length": pa.array(lengths, pa.int32()),
+    }
+    if groups is not None:
+        cols["lang"] = pa.array(groups, pa.string())
+    return pa.table(cols)
+
+
+def rows_of(table: pa.Table) -> list[list[tuple[int, int, list[int]]]]:
+    """Each row as [(doc_id, chunk, tokens), ...] in row order."""
+    out = []
+    for r in table.to_pylist():
+        offs = r["doc_offsets"]
+        out.append(
+            [
+                (d, c, r["input_ids"][offs[i] : offs[i + 1]])
+                for i, (d, c) in enumerate(zip(r["doc_ids"], r["doc_chunks"], strict=True))
+            ]
+        )
+    return out
+
+
+def test_segments_split_truncate_drop_exact():
+    lengths = np.array([0, 3, 10, 4])
+    segs, counts = make_segments(lengths, 4, "split")
+    assert segs.doc.tolist() == [1, 2, 2, 2, 3]
+    assert segs.start.tolist() == [0, 0, 4, 8, 0]
+    assert segs.length.tolist() == [3, 4, 4, 2, 4]
+    assert segs.chunk.tolist() == [0, 0, 1, 2, 0]
+    assert (counts.documents_empty, counts.documents_split, counts.tokens_out) == (1, 1, 17)
+
+    segs, counts = make_segments(lengths, 4, "truncate")
+    assert segs.length.tolist() == [3, 4, 4]
+    assert (counts.documents_truncated, counts.tokens_truncated, counts.tokens_out) == (1, 6, 11)
+
+    segs, counts = make_segments(lengths, 4, "drop")
+    assert segs.doc.tolist() == [1, 3]
+    assert (counts.documents_dropped, counts.tokens_dropped, counts.tokens_out) == (1, 10, 7)
+
+
+def test_pack_exact_rows_ffd():
+    # FFD on [3, 2, 2, 1] into rows of 4: {3, 1} and {2, 2}.
+    packed = pack_table(tokenized([3, 2, 2, 1]), PackConfig(max_len=4))
+    rows = sorted(rows_of(packed.table))
+    assert rows == [
+        [(0, 0, [0, 1, 2]), (3, 0, [21])],
+        [(1, 0, [7, 8]), (2, 0, [14, 15])],
+    ]
+    assert packed.table.column("doc_offsets").to_pylist() in (
+        [[0, 3, 4], [0, 2, 4]],
+        [[0, 2, 4], [0, 3, 4]],
+    )
+    assert packed.counts.rows == 2 and packed.rows_per_round == [2]
+
+
+def test_pack_split_document_keeps_every_token_in_order():
+    packed = pack_table(tokenized([9, 1]), PackConfig(max_len=4))
+    pieces = sorted((d, c, t) for row in rows_of(packed.table) for d, c, t in row)
+    assert pieces == [(0, 0, [0, 1, 2, 3]), (0, 1, [4, 5, 6, 7]), (0, 2, [8]), (1, 0, [7])]
+
+
+def test_same_seed_same_output_and_seed_changes_row_order():
+    table = tokenized(list(np.random.default_rng(0).integers(1, 60, size=300)))
+    a = pack_table(table, PackConfig(max_len=64, seed=1)).table
+    b = pack_table(table, PackConfig(max_len=64, seed=1)).table
+    c = pack_table(table, PackConfig(max_len=64, seed=2)).table
+    assert a.equals(b)
+    assert not a.equals(c)
+    assert sorted(map(str, rows_of(a))) == sorted(map(str, rows_of(c)))
+
+
+def test_group_by_never_mixes_groups_and_reports_each():
+    lengths = [3, 3, 3, 3, 1, 1]
+    groups = ["en", "de", "en", "de", "en", "de"]
+    packed = pack_table(tokenized(lengths, groups), PackConfig(max_len=4, group_by="lang"))
+    for row in rows_of(packed.table):
+        assert len({groups[d] for d, _, _ in row}) == 1
+    assert packed.groups == {"de": (2, 7), "en": (2, 7)}
+
+
+def test_group_by_unknown_field_names_the_available_ones():
+    with pytest.raises(ConfigError, match=r"available: \['lang'\]"):
+        pack_table(tokenized([1, 2], ["a", "b"]), PackConfig(max_len=4, group_by="domain"))
+
+
+def test_length_column_must_match_tokens():
+    table = tokenized([2, 3]).set_column(2, "length", pa.array([2, 4], pa.int32()))
+    with pytest.raises(DataError, match="length"):
+        pack_table(table, PackConfig(max_len=4))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_len": 1}, "max_len"),
+        ({"max_len": 8, "algorithm": "nfd"}, "algorithm 'nfd'"),
+        ({"max_len": 8, "long_docs": "keep"}, "long_docs 'keep'"),
+        ({"max_len": 8, "rounds": 0}, "rounds"),
+        ({"max_len": 8, "seed": -1}, "seed"),
+    ],
+)
+def test_config_validation(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        PackConfig(**kwargs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=0, max_size=80),
+    max_len=st.integers(2, 16),
+    policy=st.sampled_from(["split", "truncate", "drop"]),
+    algorithm=st.sampled_from(["ffd", "bfd"]),
+    rounds=st.integers(1, 3),
+    grouped=st.booleans(),
+    seed=st.integers(0, 5),
+)
+def test_pack_invariants(lengths, max_len, policy, algorithm, rounds, grouped, seed):
+    groups = [("a", "b", "c")[i % 3] for i in range(len(lengths))] if grouped else None
+    table = tokenized(lengths, groups)
+    config = PackConfig(
+        max_len=max_len,
+        algorithm=algorithm,
+        long_docs=policy,
+        rounds=rounds,
+        seed=seed,
+        group_by="lang" if grouped else None,
+    )
+    packed = pack_table(table, config)
+    out, counts = packed.table, packed.counts
+    rows = rows_of(out)
+
+    # Accounting: nothing lost silently.
+    assert counts.tokens_in == sum(lengths)
+    assert counts.tokens_in == counts.tokens_out + counts.tokens_truncated + counts.tokens_dropped
+    assert sum(len(r["input_ids"]) for r in out.to_pylist()) == counts.tokens_out
+    assert counts.rows == out.num_rows == packed.rows_per_round[-1]
+    assert all(
+        b <= a for a, b in zip(packed.rows_per_round, packed.rows_per_round[1:], strict=False)
+    )
+
+    # Row contract: offsets start at 0, increase strictly, end at the row length <= max_len.
+    for r in out.to_pylist():
+        offs = r["doc_offsets"]
+        assert offs[0] == 0 and offs[-1] == len(r["input_ids"]) <= max_len
+        assert all(a < b for a, b in zip(offs, offs[1:], strict=False))
+        assert len(r["doc_ids"]) == len(r["doc_chunks"]) == len(offs) - 1
+
+    # Each document placed exactly once, its tokens intact and in order (chunks concatenated).
+    pieces: dict[int, list[tuple[int, list[int]]]] = {}
+    for row in rows:
+        for d, c, toks in row:
+            pieces.setdefault(d, []).append((c, toks))
+    for d, n in enumerate(lengths):
+        original = [(d * 7 + t) % 250 for t in range(n)]
+        if n == 0 or (policy == "drop" and n > max_len):
+            assert d not in pieces
+            continue
+        chunks = sorted(pieces[d])
+        assert [c for c, _ in chunks] == list(range(len(chunks)))
+        joined = [t for _, toks in chunks for t in toks]
+        expected = original[:max_len] if policy == "truncate" else original
+        assert joined == expected
+
+    # Never fewer rows than the lower bound; groups never mixed.
+    seg = packed.segment_lengths
+    if len(seg):
+        lower = max(stats.lower_bound_l1(seg, max_len), stats.lower_bound_l2(seg, max_len))
+        assert out.num_rows >= lower
+    if grouped:
+        for row in rows:
+            assert len({groups[d] for d, _, _ in row}) == 1
+
+
+def test_extra_rounds_never_add_rows_on_real_shaped_lengths():
+    rng = np.random.default_rng(3)
+    lengths = np.clip(rng.lognormal(np.log(300), 1.0, size=3000), 1, 5000).astype(int)
+    one = pack_table(tokenized(list(lengths)), PackConfig(max_len=1024, rounds=1))
+    four = pack_table(tokenized(list(lengths)), PackConfig(max_len=1024, rounds=4))
+    assert four.rows_per_round[0] == one.counts.rows
+    assert four.counts.rows <= one.counts.rows
+    assert four.counts.tokens_out == one.counts.tokens_out

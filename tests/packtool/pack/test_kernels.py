@@ -1,0 +1,210 @@
+"""The numba packing kernels against the plain-Python references, plus packing invariants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.errors import ConfigError
+from packtool.pack.kernels import assign, bfd_assign, ffd_assign, row_fill, sort_decreasing
+from packtool.pack.reference import bfd_reference, ffd_reference
+
+KERNELS = [(ffd_assign, ffd_reference), (bfd_assign, bfd_reference)]
+
+
+def check_packing(lengths, max_len, row, offset, n_rows):
+    """Every document placed once, rows within max_len, documents contiguous from 0."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    assert row.shape == offset.shape == lengths.shape
+    if lengths.size == 0:
+        assert n_rows == 0
+        return
+    assert row.min() >= 0 and row.max() == n_rows - 1
+    assert set(row.tolist()) == set(range(n_rows))  # no empty row
+    for r in range(n_rows):
+        docs = np.flatnonzero(row == r)
+        docs = docs[np.argsort(offset[docs], kind="stable")]
+        starts = offset[docs]
+        ends = starts + lengths[docs]
+        assert starts[0] == 0
+        assert np.array_equal(starts[1:], ends[:-1])  # contiguous, no overlap
+        assert ends[-1] <= max_len
+    total = int(lengths.sum())
+    assert n_rows >= -(-total // max_len)  # L1
+    assert n_rows >= int((lengths > max_len // 2).sum())  # each such document needs its own row
+
+
+# --- tiny hand-checked cases ---
+
+
+def test_ffd_hand_checked():
+    # sorted: 5 (doc 1), 4 (doc 3), 3 (doc 0), 2 (doc 2), 1 (doc 4); capacity 6
+    # 5 -> row 0, 4 -> row 1, 3 -> row 2, 2 -> row 1 (row 0 has 1 left), 1 -> row 0
+    row, offset, n_rows = ffd_assign([3, 5, 2, 4, 1], 6)
+    assert row.tolist() == [2, 0, 1, 1, 0]
+    assert offset.tolist() == [0, 0, 4, 0, 5]
+    assert n_rows == 3
+
+
+def test_ffd_and_bfd_differ_on_ties():
+    # capacity 10: both 6s open rows 0 and 1 with 4 left each. FFD puts the first 4 into row 0;
+    # BFD sees a tie at 4 left and takes the row that reached it most recently (row 1).
+    row, offset, n_rows = ffd_assign([6, 6, 4, 4, 2], 10)
+    assert (row.tolist(), offset.tolist(), n_rows) == ([0, 1, 0, 1, 2], [0, 0, 6, 6, 0], 3)
+    row, offset, n_rows = bfd_assign([6, 6, 4, 4, 2], 10)
+    assert (row.tolist(), offset.tolist(), n_rows) == ([0, 1, 1, 0, 2], [0, 0, 6, 6, 0], 3)
+
+
+def test_bfd_takes_tightest_row():
+    # capacity 10: 7 -> row 0 (3 left), 5 -> row 1 (5 left), 3 -> row 0 (tightest that fits),
+    # then 2 -> row 1 (row 0 is full).
+    row, offset, n_rows = bfd_assign([7, 5, 3, 2], 10)
+    assert (row.tolist(), offset.tolist(), n_rows) == ([0, 1, 0, 1], [0, 0, 7, 5], 2)
+
+
+def test_equal_lengths_fill_rows_in_input_order():
+    row, offset, n_rows = ffd_assign([3, 3, 3, 3, 3], 9)
+    assert (row.tolist(), offset.tolist(), n_rows) == ([0, 0, 0, 1, 1], [0, 3, 6, 0, 3], 2)
+    assert bfd_assign([3, 3, 3, 3, 3], 9)[0].tolist() == [0, 0, 0, 1, 1]
+
+
+def test_full_length_documents_each_open_a_row():
+    row, offset, n_rows = ffd_assign([4, 1, 4, 3], 4)
+    assert (row.tolist(), offset.tolist(), n_rows) == ([0, 2, 1, 2], [0, 3, 0, 0], 3)
+
+
+def test_empty_input():
+    for kernel, _ in KERNELS:
+        row, offset, n_rows = kernel(np.empty(0, np.int64), 8)
+        assert row.size == offset.size == 0 and n_rows == 0
+
+
+def test_sort_decreasing_is_stable():
+    assert sort_decreasing([2, 5, 2, 7, 5], 8).tolist() == [3, 1, 4, 0, 2]
+
+
+def test_row_fill():
+    row, _, n_rows = ffd_assign([3, 5, 2, 4, 1], 6)
+    assert row_fill(row, [3, 5, 2, 4, 1], n_rows).tolist() == [6, 6, 3]
+
+
+def test_assign_by_name():
+    lengths = [6, 6, 4, 4, 2]
+    assert assign(lengths, 10, "bfd")[0].tolist() == bfd_assign(lengths, 10)[0].tolist()
+    assert assign(lengths, 10)[0].tolist() == ffd_assign(lengths, 10)[0].tolist()
+    with pytest.raises(ConfigError, match="'nfd'.*ffd.*bfd"):
+        assign(lengths, 10, "nfd")
+
+
+# --- validation ---
+
+
+@pytest.mark.parametrize("kernel", [ffd_assign, bfd_assign])
+@pytest.mark.parametrize(
+    ("lengths", "max_len", "match"),
+    [
+        ([1, 2], 0, "max_len must be a positive integer, got 0"),
+        ([1, 2], 2.5, "max_len must be a positive integer, got 2.5"),
+        ([1, 0, 2], 8, "document 1 has length 0"),
+        ([1, -3], 8, "document 1 has length -3"),
+        ([1, 9, 2], 8, "document 1 has length 9 > max_len 8"),
+        ([[1, 2]], 8, r"1-D array, got shape \(1, 2\)"),
+        ([1.5, 2.0], 8, "integers, got dtype float64"),
+    ],
+)
+def test_validation(kernel, lengths, max_len, match):
+    with pytest.raises(ConfigError, match=match):
+        kernel(lengths, max_len)
+
+
+# --- kernels == references on random input ---
+
+
+@st.composite
+def packing_inputs(draw):
+    max_len = draw(st.one_of(st.integers(1, 40), st.sampled_from([64, 4096, 40000])))
+    lengths = draw(st.lists(st.integers(1, max_len), max_size=80))
+    return lengths, max_len
+
+
+@settings(max_examples=150, deadline=None)
+@given(packing_inputs())
+def test_kernels_match_references(case):
+    lengths, max_len = case
+    for kernel, reference in KERNELS:
+        row, offset, n_rows = kernel(np.array(lengths, dtype=np.int64), max_len)
+        ref_row, ref_offset, ref_rows = reference(lengths, max_len)
+        assert n_rows == ref_rows
+        assert row.tolist() == ref_row
+        assert offset.tolist() == ref_offset
+        check_packing(lengths, max_len, row, offset, n_rows)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 3000),
+    st.sampled_from([16, 256, 4096]),
+)
+def test_skewed_random_inputs(seed, n, max_len):
+    """Larger skewed inputs (many equal lengths, long runs): same as the references."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(np.log(max_len / 10), 1.0, n), 1, max_len).astype(np.int32)
+    for kernel, reference in KERNELS:
+        row, offset, n_rows = kernel(lengths, max_len)
+        ref_row, ref_offset, ref_rows = reference(lengths.tolist(), max_len)
+        assert (row.tolist(), offset.tolist(), n_rows) == (ref_row, ref_offset, ref_rows)
+    check_packing(lengths, max_len, row, offset, n_rows)
+
+
+def test_input_dtypes_agree():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 200, 500)
+    want = ffd_assign(lengths.astype(np.int64), 200)
+    for dtype in (np.int32, np.int16, np.uint16, np.uint8):
+        got = ffd_assign(lengths.astype(dtype), 200)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_deterministic():
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 4097, 20_000)
+    for kernel, _ in KERNELS:
+        a, b = kernel(lengths, 4096), kernel(lengths.copy(), 4096)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+def test_split_lengths_kernel():
+    from packtool.pack.kernels import split_lengths
+
+    assert split_lengths(np.array([10, 3, 16, 0, 8]), 8).tolist() == [8, 2, 3, 8, 8, 8]
+    with pytest.raises(ConfigError, match="document 1 has negative length -1"):
+        split_lengths([3, -1], 8)
+    with pytest.raises(ConfigError, match="max_len must be a positive integer, got 0"):
+        split_lengths([3], 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    values=st.lists(st.integers(0, 255), min_size=0, max_size=60),
+    segments=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 20)), max_size=20),
+)
+def test_segment_sums_match_a_plain_sum(values, segments):
+    from packtool.pack.kernels import segment_sums
+
+    values = np.asarray(values, np.uint8)
+    segments = [(s, n) for s, n in segments if s + n <= len(values)]
+    src = np.array([s for s, _ in segments], np.int64)
+    lengths = np.array([n for _, n in segments], np.int64)
+    got = segment_sums(values, src, lengths)
+    assert got.dtype == np.int64
+    assert got.tolist() == [int(values[s : s + n].sum()) for s, n in segments]
+
+
+def test_segment_sums_refuse_a_segment_outside_the_values():
+    from packtool.pack.kernels import segment_sums
+
+    with pytest.raises(ValueError, match="outside the 3 values"):
+        segment_sums(np.zeros(3, np.uint8), [2], [2])

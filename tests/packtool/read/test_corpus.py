@@ -1,0 +1,359 @@
+"""Corpus readers: every format, files/folders/globs, batching, streaming, skips and errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import packtool.read.corpus as corpus_mod
+from packtool.errors import ConfigError, DataError
+from packtool.read import jsonl
+from packtool.read.corpus import expand_inputs, read_corpus
+from packtool.read.documents import ReadConfig, SkipCounter
+
+DOCS = [
+    {"text": "hello world", "lang": "en", "n": 1},
+    {"text": "héllo wörld ✓", "lang": "de"},
+    {"text": "λόγος\nsecond line", "lang": "el", "n": [1, 2]},
+]
+
+
+def jsonl_bytes(rows: list[object]) -> bytes:
+    return b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in rows)
+
+
+def write_corpus(path: Path, rows: list[dict] = DOCS) -> Path:
+    """Write `rows` in the format named by `path`'s suffix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    name = path.name
+    if name.endswith(".parquet"):
+        pq.write_table(
+            pa.Table.from_pylist([{k: r.get(k) for k in ("text", "lang")} for r in rows]), path
+        )
+    elif name.endswith(".gz"):
+        path.write_bytes(gzip.compress(jsonl_bytes(rows)))
+    elif name.endswith(".zst"):
+        path.write_bytes(zstandard.ZstdCompressor().compress(jsonl_bytes(rows)))
+    elif name.endswith((".jsonl", ".ndjson", ".json")):
+        path.write_bytes(jsonl_bytes(rows))
+    else:
+        raise ValueError(name)
+    return path
+
+
+def read_all(inputs, config=None, skips=None):
+    docs = []
+    for batch in read_corpus(inputs, config, skips):
+        for i, text in enumerate(batch.texts):
+            extras = {k: v[i] for k, v in batch.extras.items()}
+            docs.append((int(batch.doc_ids[i]), text, batch.sources[i], extras))
+    return docs
+
+
+# --- ReadConfig ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"text_field": ""}, "text_field"),
+        ({"text_column": ""}, "text_column"),
+        ({"extra_fields": "lang"}, "extra_fields"),
+        ({"extra_fields": ("lang", "")}, "extra_fields"),
+        ({"extra_fields": ("lang", "lang")}, "duplicates"),
+        ({"extra_fields": ("source",)}, "clashes with a built-in column"),
+        ({"extra_fields": ("input_ids",)}, "clashes"),
+        ({"batch_docs": 0}, "batch_docs"),
+        ({"batch_bytes": 0}, "batch_bytes"),
+    ],
+)
+def test_read_config_rejects(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        ReadConfig(**kwargs)
+
+
+def test_read_config_is_frozen_and_keyword_only():
+    cfg = ReadConfig()
+    with pytest.raises(AttributeError):
+        cfg.strict = True  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ReadConfig("text")  # type: ignore[misc]
+
+
+# --- expand_inputs -------------------------------------------------------------------------
+
+
+def test_expand_inputs_files_folders_globs(tmp_path):
+    a = write_corpus(tmp_path / "d" / "b.jsonl")
+    b = write_corpus(tmp_path / "d" / "sub" / "a.parquet")
+    (tmp_path / "d" / "notes.bin").write_bytes(b"x")  # unknown suffix: ignored in folders
+    (tmp_path / "d" / ".hidden").mkdir()
+    write_corpus(tmp_path / "d" / ".hidden" / "c.jsonl")  # hidden: ignored in folders
+    c = tmp_path / "one.txt"
+    c.write_text("x")
+    assert expand_inputs([tmp_path / "d"]) == [a, b]
+    assert expand_inputs([str(tmp_path / "d" / "**" / "*.parquet")]) == [b]
+    # Inputs keep their order; duplicates are dropped.
+    assert expand_inputs([c, tmp_path / "d", a]) == [c, a, b]
+    # A file named explicitly is taken whatever its suffix.
+    assert expand_inputs([tmp_path / "d" / "notes.bin"]) == [tmp_path / "d" / "notes.bin"]
+    # `.json` is not picked up in folders (configuration), but read as JSON Lines when named.
+    j = write_corpus(tmp_path / "d" / "data.json")
+    assert expand_inputs([tmp_path / "d"]) == [a, b]
+    assert [d[1] for d in read_all([j])] == [r["text"] for r in DOCS]
+
+
+def test_expand_inputs_errors(tmp_path):
+    with pytest.raises(DataError, match="missing.jsonl: no such file or folder"):
+        expand_inputs([tmp_path / "missing.jsonl"])
+    with pytest.raises(DataError, match="glob matches no files"):
+        expand_inputs([str(tmp_path / "*.jsonl")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="folder has no corpus files"):
+        expand_inputs([tmp_path / "empty"])
+
+
+# --- formats -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["c.jsonl", "c.ndjson", "c.jsonl.gz", "c.jsonl.zst", "c.parquet"])
+def test_each_format_reads_the_same_documents(tmp_path, name):
+    path = write_corpus(tmp_path / name)
+    docs = read_all([path], ReadConfig(extra_fields=("lang",)))
+    assert [d[1] for d in docs] == [r["text"] for r in DOCS]
+    assert [d[0] for d in docs] == [0, 1, 2]
+    assert {d[2] for d in docs} == {str(path)}
+    assert [d[3]["lang"] for d in docs] == ["en", "de", "el"]
+
+
+def test_text_files_one_document_each(tmp_path):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "b.txt").write_text("second\n")
+    (tmp_path / "t" / "a.txt").write_text("first ✓")
+    (tmp_path / "t" / "c.md").write_text("")
+    skips = SkipCounter()
+    docs = read_all([tmp_path / "t"], skips=skips)
+    assert [d[1] for d in docs] == ["first ✓", "second\n"]
+    assert skips.counts == {"empty": 1}
+
+
+def test_several_inputs_keep_global_sequential_ids(tmp_path):
+    a = write_corpus(tmp_path / "a.jsonl")
+    b = write_corpus(tmp_path / "b.parquet")
+    docs = read_all([a, b], ReadConfig(batch_docs=2))
+    assert [d[0] for d in docs] == list(range(6))
+    assert [d[2] for d in docs] == [str(a)] * 3 + [str(b)] * 3
+
+
+def test_extra_fields_missing_and_non_string(tmp_path):
+    path = write_corpus(tmp_path / "c.jsonl")
+    docs = read_all([path], ReadConfig(extra_fields=("n",)))
+    assert [d[3]["n"] for d in docs] == ["1", None, "[1,2]"]
+
+
+def test_batches_respect_doc_and_byte_limits(tmp_path):
+    rows = [{"text": "x" * 10} for _ in range(7)]
+    path = write_corpus(tmp_path / "c.jsonl", rows)
+    sizes = [len(b) for b in read_corpus([path], ReadConfig(batch_docs=3))]
+    assert sizes == [3, 3, 1]
+    sizes = [len(b) for b in read_corpus([path], ReadConfig(batch_bytes=25))]
+    assert sizes == [3, 3, 1]  # a batch closes once it reaches 25 characters
+    batches = list(read_corpus([path], ReadConfig(batch_docs=3)))
+    assert sum(b.nbytes for b in batches) == path.stat().st_size
+
+
+def test_reading_is_lazy_first_batch_before_later_files_open(tmp_path, monkeypatch):
+    paths = [write_corpus(tmp_path / f"{i}.jsonl") for i in range(3)]
+    opened: list[Path] = []
+    real = corpus_mod.read_file
+
+    def spy(path, config, skips):
+        opened.append(path)
+        yield from real(path, config, skips)
+
+    monkeypatch.setattr(corpus_mod, "read_file", spy)
+    it = read_corpus(paths, ReadConfig(batch_docs=2))
+    first = next(it)
+    assert len(first) == 2
+    assert opened == [paths[0]]
+    assert sum(len(b) for b in it) == 7
+    assert opened == paths
+
+
+# --- skips and errors ------------------------------------------------------------------------
+
+
+def bad_jsonl(tmp_path: Path) -> Path:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(
+        b'{"text": "ok one"}\n'
+        b"{not json\n"
+        b'{"body": "no text field"}\n'
+        b'{"text": 42}\n'
+        b'{"text": "bad \xff byte"}\n'
+        b'{"text": ""}\n'
+        b"\n"
+        b'["a list"]\n'
+        b'{"text": "ok two"}\n'
+    )
+    return path
+
+
+def test_bad_lines_are_counted_skips_with_file_line(tmp_path):
+    path = bad_jsonl(tmp_path)
+    skips = SkipCounter()
+    docs = read_all([path], skips=skips)
+    assert [d[1] for d in docs] == ["ok one", "ok two"]
+    assert [d[0] for d in docs] == [0, 1]  # skips take no id
+    assert skips.counts == {"malformed_json": 2, "missing_field": 2, "invalid_utf8": 1, "empty": 1}
+    assert skips.examples["malformed_json"][0].startswith(f"{path}:2 ")
+    assert skips.examples["missing_field"] == [
+        f"{path}:3 (no 'text')",
+        f"{path}:4 ('text' is a number)",
+    ]
+    assert skips.examples["invalid_utf8"] == [f"{path}:5"]
+    assert skips.examples["empty"] == [f"{path}:6"]
+    assert skips.examples["malformed_json"][1] == f"{path}:8 (a JSON array, not an object)"
+    assert skips.total == 6
+    assert skips.summary().startswith("6 skipped: empty 1 (e.g. ")
+
+
+def test_strict_turns_the_first_skip_into_an_error(tmp_path):
+    path = bad_jsonl(tmp_path)
+    with pytest.raises(DataError, match=rf"^{path}:2: malformed json .*--strict"):
+        read_all([path], ReadConfig(strict=True))
+
+
+def test_skip_counter_keeps_a_few_examples():
+    skips = SkipCounter(max_examples=2)
+    for i in range(5):
+        skips.add("empty", f"f:{i}")
+    assert skips.counts == {"empty": 5}
+    assert skips.examples == {"empty": ["f:0", "f:1"]}
+    assert SkipCounter().summary() == "no skips"
+
+
+def test_skip_note_ends_an_error_message_only_when_something_was_skipped():
+    assert SkipCounter().note() == ""
+    skips = SkipCounter()
+    skips.add("empty", "f:3")
+    assert skips.note() == " (1 skipped: empty 1 (e.g. f:3))"
+
+
+def test_text_field_missing_everywhere_is_an_error_naming_the_fields(tmp_path):
+    path = write_corpus(tmp_path / "c.jsonl")
+    with pytest.raises(
+        DataError, match=r"no line has the text field 'body' \(fields found: lang, n, text\)"
+    ):
+        read_all([path], ReadConfig(text_field="body"))
+
+
+def test_text_field_missing_in_a_long_file_fails_early(tmp_path, monkeypatch):
+    monkeypatch.setattr(jsonl, "MISSING_FIELD_PATIENCE", 5)
+    rows = [{"body": "x"}] * 5 + [{"text": "late"}]
+    path = write_corpus(tmp_path / "c.jsonl", rows)
+    with pytest.raises(DataError, match="no line has the text field 'text'"):
+        read_all([path])
+
+
+def test_invalid_utf8_text_file_is_a_skip(tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"abc \xff\xfe")
+    skips = SkipCounter()
+    assert read_all([tmp_path / "bad.txt"], skips=skips) == []
+    assert skips.examples == {"invalid_utf8": [f"{tmp_path / 'bad.txt'} (byte 4)"]}
+
+
+def test_parquet_missing_column_is_an_error_naming_the_columns(tmp_path):
+    path = write_corpus(tmp_path / "c.parquet")
+    with pytest.raises(
+        DataError, match=r"no text column 'body' \(columns: text, lang\); pass --text-column"
+    ):
+        read_all([path], ReadConfig(text_column="body"))
+    with pytest.raises(DataError, match=r"no extra field 'topic' \(columns: text, lang\)"):
+        read_all([path], ReadConfig(extra_fields=("topic",)))
+
+
+def test_parquet_nulls_binary_and_wrong_types(tmp_path):
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": ["a", None, "", "b"]}), path)
+    skips = SkipCounter()
+    assert [d[1] for d in read_all([path], skips=skips)] == ["a", "b"]
+    assert skips.counts == {"missing_field": 1, "empty": 1}
+    assert skips.examples["missing_field"] == [f"{path}:row 2 ('text' is null)"]
+
+    pq.write_table(pa.table({"text": pa.array([b"ok", b"\xff"], pa.binary())}), path)
+    skips = SkipCounter()
+    assert [d[1] for d in read_all([path], skips=skips)] == ["ok"]
+    assert skips.counts == {"invalid_utf8": 1}
+
+    pq.write_table(pa.table({"text": [1, 2]}), path)
+    with pytest.raises(DataError, match="has type int64, not a string"):
+        read_all([path])
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "match"),
+    [
+        ("c.parquet", b"not parquet at all", "not a readable Parquet file"),
+        ("c.jsonl.gz", b"not gzip", "cannot read"),
+        ("c.jsonl.zst", b"not zstd data here", "corrupt zstd stream"),
+        ("c.jsonl.gz", gzip.compress(b'{"text": "a"}\n' * 100)[:-20], "truncated"),
+        ("c.txt.gz", b"plain text, not gzip", "cannot read"),
+        ("c.txt.zst", b"plain text, not zstd", "corrupt zstd stream"),
+        ("c.txt.gz", gzip.compress(b"x" * 1000)[:-12], "truncated"),
+        ("c.txt.zst", zstandard.ZstdCompressor().compress(b"abc" * 5000)[:-7], "truncated"),
+        (
+            "c.jsonl.zst",
+            zstandard.ZstdCompressor().compress(b'{"text": "a"}\n' * 5000)[:-7],
+            "truncated",
+        ),
+    ],
+    ids=[
+        "not-parquet",
+        "not-gzip-jsonl",
+        "not-zstd-jsonl",
+        "truncated-gzip-jsonl",
+        "not-gzip-text",
+        "not-zstd-text",
+        "truncated-gzip-text",
+        "truncated-zstd-text",
+        "truncated-zstd-jsonl",
+    ],
+)
+def test_corrupt_files_are_one_line_errors(tmp_path, name, data, match):
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(DataError, match=match) as info:
+        read_all([tmp_path / name])
+    assert str(tmp_path / name) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unreadable_path_is_an_error(tmp_path):
+    # A folder with a corpus suffix passes expand_inputs as a folder, so use a dangling symlink.
+    link = tmp_path / "gone.jsonl"
+    link.symlink_to(tmp_path / "nowhere.jsonl")
+    with pytest.raises(
+        DataError, match="gone.jsonl: a symbolic link to .*nowhere.jsonl, which does not"
+    ):
+        read_all([link])
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(texts=st.lists(st.text(max_size=40), max_size=12))
+def test_jsonl_round_trip_property(tmp_path_factory, texts):
+    path = tmp_path_factory.mktemp("p") / "c.jsonl"
+    write_corpus(path, [{"text": t} for t in texts])
+    skips = SkipCounter()
+    got = [d[1] for d in read_all([path], ReadConfig(batch_docs=5), skips)]
+    assert got == [t for t in texts if t]
+    assert skips.counts.get("empty", 0) == sum(1 for t in texts if not t)

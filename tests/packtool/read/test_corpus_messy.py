@@ -1,0 +1,155 @@
+"""Corpus readers on messy input: compressed text, BOMs, CRLF, JSON arrays, truncated streams."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import zstandard
+
+from packtool.errors import DataError
+from packtool.read.compressed import open_stream
+from packtool.read.corpus import expand_inputs, read_corpus
+from packtool.read.documents import ReadConfig, SkipCounter
+
+
+def texts(inputs, config=None, skips=None) -> list[str]:
+    return [t for batch in read_corpus(inputs, config, skips) for t in batch.texts]
+
+
+def zst(data: bytes) -> bytes:
+    return zstandard.ZstdCompressor().compress(data)
+
+
+# --- compressed plain text ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a.txt.gz", "a.txt.zst", "a.md.gz", "a.text.zst", "a.TXT.GZ"])
+def test_compressed_text_is_one_document_per_file(tmp_path, name):
+    body = "héllo ✓\nsecond line\n".encode()
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(body) if name.lower().endswith(".gz") else zst(body))
+    batches = list(read_corpus([path]))
+    assert [t for b in batches for t in b.texts] == [body.decode()]
+    assert batches[0].nbytes == len(body)  # uncompressed bytes, as for JSONL
+
+
+def test_compressed_text_is_picked_up_in_folder_walks(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt.gz").write_bytes(gzip.compress(b"one"))
+    (tmp_path / "d" / "b.md.zst").write_bytes(zst(b"two"))
+    (tmp_path / "d" / "c.bin.gz").write_bytes(gzip.compress(b"not a corpus suffix"))
+    assert [p.name for p in expand_inputs([tmp_path / "d"])] == ["a.txt.gz", "b.md.zst"]
+    assert texts([tmp_path / "d"]) == ["one", "two"]
+
+
+def test_a_named_file_of_another_suffix_is_decompressed_too(tmp_path):
+    (tmp_path / "notes.log.gz").write_bytes(gzip.compress(b"log line"))
+    assert texts([tmp_path / "notes.log.gz"]) == ["log line"]
+
+
+def test_compressed_text_bad_utf8_and_empty_are_skips(tmp_path):
+    (tmp_path / "bad.txt.gz").write_bytes(gzip.compress(b"ok \xff"))
+    (tmp_path / "empty.txt.zst").write_bytes(zst(b""))
+    skips = SkipCounter()
+    assert texts([tmp_path / "bad.txt.gz", tmp_path / "empty.txt.zst"], skips=skips) == []
+    assert skips.counts == {"invalid_utf8": 1, "empty": 1}
+
+
+def test_truncated_zstd_jsonl_is_not_silently_cut_short(tmp_path):
+    # zstandard's stream_reader ends quietly at a truncated frame; reading must fail instead.
+    data = zst(b"".join(json.dumps({"text": f"doc {i}"}).encode() + b"\n" for i in range(3000)))
+    (tmp_path / "c.jsonl.zst").write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(DataError, match="truncated"):
+        texts([tmp_path / "c.jsonl.zst"])
+
+
+def test_multi_frame_zstd_reads_every_frame(tmp_path):
+    path = tmp_path / "c.jsonl.zst"
+    path.write_bytes(zst(b'{"text": "a"}\n') + zst(b'{"text": "b"}\n') + zst(b""))
+    assert texts([path]) == ["a", "b"]
+    with open_stream(path) as f:
+        assert f.read() == b'{"text": "a"}\n{"text": "b"}\n'
+
+
+# --- BOM, CRLF ---------------------------------------------------------------------------
+
+
+def test_bom_at_the_start_of_jsonl_is_not_a_bad_line(tmp_path):
+    for name, data in [
+        ("a.jsonl", b'\xef\xbb\xbf{"text": "first"}\n{"text": "second"}\n'),
+        ("b.jsonl.gz", gzip.compress(b'\xef\xbb\xbf{"text": "first"}\n{"text": "second"}\n')),
+    ]:
+        (tmp_path / name).write_bytes(data)
+        skips = SkipCounter()
+        assert texts([tmp_path / name], skips=skips) == ["first", "second"]
+        assert skips.total == 0
+
+
+def test_bom_at_the_start_of_a_text_file_is_not_text(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfhello")
+    (tmp_path / "b.txt.gz").write_bytes(gzip.compress(b"\xef\xbb\xbfhi"))
+    (tmp_path / "only-bom.txt").write_bytes(b"\xef\xbb\xbf")
+    skips = SkipCounter()
+    assert texts([tmp_path / n for n in ("a.txt", "b.txt.gz", "only-bom.txt")], None, skips) == [
+        "hello",
+        "hi",
+    ]
+    assert skips.counts == {"empty": 1}
+
+
+def test_crlf_jsonl_lines_parse(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(b'{"text": "a"}\r\n\r\n{"text": "b\\r\\nc"}\r\n')
+    assert texts([tmp_path / "a.jsonl"]) == ["a", "b\r\nc"]
+
+
+# --- JSON types, JSON arrays ---------------------------------------------------------------
+
+
+def test_skip_details_use_json_type_names(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(b'[1]\n3\nnull\n"s"\ntrue\n{"text": 5}\n{"text": null}\n')
+    skips = SkipCounter(max_examples=10)
+    assert texts([tmp_path / "a.jsonl"], skips=skips) == []
+    details = [e.split(" (", 1)[1] for e in skips.examples["malformed_json"]]
+    kinds = ("array", "number", "null", "string", "boolean")
+    assert details == [f"a JSON {t}, not an object)" for t in kinds]
+    assert [e.split(" (", 1)[1] for e in skips.examples["missing_field"]] == [
+        "'text' is a number)",
+        "'text' is null)",
+    ]
+    assert skips.counts == {"malformed_json": 5, "missing_field": 2}
+
+
+@pytest.mark.parametrize("compress", [None, "gz", "zst"])
+def test_a_json_file_holding_one_array_is_read_as_its_objects(tmp_path, compress):
+    rows = [{"text": "a", "lang": "en"}, {"text": ""}, 7, {"text": "b", "lang": "fr"}]
+    data = b"\xef\xbb\xbf" + json.dumps(rows, indent=2).encode()
+    name = "data.json" + (f".{compress}" if compress else "")
+    if compress == "gz":
+        data = gzip.compress(data)
+    elif compress == "zst":
+        data = zst(data)
+    (tmp_path / name).write_bytes(data)
+    skips = SkipCounter()
+    batches = list(read_corpus([tmp_path / name], ReadConfig(extra_fields=("lang",)), skips))
+    assert [t for b in batches for t in b.texts] == ["a", "b"]
+    assert [v for b in batches for v in b.extras["lang"]] == ["en", "fr"]
+    assert skips.counts == {"empty": 1, "malformed_json": 1}
+    assert skips.examples["malformed_json"] == [
+        f"{tmp_path / name}:item 2 (a JSON number, not an object)"
+    ]
+
+
+def test_a_broken_json_array_is_a_one_line_error(tmp_path):
+    (tmp_path / "data.json").write_text('[{"text": "a"},\n{"text": "b"')
+    with pytest.raises(DataError, match=r"data.json: starts with '\[' but is not one valid JSON"):
+        texts([tmp_path / "data.json"])
+
+
+def test_jsonl_lines_that_are_arrays_are_still_skips(tmp_path):
+    # Only `.json` files may be one array; a `.jsonl` line that is an array is a bad line.
+    (tmp_path / "a.jsonl").write_text('[{"text": "x"}]\n{"text": "ok"}\n')
+    skips = SkipCounter()
+    assert texts([tmp_path / "a.jsonl"], skips=skips) == ["ok"]
+    assert skips.counts == {"malformed_json": 1}

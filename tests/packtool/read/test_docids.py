@@ -1,0 +1,55 @@
+"""packtool/read/docids.py: (file index, offset) <-> int64 doc ids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from packtool.errors import DataError
+from packtool.read import docids
+
+FILES = st.integers(0, docids.MAX_FILES - 1)
+OFFSETS = st.integers(0, docids.MAX_OFFSET)
+
+
+@given(FILES, OFFSETS)
+def test_encode_and_decode_are_inverse_and_ids_are_non_negative(file_index, offset):
+    doc_id = docids.encode(file_index, offset)
+    assert 0 <= doc_id < 2**63
+    assert docids.decode(doc_id) == (file_index, offset)
+    arr = docids.encode(file_index, np.array([offset], dtype=np.int64))
+    assert arr.dtype == np.int64 and int(arr[0]) == doc_id
+    files, offsets = docids.decode(arr)
+    assert (int(files[0]), int(offsets[0])) == (file_index, offset)
+
+
+@given(st.tuples(FILES, OFFSETS), st.tuples(FILES, OFFSETS))
+def test_different_places_never_share_an_id(a, b):
+    assert (docids.encode(*a) == docids.encode(*b)) == (a == b)
+
+
+def test_the_layout_is_24_bits_of_file_and_39_of_offset():
+    assert docids.FILE_BITS + docids.OFFSET_BITS == 63
+    assert docids.encode(0, 5) == 5  # one input file: the id is the row
+    assert docids.encode(1, 0) == 2**39
+    assert docids.encode(docids.MAX_FILES - 1, docids.MAX_OFFSET) == 2**63 - 1
+
+
+@pytest.mark.parametrize(("file_index", "offset"), [(-1, 0), (2**24, 0), (0, -1), (0, 2**39)])
+def test_what_does_not_fit_is_refused(file_index, offset):
+    with pytest.raises(DataError, match="beyond"):
+        docids.encode(file_index, offset)
+    if file_index == 0:
+        with pytest.raises(DataError, match="beyond"):
+            docids.encode(0, np.array([0, offset]))
+
+
+def test_locate_names_the_file_and_row():
+    extra = {"doc_ids": docids.record(["a.parquet", "b.parquet"])}
+    assert docids.locate(extra, docids.encode(1, 41)) == ("b.parquet", 41)
+    with pytest.raises(DataError, match="names input file 2; the dataset lists 2"):
+        docids.locate(extra, docids.encode(2, 0))
+    with pytest.raises(DataError, match="'sequential'"):
+        docids.locate({"doc_ids": {"scheme": "sequential"}}, 3)

@@ -1,0 +1,161 @@
+"""packtool/read/pretokenized.py: Parquet with input_ids plus labels or loss_mask, from elsewhere."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packtool.dataset.tokenized import tokenized_meta
+from packtool.errors import ConfigError, DataError
+from packtool.read.documents import ReadConfig, SkipCounter
+from packtool.tokenize.tokenize import input_columns, tokenize_corpus, tokenized_batches
+from tests.cli import run
+
+IDS = [[1, 2, 3, 4], [5, 6, 7], [8, 9], [10, 11, 12]]
+LABELS = [[-100, -100, 3, 4], [-100, 6, 7], [-100, -100], [10, -100, 12]]
+MASK = [[0, 0, 1, 1], [0, 1, 1], [0, 0], [1, 0, 1]]
+
+
+def write(path, **columns):
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def read_all(paths, **kw):
+    skips = kw.pop("skips", SkipCounter())
+    tables = list(tokenized_batches(paths, tokenizer="byte", skips=skips, **kw))
+    return pa.concat_tables(tables), skips
+
+
+@pytest.mark.parametrize("kind", ["labels", "loss_mask", "bool_mask"])
+def test_labels_and_masks_become_one_loss_mask(tmp_path, kind):
+    if kind == "labels":
+        path = write(tmp_path / "a.parquet", input_ids=IDS, labels=LABELS)
+    else:
+        mask = [[bool(m) for m in d] for d in MASK] if kind == "bool_mask" else MASK
+        path = write(tmp_path / "a.parquet", input_ids=IDS, loss_mask=mask)
+    assert input_columns([path]) == ("loss_mask",)
+    table, skips = read_all([path])
+    # Document 2 has no supervised token: skipped and counted; ids run over the kept ones.
+    assert table.column("input_ids").to_pylist() == [IDS[0], IDS[1], IDS[3]]
+    # Stored as the shards store it: one byte per token, one binary value per document.
+    assert [list(m) for m in table.column("loss_mask").to_pylist()] == [MASK[0], MASK[1], MASK[3]]
+    assert table.column("loss_mask").type == pa.binary()
+    assert table.column("doc_id").to_pylist() == [0, 1, 2]
+    assert table.column("length").to_pylist() == [4, 3, 3]
+    assert skips.counts == {"no_supervised_tokens": 1}
+    assert skips.examples["no_supervised_tokens"][0].startswith(f"{path}:row 3")
+
+
+def test_no_bos_or_eos_is_added_and_ids_without_a_mask_are_read_too(tmp_path):
+    path = write(tmp_path / "a.parquet", input_ids=IDS)
+    assert input_columns([path]) == ()
+    table, _ = read_all([path])
+    assert table.column("input_ids").to_pylist() == IDS
+    assert "loss_mask" not in table.column_names
+
+
+def test_a_text_column_with_ids_and_no_mask_is_still_read_as_text(tmp_path):
+    path = write(tmp_path / "a.parquet", text=["ab", "c"], input_ids=[[1], [2]])
+    table, _ = read_all([path])
+    assert table.column("length").to_pylist() == [3, 2]  # byte tokenizer: text + EOS
+
+
+def test_strict_makes_an_unsupervised_document_an_error(tmp_path):
+    path = write(tmp_path / "a.parquet", input_ids=IDS, labels=LABELS)
+    with pytest.raises(DataError, match=r"a.parquet:row 3: no supervised tokens"):
+        read_all([path], skips=SkipCounter(strict=True))
+
+
+def test_empty_and_null_documents_are_counted_skips(tmp_path):
+    ids = pa.array([[1, 2], [], None, [3]], pa.list_(pa.int64()))
+    mask = pa.array([[1, 1], [], None, [1]], pa.list_(pa.int64()))
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"input_ids": ids, "loss_mask": mask}), path)
+    with pytest.raises(DataError, match="loss_mask. holds nulls"):
+        read_all([path])
+    pq.write_table(pa.table({"input_ids": ids, "loss_mask": pa.array([[1, 1], [], [], [1]])}), path)
+    table, skips = read_all([path])
+    assert table.column("input_ids").to_pylist() == [[1, 2], [3]]
+    assert skips.counts == {"empty": 1, "missing_field": 1}
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        ({"labels": [[-100, 2], [5, 6, 7], [-100, 9], [10, 11, 12]]}, r"row 1: 2 `labels` for 4"),
+        (
+            {"labels": [[2, 3, 4, -100], [5, 6, 7], [8, 9], [10, 11, 12]]},
+            r"row 1: labels\[0\] = 2 but input_ids\[0\] = 1; labels must be the input_ids",
+        ),
+        ({"loss_mask": [[0, 2, 1, 1], [1, 1, 1], [1, 1], [1, 1, 1]]}, r"loss_mask\[1\] = 2"),
+        ({"loss_mask": [["a"] * 4, ["a"] * 3, ["a"] * 2, ["a"] * 3]}, "not a list of integers"),
+    ],
+)
+def test_bad_masks_are_one_line_errors_naming_the_row(tmp_path, columns, message):
+    path = write(tmp_path / "a.parquet", input_ids=IDS, **columns)
+    with pytest.raises(DataError, match=message) as info:
+        read_all([path])
+    assert "\n" not in str(info.value)
+
+
+def test_an_id_outside_the_vocabulary_names_the_tokenizer(tmp_path):
+    path = write(tmp_path / "a.parquet", input_ids=[[1, 50_000]], labels=[[1, 50_000]])
+    with pytest.raises(DataError, match=r"row 1: input_ids\[1\] = 50000 is outside .* --tokenizer"):
+        read_all([path])
+
+
+def test_a_dataset_is_one_kind(tmp_path):
+    a = write(tmp_path / "a.parquet", input_ids=IDS, labels=LABELS)
+    b = write(tmp_path / "b.parquet", input_ids=IDS)
+    with pytest.raises(DataError, match="b.parquet: has no labels or loss_mask, unlike"):
+        read_all([a, b])
+    c = write(tmp_path / "c.parquet", input_ids=IDS, loss_mask=MASK)
+    with pytest.raises(DataError, match="has a `loss_mask` column, unlike"):
+        read_all([a, c])
+    (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(ConfigError, match="mix pre-tokenized Parquet"):
+        read_all([a, tmp_path / "d.jsonl"])
+    both = write(tmp_path / "e.parquet", input_ids=IDS, labels=LABELS, loss_mask=MASK)
+    with pytest.raises(DataError, match="both `labels` and `loss_mask`"):
+        read_all([both])
+
+
+def test_tokenize_passes_the_mask_through(tmp_path):
+    src = write(tmp_path / "sft.parquet", input_ids=IDS, labels=LABELS, lang=["a", "b", "c", "d"])
+    out = tmp_path / "tok.parquet"
+    summary = tokenize_corpus([src], out, read_config=ReadConfig(extra_fields=("lang",)))
+    meta = tokenized_meta(out)
+    assert meta["version"] == 2 and meta["columns"] == ["loss_mask"]
+    assert summary.supervised_tokens == 2 + 2 + 2
+    assert "Loss mask kept: 6 supervised tokens" in summary.format()
+    back = pq.read_table(out)
+    assert [list(m) for m in back.column("loss_mask").to_pylist()] == [MASK[0], MASK[1], MASK[3]]
+    assert back.column("lang").to_pylist() == ["a", "b", "d"]
+    assert input_columns([out]) == ("loss_mask",)
+    # Tokenized Parquet without a mask stays version 1 (older packtool reads it).
+    plain = tmp_path / "plain.parquet"
+    tokenize_corpus([write(tmp_path / "ids.parquet", input_ids=IDS)], plain)
+    assert tokenized_meta(plain)["version"] == 1 and "columns" not in tokenized_meta(plain)
+    with pytest.raises(DataError, match="has columns none beyond the ids, unlike"):
+        list(tokenized_batches([out, plain], tokenizer=None))
+
+
+def test_tokenize_cli_reports_the_mask(tmp_path):
+    src = write(tmp_path / "sft.parquet", input_ids=IDS, labels=LABELS)
+    code, out, err = run("tokenize", str(src), "-o", str(tmp_path / "t.parquet"))
+    assert code == 0, err
+    assert "supervised tokens" in out and "no_supervised_tokens 1" in out
+    meta = json.loads(pq.read_schema(tmp_path / "t.parquet").metadata[b"packtool"])
+    assert meta["columns"] == ["loss_mask"]
+
+
+def test_ids_stay_int_typed_per_tokenizer(tmp_path):
+    path = write(tmp_path / "a.parquet", input_ids=[[1, 2]], loss_mask=[[1, 1]])
+    table, _ = read_all([path])
+    assert table.column("input_ids").type == pa.list_(pa.uint16())
+    assert np.array_equal(table.column("input_ids").combine_chunks().values.to_numpy(), [1, 2])

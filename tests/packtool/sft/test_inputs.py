@@ -1,0 +1,383 @@
+"""Fine-tuning records in: kinds detected or given, prompt/completion and chat encoded with a
+loss mask, every bad input a counted skip or a one-line error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+from packtool.dataset.columns import flat_parts
+from packtool.errors import ConfigError, DataError
+from packtool.read.documents import ReadConfig, SkipCounter
+from packtool.read.sft_config import SFTConfig
+from packtool.sft.encode import encode_chat
+from packtool.sft.template import ChatTemplate
+from packtool.sft.turns import turn_spans
+from packtool.tokenize.tokenize import input_columns, tokenize_corpus, tokenized_batches
+from packtool.tokenizer.tokenizers import load_tokenizer
+from tests.cli import one_error_line, run
+
+# Two small templates of our own: turns as `<|role|>content<|end|>` lines; the first marks the
+# assistant's text and end-of-turn with {% generation %}, the second leaves it to turn masks.
+GEN = (
+    "{% for m in messages %}<|{{ m.role }}|>"
+    "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<|end|>{% endgeneration %}"
+    "{% else %}{{ m.content }}<|end|>{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+TURNS = GEN.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+
+CONV = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "and 3+3?"},
+    {"role": "assistant", "content": "6"},
+]
+
+
+def jsonl(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), "utf-8")
+    return path
+
+
+def template_file(tmp_path: Path, source: str = GEN) -> Path:
+    path = tmp_path / "chat.jinja"
+    path.write_text(source, "utf-8")
+    return path
+
+
+def read(paths, skips=None, tokenizer="byte", **sft):
+    config = ReadConfig(sft=SFTConfig(**sft))
+    skips = skips if skips is not None else SkipCounter()
+    tables = list(tokenized_batches(paths, read_config=config, tokenizer=tokenizer, skips=skips))
+    return pa.concat_tables(tables), skips
+
+
+def docs(table):
+    off, mask = flat_parts(table.column("loss_mask"))
+    ids = table.column("input_ids").to_pylist()
+    return [(i, mask[off[k] : off[k + 1]].tolist()) for k, i in enumerate(ids)]
+
+
+def expected_chat(conv, spans_of):
+    """ids (bytes) and mask of the GEN template's text, supervised where `spans_of` says."""
+    text = "".join(f"<|{m['role']}|>{m['content']}<|end|>\n" for m in conv)
+    mask = [0] * len(text.encode())
+    for a, b in spans_of(text):
+        for k in range(len(text[:a].encode()), len(text[:b].encode())):
+            mask[k] = 1
+    return list(text.encode()), mask
+
+
+def assistant_spans(text):
+    out, at = [], 0
+    while (i := text.find("<|assistant|>", at)) >= 0:
+        a = i + len("<|assistant|>")
+        b = text.index("<|end|>", a) + len("<|end|>")
+        out.append((a, b))
+        at = b
+    return out
+
+
+@pytest.mark.parametrize("source", [GEN, TURNS], ids=["generation", "turns"])
+def test_chat_jsonl_exact(tmp_path, source):
+    path = jsonl(tmp_path / "c.jsonl", [{"messages": CONV}])
+    assert input_columns([path], ReadConfig()) == ("loss_mask",)
+    table, skips = read([path], chat_template=str(template_file(tmp_path, source)))
+    # Turn by turn, a turn is what its render adds after the generation prompt: the newline
+    # the template writes after each turn included; {% generation %} marks only up to <|end|>.
+    extra = 1 if source == TURNS else 0
+
+    def spans(text):
+        return [(a, b + extra) for a, b in assistant_spans(text)]
+
+    assert docs(table) == [expected_chat(CONV, spans)]
+    assert not skips.counts
+    last, _ = read([path], chat_template=str(template_file(tmp_path, source)), train_on="last")
+    assert docs(last) == [expected_chat(CONV, lambda t: spans(t)[-1:])]
+    every, _ = read([path], chat_template=str(template_file(tmp_path, source)), train_on="all")
+    ids, _ = expected_chat(CONV, assistant_spans)
+    assert docs(every) == [(ids, [1] * len(ids))]
+
+
+def test_sharegpt_and_parquet_read_as_the_same_conversations(tmp_path):
+    tpl = str(template_file(tmp_path))
+    share = [{"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]),
+              "value": m["content"]} for m in CONV]  # fmt: skip
+    a = jsonl(tmp_path / "a.jsonl", [{"messages": CONV}])
+    b = jsonl(tmp_path / "b.jsonl", [{"conversations": share}])
+    c = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"messages": [CONV], "lang": ["en"]}), c)
+    d = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"conversations": [share]}), d)
+    want = docs(read([a], chat_template=tpl)[0])
+    for path in (b, c, d):
+        assert docs(read([path], chat_template=tpl)[0]) == want, path
+    assert docs(read([b], chat_template=tpl, format="sharegpt")[0]) == want
+
+
+def test_prompt_completion_exact(tmp_path):
+    path = jsonl(
+        tmp_path / "pc.jsonl",
+        [{"prompt": "Q: hi ", "completion": "A: yo"}, {"question": "x", "answer": "y"}],
+    )
+    table, skips = read([path])
+    ids = list(b"Q: hi ") + list(b"A: yo") + [256]  # byte ids, EOS 256 ends the completion
+    mask = [0] * 6 + [1] * 6  # the completion and its EOS are supervised
+    assert docs(table) == [(ids, mask)]
+    assert skips.counts == {"missing_field": 1}
+    renamed, _ = read([path], prompt_field="question", completion_field="answer")
+    assert docs(renamed) == [(list(b"x") + list(b"y") + [256], [0, 1, 1])]
+    bos = load_tokenizer("byte", bos="default")
+    with_bos, _ = read([path], tokenizer=bos)
+    assert docs(with_bos) == [([257, *ids], [0, *mask])]
+    every, _ = read([path], train_on="all")
+    assert docs(every) == [(ids, [1] * len(ids))]
+
+
+def test_pc_parquet_and_extra_fields(tmp_path):
+    path = tmp_path / "pc.parquet"
+    pq.write_table(
+        pa.table({"prompt": ["a", "b"], "completion": ["c", ""], "lang": ["x", "y"]}), path
+    )
+    config = ReadConfig(extra_fields=("lang",))
+    (table,) = list(tokenized_batches([path], read_config=config, tokenizer="byte"))
+    # An empty completion still supervises its EOS: the model learns to stop.
+    assert docs(table) == [([97, 99, 256], [0, 1, 1]), ([98, 256], [0, 1])]
+    assert table.column("lang").to_pylist() == ["x", "y"]
+    assert table.column("doc_id").to_pylist() == [0, 1]
+
+
+def test_detection_and_format(tmp_path):
+    chat = jsonl(tmp_path / "chat.jsonl", [{"messages": CONV}])
+    text = jsonl(tmp_path / "text.jsonl", [{"text": "plain"}])
+    assert input_columns([text], ReadConfig()) == ()
+    with pytest.raises(DataError, match="holds text records, unlike .*chat.jsonl \\(messages\\)"):
+        input_columns([chat, text], ReadConfig())
+    # --format text reads a chat file as text: no text field there, the usual error.
+    with pytest.raises(DataError, match="no line has the text field"):
+        read([chat], format="text")
+    with pytest.raises(ConfigError, match="--format tokenized, but"):
+        input_columns([chat], ReadConfig(sft=SFTConfig(format="tokenized")))
+    tok = tmp_path / "tok.parquet"
+    pq.write_table(pa.table({"input_ids": [[1, 2]], "labels": [[-100, 2]]}), tok)
+    with pytest.raises(ConfigError, match="tokenized Parquet; --format messages"):
+        input_columns([tok], ReadConfig(sft=SFTConfig(format="messages")))
+    both = jsonl(tmp_path / "both.jsonl", [{"text": "t", "messages": CONV}])
+    assert input_columns([both], ReadConfig()) == ("loss_mask",)  # chat wins over text
+
+
+def test_bad_records_are_counted_or_strict_errors(tmp_path):
+    tpl = str(
+        template_file(
+            tmp_path,
+            "{% if messages[0].content == 'boom' %}{{ raise_exception('no boom') }}"
+            "{% endif %}" + GEN,
+        )
+    )
+    records = [
+        {"messages": CONV},
+        {"messages": [{"role": "wizard", "content": "x"}]},  # unknown_role
+        {"messages": "hello"},  # malformed_conversation
+        {"messages": [1, 2]},  # malformed_conversation
+        {"messages": []},  # empty
+        {"text": "plain"},  # other_kind
+        {"messages": [{"role": "user", "content": "only a question"}]},  # no_supervised_tokens
+        {"messages": [{"role": "user", "content": "boom"}, *CONV[2:3]]},  # template_error
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant"}]},  # content: None
+        [1, 2],  # malformed_json (not an object)
+        {"other": 1},  # missing_field
+    ]
+    path = jsonl(tmp_path / "bad.jsonl", records)
+    table, skips = read([path], chat_template=tpl)
+    assert table.num_rows == 2  # the good one, and the one whose assistant has no content
+    assert skips.counts == {
+        "unknown_role": 1,
+        "malformed_conversation": 2,
+        "empty": 1,
+        "other_kind": 1,
+        "no_supervised_tokens": 1,
+        "template_error": 1,
+        "malformed_json": 1,
+        "missing_field": 1,
+    }
+    assert "no boom" in skips.examples["template_error"][0]
+    assert f"{path}:2 (message 0 has role 'wizard')" in skips.examples["unknown_role"]
+    for line, reason in ((2, "unknown role"), (8, "template error")):
+        one = jsonl(tmp_path / f"one{line}.jsonl", [records[line - 1]])
+        with pytest.raises(DataError, match=f"{one}:1: {reason}"):
+            read([one], chat_template=tpl, skips=SkipCounter(strict=True))
+
+
+def test_a_template_that_looks_ahead_is_a_counted_skip(tmp_path):
+    # Marks the last assistant turn differently: rendered alone, an earlier assistant turn is
+    # not what it is in the whole render, so its boundaries are unknown without guessing.
+    ahead = (
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}"
+        "{% if m.role == 'assistant' and loop.last %}!{% endif %};{% endfor %}"
+    )
+    path = jsonl(tmp_path / "c.jsonl", [{"messages": CONV}, {"messages": CONV[:3]}])
+    table, skips = read([path], chat_template=str(template_file(tmp_path, ahead)))
+    assert skips.counts == {"template_not_incremental": 1}
+    assert docs(table)[0][0] == list(b"system:Be brief.;user:2+2?;assistant:4!;")
+    # What the last turn adds after the prompt: this template has no generation prompt, so
+    # the role header is part of it.
+    assert docs(table)[0][1] == [0] * 27 + [1] * 13
+    last, skips = read([path], chat_template=str(template_file(tmp_path, ahead)), train_on="last")
+    assert last.num_rows == 2 and not skips.counts  # only the last turn: always known
+
+
+def test_template_problems_are_one_line_errors(tmp_path):
+    path = jsonl(tmp_path / "c.jsonl", [{"messages": CONV}])
+    code, _, err = run("pack", path, "-o", tmp_path / "o")
+    assert code == 1 and "chat inputs need a chat template" in one_error_line(err)
+    bad = template_file(tmp_path, "{% for m in messages %}")
+    code, _, err = run("pack", path, "-o", tmp_path / "o", "--chat-template", bad)
+    assert code == 1 and "not a valid jinja2 template" in one_error_line(err)
+    code, _, err = run("stats", path, "--chat-template", tmp_path / "missing.jinja")
+    assert code == 1 and "does not exist" in one_error_line(err)
+    macro = template_file(
+        tmp_path,
+        "{% macro all(ms) %}{% for m in ms %}{{ m.content }}{% endfor %}{% endmacro %}"
+        "{{ all(messages) }}",
+    )
+    code, _, err = run("tokenize", path, "-o", tmp_path / "t.parquet", "--chat-template", macro)
+    assert code == 1 and "passes the messages to macro" in one_error_line(err)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "t.parquet").exists()
+
+
+def test_cli_tokenize_stats_pack_on_chat(tmp_path):
+    tpl = template_file(tmp_path)
+    convs = [CONV[: 1 + (i % 4) + 1] for i in range(40)]
+    path = jsonl(tmp_path / "c.jsonl", [{"messages": c} for c in convs])
+    code, out, err = run("tokenize", path, "-o", tmp_path / "t.parquet", "--chat-template", tpl)
+    assert code == 0, err
+    assert "Loss mask kept" in out and "no_supervised_tokens 10" in out
+    code, out, err = run("stats", path, "--chat-template", tpl, "--max-len", 64)
+    assert code == 0 and "supervised" in out, err
+    code, out, err = run(
+        "pack", path, "-o", tmp_path / "p", "--chat-template", tpl, "--max-len", 64
+    )
+    assert code == 0, err
+    assert "supervised efficiency" in out and "skips: no_supervised_tokens 10" in out
+
+
+def test_turn_masks_take_two_renders_however_long_the_conversation(monkeypatch):
+    template = ChatTemplate(TURNS)
+    renders = []
+    real = ChatTemplate.blocks
+
+    def counted(self, compiled, variables):
+        renders.append(compiled is template.watched)
+        return real(self, compiled, variables)
+
+    monkeypatch.setattr(ChatTemplate, "blocks", counted)
+    sizes = {}
+    for turns in (50, 400):
+        conv = [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"t{i}"}
+            for i in range(turns)
+        ]
+        renders.clear()
+        text, spans = turn_spans(template, conv, list(range(1, turns, 2)))
+        assert renders == [True, True]  # two watched renders, never one per turn
+        assert len(spans) == turns // 2
+        assert all(text[a:b].startswith(f"t{2 * k + 1}") for k, (a, b) in enumerate(spans))
+        sizes[turns] = len(text)
+    assert sizes[400] < 9 * sizes[50]  # the text, and the work, grow linearly
+
+
+def test_encode_chat_is_the_library_form(tmp_path):
+    tok = load_tokenizer("byte")
+    out = encode_chat(
+        [CONV, [{"role": "bot", "content": "x"}]], template=ChatTemplate(GEN), tokenizer=tok
+    )
+    ids, mask = expected_chat(CONV, assistant_spans)
+    assert out[0].ids.tolist() == ids and out[0].mask.tolist() == mask and out[0].skip is None
+    assert out[1].skip == "unknown_role"
+
+
+def test_tokenize_writes_the_mask_and_pack_reads_it_back(tmp_path):
+    tpl = template_file(tmp_path)
+    path = jsonl(tmp_path / "c.jsonl", [{"messages": CONV}] * 3)
+    config = ReadConfig(sft=SFTConfig(chat_template=str(tpl)))
+    summary = tokenize_corpus([path], tmp_path / "t.parquet", read_config=config)
+    assert summary.documents == 3 and summary.supervised_tokens == 3 * sum(
+        expected_chat(CONV, assistant_spans)[1]
+    )
+    back = pq.read_table(tmp_path / "t.parquet")
+    assert docs(back) == [expected_chat(CONV, assistant_spans)] * 3
+    assert np.array_equal(
+        back.column("length").to_numpy(), [len(expected_chat(CONV, assistant_spans)[0])] * 3
+    )
+
+
+def test_the_tokenizers_own_template_and_special_tokens(tmp_path):
+    from tests.packtool.chat_helpers import trained_tokenizer_dir
+
+    folder = trained_tokenizer_dir(str(tmp_path))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    source = "{{ bos_token }}" + GEN + "{{ eos_token }}"
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": source}))
+    path = jsonl(tmp_path / "c.jsonl", [{"messages": CONV}])
+    tok = load_tokenizer(str(folder / "tokenizer.json"))
+    ref = Tokenizer.from_file(str(folder / "tokenizer.json"))  # the reference library
+    (table,) = list(tokenized_batches([path], tokenizer=tok))
+    text = "<s>" + "".join(f"<|{m['role']}|>{m['content']}<|end|>\n" for m in CONV) + "</s>"
+    assert (
+        table.column("input_ids").to_pylist()[0] == ref.encode(text, add_special_tokens=False).ids
+    )
+    # chat_template.jinja beside the tokenizer takes precedence over the config's template.
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    code, out, err = run(
+        "tokenize", path, "-o", tmp_path / "t.parquet", "--tokenizer", folder / "tokenizer.json",
+        "--train-on", "all",
+    )  # fmt: skip
+    assert code == 0, err
+    ids = pq.read_table(tmp_path / "t.parquet").column("input_ids").to_pylist()[0]
+    assert ids == ref.encode("".join(m["content"] for m in CONV), add_special_tokens=False).ids
+
+
+def test_cli_options_reach_the_readers(tmp_path):
+    share = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]
+    a = jsonl(tmp_path / "a.jsonl", [{"chat": share}])
+    tpl = template_file(tmp_path)
+    code, out, err = run(
+        "pack", a, "-o", tmp_path / "p", "--chat-template", tpl, "--messages-field", "chat",
+        "--format", "sharegpt", "--train-on", "last", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["counts"]["tokens_supervised"] == len("a<|end|>")
+    b = jsonl(tmp_path / "b.jsonl", [{"q": "x", "a": "y"}])
+    code, out, err = run(
+        "stats", b, "--prompt-field", "q", "--completion-field", "a", "--max-len", 16, "--json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["supervised"]["supervised_tokens"] == 2  # "y" and the EOS
+    code, _, err = run("stats", b, "--format", "nonsense")
+    assert code == 2 and "nonsense" in err  # click's own usage error
+    code, _, err = run(
+        "pack", b, "-o", tmp_path / "x", "--format", "messages", "--strict", "--chat-template", tpl
+    )
+    assert code == 1 and f"{b}:1: missing field (no 'messages' or" in one_error_line(err)
+
+
+def test_record_batches_are_cut_by_utf8_bytes_not_characters(tmp_path):
+    from packtool.sft.inputs import read_records
+
+    path = tmp_path / "cjk.jsonl"
+    record = {"prompt": "问" * 100, "completion": "答" * 100}  # 200 characters, 600 UTF-8 bytes
+    path.write_text((json.dumps(record, ensure_ascii=False) + "\n") * 50, encoding="utf-8")
+    read = ReadConfig(batch_bytes=6000)
+    batches = list(read_records([path], "prompt-completion", read, SkipCounter()))
+    assert [len(b) for b in batches] == [10] * 5
+    assert all(b.text_bytes == 6000 for b in batches)

@@ -1,0 +1,242 @@
+"""The loss mask of chat and prompt/completion records survives every path: the local and the
+Ray engine, resume, verify, stats, the loader's three layouts, online packing and its resume.
+
+Every conversation comes out whole (truncated to max_len, never split), with exactly the ids and
+mask `encode_chat` gives it on its own."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from loader import PackedDataLoader, PackedDataset, StreamingPackedDataset
+from loader.collate import IGNORE_INDEX
+from packtool.audit.verify import verify_dataset
+from packtool.dataset.manifest import read_manifest
+from packtool.dataset.shards import ShardConfig
+from packtool.engines import records, worker
+from packtool.engines.local import RunConfig, run_pack
+from packtool.engines.preflight import staging_folder
+from packtool.pack.chunk import PackConfig
+from packtool.read import docids
+from packtool.read.documents import ReadConfig
+from packtool.read.sft_config import SFTConfig
+from packtool.sft.encode import encode_chat
+from packtool.sft.template import load_chat_template
+from packtool.stats.lengths import StatsConfig, compute_stats
+from packtool.stats.report import render_report
+from packtool.tokenize.tokenize import tokenize_corpus
+from packtool.tokenizer.tokenizers import load_tokenizer
+from tests.packtool.pack.test_mask import pieces, shard_bytes
+from tests.packtool.sft.test_inputs import GEN
+
+MAX_LEN = 160
+
+
+def make_chats(n: int = 240, seed: int = 0) -> list[list[dict]]:
+    rng = np.random.default_rng(seed)
+    words = ["alpha", "beta", "gamma", "café", "日本", "🙂", "delta", "x"]
+    chats = []
+    for _ in range(n):
+        msgs = [{"role": "system", "content": "sys"}] if rng.random() < 0.4 else []
+        for _turn in range(int(rng.integers(1, 5))):
+            for role, size in (("user", 6), ("assistant", 14)):
+                k = int(rng.integers(0, size))
+                msgs.append({"role": role, "content": " ".join(rng.choice(words, k))})
+        if rng.random() < 0.1:
+            msgs = msgs[:-1]  # ends with a question: nothing to learn, a counted skip
+        chats.append(msgs)
+    return chats
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("chat")
+    template = tmp / "chat.jinja"
+    template.write_text(GEN, "utf-8")
+    chats = make_chats()
+    paths = []
+    for f in range(2):  # two files
+        path = tmp / f"chat-{f}.jsonl"
+        part = chats[f * len(chats) // 2 : (f + 1) * len(chats) // 2]
+        path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in part), "utf-8")
+        paths.append(path)
+    kept, expected = [], {}
+    for f in range(2):
+        part = chats[f * len(chats) // 2 : (f + 1) * len(chats) // 2]
+        encoded = encode_chat(
+            part, template=load_chat_template(template), tokenizer=load_tokenizer("byte")
+        )
+        mine = [r for r in encoded if r.skip is None]
+        kept += mine
+        # Ids: the input file's index and the record's place among those the file kept.
+        for k, r in enumerate(mine):
+            ids, mask = r.ids[:MAX_LEN].tolist(), r.mask[:MAX_LEN].tolist()
+            if sum(mask):
+                expected[docids.encode(f, k)] = (ids, mask, 0)
+    return {
+        "paths": paths,
+        "read": ReadConfig(sft=SFTConfig(chat_template=str(template))),
+        "expected": expected,
+        "skipped": len(chats) - len(kept),
+        "truncated": sum(1 for r in kept if len(r.ids) > MAX_LEN and r.mask[:MAX_LEN].any()),
+    }
+
+
+def config(out: Path, chat, **kw) -> RunConfig:
+    kw.setdefault("chunk_docs", 60)
+    return RunConfig(
+        inputs=tuple(map(str, chat["paths"])),
+        out_dir=str(out),
+        pack=PackConfig(max_len=MAX_LEN, long_docs="truncate"),
+        shards=ShardConfig(shard_rows=30, row_group_rows=8),
+        read=chat["read"],
+        progress=False,
+        **kw,
+    )
+
+
+def packed_pieces(out: Path):
+    return pieces(pq.read_table(sorted(str(p) for p in out.glob("shard-*.parquet"))))
+
+
+def test_local_engine_keeps_each_conversation_whole_with_its_mask(chat, tmp_path):
+    summary = run_pack(config(tmp_path / "out", chat))
+    assert packed_pieces(tmp_path / "out") == chat["expected"]
+    c = summary.counts
+    assert c.documents_truncated == chat["truncated"] > 0
+    assert summary.skips == {"no_supervised_tokens": chat["skipped"]}
+    assert c.tokens_supervised == sum(sum(m) for _, m, _ in chat["expected"].values())
+    report = verify_dataset(tmp_path / "out")
+    assert report.supervised_tokens == c.tokens_supervised
+    assert "loss_mask" in read_manifest(tmp_path / "out").columns
+
+
+def test_resume_gives_the_same_bytes(chat, tmp_path, monkeypatch):
+    kw = {"partition_size": 1, "workers": 1}  # one partition per file
+    run_pack(config(tmp_path / "whole", chat, **kw))
+    real = worker.write_chunk
+    staging = staging_folder(tmp_path / "cut")
+
+    def crash_in_the_second_partition(*args, **kwargs):
+        if records.finished(staging):
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "write_chunk", crash_in_the_second_partition)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(config(tmp_path / "cut", chat, **kw))
+    monkeypatch.setattr(worker, "write_chunk", real)
+    summary = run_pack(config(tmp_path / "cut", chat, resume=True, **kw))
+    assert summary.resumed_partitions == 1 and summary.partitions == 2
+    assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
+
+
+def test_ray_engine_writes_the_same_bytes(ray_session, chat, tmp_path):
+    from packtool.engines.ray import RayConfig, run_pack_ray
+
+    want = run_pack(config(tmp_path / "local", chat))
+    got = run_pack_ray(config(tmp_path / "ray", chat), RayConfig())
+    assert shard_bytes(tmp_path / "ray") == shard_bytes(tmp_path / "local")
+    assert got.counts == want.counts
+
+
+def supervised_targets(expected) -> int:
+    return sum(sum(m[1:]) for _, m, _ in expected.values())  # a first token is never a target
+
+
+@pytest.mark.parametrize(
+    "settings_",
+    [
+        {"rows_per_batch": 3},
+        {"rows_per_batch": 3, "layout": "hf"},
+        {"tokens_per_batch": 2 * MAX_LEN, "static_shape": True, "max_docs_per_batch": 64},
+    ],
+    ids=["varlen", "hf", "static"],
+)
+def test_every_layout_labels_exactly_the_supervised_targets(chat, tmp_path, settings_):
+    run_pack(config(tmp_path / "out", chat))
+    by_token = {}  # (doc id, position) -> supervised
+    for doc, (_, mask, _) in chat["expected"].items():
+        for k, m in enumerate(mask):
+            by_token[doc, k] = m
+    layout = settings_.get("layout", "packtool")
+    n = 0
+    for b in PackedDataset(tmp_path / "out", seed=3, **settings_):
+        labels = b["labels"].reshape(-1).numpy()
+        cu = (b["cu_seqlens"] if layout == "packtool" else b["cu_seq_lens_q"]).numpy()
+        doc_ids = b["doc_ids"].numpy() if "doc_ids" in b else None
+        for t in np.flatnonzero(labels != IGNORE_INDEX):
+            target = t + 1 if layout == "packtool" else t
+            d = int(np.searchsorted(cu, target, side="right") - 1)
+            assert cu[d] < target  # never a document's first token
+            if doc_ids is not None:
+                assert by_token[int(doc_ids[d]), int(target - cu[d])] == 1
+        counts = np.diff(np.searchsorted(np.flatnonzero(labels != IGNORE_INDEX), cu))
+        assert b["doc_targets"].tolist() == counts.tolist()
+        n += int((labels != IGNORE_INDEX).sum())
+    assert n == supervised_targets(chat["expected"])
+
+
+def test_worker_transport_and_online_packing_keep_the_mask(chat, tmp_path):
+    run_pack(config(tmp_path / "out", chat))
+    ds = PackedDataset(tmp_path / "out", rows_per_batch=3, seed=0)
+    want = [b["labels"].tolist() for b in ds]
+    assert [b["labels"].tolist() for b in PackedDataLoader(ds, num_workers=2)] == want
+    # Online: tokenized once, packed as it streams, stopped and resumed.
+    tok = tmp_path / "tok.parquet"
+    tokenize_corpus(chat["paths"], tok, read_config=chat["read"])
+    kw = {"max_len": MAX_LEN, "buffer_docs": 32, "long_docs": "truncate", "rows_per_batch": 2}
+    batches = list(StreamingPackedDataset([tok], **kw))
+    total = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in batches)
+    assert total == supervised_targets(chat["expected"])
+    it = iter(stream := StreamingPackedDataset([tok], **kw))
+    head = [next(it) for _ in range(4)]
+    resumed = StreamingPackedDataset([tok], **kw)
+    resumed.load_state_dict(copy.deepcopy(stream.state_dict()))
+    again = [b["labels"].tolist() for b in head + list(resumed)]
+    assert again == [b["labels"].tolist() for b in batches]
+
+
+def test_stats_projects_what_pack_does_for_chat(chat, tmp_path):
+    summary = run_pack(config(tmp_path / "out", chat, chunk_docs=10_000))
+    stats = compute_stats(
+        chat["paths"], StatsConfig(max_len=MAX_LEN, candidates=(MAX_LEN,)), read_config=chat["read"]
+    )
+    at = stats.supervised.at[MAX_LEN]
+    assert at.supervised_tokens == summary.counts.tokens_supervised
+    assert at.rows == summary.counts.rows
+    assert at.documents_truncated == summary.counts.documents_truncated
+    assert "supervised eff." in render_report(stats)
+
+
+def test_prompt_completion_through_the_engine(tmp_path):
+    rng = np.random.default_rng(1)
+    records = [
+        {"prompt": "q" * int(rng.integers(0, 30)), "completion": "a" * int(rng.integers(0, 30))}
+        for _ in range(100)
+    ]
+    path = tmp_path / "pc.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), "utf-8")
+    run_pack(
+        RunConfig(
+            inputs=(str(path),),
+            out_dir=str(tmp_path / "out"),
+            pack=PackConfig(max_len=40, long_docs="truncate"),
+            progress=False,
+        )
+    )
+    got = packed_pieces(tmp_path / "out")
+    for doc, r in enumerate(records):
+        p, c = len(r["prompt"]), len(r["completion"])
+        ids = ([113] * p + [97] * c + [256])[:40]
+        mask = ([0] * p + [1] * (c + 1))[:40]
+        if sum(mask):
+            assert got[doc] == (ids, mask, 0)
+        else:
+            assert doc not in got  # the prompt filled the row: nothing supervised is left

@@ -1,0 +1,327 @@
+"""Length statistics: exact values on tiny inputs, bound properties, sample_data end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.errors import ConfigError, DataError
+from packtool.pack.kernels import ffd_assign
+from packtool.stats.lengths import (
+    Candidate,
+    StatsConfig,
+    compute_stats,
+    gini,
+    length_stats,
+    lower_bound_l1,
+    lower_bound_l2,
+    split_lengths,
+    suggest_max_len,
+)
+from packtool.stats.report import render_report
+
+SAMPLE = "sample_data/corpus.jsonl"
+
+
+def optimal_rows(lengths: list[int], max_len: int) -> int:
+    """Exact bin packing by exhaustive search (tiny inputs only)."""
+    items = sorted(lengths, reverse=True)
+    best = len(items)
+
+    def place(i: int, fills: list[int]) -> None:
+        nonlocal best
+        if len(fills) >= best:
+            return
+        if i == len(items):
+            best = len(fills)
+            return
+        seen = set()
+        for r, fill in enumerate(fills):
+            if fill + items[i] <= max_len and fill not in seen:
+                seen.add(fill)
+                fills[r] += items[i]
+                place(i + 1, fills)
+                fills[r] -= items[i]
+        fills.append(items[i])
+        place(i + 1, fills)
+        fills.pop()
+
+    place(0, [])
+    return best
+
+
+# --- exact values ---
+
+
+def test_gini_exact():
+    assert gini([5, 5, 5, 5]) == 0.0
+    assert gini([1, 3]) == pytest.approx(0.25)  # mean |xi - xj| / (2 mean) = 1 / 4
+    assert gini([1, 1, 1, 5]) == pytest.approx(0.375)
+    assert gini([0, 0, 0, 8]) == pytest.approx(0.75)  # one holds all: (n - 1) / n
+    assert gini([7, 1, 1, 1]) == gini([1, 1, 7, 1])  # order does not matter
+
+
+def test_percentiles_are_nearest_rank():
+    s = length_stats(np.arange(1, 11), StatsConfig(max_len=16, candidates=(16,)))
+    assert (s.min, s.p50, s.p90, s.p99, s.max) == (1, 5, 9, 10, 10)
+    assert s.mean == 5.5
+    assert (s.documents, s.tokens) == (10, 55)
+
+
+def test_split_lengths():
+    assert split_lengths([10, 3, 16, 0], 8).tolist() == [8, 2, 3, 8, 8]
+    assert split_lengths([3, 0, 5], 8).tolist() == [3, 5]
+
+
+def test_lower_bounds_known_cases():
+    # L1 is loose when documents longer than max_len/2 cannot share rows.
+    assert lower_bound_l1([6, 6, 6, 6], 10) == 3
+    assert lower_bound_l2([6, 6, 6, 6], 10) == 4
+    # Only k > 0 catches this one: the 9s leave room 1 each, the 2 needs a third row.
+    assert lower_bound_l1([9, 9, 2], 10) == 2
+    assert lower_bound_l2([9, 9, 2], 10) == 3
+    # Tight case: 6+4 pairs.
+    assert lower_bound_l2([6, 6, 6, 4, 4, 4], 10) == 3
+    # Long documents are split first: 25 -> 10, 10, 5.
+    assert lower_bound_l1([25], 10) == 3
+    assert lower_bound_l2([25, 4], 10) == 3  # 10 | 10 | 5 + 4
+    assert lower_bound_l2([25, 6], 10) == 4  # 10 | 10 | 6 | 5: nothing pairs
+    assert lower_bound_l2([], 10) == 0
+
+
+def test_padding_waste_exact():
+    s = length_stats([3, 5, 2, 8], StatsConfig(max_len=8, batch_size=2, candidates=(8,)))
+    assert s.pad_to_max_len_slots == 32  # 4 documents x 8
+    assert s.pad_to_max_len_waste == pytest.approx(14 / 32)
+    assert s.pad_per_batch_slots == 2 * 5 + 2 * 8  # batches (3, 5) and (2, 8)
+    assert s.pad_per_batch_waste == pytest.approx(8 / 26)
+
+
+def test_padding_after_split_and_partial_batch():
+    # [10, 3] at max_len 8 -> chunks 8, 2, 3; batches (8, 2) -> 16 slots, (3) -> 3 slots.
+    s = length_stats([10, 3], StatsConfig(max_len=8, batch_size=2, candidates=(8,)))
+    assert (s.long_documents, s.long_tokens, s.chunks) == (1, 10, 3)
+    assert s.pad_to_max_len_slots == 24
+    assert s.pad_per_batch_slots == 19
+    assert (s.lower_bound_l1, s.lower_bound_l2, s.ffd_rows) == (2, 2, 2)
+    assert s.ffd_efficiency == pytest.approx(13 / 16)
+
+
+def test_histograms():
+    s = length_stats([1, 2, 3, 4, 8, 33, 64, 65], StatsConfig(max_len=64, candidates=(64,)))
+    log2 = [(b["lo"], b["hi"], b["documents"], b["tokens"]) for b in s.histogram_log2]
+    assert log2 == [
+        (1, 1, 1, 1),
+        (2, 3, 2, 5),
+        (4, 7, 1, 4),
+        (8, 15, 1, 8),
+        (16, 31, 0, 0),
+        (32, 63, 1, 33),
+        (64, 127, 2, 129),
+    ]
+    lin = [(b["lo"], b["hi"], b["documents"]) for b in s.histogram_32]
+    assert lin == [(1, 32, 5), (33, 64, 2), (65, 96, 1)]  # empty buckets left out
+
+
+def test_histogram_starts_at_shortest():
+    s = length_stats([300, 700], StatsConfig(max_len=1024, candidates=(1024,)))
+    assert [b["lo"] for b in s.histogram_log2] == [256, 512]
+
+
+def test_candidates_and_suggestion():
+    lengths = [100] * 50 + [900] * 50
+    s = length_stats(lengths, StatsConfig(max_len=1024, candidates=(256, 1024, 2048)))
+    by_len = {c.max_len: c for c in s.candidates}
+    assert by_len[256].long_documents == 50  # 900 > 256: half the documents split
+    assert by_len[256].chunks == 50 + 50 * 4
+    assert by_len[1024].long_documents == 0
+    assert by_len[1024].rows == ffd_assign(lengths, 1024)[2]
+    # 256 splits half the documents, so it is not eligible; 1024 and 2048 pack about as well.
+    assert s.suggested_max_len == 1024
+
+
+def test_suggestion_rule():
+    def cand(max_len, long_docs, eff):
+        return Candidate(
+            max_len=max_len,
+            long_documents=long_docs,
+            chunks=0,
+            lower_bound_rows=0,
+            rows=0,
+            efficiency=eff,
+            pad_to_max_len_waste=0.0,
+        )
+
+    cands = [cand(512, 0, 0.90), cand(1024, 0, 0.985), cand(2048, 0, 0.99)]
+    assert suggest_max_len(cands, 1000) == 1024  # within one point of 0.99
+    cands = [cand(512, 0, 0.90), cand(1024, 0, 0.975), cand(2048, 0, 0.99)]
+    assert suggest_max_len(cands, 1000) == 2048
+    cands = [cand(512, 50, 0.999), cand(1024, 10, 0.95), cand(2048, 0, 0.95)]
+    assert suggest_max_len(cands, 1000) == 1024  # 512 splits 5% of documents
+    cands = [cand(512, 50, 0.999), cand(1024, 20, 0.99)]
+    assert suggest_max_len(cands, 1000) == 1024  # none eligible: the largest
+
+
+def test_to_dict_is_stable_and_json_ready():
+    import json
+
+    s = length_stats([3, 5, 2, 8], StatsConfig(max_len=8, batch_size=2, candidates=(8, 16)))
+    d = json.loads(json.dumps(s.to_dict()))
+    assert list(d) == [
+        "max_len",
+        "inputs",
+        "documents",
+        "tokens",
+        "length",
+        "gini",
+        "longer_than_max_len",
+        "padding",
+        "lower_bound_rows",
+        "packed",
+        "candidates",
+        "suggested_max_len",
+        "suggestion_rule",
+        "histogram_log2",
+        "histogram_32",
+    ]
+    assert d["packed"] == {
+        "algorithm": "ffd",
+        "rows": 3,
+        "efficiency": 18 / 24,
+        "rows_over_l2": 1.0,
+    }
+    assert d["lower_bound_rows"] == {"l1": 3, "l2": 3}
+    assert "lengths" not in d
+
+
+def test_render_mentions_the_figures():
+    text = render_report(length_stats([3, 5, 2, 8], StatsConfig(max_len=8, batch_size=2)))
+    assert "documents   4" in text
+    assert "L1 3  L2 3" in text
+    assert "suggested max length" in text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        # The lengths `packtool pack` refuses, with its message (PackConfig).
+        ({"max_len": 0}, "^max_len must be an integer >= 2, got 0$"),
+        ({"max_len": 1}, "^max_len must be an integer >= 2, got 1$"),
+        ({"max_len": 1.5}, "^max_len must be an integer >= 2, got 1.5$"),
+        ({"candidates": (512, 1)}, "^candidate max length must be an integer >= 2, got 1$"),
+        ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
+        ({"candidates": ()}, "candidates must be a non-empty tuple"),
+        ({"candidates": (512, -1)}, "candidates must be a non-empty tuple"),
+    ],
+)
+def test_config_validation(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        StatsConfig(**kwargs)
+
+
+def test_max_lengths_that_bos_and_eos_fill_are_refused_as_pack_refuses_them(tmp_path):
+    from packtool.tokenize.tokenize import tokenize_corpus
+    from packtool.tokenizer.tokenizers import load_tokenizer
+
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "abc"}\n')
+    both = load_tokenizer("byte", bos="default")  # BOS + EOS: 2 tokens a document
+    tokenize_corpus([src], tmp_path / "tok.parquet", tokenizer=both, progress=False)
+    packs_message = (
+        "--max-len 2 leaves no room for text: every document already takes 2 tokens for BOS "
+        "and EOS; use --max-len 3 or more"
+    )
+    # Raw input with that tokenizer, and tokenized input that recorded it.
+    for inputs, tokenizer in [([src], both), ([tmp_path / "tok.parquet"], None)]:
+        with pytest.raises(ConfigError) as info:
+            compute_stats(inputs, StatsConfig(max_len=2, candidates=(64,)), tokenizer=tokenizer)
+        assert str(info.value) == packs_message
+        with pytest.raises(ConfigError, match="^candidate max length 2 leaves no room for text"):
+            compute_stats(inputs, StatsConfig(max_len=64, candidates=(2, 64)), tokenizer=tokenizer)
+    # EOS alone leaves one token a row, which pack allows: so does stats.
+    s = compute_stats([src], StatsConfig(max_len=2, candidates=(2,)), tokenizer="byte")
+    assert (s.tokens, s.chunks) == (4, 2)
+
+
+def test_bad_lengths():
+    with pytest.raises(DataError, match="no documents"):
+        length_stats([])
+    with pytest.raises(ConfigError, match="negative length -2"):
+        length_stats([3, -2])
+    with pytest.raises(ConfigError, match="1-D integer array"):
+        length_stats([1.5])
+
+
+# --- properties ---
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 20).flatmap(
+        lambda c: st.tuples(st.just(c), st.lists(st.integers(1, c), min_size=1, max_size=7))
+    )
+)
+def test_bounds_below_optimum(case):
+    max_len, lengths = case
+    l1, l2 = lower_bound_l1(lengths, max_len), lower_bound_l2(lengths, max_len)
+    opt = optimal_rows(lengths, max_len)
+    assert l1 <= l2 <= opt <= ffd_assign(lengths, max_len)[2]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 2000), st.sampled_from([8, 100, 4096]))
+def test_bounds_below_ffd_on_random_input(seed, n, max_len):
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(np.log(max_len / 4), 1.2, n), 1, 3 * max_len).astype(np.int64)
+    chunks = split_lengths(lengths, max_len)
+    l1, l2 = lower_bound_l1(chunks, max_len), lower_bound_l2(lengths, max_len)
+    rows = ffd_assign(chunks, max_len)[2]
+    assert l1 <= l2 <= rows
+    assert l1 == -(-int(lengths.sum()) // max_len)
+
+
+# --- end to end over sample_data ---
+
+
+@pytest.fixture(scope="module")
+def sample_stats():
+    return compute_stats([SAMPLE], StatsConfig(max_len=4096))
+
+
+def test_sample_data_raw(sample_stats):
+    s = sample_stats
+    assert s.inputs["kind"] == "raw"
+    assert s.inputs["skipped"] == {"empty": 6}
+    assert s.documents == 4024
+    assert s.tokens == int(s.lengths.sum())
+    assert s.long_documents == int((s.lengths > 4096).sum()) > 0
+    assert s.lower_bound_l1 <= s.lower_bound_l2 <= s.ffd_rows
+    assert 0.95 < s.ffd_efficiency <= 1.0
+    assert s.suggested_max_len in {c.max_len for c in s.candidates}
+    assert sum(b["documents"] for b in s.histogram_log2) == s.documents
+    assert sum(b["documents"] for b in s.histogram_32) == s.documents
+
+
+def test_sample_data_tokenized_parquet_matches_raw(sample_stats, tmp_path):
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    out = tmp_path / "tok.parquet"
+    tokenize_corpus([SAMPLE], out, tokenizer="byte", workers=1, progress=False)
+    s = compute_stats([out], StatsConfig(max_len=4096))
+    assert s.inputs["kind"] == "tokenized"
+    assert s.inputs["tokenizer"]["kind"] == "byte"
+    d, want = s.to_dict(), sample_stats.to_dict()
+    d.pop("inputs")
+    want.pop("inputs")
+    assert d == want
+
+
+def test_text_output_draws_the_32_token_histogram():
+    # Buckets up to max_len 64: [1, 32] holds 2 documents (full bar), [33, 64] 1 (half bar).
+    s = length_stats([1, 32, 33, 100, 200], StatsConfig(max_len=64, candidates=(64,)))
+    text = render_report(s)
+    assert "length histogram (32-token buckets up to 64; bar height ~ documents)" in text
+    assert "      1-64      |█▄|" in text
+    assert "longer than 64: 2 documents" in text

@@ -1,0 +1,194 @@
+"""Recorded engine self-checks (packtool/tokenizer/engine_checks.py): a second load of the same tokenizer
+skips the reference library and the probe, gives the same ids and identity, and any damaged,
+stale or unwritable record only means the check runs again."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packtool.tokenizer import engine_checks
+from packtool.tokenizer import tokenizers as tokenizers_module
+from packtool.tokenizer.engine_checks import cache_dir
+from packtool.tokenizer.tokenizers import load_tokenizer
+from tests.packtool.tokenizer_shapes import build, stdlib_sample
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory) -> Path:
+    return build("gpt2", tmp_path_factory.mktemp("gpt2") / "gpt2")
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("PACKTOOL_CACHE_DIR", str(folder))
+    return folder / "engine-checks"
+
+
+@pytest.fixture
+def reference_loads(monkeypatch) -> list[str]:
+    """Names of the reference libraries `load_tokenizer` opens."""
+    opened: list[str] = []
+    real = tokenizers_module.engine_open
+
+    def counting(name, source, workers):
+        opened.append(name)
+        return real(name, source, workers)
+
+    monkeypatch.setattr(tokenizers_module, "engine_open", counting)
+    return opened
+
+
+def ids_and_identity(tok) -> tuple[list[list[int]], dict]:
+    texts = [*stdlib_sample()[:10], "<|endoftext|> x<sep>y <word> def f", "  \n\t 123 😀"]
+    flat, lengths = tok.encode_batch(texts)
+    ends = np.cumsum(lengths)
+    docs = [flat[e - n : e].tolist() for e, n in zip(ends, lengths, strict=True)]
+    return docs, tok.identity.to_dict()
+
+
+def test_the_second_load_uses_the_record_and_gives_the_same_ids(gpt2, records, reference_loads):
+    first = load_tokenizer(str(gpt2))
+    assert (first.identity.engine, first.engine_check) == ("fastokens", "probe")
+    assert reference_loads == ["tokenizers"]
+    [path] = records.iterdir()
+    stored = json.loads(path.read_text())
+    assert stored["base_vocab"] == first.identity.vocab_size
+    assert stored["names"]["<|endoftext|>"] == first.identity.eos_id
+    assert list(stored["proven"]) == ["fastokens"]
+
+    second = load_tokenizer(str(gpt2))
+    assert (second.identity.engine, second.engine_check) == ("fastokens", "record")
+    assert reference_loads == ["tokenizers"]  # not loaded again
+    assert ids_and_identity(second) == ids_and_identity(first)
+    # Another path to the same bytes is the same tokenizer: the record is by content.
+    copy = gpt2.parent.parent / "copy.json"
+    copy.write_bytes(gpt2.read_bytes())
+    assert load_tokenizer(str(copy)).engine_check == "record"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        b"",
+        b"\x00\xff garbage",
+        b"[1, 2]",
+        b'{"key": "wrong"}',
+        "names-are-strings",
+        "proven-is-a-list",
+        "base-vocab-missing",
+    ],
+)
+def test_a_damaged_record_only_means_the_check_runs_again(gpt2, records, reference_loads, damage):
+    want = ids_and_identity(load_tokenizer(str(gpt2)))
+    [path] = records.iterdir()
+    stored = json.loads(path.read_text())
+    if damage == "names-are-strings":
+        stored["names"] = {k: "50256" for k in stored["names"]}
+    elif damage == "proven-is-a-list":
+        stored["proven"] = ["fastokens"]
+    elif damage == "base-vocab-missing":
+        del stored["base_vocab"]
+        stored["proven"] = {}
+    path.write_bytes(damage if isinstance(damage, bytes) else json.dumps(stored).encode())
+    again = load_tokenizer(str(gpt2))
+    assert again.engine_check == "probe"
+    assert reference_loads == ["tokenizers", "tokenizers"]
+    assert ids_and_identity(again) == want
+    assert load_tokenizer(str(gpt2)).engine_check == "record"  # rewritten whole
+
+
+def test_another_engine_version_runs_the_probe_again(gpt2, records, monkeypatch):
+    assert load_tokenizer(str(gpt2)).engine_check == "probe"
+    real = engine_checks.library_version
+    monkeypatch.setattr(
+        engine_checks,
+        "library_version",
+        lambda m: real(m) + "-rebuilt" if m == "fastokens" else real(m),
+    )
+    assert load_tokenizer(str(gpt2)).engine_check == "probe"
+    assert load_tokenizer(str(gpt2)).engine_check == "record"
+
+
+def test_another_reference_version_is_another_record(gpt2, records, monkeypatch):
+    load_tokenizer(str(gpt2))
+    real = engine_checks.library_version
+    monkeypatch.setattr(
+        engine_checks,
+        "library_version",
+        lambda m: real(m) + "-next" if m == "tokenizers" else real(m),
+    )
+    assert load_tokenizer(str(gpt2)).engine_check == "probe"
+    assert len(list(records.iterdir())) == 2
+
+
+def test_a_stale_record_never_keeps_an_engine_that_now_fails(gpt2, records, monkeypatch):
+    """An engine whose ids became wrong under a new version is caught by the probe again."""
+    from packtool.tokenizer import engines as tokenizer_engines
+    from packtool.tokenizer.engines import Engine
+    from tests.packtool.tokenizer.test_engines import _WrongIds
+
+    assert load_tokenizer(str(gpt2)).engine_check == "probe"
+    fast = tokenizer_engines.engine("fastokens")
+    wrong = Engine("fastokens", fast.kinds, False, "fastokens", lambda s, w: _WrongIds(fast.open(s, w)))  # fmt: skip
+    monkeypatch.setattr(tokenizer_engines, "ENGINES", (wrong, *tokenizer_engines.ENGINES[1:]))
+    real = engine_checks.library_version
+    monkeypatch.setattr(engine_checks, "library_version", lambda m: real(m) + "-new")
+    tok = load_tokenizer(str(gpt2))
+    assert tok.identity.engine == "tokenizers"
+    assert "fastokens ids differ from the reference" in tok.engine_note
+
+
+def test_an_unwritable_cache_folder_is_ignored(gpt2, tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("PACKTOOL_CACHE_DIR", str(blocker))
+    for _ in range(2):
+        tok = load_tokenizer(str(gpt2))
+        assert (tok.identity.engine, tok.engine_check) == ("fastokens", "probe")
+    assert blocker.read_text() == "a file where the cache folder would go"
+
+
+def test_a_config_token_not_yet_looked_up_loads_the_reference(
+    gpt2, tmp_path, records, reference_loads
+):
+    load_tokenizer(str(gpt2))
+    folder = tmp_path / "with-config"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes(gpt2.read_bytes())
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<sep>"}))
+    tok = load_tokenizer(str(folder))
+    assert reference_loads == ["tokenizers", "tokenizers"]
+    assert tok.engine_check == "record"  # the probe's verdict still holds
+    vocab = json.loads(gpt2.read_text())["added_tokens"]
+    assert tok.identity.eos_id == next(t["id"] for t in vocab if t["content"] == "<sep>")
+    again = load_tokenizer(str(folder))
+    assert reference_loads == ["tokenizers", "tokenizers"]
+    assert again.identity == tok.identity
+
+
+def test_the_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("PACKTOOL_CACHE_DIR", "")
+    assert cache_dir() is None
+    monkeypatch.delenv("PACKTOOL_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / "packtool"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == Path("~/.cache/packtool").expanduser()
+    assert engine_checks.library_version("no_such_module_here") is None
+    assert engine_checks.library_version("fastokens").startswith("0.")
+
+
+def test_off_writes_nothing_and_skips_no_reference(gpt2, tmp_path, reference_loads, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    for _ in range(2):
+        assert load_tokenizer(str(gpt2)).engine_check == "probe"
+    assert reference_loads == ["tokenizers", "tokenizers"]
+    assert not (tmp_path / "xdg").exists()
+    assert "tokenizers" in sys.modules

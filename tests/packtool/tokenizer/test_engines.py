@@ -1,0 +1,338 @@
+"""Tokenizer engines: every engine path gives the reference library's ids; the choice and its
+fallback; forced engines; what is recorded.
+
+Tokenizers are trained at test time (tests/packtool/tokenizer_shapes.py): GPT-2 ByteLevel,
+Llama-3 / Qwen Split + ByteLevel(use_regex=False) (Qwen with NFC), a Lowercase normalizer, and
+two shapes fastokens refuses (Metaspace, BertNormalizer). Real text: a sample of the Python
+standard library's sources; random text: hypothesis (unicode categories, whitespace and digit
+runs, special-token look-alikes).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import tiktoken
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packtool.errors import ConfigError
+from packtool.tokenizer import engines as tokenizer_engines
+from packtool.tokenizer.engines import ENGINE_NAMES, Engine, probe_texts
+from packtool.tokenizer.tokenizers import GPT2_PATTERN, load_tokenizer
+from tests.cli import one_error_line, run
+from tests.packtool.tokenizer_shapes import (
+    FAST_SHAPES,
+    REFUSED_SHAPES,
+    SPECIALS,
+    build,
+    byte_level_ranks,
+    stdlib_sample,
+)
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("shapes")
+    return {s: build(s, root / s) for s in (*FAST_SHAPES, *REFUSED_SHAPES)}
+
+
+@pytest.fixture(scope="module")
+def ranks_file(shapes, tmp_path_factory) -> Path:
+    """A GPT-2-style tiktoken ranks file (~1,200 ranks) made from the trained byte-level BPE."""
+    return byte_level_ranks(shapes["gpt2"], tmp_path_factory.mktemp("ranks") / "bpe.tiktoken")
+
+
+def split(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    ends = np.cumsum(lengths)
+    return [flat[e - n : e].tolist() for e, n in zip(ends, lengths, strict=True)]
+
+
+def hf_reference(path: Path, texts: list[str]) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    lib = Tokenizer.from_file(str(path))
+    return [lib.encode(t, add_special_tokens=False).ids for t in texts]
+
+
+def tiktoken_reference(ranks: Path, texts: list[str]) -> list[list[int]]:
+    from tiktoken.load import load_tiktoken_bpe
+
+    r = load_tiktoken_bpe(str(ranks))
+    enc = tiktoken.Encoding("t", pat_str=GPT2_PATTERN, mergeable_ranks=r, special_tokens={})
+    return [enc.encode_ordinary(t) for t in texts]
+
+
+def engines_for(kind: str) -> list[str]:
+    return [e.name for e in tokenizer_engines.ENGINES if kind in e.kinds]
+
+
+# --- ids: every engine path, real text --------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", FAST_SHAPES)
+def test_auto_picks_fastokens_for_the_shapes_it_loads(shapes, shape):
+    tok = load_tokenizer(str(shapes[shape]))
+    assert tok.identity.engine == "fastokens"
+    assert tok.engine_note == ""
+
+
+# Every engine that loads each shape (fastokens refuses REFUSED_SHAPES: tested further down).
+ENGINE_PATHS = [(s, "fastokens") for s in FAST_SHAPES] + [
+    (s, "tokenizers") for s in (*FAST_SHAPES, *REFUSED_SHAPES)
+]
+
+
+@pytest.mark.parametrize(("shape", "engine"), ENGINE_PATHS)
+def test_every_engine_gives_the_reference_ids_on_stdlib_sources(shapes, shape, engine):
+    texts = [*stdlib_sample(), *probe_texts(SPECIALS[shape] + ["<sep>", "<word>", "def "])]
+    tok = load_tokenizer(str(shapes[shape]), engine=engine, eos=None)
+    assert tok.identity.engine == engine
+    flat, lengths = tok.encode_batch(texts)
+    assert split(flat, lengths) == hf_reference(shapes[shape], texts)
+
+
+@pytest.mark.parametrize("engine", ["fastokens", "tiktoken"])
+def test_every_engine_gives_tiktokens_ids_on_stdlib_sources(ranks_file, engine):
+    texts = [*stdlib_sample(), *probe_texts(["<|endoftext|>"])]
+    tok = load_tokenizer(str(ranks_file), engine=engine, eos=None)  # by its suffix
+    assert (tok.identity.kind, tok.identity.engine) == ("tiktoken", engine)
+    flat, lengths = tok.encode_batch(texts)
+    assert split(flat, lengths) == tiktoken_reference(ranks_file, texts)
+
+
+# --- ids: hypothesis ---------------------------------------------------------------------------
+
+RUN_CHARS = [" ", "\t", "\n", "\r\n", "0", "7", "\u3000", "\u00a0", "a", "日", "😀"]
+LOOKALIKES = [
+    "<|endoftext|>", "<|endoftext", "<| endoftext |>", "<|im_start|>", "<|im_end|>", "<sep>",
+    " <sep>", "<word>", "x<word>y", "def ", "<|begin_of_text|>", "<|eot_id|>", "</s>", "[SEP]",
+    "'s", "'LL", "<|", "|>",
+]  # fmt: skip
+PIECE = st.one_of(
+    st.text(st.characters(codec="utf-8"), max_size=30),  # every unicode category
+    st.tuples(st.sampled_from(RUN_CHARS), st.integers(1, 300)).map(lambda t: t[0] * t[1]),
+    st.integers(0, 10**30).map(str),
+    st.sampled_from(LOOKALIKES),
+)
+TEXTS = st.lists(st.lists(PIECE, max_size=8).map("".join), min_size=1, max_size=6)
+SLOW = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@pytest.mark.parametrize("shape", ["gpt2", "llama3", "qwen", "metaspace"])
+@SLOW
+@given(texts=TEXTS)
+def test_engines_match_tokenizers_on_random_text(shapes, shape, texts):
+    want = [ids + [7] for ids in hf_reference(shapes[shape], texts)]
+    for engine in engines_for("hf"):
+        if engine == "fastokens" and shape in REFUSED_SHAPES:
+            continue
+        tok = _cached(shapes[shape], engine)
+        assert split(*tok.encode_batch(texts)) == want, engine
+
+
+@SLOW
+@given(texts=TEXTS)
+def test_engines_match_tiktoken_on_random_text(ranks_file, texts):
+    want = [ids + [7] for ids in tiktoken_reference(ranks_file, texts)]
+    for engine in engines_for("tiktoken"):
+        assert split(*_cached(ranks_file, engine).encode_batch(texts)) == want, engine
+
+
+_LOADED: dict[tuple[str, str], object] = {}
+
+
+def _cached(path: Path, engine: str):
+    key = (str(path), engine)
+    if key not in _LOADED:
+        _LOADED[key] = load_tokenizer(str(path), engine=engine, eos=7)
+    return _LOADED[key]
+
+
+# --- the choice, the fallback, forced engines --------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", REFUSED_SHAPES)
+def test_a_refused_tokenizer_falls_back_to_tokenizers(shapes, shape):
+    tok = load_tokenizer(str(shapes[shape]), eos=None)
+    assert tok.identity.engine == "tokenizers"
+    assert tok.engine_note.startswith("fastokens cannot load it (")
+    texts = list(stdlib_sample()[:20])
+    assert split(*tok.encode_batch(texts)) == hf_reference(shapes[shape], texts)
+
+
+def test_a_forced_engine_that_cannot_load_is_a_one_line_error(shapes, tmp_path):
+    path = shapes["metaspace"]
+    with pytest.raises(ConfigError, match=rf"{path}: no tokenizer engine of 'fastokens' can") as e:
+        load_tokenizer(str(path), engine="fastokens")
+    assert "Metaspace" in str(e.value) and "use --tokenizer-engine auto" in str(e.value)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "hello"}\n')
+    for command in ("tokenize", "stats", "pack"):
+        out = ["-o", tmp_path / f"o-{command}.parquet"] if command != "stats" else []
+        if command == "pack":
+            out = ["-o", tmp_path / "packed"]
+        code, _, err = run(command, corpus, *out, "--tokenizer", path, "--tokenizer-engine", "fastokens")  # fmt: skip
+        assert code == 1
+        assert "no tokenizer engine of 'fastokens'" in one_error_line(err)
+
+
+def test_engine_names_are_checked(shapes, ranks_file):
+    with pytest.raises(
+        ConfigError, match=r"unknown tokenizer engine 'fast'; choose auto or one of"
+    ):
+        load_tokenizer(str(shapes["gpt2"]), engine="fast")
+    with pytest.raises(ConfigError, match="engine 'tiktoken' does not load tokenizer.json files"):
+        load_tokenizer(str(shapes["gpt2"]), engine="tiktoken")
+    with pytest.raises(ConfigError, match="engine 'tokenizers' does not load tiktoken"):
+        load_tokenizer(str(ranks_file), engine="tokenizers")
+    with pytest.raises(ConfigError, match="does not apply to 'byte'"):
+        load_tokenizer("byte", engine="fastokens")
+    # A list is tried in order; the reference library may close it.
+    assert load_tokenizer(str(shapes["bert"]), engine="fastokens,tokenizers").identity.engine == (
+        "tokenizers"
+    )
+    assert set(ENGINE_NAMES) == {"fastokens", "tokenizers", "tiktoken"}
+
+
+class _WrongIds:
+    """An engine whose ids are off by one: it loads, then fails the probe."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def encode(self, texts):
+        return self.inner.encode(texts)
+
+    def flat(self, raw):
+        flat, lengths = self.inner.flat(raw)
+        return flat + np.uint32(1), lengths
+
+
+def test_an_engine_that_fails_the_self_check_is_not_used(shapes, monkeypatch):
+    fast = tokenizer_engines.engine("fastokens")
+    wrong = Engine("fastokens", fast.kinds, False, "fastokens", lambda s, w: _WrongIds(fast.open(s, w)))  # fmt: skip
+    monkeypatch.setattr(tokenizer_engines, "ENGINES", (wrong, *tokenizer_engines.ENGINES[1:]))
+    tok = load_tokenizer(str(shapes["gpt2"]))
+    assert tok.identity.engine == "tokenizers"
+    assert "fastokens ids differ from the reference on probe text" in tok.engine_note
+    with pytest.raises(ConfigError, match="fastokens ids differ from the reference"):
+        load_tokenizer(str(shapes["gpt2"]), engine="fastokens")
+
+
+def test_a_missing_engine_is_skipped(shapes, monkeypatch):
+    fast = tokenizer_engines.engine("fastokens")
+    gone = Engine("fastokens", fast.kinds, False, "fastokens_not_installed", fast.open)
+    monkeypatch.setattr(tokenizer_engines, "ENGINES", (gone, *tokenizer_engines.ENGINES[1:]))
+    tok = load_tokenizer(str(shapes["gpt2"]))
+    assert tok.identity.engine == "tokenizers"
+    assert "fastokens is not installed (pip install fastokens_not_installed)" in tok.engine_note
+
+
+def test_the_probe_holds_the_hard_cases():
+    texts = probe_texts(["<|im_start|>"])
+    joined = "".join(texts)
+    for needle in (
+        " " * 300,
+        "\n" * 17,
+        "0" * 5000,
+        "日本語",
+        "🤗",
+        "<|im_start|>",
+        "x<|im_start|>y",
+    ):
+        assert needle in joined
+    assert probe_texts(["<|im_start|>"]) == texts  # deterministic
+
+
+def test_a_ranks_file_fastokens_refuses_falls_back_to_tiktoken(ranks_file, tmp_path):
+    # tiktoken accepts a rank no merge can reach (here one for the text "<|endoftext|>");
+    # fastokens refuses it at load.
+    path = tmp_path / "odd.tiktoken"
+    odd = base64.b64encode(b"<|endoftext|>").decode()
+    n = len(ranks_file.read_text().splitlines())
+    path.write_text(ranks_file.read_text() + f"{odd} {n}\n")
+    tok = load_tokenizer(str(path), eos=None)
+    assert tok.identity.engine == "tiktoken"
+    assert "fastokens cannot load it (" in tok.engine_note
+    texts = ["a <|endoftext|> b", *stdlib_sample()[:10]]
+    assert split(*tok.encode_batch(texts)) == tiktoken_reference(path, texts)
+
+
+def test_tiktoken_encoding_names_use_fastokens_through_a_ranks_file(ranks_file, monkeypatch):
+    from tiktoken.load import load_tiktoken_bpe
+
+    ranks = load_tiktoken_bpe(str(ranks_file))
+    enc = tiktoken.Encoding(
+        "mine", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)}
+    )  # fmt: skip
+    monkeypatch.setattr(tiktoken, "list_encoding_names", lambda: ["mine"])
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: enc)
+    tok = load_tokenizer("tiktoken:mine")
+    assert (tok.identity.engine, tok.identity.eos_id) == ("fastokens", len(ranks))
+    texts = ["a<|endoftext|>b", *stdlib_sample()[:10]]
+    assert split(*tok.encode_batch(texts)) == [enc.encode_ordinary(t) + [len(ranks)] for t in texts]
+
+
+# --- pickling (the Ray engine ships tokenizers to actors) --------------------------------------
+
+
+@pytest.mark.parametrize("which", ["gpt2", "bert", "ranks"])
+def test_engine_tokenizers_pickle(shapes, ranks_file, which):
+    path = ranks_file if which == "ranks" else shapes[which]
+    tok = load_tokenizer(str(path), workers=2)
+    again = pickle.loads(pickle.dumps(tok))
+    assert again.identity == tok.identity
+    texts = list(stdlib_sample()[:5])
+    assert np.array_equal(again.encode_batch(texts)[0], tok.encode_batch(texts)[0])
+
+
+# --- what is recorded ----------------------------------------------------------------------------
+
+
+def test_the_engine_is_recorded_and_ignored_when_matching(shapes, tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in stdlib_sample()[:30]))
+    path = shapes["gpt2"]
+    code, out, err = run("tokenize", corpus, "-o", tmp_path / "t.parquet", "--tokenizer", path)
+    assert code == 0, err
+    assert "(engine fastokens, vocab" in out
+    meta = json.loads(pq.read_schema(tmp_path / "t.parquet").metadata[b"packtool"])
+    assert meta["tokenizer"]["engine"] == "fastokens"
+    # Packed with another engine: the identities match (same ids); index.json records the engine
+    # that encoded them.
+    code, out, err = run(
+        "pack", tmp_path / "t.parquet", "-o", tmp_path / "p", "--tokenizer", path,
+        "--tokenizer-engine", "tokenizers", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["tokenizer"]["engine"] == "fastokens"
+    index = json.loads((tmp_path / "p" / "index.json").read_text())
+    assert index["tokenizer"]["engine"] == "fastokens"
+    # Raw input with a forced engine: summary, --json and index.json say which.
+    code, out, err = run(
+        "pack", corpus, "-o", tmp_path / "q", "--tokenizer", path, "--tokenizer-engine", "tokenizers"
+    )  # fmt: skip
+    assert code == 0, err
+    assert "tokenizer hf:" in out and "(engine tokenizers, vocab" in out
+    assert json.loads((tmp_path / "q" / "index.json").read_text())["tokenizer"]["engine"] == (
+        "tokenizers"
+    )
+    code, out, _ = run("stats", corpus, "--tokenizer", path, "--json")
+    assert json.loads(out)["inputs"]["tokenizer"]["engine"] == "fastokens"
+
+
+def test_a_fallback_is_noted_on_stderr(shapes, tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "hello world"}\n')
+    code, out, err = run("stats", corpus, "--tokenizer", shapes["metaspace"])
+    assert code == 0
+    assert err.startswith("note: fastokens cannot load it (") and "encoding with tokenizers" in err
