@@ -39,6 +39,11 @@ class BackendSpec:
     """Returns None when usable in this process, else why not (missing package, old torch)."""
     supports_window: Callable[[], bool] = lambda: True
     """Whether a sliding window can be expressed."""
+    kernel: Callable[..., torch.Tensor]
+    """`kernel(q, k, v, cu_seqlens, *, max_seqlen, causal, scale, window)` -> output."""
+    cuda_rank: int | None = None
+    """Its place in `auto`'s CUDA order (lowest first: the first usable one runs); None: `auto`
+    never picks it on CUDA."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,30 +348,45 @@ _HALF = (torch.float16, torch.bfloat16)
 _ALL = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 SPECS: dict[str, BackendSpec] = {
-    "flash_attn": BackendSpec(
-        name="flash_attn", cuda_only=True, dtypes=_HALF, available=_flash_attn_available
-    ),
-    "torch_varlen": BackendSpec(
-        name="torch_varlen",
-        cuda_only=True,
-        dtypes=_HALF,
-        available=_torch_varlen_available,
-        supports_window=_torch_varlen_window,
-    ),
-    "flex": BackendSpec(
-        name="flex",
-        cuda_only=True,
-        dtypes=(torch.float16, torch.bfloat16, torch.float32),
-        available=_flex_available,
-    ),
-    "sdpa": BackendSpec(name="sdpa", cuda_only=False, dtypes=_ALL, available=lambda: None),
-    "dense": BackendSpec(name="dense", cuda_only=False, dtypes=_ALL, available=lambda: None),
+    spec.name: spec
+    for spec in (
+        BackendSpec(
+            name="flash_attn",
+            cuda_only=True,
+            dtypes=_HALF,
+            available=_flash_attn_available,
+            kernel=flash_attn,
+            cuda_rank=0,
+        ),
+        BackendSpec(
+            name="torch_varlen",
+            cuda_only=True,
+            dtypes=_HALF,
+            available=_torch_varlen_available,
+            supports_window=_torch_varlen_window,
+            kernel=torch_varlen,
+            cuda_rank=1,
+        ),
+        BackendSpec(
+            name="flex",
+            cuda_only=True,
+            dtypes=(torch.float16, torch.bfloat16, torch.float32),
+            available=_flex_available,
+            kernel=flex,
+            cuda_rank=2,
+        ),
+        BackendSpec(
+            name="sdpa",
+            cuda_only=False,
+            dtypes=_ALL,
+            available=lambda: None,
+            kernel=sdpa,
+            cuda_rank=3,
+        ),
+        BackendSpec(
+            name="dense", cuda_only=False, dtypes=_ALL, available=lambda: None, kernel=dense
+        ),
+    )
 }
-
-KERNELS: dict[str, Callable[..., torch.Tensor]] = {
-    "flash_attn": flash_attn,
-    "torch_varlen": torch_varlen,
-    "flex": flex,
-    "sdpa": sdpa,
-    "dense": dense,
-}
+"""Every backend, once: what it can run, its kernel, and where `auto` ranks it on CUDA. Adding a
+backend is one kernel function and one entry here (docs/CONTRACTS.md)."""

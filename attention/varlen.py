@@ -13,7 +13,6 @@ from itertools import pairwise
 
 import torch
 
-from attention import backends
 from attention.backends import SPECS, Window
 
 log = logging.getLogger(__name__)
@@ -21,7 +20,11 @@ log = logging.getLogger(__name__)
 BACKENDS = ("auto", *SPECS)
 """Names accepted by ``backend=``."""
 
-CUDA_ORDER = ("flash_attn", "torch_varlen", "flex", "sdpa")
+CUDA_ORDER = tuple(
+    sorted(
+        (n for n, s in SPECS.items() if s.cuda_rank is not None), key=lambda n: SPECS[n].cuda_rank
+    )
+)
 """Preference on CUDA: the first usable one wins."""
 
 DENSE_K = 4096
@@ -273,7 +276,7 @@ def varlen_attention(
     if q.shape[0] == 0:
         out = q.new_zeros(q.shape)
     else:
-        out = backends.KERNELS[name](
+        out = SPECS[name].kernel(
             q,
             k,
             v,

@@ -19,7 +19,8 @@ from attention import backends
 from attention.varlen import normalize_window
 from tests.attention.helpers import cu_from_lengths, reference_attention
 
-CPU_BACKENDS = ["dense", "sdpa"]
+CPU_BACKENDS = [name for name, spec in backends.SPECS.items() if not spec.cuda_only]
+"""Every backend that runs on CPU (the registry, so a new one is tested here the day it lands)."""
 
 # flex_attention arrived in torch 2.5; the package supports older torch without that backend.
 needs_flex = pytest.mark.skipif(
@@ -345,9 +346,8 @@ def test_auto_on_cuda_prefers_flash_then_torch_varlen(monkeypatch):
     monkeypatch.setitem(
         backends.SPECS,
         "flash_attn",
-        backends.BackendSpec(
-            name="flash_attn",
-            cuda_only=True,
+        dataclasses.replace(
+            backends.SPECS["flash_attn"],
             dtypes=(torch.bfloat16,),
             available=lambda: "not installed",
         ),
@@ -423,8 +423,8 @@ def test_flash_attn_refuses_float32_by_dtype_reason(monkeypatch):
     monkeypatch.setitem(
         backends.SPECS,
         "flash_attn",
-        backends.BackendSpec(
-            name="flash_attn",
+        dataclasses.replace(
+            backends.SPECS["flash_attn"],
             cuda_only=False,
             dtypes=(torch.float16, torch.bfloat16),
             available=lambda: None,

@@ -10,12 +10,14 @@ import pytest
 import torch
 
 import attention
+from attention.backends import SPECS
 from attention.varlen import normalize_window, why_not
 from tests.attention.helpers import cu_from_lengths
 
 pytestmark = pytest.mark.gpu
 
-CUDA_BACKENDS = ["flash_attn", "torch_varlen", "flex"]
+CUDA_BACKENDS = [name for name, spec in SPECS.items() if spec.cuda_only]
+"""Every CUDA-only backend of the registry."""
 LENGTHS = [1, 17, 128, 300, 64, 5, 511, 2]
 
 
