@@ -15,6 +15,11 @@
   folder is moved in, a leftover old one deleted, so the output is always the old dataset or
   the new one, never a mixture. A file output (tokenize's `OUT.parquet`) is one atomic
   `os.replace`.
+- **One sequence.** `transaction` runs these steps in their one order for every command (create
+  the parent, lock, recover, the command's own checks and staging, its work, commit; on failure
+  the staging discarded when the command says so and the parents it created removed): `pack`
+  (packtool/engines/preflight.py) and `tokenize` (packtool/tokenize/tokenize.py) differ only in
+  what they check, keep and write.
 - **Apart from the inputs.** `check_apart` refuses an output inside an input folder (a later run
   would read its own output) and an input inside the output (a replacement would delete it),
   on resolved paths, before anything is read or removed.
@@ -34,8 +39,10 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from packtool.errors import ConfigError, naming
 from packtool.prefetch import map_ordered
@@ -47,6 +54,7 @@ LOCK_SUFFIX = ".packtool-lock"
 OUTPUT_NAMES = ("shard-00000.parquet", "part-00000.parquet", "index.json")
 """Names `pack` and `tokenize` write inside an output folder (for the glob check)."""
 _rename = os.rename  # every rename of the swap goes through here (tests interrupt it)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -302,3 +310,41 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def transaction(
+    out: str | os.PathLike,
+    command: str,
+    prepare: Callable[[OutputPaths], T],
+    discard: Callable[[BaseException, T], bool],
+) -> Iterator[tuple[OutputPaths, T]]:
+    """The output transaction of every command that writes a dataset: the steps in one order.
+
+    Creates the output's parent folders, takes `OutputLock`, finishes what a killed run left
+    (`recover`), then runs `prepare(paths)` (the command's own checks and its staging path:
+    what it returns is handed on) and the body; when the body succeeds the staging output is
+    swapped in (`commit`). When the body fails, the staging is removed if
+    `discard(exc, prepared)` says so (`pack` keeps it for `--resume`), and on any failure the
+    parent folders this call created are removed again when empty. Call `check_apart` first,
+    before anything is read.
+
+    Yields:
+        The output's paths and what `prepare` returned.
+    """
+    paths = output_paths(out)
+    made = create_parent(paths)
+    try:
+        with OutputLock(paths, command):
+            recover(paths)
+            prepared = prepare(paths)
+            try:
+                yield paths, prepared
+            except BaseException as exc:
+                if discard(exc, prepared):
+                    remove(paths.staging)
+                raise
+            commit(paths)
+    except BaseException:
+        remove_empty_parents(paths, made)
+        raise

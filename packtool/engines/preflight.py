@@ -31,15 +31,12 @@ from packtool.dataset.columns import written
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.manifest import INDEX_FILE
 from packtool.dataset.output import (
-    OutputLock,
     OutputPaths,
     check_apart,
     commit,
-    create_parent,
     output_paths,
-    recover,
     remove,
-    remove_empty_parents,
+    transaction,
 )
 from packtool.engines import records
 from packtool.engines.config import RunConfig
@@ -271,27 +268,21 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
     worker), and always in a resumed run. Parent folders this run created are removed when
     empty.
     """
-    paths = output_paths(config.out_dir)
-    made = create_parent(paths)
-    try:
-        with OutputLock(paths, config.command or "packtool pack"):
-            recover(paths)
-            if (paths.staging / INDEX_FILE).is_file():
-                # A run killed after writing index.json (written last) but before its swap:
-                # complete, so it is swapped in now, as it would have been.
-                remove(paths.staging / STATE_DIR)
-                commit(paths)
-            state = _prepare(config, paths)
-            try:
-                yield Output(work=paths.staging, state=state)
-            except BaseException as exc:
-                if _discard(exc, state, paths.staging):
-                    remove(paths.staging)
-                raise
+
+    def prepare(paths: OutputPaths) -> dict[str, Any] | None:
+        if (paths.staging / INDEX_FILE).is_file():
+            # A run killed after writing index.json (written last) but before its swap:
+            # complete, so it is swapped in now, as it would have been.
+            remove(paths.staging / STATE_DIR)
             commit(paths)
-    except BaseException:
-        remove_empty_parents(paths, made)
-        raise
+        return _prepare(config, paths)
+
+    def discard(exc: BaseException, state: dict[str, Any] | None) -> bool:
+        return _discard(exc, state, output_paths(config.out_dir).staging)
+
+    command = config.command or "packtool pack"
+    with transaction(config.out_dir, command, prepare, discard) as (paths, state):
+        yield Output(work=paths.staging, state=state)
 
 
 def staging_folder(out_dir: str | os.PathLike) -> Path:

@@ -25,16 +25,7 @@ import pyarrow.parquet as pq
 from packtool.arrow_numpy import from_numpy, strings
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.identity import TokenizerIdentity, describe_tokenizer
-from packtool.dataset.output import (
-    OutputLock,
-    check_apart,
-    commit,
-    create_parent,
-    output_paths,
-    recover,
-    remove,
-    remove_empty_parents,
-)
+from packtool.dataset.output import OutputPaths, check_apart, remove, transaction
 from packtool.dataset.tokenized import (
     common_identity,
     common_optional,
@@ -337,40 +328,37 @@ def tokenize_corpus(
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
     single = out.name.lower().endswith(".parquet")
-    paths = output_paths(out)
     skips = SkipCounter(strict=config.strict)
     optional = input_columns(inputs, config)  # e.g. loss_mask from labels: passed through
     schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
-    # The outermost folder this call creates (None: out's folder exists), removed on failure.
-    made = create_parent(paths)
-    try:
-        with OutputLock(paths, command or "packtool tokenize"):
-            recover(paths)
-            _check_out(paths.target, single, overwrite, shown=str(out))
-            remove(paths.staging)  # a killed run's leftovers: tokenize has nothing to resume
-            try:  # the first write, up front: a failure names the user's path
-                if single:
-                    paths.staging.touch()
-                else:
-                    paths.staging.mkdir()
-            except OSError as exc:
-                raise ConfigError(f"cannot write {out} ({exc.strerror or exc})") from None
-            start = time.perf_counter()
-            writer = PartWriter(paths.staging, schema, single=single, part_tokens=part_tokens)
-            try:
-                bar, supervised = _write_all(
-                    inputs, config, tokenizer, workers, skips, writer, progress, optional
-                )
-                files = writer.close()
-            except BaseException:
-                writer.abort()
-                remove(paths.staging)
-                raise
-            # The old output (if any) is replaced only now, in one swap (packtool/dataset/output.py).
-            commit(paths)
-    except BaseException:
-        remove_empty_parents(paths, made)
-        raise
+
+    def prepare(paths: OutputPaths) -> None:
+        _check_out(paths.target, single, overwrite, shown=str(out))
+        remove(paths.staging)  # a killed run's leftovers: tokenize has nothing to resume
+        try:  # the first write, up front: a failure names the user's path
+            if single:
+                paths.staging.touch()
+            else:
+                paths.staging.mkdir()
+        except OSError as exc:
+            raise ConfigError(f"cannot write {out} ({exc.strerror or exc})") from None
+
+    # Any failure of the work discards the staging output; the old output is replaced only
+    # when everything is written, in one swap (packtool/dataset/output.py).
+    with transaction(out, command or "packtool tokenize", prepare, lambda exc, _: True) as (
+        paths,
+        _,
+    ):
+        start = time.perf_counter()
+        writer = PartWriter(paths.staging, schema, single=single, part_tokens=part_tokens)
+        try:
+            bar, supervised = _write_all(
+                inputs, config, tokenizer, workers, skips, writer, progress, optional
+            )
+            files = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
     seconds = time.perf_counter() - start
     files = [out] if single else [out / f.name for f in files]
     return TokenizeSummary(

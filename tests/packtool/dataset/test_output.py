@@ -203,3 +203,60 @@ def test_unrelated_paths_pass(tmp_path, monkeypatch):
     check_apart("data/p", ["data/**/*.jsonl"])  # cannot match what packtool writes in data/p
     with pytest.raises(ConfigError, match="inside the output"):
         check_apart("data", ["x"], [tmp_path / "data" / "y.jsonl"])
+
+
+def test_the_transaction_swaps_in_what_the_body_built(tmp_path):
+    from packtool.dataset.output import transaction
+
+    out = tmp_path / "new" / "deeper" / "out"
+
+    def prepare(paths):
+        paths.staging.mkdir()
+        return "prepared"
+
+    with transaction(out, "test", prepare, lambda exc, _: True) as (paths, prepared):
+        assert prepared == "prepared"
+        (paths.staging / "index.json").write_text("{}")
+    assert (out / "index.json").read_text() == "{}"
+    assert [p.name for p in out.parent.iterdir()] == ["out"]  # no staging, lock or old copy left
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_failed_transaction_keeps_the_old_output_and_the_staging_only_when_asked(tmp_path, keep):
+    from packtool.dataset.output import transaction
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "index.json").write_text("old")
+    seen = []
+
+    def discard(exc, prepared):
+        seen.append((type(exc), prepared))
+        return not keep
+
+    def prepare(paths):
+        paths.staging.mkdir()
+        return 7
+
+    with pytest.raises(RuntimeError), transaction(out, "test", prepare, discard) as (paths, _):
+        (paths.staging / "part").write_text("half")
+        raise RuntimeError("the work failed")
+    assert (out / "index.json").read_text() == "old"
+    assert seen == [(RuntimeError, 7)]
+    assert (tmp_path / ".out.packtool-staging").exists() == keep
+
+
+def test_a_transaction_that_fails_in_prepare_removes_the_folders_it_made(tmp_path):
+    from packtool.dataset.output import transaction
+
+    out = tmp_path / "a" / "b" / "out"
+
+    def prepare(paths):
+        raise ConfigError("refused")
+
+    with (
+        pytest.raises(ConfigError, match="refused"),
+        transaction(out, "test", prepare, lambda exc, _: True),
+    ):
+        pytest.fail("the body never runs when prepare fails")
+    assert not (tmp_path / "a").exists()
