@@ -25,6 +25,16 @@ class WorkersLost(DataError):
     a mistake in the command, so the finished partitions stay for `--resume`."""
 
 
+class AlreadyComplete(PacktoolError):
+    """What was asked is already done: `--resume` of a dataset whose run finished. Not a failure:
+    the CLI prints the message and exits 0 (a requeued scheduler job that always passes
+    `--resume` then succeeds again); a library caller decides for itself."""
+
+    def __init__(self, message: str, output: str) -> None:
+        super().__init__(message)
+        self.output = output
+
+
 class MissingDependencyError(PacktoolError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 

@@ -19,7 +19,7 @@ import click
 from packtool import __version__
 from packtool.cli import interrupt
 from packtool.cli.input_options import CorpusOptions, corpus_options, sft_options
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import AlreadyComplete, ConfigError, PacktoolError
 from packtool.quantities import parse_size, positive_int
 
 # numpy's OpenBLAS starts a spinning thread per core at import; no command does linear algebra,
@@ -444,14 +444,20 @@ def pack_cmd(
     )
     tokenizer = loading.result()
     interrupt.note[0] = functools.partial(interrupt.resume_note, output, overwrite)
-    if engine == "ray":
-        from packtool.engines.ray import RayConfig, run_pack_ray
-
-        summary = run_pack_ray(config, RayConfig(address=ray_address, actors=workers), tokenizer)
-    elif ray_address is not None:
+    if engine != "ray" and ray_address is not None:
         raise ConfigError("--ray-address needs --engine ray")
-    else:
-        summary = run_pack(config, tokenizer)
+    try:
+        if engine == "ray":
+            from packtool.engines.ray import RayConfig, run_pack_ray
+
+            ray = RayConfig(address=ray_address, actors=workers)
+            summary = run_pack_ray(config, ray, tokenizer)
+        else:
+            summary = run_pack(config, tokenizer)
+    except AlreadyComplete as done:  # --resume of a finished run: success, with nothing to do
+        as_dict = {"output": done.output, "already_complete": True, "message": str(done)}
+        click.echo(json.dumps(as_dict, indent=2) if as_json else str(done))
+        return
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2))
     else:
@@ -468,7 +474,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="packtool", standalone_mode=False)
     except PacktoolError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {_one_line(exc)}", err=True)
         sys.exit(1)
     except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
         click.echo(f"interrupted{interrupt.note[0]()}", err=True)
@@ -482,7 +488,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0)
     except OSError as exc:  # the disk filled up, a permission changed mid-run, ...
         where = f"{exc.filename}: " if exc.filename else ""
-        click.echo(f"error: {where}{exc.strerror or exc}{interrupt.note[0]()}", err=True)
+        click.echo(f"error: {where}{_one_line(exc.strerror or exc)}{interrupt.note[0]()}", err=True)
         sys.exit(1)
     finally:
         interrupt.note[0] = lambda: ""
@@ -490,6 +496,11 @@ def main(argv: list[str] | None = None) -> None:
             signal.signal(signal.SIGINT, previous)
         if argv is None:
             _before_exit()
+
+
+def _one_line(message: object) -> str:
+    """An error as one line: a library's message may hold newlines (pyarrow's Thrift errors)."""
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
 def _before_exit() -> None:

@@ -40,7 +40,7 @@ from packtool.dataset.output import (
 )
 from packtool.engines import records
 from packtool.engines.config import RunConfig
-from packtool.errors import ConfigError, PacktoolError, WorkersLost
+from packtool.errors import AlreadyComplete, ConfigError, PacktoolError, WorkersLost
 from packtool.pack.chunk import check_room_for_text
 from packtool.pack.columns import check_policy
 from packtool.prefetch import map_ordered, stat_all
@@ -403,8 +403,10 @@ def _load_state(paths: OutputPaths) -> dict[str, Any]:
     out, shown = paths.target, paths.shown
     if not (paths.staging / STATE_DIR).is_dir():
         if (out / INDEX_FILE).exists():
-            raise ConfigError(
-                f"{shown} is already complete ({INDEX_FILE} exists); nothing to resume"
+            raise AlreadyComplete(
+                f"{shown} is already complete ({INDEX_FILE} exists): nothing to resume, "
+                "nothing done",
+                str(out),
             )
         if any((where / old).exists() for where in (out, paths.staging) for old in OLD_STATE):
             raise ConfigError(

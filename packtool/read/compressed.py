@@ -1,6 +1,10 @@
 """Opening corpus files that may be gzip- or zstd-compressed, as one buffered byte stream.
 
-The suffix decides: `*.gz` is gzip, `*.zst` is zstd, anything else is read as it is. A stream that
+The suffix decides: `*.gz` is gzip, `*.zst` is zstd, anything else is read as it is. A file whose
+bytes are not what its name says (plain text or gzip named `.zst`) fails while it is read; every
+reader reads inside `read_errors(path)`, which turns each way that can go wrong into one
+`DataError` naming the file, so no read path (the record-kind probe included) shows a traceback.
+A stream that
 ends in the middle (a truncated download, a full disk) raises `EOFError` instead of quietly
 yielding what was there: `gzip` does that on its own; zstd's `stream_reader` does not (it returns
 the frames it could decode and then ends), so zstd goes through `_ZstdReader`, which also reads
@@ -9,10 +13,15 @@ every frame of a multi-frame file (`zstd` of concatenated parts, `pzstd`).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from packtool.errors import DataError
 
 BUFFER_BYTES = 1 << 20
 
@@ -46,6 +55,53 @@ def zstd_error() -> type[BaseException]:
     import zstandard
 
     return zstandard.ZstdError
+
+
+@contextlib.contextmanager
+def read_errors(path: Path) -> Iterator[None]:
+    """Turn what reading `path` can raise into one `DataError` naming it.
+
+    An unreadable file or data that is not gzip (`OSError`, `gzip.BadGzipFile`), a stream that
+    ends early (`EOFError`), gzip data damaged inside (`zlib.error`), data that is not zstd or
+    is damaged (`zstandard.ZstdError`). Errors packtool
+    already phrased (`DataError`, `ConfigError`) pass through unchanged.
+    """
+    try:
+        yield
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except EOFError as exc:
+        raise DataError(f"{path}: file is truncated ({exc})") from None
+    except zlib.error as exc:  # gzip data damaged inside a block
+        raise DataError(f"{path}: corrupt gzip stream ({exc})") from None
+    except Exception as exc:
+        if isinstance(exc, zstd_error()):
+            raise DataError(f"{path}: corrupt zstd stream ({exc}){_what_it_is(path)}") from None
+        raise
+
+
+_MAGIC = ((b"\x1f\x8b", "gzip", ".gz"), (b"\x28\xb5\x2f\xfd", "zstd", ".zst"))
+
+
+def _what_it_is(path: Path) -> str:
+    """A hint for a file whose bytes are not what its name says: what its first bytes are."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return ""
+    for magic, name, suffix in _MAGIC:
+        if head.startswith(magic):
+            return (
+                ""
+                if path.name.lower().endswith(suffix)
+                else f"; the file holds {name} data: rename it to {suffix}"
+            )
+    return (
+        "; the file is not compressed: drop the .zst from its name"
+        if head
+        else "; the file is empty"
+    )
 
 
 class _ZstdReader(io.RawIOBase):

@@ -12,9 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from packtool.errors import DataError
 from packtool.read import jsonl, parquet, text
-from packtool.read.compressed import zstd_error
+from packtool.read.compressed import read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter
 from packtool.read.lines import TO_END
 
@@ -82,12 +81,5 @@ def read_file(
     """The documents of `path` (of its piece `[start, end)`: bytes or row groups, as its format
     counts them), read by its format's reader; every way a file can fail to read is one
     `DataError` naming it (unreadable, truncated, a corrupt gzip or zstd stream)."""
-    fmt = format_of(path)
-    try:
-        yield from fmt.read(path, config, skips, start, end)
-    except OSError as exc:  # also gzip.BadGzipFile
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except EOFError as exc:
-        raise DataError(f"{path}: file is truncated ({exc})") from None
-    except zstd_error() as exc:
-        raise DataError(f"{path}: corrupt zstd stream ({exc})") from None
+    with read_errors(path):
+        yield from format_of(path).read(path, config, skips, start, end)

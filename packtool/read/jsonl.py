@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from packtool.errors import DataError
-from packtool.read.compressed import open_stream
+from packtool.read.compressed import open_stream, read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter, as_extra
 from packtool.read.lines import BOM, TO_END, lines
 
@@ -42,14 +42,14 @@ def json_array_file(path: Path) -> bool:
     """A `.json` file whose first non-blank byte is `[`: one JSON array, not JSON Lines."""
     if not path.name.lower().endswith(JSON_SUFFIXES):
         return False
-    with open_stream(path) as f:
+    with read_errors(path), open_stream(path) as f:
         head = f.read(4096).removeprefix(BOM).lstrip()
     return head.startswith(b"[")
 
 
 def read_json_array(path: Path) -> Iterator[tuple[str, Any, int, int]]:
     """(where, object, bytes, item index) for each element of a file holding one JSON array."""
-    with open_stream(path) as f:
+    with read_errors(path), open_stream(path) as f:
         data = f.read().removeprefix(BOM)
     try:
         items = orjson.loads(data)
@@ -71,6 +71,13 @@ def jsonl_objects(
     """(where, parsed object, bytes, byte offset) per non-blank line starting in `[start, end)`;
     unparseable lines are counted skips. `where` is `file:line`, or `file:byte N` inside a
     range that does not start the file (its line numbers are unknown there)."""
+    with read_errors(path):
+        yield from _objects(path, skips, start, end)
+
+
+def _objects(
+    path: Path, skips: SkipCounter, start: int, end: int
+) -> Iterator[tuple[str, Any, int, int]]:
     for offset, lineno, line in lines(path, start, end):
         if not line.strip():
             continue  # a blank line is not a document

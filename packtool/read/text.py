@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from packtool.read.compressed import open_stream
+from packtool.read.compressed import open_stream, read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter
 from packtool.read.lines import BOM
 
@@ -19,7 +19,7 @@ TEXT_SUFFIXES = tuple(f"{s}{c}" for s in (".txt", ".md", ".text") for c in ("", 
 
 def read_text(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[Doc]:
     """The file as one document (`Doc`), or nothing (a counted skip)."""
-    with open_stream(path) as f:
+    with read_errors(path), open_stream(path) as f:
         data = f.read()
     nbytes = len(data)
     data = data.removeprefix(BOM)

@@ -121,6 +121,26 @@ def test_pack_max_len_with_no_room_beside_bos_and_eos(tmp_path, small):
     assert code == 0, err
 
 
+def test_resume_of_a_finished_dataset_succeeds_and_changes_nothing(tmp_path, small):
+    # A scheduler job that is requeued and always passes --resume must not fail after success.
+    assert run("pack", small, "-o", tmp_path / "p")[0] == 0
+    before = {f.name: (f.read_bytes(), f.stat().st_mtime_ns) for f in (tmp_path / "p").iterdir()}
+    code, out, err = run("pack", small, "-o", tmp_path / "p", "--resume")
+    assert (code, err) == (0, "")
+    assert out.strip().splitlines() == [
+        f"{tmp_path / 'p'} is already complete (index.json exists): nothing to resume, nothing done"
+    ]
+    after = {f.name: (f.read_bytes(), f.stat().st_mtime_ns) for f in (tmp_path / "p").iterdir()}
+    assert after == before
+    code, out, _ = run("pack", small, "-o", tmp_path / "p", "--resume", "--json")
+    assert code == 0 and json.loads(out)["already_complete"] is True
+    # Options and inputs are still checked first: a mistake is still a mistake.
+    code, _, err = run("pack", small, "-o", tmp_path / "p", "--resume", "--max-len", "0")
+    assert code == 1 and "max_len" in one_error_line(err)
+    code, _, err = run("pack", tmp_path / "gone.jsonl", "-o", tmp_path / "p", "--resume")
+    assert code == 1 and "gone.jsonl" in one_error_line(err)
+
+
 def test_resume_without_a_previous_run_creates_nothing(tmp_path, small):
     code, _, err = run("pack", small, "-o", tmp_path / "new", "--resume")
     assert code == 1 and "nothing to resume" in one_error_line(err)

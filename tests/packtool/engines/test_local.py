@@ -16,7 +16,7 @@ from packtool.dataset.shards import ShardConfig
 from packtool.engines import local, records, worker
 from packtool.engines.local import RunConfig, rechunk, run_pack
 from packtool.engines.preflight import STATE_DIR, staging_folder
-from packtool.errors import ConfigError, DataError
+from packtool.errors import AlreadyComplete, ConfigError, DataError
 from packtool.pack.chunk import PackConfig
 from packtool.tokenizer.tokenizers import load_tokenizer
 
@@ -122,8 +122,10 @@ def test_resume_refuses_changed_options_and_finished_runs(tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match="cannot resume.*pack"):
         run(tmp_path / "out", max_len=2048, chunk_docs=500, resume=True)
     run(tmp_path / "done", max_len=1024)
-    with pytest.raises(ConfigError, match="already complete"):
+    with pytest.raises(AlreadyComplete, match="already complete") as done:
         run(tmp_path / "done", max_len=1024, resume=True)
+    assert done.value.output == str(tmp_path / "done")
+    assert not isinstance(done.value, ConfigError)  # not a mistake: the CLI exits 0
 
 
 def test_non_empty_output_needs_overwrite(tmp_path):

@@ -1,0 +1,128 @@
+"""Truncated and corrupt inputs at every command that reads a corpus: one line, never a traceback.
+
+Every read path goes through `packtool.read.compressed.read_errors` (the record-kind probe of
+fine-tuning data, the `.json` array check and the readers alike), so a `.zst` that holds plain
+text or gzip bytes, a gzip stream cut short, a Parquet file cut or scribbled on, or a JSON array
+cut in the middle ends `stats`, `tokenize` and `pack` with exit code 1 and one `error:` line
+naming the file. Damage that leaves the data readable may succeed; it must still not crash.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.cli import one_error_line, run
+
+TEXTS = [f"document {i}: " + "word " * (i * 7 % 40) for i in range(60)]
+JSONL = b"".join(json.dumps({"text": t}).encode() + b"\n" for t in TEXTS)
+CHAT = b"".join(
+    json.dumps(
+        {"messages": [{"role": "user", "content": t}, {"role": "assistant", "content": t}]}
+    ).encode()
+    + b"\n"
+    for t in TEXTS
+)
+
+
+def _parquet() -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"text": TEXTS}), sink, row_group_size=16)
+    return sink.getvalue()
+
+
+ENCODE = {
+    "plain": lambda data: data,
+    "gzip": gzip.compress,
+    "zstd": lambda data: zstandard.ZstdCompressor().compress(data),
+}
+FILES = {  # name -> (content, how it is encoded)
+    "corpus.jsonl.gz": (JSONL, "gzip"),
+    "corpus.jsonl.zst": (JSONL, "zstd"),
+    "chat.jsonl.zst": (CHAT, "zstd"),  # read first by the record-kind probe
+    "corpus.txt.gz": (b"one document of plain text\n" * 50, "gzip"),
+    "corpus.txt.zst": (b"one document of plain text\n" * 50, "zstd"),
+    "corpus.json": (json.dumps([{"text": t} for t in TEXTS]).encode(), "plain"),
+    "corpus.parquet": (_parquet(), "plain"),
+}
+DAMAGE = ("truncate", "scribble", "plain bytes", "gzip bytes", "zstd bytes")
+
+
+def damaged(name: str, damage: str, where: float) -> bytes:
+    content, encoding = FILES[name]
+    if damage in ("plain bytes", "gzip bytes", "zstd bytes"):  # what the name does not say
+        return ENCODE[damage.split()[0]](content)
+    data = ENCODE[encoding](content)
+    cut = max(1, int(len(data) * where))
+    if damage == "truncate":
+        return data[: min(cut, len(data) - 1)]
+    return data[:cut] + bytes(b ^ 0x5A for b in data[cut : cut + 64]) + data[cut + 64 :]
+
+
+TEMPLATE = Path(__file__).resolve().parents[3] / "examples" / "chat_template.jinja"
+COMMANDS = {
+    "stats": lambda path, out: ["stats", path, *_chat(path)],
+    "tokenize": lambda path, out: ["tokenize", path, "-o", out / "tok.parquet", *_chat(path)],
+    "pack": lambda path, out: ["pack", path, "-o", out / "packed", "--workers", "1", *_chat(path)],
+}
+
+
+def _chat(path: Path) -> list[object]:
+    return ["--chat-template", TEMPLATE] if path.name.startswith("chat") else []
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    name=st.sampled_from(sorted(FILES)),
+    damage=st.sampled_from(DAMAGE),
+    where=st.floats(0.0, 1.0),
+    command=st.sampled_from(sorted(COMMANDS)),
+)
+def test_a_damaged_input_is_one_line_at_every_command(
+    tmp_path_factory, name, damage, where, command
+):
+    folder = tmp_path_factory.mktemp("damaged")
+    path = folder / name
+    path.write_bytes(damaged(name, damage, where))
+    code, _, err = run(*COMMANDS[command](path, folder))
+    assert code in (0, 1), err
+    if code == 1:
+        assert str(path.name) in one_error_line(err)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize(
+    ("name", "damage", "says"),
+    [
+        ("corpus.jsonl.zst", "plain bytes", "drop the .zst"),
+        ("corpus.jsonl.zst", "gzip bytes", "rename it to .gz"),
+        ("chat.jsonl.zst", "gzip bytes", "rename it to .gz"),
+        ("corpus.jsonl.gz", "plain bytes", "Not a gzipped file"),
+        ("corpus.jsonl.gz", "truncate", "truncated"),
+        ("corpus.txt.zst", "truncate", "truncated"),
+    ],
+)
+def test_a_file_that_is_not_what_its_name_says_is_named_with_the_fix(
+    tmp_path, command, name, damage, says
+):
+    # The defect: a `.zst` holding plain text or gzip bytes was a zstandard.ZstdError traceback
+    # from all three commands (raised in the fine-tuning record-kind probe).
+    path = tmp_path / name
+    path.write_bytes(damaged(name, damage, 0.5))
+    code, _, err = run(*COMMANDS[command](path, tmp_path))
+    assert code == 1
+    line = one_error_line(err)
+    assert str(path) in line and says in line
