@@ -35,12 +35,15 @@ from packtool.engines.config import RunConfig
 from packtool.engines.context import WorkerContext, context_for
 from packtool.engines.plan import Plan, describe, make_plan
 from packtool.engines.preflight import (
+    COMPLETE,
     FACTS_KEY,
     UNITS,
     Checked,
     Output,
+    check_complete,
     check_facts,
     check_fingerprint,
+    fingerprint_digest,
     fingerprint_of,
 )
 from packtool.engines.summary import PackSummary
@@ -74,6 +77,9 @@ class Run:
         self.work = output.work
         kinds = checked.kinds()
         fingerprint = fingerprint_of(config, checked)
+        self.fingerprint = fingerprint_digest(fingerprint)
+        if output.state is not None and output.state.get(COMPLETE):
+            check_complete(fingerprint, Path(config.out_dir))  # raises: there is nothing to run
         if output.state is None:
             self.plan: Plan = plan_of(config, checked)
             fan_in = merge.TAIL_FAN_IN
@@ -211,7 +217,13 @@ class Run:
         self.seconds["final stage"] = time.perf_counter() - t0
         doc_ids = finish.doc_id_record(self.work, [f.path for f in self.plan.files], self.units)
         summary, manifest = finish.manifest_head(
-            self.config, self.totals, self.checked.identity, self.checked.columns, doc_ids, n
+            self.config,
+            self.totals,
+            self.checked.identity,
+            self.checked.columns,
+            doc_ids,
+            n,
+            self.fingerprint,
         )
         finish.remove_temporaries(self.work)  # left by workers killed mid-write
         finish.write_index(self.work, manifest, root)

@@ -49,8 +49,10 @@ def manifest_head(
     columns: tuple[str, ...],
     doc_ids: dict[str, Any],
     partitions: int,
+    fingerprint: str,
 ) -> tuple[PackSummary, Manifest]:
-    """The summary and `index.json` without its shard list, from the running sums.
+    """The summary and `index.json` without its shard list, from the running sums;
+    `fingerprint` is the run's (`preflight.fingerprint_digest`), which `--resume` compares.
 
     Raises:
         DataError: no document, or nothing left to pack.
@@ -128,6 +130,7 @@ def manifest_head(
                 else {}
             ),
             "doc_ids": doc_ids,
+            "fingerprint": fingerprint,
         },
     )
     return summary, manifest

@@ -19,6 +19,7 @@ The local and the Ray engine both go through here; neither repeats these checks.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -40,15 +41,14 @@ from packtool.dataset.output import (
 )
 from packtool.engines import records
 from packtool.engines.config import RunConfig
-from packtool.errors import AlreadyComplete, ConfigError, PacktoolError, WorkersLost
+from packtool.errors import AlreadyComplete, ConfigError, DataError, PacktoolError, WorkersLost
 from packtool.pack.chunk import check_room_for_text
 from packtool.pack.columns import check_policy
 from packtool.prefetch import map_ordered, stat_all
 from packtool.read.corpus import expand_inputs
 from packtool.read.formats import file_kind
 from packtool.read.jsonl import json_array_file
-from packtool.tokenize.pieces import PRETOKENIZED, RAW, RECORDS, TOKENIZED
-from packtool.tokenize.tokenize import check_recorded_tokenizer, inputs_read
+from packtool.tokenize.tokenize import RAW, RECORDS, check_recorded_tokenizer, inputs_read
 from packtool.tokenizer.tokenizers import Tokenizer
 
 STATE_DIR = records.RUN_DIR
@@ -187,24 +187,15 @@ def _read_facts(config: RunConfig, paths: list[Path]) -> InputFacts:
     outcome, and the file an error names, are those of reading them one after another.
     """
     read = inputs_read(paths, config.read)  # e.g. loss_mask; mixed inputs fail here
-    columns = read.columns
-    check_policy(columns, config.pack.long_docs)
+    check_policy(read.columns, config.pack.long_docs)
     recorded = read.identity()
-    pre, mask_source = read.pretokenized, read.mask_source
-    sft_records = "loss_mask" in columns and recorded is None and not pre
-    mode = TOKENIZED if recorded is not None else PRETOKENIZED if pre else RAW
-    kind = None
-    if sft_records:
-        from packtool.sft.inputs import sft_kind
-
-        mode, kind = RECORDS, sft_kind(paths, config.read, tokenized=False)
     return InputFacts(
-        columns=columns,
+        columns=read.columns,
         recorded=None if recorded is None else recorded.to_dict(),
-        mode=mode,
-        mask_source=mask_source,
-        sft_kind=kind,
-        kinds=tuple(_file_kinds(paths, mode)),
+        mode=read.mode,
+        mask_source=read.mask_source,
+        sft_kind=read.sft_kind,
+        kinds=tuple(_file_kinds(paths, read.mode)),
     )
 
 
@@ -314,6 +305,41 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
     return json.loads(json.dumps(fingerprint))
 
 
+COMPLETE = "complete"
+"""The state `output_folder` yields for `--resume` of a dataset whose run finished."""
+
+
+def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
+    """What `index.json` keeps of the run's fingerprint (`extra.fingerprint`): the sha256 of its
+    options, tokenizer and input files with their sizes, not their modification times, so the
+    same request on a copy of the same corpus writes the same `index.json`."""
+    request = {**fingerprint, "inputs": [f[:2] for f in fingerprint["inputs"]]}
+    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+
+
+def check_complete(fingerprint: dict[str, Any], out: Path) -> None:
+    """`--resume` of a finished dataset: `AlreadyComplete` when it was made by this run's
+    options and inputs (nothing to do, not a failure), else a `ConfigError`.
+
+    A dataset packed before `index.json` kept the digest (`extra.fingerprint`) is taken as
+    complete: nothing recorded says otherwise.
+    """
+    try:
+        extra = json.loads((out / INDEX_FILE).read_text(encoding="utf-8")).get("extra") or {}
+    except (OSError, ValueError, AttributeError):
+        raise DataError(f"{out / INDEX_FILE}: unreadable; use --overwrite") from None
+    saved = extra.get("fingerprint")
+    if saved is not None and saved != fingerprint_digest(fingerprint):
+        raise ConfigError(
+            f"cannot resume {out}: it is a finished dataset of other options or inputs; "
+            "use --overwrite to replace it"
+        )
+    raise AlreadyComplete(
+        f"{out} is already complete ({INDEX_FILE} exists): nothing to resume, nothing done",
+        str(out),
+    )
+
+
 def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, Any], out: Path) -> None:
     """Refuse to resume when the options or inputs differ from the interrupted run's."""
     old = state.get("fingerprint", {})
@@ -403,11 +429,7 @@ def _load_state(paths: OutputPaths) -> dict[str, Any]:
     out, shown = paths.target, paths.shown
     if not (paths.staging / STATE_DIR).is_dir():
         if (out / INDEX_FILE).exists():
-            raise AlreadyComplete(
-                f"{shown} is already complete ({INDEX_FILE} exists): nothing to resume, "
-                "nothing done",
-                str(out),
-            )
+            return {COMPLETE: True}  # `check_complete` decides, once the options are known
         if any((where / old).exists() for where in (out, paths.staging) for old in OLD_STATE):
             raise ConfigError(
                 f"{shown} holds a run interrupted by an older packtool, which this one cannot "

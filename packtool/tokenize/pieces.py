@@ -33,13 +33,8 @@ from packtool.read.formats import read_file
 from packtool.read.lines import TO_END
 from packtool.read.pretokenized import read_pretokenized_file
 from packtool.read.tokenized import read_tokenized_file
-from packtool.tokenize.tokenize import batch_table, prefetch
+from packtool.tokenize.tokenize import RAW, RECORDS, TOKENIZED, batch_table, prefetch
 from packtool.tokenizer.tokenizers import Tokenizer
-
-RAW, TOKENIZED, PRETOKENIZED, RECORDS = "raw", "tokenized", "pretokenized", "records"
-"""How a run's inputs are read: raw text (tokenized here), `packtool tokenize` output, ids made
-elsewhere, or fine-tuning records (prompt/completion, chat: rendered, encoded and masked by
-packtool/sft/encode.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -61,9 +61,17 @@ def input_columns(
     return inputs_read(expand_inputs(inputs), read_config or ReadConfig()).columns
 
 
+RAW, TOKENIZED, PRETOKENIZED, RECORDS = "raw", "tokenized", "pretokenized", "records"
+"""What the inputs are, and so how they are read (`InputsRead.mode`): raw text (tokenized here), `packtool tokenize` output, ids made
+elsewhere, or fine-tuning records (prompt/completion, chat: rendered, encoded and masked by
+packtool/sft/encode.py)."""
+
+
 @dataclass(frozen=True)
 class InputsRead:
-    """What `inputs_read` learns of the input files from their footers and first records."""
+    """What the inputs are, learnt once from their footers and first records (`inputs_read`) and
+    handed on: `tokenized_batches`, `stats` and `pack`'s preflight (which saves it in the run's
+    state for `--resume`) read the inputs by it and never classify them again."""
 
     columns: tuple[str, ...]
     """The optional shard columns (`input_columns`)."""
@@ -73,6 +81,10 @@ class InputsRead:
     """The pre-tokenized files' mask column (None: no mask)."""
     tokenized: list[tuple[Path, dict[str, Any]]]
     """`packtool tokenize` files with their metadata (all of the files, or [])."""
+    mode: str = RAW
+    """`RAW`, `TOKENIZED`, `PRETOKENIZED` or `RECORDS`."""
+    sft_kind: str | None = None
+    """Fine-tuning records (`RECORDS`): their kind (prompt-completion, messages, sharegpt)."""
 
     def identity(self) -> TokenizerIdentity | None:
         """The tokenizer recorded in tokenized inputs (`input_identity`)."""
@@ -80,21 +92,25 @@ class InputsRead:
 
 
 def inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
-    """`input_columns` and what it read on the way, each footer read once (`map_ordered`).
+    """What the inputs are (`InputsRead`), each footer and first record read once
+    (`map_ordered`: several files at a time, the answers in input order).
 
     Raises:
-        ConfigError, DataError: as `input_columns`.
+        ConfigError: inputs of two kinds, or a `--format` the inputs contradict.
+        DataError: as `input_columns`, and fine-tuning files of different kinds.
     """
     pre, mask_source = split_pretokenized(paths, config)
     if pre:
         sft_kind(pre, config, tokenized=True)  # refuses a --format of raw records
         columns = (shard_columns.LOSS_MASK,) if mask_source else ()
-        return InputsRead(columns, pre, mask_source, [])  # no packtool metadata: not tokenized
+        # no packtool metadata: not `packtool tokenize` output
+        return InputsRead(columns, pre, mask_source, [], PRETOKENIZED)
     tokenized, raw = split_tokenized(paths)
-    if sft_kind(raw, config, tokenized=bool(tokenized)):  # prompt/completion, chat records
-        return InputsRead((shard_columns.LOSS_MASK,), [], None, tokenized)
+    kind = sft_kind(raw, config, tokenized=bool(tokenized))
+    if kind is not None:  # prompt/completion, chat records
+        return InputsRead((shard_columns.LOSS_MASK,), [], None, tokenized, RECORDS, kind)
     columns = common_optional(tokenized) if tokenized else ()
-    return InputsRead(columns, [], None, tokenized)
+    return InputsRead(columns, [], None, tokenized, TOKENIZED if tokenized else RAW)
 
 
 def tokenized_batches(
@@ -137,39 +153,36 @@ def _tokenized_batches(
 ) -> Iterator[tuple[pa.Table, int]]:
     config = read_config or ReadConfig()
     paths = expand_inputs(inputs)
-    pre, mask_source = split_pretokenized(paths, config)
-    tokenized, raw = ([], pre) if pre else split_tokenized(paths)
-    kind = sft_kind(raw, config, tokenized=bool(pre or tokenized))
+    read = inputs_read(paths, config)
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
-    if tokenized:
-        yield from _read_tokenized(tokenized, config, tokenizer)
+    if read.mode == TOKENIZED:
+        yield from _read_tokenized(read.tokenized, config, tokenizer)
         return
     if tokenizer is None:
         what = (
             "pre-tokenized inputs need the tokenizer that made them"
-            if pre
+            if read.mode == PRETOKENIZED
             else ("raw corpus inputs need a tokenizer")
         )
         raise ConfigError(f"{what} (e.g. --tokenizer byte)")
     skips = skips if skips is not None else SkipCounter(strict=config.strict)
-    if pre:  # ids made elsewhere: checked against the tokenizer's vocabulary, not encoded
-        optional = (shard_columns.LOSS_MASK,) if mask_source else ()
-        schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
+    schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=read.columns)
+    if read.mode == PRETOKENIZED:  # ids made elsewhere: checked against the vocabulary
         vocab = tokenizer.identity.vocab_size
-        yield from read_pretokenized(pre, mask_source, config, schema, vocab, skips)
+        yield from read_pretokenized(
+            read.pretokenized, read.mask_source, config, schema, vocab, skips
+        )
         return
-    if kind is not None:  # fine-tuning records: rendered, encoded, masked (packtool/sft/encode.py)
+    if read.mode == RECORDS:  # fine-tuning records: rendered, encoded, masked (sft/encode.py)
         from packtool.sft.encode import sft_tables
 
-        optional = (shard_columns.LOSS_MASK,)
-        schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
-        yield from sft_tables(raw, kind, config, tokenizer, skips, schema)
+        yield from sft_tables(paths, read.sft_kind, config, tokenizer, skips, schema)
         return
     schema = tokenized_schema(tokenizer.identity, config.extra_fields)
 
     def encoded() -> Iterator[tuple[DocumentBatch, Any]]:
-        for batch in prefetch(read_corpus(raw, config, skips), depth=PIPELINE_DEPTH):
+        for batch in prefetch(read_corpus(paths, config, skips), depth=PIPELINE_DEPTH):
             yield batch, tokenizer.start_batch(batch.texts)
 
     # Three stages, each a batch or two ahead: read+parse | library encode (GIL released) |

@@ -139,6 +139,14 @@ def test_resume_of_a_finished_dataset_succeeds_and_changes_nothing(tmp_path, sma
     assert code == 1 and "max_len" in one_error_line(err)
     code, _, err = run("pack", tmp_path / "gone.jsonl", "-o", tmp_path / "p", "--resume")
     assert code == 1 and "gone.jsonl" in one_error_line(err)
+    # ... and compared with the finished run's: other options are another dataset.
+    code, _, err = run("pack", small, "-o", tmp_path / "p", "--resume", "--max-len", "1024")
+    assert code == 1 and "other options or inputs" in one_error_line(err)
+    small.write_text(small.read_text() + '{"text": "one more"}\n')
+    code, _, err = run("pack", small, "-o", tmp_path / "p", "--resume")
+    assert code == 1 and "--overwrite" in one_error_line(err)
+    after = {f.name: (f.read_bytes(), f.stat().st_mtime_ns) for f in (tmp_path / "p").iterdir()}
+    assert after == before
 
 
 def test_resume_without_a_previous_run_creates_nothing(tmp_path, small):
