@@ -32,6 +32,7 @@ class CorpusOptions:
     bos_id: str | None
     strict: bool
     tokenizer_engine: str = "auto"
+    no_bos: bool = False
 
     def read_config(self, **overrides: Any) -> Any:
         """A `packtool.read.corpus.ReadConfig` (overrides: e.g. `extra_fields=("lang",)`)."""
@@ -41,13 +42,16 @@ class CorpusOptions:
         return ReadConfig(**{**fields, "strict": self.strict, **overrides})
 
     def load_tokenizer(self, workers: int | None = None) -> Any:
-        """A `packtool.tokenizer.tokenizers.Tokenizer` from --tokenizer/--eos-id/--no-eos/--bos-id."""
+        """A `packtool.tokenizer.tokenizers.Tokenizer` from --tokenizer and the special-token
+        options (--eos-id / --no-eos, --bos-id / --no-bos)."""
         from packtool.tokenizer.tokenizers import load_tokenizer
 
         if self.no_eos and self.eos_id is not None:
             raise ConfigError("--eos-id and --no-eos contradict each other; pass one")
+        if self.no_bos and self.bos_id is not None:
+            raise ConfigError("--bos-id and --no-bos contradict each other; pass one")
         eos = None if self.no_eos else _special_id("--eos-id", self.eos_id or "default")
-        bos = None if self.bos_id is None else _special_id("--bos-id", self.bos_id)
+        bos = None if self.no_bos else _special_id("--bos-id", self.bos_id or "auto")
         tok = load_tokenizer(
             self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
         )
@@ -57,7 +61,7 @@ class CorpusOptions:
 
 
 def _special_id(flag: str, value: str) -> int | str:
-    if value == "default":
+    if value in ("default", "auto"):
         return value
     try:
         number = int(value)
@@ -101,8 +105,15 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option("--no-eos", is_flag=True, help="Append no EOS."),
         click.option(
-            "--bos-id", default=None, metavar="ID|default", help="BOS id put before every document."
+            "--bos-id",
+            default=None,
+            metavar="ID|default",
+            help="BOS id put before every document; default = the tokenizer's BOS token always "
+            "[default: the tokenizer's own rule: what its tokenizer.json post-processor puts "
+            "first, as transformers' tokenizer(text) does (Llama, Mistral: their BOS); none "
+            "for byte and tiktoken].",
         ),
+        click.option("--no-bos", is_flag=True, help="Put no BOS before documents."),
         click.option(
             "--strict", is_flag=True, help="Stop at the first bad document instead of skipping it."
         ),
@@ -117,12 +128,21 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         eos_id: str | None,
         no_eos: bool,
         bos_id: str | None,
+        no_bos: bool,
         strict: bool,
         tokenizer_engine: str,
         **kwargs: Any,
     ) -> Any:
         corpus = CorpusOptions(
-            text_field, text_column, tokenizer, eos_id, no_eos, bos_id, strict, tokenizer_engine
+            text_field,
+            text_column,
+            tokenizer,
+            eos_id,
+            no_eos,
+            bos_id,
+            strict,
+            tokenizer_engine,
+            no_bos,
         )
         return fn(*args, corpus=corpus, **kwargs)
 

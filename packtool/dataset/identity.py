@@ -60,7 +60,7 @@ def describe_tokenizer(identity: dict[str, Any], names: dict[str, str] | None = 
     def special(which: str) -> str:
         value = identity.get(f"{which}_id")
         if value is None:
-            return f"{which} none"
+            return f"{which} none" + (f" {names[which]}" if names.get(which) else "")
         return f"{which} {value}" + (f" {names[which]}" if names.get(which) else "")
 
     vocab = identity.get("vocab_size")

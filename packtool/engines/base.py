@@ -194,6 +194,11 @@ class Run:
             nbytes=int(record.get("input_bytes", 0)),
         )
 
+    def special_names(self) -> dict[str, str]:
+        """Where the EOS / BOS of raw inputs came from (tokenized inputs carry theirs)."""
+        tok = self.checked.tokenizer
+        return dict(tok.special_names) if tok is not None and not self.checked.tokenized else {}
+
     def finish(self, cores_used: str) -> PackSummary:
         """The final stage, `index.json`, and the run state removed (see the module docstring)."""
         self.bar.close()
@@ -224,6 +229,7 @@ class Run:
             doc_ids,
             n,
             self.fingerprint,
+            self.special_names(),
         )
         finish.remove_temporaries(self.work)  # left by workers killed mid-write
         finish.write_index(self.work, manifest, root)

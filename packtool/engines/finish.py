@@ -50,9 +50,11 @@ def manifest_head(
     doc_ids: dict[str, Any],
     partitions: int,
     fingerprint: str,
+    special_names: dict[str, str] | None = None,
 ) -> tuple[PackSummary, Manifest]:
     """The summary and `index.json` without its shard list, from the running sums;
-    `fingerprint` is the run's (`preflight.fingerprint_digest`), which `--resume` compares.
+    `fingerprint` is the run's (`preflight.fingerprint_digest`), which `--resume` compares;
+    `special_names` where the EOS and BOS defaults came from (`Tokenizer.special_names`).
 
     Raises:
         DataError: no document, or nothing left to pack.
@@ -131,6 +133,7 @@ def manifest_head(
             ),
             "doc_ids": doc_ids,
             "fingerprint": fingerprint,
+            **({"special_tokens": dict(special_names)} if special_names else {}),
         },
     )
     return summary, manifest

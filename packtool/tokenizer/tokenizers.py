@@ -37,6 +37,7 @@ from packtool.tokenizer.engines import (
 )
 from packtool.tokenizer.engines import engine as engine_entry
 from packtool.tokenizer.files import TokenizerConfig, TokenizerFiles, resolve
+from packtool.tokenizer.specials import CHAT_TURN_ENDS, END_OF_TEXT, added_by_post_processor
 
 BYTE_VOCAB = 258
 """`byte`: ids 0-255 are the UTF-8 bytes, 256 is EOS, 257 is BOS (both always reserved)."""
@@ -262,7 +263,7 @@ def load_tokenizer(
     spec: str,
     *,
     eos: int | str | None = "default",
-    bos: int | str | None = None,
+    bos: int | str | None = "auto",
     workers: int | None = None,
     engine: str = "auto",
 ) -> Tokenizer:
@@ -275,10 +276,13 @@ def load_tokenizer(
             split pattern); `tiktoken:NAME` (an encoding in tiktoken's cache, e.g. tiktoken:gpt2).
             See `packtool.tokenizer.files.resolve`.
         eos: id appended to every document: `"default"` (the tokenizer's own end-of-text token:
-            `eos_token` of `tokenizer_config.json` when there is one, else the first of
-            `EOS_NAMES` in the vocabulary), an int, or None for none.
-        bos: id put before every document: None (default), `"default"` (as for `eos`, from
-            `bos_token` / `BOS_NAMES`) or an int.
+            `eos_token` of `tokenizer_config.json` when there is one, unless it ends a chat
+            turn and an end-of-text token is in the vocabulary; else the first of `EOS_NAMES`
+            in the vocabulary), an int, or None for none.
+        bos: id put before every document: `"auto"` (default: the tokenizer's own rule, what
+            its tokenizer.json post-processor puts first, as transformers' `tokenizer(text)`
+            does; none for `byte` and tiktoken: packtool.tokenizer.specials), `"default"` (the
+            tokenizer's BOS token always, from `bos_token` / `BOS_NAMES`), an int, or None.
         workers: threads for encoding (default: all cores). Sets `RAYON_NUM_THREADS` and
             `FASTOKENS_BPE_THREADS` when they are not set (see `limit_threads`).
         engine: `auto` (the fastest engine that loads this tokenizer and passes the self-check on
@@ -294,10 +298,14 @@ def load_tokenizer(
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be >= 1, got {workers}")
     for what, value in (("eos", eos), ("bos", bos)):
+        words = ("default", "auto") if what == "bos" else ("default",)
         if isinstance(value, bool) or not (
-            value is None or value == "default" or isinstance(value, (int, np.integer))
+            value is None or value in words or isinstance(value, (int, np.integer))
         ):
-            raise ConfigError(f"{what} must be 'default', an integer id or None, got {value!r}")
+            raise ConfigError(
+                f"{what} must be {' or '.join(map(repr, words))}, an integer id or None, "
+                f"got {value!r}"
+            )
     if spec == "byte":
         if engine.strip() not in ("auto", "byte"):
             raise ConfigError(
@@ -309,7 +317,7 @@ def load_tokenizer(
             name="byte",
             base_vocab=BYTE_VOCAB,
             eos_id=BYTE_EOS if eos == "default" else eos,  # type: ignore[arg-type]
-            bos_id=BYTE_BOS if bos == "default" else bos,  # type: ignore[arg-type]
+            bos_id=BYTE_BOS if bos == "default" else None if bos == "auto" else bos,  # type: ignore[arg-type]
             sha256=hashlib.sha256(b"packtool-byte-v1").hexdigest(),
             engine="byte",
             workers=workers,
@@ -367,7 +375,10 @@ def load_tokenizer(
         stamp = stamps.get(choice.engine) if choice.checked == "probe" else None
         record.remember(base_vocab, {n: vocab.get(n) for n in names}, choice.engine, stamp)
     eos_id, eos_from = _default_id("eos", eos, vocab, files, spec)
-    bos_id, bos_from = _default_id("bos", bos, vocab, files, spec)
+    if bos == "auto":
+        bos_id, bos_from = _own_bos(source, files)
+    else:
+        bos_id, bos_from = _default_id("bos", bos, vocab, files, spec)
     tok = EngineTokenizer(
         choice.encoder,
         source,
@@ -388,7 +399,7 @@ def load_tokenizer(
 
 def _looked_up(files: TokenizerFiles) -> set[str]:
     """Every token name `_default_id` may look up for these files."""
-    names = set(EOS_NAMES) | set(BOS_NAMES)
+    names = set(EOS_NAMES) | set(BOS_NAMES) | set(END_OF_TEXT)
     if files.config is not None:
         names |= {
             t for t in (files.config.token("eos_token"), files.config.token("bos_token")) if t
@@ -489,6 +500,25 @@ def _tiktoken_source(files: TokenizerFiles) -> tuple[Source, str]:
     return source, sha
 
 
+def _own_bos(source: Source, files: TokenizerFiles) -> tuple[int | None, str]:
+    """`bos="auto"`: what the tokenizer itself puts before a text, and where that was read."""
+    if source.kind != "hf":
+        return None, ""  # tiktoken encodings add nothing
+    added = added_by_post_processor(source.json)
+    flag = None if files.config is None else files.config.data.get("add_bos_token")
+    if added.first is not None:
+        token, token_id = added.first
+        note = (
+            "; tokenizer_config.json's add_bos_token false is not obeyed, as transformers does"
+            if flag is False
+            else ""
+        )
+        return token_id, f"{token} (tokenizer.json post-processor {added.kind}{note})"
+    if flag is True:
+        return None, "(the post-processor adds none; add_bos_token true is not obeyed)"
+    return None, "(the tokenizer adds none)"
+
+
 def _default_id(
     which: str, value: int | str | None, vocab: dict[str, int], files: TokenizerFiles, spec: str
 ) -> tuple[int | None, str]:
@@ -503,6 +533,12 @@ def _default_id(
                 f"{config.path}: {which}_token {token!r} is not in the tokenizer's vocabulary "
                 f"({files.name}); pass --{which}-id N" + (" or --no-eos" if which == "eos" else "")
             )
+        if which == "eos" and token in CHAT_TURN_ENDS:
+            # An instruct model's eos_token ends a turn; a packed document ends with the text's end.
+            text_end = next((name for name in END_OF_TEXT if name in vocab), None)
+            if text_end is not None:
+                why = f"end of text; tokenizer_config.json's eos_token {token} ends a chat turn"
+                return vocab[text_end], f"{text_end} ({why})"
         return vocab[token], f"{token} (tokenizer_config.json)"
     names = EOS_NAMES if which == "eos" else BOS_NAMES
     for name in names:

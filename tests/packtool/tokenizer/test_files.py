@@ -75,10 +75,13 @@ def test_hub_id_resolves_from_the_cache_offline(tmp_path, llama_json, no_downloa
     vocab = ids(llama_json)
     assert tok.identity.name == "acme/llama-mini"
     assert tok.identity.engine == "fastokens"
-    # The ids transformers would use: tokenizer_config.json's, not the first name in the vocab.
-    assert tok.identity.eos_id == vocab["<|eot_id|>"] != vocab["<|endoftext|>"]
+    # Read from tokenizer_config.json, not guessed from the first name in the vocab: its
+    # eos_token <|eot_id|> ends a chat turn, so a document ends with the end-of-text token.
+    assert tok.identity.eos_id == vocab["<|end_of_text|>"] != vocab["<|endoftext|>"]
     assert tok.identity.bos_id == vocab["<|begin_of_text|>"]
-    assert tok.special_names["eos"] == "<|eot_id|> (tokenizer_config.json)"
+    assert tok.special_names["eos"] == (
+        "<|end_of_text|> (end of text; tokenizer_config.json's eos_token <|eot_id|> ends a chat turn)"
+    )
 
 
 def test_hub_cache_locations_and_revisions(tmp_path, llama_json, no_download, monkeypatch):
@@ -125,7 +128,7 @@ def test_hub_id_download_failure_and_success(tmp_path, llama_json, no_download, 
         return make_snapshot(cache, repo_id, llama_json, ref=revision)
 
     monkeypatch.setattr(tokenizer_files, "download_snapshot", download)
-    assert load_tokenizer("acme/remote").identity.eos_id == ids(llama_json)["<|eot_id|>"]
+    assert load_tokenizer("acme/remote").identity.eos_id == ids(llama_json)["<|end_of_text|>"]
     # Now cached: found without downloading again.
     monkeypatch.setattr(tokenizer_files, "download_snapshot", offline)
     assert load_tokenizer("acme/remote").identity.name == "acme/remote"
@@ -162,10 +165,11 @@ def test_pack_summary_prints_the_ids_used(tmp_path, llama_json, no_download, mon
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     code, out, err = run("pack", _corpus(tmp_path), "-o", tmp_path / "p", "--tokenizer", "acme/llama-mini")  # fmt: skip
     assert code == 0, err
-    eot = ids(llama_json)["<|eot_id|>"]
+    eot = ids(llama_json)["<|end_of_text|>"]
     assert (
         f"tokenizer hf:acme/llama-mini (engine fastokens, vocab {max(ids(llama_json).values()) + 1:,}, "
-        f"eos {eot} <|eot_id|> (tokenizer_config.json), bos none)"
+        f"eos {eot} <|end_of_text|> (end of text; tokenizer_config.json's eos_token <|eot_id|> "
+        "ends a chat turn), bos none (the tokenizer adds none))"
     ) in out
 
 

@@ -1,0 +1,172 @@
+"""The tokenizer's own special-token rule (packtool/tokenizer/specials.py), against transformers.
+
+By default packtool puts before each document what the tokenizer.json post-processor puts before
+a text, so the ids of a document are transformers' `tokenizer(text)["input_ids"]` followed by the
+EOS packtool appends as the document boundary. The EOS is the end-of-text token, also where
+tokenizer_config.json's `eos_token` ends a chat turn.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import processors
+
+from packtool.errors import ConfigError
+from packtool.tokenizer.specials import NOTHING, added_by_post_processor
+from packtool.tokenizer.tokenizers import load_tokenizer
+from tests.cli import one_error_line, run
+from tests.packtool.tokenizer_shapes import build, stdlib_sample
+
+POST = {  # shape -> (post-processor, the token it puts first, the token it puts last)
+    "llama3": ("template", "<|begin_of_text|>", None),  # Llama 3: Sequence[ByteLevel, Template]
+    "metaspace": ("template", "<s>", None),  # Llama 2, Mistral v0.1
+    "qwen": (None, None, None),  # Qwen: no post-processor
+    "gpt2": ("bytelevel", None, None),  # GPT-2: ByteLevel only
+    "bert": ("bert", "[CLS]", "[SEP]"),  # BERT: [CLS] $A [SEP]
+}
+
+
+def with_post_processor(shape: str, folder: Path) -> Path:
+    path = build(shape, folder)
+    tok = HFTokenizer.from_file(str(path))
+    kind, first, last = POST[shape]
+    if kind == "template":
+        template = processors.TemplateProcessing(
+            single=f"{first} $A",
+            pair=f"{first} $A {first} $B",
+            special_tokens=[(first, tok.token_to_id(first))],
+        )
+        # Llama 3 ships its template inside a Sequence after ByteLevel.
+        tok.post_processor = (
+            processors.Sequence([processors.ByteLevel(trim_offsets=False), template])
+            if shape == "llama3"
+            else template
+        )
+    elif kind == "bert":
+        tok.post_processor = processors.BertProcessing(
+            (last, tok.token_to_id(last)), (first, tok.token_to_id(first))
+        )
+    elif kind == "bytelevel":
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.save(str(path))
+    return path
+
+
+@pytest.mark.parametrize("shape", sorted(POST))
+def test_the_default_bos_is_what_transformers_puts_before_a_text(tmp_path, shape):
+    from transformers import AutoTokenizer
+
+    path = with_post_processor(shape, tmp_path / shape)
+    ours = load_tokenizer(str(path))
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path / shape))
+    _, first, last = POST[shape]
+    vocab = HFTokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+    assert ours.identity.bos_id == (vocab[first] if first else None)
+    texts = [t[:3000] for t in stdlib_sample(every=400)]
+    flat, lengths = ours.encode_batch(texts)
+    start = 0
+    for text, n in zip(texts, lengths.tolist(), strict=True):
+        doc = flat[start : start + n].tolist()
+        start += n
+        expected = theirs(text)["input_ids"]
+        if last is not None:  # a trailing special of the post-processor: our EOS stands there
+            assert expected[-1] == vocab[last] == doc[-1]
+        assert doc[:-1] == expected[: len(expected) - (last is not None)]
+
+
+def test_the_summary_says_where_the_bos_came_from(tmp_path):
+    path = with_post_processor("metaspace", tmp_path / "m")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "hello world"}\n{"text": "again"}\n')
+    code, out, err = run("pack", corpus, "-o", tmp_path / "p", "--tokenizer", path)
+    assert code == 0, err
+    bos = HFTokenizer.from_file(str(path)).token_to_id("<s>")
+    assert f"bos {bos} <s> (tokenizer.json post-processor TemplateProcessing)" in out
+    extra = json.loads((tmp_path / "p" / "index.json").read_text())["extra"]
+    assert (
+        extra["special_tokens"]["bos"] == "<s> (tokenizer.json post-processor TemplateProcessing)"
+    )
+    # --no-bos turns it off; --bos-id still overrides; the two together are a mistake.
+    code, out, _ = run("pack", corpus, "-o", tmp_path / "q", "--tokenizer", path, "--no-bos")
+    assert code == 0 and ", bos none)" in out
+    code, out, _ = run("pack", corpus, "-o", tmp_path / "r", "--tokenizer", path, "--bos-id", "7")
+    assert code == 0 and ", bos 7)" in out
+    code, _, err = run("pack", corpus, "-o", tmp_path / "s", "--tokenizer", path, "--no-bos", "--bos-id", "7")  # fmt: skip
+    assert code == 1 and "contradict" in one_error_line(err)
+
+
+def test_a_tokenizer_that_adds_nothing_gets_no_bos_and_says_so(tmp_path):
+    path = with_post_processor("qwen", tmp_path / "q")
+    tok = load_tokenizer(str(path))
+    assert tok.identity.bos_id is None
+    assert tok.special_names["bos"] == "(the tokenizer adds none)"
+    assert load_tokenizer("byte").identity.bos_id is None  # byte adds none unless asked
+
+
+def test_add_bos_token_that_disagrees_with_the_post_processor_is_reported_not_obeyed(tmp_path):
+    # transformers 5 follows tokenizer.json's post-processor; the flag is shown so nobody is
+    # surprised either way.
+    path = with_post_processor("metaspace", tmp_path / "m")
+    (tmp_path / "m" / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": False}))
+    tok = load_tokenizer(str(path))
+    assert tok.identity.bos_id == HFTokenizer.from_file(str(path)).token_to_id("<s>")
+    assert "add_bos_token false is not obeyed" in tok.special_names["bos"]
+    path = build("qwen", tmp_path / "q")
+    (tmp_path / "q" / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True}))
+    tok = load_tokenizer(str(path))
+    assert tok.identity.bos_id is None and "add_bos_token true" in tok.special_names["bos"]
+
+
+def test_a_chat_turn_eos_gives_way_to_the_end_of_text_token(tmp_path):
+    path = build("llama3", tmp_path / "l")
+    vocab = HFTokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+    config = tmp_path / "l" / "tokenizer_config.json"
+    config.write_text(json.dumps({"eos_token": "<|eot_id|>", "bos_token": "<|begin_of_text|>"}))
+    tok = load_tokenizer(str(path))
+    assert tok.identity.eos_id == vocab["<|end_of_text|>"] != vocab["<|eot_id|>"]
+    assert tok.special_names["eos"] == (
+        "<|end_of_text|> (end of text; tokenizer_config.json's eos_token <|eot_id|> ends a chat turn)"
+    )
+    # An eos_token that ends a text is taken as it is; an explicit id always wins.
+    config.write_text(json.dumps({"eos_token": "<|end_of_text|>"}))
+    assert (
+        load_tokenizer(str(path)).special_names["eos"] == "<|end_of_text|> (tokenizer_config.json)"
+    )
+    assert load_tokenizer(str(path), eos=vocab["<|eot_id|>"]).identity.eos_id == vocab["<|eot_id|>"]
+
+
+def test_the_post_processor_reader_on_every_shape_it_may_meet():
+    def added(processor):
+        return added_by_post_processor(json.dumps({"post_processor": processor}))
+
+    template = {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": "<s>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"SpecialToken": {"id": "</s>", "type_id": 0}},
+        ],  # fmt: skip
+        "special_tokens": {
+            "<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]},
+            "</s>": {"id": "</s>", "ids": [2], "tokens": ["</s>"]},
+        },  # fmt: skip
+    }
+    assert (added(template).first, added(template).last) == (("<s>", 1), ("</s>", 2))
+    inside = added({"type": "Sequence", "processors": [{"type": "ByteLevel"}, template]})
+    assert inside.first == ("<s>", 1)
+    roberta = added({"type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0]})
+    assert (roberta.first, roberta.last) == (("<s>", 0), ("</s>", 2))
+    assert added({"type": "ByteLevel"}) == NOTHING
+    assert added(None) == NOTHING
+    assert added_by_post_processor("not json") == NOTHING
+    multi = {**template, "special_tokens": {"<s>": {"id": "<s>", "ids": [1, 5]}}}
+    assert added(multi).first is None  # a special of two ids is not one BOS
+
+
+def test_bos_must_be_a_word_it_knows():
+    with pytest.raises(ConfigError, match="'default' or 'auto'"):
+        load_tokenizer("byte", bos="first")
