@@ -85,7 +85,8 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--tokenizer",
             default="byte",
             show_default=True,
-            help="byte | PATH/tokenizer.json (or hf:PATH) | FOLDER with tokenizer.json | org/model "
+            help="byte | PATH/tokenizer.json (or hf:PATH) | FOLDER with tokenizer.json | "
+            "PATH/tokenizer.model (SentencePiece; or a FOLDER with only that) | org/model "
             "(Hugging Face cache, else downloaded) | PATH.tiktoken | tiktoken:NAME",
         ),
         click.option(

@@ -28,7 +28,7 @@ class TokenizerIdentity:
     """
 
     kind: str
-    """`byte`, `hf` or `tiktoken`."""
+    """`byte`, `hf`, `tiktoken` or `sentencepiece`."""
     name: str
     """What the user passed (`byte`, a tokenizer.json path, `tiktoken:gpt2`)."""
     vocab_size: int

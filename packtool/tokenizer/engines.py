@@ -49,7 +49,8 @@ class Source:
     specials: dict[str, int] | None = None
     """tiktoken: special token text -> id (encoded as plain text: `encode_ordinary`)."""
     path: str | None = None
-    """tiktoken: the ranks file, when there is one (engines that read files use it)."""
+    """tiktoken: the ranks file, when there is one (engines that read files use it);
+    sentencepiece: the `.model` file."""
 
 
 class Encoder(Protocol):
@@ -236,12 +237,41 @@ def _open_tiktoken(source: Source, workers: int) -> Encoder:
         raise EngineRefused(_one_line(exc)) from None
 
 
+# --- sentencepiece ----------------------------------------------------------------------------
+
+
+class _SentencePieceEncoder:
+    """`sentencepiece` itself: the reference for `.model` files (ids as `sp.encode(text)`)."""
+
+    def __init__(self, sp: Any, workers: int) -> None:
+        self.sp = sp
+        self.workers = workers
+
+    def encode(self, texts: Sequence[str]) -> Any:
+        # The C++ batch encode releases the GIL and runs on `workers` threads.
+        return self.sp.encode(list(texts), out_type=int, num_threads=self.workers)
+
+    def flat(self, raw: Any) -> tuple[np.ndarray, np.ndarray]:
+        return flatten_lists(raw)
+
+
+def _open_sentencepiece(source: Source, workers: int) -> Encoder:
+    import sentencepiece
+
+    try:
+        sp = sentencepiece.SentencePieceProcessor(model_file=source.path)
+    except (RuntimeError, OSError) as exc:
+        raise EngineRefused(f"not a SentencePiece model ({_one_line(exc)})") from None
+    return _SentencePieceEncoder(sp, workers)
+
+
 ENGINES: tuple[Engine, ...] = (
     # Fastest first (docs/tokenize.md measures them): fastokens encoded GPT-2 BPE at several
     # times tiktoken's speed and ~10x `tokenizers`', with identical ids on every test corpus.
     Engine("fastokens", ("hf", "tiktoken"), False, "fastokens", _open_fastokens),
     Engine("tiktoken", ("tiktoken",), True, "tiktoken", _open_tiktoken),
     Engine("tokenizers", ("hf",), True, "tokenizers", _open_tokenizers),
+    Engine("sentencepiece", ("sentencepiece",), True, "sentencepiece", _open_sentencepiece),
 )
 ENGINE_NAMES = tuple(e.name for e in ENGINES)
 
@@ -275,7 +305,9 @@ def parse_engines(spec: str, kind: str) -> tuple[list[Engine], bool]:
     for e in chosen:
         if kind not in e.kinds:
             fit = ", ".join(x.name for x in ENGINES if kind in x.kinds)
-            what = "tokenizer.json files" if kind == "hf" else "tiktoken encodings"
+            what = {"hf": "tokenizer.json files", "tiktoken": "tiktoken encodings"}.get(
+                kind, "SentencePiece models"
+            )
             raise ConfigError(
                 f"tokenizer engine {e.name!r} does not load {what}; engines for this tokenizer: "
                 f"{fit} (or auto)"

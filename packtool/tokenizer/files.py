@@ -6,6 +6,8 @@
 - `PATH/tokenizer.json` (or any existing file, or `hf:PATH`): a Hugging Face tokenizer file,
   with the `tokenizer_config.json` beside it when there is one;
 - a folder holding `tokenizer.json` (+ `tokenizer_config.json`);
+- `PATH.model`, or a folder holding `tokenizer.model` and no `tokenizer.json`: a SentencePiece
+  model, encoded by `sentencepiece` itself;
 - `org/model` (optionally `org/model@REVISION`): a Hugging Face Hub repository, found the way
   `transformers` finds it: in the local cache first (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
   `~/.cache/huggingface/hub`, layout `models--org--model/{refs/REV, snapshots/<commit>/}`), so it
@@ -31,13 +33,15 @@ from packtool.errors import ConfigError
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 TOKENIZER_FILE = "tokenizer.json"
+SENTENCEPIECE_FILE = "tokenizer.model"
 HUB_FILES = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE)
 """What a hub download fetches: the tokenizer, nothing of the model."""
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
 _FORMS = (
-    "use 'byte', a tokenizer.json path (or hf:PATH), a folder holding tokenizer.json, a Hugging "
-    "Face repository id (org/model), 'tiktoken:NAME' (e.g. tiktoken:gpt2) or PATH.tiktoken"
+    "use 'byte', a tokenizer.json path (or hf:PATH), a folder holding tokenizer.json, a "
+    "SentencePiece PATH.model (or a folder holding tokenizer.model), a Hugging Face repository "
+    "id (org/model), 'tiktoken:NAME' (e.g. tiktoken:gpt2) or PATH.tiktoken"
 )
 
 
@@ -78,7 +82,7 @@ class TokenizerFiles:
     """What a `--tokenizer` spec names, on disk."""
 
     kind: str
-    """`hf` (a tokenizer.json) or `tiktoken`."""
+    """`hf` (a tokenizer.json), `tiktoken` or `sentencepiece` (a `.model` file)."""
     path: Path | None
     """The tokenizer.json or ranks file; None for a tiktoken encoding name."""
     name: str
@@ -231,10 +235,19 @@ def resolve(spec: str) -> TokenizerFiles:
     path = Path(target)
     if path.is_dir():
         file = path / TOKENIZER_FILE
+        model = path / SENTENCEPIECE_FILE
+        if not file.is_file() and model.is_file() and not explicit_hf:
+            return TokenizerFiles(
+                kind="sentencepiece",
+                path=model,
+                name=str(model),
+                config=load_tokenizer_config(path),
+            )
         if not file.is_file():
             raise ConfigError(
-                f"tokenizer folder {str(path)!r} has no {TOKENIZER_FILE}; pass a folder that "
-                "holds one (as transformers' save_pretrained writes it) or the file itself"
+                f"tokenizer folder {str(path)!r} has no {TOKENIZER_FILE} (nor {SENTENCEPIECE_FILE}); "
+                "pass a folder that holds one (as transformers' save_pretrained writes it) or the "
+                "file itself"
             )
         return TokenizerFiles(
             kind="hf", path=file, name=str(file), config=load_tokenizer_config(path)
@@ -242,11 +255,20 @@ def resolve(spec: str) -> TokenizerFiles:
     if path.is_file():
         if path.suffix == ".tiktoken" and not explicit_hf:
             return TokenizerFiles(kind="tiktoken", path=path, name=str(path))
+        if path.suffix == ".model" and not explicit_hf:
+            return TokenizerFiles(
+                kind="sentencepiece",
+                path=path,
+                name=str(path),
+                config=load_tokenizer_config(path.parent),
+            )
         return TokenizerFiles(
             kind="hf", path=path, name=str(path), config=load_tokenizer_config(path.parent)
         )
     if path.suffix == ".tiktoken":
         raise ConfigError(f"tiktoken ranks file {target!r} does not exist")
+    if path.suffix == ".model":
+        raise ConfigError(f"SentencePiece model {target!r} does not exist")
     if path.suffix == ".json" or (explicit_hf and not _HUB_ID.match(target)):
         raise ConfigError(f"tokenizer file {target!r} does not exist")
     if _HUB_ID.match(target):

@@ -48,6 +48,11 @@ BYTE_BOS = 257
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[EOS]", "<|eot_id|>", "[SEP]")
 BOS_NAMES = ("<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[BOS]", "[CLS]")
 
+REFERENCE = {"hf": "tokenizers", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece"}
+"""The library whose ids define each tokenizer kind's (every other engine must match it)."""
+SP_BOS, SP_EOS = "\x00sentencepiece:bos", "\x00sentencepiece:eos"
+"""Keys (no real token text) under which a SentencePiece model's own BOS and EOS ids are kept."""
+
 # GPT-2's pre-tokenizer split pattern (tiktoken's r50k_base / gpt2).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -327,9 +332,11 @@ def load_tokenizer(
     if files.kind == "tiktoken":
         source, digest = _tiktoken_source(files)
         sha_of: Callable[[], str] = lambda: digest  # noqa: E731
+    elif files.kind == "sentencepiece":
+        source, sha_of = _sentencepiece_source(files)
     else:
         source, sha_of = _hf_source(files)
-    ref_name = "tiktoken" if files.kind == "tiktoken" else "tokenizers"
+    ref_name = REFERENCE[files.kind]
     threads = workers or _cpu_count()
     candidates, _ = parse_engines(engine, source.kind)
     with ThreadPoolExecutor(2, thread_name_prefix="packtool-load") as pool:
@@ -369,6 +376,8 @@ def load_tokenizer(
         )
         if source.kind == "hf":
             base_vocab, vocab = known if known is not None else _vocab(reference(), source)
+        elif source.kind == "sentencepiece":
+            base_vocab, vocab = _vocab(reference(), source)
         else:
             base_vocab, vocab = _vocab(None, source)
     if record is not None and (choice.checked == "probe" or (source.kind == "hf" and not known)):
@@ -376,7 +385,7 @@ def load_tokenizer(
         record.remember(base_vocab, {n: vocab.get(n) for n in names}, choice.engine, stamp)
     eos_id, eos_from = _default_id("eos", eos, vocab, files, spec)
     if bos == "auto":
-        bos_id, bos_from = _own_bos(source, files)
+        bos_id, bos_from = _own_bos(source, files, vocab)
     else:
         bos_id, bos_from = _default_id("bos", bos, vocab, files, spec)
     tok = EngineTokenizer(
@@ -412,7 +421,9 @@ def engine_open(name: str, source: Source, workers: int | None) -> Encoder:
     try:
         return engine_entry(name).open(source, workers or _cpu_count())
     except EngineRefused as exc:
-        what = "Hugging Face tokenizer.json" if source.kind == "hf" else "tiktoken ranks file"
+        what = {"hf": "Hugging Face tokenizer.json", "tiktoken": "tiktoken ranks file"}.get(
+            source.kind, "SentencePiece model"
+        )
         raise ConfigError(
             f"{source.where}: not a {what} ({exc}); check the file (re-download it) or "
             "pass another tokenizer"
@@ -433,6 +444,14 @@ def _hf_source(files: TokenizerFiles) -> tuple[Source, Callable[[], str]]:
 
 def _vocab(reference: Encoder | None, source: Source) -> tuple[int, dict[str, int]]:
     """(one more than the largest id, the token texts EOS/BOS defaults are looked up in)."""
+    if source.kind == "sentencepiece":
+        assert reference is not None
+        sp = reference.sp  # type: ignore[attr-defined]
+        vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+        for key, special in ((SP_BOS, sp.bos_id()), (SP_EOS, sp.eos_id())):
+            if special >= 0:  # the model's own BOS / EOS, whatever their pieces are called
+                vocab[key] = special
+        return sp.get_piece_size(), vocab
     if source.kind == "hf":
         assert reference is not None
         vocab = reference.tok.get_vocab(with_added_tokens=True)  # type: ignore[attr-defined]
@@ -448,6 +467,19 @@ def _added_tokens(reference: Encoder, source: Source) -> list[str]:
         decoder = reference.tok.get_added_tokens_decoder()  # type: ignore[attr-defined]
         return [t.content for _, t in sorted(decoder.items())]
     return list(source.specials or {})
+
+
+def _sentencepiece_source(files: TokenizerFiles) -> tuple[Source, Callable[[], str]]:
+    path = files.path
+    assert path is not None
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"{path}: cannot read the SentencePiece model ({exc}); check it"
+        ) from None
+    source = Source(kind="sentencepiece", where=str(path), path=str(path))
+    return source, lambda: hashlib.sha256(data).hexdigest()
 
 
 def _tiktoken_source(files: TokenizerFiles) -> tuple[Source, str]:
@@ -500,8 +532,12 @@ def _tiktoken_source(files: TokenizerFiles) -> tuple[Source, str]:
     return source, sha
 
 
-def _own_bos(source: Source, files: TokenizerFiles) -> tuple[int | None, str]:
+def _own_bos(
+    source: Source, files: TokenizerFiles, vocab: dict[str, int]
+) -> tuple[int | None, str]:
     """`bos="auto"`: what the tokenizer itself puts before a text, and where that was read."""
+    if source.kind == "sentencepiece":
+        return _sentencepiece_bos(files, vocab)
     if source.kind != "hf":
         return None, ""  # tiktoken encodings add nothing
     added = added_by_post_processor(source.json)
@@ -517,6 +553,23 @@ def _own_bos(source: Source, files: TokenizerFiles) -> tuple[int | None, str]:
     if flag is True:
         return None, "(the post-processor adds none; add_bos_token true is not obeyed)"
     return None, "(the tokenizer adds none)"
+
+
+def _sentencepiece_bos(files: TokenizerFiles, vocab: dict[str, int]) -> tuple[int | None, str]:
+    """A SentencePiece model's own rule: its BOS piece before every text, as Llama's and
+    Mistral's reference code and transformers' slow tokenizers (add_bos_token true by default)
+    put it; tokenizer_config.json's add_bos_token false, when present, turns it off."""
+    bos = vocab.get(SP_BOS)
+    flag = None if files.config is None else files.config.data.get("add_bos_token")
+    if bos is None:
+        return None, "(the model has no BOS piece)"
+    if flag is False:
+        return None, "(tokenizer_config.json: add_bos_token false)"
+    return bos, f"{_piece(vocab, bos)} (the SentencePiece model's BOS)"
+
+
+def _piece(vocab: dict[str, int], token_id: int) -> str:
+    return next((k for k, v in vocab.items() if v == token_id and k[:1] != "\x00"), str(token_id))
 
 
 def _default_id(
@@ -540,6 +593,8 @@ def _default_id(
                 why = f"end of text; tokenizer_config.json's eos_token {token} ends a chat turn"
                 return vocab[text_end], f"{text_end} ({why})"
         return vocab[token], f"{token} (tokenizer_config.json)"
+    if which == "eos" and SP_EOS in vocab:  # a SentencePiece model names its own
+        return vocab[SP_EOS], f"{_piece(vocab, vocab[SP_EOS])} (the SentencePiece model's EOS)"
     names = EOS_NAMES if which == "eos" else BOS_NAMES
     for name in names:
         if name in vocab:

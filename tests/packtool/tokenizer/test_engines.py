@@ -200,7 +200,7 @@ def test_engine_names_are_checked(shapes, ranks_file):
     assert load_tokenizer(str(shapes["bert"]), engine="fastokens,tokenizers").identity.engine == (
         "tokenizers"
     )
-    assert set(ENGINE_NAMES) == {"fastokens", "tokenizers", "tiktoken"}
+    assert set(ENGINE_NAMES) == {"fastokens", "tokenizers", "tiktoken", "sentencepiece"}
 
 
 class _WrongIds:
