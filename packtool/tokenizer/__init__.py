@@ -14,4 +14,5 @@ Modules:
 - `engines.py`: the engine registry (fastest first) and its self-check.
 - `engine_checks.py`: self-checks already passed, recorded per tokenizer and engine.
 - `files.py`: tokenizer names as people write them, resolved to files.
+- `specials.py`: the tokenizer's own BOS / EOS rule, and the defaults `load_tokenizer` takes.
 """

@@ -20,10 +20,20 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from packtool.errors import ConfigError
+from packtool.tokenizer.engines import Source
+from packtool.tokenizer.files import TokenizerConfig, TokenizerFiles
+
 CHAT_TURN_ENDS = ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|eom_id|>")
 """Tokens that end a chat turn rather than a text (instruct models' `eos_token`)."""
 END_OF_TEXT = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "[EOS]")
 """End-of-text tokens, in the order one is chosen over a chat-turn end."""
+# Names tried, in order, when a tokenizer's default EOS / BOS is asked for.
+EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[EOS]", "<|eot_id|>", "[SEP]")
+BOS_NAMES = ("<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[BOS]", "[CLS]")
+
+SP_BOS, SP_EOS = "\x00sentencepiece:bos", "\x00sentencepiece:eos"
+"""Keys (no real token text) under which a SentencePiece model's own BOS and EOS ids are kept."""
 
 
 @dataclass(frozen=True)
@@ -88,3 +98,78 @@ def _special(names: list[str], ids: dict[str, Any]) -> tuple[str, int] | None:
     if not token_ids or len(token_ids) != 1:
         return None  # a multi-token special: not one BOS id
     return names[0], int(token_ids[0])
+
+
+# --- the defaults `load_tokenizer` takes ----------------------------------------------------
+
+
+def own_bos(source: Source, files: TokenizerFiles, vocab: dict[str, int]) -> tuple[int | None, str]:
+    """`bos="auto"`: what the tokenizer itself puts before a text, and where that was read."""
+    if source.kind == "sentencepiece":
+        return sentencepiece_bos(files, vocab)
+    if source.kind != "hf":
+        return None, ""  # tiktoken encodings add nothing
+    added = added_by_post_processor(source.json)
+    flag = None if files.config is None else files.config.data.get("add_bos_token")
+    if added.first is not None:
+        token, token_id = added.first
+        note = (
+            "; tokenizer_config.json's add_bos_token false is not obeyed, as transformers does"
+            if flag is False
+            else ""
+        )
+        return token_id, f"{token} (tokenizer.json post-processor {added.kind}{note})"
+    if flag is True:
+        return None, "(the post-processor adds none; add_bos_token true is not obeyed)"
+    return None, "(the tokenizer adds none)"
+
+
+def sentencepiece_bos(files: TokenizerFiles, vocab: dict[str, int]) -> tuple[int | None, str]:
+    """A SentencePiece model's own rule: its BOS piece before every text, as Llama's and
+    Mistral's reference code and transformers' slow tokenizers (add_bos_token true by default)
+    put it; tokenizer_config.json's add_bos_token false, when present, turns it off."""
+    bos = vocab.get(SP_BOS)
+    flag = None if files.config is None else files.config.data.get("add_bos_token")
+    if bos is None:
+        return None, "(the model has no BOS piece)"
+    if flag is False:
+        return None, "(tokenizer_config.json: add_bos_token false)"
+    return bos, f"{piece_of(vocab, bos)} (the SentencePiece model's BOS)"
+
+
+def piece_of(vocab: dict[str, int], token_id: int) -> str:
+    return next((k for k, v in vocab.items() if v == token_id and k[:1] != "\x00"), str(token_id))
+
+
+def default_id(
+    which: str, value: int | str | None, vocab: dict[str, int], files: TokenizerFiles, spec: str
+) -> tuple[int | None, str]:
+    """The id to use and, for a default, the token text and where it came from."""
+    if value != "default":
+        return value, ""  # type: ignore[return-value]
+    config: TokenizerConfig | None = files.config
+    token = None if config is None else config.token(f"{which}_token")
+    if token is not None:
+        if token not in vocab:
+            raise ConfigError(
+                f"{config.path}: {which}_token {token!r} is not in the tokenizer's vocabulary "
+                f"({files.name}); pass --{which}-id N" + (" or --no-eos" if which == "eos" else "")
+            )
+        if which == "eos" and token in CHAT_TURN_ENDS:
+            # An instruct model's eos_token ends a turn; a packed document ends with the text's end.
+            text_end = next((name for name in END_OF_TEXT if name in vocab), None)
+            if text_end is not None:
+                why = f"end of text; tokenizer_config.json's eos_token {token} ends a chat turn"
+                return vocab[text_end], f"{text_end} ({why})"
+        return vocab[token], f"{token} (tokenizer_config.json)"
+    if which == "eos" and SP_EOS in vocab:  # a SentencePiece model names its own
+        return vocab[SP_EOS], f"{piece_of(vocab, vocab[SP_EOS])} (the SentencePiece model's EOS)"
+    names = EOS_NAMES if which == "eos" else BOS_NAMES
+    for name in names:
+        if name in vocab:
+            return vocab[name], name
+    flag = "--eos-id N or --no-eos" if which == "eos" else "--bos-id N"
+    raise ConfigError(
+        f"tokenizer {spec!r} has no default {which.upper()} token (looked for "
+        f"{', '.join(names)}); pass {flag}"
+    )

@@ -36,23 +36,24 @@ from packtool.tokenizer.engines import (
     parse_engines,
 )
 from packtool.tokenizer.engines import engine as engine_entry
-from packtool.tokenizer.files import TokenizerConfig, TokenizerFiles, resolve
-from packtool.tokenizer.specials import CHAT_TURN_ENDS, END_OF_TEXT, added_by_post_processor
+from packtool.tokenizer.files import TokenizerFiles, resolve
+from packtool.tokenizer.specials import (
+    BOS_NAMES,
+    END_OF_TEXT,
+    EOS_NAMES,
+    SP_BOS,
+    SP_EOS,
+    default_id,
+    own_bos,
+)
 
 BYTE_VOCAB = 258
 """`byte`: ids 0-255 are the UTF-8 bytes, 256 is EOS, 257 is BOS (both always reserved)."""
 BYTE_EOS = 256
 BYTE_BOS = 257
 
-# Names tried, in order, when a tokenizer's default EOS / BOS is asked for.
-EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[EOS]", "<|eot_id|>", "[SEP]")
-BOS_NAMES = ("<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[BOS]", "[CLS]")
-
 REFERENCE = {"hf": "tokenizers", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece"}
 """The library whose ids define each tokenizer kind's (every other engine must match it)."""
-SP_BOS, SP_EOS = "\x00sentencepiece:bos", "\x00sentencepiece:eos"
-"""Keys (no real token text) under which a SentencePiece model's own BOS and EOS ids are kept."""
-
 # GPT-2's pre-tokenizer split pattern (tiktoken's r50k_base / gpt2).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -383,11 +384,11 @@ def load_tokenizer(
     if record is not None and (choice.checked == "probe" or (source.kind == "hf" and not known)):
         stamp = stamps.get(choice.engine) if choice.checked == "probe" else None
         record.remember(base_vocab, {n: vocab.get(n) for n in names}, choice.engine, stamp)
-    eos_id, eos_from = _default_id("eos", eos, vocab, files, spec)
+    eos_id, eos_from = default_id("eos", eos, vocab, files, spec)
     if bos == "auto":
-        bos_id, bos_from = _own_bos(source, files, vocab)
+        bos_id, bos_from = own_bos(source, files, vocab)
     else:
-        bos_id, bos_from = _default_id("bos", bos, vocab, files, spec)
+        bos_id, bos_from = default_id("bos", bos, vocab, files, spec)
     tok = EngineTokenizer(
         choice.encoder,
         source,
@@ -530,80 +531,6 @@ def _tiktoken_source(files: TokenizerFiles) -> tuple[Source, str]:
             pattern=enc._pat_str, specials=dict(enc._special_tokens),
         )  # fmt: skip
     return source, sha
-
-
-def _own_bos(
-    source: Source, files: TokenizerFiles, vocab: dict[str, int]
-) -> tuple[int | None, str]:
-    """`bos="auto"`: what the tokenizer itself puts before a text, and where that was read."""
-    if source.kind == "sentencepiece":
-        return _sentencepiece_bos(files, vocab)
-    if source.kind != "hf":
-        return None, ""  # tiktoken encodings add nothing
-    added = added_by_post_processor(source.json)
-    flag = None if files.config is None else files.config.data.get("add_bos_token")
-    if added.first is not None:
-        token, token_id = added.first
-        note = (
-            "; tokenizer_config.json's add_bos_token false is not obeyed, as transformers does"
-            if flag is False
-            else ""
-        )
-        return token_id, f"{token} (tokenizer.json post-processor {added.kind}{note})"
-    if flag is True:
-        return None, "(the post-processor adds none; add_bos_token true is not obeyed)"
-    return None, "(the tokenizer adds none)"
-
-
-def _sentencepiece_bos(files: TokenizerFiles, vocab: dict[str, int]) -> tuple[int | None, str]:
-    """A SentencePiece model's own rule: its BOS piece before every text, as Llama's and
-    Mistral's reference code and transformers' slow tokenizers (add_bos_token true by default)
-    put it; tokenizer_config.json's add_bos_token false, when present, turns it off."""
-    bos = vocab.get(SP_BOS)
-    flag = None if files.config is None else files.config.data.get("add_bos_token")
-    if bos is None:
-        return None, "(the model has no BOS piece)"
-    if flag is False:
-        return None, "(tokenizer_config.json: add_bos_token false)"
-    return bos, f"{_piece(vocab, bos)} (the SentencePiece model's BOS)"
-
-
-def _piece(vocab: dict[str, int], token_id: int) -> str:
-    return next((k for k, v in vocab.items() if v == token_id and k[:1] != "\x00"), str(token_id))
-
-
-def _default_id(
-    which: str, value: int | str | None, vocab: dict[str, int], files: TokenizerFiles, spec: str
-) -> tuple[int | None, str]:
-    """The id to use and, for a default, the token text and where it came from."""
-    if value != "default":
-        return value, ""  # type: ignore[return-value]
-    config: TokenizerConfig | None = files.config
-    token = None if config is None else config.token(f"{which}_token")
-    if token is not None:
-        if token not in vocab:
-            raise ConfigError(
-                f"{config.path}: {which}_token {token!r} is not in the tokenizer's vocabulary "
-                f"({files.name}); pass --{which}-id N" + (" or --no-eos" if which == "eos" else "")
-            )
-        if which == "eos" and token in CHAT_TURN_ENDS:
-            # An instruct model's eos_token ends a turn; a packed document ends with the text's end.
-            text_end = next((name for name in END_OF_TEXT if name in vocab), None)
-            if text_end is not None:
-                why = f"end of text; tokenizer_config.json's eos_token {token} ends a chat turn"
-                return vocab[text_end], f"{text_end} ({why})"
-        return vocab[token], f"{token} (tokenizer_config.json)"
-    if which == "eos" and SP_EOS in vocab:  # a SentencePiece model names its own
-        return vocab[SP_EOS], f"{_piece(vocab, vocab[SP_EOS])} (the SentencePiece model's EOS)"
-    names = EOS_NAMES if which == "eos" else BOS_NAMES
-    for name in names:
-        if name in vocab:
-            return vocab[name], name
-    flag = "--eos-id N or --no-eos" if which == "eos" else "--bos-id N"
-    raise ConfigError(
-        f"tokenizer {spec!r} has no default {which.upper()} token (looked for "
-        f"{', '.join(names)}); pass {flag}"
-    )
 
 
 def limit_rayon_threads(workers: int | None) -> None:
