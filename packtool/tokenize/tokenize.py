@@ -10,6 +10,7 @@ list<uint16|uint32>, `length` int32, then the extra fields as strings. The schem
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -34,7 +35,7 @@ from packtool.dataset.tokenized import (
 )
 from packtool.dataset.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
 from packtool.errors import ConfigError, DataError
-from packtool.prefetch import prefetch
+from packtool.prefetch import prefetch, stat_all
 from packtool.progress import Progress
 from packtool.read.corpus import expand_inputs, read_corpus
 from packtool.read.documents import DocumentBatch, ReadConfig, SkipCounter
@@ -95,10 +96,29 @@ def inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
     """What the inputs are (`InputsRead`), each footer and first record read once
     (`map_ordered`: several files at a time, the answers in input order).
 
+    The answer is kept for the same files (same sizes and modification times) and options: the
+    CLI asks before it builds a run (the default `--long-docs` depends on a loss mask) and the
+    run's preflight asks again, and at 10^5 inputs the footers are most of preflight's time.
+
     Raises:
         ConfigError: inputs of two kinds, or a `--format` the inputs contradict.
         DataError: as `input_columns`, and fine-tuning files of different kinds.
     """
+    try:
+        key = tuple(
+            (p, st.st_size, st.st_mtime_ns) for p, st in zip(paths, stat_all(paths), strict=True)
+        )
+    except OSError:  # the readers name the file
+        return _inputs_read(paths, config)
+    return _inputs_read_cached(key, config)
+
+
+@functools.lru_cache(maxsize=4)
+def _inputs_read_cached(files: tuple[tuple[Path, int, int], ...], config: ReadConfig) -> InputsRead:
+    return _inputs_read([p for p, _, _ in files], config)
+
+
+def _inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
     pre, mask_source = split_pretokenized(paths, config)
     if pre:
         sft_kind(pre, config, tokenized=True)  # refuses a --format of raw records
