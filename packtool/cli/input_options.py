@@ -111,8 +111,8 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             metavar="ID|default",
             help="BOS id put before every document; default = the tokenizer's BOS token always "
             "[default: the tokenizer's own rule: what its tokenizer.json post-processor puts "
-            "first, as transformers' tokenizer(text) does (Llama, Mistral: their BOS); none "
-            "for byte and tiktoken].",
+            "first, as transformers' tokenizer(text) does (Llama, Mistral: their BOS); a "
+            "SentencePiece .model: its BOS; none for byte and tiktoken].",
         ),
         click.option("--no-bos", is_flag=True, help="Put no BOS before documents."),
         click.option(
