@@ -238,4 +238,5 @@ class Run:
         summary.seconds = self.seconds
         summary.resumed_partitions = self.resumed
         summary.cores_used = cores_used
+        summary.special_names = self.special_names()  # both engines' summaries name them
         return summary

@@ -94,10 +94,7 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
                 f"{workers} partition worker {'process' if kind != 'thread' else 'thread'}(es) x "
                 f"{threads} tokenizer thread(s) ({cores} cores; stage times summed over workers)"
             )
-        summary = run.finish(used)
-    if checked.tokenizer is not None and not checked.tokenized:
-        summary.special_names = checked.tokenizer.special_names
-    return summary
+        return run.finish(used)
 
 
 def _cores() -> int:
