@@ -44,6 +44,7 @@ from loader.online.state import (
 )
 from packtool.dataset.tokenized import common_identity, common_optional, tokenized_meta
 from packtool.errors import ConfigError, DataError
+from packtool.storage import local as storage
 from packtool.storage.local import expand
 
 STATE_VERSION = 1
@@ -121,7 +122,7 @@ class StreamingPackedDataset(IterableDataset):
         groups: list[tuple[int, int, int, int]] = []
         first = 0
         for f, p in enumerate(self.paths):
-            meta = pq.ParquetFile(p).metadata
+            meta = storage.parquet_file(p).metadata
             for g in range(meta.num_row_groups):
                 n = meta.row_group(g).num_rows
                 groups.append((f, g, first, n))
@@ -211,7 +212,7 @@ class StreamingPackedDataset(IterableDataset):
                 take = np.arange(start, n, n_slots)
             try:
                 if f not in files:
-                    files[f] = pq.ParquetFile(self.paths[f])
+                    files[f] = storage.parquet_file(self.paths[f])
                 table = files[f].read_row_group(rg, columns=self._read_columns)
             except (OSError, pa.ArrowException) as exc:
                 raise DataError(

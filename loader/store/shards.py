@@ -41,6 +41,7 @@ from loader.store.row_index import GroupStats, offsets_stats
 from packtool.dataset.columns import BYTES, TOKEN, Column, loaded_optional
 from packtool.dataset.manifest import Manifest, dataset_folder, read_manifest, sha256_file
 from packtool.errors import DataError
+from packtool.storage import local as storage
 
 _NO_COLUMNS: Mapping[str, np.ndarray] = MappingProxyType({})
 """The optional columns of a row of a store that has none."""
@@ -155,7 +156,7 @@ class ShardStore:
             if verify and sha256_file(file) != info.sha256:
                 raise DataError(f"{file}: sha256 does not match index.json; the shard is corrupt")
             try:
-                meta = pq.read_metadata(file)
+                meta = storage.parquet_metadata(file)
                 schema = meta.schema.to_arrow_schema()
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
@@ -297,8 +298,8 @@ class ShardStore:
         if pf is None:
             file = self.path / self.manifest.shards[shard].file
             try:
-                source = pa.memory_map(str(file), "r")
-                pf = pq.ParquetFile(source, page_checksum_verification=self.page_checksums)
+                source = storage.memory_map(file)
+                pf = storage.parquet_file(source, page_checksum_verification=self.page_checksums)
                 decode_with_jemalloc(pf, source, self.page_checksums)
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(f"{file}: cannot open shard ({exc})") from None
@@ -523,8 +524,8 @@ class ShardStore:
             try:
                 pf = self._stats_files.get(shard)
                 if pf is None:
-                    pf = pq.ParquetFile(
-                        pa.memory_map(where, "r"), page_checksum_verification=self.page_checksums
+                    pf = storage.parquet_file(
+                        storage.memory_map(where), page_checksum_verification=self.page_checksums
                     )
                     self._stats_files[shard] = pf
                     if len(self._stats_files) > _STATS_FILES:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from packtool.audit.verify import list_parts
@@ -23,6 +22,7 @@ from packtool.dataset.columns import LOSS_MASK, Column, derived
 from packtool.dataset.manifest import Manifest, dataset_folder, read_manifest
 from packtool.dataset.masks import segment_sums, spans
 from packtool.errors import ConfigError, DataError
+from packtool.storage import local as storage
 
 PLOT_ROWS = 64
 """Rows drawn in the row-fill picture."""
@@ -269,7 +269,9 @@ def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> Datase
         file = directory / shard.file
         try:
             # ParquetFile.read, not pq.read_table: the latter imports pandas (~1 s).
-            column = pq.ParquetFile(file).read(columns=["doc_offsets"]).column(0).combine_chunks()
+            column = (
+                storage.parquet_file(file).read(columns=["doc_offsets"]).column(0).combine_chunks()
+            )
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(
                 f"{file}: cannot read doc_offsets ({exc}); run `packtool verify`"
@@ -326,7 +328,7 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
     local = row - int(starts[i])
     file = directory / shard.file
     try:
-        pf = pq.ParquetFile(file)
+        pf = storage.parquet_file(file)
         rg_starts = np.cumsum(
             [0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
         )

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from packtool.audit import verify_columns
@@ -51,6 +50,7 @@ from packtool.dataset.manifest import (
 )
 from packtool.errors import DataError
 from packtool.progress import progress_enabled
+from packtool.storage import local as storage
 
 COLUMNS = ("input_ids", "doc_offsets", "doc_ids", "doc_chunks")
 _FLOATS = {pa.float32(): np.dtype(np.float32), pa.float64(): np.dtype(np.float64)}
@@ -318,7 +318,7 @@ def verify_dataset(
                 )
         try:
             # Page CRC32s too: with --no-checksums they are what catches a flipped bit.
-            pf = pq.ParquetFile(file, memory_map=True, page_checksum_verification=True)
+            pf = storage.parquet_file(file, memory_map=True, page_checksum_verification=True)
         except (pa.ArrowException, OSError) as exc:
             raise _fail(where, f"not a readable Parquet file ({exc})") from None
         _check_schema(pf.schema_arrow, expected_schema, vocab, where)

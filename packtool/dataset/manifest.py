@@ -20,6 +20,7 @@ import pyarrow as pa
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.manifest_check import manifest_problem
 from packtool.errors import DataError, naming
+from packtool.storage import local as storage
 
 FORMAT = "packtool.packed"
 FORMAT_VERSION = 3
@@ -193,7 +194,7 @@ def _type_problem(d: dict[str, Any]) -> str | None:
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with storage.open_input(path) as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
@@ -244,7 +245,7 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     if not path.is_file():
         raise DataError(f"{path}: missing; not a packtool dataset or an unfinished `packtool pack`")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(storage.read_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DataError(f"{path}: unreadable manifest ({exc})") from None
     if not isinstance(data, dict):

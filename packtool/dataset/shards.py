@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from packtool.dataset.manifest import ShardInfo, packed_schema, sha256_file
 from packtool.dataset.stitch import StitchError, footer_of, stitched_footer
 from packtool.errors import ConfigError, naming
+from packtool.storage import local as storage
 
 
 class RowSource(Protocol):
@@ -521,7 +522,7 @@ def _shard_table(table: pa.Table) -> pa.Table:
 def _footer_of(path: Path) -> tuple[int, bytes]:
     """(bytes of row groups, raw footer) of the Parquet file at `path`."""
     size = path.stat().st_size
-    with open(path, "rb") as f:
+    with storage.open_input(path) as f:
         f.seek(max(0, size - 8))
         n = int.from_bytes(f.read(8)[:4], "little")  # the footer's length
         f.seek(max(0, size - 8 - n))
@@ -531,7 +532,7 @@ def _footer_of(path: Path) -> tuple[int, bytes]:
 def _append(src: Path, offset: int, count: int, out: BinaryIO) -> None:
     """Append `count` bytes of `src` from `offset` to `out` (in the kernel where it can)."""
     out.flush()
-    with open(src, "rb") as f:
+    with storage.open_input(src) as f:
         try:
             while count > 0:
                 done = os.copy_file_range(f.fileno(), out.fileno(), count, offset)
@@ -555,7 +556,7 @@ def _append(src: Path, offset: int, count: int, out: BinaryIO) -> None:
 def _rewrite(parts: list[Path], config: ShardConfig) -> None:
     """The parts' row groups through one writer, into `parts[0]` (read back in the shard
     schema: Parquet names list items `element`, not `item`)."""
-    sources = [pq.ParquetFile(p) for p in parts]
+    sources = [storage.parquet_file(p) for p in parts]
     names = tuple(sources[0].schema_arrow.names)
     token_type = sources[0].schema_arrow.field("input_ids").type.value_type
     schema = packed_schema(token_type, names)

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.errors import ConfigError, DataError
 from packtool.prefetch import map_ordered
+from packtool.storage import local as storage
 
 FORMAT = "packtool.tokenized"
 FORMAT_VERSION = 2
@@ -93,7 +93,7 @@ def tokenized_meta(path: str | os.PathLike) -> dict[str, Any] | None:
     if not path.name.lower().endswith(".parquet"):
         return None
     try:
-        schema = pq.read_schema(path)
+        schema = storage.parquet_schema(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
     raw = (schema.metadata or {}).get(META_KEY)

@@ -35,6 +35,7 @@ from typing import Any
 
 from packtool.errors import ConfigError, DataError
 from packtool.read.compressed import compression_of
+from packtool.storage import local as storage
 
 PARTITION_SIZE = 256 << 20
 """Default target bytes per partition: big enough that per-partition costs (a process task, a
@@ -164,9 +165,7 @@ def describe(path: Path, kind: str, partition_size: int) -> InputFile:
     st = path.stat()
     row_groups = None
     if kind in PARQUET_KINDS and st.st_size > partition_size:
-        import pyarrow.parquet as pq
-
-        meta = pq.ParquetFile(path).metadata
+        meta = storage.parquet_file(path).metadata
         row_groups = tuple(_stored_bytes(meta.row_group(g)) for g in range(meta.num_row_groups))
     return InputFile(str(path), st.st_size, st.st_mtime_ns, kind, row_groups)
 

@@ -48,6 +48,7 @@ from packtool.prefetch import map_ordered, stat_all
 from packtool.read.corpus import expand_inputs
 from packtool.read.formats import file_kind
 from packtool.read.jsonl import json_array_file
+from packtool.storage import local as storage
 from packtool.tokenize.tokenize import RAW, RECORDS, check_recorded_tokenizer, inputs_read
 from packtool.tokenizer.tokenizers import Tokenizer
 
@@ -325,7 +326,7 @@ def check_complete(fingerprint: dict[str, Any], out: Path) -> None:
     complete: nothing recorded says otherwise.
     """
     try:
-        extra = json.loads((out / INDEX_FILE).read_text(encoding="utf-8")).get("extra") or {}
+        extra = json.loads(storage.read_text(out / INDEX_FILE)).get("extra") or {}
     except (OSError, ValueError, AttributeError):
         raise DataError(f"{out / INDEX_FILE}: unreadable; use --overwrite") from None
     saved = extra.get("fingerprint")

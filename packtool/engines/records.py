@@ -38,6 +38,7 @@ import pyarrow as pa
 from packtool.dataset.shards import temporary_name
 from packtool.errors import DataError, naming
 from packtool.pack.chunk import PackCounts
+from packtool.storage import local as storage
 
 RUN_DIR = ".packtool-run"
 PLAN_FILE = "plan.json"
@@ -76,7 +77,7 @@ def write_tail(work: Path, unit: int, table: pa.Table) -> None:
 
 
 def read_tail(path: Path) -> pa.Table:
-    with pa.memory_map(str(path)) as source:
+    with storage.memory_map(path) as source:
         return pa.ipc.open_file(source).read_all()
 
 
@@ -98,7 +99,7 @@ def write_plan(work: Path, state: dict[str, Any]) -> None:
 def _read_json(path: Path) -> Any:
     """A run-state file's JSON (`DataError` naming the file when it cannot be read)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(storage.read_text(path))
     except (OSError, ValueError) as exc:
         raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from packtool.dataset.identity import IDENTITY_FIELDS
 from packtool.errors import ConfigError, MissingDependencyError
+from packtool.storage import local as storage
 
 UNITS = ("tokens", "rows")
 """What a weight counts: tokens delivered (default) or packed rows."""
@@ -243,7 +244,7 @@ def read_mixture_file(path: str | os.PathLike) -> MixtureSpec:
     file = Path(path)
     where = str(file)
     try:
-        text = file.read_text(encoding="utf-8")
+        text = storage.read_text(file)
     except FileNotFoundError:
         raise ConfigError(f"{where}: mixture file not found") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.errors import DataError
+from packtool.storage import local as storage
 
 BUFFER_BYTES = 1 << 20
 
@@ -44,10 +45,25 @@ def open_stream(path: Path) -> io.BufferedIOBase:
     """
     kind = compression_of(path)
     if kind == "gzip":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
+        return _GzipReader(storage.open_input(path))
     if kind == "zstd":
         return io.BufferedReader(_ZstdReader(path), buffer_size=BUFFER_BYTES)
-    return open(path, "rb", buffering=BUFFER_BYTES)  # noqa: SIM115 - the caller closes it
+    return storage.open_input(path, buffering=BUFFER_BYTES)  # noqa: SIM115 - the caller closes it
+
+
+class _GzipReader(gzip.GzipFile):
+    """`gzip.open` over a stream the storage seam opened: closing it closes that stream too
+    (a `GzipFile` made from a file object leaves it open)."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
 def zstd_error() -> type[BaseException]:
@@ -86,7 +102,7 @@ _MAGIC = ((b"\x1f\x8b", "gzip", ".gz"), (b"\x28\xb5\x2f\xfd", "zstd", ".zst"))
 def _what_it_is(path: Path) -> str:
     """A hint for a file whose bytes are not what its name says: what its first bytes are."""
     try:
-        with open(path, "rb") as f:
+        with storage.open_input(path) as f:
             head = f.read(4)
     except OSError:
         return ""
@@ -110,7 +126,7 @@ class _ZstdReader(io.RawIOBase):
     def __init__(self, path: Path) -> None:
         import zstandard
 
-        self._file = open(path, "rb")  # noqa: SIM115 - closed in close()
+        self._file = storage.open_input(path)  # noqa: SIM115 - closed in close()
         self._dctx = zstandard.ZstdDecompressor()
         self._obj: Any = self._dctx.decompressobj()
         self._in_frame = False

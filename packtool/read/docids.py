@@ -38,6 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from packtool.errors import DataError
+from packtool.storage import local as storage
 
 FILE_BITS = 24
 OFFSET_BITS = 39
@@ -117,7 +118,7 @@ def _lists(info: dict[str, Any], directory: Any) -> tuple[list[str], list[str]]:
 
     path = Path(directory) / info.get("sources", SOURCES_FILE)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(storage.read_text(path))
         return data["files"], data["units"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{path}: unreadable list of input files ({exc})") from None

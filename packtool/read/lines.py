@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from packtool.read.compressed import BUFFER_BYTES, compression_of, open_stream
+from packtool.storage import local as storage
 
 BOM = b"\xef\xbb\xbf"
 TO_END = -1
@@ -46,7 +47,7 @@ def lines(path: Path, start: int = 0, end: int = TO_END) -> Iterator[tuple[int, 
         return
     if compression_of(path) is not None:
         raise ValueError(f"{path}: a compressed file is read whole, not by byte range")
-    with open(path, "rb", buffering=BUFFER_BYTES) as f:
+    with storage.open_input(path, buffering=BUFFER_BYTES) as f:
         if start == 0:
             yield from _numbered(f, 0, end)
             return

@@ -14,6 +14,7 @@ from typing import Any
 from packtool.errors import DataError
 from packtool.read.documents import Doc, ReadConfig, SkipCounter, as_extra
 from packtool.read.lines import TO_END
+from packtool.storage import local as storage
 
 PARQUET_SUFFIXES = (".parquet",)
 
@@ -43,10 +44,9 @@ def read_parquet(
 ) -> Iterator[Doc]:
     """The documents of row groups `[start, end)` (`TO_END`: the rest) of a text Parquet file."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
+        pf = storage.parquet_file(path)
     except pa.ArrowInvalid as exc:
         raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
     names = pf.schema_arrow.names

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from packtool.arrow_numpy import from_numpy
 from packtool.dataset.columns import IGNORE_INDEX, LOSS_MASK
@@ -42,6 +41,7 @@ from packtool.errors import ConfigError, DataError
 from packtool.prefetch import map_ordered
 from packtool.read import docids
 from packtool.read.documents import ReadConfig, SkipCounter
+from packtool.storage import local as storage
 
 TOO_BIG = "a row group holds >= 2**31 tokens; write the file with smaller groups"
 
@@ -66,7 +66,7 @@ def mask_source(path: Path, config: ReadConfig) -> str | None | bool:
     if not path.name.lower().endswith(".parquet"):
         return False
     try:
-        schema = pq.read_schema(path)
+        schema = storage.parquet_schema(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
     if b"packtool" in (schema.metadata or {}):
@@ -220,7 +220,7 @@ def read_pretokenized_file(
     `read_pretokenized` gives them. Document ids: `first_id`, `first_id + 1`, ... over the rows
     kept, or with `file_index`, `docids.encode(file_index, row in the file)` (a partition plan's
     piece: packtool/engines/plan.py)."""
-    pf = pq.ParquetFile(path)
+    pf = storage.parquet_file(path)
     names = pf.schema_arrow.names
     wanted = ["input_ids", *([source] if source else []), *config.extra_fields]
     missing = [c for c in wanted if c not in names]

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from packtool.dataset.identity import TokenizerIdentity, token_dtype
 from packtool.errors import DataError
 from packtool.read import docids
+from packtool.storage import local as storage
 
 
 def checked_table(
@@ -114,7 +114,7 @@ def read_tokenized_file(
     (`checked_table`), as tables of `schema`, with the row group's bytes."""
     columns = schema.names
     # Page CRC32s, where the writer stored them (packtool tokenize does), catch a damaged page.
-    pf = pq.ParquetFile(path, page_checksum_verification=True)
+    pf = storage.parquet_file(path, page_checksum_verification=True)
     names = pf.schema_arrow.names
     missing = [c for c in columns if c not in names]
     if missing:

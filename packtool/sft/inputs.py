@@ -48,6 +48,7 @@ from packtool.read.sft_config import (
     TOKENIZED,
     SFTConfig,
 )
+from packtool.storage import local as storage
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 """The roles a conversation may use (an unknown one is a counted skip)."""
@@ -99,10 +100,9 @@ def kind_of_record(obj: dict[str, Any], read: ReadConfig) -> str | None:
 
 def _kind_of_columns(path: Path, read: ReadConfig) -> str | None:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
-        schema = pq.read_schema(path)
+        schema = storage.parquet_schema(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
     sft = read.sft
@@ -373,10 +373,9 @@ def _json_rows(path: Path, skips: SkipCounter) -> Iterator[tuple[str, Any, int]]
 
 def _parquet_rows(path: Path, kind: str, read: ReadConfig) -> Iterator[tuple[str, Any, int]]:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
+        pf = storage.parquet_file(path)
     except pa.ArrowInvalid as exc:
         raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
     names = pf.schema_arrow.names

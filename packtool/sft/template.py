@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.errors import ConfigError, MissingDependencyError
+from packtool.storage import local as storage
 
 GENERATION_RE = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
 """How transformers tells that a template has `{% generation %}` blocks."""
@@ -389,7 +390,7 @@ def read_tokenizer_config(folder: str | os.PathLike) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(storage.read_text(path))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(config, dict):
@@ -448,7 +449,7 @@ def load_chat_template(
         if not path.is_file():
             raise ConfigError(f"chat template file {str(path)!r} does not exist")
         try:
-            text = path.read_text(encoding="utf-8")
+            text = storage.read_text(path)
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: cannot read the chat template ({exc})") from None
         if path.suffix.lower() == ".json":
@@ -470,7 +471,7 @@ def load_chat_template(
     jinja_file = folder / TEMPLATE_FILE
     if jinja_file.is_file():
         return ChatTemplate(
-            jinja_file.read_text(encoding="utf-8"), special_tokens=tokens, name=str(jinja_file)
+            storage.read_text(jinja_file), special_tokens=tokens, name=str(jinja_file)
         )
     if config is not None and config.get("chat_template") is not None:
         where = str(folder / CONFIG_FILE)

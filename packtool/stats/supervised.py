@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from packtool.dataset.columns import LOSS_MASK, flat_parts
 from packtool.dataset.masks import prefix_sums
 from packtool.pack.kernels import ffd_assign
+from packtool.storage import local as storage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +95,7 @@ def read_supervised(inputs: Sequence[Any], counter: SupervisedCounter) -> NDArra
     for path in expand_inputs(inputs):
         if tokenized_meta(path) is None:
             continue
-        pf = pq.ParquetFile(path)
+        pf = storage.parquet_file(path)
         for rg in range(pf.num_row_groups):
             table = pf.read_row_group(rg, columns=["length", LOSS_MASK])
             parts.append(table.column("length").to_numpy())

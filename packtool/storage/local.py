@@ -1,9 +1,14 @@
-"""Finding input files on a local (POSIX) file system: files, folders and globs -> a file list.
+"""The local (POSIX) file system: finding inputs, and every read packtool and the loader make.
 
-Every stage that takes inputs by name expands them here: reading a corpus
-(`packtool.read.corpus.expand_inputs`, the corpus suffixes) and the loader's online packing
-(tokenized Parquet). Nothing that looks like an input is passed over in silence: a dangling
-symlink, a pipe or a folder that cannot be listed is a one-line `DataError`.
+- **Finding inputs**: `expand` turns files, folders and globs into a file list (reading a corpus,
+  `packtool.read.corpus.expand_inputs`; the loader's online packing). Nothing that looks like an
+  input is passed over in silence: a dangling symlink, a pipe or a folder that cannot be listed
+  is a one-line `DataError`.
+- **Reading**: `open_input` (a byte stream), `read_bytes` / `read_text` (small files: manifests,
+  records, tokenizer files), `memory_map` (random access shared through the page cache: shards),
+  `parquet_file` / `parquet_schema` / `parquet_metadata` (Parquet, by path or opened source).
+  Each is the call packtool made before, unchanged; no other module opens a file to read it
+  (tests/test_architecture.py checks), so another backend (object storage) plugs in here.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from packtool.errors import DataError
 from packtool.prefetch import map_ordered
@@ -111,3 +117,50 @@ def not_a_file(path: Path) -> str:
         f"{path}: {kind}, not a regular file; packtool reads an input more than once (to check "
         "it, to read it, to resume), so save the stream to a file first"
     )
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def open_input(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
+    """`path` opened for reading bytes (the caller closes it)."""
+    return open(path, "rb", buffering=buffering)  # noqa: SIM115 - the caller closes it
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """The whole of a small file."""
+    return Path(path).read_bytes()
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The whole of a small UTF-8 text file (`UnicodeDecodeError` for other bytes)."""
+    return Path(path).read_text(encoding="utf-8")
+
+
+def memory_map(path: str | os.PathLike) -> Any:
+    """`path` memory-mapped read-only as a `pyarrow.NativeFile`: random reads share the page
+    cache across processes (the loader's workers)."""
+    import pyarrow as pa
+
+    return pa.memory_map(os.fspath(path), "r")
+
+
+def parquet_file(source: Any, **options: Any) -> Any:
+    """`pyarrow.parquet.ParquetFile(source, **options)`; `source` a path or an opened file."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(source, **options)
+
+
+def parquet_schema(path: str | os.PathLike) -> Any:
+    """The Arrow schema of a Parquet file, from its footer."""
+    import pyarrow.parquet as pq
+
+    return pq.read_schema(path)
+
+
+def parquet_metadata(path: str | os.PathLike) -> Any:
+    """The footer metadata of a Parquet file."""
+    import pyarrow.parquet as pq
+
+    return pq.read_metadata(path)

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from packtool.arrow_numpy import from_numpy, strings
 from packtool.dataset import columns as shard_columns
@@ -42,6 +41,7 @@ from packtool.read.documents import DocumentBatch, ReadConfig, SkipCounter
 from packtool.read.pretokenized import read_pretokenized, split_pretokenized
 from packtool.read.tokenized import read_tokenized_file
 from packtool.sft.inputs import sft_kind
+from packtool.storage import local as storage
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 
 
@@ -271,7 +271,9 @@ def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:
     if raw:
         raise DataError(f"{raw[0]}: not tokenized Parquet; run `packtool tokenize` first")
     common_identity(tokenized)
-    parts = [pq.read_table(p, columns=["length"]).column(0).to_numpy() for p, _ in tokenized]
+    parts = [
+        storage.parquet_file(p).read(columns=["length"]).column(0).to_numpy() for p, _ in tokenized
+    ]
     return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)
 
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packtool.storage import local as storage
+
 RECORD_VERSION = 1
 """Bumped when what a record means changes (the self-check's rules, the fields)."""
 
@@ -152,7 +154,7 @@ def open_record(sha256: str, reference: str) -> CheckRecord | None:
     path = folder / "engine-checks" / f"{digest}.json"
     values: dict[str, Any] = {}
     try:
-        stored = json.loads(path.read_bytes())
+        stored = json.loads(storage.read_bytes(path))
         if isinstance(stored, dict) and stored.get("key") == key and _well_formed(stored):
             values = {k: v for k, v in stored.items() if k != "key"}
     except (OSError, ValueError):

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.errors import ConfigError
+from packtool.storage import local as storage
 
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
@@ -94,7 +95,7 @@ class TokenizerFiles:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(storage.read_text(path))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise ConfigError(
@@ -162,7 +163,7 @@ def cached_snapshot(repo_id: str, revision: str = "main", cache: Path | None = N
     repo = (cache or hub_cache()) / ("models--" + repo_id.replace("/", "--"))
     ref = repo / "refs" / revision
     try:
-        commit = ref.read_text(encoding="utf-8").strip() if ref.is_file() else revision
+        commit = storage.read_text(ref).strip() if ref.is_file() else revision
     except OSError:
         return None
     snapshot = repo / "snapshots" / commit

@@ -25,6 +25,7 @@ from packtool.dataset.identity import (
     token_dtype,
 )
 from packtool.errors import ConfigError
+from packtool.storage import local as storage
 from packtool.tokenizer.engine_checks import engine_stamp, open_record
 from packtool.tokenizer.engines import (
     Encoder,
@@ -259,7 +260,7 @@ def _cpu_count() -> int:
 
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with storage.open_input(path) as f:
         while block := f.read(1 << 20):
             h.update(block)
     return h.hexdigest()
@@ -435,7 +436,7 @@ def _hf_source(files: TokenizerFiles) -> tuple[Source, Callable[[], str]]:
     path = files.path
     assert path is not None
     try:
-        data = path.read_bytes()
+        data = storage.read_bytes(path)
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the tokenizer file ({exc}); check it") from None
@@ -474,7 +475,7 @@ def _sentencepiece_source(files: TokenizerFiles) -> tuple[Source, Callable[[], s
     path = files.path
     assert path is not None
     try:
-        data = path.read_bytes()
+        data = storage.read_bytes(path)
     except OSError as exc:
         raise ConfigError(
             f"{path}: cannot read the SentencePiece model ({exc}); check it"

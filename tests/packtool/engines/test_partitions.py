@@ -8,10 +8,10 @@ is a one-line error naming it; every packed id leads back to its file and line.
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import json
 import os
+import types
 from pathlib import Path
 
 import pyarrow as pa
@@ -154,7 +154,7 @@ def test_resume_reads_no_byte_of_a_finished_partition(reference, corpus, tmp_pat
 
     # Count every byte the readers take from an input (JSONL ranges, whole files, Parquet).
     opened: list[tuple[str, int]] = []  # (path, bytes read)
-    real_open, real_stream = builtins.open, corpus_lines.open_stream
+    real_open, real_stream = corpus_lines.storage.open_input, corpus_lines.open_stream
 
     class Counting:
         def __init__(self, f, path):
@@ -185,8 +185,11 @@ def test_resume_reads_no_byte_of_a_finished_partition(reference, corpus, tmp_pat
         def seek(self, *a):
             return self.f.seek(*a)
 
+    # Every open of lines.py goes through the storage seam: count those of this module only.
     monkeypatch.setattr(
-        corpus_lines, "open", lambda p, *a, **k: Counting(real_open(p, *a, **k), p), raising=False
+        corpus_lines,
+        "storage",
+        types.SimpleNamespace(open_input=lambda p, *a, **k: Counting(real_open(p, *a, **k), p)),
     )
     monkeypatch.setattr(corpus_lines, "open_stream", lambda p: Counting(real_stream(p), p))
     parquet_reads: list[str] = []
