@@ -162,8 +162,10 @@ def default_id(
                 why = f"end of text; tokenizer_config.json's eos_token {token} ends a chat turn"
                 return vocab[text_end], f"{text_end} ({why})"
         return vocab[token], f"{token} (tokenizer_config.json)"
-    if which == "eos" and SP_EOS in vocab:  # a SentencePiece model names its own
-        return vocab[SP_EOS], f"{piece_of(vocab, vocab[SP_EOS])} (the SentencePiece model's EOS)"
+    own = SP_EOS if which == "eos" else SP_BOS
+    if own in vocab:  # a SentencePiece model names its own BOS and EOS
+        piece = piece_of(vocab, vocab[own])
+        return vocab[own], f"{piece} (the SentencePiece model's {which.upper()})"
     names = EOS_NAMES if which == "eos" else BOS_NAMES
     for name in names:
         if name in vocab:

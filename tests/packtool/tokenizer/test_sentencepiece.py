@@ -51,6 +51,9 @@ def test_the_ids_are_sentencepieces_with_its_bos_and_eos_around_them(model):
     assert (tok.identity.kind, tok.identity.engine) == ("sentencepiece", "sentencepiece")
     assert (tok.identity.bos_id, tok.identity.eos_id) == (sp.bos_id(), sp.eos_id())
     assert tok.identity.vocab_size == sp.get_piece_size()
+    forced = load_tokenizer(str(model), bos="default")  # the model's own BOS piece, always
+    assert forced.identity.bos_id == sp.bos_id()
+    assert forced.special_names["bos"] == "<s> (the SentencePiece model's BOS)"
     texts = list(stdlib_sample(every=90))
     flat, lengths = tok.encode_batch(texts)
     start = 0
