@@ -30,7 +30,7 @@ from typing import Any
 
 from packtool.dataset.columns import written
 from packtool.dataset.identity import TokenizerIdentity
-from packtool.dataset.manifest import INDEX_FILE
+from packtool.dataset.manifest import INDEX_FILE, read_manifest
 from packtool.dataset.output import (
     OutputPaths,
     check_apart,
@@ -41,14 +41,13 @@ from packtool.dataset.output import (
 )
 from packtool.engines import records
 from packtool.engines.config import RunConfig
-from packtool.errors import AlreadyComplete, ConfigError, DataError, PacktoolError, WorkersLost
+from packtool.errors import AlreadyComplete, ConfigError, PacktoolError, WorkersLost
 from packtool.pack.chunk import check_room_for_text
 from packtool.pack.columns import check_policy
 from packtool.prefetch import map_ordered, stat_all
 from packtool.read.corpus import expand_inputs
 from packtool.read.formats import file_kind
 from packtool.read.jsonl import json_array_file
-from packtool.storage import local as storage
 from packtool.tokenize.tokenize import RAW, RECORDS, check_recorded_tokenizer, inputs_read
 from packtool.tokenizer.tokenizers import Tokenizer
 
@@ -325,11 +324,7 @@ def check_complete(fingerprint: dict[str, Any], out: Path) -> None:
     A dataset packed before `index.json` kept the digest (`extra.fingerprint`) is taken as
     complete: nothing recorded says otherwise.
     """
-    try:
-        extra = json.loads(storage.read_text(out / INDEX_FILE)).get("extra") or {}
-    except (OSError, ValueError, AttributeError):
-        raise DataError(f"{out / INDEX_FILE}: unreadable; use --overwrite") from None
-    saved = extra.get("fingerprint")
+    saved = read_manifest(out).extra.get("fingerprint")  # a damaged index.json: one line
     if saved is not None and saved != fingerprint_digest(fingerprint):
         raise ConfigError(
             f"cannot resume {out}: it is a finished dataset of other options or inputs; "

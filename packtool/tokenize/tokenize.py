@@ -34,7 +34,7 @@ from packtool.dataset.tokenized import (
 )
 from packtool.dataset.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
 from packtool.errors import ConfigError, DataError
-from packtool.prefetch import prefetch, stat_all
+from packtool.prefetch import file_states, prefetch
 from packtool.progress import Progress
 from packtool.read.corpus import expand_inputs, read_corpus
 from packtool.read.documents import DocumentBatch, ReadConfig, SkipCounter
@@ -105,9 +105,7 @@ def inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
         DataError: as `input_columns`, and fine-tuning files of different kinds.
     """
     try:
-        key = tuple(
-            (p, st.st_size, st.st_mtime_ns) for p, st in zip(paths, stat_all(paths), strict=True)
-        )
+        key = file_states(paths)
     except OSError:  # the readers name the file
         return _inputs_read(paths, config)
     return _inputs_read_cached(key, config)

@@ -147,6 +147,10 @@ def test_resume_of_a_finished_dataset_succeeds_and_changes_nothing(tmp_path, sma
     assert code == 1 and "--overwrite" in one_error_line(err)
     after = {f.name: (f.read_bytes(), f.stat().st_mtime_ns) for f in (tmp_path / "p").iterdir()}
     assert after == before
+    # A damaged index.json is not taken as a finished run: one line naming it.
+    (tmp_path / "p" / "index.json").write_text("{not json")
+    code, _, err = run("pack", small, "-o", tmp_path / "p", "--resume")
+    assert code == 1 and "index.json" in one_error_line(err)
 
 
 def test_resume_without_a_previous_run_creates_nothing(tmp_path, small):
