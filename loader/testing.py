@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
-import pyarrow.parquet as pq
 
 from loader.store.row_index import GroupStats, RowIndex, group_stats
 from packtool.dataset import columns as shard_columns
@@ -30,6 +29,8 @@ from packtool.dataset.manifest import (
     write_manifest,
 )
 from packtool.dataset.shards import ShardConfig, write_shards
+from packtool.storage import local as storage
+from packtool.storage import writing
 
 
 def rows_table(
@@ -100,7 +101,7 @@ def write_dataset(
     if (columns or derived) and format_version < 2:
         raise ValueError("format 1 has no optional columns")
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    writing.make_dirs(path)
     token_type = token_type or pa.uint16()
     next_id = 0
     shards = []
@@ -165,7 +166,7 @@ def write_random_dataset(
     if shard_config is not None:
         rows_per_shard = shard_config.shard_rows
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    writing.make_dirs(path)
     rng = np.random.default_rng(seed)
     token_type = pa.uint16() if vocab <= 65_536 else pa.uint32()
     shards = []
@@ -214,7 +215,7 @@ def _write_shard(
 ) -> ShardInfo:
     name = f"shard-{index:05d}.parquet"
     file = path / name
-    pq.write_table(table, file, row_group_size=row_group_rows, compression=compression)
+    writing.write_parquet(table, file, row_group_size=row_group_rows, compression=compression)
     tokens = int(
         pa.compute.sum(pa.compute.list_value_length(table.column("input_ids"))).as_py() or 0
     )
@@ -222,7 +223,7 @@ def _write_shard(
         file=name,
         rows=table.num_rows,
         tokens=tokens,
-        bytes=file.stat().st_size,
+        bytes=storage.size(file),
         sha256=sha256_file(file),
     )
 

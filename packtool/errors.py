@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 
 class PacktoolError(Exception):
@@ -37,22 +36,6 @@ class AlreadyComplete(PacktoolError):
 
 class MissingDependencyError(PacktoolError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
-
-
-def make_output_folder(folder: Path) -> None:
-    """`folder.mkdir(parents=True, exist_ok=True)`, failing with a `ConfigError` that says why.
-
-    The bare OSError is misleading when a parent is a file: Python reports "File exists" or
-    "Not a directory" for the folder the user asked for, not for the file in the way.
-    """
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        blocker = next(
-            (p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None
-        )
-        why = f"{blocker} is a file, not a folder" if blocker else (exc.strerror or str(exc))
-        raise ConfigError(f"cannot create output folder {folder} ({why})") from None
 
 
 @contextmanager

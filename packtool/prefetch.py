@@ -85,20 +85,6 @@ def _run_batch(fn: Callable[[T], R], chunk: list[T]) -> tuple[list[R], BaseExcep
     return out, None
 
 
-def stat_all(paths: Iterable[os.PathLike[str] | str]) -> list[os.stat_result]:
-    """`os.stat` of every path, in order (`map_ordered`: a stat on a mount waits on latency)."""
-    return list(map_ordered(os.stat, paths))
-
-
-def file_states(paths: Iterable[os.PathLike[str] | str]) -> tuple[tuple[Any, int, int], ...]:
-    """`(path, size, mtime_ns)` of every path, in order: the key under which an answer read
-    from these files is kept (a changed file gives another key). Raises `OSError`."""
-    paths = list(paths)
-    return tuple(
-        (p, st.st_size, st.st_mtime_ns) for p, st in zip(paths, stat_all(paths), strict=True)
-    )
-
-
 def prefetch(iterator: Iterator[T], depth: int = 2) -> Iterator[T]:
     """Run `iterator` in a thread, `depth` items ahead; its exceptions re-raise here."""
     q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)

@@ -42,6 +42,7 @@ from loader.record import Documents
 from packtool.dataset.columns import LOSS_MASK, TOKEN, Column, get, optional
 from packtool.errors import ConfigError
 from packtool.mixture.spec import MixtureSpec, SourceSpec, read_mixture_file
+from packtool.storage import local as storage
 
 STREAM_BLOCK = 256
 """Positions of a streaming source that count as one "row group" (prefetch, worker ownership)."""
@@ -255,7 +256,7 @@ class StreamSource:
         )
         h = hashlib.sha256()
         for p in src.paths:
-            h.update(f"{Path(p).name}:{Path(p).stat().st_size};".encode())
+            h.update(f"{Path(p).name}:{storage.size(p)};".encode())
         h.update(repr((src.num_documents, sorted(config_state(src.config).items()))).encode())
         self.fingerprint = h.hexdigest()[:16]
         self.tokenizer = src.identity.to_dict() if src.identity is not None else {}

@@ -145,9 +145,9 @@ class ShardStore:
         token_dtypes = []
         for i, info in enumerate(self.manifest.shards):
             file = self.path / info.file
-            if not file.is_file():
+            if not storage.is_file(file):
                 raise DataError(f"{file}: shard listed in index.json is missing")
-            size = file.stat().st_size
+            size = storage.size(file)
             if size != info.bytes:
                 raise DataError(
                     f"{file}: {size} bytes but index.json says {info.bytes}; "

@@ -237,15 +237,15 @@ def _check_manifest(manifest: Manifest, index: Path) -> tuple[int, int]:
 
 def unlisted_files(directory: Path, manifest: Manifest) -> list[str]:
     """Warning lines for files that look like data but are not in the manifest."""
-    listed = {(directory / s.file).resolve() for s in manifest.shards}
+    listed = {storage.resolve(directory / s.file) for s in manifest.shards}
     lines = []
-    for p in sorted(directory.rglob("*.parquet")):
-        if p.resolve() not in listed and not p.name.startswith("."):
+    for p in storage.glob(directory, "*.parquet", recursive=True):
+        if storage.resolve(p) not in listed and not p.name.startswith("."):
             lines.append(
                 f"{p}: not listed in {INDEX_FILE}, so not part of the dataset "
                 "(a leftover of an interrupted run? delete it)"
             )
-    for p in sorted(directory.rglob(".*.tmp")):
+    for p in storage.glob(directory, ".*.tmp", recursive=True):
         lines.append(f"{p}: temporary file of an interrupted write; ignored (delete it)")
     return lines
 
@@ -299,9 +299,9 @@ def verify_dataset(
     for shard in _progress(shards, enabled=progress):
         file = directory / shard.file
         where = str(file)
-        if not file.is_file():
+        if not storage.is_file(file):
             raise _fail(where, f"missing (listed in {INDEX_FILE} with {shard.rows:,} rows)")
-        size = file.stat().st_size
+        size = storage.size(file)
         if size != shard.bytes:
             raise _fail(
                 where,

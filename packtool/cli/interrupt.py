@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from packtool.storage import local as storage
+
 FORCE_EXIT_AFTER_S = 5.0
 """After Ctrl-C, how long the orderly shutdown may take before the process exits anyway."""
 note: list[Callable[[], str]] = [lambda: ""]
@@ -26,7 +28,7 @@ def resume_note(output: str, overwrite: bool) -> str:
     from packtool.engines.preflight import STATE_DIR, staging_folder
 
     staging = staging_folder(output)
-    if not (staging / STATE_DIR).exists():
+    if not storage.exists(staging / STATE_DIR):
         return ""
     how = "--resume instead of --overwrite" if overwrite else "--resume"
     return f"; finished partitions are kept in {staging}: run the same command with {how} to finish"

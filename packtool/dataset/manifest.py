@@ -19,8 +19,9 @@ import pyarrow as pa
 
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.manifest_check import manifest_problem
-from packtool.errors import DataError, naming
+from packtool.errors import DataError
 from packtool.storage import local as storage
+from packtool.storage import writing
 
 FORMAT = "packtool.packed"
 FORMAT_VERSION = 3
@@ -200,20 +201,10 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file and a rename (never a half-written file)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with naming(tmp), open(tmp, "wb") as f:  # a full disk names the file
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:
     path = Path(directory) / INDEX_FILE
     text = json.dumps(manifest.to_dict(), indent=2, sort_keys=False) + "\n"
-    atomic_write_bytes(path, text.encode("utf-8"))
+    writing.write_atomic(path, text.encode("utf-8"))
     return path
 
 
@@ -224,7 +215,7 @@ def dataset_folder(path: str | os.PathLike) -> Path:
     both mean the same dataset. Shard paths are relative to the folder this returns.
     """
     path = Path(path)
-    if path.name == INDEX_FILE and not path.is_dir():
+    if path.name == INDEX_FILE and not storage.is_dir(path):
         return path.parent
     return path
 
@@ -240,9 +231,9 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     """
     directory = dataset_folder(directory)
     path = directory / INDEX_FILE
-    if not directory.is_dir():
+    if not storage.is_dir(directory):
         raise DataError(f"{directory}: no such dataset folder")
-    if not path.is_file():
+    if not storage.is_file(path):
         raise DataError(f"{path}: missing; not a packtool dataset or an unfinished `packtool pack`")
     try:
         data = json.loads(storage.read_text(path))

@@ -31,12 +31,10 @@ file system (a rename never copies) and hidden from the folder walk of `corpus.e
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import fnmatch
 import glob
 import json
 import os
-import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -44,8 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from packtool.errors import ConfigError, naming
+from packtool.errors import ConfigError
 from packtool.prefetch import map_ordered
+from packtool.storage import local as storage
+from packtool.storage import writing
 
 STAGING_SUFFIX = ".packtool-staging"
 READY_SUFFIX = ".packtool-ready"
@@ -53,7 +53,7 @@ OLD_SUFFIX = ".packtool-old"
 LOCK_SUFFIX = ".packtool-lock"
 OUTPUT_NAMES = ("shard-00000.parquet", "part-00000.parquet", "index.json")
 """Names `pack` and `tokenize` write inside an output folder (for the glob check)."""
-_rename = os.rename  # every rename of the swap goes through here (tests interrupt it)
+_rename = writing.rename  # every rename of the swap goes through here (tests interrupt it)
 T = TypeVar("T")
 
 
@@ -72,7 +72,7 @@ class OutputPaths:
 
 def output_paths(out: str | os.PathLike) -> OutputPaths:
     """The paths of output `out`. A symlinked output is written where the link points."""
-    target = Path(out).resolve()
+    target = storage.resolve(out)
     side = target.parent / f".{target.name}"
     return OutputPaths(
         shown=os.fspath(out),
@@ -98,8 +98,8 @@ def check_apart(
     Raises:
         ConfigError: naming both paths.
     """
-    target = Path(out).resolve()
-    cwd = Path.cwd().resolve()
+    target = storage.resolve(out)
+    cwd = storage.cwd()
     if target == cwd or target in cwd.parents:
         # The swap would leave this shell in a deleted folder (the old output).
         raise ConfigError(
@@ -112,7 +112,7 @@ def check_apart(
             # A recursive glob reaches every folder under its fixed part; it would read the
             # output back if its last part matches a name packtool writes there.
             parts = Path(text).parts
-            fixed = Path(*[p for p in parts[: _first_magic(parts)]] or ["."]).resolve()
+            fixed = storage.resolve(Path(*[p for p in parts[: _first_magic(parts)]] or ["."]))
             names = (*OUTPUT_NAMES, target.name)
             reaches = fixed == target or fixed in target.parents
             if "**" in parts and reaches and any(fnmatch.fnmatch(n, parts[-1]) for n in names):
@@ -121,7 +121,7 @@ def check_apart(
                     "run would read its own output; choose an output outside it"
                 )
             continue
-        path = Path(text).resolve()
+        path = storage.resolve(text)
         if path == target:
             raise ConfigError(f"output {out} is also an input ({text}); choose another output")
         if path in target.parents:
@@ -135,7 +135,7 @@ def check_apart(
                 "choose another output"
             )
     files = list(files)
-    for f, resolved in zip(files, map_ordered(Path.resolve, files), strict=True):
+    for f, resolved in zip(files, map_ordered(storage.resolve, files), strict=True):
         if target in resolved.parents:
             raise ConfigError(
                 f"input {f} is inside the output {out}, which this run replaces; "
@@ -148,7 +148,8 @@ def _first_magic(parts: tuple[str, ...]) -> int:
 
 
 class OutputLock:
-    """An exclusive `flock` on `paths.lock`, held from `__enter__` to `__exit__`.
+    """An exclusive lock (`storage.writing.take_lock`) on `paths.lock`, held from `__enter__` to
+    `__exit__`.
 
     Raises:
         ConfigError: (on enter) another live process holds the lock; the message names it.
@@ -157,67 +158,43 @@ class OutputLock:
     def __init__(self, paths: OutputPaths, command: str = "") -> None:
         self.paths = paths
         self.command = command
-        self._fd: int | None = None
+        self._held: writing.HeldLock | None = None
 
     def __enter__(self) -> OutputLock:
-        path = self.paths.lock
-        while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as exc:  # the first write of a run: name the output as given
-                raise ConfigError(
-                    f"cannot write {self.paths.shown} ({exc.strerror or exc})"
-                ) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _describe_holder(fd)
-                os.close(fd)
-                raise ConfigError(
-                    f"{self.paths.shown} is being written by another packtool ({holder}); "
-                    "wait for it to finish or stop it"
-                ) from None
-            # The previous holder unlinks the file as it lets go: if that happened between our
-            # open and our flock, we hold a lock on a file no one else will open. Start again.
-            try:
-                st = os.stat(path)
-                same = (st.st_ino, st.st_dev) == (os.fstat(fd).st_ino, os.fstat(fd).st_dev)
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
+        try:
+            self._held = writing.take_lock(self.paths.lock)
+        except writing.LockBusy as busy:
+            raise ConfigError(
+                f"{self.paths.shown} is being written by another packtool "
+                f"({_describe_holder(busy.holder)}); wait for it to finish or stop it"
+            ) from None
+        except OSError as exc:  # the first write of a run: name the output as given
+            raise ConfigError(f"cannot write {self.paths.shown} ({exc.strerror or exc})") from None
         info = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": self.command[:300],
         }
-        self._fd = fd
         try:
-            with naming(path):  # a full disk names the file
-                os.ftruncate(fd, 0)
-                os.write(fd, json.dumps(info).encode())
+            self._held.write(json.dumps(info).encode())
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._fd is None:
-            return
-        # Unlink while still holding it (see the identity check in __enter__), then let go.
-        self.paths.lock.unlink(missing_ok=True)
-        os.close(self._fd)
-        self._fd = None
+        if self._held is not None:
+            self._held.release()
+            self._held = None
 
 
-def _describe_holder(fd: int) -> str:
+def _describe_holder(note: bytes) -> str:
     try:
-        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        info = json.loads(note or b"{}")
         if not isinstance(info, dict):
             info = {}
-    except (OSError, ValueError):
+    except ValueError:
         info = {}
     if "pid" not in info:
         return "a process that is starting up"
@@ -234,13 +211,13 @@ def recover(paths: OutputPaths) -> None:
     output. An old folder beside an output is the dataset it replaced: deleted. An old folder
     with no output (a failure between two renames of `commit`) is put back.
     """
-    if paths.ready.exists():
-        if os.path.lexists(paths.target) and not os.path.lexists(paths.old):
+    if storage.exists(paths.ready):
+        if storage.lexists(paths.target) and not storage.lexists(paths.old):
             _rename(paths.target, paths.old)
         _rename(paths.ready, paths.target)
-        _fsync_dir(paths.target.parent)
-    if os.path.lexists(paths.old):
-        if os.path.lexists(paths.target):
+        writing.sync_dir(paths.target.parent)
+    if storage.lexists(paths.old):
+        if storage.lexists(paths.target):
             remove(paths.old)
         else:
             _rename(paths.old, paths.target)
@@ -248,16 +225,16 @@ def recover(paths: OutputPaths) -> None:
 
 def commit(paths: OutputPaths) -> None:
     """Swap the complete staging output in for the old one (see the module docstring)."""
-    if paths.staging.is_file():
-        os.replace(paths.staging, paths.target)  # one atomic step for a file
-        _fsync_dir(paths.target.parent)
+    if storage.is_file(paths.staging):
+        writing.replace(paths.staging, paths.target)  # one atomic step for a file
+        writing.sync_dir(paths.target.parent)
         return
     try:
         _rename(paths.staging, paths.ready)
-        if os.path.lexists(paths.target):
+        if storage.lexists(paths.target):
             _rename(paths.target, paths.old)
         _rename(paths.ready, paths.target)
-        _fsync_dir(paths.target.parent)
+        writing.sync_dir(paths.target.parent)
     except Exception:
         # Put things as they were or as they should be; if that fails too, the next run's
         # `recover` does it. Either way the output is never a mixture.
@@ -269,13 +246,11 @@ def commit(paths: OutputPaths) -> None:
 
 def create_parent(paths: OutputPaths) -> Path | None:
     """Create the output's parent folders; return the outermost one made (None: it existed)."""
-    from packtool.errors import make_output_folder
-
     parent = paths.target.parent
-    made = next((p for p in reversed(parent.parents) if not p.exists()), None)
-    if made is None and not parent.exists():
+    made = next((p for p in reversed(parent.parents) if not storage.exists(p)), None)
+    if made is None and not storage.exists(parent):
         made = parent
-    make_output_folder(parent)
+    writing.make_dirs(parent)
     return made
 
 
@@ -284,8 +259,7 @@ def remove_empty_parents(paths: OutputPaths, made: Path | None) -> None:
     if made is None:
         return
     folder = paths.target.parent
-    while folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
+    while writing.remove_empty_dir(folder):
         if folder == made:
             return
         folder = folder.parent
@@ -293,23 +267,7 @@ def remove_empty_parents(paths: OutputPaths, made: Path | None) -> None:
 
 def remove(path: Path) -> None:
     """Delete a file or a folder tree, if it is there."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        path.unlink()
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the renames in `folder` durable (a crash after `commit` keeps the new output)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):  # some file systems cannot fsync a folder
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    writing.remove_tree(path)
 
 
 @contextlib.contextmanager

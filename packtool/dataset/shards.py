@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,6 +31,7 @@ from packtool.dataset.manifest import ShardInfo, packed_schema, sha256_file
 from packtool.dataset.stitch import StitchError, footer_of, stitched_footer
 from packtool.errors import ConfigError, naming
 from packtool.storage import local as storage
+from packtool.storage import writing
 
 
 class RowSource(Protocol):
@@ -92,21 +92,17 @@ def _writer_options(config: ShardConfig) -> dict:
     }
 
 
-def temporary_name(path: Path) -> Path:
-    """A hidden name beside `path`, unique to this writer, to write it under before the rename."""
-    return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-
-
 def _finish(tmp: Path, path: Path) -> None:
-    with naming(tmp), open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    writing.sync_file(tmp)
+    writing.replace(tmp, path)
 
 
 def _write_one(path: Path, table: pa.Table, config: ShardConfig) -> None:
-    tmp = temporary_name(path)
+    tmp = writing.temporary_name(path)
     with naming(tmp):  # a full disk names the file
-        pq.write_table(table, tmp, row_group_size=config.row_group_rows, **_writer_options(config))
+        writing.write_parquet(
+            table, tmp, row_group_size=config.row_group_rows, **_writer_options(config)
+        )
     _finish(tmp, path)
 
 
@@ -135,7 +131,7 @@ def write_shards(
                 file=name,
                 rows=part.num_rows,
                 tokens=tokens,
-                bytes=path.stat().st_size,
+                bytes=storage.size(path),
                 sha256=sha256_file(path),
             )
         )
@@ -179,9 +175,9 @@ class _RunningHash:
     """
 
     def __init__(self, path: Path) -> None:
-        self._fd = os.open(path, os.O_RDONLY)  # the file hashed now
-        self._shard_fd = self._fd  # the one flushed as it goes (parts are copied, not kept)
-        self._open = {self._fd}
+        self._file = storage.open_random(path)  # the file hashed now
+        self._shard_file = self._file  # the one flushed as it goes (parts are copied, not kept)
+        self._open = [self._file]
         self._hash = hashlib.sha256()
         self._done = 0
         self._synced = 0
@@ -194,15 +190,15 @@ class _RunningHash:
             return  # still hashing: the next call (or hexdigest) takes the rest
         if self._pending is not None:
             self._pending.result()  # a read error surfaces here
-        self._pending = self._pool.submit(self._read_to, os.fstat(self._fd).st_size)
+        self._pending = self._pool.submit(self._read_to, self._file.size())
 
     def switch(self, path: Path, start: int, end: int) -> None:
         """The file hashed now ends at byte `end` (its last row group's): hash it to there, then
         go on with the file at `path` from byte `start`."""
         self.wait()
-        fd = os.open(path, os.O_RDONLY)
-        self._open.add(fd)  # closed by `close` whatever happens
-        self._pending = self._pool.submit(self._switch, fd, start, end)
+        file = storage.open_random(path)
+        self._open.append(file)  # closed by `close` whatever happens
+        self._pending = self._pool.submit(self._switch, file, start, end)
 
     def wait(self) -> None:
         """Let the hashing under way finish (the file may then change beyond what it hashed)."""
@@ -214,7 +210,7 @@ class _RunningHash:
         """The digest of the whole file (call once, after the writer closed it)."""
         try:
             self.wait()
-            self._read_to(os.fstat(self._fd).st_size)
+            self._read_to(self._file.size())
             return self._hash.hexdigest()
         finally:
             self.close()
@@ -233,33 +229,31 @@ class _RunningHash:
     def close(self) -> None:
         """Stop the thread and close the files (again: nothing; an abort after a failed close)."""
         self._pool.shutdown(wait=True)
-        fds, self._open = (self._open, set())
-        for fd in fds:
-            os.close(fd)
+        files, self._open = (self._open, [])
+        for file in files:
+            file.close()
 
-    def _switch(self, fd: int, start: int, end: int) -> None:
+    def _switch(self, file: storage.RandomFile, start: int, end: int) -> None:
         self._read_to(end)
-        if self._fd != self._shard_fd:
-            self._open.discard(self._fd)
-            os.close(self._fd)
-        self._fd, self._done = fd, start
+        if self._file is not self._shard_file:
+            self._open.remove(self._file)
+            self._file.close()
+        self._file, self._done = file, start
 
     def _read_to(self, end: int) -> None:
         while self._done < end:
-            block = os.pread(self._fd, min(end - self._done, 1 << 20), self._done)
+            block = self._file.read_at(min(end - self._done, 1 << 20), self._done)
             if not block:  # the file is shorter than its size said: never for an append
                 raise OSError(f"shard shrank while being hashed at byte {self._done}")
             self._hash.update(block)
             self._done += len(block)
         if (
-            self._fd == self._shard_fd
+            self._file is self._shard_file
             and self._synced >= 0
             and self._done - self._synced >= SYNC_EVERY
         ):
-            # macOS has no fdatasync; fsync flushes the metadata too, a little more work
-            sync = getattr(os, "fdatasync", os.fsync)
             try:
-                sync(self._fd)
+                self._file.sync_data()
                 self._synced = self._done
             except OSError:  # only a head start: the close's fsync is what makes it durable
                 self._synced = -1  # (a file system that refuses it on a read-only descriptor)
@@ -357,7 +351,7 @@ class ShardWriter:
             self._hash = None
         self._stop_pool()
         for part in self._parts:
-            part.unlink(missing_ok=True)
+            writing.remove_file(part)
         self._parts = []
 
     def _drain(self, *, final: bool) -> None:
@@ -385,9 +379,9 @@ class ShardWriter:
 
     def _open_part(self, schema: pa.Schema) -> pq.ParquetWriter:
         """A new part's writer; the shard's file (and its running hash) when it is the first."""
-        path = temporary_name(self.directory / self.name(len(self.infos)))
+        path = writing.temporary_name(self.directory / self.name(len(self.infos)))
         with naming(path):
-            writer = pq.ParquetWriter(path, schema, **_writer_options(self.config))
+            writer = writing.parquet_writer(path, schema, **_writer_options(self.config))
             self._parts.append(path)
             if len(self._parts) == 1:
                 self._hash = _RunningHash(path)
@@ -404,7 +398,7 @@ class ShardWriter:
         rg = self.config.row_group_rows
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="packtool-shard")
-        path = temporary_name(self.directory / self.name(len(self.infos)))
+        path = writing.temporary_name(self.directory / self.name(len(self.infos)))
 
         def second() -> tuple[pq.ParquetWriter, int]:
             # Touches nothing of `self` but the config: this thread's part is added after.
@@ -414,7 +408,7 @@ class ShardWriter:
                     for a in range(middle, stop, rg):
                         group = _shard_table(rows.block(a, min(a + rg, stop)))
                         if writer is None:
-                            writer = pq.ParquetWriter(
+                            writer = writing.parquet_writer(
                                 path, group.schema, **_writer_options(self.config)
                             )
                         writer.write_table(group, row_group_size=rg)
@@ -423,17 +417,19 @@ class ShardWriter:
             except BaseException:
                 if writer is not None:
                     writer.close()
-                path.unlink(missing_ok=True)
+                writing.remove_file(path)
                 raise
 
         with naming(path):
-            path.touch()  # the hash opens it before the second thread's writer may have
+            writing.create_empty(
+                path
+            )  # the hash opens it before the second thread's writer may have
         later = self._pool.submit(second)
         try:
             for block in rows.blocks(rg, start, middle):
                 self._write(_shard_table(block))
             # The open part's row groups end here; the hash goes on with the new part's.
-            self._hash.switch(path, 4, self._parts[-1].stat().st_size)
+            self._hash.switch(path, 4, storage.size(self._parts[-1]))
             while True:
                 try:
                     writer, tokens = later.result(timeout=HASH_POLL)
@@ -445,7 +441,7 @@ class ShardWriter:
                 writer, _ = later.result()  # the second thread's error is the cause, if any
                 writer.close()
             finally:
-                path.unlink(missing_ok=True)
+                writing.remove_file(path)
             raise
         self._hash.advance()
         with naming(self._parts[-1]):
@@ -460,7 +456,7 @@ class ShardWriter:
             return
         shard, last = self._parts[0], self._parts[-1]
         with naming(shard):
-            end = last.stat().st_size  # the last part's row groups end here
+            end = storage.size(last)  # the last part's row groups end here
             self._writer.close()
             self._writer = None
             digest = self._join_parts(end) if len(self._parts) > 1 else self._hash.hexdigest()
@@ -474,7 +470,7 @@ class ShardWriter:
                 file=name,
                 rows=self._rows,
                 tokens=self._tokens,
-                bytes=path.stat().st_size,
+                bytes=storage.size(path),
                 sha256=digest,
             )
         )
@@ -496,14 +492,14 @@ class ShardWriter:
             digest = sha256_file(shard)
         else:
             digest = self._hash.finish(end, footer)  # the joined file is never read back
-            with open(shard, "r+b") as out:
+            with writing.open_update(shard) as out:
                 out.truncate(4 + split[0][0])  # the first part's footer goes
                 out.seek(0, os.SEEK_END)
                 for part, (body, _) in zip(others, split[1:], strict=True):
-                    _append(part, 4, body, out)
+                    writing.append_range(part, 4, body, out)
                 out.write(footer)
         for part in others:
-            part.unlink(missing_ok=True)
+            writing.remove_file(part)
         return digest
 
     def _stop_pool(self) -> None:
@@ -521,36 +517,12 @@ def _shard_table(table: pa.Table) -> pa.Table:
 
 def _footer_of(path: Path) -> tuple[int, bytes]:
     """(bytes of row groups, raw footer) of the Parquet file at `path`."""
-    size = path.stat().st_size
+    size = storage.size(path)
     with storage.open_input(path) as f:
         f.seek(max(0, size - 8))
         n = int.from_bytes(f.read(8)[:4], "little")  # the footer's length
         f.seek(max(0, size - 8 - n))
         return footer_of(f.read(), size)
-
-
-def _append(src: Path, offset: int, count: int, out: BinaryIO) -> None:
-    """Append `count` bytes of `src` from `offset` to `out` (in the kernel where it can)."""
-    out.flush()
-    with storage.open_input(src) as f:
-        try:
-            while count > 0:
-                done = os.copy_file_range(f.fileno(), out.fileno(), count, offset)
-                if done <= 0:
-                    raise OSError("copy_file_range copied nothing")
-                offset += done
-                count -= done
-            return
-        except (AttributeError, OSError):  # not Linux, or a file system without it
-            pass
-        f.seek(offset)
-        out.seek(0, os.SEEK_END)
-        while count > 0:
-            block = f.read(min(count, 1 << 22))
-            if not block:
-                raise OSError(f"{src}: shorter than its footer says")
-            out.write(block)
-            count -= len(block)
 
 
 def _rewrite(parts: list[Path], config: ShardConfig) -> None:
@@ -560,10 +532,10 @@ def _rewrite(parts: list[Path], config: ShardConfig) -> None:
     names = tuple(sources[0].schema_arrow.names)
     token_type = sources[0].schema_arrow.field("input_ids").type.value_type
     schema = packed_schema(token_type, names)
-    tmp = temporary_name(parts[0])
-    with pq.ParquetWriter(tmp, schema, **_writer_options(config)) as writer:
+    tmp = writing.temporary_name(parts[0])
+    with writing.parquet_writer(tmp, schema, **_writer_options(config)) as writer:
         for source in sources:
             for i in range(source.num_row_groups):
                 table = source.read_row_group(i).cast(schema)
                 writer.write_table(table, row_group_size=config.row_group_rows)
-    os.replace(tmp, parts[0])
+    writing.replace(tmp, parts[0])

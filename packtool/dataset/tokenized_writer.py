@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packtool.errors import naming
+from packtool.storage import writing
 
 PART_PATTERN = "part-{:05d}.parquet"
 PIPELINE_DEPTH = 1
@@ -40,7 +41,7 @@ class PartWriter:
         path = self.target if self.single else self.target / PART_PATTERN.format(len(self.files))
         self.files.append(path)
         with naming(path):
-            self._writer = pq.ParquetWriter(
+            self._writer = writing.parquet_writer(
                 path,
                 self.schema,
                 compression="zstd",

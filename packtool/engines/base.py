@@ -50,6 +50,7 @@ from packtool.engines.summary import PackSummary
 from packtool.errors import ConfigError, DataError, WorkersLost
 from packtool.prefetch import map_ordered
 from packtool.progress import Progress
+from packtool.storage import local as storage
 from packtool.tokenize.pieces import Source
 
 FAN_IN_KEY = "tail_fan_in"
@@ -149,7 +150,7 @@ class Run:
         record = records.read_record(self.work, p)
         for s in record["shards"]:
             path = self.work / s["file"]
-            if not path.is_file() or path.stat().st_size != s["bytes"]:
+            if not storage.is_file(path) or storage.size(path) != s["bytes"]:
                 raise DataError(
                     f"{path}: finished shard is missing or changed; rerun with --overwrite"
                 )

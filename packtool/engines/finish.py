@@ -19,21 +19,21 @@ or re-hashed: the shards were written under their final names with their sha256.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from packtool.dataset.columns import names, required, written
 from packtool.dataset.manifest import INDEX_FILE, Manifest
-from packtool.dataset.shards import temporary_name
 from packtool.engines import merge, records
 from packtool.engines.context import WorkerContext
 from packtool.engines.merge import TailTree
 from packtool.engines.records import Totals
 from packtool.engines.summary import PackSummary
-from packtool.errors import ConfigError, DataError, naming
+from packtool.errors import ConfigError, DataError
 from packtool.read import docids
 from packtool.stats import lengths as stats
+from packtool.storage import local as storage
+from packtool.storage import writing
 
 
 def final_stage(ctx: WorkerContext, tree: TailTree) -> dict[str, Any]:
@@ -156,17 +156,16 @@ def doc_id_record(work: Path, files: list[str], units: list[str]) -> dict[str, A
     import hashlib
 
     data = docids.sources_bytes(files, units)
-    records.atomic_write(work / docids.SOURCES_FILE, data)
+    writing.write_atomic(work / docids.SOURCES_FILE, data, make_parent=True)
     return docids.record(files, units, sources_sha256=hashlib.sha256(data).hexdigest())
 
 
 def remove_temporaries(work: Path) -> None:
     """Delete the hidden `.NAME.<writer>.tmp` files a killed writer left in `work` (one listing:
     a worker killed mid-shard, a killed Ray actor), so the dataset holds none of them."""
-    with os.scandir(work) as entries:
-        for e in entries:
-            if e.name.startswith(".") and e.name.endswith(".tmp") and e.is_file():
-                Path(e.path).unlink(missing_ok=True)
+    for e in storage.list_dir(work):
+        if e.name.startswith(".") and e.name.endswith(".tmp") and storage.is_file(e):
+            writing.remove_file(e)
 
 
 def write_index(work: Path, manifest: Manifest, root: int) -> Path:
@@ -182,8 +181,7 @@ def write_index(work: Path, manifest: Manifest, root: int) -> Path:
     text = json.dumps(head, indent=2)
     before, after = text.split(f'"{marker}"')
     path = work / INDEX_FILE
-    tmp = temporary_name(path)
-    with naming(tmp), open(tmp, "w", encoding="utf-8") as f:
+    with writing.atomic_output(path, text=True) as f:
         f.write(before + "[")
         first = True
         for record in records.records_in_order(work, root + 1):
@@ -192,7 +190,4 @@ def write_index(work: Path, manifest: Manifest, root: int) -> Path:
                 first = False
         f.write("\n  ]" if not first else "]")
         f.write(after + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return path

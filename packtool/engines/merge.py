@@ -51,6 +51,7 @@ from packtool.errors import ConfigError
 from packtool.pack.chunk import PackCounts, pack_table
 from packtool.pack.flat_ids import rechunk
 from packtool.pack.tail import DOC_CHUNK
+from packtool.storage import local as storage
 
 if TYPE_CHECKING:
     from packtool.engines.context import WorkerContext
@@ -147,7 +148,7 @@ def _tails(work: Path, children: range) -> Iterator[pa.Table]:
     """The children's tails in id order (a child that set nothing aside has none)."""
     for p in children:
         path = records.tail_path(work, p)
-        if path.exists():
+        if storage.exists(path):
             yield records.read_tail(path)
 
 

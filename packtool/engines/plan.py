@@ -27,7 +27,6 @@ except the footers of the Parquet files larger than the target.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,7 +161,7 @@ def _pieces(index: int, f: InputFile, target: int) -> list[tuple[Piece, int]]:
 
 def describe(path: Path, kind: str, partition_size: int) -> InputFile:
     """The plan's view of `path` (a stat; the footer too for a Parquet file above the target)."""
-    st = path.stat()
+    st = storage.stat(path)
     row_groups = None
     if kind in PARQUET_KINDS and st.st_size > partition_size:
         meta = storage.parquet_file(path).metadata
@@ -178,7 +177,7 @@ def _stored_bytes(rg: Any) -> int:
 def check_unchanged(path: str, size: int, mtime_ns: int) -> None:
     """Raise a one-line `DataError` when `path` is not the file the run was planned on."""
     try:
-        st = os.stat(path)
+        st = storage.stat(path)
     except OSError as exc:
         raise DataError(
             f"{path}: cannot be read any more ({exc.strerror or exc}); it was there when the run "

@@ -44,10 +44,12 @@ from packtool.engines.config import RunConfig
 from packtool.errors import AlreadyComplete, ConfigError, PacktoolError, WorkersLost
 from packtool.pack.chunk import check_room_for_text
 from packtool.pack.columns import check_policy
-from packtool.prefetch import map_ordered, stat_all
+from packtool.prefetch import map_ordered
 from packtool.read.corpus import expand_inputs
 from packtool.read.formats import file_kind
 from packtool.read.jsonl import json_array_file
+from packtool.storage import local as storage
+from packtool.storage import writing
 from packtool.tokenize.tokenize import RAW, RECORDS, check_recorded_tokenizer, inputs_read
 from packtool.tokenizer.tokenizers import Tokenizer
 
@@ -232,7 +234,7 @@ def _raw_kind(path: Path) -> str:
 
 
 def _stats(paths: list[Path]) -> zip[tuple[Path, os.stat_result]]:
-    return zip(paths, stat_all(paths), strict=True)
+    return zip(paths, storage.stat_all(paths), strict=True)
 
 
 @dataclass(frozen=True)
@@ -261,7 +263,7 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
     """
 
     def prepare(paths: OutputPaths) -> dict[str, Any] | None:
-        if (paths.staging / INDEX_FILE).is_file():
+        if storage.is_file(paths.staging / INDEX_FILE):
             # A run killed after writing index.json (written last) but before its swap:
             # complete, so it is swapped in now, as it would have been.
             remove(paths.staging / STATE_DIR)
@@ -385,23 +387,23 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
     Nothing is removed from the output itself: `--overwrite` only allows `commit` to replace it.
     """
     out, shown = paths.target, paths.shown
-    if out.exists() and not out.is_dir():
+    if storage.exists(out) and not storage.is_dir(out):
         raise ConfigError(f"output {shown} exists and is not a folder")
-    if out.is_dir() and os.path.ismount(out):
+    if storage.is_dir(out) and storage.is_mount(out):
         raise ConfigError(
             f"output {shown} is a mount point, which packtool cannot swap a new dataset into; "
             "write to a folder inside it"
         )
     if config.resume:
         return _load_state(paths)
-    if paths.staging.exists():
+    if storage.exists(paths.staging):
         if not config.overwrite:
             raise ConfigError(
                 f"an interrupted run into {shown} left its finished partitions in "
                 f"{paths.staging}; pass --resume to finish it or --overwrite to start over"
             )
         remove(paths.staging)
-    present = list(out.iterdir()) if out.is_dir() else []
+    present = list(storage.list_dir(out)) if storage.is_dir(out) else []
     if present and not config.overwrite:
         raise ConfigError(
             f"output folder {shown} is not empty; pass --overwrite to replace it "
@@ -417,21 +419,21 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
             f"--overwrite: {shown} holds files packtool pack did not write ({shown_files}); "
             "choose an empty folder or remove them yourself"
         )
-    paths.staging.mkdir()
+    writing.make_dir(paths.staging)
     return None
 
 
 def _load_state(paths: OutputPaths) -> dict[str, Any]:
     out, shown = paths.target, paths.shown
-    if not (paths.staging / STATE_DIR).is_dir():
-        if (out / INDEX_FILE).exists():
+    if not storage.is_dir(paths.staging / STATE_DIR):
+        if storage.exists(out / INDEX_FILE):
             return {COMPLETE: True}  # `check_complete` decides, once the options are known
-        if any((where / old).exists() for where in (out, paths.staging) for old in OLD_STATE):
+        if any(storage.exists(where / old) for where in (out, paths.staging) for old in OLD_STATE):
             raise ConfigError(
                 f"{shown} holds a run interrupted by an older packtool, which this one cannot "
                 "finish; start over with --overwrite"
             )
-        if not out.exists() and not paths.staging.exists():
+        if not storage.exists(out) and not storage.exists(paths.staging):
             raise ConfigError(f"{shown} does not exist: nothing to resume; drop --resume")
         raise ConfigError(f"{shown}: no interrupted run to resume; use --overwrite")
     return records.read_plan(paths.staging)

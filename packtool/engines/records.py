@@ -27,7 +27,6 @@ partitions. Shard lists are not kept; `index.json` is streamed from the records 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,10 +34,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packtool.dataset.shards import temporary_name
-from packtool.errors import DataError, naming
+from packtool.errors import DataError
 from packtool.pack.chunk import PackCounts
 from packtool.storage import local as storage
+from packtool.storage import writing
 
 RUN_DIR = ".packtool-run"
 PLAN_FILE = "plan.json"
@@ -73,7 +72,7 @@ def write_tail(work: Path, unit: int, table: pa.Table) -> None:
     options = pa.ipc.IpcWriteOptions(compression="lz4")
     with pa.ipc.new_file(sink, table.schema, options=options) as w:
         w.write_table(table)
-    atomic_write(tail_path(work, unit), sink.getvalue().to_pybytes())
+    writing.write_atomic(tail_path(work, unit), sink.getvalue().to_pybytes(), make_parent=True)
 
 
 def read_tail(path: Path) -> pa.Table:
@@ -81,19 +80,8 @@ def read_tail(path: Path) -> pa.Table:
         return pa.ipc.open_file(source).read_all()
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """`data` to `path` through a temporary name unique to this writer, fsync and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_name(path)
-    with naming(tmp), open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_plan(work: Path, state: dict[str, Any]) -> None:
-    atomic_write(run_dir(work) / PLAN_FILE, json.dumps(state).encode())
+    writing.write_atomic(run_dir(work) / PLAN_FILE, json.dumps(state).encode(), make_parent=True)
 
 
 def _read_json(path: Path) -> Any:
@@ -118,7 +106,9 @@ def read_plan(work: Path) -> dict[str, Any]:
 
 
 def write_record(work: Path, record: dict[str, Any]) -> None:
-    atomic_write(record_path(work, record["partition"]), json.dumps(record).encode())
+    writing.write_atomic(
+        record_path(work, record["partition"]), json.dumps(record).encode(), make_parent=True
+    )
 
 
 def read_record(work: Path, partition: int) -> dict[str, Any]:
@@ -137,14 +127,13 @@ def read_record(work: Path, partition: int) -> dict[str, Any]:
 def finished(work: Path) -> list[int]:
     """The partitions with a completion record (one listing of `parts/`)."""
     folder = run_dir(work) / PARTS_DIR
-    if not folder.is_dir():
+    if not storage.is_dir(folder):
         return []
     out = []
-    with os.scandir(folder) as entries:
-        for e in entries:
-            name = e.name
-            if name.endswith(".json") and not name.startswith(".") and name[:-5].isdigit():
-                out.append(int(name[:-5]))
+    for e in storage.list_dir(folder):
+        name = e.name
+        if name.endswith(".json") and not name.startswith(".") and name[:-5].isdigit():
+            out.append(int(name[:-5]))
     return sorted(out)
 
 

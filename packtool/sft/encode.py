@@ -48,6 +48,7 @@ from packtool.sft.render import (
 from packtool.sft.template import ChatTemplate, load_chat_template
 from packtool.sft.tokens import TextEncoder, masks_for
 from packtool.sft.turns import check_turn_template
+from packtool.storage import local as storage
 
 
 def chat_template_for(sft: SFTConfig, tokenizer: Any) -> ChatTemplate:
@@ -338,7 +339,7 @@ def _input_bytes(paths: list[Path]) -> int:
     total = 0
     for path in paths:
         with contextlib.suppress(OSError):  # the reader names the file
-            total += path.stat().st_size
+            total += storage.size(path)
     return total
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.errors import ConfigError, DataError
-from packtool.prefetch import file_states, map_ordered
+from packtool.prefetch import map_ordered
 from packtool.read.documents import ReadConfig, SkipCounter, as_extra
 from packtool.read.formats import file_kind
 from packtool.read.jsonl import json_array_file, json_type, jsonl_objects, read_json_array
@@ -200,7 +200,7 @@ def sft_kind(paths: list[Path], read: ReadConfig, *, tokenized: bool) -> str | N
     if fmt == TEXT:
         return None
     try:
-        key = file_states(paths)
+        key = storage.file_states(paths)
     except OSError:  # the reader names the file
         return None
     kind = _dataset_kind_cached(key, read)

@@ -387,7 +387,7 @@ def read_tokenizer_config(folder: str | os.PathLike) -> dict[str, Any] | None:
         ConfigError: the file exists but is not a JSON object.
     """
     path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
+    if not storage.is_file(path):
         return None
     try:
         config = json.loads(storage.read_text(path))
@@ -446,7 +446,7 @@ def load_chat_template(
     tokens = {**special_tokens_of(config), **(special_tokens or {})}
     if template is not None:
         path = Path(template)
-        if not path.is_file():
+        if not storage.is_file(path):
             raise ConfigError(f"chat template file {str(path)!r} does not exist")
         try:
             text = storage.read_text(path)
@@ -469,7 +469,7 @@ def load_chat_template(
         )
     folder = Path(tokenizer_dir)
     jinja_file = folder / TEMPLATE_FILE
-    if jinja_file.is_file():
+    if storage.is_file(jinja_file):
         return ChatTemplate(
             storage.read_text(jinja_file), special_tokens=tokens, name=str(jinja_file)
         )

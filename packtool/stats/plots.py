@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from packtool.errors import ConfigError, MissingDependencyError
+from packtool.storage import local as storage
 
 
 def _pyplot():
@@ -41,7 +42,7 @@ def check_plot_path(path: str | os.PathLike) -> Path:
             f"plot file {str(path)!r}: unsupported image type {path.suffix or '(none)'!r}; "
             f"use one of {', '.join(SUFFIXES)}"
         )
-    if not path.parent.exists():
+    if not storage.exists(path.parent):
         raise ConfigError(f"plot file {str(path)!r}: folder {str(path.parent)!r} does not exist")
     return path
 

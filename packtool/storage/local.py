@@ -1,4 +1,4 @@
-"""The local (POSIX) file system: finding inputs, and every read packtool and the loader make.
+"""The local (POSIX) file system, read side: finding inputs, stat, listing, and every read.
 
 - **Finding inputs**: `expand` turns files, folders and globs into a file list (reading a corpus,
   `packtool.read.corpus.expand_inputs`; the loader's online packing). Nothing that looks like an
@@ -9,11 +9,18 @@
   `parquet_file` / `parquet_schema` / `parquet_metadata` (Parquet, by path or opened source).
   Each is the call packtool made before, unchanged; no other module opens a file to read it
   (tests/test_architecture.py checks), so another backend (object storage) plugs in here.
+- **Stat and list** (`pyarrow.fs.get_file_info` / fsspec `info`, `ls`, `glob`): `stat`,
+  `stat_all` / `file_states` (many paths at once, in parallel), `size`, `exists`, `lexists`,
+  `is_file`, `is_dir`, `is_symlink`, `is_mount`, `list_dir`, `glob`.
+- **Random access to a file that is still growing**: `open_random` (the shard writer's running
+  hash reads what the Parquet writer appended and flushes it to the disk as it goes).
+
+The write side (writing, replacing, removing, syncing, the writer's lock) is `writing.py`.
 """
 
 from __future__ import annotations
 
-import glob
+import glob as globbing
 import os
 import stat
 from collections.abc import Iterable
@@ -49,9 +56,9 @@ def expand(
             matches = [path]
         elif os.path.lexists(path):
             raise DataError(not_a_file(path))
-        elif glob.has_magic(text):
+        elif globbing.has_magic(text):
             matches = []
-            for name in sorted(glob.glob(text, recursive=True)):
+            for name in sorted(globbing.glob(text, recursive=True)):
                 p = Path(name)
                 if p.is_file():
                     matches.append(p)
@@ -61,7 +68,7 @@ def expand(
                 raise DataError(f"{text}: glob matches no files")
         else:
             raise DataError(f"{text}: no such file or folder")
-        for p, key in zip(matches, map_ordered(Path.resolve, matches), strict=True):
+        for p, key in zip(matches, map_ordered(resolve, matches), strict=True):
             if key not in seen:
                 seen.add(key)
                 out.append(p)
@@ -164,3 +171,112 @@ def parquet_metadata(path: str | os.PathLike) -> Any:
     import pyarrow.parquet as pq
 
     return pq.read_metadata(path)
+
+
+class RandomFile:
+    """A file opened read-only for reads at offsets (`os.pread`), whose size is asked each time:
+    the writer beside it may still be appending. The names are `pyarrow.RandomAccessFile`'s."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def size(self) -> int:
+        """The file's size now."""
+        return os.fstat(self._fd).st_size
+
+    def read_at(self, nbytes: int, offset: int) -> bytes:
+        """Up to `nbytes` bytes from `offset` (fewer, or none, at the end)."""
+        return os.pread(self._fd, nbytes, offset)
+
+    def sync_data(self) -> None:
+        """Flush the file's data to the disk (`fdatasync`; `fsync` where there is none, macOS)."""
+        getattr(os, "fdatasync", os.fsync)(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def open_random(path: str | os.PathLike) -> RandomFile:
+    """`path` opened for reads at offsets (the caller closes it)."""
+    return RandomFile(path)
+
+
+# --- stat and list -----------------------------------------------------------------------------
+
+
+def stat(path: str | os.PathLike) -> os.stat_result:
+    """`os.stat` (symlinks followed; `FileNotFoundError` when there is nothing)."""
+    return os.stat(path)
+
+
+def stat_all(paths: Iterable[os.PathLike[str] | str]) -> list[os.stat_result]:
+    """`stat` of every path, in order (`map_ordered`: a stat on a mount waits on latency)."""
+    return list(map_ordered(os.stat, paths))
+
+
+def file_states(paths: Iterable[os.PathLike[str] | str]) -> tuple[tuple[Any, int, int], ...]:
+    """`(path, size, mtime_ns)` of every path, in order: the key under which an answer read
+    from these files is kept (a changed file gives another key). Raises `OSError`."""
+    paths = list(paths)
+    return tuple(
+        (p, st.st_size, st.st_mtime_ns) for p, st in zip(paths, stat_all(paths), strict=True)
+    )
+
+
+def size(path: str | os.PathLike) -> int:
+    """The size of the file at `path`, in bytes."""
+    return os.stat(path).st_size
+
+
+def exists(path: str | os.PathLike) -> bool:
+    """Something is at `path` (a symlink is followed: a dangling one is not there)."""
+    return os.path.exists(path)
+
+
+def lexists(path: str | os.PathLike) -> bool:
+    """A name is at `path`, even a dangling symlink."""
+    return os.path.lexists(path)
+
+
+def is_file(path: str | os.PathLike) -> bool:
+    """`path` is a regular file (or a symlink to one)."""
+    return os.path.isfile(path)
+
+
+def is_dir(path: str | os.PathLike) -> bool:
+    """`path` is a folder (or a symlink to one)."""
+    return os.path.isdir(path)
+
+
+def is_symlink(path: str | os.PathLike) -> bool:
+    return os.path.islink(path)
+
+
+def is_mount(path: str | os.PathLike) -> bool:
+    """`path` is a mount point (it cannot be renamed away)."""
+    return os.path.ismount(path)
+
+
+def list_dir(folder: str | os.PathLike) -> list[Path]:
+    """The entries of `folder` (hidden ones included), in the order the file system gives."""
+    return list(Path(folder).iterdir())
+
+
+def glob(folder: str | os.PathLike, pattern: str, recursive: bool = False) -> list[Path]:
+    """The paths under `folder` matching `pattern` (`Path.glob`; `rglob` when `recursive`),
+    sorted."""
+    folder = Path(folder)
+    return sorted(folder.rglob(pattern) if recursive else folder.glob(pattern))
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """The absolute path with every symlink followed (`Path.resolve`: an lstat per part)."""
+    return Path(path).resolve()
+
+
+def cwd() -> Path:
+    """The working folder, resolved."""
+    return Path.cwd().resolve()

@@ -34,7 +34,7 @@ from packtool.dataset.tokenized import (
 )
 from packtool.dataset.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
 from packtool.errors import ConfigError, DataError
-from packtool.prefetch import file_states, prefetch
+from packtool.prefetch import prefetch
 from packtool.progress import Progress
 from packtool.read.corpus import expand_inputs, read_corpus
 from packtool.read.documents import DocumentBatch, ReadConfig, SkipCounter
@@ -42,6 +42,7 @@ from packtool.read.pretokenized import read_pretokenized, split_pretokenized
 from packtool.read.tokenized import read_tokenized_file
 from packtool.sft.inputs import sft_kind
 from packtool.storage import local as storage
+from packtool.storage import writing
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 
 
@@ -105,7 +106,7 @@ def inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
         DataError: as `input_columns`, and fine-tuning files of different kinds.
     """
     try:
-        key = file_states(paths)
+        key = storage.file_states(paths)
     except OSError:  # the readers name the file
         return _inputs_read(paths, config)
     return _inputs_read_cached(key, config)
@@ -370,9 +371,9 @@ def tokenize_corpus(
         remove(paths.staging)  # a killed run's leftovers: tokenize has nothing to resume
         try:  # the first write, up front: a failure names the user's path
             if single:
-                paths.staging.touch()
+                writing.create_empty(paths.staging)
             else:
-                paths.staging.mkdir()
+                writing.make_dir(paths.staging)
         except OSError as exc:
             raise ConfigError(f"cannot write {out} ({exc.strerror or exc})") from None
 
@@ -402,7 +403,7 @@ def tokenize_corpus(
         skips=skips.to_dict(),
         skip_line=skips.summary(),
         files=[str(f) for f in files],
-        output_bytes=sum(f.stat().st_size for f in files),
+        output_bytes=sum(storage.size(f) for f in files),
         tokenizer=tokenizer.identity.to_dict(),
         dtype=str(tokenizer.dtype),
         supervised_tokens=supervised,
@@ -445,26 +446,26 @@ def _write_all(
 
 
 def _check_out(out: Path, single: bool, overwrite: bool, *, shown: str) -> None:
-    if not out.exists():
+    if not storage.exists(out):
         return
     if not overwrite:
         raise ConfigError(f"{shown} already exists; pass --overwrite to replace it")
-    if single and out.is_dir():
+    if single and storage.is_dir(out):
         raise ConfigError(
             f"{shown} is a folder; give a .parquet file name or a folder without .parquet"
         )
     if not single:
-        if not out.is_dir():
+        if not storage.is_dir(out):
             raise ConfigError(f"{shown} exists and is not a folder")
-        others = [p.name for p in out.iterdir() if not _is_part(p)]
+        others = [p.name for p in storage.list_dir(out) if not _is_part(p)]
         if others:
             raise ConfigError(
                 f"{shown} holds files that are not tokenize parts "
                 f"({', '.join(sorted(others)[:3])}); refusing to replace it, choose another output"
             )
-        if os.path.ismount(out):
+        if storage.is_mount(out):
             raise ConfigError(f"{shown} is a mount point; write to a folder inside it")
 
 
 def _is_part(p: Path) -> bool:
-    return p.is_file() and p.name.startswith("part-") and p.name.endswith(".parquet")
+    return storage.is_file(p) and p.name.startswith("part-") and p.name.endswith(".parquet")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.storage import local as storage
+from packtool.storage import writing
 
 RECORD_VERSION = 1
 """Bumped when what a record means changes (the self-check's rules, the fields)."""
@@ -58,15 +59,15 @@ def library_version(module: str) -> str | None:
     if spec is None or spec.origin is None or not spec.submodule_search_locations:
         return None
     package = Path(spec.origin).parent
-    infos = sorted(package.parent.glob(f"{module}-*.dist-info"))
+    infos = storage.glob(package.parent, f"{module}-*.dist-info")
     if len(infos) != 1:
         return None
     version = infos[0].name[len(module) + 1 : -len(".dist-info")]
     try:
         native = sorted(
             f"{p.name}:{st.st_size}:{st.st_mtime_ns}"
-            for p in package.iterdir()
-            if p.suffix in (".so", ".pyd") and (st := p.stat())
+            for p in storage.list_dir(package)
+            if p.suffix in (".so", ".pyd") and (st := storage.stat(p))
         )
     except OSError:
         return None
@@ -124,19 +125,9 @@ class CheckRecord:
 
     def store(self) -> None:
         """Write the record (atomically; any failure to write is ignored)."""
-        import tempfile
-
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             data = json.dumps({"key": self.key, **self.values}, sort_keys=True).encode()
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            writing.write_atomic(self.path, data, make_parent=True)
         except OSError:
             pass
 

@@ -20,7 +20,6 @@ flat buffer).
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from packtool.errors import ConfigError
+from packtool.storage import writing
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def _open_fastokens(source: Source, workers: int) -> Encoder:
                 source.path, pattern=source.pattern, special_tokens=source.specials
             )
         else:  # a tiktoken encoding from tiktoken's cache: hand fastokens a ranks file
-            with tempfile.TemporaryDirectory(prefix="packtool-ranks-") as tmp:
+            with writing.temporary_folder("packtool-ranks-") as tmp:
                 path = Path(tmp) / "ranks.tiktoken"
                 _write_ranks(path, source.ranks or {})
                 tok = fastokens.Tokenizer.from_tiktoken(
@@ -162,7 +162,7 @@ def _open_fastokens(source: Source, workers: int) -> Encoder:
 def _write_ranks(path: Path, ranks: dict[bytes, int]) -> None:
     import base64
 
-    with open(path, "wb") as f:
+    with writing.open_output(path) as f:
         for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
             f.write(base64.b64encode(token) + b" %d\n" % rank)
 

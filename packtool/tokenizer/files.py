@@ -122,12 +122,12 @@ def load_tokenizer_config(folder: str | os.PathLike) -> TokenizerConfig | None:
     cfg_path, map_path = folder / CONFIG_FILE, folder / SPECIAL_TOKENS_MAP_FILE
     data: dict[str, Any] = {}
     path = None
-    if cfg_path.is_file():
+    if storage.is_file(cfg_path):
         data = _read_json(cfg_path)
         if not isinstance(data, dict):
             raise ConfigError(f"{cfg_path}: expected a JSON object, found {type(data).__name__}")
         path = cfg_path
-    if map_path.is_file() and "added_tokens_decoder" not in data:
+    if storage.is_file(map_path) and "added_tokens_decoder" not in data:
         extra = _read_json(map_path)
         if not isinstance(extra, dict):
             raise ConfigError(f"{map_path}: expected a JSON object, found {type(extra).__name__}")
@@ -163,11 +163,11 @@ def cached_snapshot(repo_id: str, revision: str = "main", cache: Path | None = N
     repo = (cache or hub_cache()) / ("models--" + repo_id.replace("/", "--"))
     ref = repo / "refs" / revision
     try:
-        commit = storage.read_text(ref).strip() if ref.is_file() else revision
+        commit = storage.read_text(ref).strip() if storage.is_file(ref) else revision
     except OSError:
         return None
     snapshot = repo / "snapshots" / commit
-    return snapshot if (snapshot / TOKENIZER_FILE).is_file() else None
+    return snapshot if storage.is_file(snapshot / TOKENIZER_FILE) else None
 
 
 def download_snapshot(repo_id: str, revision: str) -> Path:
@@ -195,7 +195,7 @@ def _hub_files(spec: str, repo_id: str, revision: str) -> TokenizerFiles:
                 why = "huggingface_hub is not installed (pip install huggingface_hub)"
             except Exception as exc:  # network, authentication, unknown repository
                 why = f"{type(exc).__name__}: {_one_line(exc, 160)}"
-        if snapshot is not None and not (snapshot / TOKENIZER_FILE).is_file():
+        if snapshot is not None and not storage.is_file(snapshot / TOKENIZER_FILE):
             raise ConfigError(
                 f"tokenizer {spec!r}: the repository has no {TOKENIZER_FILE} (packtool reads "
                 "Hugging Face tokenizer.json files; a SentencePiece-only repository needs "
@@ -226,25 +226,25 @@ def resolve(spec: str) -> TokenizerFiles:
     if spec.startswith("tiktoken:"):
         target = spec.removeprefix("tiktoken:")
         path = Path(target)
-        if path.suffix == ".tiktoken" or path.is_file():
-            if not path.is_file():
+        if path.suffix == ".tiktoken" or storage.is_file(path):
+            if not storage.is_file(path):
                 raise ConfigError(f"tiktoken ranks file {target!r} does not exist")
             return TokenizerFiles(kind="tiktoken", path=path, name=str(path))
         return TokenizerFiles(kind="tiktoken", path=None, name=target, encoding=target)
     explicit_hf = spec.startswith("hf:")
     target = spec.removeprefix("hf:")
     path = Path(target)
-    if path.is_dir():
+    if storage.is_dir(path):
         file = path / TOKENIZER_FILE
         model = path / SENTENCEPIECE_FILE
-        if not file.is_file() and model.is_file() and not explicit_hf:
+        if not storage.is_file(file) and storage.is_file(model) and not explicit_hf:
             return TokenizerFiles(
                 kind="sentencepiece",
                 path=model,
                 name=str(model),
                 config=load_tokenizer_config(path),
             )
-        if not file.is_file():
+        if not storage.is_file(file):
             raise ConfigError(
                 f"tokenizer folder {str(path)!r} has no {TOKENIZER_FILE} (nor {SENTENCEPIECE_FILE}); "
                 "pass a folder that holds one (as transformers' save_pretrained writes it) or the "
@@ -253,7 +253,7 @@ def resolve(spec: str) -> TokenizerFiles:
         return TokenizerFiles(
             kind="hf", path=file, name=str(file), config=load_tokenizer_config(path)
         )
-    if path.is_file():
+    if storage.is_file(path):
         if path.suffix == ".tiktoken" and not explicit_hf:
             return TokenizerFiles(kind="tiktoken", path=path, name=str(path))
         if path.suffix == ".model" and not explicit_hf:

@@ -18,6 +18,7 @@ from packtool.dataset.output import OutputLock, check_apart, output_paths, recov
 from packtool.engines.local import RunConfig, run_pack
 from packtool.errors import ConfigError
 from packtool.pack.chunk import PackConfig
+from packtool.storage import writing
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -154,7 +155,7 @@ def test_the_lock_survives_a_holder_that_unlinks_as_it_lets_go(tmp_path, monkeyp
     """A waiter that opened the lock file just before its holder unlinked it must not keep a
     lock on the dead file: it sees the inode changed and starts again."""
     paths = output_paths(tmp_path / "D")
-    real_flock, calls = output.fcntl.flock, []
+    real_flock, calls = writing.fcntl.flock, []
 
     def flock(fd, op):
         calls.append(fd)
@@ -163,7 +164,7 @@ def test_the_lock_survives_a_holder_that_unlinks_as_it_lets_go(tmp_path, monkeyp
             paths.lock.write_text("")
         return real_flock(fd, op)
 
-    monkeypatch.setattr(output.fcntl, "flock", flock)
+    monkeypatch.setattr(writing.fcntl, "flock", flock)
     with OutputLock(paths):
         assert len(calls) == 2  # it started again on the file now at the path...
         with pytest.raises(ConfigError, match="being written by another packtool"):

@@ -78,7 +78,7 @@ def test_running_hash_of_a_growing_file(tmp_path, monkeypatch):
             f.flush()
             content += piece
             running.advance()  # often while the one before is still hashing
-    fd = running._fd
+    fd = running._file.fileno()
     assert running.hexdigest() == hashlib.sha256(content).hexdigest()
     # 5.8 MB written, flushed to the disk along the way (at most once per SYNC_EVERY bytes)
     assert set(synced) == {fd} and 1 <= len(synced) <= len(content) // shards.SYNC_EVERY
@@ -88,7 +88,7 @@ def test_running_hash_refuses_a_file_that_shrank(tmp_path):
     path = tmp_path / "shrinks"
     path.write_bytes(b"x" * 1000)
     running = _RunningHash(path)
-    size = os.fstat(running._fd).st_size
+    size = running._file.size()
     os.truncate(path, 10)
     with pytest.raises(OSError, match="shrank"):
         running._read_to(size)

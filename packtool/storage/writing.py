@@ -1,0 +1,288 @@
+"""The local (POSIX) file system, write side: every file packtool and the loader create or change.
+
+- **Folders**: `make_dirs` (with the parents; a file in the way is named in a one-line
+  `ConfigError`), `make_dir` (one, refused when it exists: a staging folder),
+  `temporary_folder` (scratch space, removed after).
+- **Writing a file**: `atomic_output` / `write_atomic` (through a hidden temporary name unique
+  to the writer, fsync, one rename: a reader sees the old file or the whole new one, never a
+  part), `open_output` (a stream the caller closes), `parquet_writer` / `write_parquet`
+  (pyarrow's writers, by path), `temporary_name`, `sync_file`, `create_empty`; in place:
+  `open_update` and `append_range` (the shard writer joins its parts with these).
+- **Moving and removing**: `replace` (atomic, over what is there), `rename`, `remove_file`,
+  `remove_tree`, `remove_empty_dir`, `sync_dir` (make the renames in a folder durable).
+- **One writer**: `take_lock` holds an exclusive `flock` on a lock file; the kernel drops it
+  when the process dies, so a lock left by a dead run is free by construction.
+
+The names follow `pyarrow.fs` / fsspec (`open_output_stream` -> `open_output`, `move` ->
+`replace`, `delete_file` / `delete_dir` -> `remove_file` / `remove_tree`, `create_dir` ->
+`make_dirs`). A rename, a folder fsync and `flock` are what a POSIX file system gives and an
+object store does not: the object-storage backend answers them another way (a conditional put
+for the lock, the index written last for the commit). Each function is the call packtool made
+before, so bytes on disk are unchanged; tests/test_architecture.py fails when a module outside
+`packtool/storage/` touches the file system itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any, BinaryIO
+
+from packtool.errors import ConfigError, naming
+
+# --- folders -----------------------------------------------------------------------------------
+
+
+def make_dirs(folder: str | os.PathLike) -> None:
+    """`folder` and its parents, created where missing; a `ConfigError` that says why not.
+
+    The bare OSError is misleading when a parent is a file: Python reports "File exists" or
+    "Not a directory" for the folder the user asked for, not for the file in the way.
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        blocker = next(
+            (p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None
+        )
+        why = f"{blocker} is a file, not a folder" if blocker else (exc.strerror or str(exc))
+        raise ConfigError(f"cannot create output folder {folder} ({why})") from None
+
+
+def make_dir(folder: str | os.PathLike) -> None:
+    """One new folder (`FileExistsError` when something is there: it is not taken over)."""
+    os.mkdir(folder)
+
+
+@contextlib.contextmanager
+def temporary_folder(prefix: str) -> Iterator[Path]:
+    """A new private folder in the system's temporary place, removed with all it holds after."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
+
+
+# --- writing a file ----------------------------------------------------------------------------
+
+
+def temporary_name(path: str | os.PathLike) -> Path:
+    """A hidden name beside `path`, unique to this writer, to write it under before the rename."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+
+
+def open_output(path: str | os.PathLike, text: bool = False) -> IO[Any]:
+    """`path` created (or truncated) for writing bytes, or UTF-8 text (the caller closes it)."""
+    if text:
+        return open(path, "w", encoding="utf-8")  # noqa: SIM115 - the caller closes it
+    return open(path, "wb")  # noqa: SIM115
+
+
+def open_update(path: str | os.PathLike) -> BinaryIO:
+    """An existing file opened to read and write bytes in place (the caller closes it)."""
+    return open(path, "r+b")  # noqa: SIM115 - the caller closes it
+
+
+def create_empty(path: str | os.PathLike) -> None:
+    """An empty file at `path` (one already there is kept as it is)."""
+    Path(path).touch()
+
+
+def append_range(source: str | os.PathLike, offset: int, count: int, out: BinaryIO) -> None:
+    """Append `count` bytes of `source` from `offset` to the end of `out` (in the kernel with
+    `copy_file_range` where it can: Linux; a plain copy elsewhere)."""
+    out.flush()
+    with open(source, "rb") as f:
+        try:
+            while count > 0:
+                done = os.copy_file_range(f.fileno(), out.fileno(), count, offset)
+                if done <= 0:
+                    raise OSError("copy_file_range copied nothing")
+                offset += done
+                count -= done
+            return
+        except (AttributeError, OSError):  # not Linux, or a file system without it
+            pass
+        f.seek(offset)
+        out.seek(0, os.SEEK_END)
+        while count > 0:
+            block = f.read(min(count, 1 << 22))
+            if not block:
+                raise OSError(f"{source}: shorter than its footer says")
+            out.write(block)
+            count -= len(block)
+
+
+def sync_file(path: str | os.PathLike) -> None:
+    """Flush a file another writer closed to the disk (`fsync`), its name in any error."""
+    with naming(path), open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def atomic_output(
+    path: str | os.PathLike, text: bool = False, make_parent: bool = False
+) -> Iterator[IO[Any]]:
+    """A stream whose bytes become `path` whole when the block ends without an error.
+
+    Written under `temporary_name(path)`, flushed and fsynced, then renamed over `path`; an
+    error (a full disk: named by the temporary's path) removes the temporary and leaves `path`
+    as it was.
+    """
+    path = Path(path)
+    if make_parent:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(path)
+    try:
+        with naming(tmp), open_output(tmp, text) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_atomic(path: str | os.PathLike, data: bytes, make_parent: bool = False) -> None:
+    """`data` as the whole of `path`, through `atomic_output`."""
+    with atomic_output(path, make_parent=make_parent) as f:
+        f.write(data)
+
+
+def parquet_writer(path: str | os.PathLike, schema: Any, **options: Any) -> Any:
+    """`pyarrow.parquet.ParquetWriter(path, schema, **options)`."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetWriter(path, schema, **options)
+
+
+def write_parquet(table: Any, path: str | os.PathLike, **options: Any) -> None:
+    """`pyarrow.parquet.write_table(table, path, **options)`."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path, **options)
+
+
+# --- moving and removing -----------------------------------------------------------------------
+
+
+def replace(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Rename `source` to `target` in one atomic step, over a file at `target`."""
+    os.replace(source, target)
+
+
+def rename(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Rename `source` to `target` (a folder onto a non-empty folder is refused)."""
+    os.rename(source, target)
+
+
+def remove_file(path: str | os.PathLike, missing_ok: bool = True) -> None:
+    """Delete one file (or a symlink); nothing there is fine when `missing_ok`."""
+    Path(path).unlink(missing_ok=missing_ok)
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Delete a file or a folder tree, if it is there (a symlink itself, never what it names)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
+def remove_empty_dir(folder: str | os.PathLike) -> bool:
+    """Delete `folder` if it is an empty folder; whether it did."""
+    folder = Path(folder)
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        return True
+    return False
+
+
+def sync_dir(folder: str | os.PathLike) -> None:
+    """Make the renames in `folder` durable (some file systems cannot: then nothing)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- one writer --------------------------------------------------------------------------------
+
+
+class LockBusy(Exception):
+    """Another live process holds the lock; `holder` is what it wrote in the lock file."""
+
+    def __init__(self, holder: bytes) -> None:
+        super().__init__("lock held")
+        self.holder = holder
+
+
+class HeldLock:
+    """An exclusive `flock` on a lock file, held until `release`; the file can carry a note
+    (who holds it) for the next writer to read."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def write(self, data: bytes) -> None:
+        """`data` as the lock file's content (its path named by a full disk)."""
+        assert self._fd is not None
+        with naming(self.path):
+            os.ftruncate(self._fd, 0)
+            os.write(self._fd, data)
+
+    def release(self) -> None:
+        """Unlink the lock file while still holding it (see `take_lock`), then let go. Again:
+        nothing."""
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = None
+
+
+def take_lock(path: str | os.PathLike) -> HeldLock:
+    """An exclusive lock on the file at `path` (created if missing), never waiting.
+
+    Raises:
+        LockBusy: another live process holds it.
+        OSError: the file cannot be created.
+    """
+    path = Path(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 4096, 0)
+            except OSError:
+                holder = b""
+            os.close(fd)
+            raise LockBusy(holder) from None
+        # The previous holder unlinks the file as it lets go: if that happened between our
+        # open and our flock, we hold a lock on a file no one else will open. Start again.
+        try:
+            st = os.stat(path)
+            same = (st.st_ino, st.st_dev) == (os.fstat(fd).st_ino, os.fstat(fd).st_dev)
+        except FileNotFoundError:
+            same = False
+        if same:
+            return HeldLock(path, fd)
+        os.close(fd)

@@ -1,0 +1,184 @@
+"""packtool/storage/writing.py: files written whole or not at all, the lock, removal, in-place appends."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.errors import ConfigError
+from packtool.storage import local as storage
+from packtool.storage import writing
+
+
+def test_atomic_output_replaces_the_file_whole(tmp_path):
+    path = tmp_path / "index.json"
+    path.write_bytes(b"old")
+    with writing.atomic_output(path, text=True) as f:
+        f.write("new")
+        assert path.read_bytes() == b"old"  # nothing is seen before the block ends
+    assert path.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json"]
+
+
+def test_atomic_output_that_fails_keeps_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_bytes(b"old")
+    with pytest.raises(RuntimeError), writing.atomic_output(path) as f:
+        f.write(b"half")
+        raise RuntimeError("a full disk, say")
+    assert path.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_write_atomic_makes_the_parents_when_asked(tmp_path):
+    path = tmp_path / "a" / "b" / "record.json"
+    with pytest.raises(FileNotFoundError):
+        writing.write_atomic(path, b"{}")
+    writing.write_atomic(path, b"{}", make_parent=True)
+    assert path.read_bytes() == b"{}"
+
+
+def test_temporary_names_are_hidden_beside_and_unique(tmp_path):
+    names = {writing.temporary_name(tmp_path / "shard-00000.parquet") for _ in range(100)}
+    assert len(names) == 100
+    assert all(n.parent == tmp_path and n.name.startswith(".shard-00000.parquet.") for n in names)
+    assert all(n.name.endswith(".tmp") for n in names)
+
+
+def test_make_dirs_names_the_file_in_the_way(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=r"file is a file, not a folder"):
+        writing.make_dirs(tmp_path / "file" / "sub" / "out")
+    writing.make_dirs(tmp_path / "x" / "y")
+    writing.make_dirs(tmp_path / "x" / "y")  # again: nothing
+    assert storage.is_dir(tmp_path / "x" / "y")
+
+
+def test_make_dir_never_takes_over_what_is_there(tmp_path):
+    writing.make_dir(tmp_path / "staging")
+    with pytest.raises(FileExistsError):
+        writing.make_dir(tmp_path / "staging")
+
+
+def test_remove_tree_removes_a_symlink_not_what_it_names(tmp_path):
+    target = tmp_path / "data"
+    (target / "sub").mkdir(parents=True)
+    (target / "sub" / "f").write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    writing.remove_tree(link)
+    assert not storage.lexists(link) and (target / "sub" / "f").exists()
+    writing.remove_tree(target)
+    assert not storage.lexists(target)
+    writing.remove_tree(target)  # nothing there: nothing to do
+
+
+def test_remove_empty_dir_keeps_a_folder_that_holds_anything(tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / ".hidden").write_text("")
+    (tmp_path / "empty").mkdir()
+    assert not writing.remove_empty_dir(tmp_path / "full")
+    assert writing.remove_empty_dir(tmp_path / "empty")
+    assert not writing.remove_empty_dir(tmp_path / "empty")  # gone already
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    head=st.binary(max_size=3000),
+    source=st.binary(min_size=1, max_size=20_000),
+    data=st.data(),
+    kernel=st.booleans(),
+)
+def test_append_range_equals_slicing(tmp_path_factory, head, source, data, kernel):
+    """The in-place join of the shard writer: `count` bytes of `source` from `offset`, appended,
+    against the plain reference (bytes slicing), with the kernel copy and with the fallback."""
+    folder = tmp_path_factory.mktemp("append")
+    offset = data.draw(st.integers(0, len(source) - 1))
+    count = data.draw(st.integers(0, len(source) - offset))
+    (folder / "src").write_bytes(source)
+    (folder / "out").write_bytes(head)
+    real = getattr(os, "copy_file_range", None)
+    if not kernel and real is not None:
+        del os.copy_file_range  # not Linux: the fallback copy
+    try:
+        with writing.open_update(folder / "out") as out:
+            out.seek(0, os.SEEK_END)
+            writing.append_range(folder / "src", offset, count, out)
+    finally:
+        if real is not None:
+            os.copy_file_range = real
+    assert (folder / "out").read_bytes() == head + source[offset : offset + count]
+
+
+def test_append_range_refuses_a_source_shorter_than_asked(tmp_path, monkeypatch):
+    monkeypatch.delattr(os, "copy_file_range", raising=False)
+    (tmp_path / "src").write_bytes(b"abc")
+    (tmp_path / "out").write_bytes(b"")
+    with (
+        writing.open_update(tmp_path / "out") as out,
+        pytest.raises(OSError, match="shorter than its footer says"),
+    ):
+        writing.append_range(tmp_path / "src", 1, 10, out)
+
+
+def test_take_lock_is_exclusive_and_released(tmp_path):
+    path = tmp_path / ".out.packtool-lock"
+    held = writing.take_lock(path)
+    held.write(b'{"pid": 1}')
+    # flock is per open file: a second open in this process is refused like another process
+    with pytest.raises(writing.LockBusy) as busy:
+        writing.take_lock(path)
+    assert json.loads(busy.value.holder) == {"pid": 1}
+    held.release()
+    assert not path.exists()  # unlinked while held, so a waiter sees a new file
+    held.release()  # again: nothing
+    writing.take_lock(path).release()
+
+
+def test_a_lock_held_by_a_killed_process_is_free(tmp_path):
+    path = tmp_path / "lock"
+    code = (
+        "import sys, time\n"
+        "from packtool.storage import writing\n"
+        f"writing.take_lock({str(path)!r})\n"
+        "print('held', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"held"
+        with pytest.raises(writing.LockBusy):
+            writing.take_lock(path)
+    finally:
+        child.kill()
+        child.wait()
+    writing.take_lock(path).release()  # the kernel dropped it with the process
+
+
+def test_sync_file_and_replace_keep_the_bytes(tmp_path):
+    data = os.urandom(100_000)
+    tmp = writing.temporary_name(tmp_path / "s.parquet")
+    tmp.write_bytes(data)
+    writing.sync_file(tmp)
+    writing.replace(tmp, tmp_path / "s.parquet")
+    assert (
+        hashlib.sha256((tmp_path / "s.parquet").read_bytes()).digest()
+        == hashlib.sha256(data).digest()
+    )
+    writing.sync_dir(tmp_path)
+    writing.sync_dir(tmp_path / "missing")  # a folder that cannot be opened: nothing
+
+
+def test_temporary_folder_is_removed_after(tmp_path):
+    with writing.temporary_folder("packtool-test-") as folder:
+        (folder / "ranks").write_bytes(b"x")
+        assert storage.is_dir(folder)
+    assert not storage.exists(folder)
