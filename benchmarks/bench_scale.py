@@ -270,8 +270,7 @@ def _merge_context(work: Path, max_len: int):
     from packtool.engines.context import WorkerContext
     from packtool.pack.chunk import PackConfig
     from packtool.read.documents import ReadConfig
-    from packtool.tokenize.pieces import Source
-    from packtool.tokenize.tokenize import RAW
+    from packtool.tokenize.tables import RAW, Source
     from packtool.tokenizer.tokenizers import load_tokenizer
 
     identity = load_tokenizer("byte").identity

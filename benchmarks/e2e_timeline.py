@@ -108,7 +108,7 @@ def _patch_shards(m: Any) -> None:
 PATCHES: dict[str, Callable[[Any], None]] = {
     "packtool.tokenizer.tokenizers": _patch_tokenizers,
     "packtool.tokenizer.engines": _patch_engines,
-    "packtool.tokenize.pieces": lambda m: setattr(
+    "packtool.tokenize.tables": lambda m: setattr(
         m, "read_piece", _timed_iter(m.read_piece, "read + parse JSON")
     ),
     "packtool.engines.worker": _patch_worker,

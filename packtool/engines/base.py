@@ -51,7 +51,7 @@ from packtool.errors import ConfigError, DataError, WorkersLost
 from packtool.prefetch import map_ordered
 from packtool.progress import Progress
 from packtool.storage import local as storage
-from packtool.tokenize.pieces import Source
+from packtool.tokenize.tables import Source
 
 FAN_IN_KEY = "tail_fan_in"
 """The tail tree's fan-in, saved in the run state (`plan.json`) so a resume builds its tree."""

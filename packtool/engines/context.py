@@ -16,8 +16,7 @@ from packtool.pack import warmup
 from packtool.pack.chunk import PackConfig
 from packtool.pack.tail import TailPolicy
 from packtool.read.documents import ReadConfig
-from packtool.tokenize.pieces import Source
-from packtool.tokenize.tokenize import RAW, RECORDS
+from packtool.tokenize.tables import RAW, RECORDS, Source
 from packtool.tokenizer.engines import limit_threads
 from packtool.tokenizer.tokenizers import Tokenizer
 

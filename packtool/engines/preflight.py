@@ -50,7 +50,8 @@ from packtool.read.formats import file_kind
 from packtool.read.jsonl import json_array_file
 from packtool.storage import local as storage
 from packtool.storage import writing
-from packtool.tokenize.tokenize import RAW, RECORDS, check_recorded_tokenizer, inputs_read
+from packtool.tokenize.tables import RAW, RECORDS
+from packtool.tokenize.tokenize import check_recorded_tokenizer, inputs_read
 from packtool.tokenizer.tokenizers import Tokenizer
 
 STATE_DIR = records.RUN_DIR

@@ -43,7 +43,7 @@ from packtool.pack.chunk import PackCounts, PackedChunk, pack_table
 from packtool.pack.flat_ids import rechunk
 from packtool.pack.tail import DOC_CHUNK
 from packtool.read.documents import SkipCounter
-from packtool.tokenize.pieces import FilePiece, partition_tables
+from packtool.tokenize.tables import FilePiece, partition_tables
 
 
 def write_chunk(writer: ShardWriter, packed: PackedChunk) -> None:

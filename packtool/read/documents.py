@@ -155,7 +155,17 @@ class BatchBuilder:
         self.next_id = 0
         self._reset()
 
+    def switch_file(self, file_index: int) -> None:
+        """The documents added from now on come from input file `file_index` (a batch may hold
+        several files' documents, each with its own file's ids)."""
+        assert self.file_index is not None, "sequential ids name no file"
+        if file_index != self.file_index:
+            self.file_index = file_index
+            self._runs.append((file_index, len(self.texts)))
+
     def _reset(self) -> None:
+        self._runs = [(self.file_index, 0)]
+        """(file index, first document) of each file's run of documents in the batch."""
         self.texts: list[str] = []
         self.sources: list[str] = []
         self.extras: dict[str, list[str | None]] = {f: [] for f in self.config.extra_fields}
@@ -185,7 +195,14 @@ class BatchBuilder:
         if self.file_index is None:
             ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
         else:
-            ids = docids.encode(self.file_index, np.asarray(self.offsets, dtype=np.int64))
+            offsets = np.asarray(self.offsets, dtype=np.int64)
+            ends = [start for _, start in self._runs[1:]] + [n]
+            parts = [
+                docids.encode(f, offsets[start:end])
+                for (f, start), end in zip(self._runs, ends, strict=True)
+                if end > start
+            ]
+            ids = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else offsets
         batch = DocumentBatch(
             doc_ids=ids,
             texts=self.texts,

@@ -173,36 +173,6 @@ def _mask_of(
     return values.astype(np.uint8)
 
 
-def read_pretokenized(
-    paths: list[Path],
-    source: str | None,
-    config: ReadConfig,
-    schema: pa.Schema,
-    vocab_size: int,
-    skips: SkipCounter,
-) -> Iterator[tuple[pa.Table, int]]:
-    """Tables of the tokenized `schema` (with `loss_mask` when `source` is set), per row group.
-
-    Document ids run 0, 1, 2, ... over the documents kept, in reading order, as the corpus
-    readers number them. Memory: one row group at a time.
-
-    Args:
-        paths: the pre-tokenized files (`split_pretokenized`).
-        source: their mask column (`labels` or `loss_mask`), or None.
-        config: which extra fields to carry; `strict` is in `skips`.
-        schema: the tokenized schema to produce (`packtool.dataset.tokenized.tokenized_schema`).
-        vocab_size: every id must be below it.
-        skips: counts skipped rows.
-    """
-    next_id = 0
-    for path in paths:
-        for out, nbytes in read_pretokenized_file(
-            path, source, config, schema, vocab_size, skips, first_id=next_id
-        ):
-            next_id += out.num_rows
-            yield out, nbytes
-
-
 def read_pretokenized_file(
     path: Path,
     source: str | None,
@@ -211,15 +181,14 @@ def read_pretokenized_file(
     vocab_size: int,
     skips: SkipCounter,
     *,
-    first_id: int = 0,
-    file_index: int | None = None,
+    file_index: int,
     start: int = 0,
     end: int = -1,
 ) -> Iterator[tuple[pa.Table, int]]:
-    """Row groups `[start, end)` (-1: to the last) of one pre-tokenized file, as
-    `read_pretokenized` gives them. Document ids: `first_id`, `first_id + 1`, ... over the rows
-    kept, or with `file_index`, `docids.encode(file_index, row in the file)` (a partition plan's
-    piece: packtool/engines/plan.py)."""
+    """Tables of the tokenized `schema` (with `loss_mask` when `source` is set), one per row
+    group of `[start, end)` (-1: to the last) of one pre-tokenized file (`split_pretokenized`),
+    every id below `vocab_size`, `skips` counting the rows left out. Document ids:
+    `docids.encode(file_index, row in the file)`. Memory: one row group at a time."""
     pf = storage.parquet_file(path)
     names = pf.schema_arrow.names
     wanted = ["input_ids", *([source] if source else []), *config.extra_fields]
@@ -243,11 +212,9 @@ def read_pretokenized_file(
             skips,
             str(path),
             first_row,
-            first_id,
             file_index,
         )
         first_row += table.num_rows
-        first_id += out.num_rows
         yield out, nbytes
 
 
@@ -260,8 +227,7 @@ def _convert(
     skips: SkipCounter,
     where: str,
     first_row: int,
-    first_id: int,
-    file_index: int | None = None,
+    file_index: int,
 ) -> pa.Table:
     ids_col = table.column("input_ids").combine_chunks()
     null = ids_col.is_null().to_numpy(zero_copy_only=False) if ids_col.null_count else None
@@ -300,10 +266,7 @@ def _convert(
         keep &= supervised > 0
     rows = np.flatnonzero(keep)
     kept_ids, kept_mask, new_off = kept_documents(ids, mask, offsets, rows, too_big=TOO_BIG)
-    if file_index is None:
-        doc_ids = np.arange(first_id, first_id + len(rows), dtype=np.int64)
-    else:
-        doc_ids = docids.encode(file_index, first_row + rows.astype(np.int64))
+    doc_ids = docids.encode(file_index, first_row + rows.astype(np.int64))
     extras = {}
     for name in config.extra_fields:
         col = table.column(name).take(from_numpy(rows))

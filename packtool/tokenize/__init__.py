@@ -1,10 +1,13 @@
 """The tokenize stage: any input -> tokenized tables, and `packtool tokenize`.
 
-`tokenize.tokenized_batches` is what `stats` and the engines call: it classifies the inputs
-(raw text, fine-tuning records, token ids made elsewhere, `packtool tokenize` output) and
-yields tables of the tokenized schema from each. `tokenize.tokenize_corpus` is the `tokenize`
-command: the same tables written as tokenized Parquet through the output transaction.
-`pieces.py` reads one partition's pieces (byte and row-group ranges) the same way.
+`tables.partition_tables` is the one place any input becomes tables of the tokenized schema:
+raw text read and encoded, fine-tuning records rendered, encoded and masked, token ids made
+elsewhere checked, `packtool tokenize` output read back; for a list of pieces (whole files, byte
+ranges, row groups), ids `docids.encode(file index, offset)` for every kind.
+`tokenize.inputs_read` classifies the inputs once; `tokenize.tokenized_batches` (what `stats`
+calls) hands a whole corpus to the dispatch, the engines' workers a partition's pieces.
+`tokenize.tokenize_corpus` is the `tokenize` command: the same tables written as tokenized
+Parquet through the output transaction.
 
 Records in: paths, a `ReadConfig`, a `Tokenizer`. Out: pyarrow tables of the tokenized schema
 (packtool/dataset/tokenized.py); tokenized Parquet files.
@@ -12,6 +15,6 @@ May import: every stage below it: top-level modules, `storage`, `dataset`, `pack
 `read`, `tokenizer`, `sft`.
 
 Modules:
-- `tokenize.py`: the inputs' classification, the tables, the `tokenize` command.
-- `pieces.py`: a partition's pieces as tokenized tables.
+- `tables.py`: the dispatch (the modes, `Source`, `FilePiece`, `partition_tables`).
+- `tokenize.py`: the inputs' classification, `tokenized_batches`, the `tokenize` command.
 """

@@ -4,8 +4,9 @@ Tokenized schema (docs/CONTRACTS.md): `doc_id` int64, `source` string, `input_id
 list<uint16|uint32>, `length` int32, then the extra fields as strings. The schema metadata key
 `packtool` holds `{"format": "packtool.tokenized", "version": 1, "tokenizer": {...}}`.
 
-`tokenized_batches` is what stats and pack call: it yields tables of that schema from raw corpora
-(reading, tokenizing) or from tokenized Parquet (reading, after checking the tokenizer).
+`inputs_read` classifies the inputs once; `tokenized_batches` (what `stats` calls, and the
+`tokenize` command) yields tables of that schema from any of them through the one dispatch,
+`tables.partition_tables`, which the engines' workers use for their partitions.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from packtool.arrow_numpy import from_numpy, strings
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.identity import TokenizerIdentity, describe_tokenizer
 from packtool.dataset.output import OutputPaths, check_apart, remove, transaction
@@ -32,17 +32,24 @@ from packtool.dataset.tokenized import (
     split_tokenized,
     tokenized_schema,
 )
-from packtool.dataset.tokenized_writer import PIPELINE_DEPTH, BackgroundWriter, PartWriter
+from packtool.dataset.tokenized_writer import BackgroundWriter, PartWriter
 from packtool.errors import ConfigError, DataError
-from packtool.prefetch import prefetch
 from packtool.progress import Progress
-from packtool.read.corpus import expand_inputs, read_corpus
-from packtool.read.documents import DocumentBatch, ReadConfig, SkipCounter
-from packtool.read.pretokenized import read_pretokenized, split_pretokenized
-from packtool.read.tokenized import read_tokenized_file
+from packtool.read.corpus import expand_inputs
+from packtool.read.documents import ReadConfig, SkipCounter
+from packtool.read.pretokenized import split_pretokenized
 from packtool.sft.inputs import sft_kind
 from packtool.storage import local as storage
 from packtool.storage import writing
+from packtool.tokenize.tables import (
+    PRETOKENIZED,
+    RAW,
+    RECORDS,
+    TOKENIZED,
+    FilePiece,
+    Source,
+    partition_tables,
+)
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 
 
@@ -61,12 +68,6 @@ def input_columns(
         DataError: some inputs carry a column that others do not (see `common_optional`).
     """
     return inputs_read(expand_inputs(inputs), read_config or ReadConfig()).columns
-
-
-RAW, TOKENIZED, PRETOKENIZED, RECORDS = "raw", "tokenized", "pretokenized", "records"
-"""What the inputs are, and so how they are read (`InputsRead.mode`): raw text (tokenized here), `packtool tokenize` output, ids made
-elsewhere, or fine-tuning records (prompt/completion, chat: rendered, encoded and masked by
-packtool/sft/encode.py)."""
 
 
 @dataclass(frozen=True)
@@ -175,61 +176,46 @@ def _tokenized_batches(
     read = inputs_read(paths, config)
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
+    source = source_for(read, config, tokenizer)
+    skips = skips if skips is not None else SkipCounter(strict=config.strict)
+    # Every input whole, numbered in reading order: the dispatch the engines' workers use too.
+    pieces = [FilePiece(str(p), 0, 0, i) for i, p in enumerate(paths)]
+    yield from partition_tables(source, tokenizer, pieces, skips, _no_check)
+
+
+def _no_check(piece: FilePiece) -> None:
+    """Nothing to compare a file with: no plan was made (the engines check theirs)."""
+
+
+def source_for(read: InputsRead, config: ReadConfig, tokenizer: Tokenizer | None) -> Source:
+    """How to read inputs of this kind (`tables.Source`): the mode, the tokenized schema and
+    the tokenizer identity the tables carry.
+
+    Raises:
+        ConfigError: inputs that need a tokenizer and `tokenizer` is None.
+        DataError: tokenized Parquet made with another tokenizer than `tokenizer`.
+    """
     if read.mode == TOKENIZED:
-        yield from _read_tokenized(read.tokenized, config, tokenizer)
-        return
-    if tokenizer is None:
+        identity = common_identity(read.tokenized)
+        if tokenizer is not None:
+            check_recorded_tokenizer(identity, tokenizer, read.tokenized[0][0])
+    elif tokenizer is None:
         what = (
             "pre-tokenized inputs need the tokenizer that made them"
             if read.mode == PRETOKENIZED
             else ("raw corpus inputs need a tokenizer")
         )
         raise ConfigError(f"{what} (e.g. --tokenizer byte)")
-    skips = skips if skips is not None else SkipCounter(strict=config.strict)
-    schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=read.columns)
-    if read.mode == PRETOKENIZED:  # ids made elsewhere: checked against the vocabulary
-        vocab = tokenizer.identity.vocab_size
-        yield from read_pretokenized(
-            read.pretokenized, read.mask_source, config, schema, vocab, skips
-        )
-        return
-    if read.mode == RECORDS:  # fine-tuning records: rendered, encoded, masked (sft/encode.py)
-        from packtool.sft.encode import sft_tables
-
-        yield from sft_tables(paths, read.sft_kind, config, tokenizer, skips, schema)
-        return
-    schema = tokenized_schema(tokenizer.identity, config.extra_fields)
-
-    def encoded() -> Iterator[tuple[DocumentBatch, Any]]:
-        for batch in prefetch(read_corpus(paths, config, skips), depth=PIPELINE_DEPTH):
-            yield batch, tokenizer.start_batch(batch.texts)
-
-    # Three stages, each a batch or two ahead: read+parse | library encode (GIL released) |
-    # copy ids out + build the table + the caller's own work (writing, statistics).
-    for batch, encoded_batch in prefetch(encoded(), depth=PIPELINE_DEPTH):
-        flat, lengths = tokenizer.finish_batch(encoded_batch)
-        yield batch_table(batch, flat, lengths, schema), batch.nbytes
-
-
-def batch_table(
-    batch: DocumentBatch, flat: np.ndarray, lengths: np.ndarray, schema: pa.Schema
-) -> pa.Table:
-    """Build a tokenized table from a document batch and its encoded ids (no per-token Python)."""
-    if int(lengths.sum()) >= 2**31:
-        raise ConfigError("a batch holds >= 2**31 tokens; lower ReadConfig.batch_bytes")
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    token_type = schema.field("input_ids").type.value_type
-    # Straight from the buffers (packtool/arrow_numpy.py: `pa.array` would import pandas).
-    ids = pa.ListArray.from_arrays(from_numpy(offsets), from_numpy(flat, token_type))
-    columns = [
-        from_numpy(batch.doc_ids, pa.int64()),
-        strings(batch.sources),
-        ids,
-        from_numpy(lengths.astype(np.int32)),
-    ]
-    columns += [strings(batch.extras[name]) for name in schema.names[4:]]
-    return pa.Table.from_arrays(columns, schema=schema)  # raw text carries no optional column
+    else:
+        identity = tokenizer.identity
+    return Source(
+        mode=read.mode,
+        read=config,
+        schema=tokenized_schema(identity, config.extra_fields, optional=read.columns),
+        identity=identity,
+        mask_source=read.mask_source,
+        sft_kind=read.sft_kind,
+    )
 
 
 def check_recorded_tokenizer(
@@ -246,18 +232,6 @@ def check_recorded_tokenizer(
         f"eos {want.eos_id}, bos {want.bos_id}); pass the same --tokenizer/--eos-id/--bos-id "
         "or re-tokenize the raw corpus"
     )
-
-
-def _read_tokenized(
-    tokenized: list[tuple[Path, dict[str, Any]]], config: ReadConfig, tokenizer: Tokenizer | None
-) -> Iterator[tuple[pa.Table, int]]:
-    identity = common_identity(tokenized)
-    if tokenizer is not None:
-        check_recorded_tokenizer(identity, tokenizer, tokenized[0][0])
-    optional = common_optional(tokenized)
-    schema = tokenized_schema(identity, config.extra_fields, optional=optional)
-    for file_index, (path, _) in enumerate(tokenized):
-        yield from read_tokenized_file(path, file_index, schema, identity)
 
 
 def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from packtool.read import docids
 from tests.cli import one_error_line, run
 from tests.packtool.read.test_corpus import bad_jsonl, write_corpus
 
@@ -133,7 +134,10 @@ def test_glob_and_several_inputs(tmp_path):
     code, stdout, err = run("tokenize", str(tmp_path / "*.jsonl*"), tmp_path / "d.txt", "-o", out)
     assert code == 0, err
     table = pq.read_table(out)
-    assert table.column("doc_id").to_pylist() == list(range(10))
+    # Each document's id says which input (in reading order) and where in it: the ids of `pack`.
+    files = [docids.decode(i)[0] for i in table.column("doc_id").to_pylist()]
+    assert files == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    assert len(set(table.column("doc_id").to_pylist())) == 10
     assert table.column("source").unique().to_pylist() == [
         str(tmp_path / n) for n in ("a.jsonl", "b.jsonl.zst", "c.jsonl.gz", "d.txt")
     ]

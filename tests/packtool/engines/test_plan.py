@@ -21,7 +21,7 @@ from packtool.errors import ConfigError, DataError
 from packtool.read import docids
 from packtool.read.documents import ReadConfig, SkipCounter
 from packtool.read.lines import BOM, TO_END, line_number, lines
-from packtool.tokenize.pieces import read_piece
+from packtool.tokenize.tables import read_piece
 
 LINE = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=12)
 FILE = st.tuples(

@@ -40,12 +40,12 @@ def test_labels_and_masks_become_one_loss_mask(tmp_path, kind):
         path = write(tmp_path / "a.parquet", input_ids=IDS, loss_mask=mask)
     assert input_columns([path]) == ("loss_mask",)
     table, skips = read_all([path])
-    # Document 2 has no supervised token: skipped and counted; ids run over the kept ones.
+    # Document 2 has no supervised token: skipped and counted; ids are the rows in the file.
     assert table.column("input_ids").to_pylist() == [IDS[0], IDS[1], IDS[3]]
     # Stored as the shards store it: one byte per token, one binary value per document.
     assert [list(m) for m in table.column("loss_mask").to_pylist()] == [MASK[0], MASK[1], MASK[3]]
     assert table.column("loss_mask").type == pa.binary()
-    assert table.column("doc_id").to_pylist() == [0, 1, 2]
+    assert table.column("doc_id").to_pylist() == [0, 1, 3]
     assert table.column("length").to_pylist() == [4, 3, 3]
     assert skips.counts == {"no_supervised_tokens": 1}
     assert skips.examples["no_supervised_tokens"][0].startswith(f"{path}:row 3")

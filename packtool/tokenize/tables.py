@@ -1,0 +1,253 @@
+"""Any input -> tokenized tables: the one dispatch, for a whole corpus and for one partition.
+
+`partition_tables` reads a list of pieces in order and yields tables of the tokenized schema
+(packtool/dataset/tokenized.py) by the inputs' mode (`RAW`, `TOKENIZED`, `PRETOKENIZED`,
+`RECORDS`): raw text is read and encoded (read, encode and table-building overlap in threads),
+fine-tuning records are rendered, encoded and masked (packtool/sft/encode.py), `packtool
+tokenize` output and token ids made elsewhere are read and checked. `tokenize.tokenized_batches`
+(`stats`, `packtool tokenize`) calls it with one whole-file piece per input; the engines' workers
+call it with a partition's pieces (packtool/engines/plan.py): a byte range of a JSON Lines file,
+row groups of a Parquet file, or a whole file.
+
+Document ids are `docids.encode(file index, offset)` for every kind of input: the offset is the
+line's byte offset (JSONL), the row (Parquet), the item (`.json` array), the record (fine-tuning
+files) or 0 (text), so a worker needs nothing but its pieces to number its documents, the ids
+are the same however the corpus is cut into partitions, and `packtool tokenize` gives a document
+the id `packtool pack` gives it.
+
+Before reading a piece and after finishing it the caller's `check` runs (the engines compare
+the file's size and modification time with the plan's, `plan.check_unchanged`): an input edited
+during the run is a one-line error naming it, not a silently mixed dataset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packtool.arrow_numpy import from_numpy, strings
+from packtool.dataset.identity import TokenizerIdentity
+from packtool.dataset.tokenized_writer import PIPELINE_DEPTH
+from packtool.errors import ConfigError
+from packtool.prefetch import prefetch
+from packtool.read import docids
+from packtool.read.documents import BatchBuilder, DocumentBatch, ReadConfig, SkipCounter
+from packtool.read.formats import read_file
+from packtool.read.lines import TO_END
+from packtool.read.pretokenized import read_pretokenized_file
+from packtool.read.tokenized import read_tokenized_file
+from packtool.tokenizer.tokenizers import Tokenizer
+
+RAW, TOKENIZED, PRETOKENIZED, RECORDS = "raw", "tokenized", "pretokenized", "records"
+"""What the inputs are, and so how they are read (`Source.mode`): raw text (tokenized here),
+`packtool tokenize` output, ids made elsewhere, or fine-tuning records (prompt/completion, chat:
+rendered, encoded and masked by packtool/sft/encode.py)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """How to read a run's inputs (the same for every piece)."""
+
+    mode: str
+    read: ReadConfig
+    schema: pa.Schema
+    """The tokenized schema the tables come in."""
+    identity: TokenizerIdentity
+    mask_source: str | None = None
+    """Pre-tokenized inputs: the column saying where the loss goes (`labels`, `loss_mask`)."""
+    sft_kind: str | None = None
+    """Fine-tuning records: their kind (`sft_inputs.sft_kind`)."""
+
+
+@dataclass(frozen=True)
+class FilePiece:
+    """One piece with what a worker needs to read it and check it."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    file_index: int
+    start: int = 0
+    end: int = TO_END
+
+
+def read_piece(
+    path: Path,
+    file_index: int,
+    config: ReadConfig,
+    skips: SkipCounter,
+    *,
+    start: int = 0,
+    end: int = TO_END,
+) -> Iterator[DocumentBatch]:
+    """The documents of one raw piece, in batches, with ids `docids.encode(file_index, offset)`.
+
+    `start`/`end`: bytes of an uncompressed JSONL file (the lines that start in the range),
+    row groups of a Parquet file, or `0, TO_END` for the whole file.
+    """
+    builder = BatchBuilder(config, file_index=file_index)
+    yield from _fill(builder, path, file_index, config, skips, start, end)
+    if builder.texts:
+        yield builder.flush()
+
+
+def _fill(
+    builder: BatchBuilder,
+    path: Path,
+    file_index: int,
+    config: ReadConfig,
+    skips: SkipCounter,
+    start: int,
+    end: int,
+) -> Iterator[DocumentBatch]:
+    """Add one piece's documents to `builder`, yielding each batch it fills (the last, partly
+    full one stays in it: the next piece goes on filling it)."""
+    builder.switch_file(file_index)
+    for text, extras, nbytes, offset in read_file(path, config, skips, start, end):
+        builder.add(text, str(path), extras, nbytes, offset)
+        if builder.full:
+            yield builder.flush()
+
+
+def partition_tables(
+    source: Source,
+    tokenizer: Tokenizer | None,
+    pieces: list[FilePiece],
+    skips: SkipCounter,
+    check: Any,
+) -> Iterator[tuple[pa.Table, int]]:
+    """(tokenized table, input bytes) for every piece of a partition, in order.
+
+    `check(piece)` is called before each piece is opened and after it is read (the engine
+    passes `plan.check_unchanged`).
+    """
+    if source.mode == RAW:
+        assert tokenizer is not None
+        yield from _encoded(_raw_batches(source.read, pieces, skips, check), tokenizer, source)
+        return
+    if source.mode == RECORDS:
+        yield from _records(source, tokenizer, pieces, skips, check)
+        return
+    for piece in pieces:
+        check(piece)
+        path = Path(piece.path)
+        if source.mode == TOKENIZED:
+            tables = read_tokenized_file(
+                path, piece.file_index, source.schema, source.identity, piece.start, piece.end
+            )
+        else:
+            tables = read_pretokenized_file(
+                path,
+                source.mask_source,
+                source.read,
+                source.schema,
+                source.identity.vocab_size,
+                skips,
+                file_index=piece.file_index,
+                start=piece.start,
+                end=piece.end,
+            )
+        yield from tables
+        check(piece)
+
+
+def _records(
+    source: Source,
+    tokenizer: Tokenizer | None,
+    pieces: list[FilePiece],
+    skips: SkipCounter,
+    check: Any,
+) -> Iterator[tuple[pa.Table, int]]:
+    """Files of fine-tuning records (whole-file pieces), rendered and encoded in one stream (so
+    batches and the render pool span files), with ids `docids.encode(file index, k)`: the k-th
+    record the file contributes. Every piece is checked before the stream starts and each
+    after its last record went by."""
+    from packtool.sft.encode import sft_tables
+
+    assert tokenizer is not None and source.sft_kind is not None
+    if not pieces:
+        return
+    for piece in pieces:
+        check(piece)
+    index = {piece.path: i for i, piece in enumerate(pieces)}
+    kept = [0] * len(pieces)  # records each file gave so far
+    at = 0  # the piece being read
+    paths = [Path(piece.path) for piece in pieces]
+    for table, nbytes in sft_tables(
+        paths, source.sft_kind, source.read, tokenizer, skips, source.schema
+    ):
+        rows = table.column("source").to_pylist()
+        ids = np.empty(len(rows), dtype=np.int64)
+        start = 0
+        while start < len(rows):  # the rows of one file are a run, files in reading order
+            f = index[rows[start]]
+            end = start + 1
+            while end < len(rows) and rows[end] == rows[start]:
+                end += 1
+            while at < f:
+                check(pieces[at])  # files before it are done
+                at += 1
+            ids[start:end] = docids.encode(
+                pieces[f].file_index, np.arange(kept[f], kept[f] + end - start, dtype=np.int64)
+            )
+            kept[f] += end - start
+            start = end
+        k = table.schema.get_field_index("doc_id")
+        yield table.set_column(k, table.schema.field(k), from_numpy(ids)), nbytes
+    for piece in pieces[at:]:
+        check(piece)
+
+
+def _raw_batches(
+    config: ReadConfig, pieces: list[FilePiece], skips: SkipCounter, check: Any
+) -> Iterator[DocumentBatch]:
+    # One builder over the pieces: a corpus of many small files still gives full batches.
+    builder = BatchBuilder(config, file_index=pieces[0].file_index if pieces else 0)
+    for piece in pieces:
+        check(piece)
+        yield from _fill(
+            builder, Path(piece.path), piece.file_index, config, skips, piece.start, piece.end
+        )
+        check(piece)
+    if builder.texts:
+        yield builder.flush()
+
+
+def _encoded(
+    batches: Iterator[DocumentBatch], tokenizer: Tokenizer, source: Source
+) -> Iterator[tuple[pa.Table, int]]:
+    # Three stages, each a batch or two ahead: read+parse | library encode (GIL released) |
+    # copy ids out + build the table + the caller's own work (packing, writing).
+    def encoded() -> Iterator[tuple[DocumentBatch, Any]]:
+        for batch in prefetch(batches, depth=PIPELINE_DEPTH):
+            yield batch, tokenizer.start_batch(batch.texts)
+
+    for batch, raw in prefetch(encoded(), depth=PIPELINE_DEPTH):
+        flat, lengths = tokenizer.finish_batch(raw)
+        yield batch_table(batch, flat, lengths, source.schema), batch.nbytes
+
+
+def batch_table(
+    batch: DocumentBatch, flat: np.ndarray, lengths: np.ndarray, schema: pa.Schema
+) -> pa.Table:
+    """Build a tokenized table from a document batch and its encoded ids (no per-token Python)."""
+    if int(lengths.sum()) >= 2**31:
+        raise ConfigError("a batch holds >= 2**31 tokens; lower ReadConfig.batch_bytes")
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    token_type = schema.field("input_ids").type.value_type
+    # Straight from the buffers (packtool/arrow_numpy.py: `pa.array` would import pandas).
+    ids = pa.ListArray.from_arrays(from_numpy(offsets), from_numpy(flat, token_type))
+    columns = [
+        from_numpy(batch.doc_ids, pa.int64()),
+        strings(batch.sources),
+        ids,
+        from_numpy(lengths.astype(np.int32)),
+    ]
+    columns += [strings(batch.extras[name]) for name in schema.names[4:]]
+    return pa.Table.from_arrays(columns, schema=schema)  # raw text carries no optional column
