@@ -125,7 +125,19 @@ def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
     "--output",
     required=True,
     type=click.Path(path_type=str),
-    help="OUT.parquet (one file) or a folder (part-00000.parquet, ...).",
+    help="OUT.parquet (one file) or a folder (part-00000.parquet, ...); with --to megatron, "
+    "the PREFIX of PREFIX.bin and PREFIX.idx.",
+)
+@click.option(
+    "--to",
+    "to",
+    type=click.Choice(["parquet", "megatron"]),
+    default="parquet",
+    show_default=True,
+    help="Output format: tokenized Parquet (what pack, stats and the loader read), or a "
+    "Megatron indexed dataset (.bin/.idx, byte-identical to megatron-core's "
+    "IndexedDatasetBuilder; each document's ids then its EOS, as preprocess_data.py "
+    "--append-eod). docs/integrations.md.",
 )
 @click.option(
     "--keep-field",
@@ -140,13 +152,14 @@ def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
 def tokenize_cmd(
     inputs: tuple[str, ...],
     output: str,
+    to: str,
     keep_field: tuple[str, ...],
     workers: int | None,
     overwrite: bool,
     corpus: CorpusOptions,
     sft: Any,
 ) -> None:
-    """Tokenize text corpora into tokenized Parquet.
+    """Tokenize text corpora into tokenized Parquet (or a Megatron indexed dataset).
 
     INPUT: .txt / .md (one document per file), .jsonl, .parquet; text and JSONL also .gz /
     .zst; files, folders (recursive) or quoted globs. Bad lines and empty documents are skipped
@@ -154,9 +167,11 @@ def tokenize_cmd(
     """
     import shlex
 
+    from packtool.tokenize.megatron import tokenize_megatron
     from packtool.tokenize.tokenize import tokenize_corpus
 
-    summary = tokenize_corpus(
+    write = tokenize_megatron if to == "megatron" else tokenize_corpus
+    summary = write(
         inputs,
         output,
         read_config=corpus.read_config(extra_fields=keep_field, sft=sft),

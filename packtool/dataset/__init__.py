@@ -16,5 +16,6 @@ Modules:
 - `tokenized.py`, `tokenized_table.py`, `tokenized_writer.py`: the tokenized-Parquet format,
   its table builder and its background writer.
 - `masks.py`: loss-mask arithmetic on flat arrays.
+- `megatron.py`: Megatron's indexed dataset (`.bin` / `.idx`), streamed as megatron-core writes it.
 - `output.py`: the output transaction (lock, staging, recovery, the switch to the new dataset).
 """

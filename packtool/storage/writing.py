@@ -6,7 +6,7 @@
 - **Writing a file**: `atomic_output` / `write_atomic` (through a hidden temporary name unique
   to the writer, fsync, one rename: a reader sees the old file or the whole new one, never a
   part), `open_output` (a stream the caller closes), `parquet_writer` / `write_parquet`
-  (pyarrow's writers, by path), `temporary_name`, `sync_file`, `create_empty`; in place:
+  (pyarrow's writers, by path), `temporary_name`, `sync_file`, `sync_stream`, `create_empty`; in place:
   `open_update` and `append_range` (the shard writer joins its parts with these).
 - **Moving and removing**: `replace` (atomic, over what is there), `rename`, `remove_file`,
   `remove_tree`, `remove_empty_dir`, `sync_dir` (make the renames in a folder durable).
@@ -118,6 +118,12 @@ def append_range(source: str | os.PathLike, offset: int, count: int, out: Binary
                 raise OSError(f"{source}: shorter than its footer says")
             out.write(block)
             count -= len(block)
+
+
+def sync_stream(f: IO[Any]) -> None:
+    """Flush an open output stream to the disk (Python's buffer, then `fsync`)."""
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def sync_file(path: str | os.PathLike) -> None:

@@ -17,4 +17,5 @@ May import: every stage below it: top-level modules, `storage`, `dataset`, `pack
 Modules:
 - `tables.py`: the dispatch (the modes, `Source`, `FilePiece`, `partition_tables`).
 - `tokenize.py`: the inputs' classification, `tokenized_batches`, the `tokenize` command.
+- `megatron.py`: `tokenize --to megatron`, the same tables into a Megatron indexed dataset.
 """

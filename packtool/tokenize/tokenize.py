@@ -278,6 +278,8 @@ class TokenizeSummary:
     def format(self) -> str:
         """One paragraph for the terminal."""
         where = self.files[0] if len(self.files) == 1 else f"{len(self.files)} part files"
+        if len(self.files) == 2 and self.files[0].endswith(".bin"):  # a Megatron pair
+            where = f"{self.files[0]} and {Path(self.files[1]).name}"
         return (
             f"Tokenized {self.documents:,} documents into {self.tokens:,} tokens with "
             f"{describe_tokenizer(self.tokenizer, self.special_names)}, {self.dtype} ids, in "
@@ -360,7 +362,7 @@ def tokenize_corpus(
         start = time.perf_counter()
         writer = PartWriter(paths.staging, schema, single=single, part_tokens=part_tokens)
         try:
-            bar, supervised = _write_all(
+            bar, supervised = write_all(
                 inputs, config, tokenizer, workers, skips, writer, progress, optional
             )
             files = writer.close()
@@ -385,7 +387,7 @@ def tokenize_corpus(
     )
 
 
-def _write_all(
+def write_all(
     inputs: list,
     config: ReadConfig,
     tokenizer: Tokenizer,

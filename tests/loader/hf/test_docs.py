@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from packtool.dataset.manifest import read_manifest
+from packtool.dataset.megatron import read_megatron_index
 from tests.loader.hf_helpers import (
     docs_workspace,
     one_torch_thread,  # noqa: F401  (autouse: one torch thread)
@@ -31,9 +32,12 @@ def test_the_page_packs_with_its_own_command(workspace):
     assert shell_commands() == [
         "packtool pack corpus.jsonl -o packed --max-len 256 --tokenizer tok/tokenizer.json",
         "packtool pack sft.parquet -o packed-sft --max-len 256 --tokenizer tok/tokenizer.json",
+        "packtool tokenize corpus.jsonl --tokenizer tok/tokenizer.json --to megatron -o data/text",
     ]
     assert (workspace / "packed" / "index.json").exists()
     assert "loss_mask" in read_manifest(workspace / "packed-sft").columns
+    index = read_megatron_index(workspace / "data" / "text.idx")  # the Megatron example ran
+    assert len(index["lengths"]) == 40 and (workspace / "data" / "text.bin").stat().st_size > 0
 
 
 def test_trainer_snippet_trains_and_resumes(workspace, monkeypatch):
