@@ -8,7 +8,8 @@ The folders follow a batch's way to the model (docs/architecture.md):
 - `online/`: packing on the fly: `OnlinePacker`, `StreamingPackedDataset`, `RequestBatcher`.
 - `mixture/`: `MixedDataset`, batches from several sources in exact proportions.
 - `hf/`: the Hugging Face stack (`loader.hf`: a `datasets` view, `Trainer`).
-- `record.py`, `config.py`, `collate.py`: the one record type, the settings, the batch dict.
+- `record.py`, `config.py`, `collate.py`: the one record type, the settings, the batch dict;
+  `context_parallel.py`: one context-parallel rank's share of a batch.
 
 Imports only packtool's format side (`packtool.dataset`, `packtool.storage`, the pure
 `packtool.pack` and `packtool.mixture` schedule, `packtool.errors`), never a tokenizer. The

@@ -63,6 +63,8 @@ def collate(
     pad_id: int = 0,
     position_limit: int | None = None,
     layout: str = "packtool",
+    seq_idx: bool = False,
+    varlen_keys: bool = False,
     pin_memory: bool = False,
 ) -> dict[str, torch.Tensor | int]:
     """Build one varlen batch from documents laid end to end.
@@ -80,6 +82,14 @@ def collate(
         layout: `"packtool"` (the contract batch) or `"hf"` (transformers' padding-free
             convention: `input_ids`/`labels`/`position_ids` of shape `(1, T)`, labels unshifted
             with -100 at each document's first token, `cu_seq_lens_q/k`, `max_length_q/k`).
+        seq_idx: Add `seq_idx`, int32, one per token: the index of its document (its
+            `cu_seqlens` entry) in the batch, 0, 1, ...; static-shape padding is one more
+            document. What mamba_ssm's kernels and transformers' hybrid models (Mamba-2, gated
+            delta-net layers) take to keep a state from flowing across documents; `(T,)`, or
+            `(1, T)` with `layout="hf"` (as `DataCollatorWithFlattening(return_seq_idx=True)`).
+        varlen_keys: Add transformers' explicit varlen keys to the packtool layout too:
+            `cu_seq_lens_q`, `cu_seq_lens_k` (both `cu_seqlens`) and `max_length_q`,
+            `max_length_k` (both `max_seqlen`). The hf layout always has them.
         pin_memory: Allocate the batch in pinned memory (when CUDA is available).
 
     Returns:
@@ -119,8 +129,9 @@ def collate(
     # Every array of the batch lives in one int64 buffer: one allocation, and in a DataLoader
     # worker one shared-memory segment per batch instead of one per tensor (half the IPC cost).
     # layout: [input_ids T | labels T | position_ids T | doc_ids n_out | doc_targets n_out |
-    #          cu_seqlens (int32) n_cu]
-    words = 3 * T + 2 * n_out + (n_cu + 1) // 2
+    #          cu_seqlens (int32) n_cu | seq_idx (int32) T, when asked for]
+    cu_words = (n_cu + 1) // 2
+    words = 3 * T + 2 * n_out + cu_words + ((T + 1) // 2 if seq_idx else 0)
     flat = _alloc_int64(words, pin_memory)
     buf = flat.numpy()
     ids, labels, pos = buf[:T], buf[T : 2 * T], buf[2 * T : 3 * T]
@@ -153,6 +164,13 @@ def collate(
         bounds = cu[: n_docs + 1].astype(np.int64)
         targets[:n_docs] = cum[bounds[1:]] - cum[bounds[:-1]] - mask[bounds[:-1]]
     doc_targets = flat[3 * T + n_out : 3 * T + 2 * n_out]
+    extra: dict[str, torch.Tensor | int] = {}
+    if seq_idx:
+        seq_t = flat[3 * T + 2 * n_out + cu_words :].view(torch.int32)[:T]
+        seq = seq_t.numpy()
+        seq[:total] = np.repeat(np.arange(n_docs, dtype=np.int32), doc_lens)
+        seq[total:] = n_docs  # the padding pseudo-document
+        extra["seq_idx"] = seq_t
     if layout == "packtool":
         # labels[t] = input_ids[t + 1]; the last token of every document predicts nothing.
         labels[: T - 1] = ids[1:]
@@ -164,6 +182,9 @@ def collate(
         labels[total:] = IGNORE_INDEX
         if pad_tokens is not None:
             max_seqlen = int(pad_tokens)
+        if varlen_keys:
+            extra |= {"cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t}
+            extra |= {"max_length_q": max_seqlen, "max_length_k": max_seqlen}
         return {
             "input_ids": flat[:T],
             "cu_seqlens": cu_t,
@@ -172,6 +193,7 @@ def collate(
             "labels": flat[T : 2 * T],
             "doc_ids": flat[3 * T : 3 * T + n_out],
             "doc_targets": doc_targets,
+            **extra,
         }
     # transformers shifts labels inside the model: labels[t] = input_ids[t], -100 at each
     # document's first token (and at padding), as DataCollatorWithFlattening builds them.
@@ -193,4 +215,5 @@ def collate(
         "max_length_q": max_seqlen,
         "max_length_k": max_seqlen,
         "doc_targets": doc_targets,
+        **{k: v.unsqueeze(0) for k, v in extra.items()},
     }

@@ -79,6 +79,21 @@ class LoaderConfig:
     """Weight of the per-token term in the balance cost (about 6 × d_model models the MLPs)."""
     layout: str = "packtool"
     """"packtool" (docs/CONTRACTS.md batch) or "hf" (transformers padding-free keys)."""
+    seq_idx: bool = False
+    """Add `seq_idx` (int32, per token: its document's index in the batch), what state-space and
+    linear-attention layers (mamba_ssm, transformers' hybrid models) need so that no state
+    flows across documents (loader/collate.py)."""
+    varlen_keys: bool = False
+    """Add `cu_seq_lens_q/k` and `max_length_q/k` to the packtool layout (the hf layout has them)."""
+    context_parallel: tuple[int, int] | None = None
+    """(size, rank): give this context-parallel rank its share of every batch
+    (loader/context_parallel.py). Every rank of the group must get the same rows: pass the
+    data-parallel rank and world to the dataset, not the global ones."""
+    cp_style: str = "megatron"
+    """"megatron" (THD zigzag, documents padded to 2 x size) or "balanced" (torchtitan's
+    document-causal load balance over blocks of `cp_block` tokens)."""
+    cp_block: int = 64
+    """Tokens per block of the balanced style."""
     pad_id: int = 0
     """Token id used for static-shape padding."""
     cache_bytes: int = 96 << 20
@@ -103,7 +118,16 @@ class LoaderConfig:
                 check_int(name, getattr(self, name))
         for name in ("seed", "shuffle_window", "pad_id", "cache_bytes"):
             check_int(name, getattr(self, name))
-        for name in ("shuffle", "drop_last", "static_shape", "balance", "verify", "page_checksums"):
+        for name in (
+            "shuffle",
+            "drop_last",
+            "static_shape",
+            "balance",
+            "verify",
+            "page_checksums",
+            "seq_idx",
+            "varlen_keys",
+        ):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.rows_per_batch is not None and self.rows_per_batch < 1:
@@ -134,6 +158,17 @@ class LoaderConfig:
             raise ConfigError("static_shape with tokens_per_batch needs max_docs_per_batch")
         if self.layout not in ("packtool", "hf"):
             raise ConfigError(f"layout {self.layout!r} is unknown; choose 'packtool' or 'hf'")
+        if self.context_parallel is not None:
+            from loader.context_parallel import check_cp
+
+            cp = self.context_parallel
+            if not isinstance(cp, (tuple, list)) or len(cp) != 2:
+                raise ConfigError(f"context_parallel must be (size, rank), got {cp!r}")
+            check_cp(cp[0], cp[1], self.cp_style, self.cp_block)
+            if self.layout != "packtool":
+                raise ConfigError(
+                    "context_parallel splits packtool-layout batches; use layout='packtool'"
+                )
         if self.shuffle_window < 0:
             raise ConfigError(f"shuffle_window must be >= 0, got {self.shuffle_window}")
         if self.cache_bytes < 0:

@@ -40,6 +40,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.collate import collate
 from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
+from loader.context_parallel import cp_split
 from loader.mixture.sources import (
     PackedSource,
     StreamSource,
@@ -381,6 +382,8 @@ class MixedDataset(IterableDataset):
             pad_id=c.pad_id,
             position_limit=self.max_len,
             layout=c.layout,
+            seq_idx=c.seq_idx,
+            varlen_keys=c.varlen_keys,
             pin_memory=pin_memory,
         )
         cu = out["cu_seqlens"] if "cu_seqlens" in out else out["cu_seq_lens_q"]
@@ -396,6 +399,8 @@ class MixedDataset(IterableDataset):
             out.source = torch.from_numpy(source)
         else:
             out["source"] = torch.from_numpy(source)
+        if c.context_parallel is not None:  # this context-parallel rank's share
+            out = cp_split(out, *c.context_parallel, c.cp_style, c.cp_block)
         return out
 
     def batch(

@@ -27,6 +27,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.collate import collate
 from loader.config import LoaderConfig, check_int, dist_rank_world, make_config, static_max_docs
+from loader.context_parallel import cp_split
 from loader.order.balance import imbalance, row_cost
 from loader.order.permutation import EpochOrder
 from loader.order.steps import EpochPlan, block_steps_bound, iter_blocks, rank_rows
@@ -281,6 +282,8 @@ class PackedDataset(IterableDataset):
             pad_id=c.pad_id,
             position_limit=self.store.max_len,
             layout=c.layout,
+            seq_idx=c.seq_idx,
+            varlen_keys=c.varlen_keys,
             pin_memory=pin_memory,
         )
         if filler:
@@ -288,6 +291,8 @@ class PackedDataset(IterableDataset):
             out["doc_targets"].zero_()
             if "doc_ids" in out:
                 out["doc_ids"].fill_(-1)
+        if c.context_parallel is not None:  # this context-parallel rank's share
+            out = cp_split(out, *c.context_parallel, c.cp_style, c.cp_block)
         return out
 
     @property

@@ -1,0 +1,154 @@
+"""Context-parallel batches (loader/context_parallel.py), verified on CPU: every rank's queries
+attending to its documents' keys give, put back in order, the unsplit packed attention, and the
+ranks' losses add up to the unsplit loss, for random packed batches and cp in {2, 4, 8}."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loader import PackedDataLoader, PackedDataset
+from loader.collate import collate
+from loader.context_parallel import cp_split
+from loader.record import Documents
+from loader.testing import write_dataset
+from packtool.errors import ConfigError
+
+H, D = 2, 8
+
+
+def _attention(q, k, v, allowed):
+    """Plain softmax attention, fp64 accumulation cast back (the reference)."""
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) / D**0.5
+    scores = scores.masked_fill(~allowed[None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return torch.einsum("hqk,khd->qhd", weights, v.double()).float()
+
+
+def _batch(lens, seed, pad=None):
+    rng = np.random.default_rng(seed)
+    total = sum(lens)
+    docs = Documents(rng.integers(1, 500, total), np.array(lens), np.arange(len(lens)))
+    return collate(docs, pad_tokens=None if pad is None else total + pad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 50), min_size=1, max_size=8),
+    size=st.sampled_from([2, 4, 8]),
+    style=st.sampled_from(["megatron", "balanced"]),
+    block=st.sampled_from([1, 4, 16]),
+    pad=st.one_of(st.none(), st.integers(1, 9)),
+    seed=st.integers(0, 2**31),
+)
+def test_ranks_attention_and_loss_equal_the_unsplit_batch(lens, size, style, block, pad, seed):
+    batch = _batch(lens, seed, pad)
+    total = batch["input_ids"].shape[0]
+    cu = batch["cu_seqlens"].long()
+    doc = torch.repeat_interleave(torch.arange(len(cu) - 1), cu.diff())
+    pos = batch["position_ids"]
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(total, H, D, generator=gen) for _ in range(3))
+    full = _attention(q, k, v, (doc[:, None] == doc[None]) & (pos[None] <= pos[:, None]))
+    logits = torch.randn(total, 50, generator=gen)
+    labels = batch["labels"].clamp(max=49).where(batch["labels"] != -100, -100)
+    ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+    full_loss = ce.sum() / (labels != -100).sum().clamp(min=1)
+
+    shares = [cp_split(batch, size, r, style, block) for r in range(size)]
+    n_global = shares[0]["global_tokens"]
+    offsets = shares[0]["global_cu_seqlens"].long()
+    g_doc = torch.repeat_interleave(torch.arange(len(offsets) - 1), offsets.diff())
+    g_pos = torch.arange(n_global) - offsets[g_doc]
+    g_real = g_pos < shares[0]["doc_lengths"].long()[g_doc]
+    # The global padded layout, filled from the unsplit batch (padding: random, never attended).
+    where = torch.full((n_global,), -1)
+    where[g_real] = (cu[g_doc[g_real]] + g_pos[g_real]).long() if len(cu) > 1 else where[g_real]
+    gk, gv = torch.randn(n_global, H, D, generator=gen), torch.randn(n_global, H, D, generator=gen)
+    gq = torch.randn(n_global, H, D, generator=gen)
+    gk[g_real], gv[g_real], gq[g_real] = k[where[g_real]], v[where[g_real]], q[where[g_real]]
+    g_logits = torch.randn(n_global, 50, generator=gen)
+    g_logits[g_real] = logits[where[g_real]]
+    out = torch.zeros(n_global, H, D)
+    loss = torch.zeros((), dtype=torch.float64)
+    seen = torch.zeros(n_global, dtype=torch.long)
+    for r, share in enumerate(shares):
+        idx = share["token_index"]
+        assert len(idx) == n_global // size  # every rank the same number of tokens
+        assert share["cp_rank"] == r and torch.equal(share["doc_ids"], batch["doc_ids"])
+        qd, qp = share["doc_index"].long(), share["position_ids"]
+        assert torch.equal(qd, g_doc[idx])
+        allowed = (qd[:, None] == g_doc[None]) & (g_pos[None] <= g_pos[idx][:, None]) & g_real[None]
+        out[idx] = _attention(gq[idx], gk, gv, allowed)
+        # Labels and positions of the real tokens are the unsplit batch's.
+        real = g_real[idx]
+        assert torch.equal(share["labels"][real], batch["labels"][where[idx[real]]])
+        assert torch.equal(qp[real], pos[where[idx[real]]])
+        assert (share["labels"][~real] == -100).all() and (share["loss_weights"][~real] == 0).all()
+        local_labels = share["labels"].clamp(max=49).where(share["labels"] != -100, -100)
+        local_ce = torch.nn.functional.cross_entropy(g_logits[idx], local_labels, reduction="none")
+        loss += (local_ce.double() * share["loss_weights"].double()).sum()
+        seen[idx] += 1
+    assert (seen == 1).all()  # the ranks' shares tile the global layout
+    assert torch.allclose(out[g_real], full[where[g_real]], atol=1e-6, rtol=0)
+    assert abs(loss.item() - full_loss.item()) <= 1e-6 * max(1.0, abs(full_loss.item()))
+    if style == "megatron":  # every document a multiple of 2 * cp; TE's two cu_seqlens
+        assert (offsets.diff() % (2 * size) == 0).all()
+        assert torch.equal(
+            shares[0]["cu_seqlens"].long(),
+            torch.cat([torch.zeros(1), shares[0]["doc_lengths"].cumsum(0)]).long(),
+        )
+
+
+def test_the_zigzag_of_one_document():
+    batch = _batch([8], 0)
+    shares = [cp_split(batch, 2, r, "megatron")["token_index"].tolist() for r in range(2)]
+    assert shares == [[0, 1, 6, 7], [2, 3, 4, 5]]  # chunks 0 and 3, 1 and 2
+
+
+def test_balanced_spreads_causal_work_better_than_contiguous():
+    batch = _batch([512], 0)  # one long document: the contiguous split is at its worst
+    work = lambda idx: (torch.as_tensor(idx) + 1).sum().item()  # noqa: E731
+    balanced = [work(cp_split(batch, 4, r, "balanced", 16)["token_index"]) for r in range(4)]
+    contiguous = [work(torch.arange(r * 128, (r + 1) * 128)) for r in range(4)]
+    assert max(balanced) / min(balanced) < 1.05 < max(contiguous) / min(contiguous)
+
+
+def test_bad_settings_are_one_line(tmp_path):
+    batch = _batch([4, 4], 0)
+    for args, message in [
+        ((0, 0), "size must be"),
+        ((2, 2), "rank must be in 0..1"),
+        ((2, 0, "ring"), "unknown"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            cp_split(batch, *args)
+    hf = collate(Documents(np.arange(4), np.array([4]), np.arange(1)), layout="hf")
+    with pytest.raises(ConfigError, match="packtool-layout"):
+        cp_split(hf, 2, 0)
+
+
+def test_the_loader_gives_each_cp_rank_its_share_of_the_same_rows(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = [
+        [list(rng.integers(1, 200, size=int(n))) for n in rng.integers(1, 30, size=int(k))]
+        for k in rng.integers(1, 4, size=24)
+    ]
+    write_dataset(tmp_path / "d", rows, max_len=96, row_group_rows=8)
+    loaders = [
+        PackedDataLoader(
+            PackedDataset(tmp_path / "d", rows_per_batch=2, context_parallel=(2, r)), num_workers=w
+        )
+        for r, w in ((0, 0), (1, 2))
+    ]
+    whole = PackedDataLoader(PackedDataset(tmp_path / "d", rows_per_batch=2), num_workers=0)
+    for a, b, full in zip(*loaders, whole, strict=True):
+        assert torch.equal(a["doc_ids"], b["doc_ids"]) and torch.equal(
+            a["doc_ids"], full["doc_ids"]
+        )
+        index = torch.cat([a["token_index"], b["token_index"]])
+        assert sorted(index.tolist()) == list(range(a["global_tokens"]))
+        assert a["num_targets"] == b["num_targets"] == int((full["labels"] != -100).sum())
