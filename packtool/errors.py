@@ -24,6 +24,16 @@ class WorkersLost(DataError):
     a mistake in the command, so the finished partitions stay for `--resume`."""
 
 
+class Detached(Exception):
+    """A run that goes on elsewhere: its work was handed to a scheduler (`--engine slurm
+    --no-wait`) and this process returns; the staging folder stays, and `--resume` finishes it.
+    Not a failure: the CLI prints the message (job ids, the command that finishes) and exits 0."""
+
+    def __init__(self, message: str, job_ids: list[str]) -> None:
+        super().__init__(message)
+        self.job_ids = job_ids
+
+
 class AlreadyComplete(PacktoolError):
     """What was asked is already done: `--resume` of a dataset whose run finished. Not a failure:
     the CLI prints the message and exits 0 (a requeued scheduler job that always passes

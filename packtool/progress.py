@@ -69,6 +69,11 @@ class Progress:
                 f"{_si(self.tokens)} tokens, {self.mb_per_s:.1f} MB/s", refresh=False
             )
 
+    def note(self, text: str) -> None:
+        """Show `text` after the counts (a driver's word on where the work is)."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=True)
+
     @property
     def elapsed(self) -> float:
         return time.perf_counter() - self.start

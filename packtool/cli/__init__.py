@@ -10,5 +10,6 @@ May import: anything in packtool (it is the top layer); nothing imports it.
 Modules:
 - `commands.py`: the commands (`tokenize`, `stats`, `pack`, `mix`, `verify`, `inspect`).
 - `input_options.py`: the corpus and fine-tuning options the input commands share.
+- `engine_options.py`: where `pack` runs (`--engine local|ray|slurm` and their options).
 - `interrupt.py`: Ctrl-C handling.
 """

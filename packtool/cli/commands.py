@@ -18,8 +18,9 @@ import click
 
 from packtool import __version__
 from packtool.cli import interrupt
+from packtool.cli.engine_options import EngineOptions, engine_options
 from packtool.cli.input_options import CorpusOptions, corpus_options, sft_options
-from packtool.errors import AlreadyComplete, ConfigError, PacktoolError
+from packtool.errors import AlreadyComplete, Detached, PacktoolError
 from packtool.quantities import parse_size, positive_int
 
 # numpy's OpenBLAS starts a spinning thread per core at import; no command does linear algebra,
@@ -357,20 +358,8 @@ def stats_cmd(
 @click.option("--partition-size", default="256MB", show_default=True, metavar="SIZE", help=PARTS)
 @click.option("--resume", is_flag=True, help="Finish an interrupted run into the same folder.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help=PACK_WORKERS)
-@click.option(
-    "--engine",
-    type=click.Choice(["local", "ray"]),
-    default="local",
-    show_default=True,
-    help="local: this machine's cores; ray: Ray Data, on a cluster (pip install 'packtool[ray]').",
-)
-@click.option(
-    "--ray-address",
-    default=None,
-    metavar="ADDR",
-    help="Ray cluster to join (auto, HOST:6379); default: start Ray on this machine.",
-)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@engine_options
 @corpus_options
 @sft_options
 @click.pass_context
@@ -392,9 +381,8 @@ def pack_cmd(
     partition_size: str,
     resume: bool,
     workers: int | None,
-    engine: str,
-    ray_address: str | None,
     as_json: bool,
+    engines: EngineOptions,
     corpus: CorpusOptions,
     sft: Any,
 ) -> None:
@@ -423,7 +411,7 @@ def pack_cmd(
     loading = loader.submit(tokenizer_for_inputs)
     loader.shutdown(wait=False)
     from packtool.dataset.shards import ShardConfig
-    from packtool.engines.local import RunConfig, run_pack
+    from packtool.engines.local import RunConfig
     from packtool.pack import warmup
     from packtool.pack.chunk import PackConfig
 
@@ -459,19 +447,20 @@ def pack_cmd(
     )
     tokenizer = loading.result()
     interrupt.note[0] = functools.partial(interrupt.resume_note, output, overwrite)
-    if engine != "ray" and ray_address is not None:
-        raise ConfigError("--ray-address needs --engine ray")
     try:
-        if engine == "ray":
-            from packtool.engines.ray import RayConfig, run_pack_ray
-
-            ray = RayConfig(address=ray_address, actors=workers)
-            summary = run_pack_ray(config, ray, tokenizer)
-        else:
-            summary = run_pack(config, tokenizer)
+        summary = engines.run(config, tokenizer, workers)
     except AlreadyComplete as done:  # --resume of a finished run: success, with nothing to do
         as_dict = {"output": done.output, "already_complete": True, "message": str(done)}
         click.echo(json.dumps(as_dict, indent=2) if as_json else str(done))
+        return
+    except Detached as gone:  # --no-wait: the jobs run on; --resume finishes
+        as_dict = {
+            "output": output,
+            "detached": True,
+            "job_ids": gone.job_ids,
+            "message": str(gone),
+        }
+        click.echo(json.dumps(as_dict, indent=2) if as_json else str(gone))
         return
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2))

@@ -2,7 +2,8 @@
 
 A run is planned into partitions of input bytes (`plan.py`), checked before any work
 (`preflight.py`), run by partition workers (`worker.py`: read -> tokenize -> pack -> shards
--> completion record) on this machine's cores (`local.py`) or a Ray cluster (`ray.py`), and
+-> completion record) on this machine's cores (`local.py`), a Ray cluster (`ray.py`) or Slurm
+job arrays (`slurm.py`), and
 finished by the tail tree and `index.json`, written last (`merge.py`, `finish.py`). Completion
 records (`records.py`) make `--resume` redo only unfinished partitions.
 
@@ -13,6 +14,7 @@ Modules:
 - `config.py`, `context.py`, `plan.py`, `preflight.py`: what a run is asked, is handed, reads,
   and checks first.
 - `worker.py`, `merge.py`, `records.py`: the partition worker, the tail tree, the run's state.
-- `base.py`, `local.py`, `ray.py`: what both drivers share; the two drivers.
+- `base.py`, `local.py`, `ray.py`: what the drivers share; the local and Ray drivers.
+- `slurm.py`, `slurm_cli.py`, `slurm_task.py`: the Slurm driver, its Slurm commands, a task.
 - `finish.py`, `summary.py`: the end of a run; what it reports.
 """

@@ -41,7 +41,7 @@ from packtool.dataset.output import (
 )
 from packtool.engines import records
 from packtool.engines.config import RunConfig
-from packtool.errors import AlreadyComplete, ConfigError, PacktoolError, WorkersLost
+from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError, WorkersLost
 from packtool.pack.chunk import check_room_for_text
 from packtool.pack.columns import check_policy
 from packtool.prefetch import map_ordered
@@ -455,6 +455,8 @@ def _written_by_pack(path: Path) -> bool:
 
 def _discard(exc: BaseException, state: dict[str, Any] | None, staging: Path) -> bool:
     """Whether a failed run's staging folder goes (see `output_folder`)."""
+    if isinstance(exc, Detached):
+        return False  # the run goes on in a scheduler's jobs: they write into the staging folder
     if not isinstance(exc, Exception) or state is not None:
         return False  # Ctrl-C / SystemExit, or a resumed run: keep the work for --resume
     if isinstance(exc, PacktoolError) and not isinstance(exc, WorkersLost):

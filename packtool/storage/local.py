@@ -280,3 +280,10 @@ def resolve(path: str | os.PathLike) -> Path:
 def cwd() -> Path:
     """The working folder, resolved."""
     return Path.cwd().resolve()
+
+
+def which(program: str) -> str | None:
+    """The path of `program` on PATH (`shutil.which`), or None."""
+    import shutil
+
+    return shutil.which(program)

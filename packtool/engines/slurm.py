@@ -1,0 +1,392 @@
+"""The Slurm engine: the partitions as Slurm job arrays, the local engine's bytes.
+
+    plan (driver) -> sbatch --array per MaxArraySize tasks -> each task: K partitions through
+    worker.run_partition (records on the shared file system) -> the driver waits, showing
+    partitions done / running / pending / failed, and resubmits what a task left undone ->
+    the tail tree's merge nodes and the root on the driver -> index.json -> the swap
+
+The plan, the completion records, the tail tree and the root are the local engine's
+(packtool/engines/base.py), so the dataset is byte for byte the one `--engine local` writes, and
+a run started on one engine can be resumed on the other. The tail tree runs on the driver, not
+as dependent jobs: each merge node packs at most F x 32 rows of tails (seconds), less than a
+dependent job would wait in the queue, and the driver is running anyway to show progress.
+
+Where the tasks run: each is `SLURM_PYTHON -m packtool.engines.slurm_task ...` with
+`SLURM_PYTHON` this driver's interpreter (`sys.executable`), so the nodes must see it and
+packtool (the usual venv or conda environment on the shared file system), with the
+submitting shell's environment (`sbatch`'s default `--export=ALL`); `setup` puts one shell
+line before it (`module load python/3.11`, `source /shared/venv/bin/activate`), after
+`PACKTOOL_SLURM_ROLE` is set to `task` (or `probe` in the probe job, which runs the line too). The inputs and
+the output must be on a file system every node sees.
+
+Faults: a task that ends (failed, cancelled, preempted, timed out, node lost, killed) with
+partitions unrecorded has them resubmitted, each partition at most `max_retries` times more;
+beyond that the run stops with a one-line error naming the task's log, keeping the finished
+partitions for `--resume`. A stopped or failed driver cancels its jobs (none is left in the
+queue); `--no-wait` submits and returns (`Detached`), leaving them to run, and a later
+`--resume` re-attaches to the jobs still queued (their ids are in the run state) and submits
+only what no live job will do.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packtool.dataset.output import output_paths
+from packtool.engines import preflight, records, worker
+from packtool.engines import slurm_cli as cli
+from packtool.engines.base import Run
+from packtool.engines.config import RunConfig
+from packtool.engines.slurm_task import CANNOT_SEE
+from packtool.engines.summary import PackSummary
+from packtool.errors import ConfigError, DataError, Detached
+from packtool.storage import local as storage
+from packtool.storage import writing
+from packtool.tokenizer.tokenizers import Tokenizer
+
+SLURM_DIR = "slurm"
+"""Inside the run state folder: the context, the task descriptors and scripts, the jobs."""
+JOBS_FILE = "jobs.json"
+PROBE_OK = "probe-ok"
+"""Written into the run's Slurm folder by the probe job from a node: the nodes see it."""
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """How the Slurm engine submits (docs/scale-out.md, "Slurm")."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    """Per task, as sbatch takes it (`1:00:00`)."""
+    cpus_per_task: int | None = None
+    """Cores per task (default 1): the task's tokenizer threads."""
+    mem: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    """Raw extra sbatch arguments (`--constraint=cpu`, `--requeue`, ...)."""
+    tasks_per_job: int = 1
+    """Partitions per array task: more amortises the task's start (imports, tokenizer load)."""
+    setup: str | None = None
+    """A shell line run before each task (`module load ...`, `source venv/bin/activate`)."""
+    wait: bool = True
+    """False: submit, print the job ids and return (`Detached`); `--resume` finishes."""
+    max_retries: int = 3
+    """Times a partition is resubmitted after the task that had it ended without it."""
+    poll_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("tasks_per_job", "cpus_per_task"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}"
+                )
+        if not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise ConfigError(f"max_retries must be an integer >= 0, got {self.max_retries!r}")
+
+    def options(self, name: str) -> list[str]:
+        """The sbatch options every task of the run gets."""
+        out = [f"--job-name={name}"]
+        for flag, value in (
+            ("--partition", self.partition),
+            ("--account", self.account),
+            ("--qos", self.qos),
+            ("--time", self.time),
+            ("--cpus-per-task", self.cpus_per_task),
+            ("--mem", self.mem),
+        ):
+            if value is not None:
+                out.append(f"{flag}={value}")
+        return out + list(self.sbatch_args)
+
+
+def run_pack_slurm(
+    config: RunConfig, slurm: SlurmConfig | None = None, tokenizer: Tokenizer | None = None
+) -> PackSummary:
+    """Pack `config.inputs` like `packtool.engines.local.run_pack`, the partitions run as Slurm
+    job arrays (see the module docstring).
+
+    Raises:
+        ConfigError: no sbatch on PATH, a submission Slurm refuses, nodes that cannot see the
+            output folder.
+        Detached: `slurm.wait` is False: the jobs are queued, the staging folder kept.
+        WorkersLost: a partition's tasks ended without it more than `max_retries` times.
+    """
+    slurm = slurm or SlurmConfig()
+    cli.require()
+    options = slurm.options(f"packtool-{Path(config.out_dir).name}")
+    cli.test_only(options)  # a bad partition / account / QoS: refused before any work
+    checked = preflight.check_inputs(config, tokenizer)
+    with preflight.output_folder(config) as output:
+        run = Run(config, checked, output)
+        driver = _Driver(run, slurm, options)
+        try:
+            driver.run_partitions()
+        except Detached:
+            raise
+        except BaseException:
+            driver.cancel()  # no job of a stopped or failed run stays in the queue
+            raise
+        for wave in run.waves()[1:] if run.todo else run.waves():  # the tail tree, here
+            for u in wave:
+                run.account(worker.run_partition(run.context, run.descriptor(u)))
+        summary = run.finish(
+            f"Slurm: {driver.submitted} array task(s) of {slurm.tasks_per_job} partition(s), "
+            f"{slurm.cpus_per_task or 1} CPU(s) each (stage times summed over tasks)"
+        )
+    writing.remove_tree(logs_folder(config.out_dir))  # a finished run's task logs go with it
+    return summary
+
+
+def logs_folder(out_dir: str | Path) -> Path:
+    """Where the tasks' logs go: beside the output (hidden), so that a failed run's logs, which
+    its error names, outlive its staging folder; removed when the run finishes."""
+    target = output_paths(out_dir).target
+    return target.parent / f".{target.name}.packtool-slurm-logs"
+
+
+class _Driver:
+    """Submits the partitions without a record, waits for them, resubmits what is lost."""
+
+    def __init__(self, run: Run, slurm: SlurmConfig, options: list[str]) -> None:
+        self.run, self.slurm, self.options = run, slurm, options
+        self.dir = records.run_dir(run.work) / SLURM_DIR
+        self.logs = logs_folder(run.config.out_dir)
+        writing.make_dirs(self.dir)
+        writing.make_dirs(self.logs)
+        self.jobs: dict[str, dict[str, Any]] = self._load_jobs()  # job id -> {array, tasks}
+        self.attempts: dict[int, int] = {}
+        self.submitted = 0
+        self.probe_job: str | None = None
+        self.probe_target = self.dir  # the folder the probe must see (tests point it elsewhere)
+        self.max_array = cli.max_array_size()
+
+    # --- the run state: which job runs which partitions (a resumed driver re-attaches) ---
+
+    def _load_jobs(self) -> dict[str, dict[str, Any]]:
+        path = self.dir / JOBS_FILE
+        if not storage.is_file(path):
+            return {}
+        try:
+            return json.loads(storage.read_text(path))
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
+
+    def _save_jobs(self) -> None:
+        writing.write_atomic(self.dir / JOBS_FILE, json.dumps(self.jobs).encode())
+
+    # --- submitting ---
+
+    def _submit(self, partitions: list[int]) -> None:
+        """Submit `partitions` as arrays of at most MaxArraySize tasks of `tasks_per_job`."""
+        k = self.slurm.tasks_per_job
+        tasks = [partitions[i : i + k] for i in range(0, len(partitions), k)]
+        if not storage.is_file(self.dir / "context.pkl"):
+            writing.write_atomic(self.dir / "context.pkl", pickle.dumps(self.run.context))
+        for start in range(0, len(tasks), self.max_array):
+            chunk = tasks[start : start + self.max_array]
+            array = f"a{len(self.jobs)}-{time.time_ns()}"
+            self._write_descriptors(array, chunk)
+            script = self._script(array)
+            log = self.logs / f"{array}-%a.log"
+            after = [f"--dependency=afterok:{self.probe_job}"] if self.probe_job else []
+            job = cli.submit_array(
+                [*self.options, *after, f"--output={log}"], len(chunk), str(script)
+            )
+            self.jobs[job] = {"array": array, "tasks": chunk}
+            self._save_jobs()
+            self.submitted += len(chunk)
+
+    def _write_descriptors(self, array: str, tasks: list[list[int]]) -> None:
+        lines = [json.dumps([self.run.descriptor(p) for p in t]).encode() + b"\n" for t in tasks]
+        offsets = np.zeros(len(lines) + 1, dtype=np.int64)
+        np.cumsum([len(line) for line in lines], out=offsets[1:])
+        writing.write_atomic(self.dir / f"{array}.jsonl", b"".join(lines))
+        writing.write_atomic(self.dir / f"{array}.offsets", offsets.tobytes())
+
+    def _script(self, array: str) -> Path:
+        python = shlex.quote(sys.executable)
+        setup = f"{self.slurm.setup}\n" if self.slurm.setup else ""
+        body = (
+            "#!/bin/bash\n"
+            "export PACKTOOL_SLURM_ROLE=task\n"
+            f"{setup}"
+            f"exec {python} -m packtool.engines.slurm_task {shlex.quote(str(self.dir))} "
+            f'{array} "$SLURM_ARRAY_TASK_ID"\n'
+        )
+        path = self.dir / f"{array}.sh"
+        writing.write_atomic(path, body.encode())
+        return path
+
+    # --- waiting ---
+
+    def run_partitions(self) -> None:
+        todo = set(self.run.todo)  # the partitions without a record when the run was opened
+        done = set(records.finished(self.run.work))
+        live = cli.live_tasks(self.jobs)  # jobs of an earlier driver still queued: re-attach
+        for job, entry in self.jobs.items():  # the others ended: what they left is submitted now
+            for i in range(len(entry["tasks"])):
+                if f"{job}_{i}" not in live:
+                    entry["tasks"][i] = []
+        covered = {p for key in live for p in self._partitions_of(key)}
+        self._probe(live)
+        self._submit(sorted(p for p in todo if p not in done and p not in covered))
+        if not self.slurm.wait:
+            ids = ", ".join(j for j, e in self.jobs.items() if any(e["tasks"]))
+            command = self.run.config.command
+            again = f"`{command} --resume`" if command else "the same command with --resume"
+            raise Detached(
+                f"submitted {len(todo - done)} partition(s) to Slurm (job(s) {ids}); the run goes "
+                f"on there: {again} waits for it and finishes {self.run.config.out_dir} (it "
+                "re-attaches to these jobs)",
+                [j for j, e in self.jobs.items() if any(e["tasks"])],
+            )
+        self._wait(todo)
+
+    def _probe(self, live: dict[str, str]) -> None:
+        """A one-second job, with the run's options and setup line, that proves the nodes see
+        the run's folder (it writes `PROBE_OK` there); the arrays depend on it (`afterok`), so
+        on a cluster that cannot see the folder no partition starts and the driver says so in
+        one line. Skipped once a probe succeeded (a resumed run)."""
+        self.probe_job = None
+        if storage.is_file(self.dir / PROBE_OK):
+            return
+        earlier = next((j for j, e in self.jobs.items() if e["array"] == "probe"), None)
+        if earlier is not None:  # a detached run's probe: still to run, or failed
+            self.probe_job = earlier
+            self._check_probe(live)  # raises if it ended without its mark
+            return
+        target = shlex.quote(str(self.probe_target))
+        setup = f"{self.slurm.setup}\n" if self.slurm.setup else ""
+        body = (
+            "#!/bin/bash\n"
+            "export PACKTOOL_SLURM_ROLE=probe\n"
+            f"{setup}"
+            f"if [ -d {target} ] && touch {target}/{PROBE_OK}; then exit 0; fi\n"
+            f'echo "{CANNOT_SEE} {self.probe_target} from $(hostname)" >&2\n'
+            "exit 3\n"
+        )
+        script = self.dir / "probe.sh"
+        writing.write_atomic(script, body.encode())
+        log = self.logs / "probe.log"
+        self.probe_job = cli.submit_array([*self.options, f"--output={log}"], 1, str(script))
+        self.jobs[self.probe_job] = {"array": "probe", "tasks": [[]]}
+        self._save_jobs()
+
+    def _check_probe(self, live: dict[str, str]) -> None:
+        """Once the probe left the queue without its mark: the one-line error (arrays cancelled
+        by the caller)."""
+        if self.probe_job is None or f"{self.probe_job}_0" in live:
+            return
+        if storage.is_file(self.dir / PROBE_OK):
+            self.probe_job = None
+            return
+        self._check_visible(self.logs / "probe.log")
+        raise ConfigError(
+            f"--engine slurm: the probe job {self.probe_job} failed before any partition ran "
+            f"(log: {self.logs / 'probe.log'}{_last_line(self.logs / 'probe.log')})"
+        )
+
+    def _partitions_of(self, key: str) -> list[int]:
+        job, _, task = key.partition("_")
+        entry = self.jobs.get(job)
+        if entry is None or not task.isdigit() or int(task) >= len(entry["tasks"]):
+            return []
+        return entry["tasks"][int(task)]
+
+    def _wait(self, todo: set[int]) -> None:
+        accounted: set[int] = set()
+        gone_once: set[str] = set()
+        bar_total = len(todo)
+        while True:
+            live = cli.live_tasks(self.jobs)  # first the queue, then the records
+            self._check_probe(live)
+            done = set(records.finished(self.run.work))
+            for p in sorted((done & todo) - accounted):
+                self.run.account(records.read_record(self.run.work, p))
+                accounted.add(p)
+            if todo <= done:
+                # Tasks still queued have nothing left (exiting, or requeued after finishing):
+                # a finished run leaves no job behind.
+                cli.cancel(job for job in self.jobs if any(k.startswith(f"{job}_") for k in live))
+                return
+            lost = []
+            for job, entry in self.jobs.items():
+                for i, parts in enumerate(entry["tasks"]):
+                    key = f"{job}_{i}"
+                    missing = [p for p in parts if p in todo and p not in done]
+                    if not missing or key in live:
+                        continue
+                    if key not in gone_once:  # out of the queue: look again (records may lag)
+                        gone_once.add(key)
+                        continue
+                    lost.append((key, entry["array"], i, missing))
+            resubmit = []
+            for key, array, i, missing in lost:
+                gone_once.discard(key)
+                self._forget(key)
+                log = self.logs / f"{array}-{i}.log"
+                self._check_visible(log)
+                for p in missing:
+                    self.attempts[p] = self.attempts.get(p, 0) + 1
+                    if self.attempts[p] > self.slurm.max_retries:
+                        raise self.run.workers_lost(
+                            f"partition {p} ended without a record {self.attempts[p]} times in "
+                            f"Slurm (last task log: {log}{_last_line(log)})",
+                            "see the log",
+                        )
+                resubmit += missing
+            if resubmit:
+                self._submit(sorted(resubmit))
+            running = sum(1 for s in live.values() if s != "PENDING")
+            pending = sum(1 for s in live.values() if s == "PENDING")
+            self._progress(
+                len(done & todo), bar_total, running, pending, sum(self.attempts.values())
+            )
+            time.sleep(self.slurm.poll_seconds)
+
+    def _forget(self, key: str) -> None:
+        """A task that ended: its partitions are no longer its to do (the key stays known)."""
+        job, _, task = key.partition("_")
+        self.jobs[job]["tasks"][int(task)] = []
+        self._save_jobs()
+
+    def _check_visible(self, log: Path) -> None:
+        """A node that cannot see the run's folder: one line now, not retries."""
+        try:
+            text = storage.read_text(log) if storage.is_file(log) else ""
+        except (OSError, UnicodeDecodeError):
+            return
+        line = next((s for s in text.splitlines() if s.startswith(CANNOT_SEE)), None)
+        if line is not None:
+            raise ConfigError(
+                f"--engine slurm: the cluster's nodes cannot see the run's folder "
+                f"({line.removeprefix(CANNOT_SEE).strip()}); write the output to a file system "
+                "every node mounts"
+            )
+
+    def _progress(self, done: int, total: int, running: int, pending: int, failed: int) -> None:
+        self.run.bar.note(
+            f"partitions {done}/{total} done, {running} running, {pending} pending, {failed} failed"
+        )
+
+    def cancel(self) -> None:
+        cli.cancel(self.jobs)
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [s for s in storage.read_text(log).splitlines() if s.strip()]
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f": {lines[-1].strip()[:200]}" if lines else ""

@@ -1,0 +1,88 @@
+"""What the Slurm engine asks of Slurm, through its commands: `sbatch`, `squeue`, `scancel`,
+`scontrol`. Each call is one subprocess with its output parsed here; a refusal is a one-line
+`ConfigError` quoting Slurm's own first line.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterable, Sequence
+
+from packtool.errors import ConfigError
+from packtool.storage import local as storage
+
+LIVE_STATES = frozenset(
+    {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+     "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
+)  # fmt: skip
+"""squeue states of a task that may still write its records."""
+
+
+def require(program: str = "sbatch") -> str:
+    """The path of a Slurm command, or a `ConfigError` saying where to run."""
+    path = storage.which(program)
+    if path is None:
+        raise ConfigError(
+            f"--engine slurm: no {program} on PATH; run on a Slurm login node (or load its module)"
+        )
+    return path
+
+
+def _run(args: Sequence[str], what: str, timeout: float = 120) -> str:
+    try:
+        done = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"--engine slurm: {what} failed ({exc})") from None
+    if done.returncode != 0:
+        line = next((s for s in done.stderr.splitlines() if s.strip()), f"exit {done.returncode}")
+        raise ConfigError(f"--engine slurm: {what} refused: {line.strip()}")
+    return done.stdout
+
+
+def max_array_size() -> int:
+    """The cluster's `MaxArraySize` (task indices 0 .. MaxArraySize - 1 in one array)."""
+    out = _run([require("scontrol"), "show", "config"], "scontrol show config")
+    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.M)
+    return max(1, int(m.group(1))) if m else 1001
+
+
+def test_only(options: Sequence[str]) -> None:
+    """`sbatch --test-only` with the run's options: a bad partition, account or QoS is refused
+    here, before any work (nothing is queued)."""
+    _run([require(), "--test-only", *options, "--wrap", "true"], "sbatch (--test-only)")
+
+
+def submit_array(options: Sequence[str], tasks: int, script: str) -> str:
+    """Submit `script` as an array of `tasks` tasks (indices 0 .. tasks - 1); its job id."""
+    out = _run([require(), "--parsable", f"--array=0-{tasks - 1}", *options, script], "sbatch")
+    return out.strip().split(";")[0]
+
+
+def live_tasks(job_ids: Iterable[str]) -> dict[str, str]:
+    """{`JOB_TASK` -> state} of the array tasks of `job_ids` still in the queue (one squeue;
+    pending tasks listed one by one)."""
+    ids = [j for j in job_ids]
+    if not ids:
+        return {}
+    try:
+        out = _run(
+            [require("squeue"), "-h", "-r", "-j", ",".join(ids), "-o", "%i %T"], "squeue", 60
+        )
+    except ConfigError as exc:
+        if "Invalid job id" in str(exc):  # every one of them finished and was purged
+            return {}
+        raise
+    states = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] in LIVE_STATES:
+            states[parts[0]] = parts[1]
+    return states
+
+
+def cancel(job_ids: Iterable[str]) -> None:
+    """`scancel` the jobs (best effort: a run that stops leaves none in the queue)."""
+    ids = list(job_ids)
+    if ids and storage.which("scancel"):
+        subprocess.run(["scancel", *ids], capture_output=True, timeout=60, check=False)

@@ -1,0 +1,254 @@
+"""The Slurm engine on a real one-node Slurm cluster (scripts/slurm-test-cluster.sh: munged,
+slurmctld and slurmd on this machine, MaxArraySize 4): the local engine's bytes, several
+arrays, --no-wait then --resume, scancel then --resume, a task killed, a requeued task, a
+partition that always fails, and the one-line errors."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from packtool.dataset.shards import ShardConfig
+from packtool.engines import records
+from packtool.engines.local import RunConfig, run_pack
+from packtool.engines.preflight import staging_folder
+from packtool.engines.slurm import SlurmConfig, run_pack_slurm
+from packtool.errors import ConfigError, Detached, WorkersLost
+from packtool.pack.chunk import PackConfig
+from tests.cli import one_error_line, run
+
+ROOT = Path(__file__).resolve().parents[3]
+SAMPLE = ROOT / "sample_data" / "corpus.jsonl"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    script = ROOT / "scripts" / "slurm-test-cluster.sh"
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        pytest.skip(f"Slurm cannot be started here: {done.stderr.strip().splitlines()[-1]}")
+    return done.stdout.strip()
+
+
+def _config(out: Path, **kw) -> RunConfig:
+    return RunConfig(
+        inputs=(str(SAMPLE),),
+        out_dir=str(out),
+        pack=PackConfig(max_len=1024),
+        shards=ShardConfig(shard_rows=200),
+        partition_size=300_000,  # 11 partitions: three arrays of at most 4 tasks
+        progress=False,
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    out = tmp_path_factory.mktemp("local") / "packed"
+    run_pack(_config(out))
+    return out
+
+
+def _same_dataset(a: Path, b: Path) -> None:
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for name in names:
+        if name != "index.json":
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+    def strip(p):
+        lines = (p / "index.json").read_text().splitlines()
+        return [ln for ln in lines if '"command"' not in ln]
+
+    assert strip(a) == strip(b)
+
+
+def _queue(jobs) -> list[str]:
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "-j", ",".join(jobs), "-o", "%i"], capture_output=True, text=True
+    )
+    return out.stdout.split()
+
+
+def _wait_queue_empty(jobs, timeout=120) -> None:
+    end = time.time() + timeout
+    while _queue(jobs) and time.time() < end:
+        time.sleep(0.3)
+
+
+def test_slurm_writes_the_local_bytes_in_several_arrays(cluster, local, tmp_path):
+    out = tmp_path / "packed"
+    summary = run_pack_slurm(_config(out), SlurmConfig(poll_seconds=0.3))
+    _same_dataset(local, out)
+    assert summary.partitions == 11 and "11 array task(s)" in summary.cores_used
+    assert not staging_folder(out).exists()
+
+
+def test_tasks_per_job_and_no_wait_then_resume(cluster, local, tmp_path):
+    out = tmp_path / "packed"
+    with pytest.raises(Detached) as gone:
+        run_pack_slurm(_config(out), SlurmConfig(tasks_per_job=3, wait=False))
+    jobs = gone.value.job_ids
+    assert jobs and "--resume" in str(gone.value)
+    assert staging_folder(out).exists() and not out.exists()  # the jobs write into the staging
+    # The driver comes back (re-attaching to the jobs still queued) and finishes.
+    summary = run_pack_slurm(
+        _config(out, resume=True), SlurmConfig(tasks_per_job=3, poll_seconds=0.3)
+    )
+    _same_dataset(local, out)
+    assert summary.partitions == 11
+    _wait_queue_empty(jobs, timeout=30)  # what was left is cancelled (scancel is asynchronous)
+    assert not _queue(jobs)
+
+
+def test_scancel_then_resume_runs_only_what_is_left(cluster, local, tmp_path):
+    out = tmp_path / "packed"
+    with pytest.raises(Detached) as gone:
+        run_pack_slurm(_config(out), SlurmConfig(wait=False))
+    jobs = gone.value.job_ids
+    work = staging_folder(out)
+    end = time.time() + 60
+    while not records.finished(work) and time.time() < end:
+        time.sleep(0.2)
+    subprocess.run(["scancel", *jobs], check=True)
+    _wait_queue_empty(jobs)
+    kept = set(records.finished(work))
+    assert 0 < len(kept) < 11  # some finished, some cancelled (running or pending)
+    code, stdout, err = run(
+        "pack",
+        SAMPLE,
+        "-o",
+        out,
+        "--max-len",
+        "1024",
+        "--shard-rows",
+        "200",
+        "--partition-size",
+        "300000",
+        "--engine",
+        "slurm",
+        "--resume",
+    )
+    assert code == 0, err
+    assert f"resumed {len(kept)}" in stdout or "resumed" in stdout
+    _same_dataset(local, out)
+
+
+def test_a_task_killed_mid_partition_and_a_requeued_one_are_run_again(cluster, tmp_path):
+    # Small chunks and row groups: a partition writes its shard over many steps, so the hidden
+    # temporary shard exists for most of its time.
+    def config(out, **kw):
+        small = ShardConfig(shard_rows=200, row_group_rows=4)
+        return replace(_config(out, chunk_docs=20, **kw), shards=small)
+
+    run_pack(config(tmp_path / "local"))
+    out = tmp_path / "packed"
+    mark = tmp_path / "killed-once"
+    work = staging_folder(out)
+    # The first task to start: a watcher SIGKILLs its Python (the shell exec's it: same pid) as
+    # soon as a shard is being written, i.e. in the middle of a partition.
+    setup = (
+        f'if [ "$PACKTOOL_SLURM_ROLE" = task ] && mkdir {mark} 2>/dev/null; then '
+        f"(until ls {work}/.shard-*.tmp >/dev/null 2>&1; do kill -0 $$ || exit 0; sleep 0.005; "
+        f"done; touch {mark}/fired; kill -9 $$) & fi"
+    )
+    with pytest.raises(Detached) as gone:
+        run_pack_slurm(
+            config(out), SlurmConfig(setup=setup, wait=False, sbatch_args=("--requeue",))
+        )
+    jobs = gone.value.job_ids
+    time.sleep(1.0)
+    live = [key for key in _queue(jobs) if "_" in key]
+    if live:  # requeue a task that is queued or running: it runs again, skipping what is done
+        subprocess.run(["scontrol", "requeue", live[-1]], capture_output=True)
+        # (Slurm holds a requeued job back for a while; let it start now.)
+        subprocess.run(
+            ["scontrol", "update", f"JobId={live[-1]}", "StartTime=now"], capture_output=True
+        )
+    summary = run_pack_slurm(config(out, resume=True), SlurmConfig(setup=setup, poll_seconds=0.3))
+    assert (mark / "fired").exists()  # the kill came while a shard was being written
+    _same_dataset(tmp_path / "local", out)  # no half-written shard survived, none is missing
+    assert summary.partitions == 11
+
+
+def test_a_partition_that_always_fails_stops_the_run_naming_its_log(cluster, tmp_path):
+    out = tmp_path / "packed"
+    with pytest.raises(WorkersLost) as failed:
+        run_pack_slurm(
+            _config(out),
+            SlurmConfig(
+                setup='[ "$PACKTOOL_SLURM_ROLE" = task ] && exit 7', max_retries=1, poll_seconds=0.3
+            ),
+        )
+    message = str(failed.value)
+    assert "ended without a record 2 times in Slurm" in message and ".log" in message
+    assert "\n" not in message
+    log = Path(message.split("last task log: ")[1].split(".log")[0] + ".log")
+    assert log.exists()
+    assert not subprocess.run(
+        ["squeue", "-h", "-n", "packtool-packed"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_the_one_line_errors(cluster, tmp_path, monkeypatch):
+    code, _, err = run(
+        "pack", SAMPLE, "-o", tmp_path / "a", "--engine", "slurm", "--slurm-partition", "nosuch"
+    )
+    assert code != 0
+    line = one_error_line(err)
+    assert "sbatch (--test-only) refused" in line and "partition" in line.lower()
+    code, _, err = run("pack", SAMPLE, "-o", tmp_path / "b", "--slurm-partition", "debug")
+    assert code != 0 and "--slurm-partition needs --engine slurm" in one_error_line(err)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ConfigError, match="no sbatch on PATH"):
+        run_pack_slurm(_config(tmp_path / "c"))
+    assert shutil.which("sbatch") is None
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
+
+
+def test_nodes_that_cannot_see_the_output_stop_the_run_before_any_partition(
+    cluster, tmp_path, monkeypatch
+):
+    from packtool.engines import slurm
+
+    real_init = slurm._Driver.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        # What a node without the shared mount sees: no such folder (the probe looks for it).
+        self.probe_target = tmp_path / "not-mounted-on-the-nodes"
+
+    monkeypatch.setattr(slurm._Driver, "__init__", init)
+    out = tmp_path / "packed"
+    with pytest.raises(ConfigError, match="cannot see the run's folder") as failed:
+        run_pack_slurm(_config(out), SlurmConfig(poll_seconds=0.3))
+    assert "\n" not in str(failed.value) and "not-mounted-on-the-nodes" in str(failed.value)
+    assert not staging_folder(out).exists()  # a mistake: nothing kept, nothing ran
+    assert not subprocess.run(
+        ["squeue", "-h", "-n", "packtool-packed"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_the_driver_killed_while_jobs_run_is_resumed(cluster, local, tmp_path):
+    import os
+    import signal
+    import sys
+
+    out = tmp_path / "packed"
+    args = ["pack", str(SAMPLE), "-o", str(out), "--max-len", "1024", "--shard-rows", "200",
+            "--partition-size", "300000", "--engine", "slurm"]  # fmt: skip
+    driver = subprocess.Popen([sys.executable, "-m", "packtool.cli.commands", *args], cwd=ROOT)
+    work = staging_folder(out)
+    end = time.time() + 60
+    while not records.finished(work) and time.time() < end:
+        time.sleep(0.2)
+    os.kill(driver.pid, signal.SIGKILL)  # no chance to cancel its jobs
+    driver.wait()
+    code, stdout, err = run(*args, "--resume")
+    assert code == 0, err
+    _same_dataset(local, out)
