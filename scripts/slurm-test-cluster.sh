@@ -16,8 +16,9 @@ fail() { echo "slurm test cluster: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || fail "needs root (slurmd runs tasks as their user)"
 if [ "${INSTALL:-0}" = 1 ] && ! command -v slurmctld >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q slurm-wlm munge >/dev/null 2>&1; } \
+  timeout 300 apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 \
+    || { timeout 300 apt-get update -q >/dev/null 2>&1 \
+         && timeout 300 apt-get install -y -q slurm-wlm munge >/dev/null 2>&1; } \
     || fail "apt-get install slurm-wlm munge failed"
 fi
 for cmd in munged slurmctld slurmd sbatch sinfo; do
