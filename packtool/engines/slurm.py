@@ -55,7 +55,8 @@ from packtool.tokenizer.tokenizers import Tokenizer
 
 SLURM_DIR = "slurm"
 """Inside the run state folder: the context, the task descriptors and scripts, the jobs."""
-JOBS_FILE = "jobs.json"
+JOBS_DIR = "jobs"
+"""One small file per submitted job (written once): which partitions each of its tasks runs."""
 PROBE_OK = "probe-ok"
 """Written into the run's Slurm folder by the probe job from a node: the nodes see it."""
 
@@ -162,9 +163,11 @@ class _Driver:
         self.run, self.slurm, self.options = run, slurm, options
         self.dir = records.run_dir(run.work) / SLURM_DIR
         self.logs = logs_folder(run.config.out_dir)
-        writing.make_dirs(self.dir)
+        writing.make_dirs(self.dir / JOBS_DIR)
         writing.make_dirs(self.logs)
         self.jobs: dict[str, dict[str, Any]] = self._load_jobs()  # job id -> {array, tasks}
+        self.open: set[str] = set()
+        """The `JOB_TASK` keys whose partitions are not all recorded: what a poll looks at."""
         self.attempts: dict[int, int] = {}
         self.submitted = 0
         self.probe_job: str | None = None
@@ -174,16 +177,19 @@ class _Driver:
     # --- the run state: which job runs which partitions (a resumed driver re-attaches) ---
 
     def _load_jobs(self) -> dict[str, dict[str, Any]]:
-        path = self.dir / JOBS_FILE
-        if not storage.is_file(path):
-            return {}
-        try:
-            return json.loads(storage.read_text(path))
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
+        jobs = {}
+        for path in storage.glob(self.dir / JOBS_DIR, "*.json"):
+            try:
+                jobs[path.stem] = json.loads(storage.read_text(path))
+            except (OSError, ValueError) as exc:
+                raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
+        return jobs
 
-    def _save_jobs(self) -> None:
-        writing.write_atomic(self.dir / JOBS_FILE, json.dumps(self.jobs).encode())
+    def _add_job(self, job: str, entry: dict[str, Any]) -> None:
+        """Record a submitted job (its own file: nothing written before is rewritten)."""
+        writing.write_atomic(self.dir / JOBS_DIR / f"{job}.json", json.dumps(entry).encode())
+        self.jobs[job] = entry
+        self.open.update(f"{job}_{i}" for i, parts in enumerate(entry["tasks"]) if parts)
 
     # --- submitting ---
 
@@ -203,8 +209,7 @@ class _Driver:
             job = cli.submit_array(
                 [*self.options, *after, f"--output={log}"], len(chunk), str(script)
             )
-            self.jobs[job] = {"array": array, "tasks": chunk}
-            self._save_jobs()
+            self._add_job(job, {"array": array, "tasks": chunk})
             self.submitted += len(chunk)
 
     def _write_descriptors(self, array: str, tasks: list[list[int]]) -> None:
@@ -234,22 +239,21 @@ class _Driver:
         todo = set(self.run.todo)  # the partitions without a record when the run was opened
         done = set(records.finished(self.run.work))
         live = cli.live_tasks(self.jobs)  # jobs of an earlier driver still queued: re-attach
-        for job, entry in self.jobs.items():  # the others ended: what they left is submitted now
-            for i in range(len(entry["tasks"])):
-                if f"{job}_{i}" not in live:
-                    entry["tasks"][i] = []
-        covered = {p for key in live for p in self._partitions_of(key)}
+        # The others ended: what they left is submitted now.
+        self.open = {key for key in live if self._partitions_of(key)}
+        covered = {p for key in self.open for p in self._partitions_of(key)}
         self._probe(live)
         self._submit(sorted(p for p in todo if p not in done and p not in covered))
         if not self.slurm.wait:
-            ids = ", ".join(j for j, e in self.jobs.items() if any(e["tasks"]))
+            queued = sorted({key.partition("_")[0] for key in self.open}, key=int)
+            ids = ", ".join(queued)
             command = self.run.config.command
             again = f"`{command} --resume`" if command else "the same command with --resume"
             raise Detached(
                 f"submitted {len(todo - done)} partition(s) to Slurm (job(s) {ids}); the run goes "
                 f"on there: {again} waits for it and finishes {self.run.config.out_dir} (it "
                 "re-attaches to these jobs)",
-                [j for j, e in self.jobs.items() if any(e["tasks"])],
+                queued,
             )
         self._wait(todo)
 
@@ -280,8 +284,7 @@ class _Driver:
         writing.write_atomic(script, body.encode())
         log = self.logs / "probe.log"
         self.probe_job = cli.submit_array([*self.options, f"--output={log}"], 1, str(script))
-        self.jobs[self.probe_job] = {"array": "probe", "tasks": [[]]}
-        self._save_jobs()
+        self._add_job(self.probe_job, {"array": "probe", "tasks": [[]]})
 
     def _check_probe(self, live: dict[str, str]) -> None:
         """Once the probe left the queue without its mark: the one-line error (arrays cancelled
@@ -305,37 +308,48 @@ class _Driver:
         return entry["tasks"][int(task)]
 
     def _wait(self, todo: set[int]) -> None:
-        accounted: set[int] = set()
+        """Poll until every partition of `todo` is recorded. Each poll costs the tasks still to
+        finish (one squeue of their jobs, a stat of their partitions' records), never the run's
+        whole history."""
+        done = set(records.finished(self.run.work)) & todo  # one listing, at the start
+        for p in sorted(done):
+            self.run.account(records.read_record(self.run.work, p))
         gone_once: set[str] = set()
-        bar_total = len(todo)
         while True:
-            live = cli.live_tasks(self.jobs)  # first the queue, then the records
+            jobs = {key.partition("_")[0] for key in self.open}
+            if self.probe_job is not None:
+                jobs.add(self.probe_job)
+            live = cli.live_tasks(jobs)  # first the queue, then the records
             self._check_probe(live)
-            done = set(records.finished(self.run.work))
-            for p in sorted((done & todo) - accounted):
-                self.run.account(records.read_record(self.run.work, p))
-                accounted.add(p)
+            for key in sorted(self.open):
+                for p in self._partitions_of(key):
+                    if (
+                        p in todo
+                        and p not in done
+                        and storage.exists(records.record_path(self.run.work, p))
+                    ):
+                        self.run.account(records.read_record(self.run.work, p))
+                        done.add(p)
             if todo <= done:
                 # Tasks still queued have nothing left (exiting, or requeued after finishing):
                 # a finished run leaves no job behind.
-                cli.cancel(job for job in self.jobs if any(k.startswith(f"{job}_") for k in live))
+                cli.cancel({key.partition("_")[0] for key in live})
                 return
-            lost = []
-            for job, entry in self.jobs.items():
-                for i, parts in enumerate(entry["tasks"]):
-                    key = f"{job}_{i}"
-                    missing = [p for p in parts if p in todo and p not in done]
-                    if not missing or key in live:
-                        continue
-                    if key not in gone_once:  # out of the queue: look again (records may lag)
-                        gone_once.add(key)
-                        continue
-                    lost.append((key, entry["array"], i, missing))
             resubmit = []
-            for key, array, i, missing in lost:
+            for key in sorted(self.open):
+                missing = [p for p in self._partitions_of(key) if p in todo and p not in done]
+                if not missing:
+                    self.open.discard(key)
+                    continue
+                if key in live:
+                    continue
+                if key not in gone_once:  # out of the queue: look again (records may lag)
+                    gone_once.add(key)
+                    continue
                 gone_once.discard(key)
-                self._forget(key)
-                log = self.logs / f"{array}-{i}.log"
+                self.open.discard(key)
+                job, _, task = key.partition("_")
+                log = self.logs / f"{self.jobs[job]['array']}-{task}.log"
                 self._check_visible(log)
                 for p in missing:
                     self.attempts[p] = self.attempts.get(p, 0) + 1
@@ -350,16 +364,8 @@ class _Driver:
                 self._submit(sorted(resubmit))
             running = sum(1 for s in live.values() if s != "PENDING")
             pending = sum(1 for s in live.values() if s == "PENDING")
-            self._progress(
-                len(done & todo), bar_total, running, pending, sum(self.attempts.values())
-            )
+            self._progress(len(done), len(todo), running, pending, sum(self.attempts.values()))
             time.sleep(self.slurm.poll_seconds)
-
-    def _forget(self, key: str) -> None:
-        """A task that ended: its partitions are no longer its to do (the key stays known)."""
-        job, _, task = key.partition("_")
-        self.jobs[job]["tasks"][int(task)] = []
-        self._save_jobs()
 
     def _check_visible(self, log: Path) -> None:
         """A node that cannot see the run's folder: one line now, not retries."""
@@ -381,7 +387,7 @@ class _Driver:
         )
 
     def cancel(self) -> None:
-        cli.cancel(self.jobs)
+        cli.cancel({key.partition("_")[0] for key in self.open} | set(self.jobs))
 
 
 def _last_line(log: Path) -> str:
