@@ -47,7 +47,7 @@ class EngineOptions:
                 config, RayConfig(address=self.ray_address, actors=workers), tokenizer
             )
         if self.engine == "slurm":
-            from packtool.engines.slurm import SlurmConfig, run_pack_slurm
+            from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
 
             s = self.slurm
             slurm = SlurmConfig(

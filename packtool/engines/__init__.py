@@ -3,7 +3,7 @@
 A run is planned into partitions of input bytes (`plan.py`), checked before any work
 (`preflight.py`), run by partition workers (`worker.py`: read -> tokenize -> pack -> shards
 -> completion record) on this machine's cores (`local.py`), a Ray cluster (`ray.py`) or Slurm
-job arrays (`slurm.py`), and
+job arrays (`slurm/`), and
 finished by the tail tree and `index.json`, written last (`merge.py`, `finish.py`). Completion
 records (`records.py`) make `--resume` redo only unfinished partitions.
 
@@ -15,6 +15,6 @@ Modules:
   and checks first.
 - `worker.py`, `merge.py`, `records.py`: the partition worker, the tail tree, the run's state.
 - `base.py`, `local.py`, `ray.py`: what the drivers share; the local and Ray drivers.
-- `slurm.py`, `slurm_cli.py`, `slurm_task.py`: the Slurm driver, its Slurm commands, a task.
+- `slurm/`: the Slurm driver, its calls to Slurm's commands, one array task.
 - `finish.py`, `summary.py`: the end of a run; what it reports.
 """

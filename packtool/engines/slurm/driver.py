@@ -11,7 +11,7 @@ a run started on one engine can be resumed on the other. The tail tree runs on t
 as dependent jobs: each merge node packs at most F x 32 rows of tails (seconds), less than a
 dependent job would wait in the queue, and the driver is running anyway to show progress.
 
-Where the tasks run: each is `SLURM_PYTHON -m packtool.engines.slurm_task ...` with
+Where the tasks run: each is `SLURM_PYTHON -m packtool.engines.slurm.task ...` with
 `SLURM_PYTHON` this driver's interpreter (`sys.executable`), so the nodes must see it and
 packtool (the usual venv or conda environment on the shared file system), with the
 submitting shell's environment (`sbatch`'s default `--export=ALL`); `setup` puts one shell
@@ -43,10 +43,10 @@ import numpy as np
 
 from packtool.dataset.output import output_paths
 from packtool.engines import preflight, records, worker
-from packtool.engines import slurm_cli as cli
 from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
-from packtool.engines.slurm_task import CANNOT_SEE
+from packtool.engines.slurm import commands as cli
+from packtool.engines.slurm.task import CANNOT_SEE
 from packtool.engines.summary import PackSummary
 from packtool.errors import ConfigError, DataError, Detached
 from packtool.storage import local as storage
@@ -226,7 +226,7 @@ class _Driver:
             "#!/bin/bash\n"
             "export PACKTOOL_SLURM_ROLE=task\n"
             f"{setup}"
-            f"exec {python} -m packtool.engines.slurm_task {shlex.quote(str(self.dir))} "
+            f"exec {python} -m packtool.engines.slurm.task {shlex.quote(str(self.dir))} "
             f'{array} "$SLURM_ARRAY_TASK_ID"\n'
         )
         path = self.dir / f"{array}.sh"

@@ -17,12 +17,12 @@ from packtool.dataset.shards import ShardConfig
 from packtool.engines import records
 from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.preflight import staging_folder
-from packtool.engines.slurm import SlurmConfig, run_pack_slurm
+from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
 from packtool.errors import ConfigError, Detached, WorkersLost
 from packtool.pack.chunk import PackConfig
 from tests.cli import one_error_line, run
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 SAMPLE = ROOT / "sample_data" / "corpus.jsonl"
 
 
@@ -214,7 +214,7 @@ def test_the_one_line_errors(cluster, tmp_path, monkeypatch):
 def test_nodes_that_cannot_see_the_output_stop_the_run_before_any_partition(
     cluster, tmp_path, monkeypatch
 ):
-    from packtool.engines import slurm
+    from packtool.engines.slurm import driver as slurm
 
     real_init = slurm._Driver.__init__
 

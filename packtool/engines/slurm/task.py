@@ -1,4 +1,4 @@
-"""One Slurm array task: `python -m packtool.engines.slurm_task SLURM_DIR ARRAY TASK`.
+"""One Slurm array task: `python -m packtool.engines.slurm.task SLURM_DIR ARRAY TASK`.
 
 Reads the run's context (pickled once by the driver) and this task's partition descriptors (its
 line of `ARRAY.jsonl`, found through `ARRAY.offsets`: one small read, whatever the number of
