@@ -31,7 +31,7 @@ from packtool.errors import ConfigError
 from packtool.read.documents import ReadConfig, SkipCounter
 from packtool.storage import local as storage
 from packtool.storage import writing
-from packtool.tokenize.tokenize import TokenizeSummary, input_columns, write_all
+from packtool.tokenize.tokenize import TokenizeSummary, input_columns, summary_of, write_all
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 
 
@@ -110,17 +110,4 @@ def tokenize_megatron(
             writer.abort()
             raise
     seconds = time.perf_counter() - start
-    files = [bin_path, idx_path]
-    return TokenizeSummary(
-        documents=bar.docs,
-        tokens=bar.tokens,
-        seconds=seconds,
-        input_bytes=bar.nbytes,
-        skips=skips.to_dict(),
-        skip_line=skips.summary(),
-        files=[str(f) for f in files],
-        output_bytes=sum(storage.size(f) for f in files),
-        tokenizer=tokenizer.identity.to_dict(),
-        dtype=str(dtype),
-        special_names=tokenizer.special_names,
-    )
+    return summary_of(bar, skips, [bin_path, idx_path], tokenizer, seconds, str(dtype))

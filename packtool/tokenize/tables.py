@@ -90,10 +90,8 @@ def read_piece(
     `start`/`end`: bytes of an uncompressed JSONL file (the lines that start in the range),
     row groups of a Parquet file, or `0, TO_END` for the whole file.
     """
-    builder = BatchBuilder(config, file_index=file_index)
-    yield from _fill(builder, path, file_index, config, skips, start, end)
-    if builder.texts:
-        yield builder.flush()
+    piece = FilePiece(str(path), 0, 0, file_index, start, end)
+    yield from _raw_batches(config, [piece], skips, lambda _: None)
 
 
 def _fill(

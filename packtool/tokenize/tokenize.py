@@ -296,6 +296,32 @@ class TokenizeSummary:
         return f"Loss mask kept: {self.supervised_tokens:,} supervised tokens ({share:.1%}). "
 
 
+def summary_of(
+    bar: Progress,
+    skips: SkipCounter,
+    files: list[Path],
+    tokenizer: Tokenizer,
+    seconds: float,
+    dtype: str,
+    supervised: int | None = None,
+) -> TokenizeSummary:
+    """What a tokenize run did, from its progress counts, skips and the files it wrote."""
+    return TokenizeSummary(
+        documents=bar.docs,
+        tokens=bar.tokens,
+        seconds=seconds,
+        input_bytes=bar.nbytes,
+        skips=skips.to_dict(),
+        skip_line=skips.summary(),
+        files=[str(f) for f in files],
+        output_bytes=sum(storage.size(f) for f in files),
+        tokenizer=tokenizer.identity.to_dict(),
+        dtype=dtype,
+        supervised_tokens=supervised,
+        special_names=tokenizer.special_names,
+    )
+
+
 def tokenize_corpus(
     inputs: Iterable[str | os.PathLike],
     out: str | os.PathLike,
@@ -371,20 +397,7 @@ def tokenize_corpus(
             raise
     seconds = time.perf_counter() - start
     files = [out] if single else [out / f.name for f in files]
-    return TokenizeSummary(
-        documents=bar.docs,
-        tokens=bar.tokens,
-        seconds=seconds,
-        input_bytes=bar.nbytes,
-        skips=skips.to_dict(),
-        skip_line=skips.summary(),
-        files=[str(f) for f in files],
-        output_bytes=sum(storage.size(f) for f in files),
-        tokenizer=tokenizer.identity.to_dict(),
-        dtype=str(tokenizer.dtype),
-        supervised_tokens=supervised,
-        special_names=tokenizer.special_names,
-    )
+    return summary_of(bar, skips, files, tokenizer, seconds, str(tokenizer.dtype), supervised)
 
 
 def write_all(
