@@ -20,7 +20,7 @@ from packtool import __version__
 from packtool.cli import interrupt
 from packtool.cli.engine_options import EngineOptions, engine_options
 from packtool.cli.input_options import CorpusOptions, corpus_options, sft_options
-from packtool.errors import AlreadyComplete, Detached, PacktoolError
+from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError
 from packtool.quantities import parse_size, positive_int
 
 # numpy's OpenBLAS starts a spinning thread per core at import; no command does linear algebra,
@@ -146,8 +146,27 @@ def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
     metavar="NAME",
     help="Carry this JSONL field / Parquet column along as a string column (repeatable).",
 )
-@click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Tokenizer threads (also sets RAYON_NUM_THREADS for HF tokenizers); with --to megatron "
+    "the cores to use: partition worker processes (local) or actors (Ray) [default: all cores].",
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@click.option(
+    "--partition-size",
+    default=None,
+    metavar="SIZE",
+    help=f"--to megatron: {PARTS} [default: 256MB]",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="--to megatron: finish an interrupted run into the same PREFIX (its finished "
+    "partitions are kept).",
+)
+@engine_options
 @corpus_options
 @sft_options
 def tokenize_cmd(
@@ -157,6 +176,9 @@ def tokenize_cmd(
     keep_field: tuple[str, ...],
     workers: int | None,
     overwrite: bool,
+    partition_size: str | None,
+    resume: bool,
+    engines: EngineOptions,
     corpus: CorpusOptions,
     sft: Any,
 ) -> None:
@@ -164,23 +186,64 @@ def tokenize_cmd(
 
     INPUT: .txt / .md (one document per file), .jsonl, .parquet; text and JSONL also .gz /
     .zst; files, folders (recursive) or quoted globs. Bad lines and empty documents are skipped
-    and counted (--strict makes them errors). Fine-tuning records: docs/sft.md.
+    and counted (--strict makes them errors). Fine-tuning records: docs/sft.md. --to megatron
+    runs on the partition engines (--engine, --partition-size, --resume: docs/scale-out.md).
     """
     import shlex
 
-    from packtool.tokenize.megatron import tokenize_megatron
-    from packtool.tokenize.tokenize import tokenize_corpus
+    command = shlex.join(["packtool", *sys.argv[1:]])
+    read_config = corpus.read_config(extra_fields=keep_field, sft=sft)
+    tokenizer = corpus.load_tokenizer(workers)
+    if to != "megatron":
+        given = [
+            name
+            for name, used in (
+                ("--engine", engines.engine != "local"),
+                ("--partition-size", partition_size is not None),
+                ("--resume", resume),
+            )
+            if used
+        ]
+        if given:
+            raise ConfigError(
+                f"{given[0]} needs --to megatron (Parquet output runs in this process)"
+            )
+        from packtool.tokenize.tokenize import tokenize_corpus
 
-    write = tokenize_megatron if to == "megatron" else tokenize_corpus
-    summary = write(
-        inputs,
-        output,
-        read_config=corpus.read_config(extra_fields=keep_field, sft=sft),
-        tokenizer=corpus.load_tokenizer(workers),
-        workers=workers,
-        overwrite=overwrite,
-        command=shlex.join(["packtool", *sys.argv[1:]]),
-    )
+        summary = tokenize_corpus(
+            inputs,
+            output,
+            read_config=read_config,
+            tokenizer=tokenizer,
+            workers=workers,
+            overwrite=overwrite,
+            command=command,
+        )
+        click.echo(summary.format())
+        return
+    from packtool.dataset.megatron import megatron_paths
+    from packtool.engines.megatron import tokenize_megatron
+
+    # The run's staging folder sits beside PREFIX.idx (its lock's file).
+    index = str(megatron_paths(output)[1])
+    interrupt.note[0] = functools.partial(interrupt.resume_note, index, overwrite)
+    try:
+        summary = tokenize_megatron(
+            inputs,
+            output,
+            read_config=read_config,
+            tokenizer=tokenizer,
+            workers=workers,
+            overwrite=overwrite,
+            resume=resume,
+            partition_size=parse_size(partition_size or "256MB", "--partition-size"),
+            engine=engines.engine,
+            engine_config=engines.config(workers),
+            command=command,
+        )
+    except (AlreadyComplete, Detached) as done:  # nothing to do / the jobs run on
+        click.echo(str(done))
+        return
     click.echo(summary.format())
 
 

@@ -1,4 +1,4 @@
-"""Where `pack` runs: `@engine_options` (`--engine local|ray|slurm` and each engine's options),
+"""Where `pack` (and `tokenize --to megatron`) runs: `@engine_options` (`--engine local|ray|slurm` and each engine's options),
 parsed into `EngineOptions`, whose `run` hands the run to that engine's driver. A third
 command-line module beside packtool/cli/commands.py and input_options.py; like them it only
 parses options into configs and calls the library.
@@ -38,19 +38,17 @@ class EngineOptions:
     ray_address: str | None
     slurm: dict[str, Any]
 
-    def run(self, config: Any, tokenizer: Any, workers: int | None) -> Any:
-        """Run `config` (a `RunConfig`) on the chosen engine; its `PackSummary`."""
+    def config(self, workers: int | None) -> Any:
+        """The chosen engine's config (`RayConfig`, `SlurmConfig`; None for local)."""
         if self.engine == "ray":
-            from packtool.engines.ray import RayConfig, run_pack_ray
+            from packtool.engines.ray import RayConfig
 
-            return run_pack_ray(
-                config, RayConfig(address=self.ray_address, actors=workers), tokenizer
-            )
+            return RayConfig(address=self.ray_address, actors=workers)
         if self.engine == "slurm":
-            from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
+            from packtool.engines.slurm.driver import SlurmConfig
 
             s = self.slurm
-            slurm = SlurmConfig(
+            return SlurmConfig(
                 partition=s["slurm_partition"],
                 account=s["account"],
                 qos=s["qos"],
@@ -62,7 +60,18 @@ class EngineOptions:
                 setup=s["slurm_setup"],
                 wait=not s["no_wait"],
             )
-            return run_pack_slurm(config, slurm, tokenizer)
+        return None
+
+    def run(self, config: Any, tokenizer: Any, workers: int | None) -> Any:
+        """Run `config` (a `RunConfig`) on the chosen engine; its `PackSummary`."""
+        if self.engine == "ray":
+            from packtool.engines.ray import run_pack_ray
+
+            return run_pack_ray(config, self.config(workers), tokenizer)
+        if self.engine == "slurm":
+            from packtool.engines.slurm.driver import run_pack_slurm
+
+            return run_pack_slurm(config, self.config(workers), tokenizer)
         from packtool.engines.local import run_pack
 
         return run_pack(config, tokenizer)

@@ -68,13 +68,24 @@ class MegatronWriter:
 
     Args:
         bin_path: the token file to write (a temporary name; the caller moves it in place).
-        idx_path: the index file to write at `close`.
+        idx_path: the index file to write at `close`; None for a part of a partitioned run
+            (packtool/engines/megatron.py), whose lengths stay in `lengths_path` for the merge.
         dtype: the token dtype (`megatron_dtype(vocab_size)`).
+        lengths_path: where the side file of lengths goes (default: a hidden name by `idx_path`).
     """
 
-    def __init__(self, bin_path: Path, idx_path: Path, dtype: np.dtype) -> None:
+    def __init__(
+        self,
+        bin_path: Path,
+        idx_path: Path | None,
+        dtype: np.dtype,
+        lengths_path: Path | None = None,
+    ) -> None:
         self.bin_path, self.idx_path, self.dtype = bin_path, idx_path, np.dtype(dtype)
-        self.lengths_path = writing.temporary_name(idx_path.with_name(idx_path.name + ".lengths"))
+        if lengths_path is None:
+            assert idx_path is not None, "a part writer names its lengths file"
+            lengths_path = writing.temporary_name(idx_path.with_name(idx_path.name + ".lengths"))
+        self.lengths_path = lengths_path
         self.documents = 0
         self.tokens = 0
         with naming(bin_path):
@@ -97,29 +108,42 @@ class MegatronWriter:
         self.tokens += int(offsets[-1])
 
     def close(self) -> None:
-        """Flush the `.bin` to the disk and write the `.idx` (then fsynced too)."""
+        """Flush the `.bin` (and the lengths) to the disk and write the `.idx` (fsynced too)."""
         for f, path in ((self._bin, self.bin_path), (self._lengths, self.lengths_path)):
             with naming(path):
                 writing.sync_stream(f)
                 f.close()
+        if self.idx_path is None:
+            return
         try:
-            with naming(self.idx_path), writing.open_output(self.idx_path) as out:
-                self._write_index(out)
-                writing.sync_stream(out)
+            write_index(self.idx_path, self.lengths_path, self.dtype, self.documents)
         finally:
             writing.remove_file(self.lengths_path)
 
-    def _write_index(self, out: Any) -> None:
-        n = self.documents
+    def abort(self) -> None:
+        """Close and delete everything this writer wrote."""
+        for f in (self._bin, self._lengths):
+            f.close()
+        for path in (self.bin_path, self.lengths_path, self.idx_path):
+            if path is not None:
+                writing.remove_file(path)
+
+
+def write_index(idx_path: Path, lengths_path: Path, dtype: np.dtype, documents: int) -> None:
+    """Write the `.idx` of `documents` documents whose int32 lengths are the file
+    `lengths_path`, in blocks (see the module docstring), and fsync it."""
+    dtype = np.dtype(dtype)
+    n = documents
+    with naming(idx_path), writing.open_output(idx_path) as out:
         out.write(INDEX_HEADER)
         out.write(struct.pack("<Q", INDEX_VERSION))
-        out.write(struct.pack("<B", DTYPE_CODES[self.dtype]))
+        out.write(struct.pack("<B", DTYPE_CODES[dtype]))
         out.write(struct.pack("<Q", n))
         out.write(struct.pack("<Q", n + 1))
-        writing.append_range(self.lengths_path, 0, 4 * n, out)
-        itemsize = self.dtype.itemsize
+        writing.append_range(lengths_path, 0, 4 * n, out)
+        itemsize = dtype.itemsize
         at = np.int64(0)  # the byte where the next block's first document starts
-        with storage.open_input(self.lengths_path) as lengths:
+        with storage.open_input(lengths_path) as lengths:
             while block := lengths.read(4 * BLOCK):
                 sizes = np.frombuffer(block, dtype=np.int32).astype(np.int64) * itemsize
                 pointers = np.empty(len(sizes), dtype=np.int64)
@@ -130,13 +154,7 @@ class MegatronWriter:
                 out.write(pointers.tobytes())
         for start in range(0, n + 1, BLOCK):
             out.write(np.arange(start, min(start + BLOCK, n + 1), dtype=np.int64).tobytes())
-
-    def abort(self) -> None:
-        """Close and delete everything this writer wrote."""
-        for f in (self._bin, self._lengths):
-            f.close()
-        for path in (self.bin_path, self.lengths_path, self.idx_path):
-            writing.remove_file(path)
+        writing.sync_stream(out)
 
 
 def read_megatron_index(idx_path: str | os.PathLike) -> dict[str, Any]:

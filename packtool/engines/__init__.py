@@ -7,7 +7,8 @@ job arrays (`slurm/`), and
 finished by the tail tree and `index.json`, written last (`merge.py`, `finish.py`). Completion
 records (`records.py`) make `--resume` redo only unfinished partitions.
 
-Records in: a `RunConfig` (`config.py`). Out: a dataset folder and a `RunSummary`.
+Records in: a `RunConfig` (`config.py`). Out: a dataset folder and a `RunSummary` (or a
+Megatron `.bin`/`.idx` pair and a `TokenizeSummary`).
 May import: every stage below it.
 
 Modules:
@@ -17,4 +18,7 @@ Modules:
 - `base.py`, `local.py`, `ray.py`: what the drivers share; the local and Ray drivers.
 - `slurm/`: the Slurm driver, its calls to Slurm's commands, one array task.
 - `finish.py`, `summary.py`: the end of a run; what it reports.
+- `megatron.py`, `megatron_part.py`: `packtool tokenize --to megatron` on the same plan, drivers
+  and records: each partition a part `.bin` (the worker), joined in plan order as they finish
+  (the driver), the `.idx` last.
 """

@@ -68,8 +68,20 @@ def plan_of(config: RunConfig, checked: Checked) -> Plan:
     return make_plan(list(files), config.partition_size)
 
 
+def workers_lost(work: Path, what: str, advice: str) -> WorkersLost:
+    """The error that stops a run whose workers died too often (`what`): it says whether
+    finished partitions are kept for `--resume` (`preflight.output_folder` keeps them)."""
+    done = len(records.finished(work))
+    kept = (
+        f"its {done} finished partition(s) are kept: rerun with --resume"
+        if done
+        else "no partition had finished"
+    )
+    return WorkersLost(f"{what}; {kept} ({advice})")
+
+
 class Run:
-    """One `packtool pack` run as both drivers see it (see the module docstring)."""
+    """One `packtool pack` run as the drivers see it (see the module docstring)."""
 
     def __init__(self, config: RunConfig, checked: Checked, output: Output) -> None:
         self.t_start = time.perf_counter()
@@ -174,15 +186,18 @@ class Run:
         return self.tree.descriptor(p)
 
     def workers_lost(self, what: str, advice: str) -> WorkersLost:
-        """The error that stops a run whose workers died too often (`what`): it says whether
-        finished partitions are kept for `--resume` (`preflight.output_folder` keeps them)."""
-        done = len(records.finished(self.work))
-        kept = (
-            f"its {done} finished partition(s) are kept: rerun with --resume"
-            if done
-            else "no partition had finished"
-        )
-        return WorkersLost(f"{what}; {kept} ({advice})")
+        """The error that stops a run whose workers died too often (`workers_lost`)."""
+        return workers_lost(self.work, what, advice)
+
+    @property
+    def out_dir(self) -> str:
+        """The output, as the user gave it (what messages name)."""
+        return self.config.out_dir
+
+    @property
+    def command(self) -> str:
+        """The run's command line ("" when called as a library)."""
+        return self.config.command
 
     def account(self, record: dict[str, Any]) -> None:
         """Add a finished unit's record to the running sums (constant cost)."""

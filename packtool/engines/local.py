@@ -57,7 +57,7 @@ POOL_ENV = "PACKTOOL_WORKER_POOL"
 MAX_RETRIES = 3
 """Times the pool is rebuilt after a worker process died before the run gives up."""
 
-__all__ = ["PackSummary", "RunConfig", "rechunk", "run_pack"]
+__all__ = ["PackSummary", "RunConfig", "drive_local", "rechunk", "run_pack"]
 
 
 def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSummary:
@@ -71,30 +71,38 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
     checked = check_inputs(config, tokenizer)
     with output_folder(config) as output:
         run = Run(config, checked, output)
-        cores = _cores()
-        waves = run.waves()
-        workers = min(config.workers or cores, max(map(len, waves), default=1))
-        if workers <= 1:
-            tok = run.context.tokenizer
-            if tok is not None:
-                tok.workers = config.workers or tok.workers  # --workers: the cores to use
+        return run.finish(drive_local(run, config.workers))
+
+
+def drive_local(run: Any, workers: int | None) -> str:
+    """Run every wave of `run` (a `base.Run`, or another job's run of the same shape:
+    packtool/engines/megatron.py) on this machine's cores; what was used, in words.
+
+    `workers`: the `--workers` option (None: one per core, at most one per unit of a wave)."""
+    cores = _cores()
+    waves = run.waves()
+    n = min(workers or cores, max(map(len, waves), default=1))
+    if n <= 1:
+        tok = run.context.tokenizer
+        if tok is not None:
+            tok.workers = workers or tok.workers  # --workers: the cores to use
+        ctx = run.context
+        if isinstance(ctx, WorkerContext):
             # One partition at a time, with the machine to itself: its shards are encoded on
             # two threads too (packtool/dataset/shards.py), the only work left after its last token.
-            ctx = replace(run.context, shard_threads=min(2, config.workers or cores))
-            for wave in waves:
-                for p in wave:
-                    run.account(run_partition(ctx, run.descriptor(p)))
-            threads = f"{tok.workers} tokenizer thread(s), " if tok is not None else ""
-            used = f"1 partition worker in this process ({threads}{cores} cores)"
-        else:
-            threads = max(1, cores // workers)
-            kind = os.environ.get(POOL_ENV, "process")
-            _run_pool(run, waves, workers, threads, kind)
-            used = (
-                f"{workers} partition worker {'process' if kind != 'thread' else 'thread'}(es) x "
-                f"{threads} tokenizer thread(s) ({cores} cores; stage times summed over workers)"
-            )
-        return run.finish(used)
+            ctx = replace(ctx, shard_threads=min(2, workers or cores))
+        for wave in waves:
+            for p in wave:
+                run.account(run_partition(ctx, run.descriptor(p)))
+        threads = f"{tok.workers} tokenizer thread(s), " if tok is not None else ""
+        return f"1 partition worker in this process ({threads}{cores} cores)"
+    threads = max(1, cores // n)
+    kind = os.environ.get(POOL_ENV, "process")
+    _run_pool(run, waves, n, threads, kind)
+    return (
+        f"{n} partition worker {'process' if kind != 'thread' else 'thread'}(es) x "
+        f"{threads} tokenizer thread(s) ({cores} cores; stage times summed over workers)"
+    )
 
 
 def _cores() -> int:
@@ -123,7 +131,7 @@ def _run_in_process(descriptor: dict[str, Any]) -> dict[str, Any]:
     return run_partition(_CONTEXT, descriptor)
 
 
-def _make_pool(run: Run, workers: int, threads: int, kind: str) -> tuple[Any, Callable]:
+def _make_pool(run: Any, workers: int, threads: int, kind: str) -> tuple[Any, Callable]:
     if kind == "thread":
         ctx = run.context
         if ctx.tokenizer is not None:
@@ -138,7 +146,7 @@ def _make_pool(run: Run, workers: int, threads: int, kind: str) -> tuple[Any, Ca
     return pool, _run_in_process
 
 
-def _run_pool(run: Run, waves: list[list[int]], workers: int, threads: int, kind: str) -> None:
+def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind: str) -> None:
     """Run each wave's units on `workers` workers, a wave once the one before it is done, at
     most two units queued per worker; the pool is kept from wave to wave."""
     retries = 0

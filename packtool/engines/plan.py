@@ -35,6 +35,7 @@ from typing import Any
 from packtool.errors import ConfigError, DataError
 from packtool.read.compressed import compression_of
 from packtool.storage import local as storage
+from packtool.tokenize.tables import FilePiece
 
 PARTITION_SIZE = 256 << 20
 """Default target bytes per partition: big enough that per-partition costs (a process task, a
@@ -189,3 +190,19 @@ def check_unchanged(path: str, size: int, mtime_ns: int) -> None:
             f"{path}: changed since the run was planned ({what}); inputs must not change during "
             "a run: restore it, or start over with --overwrite"
         )
+
+
+def descriptor_pieces(descriptor: dict[str, Any]) -> list[FilePiece]:
+    """A partition descriptor's pieces (`Plan.descriptor`), with what a worker needs to read
+    and check each."""
+    files = {int(k): v for k, v in descriptor["files"].items()}
+    out = []
+    for f, start, end in descriptor["pieces"]:
+        path, size, mtime_ns, _ = files[f]
+        out.append(FilePiece(path, size, mtime_ns, f, start, end))
+    return out
+
+
+def check_piece(piece: FilePiece) -> None:
+    """`check_unchanged` for a piece's file (what `partition_tables` calls around each piece)."""
+    check_unchanged(piece.path, piece.size, piece.mtime_ns)

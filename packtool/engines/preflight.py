@@ -272,7 +272,7 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
         return _prepare(config, paths)
 
     def discard(exc: BaseException, state: dict[str, Any] | None) -> bool:
-        return _discard(exc, state, output_paths(config.out_dir).staging)
+        return discard_staging(exc, state, output_paths(config.out_dir).staging)
 
     command = config.command or "packtool pack"
     with transaction(config.out_dir, command, prepare, discard) as (paths, state):
@@ -453,8 +453,9 @@ def _written_by_pack(path: Path) -> bool:
     )
 
 
-def _discard(exc: BaseException, state: dict[str, Any] | None, staging: Path) -> bool:
-    """Whether a failed run's staging folder goes (see `output_folder`)."""
+def discard_staging(exc: BaseException, state: dict[str, Any] | None, staging: Path) -> bool:
+    """Whether a failed run's staging folder goes (see `output_folder`; `tokenize --to
+    megatron` keeps its staging folder by the same rule)."""
     if isinstance(exc, Detached):
         return False  # the run goes on in a scheduler's jobs: they write into the staging folder
     if not isinstance(exc, Exception) or state is not None:

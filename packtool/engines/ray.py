@@ -113,35 +113,42 @@ def run_pack_ray(
         MissingDependencyError: ray is not installed.
     """
     ray_config = ray_config or RayConfig()
-    ray = import_ray()
+    import_ray()  # no Ray: one line, before any check
     # A missing path, a tokenizer mismatch or a max_len BOS + EOS fill fails before Ray starts.
     checked = preflight.check_inputs(config, tokenizer)
     with preflight.output_folder(config) as output:
         run = Run(config, checked, output)
-        started = _connect(ray, ray_config.address)
-        try:
-            cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-            actors = ray_config.actors or cpus
-            for wave in run.waves():  # the partitions, then each level of the tail tree
-                _execute(ray, run, ray_config, actors, wave)
-        except Exception as exc:
-            cause = _packtool_cause(exc)
-            if cause is not None:
-                raise cause from None
-            if _caused_by(exc, ray.exceptions.RayActorError):
-                raise run.workers_lost(
-                    f"a partition actor's process or node died more than {ray_config.max_retries} "
-                    "time(s)",
-                    "fewer --workers if memory is short",
-                ) from None
-            raise
-        finally:
-            if started:
-                ray.shutdown()
-        return run.finish(
-            f"Ray: {cpus} CPU(s) in the cluster, a Ray Data pool of up to {actors} partition "
-            "actor(s) (stage times summed over actors)"
-        )
+        return run.finish(drive_ray(run, ray_config))
+
+
+def drive_ray(run: Any, ray_config: RayConfig) -> str:
+    """Run every wave of `run` (a `base.Run`, or another job's run of the same shape:
+    packtool/engines/megatron.py) on a Ray Data actor pool; what was used, in words."""
+    ray = import_ray()
+    started = _connect(ray, ray_config.address)
+    try:
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        actors = ray_config.actors or cpus
+        for wave in run.waves():  # the partitions, then each level of the tail tree
+            _execute(ray, run, ray_config, actors, wave)
+    except Exception as exc:
+        cause = _packtool_cause(exc)
+        if cause is not None:
+            raise cause from None
+        if _caused_by(exc, ray.exceptions.RayActorError):
+            raise run.workers_lost(
+                f"a partition actor's process or node died more than {ray_config.max_retries} "
+                "time(s)",
+                "fewer --workers if memory is short",
+            ) from None
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+    return (
+        f"Ray: {cpus} CPU(s) in the cluster, a Ray Data pool of up to {actors} partition "
+        "actor(s) (stage times summed over actors)"
+    )
 
 
 def _connect(ray: Any, address: str | None) -> bool:
@@ -183,7 +190,7 @@ class PartitionActor:
 
 
 def _execute(
-    ray: Any, run: Run, ray_config: RayConfig, actors: int, units: list[int] | None = None
+    ray: Any, run: Any, ray_config: RayConfig, actors: int, units: list[int] | None = None
 ) -> None:
     """Run the units `units` (default `run.todo`; or a level of merge nodes) to completion on a pool of at most
     `actors` actors, accounting each record as it arrives; on any exception (Ctrl-C

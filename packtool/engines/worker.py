@@ -34,35 +34,22 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.dataset.shards import ShardWriter
-from packtool.engines import merge, records
+from packtool.engines import megatron_part, merge, records
 from packtool.engines.context import WorkerContext
-from packtool.engines.plan import TO_END, check_unchanged
+from packtool.engines.plan import TO_END, check_piece, descriptor_pieces
 from packtool.engines.records import read_tail
 from packtool.pack import warmup
 from packtool.pack.chunk import PackCounts, PackedChunk, pack_table
 from packtool.pack.flat_ids import rechunk
 from packtool.pack.tail import DOC_CHUNK
 from packtool.read.documents import SkipCounter
-from packtool.tokenize.tables import FilePiece, partition_tables
+from packtool.tokenize.tables import partition_tables
 
 
 def write_chunk(writer: ShardWriter, packed: PackedChunk) -> None:
     """Queue one chunk's packed rows for writing (a seam tests use to interrupt a run): a row
     group's worth at a time, the next one's ids gathered while this one is written."""
     writer.add_rows(packed.rows)
-
-
-def _pieces(descriptor: dict[str, Any]) -> list[FilePiece]:
-    files = {int(k): v for k, v in descriptor["files"].items()}
-    out = []
-    for f, start, end in descriptor["pieces"]:
-        path, size, mtime_ns, _ = files[f]
-        out.append(FilePiece(path, size, mtime_ns, f, start, end))
-    return out
-
-
-def _check(piece: FilePiece) -> None:
-    check_unchanged(piece.path, piece.size, piece.mtime_ns)
 
 
 def _open_groups(ctx: WorkerContext, table: pa.Table) -> frozenset[str] | None:
@@ -94,12 +81,16 @@ class _Partition:
             acc[1] += t
 
 
-def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]:
+def run_partition(
+    ctx: WorkerContext | megatron_part.MegatronContext, descriptor: dict[str, Any]
+) -> dict[str, Any]:
     """Pack one partition into shards + tail + completion record; return the record.
 
     A merge node's descriptor (`kind` "merge", packtool/engines/merge.py) runs
     `merge.merge_node` instead, so the engines run the tail tree's waves with the function and
-    the workers they run the partitions with.
+    the workers they run the partitions with; a Megatron part's (`kind` "megatron", with a
+    `megatron_part.MegatronContext`) runs `megatron_part.run_part`, so `packtool tokenize --to
+    megatron` runs on every engine too.
 
     Args:
         ctx: the run's options, tokenizer and staging folder.
@@ -112,6 +103,10 @@ def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, A
     """
     if descriptor.get("kind") == merge.MERGE:
         return merge.merge_node(ctx, descriptor)
+    if descriptor.get("kind") == megatron_part.MEGATRON:
+        assert isinstance(ctx, megatron_part.MegatronContext)
+        return megatron_part.run_part(ctx, descriptor)
+    assert isinstance(ctx, WorkerContext)
     p = int(descriptor["index"])
     work = Path(ctx.work)
     skips = SkipCounter(strict=ctx.source.read.strict)
@@ -124,7 +119,7 @@ def run_partition(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, A
     def tables() -> Iterator[pa.Table]:
         nonlocal documents, nbytes
         for table, n in partition_tables(
-            ctx.source, ctx.tokenizer, _pieces(descriptor), skips, _check
+            ctx.source, ctx.tokenizer, descriptor_pieces(descriptor), skips, check_piece
         ):
             documents += table.num_rows
             nbytes += n

@@ -90,6 +90,16 @@ def open_update(path: str | os.PathLike) -> BinaryIO:
     return open(path, "r+b")  # noqa: SIM115 - the caller closes it
 
 
+def open_append(path: str | os.PathLike, size: int) -> BinaryIO:
+    """`path` opened to append bytes (created when missing), first cut back to its first
+    `size` bytes (what a resumed writer keeps of a file it was appending to); the caller
+    closes it. Not `O_APPEND`: `append_range`'s `copy_file_range` refuses such a file."""
+    f = open(path, "r+b" if os.path.lexists(path) else "w+b")  # noqa: SIM115 - the caller closes it
+    f.truncate(size)
+    f.seek(size)
+    return f
+
+
 def create_empty(path: str | os.PathLike) -> None:
     """An empty file at `path` (one already there is kept as it is)."""
     Path(path).touch()

@@ -17,5 +17,7 @@ May import: every stage below it: top-level modules, `storage`, `dataset`, `pack
 Modules:
 - `tables.py`: the dispatch (the modes, `Source`, `FilePiece`, `partition_tables`).
 - `tokenize.py`: the inputs' classification, `tokenized_batches`, the `tokenize` command.
-- `megatron.py`: `tokenize --to megatron`, the same tables into a Megatron indexed dataset.
+
+`tokenize --to megatron` runs on the partition engines (packtool/engines/megatron.py): the
+same tables, partition by partition, into a Megatron indexed dataset.
 """

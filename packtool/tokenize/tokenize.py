@@ -270,6 +270,12 @@ class TokenizeSummary:
     """Tokens with loss_mask 1, when the input has labels or a loss mask (else None)."""
     special_names: dict[str, str] = field(default_factory=dict)
     """`eos` / `bos` -> the token text a default id came from."""
+    partitions: int = 1
+    """Partitions of a partitioned run (`--to megatron`, packtool/engines/megatron.py)."""
+    resumed_partitions: int = 0
+    """Of those, finished by an interrupted run and kept (`--resume`)."""
+    engine: str = ""
+    """What ran the partitions, in words ("" for a run in this process)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -286,8 +292,18 @@ class TokenizeSummary:
             f"{self.seconds:.2f} s: {self.tokens_per_s:,.0f} tokens/s, "
             f"{self.input_bytes / 1e6 / max(self.seconds, 1e-9):.1f} MB/s of input. "
             f"{self._supervised()}Skips: {self.skip_line}. "
-            f"Wrote {where} ({self.output_bytes / 1e6:.1f} MB)."
+            f"Wrote {where} ({self.output_bytes / 1e6:.1f} MB).{self._partitions()}"
         )
+
+    def _partitions(self) -> str:
+        if self.partitions <= 1 and not self.resumed_partitions:
+            return ""
+        resumed = (
+            f", {self.resumed_partitions} kept from the interrupted run"
+            if self.resumed_partitions
+            else ""
+        )
+        return f" {self.partitions} partitions{resumed}; {self.engine}."
 
     def _supervised(self) -> str:
         if self.supervised_tokens is None:

@@ -124,29 +124,44 @@ def run_pack_slurm(
         WorkersLost: a partition's tasks ended without it more than `max_retries` times.
     """
     slurm = slurm or SlurmConfig()
-    cli.require()
-    options = slurm.options(f"packtool-{Path(config.out_dir).name}")
-    cli.test_only(options)  # a bad partition / account / QoS: refused before any work
+    options = slurm_options(slurm, config.out_dir)
     checked = preflight.check_inputs(config, tokenizer)
     with preflight.output_folder(config) as output:
         run = Run(config, checked, output)
-        driver = _Driver(run, slurm, options)
-        try:
-            driver.run_partitions()
-        except Detached:
-            raise
-        except BaseException:
-            driver.cancel()  # no job of a stopped or failed run stays in the queue
-            raise
-        for wave in run.waves()[1:] if run.todo else run.waves():  # the tail tree, here
-            for u in wave:
-                run.account(worker.run_partition(run.context, run.descriptor(u)))
-        summary = run.finish(
-            f"Slurm: {driver.submitted} array task(s) of {slurm.tasks_per_job} partition(s), "
-            f"{slurm.cpus_per_task or 1} CPU(s) each (stage times summed over tasks)"
-        )
+        summary = run.finish(drive_slurm(run, slurm, options))
     writing.remove_tree(logs_folder(config.out_dir))  # a finished run's task logs go with it
     return summary
+
+
+def slurm_options(slurm: SlurmConfig, out_dir: str | Path) -> list[str]:
+    """The sbatch options of a run into `out_dir`, checked with Slurm (`sbatch --test-only`)
+    before any work: a bad partition, account or QoS is one line, nothing written."""
+    cli.require()
+    options = slurm.options(f"packtool-{Path(out_dir).name}")
+    cli.test_only(options)
+    return options
+
+
+def drive_slurm(run: Any, slurm: SlurmConfig, options: list[str]) -> str:
+    """Run `run` (a `base.Run`, or another job's run of the same shape:
+    packtool/engines/megatron.py): its first wave as Slurm job arrays, the waves after it (the
+    tail tree) here; what was used, in words. The caller removes `logs_folder` once the run
+    is finished."""
+    driver = _Driver(run, slurm, options)
+    try:
+        driver.run_partitions()
+    except Detached:
+        raise
+    except BaseException:
+        driver.cancel()  # no job of a stopped or failed run stays in the queue
+        raise
+    for wave in run.waves()[1:] if run.todo else run.waves():  # the tail tree, here
+        for u in wave:
+            run.account(worker.run_partition(run.context, run.descriptor(u)))
+    return (
+        f"Slurm: {driver.submitted} array task(s) of {slurm.tasks_per_job} partition(s), "
+        f"{slurm.cpus_per_task or 1} CPU(s) each (stage times summed over tasks)"
+    )
 
 
 def logs_folder(out_dir: str | Path) -> Path:
@@ -159,10 +174,10 @@ def logs_folder(out_dir: str | Path) -> Path:
 class _Driver:
     """Submits the partitions without a record, waits for them, resubmits what is lost."""
 
-    def __init__(self, run: Run, slurm: SlurmConfig, options: list[str]) -> None:
+    def __init__(self, run: Any, slurm: SlurmConfig, options: list[str]) -> None:
         self.run, self.slurm, self.options = run, slurm, options
         self.dir = records.run_dir(run.work) / SLURM_DIR
-        self.logs = logs_folder(run.config.out_dir)
+        self.logs = logs_folder(run.out_dir)
         writing.make_dirs(self.dir / JOBS_DIR)
         writing.make_dirs(self.logs)
         self.jobs: dict[str, dict[str, Any]] = self._load_jobs()  # job id -> {array, tasks}
@@ -247,11 +262,11 @@ class _Driver:
         if not self.slurm.wait:
             queued = sorted({key.partition("_")[0] for key in self.open}, key=int)
             ids = ", ".join(queued)
-            command = self.run.config.command
+            command = self.run.command
             again = f"`{command} --resume`" if command else "the same command with --resume"
             raise Detached(
                 f"submitted {len(todo - done)} partition(s) to Slurm (job(s) {ids}); the run goes "
-                f"on there: {again} waits for it and finishes {self.run.config.out_dir} (it "
+                f"on there: {again} waits for it and finishes {self.run.out_dir} (it "
                 "re-attaches to these jobs)",
                 queued,
             )

@@ -89,6 +89,35 @@ def test_slurm_writes_the_local_bytes_in_several_arrays(cluster, local, tmp_path
     assert not staging_folder(out).exists()
 
 
+def test_tokenize_to_megatron_writes_the_local_pair_and_resumes_detached_jobs(cluster, tmp_path):
+    from packtool.engines.megatron import tokenize_megatron
+
+    tokenize_megatron([SAMPLE], tmp_path / "local", partition_size=300_000, progress=False)
+    prefix = tmp_path / "slurm"
+    code, out, err = run(
+        "tokenize", SAMPLE, "--to", "megatron", "-o", prefix, "--partition-size", "300000",
+        "--engine", "slurm", "--tasks-per-job", "3", "--no-wait",
+    )  # fmt: skip
+    assert code == 0 and "--resume" in out, err
+    summary = tokenize_megatron(
+        [SAMPLE],
+        prefix,
+        partition_size=300_000,
+        resume=True,
+        engine="slurm",
+        engine_config=SlurmConfig(tasks_per_job=3, poll_seconds=0.3),
+        progress=False,
+    )
+    assert summary.partitions == 11 and "array task(s) of 3 partition(s)" in summary.engine
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"slurm{suffix}").read_bytes() == (
+            tmp_path / f"local{suffix}"
+        ).read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["local.bin", "local.idx", "slurm.bin", "slurm.idx"]
+    )  # no staging folder, no task logs
+
+
 def test_tasks_per_job_and_no_wait_then_resume(cluster, local, tmp_path):
     out = tmp_path / "packed"
     with pytest.raises(Detached) as gone:

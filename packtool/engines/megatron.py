@@ -1,0 +1,516 @@
+"""`packtool tokenize --to megatron` on the partition engines: any engine, `--resume`, in order.
+
+    plan (driver) -> part workers, any engine (local / Ray / Slurm):        -> driver: each part
+                     read -> tokenize -> part-P.bin + part-P.lengths           appended to the
+                     + completion record (packtool/engines/megatron_part.py)   merged pair as soon
+                                                                               as all before it are
+    -> finish: PREFIX.idx from the merged lengths; the pair swapped in
+
+The plan, the partition descriptors, the completion records and the engines' drivers are the
+ones `packtool pack` runs on (packtool/engines/base.py, local.py, ray.py, slurm/driver.py), so
+`--engine ray|slurm`, `--workers`, `--partition-size` and `--resume` behave as they do there.
+Each partition's documents come out of the one dispatch (`tables.partition_tables`) in reading
+order, and the parts are joined in plan order, so the `.bin` / `.idx` are byte for byte those of
+one process reading the inputs one after another (and of megatron-core's `IndexedDatasetBuilder`
+fed the same documents), whatever the engine, the partition size or the number of workers.
+
+**The merge runs while the parts are made, never as a pass at the end.** The driver keeps a
+frontier: when the record of partition `k` arrives and every partition before it is merged,
+part `k`'s bytes are appended to `merged.bin` and its lengths to `merged.lengths` (in the
+kernel, `copy_file_range`), both fsynced, then the part files removed; parts that finish out
+of order wait on disk (the driver holds two integers each). The first part is renamed, not
+copied, so a corpus of one partition is never copied at all. What is left for the end is the
+`.idx` (its counts come first: 20 bytes a document written from the 4-byte lengths, ~1% of the
+`.bin`) and three renames.
+
+**Resume.** Nothing about the merge is saved besides the files themselves: a resumed run reads
+the records of the finished partitions (one small file each, as `pack --resume`), finds the
+longest prefix of them that the merged files hold whole (their sizes), cuts both files back to
+it, and goes on from there; a part whose bytes were appended but whose files a kill left behind
+is removed then.
+
+**Commit.** A Megatron dataset is two files, so the switch cannot be one rename; the rule is
+`index.json`'s: the dataset exists exactly when its `.idx` does, and the `.idx` is put in place
+last. The finished index is written as `ready.idx` in the staging folder (complete or absent:
+temporary name, fsync, rename); then the old `.idx` is deleted (from here the old dataset is
+gone, never half of it visible with the new one), `merged.bin` renamed over `PREFIX.bin`,
+`ready.idx` renamed to `PREFIX.idx`, and the staging folder removed. A run killed during those
+steps is finished by the next one (any command on this prefix, under its lock) from
+`ready.idx`. One writer per prefix (the output lock of packtool/dataset/output.py on the `.idx`).
+
+At 10^9 documents: the driver holds the plan (one entry per file and per partition), the
+running sums, and the out-of-order parts' sizes; no document. The workers' memory is a table of
+documents at a time. The merged pair and the parts never exceed the corpus's tokens plus the
+parts waiting (disk use ~1x the `.bin`, not 2x).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from packtool.dataset.identity import TokenizerIdentity
+from packtool.dataset.megatron import megatron_dtype, megatron_paths, write_index
+from packtool.dataset.output import (
+    OutputLock,
+    check_apart,
+    create_parent,
+    output_paths,
+    remove,
+    remove_empty_parents,
+)
+from packtool.dataset.tokenized import tokenized_schema
+from packtool.engines import preflight, records
+from packtool.engines.base import plan_of, workers_lost
+from packtool.engines.config import RunConfig
+from packtool.engines.megatron_part import MegatronContext, part_paths
+from packtool.engines.plan import PARTITION_SIZE, Plan
+from packtool.engines.preflight import Output
+from packtool.errors import AlreadyComplete, ConfigError, DataError, WorkersLost
+from packtool.pack.chunk import PackConfig
+from packtool.pack.kernels import MAX_LEN_LIMIT
+from packtool.progress import Progress
+from packtool.read.documents import ReadConfig, SkipCounter
+from packtool.storage import local as storage
+from packtool.storage import writing
+from packtool.tokenize.tables import RAW, RECORDS, Source
+from packtool.tokenize.tokenize import TokenizeSummary
+from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
+
+MERGED_BIN = "merged.bin"
+MERGED_LENGTHS = "merged.lengths"
+READY_IDX = "ready.idx"
+"""In the staging folder: the finished index, waiting for the swap (see the module docstring)."""
+TO_KEY = "to"
+"""The fingerprint's mark of a Megatron run (a pack run's state is never resumed as one)."""
+
+
+def tokenize_megatron(
+    inputs: Iterable[str | os.PathLike],
+    prefix: str | os.PathLike,
+    *,
+    read_config: ReadConfig | None = None,
+    tokenizer: Tokenizer | str = "byte",
+    workers: int | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool | None = None,
+    partition_size: int = PARTITION_SIZE,
+    engine: str = "local",
+    engine_config: Any = None,
+    command: str = "",
+) -> TokenizeSummary:
+    """Tokenize `inputs` into `PREFIX.bin` and `PREFIX.idx` (see the module docstring).
+
+    Args:
+        inputs: files, folders, globs of any input kind packtool reads (not fine-tuning records,
+            nor inputs with labels: the format has no loss mask).
+        prefix: the dataset's path prefix, as Megatron's `--data-path` names it (`PREFIX.bin` or
+            `PREFIX.idx` name the same pair).
+        read_config: how to read the inputs.
+        tokenizer: a `Tokenizer` or a `load_tokenizer` spec.
+        workers: partition workers (local engine; default one per core) or Ray actors.
+        overwrite: replace an existing pair, or an interrupted run's state.
+        resume: finish an interrupted run (its finished partitions are kept).
+        progress: draw a progress bar (default: when stderr is a terminal).
+        partition_size: target input bytes per partition (the unit of work and of resume).
+        engine: `local`, `ray` or `slurm`.
+        engine_config: `ray.RayConfig` / `slurm.driver.SlurmConfig` (None: the defaults).
+        command: the command line, shown to a second writer that the lock refuses.
+
+    Raises:
+        ConfigError: the pair exists without `overwrite`, another process writes it, it is
+            inside an input folder, the inputs carry what the format cannot hold, or bad options.
+        DataError: bad input, or no document at all (nothing is written).
+        AlreadyComplete: `resume` of a pair that is complete.
+    """
+    inputs = [os.fspath(i) for i in inputs]
+    config = read_config or ReadConfig()
+    bin_path, idx_path = megatron_paths(prefix)
+    for path in (bin_path, idx_path):
+        check_apart(path, inputs)  # before anything is read
+    if config.extra_fields:
+        raise ConfigError(
+            "--to megatron: a Megatron indexed dataset holds token ids only; drop --keep-field"
+        )
+    if engine not in ("local", "ray", "slurm"):
+        raise ConfigError(f"engine {engine!r} is unknown; choose local, ray or slurm")
+    if isinstance(tokenizer, str):
+        tokenizer = load_tokenizer(tokenizer, workers=workers)
+    run_config = RunConfig(
+        inputs=tuple(inputs),
+        out_dir=str(idx_path),
+        # Not packed: `preflight.check_inputs` takes the run's options in this form. `truncate`
+        # and the largest length make its packing checks pass; they never change a byte here.
+        pack=PackConfig(max_len=MAX_LEN_LIMIT, long_docs="truncate"),
+        read=config,
+        partition_size=partition_size,
+        workers=workers,
+        overwrite=overwrite,
+        resume=resume,
+        command=command,
+        progress=progress,
+    )
+    options = None
+    if engine == "slurm":
+        from packtool.engines.slurm.driver import SlurmConfig, slurm_options
+
+        engine_config = engine_config or SlurmConfig()
+        options = slurm_options(engine_config, idx_path)  # a refused submission: before work
+    checked = preflight.check_inputs(run_config, tokenizer)
+    if checked.columns:
+        raise ConfigError(
+            f"--to megatron: the inputs carry {', '.join(checked.columns)} (fine-tuning records "
+            "or labels), which a Megatron indexed dataset cannot hold; write tokenized Parquet "
+            "(--to parquet) or pack them"
+        )
+    with _output(run_config, prefix, bin_path, idx_path) as output:
+        run = MegatronRun(run_config, checked, output, prefix, bin_path, idx_path)
+        try:
+            if engine == "ray":
+                from packtool.engines.ray import RayConfig, drive_ray
+
+                used = drive_ray(run, engine_config or RayConfig(actors=workers))
+            elif engine == "slurm":
+                from packtool.engines.slurm.driver import drive_slurm, logs_folder
+
+                used = drive_slurm(run, engine_config, options or [])
+            else:
+                from packtool.engines.local import drive_local
+
+                used = drive_local(run, workers)
+        finally:
+            run.merge.close()
+        summary = run.finish(used)
+    if engine == "slurm":
+        writing.remove_tree(logs_folder(prefix))  # a finished run's task logs go with it
+    return summary
+
+
+@contextlib.contextmanager
+def _output(
+    config: RunConfig, prefix: str | os.PathLike, bin_path: Path, idx_path: Path
+) -> Iterator[Output]:
+    """Lock the prefix, finish a swap a killed run left, check the pair and prepare the
+    staging folder (or load the state to resume); on failure keep or discard the staging
+    folder as `pack` does (`preflight.discard_staging`)."""
+    paths = output_paths(idx_path)
+    made = create_parent(paths)
+    try:
+        with OutputLock(paths, config.command or "packtool tokenize"):
+            finish_swap(paths.staging, bin_path, idx_path)
+            state = _prepare(config, paths.staging, prefix, bin_path, idx_path)
+            try:
+                yield Output(work=paths.staging, state=state)
+            except BaseException as exc:
+                if preflight.discard_staging(exc, state, paths.staging):
+                    remove(paths.staging)
+                raise
+    except BaseException:
+        remove_empty_parents(paths, made)
+        raise
+
+
+def _prepare(
+    config: RunConfig, work: Path, prefix: str | os.PathLike, bin_path: Path, idx_path: Path
+) -> dict[str, Any] | None:
+    shown = os.fspath(prefix)
+    if storage.is_file(work):  # an earlier packtool's index temporary: nothing to resume
+        writing.remove_file(work)
+    for path in (bin_path, idx_path):
+        if storage.is_dir(path):
+            raise ConfigError(f"{path} is a folder; choose another --output prefix")
+    if config.resume:
+        if storage.is_dir(records.run_dir(work)):
+            return records.read_plan(work)
+        if storage.is_file(idx_path):
+            raise AlreadyComplete(
+                f"{shown} is already complete ({idx_path} exists): nothing to resume, nothing done",
+                shown,
+            )
+        raise ConfigError(f"{shown}: no interrupted run to resume; drop --resume")
+    if storage.exists(work):
+        if not config.overwrite:
+            raise ConfigError(
+                f"an interrupted run into {shown} left its finished partitions in {work}; pass "
+                "--resume to finish it or --overwrite to start over"
+            )
+        remove(work)
+    for path in (bin_path, idx_path):
+        if storage.lexists(path) and not config.overwrite:
+            raise ConfigError(f"{path} exists; pass --overwrite to replace {shown}.bin/.idx")
+    try:  # the first write, up front: a failure names the user's path
+        writing.make_dir(work)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {shown} ({exc.strerror or exc})") from None
+    return None
+
+
+def finish_swap(work: Path, bin_path: Path, idx_path: Path) -> bool:
+    """Put a finished pair in place from the staging folder (see the module docstring); False
+    when the folder holds no finished index. Idempotent: a killed swap is redone from where it
+    stopped."""
+    ready = work / READY_IDX
+    if not storage.is_file(ready):
+        return False
+    merged = work / MERGED_BIN
+    if storage.is_file(merged):
+        writing.remove_file(idx_path)  # first: no .idx ever names another .bin
+        writing.replace(merged, bin_path)
+    writing.replace(ready, idx_path)
+    writing.sync_dir(idx_path.parent)
+    remove(work)
+    return True
+
+
+class _Merge:
+    """The merge frontier (see the module docstring): parts appended in plan order as they
+    finish; `restore` re-finds it in a resumed run from the merged files' sizes."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.bin_path, self.lengths_path = work / MERGED_BIN, work / MERGED_LENGTHS
+        self.next = 0
+        """The first partition not merged yet."""
+        self.bin_bytes = 0
+        self.documents = 0
+        self.waiting: dict[int, tuple[int, int]] = {}
+        """Finished partitions beyond the frontier: (bin bytes, documents)."""
+        self._bin: Any = None
+        self._lengths: Any = None
+
+    def restore(self, sizes: dict[int, tuple[int, int]]) -> None:
+        """A resumed run: `sizes` are the finished partitions' (bin bytes, documents)."""
+        have_bin = storage.size(self.bin_path) if storage.is_file(self.bin_path) else 0
+        have_len = storage.size(self.lengths_path) if storage.is_file(self.lengths_path) else 0
+        while self.next in sizes:
+            nbytes, docs = sizes[self.next]
+            if self.bin_bytes + nbytes > have_bin or 4 * (self.documents + docs) > have_len:
+                break
+            self.bin_bytes += nbytes
+            self.documents += docs
+            for path in part_paths(self.work, self.next):  # appended; a kill left its files
+                writing.remove_file(path)
+            self.next += 1
+        self.waiting = {p: s for p, s in sizes.items() if p >= self.next}
+        for p in self.waiting:
+            for path in part_paths(self.work, p):
+                if not storage.is_file(path):
+                    raise DataError(
+                        f"{path}: a finished partition's part is missing; start over with "
+                        "--overwrite"
+                    )
+        if self.next or storage.is_file(self.bin_path):
+            self._open()
+        self._advance()
+
+    def add(self, record: dict[str, Any]) -> None:
+        """A partition finished: merge it, and what waited for it."""
+        self.waiting[int(record["partition"])] = (
+            int(record["bin_bytes"]),
+            int(record["documents"]),
+        )
+        self._advance()
+
+    def _open(self) -> None:
+        with contextlib.ExitStack() as stack:
+            self._bin = stack.enter_context(writing.open_append(self.bin_path, self.bin_bytes))
+            self._lengths = stack.enter_context(
+                writing.open_append(self.lengths_path, 4 * self.documents)
+            )
+            stack.pop_all()
+
+    def _advance(self) -> None:
+        while self.next in self.waiting:
+            nbytes, docs = self.waiting.pop(self.next)
+            part_bin, part_lengths = part_paths(self.work, self.next)
+            if self._bin is None:  # the first part: renamed, not copied
+                writing.replace(part_bin, self.bin_path)
+                writing.replace(part_lengths, self.lengths_path)
+                self.bin_bytes, self.documents = nbytes, docs
+                self._open()
+            else:
+                writing.append_range(part_bin, 0, nbytes, self._bin)
+                writing.append_range(part_lengths, 0, 4 * docs, self._lengths)
+                writing.sync_stream(self._bin)
+                writing.sync_stream(self._lengths)
+                self.bin_bytes += nbytes
+                self.documents += docs
+                writing.remove_file(part_bin)  # only once its bytes are on the disk
+                writing.remove_file(part_lengths)
+            self.next += 1
+
+    def close(self) -> None:
+        for f in (self._bin, self._lengths):
+            if f is not None:
+                writing.sync_stream(f)
+                f.close()
+        self._bin = self._lengths = None
+
+
+class MegatronRun:
+    """One `tokenize --to megatron` run as the engines' drivers see it: the shape of
+    `base.Run` (`context`, `todo`, `waves`, `descriptor`, `account`, `workers_lost`) with one
+    wave, the parts."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        checked: preflight.Checked,
+        output: Output,
+        prefix: str | os.PathLike,
+        bin_path: Path,
+        idx_path: Path,
+    ) -> None:
+        self.t_start = time.perf_counter()
+        self.config = config
+        self.checked = checked
+        self.work = output.work
+        self.prefix, self.bin_path, self.idx_path = os.fspath(prefix), bin_path, idx_path
+        identity = TokenizerIdentity.from_dict(checked.identity)
+        self.dtype = megatron_dtype(identity.vocab_size)
+        fingerprint = {**preflight.fingerprint_of(config, checked), TO_KEY: "megatron"}
+        if output.state is None:
+            self.plan: Plan = plan_of(config, checked)
+            saved = {
+                "fingerprint": fingerprint,
+                "plan": self.plan.to_dict(),
+                preflight.FACTS_KEY: checked.facts.to_dict() if checked.facts else None,
+            }
+            records.write_plan(self.work, saved)  # before any work: any stop can be resumed
+        else:
+            out = Path(self.prefix)
+            preflight.check_fingerprint(output.state, fingerprint, out)
+            preflight.check_facts(output.state, checked, out)
+            try:
+                self.plan = Plan.from_dict(output.state["plan"])
+            except (KeyError, TypeError, ValueError):
+                raise DataError(
+                    f"{records.run_dir(self.work) / records.PLAN_FILE}: malformed plan; "
+                    "use --overwrite"
+                ) from None
+            if [f.path for f in self.plan.files] != [str(p) for p in checked.paths]:
+                raise ConfigError(f"cannot resume {self.prefix}: the partition plan differs")
+        n = len(self.plan.partitions)
+        self.skips = SkipCounter(strict=config.read.strict)
+        self._examples: dict[str, list[tuple[int, int, str]]] = {}
+        self.documents = self.tokens = self.input_bytes = 0
+        self.seconds = 0.0
+        self.merge = _Merge(self.work)
+        done = set(records.finished(self.work)) if output.state is not None else set()
+        sizes = {}
+        for p in sorted(done):
+            record = records.read_record(self.work, p)
+            self._add(record)
+            sizes[p] = (int(record["bin_bytes"]), int(record["documents"]))
+        self.merge.restore(sizes)
+        self.resumed = len(done)
+        self.todo = [p for p in range(n) if p not in done]
+        tokenizer = checked.tokenizer
+        self.context = MegatronContext(
+            source=Source(
+                mode=checked.mode,
+                read=config.read,
+                schema=tokenized_schema(identity, (), optional=checked.columns),
+                identity=identity,
+                mask_source=checked.mask_source,
+                sft_kind=checked.sft_kind,
+            ),
+            tokenizer=tokenizer if checked.mode in (RAW, RECORDS) else None,
+            work=str(self.work),
+            dtype=self.dtype.str,
+        )
+        self.bar = Progress("tokenize", enabled=config.progress)
+
+    @property
+    def out_dir(self) -> str:
+        return self.prefix
+
+    @property
+    def command(self) -> str:
+        return self.config.command
+
+    @property
+    def partitions(self) -> int:
+        return len(self.plan.partitions)
+
+    def waves(self) -> list[list[int]]:
+        return [self.todo] if self.todo else []
+
+    def descriptor(self, p: int) -> dict[str, Any]:
+        return {**self.plan.descriptor(p), "kind": "megatron"}
+
+    def workers_lost(self, what: str, advice: str) -> WorkersLost:
+        return workers_lost(self.work, what, advice)
+
+    def _add(self, record: dict[str, Any]) -> None:
+        self.documents += int(record["documents"])
+        self.tokens += int(record["tokens"])
+        self.input_bytes += int(record.get("input_bytes", 0))
+        self.seconds += sum(float(v) for v in (record.get("seconds") or {}).values())
+        skips = record.get("skips") or {}
+        p = int(record["partition"])
+        for reason, count in skips.get("counts", {}).items():
+            self.skips.counts[reason] = self.skips.counts.get(reason, 0) + int(count)
+        for reason, examples in skips.get("examples", {}).items():
+            kept = self._examples.setdefault(reason, [])
+            kept.extend((p, k, text) for k, text in enumerate(examples))
+            kept.sort()  # the first examples in reading order, whatever order parts finish in
+            del kept[self.skips.max_examples :]
+            self.skips.examples[reason] = [t for _, _, t in kept]
+
+    def account(self, record: dict[str, Any]) -> None:
+        """A finished part: its sums added, then merged if all before it are (`_Merge`)."""
+        self._add(record)
+        self.merge.add(record)
+        self.bar.update(
+            docs=int(record["documents"]),
+            tokens=int(record["tokens"]),
+            nbytes=int(record.get("input_bytes", 0)),
+        )
+
+    def finish(self, used: str) -> TokenizeSummary:
+        """The `.idx`, then the swap (see the module docstring)."""
+        self.bar.close()
+        self.merge.close()
+        if self.merge.next != self.partitions:  # a driver bug, never bad input: keep the run
+            raise RuntimeError(
+                f"{self.merge.next} of {self.partitions} parts merged before the index; the "
+                "finished ones are kept: rerun with --resume"
+            )
+        if self.documents == 0:
+            # As `stats` and `pack` do: an output without a document is a mistake.
+            raise DataError(f"no documents in {', '.join(self.config.inputs)}{self.skips.note()}")
+        ready = self.work / READY_IDX
+        tmp = writing.temporary_name(ready)
+        try:
+            write_index(tmp, self.work / MERGED_LENGTHS, self.dtype, self.merge.documents)
+            writing.replace(tmp, ready)  # complete or absent
+        finally:
+            writing.remove_file(tmp)
+        finish_swap(self.work, self.bin_path, self.idx_path)
+        tok = self.checked.tokenizer
+        files = [self.bin_path, self.idx_path]
+        return TokenizeSummary(
+            documents=self.documents,
+            tokens=self.tokens,
+            seconds=time.perf_counter() - self.t_start,
+            input_bytes=self.input_bytes,
+            skips=self.skips.to_dict(),
+            skip_line=self.skips.summary(),
+            files=[str(f) for f in files],
+            output_bytes=sum(storage.size(f) for f in files),
+            tokenizer=dict(self.checked.identity),
+            dtype=str(self.dtype),
+            special_names=dict(tok.special_names) if tok is not None else {},
+            partitions=self.partitions,
+            resumed_partitions=self.resumed,
+            engine=used,
+        )
+
+
+__all__ = ["MegatronRun", "finish_swap", "tokenize_megatron"]

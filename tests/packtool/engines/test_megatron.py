@@ -1,0 +1,382 @@
+"""`packtool tokenize --to megatron`: byte-identical to megatron-core's IndexedDatasetBuilder and
+read by its IndexedDataset (megatron-core installed by the dev extras: a real reference)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import signal
+import struct
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packtool.dataset import megatron
+from packtool.dataset.megatron import MegatronWriter, megatron_dtype, read_megatron_index
+from packtool.engines import records
+from packtool.engines.megatron import tokenize_megatron
+from packtool.engines.preflight import staging_folder
+from packtool.errors import ConfigError, DataError
+from packtool.tokenize.tokenize import tokenized_batches
+from packtool.tokenizer.tokenizers import load_tokenizer
+from tests.cli import one_error_line, run
+from tests.packtool.tokenizer_shapes import build, stdlib_sample
+
+with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed"
+    warnings.simplefilter("ignore")
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
+
+
+def _reference(prefix, docs, vocab_size):
+    """What megatron-core writes for `docs` (preprocess_data.py's loop: one sequence each)."""
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=DType.optimal_dtype(vocab_size))
+    for doc in docs:
+        builder.add_document(torch.tensor(doc, dtype=torch.int64), [len(doc)])
+    builder.finalize(f"{prefix}.idx")
+
+
+def _table(docs, token_type):
+    ids = pa.array(docs, type=pa.list_(token_type))
+    return pa.table({"input_ids": ids})
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    docs=st.lists(st.lists(st.integers(0, 65_499), min_size=1, max_size=40), max_size=30),
+    vocab=st.sampled_from([258, 50_257, 65_499, 65_500, 128_256]),
+    per_table=st.integers(1, 9),
+    block=st.integers(1, 7),
+)
+def test_writer_equals_megatron_builder(tmp_path_factory, docs, vocab, per_table, block):
+    folder = tmp_path_factory.mktemp("mg")
+    docs = [[t % vocab for t in d] for d in docs]
+    dtype = megatron_dtype(vocab)
+    assert dtype == np.dtype(DType.optimal_dtype(vocab))  # the dtype Megatron picks
+    old, megatron.BLOCK = megatron.BLOCK, block  # index blocks of a few documents
+    try:
+        writer = MegatronWriter(folder / "a.bin", folder / "a.idx", dtype)
+        token_type = pa.uint16() if vocab <= 65_536 else pa.uint32()
+        for i in range(0, len(docs), per_table):
+            writer.write(_table(docs[i : i + per_table], token_type))
+        writer.close()
+    finally:
+        megatron.BLOCK = old
+    _reference(folder / "ref", docs, vocab)
+    assert (folder / "a.bin").read_bytes() == (folder / "ref.bin").read_bytes()
+    assert (folder / "a.idx").read_bytes() == (folder / "ref.idx").read_bytes()
+    assert sorted(p.name for p in folder.iterdir()) == ["a.bin", "a.idx", "ref.bin", "ref.idx"]
+    index = read_megatron_index(folder / "a.idx")
+    assert index["lengths"].tolist() == [len(d) for d in docs]
+    assert writer.documents == len(docs) and writer.tokens == sum(map(len, docs))
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    return build("gpt2", tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "c.jsonl"
+    paragraphs = [p for t in stdlib_sample() for p in t.split("\n\n") if p.strip()]
+    texts = paragraphs[:400]
+    assert len(texts) == 400
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts) + '{"text": ""}\n')
+    return path
+
+
+def test_cli_writes_what_megatron_writes_and_reads(tmp_path, gpt2, corpus):
+    code, out, err = run(
+        "tokenize", corpus, "--tokenizer", gpt2, "--to", "megatron", "-o", tmp_path / "d"
+    )
+    assert code == 0, err
+    assert "Wrote" in out and "d.bin and d.idx" in out
+    tok = load_tokenizer(str(gpt2))
+    docs = [
+        r
+        for t in tokenized_batches([corpus], tokenizer=tok)
+        for r in t.column("input_ids").to_pylist()
+    ]
+    assert len(docs) == 400 and all(d[-1] == tok.identity.eos_id for d in docs)  # --append-eod
+    _reference(tmp_path / "ref", docs, tok.identity.vocab_size)
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"d{suffix}").read_bytes() == (tmp_path / f"ref{suffix}").read_bytes()
+    ds = IndexedDataset(str(tmp_path / "d"))
+    assert len(ds) == 400
+    assert [ds[i].tolist() for i in (0, 57, 399)] == [docs[i] for i in (0, 57, 399)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx", "ref.bin", "ref.idx"]
+
+
+def _word_level(folder, n):
+    """A tokenizer.json of `n` word ids (w0 ... w{n-1}) and an end-of-text token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(n - 2)} | {"[UNK]": n - 2, "<|endoftext|>": n - 1}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
+
+
+def test_no_eos_and_a_vocabulary_that_needs_int32(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "w1 w65600 w7"}\n{"text": "w69000"}\n')
+    tok = load_tokenizer(str(_word_level(tmp_path, 70_000)), eos=None)
+    tokenize_megatron([path], tmp_path / "big.bin", tokenizer=tok, progress=False)
+    index = read_megatron_index(tmp_path / "big.idx")
+    assert index["dtype"] == np.int32  # 70,000 ids: Megatron's int32
+    assert np.fromfile(tmp_path / "big.bin", dtype=np.int32).tolist() == [1, 65600, 7, 69000]
+    assert index["lengths"].tolist() == [3, 1] and index["pointers"].tolist() == [0, 12]
+    assert index["document_indices"].tolist() == [0, 1, 2]
+
+
+def test_replacing_a_dataset_and_the_one_line_errors(tmp_path, corpus):
+    prefix = tmp_path / "d"
+    tokenize_megatron([corpus], prefix, progress=False)
+    before = (tmp_path / "d.idx").read_bytes()
+    code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", prefix)
+    assert code != 0 and "d.bin exists; pass --overwrite" in one_error_line(err)
+    # A run that fails (no documents) leaves the old pair as it was and nothing beside it.
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"text": ""}\n')
+    with pytest.raises(DataError, match="no documents"):
+        tokenize_megatron([empty], prefix, overwrite=True, progress=False)
+    assert (tmp_path / "d.idx").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx", "empty.jsonl"]
+    tokenize_megatron(
+        [corpus],
+        prefix,
+        overwrite=True,
+        tokenizer=load_tokenizer("byte", eos=None),
+        progress=False,
+    )
+    assert (tmp_path / "d.idx").read_bytes() != before
+    code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", prefix, "--keep-field", "x")
+    assert code != 0 and "drop --keep-field" in one_error_line(err)
+
+
+def test_inputs_with_a_loss_mask_are_refused(tmp_path):
+    chat = tmp_path / "chat.jsonl"
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    chat.write_text(json.dumps({"messages": messages}) + "\n")
+    with pytest.raises(ConfigError, match="cannot hold"):
+        tokenize_megatron([chat], tmp_path / "d", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl"]
+
+
+def test_a_file_that_is_not_an_index_is_one_line(tmp_path):
+    (tmp_path / "x.idx").write_bytes(b"not an index at all, no")
+    with pytest.raises(DataError, match="bad header"):
+        read_megatron_index(tmp_path / "x.idx")
+    head = megatron.INDEX_HEADER + struct.pack("<QBQQ", 1, 8, 5, 6)
+    (tmp_path / "y.idx").write_bytes(head + b"\x00" * 30)  # 5 sequences need 126 bytes
+    with pytest.raises(DataError, match="not what"):
+        read_megatron_index(tmp_path / "y.idx")
+
+
+# --- the partition engines: any partition size, worker count and engine; --resume ---
+
+SAMPLE = Path(__file__).resolve().parents[3] / "sample_data" / "corpus.jsonl"
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """Raw inputs of four kinds: the sample JSONL (cut into byte ranges at 300 kB), a gzipped
+    JSONL (one piece), text files and a Parquet text file of 8 row groups (cut between them)."""
+    folder = tmp_path_factory.mktemp("mixed")
+    paragraphs = [p for t in stdlib_sample() for p in t.split("\n\n") if p.strip()]
+    with gzip.open(folder / "b.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"text": t}) + "\n" for t in paragraphs[:300])
+    (folder / "text").mkdir()
+    for i, t in enumerate(paragraphs[300:320]):
+        (folder / "text" / f"t{i:02d}.txt").write_text(t)
+    table = pa.table({"text": paragraphs[320:2320]})
+    pq.write_table(table, folder / "c.parquet", row_group_size=250)
+    return [SAMPLE, folder / "b.jsonl.gz", folder / "text", folder / "c.parquet"]
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, mixed):
+    """The pair one process writes reading the inputs one after another (one partition)."""
+    prefix = tmp_path_factory.mktemp("whole") / "d"
+    summary = tokenize_megatron(mixed, prefix, progress=False)
+    assert summary.partitions == 1
+    return prefix
+
+
+def _pair(prefix: Path) -> tuple[bytes, bytes]:
+    return Path(f"{prefix}.bin").read_bytes(), Path(f"{prefix}.idx").read_bytes()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_partitions_and_workers_write_the_bytes_of_one_process(tmp_path, mixed, whole, workers):
+    prefix = tmp_path / "d"
+    summary = tokenize_megatron(
+        mixed, prefix, partition_size=300_000, workers=workers, progress=False
+    )
+    assert summary.partitions == 12 and summary.resumed_partitions == 0
+    assert ("2 partition worker process(es)" in summary.engine) == (workers == 2)
+    assert _pair(prefix) == _pair(whole)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx"]  # no staging left
+    ds = IndexedDataset(str(prefix))
+    assert len(ds) == summary.documents == len(IndexedDataset(str(whole))) > 4024 + 300 + 20
+    assert summary.skips == {"empty": 6} and "partitions" in summary.format()
+
+
+def _interrupt_after(prefix: Path, inputs, finished: int, monkeypatch, **kw) -> Path:
+    """Run with one worker until `finished` parts have a record, then Ctrl-C; the staging
+    folder (kept for --resume)."""
+    from packtool.engines import megatron_part
+
+    staging = staging_folder(Path(f"{prefix}.idx"))
+    real = megatron_part.run_part
+
+    def stop(ctx, descriptor):
+        if len(records.finished(staging)) >= finished:
+            raise KeyboardInterrupt
+        return real(ctx, descriptor)
+
+    monkeypatch.setattr(megatron_part, "run_part", stop)
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_megatron(inputs, prefix, partition_size=300_000, workers=1, progress=False, **kw)
+    monkeypatch.undo()
+    assert len(records.finished(staging)) == finished
+    return staging
+
+
+def test_resume_after_an_interrupt_and_a_half_done_merge(tmp_path, mixed, whole, monkeypatch):
+    prefix = tmp_path / "d"
+    staging = _interrupt_after(prefix, mixed, 4, monkeypatch)
+    assert not Path(f"{prefix}.idx").exists()  # no dataset until the index is in place
+    # What a kill in the middle of the merge of part 4 leaves: its first bytes appended, and
+    # the files of part 3, appended whole, not removed yet.
+    from packtool.engines import megatron as run_module
+    from packtool.engines.megatron_part import part_paths
+
+    merged = staging / run_module.MERGED_BIN
+    size = merged.stat().st_size
+    with merged.open("ab") as f:
+        f.write(b"\x01\x02\x03")
+    ref_bin = Path(f"{whole}.bin").read_bytes()
+    record = records.read_record(staging, 3)
+    part_bin, part_lengths = part_paths(staging, 3)
+    part_bin.write_bytes(ref_bin[size - record["bin_bytes"] : size])
+    part_lengths.write_bytes(b"\0" * (4 * record["documents"]))
+    code, out, err = run(
+        "tokenize", *mixed, "--to", "megatron", "-o", prefix, "--partition-size", "300000",
+        "--resume",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "4 kept from the interrupted run" in out
+    assert _pair(prefix) == _pair(whole)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx"]
+    code, out, _ = run(
+        "tokenize", *mixed, "--to", "megatron", "-o", prefix, "--partition-size", "300000",
+        "--resume",
+    )  # fmt: skip
+    assert code == 0 and "already complete" in out
+
+
+def test_kill_9_then_resume_writes_the_same_bytes(tmp_path, mixed, whole):
+    prefix = tmp_path / "d"
+    staging = staging_folder(Path(f"{prefix}.idx"))
+    args = [str(a) for a in ("tokenize", *mixed, "--to", "megatron", "-o", prefix)]
+    args += ["--partition-size", "300000", "--workers", "1"]
+    # Each part takes at least 0.3 s, so the kill lands while the run goes on.
+    script = (
+        "import sys, time\n"
+        "from packtool.engines import megatron_part\n"
+        "real = megatron_part.run_part\n"
+        "def slow(ctx, d):\n"
+        "    time.sleep(0.3)\n"
+        "    return real(ctx, d)\n"
+        "megatron_part.run_part = slow\n"
+        "from packtool.cli.commands import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script, *args], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(records.finished(staging)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait(30)
+    done = len(records.finished(staging))
+    assert 3 <= done < 12 and not Path(f"{prefix}.idx").exists()
+    code, out, err = run(*args, "--resume")
+    assert code == 0, err
+    assert f"{done} kept from the interrupted run" in out or f"{done + 1} kept" in out
+    assert _pair(prefix) == _pair(whole)
+
+
+def test_a_killed_swap_is_finished_by_the_next_command(tmp_path, mixed, whole, monkeypatch):
+    from packtool.engines import megatron as run_module
+
+    prefix = tmp_path / "d"
+    real, calls = run_module.finish_swap, []
+
+    def killed(*args):  # the first call (before any work) finds nothing; the second is killed
+        calls.append(args)
+        if len(calls) == 2:
+            raise OSError("killed")
+        return real(*args)
+
+    monkeypatch.setattr(run_module, "finish_swap", killed)
+    with pytest.raises(OSError):
+        tokenize_megatron(mixed, prefix, partition_size=300_000, progress=False)
+    monkeypatch.undo()
+    staging = staging_folder(Path(f"{prefix}.idx"))
+    assert (staging / run_module.READY_IDX).is_file() and not Path(f"{prefix}.idx").exists()
+    code, out, err = run(
+        "tokenize", *mixed, "--to", "megatron", "-o", prefix, "--partition-size", "300000",
+        "--resume",
+    )  # fmt: skip
+    assert code == 0 and "already complete" in out, err
+    assert _pair(prefix) == _pair(whole)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx"]
+
+
+def test_the_resume_errors_are_one_line(tmp_path, mixed, monkeypatch):
+    prefix = tmp_path / "d"
+    base = ["tokenize", *mixed, "--to", "megatron", "-o", prefix, "--partition-size", "300000"]
+    code, _, err = run(*base, "--resume")
+    assert code != 0 and "no interrupted run to resume" in one_error_line(err)
+    _interrupt_after(prefix, mixed, 2, monkeypatch)
+    code, _, err = run(*base)
+    assert code != 0 and "pass --resume to finish it" in one_error_line(err)
+    code, _, err = run(*base[:-1], "200000", "--resume")
+    assert code != 0 and "options or inputs differ (partition_size)" in one_error_line(err)
+    code, _, err = run("tokenize", *mixed, "-o", tmp_path / "p", "--engine", "ray")
+    assert code != 0 and "--engine needs --to megatron" in one_error_line(err)
+    code, _, err = run("tokenize", *mixed, "-o", tmp_path / "p", "--resume")
+    assert code != 0 and "--resume needs --to megatron" in one_error_line(err)
+    code, out, err = run(*base, "--overwrite")  # starts over
+    assert code == 0, err
+
+
+def test_ray_writes_the_local_pair(ray_session, tmp_path, mixed, whole):
+    from packtool.engines.ray import RayConfig
+
+    prefix = tmp_path / "d"
+    summary = tokenize_megatron(
+        mixed,
+        prefix,
+        partition_size=300_000,
+        engine="ray",
+        engine_config=RayConfig(),
+        progress=False,
+    )
+    assert "Ray: 2 CPU(s)" in summary.engine
+    assert _pair(prefix) == _pair(whole)
