@@ -24,6 +24,7 @@ SLURM_OPTIONS = (
     "mem",
     "sbatch_args",
     "tasks_per_job",
+    "slurm_workers",
     "slurm_setup",
     "no_wait",
 )
@@ -57,6 +58,7 @@ class EngineOptions:
                 mem=s["mem"],
                 sbatch_args=s["sbatch_args"],
                 tasks_per_job=s["tasks_per_job"],
+                workers=s["slurm_workers"],
                 setup=s["slurm_setup"],
                 wait=not s["no_wait"],
             )
@@ -124,6 +126,14 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default=1,
             show_default=True,
             help="Partitions per Slurm array task (more: fewer task starts).",
+        ),
+        click.option(
+            "--slurm-workers",
+            type=click.IntRange(min=1),
+            default=None,
+            metavar="N",
+            help="Pull mode: N long-lived array tasks that take partitions one after another "
+            "until none is left (each task's start paid once; instead of --tasks-per-job).",
         ),
         click.option(
             "--slurm-setup",

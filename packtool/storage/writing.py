@@ -100,6 +100,21 @@ def open_append(path: str | os.PathLike, size: int) -> BinaryIO:
     return f
 
 
+def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
+    """Create `path` holding `data` if no file is there (`O_CREAT | O_EXCL`: of several processes,
+    on any node of a shared file system that honours it, NFSv3+, Lustre, GPFS, exactly one
+    succeeds); False when it exists. A reader may see the file empty for a moment."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return True
+
+
 def create_empty(path: str | os.PathLike) -> None:
     """An empty file at `path` (one already there is kept as it is)."""
     Path(path).touch()

@@ -1,4 +1,4 @@
-"""The Slurm engine: the partitions of a `pack` run as Slurm job arrays, the local engine's bytes.
+"""The Slurm engine: the partitions of a run as Slurm job arrays, the local engine's bytes.
 
 The driver (`driver.py`, `run_pack_slurm`) plans the run as the other engines do
 (packtool/engines/base.py), checks before any work that Slurm takes the run's options and that
@@ -14,8 +14,15 @@ Records in: a `RunConfig` and a `SlurmConfig`. Out: the dataset folder, a `PackS
 descriptors and completion records in the staging folder, task logs beside the output.
 May import: the rest of `engines` and every stage below it.
 
+Two ways to hand out the partitions: fixed shares of `--tasks-per-job` partitions per array task
+(`arrays.py`), or pull mode (`--slurm-workers N`, `pilots.py`): N long-lived tasks claiming the
+next partition until none is left, each task's start paid once.
+
 Modules:
-- `driver.py`: `SlurmConfig`, `run_pack_slurm`, the submit / wait / resubmit loop.
+- `config.py`: `SlurmConfig`, the names of the engine's files in the run state.
+- `driver.py`: `run_pack_slurm`, `slurm_options`, `drive_slurm` (the entry points).
+- `arrays.py`: `ArrayDriver`, the submit / wait / resubmit loop of fixed shares.
+- `pilots.py`: `PilotDriver`, pull mode's workers, claims and their release.
 - `commands.py`: sbatch, squeue, scancel, scontrol.
-- `task.py`: one array task.
+- `task.py`: one array task, or one pull-mode worker.
 """

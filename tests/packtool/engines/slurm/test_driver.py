@@ -81,6 +81,21 @@ def _wait_queue_empty(jobs, timeout=120) -> None:
         time.sleep(0.3)
 
 
+def _requeue_now(key: str) -> None:
+    """`scontrol requeue` a task and let it start again at once: Slurm holds a requeued job back
+    (its begin time ~2 minutes on), so once it is pending again its start time is set to now."""
+    subprocess.run(["scontrol", "requeue", key], capture_output=True)
+    end = time.time() + 10
+    while time.time() < end:
+        state = subprocess.run(
+            ["squeue", "-h", "-j", key, "-o", "%T"], capture_output=True, text=True
+        ).stdout.strip()
+        if state in ("PENDING", ""):
+            break
+        time.sleep(0.05)
+    subprocess.run(["scontrol", "update", f"JobId={key}", "StartTime=now"], capture_output=True)
+
+
 def test_slurm_writes_the_local_bytes_in_several_arrays(cluster, local, tmp_path):
     out = tmp_path / "packed"
     summary = run_pack_slurm(_config(out), SlurmConfig(poll_seconds=0.3))
@@ -194,11 +209,7 @@ def test_a_task_killed_mid_partition_and_a_requeued_one_are_run_again(cluster, t
     time.sleep(1.0)
     live = [key for key in _queue(jobs) if "_" in key]
     if live:  # requeue a task that is queued or running: it runs again, skipping what is done
-        subprocess.run(["scontrol", "requeue", live[-1]], capture_output=True)
-        # (Slurm holds a requeued job back for a while; let it start now.)
-        subprocess.run(
-            ["scontrol", "update", f"JobId={live[-1]}", "StartTime=now"], capture_output=True
-        )
+        _requeue_now(live[-1])
     summary = run_pack_slurm(config(out, resume=True), SlurmConfig(setup=setup, poll_seconds=0.3))
     assert (mark / "fired").exists()  # the kill came while a shard was being written
     _same_dataset(tmp_path / "local", out)  # no half-written shard survived, none is missing
@@ -243,16 +254,16 @@ def test_the_one_line_errors(cluster, tmp_path, monkeypatch):
 def test_nodes_that_cannot_see_the_output_stop_the_run_before_any_partition(
     cluster, tmp_path, monkeypatch
 ):
-    from packtool.engines.slurm import driver as slurm
+    from packtool.engines.slurm.arrays import ArrayDriver
 
-    real_init = slurm._Driver.__init__
+    real_init = ArrayDriver.__init__
 
     def init(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
         # What a node without the shared mount sees: no such folder (the probe looks for it).
         self.probe_target = tmp_path / "not-mounted-on-the-nodes"
 
-    monkeypatch.setattr(slurm._Driver, "__init__", init)
+    monkeypatch.setattr(ArrayDriver, "__init__", init)
     out = tmp_path / "packed"
     with pytest.raises(ConfigError, match="cannot see the run's folder") as failed:
         run_pack_slurm(_config(out), SlurmConfig(poll_seconds=0.3))
@@ -281,3 +292,103 @@ def test_the_driver_killed_while_jobs_run_is_resumed(cluster, local, tmp_path):
     code, stdout, err = run(*args, "--resume")
     assert code == 0, err
     _same_dataset(local, out)
+
+
+# --- pull mode (--slurm-workers): long-lived workers take the partitions in turn ---
+
+
+def test_workers_take_the_partitions_in_turn_and_write_the_local_bytes(cluster, local, tmp_path):
+    out = tmp_path / "packed"
+    code, stdout, err = run(
+        "pack", SAMPLE, "-o", out, "--max-len", "1024", "--shard-rows", "200",
+        "--partition-size", "300000", "--engine", "slurm", "--slurm-workers", "2",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "2 worker task(s) taking partitions in turn" in stdout
+    _same_dataset(local, out)
+    assert not staging_folder(out).exists()
+    code, _, err = run(
+        "pack", SAMPLE, "-o", tmp_path / "x", "--engine", "slurm", "--slurm-workers", "2",
+        "--tasks-per-job", "2",
+    )  # fmt: skip
+    assert code != 0 and "exclude each other" in one_error_line(err)
+
+
+def _killer(mark: Path, work: Path, every: bool = False) -> str:
+    """A setup line that SIGKILLs a worker's Python while it writes a shard (mid-partition): the
+    first worker to start, or every one."""
+    once = "" if every else f" && mkdir {mark} 2>/dev/null"
+    return (
+        f'if [ "$PACKTOOL_SLURM_ROLE" = task ]{once}; then mkdir -p {mark}; '
+        f"(until ls {work}/.shard-*.tmp >/dev/null 2>&1; do kill -0 $$ || exit 0; sleep 0.005; "
+        f"done; touch {mark}/fired; kill -9 $$) & fi"
+    )
+
+
+def _small(out: Path, **kw) -> RunConfig:
+    # Small chunks and row groups: a partition writes its shard over many steps.
+    return replace(
+        _config(out, chunk_docs=20, **kw), shards=ShardConfig(shard_rows=200, row_group_rows=4)
+    )
+
+
+def test_a_worker_killed_mid_partition_a_requeued_one_and_no_wait_then_resume(cluster, tmp_path):
+    run_pack(_small(tmp_path / "local"))
+    out = tmp_path / "packed"
+    mark = tmp_path / "killed-once"
+    setup = _killer(mark, staging_folder(out))
+    slurm = SlurmConfig(workers=2, setup=setup, sbatch_args=("--requeue",), poll_seconds=0.3)
+    with pytest.raises(Detached) as gone:
+        run_pack_slurm(_small(out), replace(slurm, wait=False))
+    jobs = gone.value.job_ids
+    end = time.time() + 60
+    while not (mark / "fired").exists() and time.time() < end:
+        time.sleep(0.05)
+    live = [key for key in _queue(jobs) if "_" in key]
+    if live:  # requeue a worker: it comes back, takes its own claims back first, goes on
+        _requeue_now(live[-1])
+    summary = run_pack_slurm(_small(out, resume=True), slurm)
+    assert (mark / "fired").exists()  # a worker was killed while it wrote a shard
+    _same_dataset(tmp_path / "local", out)
+    assert summary.partitions == 11
+
+
+def test_a_partition_whose_worker_always_dies_stops_the_run_naming_its_log(cluster, tmp_path):
+    out = tmp_path / "packed"
+    claims = staging_folder(out) / records.RUN_DIR / "slurm" / "claims"
+    # Every worker is SIGKILLed just after its first claim: in the middle of that partition.
+    setup = (
+        '[ "$PACKTOOL_SLURM_ROLE" = task ] && (key="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"; '
+        f'until grep -qsx "$key" {claims}/*; do kill -0 $$ || exit 0; sleep 0.01; done; '
+        "sleep 0.2; kill -9 $$) &"
+    )
+    with pytest.raises(WorkersLost) as failed:
+        run_pack_slurm(
+            _small(out), SlurmConfig(workers=2, setup=setup, max_retries=1, poll_seconds=0.3)
+        )
+    message = str(failed.value)
+    assert "ended without a record 2 times in Slurm" in message and ".log" in message
+    assert "\n" not in message
+    assert not subprocess.run(
+        ["squeue", "-h", "-n", "packtool-packed"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_workers_that_never_start_a_partition_stop_the_run(cluster, tmp_path):
+    out = tmp_path / "packed"
+    with pytest.raises(WorkersLost) as failed:
+        run_pack_slurm(
+            _config(out),
+            SlurmConfig(
+                workers=2,
+                setup='[ "$PACKTOOL_SLURM_ROLE" = task ] && exit 7',
+                max_retries=1,
+                poll_seconds=0.3,
+            ),
+        )
+    message = str(failed.value)
+    assert "Slurm workers ended 2 times without finishing a partition" in message
+    assert "no partition had finished" in message and ".log" in message
+    assert not subprocess.run(
+        ["squeue", "-h", "-n", "packtool-packed"], capture_output=True, text=True
+    ).stdout.strip()

@@ -1,0 +1,292 @@
+"""The Slurm engine's submit / wait / resubmit loop for job arrays of fixed shares.
+
+`ArrayDriver` gives each array task `tasks_per_job` partitions (one line of descriptors each),
+polls the queue and the records, and resubmits what a task that left the queue did not record;
+`pilots.PilotDriver` (`--slurm-workers`) builds on it. The state is one small file per
+submitted job under the run's Slurm folder, so a resumed driver re-attaches to the jobs still
+queued. See packtool/engines/slurm/driver.py for the whole engine.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packtool.dataset.output import output_paths
+from packtool.engines import records
+from packtool.engines.slurm import commands as cli
+from packtool.engines.slurm.config import JOBS_DIR, PROBE_OK, SLURM_DIR, SlurmConfig
+from packtool.engines.slurm.task import CANNOT_SEE
+from packtool.errors import ConfigError, DataError, Detached
+from packtool.storage import local as storage
+from packtool.storage import writing
+
+
+def logs_folder(out_dir: str | Path) -> Path:
+    """Where the tasks' logs go: beside the output (hidden), so that a failed run's logs, which
+    its error names, outlive its staging folder; removed when the run finishes."""
+    target = output_paths(out_dir).target
+    return target.parent / f".{target.name}.packtool-slurm-logs"
+
+
+class ArrayDriver:
+    """Submits the partitions without a record, waits for them, resubmits what is lost."""
+
+    def __init__(self, run: Any, slurm: SlurmConfig, options: list[str]) -> None:
+        self.run, self.slurm, self.options = run, slurm, options
+        self.dir = records.run_dir(run.work) / SLURM_DIR
+        self.logs = logs_folder(run.out_dir)
+        writing.make_dirs(self.dir / JOBS_DIR)
+        writing.make_dirs(self.logs)
+        self.jobs: dict[str, dict[str, Any]] = self._load_jobs()  # job id -> {array, tasks}
+        self.open: set[str] = set()
+        """The `JOB_TASK` keys whose partitions are not all recorded: what a poll looks at."""
+        self.attempts: dict[int, int] = {}
+        self.submitted = 0
+        self.probe_job: str | None = None
+        self.probe_target = self.dir  # the folder the probe must see (tests point it elsewhere)
+        self.max_array = cli.max_array_size()
+
+    # --- the run state: which job runs which partitions (a resumed driver re-attaches) ---
+
+    def _load_jobs(self) -> dict[str, dict[str, Any]]:
+        jobs = {}
+        for path in storage.glob(self.dir / JOBS_DIR, "*.json"):
+            try:
+                jobs[path.stem] = json.loads(storage.read_text(path))
+            except (OSError, ValueError) as exc:
+                raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
+        return jobs
+
+    def _add_job(self, job: str, entry: dict[str, Any]) -> None:
+        """Record a submitted job (its own file: nothing written before is rewritten)."""
+        writing.write_atomic(self.dir / JOBS_DIR / f"{job}.json", json.dumps(entry).encode())
+        self.jobs[job] = entry
+        self.open.update(f"{job}_{i}" for i, parts in enumerate(entry["tasks"]) if parts)
+
+    # --- submitting ---
+
+    def _submit(self, partitions: list[int]) -> None:
+        """Submit `partitions` as arrays of at most MaxArraySize tasks of `tasks_per_job`."""
+        k = self.slurm.tasks_per_job
+        tasks = [partitions[i : i + k] for i in range(0, len(partitions), k)]
+        self._write_context()
+        for start in range(0, len(tasks), self.max_array):
+            chunk = tasks[start : start + self.max_array]
+            array = f"a{len(self.jobs)}-{time.time_ns()}"
+            self._write_descriptors(array, chunk)
+            script = self._script(array)
+            log = self.logs / f"{array}-%a.log"
+            after = [f"--dependency=afterok:{self.probe_job}"] if self.probe_job else []
+            job = cli.submit_array(
+                [*self.options, *after, f"--output={log}"], len(chunk), str(script)
+            )
+            self._add_job(job, {"array": array, "tasks": chunk})
+            self.submitted += len(chunk)
+
+    def _write_context(self) -> None:
+        if not storage.is_file(self.dir / "context.pkl"):
+            writing.write_atomic(self.dir / "context.pkl", pickle.dumps(self.run.context))
+
+    def _write_descriptors(self, array: str, tasks: list[list[int]]) -> None:
+        lines = [json.dumps([self.run.descriptor(p) for p in t]).encode() + b"\n" for t in tasks]
+        offsets = np.zeros(len(lines) + 1, dtype=np.int64)
+        np.cumsum([len(line) for line in lines], out=offsets[1:])
+        writing.write_atomic(self.dir / f"{array}.jsonl", b"".join(lines))
+        writing.write_atomic(self.dir / f"{array}.offsets", offsets.tobytes())
+
+    def _script(self, array: str, task: str = '"$SLURM_ARRAY_TASK_ID"') -> Path:
+        python = shlex.quote(sys.executable)
+        setup = f"{self.slurm.setup}\n" if self.slurm.setup else ""
+        body = (
+            "#!/bin/bash\n"
+            "export PACKTOOL_SLURM_ROLE=task\n"
+            f"{setup}"
+            f"exec {python} -m packtool.engines.slurm.task {shlex.quote(str(self.dir))} "
+            f"{array} {task}\n"
+        )
+        path = self.dir / f"{array}.sh"
+        writing.write_atomic(path, body.encode())
+        return path
+
+    # --- waiting ---
+
+    def run_partitions(self) -> None:
+        todo = set(self.run.todo)  # the partitions without a record when the run was opened
+        done = set(records.finished(self.run.work))
+        live = cli.live_tasks(self.jobs)  # jobs of an earlier driver still queued: re-attach
+        # The others ended: what they left is submitted now.
+        self.open = {key for key in live if self._partitions_of(key)}
+        covered = {p for key in self.open for p in self._partitions_of(key)}
+        self._probe(live)
+        self._submit(sorted(p for p in todo if p not in done and p not in covered))
+        if not self.slurm.wait:
+            raise self._detached(len(todo - done), {key.partition("_")[0] for key in self.open})
+        self._wait(todo)
+
+    def _detached(self, partitions: int, jobs: set[str]) -> Detached:
+        """`--no-wait`: what the command prints (the jobs run on; `--resume` re-attaches)."""
+        queued = sorted(jobs, key=int)
+        ids = ", ".join(queued)
+        command = self.run.command
+        again = f"`{command} --resume`" if command else "the same command with --resume"
+        return Detached(
+            f"submitted {partitions} partition(s) to Slurm (job(s) {ids}); the run goes on "
+            f"there: {again} waits for it and finishes {self.run.out_dir} (it re-attaches to "
+            "these jobs)",
+            queued,
+        )
+
+    def describe(self) -> str:
+        """What ran the partitions, in words (the summary's line)."""
+        return (
+            f"Slurm: {self.submitted} array task(s) of {self.slurm.tasks_per_job} partition(s), "
+            f"{self.slurm.cpus_per_task or 1} CPU(s) each (stage times summed over tasks)"
+        )
+
+    def _probe(self, live: dict[str, str]) -> None:
+        """A one-second job, with the run's options and setup line, that proves the nodes see
+        the run's folder (it writes `PROBE_OK` there); the arrays depend on it (`afterok`), so
+        on a cluster that cannot see the folder no partition starts and the driver says so in
+        one line. Skipped once a probe succeeded (a resumed run)."""
+        self.probe_job = None
+        if storage.is_file(self.dir / PROBE_OK):
+            return
+        earlier = next((j for j, e in self.jobs.items() if e["array"] == "probe"), None)
+        if earlier is not None:  # a detached run's probe: still to run, or failed
+            self.probe_job = earlier
+            self._check_probe(live)  # raises if it ended without its mark
+            return
+        target = shlex.quote(str(self.probe_target))
+        setup = f"{self.slurm.setup}\n" if self.slurm.setup else ""
+        body = (
+            "#!/bin/bash\n"
+            "export PACKTOOL_SLURM_ROLE=probe\n"
+            f"{setup}"
+            f"if [ -d {target} ] && touch {target}/{PROBE_OK}; then exit 0; fi\n"
+            f'echo "{CANNOT_SEE} {self.probe_target} from $(hostname)" >&2\n'
+            "exit 3\n"
+        )
+        script = self.dir / "probe.sh"
+        writing.write_atomic(script, body.encode())
+        log = self.logs / "probe.log"
+        self.probe_job = cli.submit_array([*self.options, f"--output={log}"], 1, str(script))
+        self._add_job(self.probe_job, {"array": "probe", "tasks": [[]]})
+
+    def _check_probe(self, live: dict[str, str]) -> None:
+        """Once the probe left the queue without its mark: the one-line error (arrays cancelled
+        by the caller)."""
+        if self.probe_job is None or f"{self.probe_job}_0" in live:
+            return
+        if storage.is_file(self.dir / PROBE_OK):
+            self.probe_job = None
+            return
+        self._check_visible(self.logs / "probe.log")
+        raise ConfigError(
+            f"--engine slurm: the probe job {self.probe_job} failed before any partition ran "
+            f"(log: {self.logs / 'probe.log'}{last_line(self.logs / 'probe.log')})"
+        )
+
+    def _partitions_of(self, key: str) -> list[int]:
+        job, _, task = key.partition("_")
+        entry = self.jobs.get(job)
+        if entry is None or not task.isdigit() or int(task) >= len(entry["tasks"]):
+            return []
+        return entry["tasks"][int(task)]
+
+    def _wait(self, todo: set[int]) -> None:
+        """Poll until every partition of `todo` is recorded. Each poll costs the tasks still to
+        finish (one squeue of their jobs, a stat of their partitions' records), never the run's
+        whole history."""
+        done = set(records.finished(self.run.work)) & todo  # one listing, at the start
+        for p in sorted(done):
+            self.run.account(records.read_record(self.run.work, p))
+        gone_once: set[str] = set()
+        while True:
+            jobs = {key.partition("_")[0] for key in self.open}
+            if self.probe_job is not None:
+                jobs.add(self.probe_job)
+            live = cli.live_tasks(jobs)  # first the queue, then the records
+            self._check_probe(live)
+            for key in sorted(self.open):
+                for p in self._partitions_of(key):
+                    if (
+                        p in todo
+                        and p not in done
+                        and storage.exists(records.record_path(self.run.work, p))
+                    ):
+                        self.run.account(records.read_record(self.run.work, p))
+                        done.add(p)
+            if todo <= done:
+                # Tasks still queued have nothing left (exiting, or requeued after finishing):
+                # a finished run leaves no job behind.
+                cli.cancel({key.partition("_")[0] for key in live})
+                return
+            resubmit = []
+            for key in sorted(self.open):
+                missing = [p for p in self._partitions_of(key) if p in todo and p not in done]
+                if not missing:
+                    self.open.discard(key)
+                    continue
+                if key in live:
+                    continue
+                if key not in gone_once:  # out of the queue: look again (records may lag)
+                    gone_once.add(key)
+                    continue
+                gone_once.discard(key)
+                self.open.discard(key)
+                job, _, task = key.partition("_")
+                log = self.logs / f"{self.jobs[job]['array']}-{task}.log"
+                self._check_visible(log)
+                for p in missing:
+                    self.attempts[p] = self.attempts.get(p, 0) + 1
+                    if self.attempts[p] > self.slurm.max_retries:
+                        raise self.run.workers_lost(
+                            f"partition {p} ended without a record {self.attempts[p]} times in "
+                            f"Slurm (last task log: {log}{last_line(log)})",
+                            "see the log",
+                        )
+                resubmit += missing
+            if resubmit:
+                self._submit(sorted(resubmit))
+            running = sum(1 for s in live.values() if s != "PENDING")
+            pending = sum(1 for s in live.values() if s == "PENDING")
+            self._progress(len(done), len(todo), running, pending, sum(self.attempts.values()))
+            time.sleep(self.slurm.poll_seconds)
+
+    def _check_visible(self, log: Path) -> None:
+        """A node that cannot see the run's folder: one line now, not retries."""
+        try:
+            text = storage.read_text(log) if storage.is_file(log) else ""
+        except (OSError, UnicodeDecodeError):
+            return
+        line = next((s for s in text.splitlines() if s.startswith(CANNOT_SEE)), None)
+        if line is not None:
+            raise ConfigError(
+                f"--engine slurm: the cluster's nodes cannot see the run's folder "
+                f"({line.removeprefix(CANNOT_SEE).strip()}); write the output to a file system "
+                "every node mounts"
+            )
+
+    def _progress(self, done: int, total: int, running: int, pending: int, failed: int) -> None:
+        self.run.bar.note(
+            f"partitions {done}/{total} done, {running} running, {pending} pending, {failed} failed"
+        )
+
+    def cancel(self) -> None:
+        cli.cancel({key.partition("_")[0] for key in self.open} | set(self.jobs))
+
+
+def last_line(log: Path) -> str:
+    try:
+        lines = [s for s in storage.read_text(log).splitlines() if s.strip()]
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f": {lines[-1].strip()[:200]}" if lines else ""

@@ -1,0 +1,207 @@
+"""Pull mode (`--slurm-workers N`): N long-lived array tasks take the partitions in turn.
+
+With fixed shares (`arrays.ArrayDriver`) every array task pays its own start: Slurm's
+scheduling of the task (on a busy cluster, seconds to minutes; on the test cluster up to its
+1 s scheduling interval), the interpreter, the imports (numba) and the kernels' load, about 2
+core-seconds a task on this project's test cluster (docs/benchmarks.md, "Slurm engine"). In
+pull mode the driver submits N workers (one array; N at most the partitions left), and each
+walks the run's pool of partitions in plan order, running every partition it can claim (no
+record yet, and the claim file `claims/PPPPPP` created with `O_EXCL`, holding the worker's
+`JOB_TASK`), so the start is paid N times a run and a worker that finishes early takes what is
+left (the balance of the local engine's pool). The bytes are the local engine's: the same
+partitions through the same `worker.run_partition`.
+
+The driver follows the claims, not the tasks: the workers claim in plan order, so every
+partition before the first unclaimed one was claimed, and a poll stats the claims from there on
+(new ones), the records of the claimed, unfinished partitions (at most N) and the claims the
+driver itself released; one squeue of the workers' jobs at most every `poll_seconds`. It never
+lists or reads what is finished.
+
+Faults: a worker that leaves the queue (killed, cancelled, preempted, timed out, node lost)
+with a claimed partition unrecorded has the claim removed (the partition counts one attempt;
+more than `max_retries` stop the run with the one-line error naming the worker's log) and new
+workers are submitted for what it left; a requeued worker takes its own claims back first. All
+workers gone with partitions never claimed (e.g. a setup line that fails) resubmits at most
+`max_retries` times without progress before the same error. `--no-wait` and `--resume` work as
+with fixed shares: a resumed driver re-reads the claims once, keeps the workers still queued
+and releases the claims of those gone.
+
+No probe job: only N tasks are submitted, and a worker that cannot see the run's folder stops
+the run in one line as a probe would.
+
+Cost of the claims: each worker tries each partition at most once (a stat of its record, a
+failed create for one another worker holds): at 20,000 partitions and 100 workers ~4 x 10^6
+metadata operations spread over the run, ~10^4 per worker per partition-hour, next to a
+partition's minutes of work.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from packtool.engines import records
+from packtool.engines.slurm import commands as cli
+from packtool.engines.slurm.arrays import ArrayDriver, last_line
+from packtool.engines.slurm.config import CLAIMS_DIR, SlurmConfig
+from packtool.storage import local as storage
+from packtool.storage import writing
+
+TICK = 0.25
+"""Seconds between two looks at the claims and records (squeue: every `poll_seconds`)."""
+
+
+class PilotDriver(ArrayDriver):
+    """Submits N pull-mode workers, follows their claims, releases a lost worker's claims."""
+
+    def __init__(self, run: Any, slurm: SlurmConfig, options: list[str]) -> None:
+        super().__init__(run, slurm, options)
+        self.claims = self.dir / CLAIMS_DIR
+        writing.make_dirs(self.claims)
+        self.pool: list[int] = []
+        self.pool_name = ""
+        self.running: dict[int, str] = {}
+        """Claimed, not recorded: partition -> the claiming worker's `JOB_TASK` ("" unread)."""
+        self.released: set[int] = set()
+        self.cursor = 0
+
+    def describe(self) -> str:
+        return (
+            f"Slurm: {self.submitted} worker task(s) taking partitions in turn (--slurm-workers "
+            f"{self.slurm.workers}), {self.slurm.cpus_per_task or 1} CPU(s) each (stage times "
+            "summed over tasks)"
+        )
+
+    def _claim(self, p: int) -> Any:
+        return self.claims / f"{p:06d}"
+
+    def _owner(self, p: int) -> str:
+        try:
+            return storage.read_text(self._claim(p)).strip()
+        except OSError:
+            return ""
+
+    def _pilot_jobs(self) -> set[str]:
+        return {job for job, entry in self.jobs.items() if entry.get("pilots")}
+
+    def _submit_workers(self, n: int) -> None:
+        """An array of `n` workers over the pool (its files written once per driver)."""
+        self._write_context()
+        if not self.pool_name:
+            self.pool_name = f"pool{len(self.jobs)}-{time.time_ns()}"
+            self._write_descriptors(self.pool_name, [[p] for p in self.pool])
+            parts = np.asarray(self.pool, dtype=np.int64).tobytes()
+            writing.write_atomic(self.dir / f"{self.pool_name}.parts", parts)
+        script = self._script(self.pool_name, "pilot")
+        name = f"w{len(self.jobs)}-{time.time_ns()}"
+        log = self.logs / f"{name}-%a.log"
+        for start in range(0, n, self.max_array):
+            count = min(self.max_array, n - start)
+            job = cli.submit_array([*self.options, f"--output={log}"], count, str(script))
+            self._add_job(job, {"array": name, "pilots": count, "tasks": []})
+            self.submitted += count
+
+    def _log(self, key: str) -> Any:
+        job, _, task = key.partition("_")
+        entry = self.jobs.get(job, {})
+        return self.logs / f"{entry.get('array', job)}-{task}.log"
+
+    def run_partitions(self) -> None:
+        todo = set(self.run.todo)
+        done = set(records.finished(self.run.work))
+        self.pool = sorted(todo - done)
+        live = cli.live_tasks(self._pilot_jobs())  # an earlier driver's workers: re-attach
+        for path in storage.list_dir(self.claims):  # once per driver: what they claimed
+            if path.name.isdigit() and int(path.name) in todo and int(path.name) not in done:
+                self.running[int(path.name)] = self._owner(int(path.name))
+        self.cursor = 0
+        if not live and self.pool:
+            self._submit_workers(min(self.slurm.workers or 1, len(self.pool)))
+        if not self.slurm.wait:
+            queued = {k.partition("_")[0] for k in cli.live_tasks(self._pilot_jobs())}
+            raise self._detached(len(self.pool), queued or self._pilot_jobs())
+        self._follow(todo, done)
+
+    def _follow(self, todo: set[int], done: set[int]) -> None:
+        for p in sorted(done & todo):
+            self.run.account(records.read_record(self.run.work, p))
+        done &= todo
+        gone_once: set[str] = set()
+        last_poll = 0.0
+        stalled, done_at_submit = 0, len(done)
+        while True:
+            while self.cursor < len(self.pool) and storage.exists(
+                self._claim(self.pool[self.cursor])
+            ):
+                p = self.pool[self.cursor]
+                if p not in done:
+                    self.running.setdefault(p, "")
+                self.cursor += 1
+            for p in list(self.released):
+                if storage.exists(self._claim(p)):
+                    self.released.discard(p)
+                    self.running[p] = ""
+            for p in list(self.running):
+                if storage.exists(records.record_path(self.run.work, p)):
+                    self.run.account(records.read_record(self.run.work, p))
+                    done.add(p)
+                    del self.running[p]
+            if todo <= done:
+                cli.cancel({k.partition("_")[0] for k in cli.live_tasks(self._pilot_jobs())})
+                return
+            now = time.monotonic()
+            if now - last_poll >= self.slurm.poll_seconds:
+                last_poll = now
+                live = cli.live_tasks(self._pilot_jobs())
+                lost = self._release_lost(live, gone_once)
+                unclaimed = len(self.pool) - self.cursor + len(self.released)
+                # Every worker gone: what they claimed is released at the next poll (above);
+                # partitions nobody claimed get new workers now.
+                if lost or (unclaimed and not live and not self.running):
+                    if not lost:  # every worker gone, partitions never claimed
+                        stalled = stalled + 1 if len(done) == done_at_submit else 0
+                        if stalled > self.slurm.max_retries:
+                            log = self._log(f"{max(self._pilot_jobs(), key=int)}_0")
+                            self._check_visible(log)
+                            raise self.run.workers_lost(
+                                f"Slurm workers ended {stalled} times without finishing a "
+                                f"partition (last task log: {log}{last_line(log)})",
+                                "see the log",
+                            )
+                    done_at_submit = len(done)
+                    self._submit_workers(min(self.slurm.workers or 1, max(unclaimed, 1)))
+                running = sum(1 for s in live.values() if s != "PENDING")
+                pending = sum(1 for s in live.values() if s == "PENDING")
+                self._progress(len(done), len(todo), running, pending, sum(self.attempts.values()))
+            time.sleep(min(TICK, self.slurm.poll_seconds))
+
+    def _release_lost(self, live: dict[str, str], gone_once: set[str]) -> int:
+        """Release the claims of workers out of the queue (seen gone twice: records may lag);
+        the number released. Raises `WorkersLost` past `max_retries` attempts of a partition."""
+        released = 0
+        for p in sorted(self.running):
+            owner = self.running[p] or self._owner(p)
+            self.running[p] = owner
+            if not owner or owner in live:
+                continue
+            if owner not in gone_once:
+                gone_once.add(owner)
+                continue
+            if storage.exists(records.record_path(self.run.work, p)):
+                continue  # recorded just now: the next look accounts it
+            log = self._log(owner)
+            self._check_visible(log)
+            self.attempts[p] = self.attempts.get(p, 0) + 1
+            if self.attempts[p] > self.slurm.max_retries:
+                raise self.run.workers_lost(
+                    f"partition {p} ended without a record {self.attempts[p]} times in Slurm "
+                    f"(last task log: {log}{last_line(log)})",
+                    "see the log",
+                )
+            writing.remove_file(self._claim(p))
+            del self.running[p]
+            self.released.add(p)
+            released += 1
+        return released
