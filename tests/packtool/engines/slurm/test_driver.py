@@ -206,7 +206,11 @@ def test_a_task_killed_mid_partition_and_a_requeued_one_are_run_again(cluster, t
             config(out), SlurmConfig(setup=setup, wait=False, sbatch_args=("--requeue",))
         )
     jobs = gone.value.job_ids
-    time.sleep(1.0)
+    # The kill first (a requeue of the watched task before it would stop the watcher: under
+    # load a task can take more than a second to reach its first shard).
+    end = time.time() + 60
+    while not (mark / "fired").exists() and time.time() < end:
+        time.sleep(0.05)
     live = [key for key in _queue(jobs) if "_" in key]
     if live:  # requeue a task that is queued or running: it runs again, skipping what is done
         _requeue_now(live[-1])
