@@ -8,6 +8,7 @@ stays under the size every module keeps; like cli.py it only parses options into
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -118,6 +119,14 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--strict", is_flag=True, help="Stop at the first bad document instead of skipping it."
         ),
+        click.option(
+            "--storage-options",
+            default=None,
+            metavar="JSON",
+            help="Options for s3:// gs:// az:// hf:// https:// inputs (fsspec's: e.g. "
+            '\'{"anon": true}\', or per scheme \'{"s3": {"endpoint_url": "..."}}\'); '
+            "credentials and AWS_ENDPOINT_URL come from the usual environment. docs/remote.md.",
+        ),
     ]
 
     @functools.wraps(fn)
@@ -132,8 +141,11 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         no_bos: bool,
         strict: bool,
         tokenizer_engine: str,
+        storage_options: str | None,
         **kwargs: Any,
     ) -> Any:
+        if storage_options is not None:
+            _set_storage_options(storage_options)
         corpus = CorpusOptions(
             text_field,
             text_column,
@@ -150,6 +162,22 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper
+
+
+def _set_storage_options(text: str) -> None:
+    """`--storage-options`: checked here, handed on in the environment, so the worker
+    processes of the local engine see it too (packtool/storage/remote.py)."""
+    import json
+
+    from packtool.storage.remote import OPTIONS_ENV
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"--storage-options: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--storage-options: a JSON object ({{...}}), got {text[:60]}")
+    os.environ[OPTIONS_ENV] = text
 
 
 # --- fine-tuning records: `@sft_options` ---

@@ -107,7 +107,9 @@ def check_apart(
             "folder whole, so run it from outside (e.g. `cd ..`)"
         )
     for raw in inputs:
-        text = os.fspath(raw)
+        text = raw if isinstance(raw, str) else os.fspath(raw)
+        if storage.is_remote(text):
+            continue  # an object in a store is never inside a local output (nor the reverse)
         if glob.has_magic(text):
             # A recursive glob reaches every folder under its fixed part; it would read the
             # output back if its last part matches a name packtool writes there.
@@ -134,7 +136,7 @@ def check_apart(
                 f"input {text} is inside the output {out}, which this run replaces; "
                 "choose another output"
             )
-    files = list(files)
+    files = [f for f in files if not storage.is_remote(f)]
     for f, resolved in zip(files, map_ordered(storage.resolve, files), strict=True):
         if target in resolved.parents:
             raise ConfigError(

@@ -89,7 +89,7 @@ def common_optional(tokenized: list[tuple[Path, dict[str, Any]]]) -> tuple[str, 
 
 def tokenized_meta(path: str | os.PathLike) -> dict[str, Any] | None:
     """The `packtool` metadata of a tokenized Parquet file, or None for any other file."""
-    path = Path(path)
+    path = storage.as_path(path)
     if not path.name.lower().endswith(".parquet"):
         return None
     try:

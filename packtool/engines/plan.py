@@ -62,7 +62,7 @@ class InputFile:
 
     @property
     def cut_by_bytes(self) -> bool:
-        return self.kind == "jsonl" and compression_of(Path(self.path)) is None
+        return self.kind == "jsonl" and compression_of(storage.as_path(self.path)) is None
 
     def to_json(self) -> list[Any]:
         return [self.path, self.size, self.mtime_ns, self.kind]

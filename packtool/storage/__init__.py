@@ -1,7 +1,7 @@
 """Storage: the one seam between packtool (and the loader) and the file system.
 
-Every file-system operation of packtool and the loader goes through here; one backend today, the
-local (POSIX) file system, split along the read/write seam:
+Every file-system operation of packtool and the loader goes through here: the local (POSIX) file
+system, split along the read/write seam, and object stores and the web for reading:
 
 - `local.py`, the read side: `expand` turns files, folders and globs into a sorted,
   de-duplicated file list (stat-ing in parallel, refusing in one line what is not a regular
@@ -9,6 +9,9 @@ local (POSIX) file system, split along the read/write seam:
   `resolve`); reads: `open_input` (byte streams), `read_bytes` / `read_text` (small files),
   `memory_map` (the loader's shards), `parquet_file` / `parquet_schema` / `parquet_metadata`,
   `open_random` (reads at offsets of a file still being written).
+- `remote.py`: what `local.py` hands on for a URL (`s3://`, `gs://`, `az://`, `hf://`,
+  `https://`), through fsspec: prefixes and globs listed, objects stat-ed (size and state),
+  opened for ranged reads, their failures one line naming the URL (docs/remote.md).
 - `writing.py`, the write side: folders, files written whole (temporary name, fsync, rename),
   pyarrow's writers, in-place appends, replace / rename / remove, folder fsync, and the
   one-writer lock (`take_lock`).
@@ -18,7 +21,7 @@ fails when another module touches the file system itself. The names follow fsspe
 (list, stat, open for reading and writing, move, delete) so that object storage plugs in as a
 second backend (docs/architecture.md, "The storage seam").
 
-Records in: paths and globs as people type them, bytes and tables to write. Out: `pathlib.Path`
-lists, stat results, open files, bytes.
+Records in: paths, URLs and globs as people type them, bytes and tables to write. Out:
+`pathlib.Path` lists (`upath.UPath` for URLs), stat results, open files, bytes.
 May import: packtool's top-level modules (`errors`, `prefetch`) only; pyarrow on first use.
 """

@@ -29,6 +29,8 @@ from typing import Any, BinaryIO
 
 from packtool.errors import DataError
 from packtool.prefetch import map_ordered
+from packtool.storage import remote
+from packtool.storage.remote import is_remote
 
 
 def expand(
@@ -43,10 +45,16 @@ def expand(
     """
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
-    out: list[Path] = []
-    seen: set[Path] = set()
+    out: list[Any] = []
+    seen: set[Any] = set()
     for raw in inputs:
-        text = os.fspath(raw)
+        text = raw if isinstance(raw, str) else str(raw) if is_remote(raw) else os.fspath(raw)
+        if is_remote(text):  # s3://, gs://, hf://, https://, ...: packtool/storage/remote.py
+            for p in remote.expand(text, suffixes, described):
+                if str(p) not in seen:
+                    seen.add(str(p))
+                    out.append(p)
+            continue
         path = Path(text)
         if path.is_dir():
             matches = walk(path, suffixes)
@@ -129,18 +137,33 @@ def not_a_file(path: Path) -> str:
 # --- reading -----------------------------------------------------------------------------------
 
 
+def as_path(text: str | os.PathLike) -> Any:
+    """An input path as the readers take it: a `Path`, or a `UPath` for a URL (a plan or a
+    descriptor keeps inputs as strings)."""
+    if is_remote(text):
+        return remote.as_path(str(text))
+    return Path(text)
+
+
 def open_input(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
-    """`path` opened for reading bytes (the caller closes it)."""
+    """`path` opened for reading bytes (the caller closes it); an object of a store opened
+    for ranged reads (`remote.open_input`)."""
+    if is_remote(path):
+        return remote.open_input(path, buffering)
     return open(path, "rb", buffering=buffering)  # noqa: SIM115 - the caller closes it
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
     """The whole of a small file."""
+    if is_remote(path):
+        return remote.read_bytes(path)
     return Path(path).read_bytes()
 
 
 def read_text(path: str | os.PathLike) -> str:
     """The whole of a small UTF-8 text file (`UnicodeDecodeError` for other bytes)."""
+    if is_remote(path):
+        return remote.read_bytes(path).decode("utf-8")
     return Path(path).read_text(encoding="utf-8")
 
 
@@ -156,6 +179,9 @@ def parquet_file(source: Any, **options: Any) -> Any:
     """`pyarrow.parquet.ParquetFile(source, **options)`; `source` a path or an opened file."""
     import pyarrow.parquet as pq
 
+    if is_remote(source):  # its footer, then each column chunk, by ranged reads
+        with remote.naming(source):
+            return pq.ParquetFile(remote.open_unbuffered(source), **options)
     return pq.ParquetFile(source, **options)
 
 
@@ -163,6 +189,8 @@ def parquet_schema(path: str | os.PathLike) -> Any:
     """The Arrow schema of a Parquet file, from its footer."""
     import pyarrow.parquet as pq
 
+    if is_remote(path):
+        return parquet_file(path).schema_arrow
     return pq.read_schema(path)
 
 
@@ -170,6 +198,8 @@ def parquet_metadata(path: str | os.PathLike) -> Any:
     """The footer metadata of a Parquet file."""
     import pyarrow.parquet as pq
 
+    if is_remote(path):
+        return parquet_file(path).metadata
     return pq.read_metadata(path)
 
 
@@ -207,14 +237,18 @@ def open_random(path: str | os.PathLike) -> RandomFile:
 # --- stat and list -----------------------------------------------------------------------------
 
 
-def stat(path: str | os.PathLike) -> os.stat_result:
-    """`os.stat` (symlinks followed; `FileNotFoundError` when there is nothing)."""
+def stat(path: str | os.PathLike) -> Any:
+    """`os.stat` (symlinks followed; `FileNotFoundError` when there is nothing); an object's
+    size and modification time for a URL (`remote.RemoteStat`)."""
+    if is_remote(path):
+        return remote.stat(path)
     return os.stat(path)
 
 
-def stat_all(paths: Iterable[os.PathLike[str] | str]) -> list[os.stat_result]:
-    """`stat` of every path, in order (`map_ordered`: a stat on a mount waits on latency)."""
-    return list(map_ordered(os.stat, paths))
+def stat_all(paths: Iterable[os.PathLike[str] | str]) -> list[Any]:
+    """`stat` of every path, in order (`map_ordered`: a stat on a mount or of an object in a
+    store waits on latency, so they run `prefetch.io_threads()` at a time)."""
+    return list(map_ordered(stat, paths))
 
 
 def file_states(paths: Iterable[os.PathLike[str] | str]) -> tuple[tuple[Any, int, int], ...]:
@@ -228,36 +262,44 @@ def file_states(paths: Iterable[os.PathLike[str] | str]) -> tuple[tuple[Any, int
 
 def size(path: str | os.PathLike) -> int:
     """The size of the file at `path`, in bytes."""
-    return os.stat(path).st_size
+    return stat(path).st_size
 
 
 def exists(path: str | os.PathLike) -> bool:
     """Something is at `path` (a symlink is followed: a dangling one is not there)."""
+    if is_remote(path):
+        return remote.exists(path)
     return os.path.exists(path)
 
 
 def lexists(path: str | os.PathLike) -> bool:
     """A name is at `path`, even a dangling symlink."""
+    if is_remote(path):
+        return remote.exists(path)
     return os.path.lexists(path)
 
 
 def is_file(path: str | os.PathLike) -> bool:
     """`path` is a regular file (or a symlink to one)."""
+    if is_remote(path):
+        return remote.is_file(path)
     return os.path.isfile(path)
 
 
 def is_dir(path: str | os.PathLike) -> bool:
-    """`path` is a folder (or a symlink to one)."""
+    """`path` is a folder (or a symlink to one); a prefix with objects under it, for a URL."""
+    if is_remote(path):
+        return remote.is_dir(path)
     return os.path.isdir(path)
 
 
 def is_symlink(path: str | os.PathLike) -> bool:
-    return os.path.islink(path)
+    return False if is_remote(path) else os.path.islink(path)
 
 
 def is_mount(path: str | os.PathLike) -> bool:
     """`path` is a mount point (it cannot be renamed away)."""
-    return os.path.ismount(path)
+    return False if is_remote(path) else os.path.ismount(path)
 
 
 def list_dir(folder: str | os.PathLike) -> list[Path]:
@@ -272,8 +314,11 @@ def glob(folder: str | os.PathLike, pattern: str, recursive: bool = False) -> li
     return sorted(folder.rglob(pattern) if recursive else folder.glob(pattern))
 
 
-def resolve(path: str | os.PathLike) -> Path:
-    """The absolute path with every symlink followed (`Path.resolve`: an lstat per part)."""
+def resolve(path: str | os.PathLike) -> Any:
+    """The absolute path with every symlink followed (`Path.resolve`: an lstat per part); a
+    URL as it is."""
+    if is_remote(path):
+        return as_path(str(path))
     return Path(path).resolve()
 
 

@@ -41,6 +41,7 @@ from packtool.read.formats import read_file
 from packtool.read.lines import TO_END
 from packtool.read.pretokenized import read_pretokenized_file
 from packtool.read.tokenized import read_tokenized_file
+from packtool.storage import local as storage
 from packtool.tokenizer.tokenizers import Tokenizer
 
 RAW, TOKENIZED, PRETOKENIZED, RECORDS = "raw", "tokenized", "pretokenized", "records"
@@ -133,7 +134,7 @@ def partition_tables(
         return
     for piece in pieces:
         check(piece)
-        path = Path(piece.path)
+        path = storage.as_path(piece.path)
         if source.mode == TOKENIZED:
             tables = read_tokenized_file(
                 path, piece.file_index, source.schema, source.identity, piece.start, piece.end
@@ -175,7 +176,7 @@ def _records(
     index = {piece.path: i for i, piece in enumerate(pieces)}
     kept = [0] * len(pieces)  # records each file gave so far
     at = 0  # the piece being read
-    paths = [Path(piece.path) for piece in pieces]
+    paths = [storage.as_path(piece.path) for piece in pieces]
     for table, nbytes in sft_tables(
         paths, source.sft_kind, source.read, tokenizer, skips, source.schema
     ):
@@ -209,7 +210,13 @@ def _raw_batches(
     for piece in pieces:
         check(piece)
         yield from _fill(
-            builder, Path(piece.path), piece.file_index, config, skips, piece.start, piece.end
+            builder,
+            storage.as_path(piece.path),
+            piece.file_index,
+            config,
+            skips,
+            piece.start,
+            piece.end,
         )
         check(piece)
     if builder.texts:

@@ -1,0 +1,281 @@
+"""Object storage and the web, read side: `s3://`, `gs://`, `az://` / `abfs://`, `hf://`,
+`http(s)://` inputs, through fsspec.
+
+`local.py` hands every call on a URL to the function of the same name here, so the readers,
+the plan and the workers read a bucket exactly as they read a disk: by byte range (a JSONL
+partition's range, a Parquet file's footer and row groups: `open_input` gives a seekable file
+whose reads are ranged GETs, so no worker downloads an object it does not need), with the
+object's size and modification time as its state (`stat`: what the plan, `--resume` and the
+workers' "unchanged since planned" check compare).
+
+Why fsspec: one interface over every store the issue names (s3fs, gcsfs, adlfs, huggingface_hub's
+`HfFileSystem`, HTTP), each the library those stores' own users reach for (datatrove and
+NeMo-Curator read through it); `universal_pathlib`'s `UPath` gives a URL pathlib's naming
+methods (`name`, `suffix`, `parent`), so code that names files needs no change. pyarrow's own
+S3 file system (C++, no extra package) covers S3 and GCS only, not `hf://` or HTTP.
+
+Credentials and endpoints come from each library's standard chain (the `AWS_*` variables,
+`AWS_ENDPOINT_URL` for MinIO / R2 / any S3-compatible store, Google's and Azure's defaults,
+`HF_TOKEN`), plus `PACKTOOL_STORAGE_OPTIONS` (JSON: options for every store, or
+`{"s3": {...}, "gs": {...}}` per scheme; the CLI's `--storage-options` sets it, so worker
+processes inherit it). S3 defaults to a bounded, throttling-aware client: 10 s to connect, 60 s
+per read, 8 attempts in botocore's `adaptive` retry mode (exponential backoff with jitter on
+`SlowDown`, 5xx, timeouts and dropped connections). An unreachable endpoint, a missing bucket or
+key, denied access or bad credentials become one line naming the URL (`DataError`), never a
+hang or a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from packtool.errors import DataError, MissingDependencyError
+
+SCHEMES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "hf", "http", "https"}
+"""The URL schemes packtool reads (anything else with `://` is a local path)."""
+EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
+          "abfss": "azure", "hf": "hub", "http": "http", "https": "http"}  # fmt: skip
+"""The `packtool[...]` extra that installs each scheme's fsspec implementation."""
+OPTIONS_ENV = "PACKTOOL_STORAGE_OPTIONS"
+S3_DEFAULTS: dict[str, Any] = {
+    "config_kwargs": {
+        "connect_timeout": 10,
+        "read_timeout": 60,
+        "retries": {"max_attempts": 8, "mode": "adaptive"},
+    }
+}
+"""The S3 client packtool asks for unless the options say otherwise (see the module docstring)."""
+
+
+def scheme(path: Any) -> str | None:
+    """The URL scheme of `path` when it is one packtool reads remotely, else None."""
+    text = path if isinstance(path, str) else str(path)
+    i = text.find("://")
+    if i <= 0:
+        return None
+    s = text[:i].lower()
+    return s if s in SCHEMES else None
+
+
+def is_remote(path: Any) -> bool:
+    """Whether `path` (a string, a `Path` or a `UPath`) names an object in a store, not a file."""
+    return scheme(path) is not None
+
+
+def options_for(protocol: str) -> dict[str, Any]:
+    """The fsspec options for `protocol`: packtool's defaults, then `PACKTOOL_STORAGE_OPTIONS`."""
+    raw = os.environ.get(OPTIONS_ENV, "").strip()
+    given: dict[str, Any] = {}
+    if raw:
+        try:
+            given = json.loads(raw)
+        except ValueError as exc:
+            raise DataError(f"{OPTIONS_ENV} / --storage-options: not JSON ({exc})") from None
+        if not isinstance(given, dict):
+            raise DataError(f"{OPTIONS_ENV} / --storage-options: a JSON object, got {raw[:60]}")
+        if any(k in SCHEMES for k in given):  # per scheme
+            given = given.get(protocol, {}) or {}
+    base = dict(S3_DEFAULTS) if protocol in ("s3", "s3a") else {}
+    return {**base, **given}
+
+
+@functools.lru_cache(maxsize=32)
+def _filesystem(protocol: str, options: str) -> Any:
+    try:
+        import fsspec
+    except ImportError:
+        raise MissingDependencyError(_install(protocol)) from None
+    try:
+        return fsspec.filesystem(protocol, **json.loads(options))
+    except ImportError:
+        raise MissingDependencyError(_install(protocol)) from None
+    except ValueError as exc:
+        if "Protocol not known" in str(exc):
+            raise MissingDependencyError(_install(protocol)) from None
+        raise
+
+
+def _install(protocol: str) -> str:
+    return f"{protocol}:// inputs need fsspec's {protocol} support: pip install 'packtool[{EXTRAS[protocol]}]'"
+
+
+def filesystem(path: Any) -> tuple[Any, str]:
+    """(fsspec file system, the path as it takes it) for a URL."""
+    protocol = scheme(path)
+    assert protocol is not None, f"not a URL: {path}"
+    fs = _filesystem(protocol, json.dumps(options_for(protocol), sort_keys=True))
+    text = str(path)
+    return fs, text if protocol in ("http", "https") else fs._strip_protocol(text)
+
+
+def as_path(text: str) -> Any:
+    """A `UPath` for a URL (pathlib's naming methods on it)."""
+    try:
+        from upath import UPath
+    except ImportError:
+        raise MissingDependencyError(_install(scheme(text) or "s3")) from None
+    return UPath(text)
+
+
+@contextmanager
+def naming(url: Any) -> Iterator[None]:
+    """Turn a store's failure into one line naming `url` (`DataError`)."""
+    try:
+        yield
+    except (DataError, MissingDependencyError):
+        raise
+    except FileNotFoundError:
+        raise DataError(f"{url}: no such object (or its bucket does not exist)") from None
+    except PermissionError as exc:
+        raise DataError(f"{url}: access denied ({_first_line(exc)})") from None
+    except OSError as exc:
+        raise DataError(f"{url}: cannot be read ({_first_line(exc)})") from None
+    except Exception as exc:  # botocore's, aiohttp's, google's: one line whatever they raise
+        if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+            raise DataError(f"{url}: no credentials found ({_first_line(exc)})") from None
+        raise DataError(f"{url}: {type(exc).__name__}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+class RemoteStat(NamedTuple):
+    """What packtool reads of an object's `stat` (the names of `os.stat_result`'s fields)."""
+
+    st_size: int
+    st_mtime_ns: int
+    st_mode: int = 0o100644
+
+
+def _mtime_ns(info: dict[str, Any]) -> int:
+    """An object's state as one integer in the place of a modification time: its whole seconds
+    (a listing gives milliseconds, a HEAD only seconds), then in the nanoseconds the CRC-32 of
+    its ETag, so an object rewritten within a second (same size) still reads as changed."""
+    seconds = 0
+    for key in ("LastModified", "last_modified", "mtime", "updated", "last_commit"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            seconds = int(value.timestamp())
+        elif isinstance(value, (int, float)):
+            seconds = int(value)
+        else:
+            try:
+                seconds = int(datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp())
+            except ValueError:
+                continue
+        break
+    tag = str(info.get("ETag") or info.get("etag") or "").strip('"')
+    return seconds * 1_000_000_000 + (zlib.crc32(tag.encode()) % 1_000_000_000 if tag else 0)
+
+
+def stat(path: Any) -> RemoteStat:
+    """The object's size and modification time (`FileNotFoundError` when there is none)."""
+    fs, p = filesystem(path)
+    try:
+        info = fs.info(p)
+    except FileNotFoundError:
+        raise  # the callers say what a missing input means where they are
+    except Exception:
+        with naming(path):
+            raise
+    if info.get("type") == "directory":
+        raise IsADirectoryError(str(path))
+    return RemoteStat(int(info.get("size") or 0), _mtime_ns(info))
+
+
+def exists(path: Any) -> bool:
+    fs, p = filesystem(path)
+    with naming(path):
+        return bool(fs.exists(p))
+
+
+def is_file(path: Any) -> bool:
+    fs, p = filesystem(path)
+    with naming(path):
+        return bool(fs.isfile(p))
+
+
+def is_dir(path: Any) -> bool:
+    fs, p = filesystem(path)
+    with naming(path):
+        return bool(fs.isdir(p))
+
+
+READ_BYTES = 4 << 20
+"""Bytes a sequential read of an object asks for at once (one ranged GET)."""
+
+
+def open_input(path: Any, buffering: int = -1) -> Any:
+    """The object opened for reading: seekable, buffered (`buffering` bytes, default
+    `READ_BYTES`) over a file that turns each read into one ranged GET of exactly those bytes
+    (fsspec's `cache_type="none"`), so a worker reads its partition's bytes and at most one
+    buffer beyond them, and Parquet's footer and column chunks are fetched as pyarrow asks."""
+    fs, p = filesystem(path)
+    with naming(path):
+        raw = fs.open(p, "rb", cache_type="none")
+    return io.BufferedReader(raw, buffer_size=buffering if buffering > 0 else READ_BYTES)
+
+
+def open_unbuffered(path: Any) -> Any:
+    """The object for random reads (Parquet): each read one ranged GET of what is asked."""
+    fs, p = filesystem(path)
+    with naming(path):
+        return fs.open(p, "rb", cache_type="none")
+
+
+def read_bytes(path: Any) -> bytes:
+    fs, p = filesystem(path)
+    with naming(path):
+        return fs.cat_file(p)
+
+
+def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
+    """The objects a URL names: one object, every object under a prefix ("folder") whose name
+    ends in `suffixes` (hidden names skipped), or a glob's matches; sorted. One listing per
+    input (fsspec's `find` / `glob`: the store lists 1,000 keys a request)."""
+    fs, p = filesystem(text)
+    protocol = scheme(text) or ""
+    with naming(text):
+        if any(c in p for c in "*?["):
+            found = sorted(fs.glob(p, detail=True).items())
+            hidden_ok = p.rsplit("/", 1)[-1].startswith(".")  # as Python's glob: a pattern
+            files = [  # that does not start with a dot matches no hidden name
+                k
+                for k, info in found
+                if info.get("type") != "directory"
+                and (hidden_ok or not k.rsplit("/", 1)[-1].startswith("."))
+            ]
+            if not files:
+                raise DataError(f"{text}: glob matches no objects")
+            return [as_path(_url(protocol, k, fs)) for k in files]
+        info = fs.info(p)
+        if info.get("type") != "directory":
+            return [as_path(text)]
+        keys = sorted(fs.find(p, withdirs=False))
+        named = [
+            k
+            for k in keys
+            if not any(part.startswith(".") for part in k[len(p) :].split("/") if part)
+            and k.lower().endswith(suffixes)
+        ]
+        if not named:
+            raise DataError(f"{text}: prefix holds no corpus files (looked for {described})")
+        return [as_path(_url(protocol, k, fs)) for k in named]
+
+
+def _url(protocol: str, key: str, fs: Any) -> str:
+    if protocol in ("http", "https"):
+        return key
+    return fs.unstrip_protocol(key) if protocol not in ("s3a",) else f"s3a://{key}"

@@ -1,0 +1,178 @@
+"""Inputs in object storage: `s3://` read from a real S3 API server on loopback (moto's server
+mode, the `s3_server` fixture) through s3fs, as users read them; no client library is mocked.
+Schemes whose servers cannot run here (gs://, az://, hf://) are covered by the dispatch and the
+missing-extra error only."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from packtool.dataset.manifest import read_manifest
+from packtool.engines.local import RunConfig, run_pack
+from packtool.engines.plan import check_unchanged, describe
+from packtool.errors import DataError, MissingDependencyError
+from packtool.pack.chunk import PackConfig
+from packtool.storage import local as storage
+from packtool.storage import remote
+from tests.cli import one_error_line, run
+
+ROOT = Path(__file__).resolve().parents[3]
+SAMPLE = ROOT / "sample_data"
+
+
+@pytest.fixture(scope="module")
+def bucket(s3_server, tmp_path_factory):
+    """The same corpus in a local folder and under `s3://corpus/data/`: the sample JSONL (cut
+    into byte ranges), its Parquet (row groups), a gzipped JSONL, and a hidden file (skipped)."""
+    import boto3
+
+    local = tmp_path_factory.mktemp("corpus")
+    shutil.copy(SAMPLE / "corpus.jsonl", local / "a.jsonl")
+    table = pq.read_table(SAMPLE / "corpus.parquet")
+    pq.write_table(table, local / "b.parquet", row_group_size=500)
+    with gzip.open(local / "c.jsonl.gz", "wt") as f:
+        f.write('{"text": "one"}\n{"text": "two"}\n')
+    (local / ".hidden.jsonl").write_text('{"text": "never read"}\n')
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="corpus")
+    for p in local.iterdir():
+        client.upload_file(str(p), "corpus", f"data/{p.name}")
+    return local
+
+
+def _config(inputs, out: Path, **kw) -> RunConfig:
+    return RunConfig(
+        inputs=tuple(str(i) for i in inputs),
+        out_dir=str(out),
+        pack=PackConfig(max_len=1024),
+        partition_size=300_000,
+        progress=False,
+        **kw,
+    )
+
+
+def _shards(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.parquet"))}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_pack_from_a_bucket_writes_the_shards_of_the_same_local_pack(bucket, tmp_path, workers):
+    want = run_pack(_config([bucket], tmp_path / "local"))
+    got = run_pack(_config(["s3://corpus/data/"], tmp_path / "s3", workers=workers))
+    assert got.partitions == want.partitions >= 12  # byte ranges and row groups, as locally
+    assert _shards(tmp_path / "s3") == _shards(tmp_path / "local")
+    assert got.counts == want.counts and got.skips == want.skips
+    doc_ids = json.loads((tmp_path / "s3" / "index.json").read_text())["extra"]["doc_ids"]
+    names = ["a.jsonl", "b.parquet", "c.jsonl.gz"]  # the hidden object skipped, as a hidden file
+    assert doc_ids["files"] == [f"s3://corpus/data/{n}" for n in names]
+    assert read_manifest(tmp_path / "s3").extra["partitions"] == got.partitions
+
+
+def test_a_worker_reads_its_own_byte_ranges(bucket, tmp_path, monkeypatch):
+    """Each partition of the 3 MB JSONL object reads its range and at most one buffer beyond
+    it (64 KB here): 11 partitions fetch about the object once, not 11 times."""
+    import s3fs
+
+    fetched: dict[str, int] = {}
+    real = s3fs.core.S3File._fetch_range
+
+    def counting(self, start, end):
+        fetched[self.path] = fetched.get(self.path, 0) + (end - start)
+        return real(self, start, end)
+
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", counting)
+    monkeypatch.setattr(remote, "READ_BYTES", 65536)
+    monkeypatch.setattr("packtool.read.compressed.BUFFER_BYTES", 65536)
+    monkeypatch.setattr("packtool.read.lines.BUFFER_BYTES", 65536)
+    summary = run_pack(_config(["s3://corpus/data/a.jsonl"], tmp_path / "out", workers=1))
+    size = (bucket / "a.jsonl").stat().st_size
+    assert summary.partitions == 11
+    assert size <= fetched["corpus/data/a.jsonl"] <= size + 11 * 2 * 65536
+
+
+def test_stats_and_tokenize_read_a_glob_of_objects(bucket, tmp_path):
+    code, out, err = run("stats", "s3://corpus/data/*.jsonl", "--json")
+    assert code == 0, err
+    code, want, err = run("stats", bucket / "a.jsonl", "--json")
+    assert code == 0, err
+    got, expected = json.loads(out), json.loads(want)
+    assert got["documents"] == expected["documents"] and got["tokens"] == expected["tokens"]
+    code, _, err = run("tokenize", "s3://corpus/data/b.parquet", "-o", tmp_path / "t.parquet")
+    assert code == 0, err
+    code, _, err = run("tokenize", bucket / "b.parquet", "-o", tmp_path / "l.parquet")
+    assert code == 0, err
+    a, b = pq.read_table(tmp_path / "t.parquet"), pq.read_table(tmp_path / "l.parquet")
+    assert a.column("input_ids") == b.column("input_ids") and a.column("doc_id") == b.column(
+        "doc_id"
+    )
+
+
+def test_mixed_local_and_remote_inputs_and_a_megatron_output(bucket, tmp_path):
+    from packtool.engines.megatron import tokenize_megatron
+
+    both = [bucket / "a.jsonl", "s3://corpus/data/c.jsonl.gz"]
+    tokenize_megatron(both, tmp_path / "mixed", progress=False)
+    tokenize_megatron(
+        [bucket / "a.jsonl", bucket / "c.jsonl.gz"], tmp_path / "local", progress=False
+    )
+    for suffix in (".bin", ".idx"):
+        got = (tmp_path / f"mixed{suffix}").read_bytes()
+        assert got == (tmp_path / f"local{suffix}").read_bytes()
+
+
+def test_an_object_changed_after_planning_is_refused(bucket, s3_server):
+    import boto3
+
+    client = boto3.client("s3")
+    client.put_object(Bucket="corpus", Key="moving/x.jsonl", Body=b'{"text": "aaaa"}\n')
+    url = "s3://corpus/moving/x.jsonl"
+    planned = describe(storage.as_path(url), "jsonl", 1 << 20)
+    check_unchanged(url, planned.size, planned.mtime_ns)  # unchanged: passes
+    client.put_object(Bucket="corpus", Key="moving/x.jsonl", Body=b'{"text": "bbbb"}\n')
+    with pytest.raises(DataError, match="changed since the run was planned"):
+        check_unchanged(url, planned.size, planned.mtime_ns)  # same size, other ETag
+
+
+def test_the_one_line_errors(bucket, tmp_path, monkeypatch):
+    code, _, err = run("stats", "s3://corpus/data/nope.jsonl")
+    assert code != 0 and "s3://corpus/data/nope.jsonl" in one_error_line(err)
+    code, _, err = run("stats", "s3://no-such-bucket/x.jsonl")
+    assert code != 0 and "s3://no-such-bucket/x.jsonl" in one_error_line(err)
+    code, _, err = run("stats", "s3://corpus/data/*.txt")
+    assert code != 0 and "glob matches no objects" in one_error_line(err)
+    code, _, err = run("stats", "s3://corpus/data/", "--storage-options", "{not json")
+    assert code != 0 and "--storage-options: not JSON" in one_error_line(err)
+    with pytest.raises(MissingDependencyError, match=r"packtool\[gcs\]"):
+        storage.expand(["gs://bucket/x.jsonl"], (".jsonl",), ".jsonl")
+
+
+def test_an_unreachable_endpoint_is_one_line_in_bounded_time(bucket, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens (discard)
+    options = {"config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 2}}}
+    remote._filesystem.cache_clear()
+    t0 = time.monotonic()
+    code, _, err = run(
+        "stats", "s3://corpus/data/a.jsonl", "--storage-options", json.dumps(options)
+    )
+    assert code != 0 and "s3://corpus/data/a.jsonl" in one_error_line(err)
+    assert time.monotonic() - t0 < 60
+    # No credentials anywhere (and no instance metadata to ask): s3fs then tries anonymous
+    # access, and the failure is one line naming the URL, quickly (moto serves anonymous
+    # requests, so this is asked of the endpoint where nothing listens).
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    remote._filesystem.cache_clear()
+    code, _, err = run("stats", "s3://corpus/data/a.jsonl")
+    assert code != 0 and "s3://corpus/data/a.jsonl" in one_error_line(err)
+    assert time.monotonic() - t0 < 120
+    remote._filesystem.cache_clear()
