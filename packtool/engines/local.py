@@ -49,6 +49,7 @@ from packtool.engines.context import WorkerContext
 from packtool.engines.preflight import check_inputs, output_folder
 from packtool.engines.summary import PackSummary
 from packtool.engines.worker import rechunk, run_partition
+from packtool.storage import remote
 from packtool.tokenizer.tokenizers import Tokenizer
 
 POOL_ENV = "PACKTOOL_WORKER_POOL"
@@ -117,9 +118,12 @@ def _cores() -> int:
 _CONTEXT: WorkerContext | None = None
 
 
-def _init_process(ctx: WorkerContext, threads: int) -> None:
+def _init_process(ctx: WorkerContext, threads: int, env: dict[str, str]) -> None:
     global _CONTEXT
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops the pool on Ctrl-C
+    # Where and as whom buckets are read, as the driver has it now: the forkserver the workers
+    # come from may have been started before (packtool/storage/remote.py, "FORWARDED").
+    os.environ.update(env)
     if ctx.tokenizer is not None:
         ctx.tokenizer.workers = threads
     context.setup_process(threads)
@@ -141,7 +145,10 @@ def _make_pool(run: Any, workers: int, threads: int, kind: str) -> tuple[Any, Ca
     mp = multiprocessing.get_context("forkserver")
     mp.set_forkserver_preload(["packtool.engines.worker"])
     pool = ProcessPoolExecutor(
-        workers, mp_context=mp, initializer=_init_process, initargs=(run.context, threads)
+        workers,
+        mp_context=mp,
+        initializer=_init_process,
+        initargs=(run.context, threads, remote.forwarded_env()),
     )
     return pool, _run_in_process
 

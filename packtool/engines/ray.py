@@ -48,6 +48,7 @@ from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
 from packtool.engines.summary import PackSummary
 from packtool.errors import ConfigError, MissingDependencyError, PacktoolError
+from packtool.storage import remote
 from packtool.tokenizer.tokenizers import Tokenizer
 
 
@@ -241,6 +242,9 @@ def _pool(source: Any, ray_config: RayConfig, key: str, blob: Any, size: tuple) 
             concurrency=size,  # fewer than n when nodes are lost
             num_cpus=1,
             max_restarts=ray_config.max_retries,
+            # Where and as whom a bucket is read: Ray's workers do not inherit this process's
+            # environment (packtool/storage/remote.py, "FORWARDED").
+            **({"runtime_env": {"env_vars": env}} if (env := remote.forwarded_env()) else {}),
             max_task_retries=-1,  # a partition waits for its actor's restart, then reruns
         )
 

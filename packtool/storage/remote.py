@@ -55,6 +55,20 @@ S3_DEFAULTS: dict[str, Any] = {
 """The S3 client packtool asks for unless the options say otherwise (see the module docstring)."""
 
 
+FORWARDED = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+             "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION",
+             "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "HF_TOKEN",
+             "HF_ENDPOINT", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_ACCOUNT_NAME",
+             "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_CONNECTION_STRING", OPTIONS_ENV)  # fmt: skip
+"""The variables that say where and as whom a store is read: what a cluster's workers, which
+do not inherit the driver's environment (Ray), are handed (`forwarded_env`)."""
+
+
+def forwarded_env() -> dict[str, str]:
+    """The `FORWARDED` variables set here (for the Ray engine's `runtime_env`)."""
+    return {k: os.environ[k] for k in FORWARDED if os.environ.get(k)}
+
+
 def scheme(path: Any) -> str | None:
     """The URL scheme of `path` when it is one packtool reads remotely, else None."""
     text = path if isinstance(path, str) else str(path)
@@ -88,13 +102,16 @@ def options_for(protocol: str) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=32)
-def _filesystem(protocol: str, options: str) -> Any:
+def _filesystem(protocol: str, options: str, env: str) -> Any:
+    """One file system per scheme, options and environment (`env`: the `FORWARDED` variables,
+    so a changed endpoint or credential gets a new client; fsspec's own instance cache, keyed
+    by the options alone, would hand back the old one)."""
     try:
         import fsspec
     except ImportError:
         raise MissingDependencyError(_install(protocol)) from None
     try:
-        return fsspec.filesystem(protocol, **json.loads(options))
+        return fsspec.filesystem(protocol, skip_instance_cache=True, **json.loads(options))
     except ImportError:
         raise MissingDependencyError(_install(protocol)) from None
     except ValueError as exc:
@@ -111,7 +128,8 @@ def filesystem(path: Any) -> tuple[Any, str]:
     """(fsspec file system, the path as it takes it) for a URL."""
     protocol = scheme(path)
     assert protocol is not None, f"not a URL: {path}"
-    fs = _filesystem(protocol, json.dumps(options_for(protocol), sort_keys=True))
+    options = json.dumps(options_for(protocol), sort_keys=True)
+    fs = _filesystem(protocol, options, json.dumps(forwarded_env(), sort_keys=True))
     text = str(path)
     return fs, text if protocol in ("http", "https") else fs._strip_protocol(text)
 
@@ -213,19 +231,21 @@ def is_dir(path: Any) -> bool:
         return bool(fs.isdir(p))
 
 
-READ_BYTES = 4 << 20
-"""Bytes a sequential read of an object asks for at once (one ranged GET)."""
+READ_BYTES = 16 << 20
+"""Bytes a sequential read of an object asks for at once (one ranged GET): at least this,
+whatever buffer a local reader would use (each request costs a round trip, and a store's
+throughput comes from large ones); at most this beyond a partition's range is read."""
 
 
 def open_input(path: Any, buffering: int = -1) -> Any:
-    """The object opened for reading: seekable, buffered (`buffering` bytes, default
+    """The object opened for reading: seekable, buffered (`buffering` bytes, at least
     `READ_BYTES`) over a file that turns each read into one ranged GET of exactly those bytes
     (fsspec's `cache_type="none"`), so a worker reads its partition's bytes and at most one
     buffer beyond them, and Parquet's footer and column chunks are fetched as pyarrow asks."""
     fs, p = filesystem(path)
     with naming(path):
         raw = fs.open(p, "rb", cache_type="none")
-    return io.BufferedReader(raw, buffer_size=buffering if buffering > 0 else READ_BYTES)
+    return io.BufferedReader(raw, buffer_size=max(buffering, READ_BYTES))
 
 
 def open_unbuffered(path: Any) -> Any:

@@ -75,6 +75,34 @@ def test_a_pack_from_a_bucket_writes_the_shards_of_the_same_local_pack(bucket, t
     assert read_manifest(tmp_path / "s3").extra["partitions"] == got.partitions
 
 
+def test_the_ray_engine_reads_a_bucket_from_its_own_workers(ray_session, bucket, tmp_path):
+    """Ray's workers were started before the S3 variables were set here: they read the bucket
+    with what the driver hands them (`remote.forwarded_env` in the actors' runtime_env)."""
+    from packtool.engines.ray import RayConfig, run_pack_ray
+
+    run_pack(_config([bucket], tmp_path / "local"))
+    run_pack_ray(_config(["s3://corpus/data/"], tmp_path / "ray"), RayConfig())
+    assert _shards(tmp_path / "ray") == _shards(tmp_path / "local")
+
+
+def test_a_pack_rides_out_throttling_dropped_connections_and_cut_bodies(
+    bucket, s3_server, tmp_path, monkeypatch
+):
+    """Through a proxy that answers every 4th object read with 503 SlowDown, drops every 9th
+    connection unanswered and cuts every 11th body in half: the same shards, by retries."""
+    from tests.packtool.storage.faulty_proxy import FaultyProxy
+
+    run_pack(_config([bucket], tmp_path / "local"))
+    proxy = FaultyProxy(s3_server, {"slowdown": 4, "drop": 9, "truncate": 11})
+    with proxy as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        remote._filesystem.cache_clear()
+        run_pack(_config(["s3://corpus/data/"], tmp_path / "s3", workers=1))
+    remote._filesystem.cache_clear()
+    assert _shards(tmp_path / "s3") == _shards(tmp_path / "local")
+    assert min(proxy.counts.values()) >= 1, proxy.counts  # every kind of fault happened
+
+
 def test_a_worker_reads_its_own_byte_ranges(bucket, tmp_path, monkeypatch):
     """Each partition of the 3 MB JSONL object reads its range and at most one buffer beyond
     it (64 KB here): 11 partitions fetch about the object once, not 11 times."""

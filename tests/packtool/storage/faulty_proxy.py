@@ -1,0 +1,99 @@
+"""A fault-injecting HTTP proxy for the object-storage tests: in front of the loopback S3 server,
+it answers some requests with 503 SlowDown, drops the connection of others without an answer,
+and cuts the body of others short, on a fixed schedule (so a run is repeatable)."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+SLOWDOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+class FaultyProxy:
+    """`with FaultyProxy(upstream, every={"slowdown": 3, ...}) as url:` forwards to `upstream`;
+    the n-th GET of an object (1-based, ranged reads and whole reads alike) gets the fault whose
+    period divides n (the first listed that does), `counts` says how many of each were sent."""
+
+    def __init__(self, upstream: str, every: dict[str, int]) -> None:
+        self.upstream = urlsplit(upstream)
+        self.every = every
+        self.counts = {name: 0 for name in every} | {"forwarded": 0}
+        self._n = 0
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                fault = proxy._fault(self.command, self.path)
+                if fault == "drop":
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
+                if fault == "slowdown":
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(SLOWDOWN)))
+                    self.end_headers()
+                    self.wfile.write(SLOWDOWN)
+                    return
+                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = proxy.upstream.netloc
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                conn.close()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if fault == "truncate" and len(data) > 1:
+                    self.wfile.write(data[: len(data) // 2])  # then the connection goes
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
+                self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def _fault(self, method: str, path: str) -> str | None:
+        if method != "GET" or "?" in path:  # object reads only (not listings)
+            return None
+        with self._lock:
+            self._n += 1
+            n = self._n
+            for name, period in self.every.items():
+                if n % period == 0:
+                    self.counts[name] += 1
+                    return name
+            self.counts["forwarded"] += 1
+        return None
+
+    def __enter__(self) -> str:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
