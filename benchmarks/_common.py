@@ -36,6 +36,14 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     return "\n".join(lines)
 
 
+def publish(name: str, body: str, docs: bool = True) -> None:
+    """Print a benchmark's block and, when `docs`, write it into docs/benchmarks.md."""
+    print(body)
+    if docs:
+        update_block(name, body)
+        print(f"\ndocs/benchmarks.md block `{name}` updated.")
+
+
 def update_block(name: str, body: str) -> None:
     """Replace the text between `<!-- bench:NAME:start -->` and `<!-- bench:NAME:end -->` in
     docs/benchmarks.md (the markers are appended at the end when absent)."""

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from benchmarks import real_corpus
-from benchmarks._common import ROOT, markdown_table, update_block
+from benchmarks._common import ROOT, markdown_table, publish
 
 DATA = ROOT / "bench_data"
 GOAL_READ = 0.8
@@ -147,10 +147,7 @@ def main() -> None:
         "Writing to buckets (s3:// -> s3://) is not built yet (#25).\n\n"
         f"{table}"
     )
-    print(body)
-    if not args.no_docs:
-        update_block("remote", body)
-        print("\ndocs/benchmarks.md block `remote` updated.")
+    publish("remote", body, docs=not args.no_docs)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks import real_corpus
-from benchmarks._common import ROOT, markdown_table, update_block
+from benchmarks._common import ROOT, markdown_table, publish
 
 DATA = ROOT / "bench_data"
 GOAL = 1.0
@@ -117,10 +117,7 @@ def main() -> None:
         "Pull mode pays them once per worker and has no probe job.\n\n"
         f"{table}"
     )
-    print(body)
-    if not args.no_docs:
-        update_block("slurm", body)
-        print("\ndocs/benchmarks.md block `slurm` updated.")
+    publish("slurm", body, docs=not args.no_docs)
 
 
 if __name__ == "__main__":
