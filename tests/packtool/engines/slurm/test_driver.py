@@ -81,6 +81,17 @@ def _wait_queue_empty(jobs, timeout=120) -> None:
         time.sleep(0.3)
 
 
+def _named_in_queue(name: str, timeout: float = 30) -> str:
+    """The queue's jobs named `name`, once none is left or `timeout` has passed: scancel is
+    asynchronous, and a killed task shows as completing (CG) for a moment."""
+    end = time.time() + timeout
+    while True:
+        out = subprocess.run(["squeue", "-h", "-n", name], capture_output=True, text=True)
+        if not out.stdout.strip() or time.time() > end:
+            return out.stdout.strip()
+        time.sleep(0.3)
+
+
 def _requeue_now(key: str) -> None:
     """`scontrol requeue` a task and let it start again at once: Slurm holds a requeued job back
     (its begin time ~2 minutes on), so once it is pending again its start time is set to now."""
@@ -373,9 +384,7 @@ def test_a_partition_whose_worker_always_dies_stops_the_run_naming_its_log(clust
     message = str(failed.value)
     assert "ended without a record 2 times in Slurm" in message and ".log" in message
     assert "\n" not in message
-    assert not subprocess.run(
-        ["squeue", "-h", "-n", "packtool-packed"], capture_output=True, text=True
-    ).stdout.strip()
+    assert not _named_in_queue("packtool-packed")
 
 
 def test_workers_that_never_start_a_partition_stop_the_run(cluster, tmp_path):
@@ -393,6 +402,4 @@ def test_workers_that_never_start_a_partition_stop_the_run(cluster, tmp_path):
     message = str(failed.value)
     assert "Slurm workers ended 2 times without finishing a partition" in message
     assert "no partition had finished" in message and ".log" in message
-    assert not subprocess.run(
-        ["squeue", "-h", "-n", "packtool-packed"], capture_output=True, text=True
-    ).stdout.strip()
+    assert not _named_in_queue("packtool-packed")
