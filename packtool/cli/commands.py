@@ -191,9 +191,13 @@ def tokenize_cmd(
     """
     import shlex
 
-    command = shlex.join(["packtool", *sys.argv[1:]])
-    read_config = corpus.read_config(extra_fields=keep_field, sft=sft)
-    tokenizer = corpus.load_tokenizer(workers)
+    common: dict[str, Any] = {
+        "read_config": corpus.read_config(extra_fields=keep_field, sft=sft),
+        "tokenizer": corpus.load_tokenizer(workers),
+        "workers": workers,
+        "overwrite": overwrite,
+        "command": shlex.join(["packtool", *sys.argv[1:]]),
+    }
     if to != "megatron":
         given = [
             name
@@ -210,16 +214,7 @@ def tokenize_cmd(
             )
         from packtool.tokenize.tokenize import tokenize_corpus
 
-        summary = tokenize_corpus(
-            inputs,
-            output,
-            read_config=read_config,
-            tokenizer=tokenizer,
-            workers=workers,
-            overwrite=overwrite,
-            command=command,
-        )
-        click.echo(summary.format())
+        click.echo(tokenize_corpus(inputs, output, **common).format())
         return
     from packtool.dataset.megatron import megatron_paths
     from packtool.engines.megatron import tokenize_megatron
@@ -231,15 +226,11 @@ def tokenize_cmd(
         summary = tokenize_megatron(
             inputs,
             output,
-            read_config=read_config,
-            tokenizer=tokenizer,
-            workers=workers,
-            overwrite=overwrite,
             resume=resume,
             partition_size=parse_size(partition_size or "256MB", "--partition-size"),
             engine=engines.engine,
             engine_config=engines.config(workers),
-            command=command,
+            **common,
         )
     except (AlreadyComplete, Detached) as done:  # nothing to do / the jobs run on
         click.echo(str(done))

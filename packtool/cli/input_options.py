@@ -167,16 +167,9 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _set_storage_options(text: str) -> None:
     """`--storage-options`: checked here, handed on in the environment, so the worker
     processes of the local engine see it too (packtool/storage/remote.py)."""
-    import json
+    from packtool.storage.remote import OPTIONS_ENV, parse_options
 
-    from packtool.storage.remote import OPTIONS_ENV
-
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"--storage-options: not JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"--storage-options: a JSON object ({{...}}), got {text[:60]}")
+    parse_options(text)
     os.environ[OPTIONS_ENV] = text
 
 

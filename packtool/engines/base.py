@@ -23,6 +23,7 @@ memory is the running sums (`records.Totals`) plus the plan (and the ids of the 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,61 @@ def plan_of(config: RunConfig, checked: Checked) -> Plan:
     return make_plan(list(files), config.partition_size)
 
 
+def save_plan(
+    work: Path,
+    fingerprint: dict[str, Any],
+    plan: Plan,
+    checked: Checked,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """A fresh run's state, before any work (so any stop can be resumed): its fingerprint, its
+    plan, what was read of its inputs, and what else the run needs to resume (`extra`)."""
+    saved = {"fingerprint": fingerprint, "plan": plan.to_dict(), **(extra or {})}
+    if checked.facts is not None:
+        saved[FACTS_KEY] = checked.facts.to_dict()
+    records.write_plan(work, saved)
+
+
+def saved_plan(
+    state: dict[str, Any],
+    fingerprint: dict[str, Any],
+    checked: Checked,
+    work: Path,
+    out: str | os.PathLike,
+) -> Plan:
+    """The plan of the interrupted run to resume, once its fingerprint, input facts and files
+    are those of this run (a one-line error naming `out` otherwise).
+
+    The fingerprint holds every input's size and modification time: when it matches, the saved
+    plan is the plan, and `check_inputs` took what it knows of the inputs from the saved state
+    (no Parquet footer, no first record is read again).
+    """
+    check_fingerprint(state, fingerprint, Path(out))
+    check_facts(state, checked, Path(out))
+    try:
+        plan = Plan.from_dict(state["plan"])
+    except (KeyError, TypeError, ValueError):
+        raise DataError(
+            f"{records.run_dir(work) / records.PLAN_FILE}: malformed plan; use --overwrite"
+        ) from None
+    if [f.path for f in plan.files] != [str(p) for p in checked.paths]:
+        raise ConfigError(f"cannot resume {out}: the partition plan differs")
+    return plan
+
+
+def source_of(config: RunConfig, checked: Checked) -> Source:
+    """How the run's workers read its inputs (`tables.Source`), from what preflight found."""
+    identity = TokenizerIdentity.from_dict(checked.identity)
+    return Source(
+        mode=checked.mode,
+        read=config.read,
+        schema=tokenized_schema(identity, config.read.extra_fields, optional=checked.columns),
+        identity=identity,
+        mask_source=checked.mask_source,
+        sft_kind=checked.sft_kind,
+    )
+
+
 def workers_lost(work: Path, what: str, advice: str) -> WorkersLost:
     """The error that stops a run whose workers died too often (`what`): it says whether
     finished partitions are kept for `--resume` (`preflight.output_folder` keeps them)."""
@@ -96,25 +152,9 @@ class Run:
         if output.state is None:
             self.plan: Plan = plan_of(config, checked)
             fan_in = merge.TAIL_FAN_IN
-            saved = {"fingerprint": fingerprint, "plan": self.plan.to_dict(), FAN_IN_KEY: fan_in}
-            if checked.facts is not None:
-                saved[FACTS_KEY] = checked.facts.to_dict()
-            records.write_plan(self.work, saved)  # before any work: any stop can be resumed
+            save_plan(self.work, fingerprint, self.plan, checked, {FAN_IN_KEY: fan_in})
         else:
-            # The fingerprint holds every input's size and modification time: when it matches,
-            # the saved plan is the plan, and `check_inputs` took what it knows of the inputs
-            # from the saved state (no Parquet footer, no first record is read again).
-            check_fingerprint(output.state, fingerprint, Path(config.out_dir))
-            check_facts(output.state, checked, Path(config.out_dir))
-            try:
-                self.plan = Plan.from_dict(output.state["plan"])
-            except (KeyError, TypeError, ValueError):
-                raise DataError(
-                    f"{records.run_dir(self.work) / records.PLAN_FILE}: malformed plan; "
-                    "use --overwrite"
-                ) from None
-            if [f.path for f in self.plan.files] != [str(p) for p in checked.paths]:
-                raise ConfigError(f"cannot resume {config.out_dir}: the partition plan differs")
+            self.plan = saved_plan(output.state, fingerprint, checked, self.work, config.out_dir)
             # The saved fan-in builds the same tree; a state without one (an earlier packtool)
             # packed every tail in the root.
             fan_in = output.state.get(FAN_IN_KEY)
@@ -135,18 +175,7 @@ class Run:
             for level in range(1, self.tree.levels + 1)
         ]
         self.context: WorkerContext = context_for(
-            Source(
-                mode=checked.mode,
-                read=config.read,
-                schema=tokenized_schema(
-                    TokenizerIdentity.from_dict(checked.identity),
-                    config.read.extra_fields,
-                    optional=checked.columns,
-                ),
-                identity=TokenizerIdentity.from_dict(checked.identity),
-                mask_source=checked.mask_source,
-                sft_kind=checked.sft_kind,
-            ),
+            source_of(config, checked),
             pack=config.pack,
             shards=config.shards,
             chunk_docs=config.chunk_docs,

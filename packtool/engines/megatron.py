@@ -63,9 +63,8 @@ from packtool.dataset.output import (
     remove,
     remove_empty_parents,
 )
-from packtool.dataset.tokenized import tokenized_schema
 from packtool.engines import preflight, records
-from packtool.engines.base import plan_of, workers_lost
+from packtool.engines.base import plan_of, save_plan, saved_plan, source_of, workers_lost
 from packtool.engines.config import RunConfig
 from packtool.engines.megatron_part import MegatronContext, part_paths
 from packtool.engines.plan import PARTITION_SIZE, Plan
@@ -74,10 +73,10 @@ from packtool.errors import AlreadyComplete, ConfigError, DataError, WorkersLost
 from packtool.pack.chunk import PackConfig
 from packtool.pack.kernels import MAX_LEN_LIMIT
 from packtool.progress import Progress
-from packtool.read.documents import ReadConfig, SkipCounter
+from packtool.read.documents import ReadConfig
 from packtool.storage import local as storage
 from packtool.storage import writing
-from packtool.tokenize.tables import RAW, RECORDS, Source
+from packtool.tokenize.tables import RAW, RECORDS
 from packtool.tokenize.tokenize import TokenizeSummary
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 
@@ -376,30 +375,12 @@ class MegatronRun:
         fingerprint = {**preflight.fingerprint_of(config, checked), TO_KEY: "megatron"}
         if output.state is None:
             self.plan: Plan = plan_of(config, checked)
-            saved = {
-                "fingerprint": fingerprint,
-                "plan": self.plan.to_dict(),
-                preflight.FACTS_KEY: checked.facts.to_dict() if checked.facts else None,
-            }
-            records.write_plan(self.work, saved)  # before any work: any stop can be resumed
+            save_plan(self.work, fingerprint, self.plan, checked)
         else:
-            out = Path(self.prefix)
-            preflight.check_fingerprint(output.state, fingerprint, out)
-            preflight.check_facts(output.state, checked, out)
-            try:
-                self.plan = Plan.from_dict(output.state["plan"])
-            except (KeyError, TypeError, ValueError):
-                raise DataError(
-                    f"{records.run_dir(self.work) / records.PLAN_FILE}: malformed plan; "
-                    "use --overwrite"
-                ) from None
-            if [f.path for f in self.plan.files] != [str(p) for p in checked.paths]:
-                raise ConfigError(f"cannot resume {self.prefix}: the partition plan differs")
+            self.plan = saved_plan(output.state, fingerprint, checked, self.work, self.prefix)
         n = len(self.plan.partitions)
-        self.skips = SkipCounter(strict=config.read.strict)
-        self._examples: dict[str, list[tuple[int, int, str]]] = {}
+        self.skips = records.SkipTotals()
         self.documents = self.tokens = self.input_bytes = 0
-        self.seconds = 0.0
         self.merge = _Merge(self.work)
         done = set(records.finished(self.work)) if output.state is not None else set()
         sizes = {}
@@ -412,14 +393,7 @@ class MegatronRun:
         self.todo = [p for p in range(n) if p not in done]
         tokenizer = checked.tokenizer
         self.context = MegatronContext(
-            source=Source(
-                mode=checked.mode,
-                read=config.read,
-                schema=tokenized_schema(identity, (), optional=checked.columns),
-                identity=identity,
-                mask_source=checked.mask_source,
-                sft_kind=checked.sft_kind,
-            ),
+            source=source_of(config, checked),  # no extra fields: refused up front
             tokenizer=tokenizer if checked.mode in (RAW, RECORDS) else None,
             work=str(self.work),
             dtype=self.dtype.str,
@@ -451,17 +425,7 @@ class MegatronRun:
         self.documents += int(record["documents"])
         self.tokens += int(record["tokens"])
         self.input_bytes += int(record.get("input_bytes", 0))
-        self.seconds += sum(float(v) for v in (record.get("seconds") or {}).values())
-        skips = record.get("skips") or {}
-        p = int(record["partition"])
-        for reason, count in skips.get("counts", {}).items():
-            self.skips.counts[reason] = self.skips.counts.get(reason, 0) + int(count)
-        for reason, examples in skips.get("examples", {}).items():
-            kept = self._examples.setdefault(reason, [])
-            kept.extend((p, k, text) for k, text in enumerate(examples))
-            kept.sort()  # the first examples in reading order, whatever order parts finish in
-            del kept[self.skips.max_examples :]
-            self.skips.examples[reason] = [t for _, _, t in kept]
+        self.skips.add(record)
 
     def account(self, record: dict[str, Any]) -> None:
         """A finished part: its sums added, then merged if all before it are (`_Merge`)."""
@@ -484,7 +448,8 @@ class MegatronRun:
             )
         if self.documents == 0:
             # As `stats` and `pack` do: an output without a document is a mistake.
-            raise DataError(f"no documents in {', '.join(self.config.inputs)}{self.skips.note()}")
+            skips = self.skips.counter()
+            raise DataError(f"no documents in {', '.join(self.config.inputs)}{skips.note()}")
         ready = self.work / READY_IDX
         tmp = writing.temporary_name(ready)
         try:
@@ -495,13 +460,14 @@ class MegatronRun:
         finish_swap(self.work, self.bin_path, self.idx_path)
         tok = self.checked.tokenizer
         files = [self.bin_path, self.idx_path]
+        skips = self.skips.counter()
         return TokenizeSummary(
             documents=self.documents,
             tokens=self.tokens,
             seconds=time.perf_counter() - self.t_start,
             input_bytes=self.input_bytes,
-            skips=self.skips.to_dict(),
-            skip_line=self.skips.summary(),
+            skips=skips.to_dict(),
+            skip_line=skips.summary(),
             files=[str(f) for f in files],
             output_bytes=sum(storage.size(f) for f in files),
             tokenizer=dict(self.checked.identity),

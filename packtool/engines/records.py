@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from packtool.errors import DataError
 from packtool.pack.chunk import PackCounts
+from packtool.read.documents import SkipCounter
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -144,6 +145,41 @@ def records_in_order(work: Path, units: int) -> Iterator[dict[str, Any]]:
         yield read_record(work, p)
 
 
+class SkipTotals:
+    """The skips of many partition records: counts per reason, and the first `max_examples`
+    examples per reason in partition order, whatever order the records arrive in (memory
+    independent of their number)."""
+
+    def __init__(self, max_examples: int = 3) -> None:
+        self.counts: dict[str, int] = {}
+        self.max_examples = max_examples
+        self._kept: dict[str, list[tuple[int, int, str]]] = {}
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Add a record's `skips` (`{"counts": ..., "examples": ...}`)."""
+        skips = record.get("skips") or {}
+        p = int(record.get("partition", -1))
+        for reason, n in skips.get("counts", {}).items():
+            self.counts[reason] = self.counts.get(reason, 0) + int(n)
+        for reason, examples in skips.get("examples", {}).items():
+            kept = self._kept.setdefault(reason, [])
+            kept.extend((p, k, text) for k, text in enumerate(examples))
+            kept.sort()
+            del kept[self.max_examples :]
+
+    @property
+    def examples(self) -> dict[str, list[str]]:
+        """The first `max_examples` skip examples per reason, in partition order."""
+        return {reason: [t for _, _, t in kept] for reason, kept in self._kept.items()}
+
+    def counter(self) -> SkipCounter:
+        """These totals as a `SkipCounter` (its `summary`, `note`, `to_dict`)."""
+        counter = SkipCounter(max_examples=self.max_examples)
+        counter.counts = dict(self.counts)
+        counter.examples = self.examples
+        return counter
+
+
 class Totals:
     """The running sums of the partition records (memory independent of their number)."""
 
@@ -153,9 +189,8 @@ class Totals:
         self.rounds = np.zeros(rounds, dtype=np.int64)
         self.histogram = np.zeros(max_len + 1, dtype=np.int64)
         self.groups: dict[str, list[int]] = {}
-        self.skips: dict[str, int] = {}
-        self._examples: dict[str, list[tuple[int, int, str]]] = {}
-        self.max_examples = max_examples
+        self.skip_totals = SkipTotals(max_examples)
+        self.skips = self.skip_totals.counts
         self.shards = 0
         self.partitions = 0
         self.merges = 0
@@ -177,15 +212,7 @@ class Totals:
             acc = self.groups.setdefault(name, [0, 0])
             acc[0] += rows
             acc[1] += tokens
-        skips = record.get("skips") or {}
-        p = int(record.get("partition", -1))
-        for reason, n in skips.get("counts", {}).items():
-            self.skips[reason] = self.skips.get(reason, 0) + int(n)
-        for reason, examples in skips.get("examples", {}).items():
-            kept = self._examples.setdefault(reason, [])
-            kept.extend((p, k, text) for k, text in enumerate(examples))
-            kept.sort()
-            del kept[self.max_examples :]
+        self.skip_totals.add(record)
         for key, value in (record.get("seconds") or {}).items():
             self.seconds[key] = self.seconds.get(key, 0.0) + float(value)
         self.shards += len(record["shards"])
@@ -202,7 +229,7 @@ class Totals:
     @property
     def examples(self) -> dict[str, list[str]]:
         """The first `max_examples` skip examples per reason, in partition order."""
-        return {reason: [t for _, _, t in kept] for reason, kept in self._examples.items()}
+        return self.skip_totals.examples
 
 
 def histogram_of(lengths: np.ndarray, max_len: int) -> dict[str, list[int]]:

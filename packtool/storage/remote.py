@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from packtool.errors import DataError, MissingDependencyError
+from packtool.errors import ConfigError, DataError, MissingDependencyError
 
 SCHEMES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "hf", "http", "https"}
 """The URL schemes packtool reads (anything else with `://` is a local path)."""
@@ -84,19 +84,24 @@ def is_remote(path: Any) -> bool:
     return scheme(path) is not None
 
 
+def parse_options(text: str) -> dict[str, Any]:
+    """`--storage-options` / `PACKTOOL_STORAGE_OPTIONS`: a JSON object, or a one-line
+    `ConfigError`."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"--storage-options: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--storage-options: a JSON object ({{...}}), got {text[:60]}")
+    return value
+
+
 def options_for(protocol: str) -> dict[str, Any]:
     """The fsspec options for `protocol`: packtool's defaults, then `PACKTOOL_STORAGE_OPTIONS`."""
     raw = os.environ.get(OPTIONS_ENV, "").strip()
-    given: dict[str, Any] = {}
-    if raw:
-        try:
-            given = json.loads(raw)
-        except ValueError as exc:
-            raise DataError(f"{OPTIONS_ENV} / --storage-options: not JSON ({exc})") from None
-        if not isinstance(given, dict):
-            raise DataError(f"{OPTIONS_ENV} / --storage-options: a JSON object, got {raw[:60]}")
-        if any(k in SCHEMES for k in given):  # per scheme
-            given = given.get(protocol, {}) or {}
+    given = parse_options(raw) if raw else {}
+    if any(k in SCHEMES for k in given):  # per scheme
+        given = given.get(protocol, {}) or {}
     base = dict(S3_DEFAULTS) if protocol in ("s3", "s3a") else {}
     return {**base, **given}
 
@@ -172,7 +177,6 @@ class RemoteStat(NamedTuple):
 
     st_size: int
     st_mtime_ns: int
-    st_mode: int = 0o100644
 
 
 def _mtime_ns(info: dict[str, Any]) -> int:
@@ -242,10 +246,7 @@ def open_input(path: Any, buffering: int = -1) -> Any:
     `READ_BYTES`) over a file that turns each read into one ranged GET of exactly those bytes
     (fsspec's `cache_type="none"`), so a worker reads its partition's bytes and at most one
     buffer beyond them, and Parquet's footer and column chunks are fetched as pyarrow asks."""
-    fs, p = filesystem(path)
-    with naming(path):
-        raw = fs.open(p, "rb", cache_type="none")
-    return io.BufferedReader(raw, buffer_size=max(buffering, READ_BYTES))
+    return io.BufferedReader(open_unbuffered(path), buffer_size=max(buffering, READ_BYTES))
 
 
 def open_unbuffered(path: Any) -> Any:
