@@ -40,7 +40,7 @@ from loader.store.row_group import (
 from loader.store.row_index import GroupStats, offsets_stats
 from packtool.dataset.columns import BYTES, TOKEN, Column, loaded_optional
 from packtool.dataset.manifest import Manifest, dataset_folder, read_manifest, sha256_file
-from packtool.errors import DataError
+from packtool.errors import ConfigError, DataError
 from packtool.storage import local as storage
 
 _NO_COLUMNS: Mapping[str, np.ndarray] = MappingProxyType({})
@@ -128,6 +128,14 @@ class ShardStore:
         page_checksums: bool = True,
         min_row_groups: int = 1,
     ) -> None:
+        if storage.is_remote(path):
+            # Not a whole-shard download into every worker's memory: the node-shared, bounded
+            # cache this needs is the next part of issue #25.
+            raise ConfigError(
+                f"{path}: the loader reads datasets on local or shared file systems; training "
+                "from object storage is not built yet: copy the version folder that its "
+                "index.json names to local disk first (docs/remote.md)"
+            )
         self.path = dataset_folder(path)  # the folder, also when given its index.json
         self.manifest: Manifest = read_manifest(self.path)
         self.page_checksums = bool(page_checksums)

@@ -348,7 +348,12 @@ def stats_cmd(
 @cli.command("pack")
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option(
-    "-o", "--output", required=True, type=click.Path(path_type=str), help="Output folder."
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(path_type=str),
+    help="Output folder, or a bucket prefix (s3://bucket/prefix: written without a rename, "
+    "docs/remote.md).",
 )
 @click.option(
     "--max-len", type=int, default=4096, show_default=True, help="Tokens per row at most."

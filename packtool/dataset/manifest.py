@@ -208,15 +208,51 @@ def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:
     return path
 
 
+LINK_KEY = "packtool_dataset"
+"""The one key of a link `index.json`: the version folder (beside it) that holds the dataset."""
+LINK_BYTES = 4096
+"""A link `index.json` is smaller than this; a manifest is larger (so a reader of a local dataset
+reads nothing more than before to tell them apart)."""
+
+
+def link_bytes(version: str) -> bytes:
+    """A link `index.json` naming the version folder `version` (a remote output's commit,
+    packtool/dataset/output.py)."""
+    return (json.dumps({LINK_KEY: version}) + "\n").encode()
+
+
+def linked_version(index: str | os.PathLike) -> str | None:
+    """The version folder the link `index` names; None when `index` is a manifest."""
+    if storage.size(index) >= LINK_BYTES:
+        return None
+    try:
+        data = json.loads(storage.read_text(index))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # read_manifest says what is wrong with it
+    if not isinstance(data, dict) or set(data) != {LINK_KEY}:
+        return None
+    version = data[LINK_KEY]
+    if not isinstance(version, str) or not version or "/" in version or version.startswith("."):
+        raise DataError(f"{index}: a link to {version!r}, which is not a version folder beside it")
+    return version
+
+
 def dataset_folder(path: str | os.PathLike) -> Path:
-    """The dataset folder `path` names: the folder itself, or the folder of its `index.json`.
+    """The dataset folder `path` names: the folder itself, or the folder of its `index.json`;
+    where that `index.json` is a link (a dataset written to object storage: docs/remote.md), the
+    version folder it names.
 
     People point at the manifest as often as at its folder (`packtool verify out/index.json`);
     both mean the same dataset. Shard paths are relative to the folder this returns.
     """
-    path = Path(path)
+    path = storage.as_path(path) if storage.is_remote(path) else Path(path)
     if path.name == INDEX_FILE and not storage.is_dir(path):
-        return path.parent
+        path = path.parent
+    index = path / INDEX_FILE
+    if storage.is_file(index):
+        version = linked_version(index)
+        if version is not None:
+            return path / version
     return path
 
 

@@ -26,6 +26,21 @@
 
 The staging, ready and old names sit in the output's parent folder, so they are on the output's
 file system (a rename never copies) and hidden from the folder walk of `corpus.expand_inputs`.
+
+**On an object store** (`-o s3://bucket/prefix`: nothing renames there) the same steps keep the
+same guarantees with other means (docs/remote.md, "Writing"). Under the prefix:
+
+    index.json            the commit: a link naming the current version ({"packtool_dataset": V})
+    V/                    a version: shards and its own index.json, byte for byte a local dataset
+    .packtool-lock        the lock object (a conditional put, renewed under a lease)
+    .packtool-staging     the run in progress: names the version it builds (its staging)
+
+A run builds a fresh version `v-<time>-<random>/` (the staging), writing each object once and
+whole; `commit` writes the link `index.json`, last (the switch: readers see the old dataset or
+the new one), then deletes the old version. `recover` deletes any version neither the link nor
+the staging names (left by a run killed after its switch) and aborts unfinished multipart
+uploads (no other writer is alive: the lock is held). A committed version's objects never
+change: a later run always writes a new one.
 """
 
 from __future__ import annotations
@@ -51,6 +66,9 @@ STAGING_SUFFIX = ".packtool-staging"
 READY_SUFFIX = ".packtool-ready"
 OLD_SUFFIX = ".packtool-old"
 LOCK_SUFFIX = ".packtool-lock"
+REMOTE_LOCK = ".packtool-lock"
+REMOTE_STAGING = ".packtool-staging"
+"""The objects under a remote output's prefix that hold its lock and name its run in progress."""
 OUTPUT_NAMES = ("shard-00000.parquet", "part-00000.parquet", "index.json")
 """Names `pack` and `tokenize` write inside an output folder (for the glob check)."""
 _rename = writing.rename  # every rename of the swap goes through here (tests interrupt it)
@@ -68,10 +86,29 @@ class OutputPaths:
     ready: Path
     old: Path
     lock: Path
+    remote: bool = False
+    """An object store's prefix: the versions protocol (the module docstring)."""
+
+
+_NEW_VERSIONS: dict[str, str] = {}
+"""The version a fresh run of this process builds into each remote output (until it is named)."""
 
 
 def output_paths(out: str | os.PathLike) -> OutputPaths:
-    """The paths of output `out`. A symlinked output is written where the link points."""
+    """The paths of output `out`. A symlinked output is written where the link points. A remote
+    output's staging is the version its `.packtool-staging` object names, else a new one."""
+    if storage.is_remote(out):
+        target = storage.as_path(str(out).rstrip("/"))
+        version = staging_version(target) or _NEW_VERSIONS.setdefault(str(target), new_version())
+        return OutputPaths(
+            shown=os.fspath(out) if not isinstance(out, str) else out,
+            target=target,
+            staging=target / version,
+            ready=target / version,
+            old=target / version,
+            lock=target / REMOTE_LOCK,
+            remote=True,
+        )
     target = storage.resolve(out)
     side = target.parent / f".{target.name}"
     return OutputPaths(
@@ -82,6 +119,51 @@ def output_paths(out: str | os.PathLike) -> OutputPaths:
         old=Path(f"{side}{OLD_SUFFIX}"),
         lock=Path(f"{side}{LOCK_SUFFIX}"),
     )
+
+
+def new_version() -> str:
+    """A fresh version name: `v-<UTC time>-<8 random hex>` (sorts by time; never reused)."""
+    import uuid
+
+    return f"v-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+
+
+def is_version(name: str) -> bool:
+    """A version folder's name (`new_version`)."""
+    parts = name.split("-")
+    return len(parts) == 3 and parts[0] == "v" and len(parts[1]) == 15 and len(parts[2]) == 8
+
+
+def staging_version(target: Path) -> str | None:
+    """The version the run in progress into the remote output `target` builds, if any."""
+    pointer = target / REMOTE_STAGING
+    if not storage.is_file(pointer):
+        return None
+    try:
+        version = json.loads(storage.read_text(pointer)).get("version")
+    except (ValueError, AttributeError):
+        version = None
+    if not isinstance(version, str) or not is_version(version):
+        raise ConfigError(f"{pointer}: damaged (names no version); delete it and rerun")
+    return version
+
+
+def make_staging(paths: OutputPaths) -> None:
+    """Create the staging output: a new folder; on an object store the `.packtool-staging`
+    object naming the version the run builds."""
+    if paths.remote:
+        pointer = json.dumps({"version": paths.staging.name}).encode()
+        writing.write_atomic(paths.target / REMOTE_STAGING, pointer)
+        return
+    writing.make_dir(paths.staging)
+
+
+def remove_staging(paths: OutputPaths) -> None:
+    """Delete the staging output (on an object store: its version's objects, then the object
+    naming it; a new run then builds a new version)."""
+    remove(paths.staging)
+    if paths.remote:
+        writing.remove_file(paths.target / REMOTE_STAGING)
 
 
 def check_apart(
@@ -98,6 +180,9 @@ def check_apart(
     Raises:
         ConfigError: naming both paths.
     """
+    if storage.is_remote(out):
+        _check_apart_remote(out, inputs, files)
+        return
     target = storage.resolve(out)
     cwd = storage.cwd()
     if target == cwd or target in cwd.parents:
@@ -145,6 +230,31 @@ def check_apart(
             )
 
 
+def _check_apart_remote(
+    out: str | os.PathLike, inputs: list[str] | tuple[str, ...], files: list[Path]
+) -> None:
+    """`check_apart` for a remote output: the same refusals on the URLs' text."""
+    target = str(out).rstrip("/") + "/"
+    for raw in [*map(str, inputs), *map(str, files)]:
+        if not storage.is_remote(raw):
+            continue
+        text = raw.rstrip("/") + "/"
+        fixed = text[: min((text.find(c) for c in "*?[" if c in text), default=len(text))]
+        fixed = fixed[: fixed.rfind("/") + 1]
+        if text == target:
+            raise ConfigError(f"output {out} is also an input ({raw}); choose another output")
+        if target.startswith(fixed):
+            raise ConfigError(
+                f"output {out} is inside the input {raw}: a later run would read its own "
+                "output; choose an output outside it"
+            )
+        if text.startswith(target):
+            raise ConfigError(
+                f"input {raw} is inside the output {out}, which this run replaces; "
+                "choose another output"
+            )
+
+
 def _first_magic(parts: tuple[str, ...]) -> int:
     return next(i for i, p in enumerate(parts) if glob.has_magic(p))
 
@@ -163,15 +273,6 @@ class OutputLock:
         self._held: writing.HeldLock | None = None
 
     def __enter__(self) -> OutputLock:
-        try:
-            self._held = writing.take_lock(self.paths.lock)
-        except writing.LockBusy as busy:
-            raise ConfigError(
-                f"{self.paths.shown} is being written by another packtool "
-                f"({_describe_holder(busy.holder)}); wait for it to finish or stop it"
-            ) from None
-        except OSError as exc:  # the first write of a run: name the output as given
-            raise ConfigError(f"cannot write {self.paths.shown} ({exc.strerror or exc})") from None
         info = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -179,11 +280,20 @@ class OutputLock:
             "command": self.command[:300],
         }
         try:
-            self._held.write(json.dumps(info).encode())
-        except BaseException:
-            self.__exit__()
-            raise
+            self._held = writing.take_lock(self.paths.lock, json.dumps(info).encode())
+        except writing.LockBusy as busy:
+            raise ConfigError(
+                f"{self.paths.shown} is being written by another packtool "
+                f"({_describe_holder(busy.holder)}); wait for it to finish or stop it"
+            ) from None
+        except OSError as exc:  # the first write of a run: name the output as given
+            raise ConfigError(f"cannot write {self.paths.shown} ({exc.strerror or exc})") from None
         return self
+
+    @property
+    def lost(self) -> bool:
+        """Another writer took the lock over (an object store's lease ran out unrenewed)."""
+        return bool(getattr(self._held, "lost", False))
 
     def __exit__(self, *exc: object) -> None:
         if self._held is not None:
@@ -213,6 +323,9 @@ def recover(paths: OutputPaths) -> None:
     output. An old folder beside an output is the dataset it replaced: deleted. An old folder
     with no output (a failure between two renames of `commit`) is put back.
     """
+    if paths.remote:
+        _collect(paths)
+        return
     if storage.exists(paths.ready):
         if storage.lexists(paths.target) and not storage.lexists(paths.old):
             _rename(paths.target, paths.old)
@@ -225,8 +338,37 @@ def recover(paths: OutputPaths) -> None:
             _rename(paths.old, paths.target)
 
 
+def _collect(paths: OutputPaths) -> None:
+    """A remote output's `recover`: abort the unfinished uploads a killed writer left, and delete
+    every version that neither the link `index.json` nor the staging object names."""
+    from packtool.storage import remote_write
+
+    remote_write.abort_uploads(paths.target)
+    keep = {current_version(paths.target), staging_version(paths.target)}
+    for entry in storage.list_dir(paths.target):
+        if is_version(entry.name) and entry.name not in keep:
+            remove(entry)
+
+
+def current_version(target: Path) -> str | None:
+    """The version the link `index.json` of a remote output names (None: no dataset yet)."""
+    from packtool.dataset.manifest import INDEX_FILE, linked_version
+
+    index = target / INDEX_FILE
+    return linked_version(index) if storage.is_file(index) else None
+
+
 def commit(paths: OutputPaths) -> None:
     """Swap the complete staging output in for the old one (see the module docstring)."""
+    if paths.remote:
+        from packtool.dataset.manifest import INDEX_FILE, link_bytes
+
+        # The switch: one PUT of the link; then the run in progress is over, the old version goes.
+        writing.write_atomic(paths.target / INDEX_FILE, link_bytes(paths.staging.name))
+        writing.remove_file(paths.target / REMOTE_STAGING)
+        _NEW_VERSIONS.pop(str(paths.target), None)
+        _collect(paths)
+        return
     if storage.is_file(paths.staging):
         writing.replace(paths.staging, paths.target)  # one atomic step for a file
         writing.sync_dir(paths.target.parent)
@@ -247,7 +389,10 @@ def commit(paths: OutputPaths) -> None:
 
 
 def create_parent(paths: OutputPaths) -> Path | None:
-    """Create the output's parent folders; return the outermost one made (None: it existed)."""
+    """Create the output's parent folders; return the outermost one made (None: it existed;
+    always for an object store, which has no folders)."""
+    if paths.remote:
+        return None
     parent = paths.target.parent
     made = next((p for p in reversed(parent.parents) if not storage.exists(p)), None)
     if made is None and not storage.exists(parent):
@@ -295,15 +440,21 @@ def transaction(
     paths = output_paths(out)
     made = create_parent(paths)
     try:
-        with OutputLock(paths, command):
+        with OutputLock(paths, command) as lock:
             recover(paths)
+            paths = output_paths(out)  # a remote output's staging: as `recover` left it
             prepared = prepare(paths)
             try:
                 yield paths, prepared
             except BaseException as exc:
                 if discard(exc, prepared):
-                    remove(paths.staging)
+                    remove_staging(paths)
                 raise
+            if lock.lost:
+                raise ConfigError(
+                    f"{paths.shown}: another writer took over this run's lock (its lease ran "
+                    "out unrenewed); nothing was committed"
+                )
             commit(paths)
     except BaseException:
         remove_empty_parents(paths, made)

@@ -98,8 +98,8 @@ def saved_plan(
     plan is the plan, and `check_inputs` took what it knows of the inputs from the saved state
     (no Parquet footer, no first record is read again).
     """
-    check_fingerprint(state, fingerprint, Path(out))
-    check_facts(state, checked, Path(out))
+    check_fingerprint(state, fingerprint, storage.as_path(out))
+    check_facts(state, checked, storage.as_path(out))
     try:
         plan = Plan.from_dict(state["plan"])
     except (KeyError, TypeError, ValueError):

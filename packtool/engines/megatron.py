@@ -129,6 +129,11 @@ def tokenize_megatron(
     """
     inputs = [os.fspath(i) for i in inputs]
     config = read_config or ReadConfig()
+    if storage.is_remote(prefix):
+        raise ConfigError(
+            f"{prefix}: --to megatron writes to local or shared file systems only; "
+            "`packtool pack -o` writes to object storage (docs/remote.md)"
+        )
     bin_path, idx_path = megatron_paths(prefix)
     for path in (bin_path, idx_path):
         check_apart(path, inputs)  # before anything is read

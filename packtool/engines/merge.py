@@ -158,7 +158,7 @@ def merge_node(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]
     The root (`descriptor["root"]`) keeps no tail: every piece ends in a row.
     """
     t0 = time.perf_counter()
-    work = Path(ctx.work)
+    work = storage.as_path(ctx.work)
     n = int(descriptor["index"])
     root = bool(descriptor["root"])
     first, stop = descriptor["children"]

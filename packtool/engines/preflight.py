@@ -35,8 +35,11 @@ from packtool.dataset.output import (
     OutputPaths,
     check_apart,
     commit,
+    is_version,
+    make_staging,
     output_paths,
     remove,
+    remove_staging,
     transaction,
 )
 from packtool.engines import records
@@ -49,7 +52,6 @@ from packtool.read.corpus import expand_inputs
 from packtool.read.formats import file_kind
 from packtool.read.jsonl import json_array_file
 from packtool.storage import local as storage
-from packtool.storage import writing
 from packtool.tokenize.tables import RAW, RECORDS
 from packtool.tokenize.tokenize import check_recorded_tokenizer, inputs_read
 from packtool.tokenizer.tokenizers import Tokenizer
@@ -403,8 +405,10 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
                 f"an interrupted run into {shown} left its finished partitions in "
                 f"{paths.staging}; pass --resume to finish it or --overwrite to start over"
             )
-        remove(paths.staging)
+        remove_staging(paths)
     present = list(storage.list_dir(out)) if storage.is_dir(out) else []
+    if paths.remote:  # its lock and staging objects are inside the prefix
+        present = [p for p in present if not p.name.startswith(".packtool-")]
     if present and not config.overwrite:
         raise ConfigError(
             f"output folder {shown} is not empty; pass --overwrite to replace it "
@@ -420,7 +424,7 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
             f"--overwrite: {shown} holds files packtool pack did not write ({shown_files}); "
             "choose an empty folder or remove them yourself"
         )
-    writing.make_dir(paths.staging)
+    make_staging(paths)
     return None
 
 
@@ -434,10 +438,17 @@ def _load_state(paths: OutputPaths) -> dict[str, Any]:
                 f"{shown} holds a run interrupted by an older packtool, which this one cannot "
                 "finish; start over with --overwrite"
             )
-        if not storage.exists(out) and not storage.exists(paths.staging):
+        if not _holds_anything(paths) and not storage.exists(paths.staging):
             raise ConfigError(f"{shown} does not exist: nothing to resume; drop --resume")
         raise ConfigError(f"{shown}: no interrupted run to resume; use --overwrite")
     return records.read_plan(paths.staging)
+
+
+def _holds_anything(paths: OutputPaths) -> bool:
+    """The output exists (a remote one: holds more than this run's own lock object)."""
+    if not paths.remote:
+        return storage.exists(paths.target)
+    return any(not p.name.startswith(".packtool-") for p in storage.list_dir(paths.target))
 
 
 def _written_by_pack(path: Path) -> bool:
@@ -449,6 +460,7 @@ def _written_by_pack(path: Path) -> bool:
     return (
         (name.startswith("shard-") and name.endswith(".parquet"))
         or name in (INDEX_FILE, SOURCES_FILE, STATE_DIR, *OLD_STATE)
+        or is_version(name)  # a version of a dataset on an object store
         or (name.startswith(".") and name.endswith(".tmp"))
     )
 

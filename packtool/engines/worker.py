@@ -27,7 +27,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ from packtool.pack.chunk import PackCounts, PackedChunk, pack_table
 from packtool.pack.flat_ids import rechunk
 from packtool.pack.tail import DOC_CHUNK
 from packtool.read.documents import SkipCounter
+from packtool.storage import local as storage
 from packtool.tokenize.tables import partition_tables
 
 
@@ -108,7 +108,7 @@ def run_partition(
         return megatron_part.run_part(ctx, descriptor)
     assert isinstance(ctx, WorkerContext)
     p = int(descriptor["index"])
-    work = Path(ctx.work)
+    work = storage.as_path(ctx.work)
     skips = SkipCounter(strict=ctx.source.read.strict)
     state = _Partition(ctx)
     writer = ShardWriter(

@@ -14,7 +14,10 @@ system, split along the read/write seam, and object stores and the web for readi
   opened for ranged reads, their failures one line naming the URL (docs/remote.md).
 - `writing.py`, the write side: folders, files written whole (temporary name, fsync, rename),
   pyarrow's writers, in-place appends, replace / rename / remove, folder fsync, and the
-  one-writer lock (`take_lock`).
+  one-writer lock (`take_lock`). On a URL it hands on to:
+- `remote_write.py`: an object store's write side: a local file uploaded whole (multipart
+  under 10,000 parts, aborted on failure), small objects in one PUT, conditional puts, removal,
+  unfinished uploads aborted, and the lock object under a renewed lease.
 
 Each is the call packtool made before, so bytes and speed are unchanged; tests/test_architecture.py
 fails when another module touches the file system itself. The names follow fsspec / `pyarrow.fs`

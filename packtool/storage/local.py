@@ -169,8 +169,12 @@ def read_text(path: str | os.PathLike) -> str:
 
 def memory_map(path: str | os.PathLike) -> Any:
     """`path` memory-mapped read-only as a `pyarrow.NativeFile`: random reads share the page
-    cache across processes (the loader's workers)."""
+    cache across processes (the loader's workers). An object (a run's tail in a bucket) is
+    read whole into memory."""
     import pyarrow as pa
+
+    if is_remote(path):
+        return pa.BufferReader(remote.read_bytes(path))
 
     return pa.memory_map(os.fspath(path), "r")
 
@@ -303,13 +307,18 @@ def is_mount(path: str | os.PathLike) -> bool:
 
 
 def list_dir(folder: str | os.PathLike) -> list[Path]:
-    """The entries of `folder` (hidden ones included), in the order the file system gives."""
+    """The entries of `folder` (hidden ones included), in the order the file system gives; the
+    objects and sub-prefixes one level under a prefix."""
+    if is_remote(folder):
+        return remote.list_dir(folder)
     return list(Path(folder).iterdir())
 
 
 def glob(folder: str | os.PathLike, pattern: str, recursive: bool = False) -> list[Path]:
     """The paths under `folder` matching `pattern` (`Path.glob`; `rglob` when `recursive`),
     sorted."""
+    if is_remote(folder):
+        return remote.glob(folder, pattern, recursive)
     folder = Path(folder)
     return sorted(folder.rglob(pattern) if recursive else folder.glob(pattern))
 

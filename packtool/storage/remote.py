@@ -220,18 +220,21 @@ def stat(path: Any) -> RemoteStat:
 def exists(path: Any) -> bool:
     fs, p = filesystem(path)
     with naming(path):
+        fs.invalidate_cache(p)  # another process may have written it since this one listed
         return bool(fs.exists(p))
 
 
 def is_file(path: Any) -> bool:
     fs, p = filesystem(path)
     with naming(path):
+        fs.invalidate_cache(p)  # another process may have written it since this one listed
         return bool(fs.isfile(p))
 
 
 def is_dir(path: Any) -> bool:
     fs, p = filesystem(path)
     with naming(path):
+        fs.invalidate_cache(p)  # another process may have written it since this one listed
         return bool(fs.isdir(p))
 
 
@@ -260,6 +263,39 @@ def read_bytes(path: Any) -> bytes:
     fs, p = filesystem(path)
     with naming(path):
         return fs.cat_file(p)
+
+
+def list_dir(folder: Any) -> list[Any]:
+    """The objects and sub-prefixes one level under the prefix `folder` (none: an empty list)."""
+    fs, p = filesystem(folder)
+    with naming(folder):
+        fs.invalidate_cache(p)
+        try:
+            keys = fs.ls(p, detail=False)
+        except FileNotFoundError:
+            return []
+    base = str(folder).rstrip("/")
+    names = [k.rstrip("/").rsplit("/", 1)[-1] for k in keys if k.rstrip("/") != p.rstrip("/")]
+    return [as_path(f"{base}/{name}") for name in names]
+
+
+def glob(folder: Any, pattern: str, recursive: bool = False) -> list[Any]:
+    """The objects under the prefix `folder` whose names match `pattern` (at any depth when
+    `recursive`), sorted."""
+    import fnmatch
+
+    fs, p = filesystem(folder)
+    with naming(folder):
+        fs.invalidate_cache(p)
+        keys = fs.find(p, withdirs=False) if recursive else fs.ls(p, detail=False)
+    base = str(folder).rstrip("/")
+    root = p.rstrip("/")
+    out = []
+    for k in keys:
+        rel = k[len(root) :].lstrip("/")
+        if rel and fnmatch.fnmatch(rel.rsplit("/", 1)[-1], pattern):
+            out.append(as_path(f"{base}/{rel}"))
+    return sorted(out, key=str)
 
 
 def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:

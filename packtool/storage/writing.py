@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from packtool.errors import ConfigError, naming
+from packtool.storage import remote_write
+from packtool.storage.remote import is_remote
 
 # --- folders -----------------------------------------------------------------------------------
 
@@ -44,6 +46,8 @@ def make_dirs(folder: str | os.PathLike) -> None:
     The bare OSError is misleading when a parent is a file: Python reports "File exists" or
     "Not a directory" for the folder the user asked for, not for the file in the way.
     """
+    if is_remote(folder):
+        return  # an object store has no folders: a prefix exists when an object is under it
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -56,7 +60,11 @@ def make_dirs(folder: str | os.PathLike) -> None:
 
 
 def make_dir(folder: str | os.PathLike) -> None:
-    """One new folder (`FileExistsError` when something is there: it is not taken over)."""
+    """One new folder (`FileExistsError` when something is there: it is not taken over); on an
+    object store nothing (no folders there; the output's staging is named by an object,
+    `packtool.dataset.output`)."""
+    if is_remote(folder):
+        return
     os.mkdir(folder)
 
 
@@ -73,9 +81,28 @@ def temporary_folder(prefix: str) -> Iterator[Path]:
 
 
 def temporary_name(path: str | os.PathLike) -> Path:
-    """A hidden name beside `path`, unique to this writer, to write it under before the rename."""
+    """A hidden name beside `path`, unique to this writer, to write it under before the rename.
+    For an object, a local file in `scratch_dir()`: it is written there, then uploaded whole by
+    `replace` (an object appears complete or not at all)."""
+    if is_remote(path):
+        name = str(path).rstrip("/").rsplit("/", 1)[-1]
+        return scratch_dir() / f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
     path = Path(path)
     return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+
+
+SCRATCH_ENV = "PACKTOOL_SCRATCH"
+
+
+def scratch_dir() -> Path:
+    """Where files bound for object storage are written before their upload: `PACKTOOL_SCRATCH`,
+    else `packtool-scratch` in the system's temporary folder (created; each file is removed
+    once uploaded, so it holds what the workers are writing now: a shard each)."""
+    import tempfile
+
+    folder = Path(os.environ.get(SCRATCH_ENV) or Path(tempfile.gettempdir()) / "packtool-scratch")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def open_output(path: str | os.PathLike, text: bool = False) -> IO[Any]:
@@ -103,7 +130,10 @@ def open_append(path: str | os.PathLike, size: int) -> BinaryIO:
 def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
     """Create `path` holding `data` if no file is there (`O_CREAT | O_EXCL`: of several processes,
     on any node of a shared file system that honours it, NFSv3+, Lustre, GPFS, exactly one
-    succeeds); False when it exists. A reader may see the file empty for a moment."""
+    succeeds); False when it exists. A reader may see the file empty for a moment. An object:
+    a conditional put (`remote_write.create_exclusive`)."""
+    if is_remote(path):
+        return remote_write.create_exclusive(path, data)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
@@ -167,16 +197,17 @@ def atomic_output(
     error (a full disk: named by the temporary's path) removes the temporary and leaves `path`
     as it was.
     """
-    path = Path(path)
-    if make_parent:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if not is_remote(path):
+        path = Path(path)
+        if make_parent:
+            path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
     try:
         with naming(tmp), open_output(tmp, text) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -207,22 +238,39 @@ def write_parquet(table: Any, path: str | os.PathLike, **options: Any) -> None:
 
 
 def replace(source: str | os.PathLike, target: str | os.PathLike) -> None:
-    """Rename `source` to `target` in one atomic step, over a file at `target`."""
+    """Rename `source` to `target` in one atomic step, over a file at `target`. A local file
+    onto an object: uploaded whole (`remote_write.upload`), then deleted here."""
+    if is_remote(target):
+        if is_remote(source):
+            raise NotImplementedError(f"no rename on an object store ({source} -> {target})")
+        remote_write.upload(source, target)
+        os.unlink(source)
+        return
     os.replace(source, target)
 
 
 def rename(source: str | os.PathLike, target: str | os.PathLike) -> None:
-    """Rename `source` to `target` (a folder onto a non-empty folder is refused)."""
+    """Rename `source` to `target` (a folder onto a non-empty folder is refused). Not on an
+    object store: nothing there renames (`packtool.dataset.output` commits without it)."""
+    if is_remote(source) or is_remote(target):
+        raise NotImplementedError(f"no rename on an object store ({source} -> {target})")
     os.rename(source, target)
 
 
 def remove_file(path: str | os.PathLike, missing_ok: bool = True) -> None:
     """Delete one file (or a symlink); nothing there is fine when `missing_ok`."""
+    if is_remote(path):
+        remote_write.remove(path)
+        return
     Path(path).unlink(missing_ok=missing_ok)
 
 
 def remove_tree(path: str | os.PathLike) -> None:
-    """Delete a file or a folder tree, if it is there (a symlink itself, never what it names)."""
+    """Delete a file or a folder tree, if it is there (a symlink itself, never what it names);
+    every object under a prefix."""
+    if is_remote(path):
+        remote_write.remove_tree(path)
+        return
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -231,7 +279,9 @@ def remove_tree(path: str | os.PathLike) -> None:
 
 
 def remove_empty_dir(folder: str | os.PathLike) -> bool:
-    """Delete `folder` if it is an empty folder; whether it did."""
+    """Delete `folder` if it is an empty folder; whether it did (an object store has none)."""
+    if is_remote(folder):
+        return False
     folder = Path(folder)
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
@@ -240,7 +290,10 @@ def remove_empty_dir(folder: str | os.PathLike) -> bool:
 
 
 def sync_dir(folder: str | os.PathLike) -> None:
-    """Make the renames in `folder` durable (some file systems cannot: then nothing)."""
+    """Make the renames in `folder` durable (some file systems cannot, object stores need not:
+    then nothing)."""
+    if is_remote(folder):
+        return
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -288,14 +341,32 @@ class HeldLock:
         self._fd = None
 
 
-def take_lock(path: str | os.PathLike) -> HeldLock:
-    """An exclusive lock on the file at `path` (created if missing), never waiting.
+def take_lock(path: str | os.PathLike, note: bytes = b"") -> Any:
+    """An exclusive lock on the file at `path` (created if missing), never waiting; `note` (who
+    holds it) written in it. On an object store a lock object under a lease
+    (`remote_write.take_lock`: a conditional put, renewed while held; its `lost` says whether
+    another writer took it over).
 
     Raises:
         LockBusy: another live process holds it.
         OSError: the file cannot be created.
     """
-    path = Path(path)
+    if is_remote(path):
+        try:
+            return remote_write.take_lock(path, note)
+        except remote_write.RemoteLockBusy as busy:
+            raise LockBusy(busy.holder) from None
+    held = _take_flock(Path(path))
+    if note:
+        try:
+            held.write(note)
+        except BaseException:
+            held.release()
+            raise
+    return held
+
+
+def _take_flock(path: Path) -> HeldLock:
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

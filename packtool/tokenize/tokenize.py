@@ -375,6 +375,11 @@ def tokenize_corpus(
         raise ConfigError(f"part_tokens must be >= 1, got {part_tokens}")
     inputs = list(inputs)
     config = read_config or ReadConfig()
+    if storage.is_remote(out):
+        raise ConfigError(
+            f"{out}: packtool tokenize writes to local or shared file systems only; "
+            "`packtool pack -o` writes to object storage (docs/remote.md)"
+        )
     out = Path(out)
     check_apart(out, [os.fspath(i) for i in inputs])  # before anything is read
     if isinstance(tokenizer, str):

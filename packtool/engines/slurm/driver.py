@@ -42,7 +42,8 @@ from packtool.engines.slurm.arrays import ArrayDriver, logs_folder
 from packtool.engines.slurm.config import SlurmConfig
 from packtool.engines.slurm.pilots import PilotDriver
 from packtool.engines.summary import PackSummary
-from packtool.errors import Detached
+from packtool.errors import ConfigError, Detached
+from packtool.storage import local as storage
 from packtool.storage import writing
 from packtool.tokenizer.tokenizers import Tokenizer
 
@@ -62,6 +63,11 @@ def run_pack_slurm(
         WorkersLost: a partition's tasks ended without it more than `max_retries` times.
     """
     slurm = slurm or SlurmConfig()
+    if storage.is_remote(config.out_dir):
+        raise ConfigError(
+            f"{config.out_dir}: --engine slurm writes to a shared file system (its jobs' scripts "
+            "and logs live beside the run); use --engine local or ray for a bucket output"
+        )
     options = slurm_options(slurm, config.out_dir)
     checked = preflight.check_inputs(config, tokenizer)
     with preflight.output_folder(config) as output:

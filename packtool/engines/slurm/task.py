@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
     context.setup_process(threads)
     if ctx.tokenizer is not None:
         ctx.tokenizer.workers = threads
-    work = Path(ctx.work)
+    work = storage.as_path(ctx.work)
 
     def line(f: Any, i: int) -> list[dict[str, Any]]:
         f.seek(int(offsets[i]))

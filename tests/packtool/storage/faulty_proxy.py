@@ -1,6 +1,8 @@
 """A fault-injecting HTTP proxy for the object-storage tests: in front of the loopback S3 server,
 it answers some requests with 503 SlowDown, drops the connection of others without an answer,
-and cuts the body of others short, on a fixed schedule (so a run is repeatable)."""
+and cuts the body of others short, on a fixed schedule (so a run is repeatable). With
+`requests="writes"` the uploads are faulted instead (PUTs, multipart parts included), and a
+`deny` fault answers 403 AccessDenied, which no client retries."""
 
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
 )
+DENIED = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
+    b"<Message>Access Denied</Message></Error>"
+)
 
 
 class FaultyProxy:
@@ -21,9 +27,10 @@ class FaultyProxy:
     the n-th GET of an object (1-based, ranged reads and whole reads alike) gets the fault whose
     period divides n (the first listed that does), `counts` says how many of each were sent."""
 
-    def __init__(self, upstream: str, every: dict[str, int]) -> None:
+    def __init__(self, upstream: str, every: dict[str, int], requests: str = "reads") -> None:
         self.upstream = urlsplit(upstream)
         self.every = every
+        self.requests = requests
         self.counts = {name: 0 for name in every} | {"forwarded": 0}
         self._n = 0
         self._lock = threading.Lock()
@@ -43,12 +50,13 @@ class FaultyProxy:
                     self.connection.shutdown(socket.SHUT_RDWR)
                     self.close_connection = True
                     return
-                if fault == "slowdown":
-                    self.send_response(503)
+                if fault in ("slowdown", "deny"):
+                    answer = SLOWDOWN if fault == "slowdown" else DENIED
+                    self.send_response(503 if fault == "slowdown" else 403)
                     self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(SLOWDOWN)))
+                    self.send_header("Content-Length", str(len(answer)))
                     self.end_headers()
-                    self.wfile.write(SLOWDOWN)
+                    self.wfile.write(answer)
                     return
                 conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
@@ -78,7 +86,10 @@ class FaultyProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def _fault(self, method: str, path: str) -> str | None:
-        if method != "GET" or "?" in path:  # object reads only (not listings)
+        if self.requests == "writes":
+            if method != "PUT":  # uploads: whole objects and multipart parts
+                return None
+        elif method != "GET" or "?" in path:  # object reads only (not listings)
             return None
         with self._lock:
             self._n += 1

@@ -1,0 +1,289 @@
+"""Object storage, write side: what `writing.py` hands on for a URL.
+
+An object store has no rename, no folder, no fsync and no `flock`; it has whole-object puts
+(an object appears complete or not at all), multipart uploads, and on S3 conditional puts
+(`If-None-Match: *`: create only if absent; `If-Match: ETAG`: replace only that version). The
+write side is built on those:
+
+- `upload` (a finished local file becomes an object: `writing.replace(local, url)`; one PUT up
+  to 2 parts' worth, else a multipart upload in `part_size` parts, always under S3's 10,000-part
+  limit, aborted by s3fs when a part or the completion fails; `abort_uploads` removes what a
+  killed process left), `write_bytes` (a small object in one PUT), `create_exclusive`
+  (a conditional put), `remove` / `remove_tree`.
+- `take_lock`: the one-writer lock as a lock object created with `If-None-Match: *` and held by
+  a lease: the holder rewrites it every `LEASE_S / 4` seconds with `If-Match` on its own ETag. A
+  lock whose holder is gone (a dead pid on this host, or not renewed for `LEASE_S`) is taken
+  over with `If-Match` on the stale ETag, so of two writers taking over the same stale lock
+  exactly one succeeds. A holder whose renewal is refused has lost the lock (`lost`): its run
+  then refuses to commit. Stores without conditional puts (gs://, az://, hf:// through fsspec)
+  get the same protocol without the store's guarantee: a check, then a put (docs/remote.md).
+
+Failures are one line naming the URL (`remote.naming`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import socket
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from packtool.storage.remote import filesystem, naming, scheme
+
+MAX_PARTS = 10_000
+"""S3's limit on the parts of one multipart upload."""
+MIN_PART = 5 << 20
+"""S3's smallest part (all but the last)."""
+PART_BYTES = 64 << 20
+"""The part size packtool asks for: 64 MiB parts (a 256 MB shard is 4 parts sent at once)."""
+LEASE_ENV = "PACKTOOL_LOCK_LEASE_S"
+LEASE_S = 120.0
+"""Seconds a lock object stays valid without renewal (`PACKTOOL_LOCK_LEASE_S` changes it)."""
+
+
+def _is_s3(url: Any) -> bool:
+    return scheme(url) in ("s3", "s3a")
+
+
+def part_size(size: int, wanted: int | None = None) -> int:
+    """The part size for an upload of `size` bytes: `wanted` (default `PART_BYTES`), grown so
+    that the upload needs at most `MAX_PARTS - 1` parts (S3's largest object, 5 TiB, takes parts
+    of ~525 MiB)."""
+    wanted = PART_BYTES if wanted is None else wanted
+    return max(MIN_PART, wanted, math.ceil(size / (MAX_PARTS - 1)))
+
+
+def upload(local: str | os.PathLike, url: Any) -> None:
+    """The local file `local` as the object `url` (whole, or not at all)."""
+    fs, p = filesystem(url)
+    size = os.path.getsize(local)
+    with naming(url):
+        if _is_s3(url):
+            fs.put_file(os.fspath(local), p, chunksize=part_size(size))
+        else:
+            fs.put_file(os.fspath(local), p)
+
+
+def write_bytes(url: Any, data: bytes) -> None:
+    """`data` as the whole object `url` (one PUT: readers see the old object or the new one)."""
+    fs, p = filesystem(url)
+    with naming(url):
+        fs.pipe_file(p, data)
+
+
+def create_exclusive(url: Any, data: bytes) -> bool:
+    """Create the object `url` holding `data` if none is there; False when one is. On S3 a
+    conditional put (`If-None-Match: *`): of several writers exactly one succeeds. Elsewhere a
+    check, then a put (two writers racing may both succeed: docs/remote.md)."""
+    fs, p = filesystem(url)
+    with naming(url):
+        if _is_s3(url):
+            try:
+                fs.pipe_file(p, data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+        if fs.exists(p):
+            return False
+        fs.pipe_file(p, data)
+        return True
+
+
+def remove(url: Any) -> None:
+    """Delete one object, if it is there."""
+    fs, p = filesystem(url)
+    with naming(url), contextlib.suppress(FileNotFoundError):
+        fs.rm_file(p)
+    fs.invalidate_cache(p)
+
+
+def remove_tree(url: Any) -> None:
+    """Delete every object under the prefix `url` (and the object `url` itself), if any."""
+    fs, p = filesystem(url)
+    with naming(url):
+        fs.invalidate_cache(p)
+        keys = fs.find(p, withdirs=False) if fs.isdir(p) else []
+        if fs.isfile(p):
+            keys.append(p)
+        if keys:
+            fs.rm(keys)
+    fs.invalidate_cache(p)
+
+
+def abort_uploads(url: Any) -> int:
+    """Abort the unfinished multipart uploads under the prefix `url` (a process killed during an
+    upload leaves its parts stored and billed, invisible to listings); how many. S3 only."""
+    if not _is_s3(url):
+        return 0
+    fs, p = filesystem(url)
+    bucket, _, prefix = p.partition("/")
+    aborted = 0
+    with naming(url):
+        found = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix)
+        for u in found.get("Uploads") or []:
+            fs.call_s3(
+                "abort_multipart_upload", Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"]
+            )
+            aborted += 1
+    return aborted
+
+
+def uploads_in_progress(url: Any) -> list[str]:
+    """The keys of the unfinished multipart uploads under the prefix `url` (S3 only)."""
+    if not _is_s3(url):
+        return []
+    fs, p = filesystem(url)
+    bucket, _, prefix = p.partition("/")
+    with naming(url):
+        found = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix)
+    return [u["Key"] for u in found.get("Uploads") or []]
+
+
+# --- one writer --------------------------------------------------------------------------------
+
+
+def lease_s() -> float:
+    try:
+        return max(float(os.environ.get(LEASE_ENV, LEASE_S)), 1.0)
+    except ValueError:
+        return LEASE_S
+
+
+class RemoteLockBusy(Exception):
+    """Another writer holds the lock object; `holder` is what it wrote there."""
+
+    def __init__(self, holder: bytes) -> None:
+        super().__init__("lock held")
+        self.holder = holder
+
+
+class RemoteLock:
+    """The lock object, held under a lease renewed by a background thread until `release`."""
+
+    def __init__(self, url: Any, etag: str | None, data: bytes) -> None:
+        self.url = url
+        self._etag = etag
+        self._data = data
+        self.lost = False
+        """The store refused a renewal: another writer took the lock over."""
+        self._stop = threading.Event()
+        self._mutex = threading.Lock()
+        self._thread = threading.Thread(target=self._renew, name="packtool-lock", daemon=True)
+        self._thread.start()
+
+    def write(self, data: bytes) -> None:
+        """`data` as the lock object's content (the note naming the holder)."""
+        with self._mutex:
+            self._data = data
+            self._put()
+
+    def _put(self) -> None:
+        if self.lost:
+            return
+        if not _is_s3(self.url):
+            write_bytes(self.url, self._data)
+            return
+        fs, p = filesystem(self.url)
+        bucket, _, key = p.partition("/")
+        try:
+            out = fs.call_s3(
+                "put_object", Bucket=bucket, Key=key, Body=self._data, IfMatch=self._etag
+            )
+        except OSError as exc:  # 412: the object is no longer ours
+            if "pre-condition" in str(exc).lower() or "precondition" in str(exc).lower():
+                self.lost = True
+                return
+            raise
+        self._etag = out.get("ETag", self._etag)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(lease_s() / 4):
+            try:
+                with self._mutex:
+                    self._put()
+            except Exception:  # a store hiccup: the next renewal tries again
+                continue
+
+    def release(self) -> None:
+        """Stop renewing and delete the lock object (only the version this holder wrote).
+        Again: nothing."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if self.lost:
+            return
+        fs, p = filesystem(self.url)
+        try:
+            if _is_s3(self.url):
+                bucket, _, key = p.partition("/")
+                fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=self._etag)
+            else:
+                fs.rm_file(p)
+        except Exception:  # taken over meanwhile, or gone: not ours to delete
+            pass
+        fs.invalidate_cache(p)
+
+
+def _holder_gone(note: bytes, modified: datetime | None) -> bool:
+    """A lock whose holder cannot be alive: a dead pid on this host, or no renewal for a lease."""
+    try:
+        info = json.loads(note or b"{}")
+    except ValueError:
+        info = {}
+    if isinstance(info, dict) and info.get("host") == socket.gethostname() and "pid" in info:
+        try:
+            os.kill(int(info["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, ValueError, OverflowError):
+            pass
+    if modified is None:
+        return False
+    age = (datetime.now(timezone.utc) - modified).total_seconds()
+    return age > lease_s()
+
+
+def take_lock(url: Any, note: bytes = b"") -> RemoteLock:
+    """The lock object `url`, created or taken over from a holder that is gone.
+
+    Raises:
+        RemoteLockBusy: a live writer holds it.
+    """
+    fs, p = filesystem(url)
+    for _ in range(5):
+        fs.invalidate_cache(p)
+        if create_exclusive(url, note):
+            etag = None
+            if _is_s3(url):
+                with naming(url):
+                    etag = fs.info(p).get("ETag")
+            return RemoteLock(url, etag, note)
+        try:
+            with naming(url):
+                info = fs.info(p)
+                holder = fs.cat_file(p)
+        except Exception:  # released between our put and our read: try again
+            time.sleep(0.05)
+            continue
+        modified = info.get("LastModified")
+        if not _holder_gone(holder, modified if isinstance(modified, datetime) else None):
+            raise RemoteLockBusy(holder)
+        etag = info.get("ETag")
+        if not _is_s3(url):
+            write_bytes(url, note)
+            return RemoteLock(url, None, note)
+        bucket, _, key = p.partition("/")
+        try:
+            out = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=note, IfMatch=etag)
+        except OSError:  # another writer took it over first
+            continue
+        return RemoteLock(url, out.get("ETag"), note)
+    with naming(url):
+        holder = fs.cat_file(p) if fs.exists(p) else b""
+    raise RemoteLockBusy(holder)

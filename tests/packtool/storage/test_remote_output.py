@@ -1,0 +1,323 @@
+"""Datasets written to object storage: `packtool pack -o s3://...` against a real S3 API server
+on loopback (moto's server mode, the `s3_server` fixture), through s3fs as users write; no client
+library is mocked. The commit protocol without a rename (packtool/dataset/output.py): versions
+under the prefix, the link `index.json` written last, the lock object under a lease."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from packtool.dataset.manifest import read_manifest
+from packtool.dataset.output import OutputLock, output_paths
+from packtool.engines.local import RunConfig, run_pack
+from packtool.errors import ConfigError, DataError
+from packtool.pack.chunk import PackConfig
+from packtool.read.documents import ReadConfig
+from packtool.storage import remote, remote_write
+from tests.cli import one_error_line, run
+
+ROOT = Path(__file__).resolve().parents[3]
+CORPUS = ROOT / "sample_data" / "corpus.jsonl"
+BUCKET = "datasets"
+
+
+@pytest.fixture(scope="module")
+def fs(s3_server):
+    """The bucket the datasets go to, and an s3fs client to look at it."""
+    import boto3
+    import s3fs
+
+    boto3.client("s3").create_bucket(Bucket=BUCKET)
+    return s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True)
+
+
+def _config(out, inputs=(CORPUS,), **kw) -> RunConfig:
+    return RunConfig(
+        inputs=tuple(str(i) for i in inputs),
+        out_dir=str(out),
+        pack=PackConfig(max_len=1024),
+        partition_size=300_000,
+        progress=False,
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def local_pack(tmp_path_factory) -> dict[str, bytes]:
+    """What a local -> local pack of the corpus writes: every file's bytes by name."""
+    out = tmp_path_factory.mktemp("local") / "ds"
+    run_pack(_config(out))
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def _link(fs, prefix: str) -> str:
+    return json.loads(fs.cat_file(f"{BUCKET}/{prefix}/index.json"))["packtool_dataset"]
+
+
+def _version_files(fs, prefix: str) -> dict[str, bytes]:
+    """The files of the version the link `index.json` under `prefix` names."""
+    fs.invalidate_cache()
+    root = f"{BUCKET}/{prefix}/{_link(fs, prefix)}"
+    return {k[len(root) + 1 :]: fs.cat_file(k) for k in sorted(fs.find(root))}
+
+
+def _objects(fs, prefix: str) -> list[str]:
+    fs.invalidate_cache()
+    root = f"{BUCKET}/{prefix}/"
+    return sorted(k[len(root) :] for k in fs.find(root))
+
+
+def test_a_pack_to_a_bucket_writes_the_bytes_of_a_local_pack(fs, local_pack):
+    url = f"s3://{BUCKET}/a"
+    run_pack(_config(url))
+    version = _link(fs, "a")
+    # The link and one version, byte for byte the local dataset (index.json included); no run
+    # state, staging or lock object left.
+    assert _objects(fs, "a") == ["index.json", *(f"{version}/{n}" for n in local_pack)]
+    assert _version_files(fs, "a") == local_pack
+    assert read_manifest(url).num_rows == read_manifest(f"{url}/index.json").num_rows > 0
+    code, out, err = run("verify", url)
+    assert code == 0 and out.startswith("OK ") and "sha256 verified" in out, err
+    code, out, err = run("inspect", url)
+    assert code == 0 and "shard-000000-00000.parquet" in out, err
+
+
+def test_a_pack_from_a_bucket_to_a_bucket_writes_the_same_bytes(fs, local_pack):
+    fs.put_file(str(CORPUS), f"{BUCKET}/corpus/corpus.jsonl")
+    run_pack(_config(f"s3://{BUCKET}/b", inputs=(f"s3://{BUCKET}/corpus/corpus.jsonl",)))
+    got = _version_files(fs, "b")
+    # The same shards; the manifest differs only where it names the input (the doc-id file
+    # list, the fingerprint).
+    assert {k: v for k, v in got.items() if k != "index.json"} == {
+        k: v for k, v in local_pack.items() if k != "index.json"
+    }
+    a, b = json.loads(got["index.json"]), json.loads(local_pack["index.json"])
+    for m in (a, b):
+        m["extra"].pop("fingerprint"), m["extra"]["doc_ids"].pop("files")
+    assert a == b
+
+
+def test_the_ray_engine_writes_a_bucket_from_its_own_workers(ray_session, fs, local_pack):
+    """Ray's actors upload their own shards, tails and records (with the variables the driver
+    hands them): the bytes of a local pack."""
+    from packtool.engines.ray import RayConfig, run_pack_ray
+
+    run_pack_ray(_config(f"s3://{BUCKET}/ray"), RayConfig())
+    assert _version_files(fs, "ray") == local_pack
+
+
+def test_an_output_inside_an_input_prefix_is_refused(fs):
+    with pytest.raises(ConfigError, match="inside the input"):
+        run_pack(_config(f"s3://{BUCKET}/corpus/out", inputs=(f"s3://{BUCKET}/corpus/",)))
+
+
+def test_overwrite_builds_beside_the_old_dataset_and_switches(
+    fs, local_pack, tmp_path, monkeypatch
+):
+    url = f"s3://{BUCKET}/c"
+    run_pack(_config(url))
+    first = _link(fs, "c")
+    before = _version_files(fs, "c")
+    with pytest.raises(ConfigError, match="not empty; pass --overwrite"):
+        run_pack(_config(url))
+
+    # A failed overwrite (a bad document in strict mode, met by a partition worker) leaves the
+    # old dataset as it was: the same link, the same objects, nothing else under the prefix.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(CORPUS.read_bytes() + b"{not json\n")
+    with pytest.raises(DataError):
+        run_pack(_config(url, inputs=(bad,), overwrite=True, read=ReadConfig(strict=True)))
+    assert _link(fs, "c") == first and _version_files(fs, "c") == before
+    assert _objects(fs, "c") == ["index.json", *(f"{first}/{n}" for n in local_pack)]
+
+    # A good one: the old version is deleted only once the link names the new one.
+    seen: list[tuple[str, str]] = []
+    delete = remote_write.remove_tree
+
+    def watching(u) -> None:
+        seen.append((str(u).rstrip("/").rsplit("/", 1)[-1], _link(fs, "c")))
+        delete(u)
+
+    monkeypatch.setattr(remote_write, "remove_tree", watching)
+    run_pack(_config(url, overwrite=True))
+    second = _link(fs, "c")
+    assert second != first and _version_files(fs, "c") == local_pack
+    assert (first, second) in seen  # deleted after the switch
+    assert _objects(fs, "c") == ["index.json", *(f"{second}/{n}" for n in local_pack)]
+
+
+def test_a_version_left_by_a_run_killed_after_its_switch_is_deleted_by_the_next(fs, local_pack):
+    url = f"s3://{BUCKET}/d"
+    run_pack(_config(url))
+    orphan = f"{BUCKET}/d/v-20200101T000000-0123abcd/shard-000000-00000.parquet"
+    fs.pipe_file(orphan, b"left by a killed run")
+    run_pack(_config(url, overwrite=True))
+    assert not fs.exists(orphan)
+    assert _version_files(fs, "d") == local_pack
+
+
+def test_one_writer_per_output(fs):
+    url = f"s3://{BUCKET}/e"
+    with (
+        OutputLock(output_paths(url), "packtool pack (the first)"),
+        pytest.raises(
+            ConfigError, match=r"being written by another packtool \(pid \d+ on .*the first"
+        ),
+    ):
+        run_pack(_config(url))
+    assert not fs.exists(f"{BUCKET}/e/index.json")
+    # Released: the next writer goes ahead.
+    run_pack(_config(url))
+    assert fs.exists(f"{BUCKET}/e/index.json")
+
+
+def test_of_writers_racing_for_a_lock_object_exactly_one_wins(fs):
+    url = f"s3://{BUCKET}/locks/race"
+    won: list[remote_write.RemoteLock] = []
+    refused: list[bytes] = []
+    start = threading.Barrier(8)
+
+    def take(i: int) -> None:
+        start.wait()
+        try:
+            won.append(remote_write.take_lock(url, json.dumps({"writer": i}).encode()))
+        except remote_write.RemoteLockBusy as busy:
+            refused.append(busy.holder)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and len(refused) == 7
+    won[0].release()
+    assert not fs.exists(f"{BUCKET}/locks/race")
+
+
+def test_a_lock_whose_holder_is_gone_is_taken_over(fs, monkeypatch):
+    url = f"s3://{BUCKET}/locks/stale"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    # A dead pid on this host: taken at once.
+    fs.pipe_file(url, json.dumps({"pid": dead.pid, "host": socket.gethostname()}).encode())
+    remote_write.take_lock(url, b'{"pid": 1}').release()
+    # Another host's holder: refused while its lease runs, taken once it has run out.
+    monkeypatch.setenv(remote_write.LEASE_ENV, "1")
+    fs.pipe_file(url, json.dumps({"pid": 1, "host": "elsewhere"}).encode())
+    with pytest.raises(remote_write.RemoteLockBusy):
+        remote_write.take_lock(url)
+    time.sleep(2.2)  # LastModified has whole seconds
+    held = remote_write.take_lock(url, b"me")
+    # A live holder renews its lease; one whose lock was taken over knows it has lost it.
+    time.sleep(1.5)
+    assert not held.lost and fs.cat_file(url) == b"me"
+    fs.pipe_file(url, b"someone else")
+    deadline = time.monotonic() + 5
+    while not held.lost and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert held.lost
+    held.release()  # not ours any more: left alone
+    assert fs.cat_file(url) == b"someone else"
+
+
+def test_kill_9_during_a_pack_then_resume_gives_the_same_bytes(fs, tmp_path):
+    url = f"s3://{BUCKET}/k"
+    options = ["--max-len", "1024", "--partition-size", "60000"]
+    cmd = [sys.executable, "-c", "from packtool.cli.commands import main; main()", "pack",
+           str(CORPUS), "-o", url, *options, "--workers", "1"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        fs.invalidate_cache()
+        if len(fs.glob(f"{BUCKET}/k/v-*/.packtool-run/parts/*.json")) >= 3:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-run: some partitions recorded, some uploading
+    proc.wait()
+    assert not fs.exists(f"{BUCKET}/k/index.json")  # nothing partial is ever a dataset
+
+    code, _, err = run("pack", CORPUS, "-o", url, *options, "--resume")
+    assert code == 0, err
+    assert remote_write.uploads_in_progress(f"s3://{BUCKET}/k/") == []
+    assert [o for o in _objects(fs, "k") if ".packtool" in o] == []  # no state, no lock
+    run_pack(
+        RunConfig(
+            inputs=(str(CORPUS),),
+            out_dir=str(tmp_path / "ds"),
+            pack=PackConfig(max_len=1024),
+            partition_size=60_000,
+            progress=False,
+        )
+    )  # fmt: skip  the same run, uninterrupted, into a local folder
+    local = {p.name: p.read_bytes() for p in sorted((tmp_path / "ds").iterdir())}
+    got = _version_files(fs, "k")
+    a, b = (json.loads(files.pop("index.json")) for files in (got, local))
+    assert got == local
+    assert {**a, "command": ""} == b  # the one difference: the command line of the CLI run
+
+
+def test_uploads_take_under_10000_parts_and_ride_out_faults(fs, s3_server, tmp_path, monkeypatch):
+    from tests.packtool.storage.faulty_proxy import FaultyProxy
+
+    for size in (0, 1 << 20, 100 << 30, 5 << 40):
+        part = remote_write.part_size(size)
+        assert part >= remote_write.MIN_PART and -(-size // part) < remote_write.MAX_PARTS
+    assert remote_write.part_size(5 << 40) <= 5 << 30  # S3's largest part
+
+    data = os.urandom(12 << 20)
+    local = tmp_path / "big.bin"
+    local.write_bytes(data)
+    monkeypatch.setattr(remote_write, "PART_BYTES", 5 << 20)  # 3 parts
+    proxy = FaultyProxy(s3_server, {"slowdown": 2, "drop": 5}, requests="writes")
+    with proxy as endpoint, monkeypatch.context() as m:
+        m.setenv("AWS_ENDPOINT_URL", endpoint)
+        remote._filesystem.cache_clear()
+        remote_write.upload(local, f"s3://{BUCKET}/up/big.bin")
+    remote._filesystem.cache_clear()
+    assert proxy.counts["slowdown"] >= 1 and proxy.counts["drop"] >= 1, proxy.counts
+    assert fs.cat_file(f"{BUCKET}/up/big.bin") == data
+
+
+def test_a_failed_multipart_upload_is_aborted(fs, s3_server, tmp_path, monkeypatch):
+    from tests.packtool.storage.faulty_proxy import FaultyProxy
+
+    local = tmp_path / "big.bin"
+    local.write_bytes(os.urandom(12 << 20))
+    monkeypatch.setattr(remote_write, "PART_BYTES", 5 << 20)
+    proxy = FaultyProxy(s3_server, {"deny": 2}, requests="writes")  # the second part refused
+    with proxy as endpoint, monkeypatch.context() as m:
+        m.setenv("AWS_ENDPOINT_URL", endpoint)
+        remote._filesystem.cache_clear()
+        with pytest.raises(DataError, match=f"s3://{BUCKET}/up/denied.bin"):
+            remote_write.upload(local, f"s3://{BUCKET}/up/denied.bin")
+    remote._filesystem.cache_clear()
+    assert proxy.counts["deny"] >= 1
+    assert not fs.exists(f"{BUCKET}/up/denied.bin")
+    assert remote_write.uploads_in_progress(f"s3://{BUCKET}/up/") == []  # aborted, not left
+
+
+def test_the_one_line_errors_of_an_output(fs, tmp_path):
+    code, _, err = run("pack", CORPUS, "-o", "s3://no-such-bucket/ds")
+    assert code != 0 and "s3://no-such-bucket/ds" in one_error_line(err)
+    code, _, err = run("tokenize", CORPUS, "-o", f"s3://{BUCKET}/tok")
+    assert code != 0 and "object storage" in one_error_line(err)
+    code, _, err = run("pack", CORPUS, "-o", f"s3://{BUCKET}/never", "--resume")
+    assert code != 0 and "nothing to resume" in one_error_line(err)
+    code, _, err = run("pack", CORPUS, "-o", f"s3://{BUCKET}/sl", "--engine", "slurm")
+    assert code != 0 and "--engine local or ray" in one_error_line(err)
+    from loader import PackedDataset
+
+    with pytest.raises(ConfigError, match="training from object storage is not built yet"):
+        PackedDataset(f"s3://{BUCKET}/a", rows_per_batch=4)
