@@ -250,13 +250,13 @@ def main() -> None:
         "no hf:// or https://)."
     )
     body = (
-        f"Object storage, read side (`python -m benchmarks.bench_remote`, {time.strftime('%Y-%m-%d')}, "
+        f"Object storage (`python -m benchmarks.bench_remote`, {time.strftime('%Y-%m-%d')}, "
         f"best of {args.repeat}, interleaved): {size:.0f} MB of real text packed (max_len 4096, "
         "16 MB partitions, a worker process per core) from `s3://` on moto's S3 server over "
         "loopback, against the same file on disk; shards byte-identical (checked in the run). "
         f"s3:// -> local runs at **{ratio:.2f}x** local -> local, s3:// -> s3:// at "
         f"**{both:.2f}x** (goal {GOAL_READ}x: {'met' if both >= GOAL_READ else 'missed'}; the "
-        "writing adds the shards' uploads, the lock, the version's index and the link). Listing {args.objects:,} "
+        f"writing adds the shards' uploads, the lock, the version's index and the link). Listing {args.objects:,} "
         f"objects: {listing:.2f} s ({args.objects / listing:,.0f} keys/s; putting them took "
         f"{put:.0f} s). moto is a Python server that copies the whole object for every ranged "
         "GET (ad hoc on this box: 8 MB reads ~60 MB/s, 32 MB ~230): it bounds a real store's "

@@ -8,6 +8,7 @@ need more than the settings: the static-shape document cap against the dataset's
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -104,6 +105,12 @@ class LoaderConfig:
     """Check every shard's sha256 at open (reads the whole dataset)."""
     page_checksums: bool = True
     """Check each Parquet page's CRC32 as it is decoded (about 1% of decoding; README "Loader")."""
+    cache_dir: str | None = None
+    """A dataset in a bucket (`s3://...`): the node-local folder its row groups are cached in,
+    shared by every worker and rank of the node (default `$PACKTOOL_CACHE_DIR/ranges`, else
+    `~/.cache/packtool/ranges`; docs/remote.md, "Training from a bucket")."""
+    cache_limit: int = 64 << 30
+    """Bytes that cache may hold (the least recently read row groups nobody reads go first)."""
 
     def __post_init__(self) -> None:
         if (self.rows_per_batch is None) == (self.tokens_per_batch is None):
@@ -116,8 +123,12 @@ class LoaderConfig:
         for name in ("rows_per_batch", "tokens_per_batch", "max_docs_per_batch"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name))
-        for name in ("seed", "shuffle_window", "pad_id", "cache_bytes"):
+        for name in ("seed", "shuffle_window", "pad_id", "cache_bytes", "cache_limit"):
             check_int(name, getattr(self, name))
+        if self.cache_limit < 1:
+            raise ConfigError(f"cache_limit must be >= 1 byte, got {self.cache_limit}")
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise ConfigError(f"cache_dir must be a folder path, got {self.cache_dir!r}")
         for name in (
             "shuffle",
             "drop_last",

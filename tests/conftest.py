@@ -1,3 +1,8 @@
+"""Fixtures for every test: GPU tests skipped without CUDA, no engine check records, and
+`s3_server`: a real S3 API server on loopback for the session (moto's server mode,
+`ThreadedMotoServer`, as datatrove's and Ray's own suites do) with the standard AWS variables
+pointing at it (`AWS_ENDPOINT_URL`, test credentials); its value is the endpoint URL."""
+
 import pytest
 
 
@@ -21,3 +26,37 @@ def _no_engine_check_records(monkeypatch):
     """Tests prove engines afresh: no record of earlier self-checks (packtool/tokenizer/engine_checks.py)
     is read or written, unless a test sets PACKTOOL_CACHE_DIR itself (subprocesses inherit it)."""
     monkeypatch.setenv("PACKTOOL_CACHE_DIR", "")
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 API server on 127.0.0.1 (moto), the AWS_* variables pointing at it."""
+    import os
+    import socket
+
+    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'packtool[s3]')")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    names = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="packtool-test",
+        AWS_SECRET_ACCESS_KEY="packtool-test",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    yield endpoint
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -211,7 +211,8 @@ def hf_dataset(
     `data_collator=RowCollator()`.
 
     Args:
-        path: A `packtool pack` output folder.
+        path: A `packtool pack` output folder, or its URL in a bucket (`s3://...`: `datasets`
+            downloads the shards through fsspec into its own cache).
         streaming: Return a `datasets.IterableDataset` (nothing converted or cached; what is
             added is computed as rows stream).
         cache_dir: `datasets`' cache folder (default: its own).
@@ -223,12 +224,20 @@ def hf_dataset(
     """
     from functools import partial
 
-    from packtool.dataset.manifest import read_manifest
+    from packtool.dataset.manifest import dataset_folder, read_manifest
+    from packtool.storage import local as storage
+    from packtool.storage import remote
 
     datasets = _require("datasets", "packtool[hf]")
     manifest = read_manifest(path)
-    files = [os.path.join(os.fspath(path), s.file) for s in manifest.shards]
-    kwargs: dict[str, Any] = {"data_files": {"train": files}, "split": "train"}
+    folder = dataset_folder(path)  # a bucket's: the version its link index.json names
+    kwargs: dict[str, Any] = {"split": "train"}
+    if storage.is_remote(folder):  # `datasets` reads it through fsspec, with packtool's options
+        files = [f"{str(folder).rstrip('/')}/{s.file}" for s in manifest.shards]
+        kwargs["storage_options"] = remote.options_for(remote.scheme(folder) or "")
+    else:
+        files = [os.path.join(os.fspath(folder), s.file) for s in manifest.shards]
+    kwargs["data_files"] = {"train": files}
     if cache_dir is not None and not streaming:
         kwargs["cache_dir"] = os.fspath(cache_dir)
     ds = datasets.load_dataset("parquet", streaming=streaming, **kwargs)

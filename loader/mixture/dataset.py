@@ -53,7 +53,8 @@ from loader.mixture.worker import ring_parts
 from loader.packed.dataset import AHEAD_GROUPS, AHEAD_STEPS, look_ahead
 from loader.packed.transport import Ring
 from loader.record import Documents, empty_documents
-from loader.store.shards import DecodeThread, write_parts
+from loader.store.row_group import write_parts
+from loader.store.shards import DecodeThread
 from packtool.errors import ConfigError, DataError
 from packtool.mixture.schedule import Schedule
 from packtool.mixture.spec import check_compatible

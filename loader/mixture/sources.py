@@ -102,6 +102,8 @@ class PackedSource:
             cache_bytes=config.cache_bytes if cache_share is None else cache_share,
             verify=config.verify,
             page_checksums=config.page_checksums,
+            cache_dir=config.cache_dir,
+            cache_limit=config.cache_limit,
             rank=0,
             world_size=1,
         )

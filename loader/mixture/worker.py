@@ -25,7 +25,7 @@ import numpy as np
 from loader.mixture.steps import Block, MixtureView, RowStream, Step, plan_blocks
 from loader.packed.transport import CompactBatch, Ring
 from loader.record import Documents
-from loader.store.shards import write_parts
+from loader.store.row_group import write_parts
 
 PART_FIELDS = ("src", "rid", "epoch", "pos", "length", "docs", "group", "local")
 """What a worker's part of a step keeps of its rows (`MixedDataset.gather_into` reads these;

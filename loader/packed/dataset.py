@@ -114,6 +114,8 @@ class PackedDataset(IterableDataset):
             verify=config.verify,
             cache_bytes=config.cache_bytes,
             page_checksums=config.page_checksums,
+            cache_dir=config.cache_dir,
+            cache_limit=config.cache_limit,
         )
         self.fingerprint = self.store.manifest.fingerprint
         max_len = self.store.max_len

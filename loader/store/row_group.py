@@ -3,6 +3,8 @@
 `ShardStore` (loader/store/shards.py) decodes whole row groups into `RowGroupData` (values + offsets
 per column, no per-row Python objects) and checks their offsets with `validate_row_group` before
 any row of them is used, so a damaged file is a `DataError` naming the file and row.
+`write_parts` copies row views out of them into a batch's arrays (one store's rows, or a
+mixture's from several stores).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.dataset.columns import bytes_parts
+from loader.record import Documents
+from packtool.dataset.columns import TOKEN, Column, bytes_parts
 from packtool.errors import DataError
 
 
@@ -186,3 +189,31 @@ def decode_with_jemalloc(pf: pq.ParquetFile, source: pa.NativeFile, page_checksu
     except (ImportError, AttributeError, TypeError, NotImplementedError, pa.ArrowException):
         return
     pf.reader = reader
+
+
+def write_parts(
+    parts: list[tuple],
+    dest: Documents,
+    optional: tuple[Column, ...],
+    t: int = 0,
+    d: int = 0,
+    at: tuple[list[int], list[int]] | None = None,
+) -> None:
+    """Write row views (`ShardStore.views`: tokens, doc offsets, doc ids, optional columns)
+    into `dest` from token `t` and document `d`, one after another; with `at`, each row at
+    its own first token and document (`at[0][i]`, `at[1][i]`)."""
+    tokens, doc_lens, doc_ids, columns = dest.tokens, dest.doc_lens, dest.doc_ids, dest.columns
+    for i, (tok, off, ids, extra) in enumerate(parts):
+        if at is not None:
+            t, d = at[0][i], at[1][i]
+        n, k = len(tok), len(ids)
+        tokens[t : t + n] = tok
+        np.subtract(off[1:], off[:-1], out=doc_lens[d : d + k])
+        doc_ids[d : d + k] = ids
+        for c in optional:
+            if c.level == TOKEN:
+                columns[c.name][t : t + n] = extra[c.name]
+            else:
+                columns[c.name][d : d + k] = extra[c.name]
+        t += n
+        d += k

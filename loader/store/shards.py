@@ -23,12 +23,14 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.record import Documents, empty_documents
+from loader.store.bucket import CACHE_LIMIT, BucketRowGroups
 from loader.store.row_group import (
     INT_TYPES,
     RowGroupData,
@@ -36,11 +38,12 @@ from loader.store.row_group import (
     decode_with_jemalloc,
     list_parts,
     validate_row_group,
+    write_parts,
 )
 from loader.store.row_index import GroupStats, offsets_stats
 from packtool.dataset.columns import BYTES, TOKEN, Column, loaded_optional
 from packtool.dataset.manifest import Manifest, dataset_folder, read_manifest, sha256_file
-from packtool.errors import ConfigError, DataError
+from packtool.errors import DataError
 from packtool.storage import local as storage
 
 _NO_COLUMNS: Mapping[str, np.ndarray] = MappingProxyType({})
@@ -50,34 +53,6 @@ _COLUMNS = ("input_ids", "doc_offsets", "doc_ids")
 `columns` and the declaration (`ShardStore.optional`)."""
 _STATS_FILES = 16
 """Shard files kept open for reading row counts (`ShardStore.row_stats`)."""
-
-
-def write_parts(
-    parts: list[tuple],
-    dest: Documents,
-    optional: tuple[Column, ...],
-    t: int = 0,
-    d: int = 0,
-    at: tuple[list[int], list[int]] | None = None,
-) -> None:
-    """Write row views (`ShardStore.views`: tokens, doc offsets, doc ids, optional columns)
-    into `dest` from token `t` and document `d`, one after another; with `at`, each row at
-    its own first token and document (`at[0][i]`, `at[1][i]`)."""
-    tokens, doc_lens, doc_ids, columns = dest.tokens, dest.doc_lens, dest.doc_ids, dest.columns
-    for i, (tok, off, ids, extra) in enumerate(parts):
-        if at is not None:
-            t, d = at[0][i], at[1][i]
-        n, k = len(tok), len(ids)
-        tokens[t : t + n] = tok
-        np.subtract(off[1:], off[:-1], out=doc_lens[d : d + k])
-        doc_ids[d : d + k] = ids
-        for c in optional:
-            if c.level == TOKEN:
-                columns[c.name][t : t + n] = extra[c.name]
-            else:
-                columns[c.name][d : d + k] = extra[c.name]
-        t += n
-        d += k
 
 
 class DecodeThread:
@@ -127,17 +102,17 @@ class ShardStore:
         cache_bytes: int = 256 << 20,
         page_checksums: bool = True,
         min_row_groups: int = 1,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int = CACHE_LIMIT,
     ) -> None:
-        if storage.is_remote(path):
-            # Not a whole-shard download into every worker's memory: the node-shared, bounded
-            # cache this needs is the next part of issue #25.
-            raise ConfigError(
-                f"{path}: the loader reads datasets on local or shared file systems; training "
-                "from object storage is not built yet: copy the version folder that its "
-                "index.json names to local disk first (docs/remote.md)"
-            )
         self.path = dataset_folder(path)  # the folder, also when given its index.json
         self.manifest: Manifest = read_manifest(self.path)
+        # A dataset in a bucket: row groups by ranged reads into the node's cache.
+        self.bucket = (
+            BucketRowGroups(self.path, self.manifest, cache_dir, cache_limit, page_checksums)
+            if storage.is_remote(self.path)
+            else None
+        )
         self.page_checksums = bool(page_checksums)
         self.vocab_size = int(self.manifest.tokenizer["vocab_size"])
         self.cache_bytes = int(cache_bytes)
@@ -153,18 +128,12 @@ class ShardStore:
         token_dtypes = []
         for i, info in enumerate(self.manifest.shards):
             file = self.path / info.file
-            if not storage.is_file(file):
-                raise DataError(f"{file}: shard listed in index.json is missing")
-            size = storage.size(file)
-            if size != info.bytes:
-                raise DataError(
-                    f"{file}: {size} bytes but index.json says {info.bytes}; "
-                    "the shard is truncated or was replaced"
-                )
             if verify and sha256_file(file) != info.sha256:
                 raise DataError(f"{file}: sha256 does not match index.json; the shard is corrupt")
             try:
-                meta = storage.parquet_metadata(file)
+                # A bucket's footer from the node's cache (no request once cached); a local
+                # shard's from the file, its size checked first.
+                meta = self.bucket.footer(i) if self.bucket else self._local_footer(file, info)
                 schema = meta.schema.to_arrow_schema()
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
@@ -196,6 +165,8 @@ class ShardStore:
                 rg_shard.append(i)
                 rg_first.append(first)
                 first += rg_rows[-1]
+            if self.bucket is not None:
+                self.bucket.add_shard(meta)
         # int32 where it fits (a shard holds under 2^31 rows): 20 bytes per row group with the
         # int64 starts (~78 MB at 10^9 rows of 256-row groups), the store's only per-row-group
         # state.
@@ -205,6 +176,8 @@ class ShardStore:
         for i in range(1, len(rg_rows)):
             same = rg_shard[i] == rg_shard[i - 1]
             self._rg_local[i] = self._rg_local[i - 1] + 1 if same else 0
+        if self.bucket is not None:
+            self.bucket.seal()
         self._rg_start = np.zeros(len(rg_rows) + 1, dtype=np.int64)
         np.cumsum(rg_rows, out=self._rg_start[1:])
         self.num_rows = int(self._rg_start[-1])
@@ -226,6 +199,18 @@ class ShardStore:
         # thread never waits behind the decode thread's queue (nor reads its files).
         self._stats_files: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._stats_lock = threading.Lock()
+
+    @staticmethod
+    def _local_footer(file: Any, info: Any) -> pq.FileMetaData:
+        if not storage.is_file(file):
+            raise DataError(f"{file}: shard listed in index.json is missing")
+        size = storage.size(file)
+        if size != info.bytes:
+            raise DataError(
+                f"{file}: {size} bytes but index.json says {info.bytes}; "
+                "the shard is truncated or was replaced"
+            )
+        return storage.parquet_metadata(file)
 
     # Open files, cached row groups and the decode thread belong to one process; a worker (forked
     # or spawned) starts with none of them.
@@ -275,9 +260,13 @@ class ShardStore:
         decode. Decoded row groups are held until used (at most what the caller asks ahead).
         """
         self._own()
-        for g in dict.fromkeys(groups.tolist() if isinstance(groups, np.ndarray) else groups):
-            if g in self._cache or g in self._pending:
-                continue
+        wanted = [
+            g
+            for g in dict.fromkeys(groups.tolist() if isinstance(groups, np.ndarray) else groups)
+            if g not in self._cache and g not in self._pending
+        ]
+        self.fetch_ahead(wanted)  # a bucket's ranges download on their own threads meanwhile
+        for g in wanted:
             if self._decoder is None:
                 self._decoder = self._thread.executor()
             self._pending[g] = self._decoder.submit(self._decode, g)
@@ -342,9 +331,12 @@ class ShardStore:
         where = str(self.path / self.manifest.shards[shard].file)
         try:
             # One row group is one column chunk per column: a reader thread pool only adds overhead.
-            table = self._file(shard).read_row_group(
-                int(self._rg_local[g]), columns=list(self._read_columns), use_threads=False
-            )
+            if self.bucket is not None:
+                table = self.bucket.read(g, shard, int(self._rg_local[g]), list(self._read_columns))
+            else:
+                table = self._file(shard).read_row_group(
+                    int(self._rg_local[g]), columns=list(self._read_columns), use_threads=False
+                )
             if table.schema.field("input_ids").type.value_type not in INT_TYPES:
                 raise DataError(
                     f"{where}: input_ids hold {table.schema.field('input_ids').type.value_type}, "
@@ -393,6 +385,17 @@ class ShardStore:
             vocab_size=self.vocab_size,
         )
         return data
+
+    def fetch_ahead(self, groups: np.ndarray | list[int]) -> None:
+        """Download the ranges of row groups (global numbering) of a dataset in a bucket into
+        the node's cache in the background, in order (nothing for a local dataset)."""
+        if self.bucket is not None:
+            self.bucket.fetch_ahead(list(groups), self._rg_shard)
+
+    @property
+    def downloaded_bytes(self) -> int:
+        """Bytes this process downloaded into the node's cache (0 for a local dataset)."""
+        return self.bucket.cache.downloaded if self.bucket is not None else 0
 
     def _slices(self, rows: np.ndarray) -> tuple[list[tuple], int, int]:
         """Per row: (tokens, cu_seqlens, doc ids, optional columns) views into cached row groups;
@@ -487,6 +490,13 @@ class ShardStore:
         return self._row_index()
 
     def _row_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.bucket is not None:  # row group by row group, through the node's cache
+            stats = [self.row_stats(g) for g in range(self.num_row_groups)]
+            return (
+                np.concatenate([s.lengths for s in stats] or [np.zeros(0)]).astype(np.int64),
+                np.concatenate([s.n_docs for s in stats] or [np.zeros(0)]).astype(np.int64),
+                np.concatenate([s.sq for s in stats] or [np.zeros(0, np.float64)]),
+            )
         lengths = np.empty(self.num_rows, dtype=np.int64)
         n_docs = np.empty(self.num_rows, dtype=np.int64)
         sq = np.empty(self.num_rows, dtype=np.float64)
@@ -528,6 +538,19 @@ class ShardStore:
         self._own()
         shard, local = int(self._rg_shard[g]), int(self._rg_local[g])
         where = str(self.path / self.manifest.shards[shard].file)
+        if self.bucket is not None:
+            try:
+                col = self.bucket.read(g, shard, local, ["doc_offsets"])
+            except (pa.ArrowException, OSError) as exc:
+                raise DataError(
+                    f"{where}: row group {local}: doc_offsets unreadable ({exc}); the shard is "
+                    "damaged"
+                ) from None
+            off, off_off, nulls = list_parts(col.column("doc_offsets"))
+            return offsets_stats(
+                off, off_off, nulls, max_len=self.max_len, where=where,
+                first_row=int(self._rg_first[g]),
+            )  # fmt: skip
         with self._stats_lock:
             try:
                 pf = self._stats_files.get(shard)

@@ -222,8 +222,11 @@ def link_bytes(version: str) -> bytes:
 
 
 def linked_version(index: str | os.PathLike) -> str | None:
-    """The version folder the link `index` names; None when `index` is a manifest."""
-    if storage.size(index) >= LINK_BYTES:
+    """The version folder the link `index` names; None when `index` is a manifest (or absent)."""
+    try:
+        if storage.stat(index).st_size >= LINK_BYTES:  # one HEAD for an object
+            return None
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
     try:
         data = json.loads(storage.read_text(index))
@@ -248,12 +251,8 @@ def dataset_folder(path: str | os.PathLike) -> Path:
     path = storage.as_path(path) if storage.is_remote(path) else Path(path)
     if path.name == INDEX_FILE and not storage.is_dir(path):
         path = path.parent
-    index = path / INDEX_FILE
-    if storage.is_file(index):
-        version = linked_version(index)
-        if version is not None:
-            return path / version
-    return path
+    version = linked_version(path / INDEX_FILE)
+    return path / version if version is not None else path
 
 
 def read_manifest(directory: str | os.PathLike) -> Manifest:
@@ -267,12 +266,16 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     """
     directory = dataset_folder(directory)
     path = directory / INDEX_FILE
-    if not storage.is_dir(directory):
+    remote = storage.is_remote(directory)  # an object store has no folder to look at first
+    if not remote and not storage.is_dir(directory):
         raise DataError(f"{directory}: no such dataset folder")
-    if not storage.is_file(path):
-        raise DataError(f"{path}: missing; not a packtool dataset or an unfinished `packtool pack`")
+    missing = f"{path}: missing; not a packtool dataset or an unfinished `packtool pack`"
+    if not remote and not storage.is_file(path):
+        raise DataError(missing)
     try:
         data = json.loads(storage.read_text(path))
+    except FileNotFoundError:
+        raise DataError(missing) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DataError(f"{path}: unreadable manifest ({exc})") from None
     if not isinstance(data, dict):

@@ -290,8 +290,10 @@ def mixture_from_dict(
                 raise ConfigError(f"{origin}: source {label!r} has no {key!r}")
         p = entry["path"]
         if not isinstance(p, str) or not p:
-            raise ConfigError(f"{origin}: source {label!r}: path must be a folder, got {p!r}")
-        if base is not None and not os.path.isabs(p):
+            raise ConfigError(
+                f"{origin}: source {label!r}: path must be a folder or a URL, got {p!r}"
+            )
+        if base is not None and not os.path.isabs(p) and "://" not in p:  # a URL is absolute
             p = str(Path(base) / p)
         kwargs = {k: entry[k] for k in ("weight", "max_epochs", "at_cap") if k in entry}
         sources.append(SourceSpec(name=entry["name"], path=p, **kwargs))

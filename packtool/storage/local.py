@@ -167,6 +167,15 @@ def read_text(path: str | os.PathLike) -> str:
     return Path(path).read_text(encoding="utf-8")
 
 
+def read_range(path: str | os.PathLike, start: int, end: int) -> bytes:
+    """Bytes `start` to `end` of a file (of an object: one ranged GET)."""
+    if is_remote(path):
+        return remote.read_range(path, start, end)
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(end - start)
+
+
 def memory_map(path: str | os.PathLike) -> Any:
     """`path` memory-mapped read-only as a `pyarrow.NativeFile`: random reads share the page
     cache across processes (the loader's workers). An object (a run's tail in a bucket) is

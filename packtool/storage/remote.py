@@ -107,10 +107,11 @@ def options_for(protocol: str) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=32)
-def _filesystem(protocol: str, options: str, env: str) -> Any:
+def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
     """One file system per scheme, options and environment (`env`: the `FORWARDED` variables,
     so a changed endpoint or credential gets a new client; fsspec's own instance cache, keyed
-    by the options alone, would hand back the old one)."""
+    by the options alone, would hand back the old one), and per process (`pid`: an s3fs client
+    is not fork-safe, and the loader's workers are forked)."""
     try:
         import fsspec
     except ImportError:
@@ -134,7 +135,7 @@ def filesystem(path: Any) -> tuple[Any, str]:
     protocol = scheme(path)
     assert protocol is not None, f"not a URL: {path}"
     options = json.dumps(options_for(protocol), sort_keys=True)
-    fs = _filesystem(protocol, options, json.dumps(forwarded_env(), sort_keys=True))
+    fs = _filesystem(protocol, options, json.dumps(forwarded_env(), sort_keys=True), os.getpid())
     text = str(path)
     return fs, text if protocol in ("http", "https") else fs._strip_protocol(text)
 
@@ -296,6 +297,16 @@ def glob(folder: Any, pattern: str, recursive: bool = False) -> list[Any]:
         if rel and fnmatch.fnmatch(rel.rsplit("/", 1)[-1], pattern):
             out.append(as_path(f"{base}/{rel}"))
     return sorted(out, key=str)
+
+
+def read_range(path: Any, start: int, end: int) -> bytes:
+    """Bytes `start` to `end` of the object (one ranged GET)."""
+    fs, p = filesystem(path)
+    with naming(path):
+        data = fs.cat_file(p, start=start, end=end)
+    if len(data) != end - start:
+        raise DataError(f"{path}: bytes {start}-{end} came back {len(data)} long; read it again")
+    return data
 
 
 def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:

@@ -271,10 +271,12 @@ def take_lock(url: Any, note: bytes = b"") -> RemoteLock:
         except Exception:  # released between our put and our read: try again
             time.sleep(0.05)
             continue
+        etag = info.get("ETag")
+        if note and holder == note:  # our own put, whose answer was lost and retried (412)
+            return RemoteLock(url, etag, note)
         modified = info.get("LastModified")
         if not _holder_gone(holder, modified if isinstance(modified, datetime) else None):
             raise RemoteLockBusy(holder)
-        etag = info.get("ETag")
         if not _is_s3(url):
             write_bytes(url, note)
             return RemoteLock(url, None, note)

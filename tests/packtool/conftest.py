@@ -2,10 +2,6 @@
 
 `ray_session` starts a two-node Ray cluster for the whole test session (start-up ~10 s).
 
-`s3_server` starts a real S3 API server on loopback for the session (moto's server mode,
-`ThreadedMotoServer`, as datatrove's and Ray's own suites do) and points the standard AWS
-variables at it (`AWS_ENDPOINT_URL`, test credentials); its value is the endpoint URL.
-
 `packed_dataset_factory` writes Parquet shards with pyarrow and an `index.json` with
 `packtool.dataset.manifest.write_manifest`, independently of `packtool pack`, so readers (verify, inspect,
 the loader) can be tested on exact, hand-checkable data, then damaged in specific ways.
@@ -172,37 +168,3 @@ _CLUSTER: list[Any] = []
 def ray_cluster(ray_session):
     """The `ray.cluster_utils.Cluster` behind `ray_session`."""
     return _CLUSTER[0]
-
-
-@pytest.fixture(scope="session")
-def s3_server():
-    """A real S3 API server on 127.0.0.1 (moto), the AWS_* variables pointing at it."""
-    import os
-    import socket
-
-    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'packtool[s3]')")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    import logging
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    names = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update(
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_ACCESS_KEY_ID="packtool-test",
-        AWS_SECRET_ACCESS_KEY="packtool-test",
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    yield endpoint
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v

@@ -66,10 +66,15 @@ class FaultyProxy:
                 data = resp.read()
                 conn.close()
                 self.send_response(resp.status)
+                head = self.command == "HEAD"  # its Content-Length is the object's: kept
                 for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                    skip = ("transfer-encoding", "connection") + (
+                        () if head else ("content-length",)
+                    )
+                    if k.lower() not in skip:
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                if not head:
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if fault == "truncate" and len(data) > 1:
                     self.wfile.write(data[: len(data) // 2])  # then the connection goes

@@ -321,3 +321,38 @@ def test_the_one_line_errors_of_an_output(fs, tmp_path):
 
     with pytest.raises(ConfigError, match="training from object storage is not built yet"):
         PackedDataset(f"s3://{BUCKET}/a", rows_per_batch=4)
+
+
+def test_bad_credentials_are_one_line_naming_the_url(fs, monkeypatch):
+    """The server checks signatures here (moto with IAM authentication on): the test's keys
+    are no user's, as a wrong key pair is."""
+    import moto.settings
+
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
+    remote._filesystem.cache_clear()
+    t0 = time.monotonic()
+    code, _, err = run("pack", CORPUS, "-o", f"s3://{BUCKET}/denied")
+    line = one_error_line(err)
+    assert code != 0 and f"s3://{BUCKET}/denied" in line, line
+    assert "denied" in line.lower() or "InvalidAccessKeyId" in line or "credentials" in line
+    code, _, err = run("verify", f"s3://{BUCKET}/a")
+    assert code != 0 and f"s3://{BUCKET}/a" in one_error_line(err)
+    assert time.monotonic() - t0 < 60
+    monkeypatch.undo()
+    remote._filesystem.cache_clear()
+    assert not fs.exists(f"{BUCKET}/denied/.packtool-lock")
+
+
+def test_a_pack_into_a_bucket_rides_out_faulty_uploads(fs, s3_server, local_pack, monkeypatch):
+    """Through a proxy that answers every 5th upload (PUT: objects, parts, the lock's renewals)
+    with 503 SlowDown and drops every 13th connection unanswered: the same dataset."""
+    from tests.packtool.storage.faulty_proxy import FaultyProxy
+
+    proxy = FaultyProxy(s3_server, {"slowdown": 5, "drop": 13}, requests="writes")
+    with proxy as endpoint, monkeypatch.context() as m:
+        m.setenv("AWS_ENDPOINT_URL", endpoint)
+        remote._filesystem.cache_clear()
+        run_pack(_config(f"s3://{BUCKET}/faulty"))
+    remote._filesystem.cache_clear()
+    assert proxy.counts["slowdown"] >= 1 and proxy.counts["drop"] >= 1, proxy.counts
+    assert _version_files(fs, "faulty") == local_pack

@@ -1,0 +1,159 @@
+"""Row groups of a dataset in a bucket (`s3://...`), read through the node's cache.
+
+`ShardStore` hands every read of a remote dataset here: a row group's byte range of its shard
+(from its first column chunk's first page to its last chunk's end, `byte_range`) is fetched by
+one ranged GET into the node-local cache (packtool/storage/cache.py: downloaded once per node,
+shared by every worker and rank, never evicted while read, bounded by `cache_limit`), then
+decoded from there with the shard's footer, which the store read at open (so no footer is
+fetched again). `fetch_ahead` downloads the ranges of the row groups the epoch order asks for
+next on `FETCH_THREADS` threads per process, while the decode thread works on earlier ones.
+
+Pages are checked as they are decoded (their CRC32, `page_checksums`), as for a local
+dataset; a range that fails (a damaged download or cache file) is deleted and fetched once
+more before it is a `DataError`.
+
+Records in: the store's manifest and shard footers, a global row group number. Out: the row
+group as a `pyarrow.Table` of the asked columns.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from loader.store.row_group import decode_with_jemalloc
+from packtool.dataset.manifest import Manifest
+from packtool.errors import DataError
+from packtool.storage import local as storage
+from packtool.storage.cache import RangeCache, RangeFile
+
+CACHE_LIMIT = 64 << 30
+"""Default bound on a node's cache of a bucket's row groups (`cache_limit`)."""
+FETCH_THREADS = 4
+"""Downloads of a bucket's row groups each process runs at once, ahead of the decode."""
+FOOTER_BYTES = 64 << 10
+"""The end of a shard read (and cached) at open: its footer, in one GET where it fits."""
+
+
+def byte_range(meta: pq.FileMetaData, g: int) -> tuple[int, int]:
+    """The bytes of row group `g` in its file: from its first column chunk's first page
+    (dictionary or data) to its last chunk's end."""
+    rg = meta.row_group(g)
+    starts, ends = [], []
+    for c in range(rg.num_columns):
+        col = rg.column(c)
+        start = col.data_page_offset
+        if col.has_dictionary_page and col.dictionary_page_offset:
+            start = min(start, col.dictionary_page_offset)
+        starts.append(start)
+        ends.append(start + col.total_compressed_size)
+    return min(starts), max(ends)
+
+
+class BucketRowGroups:
+    """Reads row groups of the dataset at `folder` (a URL) through the node's `RangeCache`."""
+
+    def __init__(
+        self,
+        folder: Any,
+        manifest: Manifest,
+        cache_dir: str | os.PathLike | None,
+        cache_limit: int,
+        page_checksums: bool,
+    ) -> None:
+        self.folder = folder
+        self.manifest = manifest
+        base = str(folder).rstrip("/")
+        self.urls = [f"{base}/{s.file}" for s in manifest.shards]
+        """Each shard's URL (strings: a `UPath` join costs ~0.1 ms, per row group read)."""
+        self.cache = RangeCache(cache_dir, cache_limit)
+        self.page_checksums = page_checksums
+        self.metas: list[pq.FileMetaData] = []
+        self._spans: list[tuple[int, int]] = []
+        self._pid = os.getpid()
+        self._fetcher: ThreadPoolExecutor | None = None
+        self._fetching: dict[int, Future] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pid": -1, "_fetcher": None, "_fetching": {}}
+
+    def footer(self, shard: int) -> pq.FileMetaData:
+        """Shard `shard`'s footer, from its last `FOOTER_BYTES` cached as a range (one GET the
+        first time on the node; a footer larger than that takes one more)."""
+        info = self.manifest.shards[shard]
+        url, size = self.urls[shard], info.bytes
+        for attempt in (1, 2):
+            start = max(0, size - FOOTER_BYTES)
+            try:
+                with self.cache.pinned(url, info.sha256, start, size) as view:
+                    tail = bytes(view)
+                if len(tail) < 12 or tail[-4:] != b"PAR1":
+                    raise OSError(
+                        f"does not end as a Parquet file of the {size:,} bytes index.json says; "
+                        "the shard was replaced or is damaged"
+                    )
+                need = int.from_bytes(tail[-8:-4], "little") + 8
+                if need > len(tail):
+                    self.cache.discard(info.sha256, start, size)
+                    start = max(0, size - need)
+                    with self.cache.pinned(url, info.sha256, start, size) as view:
+                        tail = bytes(view)
+                return pq.read_metadata(RangeFile(memoryview(tail), start, size))
+            except (pa.ArrowException, OSError) as exc:
+                self.cache.discard(info.sha256, start, size)  # a damaged copy: fetched again
+                if attempt == 2:
+                    raise DataError(f"{url}: footer unreadable ({exc})") from None
+        raise AssertionError("unreachable")
+
+    def add_shard(self, meta: pq.FileMetaData) -> None:
+        """The next shard's footer (read at open, in manifest order)."""
+        self.metas.append(meta)
+        self._spans.extend(byte_range(meta, g) for g in range(meta.num_row_groups))
+
+    def seal(self) -> None:
+        self.spans = np.asarray(self._spans, dtype=np.int64).reshape(-1, 2)
+        """`(row groups, 2)`: each row group's first byte and end in its shard."""
+        del self._spans
+
+    def _where(self, shard: int, g: int) -> tuple[Any, str, int, int]:
+        start, end = (int(x) for x in self.spans[g])
+        return self.urls[shard], self.manifest.shards[shard].sha256, start, end
+
+    def read(self, g: int, shard: int, local: int, columns: list[str]) -> pa.Table:
+        """Row group `g` (number `local` in shard `shard`): `columns` of it."""
+        url, key, start, end = self._where(shard, g)
+        size = self.manifest.shards[shard].bytes
+        for attempt in (1, 2):
+            with self.cache.pinned(url, key, start, end) as view:
+                source = RangeFile(view, start, size)
+                try:
+                    pf = storage.parquet_file(
+                        source, metadata=self.metas[shard],
+                        page_checksum_verification=self.page_checksums,
+                    )  # fmt: skip
+                    decode_with_jemalloc(pf, source, self.page_checksums)
+                    return pf.read_row_group(local, columns=columns, use_threads=False)
+                except (pa.ArrowException, OSError):
+                    if attempt == 2:
+                        raise
+            self.cache.discard(key, start, end)  # downloaded again on the second try
+        raise AssertionError("unreachable")
+
+    def fetch_ahead(self, groups: list[int], shards: np.ndarray) -> None:
+        """Download the ranges of row groups `groups` (in order) on the fetch threads."""
+        if self._pid != os.getpid():  # a forked worker: its own threads
+            self._pid, self._fetcher, self._fetching = os.getpid(), None, {}
+        if self._fetcher is None:
+            self._fetcher = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="packtool-fetch")
+        for g in groups:
+            if g not in self._fetching:
+                self._fetching[g] = self._fetcher.submit(
+                    self.cache.fetch, *self._where(int(shards[g]), g)
+                )
+        if len(self._fetching) > 4 * FETCH_THREADS:
+            self._fetching = {g: f for g, f in self._fetching.items() if not f.done()}

@@ -1,0 +1,262 @@
+"""A node-local cache of byte ranges of objects, shared by every process of the node.
+
+What the loader reads a dataset in a bucket through (loader/store/shards.py): each row group's
+byte range of a shard is downloaded once per node, by one ranged GET, into a file of its own
+under `cache_dir`, and memory-mapped from there by every worker (and rank) that reads it.
+
+- **Content-addressed.** A range's file is named by the shard's sha256 (from `index.json`) and
+  the range: a shard that changed is another name, so a stale range is never read, and two
+  versions of a dataset share the shards they share.
+- **Downloaded once per node.** The first process to want a range creates `NAME.part` with
+  `O_EXCL` and holds an `flock` on it while it downloads, then renames it to `NAME`; the others
+  wait for `NAME`. A `.part` whose downloader died (no lock held: see `STALE_S`) is taken over.
+- **Never evicted while read.** A reader holds a shared `flock` on the range's file from open to
+  close (`pinned`); eviction takes an exclusive one without waiting and skips what it cannot
+  lock, and a reader that locked a file just unlinked notices (`st_nlink == 0`) and fetches it
+  again.
+- **Bounded.** Every process sweeps after it has downloaded `limit / 16` bytes: when the files
+  add up to more than `limit`, the least recently read (mtime, touched by `pinned`) are deleted
+  down to 90% of it. The cache can run over `limit` by at most what the node's processes
+  downloaded since their last sweep (each `limit / 16`) plus what is pinned.
+
+Records in: an object's URL, its content key (sha256), a byte range. Out: a read-only buffer of
+those bytes (`pinned`) or the cached file's path (`fetch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import mmap
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from packtool.errors import ConfigError
+from packtool.storage import local
+
+CACHE_ENV = "PACKTOOL_CACHE_DIR"
+STALE_S = 2.0
+"""A `.part` file whose downloader holds no lock was left by a dead process when it holds
+bytes (the downloader writes only under its lock), or when it is empty and older than this."""
+WAIT_S = 0.005
+
+
+def default_cache_dir() -> Path:
+    """`$PACKTOOL_CACHE_DIR/ranges`, else `$XDG_CACHE_HOME/packtool/ranges`, else
+    `~/.cache/packtool/ranges`: one per user and node (the root the tokenizer engines' check
+    records use too)."""
+    given = os.environ.get(CACHE_ENV)
+    if given:
+        return Path(given) / "ranges"
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return Path(xdg).expanduser() / "packtool" / "ranges"
+
+
+class RangeCache:
+    """Byte ranges of objects cached as files in `folder`, at most about `limit` bytes."""
+
+    def __init__(self, folder: str | os.PathLike | None, limit: int) -> None:
+        self.folder = Path(folder) if folder is not None else default_cache_dir()
+        self.limit = int(limit)
+        if self.limit < 1:
+            raise ConfigError(f"cache_limit must be >= 1 byte, got {limit}")
+        self._since_sweep = 0
+        self.downloaded = 0
+        """Bytes this process downloaded (cache misses it served itself)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_since_sweep": 0, "downloaded": 0}
+
+    def path(self, key: str, start: int, end: int) -> Path:
+        return self.folder / key[:2] / f"{key}-{start}-{end}"
+
+    def fetch(self, url: Any, key: str, start: int, end: int) -> Path:
+        """The cached file of bytes `start`..`end` of `url` (content `key`), downloaded if no
+        process of the node has (or is downloading) it."""
+        path = self.path(key, start, end)
+        part = path.with_name(path.name + ".part")
+        while True:
+            if path.exists():
+                return path
+            try:
+                fd = os.open(part, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileNotFoundError:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                continue
+            except FileExistsError:
+                self._wait_or_take_over(part)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if path.exists():  # finished by another process between our checks
+                    os.unlink(part)
+                    return path
+                data = local.read_range(url, start, end)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                self.downloaded += end - start
+                self._since_sweep += end - start
+                if self._since_sweep > self.limit // 16:
+                    # Before the rename: room is made for this range, which is then the most
+                    # recently read, so the next sweep (of any process) evicts it last.
+                    self._since_sweep = 0
+                    self.sweep(incoming=end - start)
+                os.rename(part, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(part)
+                raise
+            finally:
+                os.close(fd)
+            return path
+
+    def _wait_or_take_over(self, part: Path) -> None:
+        """Another process downloads `part`: wait a moment; if it died, remove its `.part`."""
+        try:
+            fd = os.open(part, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # finished or gone: look again
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(WAIT_S)  # being downloaded
+                return
+            st = os.fstat(fd)
+            if st.st_nlink and (st.st_size > 0 or time.time() - st.st_mtime > STALE_S):
+                with contextlib.suppress(OSError):
+                    os.unlink(part)  # its downloader died
+            else:
+                time.sleep(WAIT_S)  # just created, not yet locked by its downloader
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def pinned(self, url: Any, key: str, start: int, end: int) -> Iterator[memoryview]:
+        """The bytes `start`..`end` of `url`, memory-mapped from the cache; the file cannot be
+        evicted until the block ends."""
+        while True:
+            path = self.fetch(url, key, start, end)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:  # evicted between fetch and open
+                continue
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if os.fstat(fd).st_nlink == 0:  # evicted before our lock: fetch it again
+                os.close(fd)
+                continue
+            break
+        try:
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # recently read: the last to be evicted
+            size = os.fstat(fd).st_size
+            if size != end - start:
+                raise OSError(f"{path}: {size} bytes cached, {end - start} expected")
+            if size == 0:
+                yield memoryview(b"")
+                return
+            mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+            view = memoryview(mapped)
+            try:
+                yield view
+            finally:
+                with contextlib.suppress(BufferError):  # a slice still alive: closed when freed
+                    view.release()
+                    mapped.close()
+        finally:
+            os.close(fd)  # drops the shared lock
+
+    def discard(self, key: str, start: int, end: int) -> None:
+        """Delete a cached range (it failed its checks: the next read downloads it again)."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.path(key, start, end))
+
+    def sweep(self, incoming: int = 0) -> int:
+        """Delete the least recently read unpinned ranges while the cache (with `incoming`
+        bytes about to join it) holds more than `limit`, down to 90% of it; the bytes it holds
+        after (`incoming` not counted)."""
+        entries = []
+        total = incoming
+        with contextlib.suppress(FileNotFoundError):
+            for sub in os.scandir(self.folder):
+                if not sub.is_dir():
+                    continue
+                for e in os.scandir(sub.path):
+                    if e.name.endswith(".part"):
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        st = e.stat()
+                        entries.append((st.st_mtime, st.st_size, e.path))
+                        total += st.st_size
+        if total <= self.limit:
+            return total - incoming
+        goal = int(self.limit * 0.9)
+        for _, size, name in sorted(entries):
+            if total <= goal:
+                break
+            try:
+                fd = os.open(name, os.O_RDONLY)
+            except FileNotFoundError:
+                total -= size
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # being read: kept
+            try:
+                os.unlink(name)
+                total -= size
+            except FileNotFoundError:
+                total -= size
+            finally:
+                os.close(fd)
+        return total - incoming
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only file of `size` bytes of which only `start`..`start + len(data)` can be read
+    (a row group's range of a shard: what a Parquet reader given the footer reads of it)."""
+
+    def __init__(self, data: memoryview, start: int, size: int) -> None:
+        super().__init__()
+        self._data, self._start, self._size, self._pos = data, start, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = (0, self._pos, self._size)[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def size(self) -> int:
+        return self._size
+
+    def read(self, n: int = -1) -> bytes:
+        a = self._pos - self._start
+        b = len(self._data) if n is None or n < 0 else a + n
+        if a < 0 or b > len(self._data):
+            raise OSError(
+                f"read of bytes {self._pos}..{self._start + b} outside the cached range "
+                f"{self._start}..{self._start + len(self._data)}"
+            )
+        out = bytes(self._data[a:b])
+        self._pos += len(out)
+        return out
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)

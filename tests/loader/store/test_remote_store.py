@@ -1,0 +1,158 @@
+"""Training from a bucket: `PackedDataset("s3://...")` reads row groups by ranged GETs into the
+node's cache (packtool/storage/cache.py), against a real S3 API server on loopback (moto's
+server mode, the `s3_server` fixture); its batches are those of the same dataset on disk."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from loader import PackedDataLoader, PackedDataset
+from packtool.dataset.shards import ShardConfig
+from packtool.engines.local import RunConfig, run_pack
+from packtool.pack.chunk import PackConfig
+from packtool.storage.cache import RangeCache
+
+ROOT = Path(__file__).resolve().parents[3]
+CORPUS = ROOT / "sample_data" / "corpus.jsonl"
+
+
+@pytest.fixture(scope="module")
+def datasets(s3_server, tmp_path_factory):
+    """The sample corpus packed (row groups of 32 rows: ~90 of them) into a local folder and
+    into `s3://train/ds`."""
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="train")
+    local = tmp_path_factory.mktemp("train") / "ds"
+    for out in (local, "s3://train/ds"):
+        run_pack(
+            RunConfig(
+                inputs=(str(CORPUS),),
+                out_dir=str(out),
+                pack=PackConfig(max_len=1024),
+                shards=ShardConfig(row_group_rows=32),
+                progress=False,
+            )  # fmt: skip
+        )
+    return local, "s3://train/ds"
+
+
+def _epochs(path, cache: Path | None, epochs: int = 2, **kw) -> list[dict]:
+    """Every batch of `epochs` epochs over 2 ranks, 2 workers each (tensors as lists)."""
+    out = []
+    for rank in range(2):
+        ds = PackedDataset(
+            path, tokens_per_batch=4096, rank=rank, world_size=2, seed=3,
+            cache_dir=None if cache is None else str(cache), **kw,
+        )  # fmt: skip
+        for epoch in range(epochs):
+            ds.set_epoch(epoch)
+            for b in PackedDataLoader(ds, num_workers=2):
+                out.append({k: v.tolist() for k, v in b.items() if hasattr(v, "tolist")})
+    return out
+
+
+def test_the_loader_from_a_bucket_gives_the_batches_of_the_local_dataset(datasets, tmp_path):
+    local, url = datasets
+    cache = tmp_path / "cache"
+    want = _epochs(local, None)
+    # A cache much smaller than the dataset (~0.5 MB of ~3 MB): row groups come and go.
+    got = _epochs(url, cache, cache_limit=512 << 10)
+    assert len(got) == len(want) > 10
+    assert got == want
+    held = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+    assert held <= 512 << 10 or held < 2 * (512 << 10)  # bounded (slack: one sweep interval)
+
+
+def test_a_warm_cache_downloads_nothing_and_a_node_downloads_each_range_once(datasets, tmp_path):
+    _, url = datasets
+    cache = tmp_path / "cache"
+    ds = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(cache), shuffle=False)
+    first = [b["input_ids"].tolist() for b in ds]
+    assert ds.store.downloaded_bytes > 0
+    again = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(cache), shuffle=False)
+    assert [b["input_ids"].tolist() for b in again] == first
+    assert again.store.downloaded_bytes == 0  # every range came from the node's cache
+    # Several readers of one range at once: one download.
+    store = again.store
+    fresh = RangeCache(tmp_path / "fresh", 1 << 30)
+    info = store.manifest.shards[0]
+    start, end = (int(x) for x in store.bucket.spans[0])
+    readers = [RangeCache(tmp_path / "fresh", 1 << 30) for _ in range(6)]
+    barrier = threading.Barrier(len(readers))
+
+    def read(c: RangeCache) -> None:
+        barrier.wait()
+        with c.pinned(store.path / info.file, info.sha256, start, end) as view:
+            assert len(view) == end - start
+
+    threads = [threading.Thread(target=read, args=(c,)) for c in readers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(c.downloaded for c in readers) == end - start
+    assert fresh.sweep() == end - start
+
+
+def test_a_pinned_range_is_never_evicted(datasets, tmp_path):
+    _, url = datasets
+    ds = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(tmp_path), shuffle=False)
+    store = ds.store
+    cache = RangeCache(tmp_path, 1)  # everything is over the limit
+    spans = [(int(a), int(b)) for a, b in store.bucket.spans[:3]]
+    info = store.manifest.shards[int(store._rg_shard[0])]
+    for a, b in spans:
+        cache.fetch(store.path / info.file, info.sha256, a, b)
+    a, b = spans[0]
+    with cache.pinned(store.path / info.file, info.sha256, a, b) as view:
+        before = bytes(view)
+        cache.sweep()
+        assert cache.path(info.sha256, a, b).exists()  # read now: kept
+        assert not cache.path(info.sha256, *spans[1]).exists()  # nobody read it: gone
+        assert bytes(view) == before
+    cache.sweep()
+    assert not cache.path(info.sha256, a, b).exists()
+
+
+def test_a_damaged_cached_range_is_downloaded_again(datasets, tmp_path):
+    local, url = datasets
+    cache = tmp_path / "cache"
+    ds = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(cache), shuffle=False)
+    want = [b["input_ids"].tolist() for b in ds]
+    for p in cache.rglob("*"):  # flip a byte in the middle of every cached range
+        if p.is_file() and p.stat().st_size > 100:
+            data = bytearray(p.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            p.write_bytes(bytes(data))
+    again = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(cache), shuffle=False)
+    assert [b["input_ids"].tolist() for b in again] == want  # page checksums caught each one
+    assert again.store.downloaded_bytes > 0
+
+
+def test_a_mixture_file_and_the_hf_view_read_a_bucket(datasets, tmp_path):
+    from loader import MixedDataset
+    from loader.hf import hf_dataset
+
+    local, url = datasets
+    mix = tmp_path / "mix.json"  # a relative local path and a URL, as a user writes them
+    spec = {
+        "total_tokens": 200_000,
+        "sources": [{"name": "disk", "path": "ds"}, {"name": "bucket", "path": url}],
+    }
+    mix.write_text(json.dumps(spec))
+    (tmp_path / "ds").symlink_to(local)
+    mixed = MixedDataset(mix, tokens_per_batch=4096, cache_dir=str(tmp_path / "c"))
+    sources = set()
+    for b in mixed:
+        sources.update(b["source"].tolist())
+        assert b["input_ids"].numel() <= 4096
+    assert sources == {0, 1}
+    pytest.importorskip("datasets", reason="the hf extra is not installed")
+    want = hf_dataset(local, cache_dir=str(tmp_path / "hf-local"))
+    got = hf_dataset(url, cache_dir=str(tmp_path / "hf-bucket"))
+    assert len(got) == len(want) and got[0] == want[0] and got[len(got) - 1] == want[len(want) - 1]
