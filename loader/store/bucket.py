@@ -103,7 +103,7 @@ class BucketRowGroups:
                     start = max(0, size - need)
                     with self.cache.pinned(url, info.sha256, start, size) as view:
                         tail = bytes(view)
-                return pq.read_metadata(RangeFile(memoryview(tail), start, size))
+                return storage.parquet_metadata(RangeFile(memoryview(tail), start, size))
             except (pa.ArrowException, OSError) as exc:
                 self.cache.discard(info.sha256, start, size)  # a damaged copy: fetched again
                 if attempt == 2:

@@ -126,8 +126,8 @@ def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
     "--output",
     required=True,
     type=click.Path(path_type=str),
-    help="OUT.parquet (one file) or a folder (part-00000.parquet, ...); with --to megatron, "
-    "the PREFIX of PREFIX.bin and PREFIX.idx.",
+    help="OUT.parquet (one file; also s3://bucket/OUT.parquet) or a folder "
+    "(part-00000.parquet, ...); with --to megatron, the PREFIX of PREFIX.bin and PREFIX.idx.",
 )
 @click.option(
     "--to",

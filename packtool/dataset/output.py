@@ -88,6 +88,10 @@ class OutputPaths:
     lock: Path
     remote: bool = False
     """An object store's prefix: the versions protocol (the module docstring)."""
+    whole_object: bool = False
+    """One object in a store (`tokenize -o s3://.../OUT.parquet`): built in a local scratch
+    file (the staging) and uploaded whole by `commit` (an object appears complete or not at
+    all); the lock object beside it."""
 
 
 _NEW_VERSIONS: dict[str, str] = {}
@@ -97,6 +101,18 @@ _NEW_VERSIONS: dict[str, str] = {}
 def output_paths(out: str | os.PathLike) -> OutputPaths:
     """The paths of output `out`. A symlinked output is written where the link points. A remote
     output's staging is the version its `.packtool-staging` object names, else a new one."""
+    if storage.is_remote(out) and str(out).lower().endswith(".parquet"):
+        target = storage.as_path(str(out))
+        return OutputPaths(
+            shown=str(out),
+            target=target,
+            staging=writing.temporary_name(target),  # local: uploaded by `commit`
+            ready=target,
+            old=target,
+            lock=target.parent / f".{target.name}{LOCK_SUFFIX}",
+            remote=True,
+            whole_object=True,
+        )
     if storage.is_remote(out):
         target = storage.as_path(str(out).rstrip("/"))
         version = staging_version(target) or _NEW_VERSIONS.setdefault(str(target), new_version())
@@ -162,7 +178,7 @@ def remove_staging(paths: OutputPaths) -> None:
     """Delete the staging output (on an object store: its version's objects, then the object
     naming it; a new run then builds a new version)."""
     remove(paths.staging)
-    if paths.remote:
+    if paths.remote and not paths.whole_object:
         writing.remove_file(paths.target / REMOTE_STAGING)
 
 
@@ -323,6 +339,11 @@ def recover(paths: OutputPaths) -> None:
     output. An old folder beside an output is the dataset it replaced: deleted. An old folder
     with no output (a failure between two renames of `commit`) is put back.
     """
+    if paths.whole_object:
+        from packtool.storage import remote_write
+
+        remote_write.abort_uploads(paths.target)  # a killed upload's parts (we hold the lock)
+        return
     if paths.remote:
         _collect(paths)
         return
@@ -360,6 +381,9 @@ def current_version(target: Path) -> str | None:
 
 def commit(paths: OutputPaths) -> None:
     """Swap the complete staging output in for the old one (see the module docstring)."""
+    if paths.whole_object:
+        writing.replace(paths.staging, paths.target)  # one upload: the object whole, or not
+        return
     if paths.remote:
         from packtool.dataset.manifest import INDEX_FILE, link_bytes
 
@@ -442,7 +466,8 @@ def transaction(
     try:
         with OutputLock(paths, command) as lock:
             recover(paths)
-            paths = output_paths(out)  # a remote output's staging: as `recover` left it
+            if not paths.whole_object:
+                paths = output_paths(out)  # a remote output's staging: as `recover` left it
             prepared = prepare(paths)
             try:
                 yield paths, prepared

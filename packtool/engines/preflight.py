@@ -266,6 +266,11 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
     """
 
     def prepare(paths: OutputPaths) -> dict[str, Any] | None:
+        if paths.whole_object:
+            raise ConfigError(
+                f"{paths.shown}: a packed dataset is a folder (a prefix in a bucket), not one "
+                ".parquet object; drop the .parquet"
+            )
         if storage.is_file(paths.staging / INDEX_FILE):
             # A run killed after writing index.json (written last) but before its swap:
             # complete, so it is swapped in now, as it would have been.

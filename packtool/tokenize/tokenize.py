@@ -375,12 +375,12 @@ def tokenize_corpus(
         raise ConfigError(f"part_tokens must be >= 1, got {part_tokens}")
     inputs = list(inputs)
     config = read_config or ReadConfig()
-    if storage.is_remote(out):
+    if storage.is_remote(out) and not str(out).lower().endswith(".parquet"):
         raise ConfigError(
-            f"{out}: packtool tokenize writes to local or shared file systems only; "
-            "`packtool pack -o` writes to object storage (docs/remote.md)"
+            f"{out}: packtool tokenize writes one object to a bucket (s3://.../NAME.parquet), "
+            "not a folder of parts; `packtool pack -o` writes a dataset there (docs/remote.md)"
         )
-    out = Path(out)
+    out = storage.as_path(out) if storage.is_remote(out) else Path(out)
     check_apart(out, [os.fspath(i) for i in inputs])  # before anything is read
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)

@@ -312,15 +312,13 @@ def test_the_one_line_errors_of_an_output(fs, tmp_path):
     code, _, err = run("pack", CORPUS, "-o", "s3://no-such-bucket/ds")
     assert code != 0 and "s3://no-such-bucket/ds" in one_error_line(err)
     code, _, err = run("tokenize", CORPUS, "-o", f"s3://{BUCKET}/tok")
-    assert code != 0 and "object storage" in one_error_line(err)
+    assert code != 0 and "NAME.parquet" in one_error_line(err)
+    code, _, err = run("pack", CORPUS, "-o", f"s3://{BUCKET}/packed.parquet")
+    assert code != 0 and "drop the .parquet" in one_error_line(err)
     code, _, err = run("pack", CORPUS, "-o", f"s3://{BUCKET}/never", "--resume")
     assert code != 0 and "nothing to resume" in one_error_line(err)
     code, _, err = run("pack", CORPUS, "-o", f"s3://{BUCKET}/sl", "--engine", "slurm")
     assert code != 0 and "--engine local or ray" in one_error_line(err)
-    from loader import PackedDataset
-
-    with pytest.raises(ConfigError, match="training from object storage is not built yet"):
-        PackedDataset(f"s3://{BUCKET}/a", rows_per_batch=4)
 
 
 def test_bad_credentials_are_one_line_naming_the_url(fs, monkeypatch):
@@ -356,3 +354,19 @@ def test_a_pack_into_a_bucket_rides_out_faulty_uploads(fs, s3_server, local_pack
     remote._filesystem.cache_clear()
     assert proxy.counts["slowdown"] >= 1 and proxy.counts["drop"] >= 1, proxy.counts
     assert _version_files(fs, "faulty") == local_pack
+
+
+def test_tokenize_writes_one_object_to_a_bucket(fs, tmp_path):
+    """`tokenize -o s3://.../OUT.parquet`: built in local scratch, uploaded whole at the end
+    (nothing there until then), the bytes of the same local output; pack reads it back."""
+    url = f"s3://{BUCKET}/tok/corpus.parquet"
+    code, _, err = run("tokenize", CORPUS, "-o", tmp_path / "local.parquet")
+    assert code == 0, err
+    code, _, err = run("tokenize", CORPUS, "-o", url)
+    assert code == 0, err
+    assert fs.cat_file(url) == (tmp_path / "local.parquet").read_bytes()
+    assert sorted(fs.find(f"{BUCKET}/tok/")) == [f"{BUCKET}/tok/corpus.parquet"]  # no lock left
+    code, _, err = run("tokenize", CORPUS, "-o", url)
+    assert code != 0 and "--overwrite" in one_error_line(err)
+    code, _, err = run("pack", url, "-o", tmp_path / "packed", "--max-len", 1024)
+    assert code == 0, err
