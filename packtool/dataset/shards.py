@@ -463,16 +463,11 @@ class ShardWriter:
             self._hash = None
         name = self.name(len(self.infos))
         path = self.directory / name
+        size = storage.size(shard)  # before it moves (or is uploaded: no HEAD of the object)
         _finish(shard, path)
         self._parts = []
         self.infos.append(
-            ShardInfo(
-                file=name,
-                rows=self._rows,
-                tokens=self._tokens,
-                bytes=storage.size(path),
-                sha256=digest,
-            )
+            ShardInfo(file=name, rows=self._rows, tokens=self._tokens, bytes=size, sha256=digest)
         )
         self._rows = self._tokens = 0
 

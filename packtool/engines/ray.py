@@ -107,8 +107,9 @@ def run_pack_ray(
     """Pack `config.inputs` like `packtool.engines.local.run_pack`, a Ray Data actor pool doing
     the work.
 
-    On a cluster, the inputs and `config.out_dir` must be paths every node sees (a shared file
-    system), and packtool must be installed on every node.
+    On a cluster, the inputs and `config.out_dir` must be paths every node sees: a shared file
+    system, or URLs of a bucket (docs/remote.md: the actors read and upload their own bytes);
+    and packtool must be installed on every node.
 
     Raises:
         MissingDependencyError: ray is not installed.

@@ -18,6 +18,9 @@ system, split along the read/write seam, and object stores and the web for readi
 - `remote_write.py`: an object store's write side: a local file uploaded whole (multipart
   under 10,000 parts, aborted on failure), small objects in one PUT, conditional puts, removal,
   unfinished uploads aborted, and the lock object under a renewed lease.
+- `cache.py`: the node-local cache of byte ranges of objects (the loader's row groups of a
+  dataset in a bucket): downloaded once per node, shared by its processes, pinned while read,
+  bounded.
 
 Each is the call packtool made before, so bytes and speed are unchanged; tests/test_architecture.py
 fails when another module touches the file system itself. The names follow fsspec / `pyarrow.fs`
