@@ -1,7 +1,7 @@
 """Storage: the one seam between packtool (and the loader) and the file system.
 
 Every file-system operation of packtool and the loader goes through here: the local (POSIX) file
-system, split along the read/write seam, and object stores and the web for reading:
+system, split along the read/write seam, and object stores and the web:
 
 - `local.py`, the read side: `expand` turns files, folders and globs into a sorted,
   de-duplicated file list (stat-ing in parallel, refusing in one line what is not a regular
@@ -22,10 +22,8 @@ system, split along the read/write seam, and object stores and the web for readi
   dataset in a bucket): downloaded once per node, shared by its processes, pinned while read,
   bounded.
 
-Each is the call packtool made before, so bytes and speed are unchanged; tests/test_architecture.py
-fails when another module touches the file system itself. The names follow fsspec / `pyarrow.fs`
-(list, stat, open for reading and writing, move, delete) so that object storage plugs in as a
-second backend (docs/architecture.md, "The storage seam").
+Names follow fsspec / `pyarrow.fs`; tests/test_architecture.py fails when another module
+touches the file system itself (docs/architecture.md, "The storage seam").
 
 Records in: paths, URLs and globs as people type them, bytes and tables to write. Out:
 `pathlib.Path` lists (`upath.UPath` for URLs), stat results, open files, bytes.
