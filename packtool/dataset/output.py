@@ -342,7 +342,7 @@ def recover(paths: OutputPaths) -> None:
     if paths.whole_object:
         from packtool.storage import remote_write
 
-        remote_write.abort_uploads(paths.target)  # a killed upload's parts (we hold the lock)
+        remote_write.abort_uploads(paths.target, exact=True)  # a killed upload's parts
         return
     if paths.remote:
         _collect(paths)

@@ -30,6 +30,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -115,33 +116,46 @@ def remove_tree(url: Any) -> None:
     fs.invalidate_cache(p)
 
 
-def abort_uploads(url: Any) -> int:
-    """Abort the unfinished multipart uploads under the prefix `url` (a process killed during an
-    upload leaves its parts stored and billed, invisible to listings); how many. S3 only."""
+def _uploads(url: Any, exact: bool) -> Iterator[tuple[str, str]]:
+    """(key, upload id) of the unfinished multipart uploads of the object `url` (`exact`) or
+    under the prefix `url` as a folder (`s3://b/ds` is not `s3://b/ds2`), every page of them."""
+    fs, p = filesystem(url)
+    bucket, _, key = p.rstrip("/").partition("/")
+    prefix = key if exact else f"{key}/"
+    args: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    while True:
+        found = fs.call_s3("list_multipart_uploads", **args)
+        for u in found.get("Uploads") or []:
+            if not exact or u["Key"] == key:
+                yield u["Key"], u["UploadId"]
+        if not found.get("IsTruncated"):
+            return
+        args["KeyMarker"] = found.get("NextKeyMarker")
+        args["UploadIdMarker"] = found.get("NextUploadIdMarker")
+
+
+def abort_uploads(url: Any, exact: bool = False) -> int:
+    """Abort the unfinished multipart uploads under the prefix `url` (or of the object `url`,
+    `exact`): a process killed during an upload leaves its parts stored and billed, invisible
+    to listings; how many. S3 only."""
     if not _is_s3(url):
         return 0
     fs, p = filesystem(url)
-    bucket, _, prefix = p.partition("/")
+    bucket = p.partition("/")[0]
     aborted = 0
     with naming(url):
-        found = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix)
-        for u in found.get("Uploads") or []:
-            fs.call_s3(
-                "abort_multipart_upload", Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"]
-            )
+        for key, upload in list(_uploads(url, exact)):
+            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload)
             aborted += 1
     return aborted
 
 
-def uploads_in_progress(url: Any) -> list[str]:
+def uploads_in_progress(url: Any, exact: bool = False) -> list[str]:
     """The keys of the unfinished multipart uploads under the prefix `url` (S3 only)."""
     if not _is_s3(url):
         return []
-    fs, p = filesystem(url)
-    bucket, _, prefix = p.partition("/")
     with naming(url):
-        found = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix)
-    return [u["Key"] for u in found.get("Uploads") or []]
+        return [key for key, _ in _uploads(url, exact)]
 
 
 # --- one writer --------------------------------------------------------------------------------

@@ -370,3 +370,19 @@ def test_tokenize_writes_one_object_to_a_bucket(fs, tmp_path):
     assert code != 0 and "--overwrite" in one_error_line(err)
     code, _, err = run("pack", url, "-o", tmp_path / "packed", "--max-len", 1024)
     assert code == 0, err
+
+
+def test_a_writer_aborts_only_its_own_prefix_s_unfinished_uploads(fs):
+    """`s3://b/ds` collects what a killed run left under `ds/`, never `ds2/`'s live uploads."""
+    import boto3
+
+    client = boto3.client("s3")
+    mine = client.create_multipart_upload(Bucket=BUCKET, Key="sib/ds/v-x/shard.parquet")
+    theirs = client.create_multipart_upload(Bucket=BUCKET, Key="sib/ds2/v-y/shard.parquet")
+    assert remote_write.abort_uploads(f"s3://{BUCKET}/sib/ds") == 1
+    left = client.list_multipart_uploads(Bucket=BUCKET, Prefix="sib/").get("Uploads") or []
+    assert [u["UploadId"] for u in left] == [theirs["UploadId"]]
+    assert mine["UploadId"] not in [u["UploadId"] for u in left]
+    client.abort_multipart_upload(
+        Bucket=BUCKET, Key="sib/ds2/v-y/shard.parquet", UploadId=theirs["UploadId"]
+    )
