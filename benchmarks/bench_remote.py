@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import real_corpus
@@ -94,14 +95,17 @@ def _ranged_reads(endpoint: str, key: str, size: int, block: int = 16 << 20) -> 
         for start in range(0, size, block):
             obstore.get_range(store, key, start=start, end=min(size, start + block))
 
+    return _each_library(
+        {"s3fs (fsspec)": with_s3fs, "pyarrow.fs": with_pyarrow, "obstore": with_obstore}, 3
+    )
+
+
+def _each_library(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Best-of-`repeat` seconds of each library's run; a library not installed is left out."""
     out = {}
-    for name, fn in (
-        ("s3fs (fsspec)", with_s3fs),
-        ("pyarrow.fs", with_pyarrow),
-        ("obstore", with_obstore),
-    ):
+    for name, fn in runs.items():
         try:
-            out[name] = best_of(fn, 3)
+            out[name] = best_of(fn, repeat)
         except ImportError:
             continue
     return out
@@ -142,17 +146,9 @@ def _uploads(endpoint: str, local: Path) -> dict[str, float]:
     def with_boto3() -> None:
         boto3.client("s3").upload_file(str(local), "bench", "up/boto3.bin")
 
-    out = {}
-    for name, fn in (
-        ("s3fs (packtool)", with_packtool),
-        ("obstore", with_obstore),
-        ("boto3", with_boto3),
-    ):
-        try:
-            out[name] = best_of(fn, 2)
-        except ImportError:
-            continue
-    return out
+    return _each_library(
+        {"s3fs (packtool)": with_packtool, "obstore": with_obstore, "boto3": with_boto3}, 2
+    )
 
 
 def main() -> None:

@@ -52,15 +52,17 @@ import json
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from packtool.dataset.manifest import INDEX_FILE, link_bytes, linked_version
 from packtool.errors import ConfigError
 from packtool.prefetch import map_ordered
 from packtool.storage import local as storage
-from packtool.storage import writing
+from packtool.storage import remote_write, writing
 
 STAGING_SUFFIX = ".packtool-staging"
 READY_SUFFIX = ".packtool-ready"
@@ -117,7 +119,7 @@ def output_paths(out: str | os.PathLike) -> OutputPaths:
         target = storage.as_path(str(out).rstrip("/"))
         version = staging_version(target) or _NEW_VERSIONS.setdefault(str(target), new_version())
         return OutputPaths(
-            shown=os.fspath(out) if not isinstance(out, str) else out,
+            shown=str(out),
             target=target,
             staging=target / version,
             ready=target / version,
@@ -139,8 +141,6 @@ def output_paths(out: str | os.PathLike) -> OutputPaths:
 
 def new_version() -> str:
     """A fresh version name: `v-<UTC time>-<8 random hex>` (sorts by time; never reused)."""
-    import uuid
-
     return f"v-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
 
 
@@ -340,8 +340,6 @@ def recover(paths: OutputPaths) -> None:
     with no output (a failure between two renames of `commit`) is put back.
     """
     if paths.whole_object:
-        from packtool.storage import remote_write
-
         remote_write.abort_uploads(paths.target, exact=True)  # a killed upload's parts
         return
     if paths.remote:
@@ -362,8 +360,6 @@ def recover(paths: OutputPaths) -> None:
 def _collect(paths: OutputPaths) -> None:
     """A remote output's `recover`: abort the unfinished uploads a killed writer left, and delete
     every version that neither the link `index.json` nor the staging object names."""
-    from packtool.storage import remote_write
-
     remote_write.abort_uploads(paths.target)
     keep = {current_version(paths.target), staging_version(paths.target)}
     for entry in storage.list_dir(paths.target):
@@ -373,10 +369,7 @@ def _collect(paths: OutputPaths) -> None:
 
 def current_version(target: Path) -> str | None:
     """The version the link `index.json` of a remote output names (None: no dataset yet)."""
-    from packtool.dataset.manifest import INDEX_FILE, linked_version
-
-    index = target / INDEX_FILE
-    return linked_version(index) if storage.is_file(index) else None
+    return linked_version(target / INDEX_FILE)  # one HEAD: absent is None too
 
 
 def commit(paths: OutputPaths) -> None:
@@ -385,8 +378,6 @@ def commit(paths: OutputPaths) -> None:
         writing.replace(paths.staging, paths.target)  # one upload: the object whole, or not
         return
     if paths.remote:
-        from packtool.dataset.manifest import INDEX_FILE, link_bytes
-
         # The switch: one PUT of the link; then the run in progress is over, the old version goes.
         writing.write_atomic(paths.target / INDEX_FILE, link_bytes(paths.staging.name))
         writing.remove_file(paths.target / REMOTE_STAGING)
@@ -465,9 +456,7 @@ def transaction(
     made = create_parent(paths)
     try:
         with OutputLock(paths, command) as lock:
-            recover(paths)
-            if not paths.whole_object:
-                paths = output_paths(out)  # a remote output's staging: as `recover` left it
+            recover(paths)  # never deletes the version `.packtool-staging` names: paths hold
             prepared = prepare(paths)
             try:
                 yield paths, prepared
