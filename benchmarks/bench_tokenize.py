@@ -171,6 +171,12 @@ def repeated_corpus(times: int) -> Path:
 def library_call(tok: Tokenizer) -> Callable[[list[str]], object]:
     """The batch call of the library that encodes for `tok` (its engine), giving the ids."""
     engine = tok.identity.engine
+    if engine == "gigatoken":
+        lib = tok.encoder.tok
+        return lambda texts: lib.encode_batch(texts, parallel=WORKERS > 1)
+    if engine == "sentencepiece":
+        sp = tok.encoder.sp
+        return lambda texts: sp.encode(texts, out_type=int, num_threads=WORKERS)
     if engine == "fastokens":
         lib, split_special = tok.encoder.tok, tok.identity.kind == "tiktoken"
         return lambda texts: lib.encode_batch_flat(texts, split_special_tokens=split_special)
@@ -242,14 +248,24 @@ def throughput(repeat: int, mb: int) -> tuple[list[list[object]], dict[str, floa
     if not np.array_equal(a.encode_batch(batches[0])[0], c.encode_batch(batches[0])[0]):
         raise SystemExit("GPT-2's own tokenizer.json and the ranks give different ids")
     hub, converted = "GPT-2 tokenizer.json (hub)", "GPT-2 tokenizer.json (converted: Split regex)"
+    from benchmarks.bench_e2e import _mistral_json, _mistral_model_file
+
+    metaspace, model = "Mistral v1 tokenizer.json (Metaspace form)", "Mistral v1 tokenizer.model"
     specs = [
         ("byte", "byte", "auto"),
+        ("GPT-2 ranks file", f"tiktoken:{ranks}", "gigatoken"),
         ("GPT-2 ranks file", f"tiktoken:{ranks}", "fastokens"),
         ("GPT-2 ranks file", f"tiktoken:{ranks}", "tiktoken"),
+        (hub, str(hub_json), "gigatoken"),
         (hub, str(hub_json), "fastokens"),
         (hub, str(hub_json), "tokenizers"),
+        (converted, str(hf_json), "gigatoken"),
         (converted, str(hf_json), "fastokens"),
         (converted, str(hf_json), "tokenizers"),
+        (metaspace, str(_mistral_json("metaspace")), "gigatoken"),
+        (metaspace, str(_mistral_json("metaspace")), "tokenizers"),
+        (model, str(_mistral_model_file()), "gigatoken"),
+        (model, str(_mistral_model_file()), "sentencepiece"),
     ]
     rows, ratios = [], {}
     for label, spec, engine in specs:
@@ -360,8 +376,13 @@ def main() -> None:
     enc_min = min(v for k, v in bpe.items() if k.endswith("encode"))
     met = "met" if enc_min >= TARGET else "missed"
     e2e = "; ".join(f"{k.removesuffix(', e2e')} {v:.2f}x" for k, v in bpe.items() if k.endswith("e2e"))  # fmt: skip
-    fast_vs = {base: ratios_speed for base, ratios_speed in _engine_speedups(rows).items()}
-    speedups = "; ".join(f"{k}: fastokens {v:.1f}x the reference library" for k, v in fast_vs.items())  # fmt: skip
+    speedups = (
+        "; ".join(
+            f"{label}: " + ", ".join(f"{e} {x:.1f}x" for e, x in by_engine.items())
+            for label, by_engine in _engine_speedups(rows).items()
+        )
+        + " (library tokens/s over the reference library's)"
+    )
     body = (
         f"Tokenize throughput on {WORKERS} cores (`python -m benchmarks.bench_tokenize`, "
         f"{time.strftime('%Y-%m-%d')}; {corpus.stat().st_size / 1e6:.0f} MB of real text made at "
@@ -369,8 +390,9 @@ def main() -> None:
         f"would flatter caching engines), best of {args.repeat}, interleaved; load average "
         f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after). One row per engine that "
         "loads the tokenizer; the library column is that engine's own batch call on the same "
-        "texts in memory with the same threads (fastokens `encode_batch_flat`, tiktoken "
-        "`encode_ordinary_batch`, tokenizers `encode_batch_fast`). Engines: {speedups}. "
+        "texts in memory with the same threads (gigatoken `encode_batch`, fastokens "
+        "`encode_batch_flat`, tiktoken `encode_ordinary_batch`, tokenizers `encode_batch_fast`, "
+        "sentencepiece `encode(num_threads=)`). Engines: {speedups}. "
         f"packtool's `encode_batch` (flat ids + EOS) is at least {enc_min:.2f}x its library "
         f"(target {TARGET:.2f}x: {met}). End to end JSONL -> Parquet against the library alone "
         f"(reading, JSON, Arrow, zstd Parquet included): {e2e}. `byte` has no library: its "
@@ -386,14 +408,15 @@ def main() -> None:
         print("\ndocs/benchmarks.md block `tokenize` updated.")
 
 
-def _engine_speedups(rows: list[list[object]]) -> dict[str, float]:
-    """Per tokenizer: fastokens' library tokens/s over the reference library's."""
+def _engine_speedups(rows: list[list[object]]) -> dict[str, dict[str, float]]:
+    """Per tokenizer, per fast engine: its library tokens/s over the reference library's."""
     speed = {(r[0], r[1]): float(str(r[3]).rstrip("M")) for r in rows}
-    out = {}
+    references = ("tiktoken", "tokenizers", "sentencepiece")
+    out: dict[str, dict[str, float]] = {}
     for (label, engine), tps in speed.items():
-        if engine == "fastokens":
-            ref = "tiktoken" if "ranks" in str(label) else "tokenizers"
-            out[str(label)] = tps / speed[(label, ref)]
+        ref = next((speed[(label, r)] for r in references if (label, r) in speed), None)
+        if engine not in (*references, "byte") and ref:
+            out.setdefault(str(label), {})[str(engine)] = tps / ref
     return out
 
 

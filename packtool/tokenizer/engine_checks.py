@@ -11,7 +11,8 @@ version, under the user's cache folder:
   `~/.cache/packtool/...`; `PACKTOOL_CACHE_DIR=` (empty) turns recording off.
 - A record holds the vocabulary facts the reference library gave (`base_vocab`, and the id or
   absence of every EOS/BOS name looked up) and, per engine, the engine version and probe
-  (`PROBE_VERSION` and a hash of the probe text) that passed. Only passed checks are recorded.
+  (`PROBE_VERSION` and a hash of the probe text) that passed, and the same for each engine that
+  failed (a later load skips it instead of loading the reference library to fail it again).
 - A record that is missing, unreadable, malformed, written for another file, library version,
   engine version or probe is ignored: the reference library is loaded and the probe runs, as
   without a record. A folder that cannot be written is ignored too. The record saves time; it
@@ -98,11 +99,15 @@ class CheckRecord:
     path: Path
     key: dict[str, Any]
     values: dict[str, Any]
-    """`base_vocab` (int), `names` ({token: id or None}), `proven` ({engine: stamp})."""
+    """`base_vocab` (int), `names` ({token: id or None}), `proven` and `failed` ({engine: stamp})."""
 
-    def proven(self, engine: str, stamp: str) -> bool:
+    def proven(self, engine: str, stamp: str | None) -> bool:
         """Whether `engine` passed the self-check with this `stamp` (version and probe)."""
         return stamp is not None and self.values.get("proven", {}).get(engine) == stamp
+
+    def failed(self, engine: str, stamp: str | None) -> bool:
+        """Whether `engine` failed the self-check with this `stamp` (version and probe)."""
+        return stamp is not None and self.values.get("failed", {}).get(engine) == stamp
 
     def vocab(self, names: set[str]) -> tuple[int, dict[str, int]] | None:
         """(base_vocab, {name: id} of the `names` present) if every name was looked up before."""
@@ -113,14 +118,22 @@ class CheckRecord:
         return base, {n: known[n] for n in names if known[n] is not None}
 
     def remember(
-        self, base_vocab: int, names: dict[str, int | None], engine: str, stamp: str | None
+        self,
+        base_vocab: int,
+        names: dict[str, int | None],
+        engine: str,
+        stamp: str | None,
+        failed: dict[str, str] | None = None,
     ) -> None:
-        """Add the vocabulary facts and, with a `stamp`, `engine`'s passed probe; then store."""
+        """Add the vocabulary facts, with a `stamp` `engine`'s passed probe, and the `failed`
+        engines' stamps; then store."""
         looked = dict(self.values.get("names", {}))
         looked.update(names)
         self.values.update(base_vocab=base_vocab, names=looked)
         if stamp is not None:
             self.values["proven"] = {**self.values.get("proven", {}), engine: stamp}
+        if failed:
+            self.values["failed"] = {**self.values.get("failed", {}), **failed}
         self.store()
 
     def store(self) -> None:
@@ -155,11 +168,12 @@ def open_record(sha256: str, reference: str) -> CheckRecord | None:
 
 def _well_formed(stored: dict[str, Any]) -> bool:
     """Every field of the expected type: a record damaged anywhere is not trusted at all."""
-    names, proven = stored.get("names"), stored.get("proven", {})
+    names = stored.get("names")
+    stamps = [stored.get("proven", {}), stored.get("failed", {})]
     return (
         type(stored.get("base_vocab")) is int
         and isinstance(names, dict)
         and all(isinstance(k, str) and (v is None or type(v) is int) for k, v in names.items())
-        and isinstance(proven, dict)
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in proven.items())
+        and all(isinstance(d, dict) for d in stamps)
+        and all(isinstance(k, str) and isinstance(v, str) for d in stamps for k, v in d.items())
     )

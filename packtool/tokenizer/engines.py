@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from packtool.errors import ConfigError
+from packtool.storage import local as storage
 from packtool.storage import writing
 
 
@@ -167,6 +168,99 @@ def _write_ranks(path: Path, ranks: dict[bytes, int]) -> None:
             f.write(base64.b64encode(token) + b" %d\n" % rank)
 
 
+# --- gigatoken ---------------------------------------------------------------------------------
+
+# GPT-2's pre-tokenizer split pattern (tiktoken's r50k_base / gpt2).
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_GIGATOKEN_SCHEMES: dict[str, str] = {}
+"""tiktoken split pattern -> the name of gigatoken's pre-tokenizer for it (filled on first use)."""
+_POOL_PID: int | None = None
+"""The process that first encoded in parallel: gigatoken's rayon pool lives there."""
+
+
+class _GigatokenEncoder:
+    def __init__(self, tok: Any, workers: int) -> None:
+        self.tok = tok
+        self.workers = workers
+
+    def encode(self, texts: Sequence[str]) -> Any:
+        global _POOL_PID
+        # A rayon pool built before a fork has no threads in the child: injecting work there
+        # waits forever. So a forked child of a process that encoded in parallel encodes on its
+        # own thread (gigatoken's own guard would do so in every multiprocessing worker).
+        parallel = self.workers > 1 and _POOL_PID in (None, os.getpid())
+        if parallel:
+            _POOL_PID = os.getpid()
+        return self.tok.encode_batch(list(texts), parallel=parallel)
+
+    def flat(self, raw: Any) -> tuple[np.ndarray, np.ndarray]:
+        import awkward as ak
+
+        layout = ak.to_layout(raw)  # one flat uint32 buffer + int64 offsets, no copies here
+        offsets = np.asarray(layout.offsets.data)
+        ids = np.asarray(layout.content.data)[offsets[0] : offsets[-1]]
+        return ids.astype(np.uint32, copy=False), np.diff(offsets).astype(np.int64, copy=False)
+
+
+def _open_gigatoken(source: Source, workers: int) -> Encoder:
+    import gigatoken
+
+    try:
+        import awkward  # noqa: F401  (its ~0.4 s import lands here, off the first batch)
+
+        if source.kind == "hf":
+            tok = gigatoken.Tokenizer.from_json(source.json)
+        elif source.kind == "sentencepiece":
+            tok = gigatoken.Tokenizer.from_json(_sentencepiece_json(source))
+        else:
+            scheme = _gigatoken_scheme(source.pattern or "")
+            path = source.path
+            if path is None:
+                raise EngineRefused("loads tiktoken ranks from a file only")
+            # No special tokens: tiktoken's encode_ordinary encodes their text as plain text.
+            tok = gigatoken.Tokenizer.from_tiktoken(path, pretokenizer=scheme, special_tokens={})
+        return _GigatokenEncoder(tok, workers)
+    except EngineRefused:
+        raise
+    except (ValueError, OSError, TypeError, KeyError, ImportError) as exc:
+        raise EngineRefused(_one_line(exc)) from None
+    except BaseException as exc:  # a Rust panic (pyo3 PanicException) is a BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise EngineRefused(f"{type(exc).__name__}: {_one_line(exc)}") from None
+
+
+def _sentencepiece_json(source: Source) -> str:
+    """A SentencePiece model as a tokenizer.json, with no added tokens.
+
+    sentencepiece never matches its control pieces (`<s>`, `</s>`) in the text, so the added
+    tokens gigatoken's conversion lists are dropped (the self-check holds the result to
+    sentencepiece's ids either way). The conversion is gigatoken's own, an internal module:
+    if it moves, this engine refuses and `sentencepiece` encodes.
+    """
+    import json
+
+    from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
+
+    spec = json.loads(sentencepiece_to_tokenizer_json(storage.read_bytes(source.path or "")))
+    spec["added_tokens"] = []
+    return json.dumps(spec)
+
+
+def _gigatoken_scheme(pattern: str) -> str:
+    """The gigatoken pre-tokenizer that splits as `pattern` does (GPT-2's, as packtool and
+    tiktoken spell it; other ranks files are left to fastokens and tiktoken)."""
+    if not _GIGATOKEN_SCHEMES:
+        from tiktoken_ext import openai_public
+
+        _GIGATOKEN_SCHEMES[GPT2_PATTERN] = "gpt2"
+        _GIGATOKEN_SCHEMES[openai_public.r50k_pat_str] = "gpt2"
+    scheme = _GIGATOKEN_SCHEMES.get(pattern)
+    if scheme is None:
+        raise EngineRefused("no pre-tokenizer of its own for this split pattern")
+    return scheme
+
+
 # --- tokenizers (reference for tokenizer.json) ---------------------------------------------------
 
 
@@ -266,8 +360,11 @@ def _open_sentencepiece(source: Source, workers: int) -> Encoder:
 
 
 ENGINES: tuple[Engine, ...] = (
-    # Fastest first (docs/tokenize.md measures them): fastokens encoded GPT-2 BPE at several
-    # times tiktoken's speed and ~10x `tokenizers`', with identical ids on every test corpus.
+    # Fastest first (docs/tokenize.md measures them). gigatoken encoded every shape measured
+    # (GPT-2's ByteLevel, a Split regex, both SentencePiece forms, .model files) at 1.3-6x
+    # fastokens and 10-40x the reference libraries, with identical ids; fastokens next (it loads
+    # split patterns gigatoken has no pre-tokenizer for); then the reference libraries.
+    Engine("gigatoken", ("hf", "tiktoken", "sentencepiece"), False, "gigatoken", _open_gigatoken),
     Engine("fastokens", ("hf", "tiktoken"), False, "fastokens", _open_fastokens),
     Engine("tiktoken", ("tiktoken",), True, "tiktoken", _open_tiktoken),
     Engine("tokenizers", ("hf",), True, "tokenizers", _open_tokenizers),
@@ -393,6 +490,8 @@ class Choice:
     checked: str = ""
     """How the ids were proven: `probe` (the self-check ran), `record` (a passed check was
     recorded for this file and these versions, packtool/tokenizer/engine_checks.py), "" (the reference)."""
+    failed: tuple[str, ...] = ()
+    """Engines that loaded the tokenizer and failed the self-check here (to be recorded)."""
 
 
 def choose_engine(
@@ -404,6 +503,7 @@ def choose_engine(
     workers: int = 1,
     added: Callable[[], Sequence[str]] = tuple,
     proven: Callable[[Engine], bool] = lambda e: False,
+    failed: Callable[[Engine], bool] = lambda e: False,
     opener: Callable[[Engine], Encoder] | None = None,
 ) -> Choice:
     """The engine that encodes `source`: the first of `spec` that loads it and passes the probe.
@@ -419,6 +519,8 @@ def choose_engine(
         added: returns the tokenizer's added-token texts, for the probe.
         proven: whether an engine already passed the probe for this tokenizer with its
             installed version (a record, packtool/tokenizer/engine_checks.py): then it is not run again.
+        failed: whether an engine already failed the probe for it with its installed version (a
+            record): then it is passed over without loading it.
         opener: builds an engine's encoder (default `engine.open(source, workers)`; the caller
             may have started building one in another thread).
 
@@ -428,13 +530,17 @@ def choose_engine(
     """
     engines, forced = parse_engines(spec, source.kind)
     passed_over: list[str] = []
+    failures: list[str] = []
     for e in engines:
         if e.name == reference_name:
-            return Choice(e.name, reference(), "; ".join(passed_over))
+            return Choice(e.name, reference(), "; ".join(passed_over), failed=tuple(failures))
         try:
             __import__(e.module)
         except ImportError:
             passed_over.append(f"{e.name} is not installed (pip install {e.module})")
+            continue
+        if not e.reference and failed(e):
+            passed_over.append(f"{e.name} failed the self-check on this tokenizer (recorded)")
             continue
         try:
             candidate = opener(e) if opener is not None else e.open(source, workers)
@@ -442,13 +548,13 @@ def choose_engine(
             passed_over.append(f"{e.name} cannot load it ({exc})")
             continue
         if e.reference or proven(e):
-            return Choice(
-                e.name, candidate, "; ".join(passed_over), "" if e.reference else "record"
-            )
+            checked = "" if e.reference else "record"
+            return Choice(e.name, candidate, "; ".join(passed_over), checked, tuple(failures))
         problem = self_check(candidate, reference(), added())
         if problem is None:
-            return Choice(e.name, candidate, "; ".join(passed_over), "probe")
+            return Choice(e.name, candidate, "; ".join(passed_over), "probe", tuple(failures))
         passed_over.append(f"{e.name} {problem}")
+        failures.append(e.name)
     fallback = "auto" if forced else reference_name
     raise ConfigError(
         f"{source.where}: no tokenizer engine of {spec!r} can encode this tokenizer exactly: "

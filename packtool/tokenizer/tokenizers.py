@@ -28,7 +28,9 @@ from packtool.errors import ConfigError
 from packtool.storage import local as storage
 from packtool.tokenizer.engine_checks import engine_stamp, open_record
 from packtool.tokenizer.engines import (
+    GPT2_PATTERN,
     Encoder,
+    Engine,
     EngineRefused,
     Source,
     choose_engine,
@@ -55,8 +57,6 @@ BYTE_BOS = 257
 
 REFERENCE = {"hf": "tokenizers", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece"}
 """The library whose ids define each tokenizer kind's (every other engine must match it)."""
-# GPT-2's pre-tokenizer split pattern (tiktoken's r50k_base / gpt2).
-GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
 def check_vocab_fits(name: str, vocab_size: int) -> None:
@@ -345,11 +345,17 @@ def load_tokenizer(
         # The fastest candidate builds first, in a thread: fastokens' builder releases the GIL
         # (~0.4 s for GPT-2), the reference library's holds it. The reference library loads
         # only when needed: for the probe or the vocabulary, unless a record has both.
-        first = candidates[0] if candidates and not candidates[0].reference else None
+        stamps = {e.name: engine_stamp(e.module) for e in candidates if not e.reference}
+        sha = sha_of()
+        record = open_record(sha, ref_name)
+
+        def failed(e: Engine) -> bool:  # recorded as failing the probe here: not even built
+            return not e.reference and record is not None and record.failed(e.name, stamps[e.name])
+
+        first = next((e for e in candidates if not failed(e)), None)
+        first = first if first is not None and not first.reference else None
         building = pool.submit(first.open, source, threads) if first is not None else None
         loading: Future[Encoder] | None = None
-        sha = sha_of()  # only now, while the engine builds: its start is on the critical path
-        record = open_record(sha, ref_name)
         names = _looked_up(files)
         known = record.vocab(names) if record is not None and source.kind == "hf" else None
 
@@ -359,7 +365,6 @@ def load_tokenizer(
                 loading = pool.submit(engine_open, ref_name, source, workers)
             return loading.result() if wait else None
 
-        stamps = {e.name: engine_stamp(e.module) for e in candidates if not e.reference}
         if not (first and record and record.proven(first.name, stamps[first.name])) or (
             source.kind == "hf" and known is None
         ):
@@ -372,6 +377,7 @@ def load_tokenizer(
             workers=threads,
             added=lambda: _added_tokens(reference(), source),
             proven=lambda e: record is not None and record.proven(e.name, stamps[e.name]),
+            failed=failed,
             opener=lambda e: (
                 building.result() if e is first and building else e.open(source, threads)
             ),  # type: ignore[union-attr]
@@ -382,9 +388,12 @@ def load_tokenizer(
             base_vocab, vocab = _vocab(reference(), source)
         else:
             base_vocab, vocab = _vocab(None, source)
-    if record is not None and (choice.checked == "probe" or (source.kind == "hf" and not known)):
+    if record is not None and (
+        choice.checked == "probe" or choice.failed or (source.kind == "hf" and not known)
+    ):
         stamp = stamps.get(choice.engine) if choice.checked == "probe" else None
-        record.remember(base_vocab, {n: vocab.get(n) for n in names}, choice.engine, stamp)
+        fails = {n: v for n in choice.failed if (v := stamps.get(n)) is not None}
+        record.remember(base_vocab, {n: vocab.get(n) for n in names}, choice.engine, stamp, fails)
     eos_id, eos_from = default_id("eos", eos, vocab, files, spec)
     if bos == "auto":
         bos_id, bos_from = own_bos(source, files, vocab)
@@ -468,6 +477,10 @@ def _added_tokens(reference: Encoder, source: Source) -> list[str]:
     if source.kind == "hf":
         decoder = reference.tok.get_added_tokens_decoder()  # type: ignore[attr-defined]
         return [t.content for _, t in sorted(decoder.items())]
+    if source.kind == "sentencepiece":  # its control pieces: never matched in the text
+        sp = reference.sp  # type: ignore[attr-defined]
+        n = sp.get_piece_size()
+        return [sp.id_to_piece(i) for i in range(n) if sp.IsControl(i)]
     return list(source.specials or {})
 
 

@@ -30,8 +30,12 @@ SPECIALS = {
     "bert": ["[SEP]", "[CLS]"],
 }
 FAST_SHAPES = ("gpt2", "llama3", "qwen", "lowercase")
-"""Shapes fastokens loads (GPT-2 ByteLevel; Llama-3 / Qwen Split + ByteLevel(use_regex=False),
-Qwen with an NFC normalizer; a Lowercase normalizer)."""
+"""Shapes fastokens and gigatoken load (GPT-2 ByteLevel; Llama-3 / Qwen Split +
+ByteLevel(use_regex=False), Qwen with an NFC normalizer; a Lowercase normalizer). gigatoken's ids
+differ where an added token is `single_word` (its probe fails: `build(..., single_word=True)`,
+the default, so fastokens encodes); without one they are `tokenizers`' ids."""
+GIGATOKEN_SHAPES = ("gpt2", "llama3", "qwen")
+"""FAST_SHAPES gigatoken loads (it refuses a Lowercase normalizer)."""
 REFUSED_SHAPES = ("metaspace", "bert")
 """Shapes fastokens refuses at load (a SentencePiece-style Metaspace pre-tokenizer; a
 BertNormalizer), so packtool falls back to `tokenizers`."""
@@ -53,8 +57,9 @@ def stdlib_sample(every: int = 50, max_chars: int = 40_000) -> tuple[str, ...]:
     return tuple(out)
 
 
-def build(shape: str, folder: Path, vocab_size: int = 1200) -> Path:
-    """Train a tokenizer of `shape` and save it as `folder/tokenizer.json`."""
+def build(shape: str, folder: Path, vocab_size: int = 1200, single_word: bool = True) -> Path:
+    """Train a tokenizer of `shape` and save it as `folder/tokenizer.json` (with a
+    `single_word` added token `<word>`, or that token without the flag)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, trainers
     from tokenizers import pre_tokenizers as pre
 
@@ -88,7 +93,7 @@ def build(shape: str, folder: Path, vocab_size: int = 1200) -> Path:
     # whitespace on its left, a single-word one.
     tok.add_tokens([AddedToken("def ", normalized=False)])
     tok.add_special_tokens(
-        [AddedToken("<sep>", lstrip=True), AddedToken("<word>", single_word=True)]
+        [AddedToken("<sep>", lstrip=True), AddedToken("<word>", single_word=single_word)]
     )
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "tokenizer.json"
@@ -128,3 +133,59 @@ def _unicode_to_bytes() -> dict[str, int]:
             chars.append(256 + n)
             n += 1
     return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+
+
+def mistral_model(version: str = "v1") -> Path:
+    """A real SentencePiece BPE model: Mistral's, as the mistral-common package ships it
+    (`tokenizer.model.v1`, `mistral_instruct_tokenizer_*.model.v3` / `.v7`), read in place."""
+    import mistral_common
+
+    data = Path(mistral_common.__file__).parent / "data"
+    name = "tokenizer.model.v1" if version == "v1" else None
+    if name is None:
+        name = next(p.name for p in sorted(data.glob(f"*.model.{version}")))
+    return data / name
+
+
+SENTENCEPIECE_FORMS = ("normalizer", "metaspace")
+"""The two tokenizer.json forms of a SentencePiece BPE: hub files of Llama 2 / Mistral v0.1
+(`Prepend("▁")` + `Replace(" ", "▁")` normalizers, no pre-tokenizer) and newer conversions
+(`Metaspace(prepend_scheme="first", split=False)` pre-tokenizer, no normalizer)."""
+
+
+def sentencepiece_json(model: Path, form: str, out: Path) -> Path:
+    """`model` as a tokenizer.json of `form`, with the BOS post-processor the hub files have.
+
+    The vocabulary and merges come from gigatoken's converter; whether the file is faithful is
+    for its callers to check (its ids against sentencepiece's, through `tokenizers`)."""
+    import json
+
+    from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
+
+    spec = json.loads(sentencepiece_to_tokenizer_json(model.read_bytes()))
+    bos = {"SpecialToken": {"id": "<s>", "type_id": 0}}
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, bos, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}},
+    }  # fmt: skip
+    spec["decoder"] = {
+        "type": "Sequence",
+        "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+        ],
+    }
+    if form == "metaspace":
+        spec["normalizer"] = None
+        spec["pre_tokenizer"] = {
+            "type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False,
+        }  # fmt: skip
+    elif form != "normalizer":
+        raise ValueError(f"unknown form {form!r}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    return out

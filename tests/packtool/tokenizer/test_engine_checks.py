@@ -20,7 +20,13 @@ from tests.packtool.tokenizer_shapes import build, stdlib_sample
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory) -> Path:
-    return build("gpt2", tmp_path_factory.mktemp("gpt2") / "gpt2")
+    return build("gpt2", tmp_path_factory.mktemp("gpt2") / "gpt2", single_word=False)
+
+
+@pytest.fixture(scope="module")
+def single_word(tmp_path_factory) -> Path:
+    """A GPT-2 shape with a `single_word` added token: gigatoken fails the probe on it."""
+    return build("gpt2", tmp_path_factory.mktemp("single") / "gpt2")
 
 
 @pytest.fixture
@@ -54,22 +60,60 @@ def ids_and_identity(tok) -> tuple[list[list[int]], dict]:
 
 def test_the_second_load_uses_the_record_and_gives_the_same_ids(gpt2, records, reference_loads):
     first = load_tokenizer(str(gpt2))
-    assert (first.identity.engine, first.engine_check) == ("fastokens", "probe")
+    assert (first.identity.engine, first.engine_check) == ("gigatoken", "probe")
     assert reference_loads == ["tokenizers"]
     [path] = records.iterdir()
     stored = json.loads(path.read_text())
     assert stored["base_vocab"] == first.identity.vocab_size
     assert stored["names"]["<|endoftext|>"] == first.identity.eos_id
-    assert list(stored["proven"]) == ["fastokens"]
+    assert list(stored["proven"]) == ["gigatoken"]
 
     second = load_tokenizer(str(gpt2))
-    assert (second.identity.engine, second.engine_check) == ("fastokens", "record")
+    assert (second.identity.engine, second.engine_check) == ("gigatoken", "record")
     assert reference_loads == ["tokenizers"]  # not loaded again
     assert ids_and_identity(second) == ids_and_identity(first)
     # Another path to the same bytes is the same tokenizer: the record is by content.
     copy = gpt2.parent.parent / "copy.json"
     copy.write_bytes(gpt2.read_bytes())
     assert load_tokenizer(str(copy)).engine_check == "record"
+
+
+def test_a_failed_probe_is_recorded_and_the_engine_skipped_next_time(
+    single_word, records, reference_loads, monkeypatch
+):
+    from packtool.tokenizer import engines as tokenizer_engines
+
+    first = load_tokenizer(str(single_word))
+    assert (first.identity.engine, first.engine_check) == ("fastokens", "probe")
+    assert "gigatoken ids differ from the reference" in first.engine_note
+    [path] = records.iterdir()
+    stored = json.loads(path.read_text())
+    assert (list(stored["proven"]), list(stored["failed"])) == (["fastokens"], ["gigatoken"])
+    built: list[str] = []
+    engines = tuple(
+        tokenizer_engines.Engine(
+            e.name, e.kinds, e.reference, e.module,
+            (lambda f, n: lambda s, w: built.append(n) or f(s, w))(e.open, e.name),
+        )
+        for e in tokenizer_engines.ENGINES
+    )  # fmt: skip
+    monkeypatch.setattr(tokenizer_engines, "ENGINES", engines)
+    second = load_tokenizer(str(single_word))
+    assert (second.identity.engine, second.engine_check) == ("fastokens", "record")
+    assert built == ["fastokens"]  # gigatoken not even built
+    assert reference_loads == ["tokenizers"]  # nor the reference loaded to fail it again
+    assert "gigatoken failed the self-check on this tokenizer (recorded)" in second.engine_note
+    assert ids_and_identity(second) == ids_and_identity(first)
+    # Under a new gigatoken version the probe runs again (it may pass now).
+    real = engine_checks.library_version
+    monkeypatch.setattr(
+        engine_checks,
+        "library_version",
+        lambda m: real(m) + "-next" if m == "gigatoken" else real(m),
+    )
+    built.clear()
+    third = load_tokenizer(str(single_word))
+    assert built[0] == "gigatoken" and third.identity.engine == "fastokens"
 
 
 @pytest.mark.parametrize(
@@ -91,7 +135,7 @@ def test_a_damaged_record_only_means_the_check_runs_again(gpt2, records, referen
     if damage == "names-are-strings":
         stored["names"] = {k: "50256" for k in stored["names"]}
     elif damage == "proven-is-a-list":
-        stored["proven"] = ["fastokens"]
+        stored["proven"] = ["gigatoken"]
     elif damage == "base-vocab-missing":
         del stored["base_vocab"]
         stored["proven"] = {}
@@ -109,7 +153,7 @@ def test_another_engine_version_runs_the_probe_again(gpt2, records, monkeypatch)
     monkeypatch.setattr(
         engine_checks,
         "library_version",
-        lambda m: real(m) + "-rebuilt" if m == "fastokens" else real(m),
+        lambda m: real(m) + "-rebuilt" if m == "gigatoken" else real(m),
     )
     assert load_tokenizer(str(gpt2)).engine_check == "probe"
     assert load_tokenizer(str(gpt2)).engine_check == "record"
@@ -134,14 +178,14 @@ def test_a_stale_record_never_keeps_an_engine_that_now_fails(gpt2, records, monk
     from tests.packtool.tokenizer.test_engines import _WrongIds
 
     assert load_tokenizer(str(gpt2)).engine_check == "probe"
-    fast = tokenizer_engines.engine("fastokens")
-    wrong = Engine("fastokens", fast.kinds, False, "fastokens", lambda s, w: _WrongIds(fast.open(s, w)))  # fmt: skip
+    fast = tokenizer_engines.engine("gigatoken")
+    wrong = Engine("gigatoken", fast.kinds, False, "gigatoken", lambda s, w: _WrongIds(fast.open(s, w)))  # fmt: skip
     monkeypatch.setattr(tokenizer_engines, "ENGINES", (wrong, *tokenizer_engines.ENGINES[1:]))
     real = engine_checks.library_version
     monkeypatch.setattr(engine_checks, "library_version", lambda m: real(m) + "-new")
     tok = load_tokenizer(str(gpt2))
-    assert tok.identity.engine == "tokenizers"
-    assert "fastokens ids differ from the reference" in tok.engine_note
+    assert tok.identity.engine == "fastokens"
+    assert "gigatoken ids differ from the reference" in tok.engine_note
 
 
 def test_an_unwritable_cache_folder_is_ignored(gpt2, tmp_path, monkeypatch):
@@ -150,7 +194,7 @@ def test_an_unwritable_cache_folder_is_ignored(gpt2, tmp_path, monkeypatch):
     monkeypatch.setenv("PACKTOOL_CACHE_DIR", str(blocker))
     for _ in range(2):
         tok = load_tokenizer(str(gpt2))
-        assert (tok.identity.engine, tok.engine_check) == ("fastokens", "probe")
+        assert (tok.identity.engine, tok.engine_check) == ("gigatoken", "probe")
     assert blocker.read_text() == "a file where the cache folder would go"
 
 

@@ -2,8 +2,10 @@
 fallback; forced engines; what is recorded.
 
 Tokenizers are trained at test time (tests/packtool/tokenizer_shapes.py): GPT-2 ByteLevel,
-Llama-3 / Qwen Split + ByteLevel(use_regex=False) (Qwen with NFC), a Lowercase normalizer, and
-two shapes fastokens refuses (Metaspace, BertNormalizer). Real text: a sample of the Python
+Llama-3 / Qwen Split + ByteLevel(use_regex=False) (Qwen with NFC), a Lowercase normalizer, each
+with a `single_word` added token (gigatoken's ids differ: its probe fails, fastokens encodes) and
+without (`plain`: gigatoken encodes), and two shapes the fast engines refuse (Metaspace with no
+byte fallback, BertNormalizer). Real text: a sample of the Python
 standard library's sources; random text: hypothesis (unicode categories, whitespace and digit
 runs, special-token look-alikes).
 """
@@ -29,6 +31,7 @@ from packtool.tokenizer.tokenizers import GPT2_PATTERN, load_tokenizer
 from tests.cli import one_error_line, run
 from tests.packtool.tokenizer_shapes import (
     FAST_SHAPES,
+    GIGATOKEN_SHAPES,
     REFUSED_SHAPES,
     SPECIALS,
     build,
@@ -41,6 +44,13 @@ from tests.packtool.tokenizer_shapes import (
 def shapes(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("shapes")
     return {s: build(s, root / s) for s in (*FAST_SHAPES, *REFUSED_SHAPES)}
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> dict[str, Path]:
+    """FAST_SHAPES without a `single_word` added token."""
+    root = tmp_path_factory.mktemp("plain")
+    return {s: build(s, root / s, single_word=False) for s in FAST_SHAPES}
 
 
 @pytest.fixture(scope="module")
@@ -76,29 +86,47 @@ def engines_for(kind: str) -> list[str]:
 # --- ids: every engine path, real text --------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", FAST_SHAPES)
-def test_auto_picks_fastokens_for_the_shapes_it_loads(shapes, shape):
-    tok = load_tokenizer(str(shapes[shape]))
+@pytest.mark.parametrize("shape", GIGATOKEN_SHAPES)
+def test_auto_picks_gigatoken_and_fastokens_where_gigatoken_differs(shapes, plain, shape):
+    tok = load_tokenizer(str(plain[shape]))
+    assert (tok.identity.engine, tok.engine_note) == ("gigatoken", "")
+    tok = load_tokenizer(str(shapes[shape]))  # with a single_word added token
     assert tok.identity.engine == "fastokens"
-    assert tok.engine_note == ""
+    assert tok.engine_note.startswith("gigatoken ids differ from the reference on probe text")
 
 
-# Every engine that loads each shape (fastokens refuses REFUSED_SHAPES: tested further down).
-ENGINE_PATHS = [(s, "fastokens") for s in FAST_SHAPES] + [
-    (s, "tokenizers") for s in (*FAST_SHAPES, *REFUSED_SHAPES)
-]
+def test_a_normalizer_gigatoken_refuses_goes_to_fastokens(plain):
+    tok = load_tokenizer(str(plain["lowercase"]))
+    assert tok.identity.engine == "fastokens"
+    assert (
+        tok.engine_note.startswith("gigatoken cannot load it (") and "Lowercase" in tok.engine_note
+    )
+
+
+# Every engine that loads each shape (the fast engines refuse REFUSED_SHAPES: tested further down).
+ENGINE_PATHS = (
+    [(s, "gigatoken") for s in GIGATOKEN_SHAPES]
+    + [(s, "fastokens") for s in FAST_SHAPES]
+    + [(s, "tokenizers") for s in (*FAST_SHAPES, *REFUSED_SHAPES)]
+)
+
+
+def tokenizer_for(shapes, plain, shape: str, engine: str) -> Path:
+    """The file `engine` encodes exactly: gigatoken gets the shapes without `single_word`."""
+    return plain[shape] if engine == "gigatoken" else shapes[shape]
 
 
 @pytest.mark.parametrize(("shape", "engine"), ENGINE_PATHS)
-def test_every_engine_gives_the_reference_ids_on_stdlib_sources(shapes, shape, engine):
+def test_every_engine_gives_the_reference_ids_on_stdlib_sources(shapes, plain, shape, engine):
     texts = [*stdlib_sample(), *probe_texts(SPECIALS[shape] + ["<sep>", "<word>", "def "])]
-    tok = load_tokenizer(str(shapes[shape]), engine=engine, eos=None)
+    path = tokenizer_for(shapes, plain, shape, engine)
+    tok = load_tokenizer(str(path), engine=engine, eos=None)
     assert tok.identity.engine == engine
     flat, lengths = tok.encode_batch(texts)
-    assert split(flat, lengths) == hf_reference(shapes[shape], texts)
+    assert split(flat, lengths) == hf_reference(path, texts)
 
 
-@pytest.mark.parametrize("engine", ["fastokens", "tiktoken"])
+@pytest.mark.parametrize("engine", ["gigatoken", "fastokens", "tiktoken"])
 def test_every_engine_gives_tiktokens_ids_on_stdlib_sources(ranks_file, engine):
     texts = [*stdlib_sample(), *probe_texts(["<|endoftext|>"])]
     tok = load_tokenizer(str(ranks_file), engine=engine, eos=None)  # by its suffix
@@ -130,13 +158,15 @@ SLOW = settings(
 @pytest.mark.parametrize("shape", ["gpt2", "llama3", "qwen", "metaspace"])
 @SLOW
 @given(texts=TEXTS)
-def test_engines_match_tokenizers_on_random_text(shapes, shape, texts):
-    want = [ids + [7] for ids in hf_reference(shapes[shape], texts)]
+def test_engines_match_tokenizers_on_random_text(shapes, plain, shape, texts):
     for engine in engines_for("hf"):
-        if engine == "fastokens" and shape in REFUSED_SHAPES:
+        if engine in ("gigatoken", "fastokens") and shape in REFUSED_SHAPES:
             continue
-        tok = _cached(shapes[shape], engine)
-        assert split(*tok.encode_batch(texts)) == want, engine
+        if engine == "gigatoken" and shape not in GIGATOKEN_SHAPES:
+            continue
+        path = tokenizer_for(shapes, plain, shape, engine)
+        want = [ids + [7] for ids in hf_reference(path, texts)]
+        assert split(*_cached(path, engine).encode_batch(texts)) == want, engine
 
 
 @SLOW
@@ -164,7 +194,7 @@ def _cached(path: Path, engine: str):
 def test_a_refused_tokenizer_falls_back_to_tokenizers(shapes, shape):
     tok = load_tokenizer(str(shapes[shape]), eos=None)
     assert tok.identity.engine == "tokenizers"
-    assert tok.engine_note.startswith("fastokens cannot load it (")
+    assert "fastokens cannot load it (" in tok.engine_note
     texts = list(stdlib_sample()[:20])
     assert split(*tok.encode_batch(texts)) == hf_reference(shapes[shape], texts)
 
@@ -200,7 +230,13 @@ def test_engine_names_are_checked(shapes, ranks_file):
     assert load_tokenizer(str(shapes["bert"]), engine="fastokens,tokenizers").identity.engine == (
         "tokenizers"
     )
-    assert set(ENGINE_NAMES) == {"fastokens", "tokenizers", "tiktoken", "sentencepiece"}
+    assert set(ENGINE_NAMES) == {
+        "gigatoken",
+        "fastokens",
+        "tokenizers",
+        "tiktoken",
+        "sentencepiece",
+    }
 
 
 class _WrongIds:
@@ -217,24 +253,25 @@ class _WrongIds:
         return flat + np.uint32(1), lengths
 
 
-def test_an_engine_that_fails_the_self_check_is_not_used(shapes, monkeypatch):
-    fast = tokenizer_engines.engine("fastokens")
-    wrong = Engine("fastokens", fast.kinds, False, "fastokens", lambda s, w: _WrongIds(fast.open(s, w)))  # fmt: skip
+def test_an_engine_that_fails_the_self_check_is_not_used(plain, monkeypatch):
+    giga = tokenizer_engines.engine("gigatoken")
+    wrong = Engine("gigatoken", giga.kinds, False, "gigatoken", lambda s, w: _WrongIds(giga.open(s, w)))  # fmt: skip
     monkeypatch.setattr(tokenizer_engines, "ENGINES", (wrong, *tokenizer_engines.ENGINES[1:]))
-    tok = load_tokenizer(str(shapes["gpt2"]))
-    assert tok.identity.engine == "tokenizers"
-    assert "fastokens ids differ from the reference on probe text" in tok.engine_note
-    with pytest.raises(ConfigError, match="fastokens ids differ from the reference"):
-        load_tokenizer(str(shapes["gpt2"]), engine="fastokens")
+    monkeypatch.setenv("PACKTOOL_CACHE_DIR", "")  # no record of the real engine's pass
+    tok = load_tokenizer(str(plain["gpt2"]))
+    assert tok.identity.engine == "fastokens"
+    assert "gigatoken ids differ from the reference on probe text" in tok.engine_note
+    with pytest.raises(ConfigError, match="gigatoken ids differ from the reference"):
+        load_tokenizer(str(plain["gpt2"]), engine="gigatoken")
 
 
-def test_a_missing_engine_is_skipped(shapes, monkeypatch):
-    fast = tokenizer_engines.engine("fastokens")
-    gone = Engine("fastokens", fast.kinds, False, "fastokens_not_installed", fast.open)
+def test_a_missing_engine_is_skipped(plain, monkeypatch):
+    giga = tokenizer_engines.engine("gigatoken")
+    gone = Engine("gigatoken", giga.kinds, False, "gigatoken_not_installed", giga.open)
     monkeypatch.setattr(tokenizer_engines, "ENGINES", (gone, *tokenizer_engines.ENGINES[1:]))
-    tok = load_tokenizer(str(shapes["gpt2"]))
-    assert tok.identity.engine == "tokenizers"
-    assert "fastokens is not installed (pip install fastokens_not_installed)" in tok.engine_note
+    tok = load_tokenizer(str(plain["gpt2"]))
+    assert tok.identity.engine == "fastokens"
+    assert "gigatoken is not installed (pip install gigatoken_not_installed)" in tok.engine_note
 
 
 def test_the_probe_holds_the_hard_cases():
@@ -335,4 +372,5 @@ def test_a_fallback_is_noted_on_stderr(shapes, tmp_path):
     corpus.write_text('{"text": "hello world"}\n')
     code, out, err = run("stats", corpus, "--tokenizer", shapes["metaspace"])
     assert code == 0
-    assert err.startswith("note: fastokens cannot load it (") and "encoding with tokenizers" in err
+    assert err.startswith("note: gigatoken cannot load it (") and "encoding with tokenizers" in err
+    assert "fastokens cannot load it (" in err

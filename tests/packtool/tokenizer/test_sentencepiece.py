@@ -1,8 +1,10 @@
 """`--tokenizer PATH.model`: SentencePiece models, ids identical to `sentencepiece` itself.
 
 The models are trained at test time with sentencepiece's own trainer on the Python standard
-library's sources (BPE with byte fallback, as Llama's and Mistral's; and unigram), so nothing
-is downloaded or copied into the repository.
+library's sources (BPE with byte fallback, as Llama's and Mistral's; and unigram), or are
+Mistral's real ones read from the installed mistral-common package, so nothing is downloaded or
+copied into the repository. gigatoken encodes the BPE models (its probe against sentencepiece
+passed); sentencepiece itself the unigram ones (gigatoken refuses them).
 """
 
 from __future__ import annotations
@@ -11,15 +13,22 @@ import functools
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import sentencepiece as spm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import ConfigError
+from packtool.tokenizer.engines import probe_texts
 from packtool.tokenizer.tokenizers import load_tokenizer
 from tests.cli import one_error_line, run
-from tests.packtool.tokenizer_shapes import stdlib_sample
+from tests.packtool.tokenizer_shapes import (
+    SENTENCEPIECE_FORMS,
+    mistral_model,
+    sentencepiece_json,
+    stdlib_sample,
+)
 
 
 @functools.cache
@@ -42,13 +51,17 @@ def trained(model_type: str, folder: str) -> Path:
 
 @pytest.fixture(scope="module", params=["bpe", "unigram"])
 def model(request, tmp_path_factory) -> Path:
-    return trained(request.param, str(tmp_path_factory.mktemp(request.param)))
+    return trained(request.param, str(tmp_path_factory.mktemp(request.param, numbered=False)))
+
+
+ENGINE = {"bpe": "gigatoken", "unigram": "sentencepiece"}
+"""The engine auto picks for each trained model (by its folder's name)."""
 
 
 def test_the_ids_are_sentencepieces_with_its_bos_and_eos_around_them(model):
     sp = spm.SentencePieceProcessor(model_file=str(model))
     tok = load_tokenizer(str(model))
-    assert (tok.identity.kind, tok.identity.engine) == ("sentencepiece", "sentencepiece")
+    assert (tok.identity.kind, tok.identity.engine) == ("sentencepiece", ENGINE[model.parent.name])
     assert (tok.identity.bos_id, tok.identity.eos_id) == (sp.bos_id(), sp.eos_id())
     assert tok.identity.vocab_size == sp.get_piece_size()
     forced = load_tokenizer(str(model), bos="default")  # the model's own BOS piece, always
@@ -62,14 +75,52 @@ def test_the_ids_are_sentencepieces_with_its_bos_and_eos_around_them(model):
         start += n
 
 
+@pytest.mark.parametrize("engine", ["gigatoken", "sentencepiece"])
 @settings(max_examples=60, deadline=None)
 @given(texts=st.lists(st.text(max_size=80), min_size=1, max_size=8))
-def test_any_text_encodes_as_sentencepiece_does(tmp_path_factory, texts):
+def test_any_text_encodes_as_sentencepiece_does(tmp_path_factory, engine, texts):
     model = trained("bpe", str(tmp_path_factory.mktemp("bpe")))
     sp = spm.SentencePieceProcessor(model_file=str(model))
-    flat, lengths = load_tokenizer(str(model), bos=None, eos=None).encode_batch(texts)
+    tok = load_tokenizer(str(model), bos=None, eos=None, engine=engine)
+    flat, lengths = tok.encode_batch(texts)
     assert flat.tolist() == [i for t in texts for i in sp.encode(t)]
     assert lengths.tolist() == [len(sp.encode(t)) for t in texts]
+
+
+@pytest.mark.parametrize("version", ["v1", "v3", "v7"])
+def test_mistrals_own_models_encode_as_sentencepiece_does(version):
+    path = mistral_model(version)
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    # A `.model.v3` file is named for its version: a folder-free spec needs the .model suffix,
+    # so the engine is loaded through the registry directly here.
+    from packtool.tokenizer.engines import Source, engine
+
+    source = Source(kind="sentencepiece", where=str(path), path=str(path))
+    texts = [*stdlib_sample(every=40), *probe_texts([sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.IsControl(i)])]  # fmt: skip
+    giga = engine("gigatoken").open(source, 2)
+    flat, lengths = giga.flat(giga.encode(texts))
+    want = sp.encode(texts)
+    assert [d.tolist() for d in np.split(flat, np.cumsum(lengths)[:-1])] == want
+
+
+@pytest.mark.parametrize("form", SENTENCEPIECE_FORMS)
+def test_both_tokenizer_json_forms_of_a_real_model_give_sentencepieces_ids(tmp_path, form):
+    from tokenizers import Tokenizer
+
+    model = mistral_model("v1")
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    path = sentencepiece_json(model, form, tmp_path / form / "tokenizer.json")
+    texts = list(stdlib_sample(every=40))
+    want = [sp.encode(t) for t in texts]
+    hf = Tokenizer.from_file(str(path))  # the file is a faithful conversion ...
+    assert [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)] == want
+    tok = load_tokenizer(str(path))  # ... which gigatoken encodes, BOS by the post-processor
+    assert (tok.identity.engine, tok.engine_note) == ("gigatoken", "")
+    assert (tok.identity.bos_id, tok.identity.eos_id) == (sp.bos_id(), sp.eos_id())
+    flat, lengths = tok.encode_batch(texts)
+    assert [d.tolist() for d in np.split(flat, np.cumsum(lengths)[:-1])] == [
+        [1, *w, 2] for w in want
+    ]
 
 
 def test_a_folder_with_tokenizer_model_and_no_tokenizer_json(model):
@@ -88,7 +139,8 @@ def test_pack_and_verify_with_a_model_file(tmp_path, model):
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in stdlib_sample(every=200)))
     code, out, err = run("pack", corpus, "-o", tmp_path / "p", "--tokenizer", model)
     assert code == 0, err
-    assert "(engine sentencepiece" in out and "bos 1 <s> (the SentencePiece model's BOS)" in out
+    assert f"(engine {ENGINE[model.parent.name]}" in out
+    assert "bos 1 <s> (the SentencePiece model's BOS)" in out
     assert run("verify", tmp_path / "p")[0] == 0
     index = json.loads((tmp_path / "p" / "index.json").read_text())
     assert index["tokenizer"]["kind"] == "sentencepiece"
