@@ -463,7 +463,7 @@ def pack_cmd(
 
         return corpus.load_tokenizer() if input_identity(inputs) is None else None
 
-    # Start-up overlaps: the tokenizer loads in one thread (fastokens' builder releases the GIL)
+    # Start-up overlaps: the tokenizer loads in one thread (the Rust builders release the GIL)
     # while this one imports the packer (numba) and another loads its kernels from numba's
     # cache. Errors keep their order: the tokenizer's surface only where it is awaited below.
     loader = ThreadPoolExecutor(1, thread_name_prefix="packtool-tokenizer")
@@ -534,6 +534,7 @@ def main(argv: list[str] | None = None) -> None:
     # imports and numba's kernel loading: 0.3-0.45 s with the GIL held. A command is one
     # short process whose data is arrays, not cycles; collections stay on, just rarer.
     gc.set_threshold(10_000, 10, 10)
+    os.environ.setdefault("PACKTOOL_NUMBA_EXTENSIONS", "0")  # packtool/pack/warmup.py says why
     try:
         cli.main(args=argv, prog_name="packtool", standalone_mode=False)
     except PacktoolError as exc:

@@ -96,8 +96,9 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             metavar="auto|NAME[,NAME]",
             help="What encodes: auto = the fastest engine that loads this tokenizer and gives "
-            "the reference library's ids on a probe text (fastokens, else tokenizers / "
-            "tiktoken); or engine names tried in order. Ids never depend on it.",
+            "the reference library's ids on a probe text (fastokens or gigatoken, else "
+            "tokenizers / tiktoken / sentencepiece); or engine names tried in order. Ids never "
+            "depend on it.",
         ),
         click.option(
             "--eos-id",

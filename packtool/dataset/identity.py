@@ -38,7 +38,8 @@ class TokenizerIdentity:
     sha256: str
     """Hash of the vocabulary (the file, or the ranks) so a changed tokenizer is noticed."""
     engine: str | None = None
-    """The library that encoded (`fastokens`, `tokenizers`, `tiktoken`, `byte`); None when not
+    """The library that encoded (`fastokens`, `gigatoken`, `tokenizers`, `tiktoken`,
+    `sentencepiece`, `byte`); None when not
     recorded. Not compared by `matches`: every engine gives the reference library's ids."""
 
     def to_dict(self) -> dict[str, Any]:

@@ -21,7 +21,6 @@ version, under the user's cache folder:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -75,21 +74,12 @@ def library_version(module: str) -> str | None:
     return ";".join([version, *native])
 
 
-def engine_stamp(module: str) -> str | None:
+def engine_stamp(module: str, probe: str) -> str | None:
     """What a recorded check of the engine in `module` must match: the installed library
-    (`library_version`) and the probe text (a changed probe never reuses an old verdict)."""
+    (`library_version`) and the probe text's digest (a changed probe never reuses an old
+    verdict: `packtool.tokenizer.choice.probe_digest`)."""
     version = library_version(module)
-    return None if version is None else f"{version}|{_probe_digest()}"
-
-
-@functools.lru_cache(maxsize=1)
-def _probe_digest() -> str:
-    from packtool.tokenizer.engines import probe_texts
-
-    h = hashlib.sha256()
-    for t in probe_texts():
-        h.update(t.encode("utf-8", "surrogatepass") + b"\0")
-    return h.hexdigest()[:16]
+    return None if version is None else f"{version}|{probe}"
 
 
 @dataclass

@@ -1,25 +1,20 @@
 """Tokenizer engines: the libraries that turn text into ids, in one registry, fastest first.
 
-A tokenizer *file* (a `tokenizer.json`, a tiktoken ranks file) defines the ids; its *reference*
-library (`tokenizers`, `tiktoken`) is the ground truth. Other engines encode the same files
-faster. `choose_engine` picks, for one loaded tokenizer, the first engine of `ENGINES` (ordered by
-measured speed, docs/tokenize.md) that
-
-1. supports the file's kind and is installed,
-2. loads the file (engines refuse what they do not implement: fastokens refuses e.g. Metaspace /
-   SentencePiece-style pre-tokenizers and BERT normalizers), and
-3. gives exactly the reference library's ids on `probe_texts` (special characters, long
-   whitespace and digit runs, CJK, emoji, and every added token of this tokenizer).
-
-The reference libraries pass by definition, so the choice never changes an id; it only changes
-the speed. Each engine's encoder returns one batch's ids as a flat uint32 array plus per-document
-lengths, without per-token Python objects where the library allows it (fastokens hands over one
-flat buffer).
-"""
+A tokenizer *file* (a `tokenizer.json`, a tiktoken ranks file, a SentencePiece model) defines the
+ids; its *reference* library (`tokenizers`, `tiktoken`, `sentencepiece`) is the ground truth.
+Other engines encode the same files faster. `ENGINES` lists them in the order `auto` tries them
+(by measured speed, docs/tokenize.md; an engine's `first_for` moves it ahead for the tokenizers
+it is fastest on); packtool/tokenizer/choice.py picks one per tokenizer behind a self-check, so
+the choice never changes an id. Each engine's encoder returns one batch's ids as a flat uint32
+array plus per-document lengths, without per-token Python objects where the library allows it
+(fastokens and gigatoken hand over flat buffers)."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -81,6 +76,8 @@ class Engine:
     """The import name; also what `pip install` takes."""
     open: Callable[[Source, int], Encoder]
     """Build an encoder for `source` encoding with `workers` threads; raises `EngineRefused`."""
+    first_for: Callable[[Source], bool] | None = None
+    """Tokenizers this engine is tried first for, ahead of the registry order (auto only)."""
 
 
 def limit_threads(workers: int | None) -> None:
@@ -153,11 +150,11 @@ def _open_fastokens(source: Source, workers: int) -> Encoder:
                 )
         return _FastokensEncoder(tok, True)
     except (ValueError, OSError, TypeError) as exc:
-        raise EngineRefused(_one_line(exc)) from None
+        raise EngineRefused(one_line(exc)) from None
     except BaseException as exc:  # a Rust panic (pyo3 PanicException) is a BaseException
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        raise EngineRefused(f"{type(exc).__name__}: {_one_line(exc)}") from None
+        raise EngineRefused(f"{type(exc).__name__}: {one_line(exc)}") from None
 
 
 def _write_ranks(path: Path, ranks: dict[bytes, int]) -> None:
@@ -175,7 +172,7 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 _GIGATOKEN_SCHEMES: dict[str, str] = {}
 """tiktoken split pattern -> the name of gigatoken's pre-tokenizer for it (filled on first use)."""
 _POOL_PID: int | None = None
-"""The process that first encoded in parallel: gigatoken's rayon pool lives there."""
+"""The process that first encoded through gigatoken's rayon pool: the pool lives there."""
 
 
 class _GigatokenEncoder:
@@ -211,7 +208,12 @@ def _open_gigatoken(source: Source, workers: int) -> Encoder:
         if source.kind == "hf":
             tok = gigatoken.Tokenizer.from_json(source.json)
         elif source.kind == "sentencepiece":
-            tok = gigatoken.Tokenizer.from_json(_sentencepiece_json(source))
+            try:
+                tok = gigatoken.Tokenizer.from_json(_sentencepiece_json(source))
+            except BaseException as exc:  # a damaged cached conversion: convert it again
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                tok = gigatoken.Tokenizer.from_json(_sentencepiece_json(source, cached=False))
         else:
             scheme = _gigatoken_scheme(source.pattern or "")
             path = source.path
@@ -223,28 +225,53 @@ def _open_gigatoken(source: Source, workers: int) -> Encoder:
     except EngineRefused:
         raise
     except (ValueError, OSError, TypeError, KeyError, ImportError) as exc:
-        raise EngineRefused(_one_line(exc)) from None
+        raise EngineRefused(one_line(exc)) from None
     except BaseException as exc:  # a Rust panic (pyo3 PanicException) is a BaseException
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        raise EngineRefused(f"{type(exc).__name__}: {_one_line(exc)}") from None
+        raise EngineRefused(f"{type(exc).__name__}: {one_line(exc)}") from None
 
 
-def _sentencepiece_json(source: Source) -> str:
+def _sentencepiece_json(source: Source, cached: bool = True) -> str:
     """A SentencePiece model as a tokenizer.json, with no added tokens.
 
     sentencepiece never matches its control pieces (`<s>`, `</s>`) in the text, so the added
     tokens gigatoken's conversion lists are dropped (the self-check holds the result to
     sentencepiece's ids either way). The conversion is gigatoken's own, an internal module:
-    if it moves, this engine refuses and `sentencepiece` encodes.
+    if it moves, this engine refuses and `sentencepiece` encodes. It runs in Python (~0.5 s of
+    CPU with the GIL held for a 32,000-piece model), so its result is kept in the cache folder
+    of the engine checks (`converted/`, by the model's sha256 and gigatoken's build) and read
+    back on later loads (unless `cached` is false); a cache that cannot be read or written, or
+    a damaged one, only means converting again.
     """
     import json
 
     from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
 
-    spec = json.loads(sentencepiece_to_tokenizer_json(storage.read_bytes(source.path or "")))
+    data = storage.read_bytes(source.path or "")
+    kept = _converted_path(data)
+    if kept is not None and cached:
+        try:
+            return storage.read_bytes(kept).decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            pass
+    spec = json.loads(sentencepiece_to_tokenizer_json(data))
     spec["added_tokens"] = []
-    return json.dumps(spec)
+    text = json.dumps(spec)
+    if kept is not None:
+        with contextlib.suppress(OSError):  # a cache that cannot be written: convert next time
+            writing.write_atomic(kept, text.encode("utf-8"), make_parent=True)
+    return text
+
+
+def _converted_path(model: bytes) -> Path | None:
+    from packtool.tokenizer.engine_checks import cache_dir, library_version
+
+    folder, version = cache_dir(), library_version("gigatoken")
+    if folder is None or version is None:
+        return None
+    key = hashlib.sha256(model + b"\0" + version.encode()).hexdigest()[:32]
+    return folder / "converted" / f"sentencepiece-{key}.json"
 
 
 def _gigatoken_scheme(pattern: str) -> str:
@@ -283,7 +310,7 @@ def _open_tokenizers(source: Source, workers: int) -> Encoder:
     try:
         return _HFEncoder(HFTok.from_str(source.json))
     except Exception as exc:  # the library raises plain Exception on a bad file
-        raise EngineRefused(_one_line(exc)) from None
+        raise EngineRefused(one_line(exc)) from None
 
 
 # --- tiktoken (reference for ranks files) ----------------------------------------------------
@@ -328,7 +355,7 @@ def _open_tiktoken(source: Source, workers: int) -> Encoder:
     try:
         return _TiktokenEncoder(tiktoken_encoding(source), workers)
     except ValueError as exc:
-        raise EngineRefused(_one_line(exc)) from None
+        raise EngineRefused(one_line(exc)) from None
 
 
 # --- sentencepiece ----------------------------------------------------------------------------
@@ -355,17 +382,37 @@ def _open_sentencepiece(source: Source, workers: int) -> Encoder:
     try:
         sp = sentencepiece.SentencePieceProcessor(model_file=source.path)
     except (RuntimeError, OSError) as exc:
-        raise EngineRefused(f"not a SentencePiece model ({_one_line(exc)})") from None
+        raise EngineRefused(f"not a SentencePiece model ({one_line(exc)})") from None
     return _SentencePieceEncoder(sp, workers)
 
 
+def _splits_with_a_pattern(source: Source) -> bool:
+    """A ranks file, or a tokenizer.json with a `Split` pre-tokenizer (Llama 3, Qwen, DeepSeek):
+    fastokens runs such a pattern through PCRE2, ~5x slower than its GPT-2 ByteLevel split."""
+    return source.kind == "tiktoken" or (
+        source.json is not None and _SPLIT.search(source.json) is not None
+    )
+
+
+_SPLIT = re.compile(r'(?<!\\)"type"\s*:\s*"Split"')
+"""A `Split` pre-tokenizer in tokenizer.json text (a token's text has its quotes escaped)."""
+
 ENGINES: tuple[Engine, ...] = (
-    # Fastest first (docs/tokenize.md measures them). gigatoken encoded every shape measured
-    # (GPT-2's ByteLevel, a Split regex, both SentencePiece forms, .model files) at 1.3-6x
-    # fastokens and 10-40x the reference libraries, with identical ids; fastokens next (it loads
-    # split patterns gigatoken has no pre-tokenizer for); then the reference libraries.
-    Engine("gigatoken", ("hf", "tiktoken", "sentencepiece"), False, "gigatoken", _open_gigatoken),
+    # Fastest first, end to end (docs/tokenize.md "Choosing the engine"). fastokens: GPT-2's
+    # ByteLevel split and SentencePiece's normalizer form, where gigatoken encodes as fast but
+    # costs more to start (its batch result is an awkward Array: ~0.5 s of imports). gigatoken:
+    # first for split patterns (1.4x fastokens end to end on GPT-2's converted file), and next
+    # for what fastokens refuses (the Metaspace form, `.model` files): 10-40x the reference
+    # libraries on every shape measured. Then the reference libraries.
     Engine("fastokens", ("hf", "tiktoken"), False, "fastokens", _open_fastokens),
+    Engine(
+        "gigatoken",
+        ("hf", "tiktoken", "sentencepiece"),
+        False,
+        "gigatoken",
+        _open_gigatoken,
+        first_for=_splits_with_a_pattern,
+    ),  # fmt: skip
     Engine("tiktoken", ("tiktoken",), True, "tiktoken", _open_tiktoken),
     Engine("tokenizers", ("hf",), True, "tokenizers", _open_tokenizers),
     Engine("sentencepiece", ("sentencepiece",), True, "sentencepiece", _open_sentencepiece),
@@ -373,7 +420,7 @@ ENGINES: tuple[Engine, ...] = (
 ENGINE_NAMES = tuple(e.name for e in ENGINES)
 
 
-def _one_line(value: Any, limit: int = 240) -> str:
+def one_line(value: Any, limit: int = 240) -> str:
     text = " ".join(str(value).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -388,8 +435,10 @@ def engine(name: str) -> Engine:
     )
 
 
-def parse_engines(spec: str, kind: str) -> tuple[list[Engine], bool]:
+def parse_engines(spec: str, kind: str, source: Source | None = None) -> tuple[list[Engine], bool]:
     """`auto` or a comma-separated list of engine names -> (engines to try in order, forced).
+
+    `auto` is the registry order, with the engines whose `first_for` takes `source` ahead.
 
     Raises:
         ConfigError: an unknown name, or a name that does not load this tokenizer kind.
@@ -397,7 +446,9 @@ def parse_engines(spec: str, kind: str) -> tuple[list[Engine], bool]:
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"tokenizer engine must be 'auto' or engine names, got {spec!r}")
     if spec.strip() == "auto":
-        return [e for e in ENGINES if kind in e.kinds], False
+        fit = [e for e in ENGINES if kind in e.kinds]
+        ahead = [e for e in fit if source is not None and e.first_for and e.first_for(source)]
+        return ahead + [e for e in fit if e not in ahead], False
     chosen = [engine(n.strip()) for n in spec.split(",") if n.strip()]
     for e in chosen:
         if kind not in e.kinds:
@@ -410,153 +461,3 @@ def parse_engines(spec: str, kind: str) -> tuple[list[Engine], bool]:
                 f"{fit} (or auto)"
             )
     return chosen, True
-
-
-# --- the self-check -------------------------------------------------------------------------
-
-_PIECES = (
-    "Hello, world! It's a test: don't, won't, I'LL, we've, they'RE.",
-    "x = 1234567890123456789; y=3.14159; z = 1,000,000 + 0x1F + 1e-9 + ٣٤٥ + １２３",
-    "日本語のテキスト、中文文本。한국어 텍스트 ｶﾀｶﾅ",
-    "emoji 🤗🚀👍🏽👨‍👩‍👧‍👦 🇫🇷 ✓ ♥",
-    "café cafe\u0301 Å Ǆ ﬁ ß ΣΑΣ İstanbul",
-    "مرحبا بالعالم नमस्ते สวัสดี Привет",
-    "def f(x):\n    return x**2  # comment\n\n\n\tif x:\r\n\t\tpass\n",
-    "!!!???...---___***### <<>> {{}} [[]] ``` ''' \"\"\"",
-    "ctrl \x00\x01\x1f\x7f zero\u200bwidth\u200d joiner \ufeff bom \u00a0nbsp\u3000ideo",
-    "<|endoftext|> <|endoftext <| endoftext |> <|im_start|>user<|im_end|> </s><s>[CLS][SEP]",
-    " leading",
-    "trailing   ",
-    "   ",
-    "\n",
-    "a",
-)
-
-
-def probe_texts(added: Sequence[str] = ()) -> list[str]:
-    """The built-in probe: the pieces above, long runs, and this tokenizer's added tokens.
-
-    Deterministic (a seeded generator), about 300 documents and 200 kB.
-    """
-    rng = np.random.default_rng(0)
-    runs = [c * n for c in (" ", "\t", "\n", "0", "7", "a", "ab", "\u3000", "é", "😀") for n in (2, 3, 17, 300, 5000)]  # fmt: skip
-    runs += ["  \n \n\t \n  " * 50, " " * 1000 + "x", "x" + " " * 1000, "1 " * 2000]
-    added = [a for a in added if a]
-    words = [*_PIECES, *added, " ", "  ", "\n", "word", "Word", "123"]
-    texts = [*_PIECES, *runs]
-    for a in added:  # alone, glued to text, padded: exercises lstrip / rstrip / single_word
-        texts += [a, f"x{a}y", f" {a} ", f"\n{a}\n", f"{a}{a}", f"word {a}word"]
-    for _ in range(160):
-        n = int(rng.integers(2, 12))
-        texts.append("".join(words[i] for i in rng.integers(0, len(words), n)))
-    texts.append("".join(_PIECES) * 40 + "".join(runs[:10]))  # one long document (~100 kB)
-    return texts
-
-
-def _ids(encoder: Encoder, texts: list[str]) -> list[list[int]]:
-    flat, lengths = encoder.flat(encoder.encode(texts))
-    ends = np.cumsum(lengths)
-    return [flat[e - n : e].tolist() for e, n in zip(ends, lengths, strict=True)]
-
-
-def self_check(candidate: Encoder, reference: Encoder, added: Sequence[str]) -> str | None:
-    """None when `candidate` gives `reference`'s ids on the probe, else what differs (one line)."""
-    texts = probe_texts(added)
-    try:
-        got = _ids(candidate, texts)
-    except BaseException as exc:
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        return f"failed on the probe text ({type(exc).__name__}: {_one_line(exc, 120)})"
-    want = _ids(reference, texts)
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        if g != w:
-            return f"ids differ from the reference on probe text {texts[i][:40]!r}"
-    # One by one too: an engine may batch differently from how it encodes a single document.
-    for i in (0, 3, len(texts) - 1):
-        if _ids(candidate, [texts[i]]) != [want[i]]:
-            return f"ids differ from the reference on probe text {texts[i][:40]!r} alone"
-    return None
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The outcome of `choose_engine`."""
-
-    engine: str
-    encoder: Encoder
-    note: str = ""
-    """Why faster engines were passed over (one line), or "" when the fastest was used."""
-    checked: str = ""
-    """How the ids were proven: `probe` (the self-check ran), `record` (a passed check was
-    recorded for this file and these versions, packtool/tokenizer/engine_checks.py), "" (the reference)."""
-    failed: tuple[str, ...] = ()
-    """Engines that loaded the tokenizer and failed the self-check here (to be recorded)."""
-
-
-def choose_engine(
-    source: Source,
-    reference: Callable[[], Encoder],
-    reference_name: str,
-    *,
-    spec: str = "auto",
-    workers: int = 1,
-    added: Callable[[], Sequence[str]] = tuple,
-    proven: Callable[[Engine], bool] = lambda e: False,
-    failed: Callable[[Engine], bool] = lambda e: False,
-    opener: Callable[[Engine], Encoder] | None = None,
-) -> Choice:
-    """The engine that encodes `source`: the first of `spec` that loads it and passes the probe.
-
-    Args:
-        source: the tokenizer.
-        reference: returns the reference library's encoder for it (the caller may be loading it
-            in another thread meanwhile: a large tokenizer.json takes a second per library).
-        reference_name: that library's engine name.
-        spec: `auto` (the registry order) or engine names, comma-separated (tried in order; the
-            reference library may be among them).
-        workers: encoding threads.
-        added: returns the tokenizer's added-token texts, for the probe.
-        proven: whether an engine already passed the probe for this tokenizer with its
-            installed version (a record, packtool/tokenizer/engine_checks.py): then it is not run again.
-        failed: whether an engine already failed the probe for it with its installed version (a
-            record): then it is passed over without loading it.
-        opener: builds an engine's encoder (default `engine.open(source, workers)`; the caller
-            may have started building one in another thread).
-
-    Raises:
-        ConfigError: none of the named engines can encode this tokenizer exactly (the message
-            names the file, each engine's reason and what to do).
-    """
-    engines, forced = parse_engines(spec, source.kind)
-    passed_over: list[str] = []
-    failures: list[str] = []
-    for e in engines:
-        if e.name == reference_name:
-            return Choice(e.name, reference(), "; ".join(passed_over), failed=tuple(failures))
-        try:
-            __import__(e.module)
-        except ImportError:
-            passed_over.append(f"{e.name} is not installed (pip install {e.module})")
-            continue
-        if not e.reference and failed(e):
-            passed_over.append(f"{e.name} failed the self-check on this tokenizer (recorded)")
-            continue
-        try:
-            candidate = opener(e) if opener is not None else e.open(source, workers)
-        except EngineRefused as exc:
-            passed_over.append(f"{e.name} cannot load it ({exc})")
-            continue
-        if e.reference or proven(e):
-            checked = "" if e.reference else "record"
-            return Choice(e.name, candidate, "; ".join(passed_over), checked, tuple(failures))
-        problem = self_check(candidate, reference(), added())
-        if problem is None:
-            return Choice(e.name, candidate, "; ".join(passed_over), "probe", tuple(failures))
-        passed_over.append(f"{e.name} {problem}")
-        failures.append(e.name)
-    fallback = "auto" if forced else reference_name
-    raise ConfigError(
-        f"{source.where}: no tokenizer engine of {spec!r} can encode this tokenizer exactly: "
-        f"{'; '.join(passed_over)}; use --tokenizer-engine {fallback}"
-    )

@@ -26,6 +26,7 @@ from packtool.dataset.identity import (
 )
 from packtool.errors import ConfigError
 from packtool.storage import local as storage
+from packtool.tokenizer.choice import choose_engine, probe_digest
 from packtool.tokenizer.engine_checks import engine_stamp, open_record
 from packtool.tokenizer.engines import (
     GPT2_PATTERN,
@@ -33,7 +34,6 @@ from packtool.tokenizer.engines import (
     Engine,
     EngineRefused,
     Source,
-    choose_engine,
     flatten_lists,
     limit_threads,
     parse_engines,
@@ -294,7 +294,7 @@ def load_tokenizer(
             `FASTOKENS_BPE_THREADS` when they are not set (see `limit_threads`).
         engine: `auto` (the fastest engine that loads this tokenizer and passes the self-check on
             a probe text; the reference library otherwise) or engine names, comma-separated, tried
-            in order (`fastokens`, `tokenizers`, `tiktoken`).
+            in order (`fastokens`, `gigatoken`, `tokenizers`, `tiktoken`, `sentencepiece`).
 
     Raises:
         ConfigError: unknown spec, unreadable tokenizer, no default EOS/BOS to be found, or no
@@ -340,12 +340,14 @@ def load_tokenizer(
         source, sha_of = _hf_source(files)
     ref_name = REFERENCE[files.kind]
     threads = workers or _cpu_count()
-    candidates, _ = parse_engines(engine, source.kind)
+    candidates, _ = parse_engines(engine, source.kind, source)
     with ThreadPoolExecutor(2, thread_name_prefix="packtool-load") as pool:
         # The fastest candidate builds first, in a thread: fastokens' builder releases the GIL
         # (~0.4 s for GPT-2), the reference library's holds it. The reference library loads
         # only when needed: for the probe or the vocabulary, unless a record has both.
-        stamps = {e.name: engine_stamp(e.module) for e in candidates if not e.reference}
+        stamps = {
+            e.name: engine_stamp(e.module, probe_digest()) for e in candidates if not e.reference
+        }
         sha = sha_of()
         record = open_record(sha, ref_name)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +21,14 @@ from tests.packtool.tokenizer_shapes import build, stdlib_sample
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory) -> Path:
-    return build("gpt2", tmp_path_factory.mktemp("gpt2") / "gpt2", single_word=False)
+    """A Llama-3-shaped tokenizer (a Split regex: gigatoken first, and it passes the probe)."""
+    return build("llama3", tmp_path_factory.mktemp("gpt2") / "gpt2", single_word=False)
 
 
 @pytest.fixture(scope="module")
 def single_word(tmp_path_factory) -> Path:
-    """A GPT-2 shape with a `single_word` added token: gigatoken fails the probe on it."""
-    return build("gpt2", tmp_path_factory.mktemp("single") / "gpt2")
+    """A Llama-3 shape with a `single_word` added token: gigatoken fails the probe on it."""
+    return build("llama3", tmp_path_factory.mktemp("single") / "llama3")
 
 
 @pytest.fixture
@@ -65,7 +67,7 @@ def test_the_second_load_uses_the_record_and_gives_the_same_ids(gpt2, records, r
     [path] = records.iterdir()
     stored = json.loads(path.read_text())
     assert stored["base_vocab"] == first.identity.vocab_size
-    assert stored["names"]["<|endoftext|>"] == first.identity.eos_id
+    assert stored["names"]["<|end_of_text|>"] == first.identity.eos_id
     assert list(stored["proven"]) == ["gigatoken"]
 
     second = load_tokenizer(str(gpt2))
@@ -91,12 +93,9 @@ def test_a_failed_probe_is_recorded_and_the_engine_skipped_next_time(
     assert (list(stored["proven"]), list(stored["failed"])) == (["fastokens"], ["gigatoken"])
     built: list[str] = []
     engines = tuple(
-        tokenizer_engines.Engine(
-            e.name, e.kinds, e.reference, e.module,
-            (lambda f, n: lambda s, w: built.append(n) or f(s, w))(e.open, e.name),
-        )
+        replace(e, open=(lambda f, n: lambda s, w: built.append(n) or f(s, w))(e.open, e.name))
         for e in tokenizer_engines.ENGINES
-    )  # fmt: skip
+    )
     monkeypatch.setattr(tokenizer_engines, "ENGINES", engines)
     second = load_tokenizer(str(single_word))
     assert (second.identity.engine, second.engine_check) == ("fastokens", "record")
@@ -174,13 +173,16 @@ def test_another_reference_version_is_another_record(gpt2, records, monkeypatch)
 def test_a_stale_record_never_keeps_an_engine_that_now_fails(gpt2, records, monkeypatch):
     """An engine whose ids became wrong under a new version is caught by the probe again."""
     from packtool.tokenizer import engines as tokenizer_engines
-    from packtool.tokenizer.engines import Engine
     from tests.packtool.tokenizer.test_engines import _WrongIds
 
     assert load_tokenizer(str(gpt2)).engine_check == "probe"
-    fast = tokenizer_engines.engine("gigatoken")
-    wrong = Engine("gigatoken", fast.kinds, False, "gigatoken", lambda s, w: _WrongIds(fast.open(s, w)))  # fmt: skip
-    monkeypatch.setattr(tokenizer_engines, "ENGINES", (wrong, *tokenizer_engines.ENGINES[1:]))
+    giga = tokenizer_engines.engine("gigatoken")
+    wrong = replace(giga, open=lambda s, w: _WrongIds(giga.open(s, w)))
+    monkeypatch.setattr(
+        tokenizer_engines,
+        "ENGINES",
+        tuple(wrong if e is giga else e for e in tokenizer_engines.ENGINES),
+    )
     real = engine_checks.library_version
     monkeypatch.setattr(engine_checks, "library_version", lambda m: real(m) + "-new")
     tok = load_tokenizer(str(gpt2))

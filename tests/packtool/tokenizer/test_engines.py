@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import pickle
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,8 @@ from hypothesis import strategies as st
 
 from packtool.errors import ConfigError
 from packtool.tokenizer import engines as tokenizer_engines
-from packtool.tokenizer.engines import ENGINE_NAMES, Engine, probe_texts
+from packtool.tokenizer.choice import probe_texts
+from packtool.tokenizer.engines import ENGINE_NAMES, Engine
 from packtool.tokenizer.tokenizers import GPT2_PATTERN, load_tokenizer
 from tests.cli import one_error_line, run
 from tests.packtool.tokenizer_shapes import (
@@ -86,21 +88,35 @@ def engines_for(kind: str) -> list[str]:
 # --- ids: every engine path, real text --------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", GIGATOKEN_SHAPES)
-def test_auto_picks_gigatoken_and_fastokens_where_gigatoken_differs(shapes, plain, shape):
+@pytest.mark.parametrize("shape", FAST_SHAPES)
+def test_auto_picks_fastokens_unless_the_tokenizer_splits_with_a_pattern(shapes, plain, shape):
+    # ByteLevel's own split (gpt2, lowercase): fastokens; a Split regex (llama3, qwen): gigatoken,
+    # unless its ids differ (a single_word added token), then fastokens.
+    split = shape in ("llama3", "qwen")
     tok = load_tokenizer(str(plain[shape]))
-    assert (tok.identity.engine, tok.engine_note) == ("gigatoken", "")
-    tok = load_tokenizer(str(shapes[shape]))  # with a single_word added token
+    assert (tok.identity.engine, tok.engine_note) == ("gigatoken" if split else "fastokens", "")
+    tok = load_tokenizer(str(shapes[shape]))
     assert tok.identity.engine == "fastokens"
-    assert tok.engine_note.startswith("gigatoken ids differ from the reference on probe text")
+    if split:
+        assert tok.engine_note.startswith("gigatoken ids differ from the reference on probe text")
+    else:
+        assert tok.engine_note == ""
 
 
-def test_a_normalizer_gigatoken_refuses_goes_to_fastokens(plain):
-    tok = load_tokenizer(str(plain["lowercase"]))
+def test_a_split_tokenizer_gigatoken_refuses_goes_to_fastokens(plain, tmp_path):
+    spec = json.loads(plain["llama3"].read_text())
+    spec["normalizer"] = {"type": "Lowercase"}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec))
+    tok = load_tokenizer(str(path))
     assert tok.identity.engine == "fastokens"
     assert (
         tok.engine_note.startswith("gigatoken cannot load it (") and "Lowercase" in tok.engine_note
     )
+    texts = list(stdlib_sample()[:20])
+    assert split(*tok.encode_batch(texts)) == [
+        ids + [tok.identity.eos_id] for ids in hf_reference(path, texts)
+    ]
 
 
 # Every engine that loads each shape (the fast engines refuse REFUSED_SHAPES: tested further down).
@@ -253,23 +269,26 @@ class _WrongIds:
         return flat + np.uint32(1), lengths
 
 
+def _replaced(name: str, engine: Engine) -> tuple[Engine, ...]:
+    return tuple(engine if e.name == name else e for e in tokenizer_engines.ENGINES)
+
+
 def test_an_engine_that_fails_the_self_check_is_not_used(plain, monkeypatch):
     giga = tokenizer_engines.engine("gigatoken")
-    wrong = Engine("gigatoken", giga.kinds, False, "gigatoken", lambda s, w: _WrongIds(giga.open(s, w)))  # fmt: skip
-    monkeypatch.setattr(tokenizer_engines, "ENGINES", (wrong, *tokenizer_engines.ENGINES[1:]))
-    monkeypatch.setenv("PACKTOOL_CACHE_DIR", "")  # no record of the real engine's pass
-    tok = load_tokenizer(str(plain["gpt2"]))
+    wrong = replace(giga, open=lambda s, w: _WrongIds(giga.open(s, w)))
+    monkeypatch.setattr(tokenizer_engines, "ENGINES", _replaced("gigatoken", wrong))
+    tok = load_tokenizer(str(plain["llama3"]))  # a Split regex: gigatoken first
     assert tok.identity.engine == "fastokens"
     assert "gigatoken ids differ from the reference on probe text" in tok.engine_note
     with pytest.raises(ConfigError, match="gigatoken ids differ from the reference"):
-        load_tokenizer(str(plain["gpt2"]), engine="gigatoken")
+        load_tokenizer(str(plain["llama3"]), engine="gigatoken")
 
 
 def test_a_missing_engine_is_skipped(plain, monkeypatch):
     giga = tokenizer_engines.engine("gigatoken")
-    gone = Engine("gigatoken", giga.kinds, False, "gigatoken_not_installed", giga.open)
-    monkeypatch.setattr(tokenizer_engines, "ENGINES", (gone, *tokenizer_engines.ENGINES[1:]))
-    tok = load_tokenizer(str(plain["gpt2"]))
+    gone = replace(giga, module="gigatoken_not_installed")
+    monkeypatch.setattr(tokenizer_engines, "ENGINES", _replaced("gigatoken", gone))
+    tok = load_tokenizer(str(plain["llama3"]))
     assert tok.identity.engine == "fastokens"
     assert "gigatoken is not installed (pip install gigatoken_not_installed)" in tok.engine_note
 
@@ -372,5 +391,20 @@ def test_a_fallback_is_noted_on_stderr(shapes, tmp_path):
     corpus.write_text('{"text": "hello world"}\n')
     code, out, err = run("stats", corpus, "--tokenizer", shapes["metaspace"])
     assert code == 0
-    assert err.startswith("note: gigatoken cannot load it (") and "encoding with tokenizers" in err
-    assert "fastokens cannot load it (" in err
+    assert err.startswith("note: fastokens cannot load it (") and "encoding with tokenizers" in err
+    assert "gigatoken cannot load it (" in err
+
+
+def test_split_patterns_are_told_from_token_texts_that_look_like_them():
+    from packtool.tokenizer.engines import Source, _splits_with_a_pattern
+
+    def hf(text: str) -> Source:
+        return Source(kind="hf", where="t.json", json=text)
+
+    split = {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split"}]}}
+    assert _splits_with_a_pattern(hf(json.dumps(split)))
+    assert _splits_with_a_pattern(hf(json.dumps(split, indent=2)))
+    assert not _splits_with_a_pattern(hf(json.dumps({"pre_tokenizer": {"type": "ByteLevel"}})))
+    # A token whose text is `"type": "Split"` is stored with its quotes escaped.
+    assert not _splits_with_a_pattern(hf(json.dumps({"model": {"vocab": {'"type": "Split"': 7}}})))
+    assert _splits_with_a_pattern(Source(kind="tiktoken", where="r.tiktoken"))

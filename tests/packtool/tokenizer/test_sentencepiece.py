@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import ConfigError
-from packtool.tokenizer.engines import probe_texts
+from packtool.tokenizer.choice import probe_texts
 from packtool.tokenizer.tokenizers import load_tokenizer
 from tests.cli import one_error_line, run
 from tests.packtool.tokenizer_shapes import (
@@ -114,8 +114,9 @@ def test_both_tokenizer_json_forms_of_a_real_model_give_sentencepieces_ids(tmp_p
     want = [sp.encode(t) for t in texts]
     hf = Tokenizer.from_file(str(path))  # the file is a faithful conversion ...
     assert [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)] == want
-    tok = load_tokenizer(str(path))  # ... which gigatoken encodes, BOS by the post-processor
-    assert (tok.identity.engine, tok.engine_note) == ("gigatoken", "")
+    tok = load_tokenizer(str(path))  # ... which a fast engine encodes, BOS by the post-processor
+    # fastokens loads the normalizer form, not the Metaspace one: gigatoken encodes that.
+    assert tok.identity.engine == {"normalizer": "fastokens", "metaspace": "gigatoken"}[form]
     assert (tok.identity.bos_id, tok.identity.eos_id) == (sp.bos_id(), sp.eos_id())
     flat, lengths = tok.encode_batch(texts)
     assert [d.tolist() for d in np.split(flat, np.cumsum(lengths)[:-1])] == [
@@ -159,3 +160,30 @@ def test_bad_model_files_and_engines_are_one_line(tmp_path, model):
     corpus.write_text('{"text": "x"}\n')
     code, _, err = run("stats", corpus, "--tokenizer", bad)
     assert code == 1 and "bad.model: not a SentencePiece model" in one_error_line(err)
+
+
+def test_the_conversion_for_gigatoken_is_kept_and_a_damaged_copy_redone(tmp_path, monkeypatch):
+    from gigatoken._load import sentencepiece as conversion
+
+    monkeypatch.setenv("PACKTOOL_CACHE_DIR", str(tmp_path / "cache"))
+    model = trained("bpe", str(tmp_path))
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    texts = list(stdlib_sample(every=150))
+    want = [i for t in texts for i in sp.encode(t)]
+
+    def ids() -> list[int]:
+        tok = load_tokenizer(str(model), bos=None, eos=None)
+        assert tok.identity.engine == "gigatoken"
+        return tok.encode_batch(texts)[0].tolist()
+
+    assert ids() == want
+    [kept] = (tmp_path / "cache" / "converted").iterdir()
+    calls: list[int] = []
+    real = conversion.sentencepiece_to_tokenizer_json
+    monkeypatch.setattr(
+        conversion, "sentencepiece_to_tokenizer_json", lambda d: calls.append(1) or real(d)
+    )
+    assert ids() == want and calls == []  # read back, not converted
+    kept.write_text("{not json")
+    assert ids() == want and calls == [1]  # damaged: converted again, and kept again
+    assert json.loads(kept.read_text())["model"]["type"] == "BPE"
