@@ -1,0 +1,44 @@
+"""Kernel warm-up in packtool's own processes skips numba's extension entry points (awkward's,
+installed with the gigatoken engine, imports awkward, fsspec and yaml: ~0.2 s per process);
+a program importing packtool keeps numba's behaviour."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+CHECK = (
+    "import sys; from packtool.pack import warmup; warmup.warm_up(); "
+    "from numba.core import entrypoints; "
+    "print(entrypoints._already_initialized, 'awkward' in sys.modules)"
+)
+
+
+@pytest.mark.parametrize(("setting", "loaded"), [("0", False), (None, True)])
+def test_numba_extensions_are_skipped_only_when_asked(setting, loaded):
+    env = {k: v for k, v in os.environ.items() if k != "PACKTOOL_NUMBA_EXTENSIONS"}
+    if setting is not None:
+        env["PACKTOOL_NUMBA_EXTENSIONS"] = setting
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    # Either way numba counts its extensions as handled; only without the setting did it run
+    # them (awkward's entry point imported awkward).
+    assert out == ["True", str(loaded)]
+
+
+def test_the_cli_sets_it_for_itself_and_its_workers():
+    code = (
+        "import os, sys; from packtool.cli import commands; "
+        "sys.argv = ['packtool', '--help']; "
+        "import contextlib, io\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    commands.main()\n"
+        "print(os.environ.get('PACKTOOL_NUMBA_EXTENSIONS'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PACKTOOL_NUMBA_EXTENSIONS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip().splitlines()[-1] == "0", out.stderr
