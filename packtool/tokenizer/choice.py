@@ -117,8 +117,9 @@ class Choice:
     checked: str = ""
     """How the ids were proven: `probe` (the self-check ran), `record` (a passed check was
     recorded for this file and these versions, packtool/tokenizer/engine_checks.py), "" (the reference)."""
-    failed: tuple[str, ...] = ()
-    """Engines that loaded the tokenizer and failed the self-check here (to be recorded)."""
+    failed: tuple[tuple[str, str], ...] = ()
+    """(engine, why) of the engines that refused the tokenizer or failed the self-check here (to
+    be recorded)."""
 
 
 def choose_engine(
@@ -130,7 +131,7 @@ def choose_engine(
     workers: int = 1,
     added: Callable[[], Sequence[str]] = tuple,
     proven: Callable[[Engine], bool] = lambda e: False,
-    failed: Callable[[Engine], bool] = lambda e: False,
+    failed: Callable[[Engine], str | None] = lambda e: None,
     opener: Callable[[Engine], Encoder] | None = None,
 ) -> Choice:
     """The engine that encodes `source`: the first of `spec` that loads it and passes the probe.
@@ -166,13 +167,15 @@ def choose_engine(
         except ImportError:
             passed_over.append(f"{e.name} is not installed (pip install {e.module})")
             continue
-        if not e.reference and failed(e):
-            passed_over.append(f"{e.name} failed the self-check on this tokenizer (recorded)")
+        if not e.reference and failed(e) is not None:
+            why = failed(e) or "was passed over for this tokenizer"
+            passed_over.append(f"{e.name} {why} (recorded)")
             continue
         try:
             candidate = opener(e) if opener is not None else e.open(source, workers)
         except EngineRefused as exc:
             passed_over.append(f"{e.name} cannot load it ({exc})")
+            failures.append((e.name, f"cannot load it ({exc})"))
             continue
         if e.reference or proven(e):
             checked = "" if e.reference else "record"
@@ -181,7 +184,7 @@ def choose_engine(
         if problem is None:
             return Choice(e.name, candidate, "; ".join(passed_over), "probe", tuple(failures))
         passed_over.append(f"{e.name} {problem}")
-        failures.append(e.name)
+        failures.append((e.name, problem))
     fallback = "auto" if forced else reference_name
     raise ConfigError(
         f"{source.where}: no tokenizer engine of {spec!r} can encode this tokenizer exactly: "

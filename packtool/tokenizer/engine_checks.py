@@ -12,7 +12,8 @@ version, under the user's cache folder:
 - A record holds the vocabulary facts the reference library gave (`base_vocab`, and the id or
   absence of every EOS/BOS name looked up) and, per engine, the engine version and probe
   (`PROBE_VERSION` and a hash of the probe text) that passed, and the same for each engine that
-  failed (a later load skips it instead of loading the reference library to fail it again).
+  refused the file or failed the probe (a later load skips it instead of building it and loading
+  the reference library to fail it again).
 - A record that is missing, unreadable, malformed, written for another file, library version,
   engine version or probe is ignored: the reference library is loaded and the probe runs, as
   without a record. A folder that cannot be written is ignored too. The record saves time; it
@@ -89,15 +90,19 @@ class CheckRecord:
     path: Path
     key: dict[str, Any]
     values: dict[str, Any]
-    """`base_vocab` (int), `names` ({token: id or None}), `proven` and `failed` ({engine: stamp})."""
+    """`base_vocab` (int), `names` ({token: id or None}), `proven` and `failed` ({engine: stamp}),
+    `why` ({engine: why it failed, one line})."""
 
     def proven(self, engine: str, stamp: str | None) -> bool:
         """Whether `engine` passed the self-check with this `stamp` (version and probe)."""
         return stamp is not None and self.values.get("proven", {}).get(engine) == stamp
 
-    def failed(self, engine: str, stamp: str | None) -> bool:
-        """Whether `engine` failed the self-check with this `stamp` (version and probe)."""
-        return stamp is not None and self.values.get("failed", {}).get(engine) == stamp
+    def failed(self, engine: str, stamp: str | None) -> str | None:
+        """Why `engine` refused this file or failed the self-check with this `stamp` (one line,
+        "" when not said); None when it did not."""
+        if stamp is None or self.values.get("failed", {}).get(engine) != stamp:
+            return None
+        return str(self.values.get("why", {}).get(engine, ""))
 
     def vocab(self, names: set[str]) -> tuple[int, dict[str, int]] | None:
         """(base_vocab, {name: id} of the `names` present) if every name was looked up before."""
@@ -113,17 +118,24 @@ class CheckRecord:
         names: dict[str, int | None],
         engine: str,
         stamp: str | None,
-        failed: dict[str, str] | None = None,
+        failed: dict[str, tuple[str, str]] | None = None,
     ) -> None:
         """Add the vocabulary facts, with a `stamp` `engine`'s passed probe, and the `failed`
-        engines' stamps; then store."""
+        engines' (stamp, why); then store."""
         looked = dict(self.values.get("names", {}))
         looked.update(names)
         self.values.update(base_vocab=base_vocab, names=looked)
         if stamp is not None:
             self.values["proven"] = {**self.values.get("proven", {}), engine: stamp}
         if failed:
-            self.values["failed"] = {**self.values.get("failed", {}), **failed}
+            self.values["failed"] = {
+                **self.values.get("failed", {}),
+                **{n: v[0] for n, v in failed.items()},
+            }
+            self.values["why"] = {
+                **self.values.get("why", {}),
+                **{n: v[1] for n, v in failed.items()},
+            }
         self.store()
 
     def store(self) -> None:
@@ -159,7 +171,7 @@ def open_record(sha256: str, reference: str) -> CheckRecord | None:
 def _well_formed(stored: dict[str, Any]) -> bool:
     """Every field of the expected type: a record damaged anywhere is not trusted at all."""
     names = stored.get("names")
-    stamps = [stored.get("proven", {}), stored.get("failed", {})]
+    stamps = [stored.get("proven", {}), stored.get("failed", {}), stored.get("why", {})]
     return (
         type(stored.get("base_vocab")) is int
         and isinstance(names, dict)

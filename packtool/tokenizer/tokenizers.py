@@ -351,10 +351,12 @@ def load_tokenizer(
         sha = sha_of()
         record = open_record(sha, ref_name)
 
-        def failed(e: Engine) -> bool:  # recorded as failing the probe here: not even built
-            return not e.reference and record is not None and record.failed(e.name, stamps[e.name])
+        def failed(e: Engine) -> str | None:  # recorded as failing here: why (not even built)
+            if e.reference or record is None:
+                return None
+            return record.failed(e.name, stamps[e.name])
 
-        first = next((e for e in candidates if not failed(e)), None)
+        first = next((e for e in candidates if failed(e) is None), None)
         first = first if first is not None and not first.reference else None
         building = pool.submit(first.open, source, threads) if first is not None else None
         loading: Future[Encoder] | None = None
@@ -394,7 +396,7 @@ def load_tokenizer(
         choice.checked == "probe" or choice.failed or (source.kind == "hf" and not known)
     ):
         stamp = stamps.get(choice.engine) if choice.checked == "probe" else None
-        fails = {n: v for n in choice.failed if (v := stamps.get(n)) is not None}
+        fails = {n: (v, why) for n, why in choice.failed if (v := stamps.get(n)) is not None}
         record.remember(base_vocab, {n: vocab.get(n) for n in names}, choice.engine, stamp, fails)
     eos_id, eos_from = default_id("eos", eos, vocab, files, spec)
     if bos == "auto":

@@ -101,7 +101,8 @@ def test_a_failed_probe_is_recorded_and_the_engine_skipped_next_time(
     assert (second.identity.engine, second.engine_check) == ("fastokens", "record")
     assert built == ["fastokens"]  # gigatoken not even built
     assert reference_loads == ["tokenizers"]  # nor the reference loaded to fail it again
-    assert "gigatoken failed the self-check on this tokenizer (recorded)" in second.engine_note
+    assert second.engine_note.startswith("gigatoken ids differ from the reference on probe text")
+    assert second.engine_note.endswith("(recorded)")
     assert ids_and_identity(second) == ids_and_identity(first)
     # Under a new gigatoken version the probe runs again (it may pass now).
     real = engine_checks.library_version
@@ -113,6 +114,25 @@ def test_a_failed_probe_is_recorded_and_the_engine_skipped_next_time(
     built.clear()
     third = load_tokenizer(str(single_word))
     assert built[0] == "gigatoken" and third.identity.engine == "fastokens"
+
+
+def test_a_refusal_is_recorded_so_the_next_engine_builds_first(records, reference_loads, tmp_path):
+    """The Metaspace form: fastokens refuses it, gigatoken encodes it. Once recorded, a load
+    builds gigatoken straight away and loads no reference library."""
+    from tests.packtool.tokenizer_shapes import mistral_model, sentencepiece_json
+
+    path = sentencepiece_json(mistral_model("v1"), "metaspace", tmp_path / "m" / "tokenizer.json")
+    first = load_tokenizer(str(path))
+    assert (first.identity.engine, first.engine_check) == ("gigatoken", "probe")
+    assert first.engine_note.startswith("fastokens cannot load it (")
+    [record] = records.iterdir()
+    stored = json.loads(record.read_text())
+    assert list(stored["failed"]) == ["fastokens"] and "Metaspace" in stored["why"]["fastokens"]
+    second = load_tokenizer(str(path))
+    assert (second.identity.engine, second.engine_check) == ("gigatoken", "record")
+    assert second.engine_note == first.engine_note + " (recorded)"  # the same reason, kept
+    assert reference_loads == ["tokenizers"]  # only the first load needed it
+    assert ids_and_identity(second) == ids_and_identity(first)
 
 
 @pytest.mark.parametrize(
