@@ -135,7 +135,7 @@ def _fetch_gpt2_files(files: dict[str, Path]) -> None:
         raise SystemExit(
             f"cannot fetch {url}: {exc}; put GPT-2's vocab.json and merges.txt at "
             f"{files['vocab.json']} and {files['merges.txt']}, or use the converted "
-            "tokenizer.json (bench_e2e --tokenizer-json converted)"
+            "tokenizer.json (bench_e2e --shapes split-regex)"
         ) from None
     if hashlib.sha256(data).hexdigest() != sha256:
         raise SystemExit(f"{url}: sha256 differs from the release's")
