@@ -147,8 +147,9 @@ def choose_engine(
         added: returns the tokenizer's added-token texts, for the probe.
         proven: whether an engine already passed the probe for this tokenizer with its
             installed version (a record, packtool/tokenizer/engine_checks.py): then it is not run again.
-        failed: whether an engine already failed the probe for it with its installed version (a
-            record): then it is passed over without loading it.
+        failed: why an engine already refused this tokenizer or failed the probe with its
+            installed version (a record; "" when not said), or None: a recorded engine is
+            passed over without building it.
         opener: builds an engine's encoder (default `engine.open(source, workers)`; the caller
             may have started building one in another thread).
 
@@ -158,7 +159,7 @@ def choose_engine(
     """
     engines, forced = parse_engines(spec, source.kind, source)
     passed_over: list[str] = []
-    failures: list[str] = []
+    failures: list[tuple[str, str]] = []
     for e in engines:
         if e.name == reference_name:
             return Choice(e.name, reference(), "; ".join(passed_over), failed=tuple(failures))
@@ -167,9 +168,9 @@ def choose_engine(
         except ImportError:
             passed_over.append(f"{e.name} is not installed (pip install {e.module})")
             continue
-        if not e.reference and failed(e) is not None:
-            why = failed(e) or "was passed over for this tokenizer"
-            passed_over.append(f"{e.name} {why} (recorded)")
+        why = None if e.reference else failed(e)
+        if why is not None:
+            passed_over.append(f"{e.name} {why or 'was passed over for this tokenizer'} (recorded)")
             continue
         try:
             candidate = opener(e) if opener is not None else e.open(source, workers)

@@ -169,8 +169,6 @@ def _write_ranks(path: Path, ranks: dict[bytes, int]) -> None:
 
 # GPT-2's pre-tokenizer split pattern (tiktoken's r50k_base / gpt2).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-_GIGATOKEN_SCHEMES: dict[str, str] = {}
-"""tiktoken split pattern -> the name of gigatoken's pre-tokenizer for it (filled on first use)."""
 _POOL_PID: int | None = None
 """The process that first encoded through gigatoken's rayon pool: the pool lives there."""
 
@@ -277,15 +275,11 @@ def _converted_path(model: bytes) -> Path | None:
 def _gigatoken_scheme(pattern: str) -> str:
     """The gigatoken pre-tokenizer that splits as `pattern` does (GPT-2's, as packtool and
     tiktoken spell it; other ranks files are left to fastokens and tiktoken)."""
-    if not _GIGATOKEN_SCHEMES:
-        from tiktoken_ext import openai_public
+    from tiktoken_ext import openai_public
 
-        _GIGATOKEN_SCHEMES[GPT2_PATTERN] = "gpt2"
-        _GIGATOKEN_SCHEMES[openai_public.r50k_pat_str] = "gpt2"
-    scheme = _GIGATOKEN_SCHEMES.get(pattern)
-    if scheme is None:
+    if pattern not in (GPT2_PATTERN, openai_public.r50k_pat_str):
         raise EngineRefused("no pre-tokenizer of its own for this split pattern")
-    return scheme
+    return "gpt2"
 
 
 # --- tokenizers (reference for tokenizer.json) ---------------------------------------------------
@@ -412,7 +406,7 @@ ENGINES: tuple[Engine, ...] = (
         "gigatoken",
         _open_gigatoken,
         first_for=_splits_with_a_pattern,
-    ),  # fmt: skip
+    ),
     Engine("tiktoken", ("tiktoken",), True, "tiktoken", _open_tiktoken),
     Engine("tokenizers", ("hf",), True, "tokenizers", _open_tokenizers),
     Engine("sentencepiece", ("sentencepiece",), True, "sentencepiece", _open_sentencepiece),
