@@ -55,9 +55,10 @@ def megatron_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size < UINT16_BELOW else np.int32)
 
 
-def megatron_paths(prefix: str | os.PathLike) -> tuple[Path, Path]:
-    """(`PREFIX.bin`, `PREFIX.idx`); a prefix given as either file names the same pair."""
-    prefix = Path(prefix)
+def megatron_paths(prefix: str | os.PathLike) -> tuple[Any, Any]:
+    """(`PREFIX.bin`, `PREFIX.idx`); a prefix given as either file names the same pair. A URL
+    prefix (`s3://bucket/data/corpus`) gives the pair's objects."""
+    prefix = storage.as_path(prefix)
     if prefix.suffix in (".bin", ".idx"):
         prefix = prefix.with_suffix("")
     return prefix.with_name(prefix.name + ".bin"), prefix.with_name(prefix.name + ".idx")

@@ -38,6 +38,12 @@ gone, never half of it visible with the new one), `merged.bin` renamed over `PRE
 steps is finished by the next one (any command on this prefix, under its lock) from
 `ready.idx`. One writer per prefix (the output lock of packtool/dataset/output.py on the `.idx`).
 
+**Into a bucket** (`-o s3://bucket/data/corpus`, local engine only): the staging folder is a local
+one in the scratch folder, named by the URL; the swap is the same steps with uploads for renames
+(the old `.idx` deleted, the `.bin` uploaded, the `.idx` uploaded last), finished by the next run
+from the staging folder when cut short; the lock is the lock object beside the `.idx`
+(docs/remote.md, "A Megatron indexed dataset in a bucket").
+
 At 10^9 documents: the driver holds the plan (one entry per file and per partition), the
 running sums, and the out-of-order parts' sizes; no document. The workers' memory is a table of
 documents at a time. The merged pair and the parts never exceed the corpus's tokens plus the
@@ -47,6 +53,7 @@ parts waiting (disk use ~1x the `.bin`, not 2x).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -56,7 +63,9 @@ from typing import Any
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.megatron import megatron_dtype, megatron_paths, write_index
 from packtool.dataset.output import (
+    LOCK_SUFFIX,
     OutputLock,
+    OutputPaths,
     check_apart,
     create_parent,
     output_paths,
@@ -75,7 +84,7 @@ from packtool.pack.kernels import MAX_LEN_LIMIT
 from packtool.progress import Progress
 from packtool.read.documents import ReadConfig
 from packtool.storage import local as storage
-from packtool.storage import writing
+from packtool.storage import remote_write, writing
 from packtool.tokenize.tables import RAW, RECORDS
 from packtool.tokenize.tokenize import TokenizeSummary
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
@@ -129,10 +138,11 @@ def tokenize_megatron(
     """
     inputs = [os.fspath(i) for i in inputs]
     config = read_config or ReadConfig()
-    if storage.is_remote(prefix):
+    if storage.is_remote(prefix) and engine != "local":
         raise ConfigError(
-            f"{prefix}: --to megatron writes to local or shared file systems only; "
-            "`packtool pack -o` writes to object storage (docs/remote.md)"
+            f"{prefix}: --to megatron into a bucket runs on --engine local (the parts are "
+            "merged in a local staging folder, then uploaded); --engine ray or slurm writes "
+            "to a shared file system"
         )
     bin_path, idx_path = megatron_paths(prefix)
     for path in (bin_path, idx_path):
@@ -189,6 +199,11 @@ def tokenize_megatron(
                 used = drive_local(run, workers)
         finally:
             run.merge.close()
+        if output.lock is not None and output.lock.lost:
+            raise ConfigError(
+                f"{prefix}: another writer took over this run's lock (its lease ran out "
+                "unrenewed); nothing was swapped in (--resume finishes it)"
+            )
         summary = run.finish(used)
     if engine == "slurm":
         writing.remove_tree(logs_folder(prefix))  # a finished run's task logs go with it
@@ -202,14 +217,19 @@ def _output(
     """Lock the prefix, finish a swap a killed run left, check the pair and prepare the
     staging folder (or load the state to resume); on failure keep or discard the staging
     folder as `pack` does (`preflight.discard_staging`)."""
-    paths = output_paths(idx_path)
+    paths = (
+        _remote_paths(prefix, idx_path) if storage.is_remote(idx_path) else output_paths(idx_path)
+    )
     made = create_parent(paths)
     try:
-        with OutputLock(paths, config.command or "packtool tokenize"):
+        with OutputLock(paths, config.command or "packtool tokenize") as lock:
+            if paths.remote:  # a killed run's unfinished uploads: the swap uploads again
+                for path in (bin_path, idx_path):
+                    remote_write.abort_uploads(path, exact=True)
             finish_swap(paths.staging, bin_path, idx_path)
             state = _prepare(config, paths.staging, prefix, bin_path, idx_path)
             try:
-                yield Output(work=paths.staging, state=state)
+                yield Output(work=paths.staging, state=state, lock=lock)
             except BaseException as exc:
                 if preflight.discard_staging(exc, state, paths.staging):
                     remove(paths.staging)
@@ -217,6 +237,24 @@ def _output(
     except BaseException:
         remove_empty_parents(paths, made)
         raise
+
+
+def _remote_paths(prefix: str | os.PathLike, idx_path: Any) -> OutputPaths:
+    """A bucket prefix's paths: the lock object beside `PREFIX.idx` (as for a local pair), the
+    staging folder a local one (`writing.scratch_dir()`, named by the URL, so `--resume` on this
+    machine finds it): the parts are merged there and the swap uploads the pair."""
+    key = hashlib.sha256(str(idx_path).encode()).hexdigest()[:16]
+    staging = writing.scratch_dir() / f"megatron-{key}"
+    return OutputPaths(
+        shown=os.fspath(prefix),
+        target=idx_path,
+        staging=staging,
+        ready=staging,
+        old=staging,
+        lock=idx_path.parent / f".{idx_path.name}{LOCK_SUFFIX}",
+        remote=True,
+        whole_object=True,
+    )
 
 
 def _prepare(

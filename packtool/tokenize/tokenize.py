@@ -378,7 +378,8 @@ def tokenize_corpus(
     if storage.is_remote(out) and not str(out).lower().endswith(".parquet"):
         raise ConfigError(
             f"{out}: packtool tokenize writes one object to a bucket (s3://.../NAME.parquet), "
-            "not a folder of parts; `packtool pack -o` writes a dataset there (docs/remote.md)"
+            "not a folder of parts; `packtool pack -o` writes a dataset there, `--to megatron` "
+            "a .bin/.idx pair (docs/remote.md)"
         )
     out = storage.as_path(out) if storage.is_remote(out) else Path(out)
     check_apart(out, [os.fspath(i) for i in inputs])  # before anything is read

@@ -386,3 +386,79 @@ def test_a_writer_aborts_only_its_own_prefix_s_unfinished_uploads(fs):
     client.abort_multipart_upload(
         Bucket=BUCKET, Key="sib/ds2/v-y/shard.parquet", UploadId=theirs["UploadId"]
     )
+
+
+MEGATRON = ["--to", "megatron", "--partition-size", "60000", "--workers", "2"]
+
+
+def test_tokenize_to_megatron_writes_the_pair_to_a_bucket(fs, tmp_path, monkeypatch):
+    """`tokenize --to megatron -o s3://.../PREFIX`: the parts merged in local scratch, then
+    PREFIX.bin uploaded and PREFIX.idx last; the bytes of the same local run, and nothing else
+    left in the bucket or the scratch folder."""
+    monkeypatch.setenv("PACKTOOL_SCRATCH", str(tmp_path / "scratch"))
+    url = f"s3://{BUCKET}/mega/corpus"
+    code, _, err = run("tokenize", CORPUS, "-o", tmp_path / "local", *MEGATRON)
+    assert code == 0, err
+    code, out, err = run("tokenize", CORPUS, "-o", url, *MEGATRON)
+    assert code == 0, err
+    assert f"{url}.bin" in out
+    for suffix in (".bin", ".idx"):
+        assert fs.cat_file(f"{url}{suffix}") == (tmp_path / f"local{suffix}").read_bytes()
+    fs.invalidate_cache()
+    assert sorted(fs.find(f"{BUCKET}/mega/")) == [
+        f"{BUCKET}/mega/corpus.bin",
+        f"{BUCKET}/mega/corpus.idx",
+    ]
+    assert list((tmp_path / "scratch").iterdir()) == []  # the staging folder went with the swap
+
+    code, _, err = run("tokenize", CORPUS, "-o", url, *MEGATRON)
+    assert code != 0 and "--overwrite" in one_error_line(err)
+    code, out, err = run("tokenize", CORPUS, "-o", url, *MEGATRON, "--resume")
+    assert code == 0 and "nothing to resume" in out, (out, err)
+    code, _, err = run("tokenize", CORPUS, "-o", f"{url}.idx", *MEGATRON, "--engine", "ray")
+    assert code != 0 and "--engine local" in one_error_line(err)
+
+    other = tmp_path / "other.jsonl"  # --overwrite: the pair of the new corpus, whole
+    other.write_text("".join(json.dumps({"text": f"document {i} " * 40}) + "\n" for i in range(50)))
+    code, _, err = run("tokenize", other, "-o", tmp_path / "local2", *MEGATRON)
+    assert code == 0, err
+    code, _, err = run("tokenize", other, "-o", url, *MEGATRON, "--overwrite")
+    assert code == 0, err
+    for suffix in (".bin", ".idx"):
+        assert fs.cat_file(f"{url}{suffix}") == (tmp_path / f"local2{suffix}").read_bytes()
+
+
+def test_a_megatron_swap_into_a_bucket_cut_short_is_finished_by_the_next_run(
+    fs, tmp_path, monkeypatch
+):
+    """The upload of PREFIX.idx fails after PREFIX.bin is up: no .idx, so no dataset (a reader
+    of the pair never sees the new .bin with an index); the next run on the prefix finishes the
+    swap from the local staging folder, with the bytes of a run never interrupted."""
+    from packtool.engines.megatron import tokenize_megatron
+    from packtool.errors import AlreadyComplete
+    from packtool.storage import writing
+
+    monkeypatch.setenv("PACKTOOL_SCRATCH", str(tmp_path / "scratch"))
+    url = f"s3://{BUCKET}/cut/corpus"
+    tokenize_megatron([CORPUS], tmp_path / "local", partition_size=60_000, progress=False)
+    real = writing.replace
+
+    def failing(source, target):
+        if str(target) == f"{url}.idx":
+            raise OSError("connection reset by peer")
+        real(source, target)
+
+    with monkeypatch.context() as m:
+        m.setattr(writing, "replace", failing)
+        with pytest.raises(OSError, match="reset"):
+            tokenize_megatron([CORPUS], url, partition_size=60_000, progress=False)
+    fs.invalidate_cache()
+    assert not fs.exists(f"{url}.idx") and fs.exists(f"{url}.bin")
+    assert list((tmp_path / "scratch").iterdir())  # the finished index waits there
+
+    with pytest.raises(AlreadyComplete):  # the swap finished first, under the lock
+        tokenize_megatron([CORPUS], url, partition_size=60_000, progress=False, resume=True)
+    for suffix in (".bin", ".idx"):
+        assert fs.cat_file(f"{url}{suffix}") == (tmp_path / f"local{suffix}").read_bytes()
+    fs.invalidate_cache()
+    assert [k for k in fs.find(f"{BUCKET}/cut/") if ".packtool" in k] == []
