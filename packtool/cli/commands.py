@@ -127,7 +127,7 @@ def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
     required=True,
     type=click.Path(path_type=str),
     help="OUT.parquet (one file; also s3://bucket/OUT.parquet) or a folder "
-    "(part-00000.parquet, ...); with --to megatron, the PREFIX of PREFIX.bin and PREFIX.idx "
+    "(part-00000.parquet, ...; also s3://bucket/prefix); with --to megatron, the PREFIX of PREFIX.bin and PREFIX.idx "
     "(also s3://bucket/data/PREFIX).",
 )
 @click.option(

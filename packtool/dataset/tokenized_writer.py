@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packtool.errors import naming
+from packtool.storage import local as storage
 from packtool.storage import writing
 
 PART_PATTERN = "part-{:05d}.parquet"
@@ -35,14 +36,17 @@ class PartWriter:
         )
         self.files: list[Path] = []
         self._writer: pq.ParquetWriter | None = None
+        self._local: Path | None = None
+        """A part bound for a bucket: written here (local scratch), uploaded whole when closed."""
         self._tokens = 0
 
     def _open(self) -> None:
         path = self.target if self.single else self.target / PART_PATTERN.format(len(self.files))
         self.files.append(path)
+        self._local = writing.temporary_name(path) if storage.is_remote(path) else None
         with naming(path):
             self._writer = writing.parquet_writer(
-                path,
+                self._local or path,
                 self.schema,
                 compression="zstd",
                 # Dictionaries for the strings (source, extra fields), not for ids or masks.
@@ -57,8 +61,7 @@ class PartWriter:
         if self._writer is None:
             self._open()
         elif not self.single and self._tokens >= self.part_tokens:
-            with naming(self.files[-1]):
-                self._writer.close()
+            self._close_part()
             self._open()
         assert self._writer is not None
         with naming(self.files[-1]):  # a full disk names the file
@@ -67,15 +70,25 @@ class PartWriter:
 
     def close(self) -> list[Path]:
         if self._writer is not None:
-            with naming(self.files[-1]):
-                self._writer.close()
+            self._close_part()
         return self.files
+
+    def _close_part(self) -> None:
+        assert self._writer is not None
+        with naming(self.files[-1]):
+            self._writer.close()
+            if self._local is not None:
+                writing.replace(self._local, self.files[-1])  # one upload: whole, or absent
+                self._local = None
 
     def abort(self) -> None:
         if self._writer is not None:
             # The real error is being raised already; a failing close must not mask it.
             with contextlib.suppress(Exception):
                 self._writer.close()
+        if self._local is not None:
+            writing.remove_file(self._local)
+            self._local = None
 
 
 class BackgroundWriter:

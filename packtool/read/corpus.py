@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from glob import has_magic
 from pathlib import Path
 
+from packtool.dataset.manifest import INDEX_FILE, linked_version
 from packtool.read.documents import BatchBuilder, DocumentBatch, ReadConfig, SkipCounter
 from packtool.read.formats import KNOWN_SHORT, KNOWN_SUFFIXES, read_file
-from packtool.storage.local import expand
+from packtool.storage.local import as_path, expand, is_remote
 
 
 def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
@@ -34,10 +36,26 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
     (`packtool.storage.local.expand`: each input's matches sorted, the inputs in their order,
     duplicates dropped).
 
+    A bucket prefix whose `index.json` is a link (what `packtool tokenize -o s3://bucket/prefix`
+    commits, docs/remote.md) stands for the version folder the link names: never for the
+    versions a run in progress or a killed one left beside it.
+
     Raises:
         DataError: an input matches no file, or names something that is not a regular file.
     """
-    return expand(inputs, KNOWN_SUFFIXES, KNOWN_SHORT)
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    return expand([_linked(i) for i in inputs], KNOWN_SUFFIXES, KNOWN_SHORT)
+
+
+def _linked(raw: str | os.PathLike) -> str | os.PathLike:
+    """A remote prefix with a link `index.json`: the version folder it names (one HEAD)."""
+    text = str(raw)
+    if not is_remote(text) or has_magic(text) or text.lower().endswith(KNOWN_SUFFIXES):
+        return raw
+    prefix = text.rstrip("/")
+    version = linked_version(as_path(f"{prefix}/{INDEX_FILE}"))
+    return f"{prefix}/{version}" if version else raw
 
 
 def read_corpus(

@@ -25,7 +25,8 @@ import pyarrow.compute as pc
 
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.identity import TokenizerIdentity, describe_tokenizer
-from packtool.dataset.output import OutputPaths, check_apart, remove, transaction
+from packtool.dataset.manifest import INDEX_FILE
+from packtool.dataset.output import OutputPaths, check_apart, is_version, remove, transaction
 from packtool.dataset.tokenized import (
     common_identity,
     common_optional,
@@ -375,12 +376,6 @@ def tokenize_corpus(
         raise ConfigError(f"part_tokens must be >= 1, got {part_tokens}")
     inputs = list(inputs)
     config = read_config or ReadConfig()
-    if storage.is_remote(out) and not str(out).lower().endswith(".parquet"):
-        raise ConfigError(
-            f"{out}: packtool tokenize writes one object to a bucket (s3://.../NAME.parquet), "
-            "not a folder of parts; `packtool pack -o` writes a dataset there, `--to megatron` "
-            "a .bin/.idx pair (docs/remote.md)"
-        )
     out = storage.as_path(out) if storage.is_remote(out) else Path(out)
     check_apart(out, [os.fspath(i) for i in inputs])  # before anything is read
     if isinstance(tokenizer, str):
@@ -391,7 +386,10 @@ def tokenize_corpus(
     schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
 
     def prepare(paths: OutputPaths) -> None:
-        _check_out(paths.target, single, overwrite, shown=str(out))
+        if paths.remote and not paths.whole_object:
+            _check_remote_out(paths.target, overwrite, shown=str(out))
+        else:
+            _check_out(paths.target, single, overwrite, shown=str(out))
         remove(paths.staging)  # a killed run's leftovers: tokenize has nothing to resume
         try:  # the first write, up front: a failure names the user's path
             if single:
@@ -418,7 +416,10 @@ def tokenize_corpus(
             writer.abort()
             raise
     seconds = time.perf_counter() - start
-    files = [out] if single else [out / f.name for f in files]
+    if not single and not storage.is_remote(out):
+        files = [out / f.name for f in files]  # a bucket's: in the version folder, as written
+    elif single:
+        files = [out]
     return summary_of(bar, skips, files, tokenizer, seconds, str(tokenizer.dtype), supervised)
 
 
@@ -476,6 +477,20 @@ def _check_out(out: Path, single: bool, overwrite: bool, *, shown: str) -> None:
             )
         if storage.is_mount(out):
             raise ConfigError(f"{shown} is a mount point; write to a folder inside it")
+
+
+def _check_remote_out(out: Path, overwrite: bool, *, shown: str) -> None:
+    """A bucket prefix for a folder of parts: its link `index.json` and versions (what an
+    earlier run committed) are replaced only with `overwrite`; other objects never."""
+    present = [p for p in storage.list_dir(out) if not p.name.startswith(".packtool-")]
+    if present and not overwrite:
+        raise ConfigError(f"{shown} already exists; pass --overwrite to replace it")
+    foreign = sorted(p.name for p in present if p.name != INDEX_FILE and not is_version(p.name))
+    if foreign:
+        raise ConfigError(
+            f"{shown} holds objects that are not a tokenize output ({', '.join(foreign[:3])}); "
+            "refusing to replace it, choose another prefix"
+        )
 
 
 def _is_part(p: Path) -> bool:

@@ -311,8 +311,6 @@ def test_a_failed_multipart_upload_is_aborted(fs, s3_server, tmp_path, monkeypat
 def test_the_one_line_errors_of_an_output(fs, tmp_path):
     code, _, err = run("pack", CORPUS, "-o", "s3://no-such-bucket/ds")
     assert code != 0 and "s3://no-such-bucket/ds" in one_error_line(err)
-    code, _, err = run("tokenize", CORPUS, "-o", f"s3://{BUCKET}/tok")
-    assert code != 0 and "NAME.parquet" in one_error_line(err)
     code, _, err = run("pack", CORPUS, "-o", f"s3://{BUCKET}/packed.parquet")
     assert code != 0 and "drop the .parquet" in one_error_line(err)
     code, _, err = run("pack", CORPUS, "-o", f"s3://{BUCKET}/never", "--resume")
@@ -462,3 +460,43 @@ def test_a_megatron_swap_into_a_bucket_cut_short_is_finished_by_the_next_run(
         assert fs.cat_file(f"{url}{suffix}") == (tmp_path / f"local{suffix}").read_bytes()
     fs.invalidate_cache()
     assert [k for k in fs.find(f"{BUCKET}/cut/") if ".packtool" in k] == []
+
+
+def test_tokenize_writes_a_folder_of_parts_to_a_bucket(fs, tmp_path, monkeypatch):
+    """`tokenize -o s3://bucket/prefix`: the parts in a fresh version folder, the link
+    `index.json` written last (as `pack`'s commit); readers of the prefix read the linked
+    version only, never one a run in progress or a killed run left beside it; the parts are the
+    bytes of the same local output."""
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    url = f"s3://{BUCKET}/parts"
+    kw = {"read_config": ReadConfig(batch_docs=200), "part_tokens": 100_000, "progress": False}
+    tokenize_corpus([CORPUS], tmp_path / "local", **kw)
+    local = {p.name: p.read_bytes() for p in sorted((tmp_path / "local").iterdir())}
+    assert len(local) > 1
+    summary = tokenize_corpus([CORPUS], url, **kw)
+    assert _version_files(fs, "parts") == local
+    assert [o for o in _objects(fs, "parts") if ".packtool" in o] == []  # no lock, no staging
+    assert all(f"{url}/v-" in str(f) for f in summary.files), summary.files
+    code, _, err = run("tokenize", CORPUS, "-o", url)
+    assert code != 0 and "--overwrite" in one_error_line(err)
+
+    # A version nobody links (a run in progress, or killed) is never read from the prefix.
+    fs.pipe(
+        f"{BUCKET}/parts/v-20000101T000000-deadbeef/part-00000.parquet", local["part-00000.parquet"]
+    )
+    for out in ("a", "b"):
+        src = url if out == "a" else tmp_path / "local"
+        code, _, err = run("pack", src, "-o", tmp_path / out, "--max-len", 1024)
+        assert code == 0, err
+    shards = lambda d: {p.name: p.read_bytes() for p in sorted(d.glob("shard-*"))}  # noqa: E731
+    assert shards(tmp_path / "a") == shards(tmp_path / "b")
+
+    other = tmp_path / "other.jsonl"  # --overwrite: switches to the new version, the old ones go
+    other.write_text("".join(json.dumps({"text": f"doc {i} " * 30}) + "\n" for i in range(40)))
+    code, _, err = run("tokenize", other, "-o", url, "--overwrite")
+    assert code == 0, err
+    objects = _objects(fs, "parts")
+    assert len({o.split("/")[0] for o in objects if o.startswith("v-")}) == 1, objects
+    code, out, err = run("stats", url)
+    assert code == 0 and "40" in out, (out, err)
