@@ -53,6 +53,8 @@ def _linked(raw: str | os.PathLike) -> str | os.PathLike:
     text = str(raw)
     if not is_remote(text) or has_magic(text) or text.lower().endswith(KNOWN_SUFFIXES):
         return raw
+    if text.lower().startswith(("http://", "https://")):  # no prefixes there: a URL is a file
+        return raw
     prefix = text.rstrip("/")
     version = linked_version(as_path(f"{prefix}/{INDEX_FILE}"))
     return f"{prefix}/{version}" if version else raw
