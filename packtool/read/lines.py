@@ -47,7 +47,7 @@ def lines(path: Path, start: int = 0, end: int = TO_END) -> Iterator[tuple[int, 
         return
     if compression_of(path) is not None:
         raise ValueError(f"{path}: a compressed file is read whole, not by byte range")
-    with storage.open_input(path, buffering=BUFFER_BYTES) as f:
+    with storage.open_input(path, BUFFER_BYTES, None if end == TO_END else end) as f:
         if start == 0:
             yield from _numbered(f, 0, end)
             return

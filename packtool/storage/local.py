@@ -145,11 +145,12 @@ def as_path(text: str | os.PathLike) -> Any:
     return Path(text)
 
 
-def open_input(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
+def open_input(path: str | os.PathLike, buffering: int = -1, end: int | None = None) -> BinaryIO:
     """`path` opened for reading bytes (the caller closes it); an object of a store opened
-    for ranged reads (`remote.open_input`)."""
+    for ranged reads that fetch the next block ahead, never one starting past `end` (where the
+    caller stops reading: `remote.open_input`)."""
     if is_remote(path):
-        return remote.open_input(path, buffering)
+        return remote.open_input(path, buffering, end)
     return open(path, "rb", buffering=buffering)  # noqa: SIM115 - the caller closes it
 
 

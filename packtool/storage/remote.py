@@ -126,6 +126,21 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
         raise
 
 
+def client_modules(paths: Any) -> list[str]:
+    """The modules of the fsspec implementations that `paths` (URLs or local paths) need, for a
+    process that will read or write them to import ahead (the local engine's `forkserver`
+    preload: importing s3fs and botocore costs a worker ~0.5 s of one core otherwise)."""
+    protocols = sorted({p for p in map(scheme, paths) if p is not None})
+    if not protocols:
+        return []
+    try:
+        from fsspec.registry import known_implementations
+    except ImportError:
+        return []
+    found = [known_implementations.get(p, {}).get("class", "") for p in protocols]
+    return ["fsspec", "upath", *dict.fromkeys(c.rsplit(".", 1)[0] for c in found if "." in c)]
+
+
 def _install(protocol: str) -> str:
     return f"{protocol}:// inputs need fsspec's {protocol} support: pip install 'packtool[{EXTRAS[protocol]}]'"
 
@@ -240,17 +255,124 @@ def is_dir(path: Any) -> bool:
 
 
 READ_BYTES = 16 << 20
-"""Bytes a sequential read of an object asks for at once (one ranged GET): at least this,
-whatever buffer a local reader would use (each request costs a round trip, and a store's
-throughput comes from large ones); at most this beyond a partition's range is read."""
+"""The most bytes a sequential read of an object asks for at once (one ranged GET): each
+request costs a round trip, and a store's throughput comes from large ones."""
+FIRST_READ_BYTES = 256 << 10
+"""The first GET of an object opened for reading (and after a seek elsewhere): a reader that
+wants a few bytes (the probe of a file's kind, a first record, a footer) fetches no more; the
+blocks after it are `READ_BYTES`, the first of them asked for once half of this one is read."""
+READ_AHEAD_THREADS = 8
+"""Threads per process that fetch the next block of the objects being read sequentially."""
 
 
-def open_input(path: Any, buffering: int = -1) -> Any:
-    """The object opened for reading: seekable, buffered (`buffering` bytes, at least
-    `READ_BYTES`) over a file that turns each read into one ranged GET of exactly those bytes
-    (fsspec's `cache_type="none"`), so a worker reads its partition's bytes and at most one
-    buffer beyond them, and Parquet's footer and column chunks are fetched as pyarrow asks."""
-    return io.BufferedReader(open_unbuffered(path), buffer_size=max(buffering, READ_BYTES))
+def open_input(path: Any, buffering: int = -1, end: int | None = None) -> Any:
+    """The object opened for reading: seekable and buffered (`buffering` bytes) over a reader
+    whose reads are ranged GETs (`ReadAhead`: a small first block, then `READ_BYTES` blocks);
+    once half of one block is read, the next is fetched on another thread, so a worker parses one block while the next
+    downloads. `end`: where the caller means to stop (a partition's range), past which no
+    block is fetched ahead; a read past it still gets its bytes, fetched then (a range's last
+    line)."""
+    fs, p = filesystem(path)
+    with naming(path):
+        size = fs.size(p)
+    if size is None:  # a web server that does not say: fsspec's own file, one GET per read
+        return io.BufferedReader(open_unbuffered(path), buffer_size=max(buffering, READ_BYTES))
+    raw = ReadAhead(path, fs, p, int(size), end)
+    return io.BufferedReader(
+        raw, buffer_size=buffering if buffering > 0 else io.DEFAULT_BUFFER_SIZE
+    )
+
+
+class ReadAhead(io.RawIOBase):
+    """An object read in ranged GETs, sequential reads fetched ahead.
+
+    The first block is `first` bytes, the following ones `block` bytes; a seek elsewhere
+    starts over with `first` bytes there. Once half of a block has been read, the block
+    after it is fetched on a background thread (`READ_AHEAD_THREADS` per process), unless it
+    starts at or past `end`. At most two blocks are held. A failed fetch raises where its bytes
+    are read, as one line naming the URL (`naming`).
+    """
+
+    def __init__(
+        self,
+        url: Any,
+        fs: Any,
+        path: str,
+        size: int,
+        end: int | None = None,
+        block: int | None = None,
+        first: int | None = None,
+    ):
+        super().__init__()
+        self._url, self._fs, self._path, self._size, self._end = url, fs, path, size, end
+        self._block = block or READ_BYTES
+        self._first = min(first or FIRST_READ_BYTES, self._block)
+        self._pos = 0
+        self._data = memoryview(b"")
+        self._start = 0  # where `_data` begins in the object
+        self._ahead: tuple[int, Any] | None = None  # (start, future) of the block fetched ahead
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        if self._pos >= self._size:
+            return 0
+        at = self._pos - self._start
+        if not 0 <= at < len(self._data):
+            self._take(self._pos)
+            at = 0
+        n = min(len(buffer), len(self._data) - at)
+        buffer[:n] = self._data[at : at + n]
+        self._pos += n
+        if self._ahead is None and 2 * (at + n) >= len(self._data):
+            self._fetch_ahead()
+        return n
+
+    def close(self) -> None:
+        self._ahead = None  # a fetch in flight finishes on its thread and is dropped
+        self._data = memoryview(b"")
+        super().close()
+
+    def _take(self, start: int) -> None:
+        ahead, self._ahead = self._ahead, None
+        with naming(self._url):
+            if ahead is not None and ahead[0] == start:
+                data = ahead[1].result()
+            else:  # a first read, or a seek: start small again
+                data = self._fetch(start, self._first)
+        self._data, self._start = memoryview(data), start
+
+    def _fetch_ahead(self) -> None:
+        following = self._start + len(self._data)
+        if not self._data or following >= self._size:
+            return
+        if self._end is not None and following >= self._end:
+            return
+        n = self._block
+        self._ahead = (following, _fetchers(os.getpid()).submit(self._fetch, following, n))
+
+    def _fetch(self, start: int, n: int) -> bytes:
+        return self._fs.cat_file(self._path, start=start, end=min(self._size, start + n))
+
+
+@functools.lru_cache(maxsize=1)
+def _fetchers(pid: int) -> Any:
+    """This process's read-ahead threads (`pid`: a forked child makes its own)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="packtool-readahead")
 
 
 def open_unbuffered(path: Any) -> Any:

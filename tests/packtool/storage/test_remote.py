@@ -104,18 +104,18 @@ def test_a_pack_rides_out_throttling_dropped_connections_and_cut_bodies(
 
 
 def test_a_worker_reads_its_own_byte_ranges(bucket, tmp_path, monkeypatch):
-    """Each partition of the 3 MB JSONL object reads its range and at most one buffer beyond
-    it (64 KB here): 11 partitions fetch about the object once, not 11 times."""
-    import s3fs
-
+    """Each partition of the 3 MB JSONL object reads its range and at most one block beyond
+    it (64 KB here), read-ahead included: 11 partitions fetch about the object once, not 11
+    times."""
     fetched: dict[str, int] = {}
-    real = s3fs.core.S3File._fetch_range
+    real = remote.ReadAhead._fetch
 
-    def counting(self, start, end):
-        fetched[self.path] = fetched.get(self.path, 0) + (end - start)
-        return real(self, start, end)
+    def counting(self, start, n):
+        data = real(self, start, n)
+        fetched[self._path] = fetched.get(self._path, 0) + len(data)
+        return data
 
-    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", counting)
+    monkeypatch.setattr(remote.ReadAhead, "_fetch", counting)
     monkeypatch.setattr(remote, "READ_BYTES", 65536)
     monkeypatch.setattr("packtool.read.compressed.BUFFER_BYTES", 65536)
     monkeypatch.setattr("packtool.read.lines.BUFFER_BYTES", 65536)

@@ -1,0 +1,133 @@
+"""`remote.ReadAhead`: an object read in ranged blocks, the next fetched ahead on a thread.
+
+The reader's logic is checked here against the bytes themselves over an in-memory object (the
+`cat_file` of a file system, the one call it makes); the same reader on moto's S3 server is
+what tests/packtool/storage/test_remote.py packs through.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.errors import DataError
+from packtool.storage import remote
+
+
+class Blob:
+    """An object's bytes behind `cat_file`, counting the ranges asked for."""
+
+    def __init__(self, data: bytes, fail_at: int | None = None):
+        self.data = data
+        self.fail_at = fail_at
+        self.ranges: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+
+    def cat_file(self, path: str, start: int, end: int) -> bytes:
+        with self.lock:
+            self.ranges.append((start, end))
+        if self.fail_at is not None and start <= self.fail_at < end:
+            raise ConnectionError("connection reset by peer\nsecond line")
+        return self.data[start:end]
+
+
+def _open(
+    blob: Blob, block: int, end: int | None = None, buffering: int = 7, first: int | None = None
+) -> io.BufferedReader:
+    raw = remote.ReadAhead("s3://b/k", blob, "b/k", len(blob.data), end, block, first or block)
+    return io.BufferedReader(raw, buffer_size=buffering)
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("read"), st.integers(-1, 80)),
+        st.tuples(st.just("readline"), st.integers(-1, 40)),
+        st.tuples(st.just("seek"), st.integers(-20, 300), st.sampled_from([0, 1, 2])),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.binary(max_size=250).map(lambda b: b.replace(b"\x00", b"\n")),
+    block=st.integers(1, 64),
+    first=st.integers(1, 64),
+    buffering=st.integers(1, 32),
+    end=st.one_of(st.none(), st.integers(0, 260)),
+    steps=ops,
+)
+def test_reads_equal_a_plain_file_of_the_same_bytes(data, block, first, buffering, end, steps):
+    """Any sequence of reads, lines and seeks gives what `io.BytesIO` of the bytes gives."""
+    got = _open(Blob(data), block, end, buffering, first)
+    want = io.BytesIO(data)
+    for op in steps:
+        if op[0] == "seek":
+            _, offset, whence = op
+            if whence == 0 and offset < 0:
+                continue
+            assert got.seek(offset, whence) == want.seek(max(0, offset + (
+                0 if whence == 0 else want.tell() if whence == 1 else len(data)
+            )), 0)  # fmt: skip
+        else:
+            assert getattr(got, op[0])(op[1]) == getattr(want, op[0])(op[1])
+        assert got.tell() == want.tell()
+    assert got.read() == want.read()
+
+
+def _settle() -> None:
+    """Wait for the read-ahead threads' queued fetches (one thread's turn comes after them)."""
+    pool = remote._fetchers(os.getpid())
+    for f in [pool.submit(lambda: None) for _ in range(remote.READ_AHEAD_THREADS)]:
+        f.result()
+
+
+def test_a_small_first_block_then_full_ones_the_next_fetched_once_half_of_one_is_read():
+    data = bytes(range(256)) * 40  # 10,240 bytes
+    blob = Blob(data)
+    with _open(blob, 1600, buffering=10, first=100) as f:
+        assert f.read(40) == data[:40]  # a probe: one small GET, nothing ahead
+        _settle()
+        assert blob.ranges == [(0, 100)]
+        assert f.read(20) == data[40:60]  # past half of the first block: the next, full size
+        _settle()
+        assert blob.ranges == [(0, 100), (100, 1700)]
+        assert f.read() == data[60:]
+    want = [(0, 100)] + [(at, min(at + 1600, len(data))) for at in range(100, len(data), 1600)]
+    assert blob.ranges == want  # each byte fetched once
+
+
+def test_a_seek_elsewhere_starts_small_again():
+    data = b"z" * 10_000
+    blob = Blob(data)
+    with _open(blob, 1600, buffering=10, first=100) as f:
+        f.seek(5000)
+        assert f.read(5) == b"zzzzz"
+        assert blob.ranges == [(5000, 5100)]
+
+
+def test_nothing_is_fetched_ahead_past_end_but_a_read_past_it_still_gets_its_bytes():
+    data = b"x" * 5000
+    blob = Blob(data)
+    with _open(blob, 1000, end=2500, buffering=50) as f:
+        assert f.read(2500) == data[:2500]
+        _settle()
+        assert max(s for s, _ in blob.ranges) == 2000  # block 3 (3000...) never sent ahead
+        assert f.read(700) == data[2500:3200]  # the range's last line runs past `end`
+    assert (3000, 4000) in blob.ranges and (4000, 5000) not in blob.ranges
+
+
+def test_a_failed_fetch_is_one_line_naming_the_url_where_its_bytes_are_read():
+    blob = Blob(b"y" * 3000, fail_at=1500)
+    with _open(blob, 1000, buffering=10) as f:
+        assert f.read(1000) == b"y" * 1000  # block 1 failed on its thread: not yet seen
+        with pytest.raises(
+            DataError, match=r"^s3://b/k: cannot be read \(connection reset by peer\)$"
+        ) as e:
+            f.read(10)
+    assert "\n" not in str(e.value)
