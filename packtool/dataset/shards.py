@@ -11,6 +11,11 @@ partition fewer), so the file layout does not depend on `--chunk-docs`, and many
 cost no more files than a few large ones. Shards never straddle partitions: the shards of a
 partition depend only on that partition, which is what lets `--resume` reproduce an
 uninterrupted run byte for byte.
+
+A shard bound for object storage is written in the local scratch folder and uploaded whole
+(packtool/storage/writing.py, `replace`); `ShardWriter` uploads it on a thread of its own while
+the next shard is written, one upload at a time, and `close()` returns once the last is in the
+store (an upload's error is raised there, or at the next shard's close).
 """
 
 from __future__ import annotations
@@ -299,6 +304,8 @@ class ShardWriter:
         self._parts: list[Path] = []  # the open shard's parts; the first is the shard's file
         self._hash: _RunningHash | None = None  # of the open shard's parts, as they grow
         self._pool: ThreadPoolExecutor | None = None
+        self._uploader: ThreadPoolExecutor | None = None  # a remote shard's upload, one at a time
+        self._upload: tuple[Path, Future] | None = None  # (scratch file, its upload)
         self._rows = 0  # in the open shard
         self._tokens = 0
 
@@ -338,6 +345,7 @@ class ShardWriter:
     def close(self) -> list[ShardInfo]:
         self._drain(final=True)
         self._close_shard()
+        self._wait_upload()
         self._stop_pool()
         return self.infos
 
@@ -349,6 +357,11 @@ class ShardWriter:
         if self._hash is not None:
             self._hash.close()
             self._hash = None
+        if self._upload is not None:  # its object is written again by the retry
+            scratch, upload = self._upload
+            self._upload = None
+            upload.exception()  # wait; the error of a partition already failing adds nothing
+            writing.remove_file(scratch)  # still there when the upload failed
         self._stop_pool()
         for part in self._parts:
             writing.remove_file(part)
@@ -464,7 +477,10 @@ class ShardWriter:
         name = self.name(len(self.infos))
         path = self.directory / name
         size = storage.size(shard)  # before it moves (or is uploaded: no HEAD of the object)
-        _finish(shard, path)
+        if storage.is_remote(path):
+            self._start_upload(shard, path)
+        else:
+            _finish(shard, path)
         self._parts = []
         self.infos.append(
             ShardInfo(file=name, rows=self._rows, tokens=self._tokens, bytes=size, sha256=digest)
@@ -497,10 +513,32 @@ class ShardWriter:
             writing.remove_file(part)
         return digest
 
+    def _start_upload(self, scratch: Path, path: Path) -> None:
+        """Upload the closed shard's scratch file to `path` on the upload thread (after the
+        one before it: at most one shard in the scratch folder waits for its upload). No
+        fsync: a scratch file outlives no crash that the upload would survive."""
+        self._wait_upload()
+        if self._uploader is None:
+            self._uploader = ThreadPoolExecutor(1, thread_name_prefix="packtool-upload")
+        self._upload = (scratch, self._uploader.submit(writing.replace, scratch, path))
+
+    def _wait_upload(self) -> None:
+        if self._upload is not None:
+            scratch, upload = self._upload
+            self._upload = None
+            try:
+                upload.result()
+            except BaseException:
+                writing.remove_file(scratch)
+                raise
+
     def _stop_pool(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._uploader is not None:
+            self._uploader.shutdown(wait=True)
+            self._uploader = None
 
 
 def _shard_table(table: pa.Table) -> pa.Table:
