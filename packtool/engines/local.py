@@ -26,7 +26,9 @@ finished partitions stay in the staging folder for `--resume`.
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 from collections import deque
@@ -49,6 +51,7 @@ from packtool.engines.context import WorkerContext
 from packtool.engines.preflight import check_inputs, output_folder
 from packtool.engines.summary import PackSummary
 from packtool.engines.worker import rechunk, run_partition
+from packtool.storage import local as storage
 from packtool.storage import remote
 from packtool.tokenizer.tokenizers import Tokenizer
 
@@ -69,7 +72,7 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
         tokenizer: encodes raw corpora. For tokenized Parquet inputs it must match the recorded
             tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
     """
-    checked = check_inputs(config, tokenizer)
+    checked = check_inputs(config, tokenizer, lambda paths: _start_early(config, paths))
     with output_folder(config) as output:
         run = Run(config, checked, output)
         return run.finish(drive_local(run, config.workers))
@@ -115,6 +118,44 @@ def _cores() -> int:
 
 # --- the worker processes: a context shipped once per process, then one descriptor per task ---
 
+
+def _start_early(config: RunConfig, paths: list[Any]) -> None:
+    """Start the worker processes' server while the driver goes on checking and planning,
+    when the inputs make more than one partition (more bytes than `--partition-size`: the plan
+    groups files up to it) and more than one worker may run; one partition runs in this
+    process, where the server's imports would only take a core from it."""
+    if config.workers == 1 or _cores() < 2:
+        return
+    if sum(st.st_size for st in storage.stat_all(paths)) > config.partition_size:
+        start_pool_server((*map(str, paths), str(config.out_dir)))
+
+
+def start_pool_server(paths: tuple[str, ...] = ()) -> Any:
+    """The `forkserver` context the worker processes come from, its server started now.
+
+    Started before the driver checks the inputs and plans, so its imports (the worker's
+    modules, and the store's client library for `paths` in a bucket: `remote.client_modules`)
+    run on another core meanwhile, once, and every worker forked from it has them; no run
+    waits for them at its first partition. A server started earlier (another run in this
+    process) is kept as it is. Does nothing with `PACKTOOL_WORKER_POOL=thread`."""
+    mp = multiprocessing.get_context("forkserver")
+    if os.environ.get(POOL_ENV, "process") == "process":
+        mp.set_forkserver_preload(_preload(paths))
+        multiprocessing.forkserver.ensure_running()
+    return mp
+
+
+def _preload(paths: tuple[str, ...]) -> list[str]:
+    """What every worker process imports sooner or later: this module (the pool's initializer
+    and task live here), the store clients for `paths`, and pandas where it is installed:
+    pyarrow imports it at a process's first `pa.array` / `to_numpy` (~0.45 s of one core here),
+    which every worker that keeps a tail reaches."""
+    modules = ["packtool.engines.local", *remote.client_modules(paths)]
+    if importlib.util.find_spec("pandas") is not None:
+        modules.append("pandas")
+    return modules
+
+
 _CONTEXT: WorkerContext | None = None
 
 
@@ -142,8 +183,7 @@ def _make_pool(run: Any, workers: int, threads: int, kind: str) -> tuple[Any, Ca
             ctx.tokenizer.workers = threads
         pool = ThreadPoolExecutor(workers, thread_name_prefix="packtool-partition")
         return pool, lambda d: run_partition(ctx, d)
-    mp = multiprocessing.get_context("forkserver")
-    mp.set_forkserver_preload(["packtool.engines.worker"])
+    mp = start_pool_server()  # already running when run_pack started it
     pool = ProcessPoolExecutor(
         workers,
         mp_context=mp,

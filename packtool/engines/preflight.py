@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -100,13 +100,19 @@ class Checked:
         return _file_kinds(self.paths, self.mode)
 
 
-def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
+def check_inputs(
+    config: RunConfig,
+    tokenizer: Tokenizer | None,
+    expanded: Callable[[list[Path]], None] | None = None,
+) -> Checked:
     """Check the inputs, the tokenizer and `max_len` before anything is written.
 
     Args:
         config: the run.
         tokenizer: encodes raw corpora. For tokenized Parquet inputs it must match the recorded
             tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
+        expanded: called with the input files as soon as they are known, before any is read
+            (the local engine starts its worker processes' server then).
 
     Raises:
         DataError: a missing input, a tokenizer that differs from the recorded one, or inputs
@@ -118,6 +124,8 @@ def check_inputs(config: RunConfig, tokenizer: Tokenizer | None) -> Checked:
     check_apart(config.out_dir, config.inputs)  # before anything is read
     paths = expand_inputs(config.inputs)
     check_apart(config.out_dir, config.inputs, paths)
+    if expanded is not None:
+        expanded(paths)
     seen = _saved_facts(config, paths) if config.resume else None
     facts = seen if seen is not None else _read_facts(config, paths)
     check_policy(facts.columns, config.pack.long_docs)

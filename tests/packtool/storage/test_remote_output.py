@@ -500,3 +500,99 @@ def test_tokenize_writes_a_folder_of_parts_to_a_bucket(fs, tmp_path, monkeypatch
     assert len({o.split("/")[0] for o in objects if o.startswith("v-")}) == 1, objects
     code, out, err = run("stats", url)
     assert code == 0 and "40" in out, (out, err)
+
+
+def _writer_rows(n_chunks: int = 4):
+    from tests.packtool.dataset.test_stitch import chunk
+
+    return [chunk(60, seed=i, index=i) for i in range(n_chunks)]
+
+
+def test_shards_upload_on_a_thread_while_the_next_is_written(fs, tmp_path, monkeypatch):
+    """A writer into a bucket writes the bytes of a local writer; each shard's upload runs
+    beside the next shard's writing, at most one at a time, and `close` returns once the last
+    is in the bucket."""
+    from packtool.dataset.shards import ShardConfig, ShardWriter
+    from packtool.storage import writing
+
+    monkeypatch.setenv(writing.SCRATCH_ENV, str(tmp_path / "scratch"))
+    config = ShardConfig(shard_rows=40, row_group_rows=8)
+    chunks = _writer_rows()
+    local = ShardWriter(tmp_path / "local", lambda k: f"shard-{k:05d}.parquet", config)
+    (tmp_path / "local").mkdir()
+    for rows in chunks:
+        local.add_rows(rows)
+    want = local.close()
+    uploading, most, real = [0], [0], writing.replace
+    lock = threading.Lock()
+
+    def watched(source, target):
+        with lock:
+            uploading[0] += 1
+            most[0] = max(most[0], uploading[0])
+        assert threading.current_thread().name.startswith("packtool-upload")
+        time.sleep(0.05)  # the writer goes on with the next shard meanwhile
+        try:
+            real(source, target)
+        finally:
+            with lock:
+                uploading[0] -= 1
+
+    monkeypatch.setattr(writing, "replace", watched)
+    url = f"s3://{BUCKET}/writer"
+    remote_writer = ShardWriter(remote.as_path(url), lambda k: f"shard-{k:05d}.parquet", config)
+    for rows in chunks:
+        remote_writer.add_rows(rows)
+    got = remote_writer.close()
+    assert len(want) >= 3 and got == want
+    assert most[0] == 1
+    fs.invalidate_cache()
+    for info in want:
+        assert (
+            fs.cat_file(f"{BUCKET}/writer/{info.file}")
+            == (tmp_path / "local" / info.file).read_bytes()
+        )
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_a_failed_shard_upload_fails_the_writer_and_leaves_no_scratch_file(
+    fs, tmp_path, monkeypatch
+):
+    from packtool.dataset.shards import ShardConfig, ShardWriter
+    from packtool.storage import writing
+
+    monkeypatch.setenv(writing.SCRATCH_ENV, str(tmp_path / "scratch"))
+    real, calls = writing.replace, [0]
+
+    def second_fails(source, target):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise DataError(f"{target}: cannot be written (injected)")
+        real(source, target)
+
+    monkeypatch.setattr(writing, "replace", second_fails)
+    config = ShardConfig(shard_rows=40, row_group_rows=8)
+    url = f"s3://{BUCKET}/failing"
+    writer = ShardWriter(remote.as_path(url), lambda k: f"shard-{k:05d}.parquet", config)
+    with pytest.raises(DataError, match="injected"):
+        for rows in _writer_rows():
+            writer.add_rows(rows)
+        writer.close()
+    writer.abort()  # what a worker does with a failed partition
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_the_workers_server_imports_the_store_client_and_pandas_ahead():
+    """The local engine's forkserver preloads what every worker imports anyway: its own module,
+    the client library of the stores the run reads or writes, and pandas (pyarrow imports it
+    at a process's first array when it is installed)."""
+    import importlib.util
+
+    from packtool.engines import local
+
+    assert remote.client_modules(["/data/a.jsonl", "b.jsonl"]) == []
+    assert "s3fs" in remote.client_modules(["/data/a.jsonl", f"s3://{BUCKET}/x.jsonl"])
+    modules = local._preload(("s3://b/in/", "/tmp/out"))
+    assert modules[0] == "packtool.engines.local" and "s3fs" in modules
+    assert ("pandas" in modules) == (importlib.util.find_spec("pandas") is not None)
+    assert "s3fs" not in local._preload(("/data/in", "/tmp/out"))
