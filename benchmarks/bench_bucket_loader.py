@@ -5,8 +5,8 @@ Run from the repository root: `python -m benchmarks.bench_bucket_loader [--mb 60
 minute; needs the dev extras: moto's server, s3fs).
 
 Real text (benchmarks/real_corpus.py) is packed once into a local folder and once into
-`s3://bench/ds` on moto's S3 server over loopback (a Python server: it bounds a real store's
-request cost from above; a real network's bandwidth is not measured). Then one epoch over 2
+`s3://bench/ds` on moto's S3 server over loopback, a process of its own (a Python server: it
+bounds a real store's request cost from above; a real network's bandwidth is not measured). Then one epoch over 2
 ranks of `PackedDataLoader(num_workers=2)` batches is timed three ways, best of `--repeat`:
 from the local folder, from the bucket with an empty cache (cold: every row group downloaded
 once, ahead of the order), and from the bucket again with the cache the cold run filled (warm).
@@ -129,8 +129,11 @@ def main() -> None:
         AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
         AWS_DEFAULT_REGION="us-east-1",
     )  # fmt: skip
-    runs = [_measure(mb, args.repeat) for mb in args.mb]
-    server.stop()
+    try:
+        runs = [_measure(mb, args.repeat) for mb in args.mb]
+    finally:
+        server.terminate()
+        server.wait()
     rows, lines = [], []
     for r in runs:
         best = r["best"]
@@ -174,16 +177,17 @@ def main() -> None:
         f"Training from a bucket (`python -m benchmarks.bench_bucket_loader`, "
         f"{time.strftime('%Y-%m-%d')}, best of {args.repeat}): real text packed (max_len 4096) "
         "read for one epoch by `PackedDataLoader(num_workers=2)` on 2 ranks (65,536-token "
-        "batches), from the local folder and from `s3://` on moto's S3 server over loopback "
+        "batches), from the local folder and from `s3://` on moto's S3 server (a process of its "
+        "own, over loopback) "
         "through the node's cache (each range downloaded once; batches of all three identical, "
         "checked in the run). " + "; ".join(lines) + ". What the figures are made of: a warm "
         "epoch pays the open (index.json through its link, ~4 requests, and each footer from the "
         "cache) and a copy of each row group out of its cached range (~5% of a decode), so it "
         "nears local as the epoch grows. A cold epoch here is bound by the server: moto is a "
-        "Python server in the benchmark's own process, on the same 2 cores the loader decodes "
-        "on, that copies the whole object for every ranged GET; serving every range once, with "
-        "no loader at all, already takes longer than the whole local epoch (the row above), so "
-        "download and decode add up instead of overlapping. With a store on other machines the "
+        "Python server on the same 2 cores the loader decodes on, that copies the whole object "
+        "for every ranged GET; serving every range once, with no loader at all, takes about as "
+        "long as the whole local epoch (the row above), so download and decode add up instead "
+        "of overlapping. With a store on other machines the "
         "downloads run on the 4 fetch threads per process ahead of the decode.\n\n"
         f"{table}"
     )

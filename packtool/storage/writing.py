@@ -97,7 +97,8 @@ SCRATCH_ENV = "PACKTOOL_SCRATCH"
 def scratch_dir() -> Path:
     """Where files bound for object storage are written before their upload: `PACKTOOL_SCRATCH`,
     else `packtool-scratch` in the system's temporary folder (created; each file is removed
-    once uploaded, so it holds what the workers are writing now: a shard each)."""
+    once uploaded, so it holds what the workers are writing and uploading now: at most two
+    shards each)."""
     import tempfile
 
     folder = Path(os.environ.get(SCRATCH_ENV) or Path(tempfile.gettempdir()) / "packtool-scratch")
