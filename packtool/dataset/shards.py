@@ -20,6 +20,7 @@ store (an upload's error is raised there, or at the next shard's close).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Callable, Iterator
@@ -357,11 +358,8 @@ class ShardWriter:
         if self._hash is not None:
             self._hash.close()
             self._hash = None
-        if self._upload is not None:  # its object is written again by the retry
-            scratch, upload = self._upload
-            self._upload = None
-            upload.exception()  # wait; the error of a partition already failing adds nothing
-            writing.remove_file(scratch)  # still there when the upload failed
+        with contextlib.suppress(Exception):  # a failing partition's upload error adds nothing
+            self._wait_upload()  # its object is written again by the retry
         self._stop_pool()
         for part in self._parts:
             writing.remove_file(part)

@@ -268,10 +268,10 @@ READ_AHEAD_THREADS = 8
 def open_input(path: Any, buffering: int = -1, end: int | None = None) -> Any:
     """The object opened for reading: seekable and buffered (`buffering` bytes) over a reader
     whose reads are ranged GETs (`ReadAhead`: a small first block, then `READ_BYTES` blocks);
-    once half of one block is read, the next is fetched on another thread, so a worker parses one block while the next
-    downloads. `end`: where the caller means to stop (a partition's range), past which no
-    block is fetched ahead; a read past it still gets its bytes, fetched then (a range's last
-    line)."""
+    once half of one block is read, the next is fetched on another thread, so a worker parses
+    one block while the next downloads. `end`: where the caller means to stop (a partition's
+    range), past which no block is fetched ahead; a read past it still gets its bytes, fetched
+    then (a range's last line)."""
     fs, p = filesystem(path)
     with naming(path):
         size = fs.size(p)
@@ -360,8 +360,8 @@ class ReadAhead(io.RawIOBase):
             return
         if self._end is not None and following >= self._end:
             return
-        n = self._block
-        self._ahead = (following, _fetchers(os.getpid()).submit(self._fetch, following, n))
+        fetchers = _fetchers(os.getpid())
+        self._ahead = (following, fetchers.submit(self._fetch, following, self._block))
 
     def _fetch(self, start: int, n: int) -> bytes:
         return self._fs.cat_file(self._path, start=start, end=min(self._size, start + n))
