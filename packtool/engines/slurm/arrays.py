@@ -9,6 +9,7 @@ queued. See packtool/engines/slurm/driver.py for the whole engine.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import shlex
@@ -28,6 +29,9 @@ from packtool.errors import ConfigError, DataError, Detached
 from packtool.storage import local as storage
 from packtool.storage import writing
 
+LOCAL_HOME = ".packtool-slurm"
+"""For a bucket output: the folder, in the current one, that holds each run's Slurm files."""
+
 
 def logs_folder(out_dir: str | Path) -> Path:
     """Where the tasks' logs go: beside the output (hidden), so that a failed run's logs, which
@@ -36,13 +40,40 @@ def logs_folder(out_dir: str | Path) -> Path:
     return target.parent / f".{target.name}.packtool-slurm-logs"
 
 
+def local_home(work: Any) -> Path:
+    """A bucket output's Slurm files: sbatch runs scripts and writes logs on a file system, so
+    they go to `.packtool-slurm/<run>` in the current folder (a folder every node must see,
+    which the probe job checks), one per run (by the run's staging prefix, which a `--resume`
+    reuses), removed when the run finishes."""
+    digest = hashlib.sha256(str(work).encode()).hexdigest()[:16]
+    return Path.cwd() / LOCAL_HOME / digest
+
+
+def run_folders(work: Any, out_dir: str | Path) -> tuple[Path, Path]:
+    """(the Slurm folder: context, scripts, job files, claims; the logs folder) of a run: in
+    its staging folder and beside its output on a file system, in `local_home` for a bucket."""
+    if storage.is_remote(work):
+        home = local_home(work)
+        return home / SLURM_DIR, home / "logs"
+    return records.run_dir(work) / SLURM_DIR, logs_folder(out_dir)
+
+
+def remove_run_folders(work: Any, out_dir: str | Path) -> None:
+    """What a finished run leaves of its Slurm files: nothing (its staging folder holds the
+    rest)."""
+    if storage.is_remote(work):
+        writing.remove_tree(local_home(work))
+        writing.remove_empty_dir(Path.cwd() / LOCAL_HOME)  # the last run from this folder
+    else:
+        writing.remove_tree(logs_folder(out_dir))
+
+
 class ArrayDriver:
     """Submits the partitions without a record, waits for them, resubmits what is lost."""
 
     def __init__(self, run: Any, slurm: SlurmConfig, options: list[str]) -> None:
         self.run, self.slurm, self.options = run, slurm, options
-        self.dir = records.run_dir(run.work) / SLURM_DIR
-        self.logs = logs_folder(run.out_dir)
+        self.dir, self.logs = run_folders(run.work, run.out_dir)
         writing.make_dirs(self.dir / JOBS_DIR)
         writing.make_dirs(self.logs)
         self.jobs: dict[str, dict[str, Any]] = self._load_jobs()  # job id -> {array, tasks}

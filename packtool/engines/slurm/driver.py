@@ -18,7 +18,9 @@ packtool (the usual venv or conda environment on the shared file system), with t
 submitting shell's environment (`sbatch`'s default `--export=ALL`); `setup` puts one shell
 line before it (`module load python/3.11`, `source /shared/venv/bin/activate`), after
 `PACKTOOL_SLURM_ROLE` is set to `task` (or `probe` in the probe job, which runs the line too). The inputs and
-the output must be on a file system every node sees.
+the output must be on a file system every node sees, or in a bucket: then the tasks read and
+upload their own bytes, and the jobs' scripts, state and logs go to `.packtool-slurm/` in the
+current folder (`arrays.run_folders`), which the nodes must see.
 
 Faults: a task that ends (failed, cancelled, preempted, timed out, node lost, killed) with
 partitions unrecorded has them resubmitted, each partition at most `max_retries` times more;
@@ -38,13 +40,11 @@ from packtool.engines import preflight, worker
 from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
 from packtool.engines.slurm import commands as cli
-from packtool.engines.slurm.arrays import ArrayDriver, logs_folder
+from packtool.engines.slurm.arrays import ArrayDriver, logs_folder, remove_run_folders
 from packtool.engines.slurm.config import SlurmConfig
 from packtool.engines.slurm.pilots import PilotDriver
 from packtool.engines.summary import PackSummary
-from packtool.errors import ConfigError, Detached
-from packtool.storage import local as storage
-from packtool.storage import writing
+from packtool.errors import Detached
 from packtool.tokenizer.tokenizers import Tokenizer
 
 __all__ = ["SlurmConfig", "drive_slurm", "logs_folder", "run_pack_slurm", "slurm_options"]
@@ -63,17 +63,12 @@ def run_pack_slurm(
         WorkersLost: a partition's tasks ended without it more than `max_retries` times.
     """
     slurm = slurm or SlurmConfig()
-    if storage.is_remote(config.out_dir):
-        raise ConfigError(
-            f"{config.out_dir}: --engine slurm writes to a shared file system (its jobs' scripts "
-            "and logs live beside the run); use --engine local or ray for a bucket output"
-        )
     options = slurm_options(slurm, config.out_dir)
     checked = preflight.check_inputs(config, tokenizer)
     with preflight.output_folder(config) as output:
         run = Run(config, checked, output)
         summary = run.finish(drive_slurm(run, slurm, options))
-    writing.remove_tree(logs_folder(config.out_dir))  # a finished run's task logs go with it
+    remove_run_folders(run.work, config.out_dir)  # a finished run's scripts and logs go with it
     return summary
 
 
