@@ -29,6 +29,20 @@ def _no_engine_check_records(monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def slurm_cluster():
+    """The one-node Slurm test cluster (scripts/slurm-test-cluster.sh starts it once; `.ci/run`
+    installs it); the script's output. Skips where it cannot be started."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "slurm-test-cluster.sh"
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        pytest.skip(f"Slurm cannot be started here: {done.stderr.strip().splitlines()[-1]}")
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope="session")
 def s3_server():
     """A real S3 API server on 127.0.0.1 (moto), the AWS_* variables pointing at it."""
     import os

@@ -116,14 +116,6 @@ def test_the_ray_engine_writes_a_bucket_from_its_own_workers(ray_session, fs, lo
     assert _version_files(fs, "ray") == local_pack
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    script = ROOT / "scripts" / "slurm-test-cluster.sh"
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        pytest.skip(f"Slurm cannot be started here: {done.stderr.strip().splitlines()[-1]}")
-
-
 def test_the_slurm_engine_writes_a_bucket_from_its_tasks(
     slurm_cluster, fs, local_pack, tmp_path, monkeypatch
 ):

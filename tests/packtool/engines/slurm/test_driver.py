@@ -27,12 +27,8 @@ SAMPLE = ROOT / "sample_data" / "corpus.jsonl"
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    script = ROOT / "scripts" / "slurm-test-cluster.sh"
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        pytest.skip(f"Slurm cannot be started here: {done.stderr.strip().splitlines()[-1]}")
-    return done.stdout.strip()
+def cluster(slurm_cluster):
+    return slurm_cluster
 
 
 def _config(out: Path, **kw) -> RunConfig:
