@@ -167,6 +167,33 @@ def test_slurm_pull_workers_detach_and_resume_into_a_bucket(
     assert not (tmp_path / LOCAL_HOME).exists()
 
 
+def test_a_fresh_slurm_run_never_takes_a_discarded_run_s_job_files(
+    slurm_cluster, fs, local_pack, tmp_path, monkeypatch
+):
+    from dataclasses import replace
+
+    from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
+    from packtool.errors import Detached
+
+    # A run of other options is left detached, its jobs cancelled; `--overwrite` then starts
+    # over in the same staging version. Its tasks must load its own context, not the old one.
+    monkeypatch.chdir(tmp_path)
+    other = replace(_config(f"s3://{BUCKET}/fresh"), pack=PackConfig(max_len=512))
+    with pytest.raises(Detached) as gone:
+        run_pack_slurm(other, SlurmConfig(wait=False))
+    subprocess.run(["scancel", *gone.value.job_ids], check=True)
+    end = time.time() + 60
+    while time.time() < end:
+        queue = subprocess.run(
+            ["squeue", "-h", "-j", ",".join(gone.value.job_ids)], capture_output=True, text=True
+        )
+        if not queue.stdout.strip():
+            break
+        time.sleep(0.3)
+    run_pack_slurm(_config(f"s3://{BUCKET}/fresh", overwrite=True), SlurmConfig(poll_seconds=0.3))
+    assert _version_files(fs, "fresh") == local_pack
+
+
 def test_an_output_inside_an_input_prefix_is_refused(fs):
     with pytest.raises(ConfigError, match="inside the input"):
         run_pack(_config(f"s3://{BUCKET}/corpus/out", inputs=(f"s3://{BUCKET}/corpus/",)))
