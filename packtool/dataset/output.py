@@ -40,12 +40,14 @@ whole; `commit` writes the link `index.json`, last (the switch: readers see the 
 the new one), then deletes the old version. `recover` deletes any version neither the link nor
 the staging names (left by a run killed after its switch) and aborts unfinished multipart
 uploads (no other writer is alive: the lock is held). A committed version's objects never
-change: a later run always writes a new one.
+change: a later run always writes a new one, and a run that discards an unfinished one
+(`remove_staging`) builds a version of another name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import glob
 import json
@@ -174,12 +176,18 @@ def make_staging(paths: OutputPaths) -> None:
     writing.make_dir(paths.staging)
 
 
-def remove_staging(paths: OutputPaths) -> None:
-    """Delete the staging output (on an object store: its version's objects, then the object
-    naming it; a new run then builds a new version)."""
+def remove_staging(paths: OutputPaths) -> OutputPaths:
+    """Delete the staging output; return the paths a fresh run then builds into. On an object
+    store: the version's objects, then the object naming it, and the fresh run gets a new
+    version (never the discarded one, into which a job of the discarded run, still alive,
+    could yet upload)."""
     remove(paths.staging)
-    if paths.remote and not paths.whole_object:
-        writing.remove_file(paths.target / REMOTE_STAGING)
+    if not paths.remote or paths.whole_object:
+        return paths
+    writing.remove_file(paths.target / REMOTE_STAGING)
+    version = _NEW_VERSIONS[str(paths.target)] = new_version()
+    fresh = paths.target / version
+    return dataclasses.replace(paths, staging=fresh, ready=fresh, old=fresh)
 
 
 def check_apart(
@@ -443,7 +451,9 @@ def transaction(
 
     Creates the output's parent folders, takes `OutputLock`, finishes what a killed run left
     (`recover`), then runs `prepare(paths)` (the command's own checks and its staging path:
-    what it returns is handed on) and the body; when the body succeeds the staging output is
+    what it returns is handed on; on an object store the paths are read again after it, since a
+    run in progress that it finished or discarded leaves the next one a new version) and the
+    body; when the body succeeds the staging output is
     swapped in (`commit`). When the body fails, the staging is removed if
     `discard(exc, prepared)` says so (`pack` keeps it for `--resume`), and on any failure the
     parent folders this call created are removed again when empty. Call `check_apart` first,
@@ -458,6 +468,9 @@ def transaction(
         with OutputLock(paths, command) as lock:
             recover(paths)  # never deletes the version `.packtool-staging` names: paths hold
             prepared = prepare(paths)
+            if paths.remote and not paths.whole_object:
+                # `prepare` may have finished or discarded the run in progress: a new version
+                paths = output_paths(out)
             try:
                 yield paths, prepared
             except BaseException as exc:

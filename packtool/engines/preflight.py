@@ -287,6 +287,7 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
             # complete, so it is swapped in now, as it would have been.
             remove(paths.staging / STATE_DIR)
             commit(paths)
+            paths = output_paths(config.out_dir)  # on a bucket: the next run's new version
         return _prepare(config, paths)
 
     def discard(exc: BaseException, state: dict[str, Any] | None) -> bool:
@@ -421,7 +422,7 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
                 f"an interrupted run into {shown} left its finished partitions in "
                 f"{paths.staging}; pass --resume to finish it or --overwrite to start over"
             )
-        remove_staging(paths)
+        paths = remove_staging(paths)
     present = list(storage.list_dir(out)) if storage.is_dir(out) else []
     if paths.remote:  # its lock and staging objects are inside the prefix
         present = [p for p in present if not p.name.startswith(".packtool-")]

@@ -74,10 +74,6 @@ class ArrayDriver:
     def __init__(self, run: Any, slurm: SlurmConfig, options: list[str]) -> None:
         self.run, self.slurm, self.options = run, slurm, options
         self.dir, self.logs = run_folders(run.work, run.out_dir)
-        if storage.is_remote(run.work) and not run.config.resume:
-            # A fresh run may build the version a discarded run built (`--overwrite` of its
-            # staging): that run's context and job files must not be taken for this one's.
-            writing.remove_tree(local_home(run.work))
         writing.make_dirs(self.dir / JOBS_DIR)
         writing.make_dirs(self.logs)
         self.jobs: dict[str, dict[str, Any]] = self._load_jobs()  # job id -> {array, tasks}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from packtool.dataset.manifest import read_manifest
-from packtool.dataset.output import OutputLock, output_paths
+from packtool.dataset.output import OutputLock, make_staging, output_paths
 from packtool.engines.local import RunConfig, run_pack
 from packtool.errors import ConfigError, DataError
 from packtool.pack.chunk import PackConfig
@@ -232,6 +232,50 @@ def test_overwrite_builds_beside_the_old_dataset_and_switches(
     assert second != first and _version_files(fs, "c") == local_pack
     assert (first, second) in seen  # deleted after the switch
     assert _objects(fs, "c") == ["index.json", *(f"{second}/{n}" for n in local_pack)]
+
+
+def test_overwrite_of_an_interrupted_run_builds_a_new_version(fs, local_pack):
+    # A run left its staging (the object naming its version, and a shard in it). `--overwrite`
+    # discards it and builds another version: a job of the discarded run still alive could
+    # otherwise upload into the new run's version.
+    url = f"s3://{BUCKET}/discarded"
+    paths = output_paths(url)
+    make_staging(paths)
+    left = f"{BUCKET}/discarded/{paths.staging.name}/shard-000000-00000.parquet"
+    fs.pipe_file(left, b"the discarded run's")
+    with pytest.raises(ConfigError, match="pass --resume to finish it or --overwrite"):
+        run_pack(_config(url))
+    run_pack(_config(url, overwrite=True))
+    assert _link(fs, "discarded") != paths.staging.name
+    assert _version_files(fs, "discarded") == local_pack
+    assert _objects(fs, "discarded") == [
+        "index.json",
+        *(f"{_link(fs, 'discarded')}/{n}" for n in local_pack),
+    ]
+
+
+def test_a_run_killed_before_its_switch_is_switched_in_and_never_deleted_by_the_next(
+    fs, local_pack, tmp_path
+):
+    # A run wrote its version whole, index.json last, and was killed before the link named it.
+    # The next run switches it in as it would have been, then builds a version of its own: an
+    # overwrite that fails leaves that dataset whole.
+    url = f"s3://{BUCKET}/unswitched"
+    run_pack(_config(url))
+    first = _link(fs, "unswitched")
+    paths = output_paths(url)
+    make_staging(paths)
+    for name, data in local_pack.items():
+        fs.pipe_file(f"{BUCKET}/unswitched/{paths.staging.name}/{name}", data)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(CORPUS.read_bytes() + b"{not json\n")
+    with pytest.raises(DataError):
+        run_pack(_config(url, inputs=(bad,), overwrite=True, read=ReadConfig(strict=True)))
+    assert _link(fs, "unswitched") == paths.staging.name != first
+    assert _objects(fs, "unswitched") == [
+        "index.json",
+        *(f"{paths.staging.name}/{n}" for n in local_pack),
+    ]
 
 
 def test_a_version_left_by_a_run_killed_after_its_switch_is_deleted_by_the_next(fs, local_pack):
