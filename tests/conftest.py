@@ -1,9 +1,44 @@
-"""Fixtures for every test: GPU tests skipped without CUDA, no engine check records, and
-`s3_server`: a real S3 API server on loopback for the session (moto's server mode,
-`ThreadedMotoServer`, as datatrove's and Ray's own suites do) with the standard AWS variables
-pointing at it (`AWS_ENDPOINT_URL`, test credentials); its value is the endpoint URL."""
+"""Fixtures for every test: GPU tests skipped without CUDA, no engine check records, and the
+object stores, each a real server on loopback for the session with its client library's
+standard variables pointing at it (the value is the endpoint URL):
+
+- `s3_server`: moto's server mode (`ThreadedMotoServer`, as datatrove's and Ray's own suites
+  do), `AWS_ENDPOINT_URL` and test credentials.
+- `gcs_server`: gcp-storage-emulator (pure Python, in a thread), `STORAGE_EMULATOR_HOST`.
+- `azurite_server`: Azurite, Microsoft's Blob Storage emulator (node; `.ci/run` installs it with
+  scripts/azurite.sh), `AZURE_STORAGE_CONNECTION_STRING` with its well-known dev account."""
+
+import contextlib
+import os
+import socket
 
 import pytest
+
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+"""Azurite's dev account key: public, the same in every Azurite (Microsoft's docs print it)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _environ(**values: str):
+    """Set these variables for the session's tests, then put back what was there."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,32 +80,88 @@ def slurm_cluster():
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3 API server on 127.0.0.1 (moto), the AWS_* variables pointing at it."""
-    import os
-    import socket
-
     server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
     pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'packtool[s3]')")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+    port = _free_port()
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    names = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update(
+    with _environ(
         AWS_ENDPOINT_URL=endpoint,
         AWS_ACCESS_KEY_ID="packtool-test",
         AWS_SECRET_ACCESS_KEY="packtool-test",
         AWS_DEFAULT_REGION="us-east-1",
-    )
-    yield endpoint
+    ):
+        yield endpoint
     server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+    """A Google Cloud Storage JSON API server on 127.0.0.1 (gcp-storage-emulator, in memory),
+    `STORAGE_EMULATOR_HOST` pointing at it (gcsfs's own variable for an emulator)."""
+    emulator = pytest.importorskip(
+        "gcp_storage_emulator.server", reason="gcp-storage-emulator is not installed"
+    )
+    import logging
+
+    logging.getLogger("gcp_storage_emulator").setLevel(logging.ERROR)
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    # gcsfs asks a real GCS for the bucket's type over gRPC first (60 s of retries against an
+    # emulator, which speaks only the JSON API); its own variable, read when it is imported,
+    # turns that off.
+    with _environ(STORAGE_EMULATOR_HOST=endpoint, GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false"):
+        pytest.importorskip("gcsfs", reason="gcsfs is not installed (pip install 'packtool[gcs]')")
+        server = emulator.create_server("127.0.0.1", port, in_memory=True)
+        server.start()
+        yield endpoint
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite_server(tmp_path_factory):
+    """Azure Blob Storage on 127.0.0.1 (Azurite, in memory), the connection string of its dev
+    account in `AZURE_STORAGE_CONNECTION_STRING`. Skips, saying why, where Azurite is absent."""
+    import shutil
+    import subprocess
+    import time
+    from pathlib import Path
+
+    pytest.importorskip("adlfs", reason="adlfs is not installed (pip install 'packtool[azure]')")
+    home = Path(
+        os.environ.get("PACKTOOL_AZURITE_HOME", Path.home() / ".cache" / "packtool-azurite")
+    )
+    program = shutil.which("azurite-blob") or home / "node_modules" / ".bin" / "azurite-blob"
+    if not Path(program).exists():
+        pytest.skip(f"Azurite is not installed (bash scripts/azurite.sh installs it in {home})")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("azurite") / "azurite.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(program), "--blobHost", "127.0.0.1", "--blobPort", str(port),
+             "--inMemoryPersistence", "--silent", "--skipApiVersionCheck", "--loose"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    deadline = time.time() + 30
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            said = log.read_text(errors="replace").strip().splitlines() or ["no output"]
+            pytest.skip(f"Azurite did not start ({program}): {said[-1]}")
+        time.sleep(0.1)
+    endpoint = f"http://127.0.0.1:{port}/devstoreaccount1"
+    connection = (
+        f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURITE_KEY};"
+        f"BlobEndpoint={endpoint};"
+    )
+    with _environ(AZURE_STORAGE_CONNECTION_STRING=connection):
+        yield endpoint
+    proc.kill()  # in memory: nothing to save (it takes its time over a SIGTERM)
+    proc.wait()

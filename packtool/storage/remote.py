@@ -58,8 +58,11 @@ S3_DEFAULTS: dict[str, Any] = {
 FORWARDED = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
              "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION",
              "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "HF_TOKEN",
-             "HF_ENDPOINT", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_ACCOUNT_NAME",
-             "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_CONNECTION_STRING", OPTIONS_ENV)  # fmt: skip
+             "HF_ENDPOINT", "GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST",
+             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+             "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN",
+             "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_CLIENT_ID",
+             "AZURE_STORAGE_CLIENT_SECRET", "AZURE_STORAGE_TENANT_ID", OPTIONS_ENV)  # fmt: skip
 """The variables that say where and as whom a store is read: what a cluster's workers, which
 do not inherit the driver's environment (Ray), are handed (`forwarded_env`)."""
 
@@ -195,25 +198,30 @@ class RemoteStat(NamedTuple):
     st_mtime_ns: int
 
 
-def _mtime_ns(info: dict[str, Any]) -> int:
-    """An object's state as one integer in the place of a modification time: its whole seconds
-    (a listing gives milliseconds, a HEAD only seconds), then in the nanoseconds the CRC-32 of
-    its ETag, so an object rewritten within a second (same size) still reads as changed."""
-    seconds = 0
+def modified_at(info: dict[str, Any]) -> float | None:
+    """When an object was last written (seconds since the epoch), from any store's `info`:
+    S3's `LastModified`, Azure's `last_modified`, GCS's `mtime` / `updated`, the Hub's
+    `last_commit`; None when it has none."""
     for key in ("LastModified", "last_modified", "mtime", "updated", "last_commit"):
         value = info.get(key)
         if value is None:
             continue
         if hasattr(value, "timestamp"):
-            seconds = int(value.timestamp())
-        elif isinstance(value, (int, float)):
-            seconds = int(value)
-        else:
-            try:
-                seconds = int(datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp())
-            except ValueError:
-                continue
-        break
+            return float(value.timestamp())
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+def _mtime_ns(info: dict[str, Any]) -> int:
+    """An object's state as one integer in the place of a modification time: its whole seconds
+    (a listing gives milliseconds, a HEAD only seconds), then in the nanoseconds the CRC-32 of
+    its ETag, so an object rewritten within a second (same size) still reads as changed."""
+    seconds = int(modified_at(info) or 0)
     tag = str(info.get("ETag") or info.get("etag") or "").strip('"')
     return seconds * 1_000_000_000 + (zlib.crc32(tag.encode()) % 1_000_000_000 if tag else 0)
 

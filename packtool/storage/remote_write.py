@@ -1,9 +1,10 @@
 """Object storage, write side: what `writing.py` hands on for a URL.
 
 An object store has no rename, no folder, no fsync and no `flock`; it has whole-object puts
-(an object appears complete or not at all), multipart uploads, and on S3 conditional puts
-(`If-None-Match: *`: create only if absent; `If-Match: ETAG`: replace only that version). The
-write side is built on those:
+(an object appears complete or not at all), multipart uploads, and conditional puts: create
+only if absent on S3 (`If-None-Match: *`), GCS (`ifGenerationMatch=0`) and Azure
+(`If-None-Match: *`), through fsspec's `mode="create"`; replace only one version (`If-Match:
+ETAG`) on S3. The write side is built on those:
 
 - `upload` (a finished local file becomes an object: `writing.replace(local, url)`; one PUT up
   to 2 parts' worth, else a multipart upload in `part_size` parts, always under S3's 10,000-part
@@ -15,8 +16,9 @@ write side is built on those:
   lock whose holder is gone (a dead pid on this host, or not renewed for `LEASE_S`) is taken
   over with `If-Match` on the stale ETag, so of two writers taking over the same stale lock
   exactly one succeeds. A holder whose renewal is refused has lost the lock (`lost`): its run
-  then refuses to commit. Stores without conditional puts (gs://, az://, hf:// through fsspec)
-  get the same protocol without the store's guarantee: a check, then a put (docs/remote.md).
+  then refuses to commit. On gs:// and az:// the lock is created conditionally, but renewed and
+  taken over with plain puts (fsspec has no `If-Match` there); on hf:// and http(s):// a check,
+  then a put (docs/remote.md says what that guarantees).
 
 Failures are one line naming the URL (`remote.naming`).
 """
@@ -31,10 +33,9 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from typing import Any
 
-from packtool.storage.remote import filesystem, naming, scheme
+from packtool.storage.remote import filesystem, modified_at, naming, scheme
 
 MAX_PARTS = 10_000
 """S3's limit on the parts of one multipart upload."""
@@ -45,6 +46,11 @@ PART_BYTES = 64 << 20
 LEASE_ENV = "PACKTOOL_LOCK_LEASE_S"
 LEASE_S = 120.0
 """Seconds a lock object stays valid without renewal (`PACKTOOL_LOCK_LEASE_S` changes it)."""
+
+
+CREATES_CONDITIONALLY = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+"""The schemes whose fsspec implementation makes `pipe_file(mode="create")` a conditional put
+(s3fs, gcsfs and adlfs: a `FileExistsError` when the object is there)."""
 
 
 def _is_s3(url: Any) -> bool:
@@ -78,19 +84,20 @@ def write_bytes(url: Any, data: bytes) -> None:
 
 
 def create_exclusive(url: Any, data: bytes) -> bool:
-    """Create the object `url` holding `data` if none is there; False when one is. On S3 a
-    conditional put (`If-None-Match: *`): of several writers exactly one succeeds. Elsewhere a
-    check, then a put (two writers racing may both succeed: docs/remote.md)."""
+    """Create the object `url` holding `data` if none is there; False when one is. A check
+    first (the usual answer, in one HEAD), then on S3, GCS and Azure a conditional put: of
+    several writers racing, exactly one succeeds. Elsewhere a plain put (two writers racing may
+    both succeed: docs/remote.md)."""
     fs, p = filesystem(url)
     with naming(url):
-        if _is_s3(url):
+        if fs.exists(p):
+            return False
+        if scheme(url) in CREATES_CONDITIONALLY:
             try:
                 fs.pipe_file(p, data, mode="create")
             except FileExistsError:
                 return False
             return True
-        if fs.exists(p):
-            return False
         fs.pipe_file(p, data)
         return True
 
@@ -244,7 +251,7 @@ class RemoteLock:
         fs.invalidate_cache(p)
 
 
-def _holder_gone(note: bytes, modified: datetime | None) -> bool:
+def _holder_gone(note: bytes, modified: float | None) -> bool:
     """A lock whose holder cannot be alive: a dead pid on this host, or no renewal for a lease."""
     try:
         info = json.loads(note or b"{}")
@@ -259,8 +266,7 @@ def _holder_gone(note: bytes, modified: datetime | None) -> bool:
             pass
     if modified is None:
         return False
-    age = (datetime.now(timezone.utc) - modified).total_seconds()
-    return age > lease_s()
+    return time.time() - modified > lease_s()
 
 
 def take_lock(url: Any, note: bytes = b"") -> RemoteLock:
@@ -288,8 +294,7 @@ def take_lock(url: Any, note: bytes = b"") -> RemoteLock:
         etag = info.get("ETag")
         if note and holder == note:  # our own put, whose answer was lost and retried (412)
             return RemoteLock(url, etag, note)
-        modified = info.get("LastModified")
-        if not _holder_gone(holder, modified if isinstance(modified, datetime) else None):
+        if not _holder_gone(holder, modified_at(info)):
             raise RemoteLockBusy(holder)
         if not _is_s3(url):
             write_bytes(url, note)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -177,8 +178,12 @@ def test_the_one_line_errors(bucket, tmp_path, monkeypatch):
     assert code != 0 and "glob matches no objects" in one_error_line(err)
     code, _, err = run("stats", "s3://corpus/data/", "--storage-options", "{not json")
     assert code != 0 and "--storage-options: not JSON" in one_error_line(err)
+    # A scheme whose library is not installed (gcsfs, hidden from this process's imports).
+    monkeypatch.setitem(sys.modules, "gcsfs", None)
+    remote._filesystem.cache_clear()
     with pytest.raises(MissingDependencyError, match=r"packtool\[gcs\]"):
         storage.expand(["gs://bucket/x.jsonl"], (".jsonl",), ".jsonl")
+    remote._filesystem.cache_clear()
 
 
 def test_an_unreachable_endpoint_is_one_line_in_bounded_time(bucket, tmp_path, monkeypatch):
