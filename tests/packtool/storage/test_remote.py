@@ -16,13 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool.dataset.manifest import read_manifest
-from packtool.engines.local import RunConfig, run_pack
+from packtool.engines.local import run_pack
 from packtool.engines.plan import check_unchanged, describe
 from packtool.errors import DataError, MissingDependencyError
-from packtool.pack.chunk import PackConfig
 from packtool.storage import local as storage
 from packtool.storage import remote
 from tests.cli import one_error_line, run
+from tests.packtool.storage.common import pack_config
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "sample_data"
@@ -48,25 +48,14 @@ def bucket(s3_server, tmp_path_factory):
     return local
 
 
-def _config(inputs, out: Path, **kw) -> RunConfig:
-    return RunConfig(
-        inputs=tuple(str(i) for i in inputs),
-        out_dir=str(out),
-        pack=PackConfig(max_len=1024),
-        partition_size=300_000,
-        progress=False,
-        **kw,
-    )
-
-
 def _shards(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.parquet"))}
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_pack_from_a_bucket_writes_the_shards_of_the_same_local_pack(bucket, tmp_path, workers):
-    want = run_pack(_config([bucket], tmp_path / "local"))
-    got = run_pack(_config(["s3://corpus/data/"], tmp_path / "s3", workers=workers))
+    want = run_pack(pack_config(tmp_path / "local", [bucket]))
+    got = run_pack(pack_config(tmp_path / "s3", ["s3://corpus/data/"], workers=workers))
     assert got.partitions == want.partitions >= 12  # byte ranges and row groups, as locally
     assert _shards(tmp_path / "s3") == _shards(tmp_path / "local")
     assert got.counts == want.counts and got.skips == want.skips
@@ -81,8 +70,8 @@ def test_the_ray_engine_reads_a_bucket_from_its_own_workers(ray_session, bucket,
     with what the driver hands them (`remote.forwarded_env` in the actors' runtime_env)."""
     from packtool.engines.ray import RayConfig, run_pack_ray
 
-    run_pack(_config([bucket], tmp_path / "local"))
-    run_pack_ray(_config(["s3://corpus/data/"], tmp_path / "ray"), RayConfig())
+    run_pack(pack_config(tmp_path / "local", [bucket]))
+    run_pack_ray(pack_config(tmp_path / "ray", ["s3://corpus/data/"]), RayConfig())
     assert _shards(tmp_path / "ray") == _shards(tmp_path / "local")
 
 
@@ -93,12 +82,12 @@ def test_a_pack_rides_out_throttling_dropped_connections_and_cut_bodies(
     connection unanswered and cuts every 11th body in half: the same shards, by retries."""
     from tests.packtool.storage.faulty_proxy import FaultyProxy
 
-    run_pack(_config([bucket], tmp_path / "local"))
+    run_pack(pack_config(tmp_path / "local", [bucket]))
     proxy = FaultyProxy(s3_server, {"slowdown": 4, "drop": 9, "truncate": 11})
     with proxy as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL", url)
         remote._filesystem.cache_clear()
-        run_pack(_config(["s3://corpus/data/"], tmp_path / "s3", workers=1))
+        run_pack(pack_config(tmp_path / "s3", ["s3://corpus/data/"], workers=1))
     remote._filesystem.cache_clear()
     assert _shards(tmp_path / "s3") == _shards(tmp_path / "local")
     assert min(proxy.counts.values()) >= 1, proxy.counts  # every kind of fault happened
@@ -120,7 +109,7 @@ def test_a_worker_reads_its_own_byte_ranges(bucket, tmp_path, monkeypatch):
     monkeypatch.setattr(remote, "READ_BYTES", 65536)
     monkeypatch.setattr("packtool.read.compressed.BUFFER_BYTES", 65536)
     monkeypatch.setattr("packtool.read.lines.BUFFER_BYTES", 65536)
-    summary = run_pack(_config(["s3://corpus/data/a.jsonl"], tmp_path / "out", workers=1))
+    summary = run_pack(pack_config(tmp_path / "out", ["s3://corpus/data/a.jsonl"], workers=1))
     size = (bucket / "a.jsonl").stat().st_size
     assert summary.partitions == 11
     assert size <= fetched["corpus/data/a.jsonl"] <= size + 11 * 2 * 65536

@@ -25,9 +25,15 @@ from packtool.pack.chunk import PackConfig
 from packtool.read.documents import ReadConfig
 from packtool.storage import remote, remote_write
 from tests.cli import one_error_line, run
+from tests.packtool.storage.common import (
+    CORPUS,
+    ROOT,
+    pack_config,
+    packed_files,
+    race_for_lock,
+    same_but_inputs,
+)
 
-ROOT = Path(__file__).resolve().parents[3]
-CORPUS = ROOT / "sample_data" / "corpus.jsonl"
 BUCKET = "datasets"
 
 
@@ -41,23 +47,10 @@ def fs(s3_server):
     return s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True)
 
 
-def _config(out, inputs=(CORPUS,), **kw) -> RunConfig:
-    return RunConfig(
-        inputs=tuple(str(i) for i in inputs),
-        out_dir=str(out),
-        pack=PackConfig(max_len=1024),
-        partition_size=300_000,
-        progress=False,
-        **kw,
-    )
-
-
 @pytest.fixture(scope="module")
 def local_pack(tmp_path_factory) -> dict[str, bytes]:
     """What a local -> local pack of the corpus writes: every file's bytes by name."""
-    out = tmp_path_factory.mktemp("local") / "ds"
-    run_pack(_config(out))
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    return packed_files(tmp_path_factory.mktemp("local") / "ds")
 
 
 def _link(fs, prefix: str) -> str:
@@ -79,7 +72,7 @@ def _objects(fs, prefix: str) -> list[str]:
 
 def test_a_pack_to_a_bucket_writes_the_bytes_of_a_local_pack(fs, local_pack):
     url = f"s3://{BUCKET}/a"
-    run_pack(_config(url))
+    run_pack(pack_config(url))
     version = _link(fs, "a")
     # The link and one version, byte for byte the local dataset (index.json included); no run
     # state, staging or lock object left.
@@ -94,17 +87,8 @@ def test_a_pack_to_a_bucket_writes_the_bytes_of_a_local_pack(fs, local_pack):
 
 def test_a_pack_from_a_bucket_to_a_bucket_writes_the_same_bytes(fs, local_pack):
     fs.put_file(str(CORPUS), f"{BUCKET}/corpus/corpus.jsonl")
-    run_pack(_config(f"s3://{BUCKET}/b", inputs=(f"s3://{BUCKET}/corpus/corpus.jsonl",)))
-    got = _version_files(fs, "b")
-    # The same shards; the manifest differs only where it names the input (the doc-id file
-    # list, the fingerprint).
-    assert {k: v for k, v in got.items() if k != "index.json"} == {
-        k: v for k, v in local_pack.items() if k != "index.json"
-    }
-    a, b = json.loads(got["index.json"]), json.loads(local_pack["index.json"])
-    for m in (a, b):
-        m["extra"].pop("fingerprint"), m["extra"]["doc_ids"].pop("files")
-    assert a == b
+    run_pack(pack_config(f"s3://{BUCKET}/b", inputs=(f"s3://{BUCKET}/corpus/corpus.jsonl",)))
+    assert same_but_inputs(_version_files(fs, "b"), local_pack)
 
 
 def test_the_ray_engine_writes_a_bucket_from_its_own_workers(ray_session, fs, local_pack):
@@ -112,7 +96,7 @@ def test_the_ray_engine_writes_a_bucket_from_its_own_workers(ray_session, fs, lo
     hands them): the bytes of a local pack."""
     from packtool.engines.ray import RayConfig, run_pack_ray
 
-    run_pack_ray(_config(f"s3://{BUCKET}/ray"), RayConfig())
+    run_pack_ray(pack_config(f"s3://{BUCKET}/ray"), RayConfig())
     assert _version_files(fs, "ray") == local_pack
 
 
@@ -135,7 +119,7 @@ def test_the_slurm_engine_writes_a_bucket_from_its_tasks(
         return submit(options, tasks, script)
 
     monkeypatch.setattr(arrays.cli, "submit_array", watched)
-    summary = run_pack_slurm(_config(f"s3://{BUCKET}/slurm"), SlurmConfig(poll_seconds=0.3))
+    summary = run_pack_slurm(pack_config(f"s3://{BUCKET}/slurm"), SlurmConfig(poll_seconds=0.3))
     assert summary.partitions > 1 and seen and all(seen)
     assert _version_files(fs, "slurm") == local_pack
     assert _objects(fs, "slurm") == [
@@ -157,11 +141,11 @@ def test_slurm_pull_workers_detach_and_resume_into_a_bucket(
     # driver that comes back from this folder re-attaches to the workers and finishes.
     monkeypatch.chdir(tmp_path)
     with pytest.raises(Detached) as gone:
-        run_pack_slurm(_config(f"s3://{BUCKET}/pull"), SlurmConfig(workers=2, wait=False))
+        run_pack_slurm(pack_config(f"s3://{BUCKET}/pull"), SlurmConfig(workers=2, wait=False))
     assert gone.value.job_ids and any((tmp_path / LOCAL_HOME).iterdir())
     assert not fs.exists(f"{BUCKET}/pull/index.json")
     run_pack_slurm(
-        _config(f"s3://{BUCKET}/pull", resume=True), SlurmConfig(workers=2, poll_seconds=0.3)
+        pack_config(f"s3://{BUCKET}/pull", resume=True), SlurmConfig(workers=2, poll_seconds=0.3)
     )
     assert _version_files(fs, "pull") == local_pack
     assert not (tmp_path / LOCAL_HOME).exists()
@@ -178,7 +162,7 @@ def test_a_fresh_slurm_run_never_takes_a_discarded_run_s_job_files(
     # A run of other options is left detached, its jobs cancelled; `--overwrite` then starts
     # over in the same staging version. Its tasks must load its own context, not the old one.
     monkeypatch.chdir(tmp_path)
-    other = replace(_config(f"s3://{BUCKET}/fresh"), pack=PackConfig(max_len=512))
+    other = replace(pack_config(f"s3://{BUCKET}/fresh"), pack=PackConfig(max_len=512))
     with pytest.raises(Detached) as gone:
         run_pack_slurm(other, SlurmConfig(wait=False))
     subprocess.run(["scancel", *gone.value.job_ids], check=True)
@@ -190,31 +174,33 @@ def test_a_fresh_slurm_run_never_takes_a_discarded_run_s_job_files(
         if not queue.stdout.strip():
             break
         time.sleep(0.3)
-    run_pack_slurm(_config(f"s3://{BUCKET}/fresh", overwrite=True), SlurmConfig(poll_seconds=0.3))
+    run_pack_slurm(
+        pack_config(f"s3://{BUCKET}/fresh", overwrite=True), SlurmConfig(poll_seconds=0.3)
+    )
     assert _version_files(fs, "fresh") == local_pack
 
 
 def test_an_output_inside_an_input_prefix_is_refused(fs):
     with pytest.raises(ConfigError, match="inside the input"):
-        run_pack(_config(f"s3://{BUCKET}/corpus/out", inputs=(f"s3://{BUCKET}/corpus/",)))
+        run_pack(pack_config(f"s3://{BUCKET}/corpus/out", inputs=(f"s3://{BUCKET}/corpus/",)))
 
 
 def test_overwrite_builds_beside_the_old_dataset_and_switches(
     fs, local_pack, tmp_path, monkeypatch
 ):
     url = f"s3://{BUCKET}/c"
-    run_pack(_config(url))
+    run_pack(pack_config(url))
     first = _link(fs, "c")
     before = _version_files(fs, "c")
     with pytest.raises(ConfigError, match="not empty; pass --overwrite"):
-        run_pack(_config(url))
+        run_pack(pack_config(url))
 
     # A failed overwrite (a bad document in strict mode, met by a partition worker) leaves the
     # old dataset as it was: the same link, the same objects, nothing else under the prefix.
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(CORPUS.read_bytes() + b"{not json\n")
     with pytest.raises(DataError):
-        run_pack(_config(url, inputs=(bad,), overwrite=True, read=ReadConfig(strict=True)))
+        run_pack(pack_config(url, inputs=(bad,), overwrite=True, read=ReadConfig(strict=True)))
     assert _link(fs, "c") == first and _version_files(fs, "c") == before
     assert _objects(fs, "c") == ["index.json", *(f"{first}/{n}" for n in local_pack)]
 
@@ -227,7 +213,7 @@ def test_overwrite_builds_beside_the_old_dataset_and_switches(
         delete(u)
 
     monkeypatch.setattr(remote_write, "remove_tree", watching)
-    run_pack(_config(url, overwrite=True))
+    run_pack(pack_config(url, overwrite=True))
     second = _link(fs, "c")
     assert second != first and _version_files(fs, "c") == local_pack
     assert (first, second) in seen  # deleted after the switch
@@ -244,8 +230,8 @@ def test_overwrite_of_an_interrupted_run_builds_a_new_version(fs, local_pack):
     left = f"{BUCKET}/discarded/{paths.staging.name}/shard-000000-00000.parquet"
     fs.pipe_file(left, b"the discarded run's")
     with pytest.raises(ConfigError, match="pass --resume to finish it or --overwrite"):
-        run_pack(_config(url))
-    run_pack(_config(url, overwrite=True))
+        run_pack(pack_config(url))
+    run_pack(pack_config(url, overwrite=True))
     assert _link(fs, "discarded") != paths.staging.name
     assert _version_files(fs, "discarded") == local_pack
     assert _objects(fs, "discarded") == [
@@ -261,7 +247,7 @@ def test_a_run_killed_before_its_switch_is_switched_in_and_never_deleted_by_the_
     # The next run switches it in as it would have been, then builds a version of its own: an
     # overwrite that fails leaves that dataset whole.
     url = f"s3://{BUCKET}/unswitched"
-    run_pack(_config(url))
+    run_pack(pack_config(url))
     first = _link(fs, "unswitched")
     paths = output_paths(url)
     make_staging(paths)
@@ -270,7 +256,7 @@ def test_a_run_killed_before_its_switch_is_switched_in_and_never_deleted_by_the_
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(CORPUS.read_bytes() + b"{not json\n")
     with pytest.raises(DataError):
-        run_pack(_config(url, inputs=(bad,), overwrite=True, read=ReadConfig(strict=True)))
+        run_pack(pack_config(url, inputs=(bad,), overwrite=True, read=ReadConfig(strict=True)))
     assert _link(fs, "unswitched") == paths.staging.name != first
     assert _objects(fs, "unswitched") == [
         "index.json",
@@ -280,10 +266,10 @@ def test_a_run_killed_before_its_switch_is_switched_in_and_never_deleted_by_the_
 
 def test_a_version_left_by_a_run_killed_after_its_switch_is_deleted_by_the_next(fs, local_pack):
     url = f"s3://{BUCKET}/d"
-    run_pack(_config(url))
+    run_pack(pack_config(url))
     orphan = f"{BUCKET}/d/v-20200101T000000-0123abcd/shard-000000-00000.parquet"
     fs.pipe_file(orphan, b"left by a killed run")
-    run_pack(_config(url, overwrite=True))
+    run_pack(pack_config(url, overwrite=True))
     assert not fs.exists(orphan)
     assert _version_files(fs, "d") == local_pack
 
@@ -296,31 +282,16 @@ def test_one_writer_per_output(fs):
             ConfigError, match=r"being written by another packtool \(pid \d+ on .*the first"
         ),
     ):
-        run_pack(_config(url))
+        run_pack(pack_config(url))
     assert not fs.exists(f"{BUCKET}/e/index.json")
     # Released: the next writer goes ahead.
-    run_pack(_config(url))
+    run_pack(pack_config(url))
     assert fs.exists(f"{BUCKET}/e/index.json")
 
 
 def test_of_writers_racing_for_a_lock_object_exactly_one_wins(fs):
     url = f"s3://{BUCKET}/locks/race"
-    won: list[remote_write.RemoteLock] = []
-    refused: list[bytes] = []
-    start = threading.Barrier(8)
-
-    def take(i: int) -> None:
-        start.wait()
-        try:
-            won.append(remote_write.take_lock(url, json.dumps({"writer": i}).encode()))
-        except remote_write.RemoteLockBusy as busy:
-            refused.append(busy.holder)
-
-    threads = [threading.Thread(target=take, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    won, refused = race_for_lock(url)
     assert len(won) == 1 and len(refused) == 7
     won[0].release()
     assert not fs.exists(f"{BUCKET}/locks/race")
@@ -468,7 +439,7 @@ def test_a_pack_into_a_bucket_rides_out_faulty_uploads(fs, s3_server, local_pack
     with proxy as endpoint, monkeypatch.context() as m:
         m.setenv("AWS_ENDPOINT_URL", endpoint)
         remote._filesystem.cache_clear()
-        run_pack(_config(f"s3://{BUCKET}/faulty"))
+        run_pack(pack_config(f"s3://{BUCKET}/faulty"))
     remote._filesystem.cache_clear()
     assert proxy.counts["slowdown"] >= 1 and proxy.counts["drop"] >= 1, proxy.counts
     assert _version_files(fs, "faulty") == local_pack

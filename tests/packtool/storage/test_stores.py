@@ -8,25 +8,27 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loader import PackedDataset
 from packtool.dataset.output import OutputLock, output_paths
-from packtool.engines.local import RunConfig, run_pack
+from packtool.engines.local import run_pack
 from packtool.errors import ConfigError
-from packtool.pack.chunk import PackConfig
 from packtool.storage import remote_write
 from packtool.tokenize.tokenize import tokenize_corpus
 from tests.cli import run
+from tests.packtool.storage.common import (
+    CORPUS,
+    pack_config,
+    packed_files,
+    race_for_lock,
+    same_but_inputs,
+)
 
-ROOT = Path(__file__).resolve().parents[3]
-CORPUS = ROOT / "sample_data" / "corpus.jsonl"
 BUCKET = "packtool-test"
 
 
@@ -65,26 +67,13 @@ def store(request) -> Store:
     return Store(request.param, fs)
 
 
-def _config(out, inputs=(CORPUS,), **kw) -> RunConfig:
-    return RunConfig(
-        inputs=tuple(str(i) for i in inputs),
-        out_dir=str(out),
-        pack=PackConfig(max_len=1024),
-        partition_size=300_000,
-        progress=False,
-        **kw,
-    )
-
-
 @pytest.fixture(scope="module")
 def local_pack(tmp_path_factory) -> dict[str, bytes]:
-    out = tmp_path_factory.mktemp("local") / "ds"
-    run_pack(_config(out))
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    return packed_files(tmp_path_factory.mktemp("local") / "ds")
 
 
 def test_a_pack_into_the_store_writes_the_bytes_of_a_local_pack(store, local_pack):
-    run_pack(_config(store.url("a")))
+    run_pack(pack_config(store.url("a")))
     # The link and one version, byte for byte the local dataset; no state, staging or lock.
     assert store.files("a") == local_pack
     version = store.objects("a")[1].split("/")[0]
@@ -93,7 +82,7 @@ def test_a_pack_into_the_store_writes_the_bytes_of_a_local_pack(store, local_pac
     assert code == 0 and out.startswith("OK ") and "sha256 verified" in out, err
 
     # --overwrite: a new version; the old one is gone once the link names the new one.
-    run_pack(_config(store.url("a"), overwrite=True))
+    run_pack(pack_config(store.url("a"), overwrite=True))
     assert store.files("a") == local_pack
     new = store.objects("a")[1].split("/")[0]
     assert new != version
@@ -102,16 +91,8 @@ def test_a_pack_into_the_store_writes_the_bytes_of_a_local_pack(store, local_pac
 
 def test_a_pack_from_the_store_reads_it_by_ranges_and_writes_the_same_shards(store, local_pack):
     store.fs.put_file(str(CORPUS), f"{BUCKET}/corpus/corpus.jsonl")
-    run_pack(_config(store.url("b"), inputs=(store.url("corpus/corpus.jsonl"),)))
-    got = store.files("b")
-    # The same shards; the manifest differs only where it names the input.
-    assert {k: v for k, v in got.items() if k != "index.json"} == {
-        k: v for k, v in local_pack.items() if k != "index.json"
-    }
-    a, b = json.loads(got["index.json"]), json.loads(local_pack["index.json"])
-    for m in (a, b):
-        m["extra"].pop("fingerprint"), m["extra"]["doc_ids"].pop("files")
-    assert a == b
+    run_pack(pack_config(store.url("b"), inputs=(store.url("corpus/corpus.jsonl"),)))
+    assert same_but_inputs(store.files("b"), local_pack)
 
 
 def test_tokenize_writes_one_object_into_the_store(store, tmp_path):
@@ -126,7 +107,7 @@ def test_tokenize_writes_one_object_into_the_store(store, tmp_path):
 def test_the_loader_reads_the_store_as_it_reads_the_local_dataset(store, tmp_path):
     local = tmp_path / "ds"
     for out in (local, store.url("train")):
-        run_pack(_config(out, overwrite=True))
+        run_pack(pack_config(out, overwrite=True))
 
     def batches(path: Any) -> list[list[int]]:
         ds = PackedDataset(path, tokens_per_batch=4096, seed=3, cache_dir=str(tmp_path / "c"))
@@ -142,7 +123,7 @@ def test_one_writer_per_output_and_a_stale_lock_is_taken_over(store, monkeypatch
         OutputLock(output_paths(url), "packtool pack (the first)"),
         pytest.raises(ConfigError, match=r"being written by another packtool \(pid \d+"),
     ):
-        run_pack(_config(url))
+        run_pack(pack_config(url))
     assert not store.fs.exists(f"{BUCKET}/locked/index.json")
 
     # Another host's holder: refused while its lease runs, taken once it has run out (the
@@ -170,22 +151,7 @@ def test_of_writers_racing_for_a_lock_object_on_azure_exactly_one_wins(azurite_s
     fs = fsspec.filesystem("az", skip_instance_cache=True)
     fs.mkdir("race")
     url = "az://race/lock"
-    won: list[Any] = []
-    refused: list[bytes] = []
-    start = threading.Barrier(8)
-
-    def take(i: int) -> None:
-        start.wait()
-        try:
-            won.append(remote_write.take_lock(url, json.dumps({"writer": i}).encode()))
-        except remote_write.RemoteLockBusy as busy:
-            refused.append(busy.holder)
-
-    threads = [threading.Thread(target=take, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    won, refused = race_for_lock(url)
     assert len(won) == 1 and len(refused) == 7
     assert json.loads(refused[0])["writer"] == json.loads(fs.cat_file("race/lock"))["writer"]
     won[0].release()

@@ -1,0 +1,70 @@
+"""Shared by the storage tests: what they pack (the sample corpus in small partitions: several
+workers' worth), how they compare a dataset from a store with the local one, and writers
+racing for one lock object."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from packtool.engines.local import RunConfig, run_pack
+from packtool.pack.chunk import PackConfig
+from packtool.storage import remote_write
+
+ROOT = Path(__file__).resolve().parents[3]
+CORPUS = ROOT / "sample_data" / "corpus.jsonl"
+
+
+def pack_config(out, inputs=(CORPUS,), **kw) -> RunConfig:
+    """A pack of `inputs` into `out` at max_len 1024 in partitions of 300 kB, no progress bar."""
+    return RunConfig(
+        inputs=tuple(str(i) for i in inputs),
+        out_dir=str(out),
+        pack=PackConfig(max_len=1024),
+        partition_size=300_000,
+        progress=False,
+        **kw,
+    )
+
+
+def packed_files(out: Path) -> dict[str, bytes]:
+    """A local pack of the corpus into `out`: every file's bytes by name."""
+    run_pack(pack_config(out))
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def same_but_inputs(got: dict[str, bytes], want: dict[str, bytes]) -> bool:
+    """The same shards, and manifests that differ only where they name the input (the doc-id
+    file list, the fingerprint)."""
+    if {k: v for k, v in got.items() if k != "index.json"} != {
+        k: v for k, v in want.items() if k != "index.json"
+    }:
+        return False
+    a, b = json.loads(got["index.json"]), json.loads(want["index.json"])
+    for m in (a, b):
+        m["extra"].pop("fingerprint"), m["extra"]["doc_ids"].pop("files")
+    return a == b
+
+
+def race_for_lock(url: str, writers: int = 8) -> tuple[list[Any], list[bytes]]:
+    """`writers` threads released at once to take the lock object `url`, each with a note naming
+    it (`{"writer": i}`): (the locks taken, the holders' notes the others were refused with)."""
+    won: list[Any] = []
+    refused: list[bytes] = []
+    start = threading.Barrier(writers)
+
+    def take(i: int) -> None:
+        start.wait()
+        try:
+            won.append(remote_write.take_lock(url, json.dumps({"writer": i}).encode()))
+        except remote_write.RemoteLockBusy as busy:
+            refused.append(busy.holder)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return won, refused
