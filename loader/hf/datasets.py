@@ -224,13 +224,12 @@ def hf_dataset(
     """
     from functools import partial
 
-    from packtool.dataset.manifest import dataset_folder, read_manifest
+    from packtool.dataset.manifest import open_dataset
     from packtool.storage import local as storage
     from packtool.storage import remote
 
     datasets = _require("datasets", "packtool[hf]")
-    manifest = read_manifest(path)
-    folder = dataset_folder(path)  # a bucket's: the version its link index.json names
+    folder, manifest = open_dataset(path)  # a bucket's folder: the version its link names
     kwargs: dict[str, Any] = {"split": "train"}
     if storage.is_remote(folder):  # `datasets` reads it through fsspec, with packtool's options
         files = [f"{str(folder).rstrip('/')}/{s.file}" for s in manifest.shards]

@@ -42,7 +42,7 @@ from loader.store.row_group import (
 )
 from loader.store.row_index import GroupStats, offsets_stats
 from packtool.dataset.columns import BYTES, TOKEN, Column, loaded_optional
-from packtool.dataset.manifest import Manifest, dataset_folder, read_manifest, sha256_file
+from packtool.dataset.manifest import open_dataset, sha256_file
 from packtool.errors import DataError
 from packtool.storage import local as storage
 
@@ -105,8 +105,8 @@ class ShardStore:
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int = CACHE_LIMIT,
     ) -> None:
-        self.path = dataset_folder(path)  # the folder, also when given its index.json
-        self.manifest: Manifest = read_manifest(self.path)
+        # The folder (also when given its index.json; in a bucket the version its link names).
+        self.path, self.manifest = open_dataset(path)
         # A dataset in a bucket: row groups by ranged reads into the node's cache.
         self.bucket = (
             BucketRowGroups(self.path, self.manifest, cache_dir, cache_limit, page_checksums)

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from packtool.audit.verify import list_parts
 from packtool.dataset.columns import LOSS_MASK, Column, derived
-from packtool.dataset.manifest import Manifest, dataset_folder, read_manifest
+from packtool.dataset.manifest import Manifest, dataset_folder, open_dataset
 from packtool.dataset.masks import segment_sums, spans
 from packtool.errors import ConfigError, DataError
 from packtool.storage import local as storage
@@ -260,8 +260,7 @@ class Inspection:
 
 def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> DatasetSummary:
     """Read the manifest and the `doc_offsets` column of every shard; measure fill per row."""
-    directory = dataset_folder(path)
-    manifest = read_manifest(directory)
+    directory, manifest = open_dataset(path)
     lengths: list[NDArray[np.int64]] = []
     docs: list[NDArray[np.int64]] = []
     first_rows: list[NDArray[np.int64]] = []
@@ -316,8 +315,10 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
     Raises:
         ConfigError: `row` is outside 0..rows-1 (the message names the valid range).
     """
-    directory = dataset_folder(path)
-    manifest = manifest or read_manifest(directory)
+    if manifest is None:
+        directory, manifest = open_dataset(path)
+    else:
+        directory = dataset_folder(path)
     total = manifest.num_rows
     if not 0 <= row < total:
         valid = f"0..{total - 1}" if total else "none: the dataset has no rows"

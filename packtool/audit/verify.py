@@ -43,9 +43,8 @@ from packtool.dataset.identity import token_dtype
 from packtool.dataset.manifest import (
     INDEX_FILE,
     Manifest,
-    dataset_folder,
+    open_dataset,
     packed_schema,
-    read_manifest,
     sha256_file,
 )
 from packtool.errors import DataError
@@ -281,8 +280,7 @@ def verify_dataset(
         DataError: On the first problem, as one line: file, row, what is wrong, expected vs found.
     """
     start = time.perf_counter()
-    directory = dataset_folder(path)
-    manifest = read_manifest(directory)
+    directory, manifest = open_dataset(path)
     index = directory / INDEX_FILE
     vocab, max_len = _check_manifest(manifest, index)
     warnings = unlisted_files(directory, manifest)

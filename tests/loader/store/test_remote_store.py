@@ -188,3 +188,24 @@ def test_resume_and_elastic_resume_from_a_bucket(datasets, tmp_path):
         seen += [d for b in dl2 for d in b["doc_ids"].tolist() if d >= 0]
     every = [d for b in PackedDataset(local, **rows) for d in b["doc_ids"].tolist() if d >= 0]
     assert sorted(seen) == sorted(every)
+
+
+def test_opening_a_bucket_dataset_reads_its_link_and_its_manifest_once(
+    datasets, tmp_path, monkeypatch
+):
+    from packtool.dataset import manifest as m
+
+    _, url = datasets
+    PackedDataset(url, tokens_per_batch=4096, cache_dir=str(tmp_path / "cache"))  # footers cached
+    reads: list[str] = []
+    for name in ("read_text", "stat", "is_dir", "is_file", "exists"):
+        real = getattr(m.storage, name)
+
+        def counted(path, *a, _real=real, _name=name, **kw):
+            reads.append(f"{_name} {str(path)[len(url) :]}")
+            return _real(path, *a, **kw)
+
+        monkeypatch.setattr(m.storage, name, counted)
+    ds = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(tmp_path / "cache"))
+    version = str(ds.store.path)[len(url) + 1 :]
+    assert reads == ["read_text /index.json", f"read_text /{version}/index.json"]
