@@ -16,9 +16,10 @@ ETAG`) on S3. The write side is built on those:
   lock whose holder is gone (a dead pid on this host, or not renewed for `LEASE_S`) is taken
   over with `If-Match` on the stale ETag, so of two writers taking over the same stale lock
   exactly one succeeds. A holder whose renewal is refused has lost the lock (`lost`): its run
-  then refuses to commit. On gs:// and az:// the lock is created conditionally, but renewed and
-  taken over with plain puts (fsspec has no `If-Match` there); on hf:// and http(s):// a check,
-  then a put (docs/remote.md says what that guarantees).
+  then refuses to commit. Azure does all of it (adlfs hands `etag` / `match_condition` to
+  `upload_blob`); on gs:// the lock is created conditionally but renewed and taken over with
+  plain puts (gcsfs passes no generation match there); on hf:// and http(s):// a check, then a
+  put (docs/remote.md says what each guarantees).
 
 Failures are one line naming the URL (`remote.naming`).
 """
@@ -35,6 +36,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from packtool.errors import DataError
 from packtool.storage.remote import filesystem, modified_at, naming, scheme
 
 MAX_PARTS = 10_000
@@ -206,21 +208,10 @@ class RemoteLock:
     def _put(self) -> None:
         if self.lost:
             return
-        if not _is_s3(self.url):
-            write_bytes(self.url, self._data)
-            return
-        fs, p = filesystem(self.url)
-        bucket, _, key = p.partition("/")
         try:
-            out = fs.call_s3(
-                "put_object", Bucket=bucket, Key=key, Body=self._data, IfMatch=self._etag
-            )
-        except OSError as exc:  # 412: the object is no longer ours
-            if "pre-condition" in str(exc).lower() or "precondition" in str(exc).lower():
-                self.lost = True
-                return
-            raise
-        self._etag = out.get("ETag", self._etag)
+            self._etag = _put_if_match(self.url, self._data, self._etag) or self._etag
+        except _Changed:  # the object is no longer ours
+            self.lost = True
 
     def _renew(self) -> None:
         while not self._stop.wait(lease_s() / 4):
@@ -269,6 +260,55 @@ def _holder_gone(note: bytes, modified: float | None) -> bool:
     return time.time() - modified > lease_s()
 
 
+REPLACES_IF_MATCH = frozenset({"s3", "s3a", "az", "abfs", "abfss"})
+"""The schemes where a put can be made conditional on the object's ETag through fsspec (S3's
+`IfMatch`; adlfs hands `etag` / `match_condition` to Azure's `upload_blob`)."""
+
+
+class _Changed(DataError):
+    """A conditional put refused (412): the object is no longer the version it names (a
+    `DataError`, so that `naming` passes it on as it is)."""
+
+
+def _etag_of(url: Any) -> str | None:
+    """The object's ETag where a put can be conditional on it (`REPLACES_IF_MATCH`), else None."""
+    if scheme(url) not in REPLACES_IF_MATCH:
+        return None
+    fs, p = filesystem(url)
+    with naming(url):
+        info = fs.info(p)
+    return info.get("ETag") or info.get("etag")
+
+
+def _put_if_match(url: Any, data: bytes, etag: str | None) -> str | None:
+    """`data` as the object `url` if it is still the version `etag`; its new ETag. Raises
+    `_Changed` when it is not. Where the store has no such put through fsspec, or `etag` is
+    None: a plain put (None)."""
+    fs, p = filesystem(url)
+    if etag is None or scheme(url) not in REPLACES_IF_MATCH:
+        write_bytes(url, data)
+        return None
+    with naming(url):
+        if _is_s3(url):
+            bucket, _, key = p.partition("/")
+            try:
+                out = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfMatch=etag)
+            except OSError as exc:
+                if "pre-condition" in str(exc).lower() or "precondition" in str(exc).lower():
+                    raise _Changed(f"{url}: changed") from None
+                raise
+            return out.get("ETag")
+        from azure.core import MatchConditions
+
+        try:
+            out = fs.pipe_file(p, data, etag=etag, match_condition=MatchConditions.IfNotModified)
+        except Exception as exc:  # azure.core's ResourceModifiedError (412), not imported here
+            if getattr(exc, "status_code", None) == 412 or "ConditionNotMet" in str(exc):
+                raise _Changed(f"{url}: changed") from None
+            raise
+        return out.get("etag") if isinstance(out, dict) else None
+
+
 def take_lock(url: Any, note: bytes = b"") -> RemoteLock:
     """The lock object `url`, created or taken over from a holder that is gone.
 
@@ -279,11 +319,7 @@ def take_lock(url: Any, note: bytes = b"") -> RemoteLock:
     for _ in range(5):
         fs.invalidate_cache(p)
         if create_exclusive(url, note):
-            etag = None
-            if _is_s3(url):
-                with naming(url):
-                    etag = fs.info(p).get("ETag")
-            return RemoteLock(url, etag, note)
+            return RemoteLock(url, _etag_of(url), note)
         try:
             with naming(url):
                 info = fs.info(p)
@@ -291,20 +327,16 @@ def take_lock(url: Any, note: bytes = b"") -> RemoteLock:
         except Exception:  # released between our put and our read: try again
             time.sleep(0.05)
             continue
-        etag = info.get("ETag")
+        etag = (info.get("ETag") or info.get("etag")) if scheme(url) in REPLACES_IF_MATCH else None
         if note and holder == note:  # our own put, whose answer was lost and retried (412)
             return RemoteLock(url, etag, note)
         if not _holder_gone(holder, modified_at(info)):
             raise RemoteLockBusy(holder)
-        if not _is_s3(url):
-            write_bytes(url, note)
-            return RemoteLock(url, None, note)
-        bucket, _, key = p.partition("/")
-        try:
-            out = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=note, IfMatch=etag)
-        except OSError:  # another writer took it over first
+        try:  # of writers taking over one stale lock, one wins where puts can be conditional
+            taken = _put_if_match(url, note, etag)
+        except _Changed:  # another writer took it over first
             continue
-        return RemoteLock(url, out.get("ETag"), note)
+        return RemoteLock(url, taken, note)
     with naming(url):
         holder = fs.cat_file(p) if fs.exists(p) else b""
     raise RemoteLockBusy(holder)

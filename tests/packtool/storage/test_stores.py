@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -157,3 +159,36 @@ def test_of_writers_racing_for_a_lock_object_on_azure_exactly_one_wins(azurite_s
     won[0].release()
     fs.invalidate_cache()
     assert not fs.exists("race/lock")
+
+
+def test_an_azure_lock_is_renewed_and_taken_over_by_one_writer_only(azurite_server, monkeypatch):
+    # Azure replaces a blob only if it is the version named (adlfs: etag + IfNotModified), as
+    # S3's If-Match: a live holder renews its lease, one whose lock was taken over knows it has
+    # lost it, and of writers taking over one stale lock exactly one wins.
+    import fsspec
+
+    fs = fsspec.filesystem("az", skip_instance_cache=True)
+    fs.mkdir("stale")
+    url = "az://stale/lock"
+    monkeypatch.setenv(remote_write.LEASE_ENV, "1")
+    held = remote_write.take_lock(url, b"me")
+    time.sleep(1.5)  # renewed every lease / 4
+    assert not held.lost and fs.cat_file("stale/lock") == b"me"
+    fs.pipe_file("stale/lock", b"someone else")
+    deadline = time.monotonic() + 5
+    while not held.lost and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert held.lost
+    held.release()
+    assert fs.cat_file("stale/lock") == b"someone else"  # a lost lock is not deleted
+
+    # A holder that is gone (a dead pid on this host), the lease back to its default so that
+    # the winner's lock is live: 8 writers take it over at once.
+    monkeypatch.delenv(remote_write.LEASE_ENV)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    fs.pipe_file("stale/lock", json.dumps({"pid": dead.pid, "host": socket.gethostname()}).encode())
+    won, refused = race_for_lock(url)
+    assert len(won) == 1 and len(refused) == 7
+    assert json.loads(fs.cat_file("stale/lock")) == json.loads(refused[0])
+    won[0].release()
