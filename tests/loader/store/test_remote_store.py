@@ -209,3 +209,38 @@ def test_opening_a_bucket_dataset_reads_its_link_and_its_manifest_once(
     ds = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(tmp_path / "cache"))
     version = str(ds.store.path)[len(url) + 1 :]
     assert reads == ["read_text /index.json", f"read_text /{version}/index.json"]
+
+
+def test_a_range_file_reads_its_cached_bytes_in_place_and_nothing_outside():
+    from packtool.storage.cache import RangeFile
+
+    data = bytearray(b"0123456789")
+    f = RangeFile(memoryview(data), 100, 1000)  # bytes 100..110 of a 1,000-byte file
+    f.seek(102)
+    view = f.read(3)
+    assert bytes(view) == b"234" and f.tell() == 105
+    data[3] = ord("x")  # a view of the cached bytes, not a copy
+    assert bytes(view) == b"2x4"
+    for where in (99, 108):
+        f.seek(where)
+        with pytest.raises(OSError, match="outside the cached range"):
+            f.read(3)
+
+
+def test_an_uncompressed_dataset_reads_the_same_from_the_bucket_under_eviction(datasets, tmp_path):
+    # Uncompressed pages are where a decoder could point into the cached bytes it was given;
+    # evicted ranges (a tiny cache) must not change a batch.
+    local, url = tmp_path / "plain", "s3://train/plain"
+    for out in (local, url):
+        run_pack(
+            RunConfig(
+                inputs=(str(CORPUS),),
+                out_dir=str(out),
+                pack=PackConfig(max_len=1024),
+                shards=ShardConfig(row_group_rows=32, compression="none"),
+                progress=False,
+            )  # fmt: skip
+        )
+    want = _epochs(local, None, epochs=1)
+    got = _epochs(url, tmp_path / "cache", epochs=1, cache_limit=256 << 10)
+    assert len(got) == len(want) > 10 and got == want
