@@ -22,7 +22,7 @@ from packtool.engines.local import run_pack
 from packtool.errors import ConfigError
 from packtool.storage import remote_write
 from packtool.tokenize.tokenize import tokenize_corpus
-from tests.cli import run
+from tests.cli import one_error_line, run
 from tests.packtool.storage.common import (
     CORPUS,
     pack_config,
@@ -192,3 +192,12 @@ def test_an_azure_lock_is_renewed_and_taken_over_by_one_writer_only(azurite_serv
     assert len(won) == 1 and len(refused) == 7
     assert json.loads(fs.cat_file("stale/lock")) == json.loads(refused[0])
     won[0].release()
+
+
+def test_a_missing_bucket_or_object_is_one_line_naming_the_url(store):
+    code, _, err = run("pack", CORPUS, "-o", f"{store.scheme}://no-such-bucket-x/ds")
+    assert code != 0 and f"{store.scheme}://no-such-bucket-x/ds" in one_error_line(err), err
+    code, _, err = run("stats", store.url("nothing/here.jsonl"))
+    assert code != 0 and store.url("nothing/here.jsonl") in one_error_line(err), err
+    code, _, err = run("verify", store.url("nothing"))
+    assert code != 0 and store.url("nothing") in one_error_line(err), err
