@@ -4,7 +4,7 @@ An object store has no rename, no folder, no fsync and no `flock`; it has whole-
 (an object appears complete or not at all), multipart uploads, and conditional puts: create
 only if absent on S3 (`If-None-Match: *`), GCS (`ifGenerationMatch=0`) and Azure
 (`If-None-Match: *`), through fsspec's `mode="create"`; replace only one version (`If-Match:
-ETAG`) on S3. The write side is built on those:
+ETAG`) on S3 and Azure. The write side is built on those:
 
 - `upload` (a finished local file becomes an object: `writing.replace(local, url)`; one PUT up
   to 2 parts' worth, else a multipart upload in `part_size` parts, always under S3's 10,000-part
