@@ -16,10 +16,11 @@ ETAG`) on S3 and Azure. The write side is built on those:
   lock whose holder is gone (a dead pid on this host, or not renewed for `LEASE_S`) is taken
   over with `If-Match` on the stale ETag, so of two writers taking over the same stale lock
   exactly one succeeds. A holder whose renewal is refused has lost the lock (`lost`): its run
-  then refuses to commit. Azure does all of it (adlfs hands `etag` / `match_condition` to
-  `upload_blob`); on gs:// the lock is created conditionally but renewed and taken over with
-  plain puts (gcsfs passes no generation match there); on hf:// and http(s):// a check, then a
-  put (docs/remote.md says what each guarantees).
+  then refuses to commit. Azure creates, renews and takes over the same way (adlfs hands
+  `etag` / `match_condition` to `upload_blob`), but releases with a plain delete (adlfs's takes
+  no ETag); on gs:// the lock is created conditionally but renewed and taken over with plain
+  puts (gcsfs passes no generation match there); on hf:// and http(s):// a check, then a put
+  (docs/remote.md says what each guarantees).
 
 Failures are one line naming the URL (`remote.naming`).
 """
@@ -293,8 +294,9 @@ def _put_if_match(url: Any, data: bytes, etag: str | None) -> str | None:
             bucket, _, key = p.partition("/")
             try:
                 out = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfMatch=etag)
-            except OSError as exc:
-                if "pre-condition" in str(exc).lower() or "precondition" in str(exc).lower():
+            except OSError as exc:  # 412, or 409 ConditionalRequestConflict (a concurrent one)
+                said = str(exc).lower().replace("-", "")
+                if "precondition" in said or "conditionalrequestconflict" in said:
                     raise _Changed(f"{url}: changed") from None
                 raise
             return out.get("ETag")

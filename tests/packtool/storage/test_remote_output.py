@@ -687,3 +687,22 @@ def test_the_workers_server_imports_the_store_client_and_pandas_ahead():
     assert modules[0] == "packtool.engines.local" and "s3fs" in modules
     assert ("pandas" in modules) == (importlib.util.find_spec("pandas") is not None)
     assert "s3fs" not in local._preload(("/data/in", "/tmp/out"))
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "An error occurred (PreconditionFailed) when calling the PutObject operation",
+        "An error occurred (ConditionalRequestConflict) when calling the PutObject operation",
+    ],
+)
+def test_a_refused_or_conflicting_conditional_put_means_the_lock_changed(monkeypatch, answer):
+    # AWS answers concurrent conditional writes with 409 ConditionalRequestConflict, which moto
+    # never does: the client's answer is stood in for here (the only place these tests do so).
+    class Refusing:
+        def call_s3(self, *args, **kw):
+            raise OSError(answer)
+
+    monkeypatch.setattr(remote_write, "filesystem", lambda url: (Refusing(), "b/k"))
+    with pytest.raises(remote_write._Changed):
+        remote_write._put_if_match("s3://b/k", b"me", '"etag"')
