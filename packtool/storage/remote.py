@@ -217,12 +217,17 @@ def modified_at(info: dict[str, Any]) -> float | None:
     return None
 
 
+def object_etag(info: dict[str, Any]) -> str | None:
+    """An object's ETag from any store's `info` (S3's `ETag`, Azure's and GCS's `etag`)."""
+    return info.get("ETag") or info.get("etag")
+
+
 def _mtime_ns(info: dict[str, Any]) -> int:
     """An object's state as one integer in the place of a modification time: its whole seconds
     (a listing gives milliseconds, a HEAD only seconds), then in the nanoseconds the CRC-32 of
     its ETag, so an object rewritten within a second (same size) still reads as changed."""
     seconds = int(modified_at(info) or 0)
-    tag = str(info.get("ETag") or info.get("etag") or "").strip('"')
+    tag = str(object_etag(info) or "").strip('"')
     return seconds * 1_000_000_000 + (zlib.crc32(tag.encode()) % 1_000_000_000 if tag else 0)
 
 

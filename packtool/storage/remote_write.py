@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from packtool.errors import DataError
-from packtool.storage.remote import filesystem, modified_at, naming, scheme
+from packtool.storage.remote import filesystem, modified_at, naming, object_etag, scheme
 
 MAX_PARTS = 10_000
 """S3's limit on the parts of one multipart upload."""
@@ -271,14 +271,16 @@ class _Changed(DataError):
     `DataError`, so that `naming` passes it on as it is)."""
 
 
-def _etag_of(url: Any) -> str | None:
-    """The object's ETag where a put can be conditional on it (`REPLACES_IF_MATCH`), else None."""
+def _etag_of(url: Any, info: dict[str, Any] | None = None) -> str | None:
+    """The ETag of the object `url` (its `info`, else one HEAD) where a put can be conditional
+    on it (`REPLACES_IF_MATCH`), else None."""
     if scheme(url) not in REPLACES_IF_MATCH:
         return None
-    fs, p = filesystem(url)
-    with naming(url):
-        info = fs.info(p)
-    return info.get("ETag") or info.get("etag")
+    if info is None:
+        fs, p = filesystem(url)
+        with naming(url):
+            info = fs.info(p)
+    return object_etag(info)
 
 
 def _put_if_match(url: Any, data: bytes, etag: str | None) -> str | None:
@@ -329,13 +331,13 @@ def take_lock(url: Any, note: bytes = b"") -> RemoteLock:
         except Exception:  # released between our put and our read: try again
             time.sleep(0.05)
             continue
-        etag = (info.get("ETag") or info.get("etag")) if scheme(url) in REPLACES_IF_MATCH else None
+        seen = _etag_of(url, info)
         if note and holder == note:  # our own put, whose answer was lost and retried (412)
-            return RemoteLock(url, etag, note)
+            return RemoteLock(url, seen, note)
         if not _holder_gone(holder, modified_at(info)):
             raise RemoteLockBusy(holder)
         try:  # of writers taking over one stale lock, one wins where puts can be conditional
-            taken = _put_if_match(url, note, etag)
+            taken = _put_if_match(url, note, seen)
         except _Changed:  # another writer took it over first
             continue
         return RemoteLock(url, taken, note)
