@@ -53,7 +53,9 @@ def test_cuda_backend_matches_sdpa(backend, n_heads, n_kv, causal, window):
     grad = torch.randn(total, n_heads, head_dim, device="cuda")
 
     def run(name, dtype):
-        q, k, v = (t.to(dtype).requires_grad_() for t in (q32, k32, v32))
+        # detach: a leaf per run (``.to`` of the same dtype returns the tensor itself, so
+        # requires_grad_ on it would make the next run's ``.to`` a non-leaf with no .grad).
+        q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q32, k32, v32))
         out = attention.varlen_attention(
             q, k, v, cu, max(LENGTHS), causal=causal, window=window, backend=name
         )
