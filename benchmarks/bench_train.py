@@ -494,6 +494,11 @@ def main() -> None:
         "--threads", type=int, default=None, help="CPU threads for torch (default: torch's)"
     )
     parser.add_argument(
+        "--attn",
+        default=None,
+        help="the packed model's attention backend (default: auto); with it the run only prints",
+    )
+    parser.add_argument(
         "--no-readme", action="store_true", help="print only; leave docs/benchmarks.md alone"
     )
     args = parser.parse_args()
@@ -513,12 +518,16 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
         setup = dataclasses.replace(setup, threads=args.threads)
+    if args.attn:
+        setup = dataclasses.replace(
+            setup, model=dataclasses.replace(setup.model, attn_backend=args.attn)
+        )
     print(describe(setup), flush=True)
     packed, padded = measure(setup)
     table, summary = train_table(setup, packed, padded)
     print(table)
     print(summary)
-    if args.no_readme:
+    if args.no_readme or args.attn:
         return
     section = f"**{setup.device.upper()}** — {describe(setup)}\n\n{table}\n\n{summary}"
     _write_readme(setup.device, section)
