@@ -272,16 +272,22 @@ READ_BYTES = 16 << 20
 request costs a round trip, and a store's throughput comes from large ones."""
 FIRST_READ_BYTES = 256 << 10
 """The first GET of an object opened for reading (and after a seek elsewhere): a reader that
-wants a few bytes (the probe of a file's kind, a first record, a footer) fetches no more; the
-blocks after it are `READ_BYTES`, the first of them asked for once half of this one is read."""
+wants a few bytes (the probe of a file's kind, a first record, a footer) is served by it."""
+GROWTH = 4
+"""Each block fetched after the first is this many times the one before, up to `READ_BYTES`
+(256 KB, 1 MB, 4 MB, 16 MB, 16 MB, ...). The block after the first is asked for once half of
+the first is read, and a buffered reader takes the whole first block at once, so a probe of
+a first record also fetches the second block: growing the blocks keeps that to 1 MB rather
+than 16 MB an object (a probe of every object of a corpus was a second download of it), and
+costs a sequential read three more GETs an object, all fetched ahead."""
 READ_AHEAD_THREADS = 8
 """Threads per process that fetch the next block of the objects being read sequentially."""
 
 
 def open_input(path: Any, buffering: int = -1, end: int | None = None) -> Any:
     """The object opened for reading: seekable and buffered (`buffering` bytes) over a reader
-    whose reads are ranged GETs (`ReadAhead`: a small first block, then `READ_BYTES` blocks);
-    once half of one block is read, the next is fetched on another thread, so a worker parses
+    whose reads are ranged GETs (`ReadAhead`: a small first block, then blocks growing to
+    `READ_BYTES`); once half of one block is read, the next is fetched on another thread, so a worker parses
     one block while the next downloads. `end`: where the caller means to stop (a partition's
     range), past which no block is fetched ahead; a read past it still gets its bytes, fetched
     then (a range's last line)."""
@@ -299,8 +305,9 @@ def open_input(path: Any, buffering: int = -1, end: int | None = None) -> Any:
 class ReadAhead(io.RawIOBase):
     """An object read in ranged GETs, sequential reads fetched ahead.
 
-    The first block is `first` bytes, the following ones `block` bytes; a seek elsewhere
-    starts over with `first` bytes there. Once half of a block has been read, the block
+    The first block is `first` bytes, each following one `GROWTH` times the one before, up
+    to `block` bytes; a seek elsewhere starts over with `first` bytes there. Once half of a
+    block has been read, the block
     after it is fetched on a background thread (`READ_AHEAD_THREADS` per process), unless it
     starts at or past `end`. At most two blocks are held. A failed fetch raises where its bytes
     are read, as one line naming the URL (`naming`).
@@ -374,7 +381,8 @@ class ReadAhead(io.RawIOBase):
         if self._end is not None and following >= self._end:
             return
         fetchers = _fetchers(os.getpid())
-        self._ahead = (following, fetchers.submit(self._fetch, following, self._block))
+        n = min(self._block, GROWTH * len(self._data))
+        self._ahead = (following, fetchers.submit(self._fetch, following, n))
 
     def _fetch(self, start: int, n: int) -> bytes:
         return self._fs.cat_file(self._path, start=start, end=min(self._size, start + n))

@@ -87,19 +87,31 @@ def _settle() -> None:
         f.result()
 
 
-def test_a_small_first_block_then_full_ones_the_next_fetched_once_half_of_one_is_read():
+def test_a_small_first_block_then_growing_ones_the_next_fetched_once_half_of_one_is_read():
     data = bytes(range(256)) * 40  # 10,240 bytes
     blob = Blob(data)
     with _open(blob, 1600, buffering=10, first=100) as f:
         assert f.read(40) == data[:40]  # a probe: one small GET, nothing ahead
         _settle()
         assert blob.ranges == [(0, 100)]
-        assert f.read(20) == data[40:60]  # past half of the first block: the next, full size
+        assert f.read(20) == data[40:60]  # past half of the first block: the next, 4x as large
         _settle()
-        assert blob.ranges == [(0, 100), (100, 1700)]
+        assert blob.ranges == [(0, 100), (100, 500)]
         assert f.read() == data[60:]
-    want = [(0, 100)] + [(at, min(at + 1600, len(data))) for at in range(100, len(data), 1600)]
+    # 100, 400, then 1,600-byte blocks (4 x 400 = 1,600 = the largest)
+    want = [(0, 100), (100, 500)]
+    want += [(at, min(at + 1600, len(data))) for at in range(500, len(data), 1600)]
     assert blob.ranges == want  # each byte fetched once
+
+
+def test_a_buffered_probe_of_the_first_block_fetches_at_most_the_next_small_one():
+    """A buffered reader (the JSONL reader's) takes the whole first block in one call, which
+    asks for the next: that one is `GROWTH` x the first, not a full block."""
+    blob = Blob((b"q" * 99 + b"\n") * 1000)
+    with _open(blob, 50_000, buffering=1 << 20, first=1000) as f:
+        f.readline()
+        _settle()
+    assert blob.ranges == [(0, 1000), (1000, 1000 + remote.GROWTH * 1000)]
 
 
 def test_a_seek_elsewhere_starts_small_again():

@@ -115,6 +115,36 @@ def test_a_worker_reads_its_own_byte_ranges(bucket, tmp_path, monkeypatch):
     assert size <= fetched["corpus/data/a.jsonl"] <= size + 11 * 2 * 65536
 
 
+def test_probing_the_kind_of_an_object_downloads_its_first_blocks_not_the_object(
+    bucket, monkeypatch
+):
+    """The first record of every input is read before anything else (is it SFT data?). Of the
+    3 MB JSONL object that probe asks for the first block and the one fetched ahead, 1.25 MB in
+    all; before, the block fetched ahead was a full 16 MB one, the rest of the object here,
+    so a probe of a corpus downloaded all of it once more."""
+    from packtool.read.documents import ReadConfig
+    from packtool.sft.inputs import dataset_kind
+
+    asked: list[tuple[str, int, int]] = []
+    real = remote.ReadAhead._fetch
+
+    def counting(self, start, n):
+        asked.append((self._path, start, min(n, self._size - start)))
+        return real(self, start, n)
+
+    monkeypatch.setattr(remote.ReadAhead, "_fetch", counting)
+    assert dataset_kind([remote.as_path("s3://corpus/data/a.jsonl")], ReadConfig()) == "text"
+    deadline = time.monotonic() + 10
+    while len(asked) < 2 and time.monotonic() < deadline:  # the fetch ahead, on its thread
+        time.sleep(0.01)
+    first = remote.FIRST_READ_BYTES
+    assert (bucket / "a.jsonl").stat().st_size > (1 + remote.GROWTH) * first
+    assert asked == [
+        ("corpus/data/a.jsonl", 0, first),
+        ("corpus/data/a.jsonl", first, remote.GROWTH * first),
+    ]
+
+
 def test_stats_and_tokenize_read_a_glob_of_objects(bucket, tmp_path):
     code, out, err = run("stats", "s3://corpus/data/*.jsonl", "--json")
     assert code == 0, err
