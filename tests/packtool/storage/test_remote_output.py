@@ -361,6 +361,23 @@ def test_kill_9_during_a_pack_then_resume_gives_the_same_bytes(fs, tmp_path):
     assert {**a, "command": ""} == b  # the one difference: the command line of the CLI run
 
 
+def test_resume_of_a_finished_dataset_in_a_bucket_is_nothing_to_do(fs):
+    """A requeued job that always passes --resume, after its run finished: exit 0 and one line,
+    as for a local dataset (before, the finished dataset's URL was read as a local path:
+    "no such dataset folder", exit 1)."""
+    url = f"s3://{BUCKET}/done"
+    options = ["--max-len", "1024"]
+    code, _, err = run("pack", CORPUS, "-o", url, *options)
+    assert code == 0, err
+    before = _objects(fs, "done")
+    code, out, err = run("pack", CORPUS, "-o", url, *options, "--resume")
+    assert code == 0, err
+    assert "already complete" in out and "nothing to resume" in out and url in out
+    assert _objects(fs, "done") == before
+    code, _, err = run("pack", CORPUS, "-o", url, "--max-len", "512", "--resume")
+    assert code != 0 and "finished dataset of other options" in one_error_line(err)
+
+
 def test_uploads_take_under_10000_parts_and_ride_out_faults(fs, s3_server, tmp_path, monkeypatch):
     from tests.packtool.storage.faulty_proxy import FaultyProxy
 
