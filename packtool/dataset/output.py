@@ -42,6 +42,12 @@ the staging names (left by a run killed after its switch) and aborts unfinished 
 uploads (no other writer is alive: the lock is held). A committed version's objects never
 change: a later run always writes a new one, and a run that discards an unfinished one
 (`remove_staging`) builds a version of another name.
+
+**On the Hugging Face Hub** (`-o hf://...`: every object written there is a commit) the output
+is built like a local one, in a staging folder under this machine's scratch folder with a lock
+file beside it, and `commit` publishes it in one Hub commit (the version, the link, the old
+version's deletion), made on top of the head `recover` read under the lock, so the Hub refuses
+it if anyone committed since (packtool/storage/hub.py).
 """
 
 from __future__ import annotations
@@ -63,8 +69,8 @@ from typing import TypeVar
 from packtool.dataset.manifest import INDEX_FILE, link_bytes, linked_version
 from packtool.errors import ConfigError
 from packtool.prefetch import map_ordered
+from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
-from packtool.storage import remote_write, writing
 
 STAGING_SUFFIX = ".packtool-staging"
 READY_SUFFIX = ".packtool-ready"
@@ -96,10 +102,16 @@ class OutputPaths:
     """One object in a store (`tokenize -o s3://.../OUT.parquet`): built in a local scratch
     file (the staging) and uploaded whole by `commit` (an object appears complete or not at
     all); the lock object beside it."""
+    hub: bool = False
+    """A folder on the Hugging Face Hub (`hf://`): built in a local staging folder under this
+    machine's scratch folder, locked by a file beside it, and published by `commit` in one Hub
+    commit (packtool/storage/hub.py)."""
 
 
 _NEW_VERSIONS: dict[str, str] = {}
 """The version a fresh run of this process builds into each remote output (until it is named)."""
+_HUB_PARENTS: dict[str, str | None] = {}
+"""The head of each Hub output's repository when this process took its lock (`recover`)."""
 
 
 def output_paths(out: str | os.PathLike) -> OutputPaths:
@@ -113,9 +125,23 @@ def output_paths(out: str | os.PathLike) -> OutputPaths:
             staging=writing.temporary_name(target),  # local: uploaded by `commit`
             ready=target,
             old=target,
-            lock=target.parent / f".{target.name}{LOCK_SUFFIX}",
+            lock=hub.scratch_folder(target) / "lock"  # a Hub object written is a commit
+            if hub.is_hub(target)
+            else target.parent / f".{target.name}{LOCK_SUFFIX}",
             remote=True,
             whole_object=True,
+        )
+    if hub.is_hub(out):
+        target = storage.as_path(str(out).rstrip("/"))
+        scratch = hub.scratch_folder(target)
+        return OutputPaths(
+            shown=str(out),
+            target=target,
+            staging=scratch / "staging",
+            ready=scratch / "staging",
+            old=scratch / "staging",
+            lock=scratch / "lock",
+            hub=True,
         )
     if storage.is_remote(out):
         target = storage.as_path(str(out).rstrip("/"))
@@ -347,8 +373,14 @@ def recover(paths: OutputPaths) -> None:
     output. An old folder beside an output is the dataset it replaced: deleted. An old folder
     with no output (a failure between two renames of `commit`) is put back.
     """
+    if paths.hub:
+        # The commit `commit` makes is on top of the head seen now, under the lock: the Hub
+        # refuses it if anyone committed in between. A single commit leaves nothing to finish.
+        _HUB_PARENTS[str(paths.target)] = hub.head(paths.target)
+        return
     if paths.whole_object:
-        remote_write.abort_uploads(paths.target, exact=True)  # a killed upload's parts
+        if not hub.is_hub(paths.target):
+            remote_write.abort_uploads(paths.target, exact=True)  # a killed upload's parts
         return
     if paths.remote:
         _collect(paths)
@@ -385,6 +417,21 @@ def commit(paths: OutputPaths) -> None:
     if paths.whole_object:
         writing.replace(paths.staging, paths.target)  # one upload: the object whole, or not
         return
+    if paths.hub:
+        version = new_version()
+        link = {INDEX_FILE: link_bytes(version)}
+        old = current_version(paths.target)
+        hub.publish(
+            paths.target,
+            paths.staging,
+            version,
+            link,
+            old,
+            _HUB_PARENTS.get(str(paths.target)),
+            shown=paths.shown,
+        )
+        remove(paths.staging)
+        return
     if paths.remote:
         # The switch: one PUT of the link; then the run in progress is over, the old version goes.
         writing.write_atomic(paths.target / INDEX_FILE, link_bytes(paths.staging.name))
@@ -414,7 +461,7 @@ def commit(paths: OutputPaths) -> None:
 def create_parent(paths: OutputPaths) -> Path | None:
     """Create the output's parent folders; return the outermost one made (None: it existed;
     always for an object store, which has no folders)."""
-    if paths.remote:
+    if paths.remote or paths.hub:
         return None
     parent = paths.target.parent
     made = next((p for p in reversed(parent.parents) if not storage.exists(p)), None)

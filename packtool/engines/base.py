@@ -148,7 +148,9 @@ class Run:
         fingerprint = fingerprint_of(config, checked)
         self.fingerprint = fingerprint_digest(fingerprint)
         if output.state is not None and output.state.get(COMPLETE):
-            check_complete(fingerprint, storage.as_path(config.out_dir))  # raises: there is nothing to run
+            check_complete(
+                fingerprint, storage.as_path(config.out_dir)
+            )  # raises: there is nothing to run
         if output.state is None:
             self.plan: Plan = plan_of(config, checked)
             fan_in = merge.TAIL_FAN_IN

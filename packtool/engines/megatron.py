@@ -83,8 +83,8 @@ from packtool.pack.chunk import PackConfig
 from packtool.pack.kernels import MAX_LEN_LIMIT
 from packtool.progress import Progress
 from packtool.read.documents import ReadConfig
+from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
-from packtool.storage import remote_write, writing
 from packtool.tokenize.tables import RAW, RECORDS
 from packtool.tokenize.tokenize import TokenizeSummary
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
@@ -223,7 +223,7 @@ def _output(
     made = create_parent(paths)
     try:
         with OutputLock(paths, config.command or "packtool tokenize") as lock:
-            if paths.remote:  # a killed run's unfinished uploads: the swap uploads again
+            if paths.remote and not hub.is_hub(idx_path):  # a killed run's unfinished uploads
                 for path in (bin_path, idx_path):
                     remote_write.abort_uploads(path, exact=True)
             finish_swap(paths.staging, bin_path, idx_path)
@@ -251,7 +251,10 @@ def _remote_paths(prefix: str | os.PathLike, idx_path: Any) -> OutputPaths:
         staging=staging,
         ready=staging,
         old=staging,
-        lock=idx_path.parent / f".{idx_path.name}{LOCK_SUFFIX}",
+        # On the Hub every object written is a commit: the lock is a file on this machine.
+        lock=staging.with_name(f"{staging.name}{LOCK_SUFFIX}")
+        if hub.is_hub(idx_path)
+        else idx_path.parent / f".{idx_path.name}{LOCK_SUFFIX}",
         remote=True,
         whole_object=True,
     )

@@ -51,6 +51,7 @@ from packtool.prefetch import map_ordered
 from packtool.read.corpus import expand_inputs
 from packtool.read.formats import file_kind
 from packtool.read.jsonl import json_array_file
+from packtool.storage import hub
 from packtool.storage import local as storage
 from packtool.tokenize.tables import RAW, RECORDS
 from packtool.tokenize.tokenize import check_recorded_tokenizer, inputs_read
@@ -296,6 +297,17 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
     command = config.command or "packtool pack"
     with transaction(config.out_dir, command, prepare, discard) as (paths, state):
         yield Output(work=paths.staging, state=state)
+
+
+def built_here(out_dir: str | os.PathLike, engine: str) -> None:
+    """Refuse an `hf://` output to an engine whose workers run on other machines: it is built
+    in this machine's scratch folder and committed to the Hub once (packtool/storage/hub.py)."""
+    if hub.is_hub(out_dir):
+        raise ConfigError(
+            f"{out_dir}: an hf:// output is built on this machine and committed to the Hub in "
+            f"one commit, and --engine {engine} builds on other machines; use --engine local, "
+            "or pack to a bucket or a shared folder and upload that"
+        )
 
 
 def staging_folder(out_dir: str | os.PathLike) -> Path:

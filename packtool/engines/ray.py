@@ -115,6 +115,7 @@ def run_pack_ray(
         MissingDependencyError: ray is not installed.
     """
     ray_config = ray_config or RayConfig()
+    preflight.built_here(config.out_dir, "ray")
     import_ray()  # no Ray: one line, before any check
     # A missing path, a tokenizer mismatch or a max_len BOS + EOS fill fails before Ray starts.
     checked = preflight.check_inputs(config, tokenizer)

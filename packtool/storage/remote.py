@@ -177,16 +177,16 @@ def naming(url: Any) -> Iterator[None]:
     except FileNotFoundError:
         raise DataError(f"{url}: no such object (or its bucket does not exist)") from None
     except PermissionError as exc:
-        raise DataError(f"{url}: access denied ({_first_line(exc)})") from None
+        raise DataError(f"{url}: access denied ({first_line(exc)})") from None
     except OSError as exc:
-        raise DataError(f"{url}: cannot be read ({_first_line(exc)})") from None
+        raise DataError(f"{url}: cannot be read ({first_line(exc)})") from None
     except Exception as exc:  # botocore's, aiohttp's, google's: one line whatever they raise
         if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
-            raise DataError(f"{url}: no credentials found ({_first_line(exc)})") from None
-        raise DataError(f"{url}: {type(exc).__name__}: {_first_line(exc)}") from None
+            raise DataError(f"{url}: no credentials found ({first_line(exc)})") from None
+        raise DataError(f"{url}: {type(exc).__name__}: {first_line(exc)}") from None
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__
 

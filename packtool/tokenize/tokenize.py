@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.identity import TokenizerIdentity, describe_tokenizer
-from packtool.dataset.manifest import INDEX_FILE
+from packtool.dataset.manifest import INDEX_FILE, dataset_folder
 from packtool.dataset.output import OutputPaths, check_apart, is_version, remove, transaction
 from packtool.dataset.tokenized import (
     common_identity,
@@ -40,8 +40,8 @@ from packtool.read.corpus import expand_inputs
 from packtool.read.documents import ReadConfig, SkipCounter
 from packtool.read.pretokenized import split_pretokenized
 from packtool.sft.inputs import sft_kind
+from packtool.storage import hub, writing
 from packtool.storage import local as storage
-from packtool.storage import writing
 from packtool.tokenize.tables import (
     PRETOKENIZED,
     RAW,
@@ -386,7 +386,7 @@ def tokenize_corpus(
     schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
 
     def prepare(paths: OutputPaths) -> None:
-        if paths.remote and not paths.whole_object:
+        if paths.hub or paths.remote and not paths.whole_object:  # a link and versions
             _check_remote_out(paths.target, overwrite, shown=str(out))
         else:
             _check_out(paths.target, single, overwrite, shown=str(out))
@@ -416,10 +416,13 @@ def tokenize_corpus(
             writer.abort()
             raise
     seconds = time.perf_counter() - start
-    if not single and not storage.is_remote(out):
-        files = [out / f.name for f in files]  # a bucket's: in the version folder, as written
-    elif single:
+    if single:
         files = [out]
+    elif hub.is_hub(out):  # built on this machine, committed into the version the link names
+        folder = dataset_folder(out)
+        files = [folder / f.name for f in files]
+    elif not storage.is_remote(out):
+        files = [out / f.name for f in files]  # a bucket's: in the version folder, as written
     return summary_of(bar, skips, files, tokenizer, seconds, str(tokenizer.dtype), supervised)
 
 

@@ -62,6 +62,7 @@ def run_pack_slurm(
         Detached: `slurm.wait` is False: the jobs are queued, the staging folder kept.
         WorkersLost: a partition's tasks ended without it more than `max_retries` times.
     """
+    preflight.built_here(config.out_dir, "slurm")
     slurm = slurm or SlurmConfig()
     options = slurm_options(slurm, config.out_dir)
     checked = preflight.check_inputs(config, tokenizer)

@@ -1,0 +1,162 @@
+"""`hf://` outputs: a dataset built on this machine, published to the Hub in one commit.
+
+On the Hugging Face Hub every object written is a commit: through `HfFileSystem` a pack would
+make one commit per shard, per completion record and per renewal of its lock, and the Hub
+limits how many commits a repository takes an hour. A commit is also the Hub's one atomic
+step, and `parent_commit` makes it conditional. So an `hf://` output is built like a local one,
+in a staging folder in the scratch folder (`scratch_folder`), and `publish` makes **one
+commit** that adds the version's files (`PREFIX/v-.../`), writes the link `PREFIX/index.json`
+naming it, and deletes the version it replaces: readers see the old dataset or the new one,
+never a mixture, as on a bucket (packtool/dataset/output.py).
+
+One writer per output: on this machine, a lock file beside the staging folder; between
+machines, the commit names as its parent the revision's head read when the run took its lock,
+so the Hub refuses it when anyone committed to the repository since (the run fails in one line,
+its staging kept: `--resume` then commits what it built, against the new head).
+
+The commit goes through `huggingface_hub.HfApi` (the `[hub]` extra), with `HF_TOKEN` or the
+`token` of the `hf` storage options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from packtool.errors import ConfigError, DataError, MissingDependencyError
+from packtool.storage import remote
+
+REPO_TYPES = {"datasets": "dataset", "spaces": "space", "models": "model"}
+"""The first part of an `hf://` path that names the repository type (none: a model)."""
+
+
+@dataclass(frozen=True)
+class HubPath:
+    """Where an `hf://` URL points: a repository, a revision, a path inside it."""
+
+    repo_id: str
+    repo_type: str
+    revision: str | None
+    path_in_repo: str
+
+
+def parse(url: Any) -> HubPath:
+    """`hf://[datasets/|spaces/|models/]ORG/NAME[@REVISION]/PATH` split into its parts.
+
+    Raises:
+        ConfigError: no repository in it.
+    """
+    text = str(url)
+    parts = [p for p in text.split("://", 1)[-1].split("/") if p]
+    repo_type = REPO_TYPES.get(parts[0], "model") if parts else "model"
+    if parts and parts[0] in REPO_TYPES:
+        parts = parts[1:]
+    if len(parts) < 2:
+        raise ConfigError(f"{text}: names no repository (hf://datasets/ORG/NAME/PATH)")
+    name, _, revision = parts[1].partition("@")
+    return HubPath(f"{parts[0]}/{name}", repo_type, unquote(revision) or None, "/".join(parts[2:]))
+
+
+def scratch_folder(target: Any) -> Path:
+    """This machine's folder for the output `target`: its staging folder and its lock file,
+    under the scratch folder (`PACKTOOL_SCRATCH`), named by the URL, so a `--resume` finds it."""
+    from packtool.storage.writing import scratch_dir
+
+    key = hashlib.sha256(str(target).rstrip("/").encode()).hexdigest()[:16]
+    folder = scratch_dir() / "hub" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def api() -> Any:
+    """The Hub client, with the `token` of the `hf` storage options where one is given."""
+    try:
+        from huggingface_hub import HfApi
+    except ImportError:
+        raise MissingDependencyError(
+            "hf:// outputs need huggingface_hub: pip install 'packtool[hub]'"
+        ) from None
+    return HfApi(token=remote.options_for("hf").get("token"))
+
+
+def head(target: Any) -> str | None:
+    """The commit the output's revision points at now (None: the repository has none yet).
+
+    Raises:
+        DataError: the repository cannot be read (missing, no access), naming `target`.
+    """
+    where = parse(target)
+    with remote.naming(target):
+        info = api().repo_info(where.repo_id, repo_type=where.repo_type, revision=where.revision)
+    return getattr(info, "sha", None)
+
+
+def publish(
+    target: Any,
+    staging: Path,
+    version: str,
+    beside: dict[str, bytes],
+    old: str | None,
+    parent: str | None,
+    shown: str = "",
+) -> None:
+    """One commit: every file under `staging` as `PREFIX/version/...`, the small files `beside`
+    it (`PREFIX/NAME`: the link `index.json`), and the deletion of the folder `PREFIX/old`; on
+    top of the commit `parent`. `shown`: the output as the user gave it, for messages.
+
+    Raises:
+        ConfigError: the Hub refused the commit because the revision moved past `parent`.
+        DataError: any other failure, naming `target`.
+    """
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    where = parse(target)
+    prefix = where.path_in_repo.strip("/")
+    base = f"{prefix}/" if prefix else ""
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    ops: list[Any] = [
+        CommitOperationAdd(f"{base}{version}/{p.relative_to(staging).as_posix()}", str(p))
+        for p in files
+    ]
+    ops += [CommitOperationAdd(f"{base}{name}", data) for name, data in beside.items()]
+    if old is not None and old != version:
+        ops.append(CommitOperationDelete(f"{base}{old}/", is_folder=True))
+    client = api()
+    try:
+        client.create_commit(
+            where.repo_id,
+            ops,
+            commit_message=f"packtool: {base}{version} ({len(files)} files)",
+            repo_type=where.repo_type,
+            revision=where.revision,
+            parent_commit=parent,
+        )
+    except Exception as exc:
+        name = shown or str(target)
+        kept = f"nothing was committed; the dataset is built in {staging}: rerun with --resume"
+        if _moved(exc):
+            raise ConfigError(
+                f"{name}: the repository changed since this run started (another commit); "
+                f"{kept} to commit it on top"
+            ) from None
+        raise DataError(
+            f"{name}: the commit to the Hub failed ({remote.first_line(exc)}); {kept} to commit it"
+        ) from None
+    fs, path = remote.filesystem(target)
+    fs.invalidate_cache(path)  # this process reads the new dataset next (the summary, verify)
+
+
+def _moved(exc: BaseException) -> bool:
+    """The Hub's answer to a commit whose `parent_commit` is no longer the head (412)."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    text = str(exc).lower()
+    return status == 412 or "parent commit" in text or "precondition" in text
+
+
+def is_hub(path: Any) -> bool:
+    """An `hf://` URL."""
+    return remote.scheme(path) == "hf"

@@ -1,0 +1,223 @@
+"""`hf://` outputs: built on this machine, published to the Hub in one commit.
+
+No Hub can run here (no internet, and no open-source server speaks its commit API), so this is
+the one place the project stands in for a client library: `huggingface_hub`'s `HfApi` (its
+`repo_info` and `create_commit`) and its file system (an fsspec memory file system under the
+`hf` protocol) are replaced by `StandInHub`, which keeps a repository's files and its head,
+applies a commit's operations together and refuses one whose `parent_commit` is not the head,
+as the Hub does. What is checked is packtool's side: one commit per run, what it holds, the
+parent it names, and what a refused commit leaves.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from packtool.engines.local import run_pack
+from packtool.errors import ConfigError
+from packtool.storage import hub, remote
+from tests.cli import one_error_line, run
+from tests.packtool.storage.common import CORPUS, pack_config
+
+pytest.importorskip("huggingface_hub")
+
+URL = "hf://datasets/org/name/packed"
+
+
+class HubFiles(MemoryFileSystem):
+    """The stand-in Hub's files, read as `HfFileSystem` reads them (`hf://TYPE/ORG/NAME/PATH`)."""
+
+    protocol = ("hf",)
+    store: dict = {}  # noqa: RUF012 - fsspec's memory file system keeps its files per class
+    pseudo_dirs = [""]  # noqa: RUF012
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = str(path)
+        if path.startswith("hf://"):
+            path = path[len("hf://") :]
+        return super()._strip_protocol(path)
+
+
+class Refused(Exception):
+    """What `huggingface_hub` raises for a commit whose parent is not the head (HTTP 412)."""
+
+    def __init__(self) -> None:
+        super().__init__("412 Client Error: Precondition Failed")
+        self.response = SimpleNamespace(status_code=412)
+
+
+class StandInHub:
+    """`HfApi` for one machine: `repo_info` gives the head, `create_commit` applies its
+    operations at once, on top of `parent_commit` only."""
+
+    def __init__(self) -> None:
+        self.head = 1
+        self.commits: list[list] = []
+        self.meddle = False  # another writer commits just before the next commit
+
+    def repo_info(self, repo_id, repo_type=None, revision=None):
+        return SimpleNamespace(sha=str(self.head))
+
+    def create_commit(self, repo_id, operations, *, commit_message, repo_type, revision,
+                      parent_commit):  # fmt: skip
+        if self.meddle:
+            self.meddle = False
+            self.head += 1
+        if parent_commit is not None and parent_commit != str(self.head):
+            raise Refused()
+        fs = HubFiles()
+        root = f"/{repo_type}s/{repo_id}"
+        for op in operations:
+            path = f"{root}/{op.path_in_repo}"
+            if type(op).__name__ == "CommitOperationDelete":
+                fs.rm(path.rstrip("/"), recursive=True)
+            else:
+                data = op.path_or_fileobj
+                fs.pipe_file(path, data if isinstance(data, bytes) else Path(data).read_bytes())
+        self.commits.append(list(operations))
+        self.head += 1
+
+
+@pytest.fixture
+def stand_in(monkeypatch, tmp_path):
+    fsspec.register_implementation("hf", HubFiles, clobber=True)
+    HubFiles.store.clear()
+    HubFiles.pseudo_dirs[:] = [""]
+    remote._filesystem.cache_clear()
+    monkeypatch.setenv("PACKTOOL_SCRATCH", str(tmp_path / "scratch"))
+    fake = StandInHub()
+    monkeypatch.setattr(hub, "api", lambda: fake)
+    HubFiles().pipe_file("/datasets/org/name/README.md", b"a dataset card\n")  # the repo exists
+    yield fake
+    remote._filesystem.cache_clear()
+    HubFiles.store.clear()
+
+
+def _hub_files(prefix: str) -> dict[str, bytes]:
+    fs = HubFiles()
+    return {p[len(prefix) + 1 :]: fs.cat_file(p) for p in fs.find(prefix)}
+
+
+def _version(files: dict[str, bytes]) -> str:
+    return json.loads(files["index.json"])["packtool_dataset"]
+
+
+def test_a_pack_to_the_hub_is_one_commit_of_the_local_packs_files(stand_in, tmp_path):
+    run_pack(pack_config(tmp_path / "local"))
+    run_pack(pack_config(URL))
+    assert len(stand_in.commits) == 1  # shards, manifest and link together; no lock objects
+    files = _hub_files("/datasets/org/name/packed")
+    version = _version(files)
+    local = {p.name: p.read_bytes() for p in (tmp_path / "local").iterdir()}
+    assert {k.split("/", 1)[1]: v for k, v in files.items() if "/" in k} == local
+    assert set(files) == {"index.json", *(f"{version}/{n}" for n in local)}
+    assert not any((tmp_path / "scratch" / "hub").rglob("*.parquet"))  # staging removed
+
+
+def test_overwrite_replaces_the_old_version_in_the_same_commit(stand_in, tmp_path):
+    run_pack(pack_config(URL))
+    first = _version(_hub_files("/datasets/org/name/packed"))
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--overwrite")
+    assert code == 0, err
+    files = _hub_files("/datasets/org/name/packed")
+    second = _version(files)
+    assert second != first and not any(k.startswith(first) for k in files)
+    deletes = [op for op in stand_in.commits[-1] if type(op).__name__ == "CommitOperationDelete"]
+    assert [op.path_in_repo for op in deletes] == [f"packed/{first}/"]
+    assert HubFiles().cat_file("/datasets/org/name/README.md") == b"a dataset card\n"
+    code, out, err = run("verify", URL)
+    assert code == 0, err
+
+
+def test_without_overwrite_a_dataset_on_the_hub_is_refused(stand_in):
+    run_pack(pack_config(URL))
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
+    assert "not empty; pass --overwrite" in one_error_line(err) and code != 0
+    assert len(stand_in.commits) == 1
+
+
+def test_a_commit_refused_for_another_writers_is_one_line_and_resume_commits_it(stand_in, tmp_path):
+    """Someone commits to the repository while the run builds: the Hub refuses the run's
+    commit (its parent is no longer the head). Nothing is committed, the built dataset stays
+    in the scratch folder, and `--resume` commits it on top of the new head."""
+    stand_in.meddle = True
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
+    line = one_error_line(err)
+    assert code != 0 and "the repository changed since this run started" in line
+    assert "--resume" in line and not stand_in.commits
+    assert not _hub_files("/datasets/org/name/packed")
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
+    assert code == 0, err
+    assert len(stand_in.commits) == 1
+    code, _, err = run("pack", CORPUS, "-o", tmp_path / "local", "--max-len", "512")
+    assert code == 0, err
+    files = _hub_files("/datasets/org/name/packed")
+    version = _version(files)
+    for shard in (tmp_path / "local").glob("shard-*.parquet"):
+        assert files[f"{version}/{shard.name}"] == shard.read_bytes()
+
+
+def test_engines_on_other_machines_refuse_a_hub_output():
+    from packtool.engines.ray import run_pack_ray
+    from packtool.engines.slurm.driver import run_pack_slurm
+
+    for engine, call in (("ray", run_pack_ray), ("slurm", run_pack_slurm)):
+        with pytest.raises(ConfigError, match=f"--engine {engine} builds on other machines"):
+            call(pack_config(URL))
+
+
+def test_parse_names_the_repository_its_type_revision_and_path():
+    got = hub.parse("hf://datasets/org/name@refs%2Fpr%2F1/a/b")
+    assert got == hub.HubPath("org/name", "dataset", "refs/pr/1", "a/b")
+    assert hub.parse("hf://org/model") == hub.HubPath("org/model", "model", None, "")
+    with pytest.raises(ConfigError, match="names no repository"):
+        hub.parse("hf://datasets/org")
+
+
+def test_tokenize_to_the_hub_commits_once_and_writes_no_lock_object(stand_in, tmp_path):
+    """A folder of parts is one commit (link and version), as `pack`'s; one object and the
+    Megatron pair are uploaded whole; none leaves a lock object on the Hub (each would be a
+    commit, and its renewals more)."""
+    code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-parts")
+    assert code == 0, err
+    code, _, err = run("tokenize", CORPUS, "-o", tmp_path / "parts")
+    assert code == 0, err
+    files = _hub_files("/datasets/org/name/packed-parts")
+    version = _version(files)
+    assert len(stand_in.commits) == 1
+    for part in (tmp_path / "parts").glob("part-*.parquet"):
+        assert files[f"{version}/{part.name}"] == part.read_bytes()
+    code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-one.parquet")
+    assert code == 0, err
+    code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-mega", "--to", "megatron")
+    assert code == 0, err
+    names = sorted(HubFiles().find("/datasets/org/name"))
+    assert not [n for n in names if "lock" in n or ".packtool" in n], names
+    assert "/datasets/org/name/packed-one.parquet" in names
+    assert {"/datasets/org/name/packed-mega.bin", "/datasets/org/name/packed-mega.idx"} <= set(
+        names
+    )
+
+
+def test_a_commit_that_fails_otherwise_is_one_line_and_keeps_the_dataset_for_resume(
+    stand_in, monkeypatch
+):
+    def down(*args, **kwargs):
+        raise ConnectionError("Server disconnected\nsecond line")
+
+    with monkeypatch.context() as m:
+        m.setattr(stand_in, "create_commit", down)
+        code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
+    line = one_error_line(err)
+    assert code != 0 and line.startswith(f"error: {URL}") and "Server disconnected" in line
+    assert "rerun with --resume to commit it" in line and not stand_in.commits
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
+    assert code == 0, err
+    assert len(stand_in.commits) == 1
