@@ -148,9 +148,8 @@ class Run:
         fingerprint = fingerprint_of(config, checked)
         self.fingerprint = fingerprint_digest(fingerprint)
         if output.state is not None and output.state.get(COMPLETE):
-            check_complete(
-                fingerprint, storage.as_path(config.out_dir)
-            )  # raises: there is nothing to run
+            # raises: there is nothing to run (the output a URL or a local path)
+            check_complete(fingerprint, storage.as_path(config.out_dir))
         if output.state is None:
             self.plan: Plan = plan_of(config, checked)
             fan_in = merge.TAIL_FAN_IN
