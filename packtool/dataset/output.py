@@ -412,8 +412,9 @@ def current_version(target: Path) -> str | None:
     return linked_version(target / INDEX_FILE)  # one HEAD: absent is None too
 
 
-def commit(paths: OutputPaths) -> None:
-    """Swap the complete staging output in for the old one (see the module docstring)."""
+def commit(paths: OutputPaths, resumable: bool = True) -> None:
+    """Swap the complete staging output in for the old one (see the module docstring).
+    `resumable`: the command can `--resume` (what a refused Hub commit's message says)."""
     if paths.whole_object:
         writing.replace(paths.staging, paths.target)  # one upload: the object whole, or not
         return
@@ -421,7 +422,8 @@ def commit(paths: OutputPaths) -> None:
         version = new_version()
         link = {INDEX_FILE: link_bytes(version)}
         old = current_version(paths.target)
-        hub.publish(
+        # The new head: a later commit of this process (a run after this one) builds on it.
+        _HUB_PARENTS[str(paths.target)] = hub.publish(
             paths.target,
             paths.staging,
             version,
@@ -429,6 +431,7 @@ def commit(paths: OutputPaths) -> None:
             old,
             _HUB_PARENTS.get(str(paths.target)),
             shown=paths.shown,
+            resumable=resumable,
         )
         remove(paths.staging)
         return
@@ -493,6 +496,7 @@ def transaction(
     command: str,
     prepare: Callable[[OutputPaths], T],
     discard: Callable[[BaseException, T], bool],
+    resumable: bool = True,
 ) -> Iterator[tuple[OutputPaths, T]]:
     """The output transaction of every command that writes a dataset: the steps in one order.
 
@@ -529,7 +533,7 @@ def transaction(
                     f"{paths.shown}: another writer took over this run's lock (its lease ran "
                     "out unrenewed); nothing was committed"
                 )
-            commit(paths)
+            commit(paths, resumable)
     except BaseException:
         remove_empty_parents(paths, made)
         raise

@@ -283,6 +283,15 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
                 f"{paths.shown}: a packed dataset is a folder (a prefix in a bucket), not one "
                 ".parquet object; drop the .parquet"
             )
+        if paths.hub and storage.is_file(paths.staging / INDEX_FILE) and not config.resume:
+            # A Hub commit refused (or a run killed just before it): published only when asked.
+            if not config.overwrite:
+                raise ConfigError(
+                    f"{paths.shown}: a dataset an earlier run built waits in {paths.staging} "
+                    "(its commit to the Hub did not happen); pass --resume to commit it or "
+                    "--overwrite to start over"
+                )
+            remove(paths.staging)
         if storage.is_file(paths.staging / INDEX_FILE):
             # A run killed after writing index.json (written last) but before its swap:
             # complete, so it is swapped in now, as it would have been.

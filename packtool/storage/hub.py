@@ -102,10 +102,13 @@ def publish(
     old: str | None,
     parent: str | None,
     shown: str = "",
-) -> None:
+    resumable: bool = True,
+) -> str | None:
     """One commit: every file under `staging` as `PREFIX/version/...`, the small files `beside`
     it (`PREFIX/NAME`: the link `index.json`), and the deletion of the folder `PREFIX/old`; on
-    top of the commit `parent`. `shown`: the output as the user gave it, for messages.
+    top of the commit `parent`; returns the new commit. `shown`: the output as the user gave
+    it, for messages; `resumable`: the command has `--resume` (else a refused commit's built
+    dataset is not kept: the next run builds it again).
 
     Raises:
         ConfigError: the Hub refused the commit because the revision moved past `parent`.
@@ -126,7 +129,7 @@ def publish(
         ops.append(CommitOperationDelete(f"{base}{old}/", is_folder=True))
     client = api()
     try:
-        client.create_commit(
+        done = client.create_commit(
             where.repo_id,
             ops,
             commit_message=f"packtool: {base}{version} ({len(files)} files)",
@@ -136,17 +139,22 @@ def publish(
         )
     except Exception as exc:
         name = shown or str(target)
-        kept = f"nothing was committed; the dataset is built in {staging}: rerun with --resume"
+        kept = (
+            f"nothing was committed; the dataset is built in {staging}: rerun with --resume "
+            "to commit it (or --overwrite to start over)"
+            if resumable
+            else "nothing was committed; rerun to build and commit it again"
+        )
         if _moved(exc):
             raise ConfigError(
-                f"{name}: the repository changed since this run started (another commit); "
-                f"{kept} to commit it on top"
+                f"{name}: the repository changed since this run started (another commit); {kept}"
             ) from None
         raise DataError(
-            f"{name}: the commit to the Hub failed ({remote.first_line(exc)}); {kept} to commit it"
+            f"{name}: the commit to the Hub failed ({remote.first_line(exc)}); {kept}"
         ) from None
     fs, path = remote.filesystem(target)
     fs.invalidate_cache(path)  # this process reads the new dataset next (the summary, verify)
+    return getattr(done, "oid", None)
 
 
 def _moved(exc: BaseException) -> bool:

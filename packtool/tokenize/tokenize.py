@@ -401,7 +401,9 @@ def tokenize_corpus(
 
     # Any failure of the work discards the staging output; the old output is replaced only
     # when everything is written, in one swap (packtool/dataset/output.py).
-    with transaction(out, command or "packtool tokenize", prepare, lambda exc, _: True) as (
+    with transaction(
+        out, command or "packtool tokenize", prepare, lambda exc, _: True, resumable=False
+    ) as (
         paths,
         _,
     ):

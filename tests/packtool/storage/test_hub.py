@@ -83,6 +83,7 @@ class StandInHub:
                 fs.pipe_file(path, data if isinstance(data, bytes) else Path(data).read_bytes())
         self.commits.append(list(operations))
         self.head += 1
+        return SimpleNamespace(oid=str(self.head))
 
 
 @pytest.fixture
@@ -219,5 +220,41 @@ def test_a_commit_that_fails_otherwise_is_one_line_and_keeps_the_dataset_for_res
     assert code != 0 and line.startswith(f"error: {URL}") and "Server disconnected" in line
     assert "rerun with --resume to commit it" in line and not stand_in.commits
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
+    assert code == 0, err
+    assert len(stand_in.commits) == 1
+
+
+def test_after_a_refused_commit_a_rerun_asks_and_overwrite_starts_over(stand_in, tmp_path):
+    """The built dataset of a refused commit is published only by --resume: a plain rerun says
+    so in one line, and --overwrite discards it and commits its own build (on the head it read,
+    not the one before the discarded build)."""
+    stand_in.meddle = True
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
+    assert code != 0 and "--overwrite to start over" in one_error_line(err)
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "1024")
+    line = one_error_line(err)
+    assert code != 0 and "waits in" in line and "--resume" in line and "--overwrite" in line
+    assert not stand_in.commits
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "1024", "--overwrite")
+    assert code == 0, err
+    assert len(stand_in.commits) == 1
+    code, _, err = run("pack", CORPUS, "-o", tmp_path / "local", "--max-len", "1024")
+    assert code == 0, err
+    files = _hub_files("/datasets/org/name/packed")
+    version = _version(files)
+    for shard in (tmp_path / "local").glob("shard-*.parquet"):
+        assert files[f"{version}/{shard.name}"] == shard.read_bytes()
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--overwrite")
+    assert code == 0, err  # and a later --overwrite replaces it in its own commit
+    assert len(stand_in.commits) == 2
+
+
+def test_a_refused_tokenize_commit_says_to_rerun(stand_in):
+    """tokenize has no --resume: its message says to run it again, which builds anew."""
+    stand_in.meddle = True
+    code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-parts")
+    line = one_error_line(err)
+    assert code != 0 and "rerun to build and commit it again" in line and "--resume" not in line
+    code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-parts")
     assert code == 0, err
     assert len(stand_in.commits) == 1
