@@ -199,7 +199,30 @@ def make_staging(paths: OutputPaths) -> None:
         pointer = json.dumps({"version": paths.staging.name}).encode()
         writing.write_atomic(paths.target / REMOTE_STAGING, pointer)
         return
+    if paths.hub:  # what the run replaces, for a commit made later (`--resume`) to check
+        base = json.dumps({"replaces": current_version(paths.target)}).encode()
+        writing.write_atomic(_hub_base(paths), base)
     writing.make_dir(paths.staging)
+
+
+def _hub_base(paths: OutputPaths) -> Path:
+    """Beside a Hub output's staging folder: the version the link named when the run began."""
+    return paths.staging.with_name("replaces.json")
+
+
+def _check_hub_base(paths: OutputPaths, now: str | None) -> None:
+    """Refuse to commit a Hub output over a dataset committed to its prefix after the run began
+    (by another writer; `--resume` of a refused commit would otherwise replace it unasked)."""
+    base = _hub_base(paths)
+    if not storage.is_file(base):
+        return  # tokenize's staging: no --resume, the parent commit is its check
+    began = json.loads(storage.read_text(base)).get("replaces")
+    if began != now:
+        raise ConfigError(
+            f"{paths.shown}: another writer committed a dataset there ({now}) after this run "
+            f"began (over {began or 'nothing'}); not replaced. To replace it, run again with "
+            "--overwrite (this run's build is discarded)"
+        )
 
 
 def remove_staging(paths: OutputPaths) -> OutputPaths:
@@ -422,6 +445,9 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         version = new_version()
         link = {INDEX_FILE: link_bytes(version)}
         old = current_version(paths.target)
+        _check_hub_base(paths, old)
+        if old is not None and not storage.exists(paths.target / old):
+            old = None  # a link to nothing: a commit deleting a missing folder is refused
         # The new head: a later commit of this process (a run after this one) builds on it.
         _HUB_PARENTS[str(paths.target)] = hub.publish(
             paths.target,
@@ -434,6 +460,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
             resumable=resumable,
         )
         remove(paths.staging)
+        writing.remove_file(_hub_base(paths))
         return
     if paths.remote:
         # The switch: one PUT of the link; then the run in progress is over, the old version goes.

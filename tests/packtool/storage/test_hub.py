@@ -258,3 +258,37 @@ def test_a_refused_tokenize_commit_says_to_rerun(stand_in):
     code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-parts")
     assert code == 0, err
     assert len(stand_in.commits) == 1
+
+
+def test_resume_never_replaces_a_dataset_another_writer_committed_meanwhile(stand_in):
+    """The run's commit is refused because another writer committed a dataset to the same
+    prefix; `--resume` would publish over it: refused in one line, the other dataset kept;
+    `--overwrite` replaces it on purpose."""
+    stand_in.meddle = True
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
+    assert code != 0, err
+    other = b'{"packtool_dataset": "v-20261204T000000-0123abcd"}\n'
+    HubFiles().pipe_file("/datasets/org/name/packed/index.json", other)
+    HubFiles().pipe_file("/datasets/org/name/packed/v-20261204T000000-0123abcd/x", b"theirs")
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
+    line = one_error_line(err)
+    assert code != 0 and "another writer committed a dataset there" in line
+    assert "--overwrite" in line and not stand_in.commits
+    assert HubFiles().cat_file("/datasets/org/name/packed/index.json") == other
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--overwrite")
+    assert code == 0, err
+    files = _hub_files("/datasets/org/name/packed")
+    assert len(stand_in.commits) == 1 and _version(files) != "v-20261204T000000-0123abcd"
+    assert not any(k.startswith("v-20261204T000000-0123abcd") for k in files)  # replaced
+
+
+def test_overwrite_of_a_link_to_a_missing_version_commits(stand_in):
+    """A link naming a version that is not there (deleted by hand): the commit deletes
+    nothing (the Hub refuses a commit that deletes a missing folder) and writes the new one."""
+    HubFiles().pipe_file(
+        "/datasets/org/name/packed/index.json",
+        b'{"packtool_dataset": "v-20261204T000000-00000000"}',
+    )
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--overwrite")
+    assert code == 0, err
+    assert not [o for o in stand_in.commits[0] if type(o).__name__ == "CommitOperationDelete"]
