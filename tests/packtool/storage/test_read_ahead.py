@@ -87,10 +87,10 @@ def _settle() -> None:
         f.result()
 
 
-def test_a_small_first_block_then_growing_ones_the_next_fetched_once_half_of_one_is_read():
+def test_a_small_first_block_a_larger_second_then_full_ones_each_fetched_at_half_the_last():
     data = bytes(range(256)) * 40  # 10,240 bytes
     blob = Blob(data)
-    with _open(blob, 1600, buffering=10, first=100) as f:
+    with _open(blob, 3200, buffering=10, first=100) as f:
         assert f.read(40) == data[:40]  # a probe: one small GET, nothing ahead
         _settle()
         assert blob.ranges == [(0, 100)]
@@ -98,9 +98,9 @@ def test_a_small_first_block_then_growing_ones_the_next_fetched_once_half_of_one
         _settle()
         assert blob.ranges == [(0, 100), (100, 500)]
         assert f.read() == data[60:]
-    # 100, 400, then 1,600-byte blocks (4 x 400 = 1,600 = the largest)
+    # 100, 400, then full 3,200-byte blocks
     want = [(0, 100), (100, 500)]
-    want += [(at, min(at + 1600, len(data))) for at in range(500, len(data), 1600)]
+    want += [(at, min(at + 3200, len(data))) for at in range(500, len(data), 3200)]
     assert blob.ranges == want  # each byte fetched once
 
 
