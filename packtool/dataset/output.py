@@ -399,7 +399,7 @@ def recover(paths: OutputPaths) -> None:
     if paths.hub:
         # The commit `commit` makes is on top of the head seen now, under the lock: the Hub
         # refuses it if anyone committed in between. A single commit leaves nothing to finish.
-        _HUB_PARENTS[str(paths.target)] = hub.head(paths.target)
+        _HUB_PARENTS[str(paths.target)] = hub.head(paths.target, paths.shown)
         return
     if paths.whole_object:
         if not hub.is_hub(paths.target):

@@ -82,14 +82,15 @@ def api() -> Any:
     return HfApi(token=remote.options_for("hf").get("token"))
 
 
-def head(target: Any) -> str | None:
+def head(target: Any, shown: str = "") -> str | None:
     """The commit the output's revision points at now (None: the repository has none yet).
 
     Raises:
-        DataError: the repository cannot be read (missing, no access), naming `target`.
+        DataError: the repository cannot be read (missing, no access), naming `shown` (the
+            output as the user gave it) or `target`.
     """
     where = parse(target)
-    with remote.naming(target):
+    with remote.naming(shown or target):
         info = api().repo_info(where.repo_id, repo_type=where.repo_type, revision=where.revision)
     return getattr(info, "sha", None)
 

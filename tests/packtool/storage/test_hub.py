@@ -292,3 +292,14 @@ def test_overwrite_of_a_link_to_a_missing_version_commits(stand_in):
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--overwrite")
     assert code == 0, err
     assert not [o for o in stand_in.commits[0] if type(o).__name__ == "CommitOperationDelete"]
+
+
+def test_a_missing_repository_is_one_line_naming_the_url(stand_in, monkeypatch):
+    def missing(*args, **kwargs):
+        raise OSError("404 Client Error: Repository Not Found for url: https://huggingface.co/...")
+
+    monkeypatch.setattr(stand_in, "repo_info", missing)
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
+    line = one_error_line(err)
+    assert code != 0 and URL in line and "Repository Not Found" in line
+    assert not stand_in.commits
