@@ -11,11 +11,11 @@ parent it names, and what a refused commit leaves.
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
@@ -88,7 +88,8 @@ class StandInHub:
 
 @pytest.fixture
 def stand_in(monkeypatch, tmp_path):
-    fsspec.register_implementation("hf", HubFiles, clobber=True)
+    # Undone after the test: the other tests' hf:// URLs reach huggingface_hub's own again.
+    monkeypatch.setitem(importlib.import_module("fsspec.registry")._registry, "hf", HubFiles)
     HubFiles.store.clear()
     HubFiles.pseudo_dirs[:] = [""]
     remote._filesystem.cache_clear()
