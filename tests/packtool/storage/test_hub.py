@@ -111,6 +111,18 @@ def _version(files: dict[str, bytes]) -> str:
     return json.loads(files["index.json"])["packtool_dataset"]
 
 
+def _hub_holds_a_local_pack(tmp_path: Path, max_len: str) -> None:
+    """The version the Hub's link names holds the shards of the same pack into a local folder."""
+    code, _, err = run("pack", CORPUS, "-o", tmp_path / "local", "--max-len", max_len)
+    assert code == 0, err
+    files = _hub_files("/datasets/org/name/packed")
+    version = _version(files)
+    shards = list((tmp_path / "local").glob("shard-*.parquet"))
+    assert shards
+    for shard in shards:
+        assert files[f"{version}/{shard.name}"] == shard.read_bytes()
+
+
 def test_a_pack_to_the_hub_is_one_commit_of_the_local_packs_files(stand_in, tmp_path):
     run_pack(pack_config(tmp_path / "local"))
     run_pack(pack_config(URL))
@@ -158,12 +170,7 @@ def test_a_commit_refused_for_another_writers_is_one_line_and_resume_commits_it(
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
     assert code == 0, err
     assert len(stand_in.commits) == 1
-    code, _, err = run("pack", CORPUS, "-o", tmp_path / "local", "--max-len", "512")
-    assert code == 0, err
-    files = _hub_files("/datasets/org/name/packed")
-    version = _version(files)
-    for shard in (tmp_path / "local").glob("shard-*.parquet"):
-        assert files[f"{version}/{shard.name}"] == shard.read_bytes()
+    _hub_holds_a_local_pack(tmp_path, "512")
 
 
 def test_engines_on_other_machines_refuse_a_hub_output():
@@ -239,12 +246,7 @@ def test_after_a_refused_commit_a_rerun_asks_and_overwrite_starts_over(stand_in,
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "1024", "--overwrite")
     assert code == 0, err
     assert len(stand_in.commits) == 1
-    code, _, err = run("pack", CORPUS, "-o", tmp_path / "local", "--max-len", "1024")
-    assert code == 0, err
-    files = _hub_files("/datasets/org/name/packed")
-    version = _version(files)
-    for shard in (tmp_path / "local").glob("shard-*.parquet"):
-        assert files[f"{version}/{shard.name}"] == shard.read_bytes()
+    _hub_holds_a_local_pack(tmp_path, "1024")
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--overwrite")
     assert code == 0, err  # and a later --overwrite replaces it in its own commit
     assert len(stand_in.commits) == 2
