@@ -438,6 +438,10 @@ def current_version(target: Path) -> str | None:
 def commit(paths: OutputPaths, resumable: bool = True) -> None:
     """Swap the complete staging output in for the old one (see the module docstring).
     `resumable`: the command can `--resume` (what a refused Hub commit's message says)."""
+    if paths.whole_object and hub.is_hub(paths.target):
+        hub.put_files({paths.target: paths.staging}, paths.shown)  # one Hub commit
+        remove(paths.staging)
+        return
     if paths.whole_object:
         writing.replace(paths.staging, paths.target)  # one upload: the object whole, or not
         return

@@ -303,6 +303,11 @@ def finish_swap(work: Path, bin_path: Path, idx_path: Path) -> bool:
     if not storage.is_file(ready):
         return False
     merged = work / MERGED_BIN
+    if hub.is_hub(idx_path):  # one Hub commit holds both: never one without the other
+        pair = {bin_path: merged} if storage.is_file(merged) else {}
+        hub.put_files({**pair, idx_path: ready})
+        remove(work)
+        return True
     if storage.is_file(merged):
         writing.remove_file(idx_path)  # first: no .idx ever names another .bin
         writing.replace(merged, bin_path)

@@ -158,6 +158,39 @@ def publish(
     return getattr(done, "oid", None)
 
 
+def put_files(files: dict[Any, Path], shown: str = "") -> None:
+    """Upload local files to their `hf://` URLs (all in one repository and revision) in one
+    commit: `tokenize`'s one object, a Megatron pair (its `.bin` and `.idx` together, so no
+    reader sees one without the other). Unconditional, as a bucket's whole-object upload is:
+    the lock is this machine's.
+
+    Raises:
+        DataError: the Hub refused it or could not be reached, naming `shown` or the URL.
+    """
+    from huggingface_hub import CommitOperationAdd
+
+    targets = {url: parse(url) for url in files}
+    first = next(iter(targets.values()))
+    if any((w.repo_id, w.repo_type, w.revision) != (first.repo_id, first.repo_type, first.revision)
+           for w in targets.values()):  # fmt: skip
+        raise ConfigError(f"{shown or next(iter(files))}: one commit writes one repository")
+    ops = [
+        CommitOperationAdd(targets[url].path_in_repo, str(local)) for url, local in files.items()
+    ]
+    names = ", ".join(w.path_in_repo for w in targets.values())
+    with remote.naming(shown or next(iter(files))):
+        api().create_commit(
+            first.repo_id,
+            ops,
+            commit_message=f"packtool: {names}",
+            repo_type=first.repo_type,
+            revision=first.revision,
+        )
+    for url in files:
+        fs, path = remote.filesystem(url)
+        fs.invalidate_cache(path)
+
+
 def _moved(exc: BaseException) -> bool:
     """The Hub's answer to a commit whose `parent_commit` is no longer the head (412)."""
     response = getattr(exc, "response", None)

@@ -66,7 +66,7 @@ class StandInHub:
         return SimpleNamespace(sha=str(self.head))
 
     def create_commit(self, repo_id, operations, *, commit_message, repo_type, revision,
-                      parent_commit):  # fmt: skip
+                      parent_commit=None):  # fmt: skip
         if self.meddle:
             self.meddle = False
             self.head += 1
@@ -190,10 +190,10 @@ def test_parse_names_the_repository_its_type_revision_and_path():
         hub.parse("hf://datasets/org")
 
 
-def test_tokenize_to_the_hub_commits_once_and_writes_no_lock_object(stand_in, tmp_path):
-    """A folder of parts is one commit (link and version), as `pack`'s; one object and the
-    Megatron pair are uploaded whole; none leaves a lock object on the Hub (each would be a
-    commit, and its renewals more)."""
+def test_tokenize_to_the_hub_is_one_commit_per_output_and_writes_no_lock_object(stand_in, tmp_path):
+    """A folder of parts is one commit (link and version), as `pack`'s; one object is one
+    commit; a Megatron pair is one commit holding both files (no reader sees a .bin without its
+    .idx); none leaves a lock object on the Hub (each would be a commit, its renewals more)."""
     code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-parts")
     assert code == 0, err
     code, _, err = run("tokenize", CORPUS, "-o", tmp_path / "parts")
@@ -205,14 +205,18 @@ def test_tokenize_to_the_hub_commits_once_and_writes_no_lock_object(stand_in, tm
         assert files[f"{version}/{part.name}"] == part.read_bytes()
     code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-one.parquet")
     assert code == 0, err
+    assert [op.path_in_repo for op in stand_in.commits[1]] == ["packed-one.parquet"]
     code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-mega", "--to", "megatron")
     assert code == 0, err
+    assert [op.path_in_repo for op in stand_in.commits[2]] == ["packed-mega.bin", "packed-mega.idx"]
+    code, _, err = run("tokenize", CORPUS, "-o", tmp_path / "mega", "--to", "megatron")
+    assert code == 0, err
+    for suffix in (".bin", ".idx"):
+        got = HubFiles().cat_file(f"/datasets/org/name/packed-mega{suffix}")
+        assert got == (tmp_path / f"mega{suffix}").read_bytes()
     names = sorted(HubFiles().find("/datasets/org/name"))
     assert not [n for n in names if "lock" in n or ".packtool" in n], names
-    assert "/datasets/org/name/packed-one.parquet" in names
-    assert {"/datasets/org/name/packed-mega.bin", "/datasets/org/name/packed-mega.idx"} <= set(
-        names
-    )
+    assert len(stand_in.commits) == 3
 
 
 def test_a_commit_that_fails_otherwise_is_one_line_and_keeps_the_dataset_for_resume(
