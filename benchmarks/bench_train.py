@@ -46,6 +46,8 @@ class Setup:
     bf16: bool
     seed: int = 0
     threads: int | None = None
+    flex_dynamic: bool = False
+    """Compile flex attention with `dynamic=True` (an experiment: `--flex-dynamic`)."""
 
 
 def cpu_setup(steps: int | None) -> Setup:
@@ -177,6 +179,8 @@ class Run:
     def __init__(self, setup: Setup, mode: str) -> None:
         if setup.threads:
             torch.set_num_threads(setup.threads)
+        if setup.flex_dynamic:
+            _use_dynamic_flex()
         torch.manual_seed(setup.seed)
         self.setup, self.mode = setup, mode
         self.device = torch.device(setup.device)
@@ -212,6 +216,28 @@ class Run:
         return time.perf_counter() - t0, float(loss.detach())
 
 
+def _use_dynamic_flex() -> None:
+    """Make the flex backend compile `flex_attention` with `dynamic=True`: one kernel for every
+    token count, instead of a recompile for each new one (the first CUDA run's flex training did
+    not finish 65 steps of varying shape in 170 s; docs/attention.md)."""
+    import functools
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from attention import backends
+
+    backends._compiled_flex = functools.lru_cache(maxsize=1)(
+        lambda: torch.compile(flex_attention, dynamic=True)
+    )
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process (a recompile for a new shape adds one)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def run_mode(setup: Setup, mode: str) -> dict:
     """All steps of one mode alone (a fresh process): its peak memory and loss curve."""
     run = Run(setup, mode)
@@ -224,7 +250,13 @@ def run_mode(setup: Setup, mode: str) -> dict:
         memory = torch.cuda.max_memory_allocated() / 2**20
     else:
         memory = _vm_hwm_mib()
-    return {"mode": mode, "peak_mib": memory, "backend": run.backend, "losses": losses}
+    return {
+        "mode": mode,
+        "peak_mib": memory,
+        "backend": run.backend,
+        "losses": losses,
+        "graphs": compiled_graphs(),
+    }
 
 
 def _vm_hwm_mib() -> float:
@@ -499,6 +531,11 @@ def main() -> None:
         help="the packed model's attention backend (default: auto); with it the run only prints",
     )
     parser.add_argument(
+        "--flex-dynamic",
+        action="store_true",
+        help="compile flex attention with dynamic=True (an experiment; prints only)",
+    )
+    parser.add_argument(
         "--no-readme", action="store_true", help="print only; leave docs/benchmarks.md alone"
     )
     args = parser.parse_args()
@@ -522,12 +559,15 @@ def main() -> None:
         setup = dataclasses.replace(
             setup, model=dataclasses.replace(setup.model, attn_backend=args.attn)
         )
+    if args.flex_dynamic:
+        setup = dataclasses.replace(setup, flex_dynamic=True)
     print(describe(setup), flush=True)
     packed, padded = measure(setup)
     table, summary = train_table(setup, packed, padded)
     print(table)
     print(summary)
-    if args.no_readme or args.attn:
+    print(f"graphs compiled by torch.compile in the packed run: {packed['graphs']}")
+    if args.no_readme or args.attn or args.flex_dynamic:
         return
     section = f"**{setup.device.upper()}** — {describe(setup)}\n\n{table}\n\n{summary}"
     _write_readme(setup.device, section)
