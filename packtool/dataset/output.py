@@ -125,7 +125,7 @@ def output_paths(out: str | os.PathLike) -> OutputPaths:
             staging=writing.temporary_name(target),  # local: uploaded by `commit`
             ready=target,
             old=target,
-            lock=hub.scratch_folder(target) / "lock"  # a Hub object written is a commit
+            lock=hub.lock_file(target)
             if hub.is_hub(target)
             else target.parent / f".{target.name}{LOCK_SUFFIX}",
             remote=True,
@@ -140,7 +140,7 @@ def output_paths(out: str | os.PathLike) -> OutputPaths:
             staging=scratch / "staging",
             ready=scratch / "staging",
             old=scratch / "staging",
-            lock=scratch / "lock",
+            lock=hub.lock_file(target),
             hub=True,
         )
     if storage.is_remote(out):
@@ -452,8 +452,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         _check_hub_base(paths, old)
         if old is not None and not storage.exists(paths.target / old):
             old = None  # a link to nothing: a commit deleting a missing folder is refused
-        # The new head: a later commit of this process (a run after this one) builds on it.
-        _HUB_PARENTS[str(paths.target)] = hub.publish(
+        hub.publish(
             paths.target,
             paths.staging,
             version,

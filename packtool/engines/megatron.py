@@ -251,8 +251,7 @@ def _remote_paths(prefix: str | os.PathLike, idx_path: Any) -> OutputPaths:
         staging=staging,
         ready=staging,
         old=staging,
-        # On the Hub every object written is a commit: the lock is a file on this machine.
-        lock=staging.with_name(f"{staging.name}{LOCK_SUFFIX}")
+        lock=hub.lock_file(idx_path)
         if hub.is_hub(idx_path)
         else idx_path.parent / f".{idx_path.name}{LOCK_SUFFIX}",
         remote=True,

@@ -71,6 +71,12 @@ def scratch_folder(target: Any) -> Path:
     return folder
 
 
+def lock_file(target: Any) -> Path:
+    """The lock of the output `target` on this machine: a file (`flock`), not an object on the
+    Hub, where every object written is a commit and each renewal would be another."""
+    return scratch_folder(target) / "lock"
+
+
 def api() -> Any:
     """The Hub client, with the `token` of the `hf` storage options where one is given."""
     try:
@@ -104,10 +110,10 @@ def publish(
     parent: str | None,
     shown: str = "",
     resumable: bool = True,
-) -> str | None:
+) -> None:
     """One commit: every file under `staging` as `PREFIX/version/...`, the small files `beside`
     it (`PREFIX/NAME`: the link `index.json`), and the deletion of the folder `PREFIX/old`; on
-    top of the commit `parent`; returns the new commit. `shown`: the output as the user gave
+    top of the commit `parent`. `shown`: the output as the user gave
     it, for messages; `resumable`: the command has `--resume` (else a refused commit's built
     dataset is not kept: the next run builds it again).
 
@@ -130,7 +136,7 @@ def publish(
         ops.append(CommitOperationDelete(f"{base}{old}/", is_folder=True))
     client = api()
     try:
-        done = client.create_commit(
+        client.create_commit(
             where.repo_id,
             ops,
             commit_message=f"packtool: {base}{version} ({len(files)} files)",
@@ -155,7 +161,6 @@ def publish(
         ) from None
     fs, path = remote.filesystem(target)
     fs.invalidate_cache(path)  # this process reads the new dataset next (the summary, verify)
-    return getattr(done, "oid", None)
 
 
 def put_files(files: dict[Any, Path], shown: str = "") -> None:

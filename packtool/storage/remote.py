@@ -288,8 +288,8 @@ READ_AHEAD_THREADS = 8
 def open_input(path: Any, buffering: int = -1, end: int | None = None) -> Any:
     """The object opened for reading: seekable and buffered (`buffering` bytes) over a reader
     whose reads are ranged GETs (`ReadAhead`: a small first block, a 1 MB one, then
-    `READ_BYTES` blocks); once half of one block is read, the next is fetched on another thread, so a worker parses
-    one block while the next downloads. `end`: where the caller means to stop (a partition's
+    `READ_BYTES` blocks); once half of one block is read, the next is fetched on another
+    thread, so a worker parses one block while the next downloads. `end`: where the caller means to stop (a partition's
     range), past which no block is fetched ahead; a read past it still gets its bytes, fetched
     then (a range's last line)."""
     fs, p = filesystem(path)
@@ -308,10 +308,10 @@ class ReadAhead(io.RawIOBase):
 
     The first block is `first` bytes, the second `GROWTH` times that, the following ones
     `block` bytes; a seek elsewhere starts over with `first` bytes there. Once half of a
-    block has been read, the block
-    after it is fetched on a background thread (`READ_AHEAD_THREADS` per process), unless it
-    starts at or past `end`. At most two blocks are held. A failed fetch raises where its bytes
-    are read, as one line naming the URL (`naming`).
+    block has been read, the block after it is fetched on a background thread
+    (`READ_AHEAD_THREADS` per process), unless it starts at or past `end`. At most two blocks
+    are held. A failed fetch raises where its bytes are read, as one line naming the URL
+    (`naming`).
     """
 
     def __init__(
