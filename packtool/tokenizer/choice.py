@@ -42,6 +42,10 @@ _PIECES = (
     "def f(x):\n    return x**2  # comment\n\n\n\tif x:\r\n\t\tpass\n",
     "!!!???...---___***### <<>> {{}} [[]] ``` ''' \"\"\"",
     "ctrl \x00\x01\x1f\x7f zero\u200bwidth\u200d joiner \ufeff bom \u00a0nbsp\u3000ideo",
+    # Unicode's other whitespace, alone and at word starts: gigatoken 0.10 drops a U+0085 that
+    # starts a word under a SentencePiece model's nmt_nfkc normalization (sentencepiece keeps it
+    # as byte pieces). U+0085 is common in text decoded as Latin-1 that was cp1252 ("…").
+    "\x85 nel \x85x \u2028ls\u2029ps \x0b\x0c\x1c\x1d\x1e \u1680\u2000\u2009\u202f\u205f end\x85",
     "<|endoftext|> <|endoftext <| endoftext |> <|im_start|>user<|im_end|> </s><s>[CLS][SEP]",
     " leading",
     "trailing   ",
