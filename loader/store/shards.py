@@ -121,6 +121,9 @@ class ShardStore:
         self.optional: tuple[Column, ...] = loaded_optional(self.manifest.columns)
         """The optional columns this dataset has that records carry (`loss_mask`)."""
         self._read_columns = (*_COLUMNS, *(c.name for c in self.optional))
+        self._names = [str(self.path / info.file) for info in self.manifest.shards]
+        """Each shard's path or URL as text (messages): joined once here, not per row group (a
+        `UPath` join and `str` cost ~0.25 ms, a tenth of a small row group's decode)."""
         self._bytes = {c.name for c in self.optional if c.storage == BYTES}
         rg_rows: list[int] = []
         rg_shard: list[int] = []
@@ -328,7 +331,7 @@ class ShardStore:
     def _decode(self, g: int) -> RowGroupData:
         """Read, decode and validate row group `g` (no cache)."""
         shard = int(self._rg_shard[g])
-        where = str(self.path / self.manifest.shards[shard].file)
+        where = self._names[shard]
         try:
             # One row group is one column chunk per column: a reader thread pool only adds overhead.
             if self.bucket is not None:
@@ -502,7 +505,7 @@ class ShardStore:
         sq = np.empty(self.num_rows, dtype=np.float64)
         pos = 0
         for i, info in enumerate(self.manifest.shards):
-            where = str(self.path / info.file)
+            where = self._names[i]
             try:
                 col = (
                     self._file(i)
@@ -537,7 +540,7 @@ class ShardStore:
         """
         self._own()
         shard, local = int(self._rg_shard[g]), int(self._rg_local[g])
-        where = str(self.path / self.manifest.shards[shard].file)
+        where = self._names[shard]
         if self.bucket is not None:
             try:
                 col = self.bucket.read(g, shard, local, ["doc_offsets"])
