@@ -226,12 +226,19 @@ def _output(
             if paths.remote and not hub.is_hub(idx_path):  # a killed run's unfinished uploads
                 for path in (bin_path, idx_path):
                     remote_write.abort_uploads(path, exact=True)
-            finish_swap(paths.staging, bin_path, idx_path)
+            if hub.is_hub(idx_path):
+                _waiting_hub_pair(config, paths, bin_path, idx_path)
+            else:
+                finish_swap(paths.staging, bin_path, idx_path, os.fspath(prefix))
             state = _prepare(config, paths.staging, prefix, bin_path, idx_path)
             try:
                 yield Output(work=paths.staging, state=state, lock=lock)
             except BaseException as exc:
-                if preflight.discard_staging(exc, state, paths.staging):
+                # A finished pair whose swap failed (an upload, the Hub's commit) is never
+                # discarded: the next run finishes the swap (into a bucket), or --resume
+                # commits it (the Hub).
+                finished = storage.is_file(paths.staging / READY_IDX)
+                if not finished and preflight.discard_staging(exc, state, paths.staging):
                     remove(paths.staging)
                 raise
     except BaseException:
@@ -294,17 +301,35 @@ def _prepare(
     return None
 
 
-def finish_swap(work: Path, bin_path: Path, idx_path: Path) -> bool:
+def _waiting_hub_pair(config: RunConfig, paths: Any, bin_path: Path, idx_path: Path) -> None:
+    """A finished pair whose Hub commit failed waits in the staging folder: `--resume` commits
+    it (then there is nothing left to do), `--overwrite` discards it, a plain run refuses (as
+    `pack` does with a build waiting for its commit). Unlike a bucket's swap, a Hub commit
+    leaves nothing half done, so the next run need not finish it unasked."""
+    if not storage.is_file(paths.staging / READY_IDX):
+        return
+    if config.resume:
+        finish_swap(paths.staging, bin_path, idx_path, paths.shown)
+    elif config.overwrite:
+        remove(paths.staging)
+    else:
+        raise ConfigError(
+            f"a finished {paths.shown}.bin/.idx waits in {paths.staging}: its commit to the Hub "
+            "did not happen; pass --resume to commit it or --overwrite to start over"
+        )
+
+
+def finish_swap(work: Path, bin_path: Path, idx_path: Path, shown: str = "") -> bool:
     """Put a finished pair in place from the staging folder (see the module docstring); False
     when the folder holds no finished index. Idempotent: a killed swap is redone from where it
-    stopped."""
+    stopped. A failed upload or commit leaves the staging folder as it is (`_output` keeps it)."""
     ready = work / READY_IDX
     if not storage.is_file(ready):
         return False
     merged = work / MERGED_BIN
     if hub.is_hub(idx_path):  # one Hub commit holds both: never one without the other
         pair = {bin_path: merged} if storage.is_file(merged) else {}
-        hub.put_files({**pair, idx_path: ready})
+        hub.put_files({**pair, idx_path: ready}, shown)
         remove(work)
         return True
     if storage.is_file(merged):
@@ -507,7 +532,7 @@ class MegatronRun:
             writing.replace(tmp, ready)  # complete or absent
         finally:
             writing.remove_file(tmp)
-        finish_swap(self.work, self.bin_path, self.idx_path)
+        finish_swap(self.work, self.bin_path, self.idx_path, self.prefix)
         tok = self.checked.tokenizer
         files = [self.bin_path, self.idx_path]
         skips = self.skips.counter()

@@ -183,7 +183,7 @@ def put_files(files: dict[Any, Path], shown: str = "") -> None:
         CommitOperationAdd(targets[url].path_in_repo, str(local)) for url, local in files.items()
     ]
     names = ", ".join(w.path_in_repo for w in targets.values())
-    with remote.naming(shown or next(iter(files))):
+    with remote.naming(shown or next(iter(files)), "committed to the Hub"):
         api().create_commit(
             first.repo_id,
             ops,

@@ -168,8 +168,9 @@ def as_path(text: str) -> Any:
 
 
 @contextmanager
-def naming(url: Any) -> Iterator[None]:
-    """Turn a store's failure into one line naming `url` (`DataError`)."""
+def naming(url: Any, doing: str = "read") -> Iterator[None]:
+    """Turn a store's failure into one line naming `url` (`DataError`); `doing` says what
+    failed in it (`cannot be read`, `cannot be written`, ...)."""
     try:
         yield
     except (DataError, MissingDependencyError):
@@ -179,7 +180,7 @@ def naming(url: Any) -> Iterator[None]:
     except PermissionError as exc:
         raise DataError(f"{url}: access denied ({first_line(exc)})") from None
     except OSError as exc:
-        raise DataError(f"{url}: cannot be read ({first_line(exc)})") from None
+        raise DataError(f"{url}: cannot be {doing} ({first_line(exc)})") from None
     except Exception as exc:  # botocore's, aiohttp's, google's: one line whatever they raise
         if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
             raise DataError(f"{url}: no credentials found ({first_line(exc)})") from None

@@ -72,7 +72,7 @@ def upload(local: str | os.PathLike, url: Any) -> None:
     """The local file `local` as the object `url` (whole, or not at all)."""
     fs, p = filesystem(url)
     size = os.path.getsize(local)
-    with naming(url):
+    with naming(url, "written"):
         if _is_s3(url):
             fs.put_file(os.fspath(local), p, chunksize=part_size(size))
         else:
@@ -82,7 +82,7 @@ def upload(local: str | os.PathLike, url: Any) -> None:
 def write_bytes(url: Any, data: bytes) -> None:
     """`data` as the whole object `url` (one PUT: readers see the old object or the new one)."""
     fs, p = filesystem(url)
-    with naming(url):
+    with naming(url, "written"):
         fs.pipe_file(p, data)
 
 
@@ -92,7 +92,7 @@ def create_exclusive(url: Any, data: bytes) -> bool:
     several writers racing, exactly one succeeds. Elsewhere a plain put (two writers racing may
     both succeed: docs/remote.md)."""
     fs, p = filesystem(url)
-    with naming(url):
+    with naming(url, "written"):
         if fs.exists(p):
             return False
         if scheme(url) in CREATES_CONDITIONALLY:
@@ -108,7 +108,7 @@ def create_exclusive(url: Any, data: bytes) -> bool:
 def remove(url: Any) -> None:
     """Delete one object, if it is there."""
     fs, p = filesystem(url)
-    with naming(url), contextlib.suppress(FileNotFoundError):
+    with naming(url, "deleted"), contextlib.suppress(FileNotFoundError):
         fs.rm_file(p)
     fs.invalidate_cache(p)
 
@@ -116,7 +116,7 @@ def remove(url: Any) -> None:
 def remove_tree(url: Any) -> None:
     """Delete every object under the prefix `url` (and the object `url` itself), if any."""
     fs, p = filesystem(url)
-    with naming(url):
+    with naming(url, "deleted"):
         fs.invalidate_cache(p)
         keys = fs.find(p, withdirs=False) if fs.isdir(p) else []
         if fs.isfile(p):

@@ -236,6 +236,46 @@ def test_a_commit_that_fails_otherwise_is_one_line_and_keeps_the_dataset_for_res
     assert len(stand_in.commits) == 1
 
 
+def test_a_megatron_pair_whose_commit_fails_is_kept_and_committed_by_resume(
+    stand_in, monkeypatch, tmp_path
+):
+    """The finished pair of a failed commit stays in the staging folder (never discarded with
+    the run's other errors): a plain rerun refuses in one line, --resume commits it as it was
+    built, --overwrite discards it."""
+    out = f"{URL}-mega"
+
+    def down(*args, **kwargs):
+        raise ConnectionError("503 Service Unavailable")
+
+    with monkeypatch.context() as m:
+        m.setattr(stand_in, "create_commit", down)
+        code, _, err = run("tokenize", CORPUS, "-o", out, "--to", "megatron")
+    line = one_error_line(err)
+    assert code != 0 and line.startswith(f"error: {out}: cannot be committed to the Hub"), line
+    assert "503" in line and not stand_in.commits
+    waiting = list((tmp_path / "scratch").rglob("ready.idx"))
+    assert len(waiting) == 1  # the finished pair is kept
+    code, _, err = run("tokenize", CORPUS, "-o", out, "--to", "megatron")
+    line = one_error_line(err)
+    assert code != 0 and "waits in" in line and "--resume" in line and "--overwrite" in line
+    assert not stand_in.commits
+    code, _, err = run("tokenize", CORPUS, "-o", out, "--to", "megatron", "--resume")
+    assert code == 0, err
+    assert [op.path_in_repo for op in stand_in.commits[0]] == ["packed-mega.bin", "packed-mega.idx"]
+    code, _, err = run("tokenize", CORPUS, "-o", tmp_path / "mega", "--to", "megatron")
+    assert code == 0, err
+    for suffix in (".bin", ".idx"):
+        got = HubFiles().cat_file(f"/datasets/org/name/packed-mega{suffix}")
+        assert got == (tmp_path / f"mega{suffix}").read_bytes()
+    assert not list((tmp_path / "scratch").rglob("ready.idx"))
+    with monkeypatch.context() as m:  # --overwrite discards a waiting pair and builds its own
+        m.setattr(stand_in, "create_commit", down)
+        run("tokenize", CORPUS, "-o", out, "--to", "megatron", "--overwrite")
+    code, _, err = run("tokenize", CORPUS, "-o", out, "--to", "megatron", "--overwrite")
+    assert code == 0, err
+    assert len(stand_in.commits) == 2 and len(list((tmp_path / "scratch").rglob("ready.idx"))) == 0
+
+
 def test_after_a_refused_commit_a_rerun_asks_and_overwrite_starts_over(stand_in, tmp_path):
     """The built dataset of a refused commit is published only by --resume: a plain rerun says
     so in one line, and --overwrite discards it and commits its own build (on the head it read,

@@ -534,29 +534,32 @@ def test_tokenize_to_megatron_writes_the_pair_to_a_bucket(fs, tmp_path, monkeypa
         assert fs.cat_file(f"{url}{suffix}") == (tmp_path / f"local2{suffix}").read_bytes()
 
 
+@pytest.mark.parametrize("error", [OSError, DataError])
 def test_a_megatron_swap_into_a_bucket_cut_short_is_finished_by_the_next_run(
-    fs, tmp_path, monkeypatch
+    fs, tmp_path, monkeypatch, error
 ):
     """The upload of PREFIX.idx fails after PREFIX.bin is up: no .idx, so no dataset (a reader
     of the pair never sees the new .bin with an index); the next run on the prefix finishes the
-    swap from the local staging folder, with the bytes of a run never interrupted."""
+    swap from the local staging folder, with the bytes of a run never interrupted. Also when
+    the failure is packtool's one-line error (a store's failure as `remote.naming` turns it),
+    which a run's other errors discard the staging folder for: never a finished pair."""
     from packtool.engines.megatron import tokenize_megatron
     from packtool.errors import AlreadyComplete
     from packtool.storage import writing
 
     monkeypatch.setenv("PACKTOOL_SCRATCH", str(tmp_path / "scratch"))
-    url = f"s3://{BUCKET}/cut/corpus"
+    url = f"s3://{BUCKET}/cut-{error.__name__}/corpus"
     tokenize_megatron([CORPUS], tmp_path / "local", partition_size=60_000, progress=False)
     real = writing.replace
 
     def failing(source, target):
         if str(target) == f"{url}.idx":
-            raise OSError("connection reset by peer")
+            raise error("connection reset by peer")
         real(source, target)
 
     with monkeypatch.context() as m:
         m.setattr(writing, "replace", failing)
-        with pytest.raises(OSError, match="reset"):
+        with pytest.raises(error, match="reset"):
             tokenize_megatron([CORPUS], url, partition_size=60_000, progress=False)
     fs.invalidate_cache()
     assert not fs.exists(f"{url}.idx") and fs.exists(f"{url}.bin")
@@ -567,7 +570,7 @@ def test_a_megatron_swap_into_a_bucket_cut_short_is_finished_by_the_next_run(
     for suffix in (".bin", ".idx"):
         assert fs.cat_file(f"{url}{suffix}") == (tmp_path / f"local{suffix}").read_bytes()
     fs.invalidate_cache()
-    assert [k for k in fs.find(f"{BUCKET}/cut/") if ".packtool" in k] == []
+    assert [k for k in fs.find(f"{BUCKET}/cut-{error.__name__}/") if ".packtool" in k] == []
 
 
 def test_tokenize_writes_a_folder_of_parts_to_a_bucket(fs, tmp_path, monkeypatch):
