@@ -225,12 +225,49 @@ def _check_hub_base(paths: OutputPaths, now: str | None) -> None:
         )
 
 
+def pack_build_waits(paths: OutputPaths) -> bool:
+    """A Hub output's staging folder holds a `pack` build (with its record of what it
+    replaces), waiting for `--resume` to commit it."""
+    return paths.hub and storage.exists(paths.staging) and storage.is_file(_hub_base(paths))
+
+
+def hub_commit_landed(paths: OutputPaths) -> str | None:
+    """The version an earlier run's commit published after all (its answer was lost: a
+    timeout after the Hub applied it, or a kill just after), its leftovers removed; None when
+    the link names another version (the commit did not happen) or no commit was tried."""
+    base = _hub_base(paths)
+    if not storage.is_file(base):
+        return None
+    try:
+        tried = json.loads(storage.read_text(base)).get("commits")
+    except (ValueError, AttributeError):
+        return None
+    if not tried or current_version(paths.target) != tried:
+        return None
+    remove(paths.staging)
+    writing.remove_file(base)
+    return tried
+
+
+def _note_hub_commit(paths: OutputPaths, version: str) -> None:
+    """Record, before the commit, the version it publishes: a run that never hears the Hub's
+    answer tells from the link whether it landed (`hub_commit_landed`)."""
+    base = _hub_base(paths)
+    if not storage.is_file(base):
+        return  # tokenize's staging: nothing to resume
+    record = json.loads(storage.read_text(base))
+    record["commits"] = version
+    writing.write_atomic(base, json.dumps(record).encode())
+
+
 def remove_staging(paths: OutputPaths) -> OutputPaths:
     """Delete the staging output; return the paths a fresh run then builds into. On an object
     store: the version's objects, then the object naming it, and the fresh run gets a new
     version (never the discarded one, into which a job of the discarded run, still alive,
     could yet upload)."""
     remove(paths.staging)
+    if paths.hub:
+        writing.remove_file(_hub_base(paths))  # a stale record would refuse the next commit
     if not paths.remote or paths.whole_object:
         return paths
     writing.remove_file(paths.target / REMOTE_STAGING)
@@ -439,8 +476,10 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
     """Swap the complete staging output in for the old one (see the module docstring).
     `resumable`: the command can `--resume` (what a refused Hub commit's message says)."""
     if paths.whole_object and hub.is_hub(paths.target):
-        hub.put_files({paths.target: paths.staging}, paths.shown)  # one Hub commit
-        remove(paths.staging)
+        try:
+            hub.put_files({paths.target: paths.staging}, paths.shown)  # one Hub commit
+        finally:
+            remove(paths.staging)  # tokenize's one object: built again by a rerun
         return
     if paths.whole_object:
         writing.replace(paths.staging, paths.target)  # one upload: the object whole, or not
@@ -452,16 +491,22 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         _check_hub_base(paths, old)
         if old is not None and not storage.exists(paths.target / old):
             old = None  # a link to nothing: a commit deleting a missing folder is refused
-        hub.publish(
-            paths.target,
-            paths.staging,
-            version,
-            link,
-            old,
-            _HUB_PARENTS.get(str(paths.target)),
-            shown=paths.shown,
-            resumable=resumable,
-        )
+        _note_hub_commit(paths, version)
+        try:
+            hub.publish(
+                paths.target,
+                paths.staging,
+                version,
+                link,
+                old,
+                _HUB_PARENTS.get(str(paths.target)),
+                shown=paths.shown,
+                resumable=resumable,
+            )
+        except BaseException:
+            if not resumable:  # tokenize: a rerun builds it again (the message says so)
+                remove(paths.staging)
+            raise
         remove(paths.staging)
         writing.remove_file(_hub_base(paths))
         return

@@ -35,6 +35,7 @@ from packtool.dataset.output import (
     OutputPaths,
     check_apart,
     commit,
+    hub_commit_landed,
     is_version,
     make_staging,
     output_paths,
@@ -283,6 +284,14 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
                 f"{paths.shown}: a packed dataset is a folder (a prefix in a bucket), not one "
                 ".parquet object; drop the .parquet"
             )
+        if paths.hub and storage.is_file(paths.staging / INDEX_FILE):
+            landed = hub_commit_landed(paths)  # an earlier commit whose answer was lost
+            if landed is not None and config.resume:
+                raise AlreadyComplete(
+                    f"{paths.shown}: the earlier run's commit reached the Hub after all "
+                    f"({landed}): nothing to resume, nothing done",
+                    paths.shown,
+                )
         if paths.hub and storage.is_file(paths.staging / INDEX_FILE) and not config.resume:
             # A Hub commit refused (or a run killed just before it): published only when asked.
             if not config.overwrite:

@@ -146,16 +146,24 @@ def publish(
         )
     except Exception as exc:
         name = shown or str(target)
-        kept = (
-            f"nothing was committed; the dataset is built in {staging}: rerun with --resume "
-            "to commit it (or --overwrite to start over)"
-            if resumable
-            else "nothing was committed; rerun to build and commit it again"
-        )
-        if _moved(exc):
+        if _moved(exc):  # refused: certainly not committed
+            kept = (
+                f"nothing was committed; the dataset is built in {staging}: rerun with --resume "
+                "to commit it (or --overwrite to start over)"
+                if resumable
+                else "nothing was committed; rerun to build and commit it again"
+            )
             raise ConfigError(
                 f"{name}: the repository changed since this run started (another commit); {kept}"
             ) from None
+        # Any other failure may come after the Hub applied the commit (a lost answer).
+        kept = (
+            f"the dataset is built in {staging}: rerun with --resume, which commits it unless "
+            "this commit landed after all (or --overwrite to start over)"
+            if resumable
+            else "rerun to build and commit it again (check the repository first: the commit "
+            "may have landed)"
+        )
         raise DataError(
             f"{name}: the commit to the Hub failed ({remote.first_line(exc)}); {kept}"
         ) from None

@@ -26,7 +26,15 @@ import pyarrow.compute as pc
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.identity import TokenizerIdentity, describe_tokenizer
 from packtool.dataset.manifest import INDEX_FILE, dataset_folder
-from packtool.dataset.output import OutputPaths, check_apart, is_version, remove, transaction
+from packtool.dataset.output import (
+    OutputPaths,
+    check_apart,
+    is_version,
+    pack_build_waits,
+    remove,
+    remove_staging,
+    transaction,
+)
 from packtool.dataset.tokenized import (
     common_identity,
     common_optional,
@@ -390,7 +398,17 @@ def tokenize_corpus(
             _check_remote_out(paths.target, overwrite, shown=str(out))
         else:
             _check_out(paths.target, single, overwrite, shown=str(out))
-        remove(paths.staging)  # a killed run's leftovers: tokenize has nothing to resume
+        if pack_build_waits(paths) and not overwrite:
+            # This machine's staging for the URL is shared with `pack`: never discard its build
+            # (waiting for `pack --resume`) unasked.
+            raise ConfigError(
+                f"{out}: a dataset `packtool pack` built waits in {paths.staging} (its commit "
+                "to the Hub did not happen); pass --overwrite to discard it"
+            )
+        if paths.hub:
+            remove_staging(paths)  # with pack's record of what it replaces
+        else:
+            remove(paths.staging)  # a killed run's leftovers: tokenize has nothing to resume
         try:  # the first write, up front: a failure names the user's path
             if single:
                 writing.create_empty(paths.staging)

@@ -230,7 +230,7 @@ def test_a_commit_that_fails_otherwise_is_one_line_and_keeps_the_dataset_for_res
         code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
     line = one_error_line(err)
     assert code != 0 and line.startswith(f"error: {URL}") and "Server disconnected" in line
-    assert "rerun with --resume to commit it" in line and not stand_in.commits
+    assert "rerun with --resume, which commits it unless" in line and not stand_in.commits
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
     assert code == 0, err
     assert len(stand_in.commits) == 1
@@ -276,6 +276,54 @@ def test_a_megatron_pair_whose_commit_fails_is_kept_and_committed_by_resume(
     assert len(stand_in.commits) == 2 and len(list((tmp_path / "scratch").rglob("ready.idx"))) == 0
 
 
+def test_a_commit_that_landed_though_its_answer_was_lost_is_found_by_the_next_run(
+    stand_in, monkeypatch, tmp_path
+):
+    """The Hub applied the commit, then the answer was lost (a timeout): the run fails, but the
+    version it was committing is recorded first, so the next run sees the link names it:
+    --resume says there is nothing left to do (exit 0, no second version), a plain rerun finds
+    a dataset there, and the dataset-sized build is gone from the scratch folder."""
+    real = stand_in.create_commit
+
+    def lost(*args, **kwargs):
+        real(*args, **kwargs)
+        raise TimeoutError("Read timed out")
+
+    with monkeypatch.context() as m:
+        m.setattr(stand_in, "create_commit", lost)
+        code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
+    assert code != 0 and "Read timed out" in one_error_line(err)
+    assert len(stand_in.commits) == 1
+    code, out, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
+    assert code == 0, err
+    assert "reached the Hub after all" in out and len(stand_in.commits) == 1
+    assert not list((tmp_path / "scratch" / "hub").rglob("*.parquet"))
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
+    assert code != 0 and "not empty; pass --overwrite" in one_error_line(err)
+    _hub_holds_a_local_pack(tmp_path, "512")
+
+
+def test_tokenize_never_discards_a_pack_build_waiting_for_resume(stand_in, monkeypatch):
+    """pack and tokenize share this machine's staging folder for a URL: tokenize refuses to
+    discard pack's build unasked, and with --overwrite it also drops pack's record of what it
+    replaced (a stale one refused tokenize's commits for good)."""
+    stand_in.meddle = True  # pack's commit is refused: its build waits for --resume
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
+    assert code != 0
+    code, _, err = run("tokenize", CORPUS, "-o", URL)
+    line = one_error_line(err)
+    assert code != 0 and "`packtool pack` built waits in" in line and "--overwrite" in line
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
+    assert code == 0, err  # the build was kept
+    assert len(stand_in.commits) == 1
+    stand_in.meddle = True
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "1024", "--overwrite")
+    assert code != 0
+    code, _, err = run("tokenize", CORPUS, "-o", URL, "--overwrite")
+    assert code == 0, err
+    assert len(stand_in.commits) == 2  # pack --resume's, then tokenize's (meddle records none)
+
+
 def test_after_a_refused_commit_a_rerun_asks_and_overwrite_starts_over(stand_in, tmp_path):
     """The built dataset of a refused commit is published only by --resume: a plain rerun says
     so in one line, and --overwrite discards it and commits its own build (on the head it read,
@@ -296,15 +344,25 @@ def test_after_a_refused_commit_a_rerun_asks_and_overwrite_starts_over(stand_in,
     assert len(stand_in.commits) == 2
 
 
-def test_a_refused_tokenize_commit_says_to_rerun(stand_in):
+def test_a_refused_tokenize_commit_says_to_rerun(stand_in, tmp_path, monkeypatch):
     """tokenize has no --resume: its message says to run it again, which builds anew."""
     stand_in.meddle = True
     code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-parts")
     line = one_error_line(err)
     assert code != 0 and "rerun to build and commit it again" in line and "--resume" not in line
+    assert not list((tmp_path / "scratch").rglob("*.parquet"))  # a rerun builds it anew
     code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-parts")
     assert code == 0, err
     assert len(stand_in.commits) == 1
+
+    def down(*args, **kwargs):
+        raise ConnectionError("503 Service Unavailable")
+
+    with monkeypatch.context() as m:  # one object: its local copy is not left behind either
+        m.setattr(stand_in, "create_commit", down)
+        code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-one.parquet")
+    assert code != 0 and "cannot be committed to the Hub (503" in one_error_line(err)
+    assert [p for p in (tmp_path / "scratch").rglob("*") if p.is_file() and p.name != "lock"] == []
 
 
 def test_resume_never_replaces_a_dataset_another_writer_committed_meanwhile(stand_in):
