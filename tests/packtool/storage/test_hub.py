@@ -324,6 +324,25 @@ def test_tokenize_never_discards_a_pack_build_waiting_for_resume(stand_in, monke
     assert len(stand_in.commits) == 2  # pack --resume's, then tokenize's (meddle records none)
 
 
+def test_the_commit_is_on_the_head_read_when_the_run_began(stand_in, monkeypatch):
+    """Another writer commits while this run builds (after it read the head, under its lock):
+    the commit names the head the run began on, so the Hub refuses it. (Reading the head again
+    just before committing would pass this commit over the other writer's.)"""
+    from packtool.engines import preflight
+
+    real = preflight.make_staging
+
+    def then_another_writer_commits(paths):
+        real(paths)
+        stand_in.head += 1
+
+    monkeypatch.setattr(preflight, "make_staging", then_another_writer_commits)
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
+    line = one_error_line(err)
+    assert code != 0 and "the repository changed since this run started" in line, line
+    assert not stand_in.commits
+
+
 def test_after_a_refused_commit_a_rerun_asks_and_overwrite_starts_over(stand_in, tmp_path):
     """The built dataset of a refused commit is published only by --resume: a plain rerun says
     so in one line, and --overwrite discards it and commits its own build (on the head it read,
