@@ -71,8 +71,13 @@ def to_numpy(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def strings(values: Sequence[str | None]) -> pa.Array:
-    """`pa.array(values, pa.string())` for Python strings (None is null); per-string work only."""
-    encoded = [b"" if v is None else v.encode("utf-8") for v in values]
+    """`pa.array(values, pa.string())` for Python strings (None is null); per-string work only.
+    A lone surrogate (a file name that is not UTF-8, as Python decodes it) is written as its
+    escape (`\\udce9`): the column stays valid UTF-8."""
+    try:
+        encoded = [b"" if v is None else v.encode("utf-8") for v in values]
+    except UnicodeEncodeError:
+        encoded = [b"" if v is None else v.encode("utf-8", "backslashreplace") for v in values]
     n = len(encoded)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=n), out=offsets[1:])

@@ -158,11 +158,30 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             tokenizer_engine,
             no_bos,
         )
+        inputs = kwargs.get("inputs")
+        if inputs:
+            _note_passed_over(inputs)
         return fn(*args, corpus=corpus, **kwargs)
 
     for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper
+
+
+def _note_passed_over(inputs: Any) -> None:
+    """A line on stderr naming the files that folder inputs hold but are not read (another
+    suffix): never passed over in silence."""
+    from packtool.read.corpus import passed_over
+
+    count, examples = passed_over(inputs)
+    if count:
+        more = f" and {count - len(examples)} more" if count > len(examples) else ""
+        click.echo(
+            f"note: {count:,} file(s) in the input folders are not read ({', '.join(examples)}"
+            f"{more}): a folder is read for its corpus files only (docs/tokenize.md, Inputs); "
+            "pass others by name",
+            err=True,
+        )
 
 
 def _set_storage_options(text: str) -> None:

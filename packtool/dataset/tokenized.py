@@ -110,7 +110,29 @@ def tokenized_meta(path: str | os.PathLike) -> dict[str, Any] | None:
             f"{path}: tokenized format version {meta.get('version')!r} is not supported "
             f"(supported: {list(SUPPORTED_VERSIONS)}); re-run packtool tokenize"
         )
+    _check_tokenizer(path, meta.get("tokenizer"))
     return meta
+
+
+def _check_tokenizer(path: Path, recorded: Any) -> None:
+    """The metadata's tokenizer: a vocabulary size and special ids inside it (what `verify`
+    holds a packed dataset to, checked here, before anything is built from the file)."""
+    if not isinstance(recorded, dict):
+        raise DataError(
+            f"{path}: malformed packtool metadata (no tokenizer); re-run packtool tokenize"
+        )
+    vocab = recorded.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        raise DataError(f"{path}: malformed packtool metadata (tokenizer vocab_size {vocab!r})")
+    for name in ("eos_id", "bos_id"):
+        value = recorded.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab:
+            raise DataError(
+                f"{path}: packtool metadata says tokenizer {name} {value!r}, outside its "
+                f"vocabulary of {vocab:,}; the file was damaged or edited: re-run packtool tokenize"
+            )
 
 
 def split_tokenized(paths: list[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], list[Path]]:

@@ -48,6 +48,26 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
     return expand([_linked(i) for i in inputs], KNOWN_SUFFIXES, KNOWN_SHORT)
 
 
+def passed_over(inputs: Iterable[str | os.PathLike], examples: int = 3) -> tuple[int, list[str]]:
+    """The files that local folder inputs hold but `expand_inputs` does not read (names ending
+    in no corpus suffix; hidden names and folders aside, as `walk` skips them): how many, and
+    the first `examples`. One more listing of the folders; bucket prefixes are not listed again.
+    """
+    count, shown = 0, []
+    for raw in [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs:
+        if is_remote(str(raw)) or not os.path.isdir(raw):
+            continue
+        for top, dirs, files in os.walk(raw):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            for name in files:
+                if name.startswith(".") or name.lower().endswith(KNOWN_SUFFIXES):
+                    continue
+                count += 1
+                if len(shown) < examples:
+                    shown.append(os.path.join(top, name))
+    return count, shown
+
+
 def _linked(raw: str | os.PathLike) -> str | os.PathLike:
     """A remote prefix with a link `index.json`: the version folder it names (one HEAD)."""
     text = str(raw)

@@ -56,6 +56,12 @@ def read_parquet(
             what = "text column" if name == config.text_column else "extra field"
             hint = "; pass --text-column NAME" if name == config.text_column else ""
             raise DataError(f"{path}: no {what} {name!r} (columns: {', '.join(names)}){hint}")
+        if names.count(name) > 1:
+            raise DataError(
+                f"{path}: {names.count(name)} columns are named {name!r}; packtool cannot tell "
+                "which to read (rename them)"
+            )
+    columns = list(dict.fromkeys(wanted))  # a kept field may be the text column itself
     text_type = pf.schema_arrow.field(config.text_column).type
     kind = text_kind(text_type)
     if kind is None:
@@ -67,13 +73,16 @@ def read_parquet(
     groups = list(range(start, meta.num_row_groups if end == TO_END else end))
     row = sum(meta.row_group(g).num_rows for g in range(start))  # rows before the piece
     try:
-        batches = pf.iter_batches(batch_size=config.batch_docs, columns=wanted, row_groups=groups)
+        batches = pf.iter_batches(batch_size=config.batch_docs, columns=columns, row_groups=groups)
         for record_batch in batches if groups else ():
             text_col = record_batch.column(0)
-            texts = text_col.to_pylist()
+            try:
+                texts, decode = text_col.to_pylist(), is_binary
+            except UnicodeDecodeError:  # a string column a writer filled with other bytes
+                texts, decode = _as_binary(text_col).to_pylist(), True
             extra_cols = [
-                [as_extra(v) for v in record_batch.column(i + 1).to_pylist()]
-                for i in range(len(config.extra_fields))
+                _extra_values(record_batch.column(columns.index(name)), name, path, row)
+                for name in config.extra_fields
             ]
             for i, text in enumerate(texts):
                 row += 1
@@ -81,7 +90,7 @@ def read_parquet(
                 if text is None:
                     skips.add("missing_field", where, f"{config.text_column!r} is null")
                     continue
-                if is_binary:
+                if decode:
                     try:
                         text = text.decode("utf-8")
                     except UnicodeDecodeError:
@@ -93,3 +102,27 @@ def read_parquet(
                 yield text, tuple(col[i] for col in extra_cols), len(text), row - 1
     except (pa.ArrowInvalid, pa.ArrowIOError) as exc:
         raise DataError(f"{path}: corrupt Parquet data near row {row} ({exc})") from None
+
+
+def _as_binary(col: Any) -> Any:
+    """A text column's values as bytes (no check that they are UTF-8): a string array viewed
+    as its binary twin (the same buffers), a dictionary decoded first."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    t = col.type
+    if pa.types.is_large_string(t):
+        return col.view(pa.large_binary())
+    if getattr(pa.types, "is_string_view", lambda _: False)(t):
+        return col.view(pa.binary_view())
+    return col.view(pa.binary()) if pa.types.is_string(t) else col
+
+
+def _extra_values(col: Any, name: str, path: Path, row: int) -> list[Any]:
+    try:
+        return [as_extra(v) for v in col.to_pylist()]
+    except UnicodeDecodeError:
+        raise DataError(
+            f"{path}: column {name!r} holds bytes that are not UTF-8 text after row {row}"
+        ) from None

@@ -253,9 +253,13 @@ def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:
     if raw:
         raise DataError(f"{raw[0]}: not tokenized Parquet; run `packtool tokenize` first")
     common_identity(tokenized)
-    parts = [
-        storage.parquet_file(p).read(columns=["length"]).column(0).to_numpy() for p, _ in tokenized
-    ]
+    parts = []
+    for p, _ in tokenized:
+        pf = storage.parquet_file(p)
+        names = pf.schema_arrow.names
+        if "length" not in names:
+            raise DataError(f"{p}: no column 'length' (columns: {', '.join(names)})")
+        parts.append(pf.read(columns=["length"]).column(0).to_numpy())
     return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)
 
 

@@ -1,0 +1,202 @@
+"""Odd inputs found by an audit of every command: each is one `error:` line or a counted skip,
+never a traceback and never documents lost in silence.
+
+Each test fails on the code before the fix it names: a Parquet file with two columns of the
+text column's name, a string column holding bytes that are not UTF-8, a kept field that is the
+text column, a file name that is not UTF-8, tokenized Parquet whose metadata lacks its tokenizer
+or names an end-of-text id outside the vocabulary (pack accepted it and wrote a dataset its own
+`verify` refused), a compressed file or Parquet under a name read as text (all its documents
+were one `invalid_utf8` skip), files a folder input holds but does not read, and a partition of
+one byte (one partition per byte: hours for a megabyte).
+"""
+
+from __future__ import annotations
+
+import bz2
+import json
+import lzma
+import os
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.cli import one_error_line, run
+
+ROWS = [{"id": i, "text": f"document {i} " * (i % 5 + 1)} for i in range(40)]
+JSONL = "".join(json.dumps(r) + "\n" for r in ROWS).encode()
+
+
+@pytest.fixture
+def good(tmp_path) -> Path:
+    path = tmp_path / "good.jsonl"
+    path.write_bytes(JSONL)
+    return path
+
+
+def _fails_in_one_line(args: list, *parts: str) -> str:
+    code, _, err = run(*args)
+    line = one_error_line(err)
+    assert code == 1 and "Traceback" not in err, err
+    for part in parts:
+        assert part in line, line
+    return line
+
+
+@pytest.mark.parametrize("command", ["stats", "pack", "tokenize"])
+def test_two_columns_named_as_the_text_column_are_one_line(tmp_path, command):
+    path = tmp_path / "dup.parquet"
+    table = pa.Table.from_arrays([pa.array(["a doc"] * 5), pa.array(["b"] * 5)], ["text", "text"])
+    pq.write_table(table, path)
+    args = [command, path] + ([] if command == "stats" else ["-o", tmp_path / "out"])
+    _fails_in_one_line(args, "dup.parquet: 2 columns are named 'text'")
+
+
+@pytest.mark.parametrize(
+    "layout", [(pa.binary(), pa.string()), (pa.large_binary(), pa.large_string())]
+)
+def test_a_string_column_holding_bytes_that_are_not_utf8_is_a_counted_skip(tmp_path, layout):
+    raw, text = layout
+    values = [b"ok document one", b"bad \xff bytes", b"ok document two"]
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"text": pa.array(values, raw).view(text)}), path)
+    code, out, err = run("pack", path, "-o", tmp_path / "out", "--max-len", "64")
+    assert code == 0, err
+    assert "packed 2 of 2 documents" in out and "invalid_utf8 1" in out + err
+
+
+def test_a_kept_field_or_group_that_is_the_text_column_reads_parquet_as_jsonl(tmp_path):
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"text": [f"doc {i}" for i in range(5)]}), path)
+    code, _, err = run("tokenize", path, "-o", tmp_path / "k.parquet", "--keep-field", "text")
+    assert code == 0, err
+    assert pq.read_table(tmp_path / "k.parquet").column("text").to_pylist()[0] == "doc 0"
+    code, out, err = run(
+        "pack", path, "-o", tmp_path / "g", "--group-by", "text", "--max-len", "64"
+    )
+    assert code == 0 and "packed 5 of 5 documents" in out, err
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS file names must be UTF-8")
+def test_a_file_name_that_is_not_utf8_is_read_and_named_by_its_escape(tmp_path):
+    name = os.fsdecode(b"latin1_\xe9.jsonl")
+    path = tmp_path / name
+    path.write_bytes(JSONL)
+    code, out, err = run("pack", path, "-o", tmp_path / "out", "--max-len", "64")
+    assert code == 0 and "packed 40 of 40 documents" in out, err
+    code, _, err = run("tokenize", path, "-o", tmp_path / "t.parquet")
+    assert code == 0, err
+    source = pq.read_table(tmp_path / "t.parquet").column("source")[0].as_py()
+    assert source.endswith("latin1_\\udce9.jsonl")
+
+
+def _tokenized(tmp_path: Path, good: Path, edit) -> Path:
+    code, _, err = run("tokenize", good, "-o", tmp_path / "tok.parquet")
+    assert code == 0, err
+    table = pq.read_table(tmp_path / "tok.parquet")
+    meta = json.loads(table.schema.metadata[b"packtool"])
+    table = edit(table, meta)
+    path = tmp_path / "edited.parquet"
+    pq.write_table(table.replace_schema_metadata({b"packtool": json.dumps(meta).encode()}), path)
+    return path
+
+
+def test_tokenized_metadata_with_an_eos_outside_its_vocabulary_is_refused(tmp_path, good):
+    def edit(table, meta):
+        meta["tokenizer"]["eos_id"] = 9999
+        return table
+
+    path = _tokenized(tmp_path, good, edit)
+    for command in ("pack", "stats"):
+        args = [command, path] + (["-o", tmp_path / "out"] if command == "pack" else [])
+        _fails_in_one_line(args, "edited.parquet: packtool metadata says tokenizer eos_id 9999")
+    assert not (tmp_path / "out").exists()
+
+
+def test_tokenized_metadata_without_its_tokenizer_is_one_line(tmp_path, good):
+    def edit(table, meta):
+        del meta["tokenizer"]
+        return table
+
+    path = _tokenized(tmp_path, good, edit)
+    _fails_in_one_line(["stats", path], "malformed packtool metadata (no tokenizer)")
+    _fails_in_one_line(["pack", path, "-o", tmp_path / "o"], "(no tokenizer)")
+
+
+def test_stats_on_tokenized_parquet_without_lengths_is_one_line(tmp_path, good):
+    path = _tokenized(tmp_path, good, lambda table, meta: table.drop_columns(["length"]))
+    _fails_in_one_line(["stats", path], "edited.parquet: no column 'length'")
+
+
+@pytest.mark.parametrize(
+    ("name", "pack", "what"),
+    [
+        ("c.jsonl.xz", lzma.compress, "holds xz-compressed data"),
+        ("c.jsonl.bz2", bz2.compress, "holds bzip2-compressed data"),
+        ("c.pq", None, "holds Parquet, not text; name it with .parquet"),
+    ],
+)
+def test_a_compressed_file_or_parquet_under_another_name_is_an_error_not_a_skip(
+    tmp_path, good, name, pack, what
+):
+    path = tmp_path / name
+    if pack is None:
+        pq.write_table(pa.table({"text": ["a", "b"]}), path)
+    else:
+        path.write_bytes(pack(JSONL))
+    _fails_in_one_line(["pack", good, path, "-o", tmp_path / "out"], f"{name}: {what}")
+    # Text that is not UTF-8 stays what it was: a counted skip of that one document.
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("café".encode("latin-1"))
+    code, out, err = run("pack", good, latin, "-o", tmp_path / "ok", "--max-len", "64")
+    assert code == 0 and "invalid_utf8 1" in out + err, err
+
+
+def test_files_a_folder_holds_but_does_not_read_are_named_on_stderr(tmp_path, good):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.jsonl").write_bytes(JSONL)
+    (folder / "b.jsonl.xz").write_bytes(lzma.compress(JSONL))
+    (folder / "notes.json").write_text("{}")
+    (folder / ".hidden").write_text("x")
+    code, out, err = run("pack", folder, "-o", tmp_path / "out", "--max-len", "64")
+    assert code == 0 and "packed 40 of 40 documents" in out, err
+    note = next(line for line in err.splitlines() if line.startswith("note: "))
+    assert "2 file(s) in the input folders are not read" in note
+    assert "b.jsonl.xz" in note and "notes.json" in note and ".hidden" not in note
+    code, _, err = run("stats", good)
+    assert code == 0 and "note:" not in err  # files named one by one: nothing to say
+
+
+def test_a_partition_of_a_few_bytes_is_refused(tmp_path, good):
+    for command in ("pack", "tokenize"):
+        args = [command, good, "-o", tmp_path / command, "--partition-size", "1"]
+        if command == "tokenize":
+            args += ["--to", "megatron"]
+        _fails_in_one_line(args, "--partition-size '1': must be at least 1,024 bytes")
+
+
+def test_verify_counts_the_documents_pack_counted(tmp_path, good):
+    """Long documents split across rows: verify said "N documents" for the pieces (299 where
+    pack had packed 200); it names both now."""
+    code, out, err = run("pack", good, "-o", tmp_path / "out", "--max-len", "16")
+    assert code == 0 and "packed 40 of 40 documents" in out, err
+    code, out, err = run("verify", tmp_path / "out")
+    assert code == 0, err
+    pieces = int(out.split(" documents (")[1].split(" pieces")[0].replace(",", ""))
+    assert ", 40 documents (" in out and pieces > 40, out
+
+
+def test_verify_and_inspect_of_a_file_say_it_is_a_file(good):
+    for command in ("verify", "inspect"):
+        _fails_in_one_line([command, good], "good.jsonl: a file, not a dataset")
+
+
+def test_a_megatron_output_given_as_a_folder_is_refused(tmp_path, good):
+    """`-o mg/` wrote mg.bin and mg.idx beside the folder, not in it."""
+    _fails_in_one_line(
+        ["tokenize", good, "--to", "megatron", "-o", f"{tmp_path}/mg/"], "names a file prefix"
+    )
+    assert not list(tmp_path.glob("mg.*"))
