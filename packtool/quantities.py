@@ -12,15 +12,22 @@ from packtool.errors import ConfigError
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def parse_size(text: str, flag: str) -> int:
-    """Bytes from `256MB`, `1G`, `64MiB`, `65536` (binary units: 1 MB = 2**20 bytes)."""
+def parse_size(text: str, flag: str, least: int = 1) -> int:
+    """Bytes from `256MB`, `1G`, `64MiB`, `65536` (binary units: 1 MB = 2**20 bytes), at least
+    `least` (`ConfigError` naming `flag` otherwise)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
     if m is None:
         raise ConfigError(f"{flag} {text!r}: expected a size such as 256MB, 1GB or 1048576")
     value = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
-    if value < 1:
-        raise ConfigError(f"{flag} {text!r}: must be at least 1 byte")
+    if value < least:
+        unit = "1 byte" if least == 1 else f"{least:,} bytes"
+        raise ConfigError(f"{flag} {text!r}: must be at least {unit}")
     return value
+
+
+MIN_PARTITION_SIZE = 1024
+"""`--partition-size` below 1 KB: a partition (a plan entry, a record, a worker's start) per
+few bytes of input, hours for a megabyte; no corpus needs it."""
 
 
 def positive_int(flag: str, value: str, unit: str = "tokens") -> int:

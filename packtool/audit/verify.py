@@ -65,7 +65,7 @@ class VerifyReport:
     rows: int
     tokens: int
     documents: int
-    """Distinct (doc_id, chunk) pairs."""
+    """Distinct (doc_id, chunk) pairs: the pieces documents were cut into (`segments`)."""
     max_len: int
     efficiency: float
     """tokens / (rows * max_len), measured from the shards."""
@@ -76,6 +76,8 @@ class VerifyReport:
     seconds: float = 0.0
     supervised_tokens: int | None = None
     """Tokens with loss_mask 1, for a dataset with a loss mask (else None)."""
+    distinct_documents: int | None = None
+    """Distinct doc_ids: the documents packed (what `pack`'s summary counts)."""
 
     def summary(self) -> str:
         """The one-line OK summary the CLI prints."""
@@ -86,9 +88,15 @@ class VerifyReport:
             masked = f", {self.supervised_tokens:,} supervised tokens (supervised efficiency {share:.2%})"
         return (
             f"OK {self.directory}: {self.shards} shards, {self.rows:,} rows, {self.tokens:,} "
-            f"tokens, {self.documents:,} documents, efficiency {self.efficiency:.2%} "
+            f"tokens, {self._documents()}, efficiency {self.efficiency:.2%} "
             f"(max_len {self.max_len}){masked}, {what}, {self.seconds:.1f}s"
         )
+
+    def _documents(self) -> str:
+        distinct = self.distinct_documents
+        if distinct is None or distinct == self.documents:
+            return f"{self.documents:,} documents"
+        return f"{distinct:,} documents ({self.documents:,} pieces: long ones split)"
 
 
 def token_type_for(vocab_size: int) -> pa.DataType:
@@ -394,6 +402,7 @@ def verify_dataset(
         rows=total_rows,
         tokens=total_tokens,
         documents=documents,
+        distinct_documents=distinct,
         max_len=max_len,
         efficiency=total_tokens / (total_rows * max_len) if total_rows else 0.0,
         bytes=total_bytes,

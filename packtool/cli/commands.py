@@ -21,7 +21,7 @@ from packtool.cli import interrupt
 from packtool.cli.engine_options import EngineOptions, engine_options
 from packtool.cli.input_options import CorpusOptions, corpus_options, sft_options
 from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError
-from packtool.quantities import parse_size, positive_int
+from packtool.quantities import MIN_PARTITION_SIZE, parse_size, positive_int
 
 # numpy's OpenBLAS starts a spinning thread per core at import; no command does linear algebra,
 # and on 2 cores those threads took ~0.3 s of start-up from the tokenizer and numba's loading.
@@ -46,7 +46,8 @@ WORKERS_HELP = (
 )
 PARTS = (
     "Input bytes per partition (64MB, 1GB), the unit of parallel work and of --resume: small "
-    "files grouped, big JSONL cut at line starts, Parquet between row groups (docs/scale-out.md)."
+    "files grouped, big JSONL cut at line starts, Parquet between row groups; at least 1KB "
+    "(docs/scale-out.md)."
 )
 PACK_WORKERS = "Partition worker processes (local) or actors (Ray) [default: all cores]."
 
@@ -228,7 +229,9 @@ def tokenize_cmd(
             inputs,
             output,
             resume=resume,
-            partition_size=parse_size(partition_size or "256MB", "--partition-size"),
+            partition_size=parse_size(
+                partition_size or "256MB", "--partition-size", MIN_PARTITION_SIZE
+            ),
             engine=engines.engine,
             engine_config=engines.config(workers),
             **common,
@@ -499,7 +502,7 @@ def pack_cmd(
         ),
         read=corpus.read_config(extra_fields=extra, sft=sft),
         chunk_docs=chunk_docs,
-        partition_size=parse_size(partition_size, "--partition-size"),
+        partition_size=parse_size(partition_size, "--partition-size", MIN_PARTITION_SIZE),
         workers=workers,
         overwrite=overwrite,
         resume=resume,

@@ -94,7 +94,11 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--ray-address",
             default=None,
             metavar="ADDR",
-            help="Ray cluster to join (auto, HOST:6379); default: start Ray on this machine.",
+            help=(
+                "Ray cluster to join (auto, HOST:6379, local for a new one here); default as "
+                "ray.init: $RAY_ADDRESS, else a cluster `ray start` began on this machine, else "
+                "a new one here."
+            ),
         ),
         click.option("--slurm-partition", default=None, metavar="NAME", help="Slurm partition."),
         click.option("--account", default=None, metavar="NAME", help="Slurm account to charge."),

@@ -280,6 +280,11 @@ def open_dataset(path: str | os.PathLike) -> tuple[Path, Manifest]:
     if not storage.is_remote(path):
         folder = dataset_folder(path)
         if not storage.is_dir(folder):
+            if storage.exists(folder):
+                raise DataError(
+                    f"{folder}: a file, not a dataset (a dataset is the folder `packtool pack "
+                    "-o` wrote, or its index.json)"
+                )
             raise DataError(f"{folder}: no such dataset folder")
         if not storage.is_file(folder / INDEX_FILE):
             raise DataError(_missing(folder / INDEX_FILE))

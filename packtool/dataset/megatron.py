@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from packtool.errors import DataError, naming
+from packtool.errors import ConfigError, DataError, naming
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -58,6 +58,12 @@ def megatron_dtype(vocab_size: int) -> np.dtype:
 def megatron_paths(prefix: str | os.PathLike) -> tuple[Any, Any]:
     """(`PREFIX.bin`, `PREFIX.idx`); a prefix given as either file names the same pair. A URL
     prefix (`s3://bucket/data/corpus`) gives the pair's objects."""
+    text = str(prefix)
+    if text.endswith(("/", os.sep)):
+        raise ConfigError(
+            f"-o {text}: a Megatron dataset is two files, PREFIX.bin and PREFIX.idx, so -o names "
+            f"a file prefix, not a folder (e.g. {text.rstrip('/' + os.sep)}/corpus)"
+        )
     prefix = storage.as_path(prefix)
     if prefix.suffix in (".bin", ".idx"):
         prefix = prefix.with_suffix("")

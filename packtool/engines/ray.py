@@ -37,6 +37,7 @@ import base64
 import hashlib
 import json
 import logging
+import os
 import pickle
 import warnings
 from contextlib import closing
@@ -171,11 +172,15 @@ def _connect(ray: Any, address: str | None) -> bool:
 class PartitionActor:
     """A Ray Data actor: runs one partition per batch with the run's context (`task`)."""
 
-    def __init__(self, task: Any, key: str, blob: Any) -> None:
+    def __init__(self, task: Any, key: str, blob: Any, cwd: str = "") -> None:
         import ray
 
         self.task, self.key = task, key  # task: `_partition_task` (tests pass a faulty one)
         self.blob = ray.get(blob) if isinstance(blob, ray.ObjectRef) else blob
+        if cwd and os.path.isdir(cwd):
+            # Relative inputs and outputs mean what they meant where packtool ran (a Ray
+            # worker starts elsewhere); on another node the folder exists on a shared disk.
+            os.chdir(cwd)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
         # batch: {"descriptor": (1,) JSON strings}; returns {"record": (1,) JSON strings}
@@ -239,7 +244,7 @@ def _pool(source: Any, ray_config: RayConfig, key: str, blob: Any, size: tuple) 
         warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated")
         return source.map_batches(
             PartitionActor,
-            fn_constructor_args=(_partition_task, key, blob),
+            fn_constructor_args=(_partition_task, key, blob, os.getcwd()),
             batch_size=1,
             concurrency=size,  # fewer than n when nodes are lost
             num_cpus=1,

@@ -58,11 +58,12 @@ def test_valid_dataset_verifies(packed_dataset_factory, capsys):
     d = packed_dataset_factory(SHARDS, row_group_size=2)
     report = verify_dataset(d)
     assert (report.shards, report.rows, report.tokens, report.documents) == (2, 6, TOKENS, 9)
+    assert report.distinct_documents == 8  # one of them split across two rows
     assert report.efficiency == pytest.approx(TOKENS / (6 * 16))
     assert report.warnings == ()
     code, out, err = run_cli(["verify", str(d)], capsys)
     assert code == 0, err
-    assert out.startswith(f"OK {d}: 2 shards, 6 rows, {TOKENS} tokens, 9 documents")
+    assert out.startswith(f"OK {d}: 2 shards, 6 rows, {TOKENS} tokens, 8 documents (9 pieces")
     assert "efficiency 76.04%" in out
     assert len(out.strip().splitlines()) == 1
 

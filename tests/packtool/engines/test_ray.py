@@ -143,6 +143,23 @@ def test_cli_engine_ray_on_tokenized_parquet(ray_session, tmp_path):
     assert_same_as_local(tmp_path / "ray", tmp_path / "local")
 
 
+def test_relative_inputs_and_output_mean_the_same_on_the_ray_engine(
+    ray_session, tmp_path, monkeypatch
+):
+    """A Ray actor starts in a folder of Ray's: relative paths are resolved where packtool ran
+    (they failed as "cannot be read any more" before), with the local engine's bytes."""
+    import shutil
+
+    shutil.copy(CORPUS, tmp_path / "corpus.jsonl")
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    common = ["corpus.jsonl", "--max-len", "1024", "--partition-size", "200KB"]
+    result = runner.invoke(cli, ["pack", *common, "-o", "ray", "--engine", "ray"])
+    assert result.exit_code == 0, result.output
+    assert runner.invoke(cli, ["pack", *common, "-o", "local"]).exit_code == 0
+    assert_same_as_local(tmp_path / "ray", tmp_path / "local")
+
+
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     """The 1,000-file corpus and the local engine's dataset of it."""
