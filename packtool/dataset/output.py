@@ -132,6 +132,11 @@ def output_paths(out: str | os.PathLike) -> OutputPaths:
             whole_object=True,
         )
     if hub.is_hub(out):
+        if not hub.parse(out).path_in_repo:  # README.md and .gitattributes live there
+            raise ConfigError(
+                f"{out}: name a folder inside the repository for the dataset "
+                f"({str(out).rstrip('/')}/PREFIX); its root holds files packtool did not write"
+            )
         target = storage.as_path(str(out).rstrip("/"))
         scratch = hub.scratch_folder(target)
         return OutputPaths(

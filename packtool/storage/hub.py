@@ -50,6 +50,21 @@ def parse(url: Any) -> HubPath:
         ConfigError: no repository in it.
     """
     text = str(url)
+    try:  # huggingface_hub's own grammar (what HfFileSystem reads), where it has one
+        from huggingface_hub.utils import parse_hf_uri
+    except ImportError:
+        parse_hf_uri = None
+    if parse_hf_uri is not None:
+        try:
+            uri = parse_hf_uri("hf://" + text.split("://", 1)[-1].lstrip("/"))
+        except Exception as exc:  # HfUriError: a ValueError
+            raise ConfigError(f"{text}: not a Hub path ({remote.first_line(exc)})") from None
+        if uri.type not in REPO_TYPES.values():
+            raise ConfigError(
+                f"{text}: a {uri.type} is not a repository packtool can commit to; write to a "
+                "dataset (hf://datasets/ORG/NAME/PATH), model or space repository"
+            )
+        return HubPath(uri.id, uri.type, uri.revision, (uri.path_in_repo or "").strip("/"))
     parts = [p for p in text.split("://", 1)[-1].split("/") if p]
     repo_type = REPO_TYPES.get(parts[0], "model") if parts else "model"
     if parts and parts[0] in REPO_TYPES:

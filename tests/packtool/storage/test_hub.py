@@ -186,8 +186,14 @@ def test_parse_names_the_repository_its_type_revision_and_path():
     got = hub.parse("hf://datasets/org/name@refs%2Fpr%2F1/a/b")
     assert got == hub.HubPath("org/name", "dataset", "refs/pr/1", "a/b")
     assert hub.parse("hf://org/model") == hub.HubPath("org/model", "model", None, "")
-    with pytest.raises(ConfigError, match="names no repository"):
+    with pytest.raises(ConfigError, match="names no repository|must be 'namespace/name'"):
         hub.parse("hf://datasets/org")
+    # As HfFileSystem reads them (huggingface_hub's own grammar): a revision with slashes, and
+    # a storage bucket, which is no repository to commit to.
+    got = hub.parse("hf://datasets/org/name@refs/pr/1/packed")
+    assert got == hub.HubPath("org/name", "dataset", "refs/pr/1", "packed")
+    with pytest.raises(ConfigError, match="a bucket is not a repository"):
+        hub.parse("hf://buckets/org/b/x")
 
 
 def test_tokenize_to_the_hub_is_one_commit_per_output_and_writes_no_lock_object(stand_in, tmp_path):
@@ -426,4 +432,14 @@ def test_a_missing_repository_is_one_line_naming_the_url(stand_in, monkeypatch):
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
     line = one_error_line(err)
     assert code != 0 and URL in line and "Repository Not Found" in line
+    assert not stand_in.commits
+
+
+def test_a_repository_root_is_refused_up_front(stand_in):
+    """The root holds the card and .gitattributes: it could never be committed to (the run
+    failed at the end, 'not empty', then '--overwrite: holds files packtool did not write')."""
+    for command in ("pack", "tokenize"):
+        code, _, err = run(command, CORPUS, "-o", "hf://datasets/org/name", "--overwrite")
+        line = one_error_line(err)
+        assert code != 0 and "name a folder inside the repository" in line, line
     assert not stand_in.commits
