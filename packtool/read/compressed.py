@@ -84,6 +84,8 @@ def read_errors(path: Path) -> Iterator[None]:
     """
     try:
         yield
+    except gzip.BadGzipFile as exc:  # an OSError: said first, with what the bytes are
+        raise DataError(f"{path}: cannot read ({exc}){_what_it_is(path)}") from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except EOFError as exc:
@@ -96,28 +98,48 @@ def read_errors(path: Path) -> Iterator[None]:
         raise
 
 
-_MAGIC = ((b"\x1f\x8b", "gzip", ".gz"), (b"\x28\xb5\x2f\xfd", "zstd", ".zst"))
+SIGNATURES = (
+    (b"\x1f\x8b", "gzip-compressed data", "name it with .gz at the end (file.jsonl.gz)"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed data", "name it with .zst at the end"),
+    (b"PAR1", "Parquet", "name it with .parquet at the end"),
+    (b"\xfd7zXZ\x00", "xz-compressed data", "decompress it, or compress it as .gz or .zst"),
+    (b"BZh", "bzip2-compressed data", "decompress it, or compress it as .gz or .zst"),
+    (b"\x04\x22\x4d\x18", "LZ4-compressed data", "decompress it, or compress it as .gz or .zst"),
+    (b"PK\x03\x04", "a zip archive", "unpack it"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive", "unpack it"),
+)
+"""First bytes of the files packtool is handed under a wrong name: what they are, what to do."""
+
+
+def binary_kind(data: bytes) -> tuple[str, str] | None:
+    """(what, what to do) for bytes that start as one of `SIGNATURES`, else None."""
+    for magic, kind, hint in SIGNATURES:
+        if data.startswith(magic):
+            return kind, hint
+    return None
 
 
 def _what_it_is(path: Path) -> str:
     """A hint for a file whose bytes are not what its name says: what its first bytes are."""
     try:
         with storage.open_input(path) as f:
-            head = f.read(4)
+            head = f.read(4096)
     except OSError:
         return ""
-    for magic, name, suffix in _MAGIC:
-        if head.startswith(magic):
-            return (
-                ""
-                if path.name.lower().endswith(suffix)
-                else f"; the file holds {name} data: rename it to {suffix}"
-            )
-    return (
-        "; the file is not compressed: drop the .zst from its name"
-        if head
-        else "; the file is empty"
-    )
+    if not head:
+        return "; the file is empty"
+    suffix = ".gz" if path.name.lower().endswith(".gz") else ".zst"
+    found = binary_kind(head)
+    if found is not None:
+        kind, hint = found
+        own = {".gz": "gzip", ".zst": "zstd"}[suffix]
+        return "" if kind.startswith(own) else f"; the file holds {kind}: {hint}"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # not a character cut at the end of the 4 KB
+            return f"; the file is not {suffix} data, nor text"
+    return f"; the file is not compressed: drop the {suffix} from its name"
 
 
 class _ZstdReader(io.RawIOBase):

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from packtool.errors import DataError
-from packtool.read.compressed import open_stream, read_errors
+from packtool.read.compressed import binary_kind, open_stream, read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter
 from packtool.read.lines import BOM
 
@@ -37,24 +37,3 @@ def read_text(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[Do
         skips.add("empty", str(path))
         return
     yield text, (None,) * len(config.extra_fields), nbytes, 0
-
-
-_SIGNATURES = (
-    (b"\x1f\x8b", "gzip-compressed data", "name it with .gz at the end (file.jsonl.gz)"),
-    (b"\x28\xb5\x2f\xfd", "zstd-compressed data", "name it with .zst at the end"),
-    (b"PAR1", "Parquet", "name it with .parquet at the end"),
-    (b"\xfd7zXZ\x00", "xz-compressed data", "decompress it, or compress it as .gz or .zst"),
-    (b"BZh", "bzip2-compressed data", "decompress it, or compress it as .gz or .zst"),
-    (b"\x04\x22\x4d\x18", "LZ4-compressed data", "decompress it, or compress it as .gz or .zst"),
-    (b"PK\x03\x04", "a zip archive", "unpack it"),
-    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive", "unpack it"),
-)
-
-
-def binary_kind(data: bytes) -> tuple[str, str] | None:
-    """(what, what to do) for bytes that start as a compressed file or archive that packtool
-    does not read under this name, else None."""
-    for magic, kind, hint in _SIGNATURES:
-        if data.startswith(magic):
-            return kind, hint
-    return None

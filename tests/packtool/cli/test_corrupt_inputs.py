@@ -108,9 +108,10 @@ def test_a_damaged_input_is_one_line_at_every_command(
     ("name", "damage", "says"),
     [
         ("corpus.jsonl.zst", "plain bytes", "drop the .zst"),
-        ("corpus.jsonl.zst", "gzip bytes", "rename it to .gz"),
-        ("chat.jsonl.zst", "gzip bytes", "rename it to .gz"),
+        ("corpus.jsonl.zst", "gzip bytes", "holds gzip-compressed data: name it with .gz"),
+        ("chat.jsonl.zst", "gzip bytes", "holds gzip-compressed data: name it with .gz"),
         ("corpus.jsonl.gz", "plain bytes", "Not a gzipped file"),
+        ("corpus.jsonl.gz", "plain bytes", "the file is not compressed: drop the .gz"),
         ("corpus.jsonl.gz", "truncate", "truncated"),
         ("corpus.txt.zst", "truncate", "truncated"),
     ],

@@ -200,3 +200,19 @@ def test_a_megatron_output_given_as_a_folder_is_refused(tmp_path, good):
         ["tokenize", good, "--to", "megatron", "-o", f"{tmp_path}/mg/"], "names a file prefix"
     )
     assert not list(tmp_path.glob("mg.*"))
+
+
+def test_the_hint_for_a_wrongly_named_compressed_file_says_what_its_bytes_are(tmp_path):
+    import zstandard
+
+    cases = {
+        "noise.jsonl.zst": (os.urandom(3000), "the file is not .zst data, nor text"),
+        "zstd.jsonl.gz": (
+            zstandard.ZstdCompressor().compress(JSONL),
+            "holds zstd-compressed data: name it with .zst",
+        ),
+        "plain.jsonl.gz": (JSONL, "the file is not compressed: drop the .gz"),
+    }
+    for name, (data, says) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        _fails_in_one_line(["stats", tmp_path / name], f"{name}: ", says)
