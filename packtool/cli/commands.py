@@ -51,6 +51,14 @@ PARTS = (
 )
 PACK_WORKERS = "Partition worker processes (local) or actors (Ray) [default: all cores]."
 
+
+def _named(output: str) -> str:
+    """`-o`: an empty path would mean the current folder; say so instead."""
+    if not output.strip():
+        raise ConfigError("-o: the output path is empty; name the folder or file to write")
+    return output
+
+
 # --- commands are registered below; keep each one thin over a library function ---
 
 
@@ -127,6 +135,7 @@ def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
     "--output",
     required=True,
     type=click.Path(path_type=str),
+    callback=lambda ctx, param, value: _named(value),
     help="OUT.parquet (one file; also s3://bucket/OUT.parquet) or a folder "
     "(part-00000.parquet, ...; also s3://bucket/prefix); with --to megatron, the PREFIX of PREFIX.bin and PREFIX.idx "
     "(also s3://bucket/data/PREFIX).",
@@ -356,6 +365,7 @@ def stats_cmd(
     "--output",
     required=True,
     type=click.Path(path_type=str),
+    callback=lambda ctx, param, value: _named(value),
     help="Output folder, or a bucket prefix (s3://bucket/prefix: written without a rename, "
     "docs/remote.md).",
 )

@@ -295,6 +295,8 @@ def check_apart(
     Raises:
         ConfigError: naming both paths.
     """
+    if not str(out).strip():
+        raise ConfigError("the output path is empty; name the folder or file to write")
     if storage.is_remote(out):
         _check_apart_remote(out, inputs, files)
         return

@@ -90,6 +90,7 @@ def manifest_head(
         num_shards=totals.shards,
         groups=groups,
         skips=dict(sorted(skips.items())),
+        skip_examples={k: list(totals.examples.get(k, [])) for k in sorted(skips)},
         partitions=partitions,
         out_dir=config.out_dir,
         columns=tuple(c for c in written(columns) if c not in names(required())),

@@ -23,6 +23,8 @@ class PackSummary:
     groups: dict[str, tuple[int, int]]
     seconds: dict[str, float] = field(default_factory=dict)
     skips: dict[str, int] = field(default_factory=dict)
+    skip_examples: dict[str, list[str]] = field(default_factory=dict)
+    """The first few `file:line` (or row) of each skip reason, in partition order."""
     partitions: int = 0
     resumed_partitions: int = 0
     """Partitions a `--resume` found finished (their inputs were not read again)."""
@@ -72,6 +74,7 @@ class PackSummary:
             "tail_pieces": self.tail_pieces,
             "groups": {k: {"rows": r, "tokens": t} for k, (r, t) in self.groups.items()},
             "skips": self.skips,
+            "skip_examples": self.skip_examples,
             "seconds": self.seconds,
             "cores_used": self.cores_used,
             "columns": list(self.columns),
@@ -111,7 +114,14 @@ class PackSummary:
         if self.tokenizer:
             lines.append("tokenizer " + describe_tokenizer(self.tokenizer, self.special_names))
         if self.skips:
-            lines.append("skips: " + ", ".join(f"{k} {v:,}" for k, v in self.skips.items()))
+            lines.append(
+                "skips: "
+                + ", ".join(
+                    f"{k} {v:,}"
+                    + (f" (e.g. {', '.join(ex)})" if (ex := self.skip_examples.get(k)) else "")
+                    for k, v in self.skips.items()
+                )
+            )
         if self.resumed_partitions:
             lines.append(
                 f"resumed: kept {self.resumed_partitions:,} finished partition(s) of "

@@ -444,6 +444,8 @@ def parse_engines(spec: str, kind: str, source: Source | None = None) -> tuple[l
         ahead = [e for e in fit if source is not None and e.first_for and e.first_for(source)]
         return ahead + [e for e in fit if e not in ahead], False
     chosen = [engine(n.strip()) for n in spec.split(",") if n.strip()]
+    if not chosen:
+        raise ConfigError(f"tokenizer engine {spec!r} names no engine; give 'auto' or names")
     for e in chosen:
         if kind not in e.kinds:
             fit = ", ".join(x.name for x in ENGINES if kind in x.kinds)

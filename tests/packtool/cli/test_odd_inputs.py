@@ -216,3 +216,22 @@ def test_the_hint_for_a_wrongly_named_compressed_file_says_what_its_bytes_are(tm
     for name, (data, says) in cases.items():
         (tmp_path / name).write_bytes(data)
         _fails_in_one_line(["stats", tmp_path / name], f"{name}: ", says)
+
+
+def test_an_empty_output_or_engine_list_says_so(tmp_path, good):
+    _fails_in_one_line(["pack", good, "-o", ""], "the output path is empty")
+    _fails_in_one_line(["tokenize", good, "-o", ""], "the output path is empty")
+    from tests.packtool.tokenizer_shapes import build
+
+    tok = build("gpt2", tmp_path / "tok")
+    code, _, err = run("stats", good, "--tokenizer", tok, "--tokenizer-engine", ",")
+    assert code != 0 and "names no engine" in one_error_line(err), err
+
+
+def test_packs_skip_line_names_where_the_skipped_documents_are(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(JSONL + b"not json\n" + JSONL)
+    code, out, err = run("pack", path, "-o", tmp_path / "out", "--max-len", "64")
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("skips: "))
+    assert "malformed_json 1 (e.g. " in line and "mixed.jsonl:41" in line, line
