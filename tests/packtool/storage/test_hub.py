@@ -111,6 +111,19 @@ def _version(files: dict[str, bytes]) -> str:
     return json.loads(files["index.json"])["packtool_dataset"]
 
 
+def run_while_down(
+    stand_in: StandInHub, monkeypatch, *args, error: str = "503 Service Unavailable"
+):
+    """`run(*args)` while every commit fails with `ConnectionError(error)` (nothing applied)."""
+
+    def down(*_args, **_kwargs):
+        raise ConnectionError(error)
+
+    with monkeypatch.context() as m:
+        m.setattr(stand_in, "create_commit", down)
+        return run(*args)
+
+
 def _hub_holds_a_local_pack(tmp_path: Path, max_len: str) -> None:
     """The version the Hub's link names holds the shards of the same pack into a local folder."""
     code, _, err = run("pack", CORPUS, "-o", tmp_path / "local", "--max-len", max_len)
@@ -228,12 +241,10 @@ def test_tokenize_to_the_hub_is_one_commit_per_output_and_writes_no_lock_object(
 def test_a_commit_that_fails_otherwise_is_one_line_and_keeps_the_dataset_for_resume(
     stand_in, monkeypatch
 ):
-    def down(*args, **kwargs):
-        raise ConnectionError("Server disconnected\nsecond line")
-
-    with monkeypatch.context() as m:
-        m.setattr(stand_in, "create_commit", down)
-        code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
+    code, _, err = run_while_down(
+        stand_in, monkeypatch, "pack", CORPUS, "-o", URL, "--max-len", "512",
+        error="Server disconnected\nsecond line",
+    )  # fmt: skip
     line = one_error_line(err)
     assert code != 0 and line.startswith(f"error: {URL}") and "Server disconnected" in line
     assert "rerun with --resume, which commits it unless" in line and not stand_in.commits
@@ -250,12 +261,9 @@ def test_a_megatron_pair_whose_commit_fails_is_kept_and_committed_by_resume(
     built, --overwrite discards it."""
     out = f"{URL}-mega"
 
-    def down(*args, **kwargs):
-        raise ConnectionError("503 Service Unavailable")
-
-    with monkeypatch.context() as m:
-        m.setattr(stand_in, "create_commit", down)
-        code, _, err = run("tokenize", CORPUS, "-o", out, "--to", "megatron")
+    code, _, err = run_while_down(
+        stand_in, monkeypatch, "tokenize", CORPUS, "-o", out, "--to", "megatron"
+    )
     line = one_error_line(err)
     assert code != 0 and line.startswith(f"error: {out}: cannot be committed to the Hub"), line
     assert "503" in line and not stand_in.commits
@@ -274,10 +282,11 @@ def test_a_megatron_pair_whose_commit_fails_is_kept_and_committed_by_resume(
         got = HubFiles().cat_file(f"/datasets/org/name/packed-mega{suffix}")
         assert got == (tmp_path / f"mega{suffix}").read_bytes()
     assert not list((tmp_path / "scratch").rglob("ready.idx"))
-    with monkeypatch.context() as m:  # --overwrite discards a waiting pair and builds its own
-        m.setattr(stand_in, "create_commit", down)
-        run("tokenize", CORPUS, "-o", out, "--to", "megatron", "--overwrite")
-    code, _, err = run("tokenize", CORPUS, "-o", out, "--to", "megatron", "--overwrite")
+    # --overwrite discards a waiting pair and builds its own
+    args = ("tokenize", CORPUS, "-o", out, "--to", "megatron", "--overwrite")
+    code, _, _ = run_while_down(stand_in, monkeypatch, *args)
+    assert code != 0 and len(list((tmp_path / "scratch").rglob("ready.idx"))) == 1
+    code, _, err = run(*args)
     assert code == 0, err
     assert len(stand_in.commits) == 2 and len(list((tmp_path / "scratch").rglob("ready.idx"))) == 0
 
@@ -380,12 +389,10 @@ def test_a_refused_tokenize_commit_says_to_rerun(stand_in, tmp_path, monkeypatch
     assert code == 0, err
     assert len(stand_in.commits) == 1
 
-    def down(*args, **kwargs):
-        raise ConnectionError("503 Service Unavailable")
-
-    with monkeypatch.context() as m:  # one object: its local copy is not left behind either
-        m.setattr(stand_in, "create_commit", down)
-        code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-one.parquet")
+    # One object: its local copy is not left behind either.
+    code, _, err = run_while_down(
+        stand_in, monkeypatch, "tokenize", CORPUS, "-o", f"{URL}-one.parquet"
+    )
     assert code != 0 and "cannot be committed to the Hub (503" in one_error_line(err)
     assert [p for p in (tmp_path / "scratch").rglob("*") if p.is_file() and p.name != "lock"] == []
 
