@@ -30,12 +30,13 @@ MIN_PARTITION_SIZE = 1024
 few bytes of input, hours for a megabyte; no corpus needs it."""
 
 
-def positive_int(flag: str, value: str, unit: str = "tokens") -> int:
-    """`value` as an integer >= 1, or a `ConfigError` naming `flag` and the unit."""
+def positive_int(flag: str, value: str, unit: str = "tokens", least: int = 1) -> int:
+    """`value` as an integer >= `least` (1), or a `ConfigError` naming `flag` and the unit."""
     try:
         number = int(value)
     except ValueError:
-        number = 0
-    if number < 1:
-        raise ConfigError(f"{flag} must be a positive integer ({unit}), got {value!r}")
+        number = least - 1
+    if number < least:
+        what = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise ConfigError(f"{flag} must be {what} ({unit}), got {value!r}")
     return number

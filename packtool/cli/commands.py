@@ -320,7 +320,7 @@ def stats_cmd(
     else:
         cands = tuple(positive_int("--candidates", c.strip()) for c in candidates.split(","))
     config = StatsConfig(
-        max_len=positive_int("--max-len", max_len),
+        max_len=positive_int("--max-len", max_len, least=2),
         batch_size=positive_int("--batch-size", batch_size, "documents"),
         candidates=cands,
     )
@@ -370,7 +370,12 @@ def stats_cmd(
     "docs/remote.md).",
 )
 @click.option(
-    "--max-len", type=int, default=4096, show_default=True, help="Tokens per row at most."
+    "--max-len",
+    default="4096",
+    show_default=True,
+    metavar="TOKENS",
+    callback=lambda ctx, param, value: positive_int("--max-len", str(value), least=2),
+    help="Tokens per row at most.",
 )
 @click.option(
     "--algorithm",
@@ -388,14 +393,18 @@ def stats_cmd(
 )
 @click.option(
     "--rounds",
-    type=int,
+    type=click.IntRange(min=1),
     default=1,
     show_default=True,
     help="Packing passes: 1 = plain FFD/BFD; each extra round repacks the least-filled 10% of "
     "rows from a seeded shuffle, kept when it saves rows.",
 )
 @click.option(
-    "--seed", type=int, default=0, show_default=True, help="Seeds repacking and row order."
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seeds repacking and row order.",
 )
 @click.option(
     "--group-by",
@@ -406,14 +415,24 @@ def stats_cmd(
 )
 @click.option(
     "--chunk-docs",
-    type=int,
+    type=click.IntRange(min=1),
     default=100_000,
     show_default=True,
     help="Documents packed together (bounds memory).",
 )
-@click.option("--shard-rows", type=int, default=16384, show_default=True, help="Rows per shard.")
 @click.option(
-    "--row-group-rows", type=int, default=256, show_default=True, help="Rows per Parquet row group."
+    "--shard-rows",
+    type=click.IntRange(min=1),
+    default=16384,
+    show_default=True,
+    help="Rows per shard.",
+)
+@click.option(
+    "--row-group-rows",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Rows per Parquet row group.",
 )
 @click.option(
     "--compression",

@@ -136,7 +136,7 @@ def test_resume_of_a_finished_dataset_succeeds_and_changes_nothing(tmp_path, sma
     assert code == 0 and json.loads(out)["already_complete"] is True
     # Options and inputs are still checked first: a mistake is still a mistake.
     code, _, err = run("pack", small, "-o", tmp_path / "p", "--resume", "--max-len", "0")
-    assert code == 1 and "max_len" in one_error_line(err)
+    assert code == 1 and "--max-len must be" in one_error_line(err)
     code, _, err = run("pack", tmp_path / "gone.jsonl", "-o", tmp_path / "p", "--resume")
     assert code == 1 and "gone.jsonl" in one_error_line(err)
     # ... and compared with the finished run's: other options are another dataset.

@@ -235,3 +235,7 @@ def test_packs_skip_line_names_where_the_skipped_documents_are(tmp_path):
     assert code == 0, err
     line = next(x for x in out.splitlines() if x.startswith("skips: "))
     assert "malformed_json 1 (e.g. " in line and "mixed.jsonl:41" in line, line
+
+
+def test_stats_names_its_option_for_a_row_of_one_token(good):
+    _fails_in_one_line(["stats", good, "--max-len", "1"], "--max-len must be an integer >= 2")

@@ -79,8 +79,8 @@ def test_plot_writes_png(small_corpus, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--max-len", "0"], "error: --max-len must be a positive integer (tokens), got '0'"),
-        (["--max-len", "4k"], "error: --max-len must be a positive integer (tokens), got '4k'"),
+        (["--max-len", "0"], "error: --max-len must be an integer >= 2 (tokens), got '0'"),
+        (["--max-len", "4k"], "error: --max-len must be an integer >= 2 (tokens), got '4k'"),
         (
             ["--batch-size", "-1"],
             "error: --batch-size must be a positive integer (documents), got '-1'",
