@@ -259,7 +259,14 @@ def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:
         names = pf.schema_arrow.names
         if "length" not in names:
             raise DataError(f"{p}: no column 'length' (columns: {', '.join(names)})")
-        parts.append(pf.read(columns=["length"]).column(0).to_numpy())
+        lengths = pf.read(columns=["length"]).column(0).to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(~(lengths >= 0)) if len(lengths) else []  # negative, or null (NaN)
+        if len(bad):
+            raise DataError(
+                f"{p}: row {int(bad[0]) + 1} has length {lengths[bad[0]]}, not a token count; "
+                "the file was damaged or edited: re-run packtool tokenize"
+            )
+        parts.append(lengths)
     return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)
 
 

@@ -239,3 +239,17 @@ def test_packs_skip_line_names_where_the_skipped_documents_are(tmp_path):
 
 def test_stats_names_its_option_for_a_row_of_one_token(good):
     _fails_in_one_line(["stats", good, "--max-len", "1"], "--max-len must be an integer >= 2")
+
+
+def test_stats_names_the_file_holding_a_negative_length(tmp_path, good):
+    def edit(table, meta):
+        lengths = table.column("length").to_pylist()
+        lengths[3] = -1
+        return table.set_column(
+            table.schema.get_field_index("length"),
+            "length",
+            pa.array(lengths, table.schema.field("length").type),
+        )
+
+    path = _tokenized(tmp_path, good, edit)
+    _fails_in_one_line(["stats", path], "edited.parquet: row 4 has length -1")
