@@ -47,6 +47,7 @@ from packtool.progress import Progress
 from packtool.read.corpus import expand_inputs
 from packtool.read.documents import ReadConfig, SkipCounter
 from packtool.read.pretokenized import split_pretokenized
+from packtool.read.sft_config import CHAT_KINDS
 from packtool.sft.inputs import sft_kind
 from packtool.storage import hub, writing
 from packtool.storage import local as storage
@@ -128,6 +129,26 @@ def _inputs_read_cached(files: tuple[tuple[Path, int, int], ...], config: ReadCo
 
 
 def _inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
+    found = _inputs_read_kind(paths, config)
+    template = config.sft.chat_template
+    if template is not None and found.sft_kind not in CHAT_KINDS and _all_say(paths, config):
+        what = f"{found.sft_kind} records" if found.sft_kind else "no chat records"
+        raise ConfigError(
+            f"--chat-template {template}: the inputs hold {what} (a template renders messages "
+            "or conversations); drop --chat-template"
+        )
+    return found
+
+
+def _all_say(paths: list[Path], config: ReadConfig) -> bool:
+    """Every input's first records say what it holds (an unreadable one is the reader's to
+    report, with its own message)."""
+    from packtool.sft.inputs import file_record_kind
+
+    return all(file_record_kind(p, config) is not None for p in paths)
+
+
+def _inputs_read_kind(paths: list[Path], config: ReadConfig) -> InputsRead:
     pre, mask_source = split_pretokenized(paths, config)
     if pre:
         sft_kind(pre, config, tokenized=True)  # refuses a --format of raw records

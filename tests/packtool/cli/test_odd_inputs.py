@@ -253,3 +253,13 @@ def test_stats_names_the_file_holding_a_negative_length(tmp_path, good):
 
     path = _tokenized(tmp_path, good, edit)
     _fails_in_one_line(["stats", path], "edited.parquet: row 4 has length -1")
+
+
+def test_a_chat_template_for_inputs_with_no_chat_is_refused(tmp_path, good):
+    """It was ignored with exit 0: the user believed the template applied."""
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    for command in ("stats", "pack"):
+        args = [command, good, "--chat-template", template]
+        args += ["-o", tmp_path / command] if command == "pack" else []
+        _fails_in_one_line(args, "the inputs hold no chat records", "drop --chat-template")
