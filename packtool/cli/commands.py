@@ -52,6 +52,11 @@ PARTS = (
 PACK_WORKERS = "Partition worker processes (local) or actors (Ray) [default: all cores]."
 
 
+AT_LEAST_0, AT_LEAST_1 = click.IntRange(min=0), click.IntRange(min=1)
+CHUNKS = "Documents packed together (bounds memory)."
+GROUP_ROWS = "Rows per Parquet row group."
+
+
 def _named(output: str) -> str:
     """`-o`: an empty path would mean the current folder; say so instead."""
     if not output.strip():
@@ -393,19 +398,13 @@ def stats_cmd(
 )
 @click.option(
     "--rounds",
-    type=click.IntRange(min=1),
+    type=AT_LEAST_1,
     default=1,
     show_default=True,
     help="Packing passes: 1 = plain FFD/BFD; each extra round repacks the least-filled 10% of "
     "rows from a seeded shuffle, kept when it saves rows.",
 )
-@click.option(
-    "--seed",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Seeds repacking and row order.",
-)
+@click.option("--seed", type=AT_LEAST_0, default=0, show_default=True, help="Seeds repacking.")
 @click.option(
     "--group-by",
     default=None,
@@ -413,27 +412,11 @@ def stats_cmd(
     help="Pack only documents with the same FIELD together (source = the input file, or a "
     "JSONL field / Parquet column).",
 )
+@click.option("--chunk-docs", type=AT_LEAST_1, default=100_000, show_default=True, help=CHUNKS)
 @click.option(
-    "--chunk-docs",
-    type=click.IntRange(min=1),
-    default=100_000,
-    show_default=True,
-    help="Documents packed together (bounds memory).",
+    "--shard-rows", type=AT_LEAST_1, default=16384, show_default=True, help="Rows a shard."
 )
-@click.option(
-    "--shard-rows",
-    type=click.IntRange(min=1),
-    default=16384,
-    show_default=True,
-    help="Rows per shard.",
-)
-@click.option(
-    "--row-group-rows",
-    type=click.IntRange(min=1),
-    default=256,
-    show_default=True,
-    help="Rows per Parquet row group.",
-)
+@click.option("--row-group-rows", type=AT_LEAST_1, default=256, show_default=True, help=GROUP_ROWS)
 @click.option(
     "--compression",
     type=click.Choice(["lz4", "zstd", "snappy", "none"]),

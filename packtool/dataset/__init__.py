@@ -17,5 +17,6 @@ Modules:
   its table builder and its background writer.
 - `masks.py`: loss-mask arithmetic on flat arrays.
 - `megatron.py`: Megatron's indexed dataset (`.bin` / `.idx`), streamed as megatron-core writes it.
-- `output.py`: the output transaction (lock, staging, recovery, the switch to the new dataset).
+- `output.py`: the output transaction (lock, staging, recovery, the switch to the new dataset);
+  `hub_record.py`: beside a Hub output's staging, what the run replaces and what it commits.
 """

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from packtool.dataset import hub_record
 from packtool.dataset.manifest import INDEX_FILE, link_bytes, linked_version
 from packtool.errors import ConfigError
 from packtool.prefetch import map_ordered
@@ -205,64 +206,8 @@ def make_staging(paths: OutputPaths) -> None:
         writing.write_atomic(paths.target / REMOTE_STAGING, pointer)
         return
     if paths.hub:  # what the run replaces, for a commit made later (`--resume`) to check
-        base = json.dumps({"replaces": current_version(paths.target)}).encode()
-        writing.write_atomic(_hub_base(paths), base)
+        hub_record.begin(paths.staging, current_version(paths.target))
     writing.make_dir(paths.staging)
-
-
-def _hub_base(paths: OutputPaths) -> Path:
-    """Beside a Hub output's staging folder: the version the link named when the run began."""
-    return paths.staging.with_name("replaces.json")
-
-
-def _check_hub_base(paths: OutputPaths, now: str | None) -> None:
-    """Refuse to commit a Hub output over a dataset committed to its prefix after the run began
-    (by another writer; `--resume` of a refused commit would otherwise replace it unasked)."""
-    base = _hub_base(paths)
-    if not storage.is_file(base):
-        return  # tokenize's staging: no --resume, the parent commit is its check
-    began = json.loads(storage.read_text(base)).get("replaces")
-    if began != now:
-        raise ConfigError(
-            f"{paths.shown}: another writer committed a dataset there ({now}) after this run "
-            f"began (over {began or 'nothing'}); not replaced. To replace it, run again with "
-            "--overwrite (this run's build is discarded)"
-        )
-
-
-def pack_build_waits(paths: OutputPaths) -> bool:
-    """A Hub output's staging folder holds a `pack` build (with its record of what it
-    replaces), waiting for `--resume` to commit it."""
-    return paths.hub and storage.exists(paths.staging) and storage.is_file(_hub_base(paths))
-
-
-def hub_commit_landed(paths: OutputPaths) -> str | None:
-    """The version an earlier run's commit published after all (its answer was lost: a
-    timeout after the Hub applied it, or a kill just after), its leftovers removed; None when
-    the link names another version (the commit did not happen) or no commit was tried."""
-    base = _hub_base(paths)
-    if not storage.is_file(base):
-        return None
-    try:
-        tried = json.loads(storage.read_text(base)).get("commits")
-    except (ValueError, AttributeError):
-        return None
-    if not tried or current_version(paths.target) != tried:
-        return None
-    remove(paths.staging)
-    writing.remove_file(base)
-    return tried
-
-
-def _note_hub_commit(paths: OutputPaths, version: str) -> None:
-    """Record, before the commit, the version it publishes: a run that never hears the Hub's
-    answer tells from the link whether it landed (`hub_commit_landed`)."""
-    base = _hub_base(paths)
-    if not storage.is_file(base):
-        return  # tokenize's staging: nothing to resume
-    record = json.loads(storage.read_text(base))
-    record["commits"] = version
-    writing.write_atomic(base, json.dumps(record).encode())
 
 
 def remove_staging(paths: OutputPaths) -> OutputPaths:
@@ -272,7 +217,7 @@ def remove_staging(paths: OutputPaths) -> OutputPaths:
     could yet upload)."""
     remove(paths.staging)
     if paths.hub:
-        writing.remove_file(_hub_base(paths))  # a stale record would refuse the next commit
+        hub_record.remove(paths.staging)  # a stale record would refuse the next commit
     if not paths.remote or paths.whole_object:
         return paths
     writing.remove_file(paths.target / REMOTE_STAGING)
@@ -495,10 +440,10 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         version = new_version()
         link = {INDEX_FILE: link_bytes(version)}
         old = current_version(paths.target)
-        _check_hub_base(paths, old)
+        hub_record.check(paths.staging, paths.shown, old)
         if old is not None and not storage.exists(paths.target / old):
             old = None  # a link to nothing: a commit deleting a missing folder is refused
-        _note_hub_commit(paths, version)
+        hub_record.note_commit(paths.staging, version)
         try:
             hub.publish(
                 paths.target,
@@ -515,7 +460,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
                 remove(paths.staging)
             raise
         remove(paths.staging)
-        writing.remove_file(_hub_base(paths))
+        hub_record.remove(paths.staging)
         return
     if paths.remote:
         # The switch: one PUT of the link; then the run in progress is over, the old version goes.

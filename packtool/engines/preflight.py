@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from packtool.dataset import hub_record
 from packtool.dataset.columns import written
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.manifest import INDEX_FILE, read_manifest
@@ -35,7 +36,6 @@ from packtool.dataset.output import (
     OutputPaths,
     check_apart,
     commit,
-    hub_commit_landed,
     is_version,
     make_staging,
     output_paths,
@@ -285,7 +285,9 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
                 ".parquet object; drop the .parquet"
             )
         if paths.hub and storage.is_file(paths.staging / INDEX_FILE):
-            landed = hub_commit_landed(paths)  # an earlier commit whose answer was lost
+            landed = hub_record.landed(paths.staging, paths.target)  # its answer was lost
+            if landed is not None:
+                remove_staging(paths)  # the build and its record: committed
             if landed is not None and config.resume:
                 raise AlreadyComplete(
                     f"{paths.shown}: the earlier run's commit reached the Hub after all "

@@ -49,6 +49,7 @@ from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
 from packtool.engines.summary import PackSummary
 from packtool.errors import ConfigError, MissingDependencyError, PacktoolError
+from packtool.storage import local as storage
 from packtool.storage import remote
 from packtool.tokenizer.tokenizers import Tokenizer
 
@@ -177,7 +178,7 @@ class PartitionActor:
 
         self.task, self.key = task, key  # task: `_partition_task` (tests pass a faulty one)
         self.blob = ray.get(blob) if isinstance(blob, ray.ObjectRef) else blob
-        if cwd and os.path.isdir(cwd):
+        if cwd and storage.is_dir(cwd):
             # Relative inputs and outputs mean what they meant where packtool ran (a Ray
             # worker starts elsewhere); on another node the folder exists on a shared disk.
             os.chdir(cwd)

@@ -28,7 +28,7 @@ from pathlib import Path
 from packtool.dataset.manifest import INDEX_FILE, linked_version
 from packtool.read.documents import BatchBuilder, DocumentBatch, ReadConfig, SkipCounter
 from packtool.read.formats import KNOWN_SHORT, KNOWN_SUFFIXES, read_file
-from packtool.storage.local import as_path, expand, is_remote
+from packtool.storage.local import as_path, expand, is_dir, is_remote, unread
 
 
 def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
@@ -50,21 +50,16 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
 
 def passed_over(inputs: Iterable[str | os.PathLike], examples: int = 3) -> tuple[int, list[str]]:
     """The files that local folder inputs hold but `expand_inputs` does not read (names ending
-    in no corpus suffix; hidden names and folders aside, as `walk` skips them): how many, and
-    the first `examples`. One more listing of the folders; bucket prefixes are not listed again.
+    in no corpus suffix; hidden ones aside): how many, and the first `examples`. One more
+    listing of the folders; bucket prefixes are not listed again.
     """
     count, shown = 0, []
     for raw in [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs:
-        if is_remote(str(raw)) or not os.path.isdir(raw):
+        if is_remote(str(raw)) or not is_dir(raw):
             continue
-        for top, dirs, files in os.walk(raw):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            for name in files:
-                if name.startswith(".") or name.lower().endswith(KNOWN_SUFFIXES):
-                    continue
-                count += 1
-                if len(shown) < examples:
-                    shown.append(os.path.join(top, name))
+        n, names = unread(Path(raw), KNOWN_SUFFIXES, examples - len(shown))
+        count += n
+        shown += names
     return count, shown
 
 

@@ -111,6 +111,21 @@ def walk(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
     return sorted(found)
 
 
+def unread(folder: Path, suffixes: tuple[str, ...], examples: int) -> tuple[int, list[str]]:
+    """The files under `folder` that `walk` passes over (names ending in none of `suffixes`;
+    hidden names and folders aside, as `walk` skips them): how many, the first `examples`."""
+    count, shown = 0, []
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            if name.startswith(".") or name.lower().endswith(suffixes):
+                continue
+            count += 1
+            if len(shown) < examples:
+                shown.append(os.path.join(top, name))
+    return count, shown
+
+
 _KINDS = (
     (stat.S_ISFIFO, "a pipe (FIFO)"),
     (stat.S_ISCHR, "a character device"),

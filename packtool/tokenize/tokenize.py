@@ -24,13 +24,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packtool.dataset import columns as shard_columns
+from packtool.dataset import hub_record
 from packtool.dataset.identity import TokenizerIdentity, describe_tokenizer
 from packtool.dataset.manifest import INDEX_FILE, dataset_folder
 from packtool.dataset.output import (
     OutputPaths,
     check_apart,
     is_version,
-    pack_build_waits,
     remove,
     remove_staging,
     transaction,
@@ -430,7 +430,7 @@ def tokenize_corpus(
             _check_remote_out(paths.target, overwrite, shown=str(out))
         else:
             _check_out(paths.target, single, overwrite, shown=str(out))
-        if pack_build_waits(paths) and not overwrite:
+        if paths.hub and hub_record.build_waits(paths.staging) and not overwrite:
             # This machine's staging for the URL is shared with `pack`: never discard its build
             # (waiting for `pack --resume`) unasked.
             raise ConfigError(
