@@ -276,6 +276,11 @@ def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> Datase
                 f"{file}: cannot read doc_offsets ({exc}); run `packtool verify`"
             ) from None
         off_off, off = list_parts(column)
+        if len(off_off) - 1 != shard.rows:  # the figures below would mix two datasets
+            raise DataError(
+                f"{file}: holds {len(off_off) - 1:,} rows, index.json says {shard.rows:,}; the "
+                "shard was changed after it was written: run `packtool verify`"
+            )
         n_off = np.diff(off_off)
         last = np.zeros(len(n_off), dtype=np.int64)
         has = n_off > 0

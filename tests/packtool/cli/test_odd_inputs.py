@@ -263,3 +263,13 @@ def test_a_chat_template_for_inputs_with_no_chat_is_refused(tmp_path, good):
         args = [command, good, "--chat-template", template]
         args += ["-o", tmp_path / command] if command == "pack" else []
         _fails_in_one_line(args, "the inputs hold no chat records", "drop --chat-template")
+
+
+def test_inspect_of_a_shard_rewritten_with_fewer_rows_says_so(tmp_path, good):
+    """It printed the manifest's row count beside totals measured from the shards, exit 0."""
+    code, _, err = run("pack", good, "-o", tmp_path / "out", "--max-len", "64")
+    assert code == 0, err
+    shard = next((tmp_path / "out").glob("shard-*.parquet"))
+    table = pq.read_table(shard)
+    pq.write_table(table.slice(0, table.num_rows - 1), shard)
+    _fails_in_one_line(["inspect", tmp_path / "out"], f"rows, index.json says {table.num_rows}")
