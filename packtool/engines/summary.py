@@ -95,7 +95,7 @@ class PackSummary:
             f"efficiency {self.efficiency:.4%} (padding {1 - self.efficiency:.4%}); "
             f"lower bound {self.lower_bound:,} rows (L1 {self.lower_bound_l1:,}, "
             f"L2 {self.lower_bound_l2:,}); gap {gap:,} rows ({gap / max(self.lower_bound, 1):.3%})",
-            "rows per round: " + " -> ".join(f"{r:,}" for r in self.rows_per_round),
+            "rows per round: " + _rounds(self.rows_per_round),
             f"documents: split {c.documents_split:,}, truncated {c.documents_truncated:,}, "
             f"dropped {c.documents_dropped:,}, empty {c.documents_empty:,}, "
             f"skipped while reading {self.skipped_unreadable:,}",
@@ -132,3 +132,12 @@ class PackSummary:
                 f"group {name!r}: {rows:,} rows, efficiency {tokens / (rows * max_len):.4%}"
             )
         return "\n".join(lines)
+
+
+def _rounds(rows: list[int], shown: int = 8) -> str:
+    """`9,322 -> 9,310 -> 9,298`; past `shown` rounds the first few, the last and how many (a
+    line per round of a million rounds was megabytes)."""
+    if len(rows) <= shown:
+        return " -> ".join(f"{r:,}" for r in rows)
+    head = " -> ".join(f"{r:,}" for r in rows[: shown - 1])
+    return f"{head} -> ... -> {rows[-1]:,} ({len(rows):,} rounds)"

@@ -273,3 +273,10 @@ def test_inspect_of_a_shard_rewritten_with_fewer_rows_says_so(tmp_path, good):
     table = pq.read_table(shard)
     pq.write_table(table.slice(0, table.num_rows - 1), shard)
     _fails_in_one_line(["inspect", tmp_path / "out"], f"rows, index.json says {table.num_rows}")
+
+
+def test_many_rounds_print_one_short_line(tmp_path, good):
+    code, out, err = run("pack", good, "-o", tmp_path / "o", "--max-len", "64", "--rounds", "200")
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("rows per round: "))
+    assert line.endswith("(200 rounds)") and len(line) < 120, line
