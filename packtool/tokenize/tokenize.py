@@ -48,7 +48,7 @@ from packtool.read.corpus import expand_inputs
 from packtool.read.documents import ReadConfig, SkipCounter
 from packtool.read.pretokenized import split_pretokenized
 from packtool.read.sft_config import CHAT_KINDS
-from packtool.sft.inputs import sft_kind
+from packtool.sft.inputs import file_record_kind, sft_kind
 from packtool.storage import hub, writing
 from packtool.storage import local as storage
 from packtool.tokenize.tables import (
@@ -131,7 +131,7 @@ def _inputs_read_cached(files: tuple[tuple[Path, int, int], ...], config: ReadCo
 def _inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
     found = _inputs_read_kind(paths, config)
     template = config.sft.chat_template
-    if template is not None and found.sft_kind not in CHAT_KINDS and _all_say(paths, config):
+    if template is not None and found.sft_kind not in CHAT_KINDS and _kinds_known(paths, config):
         what = f"{found.sft_kind} records" if found.sft_kind else "no chat records"
         raise ConfigError(
             f"--chat-template {template}: the inputs hold {what} (a template renders messages "
@@ -140,11 +140,9 @@ def _inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
     return found
 
 
-def _all_say(paths: list[Path], config: ReadConfig) -> bool:
+def _kinds_known(paths: list[Path], config: ReadConfig) -> bool:
     """Every input's first records say what it holds (an unreadable one is the reader's to
     report, with its own message)."""
-    from packtool.sft.inputs import file_record_kind
-
     return all(file_record_kind(p, config) is not None for p in paths)
 
 
