@@ -304,12 +304,14 @@ def test_a_lock_whose_holder_is_gone_is_taken_over(fs, monkeypatch):
     # A dead pid on this host: taken at once.
     fs.pipe_file(url, json.dumps({"pid": dead.pid, "host": socket.gethostname()}).encode())
     remote_write.take_lock(url, b'{"pid": 1}').release()
-    # Another host's holder: refused while its lease runs, taken once it has run out.
-    monkeypatch.setenv(remote_write.LEASE_ENV, "1")
+    # Another host's holder: refused while its lease runs, taken once it has run out. The
+    # lease is 3 s, not 1: LastModified has whole seconds, so a lock written at 10.9 s reads as
+    # written at 10 s, and a 1 s lease could run out before the check on a loaded machine.
+    monkeypatch.setenv(remote_write.LEASE_ENV, "3")
     fs.pipe_file(url, json.dumps({"pid": 1, "host": "elsewhere"}).encode())
     with pytest.raises(remote_write.RemoteLockBusy):
         remote_write.take_lock(url)
-    time.sleep(2.2)  # LastModified has whole seconds
+    time.sleep(4.2)  # the lease, plus the second LastModified may have lost
     held = remote_write.take_lock(url, b"me")
     # A live holder renews its lease; one whose lock was taken over knows it has lost it.
     time.sleep(1.5)
