@@ -414,7 +414,7 @@ def stats_cmd(
 )
 @click.option("--chunk-docs", type=AT_LEAST_1, default=100_000, show_default=True, help=CHUNKS)
 @click.option(
-    "--shard-rows", type=AT_LEAST_1, default=16384, show_default=True, help="Rows a shard."
+    "--shard-rows", type=AT_LEAST_1, default=16384, show_default=True, help="Rows per shard."
 )
 @click.option("--row-group-rows", type=AT_LEAST_1, default=256, show_default=True, help=GROUP_ROWS)
 @click.option(

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from packtool.dataset.manifest import INDEX_FILE, linked_version
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, DataError
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -45,11 +45,17 @@ def remove(staging: Path) -> None:
 
 
 def _read(staging: Path) -> dict | None:
+    """The record, or None where there is none (tokenize's staging). A damaged one is an error:
+    read as absent, it would let a commit pass over another writer's dataset unchecked."""
     try:
         record = json.loads(storage.read_text(path(staging)))
-    except (FileNotFoundError, ValueError):
+    except FileNotFoundError:
         return None
-    return record if isinstance(record, dict) else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        raise DataError(f"{path(staging)}: damaged; rerun with --overwrite to start over")
+    return record
 
 
 def check(staging: Path, shown: str, now: str | None) -> None:

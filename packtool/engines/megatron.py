@@ -301,7 +301,9 @@ def _prepare(
     return None
 
 
-def _waiting_hub_pair(config: RunConfig, paths: Any, bin_path: Path, idx_path: Path) -> None:
+def _waiting_hub_pair(
+    config: RunConfig, paths: OutputPaths, bin_path: Path, idx_path: Path
+) -> None:
     """A finished pair whose Hub commit failed waits in the staging folder: `--resume` commits
     it (then there is nothing left to do), `--overwrite` discards it, a plain run refuses (as
     `pack` does with a build waiting for its commit). Unlike a bucket's swap, a Hub commit

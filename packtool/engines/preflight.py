@@ -288,12 +288,12 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
             landed = hub_record.landed(paths.staging, paths.target)  # its answer was lost
             if landed is not None:
                 remove_staging(paths)  # the build and its record: committed
-            if landed is not None and config.resume:
-                raise AlreadyComplete(
-                    f"{paths.shown}: the earlier run's commit reached the Hub after all "
-                    f"({landed}): nothing to resume, nothing done",
-                    paths.shown,
-                )
+                if config.resume:
+                    raise AlreadyComplete(
+                        f"{paths.shown}: the earlier run's commit reached the Hub after all "
+                        f"({landed}): nothing to resume, nothing done",
+                        paths.shown,
+                    )
         if paths.hub and storage.is_file(paths.staging / INDEX_FILE) and not config.resume:
             # A Hub commit refused (or a run killed just before it): published only when asked.
             if not config.overwrite:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import glob as globbing
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -95,13 +95,8 @@ def walk(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
         raise DataError(f"{exc.filename}: cannot list folder ({exc.strerror or exc})")
 
     found = []
-    for top, dirs, files in os.walk(folder, onerror=cannot_list):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        named = [
-            Path(top) / name
-            for name in files
-            if not name.startswith(".") and name.lower().endswith(suffixes)
-        ]
+    for top, files in _visible(folder, cannot_list):
+        named = [Path(top) / name for name in files if name.lower().endswith(suffixes)]
         # A stat per file, in parallel (on a mount a stat waits on latency), taken in order.
         for p, regular in zip(named, map_ordered(Path.is_file, named), strict=True):
             if regular:
@@ -115,15 +110,21 @@ def unread(folder: Path, suffixes: tuple[str, ...], examples: int) -> tuple[int,
     """The files under `folder` that `walk` passes over (names ending in none of `suffixes`;
     hidden names and folders aside, as `walk` skips them): how many, the first `examples`."""
     count, shown = 0, []
-    for top, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+    for top, files in _visible(folder, None):  # an unlistable folder: `walk` says so
         for name in files:
-            if name.startswith(".") or name.lower().endswith(suffixes):
-                continue
-            count += 1
-            if len(shown) < examples:
-                shown.append(os.path.join(top, name))
+            if not name.lower().endswith(suffixes):
+                count += 1
+                if len(shown) < examples:
+                    shown.append(os.path.join(top, name))
     return count, shown
+
+
+def _visible(folder: Path, onerror: Any) -> Iterator[tuple[str, list[str]]]:
+    """(folder, file names) under `folder`, hidden names and folders left out: what `walk`
+    and `unread` both go through."""
+    for top, dirs, files in os.walk(folder, onerror=onerror):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        yield top, [name for name in files if not name.startswith(".")]
 
 
 _KINDS = (

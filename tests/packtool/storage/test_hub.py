@@ -111,6 +111,24 @@ def _version(files: dict[str, bytes]) -> str:
     return json.loads(files["index.json"])["packtool_dataset"]
 
 
+def _hub_holds_a_local_megatron_pair(tmp_path: Path) -> None:
+    """The Hub's `packed-mega.bin`/`.idx` are the bytes of the same run into a local prefix."""
+    code, _, err = run("tokenize", CORPUS, "-o", tmp_path / "mega", "--to", "megatron")
+    assert code == 0, err
+    for suffix in (".bin", ".idx"):
+        got = HubFiles().cat_file(f"/datasets/org/name/packed-mega{suffix}")
+        assert got == (tmp_path / f"mega{suffix}").read_bytes()
+
+
+def _a_plain_rerun_refuses(stand_in: StandInHub, *args) -> None:
+    """`run(*args)` with a build waiting for its commit: one line naming --resume and
+    --overwrite, and no commit."""
+    code, _, err = run(*args)
+    line = one_error_line(err)
+    assert code != 0 and "waits in" in line and "--resume" in line and "--overwrite" in line
+    assert not stand_in.commits
+
+
 def run_while_down(
     stand_in: StandInHub, monkeypatch, *args, error: str = "503 Service Unavailable"
 ):
@@ -228,11 +246,7 @@ def test_tokenize_to_the_hub_is_one_commit_per_output_and_writes_no_lock_object(
     code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-mega", "--to", "megatron")
     assert code == 0, err
     assert [op.path_in_repo for op in stand_in.commits[2]] == ["packed-mega.bin", "packed-mega.idx"]
-    code, _, err = run("tokenize", CORPUS, "-o", tmp_path / "mega", "--to", "megatron")
-    assert code == 0, err
-    for suffix in (".bin", ".idx"):
-        got = HubFiles().cat_file(f"/datasets/org/name/packed-mega{suffix}")
-        assert got == (tmp_path / f"mega{suffix}").read_bytes()
+    _hub_holds_a_local_megatron_pair(tmp_path)
     names = sorted(HubFiles().find("/datasets/org/name"))
     assert not [n for n in names if "lock" in n or ".packtool" in n], names
     assert len(stand_in.commits) == 3
@@ -269,18 +283,11 @@ def test_a_megatron_pair_whose_commit_fails_is_kept_and_committed_by_resume(
     assert "503" in line and not stand_in.commits
     waiting = list((tmp_path / "scratch").rglob("ready.idx"))
     assert len(waiting) == 1  # the finished pair is kept
-    code, _, err = run("tokenize", CORPUS, "-o", out, "--to", "megatron")
-    line = one_error_line(err)
-    assert code != 0 and "waits in" in line and "--resume" in line and "--overwrite" in line
-    assert not stand_in.commits
+    _a_plain_rerun_refuses(stand_in, "tokenize", CORPUS, "-o", out, "--to", "megatron")
     code, _, err = run("tokenize", CORPUS, "-o", out, "--to", "megatron", "--resume")
     assert code == 0, err
     assert [op.path_in_repo for op in stand_in.commits[0]] == ["packed-mega.bin", "packed-mega.idx"]
-    code, _, err = run("tokenize", CORPUS, "-o", tmp_path / "mega", "--to", "megatron")
-    assert code == 0, err
-    for suffix in (".bin", ".idx"):
-        got = HubFiles().cat_file(f"/datasets/org/name/packed-mega{suffix}")
-        assert got == (tmp_path / f"mega{suffix}").read_bytes()
+    _hub_holds_a_local_megatron_pair(tmp_path)
     assert not list((tmp_path / "scratch").rglob("ready.idx"))
     # --overwrite discards a waiting pair and builds its own
     args = ("tokenize", CORPUS, "-o", out, "--to", "megatron", "--overwrite")
@@ -365,10 +372,7 @@ def test_after_a_refused_commit_a_rerun_asks_and_overwrite_starts_over(stand_in,
     stand_in.meddle = True
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
     assert code != 0 and "--overwrite to start over" in one_error_line(err)
-    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "1024")
-    line = one_error_line(err)
-    assert code != 0 and "waits in" in line and "--resume" in line and "--overwrite" in line
-    assert not stand_in.commits
+    _a_plain_rerun_refuses(stand_in, "pack", CORPUS, "-o", URL, "--max-len", "1024")
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "1024", "--overwrite")
     assert code == 0, err
     assert len(stand_in.commits) == 1
@@ -449,4 +453,16 @@ def test_a_repository_root_is_refused_up_front(stand_in):
         code, _, err = run(command, CORPUS, "-o", "hf://datasets/org/name", "--overwrite")
         line = one_error_line(err)
         assert code != 0 and "name a folder inside the repository" in line, line
+    assert not stand_in.commits
+
+
+def test_a_damaged_record_of_what_a_run_replaces_is_one_line_not_skipped(stand_in, tmp_path):
+    """Read as absent, it would let --resume commit over another writer's dataset unchecked."""
+    stand_in.meddle = True
+    code, _, _ = run("pack", CORPUS, "-o", URL, "--max-len", "512")
+    assert code != 0
+    (record,) = (tmp_path / "scratch").rglob("replaces.json")
+    record.write_text("{not json")
+    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
+    assert code != 0 and "replaces.json: damaged" in one_error_line(err)
     assert not stand_in.commits
