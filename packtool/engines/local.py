@@ -235,11 +235,17 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
 
 
 def _stop(pool: Any) -> None:
-    """Stop a pool now: queued partitions cancelled, running worker processes killed."""
-    pool.shutdown(wait=False, cancel_futures=True)
+    """Stop a pool now: queued partitions cancelled, running worker processes killed and gone
+    before this returns (so none writes into a staging output its run's failure then deletes).
+    The processes are taken before `shutdown`, which forgets them (Python 3.11-3.13: the kill
+    that followed it never ran, and a failed run's other workers wrote on after its discard)."""
     terminate = getattr(pool, "terminate_workers", None)  # Python 3.14+
     if terminate is not None:
         terminate()
         return
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
         proc.kill()
+    for proc in procs:
+        proc.join(timeout=10)

@@ -344,3 +344,31 @@ def test_an_older_packtools_interrupted_run_is_named(tmp_path):
     (staging_folder(tmp_path / "out") / ".pack-state.json").write_text("{}")
     with pytest.raises(ConfigError, match="interrupted by an older packtool.*--overwrite"):
         run(tmp_path / "out", resume=True)
+
+
+def _write_later(folder: Path) -> None:
+    (folder / "started").touch()
+    import time
+
+    time.sleep(2)
+    (folder / "late").touch()  # what a worker the stop left running would write
+
+
+def test_a_stopped_pool_s_running_workers_are_gone_before_the_stop_returns(tmp_path):
+    """A failed run stops its pool before it discards the staging output: no worker of it may
+    write there afterwards (on Python 3.11-3.13 `shutdown` forgets its processes, and the kill
+    that followed it killed none)."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    pool.submit(_write_later, tmp_path)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    procs = list(pool._processes.values())
+    local._stop(pool)
+    assert procs and not any(p.is_alive() for p in procs)
+    time.sleep(2.5)
+    assert not (tmp_path / "late").exists()
