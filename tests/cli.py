@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 from click.testing import CliRunner
 
 from packtool.cli.commands import main
+from packtool.storage.remote import OPTIONS_ENV
 
 
 def run(*args: object) -> tuple[int, str, str]:
-    """Run `packtool ARGS` through `main()`; returns (exit code, stdout, stderr)."""
+    """Run `packtool ARGS` through `main()`; returns (exit code, stdout, stderr). The variable
+    `--storage-options` sets for the run's worker processes is put back afterwards, as it is
+    when a `packtool` process ends (else one test's options would reach the next ones)."""
     runner = CliRunner()
-    with runner.isolation() as streams:
+    with runner.isolation(env={OPTIONS_ENV: os.environ.get(OPTIONS_ENV)}) as streams:
         try:
             main([str(a) for a in args])
             code = 0
