@@ -214,7 +214,10 @@ def remove_staging(paths: OutputPaths) -> OutputPaths:
     """Delete the staging output; return the paths a fresh run then builds into. On an object
     store: the version's objects, then the object naming it, and the fresh run gets a new
     version (never the discarded one, into which a job of the discarded run, still alive,
-    could yet upload)."""
+    could yet upload), after aborting the version's unfinished multipart uploads (the staging
+    object going, no later `recover` would)."""
+    if paths.remote and not paths.whole_object:
+        remote_write.abort_uploads(paths.staging)
     remove(paths.staging)
     if paths.hub:
         hub_record.remove(paths.staging)  # a stale record would refuse the next commit
@@ -395,7 +398,7 @@ def recover(paths: OutputPaths) -> None:
             remote_write.abort_uploads(paths.target, exact=True)  # a killed upload's parts
         return
     if paths.remote:
-        _collect(paths)
+        _collect(paths, uploads=True)
         return
     if storage.exists(paths.ready):
         if storage.lexists(paths.target) and not storage.lexists(paths.old):
@@ -409,14 +412,20 @@ def recover(paths: OutputPaths) -> None:
             _rename(paths.old, paths.target)
 
 
-def _collect(paths: OutputPaths) -> None:
-    """A remote output's `recover`: abort the unfinished uploads a killed writer left, and delete
-    every version that neither the link `index.json` nor the staging object names."""
-    remote_write.abort_uploads(paths.target)
-    keep = {current_version(paths.target), staging_version(paths.target)}
-    for entry in storage.list_dir(paths.target):
-        if is_version(entry.name) and entry.name not in keep:
-            remove(entry)
+def _collect(paths: OutputPaths, uploads: bool) -> None:
+    """A remote output's `recover` (`uploads`) and the end of its `commit`: delete every version
+    that neither the link `index.json` nor the staging object names, and in `recover`, abort the
+    unfinished multipart uploads a killed or failed writer left, when there is one: a run's
+    uploads start after it writes the staging object, which stays until its commit (or its
+    failure's discard, which aborts its own), so with no staging object and no stray version
+    there are none (the listing of uploads, a request of its own, is skipped)."""
+    staging = staging_version(paths.target)
+    keep = {current_version(paths.target), staging}
+    stray = [e for e in storage.list_dir(paths.target) if is_version(e.name) and e.name not in keep]
+    if uploads and (stray or staging is not None):
+        remote_write.abort_uploads(paths.target)
+    for entry in stray:
+        remove(entry)
 
 
 def current_version(target: Path) -> str | None:
@@ -467,7 +476,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         writing.write_atomic(paths.target / INDEX_FILE, link_bytes(paths.staging.name))
         writing.remove_file(paths.target / REMOTE_STAGING)
         _NEW_VERSIONS.pop(str(paths.target), None)
-        _collect(paths)
+        _collect(paths, uploads=False)
         return
     if storage.is_file(paths.staging):
         writing.replace(paths.staging, paths.target)  # one atomic step for a file
