@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -58,20 +59,33 @@ def _server() -> tuple[subprocess.Popen, str]:
     return server, f"http://127.0.0.1:{port}"
 
 
-def _pack(source: str, out: Path | str) -> float:
-    """Seconds of one `packtool pack SOURCE -o OUT` process (max_len 4096, default options)."""
+def _cpu_of(pid: int) -> float:
+    """CPU seconds process `pid` has used (Linux's /proc), for the server's share."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pack(source: str, out: Path | str, server: int, client: str) -> tuple[float, float, float]:
+    """One `packtool pack SOURCE -o OUT` process (max_len 4096, default options) through the S3
+    client `client` (`PACKTOOL_S3_CLIENT`): (seconds, CPU seconds of packtool's processes,
+    CPU seconds of the server `server` meanwhile)."""
     cmd = [sys.executable, "-m", "packtool.cli.commands", "pack", source, "-o", str(out)]
+    env = {**os.environ, "PACKTOOL_S3_CLIENT": client}
+    before, served = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_of(server)
     t0 = time.perf_counter()
     done = subprocess.run(
         [*cmd, "--max-len", "4096", "--overwrite"],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env=env,
     )
     seconds = time.perf_counter() - t0
+    after, served = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_of(server) - served
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}")
-    return seconds
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return seconds, cpu, served
 
 
 def _split(corpus: Path, folder: Path, files: int) -> list[Path]:
@@ -98,10 +112,16 @@ def _ranged_reads(endpoint: str, key: str, size: int, block: int = 16 << 20) -> 
 
     from packtool.storage import remote
 
-    def with_s3fs() -> None:
-        fs, path = remote.filesystem(f"s3://bench/{key}")
+    def with_packtool() -> None:
         for start in range(0, size, block):
-            fs.cat_file(path, start=start, end=min(size, start + block))
+            remote.read_range(f"s3://bench/{key}", start, min(size, start + block))
+
+    def with_s3fs() -> None:
+        import s3fs
+
+        fs = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
+        for start in range(0, size, block):
+            fs.cat_file(f"bench/{key}", start=start, end=min(size, start + block))
 
     def with_pyarrow() -> None:
         fs = pafs.S3FileSystem(
@@ -124,7 +144,13 @@ def _ranged_reads(endpoint: str, key: str, size: int, block: int = 16 << 20) -> 
             obstore.get_range(store, key, start=start, end=min(size, start + block))
 
     return _each_library(
-        {"s3fs (fsspec)": with_s3fs, "pyarrow.fs": with_pyarrow, "obstore": with_obstore}, 3
+        {
+            "packtool (storage.remote, obstore under it)": with_packtool,
+            "s3fs (fsspec)": with_s3fs,
+            "pyarrow.fs": with_pyarrow,
+            "obstore": with_obstore,
+        },
+        3,
     )
 
 
@@ -151,14 +177,23 @@ def _shards(out: Path | str) -> dict[str, bytes]:
 
 def _uploads(endpoint: str, local: Path) -> dict[str, float]:
     """Seconds to upload the file `local` once as an object, by each library that could sit
-    under the seam (item 7): packtool's (s3fs, `remote_write.part_size` parts), obstore's
-    `put` (its default multipart), boto3's `upload_file` (8 MB parts on 10 threads); best of 2."""
+    under the seam (item 7): packtool's (`remote_write.upload`: one PUT up to two 64 MiB
+    parts' worth, through obstore), s3fs's `put_file` in the same parts, obstore's `put` (its
+    default multipart), boto3's `upload_file` (8 MB parts on 10 threads); best of 2."""
     import boto3
 
     from packtool.storage import remote_write
 
     def with_packtool() -> None:
         remote_write.upload(local, "s3://bench/up/packtool.bin")
+
+    def with_s3fs() -> None:
+        import s3fs
+
+        fs = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
+        fs.put_file(
+            str(local), "bench/up/s3fs.bin", chunksize=remote_write.part_size(local.stat().st_size)
+        )
 
     def with_obstore() -> None:
         import obstore
@@ -175,7 +210,13 @@ def _uploads(endpoint: str, local: Path) -> dict[str, float]:
         boto3.client("s3").upload_file(str(local), "bench", "up/boto3.bin")
 
     return _each_library(
-        {"s3fs (packtool)": with_packtool, "obstore": with_obstore, "boto3": with_boto3}, 2
+        {
+            "packtool (remote_write.upload, obstore under it)": with_packtool,
+            "s3fs (packtool's parts)": with_s3fs,
+            "obstore (its default parts)": with_obstore,
+            "boto3": with_boto3,
+        },
+        2,
     )
 
 
@@ -199,14 +240,19 @@ def main() -> None:
         AWS_DEFAULT_REGION="us-east-1",
     )
     try:
-        _measure(args, corpus, folder, parts, endpoint)
+        _measure(args, corpus, folder, parts, endpoint, server.pid)
     finally:
         server.terminate()
         server.wait()
 
 
 def _measure(
-    args: argparse.Namespace, corpus: Path, folder: Path, parts: list[Path], endpoint: str
+    args: argparse.Namespace,
+    corpus: Path,
+    folder: Path,
+    parts: list[Path],
+    endpoint: str,
+    server: int,
 ) -> None:
     import boto3
 
@@ -219,16 +265,19 @@ def _measure(
     client.upload_file(str(corpus), "bench", f"whole/{corpus.name}")
     out = DATA / "remote"
     prefix = "s3://bench/corpus/"
-    cases = {
-        "local": (f"{folder}/", out / "local"),
-        "s3": (prefix, out / "s3"),
-        "s3s3": (prefix, "s3://bench/packed"),
+    cases = {  # name: (input, output, S3 client)
+        "local": (f"{folder}/", out / "local", "auto"),
+        "s3": (prefix, out / "s3", "auto"),
+        "s3s3": (prefix, "s3://bench/packed", "auto"),
+        "s3-s3fs": (prefix, out / "s3-s3fs", "s3fs"),
+        "s3s3-s3fs": (prefix, "s3://bench/packed-s3fs", "s3fs"),
     }
-    best: dict[str, float] = {}
+    best: dict[str, tuple[float, float, float]] = {}
     for _ in range(args.repeat):
-        for name, (source, target) in cases.items():
-            best[name] = min(best.get(name, float("inf")), _pack(source, target))
-    for name in ("s3", "s3s3"):
+        for name, (source, target, how) in cases.items():
+            got = _pack(source, target, server, how)
+            best[name] = min(best.get(name, got), got)
+    for name in cases.keys() - {"local"}:
         if _shards(cases[name][1]) != _shards(out / "local"):
             raise SystemExit(f"the shards of {name} differ from the local ones")
     t0 = time.perf_counter()  # the server's ceiling: every object read once, as workers read
@@ -239,9 +288,14 @@ def _measure(
     download = time.perf_counter() - t0
     size = corpus.stat().st_size
     libraries = _ranged_reads(endpoint, f"whole/{corpus.name}", size)
-    t0 = time.perf_counter()  # what the driver and the workers' forkserver pay once each
-    subprocess.run([sys.executable, "-c", "import s3fs, upath"], check=True)
-    imports = time.perf_counter() - t0
+    imports = {  # what each process reading a bucket pays once, by S3 client
+        name: best_of(lambda m=modules: subprocess.run([sys.executable, "-c", m], check=True), 3)
+        - best_of(lambda: subprocess.run([sys.executable, "-c", "import upath"], check=True), 3)
+        for name, modules in {
+            "s3fs": "import s3fs, upath",
+            "obstore": "import obstore.store, packtool.storage.s3_native, upath",
+        }.items()
+    }
     uploads = _uploads(endpoint, corpus)
     t0 = time.perf_counter()
     for i in range(args.objects):
@@ -252,53 +306,56 @@ def _measure(
     listing = time.perf_counter() - t0
     assert len(found) == args.objects
     mb = size / 1e6
-    read, both = best["local"] / best["s3"], best["local"] / best["s3s3"]
+    local = best["local"][0]
+    read, both = local / best["s3"][0], local / best["s3s3"][0]
 
-    def row(what: str, seconds: float, vs: str = "-") -> list[str]:
-        return [what, f"{seconds:.2f}", f"{mb / seconds:.1f}", vs]
+    def row(what: str, seconds: float, vs: str = "-", cpu: str = "-") -> list[str]:
+        return [what, f"{seconds:.2f}", f"{mb / seconds:.1f}", vs, cpu]
+
+    def pack_row(what: str, name: str) -> list[str]:
+        seconds, cpu, served = best[name]
+        return row(what, seconds, f"{local / seconds:.2f}x", f"{cpu:.2f} / {served:.2f}")
 
     rows = [
-        row("pack, local folder -> local", best["local"], "1.00x"),
-        row("pack, s3:// prefix -> local", best["s3"], f"{read:.2f}x"),
-        row("pack, s3:// prefix -> s3://", best["s3s3"], f"{both:.2f}x"),
+        pack_row("pack, local folder -> local", "local"),
+        pack_row("pack, s3:// prefix -> local", "s3"),
+        pack_row("pack, s3:// prefix -> s3://", "s3s3"),
+        pack_row("pack, s3:// prefix -> local, `PACKTOOL_S3_CLIENT=s3fs`", "s3-s3fs"),
+        pack_row("pack, s3:// prefix -> s3://, `PACKTOOL_S3_CLIENT=s3fs`", "s3s3-s3fs"),
         row("read every object once, 16 MB blocks (no packing)", download),
-        [f"list a prefix of {args.objects:,} objects", f"{listing:.2f}", "-", "-"],
+        [f"list a prefix of {args.objects:,} objects", f"{listing:.2f}", "-", "-", "-"],
     ]
     rows += [
         row(f"16 MB ranged reads of the whole corpus object, {n}", t) for n, t in libraries.items()
     ]
     rows += [row(f"upload the whole corpus object once, {n}", t) for n, t in uploads.items()]
-    table = markdown_table(["what", "seconds", "MB/s of input", "speed vs local"], rows)
-    rates = {name: mb / t for name, t in libraries.items()}
-    fastest = max(rates, key=rates.get) if rates else "s3fs (fsspec)"
-    choice = (
-        "Ranged reads of one object by the libraries that could sit under the seam (16 MB GETs): "
-        + ", ".join(f"{n} {r:.0f} MB/s" for n, r in rates.items())
-        + f"; packtool reads through s3fs, at {rates.get('s3fs (fsspec)', 0) / max(rates.get(fastest, 1), 1e-9):.0%} "
-        f"of the fastest ({fastest}), for one interface over every store #25 names (pyarrow.fs has "
-        "no hf:// or https://)."
+    table = markdown_table(
+        ["what", "seconds", "MB/s of input", "speed vs local", "CPU-s: packtool / server"], rows
     )
+    own = best["s3s3"][1] / best["local"][1]
     body = (
         f"Object storage (`python -m benchmarks.bench_remote`, {time.strftime('%Y-%m-%d')}, "
         f"best of {args.repeat}, interleaved): {mb:.0f} MB of real text in {len(parts)} JSONL "
         "files, packed (max_len 4096, default options: a worker process per core) by whole "
         "`packtool pack` processes from a prefix on moto's S3 server (a process of its own, on "
         "loopback, on the same 2 cores) and from the same files on disk; shards byte-identical "
-        f"(checked in the run). s3:// -> local runs at **{read:.2f}x** local -> local, "
-        f"s3:// -> s3:// at **{both:.2f}x** (goal {GOAL_READ}x: "
-        f"{'met' if both >= GOAL_READ else 'missed'}; the writing adds the shards' uploads, "
-        "the lock, the version's index and the link). What the gap is made of: each "
-        f"`packtool` process and its workers' forkserver import s3fs and botocore once ({imports:.2f} s "
-        "measured in the run, for each of the two, on the cores the packing uses), every object "
-        f"is fetched once ({download:.2f} s on its own, fetched a block ahead of the parsing), "
-        "the shards are uploaded on a thread while the next one is written, and the server "
-        "itself runs on the same two cores. Listing "
-        f"{args.objects:,} objects: {listing:.2f} s ({args.objects / listing:,.0f} keys/s; "
-        f"putting them took {put:.0f} s). moto copies the whole object for every ranged GET, so "
-        "a corpus of one large object reads slower from it than from a real store. "
-        f"{choice} Uploads of one object: "
-        + ", ".join(f"{n} {mb / t:.0f} MB/s" for n, t in uploads.items())
-        + " (packtool uploads each shard whole through s3fs, for the same one interface).\n\n"
+        f"(checked in the run, every case). s3:// -> local runs at **{read:.2f}x** local -> "
+        f"local, s3:// -> s3:// at **{both:.2f}x** (goal {GOAL_READ}x: "
+        f"{'met' if both >= GOAL_READ else 'missed'}), through obstore (packtool/storage/"
+        "s3_native.py, the client an S3-compatible endpoint gets); through s3fs (the client "
+        "of AWS itself, and of credentials from a profile) "
+        f"{local / best['s3-s3fs'][0]:.2f}x and {local / best['s3s3-s3fs'][0]:.2f}x. What the "
+        "gap is made of (last column: CPU seconds of packtool's processes, and of the server "
+        "meanwhile): the server works on the same two cores the pack uses "
+        f"({best['s3s3'][2]:.2f} CPU-s for s3:// -> s3://); packtool's own processes spend "
+        f"{own:.2f}x the CPU of the local run. Importing the client, once per process that "
+        f"touches a bucket: s3fs {imports['s3fs']:.2f} s, obstore {imports['obstore']:.2f} s "
+        "(a process, less one that imports upath alone). Every object read once, with no "
+        f"packing: {download:.2f} s. Listing {args.objects:,} objects: {listing:.2f} s "
+        f"({args.objects / listing:,.0f} keys/s; putting them took {put:.0f} s). moto copies "
+        "the whole object for every ranged GET, so a corpus of one large object reads slower "
+        "from it than from a real store. Ranged reads of one object (16 MB GETs) and uploads "
+        "of one object, by library, are the last rows.\n\n"
         f"{table}"
     )
     publish("remote", body, docs=not args.no_docs)

@@ -12,7 +12,10 @@ Why fsspec: one interface over every store the issue names (s3fs, gcsfs, adlfs, 
 `HfFileSystem`, HTTP), each the library those stores' own users reach for (datatrove and
 NeMo-Curator read through it); `universal_pathlib`'s `UPath` gives a URL pathlib's naming
 methods (`name`, `suffix`, `parent`), so code that names files needs no change. pyarrow's own
-S3 file system (C++, no extra package) covers S3 and GCS only, not `hf://` or HTTP.
+S3 file system (C++, no extra package) covers S3 and GCS only, not `hf://` or HTTP. For `s3://`
+at a named endpoint, `s3_native.NativeS3` (obstore in the shape of s3fs's file system) stands in
+for s3fs where it reaches the same bucket as the same caller (`s3_native.usable`): no botocore
+to import and set up in each process that touches a bucket.
 
 Credentials and endpoints come from each library's standard chain (the `AWS_*` variables,
 `AWS_ENDPOINT_URL` for MinIO / R2 / any S3-compatible store, Google's and Azure's defaults,
@@ -62,7 +65,8 @@ FORWARDED = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
              "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
              "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN",
              "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_CLIENT_ID",
-             "AZURE_STORAGE_CLIENT_SECRET", "AZURE_STORAGE_TENANT_ID", OPTIONS_ENV)  # fmt: skip
+             "AZURE_STORAGE_CLIENT_SECRET", "AZURE_STORAGE_TENANT_ID", OPTIONS_ENV,
+             "PACKTOOL_S3_CLIENT")  # fmt: skip
 """The variables that say where and as whom a store is read: what a cluster's workers, which
 do not inherit the driver's environment (Ray), are handed (`forwarded_env`)."""
 
@@ -119,8 +123,14 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
         import fsspec
     except ImportError:
         raise MissingDependencyError(_install(protocol)) from None
+    given = json.loads(options)
+    if protocol in ("s3", "s3a"):
+        from packtool.storage import s3_native
+
+        if s3_native.usable(given):
+            return s3_native.NativeS3(**given)
     try:
-        return fsspec.filesystem(protocol, skip_instance_cache=True, **json.loads(options))
+        return fsspec.filesystem(protocol, skip_instance_cache=True, **given)
     except ImportError:
         raise MissingDependencyError(_install(protocol)) from None
     except ValueError as exc:
@@ -140,8 +150,18 @@ def client_modules(paths: Any) -> list[str]:
         from fsspec.registry import known_implementations
     except ImportError:
         return []
-    found = [known_implementations.get(p, {}).get("class", "") for p in protocols]
-    return ["fsspec", "upath", *dict.fromkeys(c.rsplit(".", 1)[0] for c in found if "." in c)]
+    found = [m for p in protocols for m in _client_modules(p, known_implementations)]
+    return ["fsspec", "upath", *dict.fromkeys(found)]
+
+
+def _client_modules(protocol: str, known: dict[str, Any]) -> list[str]:
+    if protocol in ("s3", "s3a"):
+        from packtool.storage import s3_native
+
+        if s3_native.usable(options_for(protocol)):
+            return ["obstore", "obstore.store", "packtool.storage.s3_native"]
+    name = known.get(protocol, {}).get("class", "")
+    return [name.rsplit(".", 1)[0]] if "." in name else []
 
 
 def _install(protocol: str) -> str:

@@ -1,8 +1,10 @@
 """A fault-injecting HTTP proxy for the object-storage tests: in front of the loopback S3 server,
 it answers some requests with 503 SlowDown, drops the connection of others without an answer,
 and cuts the body of others short, on a fixed schedule (so a run is repeatable). With
-`requests="writes"` the uploads are faulted instead (PUTs, multipart parts included), and a
-`deny` fault answers 403 AccessDenied, which no client retries."""
+`requests="writes"` the uploads are faulted instead (PUTs, multipart parts included), a `deny`
+fault answers 403 AccessDenied, which no client retries, and a `conflict` fault 409
+ConditionalRequestConflict (AWS's answer to a conditional put racing another, which moto never
+gives)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,13 @@ DENIED = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
     b"<Message>Access Denied</Message></Error>"
 )
+
+CONFLICT = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ConditionalRequestConflict</Code>'
+    b"<Message>A conflicting conditional operation is currently in progress against this "
+    b"resource. Please try again.</Message></Error>"
+)
+ANSWERS = {"slowdown": (503, SLOWDOWN), "deny": (403, DENIED), "conflict": (409, CONFLICT)}
 
 
 class FaultyProxy:
@@ -50,9 +59,9 @@ class FaultyProxy:
                     self.connection.shutdown(socket.SHUT_RDWR)
                     self.close_connection = True
                     return
-                if fault in ("slowdown", "deny"):
-                    answer = SLOWDOWN if fault == "slowdown" else DENIED
-                    self.send_response(503 if fault == "slowdown" else 403)
+                if fault in ANSWERS:
+                    status, answer = ANSWERS[fault]
+                    self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(answer)))
                     self.end_headers()

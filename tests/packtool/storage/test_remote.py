@@ -76,7 +76,7 @@ def test_the_ray_engine_reads_a_bucket_from_its_own_workers(ray_session, bucket,
 
 
 def test_a_pack_rides_out_throttling_dropped_connections_and_cut_bodies(
-    bucket, s3_server, tmp_path, monkeypatch
+    bucket, s3_server, tmp_path, monkeypatch, s3_client
 ):
     """Through a proxy that answers every 4th object read with 503 SlowDown, drops every 9th
     connection unanswered and cuts every 11th body in half: the same shards, by retries."""
@@ -175,7 +175,7 @@ def test_mixed_local_and_remote_inputs_and_a_megatron_output(bucket, tmp_path):
         assert got == (tmp_path / f"local{suffix}").read_bytes()
 
 
-def test_an_object_changed_after_planning_is_refused(bucket, s3_server):
+def test_an_object_changed_after_planning_is_refused(bucket, s3_server, s3_client):
     import boto3
 
     client = boto3.client("s3")
@@ -188,7 +188,7 @@ def test_an_object_changed_after_planning_is_refused(bucket, s3_server):
         check_unchanged(url, planned.size, planned.mtime_ns)  # same size, other ETag
 
 
-def test_the_one_line_errors(bucket, tmp_path, monkeypatch):
+def test_the_one_line_errors(bucket, tmp_path, monkeypatch, s3_client):
     code, _, err = run("stats", "s3://corpus/data/nope.jsonl")
     assert code != 0 and "s3://corpus/data/nope.jsonl" in one_error_line(err)
     code, _, err = run("stats", "s3://no-such-bucket/x.jsonl")

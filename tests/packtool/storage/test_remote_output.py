@@ -23,7 +23,7 @@ from packtool.engines.local import RunConfig, run_pack
 from packtool.errors import ConfigError, DataError
 from packtool.pack.chunk import PackConfig
 from packtool.read.documents import ReadConfig
-from packtool.storage import remote, remote_write
+from packtool.storage import remote, remote_write, s3_native
 from tests.cli import one_error_line, run
 from tests.packtool.storage.common import (
     CORPUS,
@@ -85,10 +85,11 @@ def test_a_pack_to_a_bucket_writes_the_bytes_of_a_local_pack(fs, local_pack):
     assert code == 0 and "shard-000000-00000.parquet" in out, err
 
 
-def test_a_pack_from_a_bucket_to_a_bucket_writes_the_same_bytes(fs, local_pack):
+def test_a_pack_from_a_bucket_to_a_bucket_writes_the_same_bytes(fs, local_pack, s3_client):
     fs.put_file(str(CORPUS), f"{BUCKET}/corpus/corpus.jsonl")
-    run_pack(pack_config(f"s3://{BUCKET}/b", inputs=(f"s3://{BUCKET}/corpus/corpus.jsonl",)))
-    assert same_but_inputs(_version_files(fs, "b"), local_pack)
+    out = f"b-{s3_client}"
+    run_pack(pack_config(f"s3://{BUCKET}/{out}", inputs=(f"s3://{BUCKET}/corpus/corpus.jsonl",)))
+    assert same_but_inputs(_version_files(fs, out), local_pack)
 
 
 def test_the_ray_engine_writes_a_bucket_from_its_own_workers(ray_session, fs, local_pack):
@@ -289,7 +290,7 @@ def test_one_writer_per_output(fs):
     assert fs.exists(f"{BUCKET}/e/index.json")
 
 
-def test_of_writers_racing_for_a_lock_object_exactly_one_wins(fs):
+def test_of_writers_racing_for_a_lock_object_exactly_one_wins(fs, s3_client):
     url = f"s3://{BUCKET}/locks/race"
     won, refused = race_for_lock(url)
     assert len(won) == 1 and len(refused) == 7
@@ -297,7 +298,7 @@ def test_of_writers_racing_for_a_lock_object_exactly_one_wins(fs):
     assert not fs.exists(f"{BUCKET}/locks/race")
 
 
-def test_a_lock_whose_holder_is_gone_is_taken_over(fs, monkeypatch):
+def test_a_lock_whose_holder_is_gone_is_taken_over(fs, monkeypatch, s3_client):
     url = f"s3://{BUCKET}/locks/stale"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -325,8 +326,9 @@ def test_a_lock_whose_holder_is_gone_is_taken_over(fs, monkeypatch):
     assert fs.cat_file(url) == b"someone else"
 
 
-def test_kill_9_during_a_pack_then_resume_gives_the_same_bytes(fs, tmp_path):
-    url = f"s3://{BUCKET}/k"
+def test_kill_9_during_a_pack_then_resume_gives_the_same_bytes(fs, tmp_path, s3_client):
+    k = f"k-{s3_client}"
+    url = f"s3://{BUCKET}/{k}"
     options = ["--max-len", "1024", "--partition-size", "60000"]
     cmd = [sys.executable, "-c", "from packtool.cli.commands import main; main()", "pack",
            str(CORPUS), "-o", url, *options, "--workers", "1"]  # fmt: skip
@@ -335,18 +337,18 @@ def test_kill_9_during_a_pack_then_resume_gives_the_same_bytes(fs, tmp_path):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         fs.invalidate_cache()
-        if len(fs.glob(f"{BUCKET}/k/v-*/.packtool-run/parts/*.json")) >= 3:
+        if len(fs.glob(f"{BUCKET}/{k}/v-*/.packtool-run/parts/*.json")) >= 3:
             break
         time.sleep(0.05)
     assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
     os.killpg(proc.pid, signal.SIGKILL)  # mid-run: some partitions recorded, some uploading
     proc.wait()
-    assert not fs.exists(f"{BUCKET}/k/index.json")  # nothing partial is ever a dataset
+    assert not fs.exists(f"{BUCKET}/{k}/index.json")  # nothing partial is ever a dataset
 
     code, _, err = run("pack", CORPUS, "-o", url, *options, "--resume")
     assert code == 0, err
-    assert remote_write.uploads_in_progress(f"s3://{BUCKET}/k/") == []
-    assert [o for o in _objects(fs, "k") if ".packtool" in o] == []  # no state, no lock
+    assert remote_write.uploads_in_progress(f"s3://{BUCKET}/{k}/") == []
+    assert [o for o in _objects(fs, k) if ".packtool" in o] == []  # no state, no lock
     run_pack(
         RunConfig(
             inputs=(str(CORPUS),),
@@ -357,7 +359,7 @@ def test_kill_9_during_a_pack_then_resume_gives_the_same_bytes(fs, tmp_path):
         )
     )  # fmt: skip  the same run, uninterrupted, into a local folder
     local = {p.name: p.read_bytes() for p in sorted((tmp_path / "ds").iterdir())}
-    got = _version_files(fs, "k")
+    got = _version_files(fs, k)
     a, b = (json.loads(files.pop("index.json")) for files in (got, local))
     assert got == local
     assert {**a, "command": ""} == b  # the one difference: the command line of the CLI run
@@ -380,7 +382,9 @@ def test_resume_of_a_finished_dataset_in_a_bucket_is_nothing_to_do(fs):
     assert code != 0 and "finished dataset of other options" in one_error_line(err)
 
 
-def test_uploads_take_under_10000_parts_and_ride_out_faults(fs, s3_server, tmp_path, monkeypatch):
+def test_uploads_take_under_10000_parts_and_ride_out_faults(
+    fs, s3_server, tmp_path, monkeypatch, s3_client
+):
     from tests.packtool.storage.faulty_proxy import FaultyProxy
 
     for size in (0, 1 << 20, 100 << 30, 5 << 40):
@@ -402,7 +406,7 @@ def test_uploads_take_under_10000_parts_and_ride_out_faults(fs, s3_server, tmp_p
     assert fs.cat_file(f"{BUCKET}/up/big.bin") == data
 
 
-def test_a_failed_multipart_upload_is_aborted(fs, s3_server, tmp_path, monkeypatch):
+def test_a_failed_multipart_upload_is_aborted(fs, s3_server, tmp_path, monkeypatch, s3_client):
     from tests.packtool.storage.faulty_proxy import FaultyProxy
 
     local = tmp_path / "big.bin"
@@ -429,7 +433,7 @@ def test_the_one_line_errors_of_an_output(fs, tmp_path):
     assert code != 0 and "nothing to resume" in one_error_line(err)
 
 
-def test_bad_credentials_are_one_line_naming_the_url(fs, monkeypatch):
+def test_bad_credentials_are_one_line_naming_the_url(fs, monkeypatch, s3_client):
     """The server checks signatures here (moto with IAM authentication on): the test's keys
     are no user's, as a wrong key pair is."""
     import moto.settings
@@ -480,7 +484,7 @@ def test_tokenize_writes_one_object_to_a_bucket(fs, tmp_path):
     assert code == 0, err
 
 
-def test_a_writer_aborts_only_its_own_prefix_s_unfinished_uploads(fs):
+def test_a_writer_aborts_only_its_own_prefix_s_unfinished_uploads(fs, s3_client):
     """`s3://b/ds` collects what a killed run left under `ds/`, never `ds2/`'s live uploads."""
     import boto3
 
@@ -732,36 +736,48 @@ def test_a_failed_shard_upload_fails_the_writer_and_leaves_no_scratch_file(
     assert list((tmp_path / "scratch").iterdir()) == []
 
 
-def test_the_workers_server_imports_the_store_client_and_pandas_ahead():
+@pytest.mark.parametrize("client", ["s3fs", "obstore"])
+def test_the_workers_server_imports_the_store_client_and_pandas_ahead(monkeypatch, client):
     """The local engine's forkserver preloads what every worker imports anyway: its own module,
-    the client library of the stores the run reads or writes, and pandas (pyarrow imports it
-    at a process's first array when it is installed)."""
+    the client library of the stores the run reads or writes (the one `s3_native.usable`
+    picks), and pandas (pyarrow imports it at a process's first array when it is installed)."""
     import importlib.util
 
     from packtool.engines import local
 
+    monkeypatch.setenv(s3_native.CLIENT_ENV, client)
     assert remote.client_modules(["/data/a.jsonl", "b.jsonl"]) == []
-    assert "s3fs" in remote.client_modules(["/data/a.jsonl", f"s3://{BUCKET}/x.jsonl"])
+    assert client in remote.client_modules(["/data/a.jsonl", f"s3://{BUCKET}/x.jsonl"])
     modules = local._preload(("s3://b/in/", "/tmp/out"))
-    assert modules[0] == "packtool.engines.local" and "s3fs" in modules
+    assert modules[0] == "packtool.engines.local" and client in modules
+    assert ({"s3fs", "obstore"} - {client}).isdisjoint(modules)
     assert ("pandas" in modules) == (importlib.util.find_spec("pandas") is not None)
-    assert "s3fs" not in local._preload(("/data/in", "/tmp/out"))
+    assert client not in local._preload(("/data/in", "/tmp/out"))
 
 
-@pytest.mark.parametrize(
-    "answer",
-    [
-        "An error occurred (PreconditionFailed) when calling the PutObject operation",
-        "An error occurred (ConditionalRequestConflict) when calling the PutObject operation",
-    ],
-)
-def test_a_refused_or_conflicting_conditional_put_means_the_lock_changed(monkeypatch, answer):
-    # AWS answers concurrent conditional writes with 409 ConditionalRequestConflict, which moto
-    # never does: the client's answer is stood in for here (the only place these tests do so).
-    class Refusing:
-        def call_s3(self, *args, **kw):
-            raise OSError(answer)
+@pytest.mark.parametrize("client", ["s3fs", "obstore"])
+def test_a_refused_or_conflicting_conditional_put_means_the_lock_changed(
+    fs, s3_server, monkeypatch, client
+):
+    """412 (the object is another version: moto's own answer) and 409 ConditionalRequestConflict
+    (AWS's to a conditional put racing another: the proxy's) both mean the lock changed hands,
+    through either S3 client."""
+    from tests.packtool.storage.faulty_proxy import FaultyProxy
 
-    monkeypatch.setattr(remote_write, "filesystem", lambda url: (Refusing(), "b/k"))
+    url = f"s3://{BUCKET}/locks/{client}"
+    monkeypatch.setenv(s3_native.CLIENT_ENV, client)
+    remote._filesystem.cache_clear()
+    remote_write.write_bytes(url, b"first")
+    etag = remote_write._etag_of(url)
+    remote_write._put_if_match(url, b"second", etag)  # ours: accepted, a new version
     with pytest.raises(remote_write._Changed):
-        remote_write._put_if_match("s3://b/k", b"me", '"etag"')
+        remote_write._put_if_match(url, b"third", etag)  # no longer that version: 412
+    proxy = FaultyProxy(s3_server, {"conflict": 1}, requests="writes")
+    with proxy as endpoint, monkeypatch.context() as m:
+        m.setenv("AWS_ENDPOINT_URL", endpoint)
+        remote._filesystem.cache_clear()
+        with pytest.raises(remote_write._Changed):
+            remote_write._put_if_match(url, b"fourth", remote_write._etag_of(url))
+    remote._filesystem.cache_clear()
+    assert proxy.counts["conflict"] >= 1
+    assert fs.cat_file(f"{BUCKET}/locks/{client}") == b"second"

@@ -1,0 +1,510 @@
+"""s3:// through obstore (Rust's `object_store`) for the calls packtool makes, s3fs's shape.
+
+`remote.filesystem` hands this file system out for `s3://` in place of s3fs where `usable` says
+so: by default (`PACKTOOL_S3_CLIENT` unset or `auto`) when an endpoint is named (an
+S3-compatible store: MinIO, R2, Ceph, a test server), the credentials are the `AWS_*` keys or
+the storage options' (or `anon`), and every storage option has an obstore equivalent. All else
+stays on s3fs, the same client as before: a profile, SSO, `credential_process` or instance
+credentials (botocore's chain, which obstore reads only in part), and AWS itself, where s3fs
+follows a bucket to its region and obstore would need the region named
+(`PACKTOOL_S3_CLIENT=obstore` opts in there; `=s3fs` opts out everywhere).
+
+Why: importing s3fs, aiobotocore and botocore and building their client cost each process that
+touches a bucket ~0.5 s of one core before its first request (0.28 s of imports, ~0.1 s for
+botocore's service model, 0.1-0.2 s more for its error classes at the first 404); obstore
+imports in 0.02 s and uploads faster (docs/benchmarks.md, `remote` block).
+
+It is an fsspec `AbstractFileSystem`, so `storage/` calls it as it calls s3fs: `info`, `ls`,
+`find` (one flat listing), `cat_file` (a ranged GET), `put_file` (one PUT up to two parts'
+worth, else a multipart upload in the part size asked for, aborted when it fails), `pipe_file`
+(`mode="create"`: `If-None-Match: *`), `rm_file` / `rm`, `open` (ranged reads), and the two
+conditional requests the lock makes through s3fs's `call_s3`: `put_object` with `IfMatch`
+(obstore's `UpdateVersion` put) and `delete_object` with `IfMatch` (a DELETE with `If-Match` on
+a URL obstore signs). What listings found answers `info` until `invalidate_cache`, as s3fs's
+listings cache does (packtool invalidates where another writer may have written). Listing and
+aborting unfinished multipart uploads (a failure's path and
+`recover` after one) go through s3fs, imported then. obstore's errors become the `OSError`s
+s3fs raises (`FileNotFoundError`, `PermissionError`, `FileExistsError`), which `remote.naming`
+words. Retries: obstore's, as many as the options' botocore `max_attempts` allow (8 attempts by
+default), with exponential backoff and jitter on 5xx, throttling, timeouts and dropped
+connections; the options' connect and read timeouts (10 s, 60 s).
+
+obstore is not fork-safe (`_STARTED_IN`): a process forked from one whose obstore client
+started reads through s3fs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+
+from packtool.errors import ConfigError, MissingDependencyError
+
+CONNECT_TIMEOUT_S = 10
+READ_TIMEOUT_S = 60
+ATTEMPTS = 8
+"""A request's attempts (botocore's `max_attempts`) unless the options say otherwise."""
+UPLOAD_CONCURRENCY = 4
+"""Parts of one multipart upload sent at once."""
+PART_BYTES = 64 << 20
+"""A multipart upload's part size when the caller names none (`remote_write.PART_BYTES`)."""
+
+_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+_FALLBACK_ENV = ("AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")  # fmt: skip
+"""Variables that point botocore at a credentials source obstore does not read the same way."""
+_TRANSLATED = {"key", "secret", "token", "anon", "endpoint_url", "client_kwargs", "config_kwargs"}
+_CLIENT_KWARGS = {"endpoint_url", "region_name"}
+_CONFIG_KWARGS = {"connect_timeout", "read_timeout", "retries"}
+
+
+def endpoint() -> str | None:
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+_STARTED_IN: int | None = None
+"""The pid of the process whose obstore client (and so its tokio runtime) was built, if any.
+
+obstore is not fork-safe: a child forked after the runtime started inherits it without its
+threads, and its first request hangs (obstore's own tracker says so: developmentseed/obstore
+#441). The loader's workers are forked from the process that opened the dataset (which read
+its index through this module), so a forked child of such a process reads through s3fs (what
+it did before obstore came in), and a process whose obstore never started (the local engine's
+forkserver, which only imports it) forks workers that use obstore. Such a process imports
+s3fs before it forks (`_before_fork`), once, so that its children do not each import it (as
+they did not when the parent read through s3fs)."""
+
+
+def _before_fork() -> None:
+    if os.getpid() == _STARTED_IN:
+        with contextlib.suppress(ImportError):
+            import s3fs  # noqa: F401
+
+
+os.register_at_fork(before=_before_fork)
+
+
+CLIENT_ENV = "PACKTOOL_S3_CLIENT"
+"""`s3fs` or `obstore` forces that client for s3://; unset (`auto`), obstore where `usable`."""
+
+
+def usable(options: dict[str, Any]) -> bool:
+    """Whether s3:// goes through obstore in this process with `options` (s3fs's keyword
+    arguments): see the module docstring. `auto`: an endpoint is named (an S3-compatible store:
+    MinIO, R2, Ceph; on AWS itself s3fs follows a bucket's region where obstore would need it
+    named, so AWS stays on s3fs unless `PACKTOOL_S3_CLIENT=obstore`), the credentials are the
+    `AWS_*` keys or the options' (or none asked: `anon`), and every option has an obstore
+    equivalent."""
+    chosen = os.environ.get(CLIENT_ENV, "auto").strip().lower() or "auto"
+    if chosen not in ("auto", "s3fs", "obstore"):
+        raise ConfigError(f"{CLIENT_ENV}={chosen}: expected s3fs, obstore or auto")
+    if chosen == "s3fs":
+        return False
+    if _STARTED_IN is not None and os.getpid() != _STARTED_IN:
+        return False  # a forked child of a process whose obstore runtime started
+    if _untranslated(options):
+        if chosen == "obstore":
+            raise ConfigError(
+                f"{CLIENT_ENV}=obstore: storage options it cannot take: {_untranslated(options)}"
+            )
+        return False
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        if chosen == "obstore":
+            raise MissingDependencyError(f"{CLIENT_ENV}=obstore: pip install obstore") from None
+        return False
+    if chosen == "obstore":
+        return True
+    client = options.get("client_kwargs") or {}
+    if not (options.get("endpoint_url") or client.get("endpoint_url") or endpoint()):
+        return False
+    if any(os.environ.get(k) for k in _FALLBACK_ENV):
+        return False
+    if options.get("key") and not options.get("token") and os.environ.get("AWS_SESSION_TOKEN"):
+        return False  # obstore would pair the options' keys with the variables' token
+    return bool(options.get("anon") or options.get("key")
+                or all(os.environ.get(k) for k in _CREDENTIALS))  # fmt: skip
+
+
+def _untranslated(options: dict[str, Any]) -> list[str]:
+    """The s3fs options (and `client_kwargs` / `config_kwargs` keys) `NativeS3` cannot take."""
+    out = sorted(set(options) - _TRANSLATED)
+    out += [
+        f"client_kwargs.{k}"
+        for k in sorted(set(options.get("client_kwargs") or {}) - _CLIENT_KWARGS)
+    ]
+    out += [
+        f"config_kwargs.{k}"
+        for k in sorted(set(options.get("config_kwargs") or {}) - _CONFIG_KWARGS)
+    ]
+    return out
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _oserror(exc: BaseException, path: str) -> OSError:
+    """The `OSError` fsspec would raise for obstore's `exc`."""
+    from obstore import exceptions as e
+
+    line = _line(exc)
+    if isinstance(exc, e.NotFoundError):
+        return FileNotFoundError(path)
+    if isinstance(exc, (e.PermissionDeniedError, e.UnauthenticatedError)):
+        return PermissionError(line)
+    if isinstance(exc, e.AlreadyExistsError):
+        return FileExistsError(path)
+    if isinstance(exc, e.PreconditionError):
+        return OSError(f"PreconditionFailed: {line}")
+    if "NoSuchBucket" in str(exc):
+        return FileNotFoundError(path)
+    if (
+        "AccessDenied" in str(exc)
+        or "InvalidAccessKeyId" in str(exc)
+        or "SignatureDoesNotMatch" in str(exc)
+    ):
+        return PermissionError(line)
+    return OSError(line)
+
+
+@contextlib.contextmanager
+def _errors(path: str) -> Iterator[None]:
+    from obstore.exceptions import BaseError
+
+    try:
+        yield
+    except BaseError as exc:
+        raise _oserror(exc, path) from None
+
+
+@contextlib.contextmanager
+def _conditional(path: str) -> Iterator[None]:
+    """A refused conditional request in the words botocore's error has (what the lock reads):
+    412 `PreconditionFailed` (another version), 409 `ConditionalRequestConflict` (a conditional
+    request racing another: obstore calls a 409 `AlreadyExists`)."""
+    from obstore import exceptions as e
+
+    try:
+        yield
+    except e.PreconditionError as exc:
+        raise OSError(f"PreconditionFailed: {_line(exc)}") from None
+    except e.AlreadyExistsError as exc:
+        raise OSError(f"ConditionalRequestConflict: {_line(exc)}") from None
+    except e.BaseError as exc:
+        raise _oserror(exc, path) from None
+
+
+class NativeS3(AbstractFileSystem):
+    """s3:// on obstore, in the shape of s3fs's `S3FileSystem` (the calls packtool makes)."""
+
+    protocol = ("s3", "s3a")
+    root_marker = ""
+    cachable = False
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__()
+        self._options = options
+        self._stores: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._fallback: Any = None  # s3fs, for what obstore cannot ask (`_s3fs`)
+        self._listed: dict[str, dict[str, Any]] = {}
+        """The objects the last listings found, by name: what `info` answers for them without
+        a HEAD until `invalidate_cache` (s3fs's listings cache, whose rule packtool follows:
+        it invalidates where another writer may have written since)."""
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> str:
+        text = str(path)
+        for p in ("s3://", "s3a://"):
+            if text.startswith(p):
+                text = text[len(p) :]
+        return text.rstrip("/")
+
+    def _store(self, bucket: str) -> Any:
+        with self._lock:
+            store = self._stores.get(bucket)
+            if store is None:
+                store = self._stores[bucket] = self._build(bucket)
+            return store
+
+    def _build(self, bucket: str) -> Any:
+        from obstore.store import S3Store
+
+        global _STARTED_IN
+        if _STARTED_IN is None:
+            _STARTED_IN = os.getpid()
+        o = self._options
+        client = o.get("client_kwargs") or {}
+        config: dict[str, Any] = {}
+        url = o.get("endpoint_url") or client.get("endpoint_url") or endpoint()
+        if url:
+            config["endpoint"] = url
+        region = (client.get("region_name") or os.environ.get("AWS_REGION")
+                  or os.environ.get("AWS_DEFAULT_REGION"))  # fmt: skip
+        if region:
+            config["region"] = region
+        if o.get("anon"):
+            config["skip_signature"] = True
+        if o.get("key"):
+            config["access_key_id"] = o["key"]
+            config["secret_access_key"] = o.get("secret", "")
+            if o.get("token"):
+                config["session_token"] = o["token"]
+        timeouts = o.get("config_kwargs") or {}
+        client_options = {
+            "connect_timeout": f"{timeouts.get('connect_timeout', CONNECT_TIMEOUT_S)}s",
+            "timeout": f"{timeouts.get('read_timeout', READ_TIMEOUT_S)}s",
+            "allow_http": bool(url and url.startswith("http://")),
+        }
+        retries = (timeouts.get("retries") or {}).get("max_attempts", ATTEMPTS)
+        retry = {
+            "max_retries": max(0, int(retries) - 1),
+            "backoff": {"init_backoff": timedelta(milliseconds=100),
+                        "max_backoff": timedelta(seconds=20), "base": 2},
+            "retry_timeout": timedelta(minutes=3),
+        }  # fmt: skip
+        return S3Store(bucket, config=config, client_options=client_options, retry_config=retry)
+
+    def _split(self, path: Any) -> tuple[Any, str, str]:
+        p = self._strip_protocol(path)
+        bucket, _, key = p.partition("/")
+        return self._store(bucket), bucket, key
+
+    # -- reading --------------------------------------------------------------------------
+
+    def info(self, path: Any, **kwargs: Any) -> dict[str, Any]:
+        """An object's (one HEAD), else a prefix's that holds objects (one listing), as s3fs
+        gives them; `FileNotFoundError` for neither."""
+        import obstore
+
+        store, bucket, key = self._split(path)
+        p = self._strip_protocol(path)
+        if p in self._listed:
+            return dict(self._listed[p])
+        if key:
+            with contextlib.suppress(FileNotFoundError), _errors(p):
+                return self._file(bucket, obstore.head(store, key))
+        with _errors(p):
+            found = obstore.list_with_delimiter(store, f"{key}/" if key else None)
+        if found["objects"] or found["common_prefixes"] or not key:
+            return {"name": p, "size": 0, "type": "directory"}
+        raise FileNotFoundError(p)
+
+    @staticmethod
+    def _file(bucket: str, meta: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": f"{bucket}/{meta['path']}",
+            "size": int(meta["size"]),
+            "type": "file",
+            "LastModified": meta["last_modified"],
+            "ETag": meta.get("e_tag"),
+        }
+
+    def exists(self, path: Any, **kwargs: Any) -> bool:
+        try:
+            self.info(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def ls(self, path: Any, detail: bool = True, **kwargs: Any) -> list[Any]:
+        import obstore
+
+        store, bucket, key = self._split(path)
+        p = self._strip_protocol(path)
+        with _errors(p):
+            found = obstore.list_with_delimiter(store, f"{key}/" if key else None)
+        out: list[dict[str, Any]] = [self._file(bucket, m) for m in found["objects"]]
+        out += [{"name": f"{bucket}/{c.rstrip('/')}", "size": 0, "type": "directory"}
+                for c in found["common_prefixes"]]  # fmt: skip
+        if not out and key:
+            with _errors(p):
+                out = [self._file(bucket, obstore.head(store, key))]
+        out.sort(key=lambda o: o["name"])  # s3fs lists in key order
+        self._remember(out)
+        return out if detail else [o["name"] for o in out]
+
+    def find(self, path: Any, maxdepth: int | None = None, withdirs: bool = False,
+             detail: bool = False, **kwargs: Any) -> Any:  # fmt: skip
+        """Every object under the prefix `path` (or the object `path`) in one flat listing,
+        the folders their keys imply too (`withdirs`: `path` itself among them, as s3fs
+        gives), `maxdepth` levels down at most."""
+        import obstore
+
+        store, bucket, key = self._split(path)
+        p = self._strip_protocol(path)
+        out: dict[str, dict[str, Any]] = {}
+        with _errors(p):
+            for chunk in obstore.list(store, f"{key}/" if key else None, chunk_size=1000):
+                for meta in chunk:
+                    info = self._file(bucket, meta)
+                    parts = info["name"][len(p) + 1 :].split("/")
+                    if maxdepth is None or len(parts) <= maxdepth:
+                        out[info["name"]] = info
+                    for depth in range(len(parts)) if withdirs and key else ():
+                        if maxdepth is None or depth <= maxdepth:
+                            name = "/".join([p, *parts[:depth]])
+                            out[name] = {"name": name, "size": 0, "type": "directory"}
+            if not out and key:
+                with contextlib.suppress(FileNotFoundError), _errors(p):
+                    info = self._file(bucket, obstore.head(store, key))
+                    out[info["name"]] = info
+        names = dict(sorted(out.items()))
+        self._remember(names.values())
+        return names if detail else list(names)
+
+    def cat_file(self, path: Any, start: int | None = None, end: int | None = None,
+                 **kwargs: Any) -> bytes:  # fmt: skip
+        import obstore
+
+        store, _, key = self._split(path)
+        with _errors(self._strip_protocol(path)):
+            if start is None and end is None:
+                return obstore.get(store, key).bytes().to_bytes()
+            if start is None or start < 0 or end is None or end < 0:
+                size = int(obstore.head(store, key)["size"])
+                start = 0 if start is None else (start if start >= 0 else size + start)
+                end = size if end is None else (end if end >= 0 else size + end)
+            if end <= start:
+                return b""
+            return obstore.get_range(store, key, start=start, end=end).to_bytes()
+
+    def _open(self, path: Any, mode: str = "rb", block_size: Any = None, autocommit: bool = True,
+              cache_options: Any = None, **kwargs: Any) -> Any:  # fmt: skip
+        if mode != "rb":
+            raise NotImplementedError("NativeS3 opens objects for reading only")
+        return _RangedFile(self, path, mode, block_size="default", cache_type="none")
+
+    # -- writing --------------------------------------------------------------------------
+
+    def pipe_file(self, path: Any, value: bytes, mode: str = "overwrite", **kwargs: Any) -> Any:
+        import obstore
+
+        store, _, key = self._split(path)
+        self.invalidate_cache(path)
+        with _errors(self._strip_protocol(path)):
+            return obstore.put(store, key, value, mode=mode, use_multipart=False)
+
+    def put_file(self, lpath: Any, rpath: Any, chunksize: int | None = None, **kwargs: Any) -> None:
+        import obstore
+
+        store, _, key = self._split(rpath)
+        self.invalidate_cache(rpath)
+        size = os.path.getsize(lpath)
+        part = chunksize or PART_BYTES
+        multipart = size > 2 * part
+        try:
+            with _errors(self._strip_protocol(rpath)):
+                obstore.put(store, key, Path(lpath), use_multipart=multipart,
+                            chunk_size=part, max_concurrency=UPLOAD_CONCURRENCY)  # fmt: skip
+        except BaseException:
+            if multipart:  # its parts, stored and billed until aborted (as s3fs does)
+                self._abort(self._strip_protocol(rpath).partition("/")[0], key)
+            raise
+
+    def _abort(self, bucket: str, key: str) -> None:
+        """Abort the unfinished multipart uploads of `key` (through s3fs: a failure's path)."""
+        with contextlib.suppress(Exception):
+            fs = self._s3fs()
+            found = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key)
+            for u in found.get("Uploads") or []:
+                if u["Key"] == key:
+                    fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key,
+                               UploadId=u["UploadId"])  # fmt: skip
+
+    def rm_file(self, path: Any) -> None:
+        """Delete one object (a missing one too, as S3 and s3fs do: no error)."""
+        import obstore
+
+        store, _, key = self._split(path)
+        self.invalidate_cache(path)
+        with _errors(self._strip_protocol(path)):
+            obstore.delete(store, key)
+
+    def rm(self, path: Any, recursive: bool = False, maxdepth: Any = None) -> None:
+        import obstore
+
+        paths = [path] if isinstance(path, str) else list(path)
+        by_bucket: dict[str, list[str]] = {}
+        for p in paths:
+            bucket, _, key = self._strip_protocol(p).partition("/")
+            by_bucket.setdefault(bucket, []).append(key)
+            self.invalidate_cache(p)
+        for bucket, keys in by_bucket.items():
+            with _errors(bucket):
+                for i in range(0, len(keys), 1000):
+                    obstore.delete(self._store(bucket), keys[i : i + 1000])
+
+    def _remember(self, infos: Any) -> None:
+        with self._lock:
+            self._listed.update((i["name"], i) for i in infos if i["type"] == "file")
+
+    def invalidate_cache(self, path: Any = None) -> None:
+        """Forget what listings said of `path` and the objects under it (of all: None)."""
+        with self._lock:
+            if path is None:
+                self._listed.clear()
+                return
+            p = self._strip_protocol(path)
+            for name in [n for n in self._listed if n == p or n.startswith(f"{p}/")]:
+                del self._listed[name]
+
+    # -- what the lock asks s3fs's client for -------------------------------------------
+
+    def call_s3(self, method: str, **kwargs: Any) -> dict[str, Any]:
+        import obstore
+
+        bucket, key = kwargs.get("Bucket", ""), kwargs.get("Key", "")
+        self.invalidate_cache(f"{bucket}/{key}")
+        if method == "put_object" and "IfMatch" in kwargs:
+            mode = {"e_tag": kwargs["IfMatch"]}
+            with _conditional(f"{bucket}/{key}"):
+                out = obstore.put(
+                    self._store(bucket), key, kwargs["Body"], mode=mode, use_multipart=False
+                )
+            return {"ETag": out.get("e_tag")}
+        if method == "delete_object" and "IfMatch" in kwargs:
+            self._delete_if_match(bucket, key, kwargs["IfMatch"])
+            return {}
+        return self._s3fs().call_s3(method, **kwargs)  # multipart listing and aborts: rare
+
+    def _delete_if_match(self, bucket: str, key: str, etag: str) -> None:
+        import urllib.error
+        import urllib.request
+
+        import obstore
+
+        url = obstore.sign(self._store(bucket), "DELETE", key, timedelta(minutes=5))
+        request = urllib.request.Request(url, method="DELETE", headers={"If-Match": etag})
+        try:
+            with urllib.request.urlopen(request, timeout=60):
+                pass
+        except urllib.error.HTTPError as exc:
+            raise OSError(f"{exc.code} {exc.reason}: DELETE {bucket}/{key}") from None
+
+    def _s3fs(self) -> Any:
+        """s3fs with the same options: for listing and aborting unfinished multipart uploads."""
+        import fsspec
+
+        with self._lock:
+            if self._fallback is None:
+                self._fallback = fsspec.filesystem("s3", skip_instance_cache=True, **self._options)
+            return self._fallback
+
+
+class _RangedFile(AbstractBufferedFile):
+    """An object for random reads: each read one ranged GET (fsspec's `cache_type="none"`)."""
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self.path, start=start, end=end)

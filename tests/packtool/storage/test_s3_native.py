@@ -1,0 +1,249 @@
+"""s3:// through obstore (packtool/storage/s3_native.py), checked against its reference, s3fs,
+on the same objects of the loopback S3 server: what each call answers, and the errors it raises;
+which client a process picks; and that a process forked after obstore started never uses it."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packtool.errors import ConfigError
+from packtool.storage import remote, remote_write, s3_native
+
+BUCKET = "native"
+ROOT = Path(__file__).resolve().parents[3]
+OBJECTS = {
+    "a/b/c.txt": b"c" * 300,
+    "a/d.txt": b"0123456789" * 100,
+    "a/.hidden.txt": b"h",
+    "e.jsonl": b'{"text": "e"}\n',
+    "f/g/h/i.bin": os.urandom(5000),
+}
+
+
+@pytest.fixture(scope="module")
+def both(s3_server):
+    """(obstore's file system, s3fs's) over a bucket holding `OBJECTS`."""
+    import boto3
+    import s3fs
+
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=BUCKET)
+    for key, data in OBJECTS.items():
+        client.put_object(Bucket=BUCKET, Key=key, Body=data)
+    return s3_native.NativeS3(), s3fs.S3FileSystem(skip_instance_cache=True)
+
+
+def _answer(call):
+    try:
+        return call()
+    except Exception as exc:  # the error's kind is the answer
+        return type(exc)
+
+
+PATHS = [f"{BUCKET}/{p}" for p in ("a/b/c.txt", "a/d.txt", "a", "a/b", "f/g", "e.jsonl",
+                                   "nope", "a/nope.txt", "a/b/c")] + [BUCKET]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_info_exists_and_kind_answer_as_s3fs(both, path):
+    native, ref = both
+    ref.invalidate_cache()
+    got, want = _answer(lambda: native.info(path)), _answer(lambda: ref.info(path))
+    if isinstance(want, dict):
+        assert {k: got[k] for k in ("name", "size", "type")} == {
+            k: want[k] for k in ("name", "size", "type")
+        }
+        if want["type"] == "file":
+            assert got["ETag"].strip('"') == want["ETag"].strip('"')
+            assert int(remote.modified_at(got)) == int(remote.modified_at(want))
+    else:
+        assert got == want
+    for name in ("exists", "isfile", "isdir"):
+        ref.invalidate_cache()
+        assert getattr(native, name)(path) == getattr(ref, name)(path), name
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda fs: fs.ls(f"{BUCKET}/a", detail=False),
+        lambda fs: fs.ls(BUCKET, detail=False),
+        lambda fs: fs.ls(f"{BUCKET}/a/d.txt", detail=False),
+        lambda fs: fs.ls(f"{BUCKET}/nope", detail=False),
+        lambda fs: fs.find(f"{BUCKET}/a"),
+        lambda fs: fs.find(BUCKET),
+        lambda fs: fs.find(f"{BUCKET}/a/d.txt"),
+        lambda fs: fs.find(f"{BUCKET}/nope"),
+        lambda fs: fs.find(f"{BUCKET}/f", withdirs=True),
+        lambda fs: fs.find(f"{BUCKET}/a", maxdepth=1),
+        lambda fs: sorted(fs.glob(f"{BUCKET}/a/*.txt")),
+        lambda fs: sorted(fs.glob(f"{BUCKET}/**/*.txt")),
+        lambda fs: sorted(fs.glob(f"{BUCKET}/*/d.*")),
+        lambda fs: sorted(fs.glob(f"{BUCKET}/nope/*")),
+    ],
+)
+def test_listings_answer_as_s3fs(both, call):
+    native, ref = both
+    ref.invalidate_cache()
+    want = _answer(lambda: call(ref))
+    assert _answer(lambda: call(native)) == want
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data(), key=st.sampled_from(["a/d.txt", "f/g/h/i.bin", "e.jsonl"]))
+def test_reads_of_any_range_answer_as_s3fs(both, data, key):
+    """The ranges packtool asks for: a start inside the object, an end after it (past the
+    object's end too: the bytes there are)."""
+    native, ref = both
+    path, size = f"{BUCKET}/{key}", len(OBJECTS[key])
+    start = data.draw(st.integers(0, size - 1))
+    end = data.draw(st.integers(start + 1, size + 100))
+    want = ref.cat_file(path, start=start, end=end)
+    assert native.cat_file(path, start=start, end=end) == want == OBJECTS[key][start:end]
+    with native.open(path, "rb") as a, ref.open(path, "rb", cache_type="none") as b:
+        a.seek(start), b.seek(start)
+        assert a.read(end - start) == b.read(end - start)
+
+
+def test_a_listing_answers_for_its_objects_until_invalidated_as_s3fs_does(both):
+    """What a listing said of an object stands until `invalidate_cache` (no HEAD per `info`:
+    the plan's stats of a listed prefix cost no request), as in s3fs's listings cache, whose
+    rule packtool's callers follow."""
+    import s3fs
+
+    native, writer = both
+    other = s3fs.S3FileSystem(skip_instance_cache=True)  # a reader with a cache of its own
+    writer.pipe_file(f"{BUCKET}/l/x", b"old")
+    for fs in (native, other):
+        fs.find(f"{BUCKET}/l")
+    writer.pipe_file(f"{BUCKET}/l/x", b"newer")  # another writer, after the listings
+    for fs in (native, other):
+        assert fs.info(f"{BUCKET}/l/x")["size"] == 3
+        fs.invalidate_cache(f"{BUCKET}/l")
+        assert fs.info(f"{BUCKET}/l/x")["size"] == 5
+
+
+def test_writes_and_deletes_answer_as_s3fs(both, tmp_path):
+    native, ref = both
+    for name, fs in (("native", native), ("s3fs", ref)):
+        path = f"{BUCKET}/w/{name}"
+        fs.pipe_file(path, b"one")
+        with pytest.raises(FileExistsError):
+            fs.pipe_file(path, b"two", mode="create")
+        local = tmp_path / "up.bin"
+        local.write_bytes(os.urandom(12 << 20))
+        fs.put_file(str(local), f"{path}.up", chunksize=5 << 20)  # a multipart upload
+        assert ref.cat_file(f"{path}.up") == local.read_bytes()
+        fs.rm([f"{path}.up"])
+        fs.rm_file(path)
+        ref.invalidate_cache()
+        assert not ref.exists(path) and not ref.exists(f"{path}.up")
+    assert _answer(lambda: native.rm_file(f"{BUCKET}/w/never")) == _answer(
+        lambda: ref.rm_file(f"{BUCKET}/w/never")
+    )
+
+
+def test_a_released_lock_deletes_only_the_version_it_wrote(s3_server, both, s3_client):
+    _, ref = both
+    url = f"s3://{BUCKET}/locks/{s3_client}"
+    lock = remote_write.take_lock(url, b"mine")
+    ref.pipe_file(url[5:], b"another writer's")  # before the holder's renewal could notice
+    lock.release()  # a DELETE with If-Match on the version it wrote: refused
+    assert ref.cat_file(url[5:]) == b"another writer's"
+    ref.rm_file(url[5:])
+    lock = remote_write.take_lock(url, b"mine")
+    lock.release()
+    ref.invalidate_cache()
+    assert not ref.exists(url[5:])
+
+
+@pytest.mark.parametrize(
+    ("env", "options", "native"),
+    [
+        ({}, {}, True),  # the tests' endpoint and keys
+        ({"PACKTOOL_S3_CLIENT": "s3fs"}, {}, False),
+        ({"AWS_ENDPOINT_URL": None}, {}, False),  # AWS itself: s3fs follows a bucket's region
+        ({"AWS_ENDPOINT_URL": None, "PACKTOOL_S3_CLIENT": "obstore"}, {}, True),
+        ({"AWS_ENDPOINT_URL": None}, {"endpoint_url": "http://127.0.0.1:1"}, True),
+        ({"AWS_ACCESS_KEY_ID": None}, {}, False),  # botocore's chain finds the credentials
+        ({"AWS_ACCESS_KEY_ID": None}, {"key": "k", "secret": "s"}, True),
+        ({"AWS_ACCESS_KEY_ID": None}, {"anon": True}, True),
+        ({"AWS_PROFILE": "work"}, {}, False),
+        ({}, {"requester_pays": True}, False),  # no obstore equivalent here
+        ({}, {"client_kwargs": {"verify": False}}, False),
+        ({}, {"config_kwargs": {"retries": {"max_attempts": 2}}}, True),
+    ],
+)
+def test_which_client_a_process_picks(s3_server, monkeypatch, env, options, native):
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert s3_native.usable(options) is native
+
+
+def test_a_forced_client_that_cannot_take_the_options_is_one_line(s3_server, monkeypatch):
+    monkeypatch.setenv(s3_native.CLIENT_ENV, "obstore")
+    with pytest.raises(ConfigError, match="requester_pays"):
+        s3_native.usable({"requester_pays": True})
+    monkeypatch.setenv(s3_native.CLIENT_ENV, "boto")
+    with pytest.raises(ConfigError, match="expected s3fs, obstore or auto"):
+        s3_native.usable({})
+
+
+def _read_in_child(url, queue):
+    fs, _ = remote.filesystem(url)
+    queue.put((type(fs).__name__, remote.read_bytes(url)))
+
+
+FORKED = """
+import os, sys
+from packtool.storage import remote
+url = sys.argv[1]
+assert type(remote.filesystem(url)[0]).__name__ == "NativeS3"
+want = remote.read_bytes(url)  # obstore's runtime runs in this process now
+assert "s3fs" not in sys.modules
+pid = os.fork()
+if pid == 0:  # the child: s3fs imported by the parent before the fork, read through it
+    ok = "s3fs" in sys.modules and remote.read_bytes(url) == want
+    ok = ok and type(remote.filesystem(url)[0]).__name__ == "S3FileSystem"
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_process_forked_after_obstore_started_reads_through_s3fs(both):
+    """obstore's runtime does not survive a fork (its first request in the child hangs): the
+    loader's forked workers, children of the process that opened the dataset, read through
+    s3fs, which the parent imports before it forks (once, not in every child)."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED, f"s3://{BUCKET}/a/d.txt"], timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0
+
+
+def test_a_process_started_afresh_uses_obstore(both):
+    """A process started afresh (spawned; the local engine's workers are forked from a
+    forkserver that only imported obstore) uses obstore, though the one that started it did."""
+    url = f"s3://{BUCKET}/a/d.txt"
+    remote._filesystem.cache_clear()
+    assert remote.read_bytes(url) == OBJECTS["a/d.txt"]  # obstore's runtime runs here now
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_read_in_child, args=(url, queue))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == ("NativeS3", OBJECTS["a/d.txt"])
