@@ -125,10 +125,11 @@ def usable(options: dict[str, Any]) -> bool:
     if chosen == "obstore":
         return True
     client = options.get("client_kwargs") or {}
-    if not (options.get("endpoint_url") or client.get("endpoint_url") or endpoint()):
+    url = options.get("endpoint_url") or client.get("endpoint_url") or endpoint()
+    if not url or any(os.environ.get(k) for k in _FALLBACK_ENV):
         return False
-    if any(os.environ.get(k) for k in _FALLBACK_ENV):
-        return False
+    if str(url).startswith("https:") and os.environ.get("AWS_CA_BUNDLE"):
+        return False  # botocore trusts that bundle for the endpoint; obstore reads it not
     if options.get("key") and not options.get("token") and os.environ.get("AWS_SESSION_TOKEN"):
         return False  # obstore would pair the options' keys with the variables' token
     return bool(options.get("anon") or options.get("key")

@@ -179,6 +179,9 @@ def test_a_released_lock_deletes_only_the_version_it_wrote(s3_server, both, s3_c
         ({"AWS_ACCESS_KEY_ID": None}, {"key": "k", "secret": "s"}, True),
         ({"AWS_ACCESS_KEY_ID": None}, {"anon": True}, True),
         ({"AWS_PROFILE": "work"}, {}, False),
+        ({"AWS_CA_BUNDLE": "/etc/ssl/ca.pem"}, {}, True),  # the endpoint is http://
+        ({"AWS_CA_BUNDLE": "/etc/ssl/ca.pem", "AWS_ENDPOINT_URL": "https://s3.lan"}, {}, False),
+        ({"AWS_SESSION_TOKEN": "t"}, {"key": "k", "secret": "s"}, False),  # not the keys' token
         ({}, {"requester_pays": True}, False),  # no obstore equivalent here
         ({}, {"client_kwargs": {"verify": False}}, False),
         ({}, {"config_kwargs": {"retries": {"max_attempts": 2}}}, True),
