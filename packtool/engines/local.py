@@ -239,13 +239,13 @@ def _stop(pool: Any) -> None:
     before this returns (so none writes into a staging output its run's failure then deletes).
     The processes are taken before `shutdown`, which forgets them (Python 3.11-3.13: the kill
     that followed it never ran, and a failed run's other workers wrote on after its discard)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
     terminate = getattr(pool, "terminate_workers", None)  # Python 3.14+
     if terminate is not None:
         terminate()
-        return
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in procs:
-        proc.kill()
+    else:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.kill()
     for proc in procs:
         proc.join(timeout=10)
