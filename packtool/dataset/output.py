@@ -398,7 +398,7 @@ def recover(paths: OutputPaths) -> None:
             remote_write.abort_uploads(paths.target, exact=True)  # a killed upload's parts
         return
     if paths.remote:
-        _collect(paths, uploads=True)
+        _collect(paths, commit=False)
         return
     if storage.exists(paths.ready):
         if storage.lexists(paths.target) and not storage.lexists(paths.old):
@@ -412,17 +412,18 @@ def recover(paths: OutputPaths) -> None:
             _rename(paths.old, paths.target)
 
 
-def _collect(paths: OutputPaths, uploads: bool) -> None:
-    """A remote output's `recover` (`uploads`) and the end of its `commit`: delete every version
-    that neither the link `index.json` nor the staging object names, and in `recover`, abort the
-    unfinished multipart uploads a killed or failed writer left, when there is one: a run's
-    uploads start after it writes the staging object, which stays until its commit (or its
-    failure's discard, which aborts its own), so with no staging object and no stray version
-    there are none (the listing of uploads, a request of its own, is skipped)."""
+def _collect(paths: OutputPaths, commit: bool) -> None:
+    """A remote output's `recover` and the end of its `commit`: delete every version that
+    neither the link `index.json` nor the staging object names, and abort the unfinished
+    multipart uploads under the output: at the commit always (a worker that died mid-upload
+    in a run that then succeeded, its partition retried elsewhere, left its parts), in
+    `recover` only when a run did not finish (a staging object or a stray version says so: a
+    run's uploads start after it writes the staging object, which stays until its commit or its
+    failure's discard, which aborts its own), saving a request of its own every run."""
     staging = staging_version(paths.target)
     keep = {current_version(paths.target), staging}
     stray = [e for e in storage.list_dir(paths.target) if is_version(e.name) and e.name not in keep]
-    if uploads and (stray or staging is not None):
+    if commit or stray or staging is not None:
         remote_write.abort_uploads(paths.target)
     for entry in stray:
         remove(entry)
@@ -476,7 +477,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         writing.write_atomic(paths.target / INDEX_FILE, link_bytes(paths.staging.name))
         writing.remove_file(paths.target / REMOTE_STAGING)
         _NEW_VERSIONS.pop(str(paths.target), None)
-        _collect(paths, uploads=False)
+        _collect(paths, commit=True)
         return
     if storage.is_file(paths.staging):
         writing.replace(paths.staging, paths.target)  # one atomic step for a file

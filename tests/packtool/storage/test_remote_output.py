@@ -500,13 +500,11 @@ def test_a_writer_aborts_only_its_own_prefix_s_unfinished_uploads(fs, s3_client)
     )
 
 
-def test_unfinished_uploads_are_listed_only_where_a_run_left_work_and_a_discard_aborts_its_own(
-    fs, monkeypatch
-):
-    """A run's uploads start after its `.packtool-staging` object and end before its commit
-    deletes it: a writer lists unfinished uploads (a request of its own) only when a staging
-    object or a stray version says a run did not finish; a run's failure that discards its
-    version aborts that version's uploads (no later writer would see a reason to)."""
+def test_unfinished_uploads_are_aborted_at_every_commit_and_where_a_run_left_work(fs, monkeypatch):
+    """A writer aborts the unfinished multipart uploads under the output at its commit (a worker
+    that died mid-upload, its partition retried, leaves its parts in a run that succeeds), and
+    before its run only where a run did not finish (a staging object or a stray version); a
+    failure's discard aborts its own version's."""
     import boto3
 
     from packtool.dataset import output
@@ -519,21 +517,25 @@ def test_unfinished_uploads_are_listed_only_where_a_run_left_work_and_a_discard_
         lambda url, exact=False: listed.append(str(url)) or real(url, exact),
     )
     url = f"s3://{BUCKET}/aborts"
-    run_pack(pack_config(url))  # nothing under the prefix: no listing of uploads
-    run_pack(pack_config(url, overwrite=True))  # a dataset, no run left unfinished: none
-    assert listed == []
+    client = boto3.client("s3")
+    run_pack(pack_config(url))  # nothing under the prefix: one listing, at the commit
+    assert listed == [url]
+    orphan = "aborts/v-19700101T000000-00000000/shard-000000-00000.parquet"
+    client.create_multipart_upload(Bucket=BUCKET, Key=orphan)  # a dead worker's, say
+    run_pack(pack_config(url, overwrite=True))  # a finished dataset: at its commit only
+    assert listed == [url, url]
+    assert not client.list_multipart_uploads(Bucket=BUCKET, Prefix="aborts/").get("Uploads")
     paths = output_paths(url)
     make_staging(paths)  # a run that did not finish
     key = f"aborts/{paths.staging.name}/shard-000000-00000.parquet"
-    client = boto3.client("s3")
     client.create_multipart_upload(Bucket=BUCKET, Key=key)
     output.remove_staging(paths)  # its discard
-    assert listed == [f"{url}/{paths.staging.name}"]
+    assert listed[2:] == [f"{url}/{paths.staging.name}"]
     assert not client.list_multipart_uploads(Bucket=BUCKET, Prefix="aborts/").get("Uploads")
-    make_staging(output_paths(url))  # killed, this time: the next writer lists and aborts
+    make_staging(output_paths(url))  # killed, this time: the next writer's recover lists too
     client.create_multipart_upload(Bucket=BUCKET, Key=key)
     run_pack(pack_config(url, overwrite=True))
-    assert listed[1:] == [url]
+    assert listed[3:] == [url, url]
     assert not client.list_multipart_uploads(Bucket=BUCKET, Prefix="aborts/").get("Uploads")
 
 
