@@ -19,13 +19,12 @@ It is an fsspec `AbstractFileSystem`, so `storage/` calls it as it calls s3fs: `
 worth, else a multipart upload in the part size asked for, aborted when it fails), `pipe_file`
 (`mode="create"`: `If-None-Match: *`), `rm_file` / `rm`, `open` (ranged reads), and the two
 conditional requests the lock makes through s3fs's `call_s3`: `put_object` with `IfMatch`
-(obstore's `UpdateVersion` put) and `delete_object` with `IfMatch` (a DELETE with `If-Match` on
-a URL obstore signs). What listings found answers `info` until `invalidate_cache`, as s3fs's
+(obstore's `UpdateVersion` put) and `delete_object` with `IfMatch`. What listings found answers `info` until `invalidate_cache`, as s3fs's
 listings cache does (packtool invalidates where another writer may have written). Listing and
-aborting unfinished multipart uploads (a failure's path and
-`recover` after one) go through s3fs, imported then. obstore's errors become the `OSError`s
-s3fs raises (`FileNotFoundError`, `PermissionError`, `FileExistsError`), which `remote.naming`
-words. Retries: obstore's, as many as the options' botocore `max_attempts` allow (8 attempts by
+aborting unfinished multipart uploads, and the conditional DELETE, are requests `s3_requests`
+signs with botocore's signer (no client built); a key obstore's paths cannot hold goes to s3fs
+(`_or_s3fs`). obstore's errors become the `OSError`s s3fs raises (`FileNotFoundError`,
+`PermissionError`, `FileExistsError`), which `remote.naming` words. Retries: obstore's, as many as the options' botocore `max_attempts` allow (8 attempts by
 default), with exponential backoff and jitter on 5xx, throttling, timeouts and dropped
 connections; the options' connect and read timeouts (10 s, 60 s).
 
@@ -35,7 +34,9 @@ started reads through s3fs.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -46,6 +47,7 @@ from typing import Any
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from packtool.errors import ConfigError, MissingDependencyError
+from packtool.storage import s3_requests
 
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60
@@ -128,6 +130,10 @@ def usable(options: dict[str, Any]) -> bool:
     url = options.get("endpoint_url") or client.get("endpoint_url") or endpoint()
     if not url or any(os.environ.get(k) for k in _FALLBACK_ENV):
         return False
+    if s3_requests.CONFIG_ONLY_S3FS & set(s3_requests.default_profile()) or (
+        "unreadable" in s3_requests.default_profile()
+    ):
+        return False  # `~/.aws/config` says how to reach the endpoint in words obstore ignores
     if str(url).startswith("https:") and os.environ.get("AWS_CA_BUNDLE"):
         return False  # botocore trusts that bundle for the endpoint; obstore reads it not
     if options.get("key") and not options.get("token") and os.environ.get("AWS_SESSION_TOKEN"):
@@ -179,14 +185,38 @@ def _oserror(exc: BaseException, path: str) -> OSError:
     return OSError(line)
 
 
+class _Unrepresentable(Exception):
+    """A key obstore's paths cannot hold (`//`, a `.` or `..` segment, a control character): the
+    call goes to s3fs (`_or_s3fs`), which reads such keys."""
+
+
 @contextlib.contextmanager
 def _errors(path: str) -> Iterator[None]:
     from obstore.exceptions import BaseError
 
     try:
         yield
+    except (ValueError, TypeError) as exc:  # obstore's words for a key it could not convert
+        if "parse path" in str(exc).lower() or "string path" in str(exc).lower():
+            raise _Unrepresentable(path) from None
+        raise
     except BaseError as exc:
+        if "invalid path" in str(exc).lower():  # a listing met such a key
+            raise _Unrepresentable(path) from None
         raise _oserror(exc, path) from None
+
+
+def _or_s3fs(method: Any) -> Any:
+    """`method`, or s3fs's method of the same name where a key is `_Unrepresentable`."""
+
+    @functools.wraps(method)
+    def call(self: NativeS3, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except _Unrepresentable:
+            return getattr(self._s3fs(), method.__name__)(*args, **kwargs)
+
+    return call
 
 
 @contextlib.contextmanager
@@ -218,8 +248,10 @@ class NativeS3(AbstractFileSystem):
         self._options = options
         self._stores: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._fallback: Any = None  # s3fs, for what obstore cannot ask (`_s3fs`)
+        self._fallback: Any = None  # s3fs, for what neither obstore nor `_signed` asks
+        self._requests: Any = None  # `_signed`
         self._listed: dict[str, dict[str, Any]] = {}
+        self._names: list[str] = []  # the names of `_listed`, sorted
         """The objects the last listings found, by name: what `info` answers for them without
         a HEAD until `invalidate_cache` (s3fs's listings cache, whose rule packtool follows:
         it invalidates where another writer may have written since)."""
@@ -233,11 +265,13 @@ class NativeS3(AbstractFileSystem):
         return text.rstrip("/")
 
     def _store(self, bucket: str) -> Any:
-        with self._lock:
-            store = self._stores.get(bucket)
-            if store is None:
-                store = self._stores[bucket] = self._build(bucket)
-            return store
+        store = self._stores.get(bucket)  # built once a bucket: no lock after
+        if store is None:
+            with self._lock:
+                store = self._stores.get(bucket)
+                if store is None:
+                    store = self._stores[bucket] = self._build(bucket)
+        return store
 
     def _build(self, bucket: str) -> Any:
         from obstore.store import S3Store
@@ -251,10 +285,9 @@ class NativeS3(AbstractFileSystem):
         url = o.get("endpoint_url") or client.get("endpoint_url") or endpoint()
         if url:
             config["endpoint"] = url
-        region = (client.get("region_name") or os.environ.get("AWS_REGION")
-                  or os.environ.get("AWS_DEFAULT_REGION"))  # fmt: skip
-        if region:
-            config["region"] = region
+        where = s3_requests.region(o)
+        if where:
+            config["region"] = where
         if o.get("anon"):
             config["skip_signature"] = True
         if o.get("key"):
@@ -284,6 +317,7 @@ class NativeS3(AbstractFileSystem):
 
     # -- reading --------------------------------------------------------------------------
 
+    @_or_s3fs
     def info(self, path: Any, **kwargs: Any) -> dict[str, Any]:
         """An object's (one HEAD), else a prefix's that holds objects (one listing), as s3fs
         gives them; `FileNotFoundError` for neither."""
@@ -291,8 +325,9 @@ class NativeS3(AbstractFileSystem):
 
         store, bucket, key = self._split(path)
         p = self._strip_protocol(path)
-        if p in self._listed:
-            return dict(self._listed[p])
+        listed = self._listed.get(p)
+        if listed is not None:
+            return dict(listed)
         if key:
             with contextlib.suppress(FileNotFoundError), _errors(p):
                 return self._file(bucket, obstore.head(store, key))
@@ -319,6 +354,20 @@ class NativeS3(AbstractFileSystem):
             return False
         return True
 
+    def isdir(self, path: Any) -> bool:
+        """As s3fs: a store's failure raises (fsspec's own would answer False)."""
+        try:
+            return self.info(path)["type"] == "directory"
+        except FileNotFoundError:
+            return False
+
+    def isfile(self, path: Any) -> bool:
+        try:
+            return self.info(path)["type"] == "file"
+        except FileNotFoundError:
+            return False
+
+    @_or_s3fs
     def ls(self, path: Any, detail: bool = True, **kwargs: Any) -> list[Any]:
         import obstore
 
@@ -336,6 +385,7 @@ class NativeS3(AbstractFileSystem):
         self._remember(out)
         return out if detail else [o["name"] for o in out]
 
+    @_or_s3fs
     def find(self, path: Any, maxdepth: int | None = None, withdirs: bool = False,
              detail: bool = False, **kwargs: Any) -> Any:  # fmt: skip
         """Every object under the prefix `path` (or the object `path`) in one flat listing,
@@ -365,6 +415,7 @@ class NativeS3(AbstractFileSystem):
         self._remember(names.values())
         return names if detail else list(names)
 
+    @_or_s3fs
     def cat_file(self, path: Any, start: int | None = None, end: int | None = None,
                  **kwargs: Any) -> bytes:  # fmt: skip
         import obstore
@@ -389,6 +440,7 @@ class NativeS3(AbstractFileSystem):
 
     # -- writing --------------------------------------------------------------------------
 
+    @_or_s3fs
     def pipe_file(self, path: Any, value: bytes, mode: str = "overwrite", **kwargs: Any) -> Any:
         import obstore
 
@@ -397,6 +449,7 @@ class NativeS3(AbstractFileSystem):
         with _errors(self._strip_protocol(path)):
             return obstore.put(store, key, value, mode=mode, use_multipart=False)
 
+    @_or_s3fs
     def put_file(self, lpath: Any, rpath: Any, chunksize: int | None = None, **kwargs: Any) -> None:
         import obstore
 
@@ -415,15 +468,16 @@ class NativeS3(AbstractFileSystem):
             raise
 
     def _abort(self, bucket: str, key: str) -> None:
-        """Abort the unfinished multipart uploads of `key` (through s3fs: a failure's path)."""
+        """Abort the unfinished multipart uploads of `key` (obstore's failed `put` leaves its
+        own): every one of that key, as the upload id obstore started is not told."""
         with contextlib.suppress(Exception):
-            fs = self._s3fs()
-            found = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key)
+            found = self.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key)
             for u in found.get("Uploads") or []:
                 if u["Key"] == key:
-                    fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key,
-                               UploadId=u["UploadId"])  # fmt: skip
+                    self.call_s3("abort_multipart_upload", Bucket=bucket, Key=key,
+                                 UploadId=u["UploadId"])  # fmt: skip
 
+    @_or_s3fs
     def rm_file(self, path: Any) -> None:
         """Delete one object (a missing one too, as S3 and s3fs do: no error)."""
         import obstore
@@ -433,6 +487,7 @@ class NativeS3(AbstractFileSystem):
         with _errors(self._strip_protocol(path)):
             obstore.delete(store, key)
 
+    @_or_s3fs
     def rm(self, path: Any, recursive: bool = False, maxdepth: Any = None) -> None:
         import obstore
 
@@ -449,25 +504,43 @@ class NativeS3(AbstractFileSystem):
 
     def _remember(self, infos: Any) -> None:
         with self._lock:
-            self._listed.update((i["name"], i) for i in infos if i["type"] == "file")
+            new = {i["name"]: i for i in infos if i["type"] == "file"}
+            fresh = [n for n in new if n not in self._listed]
+            self._listed.update(new)
+            if fresh:  # kept sorted, for an invalidation's range of names (bisect)
+                self._names = sorted(self._names + fresh) if self._names else sorted(fresh)
 
     def invalidate_cache(self, path: Any = None) -> None:
         """Forget what listings said of `path` and the objects under it (of all: None)."""
         with self._lock:
             if path is None:
                 self._listed.clear()
+                self._names = []
                 return
             p = self._strip_protocol(path)
-            for name in [n for n in self._listed if n == p or n.startswith(f"{p}/")]:
-                del self._listed[name]
+            if self._listed.pop(p, None) is not None:
+                at = bisect.bisect_left(self._names, p)
+                if at < len(self._names) and self._names[at] == p:
+                    del self._names[at]
+            # `p/...` sorts between `p/` and `p0` ('0' follows '/'): one slice of the names
+            lo, hi = (
+                bisect.bisect_left(self._names, f"{p}/"),
+                bisect.bisect_left(self._names, f"{p}0"),
+            )
+            for name in self._names[lo:hi]:
+                self._listed.pop(name, None)
+            del self._names[lo:hi]
 
     # -- what the lock asks s3fs's client for -------------------------------------------
 
     def call_s3(self, method: str, **kwargs: Any) -> dict[str, Any]:
+        """The requests the lock and the uploads' cleanup make through s3fs's client: a put and
+        a delete conditional on an ETag, listing and aborting unfinished multipart uploads."""
         import obstore
 
         bucket, key = kwargs.get("Bucket", ""), kwargs.get("Key", "")
-        self.invalidate_cache(f"{bucket}/{key}")
+        if key:
+            self.invalidate_cache(f"{bucket}/{key}")
         if method == "put_object" and "IfMatch" in kwargs:
             mode = {"e_tag": kwargs["IfMatch"]}
             with _conditional(f"{bucket}/{key}"):
@@ -475,27 +548,31 @@ class NativeS3(AbstractFileSystem):
                     self._store(bucket), key, kwargs["Body"], mode=mode, use_multipart=False
                 )
             return {"ETag": out.get("e_tag")}
+        signed = self._signed()
+        if signed is None:  # credentials obstore found itself: s3fs signs these
+            return self._s3fs().call_s3(method, **kwargs)
         if method == "delete_object" and "IfMatch" in kwargs:
-            self._delete_if_match(bucket, key, kwargs["IfMatch"])
+            signed.delete_if_match(bucket, key, kwargs["IfMatch"])
             return {}
-        return self._s3fs().call_s3(method, **kwargs)  # multipart listing and aborts: rare
+        if method == "list_multipart_uploads":
+            found = signed.list_multipart_uploads(bucket, kwargs.get("Prefix", ""))
+            return {"Uploads": [{"Key": k, "UploadId": u} for k, u in found], "IsTruncated": False}
+        if method == "abort_multipart_upload":
+            signed.abort_multipart_upload(bucket, key, kwargs["UploadId"])
+            return {}
+        return self._s3fs().call_s3(method, **kwargs)
 
-    def _delete_if_match(self, bucket: str, key: str, etag: str) -> None:
-        import urllib.error
-        import urllib.request
-
-        import obstore
-
-        url = obstore.sign(self._store(bucket), "DELETE", key, timedelta(minutes=5))
-        request = urllib.request.Request(url, method="DELETE", headers={"If-Match": etag})
-        try:
-            with urllib.request.urlopen(request, timeout=60):
-                pass
-        except urllib.error.HTTPError as exc:
-            raise OSError(f"{exc.code} {exc.reason}: DELETE {bucket}/{key}") from None
+    def _signed(self) -> Any:
+        """The requests obstore does not make (`s3_requests`), or None where they cannot be
+        signed here."""
+        with self._lock:
+            if self._requests is None:
+                self._requests = s3_requests.S3Requests(self._options, endpoint())
+        return self._requests if self._requests.usable() else None
 
     def _s3fs(self) -> Any:
-        """s3fs with the same options: for listing and aborting unfinished multipart uploads."""
+        """s3fs with the same options: for keys obstore cannot hold, and the conditional and
+        multipart requests where obstore found the credentials itself."""
         import fsspec
 
         with self._lock:

@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -250,3 +251,133 @@ def test_a_process_started_afresh_uses_obstore(both):
     child.join(timeout=60)
     assert child.exitcode == 0
     assert queue.get(timeout=5) == ("NativeS3", OBJECTS["a/d.txt"])
+
+
+@pytest.fixture(scope="module")
+def checking_server():
+    """moto's S3 server in a process of its own that checks every request's SigV4 signature
+    (after the first 3 requests, which make the IAM user whose keys sign the rest): the
+    requests packtool signs itself (`s3_requests`) are checked as AWS would check them."""
+    import socket
+
+    import boto3
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "no moto server"
+                time.sleep(0.2)
+        iam = boto3.client(
+            "iam", endpoint_url=url, region_name="us-east-1",
+            aws_access_key_id="setup", aws_secret_access_key="setup",
+        )  # fmt: skip
+        iam.create_user(UserName="packer")
+        keys = iam.create_access_key(UserName="packer")["AccessKey"]
+        policy = '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}'
+        iam.put_user_policy(UserName="packer", PolicyName="all", PolicyDocument=policy)
+        yield url, keys["AccessKeyId"], keys["SecretAccessKey"]
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def test_the_requests_packtool_signs_itself_pass_the_server_s_signature_check(checking_server):
+    import boto3
+
+    from packtool.storage.s3_requests import S3Requests
+
+    url, key, secret = checking_server
+    s3 = boto3.client(
+        "s3", endpoint_url=url, aws_access_key_id=key, aws_secret_access_key=secret,
+        region_name="us-east-1",
+    )  # fmt: skip
+    s3.create_bucket(Bucket="signed")
+    names = ["a/b.parquet", "a/with space+plus.parquet"]
+    uploads = {n: s3.create_multipart_upload(Bucket="signed", Key=n)["UploadId"] for n in names}
+    signed = S3Requests({"key": key, "secret": secret}, url)
+    assert sorted(signed.list_multipart_uploads("signed", "a/")) == sorted(uploads.items())
+    for name, upload in uploads.items():
+        signed.abort_multipart_upload("signed", name, upload)
+    assert signed.list_multipart_uploads("signed", "a/") == []
+    etag = s3.put_object(Bucket="signed", Key="lock", Body=b"mine")["ETag"]
+    with pytest.raises(OSError, match="412"):
+        signed.delete_if_match("signed", "lock", '"0123456789abcdef0123456789abcdef"')
+    signed.delete_if_match("signed", "lock", etag)
+    assert "Contents" not in s3.list_objects_v2(Bucket="signed")
+    wrong = S3Requests({"key": key, "secret": "not-the-secret"}, url)
+    with pytest.raises(OSError, match="403"):
+        wrong.list_multipart_uploads("signed", "a/")
+
+
+def test_keys_obstore_cannot_hold_are_read_through_s3fs(both):
+    """`a//b`, a `.` segment: obstore refuses such paths (and any listing that meets one); those
+    calls go to s3fs, with s3fs's answers."""
+    import boto3
+
+    native, ref = both
+    odd = {"odd//y.jsonl": b"y" * 10, "odd/./z.jsonl": b"z" * 20}
+    client = boto3.client("s3")
+    for key, data in odd.items():
+        client.put_object(Bucket=BUCKET, Key=key, Body=data)
+    ref.invalidate_cache()
+    for call in (
+        lambda fs: fs.find(f"{BUCKET}/odd"),
+        lambda fs: fs.ls(f"{BUCKET}/odd", detail=False),
+        lambda fs: sorted(fs.glob(f"{BUCKET}/odd/*.jsonl")),
+    ):
+        assert _answer(lambda c=call: c(native)) == _answer(lambda c=call: c(ref))
+    for key, data in odd.items():
+        assert native.cat_file(f"{BUCKET}/{key}") == data
+        assert native.info(f"{BUCKET}/{key}")["size"] == len(data)
+    assert native._fallback is not None  # s3fs answered those
+    native.rm([f"{BUCKET}/{key}" for key in odd])
+    ref.invalidate_cache()
+    assert ref.find(f"{BUCKET}/odd") == []
+
+
+def test_a_store_that_cannot_be_reached_is_an_error_not_a_missing_folder():
+    """`isdir` / `isfile` raise what the store says (fsspec's own would answer False, and
+    `remove_tree` would then delete nothing, silently)."""
+    fs = s3_native.NativeS3(
+        endpoint_url="http://127.0.0.1:9", key="k", secret="s",
+        config_kwargs={"connect_timeout": 1, "retries": {"max_attempts": 1}},
+    )  # fmt: skip
+    for call in (fs.isdir, fs.isfile, fs.exists):
+        with pytest.raises(OSError):
+            call(f"{BUCKET}/somewhere")
+
+
+def test_the_default_profile_of_the_aws_config_file_is_read_as_botocore_reads_it(
+    s3_server, monkeypatch, tmp_path
+):
+    """botocore reads `~/.aws/config`'s default profile with no variable naming it: its region
+    signs obstore's requests too; a setting obstore does not read (a CA bundle, an endpoint,
+    S3's addressing style) keeps s3fs."""
+    from packtool.storage import s3_requests
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / ".aws").mkdir()
+    config = tmp_path / ".aws" / "config"
+    config.write_text("[default]\nregion = eu-west-3\n")
+    assert s3_native.usable({}) and s3_requests.region({}) == "eu-west-3"
+    assert s3_requests.S3Requests({}, None).endpoint == "https://s3.eu-west-3.amazonaws.com"
+    for setting in ("ca_bundle = /etc/ca.pem", "s3 =\n  addressing_style = virtual"):
+        config.write_text(f"[default]\nregion = eu-west-3\n{setting}\n")
+        assert not s3_native.usable({})
+    config.write_text("[default\nregion")  # damaged: botocore refuses it, s3fs says so
+    assert not s3_native.usable({})
