@@ -8,7 +8,6 @@ import multiprocessing
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -253,45 +252,34 @@ def test_a_process_started_afresh_uses_obstore(both):
     assert queue.get(timeout=5) == ("NativeS3", OBJECTS["a/d.txt"])
 
 
-@pytest.fixture(scope="module")
-def checking_server():
-    """moto's S3 server in a process of its own that checks every request's SigV4 signature
-    (after the first 3 requests, which make the IAM user whose keys sign the rest): the
-    requests packtool signs itself (`s3_requests`) are checked as AWS would check them."""
-    import socket
+@pytest.fixture
+def checking_server(s3_server):
+    """The tests' S3 server checking every request's SigV4 signature while the test runs (moto's
+    `reset-auth`: its requests then need an IAM user's keys, made first): the requests packtool
+    signs itself (`s3_requests`) are checked as AWS would check them."""
+    import urllib.request
 
     import boto3
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    def auth(count: str) -> None:
+        request = urllib.request.Request(
+            f"{s3_server}/moto-api/reset-auth",
+            data=count.encode(),
+            headers={"Content-Type": "text/plain"},  # not a form: moto reads the raw body
+        )
+        urllib.request.urlopen(request, timeout=10).close()
+
+    auth("1000")  # unchecked: the IAM user and its keys
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, "no moto server"
-                time.sleep(0.2)
-        iam = boto3.client(
-            "iam", endpoint_url=url, region_name="us-east-1",
-            aws_access_key_id="setup", aws_secret_access_key="setup",
-        )  # fmt: skip
+        iam = boto3.client("iam", endpoint_url=s3_server)
         iam.create_user(UserName="packer")
         keys = iam.create_access_key(UserName="packer")["AccessKey"]
         policy = '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}'
         iam.put_user_policy(UserName="packer", PolicyName="all", PolicyDocument=policy)
-        yield url, keys["AccessKeyId"], keys["SecretAccessKey"]
+        auth("0")  # checked from here on
+        yield s3_server, keys["AccessKeyId"], keys["SecretAccessKey"]
     finally:
-        server.terminate()
-        server.wait()
+        auth("inf")
 
 
 def test_the_requests_packtool_signs_itself_pass_the_server_s_signature_check(checking_server):
