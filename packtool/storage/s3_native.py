@@ -49,10 +49,6 @@ from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from packtool.errors import ConfigError, MissingDependencyError
 from packtool.storage import s3_requests
 
-CONNECT_TIMEOUT_S = 10
-READ_TIMEOUT_S = 60
-ATTEMPTS = 8
-"""A request's attempts (botocore's `max_attempts`) unless the options say otherwise."""
 UPLOAD_CONCURRENCY = 4
 """Parts of one multipart upload sent at once."""
 PART_BYTES = 64 << 20
@@ -66,10 +62,6 @@ _FALLBACK_ENV = ("AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"
 _TRANSLATED = {"key", "secret", "token", "anon", "endpoint_url", "client_kwargs", "config_kwargs"}
 _CLIENT_KWARGS = {"endpoint_url", "region_name"}
 _CONFIG_KWARGS = {"connect_timeout", "read_timeout", "retries"}
-
-
-def endpoint() -> str | None:
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
 _STARTED_IN: int | None = None
@@ -112,10 +104,11 @@ def usable(options: dict[str, Any]) -> bool:
         return False
     if _STARTED_IN is not None and os.getpid() != _STARTED_IN:
         return False  # a forked child of a process whose obstore runtime started
-    if _untranslated(options):
+    untranslated = _untranslated(options)
+    if untranslated:
         if chosen == "obstore":
             raise ConfigError(
-                f"{CLIENT_ENV}=obstore: storage options it cannot take: {_untranslated(options)}"
+                f"{CLIENT_ENV}=obstore: storage options it cannot take: {untranslated}"
             )
         return False
     try:
@@ -126,13 +119,11 @@ def usable(options: dict[str, Any]) -> bool:
         return False
     if chosen == "obstore":
         return True
-    client = options.get("client_kwargs") or {}
-    url = options.get("endpoint_url") or client.get("endpoint_url") or endpoint()
+    url = s3_requests.endpoint(options)
     if not url or any(os.environ.get(k) for k in _FALLBACK_ENV):
         return False
-    if s3_requests.CONFIG_ONLY_S3FS & set(s3_requests.default_profile()) or (
-        "unreadable" in s3_requests.default_profile()
-    ):
+    profile = s3_requests.default_profile()
+    if s3_requests.CONFIG_ONLY_S3FS & set(profile) or "unreadable" in profile:
         return False  # `~/.aws/config` says how to reach the endpoint in words obstore ignores
     if str(url).startswith("https:") and os.environ.get("AWS_CA_BUNDLE"):
         return False  # botocore trusts that bundle for the endpoint; obstore reads it not
@@ -280,9 +271,8 @@ class NativeS3(AbstractFileSystem):
         if _STARTED_IN is None:
             _STARTED_IN = os.getpid()
         o = self._options
-        client = o.get("client_kwargs") or {}
         config: dict[str, Any] = {}
-        url = o.get("endpoint_url") or client.get("endpoint_url") or endpoint()
+        url = s3_requests.endpoint(o)
         if url:
             config["endpoint"] = url
         where = s3_requests.region(o)
@@ -297,11 +287,11 @@ class NativeS3(AbstractFileSystem):
                 config["session_token"] = o["token"]
         timeouts = o.get("config_kwargs") or {}
         client_options = {
-            "connect_timeout": f"{timeouts.get('connect_timeout', CONNECT_TIMEOUT_S)}s",
-            "timeout": f"{timeouts.get('read_timeout', READ_TIMEOUT_S)}s",
+            "connect_timeout": f"{timeouts.get('connect_timeout', s3_requests.CONNECT_TIMEOUT_S)}s",
+            "timeout": f"{timeouts.get('read_timeout', s3_requests.READ_TIMEOUT_S)}s",
             "allow_http": bool(url and url.startswith("http://")),
         }
-        retries = (timeouts.get("retries") or {}).get("max_attempts", ATTEMPTS)
+        retries = (timeouts.get("retries") or {}).get("max_attempts", s3_requests.ATTEMPTS)
         retry = {
             "max_retries": max(0, int(retries) - 1),
             "backoff": {"init_backoff": timedelta(milliseconds=100),
@@ -567,7 +557,7 @@ class NativeS3(AbstractFileSystem):
         signed here."""
         with self._lock:
             if self._requests is None:
-                self._requests = s3_requests.S3Requests(self._options, endpoint())
+                self._requests = s3_requests.S3Requests(self._options)
         return self._requests if self._requests.usable() else None
 
     def _s3fs(self) -> Any:

@@ -44,6 +44,20 @@ def default_profile() -> dict[str, str]:
     return dict(parser["default"]) if parser.has_section("default") else {}
 
 
+CONNECT_TIMEOUT_S = 10
+READ_TIMEOUT_S = 60
+ATTEMPTS = 8
+"""A request's attempts (botocore's `max_attempts`) unless the options say otherwise."""
+
+
+def endpoint(options: dict[str, Any]) -> str | None:
+    """The endpoint named for S3: the options' (`endpoint_url`, also in `client_kwargs`), else
+    the variables' (`AWS_ENDPOINT_URL_S3`, then `AWS_ENDPOINT_URL`); None: AWS itself."""
+    client = options.get("client_kwargs") or {}
+    return (options.get("endpoint_url") or client.get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))  # fmt: skip
+
+
 def region(options: dict[str, Any]) -> str | None:
     """The region botocore would sign for: the options', the variables', the default
     profile's."""
@@ -59,12 +73,11 @@ class S3Requests:
     """Signed requests to one endpoint as one caller (s3fs's options: `key`, `secret`,
     `token`, `anon`, `endpoint_url`, `client_kwargs`, `config_kwargs`)."""
 
-    def __init__(self, options: dict[str, Any], endpoint: str | None) -> None:
-        client = options.get("client_kwargs") or {}
+    def __init__(self, options: dict[str, Any]) -> None:
         config = options.get("config_kwargs") or {}
         self.region = region(options) or "us-east-1"
-        url = options.get("endpoint_url") or client.get("endpoint_url") or endpoint
-        self.endpoint = (url or f"https://s3.{self.region}.amazonaws.com").rstrip("/")
+        url = endpoint(options) or f"https://s3.{self.region}.amazonaws.com"
+        self.endpoint = url.rstrip("/")
         self.anon = bool(options.get("anon"))
         if options.get("key"):
             keys = (options["key"], options.get("secret", ""), options.get("token"))
@@ -72,8 +85,8 @@ class S3Requests:
             keys = (os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY"),
                     os.environ.get("AWS_SESSION_TOKEN"))  # fmt: skip
         self.keys = keys
-        self.attempts = int((config.get("retries") or {}).get("max_attempts", 8))
-        self.timeout = float(config.get("read_timeout", 60))
+        self.attempts = int((config.get("retries") or {}).get("max_attempts", ATTEMPTS))
+        self.timeout = float(config.get("read_timeout", READ_TIMEOUT_S))
 
     def usable(self) -> bool:
         """Whether these requests can be signed here (else the caller asks s3fs)."""

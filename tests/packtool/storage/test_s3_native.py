@@ -295,7 +295,7 @@ def test_the_requests_packtool_signs_itself_pass_the_server_s_signature_check(ch
     s3.create_bucket(Bucket="signed")
     names = ["a/b.parquet", "a/with space+plus.parquet"]
     uploads = {n: s3.create_multipart_upload(Bucket="signed", Key=n)["UploadId"] for n in names}
-    signed = S3Requests({"key": key, "secret": secret}, url)
+    signed = S3Requests({"key": key, "secret": secret, "endpoint_url": url})
     assert sorted(signed.list_multipart_uploads("signed", "a/")) == sorted(uploads.items())
     for name, upload in uploads.items():
         signed.abort_multipart_upload("signed", name, upload)
@@ -305,7 +305,7 @@ def test_the_requests_packtool_signs_itself_pass_the_server_s_signature_check(ch
         signed.delete_if_match("signed", "lock", '"0123456789abcdef0123456789abcdef"')
     signed.delete_if_match("signed", "lock", etag)
     assert "Contents" not in s3.list_objects_v2(Bucket="signed")
-    wrong = S3Requests({"key": key, "secret": "not-the-secret"}, url)
+    wrong = S3Requests({"key": key, "secret": "not-the-secret", "endpoint_url": url})
     with pytest.raises(OSError, match="403"):
         wrong.list_multipart_uploads("signed", "a/")
 
@@ -363,7 +363,9 @@ def test_the_default_profile_of_the_aws_config_file_is_read_as_botocore_reads_it
     config = tmp_path / ".aws" / "config"
     config.write_text("[default]\nregion = eu-west-3\n")
     assert s3_native.usable({}) and s3_requests.region({}) == "eu-west-3"
-    assert s3_requests.S3Requests({}, None).endpoint == "https://s3.eu-west-3.amazonaws.com"
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # AWS itself: its endpoint in that region
+    assert s3_requests.S3Requests({}).endpoint == "https://s3.eu-west-3.amazonaws.com"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
     for setting in ("ca_bundle = /etc/ca.pem", "s3 =\n  addressing_style = virtual"):
         config.write_text(f"[default]\nregion = eu-west-3\n{setting}\n")
         assert not s3_native.usable({})
