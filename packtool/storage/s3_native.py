@@ -337,25 +337,22 @@ class NativeS3(AbstractFileSystem):
             "ETag": meta.get("e_tag"),
         }
 
-    def exists(self, path: Any, **kwargs: Any) -> bool:
+    def _kind(self, path: Any) -> str | None:
+        """ "file", "directory", or None for neither. As s3fs, a store's failure raises (fsspec's
+        own `exists` / `isdir` / `isfile` answer False to it)."""
         try:
-            self.info(path)
+            return self.info(path)["type"]
         except FileNotFoundError:
-            return False
-        return True
+            return None
+
+    def exists(self, path: Any, **kwargs: Any) -> bool:
+        return self._kind(path) is not None
 
     def isdir(self, path: Any) -> bool:
-        """As s3fs: a store's failure raises (fsspec's own would answer False)."""
-        try:
-            return self.info(path)["type"] == "directory"
-        except FileNotFoundError:
-            return False
+        return self._kind(path) == "directory"
 
     def isfile(self, path: Any) -> bool:
-        try:
-            return self.info(path)["type"] == "file"
-        except FileNotFoundError:
-            return False
+        return self._kind(path) == "file"
 
     @_or_s3fs
     def ls(self, path: Any, detail: bool = True, **kwargs: Any) -> list[Any]:
