@@ -11,7 +11,6 @@ import gc
 import os
 import signal
 import sys
-import threading
 from typing import Any
 
 import click
@@ -479,18 +478,17 @@ def pack_cmd(
 
         return corpus.load_tokenizer() if input_identity(inputs) is None else None
 
-    # Start-up overlaps: the tokenizer loads in one thread (the Rust builders release the GIL)
-    # while this one imports the packer (numba) and another loads its kernels from numba's
-    # cache. Errors keep their order: the tokenizer's surface only where it is awaited below.
+    # Start-up overlaps: the tokenizer loads in one thread while this one imports the rest.
+    # numba is not among those imports (packtool/pack/jit.py): a partition loads its kernels
+    # once it has started reading, so numba's import does not compete for the GIL with the
+    # tokenizer's build. Errors keep their order: the tokenizer's surface only where it is
+    # awaited below.
     loader = ThreadPoolExecutor(1, thread_name_prefix="packtool-tokenizer")
     loading = loader.submit(tokenizer_for_inputs)
     loader.shutdown(wait=False)
     from packtool.dataset.shards import ShardConfig
     from packtool.engines.local import RunConfig
-    from packtool.pack import warmup
     from packtool.pack.chunk import PackConfig
-
-    threading.Thread(target=warmup.warm_up, name="packtool-kernels", daemon=True).start()
 
     extra = () if group_by in (None, "source") else (group_by,)
     if long_docs is None:  # a loss mask's documents are never split (packtool/pack/columns.py)

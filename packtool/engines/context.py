@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packtool.dataset.shards import ShardConfig
-from packtool.pack import warmup
 from packtool.pack.chunk import PackConfig
 from packtool.pack.tail import TailPolicy
 from packtool.read.documents import ReadConfig
@@ -42,10 +41,10 @@ class WorkerContext:
 
 
 def setup_process(threads: int | None) -> None:
-    """Once per worker process: tokenizer threads for this worker's share of the cores, kernels."""
+    """Once per worker process: tokenizer threads for this worker's share of the cores. (The
+    packer's kernels load in its first partition, once the reading has begun.)"""
     # The Rust engines size their thread pools at their first encode (an explicit variable wins).
     limit_threads(threads)
-    warmup.warm_up()
 
 
 def without_render_pool(ctx: WorkerContext) -> WorkerContext:

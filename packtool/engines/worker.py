@@ -23,6 +23,7 @@ leaves no record; running the partition again rewrites the same files with the s
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,7 +44,7 @@ from packtool.pack.flat_ids import rechunk
 from packtool.pack.tail import DOC_CHUNK
 from packtool.read.documents import SkipCounter
 from packtool.storage import local as storage
-from packtool.tokenize.tables import partition_tables
+from packtool.tokenize.tables import ENCODING_STARTED, partition_tables
 
 
 def write_chunk(writer: ShardWriter, packed: PackedChunk) -> None:
@@ -115,17 +116,25 @@ def run_partition(
         work, lambda k: records.shard_name(p, k), ctx.shards, threads=ctx.shard_threads
     )
     documents = nbytes = 0
+    reading = threading.Event()
 
     def tables() -> Iterator[pa.Table]:
         nonlocal documents, nbytes
         for table, n in partition_tables(
             ctx.source, ctx.tokenizer, descriptor_pieces(descriptor), skips, check_piece
         ):
+            reading.set()
             documents += table.num_rows
             nbytes += n
             yield table
 
     def load_kernels() -> None:
+        # Once the first batch reached the tokenizer (or a first table came, or the reading
+        # ended): numba's import and cache loading hold the GIL, which the tokenizer's build
+        # and the first read need; the first chunk is packed only after its reading anyway.
+        if ctx.tokenizer is not None:
+            while not (ENCODING_STARTED.wait(0.01) or reading.is_set()):
+                pass
         t0 = time.perf_counter()
         warmup.warm_up()  # ~0.3 s on a process's first call, then free
         state.seconds["load kernels"] += time.perf_counter() - t0
@@ -151,7 +160,10 @@ def run_partition(
             c = 0
             while True:
                 t0 = time.perf_counter()
-                table = next(chunks, None)
+                try:
+                    table = next(chunks, None)
+                finally:
+                    reading.set()  # a chunk, the end or a failure: the kernels load now
                 state.seconds["read+tokenize"] += time.perf_counter() - t0
                 if pending is not None:
                     carry = pending.result()  # chunk c - 1's tail (None after load_kernels)

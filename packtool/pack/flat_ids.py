@@ -17,14 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-import numba
 import numpy as np
 import pyarrow as pa
 from numpy.typing import ArrayLike, NDArray
 
 from packtool.arrow_numpy import to_numpy
 from packtool.errors import DataError
-from packtool.pack import kernels
+from packtool.pack import jit, kernels
 
 
 class FlatIds:
@@ -111,7 +110,7 @@ class FlatIds:
         return out
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _scatter_segments(values, src, dst, lengths, out):  # pragma: no cover - compiled
     for i in range(lengths.size):
         s, d = src[i], dst[i]

@@ -25,11 +25,11 @@ once in threads (e.g. one per chunk, or one per candidate max length). Plain-Pyt
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from packtool.errors import ConfigError
+from packtool.pack import jit
 from packtool.pack.limits import ALGORITHMS, MAX_LEN_LIMIT, check_max_len
 
 __all__ = [
@@ -59,7 +59,7 @@ __all__ = [
 # fit: every row to its left had less than l; best fit: no row had room in [l, its capacity)).
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _length_counts(lengths, max_len):  # pragma: no cover - compiled
     counts = np.zeros(max_len + 1, np.int64)
     for i in range(lengths.size):
@@ -67,7 +67,7 @@ def _length_counts(lengths, max_len):  # pragma: no cover - compiled
     return counts
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _first_positions(counts, max_len):  # pragma: no cover - compiled
     """first[l] = number of documents longer than l: where length l starts in sorted space."""
     first = np.zeros(max_len + 1, np.int64)
@@ -78,7 +78,7 @@ def _first_positions(counts, max_len):  # pragma: no cover - compiled
     return first
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _sort_decreasing(lengths, max_len):  # pragma: no cover - compiled
     """Stable counting sort: indices by decreasing length, ties in input order."""
     nxt = _first_positions(_length_counts(lengths, max_len), max_len)
@@ -90,7 +90,7 @@ def _sort_decreasing(lengths, max_len):  # pragma: no cover - compiled
     return order
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _row_bound(counts, max_len):  # pragma: no cover - compiled
     """An upper bound on the rows any first/best-fit packing opens.
 
@@ -106,7 +106,7 @@ def _row_bound(counts, max_len):  # pragma: no cover - compiled
     return max(min(2 * ((total + max_len - 1) // max_len) + 1, n), 1)
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _unsort(lengths, max_len, first_run, run_row, run_off, run_k):  # pragma: no cover - compiled
     """Gather sorted-space runs back into input order.
 
@@ -132,7 +132,7 @@ def _unsort(lengths, max_len, first_run, run_row, run_off, run_k):  # pragma: no
     return row, offset
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@jit.njit(cache=True, nogil=True, inline="always")
 def _leftmost_fit(tree, size, length):  # pragma: no cover - compiled
     """Leaf index of the leftmost row whose remaining capacity is >= length (max segment tree)."""
     node = 1
@@ -143,7 +143,7 @@ def _leftmost_fit(tree, size, length):  # pragma: no cover - compiled
     return node
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@jit.njit(cache=True, nogil=True, inline="always")
 def _set_leaf(tree, node, value):  # pragma: no cover - compiled
     """Set a leaf and restore the max above it; stops at the first ancestor it does not change."""
     tree[node] = value
@@ -158,7 +158,7 @@ def _set_leaf(tree, node, value):  # pragma: no cover - compiled
         node //= 2
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
     n = lengths.size
     counts = _length_counts(lengths, max_len)
@@ -214,7 +214,7 @@ def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
     return row, offset, n_rows
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _ff(lengths, max_len):  # pragma: no cover - compiled
     """First fit in the given order (no sort), on the same max segment tree as `_ffd`."""
     n = lengths.size
@@ -243,7 +243,7 @@ def _ff(lengths, max_len):  # pragma: no cover - compiled
     return row, offset, n_rows
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _flag_set(flags, size, c):  # pragma: no cover - compiled
     node = size + c
     while node >= 1 and flags[node] == 0:
@@ -251,7 +251,7 @@ def _flag_set(flags, size, c):  # pragma: no cover - compiled
         node //= 2
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _flag_clear(flags, size, c):  # pragma: no cover - compiled
     node = size + c
     flags[node] = 0
@@ -264,7 +264,7 @@ def _flag_clear(flags, size, c):  # pragma: no cover - compiled
         node //= 2
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _flag_find_ge(flags, size, c):  # pragma: no cover - compiled
     """Smallest set leaf index >= c, or -1."""
     node = size + c
@@ -282,7 +282,7 @@ def _flag_find_ge(flags, size, c):  # pragma: no cover - compiled
     return -1
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _bfd(lengths, max_len):  # pragma: no cover - compiled
     n = lengths.size
     counts = _length_counts(lengths, max_len)
@@ -332,7 +332,7 @@ def _bfd(lengths, max_len):  # pragma: no cover - compiled
     return row, offset, n_rows
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _split(lengths, max_len):  # pragma: no cover - compiled
     n_chunks = 0
     for i in range(lengths.size):
@@ -351,7 +351,7 @@ def _split(lengths, max_len):  # pragma: no cover - compiled
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _gather_segments(values, src, lengths):  # pragma: no cover - compiled
     total = 0
     for i in range(lengths.size):
@@ -366,7 +366,7 @@ def _gather_segments(values, src, lengths):  # pragma: no cover - compiled
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def _segment_sums(values, src, lengths):  # pragma: no cover - compiled
     out = np.zeros(lengths.size, np.int64)
     for i in range(lengths.size):

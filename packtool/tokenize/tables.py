@@ -22,6 +22,7 @@ during the run is a one-line error naming it, not a silently mixed dataset.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,6 +224,12 @@ def _raw_batches(
         yield builder.flush()
 
 
+ENCODING_STARTED = threading.Event()
+"""Set when this process hands its first batch to a tokenizer: what a partition's kernel
+warm-up waits for (packtool/engines/worker.py), so that numba's import and cache loading, which
+hold the GIL, come after the tokenizer's build and the first batch's read, not before."""
+
+
 def _encoded(
     batches: Iterator[DocumentBatch], tokenizer: Tokenizer, source: Source
 ) -> Iterator[tuple[pa.Table, int]]:
@@ -230,6 +237,7 @@ def _encoded(
     # copy ids out + build the table + the caller's own work (packing, writing).
     def encoded() -> Iterator[tuple[DocumentBatch, Any]]:
         for batch in prefetch(batches, depth=PIPELINE_DEPTH):
+            ENCODING_STARTED.set()
             yield batch, tokenizer.start_batch(batch.texts)
 
     for batch, raw in prefetch(encoded(), depth=PIPELINE_DEPTH):
