@@ -170,6 +170,14 @@ def open_input(path: str | os.PathLike, buffering: int = -1, end: int | None = N
     return open(path, "rb", buffering=buffering)  # noqa: SIM115 - the caller closes it
 
 
+def prefetch(path: str | os.PathLike, start: int, end: int | None, size: int) -> None:
+    """Begin fetching the start of the bytes `start`..`end` (None: to the end) of a file of
+    `size` bytes this process reads next (an object of a store: `remote.prefetch`; a local
+    file: nothing to do)."""
+    if is_remote(path):
+        remote.prefetch(path, start, end, size)
+
+
 def read_bytes(path: str | os.PathLike) -> bytes:
     """The whole of a small file."""
     if is_remote(path):

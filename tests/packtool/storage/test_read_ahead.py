@@ -12,7 +12,7 @@ import os
 import threading
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import DataError
@@ -98,10 +98,23 @@ def test_a_small_first_block_a_larger_second_then_full_ones_each_fetched_at_half
         _settle()
         assert blob.ranges == [(0, 100), (100, 500)]
         assert f.read() == data[60:]
-    # 100, 400, then full 3,200-byte blocks
+    # 100, 400, then full 3,200-byte blocks (two at a time in flight: any order between them)
     want = [(0, 100), (100, 500)]
     want += [(at, min(at + 3200, len(data))) for at in range(500, len(data), 3200)]
-    assert blob.ranges == want  # each byte fetched once
+    assert sorted(blob.ranges) == want  # each byte fetched once
+
+
+def test_past_the_second_block_two_full_blocks_are_in_flight_at_most():
+    data = b"w" * 20_000
+    blob = Blob(data)
+    raw = remote.ReadAhead("s3://b/k", blob, "b/k", len(data), None, 1000, 100)
+    buf = bytearray(50)
+    got = bytearray()
+    most = 0
+    while n := raw.readinto(buf):
+        got += buf[:n]
+        most = max(most, len(raw._ahead))
+    assert bytes(got) == data and most == remote.READ_AHEAD_BLOCKS == 2
 
 
 def test_a_buffered_probe_of_the_first_block_fetches_at_most_the_next_small_one():
@@ -143,3 +156,93 @@ def test_a_failed_fetch_is_one_line_naming_the_url_where_its_bytes_are_read():
         ) as e:
             f.read(10)
     assert "\n" not in str(e.value)
+
+
+# --- prefetch: the first blocks of the next object a reader opens ------------------------------
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 100 B first, 400 B second, then 1,000 B; `remote.filesystem` of any URL is the
+    blob the test sets."""
+    monkeypatch.setattr(remote, "FIRST_READ_BYTES", 100)
+    monkeypatch.setattr(remote, "READ_BYTES", 1000)
+    monkeypatch.setattr(remote, "_PREFETCHED", type(remote._PREFETCHED)())
+    blobs: dict[str, Blob] = {}
+    monkeypatch.setattr(remote, "filesystem", lambda url: (blobs[str(url)], str(url)[5:]))
+    return blobs
+
+
+def _reader(blob: Blob, url: str, end: int | None = None) -> io.BufferedReader:
+    return io.BufferedReader(remote.ReadAhead(url, blob, url[5:], len(blob.data), end))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    data=st.binary(min_size=1, max_size=4000),
+    start=st.integers(0, 4000),
+    end=st.one_of(st.none(), st.integers(0, 4000)),
+)
+def test_a_prefetched_piece_reads_the_same_bytes_each_fetched_once(data, start, end):
+    import contextlib
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(remote, "FIRST_READ_BYTES", 100)
+        mp.setattr(remote, "READ_BYTES", 1000)
+        mp.setattr(remote, "_PREFETCHED", type(remote._PREFETCHED)())
+        blob = Blob(data)
+        mp.setattr(remote, "filesystem", lambda url: (blob, "b/k"))
+        start = min(start, len(data) - 1)
+        assume(end is None or end > start)  # a piece ending where it starts is never read
+        remote.prefetch("s3://b/k", start, end, len(data))
+        _settle()
+        before = list(blob.ranges)  # what the prefetch asked for, before any open
+        with contextlib.closing(_reader(blob, "s3://b/k", end)) as f:
+            f.seek(start)
+            got = f.read()
+        assert got == data[start:]
+        assert before and before[0][0] == start and len(before) <= 3
+        ranges = sorted(blob.ranges)
+        assert ranges[0][0] == start and ranges[-1][1] == len(data)
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+        assert not remote._PREFETCHED  # taken
+
+
+def test_the_blocks_of_a_prefetch_are_the_reader_s_own_and_the_reader_goes_on_after_them(
+    small_blocks,
+):
+    blob = small_blocks["s3://b/k"] = Blob(bytes(range(256)) * 20)  # 5,120 bytes
+    remote.prefetch("s3://b/k", 0, None, len(blob.data))
+    _settle()
+    assert blob.ranges == [(0, 100), (100, 500), (500, 1500)]  # 100, 4 x 100, a full block
+    with _reader(blob, "s3://b/k") as f:
+        assert f.read() == blob.data
+    assert sorted(blob.ranges) == [(0, 100), (100, 500)] + [
+        (a, min(a + 1000, 5120)) for a in range(500, 5120, 1000)
+    ]
+
+
+def test_prefetched_pieces_are_bounded_and_one_never_opened_is_dropped(small_blocks):
+    for name in "abc":
+        small_blocks[f"s3://b/{name}"] = Blob(b"n" * 3000)
+        remote.prefetch(f"s3://b/{name}", 0, 2000, 3000)
+    assert list(remote._PREFETCHED) == [("b/b", 0), ("b/c", 0)]  # `a` dropped, oldest first
+    _settle()
+    a = small_blocks["s3://b/a"]
+    asked = len(a.ranges)
+    with _reader(a, "s3://b/a") as f:  # opened anyway: its first block fetched again, here
+        assert f.read(10) == b"n" * 10
+    assert a.ranges[asked] == (0, 100)
+    # A prefetch stops at the piece's end; one at or past it asks for nothing.
+    assert max(e for _, e in small_blocks["s3://b/b"].ranges) <= 2000 + 1000
+    remote.prefetch("s3://b/a", 3000, None, 3000)
+    assert ("b/a", 3000) not in remote._PREFETCHED
+
+
+def test_a_failed_prefetched_block_is_one_line_naming_the_url_where_it_is_read(small_blocks):
+    blob = small_blocks["s3://b/k"] = Blob(b"y" * 3000, fail_at=300)
+    remote.prefetch("s3://b/k", 0, None, 3000)
+    with _reader(blob, "s3://b/k") as f:
+        assert f.read(100) == b"y" * 100  # the first block came
+        with pytest.raises(DataError, match=r"^s3://b/k: cannot be read \(connection reset"):
+            f.read(300)  # the second, prefetched, failed on its thread

@@ -6,10 +6,13 @@ missing-extra error only."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import shutil
 import sys
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -98,14 +101,14 @@ def test_a_worker_reads_its_own_byte_ranges(bucket, tmp_path, monkeypatch):
     it (64 KB here), read-ahead included: 11 partitions fetch about the object once, not 11
     times."""
     fetched: dict[str, int] = {}
-    real = remote.ReadAhead._fetch
+    real = remote._fetch_range
 
-    def counting(self, start, n):
-        data = real(self, start, n)
-        fetched[self._path] = fetched.get(self._path, 0) + len(data)
+    def counting(fs, path, start, end):
+        data = real(fs, path, start, end)
+        fetched[path] = fetched.get(path, 0) + len(data)
         return data
 
-    monkeypatch.setattr(remote.ReadAhead, "_fetch", counting)
+    monkeypatch.setattr(remote, "_fetch_range", counting)
     monkeypatch.setattr(remote, "READ_BYTES", 65536)
     monkeypatch.setattr("packtool.read.compressed.BUFFER_BYTES", 65536)
     monkeypatch.setattr("packtool.read.lines.BUFFER_BYTES", 65536)
@@ -113,6 +116,54 @@ def test_a_worker_reads_its_own_byte_ranges(bucket, tmp_path, monkeypatch):
     size = (bucket / "a.jsonl").stat().st_size
     assert summary.partitions == 11
     assert size <= fetched["corpus/data/a.jsonl"] <= size + 11 * 2 * 65536
+
+
+def test_a_partition_of_several_objects_fetches_the_next_ones_first_blocks_ahead_each_once(
+    bucket, tmp_path, monkeypatch
+):
+    """One partition over 8 objects (the sample cut in 8): while one object is read, the first
+    blocks of the next are already on their way (`remote.prefetch`), and the reader takes them:
+    every byte of every object is fetched exactly once, and the shards are a local pack's."""
+    import boto3
+
+    data = (SAMPLE / "corpus.jsonl").read_bytes()
+    cuts = [0] + [data.index(b"\n", len(data) * i // 8) + 1 for i in range(1, 8)] + [len(data)]
+    local = tmp_path / "parts"
+    local.mkdir()
+    client = boto3.client("s3")
+    for i in range(8):
+        (local / f"p{i}.jsonl").write_bytes(data[cuts[i] : cuts[i + 1]])
+        client.upload_file(str(local / f"p{i}.jsonl"), "corpus", f"eight/p{i}.jsonl")
+    asked: list[tuple[str, int, int, str]] = []
+    real = remote._fetch_range
+
+    def counting(fs, path, start, end):
+        asked.append((path, start, end, threading.current_thread().name))
+        return real(fs, path, start, end)
+
+    monkeypatch.setattr(remote, "_fetch_range", counting)
+    monkeypatch.setattr(remote, "FIRST_READ_BYTES", 4096)
+    monkeypatch.setattr(remote, "READ_BYTES", 65536)
+    whole = {"workers": 1, "partition_size": 64 << 20}  # one partition of 8 pieces
+    got = run_pack(replace(pack_config(tmp_path / "s3", ["s3://corpus/eight/"]), **whole))
+    want = run_pack(replace(pack_config(tmp_path / "local", [local]), **whole))
+    assert got.partitions == want.partitions == 1
+    assert _shards(tmp_path / "s3") == _shards(tmp_path / "local")
+    for i in range(8):
+        gets = [(s, e) for p, s, e, _ in asked if p == f"corpus/eight/p{i}.jsonl"]
+        # The probe of the object's first record (is it SFT data?) comes first, before the
+        # pack: its first block and the one it fetched ahead. Then the partition's reading,
+        # which fetches the whole object, each byte once.
+        assert gets[:2] == [(0, 4096), (4096, 4096 + remote.GROWTH * 4096)]
+        ranges = sorted(gets[2:])
+        assert ranges[0][0] == 0 and ranges[-1][1] == cuts[i + 1] - cuts[i]
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    # The reading opened no object after the first with a GET on its own thread: that first
+    # block had been fetched ahead, on a read-ahead thread, while the object before was read.
+    for i in range(1, 8):
+        reading = [a for a in asked if a[0] == f"corpus/eight/p{i}.jsonl"][2:]
+        (thread,) = [t for _, start, _, t in reading if start == 0]
+        assert thread.startswith("packtool-readahead"), (i, thread)
 
 
 def test_probing_the_kind_of_an_object_downloads_its_first_blocks_not_the_object(
@@ -126,13 +177,13 @@ def test_probing_the_kind_of_an_object_downloads_its_first_blocks_not_the_object
     from packtool.sft.inputs import dataset_kind
 
     asked: list[tuple[str, int, int]] = []
-    real = remote.ReadAhead._fetch
+    real = remote._fetch_range
 
-    def counting(self, start, n):
-        asked.append((self._path, start, min(n, self._size - start)))
-        return real(self, start, n)
+    def counting(fs, path, start, end):
+        asked.append((path, start, end - start))
+        return real(fs, path, start, end)
 
-    monkeypatch.setattr(remote.ReadAhead, "_fetch", counting)
+    monkeypatch.setattr(remote, "_fetch_range", counting)
     assert dataset_kind([remote.as_path("s3://corpus/data/a.jsonl")], ReadConfig()) == "text"
     deadline = time.monotonic() + 10
     while len(asked) < 2 and time.monotonic() < deadline:  # the fetch ahead, on its thread
