@@ -494,8 +494,13 @@ def write_all(
             inputs, read_config=config, tokenizer=tokenizer, workers=workers, skips=skips
         )
         write_q = BackgroundWriter(writer)
+        # Kept fields no document has had a value for yet (a JSONL record without the field
+        # gives a null; Parquet and tokenized inputs refuse a missing column up front).
+        unseen = list(config.extra_fields)
         try:
             for table, nbytes in tables:
+                if unseen:
+                    unseen = [f for f in unseen if table.column(f).null_count == table.num_rows]
                 write_q.put(table)
                 tokens = int(pc.sum(table.column("length")).as_py() or 0)
                 if supervised is not None:
@@ -507,6 +512,11 @@ def write_all(
     if bar.docs == 0:
         # As `stats` and `pack` do: an output without a document is a mistake, not a result.
         raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")
+    if unseen:  # an all-null column is a misspelt name, not a result (as pack's --group-by)
+        raise DataError(
+            f"--keep-field {unseen[0]!r}: none of the {bar.docs:,} documents has a value for "
+            "it (missing or null in every record: check the name); nothing was written"
+        )
     return bar, supervised
 
 

@@ -30,6 +30,24 @@ def test_tokenize_happy_path(tmp_path):
     assert pq.read_table(out).column("input_ids")[0].as_py() == list(b"hello world")
 
 
+def test_a_kept_field_no_record_has_is_one_error_line_and_the_old_output_stays(tmp_path):
+    """A misspelt --keep-field on JSONL (no record has the field) made an all-null column with
+    exit 0; a field some records have is kept, null where it is missing."""
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "a", "lang": "en"}\n{"text": "b"}\n{"text": "c", "lang": null}\n')
+    out = tmp_path / "o.parquet"
+    assert run("tokenize", src, "-o", out, "--keep-field", "lang")[0] == 0
+    assert pq.read_table(out).column("lang").to_pylist() == ["en", None, None]
+    before = out.read_bytes()
+    code, stdout, err = run("tokenize", src, "-o", out, "--keep-field", "lnag", "--overwrite")
+    assert code == 1 and stdout == ""
+    assert one_error_line(err) == (
+        "error: --keep-field 'lnag': none of the 3 documents has a value for it (missing or "
+        "null in every record: check the name); nothing was written"
+    )
+    assert out.read_bytes() == before  # the output it would have replaced is untouched
+
+
 def test_tokenize_folder_output_and_bos(tmp_path):
     src = write_corpus(tmp_path / "c.parquet")
     code, stdout, err = run("tokenize", src, "-o", tmp_path / "out", "--bos-id", "default")
