@@ -82,13 +82,30 @@ def test_full_budget_goes_without_waiting() -> None:
     assert model.calls[0][1:] == (100, 2)
 
 
+class GatedModel(Model):
+    """`Model` whose first call holds the model until `release` is set (`started` says it is
+    running): what arrives meanwhile is queued, whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, batch: dict) -> torch.Tensor:
+        out = super().__call__(batch)
+        if not self.started.is_set():
+            self.started.set()
+            assert self.release.wait(30)
+        return out
+
+
 def test_gap_filling_and_budget_split() -> None:
     # 70 + 50 > 100: the 50 waits for the next batch, the 30 fills the gap after the 70
-    model = Model(delay=0.5)
+    model = GatedModel()
     with RequestBatcher(run_batch=model, max_wait_ms=20, token_budget=100) as batcher:
-        first = batcher.submit(np.ones(5, np.int64))  # occupies the model for 0.5 s
-        time.sleep(0.2)
+        first = batcher.submit(np.ones(5, np.int64))  # occupies the model until released
+        assert model.started.wait(30)
         futs = [batcher.submit(np.ones(n, np.int64)) for n in (70, 50, 30)]
+        model.release.set()
         [f.result(timeout=10) for f in futs + [first]]
     assert [c[1:] for c in model.calls] == [(5, 1), (100, 2), (50, 1)]
 

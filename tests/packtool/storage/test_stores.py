@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -129,15 +130,21 @@ def test_one_writer_per_output_and_a_stale_lock_is_taken_over(store, monkeypatch
     assert not store.fs.exists(f"{BUCKET}/locked/index.json")
 
     # Another host's holder: refused while its lease runs, taken once it has run out (the
-    # store's own modification time of the lock object says when it was last renewed).
+    # store's own modification time of the lock object says when it was last renewed). The
+    # clock the lease is read against moves on by hand: with a 1 s lease and a real sleep,
+    # Azure's whole-second modification times let a lock written at x.95 s look a second old
+    # at once (taken, not refused: 2 of 80 tries).
     lock = store.url("locks/stale")
-    monkeypatch.setenv(remote_write.LEASE_ENV, "1")
+    monkeypatch.setenv(remote_write.LEASE_ENV, "30")
+    later = [0.0]
+    clock = SimpleNamespace(time=lambda: time.time() + later[0], sleep=time.sleep)
+    monkeypatch.setattr(remote_write, "time", clock)
     store.fs.pipe_file(
         f"{BUCKET}/locks/stale", json.dumps({"pid": 1, "host": "elsewhere"}).encode()
     )
     with pytest.raises(remote_write.RemoteLockBusy):
         remote_write.take_lock(lock)
-    time.sleep(2.2)  # modification times may have whole seconds
+    later[0] = 32.0  # the lease, and the second a modification time may have lost
     held = remote_write.take_lock(lock, json.dumps({"host": socket.gethostname()}).encode())
     held.release()
     store.fs.invalidate_cache()

@@ -159,8 +159,16 @@ def test_tasks_per_job_and_no_wait_then_resume(cluster, local, tmp_path):
 
 def test_scancel_then_resume_runs_only_what_is_left(cluster, local, tmp_path):
     out = tmp_path / "packed"
+    # Only the first task to start runs; the others wait for a gate never opened, until the
+    # scancel. (Without it, on a machine of 11 or more cores every task ran at once and all
+    # could finish before the scancel came.)
+    first, gate = tmp_path / "first", tmp_path / "gate"
+    setup = (
+        f'if [ "$PACKTOOL_SLURM_ROLE" = task ] && ! mkdir {first} 2>/dev/null; then '
+        f"until [ -e {gate} ]; do sleep 0.05; done; fi"
+    )
     with pytest.raises(Detached) as gone:
-        run_pack_slurm(_config(out), SlurmConfig(wait=False))
+        run_pack_slurm(_config(out), SlurmConfig(wait=False, setup=setup))
     jobs = gone.value.job_ids
     work = staging_folder(out)
     end = time.time() + 60
@@ -169,7 +177,7 @@ def test_scancel_then_resume_runs_only_what_is_left(cluster, local, tmp_path):
     subprocess.run(["scancel", *jobs], check=True)
     _wait_queue_empty(jobs)
     kept = set(records.finished(work))
-    assert 0 < len(kept) < 11  # some finished, some cancelled (running or pending)
+    assert 0 < len(kept) < 11  # the first task's partitions finished, the rest cancelled
     code, stdout, err = run(
         "pack",
         SAMPLE,
@@ -202,12 +210,8 @@ def test_a_task_killed_mid_partition_and_a_requeued_one_are_run_again(cluster, t
     mark = tmp_path / "killed-once"
     work = staging_folder(out)
     # The first task to start: a watcher SIGKILLs its Python (the shell exec's it: same pid) as
-    # soon as a shard is being written, i.e. in the middle of a partition.
-    setup = (
-        f'if [ "$PACKTOOL_SLURM_ROLE" = task ] && mkdir {mark} 2>/dev/null; then '
-        f"(until ls {work}/.shard-*.tmp >/dev/null 2>&1; do kill -0 $$ || exit 0; sleep 0.005; "
-        f"done; touch {mark}/fired; kill -9 $$) & fi"
-    )
+    # soon as it writes a shard, i.e. in the middle of a partition.
+    setup = _killer(mark, work)
     with pytest.raises(Detached) as gone:
         run_pack_slurm(
             config(out), SlurmConfig(setup=setup, wait=False, sbatch_args=("--requeue",))
@@ -293,13 +297,23 @@ def test_the_driver_killed_while_jobs_run_is_resumed(cluster, local, tmp_path):
     out = tmp_path / "packed"
     args = ["pack", str(SAMPLE), "-o", str(out), "--max-len", "1024", "--shard-rows", "200",
             "--partition-size", "300000", "--engine", "slurm"]  # fmt: skip
-    driver = subprocess.Popen([sys.executable, "-m", "packtool.cli.commands", *args], cwd=ROOT)
+    # Only the first task runs until the gate opens, so the driver dies with work left to do
+    # on any machine (else all 11 could finish first, and the resume would prove nothing).
+    first, gate = tmp_path / "first", tmp_path / "gate"
+    setup = (
+        f'if [ "$PACKTOOL_SLURM_ROLE" = task ] && ! mkdir {first} 2>/dev/null; then '
+        f"until [ -e {gate} ]; do sleep 0.05; done; fi"
+    )
+    cmd = [sys.executable, "-m", "packtool.cli.commands", *args, "--slurm-setup", setup]
+    driver = subprocess.Popen(cmd, cwd=ROOT)
     work = staging_folder(out)
     end = time.time() + 60
     while not records.finished(work) and time.time() < end:
         time.sleep(0.2)
     os.kill(driver.pid, signal.SIGKILL)  # no chance to cancel its jobs
     driver.wait()
+    assert 0 < len(records.finished(work)) < 11
+    gate.touch()  # the jobs it left run on; the resumed driver re-attaches to them
     code, stdout, err = run(*args, "--resume")
     assert code == 0, err
     _same_dataset(local, out)
@@ -326,12 +340,13 @@ def test_workers_take_the_partitions_in_turn_and_write_the_local_bytes(cluster, 
 
 
 def _killer(mark: Path, work: Path) -> str:
-    """A setup line that SIGKILLs the first worker to start while it writes a shard
-    (mid-partition)."""
+    """A setup line that SIGKILLs the first worker to start while it writes a shard of its own
+    (mid-partition): the temporary shard's name holds its writer's pid, which is the task
+    shell's (`$$`: the shell exec's Python), so another task's shard does not set it off."""
     return (
         f'if [ "$PACKTOOL_SLURM_ROLE" = task ] && mkdir {mark} 2>/dev/null; then '
-        f"(until ls {work}/.shard-*.tmp >/dev/null 2>&1; do kill -0 $$ || exit 0; sleep 0.005; "
-        f"done; touch {mark}/fired; kill -9 $$) & fi"
+        f"(until ls {work}/.shard-*.$$-*.tmp >/dev/null 2>&1; do kill -0 $$ || exit 0; "
+        f"sleep 0.005; done; touch {mark}/fired; kill -9 $$) & fi"
     )
 
 
