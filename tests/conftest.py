@@ -6,7 +6,11 @@ standard variables pointing at it (the value is the endpoint URL):
   do), `AWS_ENDPOINT_URL` and test credentials.
 - `gcs_server`: gcp-storage-emulator (pure Python, in a thread), `STORAGE_EMULATOR_HOST`.
 - `azurite_server`: Azurite, Microsoft's Blob Storage emulator (node; `.ci/run` installs it with
-  scripts/azurite.sh), `AZURE_STORAGE_CONNECTION_STRING` with its well-known dev account."""
+  scripts/azurite.sh), `AZURE_STORAGE_CONNECTION_STRING` with its well-known dev account.
+
+A server or client library that is missing skips its tests on a developer's machine; in CI
+(`CI=true`, which `.ci/run` installs everything for) it fails them: a skip there would drop
+their coverage without a word."""
 
 import contextlib
 import os
@@ -18,6 +22,21 @@ AZURITE_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
 """Azurite's dev account key: public, the same in every Azurite (Microsoft's docs print it)."""
+
+
+def unavailable(reason: str) -> None:
+    """Skip for want of a server or library; fail in CI, where everything is installed."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: .ci/run installs it, so this is a failure)", False)
+    pytest.skip(reason)
+
+
+def need(module: str, reason: str):
+    """`pytest.importorskip`, failing in CI (`unavailable`)."""
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError:
+        unavailable(reason)
 
 
 def _free_port() -> int:
@@ -66,22 +85,22 @@ def _no_engine_check_records(monkeypatch):
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """The one-node Slurm test cluster (scripts/slurm-test-cluster.sh starts it once; `.ci/run`
-    installs it); the script's output. Skips where it cannot be started."""
+    installs it); the script's output. Skips where it cannot be started (fails in CI)."""
     import subprocess
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "slurm-test-cluster.sh"
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
-        pytest.skip(f"Slurm cannot be started here: {done.stderr.strip().splitlines()[-1]}")
+        unavailable(f"Slurm cannot be started here: {done.stderr.strip().splitlines()[-1]}")
     return done.stdout.strip()
 
 
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3 API server on 127.0.0.1 (moto), the AWS_* variables pointing at it."""
-    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'packtool[s3]')")
+    server_mod = need("moto.server", "moto[server] is not installed")
+    need("s3fs", "s3fs is not installed (pip install 'packtool[s3]')")
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
@@ -103,9 +122,7 @@ def s3_server():
 def gcs_server():
     """A Google Cloud Storage JSON API server on 127.0.0.1 (gcp-storage-emulator, in memory),
     `STORAGE_EMULATOR_HOST` pointing at it (gcsfs's own variable for an emulator)."""
-    emulator = pytest.importorskip(
-        "gcp_storage_emulator.server", reason="gcp-storage-emulator is not installed"
-    )
+    emulator = need("gcp_storage_emulator.server", "gcp-storage-emulator is not installed")
     import logging
 
     # It logs a missing object at ERROR, into the stderr the CLI tests read: quiet.
@@ -116,7 +133,7 @@ def gcs_server():
     # emulator, which speaks only the JSON API); its own variable, read when it is imported,
     # turns that off.
     with _environ(STORAGE_EMULATOR_HOST=endpoint, GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false"):
-        pytest.importorskip("gcsfs", reason="gcsfs is not installed (pip install 'packtool[gcs]')")
+        need("gcsfs", "gcsfs is not installed (pip install 'packtool[gcs]')")
         server = emulator.create_server("127.0.0.1", port, in_memory=True)
         server.start()
         yield endpoint
@@ -126,19 +143,20 @@ def gcs_server():
 @pytest.fixture(scope="session")
 def azurite_server(tmp_path_factory):
     """Azure Blob Storage on 127.0.0.1 (Azurite, in memory), the connection string of its dev
-    account in `AZURE_STORAGE_CONNECTION_STRING`. Skips, saying why, where Azurite is absent."""
+    account in `AZURE_STORAGE_CONNECTION_STRING`. Skips, saying why, where Azurite is absent
+    (fails in CI)."""
     import shutil
     import subprocess
     import time
     from pathlib import Path
 
-    pytest.importorskip("adlfs", reason="adlfs is not installed (pip install 'packtool[azure]')")
+    need("adlfs", "adlfs is not installed (pip install 'packtool[azure]')")
     home = Path(
         os.environ.get("PACKTOOL_AZURITE_HOME", Path.home() / ".cache" / "packtool-azurite")
     )
     program = shutil.which("azurite-blob") or home / "node_modules" / ".bin" / "azurite-blob"
     if not Path(program).exists():
-        pytest.skip(f"Azurite is not installed (bash scripts/azurite.sh installs it in {home})")
+        unavailable(f"Azurite is not installed (bash scripts/azurite.sh installs it in {home})")
     port = _free_port()
     log = tmp_path_factory.mktemp("azurite") / "azurite.log"
     with log.open("wb") as out:
@@ -147,7 +165,7 @@ def azurite_server(tmp_path_factory):
              "--inMemoryPersistence", "--silent", "--skipApiVersionCheck", "--loose"],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    deadline = time.time() + 30
+    deadline = time.time() + 90  # node's start-up on a loaded machine
     while True:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
@@ -155,7 +173,7 @@ def azurite_server(tmp_path_factory):
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
             said = log.read_text(errors="replace").strip().splitlines() or ["no output"]
-            pytest.skip(f"Azurite did not start ({program}): {said[-1]}")
+            unavailable(f"Azurite did not start ({program}): {said[-1]}")
         time.sleep(0.1)
     endpoint = f"http://127.0.0.1:{port}/devstoreaccount1"
     connection = (

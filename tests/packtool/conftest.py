@@ -24,6 +24,7 @@ from packtool.dataset.manifest import (
     sha256_file,
     write_manifest,
 )
+from tests.conftest import need
 
 Doc = tuple[int, int, int | Sequence[int]]
 """(doc_id, chunk, tokens): tokens is a list of ids, or a length (ids then derived from doc_id)."""
@@ -142,9 +143,7 @@ def ray_session():
     """A real two-node Ray cluster on this machine (`ray.cluster_utils.Cluster`: a head and a
     worker node, 1 CPU each, separate raylets and object stores), shared by every test that
     runs the Ray engine; the `ray_cluster` fixture lets a test add and remove nodes."""
-    ray = pytest.importorskip(
-        "ray", reason="ray[data] is not installed (pip install 'packtool[ray]')"
-    )
+    ray = need("ray", "ray[data] is not installed (pip install 'packtool[ray]')")
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(
