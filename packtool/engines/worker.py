@@ -156,29 +156,30 @@ def run_partition(
         # tokenizer produce chunk c + 1; chunk c + 1 waits for chunk c's tail.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packtool-pack") as pool:
             pending: Future | None = pool.submit(load_kernels)
-            chunks = rechunk(tables(), ctx.chunk_docs)
-            c = 0
-            while True:
-                t0 = time.perf_counter()
-                try:
+            try:
+                chunks = rechunk(tables(), ctx.chunk_docs)
+                c = 0
+                while True:
+                    t0 = time.perf_counter()
                     table = next(chunks, None)
-                finally:
-                    reading.set()  # a chunk, the end or a failure: the kernels load now
-                state.seconds["read+tokenize"] += time.perf_counter() - t0
-                if pending is not None:
-                    carry = pending.result()  # chunk c - 1's tail (None after load_kernels)
-                    pending = None
-                if table is None:
-                    break
-                pending = pool.submit(pack_and_write, table, c, carry)
-                c += 1
-            if carry is not None and descriptor.get("partitions") == 1:
-                # The only partition: its tail is the whole final stage, packed here instead.
-                empty = carry.drop_columns([DOC_CHUNK]).slice(0, 0)
-                packed = pack_table(empty, ctx.pack, chunk_index=(p, c), carry=carry)
-                write_chunk(writer, packed)
-                state.add(packed)
-                carry = None
+                    reading.set()  # a first chunk (or none): the kernels load now at the latest
+                    state.seconds["read+tokenize"] += time.perf_counter() - t0
+                    if pending is not None:
+                        carry = pending.result()  # chunk c - 1's tail (None after load_kernels)
+                        pending = None
+                    if table is None:
+                        break
+                    pending = pool.submit(pack_and_write, table, c, carry)
+                    c += 1
+                if carry is not None and descriptor.get("partitions") == 1:
+                    # The only partition: its tail is the whole final stage, packed here instead.
+                    empty = carry.drop_columns([DOC_CHUNK]).slice(0, 0)
+                    packed = pack_table(empty, ctx.pack, chunk_index=(p, c), carry=carry)
+                    write_chunk(writer, packed)
+                    state.add(packed)
+                    carry = None
+            finally:  # the end, a failure or an interrupt: the kernels' wait ends
+                reading.set()
         t1 = time.perf_counter()
         shards = writer.close()
         state.seconds["write"] += time.perf_counter() - t1
