@@ -48,8 +48,8 @@ class LazyKernel:
         self.options = options
         self.dispatcher: Any = None
 
-    def __call__(self, *args: Any) -> Any:
-        return (self.dispatcher or _load(self))(*args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return (self.dispatcher or _load(self))(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<lazy numba kernel {self.py_func.__qualname__}>"
