@@ -58,6 +58,14 @@ class CorpusOptions:
         )
         if tok.engine_note:
             click.echo(f"note: {tok.engine_note}; encoding with {tok.identity.engine}", err=True)
+        for flag, value in (("--eos-id", eos), ("--bos-id", bos)):
+            if isinstance(value, int) and value >= tok.base_vocab:  # a typo costs a model a
+                click.echo(  # vocabulary (and embedding) of that size: said, not silent
+                    f"note: {flag} {value} is past the tokenizer's {tok.base_vocab:,} ids: the "
+                    f"dataset's vocabulary becomes {tok.identity.vocab_size:,} "
+                    f"({tok.dtype} ids)",
+                    err=True,
+                )
         return tok
 
 

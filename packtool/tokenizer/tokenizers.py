@@ -89,6 +89,8 @@ class Tokenizer:
                 raise ConfigError(f"{what} id must be in [0, 2**32), got {value}")
         vocab = max(base_vocab, (eos_id or 0) + 1, (bos_id or 0) + 1)
         check_vocab_fits(name, vocab)
+        self.base_vocab = base_vocab
+        """The tokenizer's own ids (`identity.vocab_size` also counts an EOS / BOS past them)."""
         self.identity = TokenizerIdentity(
             kind=kind,
             name=name,

@@ -48,6 +48,19 @@ def test_a_kept_field_no_record_has_is_one_error_line_and_the_old_output_stays(t
     assert out.read_bytes() == before  # the output it would have replaced is untouched
 
 
+def test_a_special_id_past_the_vocabulary_is_noted_with_the_vocabulary_it_makes(tmp_path):
+    src = write_corpus(tmp_path / "c.jsonl")
+    code, stdout, err = run("tokenize", src, "-o", tmp_path / "o.parquet", "--eos-id", "999999")
+    assert code == 0, err
+    assert err.strip() == (
+        "note: --eos-id 999999 is past the tokenizer's 258 ids: the dataset's vocabulary "
+        "becomes 1,000,000 (uint32 ids)"
+    )
+    assert "vocab 1,000,000, eos 999999" in stdout and "uint32 ids" in stdout
+    code, _, err = run("tokenize", src, "-o", tmp_path / "p.parquet", "--eos-id", "100")
+    assert code == 0 and err == ""  # an id of the tokenizer's own: nothing to say
+
+
 def test_tokenize_folder_output_and_bos(tmp_path):
     src = write_corpus(tmp_path / "c.parquet")
     code, stdout, err = run("tokenize", src, "-o", tmp_path / "out", "--bos-id", "default")
