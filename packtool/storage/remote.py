@@ -321,9 +321,9 @@ _PREFETCH_LOCK = threading.Lock()
 
 def prefetch(path: Any, start: int, end: int | None, size: int) -> None:
     """Start fetching, on the read-ahead threads, the first blocks (as `ReadAhead` would ask for
-    them: `FIRST_READ_BYTES`, `GROWTH` times that, one of `READ_BYTES`) of the bytes `start` to
-    `end` (None: the object's end) of the object `path` of `size` bytes, which this process
-    will read next, sequentially. `ReadAhead` takes them when it is opened there, so reading a
+    them: `FIRST_READ_BYTES`, `GROWTH` times that, one of `READ_BYTES`, none past a block) of
+    the bytes `start` to `end` (None: the object's end) of the object `path` of `size` bytes,
+    which this process will read next, sequentially. `ReadAhead` takes them when it is opened there, so reading a
     corpus of many objects does not wait, at each object, for a first GET and the growing blocks
     after it (round trips a real store makes long). Nothing is asked for twice; a failed fetch
     raises where its bytes are read, as any read-ahead."""
@@ -335,7 +335,7 @@ def prefetch(path: Any, start: int, end: int | None, size: int) -> None:
             return
         fetchers = _fetchers(os.getpid())
         blocks, at = [], start
-        for n in (FIRST_READ_BYTES, GROWTH * FIRST_READ_BYTES, READ_BYTES):
+        for n in (FIRST_READ_BYTES, min(READ_BYTES, GROWTH * FIRST_READ_BYTES), READ_BYTES):
             if at >= stop:
                 break
             job = fetchers.submit(_fetch_range, fs, p, at, min(size, at + n))
@@ -451,8 +451,10 @@ class ReadAhead(io.RawIOBase):
                 self._taken += 1
             else:  # a first read, or a seek: start small again (or where `prefetch` began)
                 self._ahead.clear()
-                ready = _prefetched(self._path, start) if self._first == FIRST_READ_BYTES else []
-                if ready and ready[0][1] == self._first and self._block == READ_BYTES:
+                # `prefetch` cuts blocks as a reader of the default sizes does
+                default = (self._first, self._block) == (FIRST_READ_BYTES, READ_BYTES)
+                ready = _prefetched(self._path, start) if default else []
+                if ready:
                     self._ahead.extend(ready[1:])
                     data = ready[0][2].result()
                 else:
