@@ -156,6 +156,7 @@ def resume_point(
             f"the state's position (epoch {epoch}, origin {origin}, step {step}, row "
             f"{cursor}) does not fit this dataset of {num_rows} rows; the checkpoint is damaged"
         )
+    _check_order(state["layout"], layout, cursor=cursor, num_rows=num_rows)
     same_layout = state["layout"] == layout
     if same_layout:
         # A StatefulDataLoader worker's own next step runs past the end by up to its stride.
@@ -174,6 +175,34 @@ def resume_point(
         return epoch, origin, step, cursor
     # Other ranks or batch settings: continue at the first row no step has consumed.
     return epoch, cursor, 0, cursor
+
+
+ORDER_KEYS = ("shuffle", "shuffle_window")
+"""The layout settings that make the epoch's row order: the rows a state consumed are the first
+`cursor` of that order, so the rest can only be taken from the same order."""
+
+
+def _check_order(
+    saved: dict[str, Any], ours: dict[str, Any], *, cursor: int, num_rows: int
+) -> None:
+    """Refuse a resume in the middle of an epoch under another row order (`ORDER_KEYS`): the
+    rest of a different permutation would repeat some consumed rows and skip others."""
+    if cursor == 0 or cursor >= num_rows or not all(k in saved for k in ORDER_KEYS):
+        return  # nothing consumed yet, or all of it: any order has the same rows left
+    if order_of(saved) != order_of(ours):
+        was = ", ".join(f"{k}={saved[k]!r}" for k in ORDER_KEYS)
+        now = ", ".join(f"{k}={ours[k]!r}" for k in ORDER_KEYS)
+        raise DataError(
+            f"the state was saved with {was} but this loader uses {now}: the rest of the epoch "
+            f"({num_rows - cursor} of {num_rows} rows) exists only in the saved order; resume "
+            "with the saved settings (new ones can start at the next epoch: set_epoch instead "
+            "of loading this state)"
+        )
+
+
+def order_of(layout: dict[str, Any]) -> tuple[Any, ...]:
+    """What decides the epoch's row order in a layout (the window means nothing unshuffled)."""
+    return (True, layout["shuffle_window"]) if layout["shuffle"] else (False,)
 
 
 def merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:

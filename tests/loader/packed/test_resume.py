@@ -75,6 +75,40 @@ def test_resume_with_other_ranks_delivers_every_row_once(random_dataset):
     assert sorted(seen) == expected
 
 
+@pytest.mark.parametrize(
+    "changed", [{"shuffle": False}, {"shuffle_window": 1}, {"shuffle_window": 0}]
+)
+def test_resume_under_another_row_order_is_refused(random_dataset, changed):
+    # The consumed rows are the first `cursor` of the saved order: the rest of another order
+    # repeated ~1,000 rows and skipped as many, without a word.
+    state = _dl_state(random_dataset, 3, rows_per_batch=4, tokens_per_batch=None)
+    ds = PackedDataset(
+        random_dataset, **{**SETTINGS, "rows_per_batch": 4, "tokens_per_batch": None, **changed}
+    )
+    with pytest.raises(DataError, match=r"saved with shuffle=True, shuffle_window=16 but this"):
+        PackedDataLoader(ds).load_state_dict(state)
+
+
+def test_row_order_may_change_where_the_epoch_starts_or_ends(random_dataset):
+    expected = all_doc_ids(random_dataset).tolist()
+    kw = {**SETTINGS, "rows_per_batch": 4, "tokens_per_batch": None}
+    for take in (0, None):  # nothing consumed yet; all of the epoch consumed
+        dl = PackedDataLoader(PackedDataset(random_dataset, **kw))
+        consumed = [b["doc_ids"] for b in itertools.islice(dl, take if take is not None else 10**9)]
+        ds2 = PackedDataset(random_dataset, **{**kw, "shuffle": False})
+        dl2 = PackedDataLoader(ds2)
+        dl2.load_state_dict(dl.state_dict())
+        seen = [d for b in consumed + [b["doc_ids"] for b in dl2] for d in b[b >= 0].tolist()]
+        assert sorted(seen) == expected
+
+
+def test_unshuffled_resume_ignores_the_window(random_dataset):
+    kw = {**SETTINGS, "shuffle": False}
+    first, state = _run(random_dataset, workers=0, epochs=(0,), take=3, **kw)
+    rest, _ = _run(random_dataset, workers=0, epochs=(0,), state=state, shuffle_window=2, **kw)
+    assert first + rest == _run(random_dataset, workers=0, epochs=(0,), **kw)[0]
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stateful_dataloader_protocol(random_dataset, reference, workers):
     epoch0 = [k for k in reference[: len(PackedDataset(random_dataset, **SETTINGS))]]
