@@ -501,6 +501,12 @@ def restore(sch: Schedule, state: dict[str, Any]) -> None:
                 f"source {spec.name!r}: the state was saved on data {saved} but {spec.name!r} "
                 f"is now {now} ({spec.path}); resume on the same data or give it a new name"
             )
+        rows = sch.readers[i].epoch_rows(int(entry["epoch"]))
+        if rows is not None and entry["pos"] > rows:
+            raise DataError(
+                f"malformed mixture state: sources.{spec.name}.pos is {entry['pos']} but an "
+                f"epoch of {spec.name!r} holds {rows} rows; the checkpoint is damaged"
+            )
         sch.epoch[i], sch.pos[i] = entry["epoch"], entry["pos"]
         sch.rows[i], sch.tokens[i] = entry["rows"], entry["tokens"]
         if same:

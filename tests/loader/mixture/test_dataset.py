@@ -325,6 +325,45 @@ def test_resume_refuses_another_seed_and_other_states(sources, tmp_path):
         MixedDataset(spec(sources), rows_per_batch=2).load_state_dict(damaged)
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        # each was accepted: a cursor past the epoch skipped the rest of it, a `done` or a step
+        # past the total ended the mixture at once
+        lambda s: s["schedule"]["sources"]["web"].__setitem__("pos", 10**6),
+        lambda s: s["schedule"].__setitem__("done", "x"),
+        lambda s: s.__setitem__("step", 10**6),
+        lambda s: s["schedule"]["sources"]["web"].__setitem__("fingerprint", None),
+    ],
+)
+def test_an_edited_mixture_state_is_refused_by_its_check_value(sources, edit):
+    _, state = stream(MixedDataset(spec(sources), rows_per_batch=2), take=3)
+    edited = json.loads(json.dumps(state))
+    edit(edited["mixed_dataset"])
+    with pytest.raises(DataError, match="does not match its check value"):
+        MixedDataset(spec(sources), rows_per_batch=2).load_state_dict(edited)
+
+
+def test_a_state_without_a_check_value_resumes_and_its_cursors_are_still_checked(sources):
+    whole, _ = stream(MixedDataset(spec(sources), rows_per_batch=2), take=6)
+    first, state = stream(MixedDataset(spec(sources), rows_per_batch=2), take=3)
+    old = json.loads(json.dumps(state))
+    del old["mixed_dataset"]["check"]  # as saved before the check value came in
+    rest, _ = stream(MixedDataset(spec(sources), rows_per_batch=2), take=3, state=old)
+    assert same(first + rest, whole)
+    rows = PackedDataset(sources[0], rows_per_batch=2).store.num_rows
+    old["mixed_dataset"]["schedule"]["sources"]["web"]["pos"] = rows + 1
+    with pytest.raises(DataError, match=f"sources.web.pos is {rows + 1} but an epoch of 'web'"):
+        MixedDataset(spec(sources), rows_per_batch=2).load_state_dict(old)
+
+
+@pytest.mark.parametrize("changed", [{"shuffle": False}, {"shuffle_window": 2}])
+def test_a_mixture_resumed_under_another_row_order_is_refused(sources, changed):
+    _, state = stream(MixedDataset(spec(sources), rows_per_batch=2), take=3)
+    with pytest.raises(DataError, match="saved with shuffle=True, shuffle_window=16 but this"):
+        MixedDataset(spec(sources), rows_per_batch=2, **changed).load_state_dict(state)
+
+
 def test_a_source_dropped_at_its_cap_is_reported(sources):
     capped = MixtureSpec(
         sources=(
