@@ -41,6 +41,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from loader.collate import collate
 from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
 from loader.context_parallel import cp_split
+from loader.mixture.resume import check_order, check_state, make_state
 from loader.mixture.sources import (
     PackedSource,
     StreamSource,
@@ -51,35 +52,13 @@ from loader.mixture.sources import (
 from loader.mixture.steps import RowStream, Step, plan_steps
 from loader.mixture.worker import ring_parts
 from loader.packed.dataset import AHEAD_GROUPS, AHEAD_STEPS, look_ahead
-from loader.packed.resume import ORDER_KEYS, order_of
 from loader.packed.transport import Ring
 from loader.record import Documents, empty_documents
 from loader.store.row_group import write_parts
 from loader.store.shards import DecodeThread
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError
 from packtool.mixture.schedule import Schedule
-from packtool.mixture.schedule_state import check as check_schedule
 from packtool.mixture.spec import check_compatible
-
-STATE_FORMAT = "packtool.mixture.spec"
-STATE_VERSION = 1
-
-
-def state_check(state: dict[str, Any]) -> str:
-    """A hash of a mixture state's content (16 hex digits): a damaged or edited step, cursor
-    or total would otherwise repeat or skip rows, or end the mixture, without a word."""
-    body = {k: v for k, v in state.items() if k != "check"}
-    text = json.dumps(body, sort_keys=True, default=_plain)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    raise TypeError(f"not JSON: {value!r}")
-
 
 AHEAD_STREAMING = 32
 """Most steps planned ahead when a source is streaming (it holds those steps' rows)."""
@@ -203,17 +182,13 @@ class MixedDataset(IterableDataset):
         )
 
     def state_at(self, step: int, schedule_state: dict[str, Any]) -> dict[str, Any]:
-        state = {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "fingerprint": self.fingerprint,
-            "seed": self.spec.seed,
-            "step": step,
-            "layout": self.config.layout_key(self.world_size),
-            "schedule": schedule_state,
-        }
-        state["check"] = state_check(state)
-        return state
+        return make_state(
+            fingerprint=self.fingerprint,
+            seed=self.spec.seed,
+            step=step,
+            layout=self.config.layout_key(self.world_size),
+            schedule=schedule_state,
+        )
 
     def start_state(self) -> dict[str, Any]:
         """Where the next iteration starts (the state loaded last, else the beginning)."""
@@ -232,58 +207,15 @@ class MixedDataset(IterableDataset):
             DataError: Not a mixture state, a damaged one, another seed, or other data under a
                 kept source name.
         """
-        if isinstance(state, dict) and "mixed_dataset" in state:
-            state = state["mixed_dataset"]
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise DataError("not a MixedDataset state (a PackedDataset state? a whole checkpoint?)")
-        if state.get("version") != STATE_VERSION:
-            raise DataError(f"mixture state version {state.get('version')!r} is not supported")
-        step = state.get("step")
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise DataError(f"malformed mixture state: step is {step!r}; the checkpoint is damaged")
-        if state.get("seed") != self.spec.seed:
-            raise DataError(
-                f"the state was saved with seed {state.get('seed')!r} but this mixture uses seed "
-                f"{self.spec.seed}; every source's epoch order would change"
-            )
-        check_schedule(state.get("schedule"))  # a damaged part named before the hash says so
-        if "check" in state and state["check"] != state_check(state):
-            # states saved before the check value came in have none; their fields are still
-            # checked one by one below
-            raise DataError(
-                f"the mixture state (step {step}) does not match its check value; the "
-                "checkpoint is damaged or was edited"
-            )
+        state = check_state(state, seed=self.spec.seed)
         schedule = self.new_schedule(state.get("schedule"))  # checks it, finds what changed
-        self._check_order(state, schedule.state())
+        check_order(state["layout"], self.config.layout_key(self.world_size), schedule.state())
         self.changes = list(schedule.changes)
         if self.changes and get_worker_info() is None:
             warnings.warn("resuming a changed mixture: " + "; ".join(self.changes), stacklevel=2)
         self._reported = len(schedule.events)
-        self._start = self.state_at(int(step), schedule.state())
+        self._start = self.state_at(int(state["step"]), schedule.state())
         self._last_step = None
-
-    def _check_order(self, state: dict[str, Any], restored: dict[str, Any]) -> None:
-        """Refuse another row order (`shuffle`, `shuffle_window`) while a kept source is inside
-        an epoch: its consumed rows are the first `pos` of the saved order, and the rest of
-        another order would repeat some and skip others (`loader.packed.resume`)."""
-        saved = state.get("layout")
-        ours = self.config.layout_key(self.world_size)
-        if not isinstance(saved, dict) or not all(k in saved for k in ORDER_KEYS):
-            raise DataError(
-                f"malformed mixture state: layout is {saved!r}; the checkpoint is damaged"
-            )
-        if order_of(saved) == order_of(ours):
-            return
-        inside = [n for n, e in restored["sources"].items() if e["pos"] > 0]
-        if inside:
-            was = ", ".join(f"{k}={saved[k]!r}" for k in ORDER_KEYS)
-            now = ", ".join(f"{k}={ours[k]!r}" for k in ORDER_KEYS)
-            raise DataError(
-                f"the mixture state was saved with {was} but this mixture uses {now}: the rest "
-                f"of the current epoch of {', '.join(map(repr, inside))} exists only in the "
-                "saved order; resume with the saved settings"
-            )
 
     # ---- the stream of steps ----------------------------------------------------------------
 
