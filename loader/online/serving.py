@@ -63,11 +63,14 @@ class _Stats:
 _COLLATE_KEYS = frozenset(p for p in inspect.signature(collate).parameters if p != "docs")
 
 
-def _request_tokens(tokens: Any, token_budget: int) -> np.ndarray:
-    """A request's token ids as a 1-D integer array (a torch tensor on any device is fine).
+def _request_tokens(tokens: Any, token_budget: int, vocab_size: int | None) -> np.ndarray:
+    """A request's token ids as a 1-D int64 array (a torch tensor on any device is fine).
 
     `(1, T)` (a tokenizer's batch of one) is accepted; `(B, T)` with B > 1 is refused, since
-    flattened it would silently become one request of B sequences.
+    flattened it would silently become one request of B sequences. Ids are checked here, per
+    request: a negative one (or one past `vocab_size`) would otherwise fail the model call of
+    every request batched with it, and mixed dtypes (uint64 beside int64) would meet in a
+    float64 concatenation that rounds ids past 2^53.
 
     Raises:
         DataError: Why the request cannot be served (its future gets it).
@@ -87,7 +90,14 @@ def _request_tokens(tokens: Any, token_budget: int) -> np.ndarray:
             f"request of {arr.size} tokens exceeds the token budget {token_budget}; "
             "shorten it or raise token_budget"
         )
-    return arr
+    low, high = int(arr.min()), int(arr.max())
+    if low < 0:
+        raise DataError(f"request token ids must be >= 0, got {low}")
+    if vocab_size is not None and high >= vocab_size:
+        raise DataError(f"request token id {high} is past the vocabulary (vocab_size {vocab_size})")
+    if high > np.iinfo(np.int64).max:
+        raise DataError(f"request token id {high} does not fit int64")
+    return arr.astype(np.int64, copy=False)
 
 
 class RequestBatcher:
@@ -101,6 +111,8 @@ class RequestBatcher:
         max_requests: Requests per batch at most (None: only the token budget limits).
         collate_kwargs: Passed to `loader.collate` (e.g. `pad_tokens` for a static shape; it must
             be at least `token_budget`, and `pad_docs` caps the requests per batch).
+        vocab_size: Token ids must be below this (None: only `>= 0` is checked); a request
+            with another id fails alone, on its own future.
 
     Use as a context manager, or call `close()` to drain and stop. A batcher dropped without
     `close()` is closed when garbage-collected (its queued requests are still served).
@@ -114,11 +126,18 @@ class RequestBatcher:
         token_budget: int = 8192,
         max_requests: int | None = None,
         collate_kwargs: dict[str, Any] | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         if not callable(run_batch):
             raise ConfigError(f"run_batch must be callable, got {run_batch!r}")
+        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, (int, float)):
+            raise ConfigError(f"max_wait_ms must be a number of milliseconds, got {max_wait_ms!r}")
         if not max_wait_ms >= 0:
             raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
+        if vocab_size is not None and (
+            isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1
+        ):
+            raise ConfigError(f"vocab_size must be an integer >= 1 or None, got {vocab_size!r}")
         if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
             raise ConfigError(f"token_budget must be an integer >= 1, got {token_budget!r}")
         if max_requests is not None and (not isinstance(max_requests, int) or max_requests < 1):
@@ -130,6 +149,7 @@ class RequestBatcher:
         self.token_budget = token_budget
         self.max_requests = max_requests
         self.collate_kwargs = collate_kwargs
+        self.vocab_size = vocab_size
         # The thread holds only the core, so a batcher nobody references can be collected; its
         # finalizer then closes the core and the thread ends after serving what was queued.
         self._core = _Core(run_batch, self.max_wait, token_budget, max_requests, collate_kwargs)
@@ -148,7 +168,7 @@ class RequestBatcher:
         fut: Future = Future()
         core = self._core
         try:
-            arr, bad = _request_tokens(tokens, self.token_budget), None
+            arr, bad = _request_tokens(tokens, self.token_budget, self.vocab_size), None
         except DataError as exc:
             arr, bad = None, exc
         with core.cond:
@@ -319,8 +339,10 @@ class _Core:
             # batch: input_ids (T,), cu_seqlens int32 (n + 1,), ... as loader.collate builds it
             batch = collate(Documents(tokens, lens, ids), **self.collate_kwargs)
             out = self.run_batch(batch)
-            total = int(lens.sum())
-            if not hasattr(out, "shape") or len(out.shape) == 0 or out.shape[0] < total:
+            # the batch's token axis: cu_seqlens[-1], the static shape's padding included; a
+            # longer or shorter first axis would hand requests rows that are not theirs
+            total = int(batch["input_ids"].numel())
+            if not hasattr(out, "shape") or len(out.shape) == 0 or out.shape[0] != total:
                 raise DataError(
                     f"run_batch returned {type(out).__name__} of shape "
                     f"{getattr(out, 'shape', None)}; expected a first axis of {total} tokens"

@@ -141,11 +141,56 @@ def test_bad_requests_and_model_errors_reach_the_future() -> None:
         batcher.submit([1, 2]).result(timeout=5)
 
 
+@pytest.mark.parametrize("extra", [-1, 5])
+def test_a_model_output_of_another_length_fails_the_batch(extra: int) -> None:
+    # only a shorter one was refused: 258 rows for 3 tokens handed request one 3 wrong rows
+    def model(batch: dict) -> torch.Tensor:
+        return torch.zeros(batch["input_ids"].numel() + extra, 2)
+
+    with RequestBatcher(run_batch=model, max_wait_ms=1, token_budget=8) as batcher:
+        with pytest.raises(DataError, match="expected a first axis of 3 tokens"):
+            batcher.submit([1, 2, 3]).result(timeout=5)
+
+
+def test_a_padded_batch_still_returns_each_request_its_rows() -> None:
+    kw = {"collate_kwargs": {"pad_tokens": 16}, "max_wait_ms": 1, "token_budget": 8}
+    with RequestBatcher(run_batch=Model(), **kw) as batcher:
+        assert batcher.submit([4, 5]).result(timeout=5).tolist() == [9, 11]
+
+
+def test_bad_token_ids_fail_only_their_own_request() -> None:
+    emb = torch.nn.Embedding(10, 2)
+    gate = threading.Event()
+
+    def model(batch: dict) -> torch.Tensor:
+        gate.wait(5)
+        return emb(batch["input_ids"])
+
+    with RequestBatcher(run_batch=model, max_wait_ms=50, token_budget=64, vocab_size=10) as b:
+        good = b.submit([1, 2, 3])
+        negative, past = b.submit([4, -1, 5]), b.submit([9, 10])
+        gate.set()
+        assert good.result(timeout=5).shape == (3, 2)  # its neighbours' ids no longer fail it
+        with pytest.raises(DataError, match="must be >= 0, got -1"):
+            negative.result(timeout=5)
+        with pytest.raises(DataError, match="token id 10 is past the vocabulary"):
+            past.result(timeout=5)
+    with RequestBatcher(run_batch=lambda b: b["input_ids"], max_wait_ms=50) as b:
+        big = b.submit(np.array([2**60 + 1], np.uint64))  # batched beside an int64 request
+        small = b.submit(np.array([5], np.int64))
+        assert int(big.result(timeout=5)[0]) == 2**60 + 1  # was rounded through float64
+        assert int(small.result(timeout=5)[0]) == 5
+        with pytest.raises(DataError, match="does not fit int64"):
+            b.submit(np.array([2**63 + 3], np.uint64)).result(timeout=5)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
         ({"token_budget": 0}, "token_budget"),
         ({"max_wait_ms": -1}, "max_wait_ms"),
+        ({"max_wait_ms": "x"}, "max_wait_ms must be a number"),
+        ({"vocab_size": 0}, "vocab_size"),
         ({"max_requests": 0}, "max_requests"),
         ({"run_batch": 3}, "callable"),
     ],
