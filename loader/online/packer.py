@@ -566,7 +566,11 @@ class OnlinePacker:
         **collate_kwargs: Any,
     ) -> Iterator[dict]:
         """Loader batches (`loader.collate` dicts) from a stream; see `RowBatcher`."""
-        batcher = RowBatcher(rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch)
+        batcher = RowBatcher(
+            max_len=self.config.max_len,
+            rows_per_batch=rows_per_batch,
+            tokens_per_batch=tokens_per_batch,
+        )
         try:
             for rows in self.pack_stream(source):
                 batcher.add(rows)

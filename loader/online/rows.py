@@ -136,10 +136,17 @@ _EMPTY_ROWS = PackedRows(np.zeros(1, np.int64), EMPTY_I64, EMPTY_I64, np.zeros(0
 
 
 class RowBatcher:
-    """Groups packed rows into batches: `rows_per_batch` rows, or rows while `tokens_per_batch`
-    holds (a row longer than the budget goes alone). Exactly one of the two."""
+    """Groups packed rows of at most `max_len` tokens into batches: `rows_per_batch` rows, or
+    rows while `tokens_per_batch` holds (at least `max_len`, so every row fits a batch, as
+    `PackedDataset` requires). Exactly one of the two."""
 
-    def __init__(self, *, rows_per_batch: int | None = None, tokens_per_batch: int | None = None):
+    def __init__(
+        self,
+        *,
+        max_len: int,
+        rows_per_batch: int | None = None,
+        tokens_per_batch: int | None = None,
+    ):
         if (rows_per_batch is None) == (tokens_per_batch is None):
             raise ConfigError(
                 "give exactly one of rows_per_batch or tokens_per_batch, got "
@@ -149,6 +156,12 @@ class RowBatcher:
             check_int("rows_per_batch", rows_per_batch, 1)
         if tokens_per_batch is not None:
             check_int("tokens_per_batch", tokens_per_batch, 1)
+            if tokens_per_batch < max_len:
+                # a row longer than the budget went alone: most batches ran over it
+                raise ConfigError(
+                    f"tokens_per_batch {tokens_per_batch} is smaller than max_len {max_len}: a "
+                    "full row would not fit a batch; raise tokens_per_batch or lower max_len"
+                )
         self.rows_per_batch = rows_per_batch
         self.tokens_per_batch = tokens_per_batch
         self.pending: PackedRows = _EMPTY_ROWS

@@ -95,7 +95,9 @@ class StreamingPackedDataset(IterableDataset):
             raise ConfigError("a training stream must be reproducible: leave buffer_seconds unset")
         if shard_by not in SHARD_BY:
             raise ConfigError(f"shard_by {shard_by!r} is unknown; choose one of {list(SHARD_BY)}")
-        RowBatcher(rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch)  # validates
+        RowBatcher(
+            max_len=config.max_len, rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch
+        )  # validates
         self.config = config
         self.rows_per_batch = rows_per_batch
         self.tokens_per_batch = tokens_per_batch
@@ -157,7 +159,9 @@ class StreamingPackedDataset(IterableDataset):
         slot, n_slots = self._slot()
         packer = OnlinePacker(self.config, seed_key=(self.epoch, slot, n_slots))
         batcher = RowBatcher(
-            rows_per_batch=self.rows_per_batch, tokens_per_batch=self.tokens_per_batch
+            max_len=self.config.max_len,
+            rows_per_batch=self.rows_per_batch,
+            tokens_per_batch=self.tokens_per_batch,
         )
         live = {
             "slot": slot,

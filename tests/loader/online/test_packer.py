@@ -20,6 +20,7 @@ from loader.online.packer import (
     bucketed_assign,
 )
 from loader.online.state import LATER_KEYS
+from loader.online.streaming import StreamingPackedDataset
 from packtool.errors import ConfigError, DataError
 from tests.loader.conftest import damaged_states
 
@@ -139,12 +140,20 @@ def test_row_batcher_token_budget() -> None:
     rows = PackedRows(
         np.array([0, 1, 2, 3, 4]), np.array([5, 4, 3, 8]), np.arange(4), np.zeros(4, np.int32), None
     )
-    rb = RowBatcher(tokens_per_batch=9)
+    rb = RowBatcher(max_len=8, tokens_per_batch=9)
     rb.add(rows)
     got = [b.seg_len.tolist() for b in rb.ready(final=True)]
     assert got == [[5, 4], [3], [8]]
     with pytest.raises(ConfigError, match="exactly one"):
-        RowBatcher()
+        RowBatcher(max_len=8)
+
+
+def test_a_token_budget_below_max_len_is_refused() -> None:
+    # rows longer than the budget went alone: every batch of a 512-token stream ran over 100
+    with pytest.raises(ConfigError, match="tokens_per_batch 10 is smaller than max_len 64"):
+        list(OnlinePacker(max_len=64).batches([[1] * 60] * 3, tokens_per_batch=10))
+    with pytest.raises(ConfigError, match="tokens_per_batch 100 is smaller than max_len 512"):
+        StreamingPackedDataset(["unused.parquet"], max_len=512, tokens_per_batch=100)
 
 
 @pytest.mark.parametrize(
