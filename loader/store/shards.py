@@ -122,6 +122,8 @@ class ShardStore:
         """The optional columns this dataset has that records carry (`loss_mask`)."""
         self._read_columns = (*_COLUMNS, *(c.name for c in self.optional))
         self._names = [str(self.path / info.file) for info in self.manifest.shards]
+        self._opened: dict[str, tuple[int, int]] = {}
+        """Each local shard's (size, mtime_ns) when the dataset was opened (`_mapped`)."""
         """Each shard's path or URL as text (messages): joined once here, not per row group (a
         `UPath` join and `str` cost ~0.25 ms, a tenth of a small row group's decode)."""
         self._bytes = {c.name for c in self.optional if c.storage == BYTES}
@@ -203,17 +205,31 @@ class ShardStore:
         self._stats_files: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._stats_lock = threading.Lock()
 
-    @staticmethod
-    def _local_footer(file: Any, info: Any) -> pq.FileMetaData:
+    def _local_footer(self, file: Any, info: Any) -> pq.FileMetaData:
         if not storage.is_file(file):
             raise DataError(f"{file}: shard listed in index.json is missing")
-        size = storage.size(file)
-        if size != info.bytes:
+        st = storage.stat(file)
+        if st.st_size != info.bytes:
             raise DataError(
-                f"{file}: {size} bytes but index.json says {info.bytes}; "
+                f"{file}: {st.st_size} bytes but index.json says {info.bytes}; "
                 "the shard is truncated or was replaced"
             )
+        self._opened[str(file)] = (st.st_size, st.st_mtime_ns)
         return storage.parquet_metadata(file)
+
+    def _mapped(self, file: Any) -> Any:
+        """`file` (a local shard) memory-mapped, once it is still the file the dataset opened:
+        the shards are opened lazily, per process, and a shard replaced in between (copied
+        over, or a local `--overwrite` that is not this dataset's own) would hand rows of
+        another file to the epoch's order: some delivered twice, others never."""
+        st = storage.stat(file)
+        if (st.st_size, st.st_mtime_ns) != self._opened[str(file)]:
+            raise DataError(
+                f"{file}: the shard changed after the dataset was opened (size "
+                f"{self._opened[str(file)][0]} -> {st.st_size} bytes, or its modification time); "
+                "reopen the dataset"
+            )
+        return storage.memory_map(file)
 
     # Open files, cached row groups and the decode thread belong to one process; a worker (forked
     # or spawned) starts with none of them.
@@ -298,7 +314,7 @@ class ShardStore:
         if pf is None:
             file = self.path / self.manifest.shards[shard].file
             try:
-                source = storage.memory_map(file)
+                source = self._mapped(file)
                 pf = storage.parquet_file(source, page_checksum_verification=self.page_checksums)
                 decode_with_jemalloc(pf, source, self.page_checksums)
             except (pa.ArrowException, OSError) as exc:
@@ -559,7 +575,7 @@ class ShardStore:
                 pf = self._stats_files.get(shard)
                 if pf is None:
                     pf = storage.parquet_file(
-                        storage.memory_map(where), page_checksum_verification=self.page_checksums
+                        self._mapped(where), page_checksum_verification=self.page_checksums
                     )
                     self._stats_files[shard] = pf
                     if len(self._stats_files) > _STATS_FILES:

@@ -147,9 +147,11 @@ def test_a_model_output_of_another_length_fails_the_batch(extra: int) -> None:
     def model(batch: dict) -> torch.Tensor:
         return torch.zeros(batch["input_ids"].numel() + extra, 2)
 
-    with RequestBatcher(run_batch=model, max_wait_ms=1, token_budget=8) as batcher:
-        with pytest.raises(DataError, match="expected a first axis of 3 tokens"):
-            batcher.submit([1, 2, 3]).result(timeout=5)
+    with (
+        RequestBatcher(run_batch=model, max_wait_ms=1, token_budget=8) as batcher,
+        pytest.raises(DataError, match="expected a first axis of 3 tokens"),
+    ):
+        batcher.submit([1, 2, 3]).result(timeout=5)
 
 
 def test_a_padded_batch_still_returns_each_request_its_rows() -> None:

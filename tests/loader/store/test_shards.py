@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +13,7 @@ import torch
 
 from loader import PackedDataset, ShardStore
 from loader.record import Documents
-from loader.testing import write_dataset
+from loader.testing import write_dataset, write_random_dataset
 from packtool.dataset.manifest import packed_schema, read_manifest, sha256_file, write_manifest
 from packtool.errors import DataError
 
@@ -108,6 +109,24 @@ def test_truncated_shard(hand_dataset):
     file.write_bytes(data[: len(data) // 2])
     with pytest.raises(DataError, match="truncated"):
         PackedDataset(hand_dataset, rows_per_batch=1)
+
+
+@pytest.mark.parametrize("same_size", [False, True])
+def test_a_shard_replaced_after_the_dataset_opened_is_an_error(tmp_path, same_size):
+    # Shards are opened lazily (per process): one copied over after the open, its row counts
+    # matching, had its rows delivered in place of the ones it replaced, without a word.
+    path = tmp_path / "d"
+    write_random_dataset(path, n_rows=64, max_len=32, rows_per_shard=32, row_group_rows=8)
+    ds = PackedDataset(path, rows_per_batch=4)
+    files = sorted(path.glob("*.parquet"))
+    data = files[0].read_bytes()
+    if same_size:  # rewritten in place at its size: only the modification time tells
+        os.utime(files[1], ns=(0, 0))
+    else:
+        files[1].write_bytes(data)
+    with pytest.raises(DataError, match="the shard changed after the dataset was opened"):
+        for _ in ds:
+            pass
 
 
 def test_truncated_shard_with_matching_manifest_is_not_parquet(hand_dataset):
