@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from packtool import arrow_numpy
 from packtool.dataset.shards import ShardWriter
 from packtool.engines import records
 from packtool.errors import ConfigError
@@ -207,7 +208,7 @@ def merge_node(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]
     else:
         if carry is not None and carry.num_rows:
             records.write_tail(work, n, carry)
-            tokens = int(np.sum(carry.column("length")))
+            tokens = int(arrow_numpy.to_numpy(carry.column("length")).sum())
             record["tail"] = {"pieces": carry.num_rows, "tokens": tokens}
         record["merge"] = int(descriptor["level"])
         record["children"] = [first, stop]

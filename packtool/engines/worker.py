@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packtool import arrow_numpy
 from packtool.dataset.shards import ShardWriter
 from packtool.engines import megatron_part, merge, records
 from packtool.engines.context import WorkerContext
@@ -189,7 +190,7 @@ def run_partition(
     tail = None
     if carry is not None and carry.num_rows:
         records.write_tail(work, p, carry)
-        tail = {"pieces": carry.num_rows, "tokens": int(np.sum(carry.column("length")))}
+        tail = {"pieces": carry.num_rows, "tokens": int(arrow_numpy.to_numpy(carry.column("length")).sum())}
     hist = state.histogram
     present = np.flatnonzero(hist)
     record = {

@@ -87,7 +87,15 @@ def test_strings_equals_pa_array(values):
     ],
     ids=["text", "prompt-completion"],
 )
-def test_pack_path_does_not_import_pandas(tmp_path, record):
+@pytest.mark.parametrize(
+    "extra",
+    # several partitions in this process: their tails and the merge of them (a stray
+    # `np.sum` of a tail's column imported pandas there, and a Ctrl-C landing in that import
+    # was lost: the run went on and exited 0)
+    [[], ["--partition-size", "4KB", "--workers", "1"]],
+    ids=["one-partition", "partitions"],
+)
+def test_pack_path_does_not_import_pandas(tmp_path, record, extra):
     """A whole `packtool pack` never imports pandas (~0.4 s of CPU per process): plain text and
     fine-tuning records (their tables are built by packtool/dataset/tokenized_table.py)."""
     import json
@@ -97,7 +105,7 @@ def test_pack_path_does_not_import_pandas(tmp_path, record):
     code = (
         "import sys\n"
         "from packtool.cli.commands import main\n"
-        f"try:\n    main(['pack', {str(corpus)!r}, '-o', {str(tmp_path / 'out')!r}, '--max-len', '64'])\n"
+        f"try:\n    main(['pack', {str(corpus)!r}, '-o', {str(tmp_path / 'out')!r}, '--max-len', '64', *{extra!r}])\n"
         "except SystemExit as e:\n    assert not e.code, e.code\n"
         "print('pandas' in sys.modules)\n"
     )
