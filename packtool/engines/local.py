@@ -44,6 +44,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from typing import Any
 
+from packtool import lifeline
 from packtool.engines import context
 from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
@@ -159,9 +160,10 @@ def _preload(paths: tuple[str, ...]) -> list[str]:
 _CONTEXT: WorkerContext | None = None
 
 
-def _init_process(ctx: WorkerContext, threads: int, env: dict[str, str]) -> None:
+def _init_process(ctx: WorkerContext, threads: int, env: dict[str, str], driver: int) -> None:
     global _CONTEXT
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops the pool on Ctrl-C
+    lifeline.follow(driver)  # and a driver killed outright takes the pool with it
     # Where and as whom buckets are read, as the driver has it now: the forkserver the workers
     # come from may have been started before (packtool/storage/remote.py, "FORWARDED").
     os.environ.update(env)
@@ -188,7 +190,7 @@ def _make_pool(run: Any, workers: int, threads: int, kind: str) -> tuple[Any, Ca
         workers,
         mp_context=mp,
         initializer=_init_process,
-        initargs=(run.context, threads, remote.forwarded_env()),
+        initargs=(run.context, threads, remote.forwarded_env(), os.getpid()),
     )
     return pool, _run_in_process
 

@@ -190,7 +190,10 @@ def run_partition(
     tail = None
     if carry is not None and carry.num_rows:
         records.write_tail(work, p, carry)
-        tail = {"pieces": carry.num_rows, "tokens": int(arrow_numpy.to_numpy(carry.column("length")).sum())}
+        tail = {
+            "pieces": carry.num_rows,
+            "tokens": int(arrow_numpy.to_numpy(carry.column("length")).sum()),
+        }
     hist = state.histogram
     present = np.flatnonzero(hist)
     record = {

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from packtool import lifeline
 from packtool.errors import DataError
 from packtool.sft.template import ChatTemplate, TemplateFailure, normalize_messages
 from packtool.sft.turns import NotIncremental, turn_spans
@@ -161,8 +162,11 @@ class Renderer:
 _WORKER: Renderer | None = None
 
 
-def _start_worker(source: str, special_tokens: dict[str, str], name: str, train_on: str) -> None:
+def _start_worker(
+    source: str, special_tokens: dict[str, str], name: str, train_on: str, driver: int
+) -> None:
     global _WORKER
+    lifeline.follow(driver)  # a driver killed outright takes its render workers with it
     _WORKER = Renderer(ChatTemplate(source, special_tokens=special_tokens, name=name), train_on)
 
 
@@ -204,7 +208,7 @@ class RenderPool:
             processes,
             mp_context=mp.get_context(self.method),
             initializer=_start_worker,
-            initargs=(t.source, dict(t.special_tokens), t.name, renderer.train_on),
+            initargs=(t.source, dict(t.special_tokens), t.name, renderer.train_on, os.getpid()),
         )
         # Start every worker now, before the caller starts threads (a fork copies only the
         # thread that forks).

@@ -10,6 +10,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -345,3 +348,35 @@ def test_cli_render_processes(tmp_path, monkeypatch):
     assert tables[0].equals(tables[1]) and tables[0].num_rows > 80
     code, _, err = run("tokenize", path, "-o", tmp_path / "x.parquet", "--render-processes", "-1")
     assert code == 2 and "-1" in err
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_render_workers_end_with_their_driver(method):
+    # A driver killed outright (kill -9) left its render workers waiting on their queue.
+    code = (
+        "import os, sys\n"
+        "from packtool.sft.render import RenderPool, Renderer\n"
+        "from packtool.sft.template import ChatTemplate\n"
+        f"pool = RenderPool(Renderer(ChatTemplate({GEN!r}, name='t'), 'assistant'), 2, {method!r})\n"
+        "pids = {pool._executor.submit(os.getpid).result() for _ in range(8)}\n"
+        "print(*pids, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    workers = [int(p) for p in out.stdout.split()]
+    assert workers, out.stderr
+    deadline = time.monotonic() + 30
+    while any(_running(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in workers if _running(p)]
+    for p in left:
+        os.kill(p, 9)
+    assert not left
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
