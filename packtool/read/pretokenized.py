@@ -73,6 +73,14 @@ def mask_source(path: Path, config: ReadConfig) -> str | None | bool:
         return False
     if "input_ids" not in schema.names or not _int_list(schema.field("input_ids").type):
         return False
+    if "doc_offsets" in schema.names:
+        # a row of a packed shard holds several documents: read as one document a row, their
+        # boundaries (and ids) were lost without a word
+        raise DataError(
+            f"{path}: a shard of a packed dataset (rows of several documents, `doc_offsets`); "
+            "packtool reads corpora and tokenized Parquet: pack the corpus it was made from, or "
+            "train on it as it is (loader.PackedDataset)"
+        )
     found = [c for c in MASK_SOURCES if c in schema.names]
     if len(found) > 1:
         raise DataError(f"{path}: has both `labels` and `loss_mask`; keep the one that is meant")

@@ -159,3 +159,21 @@ def test_ids_stay_int_typed_per_tokenizer(tmp_path):
     table, _ = read_all([path])
     assert table.column("input_ids").type == pa.list_(pa.uint16())
     assert np.array_equal(table.column("input_ids").combine_chunks().values.to_numpy(), [1, 2])
+
+
+@pytest.mark.parametrize("command", ["pack", "stats", "tokenize"])
+def test_a_packed_dataset_as_input_is_refused(tmp_path, command):
+    # Its shards were read as pre-tokenized Parquet, one document a row: the documents of each
+    # row merged, their ids and boundaries gone, exit 0.
+    (tmp_path / "c.jsonl").write_text("".join(f'{{"text": "doc {i} " }}\n' for i in range(50)))
+    code, _, err = run("pack", tmp_path / "c.jsonl", "-o", tmp_path / "packed", "--max-len", 64)
+    assert code == 0, err
+    out = {
+        "pack": ["-o", tmp_path / "again", "--max-len", 64],
+        "stats": [],
+        "tokenize": ["-o", tmp_path / "t.parquet"],
+    }
+    for given in (tmp_path / "packed", next((tmp_path / "packed").glob("*.parquet"))):
+        code, _, err = run(command, given, *out[command])
+        assert code == 1
+        assert "a shard of a packed dataset (rows of several documents" in err.splitlines()[-1]
