@@ -179,8 +179,39 @@ def _bounds(d: dict[str, Any]) -> str | None:
     return None
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _doc_ids(info: Any) -> str | None:
+    """`extra.doc_ids` as `packtool.read.docids` writes it (`inspect --row` reads it)."""
+    if not isinstance(info, dict) or not isinstance(info.get("scheme", ""), str):
+        return f"extra.doc_ids is {info!r}; expected an object with a scheme"
+    files, units = info.get("files"), info.get("units")
+    if "files" in info and not (isinstance(files, list) and all(isinstance(f, str) for f in files)):
+        return f"extra.doc_ids.files is {files!r}; expected a list of input files"
+    if units is not None and not (
+        isinstance(units, list)
+        and all(isinstance(u, str) for u in units)
+        and (files is None or len(units) == len(files))
+    ):
+        return f"extra.doc_ids.units is {units!r}; expected one unit (text) per input file"
+    if not isinstance(info.get("sources", ""), str):
+        return f"extra.doc_ids.sources is {info['sources']!r}; expected a file name"
+    return None
+
+
 def _extra(d: dict[str, Any]) -> str | None:
     extra, counts = d.get("extra") or {}, d["counts"]
+    if not isinstance(extra, dict):
+        return f"extra is {extra!r}; expected an object"
+    for key in ("lower_bound_l1", "lower_bound_l2"):
+        if key in extra and not (_is_int(extra[key]) and extra[key] >= 0):
+            return f"extra.{key} is {extra[key]!r}; expected a row count"
+    if "doc_ids" in extra:
+        problem = _doc_ids(extra["doc_ids"])
+        if problem:
+            return problem
     l1 = -(-counts["tokens_out"] // d["max_len"])
     if "lower_bound_l1" in extra and extra["lower_bound_l1"] != l1:
         return (
@@ -196,7 +227,7 @@ def _extra(d: dict[str, Any]) -> str | None:
         ok = (
             isinstance(rounds, list)
             and len(rounds) == d.get("rounds", 1)
-            and all(isinstance(r, int) and not isinstance(r, bool) for r in rounds)
+            and all(_is_int(r) for r in rounds)
             and all(a >= b for a, b in zip(rounds, rounds[1:], strict=False))
             and rounds[-1] == counts["rows"]
         )

@@ -139,6 +139,12 @@ WHOLE = [
     (("lower_bound_rows",), 10_000, "lower_bound_rows is 10,000; expected ceil"),
     (("extra", "lower_bound_l1"), 1, "extra.lower_bound_l1 is 1 but ceil(tokens_out / max_len)"),
     (("extra", "rows_per_round"), [1], "extra.rows_per_round is [1]; expected 1 row counts"),
+    # Each of these was a traceback from verify or `inspect --row` (max() of None, len() of None).
+    (("extra", "lower_bound_l2"), None, "extra.lower_bound_l2 is None; expected a row count"),
+    (("extra", "lower_bound_l1"), "7", "extra.lower_bound_l1 is '7'; expected a row count"),
+    (("extra", "doc_ids"), [], "extra.doc_ids is []; expected an object with a scheme"),
+    (("extra", "doc_ids", "files"), None, "extra.doc_ids.files is None; expected a list"),
+    (("extra", "doc_ids", "units"), 5, "extra.doc_ids.units is 5; expected one unit (text)"),
     (("shards", 0, "tokens"), 5, "counts.tokens_out is 2,839,131 but the shards list 5 in total"),
     (("tokenizer", "engine"), 5, "tokenizer.engine must be a string or null, found 5"),
     # A loss mask's counts (written only for masked data; any dataset is refused with them wrong).
