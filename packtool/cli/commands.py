@@ -18,7 +18,7 @@ import click
 from packtool import __version__
 from packtool.cli import interrupt
 from packtool.cli.engine_options import EngineOptions, engine_options
-from packtool.cli.input_options import CorpusOptions, corpus_options, sft_options
+from packtool.cli.input_options import CorpusOptions, corpus_options, inputs_argument, sft_options
 from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError
 from packtool.quantities import MIN_PARTITION_SIZE, parse_size, positive_int
 
@@ -133,7 +133,7 @@ def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
 
 
 @cli.command("tokenize")
-@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@inputs_argument
 @click.option(
     "-o",
     "--output",
@@ -264,7 +264,7 @@ def _explicit(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
 
 
 @cli.command("stats")
-@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@inputs_argument
 @click.option(
     "--max-len",
     default="4096",
@@ -363,7 +363,7 @@ def stats_cmd(
 
 
 @cli.command("pack")
-@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@inputs_argument
 @click.option(
     "-o",
     "--output",

@@ -1,6 +1,6 @@
 """The input options of `tokenize`, `stats` and `pack` (click, like packtool/cli/commands.py).
 
-`@corpus_options` (reader and tokenizer: `CorpusOptions`) and `@sft_options` (fine-tuning
+`@inputs_argument` (INPUT...), `@corpus_options` (reader and tokenizer: `CorpusOptions`) and `@sft_options` (fine-tuning
 records: `packtool.read.sft_config.SFTConfig`). A second command-line module so that packtool/cli/commands.py
 stays under the size every module keeps; like cli.py it only parses options into configs.
 """
@@ -17,6 +17,27 @@ import click
 
 from packtool.errors import ConfigError
 from packtool.read.sft_config import FORMATS, TRAIN_ON, SFTConfig
+
+
+def _inputs_named(inputs: tuple[str, ...]) -> tuple[str, ...]:
+    """INPUT...: an empty one would mean the current folder (an unset variable); say so."""
+    for text in inputs:
+        if not text.strip():
+            raise ConfigError(
+                f"an input path is empty ({text!r}); name a file, folder or glob to read"
+            )
+    return inputs
+
+
+inputs_argument = click.argument(
+    "inputs",
+    nargs=-1,
+    required=True,
+    metavar="INPUT...",
+    callback=lambda ctx, param, value: _inputs_named(value),
+)
+"""The INPUT... argument of `tokenize`, `stats` and `pack`: files, folders, globs, URLs."""
+
 
 # --- shared corpus/tokenizer options (tokenize, stats, pack): `@corpus_options` ---
 

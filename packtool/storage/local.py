@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from packtool.errors import DataError
+from packtool.errors import ConfigError, DataError
 from packtool.prefetch import map_ordered
 from packtool.storage import remote
 from packtool.storage.remote import is_remote
@@ -49,6 +49,10 @@ def expand(
     seen: set[Any] = set()
     for raw in inputs:
         text = raw if isinstance(raw, str) else str(raw) if is_remote(raw) else os.fspath(raw)
+        if not text.strip():  # Path("") is the current folder: an unset variable would read it
+            raise ConfigError(
+                f"an input path is empty ({text!r}); name a file, folder or glob to read"
+            )
         if is_remote(text):  # s3://, gs://, hf://, https://, ...: packtool/storage/remote.py
             for p in remote.expand(text, suffixes, described):
                 if str(p) not in seen:

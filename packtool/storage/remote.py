@@ -186,7 +186,18 @@ def as_path(text: str) -> Any:
         from upath import UPath
     except ImportError:
         raise MissingDependencyError(_install(scheme(text) or "s3")) from None
+    check_bucket(text)
     return UPath(text)
+
+
+def check_bucket(text: str) -> None:
+    """Refuse a URL without a bucket (`s3:///x`): upath took it and failed at its first join
+    with a traceback; a store's client tried to reach a host (48 s of retries for `gs:///x`)."""
+    protocol = scheme(text) or ""
+    rest = text[len(protocol) + 3 :]
+    if protocol not in ("http", "https") and (not rest or rest.startswith("/")):
+        shape = "hf://datasets/OWNER/NAME/PATH" if protocol == "hf" else f"{protocol}://BUCKET/KEY"
+        raise ConfigError(f"{text}: no bucket in the URL; expected {shape}")
 
 
 @contextmanager
@@ -548,6 +559,7 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
     """The objects a URL names: one object, every object under a prefix ("folder") whose name
     ends in `suffixes` (hidden names skipped), or a glob's matches; sorted. One listing per
     input (fsspec's `find` / `glob`: the store lists 1,000 keys a request)."""
+    check_bucket(text)
     fs, p = filesystem(text)
     protocol = scheme(text) or ""
     with naming(text):

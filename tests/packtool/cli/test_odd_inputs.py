@@ -218,6 +218,34 @@ def test_the_hint_for_a_wrongly_named_compressed_file_says_what_its_bytes_are(tm
         _fails_in_one_line(["stats", tmp_path / name], f"{name}: ", says)
 
 
+@pytest.mark.parametrize("command", ["stats", "pack", "tokenize"])
+def test_an_empty_input_path_is_refused_not_read_as_the_current_folder(
+    tmp_path, monkeypatch, command
+):
+    # `packtool tokenize "$CORPUS" ...` with CORPUS unset read whatever the current folder held
+    (tmp_path / "here.jsonl").write_text('{"text": "from the current folder"}\n')
+    monkeypatch.chdir(tmp_path)
+    out = {"stats": [], "pack": ["-o", tmp_path / "p"], "tokenize": ["-o", tmp_path / "t.parquet"]}
+    for inputs in ([""], [" ", "here.jsonl"]):
+        _fails_in_one_line([command, *inputs, *out[command]], "an input path is empty")
+    assert not (tmp_path / "p").exists() and not (tmp_path / "t.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("s3:///x", "no bucket in the URL; expected s3://BUCKET/KEY"),
+        ("gs:///x/y.jsonl", "no bucket in the URL"),  # was 48 s of retries to reach a host
+        ("hf:///x", "hf:///x"),  # the Hub's own check ("not a Hub path"), or ours
+    ],
+)
+def test_a_url_without_a_bucket_is_one_line(tmp_path, good, url, says):
+    # upath took it, then failed at the first join: a ValueError traceback at every command
+    for args in (["stats", url], ["verify", url], ["pack", url, "-o", tmp_path / "o"]):
+        _fails_in_one_line(args, says)
+    _fails_in_one_line(["pack", good, "-o", url], says)
+
+
 def test_an_empty_output_or_engine_list_says_so(tmp_path, good):
     _fails_in_one_line(["pack", good, "-o", ""], "the output path is empty")
     _fails_in_one_line(["tokenize", good, "-o", ""], "the output path is empty")
