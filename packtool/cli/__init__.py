@@ -1,8 +1,9 @@
 """The `packtool` command line: click only, thin over the library.
 
 Each command parses its options, builds the library's config, calls one library function and
-prints its result; errors of the `PacktoolError` hierarchy become one line and exit code 1
-(2 for usage errors), Ctrl-C a short message and exit code 130. The console script is `packtool.cli.commands:main`.
+prints its result; errors of the `PacktoolError` hierarchy and bad option values become one
+line and exit code 1 (a wrong option or argument, one line and 2), Ctrl-C a short message and
+exit code 130. The console script is `packtool.cli.commands:main`.
 
 Records in: argv. Out: text or JSON on stdout, the library's files.
 May import: anything in packtool (it is the top layer); nothing imports it.
@@ -12,4 +13,5 @@ Modules:
 - `input_options.py`: the corpus and fine-tuning options the input commands share.
 - `engine_options.py`: where `pack` runs (`--engine local|ray|slurm` and their options).
 - `interrupt.py`: Ctrl-C handling.
+- `exits.py`: a failure as one line on stderr and an exit code.
 """

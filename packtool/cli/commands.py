@@ -1,7 +1,7 @@
 """The `packtool` command line: click only. Each command builds a config and calls one function.
 
-Errors a user can act on (`PacktoolError`) become one line on stderr and exit code 1; click's own
-usage errors exit with 2. Nothing here is imported by the library.
+Errors a user can act on become one line on stderr (packtool/cli/exits.py): exit code 1, or 2 for
+a wrong option or argument. Nothing here is imported by the library.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 import click
 
 from packtool import __version__
-from packtool.cli import interrupt
+from packtool.cli import exits, interrupt
 from packtool.cli.engine_options import EngineOptions, engine_options
 from packtool.cli.input_options import CorpusOptions, corpus_options, inputs_argument, sft_options
-from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError
+from packtool.errors import AlreadyComplete, ConfigError, Detached
 from packtool.quantities import MIN_PARTITION_SIZE, parse_size, positive_int
 
 # numpy's OpenBLAS starts a spinning thread per core at import; no command does linear algebra,
@@ -551,34 +551,17 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PACKTOOL_NUMBA_EXTENSIONS", "0")  # packtool/pack/warmup.py says why
     try:
         cli.main(args=argv, prog_name="packtool", standalone_mode=False)
-    except PacktoolError as exc:
-        click.echo(f"error: {_one_line(exc)}", err=True)
-        sys.exit(1)
-    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
-        click.echo(f"interrupted{interrupt.note[0]()}", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except BrokenPipeError:  # `packtool stats ... | head`
-        sys.exit(0)
-    except OSError as exc:  # the disk filled up, a permission changed mid-run, ...
-        where = f"{exc.filename}: " if exc.filename else ""
-        click.echo(f"error: {where}{_one_line(exc.strerror or exc)}{interrupt.note[0]()}", err=True)
-        sys.exit(1)
+    except BaseException as exc:  # one line and an exit code for what a user can act on
+        code = exits.report(exc)
+        if code is None:
+            raise
+        sys.exit(code)
     finally:
         interrupt.note[0] = lambda: ""
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
         if argv is None:
             _before_exit()
-
-
-def _one_line(message: object) -> str:
-    """An error as one line: a library's message may hold newlines (pyarrow's Thrift errors)."""
-    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
 def _before_exit() -> None:

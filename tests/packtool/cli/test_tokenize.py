@@ -148,12 +148,15 @@ def test_user_mistakes_are_one_line_errors(tmp_path, monkeypatch, setup, args, m
     assert not Path("out.parquet").exists()
 
 
-def test_usage_errors_exit_2(tmp_path):
+def test_usage_errors_are_one_line_wrong_usage_2_bad_value_1(tmp_path):
     code, _, err = run("tokenize", "-o", tmp_path / "o.parquet")
     assert code == 2
-    assert "Missing argument 'INPUT...'" in err
+    assert "Missing argument 'INPUT...'. (see packtool tokenize --help)" in one_error_line(err)
+    code, _, err = run("tokenize", "x.jsonl", "-o", tmp_path / "o.parquet", "--bogus")
+    assert code == 2 and "No such option '--bogus'" in one_error_line(err)
+    # a bad value exits 1, as the values packtool checks itself (it printed click's 4 lines, 2)
     code, _, err = run("tokenize", "x.jsonl", "-o", tmp_path / "o.parquet", "--workers", "0")
-    assert code == 2
+    assert code == 1 and "Invalid value for '--workers'" in one_error_line(err)
 
 
 def test_glob_and_several_inputs(tmp_path):

@@ -1,0 +1,56 @@
+"""How a command's failure reaches the user: one line on stderr, and an exit code.
+
+`report(exc)` prints the line and returns the code for every failure a user can act on, and
+None for anything else (a bug: its traceback is the report). Codes: 1 an error (a
+`PacktoolError`, a bad option value, a failed write), 2 a wrong option or argument, 130 Ctrl-C,
+0 a closed pipe (`packtool stats ... | head`).
+
+Records in: the exception `main()` caught. Out: a line on stderr, the exit code.
+May import: click and `cli/interrupt.py` (the resume hint an interrupted run leaves).
+"""
+
+from __future__ import annotations
+
+import click
+
+from packtool.cli import interrupt
+from packtool.errors import PacktoolError
+
+
+def report(exc: BaseException) -> int | None:
+    """Print `exc` as one line (or nothing where nothing is owed); its exit code, or None."""
+    if isinstance(exc, PacktoolError):
+        return _say(one_line(exc), 1)
+    if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt)):  # click: Ctrl-C is Abort
+        click.echo(f"interrupted{interrupt.note[0]()}", err=True)
+        return 130
+    if isinstance(exc, click.UsageError):
+        # One line, as every other error. A bad value (`--chunk-docs 0`) exits 1 like the
+        # values packtool checks itself (`--max-len 4k`); a wrong option or argument, 2.
+        where = exc.ctx.command_path if exc.ctx else "packtool"
+        bad_value = isinstance(exc, click.BadParameter) and not isinstance(
+            exc, click.MissingParameter
+        )
+        message = f"{one_line(exc.format_message())} (see {where} --help)"
+        return _say(message, 1 if bad_value else exc.exit_code)
+    if isinstance(exc, click.ClickException):
+        exc.show()
+        return exc.exit_code
+    if isinstance(exc, click.exceptions.Exit):
+        return exc.exit_code
+    if isinstance(exc, BrokenPipeError):
+        return 0
+    if isinstance(exc, OSError):  # the disk filled up, a permission changed mid-run, ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _say(f"{where}{one_line(exc.strerror or exc)}{interrupt.note[0]()}", 1)
+    return None
+
+
+def one_line(message: object) -> str:
+    """An error as one line: a library's message may hold newlines (pyarrow's Thrift errors)."""
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
+def _say(message: str, code: int) -> int:
+    click.echo(f"error: {message}", err=True)
+    return code
