@@ -246,6 +246,11 @@ def check_apart(
     if not str(out).strip():
         raise ConfigError("the output path is empty; name the folder or file to write")
     if storage.is_remote(out):
+        key = str(out).split("://", 1)[1].partition("/")[2]
+        if key.startswith("/") or "//" in key:
+            # stores normalise such keys differently (obstore drops the empty segment, s3fs
+            # keeps it): a dataset written by one would not be found by the other
+            raise ConfigError(f"output {out}: the key has an empty segment ('//'); remove it")
         _check_apart_remote(out, inputs, files)
         return
     target = storage.resolve(out)

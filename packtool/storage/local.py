@@ -54,7 +54,9 @@ def expand(
                 f"an input path is empty ({text!r}); name a file, folder or glob to read"
             )
         if is_remote(text):  # s3://, gs://, hf://, https://, ...: packtool/storage/remote.py
-            for p in remote.expand(text, suffixes, described):
+            from packtool.storage import listing  # URLs only: `import loader` stays small
+
+            for p in listing.expand(text, suffixes, described):
                 if str(p) not in seen:
                     seen.add(str(p))
                     out.append(p)
@@ -348,7 +350,9 @@ def list_dir(folder: str | os.PathLike) -> list[Path]:
     """The entries of `folder` (hidden ones included), in the order the file system gives; the
     objects and sub-prefixes one level under a prefix."""
     if is_remote(folder):
-        return remote.list_dir(folder)
+        from packtool.storage import listing
+
+        return listing.list_dir(folder)
     return list(Path(folder).iterdir())
 
 
@@ -356,7 +360,9 @@ def glob(folder: str | os.PathLike, pattern: str, recursive: bool = False) -> li
     """The paths under `folder` matching `pattern` (`Path.glob`; `rglob` when `recursive`),
     sorted."""
     if is_remote(folder):
-        return remote.glob(folder, pattern, recursive)
+        from packtool.storage import listing
+
+        return listing.glob(folder, pattern, recursive)
     folder = Path(folder)
     return sorted(folder.rglob(pattern) if recursive else folder.glob(pattern))
 

@@ -1,7 +1,8 @@
 """Object storage and the web, read side: `s3://`, `gs://`, `az://` / `abfs://`, `hf://`,
 `http(s)://` inputs, through fsspec.
 
-`local.py` hands every call on a URL to the function of the same name here, so the readers,
+`local.py` hands every call on a URL to the function of the same name here (listings: to
+`listing.py`), so the readers,
 the plan and the workers read a bucket exactly as they read a disk: by byte range (a JSONL
 partition's range, a Parquet file's footer and row groups: `open_input` gives a seekable file
 whose reads are ranged GETs, so no worker downloads an object it does not need), with the
@@ -195,9 +196,9 @@ def check_bucket(text: str) -> None:
     with a traceback; a store's client tried to reach a host (48 s of retries for `gs:///x`)."""
     protocol = scheme(text) or ""
     rest = text[len(protocol) + 3 :]
-    if protocol not in ("http", "https") and (not rest or rest.startswith("/")):
-        shape = "hf://datasets/OWNER/NAME/PATH" if protocol == "hf" else f"{protocol}://BUCKET/KEY"
-        raise ConfigError(f"{text}: no bucket in the URL; expected {shape}")
+    # (hf:// is checked by packtool/storage/hub.py; its UPaths print as "hf:///datasets/...")
+    if protocol not in ("http", "https", "hf") and (not rest or rest.startswith("/")):
+        raise ConfigError(f"{text}: no bucket in the URL; expected {protocol}://BUCKET/KEY")
 
 
 @contextmanager
@@ -269,7 +270,7 @@ def stat(path: Any) -> RemoteStat:
     """The object's size and modification time (`FileNotFoundError` when there is none)."""
     fs, p = filesystem(path)
     try:
-        info = fs.info(p)
+        info = _info(fs, p)
     except FileNotFoundError:
         raise  # the callers say what a missing input means where they are
     except Exception:
@@ -278,6 +279,14 @@ def stat(path: Any) -> RemoteStat:
     if info.get("type") == "directory":
         raise IsADirectoryError(str(path))
     return RemoteStat(int(info.get("size") or 0), _mtime_ns(info))
+
+
+def _info(fs: Any, p: str) -> dict[str, Any]:
+    """`fs.info(p)`, asked of the store again where a listing's cache says "directory": a key
+    can be an object and a prefix at once (`dual`, `dual/x.jsonl`), and a listing of the
+    prefix would have the object read as an empty directory."""
+    info = fs.info(p)
+    return fs.info(p, refresh=True) if info.get("type") == "directory" else info
 
 
 def exists(path: Any) -> bool:
@@ -377,7 +386,7 @@ def open_input(path: Any, buffering: int = -1, end: int | None = None) -> Any:
     then (a range's last line)."""
     fs, p = filesystem(path)
     with naming(path):
-        size = fs.size(p)
+        size = _info(fs, p).get("size")
     if size is None:  # a web server that does not say: fsspec's own file, one GET per read
         return io.BufferedReader(open_unbuffered(path), buffer_size=max(buffering, READ_BYTES))
     raw = ReadAhead(path, fs, p, int(size), end)
@@ -512,39 +521,6 @@ def read_bytes(path: Any) -> bytes:
         return fs.cat_file(p)
 
 
-def list_dir(folder: Any) -> list[Any]:
-    """The objects and sub-prefixes one level under the prefix `folder` (none: an empty list)."""
-    fs, p = filesystem(folder)
-    with naming(folder):
-        fs.invalidate_cache(p)
-        try:
-            keys = fs.ls(p, detail=False)
-        except FileNotFoundError:
-            return []
-    base = str(folder).rstrip("/")
-    names = [k.rstrip("/").rsplit("/", 1)[-1] for k in keys if k.rstrip("/") != p.rstrip("/")]
-    return [as_path(f"{base}/{name}") for name in names]
-
-
-def glob(folder: Any, pattern: str, recursive: bool = False) -> list[Any]:
-    """The objects under the prefix `folder` whose names match `pattern` (at any depth when
-    `recursive`), sorted."""
-    import fnmatch
-
-    fs, p = filesystem(folder)
-    with naming(folder):
-        fs.invalidate_cache(p)
-        keys = fs.find(p, withdirs=False) if recursive else fs.ls(p, detail=False)
-    base = str(folder).rstrip("/")
-    root = p.rstrip("/")
-    out = []
-    for k in keys:
-        rel = k[len(root) :].lstrip("/")
-        if rel and fnmatch.fnmatch(rel.rsplit("/", 1)[-1], pattern):
-            out.append(as_path(f"{base}/{rel}"))
-    return sorted(out, key=str)
-
-
 def read_range(path: Any, start: int, end: int) -> bytes:
     """Bytes `start` to `end` of the object (one ranged GET)."""
     fs, p = filesystem(path)
@@ -553,44 +529,3 @@ def read_range(path: Any, start: int, end: int) -> bytes:
     if len(data) != end - start:
         raise DataError(f"{path}: bytes {start}-{end} came back {len(data)} long; read it again")
     return data
-
-
-def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
-    """The objects a URL names: one object, every object under a prefix ("folder") whose name
-    ends in `suffixes` (hidden names skipped), or a glob's matches; sorted. One listing per
-    input (fsspec's `find` / `glob`: the store lists 1,000 keys a request)."""
-    check_bucket(text)
-    fs, p = filesystem(text)
-    protocol = scheme(text) or ""
-    with naming(text):
-        if any(c in p for c in "*?["):
-            found = sorted(fs.glob(p, detail=True).items())
-            hidden_ok = p.rsplit("/", 1)[-1].startswith(".")  # as Python's glob: a pattern
-            files = [  # that does not start with a dot matches no hidden name
-                k
-                for k, info in found
-                if info.get("type") != "directory"
-                and (hidden_ok or not k.rsplit("/", 1)[-1].startswith("."))
-            ]
-            if not files:
-                raise DataError(f"{text}: glob matches no objects")
-            return [as_path(_url(protocol, k, fs)) for k in files]
-        info = fs.info(p)
-        if info.get("type") != "directory":
-            return [as_path(text)]
-        keys = sorted(fs.find(p, withdirs=False))
-        named = [
-            k
-            for k in keys
-            if not any(part.startswith(".") for part in k[len(p) :].split("/") if part)
-            and k.lower().endswith(suffixes)
-        ]
-        if not named:
-            raise DataError(f"{text}: prefix holds no corpus files (looked for {described})")
-        return [as_path(_url(protocol, k, fs)) for k in named]
-
-
-def _url(protocol: str, key: str, fs: Any) -> str:
-    if protocol in ("http", "https"):
-        return key
-    return fs.unstrip_protocol(key) if protocol not in ("s3a",) else f"s3a://{key}"

@@ -177,8 +177,8 @@ def _oserror(exc: BaseException, path: str) -> OSError:
 
 
 class _Unrepresentable(Exception):
-    """A key obstore's paths cannot hold (`//`, a `.` or `..` segment, a control character): the
-    call goes to s3fs (`_or_s3fs`), which reads such keys."""
+    """A key obstore's paths cannot hold (`//`, a leading `/`, a `.` or `..` segment, a control
+    character): the call goes to s3fs (`_or_s3fs`), which reads such keys."""
 
 
 @contextlib.contextmanager
@@ -303,6 +303,8 @@ class NativeS3(AbstractFileSystem):
     def _split(self, path: Any) -> tuple[Any, str, str]:
         p = self._strip_protocol(path)
         bucket, _, key = p.partition("/")
+        if key.startswith("/"):  # obstore's paths drop the leading "/": another object
+            raise _Unrepresentable(p)
         return self._store(bucket), bucket, key
 
     # -- reading --------------------------------------------------------------------------
@@ -310,12 +312,13 @@ class NativeS3(AbstractFileSystem):
     @_or_s3fs
     def info(self, path: Any, **kwargs: Any) -> dict[str, Any]:
         """An object's (one HEAD), else a prefix's that holds objects (one listing), as s3fs
-        gives them; `FileNotFoundError` for neither."""
+        gives them; `FileNotFoundError` for neither. From what a listing found unless
+        `refresh` (as s3fs)."""
         import obstore
 
         store, bucket, key = self._split(path)
         p = self._strip_protocol(path)
-        listed = self._listed.get(p)
+        listed = None if kwargs.get("refresh") else self._listed.get(p)
         if listed is not None:
             return dict(listed)
         if key:

@@ -279,3 +279,44 @@ def test_an_unreachable_endpoint_is_one_line_in_bounded_time(bucket, tmp_path, m
     assert code != 0 and "s3://corpus/data/a.jsonl" in one_error_line(err)
     assert time.monotonic() - t0 < 120
     remote._filesystem.cache_clear()
+
+
+def _documents(url: str) -> int:
+    code, out, err = run("stats", url, "--json")
+    assert code == 0, err
+    return json.loads(out)["documents"]
+
+
+def _put(key: str, documents: int) -> None:
+    import boto3
+
+    body = "".join(f'{{"text": "doc {i}"}}\n' for i in range(documents))
+    boto3.client("s3").put_object(Bucket="corpus", Key=key, Body=body.encode())
+
+
+def test_urls_name_the_objects_they_say(bucket, s3_client):
+    # Each read another object, or fewer, without a word (an audit, on moto):
+    # a trailing slash named the object beside the prefix, not the prefix's objects;
+    _put("dual", 9)
+    _put("dual/inner.jsonl", 10)
+    assert _documents("s3://corpus/dual/") == 10
+    assert _documents("s3://corpus/dual") == 1  # the object, as named (no suffix: one text)
+    # a key holding a glob character was globbed (3 + 5 documents) or matched nothing;
+    _put("lit/a*b.jsonl", 3)
+    _put("lit/aXYb.jsonl", 5)
+    _put("lit/x[1].jsonl", 7)
+    assert _documents("s3://corpus/lit/a*b.jsonl") == 3
+    assert _documents("s3://corpus/lit/x[1].jsonl") == 7
+    assert _documents("s3://corpus/lit/a?Yb.jsonl") == 5  # a real glob still globs
+    # a leading-slash key ("/lead/x.jsonl") was read as "lead/x.jsonl" through obstore.
+    _put("/lead/x.jsonl", 3)
+    _put("lead/x.jsonl", 5)
+    assert _documents("s3://corpus//lead/x.jsonl") == 3
+    assert _documents("s3://corpus/lead/x.jsonl") == 5
+
+
+def test_an_output_key_with_an_empty_segment_is_refused(bucket, tmp_path):
+    # obstore wrote under "ds/" what s3fs looks for under "/ds/" (and left the lock behind)
+    for url in ("s3://corpus//ds", "s3://corpus/a//ds"):
+        code, _, err = run("pack", bucket / "a.jsonl", "-o", url, "--max-len", 64)
+        assert code == 1 and "the key has an empty segment ('//')" in one_error_line(err)

@@ -1,0 +1,108 @@
+"""What a URL names, listed: one object, the objects under a prefix, a glob's matches.
+
+`expand` turns an input URL into the objects it names, as `storage.local.expand` does for
+paths (an object named literally first, even with a glob character in its key; a trailing slash
+names the prefix); `list_dir` and `glob` are the listings behind `storage.local`'s of a folder.
+One listing per input (fsspec's `find` / `glob`: the store lists 1,000 keys a request), held by
+the client's listings cache, so stats after it cost no request.
+
+Records in: a URL. Out: `UPath`s of objects, sorted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from packtool.errors import DataError
+from packtool.storage.remote import as_path, check_bucket, filesystem, naming, scheme
+
+
+def list_dir(folder: Any) -> list[Any]:
+    """The objects and sub-prefixes one level under the prefix `folder` (none: an empty list)."""
+    fs, p = filesystem(folder)
+    with naming(folder):
+        fs.invalidate_cache(p)
+        try:
+            keys = fs.ls(p, detail=False)
+        except FileNotFoundError:
+            return []
+    base = str(folder).rstrip("/")
+    names = [k.rstrip("/").rsplit("/", 1)[-1] for k in keys if k.rstrip("/") != p.rstrip("/")]
+    return [as_path(f"{base}/{name}") for name in names]
+
+
+def glob(folder: Any, pattern: str, recursive: bool = False) -> list[Any]:
+    """The objects under the prefix `folder` whose names match `pattern` (at any depth when
+    `recursive`), sorted."""
+    import fnmatch
+
+    fs, p = filesystem(folder)
+    with naming(folder):
+        fs.invalidate_cache(p)
+        keys = fs.find(p, withdirs=False) if recursive else fs.ls(p, detail=False)
+    base = str(folder).rstrip("/")
+    root = p.rstrip("/")
+    out = []
+    for k in keys:
+        rel = k[len(root) :].lstrip("/")
+        if rel and fnmatch.fnmatch(rel.rsplit("/", 1)[-1], pattern):
+            out.append(as_path(f"{base}/{rel}"))
+    return sorted(out, key=str)
+
+
+def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
+    """The objects a URL names: one object, every object under a prefix ("folder") whose name
+    ends in `suffixes` (hidden names skipped), or a glob's matches; sorted. One listing per
+    input (fsspec's `find` / `glob`: the store lists 1,000 keys a request)."""
+    check_bucket(text)
+    fs, p = filesystem(text)
+    protocol = scheme(text) or ""
+    with naming(text):
+        # As for local paths: an object named literally is read as named even where its key
+        # holds a glob character (`a*b.jsonl`, `x[1].jsonl`: they were globbed), and a trailing
+        # slash names the prefix (fsspec's `info` strips it: an object of the same name was
+        # read instead of the prefix's objects).
+        literal = None if text.endswith("/") else _object_info(fs, p)
+        if literal is not None:
+            return [as_path(text)]
+        if any(c in p for c in "*?[") and not text.endswith("/"):
+            found = sorted(fs.glob(p, detail=True).items())
+            hidden_ok = p.rsplit("/", 1)[-1].startswith(".")  # as Python's glob: a pattern
+            files = [  # that does not start with a dot matches no hidden name
+                k
+                for k, info in found
+                if info.get("type") != "directory"
+                and (hidden_ok or not k.rsplit("/", 1)[-1].startswith("."))
+            ]
+            if not files:
+                raise DataError(f"{text}: glob matches no objects")
+            return [as_path(_url(protocol, k, fs)) for k in files]
+        if not text.endswith("/"):
+            fs.info(p)  # neither object nor prefix: FileNotFoundError, one line by `naming`
+        keys = sorted(fs.find(p, withdirs=False))
+        named = [
+            k
+            for k in keys
+            if not any(part.startswith(".") for part in k[len(p) :].split("/") if part)
+            and k.lower().endswith(suffixes)
+        ]
+        if not named:
+            raise DataError(f"{text}: prefix holds no corpus files (looked for {described})")
+        return [as_path(_url(protocol, k, fs)) for k in named]
+
+
+def _object_info(fs: Any, p: str) -> dict[str, Any] | None:
+    """`p`'s info when it is an object (not a prefix), else None (nothing, or a prefix). Asked
+    of the store (one HEAD), not of a listing's cache: a listing of the prefix `p/` names `p` a
+    directory even where an object `p` exists too."""
+    try:
+        info = fs.info(p, refresh=True)
+    except FileNotFoundError:
+        return None
+    return info if info.get("type") != "directory" else None
+
+
+def _url(protocol: str, key: str, fs: Any) -> str:
+    if protocol in ("http", "https"):
+        return key
+    return fs.unstrip_protocol(key) if protocol not in ("s3a",) else f"s3a://{key}"
