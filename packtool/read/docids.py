@@ -161,13 +161,11 @@ def where(file: str, offset: int, unit: str, *, count_lines: bool = True) -> str
     """
     if unit == "byte":
         if count_lines:
-            from pathlib import Path
-
             from packtool.read.lines import line_number
 
-            try:
-                return f"{file}:line {line_number(Path(file), offset)} (byte {offset})"
-            except (OSError, EOFError):
+            try:  # an object in a bucket too (`Path(url)` was no file: the line was dropped)
+                return f"{file}:line {line_number(storage.as_path(file), offset)} (byte {offset})"
+            except (OSError, EOFError, DataError):
                 pass
         return f"{file}:byte {offset}"
     if unit in ("row", "item", "record"):

@@ -320,3 +320,20 @@ def test_an_output_key_with_an_empty_segment_is_refused(bucket, tmp_path):
     for url in ("s3://corpus//ds", "s3://corpus/a//ds"):
         code, _, err = run("pack", bucket / "a.jsonl", "-o", url, "--max-len", 64)
         assert code == 1 and "the key has an empty segment ('//')" in one_error_line(err)
+
+
+def test_inspect_names_the_line_of_a_document_read_from_a_bucket(bucket, tmp_path):
+    # `from s3://...:byte B` only: the line number was counted with Path(url), no file
+    out = tmp_path / "p"
+    code, _, err = run("pack", "s3://corpus/data/a.jsonl", "-o", out, "--max-len", 512)
+    assert code == 0, err
+    code, text, err = run("inspect", out, "--row", 3)
+    assert code == 0, err
+    where = [line.split(" from ", 1)[1] for line in text.splitlines() if " from " in line]
+    lines = (bucket / "a.jsonl").read_bytes().split(b"\n")
+    assert where
+    for w in where:
+        name, rest = w.split(":line ")
+        number, byte = int(rest.split()[0]), int(rest.split("(byte ")[1].rstrip(")"))
+        assert name == "s3://corpus/data/a.jsonl"
+        assert sum(len(x) + 1 for x in lines[: number - 1]) == byte  # line N starts at byte B
