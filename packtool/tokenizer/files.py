@@ -40,7 +40,7 @@ HUB_FILES = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
 _FORMS = (
-    "use 'byte', a tokenizer.json path (or hf:PATH), a folder holding tokenizer.json, a "
+    "use 'byte', a tokenizer.json path or URL (or hf:PATH), a folder holding tokenizer.json, a "
     "SentencePiece PATH.model (or a folder holding tokenizer.model), a Hugging Face repository "
     "id (org/model), 'tiktoken:NAME' (e.g. tiktoken:gpt2) or PATH.tiktoken"
 )
@@ -118,7 +118,7 @@ def load_tokenizer_config(folder: str | os.PathLike) -> TokenizerConfig | None:
     Raises:
         ConfigError: a file that is there but is not a JSON object.
     """
-    folder = Path(folder)
+    folder = storage.as_path(folder) if storage.is_remote(folder) else Path(folder)
     cfg_path, map_path = folder / CONFIG_FILE, folder / SPECIAL_TOKENS_MAP_FILE
     data: dict[str, Any] = {}
     path = None
@@ -216,6 +216,25 @@ def _hub_files(spec: str, repo_id: str, revision: str) -> TokenizerFiles:
     )
 
 
+def _remote(url: str) -> TokenizerFiles:
+    """A tokenizer.json in a bucket (`s3://.../tokenizer.json`, or the folder holding it): read
+    through the storage seam, its text shipped to the workers with the tokenizer, as a local
+    one's. A `.model` or `.tiktoken` file there is refused: their engines open a local file."""
+    path = storage.as_path(url.rstrip("/"))
+    if storage.is_dir(path):
+        path = path / TOKENIZER_FILE
+    if path.suffix in (".model", ".tiktoken"):
+        raise ConfigError(
+            f"tokenizer {url!r}: a {path.suffix} file is read from local disk only; copy it "
+            "here first (a tokenizer.json can be read from a bucket)"
+        )
+    if not storage.is_file(path):
+        raise ConfigError(f"tokenizer file {url!r} does not exist")
+    return TokenizerFiles(
+        kind="hf", path=path, name=str(path), config=load_tokenizer_config(path.parent)
+    )
+
+
 def resolve(spec: str) -> TokenizerFiles:
     """Where the tokenizer named `spec` is (see the module docstring); `byte` is not handled.
 
@@ -233,6 +252,8 @@ def resolve(spec: str) -> TokenizerFiles:
         return TokenizerFiles(kind="tiktoken", path=None, name=target, encoding=target)
     explicit_hf = spec.startswith("hf:")
     target = spec.removeprefix("hf:")
+    if storage.is_remote(target) and not target.startswith("hf://"):
+        return _remote(target)
     path = Path(target)
     if storage.is_dir(path):
         file = path / TOKENIZER_FILE

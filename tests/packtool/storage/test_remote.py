@@ -337,3 +337,21 @@ def test_inspect_names_the_line_of_a_document_read_from_a_bucket(bucket, tmp_pat
         number, byte = int(rest.split()[0]), int(rest.split("(byte ")[1].rstrip(")"))
         assert name == "s3://corpus/data/a.jsonl"
         assert sum(len(x) + 1 for x in lines[: number - 1]) == byte  # line N starts at byte B
+
+
+def test_a_tokenizer_json_in_a_bucket_tokenizes_as_the_local_file(bucket, tmp_path):
+    # "tokenizer file 's3://...' does not exist": the URL was taken for a local path
+    import boto3
+
+    from tests.packtool.tokenizer_shapes import build
+
+    tok = build("gpt2", tmp_path / "tok")
+    boto3.client("s3").upload_file(str(tok), "corpus", "tok/tokenizer.json")
+    runs = {"local": tok, "file": "s3://corpus/tok/tokenizer.json", "folder": "s3://corpus/tok/"}
+    for name, where in runs.items():
+        code, _, err = run("pack", bucket / "a.jsonl", "-o", tmp_path / name, "--tokenizer", where)
+        assert code == 0, err
+    local = _shards(tmp_path / "local")
+    assert local and _shards(tmp_path / "file") == local == _shards(tmp_path / "folder")
+    code, _, err = run("stats", bucket / "a.jsonl", "--tokenizer", "s3://corpus/tok/x.model")
+    assert code == 1 and "is read from local disk only" in one_error_line(err)
