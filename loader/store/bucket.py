@@ -18,7 +18,9 @@ group as a `pyarrow.Table` of the asked columns.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -38,6 +40,18 @@ FETCH_THREADS = 4
 """Downloads of a bucket's row groups each process runs at once, ahead of the decode."""
 FOOTER_BYTES = 64 << 10
 """The end of a shard read (and cached) at open: its footer, in one GET where it fits."""
+
+
+def dataset_gone(shard: Any, folder: Any) -> DataError:
+    """The error for a shard that is gone since the dataset was opened (local or in a bucket):
+    an `--overwrite` (or a delete) replaced the dataset under a job reading it. A local job
+    keeps the shards its processes opened, a bucket job the ranges in its cache; the others
+    went with the old dataset."""
+    return DataError(
+        f"{shard}: gone: the dataset {folder} was replaced (--overwrite) or deleted since this "
+        "job opened it; reopen it to read the new one (a loader's state resumes only on the "
+        "data it was saved on)"
+    )
 
 
 def byte_range(meta: pq.FileMetaData, g: int) -> tuple[int, int]:
@@ -129,7 +143,7 @@ class BucketRowGroups:
         url, key, start, end = self._where(shard, g)
         size = self.manifest.shards[shard].bytes
         for attempt in (1, 2):
-            with self.cache.pinned(url, key, start, end) as view:
+            with self._gone_checked(url), self.cache.pinned(url, key, start, end) as view:
                 source = RangeFile(view, start, size)
                 try:
                     pf = storage.parquet_file(
@@ -143,6 +157,16 @@ class BucketRowGroups:
                         raise
             self.cache.discard(key, start, end)  # downloaded again on the second try
         raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def _gone_checked(self, url: str) -> Iterator[None]:
+        """A failed download of an object that no longer exists: the dataset was replaced."""
+        try:
+            yield
+        except DataError:
+            if not storage.exists(url):
+                raise dataset_gone(url, self.folder) from None
+            raise
 
     def fetch_ahead(self, groups: list[int], shards: np.ndarray) -> None:
         """Download the ranges of row groups `groups` (in order) on the fetch threads."""

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.record import Documents, empty_documents
-from loader.store.bucket import CACHE_LIMIT, BucketRowGroups
+from loader.store.bucket import CACHE_LIMIT, BucketRowGroups, dataset_gone
 from loader.store.row_group import (
     INT_TYPES,
     RowGroupData,
@@ -218,16 +218,17 @@ class ShardStore:
         return storage.parquet_metadata(file)
 
     def _mapped(self, file: Any) -> Any:
-        """`file` (a local shard) memory-mapped, once it is still the file the dataset opened:
-        the shards are opened lazily, per process, and a shard replaced in between (copied
-        over, or a local `--overwrite` that is not this dataset's own) would hand rows of
-        another file to the epoch's order: some delivered twice, others never."""
-        st = storage.stat(file)
-        if (st.st_size, st.st_mtime_ns) != self._opened[str(file)]:
+        """`file` (a local shard) memory-mapped, if it is still the file the dataset opened (a
+        process opens shards lazily: one replaced in between would hand another file's rows to
+        the epoch's order, some delivered twice, others never)."""
+        try:
+            st = storage.stat(file)
+        except FileNotFoundError:
+            raise dataset_gone(file, self.path) from None
+        if (st.st_size, st.st_mtime_ns) != (was := self._opened[str(file)]):
             raise DataError(
-                f"{file}: the shard changed after the dataset was opened (size "
-                f"{self._opened[str(file)][0]} -> {st.st_size} bytes, or its modification time); "
-                "reopen the dataset"
+                f"{file}: the shard changed after the dataset was opened (size {was[0]} -> "
+                f"{st.st_size} bytes, or its mtime): replaced (--overwrite)? reopen the dataset"
             )
         return storage.memory_map(file)
 

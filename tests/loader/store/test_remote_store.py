@@ -244,3 +244,38 @@ def test_an_uncompressed_dataset_reads_the_same_from_the_bucket_under_eviction(d
     want = _epochs(local, None, epochs=1)
     got = _epochs(url, tmp_path / "cache", epochs=1, cache_limit=256 << 10)
     assert len(got) == len(want) > 10 and got == want
+
+
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_a_dataset_replaced_under_a_reading_job_is_one_error_saying_so(tmp_path, where, s3_server):
+    # It was "no such object" (bucket) or "cannot open shard" (local): now it says the dataset
+    # was replaced. The shards a job's processes opened, or the ranges it cached, stay readable;
+    # the rest went with the old dataset (docs/pack.md).
+    import boto3
+
+    from packtool.errors import DataError
+
+    boto3.client("s3").create_bucket(Bucket="swap")
+    out = str(tmp_path / "ds") if where == "local" else "s3://swap/ds"
+
+    def pack(max_len: int) -> None:
+        run_pack(
+            RunConfig(
+                inputs=(str(CORPUS),),
+                out_dir=out,
+                pack=PackConfig(max_len=max_len),
+                shards=ShardConfig(row_group_rows=32, shard_rows=256),
+                progress=False,
+                overwrite=True,
+            )  # fmt: skip
+        )
+
+    pack(1024)
+    ds = PackedDataset(out, tokens_per_batch=4096, cache_dir=str(tmp_path / "cache"))
+    batches = iter(ds)
+    next(batches)
+    pack(512)  # --overwrite: the old version's objects (or files) are deleted
+    # (locally the new shards have the old names: "changed", not "gone")
+    with pytest.raises(DataError, match=r"(gone: the dataset .* was )?replaced \(--overwrite\)"):
+        for _ in batches:
+            pass
