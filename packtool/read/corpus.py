@@ -49,15 +49,22 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
 
 
 def passed_over(inputs: Iterable[str | os.PathLike], examples: int = 3) -> tuple[int, list[str]]:
-    """The files that local folder inputs hold but `expand_inputs` does not read (names ending
-    in no corpus suffix; hidden ones aside): how many, and the first `examples`. One more
-    listing of the folders; bucket prefixes are not listed again.
+    """The files that folder inputs (and bucket prefixes) hold but `expand_inputs` does not
+    read (names ending in no corpus suffix; hidden ones aside): how many, and the first
+    `examples`. One more listing of each folder or prefix.
     """
     count, shown = 0, []
     for raw in [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs:
-        if is_remote(str(raw)) or not is_dir(raw):
+        if is_remote(str(raw)):
+            if str(raw).lower().startswith(("http://", "https://")):
+                continue  # a web server has no listing: a URL there is one file
+            from packtool.storage import listing
+
+            n, names = listing.unread(str(raw), KNOWN_SUFFIXES, examples - len(shown))
+        elif is_dir(raw):
+            n, names = unread(Path(raw), KNOWN_SUFFIXES, examples - len(shown))
+        else:
             continue
-        n, names = unread(Path(raw), KNOWN_SUFFIXES, examples - len(shown))
         count += n
         shown += names
     return count, shown

@@ -106,3 +106,29 @@ def _url(protocol: str, key: str, fs: Any) -> str:
     if protocol in ("http", "https"):
         return key
     return fs.unstrip_protocol(key) if protocol not in ("s3a",) else f"s3a://{key}"
+
+
+def unread(text: str, suffixes: tuple[str, ...], examples: int) -> tuple[int, list[str]]:
+    """The objects under the prefix `text` that `expand` passes over (names ending in none of
+    `suffixes`; hidden names aside, as `expand` skips them): how many, the first `examples`.
+    One more listing of the prefix (1,000 keys a request): a prefix's other objects are never
+    passed over in silence, as a local folder's files are not."""
+    fs, p = filesystem(text)
+    with naming(text):
+        if any(c in p for c in "*?[") or _object_info(fs, p) is not None:
+            return 0, []  # a glob or an object: nothing is passed over
+        try:
+            keys = sorted(fs.find(p, withdirs=False))
+        except FileNotFoundError:
+            return 0, []
+    protocol = scheme(text) or ""
+    count, shown = 0, []
+    for k in keys:
+        rel = k[len(p) :]
+        if any(part.startswith(".") for part in rel.split("/") if part):
+            continue
+        if not k.lower().endswith(suffixes):
+            count += 1
+            if len(shown) < examples:
+                shown.append(_url(protocol, k, fs))
+    return count, shown

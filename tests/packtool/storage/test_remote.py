@@ -355,3 +355,18 @@ def test_a_tokenizer_json_in_a_bucket_tokenizes_as_the_local_file(bucket, tmp_pa
     assert local and _shards(tmp_path / "file") == local == _shards(tmp_path / "folder")
     code, _, err = run("stats", bucket / "a.jsonl", "--tokenizer", "s3://corpus/tok/x.model")
     assert code == 1 and "is read from local disk only" in one_error_line(err)
+
+
+def test_a_prefix_input_notes_the_objects_it_does_not_read(bucket):
+    # a local folder's other files get a note; a prefix's were passed over in silence
+    import boto3
+
+    client = boto3.client("s3")
+    client.put_object(Bucket="corpus", Key="noted/a.jsonl", Body=b'{"text": "read"}\n')
+    client.put_object(Bucket="corpus", Key="noted/notes.bin", Body=b"x")
+    client.put_object(Bucket="corpus", Key="noted/.hidden.bin", Body=b"x")  # hidden: skipped
+    code, _, err = run("stats", "s3://corpus/noted/")
+    assert code == 0, err
+    assert "note: 1 file(s) in the input folders are not read (s3://corpus/noted/notes.bin)" in err
+    code, _, err = run("stats", "s3://corpus/noted/a.jsonl")  # an object named: no note
+    assert code == 0 and "note:" not in err, err
