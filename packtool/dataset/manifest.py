@@ -26,6 +26,9 @@ from packtool.storage import writing
 FORMAT = "packtool.packed"
 FORMAT_VERSION = 3
 INDEX_FILE = "index.json"
+SOURCES_FILE = "sources.json"
+"""Beside `index.json` when a dataset has too many input files to list inside it
+(`packtool.read.docids`)."""
 SUPPORTED_VERSIONS = (1, 2, 3)
 """1: the four required columns; 2: adds the `columns` list (and optional columns such as
 `loss_mask`); 3: every `doc_ids` value is `packtool.read.docids` (input file index, record offset),

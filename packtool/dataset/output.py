@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from packtool.dataset import hub_record
-from packtool.dataset.manifest import INDEX_FILE, link_bytes, linked_version
+from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, link_bytes, linked_version
 from packtool.errors import ConfigError
 from packtool.prefetch import map_ordered
 from packtool.storage import hub, remote_write, writing
@@ -427,11 +427,22 @@ def _collect(paths: OutputPaths, commit: bool) -> None:
     failure's discard, which aborts its own), saving a request of its own every run."""
     staging = staging_version(paths.target)
     keep = {current_version(paths.target), staging}
-    stray = [e for e in storage.list_dir(paths.target) if is_version(e.name) and e.name not in keep]
+    entries = storage.list_dir(paths.target)
+    stray = [e for e in entries if is_version(e.name) and e.name not in keep]
+    if commit:
+        # An unversioned dataset the link replaced (copied in with `aws s3 sync`, say: its
+        # shards at the top): its files went on beside the new version for good.
+        stray += [e for e in entries if _unversioned_file(e.name)]
     if commit or stray or staging is not None:
         remote_write.abort_uploads(paths.target)
     for entry in stray:
         remove(entry)
+
+
+def _unversioned_file(name: str) -> bool:
+    """A file of a dataset written straight into a prefix (no version folder): its shards and
+    its list of sources (its `index.json` is the link now)."""
+    return (name.startswith("shard-") and name.endswith(".parquet")) or name == SOURCES_FILE
 
 
 def current_version(target: Path) -> str | None:

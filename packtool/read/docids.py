@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from packtool.dataset.manifest import SOURCES_FILE
 from packtool.errors import DataError
 from packtool.storage import local as storage
 
@@ -50,7 +51,6 @@ UNITS = ("byte", "row", "item", "file", "record")
 """What an offset counts, per input file (see the module docstring)."""
 INLINE_FILES = 1000
 """Up to this many input files are listed inside `index.json`; more go to `SOURCES_FILE`."""
-SOURCES_FILE = "sources.json"
 
 
 def encode(file_index: int, offsets: NDArray[np.integer] | int) -> NDArray[np.int64] | int:

@@ -19,6 +19,7 @@ import pytest
 
 from packtool.dataset.manifest import read_manifest
 from packtool.dataset.output import OutputLock, make_staging, output_paths
+from packtool.dataset.shards import ShardConfig
 from packtool.engines.local import RunConfig, run_pack
 from packtool.errors import ConfigError, DataError
 from packtool.pack.chunk import PackConfig
@@ -783,3 +784,19 @@ def test_a_refused_or_conflicting_conditional_put_means_the_lock_changed(
     remote._filesystem.cache_clear()
     assert proxy.counts["conflict"] >= 1
     assert fs.cat_file(f"{BUCKET}/locks/{client}") == b"second"
+
+
+def test_overwrite_of_a_dataset_copied_into_a_prefix_replaces_all_of_it(fs, tmp_path):
+    # A dataset copied into a prefix file by file (`aws s3 sync packed/ s3://b/synced/`) has its
+    # shards at the top: an --overwrite left them there for good, beside the new version.
+    old = tmp_path / "old"
+    run_pack(pack_config(old, shards=ShardConfig(shard_rows=1000)))
+    for p in old.iterdir():
+        fs.put_file(str(p), f"{BUCKET}/synced/{p.name}")
+    assert any(name.startswith("shard-") for name in _objects(fs, "synced"))
+    url = f"s3://{BUCKET}/synced"
+    run_pack(pack_config(url, overwrite=True))
+    version = _link(fs, "synced")
+    assert [n for n in _objects(fs, "synced") if not n.startswith(f"{version}/")] == ["index.json"]
+    code, out, err = run("verify", url)
+    assert code == 0 and out.startswith("OK "), err
