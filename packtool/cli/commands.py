@@ -56,6 +56,13 @@ CHUNKS = "Documents packed together (bounds memory)."
 GROUP_ROWS = "Rows per Parquet row group."
 
 
+def _field(flag: str, name: str) -> str:
+    """A field name option: an empty one would reach the library as an unnamed field."""
+    if not name.strip():
+        raise ConfigError(f"{flag}: the field name is empty; name a JSONL field or Parquet column")
+    return name
+
+
 def _named(output: str) -> str:
     """`-o`: an empty path would mean the current folder; say so instead."""
     if not output.strip():
@@ -159,6 +166,7 @@ def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
     "--keep-field",
     multiple=True,
     metavar="NAME",
+    callback=lambda ctx, param, value: tuple(_field("--keep-field", v) for v in value),
     help="Carry this JSONL field / Parquet column along as a string column (repeatable).",
 )
 @click.option(
@@ -322,7 +330,9 @@ def stats_cmd(
     if candidates is None:
         cands = DEFAULT_CANDIDATES
     else:
-        cands = tuple(positive_int("--candidates", c.strip()) for c in candidates.split(","))
+        cands = tuple(  # each once, in the order given (a repeated one was a repeated row)
+            dict.fromkeys(positive_int("--candidates", c.strip()) for c in candidates.split(","))
+        )
     config = StatsConfig(
         max_len=positive_int("--max-len", max_len, least=2),
         batch_size=positive_int("--batch-size", batch_size, "documents"),
@@ -408,6 +418,7 @@ def stats_cmd(
     "--group-by",
     default=None,
     metavar="FIELD",
+    callback=lambda ctx, param, value: None if value is None else _field("--group-by", value),
     help="Pack only documents with the same FIELD together (source = the input file, or a "
     "JSONL field / Parquet column).",
 )

@@ -75,7 +75,7 @@ def manifest_head(
     if config.pack.group_by is not None and set(totals.groups) == {""}:
         raise ConfigError(
             f"--group-by {config.pack.group_by!r}: no document has this field "
-            "(check the name; rerun with --overwrite)"
+            "(check the name; nothing was committed)"
         )
     max_len = config.pack.max_len
     l1, l2 = stats.lower_bounds_from_histogram(totals.histogram, max_len)

@@ -100,11 +100,24 @@ def test_a_misspelt_group_by_then_the_corrected_command(tmp_path):
     lang = jsonl(tmp_path / "lang.jsonl", [{"text": "bonjour", "lang": "fr"}] * 5)
     out = tmp_path / "D"
     code, _, err = run("pack", lang, "-o", out, "--group-by", "lnag")
-    assert code == 1 and "--group-by 'lnag': no document has this field" in one_error_line(err)
+    line = one_error_line(err)
+    assert code == 1 and "--group-by 'lnag': no document has this field" in line
+    assert "nothing was committed" in line and "--overwrite" not in line  # it is not needed
     assert not out.exists() and beside(out) == []
     code, out_text, err = run("pack", lang, "-o", out, "--group-by", "lang")
     assert code == 0, err
     assert "group 'fr'" in out_text
+
+
+def test_an_empty_field_name_names_its_option(tmp_path):
+    # it was the library's "extra_fields must be a tuple of non-empty names, got ('',)"
+    lang = jsonl(tmp_path / "lang.jsonl", [{"text": "bonjour", "lang": "fr"}] * 5)
+    for args in (
+        ["pack", lang, "-o", tmp_path / "p", "--group-by", ""],
+        ["tokenize", lang, "-o", tmp_path / "t.parquet", "--keep-field", " "],
+    ):
+        code, _, err = run(*args)
+        assert code == 1 and f"{args[-2]}: the field name is empty" in one_error_line(err)
 
 
 def test_tokenize_overwrite_of_a_folder_keeps_it_on_failure(tmp_path, good):

@@ -63,6 +63,10 @@ def test_candidates_option(small_corpus):
     d = json.loads(result.output)
     assert [c["max_len"] for c in d["candidates"]] == [32, 128]
     assert d["suggested_max_len"] == 128  # 32 would split 2 of 4 documents
+    repeated = CliRunner().invoke(
+        cli, ["stats", str(small_corpus), "--candidates", "128,32,128", "--json"]
+    )
+    assert [c["max_len"] for c in json.loads(repeated.output)["candidates"]] == [128, 32]
 
 
 def test_plot_writes_png(small_corpus, tmp_path):
