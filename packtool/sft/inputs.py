@@ -279,11 +279,11 @@ def _value(obj: dict[str, Any], kind: str, sft: SFTConfig, read: ReadConfig) -> 
     other = kind_of_record(obj, read)
     if other is not None and other != kind:
         raise BadRecord("other_kind", f"a {other} record in a {kind} dataset")
-    wanted = (
-        " or ".join(repr(f) for f in sft.conversation_fields(kind))
-        if kind in CHAT_KINDS
-        else f"{sft.prompt_field!r} and {sft.completion_field!r}"
-    )
+    if kind in CHAT_KINDS:
+        wanted = " or ".join(repr(f) for f in sft.conversation_fields(kind))
+    else:  # name the one missing (a record with a prompt and no completion said "no both")
+        missing = [f for f in (sft.prompt_field, sft.completion_field) if f not in obj]
+        wanted = " and ".join(repr(f) for f in missing)
     raise BadRecord("missing_field", f"no {wanted}")
 
 

@@ -135,6 +135,10 @@ def test_prompt_completion_exact(tmp_path):
     assert skips.counts == {"missing_field": 1}
     renamed, _ = read([path], prompt_field="question", completion_field="answer")
     assert docs(renamed) == [(list(b"x") + list(b"y") + [256], [0, 1, 1])]
+    # the skip names what is missing (a record with its prompt was "no 'prompt' and ...")
+    half = jsonl(tmp_path / "half.jsonl", [{"prompt": "Q"}, {"prompt": "Q", "completion": "A"}])
+    _, skips = read([half])
+    assert skips.examples["missing_field"][0].endswith("(no 'completion')")
     bos = load_tokenizer("byte", bos="default")
     with_bos, _ = read([path], tokenizer=bos)
     assert docs(with_bos) == [([257, *ids], [0, *mask])]
