@@ -216,9 +216,10 @@ class BatchBuilder:
 
 
 def as_extra(value: Any) -> str | None:
-    """An extra field's value as the string column stores it (JSON for objects and lists)."""
+    """An extra field's value as the string column stores it: JSON for objects, lists and
+    booleans (`true`, as the record wrote it; Python's `True` is no JSON), numbers as text."""
     if value is None or isinstance(value, str):
         return value
-    if isinstance(value, (dict, list)):
+    if isinstance(value, (dict, list, bool)):
         return orjson.dumps(value).decode()
     return str(value)

@@ -157,6 +157,9 @@ def test_extra_fields_missing_and_non_string(tmp_path):
     path = write_corpus(tmp_path / "c.jsonl")
     docs = read_all([path], ReadConfig(extra_fields=("n",)))
     assert [d[3]["n"] for d in docs] == ["1", None, "[1,2]"]
+    flags = [{"text": "a", "f": True}, {"text": "b", "f": False}, {"text": "c", "f": 1.5}]
+    docs = read_all([write_corpus(tmp_path / "b.jsonl", flags)], ReadConfig(extra_fields=("f",)))
+    assert [d[3]["f"] for d in docs] == ["true", "false", "1.5"]  # JSON, not Python's "True"
 
 
 def test_batches_respect_doc_and_byte_limits(tmp_path):
