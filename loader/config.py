@@ -29,6 +29,15 @@ def check_int(name: str, value: Any, lo: int | None = None) -> None:
         raise ConfigError(f"{name} must be an integer{bound}, got {value!r}")
 
 
+def check_epoch(epoch: Any) -> int:
+    """An epoch number: an integer from 0 below 2**63 (it is kept in a shared int64: a larger
+    one wrapped around, 2**64 + 3 became epoch 3), else a `ConfigError`."""
+    check_int("epoch", epoch, 0)
+    if epoch >= 2**63:
+        raise ConfigError(f"epoch must be below 2**63, got {epoch!r}")
+    return int(epoch)
+
+
 def make_config(cls: type, settings: dict[str, Any], config: Any = None) -> Any:
     """`config` when given, else `cls(**settings)` for a config dataclass; unknown or missing
     names, or a config together with keyword settings, are a `ConfigError`."""

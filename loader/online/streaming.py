@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loader.config import OnlineConfig, dist_rank_world, make_config
+from loader.config import OnlineConfig, check_epoch, dist_rank_world, make_config
 from loader.online.packer import OnlinePacker
 from loader.online.rows import PackedRows, RowBatcher
 from loader.online.state import (
@@ -141,7 +141,7 @@ class StreamingPackedDataset(IterableDataset):
         A resume point loaded for this epoch is kept; one for another epoch is dropped (its
         buffer holds that epoch's documents in that epoch's order).
         """
-        epoch = int(epoch)
+        epoch = check_epoch(epoch)
         if self._resume is not None and int(self._resume["epoch"]) != epoch:
             self._resume = None
         if self._live is not None and self._live["epoch"] != epoch:

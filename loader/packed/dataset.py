@@ -26,7 +26,14 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.collate import collate
-from loader.config import LoaderConfig, check_int, dist_rank_world, make_config, static_max_docs
+from loader.config import (
+    LoaderConfig,
+    check_epoch,
+    check_int,
+    dist_rank_world,
+    make_config,
+    static_max_docs,
+)
 from loader.context_parallel import cp_split
 from loader.order.balance import imbalance, row_cost
 from loader.order.permutation import EpochOrder
@@ -158,6 +165,7 @@ class PackedDataset(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration delivers (keeps a pending resume of that epoch)."""
+        epoch = check_epoch(epoch)
         if self._shared[3] and int(self._shared[0]) == epoch:
             return
         self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, 0, 0, 0
@@ -171,7 +179,7 @@ class PackedDataset(IterableDataset):
         The same position as `load_state_dict` of a state saved there by a run with these
         settings; for trainers that count steps themselves (loader/hf/trainer.py).
         """
-        check_int("epoch", epoch, 0)
+        epoch = check_epoch(epoch)
         check_int("step", step, 0)
         plan = self.plan(epoch)
         # has_step cuts the epoch only as far as `step`, not to its end (the plan is lazy).

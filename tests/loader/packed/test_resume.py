@@ -283,3 +283,26 @@ def test_resume_at_a_random_step_continues_the_same_stream(random_dataset, kw, d
         first, state = [], PackedDataLoader(ds).state_dict()
     rest, _ = _run(random_dataset, workers=after, epochs=(0,), state=state, **kw)
     assert first + rest == ref
+
+
+@pytest.mark.parametrize(
+    ("epoch", "match"),
+    [
+        (1.5, "epoch must be an integer >= 0, got 1.5"),
+        ("1", "epoch must be an integer >= 0, got '1'"),
+        (-1, "epoch must be an integer >= 0, got -1"),  # was accepted (and saved in states)
+        (2**64 + 3, "epoch must be below 2\\*\\*63"),  # wrapped around to epoch 3
+    ],
+)
+def test_set_epoch_refuses_what_is_no_epoch(random_dataset, tmp_path, epoch, match):
+    from loader.online.streaming import StreamingPackedDataset
+    from packtool.errors import ConfigError
+    from tests.cli import run
+
+    with pytest.raises(ConfigError, match=match):
+        PackedDataset(random_dataset, **SETTINGS).set_epoch(epoch)
+    (tmp_path / "c.jsonl").write_text('{"text": "a document"}\n')
+    assert run("tokenize", tmp_path / "c.jsonl", "-o", tmp_path / "t.parquet")[0] == 0
+    streaming = StreamingPackedDataset([tmp_path / "t.parquet"], max_len=64, rows_per_batch=2)
+    with pytest.raises(ConfigError, match=match):
+        streaming.set_epoch(epoch)
