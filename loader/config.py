@@ -29,6 +29,18 @@ def check_int(name: str, value: Any, lo: int | None = None) -> None:
         raise ConfigError(f"{name} must be an integer{bound}, got {value!r}")
 
 
+def check_bool(name: str, value: Any) -> None:
+    """Raise a `ConfigError` unless `value` is True or False (a string such as 'no' is true)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+
+
+def check_number(name: str, value: Any) -> None:
+    """Raise a `ConfigError` unless `value` is a real number (not a bool, not a string)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+
+
 def check_epoch(epoch: Any) -> int:
     """An epoch number: an integer from 0 below 2**63 (it is kept in a shared int64: a larger
     one wrapped around, 2**64 + 3 became epoch 3), else a `ConfigError`."""
@@ -148,8 +160,7 @@ class LoaderConfig:
             "seq_idx",
             "varlen_keys",
         ):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            check_bool(name, getattr(self, name))
         if self.rows_per_batch is not None and self.rows_per_batch < 1:
             raise ConfigError(f"rows_per_batch must be >= 1, got {self.rows_per_batch}")
         if self.tokens_per_batch is not None and self.tokens_per_batch < 1:
@@ -241,6 +252,8 @@ class OnlineConfig:
         check_int("buffer_docs", self.buffer_docs, 1)
         if self.buffer_tokens is not None:
             check_int("buffer_tokens", self.buffer_tokens, 1)
+        if self.buffer_seconds is not None:
+            check_number("buffer_seconds", self.buffer_seconds)
         if self.buffer_seconds is not None and not self.buffer_seconds > 0:
             raise ConfigError(f"buffer_seconds must be > 0 or None, got {self.buffer_seconds!r}")
         if self.strategy not in STRATEGIES:
@@ -248,6 +261,8 @@ class OnlineConfig:
                 f"strategy {self.strategy!r} is unknown; choose one of {list(STRATEGIES)}"
             )
         check_int("bucket", self.bucket, 1)
+        check_number("min_fill", self.min_fill)
+        check_bool("shuffle_rows", self.shuffle_rows)
         if not 0.0 <= self.min_fill <= 1.0:
             raise ConfigError(f"min_fill must be in [0, 1], got {self.min_fill!r}")
         check_int("max_holds", self.max_holds, 0)

@@ -150,6 +150,14 @@ class OnlinePacker:
         lengths = lengths.astype(np.int64, copy=False)
         if lengths.size and int(lengths.min()) < 0:
             raise DataError(f"document {int(np.argmin(lengths))} has a negative length")
+        if doc_ids is not None:
+            given = np.asarray(doc_ids)
+            if given.size and not np.issubdtype(given.dtype, np.integer):
+                # cast to int64 they were truncated: 1.5 and 1.7 both became document 1
+                raise DataError(f"doc_ids must be integers, got dtype {given.dtype}")
+            doc_ids = given.astype(np.int64, copy=False)
+            if doc_ids.shape != lengths.shape:
+                raise DataError(f"{len(doc_ids)} doc_ids for {len(lengths)} documents")
         has = tokens is not None
         if self._has_tokens is None:
             self._has_tokens = has
@@ -178,10 +186,6 @@ class OnlinePacker:
         mask = extra.get(LOSS_MASK)
         if doc_ids is None:
             doc_ids = np.arange(self._next_doc_id, self._next_doc_id + len(lengths), dtype=np.int64)
-        else:
-            doc_ids = np.asarray(doc_ids, np.int64)
-            if doc_ids.shape != lengths.shape:
-                raise DataError(f"{len(doc_ids)} doc_ids for {len(lengths)} documents")
         self._next_doc_id += len(lengths)
         if len(lengths) == 0:
             return
@@ -228,6 +232,10 @@ class OnlinePacker:
                     f"{name} must have one value per token: got {arr.dtype} {arr.shape} for "
                     f"{tokens.shape} token ids"
                 )
+            if arr.dtype.kind == "f" and arr.size and not np.all(np.floor(arr) == arr):
+                # 0.5 or NaN became 0 in the column's integer dtype: a document dropped as
+                # unsupervised without a word
+                raise DataError(f"{name} values must be whole numbers ({c.doc})")
             low, high = c.min_value, c.max_value
             if arr.size and (
                 (low is not None and arr.min() < low) or (high is not None and arr.max() > high)

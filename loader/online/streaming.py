@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loader.config import OnlineConfig, check_epoch, dist_rank_world, make_config
+from loader.config import OnlineConfig, check_bool, check_epoch, dist_rank_world, make_config
 from loader.online.packer import OnlinePacker
 from loader.online.rows import PackedRows, RowBatcher
 from loader.online.state import (
@@ -101,6 +101,7 @@ class StreamingPackedDataset(IterableDataset):
         self.config = config
         self.rows_per_batch = rows_per_batch
         self.tokens_per_batch = tokens_per_batch
+        check_bool("drop_last", drop_last)
         self.drop_last = drop_last
         self.shard_by = shard_by
         self.collate_kwargs = dict(collate_kwargs or {})

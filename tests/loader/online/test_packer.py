@@ -168,11 +168,26 @@ def test_a_token_budget_below_max_len_is_refused() -> None:
         ({"max_len": 8, "buffer_seconds": 0}, "buffer_seconds"),
         ({"max_len": 8, "buffer_tokens": 0}, "buffer_tokens"),
         ({"max_len": 8, "seed": -1}, "seed"),
+        # each was accepted as true, or a message of Python's own naming no setting
+        ({"max_len": 8, "shuffle_rows": "no"}, "shuffle_rows must be True or False, got 'no'"),
+        ({"max_len": 8, "min_fill": "x"}, "min_fill must be a number, got 'x'"),
+        ({"max_len": 8, "buffer_seconds": "x"}, "buffer_seconds must be a number, got 'x'"),
     ],
 )
 def test_config_validation(kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         OnlineConfig(**kwargs)
+
+
+def test_values_a_cast_would_change_are_refused() -> None:
+    p = OnlinePacker(max_len=8)
+    with pytest.raises(DataError, match="doc_ids must be integers, got dtype float64"):
+        p.push(np.arange(4), np.array([2, 2]), doc_ids=[1.5, 1.7])  # both were document 1
+    p = OnlinePacker(max_len=8, long_docs="truncate")
+    for bad in (0.5, np.nan):  # each was 0: the document dropped as unsupervised
+        with pytest.raises(DataError, match="loss_mask values must be whole numbers"):
+            p.push(np.arange(2), np.array([2]), loss_mask=np.array([1.0, bad]))
+    p.push(np.arange(2), np.array([2]), loss_mask=np.array([1.0, 0.0]))  # whole floats: fine
 
 
 def test_bad_input_is_reported() -> None:
