@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from loader.order.steps import EpochPlan
 from loader.packed.dataset import CHUNK, PackedDataset
 from loader.packed.transport import CompactBatch, Ring
+from packtool.errors import ConfigError
 
 
 class _WorkerInit:
@@ -51,6 +52,20 @@ class PackedDataLoader(DataLoader):
         persistent_workers: bool = False,
         **kwargs: Any,
     ) -> None:
+        if not isinstance(dataset, PackedDataset):
+            raise ConfigError(
+                f"PackedDataLoader takes a PackedDataset, got {type(dataset).__name__} (a "
+                "MixedDataset goes to MixedDataLoader; anything else to torch's DataLoader)"
+            )
+        taken = sorted(
+            set(kwargs)
+            & {"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "collate_fn"}
+        )
+        if taken:
+            raise ConfigError(
+                f"PackedDataLoader: {taken} belong to the dataset (its batches are whole: "
+                "rows_per_batch or tokens_per_batch, shuffle, drop_last), not the loader"
+            )
         super().__init__(
             dataset,
             batch_size=None,

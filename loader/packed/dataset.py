@@ -44,6 +44,7 @@ from loader.record import Documents
 from loader.store.row_index import RowIndex
 from loader.store.shards import ShardStore
 from packtool.errors import ConfigError
+from packtool.storage import local as storage
 
 CHUNK = 4
 """Compact batches a PackedDataLoader worker sends per DataLoader queue item (after the first)."""
@@ -116,6 +117,8 @@ class PackedDataset(IterableDataset):
         super().__init__()
         self.config = config = make_config(LoaderConfig, settings, config)
         self.rank, self.world_size = dist_rank_world(rank, world_size)
+        if not isinstance(path, (str, os.PathLike)) and not storage.is_remote(path):
+            raise ConfigError(f"path must be a dataset folder or URL, got {path!r}")
         self.store = ShardStore(
             path,
             verify=config.verify,

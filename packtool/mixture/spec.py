@@ -144,6 +144,13 @@ class MixtureSpec:
             raise ConfigError(
                 f"{self._where()}every source has weight 0; give at least one a weight > 0"
             )
+        try:  # the schedule normalises by the sum: 1e308 + 1e308 overflows
+            math.fsum(float(s.weight) for s in sources)
+        except OverflowError:
+            raise ConfigError(
+                f"{self._where()}the weights sum past the largest float; scale them down "
+                "(only their ratios count)"
+            ) from None
         if self.unit not in UNITS:
             raise ConfigError(f"unit {self.unit!r} is unknown; choose one of {list(UNITS)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):

@@ -306,3 +306,20 @@ def test_set_epoch_refuses_what_is_no_epoch(random_dataset, tmp_path, epoch, mat
     streaming = StreamingPackedDataset([tmp_path / "t.parquet"], max_len=64, rows_per_batch=2)
     with pytest.raises(ConfigError, match=match):
         streaming.set_epoch(epoch)
+
+
+def test_loader_misuse_names_what_is_wrong(random_dataset):
+    from loader import MixedDataset
+    from packtool.errors import ConfigError
+    from packtool.mixture.spec import MixtureSpec, SourceSpec
+
+    # each was an error of Python's or torch's naming no setting
+    with pytest.raises(ConfigError, match="path must be a dataset folder or URL, got None"):
+        PackedDataset(None, **SETTINGS)
+    with pytest.raises(ConfigError, match="PackedDataLoader takes a PackedDataset, got list"):
+        PackedDataLoader([1, 2, 3])
+    with pytest.raises(ConfigError, match=r"\['batch_size'\] belong to the dataset"):
+        PackedDataLoader(PackedDataset(random_dataset, **SETTINGS), batch_size=4)
+    big = [SourceSpec(name=n, path=str(random_dataset), weight=1e308) for n in "ab"]
+    with pytest.raises(ConfigError, match="the weights sum past the largest float"):
+        MixedDataset(MixtureSpec(sources=big), rows_per_batch=2)
