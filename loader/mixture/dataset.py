@@ -57,7 +57,7 @@ from loader.record import Documents, empty_documents
 from loader.store.row_group import write_parts
 from loader.store.shards import DecodeThread
 from packtool.errors import ConfigError
-from packtool.mixture.schedule import Schedule
+from packtool.mixture.schedule import Schedule, check_caps
 from packtool.mixture.spec import check_compatible
 
 AHEAD_STREAMING = 32
@@ -151,6 +151,7 @@ class MixedDataset(IterableDataset):
             top = np.concatenate([s.top_n_docs(k) for s in self.sources])
             self.max_docs = static_max_docs(config, top)
             self.pad_tokens = config.tokens_per_batch or config.rows_per_batch * self.max_len
+        check_caps(self.spec.sources, self.sources)  # now, not when the stream runs
         self.fingerprint = self._fingerprint()
         self._start: dict[str, Any] | None = None
         self._last_step: Step | None = None

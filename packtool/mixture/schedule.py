@@ -181,6 +181,27 @@ def _allowed(spec: SourceSpec, reader: LengthReader, epoch: int) -> int | None:
     return 0
 
 
+def check_caps(sources: Sequence[SourceSpec], readers: Sequence[LengthReader]) -> None:
+    """Refuse, up front, a cap no row fits under and a fractional cap on a source whose epoch
+    length is not known ahead (both surfaced only once the stream ran: the first as a mixture
+    that ended at once, with no batch and no warning).
+
+    Raises:
+        ConfigError: naming the source and its cap.
+    """
+    for spec, reader in zip(sources, readers, strict=True):
+        m = spec.max_epochs
+        if m is None or spec.weight <= 0 or m == math.floor(m):
+            continue
+        _allowed(spec, reader, math.floor(m))  # a fractional cap: the epoch length must be known
+        rows = reader.epoch_rows(0)
+        if m < 1 and _allowed(spec, reader, 0) == 0:
+            raise ConfigError(
+                f"source {spec.name!r}: max_epochs {spec.max_epochs} of its {rows:,} rows allows "
+                f"no row; give at least 1/{rows:,} (or drop the source)"
+            )
+
+
 class Schedule:
     """The incremental mixture schedule (see the module docstring).
 
@@ -234,6 +255,7 @@ class Schedule:
         """What a resume changed (empty: none, or a fresh start)."""
         self._weights_key = b""
         self._weights_cache = np.zeros(k)
+        check_caps(self.specs, self.readers)
         if state is not None:
             self._restore(state)
         self._window = np.zeros(k * WINDOW, np.int64)

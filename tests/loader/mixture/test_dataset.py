@@ -643,3 +643,30 @@ def test_packtool_mix_plans_what_the_loader_delivers(sources):
     for s in plan.sources:
         assert abs(s.tokens - real[s.name]["tokens"]) <= 2 * 64  # both within a row of target
         assert abs(s.rows - real[s.name]["rows"]) <= 3
+
+
+def test_a_cap_no_row_fits_under_is_refused_up_front(sources):
+    # it made a mixture of no batch, with no error and no warning (only an event in describe())
+    rows = PackedDataset(sources[0], rows_per_batch=2).store.num_rows
+    tiny = MixtureSpec(sources=(SourceSpec(name="web", path=str(sources[0]), max_epochs=1e-9),))
+    with pytest.raises(ConfigError, match=f"max_epochs 1e-09 of its {rows:,} rows allows no row"):
+        MixedDataset(tiny, rows_per_batch=2)
+    fits = MixtureSpec(sources=(SourceSpec(name="web", path=str(sources[0]), max_epochs=1 / rows),))
+    assert len(list(MixedDataset(fits, rows_per_batch=1))) == 1  # one row: the least cap
+
+
+@pytest.mark.parametrize("cap", [0.5, 1.5])
+def test_a_fractional_cap_on_a_streaming_source_is_refused_up_front(online, cap):
+    # its epoch length is not known ahead: refused only once the stream reached the cap
+    from loader import StreamingPackedDataset
+
+    parquet, packed = online
+    live = StreamingPackedDataset(parquet, max_len=64, buffer_docs=20, rows_per_batch=1)
+    spec = MixtureSpec(
+        sources=(
+            SourceSpec(name="packed", path=str(packed), weight=0.6),
+            SourceSpec(name="live", path=live, weight=0.4, max_epochs=cap),
+        ),
+    )
+    with pytest.raises(ConfigError, match=f"source 'live': max_epochs {cap} is fractional"):
+        MixedDataset(spec, rows_per_batch=1)
