@@ -18,13 +18,15 @@ type from step to step.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
 from loader.record import Documents, TokenRuns
 from packtool.dataset.columns import IGNORE_INDEX
-from packtool.errors import DataError
+from packtool.errors import ConfigError, DataError
 
 _ARANGE = np.arange(0, dtype=np.int64)
 
@@ -217,3 +219,18 @@ def collate(
         "doc_targets": doc_targets,
         **{k: v.unsqueeze(0) for k, v in extra.items()},
     }
+
+
+def check_collate_kwargs(kwargs: dict[str, Any]) -> None:
+    """Refuse keyword arguments `collate` does not take, when they are given (a bad one would
+    fail every batch, from the first one on).
+
+    Raises:
+        ConfigError: naming the unknown ones and the valid ones.
+    """
+    import inspect
+
+    valid = set(inspect.signature(collate).parameters) - {"docs"}
+    unknown = sorted(set(kwargs) - valid)
+    if unknown:
+        raise ConfigError(f"collate_kwargs {unknown} unknown; loader.collate takes {sorted(valid)}")

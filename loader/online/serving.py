@@ -19,7 +19,6 @@ model call.
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 import weakref
@@ -31,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.collate import collate
+from loader.collate import check_collate_kwargs, collate
 from loader.record import Documents
 from packtool.errors import ConfigError, DataError, PacktoolError
 
@@ -58,9 +57,6 @@ class _Stats:
     failed_batches: int = 0
     waits_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
     """The most recent dispatch waits (bounded, for a long-running server)."""
-
-
-_COLLATE_KEYS = frozenset(p for p in inspect.signature(collate).parameters if p != "docs")
 
 
 def _request_tokens(tokens: Any, token_budget: int, vocab_size: int | None) -> np.ndarray:
@@ -227,11 +223,7 @@ def _check_collate(
     Returns:
         `max_requests`, lowered so a batch never holds more documents than `pad_docs` allows.
     """
-    unknown = sorted(set(kwargs) - _COLLATE_KEYS)
-    if unknown:
-        raise ConfigError(
-            f"collate_kwargs {unknown} unknown; loader.collate takes {sorted(_COLLATE_KEYS)}"
-        )
+    check_collate_kwargs(kwargs)
     pad_tokens = kwargs.get("pad_tokens")
     if pad_tokens is not None and pad_tokens < token_budget:
         raise ConfigError(

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
+from loader.collate import check_collate_kwargs
 from loader.config import OnlineConfig, check_bool, check_epoch, dist_rank_world, make_config
 from loader.online.packer import OnlinePacker
 from loader.online.rows import PackedRows, RowBatcher
@@ -105,6 +106,7 @@ class StreamingPackedDataset(IterableDataset):
         self.drop_last = drop_last
         self.shard_by = shard_by
         self.collate_kwargs = dict(collate_kwargs or {})
+        check_collate_kwargs(self.collate_kwargs)  # now, not at the first batch
         self.rank, self.world_size = dist_rank_world(rank, world_size)
         if isinstance(inputs, (str, os.PathLike)):
             inputs = [inputs]

@@ -148,6 +148,18 @@ def test_row_batcher_token_budget() -> None:
         RowBatcher(max_len=8)
 
 
+def test_unknown_collate_kwargs_are_refused_when_the_dataset_is_made(tmp_path) -> None:
+    # a TypeError at the first batch, before
+    from tests.cli import run
+
+    (tmp_path / "c.jsonl").write_text('{"text": "a document"}\n')
+    assert run("tokenize", tmp_path / "c.jsonl", "-o", tmp_path / "t.parquet")[0] == 0
+    with pytest.raises(ConfigError, match=r"collate_kwargs \['bogus'\] unknown; loader.collate"):
+        StreamingPackedDataset(
+            [tmp_path / "t.parquet"], max_len=64, rows_per_batch=2, collate_kwargs={"bogus": 1}
+        )
+
+
 def test_a_token_budget_below_max_len_is_refused() -> None:
     # rows longer than the budget went alone: every batch of a 512-token stream ran over 100
     with pytest.raises(ConfigError, match="tokens_per_batch 10 is smaller than max_len 64"):
