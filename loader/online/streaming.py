@@ -286,14 +286,16 @@ class StreamingPackedDataset(IterableDataset):
         check.dict_(state, "", ("key", "epoch", "start"))
         check.dict_(state["key"], "key", ())
         check.int_(state["epoch"], "epoch", None)
-        if not check.bool_(state["start"], "start"):
-            self._check_live(check, state)
+        # other settings first: the packer's state is checked against these settings, and a
+        # state of another max_len was called "malformed ... damaged"
         diff = settings_diff(state["key"], self._key())
         if diff:
             raise DataError(
                 f"the state was saved with other inputs or settings ({', '.join(diff)}); resume "
                 "with the same files, packing and batch settings, rank and world size"
             )
+        if not check.bool_(state["start"], "start"):
+            self._check_live(check, state)
         self.epoch = int(state["epoch"])
         self._resume = None if state["start"] else state
         self._live = None

@@ -158,6 +158,10 @@ def test_bad_input_and_states(tokenized, tmp_path) -> None:
     state = ds.state_dict()
     with pytest.raises(DataError, match="rows_per_batch"):
         make(path, rows_per_batch=4).load_state_dict(state)
+    # packing settings too: these were "malformed ... the checkpoint is damaged"
+    for other in ({"max_len": MAX_LEN * 2}, {"buffer_docs": 7}, {"seed": 5}):
+        with pytest.raises(DataError, match="saved with other inputs or settings"):
+            make(path, **other).load_state_dict(state)
     with pytest.raises(DataError, match="not a StreamingPackedDataset state"):
         make(path).load_state_dict({"version": 99})
 
