@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from loader.config import OnlineConfig, make_config
+from loader.config import OnlineConfig, check_int, make_config
 from loader.online.bucketed import bucketed_assign
 from loader.online.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.online.segments import Segments
@@ -90,6 +90,8 @@ class OnlinePacker:
         self, config: OnlineConfig | None = None, *, seed_key: tuple[int, ...] = (), **settings: Any
     ) -> None:
         self.config = config = make_config(OnlineConfig, settings, config)
+        for k in seed_key:  # int('a') was Python's ValueError; -1 numpy's, at the first pack
+            check_int("seed_key entries", k, 0)
         self.seed_key = tuple(int(k) for k in seed_key)
         self._parts: list[Segments] = []
         self._n_segs = 0

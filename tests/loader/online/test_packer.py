@@ -192,6 +192,8 @@ def test_config_validation(kwargs: dict, match: str) -> None:
 
 
 def test_values_a_cast_would_change_are_refused() -> None:
+    with pytest.raises(ConfigError, match="seed_key entries must be an integer >= 0, got 'a'"):
+        OnlinePacker(max_len=8, seed_key=("a",))
     p = OnlinePacker(max_len=8)
     with pytest.raises(DataError, match="doc_ids must be integers, got dtype float64"):
         p.push(np.arange(4), np.array([2, 2]), doc_ids=[1.5, 1.7])  # both were document 1
