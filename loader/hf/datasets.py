@@ -295,10 +295,16 @@ class RowCollator:
                 "documents cannot be told apart; if Trainer removed them, set "
                 "TrainingArguments(remove_unused_columns=False)"
             )
-        tokens = np.concatenate([np.asarray(f["input_ids"], dtype=np.int64) for f in features])
+        rows = [np.asarray(f["input_ids"], dtype=np.int64) for f in features]
+        for i, (row, row_lens) in enumerate(zip(rows, lens, strict=True)):
+            # row by row: totals that agree across rows let a document cross a row boundary
+            if int(row_lens.sum()) != len(row) or (len(row_lens) and row_lens.min() < 1):
+                raise ConfigError(
+                    f"row {i}: its document lengths ({int(row_lens.sum())} tokens) do not add up "
+                    f"to its {len(row)} input_ids"
+                )
+        tokens = np.concatenate(rows)
         doc_lens = np.concatenate(lens)
-        if int(doc_lens.sum()) != len(tokens) or (len(doc_lens) and doc_lens.min() < 1):
-            raise ConfigError("the rows' document lengths do not add up to their input_ids")
         ids = np.full(len(doc_lens), -1, dtype=np.int64)
         columns = {}
         if LOSS_MASK in first:

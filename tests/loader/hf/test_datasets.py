@@ -134,6 +134,10 @@ def test_row_collator_refuses_rows_without_lengths():
         RowCollator()([{"input_ids": [1, 2, 3]}])
     with pytest.raises(ConfigError, match="do not add up"):
         RowCollator()([{"input_ids": [1, 2, 3], "seq_lengths": [2]}])
+    # totals that agree across rows: a 4-token document across the two rows was collated
+    rows = [{"input_ids": [1, 2, 3], "seq_lengths": [1]}, {"input_ids": [4, 5], "seq_lengths": [4]}]
+    with pytest.raises(ConfigError, match=r"row 0: its document lengths \(1 tokens\)"):
+        RowCollator()(rows)
 
 
 def test_trl_padding_free_collator_on_packtool_rows_equals_the_loader(small, tmp_path):
