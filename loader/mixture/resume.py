@@ -10,13 +10,11 @@ against its source's rows, when the schedule restores it).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 import numpy as np
 
-from loader.packed.resume import ORDER_KEYS, order_of
+from loader.packed.resume import ORDER_KEYS, digest, order_of
 from packtool.errors import DataError
 from packtool.mixture.schedule_state import check as check_schedule
 
@@ -43,19 +41,7 @@ def make_state(
 
 def state_check(state: dict[str, Any]) -> str:
     """A hash of a state's content but its `check` (16 hex digits)."""
-    body = {k: v for k, v in state.items() if k != "check"}
-    text = json.dumps(body, sort_keys=True, default=_plain)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars as Python numbers (a state may hold either; the hash must not tell them
-    apart)."""
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    raise TypeError(f"not JSON: {value!r}")
+    return digest({k: v for k, v in state.items() if k != "check"})
 
 
 def check_state(state: Any, *, seed: int) -> dict[str, Any]:

@@ -67,17 +67,23 @@ def make_state(
 def state_check(state: dict[str, Any]) -> str:
     """A hash of a state's position and layout (16 hex digits)."""
     keys = ("fingerprint", "seed", "epoch", "origin", "next_step", "cursor", "layout")
-    text = json.dumps([_plain(state[k]) for k in keys], sort_keys=True)
+    return digest([state[k] for k in keys])
+
+
+def digest(value: Any) -> str:
+    """16 hex digits of the sha256 of `value` as JSON (keys sorted; numpy scalars as Python
+    numbers: a state may hold either, and the hash must not tell them apart). The check value
+    of a loader state (this module's, and `loader.mixture.resume`'s)."""
+    text = json.dumps(value, sort_keys=True, default=_plain)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _plain(value: Any) -> Any:
-    """numpy integers as ints (a state may hold either; the hash must not tell them apart)."""
     if isinstance(value, np.integer):
         return int(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
+    if isinstance(value, np.floating):
+        return float(value)
+    raise TypeError(f"not JSON: {value!r}")
 
 
 def _bad_field(state: dict[str, Any], keys: Iterable[str]) -> str | None:
