@@ -216,6 +216,8 @@ def naming(url: Any, doing: str = "read") -> Iterator[None]:
     except OSError as exc:
         raise DataError(f"{url}: cannot be {doing} ({first_line(exc)})") from None
     except Exception as exc:  # botocore's, aiohttp's, google's: one line whatever they raise
+        if type(exc).__module__.startswith("pyarrow"):  # the words a local file gets
+            raise DataError(f"{url}: not a readable Parquet file ({first_line(exc)})") from None
         if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
             raise DataError(f"{url}: no credentials found ({first_line(exc)})") from None
         raise DataError(f"{url}: {type(exc).__name__}: {first_line(exc)}") from None

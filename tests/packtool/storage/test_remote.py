@@ -370,3 +370,14 @@ def test_a_prefix_input_notes_the_objects_it_does_not_read(bucket):
     assert "note: 1 file(s) in the input folders are not read (s3://corpus/noted/notes.bin)" in err
     code, _, err = run("stats", "s3://corpus/noted/a.jsonl")  # an object named: no note
     assert code == 0 and "note:" not in err, err
+
+
+def test_a_damaged_parquet_object_is_named_as_a_local_file_is(bucket, tmp_path):
+    # it was "URL: ArrowInvalid: ..." where a local file gets "not a readable Parquet file"
+    import boto3
+
+    boto3.client("s3").put_object(Bucket="corpus", Key="bad/x.parquet", Body=b"PAR1garbage!PAR1")
+    (tmp_path / "x.parquet").write_bytes(b"PAR1garbage!PAR1")
+    for where in ("s3://corpus/bad/x.parquet", tmp_path / "x.parquet"):
+        code, _, err = run("stats", where)
+        assert code == 1 and f"{where}: not a readable Parquet file (" in one_error_line(err)
