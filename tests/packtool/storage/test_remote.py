@@ -381,3 +381,22 @@ def test_a_damaged_parquet_object_is_named_as_a_local_file_is(bucket, tmp_path):
     for where in ("s3://corpus/bad/x.parquet", tmp_path / "x.parquet"):
         code, _, err = run("stats", where)
         assert code == 1 and f"{where}: not a readable Parquet file (" in one_error_line(err)
+
+
+def test_an_http_url_reads_as_the_local_file(tmp_path):
+    # a real web server on loopback (the standard library's): one object, ranged reads
+    import functools
+    import http.server
+
+    shutil.copy(SAMPLE / "corpus.jsonl", tmp_path / "c.jsonl")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/c.jsonl"
+        code, got, err = run("stats", url, "--json")
+        assert code == 0, err
+        code, want, err = run("stats", tmp_path / "c.jsonl", "--json")
+        assert json.loads(got)["tokens"] == json.loads(want)["tokens"] > 0
+    finally:
+        server.shutdown()
