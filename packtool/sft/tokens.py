@@ -101,8 +101,18 @@ class TextEncoder:
             for token, i in (source.specials or {}).items():
                 table[i] = len(token.encode("utf-8"))
             self.byte_lengths = table
+        elif self.kind == "sentencepiece" and not specials:
+            pass  # prompt + completion: each encoded apart by the engine, nothing more needed
+        elif self.kind == "sentencepiece":
+            # A chat template's special-token text ("<s>", "[INST]") is not matched by a .model
+            # file's encoder, and its pieces give no character offsets here.
+            raise ConfigError(
+                "chat templates need a tokenizer.json (or byte / tiktoken); a SentencePiece "
+                ".model file takes prompt-completion records and text only: pass the "
+                "tokenizer.json of the same model (transformers writes it with save_pretrained)"
+            )
         else:  # pragma: no cover - a tokenizer kind this module does not know yet
-            raise ConfigError(f"chat inputs do not support tokenizer kind {self.kind!r} yet")
+            raise ConfigError(f"fine-tuning records do not support tokenizer kind {self.kind!r}")
 
     def encode(self, texts: Sequence[str]) -> tuple[NDArray, NDArray[np.int64]]:
         """(flat ids, per-text lengths): no BOS/EOS added."""

@@ -207,3 +207,32 @@ def test_the_conversion_for_gigatoken_is_kept_and_a_damaged_copy_redone(tmp_path
     kept.write_text("{not json")
     assert ids() == want and calls == [1]  # damaged: converted again, and kept again
     assert json.loads(kept.read_text())["model"]["type"] == "BPE"
+
+
+def test_prompt_completion_records_with_a_model_file(tmp_path):
+    # "chat inputs do not support tokenizer kind 'sentencepiece' yet", for prompt-completion too
+    model = tmp_path / "tokenizer.model"  # the package's file, under the name packtool knows
+    model.symlink_to(mistral_model("v1"))
+    pairs = [("Q: 2+2?", " 4"), ("Héllo wörld", " ok 🤗"), ("", " only a completion")]
+    corpus = tmp_path / "pc.jsonl"
+    corpus.write_text("".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in pairs))
+    code, _, err = run("tokenize", corpus, "-o", tmp_path / "o.parquet", "--tokenizer", model)
+    assert code == 0, err
+    import pyarrow.parquet as pq
+
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    for row, (p, c) in zip(pq.read_table(tmp_path / "o.parquet").to_pylist(), pairs, strict=True):
+        prompt, completion = sp.encode(p), sp.encode(c)
+        assert row["input_ids"] == [sp.bos_id(), *prompt, *completion, sp.eos_id()]
+        assert list(row["loss_mask"]) == [0] * (1 + len(prompt)) + [1] * (len(completion) + 1)
+
+
+def test_chat_records_with_a_model_file_say_what_to_pass(tmp_path):
+    corpus = tmp_path / "chat.jsonl"
+    corpus.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    model = tmp_path / "tokenizer.model"
+    model.symlink_to(mistral_model("v1"))
+    code, _, err = run("stats", corpus, "--tokenizer", model, "--chat-template", template)
+    assert code == 1 and "chat templates need a tokenizer.json" in one_error_line(err)
