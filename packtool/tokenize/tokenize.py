@@ -137,6 +137,13 @@ def _inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
             f"--chat-template {template}: the inputs hold {what} (a template renders messages "
             "or conversations); drop --chat-template"
         )
+    train_on = config.sft.train_on
+    if train_on != "assistant" and found.sft_kind is None and _kinds_known(paths, config):
+        # it was ignored without a word: plain text has no loss mask to place
+        raise ConfigError(
+            f"--train-on {train_on}: the inputs hold plain text, which has no prompt or turns "
+            "to leave out of the loss; drop --train-on"
+        )
     return found
 
 

@@ -293,6 +293,15 @@ def test_a_chat_template_for_inputs_with_no_chat_is_refused(tmp_path, good):
         _fails_in_one_line(args, "the inputs hold no chat records", "drop --chat-template")
 
 
+def test_train_on_for_plain_text_is_refused(tmp_path, good):
+    """It was ignored with exit 0, as --chat-template was."""
+    for command in ("stats", "pack", "tokenize"):
+        args = [command, good, "--train-on", "last"]
+        out = tmp_path / ("t.parquet" if command == "tokenize" else command)
+        args += ["-o", out] if command != "stats" else []
+        _fails_in_one_line(args, "--train-on last: the inputs hold plain text", "drop --train-on")
+
+
 def test_inspect_of_a_shard_rewritten_with_fewer_rows_says_so(tmp_path, good):
     """It printed the manifest's row count beside totals measured from the shards, exit 0."""
     code, _, err = run("pack", good, "-o", tmp_path / "out", "--max-len", "64")
