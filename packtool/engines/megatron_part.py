@@ -52,6 +52,20 @@ def part_paths(work: Path, p: int) -> tuple[Path, Path]:
     return folder / f"part-{p:06d}.bin", folder / f"part-{p:06d}.lengths"
 
 
+def _without_empty(table: Any, skips: SkipCounter) -> Any:
+    """`table` without its documents of no token (text the tokenizer turns into nothing, such as
+    whitespace, with --no-eos), each counted as an `empty` skip, as `pack` counts them: Megatron
+    would take them as zero-length documents."""
+    lengths = table.column("length").to_numpy()
+    empty = np.flatnonzero(lengths == 0)
+    if not len(empty):
+        return table
+    sources = table.column("source")
+    for i in empty.tolist():
+        skips.add("empty", str(sources[i]), "no token after tokenizing")
+    return table.filter(lengths > 0)
+
+
 def run_part(ctx: MegatronContext, descriptor: dict[str, Any]) -> dict[str, Any]:
     """Tokenize one partition into its part files and completion record; return the record.
 
@@ -73,7 +87,7 @@ def run_part(ctx: MegatronContext, descriptor: dict[str, Any]) -> dict[str, Any]
             for table, n in partition_tables(
                 ctx.source, ctx.tokenizer, descriptor_pieces(descriptor), skips, check_piece
             ):
-                queue.put(table)
+                queue.put(_without_empty(table, skips))
                 nbytes += n
         finally:
             queue.close()

@@ -380,3 +380,26 @@ def test_ray_writes_the_local_pair(ray_session, tmp_path, mixed, whole):
     )
     assert "Ray: 2 CPU(s)" in summary.engine
     assert _pair(prefix) == _pair(whole)
+
+
+def test_a_document_of_no_token_is_a_counted_skip_not_a_zero_length_document(tmp_path):
+    # Whitespace under a tokenizer that drops it, with --no-eos: Megatron took them as documents
+    # of length 0 and the summary said "no skips" (pack counts them as empty)
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {**{f"w{i}": i for i in range(10)}, "[UNK]": 10}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    texts = ["w1 w2", "   ", "\n\t", "w3"]
+    corpus = tmp_path / "ws.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "ws"
+    code, text, err = run(
+        "tokenize", corpus, "--to", "megatron", "-o", out, "--tokenizer", tmp_path / "tok",
+        "--no-eos",
+    )  # fmt: skip
+    assert code == 0, err
+    assert read_megatron_index(tmp_path / "ws.idx")["lengths"].tolist() == [2, 1]
+    assert "empty 2" in text + err
