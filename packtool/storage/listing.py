@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from packtool.errors import DataError
-from packtool.storage.remote import as_path, check_bucket, filesystem, naming, scheme
+from packtool.storage.remote import as_path, filesystem, naming, scheme
 
 
 def list_dir(folder: Any) -> list[Any]:
@@ -54,7 +54,6 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
     """The objects a URL names: one object, every object under a prefix ("folder") whose name
     ends in `suffixes` (hidden names skipped), or a glob's matches; sorted. One listing per
     input (fsspec's `find` / `glob`: the store lists 1,000 keys a request)."""
-    check_bucket(text)
     fs, p = filesystem(text)
     protocol = scheme(text) or ""
     with naming(text):

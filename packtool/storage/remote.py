@@ -175,6 +175,7 @@ def filesystem(path: Any) -> tuple[Any, str]:
     """(fsspec file system, the path as it takes it) for a URL."""
     protocol = scheme(path)
     assert protocol is not None, f"not a URL: {path}"
+    check_bucket(str(path))  # before any client is built (or imported)
     options = json.dumps(options_for(protocol), sort_keys=True)
     fs = _filesystem(protocol, options, json.dumps(forwarded_env(), sort_keys=True), os.getpid())
     text = str(path)

@@ -248,8 +248,11 @@ def test_the_one_line_errors(bucket, tmp_path, monkeypatch, s3_client):
     assert code != 0 and "glob matches no objects" in one_error_line(err)
     code, _, err = run("stats", "s3://corpus/data/", "--storage-options", "{not json")
     assert code != 0 and "--storage-options: not JSON" in one_error_line(err)
-    # A scheme whose library is not installed (gcsfs, hidden from this process's imports).
+    # A scheme whose library is not installed (gcsfs, hidden from this process's imports, and
+    # from fsspec's registry of the classes it imported already: an earlier test's gs://).
     monkeypatch.setitem(sys.modules, "gcsfs", None)
+    for name in ("gs", "gcs"):
+        monkeypatch.delitem(sys.modules["fsspec.registry"]._registry, name, raising=False)
     remote._filesystem.cache_clear()
     with pytest.raises(MissingDependencyError, match=r"packtool\[gcs\]"):
         storage.expand(["gs://bucket/x.jsonl"], (".jsonl",), ".jsonl")
