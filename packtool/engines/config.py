@@ -44,3 +44,16 @@ class RunConfig:
             raise ConfigError(f"workers must be a positive integer, got {self.workers!r}")
         if self.overwrite and self.resume:
             raise ConfigError("--overwrite and --resume exclude each other; choose one")
+
+
+def resume_command(command: str) -> str:
+    """`command` as the one that finishes its run: `--resume` once, without `--overwrite` (the
+    two exclude each other) or `--no-wait` (it would submit nothing and wait for nothing)."""
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError:  # not a shell line (an API caller's own text): say it in words
+        return f"{command} --resume"
+    kept = [w for w in words if w not in ("--overwrite", "--no-wait", "--resume")]
+    return shlex.join([*kept, "--resume"])

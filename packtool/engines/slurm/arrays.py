@@ -22,6 +22,7 @@ import numpy as np
 
 from packtool.dataset.output import output_paths
 from packtool.engines import records
+from packtool.engines.config import resume_command
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.config import JOBS_DIR, PROBE_OK, SLURM_DIR, SlurmConfig
 from packtool.engines.slurm.task import CANNOT_SEE
@@ -158,8 +159,11 @@ class ArrayDriver:
         covered = {p for key in self.open for p in self._partitions_of(key)}
         self._probe(live)
         self._submit(sorted(p for p in todo if p not in done and p not in covered))
-        if not self.slurm.wait:
-            raise self._detached(len(todo - done), {key.partition("_")[0] for key in self.open})
+        # --no-wait: detach while a task has work left; with none (every partition has its
+        # record; a task may still be leaving the queue) finish now, as --resume does
+        busy = {k for k in self.open if any(p not in done for p in self._partitions_of(k))}
+        if not self.slurm.wait and busy:
+            raise self._detached(len(todo - done), {key.partition("_")[0] for key in busy})
         self._wait(todo)
 
     def _detached(self, partitions: int, jobs: set[str]) -> Detached:
@@ -167,7 +171,7 @@ class ArrayDriver:
         queued = sorted(jobs, key=int)
         ids = ", ".join(queued)
         command = self.run.command
-        again = f"`{command} --resume`" if command else "the same command with --resume"
+        again = f"`{resume_command(command)}`" if command else "the same command with --resume"
         return Detached(
             f"submitted {partitions} partition(s) to Slurm (job(s) {ids}); the run goes on "
             f"there: {again} waits for it and finishes {self.run.out_dir} (it re-attaches to "

@@ -416,3 +416,40 @@ def test_workers_that_never_start_a_partition_stop_the_run(cluster, tmp_path):
     assert "Slurm workers ended 2 times without finishing a partition" in message
     assert "no partition had finished" in message and ".log" in message
     assert not _named_in_queue("packtool-packed")
+
+
+def test_the_command_no_wait_prints_finishes_the_run(cluster, local, tmp_path, monkeypatch):
+    # It kept --overwrite (refused with --resume) and --no-wait (it waited for nothing and
+    # printed "the run goes on there" with nothing queued), and added a --resume each time.
+    import shlex
+    import sys
+
+    out = tmp_path / "packed"
+    out.mkdir()
+    args = [
+        "pack", SAMPLE, "-o", out, "--max-len", "1024", "--shard-rows", "200",
+        "--partition-size", "300000", "--engine", "slurm", "--overwrite", "--no-wait",
+    ]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["packtool", *map(str, args)])
+    code, text, err = run(*args)
+    assert code == 0, err
+    printed = (text + err).split("`")[1]
+    assert printed.endswith(" --resume") and printed.count("--resume") == 1
+    assert "--overwrite" not in printed and "--no-wait" not in printed
+    again = shlex.split(printed)[1:]
+    monkeypatch.setattr(sys, "argv", ["packtool", *again])
+    code, _, err = run(*again)
+    assert code == 0, err
+    _same_dataset(local, out)
+
+
+def test_no_wait_with_nothing_left_to_run_finishes_the_run(cluster, local, tmp_path):
+    out = tmp_path / "packed"
+    with pytest.raises(Detached):
+        run_pack_slurm(_config(out), SlurmConfig(wait=False))
+    staging = staging_folder(out)
+    deadline = time.monotonic() + 120
+    while len(records.finished(staging)) < 11 and time.monotonic() < deadline:
+        time.sleep(0.3)  # every partition's record: the jobs are done
+    run_pack_slurm(_config(out, resume=True), SlurmConfig(wait=False, poll_seconds=0.3))
+    _same_dataset(local, out)  # finished, not "submitted 0 partition(s) ... goes on there"
