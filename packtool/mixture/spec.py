@@ -38,24 +38,35 @@ def _is_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
 
 
+MAX_COUNT = 2**62
+"""The largest total a mixture takes (tokens or steps): the schedule counts in int64."""
+
+
 def parse_count(value: Any, what: str) -> int:
     """A positive integer count: an int, or text like `10B`, `2.5M`, `1_000` (K, M, B/G, T).
 
     Raises:
         ConfigError: Anything else (the message names `what`).
     """
+    n = None
     if _is_number(value) and float(value).is_integer() and value > 0:
-        return int(value)
-    if isinstance(value, str):
+        n = int(value)
+    elif isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([kKmMbBgGtT]?)\s*", value)
         if m:
+            from decimal import Decimal  # exact: a float rounded 10**30 to 1000...19884624838656
+
             scale = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
-            n = float(m.group(1).replace("_", "")) * scale[m.group(2).lower()]
-            if n >= 1 and n.is_integer():
-                return int(n)
-    raise ConfigError(
-        f"{what} must be a positive whole number (e.g. 1000000, 10B, 2.5M), got {value!r}"
-    )
+            exact = Decimal(m.group(1).replace("_", "")) * scale[m.group(2).lower()]
+            if exact >= 1 and exact == exact.to_integral_value():
+                n = int(exact)
+    if n is None:
+        raise ConfigError(
+            f"{what} must be a positive whole number (e.g. 1000000, 10B, 2.5M), got {value!r}"
+        )
+    if n > MAX_COUNT:  # the schedule counts in int64 (a numba traceback past it)
+        raise ConfigError(f"{what} {n:,} is too large: at most {MAX_COUNT:,} (2**62)")
+    return n
 
 
 @dataclass(frozen=True, kw_only=True)

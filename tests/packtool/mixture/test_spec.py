@@ -123,6 +123,14 @@ def test_parse_count():
     for bad in ("0", -3, 1.5, "1.5", "ten", True):
         with pytest.raises(ConfigError):
             parse_count(bad, "x")
+    # exact (a float rounded 10**30), and bounded (past int64 it was a numba traceback)
+    assert parse_count("4611686018427387903", "x") == 2**62 - 1
+    assert parse_count("2.5T", "x") == 2_500_000_000_000
+    for huge in ("1" + "0" * 30, 2**63, "9223372036854775808"):
+        with pytest.raises(
+            ConfigError, match=r"x .* is too large: at most 4,611,686,018,427,387,904"
+        ):
+            parse_count(huge, "x")
 
 
 def test_check_compatible_names_what_differs():
