@@ -31,8 +31,9 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import signal
+import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import (
     FIRST_COMPLETED,
     Future,
@@ -41,6 +42,7 @@ from concurrent.futures import (
     wait,
 )
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -147,11 +149,13 @@ def start_pool_server(paths: tuple[str, ...] = ()) -> Any:
 
 
 def _preload(paths: tuple[str, ...]) -> list[str]:
-    """What every worker process imports sooner or later: this module (the pool's initializer
+    """`pool_server` first (the server and its workers ignore Ctrl-C: the driver answers it),
+    then what every worker process imports sooner or later: this module (the pool's initializer
     and task live here), the store clients for `paths`, and pandas where it is installed:
     pyarrow imports it at a process's first `pa.array` / `to_numpy` (~0.45 s of one core here),
     which every worker that keeps a tail reaches."""
-    modules = ["packtool.engines.local", *remote.client_modules(paths)]
+    modules = ["packtool.engines.pool_server", "packtool.engines.local"]
+    modules += remote.client_modules(paths)
     if importlib.util.find_spec("pandas") is not None:
         modules.append("pandas")
     return modules
@@ -211,7 +215,8 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
                     while todo or inflight:
                         while todo and len(inflight) < 2 * workers:
                             p = todo.popleft()
-                            inflight[pool.submit(task, run.descriptor(p))] = p
+                            with _ctrl_c_after():
+                                inflight[pool.submit(task, run.descriptor(p))] = p
                         finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
                         for fut in finished:
                             record = fut.result()  # raises BrokenProcessPool if its worker died
@@ -234,6 +239,22 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
         raise
     if pool is not None:
         pool.shutdown(wait=True)
+
+
+@contextmanager
+def _ctrl_c_after() -> Iterator[None]:
+    """Ctrl-C held back until the block ends (the main thread only). A submit may start a
+    worker process: interrupted inside that start, the process was forked but never joined
+    the pool's list, so `_stop` did not kill it, and it died unpickling its task once the
+    driver had gone, its traceback printed after the shell's prompt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held Ctrl-C is raised now
 
 
 def _stop(pool: Any) -> None:

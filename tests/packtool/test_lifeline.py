@@ -117,3 +117,18 @@ def test_pack_killed_outright_leaves_no_worker_process(tmp_path):
         for p in below | _descendants(driver.pid):
             if _running(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_pool_workers_are_born_ignoring_ctrl_c():
+    # A Ctrl-C reaching a worker still unpickling its first task printed its traceback after
+    # the driver's "interrupted" line (an audit, 1 in 3 interrupts at the pool's start).
+    code = (
+        "import signal\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "from packtool.engines.local import start_pool_server\n"
+        "with ProcessPoolExecutor(1, mp_context=start_pool_server()) as pool:\n"
+        "    print(pool.submit(signal.getsignal, signal.SIGINT).result() == signal.SIG_IGN)\n"
+        "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n"  # the driver's
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
