@@ -293,7 +293,9 @@ def _prepare(
         remove(work)
     for path in (bin_path, idx_path):
         if storage.lexists(path) and not config.overwrite:
-            raise ConfigError(f"{path} exists; pass --overwrite to replace {shown}.bin/.idx")
+            raise ConfigError(
+                f"{path} exists; pass --overwrite to replace {bin_path} and {idx_path}"
+            )
     try:  # the first write, up front: a failure names the user's path
         writing.make_dir(work)
     except OSError as exc:

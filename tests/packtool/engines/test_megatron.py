@@ -149,6 +149,9 @@ def test_replacing_a_dataset_and_the_one_line_errors(tmp_path, corpus):
     before = (tmp_path / "d.idx").read_bytes()
     code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", prefix)
     assert code != 0 and "d.bin exists; pass --overwrite" in one_error_line(err)
+    # given as the .bin, it names the pair it replaces (it said "d.bin.bin/.idx")
+    code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", f"{prefix}.bin")
+    assert f"pass --overwrite to replace {prefix}.bin and {prefix}.idx" in one_error_line(err)
     # A run that fails (no documents) leaves the old pair as it was and nothing beside it.
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"text": ""}\n')
