@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from packtool.errors import DataError
-from packtool.storage.remote import as_path, filesystem, naming, scheme
+from packtool.storage.remote import as_path, filesystem, info_of, naming, scheme
 
 
 def list_dir(folder: Any) -> list[Any]:
@@ -61,23 +61,23 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
         # holds a glob character (`a*b.jsonl`, `x[1].jsonl`: they were globbed), and a trailing
         # slash names the prefix (fsspec's `info` strips it: an object of the same name was
         # read instead of the prefix's objects).
-        literal = None if text.endswith("/") else _object_info(fs, p)
-        if literal is not None:
+        info = None if text.endswith("/") else _found(fs, p)
+        if info is not None and info.get("type") != "directory":
             return [as_path(text)]
         if any(c in p for c in "*?[") and not text.endswith("/"):
             found = sorted(fs.glob(p, detail=True).items())
             hidden_ok = p.rsplit("/", 1)[-1].startswith(".")  # as Python's glob: a pattern
             files = [  # that does not start with a dot matches no hidden name
                 k
-                for k, info in found
-                if info.get("type") != "directory"
+                for k, meta in found
+                if meta.get("type") != "directory"
                 and (hidden_ok or not k.rsplit("/", 1)[-1].startswith("."))
             ]
             if not files:
                 raise DataError(f"{text}: glob matches no objects")
             return [as_path(_url(protocol, k, fs)) for k in files]
-        if not text.endswith("/"):
-            fs.info(p)  # neither object nor prefix: FileNotFoundError, one line by `naming`
+        if info is None and not text.endswith("/"):
+            raise FileNotFoundError(p)  # neither object nor prefix: one line by `naming`
         keys = sorted(fs.find(p, withdirs=False))
         named = [
             k
@@ -90,15 +90,14 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
         return [as_path(_url(protocol, k, fs)) for k in named]
 
 
-def _object_info(fs: Any, p: str) -> dict[str, Any] | None:
-    """`p`'s info when it is an object (not a prefix), else None (nothing, or a prefix). Asked
-    of the store (one HEAD), not of a listing's cache: a listing of the prefix `p/` names `p` a
-    directory even where an object `p` exists too."""
+def _found(fs: Any, p: str) -> dict[str, Any] | None:
+    """`p`'s info (an object's, or a prefix's: `type` "directory"), None for neither; asked of
+    the store where a listing's cache calls it a directory (`remote.info_of`: a key can be an
+    object and a prefix at once)."""
     try:
-        info = fs.info(p, refresh=True)
+        return info_of(fs, p)
     except FileNotFoundError:
         return None
-    return info if info.get("type") != "directory" else None
 
 
 def _url(protocol: str, key: str, fs: Any) -> str:
@@ -114,8 +113,12 @@ def unread(text: str, suffixes: tuple[str, ...], examples: int) -> tuple[int, li
     passed over in silence, as a local folder's files are not."""
     fs, p = filesystem(text)
     with naming(text):
-        if any(c in p for c in "*?[") or _object_info(fs, p) is not None:
-            return 0, []  # a glob or an object: nothing is passed over
+        if any(c in p for c in "*?["):
+            return 0, []  # a glob: nothing is passed over
+        if not text.endswith("/"):  # a trailing slash names the prefix, as in `expand`
+            info = _found(fs, p)
+            if info is None or info.get("type") != "directory":
+                return 0, []  # an object or nothing: nothing is passed over
         try:
             keys = sorted(fs.find(p, withdirs=False))
         except FileNotFoundError:

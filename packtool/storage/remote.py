@@ -273,7 +273,7 @@ def stat(path: Any) -> RemoteStat:
     """The object's size and modification time (`FileNotFoundError` when there is none)."""
     fs, p = filesystem(path)
     try:
-        info = _info(fs, p)
+        info = info_of(fs, p)
     except FileNotFoundError:
         raise  # the callers say what a missing input means where they are
     except Exception:
@@ -284,7 +284,7 @@ def stat(path: Any) -> RemoteStat:
     return RemoteStat(int(info.get("size") or 0), _mtime_ns(info))
 
 
-def _info(fs: Any, p: str) -> dict[str, Any]:
+def info_of(fs: Any, p: str) -> dict[str, Any]:
     """`fs.info(p)`, asked of the store again where a listing's cache says "directory": a key
     can be an object and a prefix at once (`dual`, `dual/x.jsonl`), and a listing of the
     prefix would have the object read as an empty directory."""
@@ -389,7 +389,7 @@ def open_input(path: Any, buffering: int = -1, end: int | None = None) -> Any:
     then (a range's last line)."""
     fs, p = filesystem(path)
     with naming(path):
-        size = _info(fs, p).get("size")
+        size = info_of(fs, p).get("size")
     if size is None:  # a web server that does not say: fsspec's own file, one GET per read
         return io.BufferedReader(open_unbuffered(path), buffer_size=max(buffering, READ_BYTES))
     raw = ReadAhead(path, fs, p, int(size), end)
