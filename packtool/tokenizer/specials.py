@@ -17,6 +17,7 @@ vocabulary has an end-of-text token beside it (docs/tokenize.md, "BOS and EOS").
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,14 +138,33 @@ def sentencepiece_bos(files: TokenizerFiles, vocab: dict[str, int]) -> tuple[int
     return bos, f"{piece_of(vocab, bos)} (the SentencePiece model's BOS)"
 
 
+def marked_special(tokenizer_json: str | None) -> frozenset[str]:
+    """The added tokens tokenizer.json marks `special` (nothing for a file that is not JSON)."""
+    try:
+        added = (json.loads(tokenizer_json or "null") or {}).get("added_tokens") or []
+    except (ValueError, AttributeError):
+        return frozenset()
+    return frozenset(
+        t["content"] for t in added if isinstance(t, dict) and t.get("special") and "content" in t
+    )
+
+
 def piece_of(vocab: dict[str, int], token_id: int) -> str:
     return next((k for k, v in vocab.items() if v == token_id and k[:1] != "\x00"), str(token_id))
 
 
 def default_id(
-    which: str, value: int | str | None, vocab: dict[str, int], files: TokenizerFiles, spec: str
+    which: str,
+    value: int | str | None,
+    vocab: dict[str, int],
+    files: TokenizerFiles,
+    spec: str,
+    special: Callable[[], Collection[str]] = frozenset,
 ) -> tuple[int | None, str]:
-    """The id to use and, for a default, the token text and where it came from."""
+    """The id to use and, for a default, the token text and where it came from. `special` gives
+    the tokens the tokenizer marks special: where several names of the list are in the vocabulary,
+    the first of those marked special wins (a `</s>` special token over an `<|endoftext|>` that is
+    only a word of the vocabulary)."""
     if value != "default":
         return value, ""  # type: ignore[return-value]
     config: TokenizerConfig | None = files.config
@@ -167,9 +187,12 @@ def default_id(
         piece = piece_of(vocab, vocab[own])
         return vocab[own], f"{piece} (the SentencePiece model's {which.upper()})"
     names = EOS_NAMES if which == "eos" else BOS_NAMES
-    for name in names:
-        if name in vocab:
-            return vocab[name], name
+    found = [name for name in names if name in vocab]
+    if len(found) > 1:
+        marked = special()
+        found = [name for name in found if name in marked] or found
+    if found:
+        return vocab[found[0]], found[0]
     flag = "--eos-id N or --no-eos" if which == "eos" else "--bos-id N"
     raise ConfigError(
         f"tokenizer {spec!r} has no default {which.upper()} token (looked for "

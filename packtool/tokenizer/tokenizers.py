@@ -15,6 +15,7 @@ import hashlib
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from packtool.tokenizer.specials import (
     SP_BOS,
     SP_EOS,
     default_id,
+    marked_special,
     own_bos,
 )
 
@@ -400,11 +402,12 @@ def load_tokenizer(
         stamp = stamps.get(choice.engine) if choice.checked == "probe" else None
         fails = {n: (v, why) for n, why in choice.failed if (v := stamps.get(n)) is not None}
         record.remember(base_vocab, {n: vocab.get(n) for n in names}, choice.engine, stamp, fails)
-    eos_id, eos_from = default_id("eos", eos, vocab, files, spec)
+    marked = partial(marked_special, source.json)  # parsed only where two names compete
+    eos_id, eos_from = default_id("eos", eos, vocab, files, spec, marked)
     if bos == "auto":
         bos_id, bos_from = own_bos(source, files, vocab)
     else:
-        bos_id, bos_from = default_id("bos", bos, vocab, files, spec)
+        bos_id, bos_from = default_id("bos", bos, vocab, files, spec, marked)
     tok = EngineTokenizer(
         choice.encoder,
         source,

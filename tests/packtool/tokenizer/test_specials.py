@@ -170,3 +170,21 @@ def test_the_post_processor_reader_on_every_shape_it_may_meet():
 def test_bos_must_be_a_word_it_knows():
     with pytest.raises(ConfigError, match="'default' or 'auto'"):
         load_tokenizer("byte", bos="first")
+
+
+def test_without_a_config_a_special_eos_beats_a_plain_word_earlier_in_the_list(tmp_path):
+    """`<|endoftext|>` comes before `</s>` in the names tried; where the vocabulary holds both and
+    only `</s>` is marked special, `</s>` is the tokenizer's end of text."""
+    path = build("metaspace", tmp_path / "m")
+    tok = HFTokenizer.from_file(str(path))
+    tok.add_tokens(["<|endoftext|>"])  # a plain word of the vocabulary, not a special token
+    tok.save(str(path))
+    vocab = tok.get_vocab(with_added_tokens=True)
+    assert not (tmp_path / "m" / "tokenizer_config.json").exists()
+    loaded = load_tokenizer(str(path))
+    assert loaded.identity.eos_id == vocab["</s>"] != vocab["<|endoftext|>"]
+    assert loaded.special_names["eos"] == "</s>"
+    # Where both are special (or neither is), the list's order decides, as documented.
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(path))
+    assert load_tokenizer(str(path)).identity.eos_id == vocab["<|endoftext|>"]
