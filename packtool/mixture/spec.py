@@ -34,6 +34,26 @@ SOURCE_KEYS = ("name", "path", "weight", "max_epochs", "at_cap")
 FILE_KEYS = ("sources", "unit", "seed", "total_tokens", "total_steps")
 
 
+def _exponent_hint(value: Any) -> str:
+    """Why YAML kept `value` as text when it is a number with an exponent, and how to write it:
+    YAML 1.1 (PyYAML) reads an exponent as a number only after a dot and with a sign."""
+    match = isinstance(value, str) and re.fullmatch(r"([0-9]*\.?[0-9]*)[eE]([-+]?)([0-9]+)", value)
+    if not match or match.group(1) in ("", "."):
+        return ""
+    mantissa, sign, exponent = match.groups()
+    if "." not in mantissa:
+        mantissa += ".0"
+    elif mantissa.endswith("."):
+        mantissa += "0"
+    elif mantissa.startswith("."):
+        mantissa = "0" + mantissa
+    number = float(value)
+    plain = f"{number:.15g}" if math.isfinite(number) else "e"
+    plain = "" if "e" in plain else plain  # a plain decimal only where it is short
+    written = f"{mantissa}e{sign or '+'}{exponent}"
+    return f" (YAML reads {value} as text: write {plain + ' or ' if plain else ''}{written})"
+
+
 def _is_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
 
@@ -92,11 +112,7 @@ class SourceSpec:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigError(f"a source name must be a non-empty string, got {self.name!r}")
         if not _is_number(self.weight):
-            hint = ""
-            if isinstance(self.weight, str) and re.fullmatch(
-                r"[0-9.]+[eE][-+]?[0-9]+", self.weight
-            ):
-                hint = " (YAML reads 1e-3 as text: write 0.001 or 1.0e-3)"
+            hint = _exponent_hint(self.weight)
             raise ConfigError(
                 f"source {self.name!r}: weight must be a number, got {self.weight!r}{hint}"
             )

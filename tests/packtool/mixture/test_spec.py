@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -227,3 +228,21 @@ def test_cli_table_json_and_errors(folders, tmp_path):
     )
     code, _, err = run("mix", bad, "--tokens", "5")
     assert code == 1 and "no such dataset folder" in one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    "text", ["1e-3", "1e3", "1.0e3", "2.5e10", ".5e2", "5.e2", "1e308", "3E-300"]
+)
+def test_the_exponent_hint_suggests_what_yaml_reads_as_that_number(tmp_path, text):
+    """YAML 1.1 needs a dot and a sign in an exponent (1.0e+3): every form the message suggests
+    must load as the number meant."""
+    import yaml
+
+    spec = tmp_path / "m.yaml"
+    spec.write_text(f"sources:\n  - {{name: a, path: p, weight: {text}}}\n")
+    with pytest.raises(ConfigError) as caught:
+        read_mixture_file(spec)
+    suggested = re.search(r"write (.+)\)$", str(caught.value)).group(1).split(" or ")
+    assert suggested and all(
+        yaml.safe_load(f"w: {form}")["w"] == pytest.approx(float(text)) for form in suggested
+    ), suggested
