@@ -136,9 +136,20 @@ def _counts(d: dict[str, Any]) -> str | None:
         )
     policy = d["long_docs"]
     for other, keys in _POLICY_COUNTS.items():
-        for key in keys if other != policy else ():
+        for key in keys if other not in (policy, "drop") else ():
             if get(key):
                 return f"counts.{key} is {get(key):,} but long_docs is {policy!r}"
+    if policy != "drop":
+        # Under split or truncate the only documents dropped are those a loss mask leaves with no
+        # supervised token (after truncation).
+        dropped, unsupervised = get("documents_dropped"), get("documents_unsupervised")
+        if dropped != unsupervised or (get("tokens_dropped") > 0) != (dropped > 0):
+            return (
+                f"counts.documents_dropped is {dropped:,} and tokens_dropped "
+                f"{get('tokens_dropped'):,} but long_docs is {policy!r}, which drops only "
+                f"the documents left with no supervised token (documents_unsupervised "
+                f"{unsupervised:,})"
+            )
     return None
 
 

@@ -22,6 +22,7 @@ from packtool.dataset.shards import ShardConfig
 from packtool.engines import records, worker
 from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.preflight import staging_folder
+from packtool.errors import DataError
 from packtool.pack.chunk import PackConfig
 from packtool.read import docids
 from packtool.read.documents import ReadConfig
@@ -240,3 +241,29 @@ def test_prompt_completion_through_the_engine(tmp_path):
             assert got[doc] == (ids, mask, 0)
         else:
             assert doc not in got  # the prompt filled the row: nothing supervised is left
+
+
+def test_truncation_that_leaves_no_supervised_token_drops_a_dataset_verify_accepts(tmp_path):
+    """Under `truncate` a conversation whose every supervised token lies past max_len is dropped
+    (counted as unsupervised); the dataset is still one verify and the loader accept."""
+    template = tmp_path / "chat.jinja"
+    template.write_text(GEN, "utf-8")
+    chats = [
+        [{"role": "user", "content": "long " * 60}, {"role": "assistant", "content": "fine"}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a short answer"}],
+    ]
+    src = tmp_path / "chat.jsonl"
+    src.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats), "utf-8")
+    read = ReadConfig(sft=SFTConfig(chat_template=str(template)))
+    summary = run_pack(config(tmp_path / "out", {"paths": [src], "read": read}))
+    c = summary.counts
+    assert (c.documents_packed, c.documents_dropped, c.documents_unsupervised) == (1, 1, 1)
+    assert verify_dataset(tmp_path / "out").supervised_tokens == c.tokens_supervised > 0
+    assert len(PackedDataset(tmp_path / "out", rows_per_batch=1)) == 1
+    # Any other drop under truncate is an inconsistent manifest.
+    index = tmp_path / "out" / "index.json"
+    manifest = json.loads(index.read_text())
+    manifest["counts"]["documents_unsupervised"] = 0
+    index.write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="documents_dropped is 1 .* but long_docs is 'truncate'"):
+        verify_dataset(tmp_path / "out")
