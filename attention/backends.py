@@ -168,8 +168,14 @@ def _flex_available() -> str | None:
 
 # One entry: every layer of a forward passes the same cu_seqlens tensor, so the BlockMask is
 # built once per batch, not once per layer. The entry holds the tensor itself (not its id, which
-# could be reused after it is freed) and its in-place version counter.
+# could be reused after it is freed) and its in-place version counter. A tensor made under
+# `torch.inference_mode()` has no version counter: the entry then keeps a copy of its values and
+# a hit compares them (one small comparison per layer, where a rebuild would cost far more).
 _BLOCK_MASK_CACHE: list[tuple] = []
+
+
+def _same_values(cu_seqlens: torch.Tensor, kept: torch.Tensor | None) -> bool:
+    return kept is None or bool(torch.equal(cu_seqlens, kept))
 
 
 def _document_block_mask(
@@ -177,11 +183,13 @@ def _document_block_mask(
 ):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    key = (cu_seqlens._version, total, causal, window, compile)
+    inference = cu_seqlens.is_inference()
+    key = (None if inference else cu_seqlens._version, total, causal, window, compile)
     if (
         _BLOCK_MASK_CACHE
         and _BLOCK_MASK_CACHE[0][0] is cu_seqlens
         and _BLOCK_MASK_CACHE[0][1] == key
+        and _same_values(cu_seqlens, _BLOCK_MASK_CACHE[0][3])
     ):
         return _BLOCK_MASK_CACHE[0][2]
     device = cu_seqlens.device
@@ -205,7 +213,8 @@ def _document_block_mask(
     block_mask = create_block_mask(
         mask_mod, None, None, total, total, device=device, _compile=compile
     )
-    _BLOCK_MASK_CACHE[:] = [(cu_seqlens, key, block_mask)]
+    kept = cu_seqlens.clone() if inference else None
+    _BLOCK_MASK_CACHE[:] = [(cu_seqlens, key, block_mask, kept)]
     return block_mask
 
 

@@ -458,3 +458,22 @@ def test_flex_block_mask_is_built_once_per_cu_seqlens():
     again = backends._document_block_mask(other, 8, True, (-1, 0), False)
     other[1] = 4  # in-place change: the version counter invalidates the entry
     assert backends._document_block_mask(other, 8, True, (-1, 0), False) is not again
+
+
+@needs_flex
+def test_flex_runs_under_inference_mode_and_sees_in_place_changes_there():
+    """Tensors made under `torch.inference_mode()` (a batch moved to the GPU in an eval loop)
+    have no version counter; the BlockMask cache must neither fail on them nor serve a mask for
+    values changed in place."""
+    q, k, v = (torch.randn(10, 2, 8, dtype=torch.float64) for _ in range(3))
+    kw = {"max_seqlen": 6, "causal": True, "scale": 0.35, "window": (-1, 0)}
+    with torch.inference_mode():
+        cu = cu_from_lengths([4, 6])
+        out = _flex_eager(q, k, v, cu, **kw)
+        assert torch.allclose(out, reference_attention(q, k, v, [4, 6], causal=True, scale=0.35))
+        cached = backends._document_block_mask(cu, 10, True, (-1, 0), False)
+        assert backends._document_block_mask(cu, 10, True, (-1, 0), False) is cached
+        cu[1] = 7  # in place, inside inference mode: no version counter moves
+        assert backends._document_block_mask(cu, 10, True, (-1, 0), False) is not cached
+        out = _flex_eager(q, k, v, cu, **kw)
+        assert torch.allclose(out, reference_attention(q, k, v, [7, 3], causal=True, scale=0.35))
