@@ -319,7 +319,7 @@ class Transformer(nn.Module):
         labels = batch.get("labels")
         if labels is not None:
             labels = labels.to(device, non_blocking=True)
-            self._loss(out, logits, labels, cu_seqlens, batch.get("doc_targets"))
+            self._loss(out, logits, labels, cu_seqlens)
         return out
 
     def _loss(
@@ -328,7 +328,6 @@ class Transformer(nn.Module):
         logits: torch.Tensor,
         labels: torch.Tensor,
         cu_seqlens: torch.Tensor,
-        doc_targets: torch.Tensor | None,
     ) -> None:
         """Both normalisations, from per-token losses; neither depends on how rows were packed."""
         # per_token: (T,) float32, 0 where there is no target
@@ -342,11 +341,10 @@ class Transformer(nn.Module):
         doc_of = torch.repeat_interleave(
             torch.arange(len(lengths), device=labels.device), lengths, output_size=len(labels)
         )  # (T,): each token's document
-        if doc_targets is None:  # another loader's batch: count them here
-            counts = torch.zeros(len(lengths), dtype=torch.int64, device=labels.device)
-            counts.index_add_(0, doc_of, has.long())
-        else:  # the loader's per-document label counts (docs/CONTRACTS.md)
-            counts = doc_targets.to(labels.device, non_blocking=True)
+        # Counted from the labels, never taken from the batch's `doc_targets`: labels masked
+        # after collate (a document left out of the loss) must change the weights with them.
+        counts = torch.zeros(len(lengths), dtype=torch.int64, device=labels.device)
+        counts.index_add_(0, doc_of, has.long())
         weight = 1.0 / counts.clamp_min(1).to(per_token.dtype)
         out.sequence_loss_sum = (per_token * weight[doc_of]).sum()
         out.num_sequences = (counts > 0).sum()

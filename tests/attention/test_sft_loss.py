@@ -109,6 +109,13 @@ def test_the_two_normalisations_by_hand():
     # Without doc_targets (another loader's batch) the model counts them from the labels.
     del batch["doc_targets"]
     assert torch.allclose(sequence(batch).loss, out_s.loss, atol=TOL)
+    # Labels masked after collate (the first document out of the loss): the weights follow the
+    # labels, not a stale doc_targets.
+    batch["doc_targets"] = torch.tensor([4, 1])
+    batch["labels"][:5] = -100
+    out = sequence(batch)
+    assert out.num_sequences.item() == 1
+    assert torch.allclose(out.loss, second, atol=TOL)
 
 
 @settings(max_examples=25, deadline=None)
