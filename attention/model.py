@@ -8,7 +8,9 @@ see each other. ``model(batch)`` takes the loader's batch dict as it is (docs/CO
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,9 +65,16 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
+            _check_int(name, getattr(self, name))
+        for name in ("n_kv_heads", "ffn_hidden", "sliding_window"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), " or None")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"tie_embeddings must be True or False, got {self.tie_embeddings!r}")
+        for name in ("rope_theta", "norm_eps"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number, got {value!r}")
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} must be a multiple of n_heads {self.n_heads}")
         if self.head_dim % 2:
@@ -74,14 +83,10 @@ class ModelConfig:
             raise ValueError(
                 f"n_kv_heads {self.n_kv_heads} must be >= 1 and divide n_heads {self.n_heads}"
             )
-        if self.ffn_hidden is not None and self.ffn_hidden < 1:
-            raise ValueError(f"ffn_hidden must be a positive int or None, got {self.ffn_hidden}")
-        if not self.rope_theta > 0:
-            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
-        if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
-        if self.sliding_window is not None and self.sliding_window < 1:
-            raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+        if not 0 < self.rope_theta < math.inf:
+            raise ValueError(f"rope_theta must be a finite number > 0, got {self.rope_theta}")
+        if not 0 < self.norm_eps < math.inf:
+            raise ValueError(f"norm_eps must be a finite number > 0, got {self.norm_eps}")
         if self.loss_normalization not in LOSS_NORMALIZATIONS:
             raise ValueError(
                 f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
@@ -105,6 +110,11 @@ class ModelConfig:
         if self.ffn_hidden is not None:
             return self.ffn_hidden
         return 64 * math.ceil(8 * self.dim / 3 / 64)
+
+
+def _check_int(name: str, value: object, alternative: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int{alternative}, got {value!r}")
 
 
 @dataclass
@@ -193,7 +203,7 @@ class Attention(nn.Module):
             backend=backend,
             validate=False,  # checked once per batch in Transformer.forward
         )
-        return self.wo(out.reshape(total, -1))
+        return self.wo(out.reshape(total, self.cfg.n_heads * self.cfg.head_dim))
 
 
 class FeedForward(nn.Module):
@@ -263,12 +273,12 @@ class Transformer(nn.Module):
                 are moved to the model's device.
 
         Raises:
-            ValueError: a missing key, bad ``cu_seqlens`` or a position id outside
-                ``max_seq_len``.
+            ValueError: a batch that is not a dict, a missing key, a key that is not a 1-D
+                integer tensor of the token count, bad ``cu_seqlens``, or (checked on host
+                tensors) a position id outside ``max_seq_len``, an input id or label outside
+                the vocabulary.
         """
-        missing = [key for key in ("input_ids", "cu_seqlens", "position_ids") if key not in batch]
-        if missing:
-            raise ValueError(f"batch lacks {', '.join(missing)}; it has {', '.join(batch)}")
+        _check_batch(batch, self.cfg)
         device = self.embed.weight.device
         input_ids = batch["input_ids"].to(device, non_blocking=True)
         position_ids = batch["position_ids"].to(device, non_blocking=True)
@@ -287,8 +297,10 @@ class Transformer(nn.Module):
         # host copy only (a device tensor would cost a sync; out-of-range indexing asserts there).
         pos_src = batch["position_ids"]
         if pos_src.device.type == "cpu" and pos_src.numel():
-            top = int(pos_src.max())
-            if top >= self.cfg.max_seq_len or int(pos_src.min()) < 0:
+            top, low = int(pos_src.max()), int(pos_src.min())
+            if low < 0:
+                raise ValueError(f"position id {low} is negative")
+            if top >= self.cfg.max_seq_len:
                 raise ValueError(
                     f"position id {top} is outside ModelConfig.max_seq_len {self.cfg.max_seq_len} "
                     "(a document longer than the model's context?)"
@@ -318,7 +330,7 @@ class Transformer(nn.Module):
         out = CausalLMOutput(logits=logits, backend=backend)
         labels = batch.get("labels")
         if labels is not None:
-            labels = labels.to(device, non_blocking=True)
+            labels = labels.to(device, torch.int64, non_blocking=True)
             self._loss(out, logits, labels, cu_seqlens)
         return out
 
@@ -352,3 +364,45 @@ class Transformer(nn.Module):
             out.loss = out.sequence_loss_sum / out.num_sequences.clamp_min(1)
         else:
             out.loss = out.loss_sum / out.num_targets.clamp_min(1)
+
+
+def _check_batch(batch: Any, cfg: ModelConfig) -> None:
+    """Refuse, as one ValueError naming the key, a batch the layers would fail on with a raw
+    torch error: keys missing, a key that is not a 1-D integer tensor of the token count, and (on
+    the host copies, where the check costs no device sync) ids and labels outside the
+    vocabulary."""
+    if not isinstance(batch, Mapping):
+        raise ValueError(
+            f"batch must be a dict of tensors (the loader's batch), got {type(batch).__name__}"
+        )
+    missing = [key for key in ("input_ids", "cu_seqlens", "position_ids") if key not in batch]
+    if missing:
+        raise ValueError(f"batch lacks {', '.join(missing)}; it has {', '.join(map(str, batch))}")
+    total = None
+    for key in ("input_ids", "position_ids", "labels"):
+        value = batch.get(key)
+        if value is None and key == "labels":
+            continue
+        if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point():
+            got = (
+                f"{tuple(value.shape)} {value.dtype}"
+                if isinstance(value, torch.Tensor)
+                else type(value).__name__
+            )
+            raise ValueError(f"batch[{key!r}] must be a 1-D integer tensor (T,), got {got}")
+        total = value.shape[0] if total is None else total
+        if value.shape[0] != total:
+            raise ValueError(f"batch[{key!r}] has {value.shape[0]} entries for {total} input_ids")
+    ids, labels = batch["input_ids"], batch.get("labels")
+    if ids.device.type == "cpu" and ids.numel():
+        low, top = int(ids.min()), int(ids.max())
+        if low < 0 or top >= cfg.vocab_size:
+            bad = low if low < 0 else top
+            raise ValueError(f"input id {bad} is outside ModelConfig.vocab_size {cfg.vocab_size}")
+    if labels is not None and labels.device.type == "cpu" and labels.numel():
+        bad = labels[(labels != IGNORE_INDEX) & ((labels < 0) | (labels >= cfg.vocab_size))]
+        if bad.numel():
+            raise ValueError(
+                f"label {int(bad[0])} is neither {IGNORE_INDEX} (no target) nor an id below "
+                f"ModelConfig.vocab_size {cfg.vocab_size}"
+            )

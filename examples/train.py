@@ -128,15 +128,18 @@ def main(argv: list[str] | None = None) -> list[float]:
             vocab, max_len = dataset.store.manifest.tokenizer["vocab_size"], dataset.store.max_len
     except PacktoolError as exc:  # a missing or damaged --data folder: one line, no traceback
         raise SystemExit(f"error: {exc}") from None
-    cfg = ModelConfig(
-        vocab_size=int(vocab),
-        dim=args.dim,
-        n_layers=args.layers,
-        n_heads=args.heads,
-        n_kv_heads=args.kv_heads,
-        max_seq_len=int(max_len),
-        loss_normalization=args.loss_normalization,
-    )
+    try:
+        cfg = ModelConfig(
+            vocab_size=int(vocab),
+            dim=args.dim,
+            n_layers=args.layers,
+            n_heads=args.heads,
+            n_kv_heads=args.kv_heads,
+            max_seq_len=int(max_len),
+            loss_normalization=args.loss_normalization,
+        )
+    except ValueError as exc:  # e.g. --dim 30 with --heads 4: one line, no traceback
+        raise SystemExit(f"error: {exc}") from None
     torch.manual_seed(args.seed)
     model = Transformer(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)

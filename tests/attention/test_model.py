@@ -11,12 +11,13 @@ from attention.model import CausalLMOutput, ModelConfig, Transformer
 from tests.attention.helpers import make_batch
 
 DOCS = [[5, 9, 2, 7, 1], [3], [8, 8, 4, 6, 11, 2, 9, 10, 1], [12, 0], [7, 3, 3, 5]]
+VOCAB = 16
 
 
 def _model(backend="auto", seed=0, **overrides) -> Transformer:
     torch.manual_seed(seed)
     cfg = ModelConfig(
-        vocab_size=16,
+        vocab_size=VOCAB,
         dim=32,
         n_layers=2,
         n_heads=4,
@@ -153,8 +154,17 @@ def test_bf16_autocast_on_cpu_trains(monkeypatch):
         ("vocab_size", 0, "vocab_size must be a positive int"),
         ("dim", 30, "multiple of n_heads"),
         ("n_kv_heads", 3, "n_kv_heads 3 must be >= 1 and divide n_heads 4"),
-        ("n_kv_heads", 0, "n_kv_heads 0"),
-        ("sliding_window", 0, "sliding_window must be >= 1"),
+        ("n_kv_heads", 0, "n_kv_heads must be a positive int or None, got 0"),
+        ("sliding_window", 0, "sliding_window must be a positive int or None"),
+        # Types the layers would fail on later (nn.Linear, the first forward), not here.
+        ("n_kv_heads", 2.0, "n_kv_heads must be a positive int or None, got 2.0"),
+        ("ffn_hidden", 64.5, "ffn_hidden must be a positive int or None, got 64.5"),
+        ("vocab_size", True, "vocab_size must be a positive int, got True"),
+        ("sliding_window", 2.5, "sliding_window must be a positive int or None, got 2.5"),
+        ("sliding_window", True, "sliding_window must be a positive int or None, got True"),
+        ("rope_theta", "x", "rope_theta must be a number, got 'x'"),
+        ("rope_theta", float("inf"), "rope_theta must be a finite number > 0"),
+        ("tie_embeddings", "yes", "tie_embeddings must be True or False"),
         ("attn_backend", "fast", "attn_backend 'fast' is unknown; choose from auto"),
         ("rope_theta", 0.0, "rope_theta"),
         ("norm_eps", 0.0, "norm_eps"),
@@ -202,6 +212,55 @@ def test_batch_errors():
     bad["cu_seqlens"] = bad["cu_seqlens"].long()
     with pytest.raises(ValueError, match="int32"):
         model(bad)
+
+
+def _edited(key, change):
+    batch = make_batch(DOCS)
+    batch[key] = change(batch[key])
+    return batch
+
+
+@pytest.mark.parametrize(
+    ("batch", "match"),
+    [
+        (list(make_batch(DOCS).values()), "batch must be a dict of tensors .* got list"),
+        (_edited("position_ids", lambda p: p - 1), "position id -1 is negative"),
+        (
+            _edited("input_ids", lambda t: t + VOCAB),
+            rf"input id \d+ is outside ModelConfig.vocab_size {VOCAB}",
+        ),
+        (_edited("input_ids", lambda t: t - 1), "input id -1 is outside"),
+        (_edited("position_ids", lambda p: p[1:]), r"batch\['position_ids'\] has \d+ entries for"),
+        (_edited("labels", lambda t: t[1:]), r"batch\['labels'\] has"),
+        (_edited("input_ids", lambda t: t.float()), r"batch\['input_ids'\] must be a 1-D integer"),
+        (_edited("labels", lambda t: t.view(1, -1)), r"batch\['labels'\] must be a 1-D integer"),
+        (_edited("labels", lambda t: t.clamp_min(-1)), "label -1 is neither -100"),
+        (
+            _edited("labels", lambda t: t.clamp_min(0) + VOCAB),
+            rf"label \d+ is neither -100 .*vocab_size {VOCAB}",
+        ),
+    ],
+)
+def test_a_batch_the_layers_would_fail_on_is_one_value_error(batch, match):
+    """Each of these was a raw torch error (IndexError, a shape mismatch, a target dtype)."""
+    with pytest.raises(ValueError, match=match):
+        _model()(batch)
+
+
+def test_int32_labels_and_an_empty_batch_run():
+    model = _model()
+    batch = make_batch(DOCS)
+    expected = model(batch).loss
+    batch["labels"] = batch["labels"].int()
+    torch.testing.assert_close(model(batch).loss, expected)
+    empty = {
+        "input_ids": torch.zeros(0, dtype=torch.int64),
+        "position_ids": torch.zeros(0, dtype=torch.int64),
+        "labels": torch.zeros(0, dtype=torch.int64),
+        "cu_seqlens": torch.zeros(2, dtype=torch.int32),
+    }
+    out = model(empty)
+    assert out.logits.shape == (0, VOCAB) and out.loss.item() == 0.0
 
 
 def test_the_model_ignores_the_label_the_loader_writes():

@@ -74,6 +74,8 @@ def test_checkpoint_folder_is_created_and_bad_data_is_one_line(packed, tmp_path)
     assert ckpt.is_file()
     with pytest.raises(SystemExit, match=r"^error: .*no_such_folder"):
         train.main(_args(tmp_path / "no_such_folder", tmp_path, 1))
+    with pytest.raises(SystemExit, match=r"^error: n_kv_heads 3 must be >= 1 and divide n_heads"):
+        train.main(_args(packed, tmp_path, 1, "--kv-heads", "3"))
 
 
 @pytest.fixture(scope="module")
