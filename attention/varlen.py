@@ -62,7 +62,9 @@ def normalize_window(window: int | tuple[int, int] | None, causal: bool) -> Wind
         if window < 1:
             raise ValueError(f"window must be >= 1 (the query itself counts), got {window}")
         return (window - 1, 0 if causal else window - 1)
-    if len(window) != 2 or not all(isinstance(w, int) and w >= -1 for w in window):
+    if len(window) != 2 or not all(
+        isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window
+    ):
         raise ValueError(
             f"window pair must be two ints >= -1 (-1 = unbounded), got {tuple(window)!r}"
         )
@@ -115,7 +117,9 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(
             f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on total_tokens and head_dim"
         )
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+    if q.shape[2] == 0:
+        raise ValueError(f"head_dim must be >= 1, got q of shape {tuple(q.shape)}")
+    if k.shape[1] == 0 or q.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
         raise ValueError(
             f"q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]}) "
             "for grouped-query attention"
@@ -160,16 +164,18 @@ def choose_backend(
     dtype: torch.dtype,
     total_tokens: int,
     n_docs: int = 1,
-    window: Window = (-1, 0),
+    window: int | tuple[int, int] | None = None,
     causal: bool = True,
 ) -> BackendChoice:
-    """The backend `auto` runs for these inputs, with the reason.
+    """The backend `auto` runs for these inputs, with the reason. ``window`` takes the forms
+    `varlen_attention` takes.
 
     CPU: ``dense`` while ``total_tokens**2 <= DENSE_K * n_docs`` (one masked call beats a Python
     loop over many short documents), ``sdpa`` otherwise. CUDA: the first usable of
     flash_attn > torch_varlen > flex > sdpa.
     """
     device = torch.device(device)
+    window = normalize_window(window, causal)
     if device.type != "cuda":
         rule = f"{total_tokens}^2 {{}} {DENSE_K} * {n_docs} documents"
         if total_tokens * total_tokens <= DENSE_K * max(n_docs, 1):
@@ -241,6 +247,8 @@ def varlen_attention(
     if max_seqlen is None:
         bounds = bounds or cu_seqlens.tolist()
         max_seqlen = max((b - a for a, b in pairwise(bounds)), default=0)
+    elif isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise ValueError(f"max_seqlen must be an int >= 0 or None, got {max_seqlen!r}")
     elif bounds is not None:
         longest = max((b - a for a, b in pairwise(bounds)), default=0)
         if max_seqlen < longest:
@@ -248,8 +256,12 @@ def varlen_attention(
     win = normalize_window(window, causal)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    elif not (softmax_scale > 0 and math.isfinite(softmax_scale)):
-        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    elif (
+        isinstance(softmax_scale, bool)
+        or not isinstance(softmax_scale, (int, float))
+        or not (softmax_scale > 0 and math.isfinite(softmax_scale))
+    ):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
 
     if backend == "auto":
         choice = choose_backend(

@@ -408,6 +408,39 @@ def test_bad_shapes_heads_dtypes_and_options():
         attention.varlen_attention(q, k, v, cu, softmax_scale=-1.0)
     with pytest.raises(ValueError, match="max_seqlen 3 is below the longest document \\(4\\)"):
         attention.varlen_attention(q, k, v, cu, max_seqlen=3)
+    # Each of these was a TypeError or ZeroDivisionError, or was taken.
+    with pytest.raises(ValueError, match="head_dim must be >= 1"):
+        attention.varlen_attention(q[..., :0], k[..., :0], v[..., :0], cu)
+    with pytest.raises(ValueError, match=r"q heads \(0\) must be a multiple"):
+        attention.varlen_attention(q[:, :0], k, v, cu)
+    with pytest.raises(ValueError, match="softmax_scale must be a positive finite number, got 'a'"):
+        attention.varlen_attention(q, k, v, cu, softmax_scale="a")
+    with pytest.raises(ValueError, match=r"window pair must be two ints >= -1 .*\(True, 0\)"):
+        attention.varlen_attention(q, k, v, cu, window=(True, 0))
+    with pytest.raises(ValueError, match="max_seqlen must be an int >= 0 or None, got 4.5"):
+        attention.varlen_attention(q, k, v, cu, max_seqlen=4.5)
+
+
+@pytest.mark.parametrize("window", [None, 4, (3, 0), [3, 0]])
+def test_choose_backend_takes_the_window_forms_varlen_attention_takes(window):
+    """It normalised nothing: an int or None failed with TypeError on CUDA (and was ignored on
+    CPU, hiding the mistake)."""
+    expected = attention.varlen.normalize_window(window, True)
+    seen = []
+    real = attention.varlen.why_not
+
+    def spy(name, device, dtype, win, causal=True):
+        seen.append(win)
+        return real(name, device, dtype, win, causal)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(attention.varlen, "why_not", spy)
+        choice = attention.choose_backend(
+            device="cuda", dtype=torch.bfloat16, total_tokens=8, window=window
+        )
+    assert choice.name in backends.SPECS and seen and set(seen) == {expected}
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        attention.choose_backend(device="cpu", dtype=torch.float32, total_tokens=8, window=0)
 
 
 @pytest.mark.parametrize("backend", ["flash_attn", "torch_varlen", "flex"])
