@@ -91,11 +91,17 @@ def check_packed_model(model: Any, batch: Mapping[str, Any] | None = None) -> st
             "packed documents; use an architecture whose forward takes position_ids"
         )
     batch = batch if batch is not None else {}
+    if "cu_seqlens" in batch and "cu_seq_lens_q" not in batch:
+        raise ConfigError(
+            "the batch is in packtool's own layout (flat input_ids, cu_seqlens), which "
+            "transformers models do not take; use PackedDataset(..., layout='hf')"
+        )
     if batch.get("attention_mask") is not None:
         raise ConfigError(
             "the batch holds an attention_mask: transformers then reads each row as one sequence "
             "and its documents attend to each other; drop it (packtool's layout='hf' batches have "
-            "none and separate documents with position_ids and cu_seq_lens)"
+            "none and separate documents with position_ids and cu_seq_lens; TRL's SFTTrainer "
+            "makes none with SFTConfig(padding_free=True))"
         )
     if impl is not None and _is_flash(impl):
         if batch and "cu_seq_lens_q" not in batch and "position_ids" not in batch:

@@ -235,8 +235,26 @@ class PackedTrainer(PackedTrainerMixin, Trainer):
 
 class CheckPackedModel(TrainerCallback):
     """A callback for any Trainer (e.g. `trl.SFTTrainer`): `check_packed_model` when training
-    starts, after Trainer has applied `TrainingArguments.use_cache`."""
+    starts, after Trainer has applied `TrainingArguments.use_cache`, on the model and on a batch
+    its collator makes of the first training row (so `SFTTrainer` without `padding_free=True`,
+    whose batches read each packed row as one sequence, is refused)."""
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         if model is not None:
-            check_packed_model(model)
+            check_packed_model(model, first_batch(train_dataloader))
+
+
+def first_batch(loader: Any) -> dict[str, Any] | None:
+    """What `loader`'s collator makes of its dataset's first row, built apart from the loader (its
+    sampler draws nothing); None where the dataset has no first row to take (an iterable one,
+    such as packtool's own, whose batches the loader checks)."""
+    dataset, collate = getattr(loader, "dataset", None), getattr(loader, "collate_fn", None)
+    if collate is None or isinstance(dataset, IterableDataset):
+        return None
+    try:
+        if not len(dataset):
+            return None
+        row = dataset[0]
+    except (TypeError, KeyError, IndexError, NotImplementedError):
+        return None  # a map-style dataset without integer indexing
+    return collate([row])

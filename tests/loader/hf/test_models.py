@@ -111,6 +111,10 @@ def test_implementations_and_batches_the_check_refuses(batch):
         check_packed_model(model, {**batch, "attention_mask": torch.ones(1)})
     with pytest.raises(ConfigError, match="not a transformers model"):
         check_packed_model(torch.nn.Linear(2, 2))
+    # packtool's own layout passed the check, then failed inside the model (IndexError).
+    own = {"input_ids": torch.arange(6), "cu_seqlens": torch.tensor([0, 2, 6], dtype=torch.int32)}
+    with pytest.raises(ConfigError, match="packtool's own layout .* layout='hf'"):
+        check_packed_model(model, {**own, "position_ids": torch.tensor([0, 1, 0, 1, 2, 3])})
 
 
 def test_the_check_unwraps_a_ddp_style_wrapper(batch):

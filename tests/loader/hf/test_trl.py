@@ -209,6 +209,22 @@ def test_check_callback_refuses_a_leaking_model_under_sft_trainer(tmp_path):
         trainer.train()
 
 
+def test_check_callback_refuses_sft_trainer_without_padding_free(packed_text, tmp_path):
+    """TRL's default (padding_free=False) pads each packed row as one sequence with an
+    attention_mask: its documents would attend to each other, with a model that passes."""
+    train = load("load_dataset(folder)", packed_text, str(tmp_path / "c"))
+    trainer = Recording(
+        model=tiny_model("llama", vocab=BYTE_VOCAB),
+        args=sft_config(tmp_path / "out", padding_free=False),
+        train_dataset=train,
+        processing_class=word_tokenizer(BYTE_VOCAB),
+        callbacks=[CheckPackedModel()],
+    )
+    with pytest.raises(ConfigError, match=r"attention_mask.*SFTConfig\(padding_free=True\)"):
+        trainer.train()
+    assert trainer.seen == []  # refused before the first step
+
+
 # --- a loss mask: TRL trains on the supervised tokens only -----------------------------------
 
 
