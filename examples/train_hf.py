@@ -63,7 +63,8 @@ def make_model(args: argparse.Namespace, vocab: int, max_len: int):
 def train_loop(args: argparse.Namespace, ds_kwargs: dict) -> list[float]:
     from accelerate import Accelerator
 
-    accelerator = Accelerator()
+    # Without a GPU, accelerate spreads over torchrun's processes only with cpu=True.
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
     ds = PackedDataset(
         args.data, rank=accelerator.process_index, world_size=accelerator.num_processes, **ds_kwargs
     )

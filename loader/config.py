@@ -9,6 +9,7 @@ need more than the settings: the static-shape document cap against the dataset's
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -312,14 +313,24 @@ def dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     Raises:
         ConfigError: Either is not an integer, or the rank is not in [0, world_size).
     """
-    if rank is None or world_size is None:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
-        rank = 0 if rank is None else rank
-        world_size = 1 if world_size is None else world_size
+    if dist.is_available() and dist.is_initialized():
+        processes = dist.get_world_size()
+        if world_size == 1 and processes > 1:
+            # accelerate's Accelerator() without cpu=True on a CPU machine says 0 of 1 under
+            # torchrun: every process would read every row.
+            warnings.warn(
+                f"world_size=1 while torch.distributed runs {processes} processes: each reads "
+                "every row. Right only when they form one tensor/context-parallel group; else "
+                "pass the data-parallel rank and world size (accelerate without a GPU: "
+                "Accelerator(cpu=True))",
+                stacklevel=3,
+            )
+        rank = dist.get_rank() if rank is None else rank
+        world_size = processes if world_size is None else world_size
+    rank = 0 if rank is None else rank
+    world_size = 1 if world_size is None else world_size
     check_int("rank", rank)
     check_int("world_size", world_size)
     if world_size < 1 or not 0 <= rank < world_size:

@@ -1,7 +1,8 @@
 """Run by tests/loader/hf/test_accelerate.py under `torch.distributed.run --nproc_per_node 2`:
 trains a tiny model with accelerate (gloo, CPU) on a PackedDataset and writes, per rank, the
-documents of every batch it trained on; then, in the same processes, runs docs/integrations.md's
-accelerate snippet in the folder given (one launch for both: start-up is most of the cost)."""
+documents of every batch it trained on; first, in the same processes, it runs
+docs/integrations.md's accelerate snippet in the folder given (one launch for both: start-up is
+most of the cost)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import math
 import os
 import sys
+import warnings
 
 import torch
 from accelerate import Accelerator
@@ -20,6 +22,12 @@ from tests.loader.hf_helpers import documents, snippet, tiny_model
 
 def main(path: str, out: str, workers: int) -> None:
     accelerator = Accelerator(cpu=True)
+    # world_size=1 under 2 processes (what Accelerator() says on CPU) is warned about.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        PackedDataset(path, rows_per_batch=2, rank=0, world_size=1)
+    said = [str(w.message) for w in caught]
+    assert any("world_size=1 while torch.distributed runs 2 processes" in m for m in said), said
     ds = PackedDataset(
         path,
         rows_per_batch=2,
@@ -53,10 +61,17 @@ def main(path: str, out: str, workers: int) -> None:
 
 
 def run_snippet(folder: str) -> None:
+    """The page's snippet, first in the process: accelerate's state is one per process, so run
+    after `main` it would inherit that Accelerator's processes instead of finding its own."""
+    here = os.getcwd()
     os.chdir(folder)
-    exec(compile(snippet("accelerate"), "docs/integrations.md:accelerate", "exec"), {})
+    scope: dict = {}
+    exec(compile(snippet("accelerate"), "docs/integrations.md:accelerate", "exec"), scope)
+    world = int(os.environ["WORLD_SIZE"])
+    assert scope["accelerator"].num_processes == scope["ds"].world_size == world, world
+    os.chdir(here)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
     run_snippet(sys.argv[4])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
