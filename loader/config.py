@@ -190,9 +190,10 @@ class LoaderConfig:
             raise ConfigError("static_shape with tokens_per_batch needs max_docs_per_batch")
         if self.layout not in ("packtool", "hf"):
             raise ConfigError(f"layout {self.layout!r} is unknown; choose 'packtool' or 'hf'")
-        if self.context_parallel is not None:
-            from loader.context_parallel import check_cp
+        from loader.context_parallel import check_cp
 
+        check_cp(1, 0, self.cp_style, self.cp_block)  # checked with or without a group
+        if self.context_parallel is not None:
             cp = self.context_parallel
             if not isinstance(cp, (tuple, list)) or len(cp) != 2:
                 raise ConfigError(f"context_parallel must be (size, rank), got {cp!r}")
@@ -200,6 +201,12 @@ class LoaderConfig:
             if self.layout != "packtool":
                 raise ConfigError(
                     "context_parallel splits packtool-layout batches; use layout='packtool'"
+                )
+            if self.varlen_keys:
+                raise ConfigError(
+                    "varlen_keys does not combine with context_parallel: a rank's share attends "
+                    "through global_cu_seqlens and doc_index (megatron style: cu_seqlens and "
+                    "cu_seqlens_padded), which the split hands on instead"
                 )
         if self.shuffle_window < 0:
             raise ConfigError(f"shuffle_window must be >= 0, got {self.shuffle_window}")

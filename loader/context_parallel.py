@@ -28,7 +28,8 @@ query position, key a real token (position < the document's length). Padding car
 labels -100 and `loss_weights` 0. `loss_weights` (float32) is 1 / `num_targets` on every
 labelled position, `num_targets` the labelled positions of the whole batch, so the sum over the
 ranks of `sum(token_loss * loss_weights)` is the batch's token-mean loss with no all-reduce of
-counts; `doc_targets` and `doc_ids` stay global (per-document normalisation). Pure numpy on the
+counts; `doc_targets` and `doc_ids` stay global (per-document normalisation), with an entry for
+the balanced style's padding document. Pure numpy on the
 host, per batch: no cost grows with the dataset.
 """
 
@@ -45,6 +46,9 @@ IGNORE = -100
 STYLES = ("megatron", "balanced")
 PER_DOCUMENT = ("doc_ids", "doc_targets", "source")
 """Keys of the batch with one value per document: handed on whole to every rank."""
+PADDING_ENTRY = {"doc_ids": -1, "doc_targets": 0, "source": -1}
+"""Their value for a padding document (as the static-shape padding of loader/collate.py), so
+they stay indexable by `doc_index` when the balanced style pads the row."""
 
 
 def check_cp(size: int, rank: int, style: str, block: int) -> None:
@@ -126,6 +130,10 @@ def cp_split(
     for key in PER_DOCUMENT:  # global, as the documents are
         if key in batch:
             out[key] = batch[key]
+            if len(batch[key]) < len(lens):  # balanced style's padding: one more entry
+                extra = len(lens) - len(batch[key])
+                fill = PADDING_ENTRY[key]
+                out[key] = torch.cat([batch[key], batch[key].new_full((extra,), fill)])
     if "seq_idx" in batch:  # the document of each of this rank's tokens
         out["seq_idx"] = out["doc_index"]
     if style == "megatron":

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from loader import PackedDataLoader, PackedDataset
 from loader.collate import collate
+from loader.config import LoaderConfig
 from loader.context_parallel import cp_split
 from loader.record import Documents
 from loader.testing import write_dataset
@@ -78,7 +79,13 @@ def test_ranks_attention_and_loss_equal_the_unsplit_batch(lens, size, style, blo
     for r, share in enumerate(shares):
         idx = share["token_index"]
         assert len(idx) == n_global // size  # every rank the same number of tokens
-        assert share["cp_rank"] == r and torch.equal(share["doc_ids"], batch["doc_ids"])
+        # Per-document keys: global, one entry per document of the layout (the balanced
+        # style's padding document included, as -1 / 0 targets), so doc_index indexes them.
+        n_docs, n_in = len(share["doc_lengths"]), len(batch["doc_ids"])
+        assert share["cp_rank"] == r and torch.equal(share["doc_ids"][:n_in], batch["doc_ids"])
+        assert len(share["doc_ids"]) == len(share["doc_targets"]) == n_docs
+        assert (share["doc_ids"][n_in:] == -1).all() and (share["doc_targets"][n_in:] == 0).all()
+        assert torch.equal(share["doc_targets"][:n_in], batch["doc_targets"])
         qd, qp = share["doc_index"].long(), share["position_ids"]
         assert torch.equal(qd, g_doc[idx])
         allowed = (qd[:, None] == g_doc[None]) & (g_pos[None] <= g_pos[idx][:, None]) & g_real[None]
@@ -129,6 +136,14 @@ def test_bad_settings_are_one_line(tmp_path):
     hf = collate(Documents(np.arange(4), np.array([4]), np.arange(1)), layout="hf")
     with pytest.raises(ConfigError, match="packtool-layout"):
         cp_split(hf, 2, 0)
+    # A style or block is checked without a group too; varlen_keys would be dropped by the split.
+    for kwargs, message in [
+        ({"cp_style": "nonsense"}, "context-parallel style 'nonsense' is unknown"),
+        ({"cp_block": -5}, "block must be an integer >= 1, got -5"),
+        ({"context_parallel": (2, 0), "varlen_keys": True}, "varlen_keys does not combine"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            LoaderConfig(rows_per_batch=1, **kwargs)
 
 
 def test_the_loader_gives_each_cp_rank_its_share_of_the_same_rows(tmp_path):
