@@ -304,7 +304,11 @@ class RowCollator:
         rows = [np.asarray(f["input_ids"], dtype=np.int64) for f in features]
         for i, (row, row_lens) in enumerate(zip(rows, lens, strict=True)):
             # row by row: totals that agree across rows let a document cross a row boundary
-            if int(row_lens.sum()) != len(row) or (len(row_lens) and row_lens.min() < 1):
+            if len(row_lens) and row_lens.min() < 1:
+                raise ConfigError(
+                    f"row {i}: document lengths must be >= 1, got {row_lens.tolist()[:20]}"
+                )
+            if int(row_lens.sum()) != len(row):
                 raise ConfigError(
                     f"row {i}: its document lengths ({int(row_lens.sum())} tokens) do not add up "
                     f"to its {len(row)} input_ids"
@@ -318,6 +322,18 @@ class RowCollator:
             columns[LOSS_MASK] = np.concatenate([_mask_values(f[LOSS_MASK]) for f in features])
             if len(columns[LOSS_MASK]) != len(tokens):
                 raise ConfigError("the rows' loss_mask is not as long as their input_ids")
+        elif "labels" in first:
+            # TRL-style unshifted labels (what hf_dataset adds): the mask is where they are set.
+            labels = np.concatenate([np.asarray(f["labels"], dtype=np.int64) for f in features])
+            if len(labels) != len(tokens):
+                raise ConfigError("the rows' labels are not as long as their input_ids")
+            set_ = labels != IGNORE_INDEX
+            if not np.array_equal(labels[set_], tokens[set_]):
+                raise ConfigError(
+                    "the rows' labels differ from their input_ids where set; RowCollator takes "
+                    "unshifted labels (the token itself, or -100), as hf_dataset writes them"
+                )
+            columns[LOSS_MASK] = set_.astype(np.uint8)
         return collate(Documents(tokens, doc_lens, ids, columns), layout="hf")
 
 

@@ -138,6 +138,8 @@ def test_row_collator_refuses_rows_without_lengths():
     rows = [{"input_ids": [1, 2, 3], "seq_lengths": [1]}, {"input_ids": [4, 5], "seq_lengths": [4]}]
     with pytest.raises(ConfigError, match=r"row 0: its document lengths \(1 tokens\)"):
         RowCollator()(rows)
+    with pytest.raises(ConfigError, match=r"row 0: document lengths must be >= 1, got \[3, 0\]"):
+        RowCollator()([{"input_ids": [1, 2, 3], "seq_lengths": [3, 0]}])
 
 
 def test_trl_padding_free_collator_on_packtool_rows_equals_the_loader(small, tmp_path):
@@ -209,6 +211,15 @@ def test_row_collator_keeps_the_loss_mask(tmp_path):
     assert got["labels"][0].tolist() == [-100, 6, 7, -100, 9, -100, -100, 3, 4]
     for k, v in want.items():
         assert torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v, k
+    # Rows that carry hf_dataset's labels but not the loss_mask (select_columns, TRL-style
+    # data): the labels are the mask. Before, every token of them became a target.
+    trl_rows = [{k: f[k] for k in ("input_ids", "seq_lengths", "labels")} for f in features]
+    got = RowCollator()(trl_rows)
+    for k, v in want.items():
+        assert torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v, k
+    trl_rows[0]["labels"] = [-100, 7, 7, -100, 9]  # a target that is not the token itself
+    with pytest.raises(ConfigError, match="labels differ from their input_ids where set"):
+        RowCollator()(trl_rows)
 
 
 def masked_rows(n_rows: int, *, seed: int):
