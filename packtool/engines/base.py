@@ -38,12 +38,12 @@ from packtool.engines.plan import Plan, describe, make_plan
 from packtool.engines.preflight import (
     COMPLETE,
     FACTS_KEY,
-    UNITS,
     Checked,
     Output,
     check_complete,
     check_facts,
     check_fingerprint,
+    doc_id_units,
     fingerprint_digest,
     fingerprint_of,
 )
@@ -159,7 +159,7 @@ class Run:
             # The saved fan-in builds the same tree; a state without one (an earlier packtool)
             # packed every tail in the root.
             fan_in = output.state.get(FAN_IN_KEY)
-        self.units = [UNITS.get(k, "row") for k in kinds]
+        self.units = doc_id_units(checked.paths, kinds)
         self.totals = records.Totals(config.pack.max_len, config.pack.rounds)
         n = len(self.plan.partitions)
         self.tree = merge.TailTree(n, fan_in)

@@ -62,8 +62,9 @@ STATE_DIR = records.RUN_DIR
 """The run's state in its staging folder (packtool/engines/records.py)."""
 OLD_STATE = (".pack-state.json", ".ray-chunks")
 """What packtool before the partition engines (#13) kept there; such a run cannot be resumed."""
-UNITS = {"jsonl": "byte", "json_array": "item", "text": "file", "records": "record"}
-"""The document-id offset unit per file kind (packtool/read/docids.py); Parquet kinds count rows."""
+UNITS = {"jsonl": "byte", "json_array": "item", "text": "file"}
+"""The document-id offset unit per file kind (packtool/read/docids.py); Parquet kinds count rows.
+Fine-tuning records take their file type's (`doc_id_units`)."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,15 @@ def _file_kinds(paths: list[Path], mode: str) -> list[str]:
     if mode != RAW:
         return [mode] * len(paths)
     return list(map_ordered(_raw_kind, paths))
+
+
+def doc_id_units(paths: list[Path], kinds: list[str]) -> list[str]:
+    """Each input's document-id offset unit (`UNITS`). A file of fine-tuning records numbers
+    them as a corpus file of its type does (the byte of a JSON line, an array's item, a Parquet
+    row: packtool/sft/inputs.py), so its type is read (the first bytes of a JSON file)."""
+    records = [p for p, k in zip(paths, kinds, strict=True) if k == RECORDS]
+    types = dict(zip(records, map_ordered(_raw_kind, records), strict=True))
+    return [UNITS.get(types.get(p, k), "row") for p, k in zip(paths, kinds, strict=True)]
 
 
 def _raw_kind(path: Path) -> str:

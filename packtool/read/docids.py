@@ -21,8 +21,9 @@ numbers every document this way, with the offset in the unit of its file's kind:
   groups (a tokenized input's id then leads back to its tokenized row);
 - `item`: a `.json` file holding one array: the element's index;
 - `file`: a text file, one document: 0;
-- `record`: fine-tuning records (prompt/completion, chat): the k-th record the file
-  contributed (records whose mask trains on nothing are dropped before they are numbered).
+- fine-tuning records (prompt/completion, chat) take the unit of their file's type (`byte`,
+  `item` or `row`), so a skipped record moves no later id; datasets packed before 2026-12-05
+  record `record`: the k-th record the file contributed, skipped records not counted.
 
 `index.json` records the scheme, the input files and each one's unit (`extra.doc_ids`); with
 more than `INLINE_FILES` files the two lists go to `SOURCES_FILE` beside it, so that the
@@ -168,6 +169,8 @@ def where(file: str, offset: int, unit: str, *, count_lines: bool = True) -> str
             except (OSError, EOFError, DataError):
                 pass
         return f"{file}:byte {offset}"
-    if unit in ("row", "item", "record"):
+    if unit == "record":  # an older dataset's fine-tuning ids: skipped records not counted
+        return f"{file}:record {offset} of those kept"
+    if unit in ("row", "item"):
         return f"{file}:{unit} {offset}"
     return file

@@ -86,6 +86,8 @@ class _Prepared:
     rendered: RenderedBatch | None = None
     """Chat: the rendering (its supervised character spans, as flat arrays)."""
     wheres: list[str] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    """Each record's offset in its file (`Records.offsets`): its document id's offset."""
     sources: list[str] = field(default_factory=list)
     extras: dict[str, list[str | None]] = field(default_factory=dict)
     nbytes: int = 0
@@ -100,6 +102,7 @@ def _chat_prepared(records: Records, r: RenderedBatch, skips: SkipCounter) -> _P
         texts=r.texts(),
         rendered=r,
         wheres=[records.wheres[i] for i in kept],
+        offsets=[records.offsets[i] for i in kept],
         sources=[records.sources[i] for i in kept],
         extras={k: [v[i] for i in kept] for k, v in records.extras.items()},
         nbytes=records.nbytes,
@@ -224,6 +227,7 @@ def _prompt_completion(records: Records) -> _Prepared:
     return _Prepared(
         texts=prompts + completions,
         wheres=list(records.wheres),
+        offsets=list(records.offsets),
         sources=list(records.sources),
         extras=records.extras,
         nbytes=records.nbytes,
@@ -279,7 +283,8 @@ def sft_tables(
 ) -> Iterator[tuple[pa.Table, int]]:
     """(table, input bytes) per batch: the tokenized `schema` with a `loss_mask` column.
 
-    Document ids run 0, 1, 2, ... over the documents kept, in reading order.
+    Document ids are each record's offset in its file (`Records.offsets`); the caller adds the
+    file's index (packtool/read/docids.py).
     """
     from packtool.dataset.tokenized_writer import PIPELINE_DEPTH
     from packtool.prefetch import prefetch
@@ -309,7 +314,6 @@ def sft_tables(
         for p in prefetch(prepared(), depth=PIPELINE_DEPTH):
             yield p, encoder.encode(p.texts)
 
-    next_id = 0
     stream = prefetch(encoded(), depth=PIPELINE_DEPTH)
     try:
         for p, (flat, lengths) in stream:
@@ -324,9 +328,7 @@ def sft_tables(
                 ids, mask, doc_len = assemble_prompt_completion(
                     flat, lengths, identity.bos_id, identity.eos_id, read.sft.train_on
                 )
-            table = _table(p, ids, mask, doc_len, next_id, schema, skips)
-            next_id += table.num_rows
-            yield table, p.nbytes
+            yield _table(p, ids, mask, doc_len, schema, skips), p.nbytes
     finally:
         stream.close()
         if pool is not None:
@@ -348,7 +350,6 @@ def _table(
     ids: np.ndarray,
     mask: np.ndarray,
     doc_len: np.ndarray,
-    first_id: int,
     schema: pa.Schema,
     skips: SkipCounter,
 ) -> pa.Table:
@@ -367,7 +368,7 @@ def _table(
     ids, mask, off = kept_documents(ids, mask, off, rows, too_big=too_big)
     return tokenized_table(
         schema,
-        doc_ids=np.arange(first_id, first_id + len(rows), dtype=np.int64),
+        doc_ids=np.asarray(p.offsets, dtype=np.int64)[rows],
         sources=[p.sources[i] for i in rows],
         ids=ids,
         offsets=off,

@@ -251,6 +251,10 @@ class Records:
 
     wheres: list[str] = field(default_factory=list)
     """`file:line` / `file:row N`, for skips."""
+    offsets: list[int] = field(default_factory=list)
+    """Each record's offset in its file, the unit of a corpus file of its type (the byte where
+    its JSON line starts, its item in a JSON array, its Parquet row): its document id's offset
+    (packtool/read/docids.py), so an id leads back to the record, whatever was skipped."""
     sources: list[str] = field(default_factory=list)
     values: list[Any] = field(default_factory=list)
     """Per record: its messages (chat) or `(prompt, completion)`."""
@@ -306,13 +310,14 @@ def read_records(
     batch = Records(extras={f: [] for f in read.extra_fields})
     limit = min(read.batch_docs, BATCH_RECORDS)
     for path in paths:
-        for where, obj, nbytes in _objects(path, kind, read, skips):
+        for where, obj, nbytes, offset in _objects(path, kind, read, skips):
             try:
                 value = _value(obj, kind, read.sft, read)
             except BadRecord as bad:
                 skips.add(bad.reason, where, bad.detail)
                 continue
             batch.wheres.append(where)
+            batch.offsets.append(offset)
             batch.sources.append(str(path))
             batch.values.append(value)
             for name in read.extra_fields:
@@ -329,15 +334,16 @@ def read_records(
 
 def _objects(
     path: Path, kind: str, read: ReadConfig, skips: SkipCounter
-) -> Iterator[tuple[str, dict[str, Any], int]]:
-    """(where, record, bytes) of one file; a file whose records never have the fields fails."""
+) -> Iterator[tuple[str, dict[str, Any], int, int]]:
+    """(where, record, bytes, offset) of one file; a file whose records never have the fields
+    fails."""
     what = file_kind(path)
     if what == "text":
         raise DataError(f"{path}: a plain text file in a {kind} dataset; pass JSONL or Parquet")
     source = _parquet_rows(path, kind, read) if what == "parquet" else _json_rows(path, skips)
     missing, seen = 0, False
     try:
-        for where, obj, nbytes in source:
+        for where, obj, nbytes, offset in source:
             if not isinstance(obj, dict):
                 skips.add("malformed_json", where, f"a JSON {json_type(obj)}, not an object")
                 continue
@@ -356,20 +362,19 @@ def _objects(
                     )
             else:
                 seen = True
-            yield where, obj, nbytes
+            yield where, obj, nbytes, offset
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except EOFError as exc:
         raise DataError(f"{path}: file is truncated ({exc})") from None
 
 
-def _json_rows(path: Path, skips: SkipCounter) -> Iterator[tuple[str, Any, int]]:
-    objects = read_json_array(path) if json_array_file(path) else jsonl_objects(path, skips)
-    for where, obj, nbytes, _ in objects:  # (the record's offset: not used here)
-        yield where, obj, nbytes
+def _json_rows(path: Path, skips: SkipCounter) -> Iterator[tuple[str, Any, int, int]]:
+    """(where, object, bytes, offset): the byte of a JSON line, the index of an array's item."""
+    return read_json_array(path) if json_array_file(path) else jsonl_objects(path, skips)
 
 
-def _parquet_rows(path: Path, kind: str, read: ReadConfig) -> Iterator[tuple[str, Any, int]]:
+def _parquet_rows(path: Path, kind: str, read: ReadConfig) -> Iterator[tuple[str, Any, int, int]]:
     import pyarrow as pa
 
     try:
@@ -398,6 +403,6 @@ def _parquet_rows(path: Path, kind: str, read: ReadConfig) -> Iterator[tuple[str
         for rb in pf.iter_batches(batch_size=read.batch_docs, columns=columns):
             for obj in rb.to_pylist():
                 row += 1
-                yield f"{path}:row {row}", obj, 0
+                yield f"{path}:row {row}", obj, 0, row - 1
     except (pa.ArrowInvalid, pa.ArrowIOError) as exc:
         raise DataError(f"{path}: corrupt Parquet data near row {row} ({exc})") from None

@@ -164,9 +164,10 @@ def _records(
     check: Any,
 ) -> Iterator[tuple[pa.Table, int]]:
     """Files of fine-tuning records (whole-file pieces), rendered and encoded in one stream (so
-    batches and the render pool span files), with ids `docids.encode(file index, k)`: the k-th
-    record the file contributes. Every piece is checked before the stream starts and each
-    after its last record went by."""
+    batches and the render pool span files), with ids `docids.encode(file index, offset)`: the
+    record's offset in its file (`sft.inputs.Records.offsets`: byte, item or row, the unit
+    `engines.preflight.doc_id_units` records). Every piece is checked before the stream starts and each after its last
+    record went by."""
     from packtool.sft.encode import sft_tables
 
     assert tokenizer is not None and source.sft_kind is not None
@@ -175,13 +176,14 @@ def _records(
     for piece in pieces:
         check(piece)
     index = {piece.path: i for i, piece in enumerate(pieces)}
-    kept = [0] * len(pieces)  # records each file gave so far
     at = 0  # the piece being read
     paths = [storage.as_path(piece.path) for piece in pieces]
     for table, nbytes in sft_tables(
         paths, source.sft_kind, source.read, tokenizer, skips, source.schema
     ):
         rows = table.column("source").to_pylist()
+        k = table.schema.get_field_index("doc_id")
+        offsets = table.column(k).to_numpy()  # each record's offset in its file
         ids = np.empty(len(rows), dtype=np.int64)
         start = 0
         while start < len(rows):  # the rows of one file are a run, files in reading order
@@ -192,12 +194,8 @@ def _records(
             while at < f:
                 check(pieces[at])  # files before it are done
                 at += 1
-            ids[start:end] = docids.encode(
-                pieces[f].file_index, np.arange(kept[f], kept[f] + end - start, dtype=np.int64)
-            )
-            kept[f] += end - start
+            ids[start:end] = docids.encode(pieces[f].file_index, offsets[start:end])
             start = end
-        k = table.schema.get_field_index("doc_id")
         yield table.set_column(k, table.schema.field(k), from_numpy(ids)), nbytes
     for piece in pieces[at:]:
         check(piece)

@@ -73,13 +73,17 @@ def chat(tmp_path_factory):
         encoded = encode_chat(
             part, template=load_chat_template(template), tokenizer=load_tokenizer("byte")
         )
-        mine = [r for r in encoded if r.skip is None]
-        kept += mine
-        # Ids: the input file's index and the record's place among those the file kept.
-        for k, r in enumerate(mine):
+        kept += [r for r in encoded if r.skip is None]
+        # Ids: the input file's index and the byte where the record's line starts, so the
+        # records skipped before it move no id.
+        lines = [len((json.dumps({"messages": c}) + "\n").encode()) for c in part]
+        starts = np.concatenate([[0], np.cumsum(lines)[:-1]]).tolist()
+        for r, start in zip(encoded, starts, strict=True):
+            if r.skip is not None:
+                continue
             ids, mask = r.ids[:MAX_LEN].tolist(), r.mask[:MAX_LEN].tolist()
             if sum(mask):
-                expected[docids.encode(f, k)] = (ids, mask, 0)
+                expected[docids.encode(f, start)] = (ids, mask, 0)
     return {
         "paths": paths,
         "read": ReadConfig(sft=SFTConfig(chat_template=str(template))),
@@ -233,7 +237,9 @@ def test_prompt_completion_through_the_engine(tmp_path):
         )
     )
     got = packed_pieces(tmp_path / "out")
-    for doc, r in enumerate(records):
+    lines = [len(json.dumps(r)) + 1 for r in records]
+    for doc, r in zip(np.concatenate([[0], np.cumsum(lines)[:-1]]).tolist(), records, strict=True):
+        # (a record's id: the byte its line starts at, in input file 0)
         p, c = len(r["prompt"]), len(r["completion"])
         ids = ([113] * p + [97] * c + [256])[:40]
         mask = ([0] * p + [1] * (c + 1))[:40]
@@ -267,3 +273,36 @@ def test_truncation_that_leaves_no_supervised_token_drops_a_dataset_verify_accep
     index.write_text(json.dumps(manifest))
     with pytest.raises(DataError, match="documents_dropped is 1 .* but long_docs is 'truncate'"):
         verify_dataset(tmp_path / "out")
+
+
+def test_a_skipped_record_moves_no_later_id_and_inspect_names_each_records_line(tmp_path):
+    """Ids were the k-th record kept, shown as `record k`: after a skipped record every later
+    conversation was attributed to the record before it (the bad one, first)."""
+    from packtool.audit.inspect import read_row
+
+    template = tmp_path / "chat.jinja"
+    template.write_text(GEN, "utf-8")
+    good = [
+        [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+        for i in range(4)
+    ]
+    lines = [json.dumps({"messages": good[0]}), json.dumps({"messages": "bad"})]
+    lines += [json.dumps({"messages": c}) for c in good[1:]]
+    src = tmp_path / "chat.jsonl"
+    src.write_text("".join(line + "\n" for line in lines), "utf-8")
+    read = ReadConfig(sft=SFTConfig(chat_template=str(template)))
+    summary = run_pack(config(tmp_path / "out", {"paths": [src], "read": read}))
+    assert sum(summary.skips.values()) == 1
+    table = pq.read_table(sorted(str(p) for p in (tmp_path / "out").glob("shard-*.parquet")))
+    ids = sorted(i for row in table.column("doc_ids").to_pylist() for i in row)
+    starts = [sum(len(x) + 1 for x in lines[:k]) for k in range(len(lines))]
+    assert ids == [docids.encode(0, starts[k]) for k in (0, 2, 3, 4)]
+    shown = sorted(
+        (d.doc_id, d.source)
+        for row in range(table.num_rows)
+        for d in read_row(tmp_path / "out", row).documents
+    )
+    # 1-based line numbers of the good records (never the bad line 2).
+    assert [s.split("chat.jsonl:")[1] for _, s in shown] == [
+        f"line {k + 1} (byte {starts[k]})" for k in (0, 2, 3, 4)
+    ]

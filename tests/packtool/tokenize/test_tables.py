@@ -7,6 +7,7 @@ alone), and `packtool pack`'s own ids for the same documents.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -120,8 +121,10 @@ def test_records_in_one_stream_number_each_files_records(tmp_path_factory, sizes
         )
     ]
     ids = pa.concat_tables(tables).column("doc_id").to_pylist() if tables else []
-    # The reference: the k-th record of file i is docids.encode(i, k).
-    assert ids == [int(docids.encode(i, k)) for i, n in enumerate(sizes) for k in range(n)]
+    # The reference: a record of file i is docids.encode(i, the byte its line starts at).
+    starts = [[m.start() for m in re.finditer(rb"^.", p.read_bytes(), re.MULTILINE)] for p in paths]
+    assert ids == [int(docids.encode(i, b)) for i, lines in enumerate(starts) for b in lines]
+    assert [len(lines) for lines in starts] == list(sizes)
     assert sorted(checked) == sorted(str(p) for p in paths for _ in range(2))
 
 
