@@ -53,3 +53,11 @@ def test_locate_names_the_file_and_row():
         docids.locate(extra, docids.encode(2, 0))
     with pytest.raises(DataError, match="'sequential'"):
         docids.locate({"doc_ids": {"scheme": "sequential"}}, 3)
+
+
+def test_where_names_each_unit_and_an_older_datasets_kept_record_count():
+    assert docids.where("a.parquet", 4, "row") == "a.parquet:row 4"
+    assert docids.where("a.json", 2, "item") == "a.json:item 2"
+    assert docids.where("a.txt", 0, "file") == "a.txt"
+    # Fine-tuning ids before 2026-12-05 counted the records kept, not the file's records.
+    assert docids.where("c.jsonl", 3, "record") == "c.jsonl:record 3 of those kept"
