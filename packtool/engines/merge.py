@@ -48,7 +48,7 @@ import pyarrow as pa
 from packtool import arrow_numpy
 from packtool.dataset.shards import ShardWriter
 from packtool.engines import records
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, DataError
 from packtool.pack.chunk import PackCounts, pack_table
 from packtool.pack.flat_ids import rechunk
 from packtool.pack.tail import DOC_CHUNK
@@ -146,11 +146,21 @@ class TailTree:
 
 
 def _tails(work: Path, children: range) -> Iterator[pa.Table]:
-    """The children's tails in id order (a child that set nothing aside has none)."""
+    """The children's tails in id order (a child that set nothing aside has none), each checked
+    against what its record says it set aside: a tail lost or damaged in the staging folder
+    would otherwise drop its pieces from a dataset that still counts them."""
     for p in children:
         path = records.tail_path(work, p)
-        if storage.exists(path):
-            yield records.read_tail(path)
+        expected = int((records.read_record(work, p).get("tail") or {}).get("pieces", 0))
+        table = records.read_tail(path) if expected or storage.exists(path) else None
+        found = 0 if table is None else table.num_rows
+        if found != expected:
+            raise DataError(
+                f"{path}: holds {found:,} pieces where unit {p}'s record says {expected:,}; "
+                "the run's staging folder is damaged: start over with --overwrite"
+            )
+        if table is not None:
+            yield table
 
 
 def merge_node(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]:

@@ -77,8 +77,15 @@ def write_tail(work: Path, unit: int, table: pa.Table) -> None:
 
 
 def read_tail(path: Path) -> pa.Table:
-    with storage.memory_map(path) as source:
-        return pa.ipc.open_file(source).read_all()
+    """A unit's tail (`DataError` naming the file when it is missing or damaged)."""
+    try:
+        with storage.memory_map(path) as source:
+            return pa.ipc.open_file(source).read_all()
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise DataError(
+            f"{path}: unreadable tail ({exc}); the run's staging folder is damaged: start over "
+            "with --overwrite"
+        ) from None
 
 
 def write_plan(work: Path, state: dict[str, Any]) -> None:

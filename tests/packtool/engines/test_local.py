@@ -111,6 +111,36 @@ def test_interrupted_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
     assert whole.to_dict() == cut.to_dict()
 
 
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_a_finished_partitions_tail_lost_from_the_staging_folder_is_an_error(
+    tmp_path, monkeypatch, damage
+):
+    """Its pieces were dropped: --resume committed a dataset whose index.json counted tokens its
+    shards lacked (verify refused it); a damaged tail was a pyarrow traceback."""
+    kw = {"max_len": 1024, "chunk_docs": 300, "shards": ShardConfig(shard_rows=200), **PARTS}
+    real = worker.write_chunk
+    staging = staging_folder(tmp_path / "cut")
+
+    def crash_in_the_third_partition(writer, packed):
+        if len(records.finished(staging)) == 2:
+            raise KeyboardInterrupt
+        return real(writer, packed)
+
+    monkeypatch.setattr(worker, "write_chunk", crash_in_the_third_partition)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut", **kw)
+    monkeypatch.setattr(worker, "write_chunk", real)
+    tail = records.tail_path(staging, 1)
+    assert records.read_record(staging, 1)["tail"]["pieces"] > 0
+    if damage == "deleted":
+        tail.unlink()
+    else:
+        tail.write_bytes(tail.read_bytes()[:100])
+    with pytest.raises(DataError, match=r"tails/000001.arrow: .*start over with --overwrite"):
+        run(tmp_path / "cut", resume=True, **kw)
+    assert not (tmp_path / "cut").exists()
+
+
 def test_resume_refuses_changed_options_and_finished_runs(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
