@@ -521,6 +521,9 @@ def open_unbuffered(path: Any) -> Any:
 def read_bytes(path: Any) -> bytes:
     fs, p = filesystem(path)
     with naming(path):
+        # s3fs sizes a whole-object read from the listings cache first: an object another
+        # process wrote after this one listed its prefix (a run's records) read as missing.
+        fs.invalidate_cache(p)
         return fs.cat_file(p)
 
 

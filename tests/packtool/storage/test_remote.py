@@ -403,3 +403,18 @@ def test_an_http_url_reads_as_the_local_file(tmp_path):
         assert json.loads(got)["tokens"] == json.loads(want)["tokens"] > 0
     finally:
         server.shutdown()
+
+
+def test_a_small_object_written_by_another_process_after_a_listing_is_read(s3_server, s3_client):
+    """s3fs sized a whole-object read from its listings cache: a run's record that a worker
+    wrote after the driver listed `parts/` read as 'no such object' (a resumed pack into a
+    bucket failed in its tail tree)."""
+    import boto3
+
+    client = boto3.client("s3")
+    bucket = f"listed-{s3_client}"
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="run/parts/000000.json", Body=b"{}")
+    assert [e.name for e in storage.list_dir(f"s3://{bucket}/run/parts")] == ["000000.json"]
+    client.put_object(Bucket=bucket, Key="run/parts/000001.json", Body=b'{"late": 1}')
+    assert storage.read_bytes(f"s3://{bucket}/run/parts/000001.json") == b'{"late": 1}'
