@@ -34,9 +34,10 @@ is removed then.
 last. The finished index is written as `ready.idx` in the staging folder (complete or absent:
 temporary name, fsync, rename); then the old `.idx` is deleted (from here the old dataset is
 gone, never half of it visible with the new one), `merged.bin` renamed over `PREFIX.bin`,
-`ready.idx` renamed to `PREFIX.idx`, and the staging folder removed. A run killed during those
-steps is finished by the next one (any command on this prefix, under its lock) from
-`ready.idx`. One writer per prefix (the output lock of packtool/dataset/output.py on the `.idx`).
+`ready.idx` renamed to `PREFIX.idx`, and the folder removed; the steps run in the staging folder
+renamed aside first (`.done`), so a half-deleted folder never reads as an interrupted run. A run
+killed during those steps is finished by the next one (any command on this prefix, under its
+lock) from `ready.idx`. One writer per prefix (the output lock of packtool/dataset/output.py on the `.idx`).
 
 **Into a bucket** (`-o s3://bucket/data/corpus`, local engine only): the staging folder is a local
 one in the scratch folder, named by the URL; the swap is the same steps with uploads for renames
@@ -325,24 +326,43 @@ def _waiting_hub_pair(
 
 def finish_swap(work: Path, bin_path: Path, idx_path: Path, shown: str = "") -> bool:
     """Put a finished pair in place from the staging folder (see the module docstring); False
-    when the folder holds no finished index. Idempotent: a killed swap is redone from where it
-    stopped. A failed upload or commit leaves the staging folder as it is (`_output` keeps it)."""
-    ready = work / READY_IDX
-    if not storage.is_file(ready):
-        return False
-    merged = work / MERGED_BIN
+    when no finished index waits. Idempotent: a killed swap is redone from where it stopped. A
+    failed upload leaves the swap's folder as it is (the next run finishes it); a failed Hub
+    commit the staging folder (`_output` keeps it)."""
+    done = _done_folder(work)
     if hub.is_hub(idx_path):  # one Hub commit holds both: never one without the other
+        ready, merged = work / READY_IDX, work / MERGED_BIN
+        if not storage.is_file(ready):
+            remove(done)
+            return False
         pair = {bin_path: merged} if storage.is_file(merged) else {}
         hub.put_files({**pair, idx_path: ready}, shown)
-        remove(work)
+        writing.replace(work, done)
+        remove(done)
         return True
+    if storage.is_file(work / READY_IDX):
+        # One rename takes the staging folder aside first: from here the swap is finished from
+        # `done` by whoever comes next, and a half-deleted folder under the staging name (which
+        # reads as an interrupted run) can never be left.
+        remove(done)
+        writing.replace(work, done)
+    elif not storage.is_file(done / READY_IDX):
+        remove(done)  # what a run killed while deleting a swapped folder left
+        return False
+    ready, merged = done / READY_IDX, done / MERGED_BIN
     if storage.is_file(merged):
         writing.remove_file(idx_path)  # first: no .idx ever names another .bin
         writing.replace(merged, bin_path)
     writing.replace(ready, idx_path)
     writing.sync_dir(idx_path.parent)
-    remove(work)
+    remove(done)
     return True
+
+
+def _done_folder(work: Path) -> Path:
+    """Where a swapped staging folder goes to be deleted (always local: a bucket prefix's
+    staging folder is a local scratch folder)."""
+    return work.with_name(work.name + ".done")
 
 
 class _Merge:

@@ -293,6 +293,44 @@ def test_resume_after_an_interrupt_and_a_half_done_merge(tmp_path, mixed, whole,
     assert code == 0 and "already complete" in out
 
 
+@pytest.mark.parametrize("step", [1, 2, 3, "deleting"])
+def test_a_swap_cut_at_any_step_is_finished_by_the_next_run(
+    tmp_path, mixed, whole, monkeypatch, step
+):
+    """A kill during the commit: after each rename of the swap (the staging folder aside, the
+    .bin, the .idx), or while the swapped folder is deleted. The last left a half-deleted run
+    folder under the staging name, which every later command took for an interrupted run (and
+    --resume then failed on its missing files)."""
+    from packtool.engines import megatron as run_module
+    from packtool.storage import writing
+
+    calls = []
+    real_replace, real_remove = writing.replace, run_module.remove
+
+    def replace(source, target):
+        real_replace(source, target)
+        calls.append(target)
+        if step != "deleting" and len(calls) == step:
+            raise KeyboardInterrupt
+
+    def remove(path):
+        if step == "deleting" and str(path).endswith(".done") and path.exists():
+            (path / ".packtool-run" / "plan.json").unlink()  # half deleted
+            raise KeyboardInterrupt
+        real_remove(path)
+
+    monkeypatch.setattr(run_module.writing, "replace", replace)
+    monkeypatch.setattr(run_module, "remove", remove)
+    prefix = tmp_path / "d"
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_megatron(mixed, prefix, progress=False)
+    monkeypatch.undo()
+    code, out, err = run("tokenize", *mixed, "--to", "megatron", "-o", prefix, "--resume")
+    assert code == 0, err
+    assert _pair(prefix) == _pair(whole)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx"]
+
+
 def test_kill_9_then_resume_writes_the_same_bytes(tmp_path, mixed, whole):
     prefix = tmp_path / "d"
     staging = staging_folder(Path(f"{prefix}.idx"))
