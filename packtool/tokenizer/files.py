@@ -204,8 +204,8 @@ def _hub_files(spec: str, repo_id: str, revision: str) -> TokenizerFiles:
         if snapshot is None:
             raise ConfigError(
                 f"tokenizer {spec!r}: not in the Hugging Face cache ({cache}) and not downloaded "
-                f"({why}); either run `huggingface-cli download {repo_id} {' '.join(HUB_FILES)}` "
-                "where there is network (then copy the cache here, or set HF_HUB_CACHE), or pass "
+                f"({why}); either run `hf download {repo_id} {' '.join(HUB_FILES)}` (huggingface_hub "
+                "before 0.34: `huggingface-cli download`) where there is network (then copy the cache here, or set HF_HUB_CACHE), or pass "
                 "the path of a folder holding tokenizer.json"
             )
     return TokenizerFiles(

@@ -106,7 +106,7 @@ def test_hub_id_not_cached_offline_names_both_ways(tmp_path, no_download, monkey
     msg = str(e.value)
     assert "not in the Hugging Face cache" in msg and str(tmp_path / "empty") in msg
     assert "HF_HUB_OFFLINE is set" in msg
-    assert "huggingface-cli download acme/absent" in msg and "folder holding tokenizer.json" in msg
+    assert "`hf download acme/absent" in msg and "folder holding tokenizer.json" in msg
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"text": "x"}\n')
     code, _, err = run("stats", corpus, "--tokenizer", "acme/absent")
