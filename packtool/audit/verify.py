@@ -49,6 +49,7 @@ from packtool.dataset.manifest import (
 )
 from packtool.errors import DataError
 from packtool.progress import progress_enabled
+from packtool.read import docids
 from packtool.storage import local as storage
 
 COLUMNS = ("input_ids", "doc_offsets", "doc_ids", "doc_chunks")
@@ -232,6 +233,24 @@ def _fail(where: str, what: str) -> DataError:
     return DataError(f"{where}: {' '.join(str(what).split())}")
 
 
+def _id_files(manifest: Manifest) -> int | None:
+    """How many input files a `file_offset` dataset's ids may name; None for other schemes."""
+    info = manifest.extra.get("doc_ids") or {}
+    if info.get("scheme") != docids.SCHEME:
+        return None
+    return len(info["files"]) if "files" in info else int(info.get("num_files", 0))
+
+
+def _bad_doc_id(dids: NDArray[np.integer], id_files: int | None) -> int | None:
+    """The position of the first id that is negative (every scheme numbers from 0) or names an
+    input file the dataset does not list, or None."""
+    bad = dids < 0
+    if id_files is not None:
+        bad |= (dids.astype(np.int64, copy=False) >> docids.OFFSET_BITS) >= id_files
+    hits = np.flatnonzero(bad)
+    return int(hits[0]) if len(hits) else None
+
+
 def _check_manifest(manifest: Manifest, index: Path) -> tuple[int, int]:
     """(vocab_size, max_len): the manifest was checked as a whole when `read_manifest` read it.
 
@@ -294,6 +313,7 @@ def verify_dataset(
     warnings = unlisted_files(directory, manifest)
     expected_schema = packed_schema(token_type_for(vocab), manifest.columns)
     optional = verify_columns.optional_columns(manifest.columns)
+    id_files = _id_files(manifest)
     supervised = 0
 
     doc_keys: list[NDArray[np.int64]] = []
@@ -363,6 +383,20 @@ def verify_dataset(
                 raise _fail(f"{where}: row {r} (global row {total_rows + r})", what)
             n = table.num_rows
             did_off, dids = parts["doc_ids"]
+            bad_id = _bad_doc_id(dids, id_files)
+            if bad_id is not None:
+                r = row_base + int(np.searchsorted(did_off, bad_id, side="right")) - 1
+                raise _fail(
+                    f"{where}: row {r} (global row {total_rows + r})",
+                    f"doc id {int(dids[bad_id])} "
+                    + (
+                        "is negative"
+                        if dids[bad_id] < 0
+                        else f"names input file {int(dids[bad_id]) >> docids.OFFSET_BITS}, "
+                        f"but the dataset lists {id_files:,} (ids: file index << "
+                        f"{docids.OFFSET_BITS} | offset)"
+                    ),
+                )
             doc_keys.append(dids.astype(np.int64, copy=False))
             chunk_keys.append(parts["doc_chunks"][1].astype(np.int64, copy=False))
             doc_rows.append(

@@ -195,6 +195,7 @@ def bad_row(**columns) -> dict[str, list]:
         (bad_row(doc_offsets=[0], doc_ids=[], doc_chunks=[], input_ids=[]), "row has no documents"),
         (bad_row(input_ids=[1, 2, 256, 4]), "input_ids[2] = 256 is not below"),
         (bad_row(doc_chunks=[0, -1]), "doc_chunks[1] = -1 is negative"),
+        (bad_row(doc_ids=[90, -5]), "doc id -5 is negative"),
     ],
 )
 def test_row_damage_is_named_with_file_and_row(packed_dataset_factory, capsys, row, needle):
@@ -252,6 +253,21 @@ def test_duplicated_document(packed_dataset_factory, capsys):
     message = assert_fails(d, capsys, "document 3 chunk 0 appears again")
     assert message.startswith(f"{d / 'shard-00001.parquet'}: row 3:")
     assert f"first in {d / 'shard-00000.parquet'}: row 2" in message
+
+
+def test_doc_ids_must_name_a_listed_input_file(packed_dataset_factory, capsys):
+    """Format 3 ids are file index << 39 | offset: one naming a file the dataset does not list
+    leads nowhere (inspect showed no source for it) and passed verify."""
+    shards = [SHARDS[0], [*SHARDS[1], [(5 << 39 | 7, 0, 3)]]]
+    d = packed_dataset_factory(shards)
+    index = json.loads((d / INDEX_FILE).read_text())
+    ids = {"scheme": "file_offset", "file_bits": 24, "offset_bits": 39}
+    ids |= {"files": ["a.jsonl"], "units": ["byte"]}
+    edit_index(d, extra={**index.get("extra", {}), "doc_ids": ids})
+    message = assert_fails(
+        d, capsys, "doc id 2748779069447 names input file 5, but the dataset lists 1"
+    )
+    assert message.startswith(f"{d / 'shard-00001.parquet'}: row 3 (global row 6): "), message
 
 
 def test_missing_chunk(packed_dataset_factory, capsys):
