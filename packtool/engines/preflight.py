@@ -405,6 +405,12 @@ def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, Any], out: P
     old = state.get("fingerprint", {})
     if old != fingerprint:
         changed = [k for k in fingerprint if old.get(k) != fingerprint[k]]
+        if "inputs" in changed and _renamed(old.get("inputs"), fingerprint["inputs"]):
+            first = old["inputs"][0][0]
+            raise ConfigError(
+                f"cannot resume {out}: the inputs name the interrupted run's files differently "
+                f"(it read {first!r}); give them as it was given them"
+            )
         if "inputs" in changed:  # name the first file added, removed or changed
             was = old.get("inputs")
             was = {tuple(f[:1]): f for f in was} if isinstance(was, list) else {}
@@ -420,6 +426,23 @@ def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, Any], out: P
                 )
                 changed[changed.index("inputs")] = f"inputs: {diff[0][0]} {how}"
         raise ConfigError(f"cannot resume {out}: options or inputs differ ({', '.join(changed)})")
+
+
+def _renamed(was: Any, now: list[list[Any]]) -> bool:
+    """Whether two fingerprints' inputs are the same local files, with the same sizes and times,
+    named differently (`corpus/a.jsonl` and `/data/corpus/a.jsonl`): the ids and the plan name
+    the files as the first run did, so the resume must too."""
+    if not isinstance(was, list) or len(was) != len(now) or was == now:
+        return False
+
+    def key(entry: list[Any]) -> list[Any]:
+        name = str(entry[0])
+        return [name if storage.is_remote(name) else os.path.abspath(name), *entry[1:]]
+
+    try:
+        return [key(e) for e in was] == [key(e) for e in now]
+    except (TypeError, IndexError):  # a damaged state: the caller names what differs
+        return False
 
 
 def check_facts(state: dict[str, Any], checked: Checked, out: Path) -> None:

@@ -141,6 +141,29 @@ def test_a_finished_partitions_tail_lost_from_the_staging_folder_is_an_error(
     assert not (tmp_path / "cut").exists()
 
 
+def test_resume_with_the_inputs_named_another_way_says_so(tmp_path, monkeypatch):
+    """`corpus` then `$PWD/corpus`: the same files, which the message called 'added'."""
+    import shutil
+
+    shutil.copy(CORPUS, tmp_path / "c.jsonl")
+    monkeypatch.chdir(tmp_path)
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(worker, "write_chunk", boom)
+    kw = {"max_len": 1024, "chunk_docs": 500}
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "out", inputs=("c.jsonl",), **kw)
+    monkeypatch.undo()  # the real write_chunk (and the first cwd, set again)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"name the interrupted run's files differently \(it read 'c.jsonl'\)"
+    ):
+        run(tmp_path / "out", inputs=(str(tmp_path / "c.jsonl"),), resume=True, **kw)
+    assert run(tmp_path / "out", inputs=("c.jsonl",), resume=True, **kw).partitions >= 1
+
+
 def test_resume_refuses_changed_options_and_finished_runs(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
