@@ -188,7 +188,8 @@ def check_unchanged(path: str, size: int, mtime_ns: int) -> None:
         what = f"size {size:,} -> {st.st_size:,} bytes" if st.st_size != size else "modified"
         raise DataError(
             f"{path}: changed since the run was planned ({what}); inputs must not change during "
-            "a run: restore it, or start over with --overwrite"
+            "a run: run it again once they are final (with --overwrite where it resumed an "
+            "earlier run, whose finished partitions read the old file)"
         )
 
 

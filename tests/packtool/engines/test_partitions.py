@@ -259,9 +259,12 @@ def test_an_input_changed_between_plan_and_read_names_the_file(corpus, tmp_path,
     assert "\n" not in message and "--overwrite" in message
     monkeypatch.undo()
     os.utime(victim)
-    # A run stopped by a changed input keeps nothing a resume could wrongly finish.
+    # A run stopped by a changed input keeps nothing a resume could wrongly finish, and a plain
+    # rerun (what the message says: "run it again", no restore) packs the final file.
     with pytest.raises(ConfigError, match="nothing to resume|no interrupted run|differ"):
         run_pack(config(tmp_path / "out", [folder], workers=1, resume=True))
+    assert "run it again once they are final" in message
+    assert run_pack(config(tmp_path / "out", [folder], workers=1)).partitions >= 1
 
 
 def test_a_killed_worker_process_is_replaced_and_the_bytes_are_unchanged(
