@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packtool.arrow_numpy import from_numpy, strings
+from packtool.arrow_numpy import from_numpy, strings, to_numpy
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.tokenized_writer import PIPELINE_DEPTH
 from packtool.errors import ConfigError
@@ -183,7 +183,7 @@ def _records(
     ):
         rows = table.column("source").to_pylist()
         k = table.schema.get_field_index("doc_id")
-        offsets = table.column(k).to_numpy()  # each record's offset in its file
+        offsets = to_numpy(table.column(k))  # each record's offset in its file (no pandas)
         ids = np.empty(len(rows), dtype=np.int64)
         start = 0
         while start < len(rows):  # the rows of one file are a run, files in reading order
