@@ -250,11 +250,17 @@ def _ctrl_c_after() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # A handler that notes the signal, not a blocked signal mask: the kernel hands a process's
+    # SIGINT to any thread that does not block it (a tokenizer or prefetch thread), and Python
+    # then raised it in the main thread all the same.
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held Ctrl-C is raised now
+        signal.signal(signal.SIGINT, previous)
+        if pending:
+            signal.raise_signal(signal.SIGINT)  # the held Ctrl-C, through the handler restored
 
 
 def _stop(pool: Any) -> None:

@@ -443,4 +443,34 @@ def test_ctrl_c_during_a_submit_is_raised_after_it():
         os.kill(os.getpid(), signal.SIGINT)
         reached.append("the rest of the block")
     assert reached == ["the rest of the block"]
-    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())  # unblocked
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_ctrl_c_during_a_submit_is_held_while_other_threads_run():
+    """The kernel hands a process's SIGINT to any thread not blocking it: a signal mask on the
+    main thread held nothing while a tokenizer or prefetch thread ran (it failed in the full
+    suite, where threads of earlier tests were alive)."""
+    import os
+    import signal
+    import threading
+
+    from packtool.engines.local import _ctrl_c_after
+
+    stop = threading.Event()
+
+    def busy() -> None:  # a running thread (a waiting one is not where the kernel sends it)
+        while not stop.is_set():
+            sum(range(1000))
+
+    other = threading.Thread(target=busy, daemon=True)
+    other.start()
+    reached = []
+    try:
+        for _ in range(20):  # whichever thread the kernel picks
+            with pytest.raises(KeyboardInterrupt), _ctrl_c_after():
+                os.kill(os.getpid(), signal.SIGINT)
+                sum(range(100_000))  # bytecode where a pending signal would be raised
+                reached.append(1)
+    finally:
+        stop.set()
+    assert len(reached) == 20
