@@ -482,11 +482,12 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
     if config.resume:
         return _load_state(paths)
     if storage.exists(paths.staging):
-        if not config.overwrite:
+        if not _abandoned(paths) and not config.overwrite:
             raise ConfigError(
                 f"an interrupted run into {shown} left its finished partitions in "
                 f"{paths.staging}; pass --resume to finish it or --overwrite to start over"
             )
+        # (Without a saved plan it was killed while it checked or planned: nothing to keep.)
         paths = remove_staging(paths)
     present = list(storage.list_dir(out)) if storage.is_dir(out) else []
     if paths.remote:  # its lock and staging objects are inside the prefix
@@ -510,8 +511,24 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
     return None
 
 
+def _abandoned(paths: OutputPaths) -> bool:
+    """Whether the staging folder is what a run killed before it saved its plan leaves (while
+    it checked the inputs or planned): nothing in it but an empty state folder."""
+    if paths.remote or not storage.is_dir(paths.staging):
+        return False  # (a bucket's staging version is named by an object: kept for --overwrite)
+    if any(e.name != STATE_DIR for e in storage.list_dir(paths.staging)):
+        return False  # shards, an older packtool's state: work that may be wanted
+    run = records.run_dir(paths.staging)
+    return not storage.is_dir(run) or not any(True for _ in storage.list_dir(run))
+
+
 def _load_state(paths: OutputPaths) -> dict[str, Any]:
     out, shown = paths.target, paths.shown
+    if _abandoned(paths) and not storage.exists(out / INDEX_FILE):
+        raise ConfigError(
+            f"{shown}: the interrupted run stopped before it saved its plan, so there is "
+            "nothing to resume; run again without --resume"
+        )
     if not storage.is_dir(paths.staging / STATE_DIR):
         if storage.exists(out / INDEX_FILE):
             return {COMPLETE: True}  # `check_complete` decides, once the options are known
