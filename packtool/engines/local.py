@@ -78,7 +78,12 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
     checked = check_inputs(config, tokenizer, lambda paths: _start_early(config, paths))
     with output_folder(config) as output:
         run = Run(config, checked, output)
-        return run.finish(drive_local(run, config.workers))
+        if output.state is None:
+            return run.finish(drive_local(run, config.workers))
+        from packtool.engines.slurm.arrays import taken_over
+
+        with taken_over(run):  # a Slurm run's jobs, resumed here
+            return run.finish(drive_local(run, config.workers))
 
 
 def drive_local(run: Any, workers: int | None) -> str:

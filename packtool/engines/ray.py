@@ -123,7 +123,12 @@ def run_pack_ray(
     checked = preflight.check_inputs(config, tokenizer)
     with preflight.output_folder(config) as output:
         run = Run(config, checked, output)
-        return run.finish(drive_ray(run, ray_config))
+        if output.state is None:
+            return run.finish(drive_ray(run, ray_config))
+        from packtool.engines.slurm.arrays import taken_over
+
+        with taken_over(run):  # a Slurm run's jobs, resumed here
+            return run.finish(drive_ray(run, ray_config))
 
 
 def drive_ray(run: Any, ray_config: RayConfig) -> str:

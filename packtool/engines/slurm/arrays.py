@@ -9,12 +9,14 @@ queued. See packtool/engines/slurm/driver.py for the whole engine.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import pickle
 import shlex
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,20 @@ def remove_run_folders(work: Any, out_dir: str | Path) -> None:
         writing.remove_empty_dir(Path.cwd() / LOCAL_HOME)  # the last run from this folder
     else:
         writing.remove_tree(logs_folder(out_dir))
+
+
+@contextlib.contextmanager
+def taken_over(run: Any) -> Iterator[int]:
+    """A run the Slurm engine started, resumed by another engine (local, Ray): the jobs its
+    driver submitted are cancelled first (their tasks would run partitions beside this run's
+    workers, then fail on the folder this run removes), and their logs go when it finishes.
+    Yields how many jobs there were (0 for a run no Slurm driver started)."""
+    folder = run_folders(run.work, run.out_dir)[0] / JOBS_DIR
+    jobs = [p.stem for p in storage.glob(folder, "*.json")] if storage.is_dir(folder) else []
+    cli.cancel(jobs)
+    yield len(jobs)
+    if jobs:
+        remove_run_folders(run.work, run.out_dir)
 
 
 class ArrayDriver:

@@ -157,6 +157,26 @@ def test_tasks_per_job_and_no_wait_then_resume(cluster, local, tmp_path):
     assert not _queue(jobs)
 
 
+def test_a_slurm_run_finished_by_the_local_engine_leaves_no_job_and_no_logs(
+    cluster, local, tmp_path
+):
+    """The docs say a killed driver is resumed by either engine: the local one finished the
+    dataset but left the dead driver's array tasks queued (they then failed on the removed run
+    folder) and its logs folder beside the output for good."""
+    from packtool.engines.slurm.arrays import logs_folder
+
+    out = tmp_path / "packed"
+    with pytest.raises(Detached) as gone:
+        run_pack_slurm(_config(out), SlurmConfig(tasks_per_job=3, wait=False))
+    jobs = gone.value.job_ids
+    assert _queue(jobs) and logs_folder(out).exists()
+    run_pack(_config(out, resume=True))
+    _same_dataset(local, out)
+    _wait_queue_empty(jobs, timeout=30)  # scancel is asynchronous
+    assert not _queue(jobs)
+    assert not logs_folder(out).exists()
+
+
 def test_scancel_then_resume_runs_only_what_is_left(cluster, local, tmp_path):
     out = tmp_path / "packed"
     # Only the first task to start runs; the others wait for a gate never opened, until the
