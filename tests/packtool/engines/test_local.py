@@ -83,12 +83,10 @@ def test_same_inputs_and_seed_give_identical_bytes(tmp_path):
 PARTS = {"partition_size": 600_000, "workers": 1}
 
 
-def test_interrupted_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
-    kw = {"max_len": 1024, "chunk_docs": 300, "shards": ShardConfig(shard_rows=200), **PARTS}
-    run(tmp_path / "whole", **kw)
-
+def _interrupt_in_the_third_partition(out: Path, monkeypatch, **kw) -> Path:
+    """Ctrl-C once two partitions are recorded; the staging folder (kept for --resume)."""
     real = worker.write_chunk
-    staging = staging_folder(tmp_path / "cut")
+    staging = staging_folder(out)
 
     def crash_in_the_third_partition(writer, packed):
         if len(records.finished(staging)) == 2:  # two partitions are recorded
@@ -97,8 +95,15 @@ def test_interrupted_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(worker, "write_chunk", crash_in_the_third_partition)
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "cut", **kw)
+        run(out, **kw)
     monkeypatch.setattr(worker, "write_chunk", real)
+    return staging
+
+
+def test_interrupted_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+    kw = {"max_len": 1024, "chunk_docs": 300, "shards": ShardConfig(shard_rows=200), **PARTS}
+    run(tmp_path / "whole", **kw)
+    staging = _interrupt_in_the_third_partition(tmp_path / "cut", monkeypatch, **kw)
     assert not (tmp_path / "cut").exists()  # never looks complete: built beside it
     with pytest.raises(DataError, match="no such dataset folder"):
         read_manifest(tmp_path / "cut")
@@ -118,18 +123,7 @@ def test_a_finished_partitions_tail_lost_from_the_staging_folder_is_an_error(
     """Its pieces were dropped: --resume committed a dataset whose index.json counted tokens its
     shards lacked (verify refused it); a damaged tail was a pyarrow traceback."""
     kw = {"max_len": 1024, "chunk_docs": 300, "shards": ShardConfig(shard_rows=200), **PARTS}
-    real = worker.write_chunk
-    staging = staging_folder(tmp_path / "cut")
-
-    def crash_in_the_third_partition(writer, packed):
-        if len(records.finished(staging)) == 2:
-            raise KeyboardInterrupt
-        return real(writer, packed)
-
-    monkeypatch.setattr(worker, "write_chunk", crash_in_the_third_partition)
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "cut", **kw)
-    monkeypatch.setattr(worker, "write_chunk", real)
+    staging = _interrupt_in_the_third_partition(tmp_path / "cut", monkeypatch, **kw)
     tail = records.tail_path(staging, 1)
     assert records.read_record(staging, 1)["tail"]["pieces"] > 0
     if damage == "deleted":
