@@ -337,6 +337,7 @@ def finish_swap(work: Path, bin_path: Path, idx_path: Path, shown: str = "") -> 
             return False
         pair = {bin_path: merged} if storage.is_file(merged) else {}
         hub.put_files({**pair, idx_path: ready}, shown)
+        remove(done)  # (a stale one: the rename below needs the name free)
         writing.replace(work, done)
         remove(done)
         return True
