@@ -122,18 +122,21 @@ def sdpa(
 ) -> torch.Tensor:
     """One SDPA call per document: exact, O(sum len^2), any device and dtype."""
     bounds = cu_seqlens.tolist()
+    lengths = [end - start for start, end in pairwise(bounds)]
     kx = _expand_kv(k, q.shape[1])
     vx = _expand_kv(v, q.shape[1])
     outs = []
-    for start, end in pairwise(bounds):
-        if end == start:
+    # One split per tensor, not a slice per document: each slice's backward writes its gradient
+    # into a zeroed tensor of all T tokens (O(documents x T): 47 % of a CPU training step with
+    # 80 documents in 32k tokens), a split's backward concatenates the pieces once.
+    for qd, kd, vd in zip(q.split(lengths), kx.split(lengths), vx.split(lengths), strict=True):
+        n = qd.shape[0]
+        if n == 0:
             continue
-        qd = q[start:end].transpose(0, 1).unsqueeze(0)  # (1, H, L, D)
-        kd = kx[start:end].transpose(0, 1).unsqueeze(0)
-        vd = vx[start:end].transpose(0, 1).unsqueeze(0)
+        qd, kd, vd = (t.transpose(0, 1).unsqueeze(0) for t in (qd, kd, vd))  # (1, H, L, D)
         # Only the left bound, or a right bound without causal, needs an explicit mask.
         if window[0] >= 0 or (window[1] >= 0 and not causal):
-            pos = torch.arange(end - start, device=q.device)
+            pos = torch.arange(n, device=q.device)
             mask = window_mask(pos, pos, causal, window)
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale)
         else:
