@@ -588,8 +588,9 @@ class OnlinePacker:
                     yield b.collate(**collate_kwargs)
         except BaseException:
             # Rows packed but not yet batched go back to the packer (pop() returns them first).
-            if batcher.pending.n_rows:
-                self._out.insert(0, batcher.pending)
+            rest = batcher.rest()  # not the rows a stopped `ready()` already handed out
+            if rest.n_rows:
+                self._out.insert(0, rest)
             raise
         if not drop_last:
             for b in batcher.ready(final=True):

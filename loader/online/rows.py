@@ -165,6 +165,9 @@ class RowBatcher:
         self.rows_per_batch = rows_per_batch
         self.tokens_per_batch = tokens_per_batch
         self.pending: PackedRows = _EMPTY_ROWS
+        self.handed = 0
+        """Rows of `pending` a running `ready()` has yielded (it trims `pending` only at its
+        end): a consumer that stops it early must not be given them again (`rest`)."""
 
     def add(self, rows: PackedRows) -> None:
         if rows.n_rows:
@@ -173,12 +176,13 @@ class RowBatcher:
     def ready(self, *, final: bool = False) -> Iterator[PackedRows]:
         """Complete batches (and, with `final`, the incomplete last one)."""
         rows = self.pending
-        a = 0
+        a = self.handed = 0
         if self.rows_per_batch is not None:
             k = self.rows_per_batch
             while rows.n_rows - a >= k:
-                yield rows.slice(a, a + k)
                 a += k
+                self.handed = a
+                yield rows.slice(a - k, a)
         else:
             cum = np.cumsum(rows.row_lengths)
             budget = self.tokens_per_batch
@@ -188,9 +192,17 @@ class RowBatcher:
                 b = max(b, a + 1)
                 if b >= rows.n_rows and not final:
                     break  # the batch might still take more rows
-                yield rows.slice(a, b)
-                a = b
+                a, start = b, a
+                self.handed = a
+                yield rows.slice(start, b)
         if final and a < rows.n_rows:
-            yield rows.slice(a, rows.n_rows)
-            a = rows.n_rows
+            a, start = rows.n_rows, a
+            self.handed = a
+            yield rows.slice(start, a)
         self.pending = rows.slice(a, rows.n_rows) if a else rows
+        self.handed = 0
+
+    def rest(self) -> PackedRows:
+        """The rows not yet handed out (also while a `ready()` is paused or was stopped)."""
+        n = self.pending.n_rows
+        return self.pending.slice(self.handed, n) if self.handed else self.pending

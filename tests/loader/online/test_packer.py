@@ -424,3 +424,20 @@ def test_a_config_and_keyword_settings_together_are_refused() -> None:
         ConfigError, match=r"give either a config or keyword settings, not both \(\['seed'\]\)"
     ):
         OnlinePacker(OnlineConfig(max_len=8), seed=1)
+
+
+@pytest.mark.parametrize("budget", [{"rows_per_batch": 1}, {"tokens_per_batch": 8}])
+@pytest.mark.parametrize("taken", [1, 4])
+def test_a_consumer_that_stops_early_gets_each_row_once(budget, taken) -> None:
+    """The rows left after a stop go back to the packer: before, the batches already handed
+    out went back too (RowBatcher trimmed its pending rows only when `ready()` finished), so
+    flush() + pop() delivered them a second time."""
+    p = OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.0, shuffle_rows=False)
+    source = [np.arange(8) + 10 * i for i in range(10)]  # one full row each
+    stream = p.batches(iter(source), **budget)
+    seen = [next(stream)["doc_ids"].tolist() for _ in range(taken)]
+    stream.close()
+    p.flush()
+    rest = p.pop()
+    delivered = [d for batch in seen for d in batch] + rest.doc_ids.tolist()
+    assert sorted(delivered) == list(range(10))  # each document exactly once
