@@ -234,3 +234,12 @@ def check_collate_kwargs(kwargs: dict[str, Any]) -> None:
     unknown = sorted(set(kwargs) - valid)
     if unknown:
         raise ConfigError(f"collate_kwargs {unknown} unknown; loader.collate takes {sorted(valid)}")
+    for name, low in (("pad_tokens", 1), ("pad_docs", 1), ("pad_id", 0), ("position_limit", 1)):
+        value = kwargs.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low
+        ):
+            raise ConfigError(f"collate_kwargs {name} must be an integer >= {low}, got {value!r}")
+    for name in ("seq_idx", "varlen_keys", "pin_memory"):
+        if name in kwargs and not isinstance(kwargs[name], bool):
+            raise ConfigError(f"collate_kwargs {name} must be True or False, got {kwargs[name]!r}")

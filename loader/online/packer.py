@@ -49,14 +49,26 @@ def _doc_array(doc: Any, i: int) -> NDArray:
 
     A `(B, T)` array with B > 1 is refused: flattened, B sequences would become one document.
     """
-    arr = np.asarray(doc)
-    if arr.ndim > 1 and sum(d > 1 for d in arr.shape) > 1:
+    try:
+        arr = np.asarray(doc)
+    except ValueError as exc:  # ragged nested lists
+        raise DataError(f"document {i} is not one sequence of token ids ({exc})") from None
+    if arr.ndim > 1 and (arr.shape[0] > 1 or sum(d > 1 for d in arr.shape) > 1):
         raise DataError(
             f"document {i} has shape {arr.shape}; give one 1-D token array per document"
         )
     if arr.dtype.kind not in "iu" and arr.size:
         raise DataError(f"document {i}: token ids must be integers, got dtype {arr.dtype}")
-    return arr.reshape(-1)
+    arr = arr.reshape(-1)
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _INT64_MAX):
+        # Per document, before it joins others: a bad one fails alone, naming itself.
+        bad = int(arr.min()) if int(arr.min()) < 0 else int(arr.max())
+        raise DataError(f"document {i}: token id {bad} is not in 0..2^63-1 (the batch's int64)")
+    # One dtype for every document: a uint64 beside an int64 would meet in float64.
+    return arr.astype(np.int64, copy=False) if arr.dtype == np.uint64 else arr
+
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def _gather_columns(buf: Segments, start: NDArray, length: NDArray) -> dict[str, NDArray]:
@@ -177,10 +189,22 @@ class OnlinePacker:
             if tokens.dtype.kind == "i" and tokens.size and (low := int(tokens.min())) < 0:
                 # A negative id would reach the model's embedding as an index error mid-training.
                 raise DataError(f"token ids must be >= 0, got {low}")
+            if (
+                tokens.dtype == np.uint64
+                and tokens.size
+                and (top := int(tokens.max())) > _INT64_MAX
+            ):
+                # collate's int64 input_ids would wrap it to a negative index
+                raise DataError(f"token id {top} does not fit int64 (the batch's input_ids)")
+            if tokens.dtype == np.uint64:  # it fits: never met by a signed type in float64
+                tokens = tokens.astype(np.int64)
             if self._dtype is None:
                 self._dtype = tokens.dtype
             elif tokens.dtype != self._dtype:
-                self._dtype = np.result_type(self._dtype, tokens.dtype)
+                merged = np.result_type(self._dtype, tokens.dtype)
+                # uint64 beside a signed type is float64, which rounds ids past 2^53; both fit
+                # int64 (checked above), the batch's type.
+                self._dtype = merged if merged.kind in "iu" else np.dtype(np.int64)
         extra = dict(columns or {})
         if loss_mask is not None:
             extra[LOSS_MASK] = loss_mask

@@ -73,8 +73,11 @@ def _request_tokens(tokens: Any, token_budget: int, vocab_size: int | None) -> n
     """
     if hasattr(tokens, "detach"):  # torch: a CUDA or grad-tracking tensor has no .numpy()
         tokens = tokens.detach().cpu().numpy()
-    arr = np.asarray(tokens)
-    if sum(d > 1 for d in arr.shape) > 1:
+    try:
+        arr = np.asarray(tokens)
+    except ValueError as exc:  # ragged nested lists: several sequences
+        raise DataError(f"a request is one sequence of token ids ({exc})") from None
+    if arr.ndim > 1 and (arr.shape[0] > 1 or sum(d > 1 for d in arr.shape) > 1):
         raise DataError(f"a request is one sequence of token ids, got shape {arr.shape}")
     arr = arr.reshape(-1)
     if arr.size == 0:

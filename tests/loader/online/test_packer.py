@@ -325,7 +325,7 @@ def test_float_or_negative_tokens_and_batches_of_sequences_are_refused() -> None
     # Before: negative ids went through and failed later, in the model's embedding.
     with pytest.raises(DataError, match="token ids must be >= 0, got -3"):
         p.push(np.array([1, -3, 2]), np.array([3]))
-    with pytest.raises(DataError, match="token ids must be >= 0, got -1"):
+    with pytest.raises(DataError, match="document 1: token id -1 is not in 0..2"):
         p.push_docs([[1, 2], [-1]])
     p.push_docs([np.array([[4, 5, 6]])])  # (1, T), a tokenizer's batch of one, is fine
     p.flush()
@@ -441,3 +441,38 @@ def test_a_consumer_that_stops_early_gets_each_row_once(budget, taken) -> None:
     rest = p.pop()
     delivered = [d for batch in seen for d in batch] + rest.doc_ids.tolist()
     assert sorted(delivered) == list(range(10))  # each document exactly once
+
+
+def test_uint64_ids_stay_exact_and_ids_past_int64_are_refused() -> None:
+    """uint64 beside int64 met in float64 (2^53 + 1 came back as 2^53); an id past int64 was
+    wrapped to a negative index by collate."""
+    p = OnlinePacker(max_len=8, buffer_docs=100, min_fill=0.0, shuffle_rows=False)
+    p.push_docs([np.array([2**53 + 1, 7], np.uint64)])
+    p.push_docs([np.array([3, 4], np.int64)])
+    p.push(np.array([5, 2**53 + 3], np.uint64), np.array([2]))
+    p.flush()
+    rows = p.pop()
+    assert rows.tokens.dtype.kind in "iu"
+    assert sorted(rows.tokens.tolist()) == sorted([2**53 + 1, 7, 3, 4, 5, 2**53 + 3])
+    assert 2**53 + 1 in rows.collate()["input_ids"].tolist()
+    with pytest.raises(DataError, match=r"document 0: token id 9223372036854775813 is not in"):
+        p2 = OnlinePacker(max_len=8, buffer_docs=100)
+        p2.push_docs([np.array([2**63 + 5, 1], np.uint64)])
+    with pytest.raises(DataError, match="does not fit int64"):
+        OnlinePacker(max_len=8).push(np.array([2**63 + 5], np.uint64), np.array([1]))
+
+
+def test_a_bad_document_in_a_stream_fails_alone_and_the_others_stay() -> None:
+    """A negative id was checked for the whole group of documents collected for one push, so
+    the good ones collected with it were lost; and ragged or (2, 1) documents are refused."""
+    p = OnlinePacker(max_len=8, buffer_docs=100, min_fill=0.0, shuffle_rows=False)
+    source = [np.array([1, 2]), np.array([3]), np.array([4, 5]), np.array([-1, 6])]
+    with pytest.raises(DataError, match=r"document 3: token id -1 is not in"):
+        list(p.batches(iter(source), rows_per_batch=10))
+    assert p.stats["documents_in"] == 3
+    p.flush()
+    assert sorted(p.pop().tokens.tolist()) == [1, 2, 3, 4, 5]
+    with pytest.raises(DataError, match="document 0 is not one sequence of token ids"):
+        OnlinePacker(max_len=8).push_docs([[[1, 2], [3]]])
+    with pytest.raises(DataError, match=r"document 0 has shape \(2, 1\)"):
+        OnlinePacker(max_len=8).push_docs([np.array([[1], [2]])])

@@ -234,6 +234,10 @@ def test_infinite_window_waits_for_a_full_budget_or_close() -> None:
         ({"collate_kwargs": {"pad_tokn": 8}}, r"collate_kwargs \['pad_tokn'\] unknown"),
         ({"collate_kwargs": {"pad_tokens": 4}}, "pad_tokens=4 is smaller than token_budget=8"),
         ({"collate_kwargs": {"pad_tokens": 8, "pad_docs": 1}}, "leaves no room"),
+        # A TypeError from the checks themselves, before.
+        ({"collate_kwargs": {"pad_tokens": "64"}}, "pad_tokens must be an integer >= 1, got '64'"),
+        ({"collate_kwargs": {"pad_docs": "4"}}, "pad_docs must be an integer >= 1, got '4'"),
+        ({"collate_kwargs": {"seq_idx": "yes"}}, "seq_idx must be True or False"),
     ],
 )
 def test_collate_kwargs_are_checked_upfront(kwargs: dict, match: str) -> None:
@@ -261,6 +265,12 @@ def test_requests_of_several_sequences_and_device_tensors() -> None:
         with pytest.raises(DataError, match=r"one sequence of token ids, got shape \(2, 3\)"):
             batcher.submit(torch.ones(2, 3, dtype=torch.long)).result(timeout=5)
         assert batcher.submit(torch.tensor([[1, 2]])).result(timeout=5).tolist() == [3, 5]
+        # Ragged lists (a ValueError from submit itself) and a (2, 1) batch (taken as one
+        # request of 2 tokens) are several sequences too.
+        with pytest.raises(DataError, match="one sequence of token ids"):
+            batcher.submit([[1, 2], [3]]).result(timeout=5)
+        with pytest.raises(DataError, match=r"one sequence of token ids, got shape \(2, 1\)"):
+            batcher.submit(np.array([[1], [2]])).result(timeout=5)
         x = torch.ones(2, requires_grad=True)  # .numpy() refuses a tensor that tracks grad
         assert batcher.submit(x.long()).result(timeout=5).tolist() == [3, 3]
 
