@@ -276,7 +276,7 @@ class OnlinePacker:
                 f"do not mix documents with and without {', '.join(set(kind) ^ set(self._columns))} "
                 "in one packer (a dataset is one kind)"
             )
-        check_policy(kind, self.config.long_docs)
+        check_policy(kind, self.config.long_docs, api=True)
         return {name: out[name] for name in kind}
 
     def push_lengths(

@@ -45,6 +45,7 @@ from loader.online.state import (
 )
 from packtool.dataset.tokenized import common_identity, common_optional, tokenized_meta
 from packtool.errors import ConfigError, DataError
+from packtool.pack.columns import check_policy
 from packtool.storage import local as storage
 from packtool.storage.local import expand
 
@@ -123,6 +124,8 @@ class StreamingPackedDataset(IterableDataset):
         self.columns = common_optional(tokenized)
         """The optional columns (`loss_mask`) the documents carry; files that differ are refused."""
         self._read_columns = ["doc_id", "input_ids", *self.columns]
+        # Now, not at the first batch (inside a DataLoader worker: a worker's traceback).
+        check_policy(self.columns, self.config.long_docs, api=True)
         # the global row-group table: (file index, row group, first global document index)
         groups: list[tuple[int, int, int, int]] = []
         first = 0
@@ -221,11 +224,16 @@ class StreamingPackedDataset(IterableDataset):
                 if f not in files:
                     files[f] = storage.parquet_file(self.paths[f])
                 table = files[f].read_row_group(rg, columns=self._read_columns)
-            except (OSError, pa.ArrowException) as exc:
+            except (OSError, IndexError, pa.ArrowException) as exc:
                 raise DataError(
                     f"{self.paths[f]}: row group {rg} unreadable ({exc}); the file changed or is "
                     "damaged since the dataset was opened"
                 ) from None
+            if table.num_rows != n:  # rewritten with other row groups: rows would go astray
+                raise DataError(
+                    f"{self.paths[f]}: row group {rg} holds {table.num_rows:,} rows where the "
+                    f"dataset was opened with {n:,}; the file changed since"
+                )
             if take is not None:
                 table = table.take(take)
             packer.push_table(table)

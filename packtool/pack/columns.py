@@ -32,12 +32,18 @@ def carried(table: pa.Table) -> tuple[shard_columns.Column, ...]:
     return shard_columns.tokenized_optional(table.column_names)
 
 
-def check_policy(names: tuple[str, ...], long_docs: str) -> None:
-    """Refuse splitting documents of a dataset with a loss mask (`ConfigError`, one line)."""
+def check_policy(names: tuple[str, ...], long_docs: str, *, api: bool = False) -> None:
+    """Refuse splitting documents of a dataset with a loss mask (`ConfigError`, one line), in
+    the words of the CLI (`--long-docs split`) or, `api`, of the Python setting."""
     if shard_columns.LOSS_MASK in names and long_docs == "split":
+        said, fix = (
+            ("long_docs='split'", "long_docs='truncate' or 'drop'")
+            if api
+            else ("--long-docs split", "--long-docs truncate or drop")
+        )
         raise ConfigError(
-            "--long-docs split cuts documents across rows, which a loss mask forbids (a "
-            "completion would lose its prompt); use --long-docs truncate or drop"
+            f"{said} cuts documents across rows, which a loss mask forbids (a completion would "
+            f"lose its prompt); use {fix}"
         )
 
 

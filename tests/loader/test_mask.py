@@ -178,7 +178,8 @@ def test_online_packer_carries_the_mask_into_rows_and_labels():
 
 
 def test_online_packer_refuses_split_and_mixed_documents():
-    with pytest.raises(ConfigError, match="--long-docs split cuts documents"):
+    # (In the Python setting's words: the packer has no --long-docs.)
+    with pytest.raises(ConfigError, match="long_docs='split' cuts documents.*'truncate' or 'drop'"):
         OnlinePacker(max_len=8).push(np.arange(3), np.array([3]), loss_mask=np.ones(3, np.uint8))
     p = OnlinePacker(max_len=8, long_docs="drop")
     p.push(np.arange(3), np.array([3]), loss_mask=np.ones(3, np.uint8))
@@ -242,6 +243,10 @@ def test_streaming_dataset_reads_the_mask_and_resumes(tmp_path):
     tok = tmp_path / "tok.parquet"
     tokenize_corpus([src], tok)
     kw = {"max_len": 12, "buffer_docs": 6, "long_docs": "truncate", "rows_per_batch": 2}
+    # The default split is refused when the dataset is made, not at its first batch (which,
+    # in a DataLoader worker, was a worker's traceback).
+    with pytest.raises(ConfigError, match="long_docs='split' cuts documents"):
+        StreamingPackedDataset([tok], **{**kw, "long_docs": "split"})
     batches = list(StreamingPackedDataset([tok], **kw))
     n = 0
     for b in batches:

@@ -190,6 +190,20 @@ def test_no_inputs_and_files_gone_after_open(tokenized, tmp_path) -> None:
     # Before: a bare FileNotFoundError / ArrowInvalid (the latter naming no file).
     with pytest.raises(DataError, match=r"part-00000.parquet: row group 0 unreadable"):
         list(ds)
+    # Rewritten as valid Parquet with fewer rows, or other row groups: a raw ArrowIndexError,
+    # or rows read under the wrong documents' places, before.
+    import pyarrow.parquet as pq
+
+    second = sorted(copy.glob("*.parquet"))[0]
+    original = second.read_bytes()
+    table = pq.read_table(second)
+    assert pq.ParquetFile(second).metadata.row_group(0).num_rows > 1
+    for kwargs in ({}, {"shard_by": "row_group"}):
+        second.write_bytes(original)
+        ds = make(copy, **kwargs)
+        pq.write_table(table.slice(0, 1), second)  # fewer rows, other row groups
+        with pytest.raises(DataError, match=rf"{second.name}: row group 0 holds 1 rows where"):
+            list(ds)
 
 
 @pytest.mark.parametrize(
