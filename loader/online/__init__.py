@@ -11,8 +11,8 @@ May import: loader's top-level modules, `store`, `order`, `packed`; packtool's `
 `pack`, `storage`, `errors`.
 
 Modules:
-- `packer.py`, `bucketed.py`, `segments.py`, `rows.py`: the packer, its strategies, its buffer,
-  its rows.
+- `inputs.py`, `packer.py`, `bucketed.py`, `segments.py`, `rows.py`: the documents it is given
+  (checked one by one), the packer, its strategies, its buffer, its rows.
 - `state.py`: checkpoints of the packer.
 - `streaming.py`: `StreamingPackedDataset`.
 - `serving.py`: `RequestBatcher`.

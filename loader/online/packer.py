@@ -34,6 +34,7 @@ from numpy.typing import NDArray
 
 from loader.config import OnlineConfig, check_int, make_config
 from loader.online.bucketed import bucketed_assign
+from loader.online.inputs import INT64_MAX, doc_array
 from loader.online.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.online.segments import Segments
 from loader.online.state import check_packer_state, config_state
@@ -42,33 +43,6 @@ from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.pack import kernels
 from packtool.pack.chunk import PackCounts, drop_unsupervised, make_segments
 from packtool.pack.columns import check_policy
-
-
-def _doc_array(doc: Any, i: int) -> NDArray:
-    """One document's token ids as a 1-D array; `(1, T)` (a tokenizer's batch of one) is fine.
-
-    A `(B, T)` array with B > 1 is refused: flattened, B sequences would become one document.
-    """
-    try:
-        arr = np.asarray(doc)
-    except ValueError as exc:  # ragged nested lists
-        raise DataError(f"document {i} is not one sequence of token ids ({exc})") from None
-    if arr.ndim > 1 and (arr.shape[0] > 1 or sum(d > 1 for d in arr.shape) > 1):
-        raise DataError(
-            f"document {i} has shape {arr.shape}; give one 1-D token array per document"
-        )
-    if arr.dtype.kind not in "iu" and arr.size:
-        raise DataError(f"document {i}: token ids must be integers, got dtype {arr.dtype}")
-    arr = arr.reshape(-1)
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _INT64_MAX):
-        # Per document, before it joins others: a bad one fails alone, naming itself.
-        bad = int(arr.min()) if int(arr.min()) < 0 else int(arr.max())
-        raise DataError(f"document {i}: token id {bad} is not in 0..2^63-1 (the batch's int64)")
-    # One dtype for every document: a uint64 beside an int64 would meet in float64.
-    return arr.astype(np.int64, copy=False) if arr.dtype == np.uint64 else arr
-
-
-_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def _gather_columns(buf: Segments, start: NDArray, length: NDArray) -> dict[str, NDArray]:
@@ -189,11 +163,7 @@ class OnlinePacker:
             if tokens.dtype.kind == "i" and tokens.size and (low := int(tokens.min())) < 0:
                 # A negative id would reach the model's embedding as an index error mid-training.
                 raise DataError(f"token ids must be >= 0, got {low}")
-            if (
-                tokens.dtype == np.uint64
-                and tokens.size
-                and (top := int(tokens.max())) > _INT64_MAX
-            ):
+            if tokens.dtype == np.uint64 and tokens.size and (top := int(tokens.max())) > INT64_MAX:
                 # collate's int64 input_ids would wrap it to a negative index
                 raise DataError(f"token id {top} does not fit int64 (the batch's input_ids)")
             if tokens.dtype == np.uint64:  # it fits: never met by a signed type in float64
@@ -315,11 +285,11 @@ class OnlinePacker:
     def push_docs(self, docs: Iterable[Any], masks: Iterable[Any] | None = None) -> None:
         """Add documents given one token array (or list of ints) each, and optionally a loss
         mask (0/1 per token) for each."""
-        arrays = [_doc_array(d, i) for i, d in enumerate(docs)]
+        arrays = [doc_array(d, i) for i, d in enumerate(docs)]
         self._push_arrays(arrays, None if masks is None else [np.asarray(m) for m in masks])
 
     def _push_arrays(self, arrays: list[NDArray], masks: list[NDArray] | None = None) -> None:
-        """Add documents that `_doc_array` made 1-D integer arrays."""
+        """Add documents that `doc_array` made 1-D integer arrays."""
         if not arrays:
             return
         lengths = np.fromiter((len(a) for a in arrays), np.int64, len(arrays))
@@ -569,7 +539,7 @@ class OnlinePacker:
                     self.push_table(item)
                 else:
                     # Checked one by one, so a bad document fails alone, not with its neighbours.
-                    pending.append(_doc_array(item, self._next_doc_id + len(pending)))
+                    pending.append(doc_array(item, self._next_doc_id + len(pending)))
                     if len(pending) < docs_per_push:
                         continue
                     self._push_arrays(pending)
