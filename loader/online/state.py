@@ -252,17 +252,21 @@ def check_packer_state(
     if state["buffer"] is not None:
         if has_tokens is None:  # set by the first push, and a buffer needs a push
             raise check.fail(f"{at}has_tokens", "is None but the buffer holds segments")
-        _check_buffer(check, state["buffer"], f"{at}buffer", has_tokens)
+        _check_buffer(check, state["buffer"], f"{at}buffer", has_tokens, config.max_len)
     if state["out"] is not None:
         _check_rows(check, state["out"], f"{at}out", has_tokens)
 
 
-def _check_buffer(check: StateCheck, state: Any, path: str, has_tokens: bool | None) -> None:
+def _check_buffer(
+    check: StateCheck, state: Any, path: str, has_tokens: bool | None, max_len: int
+) -> None:
     buf = check.dict_(state, path, _SEGMENT_KEYS)
     length = check.ints(buf["length"], f"{path}.length")
     n = len(length)
     if n and length.min() < 0:
         raise check.fail(f"{path}.length", "has a negative length")
+    if n and length.max() > max_len:  # every buffered piece was cut to max_len when pushed
+        raise check.fail(f"{path}.length", f"has a segment of {int(length.max())} > max_len")
     start = check.ints(buf["start"], f"{path}.start", n)
     for key in ("doc", "chunk", "holds"):
         check.ints(buf[key], f"{path}.{key}", n)

@@ -293,7 +293,7 @@ class StreamingPackedDataset(IterableDataset):
         check = StateCheck("StreamingPackedDataset")
         check.dict_(state, "", ("key", "epoch", "start"))
         check.dict_(state["key"], "key", ())
-        check.int_(state["epoch"], "epoch", None)
+        check.int_(state["epoch"], "epoch")  # (set_epoch takes >= 0 only)
         # other settings first: the packer's state is checked against these settings, and a
         # state of another max_len was called "malformed ... damaged"
         diff = settings_diff(state["key"], self._key())

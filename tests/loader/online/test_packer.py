@@ -400,6 +400,8 @@ def test_every_damaged_part_of_a_packer_state_is_a_clear_error(with_tokens) -> N
         "out.row_docs": lambda s: s["out"].update(row_docs=s["out"]["row_docs"][::-1].copy()),
         "counts.extra": lambda s: s["counts"].update(extra=1),
         "dtype": lambda s: s.update(dtype="<f8"),
+        # Before: accepted, then "split long documents first" at the flush.
+        "buffer.length": lambda s: s["buffer"].update(length=s["buffer"]["length"] * 0 + 100),
     }
     if with_tokens:
         edits["buffer.start"] = lambda s: s["buffer"].update(start=s["buffer"]["start"] + 100)

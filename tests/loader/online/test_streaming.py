@@ -214,6 +214,8 @@ def test_no_inputs_and_files_gone_after_open(tokenized, tmp_path) -> None:
         ({"next_group": 99}, "resumes at row group 99 but the inputs have 8"),
         ({"packer": None}, "packer is missing; the checkpoint is damaged"),
         ({"epoch": "0"}, "epoch is '0', not an integer"),
+        # Before: accepted, then a seed_key error at the first batch naming no checkpoint.
+        ({"epoch": -1}, "epoch is -1, not >= 0"),
     ],
 )
 def test_damaged_state_is_a_clear_error(tokenized, edit, match) -> None:
