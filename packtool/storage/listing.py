@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from packtool.errors import DataError
-from packtool.storage.remote import as_path, filesystem, info_of, naming, scheme
+from packtool.storage.remote import as_path, filesystem, info_of, naming, network_failure, scheme
 
 
 def list_dir(folder: Any) -> list[Any]:
@@ -96,7 +96,9 @@ def _found(fs: Any, p: str) -> dict[str, Any] | None:
     object and a prefix at once)."""
     try:
         return info_of(fs, p)
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        if exc.__cause__ is not None and network_failure(exc.__cause__):
+            raise  # fsspec's HTTP info calls a host it cannot reach "not found": `naming` says
         return None
 
 

@@ -36,6 +36,7 @@ import functools
 import io
 import json
 import os
+import sys
 import threading
 import zlib
 from collections.abc import Iterator
@@ -59,6 +60,11 @@ S3_DEFAULTS: dict[str, Any] = {
     }
 }
 """The S3 client packtool asks for unless the options say otherwise (see the module docstring)."""
+GCS_DEFAULTS: dict[str, Any] = {"requests_timeout": 60}
+"""gcsfs waits for an answer without end unless told: an endpoint that accepts a connection and
+never answers hung a run (gcsfs retries a request 6 times: about 6 minutes at most)."""
+HTTP_TIMEOUTS = {"sock_connect": 10, "sock_read": 60}
+"""Seconds an http(s):// read waits to connect and between bytes (aiohttp has no bound)."""
 
 
 FORWARDED = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
@@ -113,6 +119,8 @@ def options_for(protocol: str) -> dict[str, Any]:
     if any(k in SCHEMES for k in given):  # per scheme
         given = given.get(protocol, {}) or {}
     base = dict(S3_DEFAULTS) if protocol in ("s3", "s3a") else {}
+    if protocol in ("gs", "gcs"):
+        base = dict(GCS_DEFAULTS)
     return {**base, **given}
 
 
@@ -132,6 +140,14 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
 
         if s3_native.usable(given):
             return s3_native.NativeS3(**given)
+    if protocol in ("http", "https"):
+        given = _bounded_http(given)
+    if protocol in ("gs", "gcs"):
+        import logging
+
+        # gcsfs logs each retried failure with its traceback (~100 lines before the one-line
+        # error); the error packtool prints names the cause.
+        logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
     try:
         return fsspec.filesystem(protocol, skip_instance_cache=True, **given)
     except ImportError:
@@ -140,6 +156,18 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
         if "Protocol not known" in str(exc):
             raise MissingDependencyError(_install(protocol)) from None
         raise
+
+
+def _bounded_http(given: dict[str, Any]) -> dict[str, Any]:
+    """fsspec's HTTP options with aiohttp timeouts (`HTTP_TIMEOUTS`) unless the user set one."""
+    client = dict(given.get("client_kwargs") or {})
+    if "timeout" not in client:
+        try:
+            import aiohttp
+        except ImportError:  # the http extra is missing: fsspec says so
+            return given
+        client["timeout"] = aiohttp.ClientTimeout(total=None, **HTTP_TIMEOUTS)
+    return {**given, "client_kwargs": client}
 
 
 def client_modules(paths: Any) -> list[str]:
@@ -210,7 +238,10 @@ def naming(url: Any, doing: str = "read") -> Iterator[None]:
         yield
     except (DataError, MissingDependencyError):
         raise
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        cause = exc.__cause__  # fsspec's HTTP info turns a failed connection into this
+        if cause is not None and network_failure(cause):
+            raise DataError(f"{url}: cannot be reached ({first_line(cause)})") from None
         raise DataError(f"{url}: no such object (or its bucket does not exist)") from None
     except PermissionError as exc:
         raise DataError(f"{url}: access denied ({first_line(exc)})") from None
@@ -222,6 +253,13 @@ def naming(url: Any, doing: str = "read") -> Iterator[None]:
         if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
             raise DataError(f"{url}: no credentials found ({first_line(exc)})") from None
         raise DataError(f"{url}: {type(exc).__name__}: {first_line(exc)}") from None
+
+
+def network_failure(exc: BaseException) -> bool:
+    """A connection refused, reset or timed out (aiohttp's client errors, OS-level ones)."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    return type(exc).__module__.startswith("aiohttp") and "Response" not in type(exc).__name__
 
 
 def first_line(exc: BaseException) -> str:
@@ -370,8 +408,32 @@ def prefetch(path: Any, start: int, end: int | None, size: int) -> None:
 
 
 def _fetch_range(fs: Any, p: str, start: int, end: int) -> bytes:
-    """One ranged GET of a sequential reader (`ReadAhead`, `prefetch`): every block goes here."""
-    return fs.cat_file(p, start=start, end=end)
+    """One ranged GET of a sequential reader (`ReadAhead`, `prefetch`): every block goes here.
+
+    A web server that ignores the range answers the whole object: taken as the block, every
+    partition after the first read the file from its start (documents twice, others lost). The
+    block is cut out of such an answer instead (each block then downloads the whole object:
+    said once on stderr); a longer answer that is not the whole object is an error."""
+    data = fs.cat_file(p, start=start, end=end)
+    if len(data) <= end - start:
+        return data
+    if len(data) < end:
+        raise DataError(
+            f"{p}: the server answered {len(data):,} bytes for bytes {start:,}-{end:,}; "
+            "read it again, or copy it to a local path"
+        )
+    if p not in _NO_RANGES:
+        _NO_RANGES.add(p)
+        print(
+            f"note: {p}: the server ignores range requests, so each block read downloads the "
+            "whole file (slow for a big one: serve it with range support, or copy it locally)",
+            file=sys.stderr,
+        )
+    return data[start:end]
+
+
+_NO_RANGES: set[str] = set()
+"""URLs whose server answered a ranged read with the whole object (noted once per process)."""
 
 
 def _prefetched(p: str, start: int) -> list[tuple[int, int, Any]]:

@@ -405,6 +405,50 @@ def test_an_http_url_reads_as_the_local_file(tmp_path):
         server.shutdown()
 
 
+def test_a_server_that_ignores_ranges_gives_the_local_bytes_and_a_closed_port_is_unreachable(
+    tmp_path,
+):
+    """The standard library's server answers every ranged read with the whole file: each
+    partition after the first was handed it from its start (4,120 of 4,132 documents, skips
+    doubled, exit 0). A port nobody listens on was 'no such object'."""
+    import functools
+    import http.server
+    import socket
+
+    shutil.copy(SAMPLE / "corpus.jsonl", tmp_path / "c.jsonl")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    options = ["--max-len", "512", "--workers", "2", "--partition-size", "1MB"]
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/c.jsonl"
+        code, _, err = run("pack", url, "-o", tmp_path / "web", *options)
+        assert code == 0, err
+        assert "ignores range requests" in err
+    finally:
+        server.shutdown()
+    code, _, err = run("pack", tmp_path / "c.jsonl", "-o", tmp_path / "local", *options)
+    assert code == 0, err
+    assert _shards(tmp_path / "web") == _shards(tmp_path / "local")
+    with socket.socket() as s:  # a free port, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, _, err = run("stats", f"http://127.0.0.1:{port}/c.jsonl")
+    assert code == 1 and f"127.0.0.1:{port}/c.jsonl: cannot be reached (" in one_error_line(err)
+
+
+def test_gs_and_http_reads_are_bounded_in_time():
+    """An endpoint that accepts a connection and never answers hung gs:// and http:// reads
+    (S3 had bounded timeouts, they had none)."""
+    import aiohttp
+
+    assert remote.options_for("gs")["requests_timeout"] == remote.GCS_DEFAULTS["requests_timeout"]
+    fs, _ = remote.filesystem("http://127.0.0.1:9/x.jsonl")
+    timeout = fs.client_kwargs["timeout"]
+    assert isinstance(timeout, aiohttp.ClientTimeout)
+    assert (timeout.sock_connect, timeout.sock_read) == (10, 60)
+
+
 def test_a_small_object_written_by_another_process_after_a_listing_is_read(s3_server, s3_client):
     """s3fs sized a whole-object read from its listings cache: a run's record that a worker
     wrote after the driver listed `parts/` read as 'no such object' (a resumed pack into a
