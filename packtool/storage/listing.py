@@ -103,9 +103,11 @@ def _found(fs: Any, p: str) -> dict[str, Any] | None:
 
 
 def _url(protocol: str, key: str, fs: Any) -> str:
+    """A listed key as a URL of the scheme the user wrote (`fs.unstrip_protocol` names the
+    file system's first one: `az://` inputs came back as `abfs://`, `gcs://` as `gs://`)."""
     if protocol in ("http", "https"):
         return key
-    return fs.unstrip_protocol(key) if protocol not in ("s3a",) else f"s3a://{key}"
+    return f"{protocol}://{key.lstrip('/')}" if protocol else fs.unstrip_protocol(key)
 
 
 def unread(text: str, suffixes: tuple[str, ...], examples: int) -> tuple[int, list[str]]:

@@ -98,6 +98,18 @@ def test_a_pack_from_the_store_reads_it_by_ranges_and_writes_the_same_shards(sto
     assert same_but_inputs(store.files("b"), local_pack)
 
 
+def test_listed_objects_keep_the_scheme_the_input_was_given_in(store):
+    """`az://` folder inputs were listed (and named in notes, skips and the dataset's sources)
+    as `abfs://`."""
+    from packtool.storage.listing import expand, unread
+
+    store.fs.put_file(str(CORPUS), f"{BUCKET}/named/a.jsonl")
+    store.fs.pipe_file(f"{BUCKET}/named/readme.md", b"not a corpus file")
+    folder = store.url("named")
+    assert [str(p) for p in expand(folder, (".jsonl",), "corpus")] == [f"{folder}/a.jsonl"]
+    assert unread(folder, (".jsonl",), 3) == (1, [f"{folder}/readme.md"])
+
+
 def test_tokenize_writes_one_object_into_the_store(store, tmp_path):
     local = tmp_path / "t.parquet"
     tokenize_corpus([CORPUS], local, progress=False)
