@@ -17,6 +17,12 @@ INT64_MAX = int(np.iinfo(np.int64).max)
 """The largest id a batch's int64 `input_ids` hold."""
 
 
+def several_sequences(arr: np.ndarray) -> bool:
+    """Whether `arr` holds more than one sequence: `(B, T)` with B > 1, flattened, would become
+    one of B sequences; `(1, T)` (a tokenizer's batch of one) is one."""
+    return arr.ndim > 1 and (arr.shape[0] > 1 or sum(d > 1 for d in arr.shape) > 1)
+
+
 def doc_array(doc: Any, i: int) -> NDArray:
     """One document's token ids as a 1-D array; `(1, T)` (a tokenizer's batch of one) is fine.
 
@@ -26,7 +32,7 @@ def doc_array(doc: Any, i: int) -> NDArray:
         arr = np.asarray(doc)
     except ValueError as exc:  # ragged nested lists
         raise DataError(f"document {i} is not one sequence of token ids ({exc})") from None
-    if arr.ndim > 1 and (arr.shape[0] > 1 or sum(d > 1 for d in arr.shape) > 1):
+    if several_sequences(arr):
         raise DataError(
             f"document {i} has shape {arr.shape}; give one 1-D token array per document"
         )

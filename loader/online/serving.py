@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from loader.collate import check_collate_kwargs, collate
+from loader.online.inputs import several_sequences
 from loader.record import Documents
 from packtool.errors import ConfigError, DataError, PacktoolError
 
@@ -77,7 +78,7 @@ def _request_tokens(tokens: Any, token_budget: int, vocab_size: int | None) -> n
         arr = np.asarray(tokens)
     except ValueError as exc:  # ragged nested lists: several sequences
         raise DataError(f"a request is one sequence of token ids ({exc})") from None
-    if arr.ndim > 1 and (arr.shape[0] > 1 or sum(d > 1 for d in arr.shape) > 1):
+    if several_sequences(arr):
         raise DataError(f"a request is one sequence of token ids, got shape {arr.shape}")
     arr = arr.reshape(-1)
     if arr.size == 0:
