@@ -110,11 +110,11 @@ def _ranged_reads(endpoint: str, key: str, size: int, block: int = 16 << 20) -> 
     each library that could sit under the storage seam (issue #25, item 7), best of 3."""
     import pyarrow.fs as pafs
 
-    from packtool.storage import remote
+    from packtool.storage import remote_read
 
     def with_packtool() -> None:
         for start in range(0, size, block):
-            remote.read_range(f"s3://bench/{key}", start, min(size, start + block))
+            remote_read.read_range(f"s3://bench/{key}", start, min(size, start + block))
 
     def with_s3fs() -> None:
         import s3fs

@@ -79,6 +79,10 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
         if info is None and not text.endswith("/"):
             raise FileNotFoundError(p)  # neither object nor prefix: one line by `naming`
         keys = sorted(fs.find(p, withdirs=False))
+        if not keys and protocol in ("http", "https") and _found(fs, p) is None:
+            # fsspec's HTTP `find` lists a page that is not there (404) as empty: say so, not
+            # "holds no corpus files", so a mistyped folder URL is not taken for an empty one
+            raise FileNotFoundError(p)
         named = [
             k
             for k in keys
@@ -97,8 +101,11 @@ def _found(fs: Any, p: str) -> dict[str, Any] | None:
     try:
         return info_of(fs, p)
     except FileNotFoundError as exc:
-        if exc.__cause__ is not None and network_failure(exc.__cause__):
+        cause = exc.__cause__
+        if cause is not None and network_failure(cause):
             raise  # fsspec's HTTP info calls a host it cannot reach "not found": `naming` says
+        if getattr(cause, "status", 404) != 404:
+            raise  # and a server's failed answer (503, 403): `naming` gives its status
         return None
 
 

@@ -167,41 +167,48 @@ def as_path(text: str | os.PathLike) -> Any:
     return Path(text)
 
 
+def _reads() -> Any:
+    """`remote_read`, loaded at the first read of a URL (`import loader` does not load it)."""
+    from packtool.storage import remote_read
+
+    return remote_read
+
+
 def open_input(path: str | os.PathLike, buffering: int = -1, end: int | None = None) -> BinaryIO:
     """`path` opened for reading bytes (the caller closes it); an object of a store opened
     for ranged reads that fetch the next block ahead, never one starting past `end` (where the
-    caller stops reading: `remote.open_input`)."""
+    caller stops reading: `remote_read.open_input`)."""
     if is_remote(path):
-        return remote.open_input(path, buffering, end)
+        return _reads().open_input(path, buffering, end)
     return open(path, "rb", buffering=buffering)  # noqa: SIM115 - the caller closes it
 
 
 def prefetch(path: str | os.PathLike, start: int, end: int | None, size: int) -> None:
     """Begin fetching the start of the bytes `start`..`end` (None: to the end) of a file of
-    `size` bytes this process reads next (an object of a store: `remote.prefetch`; a local
+    `size` bytes this process reads next (an object of a store: `remote_read.prefetch`; a local
     file: nothing to do)."""
     if is_remote(path):
-        remote.prefetch(path, start, end, size)
+        _reads().prefetch(path, start, end, size)
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
     """The whole of a small file."""
     if is_remote(path):
-        return remote.read_bytes(path)
+        return _reads().read_bytes(path)
     return Path(path).read_bytes()
 
 
 def read_text(path: str | os.PathLike) -> str:
     """The whole of a small UTF-8 text file (`UnicodeDecodeError` for other bytes)."""
     if is_remote(path):
-        return remote.read_bytes(path).decode("utf-8")
+        return _reads().read_bytes(path).decode("utf-8")
     return Path(path).read_text(encoding="utf-8")
 
 
 def read_range(path: str | os.PathLike, start: int, end: int) -> bytes:
     """Bytes `start` to `end` of a file (of an object: one ranged GET)."""
     if is_remote(path):
-        return remote.read_range(path, start, end)
+        return _reads().read_range(path, start, end)
     with open(path, "rb") as f:
         f.seek(start)
         return f.read(end - start)
@@ -214,7 +221,7 @@ def memory_map(path: str | os.PathLike) -> Any:
     import pyarrow as pa
 
     if is_remote(path):
-        return pa.BufferReader(remote.read_bytes(path))
+        return pa.BufferReader(_reads().read_bytes(path))
 
     return pa.memory_map(os.fspath(path), "r")
 
@@ -225,7 +232,7 @@ def parquet_file(source: Any, **options: Any) -> Any:
 
     if is_remote(source):  # its footer, then each column chunk, by ranged reads
         with remote.naming(source):
-            return pq.ParquetFile(remote.open_unbuffered(source), **options)
+            return pq.ParquetFile(_reads().open_unbuffered(source), **options)
     return pq.ParquetFile(source, **options)
 
 

@@ -1,4 +1,4 @@
-"""`remote.ReadAhead`: an object read in ranged blocks, the next fetched ahead on a thread.
+"""`remote_read.ReadAhead`: an object read in ranged blocks, the next fetched ahead on a thread.
 
 The reader's logic is checked here against the bytes themselves over an in-memory object (the
 `cat_file` of a file system, the one call it makes); the same reader on moto's S3 server is
@@ -16,7 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import DataError
-from packtool.storage import remote
+from packtool.storage import remote_read
 
 
 class Blob:
@@ -39,7 +39,7 @@ class Blob:
 def _open(
     blob: Blob, block: int, end: int | None = None, buffering: int = 7, first: int | None = None
 ) -> io.BufferedReader:
-    raw = remote.ReadAhead("s3://b/k", blob, "b/k", len(blob.data), end, block, first or block)
+    raw = remote_read.ReadAhead("s3://b/k", blob, "b/k", len(blob.data), end, block, first or block)
     return io.BufferedReader(raw, buffer_size=buffering)
 
 
@@ -82,8 +82,8 @@ def test_reads_equal_a_plain_file_of_the_same_bytes(data, block, first, bufferin
 
 def _settle() -> None:
     """Wait for the read-ahead threads' queued fetches (one thread's turn comes after them)."""
-    pool = remote._fetchers(os.getpid())
-    for f in [pool.submit(lambda: None) for _ in range(remote.READ_AHEAD_THREADS)]:
+    pool = remote_read._fetchers(os.getpid())
+    for f in [pool.submit(lambda: None) for _ in range(remote_read.READ_AHEAD_THREADS)]:
         f.result()
 
 
@@ -107,14 +107,14 @@ def test_a_small_first_block_a_larger_second_then_full_ones_each_fetched_at_half
 def test_past_the_second_block_two_full_blocks_are_in_flight_at_most():
     data = b"w" * 20_000
     blob = Blob(data)
-    raw = remote.ReadAhead("s3://b/k", blob, "b/k", len(data), None, 1000, 100)
+    raw = remote_read.ReadAhead("s3://b/k", blob, "b/k", len(data), None, 1000, 100)
     buf = bytearray(50)
     got = bytearray()
     most = 0
     while n := raw.readinto(buf):
         got += buf[:n]
         most = max(most, len(raw._ahead))
-    assert bytes(got) == data and most == remote.READ_AHEAD_BLOCKS == 2
+    assert bytes(got) == data and most == remote_read.READ_AHEAD_BLOCKS == 2
 
 
 def test_a_buffered_probe_of_the_first_block_fetches_at_most_the_next_small_one():
@@ -124,7 +124,7 @@ def test_a_buffered_probe_of_the_first_block_fetches_at_most_the_next_small_one(
     with _open(blob, 50_000, buffering=1 << 20, first=1000) as f:
         f.readline()
         _settle()
-    assert blob.ranges == [(0, 1000), (1000, 1000 + remote.GROWTH * 1000)]
+    assert blob.ranges == [(0, 1000), (1000, 1000 + remote_read.GROWTH * 1000)]
 
 
 def test_a_seek_elsewhere_starts_small_again():
@@ -163,18 +163,18 @@ def test_a_failed_fetch_is_one_line_naming_the_url_where_its_bytes_are_read():
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    """Blocks of 100 B first, 400 B second, then 1,000 B; `remote.filesystem` of any URL is the
+    """Blocks of 100 B first, 400 B second, then 1,000 B; `remote_read.filesystem` of any URL is the
     blob the test sets."""
-    monkeypatch.setattr(remote, "FIRST_READ_BYTES", 100)
-    monkeypatch.setattr(remote, "READ_BYTES", 1000)
-    monkeypatch.setattr(remote, "_PREFETCHED", type(remote._PREFETCHED)())
+    monkeypatch.setattr(remote_read, "FIRST_READ_BYTES", 100)
+    monkeypatch.setattr(remote_read, "READ_BYTES", 1000)
+    monkeypatch.setattr(remote_read, "_PREFETCHED", type(remote_read._PREFETCHED)())
     blobs: dict[str, Blob] = {}
-    monkeypatch.setattr(remote, "filesystem", lambda url: (blobs[str(url)], str(url)[5:]))
+    monkeypatch.setattr(remote_read, "filesystem", lambda url: (blobs[str(url)], str(url)[5:]))
     return blobs
 
 
 def _reader(blob: Blob, url: str, end: int | None = None) -> io.BufferedReader:
-    return io.BufferedReader(remote.ReadAhead(url, blob, url[5:], len(blob.data), end))
+    return io.BufferedReader(remote_read.ReadAhead(url, blob, url[5:], len(blob.data), end))
 
 
 @settings(max_examples=100, deadline=None)
@@ -187,14 +187,14 @@ def test_a_prefetched_piece_reads_the_same_bytes_each_fetched_once(data, start, 
     import contextlib
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(remote, "FIRST_READ_BYTES", 100)
-        mp.setattr(remote, "READ_BYTES", 1000)
-        mp.setattr(remote, "_PREFETCHED", type(remote._PREFETCHED)())
+        mp.setattr(remote_read, "FIRST_READ_BYTES", 100)
+        mp.setattr(remote_read, "READ_BYTES", 1000)
+        mp.setattr(remote_read, "_PREFETCHED", type(remote_read._PREFETCHED)())
         blob = Blob(data)
-        mp.setattr(remote, "filesystem", lambda url: (blob, "b/k"))
+        mp.setattr(remote_read, "filesystem", lambda url: (blob, "b/k"))
         start = min(start, len(data) - 1)
         assume(end is None or end > start)  # a piece ending where it starts is never read
-        remote.prefetch("s3://b/k", start, end, len(data))
+        remote_read.prefetch("s3://b/k", start, end, len(data))
         _settle()
         before = list(blob.ranges)  # what the prefetch asked for, before any open
         with contextlib.closing(_reader(blob, "s3://b/k", end)) as f:
@@ -205,14 +205,14 @@ def test_a_prefetched_piece_reads_the_same_bytes_each_fetched_once(data, start, 
         ranges = sorted(blob.ranges)
         assert ranges[0][0] == start and ranges[-1][1] == len(data)
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
-        assert not remote._PREFETCHED  # taken
+        assert not remote_read._PREFETCHED  # taken
 
 
 def test_the_blocks_of_a_prefetch_are_the_reader_s_own_and_the_reader_goes_on_after_them(
     small_blocks,
 ):
     blob = small_blocks["s3://b/k"] = Blob(bytes(range(256)) * 20)  # 5,120 bytes
-    remote.prefetch("s3://b/k", 0, None, len(blob.data))
+    remote_read.prefetch("s3://b/k", 0, None, len(blob.data))
     _settle()
     assert blob.ranges == [(0, 100), (100, 500), (500, 1500)]  # 100, 4 x 100, a full block
     with _reader(blob, "s3://b/k") as f:
@@ -225,8 +225,8 @@ def test_the_blocks_of_a_prefetch_are_the_reader_s_own_and_the_reader_goes_on_af
 def test_prefetched_pieces_are_bounded_and_one_never_opened_is_dropped(small_blocks):
     for name in "abc":
         small_blocks[f"s3://b/{name}"] = Blob(b"n" * 3000)
-        remote.prefetch(f"s3://b/{name}", 0, 2000, 3000)
-    assert list(remote._PREFETCHED) == [("b/b", 0), ("b/c", 0)]  # `a` dropped, oldest first
+        remote_read.prefetch(f"s3://b/{name}", 0, 2000, 3000)
+    assert list(remote_read._PREFETCHED) == [("b/b", 0), ("b/c", 0)]  # `a` dropped, oldest first
     _settle()
     a = small_blocks["s3://b/a"]
     asked = len(a.ranges)
@@ -235,13 +235,13 @@ def test_prefetched_pieces_are_bounded_and_one_never_opened_is_dropped(small_blo
     assert a.ranges[asked] == (0, 100)
     # A prefetch stops at the piece's end; one at or past it asks for nothing.
     assert max(e for _, e in small_blocks["s3://b/b"].ranges) <= 2000 + 1000
-    remote.prefetch("s3://b/a", 3000, None, 3000)
-    assert ("b/a", 3000) not in remote._PREFETCHED
+    remote_read.prefetch("s3://b/a", 3000, None, 3000)
+    assert ("b/a", 3000) not in remote_read._PREFETCHED
 
 
 def test_a_failed_prefetched_block_is_one_line_naming_the_url_where_it_is_read(small_blocks):
     blob = small_blocks["s3://b/k"] = Blob(b"y" * 3000, fail_at=300)
-    remote.prefetch("s3://b/k", 0, None, 3000)
+    remote_read.prefetch("s3://b/k", 0, None, 3000)
     with _reader(blob, "s3://b/k") as f:
         assert f.read(100) == b"y" * 100  # the first block came
         with pytest.raises(DataError, match=r"^s3://b/k: cannot be read \(connection reset"):

@@ -23,7 +23,7 @@ from packtool.engines.local import run_pack
 from packtool.engines.plan import check_unchanged, describe
 from packtool.errors import DataError, MissingDependencyError
 from packtool.storage import local as storage
-from packtool.storage import remote
+from packtool.storage import remote, remote_read
 from tests.cli import one_error_line, run
 from tests.packtool.storage.common import pack_config
 
@@ -101,15 +101,15 @@ def test_a_worker_reads_its_own_byte_ranges(bucket, tmp_path, monkeypatch):
     it (64 KB here), read-ahead included: 11 partitions fetch about the object once, not 11
     times."""
     fetched: dict[str, int] = {}
-    real = remote._fetch_range
+    real = remote_read._fetch_range
 
     def counting(fs, path, start, end):
         data = real(fs, path, start, end)
         fetched[path] = fetched.get(path, 0) + len(data)
         return data
 
-    monkeypatch.setattr(remote, "_fetch_range", counting)
-    monkeypatch.setattr(remote, "READ_BYTES", 65536)
+    monkeypatch.setattr(remote_read, "_fetch_range", counting)
+    monkeypatch.setattr(remote_read, "READ_BYTES", 65536)
     monkeypatch.setattr("packtool.read.compressed.BUFFER_BYTES", 65536)
     monkeypatch.setattr("packtool.read.lines.BUFFER_BYTES", 65536)
     summary = run_pack(pack_config(tmp_path / "out", ["s3://corpus/data/a.jsonl"], workers=1))
@@ -122,7 +122,7 @@ def test_a_partition_of_several_objects_fetches_the_next_ones_first_blocks_ahead
     bucket, tmp_path, monkeypatch
 ):
     """One partition over 8 objects (the sample cut in 8): while one object is read, the first
-    blocks of the next are already on their way (`remote.prefetch`), and the reader takes them:
+    blocks of the next are already on their way (`remote_read.prefetch`), and the reader takes them:
     every byte of every object is fetched exactly once, and the shards are a local pack's."""
     import boto3
 
@@ -135,15 +135,15 @@ def test_a_partition_of_several_objects_fetches_the_next_ones_first_blocks_ahead
         (local / f"p{i}.jsonl").write_bytes(data[cuts[i] : cuts[i + 1]])
         client.upload_file(str(local / f"p{i}.jsonl"), "corpus", f"eight/p{i}.jsonl")
     asked: list[tuple[str, int, int, str]] = []
-    real = remote._fetch_range
+    real = remote_read._fetch_range
 
     def counting(fs, path, start, end):
         asked.append((path, start, end, threading.current_thread().name))
         return real(fs, path, start, end)
 
-    monkeypatch.setattr(remote, "_fetch_range", counting)
-    monkeypatch.setattr(remote, "FIRST_READ_BYTES", 4096)
-    monkeypatch.setattr(remote, "READ_BYTES", 65536)
+    monkeypatch.setattr(remote_read, "_fetch_range", counting)
+    monkeypatch.setattr(remote_read, "FIRST_READ_BYTES", 4096)
+    monkeypatch.setattr(remote_read, "READ_BYTES", 65536)
     whole = {"workers": 1, "partition_size": 64 << 20}  # one partition of 8 pieces
     got = run_pack(replace(pack_config(tmp_path / "s3", ["s3://corpus/eight/"]), **whole))
     want = run_pack(replace(pack_config(tmp_path / "local", [local]), **whole))
@@ -154,7 +154,7 @@ def test_a_partition_of_several_objects_fetches_the_next_ones_first_blocks_ahead
         # The probe of the object's first record (is it SFT data?) comes first, before the
         # pack: its first block and the one it fetched ahead. Then the partition's reading,
         # which fetches the whole object, each byte once.
-        assert gets[:2] == [(0, 4096), (4096, 4096 + remote.GROWTH * 4096)]
+        assert gets[:2] == [(0, 4096), (4096, 4096 + remote_read.GROWTH * 4096)]
         ranges = sorted(gets[2:])
         assert ranges[0][0] == 0 and ranges[-1][1] == cuts[i + 1] - cuts[i]
         assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
@@ -177,22 +177,22 @@ def test_probing_the_kind_of_an_object_downloads_its_first_blocks_not_the_object
     from packtool.sft.inputs import dataset_kind
 
     asked: list[tuple[str, int, int]] = []
-    real = remote._fetch_range
+    real = remote_read._fetch_range
 
     def counting(fs, path, start, end):
         asked.append((path, start, end - start))
         return real(fs, path, start, end)
 
-    monkeypatch.setattr(remote, "_fetch_range", counting)
+    monkeypatch.setattr(remote_read, "_fetch_range", counting)
     assert dataset_kind([remote.as_path("s3://corpus/data/a.jsonl")], ReadConfig()) == "text"
     deadline = time.monotonic() + 10
     while len(asked) < 2 and time.monotonic() < deadline:  # the fetch ahead, on its thread
         time.sleep(0.01)
-    first = remote.FIRST_READ_BYTES
-    assert (bucket / "a.jsonl").stat().st_size > (1 + remote.GROWTH) * first
+    first = remote_read.FIRST_READ_BYTES
+    assert (bucket / "a.jsonl").stat().st_size > (1 + remote_read.GROWTH) * first
     assert asked == [
         ("corpus/data/a.jsonl", 0, first),
-        ("corpus/data/a.jsonl", first, remote.GROWTH * first),
+        ("corpus/data/a.jsonl", first, remote_read.GROWTH * first),
     ]
 
 
@@ -401,6 +401,48 @@ def test_an_http_url_reads_as_the_local_file(tmp_path):
         assert code == 0, err
         code, want, err = run("stats", tmp_path / "c.jsonl", "--json")
         assert json.loads(got)["tokens"] == json.loads(want)["tokens"] > 0
+    finally:
+        server.shutdown()
+
+
+def test_http_urls_that_are_not_there_say_404_and_a_failing_server_says_its_status(tmp_path):
+    """A mistyped folder URL said the folder 'holds no corpus files' (fsspec lists a 404 page
+    as empty), and a missing page was 'no such object (or its bucket does not exist)'."""
+    import functools
+    import http.server
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802 (the standard library's name)
+            if "broken" in self.path:
+                return self.send_error(503)
+            return super().do_HEAD()
+
+        def do_GET(self):  # noqa: N802
+            if "broken" in self.path:
+                return self.send_error(503)
+            return super().do_GET()
+
+        def log_message(self, *args):  # its lines would go to the stderr the test reads
+            pass
+
+    (tmp_path / "sub").mkdir()
+    shutil.copy(SAMPLE / "corpus.jsonl", tmp_path / "sub" / "c.jsonl")
+    handler = functools.partial(Handler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        code, _, err = run("stats", f"{base}/sub/")
+        assert code == 0, err  # the folder that is there still lists
+        for missing in (f"{base}/nothere/", f"{base}/nothere.jsonl"):
+            code, _, err = run("stats", missing)
+            assert code == 1
+            assert one_error_line(err) == f"error: {missing}: not found (the server answered 404)"
+        code, _, err = run("stats", f"{base}/broken.jsonl")
+        assert code == 1
+        assert one_error_line(err).startswith(
+            f"error: {base}/broken.jsonl: the server answered 503"
+        )
     finally:
         server.shutdown()
 

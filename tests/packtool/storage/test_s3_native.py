@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import ConfigError
-from packtool.storage import remote, remote_write, s3_native
+from packtool.storage import remote, remote_read, remote_write, s3_native
 
 BUCKET = "native"
 ROOT = Path(__file__).resolve().parents[3]
@@ -207,19 +207,19 @@ def test_a_forced_client_that_cannot_take_the_options_is_one_line(s3_server, mon
 
 def _read_in_child(url, queue):
     fs, _ = remote.filesystem(url)
-    queue.put((type(fs).__name__, remote.read_bytes(url)))
+    queue.put((type(fs).__name__, remote_read.read_bytes(url)))
 
 
 FORKED = """
 import os, sys
-from packtool.storage import remote
+from packtool.storage import remote, remote_read
 url = sys.argv[1]
 assert type(remote.filesystem(url)[0]).__name__ == "NativeS3"
-want = remote.read_bytes(url)  # obstore's runtime runs in this process now
+want = remote_read.read_bytes(url)  # obstore's runtime runs in this process now
 assert "s3fs" not in sys.modules
 pid = os.fork()
 if pid == 0:  # the child: s3fs imported by the parent before the fork, read through it
-    ok = "s3fs" in sys.modules and remote.read_bytes(url) == want
+    ok = "s3fs" in sys.modules and remote_read.read_bytes(url) == want
     ok = ok and type(remote.filesystem(url)[0]).__name__ == "S3FileSystem"
     os._exit(0 if ok else 3)
 _, status = os.waitpid(pid, 0)
@@ -242,7 +242,7 @@ def test_a_process_started_afresh_uses_obstore(both):
     forkserver that only imported obstore) uses obstore, though the one that started it did."""
     url = f"s3://{BUCKET}/a/d.txt"
     remote._filesystem.cache_clear()
-    assert remote.read_bytes(url) == OBJECTS["a/d.txt"]  # obstore's runtime runs here now
+    assert remote_read.read_bytes(url) == OBJECTS["a/d.txt"]  # obstore's runtime runs here now
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     child = context.Process(target=_read_in_child, args=(url, queue))
