@@ -77,6 +77,8 @@ class CorpusOptions:
         tok = load_tokenizer(
             self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
         )
+        if tok.file_note:
+            click.echo(f"note: {tok.file_note}", err=True)
         if tok.engine_note:
             click.echo(f"note: {tok.engine_note}; encoding with {tok.identity.engine}", err=True)
         for flag, value in (("--eos-id", eos), ("--bos-id", bos)):

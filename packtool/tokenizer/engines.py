@@ -47,6 +47,8 @@ class Source:
     path: str | None = None
     """tiktoken: the ranks file, when there is one (engines that read files use it);
     sentencepiece: the `.model` file."""
+    note: str = ""
+    """What of the file is not applied (packtool/tokenizer/json_settings.py); "" for none."""
 
 
 class Encoder(Protocol):

@@ -41,6 +41,7 @@ from packtool.tokenizer.engines import (
 )
 from packtool.tokenizer.engines import engine as engine_entry
 from packtool.tokenizer.files import TokenizerFiles, resolve
+from packtool.tokenizer.json_settings import without_unapplied
 from packtool.tokenizer.specials import (
     BOS_NAMES,
     END_OF_TEXT,
@@ -106,6 +107,8 @@ class Tokenizer:
         self.workers = workers or _cpu_count()
         self.engine_note = ""
         """Why faster engines were passed over (one line; "" when the fastest was used)."""
+        self.file_note = ""
+        """What of the tokenizer file packing does not apply (one line; "" for nothing)."""
         self.engine_check = ""
         """How the engine's ids were proven: `probe`, `record` (packtool/tokenizer/engine_checks.py), or
         "" (the reference library, or `byte`)."""
@@ -421,6 +424,7 @@ def load_tokenizer(
         workers=workers,
     )
     tok.engine_note = choice.note
+    tok.file_note = source.note
     tok.engine_check = choice.checked
     tok.special_names = {k: v for k, v in (("eos", eos_from), ("bos", bos_from)) if v}
     return tok
@@ -458,8 +462,10 @@ def _hf_source(files: TokenizerFiles) -> tuple[Source, Callable[[], str]]:
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the tokenizer file ({exc}); check it") from None
+    text, note = without_unapplied(text)  # truncation, padding, BPE dropout
     # The digest as a function: load_tokenizer takes it once the engine has started building.
-    return Source(kind="hf", where=str(path), json=text), lambda: hashlib.sha256(data).hexdigest()
+    source = Source(kind="hf", where=str(path), json=text, note=note)
+    return source, lambda: hashlib.sha256(data).hexdigest()
 
 
 def _vocab(reference: Encoder | None, source: Source) -> tuple[int, dict[str, int]]:

@@ -408,3 +408,37 @@ def test_split_patterns_are_told_from_token_texts_that_look_like_them():
     # A token whose text is `"type": "Split"` is stored with its quotes escaped.
     assert not _splits_with_a_pattern(hf(json.dumps({"model": {"vocab": {'"type": "Split"': 7}}})))
     assert _splits_with_a_pattern(Source(kind="tiktoken", where="r.tiktoken"))
+
+
+@pytest.mark.parametrize("engine", ["auto", "tokenizers"])
+def test_a_files_truncation_padding_and_dropout_are_not_applied(plain, tmp_path, engine):
+    """A tokenizer.json with a `truncation` block (8 ids) and `padding` (to 16) cut every
+    document to 8 ids and filled short ones with pad ids (transformers' tokenizer(text) applies
+    neither unless asked), and the truncating reference rejected the fast engines that were
+    right; a BPE `dropout` gave other ids each run."""
+    from tokenizers import Tokenizer
+
+    base = plain["gpt2"]
+    lib = Tokenizer.from_file(str(base))
+    lib.enable_truncation(8)
+    lib.enable_padding(length=16, pad_id=0, pad_token="<|endoftext|>")
+    spec = json.loads(lib.to_str())
+    spec["model"]["dropout"] = 0.5
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec))
+    texts = [*stdlib_sample(every=400), "hi", "x" * 100]
+    tok = load_tokenizer(str(path), engine=engine, eos=None)
+    if engine == "auto":
+        assert tok.identity.engine == "fastokens"  # the probe passes: the reference is whole
+    want = hf_reference(base, texts)
+    assert max(len(w) for w in want) > 16
+    for _ in range(2):  # the same ids each time
+        assert split(*tok.encode_batch(texts)) == want
+    assert tok.file_note.startswith(
+        "tokenizer.json's truncation (max_length 8) and padding and BPE dropout 0.5"
+    )
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "hello world"}\n')
+    code, _, err = run("stats", corpus, "--tokenizer", path, "--tokenizer-engine", engine)
+    assert code == 0 and err.startswith(f"note: {tok.file_note}\n")
+    assert load_tokenizer(str(base), eos=None).file_note == ""  # a file without them
