@@ -42,6 +42,7 @@ from packtool.tokenizer.engines import (
 from packtool.tokenizer.engines import engine as engine_entry
 from packtool.tokenizer.files import TokenizerFiles, resolve
 from packtool.tokenizer.json_settings import without_unapplied
+from packtool.tokenizer.sentencepiece_model import USER_DEFINED, pieces_of_type
 from packtool.tokenizer.specials import (
     BOS_NAMES,
     END_OF_TEXT,
@@ -492,10 +493,13 @@ def _added_tokens(reference: Encoder, source: Source) -> list[str]:
     if source.kind == "hf":
         decoder = reference.tok.get_added_tokens_decoder()  # type: ignore[attr-defined]
         return [t.content for _, t in sorted(decoder.items())]
-    if source.kind == "sentencepiece":  # its control pieces: never matched in the text
+    if source.kind == "sentencepiece":
+        # Control pieces (never matched in the text) and user-defined ones (always matched, as
+        # one piece: Mistral v3 / v7's `[REF]`, `[REFERENCE_DOC_3]`; gigatoken's conversion
+        # splits them, and a probe without them passed it)
         sp = reference.sp  # type: ignore[attr-defined]
-        n = sp.get_piece_size()
-        return [sp.id_to_piece(i) for i in range(n) if sp.IsControl(i)]
+        control = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.IsControl(i)]
+        return control + pieces_of_type(sp.serialized_model_proto(), USER_DEFINED)
     return list(source.specials or {})
 
 

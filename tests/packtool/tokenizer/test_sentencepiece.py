@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from packtool.errors import ConfigError
 from packtool.tokenizer.choice import probe_texts
+from packtool.tokenizer.sentencepiece_model import USER_DEFINED, pieces_of_type
 from packtool.tokenizer.tokenizers import load_tokenizer
 from tests.cli import one_error_line, run
 from tests.packtool.tokenizer_shapes import (
@@ -32,7 +33,9 @@ from tests.packtool.tokenizer_shapes import (
 
 
 @functools.cache
-def trained(model_type: str, folder: str, normalization: str = "identity") -> Path:
+def trained(
+    model_type: str, folder: str, normalization: str = "identity", user_defined: str = ""
+) -> Path:
     """A model trained here; BPE ones normalize as Llama's and Mistral's (`identity`, extra
     whitespace kept) unless told otherwise (sentencepiece's defaults: `nmt_nfkc`, extra
     whitespace removed)."""
@@ -49,6 +52,7 @@ def trained(model_type: str, folder: str, normalization: str = "identity") -> Pa
         character_coverage=1.0,
         normalization_rule_name=normalization if model_type == "bpe" else "nmt_nfkc",
         remove_extra_whitespaces=model_type != "bpe" or normalization != "identity",
+        user_defined_symbols=user_defined.split(",") if user_defined else [],
         minloglevel=2,
     )
     return prefix.with_suffix(".model")
@@ -108,19 +112,37 @@ def test_a_model_gigatoken_gets_wrong_is_encoded_by_sentencepiece(tmp_path):
 
 
 @pytest.mark.parametrize("version", ["v1", "v3", "v7"])
-def test_mistrals_own_models_encode_as_sentencepiece_does(version):
-    path = mistral_model(version)
+def test_mistrals_own_models_encode_as_sentencepiece_does(version, tmp_path):
+    """v3 and v7 hold user-defined pieces (`[REF]`, `[REFERENCE_DOC_3]`: always one piece in
+    the text), which gigatoken's conversion splits; the probe held no such piece, so gigatoken
+    passed and encoded them wrong. v1 has none: gigatoken encodes it."""
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(mistral_model(version).read_bytes())
     sp = spm.SentencePieceProcessor(model_file=str(path))
-    # A `.model.v3` file is named for its version: a folder-free spec needs the .model suffix,
-    # so the engine is loaded through the registry directly here.
-    from packtool.tokenizer.engines import Source, engine
+    user = pieces_of_type(sp.serialized_model_proto(), USER_DEFINED)
+    assert len(user) == {"v1": 0, "v3": 20, "v7": 22}[version]
+    texts = [*stdlib_sample(every=40), *probe_texts(user), "See [REF] and [REFERENCE_DOC_3]."]
+    tok = load_tokenizer(str(path), bos=None, eos=None)
+    assert tok.identity.engine == ("gigatoken" if version == "v1" else "sentencepiece")
+    flat, lengths = tok.encode_batch(texts)
+    assert [d.tolist() for d in np.split(flat, np.cumsum(lengths)[:-1])] == sp.encode(texts)
 
-    source = Source(kind="sentencepiece", where=str(path), path=str(path))
-    texts = [*stdlib_sample(every=40), *probe_texts([sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.IsControl(i)])]  # fmt: skip
-    giga = engine("gigatoken").open(source, 2)
-    flat, lengths = giga.flat(giga.encode(texts))
-    want = sp.encode(texts)
-    assert [d.tolist() for d in np.split(flat, np.cumsum(lengths)[:-1])] == want
+
+def test_user_defined_pieces_are_read_from_the_model_and_keep_gigatoken_out(tmp_path):
+    model = trained("bpe", str(tmp_path), user_defined="<tool>,foo")
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    proto = sp.serialized_model_proto()
+    assert pieces_of_type(proto, USER_DEFINED) == ["<tool>", "foo"]
+    n = sp.get_piece_size()  # the other types, as sentencepiece's own API tells them
+    assert pieces_of_type(proto, 3) == [sp.id_to_piece(i) for i in range(n) if sp.IsControl(i)]
+    assert pieces_of_type(proto, 6) == [sp.id_to_piece(i) for i in range(n) if sp.IsByte(i)]
+    assert pieces_of_type(proto, 2) == [sp.id_to_piece(sp.unk_id())]
+    tok = load_tokenizer(str(model), bos=None, eos=None)
+    assert tok.identity.engine == "sentencepiece"  # gigatoken encodes "food" as f, oo, d
+    assert tok.engine_note.startswith("gigatoken ids differ from the reference on probe text")
+    texts = ["food <tool> foo", *stdlib_sample(every=200)]
+    flat, _ = tok.encode_batch(texts)
+    assert flat.tolist() == [i for t in texts for i in sp.encode(t)]
 
 
 @pytest.mark.parametrize("form", SENTENCEPIECE_FORMS)
