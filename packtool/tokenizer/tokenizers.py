@@ -42,6 +42,7 @@ from packtool.tokenizer.engines import (
 from packtool.tokenizer.engines import engine as engine_entry
 from packtool.tokenizer.files import TokenizerFiles, resolve
 from packtool.tokenizer.json_settings import without_unapplied
+from packtool.tokenizer.openai_ranks import openai_encoding
 from packtool.tokenizer.sentencepiece_model import USER_DEFINED, pieces_of_type
 from packtool.tokenizer.specials import (
     BOS_NAMES,
@@ -532,12 +533,23 @@ def _tiktoken_source(files: TokenizerFiles) -> tuple[Source, str]:
         if not ranks:
             raise ConfigError(f"{path}: tiktoken ranks file is empty")
         check_vocab_fits(str(path), max(ranks.values()) + 2)  # + <|endoftext|>, added below
-        specials = {"<|endoftext|>": max(ranks.values()) + 1}
-        source = Source(
-            kind="tiktoken", where=str(path), ranks=ranks, pattern=GPT2_PATTERN,
-            specials=specials, path=str(path),
-        )  # fmt: skip
         sha = _sha256_file(path)
+        known = openai_encoding(sha, ranks)  # cl100k_base.tiktoken splits as tiktoken's does
+        if known is not None:
+            name, pattern, specials = known
+            note = ""
+        else:
+            pattern, specials = GPT2_PATTERN, {"<|endoftext|>": max(ranks.values()) + 1}
+            note = (
+                f"{path.name} is not the ranks file of an OpenAI encoding (r50k, p50k, cl100k, "
+                "o200k): a ranks file names no split pattern, so GPT-2's is used, and "
+                f"<|endoftext|> is id {specials['<|endoftext|>']} (after the last rank); a "
+                "tokenizer made with another pattern needs its tokenizer.json"
+            )
+        source = Source(
+            kind="tiktoken", where=str(path), ranks=ranks, pattern=pattern,
+            specials=specials, path=str(path), note=note,
+        )  # fmt: skip
     else:
         target = files.encoding or ""
         known = tiktoken.list_encoding_names()

@@ -22,6 +22,7 @@ from packtool.tokenizer.tokenizers import (
     _add_specials,
     load_tokenizer,
 )
+from tests.cli import run
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE_TEXTS = [
@@ -294,6 +295,51 @@ def test_tiktoken_file_ids_equal_the_library(ranks_file):
     # One thread gives the same ids.
     one = load_tokenizer(f"tiktoken:{ranks_file}", workers=1)
     assert np.array_equal(one.encode_batch(TEXTS)[0], flat)
+
+
+def test_openai_ranks_files_are_known_by_tiktokens_own_hashes():
+    from packtool.tokenizer.openai_ranks import known_files
+
+    names = known_files()  # read from tiktoken's constructors, nothing downloaded
+    assert {"r50k_base", "p50k_base", "cl100k_base", "o200k_base"} <= set(names.values())
+    assert all(len(h) == 64 for h in names)
+
+
+def test_a_ranks_file_of_an_openai_encoding_splits_with_its_pattern(tmp_path, monkeypatch):
+    """`cl100k_base.tiktoken` was split with GPT-2's pattern and got <|endoftext|> after its
+    last rank (100256, tiktoken's is 100257). Stand-in: a tiny file known as cl100k's, with
+    merges across what the two patterns split differently (digit runs: 1-3 digits in cl100k)."""
+    import hashlib
+
+    from packtool.tokenizer import openai_ranks
+
+    r = ranks()
+    r |= {b"12": len(r), b"34": len(r) + 1}
+    path = tmp_path / "cl100k_base.tiktoken"
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for t, i in r.items()))
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    monkeypatch.setattr(openai_ranks, "known_files", lambda: {sha: "cl100k_base"})
+    # tiktoken's own cl100k_base() with the tiny ranks in place of the download
+    want = openai_ranks._with_loader(lambda *_a, **_k: r, "cl100k_base")
+    tok = load_tokenizer(f"tiktoken:{path}", workers=1)
+    assert tok.identity.eos_id == want["special_tokens"]["<|endoftext|>"] == 100257
+    assert tok.file_note == ""
+    lib = tiktoken.Encoding("c", pat_str=want["pat_str"], mergeable_ranks=r, special_tokens={})
+    texts = ["the then 12345 DON'T", "  the\n\n the 1234", *TEXTS]
+    flat, lengths = tok.encode_batch(texts)
+    assert split(flat, lengths) == [lib.encode_ordinary(t) + [100257] for t in texts]
+    gpt2 = tiktoken.Encoding("g", pat_str=GPT2_PATTERN, mergeable_ranks=r, special_tokens={})
+    assert lib.encode_ordinary("12345") != gpt2.encode_ordinary("12345")  # the patterns differ
+
+
+def test_another_ranks_file_says_gpt2s_pattern_is_assumed(ranks_file, tmp_path):
+    tok = load_tokenizer(f"tiktoken:{ranks_file}", workers=1)
+    assert tok.file_note.startswith("tiny.tiktoken is not the ranks file of an OpenAI encoding")
+    assert f"<|endoftext|> is id {len(ranks())}" in tok.file_note
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "the then"}\n')
+    code, _, err = run("stats", corpus, "--tokenizer", f"tiktoken:{ranks_file}")
+    assert code == 0 and f"note: {tok.file_note}" in err
 
 
 def test_tiktoken_errors(tmp_path, ranks_file):
