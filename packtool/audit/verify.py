@@ -38,6 +38,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from packtool.audit import verify_columns
+from packtool.audit.pieces import Pieces
 from packtool.dataset.columns import LOSS_MASK, bytes_parts
 from packtool.dataset.identity import token_dtype
 from packtool.dataset.manifest import (
@@ -315,10 +316,8 @@ def verify_dataset(
     optional = verify_columns.optional_columns(manifest.columns)
     id_files = _id_files(manifest)
     supervised = 0
-
-    doc_keys: list[NDArray[np.int64]] = []
-    chunk_keys: list[NDArray[np.int64]] = []
-    doc_rows: list[NDArray[np.int64]] = []
+    # Its spill folder goes with it, also where a problem ends the check early.
+    pieces = Pieces(manifest.counts.get("segments"))
     shard_starts: list[int] = []
     total_rows = total_tokens = total_bytes = 0
     shards = list(manifest.shards)
@@ -397,10 +396,10 @@ def verify_dataset(
                         f"{docids.OFFSET_BITS} | offset)"
                     ),
                 )
-            doc_keys.append(dids.astype(np.int64, copy=False))
-            chunk_keys.append(parts["doc_chunks"][1].astype(np.int64, copy=False))
-            doc_rows.append(
-                np.repeat(np.arange(n, dtype=np.int64), np.diff(did_off)) + total_rows + row_base
+            pieces.add(
+                dids.astype(np.int64, copy=False),
+                parts["doc_chunks"][1].astype(np.int64, copy=False),
+                np.repeat(np.arange(n, dtype=np.int64), np.diff(did_off)) + total_rows + row_base,
             )
             ids_off = parts["input_ids"][0]
             shard_tokens += int(ids_off[-1]) if len(ids_off) else 0
@@ -415,9 +414,14 @@ def verify_dataset(
         total_tokens += shard_tokens
         total_bytes += size
 
-    documents, distinct = _check_documents(
-        doc_keys, chunk_keys, doc_rows, shards, shard_starts, directory
-    )
+    starts = np.asarray(shard_starts)
+
+    def where(global_row: int) -> str:
+        i = int(np.searchsorted(starts, global_row, side="right") - 1)
+        return f"{directory / shards[i].file}: row {global_row - shard_starts[i]}"
+
+    documents, distinct = pieces.check(where, _fail)
+    pieces.close()
     counts = manifest.counts
     measured = [
         ("segments", documents, "(doc_id, chunk) pieces"),
@@ -477,55 +481,3 @@ def _one_row(parts: dict[str, tuple], r: int) -> dict[str, np.ndarray]:
 
 def _type_name(t: pa.DataType) -> str:
     return f"list<{t.value_type}>" if pa.types.is_list(t) else str(t)
-
-
-def _check_documents(
-    doc_keys: list[NDArray[np.int64]],
-    chunk_keys: list[NDArray[np.int64]],
-    doc_rows: list[NDArray[np.int64]],
-    shards: list,
-    shard_starts: list[int],
-    directory: Path,
-) -> tuple[int, int]:
-    """Every (doc_id, chunk) exactly once; a split document's chunks are 0..k-1.
-
-    Returns:
-        (number of (doc_id, chunk) pieces, number of distinct doc_ids).
-    """
-    if not doc_keys:
-        return 0, 0
-    ids = np.concatenate(doc_keys)
-    chunks = np.concatenate(chunk_keys)
-    rows = np.concatenate(doc_rows)
-    if not len(ids):
-        return 0, 0
-    order = np.lexsort((rows, chunks, ids))
-    ids, chunks, rows = ids[order], chunks[order], rows[order]
-
-    def where(global_row: int) -> str:
-        i = int(np.searchsorted(np.asarray(shard_starts), global_row, side="right") - 1)
-        return f"{directory / shards[i].file}: row {global_row - shard_starts[i]}"
-
-    dup = np.flatnonzero((ids[1:] == ids[:-1]) & (chunks[1:] == chunks[:-1]))
-    if len(dup):
-        # Report the occurrence that comes latest in the dataset among the first duplicate pair.
-        k = int(dup[np.argmin(rows[dup + 1])])
-        raise _fail(
-            where(int(rows[k + 1])),
-            f"document {ids[k]} chunk {chunks[k]} appears again (first in "
-            f"{where(int(rows[k]))}); expected every (doc_id, chunk) exactly once",
-        )
-    # Sorted by (id, chunk): within each id, chunk must equal its rank 0, 1, 2, ...
-    first = np.ones(len(ids), dtype=bool)
-    first[1:] = ids[1:] != ids[:-1]
-    group_start = np.maximum.accumulate(np.where(first, np.arange(len(ids)), 0))
-    rank = np.arange(len(ids)) - group_start
-    gap = np.flatnonzero(chunks != rank)
-    if len(gap):
-        k = int(gap[0])
-        raise _fail(
-            where(int(rows[k])),
-            f"document {ids[k]} has chunk {chunks[k]} but chunk {rank[k]} is missing "
-            "(expected the chunks of a split document to be 0..k-1)",
-        )
-    return len(ids), int(first.sum())
