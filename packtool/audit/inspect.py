@@ -1,8 +1,10 @@
 """`packtool inspect`: what a packed dataset holds, one row's documents, and pictures of both.
 
-The summary comes from `index.json` plus one cheap measurement: only the `doc_offsets` column is
-read (its last entry per row is the row length), which gives each row's fill and document count
-without touching the tokens. `--row N` reads the one row group that holds global row N.
+The summary comes from `index.json` plus one measurement: only the `doc_offsets` column of each
+shard is read (its last entry per row is the row length), which gives each row's fill and
+document count without touching the tokens, in memory bounded by max_len (a histogram), in time
+linear in the rows (~1.6 s at 8.6 M rows). `--row N` reads the one row group that holds global
+row N.
 
 (Named `inspect_dataset`, not `inspect`: a module called `inspect.py` in this folder would shadow
 the standard library's `inspect` for any script run from inside `packtool/`.)
@@ -259,10 +261,14 @@ class Inspection:
 
 
 def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> DatasetSummary:
-    """Read the manifest and the `doc_offsets` column of every shard; measure fill per row."""
+    """Read the manifest and the `doc_offsets` column of every shard; measure fill per row.
+
+    Memory is bounded whatever the row count: each shard's row lengths and documents per row
+    are folded into counts of their distinct values (at most max_len + 1 of each), from which
+    the percentiles are exactly numpy's (holding every row's figures took ~48 bytes a row:
+    493 MB at 8.6 M rows)."""
     directory, manifest = open_dataset(path)
-    lengths: list[NDArray[np.int64]] = []
-    docs: list[NDArray[np.int64]] = []
+    lengths, docs = _Histogram(), _Histogram()
     first_rows: list[NDArray[np.int64]] = []
     for shard in manifest.shards:
         file = directory / shard.file
@@ -285,33 +291,70 @@ def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> Datase
         last = np.zeros(len(n_off), dtype=np.int64)
         has = n_off > 0
         last[has] = off[off_off[1:][has] - 1]
-        lengths.append(last)
-        docs.append(np.maximum(n_off - 1, 0))
+        lengths.add(last)
+        docs.add(np.maximum(n_off - 1, 0))
         for i in range(min(len(n_off), plot_rows - len(first_rows))):
             first_rows.append(off[off_off[i] : off_off[i + 1]].astype(np.int64))
-    row_len = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
-    n_docs = np.concatenate(docs) if docs else np.zeros(0, dtype=np.int64)
     fill = None
-    if len(row_len):
-        frac = row_len / manifest.max_len
+    if lengths.n:
         fill = FillStats(
-            fill_min=float(frac.min()),
-            fill_p50=float(np.percentile(frac, 50)),
-            fill_p90=float(np.percentile(frac, 90)),
-            fill_mean=float(frac.mean()),
-            docs_min=int(n_docs.min()),
-            docs_p50=float(np.percentile(n_docs, 50)),
-            docs_mean=float(n_docs.mean()),
-            docs_max=int(n_docs.max()),
+            fill_min=lengths.min() / manifest.max_len,
+            fill_p50=lengths.percentile(50) / manifest.max_len,
+            fill_p90=lengths.percentile(90) / manifest.max_len,
+            fill_mean=lengths.mean() / manifest.max_len,
+            docs_min=int(docs.min()),
+            docs_p50=docs.percentile(50),
+            docs_mean=docs.mean(),
+            docs_max=int(docs.max()),
         )
     return DatasetSummary(
         directory=directory,
         manifest=manifest,
-        rows=len(row_len),
-        tokens=int(row_len.sum()),
+        rows=lengths.n,
+        tokens=lengths.total(),
         fill=fill,
         first_rows=tuple(first_rows),
     )
+
+
+class _Histogram:
+    """Counts of the distinct values of an integer figure, added a shard at a time."""
+
+    def __init__(self) -> None:
+        self.values = np.zeros(0, dtype=np.int64)
+        self.counts = np.zeros(0, dtype=np.int64)
+
+    def add(self, x: NDArray[np.int64]) -> None:
+        values, counts = np.unique(x, return_counts=True)
+        both = np.concatenate([self.values, values])
+        self.values, where = np.unique(both, return_inverse=True)
+        self.counts = np.bincount(
+            where, weights=np.concatenate([self.counts, counts]), minlength=len(self.values)
+        ).astype(np.int64)
+
+    @property
+    def n(self) -> int:
+        return int(self.counts.sum())
+
+    def total(self) -> int:
+        return int((self.values * self.counts).sum())
+
+    def min(self) -> float:
+        return float(self.values[0])
+
+    def max(self) -> float:
+        return float(self.values[-1])
+
+    def mean(self) -> float:
+        return self.total() / self.n
+
+    def percentile(self, q: float) -> float:
+        """numpy's default (linear) percentile of the values counted."""
+        h = (self.n - 1) * q / 100
+        lo = int(np.floor(h))
+        ends = np.cumsum(self.counts)
+        at = self.values[np.searchsorted(ends, [lo, min(lo + 1, self.n - 1)], side="right")]
+        return float(at[0] + (h - lo) * (at[1] - at[0]))
 
 
 def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) -> RowView:

@@ -7,6 +7,8 @@ import json
 import matplotlib.image
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from packtool.audit.inspect import inspect_dataset, read_row, summarize_dataset
 from packtool.errors import ConfigError
@@ -180,3 +182,25 @@ def test_a_packed_documents_source_file_and_line(tmp_path, capsys):
         # The document's own text names its file and line: the two must agree.
         assert doc.preview.strip("'").startswith(f"file {file[-7]} line {line_no} ")
         assert where == doc.source
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    shards=st.lists(
+        st.lists(st.integers(0, 70), min_size=0, max_size=30), min_size=1, max_size=5
+    ).filter(lambda s: sum(map(len, s)) > 0),
+    q=st.sampled_from([0, 10, 50, 90, 99, 100]),
+)
+def test_the_summary_histogram_gives_numpys_figures(shards, q):
+    """inspect's summary folds each shard's figures into counts (bounded memory); its
+    percentiles must be numpy's own on all the values."""
+    from packtool.audit.inspect import _Histogram
+
+    h = _Histogram()
+    for shard in shards:
+        h.add(np.asarray(shard, dtype=np.int64))
+    every = np.concatenate([np.asarray(s, dtype=np.int64) for s in shards])
+    assert h.n == len(every) and h.total() == every.sum()
+    assert (h.min(), h.max()) == (every.min(), every.max())
+    assert h.mean() == pytest.approx(every.mean())
+    assert h.percentile(q) == pytest.approx(float(np.percentile(every, q)))
