@@ -53,6 +53,12 @@ class TokenizerConfig:
     path: Path
     """The file read (`tokenizer_config.json`, or `special_tokens_map.json` when alone)."""
     data: dict[str, Any] = field(default_factory=dict)
+    from_map: frozenset[str] = frozenset()
+    """Keys whose value is `special_tokens_map.json`'s (it overrode or added them)."""
+
+    def file_of(self, key: str) -> str:
+        """The file `key`'s value was read from, for summaries."""
+        return SPECIAL_TOKENS_MAP_FILE if key in self.from_map else CONFIG_FILE
 
     def token(self, key: str) -> str | None:
         """The content of a special token entry (`eos_token`, `bos_token`, ...), or None.
@@ -122,6 +128,7 @@ def load_tokenizer_config(folder: str | os.PathLike) -> TokenizerConfig | None:
     cfg_path, map_path = folder / CONFIG_FILE, folder / SPECIAL_TOKENS_MAP_FILE
     data: dict[str, Any] = {}
     path = None
+    from_map: frozenset[str] = frozenset()
     if storage.is_file(cfg_path):
         data = _read_json(cfg_path)
         if not isinstance(data, dict):
@@ -132,8 +139,9 @@ def load_tokenizer_config(folder: str | os.PathLike) -> TokenizerConfig | None:
         if not isinstance(extra, dict):
             raise ConfigError(f"{map_path}: expected a JSON object, found {type(extra).__name__}")
         data = {**data, **extra}
+        from_map = frozenset(extra)
         path = path or map_path
-    return TokenizerConfig(path=path, data=data) if path is not None else None
+    return TokenizerConfig(path=path, data=data, from_map=from_map) if path is not None else None
 
 
 def hub_cache() -> Path:

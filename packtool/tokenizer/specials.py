@@ -25,8 +25,12 @@ from packtool.errors import ConfigError
 from packtool.tokenizer.engines import Source
 from packtool.tokenizer.files import TokenizerConfig, TokenizerFiles
 
-CHAT_TURN_ENDS = ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|eom_id|>")
-"""Tokens that end a chat turn rather than a text (instruct models' `eos_token`)."""
+CHAT_TURN_ENDS = (
+    "<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|eom_id|>", "<|eot|>", "<|return|>",
+    "<|END_OF_TURN_TOKEN|>",
+)  # fmt: skip
+"""Tokens that end a chat turn rather than a text (instruct models' `eos_token`: Llama 3 and 4,
+Qwen, Gemma, Phi-3, gpt-oss, Command-R)."""
 END_OF_TEXT = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "[EOS]")
 """End-of-text tokens, in the order one is chosen over a chat-turn end."""
 # Names tried, in order, when a tokenizer's default EOS / BOS is asked for.
@@ -170,6 +174,8 @@ def default_id(
     config: TokenizerConfig | None = files.config
     token = None if config is None else config.token(f"{which}_token")
     if token is not None:
+        assert config is not None
+        origin = config.file_of(f"{which}_token")
         if token not in vocab:
             raise ConfigError(
                 f"{config.path}: {which}_token {token!r} is not in the tokenizer's vocabulary "
@@ -177,11 +183,15 @@ def default_id(
             )
         if which == "eos" and token in CHAT_TURN_ENDS:
             # An instruct model's eos_token ends a turn; a packed document ends with the text's end.
-            text_end = next((name for name in END_OF_TEXT if name in vocab), None)
-            if text_end is not None:
-                why = f"end of text; tokenizer_config.json's eos_token {token} ends a chat turn"
-                return vocab[text_end], f"{text_end} ({why})"
-        return vocab[token], f"{token} (tokenizer_config.json)"
+            # Where the file marks special tokens, only a special one (a `</s>` that is a plain
+            # word of the vocabulary is text, not the end of one).
+            ends = [name for name in END_OF_TEXT if name in vocab]
+            marked = special() if ends else frozenset()
+            ends = [name for name in ends if name in marked] if marked else ends
+            if ends:
+                why = f"end of text; {origin}'s eos_token {token} ends a chat turn"
+                return vocab[ends[0]], f"{ends[0]} ({why})"
+        return vocab[token], f"{token} ({origin})"
     own = SP_EOS if which == "eos" else SP_BOS
     if own in vocab:  # a SentencePiece model names its own BOS and EOS
         piece = piece_of(vocab, vocab[own])

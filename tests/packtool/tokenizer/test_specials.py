@@ -188,3 +188,51 @@ def test_without_a_config_a_special_eos_beats_a_plain_word_earlier_in_the_list(t
     tok.add_special_tokens(["<|endoftext|>"])
     tok.save(str(path))
     assert load_tokenizer(str(path)).identity.eos_id == vocab["<|endoftext|>"]
+
+
+@pytest.mark.parametrize("turn_end", ["<|eot|>", "<|return|>", "<|END_OF_TURN_TOKEN|>"])
+def test_llama4_gpt_oss_and_command_r_turn_ends_give_way_too(tmp_path, turn_end):
+    """Llama 4's `<|eot|>`, gpt-oss's `<|return|>` and Command-R's `<|END_OF_TURN_TOKEN|>`
+    were appended as every document's end where the end-of-text token was there."""
+    path = build("llama3", tmp_path / "l")
+    tok = HFTokenizer.from_file(str(path))
+    tok.add_special_tokens([turn_end])
+    tok.save(str(path))
+    vocab = tok.get_vocab(with_added_tokens=True)
+    (tmp_path / "l" / "tokenizer_config.json").write_text(json.dumps({"eos_token": turn_end}))
+    assert load_tokenizer(str(path)).identity.eos_id == vocab["<|end_of_text|>"]
+
+
+def test_a_chat_turn_eos_never_gives_way_to_a_plain_word(tmp_path):
+    """A `</s>` that is only a word of the vocabulary (not special) was every document's EOS
+    where tokenizer_config.json names the special `<|im_end|>` and no special end of text is
+    there (Qwen's shape, its `<|endoftext|>` renamed)."""
+    path = build("qwen", tmp_path / "q")
+    spec = json.loads(path.read_text())
+    for added in spec["added_tokens"]:
+        if added["content"] == "<|endoftext|>":
+            added["content"] = "<|pad|>"
+    spec["model"]["vocab"]["<|pad|>"] = spec["model"]["vocab"].pop("<|endoftext|>")
+    path.write_text(json.dumps(spec))
+    tok = HFTokenizer.from_file(str(path))
+    tok.add_tokens(["</s>"])  # a plain word
+    tok.save(str(path))
+    vocab = tok.get_vocab(with_added_tokens=True)
+    (tmp_path / "q" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    loaded = load_tokenizer(str(path))
+    assert loaded.identity.eos_id == vocab["<|im_end|>"] != vocab["</s>"]
+    assert loaded.special_names["eos"] == "<|im_end|> (tokenizer_config.json)"
+
+
+def test_the_summary_names_special_tokens_map_json_where_the_eos_came_from_it(tmp_path):
+    path = build("metaspace", tmp_path / "m")
+    tok = HFTokenizer.from_file(str(path))
+    tok.add_special_tokens(["<eos2>"])
+    tok.save(str(path))
+    folder = tmp_path / "m"
+    (folder / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<eos2>"}))
+    loaded = load_tokenizer(str(folder))  # no tokenizer_config.json at all
+    assert loaded.special_names["eos"] == "<eos2> (special_tokens_map.json)"
+    # An old config (no added_tokens_decoder) overridden key by key by the map.
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    assert load_tokenizer(str(folder)).special_names["eos"] == "<eos2> (special_tokens_map.json)"
