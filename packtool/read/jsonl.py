@@ -38,6 +38,12 @@ def json_type(value: Any) -> str:
     return _JSON_TYPES.get(type(value), "number")
 
 
+def a_json_type(value: Any) -> str:
+    """`json_type` with its article, for "is ...": `an array`, `an object`, `a string`, `null`."""
+    name = json_type(value)
+    return name if name == "null" else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
 def json_array_file(path: Path) -> bool:
     """A `.json` file whose first non-blank byte is `[`: one JSON array, not JSON Lines."""
     if not path.name.lower().endswith(JSON_SUFFIXES):
@@ -124,7 +130,7 @@ def read_jsonl(
             continue
         seen_field = True
         if not isinstance(text, str):
-            skips.add("missing_field", where, f"{field_name!r} is a {json_type(text)}")
+            skips.add("missing_field", where, f"{field_name!r} is {a_json_type(text)}")
             continue
         if not text:
             skips.add("empty", where)

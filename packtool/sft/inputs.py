@@ -37,7 +37,13 @@ from packtool.errors import ConfigError, DataError
 from packtool.prefetch import map_ordered
 from packtool.read.documents import ReadConfig, SkipCounter, as_extra
 from packtool.read.formats import file_kind
-from packtool.read.jsonl import json_array_file, json_type, jsonl_objects, read_json_array
+from packtool.read.jsonl import (
+    a_json_type,
+    json_array_file,
+    json_type,
+    jsonl_objects,
+    read_json_array,
+)
 from packtool.read.sft_config import (
     CHAT_KINDS,
     MESSAGES,
@@ -227,7 +233,7 @@ def to_messages(value: Any) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(value):
         if not isinstance(m, dict):
-            raise BadRecord("malformed_conversation", f"message {i} is a {json_type(m)}")
+            raise BadRecord("malformed_conversation", f"message {i} is {a_json_type(m)}")
         if "role" in m or "from" not in m:
             role = m.get("role")
             msg = dict(m)
@@ -276,9 +282,17 @@ def _value(obj: dict[str, Any], kind: str, sft: SFTConfig, read: ReadConfig) -> 
         p, c = obj.get(sft.prompt_field), obj.get(sft.completion_field)
         if sft.prompt_field in obj and sft.completion_field in obj:
             if not isinstance(p, str) or not isinstance(c, str):
+                if isinstance(p, list) and isinstance(c, list):  # TRL's conversational form
+                    raise BadRecord(
+                        "missing_field",
+                        f"{sft.prompt_field!r} and {sft.completion_field!r} are message lists: "
+                        "conversational prompt/completion is not supported; write one "
+                        "\"messages\" list (the prompt's messages, then the completion's)",
+                    )
                 bad = sft.prompt_field if not isinstance(p, str) else sft.completion_field
-                what = json_type(obj[bad])
-                raise BadRecord("missing_field", f"{bad!r} is a {what}, not a string")
+                raise BadRecord(
+                    "missing_field", f"{bad!r} is {a_json_type(obj[bad])}, not a string"
+                )
             return p, c
     other = kind_of_record(obj, read)
     if other is not None and other != kind:

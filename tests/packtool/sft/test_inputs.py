@@ -139,6 +139,26 @@ def test_prompt_completion_exact(tmp_path):
     half = jsonl(tmp_path / "half.jsonl", [{"prompt": "Q"}, {"prompt": "Q", "completion": "A"}])
     _, skips = read([half])
     assert skips.examples["missing_field"][0].endswith("(no 'completion')")
+    # TRL's conversational prompt/completion (message lists) said "'prompt' is a array, not a
+    # string": it now says what the format is and what to write instead
+    conv = jsonl(
+        tmp_path / "conv.jsonl",
+        [
+            {"prompt": [{"role": "user", "content": "hi"}], "completion": "yo"},
+            {
+                "prompt": [{"role": "user", "content": "hi"}],
+                "completion": [{"role": "assistant", "content": "yo"}],
+            },
+            {"prompt": "Q", "completion": "A"},
+        ],
+    )
+    _, skips = read([conv])
+    assert skips.examples["missing_field"] == [
+        f"{conv}:1 ('prompt' is an array, not a string)",
+        f"{conv}:2 ('prompt' and 'completion' are message lists: conversational "
+        'prompt/completion is not supported; write one "messages" list (the prompt\'s '
+        "messages, then the completion's))",
+    ]
     bos = load_tokenizer("byte", bos="default")
     with_bos, _ = read([path], tokenizer=bos)
     assert docs(with_bos) == [([257, *ids], [0, *mask])]
