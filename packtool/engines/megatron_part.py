@@ -18,14 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from packtool.dataset.megatron import MegatronWriter
 from packtool.dataset.tokenized_writer import BackgroundWriter
 from packtool.engines import records
 from packtool.engines.plan import check_piece, descriptor_pieces
+from packtool.errors import DataError
+from packtool.read import docids
 from packtool.read.documents import SkipCounter
+from packtool.read.formats import file_kind
+from packtool.read.jsonl import json_array_file
+from packtool.read.lines import line_number
+from packtool.storage import local as storage
 from packtool.storage import writing
-from packtool.tokenize.tables import Source, partition_tables
+from packtool.tokenize.tables import PRETOKENIZED, Source, partition_tables
 from packtool.tokenizer.tokenizers import Tokenizer
 
 MEGATRON = "megatron"
@@ -52,18 +59,61 @@ def part_paths(work: Path, p: int) -> tuple[Path, Path]:
     return folder / f"part-{p:06d}.bin", folder / f"part-{p:06d}.lengths"
 
 
-def _without_empty(table: Any, skips: SkipCounter) -> Any:
-    """`table` without its documents of no token (text the tokenizer turns into nothing, such as
-    whitespace, with --no-eos), each counted as an `empty` skip, as `pack` counts them: Megatron
-    would take them as zero-length documents."""
+def _with_eos(table: Any, eos: int) -> Any:
+    """Pre-tokenized ids with `eos` after each document (`preprocess_data.py --append-eod`; the
+    ids themselves are used unchanged)."""
+    ids = table.column("input_ids").combine_chunks()
+    lengths = table.column("length").to_numpy().astype(np.int64)
+    flat = ids.flatten().to_numpy(zero_copy_only=False)
+    ends = np.cumsum(lengths)  # each document's end in `flat`: the EOS goes there
+    out = np.insert(flat, ends, np.asarray(eos, dtype=flat.dtype))
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths + 1, out=offsets[1:])
+    k = table.schema.get_field_index("input_ids")
+    field = table.schema.field(k)
+    new_ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(out, field.type.value_type))
+    table = table.set_column(k, field, new_ids)
+    k = table.schema.get_field_index("length")
+    return table.set_column(k, table.schema.field(k), pa.array((lengths + 1).astype(np.int32)))
+
+
+def _where(path: str, doc_id: int, starts: dict[str, int]) -> str:
+    """`file:line`, `file:byte N`, `file:row N`, `file:item N` or `file`, as the readers name a
+    skipped document (from its id: `docids.decode`); `starts` holds each piece's first byte (a
+    line is counted only where the piece starts the file, as the JSONL reader counts them)."""
+    offset = int(docids.decode(int(doc_id))[1])
+    local = storage.as_path(path)
+    kind = file_kind(local)
+    if kind == "text":
+        return path
+    if kind != "jsonl":
+        return f"{path}:row {offset + 1}"
+    if json_array_file(local):
+        return f"{path}:item {offset}"
+    if starts.get(path) == 0:
+        try:
+            return f"{path}:{line_number(local, offset)}"
+        except (OSError, EOFError, DataError):
+            pass
+    return f"{path}:byte {offset}"
+
+
+def _without_empty(table: Any, skips: SkipCounter, eos: int | None, starts: dict[str, int]) -> Any:
+    """`table` without its documents of no token besides the EOS appended to them (text the
+    tokenizer turns into nothing, such as whitespace), each counted as an `empty` skip, as `pack`
+    counts them: Megatron's preprocess_data appends no end of document to a text of no ids and
+    gives it no sequence (docs/integrations.md)."""
     lengths = table.column("length").to_numpy()
-    empty = np.flatnonzero(lengths == 0)
+    nothing = int(eos is not None)
+    empty = np.flatnonzero(lengths <= nothing)
     if not len(empty):
         return table
-    sources = table.column("source")
+    sources, ids = table.column("source"), table.column("doc_id")
     for i in empty.tolist():
-        skips.add("empty", str(sources[i]), "no token after tokenizing")
-    return table.filter(lengths > 0)
+        full = len(skips.examples.get("empty", ())) >= skips.max_examples and not skips.strict
+        where = "" if full else _where(str(sources[i]), ids[i].as_py(), starts)  # only shown
+        skips.add("empty", where, "no token after tokenizing")
+    return table.filter(lengths > nothing)
 
 
 def run_part(ctx: MegatronContext, descriptor: dict[str, Any]) -> dict[str, Any]:
@@ -84,10 +134,13 @@ def run_part(ctx: MegatronContext, descriptor: dict[str, Any]) -> dict[str, Any]
     try:
         queue = BackgroundWriter(writer)
         try:
-            for table, n in partition_tables(
-                ctx.source, ctx.tokenizer, descriptor_pieces(descriptor), skips, check_piece
-            ):
-                queue.put(_without_empty(table, skips))
+            pieces = descriptor_pieces(descriptor)
+            starts = {piece.path: piece.start for piece in pieces}
+            eos = ctx.source.identity.eos_id
+            for table, n in partition_tables(ctx.source, ctx.tokenizer, pieces, skips, check_piece):
+                if ctx.source.mode == PRETOKENIZED and eos is not None:
+                    table = _with_eos(table, eos)
+                queue.put(_without_empty(table, skips, eos, starts))
                 nbytes += n
         finally:
             queue.close()

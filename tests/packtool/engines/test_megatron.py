@@ -425,10 +425,12 @@ def test_ray_writes_the_local_pair(ray_session, tmp_path, mixed, whole):
 
 def test_a_document_of_no_token_is_a_counted_skip_not_a_zero_length_document(tmp_path):
     # Whitespace under a tokenizer that drops it, with --no-eos: Megatron took them as documents
-    # of length 0 and the summary said "no skips" (pack counts them as empty)
+    # of length 0 and the summary said "no skips" (pack counts them as empty). With the EOS they
+    # were one-token [EOS] documents, where preprocess_data appends no EOD to a document of no
+    # ids; and the skips' examples named no line
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    vocab = {**{f"w{i}": i for i in range(10)}, "[UNK]": 10}
+    vocab = {**{f"w{i}": i for i in range(10)}, "[UNK]": 10, "<|endoftext|>": 11}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     (tmp_path / "tok").mkdir()
@@ -443,4 +445,34 @@ def test_a_document_of_no_token_is_a_counted_skip_not_a_zero_length_document(tmp
     )  # fmt: skip
     assert code == 0, err
     assert read_megatron_index(tmp_path / "ws.idx")["lengths"].tolist() == [2, 1]
-    assert "empty 2" in text + err
+    where = f"empty 2 (e.g. {corpus}:2 (no token after tokenizing), {corpus}:3 (no token"
+    assert where in text
+    code, text, err = run(
+        "tokenize", corpus, "--to", "megatron", "-o", out, "--tokenizer", tmp_path / "tok",
+        "--overwrite",
+    )  # fmt: skip
+    assert code == 0, err
+    index = read_megatron_index(tmp_path / "ws.idx")
+    assert index["lengths"].tolist() == [3, 2] and where in text  # w1 w2 EOS, w3 EOS
+    assert np.fromfile(tmp_path / "ws.bin", dtype=np.uint16).tolist() == [1, 2, 11, 3, 11]
+
+
+def test_pretokenized_ids_get_the_eos(tmp_path):
+    # The summary said "eos 0" and the docs "the ids then the EOS", but none was written:
+    # documents ran into each other in Megatron's GPT dataset
+    tok = _word_level(tmp_path, 50)
+    pq.write_table(pa.table({"input_ids": [[5, 6, 7], [8], [9]]}), tmp_path / "ids.parquet")
+    for flags, ids, lengths in (
+        (("--eos-id", "0"), [5, 6, 7, 0, 8, 0, 9, 0], [4, 2, 2]),
+        ((), [5, 6, 7, 49, 8, 49, 9, 49], [4, 2, 2]),  # the tokenizer's default EOS
+        (("--no-eos",), [5, 6, 7, 8, 9], [3, 1, 1]),
+    ):
+        out = tmp_path / f"d{len(flags)}"
+        code, text, err = run(
+            "tokenize", tmp_path / "ids.parquet", "--to", "megatron", "-o", out,
+            "--tokenizer", tok, *flags,
+        )  # fmt: skip
+        assert code == 0, err
+        assert ("eos none" if flags == ("--no-eos",) else f"eos {ids[3]}") in text
+        assert np.fromfile(f"{out}.bin", dtype=np.uint16).tolist() == ids
+        assert read_megatron_index(f"{out}.idx")["lengths"].tolist() == lengths
