@@ -159,8 +159,8 @@ def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
     show_default=True,
     help="Output format: tokenized Parquet (what pack, stats and the loader read), or a "
     "Megatron indexed dataset (.bin/.idx, byte-identical to megatron-core's "
-    "IndexedDatasetBuilder; each document's ids then its EOS, as preprocess_data.py "
-    "--append-eod). docs/integrations.md.",
+    "IndexedDatasetBuilder; each document's ids then the tokenizer's eos_token, as "
+    "preprocess_data.py --append-eod). docs/integrations.md.",
 )
 @click.option(
     "--keep-field",
@@ -216,7 +216,7 @@ def tokenize_cmd(
 
     common: dict[str, Any] = {
         "read_config": corpus.read_config(extra_fields=keep_field, sft=sft),
-        "tokenizer": corpus.load_tokenizer(workers),
+        "tokenizer": corpus.load_tokenizer(workers, megatron=to == "megatron"),
         "workers": workers,
         "overwrite": overwrite,
         "command": shlex.join(["packtool", *sys.argv[1:]]),

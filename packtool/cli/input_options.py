@@ -63,9 +63,12 @@ class CorpusOptions:
         fields = {"text_field": self.text_field, "text_column": self.text_column}
         return ReadConfig(**{**fields, "strict": self.strict, **overrides})
 
-    def load_tokenizer(self, workers: int | None = None) -> Any:
+    def load_tokenizer(self, workers: int | None = None, *, megatron: bool = False) -> Any:
         """A `packtool.tokenizer.tokenizers.Tokenizer` from --tokenizer and the special-token
-        options (--eos-id / --no-eos, --bos-id / --no-bos)."""
+        options (--eos-id / --no-eos, --bos-id / --no-bos). `megatron` (`--to megatron`): the
+        default EOS is tokenizer_config.json's eos_token as it is (Megatron's end of document),
+        and a note names the dtype of the `.bin`."""
+        from packtool.tokenizer.specials import EOS_TOKEN
         from packtool.tokenizer.tokenizers import load_tokenizer
 
         if self.no_eos and self.eos_id is not None:
@@ -73,6 +76,8 @@ class CorpusOptions:
         if self.no_bos and self.bos_id is not None:
             raise ConfigError("--bos-id and --no-bos contradict each other; pass one")
         eos = None if self.no_eos else _special_id("--eos-id", self.eos_id or "default")
+        if megatron and eos == "default":
+            eos = EOS_TOKEN
         bos = None if self.no_bos else _special_id("--bos-id", self.bos_id or "auto")
         tok = load_tokenizer(
             self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
@@ -81,12 +86,17 @@ class CorpusOptions:
             click.echo(f"note: {tok.file_note}", err=True)
         if tok.engine_note:
             click.echo(f"note: {tok.engine_note}; encoding with {tok.identity.engine}", err=True)
+        dtype = tok.dtype
+        if megatron:  # the .bin's dtype is Megatron's, not tokenized Parquet's
+            from packtool.dataset.megatron import megatron_dtype
+
+            dtype = megatron_dtype(tok.identity.vocab_size)
         for flag, value in (("--eos-id", eos), ("--bos-id", bos)):
             if isinstance(value, int) and value >= tok.base_vocab:  # a typo costs a model a
                 click.echo(  # vocabulary (and embedding) of that size: said, not silent
                     f"note: {flag} {value} is past the tokenizer's {tok.base_vocab:,} ids: the "
                     f"dataset's vocabulary becomes {tok.identity.vocab_size:,} "
-                    f"({tok.dtype} ids)",
+                    f"({dtype} ids)",
                     err=True,
                 )
         return tok

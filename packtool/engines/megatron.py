@@ -88,6 +88,7 @@ from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
 from packtool.tokenize.tables import RAW, RECORDS
 from packtool.tokenize.tokenize import TokenizeSummary
+from packtool.tokenizer.specials import EOS_TOKEN
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 
 MERGED_BIN = "merged.bin"
@@ -121,7 +122,8 @@ def tokenize_megatron(
         prefix: the dataset's path prefix, as Megatron's `--data-path` names it (`PREFIX.bin` or
             `PREFIX.idx` name the same pair).
         read_config: how to read the inputs.
-        tokenizer: a `Tokenizer` or a `load_tokenizer` spec.
+        tokenizer: a `Tokenizer` or a `load_tokenizer` spec (loaded with `eos="eos_token"`,
+            Megatron's end of document).
         workers: partition workers (local engine; default one per core) or Ray actors.
         overwrite: replace an existing pair, or an interrupted run's state.
         resume: finish an interrupted run (its finished partitions are kept).
@@ -155,7 +157,7 @@ def tokenize_megatron(
     if engine not in ("local", "ray", "slurm"):
         raise ConfigError(f"engine {engine!r} is unknown; choose local, ray or slurm")
     if isinstance(tokenizer, str):
-        tokenizer = load_tokenizer(tokenizer, workers=workers)
+        tokenizer = load_tokenizer(tokenizer, eos=EOS_TOKEN, workers=workers)
     run_config = RunConfig(
         inputs=tuple(inputs),
         out_dir=str(idx_path),

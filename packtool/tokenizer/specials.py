@@ -11,7 +11,8 @@ when they disagree, not obeyed.
 
 The appended EOS is a document boundary for packing: the end-of-text token, also where
 tokenizer_config.json's `eos_token` ends a chat turn (`<|eot_id|>`, `<|im_end|>`) and the
-vocabulary has an end-of-text token beside it (docs/tokenize.md, "BOS and EOS").
+vocabulary has an end-of-text token beside it (docs/tokenize.md, "BOS and EOS"). A Megatron
+dataset's end of document is `eos_token` as it is (`EOS_TOKEN`; docs/integrations.md).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ END_OF_TEXT = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "[EOS]")
 # Names tried, in order, when a tokenizer's default EOS / BOS is asked for.
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[EOS]", "<|eot_id|>", "[SEP]")
 BOS_NAMES = ("<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[BOS]", "[CLS]")
+
+EOS_TOKEN = "eos_token"
+"""`eos` of `load_tokenizer`: tokenizer_config.json's `eos_token` as it is, a chat-turn end
+included (Megatron's `HuggingFaceTokenizer.eod`); without one, as "default"."""
 
 SP_BOS, SP_EOS = "\x00sentencepiece:bos", "\x00sentencepiece:eos"
 """Keys (no real token text) under which a SentencePiece model's own BOS and EOS ids are kept."""
@@ -168,8 +173,10 @@ def default_id(
     """The id to use and, for a default, the token text and where it came from. `special` gives
     the tokens the tokenizer marks special: where several names of the list are in the vocabulary,
     the first of those marked special wins (a `</s>` special token over an `<|endoftext|>` that is
-    only a word of the vocabulary)."""
-    if value != "default":
+    only a word of the vocabulary). `value` "eos_token" (EOS only) is "default" without the
+    chat-turn exception: tokenizer_config.json's `eos_token` as it is, the id Megatron's
+    HuggingFace tokenizer appends as its end of document (`--to megatron`)."""
+    if value not in ("default", EOS_TOKEN):
         return value, ""  # type: ignore[return-value]
     config: TokenizerConfig | None = files.config
     token = None if config is None else config.token(f"{which}_token")
@@ -181,6 +188,8 @@ def default_id(
                 f"{config.path}: {which}_token {token!r} is not in the tokenizer's vocabulary "
                 f"({files.name}); pass --{which}-id N" + (" or --no-eos" if which == "eos" else "")
             )
+        if which == "eos" and value == EOS_TOKEN:
+            return vocab[token], f"{token} (tokenizer_config.json's eos_token, Megatron's EOD)"
         if which == "eos" and token in CHAT_TURN_ENDS:
             # An instruct model's eos_token ends a turn; a packed document ends with the text's end.
             # Where the file marks special tokens, only a special one (a `</s>` that is a plain

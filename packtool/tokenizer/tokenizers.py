@@ -48,6 +48,7 @@ from packtool.tokenizer.specials import (
     BOS_NAMES,
     END_OF_TEXT,
     EOS_NAMES,
+    EOS_TOKEN,
     SP_BOS,
     SP_EOS,
     default_id,
@@ -294,7 +295,9 @@ def load_tokenizer(
         eos: id appended to every document: `"default"` (the tokenizer's own end-of-text token:
             `eos_token` of `tokenizer_config.json` when there is one, unless it ends a chat
             turn and an end-of-text token is in the vocabulary; else the first of `EOS_NAMES`
-            in the vocabulary), an int, or None for none.
+            in the vocabulary), `"eos_token"` (`eos_token` of `tokenizer_config.json` even
+            where it ends a chat turn: Megatron's end of document, for `--to megatron`; else as
+            "default"), an int, or None for none.
         bos: id put before every document: `"auto"` (default: the tokenizer's own rule, what
             its tokenizer.json post-processor puts first, as transformers' `tokenizer(text)`
             does; none for `byte` and tiktoken: packtool.tokenizer.specials), `"default"` (the
@@ -314,7 +317,7 @@ def load_tokenizer(
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be >= 1, got {workers}")
     for what, value in (("eos", eos), ("bos", bos)):
-        words = ("default", "auto") if what == "bos" else ("default",)
+        words = ("default", "auto") if what == "bos" else ("default", EOS_TOKEN)
         if isinstance(value, bool) or not (
             value is None or value in words or isinstance(value, (int, np.integer))
         ):
@@ -332,7 +335,7 @@ def load_tokenizer(
             kind="byte",
             name="byte",
             base_vocab=BYTE_VOCAB,
-            eos_id=BYTE_EOS if eos == "default" else eos,  # type: ignore[arg-type]
+            eos_id=BYTE_EOS if eos in ("default", EOS_TOKEN) else eos,  # type: ignore[arg-type]
             bos_id=BYTE_BOS if bos == "default" else None if bos == "auto" else bos,  # type: ignore[arg-type]
             sha256=hashlib.sha256(b"packtool-byte-v1").hexdigest(),
             engine="byte",

@@ -457,6 +457,87 @@ def test_a_document_of_no_token_is_a_counted_skip_not_a_zero_length_document(tmp
     assert np.fromfile(tmp_path / "ws.bin", dtype=np.uint16).tolist() == [1, 2, 11, 3, 11]
 
 
+# --- what tools/preprocess_data.py --append-eod writes, special tokens included ---
+
+
+def _chat_tokenizer(folder: Path, bos: str | None, eos_token: str, text_end: str) -> Path:
+    """A word-level tokenizer.json + tokenizer_config.json whose `eos_token` ends a chat turn
+    (Qwen's `<|im_end|>`, Llama 3 Instruct's `<|eot_id|>`) beside an end-of-text token; with
+    `bos`, a post-processor that puts it first (Llama 3: `<|begin_of_text|> $A`)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    specials = [text_end, eos_token] + ([bos] if bos else [])
+    vocab = {**{f"w{i}": i for i in range(20)}, "[UNK]": 20}
+    vocab |= {s: 21 + i for i, s in enumerate(specials)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(specials)
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", special_tokens=[(bos, vocab[bos])]
+        )
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos_token}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"bos_token": bos}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "bos, eos_token, text_end",
+    [(None, "<|im_end|>", "<|endoftext|>"), ("<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>")],
+)
+def test_the_bytes_are_preprocess_data_s_for_chat_and_bos_tokenizers(
+    tmp_path, bos, eos_token, text_end
+):
+    # Megatron's end of document is the tokenizer's eos_token (HuggingFaceTokenizer.eod), an
+    # end-of-turn token for instruct tokenizers; packtool appended the end-of-text token there
+    folder = _chat_tokenizer(tmp_path / "tok", bos, eos_token, text_end)
+    texts = ["w1 w2 w3", "w4", "w5 w19 w0 w7", "w9 w9"]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    # The documented rule, computed with `tokenizers` alone: tokenizer(text) (the
+    # post-processor's BOS; preprocess_data from megatron-core 0.17 on), then eos_token's id.
+    from tokenizers import Tokenizer
+
+    ref = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    eod = ref.token_to_id(eos_token)
+    expected = [ref.encode(t).ids + [eod] for t in texts]
+    assert all(d[0] == ref.token_to_id(bos) for d in expected) if bos else True
+    # ... which is what megatron-core's own HuggingFaceTokenizer gives (include_special_tokens:
+    # the default from megatron-core 0.17; without it, megatron-core 0.15 / 0.16's, --no-bos)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.tokenizers.text.libraries.huggingface_tokenizer import (
+            HuggingFaceTokenizer,
+        )
+
+    for include, flags in ((True, ()), (False, ("--no-bos",))):
+        mt = HuggingFaceTokenizer(str(folder), include_special_tokens=include)
+        megatron_ids = [list(mt.text_to_ids(t)) + [mt.eod] for t in texts]
+        assert megatron_ids == (expected if include else [d[1:] if bos else d for d in expected])
+        out = tmp_path / f"d{int(include)}"
+        code, text, err = run(
+            "tokenize", corpus, "--to", "megatron", "-o", out, "--tokenizer", folder, *flags
+        )
+        assert code == 0, err
+        assert f"eos {eod} {eos_token} (tokenizer_config.json's eos_token, Megatron's EOD)" in text
+        _reference(tmp_path / f"ref{int(include)}", megatron_ids, ref.get_vocab_size())
+        for suffix in (".bin", ".idx"):
+            got = (tmp_path / f"d{int(include)}{suffix}").read_bytes()
+            assert got == (tmp_path / f"ref{int(include)}{suffix}").read_bytes()
+    # --eos-id still overrides it, and Parquet output keeps the end-of-text token for packing
+    code, text, err = run(
+        "tokenize", corpus, "--to", "megatron", "-o", tmp_path / "e", "--tokenizer", folder,
+        "--eos-id", str(ref.token_to_id(text_end)),
+    )  # fmt: skip
+    assert code == 0, err
+    first = np.fromfile(tmp_path / "e.bin", dtype=np.uint16)[: len(expected[0])]
+    assert first.tolist() == expected[0][:-1] + [ref.token_to_id(text_end)]
+    code, text, err = run("tokenize", corpus, "-o", tmp_path / "p.parquet", "--tokenizer", folder)
+    assert code == 0 and f"eos {ref.token_to_id(text_end)} {text_end} (end of text" in text
+
+
 def test_pretokenized_ids_get_the_eos(tmp_path):
     # The summary said "eos 0" and the docs "the ids then the EOS", but none was written:
     # documents ran into each other in Megatron's GPT dataset
@@ -476,3 +557,21 @@ def test_pretokenized_ids_get_the_eos(tmp_path):
         assert ("eos none" if flags == ("--no-eos",) else f"eos {ids[3]}") in text
         assert np.fromfile(f"{out}.bin", dtype=np.uint16).tolist() == ids
         assert read_megatron_index(f"{out}.idx")["lengths"].tolist() == lengths
+
+
+def test_the_note_on_an_eos_past_the_vocabulary_names_the_bin_dtype(tmp_path):
+    # It said "(uint16 ids)", tokenized Parquet's dtype, over a .bin of int32
+    tok = _word_level(tmp_path, 50)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "w1 w2"}\n')
+    code, _, err = run(
+        "tokenize", corpus, "--to", "megatron", "-o", tmp_path / "d", "--tokenizer", tok,
+        "--eos-id", "65535",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "the dataset's vocabulary becomes 65,536 (int32 ids)" in err
+    assert read_megatron_index(tmp_path / "d.idx")["dtype"] == np.int32
+    code, _, err = run(
+        "tokenize", corpus, "-o", tmp_path / "d.parquet", "--tokenizer", tok, "--eos-id", "65535"
+    )
+    assert code == 0 and "the dataset's vocabulary becomes 65,536 (uint16 ids)" in err
