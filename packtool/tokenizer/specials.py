@@ -189,7 +189,7 @@ def default_id(
                 f"({files.name}); pass --{which}-id N" + (" or --no-eos" if which == "eos" else "")
             )
         if which == "eos" and value == EOS_TOKEN:
-            return vocab[token], f"{token} (tokenizer_config.json's eos_token, Megatron's EOD)"
+            return vocab[token], f"{token} ({origin}'s eos_token, Megatron's EOD)"
         if which == "eos" and token in CHAT_TURN_ENDS:
             # An instruct model's eos_token ends a turn; a packed document ends with the text's end.
             # Where the file marks special tokens, only a special one (a `</s>` that is a plain
