@@ -54,6 +54,13 @@ def _exponent_hint(value: Any) -> str:
     return f" (YAML reads {value} as text: write {plain + ' or ' if plain else ''}{written})"
 
 
+def _at_cap_without_cap(name: str, at_cap: Any) -> str:
+    return (
+        f"source {name!r}: at_cap {at_cap!r} without max_epochs does nothing (it says what "
+        "happens at the cap); give max_epochs or remove at_cap"
+    )
+
+
 def _is_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
 
@@ -83,6 +90,7 @@ def parse_count(value: Any, what: str) -> int:
     if n is None:
         raise ConfigError(
             f"{what} must be a positive whole number (e.g. 1000000, 10B, 2.5M), got {value!r}"
+            f"{_exponent_hint(value)}"
         )
     if n > MAX_COUNT:  # the schedule counts in int64 (a numba traceback past it)
         raise ConfigError(f"{what} {n:,} is too large: at most {MAX_COUNT:,} (2**62)")
@@ -98,19 +106,25 @@ class SourceSpec:
     path: Any
     """A packed dataset folder (`packtool pack` output). In Python also a `PackedDataset` or a
     `StreamingPackedDataset` (loader/mixture/dataset.py reads its data and settings)."""
-    weight: float = 1.0
-    """Relative weight (>= 0; normalised over the sources). 0 keeps a source's cursor without
-    drawing from it."""
+    weight: float | None = None
+    """Relative weight (>= 0; normalised over the sources), required: a source without one is a
+    `ConfigError` (no weight is assumed). 0 keeps a source's cursor without drawing from it."""
     max_epochs: float | None = None
     """Most passes over the source (e.g. 2, or 0.5 for its first half per its epoch order);
     None: repeated as long as the mixture runs."""
     at_cap: str = "stop"
     """At `max_epochs`: `stop` ends the whole mixture, `drop` removes the source and
-    renormalises the others' weights (reported)."""
+    renormalises the others' weights (reported). `drop` without `max_epochs` is refused (it
+    would do nothing)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigError(f"a source name must be a non-empty string, got {self.name!r}")
+        if self.weight is None:
+            raise ConfigError(
+                f"source {self.name!r} has no weight; give it one (a number >= 0, relative to "
+                "the other sources' weights)"
+            )
         if not _is_number(self.weight):
             hint = _exponent_hint(self.weight)
             raise ConfigError(
@@ -134,6 +148,8 @@ class SourceSpec:
                 f"source {self.name!r}: at_cap {self.at_cap!r} is unknown; choose one of "
                 f"{list(AT_CAP)}"
             )
+        if self.at_cap == "drop" and self.max_epochs is None:
+            raise ConfigError(_at_cap_without_cap(self.name, self.at_cap))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,9 +335,12 @@ def mixture_from_dict(
                 f"{origin}: source {label!r}: unknown key(s) {', '.join(map(repr, bad))}; a "
                 f"source takes {', '.join(SOURCE_KEYS)}"
             )
-        for key in ("name", "path"):
+        for key in ("name", "path", "weight"):
             if key not in entry:
-                raise ConfigError(f"{origin}: source {label!r} has no {key!r}")
+                hint = ""
+                if key == "weight":
+                    hint = " (a number >= 0, relative to the others; no weight is assumed)"
+                raise ConfigError(f"{origin}: source {label!r} has no {key!r}{hint}")
         p = entry["path"]
         if not isinstance(p, str) or not p:
             raise ConfigError(
@@ -329,6 +348,8 @@ def mixture_from_dict(
             )
         if base is not None and not os.path.isabs(p) and "://" not in p:  # a URL is absolute
             p = str(Path(base) / p)
+        if "at_cap" in entry and entry.get("max_epochs") is None:
+            raise ConfigError(f"{origin}: {_at_cap_without_cap(label, entry['at_cap'])}")
         kwargs = {k: entry[k] for k in ("weight", "max_epochs", "at_cap") if k in entry}
         sources.append(SourceSpec(name=entry["name"], path=p, **kwargs))
     kwargs = {k: data[k] for k in ("unit", "seed", "total_tokens", "total_steps") if k in data}

@@ -148,7 +148,9 @@ def test_the_mixture_carries_the_columns_any_source_has(sources):
     docs, _ = both.gather(next(iter(_steps(both))))
     assert docs.loss_mask is not None and len(docs.loss_mask) == docs.n_tokens
     plain = MixedDataset(
-        MixtureSpec(sources=(SourceSpec(name="web", path=str(sources["web"])),), total_steps=2),
+        MixtureSpec(
+            sources=(SourceSpec(name="web", path=str(sources["web"]), weight=1),), total_steps=2
+        ),
         rows_per_batch=2,
     )
     assert plain.columns == ()
@@ -190,7 +192,7 @@ def test_a_masked_streaming_source_has_the_labels_of_its_stream(tmp_path):
     kw = {"max_len": 12, "buffer_docs": 6, "long_docs": "truncate"}
     want = labels_by_doc(StreamingPackedDataset([tok], rows_per_batch=1, **kw))
     live = StreamingPackedDataset([tok], rows_per_batch=1, **kw)
-    spec = MixtureSpec(sources=(SourceSpec(name="live", path=live, max_epochs=1),))
+    spec = MixtureSpec(sources=(SourceSpec(name="live", path=live, max_epochs=1, weight=1),))
     for workers in (0, 2):
         ds = MixedDataset(spec, rows_per_batch=2)
         got = labels_by_doc(MixedDataLoader(ds, num_workers=workers))

@@ -260,7 +260,7 @@ def per_source_reference(paths):
     out = {}
     for i in range(3):
         only = MixtureSpec(
-            sources=(SourceSpec(name=["web", "code", "books"][i], path=str(paths[i])),),
+            sources=(SourceSpec(name=["web", "code", "books"][i], path=str(paths[i]), weight=1),),
             total_tokens=40_000,
         )
         batches, _ = stream(MixedDataset(only, rows_per_batch=4))
@@ -367,8 +367,8 @@ def test_a_mixture_resumed_under_another_row_order_is_refused(sources, changed):
 def test_a_source_dropped_at_its_cap_is_reported(sources):
     capped = MixtureSpec(
         sources=(
-            SourceSpec(name="web", path=str(sources[0])),
-            SourceSpec(name="books", path=str(sources[2]), max_epochs=1, at_cap="drop"),
+            SourceSpec(name="web", path=str(sources[0]), weight=1),
+            SourceSpec(name="books", path=str(sources[2]), max_epochs=1, at_cap="drop", weight=1),
         ),
         total_tokens=6000,
     )
@@ -389,37 +389,47 @@ def test_a_source_dropped_at_its_cap_is_reported(sources):
         (lambda p: SourceSpec(name="a", path=p, weight=-1), "weight must be a finite number >= 0"),
         (lambda p: SourceSpec(name="a", path=p, weight="0.5"), "weight must be a number"),
         (lambda p: SourceSpec(name="a", path=p, weight=float("nan")), "finite"),
-        (lambda p: SourceSpec(name="", path=p), "non-empty string"),
-        (lambda p: SourceSpec(name="a", path=p, max_epochs=0), "max_epochs must be a number > 0"),
-        (lambda p: SourceSpec(name="a", path=p, at_cap="wrap"), "at_cap 'wrap' is unknown"),
+        (lambda p: SourceSpec(name="", path=p, weight=1), "non-empty string"),
+        (
+            lambda p: SourceSpec(name="a", path=p, max_epochs=0, weight=1),
+            "max_epochs must be a number > 0",
+        ),
+        (
+            lambda p: SourceSpec(name="a", path=p, at_cap="wrap", weight=1),
+            "at_cap 'wrap' is unknown",
+        ),
         (
             lambda p: MixtureSpec(sources=(SourceSpec(name="a", path=p, weight=0),), total_steps=1),
             "every source has weight 0",
         ),
         (
             lambda p: MixtureSpec(
-                sources=(SourceSpec(name="a", path=p), SourceSpec(name="a", path=p)), total_steps=1
+                sources=(
+                    SourceSpec(name="a", path=p, weight=1),
+                    SourceSpec(name="a", path=p, weight=1),
+                ),
+                total_steps=1,
             ),
             "duplicate source name",
         ),
         (
             lambda p: MixtureSpec(
-                sources=(SourceSpec(name="a", path=p),), total_steps=1
+                sources=(SourceSpec(name="a", path=p, weight=1),), total_steps=1
             ).with_weights({"b": 1}),
             "unknown source 'b'; the mixture has a",
         ),
         (
             lambda p: MixtureSpec(
-                sources=(SourceSpec(name="a", path=p),), total_steps=1, total_tokens=5
+                sources=(SourceSpec(name="a", path=p, weight=1),), total_steps=1, total_tokens=5
             ),
             "not both",
         ),
         (
-            lambda p: MixtureSpec(sources=(SourceSpec(name="a", path=p),), total_steps=0),
+            lambda p: MixtureSpec(sources=(SourceSpec(name="a", path=p, weight=1),), total_steps=0),
             "total_steps must be",
         ),
         (
-            lambda p: MixtureSpec(sources=(SourceSpec(name="a", path=p),), unit="docs"),
+            lambda p: MixtureSpec(sources=(SourceSpec(name="a", path=p, weight=1),), unit="docs"),
             "unit 'docs'",
         ),
     ],
@@ -648,10 +658,14 @@ def test_packtool_mix_plans_what_the_loader_delivers(sources):
 def test_a_cap_no_row_fits_under_is_refused_up_front(sources):
     # it made a mixture of no batch, with no error and no warning (only an event in describe())
     rows = PackedDataset(sources[0], rows_per_batch=2).store.num_rows
-    tiny = MixtureSpec(sources=(SourceSpec(name="web", path=str(sources[0]), max_epochs=1e-9),))
+    tiny = MixtureSpec(
+        sources=(SourceSpec(name="web", path=str(sources[0]), max_epochs=1e-9, weight=1),)
+    )
     with pytest.raises(ConfigError, match=f"max_epochs 1e-09 of its {rows:,} rows allows no row"):
         MixedDataset(tiny, rows_per_batch=2)
-    fits = MixtureSpec(sources=(SourceSpec(name="web", path=str(sources[0]), max_epochs=1 / rows),))
+    fits = MixtureSpec(
+        sources=(SourceSpec(name="web", path=str(sources[0]), max_epochs=1 / rows, weight=1),)
+    )
     assert len(list(MixedDataset(fits, rows_per_batch=1))) == 1  # one row: the least cap
 
 

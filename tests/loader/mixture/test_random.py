@@ -110,7 +110,7 @@ def test_resume_at_any_step_same_or_changed_mixture(sources, refs, cut, change, 
         kept = {i: k for k, i in enumerate(keep)}
     else:
         new = MixtureSpec(
-            sources=old.sources + (SourceSpec(name="extra", path=str(sources[dropped])),),
+            sources=old.sources + (SourceSpec(name="extra", path=str(sources[dropped]), weight=1),),
             total_tokens=old.total_tokens,
         )
         kept = {0: 0, 1: 1, 2: 2}

@@ -142,7 +142,10 @@ def test_a_mixture_file_and_the_hf_view_read_a_bucket(datasets, tmp_path):
     mix = tmp_path / "mix.json"  # a relative local path and a URL, as a user writes them
     spec = {
         "total_tokens": 200_000,
-        "sources": [{"name": "disk", "path": "ds"}, {"name": "bucket", "path": url}],
+        "sources": [
+            {"name": "disk", "path": "ds", "weight": 1},
+            {"name": "bucket", "path": url, "weight": 1},
+        ],
     }
     mix.write_text(json.dumps(spec))
     (tmp_path / "ds").symlink_to(local)

@@ -244,13 +244,16 @@ def test_zero_weight_source_keeps_its_cursor_and_is_never_drawn():
 def test_streaming_style_reader_caps_at_whole_epochs_only():
     with pytest.raises(ConfigError, match="fractional"):
         Schedule(
-            [SourceSpec(name="s", path="x", max_epochs=0.5)],
+            [SourceSpec(name="s", path="x", max_epochs=0.5, weight=1)],
             [StreamReader([1, 2])],
             unit="rows",
             max_len=2,
         ).next(5)
     sch = Schedule(
-        [SourceSpec(name="a", path="x"), SourceSpec(name="s", path="x", max_epochs=2)],
+        [
+            SourceSpec(name="a", path="x", weight=1),
+            SourceSpec(name="s", path="x", max_epochs=2, weight=1),
+        ],
         [ListReader([1]), StreamReader([1, 2, 2])],
         unit="rows",
         max_len=2,

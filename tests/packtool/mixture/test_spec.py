@@ -70,12 +70,12 @@ sources:
         ("a.json", '{"sources": [], "seed": 0}', "`sources` must be a non-empty list"),
         (
             "b.json",
-            '{"sources": [{"name": "a", "path": "p"}], "sources": []}',
+            '{"sources": [{"name": "a", "path": "p", "weight": 1}], "sources": []}',
             "key 'sources' appears twice",
         ),
         (
             "c.yaml",
-            "sources:\n  - {name: a, path: p}\nseed: 1\nseed: 2\n",
+            "sources:\n  - {name: a, path: p, weight: 1}\nseed: 1\nseed: 2\n",
             "key 'seed' appears twice",
         ),
         (
@@ -89,7 +89,7 @@ sources:
         ("g.json", '{"sources": [{"path": "p"}]}', "has no 'name'"),
         (
             "h.json",
-            '{"sources": [{"name": "a", "path": "p"}], "total_tokens": "lots"}',
+            '{"sources": [{"name": "a", "path": "p", "weight": 1}], "total_tokens": "lots"}',
             "total_tokens must be",
         ),
         ("i.json", "{not json", "not valid JSON"),
@@ -97,7 +97,7 @@ sources:
         ("k.json", '["a"]', "a mixture is a mapping"),
         (
             "l.json",
-            '{"sources": [{"name": "a", "path": "p"}, {"name": "a", "path": "q"}]}',
+            '{"sources": [{"name": "a", "path": "p", "weight": 1}, {"name": "a", "path": "q", "weight": 1}]}',
             "duplicate source name",
         ),
         (
@@ -224,7 +224,7 @@ def test_cli_table_json_and_errors(folders, tmp_path):
     bad = write(
         tmp_path,
         "bad.json",
-        json.dumps({"sources": [{"name": "x", "path": str(tmp_path / "nope")}]}),
+        json.dumps({"sources": [{"name": "x", "path": str(tmp_path / "nope"), "weight": 1}]}),
     )
     code, _, err = run("mix", bad, "--tokens", "5")
     assert code == 1 and "no such dataset folder" in one_error_line(err)
@@ -246,3 +246,47 @@ def test_the_exponent_hint_suggests_what_yaml_reads_as_that_number(tmp_path, tex
     assert suggested and all(
         yaml.safe_load(f"w: {form}")["w"] == pytest.approx(float(text)) for form in suggested
     ), suggested
+
+
+@pytest.mark.parametrize("text", ["1e9", "1.0e4", "2.5e6", "1E6"])
+def test_a_total_with_an_exponent_gets_the_yaml_hint(tmp_path, text):
+    """YAML reads `total_tokens: 1e9` as text: the message says so and what to write, as it does
+    for weights (it said only "must be a positive whole number"); what it suggests loads as a
+    total that is accepted."""
+    import yaml
+
+    spec = tmp_path / "m.yaml"
+    spec.write_text(f"total_tokens: {text}\nsources:\n  - {{name: a, path: p, weight: 1}}\n")
+    with pytest.raises(ConfigError, match=f"YAML reads {text} as text") as caught:
+        read_mixture_file(spec)
+    assert "\n" not in str(caught.value)
+    suggested = re.search(r"write (.+)\)$", str(caught.value)).group(1).split(" or ")
+    for form in suggested:
+        assert parse_count(yaml.safe_load(f"t: {form}")["t"], "t") == int(float(text))
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_a_source_without_a_weight_is_refused(tmp_path, suffix):
+    """A source with no weight was given 1.0 without a word (the docs give no default)."""
+    sources = [{"name": "a", "path": "p"}, {"name": "b", "path": "q", "weight": 0.2}]
+    text = json.dumps({"total_tokens": 1000, "sources": sources})  # JSON is YAML too
+    with pytest.raises(ConfigError, match="source 'a' has no 'weight'") as caught:
+        read_mixture_file(write(tmp_path, "m" + suffix, text))
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="source 'a' has no weight"):
+        SourceSpec(name="a", path="p")
+
+
+@pytest.mark.parametrize("at_cap", ["drop", "stop"])
+def test_at_cap_without_max_epochs_is_refused(tmp_path, at_cap):
+    """`at_cap` acts at `max_epochs`: without one it did nothing, silently."""
+    body = {"total_tokens": 1000, "sources": [{"name": "a", "path": "p", "weight": 1}]}
+    body["sources"][0]["at_cap"] = at_cap
+    with pytest.raises(ConfigError, match=f"source 'a': at_cap '{at_cap}' without max_epochs"):
+        read_mixture_file(write(tmp_path, "m.json", json.dumps(body)))
+    body["sources"][0]["max_epochs"] = 2
+    assert (
+        read_mixture_file(write(tmp_path, "m.json", json.dumps(body))).sources[0].at_cap == at_cap
+    )
+    with pytest.raises(ConfigError, match="at_cap 'drop' without max_epochs"):
+        SourceSpec(name="a", path="p", weight=1, at_cap="drop")
