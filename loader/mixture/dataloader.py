@@ -24,6 +24,7 @@ from loader.mixture.dataset import MixedDataset
 from loader.packed.transport import CompactBatch, Ring, head
 from loader.record import Documents, TokenRuns
 from packtool.dataset.columns import TOKEN, get
+from packtool.errors import ConfigError
 from packtool.mixture.schedule import load_kernel, state_after
 
 
@@ -116,6 +117,16 @@ class MixedDataLoader(DataLoader):
 
     def __init__(self, dataset: MixedDataset, *, num_workers: int = 0, **kwargs: Any) -> None:
         kwargs.pop("persistent_workers", None)
+        if "batch_size" in kwargs and kwargs["batch_size"] is None:
+            del kwargs["batch_size"]  # what the loader uses itself: the batches are whole
+        taken = sorted(
+            set(kwargs) & {"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"}
+        )
+        if taken:
+            raise ConfigError(
+                f"MixedDataLoader: {taken} belong to the dataset (its batches are whole: "
+                "rows_per_batch or tokens_per_batch, drop_last), not the loader"
+            )
         kwargs.setdefault("collate_fn", _as_is)
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
         self._mixed = dataset

@@ -36,7 +36,8 @@ class PackedDataLoader(DataLoader):
     """A DataLoader whose `state_dict()` resumes the stream exactly where it stopped.
 
     Args:
-        dataset: The dataset (it yields whole batches, so `batch_size=None`).
+        dataset: The dataset (it yields whole batches, so `batch_size=None`, which may be given;
+            any other batch_size is refused).
         num_workers: Worker processes (0: load in the main process).
         persistent_workers: Keep workers between epochs.
         **kwargs: Passed to `torch.utils.data.DataLoader` (pin_memory, prefetch_factor, ...).
@@ -57,6 +58,8 @@ class PackedDataLoader(DataLoader):
                 f"PackedDataLoader takes a PackedDataset, got {type(dataset).__name__} (a "
                 "MixedDataset goes to MixedDataLoader; anything else to torch's DataLoader)"
             )
+        if "batch_size" in kwargs and kwargs["batch_size"] is None:
+            del kwargs["batch_size"]  # what the loader uses itself: the batches are whole
         taken = sorted(
             set(kwargs)
             & {"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "collate_fn"}

@@ -323,3 +323,26 @@ def test_loader_misuse_names_what_is_wrong(random_dataset):
     big = [SourceSpec(name=n, path=str(random_dataset), weight=1e308) for n in "ab"]
     with pytest.raises(ConfigError, match="the weights sum past the largest float"):
         MixedDataset(MixtureSpec(sources=big), rows_per_batch=2)
+
+
+def test_batch_size_none_is_what_the_loaders_use(random_dataset):
+    """`batch_size=None` is what the loaders pass to torch themselves: it was refused ("belongs
+    to the dataset"; MixedDataLoader: torch's TypeError), and any other batch size is a
+    ConfigError in both."""
+    from loader import MixedDataLoader, MixedDataset
+    from packtool.errors import ConfigError
+    from packtool.mixture.spec import MixtureSpec, SourceSpec
+
+    plain = list(PackedDataLoader(PackedDataset(random_dataset, **SETTINGS)))
+    given = list(PackedDataLoader(PackedDataset(random_dataset, **SETTINGS), batch_size=None))
+    assert [_key(b) for b in given] == [_key(b) for b in plain] and plain
+
+    def mixture() -> MixedDataset:
+        spec = MixtureSpec(
+            sources=(SourceSpec(name="a", path=str(random_dataset), weight=1),), total_steps=3
+        )
+        return MixedDataset(spec, rows_per_batch=2)
+
+    assert len(list(MixedDataLoader(mixture(), batch_size=None))) == 3
+    with pytest.raises(ConfigError, match=r"MixedDataLoader: \['batch_size'\] belong to"):
+        MixedDataLoader(mixture(), batch_size=4)
