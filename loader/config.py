@@ -281,6 +281,20 @@ class OnlineConfig:
         check_int("seed", self.seed, 0)
 
 
+def check_pad_id(config: LoaderConfig, vocab_size: Any, where: str) -> None:
+    """Refuse a `pad_id` that is not a token id of the data's vocabulary (it would reach
+    `input_ids`, and an embedding lookup, in every static-shape batch).
+
+    Raises:
+        ConfigError: `pad_id` >= the tokenizer's `vocab_size` (named with `where`).
+    """
+    if vocab_size is not None and config.pad_id >= int(vocab_size):
+        raise ConfigError(
+            f"pad_id {config.pad_id} is not a token id of {where}: its tokenizer's vocab_size is "
+            f"{int(vocab_size)} (ids 0-{int(vocab_size) - 1})"
+        )
+
+
 def static_max_docs(config: LoaderConfig, n_docs: np.ndarray) -> int:
     """The static-shape `cu_seqlens` length - 1 for a dataset whose rows hold `n_docs` documents.
 

@@ -39,7 +39,13 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.collate import collate
-from loader.config import LoaderConfig, dist_rank_world, make_config, static_max_docs
+from loader.config import (
+    LoaderConfig,
+    check_pad_id,
+    dist_rank_world,
+    make_config,
+    static_max_docs,
+)
 from loader.context_parallel import cp_split
 from loader.mixture.resume import check_order, check_state, make_state
 from loader.mixture.sources import (
@@ -122,6 +128,7 @@ class MixedDataset(IterableDataset):
                 s.store.share_decode_thread(shared)
         self.names = spec.names
         check_compatible([(s.name, s.tokenizer, s.max_len) for s in self.sources])
+        check_pad_id(config, self.sources[0].tokenizer.get("vocab_size"), "the mixture's data")
         for s in self.sources:
             if s.num_rows == 0:
                 raise ConfigError(f"source {s.name!r} ({s.path}) has no rows; remove it")

@@ -30,6 +30,7 @@ from loader.config import (
     LoaderConfig,
     check_epoch,
     check_int,
+    check_pad_id,
     dist_rank_world,
     make_config,
     static_max_docs,
@@ -128,6 +129,7 @@ class PackedDataset(IterableDataset):
             cache_limit=config.cache_limit,
         )
         self.fingerprint = self.store.manifest.fingerprint
+        check_pad_id(config, self.store.vocab_size, f"the dataset {self.store.path}")
         max_len = self.store.max_len
         if config.tokens_per_batch is not None and config.tokens_per_batch < max_len:
             raise ConfigError(

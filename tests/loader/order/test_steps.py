@@ -523,3 +523,22 @@ def test_every_document_once_over_ranks_and_workers_on_random_datasets(
         assert len(seen) == len(set(seen))
         if not kw.get("drop_last"):
             assert sorted(seen) == expected
+
+
+def test_pad_id_outside_the_vocabulary_is_refused_at_open(hand_dataset):
+    """A static-shape pad_id the tokenizer has no such id for reached `input_ids` (70000 on a
+    258-id vocabulary): a ConfigError when the dataset (or a mixture of it) opens."""
+    from loader import MixedDataset
+    from packtool.mixture.spec import MixtureSpec, SourceSpec
+
+    vocab = PackedDataset(hand_dataset, rows_per_batch=1).store.vocab_size
+    settings_ = {"rows_per_batch": 2, "static_shape": True}
+    with pytest.raises(ConfigError, match=f"pad_id {vocab} is not a token id .* {vocab}"):
+        PackedDataset(hand_dataset, pad_id=vocab, **settings_)
+    spec = MixtureSpec(sources=(SourceSpec(name="a", path=str(hand_dataset), weight=1),))
+    spec = MixtureSpec(sources=spec.sources, total_steps=1)
+    with pytest.raises(ConfigError, match=f"pad_id {vocab + 5} is not a token id"):
+        MixedDataset(spec, pad_id=vocab + 5, **settings_)
+    # the largest id pads, and is what the padding holds
+    batch = next(iter(PackedDataset(hand_dataset, pad_id=vocab - 1, shuffle=False, **settings_)))
+    assert int(batch["input_ids"].max()) == vocab - 1
