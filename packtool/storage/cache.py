@@ -56,6 +56,20 @@ def default_cache_dir() -> Path:
     return Path(xdg).expanduser() / "packtool" / "ranges"
 
 
+def _check_folder(folder: Path) -> None:
+    """Refuse a cache folder that is a file, or lies under one (it would fail at the first
+    download, reported as a damaged shard footer): its first existing part must be a folder."""
+    there = folder
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if there.exists() and not there.is_dir():
+        inside = "" if there == folder else f" ({there} is a file)"
+        raise ConfigError(
+            f"cache_dir {folder} is not a folder{inside}; give cache_dir (or "
+            f"${CACHE_ENV}) a folder, which is made if missing"
+        )
+
+
 class RangeCache:
     """Byte ranges of objects cached as files in `folder`, at most about `limit` bytes."""
 
@@ -64,6 +78,7 @@ class RangeCache:
         self.limit = int(limit)
         if self.limit < 1:
             raise ConfigError(f"cache_limit must be >= 1 byte, got {limit}")
+        _check_folder(self.folder)
         self._since_sweep = 0
         self.downloaded = 0
         """Bytes this process downloaded (cache misses it served itself)."""

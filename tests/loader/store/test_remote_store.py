@@ -5,6 +5,7 @@ server mode, the `s3_server` fixture); its batches are those of the same dataset
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -282,3 +283,20 @@ def test_a_dataset_replaced_under_a_reading_job_is_one_error_saying_so(tmp_path,
     with pytest.raises(DataError, match=r"(gone: the dataset .* was )?replaced \(--overwrite\)"):
         for _ in batches:
             pass
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_at_construction(datasets, tmp_path):
+    """A file as cache_dir was accepted, then failed at the first read as a DataError blaming
+    a shard's footer."""
+    from packtool.errors import ConfigError
+
+    _, url = datasets
+    file = tmp_path / "not-a-folder"
+    file.write_text("x")
+    for cache_dir, says in ((file, ";"), (file / "under", f" ({file} is a file);")):
+        with pytest.raises(
+            ConfigError, match=re.escape(f"cache_dir {cache_dir} is not a folder{says}")
+        ):
+            PackedDataset(url, rows_per_batch=2, cache_dir=str(cache_dir))
+    fresh = tmp_path / "new" / "cache"  # a missing folder is made
+    assert len(list(PackedDataset(url, rows_per_batch=2, cache_dir=str(fresh)))) > 0
