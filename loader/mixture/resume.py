@@ -3,9 +3,11 @@
 A state names a global step, the mixture's fingerprint and seed, the batch layout and the
 schedule's state (packtool/mixture/schedule_state.py), plus `check`, a hash of all of it.
 Everything is checked before any of it is used: a damaged or edited step, cursor or `done`
-would otherwise repeat or skip rows, or end the mixture, without a word. A state saved before
-the check value came in has none; its fields are still checked one by one (and each cursor
-against its source's rows, when the schedule restores it).
+would otherwise repeat or skip rows, or end the mixture, without a word. States are version 2;
+a version 2 state without `check` is refused (its check was removed). A version 1 state was
+saved before version 2 came in: with a `check` (saved after the check value came in) it is
+checked by it; without one (saved before) its fields are still checked one by one (and each
+cursor against its source's rows, when the schedule restores it).
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from packtool.errors import DataError
 from packtool.mixture.schedule_state import check as check_schedule
 
 STATE_FORMAT = "packtool.mixture.spec"
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""Version 2 states always carry `check`; version 1 (`LEGACY_VERSION`) ones may not."""
+LEGACY_VERSION = 1
+"""The version of states saved before `check` was required (same keys, `check` optional):
+without the version, a state whose `check` was removed could not be told from one of them."""
 
 
 def make_state(
@@ -54,8 +60,9 @@ def check_state(state: Any, *, seed: int) -> dict[str, Any]:
         state = state["mixed_dataset"]
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise DataError("not a MixedDataset state (a PackedDataset state? a whole checkpoint?)")
-    if state.get("version") != STATE_VERSION:
-        raise DataError(f"mixture state version {state.get('version')!r} is not supported")
+    version = state.get("version")
+    if isinstance(version, bool) or version not in (STATE_VERSION, LEGACY_VERSION):
+        raise DataError(f"mixture state version {version!r} is not supported")
     step = state.get("step")
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise DataError(f"malformed mixture state: step is {step!r}; the checkpoint is damaged")
@@ -68,6 +75,11 @@ def check_state(state: Any, *, seed: int) -> dict[str, Any]:
     layout = state.get("layout")
     if not isinstance(layout, dict) or not all(k in layout for k in ORDER_KEYS):
         raise DataError(f"malformed mixture state: layout is {layout!r}; the checkpoint is damaged")
+    if "check" not in state and version == STATE_VERSION:
+        raise DataError(
+            f"the mixture state (step {step}) has no check value, which every version "
+            f"{STATE_VERSION} state carries; the checkpoint is damaged or was edited"
+        )
     if "check" in state and state["check"] != state_check(state):
         raise DataError(
             f"the mixture state (step {step}) does not match its check value; the checkpoint "

@@ -348,13 +348,38 @@ def test_a_state_without_a_check_value_resumes_and_its_cursors_are_still_checked
     whole, _ = stream(MixedDataset(spec(sources), rows_per_batch=2), take=6)
     first, state = stream(MixedDataset(spec(sources), rows_per_batch=2), take=3)
     old = json.loads(json.dumps(state))
-    del old["mixed_dataset"]["check"]  # as saved before the check value came in
+    del old["mixed_dataset"]["check"]  # as saved before the check value came in: version 1
+    old["mixed_dataset"]["version"] = 1
     rest, _ = stream(MixedDataset(spec(sources), rows_per_batch=2), take=3, state=old)
     assert same(first + rest, whole)
     rows = PackedDataset(sources[0], rows_per_batch=2).store.num_rows
     old["mixed_dataset"]["schedule"]["sources"]["web"]["pos"] = rows + 1
     with pytest.raises(DataError, match=f"sources.web.pos is {rows + 1} but an epoch of 'web'"):
         MixedDataset(spec(sources), rows_per_batch=2).load_state_dict(old)
+
+
+def test_a_current_state_without_its_check_value_is_refused(sources):
+    """Removing `check` made an edited state pass as one saved before check values came in (an
+    edited `done`: 0 batches). A legacy state is version 1; a current one needs its check. A
+    version 1 state that has a check (saved between the two) is held to it."""
+    from loader.mixture.resume import state_check
+
+    whole, _ = stream(MixedDataset(spec(sources), rows_per_batch=2), take=6)
+    first, state = stream(MixedDataset(spec(sources), rows_per_batch=2), take=3)
+    for edit in (lambda s: None, lambda s: s["schedule"].__setitem__("done", "x")):
+        stripped = json.loads(json.dumps(state))
+        del stripped["mixed_dataset"]["check"]
+        edit(stripped["mixed_dataset"])
+        with pytest.raises(DataError, match=r"\(step 3\) has no check value"):
+            MixedDataset(spec(sources), rows_per_batch=2).load_state_dict(stripped)
+    between = json.loads(json.dumps(state))["mixed_dataset"]
+    between["version"] = 1
+    between["check"] = state_check(between)
+    rest, _ = stream(MixedDataset(spec(sources), rows_per_batch=2), take=3, state=between)
+    assert same(first + rest, whole)
+    between["schedule"]["done"] = "x"
+    with pytest.raises(DataError, match="does not match its check value"):
+        MixedDataset(spec(sources), rows_per_batch=2).load_state_dict(between)
 
 
 @pytest.mark.parametrize("changed", [{"shuffle": False}, {"shuffle_window": 2}])
