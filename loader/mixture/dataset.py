@@ -219,6 +219,12 @@ class MixedDataset(IterableDataset):
         schedule = self.new_schedule(state.get("schedule"))  # checks it, finds what changed
         check_order(state["layout"], self.config.layout_key(self.world_size), schedule.state())
         self.changes = list(schedule.changes)
+        total, step = self.spec.total_steps, int(state["step"])
+        if total is not None and step > total:  # the saved run went past this total
+            self.changes.append(
+                f"total_steps {total:,} is below the {step:,} steps already run: the mixture "
+                "ends here, with no more batches"
+            )
         if self.changes and get_worker_info() is None:
             warnings.warn("resuming a changed mixture: " + "; ".join(self.changes), stacklevel=2)
         self._reported = len(schedule.events)

@@ -553,6 +553,13 @@ def restore(sch: Schedule, state: dict[str, Any]) -> None:
         changes.append(f"unit {state['unit']} -> {sch.unit}")
     if not same and not changes:
         changes.append("source order changed")
+    delivered = int(state["tokens"])
+    if sch.total_tokens is not None and state["done"] is None and delivered >= sch.total_tokens:
+        # the saved run had not reached its total: this one is lower than what it delivered
+        changes.append(
+            f"total_tokens {sch.total_tokens:,} is at most the {delivered:,} tokens already "
+            "delivered: the mixture ends here, with no more batches"
+        )
     sch.delivered_rows, sch.delivered_tokens = int(state["rows"]), int(state["tokens"])
     sch.dormant = dormant
     sch.events = [dict(e) for e in state["events"]]

@@ -382,6 +382,29 @@ def test_a_current_state_without_its_check_value_is_refused(sources):
         MixedDataset(spec(sources), rows_per_batch=2).load_state_dict(between)
 
 
+@pytest.mark.parametrize("key", ["total_tokens", "total_steps"])
+def test_a_total_lowered_below_what_was_delivered_is_said_at_resume(sources, key):
+    """Resuming with total_tokens (or total_steps) below what the saved run had already
+    delivered gave 0 batches without a word: the "resuming a changed mixture" warning says so.
+    The same total, reached, or a raised one, says nothing of it."""
+    _, state = stream(MixedDataset(spec(sources), rows_per_batch=2), take=4)
+    done = {"total_tokens": state["mixed_dataset"]["schedule"]["tokens"], "total_steps": 4}[key]
+    other = "total_steps" if key == "total_tokens" else "total_tokens"
+    lowered = spec(sources, **{key: done // 2, other: None})
+    ds = MixedDataset(lowered, rows_per_batch=2)
+    with pytest.warns(UserWarning, match=f"resuming a changed mixture: {key} {done // 2:,} is"):
+        ds.load_state_dict(state)
+    assert "with no more batches" in ds.describe()["changes"][-1]
+    assert stream(ds)[0] == []  # from the state loaded above
+    # the saved run's own total (tokens: 6000; steps: the 4 run, then ended) or a larger one
+    for total in ({"total_tokens": 6000, "total_steps": 4}[key], 2 * done + 6000):
+        ds = MixedDataset(spec(sources, **{key: total, other: None}), rows_per_batch=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ds.load_state_dict(state)
+        assert ds.changes == []
+
+
 @pytest.mark.parametrize("changed", [{"shuffle": False}, {"shuffle_window": 2}])
 def test_a_mixture_resumed_under_another_row_order_is_refused(sources, changed):
     _, state = stream(MixedDataset(spec(sources), rows_per_batch=2), take=3)
