@@ -312,7 +312,13 @@ class Schedule:
             return
         left = [n for n, w in zip(self.names, self.weights, strict=True) if w > 0]
         if not left:
+            rest = [n for n, c in zip(self.names, self.capped, strict=True) if not c]
             self.done = "every source reached its max_epochs"
+            if rest:  # weight 0 and no cap: never drawn from, so the mixture ends all the same
+                self.done = (
+                    "every source with a weight reached its max_epochs; only weight-0 "
+                    f"source(s) {', '.join(map(repr, rest))} remain, which are never drawn from"
+                )
             self._event("stopped", f"the mixture ended: {self.done}", spec.name)
             return
         self._new_segment()

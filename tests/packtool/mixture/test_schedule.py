@@ -222,6 +222,25 @@ def test_every_source_capped_with_drop_ends_the_mixture():
     assert rows.shape[1] == 6 and sch.done == "every source reached its max_epochs"
 
 
+def test_the_end_with_only_weight_0_sources_left_says_so():
+    """A weight-0 source without max_epochs never reaches a cap: the end message said "every
+    source reached its max_epochs" all the same (warning, describe()["events"], packtool mix)."""
+    sources = [
+        SourceSpec(name="a", path="x", weight=1, max_epochs=1, at_cap="drop"),
+        SourceSpec(name="idle", path="x", weight=0),
+    ]
+    sch = Schedule(sources, [ListReader([1] * 4), ListReader([1] * 2)], unit="rows", max_len=1)
+    rows = run(sch, 100)
+    assert rows.shape[1] == 4 and set(rows[0].tolist()) == {0}
+    assert "every source reached" not in sch.done
+    assert sch.done == (
+        "every source with a weight reached its max_epochs; only weight-0 source(s) 'idle' "
+        "remain, which are never drawn from"
+    )
+    (stop,) = [e for e in sch.events if e["what"] == "stopped"]
+    assert stop["message"] == f"the mixture ended: {sch.done}"
+
+
 def test_total_tokens_ends_at_the_row_that_reaches_it():
     sch = Schedule(
         specs([1, 1]),
