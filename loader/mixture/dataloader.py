@@ -164,6 +164,7 @@ class MixedDataLoader(DataLoader):
                 self._state = None  # the dataset's own position (made when asked for)
                 yield batch
             return
+        ds._loader_workers = self.num_workers  # its own state_dict() would be stale
         load_kernel()  # the workers forked below inherit it
         ring = self._new_ring(int(start["step"]))
         self.worker_init_fn = _WorkerInit(ring, self._user_worker_init)
@@ -226,7 +227,7 @@ class MixedDataLoader(DataLoader):
             step, chunk, j = self._where
             self._state = self._mixed.state_at(step, state_after(self._mixed.names, chunk, j))
             self._where = None
-        state = self._state if self._state is not None else self._mixed.state_dict()
+        state = self._state if self._state is not None else self._mixed.position()
         return {"mixed_dataset": state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

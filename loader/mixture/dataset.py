@@ -58,6 +58,7 @@ from loader.mixture.sources import (
 from loader.mixture.steps import RowStream, Step, plan_steps
 from loader.mixture.worker import ring_parts
 from loader.packed.dataset import AHEAD_GROUPS, AHEAD_STEPS, look_ahead
+from loader.packed.resume import stale_state_message
 from loader.packed.transport import Ring
 from loader.record import Documents, empty_documents
 from loader.store.row_group import write_parts
@@ -166,6 +167,9 @@ class MixedDataset(IterableDataset):
         """What the last loaded state's mixture changed (shown by `describe()`)."""
         self._reported = 0  # schedule events already warned about (main process)
         self._worker_ring: Ring | None = None
+        # Workers of the MixedDataLoader that iterated this dataset last (main process; 0: it
+        # iterated here): their copies advance, this one does not, so state_dict() refuses.
+        self._loader_workers = 0
 
     # ---- identity and state -----------------------------------------------------------------
 
@@ -205,7 +209,18 @@ class MixedDataset(IterableDataset):
         return self.state_at(0, self.new_schedule(None).state())
 
     def state_dict(self) -> dict[str, Any]:
-        """The position after the last batch this process yielded (before any: the start)."""
+        """The position after the last batch this process yielded (before any: the start).
+
+        Raises:
+            ConfigError: After a `MixedDataLoader` with workers iterated the dataset (their
+                copies advanced, not this one): save the loader's `state_dict()`.
+        """
+        if self._loader_workers and get_worker_info() is None:
+            raise ConfigError(stale_state_message("MixedDataset", self._loader_workers))
+        return self.position()
+
+    def position(self) -> dict[str, Any]:
+        """`state_dict()` of this copy, unchecked (`MixedDataLoader` without workers)."""
         return self._last_step.state if self._last_step is not None else self.start_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -230,6 +245,7 @@ class MixedDataset(IterableDataset):
         self._reported = len(schedule.events)
         self._start = self.state_at(int(state["step"]), schedule.state())
         self._last_step = None
+        self._loader_workers = 0  # the position is the loaded one, in this process too
 
     # ---- the stream of steps ----------------------------------------------------------------
 
@@ -414,6 +430,8 @@ class MixedDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        if info is None:
+            self._loader_workers = 0  # iterated in this process: its position is this copy's
         start = self.start_state()
         stream = RowStream(self, start["schedule"])
         first = int(start["step"])

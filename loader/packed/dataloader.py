@@ -115,6 +115,7 @@ class PackedDataLoader(DataLoader):
                 self._position = (epoch, origin, consumed, plan)
                 yield batch
         else:
+            ds._loader_workers = self.num_workers  # its own state_dict() would be stale
             # Persistent workers keep the ring they started with; otherwise every iteration
             # starts new workers, with a ring of their own (two live iterators never share one).
             if self._ring is None or not self.persistent_workers or self._iterator is None:

@@ -39,7 +39,13 @@ from loader.context_parallel import cp_split
 from loader.order.balance import imbalance, row_cost
 from loader.order.permutation import EpochOrder
 from loader.order.steps import EpochPlan, block_steps_bound, iter_blocks, rank_rows
-from loader.packed.resume import check_state, make_state, merge_loader_state, resume_point
+from loader.packed.resume import (
+    check_state,
+    make_state,
+    merge_loader_state,
+    resume_point,
+    stale_state_message,
+)
 from loader.packed.transport import CompactBatch, Ring
 from loader.record import Documents
 from loader.store.row_index import RowIndex
@@ -161,6 +167,9 @@ class PackedDataset(IterableDataset):
         self._plan_cache: tuple[tuple[int, int], EpochPlan] | None = None
         # Set only inside the worker processes of a PackedDataLoader (loader/packed/transport.py).
         self._worker_ring: Ring | None = None
+        # Workers of the PackedDataLoader that iterated this dataset last (main process; 0: it
+        # iterated here): their copies advance, this one does not, so state_dict() refuses.
+        self._loader_workers = 0
 
     # ---- planning ---------------------------------------------------------------------------
 
@@ -339,6 +348,8 @@ class PackedDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor | int]]:
         info = get_worker_info()
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        if info is None:
+            self._loader_workers = 0  # iterated in this process: its position is this copy's
         if self._local_resume is not None:
             epoch, origin, first, cursor = self._local_resume
             self._local_resume = None
@@ -438,7 +449,14 @@ class PackedDataset(IterableDataset):
     # ---- resume -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this copy of the dataset stands (this worker's next global step)."""
+        """Where this copy of the dataset stands (this worker's next global step).
+
+        Raises:
+            ConfigError: In the main process, after a `PackedDataLoader` with workers iterated
+                the dataset: the workers' copies advanced, not this one (save the loader's).
+        """
+        if self._loader_workers and get_worker_info() is None:
+            raise ConfigError(stale_state_message("PackedDataset", self._loader_workers))
         plan = self.plan(self._iter_epoch, self._iter_origin)
         return self._state(self._iter_epoch, self._iter_origin, self._next_step, plan)
 
@@ -473,6 +491,7 @@ class PackedDataset(IterableDataset):
                 self._local_resume = self._resume_point(state, own_step=True)
                 return
         self._check(merged)
+        self._loader_workers = 0  # the position is the loaded one, in this process too
         epoch, origin, first, cursor = self._resume_point(merged, own_step=False)
         self._plan_cache = None  # a fresh plan: only this state's position is known in it
         self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, origin, first, 1

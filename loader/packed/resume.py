@@ -242,3 +242,16 @@ def merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:
             )
     # Each worker's next step; the first unconsumed global step is the smallest of them.
     return min(states, key=lambda s: (s["epoch"], s["next_step"]))
+
+
+def stale_state_message(what: str, workers: int) -> str:
+    """Why a dataset's own `state_dict()` is refused in the main process after its loader's
+    workers iterated it (`PackedDataset`, `MixedDataset`): their copies advanced, not this one,
+    and a state of it would repeat data."""
+    loader = "PackedDataLoader" if what == "PackedDataset" else "MixedDataLoader"
+    return (
+        f"{what}.state_dict(): a {loader} with {workers} worker(s) iterated this dataset in its "
+        "worker processes, so this process's copy did not advance and its state would repeat "
+        f"data; save the loader's state instead ({loader}.state_dict(), resumed with its "
+        "load_state_dict)"
+    )

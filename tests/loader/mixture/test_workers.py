@@ -220,3 +220,29 @@ def test_a_worker_hands_each_row_group_to_the_decode_thread_before_gathering_it(
     assert parts > 50 and len(handed) >= 6  # of the 16 row groups, this worker's share
     assert late == []  # nothing gathered before it was handed to the decode thread
     assert waited == []  # every row group was pending or cached when gathered
+
+
+def test_the_dataset_state_after_loader_workers_iterated_it_is_refused(sources):
+    """MixedDataLoader workers advance their copies of the mixture, not the main process's:
+    MixedDataset.state_dict() (and describe()) said step 0 after 4 batches. Refused, naming the
+    loader's state; without workers and after a load it is the position."""
+    from loader import MixedDataLoader
+    from packtool.errors import ConfigError
+
+    whole, _ = stream(MixedDataset(spec(sources), rows_per_batch=2), take=7)
+    ds = MixedDataset(spec(sources), rows_per_batch=2)
+    first, state = stream(ds, workers=2, take=4)
+    assert state["mixed_dataset"]["step"] == 4
+    for call in (ds.state_dict, ds.describe):
+        with pytest.raises(ConfigError, match=r"\(MixedDataLoader\.state_dict\(\)"):
+            call()
+    ds.load_state_dict(state)
+    assert ds.state_dict()["step"] == 4 and ds.describe()["step"] == 4
+    rest, _ = stream(ds, take=3)
+    assert same(first + rest, whole)
+    # without workers the dataset iterates here: its state is the loader's
+    ds = MixedDataset(spec(sources), rows_per_batch=2)
+    stream(ds, workers=2, take=2)
+    _, state = stream(ds, take=3)
+    assert ds.state_dict() == state["mixed_dataset"] and state["mixed_dataset"]["step"] == 3
+    assert MixedDataLoader(ds).state_dict() == state  # a new loader, not iterated

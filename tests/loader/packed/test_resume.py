@@ -346,3 +346,41 @@ def test_batch_size_none_is_what_the_loaders_use(random_dataset):
     assert len(list(MixedDataLoader(mixture(), batch_size=None))) == 3
     with pytest.raises(ConfigError, match=r"MixedDataLoader: \['batch_size'\] belong to"):
         MixedDataLoader(mixture(), batch_size=4)
+
+
+def test_the_dataset_state_after_loader_workers_iterated_it_is_refused(random_dataset, reference):
+    """With PackedDataLoader workers the workers' copies advance and the main process's does
+    not: ds.state_dict() said step 0 after 5 batches, and a checkpoint of it repeated them. It
+    is refused, naming the loader's state; in process (num_workers=0), after the dataset
+    iterates here again, after a load, and through StatefulDataLoader it is the position."""
+    from packtool.errors import ConfigError
+
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    dl = PackedDataLoader(ds, num_workers=2)
+    first = [_key(b) for b in itertools.islice(dl, 5)]
+    with pytest.raises(ConfigError, match=r"2 worker\(s\).*\(PackedDataLoader\.state_dict\(\)"):
+        ds.state_dict()
+    state = dl.state_dict()
+    assert state["packed_dataset"]["next_step"] == 5
+    ds.load_state_dict(state)  # the dataset's position is the loaded one: its state is right
+    assert ds.state_dict()["next_step"] == 5
+    rest = [_key(b) for b in PackedDataLoader(ds)]
+    assert first + rest == reference[: len(first) + len(rest)]
+    # num_workers=0: the dataset iterates here, and its state is the loader's
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    dl = PackedDataLoader(ds, num_workers=2)
+    list(itertools.islice(dl, 2))
+    dl0 = PackedDataLoader(ds)
+    list(itertools.islice(dl0, 3))
+    assert ds.state_dict() == dl0.state_dict()["packed_dataset"]
+    # StatefulDataLoader asks each worker's copy (and, without workers, this one)
+    for workers in (2, 0):
+        ds = PackedDataset(random_dataset, **SETTINGS)
+        list(itertools.islice(PackedDataLoader(ds, num_workers=2), 1))  # then another loader
+        sdl = StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+        got = [_key(b) for b in itertools.islice(sdl, 3)]
+        again = StatefulDataLoader(
+            PackedDataset(random_dataset, **SETTINGS), batch_size=None, num_workers=workers
+        )
+        again.load_state_dict(sdl.state_dict())
+        assert got + [_key(b) for b in again][:2] == reference[:5]
