@@ -378,7 +378,7 @@ def _open_sentencepiece(source: Source, workers: int) -> Encoder:
     try:
         sp = sentencepiece.SentencePieceProcessor(model_file=source.path)
     except (RuntimeError, OSError) as exc:
-        raise EngineRefused(f"not a SentencePiece model ({one_line(exc)})") from None
+        raise EngineRefused(one_line(exc)) from None  # engine_open says "not a SentencePiece model"
     return _SentencePieceEncoder(sp, workers)
 
 

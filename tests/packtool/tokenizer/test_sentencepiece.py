@@ -202,6 +202,7 @@ def test_bad_model_files_and_engines_are_one_line(tmp_path, model):
     corpus.write_text('{"text": "x"}\n')
     code, _, err = run("stats", corpus, "--tokenizer", bad)
     assert code == 1 and "bad.model: not a SentencePiece model" in one_error_line(err)
+    assert one_error_line(err).count("not a SentencePiece model") == 1  # it was said twice
 
 
 def test_the_conversion_for_gigatoken_is_kept_and_a_damaged_copy_redone(tmp_path, monkeypatch):
