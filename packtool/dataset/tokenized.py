@@ -38,6 +38,7 @@ def tokenized_schema(
     extra_fields: Iterable[str] = (),
     token_type: pa.DataType | None = None,
     optional: Iterable[str] = (),
+    special_names: dict[str, str] | None = None,
 ) -> pa.Schema:
     """The Arrow schema of tokenized Parquet, with the tokenizer identity in its metadata.
 
@@ -45,6 +46,8 @@ def tokenized_schema(
     `length`, stored per document as the shards store them per row (`loss_mask`: bytes), a value
     for per-document ones.
     Files with one are version 2 (their metadata lists them); without, version 1 as before.
+    `special_names`: where the EOS / BOS defaults came from (`Tokenizer.special_names`), kept as
+    `special_tokens` so a `pack` of the file records them as a pack of the text does.
     """
     if token_type is None:
         token_type = pa.uint16() if identity.vocab_size <= 1 << 16 else pa.uint32()
@@ -65,6 +68,8 @@ def tokenized_schema(
     meta: dict[str, Any] = {"format": FORMAT, "version": 1, "tokenizer": identity.to_dict()}
     if optional:
         meta.update(version=FORMAT_VERSION, columns=list(optional))
+    if special_names:
+        meta["special_tokens"] = dict(special_names)
     return pa.schema(fields, metadata={META_KEY: json.dumps(meta).encode()})
 
 

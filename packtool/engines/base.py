@@ -241,9 +241,13 @@ class Run:
         )
 
     def special_names(self) -> dict[str, str]:
-        """Where the EOS / BOS of raw inputs came from (tokenized inputs carry theirs)."""
+        """Where the EOS / BOS came from: the tokenizer's for raw inputs, what `packtool
+        tokenize` recorded in tokenized ones."""
+        if self.checked.tokenized and not self.checked.records:  # records are encoded here
+            facts = self.checked.facts
+            return dict(facts.special_names or {}) if facts is not None else {}
         tok = self.checked.tokenizer
-        return dict(tok.special_names) if tok is not None and not self.checked.tokenized else {}
+        return dict(tok.special_names) if tok is not None else {}
 
     def finish(self, cores_used: str) -> PackSummary:
         """The final stage, `index.json`, and the run state removed (see the module docstring)."""

@@ -174,6 +174,8 @@ class InputFacts:
     sft_kind: str | None
     kinds: tuple[str, ...]
     """How each input file is read (`plan.KINDS`), in reading order."""
+    special_names: dict[str, str] | None = None
+    """Tokenized inputs: where their EOS / BOS came from (`InputsRead.special_names`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
@@ -187,6 +189,7 @@ class InputFacts:
             mask_source=d["mask_source"],
             sft_kind=d["sft_kind"],
             kinds=tuple(d["kinds"]),
+            special_names=d.get("special_names"),  # absent from runs saved before it
         )
 
 
@@ -212,6 +215,7 @@ def _read_facts(config: RunConfig, paths: list[Path]) -> InputFacts:
         mask_source=read.mask_source,
         sft_kind=read.sft_kind,
         kinds=tuple(_file_kinds(paths, read.mode)),
+        special_names=read.special_names() or None,
     )
 
 

@@ -103,6 +103,14 @@ class InputsRead:
         """The tokenizer recorded in tokenized inputs (`input_identity`)."""
         return common_identity(self.tokenized) if self.tokenized else None
 
+    def special_names(self) -> dict[str, str]:
+        """Where the recorded EOS / BOS defaults came from, as `packtool tokenize` wrote it
+        (the same in every file, else nothing: files tokenized apart may say it otherwise)."""
+        said = [meta.get("special_tokens") for _, meta in self.tokenized]
+        if not said or not isinstance(said[0], dict) or any(s != said[0] for s in said):
+            return {}
+        return {k: v for k, v in said[0].items() if isinstance(v, str)}
+
 
 def inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
     """What the inputs are (`InputsRead`), each footer and first record read once
@@ -428,7 +436,12 @@ def tokenize_corpus(
     single = out.name.lower().endswith(".parquet")
     skips = SkipCounter(strict=config.strict)
     optional = input_columns(inputs, config)  # e.g. loss_mask from labels: passed through
-    schema = tokenized_schema(tokenizer.identity, config.extra_fields, optional=optional)
+    schema = tokenized_schema(
+        tokenizer.identity,
+        config.extra_fields,
+        optional=optional,
+        special_names=tokenizer.special_names,
+    )
 
     def prepare(paths: OutputPaths) -> None:
         if paths.hub or paths.remote and not paths.whole_object:  # a link and versions

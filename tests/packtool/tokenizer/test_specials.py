@@ -236,3 +236,23 @@ def test_the_summary_names_special_tokens_map_json_where_the_eos_came_from_it(tm
     # An old config (no added_tokens_decoder) overridden key by key by the map.
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     assert load_tokenizer(str(folder)).special_names["eos"] == "<eos2> (special_tokens_map.json)"
+
+
+def test_a_pack_of_tokenized_parquet_records_where_the_eos_and_bos_came_from(tmp_path):
+    """index.json's extra.special_tokens (and the summary) said where the EOS / BOS came from
+    for a pack of text, nothing for a pack of the same text tokenized first."""
+    path = with_post_processor("metaspace", tmp_path / "m")
+    (tmp_path / "m" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in stdlib_sample(every=300)))
+    code, _, err = run("tokenize", corpus, "-o", tmp_path / "t.parquet", "--tokenizer", path)
+    assert code == 0, err
+    packed = {}
+    for name, source in (("text", corpus), ("tokenized", tmp_path / "t.parquet")):
+        out = tmp_path / name
+        code, summary, err = run("pack", source, "-o", out, "--max-len", "256", "--tokenizer", path)
+        assert code == 0, err
+        packed[name] = json.loads((out / "index.json").read_text())["extra"]["special_tokens"]
+        assert "</s> (tokenizer_config.json)" in summary
+    assert packed["tokenized"] == packed["text"]
+    assert packed["text"]["bos"].startswith("<s> (tokenizer.json post-processor")
