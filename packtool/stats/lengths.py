@@ -290,8 +290,10 @@ class LengthStats:
     long_documents: int
     """Documents longer than max_len."""
     long_tokens: int
+    long_chunks: int
+    """The pieces the documents longer than max_len are split into."""
     chunks: int
-    """Pieces after splitting documents longer than max_len."""
+    """Pieces of the whole corpus after splitting (every document is one, or its pieces)."""
     pad_to_max_len_slots: int
     pad_per_batch_slots: int
     lower_bound_l1: int
@@ -337,7 +339,8 @@ class LengthStats:
             "longer_than_max_len": {
                 "documents": self.long_documents,
                 "tokens": self.long_tokens,
-                "chunks_after_split": self.chunks,
+                "chunks": self.long_chunks,
+                "chunks_after_split": self.chunks,  # the whole corpus's
             },
             "padding": {
                 "pad_to_max_len": {
@@ -446,6 +449,7 @@ def length_stats(
         histogram_32=_histogram_linear(arr, 32),
         long_documents=int(long_mask.sum()),
         long_tokens=int(arr[long_mask].sum()),
+        long_chunks=int(-(-arr[long_mask] // L).sum()),
         chunks=int(chunks.size),
         pad_to_max_len_slots=int(chunks.size) * L,
         pad_per_batch_slots=_pad_per_batch_slots(chunks, config.batch_size) if chunks.size else 0,

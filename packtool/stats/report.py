@@ -124,7 +124,7 @@ def render_report(s: LengthStats) -> str:
                 (
                     f"longer than {L:,}",
                     f"{s.long_documents:,} documents, {s.long_tokens:,} tokens "
-                    f"-> {s.chunks:,} chunks after splitting",
+                    f"-> {s.long_chunks:,} chunks after splitting ({s.chunks:,} pieces in all)",
                 ),
                 (f"pad each to {L:,}", f"{_pct(s.pad_to_max_len_waste)} of slots wasted"),
                 (

@@ -33,7 +33,8 @@ def test_table(small_corpus):
     assert "tokens      170\n" in result.output
     assert "min 10  mean 42.5  p50 20  p90 100  p99 100  max 100" in result.output
     assert "skipped     1 skipped: empty 1" in result.output
-    assert "longer than 64          1 documents, 100 tokens -> 5 chunks" in result.output
+    # the 100-token document becomes 2 chunks; the corpus is 5 pieces after splitting
+    assert "1 documents, 100 tokens -> 2 chunks after splitting (5 pieces in all)" in result.output
     assert "suggested max length:" in result.output
 
 

@@ -103,6 +103,13 @@ def test_padding_after_split_and_partial_batch():
     # [10, 3] at max_len 8 -> chunks 8, 2, 3; batches (8, 2) -> 16 slots, (3) -> 3 slots.
     s = length_stats([10, 3], StatsConfig(max_len=8, batch_size=2, candidates=(8,)))
     assert (s.long_documents, s.long_tokens, s.chunks) == (1, 10, 3)
+    assert s.long_chunks == 2  # the 10-token document's pieces (the corpus has 3 in all)
+    assert s.to_dict()["longer_than_max_len"] == {
+        "documents": 1,
+        "tokens": 10,
+        "chunks": 2,
+        "chunks_after_split": 3,
+    }
     assert s.pad_to_max_len_slots == 24
     assert s.pad_per_batch_slots == 19
     assert (s.lower_bound_l1, s.lower_bound_l2, s.ffd_rows) == (2, 2, 2)
