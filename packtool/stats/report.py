@@ -39,18 +39,23 @@ def _render_histogram_32(
     longer: int,
     per_line: int = 32,
     max_lines: int = 4,
+    lengths: np.ndarray | None = None,
 ) -> list[str]:
     """The length histogram up to max_len, one character per bucket (height ~ documents).
 
     Buckets are 32 tokens wide, or a multiple of 32 chosen so that the picture stays within
     `max_lines` lines (at max_len 4,096 it is 32; at 1 M tokens it would otherwise be 1,000
-    lines). `longer` is the number of documents longer than max_len.
+    lines). `longer` is the number of documents longer than max_len; where max_len is not a
+    multiple of 32 they are taken out of the last bucket (with `lengths`: the documents' own),
+    which ends past it.
     """
     n = -(-max_len // 32)
     counts = np.zeros(n, dtype=np.int64)
     for b in buckets:
         if b["lo"] != 0 and b["hi"] <= n * 32:
             counts[(b["hi"] - 1) // 32] = b["documents"]
+    if lengths is not None and n * 32 > max_len:
+        counts[-1] -= int(((lengths > max_len) & (lengths <= n * 32)).sum())
     group = -(-n // (per_line * max_lines))
     counts = np.pad(counts, (0, -n % group)).reshape(-1, group).sum(axis=1)
     width, n = 32 * group, len(counts)
@@ -59,7 +64,7 @@ def _render_histogram_32(
     levels = np.where(counts > 0, np.maximum(1, np.round(8 * counts / peak)), 0).astype(int)
     lines = [f"length histogram ({width}-token buckets up to {max_len:,}; bar height ~ documents)"]
     for start in range(0, n, per_line):
-        lo, hi = start * width + 1, min(n, start + per_line) * width
+        lo, hi = start * width + 1, min(min(n, start + per_line) * width, max_len)
         bars = "".join(_BARS[v] for v in levels[start : start + per_line])
         lines.append(f"{lo:>7,}-{hi:<7,} |{bars}|")
     lines.append(f"longer than {max_len:,}: {longer:,} documents")
@@ -114,7 +119,7 @@ def render_report(s: LengthStats) -> str:
         for b in s.histogram_log2
     ]
     lines += _table(["length", "documents", "% docs", "% tokens", ""], hist_rows)
-    lines += ["", *_render_histogram_32(s.histogram_32, L, s.long_documents)]
+    lines += ["", *_render_histogram_32(s.histogram_32, L, s.long_documents, lengths=s.lengths)]
     lines += [
         "",
         f"at max length {L:,}",

@@ -332,3 +332,12 @@ def test_text_output_draws_the_32_token_histogram():
     assert "length histogram (32-token buckets up to 64; bar height ~ documents)" in text
     assert "      1-64      |█▄|" in text
     assert "longer than 64: 2 documents" in text
+
+
+def test_documents_past_max_len_stay_out_of_the_last_histogram_bucket():
+    """At max_len 40 the last bucket is [33, 64]: the 40 documents of 51 tokens were drawn in it
+    (a full bar under '1-64') and counted again as longer than 40; no document is 33-40 long."""
+    s = length_stats([10] * 10 + [51] * 40 + [35], StatsConfig(max_len=40, candidates=(40,)))
+    text = render_report(s)
+    assert "      1-40      |█▁|" in text  # 10 documents of 10 tokens, 1 of 35
+    assert "longer than 40: 40 documents" in text
