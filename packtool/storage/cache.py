@@ -14,10 +14,16 @@ under `cache_dir`, and memory-mapped from there by every worker (and rank) that 
   close (`pinned`); eviction takes an exclusive one without waiting and skips what it cannot
   lock, and a reader that locked a file just unlinked notices (`st_nlink == 0`) and fetches it
   again.
-- **Bounded.** Every process sweeps after it has downloaded `limit / 16` bytes: when the files
-  add up to more than `limit`, the least recently read (mtime, touched by `pinned`) are deleted
-  down to 90% of it. The cache can run over `limit` by at most what the node's processes
-  downloaded since their last sweep (each `limit / 16`) plus what is pinned.
+- **Bounded.** Every process sweeps at its first download and then after each `limit / 16`
+  bytes it downloads: when the files add up to more than `limit`, the least recently read
+  (mtime, touched by `pinned`) are deleted down to 90% of it. While P processes download at
+  once the cache can run over `limit` by at most P x `limit / 16` plus what is pinned; what a
+  run left over the limit goes at the next process's first download.
+- **Checked.** Each file ends with a CRC32 of its bytes (`TRAILER`); `pinned` checks it, and the
+  size, before any byte is handed on, and a file that fails (a flipped bit on disk, a file cut
+  short by a crash: the rename is not synced) is deleted and downloaded again. A footer read
+  from a damaged copy could abort the process inside pyarrow's C++ (no Python exception to
+  catch), so nothing unchecked is parsed.
 
 Records in: an object's URL, its content key (sha256), a byte range. Out: a read-only buffer of
 those bytes (`pinned`) or the cached file's path (`fetch`).
@@ -26,11 +32,13 @@ those bytes (`pinned`) or the cached file's path (`fetch`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import io
 import mmap
 import os
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +47,9 @@ from packtool.errors import ConfigError
 from packtool.storage import local
 
 CACHE_ENV = "PACKTOOL_CACHE_DIR"
+MAGIC = b"PTc1"
+TRAILER = 8
+"""Bytes after a cached range: its CRC32 (little-endian) and `MAGIC`."""
 STALE_S = 2.0
 """A `.part` file whose downloader holds no lock was left by a dead process when it holds
 bytes (the downloader writes only under its lock), or when it is empty and older than this."""
@@ -79,12 +90,12 @@ class RangeCache:
         if self.limit < 1:
             raise ConfigError(f"cache_limit must be >= 1 byte, got {limit}")
         _check_folder(self.folder)
-        self._since_sweep = 0
+        self._since_sweep = self.limit  # the first download sweeps: a past run's excess goes
         self.downloaded = 0
         """Bytes this process downloaded (cache misses it served itself)."""
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_since_sweep": 0, "downloaded": 0}
+        return {**self.__dict__, "_since_sweep": self.limit, "downloaded": 0}
 
     def path(self, key: str, start: int, end: int) -> Path:
         return self.folder / key[:2] / f"{key}-{start}-{end}"
@@ -100,20 +111,30 @@ class RangeCache:
             try:
                 fd = os.open(part, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileNotFoundError:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise self._unwritable(exc) from None
                 continue
             except FileExistsError:
                 self._wait_or_take_over(part)
                 continue
+            except OSError as exc:
+                raise self._unwritable(exc) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if path.exists():  # finished by another process between our checks
                     os.unlink(part)
                     return path
                 data = local.read_range(url, start, end)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
+                trailer = zlib.crc32(data).to_bytes(4, "little") + MAGIC
+                try:
+                    for chunk in (data, trailer):
+                        view = memoryview(chunk)
+                        while view:
+                            view = view[os.write(fd, view) :]
+                except OSError as exc:
+                    raise self._unwritable(exc) from None
                 self.downloaded += end - start
                 self._since_sweep += end - start
                 if self._since_sweep > self.limit // 16:
@@ -130,6 +151,16 @@ class RangeCache:
                 os.close(fd)
             return path
 
+    def _unwritable(self, exc: OSError) -> Exception:
+        """A cache folder that cannot take a download: one line naming it, not the shard."""
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
+            return ConfigError(
+                f"cache_dir {self.folder}: cannot write a download there ({exc.strerror}); "
+                f"give cache_dir (or ${CACHE_ENV}) a writable folder with room for cache_limit "
+                f"({self.limit:,} bytes)"
+            )
+        return exc
+
     def _wait_or_take_over(self, part: Path) -> None:
         """Another process downloads `part`: wait a moment; if it died, remove its `.part`."""
         try:
@@ -143,7 +174,9 @@ class RangeCache:
                 time.sleep(WAIT_S)  # being downloaded
                 return
             st = os.fstat(fd)
-            if st.st_nlink and (st.st_size > 0 or time.time() - st.st_mtime > STALE_S):
+            # Age either way: a clock stepped back (or another machine's, on shared storage)
+            # left an empty `.part` "in the future", and every reader waited until then.
+            if st.st_nlink and (st.st_size > 0 or abs(time.time() - st.st_mtime) > STALE_S):
                 with contextlib.suppress(OSError):
                     os.unlink(part)  # its downloader died
             else:
@@ -153,8 +186,10 @@ class RangeCache:
 
     @contextlib.contextmanager
     def pinned(self, url: Any, key: str, start: int, end: int) -> Iterator[memoryview]:
-        """The bytes `start`..`end` of `url`, memory-mapped from the cache; the file cannot be
-        evicted until the block ends."""
+        """The bytes `start`..`end` of `url`, memory-mapped from the cache and checked against
+        their CRC32; the file cannot be evicted until the block ends. A cached copy that fails
+        the check is deleted and downloaded again."""
+        damaged = 0
         while True:
             path = self.fetch(url, key, start, end)
             try:
@@ -165,18 +200,21 @@ class RangeCache:
             if os.fstat(fd).st_nlink == 0:  # evicted before our lock: fetch it again
                 os.close(fd)
                 continue
-            break
+            mapped = _checked_map(fd, end - start)
+            if mapped is not None:
+                break
+            os.close(fd)
+            damaged += 1
+            if damaged > 2:  # each copy just downloaded: not the disk's doing
+                raise OSError(f"{path}: the cached copy fails its CRC32 after downloading anew")
+            self.discard(key, start, end)  # damaged on disk: downloaded again
         try:
             with contextlib.suppress(OSError):
                 os.utime(fd)  # recently read: the last to be evicted
-            size = os.fstat(fd).st_size
-            if size != end - start:
-                raise OSError(f"{path}: {size} bytes cached, {end - start} expected")
-            if size == 0:
+            if mapped is _EMPTY:
                 yield memoryview(b"")
                 return
-            mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-            view = memoryview(mapped)
+            view = memoryview(mapped)[: end - start]
             try:
                 yield view
             finally:
@@ -232,6 +270,27 @@ class RangeCache:
             finally:
                 os.close(fd)
         return total - incoming
+
+
+_EMPTY: Any = object()
+
+
+def _checked_map(fd: int, n: int) -> Any:
+    """The file open at `fd` mapped, when it holds `n` bytes and a trailer whose CRC32 they
+    match (`_EMPTY` for `n` == 0); None for a damaged or unfinished copy (also one written
+    before trailers: it is downloaded again)."""
+    if os.fstat(fd).st_size != n + TRAILER:
+        return None
+    mapped = mmap.mmap(fd, n + TRAILER, prot=mmap.PROT_READ)
+    view = memoryview(mapped)
+    ok = view[n + 4 :] == MAGIC and zlib.crc32(view[:n]) == int.from_bytes(
+        view[n : n + 4], "little"
+    )
+    view.release()
+    if ok and n:
+        return mapped
+    mapped.close()
+    return _EMPTY if ok else None
 
 
 class RangeFile(io.RawIOBase):

@@ -15,7 +15,7 @@ from loader import PackedDataLoader, PackedDataset
 from packtool.dataset.shards import ShardConfig
 from packtool.engines.local import RunConfig, run_pack
 from packtool.pack.chunk import PackConfig
-from packtool.storage.cache import RangeCache
+from packtool.storage.cache import TRAILER, RangeCache
 
 ROOT = Path(__file__).resolve().parents[3]
 CORPUS = ROOT / "sample_data" / "corpus.jsonl"
@@ -97,7 +97,7 @@ def test_a_warm_cache_downloads_nothing_and_a_node_downloads_each_range_once(dat
     for t in threads:
         t.join()
     assert sum(c.downloaded for c in readers) == end - start
-    assert fresh.sweep() == end - start
+    assert fresh.sweep() == end - start + TRAILER  # the range and its CRC32 trailer
 
 
 def test_a_pinned_range_is_never_evicted(datasets, tmp_path):
@@ -300,3 +300,32 @@ def test_a_cache_dir_that_is_a_file_is_refused_at_construction(datasets, tmp_pat
             PackedDataset(url, rows_per_batch=2, cache_dir=str(cache_dir))
     fresh = tmp_path / "new" / "cache"  # a missing folder is made
     assert len(list(PackedDataset(url, rows_per_batch=2, cache_dir=str(fresh)))) > 0
+
+
+def test_damaged_cached_footers_and_row_groups_are_downloaded_again(datasets, tmp_path):
+    """A flipped bit in a cached footer could abort every reader of the node inside pyarrow's
+    C++ (exit 134, no exception), and a cut row-group copy failed every read as 'the shard is
+    damaged' until the cache was emptied by hand: each copy is now checked (CRC32) first."""
+    local, url = datasets
+    cache = tmp_path / "cache"
+    ds = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(cache), shuffle=False)
+    want = [b["input_ids"].tolist() for b in ds]
+    assert want == [
+        b["input_ids"].tolist() for b in PackedDataset(local, tokens_per_batch=4096, shuffle=False)
+    ]
+    sizes = {s.sha256: s.bytes for s in ds.store.manifest.shards}
+    footers = rows = 0
+    for f in cache.rglob("*-*-*"):
+        key, _, end = f.name.rsplit("-", 2)
+        data = bytearray(f.read_bytes())
+        if int(end) == sizes[key]:  # a footer's range: flip a bit in the middle
+            data[len(data) // 2] ^= 0x04
+            footers += 1
+        else:  # a row group's: cut it short
+            data = data[: len(data) // 3]
+            rows += 1
+        f.write_bytes(bytes(data))
+    assert footers == len(sizes) and rows > 10
+    again = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(cache), shuffle=False)
+    assert [b["input_ids"].tolist() for b in again] == want
+    assert again.store.downloaded_bytes > 0  # the damaged copies, downloaded again

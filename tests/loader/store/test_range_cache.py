@@ -1,0 +1,114 @@
+"""The node's range cache (packtool/storage/cache.py) against damage and odd states, with local
+files standing for objects (`local.read_range` reads either): a damaged cached copy is never
+handed on but downloaded again, a clock stepped back never makes readers wait, a past run's
+excess goes at the first download, and a cache folder that cannot be written says so."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from packtool.errors import ConfigError
+from packtool.storage import cache as cache_module
+from packtool.storage.cache import TRAILER, RangeCache
+
+KEY = "ab" * 32
+
+
+@pytest.fixture
+def obj(tmp_path) -> Path:
+    path = tmp_path / "object.bin"
+    path.write_bytes(os.urandom(50_000))
+    return path
+
+
+def _read(cache: RangeCache, obj: Path, start: int, end: int) -> bytes:
+    with cache.pinned(obj, KEY, start, end) as view:
+        return bytes(view)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "extend", "no_trailer"])
+def test_a_damaged_cached_copy_is_downloaded_again_never_handed_on(tmp_path, obj, damage):
+    """A cut or emptied copy failed every read ('the shard is damaged') until the cache was
+    emptied by hand; a flipped bit in a footer aborted every reader inside pyarrow."""
+    cache = RangeCache(tmp_path / "c", 1 << 30)
+    want = obj.read_bytes()[1000:9000]
+    assert _read(cache, obj, 1000, 9000) == want
+    path = cache.path(KEY, 1000, 9000)
+    data = bytearray(path.read_bytes())
+    assert len(data) == 8000 + TRAILER
+    if damage == "flip":
+        data[1234] ^= 0x04
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "empty":
+        data = bytearray()
+    elif damage == "extend":
+        data += b"0123456789"
+    else:  # a copy written before the trailers
+        data = data[:-TRAILER]
+    path.write_bytes(bytes(data))
+    before = cache.downloaded
+    assert _read(cache, obj, 1000, 9000) == want
+    assert cache.downloaded == before + 8000  # downloaded again
+    assert _read(cache, obj, 1000, 9000) == want and cache.downloaded == before + 8000
+
+
+def test_an_empty_range_and_a_fresh_copy_pass_their_check(tmp_path, obj):
+    cache = RangeCache(tmp_path / "c", 1 << 30)
+    assert _read(cache, obj, 5, 5) == b""
+    assert _read(cache, obj, 0, 50_000) == obj.read_bytes()
+    assert cache.downloaded == 50_000
+
+
+def test_an_unlocked_empty_part_from_the_future_is_taken_over(tmp_path, obj):
+    """A reader killed mid-GET leaves an empty `.part`; with its mtime ahead of the clock
+    (a clock stepped back, another machine's clock) every reader waited until then."""
+    cache = RangeCache(tmp_path / "c", 1 << 30)
+    path = cache.path(KEY, 0, 100)
+    path.parent.mkdir(parents=True)
+    part = path.with_name(path.name + ".part")
+    part.touch()
+    future = time.time() + 600
+    os.utime(part, (future, future))
+    done = []
+    t = threading.Thread(target=lambda: done.append(_read(cache, obj, 0, 100)), daemon=True)
+    t.start()
+    t.join(timeout=20)
+    assert done == [obj.read_bytes()[:100]]
+
+
+def test_a_past_runs_excess_goes_at_the_first_download(tmp_path, obj):
+    """The sweep counter started at 0 in every process: each could add limit / 16 before its
+    first sweep, and what a run left over the limit stayed."""
+    big = RangeCache(tmp_path / "c", 1 << 30)
+    for i in range(10):  # a past run: 200 KB of ranges
+        _read(big, obj, i * 3000, i * 3000 + 20_000)
+    assert big.sweep() == 10 * (20_000 + TRAILER)
+    small = RangeCache(tmp_path / "c", 100_000)
+    _read(small, obj, 45_000, 46_000)  # one download, far below limit / 16
+    held = sum(p.stat().st_size for p in (tmp_path / "c").rglob("*") if p.is_file())
+    assert held <= 100_000  # measured on disk (a sweep() here would sweep)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_a_cache_folder_that_cannot_be_written_says_so(tmp_path, obj, monkeypatch, code):
+    """A full or read-only cache_dir was reported as a damaged shard ('footer unreadable',
+    'the shard is damaged'). The file system's answer is stood in for here (the tests run as
+    root on a disk that is neither full nor read-only)."""
+    real = os.open
+
+    def refusing(path, flags, *args):
+        if str(path).endswith(".part"):
+            raise OSError(code, os.strerror(code), str(path))
+        return real(path, flags, *args)
+
+    monkeypatch.setattr(cache_module.os, "open", refusing)
+    cache = RangeCache(tmp_path / "c", 1 << 20)
+    with pytest.raises(ConfigError, match=rf"^cache_dir {tmp_path / 'c'}: cannot write a download"):
+        _read(cache, obj, 0, 100)
