@@ -144,7 +144,11 @@ class PackedDataset(IterableDataset):
             )
         # Row lengths, document counts and Σ len², read per row group when the order needs them
         # (token budget, balance); never an array of every row.
-        self.index = RowIndex(self.store.row_group_starts, self.store.row_stats)
+        # From a bucket, the row groups a window needs download side by side (one at a time,
+        # the first batch waited for every range of the window in turn).
+        self.index = RowIndex(
+            self.store.row_group_starts, self.store.row_stats, prefetch=self.store.fetch_ahead
+        )
         self.max_docs = config.max_docs_per_batch
         if config.static_shape:  # one pass over every row's document count (at open)
             self.max_docs = static_max_docs(

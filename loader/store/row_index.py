@@ -107,9 +107,13 @@ class RowIndex:
         read: Callable[[int], GroupStats],
         *,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        prefetch: Callable[[list[int]], None] | None = None,
     ) -> None:
         self.group_starts = np.asarray(group_starts, dtype=np.int64)
         self.read = read
+        self.prefetch = prefetch
+        """Called with the row groups `stats` is about to read, before it reads them one by one
+        (a bucket's store starts their downloads on its fetch threads, all at once)."""
         self.cache_bytes = int(cache_bytes)
         self._cache: OrderedDict[int, GroupStats] = OrderedDict()
         self._cached_bytes = 0
@@ -190,6 +194,11 @@ class RowIndex:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
         groups = np.searchsorted(self.group_starts, rows, side="right") - 1
         uniq, inv = np.unique(groups, return_inverse=True)
+        if self.prefetch is not None and len(uniq) > 1:
+            with self._lock:
+                missing = [g for g in uniq.tolist() if g not in self._cache]
+            if len(missing) > 1:
+                self.prefetch(missing)
         parts = [self.group(g) for g in uniq.tolist()]
         # The row groups' counts side by side: one gather per column, not one per row group.
         sizes = np.fromiter((len(p.lengths) for p in parts), np.int64, len(parts))
