@@ -87,7 +87,7 @@ def _where(path: str, doc_id: int, starts: dict[str, int]) -> str:
     if kind == "text":
         return path
     if kind != "jsonl":
-        return f"{path}:row {offset + 1}"
+        return f"{path}:row {offset}"
     if json_array_file(local):
         return f"{path}:item {offset}"
     if starts.get(path) == 0:

@@ -85,8 +85,8 @@ def read_parquet(
                 for name in config.extra_fields
             ]
             for i, text in enumerate(texts):
+                where = f"{path}:row {row}"  # 0-based, as inspect and pyarrow count rows
                 row += 1
-                where = f"{path}:row {row}"
                 if text is None:
                     skips.add("missing_field", where, f"{config.text_column!r} is null")
                     continue

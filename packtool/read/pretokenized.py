@@ -147,13 +147,13 @@ def _mask_of(
             if col.null_count
             else 0
         )
-        raise DataError(f"{where}:row {first_row + row + 1}: `{source}` holds nulls")
+        raise DataError(f"{where}:row {first_row + row}: `{source}` holds nulls")
     m_off, m_values = _list_parts(col)
     if len(m_off) != len(offsets) or not np.array_equal(m_off, offsets):
         lens, m_lens = np.diff(offsets), np.diff(m_off)
         row = int(np.flatnonzero(lens != m_lens)[0])
         raise DataError(
-            f"{where}:row {first_row + row + 1}: {m_lens[row]} `{source}` for {lens[row]} "
+            f"{where}:row {first_row + row}: {m_lens[row]} `{source}` for {lens[row]} "
             "input_ids; they must be the same length"
         )
     values = m_values.to_numpy(zero_copy_only=False)
@@ -165,7 +165,7 @@ def _mask_of(
             row, pos = _first_row(wrong, offsets)
             k = int(offsets[row]) + pos
             raise DataError(
-                f"{where}:row {first_row + row + 1}: labels[{pos}] = {int(values[k])} but "
+                f"{where}:row {first_row + row}: labels[{pos}] = {int(values[k])} but "
                 f"input_ids[{pos}] = {int(ids[k])}; labels must be the input_ids with "
                 f"{IGNORE_INDEX} where there is no loss (unshifted, as transformers takes them)"
             )
@@ -175,7 +175,7 @@ def _mask_of(
     if wrong.any():
         row, pos = _first_row(wrong, offsets)
         raise DataError(
-            f"{where}:row {first_row + row + 1}: loss_mask[{pos}] = "
+            f"{where}:row {first_row + row}: loss_mask[{pos}] = "
             f"{int(values[int(offsets[row]) + pos])}; a loss mask holds 0 or 1"
         )
     return values.astype(np.uint8)
@@ -247,7 +247,7 @@ def _convert(
     if bad.any():
         row, pos = _first_row(bad, offsets)
         raise DataError(
-            f"{where}:row {first_row + row + 1}: input_ids[{pos}] = "
+            f"{where}:row {first_row + row}: input_ids[{pos}] = "
             f"{int(ids[int(offsets[row]) + pos])} is outside the tokenizer's vocabulary "
             f"(0..{vocab_size - 1}); pass the --tokenizer that made these ids"
         )
@@ -261,14 +261,14 @@ def _convert(
         supervised = segment_sums(mask, offsets)
     for row in np.flatnonzero(~keep):
         if null is not None and null[row]:
-            skips.add("missing_field", f"{where}:row {first_row + row + 1}", "input_ids is null")
+            skips.add("missing_field", f"{where}:row {first_row + row}", "input_ids is null")
         else:
-            skips.add("empty", f"{where}:row {first_row + row + 1}")
+            skips.add("empty", f"{where}:row {first_row + row}")
     if mask is not None:
         for row in np.flatnonzero(keep & (supervised == 0)):
             skips.add(
                 "no_supervised_tokens",
-                f"{where}:row {first_row + row + 1}",
+                f"{where}:row {first_row + row}",
                 f"every {source} entry says no loss",
             )
         keep &= supervised > 0

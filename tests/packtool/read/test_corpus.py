@@ -290,7 +290,7 @@ def test_parquet_nulls_binary_and_wrong_types(tmp_path):
     skips = SkipCounter()
     assert [d[1] for d in read_all([path], skips=skips)] == ["a", "b"]
     assert skips.counts == {"missing_field": 1, "empty": 1}
-    assert skips.examples["missing_field"] == [f"{path}:row 2 ('text' is null)"]
+    assert skips.examples["missing_field"] == [f"{path}:row 1 ('text' is null)"]
 
     pq.write_table(pa.table({"text": pa.array([b"ok", b"\xff"], pa.binary())}), path)
     skips = SkipCounter()

@@ -48,7 +48,7 @@ def test_labels_and_masks_become_one_loss_mask(tmp_path, kind):
     assert table.column("doc_id").to_pylist() == [0, 1, 3]
     assert table.column("length").to_pylist() == [4, 3, 3]
     assert skips.counts == {"no_supervised_tokens": 1}
-    assert skips.examples["no_supervised_tokens"][0].startswith(f"{path}:row 3")
+    assert skips.examples["no_supervised_tokens"][0].startswith(f"{path}:row 2")
 
 
 def test_no_bos_or_eos_is_added_and_ids_without_a_mask_are_read_too(tmp_path):
@@ -67,7 +67,7 @@ def test_a_text_column_with_ids_and_no_mask_is_still_read_as_text(tmp_path):
 
 def test_strict_makes_an_unsupervised_document_an_error(tmp_path):
     path = write(tmp_path / "a.parquet", input_ids=IDS, labels=LABELS)
-    with pytest.raises(DataError, match=r"a.parquet:row 3: no supervised tokens"):
+    with pytest.raises(DataError, match=r"a.parquet:row 2: no supervised tokens"):
         read_all([path], skips=SkipCounter(strict=True))
 
 
@@ -87,10 +87,10 @@ def test_empty_and_null_documents_are_counted_skips(tmp_path):
 @pytest.mark.parametrize(
     ("columns", "message"),
     [
-        ({"labels": [[-100, 2], [5, 6, 7], [-100, 9], [10, 11, 12]]}, r"row 1: 2 `labels` for 4"),
+        ({"labels": [[-100, 2], [5, 6, 7], [-100, 9], [10, 11, 12]]}, r"row 0: 2 `labels` for 4"),
         (
             {"labels": [[2, 3, 4, -100], [5, 6, 7], [8, 9], [10, 11, 12]]},
-            r"row 1: labels\[0\] = 2 but input_ids\[0\] = 1; labels must be the input_ids",
+            r"row 0: labels\[0\] = 2 but input_ids\[0\] = 1; labels must be the input_ids",
         ),
         ({"loss_mask": [[0, 2, 1, 1], [1, 1, 1], [1, 1], [1, 1, 1]]}, r"loss_mask\[1\] = 2"),
         ({"loss_mask": [["a"] * 4, ["a"] * 3, ["a"] * 2, ["a"] * 3]}, "not a list of integers"),
@@ -105,7 +105,7 @@ def test_bad_masks_are_one_line_errors_naming_the_row(tmp_path, columns, message
 
 def test_an_id_outside_the_vocabulary_names_the_tokenizer(tmp_path):
     path = write(tmp_path / "a.parquet", input_ids=[[1, 50_000]], labels=[[1, 50_000]])
-    with pytest.raises(DataError, match=r"row 1: input_ids\[1\] = 50000 is outside .* --tokenizer"):
+    with pytest.raises(DataError, match=r"row 0: input_ids\[1\] = 50000 is outside .* --tokenizer"):
         read_all([path])
 
 
