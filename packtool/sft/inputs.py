@@ -416,7 +416,7 @@ def _parquet_rows(path: Path, kind: str, read: ReadConfig) -> Iterator[tuple[str
     try:
         for rb in pf.iter_batches(batch_size=read.batch_docs, columns=columns):
             for obj in rb.to_pylist():
-                row += 1
-                yield f"{path}:row {row}", obj, 0, row - 1
+                row += 1  # named from 0, as pyarrow and inspect count rows
+                yield f"{path}:row {row - 1}", obj, 0, row - 1
     except (pa.ArrowInvalid, pa.ArrowIOError) as exc:
         raise DataError(f"{path}: corrupt Parquet data near row {row} ({exc})") from None

@@ -179,6 +179,17 @@ def test_pc_parquet_and_extra_fields(tmp_path):
     assert table.column("doc_id").to_pylist() == [0, 1]
 
 
+def test_a_skipped_parquet_record_is_named_by_its_row_from_0(tmp_path):
+    """Parquet rows are named from 0 everywhere (as pyarrow and inspect count them); these
+    skips counted from 1."""
+    path = tmp_path / "pc.parquet"
+    pq.write_table(pa.table({"prompt": ["a", None, "b"], "completion": ["c", "d", "e"]}), path)
+    skips = SkipCounter()
+    (table,) = list(tokenized_batches([path], tokenizer="byte", skips=skips))
+    assert table.num_rows == 2
+    assert skips.examples["missing_field"][0].startswith(f"{path}:row 1 ")
+
+
 def test_detection_and_format(tmp_path):
     chat = jsonl(tmp_path / "chat.jsonl", [{"messages": CONV}])
     text = jsonl(tmp_path / "text.jsonl", [{"text": "plain"}])
