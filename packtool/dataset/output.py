@@ -405,16 +405,54 @@ def recover(paths: OutputPaths) -> None:
     if paths.remote:
         _collect(paths, commit=False)
         return
+    # Only folders packtool writes are moved or deleted: a `.OUT.packtool-ready` or `-old`
+    # that is anything else (made by hand, by another tool) made the next run swap the user's
+    # OUT aside and delete it, without --overwrite.
     if storage.exists(paths.ready):
+        _check_ours(paths.ready, paths)
         if storage.lexists(paths.target) and not storage.lexists(paths.old):
+            _check_ours(paths.target, paths)
             _rename(paths.target, paths.old)
         _rename(paths.ready, paths.target)
         writing.sync_dir(paths.target.parent)
     if storage.lexists(paths.old):
+        _check_ours(paths.old, paths)
         if storage.lexists(paths.target):
             remove(paths.old)
         else:
             _rename(paths.old, paths.target)
+
+
+_WRITTEN = (INDEX_FILE, SOURCES_FILE, ".packtool-run", ".pack-state.json", ".ray-chunks")
+"""Names in a dataset folder besides shards, parts and temporaries (the run state included)."""
+
+
+def _ours(folder: Path) -> bool:
+    """Whether `folder` is one packtool's commands write: a real folder whose entries are all
+    shards or parts, the manifest and its sources list, a run's state or temporaries."""
+    if storage.is_symlink(folder) or not storage.is_dir(folder):
+        return False
+    for entry in storage.list_dir(folder):
+        name = entry.name
+        if name in _WRITTEN:
+            continue
+        written = (
+            name.startswith(("shard-", "part-")) and name.endswith(".parquet")
+        ) or (name.startswith(".") and name.endswith(".tmp"))
+        if not written or storage.is_symlink(entry) or not storage.is_file(entry):
+            return False
+    return True
+
+
+def _check_ours(folder: Path, paths: OutputPaths) -> None:
+    if not _ours(folder):
+        raise ConfigError(
+            f"{folder} (beside output {paths.shown}) is not a dataset packtool wrote, so an "
+            "interrupted replacement is not finished with it: move or remove it yourself"
+            if folder != paths.target
+            else f"output {paths.shown} holds files packtool did not write, so the dataset "
+            f"ready beside it ({paths.ready}) does not replace it: move one of them yourself"
+        )
 
 
 def _collect(paths: OutputPaths, commit: bool) -> None:

@@ -25,9 +25,11 @@ before, so bytes on disk are unchanged; tests/test_architecture.py fails when a 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -369,7 +371,19 @@ def take_lock(path: str | os.PathLike, note: bytes = b"") -> Any:
 
 def _take_flock(path: Path) -> HeldLock:
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # O_NOFOLLOW: a symlink planted at the lock's name made its target the lock, and the
+        # holder's note was written over that file (any file the user may write).
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise ConfigError(
+                f"{path} is a symbolic link, not a lock file packtool made; remove it"
+            ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(f"{path} is not a regular file, so it is no lock; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -111,6 +111,37 @@ def test_recover_puts_an_old_dataset_back_when_no_new_one_is_ready(tmp_path):
     assert (tmp_path / "D" / "index.json").read_text() == "{}" and not paths.old.exists()
 
 
+@pytest.mark.parametrize("stray", ["ready", "old"])
+def test_a_stray_ready_or_old_folder_never_replaces_or_deletes_a_users_folder(tmp_path, stray):
+    """A `.D.packtool-ready` (or `-old`) folder that packtool did not write made the next run
+    move the user's D aside and delete it (and its files), with no --overwrite."""
+    user = tmp_path / "D"
+    user.mkdir()
+    (user / "thesis.txt").write_text("precious")
+    paths = output_paths(user)
+    side = paths.ready if stray == "ready" else paths.old
+    side.mkdir()
+    if stray == "old":
+        (side / "notes.txt").write_text("also precious")
+    with pytest.raises(ConfigError, match="packtool did not write|not a dataset packtool wrote"):
+        pack(corpus(tmp_path / "c.jsonl", "c"), user)
+    assert (user / "thesis.txt").read_text() == "precious"
+    if stray == "old":
+        assert (side / "notes.txt").read_text() == "also precious"
+
+
+def test_a_symlink_at_the_locks_name_is_refused_never_written_through(tmp_path):
+    """The lock was opened following symlinks and its holder's note written into it: a link
+    planted at `.D.packtool-lock` overwrote whatever file it pointed to."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    paths = output_paths(tmp_path / "D")
+    paths.lock.symlink_to(victim)
+    with pytest.raises(ConfigError, match="is a symbolic link, not a lock file"):
+        pack(corpus(tmp_path / "c.jsonl", "c"), tmp_path / "D")
+    assert victim.read_text() == "mine"
+
+
 def test_the_lock_refuses_a_second_writer_and_names_the_first(tmp_path):
     paths = output_paths(tmp_path / "D")
     with OutputLock(paths, "packtool pack x -o D"):
