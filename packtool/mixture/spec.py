@@ -56,9 +56,20 @@ def _exponent_hint(value: Any) -> str:
 
 def _at_cap_without_cap(name: str, at_cap: Any) -> str:
     return (
-        f"source {name!r}: at_cap {at_cap!r} without max_epochs does nothing (it says what "
+        f"source {_shown(name)}: at_cap {_shown(at_cap)} without max_epochs does nothing (it says what "
         "happens at the cap); give max_epochs or remove at_cap"
     )
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)` cut short: a value in a message may be anything a file holds (a YAML
+    file of a few hundred bytes whose aliases nest 9^9 items made `repr` run out of memory)."""
+    import reprlib
+
+    short = reprlib.Repr()  # (keyword arguments from Python 3.12 only)
+    short.maxlevel, short.maxlist, short.maxdict, short.maxstring, short.maxother = 2, 4, 4, 80, 80
+    text = short.repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _is_number(value: Any) -> bool:
@@ -89,7 +100,7 @@ def parse_count(value: Any, what: str) -> int:
                 n = int(exact)
     if n is None:
         raise ConfigError(
-            f"{what} must be a positive whole number (e.g. 1000000, 10B, 2.5M), got {value!r}"
+            f"{what} must be a positive whole number (e.g. 1000000, 10B, 2.5M), got {_shown(value)}"
             f"{_exponent_hint(value)}"
         )
     if n > MAX_COUNT:  # the schedule counts in int64 (a numba traceback past it)
@@ -119,20 +130,20 @@ class SourceSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
-            raise ConfigError(f"a source name must be a non-empty string, got {self.name!r}")
+            raise ConfigError(f"a source name must be a non-empty string, got {_shown(self.name)}")
         if self.weight is None:
             raise ConfigError(
-                f"source {self.name!r} has no weight; give it one (a number >= 0, relative to "
+                f"source {_shown(self.name)} has no weight; give it one (a number >= 0, relative to "
                 "the other sources' weights)"
             )
         if not _is_number(self.weight):
             hint = _exponent_hint(self.weight)
             raise ConfigError(
-                f"source {self.name!r}: weight must be a number, got {self.weight!r}{hint}"
+                f"source {_shown(self.name)}: weight must be a number, got {_shown(self.weight)}{hint}"
             )
         if not math.isfinite(self.weight) or self.weight < 0:
             raise ConfigError(
-                f"source {self.name!r}: weight must be a finite number >= 0, got {self.weight!r}"
+                f"source {_shown(self.name)}: weight must be a finite number >= 0, got {_shown(self.weight)}"
             )
         if self.max_epochs is not None and (
             not _is_number(self.max_epochs)
@@ -140,12 +151,12 @@ class SourceSpec:
             or self.max_epochs <= 0
         ):
             raise ConfigError(
-                f"source {self.name!r}: max_epochs must be a number > 0 or null, got "
-                f"{self.max_epochs!r}"
+                f"source {_shown(self.name)}: max_epochs must be a number > 0 or null, got "
+                f"{_shown(self.max_epochs)}"
             )
         if self.at_cap not in AT_CAP:
             raise ConfigError(
-                f"source {self.name!r}: at_cap {self.at_cap!r} is unknown; choose one of "
+                f"source {_shown(self.name)}: at_cap {_shown(self.at_cap)} is unknown; choose one of "
                 f"{list(AT_CAP)}"
             )
         if self.at_cap == "drop" and self.max_epochs is None:
@@ -175,7 +186,7 @@ class MixtureSpec:
             raise ConfigError(f"{self._where()}a mixture needs at least one source")
         for s in sources:
             if not isinstance(s, SourceSpec):
-                raise ConfigError(f"{self._where()}sources must be SourceSpec, got {s!r}")
+                raise ConfigError(f"{self._where()}sources must be SourceSpec, got {_shown(s)}")
         names = [s.name for s in sources]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -195,11 +206,11 @@ class MixtureSpec:
                 "(only their ratios count)"
             ) from None
         if self.unit not in UNITS:
-            raise ConfigError(f"unit {self.unit!r} is unknown; choose one of {list(UNITS)}")
+            raise ConfigError(f"unit {_shown(self.unit)} is unknown; choose one of {list(UNITS)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
-            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+            raise ConfigError(f"seed must be an integer, got {_shown(self.seed)}")
         if self.seed < 0:
-            raise ConfigError(f"seed must be >= 0, got {self.seed!r}")
+            raise ConfigError(f"seed must be >= 0, got {_shown(self.seed)}")
         for key in ("total_tokens", "total_steps"):
             value = getattr(self, key)
             if value is not None:
@@ -223,7 +234,7 @@ class MixtureSpec:
         for s in self.sources:
             if s.name == name:
                 return s
-        raise ConfigError(f"unknown source {name!r}; the mixture has {', '.join(self.names)}")
+        raise ConfigError(f"unknown source {_shown(name)}; the mixture has {', '.join(self.names)}")
 
     def with_weights(self, weights: Mapping[str, float]) -> MixtureSpec:
         """The same mixture with some sources' weights changed (names checked)."""
@@ -252,7 +263,7 @@ def _unique_pairs(pairs: list[tuple[Any, Any]], where: str) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ConfigError(f"{where}: key {key!r} appears twice; keep one")
+            raise ConfigError(f"{where}: key {_shown(key)} appears twice; keep one")
         out[key] = value
     return out
 
@@ -327,12 +338,12 @@ def mixture_from_dict(
     sources = []
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict):
-            raise ConfigError(f"{origin}: sources[{i}] must be a mapping, got {entry!r}")
+            raise ConfigError(f"{origin}: sources[{i}] must be a mapping, got {_shown(entry)}")
         label = entry.get("name", f"sources[{i}]")
         bad = sorted(set(entry) - set(SOURCE_KEYS))
         if bad:
             raise ConfigError(
-                f"{origin}: source {label!r}: unknown key(s) {', '.join(map(repr, bad))}; a "
+                f"{origin}: source {_shown(label)}: unknown key(s) {', '.join(map(repr, bad))}; a "
                 f"source takes {', '.join(SOURCE_KEYS)}"
             )
         for key in ("name", "path", "weight"):
@@ -340,11 +351,11 @@ def mixture_from_dict(
                 hint = ""
                 if key == "weight":
                     hint = " (a number >= 0, relative to the others; no weight is assumed)"
-                raise ConfigError(f"{origin}: source {label!r} has no {key!r}{hint}")
+                raise ConfigError(f"{origin}: source {_shown(label)} has no {_shown(key)}{hint}")
         p = entry["path"]
         if not isinstance(p, str) or not p:
             raise ConfigError(
-                f"{origin}: source {label!r}: path must be a folder or a URL, got {p!r}"
+                f"{origin}: source {_shown(label)}: path must be a folder or a URL, got {_shown(p)}"
             )
         if base is not None and not os.path.isabs(p) and "://" not in p:  # a URL is absolute
             p = str(Path(base) / p)

@@ -102,6 +102,10 @@ class TokenizerFiles:
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(storage.read_text(path))
+    except RecursionError:  # nested thousands deep: a hostile or broken file
+        raise ConfigError(
+            f"{path}: not a readable JSON file (nested too deep); fix or remove it"
+        ) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise ConfigError(

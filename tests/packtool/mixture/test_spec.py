@@ -290,3 +290,16 @@ def test_at_cap_without_max_epochs_is_refused(tmp_path, at_cap):
     )
     with pytest.raises(ConfigError, match="at_cap 'drop' without max_epochs"):
         SourceSpec(name="a", path="p", weight=1, at_cap="drop")
+
+
+def test_a_yaml_alias_bomb_is_a_short_error_not_a_hang(tmp_path):
+    """Aliases nested 9 deep (9^9 items, a 435-byte file) load as shared references, but the
+    message quoting the value (`seed must be an integer, got [...]`) grew without bound."""
+    levels = ["&a0 [1,1,1,1,1,1,1,1,1]"] + [
+        f"&a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)
+    ]
+    path = tmp_path / "m.yaml"
+    path.write_text(f"seed: [{', '.join(levels)}]\nsources:\n  - {{name: s, path: x, weight: 1}}\n")
+    with pytest.raises(ConfigError, match=r"^.*seed must be an integer, got \[\[1, 1") as info:
+        read_mixture_file(path)
+    assert len(str(info.value)) < 300

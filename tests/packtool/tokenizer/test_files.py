@@ -253,3 +253,12 @@ def test_a_vocabulary_beyond_the_id_dtype(tmp_path):
 def test_unknown_forms(spec, match, no_download):
     with pytest.raises(ConfigError, match=match):
         load_tokenizer(spec)
+
+
+def test_a_config_nested_too_deep_is_one_line(tmp_path):
+    """A tokenizer_config.json nested 100,000 deep was a RecursionError traceback."""
+    from packtool.tokenizer.files import load_tokenizer_config
+
+    (tmp_path / "tokenizer_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="tokenizer_config.json: not a readable JSON file"):
+        load_tokenizer_config(tmp_path)
