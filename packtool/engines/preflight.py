@@ -560,11 +560,16 @@ def _written_by_pack(path: Path) -> bool:
     from packtool.read.docids import SOURCES_FILE
 
     name = path.name
+    if storage.is_remote(path):
+        file = True  # an object store's listing: objects, and versions as prefixes
+    else:  # by name and kind: a folder named shard-x.parquet holding notes was deleted
+        file = storage.is_file(path) and not storage.is_symlink(path)
     return (
-        (name.startswith("shard-") and name.endswith(".parquet"))
-        or name in (INDEX_FILE, SOURCES_FILE, STATE_DIR, *OLD_STATE)
+        (file and name.startswith("shard-") and name.endswith(".parquet"))
+        or (file and name in (INDEX_FILE, SOURCES_FILE))
+        or name in (STATE_DIR, *OLD_STATE)
         or is_version(name)  # a version of a dataset on an object store
-        or (name.startswith(".") and name.endswith(".tmp"))
+        or (file and name.startswith(".") and name.endswith(".tmp"))
     )
 
 

@@ -195,6 +195,18 @@ def test_overwrite_never_deletes_files_packtool_did_not_write(tmp_path):
         run(tmp_path / "x", overwrite=True, resume=True)
 
 
+def test_overwrite_tells_packtools_files_by_kind_not_name_alone(tmp_path):
+    """A folder named like a shard (holding notes) and a temporary-looking folder were deleted
+    by --overwrite: only regular files with packtool's names are its own."""
+    out = tmp_path / "out"
+    (out / "shard-2024-backup.parquet").mkdir(parents=True)
+    (out / "shard-2024-backup.parquet" / "notes.txt").write_text("mine")
+    (out / ".notes.tmp").mkdir()
+    with pytest.raises(ConfigError, match=r"did not write \(.notes.tmp, shard-2024-backup"):
+        run(out, overwrite=True)
+    assert (out / "shard-2024-backup.parquet" / "notes.txt").read_text() == "mine"
+
+
 def test_chunking_costs_almost_no_efficiency(tmp_path):
     one = run(tmp_path / "one", max_len=2048)
     many = run(tmp_path / "many", max_len=2048, chunk_docs=1000)
