@@ -18,5 +18,6 @@ Modules:
 - `masks.py`: loss-mask arithmetic on flat arrays.
 - `megatron.py`: Megatron's indexed dataset (`.bin` / `.idx`), streamed as megatron-core writes it.
 - `output.py`: the output transaction (lock, staging, recovery, the switch to the new dataset);
+  `output_apart.py`: an output kept apart from the inputs (never one, inside one, or holding one);
   `hub_record.py`: beside a Hub output's staging, what the run replaces and what it commits.
 """

@@ -291,7 +291,9 @@ def open_dataset(path: str | os.PathLike) -> tuple[Path, Manifest]:
             raise DataError(f"{folder}: no such dataset folder")
         if not storage.is_file(folder / INDEX_FILE):
             raise DataError(_missing(folder / INDEX_FILE))
-        return folder, _checked(_read_json(folder / INDEX_FILE), folder / INDEX_FILE)
+        manifest = _checked(_read_json(folder / INDEX_FILE), folder / INDEX_FILE)
+        _check_links(folder, manifest)
+        return folder, manifest
     folder = storage.as_path(path)
     if folder.name == INDEX_FILE and not storage.is_dir(folder):
         folder = folder.parent
@@ -303,7 +305,24 @@ def open_dataset(path: str | os.PathLike) -> tuple[Path, Manifest]:
     return folder, _checked(data, folder / INDEX_FILE)
 
 
+def _check_links(folder: Path, manifest: Manifest) -> None:
+    """A shard that is a symbolic link must stay inside the folder: the manifest's names are
+    held inside it, but a link in it pointing at a file elsewhere was read as a shard."""
+    root = storage.resolve(folder)
+    for s in manifest.shards:
+        path = folder / s.file
+        if storage.is_symlink(path):
+            real = storage.resolve(path)
+            if not real.is_relative_to(root):
+                raise DataError(
+                    f"{path}: a link to {real}, outside the dataset folder; a reader never "
+                    "opens a file elsewhere"
+                )
+
+
 def _missing(path: Path) -> str:
+    if storage.exists(path) and not storage.is_file(path):  # a FIFO, a device, a folder
+        return f"{path}: not a regular file; not a packtool dataset"
     return f"{path}: missing; not a packtool dataset or an unfinished `packtool pack`"
 
 

@@ -54,8 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
-import glob
 import json
 import os
 import socket
@@ -69,7 +67,6 @@ from typing import TypeVar
 from packtool.dataset import hub_record
 from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, link_bytes, linked_version
 from packtool.errors import ConfigError
-from packtool.prefetch import map_ordered
 from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
 
@@ -80,8 +77,6 @@ LOCK_SUFFIX = ".packtool-lock"
 REMOTE_LOCK = ".packtool-lock"
 REMOTE_STAGING = ".packtool-staging"
 """The objects under a remote output's prefix that hold its lock and name its run in progress."""
-OUTPUT_NAMES = ("shard-00000.parquet", "part-00000.parquet", "index.json")
-"""Names `pack` and `tokenize` write inside an output folder (for the glob check)."""
 _rename = writing.rename  # every rename of the swap goes through here (tests interrupt it)
 T = TypeVar("T")
 
@@ -229,106 +224,6 @@ def remove_staging(paths: OutputPaths) -> OutputPaths:
     return dataclasses.replace(paths, staging=fresh, ready=fresh, old=fresh)
 
 
-def check_apart(
-    out: str | os.PathLike, inputs: list[str] | tuple[str, ...], files: list[Path] = ()
-) -> None:
-    """Refuse an output that is an input, lies inside an input folder, holds an input, or is
-    (or holds) the current folder.
-
-    Args:
-        out: the output as given.
-        inputs: the inputs as given (files, folders, globs).
-        files: what the inputs expand to, when known (catches a glob reaching into the output).
-
-    Raises:
-        ConfigError: naming both paths.
-    """
-    if not str(out).strip():
-        raise ConfigError("the output path is empty; name the folder or file to write")
-    if storage.is_remote(out):
-        key = str(out).split("://", 1)[1].partition("/")[2]
-        if key.startswith("/") or "//" in key:
-            # stores normalise such keys differently (obstore drops the empty segment, s3fs
-            # keeps it): a dataset written by one would not be found by the other
-            raise ConfigError(f"output {out}: the key has an empty segment ('//'); remove it")
-        _check_apart_remote(out, inputs, files)
-        return
-    target = storage.resolve(out)
-    cwd = storage.cwd()
-    if target == cwd or target in cwd.parents:
-        # The swap would leave this shell in a deleted folder (the old output).
-        raise ConfigError(
-            f"output {out} is the current folder or holds it; packtool replaces the output "
-            "folder whole, so run it from outside (e.g. `cd ..`)"
-        )
-    for raw in inputs:
-        text = raw if isinstance(raw, str) else os.fspath(raw)
-        if storage.is_remote(text):
-            continue  # an object in a store is never inside a local output (nor the reverse)
-        if glob.has_magic(text):
-            # A recursive glob reaches every folder under its fixed part; it would read the
-            # output back if its last part matches a name packtool writes there.
-            parts = Path(text).parts
-            fixed = storage.resolve(Path(*[p for p in parts[: _first_magic(parts)]] or ["."]))
-            names = (*OUTPUT_NAMES, target.name)
-            reaches = fixed == target or fixed in target.parents
-            if "**" in parts and reaches and any(fnmatch.fnmatch(n, parts[-1]) for n in names):
-                raise ConfigError(
-                    f"output {out} is inside the folder the input glob {text!r} searches: a later "
-                    "run would read its own output; choose an output outside it"
-                )
-            continue
-        path = storage.resolve(text)
-        if path == target:
-            raise ConfigError(f"output {out} is also an input ({text}); choose another output")
-        if path in target.parents:
-            raise ConfigError(
-                f"output {out} is inside the input folder {text}: a later run would read its "
-                f"own output; choose an output outside {text}"
-            )
-        if target in path.parents:
-            raise ConfigError(
-                f"input {text} is inside the output {out}, which this run replaces; "
-                "choose another output"
-            )
-    files = [f for f in files if not storage.is_remote(f)]
-    for f, resolved in zip(files, map_ordered(storage.resolve, files), strict=True):
-        if target in resolved.parents:
-            raise ConfigError(
-                f"input {f} is inside the output {out}, which this run replaces; "
-                "choose another output"
-            )
-
-
-def _check_apart_remote(
-    out: str | os.PathLike, inputs: list[str] | tuple[str, ...], files: list[Path]
-) -> None:
-    """`check_apart` for a remote output: the same refusals on the URLs' text."""
-    target = str(out).rstrip("/") + "/"
-    for raw in [*map(str, inputs), *map(str, files)]:
-        if not storage.is_remote(raw):
-            continue
-        text = raw.rstrip("/") + "/"
-        fixed = text[: min((text.find(c) for c in "*?[" if c in text), default=len(text))]
-        fixed = fixed[: fixed.rfind("/") + 1]
-        if text == target:
-            raise ConfigError(f"output {out} is also an input ({raw}); choose another output")
-        if target.startswith(fixed):
-            raise ConfigError(
-                f"output {out} is inside the input {raw}: a later run would read its own "
-                "output; choose an output outside it"
-            )
-        if text.startswith(target):
-            raise ConfigError(
-                f"input {raw} is inside the output {out}, which this run replaces; "
-                "choose another output"
-            )
-
-
-def _first_magic(parts: tuple[str, ...]) -> int:
-    return next(i for i, p in enumerate(parts) if glob.has_magic(p))
-
-
 class OutputLock:
     """An exclusive lock (`storage.writing.take_lock`) on `paths.lock`, held from `__enter__` to
     `__exit__`.
@@ -436,9 +331,9 @@ def _ours(folder: Path) -> bool:
         name = entry.name
         if name in _WRITTEN:
             continue
-        written = (
-            name.startswith(("shard-", "part-")) and name.endswith(".parquet")
-        ) or (name.startswith(".") and name.endswith(".tmp"))
+        written = (name.startswith(("shard-", "part-")) and name.endswith(".parquet")) or (
+            name.startswith(".") and name.endswith(".tmp")
+        )
         if not written or storage.is_symlink(entry) or not storage.is_file(entry):
             return False
     return True

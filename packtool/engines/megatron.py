@@ -67,12 +67,12 @@ from packtool.dataset.output import (
     LOCK_SUFFIX,
     OutputLock,
     OutputPaths,
-    check_apart,
     create_parent,
     output_paths,
     remove,
     remove_empty_parents,
 )
+from packtool.dataset.output_apart import check_apart
 from packtool.engines import preflight, records
 from packtool.engines.base import plan_of, save_plan, saved_plan, source_of, workers_lost
 from packtool.engines.config import RunConfig

@@ -34,7 +34,6 @@ from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.manifest import INDEX_FILE, read_manifest
 from packtool.dataset.output import (
     OutputPaths,
-    check_apart,
     commit,
     is_version,
     make_staging,
@@ -43,6 +42,7 @@ from packtool.dataset.output import (
     remove_staging,
     transaction,
 )
+from packtool.dataset.output_apart import check_apart
 from packtool.engines import records
 from packtool.engines.config import RunConfig
 from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError, WorkersLost

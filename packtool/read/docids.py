@@ -117,7 +117,10 @@ def _lists(info: dict[str, Any], directory: Any) -> tuple[list[str], list[str]]:
     import json
     from pathlib import Path
 
-    path = Path(directory) / info.get("sources", SOURCES_FILE)
+    name = info.get("sources", SOURCES_FILE)
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise DataError(f"doc_ids.sources {name!r} must name a file inside the dataset folder")
+    path = Path(directory) / name
     try:
         data = json.loads(storage.read_text(path))
         return data["files"], data["units"]
@@ -161,7 +164,10 @@ def where(file: str, offset: int, unit: str, *, count_lines: bool = True) -> str
     with `count_lines=False` or when the file is gone).
     """
     if unit == "byte":
-        if count_lines:
+        # A dataset names its files; one handed to us may name a FIFO (the read waited for
+        # ever) or a device (read up to the offset): lines are counted in regular files only.
+        local = not storage.is_remote(file)
+        if count_lines and (not local or storage.is_file(file)):
             from packtool.read.lines import line_number
 
             try:  # an object in a bucket too (`Path(url)` was no file: the line was dropped)

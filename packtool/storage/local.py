@@ -20,11 +20,13 @@ The write side (writing, replacing, removing, syncing, the writer's lock) is `wr
 
 from __future__ import annotations
 
+import errno
 import glob as globbing
 import os
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, BinaryIO
 
 from packtool.errors import ConfigError, DataError
@@ -191,18 +193,27 @@ def prefetch(path: str | os.PathLike, start: int, end: int | None, size: int) ->
         _reads().prefetch(path, start, end, size)
 
 
+SMALL_FILE_LIMIT = 4 << 30
+"""The most bytes `read_bytes` / `read_text` read: manifests, records, tokenizer files."""
+
+
 def read_bytes(path: str | os.PathLike) -> bytes:
-    """The whole of a small file."""
+    """The whole of a small regular file (`OSError` for anything else: a FIFO named
+    `index.json` hung every reader of the dataset, `/dev/zero` grew it without bound)."""
     if is_remote(path):
         return _reads().read_bytes(path)
-    return Path(path).read_bytes()
+    st = os.stat(path)  # before the open, which waits for a FIFO's writer
+    if not S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+    if st.st_size > SMALL_FILE_LIMIT:
+        raise OSError(errno.EFBIG, f"{st.st_size:,} bytes, past {SMALL_FILE_LIMIT:,}")
+    with open(path, "rb") as f:
+        return f.read(SMALL_FILE_LIMIT + 1)
 
 
 def read_text(path: str | os.PathLike) -> str:
     """The whole of a small UTF-8 text file (`UnicodeDecodeError` for other bytes)."""
-    if is_remote(path):
-        return _reads().read_bytes(path).decode("utf-8")
-    return Path(path).read_text(encoding="utf-8")
+    return read_bytes(path).decode("utf-8")
 
 
 def read_range(path: str | os.PathLike, start: int, end: int) -> bytes:

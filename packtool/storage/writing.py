@@ -98,13 +98,30 @@ SCRATCH_ENV = "PACKTOOL_SCRATCH"
 
 def scratch_dir() -> Path:
     """Where files bound for object storage are written before their upload: `PACKTOOL_SCRATCH`,
-    else `packtool-scratch` in the system's temporary folder (created; each file is removed
-    once uploaded, so it holds what the workers are writing and uploading now: at most two
-    shards each)."""
+    else `packtool-scratch-UID` in the system's temporary folder, this user's alone (created
+    0700; each file is removed once uploaded, so it holds what the workers are writing and
+    uploading now: at most two shards each).
+
+    The default is checked: a shared /tmp is anyone's to create names in, and a fixed
+    `packtool-scratch` made by another user (or a link to one) held this user's Hub staging and
+    uploads, readable and replaceable by them, with predictable lock paths inside.
+    """
     import tempfile
 
-    folder = Path(os.environ.get(SCRATCH_ENV) or Path(tempfile.gettempdir()) / "packtool-scratch")
-    folder.mkdir(parents=True, exist_ok=True)
+    given = os.environ.get(SCRATCH_ENV)
+    if given:
+        folder = Path(given)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    folder = Path(tempfile.gettempdir()) / f"packtool-scratch-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ConfigError(
+            f"{folder} is not a private folder of this user (a link, another user's, or open "
+            f"to others); remove it or set {SCRATCH_ENV} to a folder of your own"
+        )
     return folder
 
 

@@ -29,12 +29,12 @@ from packtool.dataset.identity import TokenizerIdentity, describe_tokenizer
 from packtool.dataset.manifest import INDEX_FILE, dataset_folder
 from packtool.dataset.output import (
     OutputPaths,
-    check_apart,
     is_version,
     remove,
     remove_staging,
     transaction,
 )
+from packtool.dataset.output_apart import check_apart
 from packtool.dataset.tokenized import (
     common_identity,
     common_optional,

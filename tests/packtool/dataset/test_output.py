@@ -14,7 +14,8 @@ import pytest
 from packtool.audit.verify import verify_dataset
 from packtool.dataset import output
 from packtool.dataset.manifest import read_manifest
-from packtool.dataset.output import OutputLock, check_apart, output_paths, recover
+from packtool.dataset.output import OutputLock, output_paths, recover
+from packtool.dataset.output_apart import check_apart
 from packtool.engines.local import RunConfig, run_pack
 from packtool.errors import ConfigError
 from packtool.pack.chunk import PackConfig

@@ -182,3 +182,33 @@ def test_temporary_folder_is_removed_after(tmp_path):
         (folder / "ranks").write_bytes(b"x")
         assert storage.is_dir(folder)
     assert not storage.exists(folder)
+
+
+def test_the_default_scratch_folder_is_this_users_alone(tmp_path, monkeypatch):
+    """A fixed /tmp/packtool-scratch made by anyone (or a link to their folder) held this
+    user's Hub staging and uploads, with predictable lock paths inside."""
+    import stat as st
+
+    from packtool.errors import ConfigError
+    from packtool.storage import writing
+
+    monkeypatch.delenv(writing.SCRATCH_ENV, raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    folder = writing.scratch_dir()
+    assert folder == tmp_path / f"packtool-scratch-{os.getuid()}"
+    assert st.S_IMODE(folder.stat().st_mode) == 0o700
+    assert writing.scratch_dir() == folder  # found again as it is
+    folder.chmod(0o777)  # open to others: refused
+    with pytest.raises(ConfigError, match="is not a private folder of this user"):
+        writing.scratch_dir()
+    folder.rmdir()
+    elsewhere = tmp_path / "theirs"
+    elsewhere.mkdir(mode=0o700)
+    folder.symlink_to(elsewhere)  # a link planted at the name: refused
+    with pytest.raises(ConfigError, match="is not a private folder of this user"):
+        writing.scratch_dir()
+    monkeypatch.setenv(writing.SCRATCH_ENV, str(tmp_path / "mine"))  # the user's own choice
+    assert writing.scratch_dir() == tmp_path / "mine"
