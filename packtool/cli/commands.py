@@ -18,6 +18,7 @@ import click
 from packtool import __version__
 from packtool.cli import exits, interrupt
 from packtool.cli.engine_options import EngineOptions, engine_options
+from packtool.cli.exits import echo
 from packtool.cli.input_options import CorpusOptions, corpus_options, inputs_argument, sft_options
 from packtool.errors import AlreadyComplete, ConfigError, Detached
 from packtool.quantities import MIN_PARTITION_SIZE, parse_size, positive_int
@@ -88,8 +89,8 @@ def verify_cmd(directory: str, no_checksums: bool) -> None:
 
     report = verify_dataset(directory, checksums=not no_checksums, progress=True)
     for line in report.warnings:
-        click.echo(f"warning: {line}", err=True)
-    click.echo(report.summary())
+        echo(f"warning: {line}", err=True)
+    echo(report.summary())
 
 
 @cli.command("inspect")
@@ -112,7 +113,7 @@ def inspect_cmd(directory: str, row: int | None, plot: str | None, as_json: bool
     from packtool.audit.inspect import inspect_dataset
 
     result = inspect_dataset(directory, row=row, plot=plot)
-    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.format())
+    echo(json.dumps(result.to_dict(), indent=2) if as_json else result.format())
 
 
 @cli.command("mix")
@@ -135,8 +136,8 @@ def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
 
     plan = plan_file(mixture, **length)
     for line in plan.warnings:
-        click.echo(f"warning: {line}", err=True)
-    click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else plan.format())
+        echo(f"warning: {line}", err=True)
+    echo(json.dumps(plan.to_dict(), indent=2) if as_json else plan.format())
 
 
 @cli.command("tokenize")
@@ -237,7 +238,7 @@ def tokenize_cmd(
             )
         from packtool.tokenize.tokenize import tokenize_corpus
 
-        click.echo(tokenize_corpus(inputs, output, **common).format())
+        echo(tokenize_corpus(inputs, output, **common).format())
         return
     from packtool.dataset.megatron import megatron_paths
     from packtool.engines.megatron import tokenize_megatron
@@ -258,9 +259,9 @@ def tokenize_cmd(
             **common,
         )
     except (AlreadyComplete, Detached) as done:  # nothing to do / the jobs run on
-        click.echo(str(done))
+        echo(str(done))
         return
-    click.echo(summary.format())
+    echo(summary.format())
 
 
 _TOKENIZER_OPTIONS = ("tokenizer", "eos_id", "no_eos", "bos_id")
@@ -348,7 +349,7 @@ def stats_cmd(
     # is neither needed nor loaded (loading a large tokenizer.json takes seconds).
     tokenized = input_identity(inputs) is not None
     if tokenized and _explicit(ctx, _TOKENIZER_OPTIONS):
-        click.echo(
+        echo(
             "warning: the inputs are tokenized Parquet; the tokenizer recorded in them is "
             "reported and --tokenizer/--eos-id/--no-eos/--bos-id are ignored",
             err=True,
@@ -365,11 +366,11 @@ def stats_cmd(
 
         plot_length_histogram(stats.lengths, config.max_len, plot)
     if as_json:
-        click.echo(json.dumps(stats.to_dict(), indent=2))
+        echo(json.dumps(stats.to_dict(), indent=2))
     else:
-        click.echo(render_report(stats))
+        echo(render_report(stats))
     if plot is not None:
-        click.echo(f"wrote {plot}", err=as_json)
+        echo(f"wrote {plot}", err=as_json)
 
 
 @cli.command("pack")
@@ -535,7 +536,7 @@ def pack_cmd(
         summary = engines.run(config, tokenizer, workers)
     except AlreadyComplete as done:  # --resume of a finished run: success, with nothing to do
         as_dict = {"output": done.output, "already_complete": True, "message": str(done)}
-        click.echo(json.dumps(as_dict, indent=2) if as_json else str(done))
+        echo(json.dumps(as_dict, indent=2) if as_json else str(done))
         return
     except Detached as gone:  # --no-wait: the jobs run on; --resume finishes
         as_dict = {
@@ -544,12 +545,12 @@ def pack_cmd(
             "job_ids": gone.job_ids,
             "message": str(gone),
         }
-        click.echo(json.dumps(as_dict, indent=2) if as_json else str(gone))
+        echo(json.dumps(as_dict, indent=2) if as_json else str(gone))
         return
     if as_json:
-        click.echo(json.dumps(summary.to_dict(), indent=2))
+        echo(json.dumps(summary.to_dict(), indent=2))
     else:
-        click.echo(summary.format(max_len))
+        echo(summary.format(max_len))
 
 
 def main(argv: list[str] | None = None) -> None:

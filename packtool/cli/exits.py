@@ -22,7 +22,7 @@ def report(exc: BaseException) -> int | None:
     if isinstance(exc, PacktoolError):
         return _say(one_line(exc), 1)
     if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt)):  # click: Ctrl-C is Abort
-        click.echo(f"interrupted{interrupt.note[0]()}", err=True)
+        echo(f"interrupted{interrupt.note[0]()}", err=True)
         return 130
     if isinstance(exc, click.UsageError):
         # One line, as every other error. A bad value (`--chunk-docs 0`) exits 1 like the
@@ -46,11 +46,22 @@ def report(exc: BaseException) -> int | None:
     return None
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (9, 10)}
+"""Control characters but tab and newline, as their escapes: a name a dataset, a corpus or a
+file system hands us (a shard, an input file, a tokenizer's) could set the terminal's title,
+clear the screen or move the cursor when printed raw."""
+
+
+def echo(message: object, err: bool = False) -> None:
+    """`click.echo` of what packtool prints, control characters shown as escapes (`\\x1b`)."""
+    click.echo(str(message).translate(_CONTROL), err=err)
+
+
 def one_line(message: object) -> str:
     """An error as one line: a library's message may hold newlines (pyarrow's Thrift errors)."""
     return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
 def _say(message: str, code: int) -> int:
-    click.echo(f"error: {message}", err=True)
+    echo(f"error: {message}", err=True)
     return code

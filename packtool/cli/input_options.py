@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from packtool.cli.exits import echo
 from packtool.errors import ConfigError
 from packtool.read.sft_config import FORMATS, TRAIN_ON, SFTConfig
 
@@ -83,9 +84,9 @@ class CorpusOptions:
             self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
         )
         if tok.file_note:
-            click.echo(f"note: {tok.file_note}", err=True)
+            echo(f"note: {tok.file_note}", err=True)
         if tok.engine_note:
-            click.echo(f"note: {tok.engine_note}; encoding with {tok.identity.engine}", err=True)
+            echo(f"note: {tok.engine_note}; encoding with {tok.identity.engine}", err=True)
         dtype = tok.dtype
         if megatron:  # the .bin's dtype is Megatron's, not tokenized Parquet's
             from packtool.dataset.megatron import megatron_dtype
@@ -93,7 +94,7 @@ class CorpusOptions:
             dtype = megatron_dtype(tok.identity.vocab_size)
         for flag, value in (("--eos-id", eos), ("--bos-id", bos)):
             if isinstance(value, int) and value >= tok.base_vocab:  # a typo costs a model a
-                click.echo(  # vocabulary (and embedding) of that size: said, not silent
+                echo(  # vocabulary (and embedding) of that size: said, not silent
                     f"note: {flag} {value} is past the tokenizer's {tok.base_vocab:,} ids: the "
                     f"dataset's vocabulary becomes {tok.identity.vocab_size:,} "
                     f"({dtype} ids)",
@@ -217,7 +218,7 @@ def _note_passed_over(inputs: Any) -> None:
     count, examples = passed_over(inputs)
     if count:
         more = f" and {count - len(examples)} more" if count > len(examples) else ""
-        click.echo(
+        echo(
             f"note: {count:,} file(s) in the input folders are not read ({', '.join(examples)}"
             f"{more}): a folder is read for its corpus files only (docs/tokenize.md, Inputs); "
             "pass others by name",

@@ -317,3 +317,16 @@ def test_many_rounds_print_one_short_line(tmp_path, good):
     assert code == 0, err
     line = next(x for x in out.splitlines() if x.startswith("rows per round: "))
     assert line.endswith("(200 rounds)") and len(line) < 120, line
+
+
+def test_control_characters_in_names_are_printed_as_escapes(tmp_path):
+    """A file name holding ESC ] 0 ; ... BEL set the terminal's title (and ESC [ 2 J would
+    clear the screen) when a skip example, an error or a summary printed it raw."""
+    name = "a\x1b]0;owned\x07.jsonl"
+    (tmp_path / name).write_text('{"text": ""}\n{"text": "hello"}\n')
+    code, out, err = run("pack", tmp_path / name, "-o", tmp_path / "out", "--max-len", "64")
+    assert code == 0, err
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    assert "a\\x1b]0;owned\\x07.jsonl:1" in out + err  # the skip example, escaped
+    code, _, err = run("stats", tmp_path / "missing\x1b[2J.jsonl")
+    assert code == 1 and "\x1b" not in err and "missing\\x1b[2J.jsonl" in err
