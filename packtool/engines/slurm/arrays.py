@@ -140,8 +140,13 @@ class ArrayDriver:
             self.submitted += len(chunk)
 
     def _write_context(self) -> None:
-        if not storage.is_file(self.dir / "context.pkl"):
+        """The run's context for the tasks, written by this driver before its first submit,
+        whatever is there: every task unpickles it, so one left in the staging folder (by
+        anyone who can write there) would run its code on every node; a resumed run's is the
+        same run's (its options are checked equal), so tasks still running read it alike."""
+        if not getattr(self, "_context_written", False):
             writing.write_atomic(self.dir / "context.pkl", pickle.dumps(self.run.context))
+            self._context_written = True
 
     def _write_descriptors(self, array: str, tasks: list[list[int]]) -> None:
         lines = [json.dumps([self.run.descriptor(p) for p in t]).encode() + b"\n" for t in tasks]

@@ -473,3 +473,19 @@ def test_no_wait_with_nothing_left_to_run_finishes_the_run(cluster, local, tmp_p
         time.sleep(0.3)  # every partition's record: the jobs are done
     run_pack_slurm(_config(out, resume=True), SlurmConfig(wait=False, poll_seconds=0.3))
     _same_dataset(local, out)  # finished, not "submitted 0 partition(s) ... goes on there"
+
+
+def test_a_context_left_in_the_staging_folder_is_replaced_before_the_first_submit(tmp_path):
+    """Every array task unpickles `context.pkl`; the driver wrote it only when none was there,
+    so one planted in the staging folder before a --resume ran its code on every node. No
+    cluster needed: the driver's writer alone, on an object made without its Slurm set-up."""
+    import pickle
+
+    from packtool.engines.slurm.arrays import ArrayDriver
+
+    arrays = object.__new__(ArrayDriver)
+    arrays.dir = tmp_path
+    arrays.run = type("Run", (), {"context": {"the": "run's own"}})()
+    (tmp_path / "context.pkl").write_bytes(pickle.dumps("planted"))
+    arrays._write_context()
+    assert pickle.loads((tmp_path / "context.pkl").read_bytes()) == {"the": "run's own"}
