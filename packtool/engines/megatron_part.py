@@ -24,16 +24,15 @@ from packtool.dataset.megatron import MegatronWriter
 from packtool.dataset.tokenized_writer import BackgroundWriter
 from packtool.engines import records
 from packtool.engines.plan import check_piece, descriptor_pieces
+from packtool.engines.preflight import UNITS, raw_kind
 from packtool.errors import DataError
 from packtool.read import docids
 from packtool.read.documents import SkipCounter
-from packtool.read.formats import file_kind
-from packtool.read.jsonl import json_array_file
 from packtool.read.lines import line_number
 from packtool.storage import local as storage
 from packtool.storage import writing
 from packtool.tokenize.tables import PRETOKENIZED, Source, partition_tables
-from packtool.tokenizer.tokenizers import Tokenizer
+from packtool.tokenizer.tokenizers import Tokenizer, add_specials
 
 MEGATRON = "megatron"
 """The descriptor kind of a Megatron part (`worker.run_partition` dispatches on it)."""
@@ -65,16 +64,15 @@ def _with_eos(table: Any, eos: int) -> Any:
     ids = table.column("input_ids").combine_chunks()
     lengths = table.column("length").to_numpy().astype(np.int64)
     flat = ids.flatten().to_numpy(zero_copy_only=False)
-    ends = np.cumsum(lengths)  # each document's end in `flat`: the EOS goes there
-    out = np.insert(flat, ends, np.asarray(eos, dtype=flat.dtype))
+    out, out_lengths = add_specials(flat, lengths, None, eos, flat.dtype)  # as text gets its EOS
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths + 1, out=offsets[1:])
+    np.cumsum(out_lengths, out=offsets[1:])
     k = table.schema.get_field_index("input_ids")
     field = table.schema.field(k)
     new_ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(out, field.type.value_type))
     table = table.set_column(k, field, new_ids)
     k = table.schema.get_field_index("length")
-    return table.set_column(k, table.schema.field(k), pa.array((lengths + 1).astype(np.int32)))
+    return table.set_column(k, table.schema.field(k), pa.array(out_lengths.astype(np.int32)))
 
 
 def _where(path: str, doc_id: int, starts: dict[str, int]) -> str:
@@ -83,19 +81,13 @@ def _where(path: str, doc_id: int, starts: dict[str, int]) -> str:
     line is counted only where the piece starts the file, as the JSONL reader counts them)."""
     offset = int(docids.decode(int(doc_id))[1])
     local = storage.as_path(path)
-    kind = file_kind(local)
-    if kind == "text":
-        return path
-    if kind != "jsonl":
-        return f"{path}:row {offset}"
-    if json_array_file(local):
-        return f"{path}:item {offset}"
-    if starts.get(path) == 0:
+    unit = UNITS.get(raw_kind(local), "row")  # as the dataset's ids count them
+    if unit == "byte" and starts.get(path) == 0:
         try:
             return f"{path}:{line_number(local, offset)}"
         except (OSError, EOFError, DataError):
             pass
-    return f"{path}:byte {offset}"
+    return docids.where(path, offset, unit, count_lines=False)
 
 
 def _without_empty(table: Any, skips: SkipCounter, eos: int | None, starts: dict[str, int]) -> Any:

@@ -241,7 +241,7 @@ def _saved_facts(config: RunConfig, paths: list[Path]) -> InputFacts | None:
 def _file_kinds(paths: list[Path], mode: str) -> list[str]:
     if mode != RAW:
         return [mode] * len(paths)
-    return list(map_ordered(_raw_kind, paths))
+    return list(map_ordered(raw_kind, paths))
 
 
 def doc_id_units(paths: list[Path], kinds: list[str]) -> list[str]:
@@ -249,11 +249,12 @@ def doc_id_units(paths: list[Path], kinds: list[str]) -> list[str]:
     them as a corpus file of its type does (the byte of a JSON line, an array's item, a Parquet
     row: packtool/sft/inputs.py), so its type is read (the first bytes of a JSON file)."""
     records = [p for p, k in zip(paths, kinds, strict=True) if k == RECORDS]
-    types = dict(zip(records, map_ordered(_raw_kind, records), strict=True))
+    types = dict(zip(records, map_ordered(raw_kind, records), strict=True))
     return [UNITS.get(types.get(p, k), "row") for p, k in zip(paths, kinds, strict=True)]
 
 
-def _raw_kind(path: Path) -> str:
+def raw_kind(path: Path) -> str:
+    """How a corpus file reads: `file_kind`, with a JSON array told from JSON Lines (`UNITS`)."""
     kind = file_kind(path)
     if kind == "jsonl" and json_array_file(path):  # reads the file's first bytes
         kind = "json_array"

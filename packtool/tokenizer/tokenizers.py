@@ -144,7 +144,7 @@ class Tokenizer:
         if raw is None:
             return np.empty(0, self.dtype), np.empty(0, np.int64)
         flat, lengths = self._flat(raw)
-        return _add_specials(flat, lengths, self.identity.bos_id, self.identity.eos_id, self.dtype)
+        return add_specials(flat, lengths, self.identity.bos_id, self.identity.eos_id, self.dtype)
 
     def encode(self, text: str) -> np.ndarray:
         """One document (BOS/EOS added)."""
@@ -234,7 +234,7 @@ class EngineTokenizer(Tokenizer):
         self.encoder = engine_entry(self.identity.engine or "").open(self.source, self.workers)
 
 
-def _add_specials(
+def add_specials(
     flat: np.ndarray, lengths: np.ndarray, bos: int | None, eos: int | None, dtype: np.dtype
 ) -> tuple[np.ndarray, np.ndarray]:
     n_special = (bos is not None) + (eos is not None)
@@ -539,7 +539,7 @@ def _tiktoken_source(files: TokenizerFiles) -> tuple[Source, str]:
         sha = _sha256_file(path)
         known = openai_encoding(sha, ranks)  # cl100k_base.tiktoken splits as tiktoken's does
         if known is not None:
-            name, pattern, specials = known
+            _, pattern, specials = known
             note = ""
         else:
             pattern, specials = GPT2_PATTERN, {"<|endoftext|>": max(ranks.values()) + 1}

@@ -19,7 +19,7 @@ from packtool.tokenizer.tokenizers import (
     BYTE_EOS,
     GPT2_PATTERN,
     Tokenizer,
-    _add_specials,
+    add_specials,
     load_tokenizer,
 )
 from tests.cli import run
@@ -77,7 +77,7 @@ def test_token_dtype_rejects(vocab):
 def test_add_specials_matches_a_plain_reference(docs, bos, eos):
     flat = np.array([t for d in docs for t in d], dtype=np.uint32)
     lengths = np.array([len(d) for d in docs], dtype=np.int64)
-    out, out_lengths = _add_specials(flat, lengths, bos, eos, np.dtype(np.uint16))
+    out, out_lengths = add_specials(flat, lengths, bos, eos, np.dtype(np.uint16))
     want = [
         ([bos] if bos is not None else []) + d + ([eos] if eos is not None else []) for d in docs
     ]
