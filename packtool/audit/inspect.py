@@ -3,7 +3,7 @@
 The summary comes from `index.json` plus one measurement: only the `doc_offsets` column of each
 shard is read (its last entry per row is the row length), which gives each row's fill and
 document count without touching the tokens, in memory bounded by max_len (a histogram), in time
-linear in the rows (~1.6 s at 8.6 M rows). `--row N` reads the one row group that holds global
+linear in the rows (~0.9 s at 8.6 M rows). `--row N` reads the one row group that holds global
 row N.
 
 (Named `inspect_dataset`, not `inspect`: a module called `inspect.py` in this folder would shadow
