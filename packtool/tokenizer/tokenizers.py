@@ -41,7 +41,7 @@ from packtool.tokenizer.engines import (
 )
 from packtool.tokenizer.engines import engine as engine_entry
 from packtool.tokenizer.files import TokenizerFiles, resolve
-from packtool.tokenizer.json_settings import without_unapplied
+from packtool.tokenizer.json_settings import MAX_DEPTH, nesting_depth, without_unapplied
 from packtool.tokenizer.openai_ranks import openai_encoding
 from packtool.tokenizer.sentencepiece_model import USER_DEFINED, pieces_of_type
 from packtool.tokenizer.specials import (
@@ -467,6 +467,11 @@ def _hf_source(files: TokenizerFiles) -> tuple[Source, Callable[[], str]]:
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the tokenizer file ({exc}); check it") from None
+    if nesting_depth(data) > MAX_DEPTH:  # gigatoken's parser would overflow the stack (SIGSEGV)
+        raise ConfigError(
+            f"{path}: not a usable tokenizer.json (nested deeper than {MAX_DEPTH} levels, which "
+            "the tokenizers library refuses too); check the file (re-download it)"
+        )
     text, note = without_unapplied(text)  # truncation, padding, BPE dropout
     # The digest as a function: load_tokenizer takes it once the engine has started building.
     source = Source(kind="hf", where=str(path), json=text, note=note)

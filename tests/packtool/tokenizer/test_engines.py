@@ -442,3 +442,76 @@ def test_a_files_truncation_padding_and_dropout_are_not_applied(plain, tmp_path,
     code, _, err = run("stats", corpus, "--tokenizer", path, "--tokenizer-engine", engine)
     assert code == 0 and err.startswith(f"note: {tok.file_note}\n")
     assert load_tokenizer(str(base), eos=None).file_note == ""  # a file without them
+
+
+def _depth(value: object) -> int:
+    """The plain reference: how deeply a parsed JSON value nests."""
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+_JSON_TEXT = st.text(alphabet='ab\\"[]{}\n\u0120', max_size=6)
+_JSON_VALUE = st.recursive(
+    st.none() | st.integers() | _JSON_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_JSON_TEXT, inner, max_size=3),
+    max_leaves=30,
+)
+
+
+@given(value=_JSON_VALUE, indent=st.sampled_from([None, 1]), ascii_only=st.booleans())
+def test_nesting_depth_equals_the_parsed_depth(value, indent, ascii_only):
+    """Strings full of brackets, quotes and backslashes (escaped quotes, escaped backslashes
+    before a closing quote) do not count; only the structure does."""
+    from packtool.tokenizer.json_settings import nesting_depth
+
+    text = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
+    assert nesting_depth(text.encode()) == _depth(value)
+
+
+def test_a_tokenizer_json_nested_too_deep_is_one_line(plain, tmp_path):
+    """A tokenizer.json nested 100,000 deep (inside a field the libraries ignore) killed `pack`
+    with a segmentation fault in gigatoken's parser: no error, no message. Now no engine is
+    handed it. Run in a process of its own, so the old crash fails this test alone."""
+    import subprocess
+    import sys
+
+    spec = json.loads(Path(plain["gpt2"]).read_text())
+    spec["extra"] = json.loads("[" * 100 + "]" * 100)  # parseable here; deepened as text below
+    text = json.dumps(spec).replace("[" * 100 + "]" * 100, "[" * 100_000 + "]" * 100_000)
+    path = tmp_path / "tokenizer.json"
+    path.write_text(text)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "hello world"}\n')
+    for engine in ("auto", "gigatoken"):
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "packtool.cli.commands",
+                "pack",
+                str(corpus),
+                "-o",
+                str(tmp_path / "out"),
+                "--tokenizer",
+                str(path),
+                "--tokenizer-engine",
+                engine,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 1, (out.returncode, out.stderr[-500:])
+        assert one_error_line(out.stderr) == (
+            f"error: {path}: not a usable tokenizer.json (nested deeper than 128 levels, which "
+            "the tokenizers library refuses too); check the file (re-download it)"
+        )
+    # 128 levels is still handed on (the reference library's own limit decides).
+    spec["extra"] = json.loads("[" * 126 + "]" * 126)
+    path.write_text(json.dumps(spec))
+    from packtool.tokenizer.json_settings import nesting_depth
+
+    assert nesting_depth(path.read_bytes()) == 127
