@@ -11,7 +11,10 @@ ranks of `PackedDataLoader(num_workers=2)` batches is timed three ways, best of 
 from the local folder, from the bucket with an empty cache (cold: every row group downloaded
 once, ahead of the order), and from the bucket again with the cache the cold run filled (warm).
 The batches of all three are compared, and the bytes cached counted; `--mb 60 180` by default
-(two sizes: what is fixed per open and what grows with the shards).
+(two sizes: what is fixed per open and what grows with the shards). `--latency-ms 50` adds a
+cold epoch through the tests' proxy (tests/packtool/storage/faulty_proxy.py), which holds every
+request 50 ms (a store's round trip over a real network): what fetching ahead of the order and
+side by side buys, which moto's sub-millisecond loopback answers hide.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,24 +36,56 @@ DATA = ROOT / "bench_data"
 GOAL_WARM, GOAL_COLD = 0.95, 0.5
 
 
-def _epoch(path, cache: Path | None) -> tuple[float, int, list[int]]:
-    """Seconds, tokens and a checksum per batch of one epoch over 2 ranks x 2 workers."""
+def _epoch(path, cache: Path | None) -> tuple[float, int, list[int], float]:
+    """Seconds, tokens and a checksum per batch of one epoch over 2 ranks x 2 workers, and the
+    seconds until rank 0's first batch."""
     from loader import PackedDataLoader, PackedDataset
 
     t0 = time.perf_counter()
-    tokens, sums = 0, []
+    tokens, sums, first = 0, [], 0.0
     for rank in range(2):
         ds = PackedDataset(
             path, tokens_per_batch=65_536, rank=rank, world_size=2, seed=1,
             cache_dir=None if cache is None else str(cache),
         )  # fmt: skip
         for b in PackedDataLoader(ds, num_workers=2):
+            first = first or time.perf_counter() - t0
             tokens += b["input_ids"].numel()
             sums.append(int(b["input_ids"].sum()))
-    return time.perf_counter() - t0, tokens, sums
+    return time.perf_counter() - t0, tokens, sums, first
 
 
-def _measure(mb: int, repeat: int) -> dict:
+def _delayed_cold(url: str, latency_ms: float, repeat: int, want: list[int]) -> tuple[float, float]:
+    """Best (epoch seconds, seconds to the first batch) of a cold epoch with every request held
+    `latency_ms` by the tests' proxy, a process of its own, in front of the server."""
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "tests.packtool.storage.faulty_proxy",
+         os.environ["AWS_ENDPOINT_URL"], str(latency_ms)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    try:
+        os.environ["AWS_ENDPOINT_URL"] = proxy.stdout.readline().strip()
+        best = (float("inf"), float("inf"))
+        for _ in range(repeat):
+            cache = Path(tempfile.mkdtemp(prefix="packtool-bench-cache-"))
+            try:
+                t, _, got, first = _epoch(url, cache)
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
+            if got != want:
+                raise SystemExit(
+                    "the batches through the delaying proxy differ from the local ones"
+                )
+            best = min(best, (t, first))
+        return best
+    finally:
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        proxy.terminate()
+        proxy.wait()
+
+
+def _measure(mb: int, repeat: int, latency_ms: float) -> dict:
     """One corpus size: pack it locally and into the bucket, then the three epochs, best of
     `repeat`; the batches compared."""
     import boto3
@@ -76,17 +113,18 @@ def _measure(mb: int, repeat: int) -> dict:
     for _ in range(repeat):
         cache = Path(tempfile.mkdtemp(prefix="packtool-bench-cache-"))
         try:
-            t, tokens, want = _epoch(local, None)
+            t, tokens, want, first_local = _epoch(local, None)
             best["local"] = min(best["local"], t)
-            t, _, got_cold = _epoch(url, cache)
+            t, _, got_cold, _ = _epoch(url, cache)
             best["cold"] = min(best["cold"], t)
             held = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
-            t, _, got_warm = _epoch(url, cache)
+            t, _, got_warm, _ = _epoch(url, cache)
             best["warm"] = min(best["warm"], t)
         finally:
             shutil.rmtree(cache, ignore_errors=True)
         if not want == got_cold == got_warm:
             raise SystemExit("the batches from the bucket differ from the local ones")
+    delayed = _delayed_cold(url, latency_ms, repeat, want) if latency_ms else None
     shards = list(local.glob("shard-*.parquet"))
     opens = {}
     from concurrent.futures import ThreadPoolExecutor
@@ -112,7 +150,8 @@ def _measure(mb: int, repeat: int) -> dict:
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     return {
-        "opens": opens, "server_only": server_only, "groups": len(jobs),
+        "opens": opens, "server_only": server_only, "groups": len(jobs), "delayed": delayed,
+        "first_local": first_local,
         "mb": mb, "best": best, "tokens": tokens, "held": held, "shards": len(shards),
         "bytes": sum(p.stat().st_size for p in shards),
     }  # fmt: skip
@@ -123,6 +162,10 @@ def main() -> None:
     ap.add_argument("--mb", type=int, nargs="+", default=[60, 180], help="MB of real text")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-docs", action="store_true", help="print only")
+    ap.add_argument(
+        "--latency-ms", type=float, default=0,
+        help="also a cold epoch with every request held this long (0: none)",
+    )  # fmt: skip
     args = ap.parse_args()
     server, endpoint = _server()
     os.environ.update(
@@ -130,7 +173,7 @@ def main() -> None:
         AWS_DEFAULT_REGION="us-east-1",
     )  # fmt: skip
     try:
-        runs = [_measure(mb, args.repeat) for mb in args.mb]
+        runs = [_measure(mb, args.repeat, args.latency_ms) for mb in args.mb]
     finally:
         server.terminate()
         server.wait()
@@ -146,6 +189,13 @@ def main() -> None:
             rows.append([
                 f"{r['mb']} MB: {name}", f"{t:.2f}", f"{r['tokens'] / t / 1e6:.2f}",
                 f"{best['local'] / t:.2f}x",
+            ])  # fmt: skip
+        if r["delayed"]:
+            t, first = r["delayed"]
+            rows.append([
+                f"{r['mb']} MB: s3://, cold cache, every request held {args.latency_ms:g} ms "
+                f"(first batch after {first:.2f} s; local {r['first_local']:.2f} s)",
+                f"{t:.2f}", f"{r['tokens'] / t / 1e6:.2f}", f"{best['local'] / t:.2f}x",
             ])  # fmt: skip
         rows.append(
             [
@@ -170,6 +220,12 @@ def main() -> None:
             f"{GOAL_COLD}x: {'met' if cold >= GOAL_COLD else 'missed'}; moto alone takes "
             f"{serve:.2f}x the local epoch to serve every range once)"
         )
+        if r["delayed"]:
+            t, first = r["delayed"]
+            lines[-1] += (
+                f", cold with every request held {args.latency_ms:g} ms **"
+                f"{best['local'] / t:.2f}x** (first batch after {first:.2f} s)"
+            )
     table = markdown_table(
         ["one epoch, 2 ranks x 2 workers", "seconds", "M tokens/s", "vs local"], rows
     )

@@ -4,13 +4,18 @@ and cuts the body of others short, on a fixed schedule (so a run is repeatable).
 `requests="writes"` the uploads are faulted instead (PUTs, multipart parts included), a `deny`
 fault answers 403 AccessDenied, which no client retries, and a `conflict` fault 409
 ConditionalRequestConflict (AWS's answer to a conditional put racing another, which moto never
-gives)."""
+gives). `delay_ms` holds every request that long before it is forwarded (a real network's round
+trip; benchmarks/bench_bucket_loader.py `--latency-ms` runs it as a process of its own:
+`python -m tests.packtool.storage.faulty_proxy UPSTREAM MS` prints its URL and forwards until
+killed)."""
 
 from __future__ import annotations
 
 import http.client
 import socket
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -36,8 +41,11 @@ class FaultyProxy:
     the n-th GET of an object (1-based, ranged reads and whole reads alike) gets the fault whose
     period divides n (the first listed that does), `counts` says how many of each were sent."""
 
-    def __init__(self, upstream: str, every: dict[str, int], requests: str = "reads") -> None:
+    def __init__(
+        self, upstream: str, every: dict[str, int], requests: str = "reads", delay_ms: float = 0
+    ) -> None:
         self.upstream = urlsplit(upstream)
+        self.delay = delay_ms / 1000
         self.every = every
         self.requests = requests
         self.counts = {name: 0 for name in every} | {"forwarded": 0}
@@ -67,6 +75,7 @@ class FaultyProxy:
                     self.end_headers()
                     self.wfile.write(answer)
                     return
+                time.sleep(proxy.delay)
                 conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
                 headers["Host"] = proxy.upstream.netloc
@@ -122,3 +131,9 @@ class FaultyProxy:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+if __name__ == "__main__":
+    with FaultyProxy(sys.argv[1], {}, delay_ms=float(sys.argv[2])) as url:
+        print(url, flush=True)
+        threading.Event().wait()
