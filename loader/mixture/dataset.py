@@ -491,9 +491,9 @@ class MixedDataset(IterableDataset):
         """Documents a transport ring slot has room for (as `PackedDataset.max_batch_docs`).
 
         Static shape: the document cap. Otherwise twice the most documents per token of any
-        source's first (up to) 64 row groups times the batch's tokens, at most one per token
-        (a streaming source: one per token): a sizing, not a bound, that reads no source
-        whole; a part with more goes outside the ring (loader/packed/transport.py), slower but the
+        source (its manifest's, `PackedDataset.docs_per_token`) times the batch's tokens, at
+        most one per token (a streaming source: one per token): a sizing, not a bound, that
+        reads no source whole; a part with more goes outside the ring (loader/packed/transport.py), slower but the
         same batch.
         """
         if self.config.static_shape:

@@ -167,13 +167,8 @@ class PackedSource:
         return self.index.top_n_docs(k)
 
     def docs_per_token(self) -> float:
-        """Documents per token over the first (up to) 64 row groups (sizes ring slots)."""
-        tokens = docs = 0
-        for g in range(min(self.index.num_groups, 64)):
-            stats = self.index.group(g)
-            tokens += int(stats.lengths.sum())
-            docs += int(stats.n_docs.sum())
-        return docs / max(tokens, 1)
+        """Documents per token (sizes ring slots): `PackedDataset.docs_per_token`."""
+        return self.ds.docs_per_token()
 
     def gather_into(self, rows: np.ndarray, dest: Documents, t: int, d: int) -> tuple[int, int]:
         """Write rows (row ids) into `dest` from token `t` and document `d` (the caller sized it

@@ -185,6 +185,16 @@ class RowIndex:
                     self._cached_bytes -= old.nbytes
         return data
 
+    def warm(self, groups: list[int]) -> None:
+        """Hand the row groups of `groups` not cached yet to `prefetch`, when more than one is
+        about to be read (one alone is read as fast in place)."""
+        if self.prefetch is None or len(groups) < 2:
+            return
+        with self._lock:
+            missing = [g for g in groups if g not in self._cache]
+        if len(missing) > 1:
+            self.prefetch(missing)
+
     def stats(
         self, rows: NDArray[np.integer]
     ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
@@ -194,11 +204,7 @@ class RowIndex:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
         groups = np.searchsorted(self.group_starts, rows, side="right") - 1
         uniq, inv = np.unique(groups, return_inverse=True)
-        if self.prefetch is not None and len(uniq) > 1:
-            with self._lock:
-                missing = [g for g in uniq.tolist() if g not in self._cache]
-            if len(missing) > 1:
-                self.prefetch(missing)
+        self.warm(uniq.tolist())
         parts = [self.group(g) for g in uniq.tolist()]
         # The row groups' counts side by side: one gather per column, not one per row group.
         sizes = np.fromiter((len(p.lengths) for p in parts), np.int64, len(parts))

@@ -267,3 +267,54 @@ def test_loader_processes_and_shared_memory_are_released(random_dataset, mode):
     assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p)]
     if os.path.isdir(shm):
         assert not [f for f in os.listdir(shm) if f.startswith(f"torch_{proc.pid}_")]
+
+
+def _pieces_and_tokens(path) -> tuple[int, int]:
+    """Document pieces and tokens of a dataset, recounted from its shards with pyarrow."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from packtool.dataset.manifest import read_manifest
+
+    pieces = tokens = 0
+    for s in read_manifest(path).shards:
+        table = pq.read_table(path / s.file, columns=["input_ids", "doc_offsets"])
+        pieces += int(pc.sum(pc.list_value_length(table.column("doc_offsets"))).as_py())
+        pieces -= table.num_rows  # a row's offsets are 0, its pieces' ends
+        tokens += int(pc.sum(pc.list_value_length(table.column("input_ids"))).as_py())
+    return pieces, tokens
+
+
+def test_ring_sizing_reads_no_row_group_when_the_manifest_counts_pieces(random_dataset, tmp_path):
+    """The ring's slots were sized from the first 64 row groups' counts, read one at a time in
+    the main process: from a bucket, behind 50 ms a request, the first batch of a loader with
+    workers came after 6 s. `pack` records the pieces (`counts.segments`): nothing is read."""
+    import json
+    import shutil
+
+    path = tmp_path / "ds"
+    shutil.copytree(random_dataset, path)
+    pieces, tokens = _pieces_and_tokens(path)
+    spec = json.loads((path / "index.json").read_text())
+    spec["counts"]["segments"] = pieces
+    (path / "index.json").write_text(json.dumps(spec))
+    ds = PackedDataset(path, tokens_per_batch=128)
+    assert ds.docs_per_token() == pieces / tokens
+    assert ds.max_batch_docs() == int(min(2 * pieces / tokens * 128 + 16, 128))
+    assert ds.index.groups_read == 0
+
+
+def test_ring_sizing_of_an_older_dataset_fetches_its_row_groups_side_by_side(random_dataset):
+    """A dataset without `counts.segments`: the first (up to) 64 row groups, all handed to the
+    prefetch before the first is read."""
+    ds = PackedDataset(random_dataset, tokens_per_batch=128)
+    assert "segments" not in ds.store.manifest.counts
+    events: list = []
+    ds.index.prefetch = lambda groups: events.append(("prefetch", list(groups)))
+    read = ds.index.read
+    ds.index.read = lambda g: events.append(("read", g)) or read(g)
+    pieces, tokens = _pieces_and_tokens(random_dataset)
+    assert ds.docs_per_token() == pieces / tokens  # every group is among the first 64 here
+    groups = ds.index.num_groups
+    assert groups > 1
+    assert events == [("prefetch", list(range(groups)))] + [("read", g) for g in range(groups)]
