@@ -564,7 +564,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="packtool", standalone_mode=False)
     except BaseException as exc:  # one line and an exit code for what a user can act on
-        code = exits.report(exc)
+        given = sys.argv[1:] if argv is None else argv
+        named = bool(given) and given[0] in cli.commands
+        code = exits.report(exc, f"packtool {given[0]}" if named else "packtool")
         if code is None:
             raise
         sys.exit(code)

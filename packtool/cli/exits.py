@@ -16,9 +16,17 @@ import click
 from packtool.cli import interrupt
 from packtool.errors import PacktoolError
 
+_NO_COMMAND = getattr(click.exceptions, "NoArgsIsHelpError", ())
+"""`packtool` with no command (click >= 8.2): its message is the whole help."""
 
-def report(exc: BaseException) -> int | None:
-    """Print `exc` as one line (or nothing where nothing is owed); its exit code, or None."""
+
+def report(exc: BaseException, command: str = "packtool") -> int | None:
+    """Print `exc` as one line (or nothing where nothing is owed); its exit code, or None.
+    `command`: the command path a usage error points to when click's error carries none (an
+    option missing its value is found before the subcommand's context exists)."""
+    if _NO_COMMAND and isinstance(exc, _NO_COMMAND):
+        echo(exc.format_message(), err=True)  # the help as click lays it out, not one line
+        return exc.exit_code
     if isinstance(exc, PacktoolError):
         return _say(one_line(exc), 1)
     if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt)):  # click: Ctrl-C is Abort
@@ -27,7 +35,7 @@ def report(exc: BaseException) -> int | None:
     if isinstance(exc, click.UsageError):
         # One line, as every other error. A bad value (`--chunk-docs 0`) exits 1 like the
         # values packtool checks itself (`--max-len 4k`); a wrong option or argument, 2.
-        where = exc.ctx.command_path if exc.ctx else "packtool"
+        where = exc.ctx.command_path if exc.ctx else command
         bad_value = isinstance(exc, click.BadParameter) and not isinstance(
             exc, click.MissingParameter
         )

@@ -157,6 +157,22 @@ def test_usage_errors_are_one_line_wrong_usage_2_bad_value_1(tmp_path):
     # a bad value exits 1, as the values packtool checks itself (it printed click's 4 lines, 2)
     code, _, err = run("tokenize", "x.jsonl", "-o", tmp_path / "o.parquet", "--workers", "0")
     assert code == 1 and "Invalid value for '--workers'" in one_error_line(err)
+    # An option missing its value is found before the subcommand's context exists: it pointed
+    # to `packtool --help`.
+    for cmd, option in (("tokenize", "--workers"), ("pack", "--max-len"), ("stats", "--plot")):
+        code, _, err = run(cmd, "x.jsonl", option)
+        assert code == 2
+        assert one_error_line(err) == (
+            f"error: Option '{option}' requires an argument. (see packtool {cmd} --help)"
+        )
+
+
+def test_no_command_prints_the_help_as_laid_out():
+    """`packtool` alone printed the whole help squashed into one `error:` line."""
+    code, out, err = run()
+    assert code == 2 and out == ""
+    assert err.startswith("Usage: packtool [OPTIONS] COMMAND [ARGS]...\n")
+    assert "\nCommands:\n" in err and "  pack " in err and "error" not in err
 
 
 def test_glob_and_several_inputs(tmp_path):
