@@ -286,7 +286,8 @@ def _explicit(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     default="8",
     show_default=True,
     metavar="N",
-    help="Documents per batch for the pad-each-batch-to-its-longest waste figure.",
+    help="Chunks (documents after splitting at --max-len) per batch for the "
+    "pad-each-batch-to-its-longest waste figure.",
 )
 @click.option(
     "--candidates",
@@ -336,7 +337,7 @@ def stats_cmd(
         )
     config = StatsConfig(
         max_len=positive_int("--max-len", max_len, least=2),
-        batch_size=positive_int("--batch-size", batch_size, "documents"),
+        batch_size=positive_int("--batch-size", batch_size, "chunks"),
         candidates=cands,
     )
     if plot is not None:

@@ -73,6 +73,11 @@ def check_apart(
         path = storage.resolve(text)
         if path == target:
             raise ConfigError(f"output {out} is also an input ({text}); choose another output")
+        if path in target.parents and storage.is_file(path):
+            raise ConfigError(
+                f"output {out}: {text} is a file, so no output can be made under it; choose "
+                "another output"
+            )
         if path in target.parents:
             raise ConfigError(
                 f"output {out} is inside the input folder {text}: a later run would read its "

@@ -446,6 +446,11 @@ def load_chat_template(
     tokens = {**special_tokens_of(config), **(special_tokens or {})}
     if template is not None:
         path = Path(template)
+        if storage.is_dir(path):
+            raise ConfigError(
+                f"chat template {str(path)!r} is a folder; pass the template file (a .jinja, or "
+                "the tokenizer_config.json or chat_template.json holding it)"
+            )
         if not storage.is_file(path):
             raise ConfigError(f"chat template file {str(path)!r} does not exist")
         try:

@@ -72,7 +72,7 @@ def test_stats_with_only_skipped_documents_says_why(tmp_path):
         (["--max-len", "99999999999999999999"], "is too large: at most 16,777,216"),
         (["--max-len", str(2**24 + 1)], "is too large"),
         (["--candidates", "512,99999999999999999999"], "candidate max length"),
-        (["--batch-size", "0"], "--batch-size must be a positive integer (documents)"),
+        (["--batch-size", "0"], "--batch-size must be a positive integer (chunks)"),
     ],
 )
 def test_stats_rejects_absurd_lengths_in_one_line(small, args, message):

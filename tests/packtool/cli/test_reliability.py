@@ -152,6 +152,18 @@ def test_an_output_inside_an_input_folder_is_refused_before_anything(tmp_path, g
         assert folder_bytes(src) == before
 
 
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_an_output_under_an_input_file_says_it_is_a_file(tmp_path, good, command):
+    """It said the output "is inside the input folder" of a file."""
+    out = good / ("packed" if command == "pack" else "tok.parquet")
+    code, _, err = run(command, good, "-o", out)
+    assert code == 1
+    assert one_error_line(err) == (
+        f"error: output {out}: {good} is a file, so no output can be made under it; choose "
+        "another output"
+    )
+
+
 def test_an_input_inside_the_output_is_refused_and_kept(tmp_path, good):
     out = tmp_path / "D"
     out.mkdir()

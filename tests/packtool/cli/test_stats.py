@@ -88,7 +88,7 @@ def test_plot_writes_png(small_corpus, tmp_path):
         (["--max-len", "4k"], "error: --max-len must be an integer >= 2 (tokens), got '4k'"),
         (
             ["--batch-size", "-1"],
-            "error: --batch-size must be a positive integer (documents), got '-1'",
+            "error: --batch-size must be a positive integer (chunks), got '-1'",
         ),
         (
             ["--candidates", "512,x"],

@@ -278,6 +278,12 @@ def test_template_problems_are_one_line_errors(tmp_path):
     assert code == 1 and "not a valid jinja2 template" in one_error_line(err)
     code, _, err = run("stats", path, "--chat-template", tmp_path / "missing.jinja")
     assert code == 1 and "does not exist" in one_error_line(err)
+    (tmp_path / "tpl").mkdir()  # a folder: it said "does not exist"
+    code, _, err = run("stats", path, "--chat-template", tmp_path / "tpl")
+    assert code == 1
+    assert f"chat template '{tmp_path / 'tpl'}' is a folder; pass the template file" in (
+        one_error_line(err)
+    )
     macro = template_file(
         tmp_path,
         "{% macro all(ms) %}{% for m in ms %}{{ m.content }}{% endfor %}{% endmacro %}"
