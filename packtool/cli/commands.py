@@ -415,7 +415,14 @@ def stats_cmd(
     help="Packing passes: 1 = plain FFD/BFD; each extra round repacks the least-filled 10% of "
     "rows from a seeded shuffle, kept when it saves rows.",
 )
-@click.option("--seed", type=AT_LEAST_0, default=0, show_default=True, help="Seeds repacking.")
+@click.option(
+    "--seed",
+    type=AT_LEAST_0,
+    default=0,
+    show_default=True,
+    help="Seeds the repacking rounds and the order of rows in the output (so shards differ "
+    "with it even at --rounds 1).",
+)
 @click.option(
     "--group-by",
     default=None,
