@@ -431,8 +431,8 @@ def _source(manifest: Manifest, doc_id: int, directory: Path) -> str:
         return ""
     try:
         return docids.where(*docids.source(manifest.extra, doc_id, directory))
-    except DataError:
-        return ""
+    except DataError as exc:  # said, not left out: an edited sources.json, an id past the list
+        return f"unknown ({exc})"
 
 
 def mask_strip(mask: NDArray, offsets: NDArray[np.int64], width: int = STRIP_CHARS) -> str:

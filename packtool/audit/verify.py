@@ -234,12 +234,14 @@ def _fail(where: str, what: str) -> DataError:
     return DataError(f"{where}: {' '.join(str(what).split())}")
 
 
-def _id_files(manifest: Manifest) -> int | None:
-    """How many input files a `file_offset` dataset's ids may name; None for other schemes."""
+def _id_files(manifest: Manifest, directory: Path) -> int | None:
+    """How many input files a `file_offset` dataset's ids may name; None for other schemes.
+    A list kept in `SOURCES_FILE` is read and checked against the sha256 index.json records
+    (an edited or replaced list passed, and inspect then named the wrong files)."""
     info = manifest.extra.get("doc_ids") or {}
     if info.get("scheme") != docids.SCHEME:
         return None
-    return len(info["files"]) if "files" in info else int(info.get("num_files", 0))
+    return len(docids.input_files(manifest.extra, directory)[0])
 
 
 def _bad_doc_id(dids: NDArray[np.integer], id_files: int | None) -> int | None:
@@ -314,7 +316,7 @@ def verify_dataset(
     warnings = unlisted_files(directory, manifest)
     expected_schema = packed_schema(token_type_for(vocab), manifest.columns)
     optional = verify_columns.optional_columns(manifest.columns)
-    id_files = _id_files(manifest)
+    id_files = _id_files(manifest, directory)
     supervised = 0
     # Its spill folder goes with it, also where a problem ends the check early.
     pieces = Pieces(manifest.counts.get("segments"))

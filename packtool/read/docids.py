@@ -33,6 +33,7 @@ manifest every loader rank reads stays small (10^5 files are ~10 MB of paths). `
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -122,10 +123,35 @@ def _lists(info: dict[str, Any], directory: Any) -> tuple[list[str], list[str]]:
         raise DataError(f"doc_ids.sources {name!r} must name a file inside the dataset folder")
     path = Path(directory) / name
     try:
-        data = json.loads(storage.read_text(path))
-        return data["files"], data["units"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raw = storage.read_bytes(path)  # a regular file only (a FIFO would hang the read)
+    except OSError as exc:
         raise DataError(f"{path}: unreadable list of input files ({exc})") from None
+    want = info.get("sha256")
+    if isinstance(want, str) and hashlib.sha256(raw).hexdigest() != want:
+        # An edited list credits documents to the wrong files; index.json records its digest.
+        raise DataError(
+            f"{path}: its sha256 is not the one index.json records (doc_ids.sha256): the list "
+            "of input files was changed or damaged"
+        )
+    try:
+        data = json.loads(raw)
+        files, units = data["files"], data["units"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: unreadable list of input files ({exc})") from None
+    count = info.get("num_files", len(files) if isinstance(files, list) else -1)
+    if not (isinstance(files, list) and isinstance(units, list)) or not (
+        len(files) == len(units) == count
+    ):
+        raise DataError(
+            f"{path}: not {count} input files with their units (doc_ids.num_files in index.json)"
+        )
+    return files, units
+
+
+def input_files(extra: dict[str, Any], directory: Any = None) -> tuple[list[str], list[str]]:
+    """(files, units) a `file_offset` dataset's ids name, read (and checked against the
+    recorded sha256) from `SOURCES_FILE` where the manifest keeps them there."""
+    return _lists(extra.get("doc_ids") or {}, directory)
 
 
 def locate(extra: dict[str, Any], doc_id: int, directory: Any = None) -> tuple[str, int]:

@@ -79,6 +79,39 @@ def test_the_plan_cuts_big_files_and_groups_tiny_ones(reference):
     assert summary.skips == {"invalid_utf8": 10, "malformed_json": 10}
 
 
+def test_verify_and_inspect_check_the_list_of_sources(reference, tmp_path):
+    """Past 1,000 inputs the list is in sources.json, whose sha256 index.json records: verify
+    passed an edited, deleted or FIFO list (never reading it), and inspect then credited
+    documents to the wrong file or left the place out without a word."""
+    import shutil
+
+    from packtool.audit.inspect import inspect_dataset
+
+    base, _, _ = reference
+    verify_dataset(base / "w1")  # the list as written passes
+    edited, gone, fifo = (tmp_path / n for n in ("edited", "gone", "fifo"))
+    for d in (edited, gone, fifo):
+        shutil.copytree(base / "w1", d)
+    listed = edited / docids.SOURCES_FILE
+    listed.write_text(listed.read_text().replace("a-0003.jsonl", "a-0999.jsonl"))
+    (gone / docids.SOURCES_FILE).unlink()
+    (fifo / docids.SOURCES_FILE).unlink()
+    os.mkfifo(fifo / docids.SOURCES_FILE)
+    with pytest.raises(DataError, match="its sha256 is not the one index.json records"):
+        verify_dataset(edited)
+    with pytest.raises(DataError, match="unreadable list of input files .*No such file"):
+        verify_dataset(gone)
+    with pytest.raises(DataError, match="unreadable list of input files .*not a regular file"):
+        verify_dataset(fifo)
+    row = inspect_dataset(edited, row=0).row
+    assert row.documents[0].source.startswith("unknown (")
+    assert "its sha256 is not the one index.json records" in row.documents[0].source
+    # The snippet in docs/pack.md, with the folder the list lives in.
+    doc_id = int(row.documents[0].doc_id)
+    file, _ = docids.locate(read_manifest(base / "w1").extra, doc_id, base / "w1")
+    assert Path(file).exists()
+
+
 def test_the_same_bytes_with_two_worker_processes(reference, corpus, tmp_path):
     base, one, _ = reference
     two = run_pack(config(tmp_path / "w2", [corpus], workers=2))
