@@ -383,7 +383,15 @@ def _check_batch(batch: Any, cfg: ModelConfig) -> None:
         value = batch.get(key)
         if value is None and key == "labels":
             continue
-        if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point():
+        # bool passes `not is_floating_point()` but is no id, position or label (embedding,
+        # rotary lookup and loss fail on it or take True as 1): refused like floats.
+        if (
+            not isinstance(value, torch.Tensor)
+            or value.dim() != 1
+            or value.is_floating_point()
+            or value.is_complex()
+            or value.dtype == torch.bool
+        ):
             got = (
                 f"{tuple(value.shape)} {value.dtype}"
                 if isinstance(value, torch.Tensor)

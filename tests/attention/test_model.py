@@ -234,6 +234,13 @@ def _edited(key, change):
         (_edited("labels", lambda t: t[1:]), r"batch\['labels'\] has"),
         (_edited("input_ids", lambda t: t.float()), r"batch\['input_ids'\] must be a 1-D integer"),
         (_edited("labels", lambda t: t.view(1, -1)), r"batch\['labels'\] must be a 1-D integer"),
+        # bool is not an integer dtype: F.embedding, the rotary lookup and the loss fail on it
+        (
+            _edited("input_ids", torch.Tensor.bool),
+            r"batch\['input_ids'\] .* got \(\d+,\) torch.bool",
+        ),
+        (_edited("position_ids", torch.Tensor.bool), r"batch\['position_ids'\] must be a 1-D int"),
+        (_edited("labels", torch.Tensor.bool), r"batch\['labels'\] must be a 1-D integer"),
         (_edited("labels", lambda t: t.clamp_min(-1)), "label -1 is neither -100"),
         (
             _edited("labels", lambda t: t.clamp_min(0) + VOCAB),
