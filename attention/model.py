@@ -19,6 +19,7 @@ from torch import nn
 from attention.varlen import (
     BACKENDS,
     check_cu_seqlens,
+    check_max_seqlen,
     choose_backend,
     normalize_window,
     varlen_attention,
@@ -269,12 +270,12 @@ class Transformer(nn.Module):
         Args:
             batch: ``input_ids`` int64 ``(T,)``, ``cu_seqlens`` int32 ``(n_docs + 1,)``,
                 ``position_ids`` int64 ``(T,)`` restarting at 0 per document, optional
-                ``max_seqlen`` (int) and ``labels`` int64 ``(T,)`` (-100 = no target). Tensors
+                ``max_seqlen`` (an int >= the longest document, or None) and ``labels`` int64 ``(T,)`` (-100 = no target). Tensors
                 are moved to the model's device.
 
         Raises:
             ValueError: a batch that is not a dict, a missing key, a key that is not a 1-D
-                integer tensor of the token count, bad ``cu_seqlens``, or (checked on host
+                integer tensor of the token count, bad ``cu_seqlens`` or ``max_seqlen``, or (checked on host
                 tensors) a position id outside ``max_seq_len``, an input id or label outside
                 the vocabulary.
         """
@@ -287,7 +288,9 @@ class Transformer(nn.Module):
         # loader on CPU); the layers then skip the check.
         bounds = check_cu_seqlens(cu_src, input_ids.shape[0])
         longest = max((b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)), default=0)
-        max_seqlen = int(batch.get("max_seqlen") or longest)
+        max_seqlen = check_max_seqlen(batch.get("max_seqlen"))  # an int, as collate gives
+        if max_seqlen is None:
+            max_seqlen = longest
         if max_seqlen < longest:
             raise ValueError(
                 f"batch max_seqlen {max_seqlen} is below its longest document ({longest})"

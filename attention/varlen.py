@@ -103,6 +103,17 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, total_tokens: int) -> list[int]:
     return bounds
 
 
+def check_max_seqlen(max_seqlen: object) -> int | None:
+    """Return ``max_seqlen`` if it is None or a Python int >= 0 (the loader's batch holds an
+    int), else raise ``ValueError`` naming it: a float would be truncated, a string or tensor is
+    not a length."""
+    if max_seqlen is not None and (
+        isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0
+    ):
+        raise ValueError(f"max_seqlen must be an int >= 0 or None, got {max_seqlen!r}")
+    return max_seqlen
+
+
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
@@ -244,11 +255,9 @@ def varlen_attention(
         where = cu_seqlens.device if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens)
         raise ValueError(f"cu_seqlens must be a tensor on {q.device} like q, got {where}")
     bounds = check_cu_seqlens(cu_seqlens, q.shape[0]) if validate else None
-    if max_seqlen is None:
+    if check_max_seqlen(max_seqlen) is None:
         bounds = bounds or cu_seqlens.tolist()
         max_seqlen = max((b - a for a, b in pairwise(bounds)), default=0)
-    elif isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
-        raise ValueError(f"max_seqlen must be an int >= 0 or None, got {max_seqlen!r}")
     elif bounds is not None:
         longest = max((b - a for a, b in pairwise(bounds)), default=0)
         if max_seqlen < longest:

@@ -278,3 +278,22 @@ def test_the_model_ignores_the_label_the_loader_writes():
     from packtool.dataset.columns import IGNORE_INDEX
 
     assert model.IGNORE_INDEX == IGNORE_INDEX == loader.IGNORE_INDEX == -100
+
+
+@pytest.mark.parametrize("value", ["4", "abc", 4.9, 9.0, True, [4], torch.tensor(9), -1])
+def test_batch_max_seqlen_is_checked_as_varlen_attention_checks_it(value):
+    # It was int(value or longest): "4", 4.9 (to 4) and tensor(9) were taken, "abc" and [4]
+    # gave a raw ValueError / TypeError that named no key.
+    with pytest.raises(ValueError, match=r"max_seqlen must be an int >= 0 or None, got "):
+        _model()({**make_batch(DOCS), "max_seqlen": value})
+
+
+def test_batch_max_seqlen_zero_is_a_value_not_absent():
+    with pytest.raises(ValueError, match=r"batch max_seqlen 0 is below its longest document \(9\)"):
+        _model()({**make_batch(DOCS), "max_seqlen": 0})
+    model, batch = _model(), make_batch(DOCS)
+    expected = model(batch).logits
+    for value in (None, 9, 100):  # None and a missing key: the longest document
+        torch.testing.assert_close(model({**batch, "max_seqlen": value}).logits, expected)
+    del batch["max_seqlen"]
+    torch.testing.assert_close(model(batch).logits, expected)
