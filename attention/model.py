@@ -21,6 +21,7 @@ from attention.varlen import (
     check_cu_seqlens,
     check_max_seqlen,
     choose_backend,
+    count_documents,
     normalize_window,
     varlen_attention,
 )
@@ -322,7 +323,7 @@ class Transformer(nn.Module):
                 device=device,
                 dtype=dtype,
                 total_tokens=input_ids.shape[0],
-                n_docs=len(bounds) - 1,
+                n_docs=count_documents(bounds),  # not static-shape padding's empty entries
                 window=normalize_window(self.cfg.sliding_window, True),
             ).name
         cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]  # (T, head_dim // 2)

@@ -103,6 +103,12 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, total_tokens: int) -> list[int]:
     return bounds
 
 
+def count_documents(bounds: list[int]) -> int:
+    """The non-empty documents of ``cu_seqlens`` given as a list: static-shape padding repeats
+    the token count (empty entries), which are no documents for `choose_backend`'s cost rule."""
+    return sum(b > a for a, b in pairwise(bounds))
+
+
 def check_max_seqlen(max_seqlen: object) -> int | None:
     """Return ``max_seqlen`` if it is None or a Python int >= 0 (the loader's batch holds an
     int), else raise ``ValueError`` naming it: a float would be truncated, a string or tensor is
@@ -182,7 +188,7 @@ def choose_backend(
     `varlen_attention` takes.
 
     CPU: ``dense`` while ``total_tokens**2 <= DENSE_K * n_docs`` (one masked call beats a Python
-    loop over many short documents), ``sdpa`` otherwise. CUDA: the first usable of
+    loop over many short documents; ``n_docs`` counts non-empty documents, `count_documents`), ``sdpa`` otherwise. CUDA: the first usable of
     flash_attn > torch_varlen > flex > sdpa.
     """
     device = torch.device(device)
@@ -273,11 +279,17 @@ def varlen_attention(
         raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
 
     if backend == "auto":
+        if bounds is not None:
+            n_docs = count_documents(bounds)
+        elif q.device.type == "cuda":  # the CUDA rule ignores n_docs; counting would sync
+            n_docs = cu_seqlens.numel() - 1
+        else:
+            n_docs = int((cu_seqlens[1:] > cu_seqlens[:-1]).sum())
         choice = choose_backend(
             device=q.device,
             dtype=q.dtype,
             total_tokens=q.shape[0],
-            n_docs=cu_seqlens.numel() - 1,
+            n_docs=n_docs,
             window=win,
             causal=causal,
         )

@@ -297,3 +297,13 @@ def test_batch_max_seqlen_zero_is_a_value_not_absent():
         torch.testing.assert_close(model({**batch, "max_seqlen": value}).logits, expected)
     del batch["max_seqlen"]
     torch.testing.assert_close(model(batch).logits, expected)
+
+
+def test_auto_in_the_model_counts_only_non_empty_documents():
+    # 4 documents of 64 tokens: 256^2 > 4096 * 4, so sdpa; with cu_seqlens padded to 20 entries
+    # (static shapes) the 16 empty ones were counted and tipped the choice to dense.
+    batch = make_batch([[1] * 64] * 4)
+    padded = {**batch, "cu_seqlens": torch.cat([batch["cu_seqlens"], torch.full((16,), 256)])}
+    padded["cu_seqlens"] = padded["cu_seqlens"].int()
+    model = _model()
+    assert model(batch).backend == model(padded).backend == "sdpa"
