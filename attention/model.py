@@ -7,6 +7,7 @@ see each other. ``model(batch)`` takes the loader's batch dict as it is (docs/CO
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ from attention.varlen import (
     normalize_window,
     varlen_attention,
 )
+
+log = logging.getLogger("attention.varlen")
+"""`auto`'s choice is logged where `varlen_attention` logs it, whoever resolved it."""
 
 IGNORE_INDEX = -100
 """Label value of tokens that have no target (a document's last token, padding)."""
@@ -319,13 +323,17 @@ class Transformer(nn.Module):
                 if torch.is_autocast_enabled(device.type)
                 else h.dtype
             )
-            backend = choose_backend(
+            choice = choose_backend(
                 device=device,
                 dtype=dtype,
                 total_tokens=input_ids.shape[0],
                 n_docs=count_documents(bounds),  # not static-shape padding's empty entries
                 window=normalize_window(self.cfg.sliding_window, True),
-            ).name
+            )
+            # The layers get the name, so their varlen_attention never sees auto: log it here,
+            # on varlen's logger, as a direct auto call does (docs/attention.md).
+            log.debug("Transformer auto -> %s (%s)", choice.name, choice.reason)
+            backend = choice.name
         cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]  # (T, head_dim // 2)
         for layer in self.layers:
             h = layer(h, cos, sin, cu_seqlens, max_seqlen, backend)

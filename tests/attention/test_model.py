@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 import torch
@@ -307,3 +308,17 @@ def test_auto_in_the_model_counts_only_non_empty_documents():
     padded["cu_seqlens"] = padded["cu_seqlens"].int()
     model = _model()
     assert model(batch).backend == model(padded).backend == "sdpa"
+
+
+def test_the_models_auto_choice_is_logged_like_varlen_attentions(caplog):
+    # The model resolves auto once per batch and passes the name to each layer, so the layers'
+    # varlen_attention never logged it: docs/attention.md promised a DEBUG line that never came.
+    model, batch = _model(), make_batch(DOCS)
+    with caplog.at_level(logging.DEBUG, logger="attention.varlen"):
+        out = model(batch)
+    lines = [r.getMessage() for r in caplog.records if r.name == "attention.varlen"]
+    assert len(lines) == 1 and lines[0].startswith(f"Transformer auto -> {out.backend} (cpu: ")
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="attention.varlen"):
+        _model("sdpa")(batch)  # an explicit backend is no choice: nothing logged
+    assert not [r for r in caplog.records if r.name == "attention.varlen"]
