@@ -280,7 +280,9 @@ class Transformer(nn.Module):
 
         Raises:
             ValueError: a batch that is not a dict, a missing key, a key that is not a 1-D
-                integer tensor of the token count, bad ``cu_seqlens`` or ``max_seqlen``, or (checked on host
+                integer tensor of the token count, bad ``cu_seqlens`` or ``max_seqlen``,
+                ``position_ids`` that do not count from each document's start (docs/attention.md;
+                only the last document may wrap, as static-shape padding does), or (checked on host
                 tensors) a position id outside ``max_seq_len``, an input id or label outside
                 the vocabulary.
         """
@@ -288,10 +290,18 @@ class Transformer(nn.Module):
         device = self.embed.weight.device
         input_ids = batch["input_ids"].to(device, non_blocking=True)
         position_ids = batch["position_ids"].to(device, non_blocking=True)
-        cu_src = batch["cu_seqlens"]
-        # Validate boundaries once per batch on the host copy (no sync when it came from the
-        # loader on CPU); the layers then skip the check.
-        bounds = check_cu_seqlens(cu_src, input_ids.shape[0])
+        cu_src, pos_src, total = batch["cu_seqlens"], batch["position_ids"], input_ids.shape[0]
+        # Validate boundaries once per batch (the layers then skip the check): on the loader's
+        # host copy at no sync; on a GPU, reading cu_seqlens is one sync, and the position check
+        # (tensor ops queued before it) comes back in the same read.
+        fault = None
+        if total and pos_src.device.type != "cpu" and _int32_vector_on(cu_src, pos_src.device):
+            fetched = torch.cat([cu_src, _position_fault(pos_src, cu_src).to(torch.int32)])
+            *bounds, t, doc, got, want = fetched.tolist()
+            fault = (t, doc, got, want)
+            bounds = check_cu_seqlens(torch.tensor(bounds, dtype=torch.int32), total)
+        else:
+            bounds = check_cu_seqlens(cu_src, total)
         longest = max((b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)), default=0)
         max_seqlen = check_max_seqlen(batch.get("max_seqlen"))  # an int, as collate gives
         if max_seqlen is None:
@@ -303,8 +313,7 @@ class Transformer(nn.Module):
         # Rotary tables end at max_seq_len. A static-shape padding pseudo-document may be longer
         # than that (the loader wraps its positions), so check positions, not lengths; on the
         # host copy only (a device tensor would cost a sync; out-of-range indexing asserts there).
-        pos_src = batch["position_ids"]
-        if pos_src.device.type == "cpu" and pos_src.numel():
+        if pos_src.device.type == "cpu" and total:
             top, low = int(pos_src.max()), int(pos_src.min())
             if low < 0:
                 raise ValueError(f"position id {low} is negative")
@@ -313,6 +322,15 @@ class Transformer(nn.Module):
                     f"position id {top} is outside ModelConfig.max_seq_len {self.cfg.max_seq_len} "
                     "(a document longer than the model's context?)"
                 )
+            cu_host = cu_src if cu_src.device.type == "cpu" else torch.tensor(bounds).int()
+            fault = tuple(_position_fault(pos_src, cu_host).tolist())
+        if fault is not None and fault[0] >= 0:
+            t, doc, got, want = fault
+            raise ValueError(
+                f"position_ids[{t}] is {got} where document {doc} (from cu_seqlens[{doc}] = "
+                f"{bounds[doc]}) expects {want}: positions count 0, 1, 2, ... from each "
+                "document's start (only the last may wrap to 0, at one period, as padding does)"
+            )
         cu_seqlens = cu_src.to(device, non_blocking=True)
 
         h = self.embed(input_ids)  # (T, dim)
@@ -376,6 +394,44 @@ class Transformer(nn.Module):
             out.loss = out.sequence_loss_sum / out.num_sequences.clamp_min(1)
         else:
             out.loss = out.loss_sum / out.num_targets.clamp_min(1)
+
+
+def _int32_vector_on(cu_seqlens: Any, device: torch.device) -> bool:
+    """Whether ``cu_seqlens`` is shaped as `check_cu_seqlens` wants, on ``device``."""
+    return (
+        isinstance(cu_seqlens, torch.Tensor)
+        and cu_seqlens.device == device
+        and cu_seqlens.dtype == torch.int32
+        and cu_seqlens.dim() == 1
+        and cu_seqlens.numel() >= 2
+    )
+
+
+def _position_fault(position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """``[t, doc, got, expected]`` (int64, on position_ids' device) for the first token whose
+    position id breaks the rule, ``t = -1`` when none does.
+
+    The rule: a token's position id is its offset from its document's start in ``cu_seqlens``,
+    except in the last non-empty document, where it is that offset modulo the document's
+    largest position id + 1 (collate's static-shape padding wraps at ``position_limit``; a
+    document that does not wrap reads the same). Tensor ops only, ``position_ids`` non-empty:
+    no host sync, no loop over documents, and no device assert on ``cu_seqlens`` not yet
+    validated (indices are clamped; the result is then read only once it passed).
+    """
+    pos = position_ids.long()
+    total = pos.shape[0]
+    t = torch.arange(total, device=pos.device)
+    cu = cu_seqlens.to(pos.device, torch.int64)
+    # Each token's document: the last entry <= t (an empty one shares its start with the next).
+    doc = (torch.searchsorted(cu, t, right=True) - 1).clamp(0, cu.numel() - 2)
+    offset = t - cu[doc]
+    tail = t >= cu[doc[-1:]]  # the last non-empty document
+    period = torch.where(tail, pos, -1).amax().clamp_min(0) + 1
+    expected = torch.where(tail, offset % period, offset)
+    first = torch.where(pos != expected, t, total).amin()
+    at = first.clamp_max(total - 1).view(1)
+    found = torch.where(first < total, first, -1).view(1)
+    return torch.cat([found, doc[at], pos[at], expected[at]])
 
 
 def _check_batch(batch: Any, cfg: ModelConfig) -> None:

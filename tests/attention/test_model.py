@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from attention.model import CausalLMOutput, ModelConfig, Transformer
 from tests.attention.helpers import make_batch
@@ -95,9 +98,13 @@ def test_loss_is_mean_over_real_targets_by_hand():
     assert isinstance(out, CausalLMOutput) and out.backend == "dense"
 
 
-def test_rotary_uses_per_document_positions():
+def test_rotary_uses_per_document_positions(monkeypatch):
     # Rotary scores depend on position differences: a uniform shift of one document's
     # position ids leaves its logits (numerically) unchanged, stretched positions change them.
+    # forward refuses such positions (below); to probe the rotary lookup alone, the check is off.
+    from attention import model as model_module
+
+    monkeypatch.setattr(model_module, "_position_fault", lambda *_: torch.tensor([-1, 0, 0, 0]))
     model = _model()
     batch = make_batch([[1, 2, 3], [4, 5, 6]])
     out = model(batch).logits
@@ -322,3 +329,81 @@ def test_the_models_auto_choice_is_logged_like_varlen_attentions(caplog):
     with caplog.at_level(logging.DEBUG, logger="attention.varlen"):
         _model("sdpa")(batch)  # an explicit backend is no choice: nothing logged
     assert not [r for r in caplog.records if r.name == "attention.varlen"]
+
+
+def test_position_ids_that_do_not_restart_where_cu_seqlens_says_are_refused():
+    # Documents [2, 4] with the positions of [3, 3]: taken, and document 2's logits were off by
+    # up to 9.7 (its rotary angles came from another packing).
+    batch = make_batch([[1, 2], [3, 4, 5, 6]])
+    batch["position_ids"] = torch.tensor([0, 1, 2, 0, 1, 2])
+    with pytest.raises(ValueError, match=r"^position_ids\[2\] is 2 where document 1 .* expects 0"):
+        _model()(batch)
+
+
+def _collated(lengths, pad, extra_docs, limit):
+    from loader.collate import collate
+    from loader.record import Documents
+
+    tokens = np.arange(sum(lengths), dtype=np.int64) % VOCAB
+    docs = Documents(tokens, np.array(lengths, np.int64), np.arange(len(lengths)))
+    pad_tokens = sum(lengths) + pad if pad or extra_docs else None
+    pad_docs = len(lengths) + (pad > 0) + extra_docs if pad_tokens is not None else None
+    return collate(docs, pad_tokens=pad_tokens, pad_docs=pad_docs, position_limit=limit)
+
+
+LENGTHS = st.lists(st.integers(1, 12), min_size=1, max_size=6)
+PADDING = (st.integers(0, 40), st.integers(0, 3), st.one_of(st.none(), st.integers(1, 9)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(LENGTHS, *PADDING)
+def test_collate_batches_are_accepted_with_their_wrapping_padding(lengths, pad, extra, limit):
+    # Static-shape padding is one pseudo-document whose positions wrap at position_limit (here
+    # up to 40 tokens at a limit of 1..9), then empty cu_seqlens entries.
+    batch = _collated(lengths, pad, extra, limit)
+    out = _model()(batch)
+    assert out.logits.shape[0] == batch["input_ids"].numel()
+
+
+@settings(max_examples=40, deadline=None)
+@given(LENGTHS, *PADDING, st.data())
+def test_any_position_off_its_documents_count_is_refused(lengths, pad, extra, limit, data):
+    batch = _collated(lengths, pad, extra, limit)
+    cu = batch["cu_seqlens"].tolist()
+    # every token but those of the last non-empty document, whose positions may wrap
+    last = max(a for a in cu if a < cu[-1])
+    assume(last > 0)
+    t = data.draw(st.integers(0, last - 1))
+    pos = batch["position_ids"].clone()
+    pos[t] = data.draw(st.integers(0, 63).filter(lambda p: p != pos[t]))
+    with pytest.raises(ValueError, match=rf"^position_ids\[{t}\] is {int(pos[t])} where document"):
+        _model()({**batch, "position_ids": pos})
+
+
+@pytest.mark.parametrize(
+    ("positions", "t"),
+    [
+        ([0, 1, 0, 1, 0, 1, 2], 4),  # wraps after 2, then after 3: not one period
+        ([0, 1, 0, 1, 2, 0, 2], 6),  # period 3, but 0 is followed by 2
+        ([0, 1, 1, 2, 3, 4, 5], 2),  # the last document does not start at 0
+    ],
+)
+def test_the_last_document_may_only_wrap_at_one_period(positions, t):
+    batch = make_batch([[1, 2], [3, 4, 5, 6, 7]])
+    batch["position_ids"] = torch.tensor(positions)
+    with pytest.raises(ValueError, match=rf"^position_ids\[{t}\] is"):
+        _model()(batch)
+    batch["position_ids"] = torch.tensor([0, 1, 0, 1, 2, 0, 1])  # period 3: accepted
+    _model()(batch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-5, 30), min_size=2, max_size=8), st.integers(1, 20))
+def test_the_position_check_is_safe_on_cu_seqlens_not_yet_validated(cu, total):
+    # On a GPU the check is queued before cu_seqlens is validated (its verdict comes back in
+    # the same read): any cu_seqlens, unsorted or out of range, must index in bounds (on CPU an
+    # out-of-bounds index raises, where CUDA would assert and poison the context).
+    from attention import model as model_module
+
+    fault = model_module._position_fault(torch.arange(total), torch.tensor(cu, dtype=torch.int32))
+    assert fault.shape == (4,) and -1 <= int(fault[0]) < total

@@ -109,3 +109,20 @@ def test_model_packed_equals_documents_alone_on_cuda(backend):
     assert _rel_err(packed.logits, logits) < 2e-2
     loss = sum(a.loss_sum for a in alone) / sum(int(a.num_targets) for a in alone)
     assert abs(packed.loss.item() - loss.item()) < 2e-2 * loss.item()
+
+
+def test_model_checks_position_ids_of_a_batch_already_on_cuda():
+    # The check runs on the device and comes back with cu_seqlens' values, in the one read the
+    # model makes anyway; collate's wrapping static-shape padding passes, a wrong restart not.
+    from attention.model import ModelConfig, Transformer
+    from tests.attention.helpers import make_batch
+
+    model = Transformer(ModelConfig(vocab_size=16, dim=32, n_layers=1, max_seq_len=8)).cuda()
+    batch = make_batch([[1, 2], [3, 4, 5, 6], [0] * 20])
+    batch["position_ids"][6:] = torch.arange(20) % 8  # padding wrapping at position_limit 8
+    on_gpu = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    assert model(on_gpu).logits.shape == (26, 16)
+    on_gpu["position_ids"] = on_gpu["position_ids"].clone()
+    on_gpu["position_ids"][2:6] = torch.tensor([2, 0, 1, 2], device="cuda")
+    with pytest.raises(ValueError, match=r"^position_ids\[2\] is 2 where document 1 "):
+        model(on_gpu)
