@@ -416,13 +416,9 @@ def stats_cmd(
     "rows from a seeded shuffle, kept when it saves rows.",
 )
 @click.option(
-    "--seed",
-    type=AT_LEAST_0,
-    default=0,
-    show_default=True,
-    help="Seeds the repacking rounds and the order of rows in the output (so shards differ "
-    "with it even at --rounds 1).",
-)
+    "--seed", type=AT_LEAST_0, default=0, show_default=True,
+    help="Seeds the repacking rounds and the output's row order (shards differ even at --rounds 1).",
+)  # fmt: skip
 @click.option(
     "--group-by",
     default=None,
