@@ -132,7 +132,9 @@ class PackedChunk:
     asked for (`table`, or `rows.blocks(n)` a block at a time, as the shard writer takes them)."""
     counts: PackCounts
     rows_per_round: list[int]
-    """Rows after each round (first entry: the plain FFD/BFD pass)."""
+    """Rows after each round (first entry: the plain FFD/BFD pass), less the rows the last round
+    set aside as `tail` in every entry (they are repacked at the end; engines/merge.py adds the
+    tail's own rows per round)."""
     segment_lengths: NDArray[np.int64]
     """Lengths of the packed segments (for the lower bound over the whole corpus)."""
     groups: dict[str, tuple[int, int]] = field(default_factory=dict)
