@@ -83,6 +83,9 @@ class CorpusOptions:
         tok = load_tokenizer(
             self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
         )
+        tok.given_ids = tuple(
+            f for f, v in (("--eos-id", eos), ("--bos-id", bos)) if isinstance(v, int)
+        )
         if tok.file_note:
             echo(f"note: {tok.file_note}", err=True)
         if tok.engine_note:

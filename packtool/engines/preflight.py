@@ -54,8 +54,8 @@ from packtool.read.formats import file_kind
 from packtool.read.jsonl import json_array_file
 from packtool.storage import hub
 from packtool.storage import local as storage
-from packtool.tokenize.tables import RAW, RECORDS
-from packtool.tokenize.tokenize import check_recorded_tokenizer, inputs_read
+from packtool.tokenize.tables import PRETOKENIZED, RAW, RECORDS
+from packtool.tokenize.tokenize import check_recorded_tokenizer, inputs_read, unchanged_ids
 from packtool.tokenizer.tokenizers import Tokenizer
 
 STATE_DIR = records.RUN_DIR
@@ -107,6 +107,8 @@ def check_inputs(
     config: RunConfig,
     tokenizer: Tokenizer | None,
     expanded: Callable[[list[Path]], None] | None = None,
+    *,
+    ends_added: bool = False,
 ) -> Checked:
     """Check the inputs, the tokenizer and `max_len` before anything is written.
 
@@ -116,6 +118,9 @@ def check_inputs(
             tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
         expanded: called with the input files as soon as they are known, before any is read
             (the local engine starts its worker processes' server then).
+        ends_added: pre-tokenized ids get the tokenizer's EOS (`tokenize --to megatron`);
+            otherwise they are used unchanged, so the identity records no EOS or BOS and an
+            explicit `--eos-id` / `--bos-id` is refused (it would add nothing).
 
     Raises:
         DataError: a missing input, a tokenizer that differs from the recorded one, or inputs
@@ -142,6 +147,8 @@ def check_inputs(
     identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
     if recorded is not None:  # the ids were encoded when tokenizing: record that engine
         identity["engine"] = recorded.engine
+    if facts.mode == PRETOKENIZED and not ends_added:  # ids made elsewhere, used unchanged
+        identity = unchanged_ids(TokenizerIdentity.from_dict(identity), tokenizer).to_dict()
     check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
     return Checked(
         tokenizer=tokenizer,

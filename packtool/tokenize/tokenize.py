@@ -15,7 +15,7 @@ import functools
 import os
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,24 @@ def input_columns(
         DataError: some inputs carry a column that others do not (see `common_optional`).
     """
     return inputs_read(expand_inputs(inputs), read_config or ReadConfig()).columns
+
+
+def unchanged_ids(identity: TokenizerIdentity, tokenizer: Tokenizer | None) -> TokenizerIdentity:
+    """The identity a dataset of pre-tokenized ids records: no EOS or BOS, since the ids are
+    used unchanged (the summary and index.json said `eos 7, bos 9` for ids given none).
+
+    Raises:
+        ConfigError: `--eos-id` / `--bos-id` named an id, which would add nothing.
+    """
+    given = tokenizer.given_ids if tokenizer is not None else ()
+    if given:
+        raise ConfigError(
+            f"{' and '.join(given)} {'add' if len(given) > 1 else 'adds'} nothing to "
+            "pre-tokenized ids, which are used unchanged (docs/tokenize.md, 'Pre-tokenized "
+            f"Parquet'); leave {'them' if len(given) > 1 else 'it'} out, or end the documents "
+            "in the ids"
+        )
+    return replace(identity, eos_id=None, bos_id=None)
 
 
 @dataclass(frozen=True)
@@ -374,8 +392,10 @@ def summary_of(
     seconds: float,
     dtype: str,
     supervised: int | None = None,
+    identity: TokenizerIdentity | None = None,
 ) -> TokenizeSummary:
-    """What a tokenize run did, from its progress counts, skips and the files it wrote."""
+    """What a tokenize run did, from its progress counts, skips and the files it wrote
+    (`identity`: what the output records, when not the tokenizer's: `unchanged_ids`)."""
     return TokenizeSummary(
         documents=bar.docs,
         tokens=bar.tokens,
@@ -385,7 +405,7 @@ def summary_of(
         skip_line=skips.summary(),
         files=[str(f) for f in files],
         output_bytes=sum(storage.size(f) for f in files),
-        tokenizer=tokenizer.identity.to_dict(),
+        tokenizer=(identity or tokenizer.identity).to_dict(),
         dtype=dtype,
         supervised_tokens=supervised,
         special_names=tokenizer.special_names,
@@ -435,9 +455,13 @@ def tokenize_corpus(
         tokenizer = load_tokenizer(tokenizer, workers=workers)
     single = out.name.lower().endswith(".parquet")
     skips = SkipCounter(strict=config.strict)
-    optional = input_columns(inputs, config)  # e.g. loss_mask from labels: passed through
+    read = inputs_read(expand_inputs(inputs), config)
+    optional = read.columns  # e.g. loss_mask from labels: passed through
+    identity = tokenizer.identity
+    if read.mode == PRETOKENIZED:
+        identity = unchanged_ids(identity, tokenizer)
     schema = tokenized_schema(
-        tokenizer.identity,
+        identity,
         config.extra_fields,
         optional=optional,
         special_names=tokenizer.special_names,
@@ -493,7 +517,8 @@ def tokenize_corpus(
         files = [folder / f.name for f in files]
     elif not storage.is_remote(out):
         files = [out / f.name for f in files]  # a bucket's: in the version folder, as written
-    return summary_of(bar, skips, files, tokenizer, seconds, str(tokenizer.dtype), supervised)
+    dtype = str(tokenizer.dtype)
+    return summary_of(bar, skips, files, tokenizer, seconds, dtype, supervised, identity)
 
 
 def write_all(

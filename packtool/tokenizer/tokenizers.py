@@ -117,6 +117,8 @@ class Tokenizer:
         "" (the reference library, or `byte`)."""
         self.special_names: dict[str, str] = {}
         """`eos` / `bos` -> the token text and where the id came from, for summaries."""
+        self.given_ids: tuple[str, ...] = ()
+        """The options that named an id explicitly (`--eos-id`, `--bos-id`; set by the CLI)."""
 
     @property
     def vocab_size(self) -> int:

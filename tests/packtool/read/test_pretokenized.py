@@ -59,6 +59,36 @@ def test_no_bos_or_eos_is_added_and_ids_without_a_mask_are_read_too(tmp_path):
     assert "loss_mask" not in table.column_names
 
 
+def test_ids_used_unchanged_record_no_eos_or_bos_and_refuse_explicit_ones(tmp_path):
+    """The pack and tokenize summaries and index.json said `eos 7, bos 9` for shards identical
+    to a run without them, and --max-len 2 was refused for a BOS + EOS never added."""
+    from packtool.dataset.manifest import read_manifest
+
+    path = write(tmp_path / "a.parquet", input_ids=IDS)
+    code, out, err = run("pack", path, "-o", tmp_path / "p", "--max-len", "2")
+    assert code == 0, err
+    assert "eos none, bos none" in out
+    tokenizer = read_manifest(tmp_path / "p").tokenizer
+    assert tokenizer["eos_id"] is None and tokenizer["bos_id"] is None
+    code, out, err = run("tokenize", path, "-o", tmp_path / "t.parquet")
+    assert code == 0, err
+    assert "eos none, bos none" in out
+    recorded = tokenized_meta(tmp_path / "t.parquet")["tokenizer"]
+    assert recorded["eos_id"] is None and recorded["bos_id"] is None
+    for cmd, out_name in (("pack", "p2"), ("tokenize", "t2.parquet")):
+        for flags, said in (
+            (["--eos-id", "7"], "--eos-id adds nothing"),
+            (["--eos-id", "7", "--bos-id", "9"], "--eos-id and --bos-id add nothing"),
+        ):
+            code, _, err = run(cmd, path, "-o", tmp_path / out_name, *flags)
+            assert code == 1
+            assert f"error: {said} to pre-tokenized ids, which are used unchanged" in err
+            assert not (tmp_path / out_name).exists()
+    # --to megatron appends the EOS to such ids (--append-eod): the option still counts there.
+    code, _, err = run("tokenize", path, "--to", "megatron", "-o", tmp_path / "m", "--eos-id", "7")
+    assert code == 0, err
+
+
 def test_a_text_column_with_ids_and_no_mask_is_still_read_as_text(tmp_path):
     path = write(tmp_path / "a.parquet", text=["ab", "c"], input_ids=[[1], [2]])
     table, _ = read_all([path])
