@@ -63,20 +63,21 @@ class Pieces:
             self._held = []
 
     def check(self, where: Callable[[int], str], fail: Callable[[str, str], Exception]):
-        """(pieces, distinct doc_ids); raises `fail(place, what)` at the first problem."""
+        """(pieces, distinct doc_ids, doc_ids split into several pieces); raises
+        `fail(place, what)` at the first problem."""
         if self._folder is None:
             if not self._held:
-                return 0, 0
+                return 0, 0, 0
             return _check(np.concatenate(self._held), where, fail)
-        pieces = distinct = 0
+        pieces = distinct = split = 0
         for f in self._files:
             f.close()
         for path in self._paths:
             triples = np.frombuffer(storage.read_bytes(path), dtype=np.int64).reshape(-1, 3)
             if len(triples):
-                n, d = _check(triples, where, fail)
-                pieces, distinct = pieces + n, distinct + d
-        return pieces, distinct
+                n, d, s = _check(triples, where, fail)
+                pieces, distinct, split = pieces + n, distinct + d, split + s
+        return pieces, distinct, split
 
     def close(self) -> None:
         for f in self._files:
@@ -109,7 +110,7 @@ def _check(
     triples: NDArray[np.int64],
     where: Callable[[int], str],
     fail: Callable[[str, str], Exception],
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     ids, chunks, rows = triples[:, 0], triples[:, 1], triples[:, 2]
     order = np.lexsort((rows, chunks, ids))
     ids, chunks, rows = ids[order], chunks[order], rows[order]
@@ -135,4 +136,4 @@ def _check(
             f"document {ids[k]} has chunk {chunks[k]} but chunk {rank[k]} is missing "
             "(expected the chunks of a split document to be 0..k-1)",
         )
-    return len(ids), int(first.sum())
+    return len(ids), int(first.sum()), int((chunks == 1).sum())  # split: those with a chunk 1

@@ -422,12 +422,13 @@ def verify_dataset(
         i = int(np.searchsorted(starts, global_row, side="right") - 1)
         return f"{directory / shards[i].file}: row {global_row - shard_starts[i]}"
 
-    documents, distinct = pieces.check(where, _fail)
+    documents, distinct, split = pieces.check(where, _fail)
     pieces.close()
     counts = manifest.counts
     measured = [
         ("segments", documents, "(doc_id, chunk) pieces"),
         ("documents_packed", distinct, "distinct doc_ids"),
+        ("documents_split", split, "doc_ids in several chunks"),
     ]
     if LOSS_MASK in manifest.columns:
         measured.append(("tokens_supervised", supervised, "supervised tokens (loss_mask 1)"))

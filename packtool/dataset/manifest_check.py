@@ -259,4 +259,31 @@ def _extra(d: dict[str, Any]) -> str | None:
                 f"extra.groups add up to {rows:,} rows and {tokens:,} tokens; the dataset has "
                 f"{counts['rows']:,} and {counts['tokens_out']:,}"
             )
+        for name, g in groups.items():
+            problem = _fraction_of_slots(
+                g, "efficiency", g["tokens"], g["rows"], d["max_len"], f"extra.groups[{name!r}]"
+            )
+            if problem:
+                return problem
+    if "supervised_efficiency" in extra and "tokens_supervised" in counts:
+        return _fraction_of_slots(
+            extra, "supervised_efficiency", counts["tokens_supervised"], counts["rows"],
+            d["max_len"], "extra",
+        )  # fmt: skip
+    return None
+
+
+def _fraction_of_slots(
+    d: dict[str, Any], key: str, tokens: int, rows: int, max_len: int, where: str
+) -> str | None:
+    """A recorded share of the token slots (`tokens / (rows * max_len)`, as `pack` rounds it),
+    or a sentence saying it is not that; a group's efficiency and the supervised efficiency."""
+    if key not in d:
+        return None
+    expected = tokens / max(rows * max_len, 1)
+    value = d[key]
+    if not isinstance(value, (int, float)) or not math.isclose(
+        value, expected, abs_tol=EFFICIENCY_TOLERANCE
+    ):
+        return f"{where}.{key} is {value!r} but tokens / (rows * max_len) = {expected:.6f}"
     return None

@@ -20,8 +20,9 @@ from tests.packtool.audit import test_verify as verify_tests
 from tests.packtool.audit.test_verify import SHARDS, TOKENS
 
 
-def reference(triples: list[tuple[int, int, int]]) -> tuple[int, int] | str:
-    """Plain Python: the (pieces, distinct ids), or which problem comes first in id order."""
+def reference(triples: list[tuple[int, int, int]]) -> tuple[int, int, int] | str:
+    """Plain Python: the (pieces, distinct ids, ids in several pieces), or which problem comes
+    first in id order."""
     seen: dict[int, list[int]] = {}
     for doc, chunk, _ in triples:
         seen.setdefault(doc, []).append(chunk)
@@ -31,10 +32,10 @@ def reference(triples: list[tuple[int, int, int]]) -> tuple[int, int] | str:
             return "appears again"
         if chunks != list(range(len(chunks))):
             return "is missing"
-    return len(triples), len(seen)
+    return len(triples), len(seen), sum(len(c) > 1 for c in seen.values())
 
 
-def checked(triples, memory: int, expected: int | None, monkeypatch) -> tuple[int, int] | str:
+def checked(triples, memory: int, expected: int | None, monkeypatch) -> tuple[int, int, int] | str:
     monkeypatch.setattr(pieces_module, "MEMORY_PIECES", memory)
     p = Pieces(expected)
     a = np.asarray(triples, dtype=np.int64).reshape(-1, 3)

@@ -245,6 +245,31 @@ def test_document_counts_against_manifest(packed_dataset_factory, capsys):
     assert_fails(d, capsys, "counts.segments is 10 but the shards hold 9 (doc_id, chunk) pieces")
     edit_index(d, counts={**index["counts"], "documents_packed": 9, "documents_in": 9})
     assert_fails(d, capsys, "counts.documents_packed is 9 but the shards hold 8 distinct doc_ids")
+    # Document 5 is in two chunks: documents_split was not compared with the shards.
+    edit_index(d, counts={**index["counts"], "documents_split": 1})
+    assert verify_dataset(d).documents == 9
+    edit_index(d, counts={**index["counts"], "documents_split": 0})
+    assert_fails(d, capsys, "counts.documents_split is 0 but the shards hold 1 doc_ids in several")
+
+
+def test_recorded_shares_of_the_slots_are_recomputed(packed_dataset_factory, capsys):
+    """A group's efficiency and the supervised efficiency are tokens / (rows x max_len), as
+    the dataset-wide one: an edited value passed (0.123 for a group, 0.5 supervised)."""
+    d = packed_dataset_factory(SHARDS)
+    index = json.loads((d / INDEX_FILE).read_text())
+    share = round(TOKENS / (6 * 16), 6)
+    good = {"a": {"rows": 2, "tokens": 32, "efficiency": 1.0}}
+    good["b"] = {"rows": 4, "tokens": TOKENS - 32, "efficiency": round((TOKENS - 32) / 64, 6)}
+    edit_index(d, extra={**index.get("extra", {}), "groups": good})
+    assert verify_dataset(d).rows == 6
+    bad = {**good, "b": {**good["b"], "efficiency": 0.123}}
+    edit_index(d, extra={**index.get("extra", {}), "groups": bad})
+    assert_fails(d, capsys, "extra.groups['b'].efficiency is 0.123 but tokens / (rows * max_len)")
+    counts = {**index["counts"], "tokens_supervised": 48}  # 48 of 6 x 16 slots: 0.5
+    edit_index(d, counts=counts, extra={**index.get("extra", {}), "supervised_efficiency": 0.5})
+    assert verify_dataset(d).rows == 6
+    edit_index(d, counts=counts, extra={**index.get("extra", {}), "supervised_efficiency": share})
+    assert_fails(d, capsys, f"extra.supervised_efficiency is {share} but tokens / (rows")
 
 
 def test_duplicated_document(packed_dataset_factory, capsys):
