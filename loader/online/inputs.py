@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from packtool.dataset.columns import Column
 from packtool.errors import DataError
 
 INT64_MAX = int(np.iinfo(np.int64).max)
@@ -45,3 +46,52 @@ def doc_array(doc: Any, i: int) -> NDArray:
         raise DataError(f"document {i}: token id {bad} is not in 0..2^63-1 (the batch's int64)")
     # One dtype for every document: a uint64 beside an int64 would meet in float64.
     return arr.astype(np.int64, copy=False) if arr.dtype == np.uint64 else arr
+
+
+def flat_tokens(tokens: Any, n: int) -> NDArray:
+    """The token ids of documents whose lengths sum to `n`, back to back: a 1-D integer array
+    whose ids fit the batch's int64 (uint64 becomes int64).
+
+    Raises:
+        DataError: Not `n` ids in one dimension, non-integer ids, or ids outside 0..2^63-1.
+    """
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or n != len(tokens):
+        raise DataError(f"lengths sum to {n} but {tokens.shape} token ids were given")
+    if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+        # Float ids would be truncated to integers when a batch is collated.
+        raise DataError(f"token ids must be integers, got dtype {tokens.dtype}")
+    if tokens.dtype.kind == "i" and tokens.size and (low := int(tokens.min())) < 0:
+        # A negative id would reach the model's embedding as an index error mid-training.
+        raise DataError(f"token ids must be >= 0, got {low}")
+    if tokens.dtype == np.uint64 and tokens.size and (top := int(tokens.max())) > INT64_MAX:
+        # collate's int64 input_ids would wrap it to a negative index
+        raise DataError(f"token id {top} does not fit int64 (the batch's input_ids)")
+    # uint64 that fits: never met by a signed type in float64
+    return tokens.astype(np.int64) if tokens.dtype == np.uint64 else tokens
+
+
+def token_column(c: Column, values: Any, tokens: NDArray) -> NDArray:
+    """An optional per-token column (`loss_mask`) for `tokens`, in its declared dtype.
+
+    Raises:
+        DataError: Not one value per token, a value that is not a whole number, or one outside
+            the column's declared range.
+    """
+    name = c.name
+    arr = np.asarray(values)
+    if arr.shape != tokens.shape or (arr.size and arr.dtype.kind not in "iubf"):
+        raise DataError(
+            f"{name} must have one value per token: got {arr.dtype} {arr.shape} for "
+            f"{tokens.shape} token ids"
+        )
+    if arr.dtype.kind == "f" and arr.size and not np.all(np.floor(arr) == arr):
+        # 0.5 or NaN became 0 in the column's integer dtype: a document dropped as
+        # unsupervised without a word
+        raise DataError(f"{name} values must be whole numbers ({c.doc})")
+    low, high = c.min_value, c.max_value
+    if arr.size and (
+        (low is not None and arr.min() < low) or (high is not None and arr.max() > high)
+    ):
+        raise DataError(f"{name} values must be in {low}..{high} ({c.doc})")
+    return arr.astype(c.numpy_dtype(), copy=False)

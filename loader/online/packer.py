@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 
 from loader.config import OnlineConfig, check_int, make_config
 from loader.online.bucketed import bucketed_assign
-from loader.online.inputs import INT64_MAX, doc_array
+from loader.online.inputs import doc_array, flat_tokens, token_column
 from loader.online.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.online.segments import Segments
 from loader.online.state import check_packer_state, config_state
@@ -94,6 +94,8 @@ class OnlinePacker:
         self._flushes = 0
         self._next_doc_id = 0
         self._closed = False
+        self._pending: list[NDArray] = []  # read by a running pack_stream(), not yet pushed
+        self._batcher: RowBatcher | None = None  # a running batches()'s rows not yet batched
 
     # ---- input ------------------------------------------------------------------------------
 
@@ -152,22 +154,7 @@ class OnlinePacker:
         elif self._has_tokens != has:
             raise ConfigError("do not mix push() with tokens and push_lengths() in one packer")
         if has:
-            tokens = np.asarray(tokens)
-            if tokens.ndim != 1 or int(lengths.sum()) != len(tokens):
-                raise DataError(
-                    f"lengths sum to {int(lengths.sum())} but {tokens.shape} token ids were given"
-                )
-            if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
-                # Float ids would be truncated to integers when a batch is collated.
-                raise DataError(f"token ids must be integers, got dtype {tokens.dtype}")
-            if tokens.dtype.kind == "i" and tokens.size and (low := int(tokens.min())) < 0:
-                # A negative id would reach the model's embedding as an index error mid-training.
-                raise DataError(f"token ids must be >= 0, got {low}")
-            if tokens.dtype == np.uint64 and tokens.size and (top := int(tokens.max())) > INT64_MAX:
-                # collate's int64 input_ids would wrap it to a negative index
-                raise DataError(f"token id {top} does not fit int64 (the batch's input_ids)")
-            if tokens.dtype == np.uint64:  # it fits: never met by a signed type in float64
-                tokens = tokens.astype(np.int64)
+            tokens = flat_tokens(tokens, int(lengths.sum()))
             if self._dtype is None:
                 self._dtype = tokens.dtype
             elif tokens.dtype != self._dtype:
@@ -222,22 +209,7 @@ class OnlinePacker:
                 )
             if tokens is None:
                 raise DataError(f"{name} needs the tokens it belongs to (push tokens with it)")
-            arr = np.asarray(values)
-            if arr.shape != tokens.shape or (arr.size and arr.dtype.kind not in "iubf"):
-                raise DataError(
-                    f"{name} must have one value per token: got {arr.dtype} {arr.shape} for "
-                    f"{tokens.shape} token ids"
-                )
-            if arr.dtype.kind == "f" and arr.size and not np.all(np.floor(arr) == arr):
-                # 0.5 or NaN became 0 in the column's integer dtype: a document dropped as
-                # unsupervised without a word
-                raise DataError(f"{name} values must be whole numbers ({c.doc})")
-            low, high = c.min_value, c.max_value
-            if arr.size and (
-                (low is not None and arr.min() < low) or (high is not None and arr.max() > high)
-            ):
-                raise DataError(f"{name} values must be in {low}..{high} ({c.doc})")
-            out[name] = arr.astype(c.numpy_dtype(), copy=False)
+            out[name] = token_column(c, values, tokens)
         kind = names(c for c in optional() if c.name in out)
         if self._columns is None:
             self._columns = kind
@@ -469,13 +441,23 @@ class OnlinePacker:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: buffered segments (tokens included), rows not
-        yet popped, counters. numpy arrays inside; `torch.save` / pickle store it as is."""
+        yet popped, counters; during `pack_stream` / `batches`, also the documents read from the
+        source but not yet pushed and the rows packed but not yet batched (resume: load it, then
+        run over the source from the first document not yet read). numpy arrays inside;
+        `torch.save` / pickle store it as is."""
         buf = Segments.concat(self._parts) if self._parts else None
+        rest = [] if self._batcher is None else [self._batcher.rest()]
+        out = [r for r in rest + self._out if r.n_rows]  # the batcher's rows come first
+        pending = None
+        if self._pending:
+            lengths = np.fromiter(map(len, self._pending), np.int64, len(self._pending))
+            pending = {"tokens": np.concatenate(self._pending), "lengths": lengths}
         return {
             "config": config_state(self.config),
             "seed_key": list(self.seed_key),
             "buffer": None if buf is None else buf.to_state(),
-            "out": PackedRows.concat(self._out).to_state() if self._out else None,
+            "out": PackedRows.concat(out).to_state() if out else None,
+            "pending": pending,
             "has_tokens": self._has_tokens,
             "columns": None if self._columns is None else list(self._columns),
             "dtype": None if self._dtype is None else self._dtype.str,
@@ -518,6 +500,10 @@ class OnlinePacker:
         self._flushes = state["flushes"]
         self._next_doc_id = state["next_doc_id"]
         self._closed = state["closed"]
+        self._pending, self._batcher = [], None
+        pending = state.get("pending")  # absent in states saved before it
+        if pending is not None:  # pushed now: packs are cut by counts, so the rows are the same
+            self.push(pending["tokens"], pending["lengths"])
 
     # ---- iterators --------------------------------------------------------------------------
 
@@ -527,34 +513,38 @@ class OnlinePacker:
         """Pack a whole stream, yielding rows as packs complete and the rest at its end.
 
         `source` yields `pyarrow` tables of the tokenized schema (`tokenized_batches`), or token
-        arrays / lists of ints, one per document (collected `docs_per_push` at a time).
+        arrays / lists of ints, one per document (collected `docs_per_push` at a time; the
+        documents collected are in `state_dict()`).
         """
-        pending: list[NDArray] = []
+        check_int("docs_per_push", docs_per_push, 1)
+        return self._stream(source, int(docs_per_push))
+
+    def _push_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        self._push_arrays(pending)
+
+    def _stream(self, source: Iterable[Any], docs_per_push: int) -> Iterator[PackedRows]:
+        self._pending = []
         try:
             for item in source:
                 if isinstance(item, (pa.Table, pa.RecordBatch)):
-                    if pending:
-                        self._push_arrays(pending)
-                        pending = []
+                    self._push_pending()
                     self.push_table(item)
                 else:
                     # Checked one by one, so a bad document fails alone, not with its neighbours.
-                    pending.append(doc_array(item, self._next_doc_id + len(pending)))
-                    if len(pending) < docs_per_push:
+                    self._pending.append(doc_array(item, self._next_doc_id + len(self._pending)))
+                    if len(self._pending) < docs_per_push:
                         continue
-                    self._push_arrays(pending)
-                    pending = []
+                    self._push_pending()
                 out = self.pop()
                 if out.n_rows:
                     yield out
         except BaseException:
             # The source failed, a document was bad, or the consumer stopped: the documents
             # already handed over stay in the packer, so flush() + pop() still return them.
-            if pending:
-                self._push_arrays(pending)
+            self._push_pending()
             raise
-        if pending:
-            self._push_arrays(pending)
+        self._push_pending()
         self.flush(final=True)
         out = self.pop()
         if out.n_rows:
@@ -569,23 +559,31 @@ class OnlinePacker:
         drop_last: bool = False,
         **collate_kwargs: Any,
     ) -> Iterator[dict]:
-        """Loader batches (`loader.collate` dicts) from a stream; see `RowBatcher`."""
+        """Loader batches (`loader.collate` dicts) from a stream; see `RowBatcher`. The rows not
+        yet batched are in `state_dict()`."""
         batcher = RowBatcher(
             max_len=self.config.max_len,
             rows_per_batch=rows_per_batch,
             tokens_per_batch=tokens_per_batch,
         )
+        return self._batches(source, batcher, drop_last, collate_kwargs)
+
+    def _batches(
+        self, source: Iterable[Any], batcher: RowBatcher, drop_last: bool, kwargs: dict[str, Any]
+    ) -> Iterator[dict]:
+        self._batcher = batcher
         try:
-            for rows in self.pack_stream(source):
+            for rows in self._stream(source, 4096):
                 batcher.add(rows)
                 for b in batcher.ready():
-                    yield b.collate(**collate_kwargs)
+                    yield b.collate(**kwargs)
+            for b in batcher.ready(final=True) if not drop_last else ():
+                yield b.collate(**kwargs)
         except BaseException:
             # Rows packed but not yet batched go back to the packer (pop() returns them first).
             rest = batcher.rest()  # not the rows a stopped `ready()` already handed out
             if rest.n_rows:
                 self._out.insert(0, rest)
             raise
-        if not drop_last:
-            for b in batcher.ready(final=True):
-                yield b.collate(**collate_kwargs)
+        finally:
+            self._batcher = None

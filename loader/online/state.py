@@ -43,9 +43,10 @@ optional columns existed)."""
 _COUNTERS = ("packs", "held_rows", "forced_rows", "flushes", "next_doc_id")
 _LATER_COUNTS = frozenset(("documents_unsupervised", "tokens_supervised"))
 """Counts added with the loss mask: a state saved before them lacks them (they were 0)."""
-LATER_KEYS = _LATER_COUNTS | {"columns"}
-"""Keys added with optional columns: a state saved before them lacks them and loads with their
-defaults (no optional column, counts 0); present, they are checked like every other part."""
+LATER_KEYS = _LATER_COUNTS | {"columns", "pending"}
+"""Keys added with optional columns (and `pending`, the documents a running `pack_stream` read
+but had not pushed): a state saved before them lacks them and loads with their defaults (no
+optional column, counts 0, nothing pending); present, they are checked like every other part."""
 _COUNT_KEYS = frozenset(f.name for f in fields(PackCounts))
 _ROWS_KEYS = tuple(f.name for f in fields(PackedRows) if f.name != "columns")
 _SEGMENT_KEYS = tuple(f.name for f in fields(Segments) if f.name != "columns")
@@ -255,6 +256,26 @@ def check_packer_state(
         _check_buffer(check, state["buffer"], f"{at}buffer", has_tokens, config.max_len)
     if state["out"] is not None:
         _check_rows(check, state["out"], f"{at}out", has_tokens)
+    if state.get("pending") is not None:
+        _check_pending(check, state["pending"], f"{at}pending", has_tokens, state["closed"])
+
+
+def _check_pending(
+    check: StateCheck, state: Any, path: str, has_tokens: bool | None, closed: bool
+) -> None:
+    """Documents read from a source and not yet pushed: token ids and their lengths."""
+    pending = check.dict_(state, path, ("tokens", "lengths"))
+    lengths = check.ints(pending["lengths"], f"{path}.lengths")
+    if len(lengths) and lengths.min() < 0:
+        raise check.fail(f"{path}.lengths", "has a negative length")
+    tokens = check.ints(pending["tokens"], f"{path}.tokens")
+    if len(tokens) != int(lengths.sum()):
+        raise check.fail(
+            f"{path}.tokens", f"has {len(tokens)} ids where the lengths need {int(lengths.sum())}"
+        )
+    if has_tokens is False or closed:
+        why = "closed" if closed else "fed lengths only"
+        raise check.fail(path, f"holds documents but the packer was {why}")
 
 
 def _check_buffer(
