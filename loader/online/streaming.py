@@ -257,8 +257,11 @@ class StreamingPackedDataset(IterableDataset):
 
     def state_dict(self) -> dict[str, Any]:
         """Where this copy of the dataset stands, buffer contents included (after the last batch
-        it yielded). Before any iteration: the start of the current epoch."""
+        it yielded). Before any iteration: the state loaded by `load_state_dict()` (for this
+        epoch), else the start of the current epoch."""
         live = self._live
+        if live is None and self._resume is not None:
+            return dict(self._resume)  # not yet restored: where the next iteration resumes
         if live is None:
             return {
                 "version": STATE_VERSION,

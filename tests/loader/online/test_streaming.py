@@ -285,3 +285,25 @@ def test_rank_and_world_size_must_be_integers(tokenized, rank, world) -> None:
     # string rank was a TypeError, a float one made float document indices.
     with pytest.raises(ConfigError, match=r"(rank|world_size) must be an integer, got"):
         make(tokenized[0], rank=rank, world_size=world)
+
+
+def test_a_state_taken_right_after_a_resume_is_the_loaded_position(tokenized) -> None:
+    """Before: `state_dict()` between `load_state_dict()` and the first batch described the
+    epoch's start, so a checkpoint written then replayed it (100 + 290 batches where 290)."""
+    path, _ = tokenized
+    full = list(make(path))
+    ds = make(path)
+    it = iter(ds)
+    head = [next(it) for _ in range(4)]
+    ds2 = make(path)
+    ds2.load_state_dict(_roundtrip(ds.state_dict()))
+    again = _roundtrip(ds2.state_dict())  # a checkpoint written right after the resume
+    assert again["start"] is False and again["next_group"] == ds.state_dict()["next_group"]
+    ds3 = make(path)
+    ds3.load_state_dict(again)
+    tail = list(ds3)
+    assert len(head) + len(tail) == len(full)
+    for a, b in zip(head + tail, full, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"])
+    ds2.set_epoch(1)  # another epoch drops the resume point: its start
+    assert ds2.state_dict()["start"] is True and ds2.state_dict()["epoch"] == 1
