@@ -271,7 +271,13 @@ class OnlinePacker:
         if masks is not None:
             if len(masks) != len(arrays):
                 raise DataError(f"{len(masks)} loss masks for {len(arrays)} documents")
-            mask = np.concatenate([m.reshape(-1) for m in masks]) if masks else None
+            masks = [m.reshape(-1) for m in masks]
+            for i, (a, m) in enumerate(zip(arrays, masks, strict=True)):
+                if len(m) != len(a):  # a total alone lets masks slide across documents
+                    raise DataError(
+                        f"document {i}: its loss mask has {len(m)} values for {len(a)} tokens"
+                    )
+            mask = np.concatenate(masks) if masks else None
         self.push(tokens, lengths, loss_mask=mask)
 
     def _add(self, part: Segments) -> None:

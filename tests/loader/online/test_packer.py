@@ -611,3 +611,16 @@ def test_a_damaged_pending_part_is_a_clear_error() -> None:
     target.load_state_dict(state)
     target.flush()
     assert target.pop().tokens.tolist() == [1, 2, 3]
+
+
+def test_each_documents_loss_mask_must_match_it() -> None:
+    # Before: only the total was checked: masks of 4 and 1 values for documents of 2 and 3 tokens
+    # were accepted, and document 1's labels came from document 0's mask.
+    p = OnlinePacker(max_len=8, long_docs="truncate")
+    with pytest.raises(DataError, match="document 0: its loss mask has 4 values for 2 tokens"):
+        p.push_docs([[1, 2], [3, 4, 5]], [[1, 1, 1, 1], [1]])
+    p.push_docs([[1, 2], [3, 4, 5]], [[0, 1], [1, 1, 0]])
+    p.flush()
+    rows = p.pop()
+    got = dict(zip(rows.tokens.tolist(), rows.columns["loss_mask"].tolist(), strict=True))
+    assert got == {1: 0, 2: 1, 3: 1, 4: 1, 5: 0}
