@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from packtool.dataset.columns import Column
-from packtool.errors import DataError
+from packtool.dataset.columns import TOKEN, get
+from packtool.errors import ConfigError, DataError
 
 INT64_MAX = int(np.iinfo(np.int64).max)
 """The largest id a batch's int64 `input_ids` hold."""
@@ -71,27 +71,41 @@ def flat_tokens(tokens: Any, n: int) -> NDArray:
     return tokens.astype(np.int64) if tokens.dtype == np.uint64 else tokens
 
 
-def token_column(c: Column, values: Any, tokens: NDArray) -> NDArray:
-    """An optional per-token column (`loss_mask`) for `tokens`, in its declared dtype.
+def token_columns(tokens: NDArray | None, columns: dict[str, Any]) -> dict[str, NDArray]:
+    """Optional per-token columns (`loss_mask`) for `tokens`, each in its declared dtype.
 
     Raises:
-        DataError: Not one value per token, a value that is not a whole number, or one outside
-            the column's declared range.
+        ConfigError: A column that is not per-token.
+        DataError: No tokens, not one value per token, a value that is not a whole number, or
+            one outside the column's declared range.
     """
-    name = c.name
-    arr = np.asarray(values)
-    if arr.shape != tokens.shape or (arr.size and arr.dtype.kind not in "iubf"):
-        raise DataError(
-            f"{name} must have one value per token: got {arr.dtype} {arr.shape} for "
-            f"{tokens.shape} token ids"
-        )
-    if arr.dtype.kind == "f" and arr.size and not np.all(np.floor(arr) == arr):
-        # 0.5 or NaN became 0 in the column's integer dtype: a document dropped as
-        # unsupervised without a word
-        raise DataError(f"{name} values must be whole numbers ({c.doc})")
-    low, high = c.min_value, c.max_value
-    if arr.size and (
-        (low is not None and arr.min() < low) or (high is not None and arr.max() > high)
-    ):
-        raise DataError(f"{name} values must be in {low}..{high} ({c.doc})")
-    return arr.astype(c.numpy_dtype(), copy=False)
+    out = {}
+    for name, values in columns.items():
+        c = get(name)
+        if c.level != TOKEN:
+            raise ConfigError(f"{name} is not a per-token column; the packer carries only those")
+        if tokens is None:
+            raise DataError(f"{name} needs the tokens it belongs to (push tokens with it)")
+        arr = np.asarray(values)
+        if arr.shape != tokens.shape or (arr.size and arr.dtype.kind not in "iubf"):
+            raise DataError(
+                f"{name} must have one value per token: got {arr.dtype} {arr.shape} for "
+                f"{tokens.shape} token ids"
+            )
+        if arr.dtype.kind == "f" and arr.size and not np.all(np.floor(arr) == arr):
+            # 0.5 or NaN became 0 in the column's integer dtype: a document dropped as
+            # unsupervised without a word
+            raise DataError(f"{name} values must be whole numbers ({c.doc})")
+        low, high = c.min_value, c.max_value
+        if arr.size and (
+            (low is not None and arr.min() < low) or (high is not None and arr.max() > high)
+        ):
+            raise DataError(f"{name} values must be in {low}..{high} ({c.doc})")
+        out[name] = arr.astype(c.numpy_dtype(), copy=False)
+    return out
+
+
+def private(arr: NDArray, given: Any) -> NDArray:
+    """`arr`, copied when it shares memory with `given`, what the caller passed (an array or a
+    tensor it may refill once the call returns)."""
+    return arr.copy() if np.may_share_memory(arr, given) else arr

@@ -34,20 +34,15 @@ from numpy.typing import NDArray
 
 from loader.config import OnlineConfig, check_int, make_config
 from loader.online.bucketed import bucketed_assign
-from loader.online.inputs import doc_array, flat_tokens, token_column
+from loader.online.inputs import doc_array, flat_tokens, private, token_columns
 from loader.online.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.online.segments import Segments
 from loader.online.state import check_packer_state, config_state
-from packtool.dataset.columns import LOSS_MASK, TOKEN, flat_parts, get, names, optional
+from packtool.dataset.columns import LOSS_MASK, TOKEN, flat_parts, names, optional
 from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.pack import kernels
 from packtool.pack.chunk import PackCounts, drop_unsupervised, make_segments
 from packtool.pack.columns import check_policy
-
-
-def _gather_columns(buf: Segments, start: NDArray, length: NDArray) -> dict[str, NDArray]:
-    """The buffer's per-token columns for the segments `start`/`length`, laid end to end."""
-    return {n: kernels.gather_segments(v, start, length) for n, v in buf.columns.items()}
 
 
 class PackerClosedError(PacktoolError):
@@ -128,6 +123,17 @@ class OnlinePacker:
             ConfigError: documents with and without a mask in one packer, or `long_docs="split"`
                 with a mask.
         """
+        extra = dict(columns or {})
+        if loss_mask is not None:
+            extra[LOSS_MASK] = loss_mask
+        self._push(tokens, lengths, doc_ids, extra, owned=False)
+
+    def _push(
+        self, tokens: Any, lengths: Any, doc_ids: Any, columns: dict[str, Any], *, owned: bool
+    ) -> None:
+        """`push()`; `owned`: the packer may keep the arrays (else any the caller could reuse,
+        sharing its memory, is copied: the buffer keeps them until the next pack)."""
+        given = tokens
         if self._closed:
             raise PackerClosedError(
                 "this OnlinePacker was closed by its final flush(); create a new one for more data"
@@ -155,6 +161,7 @@ class OnlinePacker:
             raise ConfigError("do not mix push() with tokens and push_lengths() in one packer")
         if has:
             tokens = flat_tokens(tokens, int(lengths.sum()))
+            tokens = tokens if owned else private(tokens, given)
             if self._dtype is None:
                 self._dtype = tokens.dtype
             elif tokens.dtype != self._dtype:
@@ -162,10 +169,9 @@ class OnlinePacker:
                 # uint64 beside a signed type is float64, which rounds ids past 2^53; both fit
                 # int64 (checked above), the batch's type.
                 self._dtype = merged if merged.kind in "iu" else np.dtype(np.int64)
-        extra = dict(columns or {})
-        if loss_mask is not None:
-            extra[LOSS_MASK] = loss_mask
-        extra = self._check_columns(tokens, extra)
+        extra = self._check_columns(tokens, columns)
+        if not owned:
+            extra = {name: private(v, columns[name]) for name, v in extra.items()}
         mask = extra.get(LOSS_MASK)
         if doc_ids is None:
             doc_ids = np.arange(self._next_doc_id, self._next_doc_id + len(lengths), dtype=np.int64)
@@ -200,16 +206,7 @@ class OnlinePacker:
     ) -> dict[str, NDArray]:
         """Per-token optional columns in their declared dtypes, after checking each one (one
         value per token, the declared range) and the packer's kind (the same columns always)."""
-        out = {}
-        for name, values in columns.items():
-            c = get(name)
-            if c.level != TOKEN:
-                raise ConfigError(
-                    f"{name} is not a per-token column; the packer carries only those"
-                )
-            if tokens is None:
-                raise DataError(f"{name} needs the tokens it belongs to (push tokens with it)")
-            out[name] = token_column(c, values, tokens)
+        out = token_columns(tokens, columns)
         kind = names(c for c in optional() if c.name in out)
         if self._columns is None:
             self._columns = kind
@@ -225,7 +222,7 @@ class OnlinePacker:
         self, lengths: NDArray[np.integer], doc_ids: NDArray[np.integer] | None = None
     ) -> None:
         """Add documents by length only: rows come out as segment layouts without tokens."""
-        self.push(None, lengths, doc_ids)
+        self._push(None, lengths, doc_ids, {}, owned=True)
 
     def push_table(self, table: pa.Table | pa.RecordBatch) -> None:
         """Add a tokenized table (`input_ids` list column, `doc_id` used when present)."""
@@ -252,7 +249,7 @@ class OnlinePacker:
             if not np.array_equal(c_off, offsets - offsets[0]):
                 raise DataError(f"{c.name} does not have one value per token of input_ids")
             extra[c.name] = c_values
-        self.push(values, np.diff(offsets), doc_ids, columns=extra)
+        self._push(values, np.diff(offsets), doc_ids, extra, owned=True)  # arrow's: immutable
 
     def push_docs(self, docs: Iterable[Any], masks: Iterable[Any] | None = None) -> None:
         """Add documents given one token array (or list of ints) each, and optionally a loss
@@ -278,7 +275,7 @@ class OnlinePacker:
                         f"document {i}: its loss mask has {len(m)} values for {len(a)} tokens"
                     )
             mask = np.concatenate(masks) if masks else None
-        self.push(tokens, lengths, loss_mask=mask)
+        self._push(tokens, lengths, None, {} if mask is None else {LOSS_MASK: mask}, owned=True)
 
     def _add(self, part: Segments) -> None:
         c = self.config
@@ -383,7 +380,7 @@ class OnlinePacker:
             )
             if toks is not None and self._dtype is not None:
                 toks = toks.astype(self._dtype, copy=False)
-            cols = _gather_columns(buf, buf.start[order], seg_len)
+            cols = buf.gather_columns(buf.start[order], seg_len)
             self._out.append(
                 PackedRows(row_docs, seg_len, buf.doc[order], buf.chunk[order], toks, cols)
             )
@@ -395,7 +392,7 @@ class OnlinePacker:
             hsel = np.flatnonzero(held)
             hsel = hsel[np.argsort(row[hsel] * (c.max_len + 1) + offset[hsel])]
             hlen = buf.length[hsel]
-            cols = _gather_columns(buf, buf.start[hsel], hlen)
+            cols = buf.gather_columns(buf.start[hsel], hlen)
             if buf.tokens is None:
                 toks, start = None, np.zeros(len(hsel), np.int64)
             else:
@@ -509,7 +506,7 @@ class OnlinePacker:
         self._pending, self._batcher = [], None
         pending = state.get("pending")  # absent in states saved before it
         if pending is not None:  # pushed now: packs are cut by counts, so the rows are the same
-            self.push(pending["tokens"], pending["lengths"])
+            self._push(pending["tokens"], pending["lengths"], None, {}, owned=True)
 
     # ---- iterators --------------------------------------------------------------------------
 

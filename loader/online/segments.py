@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from packtool.pack import kernels
+
 
 @dataclass
 class Segments:
@@ -65,6 +67,10 @@ class Segments:
             np.concatenate([p.holds for p in parts]),
             {name: np.concatenate([p.columns[name] for p in parts]) for name in parts[0].columns},
         )
+
+    def gather_columns(self, start: NDArray, length: NDArray) -> dict[str, NDArray]:
+        """The per-token columns of the segments `start`/`length`, laid end to end."""
+        return {n: kernels.gather_segments(v, start, length) for n, v in self.columns.items()}
 
     def to_state(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -626,3 +626,20 @@ def test_each_documents_loss_mask_must_match_it() -> None:
     rows = p.pop()
     got = dict(zip(rows.tokens.tolist(), rows.columns["loss_mask"].tolist(), strict=True))
     assert got == {1: 0, 2: 1, 3: 1, 4: 1, 5: 0}
+
+
+def test_a_caller_reusing_its_buffers_does_not_change_the_rows() -> None:
+    # Before: push() kept the caller's token array (np.asarray, no copy) until the next pack, so
+    # a caller refilling its buffer turned the tokens pushed as 1..5 into 99s.
+    p = OnlinePacker(max_len=8, buffer_docs=100, long_docs="truncate")
+    tokens, mask = np.arange(1, 6), np.ones(5, np.uint8)
+    p.push(tokens, np.array([2, 3]), loss_mask=mask)
+    tokens[:] = 99
+    mask[:] = 0
+    view = torch.arange(10, 13)  # a tensor pushed as numpy shares its memory too
+    p.push(view.numpy(), np.array([3]), loss_mask=np.ones(3, np.uint8))
+    view[:] = 7
+    p.flush()
+    rows = p.pop()
+    assert sorted(rows.tokens.tolist()) == [1, 2, 3, 4, 5, 10, 11, 12]
+    assert rows.columns["loss_mask"].tolist() == [1] * 8
