@@ -404,6 +404,8 @@ class OnlinePacker:
             self._parts = [kept]
             self._n_segs = len(hsel)
             self._n_tokens = int(hlen.sum())
+            if c.buffer_seconds is not None:  # held: packed again one window after this pack
+                self._oldest = time.monotonic()
 
     def flush(self, *, final: bool = True) -> None:
         """Pack what is buffered now. `final=True` emits every row and closes the packer."""
@@ -490,7 +492,8 @@ class OnlinePacker:
         self._parts = [] if buf is None else [Segments.from_state(buf)]
         self._n_segs = 0 if buf is None else len(buf["length"])
         self._n_tokens = 0 if buf is None else int(buf["length"].sum())
-        self._oldest = None
+        timed = buf is not None and self.config.buffer_seconds is not None  # held: window from now
+        self._oldest = time.monotonic() if timed else None
         self._out = [] if state["out"] is None else [PackedRows.from_state(state["out"])]
         self._has_tokens = state["has_tokens"]
         columns = state.get("columns")  # absent in states saved before optional columns

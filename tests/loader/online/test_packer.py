@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -643,3 +644,39 @@ def test_a_caller_reusing_its_buffers_does_not_change_the_rows() -> None:
     rows = p.pop()
     assert sorted(rows.tokens.tolist()) == [1, 2, 3, 4, 5, 10, 11, 12]
     assert rows.columns["loss_mask"].tolist() == [1] * 8
+
+
+def test_a_held_row_goes_out_within_max_holds_plus_one_windows(monkeypatch) -> None:
+    # Before: the timed pack that held a row back stopped the clock, so later poll() calls never
+    # packed it again: a lone document waited until more documents arrived or a flush.
+    import loader.online.packer as packer_module
+
+    now = [0.0]
+    monkeypatch.setattr(packer_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    p = OnlinePacker(max_len=64, buffer_seconds=1.0, max_holds=2)
+    p.push_docs([np.arange(10)])
+    out = []
+    for t in (0.5, 1.0, 1.5, 2.0, 2.5, 2.99, 3.0):
+        now[0] = t
+        p.poll()
+        out.append((t, p.stats["packs"], p.pop().n_rows))
+    # held at 1.0 and 2.0 (each pack re-arms the window), forced out by the third at 3.0
+    assert out == [
+        (0.5, 0, 0),
+        (1.0, 1, 0),
+        (1.5, 1, 0),
+        (2.0, 2, 0),
+        (2.5, 2, 0),
+        (2.99, 2, 0),
+        (3.0, 3, 1),
+    ]
+    # A state loaded with held segments starts their window at the load.
+    p = OnlinePacker(max_len=64, buffer_seconds=1.0)
+    p.push_docs([np.arange(10)])
+    now[0] = 4.0
+    p.poll()
+    q = OnlinePacker(max_len=64, buffer_seconds=1.0)
+    q.load_state_dict(p.state_dict())
+    now[0] = 5.0
+    q.poll()
+    assert q.stats["packs"] == 2
