@@ -105,7 +105,9 @@ class RequestBatcher:
 
     Args:
         run_batch: The model: takes the batch dict, returns an array/tensor whose first axis runs
-            over the batch's tokens (`cu_seqlens[-1]` entries). Called on the batcher's thread.
+            over the batch's tokens (`cu_seqlens[-1]` entries), or a list of as many entries;
+            with `collate_kwargs={"layout": "hf"}` also a model's `(1, T, ...)` output (each
+            request gets rows of `out[0]`). Called on the batcher's thread.
         max_wait_ms: A request waits at most this long for others to join its batch.
         token_budget: Tokens per batch at most; a request longer than this is rejected.
         max_requests: Requests per batch at most (None: only the token budget limits).
@@ -243,6 +245,31 @@ def _check_collate(
     return max_requests
 
 
+def _token_rows(out: Any, total: int, hf: bool) -> Any:
+    """`run_batch`'s output as rows over the batch's `total` tokens: an array or tensor whose
+    first axis has `total` entries, a list or tuple of `total` entries, or with `layout="hf"` a
+    model's `(1, T, ...)` output (its batch axis taken off).
+
+    Raises:
+        DataError: Anything else: requests would be handed rows that are not theirs.
+    """
+    shape = getattr(out, "shape", None)
+    if hf and shape is not None and len(shape) >= 2 and tuple(shape[:2]) == (1, total):
+        return out[0]
+    if shape is None and isinstance(out, (list, tuple)):
+        if len(out) != total:
+            raise DataError(
+                f"run_batch returned {type(out).__name__} of {len(out)} entries; expected {total}"
+            )
+        return out
+    if shape is None or len(shape) == 0 or shape[0] != total:
+        raise DataError(
+            f"run_batch returned {type(out).__name__} of shape {shape}; expected a first axis "
+            f"of {total} tokens" + (" (or, with layout='hf', (1, T, ...))" if hf else "")
+        )
+    return out
+
+
 class _Core:
     """The queue, the counters and the serving thread's loop (all the thread references)."""
 
@@ -338,11 +365,7 @@ class _Core:
             # the batch's token axis: cu_seqlens[-1], the static shape's padding included; a
             # longer or shorter first axis would hand requests rows that are not theirs
             total = int(batch["input_ids"].numel())
-            if not hasattr(out, "shape") or len(out.shape) == 0 or out.shape[0] != total:
-                raise DataError(
-                    f"run_batch returned {type(out).__name__} of shape "
-                    f"{getattr(out, 'shape', None)}; expected a first axis of {total} tokens"
-                )
+            out = _token_rows(out, total, self.collate_kwargs.get("layout") == "hf")
         except BaseException as exc:  # handed to every caller of this batch
             # BaseException too: a model raising SystemExit / KeyboardInterrupt would otherwise
             # end the thread, leaving this batch's callers and every later one waiting forever.

@@ -296,3 +296,29 @@ def test_a_dropped_batcher_serves_its_queue_and_stops_its_thread() -> None:
             break
         time.sleep(0.01)
     assert not extra
+
+
+def test_hf_layout_and_list_outputs_give_each_request_its_rows() -> None:
+    # Before: with layout="hf" every request failed ("returned Tensor of shape (1, 2); expected
+    # a first axis of 2 tokens"), and a list output, "something indexable", was refused.
+    def hf_model(batch: dict) -> torch.Tensor:
+        assert batch["input_ids"].shape[0] == 1 and "cu_seq_lens_q" in batch
+        return (batch["input_ids"] * 2 + 1)[..., None].expand(-1, -1, 3)  # (1, T, 3) logits
+
+    with RequestBatcher(
+        run_batch=hf_model, max_wait_ms=20, token_budget=16, collate_kwargs={"layout": "hf"}
+    ) as batcher:
+        futs = [batcher.submit([i, i + 1]) for i in (1, 5, 9)]
+        for i, fut in zip((1, 5, 9), futs, strict=True):
+            out = fut.result(timeout=10)
+            assert out.shape == (2, 3) and out[:, 0].tolist() == [2 * i + 1, 2 * i + 3]
+    with RequestBatcher(
+        run_batch=lambda b: b["input_ids"].tolist(), max_wait_ms=20, token_budget=16
+    ) as batcher:
+        futs = [batcher.submit([1, 2, 3]), batcher.submit([4])]
+        assert [f.result(timeout=10) for f in futs] == [[1, 2, 3], [4]]
+    with (
+        RequestBatcher(run_batch=lambda b: [0], max_wait_ms=1, token_budget=16) as batcher,
+        pytest.raises(DataError, match="run_batch returned list of 1 entries; expected 3"),
+    ):
+        batcher.submit([1, 2, 3]).result(timeout=10)
