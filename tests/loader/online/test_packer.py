@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from loader.online.packer import (
@@ -538,6 +538,8 @@ def _items(draw_lengths: list[int], tables: list[bool]) -> list:
 
 
 @settings(max_examples=40, deadline=None)
+@example([0, 1], [], 1, True, 1, 2, {"rows_per_batch": 1})  # lost a pending document
+@example([9] * 12, [], 1, False, 4, 4, {"rows_per_batch": 1})  # lost the batcher's rows
 @given(
     lengths=st.lists(st.integers(0, 20), min_size=1, max_size=80),
     tables=st.lists(st.booleans(), max_size=80),
