@@ -84,3 +84,15 @@ def empty_documents(
             for c in columns
         },
     )
+
+
+def outside_int64(arr: np.ndarray) -> int | None:
+    """An id outside 0..2^63-1 among Python ints numpy kept as objects (what it makes of ids
+    past uint64, e.g. `[2**64]`), else None."""
+    if arr.dtype != object or not arr.size:
+        return None
+    ints = arr.reshape(-1).tolist()
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
+        return None
+    low, high = min(ints), max(ints)
+    return high if high > np.iinfo(np.int64).max else (low if low < 0 else None)

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from loader.collate import collate
-from loader.record import Documents
+from loader.record import Documents, outside_int64
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.columns import IGNORE_INDEX, LOSS_MASK, SEQ_LENGTHS, flat_parts
-from packtool.errors import ConfigError, MissingDependencyError
+from packtool.errors import ConfigError, DataError, MissingDependencyError
 
 MASK_FROM_POSITIONS = ("sdpa", "eager", "flex_attention")
 """Attention implementations that ignore `cu_seq_lens_*`: transformers separates documents for
@@ -291,17 +291,24 @@ class RowCollator:
         if not features:
             raise ConfigError("RowCollator got no rows")
         first = features[0]
-        if SEQ_LENGTHS in first:
-            lens = [np.asarray(f[SEQ_LENGTHS], dtype=np.int64) for f in features]
-        elif "doc_offsets" in first:
-            lens = [np.diff(np.asarray(f["doc_offsets"], dtype=np.int64)) for f in features]
-        else:
+        key = next((k for k in (SEQ_LENGTHS, "doc_offsets") if k in first), None)
+        if key is None:
             raise ConfigError(
                 f"rows have no {SEQ_LENGTHS} or doc_offsets (only {sorted(first)}), so their "
                 "documents cannot be told apart; if Trainer removed them, set "
                 "TrainingArguments(remove_unused_columns=False)"
             )
-        rows = [np.asarray(f["input_ids"], dtype=np.int64) for f in features]
+        for i, f in enumerate(features):  # a bare KeyError before
+            for need in ("input_ids", key):
+                if need not in f:
+                    raise ConfigError(
+                        f"row {i} has no {need} (its keys: {sorted(f)}); every row needs "
+                        f"input_ids and, as row 0 has, {key}"
+                    )
+        lens = [np.asarray(f[key], dtype=np.int64) for f in features]
+        if key == "doc_offsets":
+            lens = [np.diff(offsets) for offsets in lens]
+        rows = [_row_ids(f["input_ids"], i) for i, f in enumerate(features)]
         for i, (row, row_lens) in enumerate(zip(rows, lens, strict=True)):
             # row by row: totals that agree across rows let a document cross a row boundary
             if len(row_lens) and row_lens.min() < 1:
@@ -335,6 +342,26 @@ class RowCollator:
                 )
             columns[LOSS_MASK] = set_.astype(np.uint8)
         return collate(Documents(tokens, doc_lens, ids, columns), layout="hf")
+
+
+def _row_ids(value: Any, i: int) -> np.ndarray:
+    """Row `i`'s token ids as int64 (a float id was truncated, a negative one reached the
+    embedding).
+
+    Raises:
+        DataError: Ids that are not integers in 0..2^63-1, naming the row.
+    """
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    bad = outside_int64(arr)  # numpy's dtype object for [2**64]
+    if bad is None and arr.size and arr.dtype.kind not in "iu":
+        raise DataError(f"row {i}: input_ids must be integers, got dtype {arr.dtype}")
+    if bad is None and arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int64).max):
+        bad = int(arr.min()) if arr.min() < 0 else int(arr.max())
+    if bad is not None:
+        raise DataError(f"row {i}: token id {bad} is not in 0..2^63-1 (the batch's int64)")
+    return arr.astype(np.int64)
 
 
 def _mask_values(value: Any) -> np.ndarray:

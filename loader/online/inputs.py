@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from packtool.dataset.columns import TOKEN, get
+from loader.record import outside_int64
+from packtool.dataset.columns import TOKEN, get, names, optional
 from packtool.errors import ConfigError, DataError
+from packtool.pack.columns import check_policy
 
 INT64_MAX = int(np.iinfo(np.int64).max)
 """The largest id a batch's int64 `input_ids` hold."""
@@ -37,6 +39,8 @@ def doc_array(doc: Any, i: int) -> NDArray:
         raise DataError(
             f"document {i} has shape {arr.shape}; give one 1-D token array per document"
         )
+    if (bad := outside_int64(arr)) is not None:  # numpy's dtype object, not "must be integers"
+        raise DataError(f"document {i}: token id {bad} is not in 0..2^63-1 (the batch's int64)")
     if arr.dtype.kind not in "iu" and arr.size:
         raise DataError(f"document {i}: token ids must be integers, got dtype {arr.dtype}")
     arr = arr.reshape(-1)
@@ -58,6 +62,8 @@ def flat_tokens(tokens: Any, n: int) -> NDArray:
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or n != len(tokens):
         raise DataError(f"lengths sum to {n} but {tokens.shape} token ids were given")
+    if (bad := outside_int64(tokens)) is not None:  # numpy's dtype object
+        raise DataError(f"token id {bad} is not in 0..2^63-1 (the batch's int64)")
     if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
         # Float ids would be truncated to integers when a batch is collated.
         raise DataError(f"token ids must be integers, got dtype {tokens.dtype}")
@@ -71,11 +77,15 @@ def flat_tokens(tokens: Any, n: int) -> NDArray:
     return tokens.astype(np.int64) if tokens.dtype == np.uint64 else tokens
 
 
-def token_columns(tokens: NDArray | None, columns: dict[str, Any]) -> dict[str, NDArray]:
-    """Optional per-token columns (`loss_mask`) for `tokens`, each in its declared dtype.
+def token_columns(
+    tokens: NDArray | None, columns: dict[str, Any], kind: tuple[str, ...] | None, long_docs: str
+) -> tuple[dict[str, NDArray], tuple[str, ...]]:
+    """Optional per-token columns (`loss_mask`) for `tokens`, each in its declared dtype, and
+    their names in declared order (a packer's kind: `kind`, the one it has so far, or None).
 
     Raises:
-        ConfigError: A column that is not per-token.
+        ConfigError: A column that is not per-token, another kind than `kind`, or one the
+            long-document policy cannot keep (a mask with `split`).
         DataError: No tokens, not one value per token, a value that is not a whole number, or
             one outside the column's declared range.
     """
@@ -102,7 +112,14 @@ def token_columns(tokens: NDArray | None, columns: dict[str, Any]) -> dict[str, 
         ):
             raise DataError(f"{name} values must be in {low}..{high} ({c.doc})")
         out[name] = arr.astype(c.numpy_dtype(), copy=False)
-    return out
+    mine = names(c for c in optional() if c.name in out)
+    if kind is not None and kind != mine:
+        raise ConfigError(
+            f"do not mix documents with and without {', '.join(set(kind) ^ set(mine))} "
+            "in one packer (a dataset is one kind)"
+        )
+    check_policy(mine, long_docs, api=True)
+    return {name: out[name] for name in mine}, mine
 
 
 def private(arr: NDArray, given: Any) -> NDArray:

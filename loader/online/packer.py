@@ -32,17 +32,17 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from loader.config import OnlineConfig, check_int, make_config
+from loader.collate import check_collate_kwargs
+from loader.config import OnlineConfig, check_bool, check_int, make_config
 from loader.online.bucketed import bucketed_assign
 from loader.online.inputs import doc_array, flat_tokens, private, token_columns
 from loader.online.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.online.segments import Segments
 from loader.online.state import check_packer_state, config_state
-from packtool.dataset.columns import LOSS_MASK, TOKEN, flat_parts, names, optional
+from packtool.dataset.columns import LOSS_MASK, TOKEN, flat_parts, optional
 from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.pack import kernels
 from packtool.pack.chunk import PackCounts, drop_unsupervised, make_segments
-from packtool.pack.columns import check_policy
 
 
 class PackerClosedError(PacktoolError):
@@ -71,6 +71,8 @@ class OnlinePacker:
         self, config: OnlineConfig | None = None, *, seed_key: tuple[int, ...] = (), **settings: Any
     ) -> None:
         self.config = config = make_config(OnlineConfig, settings, config)
+        if not isinstance(seed_key, (tuple, list)):  # an int was a bare TypeError
+            raise ConfigError(f"seed_key must be a tuple of integers >= 0, got {seed_key!r}")
         for k in seed_key:  # int('a') was Python's ValueError; -1 numpy's, at the first pack
             check_int("seed_key entries", k, 0)
         self.seed_key = tuple(int(k) for k in seed_key)
@@ -169,7 +171,7 @@ class OnlinePacker:
                 # uint64 beside a signed type is float64, which rounds ids past 2^53; both fit
                 # int64 (checked above), the batch's type.
                 self._dtype = merged if merged.kind in "iu" else np.dtype(np.int64)
-        extra = self._check_columns(tokens, columns)
+        extra, self._columns = token_columns(tokens, columns, self._columns, self.config.long_docs)
         if not owned:
             extra = {name: private(v, columns[name]) for name, v in extra.items()}
         mask = extra.get(LOSS_MASK)
@@ -200,23 +202,6 @@ class OnlinePacker:
             extra,
         )
         self._add(part)
-
-    def _check_columns(
-        self, tokens: NDArray | None, columns: dict[str, NDArray]
-    ) -> dict[str, NDArray]:
-        """Per-token optional columns in their declared dtypes, after checking each one (one
-        value per token, the declared range) and the packer's kind (the same columns always)."""
-        out = token_columns(tokens, columns)
-        kind = names(c for c in optional() if c.name in out)
-        if self._columns is None:
-            self._columns = kind
-        elif self._columns != kind:
-            raise ConfigError(
-                f"do not mix documents with and without {', '.join(set(kind) ^ set(self._columns))} "
-                "in one packer (a dataset is one kind)"
-            )
-        check_policy(kind, self.config.long_docs, api=True)
-        return {name: out[name] for name in kind}
 
     def push_lengths(
         self, lengths: NDArray[np.integer], doc_ids: NDArray[np.integer] | None = None
@@ -572,6 +557,8 @@ class OnlinePacker:
             rows_per_batch=rows_per_batch,
             tokens_per_batch=tokens_per_batch,
         )
+        check_bool("drop_last", drop_last)
+        check_collate_kwargs(collate_kwargs)  # now: a TypeError at the first batch, before
         return self._batches(source, batcher, drop_last, collate_kwargs)
 
     def _batches(

@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 
 from loader.collate import check_collate_kwargs, collate
+from loader.config import check_int
 from loader.online.inputs import several_sequences
-from loader.record import Documents
+from loader.record import Documents, outside_int64
 from packtool.errors import ConfigError, DataError, PacktoolError
 
 
@@ -83,6 +84,9 @@ def _request_tokens(tokens: Any, token_budget: int, vocab_size: int | None) -> n
     arr = arr.reshape(-1)
     if arr.size == 0:
         raise DataError("empty request: a request needs at least one token")
+    if (bad := outside_int64(arr)) is not None:  # numpy's dtype object, e.g. for [2**64]
+        problem = f"ids must be >= 0, got {bad}" if bad < 0 else f"id {bad} does not fit int64"
+        raise DataError(f"request token {problem}")
     if not np.issubdtype(arr.dtype, np.integer):
         raise DataError(f"request token ids must be integers, got dtype {arr.dtype}")
     if arr.size > token_budget:
@@ -136,14 +140,15 @@ class RequestBatcher:
             raise ConfigError(f"max_wait_ms must be a number of milliseconds, got {max_wait_ms!r}")
         if not max_wait_ms >= 0:
             raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
-        if vocab_size is not None and (
-            isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1
-        ):
-            raise ConfigError(f"vocab_size must be an integer >= 1 or None, got {vocab_size!r}")
-        if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
-            raise ConfigError(f"token_budget must be an integer >= 1, got {token_budget!r}")
-        if max_requests is not None and (not isinstance(max_requests, int) or max_requests < 1):
-            raise ConfigError(f"max_requests must be an integer >= 1 or None, got {max_requests!r}")
+        # numpy integers are integers; bools are not counts (max_requests=True was 1)
+        check_int("token_budget", token_budget, 1)
+        token_budget = int(token_budget)
+        if vocab_size is not None:
+            check_int("vocab_size", vocab_size, 1)
+            vocab_size = int(vocab_size)
+        if max_requests is not None:
+            check_int("max_requests", max_requests, 1)
+            max_requests = int(max_requests)
         collate_kwargs = dict(collate_kwargs or {})
         max_requests = _check_collate(collate_kwargs, token_budget, max_requests)
         self.run_batch = run_batch

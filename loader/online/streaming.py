@@ -291,7 +291,9 @@ class StreamingPackedDataset(IterableDataset):
                 class, or is damaged (every part is checked here, the packer's and the packed
                 rows' included, before any of it is used).
         """
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        version = state.get("version") if isinstance(state, dict) else None
+        integer = isinstance(version, (int, np.integer)) and not isinstance(version, bool)
+        if not integer or version != STATE_VERSION:  # an array's == is no answer
             raise DataError("not a StreamingPackedDataset state")
         check = StateCheck("StreamingPackedDataset")
         check.dict_(state, "", ("key", "epoch", "start"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from loader import PackedDataset
 from loader.hf import RowCollator, hf_dataset, seq_lengths_table
 from loader.testing import write_dataset
 from packtool.dataset.manifest import read_manifest
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, DataError
 from tests.loader.hf_helpers import (
     one_torch_thread,  # noqa: F401  (autouse: one torch thread)
     random_rows,
@@ -140,6 +141,26 @@ def test_row_collator_refuses_rows_without_lengths():
         RowCollator()(rows)
     with pytest.raises(ConfigError, match=r"row 0: document lengths must be >= 1, got \[3, 0\]"):
         RowCollator()([{"input_ids": [1, 2, 3], "seq_lengths": [3, 0]}])
+
+
+def test_row_collator_refuses_rows_it_cannot_read_in_one_line():
+    # Before: a row without input_ids, or rows with mixed length keys, were a bare KeyError;
+    # float ids (1.5) were truncated to 1 without a word and negative ids went through.
+    with pytest.raises(ConfigError, match="row 0 has no input_ids"):
+        RowCollator()([{"seq_lengths": [2]}])
+    mixed = [
+        {"input_ids": [1, 2], "seq_lengths": [2]},
+        {"input_ids": [1, 2], "doc_offsets": [0, 2]},
+    ]
+    with pytest.raises(ConfigError, match="row 1 has no seq_lengths"):
+        RowCollator()(mixed)
+    for ids, match in (
+        ([1.5, 2], "row 0: input_ids must be integers, got dtype float64"),
+        ([-1, 2], "row 0: token id -1 is not in 0..2"),
+        ([2**64, 2], f"row 0: token id {2**64} is not in 0..2"),
+    ):
+        with pytest.raises(DataError, match=re.escape(match)):
+            RowCollator()([{"input_ids": ids, "seq_lengths": [2]}])
 
 
 def test_trl_padding_free_collator_on_packtool_rows_equals_the_loader(small, tmp_path):

@@ -682,3 +682,28 @@ def test_a_held_row_goes_out_within_max_holds_plus_one_windows(monkeypatch) -> N
     now[0] = 5.0
     q.poll()
     assert q.stats["packs"] == 2
+
+
+def test_misuse_of_the_stream_api_is_a_one_line_error_at_the_call() -> None:
+    # Before: docs_per_push 0, -3 and 2.5 were taken; seed_key=5 was a bare TypeError; an
+    # unknown collate keyword was a TypeError from collate at the first batch, after the source
+    # was read; ids past uint64 (numpy's dtype object) were "must be integers, got dtype object".
+    p = OnlinePacker(max_len=8)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ConfigError, match=f"docs_per_push must be an integer >= 1, got {bad}"):
+            p.pack_stream([[1, 2]], docs_per_push=bad)
+    assert next(p.pack_stream([[1, 2]], docs_per_push=np.int64(1))).n_rows == 1
+    with pytest.raises(ConfigError, match="seed_key must be a tuple of integers >= 0, got 5"):
+        OnlinePacker(max_len=8, seed_key=5)
+    read = []
+    source = (read.append(i) or [i + 1] for i in range(3))
+    with pytest.raises(ConfigError, match=r"collate_kwargs \['foo'\] unknown"):
+        OnlinePacker(max_len=8).batches(source, rows_per_batch=1, foo=1)
+    with pytest.raises(ConfigError, match="drop_last must be True or False, got 'no'"):
+        OnlinePacker(max_len=8).batches(source, rows_per_batch=1, drop_last="no")
+    assert read == []  # refused before the source was touched
+    for big in (2**64, -(2**64)):
+        with pytest.raises(DataError, match=f"document 1: token id {big} is not in 0..2"):
+            OnlinePacker(max_len=8).push_docs([[1], [2, big]])
+        with pytest.raises(DataError, match=f"token id {big} is not in 0..2"):
+            OnlinePacker(max_len=8).push([2, big], [2])

@@ -322,3 +322,23 @@ def test_hf_layout_and_list_outputs_give_each_request_its_rows() -> None:
         pytest.raises(DataError, match="run_batch returned list of 1 entries; expected 3"),
     ):
         batcher.submit([1, 2, 3]).result(timeout=10)
+
+
+def test_counts_take_numpy_integers_and_refuse_bools_and_huge_ids() -> None:
+    # Before: token_budget=np.int64(64) was refused ("got np.int64(64)"), max_requests=True
+    # taken as 1, and an id past uint64 was reported as "got dtype object".
+    with RequestBatcher(
+        run_batch=lambda b: b["input_ids"],
+        max_wait_ms=1,
+        token_budget=np.int64(64),
+        max_requests=np.int32(4),
+        vocab_size=np.int64(100),
+    ) as b:
+        assert b.submit([1, 2]).result(timeout=5).tolist() == [1, 2]
+        with pytest.raises(DataError, match=f"request token id {2**64} does not fit int64"):
+            b.submit([1, 2**64]).result(timeout=5)
+        with pytest.raises(DataError, match="must be >= 0, got -"):
+            b.submit([1, -(2**64)]).result(timeout=5)
+    for name in ("token_budget", "max_requests", "vocab_size"):
+        with pytest.raises(ConfigError, match=f"{name} must be an integer >= 1"):
+            RequestBatcher(run_batch=lambda b: b, **{name: True})

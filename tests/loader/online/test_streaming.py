@@ -307,3 +307,12 @@ def test_a_state_taken_right_after_a_resume_is_the_loaded_position(tokenized) ->
         assert torch.equal(a["input_ids"], b["input_ids"])
     ds2.set_epoch(1)  # another epoch drops the resume point: its start
     assert ds2.state_dict()["start"] is True and ds2.state_dict()["epoch"] == 1
+
+
+@pytest.mark.parametrize("version", [np.zeros(0), np.ones(2), "1", None, True, 2])
+def test_a_state_of_another_version_is_a_data_error(tokenized, version) -> None:
+    # Before: version=np.zeros(0) was a ValueError (the truth value of an empty array).
+    path, _ = tokenized
+    state = {**make(path).state_dict(), "version": version}
+    with pytest.raises(DataError, match="not a StreamingPackedDataset state"):
+        make(path).load_state_dict(state)
