@@ -86,8 +86,8 @@ from packtool.progress import Progress
 from packtool.read.documents import ReadConfig
 from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
+from packtool.tokenize.summary import TokenizeSummary
 from packtool.tokenize.tables import RAW, RECORDS
-from packtool.tokenize.tokenize import TokenizeSummary
 from packtool.tokenizer.specials import EOS_TOKEN
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 

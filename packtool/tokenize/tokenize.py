@@ -15,7 +15,7 @@ import functools
 import os
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from packtool.dataset import columns as shard_columns
 from packtool.dataset import hub_record
-from packtool.dataset.identity import TokenizerIdentity, describe_tokenizer
+from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.manifest import INDEX_FILE, dataset_folder
 from packtool.dataset.output import (
     OutputPaths,
@@ -51,6 +51,7 @@ from packtool.read.sft_config import CHAT_KINDS
 from packtool.sft.inputs import file_record_kind, sft_kind
 from packtool.storage import hub, writing
 from packtool.storage import local as storage
+from packtool.tokenize.summary import TokenizeSummary, summary_of
 from packtool.tokenize.tables import (
     PRETOKENIZED,
     RAW,
@@ -320,96 +321,6 @@ def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:
             )
         parts.append(lengths)
     return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)
-
-
-@dataclass(kw_only=True)
-class TokenizeSummary:
-    """What `tokenize_corpus` did."""
-
-    documents: int
-    tokens: int
-    seconds: float
-    input_bytes: int
-    skips: dict[str, int] = field(default_factory=dict)
-    skip_line: str = "no skips"
-    """`SkipCounter.summary()`: counts per reason with file:line examples."""
-    files: list[str] = field(default_factory=list)
-    """Files written."""
-    output_bytes: int = 0
-    tokenizer: dict[str, Any] = field(default_factory=dict)
-    dtype: str = ""
-    supervised_tokens: int | None = None
-    """Tokens with loss_mask 1, when the input has labels or a loss mask (else None)."""
-    special_names: dict[str, str] = field(default_factory=dict)
-    """`eos` / `bos` -> the token text a default id came from."""
-    partitions: int = 1
-    """Partitions of a partitioned run (`--to megatron`, packtool/engines/megatron.py)."""
-    resumed_partitions: int = 0
-    """Of those, finished by an interrupted run and kept (`--resume`)."""
-    engine: str = ""
-    """What ran the partitions, in words ("" for a run in this process)."""
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / max(self.seconds, 1e-9)
-
-    def format(self) -> str:
-        """One paragraph for the terminal."""
-        where = self.files[0] if len(self.files) == 1 else f"{len(self.files)} part files"
-        if len(self.files) == 2 and self.files[0].endswith(".bin"):  # a Megatron pair
-            where = f"{self.files[0]} and {Path(self.files[1]).name}"
-        return (
-            f"Tokenized {self.documents:,} documents into {self.tokens:,} tokens with "
-            f"{describe_tokenizer(self.tokenizer, self.special_names)}, {self.dtype} ids, in "
-            f"{self.seconds:.2f} s: {self.tokens_per_s:,.0f} tokens/s, "
-            f"{self.input_bytes / 1e6 / max(self.seconds, 1e-9):.1f} MB/s of input. "
-            f"{self._supervised()}Skips: {self.skip_line}. "
-            f"Wrote {where} ({self.output_bytes / 1e6:.1f} MB).{self._partitions()}"
-        )
-
-    def _partitions(self) -> str:
-        if self.partitions <= 1 and not self.resumed_partitions:
-            return ""
-        resumed = (
-            f", {self.resumed_partitions} kept from the interrupted run"
-            if self.resumed_partitions
-            else ""
-        )
-        return f" {self.partitions} partitions{resumed}; {self.engine}."
-
-    def _supervised(self) -> str:
-        if self.supervised_tokens is None:
-            return ""
-        share = self.supervised_tokens / max(self.tokens, 1)
-        return f"Loss mask kept: {self.supervised_tokens:,} supervised tokens ({share:.1%}). "
-
-
-def summary_of(
-    bar: Progress,
-    skips: SkipCounter,
-    files: list[Path],
-    tokenizer: Tokenizer,
-    seconds: float,
-    dtype: str,
-    supervised: int | None = None,
-    identity: TokenizerIdentity | None = None,
-) -> TokenizeSummary:
-    """What a tokenize run did, from its progress counts, skips and the files it wrote
-    (`identity`: what the output records, when not the tokenizer's: `unchanged_ids`)."""
-    return TokenizeSummary(
-        documents=bar.docs,
-        tokens=bar.tokens,
-        seconds=seconds,
-        input_bytes=bar.nbytes,
-        skips=skips.to_dict(),
-        skip_line=skips.summary(),
-        files=[str(f) for f in files],
-        output_bytes=sum(storage.size(f) for f in files),
-        tokenizer=(identity or tokenizer.identity).to_dict(),
-        dtype=dtype,
-        supervised_tokens=supervised,
-        special_names=tokenizer.special_names,
-    )
 
 
 def tokenize_corpus(
