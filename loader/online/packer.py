@@ -156,6 +156,8 @@ class OnlinePacker:
             doc_ids = given.astype(np.int64, copy=False)
             if doc_ids.shape != lengths.shape:
                 raise DataError(f"{len(doc_ids)} doc_ids for {len(lengths)} documents")
+            if doc_ids.size and (low := int(doc_ids.min())) < 0:  # verify refuses them too
+                raise DataError(f"doc_ids must be >= 0, got {low}")
         has = tokens is not None
         if self._has_tokens is None:
             self._has_tokens = has
@@ -221,8 +223,13 @@ class OnlinePacker:
             ids = ids.combine_chunks()
         if not (pa.types.is_list(ids.type) or pa.types.is_large_list(ids.type)):
             raise DataError(f"input_ids must be a list column, found {ids.type}")
+        if ids.null_count:  # a null read as an empty document: one left out without a word
+            row = int(np.flatnonzero(ids.is_null().to_numpy(zero_copy_only=False))[0])
+            raise DataError(f"input_ids of row {row} is null")
         offsets = ids.offsets.to_numpy().astype(np.int64)
         values = ids.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+        if pa.types.is_null(ids.type.value_type):  # list<null>: only empty documents
+            values = np.zeros(0, np.int64)
         doc_ids = None
         if "doc_id" in table.schema.names:
             doc_ids = table.column("doc_id").to_numpy()

@@ -218,6 +218,26 @@ def test_bad_input_is_reported() -> None:
         p.push_table(pa.table({"x": [1]}))
 
 
+def test_negative_ids_null_rows_and_tables_of_empty_documents() -> None:
+    """From the online audit: negative doc_ids were taken (verify refuses them in a dataset), a
+    null input_ids row was read as an empty document without a word, and a table of only empty
+    documents (list<null>) made the buffer's dtype object, so a state taken after it was
+    refused as damaged when loaded."""
+    p = OnlinePacker(max_len=8)
+    with pytest.raises(DataError, match="doc_ids must be >= 0, got -3"):
+        p.push(np.arange(4), np.array([2, 2]), doc_ids=np.array([5, -3]))
+    with pytest.raises(DataError, match="input_ids of row 1 is null"):
+        p.push_table(pa.table({"input_ids": pa.array([[1, 2], None], pa.list_(pa.int64()))}))
+    p.push_table(pa.table({"input_ids": [[], []]}))  # list<null>
+    p.push_table(pa.table({"input_ids": pa.array([[1, 2, 3]], pa.list_(pa.int64()))}))
+    again = OnlinePacker(max_len=8)
+    again.load_state_dict(copy.deepcopy(p.state_dict()))
+    p.flush()
+    again.flush()
+    assert p.stats == again.stats and p.stats["documents_empty"] == 2
+    assert p.pop().tokens.tolist() == again.pop().tokens.tolist() == [1, 2, 3]
+
+
 def test_time_window_packs_without_a_full_buffer() -> None:
     p = OnlinePacker(max_len=8, buffer_docs=1000, buffer_seconds=0.01, min_fill=0.0)
     p.push_lengths(np.array([3]))
