@@ -211,9 +211,12 @@ def remove_staging(paths: OutputPaths) -> OutputPaths:
     version (never the discarded one, into which a job of the discarded run, still alive,
     could yet upload), after aborting the version's unfinished multipart uploads (the staging
     object going, no later `recover` would)."""
-    if paths.remote and not paths.whole_object:
+    committed = paths.remote and not paths.whole_object
+    committed = committed and paths.staging.name == current_version(paths.target)
+    if paths.remote and not paths.whole_object and not committed:
         remote_write.abort_uploads(paths.staging)
-    remove(paths.staging)
+    if not committed:  # the version the link names is a dataset: never touched
+        remove(paths.staging)
     if paths.hub:
         hub_record.remove(paths.staging)  # a stale record would refuse the next commit
     if not paths.remote or paths.whole_object:
@@ -359,7 +362,11 @@ def _collect(paths: OutputPaths, commit: bool) -> None:
     run's uploads start after it writes the staging object, which stays until its commit or its
     failure's discard, which aborts its own), saving a request of its own every run."""
     staging = staging_version(paths.target)
-    keep = {current_version(paths.target), staging}
+    linked = current_version(paths.target)
+    if staging is not None and staging == linked:  # a commit cut after its switch: it is over
+        writing.remove_file(paths.target / REMOTE_STAGING)
+        staging = None
+    keep = {linked, staging}
     entries = storage.list_dir(paths.target)
     stray = [e for e in entries if is_version(e.name) and e.name not in keep]
     if commit:
@@ -488,8 +495,10 @@ def transaction(
 
     Creates the output's parent folders, takes `OutputLock`, finishes what a killed run left
     (`recover`), then runs `prepare(paths)` (the command's own checks and its staging path:
-    what it returns is handed on; on an object store the paths are read again after it, since a
-    run in progress that it finished or discarded leaves the next one a new version) and the
+    what it returns is handed on; on an object store the paths are read under the lock, since a
+    run that committed while this one waited for it leaves another `.packtool-staging`, and
+    again after `prepare`, since a run in progress that it finished or discarded leaves the
+    next one a new version) and the
     body; when the body succeeds the staging output is
     swapped in (`commit`). When the body fails, the staging is removed if
     `discard(exc, prepared)` says so (`pack` keeps it for `--resume`), and on any failure the
@@ -503,7 +512,12 @@ def transaction(
     made = create_parent(paths)
     try:
         with OutputLock(paths, command) as lock:
-            recover(paths)  # never deletes the version `.packtool-staging` names: paths hold
+            recover(paths)  # reads a remote output's state itself, under the lock
+            if paths.remote and not paths.whole_object:
+                # Read again under the lock: a run that committed (or started) while this one
+                # waited for it changed `.packtool-staging`, and its version, named there a
+                # moment ago, may be the one the link names now.
+                paths = output_paths(out)
             prepared = prepare(paths)
             if paths.remote and not paths.whole_object:
                 # `prepare` may have finished or discarded the run in progress: a new version

@@ -1,0 +1,79 @@
+"""The commit protocol of an output in a bucket against writers that race, fail, lose their
+lock or meet objects packtool did not write (packtool/dataset/output.py; docs/remote.md,
+"Writing a dataset to object storage"), on moto's S3 server (the `s3_server` fixture)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from packtool.dataset import output
+from packtool.dataset.output import make_staging, output_paths
+from packtool.engines.local import run_pack
+from packtool.errors import DataError
+from packtool.storage import writing
+from tests.packtool.storage.common import pack_config, packed_files
+
+BUCKET = "commits"
+
+
+@pytest.fixture(scope="module")
+def fs(s3_server):
+    """The bucket the datasets go to, and an s3fs client to look at it."""
+    import boto3
+    import s3fs
+
+    boto3.client("s3").create_bucket(Bucket=BUCKET)
+    return s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True)
+
+
+@pytest.fixture(scope="module")
+def local_pack(tmp_path_factory) -> dict[str, bytes]:
+    return packed_files(tmp_path_factory.mktemp("local") / "ds")
+
+
+def _link(fs, prefix: str) -> str:
+    fs.invalidate_cache()
+    return json.loads(fs.cat_file(f"{BUCKET}/{prefix}/index.json"))["packtool_dataset"]
+
+
+def _objects(fs, prefix: str) -> list[str]:
+    fs.invalidate_cache()
+    root = f"{BUCKET}/{prefix}/"
+    return sorted(k[len(root) :] for k in fs.find(root))
+
+
+def _staged_run(fs, url: str, files: dict[str, bytes]) -> str:
+    """A run in progress into `url`: its `.packtool-staging` object and `files` in its version."""
+    paths = output_paths(url)
+    make_staging(paths)
+    prefix = url.removeprefix("s3://")
+    for name, data in files.items():
+        fs.pipe_file(f"{prefix}/{paths.staging.name}/{name}", data)
+    return paths.staging.name
+
+
+def test_a_run_committed_while_tokenize_waits_for_the_lock_is_never_touched(
+    fs, local_pack, tmp_path, monkeypatch
+):
+    # Run A builds its version (named by `.packtool-staging`); tokenize --overwrite reads the
+    # output's state, and A commits before tokenize takes the lock. Tokenize took A's committed
+    # version for its own staging, deleted it and built into it; failing, it lost the dataset.
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    url = f"s3://{BUCKET}/race"
+    run_pack(pack_config(url))
+    version = _staged_run(fs, url, local_pack)
+    take = writing.take_lock
+
+    def after_a_commits(path, note=b""):
+        output.commit(output_paths(url))  # A's switch, while this writer waits for the lock
+        return take(path, note)
+
+    monkeypatch.setattr(writing, "take_lock", after_a_commits)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="no documents"):
+        tokenize_corpus([tmp_path / "empty.jsonl"], url, overwrite=True, progress=False)
+    assert _link(fs, "race") == version
+    assert _objects(fs, "race") == ["index.json", *(f"{version}/{n}" for n in local_pack)]
