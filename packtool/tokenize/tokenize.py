@@ -390,8 +390,11 @@ def tokenize_corpus(
                 f"{out}: a dataset `packtool pack` built waits in {paths.staging} (its commit "
                 "to the Hub did not happen); pass --overwrite to discard it"
             )
-        if paths.hub:
-            remove_staging(paths)  # with pack's record of what it replaces
+        if paths.hub or paths.remote and not paths.whole_object:
+            # The Hub: with pack's record of what it replaces. A bucket: a killed run's version
+            # and the object naming it; this run builds a version of another name (a job of
+            # that run still alive could upload into that one).
+            paths = remove_staging(paths)
         else:
             remove(paths.staging)  # a killed run's leftovers: tokenize has nothing to resume
         try:  # the first write, up front: a failure names the user's path

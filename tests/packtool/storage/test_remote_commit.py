@@ -77,3 +77,21 @@ def test_a_run_committed_while_tokenize_waits_for_the_lock_is_never_touched(
         tokenize_corpus([tmp_path / "empty.jsonl"], url, overwrite=True, progress=False)
     assert _link(fs, "race") == version
     assert _objects(fs, "race") == ["index.json", *(f"{version}/{n}" for n in local_pack)]
+
+
+def test_tokenize_overwrite_of_a_killed_pack_builds_a_version_of_another_name(fs, tmp_path):
+    # docs/remote.md: --overwrite of an unfinished run deletes its version and builds a new one,
+    # never the same name (a job of that run still alive could upload into it). Tokenize's
+    # prepare deleted the killed pack's version and rebuilt into its name.
+    from packtool.read.documents import ReadConfig
+    from packtool.tokenize.tokenize import tokenize_corpus
+    from tests.packtool.storage.common import CORPUS
+
+    url = f"s3://{BUCKET}/samename"
+    killed = _staged_run(fs, url, {"shard-000000-00000.parquet": b"a killed pack's shard"})
+    summary = tokenize_corpus(
+        [CORPUS], url, overwrite=True, progress=False, read_config=ReadConfig(batch_docs=200)
+    )
+    assert all(f"/{killed}/" not in str(f) for f in summary.files), summary.files
+    assert _link(fs, "samename") != killed
+    assert not any(o.startswith(killed) for o in _objects(fs, "samename"))
