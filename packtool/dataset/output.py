@@ -58,14 +58,21 @@ import json
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from packtool.dataset import hub_record
-from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, link_bytes, linked_version
+from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, link_bytes
+from packtool.dataset.output_versions import (
+    REMOTE_STAGING,
+    current_version,
+    is_version,
+    new_version,
+    ours,
+    staging_version,
+)
 from packtool.errors import ConfigError
 from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
@@ -75,7 +82,6 @@ READY_SUFFIX = ".packtool-ready"
 OLD_SUFFIX = ".packtool-old"
 LOCK_SUFFIX = ".packtool-lock"
 REMOTE_LOCK = ".packtool-lock"
-REMOTE_STAGING = ".packtool-staging"
 """The objects under a remote output's prefix that hold its lock and name its run in progress."""
 _rename = writing.rename  # every rename of the swap goes through here (tests interrupt it)
 T = TypeVar("T")
@@ -166,31 +172,6 @@ def output_paths(out: str | os.PathLike) -> OutputPaths:
         old=Path(f"{side}{OLD_SUFFIX}"),
         lock=Path(f"{side}{LOCK_SUFFIX}"),
     )
-
-
-def new_version() -> str:
-    """A fresh version name: `v-<UTC time>-<8 random hex>` (sorts by time; never reused)."""
-    return f"v-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-
-
-def is_version(name: str) -> bool:
-    """A version folder's name (`new_version`)."""
-    parts = name.split("-")
-    return len(parts) == 3 and parts[0] == "v" and len(parts[1]) == 15 and len(parts[2]) == 8
-
-
-def staging_version(target: Path) -> str | None:
-    """The version the run in progress into the remote output `target` builds, if any."""
-    pointer = target / REMOTE_STAGING
-    if not storage.is_file(pointer):
-        return None
-    try:
-        version = json.loads(storage.read_text(pointer)).get("version")
-    except (ValueError, AttributeError):
-        version = None
-    if not isinstance(version, str) or not is_version(version):
-        raise ConfigError(f"{pointer}: damaged (names no version); delete it and rerun")
-    return version
 
 
 def make_staging(paths: OutputPaths) -> None:
@@ -321,29 +302,8 @@ def recover(paths: OutputPaths) -> None:
             _rename(paths.old, paths.target)
 
 
-_WRITTEN = (INDEX_FILE, SOURCES_FILE, ".packtool-run", ".pack-state.json", ".ray-chunks")
-"""Names in a dataset folder besides shards, parts and temporaries (the run state included)."""
-
-
-def _ours(folder: Path) -> bool:
-    """Whether `folder` is one packtool's commands write: a real folder whose entries are all
-    shards or parts, the manifest and its sources list, a run's state or temporaries."""
-    if storage.is_symlink(folder) or not storage.is_dir(folder):
-        return False
-    for entry in storage.list_dir(folder):
-        name = entry.name
-        if name in _WRITTEN:
-            continue
-        written = (name.startswith(("shard-", "part-")) and name.endswith(".parquet")) or (
-            name.startswith(".") and name.endswith(".tmp")
-        )
-        if not written or storage.is_symlink(entry) or not storage.is_file(entry):
-            return False
-    return True
-
-
 def _check_ours(folder: Path, paths: OutputPaths) -> None:
-    if not _ours(folder):
+    if not ours(folder):
         raise ConfigError(
             f"{folder} (beside output {paths.shown}) is not a dataset packtool wrote, so an "
             "interrupted replacement is not finished with it: move or remove it yourself"
@@ -383,11 +343,6 @@ def _unversioned_file(name: str) -> bool:
     """A file of a dataset written straight into a prefix (no version folder): its shards and
     its list of sources (its `index.json` is the link now)."""
     return (name.startswith("shard-") and name.endswith(".parquet")) or name == SOURCES_FILE
-
-
-def current_version(target: Path) -> str | None:
-    """The version the link `index.json` of a remote output names (None: no dataset yet)."""
-    return linked_version(target / INDEX_FILE)  # one HEAD: absent is None too
 
 
 def commit(paths: OutputPaths, resumable: bool = True) -> None:

@@ -34,8 +34,6 @@ from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.manifest import INDEX_FILE, read_manifest
 from packtool.dataset.output import (
     OutputPaths,
-    commit,
-    is_version,
     make_staging,
     output_paths,
     remove,
@@ -45,6 +43,7 @@ from packtool.dataset.output import (
 from packtool.dataset.output_apart import check_apart
 from packtool.engines import records
 from packtool.engines.config import RunConfig
+from packtool.engines.output_checks import OLD_STATE, check_replaceable, finish_switch
 from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError, WorkersLost
 from packtool.pack.chunk import check_room_for_text
 from packtool.pack.columns import check_policy
@@ -60,8 +59,6 @@ from packtool.tokenizer.tokenizers import Tokenizer
 
 STATE_DIR = records.RUN_DIR
 """The run's state in its staging folder (packtool/engines/records.py)."""
-OLD_STATE = (".pack-state.json", ".ray-chunks")
-"""What packtool before the partition engines (#13) kept there; such a run cannot be resumed."""
 UNITS = {"jsonl": "byte", "json_array": "item", "text": "file"}
 """The document-id offset unit per file kind (packtool/read/docids.py); Parquet kinds count rows.
 Fine-tuning records take their file type's (`doc_id_units`)."""
@@ -326,11 +323,8 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
                 )
             remove(paths.staging)
         if storage.is_file(paths.staging / INDEX_FILE):
-            # A run killed after writing index.json (written last) but before its swap:
-            # complete, so it is swapped in now, as it would have been.
-            remove(paths.staging / STATE_DIR)
-            commit(paths)
-            paths = output_paths(config.out_dir)  # on a bucket: the next run's new version
+            # A run killed after writing index.json (written last) but before its swap.
+            paths = finish_switch(config, paths)
         return _prepare(config, paths)
 
     def discard(exc: BaseException, state: dict[str, Any] | None) -> bool:
@@ -501,24 +495,7 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
             )
         # (Without a saved plan it was killed while it checked or planned: nothing to keep.)
         paths = remove_staging(paths)
-    present = list(storage.list_dir(out)) if storage.is_dir(out) else []
-    if paths.remote:  # its lock and staging objects are inside the prefix
-        present = [p for p in present if not p.name.startswith(".packtool-")]
-    if present and not config.overwrite:
-        raise ConfigError(
-            f"output folder {shown} is not empty; pass --overwrite to replace it "
-            "or --resume to finish an interrupted run"
-        )
-    foreign = sorted(p.name for p in present if not _written_by_pack(p))
-    if foreign:
-        # --overwrite replaces a dataset; it never deletes files packtool did not write.
-        shown_files = ", ".join(foreign[:3]) + (
-            f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
-        )
-        raise ConfigError(
-            f"--overwrite: {shown} holds files packtool pack did not write ({shown_files}); "
-            "choose an empty folder or remove them yourself"
-        )
+    check_replaceable(paths, config.overwrite)
     make_staging(paths)
     return None
 
@@ -560,25 +537,6 @@ def _holds_anything(paths: OutputPaths) -> bool:
     if not paths.remote:
         return storage.exists(paths.target)
     return any(not p.name.startswith(".packtool-") for p in storage.list_dir(paths.target))
-
-
-def _written_by_pack(path: Path) -> bool:
-    """Shards, the manifest and its list of sources, the run state (also an older packtool's),
-    temporaries."""
-    from packtool.read.docids import SOURCES_FILE
-
-    name = path.name
-    if storage.is_remote(path):
-        file = True  # an object store's listing: objects, and versions as prefixes
-    else:  # by name and kind: a folder named shard-x.parquet holding notes was deleted
-        file = storage.is_file(path) and not storage.is_symlink(path)
-    return (
-        (file and name.startswith("shard-") and name.endswith(".parquet"))
-        or (file and name in (INDEX_FILE, SOURCES_FILE))
-        or name in (STATE_DIR, *OLD_STATE)
-        or is_version(name)  # a version of a dataset on an object store
-        or (file and name.startswith(".") and name.endswith(".tmp"))
-    )
 
 
 def discard_staging(exc: BaseException, state: dict[str, Any] | None, staging: Path) -> bool:

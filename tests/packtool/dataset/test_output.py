@@ -17,7 +17,7 @@ from packtool.dataset.manifest import read_manifest
 from packtool.dataset.output import OutputLock, output_paths, recover
 from packtool.dataset.output_apart import check_apart
 from packtool.engines.local import RunConfig, run_pack
-from packtool.errors import ConfigError
+from packtool.errors import AlreadyComplete, ConfigError
 from packtool.pack.chunk import PackConfig
 from packtool.storage import writing
 
@@ -97,6 +97,13 @@ def test_a_run_killed_between_the_renames_is_completed_by_the_next_run(
     monkeypatch.undo()
     # Whatever the step, the output is one whole dataset or absent, never a mixture...
     assert not out.exists() or snapshot(out) in (old, new)
+    if killed_before == 1:
+        # Not switched yet (no ready folder): a refused run leaves it be; --resume switches it.
+        with pytest.raises(ConfigError, match="pass --resume to switch it in"):
+            pack(corpus(tmp_path / "c.jsonl", "c"), out)
+        assert snapshot(out) == old
+        with pytest.raises(AlreadyComplete):
+            pack(corpus(tmp_path / "b.jsonl", "b"), out, resume=True)
     # ... and the next writer (here a command that then fails) completes the replacement.
     with pytest.raises(ConfigError, match="not empty"):
         pack(corpus(tmp_path / "c.jsonl", "c"), out)
@@ -293,3 +300,35 @@ def test_a_transaction_that_fails_in_prepare_removes_the_folders_it_made(tmp_pat
     ):
         pytest.fail("the body never runs when prepare fails")
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("staged", ["not a manifest", "complete"])
+def test_a_staged_index_json_is_never_swapped_in_by_a_refused_run(tmp_path, staged):
+    # A staging folder beside the output holding an index.json: a plain `pack` (refused: the
+    # output is not empty) swapped it in anyway, deleting the dataset, even one whose index.json
+    # was `{"not": "a manifest"}`. Now it is swapped in only when it is a complete packtool
+    # dataset and only by a run that goes on (--resume, --overwrite).
+    src = corpus(tmp_path / "a.jsonl", "a")
+    pack(src, tmp_path / "D")
+    before = snapshot(tmp_path / "D")
+    staging = tmp_path / ".D.packtool-staging"
+    if staged == "complete":
+        pack(corpus(tmp_path / "b.jsonl", "b"), tmp_path / "B")
+        (tmp_path / "B").rename(staging)
+    else:
+        staging.mkdir()
+        (staging / "index.json").write_text('{"not": "a manifest"}')
+    staged_files = snapshot(staging)
+    with pytest.raises(ConfigError) as refused:
+        pack(src, tmp_path / "D")
+    assert snapshot(tmp_path / "D") == before and snapshot(staging) == staged_files
+    said = str(refused.value)
+    if staged == "complete":
+        assert "--resume" in said, said
+        pack(src, tmp_path / "D", overwrite=True)  # switched in, then replaced: a new dataset
+        assert not staging.exists() and verify_dataset(tmp_path / "D").rows > 0
+    else:
+        assert "not a manifest of a packtool dataset" in said, said
+        with pytest.raises(ConfigError):
+            pack(src, tmp_path / "D", resume=True)
+        assert snapshot(tmp_path / "D") == before

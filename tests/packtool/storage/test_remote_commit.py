@@ -11,7 +11,7 @@ import pytest
 from packtool.dataset import output
 from packtool.dataset.output import make_staging, output_paths
 from packtool.engines.local import run_pack
-from packtool.errors import DataError
+from packtool.errors import AlreadyComplete, ConfigError, DataError
 from packtool.storage import writing
 from tests.packtool.storage.common import pack_config, packed_files
 
@@ -95,3 +95,40 @@ def test_tokenize_overwrite_of_a_killed_pack_builds_a_version_of_another_name(fs
     assert all(f"/{killed}/" not in str(f) for f in summary.files), summary.files
     assert _link(fs, "samename") != killed
     assert not any(o.startswith(killed) for o in _objects(fs, "samename"))
+
+
+def test_a_staged_version_that_is_no_dataset_is_never_switched_in(fs, local_pack):
+    # `.packtool-staging` naming a version whose index.json is not a manifest: a plain `pack`
+    # (then refused: not empty) switched the link to it and deleted the dataset.
+    url = f"s3://{BUCKET}/bogus"
+    run_pack(pack_config(url))
+    first = _link(fs, "bogus")
+    before = _objects(fs, "bogus")
+    bogus = _staged_run(fs, url, {"index.json": b'{"not": "a manifest"}'})
+    with pytest.raises(ConfigError, match="not a manifest of a packtool dataset"):
+        run_pack(pack_config(url))
+    assert _link(fs, "bogus") == first
+    left = [o for o in _objects(fs, "bogus") if not o.startswith((bogus, ".packtool-staging"))]
+    assert left == before
+    run_pack(pack_config(url, overwrite=True))  # discards it, and replaces the dataset
+    assert not any(o.startswith((bogus, first)) for o in _objects(fs, "bogus"))
+
+
+def test_a_complete_staged_version_is_switched_in_only_by_a_run_that_goes_on(fs, local_pack):
+    url = f"s3://{BUCKET}/pending"
+    run_pack(pack_config(url))
+    first = _link(fs, "pending")
+    staged = _staged_run(fs, url, local_pack)
+    with pytest.raises(ConfigError, match="--resume"):
+        run_pack(pack_config(url))
+    assert _link(fs, "pending") == first
+    shard = f"{BUCKET}/pending/{staged}/shard-000000-00000.parquet"
+    data = fs.cat_file(shard)
+    fs.pipe_file(shard, data[:-10])  # not whole: never switched in, whatever is asked
+    with pytest.raises(ConfigError, match="missing or not whole"):
+        run_pack(pack_config(url, resume=True))
+    assert _link(fs, "pending") == first
+    fs.pipe_file(shard, data)
+    with pytest.raises(AlreadyComplete):
+        run_pack(pack_config(url, resume=True))
+    assert _link(fs, "pending") == staged

@@ -1,0 +1,99 @@
+"""What `packtool pack` checks of its output before it changes anything there.
+
+- `check_replaceable`: an output that holds anything is replaced only with `--overwrite`, and
+  never when it holds files `pack` did not write (`written_by_pack`).
+- `finish_switch`: a run killed after it wrote its dataset's `index.json` (written last) but
+  before its switch left a complete dataset in its staging; it is switched in, as it would have
+  been, only when that is safe (`output_versions.switch_problem`: a manifest of a packtool
+  dataset, every shard it lists there whole, nothing else in the folder) and only by a run that goes
+  on: `--resume` (then nothing is left to resume) or `--overwrite` once its own checks passed.
+  A plain run is refused with a line saying so, and changes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE
+from packtool.dataset.output import OutputPaths, commit, output_paths, remove
+from packtool.dataset.output_versions import is_version, ours, switch_problem
+from packtool.engines import records
+from packtool.engines.config import RunConfig
+from packtool.errors import ConfigError
+from packtool.storage import local as storage
+
+STATE_DIR = records.RUN_DIR
+OLD_STATE = (".pack-state.json", ".ray-chunks")
+"""What packtool before the partition engines (#13) kept there; such a run cannot be resumed."""
+
+
+def check_replaceable(paths: OutputPaths, overwrite: bool) -> None:
+    """Refuse an output that holds anything without `overwrite`, and one holding files `pack`
+    did not write even with it."""
+    out, shown = paths.target, paths.shown
+    present = list(storage.list_dir(out)) if storage.is_dir(out) else []
+    if paths.remote:  # its lock and staging objects are inside the prefix
+        present = [p for p in present if not p.name.startswith(".packtool-")]
+    if present and not overwrite:
+        raise ConfigError(
+            f"output folder {shown} is not empty; pass --overwrite to replace it "
+            "or --resume to finish an interrupted run"
+        )
+    foreign = sorted(p.name for p in present if not written_by_pack(p))
+    if foreign:
+        # --overwrite replaces a dataset; it never deletes files packtool did not write.
+        shown_files = ", ".join(foreign[:3]) + (
+            f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        )
+        raise ConfigError(
+            f"--overwrite: {shown} holds files packtool pack did not write ({shown_files}); "
+            "choose an empty folder or remove them yourself"
+        )
+
+
+def written_by_pack(path: Path) -> bool:
+    """Shards, the manifest and its list of sources, the run state (also an older packtool's),
+    temporaries; in a bucket a version folder."""
+    name = path.name
+    if storage.is_remote(path):
+        file = True  # an object store's listing: objects, and versions as prefixes
+    else:  # by name and kind: a folder named shard-x.parquet holding notes was deleted
+        file = storage.is_file(path) and not storage.is_symlink(path)
+    return (
+        (file and name.startswith("shard-") and name.endswith(".parquet"))
+        or (file and name in (INDEX_FILE, SOURCES_FILE))
+        or name in (STATE_DIR, *OLD_STATE)
+        or is_version(name)  # a version of a dataset on an object store
+        or (file and name.startswith(".") and name.endswith(".tmp"))
+    )
+
+
+def finish_switch(config: RunConfig, paths: OutputPaths) -> OutputPaths:
+    """Switch in the dataset an earlier run left in `paths.staging` with its `index.json`
+    written, when safe and asked (the module docstring); the paths the run then builds into.
+
+    Raises:
+        ConfigError: it is not safe to switch in (and `--overwrite`, which discards a staging
+            packtool wrote, was not given), or the run is a plain one.
+    """
+    problem = switch_problem(paths.staging)
+    if problem is not None:
+        mine = ours(paths.staging)
+        if config.overwrite and not config.resume and mine:
+            return paths  # discarded by the run's checks, as any unfinished run's staging
+        raise ConfigError(
+            f"{paths.shown}: {paths.staging}, left by an earlier run, is not switched in: "
+            f"{problem}; "
+            + ("pass --overwrite to discard it" if mine else "move or remove it yourself")
+        )
+    if not (config.resume or config.overwrite):
+        raise ConfigError(
+            f"{paths.shown}: a run killed before its switch left a complete dataset in "
+            f"{paths.staging}; pass --resume to switch it in, or --overwrite to switch it in "
+            "and replace it"
+        )
+    if config.overwrite:
+        check_replaceable(paths, overwrite=True)  # a refused run switches nothing
+    remove(paths.staging / STATE_DIR)
+    commit(paths)
+    return output_paths(config.out_dir)  # on a bucket: the next run's new version
