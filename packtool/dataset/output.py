@@ -34,12 +34,16 @@ same guarantees with other means (docs/remote.md, "Writing"). Under the prefix:
     V/                    a version: shards and its own index.json, byte for byte a local dataset
     .packtool-lock        the lock object (a conditional put, renewed under a lease)
     .packtool-staging     the run in progress: names the version it builds (its staging)
+                          and the one the link named when it began (what it may replace)
 
 A run builds a fresh version `v-<time>-<random>/` (the staging), writing each object once and
 whole; `commit` writes the link `index.json`, last (the switch: readers see the old dataset or
 the new one), then deletes the old version. `recover` deletes any version neither the link nor
 the staging names (left by a run killed after its switch) and aborts unfinished multipart
-uploads (no other writer is alive: the lock is held). A committed version's objects never
+uploads (no other writer is alive: the lock is held). A run confirms it still holds the lock
+(a conditional renewal) before it creates `.packtool-staging` (conditionally: only where none
+is) and before its link; a `.packtool-staging` whose run was to replace a version the link no
+longer names is a lost lock's leftover, dropped by `recover`. A committed version's objects never
 change: a later run always writes a new one, and a run that discards an unfinished one
 (`remove_staging`) builds a version of another name.
 
@@ -71,6 +75,7 @@ from packtool.dataset.output_versions import (
     is_version,
     new_version,
     ours,
+    staging_record,
     staging_version,
 )
 from packtool.errors import ConfigError
@@ -108,6 +113,8 @@ class OutputPaths:
     """A folder on the Hugging Face Hub (`hf://`): built in a local staging folder under this
     machine's scratch folder, locked by a file beside it, and published by `commit` in one Hub
     commit (packtool/storage/hub.py)."""
+    held: OutputLock | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The lock `transaction` holds on the output (`make_staging` checks it is still held)."""
 
 
 _NEW_VERSIONS: dict[str, str] = {}
@@ -178,8 +185,18 @@ def make_staging(paths: OutputPaths) -> None:
     """Create the staging output: a new folder; on an object store the `.packtool-staging`
     object naming the version the run builds."""
     if paths.remote:
-        pointer = json.dumps({"version": paths.staging.name}).encode()
-        writing.write_atomic(paths.target / REMOTE_STAGING, pointer)
+        # Only by the lock's holder: checked now (a writer stalled past its lease, the lock
+        # taken over, must not name its run over another's), and created only where no other
+        # run's object is (a conditional put where the store has one). What the link names now
+        # is recorded: a run is switched in only over that version (`_collect` drops it else).
+        if paths.held is not None:
+            paths.held.confirm()
+        record = {"version": paths.staging.name, "replaces": current_version(paths.target)}
+        if not writing.create_exclusive(paths.target / REMOTE_STAGING, json.dumps(record).encode()):
+            raise ConfigError(
+                f"{paths.shown}: another run's {REMOTE_STAGING} appeared under the output while "
+                "this one held its lock (another writer took it over?); nothing was committed"
+            )
         return
     if paths.hub:  # what the run replaces, for a commit made later (`--resume`) to check
         hub_record.begin(paths.staging, current_version(paths.target))
@@ -202,7 +219,8 @@ def remove_staging(paths: OutputPaths) -> OutputPaths:
         hub_record.remove(paths.staging)  # a stale record would refuse the next commit
     if not paths.remote or paths.whole_object:
         return paths
-    writing.remove_file(paths.target / REMOTE_STAGING)
+    if staging_version(paths.target) == paths.staging.name:  # never another run's
+        writing.remove_file(paths.target / REMOTE_STAGING)
     version = _NEW_VERSIONS[str(paths.target)] = new_version()
     fresh = paths.target / version
     return dataclasses.replace(paths, staging=fresh, ready=fresh, old=fresh)
@@ -238,6 +256,24 @@ class OutputLock:
         except OSError as exc:  # the first write of a run: name the output as given
             raise ConfigError(f"cannot write {self.paths.shown} ({exc.strerror or exc})") from None
         return self
+
+    def confirm(self) -> None:
+        """Make sure this run still holds the lock (an object store's: renewed now, on the
+        condition that it is still this holder's), before a write that names the run.
+
+        Raises:
+            ConfigError: another writer took the lock over.
+        """
+        if not self.holds():
+            raise ConfigError(
+                f"{self.paths.shown}: another writer took over this run's lock (its lease ran "
+                "out unrenewed); nothing was committed"
+            )
+
+    def holds(self) -> bool:
+        """`confirm` without the error: whether this run still holds the lock."""
+        confirm = getattr(self._held, "confirm", None)
+        return confirm is None or bool(confirm())
 
     @property
     def lost(self) -> bool:
@@ -321,9 +357,13 @@ def _collect(paths: OutputPaths, commit: bool) -> None:
     `recover` only when a run did not finish (a staging object or a stray version says so: a
     run's uploads start after it writes the staging object, which stays until its commit or its
     failure's discard, which aborts its own), saving a request of its own every run."""
-    staging = staging_version(paths.target)
+    record = staging_record(paths.target)
+    staging = None if record is None else record["version"]
     linked = current_version(paths.target)
-    if staging is not None and staging == linked:  # a commit cut after its switch: it is over
+    # A commit cut after its switch (it is over), or a run built to replace a version the link
+    # no longer names: another writer committed since, so its writer had lost the lock (no run
+    # can commit it now; its version is collected below when it holds only packtool's names).
+    if staging is not None and (staging == linked or record.get("replaces", linked) != linked):
         writing.remove_file(paths.target / REMOTE_STAGING)
         staging = None
     keep = {linked, staging}
@@ -473,21 +513,18 @@ def transaction(
                 # waited for it changed `.packtool-staging`, and its version, named there a
                 # moment ago, may be the one the link names now.
                 paths = output_paths(out)
+            paths = dataclasses.replace(paths, held=lock)
             prepared = prepare(paths)
             if paths.remote and not paths.whole_object:
                 # `prepare` may have finished or discarded the run in progress: a new version
-                paths = output_paths(out)
+                paths = dataclasses.replace(output_paths(out), held=lock)
             try:
                 yield paths, prepared
             except BaseException as exc:
-                if discard(exc, prepared):
+                if discard(exc, prepared) and lock.holds():  # lost: nothing here is ours
                     remove_staging(paths)
                 raise
-            if lock.lost:
-                raise ConfigError(
-                    f"{paths.shown}: another writer took over this run's lock (its lease ran "
-                    "out unrenewed); nothing was committed"
-                )
+            lock.confirm()  # renewed now, conditionally: a lost lock commits nothing
             commit(paths, resumable)
     except BaseException:
         remove_empty_parents(paths, made)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE
@@ -96,4 +97,5 @@ def finish_switch(config: RunConfig, paths: OutputPaths) -> OutputPaths:
         check_replaceable(paths, overwrite=True)  # a refused run switches nothing
     remove(paths.staging / STATE_DIR)
     commit(paths)
-    return output_paths(config.out_dir)  # on a bucket: the next run's new version
+    # On a bucket: the next run's new version (under the same lock).
+    return dataclasses.replace(output_paths(config.out_dir), held=paths.held)

@@ -38,6 +38,7 @@ from packtool.dataset.output import (
     output_paths,
     remove,
     remove_staging,
+    staging_version,
     transaction,
 )
 from packtool.dataset.output_apart import check_apart
@@ -487,7 +488,7 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
         )
     if config.resume:
         return _load_state(paths)
-    if storage.exists(paths.staging):
+    if storage.exists(paths.staging) or _abandoned(paths):
         if not _abandoned(paths) and not config.overwrite:
             raise ConfigError(
                 f"an interrupted run into {shown} left its finished partitions in "
@@ -503,8 +504,12 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
 def _abandoned(paths: OutputPaths) -> bool:
     """Whether the staging folder is what a run killed before it saved its plan leaves (while
     it checked the inputs or planned): nothing in it but an empty state folder."""
-    if paths.remote or not storage.is_dir(paths.staging):
-        return False  # (a bucket's staging version is named by an object: kept for --overwrite)
+    if paths.remote:  # named by `.packtool-staging`, holding nothing yet: a fresh run's is new
+        return staging_version(paths.target) == paths.staging.name and not storage.exists(
+            paths.staging
+        )
+    if not storage.is_dir(paths.staging):
+        return False
     if any(e.name != STATE_DIR for e in storage.list_dir(paths.staging)):
         return False  # shards, an older packtool's state: work that may be wanted
     run = records.run_dir(paths.staging)

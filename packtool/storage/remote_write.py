@@ -214,6 +214,17 @@ class RemoteLock:
         except _Changed:  # the object is no longer ours
             self.lost = True
 
+    def confirm(self) -> bool:
+        """Renew the lease now, conditionally on this holder's version of the lock object: False
+        (and `lost`) when it is another writer's or gone. Where puts cannot be conditional (GCS,
+        http) a plain renewal, which cannot tell."""
+        with self._mutex:
+            try:
+                self._put()
+            except FileNotFoundError:  # taken over and released since: no longer ours
+                self.lost = True
+        return not self.lost
+
     def _renew(self) -> None:
         while not self._stop.wait(lease_s() / 4):
             try:

@@ -4,6 +4,7 @@ lock or meet objects packtool did not write (packtool/dataset/output.py; docs/re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -132,3 +133,43 @@ def test_a_complete_staged_version_is_switched_in_only_by_a_run_that_goes_on(fs,
     with pytest.raises(AlreadyComplete):
         run_pack(pack_config(url, resume=True))
     assert _link(fs, "pending") == staged
+
+
+def test_a_writer_that_lost_its_lock_never_names_its_run_and_its_leftovers_never_commit(
+    fs, local_pack, monkeypatch
+):
+    # Writer A took the lock, then stalled (SIGSTOP) past its lease before it wrote
+    # `.packtool-staging`; B --overwrite took the lock over and committed. A woke, wrote its
+    # staging object over, finished, and refused to commit; the next plain `pack` then switched
+    # the link to A's version and deleted B's dataset.
+    monkeypatch.setenv("PACKTOOL_LOCK_LEASE_S", "1")
+    url = f"s3://{BUCKET}/lost"
+    run_pack(pack_config(url))
+    first = _link(fs, "lost")
+    paths_a = output_paths(url)
+    lock_a = output.OutputLock(paths_a, "writer A").__enter__()
+    lock_a._held._stop.set()  # A stalls: no renewal
+    import time
+
+    time.sleep(1.5)
+    run_pack(pack_config(url, overwrite=True))  # B takes the stale lock over and commits
+    second = _link(fs, "lost")
+    assert second != first
+    with pytest.raises(ConfigError, match="another writer took over"):
+        make_staging(dataclasses.replace(paths_a, held=lock_a))  # A wakes
+    assert ".packtool-staging" not in _objects(fs, "lost")
+    lock_a.__exit__(None, None, None)
+
+    # Had A written it before its check (a pause can fall after any check): its version,
+    # complete, built to replace the first dataset, is never switched in over B's.
+    prefix = f"{BUCKET}/lost"
+    stale = "v-20200101T000000-0badf00d"
+    for name, data in local_pack.items():
+        fs.pipe_file(f"{prefix}/{stale}/{name}", data)
+    record = {"version": stale, "replaces": first}
+    fs.pipe_file(f"{prefix}/.packtool-staging", json.dumps(record).encode())
+    with pytest.raises(ConfigError, match="not empty"):
+        run_pack(pack_config(url))
+    assert _link(fs, "lost") == second
+    assert not any(o.startswith((stale, ".packtool-staging")) for o in _objects(fs, "lost"))
+
