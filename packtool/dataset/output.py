@@ -368,7 +368,9 @@ def _collect(paths: OutputPaths, commit: bool) -> None:
         staging = None
     keep = {linked, staging}
     entries = storage.list_dir(paths.target)
-    stray = [e for e in entries if is_version(e.name) and e.name not in keep]
+    # Only a folder packtool wrote: a version's name, holding only packtool's names (a user's
+    # `v-...` folder of other files, or another shape of name, is never deleted).
+    stray = [e for e in entries if is_version(e.name) and e.name not in keep and ours(e)]
     if commit:
         # An unversioned dataset the link replaced (copied in with `aws s3 sync`, say: its
         # shards at the top): its files went on beside the new version for good.

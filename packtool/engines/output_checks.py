@@ -64,7 +64,7 @@ def written_by_pack(path: Path) -> bool:
         (file and name.startswith("shard-") and name.endswith(".parquet"))
         or (file and name in (INDEX_FILE, SOURCES_FILE))
         or name in (STATE_DIR, *OLD_STATE)
-        or is_version(name)  # a version of a dataset on an object store
+        or (is_version(name) and ours(path))  # a version of a dataset on an object store
         or (file and name.startswith(".") and name.endswith(".tmp"))
     )
 

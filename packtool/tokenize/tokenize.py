@@ -27,14 +27,9 @@ from packtool.dataset import columns as shard_columns
 from packtool.dataset import hub_record
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.manifest import INDEX_FILE, dataset_folder
-from packtool.dataset.output import (
-    OutputPaths,
-    is_version,
-    remove,
-    remove_staging,
-    transaction,
-)
+from packtool.dataset.output import OutputPaths, remove, remove_staging, transaction
 from packtool.dataset.output_apart import check_apart
+from packtool.dataset.output_versions import is_version, ours
 from packtool.dataset.tokenized import (
     common_identity,
     common_optional,
@@ -507,7 +502,9 @@ def _check_remote_out(out: Path, overwrite: bool, *, shown: str) -> None:
     present = [p for p in storage.list_dir(out) if not p.name.startswith(".packtool-")]
     if present and not overwrite:
         raise ConfigError(f"{shown} already exists; pass --overwrite to replace it")
-    foreign = sorted(p.name for p in present if p.name != INDEX_FILE and not is_version(p.name))
+    foreign = sorted(
+        p.name for p in present if p.name != INDEX_FILE and not (is_version(p.name) and ours(p))
+    )
     if foreign:
         raise ConfigError(
             f"{shown} holds objects that are not a tokenize output ({', '.join(foreign[:3])}); "

@@ -332,3 +332,19 @@ def test_a_staged_index_json_is_never_swapped_in_by_a_refused_run(tmp_path, stag
         with pytest.raises(ConfigError):
             pack(src, tmp_path / "D", resume=True)
         assert snapshot(tmp_path / "D") == before
+
+
+@pytest.mark.parametrize("how", ["plain", "overwrite", "resume"])
+def test_a_refused_run_deletes_nothing_in_a_local_output_it_did_not_write(tmp_path, how):
+    # The local twin of a bucket's: a refused run leaves every file (a `v-*` folder included).
+    out = tmp_path / "D"
+    (out / "v-20200101T000000-deadbeef").mkdir(parents=True)
+    (out / "v-20200101T000000-deadbeef" / "important.csv").write_text("the user's")
+    (out / "notes.txt").write_text("the user's")
+    with pytest.raises(ConfigError):
+        pack(corpus(tmp_path / "a.jsonl", "a"), out, **({how: True} if how != "plain" else {}))
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "notes.txt",
+        "v-20200101T000000-deadbeef",
+        "v-20200101T000000-deadbeef/important.csv",
+    ]

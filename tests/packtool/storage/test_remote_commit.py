@@ -173,3 +173,45 @@ def test_a_writer_that_lost_its_lock_never_names_its_run_and_its_leftovers_never
     assert _link(fs, "lost") == second
     assert not any(o.startswith((stale, ".packtool-staging")) for o in _objects(fs, "lost"))
 
+
+@pytest.mark.parametrize("how", ["plain", "overwrite", "resume"])
+def test_a_refused_run_deletes_nothing_packtool_did_not_write(fs, how):
+    # notes.txt and v-20200101T000000-deadbeef/important.csv under the prefix: every run is
+    # refused, and `recover` had deleted the v-*-shaped folder (a version by its name alone).
+    prefix = f"{BUCKET}/hostile-{how}"
+    mine = ["notes.txt", "v-20200101T000000-deadbeef/important.csv"]
+    if how == "resume":
+        mine = mine[1:]
+    for name in mine:
+        fs.pipe_file(f"{prefix}/{name}", b"the user's")
+    with pytest.raises(ConfigError):
+        run_pack(pack_config(f"s3://{prefix}", **({how: True} if how != "plain" else {})))
+    assert _objects(fs, prefix.split("/", 1)[1]) == sorted(mine)
+
+
+def test_only_versions_holding_packtool_s_names_are_collected(fs, local_pack):
+    url = f"s3://{BUCKET}/collect"
+    prefix = f"{BUCKET}/collect"
+    run_pack(pack_config(url))
+    fs.pipe_file(f"{prefix}/v-20200101T000000-deadbeef/important.csv", b"the user's")
+    fs.pipe_file(f"{prefix}/v-20200101T000000-0123abcd/shard-000000-00000.parquet", b"a run's")
+    fs.pipe_file(f"{prefix}/v-2020010xT000000-0123abcd/part-00000.parquet", b"not a version")
+    with pytest.raises(ConfigError, match="did not write"):
+        run_pack(pack_config(url, overwrite=True))
+    fs.rm(f"{prefix}/v-2020010xT000000-0123abcd", recursive=True)
+    with pytest.raises(ConfigError, match="did not write.*v-20200101T000000-deadbeef"):
+        run_pack(pack_config(url, overwrite=True))
+    objects = _objects(fs, "collect")
+    assert "v-20200101T000000-deadbeef/important.csv" in objects
+    assert not any(o.startswith("v-20200101T000000-0123abcd") for o in objects)
+
+
+def test_tokenize_overwrite_refuses_a_version_shaped_folder_of_the_user_s(fs, tmp_path):
+    from packtool.tokenize.tokenize import tokenize_corpus
+    from tests.packtool.storage.common import CORPUS
+
+    prefix = f"{BUCKET}/hostile-tokenize"
+    fs.pipe_file(f"{prefix}/v-20200101T000000-deadbeef/important.csv", b"the user's")
+    with pytest.raises(ConfigError, match="not a tokenize output"):
+        tokenize_corpus([CORPUS], f"s3://{prefix}", overwrite=True, progress=False)
+    assert _objects(fs, "hostile-tokenize") == ["v-20200101T000000-deadbeef/important.csv"]
