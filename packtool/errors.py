@@ -49,7 +49,7 @@ class MissingDependencyError(PacktoolError, ImportError):
 
 
 @contextmanager
-def naming(path: str | os.PathLike) -> Iterator[None]:
+def naming(path: str | os.PathLike | object) -> Iterator[None]:
     """Give an `OSError` raised inside the name of the file being written.
 
     pyarrow's writers and Python's `write` / `fsync` report a full disk as "Error writing bytes
@@ -62,4 +62,6 @@ def naming(path: str | os.PathLike) -> Iterator[None]:
         if exc.filename is not None:
             raise
         why = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise OSError(exc.errno, why, os.fspath(path)) from None
+        # A URL's path (upath's S3Path, ...) is no os.PathLike: its str is the URL.
+        name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
+        raise OSError(exc.errno, why, name) from None
