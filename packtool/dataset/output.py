@@ -61,6 +61,7 @@ import dataclasses
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -428,9 +429,18 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
     if paths.remote:
         # The switch: one PUT of the link; then the run in progress is over, the old version goes.
         writing.write_atomic(paths.target / INDEX_FILE, link_bytes(paths.staging.name))
-        writing.remove_file(paths.target / REMOTE_STAGING)
         _NEW_VERSIONS.pop(str(paths.target), None)
-        _collect(paths, commit=True)
+        try:  # committed: what is left to do is cleaning up, which the next writer redoes
+            writing.remove_file(paths.target / REMOTE_STAGING)
+            _collect(paths, commit=True)
+        except Exception as exc:
+            print(
+                f"warning: {paths.shown}: the new dataset is committed ({paths.staging.name}), "
+                f"but cleaning up after it failed ({exc}); what is left (the object naming the "
+                "run, the replaced version, unfinished uploads) goes at the next run into it",
+                file=sys.stderr,
+                flush=True,
+            )
         return
     if storage.is_file(paths.staging):
         writing.replace(paths.staging, paths.target)  # one atomic step for a file

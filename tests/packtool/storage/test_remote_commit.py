@@ -215,3 +215,30 @@ def test_tokenize_overwrite_refuses_a_version_shaped_folder_of_the_user_s(fs, tm
     with pytest.raises(ConfigError, match="not a tokenize output"):
         tokenize_corpus([CORPUS], f"s3://{prefix}", overwrite=True, progress=False)
     assert _objects(fs, "hostile-tokenize") == ["v-20200101T000000-deadbeef/important.csv"]
+
+
+def test_a_failure_after_the_switch_is_a_warning_and_the_next_run_cleans_up(
+    fs, local_pack, monkeypatch, capsys
+):
+    # The delete of `.packtool-staging` after the link was written failed: the run exited 1
+    # "error: ..." while the new dataset was committed and the old version left orphaned.
+    url = f"s3://{BUCKET}/after"
+    run_pack(pack_config(url))
+    first = _link(fs, "after")
+    remove_file = writing.remove_file
+
+    def failing(path, missing_ok=True):
+        if str(path).endswith(".packtool-staging"):
+            raise OSError(5, "Input/output error", str(path))
+        return remove_file(path, missing_ok)
+
+    monkeypatch.setattr(writing, "remove_file", failing)
+    run_pack(pack_config(url, overwrite=True))  # succeeds: the dataset is committed
+    second = _link(fs, "after")
+    assert second != first
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert len(warned) == 1 and "next run" in warned[0] and second in warned[0], warned
+    monkeypatch.undo()
+    run_pack(pack_config(url, overwrite=True))
+    third = _link(fs, "after")
+    assert _objects(fs, "after") == ["index.json", *(f"{third}/{n}" for n in local_pack)]
