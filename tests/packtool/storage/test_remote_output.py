@@ -407,6 +407,23 @@ def test_uploads_take_under_10000_parts_and_ride_out_faults(
     assert fs.cat_file(f"{BUCKET}/up/big.bin") == data
 
 
+@pytest.mark.parametrize("parts", [2, 2.5])
+def test_an_object_of_up_to_two_parts_is_one_put_through_each_client(
+    fs, tmp_path, monkeypatch, s3_client, parts
+):
+    # docs/remote.md: up to two parts is one PUT. Exactly two parts was a multipart upload
+    # through s3fs (its rule: one PUT below 2 x chunksize) and one PUT through obstore.
+    monkeypatch.setattr(remote_write, "PART_BYTES", 5 << 20)
+    local = tmp_path / "two.bin"
+    local.write_bytes(os.urandom(int(parts * (5 << 20))))
+    url = f"s3://{BUCKET}/parts/{s3_client}-{parts}.bin"
+    remote_write.upload(local, url)
+    fs.invalidate_cache()
+    etag = fs.info(url)["ETag"].strip('"')
+    assert ("-" in etag) == (parts > 2), etag
+    assert fs.cat_file(url) == local.read_bytes()
+
+
 def test_a_failed_multipart_upload_is_aborted(fs, s3_server, tmp_path, monkeypatch, s3_client):
     from tests.packtool.storage.faulty_proxy import FaultyProxy
 
