@@ -364,7 +364,10 @@ def _collect(paths: OutputPaths, commit: bool) -> None:
     # A commit cut after its switch (it is over), or a run built to replace a version the link
     # no longer names: another writer committed since, so its writer had lost the lock (no run
     # can commit it now; its version is collected below when it holds only packtool's names).
-    if staging is not None and (staging == linked or record.get("replaces", linked) != linked):
+    # (In `recover` only: at a commit, the link this run just wrote makes any other run's
+    # pointer look so, and that run may be alive.)
+    stale = not commit and record is not None and record.get("replaces", linked) != linked
+    if staging is not None and (staging == linked or stale):
         writing.remove_file(paths.target / REMOTE_STAGING)
         staging = None
     keep = {linked, staging}
@@ -431,7 +434,8 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         writing.write_atomic(paths.target / INDEX_FILE, link_bytes(paths.staging.name))
         _NEW_VERSIONS.pop(str(paths.target), None)
         try:  # committed: what is left to do is cleaning up, which the next writer redoes
-            writing.remove_file(paths.target / REMOTE_STAGING)
+            if staging_version(paths.target) == paths.staging.name:  # never another run's
+                writing.remove_file(paths.target / REMOTE_STAGING)
             _collect(paths, commit=True)
         except Exception as exc:
             print(

@@ -242,3 +242,19 @@ def test_a_failure_after_the_switch_is_a_warning_and_the_next_run_cleans_up(
     run_pack(pack_config(url, overwrite=True))
     third = _link(fs, "after")
     assert _objects(fs, "after") == ["index.json", *(f"{third}/{n}" for n in local_pack)]
+
+
+def test_a_commit_never_removes_another_run_s_staging(fs, local_pack):
+    # A writer paused after its last check commits while another run builds (docs/remote.md,
+    # "One writer"): its cleanup removed `.packtool-staging` whatever run it named, so that
+    # run's version, then named by nothing, was deleted as an orphan under it.
+    url = f"s3://{BUCKET}/theirs"
+    paths_a = output_paths(url)
+    for name, data in local_pack.items():
+        fs.pipe_file(f"{BUCKET}/theirs/{paths_a.staging.name}/{name}", data)
+    output._NEW_VERSIONS.pop(str(paths_a.target))
+    theirs = _staged_run(fs, url, {"shard-000000-00000.parquet": b"the other run's"})
+    output.commit(paths_a)
+    assert _link(fs, "theirs") == paths_a.staging.name
+    assert f"{theirs}/shard-000000-00000.parquet" in _objects(fs, "theirs")
+    assert json.loads(fs.cat_file(f"{BUCKET}/theirs/.packtool-staging"))["version"] == theirs
