@@ -410,7 +410,12 @@ def test_resume_never_replaces_a_dataset_another_writer_committed_meanwhile(stan
     assert code != 0, err
     other = b'{"packtool_dataset": "v-20261204T000000-0123abcd"}\n'
     HubFiles().pipe_file("/datasets/org/name/packed/index.json", other)
-    HubFiles().pipe_file("/datasets/org/name/packed/v-20261204T000000-0123abcd/x", b"theirs")
+    # (a dataset's names: --overwrite never deletes a version holding files packtool did not
+    # write, docs/remote.md)
+    HubFiles().pipe_file(
+        "/datasets/org/name/packed/v-20261204T000000-0123abcd/shard-000000-00000.parquet",
+        b"theirs",
+    )
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
     line = one_error_line(err)
     assert code != 0 and "another writer committed a dataset there" in line
