@@ -416,7 +416,7 @@ def test_an_object_of_up_to_two_parts_is_one_put_through_each_client(
     monkeypatch.setattr(remote_write, "PART_BYTES", 5 << 20)
     local = tmp_path / "two.bin"
     local.write_bytes(os.urandom(int(parts * (5 << 20))))
-    url = f"s3://{BUCKET}/parts/{s3_client}-{parts}.bin"
+    url = f"s3://{BUCKET}/two-parts/{s3_client}-{parts}.bin"
     remote_write.upload(local, url)
     fs.invalidate_cache()
     etag = fs.info(url)["ETag"].strip('"')
