@@ -78,6 +78,7 @@ from packtool.dataset.output_versions import (
     ours,
     staging_record,
     staging_version,
+    switch_problem,
 )
 from packtool.errors import ConfigError
 from packtool.storage import hub, remote_write, writing
@@ -214,6 +215,8 @@ def remove_staging(paths: OutputPaths) -> OutputPaths:
     committed = committed and paths.staging.name == current_version(paths.target)
     if paths.remote and not paths.whole_object and not committed:
         remote_write.abort_uploads(paths.staging)
+    if not paths.remote and storage.is_dir(paths.staging) and not paths.hub:
+        _check_ours(paths.staging, paths)  # a user's notes in it were deleted with --overwrite
     if not committed:  # the version the link names is a dataset: never touched
         remove(paths.staging)
     if paths.hub:
@@ -326,6 +329,7 @@ def recover(paths: OutputPaths) -> None:
     # OUT aside and delete it, without --overwrite.
     if storage.exists(paths.ready):
         _check_ours(paths.ready, paths)
+        _check_complete(paths.ready, paths)
         if storage.lexists(paths.target) and not storage.lexists(paths.old):
             _check_ours(paths.target, paths)
             _rename(paths.target, paths.old)
@@ -337,6 +341,23 @@ def recover(paths: OutputPaths) -> None:
             remove(paths.old)
         else:
             _rename(paths.old, paths.target)
+
+
+def _check_complete(folder: Path, paths: OutputPaths) -> None:
+    """A ready folder is renamed from a complete staging only: a packed dataset that may be
+    switched in (`switch_problem`), or a tokenize run's part files. An empty one (made by hand)
+    replaced the user's dataset without --overwrite."""
+    if storage.is_file(folder / INDEX_FILE):
+        why = switch_problem(folder)
+    else:
+        parts = [e for e in storage.list_dir(folder) if e.name.startswith("part-")]
+        why = None if parts else "it holds no dataset"
+    if why is not None:
+        raise ConfigError(
+            f"{folder} (beside output {paths.shown}) is not a complete output packtool wrote "
+            f"({why}), so an interrupted replacement is not finished with it: move or remove it "
+            "yourself"
+        )
 
 
 def _check_ours(folder: Path, paths: OutputPaths) -> None:

@@ -138,6 +138,34 @@ def test_a_stray_ready_or_old_folder_never_replaces_or_deletes_a_users_folder(tm
         assert (side / "notes.txt").read_text() == "also precious"
 
 
+@pytest.mark.parametrize("inside", ["nothing", "a damaged index.json"])
+def test_a_ready_folder_that_holds_no_whole_output_never_replaces_a_dataset(tmp_path, inside):
+    """An empty stray `.D.packtool-ready` (packtool's files only: none at all) still made `pack`
+    replace the dataset D without --overwrite (the pack audit): a ready folder is renamed from a
+    complete staging only, so it must hold a dataset that may be switched in, or parts."""
+    out = tmp_path / "D"
+    pack(corpus(tmp_path / "a.jsonl", "a"), out)
+    old = snapshot(out)
+    paths = output_paths(out)
+    paths.ready.mkdir()
+    if inside != "nothing":
+        (paths.ready / "index.json").write_text('{"not": "a manifest"}')
+    with pytest.raises(ConfigError, match="is not a complete output packtool wrote"):
+        pack(corpus(tmp_path / "b.jsonl", "b"), out)
+    assert snapshot(out) == old and paths.ready.exists()
+
+
+def test_overwrite_never_deletes_a_staging_folder_holding_a_users_files(tmp_path):
+    """`--overwrite` deleted a `.D.packtool-staging` folder holding notes.txt without a word."""
+    out = tmp_path / "D"
+    paths = output_paths(out)
+    paths.staging.mkdir()
+    (paths.staging / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not a dataset packtool wrote"):
+        pack(corpus(tmp_path / "a.jsonl", "a"), out, overwrite=True)
+    assert (paths.staging / "notes.txt").read_text() == "mine"
+
+
 def test_a_symlink_at_the_locks_name_is_refused_never_written_through(tmp_path):
     """The lock was opened following symlinks and its holder's note written into it: a link
     planted at `.D.packtool-lock` overwrote whatever file it pointed to."""
