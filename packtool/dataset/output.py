@@ -205,17 +205,18 @@ def make_staging(paths: OutputPaths) -> None:
     writing.make_dir(paths.staging)
 
 
-def remove_staging(paths: OutputPaths) -> OutputPaths:
+def remove_staging(paths: OutputPaths, *, leftover: bool = False) -> OutputPaths:
     """Delete the staging output; return the paths a fresh run then builds into. On an object
     store: the version's objects, then the object naming it, and the fresh run gets a new
     version (never the discarded one, into which a job of the discarded run, still alive,
     could yet upload), after aborting the version's unfinished multipart uploads (the staging
-    object going, no later `recover` would)."""
+    object going, no later `recover` would). `leftover`: another run's (killed, or anything
+    at that name), so a local folder holding files packtool did not write is refused."""
     committed = paths.remote and not paths.whole_object
     committed = committed and paths.staging.name == current_version(paths.target)
     if paths.remote and not paths.whole_object and not committed:
         remote_write.abort_uploads(paths.staging)
-    if not paths.remote and storage.is_dir(paths.staging) and not paths.hub:
+    if leftover and not paths.remote and not paths.hub and storage.is_dir(paths.staging):
         _check_ours(paths.staging, paths)  # a user's notes in it were deleted with --overwrite
     if not committed:  # the version the link names is a dataset: never touched
         remove(paths.staging)

@@ -495,7 +495,7 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
                 f"{paths.staging}; pass --resume to finish it or --overwrite to start over"
             )
         # (Without a saved plan it was killed while it checked or planned: nothing to keep.)
-        paths = remove_staging(paths)
+        paths = remove_staging(paths, leftover=True)
     check_replaceable(paths, config.overwrite)
     make_staging(paths)
     return None

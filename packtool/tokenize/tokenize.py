@@ -27,7 +27,7 @@ from packtool.dataset import columns as shard_columns
 from packtool.dataset import hub_record
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.manifest import INDEX_FILE, dataset_folder
-from packtool.dataset.output import OutputPaths, remove, remove_staging, transaction
+from packtool.dataset.output import OutputPaths, remove_staging, transaction
 from packtool.dataset.output_apart import check_apart
 from packtool.dataset.output_versions import is_version, ours
 from packtool.dataset.tokenized import (
@@ -390,8 +390,8 @@ def tokenize_corpus(
             # and the object naming it; this run builds a version of another name (a job of
             # that run still alive could upload into that one).
             paths = remove_staging(paths)
-        else:
-            remove(paths.staging)  # a killed run's leftovers: tokenize has nothing to resume
+        else:  # a killed run's leftovers (tokenize has nothing to resume), if packtool's
+            remove_staging(paths, leftover=True)
         try:  # the first write, up front: a failure names the user's path
             if single:
                 writing.create_empty(paths.staging)

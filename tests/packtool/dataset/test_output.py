@@ -131,7 +131,9 @@ def test_a_stray_ready_or_old_folder_never_replaces_or_deletes_a_users_folder(tm
     side.mkdir()
     if stray == "old":
         (side / "notes.txt").write_text("also precious")
-    with pytest.raises(ConfigError, match="packtool did not write|not a dataset packtool wrote"):
+    with pytest.raises(
+        ConfigError, match="packtool did not write|not a (dataset|complete output) packtool wrote"
+    ):
         pack(corpus(tmp_path / "c.jsonl", "c"), user)
     assert (user / "thesis.txt").read_text() == "precious"
     if stray == "old":
