@@ -68,3 +68,18 @@ def race_for_lock(url: str, writers: int = 8) -> tuple[list[Any], list[bytes]]:
     for t in threads:
         t.join()
     return won, refused
+
+
+def bucket_fs(s3_server: str, bucket: str) -> Any:
+    """Create `bucket` on the loopback server; an s3fs client (no instance cache) to look."""
+    import boto3
+    import s3fs
+
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True)
+
+
+def linked(fs: Any, bucket: str, prefix: str) -> str:
+    """The version the link `index.json` of `bucket/prefix` names (listings cache dropped)."""
+    fs.invalidate_cache()
+    return json.loads(fs.cat_file(f"{bucket}/{prefix}/index.json"))["packtool_dataset"]

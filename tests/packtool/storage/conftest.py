@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from packtool.storage import remote, s3_native
+from tests.packtool.storage.common import bucket_fs, packed_files
 
 
 @pytest.fixture(params=["obstore", "s3fs"])
@@ -15,3 +16,15 @@ def s3_client(request, monkeypatch):
     remote._filesystem.cache_clear()
     yield request.param
     remote._filesystem.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def fs(s3_server, request):
+    """The bucket (the test module's `BUCKET`) the datasets go to, and an s3fs client to look."""
+    return bucket_fs(s3_server, request.module.BUCKET)
+
+
+@pytest.fixture(scope="module")
+def local_pack(tmp_path_factory) -> dict[str, bytes]:
+    """What a local -> local pack of the corpus writes: every file's bytes by name."""
+    return packed_files(tmp_path_factory.mktemp("local") / "ds")

@@ -14,29 +14,13 @@ from packtool.dataset.output import make_staging, output_paths
 from packtool.engines.local import run_pack
 from packtool.errors import AlreadyComplete, ConfigError, DataError
 from packtool.storage import writing
-from tests.packtool.storage.common import pack_config, packed_files
+from tests.packtool.storage.common import linked, pack_config
 
 BUCKET = "commits"
 
 
-@pytest.fixture(scope="module")
-def fs(s3_server):
-    """The bucket the datasets go to, and an s3fs client to look at it."""
-    import boto3
-    import s3fs
-
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
-    return s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True)
-
-
-@pytest.fixture(scope="module")
-def local_pack(tmp_path_factory) -> dict[str, bytes]:
-    return packed_files(tmp_path_factory.mktemp("local") / "ds")
-
-
 def _link(fs, prefix: str) -> str:
-    fs.invalidate_cache()
-    return json.loads(fs.cat_file(f"{BUCKET}/{prefix}/index.json"))["packtool_dataset"]
+    return linked(fs, BUCKET, prefix)
 
 
 def _objects(fs, prefix: str) -> list[str]:

@@ -29,8 +29,8 @@ from tests.cli import one_error_line, run
 from tests.packtool.storage.common import (
     CORPUS,
     ROOT,
+    linked,
     pack_config,
-    packed_files,
     race_for_lock,
     same_but_inputs,
 )
@@ -38,24 +38,8 @@ from tests.packtool.storage.common import (
 BUCKET = "datasets"
 
 
-@pytest.fixture(scope="module")
-def fs(s3_server):
-    """The bucket the datasets go to, and an s3fs client to look at it."""
-    import boto3
-    import s3fs
-
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
-    return s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True)
-
-
-@pytest.fixture(scope="module")
-def local_pack(tmp_path_factory) -> dict[str, bytes]:
-    """What a local -> local pack of the corpus writes: every file's bytes by name."""
-    return packed_files(tmp_path_factory.mktemp("local") / "ds")
-
-
 def _link(fs, prefix: str) -> str:
-    return json.loads(fs.cat_file(f"{BUCKET}/{prefix}/index.json"))["packtool_dataset"]
+    return linked(fs, BUCKET, prefix)
 
 
 def _version_files(fs, prefix: str) -> dict[str, bytes]:

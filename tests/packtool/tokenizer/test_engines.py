@@ -486,24 +486,10 @@ def test_a_tokenizer_json_nested_too_deep_is_one_line(plain, tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"text": "hello world"}\n')
     for engine in ("auto", "gigatoken"):
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "packtool.cli.commands",
-                "pack",
-                str(corpus),
-                "-o",
-                str(tmp_path / "out"),
-                "--tokenizer",
-                str(path),
-                "--tokenizer-engine",
-                engine,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        args = ("pack", corpus, "-o", tmp_path / "out", "--tokenizer", path)
+        args += ("--tokenizer-engine", engine)
+        cmd = [sys.executable, "-m", "packtool.cli.commands", *map(str, args)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert out.returncode == 1, (out.returncode, out.stderr[-500:])
         assert one_error_line(out.stderr) == (
             f"error: {path}: not a usable tokenizer.json (nested deeper than 128 levels, which "
