@@ -42,6 +42,7 @@ from numpy.typing import NDArray
 from packtool.dataset.manifest import SOURCES_FILE
 from packtool.errors import DataError
 from packtool.storage import local as storage
+from packtool.storage.remote import scheme as remote_scheme
 
 FILE_BITS = 24
 OFFSET_BITS = 39
@@ -192,8 +193,12 @@ def where(file: str, offset: int, unit: str, *, count_lines: bool = True) -> str
     if unit == "byte":
         # A dataset names its files; one handed to us may name a FIFO (the read waited for
         # ever) or a device (read up to the offset): lines are counted in regular files only.
+        # Nor at any web address it names (a dataset from elsewhere made inspect fetch from
+        # hosts it chose, a cloud's metadata address included); a bucket's object is read
+        # through the endpoint and credentials the user set.
         local = not storage.is_remote(file)
-        if count_lines and (not local or storage.is_file(file)):
+        web = remote_scheme(file) in ("http", "https")
+        if count_lines and not web and (not local or storage.is_file(file)):
             from packtool.read.lines import line_number
 
             try:  # an object in a bucket too (`Path(url)` was no file: the line was dropped)

@@ -61,3 +61,36 @@ def test_where_names_each_unit_and_an_older_datasets_kept_record_count():
     assert docids.where("a.txt", 0, "file") == "a.txt"
     # Fine-tuning ids before 2026-12-05 counted the records kept, not the file's records.
     assert docids.where("c.jsonl", 3, "record") == "c.jsonl:record 3 of those kept"
+
+
+def test_a_source_at_a_web_address_is_never_fetched_to_count_lines():
+    """inspect counted a source's lines by reading it up to the offset, at whatever address
+    the dataset names: a dataset from elsewhere made it fetch from hosts it chose (a cloud's
+    metadata address included). A web source is named by its byte, with no request."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "12")
+            self.end_headers()
+            self.wfile.write(b"a\nb\nc\nd\ne\nf\n")
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/corpus.jsonl"
+        assert docids.where(url, 6, "byte") == f"{url}:byte 6"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked == []
