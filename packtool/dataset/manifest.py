@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 
@@ -352,8 +353,11 @@ def _shard_files_problem(manifest: Manifest) -> str | None:
     elsewhere) and each listed once (its rows would otherwise be read twice per epoch)."""
     seen: set[str] = set()
     for s in manifest.shards:
-        p = Path(s.file)
-        if not s.file or p.is_absolute() or ".." in p.parts:
+        # Also as a URL decodes it: over http(s) `%2e%2e/` is `../` (a shard outside the
+        # dataset's prefix was read), and a backslash is a separator on some servers.
+        decoded = unquote(s.file).replace("\\", "/")
+        forms = (Path(s.file), Path(decoded))
+        if not s.file or any(p.is_absolute() or ".." in p.parts for p in forms) or "://" in decoded:
             return f"shard file {s.file!r} must be a path inside the dataset folder"
         if s.file in seen:
             return f"shard file {s.file!r} is listed more than once"

@@ -322,6 +322,12 @@ def test_shard_path_outside_folder(packed_dataset_factory, capsys):
     index["shards"][0]["file"] = "../elsewhere.parquet"
     edit_index(d, shards=index["shards"])
     assert_fails(d, capsys, "'../elsewhere.parquet' must be a path inside the dataset folder")
+    # As a URL decodes it: over http(s) `%2e%2e/` is `../` (the Hub/stores audit read a shard
+    # outside the dataset's prefix that way), and some servers take a backslash for a slash.
+    for name in ("%2e%2e/%2e%2e/secret/x.parquet", "sub/%2E%2E/../x.parquet", "..\\x.parquet"):
+        index["shards"][0]["file"] = name
+        edit_index(d, shards=index["shards"])
+        assert_fails(d, capsys, f"{name!r} must be a path inside the dataset folder")
 
 
 # --- the vectorised row checks agree with the plain reference ---
