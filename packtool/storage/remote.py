@@ -109,11 +109,24 @@ def parse_options(text: str) -> dict[str, Any]:
 
 
 def options_for(protocol: str) -> dict[str, Any]:
-    """The fsspec options for `protocol`: packtool's defaults, then `PACKTOOL_STORAGE_OPTIONS`."""
+    """The fsspec options for `protocol`: packtool's defaults, then `PACKTOOL_STORAGE_OPTIONS`
+    (keyed by scheme: those of every spelling of the store, `az` and `abfs` alike, the
+    spelling the URL uses last)."""
     raw = os.environ.get(OPTIONS_ENV, "").strip()
     given = parse_options(raw) if raw else {}
     if any(k in SCHEMES for k in given):  # per scheme
-        given = given.get(protocol, {}) or {}
+        family = sorted(
+            (k for k in given if EXTRAS.get(k) == EXTRAS[protocol]), key=protocol.__eq__
+        )
+        merged: dict[str, Any] = {}
+        for key in family:
+            if not isinstance(given[key], dict):  # `{"gs": 5}` was a TypeError traceback
+                raise ConfigError(
+                    f"--storage-options: the options for {key!r} must be a JSON object "
+                    f"({{...}}), got {json.dumps(given[key])[:60]}"
+                )
+            merged.update(given[key])
+        given = merged
     base = dict(S3_DEFAULTS) if protocol in ("s3", "s3a") else {}
     if protocol in ("gs", "gcs"):
         base = dict(GCS_DEFAULTS)
@@ -151,7 +164,9 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
     except ValueError as exc:
         if "Protocol not known" in str(exc):
             raise MissingDependencyError(_install(protocol)) from None
-        raise
+        # adlfs with no account or connection string, a bad option value: the client cannot
+        # be made (it was a traceback); `filesystem` names the URL
+        raise ConfigError(f"cannot open the {protocol}:// client ({first_line(exc)})") from None
 
 
 def _bounded_http(given: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +216,15 @@ def filesystem(path: Any) -> tuple[Any, str]:
     assert protocol is not None, f"not a URL: {path}"
     check_bucket(str(path))  # before any client is built (or imported)
     options = json.dumps(options_for(protocol), sort_keys=True)
-    fs = _filesystem(protocol, options, json.dumps(forwarded_env(), sort_keys=True), os.getpid())
+    try:
+        fs = _filesystem(
+            protocol, options, json.dumps(forwarded_env(), sort_keys=True), os.getpid()
+        )
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{path}: {exc}; set the store's credentials (docs/remote.md, 'Credentials, endpoints, options') or "
+            "pass them in --storage-options"
+        ) from None
     text = str(path)
     return fs, text if protocol in ("http", "https") else fs._strip_protocol(text)
 

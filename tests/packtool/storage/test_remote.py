@@ -21,7 +21,7 @@ import pytest
 from packtool.dataset.manifest import read_manifest
 from packtool.engines.local import run_pack
 from packtool.engines.plan import check_unchanged, describe
-from packtool.errors import DataError, MissingDependencyError
+from packtool.errors import ConfigError, DataError, MissingDependencyError
 from packtool.storage import local as storage
 from packtool.storage import remote, remote_read
 from tests.cli import one_error_line, run
@@ -504,3 +504,25 @@ def test_a_small_object_written_by_another_process_after_a_listing_is_read(s3_se
     assert [e.name for e in storage.list_dir(f"s3://{bucket}/run/parts")] == ["000000.json"]
     client.put_object(Bucket=bucket, Key="run/parts/000001.json", Body=b'{"late": 1}')
     assert storage.read_bytes(f"s3://{bucket}/run/parts/000001.json") == b'{"late": 1}'
+
+
+def test_per_scheme_options_reach_every_spelling_and_bad_ones_are_one_line(monkeypatch):
+    """From the stores audit: `{"az": {...}}` never reached `abfs://` (nor `gs` `gcs://`), a
+    scheme's options that were not an object were a TypeError traceback, and adlfs with no
+    account or connection string a ValueError traceback."""
+    monkeypatch.setenv(
+        remote.OPTIONS_ENV, json.dumps({"az": {"a": 1, "b": 1}, "abfs": {"b": 2}, "gs": {"c": 3}})
+    )
+    assert remote.options_for("abfs") == {"a": 1, "b": 2}
+    assert remote.options_for("az") == {"a": 1, "b": 1}  # the URL's own spelling last
+    assert remote.options_for("gcs")["c"] == 3
+    assert remote.options_for("s3").get("c") is None
+    monkeypatch.setenv(remote.OPTIONS_ENV, json.dumps({"gs": 5}))
+    with pytest.raises(ConfigError, match=r"the options for 'gs' must be a JSON object .*got 5"):
+        remote.options_for("gcs")
+    for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(remote.OPTIONS_ENV, "{}")
+    code, _, err = run("stats", "az://ctr/in/")
+    assert code == 1
+    assert one_error_line(err).startswith("error: az://ctr/in/: cannot open the az:// client (")
