@@ -149,7 +149,7 @@ class Run:
         self.fingerprint = fingerprint_digest(fingerprint)
         if output.state is not None and output.state.get(COMPLETE):
             # raises: there is nothing to run (the output a URL or a local path)
-            check_complete(fingerprint, storage.as_path(config.out_dir))
+            check_complete(fingerprint, storage.as_path(config.out_dir), str(config.out_dir))
         if output.state is None:
             self.plan: Plan = plan_of(config, checked)
             fan_in = merge.TAIL_FAN_IN

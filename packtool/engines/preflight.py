@@ -326,6 +326,12 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
         if storage.is_file(paths.staging / INDEX_FILE):
             # A run killed after writing index.json (written last) but before its swap.
             paths = finish_switch(config, paths)
+            if config.resume:  # it said "already complete ... nothing done" for a commit it made
+                raise AlreadyComplete(
+                    f"{paths.shown}: committed the dataset the interrupted run had built (its "
+                    f"{INDEX_FILE} was written before the switch): nothing else to resume",
+                    paths.shown,
+                )
         return _prepare(config, paths)
 
     def discard(exc: BaseException, state: dict[str, Any] | None) -> bool:
@@ -388,22 +394,24 @@ def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
 
-def check_complete(fingerprint: dict[str, Any], out: Path) -> None:
+def check_complete(fingerprint: dict[str, Any], out: Path, shown: str | None = None) -> None:
     """`--resume` of a finished dataset: `AlreadyComplete` when it was made by this run's
-    options and inputs (nothing to do, not a failure), else a `ConfigError`.
+    options and inputs (nothing to do, not a failure), else a `ConfigError`. `shown`: the
+    output as the user wrote it (a Hub URL's path prints as `hf:///...`).
 
     A dataset packed before `index.json` kept the digest (`extra.fingerprint`) is taken as
     complete: nothing recorded says otherwise.
     """
     saved = read_manifest(out).extra.get("fingerprint")  # a damaged index.json: one line
+    shown = shown or str(out)
     if saved is not None and saved != fingerprint_digest(fingerprint):
         raise ConfigError(
-            f"cannot resume {out}: it is a finished dataset of other options or inputs; "
+            f"cannot resume {shown}: it is a finished dataset of other options or inputs; "
             "use --overwrite to replace it"
         )
     raise AlreadyComplete(
-        f"{out} is already complete ({INDEX_FILE} exists): nothing to resume, nothing done",
-        str(out),
+        f"{shown} is already complete ({INDEX_FILE} exists): nothing to resume, nothing done",
+        shown,
     )
 
 

@@ -198,10 +198,21 @@ def test_a_commit_refused_for_another_writers_is_one_line_and_resume_commits_it(
     assert code != 0 and "the repository changed since this run started" in line
     assert "--resume" in line and not stand_in.commits
     assert not _hub_files("/datasets/org/name/packed")
-    code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
+    code, out, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
     assert code == 0, err
     assert len(stand_in.commits) == 1
+    # It said "hf:///datasets/... is already complete: nothing to resume, nothing done".
+    assert out.strip() == (
+        f"{URL}: committed the dataset the interrupted run had built (its index.json was "
+        "written before the switch): nothing else to resume"
+    )
     _hub_holds_a_local_pack(tmp_path, "512")
+    code, out, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
+    assert code == 0, err  # named as written, not `hf:///datasets/...`
+    assert (
+        out.strip()
+        == f"{URL} is already complete (index.json exists): nothing to resume, nothing done"
+    )
 
 
 def test_engines_on_other_machines_refuse_a_hub_output():
