@@ -118,6 +118,31 @@ def test_a_worker_reads_its_own_byte_ranges(bucket, tmp_path, monkeypatch):
     assert size <= fetched["corpus/data/a.jsonl"] <= size + 11 * 2 * 65536
 
 
+def test_with_the_default_blocks_the_partitions_fetch_an_object_about_once(
+    bucket, tmp_path, monkeypatch
+):
+    """With the real block sizes (256 KB, then 1 MB, then 16 MB) each ~282 KB partition fetched a
+    1 MB block from just before its end: 13.3 MB served for the 3.1 MB object, 4.3 times (the
+    stores audit). A block now stops `TAIL_BYTES` past its range; the kind probe (the first two
+    GETs, before the pack) aside, the partitions fetch the object about once."""
+    asked: list[tuple[int, int]] = []
+    real = remote_read._fetch_range
+
+    def counting(fs, path, start, end):
+        asked.append((start, end))
+        return real(fs, path, start, end)
+
+    monkeypatch.setattr(remote_read, "_fetch_range", counting)
+    summary = run_pack(pack_config(tmp_path / "out", ["s3://corpus/data/a.jsonl"], workers=1))
+    size = (bucket / "a.jsonl").stat().st_size
+    assert summary.partitions == 11
+    # The probe reads the first partition's range as the partition does (it stops there too).
+    probe, reads = asked[:2], asked[2:]
+    assert probe[0] == (0, remote_read.FIRST_READ_BYTES)
+    fetched = sum(e - s for s, e in reads)
+    assert size <= fetched <= size + 11 * 2 * (64 << 10), (fetched, size)  # TAIL_BYTES
+
+
 def test_a_partition_of_several_objects_fetches_the_next_ones_first_blocks_ahead_each_once(
     bucket, tmp_path, monkeypatch
 ):
