@@ -271,7 +271,7 @@ def read_range(path: Any, start: int, end: int) -> bytes:
     """Bytes `start` to `end` of the object (one ranged GET)."""
     fs, p = filesystem(path)
     with naming(path):
-        data = fs.cat_file(p, start=start, end=end)
+        data = _fetch_range(fs, p, start, end)  # a server that ignores ranges: cut out of it
     if len(data) != end - start:
         raise DataError(f"{path}: bytes {start}-{end} came back {len(data)} long; read it again")
     return data

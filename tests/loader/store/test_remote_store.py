@@ -329,3 +329,26 @@ def test_damaged_cached_footers_and_row_groups_are_downloaded_again(datasets, tm
     again = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(cache), shuffle=False)
     assert [b["input_ids"].tolist() for b in again] == want
     assert again.store.downloaded_bytes > 0  # the damaged copies, downloaded again
+
+
+def test_a_web_server_that_ignores_ranges_serves_the_loader_too(datasets, tmp_path):
+    """Python's http.server answers every ranged GET with the whole file: the loader's range
+    read said "bytes 6965-72501 came back 72501 long; read it again" (the stores audit). Each
+    range is cut out of such an answer, as the readers of inputs do, with one note."""
+    import functools
+    import http.server
+
+    local, _ = datasets
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(local.parent))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{local.name}"
+        ds = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(tmp_path / "c"), seed=3)
+        want = PackedDataset(local, tokens_per_batch=4096, seed=3)
+        got = [b["input_ids"].tolist() for b in ds]
+        assert got == [b["input_ids"].tolist() for b in want] and got
+    finally:
+        server.shutdown()
+        server.server_close()
