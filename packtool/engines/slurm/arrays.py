@@ -215,11 +215,13 @@ class ArrayDriver:
         self.probe_job = None
         if storage.is_file(self.dir / PROBE_OK):
             return
-        earlier = next((j for j, e in self.jobs.items() if e["array"] == "probe"), None)
-        if earlier is not None:  # a detached run's probe: still to run, or failed
-            self.probe_job = earlier
-            self._check_probe(live)  # raises if it ended without its mark
+        probes = [j for j, e in self.jobs.items() if e["array"] == "probe"]
+        if probes and f"{probes[-1]}_0" in live:  # a detached run's probe, still to run
+            self.probe_job = probes[-1]
             return
+        # None yet, or the last one ended without its mark: failed, or cancelled before it ran
+        # (the driver's Ctrl-C cancels every job it submitted; reusing that probe made every
+        # --resume fail on it). A new probe decides: a real failure fails again, in one line.
         target = shlex.quote(str(self.probe_target))
         setup = f"{self.slurm.setup}\n" if self.slurm.setup else ""
         body = (

@@ -489,3 +489,20 @@ def test_a_context_left_in_the_staging_folder_is_replaced_before_the_first_submi
     (tmp_path / "context.pkl").write_bytes(pickle.dumps("planted"))
     arrays._write_context()
     assert pickle.loads((tmp_path / "context.pkl").read_bytes()) == {"the": "run's own"}
+
+
+def test_a_probe_cancelled_before_it_ran_is_submitted_again_at_resume(cluster, local, tmp_path):
+    """Ctrl-C while the probe waits in the queue: the driver cancels every job it submitted,
+    the probe included, and every `--resume` then failed on that cancelled probe ("the probe
+    job ... failed before any partition ran"; the engines audit). A probe that ended without
+    its mark is not reused: a new one decides."""
+    out = tmp_path / "packed"
+    later = SlurmConfig(wait=False, sbatch_args=("--begin=now+300",))  # queued, not started
+    with pytest.raises(Detached):
+        run_pack_slurm(_config(out), later)
+    # What the driver's Ctrl-C does: every job it submitted cancelled, the probe's too.
+    subprocess.run(["scancel", "--name", "packtool-packed"], capture_output=True)
+    assert not _named_in_queue("packtool-packed")
+    run_pack_slurm(_config(out, resume=True), SlurmConfig(poll_seconds=0.3))
+    _same_dataset(local, out)
+    assert not _named_in_queue("packtool-packed")
