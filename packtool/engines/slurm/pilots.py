@@ -119,7 +119,10 @@ class PilotDriver(ArrayDriver):
         self.cursor = 0
         if not live and self.pool:
             self._submit_workers(min(self.slurm.workers or 1, len(self.pool)))
-        if not self.slurm.wait:
+        # --no-wait: detach while a partition is left; with none (every one has its record; a
+        # worker may still be leaving the queue) finish now, as fixed shares do (it printed
+        # "submitted 0 partition(s)" at every --resume and never finished)
+        if not self.slurm.wait and self.pool:
             queued = {k.partition("_")[0] for k in cli.live_tasks(self._pilot_jobs())}
             raise self._detached(len(self.pool), queued or self._pilot_jobs())
         self._follow(todo, done)

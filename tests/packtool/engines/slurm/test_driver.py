@@ -463,15 +463,19 @@ def test_the_command_no_wait_prints_finishes_the_run(cluster, local, tmp_path, m
     _same_dataset(local, out)
 
 
-def test_no_wait_with_nothing_left_to_run_finishes_the_run(cluster, local, tmp_path):
+@pytest.mark.parametrize("workers", [None, 2])
+def test_no_wait_with_nothing_left_to_run_finishes_the_run(cluster, local, tmp_path, workers):
+    """Pull mode (`--slurm-workers`) printed "submitted 0 partition(s)" at every --no-wait
+    --resume once every partition had its record, and never finished (the engines audit)."""
     out = tmp_path / "packed"
     with pytest.raises(Detached):
-        run_pack_slurm(_config(out), SlurmConfig(wait=False))
+        run_pack_slurm(_config(out), SlurmConfig(wait=False, workers=workers))
     staging = staging_folder(out)
     deadline = time.monotonic() + 120
     while len(records.finished(staging)) < 11 and time.monotonic() < deadline:
         time.sleep(0.3)  # every partition's record: the jobs are done
-    run_pack_slurm(_config(out, resume=True), SlurmConfig(wait=False, poll_seconds=0.3))
+    again = SlurmConfig(wait=False, poll_seconds=0.3, workers=workers)
+    run_pack_slurm(_config(out, resume=True), again)
     _same_dataset(local, out)  # finished, not "submitted 0 partition(s) ... goes on there"
 
 
