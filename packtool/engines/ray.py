@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import pickle
+import socket
 import warnings
 from contextlib import closing
 from dataclasses import dataclass
@@ -165,6 +166,7 @@ def _connect(ray: Any, address: str | None) -> bool:
     """Join or start Ray; True when this call started it (and so must shut it down)."""
     if ray.is_initialized():
         return False
+    _check_reachable(address or os.environ.get("RAY_ADDRESS"))
     ray.init(
         address=address,
         include_dashboard=False,
@@ -173,6 +175,23 @@ def _connect(ray: Any, address: str | None) -> bool:
         ignore_reinit_error=True,
     )
     return True
+
+
+def _check_reachable(address: str | None, timeout: float = 10.0) -> None:
+    """A `host:port` (or `ray://host:port`) nothing answers on is one line: `ray.init` retried
+    it for ever, deaf to Ctrl-C and SIGTERM (the engines audit waited 500 s, then kill -9)."""
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # another form: Ray says what it makes of it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start "
+            "Ray there (`ray start --head`) or leave the option out to start one here"
+        ) from None
 
 
 class PartitionActor:

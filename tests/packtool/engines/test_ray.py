@@ -333,6 +333,25 @@ def test_ray_address_needs_the_ray_engine(tmp_path):
     assert "--ray-address needs --engine ray" in str(result.exception)
 
 
+def test_a_ray_address_nothing_answers_on_is_one_line_not_a_hang(tmp_path):
+    """`--ray-address 127.0.0.1:1`: ray.init retried for ever, deaf to Ctrl-C and SIGTERM (the
+    engines audit waited 500 s, then kill -9). Run in a process of its own with a deadline, so
+    the old hang fails this test alone."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:  # a free port, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ("pack", CORPUS, "-o", tmp_path / "o", "--engine", "ray", "--ray-address")
+    cmd = [sys.executable, "-m", "packtool.cli.commands", *map(str, args), f"127.0.0.1:{port}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr[-500:]
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: --ray-address 127.0.0.1:{port}: nothing answers there (")
+    assert not (tmp_path / "o").exists()
+
+
 def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(ray_session, tmp_path, monkeypatch):
     """A partition whose actor dies every time (as an out-of-memory kill would) ends the run
     after `max_retries` restarts with one line, not a Ray traceback or a hang; the partitions
