@@ -167,6 +167,15 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise ConfigError(f"--{given[0].replace('_', '-')} needs --engine slurm")
         if engine != "ray" and ray_address is not None:
             raise ConfigError("--ray-address needs --engine ray")
+        workers_given = "workers" in kwargs and ctx.get_parameter_source("workers") not in (
+            None, click.core.ParameterSource.DEFAULT,
+        )  # fmt: skip
+        if engine == "slurm" and workers_given:  # it was ignored without a word
+            raise ConfigError(
+                "--workers counts this machine's worker processes (or Ray's actors); with "
+                "--engine slurm the work runs in Slurm tasks: pass --slurm-workers N (pull "
+                "mode) or --cpus-per-task N instead"
+            )
         return fn(*args, engines=EngineOptions(engine, ray_address, slurm), **kwargs)
 
     for option in reversed(options):

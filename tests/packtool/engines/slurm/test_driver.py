@@ -510,3 +510,19 @@ def test_a_probe_cancelled_before_it_ran_is_submitted_again_at_resume(cluster, l
     run_pack_slurm(_config(out, resume=True), SlurmConfig(poll_seconds=0.3))
     _same_dataset(local, out)
     assert not _named_in_queue("packtool-packed")
+
+
+@pytest.mark.parametrize("to", [(), ("--to", "megatron")])
+def test_workers_with_the_slurm_engine_is_refused_not_ignored(tmp_path, to):
+    """`--engine slurm --workers 1` ran its 8 array tasks as if the option were not there (the
+    engines audit): it counts this machine's processes, which a Slurm run does not use."""
+    command = "tokenize" if to else "pack"
+    out = tmp_path / "out"
+    code, _, err = run(command, SAMPLE, "-o", out, *to, "--engine", "slurm", "--workers", "1")
+    assert code == 1
+    assert one_error_line(err) == (
+        "error: --workers counts this machine's worker processes (or Ray's actors); with "
+        "--engine slurm the work runs in Slurm tasks: pass --slurm-workers N (pull mode) or "
+        "--cpus-per-task N instead"
+    )
+    assert not out.exists()
