@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
 from packtool.dataset.columns import LOSS_MASK, TOKEN, Column
+from packtool.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,26 @@ def empty_documents(
     )
 
 
+INT64_MAX = int(np.iinfo(np.int64).max)
+"""The largest id a batch's int64 `input_ids` holds."""
+
+
+def check_ids(arr: np.ndarray, where: str, name: str = "token ids") -> None:
+    """Refuse ids a batch's int64 `input_ids` cannot hold as they are, naming `where` (a float
+    id would be truncated, a negative one reaches the embedding, `[2**64]` is numpy's dtype
+    object): the online packer's documents and `RowCollator`'s rows alike.
+
+    Raises:
+        DataError: Ids that are not integers in 0..2^63-1.
+    """
+    if (bad := outside_int64(arr)) is None and arr.size and arr.dtype.kind not in "iu":
+        raise DataError(f"{where}: {name} must be integers, got dtype {arr.dtype}")
+    if bad is None and arr.size and (int(arr.min()) < 0 or int(arr.max()) > INT64_MAX):
+        bad = int(arr.min()) if int(arr.min()) < 0 else int(arr.max())
+    if bad is not None:
+        raise DataError(f"{where}: token id {bad} is not in 0..2^63-1 (the batch's int64)")
+
+
 def outside_int64(arr: np.ndarray) -> int | None:
     """An id outside 0..2^63-1 among Python ints numpy kept as objects (what it makes of ids
     past uint64, e.g. `[2**64]`), else None."""
@@ -95,4 +116,4 @@ def outside_int64(arr: np.ndarray) -> int | None:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
         return None
     low, high = min(ints), max(ints)
-    return high if high > np.iinfo(np.int64).max else (low if low < 0 else None)
+    return high if high > INT64_MAX else (low if low < 0 else None)

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from loader.collate import collate
-from loader.record import Documents, outside_int64
+from loader.record import Documents, check_ids
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.columns import IGNORE_INDEX, LOSS_MASK, SEQ_LENGTHS, flat_parts
-from packtool.errors import ConfigError, DataError, MissingDependencyError
+from packtool.errors import ConfigError, MissingDependencyError
 
 MASK_FROM_POSITIONS = ("sdpa", "eager", "flex_attention")
 """Attention implementations that ignore `cu_seq_lens_*`: transformers separates documents for
@@ -354,13 +354,7 @@ def _row_ids(value: Any, i: int) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().numpy()
     arr = np.asarray(value)
-    bad = outside_int64(arr)  # numpy's dtype object for [2**64]
-    if bad is None and arr.size and arr.dtype.kind not in "iu":
-        raise DataError(f"row {i}: input_ids must be integers, got dtype {arr.dtype}")
-    if bad is None and arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int64).max):
-        bad = int(arr.min()) if arr.min() < 0 else int(arr.max())
-    if bad is not None:
-        raise DataError(f"row {i}: token id {bad} is not in 0..2^63-1 (the batch's int64)")
+    check_ids(arr, f"row {i}", "input_ids")
     return arr.astype(np.int64)
 
 

@@ -11,13 +11,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from loader.record import outside_int64
+from loader.record import INT64_MAX, check_ids, outside_int64
 from packtool.dataset.columns import TOKEN, get, names, optional
 from packtool.errors import ConfigError, DataError
 from packtool.pack.columns import check_policy
-
-INT64_MAX = int(np.iinfo(np.int64).max)
-"""The largest id a batch's int64 `input_ids` hold."""
 
 
 def several_sequences(arr: np.ndarray) -> bool:
@@ -39,15 +36,9 @@ def doc_array(doc: Any, i: int) -> NDArray:
         raise DataError(
             f"document {i} has shape {arr.shape}; give one 1-D token array per document"
         )
-    if (bad := outside_int64(arr)) is not None:  # numpy's dtype object, not "must be integers"
-        raise DataError(f"document {i}: token id {bad} is not in 0..2^63-1 (the batch's int64)")
-    if arr.dtype.kind not in "iu" and arr.size:
-        raise DataError(f"document {i}: token ids must be integers, got dtype {arr.dtype}")
+    # Per document, before it joins others: a bad one fails alone, naming itself.
+    check_ids(arr, f"document {i}")
     arr = arr.reshape(-1)
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > INT64_MAX):
-        # Per document, before it joins others: a bad one fails alone, naming itself.
-        bad = int(arr.min()) if int(arr.min()) < 0 else int(arr.max())
-        raise DataError(f"document {i}: token id {bad} is not in 0..2^63-1 (the batch's int64)")
     # One dtype for every document: a uint64 beside an int64 would meet in float64.
     return arr.astype(np.int64, copy=False) if arr.dtype == np.uint64 else arr
 
