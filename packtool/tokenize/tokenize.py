@@ -385,13 +385,11 @@ def tokenize_corpus(
                 f"{out}: a dataset `packtool pack` built waits in {paths.staging} (its commit "
                 "to the Hub did not happen); pass --overwrite to discard it"
             )
-        if paths.hub or paths.remote and not paths.whole_object:
-            # The Hub: with pack's record of what it replaces. A bucket: a killed run's version
-            # and the object naming it; this run builds a version of another name (a job of
-            # that run still alive could upload into that one).
-            paths = remove_staging(paths)
-        else:  # a killed run's leftovers (tokenize has nothing to resume), if packtool's
-            remove_staging(paths, leftover=True)
+        # A killed run's leftovers (tokenize has nothing to resume): a local folder only if
+        # packtool's; the Hub's with pack's record of what it replaces; a bucket's version and
+        # the object naming it, this run building a version of another name (a job of that run
+        # still alive could upload into that one).
+        paths = remove_staging(paths, leftover=True)
         try:  # the first write, up front: a failure names the user's path
             if single:
                 writing.create_empty(paths.staging)
