@@ -114,11 +114,14 @@ class StateCheck:
         return bool(value)
 
     def ints(self, value: Any, path: str, n: int | None = None) -> np.ndarray:
-        """`value`, a 1-D integer array (of `n` entries when given)."""
+        """`value`, a 1-D array of integers >= 0 (of `n` entries when given): every array a
+        state holds is ids, lengths, offsets or counts, none of which is ever negative."""
         if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype.kind not in "iu":
             raise self.fail(path, f"is {_show(value)}, not a 1-D integer array")
         if n is not None and len(value) != n:
             raise self.fail(path, f"has {len(value)} entries where {n} are needed")
+        if value.size and (low := int(value.min())) < 0:
+            raise self.fail(path, f"holds {low}, and none of its values may be negative")
         return value
 
     def tokens(self, value: Any, path: str, with_tokens: bool | None, need: bool) -> None:
@@ -142,8 +145,6 @@ def _check_rows(check: StateCheck, state: Any, path: str, with_tokens: bool | No
     n = len(seg_len)
     if len(row_docs) == 0 or row_docs[0] != 0 or row_docs[-1] != n or (np.diff(row_docs) < 0).any():
         raise check.fail(f"{path}.row_docs", f"does not split {n} segments into rows")
-    if n and seg_len.min() < 0:
-        raise check.fail(f"{path}.seg_len", "has a negative length")
     check.ints(rows["doc_ids"], f"{path}.doc_ids", n)
     check.ints(rows["doc_chunks"], f"{path}.doc_chunks", n)
     tokens = rows["tokens"]
@@ -266,8 +267,6 @@ def _check_pending(
     """Documents read from a source and not yet pushed: token ids and their lengths."""
     pending = check.dict_(state, path, ("tokens", "lengths"))
     lengths = check.ints(pending["lengths"], f"{path}.lengths")
-    if len(lengths) and lengths.min() < 0:
-        raise check.fail(f"{path}.lengths", "has a negative length")
     tokens = check.ints(pending["tokens"], f"{path}.tokens")
     if len(tokens) != int(lengths.sum()):
         raise check.fail(
@@ -284,18 +283,14 @@ def _check_buffer(
     buf = check.dict_(state, path, _SEGMENT_KEYS)
     length = check.ints(buf["length"], f"{path}.length")
     n = len(length)
-    if n and length.min() < 0:
-        raise check.fail(f"{path}.length", "has a negative length")
     if n and length.max() > max_len:  # every buffered piece was cut to max_len when pushed
         raise check.fail(f"{path}.length", f"has a segment of {int(length.max())} > max_len")
     start = check.ints(buf["start"], f"{path}.start", n)
     for key in ("doc", "chunk", "holds"):
         check.ints(buf[key], f"{path}.{key}", n)
-    if n and buf["holds"].min() < 0:
-        raise check.fail(f"{path}.holds", "has a negative count")
     tokens = buf["tokens"]
     check.tokens(tokens, f"{path}.tokens", has_tokens, need=n > 0)
     # A segment outside its tokens would be gathered from other segments' tokens.
-    if tokens is not None and n and (start.min() < 0 or (start + length).max() > len(tokens)):
+    if tokens is not None and n and (start + length).max() > len(tokens):
         raise check.fail(f"{path}.start", f"puts a segment outside the {len(tokens)} token ids")
     _check_columns(check, buf.get("columns"), f"{path}.columns", tokens)

@@ -88,3 +88,29 @@ def damaged_states(state: dict, skip: tuple[str, ...] = (), optional: frozenset 
             else:
                 parent[path[-1]] = edit
             yield key_name(path), damaged
+
+
+def negative_states(state: dict, skip: tuple[str, ...] = ()):
+    """`(name, damaged copy)` for every non-empty integer array in `state` (ids, lengths,
+    counts, offsets; optional per-token `columns` aside) with its first entry made -1: no part
+    of a state is ever negative, so each is damage."""
+    import copy
+
+    def arrays(value, path):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            if isinstance(v, np.ndarray) and v.dtype.kind in "iu" and v.size:
+                yield (*path, k)
+            elif isinstance(v, (dict, list, tuple)) and k != "columns":
+                yield from arrays(v, (*path, k))
+
+    for path in arrays(state, ()):
+        if path[0] in skip:
+            continue
+        damaged = copy.deepcopy(state)
+        parent = damaged
+        for k in path[:-1]:
+            parent = parent[k]
+        parent[path[-1]] = parent[path[-1]].astype(np.int64)
+        parent[path[-1]][0] = -1
+        yield key_name(path), damaged

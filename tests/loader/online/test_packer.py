@@ -24,7 +24,7 @@ from loader.online.packer import (
 from loader.online.state import LATER_KEYS
 from loader.online.streaming import StreamingPackedDataset
 from packtool.errors import ConfigError, DataError
-from tests.loader.conftest import damaged_states
+from tests.loader.conftest import damaged_states, negative_states
 
 
 def docs_of(lengths: list[int], start: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -441,6 +441,19 @@ def test_every_damaged_part_of_a_packer_state_is_a_clear_error(with_tokens) -> N
         packer.flush()
     a, b = p.pop(), target.pop()
     assert a.seg_len.tolist() == b.seg_len.tolist() and a.doc_ids.tolist() == b.doc_ids.tolist()
+
+
+@pytest.mark.parametrize("with_tokens", [True, False])
+def test_a_negative_value_anywhere_in_a_packer_state_is_damage(with_tokens) -> None:
+    # Before: negative document or token ids loaded and came out of pop() as they were.
+    p = OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9)
+    lengths = np.array([3, 5, 2, 7, 1, 4, 6])
+    p.push(np.arange(lengths.sum()) if with_tokens else None, lengths)
+    cases = list(negative_states(p.state_dict(), skip=("config",)))
+    assert {"buffer.doc", "out.doc_ids"} <= {name for name, _ in cases}
+    for name, damaged in cases:
+        with pytest.raises(DataError, match=re.escape(name) + ".* the checkpoint is damaged"):
+            OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9).load_state_dict(damaged)
 
 
 def test_a_config_and_keyword_settings_together_are_refused() -> None:

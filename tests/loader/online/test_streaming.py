@@ -17,7 +17,7 @@ from loader.online.streaming import StreamingPackedDataset
 from packtool.dataset.tokenized import tokenized_schema
 from packtool.errors import ConfigError, DataError
 from packtool.tokenizer.tokenizers import load_tokenizer
-from tests.loader.conftest import damaged_states
+from tests.loader.conftest import damaged_states, negative_states
 
 MAX_LEN = 32
 
@@ -277,6 +277,22 @@ def test_every_damaged_part_of_a_state_is_a_clear_error(tokenized) -> None:
     # The intact state still loads and continues.
     target.load_state_dict(state)
     assert len(list(target)) > 0
+
+
+def test_a_negative_id_or_length_anywhere_in_a_state_is_damage(tokenized) -> None:
+    """Before: a state whose rows held document id -5 or token id -5 loaded and delivered them
+    in batches (`doc_ids` -5, `input_ids` -5, which reaches the embedding)."""
+    path, _ = tokenized
+    ds = make(path)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    cases = list(negative_states(state, skip=("version", "key")))
+    names = {name for name, _ in cases}
+    assert {"pending.doc_ids", "ready[0].tokens", "packer.buffer.doc"} <= names
+    for name, damaged in cases:
+        with pytest.raises(DataError, match=re.escape(name) + r".* the checkpoint is damaged"):
+            make(path).load_state_dict(damaged)
 
 
 @pytest.mark.parametrize(("rank", "world"), [(0.5, 2), ("0", 2), (0, 2.0), (True, 2)])
