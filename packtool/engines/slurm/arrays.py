@@ -27,7 +27,7 @@ from packtool.engines import records
 from packtool.engines.config import resume_command
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.config import JOBS_DIR, PROBE_OK, SLURM_DIR, SlurmConfig
-from packtool.engines.slurm.task import CANNOT_SEE
+from packtool.engines.slurm.task import CANNOT_SEE, task_error
 from packtool.errors import ConfigError, DataError, Detached
 from packtool.storage import local as storage
 from packtool.storage import writing
@@ -304,6 +304,8 @@ class ArrayDriver:
                 log = self.logs / f"{self.jobs[job]['array']}-{task}.log"
                 self._check_visible(log)
                 for p in missing:
+                    if (error := task_error(self.dir, p, key)) is not None:
+                        raise error  # fails the same way again: raised as itself
                     self.attempts[p] = self.attempts.get(p, 0) + 1
                     if self.attempts[p] > self.slurm.max_retries:
                         raise self.run.workers_lost(

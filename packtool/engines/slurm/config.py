@@ -12,6 +12,9 @@ JOBS_DIR = "jobs"
 """One small file per submitted job (written once): which partitions each of its tasks runs."""
 CLAIMS_DIR = "claims"
 """Pull mode: one file per partition a worker took (`PPPPPP`, holding its `JOB_TASK`)."""
+ERRORS_DIR = "errors"
+"""One file per partition whose task raised a packtool error (`PPPPPP-JOB_TASK.json`: the
+error's class and line), which the driver raises as itself instead of resubmitting."""
 PROBE_OK = "probe-ok"
 """Written into the run's Slurm folder by the probe job from a node: the nodes see it."""
 

@@ -46,6 +46,7 @@ from packtool.engines import records
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.arrays import ArrayDriver, last_line
 from packtool.engines.slurm.config import CLAIMS_DIR, SlurmConfig
+from packtool.engines.slurm.task import task_error
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -196,6 +197,8 @@ class PilotDriver(ArrayDriver):
                 continue  # recorded just now: the next look accounts it
             log = self._log(owner)
             self._check_visible(log)
+            if (error := task_error(self.dir, p, owner)) is not None:
+                raise error  # fails the same way again: raised as itself
             self.attempts[p] = self.attempts.get(p, 0) + 1
             if self.attempts[p] > self.slurm.max_retries:
                 raise self.run.workers_lost(

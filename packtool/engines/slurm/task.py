@@ -15,7 +15,11 @@ claim file created by this task (`O_EXCL`: one worker per partition, on every no
 worker first takes back the claims its earlier run left. It ends when the walk does.
 
 A node that cannot see the run's staging folder exits at once with a line the driver recognises
-(`CANNOT_SEE`) and turns into its one-line error.
+(`CANNOT_SEE`) and turns into its one-line error. A partition that raises one of packtool's own
+errors (a bad document under `--strict`, a changed input, an unreachable store after the
+client's retries) writes it to `errors/` (`keep_error`) before the task fails: the driver then
+raises it as itself (`task_error`), as the local and Ray engines do, instead of resubmitting a
+partition that fails the same way every time.
 """
 
 from __future__ import annotations
@@ -28,6 +32,39 @@ from pathlib import Path
 from typing import Any
 
 CANNOT_SEE = "packtool-slurm: cannot see"
+
+
+def _error_path(slurm_dir: Path, partition: int, key: str) -> Path:
+    from packtool.engines.slurm.config import ERRORS_DIR
+
+    return slurm_dir / ERRORS_DIR / f"{partition:06d}-{key}.json"
+
+
+def keep_error(slurm_dir: Path, partition: int, exc: Exception) -> None:
+    """Record that this task's run of `partition` raised `exc` (a `PacktoolError`): its class
+    and message, as JSON (the driver unpickles nothing a task wrote)."""
+    from packtool.storage import writing
+
+    data = json.dumps({"class": type(exc).__name__, "message": str(exc)}).encode()
+    writing.write_atomic(_error_path(slurm_dir, partition, worker_key()), data, make_parent=True)
+
+
+def task_error(slurm_dir: Path, partition: int, key: str) -> Exception | None:
+    """The packtool error the task `key` (`JOB_TASK`) recorded for `partition`, rebuilt as its
+    class (`ConfigError`, `MissingDependencyError`, else `DataError`), or None. Named by the
+    task, so the record of an earlier attempt (a --resume retries) is never raised again."""
+    from packtool.errors import ConfigError, DataError, MissingDependencyError
+    from packtool.storage import local as storage
+
+    path = _error_path(slurm_dir, partition, key)
+    try:
+        found = json.loads(storage.read_bytes(path)) if storage.exists(path) else None
+    except (OSError, ValueError):
+        return None  # unreadable: the partition counts an attempt, as a task without a record
+    if not isinstance(found, dict) or not isinstance(found.get("message"), str):
+        return None
+    kinds = {"ConfigError": ConfigError, "MissingDependencyError": MissingDependencyError}
+    return kinds.get(found.get("class"), DataError)(found["message"])
 
 
 def _cpus() -> int:
@@ -54,6 +91,7 @@ def main(argv: list[str]) -> int:
     import numpy as np
 
     from packtool.engines import context, records, worker
+    from packtool.errors import PacktoolError
 
     offsets = np.frombuffer(storage.read_bytes(slurm_dir / f"{array}.offsets"), dtype=np.int64)
     ctx = pickle.loads(storage.read_bytes(slurm_dir / "context.pkl"))
@@ -68,7 +106,11 @@ def main(argv: list[str]) -> int:
         return json.loads(f.read(int(offsets[i + 1] - offsets[i])))
 
     def run(descriptor: dict[str, Any]) -> None:
-        record = worker.run_partition(ctx, descriptor)
+        try:
+            record = worker.run_partition(ctx, descriptor)
+        except PacktoolError as exc:
+            keep_error(slurm_dir, int(descriptor["index"]), exc)
+            raise
         print(f"partition {descriptor['index']}: {record['documents']} documents", flush=True)
 
     with storage.open_input(slurm_dir / f"{array}.jsonl") as f:

@@ -18,8 +18,9 @@ from packtool.engines import records
 from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.preflight import staging_folder
 from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
-from packtool.errors import ConfigError, Detached, WorkersLost
+from packtool.errors import ConfigError, DataError, Detached, WorkersLost
 from packtool.pack.chunk import PackConfig
+from packtool.read.documents import ReadConfig
 from tests.cli import one_error_line, run
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -268,6 +269,31 @@ def test_a_partition_that_always_fails_stops_the_run_naming_its_log(cluster, tmp
     assert not subprocess.run(
         ["squeue", "-h", "-n", "packtool-packed"], capture_output=True, text=True
     ).stdout.strip()
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_packtool_error_in_a_task_stops_the_run_as_itself_not_retried(cluster, tmp_path, workers):
+    """A bad document under --strict fails the same way on every attempt. Before: the task's
+    partition was resubmitted max_retries (3) times, then WorkersLost named a log instead of
+    the line at fault; the local and Ray engines raise the error itself at once."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lines = SAMPLE.read_text().splitlines(keepends=True)
+    (corpus / "a.jsonl").write_text("".join(lines[:200]))
+    (corpus / "b.jsonl").write_text("".join(lines[200:300]) + "{not json\n")
+    out = tmp_path / "packed"
+    config = replace(
+        _config(out), inputs=(str(corpus),), read=ReadConfig(strict=True), partition_size=50_000
+    )
+    started = time.monotonic()
+    with pytest.raises(DataError) as failed:
+        run_pack_slurm(config, SlurmConfig(workers=workers, poll_seconds=0.3))
+    assert type(failed.value) is DataError, failed.value  # not WorkersLost after retries
+    bad = f"b.jsonl:byte {len(''.join(lines[200:300]).encode())}: malformed json"
+    assert bad in str(failed.value) and "\n" not in str(failed.value)
+    assert time.monotonic() - started < 60
+    assert not _named_in_queue("packtool-packed")
+    assert not staging_folder(out).exists()  # as the local engine leaves a failed run
 
 
 def test_the_one_line_errors(cluster, tmp_path, monkeypatch):
