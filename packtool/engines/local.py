@@ -31,9 +31,8 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import signal
-import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import (
     FIRST_COMPLETED,
     Future,
@@ -42,7 +41,6 @@ from concurrent.futures import (
     wait,
 )
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -51,6 +49,7 @@ from packtool.engines import context
 from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
 from packtool.engines.context import WorkerContext
+from packtool.engines.interrupts import ctrl_c_after
 from packtool.engines.preflight import check_inputs, output_folder
 from packtool.engines.summary import PackSummary
 from packtool.engines.worker import rechunk, run_partition
@@ -220,7 +219,7 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
                     while todo or inflight:
                         while todo and len(inflight) < 2 * workers:
                             p = todo.popleft()
-                            with _ctrl_c_after():
+                            with ctrl_c_after():  # a submit may start a worker process
                                 inflight[pool.submit(task, run.descriptor(p))] = p
                         finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
                         for fut in finished:
@@ -244,28 +243,6 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
         raise
     if pool is not None:
         pool.shutdown(wait=True)
-
-
-@contextmanager
-def _ctrl_c_after() -> Iterator[None]:
-    """Ctrl-C held back until the block ends (the main thread only). A submit may start a
-    worker process: interrupted inside that start, the process was forked but never joined
-    the pool's list, so `_stop` did not kill it, and it died unpickling its task once the
-    driver had gone, its traceback printed after the shell's prompt."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    # A handler that notes the signal, not a blocked signal mask: the kernel hands a process's
-    # SIGINT to any thread that does not block it (a tokenizer or prefetch thread), and Python
-    # then raised it in the main thread all the same.
-    pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if pending:
-            signal.raise_signal(signal.SIGINT)  # the held Ctrl-C, through the handler restored
 
 
 def _stop(pool: Any) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 from packtool.dataset.output import output_paths
 from packtool.engines import records
 from packtool.engines.config import resume_command
+from packtool.engines.interrupts import ctrl_c_after
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.config import JOBS_DIR, PROBE_OK, SLURM_DIR, SlurmConfig
 from packtool.engines.slurm.task import CANNOT_SEE, task_error
@@ -121,6 +122,15 @@ class ArrayDriver:
 
     # --- submitting ---
 
+    def _submit_job(self, options: list[str], tasks: int, script: str, entry: dict) -> str:
+        """sbatch, then the job recorded, as one step: a Ctrl-C while sbatch ran (the job
+        queued) came out before the record, so the stopped run's cancel missed the job and it
+        ran on; it now waits for the record (interrupts.py)."""
+        with ctrl_c_after():
+            job = cli.submit_array(options, tasks, script)
+            self._add_job(job, entry)
+        return job
+
     def _submit(self, partitions: list[int]) -> None:
         """Submit `partitions` as arrays of at most MaxArraySize tasks of `tasks_per_job`."""
         k = self.slurm.tasks_per_job
@@ -133,10 +143,8 @@ class ArrayDriver:
             script = self._script(array)
             log = self.logs / f"{array}-%a.log"
             after = [f"--dependency=afterok:{self.probe_job}"] if self.probe_job else []
-            job = cli.submit_array(
-                [*self.options, *after, f"--output={log}"], len(chunk), str(script)
-            )
-            self._add_job(job, {"array": array, "tasks": chunk})
+            options = [*self.options, *after, f"--output={log}"]
+            self._submit_job(options, len(chunk), str(script), {"array": array, "tasks": chunk})
             self.submitted += len(chunk)
 
     def _write_context(self) -> None:
@@ -235,8 +243,10 @@ class ArrayDriver:
         script = self.dir / "probe.sh"
         writing.write_atomic(script, body.encode())
         log = self.logs / "probe.log"
-        self.probe_job = cli.submit_array([*self.options, f"--output={log}"], 1, str(script))
-        self._add_job(self.probe_job, {"array": "probe", "tasks": [[]]})
+        options = [*self.options, f"--output={log}"]
+        self.probe_job = self._submit_job(
+            options, 1, str(script), {"array": "probe", "tasks": [[]]}
+        )
 
     def _check_probe(self, live: dict[str, str]) -> None:
         """Once the probe left the queue without its mark: the one-line error (arrays cancelled

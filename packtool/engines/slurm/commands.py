@@ -29,9 +29,15 @@ def require(program: str = "sbatch") -> str:
     return path
 
 
-def _run(args: Sequence[str], what: str, timeout: float = 120) -> str:
+def _run(args: Sequence[str], what: str, timeout: float = 120, own_session: bool = False) -> str:
     try:
-        done = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            list(args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            start_new_session=own_session,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ConfigError(f"--engine slurm: {what} failed ({exc})") from None
     if done.returncode != 0:
@@ -54,8 +60,13 @@ def test_only(options: Sequence[str]) -> None:
 
 
 def submit_array(options: Sequence[str], tasks: int, script: str) -> str:
-    """Submit `script` as an array of `tasks` tasks (indices 0 .. tasks - 1); its job id."""
-    out = _run([require(), "--parsable", f"--array=0-{tasks - 1}", *options, script], "sbatch")
+    """Submit `script` as an array of `tasks` tasks (indices 0 .. tasks - 1); its job id.
+
+    sbatch runs in a session of its own: the terminal's Ctrl-C, sent to the foreground process
+    group, would otherwise kill it mid-request, the job queued or not, and its id unknown (the
+    driver holds its own Ctrl-C until the job is recorded: `ArrayDriver._submit_job`)."""
+    args = [require(), "--parsable", f"--array=0-{tasks - 1}", *options, script]
+    out = _run(args, "sbatch", own_session=True)
     return out.strip().split(";")[0]
 
 

@@ -100,8 +100,8 @@ class PilotDriver(ArrayDriver):
         log = self.logs / f"{name}-%a.log"
         for start in range(0, n, self.max_array):
             count = min(self.max_array, n - start)
-            job = cli.submit_array([*self.options, f"--output={log}"], count, str(script))
-            self._add_job(job, {"array": name, "pilots": count, "tasks": []})
+            entry = {"array": name, "pilots": count, "tasks": []}
+            self._submit_job([*self.options, f"--output={log}"], count, str(script), entry)
             self.submitted += count
 
     def _log(self, key: str) -> Any:

@@ -442,10 +442,10 @@ def test_ctrl_c_during_a_submit_is_raised_after_it():
     import os
     import signal
 
-    from packtool.engines.local import _ctrl_c_after
+    from packtool.engines.interrupts import ctrl_c_after
 
     reached = []
-    with pytest.raises(KeyboardInterrupt), _ctrl_c_after():
+    with pytest.raises(KeyboardInterrupt), ctrl_c_after():
         os.kill(os.getpid(), signal.SIGINT)
         reached.append("the rest of the block")
     assert reached == ["the rest of the block"]
@@ -460,7 +460,7 @@ def test_ctrl_c_during_a_submit_is_held_while_other_threads_run():
     import signal
     import threading
 
-    from packtool.engines.local import _ctrl_c_after
+    from packtool.engines.interrupts import ctrl_c_after
 
     stop = threading.Event()
 
@@ -473,7 +473,7 @@ def test_ctrl_c_during_a_submit_is_held_while_other_threads_run():
     reached = []
     try:
         for _ in range(20):  # whichever thread the kernel picks
-            with pytest.raises(KeyboardInterrupt), _ctrl_c_after():
+            with pytest.raises(KeyboardInterrupt), ctrl_c_after():
                 os.kill(os.getpid(), signal.SIGINT)
                 sum(range(100_000))  # bytecode where a pending signal would be raised
                 reached.append(1)

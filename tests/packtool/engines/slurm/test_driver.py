@@ -296,6 +296,46 @@ def test_a_packtool_error_in_a_task_stops_the_run_as_itself_not_retried(cluster,
     assert not staging_folder(out).exists()  # as the local engine leaves a failed run
 
 
+@pytest.mark.parametrize("workers", [None, 2])
+def test_ctrl_c_while_sbatch_runs_leaves_no_job_in_the_queue(
+    cluster, tmp_path, monkeypatch, workers
+):
+    """Before: a Ctrl-C that landed while sbatch ran (it had queued the job) came out before
+    the driver recorded the job, so the cancel of the stopped run missed it and it ran on."""
+    import os
+    import signal
+
+    from packtool.engines.slurm import commands
+
+    real = commands.submit_array
+    submitted = []
+
+    def interrupted(options, tasks, script):
+        job = real(options, tasks, script)
+        if not script.endswith("probe.sh"):  # the first array of partitions (or of workers)
+            submitted.append(job)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as sbatch returns
+        return job
+
+    monkeypatch.setattr(commands, "submit_array", interrupted)
+    out = tmp_path / "packed"
+    with pytest.raises(KeyboardInterrupt):
+        run_pack_slurm(_config(out), SlurmConfig(workers=workers, poll_seconds=0.3))
+    assert len(submitted) == 1  # the Ctrl-C stopped the run after that submit
+    # Every task of the job was cancelled (squeue -t all shows ended jobs for MinJobAge).
+    end = time.time() + 10
+    while True:
+        states = subprocess.run(
+            ["squeue", "-h", "-r", "-t", "all", "-j", submitted[0], "-o", "%T"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        if (states and set(states) == {"CANCELLED"}) or time.time() > end:
+            break
+        time.sleep(0.2)
+    assert states and set(states) == {"CANCELLED"}, states
+
+
 def test_the_one_line_errors(cluster, tmp_path, monkeypatch):
     code, _, err = run(
         "pack", SAMPLE, "-o", tmp_path / "a", "--engine", "slurm", "--slurm-partition", "nosuch"
