@@ -90,6 +90,8 @@ def check_apart(
             )
     files = [f for f in files if not storage.is_remote(f)]
     for f, resolved in zip(files, map_ordered(storage.resolve, files), strict=True):
+        if resolved == target:  # a glob's file (the output given as itself is refused above)
+            raise ConfigError(f"output {out} is also an input ({f}); choose another output")
         if target in resolved.parents:
             raise ConfigError(
                 f"input {f} is inside the output {out}, which this run replaces; "

@@ -178,7 +178,10 @@ def tokenize_megatron(
 
         engine_config = engine_config or SlurmConfig()
         options = slurm_options(engine_config, idx_path)  # a refused submission: before work
-    checked = preflight.check_inputs(run_config, tokenizer, ends_added=True)
+    # The .idx is the run's output (checked there); the .bin against what a glob reaches too.
+    checked = preflight.check_inputs(
+        run_config, tokenizer, lambda paths: check_apart(bin_path, inputs, paths), ends_added=True
+    )
     if checked.columns:
         raise ConfigError(
             f"--to megatron: the inputs carry {', '.join(checked.columns)} (fine-tuning records "

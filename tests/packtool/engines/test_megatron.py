@@ -180,6 +180,22 @@ def test_inputs_with_a_loss_mask_are_refused(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl"]
 
 
+@pytest.mark.parametrize("which", ["corpus.bin", "corpus.idx"])
+def test_a_glob_that_reaches_the_output_pair_is_refused(tmp_path, which):
+    """Before: `tokenize 'si/*' --to megatron -o si/corpus --overwrite` read its own earlier
+    corpus.bin and corpus.idx as two more documents (no skip: uint16 ASCII is valid UTF-8), and
+    `'b/*.bin' -o b/corpus` replaced its input corpus.bin; a path given as itself was refused."""
+    folder = tmp_path / "si"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"text": "alpha beta"}\n')
+    (folder / which).write_bytes(b"some text here\n")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for pattern in ("*", f"*{Path(which).suffix}"):
+        with pytest.raises(ConfigError, match=rf"output .*{which} is also an input"):
+            tokenize_megatron([str(folder / pattern)], folder / "corpus", overwrite=True)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
 def test_a_file_that_is_not_an_index_is_one_line(tmp_path):
     (tmp_path / "x.idx").write_bytes(b"not an index at all, no")
     with pytest.raises(DataError, match="bad header"):
