@@ -264,7 +264,7 @@ def tokenize_cmd(
     echo(summary.format())
 
 
-_TOKENIZER_OPTIONS = ("tokenizer", "eos_id", "no_eos", "bos_id")
+_TOKENIZER_OPTIONS = ("tokenizer", "tokenizer_engine", "eos_id", "no_eos", "bos_id", "no_bos")
 
 
 def _explicit(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
@@ -352,7 +352,9 @@ def stats_cmd(
     if tokenized and _explicit(ctx, _TOKENIZER_OPTIONS):
         echo(
             "warning: the inputs are tokenized Parquet; the tokenizer recorded in them is "
-            "reported and --tokenizer/--eos-id/--no-eos/--bos-id are ignored",
+            "reported and "
+            + ", ".join("--" + n.replace("_", "-") for n in _explicit(ctx, _TOKENIZER_OPTIONS))
+            + " ignored",
             err=True,
         )
     stats = compute_stats(

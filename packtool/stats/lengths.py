@@ -185,7 +185,7 @@ def _lower_bound_l2_hist(sizes: NDArray[np.int64], n: NDArray[np.int64], max_len
 def _pad_per_batch_slots(chunks: NDArray[np.int64], batch_size: int) -> int:
     n = chunks.size
     full = n // batch_size * batch_size
-    slots = int(chunks[:full].reshape(-1, batch_size).max(axis=1).sum()) * batch_size
+    slots = int(chunks[:full].reshape(-1, batch_size).max(axis=1).sum()) * batch_size if full else 0
     if full < n:
         slots += int(chunks[full:].max()) * (n - full)
     return slots
@@ -486,13 +486,17 @@ def compute_stats(
         DataError: unreadable or mixed inputs, or no documents at all.
         ConfigError: a max length (or candidate) that BOS + EOS fill, which `pack` refuses.
     """
-    from packtool.read.documents import SkipCounter
+    from packtool.read.corpus import expand_inputs
+    from packtool.read.documents import ReadConfig, SkipCounter
     from packtool.stats.supervised import SupervisedCounter, read_supervised
     from packtool.tokenize.tokenize import (
+        PRETOKENIZED,
         input_columns,
         input_identity,
+        inputs_read,
         read_lengths,
         tokenized_batches,
+        unchanged_ids,
     )
 
     inputs = list(inputs)
@@ -513,7 +517,10 @@ def compute_stats(
             from packtool.tokenizer.tokenizers import load_tokenizer
 
             tokenizer = load_tokenizer(tokenizer or "byte", workers=workers)
-        config.check_room_for_text(tokenizer.identity.eos_id, tokenizer.identity.bos_id)
+        used = tokenizer.identity
+        if inputs_read(expand_inputs(inputs), read_config or ReadConfig()).mode == PRETOKENIZED:
+            used = unchanged_ids(used, tokenizer)  # ids counted as they are: no EOS, no BOS
+        config.check_room_for_text(used.eos_id, used.bos_id)
         parts = []
         for t in tokenized_batches(
             inputs, read_config=read_config, tokenizer=tokenizer, skips=skips
@@ -526,7 +533,7 @@ def compute_stats(
             raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")
         info = {
             "kind": "raw",
-            "tokenizer": tokenizer.identity.to_dict(),
+            "tokenizer": used.to_dict(),
             "skipped": skips.to_dict(),
             "skipped_summary": skips.summary(),
         }

@@ -124,7 +124,7 @@ def render_report(s: LengthStats) -> str:
         "",
         f"at max length {L:,}",
         *(
-            f"  {label:<24}{value}"
+            f"  {label:<23} {value}"  # a label past 23 characters keeps a space
             for label, value in [
                 (
                     f"longer than {L:,}",
@@ -133,7 +133,7 @@ def render_report(s: LengthStats) -> str:
                 ),
                 (f"pad each to {L:,}", f"{_pct(s.pad_to_max_len_waste)} of slots wasted"),
                 (
-                    f"pad batches of {s.batch_size}",
+                    f"pad batches of {s.batch_size:,}",
                     f"{_pct(s.pad_per_batch_waste)} of slots wasted (each batch to its longest)",
                 ),
                 ("lower bound on rows", f"L1 {s.lower_bound_l1:,}  L2 {s.lower_bound_l2:,}"),

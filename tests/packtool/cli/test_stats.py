@@ -136,3 +136,49 @@ def test_max_lengths_pack_refuses_are_refused_with_packs_message(small_corpus, t
     code, _, pack_err = run("pack", small_corpus, "-o", tmp_path / "p", *args)
     assert code == 1
     assert line == one_error_line(pack_err)
+
+
+def test_pre_tokenized_ids_record_no_eos_and_refuse_eos_id_as_pack_does(tmp_path):
+    """Before: stats said `eos 256` for ids it counted unchanged (5 tokens for [1,2,3],[4,5])
+    and took --eos-id 3, which pack refuses."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = tmp_path / "ids.parquet"
+    pq.write_table(
+        pa.table({"input_ids": pa.array([[1, 2, 3], [4, 5]], pa.list_(pa.int32()))}), ids
+    )
+    code, out, err = run("stats", ids, "--max-len", "8", "--candidates", "8", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["tokens"] == 5
+    assert (d["inputs"]["tokenizer"]["eos_id"], d["inputs"]["tokenizer"]["bos_id"]) == (None, None)
+    code, out, _ = run("stats", ids, "--max-len", "8", "--candidates", "8")
+    assert code == 0 and "eos none, bos none" in out
+    code, _, err = run("stats", ids, "--max-len", "8", "--eos-id", "3")
+    assert code == 1
+    code, _, pack_err = run("pack", ids, "-o", tmp_path / "p", "--max-len", "8", "--eos-id", "3")
+    assert code == 1 and one_error_line(err) == one_error_line(pack_err)
+
+
+def test_a_batch_size_past_the_chunks_is_one_batch_not_a_traceback(small_corpus):
+    # Before: --batch-size 9223372036854775807 was numpy's "array is too big" traceback, and a
+    # 10-digit one ran into its figure ("pad batches of 100000000000.00% of slots wasted").
+    for size in ("9223372036854775807", "10000000000"):
+        code, out, err = run("stats", small_corpus, "--batch-size", size, "--json")
+        assert code == 0, err
+        # One batch of the four chunks (10, 20, 40, 100 tokens), each padded to the longest.
+        assert json.loads(out)["padding"]["pad_per_batch"]["slots"] == 4 * 100
+    code, out, _ = run("stats", small_corpus, "--batch-size", "10000000000")
+    line = next(s for s in out.splitlines() if "pad batches of" in s)
+    assert "pad batches of 10,000,000,000 " in line and line.split("of 10,000,000,000 ")[1].strip()
+
+
+@pytest.mark.parametrize("option", [["--no-bos"], ["--tokenizer-engine", "tokenizers"]])
+def test_tokenizer_options_on_tokenized_parquet_are_warned_about(small_corpus, tmp_path, option):
+    # Before: --no-bos and --tokenizer-engine were dropped without a word (--bos-id warned).
+    out_dir = tmp_path / "tok"
+    code, _, err = run("tokenize", small_corpus, "-o", out_dir)
+    assert code == 0, err
+    code, _, err = run("stats", out_dir, *option)
+    assert code == 0 and "warning: the inputs are tokenized Parquet" in err and option[0] in err
