@@ -123,7 +123,7 @@ def read_jsonl(
                 objects_without += 1
                 if not first_keys:
                     first_keys = sorted(obj)
-                if objects_without >= MISSING_FIELD_PATIENCE:
+                if objects_without >= MISSING_FIELD_PATIENCE and start == 0:
                     raise_missing_field(path, field_name, first_keys)
             what = f"no {field_name!r}" if field_name not in obj else f"{field_name!r} is null"
             skips.add("missing_field", where, what)
@@ -137,8 +137,26 @@ def read_jsonl(
             continue
         extras = tuple(as_extra(obj.get(name)) for name in extra_fields)
         yield text, extras, nbytes, offset
-    if objects_without and not seen_field:
-        raise_missing_field(path, field_name, first_keys)
+    # Judged on the file, not on this byte range: by its first MISSING_FIELD_PATIENCE objects
+    # (all of them in a shorter file), read on past this range's end when it holds fewer, so
+    # every cut of the file gives the answer of one read (ranges past the first never judge).
+    if start == 0 and objects_without and not seen_field:
+        left = MISSING_FIELD_PATIENCE - objects_without
+        if end == TO_END or left <= 0 or not _field_ahead(path, field_name, end, left):
+            raise_missing_field(path, field_name, first_keys)
+
+
+def _field_ahead(path: Path, field_name: str, start: int, count: int) -> bool:
+    """Whether one of the first `count` objects from byte `start` on has the text field (lines
+    read only to look: their skips are another range's to count)."""
+    for _, obj, _, _ in jsonl_objects(path, SkipCounter(), start):
+        if isinstance(obj, dict):
+            if obj.get(field_name) is not None:
+                return True
+            count -= 1
+            if count <= 0:
+                return False
+    return False
 
 
 def raise_missing_field(path: Path, field_name: str, keys: list[str]) -> None:

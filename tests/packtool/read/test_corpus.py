@@ -267,6 +267,43 @@ def test_text_field_missing_in_a_long_file_fails_early(tmp_path, monkeypatch):
         read_all([path])
 
 
+def _outcome(path, cuts):
+    """What reading `path` in the byte ranges between `cuts` gives: the documents' texts and
+    the skip counts, or the missing-field error."""
+    skips = SkipCounter()
+    texts = []
+    try:
+        for start, end in zip(cuts[:-1], cuts[1:], strict=True):
+            texts += [d[0] for d in jsonl.read_jsonl(path, ReadConfig(), skips, start, end)]
+    except DataError as exc:
+        assert "no line has the text field 'text'" in str(exc)
+        return "error"
+    return texts, skips.counts
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    kinds=st.lists(st.sampled_from(["text", "null", "other"]), min_size=1, max_size=12),
+    fractions=st.lists(st.floats(0, 1), max_size=6),
+)
+def test_a_missing_text_field_is_judged_on_the_file_whatever_its_cuts(
+    tmp_path, monkeypatch, kinds, fractions
+):
+    """Before: each byte range judged itself, so a range whose lines all lacked the field (or
+    held null) failed the run "no line has the text field" while other ranges held thousands
+    of documents: --partition-size 64KB failed a file that packed by default."""
+    monkeypatch.setattr(jsonl, "MISSING_FIELD_PATIENCE", 3)
+    rows = [{"text": f"d{i}"} if k == "text" else {"text": None} if k == "null" else {"o": i}
+            for i, k in enumerate(kinds)]  # fmt: skip
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    size = path.stat().st_size
+    cuts = sorted({0, size, *(int(f * size) for f in fractions)})
+    assert _outcome(path, cuts) == _outcome(path, [0, size])
+
+
 def test_invalid_utf8_text_file_is_a_skip(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"abc \xff\xfe")
     skips = SkipCounter()
