@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from packtool.errors import DataError
-from packtool.read.compressed import open_stream, read_errors
+from packtool.read.compressed import binary_kind, open_stream, read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter, as_extra
 from packtool.read.lines import BOM, TO_END, lines
 
@@ -91,6 +91,9 @@ def _objects(
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
+            if offset == 0 and (found := binary_kind(line)) is not None:
+                kind, hint = found  # a whole file of documents, not one bad line: never a skip
+                raise DataError(f"{path}: holds {kind}, not text; {hint}") from None
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError:

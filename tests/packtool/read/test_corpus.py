@@ -304,6 +304,26 @@ def test_a_missing_text_field_is_judged_on_the_file_whatever_its_cuts(
     assert _outcome(path, cuts) == _outcome(path, [0, size])
 
 
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        (lambda data, path: path.write_bytes(gzip.compress(data)), "gzip-compressed data"),
+        (lambda data, path: path.write_bytes(zstandard.compress(data)), "zstd-compressed data"),
+        (
+            lambda data, path: pq.write_table(pa.table({"text": ["a"] * 1000}), path),
+            "Parquet",
+        ),
+    ],
+)
+def test_compressed_or_parquet_bytes_named_jsonl_are_an_error_not_a_skip(tmp_path, make, kind):
+    """Before: gzip of 1,000 records in data.jsonl was one `invalid_utf8` skip and the run went
+    on (Parquet: 66 skips); the same bytes named .txt were already this error."""
+    path = tmp_path / "data.jsonl"
+    make(b'{"text": "a"}\n' * 1000, path)
+    with pytest.raises(DataError, match=rf"data.jsonl: holds {kind}, not text; name it with"):
+        read_all([path])
+
+
 def test_invalid_utf8_text_file_is_a_skip(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"abc \xff\xfe")
     skips = SkipCounter()
