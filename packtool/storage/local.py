@@ -92,7 +92,8 @@ def expand(
 
 
 def walk(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
-    """The files under `folder` whose names end in `suffixes`, sorted; hidden names and symlinked folders are skipped.
+    """The files under `folder` whose names end in `suffixes`, sorted; hidden names and links
+    to folders are skipped (`unread` names the links).
 
     Nothing that looks like a corpus file is passed over in silence: an entry with a corpus
     suffix that is not a readable regular file (a dangling symlink, a named pipe) and a sub-folder
@@ -116,9 +117,10 @@ def walk(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
 
 def unread(folder: Path, suffixes: tuple[str, ...], examples: int) -> tuple[int, list[str]]:
     """The files under `folder` that `walk` passes over (names ending in none of `suffixes`;
-    hidden names and folders aside, as `walk` skips them): how many, the first `examples`."""
+    hidden names and folders aside, as `walk` skips them) and the links to folders it does not
+    enter (`LINKED_FOLDER`): how many, the first `examples`."""
     count, shown = 0, []
-    for top, files in _visible(folder, None):  # an unlistable folder: `walk` says so
+    for top, files in _visible(folder, None, links=True):  # unlistable: `walk` says so
         for name in files:
             if not name.lower().endswith(suffixes):
                 count += 1
@@ -127,12 +129,20 @@ def unread(folder: Path, suffixes: tuple[str, ...], examples: int) -> tuple[int,
     return count, shown
 
 
-def _visible(folder: Path, onerror: Any) -> Iterator[tuple[str, list[str]]]:
+LINKED_FOLDER = " (a link to a folder, not followed)"
+"""How `unread` names a symbolic link to a folder, which the walk does not enter (it may loop,
+or lead out of the corpus); given as an input itself, it is read."""
+
+
+def _visible(folder: Path, onerror: Any, links: bool = False) -> Iterator[tuple[str, list[str]]]:
     """(folder, file names) under `folder`, hidden names and folders left out: what `walk`
-    and `unread` both go through."""
+    and `unread` both go through (`links`: the links to folders among the names, marked)."""
     for top, dirs, files in os.walk(folder, onerror=onerror):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        yield top, [name for name in files if not name.startswith(".")]
+        names = [name for name in files if not name.startswith(".")]
+        if links:  # os.walk lists a link to a folder among the folders, and never enters it
+            names += [d + LINKED_FOLDER for d in dirs if os.path.islink(os.path.join(top, d))]
+        yield top, names
 
 
 _KINDS = (

@@ -170,6 +170,27 @@ def test_files_a_folder_holds_but_does_not_read_are_named_on_stderr(tmp_path, go
     assert code == 0 and "note:" not in err  # files named one by one: nothing to say
 
 
+def test_a_linked_folder_inside_an_input_folder_is_named_not_passed_over(tmp_path):
+    """Before: corpus/part2 -> ../shared (two .txt files) was skipped with no note: "Tokenized
+    1 documents", no skips. The walk does not follow it (a link may loop or lead anywhere); the
+    note names it, and given by name it is read."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "b.txt").write_text("bee")
+    (shared / "c.txt").write_text("sea")
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_text("ay")
+    (folder / "part2").symlink_to(shared, target_is_directory=True)
+    code, out, err = run("tokenize", folder, "-o", tmp_path / "t.parquet")
+    assert code == 0, err
+    note = next(line for line in err.splitlines() if line.startswith("note: "))
+    assert "1 file(s) in the input folders are not read" in note
+    assert f"{folder / 'part2'} (a link to a folder, not followed)" in note
+    code, out, err = run("tokenize", folder / "part2", "-o", tmp_path / "u.parquet")
+    assert code == 0 and "Tokenized 2 documents" in out + err, out + err
+
+
 def test_a_partition_of_a_few_bytes_is_refused(tmp_path, good):
     for command in ("pack", "tokenize"):
         args = [command, good, "-o", tmp_path / command, "--partition-size", "1"]
