@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Protocol
 
 import numpy as np
@@ -162,8 +163,21 @@ def state_after(names: Sequence[str], chunk: Chunk, j: int) -> dict[str, Any]:
     }
 
 
+def cap_rows(m: float, n: int) -> int:
+    """Rows of an epoch of `n` that the fractional part of max_epochs `m` allows, rounded down,
+    counted in exact arithmetic on the largest number the float `m` stands for (up to half a
+    unit in its last place above it, not included). In floats, 1.15 is 1.1499999999999999...:
+    0.15 x 400 rows came to 59.99999999999996 and floored to 59. The decimal written counts
+    exactly (60), and so does a ratio such as 1/23 (one row of 23), which the float's own
+    decimal (0.043478260869565216, below 1/23) would not; a whole row lies within that half unit
+    only where `n` times 10^(the cap's decimal places) is above ~10^15."""
+    top = (Fraction(m) + Fraction(math.nextafter(m, math.inf))) / 2
+    return math.ceil((top - math.floor(m)) * n) - 1
+
+
 def _allowed(spec: SourceSpec, reader: LengthReader, epoch: int) -> int | None:
-    """Rows `spec` may deliver from `epoch` under its cap (None: the whole epoch)."""
+    """Rows `spec` may deliver from `epoch` under its cap (None: the whole epoch); the part of a
+    fractional cap's last epoch is `cap_rows`, for the loader and `packtool mix` alike."""
     m = spec.max_epochs
     if m is None:
         return None
@@ -177,7 +191,7 @@ def _allowed(spec: SourceSpec, reader: LengthReader, epoch: int) -> int | None:
                 f"source {spec.name!r}: max_epochs {m} is fractional, but its epoch length is "
                 "not known ahead (online packing); give a whole number"
             )
-        return math.floor((m - full) * n)
+        return cap_rows(m, n)
     return 0
 
 

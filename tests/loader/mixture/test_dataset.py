@@ -717,6 +717,17 @@ def test_a_cap_no_row_fits_under_is_refused_up_front(sources):
     assert len(list(MixedDataset(fits, rows_per_batch=1))) == 1  # one row: the least cap
 
 
+def test_a_fractional_cap_delivers_that_part_of_the_last_epoch(tmp_path):
+    # (2.3 - 2) * 10 is 2.9999999999999982 in floats: 22 rows came, not 23
+    write_random_dataset(tmp_path / "ten", n_rows=10, max_len=64, mean_doc=9, seed=4)
+    for cap, want in ((2.3, 23), (1.2, 12), (0.5, 5)):
+        mix = MixtureSpec(
+            sources=(SourceSpec(name="ten", path=str(tmp_path / "ten"), max_epochs=cap, weight=1),)
+        )
+        with pytest.warns(UserWarning, match=f"reached max_epochs {cap}"):
+            assert len(list(MixedDataset(mix, rows_per_batch=1))) == want
+
+
 @pytest.mark.parametrize("cap", [0.5, 1.5])
 def test_a_fractional_cap_on_a_streaming_source_is_refused_up_front(online, cap):
     # its epoch length is not known ahead: refused only once the stream reached the cap

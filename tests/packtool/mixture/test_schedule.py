@@ -3,6 +3,7 @@ the numba kernel against the plain reference, and resume (same and changed mixtu
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -220,6 +221,43 @@ def test_every_source_capped_with_drop_ends_the_mixture():
     )
     rows = run(sch, 100)
     assert rows.shape[1] == 6 and sch.done == "every source reached its max_epochs"
+
+
+def capped_to(cap, n, state=None):
+    """A one-source schedule of `n` one-token rows under max_epochs `cap`, at_cap stop."""
+    source = SourceSpec(name="s", path="x", weight=1, max_epochs=cap, at_cap="stop")
+    return Schedule([source], [ListReader([1] * n)], unit="rows", max_len=1, state=state)
+
+
+@pytest.mark.parametrize("n", [10, 100, 400])
+def test_a_fractional_cap_delivers_that_part_of_the_epoch_exactly(n):
+    # (1.15 - 1) * 400 is 59.99999999999996 in floats: the cap delivered 459 rows, not 460
+    for cap in ("0.29", "0.5", "0.57", "1.15", "1.2", "1.37", "2.3", "2.65", "3.9"):
+        want = math.floor(Fraction(cap) * n)
+        if want:
+            assert run(capped_to(float(cap), n), 10 * n).shape[1] == want, cap
+    # a cap computed as a ratio counts as that ratio: k/n of an epoch is k rows
+    for k in range(1, n, max(n // 7, 1)):
+        assert run(capped_to(k / n, n), 10 * n).shape[1] == k, (k, n)
+
+
+def test_a_state_saved_at_a_fractional_cap_resumes_sensibly():
+    # before exact caps, 1.15 x 400 rows ended at 459: such a state stays ended, with no
+    # single row more; a state saved before the cap continues to the exact count, 460
+    whole = capped_to(1.15, 400)
+    run(whole, 10_000)
+    old = whole.state()
+    assert (old["sources"]["s"]["epoch"], old["sources"]["s"]["pos"]) == (1, 60)
+    for key in ("pos", "rows", "tokens", "seg"):
+        old["sources"]["s"][key] -= 1
+    old["rows"] -= 1
+    old["tokens"] -= 1
+    ended = capped_to(1.15, 400, state=old)
+    assert run(ended, 10_000).shape[1] == 0 and ended.done.endswith("max_epochs 1.15")
+    early = capped_to(1.15, 400)
+    first = run(early, 300)
+    rest = run(capped_to(1.15, 400, state=early.state()), 10_000)
+    assert first.shape[1] + rest.shape[1] == 460
 
 
 def test_the_end_with_only_weight_0_sources_left_says_so():

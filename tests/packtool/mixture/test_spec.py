@@ -184,6 +184,16 @@ def test_plan_warns_and_follows_a_cap(folders):
     assert any("ends early" in w for w in stop.warnings)
 
 
+def test_plan_counts_a_fractional_cap_exactly(folders):
+    # (1.15 - 1) * 400 is 59.99999999999996 in floats: 459 rows were planned, not 460
+    cap = MixtureSpec(
+        sources=(SourceSpec(name="web", path=str(folders / "web"), weight=1, max_epochs=1.15),)
+    )
+    plan = plan_mixture(cap)
+    assert plan.sources[0].epoch_rows == 400 and plan.rows == plan.sources[0].rows == 460
+    assert plan.ended == "source 'web' reached max_epochs 1.15"
+
+
 def test_plan_in_steps(folders):
     rows = plan_mixture(spec(folders), steps=10, rows_per_batch=4, world_size=2)
     assert rows.rows == 80 and rows.steps == 10
