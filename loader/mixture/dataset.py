@@ -242,6 +242,11 @@ class MixedDataset(IterableDataset):
             )
         if self.changes and get_worker_info() is None:
             warnings.warn("resuming a changed mixture: " + "; ".join(self.changes), stacklevel=2)
+        # The saved run reported its events; a drop or a stop made here (a cap lowered below
+        # what a source delivered) is reported now: with a stop, no batch will come to say it.
+        self._reported = len(state["schedule"]["events"])
+        if get_worker_info() is None:
+            self.report(schedule.events, schedule.delivered_rows)
         self._reported = len(schedule.events)
         self._start = self.state_at(int(state["step"]), schedule.state())
         self._last_step = None

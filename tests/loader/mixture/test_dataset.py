@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -426,6 +427,29 @@ def test_a_source_dropped_at_its_cap_is_reported(sources):
     got = source_rows(batches)
     assert sorted(got[1]) == all_doc_ids(sources[2]).tolist()  # one whole epoch, then no more
     assert any(e["what"] == "dropped" for e in ds.describe()["events"])
+
+
+@pytest.mark.parametrize("at_cap", ["drop", "stop"])
+def test_a_cap_already_passed_at_a_resume_is_warned(sources, at_cap):
+    """A resume with a cap below what the source already delivered drops it (or ends the
+    mixture) at once: only "resuming a changed mixture" was said, the drop or the stop never
+    (with stop: no batch and no word of why)."""
+    _, state = stream(MixedDataset(spec(sources), rows_per_batch=2), take=5)
+    assert state["mixed_dataset"]["schedule"]["sources"]["code"]["rows"] > 1
+    lowered = spec(sources)
+    code = replace(lowered.sources[1], max_epochs=1 / 17, at_cap=at_cap)  # 1 row of its 17
+    lowered = replace(lowered, sources=(lowered.sources[0], code, lowered.sources[2]))
+    ds = MixedDataset(lowered, rows_per_batch=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches, _ = stream(ds, state=state)
+    said = [str(w.message) for w in caught if "reached max_epochs" in str(w.message)]
+    what = "was dropped" if at_cap == "drop" else "the mixture ended"
+    assert len(said) == 1 and what in said[0] and "'code'" in said[0], said
+    if at_cap == "stop":
+        assert batches == [] and ds.describe()["done"].startswith("source 'code' reached")
+    else:
+        assert batches and not source_rows(batches)[1]
 
 
 # --- bad input -----------------------------------------------------------------------------
