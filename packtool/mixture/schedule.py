@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 
 from packtool.errors import ConfigError, DataError
 from packtool.mixture.deficit import CAP, OK, REFILL, mix_window
-from packtool.mixture.schedule_state import STATE_VERSION, check
+from packtool.mixture.schedule_state import STATE_VERSION, check, ended_at_total, total_reached
 from packtool.mixture.spec import SourceSpec
 
 WINDOW = 16384
@@ -352,7 +352,7 @@ class Schedule:
         if self.done is not None:
             return
         if self.total_tokens is not None and self.delivered_tokens >= self.total_tokens:
-            self.done = f"total_tokens {self.total_tokens:,} reached"
+            self.done = total_reached(self.total_tokens)
             return
         for i, spec in enumerate(self.specs):
             if self.done is not None:
@@ -443,7 +443,7 @@ class Schedule:
                 self._cap(which)
             total = self.total_tokens
             if self.done is None and total is not None and self.delivered_tokens >= total:
-                self.done = f"total_tokens {self.total_tokens:,} reached"
+                self.done = total_reached(self.total_tokens)
             if status != OK:
                 break
         return Chunk(
@@ -573,11 +573,15 @@ def restore(sch: Schedule, state: dict[str, Any]) -> None:
         changes.append(f"unit {state['unit']} -> {sch.unit}")
     if not same and not changes:
         changes.append("source order changed")
-    delivered = int(state["tokens"])
-    if sch.total_tokens is not None and state["done"] is None and delivered >= sch.total_tokens:
-        # the saved run had not reached its total: this one is lower than what it delivered
+    delivered, total, at = int(state["tokens"]), sch.total_tokens, ended_at_total(state["done"])
+    # a run not ended, or ended at another total (not at a cap: over whatever the total)
+    if (
+        total is not None
+        and delivered >= total
+        and (state["done"] is None or at not in (None, total))
+    ):
         changes.append(
-            f"total_tokens {sch.total_tokens:,} is at most the {delivered:,} tokens already "
+            f"total_tokens {total:,} is at most the {delivered:,} tokens already "
             "delivered: the mixture ends here, with no more batches"
         )
     sch.delivered_rows, sch.delivered_tokens = int(state["rows"]), int(state["tokens"])

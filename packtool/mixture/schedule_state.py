@@ -8,6 +8,7 @@ so the loader and `packtool mix` can check a state without running one.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,20 @@ from packtool.errors import DataError
 STATE_VERSION = 1
 """The version of a schedule state (`Schedule.state()`); a state of another version is refused."""
 _INT = (int, np.integer)
+_REACHED = re.compile(r"total_tokens ([0-9,]+) reached")
+
+
+def total_reached(total: int) -> str:
+    """The state's `done` when the mixture ended at `total` tokens."""
+    return f"total_tokens {total:,} reached"
+
+
+def ended_at_total(done: str | None) -> int | None:
+    """The total_tokens a state's `done` says the mixture ended at (None: it had not)."""
+    found = _REACHED.fullmatch(done or "")
+    return int(found.group(1).replace(",", "")) if found else None
+
+
 _TOP = {
     "version": _INT,
     "unit": str,

@@ -406,6 +406,22 @@ def test_a_total_lowered_below_what_was_delivered_is_said_at_resume(sources, key
         assert ds.changes == []
 
 
+def test_a_total_lowered_after_the_run_reached_its_total_is_said_at_resume(sources):
+    """The same, for a run that ran to its end: resuming it with a lower total_tokens gave 0
+    batches without a word (the check ran only for a run not yet ended)."""
+    _, state = stream(MixedDataset(spec(sources, total_tokens=3000), rows_per_batch=2))
+    assert state["mixed_dataset"]["schedule"]["done"] == "total_tokens 3,000 reached"
+    ds = MixedDataset(spec(sources, total_tokens=2000), rows_per_batch=2)
+    with pytest.warns(UserWarning, match="resuming a changed mixture: total_tokens 2,000 is at"):
+        ds.load_state_dict(state)
+    assert stream(ds)[0] == []
+    ds = MixedDataset(spec(sources, total_tokens=3000), rows_per_batch=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds.load_state_dict(state)
+    assert ds.changes == [] and stream(ds)[0] == []
+
+
 @pytest.mark.parametrize("changed", [{"shuffle": False}, {"shuffle_window": 2}])
 def test_a_mixture_resumed_under_another_row_order_is_refused(sources, changed):
     _, state = stream(MixedDataset(spec(sources), rows_per_batch=2), take=3)

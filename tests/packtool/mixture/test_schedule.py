@@ -478,3 +478,18 @@ def test_raising_the_total_continues_a_finished_mixture():
     more = run(longer, 1000)
     ref = run(make(total_tokens=100), 1000)
     assert np.array_equal(np.concatenate([whole, more], axis=1), ref)
+
+
+def test_lowering_the_total_of_a_finished_mixture_is_said():
+    # as it is mid-run: resuming a run that reached total_tokens 100 with 60 said nothing
+    first = make(total_tokens=100)
+    run(first, 1000)
+    state = first.state()
+    assert first.done == "total_tokens 100 reached" and state["tokens"] >= 100
+    for total in (60, state["tokens"]):  # lower, or above the old total yet reached
+        lower = make(total_tokens=total, state=state)
+        assert run(lower, 1000).shape[1] == 0
+        (said,) = lower.changes
+        assert said.startswith(f"total_tokens {total:,} is at most the {state['tokens']:,} tokens")
+    same = make(total_tokens=100, state=state)
+    assert run(same, 1000).shape[1] == 0 and same.changes == []
