@@ -160,8 +160,10 @@ def plan_mixture(
     """
     if tokens is not None and steps is not None:
         raise ConfigError("give --tokens or --steps, not both")
+    what = "--steps"  # the length asked for, or the mixture's own
     if tokens is None and steps is None:
         tokens, steps = spec.total_tokens, spec.total_steps
+        what = f"the mixture's total_steps {steps or 0:,}"
     if tokens is None and steps is None and not spec.ends():
         raise ConfigError(
             "give a length to plan (--tokens or --steps): the mixture has no total and no cap "
@@ -169,7 +171,8 @@ def plan_mixture(
         )
     if steps is not None and (rows_per_batch is None) == (tokens_per_batch is None):
         raise ConfigError(
-            "planning --steps needs exactly one of --rows-per-batch, --tokens-per-batch"
+            f"planning {what} needs exactly one of --rows-per-batch, --tokens-per-batch"
+            + ("" if what == "--steps" else " (or plan a length in --tokens)")
         )
     sizes, max_len = _source_sizes(spec)
     if tokens_per_batch is not None and tokens_per_batch < max_len:

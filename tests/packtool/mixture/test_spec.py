@@ -205,6 +205,25 @@ def test_plan_in_steps(folders):
         plan_mixture(spec(folders))
 
 
+def test_planning_the_files_total_steps_without_a_batch_size_names_it(folders, tmp_path):
+    # it said "planning --steps needs ..." to a user who gave no --steps
+    file = write(
+        tmp_path,
+        "steps.yaml",
+        f"total_steps: 40\nsources:\n  - {{name: web, path: {folders / 'web'}, weight: 1}}\n",
+    )
+    code, _, err = run("mix", file)
+    line = one_error_line(err)
+    assert code == 1 and "--steps" not in line, line
+    assert "planning the mixture's total_steps 40 needs exactly one of --rows-per-batch" in line
+    code, _, err = run(
+        "mix", file, "--steps", "5", "--rows-per-batch", "2", "--tokens-per-batch", "600"
+    )
+    assert code == 1 and "planning --steps needs exactly one of" in one_error_line(err)
+    code, out, err = run("mix", file, "--rows-per-batch", "2", "--json")
+    assert code == 0 and json.loads(out)["rows"] == 80, err
+
+
 def test_cli_table_json_and_errors(folders, tmp_path):
     file = write(
         tmp_path,
