@@ -152,6 +152,7 @@ def _inputs_read_cached(files: tuple[tuple[Path, int, int], ...], config: ReadCo
 
 def _inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
     found = _inputs_read_kind(paths, config)
+    _check_chat_options(found, config)
     template = config.sft.chat_template
     if template is not None and found.sft_kind not in CHAT_KINDS and _kinds_known(paths, config):
         what = f"{found.sft_kind} records" if found.sft_kind else "no chat records"
@@ -167,6 +168,25 @@ def _inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
             "to leave out of the loss; drop --train-on"
         )
     return found
+
+
+def _check_chat_options(found: InputsRead, config: ReadConfig) -> None:
+    """Refuse `--chat-template` and `--train-on` for ids made earlier (tokenized or
+    pre-tokenized Parquet): nothing is rendered, and the mask, if any, is the stored one."""
+    if found.mode not in (TOKENIZED, PRETOKENIZED):
+        return
+    what = "the inputs hold tokenized documents (their ids and loss mask, if any, were made when"
+    what += " they were tokenized)"
+    if config.sft.chat_template is not None:
+        raise ConfigError(
+            f"--chat-template {config.sft.chat_template}: {what}; drop --chat-template (or "
+            "tokenize the records again with it)"
+        )
+    if config.sft.train_on != "assistant":
+        raise ConfigError(
+            f"--train-on {config.sft.train_on}: {what}; drop --train-on (or tokenize the "
+            "records again with it)"
+        )
 
 
 def _kinds_known(paths: list[Path], config: ReadConfig) -> bool:

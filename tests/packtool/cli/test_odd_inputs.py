@@ -323,6 +323,50 @@ def test_train_on_for_plain_text_is_refused(tmp_path, good):
         _fails_in_one_line(args, "--train-on last: the inputs hold plain text", "drop --train-on")
 
 
+def test_chat_options_for_tokenized_inputs_are_refused(tmp_path, good):
+    """Both were ignored with exit 0 for tokenized Parquet (`--chat-template /nonexistent.jinja`
+    too, and `--train-on all` left the stored mask as it was): the check asked each file's first
+    records for their kind, which tokenized Parquet does not have."""
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello"},
+                ]
+            }
+        )
+        + "\n"
+    )
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}"
+    )
+    code, _, err = run(
+        "tokenize", chat, "-o", tmp_path / "chat.parquet", "--chat-template", template
+    )
+    assert code == 0, err
+    code, _, err = run("tokenize", good, "-o", tmp_path / "text.parquet")
+    assert code == 0, err
+    for tokenized in ("chat.parquet", "text.parquet"):
+        for command in ("stats", "pack"):
+            args = [command, tmp_path / tokenized]
+            args += ["-o", tmp_path / command] if command == "pack" else []
+            _fails_in_one_line(
+                [*args, "--chat-template", tmp_path / "missing.jinja"],
+                "the inputs hold tokenized documents",
+                "drop --chat-template",
+            )
+            for train_on in ("all", "last"):
+                _fails_in_one_line(
+                    [*args, "--train-on", train_on],
+                    f"--train-on {train_on}: the inputs hold tokenized documents",
+                    "drop --train-on",
+                )
+    assert not (tmp_path / "pack").exists()
+
+
 def test_inspect_of_a_shard_rewritten_with_fewer_rows_says_so(tmp_path, good):
     """It printed the manifest's row count beside totals measured from the shards, exit 0."""
     code, _, err = run("pack", good, "-o", tmp_path / "out", "--max-len", "64")
