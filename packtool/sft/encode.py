@@ -58,7 +58,7 @@ def chat_template_for(sft: SFTConfig, tokenizer: Any) -> ChatTemplate:
         ConfigError: no template, a bad one, or one whose turns cannot be found.
     """
     identity = tokenizer.identity
-    folder = Path(identity.name).parent if identity.kind == "hf" else None
+    folder = tokenizer.folder if identity.kind == "hf" else None  # a hub id's: its snapshot
     fallback = {}
     if identity.kind == "hf":  # the ids' strings, when no tokenizer_config.json names them
         encoder = text_encoder(tokenizer, specials=True)

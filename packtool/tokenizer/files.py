@@ -35,8 +35,9 @@ CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 TOKENIZER_FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "tokenizer.model"
-HUB_FILES = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE)
-"""What a hub download fetches: the tokenizer, nothing of the model."""
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+HUB_FILES = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE, CHAT_TEMPLATE_FILE)
+"""What a hub download fetches: the tokenizer and its chat template, nothing of the model."""
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
 _FORMS = (

@@ -119,6 +119,10 @@ class Tokenizer:
         """`eos` / `bos` -> the token text and where the id came from, for summaries."""
         self.given_ids: tuple[str, ...] = ()
         """The options that named an id explicitly (`--eos-id`, `--bos-id`; set by the CLI)."""
+        self.folder: Any = None
+        """The folder of the tokenizer's file as resolved (a hub id's snapshot folder), where
+        its `tokenizer_config.json` and `chat_template.jinja` are; None for `byte` and a
+        tiktoken encoding name."""
 
     @property
     def vocab_size(self) -> int:
@@ -434,6 +438,7 @@ def load_tokenizer(
     tok.file_note = source.note
     tok.engine_check = choice.checked
     tok.special_names = {k: v for k, v in (("eos", eos_from), ("bos", bos_from)) if v}
+    tok.folder = files.path.parent if files.path is not None else None
     return tok
 
 

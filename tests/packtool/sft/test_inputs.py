@@ -422,3 +422,76 @@ def test_record_batches_are_cut_by_utf8_bytes_not_characters(tmp_path):
     batches = list(read_records([path], "prompt-completion", read, SkipCounter()))
     assert [len(b) for b in batches] == [10] * 5
     assert all(b.text_bytes == 6000 for b in batches)
+
+
+def test_a_hub_tokenizers_template_is_read_from_its_snapshot(tmp_path, monkeypatch):
+    """`--tokenizer org/model` from the Hugging Face cache looked for the template in ./org: the
+    pack failed ('no chat template for the tokenizer in me'), or used ./me/chat_template.jinja."""
+    import shutil
+
+    from tests.packtool.chat_helpers import trained_tokenizer_dir
+
+    folder = trained_tokenizer_dir(str(tmp_path))
+    repo = tmp_path / "hub" / "models--me--tiny"
+    snapshot = repo / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    shutil.copy(folder / "tokenizer.json", snapshot)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = GEN
+    (snapshot / "tokenizer_config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    work = tmp_path / "work"
+    (work / "me").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    path = jsonl(work / "c.jsonl", [{"messages": CONV}])
+    ref = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    text = "".join(f"<|{m['role']}|>{m['content']}<|end|>\n" for m in CONV)
+
+    def ids() -> list[int]:
+        (table,) = list(tokenized_batches([path], tokenizer=load_tokenizer("me/tiny")))
+        return table.column("input_ids").to_pylist()[0]
+
+    assert ids() == ref.encode(text, add_special_tokens=False).ids
+    (work / "me" / "chat_template.jinja").write_text("{% for m in messages %}WRONG{% endfor %}")
+    assert ids() == ref.encode(text, add_special_tokens=False).ids  # not the one in ./me
+    (snapshot / "chat_template.jinja").write_text(TURNS.replace("<|end|>", "<|end|>!"))
+    assert ids() == ref.encode(text.replace("<|end|>", "<|end|>!"), add_special_tokens=False).ids
+
+
+def test_a_downloaded_hub_tokenizer_brings_its_chat_template_jinja(tmp_path, monkeypatch):
+    """The download fetched tokenizer.json and the configs only: a repository whose template
+    is its chat_template.jinja (transformers' save_pretrained writes it there) had none."""
+    import fnmatch
+    import shutil
+
+    import huggingface_hub
+
+    from tests.packtool.chat_helpers import trained_tokenizer_dir
+
+    folder = trained_tokenizer_dir(str(tmp_path))
+    (folder / "chat_template.jinja").write_text(GEN)
+    (folder / "model.safetensors").write_text("weights: never fetched")
+
+    def snapshot_download(repo_id, revision, allow_patterns):  # the Hub, for these files
+        snapshot = tmp_path / "hub" / "snapshot"
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for file in folder.iterdir():
+            if any(fnmatch.fnmatch(file.name, p) for p in allow_patterns):
+                shutil.copy(file, snapshot)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    path = jsonl(tmp_path / "c.jsonl", [{"messages": CONV}])
+    (table,) = list(tokenized_batches([path], tokenizer=load_tokenizer("me/tiny")))
+    ref = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    text = "".join(f"<|{m['role']}|>{m['content']}<|end|>\n" for m in CONV)
+    assert (
+        table.column("input_ids").to_pylist()[0] == ref.encode(text, add_special_tokens=False).ids
+    )
+    assert not (tmp_path / "hub" / "snapshot" / "model.safetensors").exists()
