@@ -62,7 +62,8 @@ def chat_template_for(sft: SFTConfig, tokenizer: Any) -> ChatTemplate:
     fallback = {}
     if identity.kind == "hf":  # the ids' strings, when no tokenizer_config.json names them
         encoder = text_encoder(tokenizer, specials=True)
-        for name, i in (("bos_token", identity.bos_id), ("eos_token", identity.eos_id)):
+        own = tokenizer.own_ids  # the tokenizer's defaults: --eos-id/--no-eos change no text
+        for name, i in (("bos_token", own["bos"]), ("eos_token", own["eos"])):
             token = encoder.token_text(i) if i is not None else None
             if token is not None:
                 fallback[name] = token

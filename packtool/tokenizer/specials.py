@@ -217,3 +217,21 @@ def default_id(
         f"tokenizer {spec!r} has no default {which.upper()} token (looked for "
         f"{', '.join(names)}); pass {flag}"
     )
+
+
+def own_ids(
+    source: Source,
+    files: TokenizerFiles,
+    vocab: dict[str, int],
+    spec: str,
+    special: Callable[[], Collection[str]] = frozenset,
+) -> dict[str, int | None]:
+    """The EOS and BOS ids the tokenizer's own files give (`eos="default"`, `bos="auto"`),
+    whatever `--eos-id`, `--bos-id`, `--no-eos`, `--no-bos` say: the `eos_token` / `bos_token`
+    a chat template sees where no tokenizer_config.json names them (packtool/sft/encode.py).
+    An EOS that could not be found is None here (the options made it unnecessary)."""
+    try:
+        eos = default_id("eos", "default", vocab, files, spec, special)[0]
+    except ConfigError:
+        eos = None
+    return {"eos": eos, "bos": own_bos(source, files, vocab)[0]}

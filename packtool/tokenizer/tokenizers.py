@@ -54,6 +54,7 @@ from packtool.tokenizer.specials import (
     default_id,
     marked_special,
     own_bos,
+    own_ids,
 )
 
 BYTE_VOCAB = 258
@@ -119,10 +120,9 @@ class Tokenizer:
         """`eos` / `bos` -> the token text and where the id came from, for summaries."""
         self.given_ids: tuple[str, ...] = ()
         """The options that named an id explicitly (`--eos-id`, `--bos-id`; set by the CLI)."""
-        self.folder: Any = None
-        """The folder of the tokenizer's file as resolved (a hub id's snapshot folder), where
-        its `tokenizer_config.json` and `chat_template.jinja` are; None for `byte` and a
-        tiktoken encoding name."""
+        self.own_ids = {"eos": eos_id, "bos": bos_id}
+        """EOS / BOS by the tokenizer's files alone, whatever the options (`specials.own_ids`)."""
+        self.folder: Any = None  # the folder its file was resolved to (a hub id's snapshot)
 
     @property
     def vocab_size(self) -> int:
@@ -439,6 +439,8 @@ def load_tokenizer(
     tok.engine_check = choice.checked
     tok.special_names = {k: v for k, v in (("eos", eos_from), ("bos", bos_from)) if v}
     tok.folder = files.path.parent if files.path is not None else None
+    if (eos, bos) != ("default", "auto"):  # the options changed them
+        tok.own_ids = own_ids(source, files, vocab, spec, marked)
     return tok
 
 

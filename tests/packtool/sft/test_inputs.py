@@ -495,3 +495,42 @@ def test_a_downloaded_hub_tokenizer_brings_its_chat_template_jinja(tmp_path, mon
         table.column("input_ids").to_pylist()[0] == ref.encode(text, add_special_tokens=False).ids
     )
     assert not (tmp_path / "hub" / "snapshot" / "model.safetensors").exists()
+
+
+def test_eos_and_bos_options_leave_the_templates_tokens_alone(tmp_path):
+    """Without a tokenizer_config.json the template's `eos_token` was the string of the run's
+    EOS id: `--eos-id 5` wrote id 5 into every turn, `--no-eos` wrote nothing (every assistant
+    turn lost its end marker). Its tokens are the tokenizer's own defaults, whatever the
+    options say."""
+    from tests.packtool.chat_helpers import trained_tokenizer_dir
+
+    folder = tmp_path / "noconfig"
+    folder.mkdir()
+    source = trained_tokenizer_dir(str(tmp_path)) / "tokenizer.json"
+    (folder / "tokenizer.json").write_bytes(source.read_bytes())
+    tpl = template_file(
+        tmp_path,
+        "{{ bos_token | default('') }}"
+        + GEN.replace(
+            "{{ m.content }}<|end|>{% endgeneration %}",
+            "{{ m.content }}{{ eos_token }}{% endgeneration %}",
+        ),
+    )
+    path = jsonl(tmp_path / "c.jsonl", [{"messages": CONV}])
+    ref = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    text = "".join(
+        f"<|{m['role']}|>{m['content']}"
+        + ("</s>" if m["role"] == "assistant" else "<|end|>")
+        + "\n"
+        for m in CONV
+    )
+    expected = ref.encode(text, add_special_tokens=False).ids
+    assert ref.token_to_id("</s>") in expected
+    for options in ({}, {"eos": 5}, {"eos": None}, {"bos": 5}, {"bos": None}, {"bos": "default"}):
+        tok = load_tokenizer(str(folder / "tokenizer.json"), **options)
+        (table,) = list(
+            tokenized_batches(
+                [path], tokenizer=tok, read_config=ReadConfig(sft=SFTConfig(chat_template=str(tpl)))
+            )
+        )
+        assert table.column("input_ids").to_pylist()[0] == expected, options
