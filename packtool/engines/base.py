@@ -36,6 +36,7 @@ from packtool.engines.config import RunConfig
 from packtool.engines.context import WorkerContext, context_for
 from packtool.engines.plan import Plan, describe, make_plan
 from packtool.engines.preflight import (
+    CHAT_TEMPLATE_KEY,
     COMPLETE,
     FACTS_KEY,
     Checked,
@@ -147,6 +148,8 @@ class Run:
         kinds = checked.kinds()
         fingerprint = fingerprint_of(config, checked)
         self.fingerprint = fingerprint_digest(fingerprint)
+        self.chat_template: dict[str, Any] | None = fingerprint.get(CHAT_TEMPLATE_KEY)
+        """The chat template's record (`index.json`'s `extra.chat_template`), chat runs only."""
         if output.state is not None and output.state.get(COMPLETE):
             # raises: there is nothing to run (the output a URL or a local path)
             check_complete(fingerprint, storage.as_path(config.out_dir), str(config.out_dir))
@@ -280,6 +283,7 @@ class Run:
             n,
             self.fingerprint,
             self.special_names(),
+            self.chat_template,
         )
         finish.remove_temporaries(self.work)  # left by workers killed mid-write
         finish.write_index(self.work, manifest, root)

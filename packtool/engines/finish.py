@@ -51,10 +51,12 @@ def manifest_head(
     partitions: int,
     fingerprint: str,
     special_names: dict[str, str] | None = None,
+    chat_template: dict[str, Any] | None = None,
 ) -> tuple[PackSummary, Manifest]:
     """The summary and `index.json` without its shard list, from the running sums;
     `fingerprint` is the run's (`preflight.fingerprint_digest`), which `--resume` compares;
-    `special_names` where the EOS and BOS defaults came from (`Tokenizer.special_names`).
+    `special_names` where the EOS and BOS defaults came from (`Tokenizer.special_names`);
+    `chat_template` the template chat records were rendered with (`sft.encode.template_record`).
 
     Raises:
         DataError: no document, or nothing left to pack.
@@ -135,6 +137,7 @@ def manifest_head(
             "doc_ids": doc_ids,
             "fingerprint": fingerprint,
             **({"special_tokens": dict(special_names)} if special_names else {}),
+            **({"chat_template": dict(chat_template)} if chat_template else {}),
         },
     )
     return summary, manifest

@@ -52,6 +52,8 @@ from packtool.prefetch import map_ordered
 from packtool.read.corpus import expand_inputs
 from packtool.read.formats import file_kind
 from packtool.read.jsonl import json_array_file
+from packtool.read.sft_config import CHAT_KINDS
+from packtool.sft.encode import template_record
 from packtool.storage import hub
 from packtool.storage import local as storage
 from packtool.tokenize.tables import PRETOKENIZED, RAW, RECORDS
@@ -378,8 +380,21 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
         # seq_lengths was declared) cannot be finished with shards of a different schema.
         "columns": list(written(checked.columns)),
     }
+    if checked.records and checked.sft_kind in CHAT_KINDS:
+        # The template's text, not the --chat-template path (edited in place, or the
+        # tokenizer's own one, it changes every conversation).
+        fingerprint[CHAT_TEMPLATE_KEY] = template_record(config.read.sft, checked.tokenizer)
     # Compare in the form the state file stores it (tuples become lists).
     return json.loads(json.dumps(fingerprint))
+
+
+CHAT_TEMPLATE_KEY = "chat_template"
+"""The fingerprint's record of the chat template (`sft.encode.template_record`); states and
+datasets written before it lack it, and are compared without it."""
+
+
+def _without(fingerprint: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in fingerprint.items() if k != key}
 
 
 COMPLETE = "complete"
@@ -404,7 +419,10 @@ def check_complete(fingerprint: dict[str, Any], out: Path, shown: str | None = N
     """
     saved = read_manifest(out).extra.get("fingerprint")  # a damaged index.json: one line
     shown = shown or str(out)
-    if saved is not None and saved != fingerprint_digest(fingerprint):
+    digests = {fingerprint_digest(fingerprint)}
+    if CHAT_TEMPLATE_KEY in fingerprint:  # a dataset packed before its template was recorded
+        digests.add(fingerprint_digest(_without(fingerprint, CHAT_TEMPLATE_KEY)))
+    if saved is not None and saved not in digests:
         raise ConfigError(
             f"cannot resume {shown}: it is a finished dataset of other options or inputs; "
             "use --overwrite to replace it"
@@ -418,6 +436,8 @@ def check_complete(fingerprint: dict[str, Any], out: Path, shown: str | None = N
 def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, Any], out: Path) -> None:
     """Refuse to resume when the options or inputs differ from the interrupted run's."""
     old = state.get("fingerprint", {})
+    if isinstance(old, dict) and CHAT_TEMPLATE_KEY not in old:  # saved before it was kept
+        fingerprint = _without(fingerprint, CHAT_TEMPLATE_KEY)
     if old != fingerprint:
         changed = [k for k in fingerprint if old.get(k) != fingerprint[k]]
         if "inputs" in changed and _renamed(old.get("inputs"), fingerprint["inputs"]):

@@ -57,6 +57,34 @@ def chat_template_for(sft: SFTConfig, tokenizer: Any) -> ChatTemplate:
     Raises:
         ConfigError: no template, a bad one, or one whose turns cannot be found.
     """
+    template = _chat_template(sft, tokenizer)
+    if not template.has_generation and sft.train_on != "all":
+        why = check_turn_template(template)
+        if why is not None:
+            raise ConfigError(
+                f"{template.name}: assistant turns cannot be found in this template ({why}); "
+                "use a template with {% generation %} blocks, or --train-on all"
+            )
+    return template
+
+
+def template_record(sft: SFTConfig, tokenizer: Any) -> dict[str, Any]:
+    """What identifies the template a run renders with, wherever it came from (`--chat-template`,
+    the tokenizer's chat_template.jinja or tokenizer_config.json): the sha256 of its text and
+    the special-token strings it sees. A resume compares it; `index.json` records it.
+
+    Raises:
+        ConfigError: no template, or one that does not compile.
+    """
+    template = _chat_template(sft, tokenizer)
+    return {
+        "sha256": template.sha256,
+        "special_tokens": dict(sorted(template.special_tokens.items())),
+    }
+
+
+def _chat_template(sft: SFTConfig, tokenizer: Any) -> ChatTemplate:
+    """The template `sft` names, or the tokenizer's own, with the special tokens it sees."""
     identity = tokenizer.identity
     folder = tokenizer.folder if identity.kind == "hf" else None  # a hub id's: its snapshot
     fallback = {}
@@ -69,13 +97,6 @@ def chat_template_for(sft: SFTConfig, tokenizer: Any) -> ChatTemplate:
                 fallback[name] = token
     template = load_chat_template(sft.chat_template, tokenizer_dir=folder)
     template.special_tokens = {**fallback, **template.special_tokens}
-    if not template.has_generation and sft.train_on != "all":
-        why = check_turn_template(template)
-        if why is not None:
-            raise ConfigError(
-                f"{template.name}: assistant turns cannot be found in this template ({why}); "
-                "use a template with {% generation %} blocks, or --train-on all"
-            )
     return template
 
 

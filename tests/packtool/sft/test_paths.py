@@ -306,3 +306,101 @@ def test_a_skipped_record_moves_no_later_id_and_inspect_names_each_records_line(
     assert [s.split("chat.jsonl:")[1] for _, s in shown] == [
         f"line {k + 1} (byte {starts[k]})" for k in (0, 2, 3, 4)
     ]
+
+
+def _interrupted(out: Path, chat, read: ReadConfig, monkeypatch, tokenizer=None) -> None:
+    """A run into `out` stopped after its first partition (one per input file)."""
+    real = worker.write_chunk
+    staging = staging_folder(out)
+
+    def crash_in_the_second_partition(*args, **kwargs):
+        if records.finished(staging):
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "write_chunk", crash_in_the_second_partition)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(config(out, {**chat, "read": read}, partition_size=1, workers=1), tokenizer)
+    monkeypatch.setattr(worker, "write_chunk", real)
+
+
+def test_resume_refuses_a_changed_template_file(chat, tmp_path, monkeypatch):
+    """The fingerprint held the --chat-template path, not its text: a template edited between
+    the interrupted run and --resume was accepted, and the dataset held conversations of both
+    renderings (2,900 old and 5,500 new in the audit's run)."""
+    import hashlib
+
+    from packtool.errors import AlreadyComplete, ConfigError
+
+    tpl = tmp_path / "t.jinja"
+    tpl.write_text(GEN, "utf-8")
+    read = ReadConfig(sft=SFTConfig(chat_template=str(tpl)))
+    resume = config(
+        tmp_path / "out", {**chat, "read": read}, partition_size=1, workers=1, resume=True
+    )
+    _interrupted(tmp_path / "out", chat, read, monkeypatch)
+    tpl.write_text(GEN.replace("<|end|>", "<|eot|>"), "utf-8")
+    with pytest.raises(ConfigError, match=r"options or inputs differ \(chat_template\)"):
+        run_pack(resume)
+    tpl.write_text(GEN, "utf-8")
+    summary = run_pack(resume)
+    assert summary.resumed_partitions == 1
+    assert packed_pieces(tmp_path / "out") == chat["expected"]
+    recorded = read_manifest(tmp_path / "out").extra["chat_template"]
+    assert recorded["sha256"] == hashlib.sha256(GEN.encode()).hexdigest()
+    with pytest.raises(AlreadyComplete):
+        run_pack(resume)
+    tpl.write_text(GEN.replace("<|end|>", "<|eot|>"), "utf-8")
+    with pytest.raises(ConfigError, match="a finished dataset of other options or inputs"):
+        run_pack(resume)
+
+
+def test_resume_refuses_a_changed_tokenizer_template(chat, tmp_path, monkeypatch):
+    """The tokenizer's identity hashed tokenizer.json alone: an edited chat_template in
+    tokenizer_config.json, or a chat_template.jinja added beside it, was resumed as well."""
+    from packtool.errors import ConfigError
+    from tests.packtool.chat_helpers import trained_tokenizer_dir
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    trained = trained_tokenizer_dir(str(tmp_path))
+    (folder / "tokenizer.json").write_bytes((trained / "tokenizer.json").read_bytes())
+    cfg = {"chat_template": GEN, "eos_token": "</s>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    read = ReadConfig(sft=SFTConfig())
+    out = tmp_path / "out"
+    _interrupted(out, chat, read, monkeypatch, load_tokenizer(str(folder)))
+    resume = config(out, {**chat, "read": read}, partition_size=1, workers=1, resume=True)
+    edited = {**cfg, "chat_template": GEN.replace("<|end|>", "<|eot|>")}
+    (folder / "tokenizer_config.json").write_text(json.dumps(edited))
+    with pytest.raises(ConfigError, match=r"differ \(chat_template\)"):
+        run_pack(resume, load_tokenizer(str(folder)))
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (folder / "chat_template.jinja").write_text(GEN.replace("<|end|>", "<|eot|>"))
+    with pytest.raises(ConfigError, match=r"differ \(chat_template\)"):
+        run_pack(resume, load_tokenizer(str(folder)))
+    (folder / "chat_template.jinja").unlink()
+    assert run_pack(resume, load_tokenizer(str(folder))).resumed_partitions == 1
+
+
+def test_a_run_state_and_dataset_from_before_the_template_record_still_resume(
+    chat, tmp_path, monkeypatch
+):
+    """A run state (or a finished dataset's digest) written before the fingerprint held the
+    template: nothing says what it was, so it resumes as before."""
+    from packtool.engines.preflight import fingerprint_digest
+    from packtool.errors import AlreadyComplete
+
+    out = tmp_path / "out"
+    _interrupted(out, chat, chat["read"], monkeypatch)
+    plan = records.run_dir(staging_folder(out)) / records.PLAN_FILE
+    state = json.loads(plan.read_text())
+    del state["fingerprint"]["chat_template"]
+    plan.write_text(json.dumps(state))
+    resume = config(out, chat, partition_size=1, workers=1, resume=True)
+    assert run_pack(resume).resumed_partitions == 1
+    index = json.loads((out / "index.json").read_text())
+    index["extra"]["fingerprint"] = fingerprint_digest(state["fingerprint"])
+    (out / "index.json").write_text(json.dumps(index))
+    with pytest.raises(AlreadyComplete):
+        run_pack(resume)
