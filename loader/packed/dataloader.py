@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from loader.order.steps import EpochPlan
@@ -103,13 +104,12 @@ class PackedDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[dict]:
         ds = self._packed
-        shared = ds._shared
-        epoch, origin, first = ds.pending_start()
-        plan = ds._start_plan(epoch, origin, first, ds._pending_cursor())
+        epoch, origin, first, cursor, _ = ds._start.peek()
+        plan = ds._start_plan(epoch, origin, first, cursor)
         self._position = (epoch, origin, first, plan)
         self._generation = ds._generation
         consumed = first
-        if self.num_workers == 0:
+        if self.num_workers == 0:  # the dataset iterates here: it uses a resume point up itself
             for batch in super().__iter__():
                 consumed += 1
                 self._position = (epoch, origin, consumed, plan)
@@ -122,6 +122,9 @@ class PackedDataLoader(DataLoader):
                 self._ring = self._new_ring(plan)
                 self.worker_init_fn = _WorkerInit(self._ring, self._user_worker_init)
             ring = self._ring
+            # The workers start where this iteration does, and the resume point is used up.
+            ring.start[:] = torch.tensor((epoch, origin, first, cursor))
+            ds._start.drop()
             pin = bool(self.pin_memory)
             # Workers produce blocks of steps; hold early arrivals until their turn.
             waiting: dict[int, CompactBatch] = {}
@@ -139,9 +142,6 @@ class PackedDataLoader(DataLoader):
                     yield batch
             if waiting:
                 raise RuntimeError(f"loader workers skipped step {consumed}; this is a bug")
-        # The resume point is used up; a new iteration of this epoch starts from the beginning.
-        if shared[3] and int(shared[0]) == epoch:
-            shared[3] = 0
 
     def set_epoch(self, epoch: int) -> None:
         """`PackedDataset.set_epoch`: what `Trainer` and accelerate call on a loader each epoch."""
@@ -155,8 +155,8 @@ class PackedDataLoader(DataLoader):
         """
         ds = self._packed
         if self._generation != ds._generation:
-            epoch, origin, first = ds.pending_start()
-            plan = ds._start_plan(epoch, origin, first, ds._pending_cursor())
+            epoch, origin, first, cursor, _ = ds._start.peek()
+            plan = ds._start_plan(epoch, origin, first, cursor)
             return {"packed_dataset": ds._state(epoch, origin, first, plan)}
         return {"packed_dataset": ds._state(*self._position)}
 

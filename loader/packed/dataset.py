@@ -14,7 +14,6 @@ and checks: loader/packed/resume.py).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -40,6 +39,7 @@ from loader.order.balance import imbalance, row_cost
 from loader.order.permutation import EpochOrder
 from loader.order.steps import EpochPlan, block_steps_bound, iter_blocks, rank_rows
 from loader.packed.resume import (
+    PendingStart,
     check_state,
     make_state,
     merge_loader_state,
@@ -157,9 +157,9 @@ class PackedDataset(IterableDataset):
             self.pad_tokens = config.tokens_per_batch or config.rows_per_batch * max_len
         else:
             self.pad_tokens = None
-        # (epoch, origin, next_step, resume_pending, cursor) shared with worker processes so
-        # that set_epoch / load_state_dict reach persistent workers too.
-        self._shared = multiprocessing.RawArray("q", 5)
+        # Shared with worker processes, so that set_epoch / load_state_dict reach persistent
+        # workers too, and a resume point they start from is used up here too.
+        self._start = PendingStart()
         self._local_resume: tuple[int, int, int, int] | None = None
         # Bumped by set_epoch / load_state_dict (main process): a PackedDataLoader that has not
         # iterated since then reports the dataset's new starting point, not its old position.
@@ -179,15 +179,13 @@ class PackedDataset(IterableDataset):
 
     @property
     def epoch(self) -> int:
-        return int(self._shared[0])
+        return self._start.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration delivers (keeps a pending resume of that epoch)."""
-        epoch = check_epoch(epoch)
-        if self._shared[3] and int(self._shared[0]) == epoch:
+        """Select the epoch the next iteration delivers (keeps a resume point of that epoch
+        that no iteration has started from yet)."""
+        if not self._start.set_epoch(check_epoch(epoch)):
             return
-        self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, 0, 0, 0
-        self._shared[4] = 0
         self._iter_epoch, self._iter_origin, self._next_step = epoch, 0, 0
         self._generation += 1
 
@@ -254,8 +252,8 @@ class PackedDataset(IterableDataset):
         With a token budget this cuts the rest of the epoch (reads every remaining row's length
         once per epoch; then cached).
         """
-        epoch, origin, first = self.pending_start()
-        plan = self._start_plan(epoch, origin, first, self._pending_cursor())
+        epoch, origin, first, cursor, _ = self._start.peek()
+        plan = self._start_plan(epoch, origin, first, cursor)
         return max(plan.num_steps - first, 0)
 
     def rows_for(self, plan: EpochPlan, step: int, rank: int | None = None) -> np.ndarray:
@@ -366,18 +364,22 @@ class PackedDataset(IterableDataset):
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
         if info is None:
             self._loader_workers = 0  # iterated in this process: its position is this copy's
+        ring = self._worker_ring if info is not None else None
         if self._local_resume is not None:
             epoch, origin, first, cursor = self._local_resume
             self._local_resume = None
             stride_first = first  # a worker's own next step, restored by StatefulDataLoader
         else:
-            epoch, origin, first = self.pending_start()
-            cursor = self._pending_cursor()
+            if ring is not None:  # the PackedDataLoader's start (it used the resume point up)
+                epoch, origin, first, cursor = (int(x) for x in ring.start)
+            else:  # uses a pending resume point up (here, or once every worker started from it)
+                epoch, origin, first, cursor = self._start.take(
+                    None if info is None else worker, n_workers
+                )
             stride_first = first + worker
         plan = self._start_plan(epoch, origin, first, cursor)
         self._iter_epoch, self._iter_origin = epoch, origin
         self._next_step = stride_first
-        ring = self._worker_ring if info is not None else None
         if ring is not None:
             ring.start_worker()
             return self._generate_blocks(plan, first, worker, n_workers, ring)
@@ -510,23 +512,15 @@ class PackedDataset(IterableDataset):
         self._loader_workers = 0  # the position is the loaded one, in this process too
         epoch, origin, first, cursor = self._resume_point(merged, own_step=False)
         self._plan_cache = None  # a fresh plan: only this state's position is known in it
-        self._shared[0], self._shared[1], self._shared[2], self._shared[3] = epoch, origin, first, 1
-        self._shared[4] = cursor
+        self._start.set_resume(epoch, origin, first, cursor)
         self._iter_epoch, self._iter_origin, self._next_step = epoch, origin, first
         self._start_plan(epoch, origin, first, cursor)
         self._generation += 1
 
     def pending_start(self) -> tuple[int, int, int]:
-        """`(epoch, origin, first step)` where the next iteration starts: the pending resume
-        point, else the start of the epoch set last (shared with the workers)."""
-        shared = self._shared
-        origin, first = (int(shared[1]), int(shared[2])) if shared[3] else (0, 0)
-        return int(shared[0]), origin, first
-
-    def _pending_cursor(self) -> int:
-        """The row where `pending_start`'s step starts (the resume state's cursor)."""
-        shared = self._shared
-        return int(shared[4]) if shared[3] else 0
+        """`(epoch, origin, first step)` where the next iteration starts: a resume point no
+        iteration has started from yet, else the start of the epoch set last."""
+        return self._start.peek()[:3]
 
     def _check(self, state: dict[str, Any]) -> None:
         check_state(

@@ -12,18 +12,22 @@ hash of its position and layout, does.
 Version 2 (this one) goes with the lazy epoch order (loader/order/permutation.py); a version 1 state
 (the earlier order) is accepted only at the start of an epoch, where both orders agree on what
 is left (all of it).
+
+`PendingStart` holds where the next iteration starts (shared with DataLoader workers) and uses a
+loaded resume point up once an iteration has started from it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
-from packtool.errors import DataError
+from packtool.errors import ConfigError, DataError
 
 STATE_VERSION = 2
 OLD_VERSIONS = (1,)
@@ -255,3 +259,80 @@ def stale_state_message(what: str, workers: int) -> str:
         f"data; save the loader's state instead ({loader}.state_dict(), resumed with its "
         "load_state_dict)"
     )
+
+
+CLAIM_SLOTS = 4096
+"""Most DataLoader workers that can start from one pending resume point together."""
+
+
+class PendingStart:
+    """Where a dataset's next iteration starts, in shared memory (DataLoader workers see what
+    `set_epoch` / `load_state_dict` did in the trainer, persistent workers too): the start of
+    the epoch set last, or a resume point, which the first iteration that starts from it uses
+    up, so the iterations after it run the whole epoch.
+
+    In process, `take` uses the point up at once. In worker processes each worker marks its
+    slot as it takes the point, and the point is used up once every worker of that iteration
+    has (a counter would need a lock, and a lock of one multiprocessing context cannot go to
+    workers of another).
+    """
+
+    # 0 epoch, 1 origin, 2 first step, 3 resume pending, 4 cursor, 5 the resume's serial number,
+    # 6 workers of the iteration taking it, then one slot per worker: the serial it took.
+    def __init__(self) -> None:
+        self._raw = multiprocessing.RawArray("q", 7 + CLAIM_SLOTS)
+
+    @property
+    def _a(self) -> np.ndarray:
+        return np.frombuffer(self._raw, dtype=np.int64)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._a[0])
+
+    def set_epoch(self, epoch: int) -> bool:
+        """Start the next iteration at the start of `epoch`, unless a resume point of that
+        epoch is pending (False: kept)."""
+        if self.peek()[4] and self.epoch == epoch:
+            return False
+        self._a[:5] = (epoch, 0, 0, 0, 0)
+        return True
+
+    def set_resume(self, epoch: int, origin: int, first: int, cursor: int) -> None:
+        """Start the next iteration at step `first` of the plan of `(epoch, origin)`, which
+        starts at row `cursor`."""
+        a = self._a
+        a[:7] = (epoch, origin, first, 0, cursor, a[5] + 1, 0)
+        a[3] = 1
+
+    def peek(self) -> tuple[int, int, int, int, bool]:
+        """`(epoch, origin, first step, cursor, resuming)` where the next iteration starts."""
+        a = self._a
+        n = int(a[6])
+        if a[3] and n and bool((a[7 : 7 + n] == a[5]).all()):
+            a[3] = 0  # every worker of an iteration has started from it
+        if not a[3]:
+            return int(a[0]), 0, 0, 0, False
+        return int(a[0]), int(a[1]), int(a[2]), int(a[4]), True
+
+    def take(self, worker: int | None = None, workers: int = 1) -> tuple[int, int, int, int]:
+        """`(epoch, origin, first step, cursor)` for an iteration that starts now: in process
+        (`worker` None) or in DataLoader worker `worker` of `workers`."""
+        epoch, origin, first, cursor, resuming = self.peek()
+        if resuming:
+            a = self._a
+            if worker is None:
+                a[3] = 0
+            elif workers > CLAIM_SLOTS:
+                raise ConfigError(
+                    f"{workers} DataLoader workers cannot share a resume point (at most "
+                    f"{CLAIM_SLOTS}); use fewer workers"
+                )
+            else:
+                a[7 + worker] = a[5]
+                a[6] = workers
+        return epoch, origin, first, cursor
+
+    def drop(self) -> None:
+        """Use the pending resume point up (a loader that passes the start to its workers)."""
+        self._a[3] = 0

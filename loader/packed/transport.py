@@ -172,6 +172,9 @@ class Ring:
         self.busy = torch.zeros(num_workers * slots, dtype=torch.int32).share_memory_()
         self.consumed = torch.zeros(1, dtype=torch.int64).share_memory_()
         """Steps the trainer has consumed (the next one it takes), for the step slots."""
+        self.start = torch.zeros(4, dtype=torch.int64).share_memory_()
+        """(epoch, origin, first step, cursor) where the workers' next iteration starts, set by
+        the trainer (`PackedDataLoader`) before it starts them."""
         self._count = 0
         self._worker = -1
         self._views: dict[int, Documents] = {}  # per slot, its arrays (made when first used)

@@ -235,6 +235,55 @@ def test_resume_at_the_end_of_an_epoch_and_after_the_last(random_dataset, refere
     assert rest == []
 
 
+def _loaders():
+    """Every way to iterate a dataset: (name, make an iterable of it)."""
+    from torch.utils.data import DataLoader
+
+    yield "in process", lambda ds: ds
+    for n in (0, 2):
+        yield f"DataLoader({n})", lambda ds, n=n: DataLoader(ds, batch_size=None, num_workers=n)
+        yield (
+            f"StatefulDataLoader({n})",
+            lambda ds, n=n: StatefulDataLoader(ds, batch_size=None, num_workers=n),
+        )
+        yield f"PackedDataLoader({n})", lambda ds, n=n: PackedDataLoader(ds, num_workers=n)
+    yield (
+        "DataLoader(2, persistent)",
+        lambda ds: DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True),
+    )
+    yield (
+        "PackedDataLoader(2, persistent)",
+        lambda ds: PackedDataLoader(ds, num_workers=2, persistent_workers=True),
+    )
+
+
+@pytest.mark.parametrize(("name", "make"), list(_loaders()))
+def test_a_resume_point_is_used_up_by_the_iteration_that_starts_there(
+    random_dataset, reference, name, make
+):
+    """Before: only PackedDataLoader used the loaded point up; iterating the dataset itself,
+    through torch's DataLoader or StatefulDataLoader(num_workers=0) restarted at it every time
+    (134, 134, 134 steps of a 234-step epoch resumed after 100), and set_epoch(0) kept it."""
+    n0 = len(PackedDataset(random_dataset, **SETTINGS))
+    epoch0 = reference[:n0]
+    ds = PackedDataset(random_dataset, **SETTINGS)
+    ds.load_state_dict(_dl_state(random_dataset, 4))
+    loader = make(ds)
+    passes = [[_key(b) for b in loader] for _ in range(3)]
+    assert [len(p) for p in passes] == [n0 - 4, n0, n0], name
+    assert passes == [epoch0[4:], epoch0, epoch0], name
+    ds.load_state_dict(_dl_state(random_dataset, 6))
+    ds.set_epoch(0)  # keeps the loaded point: nothing has started from it
+    assert len(ds) == n0 - 6
+    if "(2" in name and "Packed" not in name:  # used up once every worker has started there
+        assert [_key(b) for b in loader] == epoch0[6:], name
+    else:  # used up as the iteration starts: an abandoned one uses it too
+        assert _key(next(iter(loader))) == epoch0[6], name
+    assert len(ds) == n0
+    ds.set_epoch(0)  # the point is used: the epoch restarts
+    assert [_key(b) for b in loader] == epoch0, name
+
+
 @pytest.mark.parametrize(("key", "delta"), [("cursor", 1), ("cursor", -1), ("next_step", 1)])
 def test_edited_position_is_refused_by_the_check_value(random_dataset, key, delta):
     # With a token budget the cursor decides where the cut resumes; only the full cut from the
