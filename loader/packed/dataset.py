@@ -487,6 +487,7 @@ class PackedDataset(IterableDataset):
             next_step=next_step,
             cursor=plan.cursor_after(next_step),
             layout=self.config.layout_key(self.world_size),
+            ended=not plan.has_step(next_step),
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -41,6 +41,8 @@ STATE_FIELDS = {
     "layout": dict,
 }
 """What a state must hold (and of which type) before any of it is used."""
+OPTIONAL_FIELDS = {"ended": bool}
+"""What a state may hold (states saved before these existed lack them)."""
 
 
 def make_state(
@@ -52,8 +54,10 @@ def make_state(
     next_step: int,
     cursor: int,
     layout: dict[str, Any],
+    ended: bool,
 ) -> dict[str, Any]:
-    """A `PackedDataset` state (what `state_dict()` returns)."""
+    """A `PackedDataset` state (what `state_dict()` returns). `ended`: no step of the epoch is
+    left (with `drop_last` the cursor then lies before the dropped rows, not at the end)."""
     state = {
         "version": STATE_VERSION,
         "fingerprint": fingerprint,
@@ -63,6 +67,7 @@ def make_state(
         "next_step": next_step,
         "cursor": cursor,
         "layout": layout,
+        "ended": bool(ended),
     }
     state["check"] = state_check(state)
     return state
@@ -71,6 +76,7 @@ def make_state(
 def state_check(state: dict[str, Any]) -> str:
     """A hash of a state's position and layout (16 hex digits)."""
     keys = ("fingerprint", "seed", "epoch", "origin", "next_step", "cursor", "layout")
+    keys += tuple(k for k in OPTIONAL_FIELDS if k in state)
     return digest([state[k] for k in keys])
 
 
@@ -114,6 +120,12 @@ def check_state(state: dict[str, Any], *, fingerprint: str, seed: int, path: Any
             f"malformed PackedDataset state: {key!r} is {state.get(key)!r}; the checkpoint is "
             "damaged"
         )
+    for key, kind in OPTIONAL_FIELDS.items():
+        if key in state and not isinstance(state[key], kind):
+            raise DataError(
+                f"malformed PackedDataset state: {key!r} is {state[key]!r}; the checkpoint is "
+                "damaged"
+            )
     if version in OLD_VERSIONS and (state["next_step"], state["origin"], state["cursor"]) != (
         0,
         0,
@@ -166,7 +178,9 @@ def resume_point(
             f"the state's position (epoch {epoch}, origin {origin}, step {step}, row "
             f"{cursor}) does not fit this dataset of {num_rows} rows; the checkpoint is damaged"
         )
-    _check_order(state["layout"], layout, cursor=cursor, num_rows=num_rows)
+    # With drop_last an ended epoch's cursor lies before the dropped rows: nothing is left.
+    ended = cursor >= num_rows or state.get("ended") is True
+    _check_order(state["layout"], layout, ended=ended, cursor=cursor, num_rows=num_rows)
     same_layout = state["layout"] == layout
     if same_layout:
         # A StatefulDataLoader worker's own next step runs past the end by up to its stride.
@@ -183,6 +197,8 @@ def resume_point(
         )
     if same_layout:
         return epoch, origin, step, cursor
+    if ended:  # other ranks or batch settings take nothing more of the epoch
+        return epoch, num_rows, 0, num_rows
     # Other ranks or batch settings: continue at the first row no step has consumed.
     return epoch, cursor, 0, cursor
 
@@ -193,12 +209,12 @@ ORDER_KEYS = ("shuffle", "shuffle_window")
 
 
 def _check_order(
-    saved: dict[str, Any], ours: dict[str, Any], *, cursor: int, num_rows: int
+    saved: dict[str, Any], ours: dict[str, Any], *, ended: bool, cursor: int, num_rows: int
 ) -> None:
     """Refuse a resume in the middle of an epoch under another row order (`ORDER_KEYS`): the
     rest of a different permutation would repeat some consumed rows and skip others."""
-    if cursor == 0 or cursor >= num_rows or not all(k in saved for k in ORDER_KEYS):
-        return  # nothing consumed yet, or all of it: any order has the same rows left
+    if cursor == 0 or ended or not all(k in saved for k in ORDER_KEYS):
+        return  # nothing consumed yet, or the epoch is over: any order has the same rows left
     if order_of(saved) != order_of(ours):
         was = ", ".join(f"{k}={saved[k]!r}" for k in ORDER_KEYS)
         now = ", ".join(f"{k}={ours[k]!r}" for k in ORDER_KEYS)

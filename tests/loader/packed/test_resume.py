@@ -102,6 +102,41 @@ def test_row_order_may_change_where_the_epoch_starts_or_ends(random_dataset):
         assert sorted(seen) == expected
 
 
+@pytest.mark.parametrize(
+    "kw", [{"rows_per_batch": 5, "tokens_per_batch": None}, {"tokens_per_batch": 70}]
+)
+def test_a_state_where_drop_last_ended_the_epoch_resumes_with_nothing_left(random_dataset, kw):
+    """With drop_last the cursor of an ended epoch lies before the dropped tail, and the state
+    was taken for a mid-epoch one: with other ranks or batch settings the dropped rows came as
+    extra batches (3 ranks x 5 rows over 36 rows, then 1 rank: one more batch of 12 documents),
+    and another row order was refused although the epoch had ended."""
+    kw = {**SETTINGS, **kw, "drop_last": True}
+    ds = PackedDataset(random_dataset, rank=0, world_size=3, **kw)
+    dl = PackedDataLoader(ds)
+    list(dl)
+    state = dl.state_dict()
+    assert state["packed_dataset"]["cursor"] < ds.store.num_rows  # a tail was dropped
+    others = [
+        {"world_size": 3},
+        {"world_size": 1},
+        {"world_size": 2, "rows_per_batch": 3, "tokens_per_batch": None},
+        {"world_size": 1, "drop_last": False},
+        {"world_size": 3, "shuffle_window": 1},
+        {"world_size": 2, "shuffle": False},
+    ]
+    for other in others:
+        settings = {**kw, **other}
+        ds2 = PackedDataset(random_dataset, rank=0, **settings)
+        dl2 = PackedDataLoader(ds2)
+        dl2.load_state_dict(state)
+        assert len(ds2) == 0 and list(dl2) == [], other
+        ds2.set_epoch(1)  # the next epoch runs whole
+        assert len(list(dl2)) == len(PackedDataset(random_dataset, rank=0, **settings)), other
+    state["packed_dataset"]["ended"] = False  # edited: refused, not taken for mid-epoch
+    with pytest.raises(DataError, match="does not match its check value"):
+        PackedDataLoader(PackedDataset(random_dataset, **kw)).load_state_dict(state)
+
+
 def test_unshuffled_resume_ignores_the_window(random_dataset):
     kw = {**SETTINGS, "shuffle": False}
     first, state = _run(random_dataset, workers=0, epochs=(0,), take=3, **kw)
@@ -160,6 +195,7 @@ def _dl_state(path, take: int, **kw) -> dict:
         ("next_step", "3", "'next_step' is '3'"),
         ("layout", None, "'layout' is None"),
         ("seed", "7", "'seed' is '7'"),
+        ("ended", 1, "'ended' is 1"),
     ],
 )
 def test_damaged_state_is_a_clear_error(random_dataset, key, value, match):
