@@ -24,7 +24,9 @@ rank boundary wrongly) and every key a rank needs to attend and to weigh its los
 Every rank gets the same number of tokens. `token_index` (int64) is where each of its tokens sits
 in the global padded layout (`global_tokens` long), `doc_index` (int32) its document, so a rank's
 queries attend to the keys of the global layout with the rule: same document, key position <=
-query position, key a real token (position < the document's length). Padding carries no loss:
+query position, key a real token (position < the document's length), positions here being
+places in the global layout (`token_index` minus the document's offset): the padding's
+`position_ids` wrap at `position_limit` (see `cp_split`). Padding carries no loss:
 labels -100 and `loss_weights` 0. `loss_weights` (float32) is 1 / `num_targets` on every
 labelled position, `num_targets` the labelled positions of the whole batch, so the sum over the
 ranks of `sum(token_loss * loss_weights)` is the batch's token-mean loss with no all-reduce of
@@ -65,10 +67,21 @@ def check_cp(size: int, rank: int, style: str, block: int) -> None:
 
 
 def cp_split(
-    batch: dict[str, Any], size: int, rank: int, style: str = "megatron", block: int = 64
+    batch: dict[str, Any],
+    size: int,
+    rank: int,
+    style: str = "megatron",
+    block: int = 64,
+    *,
+    position_limit: int | None = None,
 ) -> dict[str, Any]:
     """Rank `rank`'s share of a packtool-layout `batch` for a context-parallel group of `size`
     (see the module docstring for the keys and the two styles).
+
+    The padding the split adds takes its place in its padded document as position, wrapped at
+    `position_limit` (the model's max_len, as `collate` wraps its padding; None: one past the
+    batch's largest position), so every position stays inside a position table. The real
+    tokens keep the batch's positions.
 
     Raises:
         ConfigError: bad `size`, `rank`, `style` or `block`, or a batch of the hf layout.
@@ -103,7 +116,9 @@ def cp_split(
     source = cu[doc[real]] + pos_in_doc[real]  # where each real token sits in `batch`
     g_ids[real] = ids[source]
     g_labels[real] = labels[source]
-    g_pos = pos_in_doc.copy()
+    if position_limit is None:
+        position_limit = int(positions.max()) + 1 if len(positions) else 1
+    g_pos = pos_in_doc % position_limit
     g_pos[real] = positions[source]
     if style == "megatron":
         index = _zigzag(offsets, padded // (2 * size), size, rank)

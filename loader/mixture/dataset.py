@@ -421,7 +421,9 @@ class MixedDataset(IterableDataset):
         else:
             out["source"] = torch.from_numpy(source)
         if c.context_parallel is not None:  # this context-parallel rank's share
-            out = cp_split(out, *c.context_parallel, c.cp_style, c.cp_block)
+            out = cp_split(
+                out, *c.context_parallel, c.cp_style, c.cp_block, position_limit=self.max_len
+            )
         return out
 
     def batch(

@@ -318,7 +318,9 @@ class PackedDataset(IterableDataset):
             if "doc_ids" in out:
                 out["doc_ids"].fill_(-1)
         if c.context_parallel is not None:  # this context-parallel rank's share
-            out = cp_split(out, *c.context_parallel, c.cp_style, c.cp_block)
+            out = cp_split(
+                out, *c.context_parallel, c.cp_style, c.cp_block, position_limit=self.store.max_len
+            )
         return out
 
     @property

@@ -167,3 +167,61 @@ def test_the_loader_gives_each_cp_rank_its_share_of_the_same_rows(tmp_path):
         index = torch.cat([a["token_index"], b["token_index"]])
         assert sorted(index.tolist()) == list(range(a["global_tokens"]))
         assert a["num_targets"] == b["num_targets"] == int((full["labels"] != -100).sum())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 50), min_size=1, max_size=8),
+    size=st.sampled_from([2, 4, 8]),
+    style=st.sampled_from(["megatron", "balanced"]),
+    block=st.sampled_from([1, 4, 16, 64]),
+    pad=st.one_of(st.none(), st.integers(1, 60)),
+    room=st.integers(0, 3),
+    seed=st.integers(0, 2**31),
+)
+def test_padding_positions_stay_inside_the_position_table(
+    lens, size, style, block, pad, room, seed
+):
+    """The split's padding took its place in the padded document as position (max 111 with
+    max_len 100, cp 8, megatron; 155 balanced with static shape), past a RoPE table of max_len
+    rows, where collate wraps its padding at `position_limit`. It wraps the same way now; the
+    real tokens' positions are the unsplit batch's."""
+    max_len = max(lens) + room  # every document fits the model's context
+    rng = np.random.default_rng(seed)
+    total = sum(lens)
+    docs = Documents(rng.integers(1, 500, total), np.array(lens), np.arange(len(lens)))
+    batch = collate(docs, pad_tokens=None if pad is None else total + pad, position_limit=max_len)
+    for r in range(size):
+        for limit in (max_len, None):
+            share = cp_split(batch, size, r, style, block, position_limit=limit)
+            offsets = share["global_cu_seqlens"].long()
+            g_doc = torch.repeat_interleave(torch.arange(len(offsets) - 1), offsets.diff())
+            idx = share["token_index"]
+            in_doc = idx - offsets[g_doc[idx]]
+            real = in_doc < share["doc_lengths"].long()[g_doc[idx]]
+            pos = share["position_ids"]
+            top = max_len if limit is not None else int(batch["position_ids"].max()) + 1
+            assert int(pos.max()) < top
+            assert torch.equal(pos[~real], in_doc[~real] % top)
+            cu = batch["cu_seqlens"].long()
+            where = cu[g_doc[idx[real]]] + in_doc[real]
+            assert torch.equal(pos[real], batch["position_ids"][where])
+
+
+@pytest.mark.parametrize("style", ["megatron", "balanced"])
+@pytest.mark.parametrize("static", [False, True])
+def test_the_loader_keeps_cp_positions_below_max_len(tmp_path, style, static):
+    rows = [[list(range(1, 100))], [list(range(1, 31))]]  # a 99-token document in max_len 100
+    write_dataset(tmp_path / "d", rows, max_len=100)
+    for rank in range(8):
+        ds = PackedDataset(
+            tmp_path / "d",
+            rows_per_batch=2,
+            shuffle=False,
+            static_shape=static,
+            context_parallel=(8, rank),
+            cp_style=style,
+            cp_block=64,
+        )
+        for b in ds:
+            assert int(b["position_ids"].max()) < 100
