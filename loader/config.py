@@ -114,7 +114,8 @@ class LoaderConfig:
     data-parallel rank and world to the dataset, not the global ones."""
     cp_style: str = "megatron"
     """"megatron" (THD zigzag, documents padded to 2 x size) or "balanced" (torchtitan's
-    document-causal load balance over blocks of `cp_block` tokens)."""
+    document-causal load balance over blocks of `cp_block` tokens; the only one with fixed
+    shapes, so the one `static_shape` takes)."""
     cp_block: int = 64
     """Tokens per block of the balanced style."""
     pad_id: int = 0
@@ -207,6 +208,12 @@ class LoaderConfig:
                     "varlen_keys does not combine with context_parallel: a rank's share attends "
                     "through global_cu_seqlens and doc_index (megatron style: cu_seqlens and "
                     "cu_seqlens_padded), which the split hands on instead"
+                )
+            if self.static_shape and self.cp_style != "balanced":
+                raise ConfigError(
+                    "static_shape with context_parallel needs cp_style='balanced' (the "
+                    f"{self.cp_style} style pads every document to a multiple of 2 x cp, so its "
+                    "shapes vary)"
                 )
         if self.shuffle_window < 0:
             raise ConfigError(f"shuffle_window must be >= 0, got {self.shuffle_window}")

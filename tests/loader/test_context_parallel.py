@@ -208,8 +208,9 @@ def test_padding_positions_stay_inside_the_position_table(
             assert torch.equal(pos[real], batch["position_ids"][where])
 
 
-@pytest.mark.parametrize("style", ["megatron", "balanced"])
-@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize(
+    ("style", "static"), [("megatron", False), ("balanced", False), ("balanced", True)]
+)
 def test_the_loader_keeps_cp_positions_below_max_len(tmp_path, style, static):
     rows = [[list(range(1, 100))], [list(range(1, 31))]]  # a 99-token document in max_len 100
     write_dataset(tmp_path / "d", rows, max_len=100)
@@ -225,3 +226,31 @@ def test_the_loader_keeps_cp_positions_below_max_len(tmp_path, style, static):
         )
         for b in ds:
             assert int(b["position_ids"].max()) < 100
+
+
+def test_static_shape_with_context_parallel_is_fixed_or_refused(tmp_path):
+    """The megatron style pads every document to a multiple of 2 x cp, so under static_shape
+    its shapes still varied ((26, 104), (28, 32), ... tokens and max_seqlen per rank batch): it
+    is refused, naming the balanced style, whose shapes are fixed."""
+    with pytest.raises(ConfigError, match=r"^static_shape with context_parallel needs cp_style="):
+        LoaderConfig(rows_per_batch=1, static_shape=True, context_parallel=(4, 0))
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(6):
+        cuts = np.sort(rng.choice(np.arange(1, 100), int(rng.integers(0, 5)), replace=False))
+        lens = np.diff(np.r_[0, cuts, 100])
+        rows.append([list(rng.integers(1, 50, int(n))) for n in lens])
+    write_dataset(tmp_path / "d", rows, max_len=100)
+    shapes = set()
+    for rank in range(4):
+        ds = PackedDataset(
+            tmp_path / "d",
+            rows_per_batch=1,
+            shuffle=False,
+            static_shape=True,
+            context_parallel=(4, rank),
+            cp_style="balanced",
+        )
+        for b in ds:
+            shapes.add(tuple((k, tuple(v.shape)) for k, v in b.items() if torch.is_tensor(v)))
+    assert len(shapes) == 1
