@@ -47,6 +47,11 @@ _PIECES = (
     # as byte pieces). U+0085 is common in text decoded as Latin-1 that was cp1252 ("…").
     "\x85 nel \x85x \u2028ls\u2029ps \x0b\x0c\x1c\x1d\x1e \u1680\u2000\u2009\u202f\u205f end\x85",
     "<|endoftext|> <|endoftext <| endoftext |> <|im_start|>user<|im_end|> </s><s>[CLS][SEP]",
+    # Unicode newer than the reference libraries' tables: marks `tokenizers`' NFC gives class 0
+    # (it keeps their order; gigatoken's NFC, on current Unicode, reorders them), a Unicode 16
+    # composition it lacks, and U+180E, whitespace only before Unicode 6.3 (`tokenizers` and
+    # tiktoken no longer split on it; fastokens' PCRE2 `\s` still does).
+    "x\u0344\u08d1 \u0628\u08d3\u0650 \U000113c2\U000113b8 and  \u180e1  \u180e",
     " leading",
     "trailing   ",
     "   ",

@@ -216,11 +216,18 @@ def _open_gigatoken(source: Source, workers: int) -> Encoder:
                 tok = gigatoken.Tokenizer.from_json(_sentencepiece_json(source, cached=False))
         else:
             scheme = _gigatoken_scheme(source.pattern or "")
-            path = source.path
-            if path is None:
-                raise EngineRefused("loads tiktoken ranks from a file only")
             # No special tokens: tiktoken's encode_ordinary encodes their text as plain text.
-            tok = gigatoken.Tokenizer.from_tiktoken(path, pretokenizer=scheme, special_tokens={})
+            if source.path is not None:
+                tok = gigatoken.Tokenizer.from_tiktoken(
+                    source.path, pretokenizer=scheme, special_tokens={}
+                )
+            else:  # a tiktoken encoding from tiktoken's cache: hand gigatoken a ranks file
+                with writing.temporary_folder("packtool-ranks-") as tmp:
+                    path = Path(tmp) / "ranks.tiktoken"
+                    _write_ranks(path, source.ranks or {})
+                    tok = gigatoken.Tokenizer.from_tiktoken(
+                        str(path), pretokenizer=scheme, special_tokens={}
+                    )
         return _GigatokenEncoder(tok, workers)
     except EngineRefused:
         raise
