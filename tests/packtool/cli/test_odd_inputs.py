@@ -171,17 +171,17 @@ def test_files_a_folder_holds_but_does_not_read_are_named_on_stderr(tmp_path, go
 
 
 def test_a_linked_folder_inside_an_input_folder_is_named_not_passed_over(tmp_path):
-    """Before: corpus/part2 -> ../shared (two .txt files) was skipped with no note: "Tokenized
+    """Before: corpus/part2 -> ../common (two .txt files) was skipped with no note: "Tokenized
     1 documents", no skips. The walk does not follow it (a link may loop or lead anywhere); the
     note names it, and given by name it is read."""
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    (shared / "b.txt").write_text("bee")
-    (shared / "c.txt").write_text("sea")
+    common = tmp_path / "common"
+    common.mkdir()
+    (common / "b.txt").write_text("bee")
+    (common / "c.txt").write_text("sea")
     folder = tmp_path / "corpus"
     folder.mkdir()
     (folder / "a.txt").write_text("ay")
-    (folder / "part2").symlink_to(shared, target_is_directory=True)
+    (folder / "part2").symlink_to(common, target_is_directory=True)
     code, out, err = run("tokenize", folder, "-o", tmp_path / "t.parquet")
     assert code == 0, err
     note = next(line for line in err.splitlines() if line.startswith("note: "))
