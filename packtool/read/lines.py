@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from packtool.errors import DataError
 from packtool.read.compressed import BUFFER_BYTES, compression_of, open_stream
 from packtool.storage import local as storage
 
@@ -74,9 +75,16 @@ def _numbered(f, pos: int, end: int) -> Iterator[tuple[int, int | None, bytes]]:
 
 
 def line_number(path: Path, offset: int) -> int:
-    """The 1-based number of the line starting at byte `offset` (one scan up to it)."""
+    """The 1-based number of the line starting at byte `offset` (one scan up to it).
+
+    Raises:
+        DataError: no line starts there (the file ends before it, or it falls inside a line):
+            the file is not the one the offset was taken in (a dataset's relative input path
+            resolved from another folder named an unrelated file of that name).
+    """
     counted = 0
     seen = 0
+    last = b"\n"
     with open_stream(path) as f:
         while seen < offset:
             block = f.read(min(BUFFER_BYTES, offset - seen))
@@ -84,4 +92,7 @@ def line_number(path: Path, offset: int) -> int:
                 break
             counted += block.count(b"\n")
             seen += len(block)
+            last = block[-1:]
+        if seen < offset or last != b"\n" or not f.read(1):
+            raise DataError(f"{path}: no line starts at byte {offset}")
     return counted + 1

@@ -63,6 +63,18 @@ def test_where_names_each_unit_and_an_older_datasets_kept_record_count():
     assert docids.where("c.jsonl", 3, "record") == "c.jsonl:record 3 of those kept"
 
 
+def test_a_line_is_named_only_where_the_file_has_one_at_that_byte(tmp_path):
+    """Before: inspect run from another folder resolved a dataset's relative `a.jsonl` to an
+    unrelated 35-byte a.jsonl there and said `a.jsonl:line 3 (byte 10550)`: a line counted up to
+    the file's end, past it, or inside a line. The byte form is all that can be said then."""
+    f = tmp_path / "a.jsonl"
+    f.write_bytes(b'{"text": "one"}\n{"text": "two"}\n')
+    assert docids.where(str(f), 0, "byte") == f"{f}:line 1 (byte 0)"
+    assert docids.where(str(f), 16, "byte") == f"{f}:line 2 (byte 16)"
+    for offset in (5, 32, 33, 10550):  # inside a line; at the end; past it
+        assert docids.where(str(f), offset, "byte") == f"{f}:byte {offset}"
+
+
 def test_a_source_at_a_web_address_is_never_fetched_to_count_lines():
     """inspect counted a source's lines by reading it up to the offset, at whatever address
     the dataset names: a dataset from elsewhere made it fetch from hosts it chose (a cloud's
