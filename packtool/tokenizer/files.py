@@ -304,7 +304,7 @@ def resolve(spec: str) -> TokenizerFiles:
         raise ConfigError(f"tiktoken ranks file {target!r} does not exist")
     if path.suffix == ".model":
         raise ConfigError(f"SentencePiece model {target!r} does not exist")
-    if path.suffix == ".json" or (explicit_hf and not _HUB_ID.match(target)):
+    if path.suffix == ".json" or explicit_hf:  # `hf:` forces a local path (never the Hub)
         raise ConfigError(f"tokenizer file {target!r} does not exist")
     if _HUB_ID.match(target):
         repo_id, _, revision = target.partition("@")

@@ -248,6 +248,9 @@ def test_a_vocabulary_beyond_the_id_dtype(tmp_path):
         ("gpt9", "unknown tokenizer 'gpt9'; use 'byte', a tokenizer.json path"),
         ("nope/tokenizer.json", "tokenizer file 'nope/tokenizer.json' does not exist"),
         ("hf:nope", "tokenizer file 'nope' does not exist"),
+        # hf: forces a local path: a mistyped folder shaped like a hub id was looked up (and,
+        # with network, downloaded) from the Hub
+        ("hf:acme/model", "tokenizer file 'acme/model' does not exist"),
     ],
 )
 def test_unknown_forms(spec, match, no_download):
