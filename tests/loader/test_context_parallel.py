@@ -214,18 +214,16 @@ def test_padding_positions_stay_inside_the_position_table(
 def test_the_loader_keeps_cp_positions_below_max_len(tmp_path, style, static):
     rows = [[list(range(1, 100))], [list(range(1, 31))]]  # a 99-token document in max_len 100
     write_dataset(tmp_path / "d", rows, max_len=100)
-    for rank in range(8):
-        ds = PackedDataset(
-            tmp_path / "d",
-            rows_per_batch=2,
-            shuffle=False,
-            static_shape=static,
-            context_parallel=(8, rank),
-            cp_style=style,
-            cp_block=64,
-        )
-        for b in ds:
-            assert int(b["position_ids"].max()) < 100
+    for b in _rank_batches(
+        tmp_path / "d", 8, rows_per_batch=2, static_shape=static, cp_style=style
+    ):
+        assert int(b["position_ids"].max()) < 100
+
+
+def _rank_batches(path, cp: int, **settings):
+    """Every batch of every rank of a context-parallel group of `cp`, in order."""
+    for rank in range(cp):
+        yield from PackedDataset(path, shuffle=False, context_parallel=(cp, rank), **settings)
 
 
 def test_static_shape_with_context_parallel_is_fixed_or_refused(tmp_path):
@@ -242,15 +240,8 @@ def test_static_shape_with_context_parallel_is_fixed_or_refused(tmp_path):
         rows.append([list(rng.integers(1, 50, int(n))) for n in lens])
     write_dataset(tmp_path / "d", rows, max_len=100)
     shapes = set()
-    for rank in range(4):
-        ds = PackedDataset(
-            tmp_path / "d",
-            rows_per_batch=1,
-            shuffle=False,
-            static_shape=True,
-            context_parallel=(4, rank),
-            cp_style="balanced",
-        )
-        for b in ds:
-            shapes.add(tuple((k, tuple(v.shape)) for k, v in b.items() if torch.is_tensor(v)))
+    for b in _rank_batches(
+        tmp_path / "d", 4, rows_per_batch=1, static_shape=True, cp_style="balanced"
+    ):
+        shapes.add(tuple((k, tuple(v.shape)) for k, v in b.items() if torch.is_tensor(v)))
     assert len(shapes) == 1

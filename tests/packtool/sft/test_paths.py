@@ -125,18 +125,7 @@ def test_local_engine_keeps_each_conversation_whole_with_its_mask(chat, tmp_path
 def test_resume_gives_the_same_bytes(chat, tmp_path, monkeypatch):
     kw = {"partition_size": 1, "workers": 1}  # one partition per file
     run_pack(config(tmp_path / "whole", chat, **kw))
-    real = worker.write_chunk
-    staging = staging_folder(tmp_path / "cut")
-
-    def crash_in_the_second_partition(*args, **kwargs):
-        if records.finished(staging):
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(worker, "write_chunk", crash_in_the_second_partition)
-    with pytest.raises(KeyboardInterrupt):
-        run_pack(config(tmp_path / "cut", chat, **kw))
-    monkeypatch.setattr(worker, "write_chunk", real)
+    _interrupted(tmp_path / "cut", chat, chat["read"], monkeypatch)
     summary = run_pack(config(tmp_path / "cut", chat, resume=True, **kw))
     assert summary.resumed_partitions == 1 and summary.partitions == 2
     assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
