@@ -11,6 +11,9 @@ May import: click and `cli/interrupt.py` (the resume hint an interrupted run lea
 
 from __future__ import annotations
 
+import os
+import sys
+
 import click
 
 from packtool.cli import interrupt
@@ -46,7 +49,7 @@ def report(exc: BaseException, command: str = "packtool") -> int | None:
         return exc.exit_code
     if isinstance(exc, click.exceptions.Exit):
         return exc.exit_code
-    if isinstance(exc, BrokenPipeError):
+    if isinstance(exc, (ClosedPipe, BrokenPipeError)):
         return 0
     if isinstance(exc, OSError):  # the disk filled up, a permission changed mid-run, ...
         where = f"{exc.filename}: " if exc.filename else ""
@@ -60,9 +63,27 @@ file system hands us (a shard, an input file, a tokenizer's) could set the termi
 clear the screen or move the cursor when printed raw."""
 
 
+class ClosedPipe(Exception):
+    """The reader of stdout has gone (`packtool pack ... | true`, `... | head -1`): not a
+    failure. Not an `OSError`, so click's own EPIPE handler, which exits 1, never sees it."""
+
+
 def echo(message: object, err: bool = False) -> None:
-    """`click.echo` of what packtool prints, control characters shown as escapes (`\\x1b`)."""
-    click.echo(str(message).translate(_CONTROL), err=err)
+    """`click.echo` of what packtool prints, control characters shown as escapes (`\\x1b`).
+
+    Raises:
+        ClosedPipe: stdout's reader has gone (stdout then writes to /dev/null, so nothing
+            buffered fails again at exit).
+    """
+    try:
+        click.echo(str(message).translate(_CONTROL), err=err)
+    except BrokenPipeError:
+        if err:
+            raise
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        raise ClosedPipe from None
 
 
 def one_line(message: object) -> str:

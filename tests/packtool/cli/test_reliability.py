@@ -365,3 +365,27 @@ def test_dictionary_and_string_view_text_columns_are_read(tmp_path, column):
     code, _, err = run("pack", path, "-o", tmp_path / "O", "--max-len", "64")
     assert code == 0, err
     assert verify_dataset(tmp_path / "O").documents == 3
+
+
+@pytest.mark.parametrize("command", ["stats", "pack"])
+def test_output_to_a_reader_that_has_gone_exits_0_with_nothing_on_stderr(tmp_path, command):
+    """A closed pipe is not a failure (`packtool pack ... | true`, exits.py). Before: click's own
+    EPIPE handler exited 1 first, so a script saw a written dataset as failed."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(50)))
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    args = [command, str(corpus)] + (["-o", str(tmp_path / "out")] if command == "pack" else [])
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "packtool.cli.commands", *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
+    if command == "pack":
+        assert verify_dataset(tmp_path / "out").rows > 0
