@@ -19,6 +19,7 @@ from packtool import __version__
 from packtool.cli import exits, interrupt
 from packtool.cli.engine_options import EngineOptions, engine_options
 from packtool.cli.exits import echo
+from packtool.cli.input_checks import TOKENIZER_OPTIONS, check_input_options, explicit
 from packtool.cli.input_options import CorpusOptions, corpus_options, inputs_argument, sft_options
 from packtool.errors import AlreadyComplete, ConfigError, Detached
 from packtool.quantities import MIN_PARTITION_SIZE, parse_size, positive_int
@@ -215,6 +216,7 @@ def tokenize_cmd(
     """
     import shlex
 
+    check_input_options(inputs, corpus, sft, strict_used=to == "megatron")
     common: dict[str, Any] = {
         "read_config": corpus.read_config(extra_fields=keep_field, sft=sft),
         "tokenizer": corpus.load_tokenizer(workers, megatron=to == "megatron"),
@@ -262,14 +264,6 @@ def tokenize_cmd(
         echo(str(done))
         return
     echo(summary.format())
-
-
-_TOKENIZER_OPTIONS = ("tokenizer", "tokenizer_engine", "eos_id", "no_eos", "bos_id", "no_bos")
-
-
-def _explicit(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
-    """The options among `names` the user gave (not left at their defaults)."""
-    return [n for n in names if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
 
 
 @cli.command("stats")
@@ -349,14 +343,15 @@ def stats_cmd(
     # Tokenized Parquet carries its lengths: only the `length` column is read, so the tokenizer
     # is neither needed nor loaded (loading a large tokenizer.json takes seconds).
     tokenized = input_identity(inputs) is not None
-    if tokenized and _explicit(ctx, _TOKENIZER_OPTIONS):
+    if tokenized and explicit(ctx, TOKENIZER_OPTIONS):
         echo(
             "warning: the inputs are tokenized Parquet; the tokenizer recorded in them is "
             "reported and "
-            + ", ".join("--" + n.replace("_", "-") for n in _explicit(ctx, _TOKENIZER_OPTIONS))
+            + ", ".join("--" + n.replace("_", "-") for n in explicit(ctx, TOKENIZER_OPTIONS))
             + " ignored",
             err=True,
         )
+    check_input_options(inputs, corpus, sft)
     stats = compute_stats(
         inputs,
         config,
@@ -488,7 +483,7 @@ def pack_cmd(
     from concurrent.futures import ThreadPoolExecutor
 
     def tokenizer_for_inputs() -> Any:
-        if _explicit(ctx, _TOKENIZER_OPTIONS):
+        if explicit(ctx, TOKENIZER_OPTIONS):
             # First thing in this thread, before any import it does not need (pyarrow's
             # Parquet reader for input_identity): the engine's build is on the critical path.
             return corpus.load_tokenizer()
@@ -508,6 +503,7 @@ def pack_cmd(
     from packtool.engines.local import RunConfig
     from packtool.pack.chunk import PackConfig
 
+    check_input_options(inputs, corpus, sft)
     extra = () if group_by in (None, "source") else (group_by,)
     if long_docs is None:  # a loss mask's documents are never split (packtool/pack/columns.py)
         from packtool.tokenize.tokenize import input_columns

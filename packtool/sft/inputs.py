@@ -133,22 +133,52 @@ def file_record_kind(path: Path, read: ReadConfig) -> str | None:
         return TEXT
     if kind == "parquet":
         return _kind_of_columns(path, read)
+    with closing(_first_objects(path)) as objects:
+        for obj in objects:
+            found = kind_of_record(obj, read)
+            if found is not None:
+                return found
+    return None
+
+
+def _first_objects(path: Path) -> Iterator[dict[str, Any]]:
+    """The objects among the first `_SNIFF_LINES` records of a JSONL / JSON file (none past a
+    part that cannot be read: the reader says so, with its own message)."""
     objects = read_json_array(path) if json_array_file(path) else jsonl_objects(path, SkipCounter())
     try:
         for i, (_, obj, *_) in enumerate(objects):
             if isinstance(obj, dict):
-                found = kind_of_record(obj, read)
-                if found is not None:
-                    return found
+                yield obj
             if i >= _SNIFF_LINES:
                 break
     except (OSError, EOFError, DataError):
-        return None  # unreadable: the reader says so, with its own message
+        return
     finally:
         close = getattr(objects, "close", None)
         if close is not None:
             close()
-    return None
+
+
+def first_fields(paths: list[Path]) -> list[str]:
+    """The field names of the raw inputs' first records, sorted: the keys of the objects among
+    each JSONL / JSON file's first records, a Parquet file's columns, none for a text file.
+    What a message about a field option names as the fields found."""
+
+    def fields(path: Path) -> set[str]:
+        kind = file_kind(path)
+        if kind == "parquet":
+            import pyarrow as pa
+
+            try:
+                return set(storage.parquet_schema(path).names)
+            except (OSError, pa.ArrowInvalid):  # unreadable: the reader says so
+                return set()
+        if kind == "text":
+            return set()
+        return {name for obj in _first_objects(path) for name in obj}
+
+    with closing(map_ordered(fields, paths)) as each:
+        return sorted(set().union(*each))
 
 
 def dataset_kind(paths: list[Path], read: ReadConfig) -> str:

@@ -138,20 +138,7 @@ def inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
         ConfigError: inputs of two kinds, or a `--format` the inputs contradict.
         DataError: as `input_columns`, and fine-tuning files of different kinds.
     """
-    try:
-        key = storage.file_states(paths)
-    except OSError:  # the readers name the file
-        return _inputs_read(paths, config)
-    return _inputs_read_cached(key, config)
-
-
-@functools.lru_cache(maxsize=4)
-def _inputs_read_cached(files: tuple[tuple[Path, int, int], ...], config: ReadConfig) -> InputsRead:
-    return _inputs_read([p for p, _, _ in files], config)
-
-
-def _inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
-    found = _inputs_read_kind(paths, config)
+    found = inputs_kind(paths, config)
     _check_chat_options(found, config)
     template = config.sft.chat_template
     if template is not None and found.sft_kind not in CHAT_KINDS and _kinds_known(paths, config):
@@ -170,13 +157,39 @@ def _inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
     return found
 
 
+def inputs_kind(paths: list[Path], config: ReadConfig) -> InputsRead:
+    """What the inputs are, as `inputs_read` says, without refusing the options they cannot use
+    (the CLI names those it was given first: packtool/cli/input_checks.py). Kept as
+    `inputs_read` says.
+
+    Raises:
+        ConfigError, DataError: as `inputs_read`, but for the options it refuses.
+    """
+    try:
+        key = storage.file_states(paths)
+    except OSError:  # the readers name the file
+        return _inputs_read_kind(paths, config)
+    return _inputs_kind_cached(key, config)
+
+
+@functools.lru_cache(maxsize=4)
+def _inputs_kind_cached(files: tuple[tuple[Path, int, int], ...], config: ReadConfig) -> InputsRead:
+    return _inputs_read_kind([p for p, _, _ in files], config)
+
+
+TOKENIZED_INPUTS = (
+    "the inputs hold tokenized documents (their ids and loss mask, if any, were made when they "
+    "were tokenized)"
+)
+"""Why an option about reading records does nothing for tokenized or pre-tokenized Parquet."""
+
+
 def _check_chat_options(found: InputsRead, config: ReadConfig) -> None:
     """Refuse `--chat-template` and `--train-on` for ids made earlier (tokenized or
     pre-tokenized Parquet): nothing is rendered, and the mask, if any, is the stored one."""
     if found.mode not in (TOKENIZED, PRETOKENIZED):
         return
-    what = "the inputs hold tokenized documents (their ids and loss mask, if any, were made when"
-    what += " they were tokenized)"
+    what = TOKENIZED_INPUTS
     if config.sft.chat_template is not None:
         raise ConfigError(
             f"--chat-template {config.sft.chat_template}: {what}; drop --chat-template (or "
