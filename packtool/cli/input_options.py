@@ -76,10 +76,10 @@ class CorpusOptions:
             raise ConfigError("--eos-id and --no-eos contradict each other; pass one")
         if self.no_bos and self.bos_id is not None:
             raise ConfigError("--bos-id and --no-bos contradict each other; pass one")
-        eos = None if self.no_eos else _special_id("--eos-id", self.eos_id or "default")
+        eos = None if self.no_eos else _special_id("--eos-id", self.eos_id, "default")
         if megatron and eos == "default":
             eos = EOS_TOKEN
-        bos = None if self.no_bos else _special_id("--bos-id", self.bos_id or "auto")
+        bos = None if self.no_bos else _special_id("--bos-id", self.bos_id, "auto")
         tok = load_tokenizer(
             self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
         )
@@ -106,8 +106,13 @@ class CorpusOptions:
         return tok
 
 
-def _special_id(flag: str, value: str) -> int | str:
-    if value in ("default", "auto"):
+def _special_id(flag: str, value: str | None, unset: str) -> int | str:
+    """`--eos-id` / `--bos-id` as `load_tokenizer` takes it: an id, `default`, or `unset` when
+    not given. Only what --help lists is accepted (`auto`, the library's word for the unset
+    --bos-id, passed silently; for --eos-id it failed in the library's words, naming no flag)."""
+    if value is None:
+        return unset
+    if value == "default":
         return value
     try:
         number = int(value)

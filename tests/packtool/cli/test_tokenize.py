@@ -132,6 +132,23 @@ def test_an_unwritable_output_is_named_as_given(tmp_path, name):
             "--eos-id must be a token id >= 0 or 'default', got 'end'",
         ),
         ("c.jsonl", ["c.jsonl", "--bos-id", "-2"], "--bos-id must be a token id"),
+        # `auto` is what --help does not list: it got the library's "eos must be 'default' or
+        # 'eos_token', ..." (no flag, values the CLI refuses), or passed silently for --bos-id.
+        (
+            "c.jsonl",
+            ["c.jsonl", "--eos-id", "auto"],
+            "error: --eos-id must be a token id >= 0 or 'default', got 'auto'",
+        ),
+        (
+            "c.jsonl",
+            ["c.jsonl", "--bos-id", "auto"],
+            "error: --bos-id must be a token id >= 0 or 'default', got 'auto'",
+        ),
+        (
+            "c.jsonl",
+            ["c.jsonl", "--eos-id", "eos_token"],
+            "error: --eos-id must be a token id >= 0 or 'default', got 'eos_token'",
+        ),
         ("c.jsonl", ["c.jsonl", "--keep-field", "source"], "clashes with a built-in column"),
         ("bad.parquet", ["bad.parquet"], "bad.parquet: not a readable Parquet file"),
     ],
