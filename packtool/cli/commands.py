@@ -121,9 +121,9 @@ def inspect_cmd(directory: str, row: int | None, plot: str | None, as_json: bool
 @click.argument("mixture", metavar="MIXTURE")
 @click.option("--tokens", help="Plan this many tokens (10B, 2.5M, ...).")
 @click.option("--steps", help="Plan this many global steps (give a batch size).")
-@click.option("--rows-per-batch", type=click.IntRange(min=1))
-@click.option("--tokens-per-batch", type=click.IntRange(min=1))
-@click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--rows-per-batch", type=AT_LEAST_1, help="--steps: rows per rank batch.")
+@click.option("--tokens-per-batch", type=AT_LEAST_1, help="--steps: token budget per rank batch.")
+@click.option("--world-size", type=AT_LEAST_1, default=1, show_default=True, help="--steps: ranks.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
     """Plan a mixture file: each source's tokens, epochs and share (docs/mixtures.md).

@@ -155,20 +155,26 @@ def plan_mixture(
         progress: Draw a progress bar (default: on a terminal).
 
     Raises:
-        ConfigError: No length, or steps without a batch size; the sources' checks.
+        ConfigError: No length, or steps without a batch size; a batch size or a world size
+            other than 1 without steps (they would change nothing); the sources' checks.
         DataError: A missing or damaged `index.json`.
     """
     if tokens is not None and steps is not None:
         raise ConfigError("give --tokens or --steps, not both")
     what = "--steps"  # the length asked for, or the mixture's own
+    length = None if tokens is None else f"with --tokens {tokens:,}"
     if tokens is None and steps is None:
         tokens, steps = spec.total_tokens, spec.total_steps
         what = f"the mixture's total_steps {steps or 0:,}"
+        length = None if tokens is None else f"with the mixture's total_tokens {tokens:,}"
     if tokens is None and steps is None and not spec.ends():
         raise ConfigError(
             "give a length to plan (--tokens or --steps): the mixture has no total and no cap "
             "that ends it"
         )
+    if steps is None:  # a batch size and the world size only count steps
+        length = length or "in a plan that runs until the caps end it"
+        _no_batching(length, rows_per_batch, tokens_per_batch, world_size)
     if steps is not None and (rows_per_batch is None) == (tokens_per_batch is None):
         raise ConfigError(
             f"planning {what} needs exactly one of --rows-per-batch, --tokens-per-batch"
@@ -206,6 +212,27 @@ def plan_mixture(
     return _plan(
         spec, sizes, state, tokens, steps, rows_per_batch, tokens_per_batch, world_size, seconds
     )
+
+
+def _no_batching(length: str, rows: int | None, budget: int | None, world: int) -> None:
+    """Refuse batch options for a plan in tokens: they would change nothing (they were ignored
+    without a word, both batch sizes at once included)."""
+    given = [
+        flag
+        for flag, value in (
+            ("--rows-per-batch", rows),
+            ("--tokens-per-batch", budget),
+            ("--world-size", None if world == 1 else world),
+        )
+        if value is not None
+    ]
+    if given:
+        names = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
+        raise ConfigError(
+            f"{names} {'has' if len(given) == 1 else 'have'} no effect {length} (a batch size "
+            "and the world size count steps): plan --steps with one batch size, or drop "
+            + ("it" if len(given) == 1 else "them")
+        )
 
 
 def _budget_cut(

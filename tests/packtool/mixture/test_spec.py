@@ -205,6 +205,41 @@ def test_plan_in_steps(folders):
         plan_mixture(spec(folders))
 
 
+def test_batch_options_without_steps_are_refused_naming_them(folders, tmp_path):
+    # `mix --tokens N` planned the same with or without --rows-per-batch, --tokens-per-batch
+    # and --world-size (both batch sizes at once too), while --steps refuses two batch sizes.
+    file = write(
+        tmp_path,
+        "tokens.yaml",
+        f"total_tokens: 20000\nsources:\n  - {{name: web, path: {folders / 'web'}, weight: 1}}\n",
+    )
+    code, _, err = run("mix", file, "--tokens", "10000", "--rows-per-batch", "2", "--tokens-per-batch", "600", "--world-size", "8")  # fmt: skip
+    assert code == 1
+    assert one_error_line(err) == (
+        "error: --rows-per-batch, --tokens-per-batch and --world-size have no effect with "
+        "--tokens 10,000 (a batch size and the world size count steps): plan --steps with one "
+        "batch size, or drop them"
+    )
+    code, _, err = run("mix", file, "--world-size", "4")
+    assert code == 1
+    assert one_error_line(err) == (
+        "error: --world-size has no effect with the mixture's total_tokens 20,000 (a batch "
+        "size and the world size count steps): plan --steps with one batch size, or drop it"
+    )
+    with pytest.raises(ConfigError, match=r"^--tokens-per-batch has no effect with --tokens"):
+        plan_mixture(spec(folders), tokens=1000, tokens_per_batch=1024)
+    cap = MixtureSpec(
+        sources=(SourceSpec(name="web", path=str(folders / "web"), weight=1, max_epochs=1),)
+    )
+    with pytest.raises(
+        ConfigError, match=r"^--rows-per-batch has no effect in a plan that runs until the caps"
+    ):
+        plan_mixture(cap, rows_per_batch=2)
+    assert plan_mixture(cap, world_size=1).rows == 400  # the default is no option given
+    code, out, err = run("mix", file, "--tokens", "10000", "--json")
+    assert code == 0 and err == "" and json.loads(out)["steps"] is None
+
+
 def test_planning_the_files_total_steps_without_a_batch_size_names_it(folders, tmp_path):
     # it said "planning --steps needs ..." to a user who gave no --steps
     file = write(
