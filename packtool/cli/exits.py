@@ -6,12 +6,12 @@ None for anything else (a bug: its traceback is the report). Codes: 1 an error (
 0 a closed pipe (`packtool stats ... | head`).
 
 Records in: the exception `main()` caught. Out: a line on stderr, the exit code.
-May import: click and `cli/interrupt.py` (the resume hint an interrupted run leaves).
+May import: click, `cli/interrupt.py` (the resume hint an interrupted run leaves) and
+`storage/writing.py` (stdout pointed at the null device once its reader has gone).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -80,9 +80,9 @@ def echo(message: object, err: bool = False) -> None:
     except BrokenPipeError:
         if err:
             raise
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        from packtool.storage import writing  # rarely needed: not on every command's import
+
+        writing.discard_output(sys.stdout.fileno())
         raise ClosedPipe from None
 
 

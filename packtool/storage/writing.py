@@ -42,6 +42,16 @@ from packtool.storage.remote import is_remote
 # --- folders -----------------------------------------------------------------------------------
 
 
+def discard_output(fd: int) -> None:
+    """Point the open file descriptor `fd` at the null device: stdout once its reader has gone
+    (what is still buffered for it then goes nowhere, instead of failing again at exit)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def make_dirs(folder: str | os.PathLike) -> None:
     """`folder` and its parents, created where missing; a `ConfigError` that says why not.
 
