@@ -32,12 +32,14 @@ is removed then.
 **Commit.** A Megatron dataset is two files, so the switch cannot be one rename; the rule is
 `index.json`'s: the dataset exists exactly when its `.idx` does, and the `.idx` is put in place
 last. The finished index is written as `ready.idx` in the staging folder (complete or absent:
-temporary name, fsync, rename); then the old `.idx` is deleted (from here the old dataset is
-gone, never half of it visible with the new one), `merged.bin` renamed over `PREFIX.bin`,
-`ready.idx` renamed to `PREFIX.idx`, and the folder removed; the steps run in the staging folder
-renamed aside first (`.done`), so a half-deleted folder never reads as an interrupted run. A run
-killed during those steps is finished by the next one (any command on this prefix, under its
-lock) from `ready.idx`. One writer per prefix (the output lock of packtool/dataset/output.py on the `.idx`).
+temporary name, fsync, rename), after the run's record; then the old `.idx` is deleted (from
+here the old dataset is gone, never half of it visible with the new one) with its record,
+`merged.bin` renamed over `PREFIX.bin`, the record to `.PREFIX.idx.packtool.json` (what
+`--resume` of the finished pair checks: packtool/engines/megatron_record.py), `ready.idx` to
+`PREFIX.idx`, and the folder removed; the steps run in the staging folder renamed aside first
+(`.done`), so a half-deleted folder never reads as an interrupted run. A run killed during
+those steps is finished by the next one (any command on this prefix, under its lock) from
+`ready.idx`. One writer per prefix (the output lock of packtool/dataset/output.py on the `.idx`).
 
 **Into a bucket** (`-o s3://bucket/data/corpus`, local engine only): the staging folder is a local
 one in the scratch folder, named by the URL; the swap is the same steps with uploads for renames
@@ -77,9 +79,10 @@ from packtool.engines import preflight, records
 from packtool.engines.base import plan_of, save_plan, saved_plan, source_of, workers_lost
 from packtool.engines.config import RunConfig
 from packtool.engines.megatron_part import MegatronContext, part_paths
+from packtool.engines.megatron_record import READY_RECORD, check_finished, record_path, write_record
 from packtool.engines.plan import PARTITION_SIZE, Plan
 from packtool.engines.preflight import Output
-from packtool.errors import AlreadyComplete, ConfigError, DataError, WorkersLost
+from packtool.errors import ConfigError, DataError, WorkersLost
 from packtool.pack.chunk import PackConfig
 from packtool.pack.kernels import MAX_LEN_LIMIT
 from packtool.progress import Progress
@@ -188,8 +191,9 @@ def tokenize_megatron(
             "or labels), which a Megatron indexed dataset cannot hold; write tokenized Parquet "
             "(--to parquet) or pack them"
         )
-    with _output(run_config, prefix, bin_path, idx_path) as output:
-        run = MegatronRun(run_config, checked, output, prefix, bin_path, idx_path)
+    fingerprint = {**preflight.fingerprint_of(run_config, checked), TO_KEY: "megatron"}
+    with _output(run_config, prefix, (bin_path, idx_path), fingerprint) as output:
+        run = MegatronRun(run_config, checked, output, prefix, bin_path, idx_path, fingerprint)
         try:
             if engine == "ray":
                 from packtool.engines.ray import RayConfig, drive_ray
@@ -218,11 +222,12 @@ def tokenize_megatron(
 
 @contextlib.contextmanager
 def _output(
-    config: RunConfig, prefix: str | os.PathLike, bin_path: Path, idx_path: Path
+    config: RunConfig, prefix: str | os.PathLike, pair: tuple[Path, Path], fingerprint: dict
 ) -> Iterator[Output]:
     """Lock the prefix, finish a swap a killed run left, check the pair and prepare the
     staging folder (or load the state to resume); on failure keep or discard the staging
     folder as `pack` does (`preflight.discard_staging`)."""
+    bin_path, idx_path = pair
     paths = (
         _remote_paths(prefix, idx_path) if storage.is_remote(idx_path) else output_paths(idx_path)
     )
@@ -236,7 +241,7 @@ def _output(
                 _waiting_hub_pair(config, paths, bin_path, idx_path)
             else:
                 finish_swap(paths.staging, bin_path, idx_path, os.fspath(prefix))
-            state = _prepare(config, paths.staging, prefix, bin_path, idx_path)
+            state = _prepare(config, paths.staging, prefix, pair, fingerprint)
             try:
                 yield Output(work=paths.staging, state=state, lock=lock)
             except BaseException as exc:
@@ -273,9 +278,9 @@ def _remote_paths(prefix: str | os.PathLike, idx_path: Any) -> OutputPaths:
 
 
 def _prepare(
-    config: RunConfig, work: Path, prefix: str | os.PathLike, bin_path: Path, idx_path: Path
+    config: RunConfig, work: Path, prefix: str | os.PathLike, pair: tuple[Path, Path], fp: dict
 ) -> dict[str, Any] | None:
-    shown = os.fspath(prefix)
+    shown, (bin_path, idx_path) = os.fspath(prefix), pair
     if storage.is_file(work):  # an earlier packtool's index temporary: nothing to resume
         writing.remove_file(work)
     for path in (bin_path, idx_path):
@@ -284,11 +289,8 @@ def _prepare(
     if config.resume:
         if storage.is_dir(records.run_dir(work)):
             return records.read_plan(work)
-        if storage.is_file(idx_path):
-            raise AlreadyComplete(
-                f"{shown} is already complete ({idx_path} exists): nothing to resume, nothing done",
-                shown,
-            )
+        if storage.is_file(idx_path):  # raises: done, or made by other options or inputs
+            check_finished(fp, bin_path, idx_path, shown)
         raise ConfigError(f"{shown}: no interrupted run to resume; drop --resume")
     if storage.exists(work):
         if not config.overwrite:
@@ -341,6 +343,8 @@ def finish_swap(work: Path, bin_path: Path, idx_path: Path, shown: str = "") -> 
             remove(done)
             return False
         pair = {bin_path: merged} if storage.is_file(merged) else {}
+        if storage.is_file(work / READY_RECORD):
+            pair[record_path(idx_path)] = work / READY_RECORD
         hub.put_files({**pair, idx_path: ready}, shown)
         remove(done)  # (a stale one: the rename below needs the name free)
         writing.replace(work, done)
@@ -355,10 +359,13 @@ def finish_swap(work: Path, bin_path: Path, idx_path: Path, shown: str = "") -> 
     elif not storage.is_file(done / READY_IDX):
         remove(done)  # what a run killed while deleting a swapped folder left
         return False
-    ready, merged = done / READY_IDX, done / MERGED_BIN
+    ready, merged, record = done / READY_IDX, done / MERGED_BIN, done / READY_RECORD
     if storage.is_file(merged):
         writing.remove_file(idx_path)  # first: no .idx ever names another .bin
+        writing.remove_file(record_path(idx_path))  # the old pair's record goes with it
         writing.replace(merged, bin_path)
+    if storage.is_file(record):  # (megatron_record.py; a staging folder before it had none)
+        writing.replace(record, record_path(idx_path))
     writing.replace(ready, idx_path)
     writing.sync_dir(idx_path.parent)
     remove(done)
@@ -469,6 +476,7 @@ class MegatronRun:
         prefix: str | os.PathLike,
         bin_path: Path,
         idx_path: Path,
+        fingerprint: dict[str, Any],
     ) -> None:
         self.t_start = time.perf_counter()
         self.config = config
@@ -477,7 +485,7 @@ class MegatronRun:
         self.prefix, self.bin_path, self.idx_path = os.fspath(prefix), bin_path, idx_path
         identity = TokenizerIdentity.from_dict(checked.identity)
         self.dtype = megatron_dtype(identity.vocab_size)
-        fingerprint = {**preflight.fingerprint_of(config, checked), TO_KEY: "megatron"}
+        self.fingerprint = fingerprint
         if output.state is None:
             self.plan: Plan = plan_of(config, checked)
             save_plan(self.work, fingerprint, self.plan, checked)
@@ -559,6 +567,8 @@ class MegatronRun:
         tmp = writing.temporary_name(ready)
         try:
             write_index(tmp, self.work / MERGED_LENGTHS, self.dtype, self.merge.documents)
+            sizes = storage.size(self.work / MERGED_BIN), storage.size(tmp)
+            write_record(self.work / READY_RECORD, self.fingerprint, *sizes)  # megatron_record
             writing.replace(tmp, ready)  # complete or absent
         finally:
             writing.remove_file(tmp)

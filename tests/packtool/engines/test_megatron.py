@@ -116,7 +116,13 @@ def test_cli_writes_what_megatron_writes_and_reads(tmp_path, gpt2, corpus):
     ds = IndexedDataset(str(tmp_path / "d"))
     assert len(ds) == 400
     assert [ds[i].tolist() for i in (0, 57, 399)] == [docs[i] for i in (0, 57, 399)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx", "ref.bin", "ref.idx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".d.idx.packtool.json",
+        "d.bin",
+        "d.idx",
+        "ref.bin",
+        "ref.idx",
+    ]
 
 
 def _word_level(folder, n):
@@ -158,7 +164,12 @@ def test_replacing_a_dataset_and_the_one_line_errors(tmp_path, corpus):
     with pytest.raises(DataError, match="no documents"):
         tokenize_megatron([empty], prefix, overwrite=True, progress=False)
     assert (tmp_path / "d.idx").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx", "empty.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".d.idx.packtool.json",
+        "d.bin",
+        "d.idx",
+        "empty.jsonl",
+    ]
     tokenize_megatron(
         [corpus],
         prefix,
@@ -236,6 +247,10 @@ def whole(tmp_path_factory, mixed):
     return prefix
 
 
+PAIR = [".d.idx.packtool.json", "d.bin", "d.idx"]
+"""What a finished run leaves beside prefix `d`: the pair and the record of its run."""
+
+
 def _pair(prefix: Path) -> tuple[bytes, bytes]:
     return Path(f"{prefix}.bin").read_bytes(), Path(f"{prefix}.idx").read_bytes()
 
@@ -249,7 +264,7 @@ def test_partitions_and_workers_write_the_bytes_of_one_process(tmp_path, mixed, 
     assert summary.partitions == 12 and summary.resumed_partitions == 0
     assert ("2 partition worker process(es)" in summary.engine) == (workers == 2)
     assert _pair(prefix) == _pair(whole)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx"]  # no staging left
+    assert sorted(p.name for p in tmp_path.iterdir()) == PAIR  # no staging left
     ds = IndexedDataset(str(prefix))
     assert len(ds) == summary.documents == len(IndexedDataset(str(whole))) > 4024 + 300 + 20
     assert summary.skips == {"empty": 6} and "partitions" in summary.format()
@@ -301,7 +316,7 @@ def test_resume_after_an_interrupt_and_a_half_done_merge(tmp_path, mixed, whole,
     assert code == 0, err
     assert "4 kept from the interrupted run" in out
     assert _pair(prefix) == _pair(whole)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
     code, out, _ = run(
         "tokenize", *mixed, "--to", "megatron", "-o", prefix, "--partition-size", "300000",
         "--resume",
@@ -309,12 +324,12 @@ def test_resume_after_an_interrupt_and_a_half_done_merge(tmp_path, mixed, whole,
     assert code == 0 and "already complete" in out
 
 
-@pytest.mark.parametrize("step", [1, 2, 3, "deleting"])
+@pytest.mark.parametrize("step", [1, 2, 3, 4, "deleting"])
 def test_a_swap_cut_at_any_step_is_finished_by_the_next_run(
     tmp_path, mixed, whole, monkeypatch, step
 ):
     """A kill during the commit: after each rename of the swap (the staging folder aside, the
-    .bin, the .idx), or while the swapped folder is deleted. The last left a half-deleted run
+    .bin, the run's record, the .idx), or while the swapped folder is deleted. The last left a half-deleted run
     folder under the staging name, which every later command took for an interrupted run (and
     --resume then failed on its missing files)."""
     from packtool.engines import megatron as run_module
@@ -344,7 +359,7 @@ def test_a_swap_cut_at_any_step_is_finished_by_the_next_run(
     code, out, err = run("tokenize", *mixed, "--to", "megatron", "-o", prefix, "--resume")
     assert code == 0, err
     assert _pair(prefix) == _pair(whole)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
 
 
 def test_kill_9_then_resume_writes_the_same_bytes(tmp_path, mixed, whole):
@@ -402,7 +417,7 @@ def test_a_killed_swap_is_finished_by_the_next_command(tmp_path, mixed, whole, m
     )  # fmt: skip
     assert code == 0 and "already complete" in out, err
     assert _pair(prefix) == _pair(whole)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
 
 
 def test_the_resume_errors_are_one_line(tmp_path, mixed, monkeypatch):

@@ -111,6 +111,10 @@ def _version(files: dict[str, bytes]) -> str:
     return json.loads(files["index.json"])["packtool_dataset"]
 
 
+MEGATRON_COMMIT = ["packed-mega.bin", ".packed-mega.idx.packtool.json", "packed-mega.idx"]
+"""A Megatron pair's one commit: the pair and its run's record (engines/megatron_record.py)."""
+
+
 def _hub_holds_a_local_megatron_pair(tmp_path: Path) -> None:
     """The Hub's `packed-mega.bin`/`.idx` are the bytes of the same run into a local prefix."""
     code, _, err = run("tokenize", CORPUS, "-o", tmp_path / "mega", "--to", "megatron")
@@ -256,10 +260,11 @@ def test_tokenize_to_the_hub_is_one_commit_per_output_and_writes_no_lock_object(
     assert [op.path_in_repo for op in stand_in.commits[1]] == ["packed-one.parquet"]
     code, _, err = run("tokenize", CORPUS, "-o", f"{URL}-mega", "--to", "megatron")
     assert code == 0, err
-    assert [op.path_in_repo for op in stand_in.commits[2]] == ["packed-mega.bin", "packed-mega.idx"]
+    assert [op.path_in_repo for op in stand_in.commits[2]] == MEGATRON_COMMIT
     _hub_holds_a_local_megatron_pair(tmp_path)
     names = sorted(HubFiles().find("/datasets/org/name"))
-    assert not [n for n in names if "lock" in n or ".packtool" in n], names
+    left = [n for n in names if "lock" in n or ".packtool" in n]
+    assert left == [f"/datasets/org/name/{MEGATRON_COMMIT[1]}"], names  # only the run's record
     assert len(stand_in.commits) == 3
 
 
@@ -297,7 +302,7 @@ def test_a_megatron_pair_whose_commit_fails_is_kept_and_committed_by_resume(
     _a_plain_rerun_refuses(stand_in, "tokenize", CORPUS, "-o", out, "--to", "megatron")
     code, _, err = run("tokenize", CORPUS, "-o", out, "--to", "megatron", "--resume")
     assert code == 0, err
-    assert [op.path_in_repo for op in stand_in.commits[0]] == ["packed-mega.bin", "packed-mega.idx"]
+    assert [op.path_in_repo for op in stand_in.commits[0]] == MEGATRON_COMMIT
     _hub_holds_a_local_megatron_pair(tmp_path)
     assert not list((tmp_path / "scratch").rglob("ready.idx"))
     # --overwrite discards a waiting pair and builds its own

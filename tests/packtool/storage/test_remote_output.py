@@ -562,6 +562,7 @@ def test_tokenize_to_megatron_writes_the_pair_to_a_bucket(fs, tmp_path, monkeypa
         assert fs.cat_file(f"{url}{suffix}") == (tmp_path / f"local{suffix}").read_bytes()
     fs.invalidate_cache()
     assert sorted(fs.find(f"{BUCKET}/mega/")) == [
+        f"{BUCKET}/mega/.corpus.idx.packtool.json",  # the run's record (--resume checks it)
         f"{BUCKET}/mega/corpus.bin",
         f"{BUCKET}/mega/corpus.idx",
     ]
@@ -570,7 +571,9 @@ def test_tokenize_to_megatron_writes_the_pair_to_a_bucket(fs, tmp_path, monkeypa
     code, _, err = run("tokenize", CORPUS, "-o", url, *MEGATRON)
     assert code != 0 and "--overwrite" in one_error_line(err)
     code, out, err = run("tokenize", CORPUS, "-o", url, *MEGATRON, "--resume")
-    assert code == 0 and "nothing to resume" in out, (out, err)
+    assert code == 0 and "nothing to resume" in out and "not checked" not in out, (out, err)
+    code, _, err = run("tokenize", CORPUS, "-o", url, *MEGATRON, "--resume", "--no-eos")
+    assert code != 0 and "cannot resume" in one_error_line(err)  # other options: refused
     code, _, err = run("tokenize", CORPUS, "-o", f"{url}.idx", *MEGATRON, "--engine", "ray")
     assert code != 0 and "--engine local" in one_error_line(err)
 
@@ -620,7 +623,8 @@ def test_a_megatron_swap_into_a_bucket_cut_short_is_finished_by_the_next_run(
     for suffix in (".bin", ".idx"):
         assert fs.cat_file(f"{url}{suffix}") == (tmp_path / f"local{suffix}").read_bytes()
     fs.invalidate_cache()
-    assert [k for k in fs.find(f"{BUCKET}/cut-{error.__name__}/") if ".packtool" in k] == []
+    left = [k for k in fs.find(f"{BUCKET}/cut-{error.__name__}/") if ".packtool" in k]
+    assert left == [f"{BUCKET}/cut-{error.__name__}/.corpus.idx.packtool.json"]  # the record
 
 
 def test_tokenize_writes_a_folder_of_parts_to_a_bucket(fs, tmp_path, monkeypatch):

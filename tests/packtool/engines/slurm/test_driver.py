@@ -138,6 +138,7 @@ def test_tokenize_to_megatron_writes_the_local_pair_and_resumes_detached_jobs(cl
         ).read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["local.bin", "local.idx", "slurm.bin", "slurm.idx"]
+        + [".local.idx.packtool.json", ".slurm.idx.packtool.json"]  # the runs' records
     )  # no staging folder, no task logs
 
 

@@ -1,0 +1,75 @@
+"""`tokenize --to megatron --resume` of a finished pair: checked against the run that wrote it
+(the record beside the pair, packtool/engines/megatron_record.py), as `pack --resume` checks a
+finished dataset's `index.json`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from packtool.engines.megatron_record import record_path
+from tests.cli import one_error_line, run
+
+
+def _corpus(path: Path, n: int, word: str) -> Path:
+    path.write_text("".join(json.dumps({"text": f"{word} {i} " * 30}) + "\n" for i in range(n)))
+    return path
+
+
+def _pair(prefix: Path) -> tuple[bytes, bytes]:
+    return Path(f"{prefix}.bin").read_bytes(), Path(f"{prefix}.idx").read_bytes()
+
+
+def test_resume_of_a_finished_pair_refuses_other_options_or_inputs(tmp_path):
+    """A requeued job whose corpus or flags changed said "already complete" (exit 0) and kept
+    the old pair; now it is refused as `pack` refuses it, and the same request still succeeds."""
+    a, b = _corpus(tmp_path / "a.jsonl", 40, "alpha"), _corpus(tmp_path / "b.jsonl", 30, "beta")
+    out = tmp_path / "out"
+    out.mkdir()
+    prefix = out / "d"
+    megatron = ["--to", "megatron", "-o", prefix, "--workers", "1"]
+    code, _, err = run("tokenize", a, *megatron)
+    assert code == 0, err
+    before = _pair(prefix)
+    assert sorted(p.name for p in out.iterdir()) == [
+        record_path(Path(f"{prefix}.idx")).name,
+        "d.bin",
+        "d.idx",
+    ]
+    assert record_path(Path(f"{prefix}.idx")).name == ".d.idx.packtool.json"  # hidden
+
+    code, text, err = run("tokenize", a, *megatron, "--resume")
+    assert code == 0 and "already complete" in text and "not checked" not in text, err
+    for other in ([b], [a, b], [a, "--no-eos"], [a, "--partition-size", "1MB"]):
+        code, _, err = run("tokenize", *other, *megatron, "--resume")
+        line = one_error_line(err)
+        assert code != 0 and "cannot resume" in line and "--overwrite" in line, (other, line)
+    assert _pair(prefix) == before
+
+    # A pair written before the record was kept: today's answer, saying it was not checked.
+    record = record_path(Path(f"{prefix}.idx"))
+    saved = record.read_bytes()
+    record.unlink()
+    code, text, err = run("tokenize", b, *megatron, "--resume")
+    assert code == 0 and "already complete" in text and "not checked" in text, err
+    # A pair another tool wrote over this one (the record's sizes are not the pair's): the
+    # record is of other files, so it decides nothing either.
+    code, _, err = run("tokenize", b, "--to", "megatron", "-o", tmp_path / "e")
+    assert code == 0, err
+    for suffix in (".bin", ".idx"):
+        shutil.copyfile(tmp_path / f"e{suffix}", f"{prefix}{suffix}")
+    record.write_bytes(saved)
+    code, text, err = run("tokenize", b, *megatron, "--resume")
+    assert code == 0 and "already complete" in text and "not checked" in text, err
+    # A damaged record: the same, never a traceback.
+    record.write_text("{not json")
+    code, text, err = run("tokenize", a, *megatron, "--resume")
+    assert code == 0 and "not checked" in text, err
+    # --overwrite writes the pair and its record again; then --resume checks again.
+    code, _, err = run("tokenize", b, *megatron, "--overwrite")
+    assert code == 0, err
+    code, text, err = run("tokenize", b, *megatron, "--resume")
+    assert code == 0 and "not checked" not in text, err
+    code, _, err = run("tokenize", a, *megatron, "--resume")
+    assert code != 0 and "cannot resume" in one_error_line(err)
