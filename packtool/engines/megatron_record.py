@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from packtool.engines.differences import listed, setting_differences
 from packtool.engines.preflight import fingerprint_digest
 from packtool.errors import AlreadyComplete, ConfigError
 from packtool.storage import local as storage
@@ -74,8 +75,8 @@ def check_finished(fingerprint: dict[str, Any], bin_path: Path, idx_path: Path, 
     record = recorded(bin_path, idx_path)
     if record is not None and record["fingerprint"] != fingerprint_digest(fingerprint):
         raise ConfigError(
-            f"cannot resume {shown}: it is a finished pair of other options or inputs; use "
-            "--overwrite to replace it"
+            f"cannot resume {shown}: it is a finished pair of other options or inputs"
+            f"{_differences(record, fingerprint)}; use --overwrite to replace it"
         )
     note = "" if record is not None else f" (not checked against this run: {_no_record(idx_path)})"
     raise AlreadyComplete(
@@ -99,6 +100,23 @@ def recorded(bin_path: Path, idx_path: Path) -> dict[str, Any] | None:
         return record
     except (OSError, ValueError, KeyError, TypeError):  # damaged: it tells nothing
         return None
+
+
+def _differences(record: dict[str, Any], fingerprint: dict[str, Any]) -> str:
+    """` (what differs)`, as far as the record tells: the settings by name, with their values;
+    the inputs by their number, else as other names or sizes (the record keeps their digest)."""
+    now = record_of(fingerprint, 0, 0)
+    differ = []
+    was, files = record.get("inputs"), now["inputs"]["files"]
+    if isinstance(was, dict) and was != now["inputs"]:
+        count = was.get("files")
+        differ.append(
+            f"inputs: {files} file{'s' * (files != 1)}, not {count}"
+            if count != files
+            else "inputs: other files or sizes"
+        )
+    differ += setting_differences(record.get("settings"), now["settings"])
+    return f" ({listed(differ)})" if differ else ""
 
 
 def _no_record(idx_path: Path) -> str:

@@ -44,6 +44,7 @@ from packtool.dataset.output import (
 from packtool.dataset.output_apart import check_apart
 from packtool.engines import records
 from packtool.engines.config import RunConfig
+from packtool.engines.differences import input_difference, listed, setting_differences
 from packtool.engines.output_checks import OLD_STATE, check_replaceable, finish_switch
 from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError, WorkersLost
 from packtool.pack.chunk import check_room_for_text
@@ -424,8 +425,9 @@ def check_complete(fingerprint: dict[str, Any], out: Path, shown: str | None = N
         digests.add(fingerprint_digest(_without(fingerprint, CHAT_TEMPLATE_KEY)))
     if saved is not None and saved not in digests:
         raise ConfigError(
-            f"cannot resume {shown}: it is a finished dataset of other options or inputs; "
-            "use --overwrite to replace it"
+            f"cannot resume {shown}: it is a finished dataset of other options or inputs (its "
+            f"{INDEX_FILE} keeps their digest, extra.fingerprint, not them, so which ones differ "
+            "cannot be told); use --overwrite to replace it"
         )
     raise AlreadyComplete(
         f"{shown} is already complete ({INDEX_FILE} exists): nothing to resume, nothing done",
@@ -434,33 +436,24 @@ def check_complete(fingerprint: dict[str, Any], out: Path, shown: str | None = N
 
 
 def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, Any], out: Path) -> None:
-    """Refuse to resume when the options or inputs differ from the interrupted run's."""
+    """Refuse to resume when the options or inputs differ from the interrupted run's, naming
+    the first file and the settings that differ (packtool/engines/differences.py)."""
     old = state.get("fingerprint", {})
-    if isinstance(old, dict) and CHAT_TEMPLATE_KEY not in old:  # saved before it was kept
+    old = old if isinstance(old, dict) else {}  # a damaged state: everything differs
+    if CHAT_TEMPLATE_KEY not in old:  # saved before it was kept
         fingerprint = _without(fingerprint, CHAT_TEMPLATE_KEY)
     if old != fingerprint:
-        changed = [k for k in fingerprint if old.get(k) != fingerprint[k]]
-        if "inputs" in changed and _renamed(old.get("inputs"), fingerprint["inputs"]):
-            first = old["inputs"][0][0]
-            raise ConfigError(
-                f"cannot resume {out}: the inputs name the interrupted run's files differently "
-                f"(it read {first!r}); give them as it was given them"
-            )
-        if "inputs" in changed:  # name the first file added, removed or changed
-            was = old.get("inputs")
-            was = {tuple(f[:1]): f for f in was} if isinstance(was, list) else {}
-            now = {tuple(f[:1]): f for f in fingerprint["inputs"]}
-            diff = [k for k in [*now, *was] if was.get(k) != now.get(k)]
-            if diff:
-                how = (
-                    "added"
-                    if diff[0] not in was
-                    else "removed"
-                    if diff[0] not in now
-                    else "changed"
+        differ = []
+        if old.get("inputs") != fingerprint["inputs"]:
+            if _renamed(old.get("inputs"), fingerprint["inputs"]):
+                first = old["inputs"][0][0]
+                raise ConfigError(
+                    f"cannot resume {out}: the inputs name the interrupted run's files "
+                    f"differently (it read {first!r}); give them as it was given them"
                 )
-                changed[changed.index("inputs")] = f"inputs: {diff[0][0]} {how}"
-        raise ConfigError(f"cannot resume {out}: options or inputs differ ({', '.join(changed)})")
+            differ.append(input_difference(old.get("inputs"), fingerprint["inputs"]))
+        differ += setting_differences(_without(old, "inputs"), _without(fingerprint, "inputs"))
+        raise ConfigError(f"cannot resume {out}: options or inputs differ ({listed(differ)})")
 
 
 def _renamed(was: Any, now: list[list[Any]]) -> bool:

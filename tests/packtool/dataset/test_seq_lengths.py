@@ -225,7 +225,9 @@ def test_a_run_started_before_seq_lengths_is_not_resumed_with_other_shards(tmp_p
     with pytest.raises(KeyboardInterrupt):
         run_pack(_config(tmp_path / "out", corpus))
     monkeypatch.undo()
-    with pytest.raises(ConfigError, match=r"options or inputs differ \(columns\)"):
+    with pytest.raises(
+        ConfigError, match=r"options or inputs differ \(columns: added \"seq_lengths\"\)"
+    ):
         run_pack(_config(tmp_path / "out", corpus, resume=True))
 
 

@@ -390,6 +390,52 @@ def test_resume_refuses_a_changed_input_folder(tmp_path, monkeypatch):
         run(tmp_path / "out", inputs=(folder,), resume=True, **kw)
 
 
+def test_a_refused_resume_names_the_settings_that_differ(tmp_path, monkeypatch):
+    """It named the section of the run's options ("(pack)" for --seed 3, "(shards)" for
+    --compression, "(read)" for --text-field, "(tokenizer)" for --no-eos), not the option."""
+    from packtool.dataset.shards import ShardConfig
+    from packtool.read.documents import ReadConfig
+
+    pack = PackConfig(max_len=256)
+    monkeypatch.setattr(
+        worker, "write_chunk", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "out", pack=pack, chunk_docs=100)
+    monkeypatch.undo()
+
+    def refused(tokenizer=None, **kw) -> str:
+        kw = {"pack": pack, "chunk_docs": 100, **kw}
+        config = RunConfig(
+            inputs=(str(CORPUS),), out_dir=str(tmp_path / "out"), resume=True, progress=False, **kw
+        )
+        with pytest.raises(ConfigError) as err:
+            run_pack(config, tokenizer)
+        return str(err.value).split("options or inputs differ ", 1)[-1]
+
+    assert refused(pack=PackConfig(max_len=256, seed=3)) == "(pack.seed: 0 -> 3)"
+    assert refused(pack=PackConfig(max_len=128, long_docs="drop", rounds=2)) == (
+        '(pack.max_len: 256 -> 128, pack.long_docs: "split" -> "drop", pack.rounds: 1 -> 2)'
+    )
+    assert (
+        refused(shards=ShardConfig(compression="zstd")) == '(shards.compression: "lz4" -> "zstd")'
+    )
+    assert refused(read=ReadConfig(text_field="body")) == '(read.text_field: "text" -> "body")'
+    assert refused(load_tokenizer("byte", eos=None)) == "(tokenizer.eos_id: 256 -> none)"
+    # At most four named, then how many more; a long value cut short.
+    many = PackConfig(max_len=100, algorithm="bfd", long_docs="drop", rounds=2, seed=9)
+    assert refused(pack=many).endswith(", pack.rounds: 1 -> 2 and 1 more)")
+    long_field = "f" * 60
+    assert f'"text" -> "{"f" * 36}...' in refused(read=ReadConfig(text_field=long_field))
+    # A finished dataset keeps a digest of its run's options and inputs, not them: said so.
+    run(tmp_path / "out", pack=pack, chunk_docs=100, resume=True)
+    assert refused(pack=PackConfig(max_len=256, seed=3)).endswith(
+        "a finished dataset of other options or inputs (its index.json keeps their digest, "
+        "extra.fingerprint, not them, so which ones differ cannot be told); use --overwrite "
+        "to replace it"
+    )
+
+
 @pytest.mark.parametrize("state", ["[]", '{"fingerprint": {}, "plan": 3}', "not json"])
 def test_a_damaged_state_file_is_a_one_line_error(tmp_path, state):
     (staging_folder(tmp_path / "out") / STATE_DIR).mkdir(parents=True)

@@ -429,7 +429,10 @@ def test_the_resume_errors_are_one_line(tmp_path, mixed, monkeypatch):
     code, _, err = run(*base)
     assert code != 0 and "pass --resume to finish it" in one_error_line(err)
     code, _, err = run(*base[:-1], "200000", "--resume")
-    assert code != 0 and "options or inputs differ (partition_size)" in one_error_line(err)
+    assert (
+        code != 0
+        and "options or inputs differ (partition_size: 300000 -> 200000)" in one_error_line(err)
+    )
     code, _, err = run("tokenize", *mixed, "-o", tmp_path / "p", "--engine", "ray")
     assert code != 0 and "--engine needs --to megatron" in one_error_line(err)
     code, _, err = run("tokenize", *mixed, "-o", tmp_path / "p", "--resume")

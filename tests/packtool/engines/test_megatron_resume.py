@@ -41,10 +41,16 @@ def test_resume_of_a_finished_pair_refuses_other_options_or_inputs(tmp_path):
 
     code, text, err = run("tokenize", a, *megatron, "--resume")
     assert code == 0 and "already complete" in text and "not checked" not in text, err
-    for other in ([b], [a, b], [a, "--no-eos"], [a, "--partition-size", "1MB"]):
+    for other, named in (
+        ([b], "(inputs: other files or sizes)"),
+        ([a, b], "(inputs: 2 files, not 1)"),
+        ([a, "--no-eos"], "(tokenizer.eos_id: 256 -> none)"),
+        ([a, "--partition-size", "1MB"], "(partition_size: 268435456 -> 1048576)"),
+    ):
         code, _, err = run("tokenize", *other, *megatron, "--resume")
         line = one_error_line(err)
         assert code != 0 and "cannot resume" in line and "--overwrite" in line, (other, line)
+        assert f"a finished pair of other options or inputs {named}" in line, line
     assert _pair(prefix) == before
 
     # A pair written before the record was kept: today's answer, saying it was not checked.

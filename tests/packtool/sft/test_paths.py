@@ -329,7 +329,7 @@ def test_resume_refuses_a_changed_template_file(chat, tmp_path, monkeypatch):
     )
     _interrupted(tmp_path / "out", chat, read, monkeypatch)
     tpl.write_text(GEN.replace("<|end|>", "<|eot|>"), "utf-8")
-    with pytest.raises(ConfigError, match=r"options or inputs differ \(chat_template\)"):
+    with pytest.raises(ConfigError, match=r"options or inputs differ \(chat_template\.sha256: "):
         run_pack(resume)
     tpl.write_text(GEN, "utf-8")
     summary = run_pack(resume)
@@ -362,11 +362,11 @@ def test_resume_refuses_a_changed_tokenizer_template(chat, tmp_path, monkeypatch
     resume = config(out, {**chat, "read": read}, partition_size=1, workers=1, resume=True)
     edited = {**cfg, "chat_template": GEN.replace("<|end|>", "<|eot|>")}
     (folder / "tokenizer_config.json").write_text(json.dumps(edited))
-    with pytest.raises(ConfigError, match=r"differ \(chat_template\)"):
+    with pytest.raises(ConfigError, match=r"differ \(chat_template\.sha256: "):
         run_pack(resume, load_tokenizer(str(folder)))
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     (folder / "chat_template.jinja").write_text(GEN.replace("<|end|>", "<|eot|>"))
-    with pytest.raises(ConfigError, match=r"differ \(chat_template\)"):
+    with pytest.raises(ConfigError, match=r"differ \(chat_template\.sha256: "):
         run_pack(resume, load_tokenizer(str(folder)))
     (folder / "chat_template.jinja").unlink()
     assert run_pack(resume, load_tokenizer(str(folder))).resumed_partitions == 1
