@@ -168,9 +168,13 @@ class Run:
         self.tree = merge.TailTree(n, fan_in)
         root = self.tree.root
         done = set(records.finished(self.work)) if output.state is not None else set()
+        self.resumed_tokens = 0
+        """The tokens of the partitions an interrupted run finished (not this run's work)."""
         for p in sorted(done):
             if p < root:  # the root's record is added by `finish`
-                self.totals.add(self._checked_record(p))
+                record = self._checked_record(p)
+                self.totals.add(record, timed=False)  # the summary times this run's work
+                self.resumed_tokens += int(record["counts"]["tokens_in"]) if p < n else 0
         self.resumed = sum(1 for p in done if p < n)
         self.final_done = root in done
         self.todo = [p for p in range(n) if p not in done]
@@ -270,7 +274,7 @@ class Run:
             final = records.read_record(self.work, root)
         else:
             final = finish.final_stage(self.context, self.tree)
-        self.totals.add(final)
+        self.totals.add(final, timed=not self.final_done)
         self.seconds = {k: round(v, 3) for k, v in self.totals.seconds.items()}
         self.seconds["final stage"] = time.perf_counter() - t0
         doc_ids = finish.doc_id_record(self.work, [f.path for f in self.plan.files], self.units)
@@ -291,6 +295,7 @@ class Run:
         self.seconds["total"] = time.perf_counter() - self.t_start
         summary.seconds = self.seconds
         summary.resumed_partitions = self.resumed
+        summary.resumed_tokens = self.resumed_tokens
         summary.cores_used = cores_used
         summary.special_names = self.special_names()  # both engines' summaries name them
         return summary

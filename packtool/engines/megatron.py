@@ -479,9 +479,7 @@ class MegatronRun:
         fingerprint: dict[str, Any],
     ) -> None:
         self.t_start = time.perf_counter()
-        self.config = config
-        self.checked = checked
-        self.work = output.work
+        self.config, self.checked, self.work = config, checked, output.work
         self.prefix, self.bin_path, self.idx_path = os.fspath(prefix), bin_path, idx_path
         identity = TokenizerIdentity.from_dict(checked.identity)
         self.dtype = megatron_dtype(identity.vocab_size)
@@ -502,12 +500,12 @@ class MegatronRun:
             self._add(record)
             sizes[p] = (int(record["bin_bytes"]), int(record["documents"]))
         self.merge.restore(sizes)
+        self.kept = (self.tokens, self.input_bytes)  # not this run's work: not in its rates
         self.resumed = len(done)
         self.todo = [p for p in range(n) if p not in done]
-        tokenizer = checked.tokenizer
         self.context = MegatronContext(
             source=source_of(config, checked),  # no extra fields: refused up front
-            tokenizer=tokenizer if checked.mode in (RAW, RECORDS) else None,
+            tokenizer=checked.tokenizer if checked.mode in (RAW, RECORDS) else None,
             work=str(self.work),
             dtype=self.dtype.str,
         )
@@ -590,6 +588,8 @@ class MegatronRun:
             special_names=dict(tok.special_names) if tok is not None else {},
             partitions=self.partitions,
             resumed_partitions=self.resumed,
+            resumed_tokens=self.kept[0],
+            resumed_bytes=self.kept[1],
             engine=used,
         )
 

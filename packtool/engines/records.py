@@ -207,9 +207,10 @@ class Totals:
         self.tail_tokens = 0
         self.seconds: dict[str, float] = {}
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: dict[str, Any], timed: bool = True) -> None:
         """Add one partition's record, or a tail-tree node's (rows, no documents, packtool/
-        engines/merge.py): a merge node's own tail is counted by its parent, not here."""
+        engines/merge.py): a merge node's own tail is counted by its parent, not here.
+        `timed=False`: its stage times are left out (a record an interrupted run made)."""
         self.counts += PackCounts(**record["counts"])
         self.rounds += np.asarray(record["rows_per_round"], dtype=np.int64)
         hist = record.get("histogram")
@@ -220,7 +221,7 @@ class Totals:
             acc[0] += rows
             acc[1] += tokens
         self.skip_totals.add(record)
-        for key, value in (record.get("seconds") or {}).items():
+        for key, value in (record.get("seconds") or {}).items() if timed else ():
             self.seconds[key] = self.seconds.get(key, 0.0) + float(value)
         self.shards += len(record["shards"])
         self.documents_read += int(record.get("documents", 0))

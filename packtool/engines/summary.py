@@ -28,6 +28,8 @@ class PackSummary:
     partitions: int = 0
     resumed_partitions: int = 0
     """Partitions a `--resume` found finished (their inputs were not read again)."""
+    resumed_tokens: int = 0
+    """Their `tokens_in`: not this run's work, so not in its rate (`seconds` are this run's)."""
     out_dir: str = ""
     cores_used: str = ""
     """What ran the work (the summary's last words)."""
@@ -56,6 +58,11 @@ class PackSummary:
         return sum(v for k, v in self.skips.items() if k != "empty")
 
     @property
+    def tokens_in_this_run(self) -> int:
+        """The tokens this run read (all of them unless a `--resume` kept partitions)."""
+        return self.counts.tokens_in - self.resumed_tokens
+
+    @property
     def lower_bound(self) -> int:
         return max(self.lower_bound_l1, self.lower_bound_l2)
 
@@ -71,6 +78,7 @@ class PackSummary:
             "shards": self.num_shards,
             "partitions": self.partitions,
             "resumed_partitions": self.resumed_partitions,
+            "tokens_in_this_run": self.tokens_in_this_run,
             "tail_pieces": self.tail_pieces,
             "groups": {k: {"rows": r, "tokens": t} for k, (r, t) in self.groups.items()},
             "skips": self.skips,
@@ -88,6 +96,8 @@ class PackSummary:
         gap = c.rows - self.lower_bound
         total = self.seconds.get("total", 0.0)
         stages = ", ".join(f"{k} {v:.2f}s" for k, v in self.seconds.items() if k != "total")
+        own = self.tokens_in_this_run
+        share = f" ({own:,} of {c.tokens_in:,} tokens in this run)" if self.resumed_tokens else ""
         lines = [
             f"packed {c.documents_packed:,} of {c.documents_in:,} documents "
             f"({c.tokens_out:,} tokens) into {c.rows:,} rows of <= {max_len} tokens "
@@ -101,7 +111,7 @@ class PackSummary:
             f"skipped while reading {self.skipped_unreadable:,}",
             f"tokens: in {c.tokens_in:,} = out {c.tokens_out:,} + truncated "
             f"{c.tokens_truncated:,} + dropped {c.tokens_dropped:,}",
-            f"time {total:.2f}s ({stages}); {c.tokens_in / max(total, 1e-9):,.0f} tokens/s; "
+            f"time {total:.2f}s ({stages}); {own / max(total, 1e-9):,.0f} tokens/s{share}; "
             f"{self.partitions:,} partition(s); cores used: {self.cores_used}",
         ]
         if self.masked:

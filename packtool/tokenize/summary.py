@@ -42,23 +42,31 @@ class TokenizeSummary:
     """Partitions of a partitioned run (`--to megatron`, packtool/engines/megatron.py)."""
     resumed_partitions: int = 0
     """Of those, finished by an interrupted run and kept (`--resume`)."""
+    resumed_tokens: int = 0
+    """Their tokens (of `tokens`): not this run's work, so not in its rates."""
+    resumed_bytes: int = 0
+    """Their input bytes (of `input_bytes`)."""
     engine: str = ""
     """What ran the partitions, in words ("" for a run in this process)."""
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / max(self.seconds, 1e-9)
+        """This run's rate: the tokens of partitions a `--resume` kept are not its work."""
+        return (self.tokens - self.resumed_tokens) / max(self.seconds, 1e-9)
 
     def format(self) -> str:
         """One paragraph for the terminal."""
         where = self.files[0] if len(self.files) == 1 else f"{len(self.files)} part files"
         if len(self.files) == 2 and self.files[0].endswith(".bin"):  # a Megatron pair
             where = f"{self.files[0]} and {Path(self.files[1]).name}"
+        own = self.tokens - self.resumed_tokens
+        share = f" ({own:,} of {self.tokens:,} tokens in this run)" if self.resumed_tokens else ""
+        mb_s = (self.input_bytes - self.resumed_bytes) / 1e6 / max(self.seconds, 1e-9)
         return (
             f"Tokenized {self.documents:,} documents into {self.tokens:,} tokens with "
             f"{describe_tokenizer(self.tokenizer, self.special_names)}, {self.dtype} ids, in "
-            f"{self.seconds:.2f} s: {self.tokens_per_s:,.0f} tokens/s, "
-            f"{self.input_bytes / 1e6 / max(self.seconds, 1e-9):.1f} MB/s of input. "
+            f"{self.seconds:.2f} s: {self.tokens_per_s:,.0f} tokens/s{share}, "
+            f"{mb_s:.1f} MB/s of input. "
             f"{self._supervised()}Skips: {self.skip_line}. "
             f"Wrote {where} ({self.output_bytes / 1e6:.1f} MB).{self._partitions()}"
         )
