@@ -11,7 +11,9 @@ May import: anything in packtool (it is the top layer); nothing imports it.
 Modules:
 - `commands.py`: the commands (`tokenize`, `stats`, `pack`, `mix`, `verify`, `inspect`).
 - `input_options.py`: the corpus and fine-tuning options the input commands share.
+- `input_checks.py`: given options the inputs cannot use (an error, or a warning where the
+  output is the same either way).
 - `engine_options.py`: where `pack` runs (`--engine local|ray|slurm` and their options).
 - `interrupt.py`: Ctrl-C handling.
-- `exits.py`: a failure as one line on stderr and an exit code.
+- `exits.py`: a failure as one line on stderr and an exit code (a closed pipe: 0).
 """

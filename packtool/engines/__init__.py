@@ -12,13 +12,15 @@ Megatron `.bin`/`.idx` pair and a `TokenizeSummary`).
 May import: every stage below it.
 
 Modules:
-- `config.py`, `context.py`, `plan.py`, `preflight.py`: what a run is asked, is handed, reads,
-  and checks first.
+- `config.py`, `context.py`, `plan.py`, `preflight.py`, `differences.py`: what a run is asked,
+  is handed, reads, and checks first (and, for a refused `--resume`, which settings differ).
 - `worker.py`, `merge.py`, `records.py`: the partition worker, the tail tree, the run's state.
-- `base.py`, `local.py`, `ray.py`: what the drivers share; the local and Ray drivers.
+- `base.py`, `local.py`, `ray.py`, `interrupts.py`: what the drivers share; the local and Ray
+  drivers; Ctrl-C held over a step that starts something and records it.
 - `slurm/`: the Slurm driver, its calls to Slurm's commands, one array task.
 - `finish.py`, `summary.py`: the end of a run; what it reports.
-- `megatron.py`, `megatron_part.py`: `packtool tokenize --to megatron` on the same plan, drivers
-  and records: each partition a part `.bin` (the worker), joined in plan order as they finish
-  (the driver), the `.idx` last.
+- `megatron.py`, `megatron_part.py`, `megatron_record.py`: `packtool tokenize --to megatron` on
+  the same plan, drivers and records: each partition a part `.bin` (the worker), joined in plan
+  order as they finish (the driver), the `.idx` last, beside it the hidden record a `--resume` of
+  the finished pair checks.
 """
