@@ -18,7 +18,9 @@ under `cache_dir`, and memory-mapped from there by every worker (and rank) that 
   bytes it downloads: when the files add up to more than `limit`, the least recently read
   (mtime, touched by `pinned`) are deleted down to 90% of it. While P processes download at
   once the cache can run over `limit` by at most P x `limit / 16` plus what is pinned; what a
-  run left over the limit goes at the next process's first download.
+  run left over the limit goes at the next process's first download. Only the cache's own
+  names (`_NAME`: `XX/<sha256>-<start>-<end>`) are counted and deleted; anything else in the
+  folder is left alone.
 - **Checked.** Each file ends with a CRC32 of its bytes (`TRAILER`); `pinned` checks it, and the
   size, before any byte is handed on, and a file that fails (a flipped bit on disk, a file cut
   short by a crash: the rename is not synced) is deleted and downloaded again. A footer read
@@ -37,13 +39,14 @@ import fcntl
 import io
 import mmap
 import os
+import re
 import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, DataError
 from packtool.storage import local
 
 CACHE_ENV = "PACKTOOL_CACHE_DIR"
@@ -54,6 +57,9 @@ STALE_S = 2.0
 """A `.part` file whose downloader holds no lock was left by a dead process when it holds
 bytes (the downloader writes only under its lock), or when it is empty and older than this."""
 WAIT_S = 0.005
+_NAME = re.compile(r"([0-9a-f]{64})-(0|[1-9][0-9]*)-(0|[1-9][0-9]*)")
+"""A cached range's name: its object's sha256 and the range (in the subfolder of the sha256's
+first two digits). The sweep counts and deletes nothing else."""
 
 
 def default_cache_dir() -> Path:
@@ -85,6 +91,11 @@ class RangeCache:
     """Byte ranges of objects cached as files in `folder`, at most about `limit` bytes."""
 
     def __init__(self, folder: str | os.PathLike | None, limit: int) -> None:
+        if folder is not None and not os.fspath(folder):
+            raise ConfigError(
+                "cache_dir is empty (it would be the current folder); give cache_dir a folder "
+                f"of its own, or leave it out for ${CACHE_ENV}/ranges"
+            )
         self.folder = Path(folder) if folder is not None else default_cache_dir()
         self.limit = int(limit)
         if self.limit < 1:
@@ -98,7 +109,13 @@ class RangeCache:
         return {**self.__dict__, "_since_sweep": self.limit, "downloaded": 0}
 
     def path(self, key: str, start: int, end: int) -> Path:
-        return self.folder / key[:2] / f"{key}-{start}-{end}"
+        name = f"{key}-{start}-{end}"
+        if not _NAME.fullmatch(name):  # the sweep would never see it: the cache's names only
+            raise DataError(
+                f"content key {key!r} is not a sha256 (64 hex digits); the dataset's "
+                "index.json is damaged"
+            )
+        return self.folder / key[:2] / name
 
     def fetch(self, url: Any, key: str, start: int, end: int) -> Path:
         """The cached file of bytes `start`..`end` of `url` (content `key`), downloaded if no
@@ -232,18 +249,23 @@ class RangeCache:
     def sweep(self, incoming: int = 0) -> int:
         """Delete the least recently read unpinned ranges while the cache (with `incoming`
         bytes about to join it) holds more than `limit`, down to 90% of it; the bytes it holds
-        after (`incoming` not counted)."""
+        after (`incoming` not counted). Only files of the cache's own names (`_NAME`, in the
+        subfolder of their first two digits) are counted or deleted: whatever else lies in
+        `folder` is left alone."""
         entries = []
         total = incoming
         with contextlib.suppress(FileNotFoundError):
             for sub in os.scandir(self.folder):
-                if not sub.is_dir():
+                if len(sub.name) != 2 or not sub.is_dir(follow_symlinks=False):
                     continue
                 for e in os.scandir(sub.path):
-                    if e.name.endswith(".part"):
+                    # The cache's own ranges only: `.part`s are being written (or dead), and
+                    # anything else in cache_dir is someone's, neither counted nor deleted.
+                    own = _NAME.fullmatch(e.name)
+                    if not own or own[1][:2] != sub.name or not e.is_file(follow_symlinks=False):
                         continue
                     with contextlib.suppress(FileNotFoundError):
-                        st = e.stat()
+                        st = e.stat(follow_symlinks=False)
                         entries.append((st.st_mtime, st.st_size, e.path))
                         total += st.st_size
         if total <= self.limit:

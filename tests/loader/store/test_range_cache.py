@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, DataError
 from packtool.storage import cache as cache_module
 from packtool.storage.cache import TRAILER, RangeCache
 
@@ -112,3 +112,45 @@ def test_a_cache_folder_that_cannot_be_written_says_so(tmp_path, obj, monkeypatc
     cache = RangeCache(tmp_path / "c", 1 << 20)
     with pytest.raises(ConfigError, match=rf"^cache_dir {tmp_path / 'c'}: cannot write a download"):
         _read(cache, obj, 0, 100)
+
+
+def test_the_sweep_counts_and_deletes_only_the_caches_own_files(tmp_path, obj):
+    """The sweep counted and deleted every file two levels under cache_dir, oldest first: a
+    dataset copied to cache_dir/other_dataset lost all 12 of its files to a 2 MB limit."""
+    folder = tmp_path / "c"
+    cache = RangeCache(folder, 30_000)
+    theirs = [
+        folder / "other_dataset" / "shard-00000.parquet",
+        folder / "notes" / "a.txt",
+        folder / "ab" / "notes.txt",  # the cache's own subfolder, not its name
+        folder / "ab" / f"{KEY}-0-100.bak",
+        folder / "ab" / f"{KEY.upper()}-0-100",
+        folder / "zz" / f"{KEY}-0-100",  # a range's name in the wrong subfolder
+        folder / "keep.txt",
+    ]
+    for path in theirs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(20_000))
+        os.utime(path, (1, 1))  # older than any range
+    for i in range(4):
+        _read(cache, obj, i * 8000, i * 8000 + 8000)
+    held = 3 * (8000 + TRAILER)  # 4 ranges over the 30 KB limit: down to 27 KB, the oldest gone
+    assert cache.sweep() == held
+    assert all(path.read_bytes() and len(path.read_bytes()) == 20_000 for path in theirs)
+    assert not cache.path(KEY, 0, 8000).exists() and cache.path(KEY, 24_000, 32_000).exists()
+
+
+def test_an_empty_cache_dir_is_refused(tmp_path, monkeypatch):
+    """cache_dir="" meant the current folder, whose checkpoints and notes the sweep deleted."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"^cache_dir is empty") as caught:
+        RangeCache("", 1 << 20)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_content_key_that_is_no_sha256_is_refused(tmp_path):
+    """Every name the cache writes is one its sweep counts (and none lies outside cache_dir)."""
+    cache = RangeCache(tmp_path / "c", 1 << 20)
+    for key in ("../../etc/x", KEY.upper(), KEY[:-1]):
+        with pytest.raises(DataError, match=r"is not a sha256 \(64 hex digits\)"):
+            cache.path(key, 0, 10)
