@@ -21,6 +21,10 @@ under `cache_dir`, and memory-mapped from there by every worker (and rank) that 
   run left over the limit goes at the next process's first download. Only the cache's own
   names (`_NAME`: `XX/<sha256>-<start>-<end>`) are counted and deleted; anything else in the
   folder is left alone.
+- **This user's alone.** The folder is made 0700 where missing, and one that another user owns
+  or can write in is refused at construction: a CRC32 trailer is anyone's to write, so whoever
+  can create files there could replace the training data. Files are made 0600 (a job's ranks
+  and workers are one user), and a cached file another user owns is downloaded again.
 - **Checked.** Each file ends with a CRC32 of its bytes (`TRAILER`); `pinned` checks it, and the
   size, before any byte is handed on, and a file that fails (a flipped bit on disk, a file cut
   short by a crash: the rename is not synced) is deleted and downloaded again. A footer read
@@ -101,12 +105,37 @@ class RangeCache:
         if self.limit < 1:
             raise ConfigError(f"cache_limit must be >= 1 byte, got {limit}")
         _check_folder(self.folder)
+        self.uid = os.getuid()
+        self._check_private()
         self._since_sweep = self.limit  # the first download sweeps: a past run's excess goes
         self.downloaded = 0
         """Bytes this process downloaded (cache misses it served itself)."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_since_sweep": self.limit, "downloaded": 0}
+
+    def _check_private(self) -> None:
+        """Make the folder (this user's alone, 0700) where missing, and refuse one that another
+        user can write in: whoever can create files there can replace cached ranges (a CRC32
+        trailer is anyone's to write) and so the training data. A job's ranks and workers, one
+        user, share it."""
+        try:
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.stat(self.folder)
+        except OSError as exc:
+            raise self._unwritable(exc, always=True) from None
+        if st.st_uid != self.uid:
+            whose, fix = f"another user's (uid {st.st_uid})", "a folder of your own"
+        elif st.st_mode & 0o022:
+            who = "others" if st.st_mode & 0o002 else "its group"
+            whose = f"writable by {who} (mode {st.st_mode & 0o7777:o})"
+            fix = f"a folder only you can write in (chmod go-w {self.folder})"
+        else:
+            return
+        raise ConfigError(
+            f"cache_dir {self.folder} is {whose}: whoever writes there can replace the cached "
+            f"row groups, and so the training data; give cache_dir (or ${CACHE_ENV}) {fix}"
+        )
 
     def path(self, key: str, start: int, end: int) -> Path:
         name = f"{key}-{start}-{end}"
@@ -126,10 +155,11 @@ class RangeCache:
             if path.exists():
                 return path
             try:
-                fd = os.open(part, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                fd = os.open(part, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             except FileNotFoundError:
                 try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
+                    self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    path.parent.mkdir(mode=0o700, exist_ok=True)
                 except OSError as exc:
                     raise self._unwritable(exc) from None
                 continue
@@ -168,9 +198,12 @@ class RangeCache:
                 os.close(fd)
             return path
 
-    def _unwritable(self, exc: OSError) -> Exception:
-        """A cache folder that cannot take a download: one line naming it, not the shard."""
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
+    def _unwritable(self, exc: OSError, always: bool = False) -> Exception:
+        """A cache folder that cannot take a download: one line naming it, not the shard
+        (`always`: whatever the error)."""
+        if always or exc.errno in (
+            errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT
+        ):  # fmt: skip
             return ConfigError(
                 f"cache_dir {self.folder}: cannot write a download there ({exc.strerror}); "
                 f"give cache_dir (or ${CACHE_ENV}) a writable folder with room for cache_limit "
@@ -214,10 +247,13 @@ class RangeCache:
             except FileNotFoundError:  # evicted between fetch and open
                 continue
             fcntl.flock(fd, fcntl.LOCK_SH)
-            if os.fstat(fd).st_nlink == 0:  # evicted before our lock: fetch it again
+            st = os.fstat(fd)
+            if st.st_nlink == 0:  # evicted before our lock: fetch it again
                 os.close(fd)
                 continue
-            mapped = _checked_map(fd, end - start)
+            # Another user's file (in a folder once open to others) is not trusted: its CRC32
+            # trailer is anyone's to write. Deleted and downloaded again, as a damaged copy.
+            mapped = _checked_map(fd, end - start) if st.st_uid == self.uid else None
             if mapped is not None:
                 break
             os.close(fd)

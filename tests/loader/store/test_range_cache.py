@@ -9,6 +9,7 @@ import errno
 import os
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,52 @@ def test_a_content_key_that_is_no_sha256_is_refused(tmp_path):
     for key in ("../../etc/x", KEY.upper(), KEY[:-1]):
         with pytest.raises(DataError, match=r"is not a sha256 \(64 hex digits\)"):
             cache.path(key, 0, 10)
+
+
+@pytest.mark.parametrize(
+    "mode, owner, says",
+    [
+        (0o1777, None, r"writable by others \(mode 1777\)"),
+        (0o775, None, r"writable by its group \(mode 775\)"),
+        (0o755, 65534, r"another user's \(uid 65534\)"),
+    ],
+)
+def test_a_cache_dir_another_user_can_write_in_is_refused(tmp_path, mode, owner, says):
+    """In a mode-1777 cache_dir, a file uid 65534 planted under a range's name with a valid
+    CRC trailer was delivered: 293,891 tokens of 'A' in place of the dataset's."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chmod(folder, mode)
+    if owner is not None:
+        os.chown(folder, owner, owner)
+    with pytest.raises(ConfigError, match=rf"^cache_dir {folder} is {says}: ") as caught:
+        RangeCache(folder, 1 << 20)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_missing_cache_dir_is_made_this_users_alone(tmp_path, obj):
+    """Under a loose umask the folder and its files were open to the group (0775, 0664)."""
+    old = os.umask(0o002)
+    try:
+        cache = RangeCache(tmp_path / "new" / "c", 1 << 20)
+        assert _read(cache, obj, 0, 100) == obj.read_bytes()[:100]
+    finally:
+        os.umask(old)
+    path = cache.path(KEY, 0, 100)
+    modes = [p.stat().st_mode & 0o777 for p in (tmp_path / "new" / "c", path.parent, path)]
+    assert modes == [0o700, 0o700, 0o600]
+    RangeCache(tmp_path / "new" / "c", 1 << 20)  # and accepted by the next process
+
+
+def test_a_cached_file_another_user_planted_is_downloaded_again(tmp_path, obj):
+    """A cached copy was checked only against its own CRC trailer, which anyone can write."""
+    cache = RangeCache(tmp_path / "c", 1 << 20)
+    want = obj.read_bytes()[1000:3000]
+    assert _read(cache, obj, 1000, 3000) == want
+    path = cache.path(KEY, 1000, 3000)
+    forged = b"A" * 2000
+    path.write_bytes(forged + zlib.crc32(forged).to_bytes(4, "little") + cache_module.MAGIC)
+    os.chown(path, 65534, 65534)
+    before = cache.downloaded
+    assert _read(cache, obj, 1000, 3000) == want
+    assert cache.downloaded == before + 2000 and path.stat().st_uid == os.getuid()
