@@ -10,6 +10,9 @@ under `cache_dir`, and memory-mapped from there by every worker (and rank) that 
 - **Downloaded once per node.** The first process to want a range creates `NAME.part` with
   `O_EXCL` and holds an `flock` on it while it downloads, then renames it to `NAME`; the others
   wait for `NAME`. A `.part` whose downloader died (no lock held: see `STALE_S`) is taken over.
+  A link, FIFO or empty folder at `NAME` or `NAME.part` (the cache writes only files) is
+  removed and the range downloaded anew; a folder holding files, or a removal that fails, is
+  one line naming it. Every wait sleeps or changes what it waits on: no reader spins.
 - **Never evicted while read.** A reader holds a shared `flock` on the range's file from open to
   close (`pinned`); eviction takes an exclusive one without waiting and skips what it cannot
   lock, and a reader that locked a file just unlinked notices (`st_nlink == 0`) and fetches it
@@ -44,6 +47,7 @@ import io
 import mmap
 import os
 import re
+import stat
 import time
 import zlib
 from collections.abc import Iterator
@@ -152,7 +156,7 @@ class RangeCache:
         path = self.path(key, start, end)
         part = path.with_name(path.name + ".part")
         while True:
-            if path.exists():
+            if self._present(path):
                 return path
             try:
                 fd = os.open(part, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -161,19 +165,24 @@ class RangeCache:
                     self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
                     path.parent.mkdir(mode=0o700, exist_ok=True)
                 except OSError as exc:
-                    raise self._unwritable(exc) from None
+                    raise self._unwritable(exc, always=True) from None
                 continue
             except FileExistsError:
                 self._wait_or_take_over(part)
                 continue
             except OSError as exc:
-                raise self._unwritable(exc) from None
+                raise self._unwritable(exc, always=True) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
-                if path.exists():  # finished by another process between our checks
+                if self._present(path):  # finished by another process between our checks
                     os.unlink(part)
                     return path
                 data = local.read_range(url, start, end)
+                if len(data) != end - start:  # the object's doing, not the cache's
+                    raise OSError(
+                        f"{url}: bytes {start}..{end} came back {len(data):,} long; the object "
+                        "is shorter than index.json says"
+                    )
                 trailer = zlib.crc32(data).to_bytes(4, "little") + MAGIC
                 try:
                     for chunk in (data, trailer):
@@ -204,19 +213,61 @@ class RangeCache:
         if always or exc.errno in (
             errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT
         ):  # fmt: skip
+            where = f": {exc.filename}" if exc.filename else ""
             return ConfigError(
-                f"cache_dir {self.folder}: cannot write a download there ({exc.strerror}); "
+                f"cache_dir {self.folder}: cannot write a download there ({exc.strerror}{where}); "
                 f"give cache_dir (or ${CACHE_ENV}) a writable folder with room for cache_limit "
                 f"({self.limit:,} bytes)"
             )
         return exc
 
-    def _wait_or_take_over(self, part: Path) -> None:
-        """Another process downloads `part`: wait a moment; if it died, remove its `.part`."""
+    def _present(self, path: Path) -> bool:
+        """Whether the range's file is there. What else lies at its name (a link, a folder: the
+        cache writes neither) is removed, to be downloaded anew."""
         try:
-            fd = os.open(part, os.O_RDONLY)
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISREG(st.st_mode):
+            return True
+        self._clear(path)
+        return False
+
+    def _clear(self, path: Path) -> None:
+        """Remove what lies at `path`, one of the cache's names: a file or a link (never what it
+        points to), an empty folder. A folder holding files, or a removal that fails, is one
+        line naming it (in a loop of retries it would spin, and it is not the shard's fault)."""
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise ConfigError(
+                f"cache_dir {self.folder}: cannot remove {path} ({exc.strerror}), where the "
+                "cache keeps a range; remove it by hand"
+            ) from None
+
+    def _wait_or_take_over(self, part: Path) -> None:
+        """Another process downloads `part`: wait a moment; if it died, remove its `.part`. Each
+        call sleeps or changes what lies at `part` (or raises): a caller's loop never spins."""
+        try:
+            st = os.lstat(part)
         except FileNotFoundError:
             return  # finished or gone: look again
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != self.uid:
+            self._clear(part)  # a link, a folder, another user's: no download of this user's
+            return
+        try:
+            fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:  # replaced by a link since: removed at the next look
+                raise self._unwritable(exc, always=True) from None
+            return
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -227,8 +278,7 @@ class RangeCache:
             # Age either way: a clock stepped back (or another machine's, on shared storage)
             # left an empty `.part` "in the future", and every reader waited until then.
             if st.st_nlink and (st.st_size > 0 or abs(time.time() - st.st_mtime) > STALE_S):
-                with contextlib.suppress(OSError):
-                    os.unlink(part)  # its downloader died
+                self._clear(part)  # its downloader died
             else:
                 time.sleep(WAIT_S)  # just created, not yet locked by its downloader
         finally:
@@ -243,8 +293,12 @@ class RangeCache:
         while True:
             path = self.fetch(url, key, start, end)
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except FileNotFoundError:  # evicted between fetch and open
+                continue
+            except OSError as exc:  # replaced by a link since fetch: removed by the next
+                if exc.errno != errno.ELOOP:
+                    raise self._unwritable(exc, always=True) from None
                 continue
             fcntl.flock(fd, fcntl.LOCK_SH)
             st = os.fstat(fd)
@@ -252,14 +306,20 @@ class RangeCache:
                 os.close(fd)
                 continue
             # Another user's file (in a folder once open to others) is not trusted: its CRC32
-            # trailer is anyone's to write. Deleted and downloaded again, as a damaged copy.
-            mapped = _checked_map(fd, end - start) if st.st_uid == self.uid else None
+            # trailer is anyone's to write. Deleted and downloaded again, as a damaged copy
+            # (and so is anything but a file: a folder or a FIFO put there since fetch).
+            ours = st.st_uid == self.uid and stat.S_ISREG(st.st_mode)
+            mapped = _checked_map(fd, end - start) if ours else None
             if mapped is not None:
                 break
             os.close(fd)
             damaged += 1
-            if damaged > 2:  # each copy just downloaded: not the disk's doing
-                raise OSError(f"{path}: the cached copy fails its CRC32 after downloading anew")
+            if damaged > 2:  # each copy just downloaded and written whole: the cache's doing
+                raise ConfigError(
+                    f"cache_dir {self.folder}: {path} fails its check (size, CRC32, owner) "
+                    "three times right after being downloaded; is another process rewriting "
+                    "it, or the disk failing? Empty cache_dir or give another"
+                )
             self.discard(key, start, end)  # damaged on disk: downloaded again
         try:
             with contextlib.suppress(OSError):
@@ -279,8 +339,7 @@ class RangeCache:
 
     def discard(self, key: str, start: int, end: int) -> None:
         """Delete a cached range (it failed its checks: the next read downloads it again)."""
-        with contextlib.suppress(OSError):
-            os.unlink(self.path(key, start, end))
+        self._clear(self.path(key, start, end))
 
     def sweep(self, incoming: int = 0) -> int:
         """Delete the least recently read unpinned ranges while the cache (with `incoming`

@@ -204,3 +204,80 @@ def test_a_cached_file_another_user_planted_is_downloaded_again(tmp_path, obj):
     before = cache.downloaded
     assert _read(cache, obj, 1000, 3000) == want
     assert cache.downloaded == before + 2000 and path.stat().st_uid == os.getuid()
+
+
+def _read_within(cache: RangeCache, obj: Path, start: int, end: int) -> bytes | Exception:
+    """`_read`, or the error it raised, on a thread given 10 s (a spinning reader never ends)."""
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(_read(cache, obj, start, end))
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert out, "still reading after 10 s"
+    return out[0]
+
+
+def _plant(path: Path, kind: str, other: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "dangling_link":
+        os.symlink(path.parent / "nowhere", path)
+    elif kind == "link":  # to another cached file of the same size, valid trailer and all
+        os.symlink(other, path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "full_folder":
+        path.mkdir()
+        (path / "x").write_text("x")
+    else:
+        os.mkfifo(path)
+
+
+@pytest.mark.parametrize("where", ["part", "range"])
+@pytest.mark.parametrize("kind", ["dangling_link", "link", "folder", "fifo", "full_folder"])
+def test_a_link_or_folder_at_a_cache_name_is_replaced_or_named(tmp_path, obj, where, kind):
+    """A dangling link or a folder at NAME.part made every reader spin at 100% CPU forever;
+    a folder at a range's name failed every run as 'the cached copy fails its CRC32 after
+    downloading anew ... the shard is damaged'."""
+    cache = RangeCache(tmp_path / "c", 1 << 30)
+    other = cache.path(KEY, 100, 200)
+    _read(cache, obj, 100, 200)
+    path = cache.path(KEY, 0, 100)
+    planted = path.with_name(path.name + ".part") if where == "part" else path
+    _plant(planted, kind, other)
+    got = _read_within(cache, obj, 0, 100)
+    if kind == "full_folder":  # someone's files: not the cache's to delete
+        assert isinstance(got, ConfigError), got
+        assert str(got) == (
+            f"cache_dir {tmp_path / 'c'}: cannot remove {planted} (Directory not empty), "
+            "where the cache keeps a range; remove it by hand"
+        )
+        assert (planted / "x").exists()
+    else:
+        assert got == obj.read_bytes()[:100]
+        assert path.is_file() and not path.is_symlink() and other.is_file()
+
+
+def test_a_dead_downloaders_part_that_cannot_be_removed_is_one_line(tmp_path, obj, monkeypatch):
+    """The take-over's failed unlink was ignored and the reader tried again at once, forever."""
+    cache = RangeCache(tmp_path / "c", 1 << 30)
+    path = cache.path(KEY, 0, 100)
+    part = path.with_name(path.name + ".part")
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"half a download")  # bytes and no lock: its downloader died
+    real = os.unlink
+
+    def refusing(name, *args, **kwargs):
+        if str(name) == str(part):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(name))
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(cache_module.os, "unlink", refusing)
+    got = _read_within(cache, obj, 0, 100)
+    assert isinstance(got, ConfigError), got
+    assert str(got).startswith(f"cache_dir {tmp_path / 'c'}: cannot remove {part} (Permission")
