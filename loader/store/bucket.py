@@ -10,7 +10,8 @@ next on `FETCH_THREADS` threads per process, while the decode thread works on ea
 
 Pages are checked as they are decoded (their CRC32, `page_checksums`), as for a local
 dataset; a range that fails (a damaged download or cache file) is deleted and fetched once
-more before it is a `DataError`.
+more, then the shard's footer too (a cached one can be another shard's and pass its CRC32),
+before it is a `DataError`.
 
 Records in: the store's manifest and shard footers, a global row group number. Out: the row
 group as a `pyarrow.Table` of the asked columns.
@@ -88,6 +89,8 @@ class BucketRowGroups:
         self.cache = RangeCache(cache_dir, cache_limit)
         self.page_checksums = page_checksums
         self.metas: list[pq.FileMetaData] = []
+        self._footer_starts: dict[int, int] = {}
+        """Where the cached range each shard's footer was read from starts."""
         self._spans: list[tuple[int, int]] = []
         self._pid = os.getpid()
         self._fetcher: ThreadPoolExecutor | None = None
@@ -98,7 +101,9 @@ class BucketRowGroups:
 
     def footer(self, shard: int) -> pq.FileMetaData:
         """Shard `shard`'s footer, from its last `FOOTER_BYTES` cached as a range (one GET the
-        first time on the node; a footer larger than that takes one more)."""
+        first time on the node; a footer larger than that takes one more). One whose row count
+        is not index.json's (another shard's, under this one's name in the cache: it passes
+        its CRC32) is downloaded again once; the caller then reports what it says."""
         info = self.manifest.shards[shard]
         url, size = self.urls[shard], info.bytes
         for attempt in (1, 2):
@@ -117,7 +122,11 @@ class BucketRowGroups:
                     start = max(0, size - need)
                     with self.cache.pinned(url, info.sha256, start, size) as view:
                         tail = bytes(view)
-                return storage.parquet_metadata(RangeFile(memoryview(tail), start, size))
+                meta = storage.parquet_metadata(RangeFile(memoryview(tail), start, size))
+                self._footer_starts[shard] = start
+                if meta.num_rows == info.rows or attempt == 2:
+                    return meta
+                self.cache.discard(info.sha256, start, size)
             except (pa.ArrowException, OSError) as exc:
                 self.cache.discard(info.sha256, start, size)  # a damaged copy: fetched again
                 if attempt == 2:
@@ -139,10 +148,12 @@ class BucketRowGroups:
         return self.urls[shard], self.manifest.shards[shard].sha256, start, end
 
     def read(self, g: int, shard: int, local: int, columns: list[str]) -> pa.Table:
-        """Row group `g` (number `local` in shard `shard`): `columns` of it."""
-        url, key, start, end = self._where(shard, g)
+        """Row group `g` (number `local` in shard `shard`): `columns` of it. A range that fails
+        is downloaded again; failing again, the shard's footer is (a cached footer can be
+        another shard's and pass its CRC32), and the read tried once more where it differs."""
         size = self.manifest.shards[shard].bytes
-        for attempt in (1, 2):
+        for attempt in (1, 2, 3):
+            url, key, start, end = self._where(shard, g)
             with self._gone_checked(url), self.cache.pinned(url, key, start, end) as view:
                 source = RangeFile(view, start, size)
                 try:
@@ -153,10 +164,31 @@ class BucketRowGroups:
                     decode_with_jemalloc(pf, source, self.page_checksums)
                     return pf.read_row_group(local, columns=columns, use_threads=False)
                 except (pa.ArrowException, OSError):
-                    if attempt == 2:
+                    if attempt == 3 or (
+                        attempt == 2 and not self._footer_refreshed(shard, g - local)
+                    ):
                         raise
-            self.cache.discard(key, start, end)  # downloaded again on the second try
+            self.cache.discard(key, start, end)  # downloaded again on the next try
         raise AssertionError("unreachable")
+
+    def _footer_refreshed(self, shard: int, first: int) -> bool:
+        """Download shard `shard`'s footer again (its row groups numbered from `first`): True
+        when it differs from the one in use, which it then replaces."""
+        info, old = self.manifest.shards[shard], self.metas[shard]
+        for start in {self._footer_starts.get(shard, 0), max(0, info.bytes - FOOTER_BYTES)}:
+            self.cache.discard(info.sha256, start, info.bytes)
+        new = self.footer(shard)
+        if new.equals(old):
+            return False  # the footer was right: the row group is damaged
+        rows = [new.row_group(i).num_rows for i in range(new.num_row_groups)]
+        if rows != [old.row_group(i).num_rows for i in range(old.num_row_groups)]:
+            raise DataError(
+                f"{self.urls[shard]}: the footer this job read from the node's cache was not "
+                "the shard's (downloaded again now); open the dataset again"
+            )
+        self.metas[shard] = new
+        self.spans[first : first + len(rows)] = [byte_range(new, i) for i in range(len(rows))]
+        return True
 
     @contextlib.contextmanager
     def _gone_checked(self, url: str) -> Iterator[None]:

@@ -1,0 +1,62 @@
+"""Row groups of a dataset in a bucket read through the node's cache (loader/store/bucket.py),
+against moto's S3 server on loopback (the `s3_server` fixture): a cached footer that is wrong
+but passes its CRC32 (another shard's) is downloaded again before a shard is called damaged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loader import PackedDataset
+from packtool.dataset.shards import ShardConfig
+from packtool.engines.local import RunConfig, run_pack
+from packtool.pack.chunk import PackConfig
+
+ROOT = Path(__file__).resolve().parents[3]
+CORPUS = ROOT / "sample_data" / "corpus.jsonl"
+
+
+@pytest.fixture(scope="module")
+def url(s3_server) -> str:
+    """The sample corpus in shards of 256 rows (the last 214) of 32-row row groups, in a bucket."""
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="footers")
+    run_pack(
+        RunConfig(
+            inputs=(str(CORPUS),),
+            out_dir="s3://footers/ds",
+            pack=PackConfig(max_len=1024),
+            shards=ShardConfig(shard_rows=256, row_group_rows=32),
+            progress=False,
+        )  # fmt: skip
+    )
+    return "s3://footers/ds"
+
+
+def _batches(url: str, cache: Path) -> list[list[list[int]]]:
+    ds = PackedDataset(url, tokens_per_batch=4096, seed=3, cache_dir=str(cache))
+    return [b["input_ids"].tolist() for b in ds]
+
+
+@pytest.mark.parametrize("other", [1, -1], ids=["same_rows", "other_rows"])
+def test_a_cached_footer_of_another_shard_is_downloaded_again(url, tmp_path, other):
+    """Two shards' 64 KB footer ranges swapped in the cache pass their CRC32s: every run failed
+    'row group N: doc_offsets unreadable ... the shard is damaged' (or, rows differing, 'the
+    footer is damaged, repack it') until the cache was emptied by hand."""
+    cache = tmp_path / "cache"
+    ds = PackedDataset(url, tokens_per_batch=4096, seed=3, cache_dir=str(cache))
+    want = [b["input_ids"].tolist() for b in ds]
+    shards = ds.store.manifest.shards
+    assert len(shards) > 2 and shards[0].rows != shards[-1].rows
+    a, b = (
+        cache / s.sha256[:2] / f"{s.sha256}-{s.bytes - (64 << 10)}-{s.bytes}"
+        for s in (shards[0], shards[other])
+    )
+    data_a, data_b = a.read_bytes(), b.read_bytes()
+    assert len(data_a) == len(data_b) and data_a != data_b
+    a.write_bytes(data_b)
+    b.write_bytes(data_a)
+    assert _batches(url, cache) == want
+    assert a.read_bytes() == data_a and b.read_bytes() == data_b  # each its own again
