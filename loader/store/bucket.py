@@ -101,13 +101,15 @@ class BucketRowGroups:
 
     def footer(self, shard: int) -> pq.FileMetaData:
         """Shard `shard`'s footer, from its last `FOOTER_BYTES` cached as a range (one GET the
-        first time on the node; a footer larger than that takes one more). One whose row count
-        is not index.json's (another shard's, under this one's name in the cache: it passes
-        its CRC32) is downloaded again once; the caller then reports what it says."""
+        first time on the node; a footer larger than that takes one more, both kept cached, so
+        a warm open downloads neither). One whose row count is not index.json's (another
+        shard's, under this one's name in the cache: it passes its CRC32) is downloaded again
+        once; the caller then reports what it says."""
         info = self.manifest.shards[shard]
         url, size = self.urls[shard], info.bytes
+        last = max(0, size - FOOTER_BYTES)
         for attempt in (1, 2):
-            start = max(0, size - FOOTER_BYTES)
+            start = last
             try:
                 with self.cache.pinned(url, info.sha256, start, size) as view:
                     tail = bytes(view)
@@ -117,8 +119,7 @@ class BucketRowGroups:
                         "the shard was replaced or is damaged"
                     )
                 need = int.from_bytes(tail[-8:-4], "little") + 8
-                if need > len(tail):
-                    self.cache.discard(info.sha256, start, size)
+                if need > len(tail):  # both ranges kept: the next open downloads neither
                     start = max(0, size - need)
                     with self.cache.pinned(url, info.sha256, start, size) as view:
                         tail = bytes(view)
@@ -126,9 +127,11 @@ class BucketRowGroups:
                 self._footer_starts[shard] = start
                 if meta.num_rows == info.rows or attempt == 2:
                     return meta
-                self.cache.discard(info.sha256, start, size)
+                for at in {last, start}:
+                    self.cache.discard(info.sha256, at, size)
             except (pa.ArrowException, OSError) as exc:
-                self.cache.discard(info.sha256, start, size)  # a damaged copy: fetched again
+                for at in {last, start}:  # a damaged copy: fetched again
+                    self.cache.discard(info.sha256, at, size)
                 if attempt == 2:
                     raise DataError(f"{url}: footer unreadable ({exc})") from None
         raise AssertionError("unreachable")

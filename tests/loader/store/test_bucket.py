@@ -60,3 +60,29 @@ def test_a_cached_footer_of_another_shard_is_downloaded_again(url, tmp_path, oth
     b.write_bytes(data_a)
     assert _batches(url, cache) == want
     assert a.read_bytes() == data_a and b.read_bytes() == data_b  # each its own again
+
+
+def test_a_footer_over_64_kb_is_downloaded_once_per_node(s3_server, tmp_path):
+    """A shard whose footer is over 64 KB re-downloaded the 64 KB tail at every warm open (its
+    cached copy was deleted each time the larger range was read)."""
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="bigfooter")
+    lines = CORPUS.read_text(encoding="utf-8").splitlines(keepends=True)[:500]
+    corpus = tmp_path / "small.jsonl"
+    corpus.write_text("".join(lines), encoding="utf-8")
+    run_pack(
+        RunConfig(
+            inputs=(str(corpus),),
+            out_dir="s3://bigfooter/ds",
+            pack=PackConfig(max_len=1024),
+            shards=ShardConfig(row_group_rows=1),
+            progress=False,
+        )  # fmt: skip
+    )
+    cache = tmp_path / "cache"
+    cold = PackedDataset("s3://bigfooter/ds", rows_per_batch=4, cache_dir=str(cache))
+    meta = cold.store.bucket.metas[0]
+    assert meta.serialized_size > 64 << 10 and cold.store.downloaded_bytes > 0
+    warm = PackedDataset("s3://bigfooter/ds", rows_per_batch=4, cache_dir=str(cache))
+    assert warm.store.downloaded_bytes == 0
