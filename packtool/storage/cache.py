@@ -349,43 +349,59 @@ class RangeCache:
         `folder` is left alone."""
         entries = []
         total = incoming
-        with contextlib.suppress(FileNotFoundError):
-            for sub in os.scandir(self.folder):
-                if len(sub.name) != 2 or not sub.is_dir(follow_symlinks=False):
+        try:
+            subs = [s for s in os.scandir(self.folder) if len(s.name) == 2]
+        except FileNotFoundError:
+            subs = []
+        except OSError as exc:
+            raise self._unwritable(exc, always=True) from None
+        for sub in subs:
+            try:
+                if not sub.is_dir(follow_symlinks=False):
                     continue
-                for e in os.scandir(sub.path):
-                    # The cache's own ranges only: `.part`s are being written (or dead), and
-                    # anything else in cache_dir is someone's, neither counted nor deleted.
-                    own = _NAME.fullmatch(e.name)
-                    if not own or own[1][:2] != sub.name or not e.is_file(follow_symlinks=False):
-                        continue
-                    with contextlib.suppress(FileNotFoundError):
-                        st = e.stat(follow_symlinks=False)
-                        entries.append((st.st_mtime, st.st_size, e.path))
-                        total += st.st_size
+                found = list(os.scandir(sub.path))
+            except OSError:  # gone, or another user's (a folder from before): not counted
+                continue
+            for e in found:
+                # The cache's own ranges only: `.part`s are being written (or dead), and
+                # anything else in cache_dir is someone's, neither counted nor deleted.
+                own = _NAME.fullmatch(e.name)
+                if not own or own[1][:2] != sub.name or not e.is_file(follow_symlinks=False):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = e.stat(follow_symlinks=False)
+                    entries.append((st.st_mtime, st.st_size, e.path))
+                    total += st.st_size
         if total <= self.limit:
             return total - incoming
         goal = int(self.limit * 0.9)
         for _, size, name in sorted(entries):
             if total <= goal:
                 break
+            fd = None
             try:
-                fd = os.open(name, os.O_RDONLY)
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except FileNotFoundError:
                 total -= size
                 continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue  # being read: kept
+            except OSError:
+                pass  # not this user's to read: never read from here (`pinned`), so deleted
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue  # being read: kept
             try:
                 os.unlink(name)
                 total -= size
             except FileNotFoundError:
                 total -= size
+            except OSError:
+                pass  # not this user's to delete (a folder from before): kept, counted
             finally:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
         return total - incoming
 
 

@@ -281,3 +281,34 @@ def test_a_dead_downloaders_part_that_cannot_be_removed_is_one_line(tmp_path, ob
     got = _read_within(cache, obj, 0, 100)
     assert isinstance(got, ConfigError), got
     assert str(got).startswith(f"cache_dir {tmp_path / 'c'}: cannot remove {part} (Permission")
+
+
+@pytest.mark.parametrize("refused", ["open", "unlink", "scandir"])
+def test_a_file_the_sweep_cannot_open_or_delete_never_fails_a_read(
+    tmp_path, obj, monkeypatch, refused
+):
+    """Another user's file in the cache made the sweep raise EACCES, reported as a damaged shard
+    ('footer unreadable ([Errno 13] Permission denied: <another dataset's cache file>)'). The
+    file system's answer is stood in for (the tests run as root)."""
+    cache = RangeCache(tmp_path / "c", 1 << 30)
+    for i in range(4):
+        _read(cache, obj, i * 8000, i * 8000 + 8000)
+        os.utime(cache.path(KEY, i * 8000, i * 8000 + 8000), (i + 1, i + 1))
+    theirs = cache.path(KEY, 0, 8000)  # the oldest
+    real = getattr(os, refused)
+
+    def refusing(name, *args, **kwargs):
+        if os.fspath(name) in (str(theirs), str(theirs.parent)):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(name))
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(cache_module.os, refused, refusing)
+    small = RangeCache(tmp_path / "c", 20_000)
+    assert _read(small, obj, 40_000, 48_000) == obj.read_bytes()[40_000:48_000]
+    left = sorted(p.name for p in theirs.parent.iterdir())
+    if refused == "open":  # not this user's to read, but in this user's folder: deleted
+        assert str(theirs.name) not in left and len(left) == 2
+    elif refused == "unlink":  # kept, the next oldest deleted in its place
+        assert str(theirs.name) in left and len(left) == 2
+    else:  # a subfolder it cannot list is not counted
+        assert len(left) == 5
