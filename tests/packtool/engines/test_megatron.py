@@ -285,7 +285,8 @@ def _interrupt_after(prefix: Path, inputs, finished: int, monkeypatch, **kw) -> 
 
     monkeypatch.setattr(megatron_part, "run_part", stop)
     with pytest.raises(KeyboardInterrupt):
-        tokenize_megatron(inputs, prefix, partition_size=300_000, workers=1, progress=False, **kw)
+        kw = {"partition_size": 300_000, **kw}
+        tokenize_megatron(inputs, prefix, workers=1, progress=False, **kw)
     monkeypatch.undo()
     assert len(records.finished(staging)) == finished
     return staging

@@ -8,8 +8,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
-
 from packtool.engines.megatron_record import record_path
 from tests.cli import one_error_line, run
 
@@ -85,23 +83,13 @@ def test_resume_of_a_finished_pair_refuses_other_options_or_inputs(tmp_path):
 
 def test_a_resumed_runs_summary_rates_its_own_work(tmp_path, monkeypatch):
     """The rate divided every token, the kept parts' too, by this run's time."""
-    from packtool.engines import megatron_part, records
+    from packtool.engines import records
     from packtool.engines.megatron import tokenize_megatron
-    from packtool.engines.preflight import staging_folder
+    from tests.packtool.engines.test_megatron import _interrupt_after
 
     corpus = _corpus(tmp_path / "a.jsonl", 3000, "alpha")
     prefix, kw = tmp_path / "d", {"partition_size": 100_000, "workers": 1, "progress": False}
-    staging, real = staging_folder(Path(f"{prefix}.idx")), megatron_part.run_part
-
-    def stop(ctx, descriptor):
-        if len(records.finished(staging)) >= 3:
-            raise KeyboardInterrupt
-        return real(ctx, descriptor)
-
-    monkeypatch.setattr(megatron_part, "run_part", stop)
-    with pytest.raises(KeyboardInterrupt):
-        tokenize_megatron([corpus], prefix, **kw)
-    monkeypatch.undo()
+    staging = _interrupt_after(prefix, [corpus], 3, monkeypatch, partition_size=100_000)
     kept = sum(records.read_record(staging, p)["tokens"] for p in records.finished(staging))
     summary = tokenize_megatron([corpus], prefix, resume=True, **kw)
     assert summary.resumed_partitions == 3 and summary.partitions > 3
