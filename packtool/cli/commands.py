@@ -19,7 +19,12 @@ from packtool import __version__
 from packtool.cli import exits, interrupt
 from packtool.cli.engine_options import EngineOptions, engine_options
 from packtool.cli.exits import echo
-from packtool.cli.input_checks import TOKENIZER_OPTIONS, check_input_options, explicit
+from packtool.cli.input_checks import (
+    TOKENIZER_OPTIONS,
+    check_input_options,
+    explicit,
+    flag_of,
+)
 from packtool.cli.input_options import CorpusOptions, corpus_options, inputs_argument, sft_options
 from packtool.errors import AlreadyComplete, ConfigError, Detached
 from packtool.quantities import MIN_PARTITION_SIZE, parse_size, positive_int
@@ -347,7 +352,7 @@ def stats_cmd(
         echo(
             "warning: the inputs are tokenized Parquet; the tokenizer recorded in them is "
             "reported and "
-            + ", ".join("--" + n.replace("_", "-") for n in explicit(ctx, TOKENIZER_OPTIONS))
+            + ", ".join(map(flag_of, explicit(ctx, TOKENIZER_OPTIONS)))
             + " ignored",
             err=True,
         )

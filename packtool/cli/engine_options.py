@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from packtool.cli.input_checks import explicit
 from packtool.errors import ConfigError
 
 SLURM_OPTIONS = (
@@ -167,9 +168,7 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise ConfigError(f"--{given[0].replace('_', '-')} needs --engine slurm")
         if engine != "ray" and ray_address is not None:
             raise ConfigError("--ray-address needs --engine ray")
-        workers_given = "workers" in kwargs and ctx.get_parameter_source("workers") not in (
-            None, click.core.ParameterSource.DEFAULT,
-        )  # fmt: skip
+        workers_given = "workers" in kwargs and bool(explicit(ctx, ("workers",)))
         if engine == "slurm" and workers_given:  # it was ignored without a word
             raise ConfigError(
                 "--workers counts this machine's worker processes (or Ray's actors); with "

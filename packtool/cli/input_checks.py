@@ -36,7 +36,8 @@ def explicit(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     return [n for n in names if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
 
 
-def _flag(name: str) -> str:
+def flag_of(name: str) -> str:
+    """The command-line flag of a click parameter name (`eos_id` -> `--eos-id`)."""
     return "--" + name.replace("_", "-")
 
 
@@ -73,7 +74,7 @@ def check_input_options(
     }
     tokenized = found.mode in (TOKENIZED, PRETOKENIZED)
     if fields and tokenized:
-        flag = _flag(fields[0])
+        flag = flag_of(fields[0])
         raise ConfigError(
             f"{flag} {values[fields[0]]}: {TOKENIZED_INPUTS}; drop {flag} (or tokenize the "
             "records again with it)"
@@ -83,7 +84,7 @@ def check_input_options(
     if tokenized:  # pre-tokenized rows can be skipped (empty ids): --strict counts there
         strict_counts = found.mode == PRETOKENIZED or strict_used
         unused = [
-            _flag(n) + ("" if n == "strict" else f" {values[n]}")
+            flag_of(n) + ("" if n == "strict" else f" {values[n]}")
             for n in _FOR_RAW_TEXT
             if n in given and not (n == "strict" and strict_counts)
         ]
@@ -120,7 +121,7 @@ def _check_fields(
         if not mine or kind_known and read_as and sft.format == "auto":
             continue
         names = first_fields(paths) if names is None else names
-        flag, value = _flag(mine[0]), getattr(sft, mine[0])
+        flag, value = flag_of(mine[0]), getattr(sft, mine[0])
         found = f"(fields found: {', '.join(names) or 'none'})"
         for n in (*mine, *(n for n in group if n not in mine)):
             field = getattr(sft, n)
@@ -128,11 +129,11 @@ def _check_fields(
                 continue
             if n in mine:
                 raise ConfigError(
-                    f"{_flag(n)} {field}: no field {field!r} in the inputs' first records {found}"
+                    f"{flag_of(n)} {field}: no field {field!r} in the inputs' first records {found}"
                 )
             raise ConfigError(
                 f"{flag} {value}: no field {field!r} in the inputs' first records to go with it "
-                f"{found}; name the {n.split('_')[0]} with {_flag(n)}"
+                f"{found}; name the {n.split('_')[0]} with {flag_of(n)}"
             )
         if kind_known and not read_as:  # (--format cannot help: the first record decides)
             other = f"{kind} records" if kind else "plain text"
