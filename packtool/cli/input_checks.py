@@ -9,8 +9,10 @@ The rule (docs/sft.md, "Options the inputs cannot use"), for options given on th
   as another kind, or tokenized Parquet. Going on would hand back other data than the option
   asks for (plain text with no loss mask, or the ids stored earlier);
 - an option that cannot change what comes out of these inputs (`--text-field`, `--text-column`
-  and `--strict` for tokenized Parquet, `--render-processes` where nothing is rendered) is one
-  `warning:` line on stderr, and the run goes on.
+  and `--strict` for tokenized Parquet, `--text-field` where no input is JSONL and
+  `--text-column` where none is Parquet or the records are fine-tuning records,
+  `--render-processes` where nothing is rendered) is one `warning:` line on stderr, and the run
+  goes on.
 
 The library's configs are untouched (and with them the fingerprint `--resume` compares); the
 inputs' kind is the one the run uses (`packtool.tokenize.tokenize.inputs_kind`, kept).
@@ -94,12 +96,36 @@ def check_input_options(
                 "as their stored ids (and loss mask)",
                 err=True,
             )
+    if not tokenized:
+        _warn_unread_text_options(given, paths, found.sft_kind, values)
     if "render_processes" in given and found.sft_kind not in CHAT_KINDS:
         echo(
             f"warning: --render-processes {sft.render_processes} ignored: the inputs hold no "
             "chat records, so nothing is rendered",
             err=True,
         )
+
+
+def _warn_unread_text_options(
+    given: list[str], paths: list[Path], kind: str | None, values: dict[str, Any]
+) -> None:
+    """One `warning:` line for `--text-field` where no input is JSONL (or the records are read
+    as fine-tuning records), and for `--text-column` where no input is Parquet (or likewise)."""
+    from packtool.read.formats import file_kind
+
+    for name, fmt, what in (
+        ("text_field", "jsonl", "JSONL"),
+        ("text_column", "parquet", "Parquet"),
+    ):
+        if name not in given:
+            continue
+        if kind is not None:
+            why = f"the inputs are read as {kind} records"
+        elif not any(file_kind(p) == fmt for p in paths):
+            why = f"no input is {what}"
+        else:
+            continue
+        echo(f"warning: {flag_of(name)} {values[name]} ignored: {why}", err=True)
 
 
 def _check_fields(

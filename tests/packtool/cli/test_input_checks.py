@@ -201,3 +201,34 @@ def test_fields_that_are_read_pass_without_a_word(name, tmp_path, qa):
         name, tmp_path, qa, "--prompt-field", "question", "--completion-field", "answer"
     )
     assert code == 0 and err == "", err
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_text_options_for_formats_not_among_the_inputs_are_warnings(name, tmp_path):
+    # `--text-field body` on Parquet inputs, and `--text-column body` on JSONL ones, were
+    # ignored without a word: the run read `text` while the user meant `body`.
+    docs = [f"document {i} " * 3 for i in range(20)]
+    table = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": docs}), table)
+    lines = jsonl(tmp_path / "t.jsonl", [{"text": d} for d in docs])
+    for path, option, why in (
+        (table, "--text-field", "no input is JSONL"),
+        (lines, "--text-column", "no input is Parquet"),
+    ):
+        code, _, err = command(name, tmp_path, path, option, "body")
+        assert code == 0, err
+        assert err.splitlines() == [f"warning: {option} body ignored: {why}"]
+    # Both formats among the inputs: each option is read by its files, no warning.
+    code, _, err = command(name, tmp_path, table, lines, "--text-column", "text", "--text-field", "text")  # fmt: skip
+    assert code == 0 and err == "", err
+
+
+def test_text_field_on_fine_tuning_records_is_a_warning(tmp_path, qa):
+    code, _, err = command(
+        "pack", tmp_path, qa, "--prompt-field", "question", "--completion-field", "answer",
+        "--text-field", "text",
+    )  # fmt: skip
+    assert code == 0, err
+    assert err.splitlines() == [
+        "warning: --text-field text ignored: the inputs are read as prompt-completion records"
+    ]
