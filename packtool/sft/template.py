@@ -41,7 +41,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from packtool.errors import ConfigError, MissingDependencyError
@@ -386,7 +385,7 @@ def read_tokenizer_config(folder: str | os.PathLike) -> dict[str, Any] | None:
     Raises:
         ConfigError: the file exists but is not a JSON object.
     """
-    path = Path(folder) / CONFIG_FILE
+    path = storage.as_path(folder) / CONFIG_FILE
     if not storage.is_file(path):
         return None
     try:
@@ -445,7 +444,7 @@ def load_chat_template(
     config = read_tokenizer_config(tokenizer_dir) if tokenizer_dir is not None else None
     tokens = {**special_tokens_of(config), **(special_tokens or {})}
     if template is not None:
-        path = Path(template)
+        path = storage.as_path(template)
         if storage.is_dir(path):
             raise ConfigError(
                 f"chat template {str(path)!r} is a folder; pass the template file (a .jinja, or "
@@ -472,7 +471,7 @@ def load_chat_template(
             "chat inputs need a chat template: pass --chat-template FILE, or a --tokenizer "
             "PATH/tokenizer.json whose folder has tokenizer_config.json with a chat_template"
         )
-    folder = Path(tokenizer_dir)
+    folder = storage.as_path(tokenizer_dir)
     jinja_file = folder / TEMPLATE_FILE
     if storage.is_file(jinja_file):
         return ChatTemplate(

@@ -129,7 +129,7 @@ def load_tokenizer_config(folder: str | os.PathLike) -> TokenizerConfig | None:
     Raises:
         ConfigError: a file that is there but is not a JSON object.
     """
-    folder = storage.as_path(folder) if storage.is_remote(folder) else Path(folder)
+    folder = storage.as_path(folder)
     cfg_path, map_path = folder / CONFIG_FILE, folder / SPECIAL_TOKENS_MAP_FILE
     data: dict[str, Any] = {}
     path = None

@@ -551,3 +551,36 @@ def test_per_scheme_options_reach_every_spelling_and_bad_ones_are_one_line(monke
     code, _, err = run("stats", "az://ctr/in/")
     assert code == 1
     assert one_error_line(err).startswith("error: az://ctr/in/: cannot open the az:// client (")
+
+
+def test_the_chat_template_beside_a_tokenizer_in_a_bucket_is_used(bucket, tmp_path):
+    # The tokenizer's own chat_template.jinja was looked up as a local path ("s3:/corpus/tok")
+    import boto3
+
+    from tests.packtool.tokenizer_shapes import build
+
+    tok = build("gpt2", tmp_path / "tok")
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+    (tmp_path / "tok" / "chat_template.jinja").write_text(template)
+    client = boto3.client("s3")
+    client.upload_file(str(tok), "corpus", "chatok/tokenizer.json")
+    client.upload_file(str(tmp_path / "tok" / "chat_template.jinja"), "corpus", "chatok/chat_template.jinja")  # fmt: skip
+    chat = ROOT / "sample_data" / "chat.jsonl"
+    runs = {
+        "local": (tok,),
+        "bucket": ("s3://corpus/chatok/tokenizer.json",),
+        "template": (tok, "--chat-template", "s3://corpus/chatok/chat_template.jinja"),
+    }
+    for name, (where, *more) in runs.items():
+        args = ("pack", chat, "-o", tmp_path / name, "--tokenizer", where, "--train-on", "all")
+        code, _, err = run(*args, *more)
+        assert code == 0, err
+    local = _shards(tmp_path / "local")
+    assert local and _shards(tmp_path / "bucket") == local == _shards(tmp_path / "template")
+    index = json.loads((tmp_path / "bucket" / "index.json").read_text())
+    assert (
+        index["extra"]["chat_template"]["sha256"]
+        == json.loads((tmp_path / "local" / "index.json").read_text())["extra"]["chat_template"][
+            "sha256"
+        ]
+    )
