@@ -39,6 +39,7 @@ def tokenized_schema(
     token_type: pa.DataType | None = None,
     optional: Iterable[str] = (),
     special_names: dict[str, str] | None = None,
+    chat_template: dict[str, Any] | None = None,
 ) -> pa.Schema:
     """The Arrow schema of tokenized Parquet, with the tokenizer identity in its metadata.
 
@@ -48,6 +49,8 @@ def tokenized_schema(
     Files with one are version 2 (their metadata lists them); without, version 1 as before.
     `special_names`: where the EOS / BOS defaults came from (`Tokenizer.special_names`), kept as
     `special_tokens` so a `pack` of the file records them as a pack of the text does.
+    `chat_template`: the template chat records were rendered with (`sft.encode.template_record`),
+    kept so a `pack` of the file records it as a pack of the records does.
     """
     if token_type is None:
         token_type = pa.uint16() if identity.vocab_size <= 1 << 16 else pa.uint32()
@@ -70,6 +73,8 @@ def tokenized_schema(
         meta.update(version=FORMAT_VERSION, columns=list(optional))
     if special_names:
         meta["special_tokens"] = dict(special_names)
+    if chat_template:
+        meta["chat_template"] = dict(chat_template)
     return pa.schema(fields, metadata={META_KEY: json.dumps(meta).encode()})
 
 

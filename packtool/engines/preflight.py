@@ -184,6 +184,9 @@ class InputFacts:
     """How each input file is read (`plan.KINDS`), in reading order."""
     special_names: dict[str, str] | None = None
     """Tokenized inputs: where their EOS / BOS came from (`InputsRead.special_names`)."""
+    chat_template: dict[str, Any] | None = None
+    """Tokenized inputs: the template their conversations were rendered with
+    (`InputsRead.chat_template`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
@@ -198,6 +201,7 @@ class InputFacts:
             sft_kind=d["sft_kind"],
             kinds=tuple(d["kinds"]),
             special_names=d.get("special_names"),  # absent from runs saved before it
+            chat_template=d.get("chat_template"),
         )
 
 
@@ -224,6 +228,7 @@ def _read_facts(config: RunConfig, paths: list[Path]) -> InputFacts:
         sft_kind=read.sft_kind,
         kinds=tuple(_file_kinds(paths, read.mode)),
         special_names=read.special_names() or None,
+        chat_template=read.chat_template(),
     )
 
 
@@ -385,6 +390,8 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
         # The template's text, not the --chat-template path (edited in place, or the
         # tokenizer's own one, it changes every conversation).
         fingerprint[CHAT_TEMPLATE_KEY] = template_record(config.read.sft, checked.tokenizer)
+    elif checked.facts is not None and checked.facts.chat_template:  # tokenized conversations
+        fingerprint[CHAT_TEMPLATE_KEY] = checked.facts.chat_template
     # Compare in the form the state file stores it (tuples become lists).
     return json.loads(json.dumps(fingerprint))
 

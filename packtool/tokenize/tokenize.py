@@ -43,6 +43,7 @@ from packtool.read.corpus import expand_inputs
 from packtool.read.documents import ReadConfig, SkipCounter
 from packtool.read.pretokenized import split_pretokenized
 from packtool.read.sft_config import CHAT_KINDS
+from packtool.sft.encode import template_record
 from packtool.sft.inputs import file_record_kind, sft_kind
 from packtool.storage import hub, writing
 from packtool.storage import local as storage
@@ -124,6 +125,14 @@ class InputsRead:
         if not said or not isinstance(said[0], dict) or any(s != said[0] for s in said):
             return {}
         return {k: v for k, v in said[0].items() if isinstance(v, str)}
+
+    def chat_template(self) -> dict[str, Any] | None:
+        """The chat template the tokenized inputs' conversations were rendered with, as
+        `packtool tokenize` recorded it (the same in every file, else None)."""
+        said = [meta.get("chat_template") for _, meta in self.tokenized]
+        if not said or not isinstance(said[0], dict) or any(s != said[0] for s in said):
+            return None
+        return dict(said[0])
 
 
 def inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
@@ -404,6 +413,9 @@ def tokenize_corpus(
         config.extra_fields,
         optional=optional,
         special_names=tokenizer.special_names,
+        chat_template=template_record(config.sft, tokenizer)
+        if read.sft_kind in CHAT_KINDS
+        else None,
     )
 
     def prepare(paths: OutputPaths) -> None:

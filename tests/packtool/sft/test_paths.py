@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -393,3 +394,25 @@ def test_a_run_state_and_dataset_from_before_the_template_record_still_resume(
     (out / "index.json").write_text(json.dumps(index))
     with pytest.raises(AlreadyComplete):
         run_pack(resume)
+
+
+def test_tokenized_conversations_carry_their_template_into_the_pack(chat, tmp_path):
+    """`packtool tokenize` of chat records kept no record of the template it rendered with, so a
+    pack of its output had none in index.json, unlike a pack of the records themselves."""
+    import hashlib
+
+    from packtool.dataset.tokenized import tokenized_meta
+
+    run_pack(config(tmp_path / "direct", chat))
+    want = read_manifest(tmp_path / "direct").extra["chat_template"]
+    assert want["sha256"] == hashlib.sha256(GEN.encode()).hexdigest()
+    tok = tmp_path / "tok.parquet"
+    tokenize_corpus(chat["paths"], tok, read_config=chat["read"])
+    assert tokenized_meta(tok)["chat_template"] == want
+    run_pack(replace(config(tmp_path / "packed", chat), inputs=(str(tok),), read=ReadConfig()))
+    assert read_manifest(tmp_path / "packed").extra["chat_template"] == want
+    # Plain text tokenized records none.
+    text = tmp_path / "t.jsonl"
+    text.write_text('{"text": "one"}\n', "utf-8")
+    tokenize_corpus([text], tmp_path / "t.parquet")
+    assert "chat_template" not in tokenized_meta(tmp_path / "t.parquet")
