@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -182,8 +183,9 @@ class Run:
             [u for u in self.tree.level_ids(level) if u not in done]
             for level in range(1, self.tree.levels + 1)
         ]
+        sha = (self.chat_template or {}).get("sha256")
         self.context: WorkerContext = context_for(
-            source_of(config, checked),
+            replace(source_of(config, checked), template_sha256=sha),
             pack=config.pack,
             shards=config.shards,
             chunk_docs=config.chunk_docs,

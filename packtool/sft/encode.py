@@ -302,11 +302,17 @@ def sft_tables(
     tokenizer: Any,
     skips: SkipCounter,
     schema: pa.Schema,
+    template_sha256: str | None = None,
 ) -> Iterator[tuple[pa.Table, int]]:
     """(table, input bytes) per batch: the tokenized `schema` with a `loss_mask` column.
 
     Document ids are each record's offset in its file (`Records.offsets`); the caller adds the
-    file's index (packtool/read/docids.py).
+    file's index (packtool/read/docids.py). `template_sha256`: the template text the run began
+    with (its fingerprint's); a worker that reads other text (the file edited since) stops the
+    run rather than render some conversations with each.
+
+    Raises:
+        ConfigError: the chat template's text is not the one the run began with.
     """
     from packtool.dataset.tokenized_writer import PIPELINE_DEPTH
     from packtool.prefetch import prefetch
@@ -316,7 +322,15 @@ def sft_tables(
     identity = tokenizer.identity
     pool: RenderPool | None = None
     if chat:
-        renderer = Renderer(chat_template_for(read.sft, tokenizer), read.sft.train_on)
+        template = chat_template_for(read.sft, tokenizer)
+        if template_sha256 is not None and template.sha256 != template_sha256:
+            raise ConfigError(
+                f"{template.name}: the chat template changed during the run (sha256 "
+                f"{template_sha256[:12]}... at its start, {template.sha256[:12]}... now); a "
+                "dataset renders every conversation with one template, so the run stops: run "
+                "it again once the template is final"
+            )
+        renderer = Renderer(template, read.sft.train_on)
         processes = render_processes(read.sft.render_processes)
         big = _input_bytes(paths) >= POOL_MIN_BYTES and pool_pays(renderer)
         if processes and (read.sft.render_processes or big):

@@ -64,6 +64,9 @@ class Source:
     """Pre-tokenized inputs: the column saying where the loss goes (`labels`, `loss_mask`)."""
     sft_kind: str | None = None
     """Fine-tuning records: their kind (`sft_inputs.sft_kind`)."""
+    template_sha256: str | None = None
+    """Chat records: the sha256 of the template text the run began with (its fingerprint's); a
+    worker that reads another text stops the run (`sft.encode.sft_tables`)."""
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,13 @@ def _records(
     at = 0  # the piece being read
     paths = [storage.as_path(piece.path) for piece in pieces]
     for table, nbytes in sft_tables(
-        paths, source.sft_kind, source.read, tokenizer, skips, source.schema
+        paths,
+        source.sft_kind,
+        source.read,
+        tokenizer,
+        skips,
+        source.schema,
+        source.template_sha256,
     ):
         rows = table.column("source").to_pylist()
         k = table.schema.get_field_index("doc_id")

@@ -416,3 +416,29 @@ def test_tokenized_conversations_carry_their_template_into_the_pack(chat, tmp_pa
     text.write_text('{"text": "one"}\n', "utf-8")
     tokenize_corpus([text], tmp_path / "t.parquet")
     assert "chat_template" not in tokenized_meta(tmp_path / "t.parquet")
+
+
+def test_a_template_edited_during_the_run_stops_it(chat, tmp_path, monkeypatch):
+    """Each partition worker reads the template file again: edited while the run went on, the
+    later partitions rendered with the new text while index.json recorded the old."""
+    from packtool.errors import ConfigError
+
+    tpl = tmp_path / "t.jinja"
+    tpl.write_text(GEN, "utf-8")
+    read = ReadConfig(sft=SFTConfig(chat_template=str(tpl)))
+    out = tmp_path / "out"
+    real = worker.write_chunk
+
+    def edit_once_the_first_partition_rendered(*args, **kwargs):
+        tpl.write_text(GEN.replace("<|end|>", "<|eot|>"), "utf-8")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "write_chunk", edit_once_the_first_partition_rendered)
+    run = config(out, {**chat, "read": read}, partition_size=1, workers=1)
+    with pytest.raises(ConfigError, match=r"t\.jinja: the chat template changed during the run"):
+        run_pack(run)
+    assert not (out / "index.json").exists()
+    monkeypatch.setattr(worker, "write_chunk", real)
+    tpl.write_text(GEN, "utf-8")  # restored: a run ends with one rendering
+    run_pack(run)
+    assert packed_pieces(out) == chat["expected"]
