@@ -296,7 +296,8 @@ class Transformer(nn.Module):
         # (tensor ops queued before it) comes back in the same read.
         fault = None
         if total and pos_src.device.type != "cpu" and _int32_vector_on(cu_src, pos_src.device):
-            fetched = torch.cat([cu_src, _position_fault(pos_src, cu_src).to(torch.int32)])
+            fault_at = _position_fault(pos_src, cu_src, _may_wrap(batch))
+            fetched = torch.cat([cu_src, fault_at.to(torch.int32)])
             *bounds, t, doc, got, want = fetched.tolist()
             fault = (t, doc, got, want)
             bounds = check_cu_seqlens(torch.tensor(bounds, dtype=torch.int32), total)
@@ -323,13 +324,14 @@ class Transformer(nn.Module):
                     "(a document longer than the model's context?)"
                 )
             cu_host = cu_src if cu_src.device.type == "cpu" else torch.tensor(bounds).int()
-            fault = tuple(_position_fault(pos_src, cu_host).tolist())
+            fault = tuple(_position_fault(pos_src, cu_host, _may_wrap(batch)).tolist())
         if fault is not None and fault[0] >= 0:
             t, doc, got, want = fault
             raise ValueError(
                 f"position_ids[{t}] is {got} where document {doc} (from cu_seqlens[{doc}] = "
                 f"{bounds[doc]}) expects {want}: positions count 0, 1, 2, ... from each "
-                "document's start (only the last may wrap to 0, at one period, as padding does)"
+                "document's start (only static-shape padding, the last document with doc_ids "
+                "-1, may wrap to 0, at one period)"
             )
         cu_seqlens = cu_src.to(device, non_blocking=True)
 
@@ -407,14 +409,30 @@ def _int32_vector_on(cu_seqlens: Any, device: torch.device) -> bool:
     )
 
 
-def _position_fault(position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+def _may_wrap(batch: Any) -> bool:
+    """Whether the batch's last non-empty document may be collate's static-shape padding, whose
+    positions wrap: not where the batch's host `doc_ids` name a document for every entry (the
+    padding pseudo-document's is -1). Without host `doc_ids` (a batch of another source, or moved
+    to the GPU, where reading them would sync) it may."""
+    doc_ids = batch.get("doc_ids")
+    if not isinstance(doc_ids, torch.Tensor) or doc_ids.device.type != "cpu" or not doc_ids.numel():
+        return True
+    return bool((doc_ids < 0).any())
+
+
+def _position_fault(
+    position_ids: torch.Tensor, cu_seqlens: torch.Tensor, may_wrap: bool = True
+) -> torch.Tensor:
     """``[t, doc, got, expected]`` (int64, on position_ids' device) for the first token whose
     position id breaks the rule, ``t = -1`` when none does.
 
     The rule: a token's position id is its offset from its document's start in ``cu_seqlens``,
-    except in the last non-empty document, where it is that offset modulo the document's
-    largest position id + 1 (collate's static-shape padding wraps at ``position_limit``; a
-    document that does not wrap reads the same). Tensor ops only, ``position_ids`` non-empty:
+    except, where `may_wrap` (`_may_wrap`), in the last non-empty document, where it is that
+    offset modulo the document's largest position id + 1 (collate's static-shape padding wraps
+    at ``position_limit``; a document that does not wrap reads the same). Without the padding,
+    the last document's positions count on as any other's: a lost boundary between the last
+    documents of a row ([0, 1, 2, 0, 1, 2] as one document) is refused like any other. Tensor
+    ops only, ``position_ids`` non-empty:
     no host sync, no loop over documents, and no device assert on ``cu_seqlens`` not yet
     validated (indices are clamped; the result is then read only once it passed).
     """
@@ -426,12 +444,18 @@ def _position_fault(position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> tor
     doc = (torch.searchsorted(cu, t, right=True) - 1).clamp(0, cu.numel() - 2)
     offset = t - cu[doc]
     tail = t >= cu[doc[-1:]]  # the last non-empty document
+    if not may_wrap:
+        tail = torch.zeros_like(tail)
     period = torch.where(tail, pos, -1).amax().clamp_min(0) + 1
     expected = torch.where(tail, offset % period, offset)
     first = torch.where(pos != expected, t, total).amin()
     at = first.clamp_max(total - 1).view(1)
     found = torch.where(first < total, first, -1).view(1)
     return torch.cat([found, doc[at], pos[at], expected[at]])
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
+_LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8)
 
 
 def _check_batch(batch: Any, cfg: ModelConfig) -> None:
@@ -452,20 +476,18 @@ def _check_batch(batch: Any, cfg: ModelConfig) -> None:
         if value is None and key == "labels":
             continue
         # bool passes `not is_floating_point()` but is no id, position or label (embedding,
-        # rotary lookup and loss fail on it or take True as 1): refused like floats.
-        if (
-            not isinstance(value, torch.Tensor)
-            or value.dim() != 1
-            or value.is_floating_point()
-            or value.is_complex()
-            or value.dtype == torch.bool
-        ):
+        # rotary lookup and loss fail on it or take True as 1): refused like floats. Ids and
+        # positions index tables (int32/int64 only: uint8 indexes as a boolean mask); labels
+        # hold -100, so any signed integer type.
+        allowed = _LABEL_DTYPES if key == "labels" else _INDEX_DTYPES
+        if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.dtype not in allowed:
             got = (
                 f"{tuple(value.shape)} {value.dtype}"
                 if isinstance(value, torch.Tensor)
                 else type(value).__name__
             )
-            raise ValueError(f"batch[{key!r}] must be a 1-D integer tensor (T,), got {got}")
+            kinds = "signed integer" if key == "labels" else "int64 or int32"
+            raise ValueError(f"batch[{key!r}] must be a 1-D {kinds} tensor (T,), got {got}")
         total = value.shape[0] if total is None else total
         if value.shape[0] != total:
             raise ValueError(f"batch[{key!r}] has {value.shape[0]} entries for {total} input_ids")

@@ -278,6 +278,8 @@ def varlen_attention(
     ):
         raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
 
+    if not isinstance(backend, str):
+        raise ValueError(f"backend must be a name, one of {', '.join(BACKENDS)}; got {backend!r}")
     if backend == "auto":
         if bounds is not None:
             n_docs = count_documents(bounds)

@@ -240,15 +240,24 @@ def _edited(key, change):
         (_edited("input_ids", lambda t: t - 1), "input id -1 is outside"),
         (_edited("position_ids", lambda p: p[1:]), r"batch\['position_ids'\] has \d+ entries for"),
         (_edited("labels", lambda t: t[1:]), r"batch\['labels'\] has"),
-        (_edited("input_ids", lambda t: t.float()), r"batch\['input_ids'\] must be a 1-D integer"),
-        (_edited("labels", lambda t: t.view(1, -1)), r"batch\['labels'\] must be a 1-D integer"),
+        (
+            _edited("input_ids", lambda t: t.float()),
+            r"batch\['input_ids'\] must be a 1-D int64 or int32",
+        ),
+        (
+            _edited("labels", lambda t: t.view(1, -1)),
+            r"batch\['labels'\] must be a 1-D signed integer",
+        ),
         # bool is not an integer dtype: F.embedding, the rotary lookup and the loss fail on it
         (
             _edited("input_ids", torch.Tensor.bool),
             r"batch\['input_ids'\] .* got \(\d+,\) torch.bool",
         ),
-        (_edited("position_ids", torch.Tensor.bool), r"batch\['position_ids'\] must be a 1-D int"),
-        (_edited("labels", torch.Tensor.bool), r"batch\['labels'\] must be a 1-D integer"),
+        (
+            _edited("position_ids", torch.Tensor.bool),
+            r"batch\['position_ids'\] must be a 1-D int64 or int32",
+        ),
+        (_edited("labels", torch.Tensor.bool), r"batch\['labels'\] must be a 1-D signed integer"),
         (_edited("labels", lambda t: t.clamp_min(-1)), "label -1 is neither -100"),
         (
             _edited("labels", lambda t: t.clamp_min(0) + VOCAB),
@@ -392,9 +401,45 @@ def test_the_last_document_may_only_wrap_at_one_period(positions, t):
     batch = make_batch([[1, 2], [3, 4, 5, 6, 7]])
     batch["position_ids"] = torch.tensor(positions)
     with pytest.raises(ValueError, match=rf"^position_ids\[{t}\] is"):
+        _model()({**batch, "doc_ids": torch.tensor([0, -1])})  # padding: it may wrap
+    batch["position_ids"] = torch.tensor([0, 1, 0, 1, 2, 0, 1])  # period 3: padding's wrap
+    with pytest.raises(ValueError, match=r"^position_ids\[5\] is 0 where document 1 "):
+        _model()(batch)  # every document named in doc_ids: no padding, so no wrap
+    _model()({**batch, "doc_ids": torch.tensor([0, -1])})  # the last is padding: accepted
+    _model()({k: v for k, v in batch.items() if k != "doc_ids"})  # not known: accepted
+
+
+def test_a_lost_boundary_between_the_last_documents_is_refused():
+    # Two documents of 3 with cu_seqlens [0, 6]: the row's last stretch was taken for one
+    # document whose positions wrap as padding's do, and the second attended to the first.
+    batch = make_batch([[1, 2, 3, 4, 5, 6]])
+    batch["position_ids"] = torch.tensor([0, 1, 2, 0, 1, 2])
+    with pytest.raises(ValueError, match=r"^position_ids\[3\] is 0 where document 0 "):
         _model()(batch)
-    batch["position_ids"] = torch.tensor([0, 1, 0, 1, 2, 0, 1])  # period 3: accepted
-    _model()(batch)
+
+
+@pytest.mark.parametrize("key", ["input_ids", "position_ids", "labels"])
+@pytest.mark.parametrize(
+    "dtype", [torch.int8, torch.int16, torch.uint8, torch.uint16, torch.uint32, torch.uint64]
+)
+def test_integer_dtypes_the_layers_cannot_take_are_refused(key, dtype):
+    # int16 ids failed in the embedding, uint16 in the check itself; uint8 positions indexed
+    # the rotary table as a boolean mask (other logits, no error); uint8 labels wrapped -100.
+    batch = make_batch([[1, 2, 3], [4, 5]])
+    ok = key == "labels" and dtype in (torch.int8, torch.int16)
+    value = (
+        batch[key].clamp_min(-100 if ok else 0).to(dtype)
+        if ok
+        else batch[key].clamp_min(0).to(dtype)
+    )
+    batch[key] = value
+    if ok:
+        assert _model()(batch).loss is not None
+        return
+    with pytest.raises(
+        ValueError, match=rf"^batch\['{key}'\] must be a 1-D .* got \(5,\) {dtype}$"
+    ):
+        _model()(batch)
 
 
 @settings(max_examples=60, deadline=None)

@@ -415,6 +415,8 @@ def test_bad_shapes_heads_dtypes_and_options():
         attention.varlen_attention(q, k.double(), v, cu)
     with pytest.raises(ValueError, match="unknown backend 'fast'; choose from auto, flash_attn"):
         attention.varlen_attention(q, k, v, cu, backend="fast")
+    with pytest.raises(ValueError, match=r"backend must be a name, one of auto, .* got \['sdpa'\]"):
+        attention.varlen_attention(q, k, v, cu, backend=["sdpa"])  # was TypeError: unhashable
     with pytest.raises(ValueError, match="window must be >= 1"):
         attention.varlen_attention(q, k, v, cu, window=0)
     with pytest.raises(ValueError, match="window pair"):
