@@ -55,6 +55,8 @@ class RowSource(Protocol):
 
 SHARD_PATTERN = "shard-{:05d}.parquet"
 COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
+MAX_ROWS = (1 << 31) - 1
+"""The most rows a shard or row group is given (`shard_rows`, `row_group_rows`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,10 +76,10 @@ class ShardConfig:
     """Codec level where the codec has one (zstd 1: cheap to write, fast to read)."""
 
     def __post_init__(self) -> None:
-        if self.shard_rows < 1:
-            raise ConfigError(f"shard_rows must be >= 1, got {self.shard_rows}")
-        if self.row_group_rows < 1:
-            raise ConfigError(f"row_group_rows must be >= 1, got {self.row_group_rows}")
+        for name in ("shard_rows", "row_group_rows"):
+            value = getattr(self, name)
+            if not 1 <= value <= MAX_ROWS:  # (Parquet's writer takes a C long: 10^20 overflowed)
+                raise ConfigError(f"{name} must be from 1 to {MAX_ROWS:,}, got {value}")
         if self.compression not in COMPRESSIONS:
             raise ConfigError(
                 f"compression {self.compression!r} is unknown; choose one of {list(COMPRESSIONS)}"

@@ -76,8 +76,9 @@ def manifest_head(
         raise DataError("every document was empty or dropped; nothing to pack" + note)
     if config.pack.group_by is not None and set(totals.groups) == {""}:
         raise ConfigError(
-            f"--group-by {config.pack.group_by!r}: no document has this field "
-            "(check the name; nothing was committed)"
+            f"--group-by {config.pack.group_by!r}: no document has this field, or a value "
+            "for it (missing, null or empty in every one: check the name; nothing was "
+            "committed)"
         )
     max_len = config.pack.max_len
     l1, l2 = stats.lower_bounds_from_histogram(totals.histogram, max_len)

@@ -8,6 +8,7 @@ document that cannot be used is a counted skip (`SkipCounter`), never a silent d
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,5 +222,8 @@ def as_extra(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, (dict, list, bool)):
-        return orjson.dumps(value).decode()
+        try:
+            return orjson.dumps(value).decode()
+        except TypeError:  # an integer beyond 64 bits (read exactly: jsonl.exact_fields)
+            return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return str(value)

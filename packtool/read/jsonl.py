@@ -10,7 +10,8 @@ piece) start and end at line starts (packtool/read/lines.py). The fine-tuning re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,34 @@ def json_array_file(path: Path) -> bool:
     return head.startswith(b"[")
 
 
-def read_json_array(path: Path) -> Iterator[tuple[str, Any, int, int]]:
-    """(where, object, bytes, item index) for each element of a file holding one JSON array."""
+_BIG = float(1 << 63)
+
+
+def _lossy(value: Any) -> bool:
+    """Whether orjson may have read an integer of `value` as a float: it reads integers beyond
+    64 bits so (`18446744073709551616` -> `1.8446744073709552e+19`, the same float as the next
+    integer up)."""
+    if type(value) is float:
+        return not -_BIG <= value < _BIG
+    if isinstance(value, dict):
+        return any(map(_lossy, value.values()))
+    if isinstance(value, list):
+        return any(map(_lossy, value))
+    return False
+
+
+def exact_fields(obj: Any, data: bytes, fields: Sequence[str]) -> Any:
+    """`obj`, parsed by orjson from `data`, parsed again by the standard library (which keeps
+    integers of any size) where one of `fields` (the extra fields a run keeps or groups by) may
+    hold an integer orjson read as a float: two ids beyond 2^64 were one group."""
+    if fields and isinstance(obj, dict) and any(_lossy(obj.get(f)) for f in fields):
+        return json.loads(data)
+    return obj
+
+
+def read_json_array(path: Path, fields: Sequence[str] = ()) -> Iterator[tuple[str, Any, int, int]]:
+    """(where, object, bytes, item index) for each element of a file holding one JSON array;
+    `fields` as `exact_fields` says."""
     with read_errors(path), open_stream(path) as f:
         data = f.read().removeprefix(BOM)
     try:
@@ -66,23 +93,30 @@ def read_json_array(path: Path) -> Iterator[tuple[str, Any, int, int]]:
         ) from None
     if not isinstance(items, list):  # pragma: no cover - a leading '[' parses as an array
         raise DataError(f"{path}: expected a JSON array")
+    if fields and any(isinstance(o, dict) and any(_lossy(o.get(f)) for f in fields) for o in items):
+        items = json.loads(data)  # once per file, only where such a number is there
     per_item = len(data) // max(len(items), 1)
     for i, obj in enumerate(items):
         yield f"{path}:item {i}", obj, per_item, i
 
 
 def jsonl_objects(
-    path: Path, skips: SkipCounter, start: int = 0, end: int = TO_END
+    path: Path,
+    skips: SkipCounter,
+    start: int = 0,
+    end: int = TO_END,
+    fields: Sequence[str] = (),
 ) -> Iterator[tuple[str, Any, int, int]]:
     """(where, parsed object, bytes, byte offset) per non-blank line starting in `[start, end)`;
     unparseable lines are counted skips. `where` is `file:line`, or `file:byte N` inside a
-    range that does not start the file (its line numbers are unknown there)."""
+    range that does not start the file (its line numbers are unknown there). `fields` as
+    `exact_fields` says."""
     with read_errors(path):
-        yield from _objects(path, skips, start, end)
+        yield from _objects(path, skips, start, end, fields)
 
 
 def _objects(
-    path: Path, skips: SkipCounter, start: int, end: int
+    path: Path, skips: SkipCounter, start: int, end: int, fields: Sequence[str] = ()
 ) -> Iterator[tuple[str, Any, int, int]]:
     for offset, lineno, line in lines(path, start, end):
         if not line.strip():
@@ -101,7 +135,7 @@ def _objects(
             else:
                 skips.add("malformed_json", where, str(exc).split(":")[0])
             continue
-        yield where, obj, len(line), offset
+        yield where, exact_fields(obj, line, fields), len(line), offset
 
 
 def read_jsonl(
@@ -113,9 +147,9 @@ def read_jsonl(
     objects_without = 0
     first_keys: list[str] = []
     if json_array_file(path):
-        objects = read_json_array(path)
+        objects = read_json_array(path, extra_fields)
     else:
-        objects = jsonl_objects(path, skips, start, end)
+        objects = jsonl_objects(path, skips, start, end, extra_fields)
     for where, obj, nbytes, offset in objects:
         if not isinstance(obj, dict):
             skips.add("malformed_json", where, f"a JSON {json_type(obj)}, not an object")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,7 +41,7 @@ from packtool.dataset.tokenized_table import kept_documents, tokenized_table
 from packtool.errors import ConfigError, DataError
 from packtool.prefetch import map_ordered
 from packtool.read import docids
-from packtool.read.documents import ReadConfig, SkipCounter
+from packtool.read.documents import ReadConfig, SkipCounter, as_extra
 from packtool.storage import local as storage
 
 TOO_BIG = "a row group holds >= 2**31 tokens; write the file with smaller groups"
@@ -278,7 +279,7 @@ def _convert(
     extras = {}
     for name in config.extra_fields:
         col = table.column(name).take(from_numpy(rows))
-        extras[name] = col.cast(pa.string()) if col.type != pa.string() else col
+        extras[name] = _as_strings(col, name, where)
     return tokenized_table(
         schema,
         doc_ids=doc_ids,
@@ -288,3 +289,23 @@ def _convert(
         mask=kept_mask,
         extras=extras,
     )
+
+
+def _as_strings(col: Any, name: str, where: str) -> Any:
+    """A kept (or `--group-by`) column as the string column stores it: lists, structs and maps
+    as `documents.as_extra` writes them (JSON text, as a text Parquet file's kept column; Arrow
+    casts none of them to strings, which was a traceback), the rest cast.
+
+    Raises:
+        DataError: a binary column holding bytes that are not UTF-8.
+    """
+    if col.type == pa.string():
+        return col
+    if pa.types.is_nested(col.type):
+        return pa.array([as_extra(v) for v in col.to_pylist()], pa.string())
+    try:
+        return col.cast(pa.string())
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:
+        raise DataError(
+            f"{where}: column {name!r} cannot be kept as text ({' '.join(str(exc).split())})"
+        ) from None

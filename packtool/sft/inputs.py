@@ -27,7 +27,7 @@ Memory: one batch of records at a time (`ReadConfig.batch_docs` / `batch_bytes`)
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -384,7 +384,11 @@ def _objects(
     what = file_kind(path)
     if what == "text":
         raise DataError(f"{path}: a plain text file in a {kind} dataset; pass JSONL or Parquet")
-    source = _parquet_rows(path, kind, read) if what == "parquet" else _json_rows(path, skips)
+    source = (
+        _parquet_rows(path, kind, read)
+        if what == "parquet"
+        else _json_rows(path, skips, read.extra_fields)
+    )
     missing, seen = 0, False
     try:
         for where, obj, nbytes, offset in source:
@@ -413,9 +417,14 @@ def _objects(
         raise DataError(f"{path}: file is truncated ({exc})") from None
 
 
-def _json_rows(path: Path, skips: SkipCounter) -> Iterator[tuple[str, Any, int, int]]:
-    """(where, object, bytes, offset): the byte of a JSON line, the index of an array's item."""
-    return read_json_array(path) if json_array_file(path) else jsonl_objects(path, skips)
+def _json_rows(
+    path: Path, skips: SkipCounter, fields: Sequence[str] = ()
+) -> Iterator[tuple[str, Any, int, int]]:
+    """(where, object, bytes, offset): the byte of a JSON line, the index of an array's item
+    (`fields`: the kept ones, read exactly: `jsonl.exact_fields`)."""
+    if json_array_file(path):
+        return read_json_array(path, fields)
+    return jsonl_objects(path, skips, fields=fields)
 
 
 def _parquet_rows(path: Path, kind: str, read: ReadConfig) -> Iterator[tuple[str, Any, int, int]]:

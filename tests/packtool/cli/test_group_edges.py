@@ -1,0 +1,90 @@
+"""`--group-by` and packing options at their edges, from an audit of the packing core: JSON
+integers beyond 64 bits kept as written (orjson read them as floats, and two ids were one group),
+a list column of pre-tokenized Parquet as a group (a traceback), option values too large to
+allocate or write (tracebacks), and the message for a field with no value anywhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.cli import one_error_line, run
+
+BIG = 1 << 64  # orjson reads this and BIG + 1 as the same float
+
+
+def _groups(out: Path) -> dict:
+    return json.loads((out / "index.json").read_text())["extra"]["groups"]
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "json_array"])
+def test_integers_beyond_64_bits_are_distinct_groups_kept_as_written(tmp_path, layout):
+    records = [{"text": f"doc {i} " * 3, "user": BIG + i % 2} for i in range(6)]
+    records.append({"text": "small", "user": 7, "meta": {"id": BIG}})
+    if layout == "jsonl":
+        path = tmp_path / "g.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        path = tmp_path / "g.json"
+        path.write_text(json.dumps(records))
+    code, _, err = run(
+        "pack", path, "-o", tmp_path / "out", "--group-by", "user", "--max-len", 4096
+    )
+    assert code == 0, err
+    assert sorted(_groups(tmp_path / "out")) == sorted([str(BIG), str(BIG + 1), "7"])
+    # --keep-field stores the number as written, nested ones too.
+    out = tmp_path / "t.parquet"
+    code, _, err = run("tokenize", path, "-o", out, "--keep-field", "user", "--keep-field", "meta")
+    assert code == 0, err
+    table = pq.read_table(out)
+    assert sorted(set(table.column("user").to_pylist())) == sorted([str(BIG), str(BIG + 1), "7"])
+    assert f'{{"id":{BIG}}}' in table.column("meta").to_pylist()
+
+
+def test_a_list_column_of_pretokenized_parquet_groups_as_its_json_text(tmp_path):
+    # `--group-by lst` was pyarrow's "Unsupported cast from list<...> to utf8" traceback.
+    path = tmp_path / "pre.parquet"
+    table = pa.table({"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8]], "lst": [[1], [2, 3], [1]]})
+    pq.write_table(table, path)
+    code, _, err = run("pack", path, "-o", tmp_path / "out", "--group-by", "lst", "--max-len", 64)
+    assert code == 0, err
+    assert sorted(_groups(tmp_path / "out")) == ["[1]", "[2,3]"]
+    bad = tmp_path / "bin.parquet"
+    pq.write_table(
+        pa.table({"input_ids": [[1, 2]], "b": pa.array([b"\xff\xfe"], pa.binary())}), bad
+    )
+    code, _, err = run("pack", bad, "-o", tmp_path / "bad", "--group-by", "b", "--max-len", 64)
+    assert code == 1 and "column 'b' cannot be kept as text" in one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--rounds", 10**10, "rounds must be an integer from 1 to 1,000"),
+        ("--rounds", 10**20, "rounds must be an integer from 1 to 1,000"),
+        ("--row-group-rows", 10**20, "row_group_rows must be from 1 to 2,147,483,647"),
+        ("--shard-rows", 10**20, "shard_rows must be from 1 to 2,147,483,647"),
+    ],
+)
+def test_option_values_too_large_to_honour_are_one_line(tmp_path, option, value, says):
+    # 10^10 rounds allocated 74.5 GiB; 10^20 overflowed numpy and Parquet's writer.
+    src = tmp_path / "a.jsonl"
+    src.write_text('{"text": "one two"}\n')
+    code, _, err = run("pack", src, "-o", tmp_path / "out", option, value)
+    assert code == 1 and says in one_error_line(err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_group_field_empty_in_every_document_says_so(tmp_path):
+    # It said "no document has this field" of a field every document has ("").
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"text": f"doc {i}", "lang": ""}) + "\n" for i in range(5)))
+    code, _, err = run("pack", src, "-o", tmp_path / "out", "--group-by", "lang")
+    assert code == 1
+    assert "no document has this field, or a value for it (missing, null or empty" in (
+        one_error_line(err)
+    )
