@@ -430,7 +430,7 @@ def _source(manifest: Manifest, doc_id: int, directory: Path) -> str:
     if (manifest.extra.get("doc_ids") or {}).get("scheme") != docids.SCHEME:
         return ""
     try:
-        return docids.where(*docids.source(manifest.extra, doc_id, directory))
+        return docids.place(manifest.extra, doc_id, directory)
     except DataError as exc:  # said, not left out: an edited sources.json, an id past the list
         return f"unknown ({exc})"
 

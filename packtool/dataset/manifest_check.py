@@ -207,6 +207,13 @@ def _doc_ids(info: Any) -> str | None:
         and (files is None or len(units) == len(files))
     ):
         return f"extra.doc_ids.units is {units!r}; expected one unit (text) per input file"
+    sizes = info.get("sizes")
+    if sizes is not None and not (
+        isinstance(sizes, list)
+        and all(_is_int(n) and n >= 0 for n in sizes)
+        and (files is None or len(sizes) == len(files))
+    ):
+        return f"extra.doc_ids.sizes is {sizes!r}; expected one size (bytes) per input file"
     if not isinstance(info.get("sources", ""), str):
         return f"extra.doc_ids.sources is {info['sources']!r}; expected a file name"
     return None

@@ -279,7 +279,10 @@ class Run:
         self.totals.add(final, timed=not self.final_done)
         self.seconds = {k: round(v, 3) for k, v in self.totals.seconds.items()}
         self.seconds["final stage"] = time.perf_counter() - t0
-        doc_ids = finish.doc_id_record(self.work, [f.path for f in self.plan.files], self.units)
+        files = self.plan.files
+        doc_ids = finish.doc_id_record(
+            self.work, [f.path for f in files], self.units, [f.size for f in files]
+        )
         summary, manifest = finish.manifest_head(
             self.config,
             self.totals,

@@ -154,13 +154,16 @@ def _skip_note(totals: Totals) -> str:
     return f" ({sum(totals.skips.values())} skipped: " + "; ".join(parts) + ")"
 
 
-def doc_id_record(work: Path, files: list[str], units: list[str]) -> dict[str, Any]:
-    """`extra.doc_ids`, writing `sources.json` into `work` when there are many files."""
+def doc_id_record(
+    work: Path, files: list[str], units: list[str], sizes: list[int]
+) -> dict[str, Any]:
+    """`extra.doc_ids`, writing `sources.json` into `work` when there are many files. `sizes`:
+    each file's bytes as read, which `inspect` compares before counting a line in it."""
     if len(files) <= docids.INLINE_FILES:
-        return docids.record(files, units)
+        return docids.record(files, units, sizes=sizes)
     import hashlib
 
-    data = docids.sources_bytes(files, units)
+    data = docids.sources_bytes(files, units, sizes)
     writing.write_atomic(work / docids.SOURCES_FILE, data, make_parent=True)
     return docids.record(files, units, sources_sha256=hashlib.sha256(data).hexdigest())
 

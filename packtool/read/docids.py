@@ -89,31 +89,38 @@ def decode(doc_ids: NDArray[np.integer] | int) -> tuple[Any, Any]:
 
 
 def record(
-    files: list[str], units: list[str] | None = None, *, sources_sha256: str | None = None
+    files: list[str],
+    units: list[str] | None = None,
+    *,
+    sizes: list[int] | None = None,
+    sources_sha256: str | None = None,
 ) -> dict[str, Any]:
     """What `index.json` records under `extra.doc_ids` for ids made from `files`.
 
-    `units`: each file's offset unit (default `row` for all). With `sources_sha256`, the lists
-    live in `SOURCES_FILE` (whose sha256 it is) and the record only counts them.
+    `units`: each file's offset unit (default `row` for all). `sizes`: each file's size in bytes
+    when it was read (`where` counts a line only in a file of that size). With `sources_sha256`,
+    the lists live in `SOURCES_FILE` (whose sha256 it is) and the record only counts them.
     """
     units = units if units is not None else ["row"] * len(files)
     head = {"scheme": SCHEME, "file_bits": FILE_BITS, "offset_bits": OFFSET_BITS}
     if sources_sha256 is not None:
         return {**head, "num_files": len(files), "sources": SOURCES_FILE, "sha256": sources_sha256}
-    return {**head, "files": files, "units": units}
+    return {**head, "files": files, "units": units, **({"sizes": sizes} if sizes else {})}
 
 
-def sources_bytes(files: list[str], units: list[str]) -> bytes:
+def sources_bytes(files: list[str], units: list[str], sizes: list[int] | None = None) -> bytes:
     """The contents of `SOURCES_FILE` for `files` (when there are more than `INLINE_FILES`)."""
     import json
 
-    return (json.dumps({"files": files, "units": units}) + "\n").encode()
+    data = {"files": files, "units": units, **({"sizes": sizes} if sizes else {})}
+    return (json.dumps(data) + "\n").encode()
 
 
-def _lists(info: dict[str, Any], directory: Any) -> tuple[list[str], list[str]]:
+def _lists(info: dict[str, Any], directory: Any) -> tuple[list[str], list[str], list[Any]]:
+    """(files, units, sizes): a size None where none was recorded (packed before they were)."""
     if "files" in info:
         files = info["files"]
-        return files, info.get("units") or ["row"] * len(files)
+        return files, info.get("units") or ["row"] * len(files), _sizes(info, len(files))
     if directory is None:
         raise DataError(f"the dataset lists its input files in {SOURCES_FILE}; pass its folder")
     import json
@@ -146,13 +153,20 @@ def _lists(info: dict[str, Any], directory: Any) -> tuple[list[str], list[str]]:
         raise DataError(
             f"{path}: not {count} input files with their units (doc_ids.num_files in index.json)"
         )
-    return files, units
+    return files, units, _sizes(data, count)
+
+
+def _sizes(info: dict[str, Any], count: int) -> list[Any]:
+    sizes = info.get("sizes")
+    if isinstance(sizes, list) and len(sizes) == count:
+        return [n if isinstance(n, int) and not isinstance(n, bool) else None for n in sizes]
+    return [None] * count
 
 
 def input_files(extra: dict[str, Any], directory: Any = None) -> tuple[list[str], list[str]]:
     """(files, units) a `file_offset` dataset's ids name, read (and checked against the
     recorded sha256) from `SOURCES_FILE` where the manifest keeps them there."""
-    return _lists(extra.get("doc_ids") or {}, directory)
+    return _lists(extra.get("doc_ids") or {}, directory)[:2]
 
 
 def locate(extra: dict[str, Any], doc_id: int, directory: Any = None) -> tuple[str, int]:
@@ -169,6 +183,17 @@ def locate(extra: dict[str, Any], doc_id: int, directory: Any = None) -> tuple[s
 
 def source(extra: dict[str, Any], doc_id: int, directory: Any = None) -> tuple[str, int, str]:
     """(input file, offset, unit) a packed document came from (see `locate`)."""
+    return _origin(extra, doc_id, directory)[:3]
+
+
+def place(extra: dict[str, Any], doc_id: int, directory: Any = None) -> str:
+    """`where` a packed document came from, its line counted only in a file of the size
+    recorded when it was packed (see `source`)."""
+    file, offset, unit, size = _origin(extra, doc_id, directory)
+    return where(file, offset, unit, size=size)
+
+
+def _origin(extra: dict[str, Any], doc_id: int, directory: Any) -> tuple[str, int, str, Any]:
     info = extra.get("doc_ids") or {}
     if info.get("scheme") != SCHEME:
         raise DataError(
@@ -176,19 +201,24 @@ def source(extra: dict[str, Any], doc_id: int, directory: Any = None) -> tuple[s
             "they number documents in reading order"
         )
     file_index, offset = decode(int(doc_id))
-    files, units = _lists(info, directory)
+    files, units, sizes = _lists(info, directory)
     if file_index >= len(files):
         raise DataError(
             f"doc id {doc_id} names input file {file_index}; the dataset lists {len(files)}"
         )
-    return files[file_index], offset, units[file_index]
+    return files[file_index], offset, units[file_index], sizes[file_index]
 
 
-def where(file: str, offset: int, unit: str, *, count_lines: bool = True) -> str:
+def where(
+    file: str, offset: int, unit: str, *, count_lines: bool = True, size: int | None = None
+) -> str:
     """`file:line N (byte B)`, `file:row N`, `file:item N` or `file`: a document's place.
 
-    A line number is counted from the byte offset (one read of the file up to it; skipped
-    with `count_lines=False` or when the file is gone).
+    A line number is counted from the byte offset (one read of the file up to it) only when
+    the file found is `size` bytes, the size recorded when it was packed: a relative path
+    resolved from another folder, or a file changed since, names other lines (and a line can
+    start at the byte there too). Else, with `count_lines=False`, or when the file is gone:
+    `file:byte B`.
     """
     if unit == "byte":
         # A dataset names its files; one handed to us may name a FIFO (the read waited for
@@ -198,11 +228,14 @@ def where(file: str, offset: int, unit: str, *, count_lines: bool = True) -> str
         # through the endpoint and credentials the user set.
         local = not storage.is_remote(file)
         web = remote_scheme(file) in ("http", "https")
-        if count_lines and not web and (not local or storage.is_file(file)):
+        if count_lines and size is not None and not web and (not local or storage.is_file(file)):
             from packtool.read.lines import line_number
 
             try:  # an object in a bucket too (`Path(url)` was no file: the line was dropped)
-                return f"{file}:line {line_number(storage.as_path(file), offset)} (byte {offset})"
+                if storage.size(file) == size:
+                    return (
+                        f"{file}:line {line_number(storage.as_path(file), offset)} (byte {offset})"
+                    )
             except (OSError, EOFError, DataError):
                 pass
         return f"{file}:byte {offset}"

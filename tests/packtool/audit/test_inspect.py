@@ -204,3 +204,42 @@ def test_the_summary_histogram_gives_numpys_figures(shards, q):
     assert (h.min(), h.max()) == (every.min(), every.max())
     assert h.mean() == pytest.approx(every.mean())
     assert h.percentile(q) == pytest.approx(float(np.percentile(every, q)))
+
+
+def _pack_relative(folder, monkeypatch, text: str, **pack):
+    """A dataset packed in `folder` from the relative input `in/a.jsonl` (its `text` lines)."""
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack.chunk import PackConfig
+
+    (folder / "in").mkdir(parents=True)
+    (folder / "in" / "a.jsonl").write_text(text)
+    monkeypatch.chdir(folder)
+    run_pack(
+        RunConfig(
+            inputs=("in/a.jsonl",),
+            out_dir=str(folder / "out"),
+            pack=PackConfig(max_len=pack.pop("max_len", 64)),
+            workers=1,
+            progress=False,
+            **pack,
+        )
+    )
+    return folder / "out"
+
+
+def test_a_line_is_never_counted_in_another_file_of_the_same_name(tmp_path, monkeypatch):
+    """Before: inspect run from another folder counted the line in that folder's unrelated
+    in/a.jsonl wherever a line started at the recorded byte (r1: `in/small.jsonl:line 24860
+    (byte 99436)` for line 105). The size pack recorded is compared first."""
+    lines = [json.dumps({"text": f"document {k} " + "y" * (k % 7)}) for k in range(20)]
+    out = _pack_relative(tmp_path / "made", monkeypatch, "\n".join(lines) + "\n")
+    here = read_row(out, 0).documents
+    assert all(":line " in d.source for d in here), [d.source for d in here]
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "in").mkdir(parents=True)
+    (elsewhere / "in" / "a.jsonl").write_bytes(b"\n" * 5000)  # a line starts at every byte
+    monkeypatch.chdir(elsewhere)
+    docs = read_row(out, 0).documents
+    for d, before in zip(docs, here, strict=True):
+        offset = before.source.split("(byte ")[1].rstrip(")")
+        assert d.source == f"in/a.jsonl:byte {offset}"

@@ -145,6 +145,7 @@ WHOLE = [
     (("extra", "doc_ids"), [], "extra.doc_ids is []; expected an object with a scheme"),
     (("extra", "doc_ids", "files"), None, "extra.doc_ids.files is None; expected a list"),
     (("extra", "doc_ids", "units"), 5, "extra.doc_ids.units is 5; expected one unit (text)"),
+    (("extra", "doc_ids", "sizes"), [-1], "extra.doc_ids.sizes is [-1]; expected one size"),
     (("shards", 0, "tokens"), 5, "counts.tokens_out is 2,839,131 but the shards list 5 in total"),
     (("tokenizer", "engine"), 5, "tokenizer.engine must be a string or null, found 5"),
     # A loss mask's counts (written only for masked data; any dataset is refused with them wrong).

@@ -154,7 +154,7 @@ def test_every_id_leads_back_to_its_file_and_line(reference):
                 data = Path(file).read_bytes()
                 line = data[offset:].split(b"\n", 1)[0].removeprefix(corpus_lines.BOM)
                 original = json.loads(line)["text"]
-                place = docids.where(file, offset, unit)
+                place = docids.place(extra, doc_id, out)
                 line_no = data[:offset].count(b"\n") + 1
                 assert place == f"{file}:line {line_no} (byte {offset})"
             else:

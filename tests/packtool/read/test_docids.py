@@ -69,10 +69,36 @@ def test_a_line_is_named_only_where_the_file_has_one_at_that_byte(tmp_path):
     the file's end, past it, or inside a line. The byte form is all that can be said then."""
     f = tmp_path / "a.jsonl"
     f.write_bytes(b'{"text": "one"}\n{"text": "two"}\n')
-    assert docids.where(str(f), 0, "byte") == f"{f}:line 1 (byte 0)"
-    assert docids.where(str(f), 16, "byte") == f"{f}:line 2 (byte 16)"
+    assert docids.where(str(f), 0, "byte", size=32) == f"{f}:line 1 (byte 0)"
+    assert docids.where(str(f), 16, "byte", size=32) == f"{f}:line 2 (byte 16)"
     for offset in (5, 32, 33, 10550):  # inside a line; at the end; past it
-        assert docids.where(str(f), offset, "byte") == f"{f}:byte {offset}"
+        assert docids.where(str(f), offset, "byte", size=32) == f"{f}:byte {offset}"
+
+
+def test_a_line_is_counted_only_in_a_file_of_the_recorded_size(tmp_path):
+    """A line can start at the byte in another file too (r1: inspect run from another folder
+    said `in/small.jsonl:line 24860 (byte 99436)` for line 105 of the file packed): the size
+    recorded at pack time is compared first; where none is recorded, the byte is all."""
+    f = tmp_path / "a.jsonl"
+    f.write_bytes(b"\n" * 40)  # a line starts at every byte
+    assert docids.where(str(f), 16, "byte", size=40) == f"{f}:line 17 (byte 16)"
+    assert docids.where(str(f), 16, "byte", size=41) == f"{f}:byte 16"
+    assert docids.where(str(f), 16, "byte") == f"{f}:byte 16"
+    extra = {"doc_ids": docids.record([str(f)], ["byte"], sizes=[40])}
+    assert docids.place(extra, docids.encode(0, 16)) == f"{f}:line 17 (byte 16)"
+    extra = {"doc_ids": docids.record([str(f)], ["byte"])}  # packed before sizes were kept
+    assert docids.place(extra, docids.encode(0, 16)) == f"{f}:byte 16"
+
+
+def test_sizes_kept_in_the_sources_file_are_read(tmp_path):
+    import hashlib
+
+    f = tmp_path / "a.jsonl"
+    f.write_bytes(b"\n" * 40)
+    data = docids.sources_bytes([str(f)], ["byte"], [40])
+    (tmp_path / docids.SOURCES_FILE).write_bytes(data)
+    info = docids.record([str(f)], ["byte"], sources_sha256=hashlib.sha256(data).hexdigest())
+    assert docids.place({"doc_ids": info}, 3, tmp_path) == f"{f}:line 4 (byte 3)"
 
 
 def test_a_source_at_a_web_address_is_never_fetched_to_count_lines():
