@@ -393,6 +393,7 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
         mask = np.frombuffer(mask, np.uint8)
     mask = None if mask is None else np.asarray(mask, dtype=np.uint8)
     documents = []
+    sources = _sources(manifest, values["doc_ids"], directory)
     for k, (doc_id, chunk) in enumerate(zip(values["doc_ids"], values["doc_chunks"], strict=False)):
         start, end = int(offsets[k]), int(offsets[k + 1])
         runs = [] if mask is None else [(a + start, b + start) for a, b in spans(mask[start:end])]
@@ -408,7 +409,7 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
                 supervised_preview=preview(ids[runs[0][0] : runs[0][1]], manifest.tokenizer)
                 if runs
                 else "",
-                source=_source(manifest, int(doc_id), directory),
+                source=sources[k],
             )
         )
     return RowView(
@@ -423,16 +424,17 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
     )
 
 
-def _source(manifest: Manifest, doc_id: int, directory: Path) -> str:
-    """`docids.where` of a document, or "" when the dataset's ids do not encode their source."""
+def _sources(manifest: Manifest, doc_ids: list[int], directory: Path) -> list[str]:
+    """`docids.places` of a row's documents (one scan per input file), or "" each when the
+    dataset's ids do not encode their source."""
     from packtool.read import docids
 
     if (manifest.extra.get("doc_ids") or {}).get("scheme") != docids.SCHEME:
-        return ""
+        return [""] * len(doc_ids)
     try:
-        return docids.place(manifest.extra, doc_id, directory)
-    except DataError as exc:  # said, not left out: an edited sources.json, an id past the list
-        return f"unknown ({exc})"
+        return docids.places(manifest.extra, doc_ids, directory)
+    except DataError as exc:  # said, not left out: an edited sources.json
+        return [f"unknown ({exc})"] * len(doc_ids)
 
 
 def mask_strip(mask: NDArray, offsets: NDArray[np.int64], width: int = STRIP_CHARS) -> str:

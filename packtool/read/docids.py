@@ -183,25 +183,61 @@ def locate(extra: dict[str, Any], doc_id: int, directory: Any = None) -> tuple[s
 
 def source(extra: dict[str, Any], doc_id: int, directory: Any = None) -> tuple[str, int, str]:
     """(input file, offset, unit) a packed document came from (see `locate`)."""
-    return _origin(extra, doc_id, directory)[:3]
+    return _origin(_listed(extra, directory), doc_id)[:3]
 
 
 def place(extra: dict[str, Any], doc_id: int, directory: Any = None) -> str:
     """`where` a packed document came from, its line counted only in a file of the size
     recorded when it was packed (see `source`)."""
-    file, offset, unit, size = _origin(extra, doc_id, directory)
+    file, offset, unit, size = _origin(_listed(extra, directory), doc_id)
     return where(file, offset, unit, size=size)
 
 
-def _origin(extra: dict[str, Any], doc_id: int, directory: Any) -> tuple[str, int, str, Any]:
+def places(extra: dict[str, Any], doc_ids: Any, directory: Any = None) -> list[str]:
+    """`place` of each document (a row's), the lines counted in one scan per file; an id that
+    names no listed file is `unknown (why)`.
+
+    Raises:
+        DataError: the dataset's ids are not of this scheme, or its list of files is damaged.
+    """
+    listed = _listed(extra, directory)
+    origins: list[Any] = []
+    for doc_id in doc_ids:
+        try:
+            origins.append(_origin(listed, doc_id))
+        except DataError as exc:
+            origins.append(f"unknown ({exc})")
+    offsets: dict[tuple[str, Any], list[int]] = {}
+    for o in origins:
+        if not isinstance(o, str) and o[2] == "byte":
+            offsets.setdefault((o[0], o[3]), []).append(o[1])
+    numbers = {key: _line_numbers(key[0], found, key[1]) for key, found in offsets.items()}
+    return [
+        o
+        if isinstance(o, str)
+        else _byte_place(o[0], o[1], numbers[o[0], o[3]].get(o[1]))
+        if o[2] == "byte"
+        else where(*o[:3])
+        for o in origins
+    ]
+
+
+def _listed(extra: dict[str, Any], directory: Any) -> tuple[list[str], list[str], list[Any]]:
     info = extra.get("doc_ids") or {}
     if info.get("scheme") != SCHEME:
         raise DataError(
             f"the dataset's doc ids are {info.get('scheme', 'sequential')!r}, not {SCHEME!r}: "
             "they number documents in reading order"
         )
+    return _lists(info, directory)
+
+
+def _origin(
+    listed: tuple[list[str], list[str], list[Any]], doc_id: int
+) -> tuple[str, int, str, Any]:
+    """(file, offset, unit, size recorded or None) of `doc_id` in `_listed`'s lists."""
+    files, units, sizes = listed
     file_index, offset = decode(int(doc_id))
-    files, units, sizes = _lists(info, directory)
     if file_index >= len(files):
         raise DataError(
             f"doc id {doc_id} names input file {file_index}; the dataset lists {len(files)}"
@@ -221,26 +257,37 @@ def where(
     `file:byte B`.
     """
     if unit == "byte":
-        # A dataset names its files; one handed to us may name a FIFO (the read waited for
-        # ever) or a device (read up to the offset): lines are counted in regular files only.
-        # Nor at any web address it names (a dataset from elsewhere made inspect fetch from
-        # hosts it chose, a cloud's metadata address included); a bucket's object is read
-        # through the endpoint and credentials the user set.
-        local = not storage.is_remote(file)
-        web = remote_scheme(file) in ("http", "https")
-        if count_lines and size is not None and not web and (not local or storage.is_file(file)):
-            from packtool.read.lines import line_number
-
-            try:  # an object in a bucket too (`Path(url)` was no file: the line was dropped)
-                if storage.size(file) == size:
-                    return (
-                        f"{file}:line {line_number(storage.as_path(file), offset)} (byte {offset})"
-                    )
-            except (OSError, EOFError, DataError):
-                pass
-        return f"{file}:byte {offset}"
+        numbers = _line_numbers(file, [offset], size) if count_lines else {}
+        return _byte_place(file, offset, numbers.get(offset))
     if unit == "record":  # an older dataset's fine-tuning ids: skipped records not counted
         return f"{file}:record {offset} of those kept"
     if unit in ("row", "item"):
         return f"{file}:{unit} {offset}"
     return file
+
+
+def _byte_place(file: str, offset: int, line: int | None) -> str:
+    return f"{file}:byte {offset}" if line is None else f"{file}:line {line} (byte {offset})"
+
+
+def _line_numbers(file: str, offsets: list[int], size: int | None) -> dict[int, int | None]:
+    """`lines.line_numbers` of `offsets` in `file` (one scan), or {} where lines are not
+    counted: no size recorded, a file of another size, or one that is no regular file."""
+    # A dataset names its files; one handed to us may name a FIFO (the read waited for ever)
+    # or a device (read up to the offset): lines are counted in regular files only. Nor at
+    # any web address it names (a dataset from elsewhere made inspect fetch from hosts it
+    # chose, a cloud's metadata address included); a bucket's object is read through the
+    # endpoint and credentials the user set.
+    local = not storage.is_remote(file)
+    if size is None or remote_scheme(file) in ("http", "https"):
+        return {}
+    if local and not storage.is_file(file):
+        return {}
+    from packtool.read.lines import line_numbers
+
+    try:  # an object in a bucket too (`Path(url)` was no file: the line was dropped)
+        if storage.size(file) != size:
+            return {}
+        return line_numbers(storage.as_path(file), offsets)
+    except (OSError, EOFError, DataError):
+        return {}
