@@ -274,9 +274,7 @@ def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> Datase
         file = directory / shard.file
         try:
             # ParquetFile.read, not pq.read_table: the latter imports pandas (~1 s).
-            column = (
-                storage.parquet_file(file).read(columns=["doc_offsets"]).column(0).combine_chunks()
-            )
+            column = shard_file(file).read(columns=["doc_offsets"]).column(0).combine_chunks()
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(
                 f"{file}: cannot read doc_offsets ({exc}); run `packtool verify`"
@@ -315,6 +313,16 @@ def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> Datase
         fill=fill,
         first_rows=tuple(first_rows),
     )
+
+
+def shard_file(file: Path) -> Any:
+    """The shard at `file` opened as a `ParquetFile`, once it is known to be a regular file
+    (`DataError` else: a FIFO at a shard's name made inspect wait for ever)."""
+    kind = storage.file_kind(file)
+    if kind is not None:
+        what = "missing" if kind == "nothing" else f"{kind}, not a regular file"
+        raise DataError(f"{file}: {what}; run `packtool verify`")
+    return storage.parquet_file(file)
 
 
 class _Histogram:
@@ -377,7 +385,7 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
     local = row - int(starts[i])
     file = directory / shard.file
     try:
-        pf = storage.parquet_file(file)
+        pf = shard_file(file)
         rg_starts = np.cumsum(
             [0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
         )

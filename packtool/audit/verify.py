@@ -326,8 +326,15 @@ def verify_dataset(
     for shard in _progress(shards, enabled=progress):
         file = directory / shard.file
         where = str(file)
-        if not storage.is_file(file):
+        kind = storage.file_kind(file)
+        if kind == "nothing":
             raise _fail(where, f"missing (listed in {INDEX_FILE} with {shard.rows:,} rows)")
+        if kind is not None:  # a FIFO, a folder, a device: never opened (a FIFO's open waits)
+            raise _fail(
+                where,
+                f"{kind}, not a regular file (listed in {INDEX_FILE} as a shard of "
+                f"{shard.rows:,} rows)",
+            )
         size = storage.size(file)
         if size != shard.bytes:
             raise _fail(

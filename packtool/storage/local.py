@@ -26,7 +26,7 @@ import os
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from stat import S_ISREG
+from stat import S_ISDIR, S_ISREG
 from typing import Any, BinaryIO
 
 from packtool.errors import ConfigError, DataError
@@ -151,6 +151,25 @@ _KINDS = (
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
 )
+
+
+def file_kind(path: str | os.PathLike) -> str | None:
+    """None where `path` is a regular file (a link to one, an object); else what is there
+    instead: `nothing`, `a folder`, `a pipe (FIFO)`, ... (a stat, never an open: opening a FIFO
+    waits for its writer)."""
+    if is_remote(path):
+        return None if remote.is_file(path) else "a folder" if remote.is_dir(path) else "nothing"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a dangling symbolic link" if os.path.islink(path) else "nothing"
+    except OSError as exc:
+        return f"not readable ({exc.strerror or exc})"
+    if S_ISREG(mode):
+        return None
+    if S_ISDIR(mode):
+        return "a folder"
+    return next((what for test, what in _KINDS if test(mode)), "something else")
 
 
 def not_a_file(path: Path) -> str:

@@ -82,3 +82,24 @@ def test_a_document_source_that_is_a_fifo_or_device_is_not_read(tmp_path):
     text = tmp_path / "real.jsonl"
     text.write_text('{"text": "a"}\n{"text": "b"}\n')
     assert docids.where(str(text), 14, "byte", size=28) == f"{text}:line 2 (byte 14)"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_shard_that_is_no_regular_file_is_named_so_and_never_waited_on(
+    packed_dataset_factory, kind
+):
+    """Before: inspect opened a FIFO at a shard's name and waited for ever (r3), and verify
+    called a FIFO or folder there `missing (listed in index.json with 100 rows)`."""
+    from packtool.audit.inspect import inspect_dataset, read_row
+
+    d = packed_dataset_factory(SHARDS)
+    shard = d / "shard-00000.parquet"
+    shard.unlink()
+    os.mkfifo(shard) if kind == "fifo" else shard.mkdir()
+    what = "a pipe (FIFO)" if kind == "fifo" else "a folder"
+    exc = finishes(lambda: verify_dataset(d, checksums=False))
+    assert isinstance(exc, DataError), exc
+    assert f"{what}, not a regular file" in str(exc) and "missing" not in str(exc), exc
+    for call in (lambda: inspect_dataset(d), lambda: read_row(d, 0)):
+        exc = finishes(call)
+        assert isinstance(exc, DataError) and f"{what}, not a regular file" in str(exc), exc
