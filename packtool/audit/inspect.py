@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from packtool.audit.verify import list_parts
+from packtool.audit.verify import DAMAGED, list_parts
 from packtool.dataset.columns import LOSS_MASK, Column, derived
 from packtool.dataset.manifest import Manifest, dataset_folder, open_dataset
 from packtool.dataset.masks import segment_sums, spans
@@ -275,9 +275,9 @@ def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> Datase
         try:
             # ParquetFile.read, not pq.read_table: the latter imports pandas (~1 s).
             column = shard_file(file).read(columns=["doc_offsets"]).column(0).combine_chunks()
-        except (OSError, KeyError, ValueError) as exc:
+        except (*DAMAGED, LookupError) as exc:
             raise DataError(
-                f"{file}: cannot read doc_offsets ({exc}); run `packtool verify`"
+                f"{file}: cannot read doc_offsets ({one_line(exc)}); run `packtool verify`"
             ) from None
         off_off, off = list_parts(column)
         if len(off_off) - 1 != shard.rows:  # the figures below would mix two datasets
@@ -323,6 +323,11 @@ def shard_file(file: Path) -> Any:
         what = "missing" if kind == "nothing" else f"{kind}, not a regular file"
         raise DataError(f"{file}: {what}; run `packtool verify`")
     return storage.parquet_file(file)
+
+
+def one_line(exc: BaseException) -> str:
+    """`exc`'s message on one line (pyarrow's can hold newlines)."""
+    return " ".join(str(exc).split())
 
 
 class _Histogram:
@@ -392,8 +397,15 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
         g = int(np.searchsorted(rg_starts, local, side="right") - 1)
         table = pf.read_row_group(g).slice(local - int(rg_starts[g]), 1)
         values = table.to_pylist()[0]
-    except (OSError, IndexError, KeyError, ValueError) as exc:
-        raise DataError(f"{file}: cannot read row {local} ({exc}); run `packtool verify`") from None
+        missing = [
+            c for c in ("input_ids", "doc_offsets", "doc_ids", "doc_chunks") if c not in values
+        ]
+        if missing:  # a column's name damaged in the footer
+            raise LookupError(f"no column {missing[0]}")
+    except (*DAMAGED, LookupError) as exc:
+        raise DataError(
+            f"{file}: cannot read row {local} ({one_line(exc)}); run `packtool verify`"
+        ) from None
     ids = np.asarray(values["input_ids"], dtype=np.int64)
     offsets = np.asarray(values["doc_offsets"], dtype=np.int64)
     mask = values.get(LOSS_MASK)  # bytes (its storage) or a list

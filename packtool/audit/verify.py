@@ -54,6 +54,9 @@ from packtool.read import docids
 from packtool.storage import local as storage
 
 COLUMNS = ("input_ids", "doc_offsets", "doc_ids", "doc_chunks")
+DAMAGED = (pa.ArrowException, OSError, ValueError)
+"""What pyarrow raises on a damaged Parquet file: a flipped byte of a column name in the footer
+gives `UnicodeDecodeError` (a `ValueError`), which verify --no-checksums printed as a traceback."""
 _FLOATS = {pa.float32(): np.dtype(np.float32), pa.float64(): np.dtype(np.float64)}
 """Arrow float types whose names are not numpy's (`float` is float32 in Arrow)."""
 
@@ -353,20 +356,19 @@ def verify_dataset(
         try:
             # Page CRC32s too: with --no-checksums they are what catches a flipped bit.
             pf = storage.parquet_file(file, memory_map=True, page_checksum_verification=True)
-        except (pa.ArrowException, OSError) as exc:
+            schema, num_rows = pf.schema_arrow, pf.metadata.num_rows
+        except DAMAGED as exc:
             raise _fail(where, f"not a readable Parquet file ({exc})") from None
-        _check_schema(pf.schema_arrow, expected_schema, vocab, where)
-        if pf.metadata.num_rows != shard.rows:
-            raise _fail(
-                where, f"has {pf.metadata.num_rows:,} rows, expected {shard.rows:,} ({INDEX_FILE})"
-            )
+        _check_schema(schema, expected_schema, vocab, where)
+        if num_rows != shard.rows:
+            raise _fail(where, f"has {num_rows:,} rows, expected {shard.rows:,} ({INDEX_FILE})")
         shard_starts.append(total_rows)
         shard_tokens = 0
         row_base = 0
         for rg in range(pf.num_row_groups):
             try:
                 table = pf.read_row_group(rg, columns=list(manifest.columns))
-            except (pa.ArrowException, OSError) as exc:
+            except DAMAGED as exc:
                 raise _fail(where, f"row group {rg} unreadable ({exc})") from None
             parts = {}
             for name in manifest.columns:

@@ -396,3 +396,59 @@ def test_pack_then_verify_and_inspect(tmp_path, capsys):
     shard = out / index["shards"][0]["file"]
     shard.write_bytes(shard.read_bytes()[:-10])
     assert_fails(out, capsys, str(shard), "truncated")
+
+
+def _footer_flipped(tmp_path: Path, position, xor: int) -> Path:
+    """A copy of a small dataset whose first shard has byte `position` of its footer (column
+    names, types, key-value metadata, the footer length) xor-ed with `xor`; `position` an int
+    or the bytes whose first occurrence in the footer to hit."""
+    import shutil
+
+    from tests.packtool.conftest import build_packed_dataset
+
+    source = tmp_path / "clean"
+    if not source.exists():
+        build_packed_dataset(source, SHARDS, row_group_size=2)
+    d = tmp_path / "flipped"
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(source, d)
+    shard = d / "shard-00000.parquet"
+    data = bytearray(shard.read_bytes())
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    if isinstance(position, bytes):
+        position = data.index(position, footer) - footer
+    data[footer + position % (len(data) - footer)] ^= xor
+    shard.write_bytes(data)
+    return d
+
+
+def _one_line_or_nothing(d: Path) -> None:
+    """verify --no-checksums and inspect (summary, a row) raise DataError or pass."""
+    from packtool.audit.inspect import read_row, summarize_dataset
+
+    for call in (
+        lambda: verify_dataset(d, checksums=False),
+        lambda: summarize_dataset(d),
+        lambda: read_row(d, 0),
+    ):
+        try:
+            call()
+        except DataError as exc:
+            assert "\n" not in str(exc)
+
+
+def test_a_damaged_column_name_in_a_footer_is_one_line(tmp_path, capsys):
+    """Before: verify --no-checksums printed a traceback (r4: UnicodeDecodeError from pyarrow,
+    a byte of the column name `input_ids` flipped in the footer)."""
+    d = _footer_flipped(tmp_path, b"input_ids", 0xFF)
+    with pytest.raises(DataError, match="not a readable Parquet file"):
+        verify_dataset(d, checksums=False)
+    code, out, err = run_cli(["verify", str(d), "--no-checksums"], capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    _one_line_or_nothing(d)
+
+
+@settings(max_examples=150, deadline=None)
+@given(position=st.integers(0, 10**6), xor=st.integers(1, 255))
+def test_any_flipped_footer_byte_is_one_line_or_nothing(tmp_path_factory, position, xor):
+    _one_line_or_nothing(_footer_flipped(tmp_path_factory.mktemp("f"), position, xor))
