@@ -283,3 +283,39 @@ def test_a_rows_lines_are_counted_in_one_scan_of_their_file(tmp_path, monkeypatc
         assert f":line {k + 2} (byte " in d.source
     assert read["opens"] == 1
     assert read["bytes"] <= len(text.encode())
+
+
+def _damaged_row(d, edit):
+    """Rewrite the first shard of `d` with `edit(rows)` applied (a pyarrow row list)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shard = d / "shard-00000.parquet"
+    table = pq.read_table(shard)
+    rows = table.to_pylist()
+    edit(rows)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), shard)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda rows: rows[0].update(doc_offsets=rows[0]["doc_offsets"][:-1]),  # one short
+        lambda rows: rows[0]["input_ids"].__setitem__(0, None),  # a null token
+        lambda rows: rows[0]["doc_chunks"].__setitem__(0, None),  # a null chunk
+        lambda rows: rows[0]["doc_ids"].__setitem__(1, None),  # a null id
+        lambda rows: rows[0].update(doc_offsets=None),  # a null list
+        lambda rows: rows[0]["doc_offsets"].__setitem__(1, 10**6),  # past the row
+    ],
+)
+def test_a_damaged_row_is_the_one_line_verify_error(dataset, capsys, edit):
+    """Before: `inspect --row` on a row whose doc_offsets was one entry short gave an
+    IndexError traceback, on a null token or chunk a TypeError (r5): the per-document loop
+    ran outside the check that turns damage into `run packtool verify`."""
+    from packtool.errors import DataError
+
+    _damaged_row(dataset, edit)
+    with pytest.raises(DataError, match="run `packtool verify`"):
+        read_row(dataset, 0)
+    code, out, err = run_cli(["inspect", str(dataset), "--row", "0"], capsys)
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
