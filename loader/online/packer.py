@@ -113,8 +113,8 @@ class OnlinePacker:
         `loss_mask` (0/1, one per token, 1 = supervised) travels with the tokens into the rows
         and becomes the batches' labels (`loader.collate`). With a mask no document is split
         (`long_docs="split"` is refused: use `truncate` or `drop`), and a document without a
-        supervised token is left out and counted (`documents_unsupervised`, in
-        `documents_dropped`). A packer takes documents all with a mask or all without.
+        supervised token past its first (the first is never a target: labels shift) is left
+        out and counted (`documents_unsupervised`, in `documents_dropped`). A packer takes documents all with a mask or all without.
         `columns` carries any declared optional per-token column the same way, by name
         (`loss_mask=m` is `columns={"loss_mask": m}`).
 

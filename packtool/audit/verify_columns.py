@@ -5,8 +5,9 @@ Derived from the declaration, so a column added there is checked with no change 
 - its list length by level: a `TOKEN` column has one value per id of the row, a `DOCUMENT`
   column one value per document (`len(doc_offsets) - 1`); a `ROW` column is a scalar;
 - its values within the declared `min_value` / `max_value`;
-- with `every_document_positive`, every document holds a non-zero value (for `loss_mask`: no
-  document without a supervised token, which would train on nothing);
+- with `every_document_positive`, every document holds a non-zero value past its first token
+  (for `loss_mask`: no document without a supervised token the loader can train on; labels
+  shift, so a document's first token is never a target);
 - a derived column (`Column.derived`) equals its rule computed from the row's own columns (for
   `seq_lengths`: the differences of `doc_offsets`).
 
@@ -87,7 +88,8 @@ def _empty_document_rows(
     doc_offsets: tuple[NDArray[np.int64], np.ndarray],
     usable: NDArray[np.bool_],
 ) -> NDArray[np.bool_]:
-    """Rows (among `usable`, whose lengths are right) with a document whose values are all 0."""
+    """Rows (among `usable`, whose lengths are right) with a document whose values past its
+    first are all 0."""
     d_off, d_values = doc_offsets
     out = np.zeros(len(usable), dtype=bool)
     rows = np.flatnonzero(usable)
@@ -103,7 +105,7 @@ def _empty_document_rows(
     bounds = np.clip(d_values[take].astype(np.int64) + row_start, row_start, row_end)
     cum = np.zeros(len(values) + 1, np.int64)
     np.cumsum(values != 0, dtype=np.int64, out=cum[1:])  # dtype: ~4x faster than on output
-    sums = np.diff(cum[bounds])
+    sums = cum[bounds[1:]] - cum[np.minimum(bounds[:-1] + 1, bounds[1:])]  # past each first
     # Differences across the end of one row and the start of the next are not documents.
     last = np.cumsum(counts) - 1
     inside = np.ones(len(sums), dtype=bool)
@@ -144,10 +146,11 @@ def row_problem(row: dict[str, np.ndarray], columns: tuple[Column, ...]) -> str 
                     return f"{c.name}[{k}] = {v}, expected {w} ({c.derived.rule})"
         if c.every_document_positive and c.level == TOKEN:
             for d in range(n_docs):
-                if not values[offsets[d] : offsets[d + 1]].any():
+                if not values[offsets[d] + 1 : offsets[d + 1]].any():
                     return (
                         f"document {d} (tokens {offsets[d]}..{offsets[d + 1]}) has no non-zero "
-                        f"{c.name} value ({c.doc}); it would train on nothing"
+                        f"{c.name} value past its first token ({c.doc}; the first is never a "
+                        "target, labels being shifted); it would train on nothing"
                     )
     return None
 

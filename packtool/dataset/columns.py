@@ -115,7 +115,8 @@ class Column:
     max_value: int | None = None
     """`verify`: every value is at most this (token ids are checked against vocab_size)."""
     every_document_positive: bool = False
-    """`verify`: each document holds at least one non-zero value (e.g. a supervised token)."""
+    """`verify`: each document holds a non-zero value past its first token (a supervised token
+    the loader can make a target: labels shift, so a document's first token never is one)."""
     loaded: bool = False
     """An optional column the loader decodes and carries in its records (`TOKEN`/`DOCUMENT`)."""
     storage: str = LIST

@@ -1,6 +1,7 @@
 """Loss-mask arithmetic on flat arrays: supervised tokens per document, per prefix, as spans.
 
-A loss mask is one uint8 per token (1 = the token is a target of the loss). Documents are given
+A loss mask is one uint8 per token (1 = the token is a target of the loss; a document's first
+token never is one, labels being shifted, `target_sums`). Documents are given
 by offsets into the flat mask, as everywhere in packtool; everything here is vectorised numpy
 (a cumulative sum, then differences at the offsets), linear in the tokens.
 """
@@ -17,6 +18,17 @@ def segment_sums(values: NDArray, offsets: NDArray[np.integer]) -> NDArray[np.in
     np.cumsum(values, dtype=np.int64, out=cum[1:])  # dtype: ~4x faster than casting on output
     offsets = np.asarray(offsets, np.int64)
     return cum[offsets[1:]] - cum[offsets[:-1]]
+
+
+def target_sums(mask: NDArray, offsets: NDArray[np.integer]) -> NDArray[np.int64]:
+    """Supervised tokens of each document past its first token: those the loader can make
+    targets. Labels are shifted (loader/collate.py), so a document's first token is never
+    predicted: a document supervised only there trains on nothing."""
+    sums = segment_sums(mask, offsets)
+    offsets = np.asarray(offsets, np.int64)
+    starts = offsets[:-1][offsets[1:] > offsets[:-1]]
+    sums[offsets[1:] > offsets[:-1]] -= np.asarray(mask)[starts].astype(np.int64)
+    return sums
 
 
 def prefix_sums(

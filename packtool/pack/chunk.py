@@ -205,15 +205,20 @@ def drop_unsupervised(
     doc_start: NDArray[np.int64],
     lengths: NDArray[np.int64],
 ) -> _Segments:
-    """Leave out the pieces without a supervised token; count them as dropped documents.
+    """Leave out the pieces without a supervised token past their first; count them as dropped
+    documents.
 
     With a loss mask nothing is split, so each piece is a whole document or its truncated head.
     """
-    supervised = pack_columns.supervised_per_segment(
-        mask, doc_start[segs.doc] + segs.start, segs.length
-    )
-    gone = supervised == 0
-    counts.tokens_supervised = int(supervised.sum())
+    src = doc_start[segs.doc] + segs.start
+    supervised = pack_columns.supervised_per_segment(mask, src, segs.length)
+    # A document's first token is never a target (labels shift): supervised only there, it
+    # trains on nothing. With a mask nothing is split, so each piece starts its document.
+    first = np.zeros(len(src), np.int64)
+    has = segs.length > 0
+    first[has] = mask[src[has]]
+    gone = supervised - first == 0
+    counts.tokens_supervised = int(supervised[~gone].sum())
     if gone.any():
         doc_len = lengths[segs.doc[gone]]
         cut = doc_len > segs.length[gone]  # truncated first: its truncation is undone

@@ -21,8 +21,9 @@ Bad input: a row whose labels or mask differ in length from its ids, a label tha
 -100 nor the id at its position (shifted labels would silently train on the wrong targets), a
 mask value other than 0/1, or an id outside the vocabulary is a one-line `DataError` naming the
 file and row. Skipped and counted (an error with `--strict`): a row with null or empty ids
-(`missing_field`, `empty`), and a row whose mask is all zeros (`no_supervised_tokens`: it would
-train on nothing). Files with a mask mixed with files without one are a `DataError`.
+(`missing_field`, `empty`), and a row whose mask is all zeros past its first token
+(`no_supervised_tokens`: it would train on nothing; labels shift, so the first token is never a
+target). Files with a mask mixed with files without one are a `DataError`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import pyarrow as pa
 
 from packtool.arrow_numpy import from_numpy
 from packtool.dataset.columns import IGNORE_INDEX, LOSS_MASK
-from packtool.dataset.masks import segment_sums
+from packtool.dataset.masks import target_sums
 from packtool.dataset.tokenized_table import kept_documents, tokenized_table
 from packtool.errors import ConfigError, DataError
 from packtool.prefetch import map_ordered
@@ -259,7 +260,7 @@ def _convert(
     mask = None
     if source is not None:
         mask = _mask_of(table, source, ids, offsets, where, first_row)
-        supervised = segment_sums(mask, offsets)
+        supervised = target_sums(mask, offsets)
     for row in np.flatnonzero(~keep):
         if null is not None and null[row]:
             skips.add("missing_field", f"{where}:row {first_row + row}", "input_ids is null")
@@ -270,7 +271,7 @@ def _convert(
             skips.add(
                 "no_supervised_tokens",
                 f"{where}:row {first_row + row}",
-                f"every {source} entry says no loss",
+                f"no {source} entry past the first token says loss (the first is never a target)",
             )
         keep &= supervised > 0
     rows = np.flatnonzero(keep)

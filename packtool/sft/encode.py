@@ -13,7 +13,8 @@
 
 Skipped and counted (an error with `--strict`): a template error (`template_error`, with its
 message), a turn the template hides (`template_not_incremental`), a conversation without an
-assistant turn or whose mask is all zeros (`no_supervised_tokens`), a document of no tokens
+assistant turn or whose mask is all zeros past its first token, which labels never target
+(`no_supervised_tokens`), a document of no tokens
 (`empty`). Three stages run a batch apart: read + render (Python) | encode (the tokenizer's
 threads) | masks + the table.
 """
@@ -29,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.arrow_numpy import strings
-from packtool.dataset.masks import segment_sums
+from packtool.dataset.masks import target_sums
 from packtool.dataset.tokenized_table import kept_documents, tokenized_table
 from packtool.errors import ConfigError
 from packtool.read.documents import ReadConfig, SkipCounter
@@ -235,7 +236,7 @@ def _encoded(
         ids, m = flat[off[j] : off[j + 1]], mask[off[j] : off[j + 1]]
         if not len(ids):
             out[i] = EncodedChat(text=texts[j], skip="empty", detail="no tokens")
-        elif not counts[j] or not m.any():
+        elif not counts[j] or not m[1:].any():  # a first token is never a target
             out[i] = EncodedChat(ids=ids, mask=m, text=texts[j], skip="no_supervised_tokens")
         else:
             out[i] = EncodedChat(ids=ids, mask=m, text=texts[j])
@@ -392,13 +393,15 @@ def _table(
     """The kept documents of a batch as a tokenized table (skips counted here)."""
     off = np.zeros(len(doc_len) + 1, np.int64)
     np.cumsum(doc_len, out=off[1:])
-    supervised = segment_sums(mask, off)
+    supervised = target_sums(mask, off)
     keep = (doc_len > 0) & (supervised > 0)
     for i in np.flatnonzero(~keep):
         if doc_len[i] == 0:
             skips.add("empty", p.wheres[i], "no tokens")
         else:
-            skips.add("no_supervised_tokens", p.wheres[i], "the mask is all zeros")
+            skips.add(
+                "no_supervised_tokens", p.wheres[i], "the mask is all zeros past the first token"
+            )
     rows = np.flatnonzero(keep)
     too_big = "a batch holds >= 2**31 tokens; lower ReadConfig.batch_bytes"
     ids, mask, off = kept_documents(ids, mask, off, rows, too_big=too_big)

@@ -4,7 +4,8 @@ With a loss mask, what a packed row is worth is the tokens that train, not the t
 the supervised efficiency is supervised tokens / (rows x max_len) (beside the plain efficiency,
 tokens / slots). It is projected the way `packtool pack` packs masked data by default: a document
 is never split; one longer than the max length keeps its first max-length tokens (with their
-mask), and a document left with no supervised token is dropped (`documents_unsupervised`).
+mask), and a document left with no supervised token past its first is dropped
+(`documents_unsupervised`).
 
 Streaming: `SupervisedCounter.add` takes one table at a time and keeps, per max length, a
 histogram of the kept (truncated) lengths and running sums; memory is bounded by the longest
@@ -122,8 +123,12 @@ class SupervisedCounter:
         self.tokens += int(lengths.sum())
         self.total_supervised += int(mask.sum(dtype=np.int64))
         kept = prefix_sums(mask, offsets, self.limits)  # (n_docs, n_limits)
+        targets = mask.copy()  # a document's first token is never a target (labels shift)
+        has = offsets[1:] > offsets[:-1]
+        targets[offsets[:-1][has]] = 0
+        trains = prefix_sums(targets, offsets, self.limits)
         for j, m in enumerate(self.limits.tolist()):
-            ok = kept[:, j] > 0
+            ok = trains[:, j] > 0
             clipped = np.minimum(lengths[ok], m)
             counts = np.bincount(clipped)
             if len(counts) > len(self.hist[j]):

@@ -70,6 +70,16 @@ def test_a_masked_dataset_verifies(packed_dataset_factory):
             row([([6, 7], [0, 1]), ([8, 9], [0, 0])], 2),
             r"document 1 \(tokens 2..4\) has no non-zero loss_mask value",
         ),
+        # Only its first token supervised: labels shift, so the loader never predicts it (r6:
+        # this passed, "OK ... 4 supervised tokens", and the document trained on nothing).
+        (
+            row([([6, 7], [0, 1]), ([8, 9], [1, 0])], 2),
+            r"document 1 \(tokens 2..4\) has no non-zero loss_mask value past its first token",
+        ),
+        (
+            row([([6, 7], [0, 1]), ([8], [1])], 2),
+            r"document 1 \(tokens 2..3\) has no non-zero loss_mask value past its first token",
+        ),
     ],
 )
 def test_verify_refuses_a_bad_mask_naming_the_row(packed_dataset_factory, bad, message):

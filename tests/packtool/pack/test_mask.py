@@ -101,6 +101,48 @@ def test_exact_small_chunk():
     assert c.tokens_in == c.tokens_out + c.tokens_truncated + c.tokens_dropped
 
 
+def test_a_document_supervised_only_at_its_first_token_is_dropped_as_unsupervised():
+    """Labels shift: the loader never makes a document's first token a target, so one whose
+    only supervised token is its first trains on nothing (r6: packed, and verify said OK)."""
+    ids = [[1, 2, 3], [4, 5, 6], [7, 8, 9, 10, 11]]
+    masks = [[1, 0, 0], [1, 1, 0], [1, 0, 0, 0, 1]]
+    packed = pack_table(tokenized(ids, masks), PackConfig(max_len=4, long_docs="truncate"))
+    assert pieces(packed.table) == {1: ([4, 5, 6], [1, 1, 0], 0)}
+    c = packed.counts
+    # Document 2 kept only its first token's supervision after truncation: dropped too.
+    assert (c.documents_packed, c.documents_unsupervised, c.tokens_supervised) == (1, 2, 2)
+    assert c.tokens_in == c.tokens_out + c.tokens_truncated + c.tokens_dropped
+
+
+def test_pack_skips_what_verify_would_refuse(tmp_path):
+    """r6: labels supervising only a document's first token were packed, and verify passed.
+    The last document keeps only its first token's supervision once truncated to 4: dropped
+    by pack, and so projected by stats."""
+    path = tmp_path / "pretok.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "input_ids": [[5, 6, 7, 8, 9], [10, 11, 12], [20, 21, 22], [30, 31, 32, 33, 34]],
+                "labels": [
+                    [5, -100, -100, -100, -100],
+                    [-100, 11, 12],
+                    [20, -100, -100],
+                    [30, -100, -100, -100, 34],
+                ],
+            }
+        ),
+        path,
+    )
+    pack = PackConfig(max_len=4, long_docs="truncate")
+    summary = run_pack(config(tmp_path / "out", [path], pack=pack))
+    assert summary.skips == {"no_supervised_tokens": 2}
+    c = summary.counts
+    assert (c.documents_unsupervised, c.documents_packed, c.tokens_supervised) == (1, 1, 2)
+    assert verify_dataset(tmp_path / "out").supervised_tokens == 2
+    at = compute_stats([path], StatsConfig(max_len=4, candidates=(4,))).supervised.at[4]
+    assert (at.documents_unsupervised, at.supervised_tokens) == (1, 2)
+
+
 def test_split_is_refused_for_masked_data():
     with pytest.raises(ConfigError, match="--long-docs split cuts documents across rows"):
         pack_table(tokenized([[1, 2]], [[1, 1]]), PackConfig(max_len=4))
@@ -128,8 +170,8 @@ def test_random_masks_travel_with_their_tokens(docs, max_len, policy, seed):
     for i, (d, m) in enumerate(zip(ids, masks, strict=True)):
         if policy == "drop" and len(d) > max_len:
             continue
-        if sum(m[:max_len]) == 0:
-            continue  # nothing supervised left: dropped and counted
+        if sum(m[1:max_len]) == 0:
+            continue  # nothing supervised left past the first token: dropped and counted
         expected[i] = (d[:max_len], m[:max_len], 0)
     assert got == expected
     c = packed.counts

@@ -51,6 +51,16 @@ def test_labels_and_masks_become_one_loss_mask(tmp_path, kind):
     assert skips.examples["no_supervised_tokens"][0].startswith(f"{path}:row 2")
 
 
+def test_a_row_supervised_only_at_its_first_token_is_skipped(tmp_path):
+    """The loader never makes a document's first token a target (labels shift): such a row
+    trains on nothing, as one with no supervised token (r6)."""
+    ids = [[5, 6, 7], [8, 9, 10], [11]]
+    path = write(tmp_path / "a.parquet", input_ids=ids, loss_mask=[[1, 0, 0], [1, 0, 1], [1]])
+    table, skips = read_all([path])
+    assert table.column("doc_id").to_pylist() == [1]
+    assert skips.counts == {"no_supervised_tokens": 2}
+
+
 def test_no_bos_or_eos_is_added_and_ids_without_a_mask_are_read_too(tmp_path):
     path = write(tmp_path / "a.parquet", input_ids=IDS)
     assert input_columns([path]) == ()
@@ -102,15 +112,16 @@ def test_strict_makes_an_unsupervised_document_an_error(tmp_path):
 
 
 def test_empty_and_null_documents_are_counted_skips(tmp_path):
-    ids = pa.array([[1, 2], [], None, [3]], pa.list_(pa.int64()))
-    mask = pa.array([[1, 1], [], None, [1]], pa.list_(pa.int64()))
+    ids = pa.array([[1, 2], [], None, [3, 4]], pa.list_(pa.int64()))
+    mask = pa.array([[1, 1], [], None, [1, 1]], pa.list_(pa.int64()))
     path = tmp_path / "a.parquet"
     pq.write_table(pa.table({"input_ids": ids, "loss_mask": mask}), path)
     with pytest.raises(DataError, match="loss_mask. holds nulls"):
         read_all([path])
-    pq.write_table(pa.table({"input_ids": ids, "loss_mask": pa.array([[1, 1], [], [], [1]])}), path)
+    masks = pa.array([[1, 1], [], [], [1, 1]])
+    pq.write_table(pa.table({"input_ids": ids, "loss_mask": masks}), path)
     table, skips = read_all([path])
-    assert table.column("input_ids").to_pylist() == [[1, 2], [3]]
+    assert table.column("input_ids").to_pylist() == [[1, 2], [3, 4]]
     assert skips.counts == {"empty": 1, "missing_field": 1}
 
 

@@ -179,6 +179,32 @@ def test_pc_parquet_and_extra_fields(tmp_path):
     assert table.column("doc_id").to_pylist() == [0, 1]
 
 
+def test_a_record_supervised_only_at_its_first_token_is_a_counted_skip(tmp_path):
+    """The loader never makes a document's first token a target (labels shift): an empty
+    prompt and completion (only the EOS, first and supervised) or an assistant turn of one
+    token that opens the text train on nothing, as a record with no supervised token (r6)."""
+    pc = jsonl(
+        tmp_path / "pc.jsonl", [{"prompt": "", "completion": ""}, {"prompt": "", "completion": "c"}]
+    )
+    table, skips = read([pc])
+    assert docs(table) == [([99, 256], [1, 1])]
+    assert skips.counts == {"no_supervised_tokens": 1}
+    first = (
+        "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+        "{% endgeneration %}{% else %}{{ m.content }}{% endif %}{% endfor %}"
+    )
+    chat = jsonl(
+        tmp_path / "chat.jsonl",
+        [
+            {"messages": [{"role": "assistant", "content": "x"}, {"role": "user", "content": "q"}]},
+            {"messages": [{"role": "assistant", "content": "xy"}]},
+        ],
+    )
+    table, skips = read([chat], chat_template=str(template_file(tmp_path, first)))
+    assert docs(table) == [(list(b"xy"), [1, 1])]
+    assert skips.counts == {"no_supervised_tokens": 1}
+
+
 def test_a_skipped_parquet_record_is_named_by_its_row_from_0(tmp_path):
     """Parquet rows are named from 0 everywhere (as pyarrow and inspect count them); these
     skips counted from 1."""
