@@ -14,20 +14,17 @@ order, and the parts are joined in plan order, so the `.bin` / `.idx` are byte f
 one process reading the inputs one after another (and of megatron-core's `IndexedDatasetBuilder`
 fed the same documents), whatever the engine, the partition size or the number of workers.
 
-**The merge runs while the parts are made, never as a pass at the end.** The driver keeps a
-frontier: when the record of partition `k` arrives and every partition before it is merged,
-part `k`'s bytes are appended to `merged.bin` and its lengths to `merged.lengths` (in the
-kernel, `copy_file_range`), both fsynced, then the part files removed; parts that finish out
-of order wait on disk (the driver holds two integers each). The first part is renamed, not
-copied, so a corpus of one partition is never copied at all. What is left for the end is the
-`.idx` (its counts come first: 20 bytes a document written from the 4-byte lengths, ~1% of the
-`.bin`) and three renames.
+**The merge runs while the parts are made, never as a pass at the end**
+(packtool/engines/megatron_merge.py): when partition `k`'s record arrives and every partition
+before it is merged, part `k` is appended to `merged.bin` / `merged.lengths` and its files
+removed; the first part is renamed, not copied. What is left for the end is the `.idx` (its
+counts come first: 20 bytes a document written from the 4-byte lengths, ~1% of the `.bin`) and
+three renames.
 
 **Resume.** Nothing about the merge is saved besides the files themselves: a resumed run reads
 the records of the finished partitions (one small file each, as `pack --resume`), finds the
-longest prefix of them that the merged files hold whole (their sizes), cuts both files back to
-it, and goes on from there; a part whose bytes were appended but whose files a kill left behind
-is removed then.
+longest prefix of them that the merged files hold whole, cuts both files back to it and goes on
+from there, whatever step of the merge a kill cut (megatron_merge.py).
 
 **Commit.** A Megatron dataset is two files, so the switch cannot be one rename; the rule is
 `index.json`'s: the dataset exists exactly when its `.idx` does, and the `.idx` is put in place
@@ -78,7 +75,8 @@ from packtool.dataset.output_apart import check_apart
 from packtool.engines import preflight, records
 from packtool.engines.base import plan_of, save_plan, saved_plan, source_of, workers_lost
 from packtool.engines.config import RunConfig
-from packtool.engines.megatron_part import MegatronContext, part_paths
+from packtool.engines.megatron_merge import MERGED_BIN, MERGED_LENGTHS, Merge
+from packtool.engines.megatron_part import MegatronContext
 from packtool.engines.megatron_record import READY_RECORD, check_finished, record_path, write_record
 from packtool.engines.plan import PARTITION_SIZE, Plan
 from packtool.engines.preflight import Output
@@ -94,8 +92,6 @@ from packtool.tokenize.tables import RAW, RECORDS
 from packtool.tokenizer.specials import EOS_TOKEN
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 
-MERGED_BIN = "merged.bin"
-MERGED_LENGTHS = "merged.lengths"
 READY_IDX = "ready.idx"
 """In the staging folder: the finished index, waiting for the swap (see the module docstring)."""
 TO_KEY = "to"
@@ -378,91 +374,6 @@ def _done_folder(work: Path) -> Path:
     return work.with_name(work.name + ".done")
 
 
-class _Merge:
-    """The merge frontier (see the module docstring): parts appended in plan order as they
-    finish; `restore` re-finds it in a resumed run from the merged files' sizes."""
-
-    def __init__(self, work: Path) -> None:
-        self.work = work
-        self.bin_path, self.lengths_path = work / MERGED_BIN, work / MERGED_LENGTHS
-        self.next = 0
-        """The first partition not merged yet."""
-        self.bin_bytes = 0
-        self.documents = 0
-        self.waiting: dict[int, tuple[int, int]] = {}
-        """Finished partitions beyond the frontier: (bin bytes, documents)."""
-        self._bin: Any = None
-        self._lengths: Any = None
-
-    def restore(self, sizes: dict[int, tuple[int, int]]) -> None:
-        """A resumed run: `sizes` are the finished partitions' (bin bytes, documents)."""
-        have_bin = storage.size(self.bin_path) if storage.is_file(self.bin_path) else 0
-        have_len = storage.size(self.lengths_path) if storage.is_file(self.lengths_path) else 0
-        while self.next in sizes:
-            nbytes, docs = sizes[self.next]
-            if self.bin_bytes + nbytes > have_bin or 4 * (self.documents + docs) > have_len:
-                break
-            self.bin_bytes += nbytes
-            self.documents += docs
-            for path in part_paths(self.work, self.next):  # appended; a kill left its files
-                writing.remove_file(path)
-            self.next += 1
-        self.waiting = {p: s for p, s in sizes.items() if p >= self.next}
-        for p in self.waiting:
-            for path in part_paths(self.work, p):
-                if not storage.is_file(path):
-                    raise DataError(
-                        f"{path}: a finished partition's part is missing; start over with "
-                        "--overwrite"
-                    )
-        if self.next or storage.is_file(self.bin_path):
-            self._open()
-        self._advance()
-
-    def add(self, record: dict[str, Any]) -> None:
-        """A partition finished: merge it, and what waited for it."""
-        self.waiting[int(record["partition"])] = (
-            int(record["bin_bytes"]),
-            int(record["documents"]),
-        )
-        self._advance()
-
-    def _open(self) -> None:
-        with contextlib.ExitStack() as stack:
-            self._bin = stack.enter_context(writing.open_append(self.bin_path, self.bin_bytes))
-            self._lengths = stack.enter_context(
-                writing.open_append(self.lengths_path, 4 * self.documents)
-            )
-            stack.pop_all()
-
-    def _advance(self) -> None:
-        while self.next in self.waiting:
-            nbytes, docs = self.waiting.pop(self.next)
-            part_bin, part_lengths = part_paths(self.work, self.next)
-            if self._bin is None:  # the first part: renamed, not copied
-                writing.replace(part_bin, self.bin_path)
-                writing.replace(part_lengths, self.lengths_path)
-                self.bin_bytes, self.documents = nbytes, docs
-                self._open()
-            else:
-                writing.append_range(part_bin, 0, nbytes, self._bin)
-                writing.append_range(part_lengths, 0, 4 * docs, self._lengths)
-                writing.sync_stream(self._bin)
-                writing.sync_stream(self._lengths)
-                self.bin_bytes += nbytes
-                self.documents += docs
-                writing.remove_file(part_bin)  # only once its bytes are on the disk
-                writing.remove_file(part_lengths)
-            self.next += 1
-
-    def close(self) -> None:
-        for f in (self._bin, self._lengths):
-            if f is not None:
-                writing.sync_stream(f)
-                f.close()
-        self._bin = self._lengths = None
-
-
 class MegatronRun:
     """One `tokenize --to megatron` run as the engines' drivers see it: the shape of
     `base.Run` (`context`, `todo`, `waves`, `descriptor`, `account`, `workers_lost`) with one
@@ -492,7 +403,7 @@ class MegatronRun:
         n = len(self.plan.partitions)
         self.skips = records.SkipTotals()
         self.documents = self.tokens = self.input_bytes = 0
-        self.merge = _Merge(self.work)
+        self.merge = Merge(self.work)
         done = set(records.finished(self.work)) if output.state is not None else set()
         sizes = {}
         for p in sorted(done):
@@ -539,7 +450,7 @@ class MegatronRun:
         self.skips.add(record)
 
     def account(self, record: dict[str, Any]) -> None:
-        """A finished part: its sums added, then merged if all before it are (`_Merge`)."""
+        """A finished part: its sums added, then merged if all before it are (`Merge`)."""
         self._add(record)
         self.merge.add(record)
         self.bar.update(

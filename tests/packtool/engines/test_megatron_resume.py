@@ -97,3 +97,67 @@ def test_a_resumed_runs_summary_rates_its_own_work(tmp_path, monkeypatch):
     assert summary.resumed_tokens == kept > 0
     text = summary.format()
     assert f"{own / summary.seconds:,.0f} tokens/s ({own:,} of {summary.tokens:,} tokens" in text
+
+
+def _merge_step(name: str, args: tuple) -> bool:
+    """A step of the merge: a part's file renamed to, appended to or removed after the merged
+    pair (the workers' own renames, of their temporaries, are not)."""
+    source = Path(args[0]).name
+    if name == "replace":
+        return source.startswith("part-") and Path(args[1]).name.startswith("merged.")
+    return source.startswith("part-")
+
+
+def _killed_after(step: int, run_it, monkeypatch) -> list[tuple[str, str]]:
+    """`run_it()` cut right after the `step`-th step of the merge (a KeyboardInterrupt there,
+    which keeps the staging folder as a kill does); the steps made. No cut: fewer steps."""
+    from packtool.storage import writing
+
+    real = {name: getattr(writing, name) for name in ("replace", "append_range", "remove_file")}
+    calls: list[tuple[str, str]] = []
+
+    def cut(name, *args):
+        real[name](*args)
+        if _merge_step(name, args):
+            calls.append((name, Path(args[0]).name))
+            if len(calls) == step:
+                raise KeyboardInterrupt
+
+    for name in real:
+        monkeypatch.setattr(writing, name, lambda *a, _n=name: cut(_n, *a))
+    try:
+        run_it()
+    except KeyboardInterrupt:
+        assert len(calls) == step
+    finally:
+        monkeypatch.undo()
+    return calls
+
+
+def test_a_kill_at_any_step_of_the_merge_is_resumed(tmp_path, monkeypatch):
+    """A kill after each step of the merge (the first part's two renames; each later part's
+    two appends and two removals), then --resume: the pair of an uninterrupted run. A kill
+    between the first part's renames left `merged.bin` without `merged.lengths`, and --resume
+    gave up ("a finished partition's part is missing"), losing every finished partition."""
+    from packtool.engines.megatron import tokenize_megatron
+
+    corpus = _corpus(tmp_path / "a.jsonl", 900, "alpha")
+    kw = {"partition_size": 100_000, "workers": 1, "progress": False}
+    whole = tokenize_megatron([corpus], tmp_path / "whole", **kw)
+    assert whole.partitions == 3
+    steps = 2 + 4 * (whole.partitions - 1)
+    for step in range(1, steps + 2):
+        prefix = tmp_path / f"k{step}"
+        calls = _killed_after(
+            step, lambda p=prefix: tokenize_megatron([corpus], p, **kw), monkeypatch
+        )
+        if step > steps:  # every step was cut once
+            assert len(calls) == steps and _pair(prefix) == _pair(tmp_path / "whole")
+            break
+        code, out, err = run(
+            "tokenize", corpus, "--to", "megatron", "-o", prefix, "--partition-size", "100000",
+            "--workers", "1", "--resume",
+        )  # fmt: skip
+        assert code == 0, (calls[-1], err)
+        assert "kept from the interrupted run" in out, (calls[-1], out)
+        assert _pair(prefix) == _pair(tmp_path / "whole"), calls[-1]
