@@ -353,7 +353,7 @@ def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:
         bad = np.flatnonzero(~(lengths >= 0)) if len(lengths) else []  # negative, or null (NaN)
         if len(bad):
             raise DataError(
-                f"{p}: row {int(bad[0]) + 1} has length {lengths[bad[0]]}, not a token count; "
+                f"{p}: row {int(bad[0])} has length {lengths[bad[0]]}, not a token count; "
                 "the file was damaged or edited: re-run packtool tokenize"
             )
         parts.append(lengths)

@@ -301,7 +301,9 @@ def test_stats_names_the_file_holding_a_negative_length(tmp_path, good):
         )
 
     path = _tokenized(tmp_path, good, edit)
-    _fails_in_one_line(["stats", path], "edited.parquet: row 4 has length -1")
+    # Rows count from 0 (docs/tokenize.md), as pack names the same row; stats said "row 4".
+    _fails_in_one_line(["stats", path], "edited.parquet: row 3 has length -1")
+    _fails_in_one_line(["pack", path, "-o", tmp_path / "out"], "edited.parquet: row 3:")
 
 
 def test_a_chat_template_for_inputs_with_no_chat_is_refused(tmp_path, good):
