@@ -214,17 +214,17 @@ def tokenize_cmd(
 ) -> None:
     """Tokenize text corpora into tokenized Parquet (or a Megatron indexed dataset).
 
-    INPUT: .txt / .md (one document per file), .jsonl, .parquet; text and JSONL also .gz /
-    .zst; files, folders (recursive) or quoted globs. Bad lines and empty documents are skipped
-    and counted (--strict makes them errors). Fine-tuning records: docs/sft.md. --to megatron
-    runs on the partition engines (--engine, --partition-size, --resume: docs/scale-out.md).
+    INPUT: .txt / .md (one document per file), .jsonl, .parquet (tokenized Parquet: read with
+    the tokenizer it records); text and JSONL also .gz / .zst; files, folders or quoted globs.
+    Bad lines and empty documents are skipped and counted (--strict: errors). Fine-tuning records:
+    docs/sft.md. --to megatron: --engine, --partition-size, --resume (docs/scale-out.md).
     """
     import shlex
 
     check_input_options(inputs, corpus, sft, strict_used=to == "megatron")
     common: dict[str, Any] = {
         "read_config": corpus.read_config(extra_fields=keep_field, sft=sft),
-        "tokenizer": corpus.load_tokenizer(workers, megatron=to == "megatron"),
+        "tokenizer": corpus.tokenizer_for(inputs, workers, megatron=to == "megatron"),
         "workers": workers,
         "overwrite": overwrite,
         "command": shlex.join(["packtool", *sys.argv[1:]]),

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from packtool.cli.exits import echo
+from packtool.cli.input_checks import TOKENIZER_OPTIONS, explicit
 from packtool.errors import ConfigError
 from packtool.read.sft_config import FORMATS, TRAIN_ON, SFTConfig
 
@@ -63,6 +64,15 @@ class CorpusOptions:
 
         fields = {"text_field": self.text_field, "text_column": self.text_column}
         return ReadConfig(**{**fields, "strict": self.strict, **overrides})
+
+    def tokenizer_for(self, inputs: Any, workers: int | None = None, **kw: Any) -> Any:
+        """`load_tokenizer(workers, **kw)`, or None for tokenized Parquet when no tokenizer
+        option was given: it is read with the tokenizer it records, as `pack` reads it."""
+        from packtool.tokenize.tokenize import input_identity
+
+        if explicit(click.get_current_context(), TOKENIZER_OPTIONS):
+            return self.load_tokenizer(workers, **kw)
+        return self.load_tokenizer(workers, **kw) if input_identity(inputs) is None else None
 
     def load_tokenizer(self, workers: int | None = None, *, megatron: bool = False) -> Any:
         """A `packtool.tokenizer.tokenizers.Tokenizer` from --tokenizer and the special-token

@@ -103,7 +103,7 @@ def tokenize_megatron(
     prefix: str | os.PathLike,
     *,
     read_config: ReadConfig | None = None,
-    tokenizer: Tokenizer | str = "byte",
+    tokenizer: Tokenizer | str | None = "byte",
     workers: int | None = None,
     overwrite: bool = False,
     resume: bool = False,
@@ -122,7 +122,8 @@ def tokenize_megatron(
             `PREFIX.idx` name the same pair).
         read_config: how to read the inputs.
         tokenizer: a `Tokenizer` or a `load_tokenizer` spec (loaded with `eos="eos_token"`,
-            Megatron's end of document).
+            Megatron's end of document). For tokenized Parquet it must match the recorded
+            tokenizer, and None takes the recorded one (its ids are written as they are).
         workers: partition workers (local engine; default one per core) or Ray actors.
         overwrite: replace an existing pair, or an interrupted run's state.
         resume: finish an interrupted run (its finished partitions are kept).
@@ -459,6 +460,11 @@ class MegatronRun:
             nbytes=int(record.get("input_bytes", 0)),
         )
 
+    def _recorded_names(self) -> dict[str, str]:
+        """Tokenized inputs read with their recorded tokenizer: where its EOS / BOS came from."""
+        facts = self.checked.facts
+        return dict(facts.special_names or {}) if facts is not None else {}
+
     def finish(self, used: str) -> TokenizeSummary:
         """The `.idx`, then the swap (see the module docstring)."""
         self.bar.close()
@@ -496,7 +502,7 @@ class MegatronRun:
             output_bytes=sum(storage.size(f) for f in files),
             tokenizer=dict(self.checked.identity),
             dtype=str(self.dtype),
-            special_names=dict(tok.special_names) if tok is not None else {},
+            special_names=dict(tok.special_names) if tok is not None else self._recorded_names(),
             partitions=self.partitions,
             resumed_partitions=self.resumed,
             resumed_tokens=self.kept[0],

@@ -15,7 +15,6 @@ from packtool.dataset.identity import TokenizerIdentity, describe_tokenizer
 from packtool.progress import Progress
 from packtool.read.documents import SkipCounter
 from packtool.storage import local as storage
-from packtool.tokenizer.tokenizers import Tokenizer
 
 
 @dataclass(kw_only=True)
@@ -92,14 +91,14 @@ def summary_of(
     bar: Progress,
     skips: SkipCounter,
     files: list[Path],
-    tokenizer: Tokenizer,
+    special_names: dict[str, str],
     seconds: float,
     dtype: str,
-    supervised: int | None = None,
-    identity: TokenizerIdentity | None = None,
+    supervised: int | None,
+    identity: TokenizerIdentity,
 ) -> TokenizeSummary:
     """What a tokenize run did, from its progress counts, skips and the files it wrote
-    (`identity`: what the output records, when not the tokenizer's: `unchanged_ids`)."""
+    (`identity`: what the output records; `special_names`: where its EOS / BOS came from)."""
     return TokenizeSummary(
         documents=bar.docs,
         tokens=bar.tokens,
@@ -109,8 +108,8 @@ def summary_of(
         skip_line=skips.summary(),
         files=[str(f) for f in files],
         output_bytes=sum(storage.size(f) for f in files),
-        tokenizer=(identity or tokenizer.identity).to_dict(),
+        tokenizer=identity.to_dict(),
         dtype=dtype,
         supervised_tokens=supervised,
-        special_names=tokenizer.special_names,
+        special_names=dict(special_names),
     )

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from packtool.dataset import columns as shard_columns
 from packtool.dataset import hub_record
-from packtool.dataset.identity import TokenizerIdentity
+from packtool.dataset.identity import TokenizerIdentity, token_dtype
 from packtool.dataset.manifest import INDEX_FILE, dataset_folder
 from packtool.dataset.output import OutputPaths, remove_staging, transaction
 from packtool.dataset.output_apart import check_apart
@@ -365,7 +365,7 @@ def tokenize_corpus(
     out: str | os.PathLike,
     *,
     read_config: ReadConfig | None = None,
-    tokenizer: Tokenizer | str = "byte",
+    tokenizer: Tokenizer | str | None = "byte",
     workers: int | None = None,
     overwrite: bool = False,
     progress: bool | None = None,
@@ -380,7 +380,9 @@ def tokenize_corpus(
             `part_tokens` tokens). Built beside it (`.NAME.packtool-staging`) and swapped in at
             the end (`packtool/dataset/output.py`): a failure leaves an existing `out` as it was.
         read_config: how to read the inputs.
-        tokenizer: a `Tokenizer` or a `load_tokenizer` spec.
+        tokenizer: a `Tokenizer` or a `load_tokenizer` spec; for tokenized Parquet it must
+            match the recorded tokenizer, and None takes the recorded one (`byte` for other
+            inputs), as `pack` does.
         workers: encoding threads (default: all cores).
         overwrite: replace an existing `out` (a folder only if it holds nothing but part files).
         progress: draw a progress bar (default: when stderr is a terminal).
@@ -404,15 +406,19 @@ def tokenize_corpus(
     single = out.name.lower().endswith(".parquet")
     skips = SkipCounter(strict=config.strict)
     read = inputs_read(expand_inputs(inputs), config)
+    if tokenizer is None and read.mode != TOKENIZED:  # only tokenized Parquet records one
+        tokenizer = load_tokenizer("byte", workers=workers)
     optional = read.columns  # e.g. loss_mask from labels: passed through
-    identity = tokenizer.identity
+    recorded = read.identity() if tokenizer is None else None
+    identity = recorded or tokenizer.identity
     if read.mode == PRETOKENIZED:
         identity = unchanged_ids(identity, tokenizer)
+    special_names = read.special_names() if tokenizer is None else tokenizer.special_names
     schema = tokenized_schema(
         identity,
         config.extra_fields,
         optional=optional,
-        special_names=tokenizer.special_names,
+        special_names=special_names,
         chat_template=template_record(config.sft, tokenizer)
         if read.sft_kind in CHAT_KINDS
         else None,
@@ -469,14 +475,14 @@ def tokenize_corpus(
         files = [folder / f.name for f in files]
     elif not storage.is_remote(out):
         files = [out / f.name for f in files]  # a bucket's: in the version folder, as written
-    dtype = str(tokenizer.dtype)
-    return summary_of(bar, skips, files, tokenizer, seconds, dtype, supervised, identity)
+    dtype = str(tokenizer.dtype if tokenizer is not None else token_dtype(identity.vocab_size))
+    return summary_of(bar, skips, files, special_names, seconds, dtype, supervised, identity)
 
 
 def write_all(
     inputs: list,
     config: ReadConfig,
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | None,
     workers: int | None,
     skips: SkipCounter,
     writer: PartWriter,

@@ -231,3 +231,43 @@ def test_corpus_options_decorator_is_reusable():
     assert seen["max_len"] == 4
     assert corpus.read_config(extra_fields=("lang",)).text_field == "body"
     assert corpus.load_tokenizer().identity.eos_id is None
+
+
+def test_tokenized_parquet_is_read_with_its_recorded_tokenizer(tmp_path):
+    """Tokenized Parquet re-written without --tokenizer (to Parquet or --to megatron) failed
+    with "the requested tokenizer is byte:byte", a tokenizer nobody asked for; `pack` uses the
+    one the file records, and now tokenize does as well. A --tokenizer that differs is still an
+    error naming both."""
+    import json
+
+    import numpy as np
+
+    from tests.packtool.tokenizer_shapes import build
+
+    tok = build("gpt2", tmp_path / "tok")
+    src = write_corpus(tmp_path / "c.jsonl")
+    made = tmp_path / "made.parquet"
+    assert run("tokenize", src, "-o", made, "--tokenizer", tok)[0] == 0
+    table = pq.read_table(made)
+    meta = json.loads(table.schema.metadata[b"packtool"])
+    assert meta["tokenizer"]["kind"] == "hf" and meta["tokenizer"]["vocab_size"] > 1000
+
+    again = tmp_path / "again.parquet"
+    code, out, err = run("tokenize", made, "-o", again)
+    assert code == 0, err
+    assert f"with hf:{tok}" in out and "uint16 ids" in out, out
+    copy = pq.read_table(again)
+    assert copy.column("input_ids").equals(table.column("input_ids"))
+    assert json.loads(copy.schema.metadata[b"packtool"]) == meta  # tokenizer, special tokens
+
+    prefix = tmp_path / "m"
+    code, out, err = run("tokenize", made, "--to", "megatron", "-o", prefix)
+    assert code == 0, err
+    assert f"with hf:{tok}" in out, out
+    ids = np.concatenate([np.asarray(r, np.uint16) for r in table.column("input_ids").to_pylist()])
+    assert Path(f"{prefix}.bin").read_bytes() == ids.tobytes()  # the ids as they are
+
+    for args in (["-o", tmp_path / "b.parquet"], ["--to", "megatron", "-o", tmp_path / "b"]):
+        code, _, err = run("tokenize", made, *args, "--tokenizer", "byte")
+        line = one_error_line(err)
+        assert f"tokenized with hf:{tok}" in line and "requested tokenizer is byte:byte" in line
