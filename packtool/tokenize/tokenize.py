@@ -419,9 +419,10 @@ def tokenize_corpus(
         config.extra_fields,
         optional=optional,
         special_names=special_names,
+        # Conversations rendered here, or by the `packtool tokenize` that wrote these inputs.
         chat_template=template_record(config.sft, tokenizer)
         if read.sft_kind in CHAT_KINDS
-        else None,
+        else read.chat_template(),
     )
 
     def prepare(paths: OutputPaths) -> None:

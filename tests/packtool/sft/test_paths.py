@@ -411,6 +411,8 @@ def test_tokenized_conversations_carry_their_template_into_the_pack(chat, tmp_pa
     assert tokenized_meta(tok)["chat_template"] == want
     run_pack(replace(config(tmp_path / "packed", chat), inputs=(str(tok),), read=ReadConfig()))
     assert read_manifest(tmp_path / "packed").extra["chat_template"] == want
+    tokenize_corpus([tok], tmp_path / "again.parquet")  # tokenized again: the record goes on
+    assert tokenized_meta(tmp_path / "again.parquet")["chat_template"] == want
     # Plain text tokenized records none.
     text = tmp_path / "t.jsonl"
     text.write_text('{"text": "one"}\n', "utf-8")
