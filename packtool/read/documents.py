@@ -221,6 +221,8 @@ def as_extra(value: Any) -> str | None:
     booleans (`true`, as the record wrote it; Python's `True` is no JSON), numbers as text."""
     if value is None or isinstance(value, str):
         return value
+    if isinstance(value, bytes):  # a binary Parquet column: its text (not Python's b'...')
+        return value.decode("utf-8")
     if isinstance(value, (dict, list, bool)):
         try:
             return orjson.dumps(value).decode()

@@ -123,6 +123,18 @@ def _extra_values(col: Any, name: str, path: Path, row: int) -> list[Any]:
     try:
         return [as_extra(v) for v in col.to_pylist()]
     except UnicodeDecodeError:
+        import pyarrow as pa
+
+        raw = col.cast(pa.binary()) if not pa.types.is_binary(col.type) else col
+        bad = next(i for i, v in enumerate(raw.to_pylist()) if v is not None and not _utf8(v))
         raise DataError(
-            f"{path}: column {name!r} holds bytes that are not UTF-8 text after row {row}"
+            f"{path}: column {name!r} holds bytes that are not UTF-8 text at row {row + bad}"
         ) from None
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

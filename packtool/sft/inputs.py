@@ -365,7 +365,12 @@ def read_records(
             batch.sources.append(str(path))
             batch.values.append(value)
             for name in read.extra_fields:
-                batch.extras[name].append(as_extra(obj.get(name)))
+                try:
+                    batch.extras[name].append(as_extra(obj.get(name)))
+                except UnicodeDecodeError:  # a binary Parquet column
+                    raise DataError(
+                        f"{where}: column {name!r} holds bytes that are not UTF-8 text"
+                    ) from None
             size = _text_bytes(value)
             batch.nbytes += nbytes or size  # Parquet: the text, as the corpus readers count it
             batch.text_bytes += size

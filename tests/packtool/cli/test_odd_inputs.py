@@ -397,3 +397,39 @@ def test_control_characters_in_names_are_printed_as_escapes(tmp_path):
     assert "a\\x1b]0;owned\\x07.jsonl:1" in out + err  # the skip example, escaped
     code, _, err = run("stats", tmp_path / "missing\x1b[2J.jsonl")
     assert code == 1 and "\x1b" not in err and "missing\\x1b[2J.jsonl" in err
+
+
+def test_a_binary_column_kept_is_its_text_and_bad_bytes_name_their_row(tmp_path):
+    # A binary column's values were kept as Python's repr ("b'ok'"), silently; a string column
+    # holding bad bytes was named "after row 0" (its batch's first row).
+    path = tmp_path / "x.parquet"
+    values = [b"ok", b"fine", b"\xff", b"ok"]
+    table = pa.table(
+        {
+            "text": ["a b", "c d", "e f", "g h"],
+            "k": pa.array(values, pa.binary()),
+            "s": pa.array(values, pa.binary()).cast(pa.string(), safe=False),
+        }
+    )
+    pq.write_table(table, path)
+    out = tmp_path / "o.parquet"
+    code, _, err = run("tokenize", path, "-o", out, "--keep-field", "k")
+    assert code == 1 and one_error_line(err).endswith(
+        "column 'k' holds bytes that are not UTF-8 text at row 2"
+    )
+    pq.write_table(table.slice(0, 2), path)
+    code, _, err = run("tokenize", path, "-o", out, "--keep-field", "k", "--overwrite")
+    assert code == 0, err
+    assert pq.read_table(out).column("k").to_pylist() == ["ok", "fine"]
+    pq.write_table(table, path)
+    code, _, err = run("tokenize", path, "-o", out, "--keep-field", "s", "--overwrite")
+    assert code == 1 and one_error_line(err).endswith(
+        "column 's' holds bytes that are not UTF-8 text at row 2"
+    )
+    # Fine-tuning records read the kept column the same way.
+    records = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "b"], "completion": ["c", "d"], "k": pa.array([b"ok", b"\xff"])}), records)  # fmt: skip
+    code, _, err = run("tokenize", records, "-o", out, "--keep-field", "k", "--overwrite")
+    assert code == 1 and one_error_line(err).endswith(
+        ":row 1: column 'k' holds bytes that are not UTF-8 text"
+    )
