@@ -72,6 +72,7 @@ from packtool.dataset import hub_record
 from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, link_bytes
 from packtool.dataset.output_versions import (
     REMOTE_STAGING,
+    RUN_STATE,
     current_version,
     is_version,
     new_version,
@@ -390,6 +391,8 @@ def _collect(paths: OutputPaths, commit: bool) -> None:
     # pointer look so, and that run may be alive.)
     stale = not commit and record is not None and record.get("replaces", linked) != linked
     if staging is not None and (staging == linked or stale):
+        if staging == linked:  # the run's state, which its commit deletes after the switch
+            remove(paths.target / staging / RUN_STATE)
         writing.remove_file(paths.target / REMOTE_STAGING)
         staging = None
     keep = {linked, staging}
@@ -433,6 +436,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         if old is not None and not storage.exists(paths.target / old):
             old = None  # a link to nothing: a commit deleting a missing folder is refused
         hub_record.note_commit(paths.staging, version)
+        remove(paths.staging / RUN_STATE)  # kept till now: see `output_versions.RUN_STATE`
         try:
             hub.publish(
                 paths.target,
@@ -456,6 +460,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         writing.write_atomic(paths.target / INDEX_FILE, link_bytes(paths.staging.name))
         _NEW_VERSIONS.pop(str(paths.target), None)
         try:  # committed: what is left to do is cleaning up, which the next writer redoes
+            remove(paths.staging / RUN_STATE)  # kept till now: see `output_versions.RUN_STATE`
             if staging_version(paths.target) == paths.staging.name:  # never another run's
                 writing.remove_file(paths.target / REMOTE_STAGING)
             _collect(paths, commit=True)
@@ -472,6 +477,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         writing.replace(paths.staging, paths.target)  # one atomic step for a file
         writing.sync_dir(paths.target.parent)
         return
+    remove(paths.staging / RUN_STATE)  # kept till now: see `output_versions.RUN_STATE`
     try:
         _rename(paths.staging, paths.ready)
         if storage.lexists(paths.target):

@@ -24,7 +24,11 @@ from packtool.storage import local as storage
 REMOTE_STAGING = ".packtool-staging"
 """The object under a remote output's prefix that names its run in progress."""
 _VERSION = re.compile(r"v-\d{8}T\d{6}-[0-9a-f]{8}")
-_WRITTEN = (INDEX_FILE, SOURCES_FILE, ".packtool-run", ".pack-state.json", ".ray-chunks")
+RUN_STATE = ".packtool-run"
+"""A pack run's state in its staging (packtool/engines/records.py). `commit` deletes it just
+before the switch (in a bucket just after, so it is there while the link is written): a
+`--resume` of a run killed before its switch knows what options and inputs built it."""
+_WRITTEN = (INDEX_FILE, SOURCES_FILE, RUN_STATE, ".pack-state.json", ".ray-chunks")
 """Names in a dataset folder besides shards, parts and temporaries (the run state included)."""
 
 

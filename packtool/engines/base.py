@@ -30,24 +30,25 @@ from pathlib import Path
 from typing import Any
 
 from packtool.dataset.identity import TokenizerIdentity
-from packtool.dataset.output import remove
 from packtool.dataset.tokenized import tokenized_schema
 from packtool.engines import finish, merge, records
 from packtool.engines.config import RunConfig
 from packtool.engines.context import WorkerContext, context_for
 from packtool.engines.plan import Plan, describe, make_plan
 from packtool.engines.preflight import (
-    CHAT_TEMPLATE_KEY,
     COMPLETE,
     FACTS_KEY,
     Checked,
     Output,
-    check_complete,
     check_facts,
-    check_fingerprint,
     doc_id_units,
-    fingerprint_digest,
     fingerprint_of,
+)
+from packtool.engines.resume_checks import (
+    CHAT_TEMPLATE_KEY,
+    check_complete,
+    check_fingerprint,
+    fingerprint_digest,
 )
 from packtool.engines.summary import PackSummary
 from packtool.errors import ConfigError, DataError, WorkersLost
@@ -147,7 +148,7 @@ class Run:
         self.checked = checked
         self.work = output.work
         kinds = checked.kinds()
-        fingerprint = fingerprint_of(config, checked)
+        fingerprint = output.fingerprint or fingerprint_of(config, checked)
         self.fingerprint = fingerprint_digest(fingerprint)
         self.chat_template: dict[str, Any] | None = fingerprint.get(CHAT_TEMPLATE_KEY)
         """The chat template's record (`index.json`'s `extra.chat_template`), chat runs only."""
@@ -296,7 +297,7 @@ class Run:
         )
         finish.remove_temporaries(self.work)  # left by workers killed mid-write
         finish.write_index(self.work, manifest, root)
-        remove(records.run_dir(self.work))  # index.json exists: the run is complete
+        # The run's state stays until the switch (`output.commit` deletes it then).
         self.seconds["total"] = time.perf_counter() - self.t_start
         summary.seconds = self.seconds
         summary.resumed_partitions = self.resumed

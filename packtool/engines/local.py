@@ -50,7 +50,7 @@ from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
 from packtool.engines.context import WorkerContext
 from packtool.engines.interrupts import ctrl_c_after
-from packtool.engines.preflight import check_inputs, output_folder
+from packtool.engines.preflight import check_inputs, fingerprint_of, output_folder
 from packtool.engines.summary import PackSummary
 from packtool.engines.worker import rechunk, run_partition
 from packtool.storage import local as storage
@@ -75,7 +75,7 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
             tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
     """
     checked = check_inputs(config, tokenizer, lambda paths: _start_early(config, paths))
-    with output_folder(config) as output:
+    with output_folder(config, fingerprint_of(config, checked)) as output:
         run = Run(config, checked, output)
         if output.state is None:
             return run.finish(drive_local(run, config.workers))

@@ -8,7 +8,7 @@ with no room for anything else. So the run writes a small JSON record beside the
 Megatron never opens (it reads `PREFIX.bin` and `PREFIX.idx` only) and which packtool's walk of
 an input folder leaves out. It holds:
 
-- `fingerprint`: the digest `index.json` would keep (`preflight.fingerprint_digest`: options,
+- `fingerprint`: the digest `index.json` would keep (`resume_checks.fingerprint_digest`: options,
   tokenizer, input files with their sizes);
 - `settings`: the options and tokenizer themselves (a few hundred bytes), so a refusal names
   what differs; `inputs`: the number of input files and the digest of their names and sizes;
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.engines.differences import listed, setting_differences
-from packtool.engines.preflight import fingerprint_digest
+from packtool.engines.resume_checks import fingerprint_digest
 from packtool.errors import AlreadyComplete, ConfigError
 from packtool.storage import local as storage
 from packtool.storage import writing

@@ -7,6 +7,8 @@
   been, only when that is safe (`output_versions.switch_problem`: a manifest of a packtool
   dataset, every shard it lists there whole, nothing else in the folder) and only by a run that goes
   on: `--resume` (then nothing is left to resume) or `--overwrite` once its own checks passed.
+  `--resume` switches it in only when it was made by the run's options and inputs
+  (`resume_checks.check_built`, refused as an unfinished run's resume is).
   A plain run is refused with a line saying so, and changes nothing.
 """
 
@@ -14,12 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE
 from packtool.dataset.output import OutputPaths, commit, output_paths, remove
 from packtool.dataset.output_versions import is_version, ours, switch_problem
 from packtool.engines import records
 from packtool.engines.config import RunConfig
+from packtool.engines.resume_checks import check_built
 from packtool.errors import ConfigError
 from packtool.storage import local as storage
 
@@ -69,13 +73,17 @@ def written_by_pack(path: Path) -> bool:
     )
 
 
-def finish_switch(config: RunConfig, paths: OutputPaths) -> OutputPaths:
+def finish_switch(
+    config: RunConfig, paths: OutputPaths, fingerprint: dict[str, Any]
+) -> OutputPaths:
     """Switch in the dataset an earlier run left in `paths.staging` with its `index.json`
     written, when safe and asked (the module docstring); the paths the run then builds into.
+    `fingerprint`: the run's, which a `--resume` must share with the one that built it.
 
     Raises:
         ConfigError: it is not safe to switch in (and `--overwrite`, which discards a staging
-            packtool wrote, was not given), or the run is a plain one.
+            packtool wrote, was not given), the run is a plain one, or a `--resume` of other
+            options or inputs.
     """
     problem = switch_problem(paths.staging)
     if problem is not None:
@@ -93,6 +101,8 @@ def finish_switch(config: RunConfig, paths: OutputPaths) -> OutputPaths:
             f"{paths.staging}; pass --resume to switch it in, or --overwrite to switch it in "
             "and replace it"
         )
+    if config.resume and not config.overwrite:
+        check_built(fingerprint, paths.staging, paths.shown)  # a refused run switches nothing
     if config.overwrite:
         check_replaceable(paths, overwrite=True)  # a refused run switches nothing
     remove(paths.staging / STATE_DIR)

@@ -10,16 +10,16 @@
    staging folder beside it (or load the state of the run to resume there); swap it in only when
    complete, so a failure never harms the old dataset, and remove the staging folder of a fresh
    run that fails, so that the corrected command needs no `--overwrite` (`packtool/dataset/output.py`).
-3. `fingerprint_of` / `check_fingerprint`: what a `--resume` must match (options, tokenizer, and
-   the files `check_inputs` expanded the inputs to, with their sizes and modification times).
-   The run's state itself (plan, partition records) is packtool/engines/records.py.
+3. `fingerprint_of`: what a `--resume` must match (options, tokenizer, and the files
+   `check_inputs` expanded the inputs to, with their sizes and modification times); the checks
+   are packtool/engines/resume_checks.py. The run's state itself (plan, partition records) is
+   packtool/engines/records.py: it stays in the staging folder until the switch.
 
 The local and the Ray engine both go through here; neither repeats these checks.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -31,7 +31,7 @@ from typing import Any
 from packtool.dataset import hub_record
 from packtool.dataset.columns import written
 from packtool.dataset.identity import TokenizerIdentity
-from packtool.dataset.manifest import INDEX_FILE, read_manifest
+from packtool.dataset.manifest import INDEX_FILE
 from packtool.dataset.output import (
     OutputPaths,
     make_staging,
@@ -44,8 +44,11 @@ from packtool.dataset.output import (
 from packtool.dataset.output_apart import check_apart
 from packtool.engines import records
 from packtool.engines.config import RunConfig
-from packtool.engines.differences import input_difference, listed, setting_differences
 from packtool.engines.output_checks import OLD_STATE, check_replaceable, finish_switch
+from packtool.engines.resume_checks import CHAT_TEMPLATE_KEY
+from packtool.engines.resume_checks import check_complete as check_complete
+from packtool.engines.resume_checks import check_fingerprint as check_fingerprint
+from packtool.engines.resume_checks import fingerprint_digest as fingerprint_digest
 from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError, WorkersLost
 from packtool.pack.chunk import check_room_for_text
 from packtool.pack.columns import check_policy
@@ -291,11 +294,14 @@ class Output:
     lock: Any = None
     """The output's lock (`packtool.dataset.output.OutputLock`) where the yielder does not commit
     itself: `lost` says whether another writer took it over before the swap."""
+    fingerprint: dict[str, Any] | None = None
+    """The run's fingerprint (`fingerprint_of`), as `output_folder` checked a resume with it."""
 
 
 @contextmanager
-def output_folder(config: RunConfig) -> Iterator[Output]:
+def output_folder(config: RunConfig, fingerprint: dict[str, Any]) -> Iterator[Output]:
     """Lock `config.out_dir`, prepare its staging folder, and swap it in when the body succeeds.
+    `fingerprint`: the run's (`fingerprint_of`), which a resumed run's must match.
 
     The old output is untouched until the new one is complete (`index.json` written): then one
     `packtool.dataset.output.commit` replaces it. When the body fails, the staging folder of a fresh run
@@ -333,7 +339,7 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
             remove(paths.staging)
         if storage.is_file(paths.staging / INDEX_FILE):
             # A run killed after writing index.json (written last) but before its swap.
-            paths = finish_switch(config, paths)
+            paths = finish_switch(config, paths, fingerprint)
             if config.resume:  # it said "already complete ... nothing done" for a commit it made
                 raise AlreadyComplete(
                     f"{paths.shown}: committed the dataset the interrupted run had built (its "
@@ -347,7 +353,8 @@ def output_folder(config: RunConfig) -> Iterator[Output]:
 
     command = config.command or "packtool pack"
     with transaction(config.out_dir, command, prepare, discard) as (paths, state):
-        yield Output(work=paths.staging, state=state)
+        # The run's state stays in the staging until `commit` (`output_versions.RUN_STATE`).
+        yield Output(work=paths.staging, state=state, fingerprint=fingerprint)
 
 
 def built_here(out_dir: str | os.PathLike, engine: str) -> None:
@@ -396,88 +403,8 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
     return json.loads(json.dumps(fingerprint))
 
 
-CHAT_TEMPLATE_KEY = "chat_template"
-"""The fingerprint's record of the chat template (`sft.encode.template_record`); states and
-datasets written before it lack it, and are compared without it."""
-
-
-def _without(fingerprint: dict[str, Any], key: str) -> dict[str, Any]:
-    return {k: v for k, v in fingerprint.items() if k != key}
-
-
 COMPLETE = "complete"
 """The state `output_folder` yields for `--resume` of a dataset whose run finished."""
-
-
-def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
-    """What `index.json` keeps of the run's fingerprint (`extra.fingerprint`): the sha256 of its
-    options, tokenizer and input files with their sizes, not their modification times, so the
-    same request on a copy of the same corpus writes the same `index.json`."""
-    request = {**fingerprint, "inputs": [f[:2] for f in fingerprint["inputs"]]}
-    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
-
-
-def check_complete(fingerprint: dict[str, Any], out: Path, shown: str | None = None) -> None:
-    """`--resume` of a finished dataset: `AlreadyComplete` when it was made by this run's
-    options and inputs (nothing to do, not a failure), else a `ConfigError`. `shown`: the
-    output as the user wrote it (a Hub URL's path prints as `hf:///...`).
-
-    A dataset packed before `index.json` kept the digest (`extra.fingerprint`) is taken as
-    complete: nothing recorded says otherwise.
-    """
-    saved = read_manifest(out).extra.get("fingerprint")  # a damaged index.json: one line
-    shown = shown or str(out)
-    digests = {fingerprint_digest(fingerprint)}
-    if CHAT_TEMPLATE_KEY in fingerprint:  # a dataset packed before its template was recorded
-        digests.add(fingerprint_digest(_without(fingerprint, CHAT_TEMPLATE_KEY)))
-    if saved is not None and saved not in digests:
-        raise ConfigError(
-            f"cannot resume {shown}: it is a finished dataset of other options or inputs (its "
-            f"{INDEX_FILE} keeps their digest, extra.fingerprint, not them, so which ones differ "
-            "cannot be told); use --overwrite to replace it"
-        )
-    raise AlreadyComplete(
-        f"{shown} is already complete ({INDEX_FILE} exists): nothing to resume, nothing done",
-        shown,
-    )
-
-
-def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, Any], out: Path) -> None:
-    """Refuse to resume when the options or inputs differ from the interrupted run's, naming
-    the first file and the settings that differ (packtool/engines/differences.py)."""
-    old = state.get("fingerprint", {})
-    old = old if isinstance(old, dict) else {}  # a damaged state: everything differs
-    if CHAT_TEMPLATE_KEY not in old:  # saved before it was kept
-        fingerprint = _without(fingerprint, CHAT_TEMPLATE_KEY)
-    if old != fingerprint:
-        differ = []
-        if old.get("inputs") != fingerprint["inputs"]:
-            if _renamed(old.get("inputs"), fingerprint["inputs"]):
-                first = old["inputs"][0][0]
-                raise ConfigError(
-                    f"cannot resume {out}: the inputs name the interrupted run's files "
-                    f"differently (it read {first!r}); give them as it was given them"
-                )
-            differ.append(input_difference(old.get("inputs"), fingerprint["inputs"]))
-        differ += setting_differences(_without(old, "inputs"), _without(fingerprint, "inputs"))
-        raise ConfigError(f"cannot resume {out}: options or inputs differ ({listed(differ)})")
-
-
-def _renamed(was: Any, now: list[list[Any]]) -> bool:
-    """Whether two fingerprints' inputs are the same local files, with the same sizes and times,
-    named differently (`corpus/a.jsonl` and `/data/corpus/a.jsonl`): the ids and the plan name
-    the files as the first run did, so the resume must too."""
-    if not isinstance(was, list) or len(was) != len(now) or was == now:
-        return False
-
-    def key(entry: list[Any]) -> list[Any]:
-        name = str(entry[0])
-        return [name if storage.is_remote(name) else os.path.abspath(name), *entry[1:]]
-
-    try:
-        return [key(e) for e in was] == [key(e) for e in now]
-    except (TypeError, IndexError):  # a damaged state: the caller names what differs
-        return False
 
 
 def check_facts(state: dict[str, Any], checked: Checked, out: Path) -> None:

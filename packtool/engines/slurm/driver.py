@@ -66,7 +66,7 @@ def run_pack_slurm(
     slurm = slurm or SlurmConfig()
     options = slurm_options(slurm, config.out_dir)
     checked = preflight.check_inputs(config, tokenizer)
-    with preflight.output_folder(config) as output:
+    with preflight.output_folder(config, preflight.fingerprint_of(config, checked)) as output:
         run = Run(config, checked, output)
         summary = run.finish(drive_slurm(run, slurm, options))
     remove_run_folders(run.work, config.out_dir)  # a finished run's scripts and logs go with it

@@ -378,3 +378,45 @@ def test_a_refused_run_deletes_nothing_in_a_local_output_it_did_not_write(tmp_pa
         "v-20200101T000000-deadbeef",
         "v-20200101T000000-deadbeef/important.csv",
     ]
+
+
+def test_resume_switches_in_a_built_dataset_only_for_the_same_options_and_inputs(
+    tmp_path, monkeypatch
+):
+    """A run killed after its index.json, before its switch, and `--resume` with other options
+    or inputs: it switched the killed run's dataset in and said "committed" (exit 0), though
+    an unfinished run resumed so is refused. It is refused the same way, naming what differs."""
+    out, a = tmp_path / "D", corpus(tmp_path / "a.jsonl", "a")
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*args, **kw):
+        raise Killed
+
+    monkeypatch.setattr(output, "commit", killed)
+    with pytest.raises(Killed):
+        pack(a, out)
+    monkeypatch.undo()
+    staging = output_paths(out).staging
+    assert (staging / "index.json").is_file() and not out.exists()
+    with pytest.raises(ConfigError) as e:
+        run_pack(RunConfig(inputs=(str(a),), out_dir=str(out), pack=PackConfig(max_len=128),
+                           progress=False, resume=True))  # fmt: skip
+    assert str(e.value) == (
+        f"cannot resume {out}: options or inputs differ (pack.max_len: 64 -> 128)"
+    )
+    with pytest.raises(ConfigError, match=r"options or inputs differ \(inputs: .*b.jsonl added"):
+        pack(corpus(tmp_path / "b.jsonl", "b"), out, resume=True)
+    assert not out.exists() and (staging / "index.json").is_file()
+    plan = staging / ".packtool-run" / "plan.json"
+    saved = plan.read_bytes()
+    plan.unlink()  # a staging without its state: the digest index.json keeps still refuses it
+    with pytest.raises(ConfigError, match="options or inputs differ .*cannot be told"):
+        run_pack(RunConfig(inputs=(str(a),), out_dir=str(out), pack=PackConfig(max_len=128),
+                           progress=False, resume=True))  # fmt: skip
+    plan.write_bytes(saved)
+    with pytest.raises(AlreadyComplete, match="committed the dataset the interrupted run"):
+        pack(a, out, resume=True)
+    assert read_manifest(out).extra["fingerprint"] and not staging.exists()
+    assert not (out / ".packtool-run").exists()

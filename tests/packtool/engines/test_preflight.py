@@ -214,7 +214,7 @@ def test_workers_lost_keeps_a_fresh_runs_finished_partitions(tmp_path, finished)
     corpus = jsonl(tmp_path / "c.jsonl", ["a b c"] * 3)
     for error, kept in [(WorkersLost("died"), bool(finished)), (DataError("bad"), False)]:
         cfg = config(corpus, tmp_path / "out", overwrite=True)
-        with pytest.raises(type(error)), output_folder(cfg) as output:
+        with pytest.raises(type(error)), output_folder(cfg, {}) as output:
             records.write_plan(output.work, {"fingerprint": {}, "plan": {}})
             if finished:
                 records.write_record(output.work, {"partition": 0})

@@ -25,7 +25,13 @@ import pytest
 from packtool.dataset.shards import ShardConfig
 from packtool.engines import base, records, worker
 from packtool.engines.local import RunConfig, run_pack
-from packtool.engines.preflight import FACTS_KEY, check_inputs, output_folder, staging_folder
+from packtool.engines.preflight import (
+    FACTS_KEY,
+    check_inputs,
+    fingerprint_of,
+    output_folder,
+    staging_folder,
+)
 from packtool.errors import ConfigError
 from packtool.pack.chunk import PackConfig
 from packtool.tokenize.tokenize import tokenize_corpus
@@ -211,7 +217,10 @@ def test_a_resume_with_matching_facts_opens_no_input_before_its_partitions(tmp_p
     cfg = config(tmp_path / "cut", [folder], resume=True)
     watch = OpenWatch(inputs)
     checked = check_inputs(cfg, None)
-    with pytest.raises(KeyboardInterrupt), output_folder(cfg) as output:
+    with (
+        pytest.raises(KeyboardInterrupt),
+        output_folder(cfg, fingerprint_of(cfg, checked)) as output,
+    ):
         run = base.Run(cfg, checked, output)
         raise KeyboardInterrupt  # leave before any partition runs; the staging folder stays
     assert watch.seen() == set()
@@ -236,7 +245,10 @@ def test_facts_that_changed_under_the_lock_are_refused_naming_the_file(tmp_path,
     assert state[FACTS_KEY]["kinds"] == ["jsonl"] * 6
     state[FACTS_KEY]["kinds"][3] = "json_array"  # as another run that saw a `[` there
     plan_file.write_text(json.dumps(state))
-    with pytest.raises(ConfigError) as e, output_folder(cfg) as output:
+    with (
+        pytest.raises(ConfigError) as e,
+        output_folder(cfg, fingerprint_of(cfg, checked)) as output,
+    ):
         base.Run(cfg, checked, output)
     message = str(e.value)
     assert message == (

@@ -13,6 +13,7 @@ from packtool.dataset import output
 from packtool.dataset.output import make_staging, output_paths
 from packtool.engines.local import run_pack
 from packtool.errors import AlreadyComplete, ConfigError, DataError
+from packtool.pack.chunk import PackConfig
 from packtool.storage import writing
 from tests.packtool.storage.common import linked, pack_config
 
@@ -242,3 +243,39 @@ def test_a_commit_never_removes_another_run_s_staging(fs, local_pack):
     assert _link(fs, "theirs") == paths_a.staging.name
     assert f"{theirs}/shard-000000-00000.parquet" in _objects(fs, "theirs")
     assert json.loads(fs.cat_file(f"{BUCKET}/theirs/.packtool-staging"))["version"] == theirs
+
+
+def test_resume_of_other_options_never_switches_in_a_run_killed_at_its_link(fs, monkeypatch):
+    # A run killed while it wrote its link (its version whole, index.json in it), then `--resume`
+    # with another max_len: it switched the killed run's version in and said "committed" (exit
+    # 0). It is refused as an unfinished run's resume is, naming what differs; nothing changes.
+    url = f"s3://{BUCKET}/killed-at-link"
+    write = writing.write_atomic
+
+    class Killed(BaseException):
+        pass
+
+    def link(path, data, **kw):
+        if str(path).endswith("killed-at-link/index.json"):
+            raise Killed
+        return write(path, data, **kw)
+
+    monkeypatch.setattr(writing, "write_atomic", link)
+    with pytest.raises(Killed):
+        run_pack(pack_config(url))
+    monkeypatch.undo()
+    before = _objects(fs, "killed-at-link")
+    built = [o for o in before if o.endswith("/index.json")]
+    assert len(built) == 1 and any("/.packtool-run/" in o for o in before)
+    other = dataclasses.replace(pack_config(url, resume=True), pack=PackConfig(max_len=512))
+    with pytest.raises(ConfigError) as e:
+        run_pack(other)
+    assert (
+        str(e.value) == f"cannot resume {url}: options or inputs differ (pack.max_len: 1024 -> 512)"
+    )
+    assert [o for o in _objects(fs, "killed-at-link") if o != ".packtool-lock"] == before
+    with pytest.raises(AlreadyComplete, match="committed the dataset the interrupted run"):
+        run_pack(pack_config(url, resume=True))
+    version = built[0].split("/")[0]
+    assert _link(fs, "killed-at-link") == version
+    assert not any(".packtool" in o for o in _objects(fs, "killed-at-link"))
