@@ -21,6 +21,7 @@ The write side (writing, replacing, removing, syncing, the writer's lock) is `wr
 from __future__ import annotations
 
 import errno
+import functools
 import glob as globbing
 import os
 import stat
@@ -267,13 +268,51 @@ def memory_map(path: str | os.PathLike) -> Any:
 
 
 def parquet_file(source: Any, **options: Any) -> Any:
-    """`pyarrow.parquet.ParquetFile(source, **options)`; `source` a path or an opened file."""
+    """`pyarrow.parquet.ParquetFile(source, **options)`; `source` a path or an opened file.
+
+    An object in a store is read through a Python file object, whose reads come back as Python
+    bytes that pyarrow holds on to (its `PyBuffer`). Decoded on pyarrow's thread pool (its
+    default) or pre-buffered on its I/O pool, the last of them can be let go by a pool thread
+    after the read returned; at the interpreter's exit that thread cannot take the GIL and the
+    process aborts (`terminate called without an active exception`, exit 134, after `verify`
+    printed OK). So such a file reads on the calling thread only (`_serial_parquet_file`)."""
     import pyarrow.parquet as pq
 
     if is_remote(source):  # its footer, then each column chunk, by ranged reads
         with remote.naming(source):
-            return pq.ParquetFile(_reads().open_unbuffered(source), **options)
+            opened = _reads().open_unbuffered(source)
+            return _serial_parquet_file()(opened, **{**options, "pre_buffer": False})
     return pq.ParquetFile(source, **options)
+
+
+@functools.cache
+def _serial_parquet_file() -> type:
+    """A `ParquetFile` whose reads never use pyarrow's thread pools (`parquet_file`)."""
+    import pyarrow.parquet as pq
+
+    class SerialParquetFile(pq.ParquetFile):
+        def read_row_group(self, i, columns=None, use_threads=False, use_pandas_metadata=False):
+            return super().read_row_group(i, columns, False, use_pandas_metadata)
+
+        def read_row_groups(
+            self, row_groups, columns=None, use_threads=False, use_pandas_metadata=False
+        ):
+            return super().read_row_groups(row_groups, columns, False, use_pandas_metadata)
+
+        def iter_batches(
+            self,
+            batch_size=65536,
+            row_groups=None,
+            columns=None,
+            use_threads=False,
+            use_pandas_metadata=False,
+        ):
+            return super().iter_batches(batch_size, row_groups, columns, False, use_pandas_metadata)
+
+        def read(self, columns=None, use_threads=False, use_pandas_metadata=False):
+            return super().read(columns, False, use_pandas_metadata)
+
+    return SerialParquetFile
 
 
 def parquet_schema(path: str | os.PathLike) -> Any:
