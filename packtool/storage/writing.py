@@ -28,6 +28,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shutil
 import stat
 import uuid
@@ -97,8 +98,9 @@ def temporary_name(path: str | os.PathLike) -> Path:
     For an object, a local file in `scratch_dir()`: it is written there, then uploaded whole by
     `replace` (an object appears complete or not at all)."""
     if is_remote(path):
+        # With this host's tag: `scratch_dir` deletes the temporaries of this host's dead writers.
         name = str(path).rstrip("/").rsplit("/", 1)[-1]
-        return scratch_dir() / f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+        return scratch_dir() / f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}-{_host_tag()}.tmp"
     path = Path(path)
     return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
 
@@ -110,7 +112,9 @@ def scratch_dir() -> Path:
     """Where files bound for object storage are written before their upload: `PACKTOOL_SCRATCH`,
     else `packtool-scratch-UID` in the system's temporary folder, this user's alone (created
     0700; each file is removed once uploaded, so it holds what the workers are writing and
-    uploading now: at most two shards each).
+    uploading now: at most two shards each). A writer killed (`kill -9`, a lost node's process
+    on a shared scratch folder aside) leaves its temporaries: the first call in each process
+    deletes those of this host's writers that are dead (`_sweep_scratch`).
 
     The default is checked: a shared /tmp is anyone's to create names in, and a fixed
     `packtool-scratch` made by another user (or a link to one) held this user's Hub staging and
@@ -122,17 +126,62 @@ def scratch_dir() -> Path:
     if given:
         folder = Path(given)
         folder.mkdir(parents=True, exist_ok=True)
-        return folder
-    folder = Path(tempfile.gettempdir()) / f"packtool-scratch-{os.getuid()}"
-    with contextlib.suppress(FileExistsError):
-        folder.mkdir(mode=0o700)
-    st = os.lstat(folder)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise ConfigError(
-            f"{folder} is not a private folder of this user (a link, another user's, or open "
-            f"to others); remove it or set {SCRATCH_ENV} to a folder of your own"
-        )
+    else:
+        folder = Path(tempfile.gettempdir()) / f"packtool-scratch-{os.getuid()}"
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise ConfigError(
+                f"{folder} is not a private folder of this user (a link, another user's, or "
+                f"open to others); remove it or set {SCRATCH_ENV} to a folder of your own"
+            )
+    if str(folder) not in _SWEPT:
+        _SWEPT.add(str(folder))
+        _sweep_scratch(folder)
     return folder
+
+
+_SWEPT: set[str] = set()
+"""The scratch folders this process has swept (`_sweep_scratch`): once each."""
+_SCRATCH_TEMPORARY = re.compile(r"\..+\.(\d+)-[0-9a-f]{8}-([0-9a-f]{8})\.tmp")
+"""`temporary_name`'s name for an object's local file: its writer's pid, then its host's tag."""
+
+
+def _host_tag() -> str:
+    """This host, in 8 hex characters (a scratch folder on a shared file system holds others')."""
+    import hashlib
+    import socket
+
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _sweep_scratch(folder: Path) -> None:
+    """Delete the temporaries (`temporary_name`) in `folder` whose writer was a process of this
+    host that is gone; another host's, a live pid's, and every other name are left alone."""
+    host = _host_tag()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return  # what cannot be listed is never deleted; the run says so where it writes
+    for entry in entries:
+        found = _SCRATCH_TEMPORARY.fullmatch(entry.name)
+        if found is None or found[2] != host or not entry.is_file(follow_symlinks=False):
+            continue
+        if not _pid_alive(int(found[1])):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+
+
+def _pid_alive(pid: int) -> bool:
+    """A process of this host with `pid` runs (another user's counts: it may be the writer)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def open_output(path: str | os.PathLike, text: bool = False) -> IO[Any]:

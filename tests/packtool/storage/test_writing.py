@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,8 @@ from hypothesis import strategies as st
 from packtool.errors import ConfigError
 from packtool.storage import local as storage
 from packtool.storage import writing
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_atomic_output_replaces_the_file_whole(tmp_path):
@@ -212,3 +215,40 @@ def test_the_default_scratch_folder_is_this_users_alone(tmp_path, monkeypatch):
         writing.scratch_dir()
     monkeypatch.setenv(writing.SCRATCH_ENV, str(tmp_path / "mine"))  # the user's own choice
     assert writing.scratch_dir() == tmp_path / "mine"
+
+
+def test_a_killed_writer_s_scratch_temporaries_go_when_the_next_run_starts(tmp_path, monkeypatch):
+    # A pack into a bucket killed with kill -9 left its shard temporaries in the scratch folder
+    # for good (11 after a few runs), though it holds at most two shards a worker. The next
+    # process to use it deletes this host's temporaries whose writer is dead, and nothing else.
+    scratch = tmp_path / "scratch"
+    monkeypatch.setenv(writing.SCRATCH_ENV, str(scratch))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def python(code: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-c", f"from packtool.storage import writing\n{code}"],
+            env=env, capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+
+    left = Path(  # written, never uploaded nor removed: as by a writer killed with -9
+        python(
+            "p = writing.temporary_name('s3://b/v/shard-000000-00000.parquet')\n"
+            "p.write_bytes(b'half a shard'); print(p)"
+        )
+    )
+    assert left.is_file()
+    live = writing.temporary_name("s3://b/v/shard-000001-00000.parquet")  # this process's
+    live.write_bytes(b"being written")
+    hub = scratch / "hub" / "abc" / "staging"  # a Hub build waiting for --resume
+    hub.mkdir(parents=True)
+    (hub / left.name).write_bytes(b"kept")
+    mine = scratch / ".notes.123-0123abcd.tmp"  # not a name packtool gives
+    mine.write_bytes(b"kept")
+    tag = left.name.rsplit("-", 1)[1].removesuffix(".tmp")  # the writer's host
+    elsewhere = scratch / left.name.replace(tag, "ffffffff" if tag != "ffffffff" else "00000000")
+    elsewhere.write_bytes(b"another host's writer (a shared scratch folder): kept")
+    python("writing.scratch_dir()")  # a run starts
+    assert not left.exists()
+    assert live.is_file() and (hub / left.name).is_file() and mine.is_file()
+    assert elsewhere.is_file()
