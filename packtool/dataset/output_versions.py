@@ -79,14 +79,15 @@ def ours(folder: Path) -> bool:
     bucket: a version holding only such names)."""
     if storage.is_symlink(folder) or not storage.is_dir(folder):
         return False
-    for entry in storage.list_dir(folder):
+    # One listing, which says which entries are files (objects): no request per entry.
+    for entry, file in storage.scan_dir(folder):
         name = entry.name
         if name in _WRITTEN:
             continue
         written = (name.startswith(("shard-", "part-")) and name.endswith(".parquet")) or (
             name.startswith(".") and name.endswith(".tmp")
         )
-        if not written or storage.is_symlink(entry) or not storage.is_file(entry):
+        if not written or not file:
             return False
     return True
 

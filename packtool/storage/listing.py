@@ -31,6 +31,25 @@ def list_dir(folder: Any) -> list[Any]:
     return [as_path(f"{base}/{name}") for name in names]
 
 
+def scan_dir(folder: Any) -> list[tuple[Any, bool]]:
+    """`list_dir`, with whether each entry is an object (not only a sub-prefix), as the one
+    listing says (a HEAD per entry cost a request each: 540 for a version of 270 shards)."""
+    fs, p = filesystem(folder)
+    with naming(folder):
+        fs.invalidate_cache(p)
+        try:
+            found = fs.ls(p, detail=True)
+        except FileNotFoundError:
+            return []
+    base, root = str(folder).rstrip("/"), p.rstrip("/")
+    out = []
+    for info in found:
+        key = info["name"].rstrip("/")
+        if key != root:
+            out.append((as_path(f"{base}/{key.rsplit('/', 1)[-1]}"), info.get("type") == "file"))
+    return out
+
+
 def glob(folder: Any, pattern: str, recursive: bool = False) -> list[Any]:
     """The objects under the prefix `folder` whose names match `pattern` (at any depth when
     `recursive`), sorted."""

@@ -442,6 +442,17 @@ def list_dir(folder: str | os.PathLike) -> list[Path]:
     return list(Path(folder).iterdir())
 
 
+def scan_dir(folder: str | os.PathLike) -> list[tuple[Path, bool]]:
+    """`list_dir` with whether each entry is a regular file (not a link; under a prefix, an
+    object), from the listing itself: no request (no stat) per entry."""
+    if is_remote(folder):
+        from packtool.storage import listing
+
+        return listing.scan_dir(folder)
+    with os.scandir(folder) as entries:
+        return [(Path(e.path), e.is_file(follow_symlinks=False)) for e in entries]
+
+
 def glob(folder: str | os.PathLike, pattern: str, recursive: bool = False) -> list[Path]:
     """The paths under `folder` matching `pattern` (`Path.glob`; `rglob` when `recursive`),
     sorted."""

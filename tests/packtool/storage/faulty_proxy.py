@@ -7,7 +7,7 @@ ConditionalRequestConflict (AWS's answer to a conditional put racing another, wh
 gives). `delay_ms` holds every request that long before it is forwarded (a real network's round
 trip; benchmarks/bench_bucket_loader.py `--latency-ms` runs it as a process of its own:
 `python -m tests.packtool.storage.faulty_proxy UPSTREAM MS` prints its URL and forwards until
-killed)."""
+killed). `seen` lists the requests it was sent (with no faults: a request counter)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,8 @@ class FaultyProxy:
         self.every = every
         self.requests = requests
         self.counts = {name: 0 for name in every} | {"forwarded": 0}
+        self.seen: list[tuple[str, str]] = []
+        """Every request's method and path, in the order they came."""
         self._n = 0
         self._lock = threading.Lock()
         proxy = self
@@ -62,6 +64,7 @@ class FaultyProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                proxy.seen.append((self.command, self.path))
                 fault = proxy._fault(self.command, self.path)
                 if fault == "drop":
                     self.connection.shutdown(socket.SHUT_RDWR)
