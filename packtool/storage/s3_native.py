@@ -533,10 +533,13 @@ class NativeS3(AbstractFileSystem):
             self.invalidate_cache(f"{bucket}/{key}")
         if method == "put_object" and "IfMatch" in kwargs:
             mode = {"e_tag": kwargs["IfMatch"]}
-            with _conditional(f"{bucket}/{key}"):
-                out = obstore.put(
-                    self._store(bucket), key, kwargs["Body"], mode=mode, use_multipart=False
-                )
+            try:
+                with _errors(f"{bucket}/{key}"), _conditional(f"{bucket}/{key}"):
+                    out = obstore.put(
+                        self._store(bucket), key, kwargs["Body"], mode=mode, use_multipart=False
+                    )
+            except _Unrepresentable:  # a `.` or `..` segment: s3fs, as every call on it
+                return self._s3fs().call_s3(method, **kwargs)
             return {"ETag": out.get("e_tag")}
         signed = self._signed()
         if signed is None:  # credentials obstore found itself: s3fs signs these

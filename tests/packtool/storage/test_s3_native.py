@@ -371,3 +371,28 @@ def test_the_default_profile_of_the_aws_config_file_is_read_as_botocore_reads_it
         assert not s3_native.usable({})
     config.write_text("[default\nregion")  # damaged: botocore refuses it, s3fs says so
     assert not s3_native.usable({})
+
+
+def test_a_lock_and_a_pack_under_a_key_obstore_cannot_hold_go_through_s3fs(both, monkeypatch):
+    """A `.` or `..` segment in an output's key: the lock's conditional renewal went to obstore
+    (`call_s3("put_object", IfMatch=...)`) without the s3fs fallback of the other calls, so
+    `pack -o s3://bkt/dd/../ee` stopped with obstore's raw ValueError ("Could not parse path").
+    Like every call on such a key, it goes through s3fs."""
+    from packtool.engines.local import run_pack
+    from tests.packtool.storage.common import pack_config
+
+    monkeypatch.setenv(s3_native.CLIENT_ENV, "obstore")
+    remote._filesystem.cache_clear()
+    native, ref = both
+    for odd in ("dd/../locks/x", "dd/./locks/y"):
+        lock = remote_write.take_lock(f"s3://{BUCKET}/{odd}", b"mine")
+        assert lock.confirm()  # renewed: a put conditional on its ETag
+        assert ref.cat_file(f"{BUCKET}/{odd}") == b"mine"
+        lock.release()
+        ref.invalidate_cache()
+        assert not ref.exists(f"{BUCKET}/{odd}")
+    run_pack(pack_config(f"s3://{BUCKET}/dd/../ee"))
+    ref.invalidate_cache()
+    assert ref.exists(f"{BUCKET}/dd/../ee/index.json")
+    assert remote_write.uploads_in_progress(f"s3://{BUCKET}/dd/../ee/") == []
+    remote._filesystem.cache_clear()
