@@ -149,11 +149,11 @@ class OnlinePacker:
         if lengths.size and int(lengths.min()) < 0:
             raise DataError(f"document {int(np.argmin(lengths))} has a negative length")
         if doc_ids is not None:
-            given = np.asarray(doc_ids)
-            if given.size and not np.issubdtype(given.dtype, np.integer):
+            ids = np.asarray(doc_ids)
+            if ids.size and not np.issubdtype(ids.dtype, np.integer):
                 # cast to int64 they were truncated: 1.5 and 1.7 both became document 1
-                raise DataError(f"doc_ids must be integers, got dtype {given.dtype}")
-            doc_ids = given.astype(np.int64, copy=False)
+                raise DataError(f"doc_ids must be integers, got dtype {ids.dtype}")
+            doc_ids = ids.astype(np.int64, copy=False)
             if doc_ids.shape != lengths.shape:
                 raise DataError(f"{len(doc_ids)} doc_ids for {len(lengths)} documents")
             if doc_ids.size and (low := int(doc_ids.min())) < 0:  # verify refuses them too

@@ -681,6 +681,19 @@ def test_a_caller_reusing_its_buffers_does_not_change_the_rows() -> None:
     assert rows.columns["loss_mask"].tolist() == [1] * 8
 
 
+def test_a_caller_reusing_its_token_buffer_with_doc_ids_does_not_change_the_rows() -> None:
+    # Before: with doc_ids given, push() compared the tokens against the doc_ids array for
+    # sharing memory, so it kept the caller's token buffer: refilled, the rows were all 999.
+    p = OnlinePacker(max_len=16, buffer_docs=100, shuffle_rows=False)
+    tokens = np.arange(1, 9, dtype=np.int64)
+    p.push(tokens, np.array([4, 4]), doc_ids=np.array([10, 11]))
+    tokens[:] = 999
+    p.flush()
+    rows = p.pop()
+    assert rows.tokens.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert rows.doc_ids.tolist() == [10, 11]
+
+
 def test_a_held_row_goes_out_within_max_holds_plus_one_windows(monkeypatch) -> None:
     # Before: the timed pack that held a row back stopped the clock, so later poll() calls never
     # packed it again: a lone document waited until more documents arrived or a flush.
