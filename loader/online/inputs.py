@@ -23,15 +23,19 @@ def several_sequences(arr: np.ndarray) -> bool:
     return arr.ndim > 1 and (arr.shape[0] > 1 or sum(d > 1 for d in arr.shape) > 1)
 
 
-def doc_array(doc: Any, i: int) -> NDArray:
+def doc_array(doc: Any, i: int, *, own: bool = False) -> NDArray:
     """One document's token ids as a 1-D array; `(1, T)` (a tokenizer's batch of one) is fine.
 
     A `(B, T)` array with B > 1 is refused: flattened, B sequences would become one document.
+    `own`: the array is kept past the call, so one that may share the caller's memory (an
+    array or tensor it could refill) is copied; one numpy made here from a list is not.
     """
     try:
         arr = np.asarray(doc)
     except ValueError as exc:  # ragged nested lists
         raise DataError(f"document {i} is not one sequence of token ids ({exc})") from None
+    if own and (arr is doc or not arr.flags.owndata):
+        arr = arr.copy()
     if several_sequences(arr):
         raise DataError(
             f"document {i} has shape {arr.shape}; give one 1-D token array per document"

@@ -529,8 +529,10 @@ class OnlinePacker:
                     self._push_pending()
                     self.push_table(item)
                 else:
-                    # Checked one by one, so a bad document fails alone, not with its neighbours.
-                    self._pending.append(doc_array(item, self._next_doc_id + len(self._pending)))
+                    # Checked one by one, so a bad document fails alone, not with its neighbours;
+                    # copied, since the source may refill its array before the next push.
+                    i = self._next_doc_id + len(self._pending)
+                    self._pending.append(doc_array(item, i, own=True))
                     if len(self._pending) < docs_per_push:
                         continue
                     self._push_pending()

@@ -694,6 +694,25 @@ def test_a_caller_reusing_its_token_buffer_with_doc_ids_does_not_change_the_rows
     assert rows.doc_ids.tolist() == [10, 11]
 
 
+@pytest.mark.parametrize("kind", ["numpy", "tensor", "batch of one"])
+def test_a_source_reusing_its_buffer_does_not_change_the_rows(kind) -> None:
+    # Before: pack_stream() and batches() kept each document's array until the next push (every
+    # docs_per_push documents): a source refilling one buffer for 3 documents of 4 tokens gave
+    # [3] * 12 instead of [1] * 4 + [2] * 4 + [3] * 4.
+    def source():
+        buf = torch.zeros(4, dtype=torch.int64) if kind == "tensor" else np.zeros(4, np.int64)
+        for i in range(3):
+            buf[:] = i + 1
+            yield buf.reshape(1, 4) if kind == "batch of one" else buf
+
+    expected = [1] * 4 + [2] * 4 + [3] * 4
+    p = OnlinePacker(max_len=16, buffer_docs=100, shuffle_rows=False)
+    assert sorted(t for r in p.pack_stream(source()) for t in r.tokens.tolist()) == expected
+    p = OnlinePacker(max_len=16, buffer_docs=100, shuffle_rows=False)
+    got = [t for b in p.batches(source(), rows_per_batch=1) for t in b["input_ids"].tolist()]
+    assert sorted(got) == expected
+
+
 def test_a_held_row_goes_out_within_max_holds_plus_one_windows(monkeypatch) -> None:
     # Before: the timed pack that held a row back stopped the clock, so later poll() calls never
     # packed it again: a lone document waited until more documents arrived or a flush.
