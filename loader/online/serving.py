@@ -65,7 +65,8 @@ def _request_tokens(tokens: Any, token_budget: int, vocab_size: int | None) -> n
     """A request's token ids as a 1-D int64 array (a torch tensor on any device is fine).
 
     `(1, T)` (a tokenizer's batch of one) is accepted; `(B, T)` with B > 1 is refused, since
-    flattened it would silently become one request of B sequences. Ids are checked here, per
+    flattened it would silently become one request of B sequences. The array returned is a
+    copy where the given one shares the caller's memory. Ids are checked here, per
     request: a negative one (or one past `vocab_size`) would otherwise fail the model call of
     every request batched with it, and mixed dtypes (uint64 beside int64) would meet in a
     float64 concatenation that rounds ids past 2^53.
@@ -81,6 +82,10 @@ def _request_tokens(tokens: Any, token_budget: int, vocab_size: int | None) -> n
         raise DataError(f"a request is one sequence of token ids ({exc})") from None
     if several_sequences(arr):
         raise DataError(f"a request is one sequence of token ids, got shape {arr.shape}")
+    if arr is tokens or not arr.flags.owndata:
+        # The caller may refill its array (or tensor) once submit returns: the request is
+        # checked and served from a copy of what was given.
+        arr = arr.copy()
     arr = arr.reshape(-1)
     if arr.size == 0:
         raise DataError("empty request: a request needs at least one token")

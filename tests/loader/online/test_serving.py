@@ -110,6 +110,30 @@ def test_gap_filling_and_budget_split() -> None:
     assert [c[1:] for c in model.calls] == [(5, 1), (100, 2), (50, 1)]
 
 
+def test_a_caller_refilling_its_buffer_after_submit_does_not_change_its_request() -> None:
+    # Before: submit() kept the caller's array (or a CPU tensor's memory): refilled while the
+    # request waited, the model got [0, 0, 0, 0] for a request of [1, 2, 3, 4], and a -7
+    # written after the per-request id check reached the model and failed another client's
+    # batch.
+    model = GatedModel()
+    batcher = RequestBatcher(run_batch=model, max_wait_ms=float("inf"), token_budget=64)
+    first = batcher.submit([1] * 64)  # a full batch, occupying the model: the rest wait
+    assert model.started.wait(30)
+    buf, tensor = np.arange(1, 5), torch.arange(1, 5)
+    futs = [batcher.submit(buf), batcher.submit(tensor)]
+    buf[:] = 0
+    tensor.zero_()
+    ids = np.array([5, 6])
+    futs.append(batcher.submit(ids))
+    ids[0] = -7
+    other = batcher.submit([1, 2])
+    model.release.set()
+    batcher.close(timeout=30)  # dispatches the rest
+    assert first.result(timeout=0).tolist() == [3] * 64
+    assert [f.result(timeout=0).tolist() for f in futs] == [[3, 5, 7, 9]] * 2 + [[11, 13]]
+    assert other.result(timeout=0).tolist() == [3, 5]
+
+
 def test_close_drains_and_refuses() -> None:
     model = Model()
     batcher = RequestBatcher(run_batch=model, max_wait_ms=10_000, token_budget=1000)
