@@ -33,6 +33,7 @@ import numpy as np
 from loader.collate import check_collate_kwargs, collate
 from loader.config import check_int
 from loader.online.inputs import several_sequences
+from loader.online.request_queue import RequestQueue
 from loader.record import Documents, outside_int64
 from packtool.errors import ConfigError, DataError, PacktoolError
 
@@ -191,7 +192,7 @@ class RequestBatcher:
                 core.stats.rejected += 1
                 fut.set_exception(bad)
                 return fut
-            core.queue.append(_Request(arr, fut, time.monotonic(), core.seq))
+            core.queue.append(_Request(arr, fut, time.monotonic(), core.seq), arr.size)
             core.seq += 1
             core.queued_tokens += arr.size
             core.cond.notify()
@@ -297,7 +298,7 @@ class _Core:
         self.max_requests = max_requests
         self.collate_kwargs = collate_kwargs
         self.cond = threading.Condition()
-        self.queue: list[_Request] = []
+        self.queue: RequestQueue[_Request] = RequestQueue()
         self.queued_tokens = 0
         self.closing = False
         self.seq = 0
@@ -309,17 +310,10 @@ class _Core:
             self.cond.notify()
 
     def take(self) -> list[_Request]:
-        """Requests for the next batch: arrival order while they fit, then gap filling."""
-        chosen, left, room = [], [], self.token_budget
-        cap = self.max_requests or len(self.queue)
-        for r in self.queue:
-            if len(chosen) < cap and r.tokens.size <= room:
-                chosen.append(r)
-                room -= r.tokens.size
-            else:
-                left.append(r)
-        self.queue = left
-        self.queued_tokens -= self.token_budget - room
+        """Requests for the next batch: arrival order while they fit, then gap filling (each
+        found in the queue's size index: the cost does not grow with the backlog)."""
+        chosen = self.queue.take(self.token_budget, self.max_requests)
+        self.queued_tokens -= sum(r.tokens.size for r in chosen)
         return chosen
 
     def loop(self) -> None:
@@ -329,7 +323,7 @@ class _Core:
             # Only reached early by a bug: no client may wait forever on a dead thread.
             with self.cond:
                 self.closing = True
-                stranded, self.queue = self.queue, []
+                stranded = self.queue.drain()
             for r in stranded:
                 if r.future.set_running_or_notify_cancel():
                     r.future.set_exception(BatcherClosedError("the RequestBatcher thread stopped"))
@@ -344,7 +338,7 @@ class _Core:
                         self.cond.wait()
                         continue
                     now = time.monotonic()
-                    deadline = self.queue[0].arrived + self.max_wait
+                    deadline = self.queue.oldest().arrived + self.max_wait
                     full = self.queued_tokens >= self.token_budget or (
                         self.max_requests is not None and len(self.queue) >= self.max_requests
                     )
