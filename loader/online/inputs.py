@@ -34,6 +34,11 @@ def doc_array(doc: Any, i: int, *, own: bool = False) -> NDArray:
         arr = np.asarray(doc)
     except ValueError as exc:  # ragged nested lists
         raise DataError(f"document {i} is not one sequence of token ids ({exc})") from None
+    if arr.ndim == 0:  # e.g. a flat token array given as the source: each id is no document
+        raise DataError(
+            f"document {i} is a single value ({arr.item()!r:.40}); give a 1-d array of token "
+            "ids per document"
+        )
     if own and (arr is doc or not arr.flags.owndata):
         arr = arr.copy()
     if several_sequences(arr):

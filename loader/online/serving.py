@@ -81,6 +81,10 @@ def _request_tokens(tokens: Any, token_budget: int, vocab_size: int | None) -> n
         arr = np.asarray(tokens)
     except ValueError as exc:  # ragged nested lists: several sequences
         raise DataError(f"a request is one sequence of token ids ({exc})") from None
+    if arr.ndim == 0:  # not the request [5]
+        raise DataError(
+            f"a request is one 1-d array of token ids, got a single value ({arr.item()!r:.40})"
+        )
     if several_sequences(arr):
         raise DataError(f"a request is one sequence of token ids, got shape {arr.shape}")
     if arr is tokens or not arr.flags.owndata:

@@ -713,6 +713,22 @@ def test_a_source_reusing_its_buffer_does_not_change_the_rows(kind) -> None:
     assert sorted(got) == expected
 
 
+def test_a_single_value_is_not_taken_as_a_one_token_document() -> None:
+    # Before: pack_stream(np.arange(1, 11)), a flat token array given as the source, packed 10
+    # one-token documents without a word; push_docs([5, 6]) two of them.
+    expected = r"document 0 is a single value \(1\); give a 1-d array of token ids per document"
+    with pytest.raises(DataError, match=expected):
+        list(OnlinePacker(max_len=8).pack_stream(np.arange(1, 11)))
+    with pytest.raises(DataError, match=expected):
+        list(OnlinePacker(max_len=8).batches(iter([1, 2]), rows_per_batch=1))
+    with pytest.raises(DataError, match=expected):
+        OnlinePacker(max_len=8).push_docs([1, 2])
+    p = OnlinePacker(max_len=8)
+    p.push_docs([[5], np.array([6])])  # one-token documents, given as sequences: fine
+    p.flush()
+    assert sorted(p.pop().tokens.tolist()) == [5, 6]
+
+
 def test_a_held_row_goes_out_within_max_holds_plus_one_windows(monkeypatch) -> None:
     # Before: the timed pack that held a row back stopped the clock, so later poll() calls never
     # packed it again: a lone document waited until more documents arrived or a flush.

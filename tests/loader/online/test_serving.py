@@ -369,6 +369,16 @@ def test_requests_of_several_sequences_and_device_tensors() -> None:
         assert batcher.submit(x.long()).result(timeout=5).tolist() == [3, 3]
 
 
+def test_a_single_value_is_not_served_as_a_one_token_request() -> None:
+    # Before: submit(5) and submit(np.int64(5)) were served as the request [5].
+    expected = r"a request is one 1-d array of token ids, got a single value \(5\)"
+    with RequestBatcher(run_batch=Model(), max_wait_ms=0, token_budget=16) as batcher:
+        for bad in (5, np.int64(5), np.array(5), torch.tensor(5)):
+            with pytest.raises(DataError, match=expected):
+                batcher.submit(bad).result(timeout=5)
+        assert batcher.submit([5]).result(timeout=5).tolist() == [11]
+
+
 def test_a_dropped_batcher_serves_its_queue_and_stops_its_thread() -> None:
     import gc
 
