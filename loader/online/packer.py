@@ -213,6 +213,9 @@ class OnlinePacker:
 
     def push_table(self, table: pa.Table | pa.RecordBatch) -> None:
         """Add a tokenized table (`input_ids` list column, `doc_id` used when present)."""
+        if not isinstance(table, (pa.Table, pa.RecordBatch)):
+            got = type(table).__name__  # not a bare AttributeError on .schema
+            raise DataError(f"push_table takes a pyarrow Table or RecordBatch, got {got}")
         if "input_ids" not in table.schema.names:
             raise DataError(
                 f"a tokenized table needs an `input_ids` column (columns: {table.schema.names}); "

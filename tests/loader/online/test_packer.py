@@ -213,9 +213,13 @@ def test_bad_input_is_reported() -> None:
     with pytest.raises(DataError, match="negative"):
         p.push(np.arange(0), np.array([-1, 1]))
     with pytest.raises(DataError, match="input_ids"):
-        import pyarrow as pa
-
         p.push_table(pa.table({"x": [1]}))
+    # Before: AttributeError: 'dict' object has no attribute 'schema'
+    with pytest.raises(
+        DataError, match="push_table takes a pyarrow Table or RecordBatch, got dict"
+    ):
+        p.push_table({"input_ids": [[1, 2]]})
+    p.push_table(pa.record_batch({"input_ids": [[1, 2]]}))
 
 
 def test_negative_ids_null_rows_and_tables_of_empty_documents() -> None:
