@@ -52,6 +52,25 @@ def doc_array(doc: Any, i: int, *, own: bool = False) -> NDArray:
     return arr.astype(np.int64, copy=False) if arr.dtype == np.uint64 else arr
 
 
+def doc_id_array(doc_ids: Any, n: int) -> NDArray[np.int64]:
+    """The ids given for `n` documents, as int64.
+
+    Raises:
+        DataError: Not one integer per document, or one outside 0..2^63-1 (as in a dataset).
+    """
+    ids = np.asarray(doc_ids)
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        # cast to int64 they were truncated: 1.5 and 1.7 both became document 1
+        raise DataError(f"doc_ids must be integers, got dtype {ids.dtype}")
+    if ids.shape != (n,):
+        raise DataError(f"{ids.size} doc_ids for {n} documents")
+    if ids.size and (low := int(ids.min())) < 0:  # verify refuses them too
+        raise DataError(f"doc_ids must be >= 0, got {low}")
+    if ids.size and (top := int(ids.max())) > INT64_MAX:  # checked before a cast wraps it
+        raise DataError(f"doc_ids must be <= 2^63-1 (int64), got {top}")
+    return ids.astype(np.int64, copy=False)
+
+
 def flat_tokens(tokens: Any, n: int) -> NDArray:
     """The token ids of documents whose lengths sum to `n`, back to back: a 1-D integer array
     whose ids fit the batch's int64 (uint64 becomes int64).

@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 from loader.collate import check_collate_kwargs
 from loader.config import OnlineConfig, check_bool, check_int, make_config
 from loader.online.bucketed import bucketed_assign
-from loader.online.inputs import doc_array, flat_tokens, private, token_columns
+from loader.online.inputs import doc_array, doc_id_array, flat_tokens, private, token_columns
 from loader.online.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.online.segments import Segments
 from loader.online.state import check_packer_state, config_state
@@ -149,15 +149,7 @@ class OnlinePacker:
         if lengths.size and int(lengths.min()) < 0:
             raise DataError(f"document {int(np.argmin(lengths))} has a negative length")
         if doc_ids is not None:
-            ids = np.asarray(doc_ids)
-            if ids.size and not np.issubdtype(ids.dtype, np.integer):
-                # cast to int64 they were truncated: 1.5 and 1.7 both became document 1
-                raise DataError(f"doc_ids must be integers, got dtype {ids.dtype}")
-            doc_ids = ids.astype(np.int64, copy=False)
-            if doc_ids.shape != lengths.shape:
-                raise DataError(f"{len(doc_ids)} doc_ids for {len(lengths)} documents")
-            if doc_ids.size and (low := int(doc_ids.min())) < 0:  # verify refuses them too
-                raise DataError(f"doc_ids must be >= 0, got {low}")
+            doc_ids = doc_id_array(doc_ids, len(lengths))
         has = tokens is not None
         if self._has_tokens is None:
             self._has_tokens = has

@@ -230,6 +230,15 @@ def test_negative_ids_null_rows_and_tables_of_empty_documents() -> None:
     p = OnlinePacker(max_len=8)
     with pytest.raises(DataError, match="doc_ids must be >= 0, got -3"):
         p.push(np.arange(4), np.array([2, 2]), doc_ids=np.array([5, -3]))
+    # Before: "doc_ids must be >= 0, got -9223372036854775803" (wrapped by the cast to int64)
+    with pytest.raises(DataError, match=r"doc_ids must be <= 2\^63-1 \(int64\), got 922337203"):
+        p.push(np.arange(3), [3], doc_ids=np.array([2**63 + 5], np.uint64))
+    with pytest.raises(DataError, match="1 doc_ids for 2 documents"):  # was a TypeError
+        p.push(np.arange(4), np.array([2, 2]), doc_ids=7)
+    fits = OnlinePacker(max_len=8)
+    fits.push(np.arange(3), [3], doc_ids=np.array([2**63 - 1], np.uint64))  # the largest id
+    fits.flush()
+    assert fits.pop().doc_ids.tolist() == [2**63 - 1]
     with pytest.raises(DataError, match="input_ids of row 1 is null"):
         p.push_table(pa.table({"input_ids": pa.array([[1, 2], None], pa.list_(pa.int64()))}))
     p.push_table(pa.table({"input_ids": [[], []]}))  # list<null>
