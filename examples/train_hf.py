@@ -7,7 +7,7 @@
 
 The model is a small random Llama (or GPT-2) sized from the data's vocabulary, or `--model`, a
 local `from_pretrained` folder. Before the first step, `loader.hf.check_packed_model` refuses a
-configuration in which packed documents would attend to each other (try `--use-cache`).
+model or configuration in which packed documents would attend to each other (try `--use-cache`).
 """
 
 from __future__ import annotations

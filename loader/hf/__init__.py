@@ -4,7 +4,7 @@ Imported only when used (`import loader` does not import it, nor transformers, d
 the Trainer pieces (`PackedTrainer`, `PackedTrainerMixin`, `CheckPackedModel`) live in
 loader/hf/trainer.py and are imported on first use. See docs/integrations.md.
 
-- `check_packed_model(model, batch)`: refuses, in one line that names the fix, a model
+- `check_packed_model(model, batch)`: refuses, in one line that names the fix, a model or
   configuration under which a packed batch's documents would attend to each other.
 - `hf_dataset(path)`: the shards as a `datasets.Dataset` whose rows carry TRL's per-row
   document lengths (`seq_lengths`, stored by `pack` since it was declared, computed for older

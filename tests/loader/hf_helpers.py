@@ -48,7 +48,47 @@ def tiny_model(arch: str = "llama", impl: str = "sdpa", *, vocab: int = VOCAB, s
             attn_implementation=impl,
         )
         return GPT2LMHeadModel(config)
+    if arch in LEAKING_ARCHS:
+        return _leaking_model(arch, impl, vocab)
     raise ValueError(arch)
+
+
+LEAKING_ARCHS = ("opt", "biogpt", "xglm")
+"""Architectures whose forward takes position_ids but builds no block-diagonal mask from them
+(transformers 5.x calls create_causal_mask without position_ids): packed documents see each
+other under sdpa and eager. XGLM has no sdpa."""
+
+
+def _leaking_model(arch: str, impl: str, vocab: int):
+    import transformers as tf
+
+    common = {"vocab_size": vocab, "attn_implementation": impl, "max_position_embeddings": 128}
+    if arch == "opt":
+        config = tf.OPTConfig(
+            hidden_size=32,
+            ffn_dim=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            word_embed_proj_dim=32,
+            dropout=0.0,
+            **common,
+        )
+        return tf.OPTForCausalLM(config)
+    if arch == "biogpt":
+        config = tf.BioGptConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            **common,
+        )
+        return tf.BioGptForCausalLM(config)
+    config = tf.XGLMConfig(
+        d_model=32, ffn_dim=64, num_layers=2, attention_heads=4, dropout=0.0, **common
+    )
+    return tf.XGLMForCausalLM(config)
 
 
 def random_rows(n_rows: int, *, seed: int, max_len: int = 48, vocab: int = VOCAB) -> list:

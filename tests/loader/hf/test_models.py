@@ -12,6 +12,7 @@ from loader.hf import check_packed_model
 from loader.testing import write_dataset
 from packtool.errors import ConfigError
 from tests.loader.hf_helpers import (
+    LEAKING_ARCHS,
     VOCAB,
     documents,
     logit_gap,
@@ -22,6 +23,7 @@ from tests.loader.hf_helpers import (
 
 ARCHS = ["llama", "gpt2"]
 IMPLS = ["sdpa", "eager"]
+LEAKING = [(a, i) for a in LEAKING_ARCHS for i in IMPLS if (a, i) != ("xglm", "sdpa")]
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +128,55 @@ def test_the_check_unwraps_a_ddp_style_wrapper(batch):
     model = tiny_model("gpt2")
     with pytest.raises(ConfigError, match="use_cache"):
         check_packed_model(Wrapper(model), batch)
+
+
+@pytest.mark.parametrize(("arch", "impl"), LEAKING)
+def test_the_check_refuses_an_architecture_that_builds_no_mask_from_positions(arch, impl, batch):
+    """OPT, BioGPT and XGLM take position_ids but call create_causal_mask without them: with
+    the cache off, no attention mask and restarting positions, documents still see each other."""
+    model = tiny_model(arch, impl)
+    model.config.use_cache = False
+    model.train()
+    assert logit_gap(model, batch) > 1e-3  # measured: OPT 0.1 and more
+    name = type(model).__name__
+    with pytest.raises(ConfigError, match=rf"^{name} with attn_implementation='{impl}' lets a "):
+        check_packed_model(model, batch)
+    with pytest.raises(ConfigError, match=r"documents attend to each other.*Llama"):
+        check_packed_model(model)  # refused again (the verdict is kept), without a batch too
+    assert model.training  # the probe ran in eval mode and put the model back
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_probe_runs_once_per_model_and_implementation(batch):
+    model = tiny_model("llama")
+    model.config.use_cache = False
+    model.train()
+    model.model.layers[0].eval()  # a module its owner left in eval mode stays so
+    calls = []
+    model.register_forward_pre_hook(lambda *args: calls.append(1))
+    assert check_packed_model(model, batch) == "position_ids"
+    probes = len(calls)
+    assert probes > 0
+    for _ in range(3):  # as a loop that checks every batch does
+        assert check_packed_model(model, batch) == "position_ids"
+    assert len(calls) == probes
+    assert model.training and not model.model.layers[0].training
+    model.config._attn_implementation = "eager"
+    assert check_packed_model(model, batch) == "position_ids"
+    assert len(calls) == 2 * probes
+
+
+def test_a_model_the_probe_cannot_run_is_one_line_and_probe_false_skips_it(batch):
+    with torch.device("meta"):
+        model = tiny_model("llama")
+    model.config.use_cache = False
+    with pytest.raises(ConfigError, match=r"could not run LlamaForCausalLM .*probe=False") as info:
+        check_packed_model(model, batch)
+    assert "\n" not in str(info.value)
+    assert check_packed_model(model, batch, probe=False) == "position_ids"
+    broken = tiny_model("llama")  # NaN logits compare as "no change": not a pass
+    broken.config.use_cache = False
+    with torch.no_grad():
+        broken.lm_head.weight.fill_(float("nan"))
+    with pytest.raises(ConfigError, match=r"could not run .*logits are not finite"):
+        check_packed_model(broken, batch)
