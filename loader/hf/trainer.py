@@ -20,6 +20,7 @@ dropping or repeating data.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -237,20 +238,53 @@ class CheckPackedModel(TrainerCallback):
     """A callback for any Trainer (e.g. `trl.SFTTrainer`): `check_packed_model` when training
     starts, after Trainer has applied `TrainingArguments.use_cache`, on the model and on a batch
     its collator makes of the first training row (so `SFTTrainer` without `padding_free=True`,
-    whose batches read each packed row as one sequence, is refused)."""
+    whose batches read each packed row as one sequence, is refused), a streaming dataset's too
+    (`first_batch`)."""
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         if model is not None:
             check_packed_model(model, first_batch(train_dataloader))
 
 
+_OWN_ELSEWHERE = (
+    ("loader.online.streaming", "StreamingPackedDataset"),
+    ("loader.mixture.dataset", "MixedDataset"),
+)
+"""packtool's other iterable datasets, looked up only where their module is loaded already (an
+instance means it is; importing them would load numba's kernels)."""
+
+
+def _packtool_dataset(dataset: Any) -> bool:
+    """Whether `dataset` is one of packtool's own (its batches are made by packtool's loader
+    in the hf layout, and iterating it apart would start that loader)."""
+    own: list[type] = [PackedDataset, _SkipView]
+    for module, name in _OWN_ELSEWHERE:
+        found = sys.modules.get(module)
+        if found is not None:
+            own.append(getattr(found, name))
+    return isinstance(dataset, tuple(own))
+
+
 def first_batch(loader: Any) -> dict[str, Any] | None:
     """What `loader`'s collator makes of its dataset's first row, built apart from the loader (its
-    sampler draws nothing); None where the dataset has no first row to take (an iterable one,
-    such as packtool's own, whose batches the loader checks)."""
+    sampler draws nothing; an iterable dataset, such as a streaming `datasets.IterableDataset`,
+    gives the row from a fresh iterator of its own). None where there is no first row to take:
+    packtool's own datasets (their loader makes the batches), a one-pass iterator (a row taken
+    would be lost), an empty dataset."""
     dataset, collate = getattr(loader, "dataset", None), getattr(loader, "collate_fn", None)
-    if collate is None or isinstance(dataset, IterableDataset):
+    if collate is None or dataset is None or _packtool_dataset(dataset):
         return None
+    if isinstance(dataset, IterableDataset):
+        rows = iter(dataset)
+        if rows is dataset:
+            return None
+        try:
+            row = next(rows, None)
+        finally:
+            close = getattr(rows, "close", None)  # a generator: release what it opened
+            if close is not None:
+                close()
+        return collate([row]) if row is not None else None
     try:
         if not len(dataset):
             return None

@@ -225,6 +225,72 @@ def test_check_callback_refuses_sft_trainer_without_padding_free(packed_text, tm
     assert trainer.seen == []  # refused before the first step
 
 
+def streamed(how: str, path):
+    import datasets
+
+    if how == "hf_dataset(streaming=True)":
+        return hf_dataset(path, streaming=True)
+    return datasets.load_dataset(str(path), split="train", streaming=True)
+
+
+@pytest.mark.parametrize("how", ["hf_dataset(streaming=True)", "load_dataset(streaming=True)"])
+def test_check_callback_looks_at_the_first_batch_of_a_streaming_dataset(packed_text, tmp_path, how):
+    """A streaming dataset is an IterableDataset too: its first row is taken from a fresh
+    iterator, so the attention_mask batches of padding_free=False are refused all the same,
+    and the run that is then allowed still starts at the first row."""
+    trainer = Recording(
+        model=tiny_model("llama", vocab=BYTE_VOCAB),
+        args=sft_config(tmp_path / "out", padding_free=False),
+        train_dataset=streamed(how, packed_text),
+        processing_class=word_tokenizer(BYTE_VOCAB),
+        callbacks=[CheckPackedModel()],
+    )
+    with pytest.raises(ConfigError, match=r"attention_mask.*SFTConfig\(padding_free=True\)"):
+        trainer.train()
+    assert trainer.seen == []  # refused before the first step
+    trainer = Recording(
+        model=tiny_model("llama", vocab=BYTE_VOCAB),
+        args=sft_config(tmp_path / "out2", max_steps=1),
+        train_dataset=streamed(how, packed_text),
+        processing_class=word_tokenizer(BYTE_VOCAB),
+        callbacks=[CheckPackedModel()],
+    )
+    trainer.train()
+    rows = stored_rows(packed_text)
+    flat = trainer.seen[0][0]
+    assert flat[: len(rows[0]["input_ids"])] == rows[0]["input_ids"]  # nothing was consumed
+
+
+def test_first_batch_leaves_packtools_own_datasets_and_one_pass_iterators_alone(tmp_path):
+    from types import SimpleNamespace
+
+    from torch.utils.data import IterableDataset
+
+    from loader import PackedDataset
+    from loader.hf.trainer import first_batch
+
+    class OnePass(IterableDataset):
+        def __init__(self):
+            self.rows = iter([{"input_ids": [5]}, {"input_ids": [6]}])
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self.rows)
+
+    path = tmp_path / "ds"
+    write_dataset(path, random_rows(4, seed=2), max_len=48)
+    own = PackedDataset(path, rows_per_batch=2, layout="hf")
+    one_pass = OnePass()
+    for dataset in (own, one_pass):
+        assert first_batch(SimpleNamespace(dataset=dataset, collate_fn=list)) is None
+    assert next(one_pass) == {"input_ids": [5]}  # nothing taken
+    stream = hf_dataset(path, streaming=True)
+    got = first_batch(SimpleNamespace(dataset=stream, collate_fn=list))
+    assert got == [next(iter(stream))]
+
+
 # --- a loss mask: TRL trains on the supervised tokens only -----------------------------------
 
 
