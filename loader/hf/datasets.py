@@ -47,8 +47,17 @@ def _require(module: str, extra: str) -> Any:
 
 
 def _unwrap(model: Any) -> Any:
-    while hasattr(model, "module") and not hasattr(model, "config"):  # DDP, accelerate wrappers
-        model = model.module
+    """The transformers model inside the wrappers accelerate and torch make: torch.compile's
+    OptimizedModule (`_orig_mod`), DDP / DataParallel / DeepSpeedEngine / FSDP (`module`). Some
+    read the model's attributes through (`.config` among them), so a wrapper is told by the
+    model's `config` not being its own attribute."""
+    while "config" not in getattr(model, "__dict__", ()):
+        inner = getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            inner = getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            break
+        model = inner
     return model
 
 
@@ -133,7 +142,8 @@ def check_packed_model(
     """Refuse a transformers model (and batch) that would let packed documents see each other.
 
     Args:
-        model: A `transformers.PreTrainedModel` (DDP / accelerate wrappers are unwrapped).
+        model: A `transformers.PreTrainedModel`; torch.compile, DDP and accelerate wrappers
+            are unwrapped (the probe runs the model inside them, uncompiled).
         batch: The batch about to be passed as `model(**batch)`; also checks its keys (an
             `attention_mask`, missing `position_ids`, a `use_cache` key).
         probe: For mask-based implementations (sdpa, eager, flex), also run the model once on

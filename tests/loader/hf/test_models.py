@@ -180,3 +180,39 @@ def test_a_model_the_probe_cannot_run_is_one_line_and_probe_false_skips_it(batch
         broken.lm_head.weight.fill_(float("nan"))
     with pytest.raises(ConfigError, match=r"could not run .*logits are not finite"):
         check_packed_model(broken, batch)
+
+
+class EngineStyle(torch.nn.Module):
+    """A DeepSpeedEngine-style wrapper: forward(*inputs, **kwargs), the module's attributes
+    (its config too) read through."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.module, name)
+
+
+def test_the_check_unwraps_compiled_and_engine_style_wrappers(batch):
+    """torch.compile's OptimizedModule reads .config through, so it was not unwrapped and its
+    forward(*args, **kwargs) was refused as taking no position_ids."""
+    model = tiny_model("llama")
+    model.config.use_cache = False
+    compiled = torch.compile(model)  # nothing is compiled: the check never calls it
+    assert compiled.config is model.config
+    for wrapped in (
+        compiled,
+        EngineStyle(model),
+        EngineStyle(compiled),
+        torch.compile(EngineStyle(model)),
+    ):
+        assert check_packed_model(wrapped, batch) == "position_ids"
+    with pytest.raises(ConfigError, match="use_cache is on"):
+        check_packed_model(torch.compile(tiny_model("gpt2")), batch)
