@@ -204,7 +204,9 @@ def check_packed_model(
             f"{name} separates documents only by their position_ids, and the batch has none; use "
             "PackedDataset(..., layout='hf') batches"
         )
-    use_cache = batch["use_cache"] if "use_cache" in batch else getattr(config, "use_cache", False)
+    use_cache = batch.get("use_cache")
+    if use_cache is None:  # what transformers reads for a missing or None use_cache
+        use_cache = getattr(config, "use_cache", False)
     checkpointing = getattr(model, "is_activation_checkpointing", None)
     if checkpointing is None:  # transformers < 5.x
         checkpointing = getattr(model, "is_gradient_checkpointing", False)

@@ -216,3 +216,16 @@ def test_the_check_unwraps_compiled_and_engine_style_wrappers(batch):
         assert check_packed_model(wrapped, batch) == "position_ids"
     with pytest.raises(ConfigError, match="use_cache is on"):
         check_packed_model(torch.compile(tiny_model("gpt2")), batch)
+
+
+def test_use_cache_none_in_the_batch_means_the_configs(batch):
+    """transformers reads use_cache=None as config.use_cache: with it on, documents leak."""
+    model = tiny_model("llama")
+    assert model.config.use_cache
+    none = {**batch, "use_cache": None}
+    assert logit_gap(model, none) > 1e-3
+    with pytest.raises(ConfigError, match="use_cache is on"):
+        check_packed_model(model, none)
+    model.config.use_cache = False
+    assert logit_gap(model, none) < 1e-5
+    assert check_packed_model(model, none) == "position_ids"
