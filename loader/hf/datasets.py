@@ -385,13 +385,22 @@ class RowCollator:
                 "documents cannot be told apart; if Trainer removed them, set "
                 "TrainingArguments(remove_unused_columns=False)"
             )
+        # Which tokens are targets: row 0's loss_mask, else its labels; every row must say it alike.
+        target = next((k for k in (LOSS_MASK, "labels") if first.get(k) is not None), None)
         for i, f in enumerate(features):  # a bare KeyError before
-            for need in ("input_ids", key):
-                if need not in f:
+            for need in ("input_ids", key, *([target] if target else [])):
+                if f.get(need) is None:
+                    also = f" and {target}" if target else ""
                     raise ConfigError(
                         f"row {i} has no {need} (its keys: {sorted(f)}); every row needs "
-                        f"input_ids and, as row 0 has, {key}"
+                        f"input_ids and, as row 0 has, {key}{also}"
                     )
+            extra = next((k for k in (LOSS_MASK, "labels") if f.get(k) is not None), None)
+            if target is None and extra is not None:
+                raise ConfigError(
+                    f"row {i} has {extra} but row 0 has neither loss_mask nor labels, so its "
+                    "targets would be ignored; give every row the same target column"
+                )
         lens = [np.asarray(f[key], dtype=np.int64) for f in features]
         if key == "doc_offsets":
             lens = [np.diff(offsets) for offsets in lens]
@@ -411,12 +420,12 @@ class RowCollator:
         doc_lens = np.concatenate(lens)
         ids = np.full(len(doc_lens), -1, dtype=np.int64)
         columns = {}
-        if LOSS_MASK in first:
+        if target == LOSS_MASK:
             # Stored as one byte string per row (packtool/dataset/columns.py); lists are accepted too.
             columns[LOSS_MASK] = np.concatenate([_mask_values(f[LOSS_MASK]) for f in features])
             if len(columns[LOSS_MASK]) != len(tokens):
                 raise ConfigError("the rows' loss_mask is not as long as their input_ids")
-        elif "labels" in first:
+        elif target == "labels":
             # TRL-style unshifted labels (what hf_dataset adds): the mask is where they are set.
             labels = np.concatenate([np.asarray(f["labels"], dtype=np.int64) for f in features])
             if len(labels) != len(tokens):

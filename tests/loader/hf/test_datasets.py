@@ -163,6 +163,27 @@ def test_row_collator_refuses_rows_it_cannot_read_in_one_line():
             RowCollator()([{"input_ids": ids, "seq_lengths": [2]}])
 
 
+@pytest.mark.parametrize("key", ["loss_mask", "labels"])
+def test_row_collator_refuses_rows_that_disagree_on_their_targets(key):
+    """Row 0 with a loss_mask (or labels) and a later row without: a bare KeyError before; a
+    later row with one that row 0 lacks would have had it ignored (trained on every token)."""
+    target = {"loss_mask": b"\x00\x01\x01", "labels": [-100, 6, 7]}[key]
+    masked = {"input_ids": [5, 6, 7], "seq_lengths": [3], key: target}
+    plain = {"input_ids": [8, 9], "seq_lengths": [2]}
+    for rows, match in (
+        ([masked, plain], rf"^row 1 has no {key} \(its keys: \['input_ids', 'seq_lengths'\]\)"),
+        ([masked, {**plain, key: None}], rf"^row 1 has no {key} "),
+        ([plain, masked], rf"^row 1 has {key} but row 0 has neither loss_mask nor labels"),
+    ):
+        with pytest.raises(ConfigError, match=match) as info:
+            RowCollator()(rows)
+        assert "\n" not in str(info.value)
+    both = RowCollator()(
+        [masked, {**plain, key: {"loss_mask": b"\x01\x01", "labels": [8, 9]}[key]}]
+    )
+    assert both["labels"].tolist() == [[-100, 6, 7, -100, 9]]
+
+
 def test_trl_padding_free_collator_on_packtool_rows_equals_the_loader(small, tmp_path):
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
