@@ -20,6 +20,7 @@ The local and the Ray engine both go through here; neither repeats these checks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -414,9 +415,15 @@ def check_facts(state: dict[str, Any], checked: Checked, out: Path) -> None:
     if saved is None or checked.facts is None:
         return
     now = checked.facts.to_dict()
+    # As this packtool reads it: a state saved before a field was added lacks its key (a
+    # damaged one is compared as it is, and refused below).
+    with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+        saved = InputFacts.from_dict(saved).to_dict()
     if saved == now:
         return
-    differ = [k for k in now if saved.get(k) != now[k]]
+    if not isinstance(saved, dict):
+        saved = {}
+    differ = [k for k in now if saved.get(k) != now[k]] or sorted(set(saved) - set(now))
     what = ", ".join(differ)
     was = saved.get("kinds")
     if "kinds" in differ and isinstance(was, list) and len(was) == len(now["kinds"]):
