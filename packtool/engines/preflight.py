@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.dataset import hub_record
-from packtool.dataset.columns import written
+from packtool.dataset.columns import LOSS_MASK, written
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.manifest import INDEX_FILE
 from packtool.dataset.output import (
@@ -46,7 +46,7 @@ from packtool.dataset.output_apart import check_apart
 from packtool.engines import records
 from packtool.engines.config import RunConfig
 from packtool.engines.output_checks import OLD_STATE, check_replaceable, finish_switch
-from packtool.engines.resume_checks import CHAT_TEMPLATE_KEY
+from packtool.engines.resume_checks import CHAT_TEMPLATE_KEY, MASK_RULE, MASK_RULE_KEY
 from packtool.engines.resume_checks import check_complete as check_complete
 from packtool.engines.resume_checks import check_fingerprint as check_fingerprint
 from packtool.engines.resume_checks import fingerprint_digest as fingerprint_digest
@@ -394,6 +394,8 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
         # seq_lengths was declared) cannot be finished with shards of a different schema.
         "columns": list(written(checked.columns)),
     }
+    if LOSS_MASK in checked.columns:
+        fingerprint[MASK_RULE_KEY] = MASK_RULE
     if checked.records and checked.sft_kind in CHAT_KINDS:
         # The template's text, not the --chat-template path (edited in place, or the
         # tokenizer's own one, it changes every conversation).

@@ -61,6 +61,14 @@ def check_complete(fingerprint: dict[str, Any], out: Path, shown: str | None = N
     )
 
 
+MASK_RULE_KEY = "loss_mask_rule"
+"""The fingerprint's record, for runs with a loss mask, of which documents hold a target:
+`MASK_RULE` (a document supervised only at its first token holds none, since labels shift,
+and is dropped). A run state saved before it (which kept such documents) is not resumed, so one
+dataset never mixes the two; a finished dataset of the earlier rule is still complete."""
+MASK_RULE = "targets after each document's first token"
+
+
 def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, Any], out: Path) -> None:
     """Refuse to resume when the options or inputs differ from the interrupted run's, naming
     the first file and the settings that differ (packtool/engines/differences.py)."""
@@ -124,6 +132,10 @@ def _other_digest(fingerprint: dict[str, Any], index: Path) -> bool:
     packed before it kept one: not)."""
     saved = read_manifest(index).extra.get("fingerprint")  # a damaged index.json: one line
     digests = {fingerprint_digest(fingerprint)}
-    if CHAT_TEMPLATE_KEY in fingerprint:  # a dataset packed before its template was recorded
-        digests.add(fingerprint_digest(_without(fingerprint, CHAT_TEMPLATE_KEY)))
+    for keys in ((CHAT_TEMPLATE_KEY,), (MASK_RULE_KEY,), (CHAT_TEMPLATE_KEY, MASK_RULE_KEY)):
+        if all(k in fingerprint for k in keys):  # a dataset packed before the key was kept
+            older = fingerprint
+            for k in keys:
+                older = _without(older, k)
+            digests.add(fingerprint_digest(older))
     return saved is not None and saved not in digests

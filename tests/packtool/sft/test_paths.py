@@ -446,3 +446,31 @@ def test_a_template_edited_during_the_run_stops_it(chat, tmp_path, monkeypatch):
     tpl.write_text(GEN, "utf-8")  # restored: a run ends with one rendering
     run_pack(run)
     assert packed_pieces(out) == chat["expected"]
+
+
+def test_a_masked_run_of_the_earlier_mask_rule_is_not_resumed(chat, tmp_path, monkeypatch):
+    """Before documents supervised only at their first token were dropped (8398556), a run kept
+    them: resumed, its finished partitions held such documents and the rest did not, and
+    verify refused the dataset. Its state lacks the rule, so it is refused; a finished dataset
+    of the earlier rule is still complete."""
+    from packtool.engines.preflight import fingerprint_digest
+    from packtool.errors import AlreadyComplete, ConfigError
+
+    out = tmp_path / "out"
+    _interrupted(out, chat, chat["read"], monkeypatch)
+    plan = records.run_dir(staging_folder(out)) / records.PLAN_FILE
+    state = json.loads(plan.read_text())
+    old = dict(state)
+    old["fingerprint"] = {k: v for k, v in state["fingerprint"].items() if k != "loss_mask_rule"}
+    assert old["fingerprint"] != state["fingerprint"]
+    plan.write_text(json.dumps(old))
+    resume = config(out, chat, partition_size=1, workers=1, resume=True)
+    with pytest.raises(ConfigError, match=r"options or inputs differ \(loss_mask_rule: "):
+        run_pack(resume)
+    plan.write_text(json.dumps(state))
+    assert run_pack(resume).resumed_partitions == 1
+    index = json.loads((out / "index.json").read_text())
+    index["extra"]["fingerprint"] = fingerprint_digest(old["fingerprint"])
+    (out / "index.json").write_text(json.dumps(index))
+    with pytest.raises(AlreadyComplete):
+        run_pack(resume)
