@@ -71,8 +71,10 @@ def _is_flash(impl: str) -> bool:
     return is_flash_attention_requested(requested_attention_implementation=impl)
 
 
-_PROBED: weakref.WeakKeyDictionary[Any, dict[str, float | None]] = weakref.WeakKeyDictionary()
+_PROBED: weakref.WeakKeyDictionary[Any, dict[str, float]] = weakref.WeakKeyDictionary()
 """Each probed model's `_probe_leak` per attention implementation: the probe runs once."""
+_WARNED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Models the probe could not run, warned about once (the probe is tried again at each check)."""
 
 PROBE_TOLERANCE = 1e-4
 """The largest change of the probe's logits, relative to their largest magnitude, taken as no
@@ -123,18 +125,22 @@ def _check_separates(model: Any, impl: str, name: str) -> None:
         except Exception as exc:  # a model that cannot run here (meta tensors, sharded params)
             # Not a refusal: ZeRO-3 or FSDP parameters are gathered only inside their engine's
             # forward, and PackedTrainer checks before that; the configuration checks stand.
-            probed[impl] = None
+            # Not kept either: a later check, once the model can run, probes it.
+            if model in _WARNED:
+                return
+            _WARNED.add(model)
             warnings.warn(
                 f"check_packed_model could not run {type(model).__name__} on two short packed "
                 f"documents to see whether they stay apart ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}); only its configuration was "
-                "checked: call check_packed_model(model) where the model runs (or probe=False "
-                "to skip this)",
+                "checked: call check_packed_model(model) again once its weights are loaded where "
+                "it runs (or probe=False to skip this)",
                 RuntimeWarning,
                 stacklevel=3,
             )
+            return
     leak = probed[impl]
-    if leak is not None and leak > PROBE_TOLERANCE:
+    if leak > PROBE_TOLERANCE:
         raise ConfigError(
             f"{type(model).__name__} with {name} lets a packed document's logits change with "
             f"the document before it (by {leak:.1e} of their scale): it builds no "

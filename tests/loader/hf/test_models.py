@@ -239,3 +239,21 @@ def test_use_cache_none_in_the_batch_means_the_configs(batch):
     model.config.use_cache = False
     assert logit_gap(model, none) < 1e-5
     assert check_packed_model(model, none) == "position_ids"
+
+
+def test_a_probe_that_could_not_run_is_tried_again_once_the_model_can(batch):
+    # A failed probe was kept: the warning said to check again where the model runs, and that
+    # check passed OPT (documents attending to each other) without a word.
+    loaded = tiny_model("opt")
+    with torch.device("meta"):
+        model = tiny_model("opt")
+    model.config.use_cache = False
+    with pytest.warns(RuntimeWarning, match="could not run OPTForCausalLM"):
+        check_packed_model(model, batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once: not again
+        check_packed_model(model, batch)
+    model.to_empty(device="cpu")
+    model.load_state_dict(loaded.state_dict())
+    with pytest.raises(ConfigError, match=r"^OPTForCausalLM with attn_implementation='sdpa' lets"):
+        check_packed_model(model, batch)
