@@ -149,11 +149,18 @@ _SCRATCH_TEMPORARY = re.compile(r"\..+\.(\d+)-[0-9a-f]{8}-([0-9a-f]{8})\.tmp")
 
 
 def _host_tag() -> str:
-    """This host, in 8 hex characters (a scratch folder on a shared file system holds others')."""
+    """This host and process-id namespace, in 8 hex characters: a scratch folder on a shared
+    file system holds other hosts' temporaries, and one shared by containers of one host name
+    (host networking, a hostPath scratch) other namespaces', whose pids are not this one's to
+    ask about (a live writer there looked dead, and its temporary was deleted)."""
     import hashlib
     import socket
 
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+    try:
+        space = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:  # not Linux: the host name alone
+        space = ""
+    return hashlib.sha256(f"{socket.gethostname()}:{space}".encode()).hexdigest()[:8]
 
 
 def _sweep_scratch(folder: Path) -> None:

@@ -252,3 +252,18 @@ def test_a_killed_writer_s_scratch_temporaries_go_when_the_next_run_starts(tmp_p
     assert not left.exists()
     assert live.is_file() and (hub / left.name).is_file() and mine.is_file()
     assert elsewhere.is_file()
+
+
+def test_a_sweep_in_another_pid_namespace_keeps_a_live_writer_s_temporaries(tmp_path, monkeypatch):
+    # A container of the same host name sharing the scratch folder (host networking, a
+    # hostPath scratch) could not see this writer's pid, took it for dead and deleted the
+    # temporary it was writing. The tag now names the pid namespace too.
+    scratch = tmp_path / "scratch"
+    monkeypatch.setenv(writing.SCRATCH_ENV, str(scratch))
+    live = writing.temporary_name("s3://b/v/shard-000000-00000.parquet")  # this live process's
+    live.write_bytes(b"being written")
+    sweep = "from packtool.storage import writing; writing.scratch_dir()"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", sweep]
+    subprocess.run(command, env=env, check=True)  # a run starts in another pid namespace
+    assert live.is_file()
