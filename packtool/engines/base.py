@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +113,9 @@ def saved_plan(
     return plan
 
 
-def source_of(config: RunConfig, checked: Checked) -> Source:
-    """How the run's workers read its inputs (`tables.Source`), from what preflight found."""
+def source_of(config: RunConfig, checked: Checked, fingerprint: dict[str, Any]) -> Source:
+    """How the run's workers read its inputs (`tables.Source`), from what preflight found and
+    the run's fingerprint (the chat template text it began with, which workers hold theirs to)."""
     identity = TokenizerIdentity.from_dict(checked.identity)
     return Source(
         mode=checked.mode,
@@ -124,6 +124,7 @@ def source_of(config: RunConfig, checked: Checked) -> Source:
         identity=identity,
         mask_source=checked.mask_source,
         sft_kind=checked.sft_kind,
+        template_sha256=(fingerprint.get(CHAT_TEMPLATE_KEY) or {}).get("sha256"),
     )
 
 
@@ -184,9 +185,8 @@ class Run:
             [u for u in self.tree.level_ids(level) if u not in done]
             for level in range(1, self.tree.levels + 1)
         ]
-        sha = (self.chat_template or {}).get("sha256")
         self.context: WorkerContext = context_for(
-            replace(source_of(config, checked), template_sha256=sha),
+            source_of(config, checked, fingerprint),
             pack=config.pack,
             shards=config.shards,
             chunk_docs=config.chunk_docs,

@@ -416,7 +416,7 @@ class MegatronRun:
         self.resumed = len(done)
         self.todo = [p for p in range(n) if p not in done]
         self.context = MegatronContext(
-            source=source_of(config, checked),  # no extra fields: refused up front
+            source=source_of(config, checked, fingerprint),  # no extra fields: refused up front
             tokenizer=checked.tokenizer if checked.mode in (RAW, RECORDS) else None,
             work=str(self.work),
             dtype=self.dtype.str,
