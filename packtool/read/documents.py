@@ -216,6 +216,18 @@ class BatchBuilder:
         return batch
 
 
+def _text(value: Any) -> str:
+    """A nested value JSON has no type for: a binary Parquet value's UTF-8 text.
+
+    Raises:
+        UnicodeDecodeError: bytes that are not UTF-8 (the readers name the column).
+        TypeError: anything else.
+    """
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    raise TypeError(f"a {type(value).__name__} cannot be kept as text")
+
+
 def as_extra(value: Any) -> str | None:
     """An extra field's value as the string column stores it: JSON for objects, lists and
     booleans (`true`, as the record wrote it; Python's `True` is no JSON), numbers as text."""
@@ -226,6 +238,6 @@ def as_extra(value: Any) -> str | None:
     if isinstance(value, (dict, list, bool)):
         try:
             return orjson.dumps(value).decode()
-        except TypeError:  # an integer beyond 64 bits (read exactly: jsonl.exact_fields)
-            return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        except TypeError:  # an integer beyond 64 bits (jsonl.exact_fields), Parquet bytes
+            return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_text)
     return str(value)

@@ -303,7 +303,10 @@ def _as_strings(col: Any, name: str, where: str) -> Any:
     if col.type == pa.string():
         return col
     if pa.types.is_nested(col.type):
-        return pa.array([as_extra(v) for v in col.to_pylist()], pa.string())
+        try:
+            return pa.array([as_extra(v) for v in col.to_pylist()], pa.string())
+        except (UnicodeDecodeError, TypeError) as exc:
+            raise DataError(f"{where}: column {name!r} cannot be kept as text ({exc})") from None
     try:
         return col.cast(pa.string())
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:

@@ -88,3 +88,17 @@ def test_a_group_field_empty_in_every_document_says_so(tmp_path):
     assert "no document has this field, or a value for it (missing, null or empty" in (
         one_error_line(err)
     )
+
+
+def test_a_list_of_binary_values_groups_as_its_text_and_bad_bytes_are_one_line(tmp_path):
+    # A list<binary> column was a TypeError traceback (bytes are not JSON serializable).
+    path = tmp_path / "pre.parquet"
+    lists = pa.array([[b"a"], [b"b", b"c"], [b"a"]], pa.list_(pa.binary()))
+    pq.write_table(pa.table({"input_ids": [[1, 2], [3, 4], [5]], "tags": lists}), path)
+    code, _, err = run("pack", path, "-o", tmp_path / "out", "--group-by", "tags", "--max-len", 64)
+    assert code == 0, err
+    assert sorted(_groups(tmp_path / "out")) == ['["a"]', '["b","c"]']
+    bad = pa.array([[b"\xff"]], pa.list_(pa.binary()))
+    pq.write_table(pa.table({"input_ids": [[1, 2]], "tags": bad}), path)
+    code, _, err = run("pack", path, "-o", tmp_path / "bad", "--group-by", "tags", "--max-len", 64)
+    assert code == 1 and "column 'tags' cannot be kept as text" in one_error_line(err)
