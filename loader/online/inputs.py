@@ -39,8 +39,8 @@ def doc_array(doc: Any, i: int, *, own: bool = False) -> NDArray:
             f"document {i} is a single value ({arr.item()!r:.40}); give a 1-d array of token "
             "ids per document"
         )
-    if own and (arr is doc or not arr.flags.owndata):
-        arr = arr.copy()
+    if own and not isinstance(doc, (list, tuple)):  # (numpy made a list's array here)
+        arr = private(arr, doc)
     if several_sequences(arr):
         raise DataError(
             f"document {i} has shape {arr.shape}; give one 1-D token array per document"

@@ -32,7 +32,7 @@ import numpy as np
 
 from loader.collate import check_collate_kwargs, collate
 from loader.config import check_int
-from loader.online.inputs import several_sequences
+from loader.online.inputs import private, several_sequences
 from loader.online.request_queue import RequestQueue
 from loader.record import Documents, outside_int64
 from packtool.errors import ConfigError, DataError, PacktoolError
@@ -87,10 +87,10 @@ def _request_tokens(tokens: Any, token_budget: int, vocab_size: int | None) -> n
         )
     if several_sequences(arr):
         raise DataError(f"a request is one sequence of token ids, got shape {arr.shape}")
-    if arr is tokens or not arr.flags.owndata:
-        # The caller may refill its array (or tensor) once submit returns: the request is
-        # checked and served from a copy of what was given.
-        arr = arr.copy()
+    if not isinstance(tokens, (list, tuple)):
+        # The caller may refill its array (or tensor, or an object whose __array__ hands out
+        # its buffer) once submit returns: the request is checked and served from a copy.
+        arr = private(arr, tokens)
     arr = arr.reshape(-1)
     if arr.size == 0:
         raise DataError("empty request: a request needs at least one token")

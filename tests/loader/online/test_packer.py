@@ -801,3 +801,28 @@ def test_misuse_of_the_stream_api_is_a_one_line_error_at_the_call() -> None:
             OnlinePacker(max_len=8).push_docs([[1], [2, big]])
         with pytest.raises(DataError, match=f"token id {big} is not in 0..2"):
             OnlinePacker(max_len=8).push([2, big], [2])
+
+
+class _Buffer:
+    """A reader handing out the buffer it refills through __array__ (a memory map, a reader's
+    batch object): numpy's array of it owns no copy of its own."""
+
+    def __init__(self) -> None:
+        self.data = np.zeros(4, np.int64)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.data
+
+
+def test_an_object_handing_out_its_buffer_does_not_change_the_rows() -> None:
+    # The copy test (`arr is doc or not arr.flags.owndata`) missed an object whose __array__
+    # returns an array it keeps: [3] * 12 again. np.may_share_memory catches it.
+    def source():
+        obj = _Buffer()
+        for i in range(3):
+            obj.data[:] = i + 1
+            yield obj
+
+    p = OnlinePacker(max_len=16, buffer_docs=100, shuffle_rows=False)
+    rows = sorted(t for r in p.pack_stream(source()) for t in r.tokens.tolist())
+    assert rows == [1] * 4 + [2] * 4 + [3] * 4

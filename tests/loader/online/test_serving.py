@@ -113,6 +113,14 @@ def test_gap_filling_and_budget_split() -> None:
     assert [c[1:] for c in model.calls] == [(5, 1), (100, 2), (50, 1)]
 
 
+class _Held:
+    def __init__(self) -> None:
+        self.data = np.arange(1, 5)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.data
+
+
 def test_a_caller_refilling_its_buffer_after_submit_does_not_change_its_request() -> None:
     # Before: submit() kept the caller's array (or a CPU tensor's memory): refilled while the
     # request waited, the model got [0, 0, 0, 0] for a request of [1, 2, 3, 4], and a -7
@@ -129,11 +137,16 @@ def test_a_caller_refilling_its_buffer_after_submit_does_not_change_its_request(
     ids = np.array([5, 6])
     futs.append(batcher.submit(ids))
     ids[0] = -7
+    held = _Held()  # an object handing out the buffer it keeps (__array__)
+    futs.append(batcher.submit(held))
+    held.data[:] = 0
     other = batcher.submit([1, 2])
     model.release.set()
     batcher.close(timeout=30)  # dispatches the rest
     assert first.result(timeout=0).tolist() == [3] * 64
-    assert [f.result(timeout=0).tolist() for f in futs] == [[3, 5, 7, 9]] * 2 + [[11, 13]]
+    assert [f.result(timeout=0).tolist() for f in futs] == [[3, 5, 7, 9]] * 2 + [[11, 13]] + [
+        [3, 5, 7, 9]
+    ]
     assert other.result(timeout=0).tolist() == [3, 5]
 
 
