@@ -5,7 +5,7 @@ fill the gap: each time, the earliest request that fits the room left. Scanning 
 costs the whole backlog per batch; here each size has its requests in arrival order, and a
 segment tree over the sizes holds each size's earliest one, so the earliest request of at most
 `room` tokens is found in O(log largest size) steps, whatever the backlog. A batch of k requests
-looks at k entries (`examined` counts them).
+visits O(k log largest size) tree nodes (`examined` counts them).
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ class RequestQueue(Generic[T]):
         self._tree: list[float] = [_NONE, _NONE]
         self._arrivals = 0
         self._len = 0
+        self._visits = 0  # tree nodes visited by _first and _update
         self.examined = 0
-        """Entries looked at by `take`, in all (a bound the tests check)."""
+        """Tree nodes `take` visited, in all (a bound the tests check: a few per level of the
+        tree for each item taken, whatever the backlog)."""
 
     def __len__(self) -> int:
         return self._len
@@ -57,6 +59,7 @@ class RequestQueue(Generic[T]):
         The same items as scanning the queue in arrival order and taking each that fits: an item
         passed over did not fit a larger room, so it cannot fit a later, smaller one."""
         out: list[T] = []
+        visits = self._visits
         while room > 0 and self._len and (cap is None or len(out) < cap):
             first = self._first(min(room, self._n))
             if first == _NONE:
@@ -69,7 +72,7 @@ class RequestQueue(Generic[T]):
             self._update(size)
             self._len -= 1
             room -= size
-        self.examined += len(out)
+        self.examined += self._visits - visits
         return out
 
     def drain(self) -> list[T]:
@@ -97,12 +100,14 @@ class RequestQueue(Generic[T]):
         while i:
             tree[i] = min(tree[2 * i], tree[2 * i + 1])
             i //= 2
+            self._visits += 1
 
     def _first(self, room: int) -> float:
         """The smallest key among sizes 1..room."""
         tree, best = self._tree, _NONE
         lo, hi = self._n, self._n + room
         while lo < hi:
+            self._visits += 1
             if lo & 1:
                 best = min(best, tree[lo])
                 lo += 1

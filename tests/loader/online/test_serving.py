@@ -171,7 +171,8 @@ def first_fit(sizes: list[int], budget: int, cap: int | None) -> list[list[int]]
 def test_a_backlog_is_batched_by_first_fit_looking_at_each_request_once(cap) -> None:
     # Before: every batch walked and rebuilt the whole queue under the lock, so the cost per
     # request grew with the backlog (98 us at 5,000 queued, 547 us at 40,000). Now a batch of k
-    # requests looks at k queue entries; the batches are the same first fit as before.
+    # requests visits two paths of the size tree per request (a scan of this backlog would
+    # visit ~450,000 entries); the batches are the same first fit as before.
     rng = np.random.default_rng(0)
     sizes = [int(n) for n in rng.integers(1, 120, 3000)] + [1000]  # one fills a whole batch
     batches = []
@@ -193,7 +194,9 @@ def test_a_backlog_is_batched_by_first_fit_looking_at_each_request_once(cap) -> 
     assert [f.result(timeout=0).shape[0] for f in futs] == sizes
     queued = [[i - 1 for i in b] for b in batches[1:]]  # request seq 1.. are sizes[0..]
     assert queued == first_fit(sizes, 1000, cap)
-    assert batcher._core.queue.examined == len(sizes) + 1
+    queue = batcher._core.queue  # a few tree nodes per level per request, not the backlog
+    levels = queue._n.bit_length()
+    assert queue.examined <= (len(sizes) + len(batches)) * 2 * levels
 
 
 @given(
@@ -211,7 +214,8 @@ def test_the_request_queue_takes_what_a_scan_would(sizes, budget, cap) -> None:
     while batch := queue.take(budget, cap):  # RequestBatcher refuses what exceeds the budget
         got.append(batch)
     assert got == want
-    assert queue.examined == sum(map(len, got))
+    levels = queue._n.bit_length()  # each take: per item and once more, a path up the tree
+    assert queue.examined <= (sum(map(len, got)) + len(got) + 1) * 2 * levels
     rest = queue.drain()
     assert rest == sorted(rest) and len(queue) == 0
     assert sorted(rest + [i for b in got for i in b]) == list(range(len(sizes)))
