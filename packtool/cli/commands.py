@@ -487,22 +487,13 @@ def pack_cmd(
     import shlex
     from concurrent.futures import ThreadPoolExecutor
 
-    def tokenizer_for_inputs() -> Any:
-        if explicit(ctx, TOKENIZER_OPTIONS):
-            # First thing in this thread, before any import it does not need (pyarrow's
-            # Parquet reader for input_identity): the engine's build is on the critical path.
-            return corpus.load_tokenizer()
-        from packtool.tokenize.tokenize import input_identity
-
-        return corpus.load_tokenizer() if input_identity(inputs) is None else None
-
     # Start-up overlaps: the tokenizer loads in one thread while this one imports the rest.
     # numba is not among those imports (packtool/pack/jit.py): a partition loads its kernels
     # once it has started reading, so numba's import does not compete for the GIL with the
     # tokenizer's build. Errors keep their order: the tokenizer's surface only where it is
     # awaited below.
     loader = ThreadPoolExecutor(1, thread_name_prefix="packtool-tokenizer")
-    loading = loader.submit(tokenizer_for_inputs)
+    loading = loader.submit(corpus.tokenizer_for, inputs, ctx=ctx)
     loader.shutdown(wait=False)
     from packtool.dataset.shards import ShardConfig
     from packtool.engines.local import RunConfig

@@ -65,13 +65,19 @@ class CorpusOptions:
         fields = {"text_field": self.text_field, "text_column": self.text_column}
         return ReadConfig(**{**fields, "strict": self.strict, **overrides})
 
-    def tokenizer_for(self, inputs: Any, workers: int | None = None, **kw: Any) -> Any:
+    def tokenizer_for(
+        self, inputs: Any, workers: int | None = None, *, ctx: Any = None, **kw: Any
+    ) -> Any:
         """`load_tokenizer(workers, **kw)`, or None for tokenized Parquet when no tokenizer
-        option was given: it is read with the tokenizer it records, as `pack` reads it."""
+        option was given: it is read with the tokenizer it records (`pack`, `stats` and
+        `tokenize` alike). `ctx`: the command's click context, for a call from another thread
+        (click's current context is the calling thread's)."""
+        if explicit(ctx or click.get_current_context(), TOKENIZER_OPTIONS):
+            # First thing, before any import it does not need (pyarrow's Parquet reader for
+            # input_identity): the engine's build is on pack's critical path.
+            return self.load_tokenizer(workers, **kw)
         from packtool.tokenize.tokenize import input_identity
 
-        if explicit(click.get_current_context(), TOKENIZER_OPTIONS):
-            return self.load_tokenizer(workers, **kw)
         return self.load_tokenizer(workers, **kw) if input_identity(inputs) is None else None
 
     def load_tokenizer(self, workers: int | None = None, *, megatron: bool = False) -> Any:
