@@ -28,8 +28,8 @@ BUFFER_BYTES = 1 << 20
 
 
 def compression_of(path: Path) -> str | None:
-    """`gzip`, `zstd` or None, from the file name."""
-    name = path.name.lower()
+    """`gzip`, `zstd` or None, from the file name (`storage.file_name`)."""
+    name = storage.file_name(path).lower()
     if name.endswith(".gz"):
         return "gzip"
     if name.endswith(".zst"):
@@ -128,7 +128,7 @@ def _what_it_is(path: Path) -> str:
         return ""
     if not head:
         return "; the file is empty"
-    suffix = ".gz" if path.name.lower().endswith(".gz") else ".zst"
+    suffix = ".gz" if storage.file_name(path).lower().endswith(".gz") else ".zst"
     found = binary_kind(head)
     if found is not None:
         kind, hint = found

@@ -16,6 +16,7 @@ from packtool.read import jsonl, parquet, text
 from packtool.read.compressed import read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter
 from packtool.read.lines import TO_END
+from packtool.storage.local import file_name
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,9 @@ KNOWN_SHORT = ".jsonl, .ndjson, .parquet, .txt, .md, .text (text and JSONL also 
 
 
 def format_of(path: Path) -> Format:
-    """The format that reads `path`, from its name (`FALLBACK` for any other name)."""
-    name = path.name.lower()
+    """The format that reads `path`, from its name (`FALLBACK` for any other name; a web URL's
+    query and fragment are not part of it: `storage.file_name`)."""
+    name = file_name(path).lower()
     return next((f for f in FORMATS if name.endswith(f.suffixes)), FALLBACK)
 
 

@@ -21,6 +21,7 @@ from packtool.errors import DataError
 from packtool.read.compressed import binary_kind, open_stream, read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter, as_extra
 from packtool.read.lines import BOM, TO_END, lines
+from packtool.storage import local as storage
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
 JSON_SUFFIXES = (".json", ".json.gz", ".json.zst")
@@ -47,7 +48,7 @@ def a_json_type(value: Any) -> str:
 
 def json_array_file(path: Path) -> bool:
     """A `.json` file whose first non-blank byte is `[`: one JSON array, not JSON Lines."""
-    if not path.name.lower().endswith(JSON_SUFFIXES):
+    if not storage.file_name(path).lower().endswith(JSON_SUFFIXES):
         return False
     with read_errors(path), open_stream(path) as f:
         head = f.read(4096).removeprefix(BOM).lstrip()

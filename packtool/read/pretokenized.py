@@ -65,7 +65,7 @@ def mask_source(path: Path, config: ReadConfig) -> str | None | bool:
     Raises:
         DataError: the file has both `labels` and `loss_mask` (which one is meant?).
     """
-    if not path.name.lower().endswith(".parquet"):
+    if not storage.file_name(path).lower().endswith(".parquet"):
         return False
     try:
         schema = storage.parquet_schema(path)

@@ -199,6 +199,19 @@ def as_path(text: str | os.PathLike) -> Any:
     return Path(text)
 
 
+def file_name(path: str | os.PathLike) -> str:
+    """The name a file's format is told by (its suffixes): its last segment; a web URL's without
+    its `?query` and `#fragment`, which name no part of the file (a presigned or CDN URL:
+    `a.jsonl?X-Amz-Signature=...` is JSONL). A bucket's key keeps every character: `?` and `#`
+    are part of a key (`q?.jsonl`), as of a local file's name."""
+    text = os.fspath(path) if not is_remote(path) else str(path)
+    if remote.scheme(text) in ("http", "https"):
+        from urllib.parse import urlsplit
+
+        return urlsplit(text).path.rsplit("/", 1)[-1]
+    return text.rstrip("/").rsplit("/", 1)[-1] if is_remote(text) else Path(text).name
+
+
 def _reads() -> Any:
     """`remote_read`, loaded at the first read of a URL (`import loader` does not load it)."""
     from packtool.storage import remote_read

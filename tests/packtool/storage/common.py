@@ -4,8 +4,12 @@ racing for one lock object."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +87,52 @@ def linked(fs: Any, bucket: str, prefix: str) -> str:
     """The version the link `index.json` of `bucket/prefix` names (listings cache dropped)."""
     fs.invalidate_cache()
     return json.loads(fs.cat_file(f"{bucket}/{prefix}/index.json"))["packtool_dataset"]
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    """The standard library's file server (it ignores range requests: every GET gets the whole
+    file), without its line per request on the stderr the CLI tests read."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class RangeHandler(QuietHandler):
+    """A file server that answers a range request (`bytes=A-B`, `bytes=A-`) with those bytes
+    (206), as nginx, Apache and object stores do."""
+
+    def send_head(self) -> Any:
+        import io
+        import os
+        import re
+
+        path = self.translate_path(self.path)
+        wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        if wanted is None or not os.path.isfile(path):
+            return super().send_head()
+        data = Path(path).read_bytes()
+        start = int(wanted.group(1))
+        end = min(int(wanted.group(2)) if wanted.group(2) else len(data) - 1, len(data) - 1)
+        if start >= len(data):
+            self.send_error(416)
+            return None
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        self.send_header("Content-Length", str(end + 1 - start))
+        self.end_headers()
+        return io.BytesIO(data[start : end + 1])
+
+
+@contextlib.contextmanager
+def web_server(folder: Path, handler: type = QuietHandler) -> Iterator[str]:
+    """A web server on loopback serving `folder` (`handler`'s class) while the block runs: its
+    base URL (`http://127.0.0.1:PORT`)."""
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(handler, directory=str(folder))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
