@@ -293,7 +293,7 @@ def parquet_file(source: Any, **options: Any) -> Any:
 
     if is_remote(source):  # its footer, then each column chunk, by ranged reads
         with remote.naming(source):
-            opened = _reads().open_unbuffered(source)
+            opened = _reads().open_random(source)  # every read inside `remote.naming`
             return _serial_parquet_file()(opened, **{**options, "pre_buffer": False})
     return pq.ParquetFile(source, **options)
 

@@ -4,7 +4,8 @@
 first block, a 1 MB one, then `READ_BYTES` blocks fetched ahead on threads), so a worker parses
 one block while the next downloads and no worker downloads an object it does not need;
 `prefetch` starts the first blocks of the piece a process reads next; `read_range` and
-`read_bytes` are one GET. A web server that ignores ranges is handled in `_fetch_range`.
+`read_bytes` are one GET; `open_random` reads at offsets (Parquet). A web server that ignores
+ranges is handled in `_fetch_range` and `RandomRead`.
 
 Records in: an object's URL and a byte range. Out: its bytes.
 """
@@ -98,14 +99,21 @@ def _fetch_range(fs: Any, p: str, start: int, end: int) -> bytes:
             f"{p}: the server answered {len(data):,} bytes for bytes {start:,}-{end:,}; "
             "read it again, or copy it to a local path"
         )
+    _note_no_ranges(
+        p,
+        "each block read downloads the whole file (slow for a big one: serve it with range "
+        "support, or copy it locally)",
+    )
+    return data[start:end]
+
+
+def _note_no_ranges(p: str, what: str) -> None:
+    """Say once per process that the server of `p` ignores range requests, and what it costs."""
     if p not in _NO_RANGES:
         _NO_RANGES.add(p)
         print(
-            f"note: {p}: the server ignores range requests, so each block read downloads the "
-            "whole file (slow for a big one: serve it with range support, or copy it locally)",
-            file=sys.stderr,
+            f"note: {p}: the server ignores range requests, so {what}", file=sys.stderr, flush=True
         )
-    return data[start:end]
 
 
 _NO_RANGES: set[str] = set()
@@ -252,10 +260,107 @@ def _fetchers(pid: int) -> Any:
 
 
 def open_unbuffered(path: Any) -> Any:
-    """The object for random reads (Parquet): each read one ranged GET of what is asked."""
+    """The object read through fsspec's own file, one GET per read (a web server that gives no
+    size, read sequentially)."""
     fs, p = filesystem(path)
     with naming(path):
         return fs.open(p, "rb", cache_type="none")
+
+
+def open_random(path: Any) -> RandomRead:
+    """The object for random reads (Parquet: its footer, then the column chunks pyarrow asks
+    for), each read one ranged GET of what is asked (`RandomRead`)."""
+    fs, p = filesystem(path)
+    with naming(path):
+        if str(path).lower().startswith(("http://", "https://")):
+            size = info_of(fs, p).get("size")
+            return RandomRead(path, fs, p, None if size is None else int(size))
+        opened = fs.open(p, "rb", cache_type="none")
+        return RandomRead(path, fs, p, int(opened.size), opened)
+
+
+class RandomRead(io.RawIOBase):
+    """An object read at offsets, each read one ranged GET of the bytes asked for, inside
+    `naming`: wherever pyarrow reads (a row group, a page), a failed read or a body cut short is
+    one line naming the URL. Through fsspec's file of the store (`opened`), or for a web
+    server through `cat_file`, whose answers are checked: a server that ignores range requests
+    answers with the whole object, which is then kept and every read served from it (one
+    download per open, held in memory while the file is read; said once on stderr). A server
+    that gives no size is downloaded whole at the open."""
+
+    def __init__(self, url: Any, fs: Any, p: str, size: int | None, opened: Any = None):
+        super().__init__()
+        self._url, self._fs, self._p, self._opened = url, fs, p, opened
+        self._whole: bytes | None = None
+        self._pos = 0
+        if size is None:
+            with naming(url):
+                self._whole = fs.cat_file(p)
+            size = len(self._whole)
+        self._size = size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def size(self) -> int:
+        return self._size
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        end = self._size if size is None or size < 0 else min(self._size, self._pos + size)
+        if end <= self._pos:
+            return b""
+        data = self._get(self._pos, end)
+        self._pos = end
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if self._opened is not None:
+            self._opened.close()
+        self._whole = None
+        super().close()
+
+    def _get(self, start: int, end: int) -> bytes:
+        if self._whole is not None:
+            return self._whole[start:end]
+        with naming(self._url):
+            if self._opened is not None:
+                self._opened.seek(start)
+                data = self._opened.read(end - start)
+            else:
+                data = self._fs.cat_file(self._p, start=start, end=end)
+        if len(data) == end - start:
+            return data
+        if self._opened is None and len(data) == self._size:  # a server that ignores ranges
+            _note_no_ranges(
+                self._p,
+                "a Parquet file is downloaded whole each time it is opened, and held in "
+                "memory while it is read (serve it with range support, or copy it locally)",
+            )
+            self._whole = data
+            return data[start:end]
+        raise DataError(
+            f"{self._url}: bytes {start:,}-{end:,} came back {len(data):,} long; read it again, "
+            "or copy it to a local path"
+        )
 
 
 def read_bytes(path: Any) -> bytes:
