@@ -85,12 +85,10 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
             return [as_path(text)]
         if any(c in p for c in "*?[") and not text.endswith("/"):
             found = sorted(fs.glob(p, detail=True).items())
-            hidden_ok = p.rsplit("/", 1)[-1].startswith(".")  # as Python's glob: a pattern
-            files = [  # that does not start with a dot matches no hidden name
+            files = [
                 k
                 for k, meta in found
-                if meta.get("type") != "directory"
-                and (hidden_ok or not k.rsplit("/", 1)[-1].startswith("."))
+                if meta.get("type") != "directory" and _glob_shows(p, k, protocol)
             ]
             if not files:
                 raise DataError(f"{text}: glob matches no objects")
@@ -111,6 +109,57 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
         if not named:
             raise DataError(f"{text}: prefix holds no corpus files (looked for {described})")
         return [as_path(_url(protocol, k, fs)) for k in named]
+
+
+def hidden(segment: str) -> bool:
+    """A hidden name (`.x`), as a local walk or glob skips it."""
+    return segment.startswith(".")
+
+
+def _glob_shows(pattern: str, key: str, protocol: str) -> bool:
+    """Whether Python's glob (`glob.glob(recursive=True)`, what a local input's glob is) would
+    match the key that the store's glob matched, as far as hidden names go: below the pattern's
+    literal segments, a hidden name is matched only by a pattern segment that starts with a dot
+    (`.hid`, `.*`), never by `*`, `?`, `[...]` or `**`. (fsspec checked none; packtool checked
+    the last segment only, so `dir/*/c.jsonl` read `dir/.hid/c.jsonl`.)"""
+    from glob import has_magic
+
+    pat, parts = pattern.split("/"), key.split("/")
+    first = next((i for i, seg in enumerate(pat) if has_magic(seg)), len(pat))
+    if not any(hidden(part) for part in parts[first:]):
+        return True  # the store's match stands (the common case: no hidden name at all)
+    if protocol in ("http", "https"):  # a web page lists its names percent-encoded
+        from urllib.parse import unquote
+
+        parts = [unquote(part) for part in parts]
+    return _segments_match(pat[first:], parts[first:])
+
+
+def _segments_match(pat: list[str], parts: list[str]) -> bool:
+    """`parts` matched by the glob segments `pat` as Python's glob matches them (hidden names
+    by a segment that starts with a dot only; `**`: any number of visible segments)."""
+    import fnmatch
+    from glob import has_magic
+
+    if not pat:
+        return not parts
+    head = pat[0]
+    if head == "**":
+        for i in range(len(parts) + 1):  # `**` takes parts[:i]
+            if _segments_match(pat[1:], parts[i:]):
+                return True
+            if i < len(parts) and hidden(parts[i]):
+                return False
+        return False
+    if not parts:
+        return False
+    if has_magic(head):
+        shown = fnmatch.fnmatchcase(parts[0], head) and (
+            head.startswith(".") or not hidden(parts[0])
+        )
+    else:
+        shown = parts[0] == head
+    return shown and _segments_match(pat[1:], parts[1:])
 
 
 def _found(fs: Any, p: str) -> dict[str, Any] | None:

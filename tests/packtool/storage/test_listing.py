@@ -1,0 +1,83 @@
+"""What a URL names (packtool/storage/listing.py), against what the same path names on disk:
+a bucket on a real S3 API server on loopback (moto, through each client) and a folder served by
+a real web server on loopback; no client library is mocked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from packtool.errors import DataError
+from packtool.read.corpus import expand_inputs
+from tests.packtool.storage.common import RangeHandler, web_server
+
+TREE = {
+    "dir/a.jsonl": 2,
+    "dir/.hidden.jsonl": 3,
+    "dir/.hid/c.jsonl": 5,
+    "dir/sub/b.jsonl": 7,
+    "dir/sub/.h2/d.jsonl": 11,
+    "dir/.hid/deep/e.jsonl": 13,
+}
+"""A corpus with hidden files and folders: documents per file."""
+
+
+def _write(root: Path, tree: dict[str, int]) -> Path:
+    for name, documents in tree.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("".join(f'{{"text": "{name} {i}"}}\n' for i in range(documents)))
+    return root
+
+
+def _upload(root: Path, bucket: str) -> None:
+    import boto3
+
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=bucket)
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            client.upload_file(str(p), bucket, p.relative_to(root).as_posix())
+
+
+def _named(pattern: str, base: str) -> list[str] | str:
+    """The files `base/pattern` names, relative to `base`; or the error, from its colon on."""
+    try:
+        return [str(p)[len(base) + 1 :] for p in expand_inputs(f"{base}/{pattern}")]
+    except DataError as exc:
+        return str(exc).split(": ", 1)[1].replace("objects", "files")
+
+
+GLOBS = (
+    "dir/*/c.jsonl",  # `*` matches no hidden folder: nothing
+    "dir/**/*.jsonl",  # `**` enters none
+    "dir/*/*/*.jsonl",
+    "dir/.hid/*.jsonl",  # a hidden folder written out is entered
+    "dir/.*/c.jsonl",  # as is one matched by a pattern that starts with a dot
+    "dir/.hid/**/*.jsonl",
+    "dir/.*",
+)
+
+
+@pytest.fixture(scope="module")
+def hidden_tree(tmp_path_factory):
+    return _write(tmp_path_factory.mktemp("hidden"), TREE)
+
+
+def test_a_bucket_glob_skips_hidden_folders_as_a_local_glob_does(hidden_tree, s3_server, s3_client):
+    """'s3://bkt/lay/dir/*/c.jsonl' read .hid/c.jsonl, where the same glob on disk matches no
+    file, and '**/*.jsonl' read 70 documents against 65 on disk: only a match's last segment was
+    checked for a leading dot."""
+    bucket = f"hidden-{s3_client}"
+    _upload(hidden_tree, bucket)
+    for pattern in GLOBS:
+        want = _named(pattern, str(hidden_tree))
+        assert _named(pattern, f"s3://{bucket}") == want, pattern
+    assert _named("dir/*/c.jsonl", str(hidden_tree)) == "glob matches no files"
+    assert _named("dir/**/*.jsonl", str(hidden_tree)) == ["dir/a.jsonl", "dir/sub/b.jsonl"]
+
+
+def test_a_web_glob_skips_hidden_folders_as_a_local_glob_does(hidden_tree):
+    with web_server(hidden_tree, RangeHandler) as base:
+        for pattern in GLOBS:
+            assert _named(pattern, base) == _named(pattern, str(hidden_tree)), pattern
