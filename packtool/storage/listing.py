@@ -103,7 +103,7 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
         named = [
             k
             for k in keys
-            if not any(part.startswith(".") for part in k[len(p) :].split("/") if part)
+            if not any(hidden(part) for part in k[len(p) :].split("/"))
             and k.lower().endswith(suffixes)
         ]
         if not named:
@@ -112,8 +112,10 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
 
 
 def hidden(segment: str) -> bool:
-    """A hidden name (`.x`), as a local walk or glob skips it."""
-    return segment.startswith(".")
+    """A hidden name (`.x`), as a local walk or glob skips it. A `.` or `..` segment of a key
+    (`dd/./e.jsonl`) is not one: no file on disk is named so (such a key under a prefix was
+    dropped without a word, though read when named or globbed)."""
+    return segment.startswith(".") and segment not in (".", "..")
 
 
 def _glob_shows(pattern: str, key: str, protocol: str) -> bool:
@@ -206,7 +208,7 @@ def unread(text: str, suffixes: tuple[str, ...], examples: int) -> tuple[int, li
     count, shown = 0, []
     for k in keys:
         rel = k[len(p) :]
-        if any(part.startswith(".") for part in rel.split("/") if part):
+        if any(hidden(part) for part in rel.split("/")):
             continue
         if not k.lower().endswith(suffixes):
             count += 1

@@ -4,12 +4,14 @@ a real web server on loopback; no client library is mocked."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from packtool.errors import DataError
 from packtool.read.corpus import expand_inputs
+from tests.cli import run
 from tests.packtool.storage.common import RangeHandler, web_server
 
 TREE = {
@@ -81,3 +83,24 @@ def test_a_web_glob_skips_hidden_folders_as_a_local_glob_does(hidden_tree):
     with web_server(hidden_tree, RangeHandler) as base:
         for pattern in GLOBS:
             assert _named(pattern, base) == _named(pattern, str(hidden_tree)), pattern
+
+
+def test_a_key_with_a_dot_segment_is_read_with_its_prefix(s3_server, s3_client):
+    """`dd/./e.jsonl` under s3://bkt/dd/ was dropped as "hidden", with no note, though it is
+    read when named or globbed: a `.` or `..` segment is no hidden name (no file on disk has
+    one)."""
+    import boto3
+
+    bucket = f"dots-{s3_client}"
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=bucket)
+    for key, documents in (("dd/./e.jsonl", 2), ("dd/f.jsonl", 3), ("dd/../g.jsonl", 5)):
+        body = "".join(f'{{"text": "{key} {i}"}}\n' for i in range(documents))
+        client.put_object(Bucket=bucket, Key=key, Body=body.encode())
+    client.put_object(Bucket=bucket, Key="dd/./notes.bin", Body=b"x")
+    client.put_object(Bucket=bucket, Key="dd/.hidden.jsonl", Body=b'{"text": "never"}\n')
+    code, out, err = run("stats", f"s3://{bucket}/dd/", "--json")
+    assert code == 0, err
+    assert json.loads(out)["documents"] == 2 + 3 + 5
+    assert f"not read (s3://{bucket}/dd/./notes.bin)" in err
+    assert _named("dd/*/e.jsonl", f"s3://{bucket}") == ["dd/./e.jsonl"]  # as the glob reads it
