@@ -92,10 +92,11 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
             ]
             if not files:
                 raise DataError(f"{text}: glob matches no objects")
+            files.sort(key=lambda k: _plain(protocol, k))  # as a local glob's: by name
             return [as_path(_url(protocol, k, fs)) for k in files]
         if info is None and not text.endswith("/"):
             raise FileNotFoundError(p)  # neither object nor prefix: one line by `naming`
-        keys = sorted(fs.find(p, withdirs=False))
+        keys = fs.find(p, withdirs=False)
         if not keys and protocol in ("http", "https") and _found(fs, p) is None:
             # fsspec's HTTP `find` lists a page that is not there (404) as empty: say so, not
             # "holds no corpus files", so a mistyped folder URL is not taken for an empty one
@@ -108,6 +109,9 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
         ]
         if not named:
             raise DataError(f"{text}: prefix holds no corpus files (looked for {described})")
+        # As a local folder's walk: by the names' segments (`sub/z` before `sub-x`, which a
+        # string sort reverses), a web page's names decoded (`%C3%BC...` is `ü...`)
+        named.sort(key=lambda k: _plain(protocol, k).split("/"))
         return [as_path(_url(protocol, k, fs)) for k in named]
 
 
@@ -181,10 +185,48 @@ def _found(fs: Any, p: str) -> dict[str, Any] | None:
 
 def _url(protocol: str, key: str, fs: Any) -> str:
     """A listed key as a URL of the scheme the user wrote (`fs.unstrip_protocol` names the
-    file system's first one: `az://` inputs came back as `abfs://`, `gcs://` as `gs://`)."""
+    file system's first one: `az://` inputs came back as `abfs://`, `gcs://` as `gs://`); a
+    web page's link by its decoded name where that names the same file (`_web_name`)."""
     if protocol in ("http", "https"):
-        return key
+        return _web_name(key)
     return f"{protocol}://{key.lstrip('/')}" if protocol else fs.unstrip_protocol(key)
+
+
+def _plain(protocol: str, key: str) -> str:
+    """A listed key as its names read: a web page's links are percent-encoded."""
+    if protocol in ("http", "https"):
+        from urllib.parse import unquote
+
+        return unquote(key)
+    return key
+
+
+_KEEP_ENCODED = frozenset("%#?[]*/\\")
+"""Characters a decoded web name may not hold and still be read back by its URL: a `%` would be
+decoded again, `#` and `?` start a fragment and a query, `[`, `]` and `*` make a glob of an
+input, `/` and `\\` split a path."""
+
+
+def _web_name(url: str) -> str:
+    """A web page's link (`.../%C3%BCn%C3%AF.jsonl`) with each segment of its path decoded
+    (`.../ünï.jsonl`, as a local folder names the file) where the decoded segment reads the same
+    file back (the client encodes it again on the way out); a segment whose decoding holds a
+    character that would change what the URL means (`_KEEP_ENCODED`, a control character)
+    keeps its encoding (`h%231.jsonl`, not `h#1.jsonl`)."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.query or parts.fragment:
+        return url
+    segments = []
+    for segment in parts.path.split("/"):
+        try:
+            plain = unquote(segment, errors="strict")
+        except UnicodeDecodeError:  # bytes that are no UTF-8: no name to decode to
+            plain = "%"
+        kept = _KEEP_ENCODED.intersection(plain) or any(ord(c) < 32 or ord(c) == 127 for c in plain)
+        segments.append(segment if kept else plain)
+    return urlunsplit(parts._replace(path="/".join(segments)))
 
 
 def unread(text: str, suffixes: tuple[str, ...], examples: int) -> tuple[int, list[str]]:

@@ -104,3 +104,41 @@ def test_a_key_with_a_dot_segment_is_read_with_its_prefix(s3_server, s3_client):
     assert json.loads(out)["documents"] == 2 + 3 + 5
     assert f"not read (s3://{bucket}/dd/./notes.bin)" in err
     assert _named("dd/*/e.jsonl", f"s3://{bucket}") == ["dd/./e.jsonl"]  # as the glob reads it
+
+
+NAMES = ("b.jsonl", "ünï.jsonl", "a b.jsonl", "h#1.jsonl", "p%20c.jsonl", "x[1].jsonl")
+NAMES += ("q?.jsonl", "pl+us.jsonl", "sub/z.jsonl", "sub-x.jsonl", "Z.jsonl")
+"""Names that a web page lists percent-encoded, and two a string sort puts in another order
+than a folder's walk (`sub-x.jsonl` before `sub/z.jsonl`: '-' sorts before '/')."""
+
+
+def _reads_back(name: str) -> bool:
+    """Whether a web URL can name `name` as it is: decoded, it would mean another file."""
+    return not any(c in name for c in "%#?[]*")
+
+
+def test_a_web_folder_and_a_prefix_list_in_the_order_of_the_local_folder(tmp_path, s3_server):
+    """A web folder's objects were sorted by their percent-encoded URLs: `ünï.jsonl` (%C3...)
+    came first, so the shards differed from the local folder's (same documents and tokens), and
+    index.json and skip messages showed the encoded names. They are now sorted, as a bucket
+    prefix's are, by their names' segments, as a local folder's walk; and named by the decoded
+    name where that reads the same file back."""
+    from urllib.parse import quote
+
+    local = _write(tmp_path / "www" / "f", {name: 3 + i for i, name in enumerate(NAMES)})
+    want = _named("f", str(tmp_path / "www"))
+    assert want[0] == "f/Z.jsonl" and want.index("f/sub/z.jsonl") < want.index("f/sub-x.jsonl")
+    _upload(tmp_path / "www", "order")
+    assert _named("f", "s3://order") == want
+    options = ("--max-len", "64", "--workers", "1")
+    code, _, err = run("pack", local, "-o", tmp_path / "local", *options)
+    assert code == 0, err
+    with web_server(tmp_path / "www", RangeHandler) as base:
+        shown = [n if _reads_back(n) else "f/" + quote(n[2:]) for n in want]
+        assert _named("f/", base) == shown
+        code, _, err = run("pack", f"{base}/f/", "-o", tmp_path / "web", *options)
+        assert code == 0, err
+    shards = lambda d: {p.name: p.read_bytes() for p in sorted(d.glob("shard-*"))}  # noqa: E731
+    assert shards(tmp_path / "web") == shards(tmp_path / "local")
+    index = json.loads((tmp_path / "web" / "index.json").read_text())
+    assert index["extra"]["doc_ids"]["files"] == [f"{base}/{n}" for n in shown]
