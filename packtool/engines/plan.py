@@ -176,9 +176,10 @@ def _stored_bytes(rg: Any) -> int:
 
 
 def check_unchanged(path: str, size: int, mtime_ns: int) -> None:
-    """Raise a one-line `DataError` when `path` is not the file the run was planned on."""
+    """Raise a one-line `DataError` when `path` is not the file the run was planned on (an
+    object: asked of the store, not of the listing the plan was made from)."""
     try:
-        st = storage.stat(path)
+        st = storage.stat(path, fresh=True)
     except OSError as exc:
         raise DataError(
             f"{path}: cannot be read any more ({exc.strerror or exc}); it was there when the run "

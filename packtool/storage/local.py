@@ -380,11 +380,12 @@ def open_random(path: str | os.PathLike) -> RandomFile:
 # --- stat and list -----------------------------------------------------------------------------
 
 
-def stat(path: str | os.PathLike) -> Any:
+def stat(path: str | os.PathLike, fresh: bool = False) -> Any:
     """`os.stat` (symlinks followed; `FileNotFoundError` when there is nothing); an object's
-    size and modification time for a URL (`remote.RemoteStat`)."""
+    size and modification time for a URL (`remote.RemoteStat`; `fresh`: asked of the store,
+    not of what a listing in this process found)."""
     if is_remote(path):
-        return remote.stat(path)
+        return remote.stat(path, fresh)
     return os.stat(path)
 
 

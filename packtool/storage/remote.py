@@ -334,11 +334,14 @@ def _mtime_ns(info: dict[str, Any]) -> int:
     return seconds * 1_000_000_000 + (zlib.crc32(tag.encode()) % 1_000_000_000 if tag else 0)
 
 
-def stat(path: Any) -> RemoteStat:
-    """The object's size and modification time (`FileNotFoundError` when there is none)."""
+def stat(path: Any, fresh: bool = False) -> RemoteStat:
+    """The object's size and modification time (`FileNotFoundError` when there is none).
+    `fresh`: asked of the store (`stored_info`), not answered from what a listing of its prefix
+    found in this process, which is the object as it was then (the plan stats from the listing;
+    the check a worker makes before and after each piece asks the store)."""
     fs, p = filesystem(path)
     try:
-        info = info_of(fs, p)
+        info = stored_info(fs, p) if fresh else info_of(fs, p)
     except FileNotFoundError:
         raise  # the callers say what a missing input means where they are
     except Exception:
@@ -355,6 +358,19 @@ def info_of(fs: Any, p: str) -> dict[str, Any]:
     prefix would have the object read as an empty directory."""
     info = fs.info(p)
     return fs.info(p, refresh=True) if info.get("type") == "directory" else info
+
+
+def stored_info(fs: Any, p: str) -> dict[str, Any]:
+    """`info_of`, asked of the store (one HEAD), never of a listing's cache: an object replaced
+    since its prefix was listed read as the old one (s3fs's and `NativeS3`'s caches keep what
+    a listing found until invalidated)."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    if {"http", "https"} & set(protocols):
+        return fs.info(p)  # fsspec's HTTP `info` keeps nothing; its keywords go to the request
+    if {"gs", "gcs"} & set(protocols):
+        fs.invalidate_cache(p)  # gcsfs's `info` reads its listings whatever `refresh` says
+        return info_of(fs, p)
+    return fs.info(p, refresh=True)
 
 
 def exists(path: Any) -> bool:

@@ -1,0 +1,112 @@
+"""An input object's state (`remote.stat`: its size, last-modified time and ETag): what the plan,
+`--resume` and the check a worker makes before and after each piece compare. Real servers on
+loopback (moto's S3 server, the standard library's web server); no client library is mocked."""
+
+from __future__ import annotations
+
+import pytest
+
+from packtool.engines import local as local_engine
+from packtool.engines.local import run_pack
+from packtool.engines.plan import check_unchanged, describe
+from packtool.errors import DataError
+from packtool.storage import local as storage
+from packtool.storage import remote
+from tests.packtool.storage.common import pack_config
+
+OLD = b"".join(b'{"text": "old document %03d"}\n' % i for i in range(200))
+NEW = OLD.replace(b"old", b"NEW")  # the same size, other bytes
+
+
+def _put(bucket: str, key: str, body: bytes) -> None:
+    import boto3
+
+    boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=body)
+
+
+@pytest.fixture
+def bucket(s3_server, s3_client):
+    import boto3
+
+    name = f"state-{s3_client}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name
+
+
+def test_an_object_replaced_after_its_prefix_was_listed_is_refused(bucket):
+    """The check a worker makes in the process that listed the prefix (`--workers 1`, one
+    partition, a thread pool) was answered from the listing: an object replaced since (same
+    size) passed it, on both clients."""
+    _put(bucket, "listed/a.jsonl", OLD)
+    url = f"s3://{bucket}/listed/a.jsonl"
+    (found,) = storage.expand(f"s3://{bucket}/listed/", (".jsonl",), "JSONL")
+    planned = describe(found, "jsonl", 1 << 20)
+    check_unchanged(url, planned.size, planned.mtime_ns)  # unchanged: passes
+    _put(bucket, "listed/a.jsonl", NEW)
+    with pytest.raises(DataError, match="changed since the run was planned"):
+        check_unchanged(url, planned.size, planned.mtime_ns)
+
+
+def test_planning_a_prefix_asks_no_object_and_each_check_asks_the_store(
+    bucket, s3_server, monkeypatch
+):
+    """The plan's stats come from the listing (10^5 objects must not be 10^5 HEADs); the check
+    is one request per call, in any process."""
+    from tests.packtool.storage.faulty_proxy import FaultyProxy
+
+    for i in range(5):
+        _put(bucket, f"many/{i}.jsonl", OLD)
+    proxy = FaultyProxy(s3_server, {})
+    with proxy as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        remote._filesystem.cache_clear()
+        found = storage.expand(f"s3://{bucket}/many/", (".jsonl",), "JSONL")
+        listed = len(proxy.seen)
+        planned = [describe(f, "jsonl", 1 << 20) for f in found]
+        assert len(found) == 5 and len(proxy.seen) == listed  # no request to plan them
+        check_unchanged(planned[0].path, planned[0].size, planned[0].mtime_ns)
+        assert [m for m, _ in proxy.seen[listed:]] == ["HEAD"]
+    remote._filesystem.cache_clear()
+
+
+def test_a_run_in_this_process_refuses_an_object_replaced_after_planning(
+    bucket, tmp_path, monkeypatch
+):
+    """`--workers 1`: the object replaced between the plan and its partition was read (old and
+    new bytes mixed in the shards, exit 0); it is refused as a worker process refuses it."""
+    _put(bucket, "run/a.jsonl", OLD)
+    real = local_engine.run_partition
+    replaced = []
+
+    def replace_then_run(ctx, descriptor):
+        if not replaced:
+            _put(bucket, "run/a.jsonl", NEW)
+            replaced.append(True)
+        return real(ctx, descriptor)
+
+    monkeypatch.setattr(local_engine, "run_partition", replace_then_run)
+    with pytest.raises(DataError, match="run/a.jsonl: changed since the run was planned"):
+        run_pack(pack_config(tmp_path / "out", [f"s3://{bucket}/run/"], workers=1))
+    assert replaced
+
+
+@pytest.mark.parametrize("scheme", ["gs", "az"])
+def test_an_object_replaced_after_its_prefix_was_listed_is_refused_in_gcs_and_azure(
+    scheme, request
+):
+    """As on S3: gcsfs answers `info` from its listings whatever `refresh` says."""
+    import fsspec
+
+    request.getfixturevalue("gcs_server" if scheme == "gs" else "azurite_server")
+    remote._filesystem.cache_clear()
+    writer = fsspec.filesystem(scheme, skip_instance_cache=True)
+    if not writer.exists("state"):
+        writer.mkdir("state")
+    writer.pipe_file("state/listed/a.jsonl", OLD)
+    url = f"{scheme}://state/listed/a.jsonl"
+    (found,) = storage.expand(f"{scheme}://state/listed/", (".jsonl",), "JSONL")
+    planned = describe(found, "jsonl", 1 << 20)
+    check_unchanged(url, planned.size, planned.mtime_ns)
+    writer.pipe_file("state/listed/a.jsonl", NEW)
+    with pytest.raises(DataError, match="changed since the run was planned"):
+        check_unchanged(url, planned.size, planned.mtime_ns)
