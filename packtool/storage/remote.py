@@ -31,9 +31,11 @@ hang or a traceback.
 
 from __future__ import annotations
 
+import email.utils
 import functools
 import json
 import os
+import sys
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -304,8 +306,16 @@ class RemoteStat(NamedTuple):
 def modified_at(info: dict[str, Any]) -> float | None:
     """When an object was last written (seconds since the epoch), from any store's `info`:
     S3's `LastModified`, Azure's `last_modified`, GCS's `mtime` / `updated`, the Hub's
-    `last_commit`; None when it has none."""
-    for key in ("LastModified", "last_modified", "mtime", "updated", "last_commit"):
+    `last_commit`, a web server's `Last-Modified` header (an HTTP-date, whole seconds); None
+    when it has none."""
+    for key in (
+        "LastModified",
+        "last_modified",
+        "mtime",
+        "updated",
+        "last_commit",
+        "Last-Modified",
+    ):
         value = info.get(key)
         if value is None:
             continue
@@ -316,6 +326,10 @@ def modified_at(info: dict[str, Any]) -> float | None:
         try:
             return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
         except ValueError:
+            pass
+        try:  # "Tue, 15 Nov 1994 08:12:31 GMT"
+            return email.utils.parsedate_to_datetime(str(value)).timestamp()
+        except (TypeError, ValueError):
             continue
     return None
 
@@ -349,7 +363,27 @@ def stat(path: Any, fresh: bool = False) -> RemoteStat:
             raise
     if info.get("type") == "directory":
         raise IsADirectoryError(str(path))
+    web = scheme(path) in ("http", "https")
+    if web and not fresh and modified_at(info) is None and not object_etag(info):
+        _note_stateless(str(path))
     return RemoteStat(int(info.get("size") or 0), _mtime_ns(info))
+
+
+_STATELESS: set[str] = set()
+"""URLs whose server gave neither an ETag nor a Last-Modified date (noted once per process)."""
+
+
+def _note_stateless(url: str) -> None:
+    """Say once that a change keeping `url`'s size goes unseen: only its size is compared (the
+    standard library's `http.server` sends a date and no ETag; some servers send neither). Said
+    where the plan stats it (not at each worker's check, in every worker process)."""
+    if url not in _STATELESS:
+        _STATELESS.add(url)
+        print(
+            f"note: {url}: the server sends neither an ETag nor a Last-Modified date, so a "
+            "change that keeps its size goes unseen, during the run and on --resume",
+            file=sys.stderr,
+        )
 
 
 def info_of(fs: Any, p: str) -> dict[str, Any]:

@@ -110,3 +110,65 @@ def test_an_object_replaced_after_its_prefix_was_listed_is_refused_in_gcs_and_az
     writer.pipe_file("state/listed/a.jsonl", NEW)
     with pytest.raises(DataError, match="changed since the run was planned"):
         check_unchanged(url, planned.size, planned.mtime_ns)
+
+
+class _Server:
+    """The standard library's web server on loopback over `folder`; `dates=False`: it sends no
+    Last-Modified (it never sends an ETag)."""
+
+    def __init__(self, folder, dates: bool = True) -> None:
+        import functools
+        import http.server
+        import threading
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def send_header(self, keyword, value):
+                if dates or keyword != "Last-Modified":
+                    super().send_header(keyword, value)
+
+            def log_message(self, *args):
+                pass
+
+        handler = functools.partial(Handler, directory=str(folder))
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self):
+        return self.url
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_http_input_replaced_with_the_same_size_is_refused(tmp_path):
+    """fsspec keeps the answer's `Last-Modified` header, which was not read: an http input's
+    state was its size alone (st_mtime_ns 0), so a same-size replacement passed the check
+    mid-run and on --resume."""
+    import os
+
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(OLD)
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    with _Server(tmp_path) as base:
+        url = f"{base}/a.jsonl"
+        planned = describe(storage.as_path(url), "jsonl", 1 << 20)
+        assert planned.mtime_ns == 1_700_000_000 * 10**9
+        check_unchanged(url, planned.size, planned.mtime_ns)
+        path.write_bytes(NEW)
+        os.utime(path, (1_700_000_005, 1_700_000_005))
+        with pytest.raises(DataError, match="a.jsonl: changed since the run was planned"):
+            check_unchanged(url, planned.size, planned.mtime_ns)
+        assert storage.stat(url).st_mtime_ns == 1_700_000_005 * 10**9  # what --resume compares
+
+
+def test_a_server_without_etag_or_date_is_noted_once(tmp_path, capsys):
+    (tmp_path / "a.jsonl").write_bytes(OLD)
+    with _Server(tmp_path, dates=False) as base:
+        url = f"{base}/a.jsonl"
+        assert storage.stat(url) == (len(OLD), 0)
+        assert storage.stat(url) == (len(OLD), 0)
+    err = capsys.readouterr().err
+    assert err.count("note:") == 1
+    assert f"note: {url}: the server sends neither an ETag nor a Last-Modified date" in err
