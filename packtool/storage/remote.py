@@ -22,11 +22,12 @@ Credentials and endpoints come from each library's standard chain (the `AWS_*` v
 `AWS_ENDPOINT_URL` for MinIO / R2 / any S3-compatible store, Google's and Azure's defaults,
 `HF_TOKEN`), plus `PACKTOOL_STORAGE_OPTIONS` (JSON: options for every store, or
 `{"s3": {...}, "gs": {...}}` per scheme; the CLI's `--storage-options` sets it, so worker
-processes inherit it). S3 defaults to a bounded, throttling-aware client: 10 s to connect, 60 s
-per read, 8 attempts in botocore's `adaptive` retry mode (exponential backoff with jitter on
-`SlowDown`, 5xx, timeouts and dropped connections). An unreachable endpoint, a missing bucket or
-key, denied access or bad credentials become one line naming the URL (`DataError`), never a
-hang or a traceback.
+processes inherit it). S3 defaults to a bounded, throttling-aware client: 10 s to connect, 8
+attempts in botocore's `adaptive` retry mode (exponential backoff with jitter on `SlowDown`,
+5xx, timeouts and dropped connections), each waiting 60 s for a whole request through obstore
+(3 minutes of retries at most) or 20 s between bytes through s3fs (`s3_requests.s3fs_options`).
+An unreachable endpoint, a missing bucket or key, denied access or bad credentials become one
+line naming the URL (`DataError`), never a hang or a traceback.
 """
 
 from __future__ import annotations
@@ -51,13 +52,10 @@ EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "ab
 """The `packtool[...]` extra that installs each scheme's fsspec implementation."""
 OPTIONS_ENV = "PACKTOOL_STORAGE_OPTIONS"
 S3_DEFAULTS: dict[str, Any] = {
-    "config_kwargs": {
-        "connect_timeout": 10,
-        "read_timeout": 60,
-        "retries": {"max_attempts": 8, "mode": "adaptive"},
-    }
+    "config_kwargs": {"connect_timeout": 10, "retries": {"max_attempts": 8, "mode": "adaptive"}}
 }
-"""The S3 client packtool asks for unless the options say otherwise (see the module docstring)."""
+"""The S3 client packtool asks for unless the options say otherwise (see the module docstring;
+the read timeout is each client's: `s3_requests`)."""
 GCS_DEFAULTS: dict[str, Any] = {"requests_timeout": 60}
 """gcsfs waits for an answer without end unless told: an endpoint that accepts a connection and
 never answers hung a run (gcsfs retries a request 6 times: about 6 minutes at most)."""
@@ -145,6 +143,8 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
         import fsspec
     except ImportError:
         raise MissingDependencyError(_install(protocol)) from None
+    from packtool.storage import s3_requests
+
     given = json.loads(options)
     if protocol in ("s3", "s3a"):
         from packtool.storage import s3_native
@@ -160,6 +160,8 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
         # error); the error packtool prints names the cause.
         logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
     try:
+        if protocol in ("s3", "s3a"):
+            return s3_requests.bounded_s3fs(given)  # its timeouts and tries bounded
         return fsspec.filesystem(protocol, skip_instance_cache=True, **given)
     except ImportError:
         raise MissingDependencyError(_install(protocol)) from None

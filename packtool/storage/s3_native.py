@@ -566,11 +566,9 @@ class NativeS3(AbstractFileSystem):
     def _s3fs(self) -> Any:
         """s3fs with the same options: for keys obstore cannot hold, and the conditional and
         multipart requests where obstore found the credentials itself."""
-        import fsspec
-
         with self._lock:
             if self._fallback is None:
-                self._fallback = fsspec.filesystem("s3", skip_instance_cache=True, **self._options)
+                self._fallback = s3_requests.bounded_s3fs(self._options)
             return self._fallback
 
 

@@ -46,8 +46,43 @@ def default_profile() -> dict[str, str]:
 
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60
+"""obstore's (and these requests') timeout of a whole request unless the options say otherwise
+(obstore also gives up on a request after 3 minutes of retries)."""
 ATTEMPTS = 8
 """A request's attempts (botocore's `max_attempts`) unless the options say otherwise."""
+S3FS_READ_TIMEOUT_S = 20
+"""s3fs's wait between bytes unless the options say otherwise (s3fs's own default is 15 s;
+botocore's read timeout is a wait between bytes, where obstore's is the whole request)."""
+S3FS_TRIES = 2
+"""s3fs's own tries of each request (its default 5), around botocore's attempts: the second is
+for what botocore does not retry (a body cut short, an answer that does not parse)."""
+
+
+def s3fs_options(options: dict[str, Any]) -> dict[str, Any]:
+    """s3fs's options with its timeouts bounded: `S3FS_READ_TIMEOUT_S` and `CONNECT_TIMEOUT_S`
+    unless set, and the options' attempts (`max_attempts`, attempts in all as obstore takes it,
+    or `total_max_attempts`; else `ATTEMPTS`) shared out over s3fs's `S3FS_TRIES` (set on the
+    client: `bounded_s3fs`): botocore's `total_max_attempts`, which counts the first attempt in
+    every retry mode (its `max_attempts` does not in the `legacy` mode). s3fs's 5 tries of
+    botocore's 8 attempts of 60 s had an endpoint that accepts connections and never answers
+    hang a run over 10 minutes; now 8 attempts of 20 s."""
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+    config.setdefault("read_timeout", S3FS_READ_TIMEOUT_S)
+    retries = dict(config.get("retries") or {})
+    attempts = int(retries.pop("total_max_attempts", retries.pop("max_attempts", ATTEMPTS)))
+    retries["total_max_attempts"] = max(1, -(-attempts // S3FS_TRIES))
+    config["retries"] = retries
+    return {**options, "config_kwargs": config}
+
+
+def bounded_s3fs(options: dict[str, Any]) -> Any:
+    """An s3fs client (no instance cache) with `s3fs_options` and `S3FS_TRIES`."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3fs_options(options))
+    fs.retries = S3FS_TRIES
+    return fs
 
 
 def endpoint(options: dict[str, Any]) -> str | None:

@@ -309,6 +309,57 @@ def test_an_unreachable_endpoint_is_one_line_in_bounded_time(bucket, tmp_path, m
     remote._filesystem.cache_clear()
 
 
+def test_an_endpoint_that_never_answers_is_one_line_in_bounded_time_through_s3fs(monkeypatch):
+    """s3fs wrapped botocore's attempts in 5 tries of its own: an endpoint that accepts
+    connections and never answers hung a run over 10 minutes (5 x 8 attempts of 60 s). With
+    2 attempts of 1 s asked for, it made 15 requests in 22 s; now 2, one line."""
+    import socket
+
+    accepted: list[socket.socket] = []
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(server.accept()[0])  # held open, never answered
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    monkeypatch.setenv("PACKTOOL_S3_CLIENT", "s3fs")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "packtool-test")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+    options = {"connect_timeout": 1, "read_timeout": 1, "retries": {"max_attempts": 2}}
+    remote._filesystem.cache_clear()
+    try:
+        t0 = time.monotonic()
+        code, _, err = run(
+            "stats",
+            "s3://hang/x.jsonl",
+            "--storage-options",
+            json.dumps({"config_kwargs": options}),
+        )
+        elapsed = time.monotonic() - t0
+    finally:
+        server.close()
+        for c in accepted:
+            c.close()
+        remote._filesystem.cache_clear()
+    assert code == 1 and "s3://hang/x.jsonl: cannot be read (" in one_error_line(err)
+    assert len(accepted) == 2 and elapsed < 8, (len(accepted), elapsed)
+    # The defaults: 8 attempts in all (s3fs's 2 tries of botocore's 4) of 20 s each at most.
+    fs, _ = remote.filesystem("s3://hang/x.jsonl")
+    config = fs.config_kwargs
+    assert (fs.retries, config["retries"]["total_max_attempts"], config["read_timeout"]) == (
+        2,
+        4,
+        20,
+    )
+    remote._filesystem.cache_clear()
+
+
 def _documents(url: str) -> int:
     code, out, err = run("stats", url, "--json")
     assert code == 0, err
