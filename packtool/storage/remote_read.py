@@ -144,7 +144,28 @@ def open_input(path: Any, buffering: int = -1, end: int | None = None) -> Any:
     )
 
 
-class ReadAhead(io.RawIOBase):
+class _Positioned(io.RawIOBase):
+    """A readable, seekable object of `_size` bytes at position `_pos` (its subclasses read)."""
+
+    _pos: int
+    _size: int
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+
+class ReadAhead(_Positioned):
     """An object read in ranged GETs, sequential reads fetched ahead.
 
     The first block is `first` bytes, the second `GROWTH` times that, the following ones
@@ -176,20 +197,6 @@ class ReadAhead(io.RawIOBase):
         self._taken = 0  # blocks taken since the open or the last seek elsewhere
         self._ahead: collections.deque[tuple[int, int, Any]] = collections.deque()
         """(start, bytes, future) of the blocks fetched ahead, in order."""
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         if self._pos >= self._size:
@@ -279,7 +286,7 @@ def open_random(path: Any) -> RandomRead:
         return RandomRead(path, fs, p, int(opened.size), opened)
 
 
-class RandomRead(io.RawIOBase):
+class RandomRead(_Positioned):
     """An object read at offsets, each read one ranged GET of the bytes asked for, inside
     `naming`: wherever pyarrow reads (a row group, a page), a failed read or a body cut short is
     one line naming the URL. Through fsspec's file of the store (`opened`), or for a web
@@ -299,22 +306,8 @@ class RandomRead(io.RawIOBase):
             size = len(self._whole)
         self._size = size
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
     def size(self) -> int:
         return self._size
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
 
     def read(self, size: int = -1) -> bytes:
         end = self._size if size is None or size < 0 else min(self._size, self._pos + size)
