@@ -459,6 +459,9 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
                 f"{paths.staging}; pass --resume to finish it or --overwrite to start over"
             )
         # (Without a saved plan it was killed while it checked or planned: nothing to keep.)
+        from packtool.engines.slurm.state import stop_jobs
+
+        stop_jobs(paths.staging, config.out_dir)  # a detached Slurm run's: gone first
         paths = remove_staging(paths, leftover=True)
     check_replaceable(paths, config.overwrite)
     make_staging(paths)

@@ -23,6 +23,8 @@ Modules:
 - `driver.py`: `run_pack_slurm`, `slurm_options`, `drive_slurm` (the entry points).
 - `arrays.py`: `ArrayDriver`, the submit / wait / resubmit loop of fixed shares.
 - `pilots.py`: `PilotDriver`, pull mode's workers, claims and their release.
+- `state.py`: where a run's Slurm files and logs go, its recorded jobs (cancelled and waited
+  out before `--overwrite` discards the run).
 - `commands.py`: sbatch, squeue, scancel, scontrol.
 - `task.py`: one array task, or one pull-mode worker.
 """

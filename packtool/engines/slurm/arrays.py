@@ -10,7 +10,6 @@ queued. See packtool/engines/slurm/driver.py for the whole engine.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import pickle
 import shlex
@@ -22,54 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from packtool.dataset.output import output_paths
 from packtool.engines import records
 from packtool.engines.config import resume_command
 from packtool.engines.interrupts import ctrl_c_after
 from packtool.engines.slurm import commands as cli
-from packtool.engines.slurm.config import JOBS_DIR, PROBE_OK, SLURM_DIR, SlurmConfig
+from packtool.engines.slurm.config import JOBS_DIR, PROBE_OK, SlurmConfig
+from packtool.engines.slurm.state import LOCAL_HOME as LOCAL_HOME
+from packtool.engines.slurm.state import local_home as local_home
+from packtool.engines.slurm.state import logs_folder as logs_folder
+from packtool.engines.slurm.state import recorded_jobs, remove_run_folders, run_folders
 from packtool.engines.slurm.task import CANNOT_SEE, task_error
 from packtool.errors import ConfigError, DataError, Detached
 from packtool.storage import local as storage
 from packtool.storage import writing
-
-LOCAL_HOME = ".packtool-slurm"
-"""For a bucket output: the folder, in the current one, that holds each run's Slurm files."""
-
-
-def logs_folder(out_dir: str | Path) -> Path:
-    """Where the tasks' logs go: beside the output (hidden), so that a failed run's logs, which
-    its error names, outlive its staging folder; removed when the run finishes."""
-    target = output_paths(out_dir).target
-    return target.parent / f".{target.name}.packtool-slurm-logs"
-
-
-def local_home(work: Any) -> Path:
-    """A bucket output's Slurm files: sbatch runs scripts and writes logs on a file system, so
-    they go to `.packtool-slurm/<run>` in the current folder (a folder every node must see,
-    which the probe job checks), one per run (by the run's staging prefix, which a `--resume`
-    reuses), removed when the run finishes."""
-    digest = hashlib.sha256(str(work).encode()).hexdigest()[:16]
-    return Path.cwd() / LOCAL_HOME / digest
-
-
-def run_folders(work: Any, out_dir: str | Path) -> tuple[Path, Path]:
-    """(the Slurm folder: context, scripts, job files, claims; the logs folder) of a run: in
-    its staging folder and beside its output on a file system, in `local_home` for a bucket."""
-    if storage.is_remote(work):
-        home = local_home(work)
-        return home / SLURM_DIR, home / "logs"
-    return records.run_dir(work) / SLURM_DIR, logs_folder(out_dir)
-
-
-def remove_run_folders(work: Any, out_dir: str | Path) -> None:
-    """What a finished run leaves of its Slurm files: nothing (its staging folder holds the
-    rest)."""
-    if storage.is_remote(work):
-        writing.remove_tree(local_home(work))
-        writing.remove_empty_dir(Path.cwd() / LOCAL_HOME)  # the last run from this folder
-    else:
-        writing.remove_tree(logs_folder(out_dir))
 
 
 @contextlib.contextmanager
@@ -78,8 +42,7 @@ def taken_over(run: Any) -> Iterator[int]:
     driver submitted are cancelled first (their tasks would run partitions beside this run's
     workers, then fail on the folder this run removes), and their logs go when it finishes.
     Yields how many jobs there were (0 for a run no Slurm driver started)."""
-    folder = run_folders(run.work, run.out_dir)[0] / JOBS_DIR
-    jobs = [p.stem for p in storage.glob(folder, "*.json")] if storage.is_dir(folder) else []
+    jobs = recorded_jobs(run.work, run.out_dir)
     cli.cancel(jobs)
     yield len(jobs)
     if jobs:
@@ -97,6 +60,8 @@ class ArrayDriver:
         self.jobs: dict[str, dict[str, Any]] = self._load_jobs()  # job id -> {array, tasks}
         self.open: set[str] = set()
         """The `JOB_TASK` keys whose partitions are not all recorded: what a poll looks at."""
+        self.mine: set[str] = set()
+        """The jobs this driver submitted or re-attached to: none is left queued at the end."""
         self.attempts: dict[int, int] = {}
         self.submitted = 0
         self.probe_job: str | None = None
@@ -118,6 +83,7 @@ class ArrayDriver:
         """Record a submitted job (its own file: nothing written before is rewritten)."""
         writing.write_atomic(self.dir / JOBS_DIR / f"{job}.json", json.dumps(entry).encode())
         self.jobs[job] = entry
+        self.mine.add(job)
         self.open.update(f"{job}_{i}" for i, parts in enumerate(entry["tasks"]) if parts)
 
     # --- submitting ---
@@ -185,6 +151,7 @@ class ArrayDriver:
         live = cli.live_tasks(self.jobs)  # jobs of an earlier driver still queued: re-attach
         # The others ended: what they left is submitted now.
         self.open = {key for key in live if self._partitions_of(key)}
+        self.mine.update(key.partition("_")[0] for key in self.open)
         covered = {p for key in self.open for p in self._partitions_of(key)}
         self._probe(live)
         self._submit(sorted(p for p in todo if p not in done and p not in covered))
@@ -294,8 +261,10 @@ class ArrayDriver:
                         done.add(p)
             if todo <= done:
                 # Tasks still queued have nothing left (exiting, or requeued after finishing):
-                # a finished run leaves no job behind.
-                cli.cancel({key.partition("_")[0] for key in live})
+                # a finished run leaves no job behind, also one dropped from `open` once
+                # another task recorded its partitions.
+                left = cli.live_tasks(self.mine - jobs)
+                cli.cancel({key.partition("_")[0] for key in (*live, *left)})
                 return
             resubmit = []
             for key in sorted(self.open):

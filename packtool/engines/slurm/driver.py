@@ -20,7 +20,7 @@ line before it (`module load python/3.11`, `source /shared/venv/bin/activate`), 
 `PACKTOOL_SLURM_ROLE` is set to `task` (or `probe` in the probe job, which runs the line too). The inputs and
 the output must be on a file system every node sees, or in a bucket: then the tasks read and
 upload their own bytes, and the jobs' scripts, state and logs go to `.packtool-slurm/` in the
-current folder (`arrays.run_folders`), which the nodes must see.
+current folder (`state.run_folders`), which the nodes must see.
 
 Faults: a task that ends (failed, cancelled, preempted, timed out, node lost, killed) with
 partitions unrecorded has them resubmitted, each partition at most `max_retries` times more;

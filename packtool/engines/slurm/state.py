@@ -1,0 +1,95 @@
+"""Where a Slurm run keeps its files (the Slurm folder: context, scripts, job files, claims;
+the logs folder), and the jobs its run state records: what a finished run removes, and what
+`--overwrite` cancels (and waits out) before it discards the staging folder. Apart from
+`arrays.py` so that the output checks (packtool/engines/preflight.py) can stop a discarded
+run's jobs without importing the task and worker code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from packtool.dataset.output import output_paths
+from packtool.engines import records
+from packtool.engines.slurm import commands as cli
+from packtool.engines.slurm.config import JOBS_DIR, SLURM_DIR
+from packtool.errors import ConfigError
+from packtool.storage import local as storage
+from packtool.storage import writing
+
+LOCAL_HOME = ".packtool-slurm"
+"""For a bucket output: the folder, in the current one, that holds each run's Slurm files."""
+
+
+def logs_folder(out_dir: str | Path) -> Path:
+    """Where the tasks' logs go: beside the output (hidden), so that a failed run's logs, which
+    its error names, outlive its staging folder; removed when the run finishes."""
+    target = output_paths(out_dir).target
+    return target.parent / f".{target.name}.packtool-slurm-logs"
+
+
+def local_home(work: Any) -> Path:
+    """A bucket output's Slurm files: sbatch runs scripts and writes logs on a file system, so
+    they go to `.packtool-slurm/<run>` in the current folder (a folder every node must see,
+    which the probe job checks), one per run (by the run's staging prefix, which a `--resume`
+    reuses), removed when the run finishes."""
+    digest = hashlib.sha256(str(work).encode()).hexdigest()[:16]
+    return Path.cwd() / LOCAL_HOME / digest
+
+
+def run_folders(work: Any, out_dir: str | Path) -> tuple[Path, Path]:
+    """(the Slurm folder: context, scripts, job files, claims; the logs folder) of a run: in
+    its staging folder and beside its output on a file system, in `local_home` for a bucket."""
+    if storage.is_remote(work):
+        home = local_home(work)
+        return home / SLURM_DIR, home / "logs"
+    return records.run_dir(work) / SLURM_DIR, logs_folder(out_dir)
+
+
+def remove_run_folders(work: Any, out_dir: str | Path) -> None:
+    """What a finished run leaves of its Slurm files: nothing (its staging folder holds the
+    rest)."""
+    if storage.is_remote(work):
+        writing.remove_tree(local_home(work))
+        writing.remove_empty_dir(Path.cwd() / LOCAL_HOME)  # the last run from this folder
+    else:
+        writing.remove_tree(logs_folder(out_dir))
+
+
+def recorded_jobs(work: Any, out_dir: str | Path) -> list[str]:
+    """The ids of every job a Slurm driver submitted for the run in `work` (none for a run no
+    Slurm driver started)."""
+    folder = run_folders(work, out_dir)[0] / JOBS_DIR
+    return [p.stem for p in storage.glob(folder, "*.json")] if storage.is_dir(folder) else []
+
+
+def stop_jobs(work: Any, out_dir: str | Path, timeout: float = 60) -> None:
+    """Before `--overwrite` discards the staging folder `work`: the jobs a Slurm driver
+    submitted for it are cancelled, and waited for until they leave the queue (a detached
+    run's task still running wrote its old-option partitions into the new run's staging
+    folder, at the same path). One line if they do not leave within `timeout` seconds."""
+    jobs = recorded_jobs(work, out_dir)
+    if jobs and storage.which("scancel"):
+        cancel_and_wait(jobs, "--overwrite", timeout)
+
+
+def cancel_and_wait(jobs: Iterable[str], what: str, timeout: float = 60) -> None:
+    """scancel `jobs` and wait until none is in the queue (scancel is asynchronous: a task
+    still running could yet write a record); one line past `timeout` seconds."""
+    jobs = set(jobs)
+    if not cli.live_tasks(jobs):
+        return
+    cli.cancel(jobs)
+    end = time.monotonic() + timeout
+    while live := cli.live_tasks(jobs):
+        if time.monotonic() > end:
+            queued = ", ".join(sorted({key.partition("_")[0] for key in live}, key=int))
+            raise ConfigError(
+                f"{what}: the earlier run's Slurm job(s) {queued} are still in the queue "
+                f"{timeout:.0f} s after scancel; run again once they have left it"
+            )
+        time.sleep(0.3)

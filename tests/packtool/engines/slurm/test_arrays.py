@@ -1,0 +1,48 @@
+"""The Slurm engine's fixed-share driver (packtool/engines/slurm/arrays.py) on the one-node
+test cluster: what a discarded or resumed run's jobs become."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import replace
+
+import pytest
+
+from packtool.dataset.shards import ShardConfig
+from packtool.engines.local import run_pack
+from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
+from packtool.errors import Detached
+from tests.packtool.engines.slurm.test_driver import _config, _queue, _same_dataset
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_cluster):
+    return slurm_cluster
+
+
+@pytest.mark.parametrize("engine", ["slurm", "local"])
+def test_overwrite_cancels_a_detached_runs_jobs_before_it_discards_them(cluster, tmp_path, engine):
+    """A detached run replaced by --overwrite left its jobs running, and a task of it still
+    running wrote old-option partitions into the new run's staging folder (same path): 9 of 12
+    partitions with the old tokenizer's ids, verify OK."""
+    out = tmp_path / "packed"
+    hold = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 600; fi'  # a long task
+    with pytest.raises(Detached) as gone:
+        run_pack_slurm(_config(out), SlurmConfig(tasks_per_job=11, wait=False, setup=hold))
+    jobs = gone.value.job_ids
+    try:
+        end = time.time() + 30
+        while not any("_" in k and "_0" in k for k in _queue(jobs)) and time.time() < end:
+            time.sleep(0.2)
+        fixed = replace(_config(out, overwrite=True), shards=ShardConfig(shard_rows=150))
+        if engine == "slurm":
+            run_pack_slurm(fixed, SlurmConfig(poll_seconds=0.3))
+        else:
+            run_pack(fixed)
+        assert not _queue(jobs)  # cancelled, and gone before the staging folder was
+    finally:
+        subprocess.run(["scancel", *jobs], capture_output=True)
+    run_pack(replace(_config(tmp_path / "ref"), shards=ShardConfig(shard_rows=150)))
+    _same_dataset(tmp_path / "ref", out)
+
