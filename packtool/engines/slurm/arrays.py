@@ -27,9 +27,14 @@ from packtool.engines.interrupts import ctrl_c_after
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.config import JOBS_DIR, PROBE_OK, SlurmConfig
 from packtool.engines.slurm.state import LOCAL_HOME as LOCAL_HOME
+from packtool.engines.slurm.state import (
+    cancel_and_wait,
+    recorded_jobs,
+    remove_run_folders,
+    run_folders,
+)
 from packtool.engines.slurm.state import local_home as local_home
 from packtool.engines.slurm.state import logs_folder as logs_folder
-from packtool.engines.slurm.state import recorded_jobs, remove_run_folders, run_folders
 from packtool.engines.slurm.task import CANNOT_SEE, task_error
 from packtool.errors import ConfigError, DataError, Detached
 from packtool.storage import local as storage
@@ -147,6 +152,7 @@ class ArrayDriver:
 
     def run_partitions(self) -> None:
         todo = set(self.run.todo)  # the partitions without a record when the run was opened
+        self.stop_other_mode(pilots=True)  # pull-mode workers: gone before the listing
         done = set(records.finished(self.run.work))
         live = cli.live_tasks(self.jobs)  # jobs of an earlier driver still queued: re-attach
         # The others ended: what they left is submitted now.
@@ -161,6 +167,13 @@ class ArrayDriver:
         if not self.slurm.wait and busy:
             raise self._detached(len(todo - done), {key.partition("_")[0] for key in busy})
         self._wait(todo)
+
+    def stop_other_mode(self, pilots: bool) -> None:
+        """A run resumed in the other mode (fixed shares <-> `--slurm-workers`): the first
+        mode's jobs, which this driver does not follow, are cancelled and gone before it
+        submits (they were left queued, running partitions beside this driver's tasks)."""
+        other = {job for job, entry in self.jobs.items() if bool(entry.get("pilots")) == pilots}
+        cancel_and_wait(other, "--resume in the other mode")
 
     def _detached(self, partitions: int, jobs: set[str]) -> Detached:
         """`--no-wait`: what the command prints (the jobs run on; `--resume` re-attaches)."""

@@ -111,6 +111,7 @@ class PilotDriver(ArrayDriver):
 
     def run_partitions(self) -> None:
         todo = set(self.run.todo)
+        self.stop_other_mode(pilots=False)  # a fixed-share run's jobs: gone before the listing
         done = set(records.finished(self.run.work))
         self.pool = sorted(todo - done)
         live = cli.live_tasks(self._pilot_jobs())  # an earlier driver's workers: re-attach

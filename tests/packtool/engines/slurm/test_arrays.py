@@ -21,6 +21,13 @@ def cluster(slurm_cluster):
     return slurm_cluster
 
 
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    out = tmp_path_factory.mktemp("local") / "packed"
+    run_pack(_config(out))
+    return out
+
+
 @pytest.mark.parametrize("engine", ["slurm", "local"])
 def test_overwrite_cancels_a_detached_runs_jobs_before_it_discards_them(cluster, tmp_path, engine):
     """A detached run replaced by --overwrite left its jobs running, and a task of it still
@@ -45,4 +52,25 @@ def test_overwrite_cancels_a_detached_runs_jobs_before_it_discards_them(cluster,
         subprocess.run(["scancel", *jobs], capture_output=True)
     run_pack(replace(_config(tmp_path / "ref"), shards=ShardConfig(shard_rows=150)))
     _same_dataset(tmp_path / "ref", out)
+
+
+@pytest.mark.parametrize("first,then", [(None, 2), (1, None)])
+def test_a_resume_in_the_other_mode_leaves_no_job_of_the_first(
+    cluster, local, tmp_path, first, then
+):
+    """A detached fixed-share run resumed with --slurm-workers (and the reverse) finished with
+    the first mode's jobs still queued: each driver looked only at its own mode's jobs."""
+    out = tmp_path / "packed"
+    hold = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 600; fi'  # tasks that never end
+    slurm = SlurmConfig(tasks_per_job=11 if first is None else 1, workers=first, wait=False)
+    # (one task of the first mode holds one of the two cores: the other runs the resume)
+    with pytest.raises(Detached) as gone:
+        run_pack_slurm(_config(out), replace(slurm, setup=hold))
+    jobs = gone.value.job_ids
+    try:
+        run_pack_slurm(_config(out, resume=True), SlurmConfig(workers=then, poll_seconds=0.3))
+        assert not _queue(jobs)
+    finally:
+        subprocess.run(["scancel", *jobs], capture_output=True)
+    _same_dataset(local, out)
 
