@@ -96,10 +96,12 @@ class PilotDriver(ArrayDriver):
             parts = np.asarray(self.pool, dtype=np.int64).tobytes()
             writing.write_atomic(self.dir / f"{self.pool_name}.parts", parts)
         script = self._script(self.pool_name, "pilot")
-        name = f"w{len(self.jobs)}-{time.time_ns()}"
-        log = self.logs / f"{name}-%a.log"
         for start in range(0, n, self.max_array):
             count = min(self.max_array, n - start)
+            # A name per array: arrays split by MaxArraySize shared one, and their workers'
+            # logs (`NAME-%a.log`) overwrote each other's.
+            name = f"w{len(self.jobs)}-{time.time_ns()}"
+            log = self.logs / f"{name}-%a.log"
             entry = {"array": name, "pilots": count, "tasks": []}
             self._submit_job([*self.options, f"--output={log}"], count, str(script), entry)
             self.submitted += count

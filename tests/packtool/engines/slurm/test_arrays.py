@@ -10,7 +10,9 @@ from dataclasses import replace
 import pytest
 
 from packtool.dataset.shards import ShardConfig
+from packtool.engines import records
 from packtool.engines.local import run_pack
+from packtool.engines.preflight import staging_folder
 from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
 from packtool.errors import Detached
 from tests.packtool.engines.slurm.test_driver import _config, _queue, _same_dataset
@@ -74,3 +76,19 @@ def test_a_resume_in_the_other_mode_leaves_no_job_of_the_first(
         subprocess.run(["scancel", *jobs], capture_output=True)
     _same_dataset(local, out)
 
+
+def test_worker_arrays_split_by_max_array_size_log_apart(cluster, tmp_path):
+    """Pull mode: the arrays of workers split by MaxArraySize (4 here) shared one log name, so
+    workers of different arrays wrote the same log files."""
+    import json
+
+    out = tmp_path / "packed"
+    hold = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 600; fi'
+    with pytest.raises(Detached) as gone:
+        run_pack_slurm(_config(out), SlurmConfig(workers=6, wait=False, setup=hold))
+    jobs = gone.value.job_ids
+    subprocess.run(["scancel", *jobs], capture_output=True)
+    folder = staging_folder(out) / records.RUN_DIR / "slurm" / "jobs"
+    entries = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+    assert sorted(e["pilots"] for e in entries) == [2, 4]
+    assert len({e["array"] for e in entries}) == 2  # the log names: NAME-%a.log
