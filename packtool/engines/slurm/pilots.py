@@ -120,6 +120,10 @@ class PilotDriver(ArrayDriver):
         for path in storage.list_dir(self.claims):  # once per driver: what they claimed
             if path.name.isdigit() and int(path.name) in todo and int(path.name) not in done:
                 self.running[int(path.name)] = self._owner(int(path.name))
+        # Claims of workers already gone (a stopped driver's): released now, for the workers
+        # submitted below (released a poll later, they had as many workers again submitted
+        # beside these: a --resume after Ctrl-C ran twice --slurm-workers)
+        self._release_lost(live, {o for o in self.running.values() if o and o not in live})
         self.cursor = 0
         if not live and self.pool:
             self._submit_workers(min(self.slurm.workers or 1, len(self.pool)))
@@ -178,7 +182,10 @@ class PilotDriver(ArrayDriver):
                                 "see the log",
                             )
                     done_at_submit = len(done)
-                    self._submit_workers(min(self.slurm.workers or 1, max(unclaimed, 1)))
+                    # --slurm-workers in all, counting those still queued; at least one
+                    # for released claims, which live workers may have walked past
+                    wanted = min(self.slurm.workers or 1, max(unclaimed, 1)) - len(live)
+                    self._submit_workers(max(wanted, 1))
                 running = sum(1 for s in live.values() if s != "PENDING")
                 pending = sum(1 for s in live.values() if s == "PENDING")
                 self._progress(len(done), len(todo), running, pending, sum(self.attempts.values()))

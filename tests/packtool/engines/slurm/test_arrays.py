@@ -92,3 +92,24 @@ def test_worker_arrays_split_by_max_array_size_log_apart(cluster, tmp_path):
     entries = [json.loads(p.read_text()) for p in folder.glob("*.json")]
     assert sorted(e["pilots"] for e in entries) == [2, 4]
     assert len({e["array"] for e in entries}) == 2  # the log names: NAME-%a.log
+
+
+def test_a_resume_after_a_stopped_driver_submits_the_workers_asked_for(cluster, local, tmp_path):
+    """Pull mode: a --resume of a run whose workers died holding claims (a Ctrl-C of the driver)
+    submitted --slurm-workers workers, then released the dead claims at a later poll and
+    submitted as many again while the first ran (2 asked for, 4 run)."""
+    out = tmp_path / "packed"
+    hold = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 600; fi'
+    with pytest.raises(Detached) as gone:
+        run_pack_slurm(_config(out), SlurmConfig(workers=1, wait=False, setup=hold))
+    jobs = gone.value.job_ids
+    subprocess.run(["scancel", *jobs], capture_output=True)
+    end = time.time() + 30
+    while _queue(jobs) and time.time() < end:
+        time.sleep(0.2)
+    claims = staging_folder(out) / records.RUN_DIR / "slurm" / "claims"
+    for p in (0, 1, 2):  # what the cancelled worker held
+        (claims / f"{p:06d}").write_text(f"{jobs[0]}_0")
+    summary = run_pack_slurm(_config(out, resume=True), SlurmConfig(workers=2, poll_seconds=0.3))
+    assert "Slurm: 2 worker task(s)" in summary.cores_used
+    _same_dataset(local, out)
