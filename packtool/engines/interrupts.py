@@ -4,7 +4,8 @@ Some steps start something outside this process and then record it: a pool's sub
 worker and then add it to the pool's list (`local.py`); `sbatch` queues a job and then the
 driver writes down its id (`slurm/arrays.py`). A Ctrl-C between the two left what was started
 unknown to the code that stops a run (a worker never killed, a job never cancelled).
-`ctrl_c_after()` lets the block finish and raises the Ctrl-C at its end.
+`ctrl_c_after()` lets the block finish and raises the Ctrl-C (or SIGTERM) at its end.
+`sigterm_as_ctrl_c()` makes SIGTERM stop a run as Ctrl-C does (the Slurm driver).
 
 Records in: nothing. Out: nothing (the SIGINT handler restored as it was).
 """
@@ -27,11 +28,34 @@ def ctrl_c_after() -> Iterator[None]:
     # A handler that notes the signal, not a blocked signal mask: the kernel hands a process's
     # SIGINT to any thread that does not block it (a tokenizer or prefetch thread), and Python
     # then raised it in the main thread all the same.
+    # SIGTERM too: the Slurm driver handles it as Ctrl-C (`sigterm_as_ctrl_c`).
     pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = [signal.signal(s, lambda signum, frame: pending.append(signum)) for s in held]
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in zip(held, previous, strict=True):
+            signal.signal(s, handler)
         if pending:
-            signal.raise_signal(signal.SIGINT)  # the held Ctrl-C, through the handler restored
+            signal.raise_signal(pending[0])  # the held signal, through the handler restored
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM raised as a Ctrl-C (`KeyboardInterrupt`) over the block, so that what stops a
+    run on Ctrl-C (the Slurm driver cancels its jobs) runs on SIGTERM too, where the signal's
+    default action ended the process at once (every job left queued, no message). The main
+    thread only, as `ctrl_c_after`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

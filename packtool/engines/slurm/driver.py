@@ -25,7 +25,7 @@ current folder (`state.run_folders`), which the nodes must see.
 Faults: a task that ends (failed, cancelled, preempted, timed out, node lost, killed) with
 partitions unrecorded has them resubmitted, each partition at most `max_retries` times more;
 beyond that the run stops with a one-line error naming the task's log, keeping the finished
-partitions for `--resume`. A stopped or failed driver cancels its jobs (none is left in the
+partitions for `--resume`. A stopped (Ctrl-C, SIGTERM) or failed driver cancels its jobs (none is left in the
 queue); `--no-wait` submits and returns (`Detached`), leaving them to run, and a later
 `--resume` re-attaches to the jobs still queued (their ids are in the run state) and submits
 only what no live job will do. Pull mode's faults: packtool/engines/slurm/pilots.py.
@@ -39,6 +39,7 @@ from typing import Any
 from packtool.engines import preflight, worker
 from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
+from packtool.engines.interrupts import sigterm_as_ctrl_c
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.arrays import ArrayDriver, logs_folder, remove_run_folders
 from packtool.engines.slurm.config import SlurmConfig
@@ -89,7 +90,8 @@ def drive_slurm(run: Any, slurm: SlurmConfig, options: list[str]) -> str:
     is finished."""
     driver = (PilotDriver if slurm.workers else ArrayDriver)(run, slurm, options)
     try:
-        driver.run_partitions()
+        with sigterm_as_ctrl_c():  # SIGTERM cancels the jobs too (it left them all queued)
+            driver.run_partitions()
     except Detached:
         raise
     except BaseException:

@@ -113,3 +113,39 @@ def test_a_resume_after_a_stopped_driver_submits_the_workers_asked_for(cluster, 
     summary = run_pack_slurm(_config(out, resume=True), SlurmConfig(workers=2, poll_seconds=0.3))
     assert "Slurm: 2 worker task(s)" in summary.cores_used
     _same_dataset(local, out)
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_sigterm_to_the_driver_cancels_its_jobs_as_ctrl_c_does(cluster, tmp_path, workers):
+    """SIGTERM to the driver (a job scheduler's or a terminal's kill) left every job queued,
+    with no message; Ctrl-C cancels them all."""
+    import os
+    import signal
+    import sys
+
+    from tests.packtool.engines.slurm.test_driver import ROOT, SAMPLE
+
+    out = tmp_path / "packed"
+    hold = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 600; fi'
+    args = ["pack", str(SAMPLE), "-o", str(out), "--max-len", "1024", "--shard-rows", "200",
+            "--partition-size", "300000", "--engine", "slurm", "--slurm-setup", hold]  # fmt: skip
+    if workers:
+        args += ["--slurm-workers", str(workers)]
+    cmd = [sys.executable, "-m", "packtool.cli.commands", *args]
+    driver = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    folder = staging_folder(out) / records.RUN_DIR / "slurm" / "jobs"
+    end = time.time() + 60
+    while not list(folder.glob("*.json")) and time.time() < end:
+        time.sleep(0.1)
+    time.sleep(1)  # the driver is waiting on its jobs
+    jobs = [p.stem for p in folder.glob("*.json")]
+    try:
+        os.kill(driver.pid, signal.SIGTERM)
+        _, err = driver.communicate(timeout=60)
+        assert driver.returncode == 130 and err.strip().startswith("interrupted"), err
+        end = time.time() + 10
+        while _queue(jobs) and time.time() < end:  # scancel is asynchronous
+            time.sleep(0.2)
+        assert jobs and not _queue(jobs)
+    finally:
+        subprocess.run(["scancel", *jobs], capture_output=True)
