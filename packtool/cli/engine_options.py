@@ -165,7 +165,9 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT
         ]
         if engine != "slurm" and given:
-            raise ConfigError(f"--{given[0].replace('_', '-')} needs --engine slurm")
+            # The flag as typed (`--time`), not the parameter's name (`time_limit`).
+            flag = next(p.opts[0] for p in ctx.command.params if p.name == given[0])
+            raise ConfigError(f"{flag} needs --engine slurm")
         if engine != "ray" and ray_address is not None:
             raise ConfigError("--ray-address needs --engine ray")
         workers_given = "workers" in kwargs and bool(explicit(ctx, ("workers",)))
