@@ -308,8 +308,10 @@ class ArrayDriver:
                 resubmit += missing
             if resubmit:
                 self._submit(sorted(resubmit))
-            running = sum(1 for s in live.values() if s != "PENDING")
-            pending = sum(1 for s in live.values() if s == "PENDING")
+            # Partitions, not tasks (nor the probe): one running in each running task with
+            # work left, every other one not done pending.
+            running = sum(1 for key in self.open if live.get(key, "PENDING") != "PENDING")
+            pending = len(todo) - len(done) - running
             self._progress(len(done), len(todo), running, pending, sum(self.attempts.values()))
             time.sleep(self.slurm.poll_seconds)
 

@@ -186,8 +186,9 @@ class PilotDriver(ArrayDriver):
                     # for released claims, which live workers may have walked past
                     wanted = min(self.slurm.workers or 1, max(unclaimed, 1)) - len(live)
                     self._submit_workers(max(wanted, 1))
-                running = sum(1 for s in live.values() if s != "PENDING")
-                pending = sum(1 for s in live.values() if s == "PENDING")
+                # Partitions, not workers: the claimed ones running, every other one pending.
+                running = len(self.running)
+                pending = len(todo) - len(done) - running
                 self._progress(len(done), len(todo), running, pending, sum(self.attempts.values()))
             time.sleep(min(TICK, self.slurm.poll_seconds))
 

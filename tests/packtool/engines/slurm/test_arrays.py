@@ -149,3 +149,20 @@ def test_sigterm_to_the_driver_cancels_its_jobs_as_ctrl_c_does(cluster, tmp_path
         assert jobs and not _queue(jobs)
     finally:
         subprocess.run(["scancel", *jobs], capture_output=True)
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_the_progress_counts_partitions_not_tasks(cluster, tmp_path, monkeypatch, workers):
+    """The bar's `partitions done / running / pending` counted array tasks (and the probe job):
+    one task of 11 partitions showed as 2 pending partitions, then 1 running."""
+    from packtool.engines.slurm.arrays import ArrayDriver
+
+    seen = []
+    monkeypatch.setattr(ArrayDriver, "_progress", lambda self, *counts: seen.append(counts))
+    slow = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 1; fi'
+    slurm = SlurmConfig(tasks_per_job=1 if workers else 11, workers=workers, setup=slow)
+    run_pack_slurm(_config(tmp_path / "packed"), replace(slurm, poll_seconds=0.3))
+    assert seen
+    for done, total, running, pending, _ in seen:
+        assert total == 11 and done + running + pending == total, seen
+        assert running <= (workers or 1), seen  # one partition at a time per task
