@@ -69,6 +69,8 @@ class ArrayDriver:
         """The jobs this driver submitted or re-attached to: none is left queued at the end."""
         self.attempts: dict[int, int] = {}
         self.submitted = 0
+        self.attached = 0
+        """Tasks an earlier driver queued that this one re-attached to (`describe`)."""
         self.probe_job: str | None = None
         self.probe_target = self.dir  # the folder the probe must see (tests point it elsewhere)
         self.max_array = cli.max_array_size()
@@ -158,6 +160,7 @@ class ArrayDriver:
         # The others ended: what they left is submitted now.
         self.open = {key for key in live if self._partitions_of(key)}
         self.mine.update(key.partition("_")[0] for key in self.open)
+        self.attached = len(self.open)
         covered = {p for key in self.open for p in self._partitions_of(key)}
         self._probe(live)
         self._submit(sorted(p for p in todo if p not in done and p not in covered))
@@ -188,10 +191,19 @@ class ArrayDriver:
             queued,
         )
 
+    def tasks(self, kind: str) -> str:
+        """`N {kind} task(s)`, saying which an earlier driver queued (a --resume that only
+        re-attached said `0 array task(s)`)."""
+        if not self.attached:
+            return f"{self.submitted} {kind} task(s)"
+        if not self.submitted:
+            return f"re-attached to {self.attached} {kind} task(s)"
+        return f"{self.submitted} {kind} task(s) (and re-attached to {self.attached})"
+
     def describe(self) -> str:
         """What ran the partitions, in words (the summary's line)."""
         return (
-            f"Slurm: {self.submitted} array task(s) of {self.slurm.tasks_per_job} partition(s), "
+            f"Slurm: {self.tasks('array')} of {self.slurm.tasks_per_job} partition(s), "
             f"{self.slurm.cpus_per_task or 1} CPU(s) each (stage times summed over tasks)"
         )
 

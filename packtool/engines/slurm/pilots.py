@@ -70,7 +70,7 @@ class PilotDriver(ArrayDriver):
 
     def describe(self) -> str:
         return (
-            f"Slurm: {self.submitted} worker task(s) taking partitions in turn (--slurm-workers "
+            f"Slurm: {self.tasks('worker')} taking partitions in turn (--slurm-workers "
             f"{self.slurm.workers}), {self.slurm.cpus_per_task or 1} CPU(s) each (stage times "
             "summed over tasks)"
         )
@@ -117,6 +117,7 @@ class PilotDriver(ArrayDriver):
         done = set(records.finished(self.run.work))
         self.pool = sorted(todo - done)
         live = cli.live_tasks(self._pilot_jobs())  # an earlier driver's workers: re-attach
+        self.attached = len(live)
         for path in storage.list_dir(self.claims):  # once per driver: what they claimed
             if path.name.isdigit() and int(path.name) in todo and int(path.name) not in done:
                 self.running[int(path.name)] = self._owner(int(path.name))

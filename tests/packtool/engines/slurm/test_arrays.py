@@ -166,3 +166,18 @@ def test_the_progress_counts_partitions_not_tasks(cluster, tmp_path, monkeypatch
     for done, total, running, pending, _ in seen:
         assert total == 11 and done + running + pending == total, seen
         assert running <= (workers or 1), seen  # one partition at a time per task
+
+
+@pytest.mark.parametrize("workers", [None, 1])
+def test_a_resume_that_only_re_attached_says_so(cluster, local, tmp_path, workers):
+    """A --resume that submitted nothing, only re-attached to a detached run's jobs, reported
+    `Slurm: 0 array task(s)`."""
+    out = tmp_path / "packed"
+    slow = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 3; fi'
+    slurm = SlurmConfig(tasks_per_job=1 if workers else 11, workers=workers, setup=slow)
+    with pytest.raises(Detached):
+        run_pack_slurm(_config(out), replace(slurm, wait=False))
+    summary = run_pack_slurm(_config(out, resume=True), replace(slurm, poll_seconds=0.3))
+    kind = "worker" if workers else "array"
+    assert summary.cores_used.startswith(f"Slurm: re-attached to 1 {kind} task(s)"), summary
+    _same_dataset(local, out)
