@@ -18,17 +18,9 @@ from packtool.storage.remote import as_path, filesystem, info_of, naming, networ
 
 
 def list_dir(folder: Any) -> list[Any]:
-    """The objects and sub-prefixes one level under the prefix `folder` (none: an empty list)."""
-    fs, p = filesystem(folder)
-    with naming(folder):
-        fs.invalidate_cache(p)
-        try:
-            keys = fs.ls(p, detail=False)
-        except FileNotFoundError:
-            return []
-    base = str(folder).rstrip("/")
-    names = [k.rstrip("/").rsplit("/", 1)[-1] for k in keys if k.rstrip("/") != p.rstrip("/")]
-    return [as_path(f"{base}/{name}") for name in names]
+    """The objects and sub-prefixes one level under the prefix `folder` (none: an empty list):
+    `scan_dir`'s entries (the same one listing; fsspec's names-only `ls` is made from it)."""
+    return [path for path, _ in scan_dir(folder)]
 
 
 def scan_dir(folder: Any) -> list[tuple[Any, bool]]:
