@@ -219,15 +219,13 @@ def tokenize_cmd(
     Bad lines and empty documents are skipped and counted (--strict: errors). Fine-tuning records:
     docs/sft.md. --to megatron: --engine, --partition-size, --resume (docs/scale-out.md).
     """
-    import shlex
-
     check_input_options(inputs, corpus, sft, strict_used=to == "megatron")
     common: dict[str, Any] = {
         "read_config": corpus.read_config(extra_fields=keep_field, sft=sft),
         "tokenizer": corpus.tokenizer_for(inputs, workers, megatron=to == "megatron"),
         "workers": workers,
         "overwrite": overwrite,
-        "command": shlex.join(["packtool", *sys.argv[1:]]),
+        "command": _command_line(),
     }
     if to != "megatron":
         given = [
@@ -484,7 +482,6 @@ def pack_cmd(
     recorded tokenizer is used unless --tokenizer is given, which must match it).
     """
     import json
-    import shlex
     from concurrent.futures import ThreadPoolExecutor
 
     # Start-up overlaps: the tokenizer loads in one thread while this one imports the rest.
@@ -526,7 +523,7 @@ def pack_cmd(
         workers=workers,
         overwrite=overwrite,
         resume=resume,
-        command=shlex.join(["packtool", *sys.argv[1:]]) if sys.argv else "packtool pack",
+        command=_command_line(),
     )
     tokenizer = loading.result()
     interrupt.note[0] = functools.partial(interrupt.resume_note, output, overwrite)
@@ -551,6 +548,16 @@ def pack_cmd(
         echo(summary.format(max_len))
 
 
+_ARGS: list[list[str] | None] = [None]  # the arguments `main` runs the CLI with
+
+
+def _command_line() -> str:
+    """`packtool ARGS` as `main` was given them (not the argv of a program that called it)."""
+    import shlex
+
+    return shlex.join(["packtool", *(sys.argv[1:] if _ARGS[0] is None else _ARGS[0])])
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
     previous = interrupt.install_sigint()
@@ -559,17 +566,18 @@ def main(argv: list[str] | None = None) -> None:
     # short process whose data is arrays, not cycles; collections stay on, just rarer.
     gc.set_threshold(10_000, 10, 10)
     os.environ.setdefault("PACKTOOL_NUMBA_EXTENSIONS", "0")  # packtool/pack/warmup.py says why
+    given = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    _ARGS[0] = given
     try:
-        cli.main(args=argv, prog_name="packtool", standalone_mode=False)
+        cli.main(args=given, prog_name="packtool", standalone_mode=False)
     except BaseException as exc:  # one line and an exit code for what a user can act on
-        given = sys.argv[1:] if argv is None else argv
         named = bool(given) and given[0] in cli.commands
         code = exits.report(exc, f"packtool {given[0]}" if named else "packtool")
         if code is None:
             raise
         sys.exit(code)
     finally:
-        interrupt.note[0] = lambda: ""
+        interrupt.note[0], _ARGS[0] = (lambda: ""), None
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
         if argv is None:
