@@ -14,6 +14,7 @@ their coverage without a word."""
 
 import contextlib
 import os
+import re
 import socket
 
 import pytest
@@ -60,7 +61,53 @@ def _environ(**values: str):
                 os.environ[k] = v
 
 
+def _shared_cluster(item) -> str | None:
+    """The machine-wide cluster a test drives, if any: "slurm" (the one Slurm test cluster, whose
+    queue tests read and cancel) or "ray" (the session's local Ray cluster)."""
+    names = set(getattr(item, "fixturenames", ()))
+    if "slurm_cluster" in names:
+        return "slurm"
+    callspec = getattr(item, "callspec", None)
+    if names & {"ray_session", "ray_cluster"} or (
+        callspec is not None
+        and any(isinstance(v, str) and v == "ray" for v in callspec.params.values())
+    ):
+        return "ray"
+    return None
+
+
+def _cluster_named(nodeid: str) -> str | None:
+    """The shared cluster a test id names ("slurm", or "ray" as a word of it): what the test
+    scheduler below can see of a test (it gets ids only)."""
+    low = nodeid.lower()
+    if "slurm" in low:
+        return "slurm"
+    return "ray" if re.search(r"(^|[/_\[-])ray([_.\]-]|$)", low) else None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist (`-n`, the README's test command) hands each test module to one process,
+    and all the tests of one shared cluster to one process, one after the other, as a serial
+    run: a Slurm test that checks the queue holds none of its jobs must not see another test's
+    (xdist's own `--dist loadgroup` no longer groups under pytest 9: it renames `_nodeid`)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedClusters(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _cluster_named(nodeid) or nodeid.split("::", 1)[0]
+
+    return SharedClusters(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # else the scheduler would run it beside the cluster's other tests
+        cluster = _shared_cluster(item)
+        if cluster not in (None, _cluster_named(item.nodeid)):
+            raise pytest.UsageError(
+                f"{item.nodeid} drives the shared {cluster} cluster but its name does not say "
+                "so: put the cluster's name in the test's name (tests/conftest.py)"
+            )
     try:
         import torch
 

@@ -411,7 +411,9 @@ def test_nothing_points_outside_the_repository():
 # hypothesis but none of packtool's own dependencies, and nothing can be installed there.
 GPU_RUN = ("tests/attention/test_varlen_gpu.py", "benchmarks/bench_train.py", "tests/conftest.py")
 GPU_IMAGE_HAS = {"torch", "numpy", "pytest", "hypothesis"}
-OPTIONAL = {"flash_attn"}  # imported behind a guard: without it the backend says it is missing
+# Imported behind a guard: without flash_attn the backend says it is missing; conftest.py's xdist
+# scheduler is imported in a hook only pytest-xdist calls (the GPU run has no `-n`).
+OPTIONAL = {"flash_attn", "xdist"}
 
 
 def _local_file(module: str) -> Path | None:
