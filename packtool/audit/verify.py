@@ -345,85 +345,91 @@ def verify_dataset(
                 f"size is {size:,} bytes, expected {shard.bytes:,} ({INDEX_FILE}); "
                 "truncated or rewritten",
             )
-        if checksums:
-            digest = sha256_file(file)
-            if digest != shard.sha256:
-                raise _fail(
-                    where,
-                    f"sha256 mismatch: expected {shard.sha256}, found {digest}; the file is "
-                    "corrupt or was changed after packing",
-                )
-        try:
-            # Page CRC32s too: with --no-checksums they are what catches a flipped bit.
-            pf = storage.parquet_file(file, memory_map=True, page_checksum_verification=True)
-            schema, num_rows = pf.schema_arrow, pf.metadata.num_rows
-        except DAMAGED as exc:
-            raise _fail(where, f"not a readable Parquet file ({exc})") from None
-        _check_schema(schema, expected_schema, vocab, where)
-        if num_rows != shard.rows:
-            raise _fail(where, f"has {num_rows:,} rows, expected {shard.rows:,} ({INDEX_FILE})")
-        shard_starts.append(total_rows)
-        shard_tokens = 0
-        row_base = 0
-        for rg in range(pf.num_row_groups):
-            try:
-                table = pf.read_row_group(rg, columns=list(manifest.columns))
-            except DAMAGED as exc:
-                raise _fail(where, f"row group {rg} unreadable ({exc})") from None
-            parts = {}
-            for name in manifest.columns:
-                col = table.column(name).combine_chunks()
-                if col.null_count or (hasattr(col, "values") and col.values.null_count):
-                    raise _fail(where, f"row group {rg}: {name} contains nulls")
-                parts[name] = column_parts(col)
-            core = first_bad_row(parts, max_len=max_len, vocab_size=vocab)
-            more = verify_columns.first_bad_row(parts, optional)
-            bad = min((b for b in (core, more) if b is not None), default=None)
-            if bad is not None:
-                what = (
-                    row_problem(
-                        *(v[o[bad] : o[bad + 1]] for o, v in (parts[c] for c in COLUMNS)),
-                        max_len=max_len,
-                        vocab_size=vocab,
+        # An object of a store: downloaded once (one stream of GETs, not a ranged GET per
+        # column chunk and a second read for the checksum), then checked as a local file.
+        with storage.local_copy(file, size) as local:
+            if checksums:
+                digest = sha256_file(local)
+                if digest != shard.sha256:
+                    raise _fail(
+                        where,
+                        f"sha256 mismatch: expected {shard.sha256}, found {digest}; the file is "
+                        "corrupt or was changed after packing",
                     )
-                    or verify_columns.row_problem(_one_row(parts, bad), optional)
-                    or "breaks a row invariant"
+            try:
+                # Page CRC32s too: with --no-checksums they are what catches a flipped bit.
+                pf = storage.parquet_file(local, memory_map=True, page_checksum_verification=True)
+                schema, num_rows = pf.schema_arrow, pf.metadata.num_rows
+            except DAMAGED as exc:
+                raise _fail(where, f"not a readable Parquet file ({exc})") from None
+            _check_schema(schema, expected_schema, vocab, where)
+            if num_rows != shard.rows:
+                raise _fail(where, f"has {num_rows:,} rows, expected {shard.rows:,} ({INDEX_FILE})")
+            shard_starts.append(total_rows)
+            shard_tokens = 0
+            row_base = 0
+            for rg in range(pf.num_row_groups):
+                try:
+                    table = pf.read_row_group(rg, columns=list(manifest.columns))
+                except DAMAGED as exc:
+                    raise _fail(where, f"row group {rg} unreadable ({exc})") from None
+                parts = {}
+                for name in manifest.columns:
+                    col = table.column(name).combine_chunks()
+                    if col.null_count or (hasattr(col, "values") and col.values.null_count):
+                        raise _fail(where, f"row group {rg}: {name} contains nulls")
+                    parts[name] = column_parts(col)
+                core = first_bad_row(parts, max_len=max_len, vocab_size=vocab)
+                more = verify_columns.first_bad_row(parts, optional)
+                bad = min((b for b in (core, more) if b is not None), default=None)
+                if bad is not None:
+                    what = (
+                        row_problem(
+                            *(v[o[bad] : o[bad + 1]] for o, v in (parts[c] for c in COLUMNS)),
+                            max_len=max_len,
+                            vocab_size=vocab,
+                        )
+                        or verify_columns.row_problem(_one_row(parts, bad), optional)
+                        or "breaks a row invariant"
+                    )
+                    r = row_base + bad
+                    raise _fail(f"{where}: row {r} (global row {total_rows + r})", what)
+                n = table.num_rows
+                did_off, dids = parts["doc_ids"]
+                bad_id = _bad_doc_id(dids, id_files)
+                if bad_id is not None:
+                    r = row_base + int(np.searchsorted(did_off, bad_id, side="right")) - 1
+                    raise _fail(
+                        f"{where}: row {r} (global row {total_rows + r})",
+                        f"doc id {int(dids[bad_id])} "
+                        + (
+                            "is negative"
+                            if dids[bad_id] < 0
+                            else f"names input file {int(dids[bad_id]) >> docids.OFFSET_BITS}, "
+                            f"but the dataset lists {id_files:,} (ids: file index << "
+                            f"{docids.OFFSET_BITS} | offset)"
+                        ),
+                    )
+                pieces.add(
+                    dids.astype(np.int64, copy=False),
+                    parts["doc_chunks"][1].astype(np.int64, copy=False),
+                    np.repeat(np.arange(n, dtype=np.int64), np.diff(did_off))
+                    + total_rows
+                    + row_base,
                 )
-                r = row_base + bad
-                raise _fail(f"{where}: row {r} (global row {total_rows + r})", what)
-            n = table.num_rows
-            did_off, dids = parts["doc_ids"]
-            bad_id = _bad_doc_id(dids, id_files)
-            if bad_id is not None:
-                r = row_base + int(np.searchsorted(did_off, bad_id, side="right")) - 1
+                ids_off = parts["input_ids"][0]
+                shard_tokens += int(ids_off[-1]) if len(ids_off) else 0
+                if LOSS_MASK in parts:
+                    supervised += int(parts[LOSS_MASK][1].sum(dtype=np.int64))
+                row_base += n
+            if shard_tokens != shard.tokens:
                 raise _fail(
-                    f"{where}: row {r} (global row {total_rows + r})",
-                    f"doc id {int(dids[bad_id])} "
-                    + (
-                        "is negative"
-                        if dids[bad_id] < 0
-                        else f"names input file {int(dids[bad_id]) >> docids.OFFSET_BITS}, "
-                        f"but the dataset lists {id_files:,} (ids: file index << "
-                        f"{docids.OFFSET_BITS} | offset)"
-                    ),
+                    where, f"has {shard_tokens:,} tokens, expected {shard.tokens:,} ({INDEX_FILE})"
                 )
-            pieces.add(
-                dids.astype(np.int64, copy=False),
-                parts["doc_chunks"][1].astype(np.int64, copy=False),
-                np.repeat(np.arange(n, dtype=np.int64), np.diff(did_off)) + total_rows + row_base,
-            )
-            ids_off = parts["input_ids"][0]
-            shard_tokens += int(ids_off[-1]) if len(ids_off) else 0
-            if LOSS_MASK in parts:
-                supervised += int(parts[LOSS_MASK][1].sum(dtype=np.int64))
-            row_base += n
-        if shard_tokens != shard.tokens:
-            raise _fail(
-                where, f"has {shard_tokens:,} tokens, expected {shard.tokens:,} ({INDEX_FILE})"
-            )
-        total_rows += row_base
-        total_tokens += shard_tokens
-        total_bytes += size
+            total_rows += row_base
+            total_tokens += shard_tokens
+            total_bytes += size
+            pf.close()  # its mapping too: a downloaded copy's space is freed as it is removed
 
     starts = np.asarray(shard_starts)
 

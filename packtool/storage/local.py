@@ -20,6 +20,7 @@ The write side (writing, replacing, removing, syncing, the writer's lock) is `wr
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import glob as globbing
@@ -252,6 +253,19 @@ def read_bytes(path: str | os.PathLike) -> bytes:
         raise OSError(errno.EFBIG, f"{st.st_size:,} bytes, past {SMALL_FILE_LIMIT:,}")
     with open(path, "rb") as f:
         return f.read(SMALL_FILE_LIMIT + 1)
+
+
+@contextlib.contextmanager
+def local_copy(path: str | os.PathLike, size: int) -> Iterator[Path | str]:
+    """A local file holding `path`'s bytes: the file itself, or an object of a store downloaded
+    once into the scratch folder (`remote_read.local_copy`, checked to be `size` bytes),
+    removed on leaving. For a reader of every byte (`verify`): where ranged reads of each
+    column chunk cost a request apiece, and a checksum read the object a second time."""
+    if is_remote(path):
+        with _reads().local_copy(path, size) as local:
+            yield local
+    else:
+        yield path
 
 
 def read_text(path: str | os.PathLike) -> str:

@@ -13,11 +13,14 @@ Records in: an object's URL and a byte range. Out: its bytes.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import io
 import os
 import sys
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from packtool.errors import DataError
@@ -363,6 +366,31 @@ def read_bytes(path: Any) -> bytes:
         # process wrote after this one listed its prefix (a run's records) read as missing.
         fs.invalidate_cache(p)
         return fs.cat_file(p)
+
+
+@contextlib.contextmanager
+def local_copy(path: Any, size: int) -> Iterator[Path]:
+    """The object's `size` bytes downloaded once, in order (`open_input`'s blocks, each fetched
+    while the one before is written), into a file of the scratch folder, removed on leaving.
+    A shorter or longer object is a `DataError`."""
+    from packtool.storage import writing
+
+    local = writing.temporary_name(path)
+    try:
+        with open_input(path) as source, open(local, "wb") as out:
+            got = 0
+            while block := source.read(COPY_BYTES):
+                got += len(block)
+                out.write(block)
+        if got != size:
+            raise DataError(f"{path}: {got:,} bytes came back, expected {size:,}; read it again")
+        yield local
+    finally:
+        local.unlink(missing_ok=True)
+
+
+COPY_BYTES = READ_BYTES
+"""`local_copy`'s reads: whole `open_input` blocks."""
 
 
 def read_range(path: Any, start: int, end: int) -> bytes:
