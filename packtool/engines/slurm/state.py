@@ -71,10 +71,21 @@ def stop_jobs(work: Any, out_dir: str | Path, timeout: float = 60) -> None:
     """Before `--overwrite` discards the staging folder `work`: the jobs a Slurm driver
     submitted for it are cancelled, and waited for until they leave the queue (a detached
     run's task still running wrote its old-option partitions into the new run's staging
-    folder, at the same path). One line if they do not leave within `timeout` seconds."""
+    folder, at the same path). One line if they do not leave within `timeout` seconds, and
+    where Slurm's commands are not on this machine's PATH (the jobs could neither be cancelled
+    nor seen to have ended: the overwrite went ahead, and a task of the old run still running
+    could write into the new run's folder)."""
     jobs = recorded_jobs(work, out_dir)
-    if jobs and storage.which("scancel"):
-        cancel_and_wait(jobs, "--overwrite", timeout)
+    if not jobs:
+        return
+    if not (storage.which("scancel") and storage.which("squeue")):
+        ids = ", ".join(sorted(jobs, key=lambda j: (len(j), j))[:5]) + ", ..." * (len(jobs) > 5)
+        raise ConfigError(
+            f"--overwrite: the run it replaces submitted Slurm job(s) {ids}, and scancel and "
+            "squeue are not on this machine's PATH to stop them: run it where Slurm's commands "
+            f"are, or delete {work} once those jobs have ended"
+        )
+    cancel_and_wait(jobs, "--overwrite", timeout)
 
 
 def cancel_and_wait(jobs: Iterable[str], what: str, timeout: float = 60) -> None:

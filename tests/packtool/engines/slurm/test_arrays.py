@@ -181,3 +181,25 @@ def test_a_resume_that_only_re_attached_says_so(cluster, local, tmp_path, worker
     kind = "worker" if workers else "array"
     assert summary.cores_used.startswith(f"Slurm: re-attached to 1 {kind} task(s)"), summary
     _same_dataset(local, out)
+
+
+def test_overwrite_of_a_slurm_run_where_slurm_commands_are_missing_stops(tmp_path, monkeypatch):
+    """Without scancel and squeue on PATH, --overwrite of a run that submitted Slurm jobs went
+    ahead: jobs it could neither cancel nor see end could write into the new run's folder."""
+    from packtool.engines.slurm import state
+    from packtool.engines.slurm.config import JOBS_DIR
+    from packtool.errors import ConfigError
+    from packtool.storage import local as storage
+
+    out = tmp_path / "packed"
+    staging = staging_folder(out)
+    jobs = state.run_folders(staging, out)[0] / JOBS_DIR
+    jobs.mkdir(parents=True)
+    (jobs / "4242.json").write_text("{}")
+    monkeypatch.setattr(storage, "which", lambda name: None)
+    with pytest.raises(ConfigError) as stopped:
+        run_pack(_config(out, overwrite=True))
+    message = str(stopped.value)
+    assert "4242" in message and str(staging) in message and "\n" not in message
+    assert (jobs / "4242.json").exists()  # the old run's folder kept: nothing discarded
+    assert not out.exists()
