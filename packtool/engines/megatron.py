@@ -88,7 +88,7 @@ from packtool.read.documents import ReadConfig
 from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
 from packtool.tokenize.summary import TokenizeSummary
-from packtool.tokenize.tables import RAW, RECORDS
+from packtool.tokenize.tables import PRETOKENIZED, RAW, RECORDS
 from packtool.tokenizer.specials import EOS_TOKEN
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 
@@ -460,10 +460,18 @@ class MegatronRun:
             nbytes=int(record.get("input_bytes", 0)),
         )
 
-    def _recorded_names(self) -> dict[str, str]:
-        """Tokenized inputs read with their recorded tokenizer: where its EOS / BOS came from."""
-        facts = self.checked.facts
-        return dict(facts.special_names or {}) if facts is not None else {}
+    def _special_names(self) -> dict[str, str]:
+        """Where the EOS / BOS came from: the tokenizer's, what tokenized inputs recorded, and
+        for pre-tokenized ids only the EOS appended (no BOS is added to them)."""
+        tok, facts = self.checked.tokenizer, self.checked.facts
+        if tok is None:
+            return dict(facts.special_names or {}) if facts is not None else {}
+        names = dict(tok.special_names)
+        if self.checked.mode == PRETOKENIZED:
+            names = {
+                k: v for k, v in names.items() if self.checked.identity.get(f"{k}_id") is not None
+            }
+        return names
 
     def finish(self, used: str) -> TokenizeSummary:
         """The `.idx`, then the swap (see the module docstring)."""
@@ -488,7 +496,6 @@ class MegatronRun:
         finally:
             writing.remove_file(tmp)
         finish_swap(self.work, self.bin_path, self.idx_path, self.prefix)
-        tok = self.checked.tokenizer
         files = [self.bin_path, self.idx_path]
         skips = self.skips.counter()
         return TokenizeSummary(
@@ -502,7 +509,7 @@ class MegatronRun:
             output_bytes=sum(storage.size(f) for f in files),
             tokenizer=dict(self.checked.identity),
             dtype=str(self.dtype),
-            special_names=dict(tok.special_names) if tok is not None else self._recorded_names(),
+            special_names=self._special_names(),
             partitions=self.partitions,
             resumed_partitions=self.resumed,
             resumed_tokens=self.kept[0],

@@ -123,7 +123,8 @@ def check_inputs(
             tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
         expanded: called with the input files as soon as they are known, before any is read
             (the local engine starts its worker processes' server then).
-        ends_added: pre-tokenized ids get the tokenizer's EOS (`tokenize --to megatron`);
+        ends_added: pre-tokenized ids get the tokenizer's EOS (`tokenize --to megatron`), and
+            nothing else: the identity records no BOS and an explicit `--bos-id` is refused;
             otherwise they are used unchanged, so the identity records no EOS or BOS and an
             explicit `--eos-id` / `--bos-id` is refused (it would add nothing).
 
@@ -152,8 +153,9 @@ def check_inputs(
     identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
     if recorded is not None:  # the ids were encoded when tokenizing: record that engine
         identity["engine"] = recorded.engine
-    if facts.mode == PRETOKENIZED and not ends_added:  # ids made elsewhere, used unchanged
-        identity = unchanged_ids(TokenizerIdentity.from_dict(identity), tokenizer).to_dict()
+    if facts.mode == PRETOKENIZED:  # ids made elsewhere, used unchanged (but an added EOS)
+        unchanged = unchanged_ids(TokenizerIdentity.from_dict(identity), tokenizer, ends_added)
+        identity = unchanged.to_dict()
     check_room_for_text(config.pack.max_len, identity["eos_id"], identity["bos_id"])
     return Checked(
         tokenizer=tokenizer,

@@ -77,14 +77,21 @@ def input_columns(
     return inputs_read(expand_inputs(inputs), read_config or ReadConfig()).columns
 
 
-def unchanged_ids(identity: TokenizerIdentity, tokenizer: Tokenizer | None) -> TokenizerIdentity:
+def unchanged_ids(
+    identity: TokenizerIdentity, tokenizer: Tokenizer | None, eos_added: bool = False
+) -> TokenizerIdentity:
     """The identity a dataset of pre-tokenized ids records: no EOS or BOS, since the ids are
-    used unchanged (the summary and index.json said `eos 7, bos 9` for ids given none).
+    used unchanged (the summary and index.json said `eos 7, bos 9` for ids given none); with
+    `eos_added` (`tokenize --to megatron` appends the EOS to each document) the EOS is kept and
+    only the BOS goes (it recorded, and an explicit `--bos-id` widened the .bin's dtype for, a
+    BOS it never wrote).
 
     Raises:
         ConfigError: `--eos-id` / `--bos-id` named an id, which would add nothing.
     """
     given = tokenizer.given_ids if tokenizer is not None else ()
+    if eos_added:
+        given = tuple(flag for flag in given if flag != "--eos-id")
     if given:
         raise ConfigError(
             f"{' and '.join(given)} {'add' if len(given) > 1 else 'adds'} nothing to "
@@ -92,7 +99,9 @@ def unchanged_ids(identity: TokenizerIdentity, tokenizer: Tokenizer | None) -> T
             f"Parquet'); leave {'them' if len(given) > 1 else 'it'} out, or end the documents "
             "in the ids"
         )
-    return replace(identity, eos_id=None, bos_id=None)
+    return (
+        replace(identity, bos_id=None) if eos_added else replace(identity, eos_id=None, bos_id=None)
+    )
 
 
 @dataclass(frozen=True)

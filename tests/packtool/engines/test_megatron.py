@@ -610,3 +610,43 @@ def test_the_note_on_an_eos_past_the_vocabulary_names_the_bin_dtype(tmp_path):
         "tokenize", corpus, "-o", tmp_path / "d.parquet", "--tokenizer", tok, "--eos-id", "65535"
     )
     assert code == 0 and "the dataset's vocabulary becomes 65,536 (uint16 ids)" in err
+
+
+def test_pre_tokenized_ids_get_the_eos_and_never_a_bos(tmp_path):
+    # With --to megatron the ids got the EOS and were otherwise unchanged, yet a BOS tokenizer's
+    # BOS was recorded (`bos 0` in the summary and the record; a --resume --no-bos was refused
+    # over it), and --bos-id 70000 was taken without a word: written nowhere, recorded, and
+    # the .bin widened to int32 for it. --to parquet refused that flag.
+    folder = _chat_tokenizer(tmp_path / "tok", "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>")
+    eot = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]["<|eot_id|>"]
+    ids = tmp_path / "pre.parquet"
+    pq.write_table(
+        pa.table({"input_ids": pa.array([[5, 6, 7], [9, 10]], pa.list_(pa.int32()))}), ids
+    )
+    out = tmp_path / "a"
+    code, text, err = run("tokenize", ids, "--to", "megatron", "-o", out, "--tokenizer", folder)
+    assert code == 0, err
+    assert "bos none)" in text, text
+    index = read_megatron_index(tmp_path / "a.idx")
+    assert index["lengths"].tolist() == [4, 3] and index["dtype"] == np.uint16
+    assert np.fromfile(tmp_path / "a.bin", np.uint16).tolist() == [5, 6, 7, eot, 9, 10, eot]
+    code, text, err = run(
+        "tokenize",
+        ids,
+        "--to",
+        "megatron",
+        "-o",
+        out,
+        "--tokenizer",
+        folder,
+        "--no-bos",
+        "--resume",
+    )
+    assert code == 0 and "nothing to resume" in text + err, err  # the same settings
+    code, _, err = run(
+        "tokenize", ids, "--to", "megatron", "-o", tmp_path / "b", "--tokenizer", folder,
+        "--bos-id", "70000",
+    )  # fmt: skip
+    last = err.strip().splitlines()[-1]  # (after the notes on the engine and the id's room)
+    assert code != 0 and last.startswith("error: --bos-id adds nothing to pre-tokenized ids"), err
+    assert not (tmp_path / "b.bin").exists()
