@@ -90,7 +90,7 @@ def megatron_loop(corpus: Path, tokenizer_json: Path, prefix: Path, workers: int
 def packtool_run(corpus: Path, tokenizer_json: Path, prefix: Path, partitions: int = 1) -> int:
     """`tokenize --to megatron`: one partition in this process (the default for a corpus under
     256 MB), or `partitions` of them on the local engine's worker processes."""
-    from packtool.engines.megatron import tokenize_megatron
+    from packtool.engines.megatron.run import tokenize_megatron
 
     size = corpus.stat().st_size
     kw = {"partition_size": -(-size // partitions)} if partitions > 1 else {}

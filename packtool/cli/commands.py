@@ -246,7 +246,7 @@ def tokenize_cmd(
         echo(tokenize_corpus(inputs, output, **common).format())
         return
     from packtool.dataset.megatron import megatron_paths
-    from packtool.engines.megatron import tokenize_megatron
+    from packtool.engines.megatron.run import tokenize_megatron
 
     # The run's staging folder sits beside PREFIX.idx (its lock's file).
     index = str(megatron_paths(output)[1])

@@ -76,7 +76,7 @@ class MegatronWriter:
     Args:
         bin_path: the token file to write (a temporary name; the caller moves it in place).
         idx_path: the index file to write at `close`; None for a part of a partitioned run
-            (packtool/engines/megatron.py), whose lengths stay in `lengths_path` for the merge.
+            (packtool/engines/megatron/run.py), whose lengths stay in `lengths_path` for the merge.
         dtype: the token dtype (`megatron_dtype(vocab_size)`).
         lengths_path: where the side file of lengths goes (default: a hidden name by `idx_path`).
     """

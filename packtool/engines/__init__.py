@@ -19,8 +19,7 @@ Modules:
   drivers; Ctrl-C held over a step that starts something and records it.
 - `slurm/`: the Slurm driver, its calls to Slurm's commands, one array task.
 - `finish.py`, `summary.py`: the end of a run; what it reports.
-- `megatron.py`, `megatron_part.py`, `megatron_record.py`: `packtool tokenize --to megatron` on
-  the same plan, drivers and records: each partition a part `.bin` (the worker), joined in plan
-  order as they finish (the driver), the `.idx` last, beside it the hidden record a `--resume` of
-  the finished pair checks.
+- `megatron/`: `packtool tokenize --to megatron` on the same plan, drivers and records: each
+  partition a part `.bin` (the worker), joined in plan order as they finish (the driver), the
+  `.idx` last, beside it the hidden record a `--resume` of the finished pair checks.
 """

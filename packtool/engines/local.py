@@ -87,7 +87,7 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSumma
 
 def drive_local(run: Any, workers: int | None) -> str:
     """Run every wave of `run` (a `base.Run`, or another job's run of the same shape:
-    packtool/engines/megatron.py) on this machine's cores; what was used, in words.
+    packtool/engines/megatron/run.py) on this machine's cores; what was used, in words.
 
     `workers`: the `--workers` option (None: one per core, at most one per unit of a wave)."""
     cores = _cores()

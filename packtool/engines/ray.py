@@ -134,7 +134,7 @@ def run_pack_ray(
 
 def drive_ray(run: Any, ray_config: RayConfig) -> str:
     """Run every wave of `run` (a `base.Run`, or another job's run of the same shape:
-    packtool/engines/megatron.py) on a Ray Data actor pool; what was used, in words."""
+    packtool/engines/megatron/run.py) on a Ray Data actor pool; what was used, in words."""
     ray = import_ray()
     started = _connect(ray, ray_config.address)
     try:

@@ -35,8 +35,9 @@ import pyarrow as pa
 
 from packtool import arrow_numpy
 from packtool.dataset.shards import ShardWriter
-from packtool.engines import megatron_part, merge, records
+from packtool.engines import merge, records
 from packtool.engines.context import WorkerContext
+from packtool.engines.megatron import part as megatron_part
 from packtool.engines.plan import TO_END, check_piece, descriptor_pieces
 from packtool.engines.records import read_tail
 from packtool.pack import warmup

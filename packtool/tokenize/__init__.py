@@ -18,6 +18,6 @@ Modules:
 - `tables.py`: the dispatch (the modes, `Source`, `FilePiece`, `partition_tables`).
 - `tokenize.py`: the inputs' classification, `tokenized_batches`, the `tokenize` command.
 
-`tokenize --to megatron` runs on the partition engines (packtool/engines/megatron.py): the
+`tokenize --to megatron` runs on the partition engines (packtool/engines/megatron/run.py): the
 same tables, partition by partition, into a Megatron indexed dataset.
 """

@@ -1,5 +1,5 @@
 """What a `tokenize` run did (`TokenizeSummary`, the paragraph the CLI prints), for tokenized
-Parquet (packtool/tokenize/tokenize.py) and Megatron pairs (packtool/engines/megatron.py).
+Parquet (packtool/tokenize/tokenize.py) and Megatron pairs (packtool/engines/megatron/run.py).
 
 Records in: the run's progress counts, skips, files written and tokenizer identity. Out: the
 summary.
@@ -38,7 +38,7 @@ class TokenizeSummary:
     special_names: dict[str, str] = field(default_factory=dict)
     """`eos` / `bos` -> the token text a default id came from."""
     partitions: int = 1
-    """Partitions of a partitioned run (`--to megatron`, packtool/engines/megatron.py)."""
+    """Partitions of a partitioned run (`--to megatron`, packtool/engines/megatron/run.py)."""
     resumed_partitions: int = 0
     """Of those, finished by an interrupted run and kept (`--resume`)."""
     resumed_tokens: int = 0

@@ -85,7 +85,7 @@ def slurm_options(slurm: SlurmConfig, out_dir: str | Path) -> list[str]:
 
 def drive_slurm(run: Any, slurm: SlurmConfig, options: list[str]) -> str:
     """Run `run` (a `base.Run`, or another job's run of the same shape:
-    packtool/engines/megatron.py): its first wave as Slurm job arrays, the waves after it (the
+    packtool/engines/megatron/run.py): its first wave as Slurm job arrays, the waves after it (the
     tail tree) here; what was used, in words. The caller removes `logs_folder` once the run
     is finished."""
     driver = (PilotDriver if slurm.workers else ArrayDriver)(run, slurm, options)

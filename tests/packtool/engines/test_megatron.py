@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from packtool.dataset import megatron
 from packtool.dataset.megatron import MegatronWriter, megatron_dtype, read_megatron_index
 from packtool.engines import records
-from packtool.engines.megatron import tokenize_megatron
+from packtool.engines.megatron.run import tokenize_megatron
 from packtool.engines.preflight import staging_folder
 from packtool.errors import ConfigError, DataError
 from packtool.tokenize.tokenize import tokenized_batches
@@ -273,7 +273,7 @@ def test_partitions_and_workers_write_the_bytes_of_one_process(tmp_path, mixed, 
 def _interrupt_after(prefix: Path, inputs, finished: int, monkeypatch, **kw) -> Path:
     """Run with one worker until `finished` parts have a record, then Ctrl-C; the staging
     folder (kept for --resume)."""
-    from packtool.engines import megatron_part
+    from packtool.engines.megatron import part as megatron_part
 
     staging = staging_folder(Path(f"{prefix}.idx"))
     real = megatron_part.run_part
@@ -298,8 +298,8 @@ def test_resume_after_an_interrupt_and_a_half_done_merge(tmp_path, mixed, whole,
     assert not Path(f"{prefix}.idx").exists()  # no dataset until the index is in place
     # What a kill in the middle of the merge of part 4 leaves: its first bytes appended, and
     # the files of part 3, appended whole, not removed yet.
-    from packtool.engines import megatron as run_module
-    from packtool.engines.megatron_part import part_paths
+    from packtool.engines.megatron import run as run_module
+    from packtool.engines.megatron.part import part_paths
 
     merged = staging / run_module.MERGED_BIN
     size = merged.stat().st_size
@@ -333,7 +333,7 @@ def test_a_swap_cut_at_any_step_is_finished_by_the_next_run(
     .bin, the run's record, the .idx), or while the swapped folder is deleted. The last left a half-deleted run
     folder under the staging name, which every later command took for an interrupted run (and
     --resume then failed on its missing files)."""
-    from packtool.engines import megatron as run_module
+    from packtool.engines.megatron import run as run_module
     from packtool.storage import writing
 
     calls = []
@@ -371,7 +371,7 @@ def test_kill_9_then_resume_writes_the_same_bytes(tmp_path, mixed, whole):
     # Each part takes at least 0.3 s, so the kill lands while the run goes on.
     script = (
         "import sys, time\n"
-        "from packtool.engines import megatron_part\n"
+        "from packtool.engines.megatron import part as megatron_part\n"
         "real = megatron_part.run_part\n"
         "def slow(ctx, d):\n"
         "    time.sleep(0.3)\n"
@@ -395,7 +395,7 @@ def test_kill_9_then_resume_writes_the_same_bytes(tmp_path, mixed, whole):
 
 
 def test_a_killed_swap_is_finished_by_the_next_command(tmp_path, mixed, whole, monkeypatch):
-    from packtool.engines import megatron as run_module
+    from packtool.engines.megatron import run as run_module
 
     prefix = tmp_path / "d"
     real, calls = run_module.finish_swap, []

@@ -1,5 +1,5 @@
 """`tokenize --to megatron --resume` of a finished pair: checked against the run that wrote it
-(the record beside the pair, packtool/engines/megatron_record.py), as `pack --resume` checks a
+(the record beside the pair, packtool/engines/megatron/record.py), as `pack --resume` checks a
 finished dataset's `index.json`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-from packtool.engines.megatron_record import record_path
+from packtool.engines.megatron.record import record_path
 from tests.cli import one_error_line, run
 
 
@@ -84,7 +84,7 @@ def test_resume_of_a_finished_pair_refuses_other_options_or_inputs(tmp_path):
 def test_a_resumed_runs_summary_rates_its_own_work(tmp_path, monkeypatch):
     """The rate divided every token, the kept parts' too, by this run's time."""
     from packtool.engines import records
-    from packtool.engines.megatron import tokenize_megatron
+    from packtool.engines.megatron.run import tokenize_megatron
     from tests.packtool.engines.test_megatron import _interrupt_after
 
     corpus = _corpus(tmp_path / "a.jsonl", 3000, "alpha")
@@ -139,7 +139,7 @@ def test_a_kill_at_any_step_of_the_merge_is_resumed(tmp_path, monkeypatch):
     two appends and two removals), then --resume: the pair of an uninterrupted run. A kill
     between the first part's renames left `merged.bin` without `merged.lengths`, and --resume
     gave up ("a finished partition's part is missing"), losing every finished partition."""
-    from packtool.engines.megatron import tokenize_megatron
+    from packtool.engines.megatron.run import tokenize_megatron
 
     corpus = _corpus(tmp_path / "a.jsonl", 900, "alpha")
     kw = {"partition_size": 100_000, "workers": 1, "progress": False}

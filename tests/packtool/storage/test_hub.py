@@ -112,7 +112,7 @@ def _version(files: dict[str, bytes]) -> str:
 
 
 MEGATRON_COMMIT = ["packed-mega.bin", ".packed-mega.idx.packtool.json", "packed-mega.idx"]
-"""A Megatron pair's one commit: the pair and its run's record (engines/megatron_record.py)."""
+"""A Megatron pair's one commit: the pair and its run's record (engines/megatron/record.py)."""
 
 
 def _hub_holds_a_local_megatron_pair(tmp_path: Path) -> None:

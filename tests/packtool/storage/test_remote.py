@@ -239,7 +239,7 @@ def test_stats_and_tokenize_read_a_glob_of_objects(bucket, tmp_path):
 
 
 def test_mixed_local_and_remote_inputs_and_a_megatron_output(bucket, tmp_path):
-    from packtool.engines.megatron import tokenize_megatron
+    from packtool.engines.megatron.run import tokenize_megatron
 
     both = [bucket / "a.jsonl", "s3://corpus/data/c.jsonl.gz"]
     tokenize_megatron(both, tmp_path / "mixed", progress=False)

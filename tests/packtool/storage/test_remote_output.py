@@ -596,7 +596,7 @@ def test_a_megatron_swap_into_a_bucket_cut_short_is_finished_by_the_next_run(
     swap from the local staging folder, with the bytes of a run never interrupted. Also when
     the failure is packtool's one-line error (a store's failure as `remote.naming` turns it),
     which a run's other errors discard the staging folder for: never a finished pair."""
-    from packtool.engines.megatron import tokenize_megatron
+    from packtool.engines.megatron.run import tokenize_megatron
     from packtool.errors import AlreadyComplete
     from packtool.storage import writing
 

@@ -113,7 +113,7 @@ def test_slurm_writes_the_local_bytes_in_several_arrays(cluster, local, tmp_path
 
 
 def test_tokenize_to_megatron_writes_the_local_pair_and_resumes_detached_jobs(cluster, tmp_path):
-    from packtool.engines.megatron import tokenize_megatron
+    from packtool.engines.megatron.run import tokenize_megatron
 
     tokenize_megatron([SAMPLE], tmp_path / "local", partition_size=300_000, progress=False)
     prefix = tmp_path / "slurm"

@@ -1,5 +1,5 @@
 """The merge of `tokenize --to megatron`'s parts into one pair, while the parts are made
-(packtool/engines/megatron.py runs it; packtool/engines/megatron_part.py writes the parts).
+(packtool/engines/megatron/run.py runs it; packtool/engines/megatron/part.py writes the parts).
 
 The driver keeps a frontier: when the record of partition `k` arrives and every partition before
 it is merged, part `k`'s bytes are appended to `merged.bin` and its lengths to `merged.lengths`
@@ -22,7 +22,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from packtool.engines.megatron_part import part_paths
+from packtool.engines.megatron.part import part_paths
 from packtool.errors import DataError
 from packtool.storage import local as storage
 from packtool.storage import writing

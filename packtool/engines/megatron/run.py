@@ -2,7 +2,7 @@
 
     plan (driver) -> part workers, any engine (local / Ray / Slurm):        -> driver: each part
                      read -> tokenize -> part-P.bin + part-P.lengths           appended to the
-                     + completion record (packtool/engines/megatron_part.py)   merged pair as soon
+                     + completion record (packtool/engines/megatron/part.py)   merged pair as soon
                                                                                as all before it are
     -> finish: PREFIX.idx from the merged lengths; the pair swapped in
 
@@ -15,7 +15,7 @@ one process reading the inputs one after another (and of megatron-core's `Indexe
 fed the same documents), whatever the engine, the partition size or the number of workers.
 
 **The merge runs while the parts are made, never as a pass at the end**
-(packtool/engines/megatron_merge.py): when partition `k`'s record arrives and every partition
+(packtool/engines/megatron/merge.py): when partition `k`'s record arrives and every partition
 before it is merged, part `k` is appended to `merged.bin` / `merged.lengths` and its files
 removed; the first part is renamed, not copied. What is left for the end is the `.idx` (its
 counts come first: 20 bytes a document written from the 4-byte lengths, ~1% of the `.bin`) and
@@ -24,7 +24,7 @@ three renames.
 **Resume.** Nothing about the merge is saved besides the files themselves: a resumed run reads
 the records of the finished partitions (one small file each, as `pack --resume`), finds the
 longest prefix of them that the merged files hold whole, cuts both files back to it and goes on
-from there, whatever step of the merge a kill cut (megatron_merge.py).
+from there, whatever step of the merge a kill cut (merge.py).
 
 **Commit.** A Megatron dataset is two files, so the switch cannot be one rename; the rule is
 `index.json`'s: the dataset exists exactly when its `.idx` does, and the `.idx` is put in place
@@ -32,7 +32,7 @@ last. The finished index is written as `ready.idx` in the staging folder (comple
 temporary name, fsync, rename), after the run's record; then the old `.idx` is deleted (from
 here the old dataset is gone, never half of it visible with the new one) with its record,
 `merged.bin` renamed over `PREFIX.bin`, the record to `.PREFIX.idx.packtool.json` (what
-`--resume` of the finished pair checks: packtool/engines/megatron_record.py), `ready.idx` to
+`--resume` of the finished pair checks: packtool/engines/megatron/record.py), `ready.idx` to
 `PREFIX.idx`, and the folder removed; the steps run in the staging folder renamed aside first
 (`.done`), so a half-deleted folder never reads as an interrupted run. A run killed during
 those steps is finished by the next one (any command on this prefix, under its lock) from
@@ -75,9 +75,9 @@ from packtool.dataset.output_apart import check_apart
 from packtool.engines import preflight, records
 from packtool.engines.base import plan_of, save_plan, saved_plan, source_of, workers_lost
 from packtool.engines.config import RunConfig
-from packtool.engines.megatron_merge import MERGED_BIN, MERGED_LENGTHS, Merge
-from packtool.engines.megatron_part import MegatronContext
-from packtool.engines.megatron_record import READY_RECORD, check_finished, record_path, write_record
+from packtool.engines.megatron.merge import MERGED_BIN, MERGED_LENGTHS, Merge
+from packtool.engines.megatron.part import MegatronContext
+from packtool.engines.megatron.record import READY_RECORD, check_finished, record_path, write_record
 from packtool.engines.plan import PARTITION_SIZE, Plan
 from packtool.engines.preflight import Output
 from packtool.errors import ConfigError, DataError, WorkersLost
@@ -361,7 +361,7 @@ def finish_swap(work: Path, bin_path: Path, idx_path: Path, shown: str = "") -> 
         writing.remove_file(idx_path)  # first: no .idx ever names another .bin
         writing.remove_file(record_path(idx_path))  # the old pair's record goes with it
         writing.replace(merged, bin_path)
-    if storage.is_file(record):  # (megatron_record.py; a staging folder before it had none)
+    if storage.is_file(record):  # (record.py; a staging folder before it had none)
         writing.replace(record, record_path(idx_path))
     writing.replace(ready, idx_path)
     writing.sync_dir(idx_path.parent)
@@ -491,7 +491,7 @@ class MegatronRun:
         try:
             write_index(tmp, self.work / MERGED_LENGTHS, self.dtype, self.merge.documents)
             sizes = storage.size(self.work / MERGED_BIN), storage.size(tmp)
-            write_record(self.work / READY_RECORD, self.fingerprint, *sizes)  # megatron_record
+            write_record(self.work / READY_RECORD, self.fingerprint, *sizes)  # record.py
             writing.replace(tmp, ready)  # complete or absent
         finally:
             writing.remove_file(tmp)

@@ -1,6 +1,6 @@
 """One partition of `packtool tokenize --to megatron`: its documents as a part `.bin` + lengths.
 
-The worker side of packtool/engines/megatron.py. Any engine runs it through
+The worker side of packtool/engines/megatron/run.py. Any engine runs it through
 `worker.run_partition` (a descriptor of kind `MEGATRON`), on the same pieces the pack workers
 read (`plan.descriptor_pieces`) through the same dispatch (`tables.partition_tables`): the
 documents of the partition in reading order, each as the tokenizer encodes it. They are written
