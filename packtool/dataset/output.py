@@ -66,7 +66,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from packtool.dataset import hub_record
 from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, link_bytes
@@ -93,6 +93,16 @@ REMOTE_LOCK = ".packtool-lock"
 """The objects under a remote output's prefix that hold its lock and name its run in progress."""
 _rename = writing.rename  # every rename of the swap goes through here (tests interrupt it)
 T = TypeVar("T")
+
+
+def object_lock(target: Any) -> Any:
+    """The lock of an output written as one object (a file of a bucket, a Megatron `.idx`):
+    the lock object beside it, or on the Hub the repository's lock file."""
+    return (
+        hub.lock_file(target)
+        if hub.is_hub(target)
+        else target.parent / f".{target.name}{LOCK_SUFFIX}"
+    )
 
 
 @dataclass(frozen=True)
@@ -137,9 +147,7 @@ def output_paths(out: str | os.PathLike) -> OutputPaths:
             staging=writing.temporary_name(target),  # local: uploaded by `commit`
             ready=target,
             old=target,
-            lock=hub.lock_file(target)
-            if hub.is_hub(target)
-            else target.parent / f".{target.name}{LOCK_SUFFIX}",
+            lock=object_lock(target),
             remote=True,
             whole_object=True,
         )

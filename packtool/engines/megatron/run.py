@@ -63,10 +63,10 @@ from typing import Any
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.megatron import megatron_dtype, megatron_paths, write_index
 from packtool.dataset.output import (
-    LOCK_SUFFIX,
     OutputLock,
     OutputPaths,
     create_parent,
+    object_lock,
     output_paths,
     remove,
     remove_empty_parents,
@@ -266,9 +266,7 @@ def _remote_paths(prefix: str | os.PathLike, idx_path: Any) -> OutputPaths:
         staging=staging,
         ready=staging,
         old=staging,
-        lock=hub.lock_file(idx_path)
-        if hub.is_hub(idx_path)
-        else idx_path.parent / f".{idx_path.name}{LOCK_SUFFIX}",
+        lock=object_lock(idx_path),
         remote=True,
         whole_object=True,
     )
