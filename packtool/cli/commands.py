@@ -6,6 +6,7 @@ a wrong option or argument. Nothing here is imported by the library.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import gc
 import os
@@ -548,26 +549,27 @@ def pack_cmd(
         echo(summary.format(max_len))
 
 
-_ARGS: list[list[str] | None] = [None]  # the arguments `main` runs the CLI with
+_ARGS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("args", default=None)
 
 
 def _command_line() -> str:
-    """`packtool ARGS` as `main` was given them (not the argv of a program that called it)."""
+    """`packtool ARGS` as `main` was given them (`_ARGS`, per thread: two runs at once record
+    their own), not the argv of a program that called it."""
     import shlex
 
-    return shlex.join(["packtool", *(sys.argv[1:] if _ARGS[0] is None else _ARGS[0])])
+    given = _ARGS.get()
+    return shlex.join(["packtool", *(sys.argv[1:] if given is None else given)])
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
     previous = interrupt.install_sigint()
-    # Python's default (700 allocations) ran ~250 young and 2 full collections during a pack's
-    # imports and numba's kernel loading: 0.3-0.45 s with the GIL held. A command is one
-    # short process whose data is arrays, not cycles; collections stay on, just rarer.
+    # Python's default (700) ran ~250 collections in a pack's imports: 0.3-0.45 s with the GIL
+    # held. A command's data is arrays, not cycles; collections stay on, just rarer.
     gc.set_threshold(10_000, 10, 10)
     os.environ.setdefault("PACKTOOL_NUMBA_EXTENSIONS", "0")  # packtool/pack/warmup.py says why
     given = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    _ARGS[0] = given
+    running = _ARGS.set(given)
     try:
         cli.main(args=given, prog_name="packtool", standalone_mode=False)
     except BaseException as exc:  # one line and an exit code for what a user can act on
@@ -577,7 +579,8 @@ def main(argv: list[str] | None = None) -> None:
             raise
         sys.exit(code)
     finally:
-        interrupt.note[0], _ARGS[0] = (lambda: ""), None
+        interrupt.note[0] = lambda: ""
+        _ARGS.reset(running)
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
         if argv is None:
@@ -585,13 +588,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _before_exit() -> None:
-    """The console script's process ends next: spare it the teardown's garbage collections.
-
-    Python's shutdown runs full collections over every object the imports made (numba, pyarrow:
-    ~117,000), ~0.1 s of a pack's 2.5 s on this project's box; frozen objects are skipped by
-    them (`gc.freeze`). Only when `main()` read `sys.argv` (the command itself): a caller that
-    passes `argv` (tests, other programs) goes on living and keeps its collections.
-    """
+    """The console script's process ends next: spare it the teardown's full collections over
+    every object the imports made (numba, pyarrow: ~117,000; ~0.1 s of a pack's 2.5 s here),
+    which skip frozen objects. Only when `main()` read `sys.argv` (the command itself): a caller
+    that passes `argv` (tests, other programs) goes on living and keeps its collections."""
     gc.freeze()
 
 

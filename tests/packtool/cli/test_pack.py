@@ -168,3 +168,36 @@ def test_the_console_script_freezes_the_collector_before_exit_and_callers_keep_i
     with pytest.raises(SystemExit) as exc:
         cli.main()
     assert exc.value.code == 2 and frozen == [1, 1]  # errors too: the process ends either way
+
+
+def test_two_runs_at_once_record_their_own_command(tmp_path, monkeypatch):
+    # `main` kept its arguments in one slot for the process: a run in another thread that
+    # started and finished meanwhile left its own there (or none), and index.json named the
+    # other run's output and options.
+    import threading
+
+    from packtool.cli import commands
+
+    other_done = threading.Event()
+    real = commands.check_input_options
+
+    def held(*args, **kwargs):  # the first run waits, past its start, for the second's end
+        if threading.current_thread().name == "first":
+            assert other_done.wait(120)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(commands, "check_input_options", held)
+    results = {}
+
+    def pack(name: str, max_len: str) -> None:
+        results[name] = run("pack", CORPUS, "-o", tmp_path / name, "--max-len", max_len)
+
+    first = threading.Thread(target=pack, args=("a", "256"), name="first")
+    first.start()
+    pack("b", "512")
+    other_done.set()
+    first.join(120)
+    for name, max_len in (("a", "256"), ("b", "512")):
+        assert results[name][0] == 0, results[name][2]
+        command = read_manifest(tmp_path / name).command
+        assert command == f"packtool pack {CORPUS} -o {tmp_path / name} --max-len {max_len}"
