@@ -100,14 +100,14 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedClusters(config, log)
 
 
+_UNNAMED = pytest.StashKey[str]()
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:  # else the scheduler would run it beside the cluster's other tests
         cluster = _shared_cluster(item)
         if cluster not in (None, _cluster_named(item.nodeid)):
-            raise pytest.UsageError(
-                f"{item.nodeid} drives the shared {cluster} cluster but its name does not say "
-                "so: put the cluster's name in the test's name (tests/conftest.py)"
-            )
+            item.stash[_UNNAMED] = cluster
     try:
         import torch
 
@@ -120,6 +120,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def pytest_runtest_setup(item):
+    # A failed test, not a collection error: the scheduler runs in xdist's controller, which
+    # collects nothing, and an error in a worker's collection is 35 lines of INTERNALERROR.
+    cluster = item.stash.get(_UNNAMED, None)
+    if cluster is not None:
+        pytest.fail(
+            f"{item.nodeid} drives the shared {cluster} cluster but its name does not say so: "
+            f"put {cluster!r} in the test's name (tests/conftest.py schedules by name)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(autouse=True)
