@@ -19,7 +19,7 @@ import io
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -377,11 +377,11 @@ def local_copy(path: Any, size: int) -> Iterator[Path]:
 
     local = writing.temporary_name(path)
     try:
-        with open_input(path) as source, open(local, "wb") as out:
+        with open_input(path) as source, _copying_to(local, path) as write:
             got = 0
             while block := source.read(COPY_BYTES):
                 got += len(block)
-                out.write(block)
+                write(block)
         if got != size:
             raise DataError(f"{path}: {got:,} bytes came back, expected {size:,}; read it again")
         yield local
@@ -391,6 +391,38 @@ def local_copy(path: Any, size: int) -> Iterator[Path]:
 
 COPY_BYTES = READ_BYTES
 """`local_copy`'s reads: whole `open_input` blocks."""
+
+
+@contextlib.contextmanager
+def _copying_to(local: Path, path: Any) -> Iterator[Callable[[bytes], object]]:
+    """`write(block)` into `local`, newly created, closed on leaving; a failure to write it (a
+    full disk: an `OSError` naming no file) names the file, what it is for and what sets its
+    folder. Errors of the reads between the writes pass through as they are."""
+    from packtool.storage.writing import SCRATCH_ENV
+
+    def named(exc: OSError) -> OSError:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        where = f"a local copy of {path} to read whole; {SCRATCH_ENV} sets its folder"
+        return OSError(exc.errno, f"{why} ({where})", str(local))
+
+    try:
+        out = open(local, "wb")  # noqa: SIM115 - closed below, its failure named
+    except OSError as exc:
+        raise named(exc) from None
+
+    def write(block: bytes) -> object:
+        try:
+            return out.write(block)
+        except OSError as exc:
+            raise named(exc) from None
+
+    try:
+        yield write
+    finally:
+        try:
+            out.close()
+        except OSError as exc:
+            raise named(exc) from None
 
 
 def read_range(path: Any, start: int, end: int) -> bytes:

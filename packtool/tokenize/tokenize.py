@@ -90,9 +90,13 @@ def unchanged_ids(
         ConfigError: `--eos-id` / `--bos-id` named an id, which would add nothing.
     """
     given = tokenizer.given_ids if tokenizer is not None else ()
-    if eos_added:
-        given = tuple(flag for flag in given if flag != "--eos-id")
-    if given:
+    if eos_added and "--bos-id" in given:
+        raise ConfigError(
+            "--bos-id adds nothing to pre-tokenized ids, which get only the EOS with --to "
+            "megatron (docs/tokenize.md, 'Pre-tokenized Parquet'); leave it out, or put the "
+            "BOS in the ids"
+        )
+    if given and not eos_added:
         raise ConfigError(
             f"{' and '.join(given)} {'add' if len(given) > 1 else 'adds'} nothing to "
             "pre-tokenized ids, which are used unchanged (docs/tokenize.md, 'Pre-tokenized "

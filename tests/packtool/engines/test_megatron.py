@@ -649,4 +649,5 @@ def test_pre_tokenized_ids_get_the_eos_and_never_a_bos(tmp_path):
     )  # fmt: skip
     last = err.strip().splitlines()[-1]  # (after the notes on the engine and the id's room)
     assert code != 0 and last.startswith("error: --bos-id adds nothing to pre-tokenized ids"), err
+    assert "which get only the EOS with --to megatron" in last and "put the BOS in the ids" in last
     assert not (tmp_path / "b.bin").exists()

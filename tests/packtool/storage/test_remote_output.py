@@ -863,3 +863,29 @@ def test_verify_of_a_bucket_dataset_downloads_each_shard_once(fs, s3_server, tmp
         line = one_error_line(err)
         assert code != 0 and f"s3://{key}" in line and found in line, line
     assert list(scratch.iterdir()) == []
+
+
+def test_verify_of_a_bucket_dataset_that_cannot_copy_a_shard_names_the_copy(fs, tmp_path):
+    # A full scratch disk was `error: No space left on device`, naming nothing: verify had not
+    # written before, and the line did not say where or why it writes. (A file size limit
+    # stands in for the full disk: the same OSError naming no file, from the same write.)
+    url = f"s3://{BUCKET}/copied"
+    run_pack(pack_config(url, shards=ShardConfig(shard_rows=100, row_group_rows=20)))
+    scratch = tmp_path / "scratch"
+    limited = (
+        "import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512)); "
+        "from packtool.cli.commands import main; main()"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKTOOL_SCRATCH": str(scratch)}
+    done = subprocess.run(
+        [sys.executable, "-B", "-c", limited, "verify", url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = one_error_line(done.stderr)
+    assert done.returncode == 1 and line.startswith(f"error: {scratch}/.shard-"), line
+    assert "File too large (a local copy of s3://" in line and "PACKTOOL_SCRATCH" in line, line
+    assert list(scratch.iterdir()) == []
