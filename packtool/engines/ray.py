@@ -40,6 +40,8 @@ import logging
 import os
 import pickle
 import socket
+import threading
+import time
 import warnings
 from contextlib import closing
 from dataclasses import dataclass
@@ -137,11 +139,13 @@ def drive_ray(run: Any, ray_config: RayConfig) -> str:
     packtool/engines/megatron/run.py) on a Ray Data actor pool; what was used, in words."""
     ray = import_ray()
     started = _connect(ray, ray_config.address)
+    finished = False
     try:
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         actors = ray_config.actors or cpus
         for wave in run.waves():  # the partitions, then each level of the tail tree
             _execute(ray, run, ray_config, actors, wave)
+        finished = True
     except Exception as exc:
         cause = _packtool_cause(exc)
         if cause is not None:
@@ -154,12 +158,33 @@ def drive_ray(run: Any, ray_config: RayConfig) -> str:
             ) from None
         raise
     finally:
-        if started:
+        # A failed or stopped run leaves the Ray it started to Ray's own exit handler, which
+        # runs once the error is reported and the run's folder dealt with: shut down here,
+        # while Ray Data's threads still ran (its prefetcher, its executor), Ray ended the
+        # process first ("the core worker has already been shutdown"): exit 1, no message,
+        # the run's folder and lock left behind (3 of 8 runs whose partition raised an error).
+        if started and finished:
+            _let_prefetchers_end()
             ray.shutdown()
     return (
         f"Ray: {cpus} CPU(s) in the cluster, a Ray Data pool of up to {actors} partition "
         "actor(s) (stage times summed over actors)"
     )
+
+
+def _let_prefetchers_end(timeout: float = 10.0) -> None:
+    """Stop Ray Data's block prefetch threads and wait for them (at most `timeout` s) before
+    `ray.shutdown` (one that ran on can have Ray end the process). Ray stops a prefetcher when
+    it is collected, which its own thread prevents (its target is the prefetcher's method)."""
+    end = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name != "Prefetcher" or thread is threading.current_thread():
+            continue
+        owner = getattr(getattr(thread, "_target", None), "__self__", None)
+        stop = getattr(owner, "stop", None)
+        if callable(stop):
+            stop()
+        thread.join(max(0.0, end - time.monotonic()))
 
 
 def _connect(ray: Any, address: str | None) -> bool:
@@ -293,8 +318,10 @@ def _caused_by(exc: BaseException, kind: type) -> bool:
     return False
 
 
-def _packtool_cause(exc: BaseException) -> PacktoolError | None:
-    """The user-facing error inside a Ray error, if there is one."""
+def _packtool_cause(exc: BaseException) -> PacktoolError | OSError | None:
+    """The user-facing error inside a Ray error, if there is one: a `PacktoolError`, or an
+    `OSError` (a full disk in an actor: one line naming the file and the resume hint, as on
+    the local engine, where it was Ray Data's 159-line `UserCodeException` traceback)."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -306,7 +333,7 @@ def _packtool_cause(exc: BaseException) -> PacktoolError | None:
         if isinstance(inner, BaseException):  # a RayTaskError: also a subclass of its cause,
             todo.append(inner)  # but its text is the remote traceback; the cause's is one line
             continue
-        if isinstance(e, PacktoolError):
+        if isinstance(e, (PacktoolError, OSError)):
             return e
         todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
     return None

@@ -391,3 +391,55 @@ def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(ray_session, tmp_pa
     summary = run_ray(config(out, resume=True))
     assert summary.resumed_partitions >= kept
     assert_same_as_local(out, tmp_path / "local")
+
+
+def test_an_os_error_inside_a_ray_actor_is_the_error_reported():
+    # A full disk in an actor was Ray Data's 159-line UserCodeException traceback; the local
+    # engine's one line (file, resume hint) comes from the OSError, now found under Ray's error.
+    import errno
+
+    from packtool.engines import ray as ray_engine
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/out/shard-000003-00000.parquet")
+    udf = RuntimeError("UDF failed to process a data block")
+    udf.__cause__ = full
+    assert ray_engine._packtool_cause(udf) is full
+
+
+def test_a_failed_run_on_a_ray_it_started_reports_before_ray_shuts_down(tmp_path):
+    # `ray.shutdown` while Ray Data's threads still ran (its prefetcher, its executor) had Ray
+    # end the process ("the core worker has already been shutdown"): exit 1, no error line, the
+    # run's folder and lock left (3 of 8 runs). Only a Ray the run started itself shuts down: a
+    # process of its own.
+    import subprocess
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    good = CORPUS.read_text().splitlines(keepends=True)[:100]
+    for i in range(4):
+        (bad / f"f{i}.jsonl").write_text('{"text": broken\n' + "".join(good))
+    script = (
+        "import sys, threading, ray\n"
+        "real = ray.shutdown\n"
+        "def checked(*a, **k):\n"
+        "    print('ray.shutdown by the run', file=sys.stderr)\n"
+        "    return real(*a, **k)\n"
+        "ray.shutdown = checked\n"
+        "from packtool.cli.commands import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    out = tmp_path / "y"
+    args = ["pack", bad, "-o", out, "--max-len", "512", "--partition-size", "50KB", "--strict"]
+    args += ["--engine", "ray", "--ray-address", "local", "--workers", "2"]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""},
+    )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr[-3000:]
+    assert ":1: malformed json" in errors[0], errors
+    assert "ray.shutdown by the run" not in done.stderr  # Ray's exit handler's, after the line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no folder or lock left
