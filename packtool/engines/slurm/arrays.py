@@ -26,15 +26,12 @@ from packtool.engines.config import resume_command
 from packtool.engines.interrupts import ctrl_c_after
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.config import JOBS_DIR, PROBE_OK, SlurmConfig
-from packtool.engines.slurm.state import LOCAL_HOME as LOCAL_HOME
 from packtool.engines.slurm.state import (
     cancel_and_wait,
     recorded_jobs,
     remove_run_folders,
     run_folders,
 )
-from packtool.engines.slurm.state import local_home as local_home
-from packtool.engines.slurm.state import logs_folder as logs_folder
 from packtool.engines.slurm.task import CANNOT_SEE, task_error
 from packtool.errors import ConfigError, DataError, Detached
 from packtool.storage import local as storage

@@ -41,9 +41,10 @@ from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
 from packtool.engines.interrupts import sigterm_as_ctrl_c
 from packtool.engines.slurm import commands as cli
-from packtool.engines.slurm.arrays import ArrayDriver, logs_folder, remove_run_folders
+from packtool.engines.slurm.arrays import ArrayDriver
 from packtool.engines.slurm.config import SlurmConfig
 from packtool.engines.slurm.pilots import PilotDriver
+from packtool.engines.slurm.state import logs_folder, remove_run_folders
 from packtool.engines.summary import PackSummary
 from packtool.errors import Detached
 from packtool.tokenizer.tokenizers import Tokenizer

@@ -89,8 +89,8 @@ def test_the_ray_engine_writes_a_bucket_from_its_own_workers(ray_session, fs, lo
 def test_the_slurm_engine_writes_a_bucket_from_its_tasks(
     slurm_cluster, fs, local_pack, tmp_path, monkeypatch
 ):
-    from packtool.engines.slurm.arrays import LOCAL_HOME, local_home
     from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
+    from packtool.engines.slurm.state import LOCAL_HOME, local_home
 
     # The tasks write the shards and records themselves (the AWS_* variables reach them through
     # sbatch's --export=ALL); the job scripts and logs go to .packtool-slurm/ here, not the bucket.
@@ -119,8 +119,8 @@ def test_the_slurm_engine_writes_a_bucket_from_its_tasks(
 def test_slurm_pull_workers_detach_and_resume_into_a_bucket(
     slurm_cluster, fs, local_pack, tmp_path, monkeypatch
 ):
-    from packtool.engines.slurm.arrays import LOCAL_HOME
     from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
+    from packtool.engines.slurm.state import LOCAL_HOME
     from packtool.errors import Detached
 
     # Detached: the run state (records, shards) is in the bucket, the jobs' files here; the

@@ -17,6 +17,16 @@ from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
 from packtool.errors import Detached
 from tests.packtool.engines.slurm.test_driver import _config, _queue, _same_dataset
 
+HOLD = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 600; fi'
+"""An array task that never ends (its partitions stay unrecorded while the test acts)."""
+
+
+def _detached_holding(out, slurm: SlurmConfig) -> list[str]:
+    """A `--no-wait` run into `out` whose tasks never end: the ids of the jobs it queued."""
+    with pytest.raises(Detached) as gone:
+        run_pack_slurm(_config(out), replace(slurm, wait=False, setup=HOLD))
+    return gone.value.job_ids
+
 
 @pytest.fixture(scope="module")
 def cluster(slurm_cluster):
@@ -36,10 +46,7 @@ def test_overwrite_cancels_a_detached_runs_jobs_before_it_discards_them(cluster,
     running wrote old-option partitions into the new run's staging folder (same path): 9 of 12
     partitions with the old tokenizer's ids, verify OK."""
     out = tmp_path / "packed"
-    hold = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 600; fi'  # a long task
-    with pytest.raises(Detached) as gone:
-        run_pack_slurm(_config(out), SlurmConfig(tasks_per_job=11, wait=False, setup=hold))
-    jobs = gone.value.job_ids
+    jobs = _detached_holding(out, SlurmConfig(tasks_per_job=11))
     try:
         end = time.time() + 30
         while not any("_" in k and "_0" in k for k in _queue(jobs)) and time.time() < end:
@@ -63,12 +70,9 @@ def test_a_resume_in_the_other_mode_leaves_no_job_of_the_first(
     """A detached fixed-share run resumed with --slurm-workers (and the reverse) finished with
     the first mode's jobs still queued: each driver looked only at its own mode's jobs."""
     out = tmp_path / "packed"
-    hold = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 600; fi'  # tasks that never end
-    slurm = SlurmConfig(tasks_per_job=11 if first is None else 1, workers=first, wait=False)
+    slurm = SlurmConfig(tasks_per_job=11 if first is None else 1, workers=first)
     # (one task of the first mode holds one of the two cores: the other runs the resume)
-    with pytest.raises(Detached) as gone:
-        run_pack_slurm(_config(out), replace(slurm, setup=hold))
-    jobs = gone.value.job_ids
+    jobs = _detached_holding(out, slurm)
     try:
         run_pack_slurm(_config(out, resume=True), SlurmConfig(workers=then, poll_seconds=0.3))
         assert not _queue(jobs)
@@ -83,10 +87,7 @@ def test_worker_arrays_split_by_max_array_size_log_apart(cluster, tmp_path):
     import json
 
     out = tmp_path / "packed"
-    hold = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 600; fi'
-    with pytest.raises(Detached) as gone:
-        run_pack_slurm(_config(out), SlurmConfig(workers=6, wait=False, setup=hold))
-    jobs = gone.value.job_ids
+    jobs = _detached_holding(out, SlurmConfig(workers=6))
     subprocess.run(["scancel", *jobs], capture_output=True)
     folder = staging_folder(out) / records.RUN_DIR / "slurm" / "jobs"
     entries = [json.loads(p.read_text()) for p in folder.glob("*.json")]
@@ -99,10 +100,7 @@ def test_a_resume_after_a_stopped_driver_submits_the_workers_asked_for(cluster, 
     submitted --slurm-workers workers, then released the dead claims at a later poll and
     submitted as many again while the first ran (2 asked for, 4 run)."""
     out = tmp_path / "packed"
-    hold = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 600; fi'
-    with pytest.raises(Detached) as gone:
-        run_pack_slurm(_config(out), SlurmConfig(workers=1, wait=False, setup=hold))
-    jobs = gone.value.job_ids
+    jobs = _detached_holding(out, SlurmConfig(workers=1))
     subprocess.run(["scancel", *jobs], capture_output=True)
     end = time.time() + 30
     while _queue(jobs) and time.time() < end:
@@ -126,9 +124,8 @@ def test_sigterm_to_the_driver_cancels_its_jobs_as_ctrl_c_does(cluster, tmp_path
     from tests.packtool.engines.slurm.test_driver import ROOT, SAMPLE
 
     out = tmp_path / "packed"
-    hold = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 600; fi'
     args = ["pack", str(SAMPLE), "-o", str(out), "--max-len", "1024", "--shard-rows", "200",
-            "--partition-size", "300000", "--engine", "slurm", "--slurm-setup", hold]  # fmt: skip
+            "--partition-size", "300000", "--engine", "slurm", "--slurm-setup", HOLD]  # fmt: skip
     if workers:
         args += ["--slurm-workers", str(workers)]
     cmd = [sys.executable, "-m", "packtool.cli.commands", *args]

@@ -165,7 +165,7 @@ def test_a_slurm_run_finished_by_the_local_engine_leaves_no_job_and_no_logs(
     """The docs say a killed driver is resumed by either engine: the local one finished the
     dataset but left the dead driver's array tasks queued (they then failed on the removed run
     folder) and its logs folder beside the output for good."""
-    from packtool.engines.slurm.arrays import logs_folder
+    from packtool.engines.slurm.state import logs_folder
 
     out = tmp_path / "packed"
     with pytest.raises(Detached) as gone:
