@@ -49,8 +49,9 @@ class MissingDependencyError(PacktoolError, ImportError):
 
 
 @contextmanager
-def naming(path: str | os.PathLike | object) -> Iterator[None]:
-    """Give an `OSError` raised inside the name of the file being written.
+def naming(path: str | os.PathLike | object, note: str = "") -> Iterator[None]:
+    """Give an `OSError` raised inside the name of the file being written (and `note`, what
+    the file is for, after its reason).
 
     pyarrow's writers and Python's `write` / `fsync` report a full disk as "Error writing bytes
     to file ... No space left on device" or "[Errno 28] No space left on device", naming no file;
@@ -62,6 +63,7 @@ def naming(path: str | os.PathLike | object) -> Iterator[None]:
         if exc.filename is not None:
             raise
         why = os.strerror(exc.errno) if exc.errno else str(exc)
+        why += f" ({note})" if note else ""
         # A URL's path (upath's S3Path, ...) is no os.PathLike: its str is the URL.
         name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
         raise OSError(exc.errno, why, name) from None

@@ -19,11 +19,12 @@ import io
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from packtool.errors import DataError
+from packtool.errors import naming as naming_file
 from packtool.storage.remote import filesystem, info_of, naming
 
 READ_BYTES = 16 << 20
@@ -376,12 +377,22 @@ def local_copy(path: Any, size: int) -> Iterator[Path]:
     from packtool.storage import writing
 
     local = writing.temporary_name(path)
+    # A failure to write the copy (a full disk: an OSError naming no file) names it, what it
+    # is for and what sets its folder; the reads' errors between the writes pass as they are.
+    note = f"a local copy of {path} to read whole; {writing.SCRATCH_ENV} sets its folder"
     try:
-        with open_input(path) as source, _copying_to(local, path) as write:
+        with open_input(path) as source:
+            with naming_file(local, note):
+                out = open(local, "wb")  # noqa: SIM115 - closed below, its failure named
             got = 0
-            while block := source.read(COPY_BYTES):
-                got += len(block)
-                write(block)
+            try:
+                while block := source.read(COPY_BYTES):
+                    got += len(block)
+                    with naming_file(local, note):
+                        out.write(block)
+            finally:
+                with naming_file(local, note):
+                    out.close()
         if got != size:
             raise DataError(f"{path}: {got:,} bytes came back, expected {size:,}; read it again")
         yield local
@@ -391,38 +402,6 @@ def local_copy(path: Any, size: int) -> Iterator[Path]:
 
 COPY_BYTES = READ_BYTES
 """`local_copy`'s reads: whole `open_input` blocks."""
-
-
-@contextlib.contextmanager
-def _copying_to(local: Path, path: Any) -> Iterator[Callable[[bytes], object]]:
-    """`write(block)` into `local`, newly created, closed on leaving; a failure to write it (a
-    full disk: an `OSError` naming no file) names the file, what it is for and what sets its
-    folder. Errors of the reads between the writes pass through as they are."""
-    from packtool.storage.writing import SCRATCH_ENV
-
-    def named(exc: OSError) -> OSError:
-        why = os.strerror(exc.errno) if exc.errno else str(exc)
-        where = f"a local copy of {path} to read whole; {SCRATCH_ENV} sets its folder"
-        return OSError(exc.errno, f"{why} ({where})", str(local))
-
-    try:
-        out = open(local, "wb")  # noqa: SIM115 - closed below, its failure named
-    except OSError as exc:
-        raise named(exc) from None
-
-    def write(block: bytes) -> object:
-        try:
-            return out.write(block)
-        except OSError as exc:
-            raise named(exc) from None
-
-    try:
-        yield write
-    finally:
-        try:
-            out.close()
-        except OSError as exc:
-            raise named(exc) from None
 
 
 def read_range(path: Any, start: int, end: int) -> bytes:
