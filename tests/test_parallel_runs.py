@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import need
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SUITE = """
@@ -43,7 +45,7 @@ def test_other(i):
 
 
 def _pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    pytest.importorskip("xdist")
+    need("xdist", "pytest-xdist is not installed (the dev extras)")
     (folder / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RUNS_LOG": str(folder / "runs.log")}
     return subprocess.run(

@@ -147,7 +147,7 @@ def drive_ray(run: Any, ray_config: RayConfig) -> str:
             _execute(ray, run, ray_config, actors, wave)
         finished = True
     except Exception as exc:
-        cause = _packtool_cause(exc)
+        cause = _user_cause(exc)
         if cause is not None:
             raise cause from None
         if _caused_by(exc, ray.exceptions.RayActorError):
@@ -318,7 +318,7 @@ def _caused_by(exc: BaseException, kind: type) -> bool:
     return False
 
 
-def _packtool_cause(exc: BaseException) -> PacktoolError | OSError | None:
+def _user_cause(exc: BaseException) -> PacktoolError | OSError | None:
     """The user-facing error inside a Ray error, if there is one: a `PacktoolError`, or an
     `OSError` (a full disk in an actor: one line naming the file and the resume hint, as on
     the local engine, where it was Ray Data's 159-line `UserCodeException` traceback)."""

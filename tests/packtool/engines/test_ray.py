@@ -403,7 +403,7 @@ def test_an_os_error_inside_a_ray_actor_is_the_error_reported():
     full = OSError(errno.ENOSPC, "No space left on device", "/out/shard-000003-00000.parquet")
     udf = RuntimeError("UDF failed to process a data block")
     udf.__cause__ = full
-    assert ray_engine._packtool_cause(udf) is full
+    assert ray_engine._user_cause(udf) is full
 
 
 def test_a_failed_run_on_a_ray_it_started_reports_before_ray_shuts_down(tmp_path):
