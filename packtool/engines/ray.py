@@ -191,7 +191,7 @@ def _connect(ray: Any, address: str | None) -> bool:
     """Join or start Ray; True when this call started it (and so must shut it down)."""
     if ray.is_initialized():
         return False
-    _check_reachable(address or os.environ.get("RAY_ADDRESS"))
+    _check_address(address or os.environ.get("RAY_ADDRESS"))
     ray.init(
         address=address,
         include_dashboard=False,
@@ -202,21 +202,69 @@ def _connect(ray: Any, address: str | None) -> bool:
     return True
 
 
-def _check_reachable(address: str | None, timeout: float = 10.0) -> None:
-    """A `host:port` (or `ray://host:port`) nothing answers on is one line: `ray.init` retried
-    it for ever, deaf to Ctrl-C and SIGTERM (the engines audit waited 500 s, then kill -9)."""
+def _check_address(address: str | None, timeout: float = 10.0) -> None:
+    """A `host:port` where no Ray answers is one line: `ray.init` retried it for ever, deaf to
+    Ctrl-C and SIGTERM, both where nothing listened (the engines audit waited 500 s, then
+    kill -9) and where something else did (a dashboard's HTTP port: over 5 minutes). Ray's GCS
+    speaks gRPC, so it answers HTTP/2's connection preface with a SETTINGS frame; other
+    servers answer otherwise or not at all. With `RAY_USE_TLS` the GCS expects TLS first, so
+    only the connection is checked. A Ray Client address is refused (below)."""
     if not address or address in ("auto", "local"):
         return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if address.startswith("ray://"):
+        # Ray Data runs its executor in the driver and needs the driver's core worker, which a
+        # Ray Client connection has not: Ray 2.60 failed inside Ray Data with a 60-line
+        # traceback ("'Worker' object has no attribute 'core_worker'").
+        raise ConfigError(
+            f"--ray-address {address}: Ray Data cannot run through Ray Client (ray://); run "
+            "packtool on a node of the cluster with --ray-address auto (or HOST:6379), or "
+            "submit it there as a job: ray job submit -- packtool pack ..."
+        )
+    host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         return  # another form: Ray says what it makes of it
+    start = "start Ray there (`ray start --head`) or leave the option out to start one here"
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as conn:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return
+            answer = _h2_answer(conn)
     except OSError as exc:
         raise ConfigError(
-            f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start "
-            "Ray there (`ray start --head`) or leave the option out to start one here"
+            f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); {start}"
         ) from None
+    if answer is None or len(answer) < 9 or answer[3] != _H2_SETTINGS:
+        if answer is None:
+            what = f"did not answer within {timeout:g} s"
+        else:
+            what = f"answered {answer[:16]!r}" if answer else "closed the connection"
+        raise ConfigError(
+            f"--ray-address {address}: something listens there but it is not Ray (it {what} "
+            "where Ray's GCS answers gRPC); give the GCS port `ray start --head` printed (6379 "
+            "by default), not the dashboard's"
+        )
+
+
+# The client's connection preface, then an empty SETTINGS frame (length 0, type 4, no flags,
+# stream 0): a gRPC server answers with a SETTINGS frame of its own.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_H2_SETTINGS = 4  # an HTTP/2 frame header is 9 bytes: length (3), type (1), flags, stream id
+
+
+def _h2_answer(conn: socket.socket) -> bytes | None:
+    """The first 9 bytes a server sends back to HTTP/2's connection preface (fewer if it
+    closes first; None if it sends nothing within the connection's timeout)."""
+    conn.sendall(_H2_PREFACE)
+    got = b""
+    try:
+        while len(got) < 9:
+            chunk = conn.recv(9 - len(got))
+            if not chunk:
+                break
+            got += chunk
+    except TimeoutError:
+        return got or None
+    return got
 
 
 class PartitionActor:

@@ -9,6 +9,7 @@ run without Ray.
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
 import time
@@ -350,6 +351,74 @@ def test_a_ray_address_nothing_answers_on_is_one_line_not_a_hang(tmp_path):
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith(f"error: --ray-address 127.0.0.1:{port}: nothing answers there (")
     assert not (tmp_path / "o").exists()
+
+
+def _pack_at(address: str, out: Path) -> tuple[int, str]:
+    """`packtool pack --engine ray --ray-address ADDRESS` in a process of its own, with a
+    deadline (a hang in `ray.init` ignores SIGTERM, so it must not be this process's)."""
+    import subprocess
+
+    args = ("pack", CORPUS, "-o", out, "--engine", "ray", "--ray-address", address)
+    cmd = [sys.executable, "-m", "packtool.cli.commands", *map(str, args)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    return done.returncode, done.stderr
+
+
+def test_a_ray_address_where_another_server_answers_is_one_line_not_a_hang(tmp_path):
+    """An HTTP server's port (as Ray's dashboard, :8265, is): `ray.init` waited over 5 minutes
+    in its GCS connect, deaf to SIGTERM; the TCP check alone let it through."""
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # its 505 to the preface, not on the test's stderr
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        code, err = _pack_at(address, tmp_path / "o")
+    finally:
+        server.shutdown()
+    assert code == 1, err[-500:]
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"error: --ray-address {address}: something listens there but it is ")
+    assert "not Ray (it answered b'<!DOCTYPE' where Ray's GCS answers gRPC)" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_ray_address_that_accepts_and_stays_silent_is_named_within_the_timeout():
+    from packtool.engines.ray import _check_address
+
+    with socket.socket() as listener:  # connections queue in the backlog; nothing answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        start = time.monotonic()
+        with pytest.raises(ConfigError, match=r"it did not answer within 0\.5 s where Ray's"):
+            _check_address(address, timeout=0.5)
+    assert time.monotonic() - start < 5
+
+
+def test_a_ray_client_address_is_refused_in_one_line(tmp_path):
+    """Ray Data cannot run through Ray Client: Ray 2.60 failed inside Ray Data with a 60-line
+    traceback ("'Worker' object has no attribute 'core_worker'"). Refused before connecting
+    (nothing listens at this address)."""
+    code, err = _pack_at("ray://127.0.0.1:1", tmp_path / "o")
+    assert code == 1, err[-500:]
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: --ray-address ray://127.0.0.1:1: Ray Data cannot run through")
+    assert "ray job submit" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_real_ray_gcs_passes_the_address_check(ray_cluster):
+    """The check's HTTP/2 probe against the session cluster's GCS (a real one): no error."""
+    from packtool.engines.ray import _check_address
+
+    _check_address(ray_cluster.address, timeout=5)
+    host, _, port = ray_cluster.address.rpartition(":")
+    _check_address(f"{host}:{port}", timeout=5)
 
 
 def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(ray_session, tmp_path, monkeypatch):
