@@ -318,6 +318,10 @@ def _execute(
     saved = data.enable_progress_bars
     data.enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # its per-run INFO lines
+    quiet = _ReportedHere(ray)
+    screens = [h for h in logging.getLogger("ray.data").handlers if _on_screen(h)]
+    for handler in screens:
+        handler.addFilter(quiet)
     try:
         source = ray.data.from_items(items, override_num_blocks=len(items))
         try:
@@ -332,6 +336,30 @@ def _execute(
                 run.account(got["record"])
     finally:
         data.enable_progress_bars = saved
+        for handler in screens:
+            handler.removeFilter(quiet)
+
+
+class _ReportedHere(logging.Filter):
+    """Keeps off the screen Ray Data's records of failures this engine reports in one line (an
+    actor that died too often, a `PacktoolError` or `OSError` in an actor): they came before
+    that line as ~40 lines, two tracebacks among them. Ray Data's log file (its session folder)
+    still gets every record; other failures still show theirs."""
+
+    def __init__(self, ray: Any) -> None:
+        super().__init__()
+        self.died = ray.exceptions.RayActorError
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return exc is None or not (_caused_by(exc, self.died) or _user_cause(exc) is not None)
+
+
+def _on_screen(handler: logging.Handler) -> bool:
+    """A handler that writes to a stream (the terminal), not Ray Data's log file."""
+    return isinstance(handler, logging.StreamHandler) and not isinstance(
+        handler, logging.FileHandler
+    )
 
 
 def _pool(source: Any, ray_config: RayConfig, key: str, blob: Any, size: tuple) -> Any:
