@@ -251,7 +251,7 @@ def tokenize_cmd(
 
     # The run's staging folder sits beside PREFIX.idx (its lock's file).
     index = str(megatron_paths(output)[1])
-    interrupt.note[0] = functools.partial(interrupt.resume_note, index, overwrite)
+    interrupt.note.set(functools.partial(interrupt.resume_note, index, overwrite))
     try:
         summary = tokenize_megatron(
             inputs,
@@ -527,7 +527,7 @@ def pack_cmd(
         command=_command_line(),
     )
     tokenizer = loading.result()
-    interrupt.note[0] = functools.partial(interrupt.resume_note, output, overwrite)
+    interrupt.note.set(functools.partial(interrupt.resume_note, output, overwrite))
     try:
         summary = engines.run(config, tokenizer, workers)
     except AlreadyComplete as done:  # --resume of a finished run: success, with nothing to do
@@ -569,7 +569,7 @@ def main(argv: list[str] | None = None) -> None:
     gc.set_threshold(10_000, 10, 10)
     os.environ.setdefault("PACKTOOL_NUMBA_EXTENSIONS", "0")  # packtool/pack/warmup.py says why
     given = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    running = _ARGS.set(given)
+    running, noting = _ARGS.set(given), interrupt.note.set(lambda: "")
     try:
         cli.main(args=given, prog_name="packtool", standalone_mode=False)
     except BaseException as exc:  # one line and an exit code for what a user can act on
@@ -579,7 +579,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         sys.exit(code)
     finally:
-        interrupt.note[0] = lambda: ""
+        interrupt.note.reset(noting)
         _ARGS.reset(running)
         if previous is not None:
             signal.signal(signal.SIGINT, previous)

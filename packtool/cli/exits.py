@@ -33,7 +33,7 @@ def report(exc: BaseException, command: str = "packtool") -> int | None:
     if isinstance(exc, PacktoolError):
         return _say(one_line(exc), 1)
     if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt)):  # click: Ctrl-C is Abort
-        echo(f"interrupted{interrupt.note[0]()}", err=True)
+        echo(f"interrupted{interrupt.note.get()()}", err=True)
         return 130
     if isinstance(exc, click.UsageError):
         # One line, as every other error. A bad value (`--chunk-docs 0`) exits 1 like the
@@ -53,7 +53,7 @@ def report(exc: BaseException, command: str = "packtool") -> int | None:
         return 0
     if isinstance(exc, OSError):  # the disk filled up, a permission changed mid-run, ...
         where = f"{exc.filename}: " if exc.filename else ""
-        return _say(f"{where}{one_line(exc.strerror or exc)}{interrupt.note[0]()}", 1)
+        return _say(f"{where}{one_line(exc.strerror or exc)}{interrupt.note.get()()}", 1)
     return None
 
 

@@ -12,14 +12,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from packtool.storage import local as storage
 
 FORCE_EXIT_AFTER_S = 5.0
 """After Ctrl-C, how long the orderly shutdown may take before the process exits anyway."""
-note: list[Callable[[], str]] = [lambda: ""]
-"""What to tell the user after an interrupt (pack: how to resume); set by the command."""
+note: ContextVar[Callable[[], str]] = ContextVar("note", default=lambda: "")
+"""What to tell the user after an interrupt or a failed write (pack: how to resume); set by the
+command, per thread (two runs at once in one process each name their own folder)."""
 _interrupted = threading.Event()
 
 
@@ -34,14 +36,14 @@ def resume_note(output: str, overwrite: bool) -> str:
     return f"; finished partitions are kept in {staging}: run the same command with {how} to finish"
 
 
-def _force_exit() -> None:
-    os.write(2, f"interrupted{note[0]()} (forced exit)\n".encode())
+def _force_exit(said: Callable[[], str]) -> None:
+    os.write(2, f"interrupted{said()} (forced exit)\n".encode())
     os._exit(130)
 
 
-def _exit_later() -> None:
+def _exit_later(said: Callable[[], str]) -> None:
     time.sleep(FORCE_EXIT_AFTER_S)
-    _force_exit()
+    _force_exit(said)
 
 
 def on_sigint(signum: int, frame: Any) -> None:
@@ -53,10 +55,13 @@ def on_sigint(signum: int, frame: Any) -> None:
     exits at once. Either way `pack --resume` works: shards and partition records are written
     atomically, and only finished partitions are recorded.
     """
+    said = note.get()  # the main thread's note: the watchdog thread has a context of its own
     if _interrupted.is_set():
-        _force_exit()
+        _force_exit(said)
     _interrupted.set()
-    threading.Thread(target=_exit_later, name="packtool-interrupt", daemon=True).start()
+    watchdog = threading.Thread(target=_exit_later, args=(said,), name="packtool-interrupt")
+    watchdog.daemon = True
+    watchdog.start()
     raise KeyboardInterrupt
 
 

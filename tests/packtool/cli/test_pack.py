@@ -201,3 +201,46 @@ def test_two_runs_at_once_record_their_own_command(tmp_path, monkeypatch):
         assert results[name][0] == 0, results[name][2]
         command = read_manifest(tmp_path / name).command
         assert command == f"packtool pack {CORPUS} -o {tmp_path / name} --max-len {max_len}"
+
+
+def test_a_failed_run_in_one_thread_says_its_own_resume_note(tmp_path, monkeypatch):
+    # `interrupt.note` was one slot for the process: a run in another thread that set its note
+    # meanwhile (its output holding finished partitions) had this run's full-disk line end
+    # with "finished partitions are kept in" the other run's folder.
+    import errno
+    import os
+    import threading
+
+    from packtool.cli import engine_options
+    from packtool.engines.preflight import STATE_DIR, staging_folder
+
+    noted, other_done = threading.Event(), threading.Event()
+
+    def held(self, config, tokenizer, workers):
+        if threading.current_thread().name == "first":  # a run with finished partitions
+            os.makedirs(staging_folder(config.out_dir) / STATE_DIR)
+            noted.set()
+            assert other_done.wait(120)
+            raise KeyboardInterrupt
+        assert noted.wait(120)  # this run fails once the first has said its note
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(engine_options.EngineOptions, "run", held)
+    results = {}
+
+    def pack(name: str) -> None:
+        results[name] = run("pack", CORPUS, "-o", tmp_path / name)
+
+    first = threading.Thread(target=pack, args=("a",), name="first")
+    first.start()
+    pack("b")
+    other_done.set()
+    first.join(120)
+    assert results["b"][0] == 1
+    assert one_error_line(results["b"][2]) == "error: No space left on device"
+    code, _, err = results["a"]
+    assert code == 130
+    assert err.strip() == (
+        f"interrupted; finished partitions are kept in {staging_folder(str(tmp_path / 'a'))}: "
+        "run the same command with --resume to finish"
+    )
