@@ -15,7 +15,9 @@ runs it (imports, store clients and worker processes included), default options 
 process per core): local folder -> local, prefix -> local, prefix -> prefix; interleaved, best
 of `--repeat`; the shards are compared byte for byte (s3 -> s3: the version the link
 `index.json` names). The listing puts `--objects` small objects under one prefix and times
-`storage.expand` of it (what `packtool pack s3://bucket/prefix/` does first).
+`storage.expand` of it (what `packtool pack s3://bucket/prefix/` does first). `packtool verify`
+of the s3 -> s3 dataset and of the local one, one process each, interleaved, best of
+`--repeat`.
 """
 
 from __future__ import annotations
@@ -80,6 +82,22 @@ def _pack(source: str, out: Path | str, server: int, client: str) -> tuple[float
         cwd=ROOT,
         env=env,
     )
+    seconds = time.perf_counter() - t0
+    after, served = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_of(server) - served
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return seconds, cpu, served
+
+
+def _verify(dataset: Path | str, server: int) -> tuple[float, float, float]:
+    """One `packtool verify DATASET` process: (seconds, CPU seconds of its processes, CPU
+    seconds of the server `server` meanwhile). A bucket's shards are each downloaded once into
+    the scratch folder and checked there (docs/verify-inspect.md)."""
+    before, served = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_of(server)
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "packtool.cli.commands", "verify", str(dataset)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     seconds = time.perf_counter() - t0
     after, served = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_of(server) - served
     if done.returncode != 0:
@@ -280,6 +298,11 @@ def _measure(
     for name in cases.keys() - {"local"}:
         if _shards(cases[name][1]) != _shards(out / "local"):
             raise SystemExit(f"the shards of {name} differ from the local ones")
+    checked: dict[str, tuple[float, float, float]] = {}
+    for _ in range(args.repeat):
+        for name in ("local", "s3s3"):
+            got = _verify(cases[name][1], server)
+            checked[name] = min(checked.get(name, got), got)
     t0 = time.perf_counter()  # the server's ceiling: every object read once, as workers read
     for part in parts:
         with storage.open_input(f"{prefix}{part.name}") as f:
@@ -316,12 +339,19 @@ def _measure(
         seconds, cpu, served = best[name]
         return row(what, seconds, f"{local / seconds:.2f}x", f"{cpu:.2f} / {served:.2f}")
 
+    def verify_row(what: str, name: str) -> list[str]:
+        seconds, cpu, served = checked[name]
+        vs = f"{checked['local'][0] / seconds:.2f}x"
+        return [what, f"{seconds:.2f}", "-", vs, f"{cpu:.2f} / {served:.2f}"]
+
     rows = [
         pack_row("pack, local folder -> local", "local"),
         pack_row("pack, s3:// prefix -> local", "s3"),
         pack_row("pack, s3:// prefix -> s3://", "s3s3"),
         pack_row("pack, s3:// prefix -> local, `PACKTOOL_S3_CLIENT=s3fs`", "s3-s3fs"),
         pack_row("pack, s3:// prefix -> s3://, `PACKTOOL_S3_CLIENT=s3fs`", "s3s3-s3fs"),
+        verify_row("verify the local dataset", "local"),
+        verify_row("verify the s3:// dataset (each shard downloaded once)", "s3s3"),
         row("read every object once, 16 MB blocks (no packing)", download),
         [f"list a prefix of {args.objects:,} objects", f"{listing:.2f}", "-", "-", "-"],
     ]
@@ -355,7 +385,10 @@ def _measure(
         f"({args.objects / listing:,.0f} keys/s; putting them took {put:.0f} s). moto copies "
         "the whole object for every ranged GET, so a corpus of one large object reads slower "
         "from it than from a real store. Ranged reads of one object (16 MB GETs) and uploads "
-        "of one object, by library, are the last rows.\n\n"
+        "of one object, by library, are the last rows. `packtool verify` of the s3:// dataset "
+        f"(its {len(_shards(out / 'local'))} shard(s) downloaded once each into the scratch "
+        f"folder, then checked as files) runs at {checked['local'][0] / checked['s3s3'][0]:.2f}x "
+        "the local dataset's (one process each; the speed column says so for verify rows).\n\n"
         f"{table}"
     )
     publish("remote", body, docs=not args.no_docs)
