@@ -67,43 +67,32 @@ def _cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _pack(source: str, out: Path | str, server: int, client: str) -> tuple[float, float, float]:
+def _timed(args: list[str], server: int, env: dict[str, str] | None = None) -> tuple[float, ...]:
+    """One `packtool ARGS` process: (seconds, CPU seconds of its processes, CPU seconds of the
+    server `server` meanwhile)."""
+    cmd = [sys.executable, "-m", "packtool.cli.commands", *args]
+    before, served = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_of(server)
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    seconds = time.perf_counter() - t0
+    after, served = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_of(server) - served
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return seconds, cpu, served
+
+
+def _pack(source: str, out: Path | str, server: int, client: str) -> tuple[float, ...]:
     """One `packtool pack SOURCE -o OUT` process (max_len 4096, default options) through the S3
-    client `client` (`PACKTOOL_S3_CLIENT`): (seconds, CPU seconds of packtool's processes,
-    CPU seconds of the server `server` meanwhile)."""
-    cmd = [sys.executable, "-m", "packtool.cli.commands", "pack", source, "-o", str(out)]
-    env = {**os.environ, "PACKTOOL_S3_CLIENT": client}
-    before, served = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_of(server)
-    t0 = time.perf_counter()
-    done = subprocess.run(
-        [*cmd, "--max-len", "4096", "--overwrite"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-    )
-    seconds = time.perf_counter() - t0
-    after, served = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_of(server) - served
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}")
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return seconds, cpu, served
+    client `client` (`PACKTOOL_S3_CLIENT`)."""
+    args = ["pack", source, "-o", str(out), "--max-len", "4096", "--overwrite"]
+    return _timed(args, server, {**os.environ, "PACKTOOL_S3_CLIENT": client})
 
 
-def _verify(dataset: Path | str, server: int) -> tuple[float, float, float]:
-    """One `packtool verify DATASET` process: (seconds, CPU seconds of its processes, CPU
-    seconds of the server `server` meanwhile). A bucket's shards are each downloaded once into
+def _verify(dataset: Path | str, server: int) -> tuple[float, ...]:
+    """One `packtool verify DATASET` process. A bucket's shards are each downloaded once into
     the scratch folder and checked there (docs/verify-inspect.md)."""
-    before, served = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_of(server)
-    t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "packtool.cli.commands", "verify", str(dataset)]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    seconds = time.perf_counter() - t0
-    after, served = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_of(server) - served
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}")
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return seconds, cpu, served
+    return _timed(["verify", str(dataset)], server)
 
 
 def _split(corpus: Path, folder: Path, files: int) -> list[Path]:
@@ -290,7 +279,7 @@ def _measure(
         "s3-s3fs": (prefix, out / "s3-s3fs", "s3fs"),
         "s3s3-s3fs": (prefix, "s3://bench/packed-s3fs", "s3fs"),
     }
-    best: dict[str, tuple[float, float, float]] = {}
+    best: dict[str, tuple[float, ...]] = {}
     for _ in range(args.repeat):
         for name, (source, target, how) in cases.items():
             got = _pack(source, target, server, how)
@@ -298,7 +287,7 @@ def _measure(
     for name in cases.keys() - {"local"}:
         if _shards(cases[name][1]) != _shards(out / "local"):
             raise SystemExit(f"the shards of {name} differ from the local ones")
-    checked: dict[str, tuple[float, float, float]] = {}
+    checked: dict[str, tuple[float, ...]] = {}
     for _ in range(args.repeat):
         for name in ("local", "s3s3"):
             got = _verify(cases[name][1], server)
