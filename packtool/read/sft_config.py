@@ -25,6 +25,13 @@ TRAIN_ON = ("assistant", "last", "all")
 """`--train-on`: every assistant turn (the completion), the last one, or every token."""
 
 
+def check_train_on(train_on: object) -> None:
+    """Raise ConfigError unless `train_on` is one of `TRAIN_ON` (the one check every entry point
+    uses: `SFTConfig`, `Renderer`, hence `encode_chat`)."""
+    if not isinstance(train_on, str) or train_on not in TRAIN_ON:
+        raise ConfigError(f"train_on {train_on!r} is unknown; choose one of {', '.join(TRAIN_ON)}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SFTConfig:
     """The fine-tuning part of `ReadConfig`."""
@@ -55,10 +62,7 @@ class SFTConfig:
             raise ConfigError(
                 f"format {self.format!r} is unknown; choose one of {', '.join(FORMATS)}"
             )
-        if self.train_on not in TRAIN_ON:
-            raise ConfigError(
-                f"train_on {self.train_on!r} is unknown; choose one of {', '.join(TRAIN_ON)}"
-            )
+        check_train_on(self.train_on)
         for name in ("prompt_field", "completion_field"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")

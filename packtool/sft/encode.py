@@ -169,6 +169,9 @@ def encode_chat(
             for `chat_render.POOL_MIN_CONVERSATIONS` conversations or more when rendering is
             most of the work (`chat_render.pool_pays`: turn masks); 0: this process.
             The result is the same.
+
+    Raises:
+        ConfigError: `train_on` is none of `assistant`, `last`, `all`.
     """
     from concurrent.futures import ThreadPoolExecutor
 

@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 
 from packtool import lifeline
 from packtool.errors import DataError
+from packtool.read.sft_config import check_train_on
 from packtool.sft.template import ChatTemplate, TemplateFailure, normalize_messages
 from packtool.sft.turns import NotIncremental, turn_spans
 
@@ -78,9 +79,13 @@ class Renderer:
     Args:
         template: the chat template.
         train_on: `assistant`, `last` or `all` (packtool/read/sft_config.py).
+
+    Raises:
+        ConfigError: `train_on` is none of these.
     """
 
     def __init__(self, template: ChatTemplate, train_on: str) -> None:
+        check_train_on(train_on)
         self.template = template
         self.train_on = train_on
 

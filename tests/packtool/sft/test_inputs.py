@@ -17,6 +17,7 @@ from packtool.errors import ConfigError, DataError
 from packtool.read.documents import ReadConfig, SkipCounter
 from packtool.read.sft_config import SFTConfig
 from packtool.sft.encode import encode_chat
+from packtool.sft.render import Renderer
 from packtool.sft.template import ChatTemplate
 from packtool.sft.turns import turn_spans
 from packtool.tokenize.tokenize import input_columns, tokenize_corpus, tokenized_batches
@@ -369,6 +370,16 @@ def test_encode_chat_is_the_library_form(tmp_path):
     ids, mask = expected_chat(CONV, assistant_spans)
     assert out[0].ids.tolist() == ids and out[0].mask.tolist() == mask and out[0].skip is None
     assert out[1].skip == "unknown_role"
+
+
+@pytest.mark.parametrize("train_on", ["x", "ALL", None, 5])
+def test_encode_chat_refuses_an_unknown_train_on(train_on):
+    # Anything but assistant/last/all used to supervise the assistant turns without a word.
+    tok = load_tokenizer("byte")
+    with pytest.raises(ConfigError, match=r"unknown; choose one of assistant, last, all"):
+        encode_chat([CONV], template=ChatTemplate(GEN), tokenizer=tok, train_on=train_on)
+    with pytest.raises(ConfigError, match=r"unknown; choose one of assistant, last, all"):
+        Renderer(ChatTemplate(GEN), train_on)
 
 
 def test_tokenize_writes_the_mask_and_pack_reads_it_back(tmp_path):
