@@ -309,7 +309,8 @@ def hf_dataset(
     """The packed rows as a Hugging Face dataset TRL takes as already packed.
 
     Reads exactly the shards `index.json` lists (in its order) with `datasets`' Parquet
-    builder. Rows carry `seq_lengths` (each row's document lengths, TRL's packed format): stored
+    builder, after checking them as `PackedDataset` does when it opens a dataset (each one
+    present, of the size `index.json` gives, a Parquet file with the listed row count). Rows carry `seq_lengths` (each row's document lengths, TRL's packed format): stored
     by `packtool pack`, or computed from `doc_offsets` for datasets packed before it was. With a
     loss mask they also carry `labels` (the id where the mask is 1, -100 elsewhere and at each
     document's first token), which TRL trains on instead of every token. Pass it to
@@ -326,17 +327,23 @@ def hf_dataset(
         num_proc: Processes for computing what is added (non-streaming).
 
     Raises:
-        DataError: A missing or damaged `index.json`.
+        DataError: A missing or damaged `index.json`; a shard missing, of another size or row
+            count than `index.json` lists (truncated, or replaced), or not a Parquet file.
         MissingDependencyError: `datasets` is not installed.
     """
     from functools import partial
 
-    from packtool.dataset.manifest import open_dataset
+    from loader.store.shards import ShardStore
     from packtool.storage import local as storage
     from packtool.storage import remote
 
     datasets = _require("datasets", "packtool[hf]")
-    folder, manifest = open_dataset(path)  # a bucket's folder: the version its link names
+    # The loader's own open checks each listed shard against index.json (present, its size, a
+    # Parquet footer with the columns and row count listed) before datasets reads a byte:
+    # datasets would read a replaced shard silently and report a missing or cut-short one in
+    # a traceback of its own. A bucket's folder: the version its link names.
+    store = ShardStore(path)
+    folder, manifest = store.path, store.manifest
     kwargs: dict[str, Any] = {"split": "train"}
     if storage.is_remote(folder):  # `datasets` reads it through fsspec, with packtool's options
         files = [f"{str(folder).rstrip('/')}/{s.file}" for s in manifest.shards]

@@ -111,6 +111,36 @@ def files(out):
     return [str(out / s.file) for s in read_manifest(out).shards]
 
 
+@pytest.mark.parametrize("damage", ["swapped", "missing", "cut_short"])
+def test_hf_dataset_checks_the_shards_as_the_loader_does(small, tmp_path, damage):
+    # hf_dataset handed the files to datasets unchecked: a shard of another pack under the
+    # listed name loaded silently, a missing one was datasets' FileNotFoundError, a cut-short
+    # one a long DatasetGenerationError traceback after the rows before it.
+    import shutil
+
+    path = tmp_path / "ds"
+    shutil.copytree(small, path)
+    shard = path / read_manifest(path).shards[1].file
+    if damage == "swapped":  # the same-named shard of another dataset (other rows)
+        other = tmp_path / "other"
+        write_dataset(other, random_rows(9, seed=5), max_len=48, rows_per_shard=4)
+        shutil.copy(other / shard.name, shard)
+    elif damage == "missing":
+        shard.unlink()
+    else:
+        shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(DataError) as loader_error:
+        PackedDataset(path, rows_per_batch=1)
+    with pytest.raises(DataError) as hf_error:
+        hf_dataset(path, cache_dir=tmp_path / "c")
+    message = str(hf_error.value)
+    assert message == str(loader_error.value) and "\n" not in message
+    assert message.startswith(str(shard))
+    assert ("is missing" if damage == "missing" else "but index.json says") in message
+    with pytest.raises(DataError, match=re.escape(message)):
+        hf_dataset(path, streaming=True)
+
+
 def test_hf_dataset_derives_seq_lengths_for_older_datasets(small, tmp_path):
     import datasets
 
