@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.cli import run
+from tests.cli import one_error_line, run
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "sample_data" / "corpus.jsonl"
@@ -42,3 +42,36 @@ def test_readme_shows_what_pack_prints(monkeypatch, tmp_path):
             assert re.match(r"time [0-9.]+s \(read\+tokenize ", got) and "; cores used: " in got
         else:
             assert got == want
+
+
+def test_tokenize_md_quotes_the_misnamed_file_errors_tokenize_prints(monkeypatch, tmp_path):
+    # tokenize.md quoted "...; the file holds gzip data: rename it to .gz" long after the
+    # message had changed: each quoted line is checked against the command's own.
+    import gzip
+
+    monkeypatch.chdir(tmp_path)
+    Path("data.zst").write_bytes(gzip.compress(CORPUS.read_bytes()[:2000]))
+    Path("plain.jsonl.zst").write_bytes(CORPUS.read_bytes()[:2000])
+    doc = (ROOT / "docs" / "tokenize.md").read_text(encoding="utf-8")
+    for name in ("data.zst", "plain.jsonl.zst"):
+        code, out, err = run("tokenize", name, "-o", "y.parquet", "--workers", "1")
+        assert code != 0
+        line = one_error_line(err)
+        assert f"`{line}`" in doc, line
+
+
+def test_tokenize_md_lists_the_metadata_tokenize_writes(tmp_path):
+    # tokenize.md gave the tokenizer metadata without `engine`, and `special_tokens` as if every
+    # file had it (a byte-tokenized one has not).
+    import json
+
+    import pyarrow.parquet as pq
+
+    code, out, err = run("tokenize", CORPUS, "-o", tmp_path / "t.parquet", "--workers", "1")
+    assert code == 0, err
+    meta = json.loads(pq.read_schema(tmp_path / "t.parquet").metadata[b"packtool"])
+    doc = (ROOT / "docs" / "tokenize.md").read_text(encoding="utf-8")
+    listed = re.search(r'"tokenizer":\s*\{([\w,\s]+)\}', doc)
+    assert listed, "tokenize.md: no tokenizer metadata"
+    assert [k.strip() for k in listed.group(1).split(",")] == list(meta["tokenizer"])
+    assert "special_tokens" not in meta  # byte: none to say; tokenize.md says so

@@ -80,6 +80,17 @@ def test_underfilled_rows_stay_open_until_flush() -> None:
         p.push(*docs_of([1]))
 
 
+def test_online_md_lists_every_stats_key() -> None:
+    # docs/online.md's list left out documents_unsupervised and tokens_supervised.
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "online.md").read_text("utf-8")
+    listed = re.search(r"`stats` keys[^:]*: (.*?)\n\n", doc, re.S)
+    assert listed, "docs/online.md: no `stats` keys list"
+    p = OnlinePacker(max_len=8, buffer_docs=4)
+    assert re.findall(r"`(\w+)`", listed.group(1)) == list(p.stats)
+
+
 def test_held_rows_are_forced_out_after_max_holds() -> None:
     p = OnlinePacker(max_len=8, buffer_docs=4, min_fill=1.0, max_holds=1, shuffle_rows=False)
     p.push_lengths(np.array([6, 1, 7, 1]))  # rows [7, 1] (full) and [6, 1] (held once)
