@@ -310,7 +310,8 @@ def hf_dataset(
 
     Reads exactly the shards `index.json` lists (in its order) with `datasets`' Parquet
     builder, after checking them as `PackedDataset` does when it opens a dataset (each one
-    present, of the size `index.json` gives, a Parquet file with the listed row count). Rows carry `seq_lengths` (each row's document lengths, TRL's packed format): stored
+    present, of the size `index.json` gives, a Parquet file with the listed row count). Rows
+    carry `seq_lengths` (each row's document lengths, TRL's packed format): stored
     by `packtool pack`, or computed from `doc_offsets` for datasets packed before it was. With a
     loss mask they also carry `labels` (the id where the mask is 1, -100 elsewhere and at each
     document's first token), which TRL trains on instead of every token. Pass it to
