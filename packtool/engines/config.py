@@ -9,6 +9,7 @@ from packtool.engines.plan import PARTITION_SIZE, check_partition_size
 from packtool.errors import ConfigError
 from packtool.pack.chunk import PackConfig
 from packtool.read.documents import ReadConfig
+from packtool.storage.local import input_list, input_text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,6 +17,8 @@ class RunConfig:
     """One `packtool pack` run."""
 
     inputs: tuple[str, ...]
+    """Files, folders, globs, URLs: stored as a tuple of strings. One str or `os.PathLike` given
+    here is one input (never the characters of its name), as `expand_inputs` takes it."""
     out_dir: str
     pack: PackConfig
     shards: ShardConfig = ShardConfig()
@@ -37,6 +40,8 @@ class RunConfig:
     """Draw a progress bar (default: when stderr is a terminal)."""
 
     def __post_init__(self) -> None:
+        inputs = tuple(input_text(i) for i in input_list(self.inputs))
+        object.__setattr__(self, "inputs", inputs)  # frozen: set once, here
         if not isinstance(self.chunk_docs, int) or self.chunk_docs < 1:
             raise ConfigError(f"chunk_docs must be a positive integer, got {self.chunk_docs!r}")
         check_partition_size(self.partition_size)

@@ -28,13 +28,14 @@ from pathlib import Path
 from packtool.dataset.manifest import INDEX_FILE, linked_version
 from packtool.read.documents import BatchBuilder, DocumentBatch, ReadConfig, SkipCounter
 from packtool.read.formats import KNOWN_SHORT, KNOWN_SUFFIXES, read_file
-from packtool.storage.local import as_path, expand, is_dir, is_remote, unread
+from packtool.storage.local import as_path, expand, input_list, is_dir, is_remote, unread
 
 
-def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
+def expand_inputs(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
     """Expand files, folders (recursively, the corpus suffixes only) and globs into a file list
     (`packtool.storage.local.expand`: each input's matches sorted, the inputs in their order,
-    duplicates dropped).
+    duplicates dropped). One str or `os.PathLike` is one input (`storage.local.input_list`), as
+    everywhere packtool takes `inputs`.
 
     A bucket prefix whose `index.json` is a link (what `packtool tokenize -o s3://bucket/prefix`
     commits, docs/remote.md) stands for the version folder the link names: never for the
@@ -43,9 +44,7 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
     Raises:
         DataError: an input matches no file, or names something that is not a regular file.
     """
-    if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
-    return expand([_linked(i) for i in inputs], KNOWN_SUFFIXES, KNOWN_SHORT)
+    return expand([_linked(i) for i in input_list(inputs)], KNOWN_SUFFIXES, KNOWN_SHORT)
 
 
 def passed_over(inputs: Iterable[str | os.PathLike], examples: int = 3) -> tuple[int, list[str]]:
@@ -54,7 +53,7 @@ def passed_over(inputs: Iterable[str | os.PathLike], examples: int = 3) -> tuple
     `examples`. One more listing of each folder or prefix.
     """
     count, shown = 0, []
-    for raw in [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs:
+    for raw in input_list(inputs):
         if is_remote(str(raw)):
             if str(raw).lower().startswith(("http://", "https://")):
                 continue  # a web server has no listing: a URL there is one file

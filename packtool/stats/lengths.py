@@ -465,7 +465,7 @@ def length_stats(
 
 
 def compute_stats(
-    inputs: Iterable[str | os.PathLike],
+    inputs: str | os.PathLike | Iterable[str | os.PathLike],
     config: StatsConfig | None = None,
     *,
     read_config: Any = None,
@@ -475,7 +475,8 @@ def compute_stats(
     """Statistics of a corpus: raw files are tokenized on the fly, tokenized Parquet is read.
 
     Args:
-        inputs: files, folders, globs: all raw corpus files, or all tokenized Parquet.
+        inputs: files, folders, globs: all raw corpus files, or all tokenized Parquet (one str or
+            `os.PathLike` is one input).
         config: what to compute.
         read_config: a `packtool.read.corpus.ReadConfig` for raw corpora.
         tokenizer: a `Tokenizer` or a spec for raw corpora (None: `byte`). Ignored for tokenized
@@ -489,6 +490,7 @@ def compute_stats(
     from packtool.read.corpus import expand_inputs
     from packtool.read.documents import ReadConfig, SkipCounter
     from packtool.stats.supervised import SupervisedCounter, read_supervised
+    from packtool.storage.local import input_list
     from packtool.tokenize.tokenize import (
         PRETOKENIZED,
         input_columns,
@@ -499,7 +501,7 @@ def compute_stats(
         unchanged_ids,
     )
 
-    inputs = list(inputs)
+    inputs = input_list(inputs)
     config = config or StatsConfig()
     identity = input_identity(inputs)
     counter = None

@@ -37,8 +37,39 @@ from packtool.storage import remote
 from packtool.storage.remote import is_remote
 
 
+def input_list(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Any]:
+    """`inputs` as a list: one `str` or `os.PathLike` (a file, folder, glob or URL) is one input,
+    never the characters of its name; any other iterable gives its items.
+
+    Raises:
+        ConfigError: `inputs` is neither a path nor an iterable of paths (None, a number, bytes).
+    """
+    if isinstance(inputs, (str, os.PathLike)):
+        return [inputs]
+    if isinstance(inputs, (bytes, bytearray)) or not isinstance(inputs, Iterable):
+        raise ConfigError(
+            f"inputs must be a path or a list of paths (str or os.PathLike), got "
+            f"{type(inputs).__name__}"
+        )
+    return list(inputs)
+
+
+def input_text(raw: str | os.PathLike) -> str:
+    """One input as a string: a URL's text, a local path's `os.fspath` (`ConfigError` for what
+    is no path at all)."""
+    if isinstance(raw, str):
+        return raw
+    if is_remote(raw):
+        return str(raw)
+    if not isinstance(raw, os.PathLike):
+        raise ConfigError(f"an input must be a str or os.PathLike path, got {raw!r}")
+    return os.fspath(raw)
+
+
 def expand(
-    inputs: Iterable[str | os.PathLike], suffixes: tuple[str, ...], described: str
+    inputs: str | os.PathLike | Iterable[str | os.PathLike],
+    suffixes: tuple[str, ...],
+    described: str,
 ) -> list[Path]:
     """Expand files, folders (recursively, names ending in `suffixes` only) and globs into a
     file list. Each input's matches are sorted; the inputs keep their order; duplicates (the
@@ -47,12 +78,10 @@ def expand(
     Raises:
         DataError: an input matches no file, or names something that is not a regular file.
     """
-    if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
     out: list[Any] = []
     seen: set[Any] = set()
-    for raw in inputs:
-        text = raw if isinstance(raw, str) else str(raw) if is_remote(raw) else os.fspath(raw)
+    for raw in input_list(inputs):
+        text = input_text(raw)
         if not text.strip():  # Path("") is the current folder: an unset variable would read it
             raise ConfigError(
                 f"an input path is empty ({text!r}); name a file, folder or glob to read"

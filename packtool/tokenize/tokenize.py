@@ -374,7 +374,7 @@ def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:
 
 
 def tokenize_corpus(
-    inputs: Iterable[str | os.PathLike],
+    inputs: str | os.PathLike | Iterable[str | os.PathLike],
     out: str | os.PathLike,
     *,
     read_config: ReadConfig | None = None,
@@ -388,7 +388,7 @@ def tokenize_corpus(
     """Tokenize `inputs` into tokenized Parquet at `out`.
 
     Args:
-        inputs: files, folders, globs of raw corpus files.
+        inputs: files, folders, globs of raw corpus files (one str or `os.PathLike` is one input).
         out: a `.parquet` file, or a folder that gets `part-00000.parquet`, ... (a new part after
             `part_tokens` tokens). Built beside it (`.NAME.packtool-staging`) and swapped in at
             the end (`packtool/dataset/output.py`): a failure leaves an existing `out` as it was.
@@ -410,10 +410,10 @@ def tokenize_corpus(
     """
     if part_tokens < 1:
         raise ConfigError(f"part_tokens must be >= 1, got {part_tokens}")
-    inputs = list(inputs)
+    inputs = storage.input_list(inputs)
     config = read_config or ReadConfig()
     out = storage.as_path(out) if storage.is_remote(out) else Path(out)
-    check_apart(out, [os.fspath(i) for i in inputs])  # before anything is read
+    check_apart(out, [storage.input_text(i) for i in inputs])  # before anything is read
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
     single = out.name.lower().endswith(".parquet")

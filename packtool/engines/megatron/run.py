@@ -99,7 +99,7 @@ TO_KEY = "to"
 
 
 def tokenize_megatron(
-    inputs: Iterable[str | os.PathLike],
+    inputs: str | os.PathLike | Iterable[str | os.PathLike],
     prefix: str | os.PathLike,
     *,
     read_config: ReadConfig | None = None,
@@ -139,7 +139,7 @@ def tokenize_megatron(
         DataError: bad input, or no document at all (nothing is written).
         AlreadyComplete: `resume` of a pair that is complete.
     """
-    inputs = [os.fspath(i) for i in inputs]
+    inputs = [storage.input_text(i) for i in storage.input_list(inputs)]
     config = read_config or ReadConfig()
     if storage.is_remote(prefix) and engine != "local":
         raise ConfigError(

@@ -565,3 +565,24 @@ def test_ctrl_c_during_a_submit_is_held_while_other_threads_run():
     finally:
         stop.set()
     assert len(reached) == 20
+
+
+def test_one_path_is_one_input_not_its_characters(tmp_path, monkeypatch):
+    """Before: `RunConfig(inputs="c.jsonl", ...)` made each character an input, and run_pack
+    refused the output as inside the input folder "."; a Path failed on `list(inputs)`."""
+    monkeypatch.chdir(tmp_path)
+    Path("c.jsonl").write_text('{"text": "abc"}\n{"text": "hello"}\n')
+    for n, one in enumerate(["c.jsonl", Path("c.jsonl")]):
+        config = RunConfig(
+            inputs=one,
+            out_dir=str(tmp_path / f"out{n}"),
+            pack=PackConfig(max_len=64),
+            progress=False,
+        )
+        assert config.inputs == ("c.jsonl",)
+        run_pack(config)
+        assert read_manifest(tmp_path / f"out{n}").counts["documents_packed"] == 2
+    assert RunConfig(inputs=[Path("a"), "b"], out_dir="o", pack=PackConfig(max_len=64)).inputs == (
+        "a",
+        "b",
+    )

@@ -191,6 +191,14 @@ def test_inputs_with_a_loss_mask_are_refused(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl"]
 
 
+def test_one_path_is_one_input_not_its_characters(tmp_path, monkeypatch):
+    """Before: `tokenize_megatron("c.jsonl", prefix)` took each character as an input."""
+    monkeypatch.chdir(tmp_path)
+    Path("c.jsonl").write_text('{"text": "abc"}\n{"text": "hello"}\n')
+    summary = tokenize_megatron("c.jsonl", tmp_path / "d", progress=False)
+    assert summary.documents == 2
+
+
 @pytest.mark.parametrize("which", ["corpus.bin", "corpus.idx"])
 def test_a_glob_that_reaches_the_output_pair_is_refused(tmp_path, which):
     """Before: `tokenize 'si/*' --to megatron -o si/corpus --overwrite` read its own earlier

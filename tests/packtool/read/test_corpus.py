@@ -121,6 +121,18 @@ def test_expand_inputs_errors(tmp_path):
         expand_inputs([tmp_path / "empty"])
 
 
+def test_inputs_that_are_no_paths_are_one_line_errors(tmp_path):
+    # One path is one input; None, a number, bytes or an item that is no path say what is
+    # expected (they were a TypeError from inside the loop).
+    a = write_corpus(tmp_path / "a.jsonl")
+    assert expand_inputs(str(a)) == expand_inputs(a) == [a]
+    for bad in (None, 3, b"a.jsonl"):
+        with pytest.raises(ConfigError, match="^inputs must be a path or a list of paths"):
+            expand_inputs(bad)
+    with pytest.raises(ConfigError, match="^an input must be a str or os.PathLike path, got 3$"):
+        expand_inputs([a, 3])
+
+
 # --- formats -------------------------------------------------------------------------------
 
 

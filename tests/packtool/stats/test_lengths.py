@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -259,6 +261,22 @@ def test_bad_lengths():
         length_stats([3, -2])
     with pytest.raises(ConfigError, match="1-D integer array"):
         length_stats([1.5])
+
+
+def test_one_path_is_one_input_not_its_characters(tmp_path, monkeypatch):
+    """Before: `compute_stats("corpus.jsonl")` read each character as an input ("/" of an
+    absolute path walked the whole file system); one str or Path is one input, as for
+    `expand_inputs` and `tokenized_batches`."""
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    monkeypatch.chdir(tmp_path)
+    Path("c.jsonl").write_text('{"text": "abc"}\n{"text": "hello"}\n')
+    want = compute_stats(["c.jsonl"], StatsConfig(max_len=64, candidates=(64,))).to_dict()
+    for one in ("c.jsonl", Path("c.jsonl")):
+        assert compute_stats(one, StatsConfig(max_len=64, candidates=(64,))).to_dict() == want
+    tokenize_corpus(["c.jsonl"], "tok.parquet", progress=False)
+    s = compute_stats("tok.parquet", StatsConfig(max_len=64, candidates=(64,)))
+    assert (s.inputs["kind"], s.documents, s.tokens) == ("tokenized", 2, 10)
 
 
 # --- properties ---

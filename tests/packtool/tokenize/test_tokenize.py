@@ -360,3 +360,14 @@ def test_other_integer_id_types_are_cast_to_the_contract(tmp_path):
         RunConfig(inputs=(str(path),), out_dir=str(out), pack=PackConfig(max_len=8), progress=False)
     )
     assert verify_dataset(out).tokens == 5  # list<uint16>, as verify expects for vocab 258
+
+
+def test_one_path_is_one_input_not_its_characters(tmp_path, monkeypatch):
+    """Before: `tokenize_corpus("c.jsonl", out)` took each character as an input and refused the
+    output as inside the input folder "." (an absolute path: "/"). One str or Path is one input,
+    as `tokenized_batches` takes it."""
+    monkeypatch.chdir(tmp_path)
+    write_corpus(Path("c.jsonl"))
+    for one in ("c.jsonl", Path("c.jsonl")):
+        tokenize_corpus(one, tmp_path / "out" / "tok.parquet", overwrite=True, progress=False)
+        assert read_lengths(tmp_path / "out" / "tok.parquet").size == len(DOCS)
