@@ -1,11 +1,14 @@
-"""Quantities people type on the command line: sizes (`256MB`) and positive counts.
+"""Quantities people type on the command line: sizes (`256MB`) and positive counts; and the
+checks of the integer and boolean options the library's config classes take.
 
 Plain functions (no click), so the library and its tests use the same rules and messages.
 """
 
 from __future__ import annotations
 
+import numbers
 import re
+from typing import Any
 
 from packtool.errors import ConfigError
 
@@ -40,3 +43,25 @@ def positive_int(flag: str, value: str, unit: str = "tokens", least: int = 1) ->
         what = "a positive integer" if least == 1 else f"an integer >= {least}"
         raise ConfigError(f"{flag} must be {what} ({unit}), got {value!r}")
     return number
+
+
+def check_int(name: str, value: Any, least: int = 1, most: int | None = None) -> int:
+    """`value` as an int if it is an integer (a Python or NumPy int; not a bool, a float or a
+    string) from `least` (to `most`), else a `ConfigError`: "NAME must be a positive integer"
+    / "an integer >= N" / "an integer from N to M", "got VALUE"."""
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not ok or value < least or (most is not None and value > most):
+        if most is not None:
+            what = f"an integer from {least:,} to {most:,}"
+        else:
+            what = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+    return int(value)
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """`value` if it is True or False, else a `ConfigError` (a string such as 'no' is no bool:
+    it would act as True)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    return value

@@ -30,7 +30,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from packtool.errors import ConfigError
 from packtool.pack import jit
-from packtool.pack.limits import ALGORITHMS, MAX_LEN_LIMIT, check_max_len
+from packtool.pack.limits import ALGORITHMS, MAX_LEN_LIMIT, check_max_len, int64_lengths
 
 __all__ = [
     "ALGORITHMS",
@@ -388,8 +388,7 @@ def _validated(lengths: ArrayLike, max_len: int) -> tuple[NDArray[np.integer], i
         raise ConfigError(f"lengths must be a 1-D array, got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise ConfigError(f"lengths must be integers, got dtype {arr.dtype}")
-    if arr.dtype not in (np.int32, np.int64):
-        arr = arr.astype(np.int64)
+    arr = int64_lengths(arr)
     arr = np.ascontiguousarray(arr)
     if arr.size:
         lo, hi = int(arr.min()), int(arr.max())
@@ -559,8 +558,7 @@ def split_lengths(lengths: ArrayLike, max_len: int) -> NDArray[np.int32]:
     arr = np.asarray(lengths)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise ConfigError(f"lengths must be a 1-D integer array, got {arr.dtype} {arr.shape}")
-    if arr.dtype not in (np.int32, np.int64):
-        arr = arr.astype(np.int64)
+    arr = int64_lengths(arr)
     if arr.size and arr.min() < 0:
         raise ConfigError(f"document {int(np.argmin(arr))} has negative length {int(arr.min())}")
     return _split(np.ascontiguousarray(arr), int(max_len))

@@ -31,3 +31,17 @@ def check_max_len(max_len: object, name: str = "max_len", minimum: int = 1) -> i
             "are supported (memory grows with the row length)"
         )
     return int(max_len)
+
+
+def int64_lengths(arr: np.ndarray) -> np.ndarray:
+    """An integer array of lengths as int64 (int32 kept as it is), else a `ConfigError` naming
+    the first unsigned value int64 cannot hold (a cast would wrap it to a negative one)."""
+    if arr.dtype in (np.int32, np.int64):
+        return arr
+    if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+        i = int(np.argmax(arr))
+        raise ConfigError(
+            f"document {i} has length {int(arr[i])}, more than the 2**63 - 1 tokens a length "
+            "can count (int64)"
+        )
+    return arr.astype(np.int64)

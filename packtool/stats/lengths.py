@@ -31,6 +31,8 @@ from packtool.errors import ConfigError, DataError
 from packtool.pack.chunk import check_room_for_text
 from packtool.pack.kernels import check_max_len, ffd_assign
 from packtool.pack.kernels import split_lengths as _split_lengths
+from packtool.pack.limits import int64_lengths
+from packtool.quantities import check_int
 
 if TYPE_CHECKING:
     from packtool.stats.supervised import SupervisedStats
@@ -71,8 +73,7 @@ class StatsConfig:
     def __post_init__(self) -> None:
         # The lengths `packtool pack` accepts (rows of one token are refused there too).
         check_max_len(self.max_len, minimum=2)
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size!r}")
+        check_int("batch_size", self.batch_size)
         if not self.candidates or any(c < 1 for c in self.candidates):
             raise ConfigError(
                 f"candidates must be a non-empty tuple of positive lengths, got {self.candidates!r}"
@@ -94,7 +95,7 @@ def _as_lengths(lengths: ArrayLike) -> NDArray[np.int64]:
     arr = np.asarray(lengths)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise ConfigError(f"lengths must be a 1-D integer array, got {arr.dtype} {arr.shape}")
-    arr = arr.astype(np.int64, copy=False)
+    arr = int64_lengths(arr).astype(np.int64, copy=False)
     if arr.size and arr.min() < 0:
         raise ConfigError(f"document {int(np.argmin(arr))} has negative length {int(arr.min())}")
     return arr
@@ -120,7 +121,12 @@ def gini(lengths: ArrayLike) -> float:
 
 
 def lower_bound_l1(lengths: ArrayLike, max_len: int) -> int:
-    """L1 = ceil(total tokens / max_len): no packing into max_len rows can use fewer rows."""
+    """L1 = ceil(total tokens / max_len): no packing into max_len rows can use fewer rows.
+
+    Raises:
+        ConfigError: `max_len` is not an integer in 1..MAX_LEN_LIMIT (as for `split_lengths`).
+    """
+    max_len = check_max_len(max_len)
     return int(-(-int(_as_lengths(lengths).sum()) // max_len))
 
 
@@ -132,7 +138,11 @@ def lower_bound_l2(lengths: ArrayLike, max_len: int) -> int:
     (J3) can only use the room J2's rows leave; L2 = max over k of
     |J1| + |J2| + max(0, ceil((sum J3 - (|J2| * max_len - sum J2)) / max_len)).
     Martello & Toth, "Lower bounds and reduction procedures for the bin packing problem" (1990).
+
+    Raises:
+        ConfigError: `max_len` is not an integer in 1..MAX_LEN_LIMIT (as for `split_lengths`).
     """
+    max_len = check_max_len(max_len)
     values, counts = np.unique(_as_lengths(lengths), return_counts=True)
     return _lower_bound_l2_hist(*_split_hist(values, counts, max_len), max_len)
 

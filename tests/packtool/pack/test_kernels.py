@@ -186,6 +186,16 @@ def test_split_lengths_kernel():
         split_lengths([3], 0)
 
 
+def test_a_uint64_length_past_int64_is_named_not_wrapped():
+    # Before: 2**63 + 5 became -9223372036854775803 in the cast to int64 ("negative length").
+    from packtool.pack.kernels import split_lengths
+
+    huge = np.array([3, 2**63 + 5], dtype=np.uint64)
+    for kernel in (split_lengths, ffd_assign, bfd_assign):
+        with pytest.raises(ConfigError, match=r"^document 1 has length 9223372036854775813, "):
+            kernel(huge, 8)
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     values=st.lists(st.integers(0, 255), min_size=0, max_size=60),

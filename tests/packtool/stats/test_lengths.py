@@ -220,7 +220,12 @@ def test_render_mentions_the_figures():
         ({"max_len": 1}, "^max_len must be an integer >= 2, got 1$"),
         ({"max_len": 1.5}, "^max_len must be an integer >= 2, got 1.5$"),
         ({"candidates": (512, 1)}, "^candidate max length must be an integer >= 2, got 1$"),
-        ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
+        ({"batch_size": 0}, "^batch_size must be a positive integer, got 0$"),
+        # Before: accepted, then a TypeError (slice indices) in length_stats.
+        ({"batch_size": 2.5}, "^batch_size must be a positive integer, got 2.5$"),
+        ({"batch_size": None}, "^batch_size must be a positive integer, got None$"),
+        ({"batch_size": "8"}, "^batch_size must be a positive integer, got '8'$"),
+        ({"batch_size": True}, "^batch_size must be a positive integer, got True$"),
         ({"candidates": ()}, "candidates must be a non-empty tuple"),
         ({"candidates": (512, -1)}, "candidates must be a non-empty tuple"),
     ],
@@ -261,6 +266,20 @@ def test_bad_lengths():
         length_stats([3, -2])
     with pytest.raises(ConfigError, match="1-D integer array"):
         length_stats([1.5])
+    # Before: 2**63 + 5 wrapped to int64 and was called "negative length -9223372036854775803".
+    huge = np.array([3, 2**63 + 5], dtype=np.uint64)
+    with pytest.raises(ConfigError, match=r"^document 1 has length 9223372036854775813, more"):
+        length_stats(huge)
+    assert length_stats(np.array([3, 5], dtype=np.uint64)).tokens == 8
+
+
+@pytest.mark.parametrize("bound", [lower_bound_l1, lower_bound_l2, split_lengths])
+@pytest.mark.parametrize("max_len", [0, -1, 2.5, True])
+def test_lower_bounds_refuse_a_max_len_as_split_lengths_does(bound, max_len):
+    # Before: lower_bound_l1(.., 0) raised ZeroDivisionError, (.., -1) returned -11 and
+    # lower_bound_l2(.., 0) returned 0.
+    with pytest.raises(ConfigError, match=f"^max_len must be a positive integer, got {max_len}$"):
+        bound([5, 6], max_len)
 
 
 def test_one_path_is_one_input_not_its_characters(tmp_path, monkeypatch):
