@@ -45,17 +45,22 @@ def positive_int(flag: str, value: str, unit: str = "tokens", least: int = 1) ->
     return number
 
 
-def check_int(name: str, value: Any, least: int = 1, most: int | None = None) -> int:
+def check_int(
+    name: str, value: Any, least: int = 1, most: int | None = None, *, optional: bool = False
+) -> Any:
     """`value` as an int if it is an integer (a Python or NumPy int; not a bool, a float or a
-    string) from `least` (to `most`), else a `ConfigError`: "NAME must be a positive integer"
-    / "an integer >= N" / "an integer from N to M", "got VALUE"."""
+    string) from `least` (to `most`), or None when `optional`; else a `ConfigError`: "NAME must
+    be a positive integer" / "an integer >= N" / "an integer from N to M" ("None or ..." when
+    `optional`), "got VALUE"."""
+    if optional and value is None:
+        return None
     ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if not ok or value < least or (most is not None and value > most):
         if most is not None:
             what = f"an integer from {least:,} to {most:,}"
         else:
             what = "a positive integer" if least == 1 else f"an integer >= {least}"
-        raise ConfigError(f"{name} must be {what}, got {value!r}")
+        raise ConfigError(f"{name} must be {'None or ' if optional else ''}{what}, got {value!r}")
     return int(value)
 
 

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from packtool.dataset.manifest import ShardInfo, packed_schema, sha256_file
 from packtool.dataset.stitch import StitchError, footer_of, stitched_footer
 from packtool.errors import ConfigError, naming
+from packtool.quantities import check_int
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -57,6 +58,8 @@ SHARD_PATTERN = "shard-{:05d}.parquet"
 COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
 MAX_ROWS = (1 << 31) - 1
 """The most rows a shard or row group is given (`shard_rows`, `row_group_rows`)."""
+ZSTD_LEVELS = (-(1 << 17), 22)
+"""zstd's levels (ZSTD_minCLevel to ZSTD_maxCLevel): pyarrow clamps others without a word."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,13 +80,13 @@ class ShardConfig:
 
     def __post_init__(self) -> None:
         for name in ("shard_rows", "row_group_rows"):
-            value = getattr(self, name)
-            if not 1 <= value <= MAX_ROWS:  # (Parquet's writer takes a C long: 10^20 overflowed)
-                raise ConfigError(f"{name} must be from 1 to {MAX_ROWS:,}, got {value}")
+            # (Parquet's writer takes a C long: 10^20 overflowed)
+            check_int(name, getattr(self, name), 1, MAX_ROWS)
         if self.compression not in COMPRESSIONS:
             raise ConfigError(
                 f"compression {self.compression!r} is unknown; choose one of {list(COMPRESSIONS)}"
             )
+        check_int("compression_level", self.compression_level, *ZSTD_LEVELS, optional=True)
 
 
 def _writer_options(config: ShardConfig) -> dict:

@@ -17,6 +17,7 @@ import orjson
 
 from packtool.dataset.columns import names, optional
 from packtool.errors import ConfigError, DataError
+from packtool.quantities import check_bool, check_int
 from packtool.read import docids
 from packtool.read.sft_config import SFTConfig
 
@@ -48,10 +49,10 @@ class ReadConfig:
     (packtool/read/sft_config.py; read by packtool/sft/inputs.py and packtool/sft/encode.py)."""
 
     def __post_init__(self) -> None:
-        if not self.text_field:
-            raise ConfigError("text_field must be a non-empty string")
-        if not self.text_column:
-            raise ConfigError("text_column must be a non-empty string")
+        for name in ("text_field", "text_column"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+        check_bool("strict", self.strict)
         if isinstance(self.extra_fields, str) or not all(
             isinstance(f, str) and f for f in self.extra_fields
         ):
@@ -66,10 +67,8 @@ class ReadConfig:
             )
         if len(set(self.extra_fields)) != len(self.extra_fields):
             raise ConfigError(f"extra_fields has duplicates: {self.extra_fields!r}")
-        if self.batch_docs < 1:
-            raise ConfigError(f"batch_docs must be >= 1, got {self.batch_docs}")
-        if self.batch_bytes < 1:
-            raise ConfigError(f"batch_bytes must be >= 1, got {self.batch_bytes}")
+        check_int("batch_docs", self.batch_docs)
+        check_int("batch_bytes", self.batch_bytes)
         if not isinstance(self.sft, SFTConfig):
             raise ConfigError(f"sft must be an SFTConfig, got {type(self.sft).__name__}")
 

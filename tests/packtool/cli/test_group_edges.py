@@ -66,8 +66,8 @@ def test_a_list_column_of_pretokenized_parquet_groups_as_its_json_text(tmp_path)
     [
         ("--rounds", 10**10, "rounds must be an integer from 1 to 1,000"),
         ("--rounds", 10**20, "rounds must be an integer from 1 to 1,000"),
-        ("--row-group-rows", 10**20, "row_group_rows must be from 1 to 2,147,483,647"),
-        ("--shard-rows", 10**20, "shard_rows must be from 1 to 2,147,483,647"),
+        ("--row-group-rows", 10**20, "row_group_rows must be an integer from 1 to 2,147,483,647"),
+        ("--shard-rows", 10**20, "shard_rows must be an integer from 1 to 2,147,483,647"),
     ],
 )
 def test_option_values_too_large_to_honour_are_one_line(tmp_path, option, value, says):

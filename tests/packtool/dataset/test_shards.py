@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 
 import pyarrow as pa
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from packtool.dataset import shards
 from packtool.dataset.shards import ShardConfig, ShardWriter, _RunningHash, pc_sum_lengths
+from packtool.errors import ConfigError
 
 
 def _rows(lengths: list[int], start: int = 0) -> pa.Table:
@@ -135,3 +137,33 @@ def test_early_flushes_use_fsync_where_there_is_no_fdatasync(tmp_path, monkeypat
     running = _hashed_while_growing(tmp_path / "f", b"z" * 3000, 3, monkeypatch)
     assert running.hexdigest() == hashlib.sha256(b"z" * 9000).hexdigest()
     assert synced and running._synced > 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        # Before: shard_rows=2.5 was accepted, then packtool/pack/rows.py raised a TypeError.
+        ({"shard_rows": 2.5}, "shard_rows must be an integer from 1 to 2,147,483,647, got 2.5"),
+        ({"shard_rows": "8"}, "shard_rows must be an integer from 1 to 2,147,483,647, got '8'"),
+        ({"row_group_rows": True}, "row_group_rows must be an integer from 1 to 2,147,483,647"),
+        ({"row_group_rows": 0}, "row_group_rows must be an integer from 1 to 2,147,483,647"),
+        # Before: an AttributeError from inside pyarrow's writer.
+        (
+            {"compression": "zstd", "compression_level": "x"},
+            "compression_level must be None or an integer from -131,072 to 22, got 'x'",
+        ),
+        ({"compression_level": 2.5}, "compression_level must be None or an integer"),
+        ({"compression_level": 23}, "compression_level must be None or an integer"),
+        ({"compression": 3}, "compression 3 is unknown"),
+    ],
+)
+def test_bad_options_are_one_line_config_errors(kwargs, says):
+    with pytest.raises(ConfigError, match=f"^{re.escape(says)}"):
+        ShardConfig(**kwargs)
+
+
+def test_every_zstd_level_is_written(tmp_path):
+    for level in (None, -5, 1, 22):
+        config = ShardConfig(compression="zstd", compression_level=level)
+        shards._write_one(tmp_path / "s.parquet", _rows([3, 4]), config)
+        assert pa.parquet.read_table(tmp_path / "s.parquet").num_rows == 2

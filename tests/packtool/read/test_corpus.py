@@ -71,8 +71,15 @@ def read_all(inputs, config=None, skips=None):
         ({"extra_fields": ("lang", "lang")}, "duplicates"),
         ({"extra_fields": ("source",)}, "clashes with a built-in column"),
         ({"extra_fields": ("input_ids",)}, "clashes"),
-        ({"batch_docs": 0}, "batch_docs"),
-        ({"batch_bytes": 0}, "batch_bytes"),
+        ({"batch_docs": 0}, "^batch_docs must be a positive integer, got 0$"),
+        ({"batch_bytes": 0}, "^batch_bytes must be a positive integer, got 0$"),
+        # Before: accepted (a float count), and strict="no" was kept and acted as strict.
+        ({"batch_docs": 1.5}, "^batch_docs must be a positive integer, got 1.5$"),
+        ({"batch_bytes": 1.5}, "^batch_bytes must be a positive integer, got 1.5$"),
+        ({"batch_docs": None}, "^batch_docs must be a positive integer, got None$"),
+        ({"strict": "no"}, "^strict must be True or False, got 'no'$"),
+        ({"strict": 1}, "^strict must be True or False, got 1$"),
+        ({"text_field": 3}, "text_field"),
     ],
 )
 def test_read_config_rejects(kwargs, match):
