@@ -53,11 +53,17 @@ def check_epoch(epoch: Any) -> int:
 
 def make_config(cls: type, settings: dict[str, Any], config: Any = None) -> Any:
     """`config` when given, else `cls(**settings)` for a config dataclass; unknown or missing
-    names, or a config together with keyword settings, are a `ConfigError`."""
+    names, a config together with keyword settings, or a config that is no `cls` (a dict) are a
+    `ConfigError`."""
     if config is not None:
         if settings:
             raise ConfigError(
                 f"give either a config or keyword settings, not both ({sorted(settings)})"
+            )
+        if not isinstance(config, cls):
+            raise ConfigError(
+                f"config must be a {cls.__name__}, got {type(config).__name__}; give the settings "
+                f"as keyword arguments or as a {cls.__name__}(...)"
             )
         return config
     known = [f.name for f in fields(cls)]

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.manifest_check import manifest_problem
-from packtool.errors import DataError
+from packtool.errors import ConfigError, DataError
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -280,7 +280,14 @@ def open_dataset(path: str | os.PathLike) -> tuple[Path, Manifest]:
     """The dataset folder `path` names (`dataset_folder`) and its checked manifest
     (`read_manifest`), in the fewest reads: in a bucket one GET of `index.json`, and one more of
     the version's when it is a link (no HEAD first: a link is a few bytes, and a manifest read
-    is kept)."""
+    is kept).
+
+    Raises:
+        ConfigError: `path` is no path (None, a number, a list).
+        DataError: no dataset there, or a damaged `index.json`.
+    """
+    if not isinstance(path, (str, os.PathLike)) and not storage.is_remote(path):
+        raise ConfigError(f"path must be a dataset folder or URL, got {path!r}")
     if not storage.is_remote(path):
         folder = dataset_folder(path)
         if not storage.is_dir(folder):

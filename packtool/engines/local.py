@@ -66,13 +66,14 @@ MAX_RETRIES = 3
 __all__ = ["PackSummary", "RunConfig", "drive_local", "rechunk", "run_pack"]
 
 
-def run_pack(config: RunConfig, tokenizer: Tokenizer | None = None) -> PackSummary:
+def run_pack(config: RunConfig, tokenizer: Tokenizer | str | None = None) -> PackSummary:
     """Pack `config.inputs` into shards + `index.json` in `config.out_dir`.
 
     Args:
         config: inputs, output folder and every option.
-        tokenizer: encodes raw corpora. For tokenized Parquet inputs it must match the recorded
-            tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
+        tokenizer: encodes raw corpora: a `Tokenizer` or a `load_tokenizer` spec. For tokenized
+            Parquet inputs it must match the recorded tokenizer; None accepts the recorded one
+            (and means `byte` for raw corpora).
     """
     checked = check_inputs(config, tokenizer, lambda paths: _start_early(config, paths))
     with output_folder(config, fingerprint_of(config, checked)) as output:

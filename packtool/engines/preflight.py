@@ -110,7 +110,7 @@ class Checked:
 
 def check_inputs(
     config: RunConfig,
-    tokenizer: Tokenizer | None,
+    tokenizer: Tokenizer | str | None,
     expanded: Callable[[list[Path]], None] | None = None,
     *,
     ends_added: bool = False,
@@ -119,8 +119,10 @@ def check_inputs(
 
     Args:
         config: the run.
-        tokenizer: encodes raw corpora. For tokenized Parquet inputs it must match the recorded
-            tokenizer; None accepts the recorded one (and means `byte` for raw corpora).
+        tokenizer: encodes raw corpora: a `Tokenizer`, or a `load_tokenizer` spec (`byte`, a
+            path, `org/model`) loaded here as `tokenize_corpus` loads one. For tokenized Parquet
+            inputs it must match the recorded tokenizer; None accepts the recorded one (and means
+            `byte` for raw corpora).
         expanded: called with the input files as soon as they are known, before any is read
             (the local engine starts its worker processes' server then).
         ends_added: pre-tokenized ids get the tokenizer's EOS (`tokenize --to megatron`), and
@@ -132,9 +134,14 @@ def check_inputs(
         DataError: a missing input, a tokenizer that differs from the recorded one, or inputs
             of which some carry a loss mask and others not.
         ConfigError: inputs of two kinds, a `max_len` that BOS + EOS fill, `long_docs="split"`
-            for inputs with a loss mask, or an output inside an input folder (or an input
-            inside the output).
+            for inputs with a loss mask, an output inside an input folder (or an input inside
+            the output), or a `tokenizer` that is neither a `Tokenizer` nor a spec string.
     """
+    if tokenizer is not None and not isinstance(tokenizer, (Tokenizer, str)):
+        raise ConfigError(
+            "tokenizer must be a Tokenizer or a tokenizer spec string (see load_tokenizer), got "
+            f"{type(tokenizer).__name__}"
+        )
     check_apart(config.out_dir, config.inputs)  # before anything is read
     paths = expand_inputs(config.inputs)
     check_apart(config.out_dir, config.inputs, paths)
@@ -144,10 +151,10 @@ def check_inputs(
     facts = seen if seen is not None else _read_facts(config, paths)
     check_policy(facts.columns, config.pack.long_docs)
     recorded = None if facts.recorded is None else TokenizerIdentity.from_dict(facts.recorded)
-    if tokenizer is None and recorded is None:
+    if isinstance(tokenizer, str) or (tokenizer is None and recorded is None):
         from packtool.tokenizer.tokenizers import load_tokenizer
 
-        tokenizer = load_tokenizer("byte")
+        tokenizer = load_tokenizer(tokenizer or "byte")
     if tokenizer is not None and recorded is not None:
         check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])
     identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()

@@ -107,7 +107,9 @@ def _partition_task(key: str, blob: bytes, descriptor: dict[str, Any]) -> dict[s
 
 
 def run_pack_ray(
-    config: RunConfig, ray_config: RayConfig | None = None, tokenizer: Tokenizer | None = None
+    config: RunConfig,
+    ray_config: RayConfig | None = None,
+    tokenizer: Tokenizer | str | None = None,
 ) -> PackSummary:
     """Pack `config.inputs` like `packtool.engines.local.run_pack`, a Ray Data actor pool doing
     the work.

@@ -53,7 +53,7 @@ __all__ = ["SlurmConfig", "drive_slurm", "logs_folder", "run_pack_slurm", "slurm
 
 
 def run_pack_slurm(
-    config: RunConfig, slurm: SlurmConfig | None = None, tokenizer: Tokenizer | None = None
+    config: RunConfig, slurm: SlurmConfig | None = None, tokenizer: Tokenizer | str | None = None
 ) -> PackSummary:
     """Pack `config.inputs` like `packtool.engines.local.run_pack`, the partitions run as Slurm
     job arrays (see the module docstring).

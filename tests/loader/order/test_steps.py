@@ -237,6 +237,13 @@ def test_unknown_setting_is_a_config_error_naming_the_valid_ones(hand_dataset):
         PackedDataset(hand_dataset, rows_per_batch=1, rank="0", world_size=2)
 
 
+def test_a_config_of_another_type_is_a_config_error(hand_dataset):
+    # Before: AttributeError "'dict' object has no attribute 'verify'".
+    with pytest.raises(ConfigError, match="^config must be a LoaderConfig, got dict; give the"):
+        PackedDataset(hand_dataset, {"rows_per_batch": 2})
+    assert PackedDataset(hand_dataset, LoaderConfig(rows_per_batch=2)).config.rows_per_batch == 2
+
+
 @pytest.mark.parametrize(
     ("settings_", "need", "enough"),
     [

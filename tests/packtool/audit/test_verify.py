@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from packtool.audit.verify import first_bad_row, row_problem, verify_dataset
 from packtool.dataset.manifest import INDEX_FILE, packed_schema
-from packtool.errors import DataError
+from packtool.errors import ConfigError, DataError
 from tests.cli import run
 from tests.packtool.conftest import row_columns
 
@@ -452,3 +452,12 @@ def test_a_damaged_column_name_in_a_footer_is_one_line(tmp_path, capsys):
 @given(position=st.integers(0, 10**6), xor=st.integers(1, 255))
 def test_any_flipped_footer_byte_is_one_line_or_nothing(tmp_path_factory, position, xor):
     _one_line_or_nothing(_footer_flipped(tmp_path_factory.mktemp("f"), position, xor))
+
+
+@pytest.mark.parametrize("path", [None, 3, ["a", "b"]])
+def test_a_path_that_is_no_path_is_a_config_error(path):
+    # Before: verify_dataset(None) (and loader.hf.hf_dataset(None), through the same
+    # open_dataset) raised pathlib's TypeError.
+    with pytest.raises(ConfigError) as info:
+        verify_dataset(path)
+    assert str(info.value) == f"path must be a dataset folder or URL, got {path!r}"

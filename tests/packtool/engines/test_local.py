@@ -24,12 +24,12 @@ ROOT = Path(__file__).resolve().parents[3]
 CORPUS = ROOT / "sample_data" / "corpus.jsonl"
 
 
-def run(out, inputs=(CORPUS,), **kw) -> local.PackSummary:
+def run(out, inputs=(CORPUS,), tokenizer=None, **kw) -> local.PackSummary:
     pack = kw.pop("pack", PackConfig(max_len=kw.pop("max_len", 1024)))
     config = RunConfig(
         inputs=tuple(str(p) for p in inputs), out_dir=str(out), pack=pack, progress=False, **kw
     )
-    return run_pack(config)
+    return run_pack(config, tokenizer)
 
 
 def shard_bytes(out: Path) -> dict[str, bytes]:
@@ -586,3 +586,16 @@ def test_one_path_is_one_input_not_its_characters(tmp_path, monkeypatch):
         "a",
         "b",
     )
+
+
+def test_a_tokenizer_spec_is_loaded_as_tokenize_corpus_loads_it(tmp_path):
+    # Before: run_pack(config, tokenizer="byte") failed with AttributeError ('str' object has no
+    # attribute 'identity'); tokenize_corpus, tokenized_batches and compute_stats take a spec.
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "abc"}\n{"text": "hello"}\n')
+    run(tmp_path / "spec", inputs=[src], max_len=64, tokenizer="byte")
+    run(tmp_path / "object", inputs=[src], max_len=64, tokenizer=load_tokenizer("byte"))
+    assert shard_bytes(tmp_path / "spec") == shard_bytes(tmp_path / "object")
+    with pytest.raises(ConfigError, match="^tokenizer must be a Tokenizer or a tokenizer spec"):
+        run(tmp_path / "bad", inputs=[src], max_len=64, tokenizer=3)
+    assert not (tmp_path / "bad").exists()
