@@ -491,7 +491,7 @@ def pack_cmd(
     # tokenizer's build. Errors keep their order: the tokenizer's surface only where it is
     # awaited below.
     loader = ThreadPoolExecutor(1, thread_name_prefix="packtool-tokenizer")
-    loading = loader.submit(corpus.tokenizer_for, inputs, ctx=ctx)
+    loading = loader.submit(contextvars.copy_context().run, corpus.tokenizer_for, inputs, ctx=ctx)
     loader.shutdown(wait=False)
     from packtool.dataset.shards import ShardConfig
     from packtool.engines.local import RunConfig

@@ -224,10 +224,13 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             tokenizer_engine,
             no_bos,
         )
-        inputs = kwargs.get("inputs")
-        if inputs:
-            _note_passed_over(inputs)
-        return fn(*args, corpus=corpus, **kwargs)
+        from packtool.read.corpus import listings_kept
+
+        with listings_kept():  # the command lists its inputs once, whoever asks for them
+            inputs = kwargs.get("inputs")
+            if inputs:
+                _note_passed_over(inputs)
+            return fn(*args, corpus=corpus, **kwargs)
 
     for option in reversed(options):
         wrapper = option(wrapper)

@@ -21,7 +21,11 @@ objects in it.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from glob import has_magic
 from pathlib import Path
 
@@ -44,7 +48,41 @@ def expand_inputs(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> li
     Raises:
         DataError: an input matches no file, or names something that is not a regular file.
     """
+    kept = _KEPT.get()
+    if kept is None:
+        return _expand(inputs)
+    key = tuple(str(i) for i in input_list(inputs))
+    with kept.lock:  # a thread listing the same inputs waits for this listing, not its own
+        if key not in kept.files:
+            kept.files[key] = _expand(inputs)
+        return list(kept.files[key])
+
+
+def _expand(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
     return expand([_linked(i) for i in input_list(inputs)], KNOWN_SUFFIXES, KNOWN_SHORT)
+
+
+@dataclass
+class _Listings:
+    files: dict[tuple[str, ...], list[Path]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_KEPT: ContextVar[_Listings | None] = ContextVar("kept_listings", default=None)
+
+
+@contextmanager
+def listings_kept() -> Iterator[None]:
+    """Within it, `expand_inputs` lists each set of inputs once: a command's later calls with
+    the same inputs get the files of the first listing (`pack` listed them three times: for
+    the tokenizer's check of their kind, for their columns and for the plan, each a walk of
+    every folder and, for a bucket prefix, 1,000 keys a request). A failed listing is not kept.
+    Threads run in a copy of this context (`contextvars.copy_context().run`) share it."""
+    token = _KEPT.set(_Listings())
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
 
 
 def passed_over(inputs: Iterable[str | os.PathLike], examples: int = 3) -> tuple[int, list[str]]:

@@ -244,3 +244,23 @@ def test_a_failed_run_in_one_thread_says_its_own_resume_note(tmp_path, monkeypat
         f"interrupted; finished partitions are kept in {staging_folder(str(tmp_path / 'a'))}: "
         "run the same command with --resume to finish"
     )
+
+
+@pytest.mark.parametrize("command", ["pack", "stats", "tokenize"])
+def test_a_command_lists_its_inputs_once(tmp_path, monkeypatch, command):
+    # pack listed a folder (or a bucket prefix: 1,000 keys a request) three times: for the
+    # tokenizer's check of the inputs' kind (in a thread of its own), their columns and the plan.
+    import shutil
+
+    import packtool.read.corpus as corpus_mod
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(CORPUS, folder / "a.jsonl")
+    calls = []
+    real = corpus_mod.expand
+    monkeypatch.setattr(corpus_mod, "expand", lambda *x: calls.append(x) or real(*x))
+    out = ["-o", tmp_path / "out"] if command != "stats" else ["--max-len", "512"]
+    code, _, err = run(command, folder, *out)
+    assert code == 0, err
+    assert len(calls) == 1

@@ -118,6 +118,36 @@ def test_expand_inputs_files_folders_globs(tmp_path):
     assert [d[1] for d in read_all([j])] == [r["text"] for r in DOCS]
 
 
+def test_listings_kept_lists_each_set_of_inputs_once(tmp_path, monkeypatch):
+    import contextvars
+    import threading
+
+    a = write_corpus(tmp_path / "d" / "a.jsonl")
+    calls = []
+    real = corpus_mod.expand
+    monkeypatch.setattr(corpus_mod, "expand", lambda *x: calls.append(x) or real(*x))
+    with corpus_mod.listings_kept():
+        assert expand_inputs([tmp_path / "d"]) == [a]
+        b = write_corpus(tmp_path / "d" / "b.jsonl")  # after the listing: the command's view
+        assert expand_inputs(str(tmp_path / "d")) == [a]
+        got = []
+        thread = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(lambda: got.append(expand_inputs([tmp_path / "d"])),),
+        )
+        thread.start()
+        thread.join()
+        assert got == [[a]]
+        assert len(calls) == 1
+        assert expand_inputs([a]) == [a]  # other inputs: a listing of their own
+        assert len(calls) == 2
+        with pytest.raises(DataError, match="no such file"):  # a failure is not kept
+            expand_inputs([tmp_path / "gone.jsonl"])
+        (tmp_path / "gone.jsonl").write_text('{"text": "x"}\n')
+        assert expand_inputs([tmp_path / "gone.jsonl"]) == [tmp_path / "gone.jsonl"]
+    assert expand_inputs([tmp_path / "d"]) == [a, b]  # outside: listed again
+
+
 def test_expand_inputs_errors(tmp_path):
     with pytest.raises(DataError, match="missing.jsonl: no such file or folder"):
         expand_inputs([tmp_path / "missing.jsonl"])
