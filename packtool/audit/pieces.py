@@ -6,10 +6,17 @@ checked with one sort, as before; past that they are spilled, as the shards are 
 `buckets` files in a temporary folder by a hash of the doc_id, and each bucket is checked alone
 at the end. All the pieces of one document fall into one bucket, so a repeated piece or a
 missing chunk is found there. Memory: one bucket's pieces (24 bytes each; the bucket count
-comes from the manifest's piece count, so a bucket holds about `MEMORY_PIECES / 2`); disk: 24
-bytes a piece, in `TMPDIR`, removed when the check ends. Holding every piece (80 bytes each
-with the sort) grew `verify` to 1.4 GB at 16M documents, ~80 GB at 10^9; spilled, it stays at
-~215 MB (docs/verify-inspect.md).
+comes from the manifest's piece count, so a bucket holds about `MEMORY_PIECES / 2`), and up to
+`MEMORY_PIECES / 2` pieces held between spills; disk: 24 bytes a piece, in `TMPDIR`, removed
+when the check ends. Holding every piece (80 bytes each with the sort) grew `verify` to 1.4 GB
+at 16M documents, ~80 GB at 10^9; spilled, it stays at ~215 MB (docs/verify-inspect.md).
+
+Open files: one. The held pieces are appended to each bucket with an open, a write and a close
+(a bucket a spill adds nothing to is not opened). Every bucket once stayed open for the whole
+read: 10^9 pieces need 1,000 buckets, and past ~1.02x10^9 a default limit of 1,024 open files
+failed `verify` ("bucket-01018.bin: Too many open files"). The cost: about
+`2 * pieces / MEMORY_PIECES` spills of one append to each bucket (10^9 pieces: ~10^6 appends
+of ~24 KB).
 
 Records in: one row group's pieces at a time. Out: (pieces, distinct doc_ids), or the first
 problem as a `DataError` naming the file and row.
@@ -25,6 +32,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from packtool.errors import naming
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -44,23 +52,21 @@ class Pieces:
     def __init__(self, expected: int | None) -> None:
         self.expected = expected
         self._held: list[NDArray[np.int64]] = []
+        self._held_count = 0
         self._count = 0
         self._folder: contextlib.ExitStack | None = None
-        self._files: list = []
         self._paths: list[Path] = []
+        self._sizes: NDArray[np.int64] = np.zeros(0, dtype=np.int64)
 
     def add(self, ids: NDArray[np.int64], chunks: NDArray[np.int64], rows: NDArray[np.int64]):
         triples = np.column_stack((ids, chunks, rows)).astype(np.int64, copy=False)
         self._count += len(triples)
-        if self._folder is not None:
-            self._spill(triples)
-            return
         self._held.append(triples)
-        if self._count > MEMORY_PIECES:
-            self._open_buckets()
-            for held in self._held:
-                self._spill(held)
-            self._held = []
+        self._held_count += len(triples)
+        if self._held_count > (MEMORY_PIECES if self._folder is None else _flush_pieces()):
+            if self._folder is None:
+                self._make_buckets()
+            self._spill()
 
     def check(self, where: Callable[[int], str], fail: Callable[[str, str], Exception]):
         """(pieces, distinct doc_ids, doc_ids split into several pieces); raises
@@ -69,25 +75,22 @@ class Pieces:
             if not self._held:
                 return 0, 0, 0
             return _check(np.concatenate(self._held), where, fail)
+        self._spill()
         pieces = distinct = split = 0
-        for f in self._files:
-            f.close()
-        for path in self._paths:
-            triples = np.frombuffer(storage.read_bytes(path), dtype=np.int64).reshape(-1, 3)
-            if len(triples):
+        for path, size in zip(self._paths, self._sizes, strict=True):
+            if size:  # a bucket no piece fell into has no file
+                triples = np.frombuffer(storage.read_bytes(path), dtype=np.int64).reshape(-1, 3)
                 n, d, s = _check(triples, where, fail)
                 pieces, distinct, split = pieces + n, distinct + d, split + s
         return pieces, distinct, split
 
     def close(self) -> None:
-        for f in self._files:
-            f.close()
-        self._files = []
+        self._held = []
         if self._folder is not None:
             self._folder.close()
             self._folder = None
 
-    def _open_buckets(self) -> None:
+    def _make_buckets(self) -> None:
         if self.expected is None:
             n = UNKNOWN_BUCKETS
         else:  # two buckets per MEMORY_PIECES expected: each about half of it
@@ -95,15 +98,43 @@ class Pieces:
         self._folder = contextlib.ExitStack()
         folder = self._folder.enter_context(writing.temporary_folder("packtool-verify-"))
         self._paths = [folder / f"bucket-{i:05d}.bin" for i in range(n)]
-        self._files = [writing.open_output(p) for p in self._paths]
+        self._sizes = np.zeros(n, dtype=np.int64)
 
-    def _spill(self, triples: NDArray[np.int64]) -> None:
-        n = len(self._files)
-        bucket = ((triples[:, 0].view(np.uint64) * _GOLDEN) >> np.uint64(32)) % np.uint64(n)
+    def _spill(self) -> None:
+        """The held pieces appended to their buckets, `_flush_pieces()` at a time (the first
+        spill empties up to `MEMORY_PIECES` held, each part freed as it is written)."""
+        self._held.reverse()  # popped from the end: in the order they came
+        while self._held:
+            part, count = [], 0
+            while self._held and count < _flush_pieces():
+                part.append(self._held.pop())
+                count += len(part[-1])
+            self._held_count -= count
+            triples = np.concatenate(part)
+            del part
+            self._append(triples)
+
+    def _append(self, triples: NDArray[np.int64]) -> None:
+        n = len(self._paths)
+        bucket = triples[:, 0].view(np.uint64) * _GOLDEN
+        bucket >>= np.uint64(32)
+        bucket %= np.uint64(n)
         order = np.argsort(bucket, kind="stable")
-        bounds = np.searchsorted(bucket[order], np.arange(n + 1, dtype=np.uint64))
+        bounds = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(bucket.astype(np.intp), minlength=n), out=bounds[1:])
+        del bucket
         for i in np.flatnonzero(np.diff(bounds)):
-            triples[order[bounds[i] : bounds[i + 1]]].tofile(self._files[i])
+            path, size = self._paths[i], int(self._sizes[i])
+            note = "verify's spill of pieces; TMPDIR sets its folder"
+            with naming(path, note), writing.open_append(path, size) as f:
+                f.write(triples[order[bounds[i] : bounds[i + 1]]].tobytes())
+            self._sizes[i] += (bounds[i + 1] - bounds[i]) * 3 * triples.itemsize
+
+
+def _flush_pieces() -> int:
+    """Once spilling, the pieces held before they are appended to their buckets: half of
+    `MEMORY_PIECES` (each bucket's file is opened, appended to and closed once a flush)."""
+    return max(1, MEMORY_PIECES // 2)
 
 
 def _check(

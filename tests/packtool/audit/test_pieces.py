@@ -114,3 +114,66 @@ def test_a_spilled_check_still_names_a_repeated_piece_and_a_missing_chunk(
     verify_tests.test_missing_chunk(packed_dataset_factory, capsys)
     gc.collect()
     assert spilling and not any(os.path.exists(f) for f in spilling)
+
+
+_UNDER_A_LOW_FILE_LIMIT = """
+import dataclasses, json, os, resource, sys
+from packtool.audit import pieces
+from packtool.audit.verify import verify_dataset
+from packtool.storage import writing
+
+pieces.MEMORY_PIECES = int(sys.argv[2])
+real, spills = writing.temporary_folder, []
+def recorded(prefix):
+    spills.append(prefix)
+    return real(prefix)
+writing.temporary_folder = recorded
+open_now = len(os.listdir("/proc/self/fd"))
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + int(sys.argv[3]), hard))
+report = dataclasses.asdict(verify_dataset(sys.argv[1]))
+print(json.dumps({"spills": len(spills), **{k: v for k, v in report.items() if k != "seconds"}},
+                 default=str))
+"""
+
+
+def test_spilling_into_hundreds_of_buckets_stays_under_a_low_open_file_limit(
+    packed_dataset_factory,
+):
+    """Pieces are spilled into ~2 * pieces / MEMORY_PIECES buckets: 10^9 pieces need 1,000.
+    Each once held its own open file, so past ~10^9 pieces a default limit of 1,024 open
+    files failed `verify` ("bucket-01018.bin: Too many open files"). Here 2,400 pieces with
+    MEMORY_PIECES 8 need 600 buckets, checked with 40 files to spare: the same report as
+    the in-memory check."""
+    import dataclasses
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import packtool
+
+    rng = np.random.default_rng(5)
+    ids = rng.permutation(1 << 20)[:2000]
+    docs = [(int(d), 0, 3) for d in ids[:1600]]  # short documents, 4 to a row
+    rows = [docs[i : i + 4] for i in range(0, len(docs), 4)]
+    rows += [[(int(d), 0, 16)] for d in ids[1600:]] + [[(int(d), 1, 5)] for d in ids[1600:]]
+    order = rng.permutation(len(rows))
+    shards = [[rows[i] for i in order[k::3]] for k in range(3)]
+    d = packed_dataset_factory(shards, row_group_size=16)
+    memory = verify_dataset(d)
+    assert memory.documents == 2400 and memory.distinct_documents == 2000
+
+    done = subprocess.run(
+        [sys.executable, "-c", _UNDER_A_LOW_FILE_LIMIT, str(d), "8", "40"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(packtool.__file__).parents[1])},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    spilled = json.loads(done.stdout)
+    assert spilled.pop("spills") == 1  # it did spill (into 2 * 2,400 / 8 = 600 buckets)
+    expected = {k: v for k, v in dataclasses.asdict(memory).items() if k != "seconds"}
+    assert spilled == json.loads(json.dumps(expected, default=str))
