@@ -28,6 +28,8 @@ Files in the folder that the manifest does not list (`*.parquet` leftovers of an
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -57,6 +59,18 @@ COLUMNS = ("input_ids", "doc_offsets", "doc_ids", "doc_chunks")
 DAMAGED = (pa.ArrowException, OSError, ValueError)
 """What pyarrow raises on a damaged Parquet file: a flipped byte of a column name in the footer
 gives `UnicodeDecodeError` (a `ValueError`), which verify --no-checksums printed as a traceback."""
+_NOT_DAMAGE = (errno.EMFILE, errno.ENFILE)
+"""What a failed open says of this process or machine, not of the file: no file descriptor
+left (the open-file limit, `ulimit -n`, or the system's)."""
+
+
+def _not_damage(exc: BaseException, where: str) -> None:
+    """Raise `exc` as an `OSError` naming `where` if it is one of `_NOT_DAMAGE`: it was reported
+    as a damaged shard ("not a readable Parquet file ([Errno 24] Too many open files)")."""
+    if isinstance(exc, OSError) and exc.errno in _NOT_DAMAGE:
+        raise OSError(exc.errno, os.strerror(exc.errno), where) from None
+
+
 _FLOATS = {pa.float32(): np.dtype(np.float32), pa.float64(): np.dtype(np.float64)}
 """Arrow float types whose names are not numpy's (`float` is float32 in Arrow)."""
 
@@ -361,6 +375,7 @@ def verify_dataset(
                 pf = storage.parquet_file(local, memory_map=True, page_checksum_verification=True)
                 schema, num_rows = pf.schema_arrow, pf.metadata.num_rows
             except DAMAGED as exc:
+                _not_damage(exc, where)
                 raise _fail(where, f"not a readable Parquet file ({exc})") from None
             _check_schema(schema, expected_schema, vocab, where)
             if num_rows != shard.rows:
@@ -372,6 +387,7 @@ def verify_dataset(
                 try:
                     table = pf.read_row_group(rg, columns=list(manifest.columns))
                 except DAMAGED as exc:
+                    _not_damage(exc, where)
                     raise _fail(where, f"row group {rg} unreadable ({exc})") from None
                 parts = {}
                 for name in manifest.columns:

@@ -12,6 +12,7 @@ May import: click, `cli/interrupt.py` (the resume hint an interrupted run leaves
 
 from __future__ import annotations
 
+import errno
 import sys
 
 import click
@@ -53,7 +54,8 @@ def report(exc: BaseException, command: str = "packtool") -> int | None:
         return 0
     if isinstance(exc, OSError):  # the disk filled up, a permission changed mid-run, ...
         where = f"{exc.filename}: " if exc.filename else ""
-        return _say(f"{where}{one_line(exc.strerror or exc)}{interrupt.note.get()()}", 1)
+        why = one_line(exc.strerror or exc) + _open_file_limit(exc)
+        return _say(f"{where}{why}{interrupt.note.get()()}", 1)
     return None
 
 
@@ -84,6 +86,18 @@ def echo(message: object, err: bool = False) -> None:
 
         writing.discard_output(sys.stdout.fileno())
         raise ClosedPipe from None
+
+
+def _open_file_limit(exc: OSError) -> str:
+    """For "Too many open files" (EMFILE), the limit it ran into: the message alone reads as a
+    problem of the file it names."""
+    if exc.errno != errno.EMFILE:
+        return ""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
+    return f" (the limit on open files, `ulimit -n`, is {limit})"
 
 
 def one_line(message: object) -> str:

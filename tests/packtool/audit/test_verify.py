@@ -461,3 +461,34 @@ def test_a_path_that_is_no_path_is_a_config_error(path):
     with pytest.raises(ConfigError) as info:
         verify_dataset(path)
     assert str(info.value) == f"path must be a dataset folder or URL, got {path!r}"
+
+
+def test_too_many_open_files_is_named_as_the_limit_not_as_a_damaged_shard(
+    packed_dataset_factory, monkeypatch
+):
+    """An open that fails with EMFILE says nothing about the shard: it was reported as
+    "not a readable Parquet file ([Errno 24] Too many open files)", a DataError blaming the
+    file. Now the OSError goes on, naming the shard and the limit."""
+    import errno
+    import resource
+
+    from packtool.audit import verify as verify_module
+    from tests.cli import one_error_line
+
+    d = packed_dataset_factory(SHARDS, row_group_size=2)
+
+    def no_descriptor_left(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(verify_module.storage, "parquet_file", no_descriptor_left)
+    with pytest.raises(OSError) as info:
+        verify_dataset(d)
+    assert not isinstance(info.value, DataError)
+    assert info.value.errno == errno.EMFILE
+    code, out, err = run("verify", d)
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert (code, out) == (1, "")
+    assert one_error_line(err) == (
+        f"error: {d / 'shard-00000.parquet'}: Too many open files (the limit on open files, "
+        f"`ulimit -n`, is {limit:,})"
+    )
