@@ -62,6 +62,7 @@ from loader.packed.resume import stale_state_message
 from loader.packed.transport import Ring
 from loader.record import Documents, empty_documents
 from loader.store.row_group import write_parts
+from loader.store.shard_files import open_files_share
 from loader.store.shards import DecodeThread
 from packtool.errors import ConfigError
 from packtool.mixture.schedule import Schedule, check_caps
@@ -127,6 +128,8 @@ class MixedDataset(IterableDataset):
         for s in self.sources:
             if isinstance(s, PackedSource):
                 s.store.share_decode_thread(shared)
+                # and one bound on open shard files, each keeping its shuffle window's
+                s.store.open_files = open_files_share(len(self.sources), s.store.min_row_groups)
         self.names = spec.names
         check_compatible([(s.name, s.tokenizer, s.max_len) for s in self.sources])
         check_pad_id(config, self.sources[0].tokenizer.get("vocab_size"), "the mixture's data")

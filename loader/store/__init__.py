@@ -10,6 +10,7 @@ May import: loader's top-level modules; `packtool.dataset`, `packtool.errors`.
 
 Modules:
 - `shards.py`: `ShardStore`, the cache and the decode thread.
+- `shard_files.py`: the shard files a process keeps open (at most `OPEN_FILES`).
 - `row_group.py`: one decoded row group.
 - `row_index.py`: per-row counts, a row group at a time.
 """

@@ -5,6 +5,8 @@
 groups on demand into flat numpy arrays (values + offsets), kept in a small LRU cache bounded in
 bytes: no per-row or per-token Python objects live in a worker. Offsets read from disk are
 validated once per decoded row group, so a damaged file is a `DataError` naming the file and row.
+Local shards are opened when read and at most `OPEN_FILES` kept open per process
+(`ShardFiles`, shard_files.py).
 
 While a dataset iterates, `prefetch` hands the row groups of upcoming steps to one background
 thread per process, which decodes them (pyarrow releases the GIL while decoding) while the caller
@@ -23,24 +25,22 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import MappingProxyType
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from loader.record import Documents, empty_documents
-from loader.store.bucket import CACHE_LIMIT, BucketRowGroups, dataset_gone
+from loader.store.bucket import CACHE_LIMIT, BucketRowGroups
 from loader.store.row_group import (
     INT_TYPES,
     RowGroupData,
     aligned,
-    decode_with_jemalloc,
     list_parts,
     validate_row_group,
     write_parts,
 )
 from loader.store.row_index import GroupStats, offsets_stats
+from loader.store.shard_files import OPEN_FILES, STATS_FILES, ShardFiles
 from packtool.dataset.columns import BYTES, TOKEN, Column, loaded_optional
 from packtool.dataset.manifest import open_dataset, sha256_file
 from packtool.errors import DataError
@@ -51,8 +51,6 @@ _NO_COLUMNS: Mapping[str, np.ndarray] = MappingProxyType({})
 _COLUMNS = ("input_ids", "doc_offsets", "doc_ids")
 """The required columns the loader reads; the optional ones it carries come from the manifest's
 `columns` and the declaration (`ShardStore.optional`)."""
-_STATS_FILES = 16
-"""Shard files kept open for reading row counts (`ShardStore.row_stats`)."""
 
 
 class DecodeThread:
@@ -122,10 +120,15 @@ class ShardStore:
         """The optional columns this dataset has that records carry (`loss_mask`)."""
         self._read_columns = (*_COLUMNS, *(c.name for c in self.optional))
         self._names = [str(self.path / info.file) for info in self.manifest.shards]
-        self._opened: dict[str, tuple[int, int]] = {}
-        """Each local shard's (size, mtime_ns) when the dataset was opened (`_mapped`)."""
         """Each shard's path or URL as text (messages): joined once here, not per row group (a
         `UPath` join and `str` cost ~0.25 ms, a tenth of a small row group's decode)."""
+        # A local dataset's shards, opened when read, at most OPEN_FILES per process (decodes)
+        # and STATS_FILES more (row counts, `row_stats`): loader/store/shard_files.py.
+        self._files = ShardFiles(self.path, self._names, self.page_checksums, OPEN_FILES)
+        self._stats_files = ShardFiles(
+            self.path, self._names, self.page_checksums, STATS_FILES,
+            jemalloc=False, opened=self._files.opened,
+        )  # fmt: skip
         self._bytes = {c.name for c in self.optional if c.storage == BYTES}
         rg_rows: list[int] = []
         rg_shard: list[int] = []
@@ -138,7 +141,7 @@ class ShardStore:
             try:
                 # A bucket's footer from the node's cache (no request once cached); a local
                 # shard's from the file, its size checked first.
-                meta = self.bucket.footer(i) if self.bucket else self._local_footer(file, info)
+                meta = self.bucket.footer(i) if self.bucket else self._files.footer(file, info)
                 schema = meta.schema.to_arrow_schema()
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
@@ -188,7 +191,6 @@ class ShardStore:
         self.num_rows = int(self._rg_start[-1])
         self.token_dtype = np.dtype(np.result_type(*token_dtypes) if token_dtypes else np.uint16)
         """The stored token dtype (the widest over the shards): uint16 or uint32 per the contract."""
-        self._files: dict[int, pq.ParquetFile] = {}
         self._cache: OrderedDict[int, RowGroupData] = OrderedDict()
         self._cached_bytes = 0
         self.decoded_row_groups = 0
@@ -202,47 +204,17 @@ class ShardStore:
         self._pending: dict[int, Future] = {}
         # Row counts (`row_stats`) are read through file handles of their own, so the iterating
         # thread never waits behind the decode thread's queue (nor reads its files).
-        self._stats_files: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._stats_lock = threading.Lock()
-
-    def _local_footer(self, file: Any, info: Any) -> pq.FileMetaData:
-        if not storage.is_file(file):
-            raise DataError(f"{file}: shard listed in index.json is missing")
-        st = storage.stat(file)
-        if st.st_size != info.bytes:
-            raise DataError(
-                f"{file}: {st.st_size} bytes but index.json says {info.bytes}; "
-                "the shard is truncated or was replaced"
-            )
-        self._opened[str(file)] = (st.st_size, st.st_mtime_ns)
-        return storage.parquet_metadata(file)
-
-    def _mapped(self, file: Any) -> Any:
-        """`file` (a local shard) memory-mapped, if it is still the file the dataset opened (a
-        process opens shards lazily: one replaced in between would hand another file's rows to
-        the epoch's order, some delivered twice, others never)."""
-        try:
-            st = storage.stat(file)
-        except FileNotFoundError:
-            raise dataset_gone(file, self.path) from None
-        if (st.st_size, st.st_mtime_ns) != (was := self._opened[str(file)]):
-            raise DataError(
-                f"{file}: the shard changed after the dataset was opened (size {was[0]} -> "
-                f"{st.st_size} bytes, or its mtime): replaced (--overwrite)? reopen the dataset"
-            )
-        return storage.memory_map(file)
 
     # Open files, cached row groups and the decode thread belong to one process; a worker (forked
     # or spawned) starts with none of them.
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_files"] = {}
+        state = self.__dict__.copy()  # the open files: none (`ShardFiles.__getstate__`)
         state["_cache"] = OrderedDict()
         state["_cached_bytes"] = 0
         state["_decoder"] = None
         state["_pending"] = {}
         state["_pid"] = -1
-        state["_stats_files"] = OrderedDict()
         state["_stats_lock"] = None
         return state
 
@@ -256,8 +228,8 @@ class ShardStore:
             self._pid = os.getpid()
             self._decoder = None
             self._pending = {}
-            self._files = {}
-            self._stats_files = OrderedDict()
+            self._files.forget()
+            self._stats_files.forget()
             self._stats_lock = threading.Lock()  # a fork may copy it held by another thread
 
     def share_decode_thread(self, thread: DecodeThread) -> None:
@@ -310,18 +282,15 @@ class ShardStore:
         """The row group index of each global row index."""
         return np.searchsorted(self._rg_start, rows, side="right") - 1
 
-    def _file(self, shard: int) -> pq.ParquetFile:
-        pf = self._files.get(shard)
-        if pf is None:
-            file = self.path / self.manifest.shards[shard].file
-            try:
-                source = self._mapped(file)
-                pf = storage.parquet_file(source, page_checksum_verification=self.page_checksums)
-                decode_with_jemalloc(pf, source, self.page_checksums)
-            except (pa.ArrowException, OSError) as exc:
-                raise DataError(f"{file}: cannot open shard ({exc})") from None
-            self._files[shard] = pf
-        return pf
+    @property
+    def open_files(self) -> int:
+        """Most shard files this process keeps open for decoding (`OPEN_FILES`; a mixture's
+        sources share it out, loader/store/shard_files.py)."""
+        return self._files.limit
+
+    @open_files.setter
+    def open_files(self, limit: int) -> None:
+        self._files.limit = max(int(limit), 1)
 
     def row_group(self, g: int) -> RowGroupData:
         """Decoded row group `g` (global numbering), from the cache when possible."""
@@ -354,7 +323,7 @@ class ShardStore:
             if self.bucket is not None:
                 table = self.bucket.read(g, shard, int(self._rg_local[g]), list(self._read_columns))
             else:
-                table = self._file(shard).read_row_group(
+                table = self._files.get(shard).read_row_group(
                     int(self._rg_local[g]), columns=list(self._read_columns), use_threads=False
                 )
             if table.schema.field("input_ids").type.value_type not in INT_TYPES:
@@ -525,7 +494,7 @@ class ShardStore:
             where = self._names[i]
             try:
                 col = (
-                    self._file(i)
+                    self._files.get(i)
                     .read(columns=["doc_offsets"], use_threads=False)
                     .column("doc_offsets")
                 )
@@ -572,17 +541,8 @@ class ShardStore:
                 first_row=int(self._rg_first[g]),
             )  # fmt: skip
         with self._stats_lock:
+            pf = self._stats_files.get(shard)
             try:
-                pf = self._stats_files.get(shard)
-                if pf is None:
-                    pf = storage.parquet_file(
-                        self._mapped(where), page_checksum_verification=self.page_checksums
-                    )
-                    self._stats_files[shard] = pf
-                    if len(self._stats_files) > _STATS_FILES:
-                        self._stats_files.popitem(last=False)
-                else:
-                    self._stats_files.move_to_end(shard)
                 col = pf.read_row_group(local, columns=["doc_offsets"], use_threads=False)
                 off, off_off, nulls = list_parts(col.column("doc_offsets"))
             except (pa.ArrowException, OSError) as exc:

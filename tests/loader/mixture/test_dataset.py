@@ -14,6 +14,7 @@ import torch
 
 from loader import MixedDataLoader, MixedDataset, PackedDataset
 from loader.mixture.steps import RowStream, plan_steps
+from loader.store.shard_files import OPEN_FILES
 from loader.testing import write_dataset, write_random_dataset
 from packtool.dataset.manifest import INDEX_FILE
 from packtool.errors import ConfigError, DataError
@@ -109,6 +110,16 @@ def test_the_sources_share_one_cache_budget_each_keeping_a_window(sources):
         assert 1 <= len(s.store._cache) <= 5
     plain = MixedDataset(spec(sources), tokens_per_batch=128, shuffle_window=4)
     assert got == [rows_of(b) for b in plain]  # the cache changes no batch
+
+
+def test_the_sources_share_one_bound_on_open_shard_files(sources):
+    """A process keeps at most OPEN_FILES shard files open, as for one dataset: split over the
+    sources, each still keeping as many as its shuffle window's row groups (and one more)."""
+    ds = MixedDataset(spec(sources), rows_per_batch=4, shuffle_window=4)
+    assert [s.store.open_files for s in ds.sources] == [OPEN_FILES // 3] * 3
+    wide = MixedDataset(spec(sources), rows_per_batch=4, shuffle_window=OPEN_FILES)
+    assert [s.store.open_files for s in wide.sources] == [OPEN_FILES + 1] * 3
+    assert PackedDataset(sources[0], rows_per_batch=4).store.open_files == OPEN_FILES
 
 
 @pytest.mark.parametrize("unit", ["tokens", "rows"])
