@@ -461,8 +461,9 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
         )
     if config.resume:
         return _load_state(paths)
-    if storage.exists(paths.staging) or _abandoned(paths):
-        if not _abandoned(paths) and not config.overwrite:
+    abandoned = _abandoned(paths)
+    if abandoned or storage.exists(paths.staging):
+        if not abandoned and not config.overwrite:
             raise ConfigError(
                 f"an interrupted run into {shown} left its finished partitions in "
                 f"{paths.staging}; pass --resume to finish it or --overwrite to start over"
@@ -478,23 +479,21 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
 
 
 def _abandoned(paths: OutputPaths) -> bool:
-    """Whether the staging folder is what a run killed before it saved its plan leaves (while
-    it checked the inputs or planned): nothing in it but an empty state folder."""
-    if paths.remote:  # named by `.packtool-staging`, holding nothing yet: a fresh run's is new
-        return staging_version(paths.target) == paths.staging.name and not storage.exists(
-            paths.staging
-        )
-    if not storage.is_dir(paths.staging):
-        return False
-    if any(e.name != STATE_DIR for e in storage.list_dir(paths.staging)):
-        return False  # shards, an older packtool's state: work that may be wanted
-    run = records.run_dir(paths.staging)
-    return not storage.is_dir(run) or not any(True for _ in storage.list_dir(run))
+    """Whether the staging folder is what a run killed before it saved its plan leaves
+    (`records.never_planned`: nothing, or the plan's temporary). Asked under the output's lock,
+    so never of a live run's folder. A remote output's staging is the version its
+    `.packtool-staging` object names (else a fresh run's new version: not abandoned)."""
+    if paths.remote:
+        named = staging_version(paths.target) == paths.staging.name
+        return named and records.never_planned(paths.staging)
+    return storage.is_dir(paths.staging) and records.never_planned(paths.staging)
 
 
 def _load_state(paths: OutputPaths) -> dict[str, Any]:
     out, shown = paths.target, paths.shown
-    if _abandoned(paths) and not storage.exists(out / INDEX_FILE):
+    if _abandoned(paths):
+        if storage.exists(out / INDEX_FILE):  # an --overwrite killed early: the old dataset
+            return {COMPLETE: True}  # `check_complete` decides, once the options are known
         raise ConfigError(
             f"{shown}: the interrupted run stopped before it saved its plan, so there is "
             "nothing to resume; run again without --resume"

@@ -88,6 +88,23 @@ def read_tail(path: Path) -> pa.Table:
         ) from None
 
 
+def never_planned(work: Path) -> bool:
+    """Whether the staging folder `work` is what a run killed before it saved its plan leaves
+    (while it checked the inputs, planned, or wrote the plan): no plan, and nothing in it but
+    the state folder holding only temporaries of atomic writes (`writing.is_temporary`: the
+    plan's, never renamed), or nothing at all. Such a run did no work: a plain rerun removes
+    the folder and starts again, and `--resume` has nothing to resume (`pack`'s
+    packtool/engines/preflight.py and `tokenize --to megatron`'s megatron/run.py decide so
+    here). A folder that is not there (a prefix with no object under it) holds nothing."""
+    for entry, file in storage.scan_dir(work) if storage.is_dir(work) else ():
+        if entry.name != RUN_DIR or file:
+            return False  # shards, parts, an older packtool's state: work that may be wanted
+    run = run_dir(work)
+    if not storage.is_dir(run):
+        return True
+    return all(file and writing.is_temporary(e.name) for e, file in storage.scan_dir(run))
+
+
 def write_plan(work: Path, state: dict[str, Any]) -> None:
     writing.write_atomic(run_dir(work) / PLAN_FILE, json.dumps(state).encode(), make_parent=True)
 

@@ -105,6 +105,16 @@ def temporary_name(path: str | os.PathLike) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
 
 
+_TEMPORARY = re.compile(r"\..+\.\d+-[0-9a-f]{8}(?:-[0-9a-f]{8})?\.tmp")
+"""`temporary_name`'s names: beside the file, or (with the host's tag) in the scratch folder."""
+
+
+def is_temporary(name: str) -> bool:
+    """Whether `name` is one `temporary_name` gives: a file an atomic write had not yet renamed
+    into place (a writer killed mid-write leaves it)."""
+    return _TEMPORARY.fullmatch(name) is not None
+
+
 SCRATCH_ENV = "PACKTOOL_SCRATCH"
 
 

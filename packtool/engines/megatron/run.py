@@ -281,14 +281,24 @@ def _prepare(
     for path in (bin_path, idx_path):
         if storage.is_dir(path):
             raise ConfigError(f"{path} is a folder; choose another --output prefix")
+    # A run killed before it saved its plan did nothing: started again by a plain run, as
+    # `pack`'s (`records.never_planned`; the lock, taken first, rules out a live run's).
+    abandoned = storage.is_dir(work) and records.never_planned(work)
     if config.resume:
-        if storage.is_dir(records.run_dir(work)):
+        if storage.is_dir(records.run_dir(work)) and not abandoned:
             return records.read_plan(work)
         if storage.is_file(idx_path):  # raises: done, or made by other options or inputs
             check_finished(fp, bin_path, idx_path, shown)
+        if abandoned:
+            raise ConfigError(
+                f"{shown}: the interrupted run stopped before it saved its plan, so there is "
+                "nothing to resume; run again without --resume"
+            )
+        if storage.exists(work):
+            raise ConfigError(f"{shown}: no interrupted run to resume; use --overwrite")
         raise ConfigError(f"{shown}: no interrupted run to resume; drop --resume")
     if storage.exists(work):
-        if not config.overwrite:
+        if not abandoned and not config.overwrite:
             raise ConfigError(
                 f"an interrupted run into {shown} left its finished partitions in {work}; pass "
                 "--resume to finish it or --overwrite to start over"

@@ -8,6 +8,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from packtool.engines.megatron.record import record_path
 from tests.cli import one_error_line, run
 
@@ -161,3 +163,53 @@ def test_a_kill_at_any_step_of_the_merge_is_resumed(tmp_path, monkeypatch):
         assert code == 0, (calls[-1], err)
         assert "kept from the interrupted run" in out, (calls[-1], out)
         assert _pair(prefix) == _pair(tmp_path / "whole"), calls[-1]
+
+
+@pytest.mark.parametrize("left", ["empty", "plan temporary"])
+def test_a_run_killed_before_it_saved_its_plan_is_started_again_by_a_plain_run(tmp_path, left):
+    """kill -9 between the staging folder's creation and the plan's rename left it empty, or
+    holding the plan's temporary: a plain rerun said 'left its finished partitions ... pass
+    --resume', and --resume said 'no interrupted run to resume; drop --resume' (or 'plan.json:
+    unreadable ... use --overwrite'): only --overwrite got out, though no partition had run."""
+    from packtool.engines import records
+    from packtool.engines.preflight import staging_folder
+
+    corpus = _corpus(tmp_path / "a.jsonl", 300, "alpha")
+    out = tmp_path / "out"
+    out.mkdir()
+    megatron = ["--to", "megatron", "--partition-size", "20000", "--workers", "1"]
+    code, _, err = run("tokenize", corpus, *megatron, "-o", tmp_path / "whole")
+    assert code == 0, err
+    prefix = out / "d"
+    staging = staging_folder(Path(f"{prefix}.idx"))
+    staging.mkdir()
+    if left == "plan temporary":
+        records.run_dir(staging).mkdir()
+        (records.run_dir(staging) / ".plan.json.4242-0123abcd.tmp").write_text('{"fingerprint"')
+    code, _, err = run("tokenize", corpus, *megatron, "-o", prefix, "--resume")
+    line = one_error_line(err)
+    assert code != 0 and "stopped before it saved its plan" in line, line
+    assert "nothing to resume; run again without --resume" in line, line
+    assert staging.is_dir()  # a refused --resume removes nothing
+    code, _, err = run("tokenize", corpus, *megatron, "-o", prefix)
+    assert code == 0, err
+    assert _pair(prefix) == _pair(tmp_path / "whole")
+    assert sorted(p.name for p in out.iterdir()) == [".d.idx.packtool.json", "d.bin", "d.idx"]
+
+
+def test_a_staging_folder_holding_more_than_a_plan_temporary_is_kept(tmp_path):
+    """A part file beside the plan's temporary is work: refused without --overwrite, kept."""
+    from packtool.engines import records
+    from packtool.engines.preflight import staging_folder
+
+    corpus = _corpus(tmp_path / "a.jsonl", 30, "alpha")
+    prefix = tmp_path / "d"
+    staging = staging_folder(Path(f"{prefix}.idx"))
+    records.run_dir(staging).mkdir(parents=True)
+    (records.run_dir(staging) / ".plan.json.4242-0123abcd.tmp").write_text('{"fingerprint"')
+    (staging / "merged.bin").write_bytes(b"tokens")
+    code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", prefix)
+    assert code != 0 and "pass --resume to finish it" in one_error_line(err)
+    code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", prefix, "--resume")
+    assert code != 0 and "use --overwrite" in one_error_line(err)
+    assert (staging / "merged.bin").read_bytes() == b"tokens"

@@ -17,7 +17,7 @@ from packtool.audit.verify import verify_dataset
 from packtool.engines import local, records, worker
 from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.preflight import STATE_DIR, staging_folder
-from packtool.errors import ConfigError, DataError
+from packtool.errors import AlreadyComplete, ConfigError, DataError
 from packtool.pack.chunk import PackConfig
 from packtool.read.documents import ReadConfig
 from packtool.tokenize.tokenize import tokenize_corpus
@@ -179,17 +179,79 @@ def test_an_interrupt_keeps_the_state_for_resume(tmp_path, monkeypatch):
     assert run_pack(config(good, out, resume=True)).counts.documents_packed == 1
 
 
-@pytest.mark.parametrize("left", ["empty", "state folder"])
+PLAN_TEMPORARY = ".plan.json.4242-0123abcd.tmp"
+"""What `records.write_plan` leaves when killed mid-write: the plan's temporary, never renamed."""
+
+
+def _left_before_the_plan(staging: Path, left: str) -> None:
+    """The staging folder as a run killed before it saved its plan leaves it."""
+    (staging / STATE_DIR if left != "empty" else staging).mkdir(parents=True)
+    if left == "plan temporary":
+        (staging / STATE_DIR / PLAN_TEMPORARY).write_text('{"fingerprint": {"inp')
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("left", ["empty", "state folder", "plan temporary"])
 def test_a_run_killed_before_it_saved_its_plan_is_started_again_by_a_plain_run(tmp_path, left):
     """kill -9 while it checked or planned (0.1 s at 3,000 inputs) left a staging folder with no
-    plan: a plain rerun said 'pass --resume', and --resume said 'no interrupted run'."""
-    good, out = jsonl(tmp_path / "good.jsonl", ["fine"]), tmp_path / "out"
+    plan: a plain rerun said 'pass --resume', and --resume said 'no interrupted run'. Killed
+    while the plan was being written, it left the plan's temporary file: --resume said
+    'plan.json: unreadable ... use --overwrite' and a plain rerun 'left its finished
+    partitions ... pass --resume', though no partition had run."""
+    good, out = jsonl(tmp_path / "good.jsonl", ["fine", "also fine"]), tmp_path / "out"
+    run_pack(config(good, tmp_path / "reference"))
     staging = staging_folder(out)
-    (staging / STATE_DIR if left == "state folder" else staging).mkdir(parents=True)
+    _left_before_the_plan(staging, left)
     with pytest.raises(ConfigError, match="stopped before it saved its plan.*without --resume$"):
         run_pack(config(good, out, resume=True))
-    assert run_pack(config(good, out)).counts.documents_packed == 1
+    assert staging.is_dir()  # a refused --resume removes nothing
+    assert run_pack(config(good, out)).counts.documents_packed == 2
     assert not staging.exists()
+    assert _files(out) == _files(tmp_path / "reference")
+
+
+def test_a_finished_dataset_beside_a_run_killed_before_its_plan_is_complete(tmp_path):
+    """An --overwrite killed before it saved its plan left the old dataset whole: --resume of
+    it is the finished dataset's answer, not the missing plan's error."""
+    good, out = jsonl(tmp_path / "good.jsonl", ["fine"]), tmp_path / "out"
+    run_pack(config(good, out))
+    before = _files(out)
+    _left_before_the_plan(staging_folder(out), "plan temporary")
+    with pytest.raises(AlreadyComplete, match="already complete.*nothing to resume"):
+        run_pack(config(good, out, resume=True))  # (the CLI's exit 0)
+    assert _files(out) == before
+    assert run_pack(config(good, out, overwrite=True)).counts.documents_packed == 1
+    assert not staging_folder(out).exists() and _files(out) == before
+
+
+def test_a_plan_temporary_beside_other_files_is_work_to_keep(tmp_path):
+    """Only a staging folder holding nothing but the plan's temporaries is abandoned: a shard
+    beside them (however it got there) is refused without --overwrite, and kept."""
+    good, out = jsonl(tmp_path / "good.jsonl", ["fine"]), tmp_path / "out"
+    staging = staging_folder(out)
+    _left_before_the_plan(staging, "plan temporary")
+    (staging / records.shard_name(0, 0)).write_bytes(b"a shard")
+    with pytest.raises(ConfigError, match="pass --resume to finish it or --overwrite"):
+        run_pack(config(good, out))
+    assert (staging / records.shard_name(0, 0)).read_bytes() == b"a shard"
+
+
+def test_a_live_run_writing_its_plan_is_never_taken_for_an_abandoned_one(tmp_path):
+    """The lock is checked first: a run that holds it while it writes its plan (its staging
+    folder then looks like a killed one's) keeps its folder, and the second run is refused."""
+    from packtool.dataset.output import OutputLock, output_paths
+
+    good, out = jsonl(tmp_path / "good.jsonl", ["fine"]), tmp_path / "out"
+    staging = staging_folder(out)
+    with OutputLock(output_paths(out), "packtool pack (the first)"):
+        _left_before_the_plan(staging, "plan temporary")
+        for resume in (False, True):
+            with pytest.raises(ConfigError, match="the first"):
+                run_pack(config(good, out, resume=resume))
+        assert (staging / STATE_DIR / PLAN_TEMPORARY).is_file()
 
 
 def test_shards_of_a_chunk_not_yet_recorded_are_removed_too(tmp_path):

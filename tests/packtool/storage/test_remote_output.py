@@ -226,6 +226,32 @@ def test_overwrite_of_an_interrupted_run_builds_a_new_version(fs, local_pack):
     ]
 
 
+@pytest.mark.parametrize("left", ["nothing", "plan temporary"])
+def test_a_run_killed_before_it_saved_its_plan_is_started_again_by_a_plain_run(
+    fs, local_pack, left
+):
+    """A run killed after naming its version in `.packtool-staging` but before its plan was
+    uploaded did nothing: a plain rerun discards it and builds the dataset, and --resume says
+    there is nothing to resume, as for a local output."""
+    prefix = f"noplan-{left.replace(' ', '-')}"
+    url = f"s3://{BUCKET}/{prefix}"
+    paths = output_paths(url)
+    make_staging(paths)
+    if left == "plan temporary":  # (an object store gets no temporaries; the rule is one)
+        fs.pipe_file(f"{BUCKET}/{prefix}/{paths.staging.name}/.packtool-run/.plan.json."
+                     "4242-0123abcd.tmp", b'{"fingerprint"')  # fmt: skip
+    before = _objects(fs, prefix)
+    with pytest.raises(ConfigError, match="stopped before it saved its plan.*without --resume$"):
+        run_pack(pack_config(url, resume=True))
+    assert _objects(fs, prefix) == before  # a refused --resume removes nothing
+    run_pack(pack_config(url))
+    assert _version_files(fs, prefix) == local_pack
+    assert _objects(fs, prefix) == [
+        "index.json",
+        *(f"{_link(fs, prefix)}/{n}" for n in local_pack),
+    ]
+
+
 def test_a_run_killed_before_its_switch_is_switched_in_and_never_deleted_by_the_next(
     fs, local_pack, tmp_path
 ):

@@ -55,6 +55,15 @@ def test_temporary_names_are_hidden_beside_and_unique(tmp_path):
     assert all(n.name.endswith(".tmp") for n in names)
 
 
+def test_is_temporary_knows_every_temporary_name_and_no_final_one(tmp_path):
+    """What tells a staging folder a killed run left before its plan (records.never_planned)."""
+    for path in (tmp_path / "plan.json", "s3://b/v/.packtool-run/plan.json"):
+        assert writing.is_temporary(writing.temporary_name(path).name)
+    for name in ("plan.json", ".plan.json", "shard-000000-00000.parquet", ".plan.json.tmp",
+                 ".plan.json.12-0123abcd.tmp.x", "parts"):  # fmt: skip
+        assert not writing.is_temporary(name), name
+
+
 def test_make_dirs_names_the_file_in_the_way(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match=r"file is a file, not a folder"):
