@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from packtool.dataset import columns as shard_columns
@@ -175,3 +176,27 @@ def common_identity(tokenized: list[tuple[Path, dict[str, Any]]]) -> TokenizerId
                 f"vocab {first.vocab_size}, eos {first.eos_id})"
             )
     return first
+
+
+def tokenized_lengths(tokenized: list[tuple[Path, dict[str, Any]]]) -> np.ndarray:
+    """Document lengths (int32, BOS/EOS included) of `packtool tokenize` files (as
+    `split_tokenized` gives them), reading only the `length` column.
+
+    Raises:
+        DataError: a file without a `length` column, or a negative or null length.
+    """
+    parts = []
+    for p, _ in tokenized:
+        pf = storage.parquet_file(p)
+        names = pf.schema_arrow.names
+        if "length" not in names:
+            raise DataError(f"{p}: no column 'length' (columns: {', '.join(names)})")
+        lengths = pf.read(columns=["length"]).column(0).to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(~(lengths >= 0)) if len(lengths) else []  # negative, or null (NaN)
+        if len(bad):
+            raise DataError(
+                f"{p}: row {int(bad[0])} has length {lengths[bad[0]]}, not a token count; "
+                "the file was damaged or edited: re-run packtool tokenize"
+            )
+        parts.append(lengths)
+    return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)

@@ -497,46 +497,43 @@ def compute_stats(
         DataError: unreadable or mixed inputs, or no documents at all.
         ConfigError: a max length (or candidate) that BOS + EOS fill, which `pack` refuses.
     """
+    from packtool.dataset.tokenized import tokenized_lengths
     from packtool.read.corpus import expand_inputs
     from packtool.read.documents import ReadConfig, SkipCounter
     from packtool.stats.supervised import SupervisedCounter, read_supervised
     from packtool.storage.local import input_list
-    from packtool.tokenize.tokenize import (
-        PRETOKENIZED,
-        input_columns,
-        input_identity,
-        inputs_read,
-        read_lengths,
-        tokenized_batches,
-        unchanged_ids,
-    )
+    from packtool.tokenize.tokenize import PRETOKENIZED, inputs_read, read_tables, unchanged_ids
 
     inputs = input_list(inputs)
     config = config or StatsConfig()
-    identity = input_identity(inputs)
+    read_config = read_config or ReadConfig()
+    paths = expand_inputs(inputs)  # listed and classified once, then handed on
+    read = inputs_read(paths, read_config)
+    identity = read.identity()
     counter = None
-    if LOSS_MASK in input_columns(inputs, read_config):
+    if LOSS_MASK in read.columns:
         counter = SupervisedCounter([config.max_len, *config.candidates])
     if identity is not None:
         config.check_room_for_text(identity.eos_id, identity.bos_id)
-        lengths = read_lengths(inputs) if counter is None else read_supervised(inputs, counter)
+        if counter is None:
+            lengths = tokenized_lengths(read.tokenized)
+        else:
+            lengths = read_supervised(read.tokenized, counter)
         if not lengths.size:
             raise DataError(f"no documents in {', '.join(map(str, inputs))} (tokenized, 0 rows)")
         info: dict[str, Any] = {"kind": "tokenized", "tokenizer": identity.to_dict()}
     else:
-        skips = SkipCounter(strict=bool(getattr(read_config, "strict", False)))
+        skips = SkipCounter(strict=read_config.strict)
         if tokenizer is None or isinstance(tokenizer, str):
             from packtool.tokenizer.tokenizers import load_tokenizer
 
             tokenizer = load_tokenizer(tokenizer or "byte", workers=workers)
         used = tokenizer.identity
-        if inputs_read(expand_inputs(inputs), read_config or ReadConfig()).mode == PRETOKENIZED:
+        if read.mode == PRETOKENIZED:
             used = unchanged_ids(used, tokenizer)  # ids counted as they are: no EOS, no BOS
         config.check_room_for_text(used.eos_id, used.bos_id)
         parts = []
-        for t in tokenized_batches(
-            inputs, read_config=read_config, tokenizer=tokenizer, skips=skips
-        ):
+        for t, _ in read_tables(paths, read, read_config, tokenizer, skips):
             parts.append(t.column("length").to_numpy())
             if counter is not None:
                 counter.add(t)

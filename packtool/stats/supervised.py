@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -84,18 +85,16 @@ class SupervisedStats:
         }
 
 
-def read_supervised(inputs: Sequence[Any], counter: SupervisedCounter) -> NDArray[np.int32]:
-    """Document lengths of tokenized Parquet with a loss mask, feeding `counter` on the way.
+def read_supervised(
+    tokenized: list[tuple[Path, dict[str, Any]]], counter: SupervisedCounter
+) -> NDArray[np.int32]:
+    """Document lengths of `packtool tokenize` files with a loss mask (`InputsRead.tokenized`),
+    feeding `counter` on the way.
 
     Reads only the `length` and `loss_mask` columns, one row group at a time.
     """
-    from packtool.dataset.tokenized import tokenized_meta
-    from packtool.read.corpus import expand_inputs
-
     parts = []
-    for path in expand_inputs(inputs):
-        if tokenized_meta(path) is None:
-            continue
+    for path, _ in tokenized:
         pf = storage.parquet_file(path)
         for rg in range(pf.num_row_groups):
             table = pf.read_row_group(rg, columns=["length", LOSS_MASK])

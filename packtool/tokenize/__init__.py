@@ -4,8 +4,9 @@
 raw text read and encoded, fine-tuning records rendered, encoded and masked, token ids made
 elsewhere checked, `packtool tokenize` output read back; for a list of pieces (whole files, byte
 ranges, row groups), ids `docids.encode(file index, offset)` for every kind.
-`tokenize.inputs_read` classifies the inputs once; `tokenize.tokenized_batches` (what `stats`
-calls) hands a whole corpus to the dispatch, the engines' workers a partition's pieces.
+`tokenize.inputs_read` classifies the inputs once; `tokenize.tokenized_batches` (and
+`read_tables`, what `stats` calls with the inputs it classified) hands a whole corpus to the
+dispatch, the engines' workers a partition's pieces.
 `tokenize.tokenize_corpus` is the `tokenize` command: the same tables written as tokenized
 Parquet through the output transaction.
 

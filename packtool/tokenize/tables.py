@@ -5,9 +5,9 @@
 `RECORDS`): raw text is read and encoded (read, encode and table-building overlap in threads),
 fine-tuning records are rendered, encoded and masked (packtool/sft/encode.py), `packtool
 tokenize` output and token ids made elsewhere are read and checked. `tokenize.tokenized_batches`
-(`stats`, `packtool tokenize`) calls it with one whole-file piece per input; the engines' workers
-call it with a partition's pieces (packtool/engines/plan.py): a byte range of a JSON Lines file,
-row groups of a Parquet file, or a whole file.
+(`packtool tokenize`; `stats` through `read_tables`) calls it with one whole-file piece per
+input; the engines' workers call it with a partition's pieces (packtool/engines/plan.py): a
+byte range of a JSON Lines file, row groups of a Parquet file, or a whole file.
 
 Document ids are `docids.encode(file index, offset)` for every kind of input: the offset is the
 line's byte offset (JSONL), the row (Parquet), the item (`.json` array), the record (fine-tuning

@@ -4,9 +4,10 @@ Tokenized schema (docs/CONTRACTS.md): `doc_id` int64, `source` string, `input_id
 list<uint16|uint32>, `length` int32, then the extra fields as strings. The schema metadata key
 `packtool` holds `{"format": "packtool.tokenized", "version": 1, "tokenizer": {...}}`.
 
-`inputs_read` classifies the inputs once; `tokenized_batches` (what `stats` calls, and the
-`tokenize` command) yields tables of that schema from any of them through the one dispatch,
-`tables.partition_tables`, which the engines' workers use for their partitions.
+`inputs_read` classifies the inputs once; `tokenized_batches` (the `tokenize` command; `stats`
+calls `read_tables` with the inputs it listed and classified) yields tables of that schema from
+any of them through the one dispatch, `tables.partition_tables`, which the engines' workers use
+for their partitions.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from packtool.dataset.tokenized import (
     common_identity,
     common_optional,
     split_tokenized,
+    tokenized_lengths,
     tokenized_schema,
 )
 from packtool.dataset.tokenized_writer import BackgroundWriter, PartWriter
@@ -288,8 +290,21 @@ def _tokenized_batches(
     read = inputs_read(paths, config)
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
-    source = source_for(read, config, tokenizer)
     skips = skips if skips is not None else SkipCounter(strict=config.strict)
+    yield from read_tables(paths, read, config, tokenizer, skips)
+
+
+def read_tables(
+    paths: list[Path],
+    read: InputsRead,
+    config: ReadConfig,
+    tokenizer: Tokenizer | None,
+    skips: SkipCounter,
+) -> Iterator[tuple[pa.Table, int]]:
+    """`tokenized_batches` of inputs already listed (`expand_inputs`) and classified
+    (`inputs_read(paths, config)`), as `stats` has them: each table with the input bytes it
+    stands for. Neither lists nor classifies the inputs again."""
+    source = source_for(read, config, tokenizer)
     # Every input whole, numbered in reading order: the dispatch the engines' workers use too.
     pieces = [FilePiece(str(p), 0, 0, i) for i, p in enumerate(paths)]
     yield from partition_tables(source, tokenizer, pieces, skips, _no_check)
@@ -347,30 +362,18 @@ def check_recorded_tokenizer(
 
 
 def read_lengths(inputs: Iterable[str | os.PathLike]) -> np.ndarray:
-    """Document lengths (int32, BOS/EOS included) from tokenized Parquet, reading only `length`.
+    """Document lengths (int32, BOS/EOS included) from tokenized Parquet, reading only `length`
+    (`dataset.tokenized.tokenized_lengths`).
 
     Raises:
-        DataError: an input is not tokenized Parquet, or the files used different tokenizers.
+        DataError: an input is not tokenized Parquet, the files used different tokenizers, or
+            a damaged `length` column.
     """
     tokenized, raw = split_tokenized(expand_inputs(inputs))
     if raw:
         raise DataError(f"{raw[0]}: not tokenized Parquet; run `packtool tokenize` first")
     common_identity(tokenized)
-    parts = []
-    for p, _ in tokenized:
-        pf = storage.parquet_file(p)
-        names = pf.schema_arrow.names
-        if "length" not in names:
-            raise DataError(f"{p}: no column 'length' (columns: {', '.join(names)})")
-        lengths = pf.read(columns=["length"]).column(0).to_numpy(zero_copy_only=False)
-        bad = np.flatnonzero(~(lengths >= 0)) if len(lengths) else []  # negative, or null (NaN)
-        if len(bad):
-            raise DataError(
-                f"{p}: row {int(bad[0])} has length {lengths[bad[0]]}, not a token count; "
-                "the file was damaged or edited: re-run packtool tokenize"
-            )
-        parts.append(lengths)
-    return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)
+    return tokenized_lengths(tokenized)
 
 
 def tokenize_corpus(

@@ -378,3 +378,53 @@ def test_documents_past_max_len_stay_out_of_the_last_histogram_bucket():
     text = render_report(s)
     assert "      1-40      |█▁|" in text  # 10 documents of 10 tokens, 1 of 35
     assert "longer than 40: 40 documents" in text
+
+
+# --- inputs listed and classified once ---
+
+
+def _sft_corpus(path: Path) -> Path:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for i in range(6):
+            f.write(json.dumps({"prompt": "q" * (i + 3), "completion": "a" * (2 * i + 1)}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["raw", "records", "tokenized", "tokenized_masked"])
+def test_compute_stats_lists_and_classifies_its_inputs_once(tmp_path, monkeypatch, kind):
+    """Before: a library `compute_stats` listed its inputs 4 times (input_identity,
+    input_columns, inputs_read, then tokenized_batches or read_lengths / read_supervised: each a
+    walk of every folder and, for a bucket prefix, a listing of it) and read each tokenized
+    file's footer 3 times; docs/architecture.md says the inputs are classified once."""
+    import packtool.dataset.tokenized as tokenized_mod
+    import packtool.read.corpus as corpus_mod
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    folder = tmp_path / "in"
+    if kind == "raw":
+        (folder / "a").mkdir(parents=True)
+        (folder / "a" / "c.jsonl").write_text('{"text": "abc"}\n{"text": "hello"}\n')
+        (folder / "d.jsonl").write_text('{"text": "xyz"}\n')
+    elif kind == "records":
+        _sft_corpus(folder / "qa.jsonl")
+    else:
+        src = _sft_corpus(tmp_path / "qa.jsonl")
+        if kind == "tokenized":
+            src.write_text('{"text": "abc"}\n{"text": "hello"}\n')
+        folder.mkdir()
+        for name in ("a.parquet", "b.parquet"):
+            tokenize_corpus([src], folder / name, progress=False)
+    listings, footers = [], []
+    real_expand, real_meta = corpus_mod.expand, tokenized_mod.tokenized_meta
+    monkeypatch.setattr(corpus_mod, "expand", lambda *x: listings.append(x) or real_expand(*x))
+    monkeypatch.setattr(
+        tokenized_mod, "tokenized_meta", lambda p: footers.append(p) or real_meta(p)
+    )
+    s = compute_stats(folder, StatsConfig(max_len=64, candidates=(64,)))
+    assert s.inputs["kind"] == ("raw" if kind in ("raw", "records") else "tokenized")
+    assert (s.supervised is not None) == (kind in ("records", "tokenized_masked"))
+    assert len(listings) == 1
+    assert sorted(map(str, footers)) == sorted(map(str, set(footers)))  # each file once
