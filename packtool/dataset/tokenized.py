@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,20 +183,36 @@ def tokenized_lengths(tokenized: list[tuple[Path, dict[str, Any]]]) -> np.ndarra
     `split_tokenized` gives them), reading only the `length` column.
 
     Raises:
-        DataError: a file without a `length` column, or a negative or null length.
+        DataError: as `length_tables`.
     """
-    parts = []
+    parts = [lengths for lengths, _ in length_tables(tokenized)]
+    return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)
+
+
+def length_tables(
+    tokenized: list[tuple[Path, dict[str, Any]]], columns: tuple[str, ...] = ()
+) -> Iterator[tuple[np.ndarray, pa.Table]]:
+    """Each row group of `packtool tokenize` files read for its `length` and `columns`: the
+    lengths, checked, and the table. What `stats` reads, with a loss mask or without.
+
+    Raises:
+        DataError: a file without one of the columns, or a negative or null length.
+    """
     for p, _ in tokenized:
         pf = storage.parquet_file(p)
         names = pf.schema_arrow.names
-        if "length" not in names:
-            raise DataError(f"{p}: no column 'length' (columns: {', '.join(names)})")
-        lengths = pf.read(columns=["length"]).column(0).to_numpy(zero_copy_only=False)
-        bad = np.flatnonzero(~(lengths >= 0)) if len(lengths) else []  # negative, or null (NaN)
-        if len(bad):
-            raise DataError(
-                f"{p}: row {int(bad[0])} has length {lengths[bad[0]]}, not a token count; "
-                "the file was damaged or edited: re-run packtool tokenize"
-            )
-        parts.append(lengths)
-    return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)
+        for name in ("length", *columns):
+            if name not in names:
+                raise DataError(f"{p}: no column {name!r} (columns: {', '.join(names)})")
+        row = 0
+        for rg in range(pf.num_row_groups):
+            table = pf.read_row_group(rg, columns=["length", *columns])
+            lengths = table.column("length").to_numpy(zero_copy_only=False)
+            bad = np.flatnonzero(~(lengths >= 0)) if len(lengths) else []  # negative, or NaN
+            if len(bad):
+                raise DataError(
+                    f"{p}: row {row + int(bad[0])} has length {lengths[bad[0]]}, not a token "
+                    "count; the file was damaged or edited: re-run packtool tokenize"
+                )
+            row += table.num_rows
+            yield lengths, table

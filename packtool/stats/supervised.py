@@ -26,8 +26,8 @@ from numpy.typing import NDArray
 
 from packtool.dataset.columns import LOSS_MASK, flat_parts
 from packtool.dataset.masks import prefix_sums
+from packtool.dataset.tokenized import length_tables
 from packtool.pack.kernels import ffd_assign
-from packtool.storage import local as storage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,15 +91,16 @@ def read_supervised(
     """Document lengths of `packtool tokenize` files with a loss mask (`InputsRead.tokenized`),
     feeding `counter` on the way.
 
-    Reads only the `length` and `loss_mask` columns, one row group at a time.
+    Reads only the `length` and `loss_mask` columns, one row group at a time, the lengths
+    checked as without a mask (`dataset.tokenized.length_tables`).
+
+    Raises:
+        DataError: a file without either column, or a negative or null length.
     """
     parts = []
-    for path, _ in tokenized:
-        pf = storage.parquet_file(path)
-        for rg in range(pf.num_row_groups):
-            table = pf.read_row_group(rg, columns=["length", LOSS_MASK])
-            parts.append(table.column("length").to_numpy())
-            counter.add(table)
+    for lengths, table in length_tables(tokenized, (LOSS_MASK,)):
+        parts.append(lengths)
+        counter.add(table)
     return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)
 
 

@@ -428,3 +428,53 @@ def test_compute_stats_lists_and_classifies_its_inputs_once(tmp_path, monkeypatc
     assert (s.supervised is not None) == (kind in ("records", "tokenized_masked"))
     assert len(listings) == 1
     assert sorted(map(str, footers)) == sorted(map(str, set(footers)))  # each file once
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("damage", ["negative", "null", "dropped"])
+def test_a_damaged_length_column_is_an_error_with_or_without_a_loss_mask(tmp_path, masked, damage):
+    """Before: with a loss mask, stats read `length` without read_lengths' checks: a negative
+    length gave "document 1 has negative length -5" (no file named), a null one a numpy
+    RuntimeWarning and "negative length -2147483648", a dropped column a pyarrow traceback."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    src = _sft_corpus(tmp_path / "qa.jsonl")
+    if not masked:
+        src.write_text("".join('{"text": "%s"}\n' % ("x" * (i + 1)) for i in range(6)))
+    good, bad = tmp_path / "good.parquet", tmp_path / "bad.parquet"
+    tokenize_corpus([src], good, progress=False)
+    t = pq.read_table(good)
+    assert ("loss_mask" in t.column_names) == masked
+    if damage == "dropped":
+        t = t.drop_columns(["length"])
+    else:
+        values = t.column("length").to_pylist()
+        values[1] = -5 if damage == "negative" else None
+        i = t.schema.get_field_index("length")
+        t = t.set_column(i, pa.field("length", pa.int32()), pa.array(values, pa.int32()))
+    pq.write_table(t.replace_schema_metadata(pq.read_schema(good).metadata), bad)
+    want = {
+        "negative": "row 1 has length -5, not a token count",
+        "null": "row 1 has length nan, not a token count",
+        "dropped": "no column 'length'",
+    }[damage]
+    with pytest.raises(DataError) as info:
+        compute_stats([bad], StatsConfig(max_len=64, candidates=(64,)))
+    assert str(info.value).startswith(f"{bad}: {want}")
+
+
+def test_a_masked_file_without_its_loss_mask_column_is_an_error(tmp_path):
+    # Before: a pyarrow KeyError traceback ('Field "loss_mask" does not exist in schema').
+    import pyarrow.parquet as pq
+
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    good, bad = tmp_path / "good.parquet", tmp_path / "bad.parquet"
+    tokenize_corpus([_sft_corpus(tmp_path / "qa.jsonl")], good, progress=False)
+    t = pq.read_table(good).drop_columns(["loss_mask"])
+    pq.write_table(t.replace_schema_metadata(pq.read_schema(good).metadata), bad)
+    with pytest.raises(DataError, match=f"^{bad}: no column 'loss_mask' \\(columns: doc_id, "):
+        compute_stats([bad], StatsConfig(max_len=64, candidates=(64,)))
