@@ -1,10 +1,11 @@
 """The partition worker: read -> tokenize -> pack chunks -> write final-named shards -> record.
 
-Both engines run exactly this function, `run_partition(context, descriptor)`, once per
+Every engine runs exactly this function, `run_partition(context, descriptor)`, once per
 partition: the local engine in a pool of processes on this machine, the Ray engine in a Ray
-Data actor pool anywhere in the cluster. Its output depends only on the partition's pieces
-and the run's options, so the dataset is the same whichever engine, machine or worker ran it,
-and however often a partition was retried.
+Data actor pool anywhere in the cluster, the Slurm engine in its array tasks
+(packtool/engines/slurm/task.py; the tail tree's merge nodes on its driver). Its output depends
+only on the partition's pieces and the run's options, so the dataset is the same whichever
+engine, machine or worker ran it, and however often a partition was retried.
 
 Inside a partition, documents are packed in chunks of `chunk_docs` (bounding memory), each
 chunk seeded by (partition, chunk). A chunk keeps its well-filled rows and hands the pieces of

@@ -36,7 +36,8 @@ class FlatIds:
         doc_start: int64, (documents + 1,): each document's first token, then the end.
 
     Raises:
-        DataError: the column is not a list of ids, or holds a null id.
+        DataError: the column is not a list of ids (a null id is found by `values()`, when the
+            ids are first needed).
     """
 
     def __init__(self, column: pa.ChunkedArray | pa.Array) -> None:

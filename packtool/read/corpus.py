@@ -47,6 +47,7 @@ def expand_inputs(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> li
 
     Raises:
         DataError: an input matches no file, or names something that is not a regular file.
+        ConfigError: an input path is empty, or `inputs` is not a path or paths.
     """
     kept = _KEPT.get()
     if kept is None:
@@ -137,6 +138,7 @@ def read_corpus(
     Raises:
         DataError: a missing path, an unreadable file, a missing Parquet column, or any skip in
             strict mode.
+        ConfigError: an input path is empty, or `inputs` is not a path or paths.
     """
     config = config or ReadConfig()
     skips = skips if skips is not None else SkipCounter(strict=config.strict)

@@ -97,7 +97,7 @@ class _Watch:
         if index == n and loop >= 0 and not peek:
             self.ends[loop] = ev
 
-    # the `namespace` watcher protocol (packtool/chat_template.namespace_class)
+    # the `namespace` watcher protocol (packtool/sft/template.py, `namespace_class`)
     def _key(self, ns: Any, name: str) -> tuple[int, str]:
         self.alive.append(ns)  # held, so that no other namespace takes its id in this render
         return id(ns), name

@@ -77,6 +77,8 @@ def expand(
 
     Raises:
         DataError: an input matches no file, or names something that is not a regular file.
+        ConfigError: an input path is empty, or `inputs` is not a path or paths
+            (`input_list`, `input_text`).
     """
     out: list[Any] = []
     seen: set[Any] = set()
