@@ -27,7 +27,7 @@ Memory: one batch of records at a time (`ReadConfig.batch_docs` / `batch_bytes`)
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +35,8 @@ from typing import Any
 
 from packtool.errors import ConfigError, DataError
 from packtool.prefetch import map_ordered
+from packtool.read import formats
 from packtool.read.documents import ReadConfig, SkipCounter, as_extra
-from packtool.read.formats import file_kind
 from packtool.read.jsonl import (
     a_json_type,
     json_array_file,
@@ -128,11 +128,10 @@ def _kind_of_columns(path: Path, read: ReadConfig) -> str | None:
 
 def file_record_kind(path: Path, read: ReadConfig) -> str | None:
     """The kind of a raw corpus file, from its first record (None: it does not say)."""
-    kind = file_kind(path)
-    if kind == "text":
-        return TEXT
-    if kind == "parquet":
-        return _kind_of_columns(path, read)
+    return _reader(path).kind(path, read)
+
+
+def _kind_of_objects(path: Path, read: ReadConfig) -> str | None:
     with closing(_first_objects(path)) as objects:
         for obj in objects:
             found = kind_of_record(obj, read)
@@ -164,21 +163,21 @@ def first_fields(paths: list[Path]) -> list[str]:
     each JSONL / JSON file's first records, a Parquet file's columns, none for a text file.
     What a message about a field option names as the fields found."""
 
-    def fields(path: Path) -> set[str]:
-        kind = file_kind(path)
-        if kind == "parquet":
-            import pyarrow as pa
-
-            try:
-                return set(storage.parquet_schema(path).names)
-            except (OSError, pa.ArrowInvalid):  # unreadable: the reader says so
-                return set()
-        if kind == "text":
-            return set()
-        return {name for obj in _first_objects(path) for name in obj}
-
-    with closing(map_ordered(fields, paths)) as each:
+    with closing(map_ordered(lambda p: _reader(p).fields(p), paths)) as each:
         return sorted(set().union(*each))
+
+
+def _object_fields(path: Path) -> set[str]:
+    return {name for obj in _first_objects(path) for name in obj}
+
+
+def _column_names(path: Path) -> set[str]:
+    import pyarrow as pa
+
+    try:
+        return set(storage.parquet_schema(path).names)
+    except (OSError, pa.ArrowInvalid):  # unreadable: the reader says so
+        return set()
 
 
 def dataset_kind(paths: list[Path], read: ReadConfig) -> str:
@@ -386,14 +385,7 @@ def _objects(
 ) -> Iterator[tuple[str, dict[str, Any], int, int]]:
     """(where, record, bytes, offset) of one file; a file whose records never have the fields
     fails."""
-    what = file_kind(path)
-    if what == "text":
-        raise DataError(f"{path}: a plain text file in a {kind} dataset; pass JSONL or Parquet")
-    source = (
-        _parquet_rows(path, kind, read)
-        if what == "parquet"
-        else _json_rows(path, skips, read.extra_fields)
-    )
+    source = _reader(path).rows(path, kind, read, skips)
     missing, seen = 0, False
     try:
         for where, obj, nbytes, offset in source:
@@ -423,16 +415,25 @@ def _objects(
 
 
 def _json_rows(
-    path: Path, skips: SkipCounter, fields: Sequence[str] = ()
+    path: Path, kind: str, read: ReadConfig, skips: SkipCounter
 ) -> Iterator[tuple[str, Any, int, int]]:
     """(where, object, bytes, offset): the byte of a JSON line, the index of an array's item
-    (`fields`: the kept ones, read exactly: `jsonl.exact_fields`)."""
+    (the kept fields read exactly: `jsonl.exact_fields`)."""
+    fields = read.extra_fields
     if json_array_file(path):
         return read_json_array(path, fields)
     return jsonl_objects(path, skips, fields=fields)
 
 
-def _parquet_rows(path: Path, kind: str, read: ReadConfig) -> Iterator[tuple[str, Any, int, int]]:
+def _text_rows(
+    path: Path, kind: str, read: ReadConfig, skips: SkipCounter
+) -> Iterator[tuple[str, Any, int, int]]:
+    raise DataError(f"{path}: a plain text file in a {kind} dataset; pass JSONL or Parquet")
+
+
+def _parquet_rows(
+    path: Path, kind: str, read: ReadConfig, skips: SkipCounter
+) -> Iterator[tuple[str, Any, int, int]]:
     import pyarrow as pa
 
     try:
@@ -464,3 +465,28 @@ def _parquet_rows(path: Path, kind: str, read: ReadConfig) -> Iterator[tuple[str
                 yield f"{path}:row {row - 1}", obj, 0, row - 1
     except (pa.ArrowInvalid, pa.ArrowIOError) as exc:
         raise DataError(f"{path}: corrupt Parquet data near row {row} ({exc})") from None
+
+
+@dataclass(frozen=True)
+class RecordReader:
+    """How the fine-tuning readers read one input format of `packtool.read.formats.FORMATS`."""
+
+    kind: Callable[[Path, ReadConfig], str | None]
+    """The record kind a file's first records say (None: they do not say)."""
+    fields: Callable[[Path], set[str]]
+    """The field names of a file's first records (none where it cannot be read)."""
+    rows: Callable[[Path, str, ReadConfig, SkipCounter], Iterator[tuple[str, Any, int, int]]]
+    """(where, record, bytes, offset) of each record of a file, read as a dataset of a kind."""
+
+
+RECORD_READERS = {
+    formats.JSONL.name: RecordReader(_kind_of_objects, _object_fields, _json_rows),
+    formats.PARQUET.name: RecordReader(_kind_of_columns, _column_names, _parquet_rows),
+    formats.TEXT.name: RecordReader(lambda path, read: TEXT, lambda path: set(), _text_rows),
+}
+"""The record reader of each format, by its name (`formats.format_of`): the fine-tuning
+readers dispatch on the format registry as the corpus readers do (`Format.read`)."""
+
+
+def _reader(path: Path) -> RecordReader:
+    return RECORD_READERS[formats.format_of(path).name]

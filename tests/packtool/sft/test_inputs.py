@@ -571,3 +571,33 @@ def test_eos_and_bos_options_leave_the_templates_tokens_alone(tmp_path):
             )
         )
         assert table.column("input_ids").to_pylist()[0] == expected, options
+
+
+def test_every_input_format_has_a_record_reader():
+    # The fine-tuning readers dispatch on the format registry, as the corpus readers do: a
+    # format added to FORMATS needs its record reader here, or reading it is a KeyError.
+    from packtool.read.formats import FORMATS
+    from packtool.sft.inputs import RECORD_READERS
+
+    assert set(RECORD_READERS) == {f.name for f in FORMATS}
+
+
+def test_each_format_says_its_record_kind_fields_and_records(tmp_path):
+    from packtool.sft.inputs import file_record_kind, first_fields, read_records
+
+    chat = jsonl(tmp_path / "chat.jsonl", [{"messages": CONV, "id": 1}])
+    pq.write_table(pa.table({"prompt": ["p"], "completion": ["c"]}), tmp_path / "pc.parquet")
+    (tmp_path / "notes.txt").write_text("plain text", "utf-8")
+    config = ReadConfig()
+    kinds = [file_record_kind(tmp_path / n, config) for n in ("chat.jsonl", "pc.parquet")]
+    assert kinds == ["messages", "prompt-completion"]
+    assert file_record_kind(tmp_path / "notes.txt", config) == "text"
+    assert first_fields([chat]) == ["id", "messages"]
+    assert first_fields([tmp_path / "pc.parquet"]) == ["completion", "prompt"]
+    assert first_fields([tmp_path / "notes.txt"]) == []
+    batches = list(
+        read_records([tmp_path / "pc.parquet"], "prompt-completion", config, SkipCounter())
+    )
+    assert [b.values for b in batches] == [[("p", "c")]]
+    with pytest.raises(DataError, match="notes.txt: a plain text file in a messages dataset"):
+        list(read_records([tmp_path / "notes.txt"], "messages", config, SkipCounter()))
