@@ -5,7 +5,7 @@ A line that is not a JSON object is a `malformed_json` skip, an object without t
 `invalid_utf8`; a file in which no line has the text field is an error. A `.json` file whose
 first character is `[` is read as one JSON array of objects. Byte ranges of a file (a partition's
 piece) start and end at line starts (packtool/read/lines.py). The fine-tuning readers
-(packtool/sft/inputs.py) read records through `jsonl_objects` and `read_json_array` too.
+(packtool/sft/inputs.py) read records through `json_objects` too.
 """
 
 from __future__ import annotations
@@ -101,6 +101,22 @@ def read_json_array(path: Path, fields: Sequence[str] = ()) -> Iterator[tuple[st
         yield f"{path}:item {i}", obj, per_item, i
 
 
+def json_objects(
+    path: Path,
+    skips: SkipCounter,
+    start: int = 0,
+    end: int = TO_END,
+    fields: Sequence[str] = (),
+) -> Iterator[tuple[str, Any, int, int]]:
+    """The objects of a JSON records file: `read_json_array`'s for a `json_array_file` (read
+    whole: `start` and `end` do not apply, the partition plan never cuts one), else
+    `jsonl_objects`'s for the lines starting in `[start, end)`. Every reader of JSON records
+    asks this one function which a file is."""
+    if json_array_file(path):
+        return read_json_array(path, fields)
+    return jsonl_objects(path, skips, start, end, fields)
+
+
 def jsonl_objects(
     path: Path,
     skips: SkipCounter,
@@ -147,11 +163,7 @@ def read_jsonl(
     seen_field = False
     objects_without = 0
     first_keys: list[str] = []
-    if json_array_file(path):
-        objects = read_json_array(path, extra_fields)
-    else:
-        objects = jsonl_objects(path, skips, start, end, extra_fields)
-    for where, obj, nbytes, offset in objects:
+    for where, obj, nbytes, offset in json_objects(path, skips, start, end, extra_fields):
         if not isinstance(obj, dict):
             skips.add("malformed_json", where, f"a JSON {json_type(obj)}, not an object")
             continue

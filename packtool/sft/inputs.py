@@ -37,13 +37,7 @@ from packtool.errors import ConfigError, DataError
 from packtool.prefetch import map_ordered
 from packtool.read import formats
 from packtool.read.documents import ReadConfig, SkipCounter, as_extra
-from packtool.read.jsonl import (
-    a_json_type,
-    json_array_file,
-    json_type,
-    jsonl_objects,
-    read_json_array,
-)
+from packtool.read.jsonl import a_json_type, json_objects, json_type
 from packtool.read.sft_config import (
     CHAT_KINDS,
     MESSAGES,
@@ -143,7 +137,7 @@ def _kind_of_objects(path: Path, read: ReadConfig) -> str | None:
 def _first_objects(path: Path) -> Iterator[dict[str, Any]]:
     """The objects among the first `_SNIFF_LINES` records of a JSONL / JSON file (none past a
     part that cannot be read: the reader says so, with its own message)."""
-    objects = read_json_array(path) if json_array_file(path) else jsonl_objects(path, SkipCounter())
+    objects = json_objects(path, SkipCounter())
     try:
         for i, (_, obj, *_) in enumerate(objects):
             if isinstance(obj, dict):
@@ -419,10 +413,7 @@ def _json_rows(
 ) -> Iterator[tuple[str, Any, int, int]]:
     """(where, object, bytes, offset): the byte of a JSON line, the index of an array's item
     (the kept fields read exactly: `jsonl.exact_fields`)."""
-    fields = read.extra_fields
-    if json_array_file(path):
-        return read_json_array(path, fields)
-    return jsonl_objects(path, skips, fields=fields)
+    return json_objects(path, skips, fields=read.extra_fields)
 
 
 def _text_rows(

@@ -153,3 +153,25 @@ def test_jsonl_lines_that_are_arrays_are_still_skips(tmp_path):
     skips = SkipCounter()
     assert texts([tmp_path / "a.jsonl"], skips=skips) == ["ok"]
     assert skips.counts == {"malformed_json": 1}
+
+
+def test_json_objects_reads_an_array_by_item_and_json_lines_by_line(tmp_path):
+    # One decision for every reader of JSON records (the corpus and fine-tuning readers): a
+    # `.json` file that starts with `[` is one array, any other file JSON Lines.
+    from packtool.read.jsonl import json_objects
+
+    (tmp_path / "a.json").write_text('[{"n": 1}, {"n": 2}]')
+    (tmp_path / "b.json").write_text('{"n": 1}\n{"n": 2}\n')
+    (tmp_path / "c.jsonl").write_text('[{"n": 1}]\n{"n": 2}\n')
+    got = {
+        name: [
+            (w.split("/")[-1], o, off)
+            for w, o, _, off in json_objects(tmp_path / name, SkipCounter())
+        ]
+        for name in ("a.json", "b.json", "c.jsonl")
+    }
+    assert got == {
+        "a.json": [("a.json:item 0", {"n": 1}, 0), ("a.json:item 1", {"n": 2}, 1)],
+        "b.json": [("b.json:1", {"n": 1}, 0), ("b.json:2", {"n": 2}, 9)],
+        "c.jsonl": [("c.jsonl:1", [{"n": 1}], 0), ("c.jsonl:2", {"n": 2}, 11)],
+    }
