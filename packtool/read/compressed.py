@@ -1,7 +1,8 @@
 """Opening corpus files that may be gzip- or zstd-compressed, as one buffered byte stream.
 
-The suffix decides: `*.gz` is gzip, `*.zst` is zstd, anything else is read as it is. A file whose
-bytes are not what its name says (plain text or gzip named `.zst`) fails while it is read; every
+The suffix decides (`COMPRESSIONS`): `*.gz` is gzip, `*.zst` is zstd, anything else is read as
+it is. A file whose bytes are not what its name says (plain text or gzip named `.zst`) fails
+while it is read; every
 reader reads inside `read_errors(path)`, which turns each way that can go wrong into one
 `DataError` naming the file, so no read path (the record-kind probe included) shows a traceback.
 A stream that
@@ -26,15 +27,25 @@ from packtool.storage import local as storage
 
 BUFFER_BYTES = 1 << 20
 
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
+"""The compressed suffixes `open_stream` decompresses, and what each is: the one list of them
+(the formats' suffixes and the messages naming them are made from it)."""
+
+
+def compressed_too(suffixes: tuple[str, ...]) -> tuple[str, ...]:
+    """`suffixes`, each as it is and followed by each of `COMPRESSIONS`' suffixes."""
+    return tuple(f"{s}{c}" for s in suffixes for c in ("", *COMPRESSIONS))
+
+
+def compression_suffix(name: str) -> str:
+    """The suffix of `COMPRESSIONS` that `name` ends in (any case), or ''."""
+    name = name.lower()
+    return next((s for s in COMPRESSIONS if name.endswith(s)), "")
+
 
 def compression_of(path: Path) -> str | None:
     """`gzip`, `zstd` or None, from the file name (`storage.file_name`)."""
-    name = storage.file_name(path).lower()
-    if name.endswith(".gz"):
-        return "gzip"
-    if name.endswith(".zst"):
-        return "zstd"
-    return None
+    return COMPRESSIONS.get(compression_suffix(storage.file_name(path)))
 
 
 def open_stream(path: Path) -> io.BufferedIOBase:
@@ -98,13 +109,14 @@ def read_errors(path: Path) -> Iterator[None]:
         raise
 
 
+_RECOMPRESS = f"decompress it, or compress it as {' or '.join(COMPRESSIONS)}"
 SIGNATURES = (
     (b"\x1f\x8b", "gzip-compressed data", "name it with .gz at the end (file.jsonl.gz)"),
     (b"\x28\xb5\x2f\xfd", "zstd-compressed data", "name it with .zst at the end"),
     (b"PAR1", "Parquet", "name it with .parquet at the end"),
-    (b"\xfd7zXZ\x00", "xz-compressed data", "decompress it, or compress it as .gz or .zst"),
-    (b"BZh", "bzip2-compressed data", "decompress it, or compress it as .gz or .zst"),
-    (b"\x04\x22\x4d\x18", "LZ4-compressed data", "decompress it, or compress it as .gz or .zst"),
+    (b"\xfd7zXZ\x00", "xz-compressed data", _RECOMPRESS),
+    (b"BZh", "bzip2-compressed data", _RECOMPRESS),
+    (b"\x04\x22\x4d\x18", "LZ4-compressed data", _RECOMPRESS),
     (b"PK\x03\x04", "a zip archive", "unpack it"),
     (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive", "unpack it"),
 )
@@ -128,12 +140,13 @@ def _what_it_is(path: Path) -> str:
         return ""
     if not head:
         return "; the file is empty"
-    suffix = ".gz" if storage.file_name(path).lower().endswith(".gz") else ".zst"
+    suffix = compression_suffix(storage.file_name(path))
+    if not suffix:  # pragma: no cover - only a compressed stream's error asks
+        return ""
     found = binary_kind(head)
     if found is not None:
         kind, hint = found
-        own = {".gz": "gzip", ".zst": "zstd"}[suffix]
-        return "" if kind.startswith(own) else f"; the file holds {kind}: {hint}"
+        return "" if kind.startswith(COMPRESSIONS[suffix]) else f"; the file holds {kind}: {hint}"
     try:
         head.decode("utf-8")
     except UnicodeDecodeError as exc:

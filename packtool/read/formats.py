@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packtool.read import jsonl, parquet, text
-from packtool.read.compressed import read_errors
+from packtool.read.compressed import COMPRESSIONS, compression_suffix, read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter
 from packtool.read.lines import TO_END
 from packtool.storage.local import file_name
@@ -25,6 +25,8 @@ class Format:
 
     name: str
     """`jsonl`, `parquet` or `text`: what plans, records and messages call it."""
+    label: str
+    """`JSONL`, `Parquet` or `text`: what prose calls it."""
     suffixes: tuple[str, ...]
     """Names this format reads when a file is named explicitly or matched by a glob."""
     walked: tuple[str, ...]
@@ -40,17 +42,19 @@ def _read_text(path: Path, config: ReadConfig, skips: SkipCounter, start: int, e
 
 JSONL = Format(
     "jsonl",
+    "JSONL",
     jsonl.JSONL_SUFFIXES + jsonl.JSON_SUFFIXES,
     jsonl.JSONL_SUFFIXES,
     jsonl.read_jsonl,
 )
 PARQUET = Format(
     "parquet",
+    "Parquet",
     parquet.PARQUET_SUFFIXES,
     parquet.PARQUET_SUFFIXES,
     parquet.read_parquet,
 )
-TEXT = Format("text", text.TEXT_SUFFIXES, text.TEXT_SUFFIXES, _read_text)
+TEXT = Format("text", "text", text.TEXT_SUFFIXES, text.TEXT_SUFFIXES, _read_text)
 FORMATS = (JSONL, PARQUET, TEXT)
 """Every format, in the order a name is matched against them."""
 FALLBACK = TEXT
@@ -60,9 +64,18 @@ KNOWN_SUFFIXES = tuple(s for f in FORMATS for s in f.walked)
 """Suffixes picked up when walking a folder. A file named explicitly (or matched by a glob) with
 any other suffix is read as plain text, one document per file (decompressed when it ends in
 `.gz` / `.zst`), except `.json` (below)."""
-_KNOWN_SHORT = ".jsonl, .ndjson, .parquet, .txt, .md, .text (text and JSONL also .gz / .zst)"
-KNOWN_SHORT = ".jsonl, .ndjson, .parquet, .txt, .md, .text (text and JSONL also .gz / .zst)"
-"""The walked suffixes as an error message names them."""
+
+
+def _known_short() -> str:
+    plain = dict.fromkeys(s.removesuffix(compression_suffix(s)) for s in KNOWN_SUFFIXES)
+    packed = [f.label for f in FORMATS if any(compression_suffix(s) for s in f.walked)]
+    also = f" ({' and '.join(packed)} also {' / '.join(COMPRESSIONS)})" if packed else ""
+    return ", ".join(plain) + also
+
+
+KNOWN_SHORT = _known_short()
+"""The walked suffixes as an error message names them: `.jsonl, .ndjson, .parquet, .txt, .md,
+.text (JSONL and text also .gz / .zst)`."""
 
 
 def format_of(path: Path) -> Format:

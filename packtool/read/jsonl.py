@@ -18,13 +18,13 @@ from typing import Any
 import orjson
 
 from packtool.errors import DataError
-from packtool.read.compressed import binary_kind, open_stream, read_errors
+from packtool.read.compressed import binary_kind, compressed_too, open_stream, read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter, as_extra
 from packtool.read.lines import BOM, TO_END, lines
 from packtool.storage import local as storage
 
-JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
-JSON_SUFFIXES = (".json", ".json.gz", ".json.zst")
+JSONL_SUFFIXES = compressed_too((".jsonl", ".ndjson"))
+JSON_SUFFIXES = compressed_too((".json",))
 """Read as JSON Lines when named explicitly or matched by a glob (many datasets name JSON Lines
 `.json`), but not picked up in folders, where `.json` files are usually configuration. A `.json`
 file whose first character is `[` is read as one JSON array of objects instead."""

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from packtool.errors import DataError
-from packtool.read.compressed import binary_kind, open_stream, read_errors
+from packtool.read.compressed import binary_kind, compressed_too, open_stream, read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter
 from packtool.read.lines import BOM
 
-TEXT_SUFFIXES = tuple(f"{s}{c}" for s in (".txt", ".md", ".text") for c in ("", ".gz", ".zst"))
+TEXT_SUFFIXES = compressed_too((".txt", ".md", ".text"))
 """One document per file; `.gz` / `.zst` are decompressed first."""
 
 

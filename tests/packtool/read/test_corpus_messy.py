@@ -44,6 +44,31 @@ def test_compressed_text_is_picked_up_in_folder_walks(tmp_path):
     assert texts([tmp_path / "d"]) == ["one", "two"]
 
 
+def test_compression_is_told_by_one_table_of_suffixes(tmp_path):
+    from packtool.read.compressed import COMPRESSIONS, compression_of
+
+    assert COMPRESSIONS == {".gz": "gzip", ".zst": "zstd"}
+    names = ["a.jsonl.GZ", "a.txt.zst", "a.zst", "a.gz.txt", "a.jsonl", "a.tar.xz"]
+    assert [compression_of(tmp_path / n) for n in names] == [
+        "gzip",
+        "zstd",
+        "zstd",
+        None,
+        None,
+        None,
+    ]
+
+
+def test_an_empty_folder_error_names_the_suffixes_of_the_format_registry(tmp_path):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(DataError) as err:
+        expand_inputs([tmp_path / "d"])
+    assert str(err.value) == (
+        f"{tmp_path / 'd'}: folder has no corpus files (looked for .jsonl, .ndjson, .parquet, "
+        ".txt, .md, .text (JSONL and text also .gz / .zst))"
+    )
+
+
 def test_a_named_file_of_another_suffix_is_decompressed_too(tmp_path):
     (tmp_path / "notes.log.gz").write_bytes(gzip.compress(b"log line"))
     assert texts([tmp_path / "notes.log.gz"]) == ["log line"]
