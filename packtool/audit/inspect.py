@@ -319,7 +319,7 @@ def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> Datase
 def shard_file(file: Path) -> Any:
     """The shard at `file` opened as a `ParquetFile`, once it is known to be a regular file
     (`DataError` else: a FIFO at a shard's name made inspect wait for ever)."""
-    kind = storage.file_kind(file)
+    kind = storage.what_is_at(file)
     if kind is not None:
         what = "missing" if kind == "nothing" else f"{kind}, not a regular file"
         raise DataError(f"{file}: {what}; run `packtool verify`")

@@ -343,7 +343,7 @@ def verify_dataset(
     for shard in _progress(shards, enabled=progress):
         file = directory / shard.file
         where = str(file)
-        kind = storage.file_kind(file)
+        kind = storage.what_is_at(file)
         if kind == "nothing":
             raise _fail(where, f"missing (listed in {INDEX_FILE} with {shard.rows:,} rows)")
         if kind is not None:  # a FIFO, a folder, a device: never opened (a FIFO's open waits)

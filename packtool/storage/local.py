@@ -186,7 +186,7 @@ _KINDS = (
 )
 
 
-def file_kind(path: str | os.PathLike) -> str | None:
+def what_is_at(path: str | os.PathLike) -> str | None:
     """None where `path` is a regular file (a link to one, an object); else what is there
     instead: `nothing`, `a folder`, `a pipe (FIFO)`, ... (a stat, never an open: opening a FIFO
     waits for its writer)."""

@@ -49,3 +49,22 @@ def test_stat_and_kinds(tmp_path):
     assert storage.glob(tmp_path, "*.json", recursive=True) == [tmp_path / "d" / "x.json"]
     assert storage.resolve(tmp_path / "d" / ".." / "f") == (tmp_path / "f").resolve()
     assert storage.is_mount(os.sep)
+
+
+def test_what_is_at_a_path_that_is_not_a_regular_file(tmp_path):
+    # `what_is_at` (what is at this path), not to be confused with `formats.file_kind` (which
+    # format a file name says): both were called `file_kind`.
+    (tmp_path / "f").write_bytes(b"abc")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "f")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(tmp_path / "fifo")
+    names = ["f", "link", "d", "dangling", "missing", "fifo"]
+    assert [storage.what_is_at(tmp_path / n) for n in names] == [
+        None,
+        None,
+        "a folder",
+        "a dangling symbolic link",
+        "nothing",
+        "a pipe (FIFO)",
+    ]
