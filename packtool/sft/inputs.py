@@ -36,6 +36,7 @@ from typing import Any
 from packtool.errors import ConfigError, DataError
 from packtool.prefetch import map_ordered
 from packtool.read import formats
+from packtool.read.compressed import read_errors
 from packtool.read.documents import ReadConfig, SkipCounter, as_extra
 from packtool.read.jsonl import a_json_type, json_objects, json_type
 from packtool.read.sft_config import (
@@ -381,7 +382,7 @@ def _objects(
     fails."""
     source = _reader(path).rows(path, kind, read, skips)
     missing, seen = 0, False
-    try:
+    with read_errors(path):  # each way a file fails to read: one line naming it
         for where, obj, nbytes, offset in source:
             if not isinstance(obj, dict):
                 skips.add("malformed_json", where, f"a JSON {json_type(obj)}, not an object")
@@ -402,10 +403,6 @@ def _objects(
             else:
                 seen = True
             yield where, obj, nbytes, offset
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except EOFError as exc:
-        raise DataError(f"{path}: file is truncated ({exc})") from None
 
 
 def _json_rows(

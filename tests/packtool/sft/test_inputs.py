@@ -601,3 +601,30 @@ def test_each_format_says_its_record_kind_fields_and_records(tmp_path):
     assert [b.values for b in batches] == [[("p", "c")]]
     with pytest.raises(DataError, match="notes.txt: a plain text file in a messages dataset"):
         list(read_records([tmp_path / "notes.txt"], "messages", config, SkipCounter()))
+
+
+def test_a_record_file_that_cannot_be_read_is_one_line_naming_it(tmp_path):
+    import gzip
+
+    data = "".join(json.dumps({"messages": CONV}) + "\n" for _ in range(200)).encode()
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(data)[:-40])
+    (tmp_path / "plain.jsonl.gz").write_bytes(data)
+    (tmp_path / "folder.parquet").mkdir()
+    says = {
+        "cut.jsonl.gz": "cut.jsonl.gz: file is truncated",
+        "plain.jsonl.gz": "plain.jsonl.gz: cannot read (Not a gzipped file",
+        "folder.parquet": "folder.parquet: cannot read (",
+    }
+    from packtool.sft.inputs import read_records
+
+    for name, message in says.items():
+        with pytest.raises(DataError) as err:
+            list(read_records([tmp_path / name], "messages", ReadConfig(), SkipCounter()))
+        assert message in str(err.value) and "\n" not in str(err.value)
+    assert "the file is not compressed: drop the .gz" in str(
+        pytest.raises(
+            DataError,
+            list,
+            read_records([tmp_path / "plain.jsonl.gz"], "messages", ReadConfig(), SkipCounter()),
+        ).value
+    )
