@@ -470,10 +470,12 @@ class OnlinePacker:
                 part missing or malformed; loader/online/state.py checks every part).
         """
         check_packer_state(state, self.config)
-        self._set_state(state)
+        self.load_checked_state(state)
 
-    def _set_state(self, state: dict[str, Any]) -> None:
-        """Take over a state that `check_packer_state` passed (also inside a dataset's state)."""
+    def load_checked_state(self, state: dict[str, Any]) -> None:
+        """Continue from a state that `check_packer_state` already passed, without checking it
+        again: `load_state_dict` after its check, and `StreamingPackedDataset`, which checks the
+        packer part of its own state with the rest of it before it uses any part."""
         self.seed_key = tuple(state["seed_key"])
         buf = state["buffer"]
         self._parts = [] if buf is None else [Segments.from_state(buf)]

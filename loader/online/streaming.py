@@ -344,7 +344,8 @@ class StreamingPackedDataset(IterableDataset):
         live["epoch"] = state["epoch"]
         live["next_group"] = state["next_group"]
         live["done"] = state["done"]
-        live["packer"]._set_state(state["packer"])  # checked by load_state_dict (_check_live)
+        # checked already, with the rest of the state, by load_state_dict (_check_live)
+        live["packer"].load_checked_state(state["packer"])
         live["batcher"].pending = PackedRows.from_state(state["pending"])
         live["ready"] = [PackedRows.from_state(r) for r in state["ready"]]
 
