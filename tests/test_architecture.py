@@ -232,6 +232,33 @@ def test_no_module_imports_another_modules_private_names():
     assert not found, found
 
 
+PRIVATE_REACH = {
+    ("loader.collate", "_new_shared"): "torch's shared-memory allocator (it has no public one)",
+    ("loader.packed.transport", "_new_shared"): "the same",
+    ("loader.hf.trainer", "_packed_expect_first"): "PackedTrainerMixin's flag, set by its callback",
+}
+"""Where the loader reads or sets a private name of something other than `self` / `cls`: only
+of torch, or within the module that defines it."""
+
+
+def test_the_loader_uses_other_objects_through_their_public_names():
+    # A DataLoader wrapper, a dataset and a packer talk through methods that say what they are
+    # for (loader/packed/workers.py: the hand-off of a dataset to its loader's workers), not
+    # through each other's private attributes.
+    found = []
+    for name, path in project_modules().items():
+        if not name.startswith("loader"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Attribute) or not re.match(r"_[^_]", node.attr):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if (name, node.attr) not in PRIVATE_REACH:
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
+
+
 MODULE_CALLS = {
     "pq": {"ParquetFile", "read_schema", "read_metadata", "read_table", "write_table", "ParquetWriter"},
     "pa": {"memory_map", "OSFile", "input_stream", "output_stream"},

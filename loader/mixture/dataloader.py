@@ -14,14 +14,15 @@ number of workers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 
 from loader.mixture.dataset import MixedDataset
 from loader.packed.transport import CompactBatch, Ring, head
+from loader.packed.workers import WorkerInit
 from loader.record import Documents, TokenRuns
 from packtool.dataset.columns import TOKEN, get
 from packtool.errors import ConfigError
@@ -32,16 +33,6 @@ def _as_is(item: Any) -> Any:
     """collate_fn: items are whole batches (or parts of one); the default would turn the numpy
     arrays beside a compact part into shared tensors, one socket round trip each."""
     return item
-
-
-class _WorkerInit:
-    def __init__(self, ring: Ring, user_fn: Callable[[int], None] | None) -> None:
-        self.ring, self.user_fn = ring, user_fn
-
-    def __call__(self, worker_id: int) -> None:
-        get_worker_info().dataset._worker_ring = self.ring
-        if self.user_fn is not None:
-            self.user_fn(worker_id)
 
 
 def splice(
@@ -164,10 +155,10 @@ class MixedDataLoader(DataLoader):
                 self._state = None  # the dataset's own position (made when asked for)
                 yield batch
             return
-        ds._loader_workers = self.num_workers  # its own state_dict() would be stale
+        ds.handoff.workers_iterate(self.num_workers)  # its own state_dict() would be stale
         load_kernel()  # the workers forked below inherit it
         ring = self._new_ring(int(start["step"]))
-        self.worker_init_fn = _WorkerInit(ring, self._user_worker_init)
+        self.worker_init_fn = WorkerInit(ring, self._user_worker_init)
         pin = bool(self.pin_memory)
         waiting: dict[int, dict[int, tuple[CompactBatch, tuple]]] = {}
         chunks: dict[int, Any] = {}  # schedule chunks by id (the recent ones)

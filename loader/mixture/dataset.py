@@ -58,8 +58,7 @@ from loader.mixture.sources import (
 from loader.mixture.steps import RowStream, Step, plan_steps
 from loader.mixture.worker import ring_parts
 from loader.packed.dataset import AHEAD_GROUPS, AHEAD_STEPS, look_ahead
-from loader.packed.resume import stale_state_message
-from loader.packed.transport import Ring
+from loader.packed.workers import WorkerHandoff
 from loader.record import Documents, empty_documents
 from loader.store.row_group import write_parts
 from loader.store.shard_files import open_files_share
@@ -169,10 +168,8 @@ class MixedDataset(IterableDataset):
         self.changes: list[str] = []
         """What the last loaded state's mixture changed (shown by `describe()`)."""
         self._reported = 0  # schedule events already warned about (main process)
-        self._worker_ring: Ring | None = None
-        # Workers of the MixedDataLoader that iterated this dataset last (main process; 0: it
-        # iterated here): their copies advance, this one does not, so state_dict() refuses.
-        self._loader_workers = 0
+        # A MixedDataLoader worker's ring; whether such workers iterated last (packed/workers.py).
+        self.handoff = WorkerHandoff("MixedDataset", "MixedDataLoader")
 
     # ---- identity and state -----------------------------------------------------------------
 
@@ -218,8 +215,7 @@ class MixedDataset(IterableDataset):
             ConfigError: After a `MixedDataLoader` with workers iterated the dataset (their
                 copies advanced, not this one): save the loader's `state_dict()`.
         """
-        if self._loader_workers and get_worker_info() is None:
-            raise ConfigError(stale_state_message("MixedDataset", self._loader_workers))
+        self.handoff.check_own_state()
         return self.position()
 
     def position(self) -> dict[str, Any]:
@@ -253,7 +249,7 @@ class MixedDataset(IterableDataset):
         self._reported = len(schedule.events)
         self._start = self.state_at(int(state["step"]), schedule.state())
         self._last_step = None
-        self._loader_workers = 0  # the position is the loaded one, in this process too
+        self.handoff.in_process()  # the position is the loaded one, in this process too
 
     # ---- the stream of steps ----------------------------------------------------------------
 
@@ -441,11 +437,11 @@ class MixedDataset(IterableDataset):
         info = get_worker_info()
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
         if info is None:
-            self._loader_workers = 0  # iterated in this process: its position is this copy's
+            self.handoff.in_process()  # iterated here: its position is this copy's
         start = self.start_state()
         stream = RowStream(self, start["schedule"])
         first = int(start["step"])
-        ring = self._worker_ring if info is not None else None
+        ring = self.handoff.ring if info is not None else None
         if ring is not None:
             ring.start_worker()
             return ring_parts(self, stream, first, ring, worker, n_workers)

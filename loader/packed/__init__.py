@@ -14,5 +14,6 @@ Modules:
 - `dataset.py`: `PackedDataset`.
 - `dataloader.py`: `PackedDataLoader`, `make_dataloader`.
 - `transport.py`: compact batches in a shared-memory ring.
+- `workers.py`: the hand-off of a dataset to its loader's workers (ring, stale state).
 - `resume.py`: the resume state: its format, its checks.
 """

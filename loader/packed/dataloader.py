@@ -8,29 +8,18 @@ state into the dataset, which accepts it whatever the worker count).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 
 from loader.order.steps import EpochPlan
 from loader.packed.dataset import CHUNK, PackedDataset
+from loader.packed.resume import IterationStart
 from loader.packed.transport import CompactBatch, Ring
+from loader.packed.workers import WorkerInit
 from packtool.errors import ConfigError
-
-
-class _WorkerInit:
-    """worker_init_fn: hands the ring to this worker's copy of the dataset, then the user's fn."""
-
-    def __init__(self, ring: Ring, user_fn: Callable[[int], None] | None) -> None:
-        self.ring = ring
-        self.user_fn = user_fn
-
-    def __call__(self, worker_id: int) -> None:
-        get_worker_info().dataset._worker_ring = self.ring
-        if self.user_fn is not None:
-            self.user_fn(worker_id)
 
 
 class PackedDataLoader(DataLoader):
@@ -80,11 +69,11 @@ class PackedDataLoader(DataLoader):
         self._packed: PackedDataset = dataset
         self._user_worker_init = self.worker_init_fn
         self._ring: Ring | None = None
-        # (epoch, origin, consumed steps, plan) after the last batch handed out: the state dict
-        # is built on request only. It holds while the dataset's generation is the one seen when
-        # this iteration began (no set_epoch / load_state_dict since); otherwise, and before the
-        # first iteration (None), the dataset's pending start is the position.
-        self._position: tuple[int, int, int, EpochPlan] | None = None
+        # (this iteration's start, consumed steps) after the last batch handed out: the state
+        # dict is built on request only. It holds while the dataset's generation is the one seen
+        # when this iteration began (no set_epoch / load_state_dict since); otherwise, and before
+        # the first iteration (None), the dataset's next start is the position.
+        self._position: tuple[IterationStart, int] | None = None
         self._generation: int | None = None
 
     def _new_ring(self, plan: EpochPlan) -> Ring:
@@ -104,27 +93,26 @@ class PackedDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[dict]:
         ds = self._packed
-        epoch, origin, first, cursor, _ = ds._start.peek()
-        plan = ds._start_plan(epoch, origin, first, cursor)
-        self._position = (epoch, origin, first, plan)
-        self._generation = ds._generation
-        consumed = first
+        start = ds.next_start()
+        self._position = (start, start.first)
+        self._generation = ds.generation
+        consumed = start.first
         if self.num_workers == 0:  # the dataset iterates here: it uses a resume point up itself
             for batch in super().__iter__():
                 consumed += 1
-                self._position = (epoch, origin, consumed, plan)
+                self._position = (start, consumed)
                 yield batch
         else:
-            ds._loader_workers = self.num_workers  # its own state_dict() would be stale
+            ds.handoff.workers_iterate(self.num_workers)  # its own state_dict() would be stale
             # Persistent workers keep the ring they started with; otherwise every iteration
             # starts new workers, with a ring of their own (two live iterators never share one).
             if self._ring is None or not self.persistent_workers or self._iterator is None:
-                self._ring = self._new_ring(plan)
-                self.worker_init_fn = _WorkerInit(self._ring, self._user_worker_init)
+                self._ring = self._new_ring(start.plan)
+                self.worker_init_fn = WorkerInit(self._ring, self._user_worker_init)
             ring = self._ring
             # The workers start where this iteration does, and the resume point is used up.
-            ring.start[:] = torch.tensor((epoch, origin, first, cursor))
-            ds._start.drop()
+            ring.start[:] = torch.tensor((start.epoch, start.origin, start.first, start.cursor))
+            ds.use_up_start()
             pin = bool(self.pin_memory)
             # Workers produce blocks of steps; hold early arrivals until their turn.
             waiting: dict[int, CompactBatch] = {}
@@ -138,7 +126,7 @@ class PackedDataLoader(DataLoader):
                     finally:
                         ring.release(item)
                     consumed += 1
-                    self._position = (epoch, origin, consumed, plan)
+                    self._position = (start, consumed)
                     yield batch
             if waiting:
                 raise RuntimeError(f"loader workers skipped step {consumed}; this is a bug")
@@ -154,11 +142,10 @@ class PackedDataLoader(DataLoader):
         iteration will start (a checkpoint taken between epochs resumes at the new one).
         """
         ds = self._packed
-        if self._generation != ds._generation:
-            epoch, origin, first, cursor, _ = ds._start.peek()
-            plan = ds._start_plan(epoch, origin, first, cursor)
-            return {"packed_dataset": ds._state(epoch, origin, first, plan)}
-        return {"packed_dataset": ds._state(*self._position)}
+        if self._generation != ds.generation:
+            start = ds.next_start()
+            return {"packed_dataset": ds.state_at(start, start.first)}
+        return {"packed_dataset": ds.state_at(*self._position)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from `state_dict()` (also accepts a StatefulDataLoader or dataset state).

@@ -39,14 +39,15 @@ from loader.order.balance import imbalance, row_cost
 from loader.order.permutation import EpochOrder
 from loader.order.steps import EpochPlan, block_steps_bound, iter_blocks, rank_rows
 from loader.packed.resume import (
+    IterationStart,
     PendingStart,
     check_state,
     make_state,
     merge_loader_state,
     resume_point,
-    stale_state_message,
 )
 from loader.packed.transport import CompactBatch, Ring
+from loader.packed.workers import WorkerHandoff
 from loader.record import Documents
 from loader.store.row_index import RowIndex
 from loader.store.shards import ShardStore
@@ -161,19 +162,14 @@ class PackedDataset(IterableDataset):
         # workers too, and a resume point they start from is used up here too.
         self._start = PendingStart()
         self._local_resume: tuple[int, int, int, int] | None = None
-        # Bumped by set_epoch / load_state_dict (main process): a PackedDataLoader that has not
-        # iterated since then reports the dataset's new starting point, not its old position.
-        self._generation = 0
+        self._generation = 0  # see `generation`
         self._next_step = 0
         self._iter_epoch = 0
         self._iter_origin = 0
         self._order_cache: tuple[int, EpochOrder] | None = None
         self._plan_cache: tuple[tuple[int, int], EpochPlan] | None = None
-        # Set only inside the worker processes of a PackedDataLoader (loader/packed/transport.py).
-        self._worker_ring: Ring | None = None
-        # Workers of the PackedDataLoader that iterated this dataset last (main process; 0: it
-        # iterated here): their copies advance, this one does not, so state_dict() refuses.
-        self._loader_workers = 0
+        # A PackedDataLoader worker's ring; whether such workers iterated last (workers.py).
+        self.handoff = WorkerHandoff("PackedDataset", "PackedDataLoader")
 
     # ---- planning ---------------------------------------------------------------------------
 
@@ -246,15 +242,36 @@ class PackedDataset(IterableDataset):
         plan.anchor(first * self.world_size, cursor)
         return plan
 
+    def next_start(self) -> IterationStart:
+        """Where the next iteration starts: a resume point no iteration has started from yet,
+        else the start of the epoch set last (uses nothing up). `PackedDataLoader` starts its
+        iterations there and reports it as its position until then."""
+        epoch, origin, first, cursor, _ = self._start.peek()
+        return IterationStart(
+            epoch, origin, first, cursor, self._start_plan(epoch, origin, first, cursor)
+        )
+
+    def use_up_start(self) -> None:
+        """Mark the pending resume point used: `PackedDataLoader` calls it when it hands the
+        start to its workers in the ring (an iteration here or in a plain DataLoader's workers
+        uses it up itself)."""
+        self._start.drop()
+
+    @property
+    def generation(self) -> int:
+        """Counts the moves of the next iteration's start by `set_epoch` / `load_state_dict`
+        (main process): a `PackedDataLoader` that has not iterated since the last move reports
+        `next_start()`, not the position it reached before."""
+        return self._generation
+
     def __len__(self) -> int:
         """Steps this rank runs in the current epoch (from the resume point, if any).
 
         With a token budget this cuts the rest of the epoch (reads every remaining row's length
         once per epoch; then cached).
         """
-        epoch, origin, first, cursor, _ = self._start.peek()
-        plan = self._start_plan(epoch, origin, first, cursor)
-        return max(plan.num_steps - first, 0)
+        start = self.next_start()
+        return max(start.plan.num_steps - start.first, 0)
 
     def rows_for(self, plan: EpochPlan, step: int, rank: int | None = None) -> np.ndarray:
         """Row ids a rank trains on at a global step (empty: filler)."""
@@ -365,8 +382,8 @@ class PackedDataset(IterableDataset):
         info = get_worker_info()
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
         if info is None:
-            self._loader_workers = 0  # iterated in this process: its position is this copy's
-        ring = self._worker_ring if info is not None else None
+            self.handoff.in_process()  # iterated here: its position is this copy's
+        ring = self.handoff.ring if info is not None else None
         if self._local_resume is not None:
             epoch, origin, first, cursor = self._local_resume
             self._local_resume = None
@@ -475,10 +492,14 @@ class PackedDataset(IterableDataset):
             ConfigError: In the main process, after a `PackedDataLoader` with workers iterated
                 the dataset: the workers' copies advanced, not this one (save the loader's).
         """
-        if self._loader_workers and get_worker_info() is None:
-            raise ConfigError(stale_state_message("PackedDataset", self._loader_workers))
+        self.handoff.check_own_state()
         plan = self.plan(self._iter_epoch, self._iter_origin)
         return self._state(self._iter_epoch, self._iter_origin, self._next_step, plan)
+
+    def state_at(self, start: IterationStart, next_step: int) -> dict[str, Any]:
+        """The state of the iteration that began at `start` once it reached global step
+        `next_step`: what `PackedDataLoader.state_dict()` returns."""
+        return self._state(start.epoch, start.origin, next_step, start.plan)
 
     def _state(self, epoch: int, origin: int, next_step: int, plan: EpochPlan) -> dict[str, Any]:
         return make_state(
@@ -512,7 +533,7 @@ class PackedDataset(IterableDataset):
                 self._local_resume = self._resume_point(state, own_step=True)
                 return
         self._check(merged)
-        self._loader_workers = 0  # the position is the loaded one, in this process too
+        self.handoff.in_process()  # the position is the loaded one, in this process too
         epoch, origin, first, cursor = self._resume_point(merged, own_step=False)
         self._plan_cache = None  # a fresh plan: only this state's position is known in it
         self._start.set_resume(epoch, origin, first, cursor)

@@ -14,7 +14,8 @@ Version 2 (this one) goes with the lazy epoch order (loader/order/permutation.py
 is left (all of it).
 
 `PendingStart` holds where the next iteration starts (shared with DataLoader workers) and uses a
-loaded resume point up once an iteration has started from it.
+loaded resume point up once an iteration has started from it; `IterationStart` is such a start
+with its plan.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import hashlib
 import json
 import multiprocessing
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from loader.order.steps import EpochPlan
 from packtool.errors import ConfigError, DataError
 
 STATE_VERSION = 2
@@ -264,21 +266,20 @@ def merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:
     return min(states, key=lambda s: (s["epoch"], s["next_step"]))
 
 
-def stale_state_message(what: str, workers: int) -> str:
-    """Why a dataset's own `state_dict()` is refused in the main process after its loader's
-    workers iterated it (`PackedDataset`, `MixedDataset`): their copies advanced, not this one,
-    and a state of it would repeat data."""
-    loader = "PackedDataLoader" if what == "PackedDataset" else "MixedDataLoader"
-    return (
-        f"{what}.state_dict(): a {loader} with {workers} worker(s) iterated this dataset in its "
-        "worker processes, so this process's copy did not advance and its state would repeat "
-        f"data; save the loader's state instead ({loader}.state_dict(), resumed with its "
-        "load_state_dict)"
-    )
-
-
 CLAIM_SLOTS = 4096
 """Most DataLoader workers that can start from one pending resume point together."""
+
+
+class IterationStart(NamedTuple):
+    """Where an iteration starts: global step `first` of the plan of `(epoch, origin)`, whose
+    rows begin at row position `cursor`, and that plan, anchored there
+    (`PackedDataset.next_start`)."""
+
+    epoch: int
+    origin: int
+    first: int
+    cursor: int
+    plan: EpochPlan
 
 
 class PendingStart:
