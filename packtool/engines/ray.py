@@ -227,17 +227,23 @@ def _check_address(address: str | None, timeout: float = 10.0) -> None:
         return  # another form: Ray says what it makes of it
     start = "start Ray there (`ray start --head`) or leave the option out to start one here"
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as conn:
-            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-                return
-            answer = _h2_answer(conn)
+        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     except OSError as exc:
         raise ConfigError(
             f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); {start}"
         ) from None
-    if answer is None or len(answer) < 9 or answer[3] != _H2_SETTINGS:
+    with conn:
+        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+            return
+        try:
+            answer = _h2_answer(conn, time.monotonic() + timeout)
+        except OSError as exc:  # accepted, then reset: something listens, not Ray
+            answer = f"reset the connection ({exc.strerror or exc})"
+    if not isinstance(answer, bytes) or len(answer) < 9 or answer[3] != _H2_SETTINGS:
         if answer is None:
             what = f"did not answer within {timeout:g} s"
+        elif isinstance(answer, str):
+            what = answer
         else:
             what = f"answered {answer[:16]!r}" if answer else "closed the connection"
         raise ConfigError(
@@ -253,19 +259,24 @@ _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x
 _H2_SETTINGS = 4  # an HTTP/2 frame header is 9 bytes: length (3), type (1), flags, stream id
 
 
-def _h2_answer(conn: socket.socket) -> bytes | None:
+def _h2_answer(conn: socket.socket, deadline: float) -> bytes | None:
     """The first 9 bytes a server sends back to HTTP/2's connection preface (fewer if it
-    closes first; None if it sends nothing within the connection's timeout)."""
+    closes first; None if it sends nothing before `deadline`, a `time.monotonic()` time for
+    the whole answer: a server sending a byte at a time cannot stretch it)."""
     conn.sendall(_H2_PREFACE)
     got = b""
-    try:
-        while len(got) < 9:
+    while len(got) < 9:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return got or None
+        conn.settimeout(left)
+        try:
             chunk = conn.recv(9 - len(got))
-            if not chunk:
-                break
-            got += chunk
-    except TimeoutError:
-        return got or None
+        except TimeoutError:
+            return got or None
+        if not chunk:
+            break
+        got += chunk
     return got
 
 

@@ -49,10 +49,11 @@ def expand_inputs(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> li
         DataError: an input matches no file, or names something that is not a regular file.
         ConfigError: an input path is empty, or `inputs` is not a path or paths.
     """
+    inputs = input_list(inputs)  # once: a generator given here is used up by reading it
     kept = _KEPT.get()
     if kept is None:
         return _expand(inputs)
-    key = tuple(str(i) for i in input_list(inputs))
+    key = tuple(str(i) for i in inputs)
     with kept.lock:  # a thread listing the same inputs waits for this listing, not its own
         if key not in kept.files:
             kept.files[key] = _expand(inputs)

@@ -400,6 +400,57 @@ def test_a_ray_address_that_accepts_and_stays_silent_is_named_within_the_timeout
     assert time.monotonic() - start < 5
 
 
+def _serve_once(handle) -> tuple[str, threading.Thread]:
+    """A listener on loopback whose first connection `handle(conn)` answers; its address."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def serve():
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                handle(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"127.0.0.1:{listener.getsockname()[1]}", thread
+
+
+def test_a_ray_address_that_resets_the_connection_is_named_as_not_ray():
+    # The probe's reset was caught with the connect's errors: "nothing answers there".
+    import struct
+
+    from packtool.engines.ray import _check_address
+
+    def reset(conn):
+        conn.recv(64)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    address, thread = _serve_once(reset)
+    with pytest.raises(ConfigError, match=r"something listens there but it is not Ray \(it reset"):
+        _check_address(address, timeout=5)
+    thread.join(5)
+
+
+def test_a_ray_address_that_answers_a_byte_at_a_time_is_bounded_by_the_timeout():
+    # The timeout bounded each recv, so a byte every 0.4 s held the check 9 x as long.
+    from packtool.engines.ray import _check_address
+
+    def trickle(conn):
+        conn.recv(64)
+        for _ in range(9):
+            time.sleep(0.4)
+            conn.sendall(b"x")
+
+    address, thread = _serve_once(trickle)
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=r"not Ray \(it answered b'x"):
+        _check_address(address, timeout=1)
+    assert time.monotonic() - start < 2
+    thread.join(5)
+
+
 def test_a_ray_client_address_is_refused_in_one_line(tmp_path):
     """Ray Data cannot run through Ray Client: Ray 2.60 failed inside Ray Data with a 60-line
     traceback ("'Worker' object has no attribute 'core_worker'"). Refused before connecting

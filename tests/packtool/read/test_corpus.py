@@ -146,6 +146,9 @@ def test_listings_kept_lists_each_set_of_inputs_once(tmp_path, monkeypatch):
         (tmp_path / "gone.jsonl").write_text('{"text": "x"}\n')
         assert expand_inputs([tmp_path / "gone.jsonl"]) == [tmp_path / "gone.jsonl"]
     assert expand_inputs([tmp_path / "d"]) == [a, b]  # outside: listed again
+    with corpus_mod.listings_kept():  # a generator: read once (it was used up by the key)
+        assert expand_inputs(p for p in [tmp_path / "d"]) == [a, b]
+        assert expand_inputs([tmp_path / "d"]) == [a, b]
 
 
 def test_expand_inputs_errors(tmp_path):
