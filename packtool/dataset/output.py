@@ -18,8 +18,9 @@
 - **One sequence.** `transaction` runs these steps in their one order for every command (create
   the parent, lock, recover, the command's own checks and staging, its work, commit; on failure
   the staging discarded when the command says so and the parents it created removed): `pack`
-  (packtool/engines/preflight.py) and `tokenize` (packtool/tokenize/tokenize.py) differ only in
-  what they check, keep and write.
+  (packtool/engines/preflight.py), `tokenize` (packtool/tokenize/tokenize.py) and `tokenize
+  --to megatron` (packtool/engines/megatron/run.py: its own recovery and swap of the pair)
+  differ only in what they check, keep and write.
 - **Apart from the inputs.** `check_apart` refuses an output inside an input folder (a later run
   would read its own output) and an input inside the output (a replacement would delete it),
   on resolved paths, before anything is read or removed.
@@ -537,6 +538,10 @@ def transaction(
     prepare: Callable[[OutputPaths], T],
     discard: Callable[[BaseException, T], bool],
     resumable: bool = True,
+    *,
+    paths: OutputPaths | None = None,
+    recover_with: Callable[[OutputPaths], None] = recover,
+    commit_with: Callable[[OutputPaths], None] | None = None,
 ) -> Iterator[tuple[OutputPaths, T]]:
     """The output transaction of every command that writes a dataset: the steps in one order.
 
@@ -550,16 +555,17 @@ def transaction(
     swapped in (`commit`). When the body fails, the staging is removed if
     `discard(exc, prepared)` says so (`pack` keeps it for `--resume`), and on any failure the
     parent folders this call created are removed again when empty. Call `check_apart` first,
-    before anything is read.
+    before anything is read. An output of its own shape (a Megatron pair: two files, its
+    staging folder local) gives its `paths` and its own `recover_with` and `commit_with`.
 
     Yields:
         The output's paths and what `prepare` returned.
     """
-    paths = output_paths(out)
+    paths = paths or output_paths(out)
     made = create_parent(paths)
     try:
         with OutputLock(paths, command) as lock:
-            recover(paths)  # reads a remote output's state itself, under the lock
+            recover_with(paths)  # reads a remote output's state itself, under the lock
             if paths.remote and not paths.whole_object:
                 # Read again under the lock: a run that committed (or started) while this one
                 # waited for it changed `.packtool-staging`, and its version, named there a
@@ -577,7 +583,10 @@ def transaction(
                     remove_staging(paths)
                 raise
             lock.confirm()  # renewed now, conditionally: a lost lock commits nothing
-            commit(paths, resumable)
+            if commit_with is None:
+                commit(paths, resumable)
+            else:
+                commit_with(paths)
     except BaseException:
         remove_empty_parents(paths, made)
         raise

@@ -301,9 +301,6 @@ class Output:
     state: dict[str, Any] | None
     """The saved plan and fingerprint of the interrupted run to resume (`records.read_plan`),
     or None for a fresh run."""
-    lock: Any = None
-    """The output's lock (`packtool.dataset.output.OutputLock`) where the yielder does not commit
-    itself: `lost` says whether another writer took it over before the swap."""
     fingerprint: dict[str, Any] | None = None
     """The run's fingerprint (`fingerprint_of`), as `output_folder` checked a resume with it."""
 

@@ -36,7 +36,10 @@ here the old dataset is gone, never half of it visible with the new one) with it
 `PREFIX.idx`, and the folder removed; the steps run in the staging folder renamed aside first
 (`.done`), so a half-deleted folder never reads as an interrupted run. A run killed during
 those steps is finished by the next one (any command on this prefix, under its lock) from
-`ready.idx`. One writer per prefix (the output lock of packtool/dataset/output.py on the `.idx`).
+`ready.idx`. One writer per prefix: the run goes through the output transaction of
+packtool/dataset/output.py (its lock on the `.idx`, `recover_with` finishing a killed swap,
+`commit_with` writing the index and swapping), so the index is written and swapped in only
+after the lock is confirmed still held.
 
 **Into a bucket** (`-o s3://bucket/data/corpus`, local engine only): the staging folder is a local
 one in the scratch folder, named by the URL; the swap is the same steps with uploads for renames
@@ -52,24 +55,21 @@ parts waiting (disk use ~1x the `.bin`, not 2x).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.megatron import megatron_dtype, megatron_paths, write_index
 from packtool.dataset.output import (
-    OutputLock,
     OutputPaths,
-    create_parent,
     object_lock,
     output_paths,
     remove,
-    remove_empty_parents,
+    transaction,
 )
 from packtool.dataset.output_apart import check_apart
 from packtool.engines import preflight, records
@@ -189,7 +189,27 @@ def tokenize_megatron(
             "(--to parquet) or pack them"
         )
     fingerprint = {**preflight.fingerprint_of(run_config, checked), TO_KEY: "megatron"}
-    with _output(run_config, prefix, (bin_path, idx_path), fingerprint) as output:
+    pair = (bin_path, idx_path)
+    paths = (
+        _remote_paths(prefix, idx_path) if storage.is_remote(idx_path) else output_paths(idx_path)
+    )
+
+    def discard(exc: BaseException, state: dict[str, Any] | None) -> bool:
+        # As `pack` (`preflight.discard_staging`); a finished pair is never discarded: the
+        # next run finishes its swap (into a bucket), or --resume commits it (the Hub).
+        finished = storage.is_file(paths.staging / READY_IDX)
+        return not finished and preflight.discard_staging(exc, state, paths.staging)
+
+    with transaction(
+        idx_path,
+        run_config.command or "packtool tokenize",
+        lambda paths: _prepare(run_config, paths.staging, prefix, pair, fingerprint),
+        discard,
+        paths=paths,
+        recover_with=lambda paths: _recover(run_config, paths, bin_path, idx_path),
+        commit_with=lambda paths: run.commit(),  # after the lock is confirmed still held
+    ) as (paths, state):
+        output = Output(work=paths.staging, state=state)
         run = MegatronRun(run_config, checked, output, prefix, bin_path, idx_path, fingerprint)
         try:
             if engine == "ray":
@@ -206,52 +226,23 @@ def tokenize_megatron(
                 used = drive_local(run, workers)
         finally:
             run.merge.close()
-        if output.lock is not None and output.lock.lost:
-            raise ConfigError(
-                f"{prefix}: another writer took over this run's lock (its lease ran out "
-                "unrenewed); nothing was swapped in (--resume finishes it)"
-            )
-        summary = run.finish(used)
+        run.check_merged()
     if engine == "slurm":
         writing.remove_tree(logs_folder(prefix))  # a finished run's task logs go with it
-    return summary
+    return run.summary(used)
 
 
-@contextlib.contextmanager
-def _output(
-    config: RunConfig, prefix: str | os.PathLike, pair: tuple[Path, Path], fingerprint: dict
-) -> Iterator[Output]:
-    """Lock the prefix, finish a swap a killed run left, check the pair and prepare the
-    staging folder (or load the state to resume); on failure keep or discard the staging
-    folder as `pack` does (`preflight.discard_staging`)."""
-    bin_path, idx_path = pair
-    paths = (
-        _remote_paths(prefix, idx_path) if storage.is_remote(idx_path) else output_paths(idx_path)
-    )
-    made = create_parent(paths)
-    try:
-        with OutputLock(paths, config.command or "packtool tokenize") as lock:
-            if paths.remote and not hub.is_hub(idx_path):  # a killed run's unfinished uploads
-                for path in (bin_path, idx_path):
-                    remote_write.abort_uploads(path, exact=True)
-            if hub.is_hub(idx_path):
-                _waiting_hub_pair(config, paths, bin_path, idx_path)
-            else:
-                finish_swap(paths.staging, bin_path, idx_path, os.fspath(prefix))
-            state = _prepare(config, paths.staging, prefix, pair, fingerprint)
-            try:
-                yield Output(work=paths.staging, state=state, lock=lock)
-            except BaseException as exc:
-                # A finished pair whose swap failed (an upload, the Hub's commit) is never
-                # discarded: the next run finishes the swap (into a bucket), or --resume
-                # commits it (the Hub).
-                finished = storage.is_file(paths.staging / READY_IDX)
-                if not finished and preflight.discard_staging(exc, state, paths.staging):
-                    remove(paths.staging)
-                raise
-    except BaseException:
-        remove_empty_parents(paths, made)
-        raise
+def _recover(config: RunConfig, paths: OutputPaths, bin_path: Path, idx_path: Path) -> None:
+    """What a killed run left, under the lock (the transaction's `recover` for a pair): its
+    unfinished uploads aborted, and a swap it cut short finished (on the Hub only when asked:
+    `_waiting_hub_pair`)."""
+    if paths.remote and not hub.is_hub(idx_path):
+        for path in (bin_path, idx_path):
+            remote_write.abort_uploads(path, exact=True)
+    if hub.is_hub(idx_path):
+        _waiting_hub_pair(config, paths, bin_path, idx_path)
+    else:
+        finish_swap(paths.staging, bin_path, idx_path, paths.shown)
 
 
 def _remote_paths(prefix: str | os.PathLike, idx_path: Any) -> OutputPaths:
@@ -340,7 +331,7 @@ def finish_swap(work: Path, bin_path: Path, idx_path: Path, shown: str = "") -> 
     """Put a finished pair in place from the staging folder (see the module docstring); False
     when no finished index waits. Idempotent: a killed swap is redone from where it stopped. A
     failed upload leaves the swap's folder as it is (the next run finishes it); a failed Hub
-    commit the staging folder (`_output` keeps it)."""
+    commit the staging folder (`transaction` keeps it)."""
     done = _done_folder(work)
     if hub.is_hub(idx_path):  # one Hub commit holds both: never one without the other
         ready, merged = work / READY_IDX, work / MERGED_BIN
@@ -481,8 +472,8 @@ class MegatronRun:
             }
         return names
 
-    def finish(self, used: str) -> TokenizeSummary:
-        """The `.idx`, then the swap (see the module docstring)."""
+    def check_merged(self) -> None:
+        """The end of the run's work: every part merged, and some document among them."""
         self.bar.close()
         self.merge.close()
         if self.merge.next != self.partitions:  # a driver bug, never bad input: keep the run
@@ -494,6 +485,11 @@ class MegatronRun:
             # As `stats` and `pack` do: an output without a document is a mistake.
             skips = self.skips.counter()
             raise DataError(f"no documents in {', '.join(self.config.inputs)}{skips.note()}")
+
+    def commit(self) -> None:
+        """The `.idx`, then the swap (see the module docstring); called by the output's
+        `transaction` once the lock is confirmed still held, so a run that lost it leaves no
+        finished index for the next run to swap in."""
         ready = self.work / READY_IDX
         tmp = writing.temporary_name(ready)
         try:
@@ -504,6 +500,9 @@ class MegatronRun:
         finally:
             writing.remove_file(tmp)
         finish_swap(self.work, self.bin_path, self.idx_path, self.prefix)
+
+    def summary(self, used: str) -> TokenizeSummary:
+        """What the committed run did (`used`: the engine, in words)."""
         files = [self.bin_path, self.idx_path]
         skips = self.skips.counter()
         return TokenizeSummary(

@@ -14,7 +14,7 @@ from packtool.dataset.output import make_staging, output_paths
 from packtool.engines.local import run_pack
 from packtool.errors import AlreadyComplete, ConfigError, DataError
 from packtool.pack.chunk import PackConfig
-from packtool.storage import writing
+from packtool.storage import remote_write, writing
 from tests.packtool.storage.common import linked, pack_config
 
 BUCKET = "commits"
@@ -157,6 +157,48 @@ def test_a_writer_that_lost_its_lock_never_names_its_run_and_its_leftovers_never
         run_pack(pack_config(url))
     assert _link(fs, "lost") == second
     assert not any(o.startswith((stale, ".packtool-staging")) for o in _objects(fs, "lost"))
+
+
+def test_a_megatron_run_that_lost_its_lock_swaps_nothing_in(fs, tmp_path, monkeypatch):
+    # `tokenize --to megatron -o s3://...` stalled past its lease once its parts were merged
+    # (a SIGSTOP, or the store out of reach: no refused renewal had set `lost` yet) and B took
+    # the lock over. A looked only at the `lost` flag, never renewed conditionally as `pack`
+    # does (`OutputLock.confirm`), and swapped its pair in under B's lock.
+    import time
+
+    from packtool.engines import local
+    from packtool.engines.megatron.run import tokenize_megatron
+    from tests.packtool.storage.common import CORPUS
+
+    monkeypatch.setenv("PACKTOOL_SCRATCH", str(tmp_path / "scratch"))
+    monkeypatch.setenv("PACKTOOL_LOCK_LEASE_S", "1")
+    url = f"s3://{BUCKET}/mega-lost/corpus"
+    held, taken = [], []
+    take, drive = writing.take_lock, local.drive_local
+
+    def keep(path, note=b""):
+        held.append(take(path, note))
+        return held[-1]
+
+    def stall(run, workers):
+        used = drive(run, workers)
+        held[0]._stop.set()  # A stalls: no renewal
+        time.sleep(1.5)
+        taken.append(remote_write.take_lock(held[0].url, b"writer B"))  # B takes it over
+        return used
+
+    monkeypatch.setattr(writing, "take_lock", keep)
+    monkeypatch.setattr(local, "drive_local", stall)
+    try:
+        with pytest.raises(ConfigError, match="another writer took over"):
+            tokenize_megatron([CORPUS], url, partition_size=60_000, progress=False)
+    finally:
+        for lock in taken:
+            lock.release()
+    fs.invalidate_cache()
+    assert not fs.exists(f"{url}.idx") and not fs.exists(f"{url}.bin")
+    # Nor does a finished index wait in the staging folder for the next run to swap it in.
+    assert not list((tmp_path / "scratch").rglob("ready.idx"))
 
 
 @pytest.mark.parametrize("how", ["plain", "overwrite", "resume"])
