@@ -27,7 +27,7 @@ _interrupted = threading.Event()
 
 def resume_note(output: str, overwrite: bool) -> str:
     """`pack`'s note: where the finished partitions are kept and how to finish the run."""
-    from packtool.engines.preflight import STATE_DIR, staging_folder
+    from packtool.engines.output_folder import STATE_DIR, staging_folder
 
     staging = staging_folder(output)
     if not storage.exists(staging / STATE_DIR):

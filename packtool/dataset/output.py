@@ -18,7 +18,7 @@
 - **One sequence.** `transaction` runs these steps in their one order for every command (create
   the parent, lock, recover, the command's own checks and staging, its work, commit; on failure
   the staging discarded when the command says so and the parents it created removed): `pack`
-  (packtool/engines/preflight.py), `tokenize` (packtool/tokenize/tokenize.py) and `tokenize
+  (packtool/engines/output_folder.py), `tokenize` (packtool/tokenize/tokenize.py) and `tokenize
   --to megatron` (packtool/engines/megatron/run.py: its own recovery and swap of the pair)
   differ only in what they check, keep and write.
 - **Apart from the inputs.** `check_apart` refuses an output inside an input folder (a later run

@@ -14,6 +14,7 @@ May import: every stage below it.
 Modules:
 - `config.py`, `context.py`, `plan.py`, `preflight.py`, `differences.py`: what a run is asked,
   is handed, reads, and checks first (and, for a refused `--resume`, which settings differ).
+- `output_folder.py`: the run's output locked, its staging folder prepared, swapped in whole.
 - `worker.py`, `merge.py`, `records.py`: the partition worker, the tail tree, the run's state.
 - `base.py`, `local.py`, `ray.py`, `interrupts.py`: what the drivers share; the local and Ray
   drivers; Ctrl-C held over a step that starts something and records it.

@@ -14,7 +14,7 @@ A driver (packtool/engines/local.py, ray.py) does three things, and only the mid
    `TAIL_FAN_IN` units of the wave before, so it waits for that wave only);
 3. `run.finish()`: the tree's root (the last level's tails packed together, at most
    F x 32 rows), then `index.json` streamed from the records, then the run state removed;
-   `preflight.output_folder` swaps the staging folder in.
+   `output_folder.output_folder` swaps the staging folder in.
 
 So the drivers are small, the dataset is the same whichever one ran it (or both: a run the
 local engine started can be resumed on a cluster, and the other way round), and the driver's
@@ -33,16 +33,9 @@ from packtool.dataset.tokenized import tokenized_schema
 from packtool.engines import finish, merge, records
 from packtool.engines.config import RunConfig
 from packtool.engines.context import WorkerContext, context_for
+from packtool.engines.output_folder import COMPLETE, Output
 from packtool.engines.plan import Plan, describe, make_plan
-from packtool.engines.preflight import (
-    COMPLETE,
-    FACTS_KEY,
-    Checked,
-    Output,
-    check_facts,
-    doc_id_units,
-    fingerprint_of,
-)
+from packtool.engines.preflight import FACTS_KEY, Checked, check_facts, doc_id_units, fingerprint_of
 from packtool.engines.resume_checks import (
     CHAT_TEMPLATE_KEY,
     check_complete,
@@ -130,7 +123,7 @@ def source_of(config: RunConfig, checked: Checked, fingerprint: dict[str, Any]) 
 
 def workers_lost(work: Path, what: str, advice: str) -> WorkersLost:
     """The error that stops a run whose workers died too often (`what`): it says whether
-    finished partitions are kept for `--resume` (`preflight.output_folder` keeps them)."""
+    finished partitions are kept for `--resume` (`output_folder.output_folder` keeps them)."""
     done = len(records.finished(work))
     kept = (
         f"its {done} finished partition(s) are kept: rerun with --resume"

@@ -50,7 +50,8 @@ from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
 from packtool.engines.context import WorkerContext
 from packtool.engines.interrupts import ctrl_c_after
-from packtool.engines.preflight import check_inputs, fingerprint_of, output_folder
+from packtool.engines.output_folder import output_folder
+from packtool.engines.preflight import check_inputs, fingerprint_of
 from packtool.engines.summary import PackSummary
 from packtool.engines.worker import rechunk, run_partition
 from packtool.storage import local as storage

@@ -1,4 +1,4 @@
-"""What every `packtool pack` run does before its first chunk, whichever engine runs it.
+"""What every `packtool pack` run checks before its first chunk, whichever engine runs it.
 
 1. `check_inputs`: refuse an output inside an input folder (or an input inside the output),
    decide the tokenizer and check it against tokenized inputs, and check that BOS + EOS leave
@@ -6,16 +6,12 @@
    behind. What it reads of the inputs (`InputFacts`: Parquet footers, first records) is saved
    with the plan; `--resume` takes it from there when no input's size or modification time
    changed, so it opens no input that only finished partitions read.
-2. `output_folder`: lock the output (one writer), check it, and build the new dataset in a
-   staging folder beside it (or load the state of the run to resume there); swap it in only when
-   complete, so a failure never harms the old dataset, and remove the staging folder of a fresh
-   run that fails, so that the corrected command needs no `--overwrite` (`packtool/dataset/output.py`).
-3. `fingerprint_of`: what a `--resume` must match (options, tokenizer, and the files
+2. `fingerprint_of`: what a `--resume` must match (options, tokenizer, and the files
    `check_inputs` expanded the inputs to, with their sizes and modification times); the checks
-   are packtool/engines/resume_checks.py. The run's state itself (plan, partition records) is
-   packtool/engines/records.py: it stays in the staging folder until the switch.
+   are packtool/engines/resume_checks.py.
 
-The local and the Ray engine both go through here; neither repeats these checks.
+Then the run locks and prepares its output folder (packtool/engines/output_folder.py). The
+local and the Ray engine both go through here; neither repeats these checks.
 """
 
 from __future__ import annotations
@@ -23,34 +19,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from packtool.dataset import hub_record
 from packtool.dataset.columns import LOSS_MASK, written
 from packtool.dataset.identity import TokenizerIdentity
-from packtool.dataset.manifest import INDEX_FILE
-from packtool.dataset.output import (
-    OutputPaths,
-    make_staging,
-    output_paths,
-    remove,
-    remove_staging,
-    staging_version,
-    transaction,
-)
 from packtool.dataset.output_apart import check_apart
 from packtool.engines import records
 from packtool.engines.config import RunConfig
-from packtool.engines.output_checks import OLD_STATE, check_replaceable, finish_switch
+from packtool.engines.output_folder import staging_folder
 from packtool.engines.resume_checks import CHAT_TEMPLATE_KEY, MASK_RULE, MASK_RULE_KEY
 from packtool.engines.resume_checks import check_complete as check_complete
 from packtool.engines.resume_checks import check_fingerprint as check_fingerprint
 from packtool.engines.resume_checks import fingerprint_digest as fingerprint_digest
-from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError, WorkersLost
+from packtool.errors import ConfigError, PacktoolError
 from packtool.pack.chunk import check_room_for_text
 from packtool.pack.columns import check_policy
 from packtool.prefetch import map_ordered
@@ -59,14 +43,11 @@ from packtool.read.formats import file_kind
 from packtool.read.jsonl import json_array_file
 from packtool.read.sft_config import CHAT_KINDS
 from packtool.sft.encode import template_record
-from packtool.storage import hub
 from packtool.storage import local as storage
 from packtool.tokenize.tables import PRETOKENIZED, RAW, RECORDS
 from packtool.tokenize.tokenize import check_recorded_tokenizer, inputs_read, unchanged_ids
 from packtool.tokenizer.tokenizers import Tokenizer
 
-STATE_DIR = records.RUN_DIR
-"""The run's state in its staging folder (packtool/engines/records.py)."""
 UNITS = {"jsonl": "byte", "json_array": "item", "text": "file"}
 """The document-id offset unit per file kind (packtool/read/docids.py); Parquet kinds count rows.
 Fine-tuning records take their file type's (`doc_id_units`)."""
@@ -291,95 +272,6 @@ def _stats(paths: list[Path]) -> zip[tuple[Path, os.stat_result]]:
     return zip(paths, storage.stat_all(paths), strict=True)
 
 
-@dataclass(frozen=True)
-class Output:
-    """What `output_folder` yields: where the run writes, and the run it resumes."""
-
-    work: Path
-    """The staging folder beside the output: every file of this run goes here, and it becomes
-    the output when the run completes (`packtool.dataset.output.commit`)."""
-    state: dict[str, Any] | None
-    """The saved plan and fingerprint of the interrupted run to resume (`records.read_plan`),
-    or None for a fresh run."""
-    fingerprint: dict[str, Any] | None = None
-    """The run's fingerprint (`fingerprint_of`), as `output_folder` checked a resume with it."""
-
-
-@contextmanager
-def output_folder(config: RunConfig, fingerprint: dict[str, Any]) -> Iterator[Output]:
-    """Lock `config.out_dir`, prepare its staging folder, and swap it in when the body succeeds.
-    `fingerprint`: the run's (`fingerprint_of`), which a resumed run's must match.
-
-    The old output is untouched until the new one is complete (`index.json` written): then one
-    `packtool.dataset.output.commit` replaces it. When the body fails, the staging folder of a fresh run
-    is removed on a `PacktoolError` (a mistake: the corrected command is another run, which could
-    not resume this one) and on any other error before a partition was recorded; it is kept, for
-    `--resume`, on Ctrl-C, on other errors after a finished partition (a full disk, a lost
-    worker), and always in a resumed run. Parent folders this run created are removed when
-    empty.
-    """
-
-    def prepare(paths: OutputPaths) -> dict[str, Any] | None:
-        if paths.whole_object:
-            raise ConfigError(
-                f"{paths.shown}: a packed dataset is a folder (a prefix in a bucket), not one "
-                ".parquet object; drop the .parquet"
-            )
-        if paths.hub and storage.is_file(paths.staging / INDEX_FILE):
-            landed = hub_record.landed(paths.staging, paths.target)  # its answer was lost
-            if landed is not None:
-                remove_staging(paths)  # the build and its record: committed
-                if config.resume:
-                    raise AlreadyComplete(
-                        f"{paths.shown}: the earlier run's commit reached the Hub after all "
-                        f"({landed}): nothing to resume, nothing done",
-                        paths.shown,
-                    )
-        if paths.hub and storage.is_file(paths.staging / INDEX_FILE) and not config.resume:
-            # A Hub commit refused (or a run killed just before it): published only when asked.
-            if not config.overwrite:
-                raise ConfigError(
-                    f"{paths.shown}: a dataset an earlier run built waits in {paths.staging} "
-                    "(its commit to the Hub did not happen); pass --resume to commit it or "
-                    "--overwrite to start over"
-                )
-            remove(paths.staging)
-        if storage.is_file(paths.staging / INDEX_FILE):
-            # A run killed after writing index.json (written last) but before its swap.
-            paths = finish_switch(config, paths, fingerprint)
-            if config.resume:  # it said "already complete ... nothing done" for a commit it made
-                raise AlreadyComplete(
-                    f"{paths.shown}: committed the dataset the interrupted run had built (its "
-                    f"{INDEX_FILE} was written before the switch): nothing else to resume",
-                    paths.shown,
-                )
-        return _prepare(config, paths)
-
-    def discard(exc: BaseException, state: dict[str, Any] | None) -> bool:
-        return discard_staging(exc, state, output_paths(config.out_dir).staging)
-
-    command = config.command or "packtool pack"
-    with transaction(config.out_dir, command, prepare, discard) as (paths, state):
-        # The run's state stays in the staging until `commit` (`output_versions.RUN_STATE`).
-        yield Output(work=paths.staging, state=state, fingerprint=fingerprint)
-
-
-def built_here(out_dir: str | os.PathLike, engine: str) -> None:
-    """Refuse an `hf://` output to an engine whose workers run on other machines: it is built
-    in this machine's scratch folder and committed to the Hub once (packtool/storage/hub.py)."""
-    if hub.is_hub(out_dir):
-        raise ConfigError(
-            f"{out_dir}: an hf:// output is built on this machine and committed to the Hub in "
-            f"one commit, and --engine {engine} builds on other machines; use --engine local, "
-            "or pack to a bucket or a shared folder and upload that"
-        )
-
-
-def staging_folder(out_dir: str | os.PathLike) -> Path:
-    """Where a run into `out_dir` builds its output (and keeps an interrupted run's state)."""
-    return output_paths(out_dir).staging
-
-
 def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
     """Everything that determines the output bytes; a resume must match it exactly."""
     # Every file the inputs expand to, with its size and modification time: a file added to an
@@ -412,10 +304,6 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
     return json.loads(json.dumps(fingerprint))
 
 
-COMPLETE = "complete"
-"""The state `output_folder` yields for `--resume` of a dataset whose run finished."""
-
-
 def check_facts(state: dict[str, Any], checked: Checked, out: Path) -> None:
     """Refuse to resume a state whose `InputFacts` differ from those the run was checked with
     (a state replaced between `check_inputs` and the lock); an older state has none."""
@@ -441,88 +329,3 @@ def check_facts(state: dict[str, Any], checked: Checked, out: Path) -> None:
         f"cannot resume {out}: the inputs read differently from the saved run ({what}); "
         "start over with --overwrite"
     )
-
-
-def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
-    """Check the output and its staging folder; return the saved state when resuming.
-
-    Nothing is removed from the output itself: `--overwrite` only allows `commit` to replace it.
-    """
-    out, shown = paths.target, paths.shown
-    if storage.exists(out) and not storage.is_dir(out):
-        raise ConfigError(f"output {shown} exists and is not a folder")
-    if storage.is_dir(out) and storage.is_mount(out):
-        raise ConfigError(
-            f"output {shown} is a mount point, which packtool cannot swap a new dataset into; "
-            "write to a folder inside it"
-        )
-    if config.resume:
-        return _load_state(paths)
-    abandoned = _abandoned(paths)
-    if abandoned or storage.exists(paths.staging):
-        if not abandoned and not config.overwrite:
-            raise ConfigError(
-                f"an interrupted run into {shown} left its finished partitions in "
-                f"{paths.staging}; pass --resume to finish it or --overwrite to start over"
-            )
-        # (Without a saved plan it was killed while it checked or planned: nothing to keep.)
-        from packtool.engines.slurm.state import stop_jobs
-
-        stop_jobs(paths.staging, config.out_dir)  # a detached Slurm run's: gone first
-        paths = remove_staging(paths, leftover=True)
-    check_replaceable(paths, config.overwrite)
-    make_staging(paths)
-    return None
-
-
-def _abandoned(paths: OutputPaths) -> bool:
-    """Whether the staging folder is what a run killed before it saved its plan leaves
-    (`records.never_planned`: nothing, or the plan's temporary). Asked under the output's lock,
-    so never of a live run's folder. A remote output's staging is the version its
-    `.packtool-staging` object names (else a fresh run's new version: not abandoned)."""
-    if paths.remote:
-        named = staging_version(paths.target) == paths.staging.name
-        return named and records.never_planned(paths.staging)
-    return storage.is_dir(paths.staging) and records.never_planned(paths.staging)
-
-
-def _load_state(paths: OutputPaths) -> dict[str, Any]:
-    out, shown = paths.target, paths.shown
-    if _abandoned(paths):
-        if storage.exists(out / INDEX_FILE):  # an --overwrite killed early: the old dataset
-            return {COMPLETE: True}  # `check_complete` decides, once the options are known
-        raise ConfigError(
-            f"{shown}: the interrupted run stopped before it saved its plan, so there is "
-            "nothing to resume; run again without --resume"
-        )
-    if not storage.is_dir(paths.staging / STATE_DIR):
-        if storage.exists(out / INDEX_FILE):
-            return {COMPLETE: True}  # `check_complete` decides, once the options are known
-        if any(storage.exists(where / old) for where in (out, paths.staging) for old in OLD_STATE):
-            raise ConfigError(
-                f"{shown} holds a run interrupted by an older packtool, which this one cannot "
-                "finish; start over with --overwrite"
-            )
-        if not _holds_anything(paths) and not storage.exists(paths.staging):
-            raise ConfigError(f"{shown} does not exist: nothing to resume; drop --resume")
-        raise ConfigError(f"{shown}: no interrupted run to resume; use --overwrite")
-    return records.read_plan(paths.staging)
-
-
-def _holds_anything(paths: OutputPaths) -> bool:
-    """The output exists (a remote one: holds more than this run's own lock object)."""
-    if not paths.remote:
-        return storage.exists(paths.target)
-    return any(not p.name.startswith(".packtool-") for p in storage.list_dir(paths.target))
-
-
-def discard_staging(exc: BaseException, state: dict[str, Any] | None, staging: Path) -> bool:
-    """Whether a failed run's staging folder goes (see `output_folder`; `tokenize --to
-    megatron` keeps its staging folder by the same rule)."""
-    if isinstance(exc, Detached):
-        return False  # the run goes on in a scheduler's jobs: they write into the staging folder
-    if not isinstance(exc, Exception) or state is not None:
-        return False  # Ctrl-C / SystemExit, or a resumed run: keep the work for --resume
-    if isinstance(exc, PacktoolError) and not isinstance(exc, WorkersLost):
-        return True
-    return not records.finished(staging)

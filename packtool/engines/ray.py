@@ -47,7 +47,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from packtool.engines import context, preflight, worker
+from packtool.engines import context, output_folder, preflight, worker
 from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
 from packtool.engines.summary import PackSummary
@@ -122,11 +122,11 @@ def run_pack_ray(
         MissingDependencyError: ray is not installed.
     """
     ray_config = ray_config or RayConfig()
-    preflight.built_here(config.out_dir, "ray")
+    output_folder.built_here(config.out_dir, "ray")
     import_ray()  # no Ray: one line, before any check
     # A missing path, a tokenizer mismatch or a max_len BOS + EOS fill fails before Ray starts.
     checked = preflight.check_inputs(config, tokenizer)
-    with preflight.output_folder(config, preflight.fingerprint_of(config, checked)) as output:
+    with output_folder.output_folder(config, preflight.fingerprint_of(config, checked)) as output:
         run = Run(config, checked, output)
         if output.state is None:
             return run.finish(drive_ray(run, ray_config))

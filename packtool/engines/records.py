@@ -94,7 +94,7 @@ def never_planned(work: Path) -> bool:
     the state folder holding only temporaries of atomic writes (`writing.is_temporary`: the
     plan's, never renamed), or nothing at all. Such a run did no work: a plain rerun removes
     the folder and starts again, and `--resume` has nothing to resume (`pack`'s
-    packtool/engines/preflight.py and `tokenize --to megatron`'s megatron/run.py decide so
+    packtool/engines/output_folder.py and `tokenize --to megatron`'s megatron/run.py decide so
     here). A folder that is not there (a prefix with no object under it) holds nothing."""
     for entry, file in storage.scan_dir(work) if storage.is_dir(work) else ():
         if entry.name != RUN_DIR or file:

@@ -72,14 +72,14 @@ from packtool.dataset.output import (
     transaction,
 )
 from packtool.dataset.output_apart import check_apart
-from packtool.engines import preflight, records
+from packtool.engines import output_folder, preflight, records
 from packtool.engines.base import plan_of, save_plan, saved_plan, source_of, workers_lost
 from packtool.engines.config import RunConfig
 from packtool.engines.megatron.merge import MERGED_BIN, MERGED_LENGTHS, Merge
 from packtool.engines.megatron.part import MegatronContext
 from packtool.engines.megatron.record import READY_RECORD, check_finished, record_path, write_record
+from packtool.engines.output_folder import Output
 from packtool.engines.plan import PARTITION_SIZE, Plan
-from packtool.engines.preflight import Output
 from packtool.errors import ConfigError, DataError, WorkersLost
 from packtool.pack.chunk import PackConfig
 from packtool.pack.kernels import MAX_LEN_LIMIT
@@ -195,10 +195,10 @@ def tokenize_megatron(
     )
 
     def discard(exc: BaseException, state: dict[str, Any] | None) -> bool:
-        # As `pack` (`preflight.discard_staging`); a finished pair is never discarded: the
+        # As `pack` (`output_folder.discard_staging`); a finished pair is never discarded: the
         # next run finishes its swap (into a bucket), or --resume commits it (the Hub).
         finished = storage.is_file(paths.staging / READY_IDX)
-        return not finished and preflight.discard_staging(exc, state, paths.staging)
+        return not finished and output_folder.discard_staging(exc, state, paths.staging)
 
     with transaction(
         idx_path,

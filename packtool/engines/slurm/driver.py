@@ -36,7 +36,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from packtool.engines import preflight, worker
+from packtool.engines import output_folder, preflight, worker
 from packtool.engines.base import Run
 from packtool.engines.config import RunConfig
 from packtool.engines.interrupts import sigterm_as_ctrl_c
@@ -64,11 +64,11 @@ def run_pack_slurm(
         Detached: `slurm.wait` is False: the jobs are queued, the staging folder kept.
         WorkersLost: a partition's tasks ended without it more than `max_retries` times.
     """
-    preflight.built_here(config.out_dir, "slurm")
+    output_folder.built_here(config.out_dir, "slurm")
     slurm = slurm or SlurmConfig()
     options = slurm_options(slurm, config.out_dir)
     checked = preflight.check_inputs(config, tokenizer)
-    with preflight.output_folder(config, preflight.fingerprint_of(config, checked)) as output:
+    with output_folder.output_folder(config, preflight.fingerprint_of(config, checked)) as output:
         run = Run(config, checked, output)
         summary = run.finish(drive_slurm(run, slurm, options))
     remove_run_folders(run.work, config.out_dir)  # a finished run's scripts and logs go with it

@@ -1,7 +1,7 @@
 """Where a Slurm run keeps its files (the Slurm folder: context, scripts, job files, claims;
 the logs folder), and the jobs its run state records: what a finished run removes, and what
 `--overwrite` cancels (and waits out) before it discards the staging folder. Apart from
-`arrays.py` so that the output checks (packtool/engines/preflight.py) can stop a discarded
+`arrays.py` so that the output checks (packtool/engines/output_folder.py) can stop a discarded
 run's jobs without importing the task and worker code.
 """
 

@@ -17,7 +17,7 @@ import pytest
 from packtool.audit.verify import verify_dataset
 from packtool.dataset.manifest import read_manifest
 from packtool.engines import records
-from packtool.engines.preflight import staging_folder
+from packtool.engines.output_folder import staging_folder
 from tests.cli import one_error_line, run
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -212,7 +212,7 @@ def test_a_failed_run_in_one_thread_says_its_own_resume_note(tmp_path, monkeypat
     import threading
 
     from packtool.cli import engine_options
-    from packtool.engines.preflight import STATE_DIR, staging_folder
+    from packtool.engines.output_folder import STATE_DIR, staging_folder
 
     noted, other_done = threading.Event(), threading.Event()
 

@@ -15,7 +15,7 @@ from packtool.dataset.manifest import read_manifest
 from packtool.dataset.shards import ShardConfig
 from packtool.engines import local, records, worker
 from packtool.engines.local import RunConfig, rechunk, run_pack
-from packtool.engines.preflight import STATE_DIR, staging_folder
+from packtool.engines.output_folder import STATE_DIR, staging_folder
 from packtool.errors import AlreadyComplete, ConfigError, DataError
 from packtool.pack.chunk import PackConfig
 from packtool.tokenizer.tokenizers import load_tokenizer

@@ -25,7 +25,7 @@ from packtool.dataset import megatron
 from packtool.dataset.megatron import MegatronWriter, megatron_dtype, read_megatron_index
 from packtool.engines import records
 from packtool.engines.megatron.run import tokenize_megatron
-from packtool.engines.preflight import staging_folder
+from packtool.engines.output_folder import staging_folder
 from packtool.errors import ConfigError, DataError
 from packtool.tokenize.tokenize import tokenized_batches
 from packtool.tokenizer.tokenizers import load_tokenizer

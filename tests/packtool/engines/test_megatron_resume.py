@@ -172,7 +172,7 @@ def test_a_run_killed_before_it_saved_its_plan_is_started_again_by_a_plain_run(t
     --resume', and --resume said 'no interrupted run to resume; drop --resume' (or 'plan.json:
     unreadable ... use --overwrite'): only --overwrite got out, though no partition had run."""
     from packtool.engines import records
-    from packtool.engines.preflight import staging_folder
+    from packtool.engines.output_folder import staging_folder
 
     corpus = _corpus(tmp_path / "a.jsonl", 300, "alpha")
     out = tmp_path / "out"
@@ -200,7 +200,7 @@ def test_a_run_killed_before_it_saved_its_plan_is_started_again_by_a_plain_run(t
 def test_a_staging_folder_holding_more_than_a_plan_temporary_is_kept(tmp_path):
     """A part file beside the plan's temporary is work: refused without --overwrite, kept."""
     from packtool.engines import records
-    from packtool.engines.preflight import staging_folder
+    from packtool.engines.output_folder import staging_folder
 
     corpus = _corpus(tmp_path / "a.jsonl", 30, "alpha")
     prefix = tmp_path / "d"

@@ -25,7 +25,7 @@ from packtool.dataset.shards import ShardConfig
 from packtool.engines import base as base_engine
 from packtool.engines import merge, records, worker
 from packtool.engines.local import RunConfig, run_pack
-from packtool.engines.preflight import staging_folder
+from packtool.engines.output_folder import staging_folder
 from packtool.errors import ConfigError, DataError
 from packtool.pack.chunk import PackConfig
 from packtool.read import docids, formats

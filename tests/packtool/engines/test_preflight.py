@@ -16,7 +16,7 @@ import pytest
 from packtool.audit.verify import verify_dataset
 from packtool.engines import local, records, worker
 from packtool.engines.local import RunConfig, run_pack
-from packtool.engines.preflight import STATE_DIR, staging_folder
+from packtool.engines.output_folder import STATE_DIR, staging_folder
 from packtool.errors import AlreadyComplete, ConfigError, DataError
 from packtool.pack.chunk import PackConfig
 from packtool.read.documents import ReadConfig
@@ -270,7 +270,7 @@ def test_workers_lost_keeps_a_fresh_runs_finished_partitions(tmp_path, finished)
     """`WorkersLost` (workers died too often) is not a mistake in the command: the staging
     folder of a fresh run stays when a partition finished, for `--resume`; any other
     `PacktoolError` removes it; with nothing finished there is nothing to keep."""
-    from packtool.engines.preflight import output_folder
+    from packtool.engines.output_folder import output_folder
     from packtool.errors import WorkersLost
 
     corpus = jsonl(tmp_path / "c.jsonl", ["a b c"] * 3)

@@ -24,7 +24,7 @@ from packtool.cli.commands import cli, main
 from packtool.dataset.shards import ShardConfig
 from packtool.engines import base, merge, records, worker
 from packtool.engines.local import RunConfig, run_pack
-from packtool.engines.preflight import staging_folder
+from packtool.engines.output_folder import staging_folder
 from packtool.errors import ConfigError, DataError, MissingDependencyError, WorkersLost
 from packtool.pack.chunk import PackConfig
 from packtool.read.documents import ReadConfig

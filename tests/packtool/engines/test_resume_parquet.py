@@ -25,13 +25,8 @@ import pytest
 from packtool.dataset.shards import ShardConfig
 from packtool.engines import base, records, worker
 from packtool.engines.local import RunConfig, run_pack
-from packtool.engines.preflight import (
-    FACTS_KEY,
-    check_inputs,
-    fingerprint_of,
-    output_folder,
-    staging_folder,
-)
+from packtool.engines.output_folder import output_folder, staging_folder
+from packtool.engines.preflight import FACTS_KEY, check_inputs, fingerprint_of
 from packtool.errors import ConfigError
 from packtool.pack.chunk import PackConfig
 from packtool.tokenize.tokenize import tokenize_corpus

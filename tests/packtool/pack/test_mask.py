@@ -19,7 +19,7 @@ from packtool.dataset.manifest import read_manifest
 from packtool.dataset.shards import ShardConfig
 from packtool.engines import records, worker
 from packtool.engines.local import RunConfig, run_pack
-from packtool.engines.preflight import staging_folder
+from packtool.engines.output_folder import staging_folder
 from packtool.errors import ConfigError
 from packtool.pack.chunk import PackConfig, pack_table
 from packtool.stats.lengths import StatsConfig, compute_stats

@@ -22,7 +22,7 @@ from packtool.dataset.manifest import read_manifest
 from packtool.dataset.shards import ShardConfig
 from packtool.engines import records, worker
 from packtool.engines.local import RunConfig, run_pack
-from packtool.engines.preflight import staging_folder
+from packtool.engines.output_folder import staging_folder
 from packtool.errors import DataError
 from packtool.pack.chunk import PackConfig
 from packtool.read import docids

@@ -366,15 +366,15 @@ def test_the_commit_is_on_the_head_read_when_the_run_began(stand_in, monkeypatch
     """Another writer commits while this run builds (after it read the head, under its lock):
     the commit names the head the run began on, so the Hub refuses it. (Reading the head again
     just before committing would pass this commit over the other writer's.)"""
-    from packtool.engines import preflight
+    from packtool.engines import output_folder
 
-    real = preflight.make_staging
+    real = output_folder.make_staging
 
     def then_another_writer_commits(paths):
         real(paths)
         stand_in.head += 1
 
-    monkeypatch.setattr(preflight, "make_staging", then_another_writer_commits)
+    monkeypatch.setattr(output_folder, "make_staging", then_another_writer_commits)
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
     line = one_error_line(err)
     assert code != 0 and "the repository changed since this run started" in line, line

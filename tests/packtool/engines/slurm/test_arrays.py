@@ -12,7 +12,7 @@ import pytest
 from packtool.dataset.shards import ShardConfig
 from packtool.engines import records
 from packtool.engines.local import run_pack
-from packtool.engines.preflight import staging_folder
+from packtool.engines.output_folder import staging_folder
 from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
 from packtool.errors import Detached
 from tests.packtool.engines.slurm.test_driver import _config, _queue, _same_dataset

@@ -16,7 +16,7 @@ import pytest
 from packtool.dataset.shards import ShardConfig
 from packtool.engines import records
 from packtool.engines.local import RunConfig, run_pack
-from packtool.engines.preflight import staging_folder
+from packtool.engines.output_folder import staging_folder
 from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
 from packtool.errors import ConfigError, DataError, Detached, WorkersLost
 from packtool.pack.chunk import PackConfig
