@@ -54,6 +54,7 @@ from packtool.errors import DataError
 from packtool.progress import progress_enabled
 from packtool.read import docids
 from packtool.storage import local as storage
+from packtool.storage import writing
 
 COLUMNS = ("input_ids", "doc_offsets", "doc_ids", "doc_chunks")
 DAMAGED = (pa.ArrowException, OSError, ValueError)
@@ -285,13 +286,15 @@ def unlisted_files(directory: Path, manifest: Manifest) -> list[str]:
     """Warning lines for files that look like data but are not in the manifest."""
     listed = {storage.resolve(directory / s.file) for s in manifest.shards}
     lines = []
+    # Any Parquet file, not only `names.is_shard_name`'s: what looks like data and is not listed
+    # is worth a word (a hidden one, `.x.parquet`, is not looked at).
     for p in storage.glob(directory, "*.parquet", recursive=True):
         if storage.resolve(p) not in listed and not p.name.startswith("."):
             lines.append(
                 f"{p}: not listed in {INDEX_FILE}, so not part of the dataset "
                 "(a leftover of an interrupted run? delete it)"
             )
-    for p in storage.glob(directory, ".*.tmp", recursive=True):
+    for p in storage.glob(directory, writing.TEMPORARY_GLOB, recursive=True):
         lines.append(f"{p}: temporary file of an interrupted write; ignored (delete it)")
     return lines
 

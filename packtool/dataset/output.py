@@ -71,9 +71,9 @@ from typing import Any, TypeVar
 
 from packtool.dataset import hub_record
 from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, link_bytes
+from packtool.dataset.names import RUN_STATE, is_shard_name
 from packtool.dataset.output_versions import (
     REMOTE_STAGING,
-    RUN_STATE,
     current_version,
     is_version,
     new_version,
@@ -421,8 +421,9 @@ def _collect(paths: OutputPaths, commit: bool) -> None:
 
 def _unversioned_file(name: str) -> bool:
     """A file of a dataset written straight into a prefix (no version folder): its shards and
-    its list of sources (its `index.json` is the link now)."""
-    return (name.startswith("shard-") and name.endswith(".parquet")) or name == SOURCES_FILE
+    its list of sources (its `index.json` is the link now). By name alone: a bucket's listing
+    holds objects, and a prefix of that name is no object to delete."""
+    return is_shard_name(name) or name == SOURCES_FILE
 
 
 def commit(paths: OutputPaths, resumable: bool = True) -> None:
@@ -445,7 +446,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         if old is not None and not storage.exists(paths.target / old):
             old = None  # a link to nothing: a commit deleting a missing folder is refused
         hub_record.note_commit(paths.staging, version)
-        remove(paths.staging / RUN_STATE)  # kept till now: see `output_versions.RUN_STATE`
+        remove(paths.staging / RUN_STATE)  # kept till now: see `names.RUN_STATE`
         try:
             hub.publish(
                 paths.target,
@@ -469,7 +470,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         writing.write_atomic(paths.target / INDEX_FILE, link_bytes(paths.staging.name))
         _NEW_VERSIONS.pop(str(paths.target), None)
         try:  # committed: what is left to do is cleaning up, which the next writer redoes
-            remove(paths.staging / RUN_STATE)  # kept till now: see `output_versions.RUN_STATE`
+            remove(paths.staging / RUN_STATE)  # kept till now: see `names.RUN_STATE`
             if staging_version(paths.target) == paths.staging.name:  # never another run's
                 writing.remove_file(paths.target / REMOTE_STAGING)
             _collect(paths, commit=True)
@@ -486,7 +487,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         writing.replace(paths.staging, paths.target)  # one atomic step for a file
         writing.sync_dir(paths.target.parent)
         return
-    remove(paths.staging / RUN_STATE)  # kept till now: see `output_versions.RUN_STATE`
+    remove(paths.staging / RUN_STATE)  # kept till now: see `names.RUN_STATE`
     try:
         _rename(paths.staging, paths.ready)
         if storage.lexists(paths.target):

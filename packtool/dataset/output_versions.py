@@ -17,19 +17,14 @@ import json
 import re
 from pathlib import Path
 
-from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, linked_version, read_manifest
+from packtool.dataset.manifest import INDEX_FILE, linked_version, read_manifest
+from packtool.dataset.names import written_entry
 from packtool.errors import ConfigError, PacktoolError
 from packtool.storage import local as storage
 
 REMOTE_STAGING = ".packtool-staging"
 """The object under a remote output's prefix that names its run in progress."""
 _VERSION = re.compile(r"v-\d{8}T\d{6}-[0-9a-f]{8}")
-RUN_STATE = ".packtool-run"
-"""A pack run's state in its staging (packtool/engines/records.py). `commit` deletes it just
-before the switch (in a bucket just after, so it is there while the link is written): a
-`--resume` of a run killed before its switch knows what options and inputs built it."""
-_WRITTEN = (INDEX_FILE, SOURCES_FILE, RUN_STATE, ".pack-state.json", ".ray-chunks")
-"""Names in a dataset folder besides shards, parts and temporaries (the run state included)."""
 
 
 def new_version() -> str:
@@ -75,21 +70,13 @@ def current_version(target: Path) -> str | None:
 
 def ours(folder: Path) -> bool:
     """Whether `folder` is one packtool's commands write: a real folder whose entries are all
-    shards or parts, the manifest and its sources list, a run's state or temporaries (in a
-    bucket: a version holding only such names)."""
+    shards or parts, the manifest and its sources list, a run's state or temporaries, each of the
+    kind packtool writes it (`names.written_entry`; in a bucket: a version holding only such
+    names)."""
     if storage.is_symlink(folder) or not storage.is_dir(folder):
         return False
     # One listing, which says which entries are files (objects): no request per entry.
-    for entry, file in storage.scan_dir(folder):
-        name = entry.name
-        if name in _WRITTEN:
-            continue
-        written = (name.startswith(("shard-", "part-")) and name.endswith(".parquet")) or (
-            name.startswith(".") and name.endswith(".tmp")
-        )
-        if not written or not file:
-            return False
-    return True
+    return all(written_entry(e.name, file, parts=True) for e, file in storage.scan_dir(folder))
 
 
 def switch_problem(staging: Path) -> str | None:

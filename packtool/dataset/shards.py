@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.dataset.manifest import ShardInfo, packed_schema, sha256_file
+from packtool.dataset.names import SHARD_PATTERN
 from packtool.dataset.stitch import StitchError, footer_of, stitched_footer
 from packtool.errors import ConfigError, naming
 from packtool.quantities import check_int
@@ -54,7 +55,6 @@ class RowSource(Protocol):
     def blocks(self, rows: int, start: int = 0, stop: int | None = None) -> Iterator[pa.Table]: ...
 
 
-SHARD_PATTERN = "shard-{:05d}.parquet"
 COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
 MAX_ROWS = (1 << 31) - 1
 """The most rows a shard or row group is given (`shard_rows`, `row_group_rows`)."""

@@ -15,11 +15,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from packtool.dataset.names import PART_PATTERN
 from packtool.errors import naming
 from packtool.storage import local as storage
 from packtool.storage import writing
 
-PART_PATTERN = "part-{:05d}.parquet"
 PIPELINE_DEPTH = 1
 """Batches each pipeline stage may run ahead of the next (memory: about 3 stages x depth batches)."""
 

@@ -172,7 +172,7 @@ def remove_temporaries(work: Path) -> None:
     """Delete the hidden `.NAME.<writer>.tmp` files a killed writer left in `work` (one listing:
     a worker killed mid-shard, a killed Ray actor), so the dataset holds none of them."""
     for e in storage.list_dir(work):
-        if e.name.startswith(".") and e.name.endswith(".tmp") and storage.is_file(e):
+        if writing.looks_temporary(e.name) and storage.is_file(e):
             writing.remove_file(e)
 
 

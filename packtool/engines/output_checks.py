@@ -18,7 +18,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE
+from packtool.dataset.names import written_entry
 from packtool.dataset.output import OutputPaths, commit, output_paths, remove
 from packtool.dataset.output_versions import is_version, ours, switch_problem
 from packtool.engines import records
@@ -28,8 +28,6 @@ from packtool.errors import ConfigError
 from packtool.storage import local as storage
 
 STATE_DIR = records.RUN_DIR
-OLD_STATE = (".pack-state.json", ".ray-chunks")
-"""What packtool before the partition engines (#13) kept there; such a run cannot be resumed."""
 
 
 def check_replaceable(paths: OutputPaths, overwrite: bool) -> None:
@@ -58,18 +56,15 @@ def check_replaceable(paths: OutputPaths, overwrite: bool) -> None:
 
 def written_by_pack(path: Path) -> bool:
     """Shards, the manifest and its list of sources, the run state (also an older packtool's),
-    temporaries; in a bucket a version folder."""
+    temporaries (`names.written_entry`; not tokenize's parts, which `pack` never writes); in a
+    bucket a version folder."""
     name = path.name
     if storage.is_remote(path):
         file = True  # an object store's listing: objects, and versions as prefixes
     else:  # by name and kind: a folder named shard-x.parquet holding notes was deleted
         file = storage.is_file(path) and not storage.is_symlink(path)
-    return (
-        (file and name.startswith("shard-") and name.endswith(".parquet"))
-        or (file and name in (INDEX_FILE, SOURCES_FILE))
-        or name in (STATE_DIR, *OLD_STATE)
-        or (is_version(name) and ours(path))  # a version of a dataset on an object store
-        or (file and name.startswith(".") and name.endswith(".tmp"))
+    return written_entry(name, file, parts=False) or (
+        is_version(name) and ours(path)  # a version of a dataset on an object store
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from packtool.dataset import hub_record
 from packtool.dataset.manifest import INDEX_FILE
+from packtool.dataset.names import OLD_STATE
 from packtool.dataset.output import (
     OutputPaths,
     make_staging,
@@ -32,7 +33,7 @@ from packtool.dataset.output import (
 )
 from packtool.engines import records
 from packtool.engines.config import RunConfig
-from packtool.engines.output_checks import OLD_STATE, check_replaceable, finish_switch
+from packtool.engines.output_checks import check_replaceable, finish_switch
 from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError, WorkersLost
 from packtool.storage import hub
 from packtool.storage import local as storage
@@ -114,7 +115,7 @@ def output_folder(config: RunConfig, fingerprint: dict[str, Any]) -> Iterator[Ou
 
     command = config.command or "packtool pack"
     with transaction(config.out_dir, command, prepare, discard) as (paths, state):
-        # The run's state stays in the staging until `commit` (`output_versions.RUN_STATE`).
+        # The run's state stays in the staging until `commit` (`names.RUN_STATE`).
         yield Output(work=paths.staging, state=state, fingerprint=fingerprint)
 
 

@@ -34,24 +34,22 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packtool.dataset import names
 from packtool.errors import DataError
 from packtool.pack.chunk import PackCounts
 from packtool.read.documents import SkipCounter
 from packtool.storage import local as storage
 from packtool.storage import writing
 
-RUN_DIR = ".packtool-run"
+RUN_DIR = names.RUN_STATE
 PLAN_FILE = "plan.json"
 PARTS_DIR = "parts"
 TAILS_DIR = "tails"
-SHARD_NAME = "shard-{:06d}-{:05d}.parquet"
-"""Shard `k` of unit `p`: a partition (0 .. N - 1), or a node of the tail tree, numbered on
-after the partitions (packtool/engines/merge.py; the root last, N when there are at most
-`merge.TAIL_FAN_IN` partitions). Names are final when written and sort in manifest order."""
 
 
 def shard_name(partition: int, k: int) -> str:
-    return SHARD_NAME.format(partition, k)
+    """Shard `k` of unit `partition` (`names.PACK_SHARD_PATTERN`)."""
+    return names.PACK_SHARD_PATTERN.format(partition, k)
 
 
 def run_dir(work: Path) -> Path:

@@ -115,6 +115,17 @@ def is_temporary(name: str) -> bool:
     return _TEMPORARY.fullmatch(name) is not None
 
 
+TEMPORARY_GLOB = ".*.tmp"
+"""What `looks_temporary` matches, as a glob pattern (`packtool verify` lists them so)."""
+
+
+def looks_temporary(name: str) -> bool:
+    """Whether `name` has a temporary's shape, `.X.tmp`: `is_temporary`'s names and an older
+    packtool's (`.NAME.tmp`, before each writer's name was unique). What cleanups, `--overwrite`
+    and `verify` go by; `is_temporary` is the exact test, where nothing else may be there."""
+    return len(name) > len(".tmp") and name.startswith(".") and name.endswith(".tmp")
+
+
 SCRATCH_ENV = "PACKTOOL_SCRATCH"
 
 

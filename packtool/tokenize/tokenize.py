@@ -28,6 +28,7 @@ from packtool.dataset import columns as shard_columns
 from packtool.dataset import hub_record
 from packtool.dataset.identity import TokenizerIdentity, token_dtype
 from packtool.dataset.manifest import INDEX_FILE, dataset_folder
+from packtool.dataset.names import is_part_name
 from packtool.dataset.output import OutputPaths, remove_staging, transaction
 from packtool.dataset.output_apart import check_apart
 from packtool.dataset.output_versions import is_version, ours
@@ -579,4 +580,4 @@ def _check_remote_out(out: Path, overwrite: bool, *, shown: str) -> None:
 
 
 def _is_part(p: Path) -> bool:
-    return storage.is_file(p) and p.name.startswith("part-") and p.name.endswith(".parquet")
+    return storage.is_file(p) and is_part_name(p.name)

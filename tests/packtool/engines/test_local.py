@@ -207,6 +207,16 @@ def test_overwrite_tells_packtools_files_by_kind_not_name_alone(tmp_path):
     assert (out / "shard-2024-backup.parquet" / "notes.txt").read_text() == "mine"
 
 
+def test_overwrite_keeps_a_users_file_named_dot_tmp(tmp_path):
+    """`--overwrite` took a file named `.tmp` for a temporary (`.X.tmp`) and deleted it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".tmp").write_text("mine")
+    with pytest.raises(ConfigError, match=r"did not write \(.tmp\)"):
+        run(out, overwrite=True)
+    assert (out / ".tmp").read_text() == "mine"
+
+
 def test_chunking_costs_almost_no_efficiency(tmp_path):
     one = run(tmp_path / "one", max_len=2048)
     many = run(tmp_path / "many", max_len=2048, chunk_docs=1000)

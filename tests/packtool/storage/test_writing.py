@@ -64,6 +64,23 @@ def test_is_temporary_knows_every_temporary_name_and_no_final_one(tmp_path):
         assert not writing.is_temporary(name), name
 
 
+def test_looks_temporary_takes_every_temporary_and_an_older_packtools_but_not_dot_tmp(tmp_path):
+    """The shape cleanups, --overwrite and verify go by (`.X.tmp`): finish and --overwrite took a
+    user's file named `.tmp` for a temporary, which verify's `.*.tmp` never did."""
+    for path in (tmp_path / "plan.json", "s3://b/v/shard-000000-00000.parquet"):
+        name = writing.temporary_name(path).name
+        assert writing.is_temporary(name) and writing.looks_temporary(name)
+    assert writing.looks_temporary(".shard-00007.parquet.tmp")  # an older packtool's
+    assert not writing.is_temporary(".shard-00007.parquet.tmp")
+    for name in (".tmp", "x.tmp", ".plan.json", "shard-000000-00000.parquet", ".x.tmp.y"):
+        assert not writing.looks_temporary(name), name
+    files = [".tmp", "..tmp", ".a.tmp", "a.tmp", ".a.tmpx"]
+    for name in files:
+        (tmp_path / name).write_text("x")
+    globbed = {p.name for p in storage.glob(tmp_path, writing.TEMPORARY_GLOB)}
+    assert globbed == {n for n in files if writing.looks_temporary(n)} == {"..tmp", ".a.tmp"}
+
+
 def test_make_dirs_names_the_file_in_the_way(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match=r"file is a file, not a folder"):
