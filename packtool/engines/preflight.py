@@ -31,9 +31,6 @@ from packtool.engines import records
 from packtool.engines.config import RunConfig
 from packtool.engines.output_folder import staging_folder
 from packtool.engines.resume_checks import CHAT_TEMPLATE_KEY, MASK_RULE, MASK_RULE_KEY
-from packtool.engines.resume_checks import check_complete as check_complete
-from packtool.engines.resume_checks import check_fingerprint as check_fingerprint
-from packtool.engines.resume_checks import fingerprint_digest as fingerprint_digest
 from packtool.errors import ConfigError, PacktoolError
 from packtool.pack.chunk import check_room_for_text
 from packtool.pack.columns import check_policy

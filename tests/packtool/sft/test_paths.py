@@ -378,7 +378,7 @@ def test_a_run_state_and_dataset_from_before_the_template_record_still_resume(
 ):
     """A run state (or a finished dataset's digest) written before the fingerprint held the
     template: nothing says what it was, so it resumes as before."""
-    from packtool.engines.preflight import fingerprint_digest
+    from packtool.engines.resume_checks import fingerprint_digest
     from packtool.errors import AlreadyComplete
 
     out = tmp_path / "out"
@@ -453,7 +453,7 @@ def test_a_masked_run_of_the_earlier_mask_rule_is_not_resumed(chat, tmp_path, mo
     them: resumed, its finished partitions held such documents and the rest did not, and
     verify refused the dataset. Its state lacks the rule, so it is refused; a finished dataset
     of the earlier rule is still complete."""
-    from packtool.engines.preflight import fingerprint_digest
+    from packtool.engines.resume_checks import fingerprint_digest
     from packtool.errors import AlreadyComplete, ConfigError
 
     out = tmp_path / "out"
