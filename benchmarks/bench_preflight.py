@@ -97,8 +97,8 @@ def preflight(folder: Path, threads: int) -> tuple[float, str]:
     )
     t0 = time.perf_counter()
     checked = check_inputs(config, None)
-    plan = plan_of(config, checked)
-    fingerprint_of(config, checked)
+    plan = plan_of(checked.config, checked)
+    fingerprint_of(checked.config, checked)
     seconds = time.perf_counter() - t0
     digest = hashlib.sha256(json.dumps(plan.to_dict()).encode()).hexdigest()[:12]
     return seconds, digest

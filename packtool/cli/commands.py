@@ -499,11 +499,6 @@ def pack_cmd(
 
     check_input_options(inputs, corpus, sft)
     extra = () if group_by in (None, "source") else (group_by,)
-    if long_docs is None:  # a loss mask's documents are never split (packtool/pack/columns.py)
-        from packtool.tokenize.tokenize import input_columns
-
-        masked = "loss_mask" in input_columns(inputs, corpus.read_config(sft=sft))
-        long_docs = "truncate" if masked else "split"
     config = RunConfig(
         inputs=inputs,
         out_dir=output,

@@ -77,6 +77,7 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | str | None = None) -> Pac
             (and means `byte` for raw corpora).
     """
     checked = check_inputs(config, tokenizer, lambda paths: _start_early(config, paths))
+    config = checked.config  # long_docs decided by the inputs where it was left out
     with output_folder(config, fingerprint_of(config, checked)) as output:
         run = Run(config, checked, output)
         if output.state is None:

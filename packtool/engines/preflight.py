@@ -1,11 +1,12 @@
 """What every `packtool pack` run checks before its first chunk, whichever engine runs it.
 
 1. `check_inputs`: refuse an output inside an input folder (or an input inside the output),
-   decide the tokenizer and check it against tokenized inputs, and check that BOS + EOS leave
-   room within `max_len`, before the output folder is touched, so a mistake leaves nothing
-   behind. What it reads of the inputs (`InputFacts`: Parquet footers, first records) is saved
-   with the plan; `--resume` takes it from there when no input's size or modification time
-   changed, so it opens no input that only finished partitions read.
+   decide the tokenizer and check it against tokenized inputs, decide `long_docs` when it was
+   left out (`truncate` for inputs with a loss mask, else `split`: `Checked.config`), and check
+   that BOS + EOS leave room within `max_len`, before the output folder is touched, so a mistake
+   leaves nothing behind. What it reads of the inputs (`InputFacts`: Parquet footers, first
+   records) is saved with the plan; `--resume` takes it from there when no input's size or
+   modification time changed, so it opens no input that only finished partitions read.
 2. `fingerprint_of`: what a `--resume` must match (options, tokenizer, and the files
    `check_inputs` expanded the inputs to, with their sizes and modification times); the checks
    are packtool/engines/resume_checks.py.
@@ -20,7 +21,7 @@ import contextlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from packtool.engines.output_folder import staging_folder
 from packtool.engines.resume_checks import CHAT_TEMPLATE_KEY, MASK_RULE, MASK_RULE_KEY
 from packtool.errors import ConfigError, PacktoolError
 from packtool.pack.chunk import check_room_for_text
-from packtool.pack.columns import check_policy
+from packtool.pack.columns import check_policy, policy_for
 from packtool.prefetch import map_ordered
 from packtool.read.corpus import expand_inputs
 from packtool.read.formats import file_kind
@@ -64,6 +65,9 @@ class Checked:
     encoded by the reader, packtool/sft/encode.py)."""
     paths: list[Path]
     """Every file the inputs expand to (`corpus.expand_inputs`), in reading order."""
+    config: RunConfig
+    """The run as checked, `pack.long_docs` decided (`columns.policy_for`) where it was None:
+    what the run goes on with (fingerprint, workers, index.json)."""
     columns: tuple[str, ...] = ()
     """The optional shard columns the inputs carry (`loss_mask`), which the dataset will have."""
     mode: str = RAW
@@ -112,8 +116,9 @@ def check_inputs(
         DataError: a missing input, a tokenizer that differs from the recorded one, or inputs
             of which some carry a loss mask and others not.
         ConfigError: inputs of two kinds, a `max_len` that BOS + EOS fill, `long_docs="split"`
-            for inputs with a loss mask, an output inside an input folder (or an input inside
-            the output), or a `tokenizer` that is neither a `Tokenizer` nor a spec string.
+            for inputs with a loss mask (in the CLI's words, `--long-docs split`, when
+            `config.command` is set), an output inside an input folder (or an input inside the
+            output), or a `tokenizer` that is neither a `Tokenizer` nor a spec string.
     """
     if tokenizer is not None and not isinstance(tokenizer, (Tokenizer, str)):
         raise ConfigError(
@@ -127,7 +132,9 @@ def check_inputs(
         expanded(paths)
     seen = _saved_facts(config, paths) if config.resume else None
     facts = seen if seen is not None else _read_facts(config, paths)
-    check_policy(facts.columns, config.pack.long_docs)
+    long_docs = policy_for(facts.columns, config.pack.long_docs)
+    config = replace(config, pack=replace(config.pack, long_docs=long_docs))
+    check_policy(facts.columns, long_docs, api=not config.command)
     recorded = None if facts.recorded is None else TokenizerIdentity.from_dict(facts.recorded)
     if isinstance(tokenizer, str) or (tokenizer is None and recorded is None):
         from packtool.tokenizer.tokenizers import load_tokenizer
@@ -147,6 +154,7 @@ def check_inputs(
         identity=identity,
         tokenized=facts.mode != RAW,
         paths=paths,
+        config=config,
         columns=facts.columns,
         mode=facts.mode,
         mask_source=facts.mask_source,
@@ -209,7 +217,6 @@ def _read_facts(config: RunConfig, paths: list[Path]) -> InputFacts:
     outcome, and the file an error names, are those of reading them one after another.
     """
     read = inputs_read(paths, config.read)  # e.g. loss_mask; mixed inputs fail here
-    check_policy(read.columns, config.pack.long_docs)
     recorded = read.identity()
     return InputFacts(
         columns=read.columns,
@@ -270,7 +277,8 @@ def _stats(paths: list[Path]) -> zip[tuple[Path, os.stat_result]]:
 
 
 def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
-    """Everything that determines the output bytes; a resume must match it exactly."""
+    """Everything that determines the output bytes; a resume must match it exactly. `config` is
+    the run as `check_inputs` returned it (`Checked.config`, `long_docs` decided)."""
     # Every file the inputs expand to, with its size and modification time: a file added to an
     # input folder, or edited, between the interrupted run and the resume changes the documents.
     inputs = [[str(p), st.st_size, st.st_mtime_ns] for p, st in _stats(checked.paths)]

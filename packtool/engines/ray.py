@@ -126,6 +126,7 @@ def run_pack_ray(
     import_ray()  # no Ray: one line, before any check
     # A missing path, a tokenizer mismatch or a max_len BOS + EOS fill fails before Ray starts.
     checked = preflight.check_inputs(config, tokenizer)
+    config = checked.config  # long_docs decided by the inputs where it was left out
     with output_folder.output_folder(config, preflight.fingerprint_of(config, checked)) as output:
         run = Run(config, checked, output)
         if output.state is None:

@@ -56,8 +56,10 @@ class PackConfig:
     """Tokens per row at most (2 to `kernels.MAX_LEN_LIMIT`)."""
     algorithm: str = "ffd"
     """`ffd` (first-fit-decreasing) or `bfd` (best-fit-decreasing)."""
-    long_docs: str = "split"
-    """Documents longer than max_len: `split` into max_len chunks, `truncate`, or `drop`."""
+    long_docs: str | None = None
+    """Documents longer than max_len: `split` into max_len chunks, `truncate`, or `drop`. None
+    decides by the inputs (`columns.policy_for`): `truncate` for data with a loss mask, which is
+    never split, else `split`. A run records the policy it decided (`preflight.check_inputs`)."""
     rounds: int = 1
     """Packing passes; each extra round repacks the least-filled rows from a seeded shuffle."""
     seed: int = 0
@@ -71,7 +73,7 @@ class PackConfig:
             raise ConfigError(
                 f"algorithm {self.algorithm!r} is unknown; choose one of {sorted(ALGORITHMS)}"
             )
-        if self.long_docs not in LONG_DOC_POLICIES:
+        if self.long_docs is not None and self.long_docs not in LONG_DOC_POLICIES:
             raise ConfigError(
                 f"long_docs {self.long_docs!r} is unknown; choose one of {list(LONG_DOC_POLICIES)}"
             )
@@ -337,8 +339,9 @@ def pack_table(
         if len(recorded) != len(lengths) or not np.array_equal(recorded, lengths):
             raise DataError("tokenized table: `length` does not match the number of input_ids")
     optional = pack_columns.carried(table)
-    pack_columns.check_policy(columns.names(optional), config.long_docs)
-    segs, counts = make_segments(lengths[n_carry:], config.max_len, config.long_docs)
+    long_docs = pack_columns.policy_for(columns.names(optional), config.long_docs)
+    pack_columns.check_policy(columns.names(optional), long_docs, api=True)
+    segs, counts = make_segments(lengths[n_carry:], config.max_len, long_docs)
     segs.doc += n_carry
     flat: dict[str, NDArray] = {}
     if columns.LOSS_MASK in columns.names(optional):

@@ -8,8 +8,9 @@ per-document columns give one value per packed piece.
 A loss mask (`loss_mask`) adds two rules:
 
 - a document is never split across rows (the prompt and its answer belong together; a split
-  piece would lose its context): `long_docs="split"` is refused, `truncate` keeps the first
-  `max_len` tokens with their mask, `drop` leaves long documents out;
+  piece would lose its context): `long_docs="split"` is refused, `truncate` (what `long_docs`
+  left out, None, means for such data: `policy_for`) keeps the first `max_len` tokens with their
+  mask, `drop` leaves long documents out;
 - a piece that holds no supervised token trains on nothing: it is left out and counted
   (`documents_unsupervised`, inside `documents_dropped`), which only happens to a document whose
   supervised tokens were all truncated away, or to a table made by hand (readers skip documents
@@ -30,6 +31,14 @@ from packtool.pack import kernels
 def carried(table: pa.Table) -> tuple[shard_columns.Column, ...]:
     """The declared optional columns `table` carries, in declaration order."""
     return shard_columns.tokenized_optional(table.column_names)
+
+
+def policy_for(names: tuple[str, ...], long_docs: str | None) -> str:
+    """`long_docs` as given or, None, decided by the columns `names`: `truncate` for data with a
+    loss mask (its documents are never split), else `split`."""
+    if long_docs is not None:
+        return long_docs
+    return "truncate" if shard_columns.LOSS_MASK in names else "split"
 
 
 def check_policy(names: tuple[str, ...], long_docs: str, *, api: bool = False) -> None:

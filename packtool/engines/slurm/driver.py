@@ -68,6 +68,7 @@ def run_pack_slurm(
     slurm = slurm or SlurmConfig()
     options = slurm_options(slurm, config.out_dir)
     checked = preflight.check_inputs(config, tokenizer)
+    config = checked.config  # long_docs decided by the inputs where it was left out
     with output_folder.output_folder(config, preflight.fingerprint_of(config, checked)) as output:
         run = Run(config, checked, output)
         summary = run.finish(drive_slurm(run, slurm, options))

@@ -283,3 +283,16 @@ def test_workers_lost_keeps_a_fresh_runs_finished_partitions(tmp_path, finished)
             raise error
         assert staging_folder(tmp_path / "out").is_dir() is kept
         assert not (tmp_path / "out").exists()
+
+
+def test_the_default_long_docs_of_unmasked_inputs_is_split_to_the_byte(tmp_path):
+    """`PackConfig(long_docs=None)` decides by the inputs (`check_inputs`); without a loss mask
+    it is `split`, with the same shards, index.json and recorded fingerprint as `split` given."""
+    corpus = jsonl(tmp_path / "c.jsonl", ["word " * n for n in range(1, 120, 7)])
+    run_pack(config(corpus, tmp_path / "default", pack=PackConfig(max_len=64)))
+    run_pack(config(corpus, tmp_path / "split", pack=PackConfig(max_len=64, long_docs="split")))
+    a, b = (_files(tmp_path / o) for o in ("default", "split"))
+    index = json.loads(a.pop("index.json"))
+    assert index["long_docs"] == "split" and index["counts"]["documents_split"] > 0
+    assert index == json.loads(b.pop("index.json"))
+    assert a == b

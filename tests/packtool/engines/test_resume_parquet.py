@@ -209,9 +209,9 @@ def test_a_resume_with_matching_facts_opens_no_input_before_its_partitions(tmp_p
     whole = run_pack(config(tmp_path / "whole", [folder]))
     interrupt_after(tmp_path / "cut", [folder], 2, monkeypatch)
     inputs = sorted(folder.iterdir())
-    cfg = config(tmp_path / "cut", [folder], resume=True)
     watch = OpenWatch(inputs)
-    checked = check_inputs(cfg, None)
+    checked = check_inputs(config(tmp_path / "cut", [folder], resume=True), None)
+    cfg = checked.config  # as the engines go on: long_docs decided
     with (
         pytest.raises(KeyboardInterrupt),
         output_folder(cfg, fingerprint_of(cfg, checked)) as output,
@@ -233,8 +233,8 @@ def test_facts_that_changed_under_the_lock_are_refused_naming_the_file(tmp_path,
     folder = jsonl(tmp_path / "j")
     kw = {"partition_size": max(p.stat().st_size for p in folder.iterdir()) + 1}
     interrupt_after(tmp_path / "cut", [folder], 2, monkeypatch, **kw)
-    cfg = config(tmp_path / "cut", [folder], resume=True, **kw)
-    checked = check_inputs(cfg, None)
+    checked = check_inputs(config(tmp_path / "cut", [folder], resume=True, **kw), None)
+    cfg = checked.config  # as the engines go on: long_docs decided
     plan_file = staging_folder(tmp_path / "cut") / records.RUN_DIR / records.PLAN_FILE
     state = json.loads(plan_file.read_text())
     assert state[FACTS_KEY]["kinds"] == ["jsonl"] * 6

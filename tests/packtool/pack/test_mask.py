@@ -20,7 +20,7 @@ from packtool.dataset.shards import ShardConfig
 from packtool.engines import records, worker
 from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.output_folder import staging_folder
-from packtool.errors import ConfigError
+from packtool.errors import AlreadyComplete, ConfigError
 from packtool.pack.chunk import PackConfig, pack_table
 from packtool.stats.lengths import StatsConfig, compute_stats
 from packtool.stats.report import render_report
@@ -143,9 +143,12 @@ def test_pack_skips_what_verify_would_refuse(tmp_path):
     assert (at.documents_unsupervised, at.supervised_tokens) == (1, 2)
 
 
-def test_split_is_refused_for_masked_data():
-    with pytest.raises(ConfigError, match="--long-docs split cuts documents across rows"):
-        pack_table(tokenized([[1, 2]], [[1, 1]]), PackConfig(max_len=4))
+def test_split_is_refused_for_masked_data_and_left_out_truncates():
+    table = tokenized([[1, 2, 3, 4, 5, 6]], [[0, 1, 1, 1, 1, 1]])
+    with pytest.raises(ConfigError, match="long_docs='split' cuts documents across rows"):
+        pack_table(table, PackConfig(max_len=4, long_docs="split"))
+    c = pack_table(table, PackConfig(max_len=4)).counts  # long_docs None: by the columns
+    assert (c.documents_truncated, c.tokens_truncated, c.documents_split) == (1, 2, 0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -317,3 +320,64 @@ def test_stats_projects_what_pack_does(sft, tmp_path):
         [tmp_path / "tok.parquet"], StatsConfig(max_len=128, candidates=(128, 256))
     )
     assert again.supervised.to_dict() == stats.supervised.to_dict()
+
+
+def test_a_library_run_of_masked_inputs_truncates_as_the_cli_does(sft, tmp_path):
+    """`PackConfig(long_docs=None)`, the default, decides by the inputs as `--long-docs` left out
+    does: `truncate` for data with a loss mask (a library run was refused, in the CLI's words)."""
+    summary = run_pack(config(tmp_path / "lib", sft, pack=PackConfig(max_len=128)))
+    assert summary.counts.documents_truncated > 0
+    code, _, err = run(
+        "pack", *sft, "-o", tmp_path / "cli", "--max-len", 128, "--shard-rows", 40,
+        "--row-group-rows", 16, "--chunk-docs", 150,
+    )  # fmt: skip
+    assert code == 0, err
+    assert shard_bytes(tmp_path / "lib") == shard_bytes(tmp_path / "cli")
+    a, b = (json.loads((tmp_path / o / "index.json").read_text()) for o in ("lib", "cli"))
+    assert a["long_docs"] == "truncate"
+    assert {k: v for k, v in a.items() if k != "command"} == {
+        k: v for k, v in b.items() if k != "command"
+    }
+
+
+def test_a_library_run_names_long_docs_not_the_cli_flag(sft, tmp_path):
+    with pytest.raises(ConfigError) as err:
+        run_pack(config(tmp_path / "out", sft, pack=PackConfig(max_len=128, long_docs="split")))
+    assert str(err.value).startswith("long_docs='split' cuts documents across rows")
+    assert "use long_docs='truncate' or 'drop'" in str(err.value) and "--" not in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_a_run_recorded_with_an_explicit_policy_resumes_with_the_default(
+    masked, tmp_path, monkeypatch
+):
+    """A run state saved with `long_docs` written out (as every state before the default decided
+    by the inputs: the CLI wrote `truncate` or `split`) is resumed by a run that leaves it out."""
+    paths = write_sft(tmp_path / "in")
+    if not masked:  # the same ids, no labels
+        for p in paths:
+            pq.write_table(pq.read_table(p, columns=["input_ids"]), p, row_group_size=50)
+    old = PackConfig(max_len=128, long_docs="truncate" if masked else "split")
+    kw = {"partition_size": 8_000, "workers": 1}
+    run_pack(config(tmp_path / "whole", paths, pack=old, **kw))
+    staging = staging_folder(tmp_path / "cut")
+    real = worker.write_chunk
+
+    def crash_in_the_third_partition(writer, packed):
+        if len(records.finished(staging)) == 2:
+            raise KeyboardInterrupt
+        return real(writer, packed)
+
+    monkeypatch.setattr(worker, "write_chunk", crash_in_the_third_partition)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(config(tmp_path / "cut", paths, pack=old, **kw))
+    monkeypatch.setattr(worker, "write_chunk", real)
+    new = PackConfig(max_len=128)
+    summary = run_pack(config(tmp_path / "cut", paths, pack=new, resume=True, **kw))
+    assert summary.resumed_partitions == 2
+    assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
+    assert read_manifest(tmp_path / "cut").to_dict() == read_manifest(tmp_path / "whole").to_dict()
+    # Finished, it is complete for the default too (index.json's digest is the same).
+    with pytest.raises(AlreadyComplete):
+        run_pack(config(tmp_path / "cut", paths, pack=new, resume=True, **kw))

@@ -267,13 +267,14 @@ def test_render_processes_option_and_its_default():
 
 
 def test_where_templates_render_is_not_part_of_the_resume_fingerprint(tmp_path):
-    checked = Checked(tokenizer=None, identity={"kind": "byte"}, tokenized=True, paths=[])
-
     def fingerprint(sft):
         config = RunConfig(
-            inputs=("x",), out_dir=str(tmp_path), pack=PackConfig(max_len=64),
+            inputs=("x",), out_dir=str(tmp_path), pack=PackConfig(max_len=64, long_docs="split"),
             read=ReadConfig(sft=sft),
         )  # fmt: skip
+        checked = Checked(
+            tokenizer=None, identity={"kind": "byte"}, tokenized=True, paths=[], config=config
+        )
         return fingerprint_of(config, checked)
 
     prints = [fingerprint(SFTConfig(render_processes=p)) for p in (None, 0, 4)]
