@@ -54,7 +54,7 @@ def manifest_head(
     chat_template: dict[str, Any] | None = None,
 ) -> tuple[PackSummary, Manifest]:
     """The summary and `index.json` without its shard list, from the running sums;
-    `fingerprint` is the run's (`preflight.fingerprint_digest`), which `--resume` compares;
+    `fingerprint` is the run's (`resume_checks.fingerprint_digest`), which `--resume` compares;
     `special_names` where the EOS and BOS defaults came from (`Tokenizer.special_names`);
     `chat_template` the template chat records were rendered with (`sft.encode.template_record`).
 
