@@ -225,12 +225,10 @@ def test_local_engine_end_to_end(sft, tmp_path):
     assert "supervised efficiency" in summary.format(128)
 
 
-def test_resume_gives_the_same_bytes(sft, tmp_path, monkeypatch):
-    kw = {"partition_size": 8_000, "workers": 1}  # the files cut between row groups
-    whole = run_pack(config(tmp_path / "whole", sft, **kw))
-    assert whole.partitions >= 4
+def _stopped_after_two_partitions(monkeypatch, cfg) -> None:
+    """Run `cfg` until two of its partitions are finished, then stop it as Ctrl-C does."""
+    staging = staging_folder(cfg.out_dir)
     real = worker.write_chunk
-    staging = staging_folder(tmp_path / "cut")
 
     def crash_in_the_third_partition(writer, packed):
         if len(records.finished(staging)) == 2:
@@ -239,8 +237,15 @@ def test_resume_gives_the_same_bytes(sft, tmp_path, monkeypatch):
 
     monkeypatch.setattr(worker, "write_chunk", crash_in_the_third_partition)
     with pytest.raises(KeyboardInterrupt):
-        run_pack(config(tmp_path / "cut", sft, **kw))
+        run_pack(cfg)
     monkeypatch.setattr(worker, "write_chunk", real)
+
+
+def test_resume_gives_the_same_bytes(sft, tmp_path, monkeypatch):
+    kw = {"partition_size": 8_000, "workers": 1}  # the files cut between row groups
+    whole = run_pack(config(tmp_path / "whole", sft, **kw))
+    assert whole.partitions >= 4
+    _stopped_after_two_partitions(monkeypatch, config(tmp_path / "cut", sft, **kw))
     summary = run_pack(config(tmp_path / "cut", sft, resume=True, **kw))
     assert summary.resumed_partitions == 2
     assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
@@ -361,18 +366,7 @@ def test_a_run_recorded_with_an_explicit_policy_resumes_with_the_default(
     old = PackConfig(max_len=128, long_docs="truncate" if masked else "split")
     kw = {"partition_size": 8_000, "workers": 1}
     run_pack(config(tmp_path / "whole", paths, pack=old, **kw))
-    staging = staging_folder(tmp_path / "cut")
-    real = worker.write_chunk
-
-    def crash_in_the_third_partition(writer, packed):
-        if len(records.finished(staging)) == 2:
-            raise KeyboardInterrupt
-        return real(writer, packed)
-
-    monkeypatch.setattr(worker, "write_chunk", crash_in_the_third_partition)
-    with pytest.raises(KeyboardInterrupt):
-        run_pack(config(tmp_path / "cut", paths, pack=old, **kw))
-    monkeypatch.setattr(worker, "write_chunk", real)
+    _stopped_after_two_partitions(monkeypatch, config(tmp_path / "cut", paths, pack=old, **kw))
     new = PackConfig(max_len=128)
     summary = run_pack(config(tmp_path / "cut", paths, pack=new, resume=True, **kw))
     assert summary.resumed_partitions == 2
