@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource  # here, not when needed: importing it takes a file descriptor
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -67,3 +68,11 @@ def naming(path: str | os.PathLike | object, note: str = "") -> Iterator[None]:
         # A URL's path (upath's S3Path, ...) is no os.PathLike: its str is the URL.
         name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
         raise OSError(exc.errno, why, name) from None
+
+
+def open_file_limit() -> str:
+    """This process's limit on open files (`ulimit -n`, the soft limit) as a message gives it:
+    "1,024" or "unlimited". For the errors of a process out of descriptors, which read as a
+    problem of the file they name without it."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"

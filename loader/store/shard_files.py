@@ -21,7 +21,6 @@ A process out of descriptors (EMFILE, ENFILE) is a `DataError` that names the li
 from __future__ import annotations
 
 import errno
-import resource  # here, not when needed: importing it takes a descriptor
 from collections import OrderedDict
 from typing import Any
 
@@ -30,7 +29,7 @@ import pyarrow.parquet as pq
 
 from loader.store.bucket import dataset_gone
 from loader.store.row_group import decode_with_jemalloc
-from packtool.errors import DataError
+from packtool.errors import DataError, open_file_limit
 from packtool.storage import local as storage
 
 OPEN_FILES = 64
@@ -63,11 +62,9 @@ def open_error(file: Any, exc: BaseException, what: str) -> DataError:
             f"{file}: cannot open shard: too many open files on this machine (the system's "
             "limit, fs.file-max, is reached; ulimit -n does not help): close files or raise it"
         )
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
     return DataError(
         f"{file}: cannot open shard: too many open files in this process (ulimit -n is "
-        f"{limit}; the loader keeps at most {OPEN_FILES + STATS_FILES} shards of a dataset "
+        f"{open_file_limit()}; the loader keeps at most {OPEN_FILES + STATS_FILES} shards of a dataset "
         "open): raise the limit (ulimit -n) or close files the process holds"
     )
 

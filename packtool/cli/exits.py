@@ -18,7 +18,7 @@ import sys
 import click
 
 from packtool.cli import interrupt
-from packtool.errors import PacktoolError
+from packtool.errors import PacktoolError, open_file_limit
 
 _NO_COMMAND = getattr(click.exceptions, "NoArgsIsHelpError", ())
 """`packtool` with no command (click >= 8.2): its message is the whole help."""
@@ -93,11 +93,7 @@ def _open_file_limit(exc: OSError) -> str:
     problem of the file it names."""
     if exc.errno != errno.EMFILE:
         return ""
-    import resource
-
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
-    return f" (the limit on open files, `ulimit -n`, is {limit})"
+    return f" (the limit on open files, `ulimit -n`, is {open_file_limit()})"
 
 
 def one_line(message: object) -> str:
