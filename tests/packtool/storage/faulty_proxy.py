@@ -39,15 +39,22 @@ ANSWERS = {"slowdown": (503, SLOWDOWN), "deny": (403, DENIED), "conflict": (409,
 class FaultyProxy:
     """`with FaultyProxy(upstream, every={"slowdown": 3, ...}) as url:` forwards to `upstream`;
     the n-th GET of an object (1-based, ranged reads and whole reads alike) gets the fault whose
-    period divides n (the first listed that does), `counts` says how many of each were sent."""
+    period divides n (the first listed that does), `counts` says how many of each were sent.
+    `most`: each fault is sent at most that many times (None: on every period)."""
 
     def __init__(
-        self, upstream: str, every: dict[str, int], requests: str = "reads", delay_ms: float = 0
+        self,
+        upstream: str,
+        every: dict[str, int],
+        requests: str = "reads",
+        delay_ms: float = 0,
+        most: int | None = None,
     ) -> None:
         self.upstream = urlsplit(upstream)
         self.delay = delay_ms / 1000
         self.every = every
         self.requests = requests
+        self.most = most
         self.counts = {name: 0 for name in every} | {"forwarded": 0}
         self.seen: list[tuple[str, str]] = []
         """Every request's method and path, in the order they came."""
@@ -121,7 +128,7 @@ class FaultyProxy:
             self._n += 1
             n = self._n
             for name, period in self.every.items():
-                if n % period == 0:
+                if n % period == 0 and (self.most is None or self.counts[name] < self.most):
                     self.counts[name] += 1
                     return name
             self.counts["forwarded"] += 1
