@@ -67,17 +67,9 @@ class EngineOptions:
 
     def run(self, config: Any, tokenizer: Any, workers: int | None) -> Any:
         """Run `config` (a `RunConfig`) on the chosen engine; its `PackSummary`."""
-        if self.engine == "ray":
-            from packtool.engines.ray import run_pack_ray
+        from packtool.engines.drivers import pack_on
 
-            return run_pack_ray(config, self.config(workers), tokenizer)
-        if self.engine == "slurm":
-            from packtool.engines.slurm.driver import run_pack_slurm
-
-            return run_pack_slurm(config, self.config(workers), tokenizer)
-        from packtool.engines.local import run_pack
-
-        return run_pack(config, tokenizer)
+        return pack_on(self.engine, config, tokenizer, self.config(workers))
 
 
 def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -16,8 +16,10 @@ Modules:
   is handed, reads, and checks first (and, for a refused `--resume`, which settings differ).
 - `output_folder.py`: the run's output locked, its staging folder prepared, swapped in whole.
 - `worker.py`, `merge.py`, `records.py`: the partition worker, the tail tree, the run's state.
-- `base.py`, `local.py`, `ray.py`, `interrupts.py`: what the drivers share; the local and Ray
-  drivers; Ctrl-C held over a step that starts something and records it.
+- `base.py`, `local.py`, `ray.py`, `interrupts.py`: what the drivers share (the run, and
+  `pack_with`, the sequence every engine's pack goes through); the local and Ray drivers;
+  Ctrl-C held over a step that starts something and records it.
+- `drivers.py`: the engines by name (`--engine`), each one's `Driver` after its own checks.
 - `slurm/`: the Slurm driver, its calls to Slurm's commands, one array task.
 - `finish.py`, `summary.py`: the end of a run; what it reports.
 - `megatron/`: `packtool tokenize --to megatron` on the same plan, drivers and records: each

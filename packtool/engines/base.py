@@ -19,12 +19,20 @@ A driver (packtool/engines/local.py, ray.py) does three things, and only the mid
 So the drivers are small, the dataset is the same whichever one ran it (or both: a run the
 local engine started can be resumed on a cluster, and the other way round), and the driver's
 memory is the running sums (`records.Totals`) plus the plan (and the ids of the units left).
+
+`pack_with(config, tokenizer, driver)` is that sequence, written once: the inputs checked
+(packtool/engines/preflight.py), the output locked and staged (output_folder.py), the `Run`,
+the engine's `Driver.drive` for step 2, `run.finish()`. Each engine makes its `Driver` after
+its own checks (`local.local_driver`, `ray.ray_driver`, `slurm.driver.slurm_driver`), and
+packtool/engines/drivers.py finds one by its name (`--engine`).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +41,16 @@ from packtool.dataset.tokenized import tokenized_schema
 from packtool.engines import finish, merge, records
 from packtool.engines.config import RunConfig
 from packtool.engines.context import WorkerContext, context_for
-from packtool.engines.output_folder import COMPLETE, Output
+from packtool.engines.output_folder import COMPLETE, Output, output_folder
 from packtool.engines.plan import Plan, describe, make_plan
-from packtool.engines.preflight import FACTS_KEY, Checked, check_facts, doc_id_units, fingerprint_of
+from packtool.engines.preflight import (
+    FACTS_KEY,
+    Checked,
+    check_facts,
+    check_inputs,
+    doc_id_units,
+    fingerprint_of,
+)
 from packtool.engines.resume_checks import (
     CHAT_TEMPLATE_KEY,
     check_complete,
@@ -48,6 +63,7 @@ from packtool.prefetch import map_ordered
 from packtool.progress import Progress
 from packtool.storage import local as storage
 from packtool.tokenize.tables import Source
+from packtool.tokenizer.tokenizers import Tokenizer
 
 FAN_IN_KEY = "tail_fan_in"
 """The tail tree's fan-in, saved in the run state (`plan.json`) so a resume builds its tree."""
@@ -298,3 +314,42 @@ class Run:
         summary.cores_used = cores_used
         summary.special_names = self.special_names()  # both engines' summaries name them
         return summary
+
+
+@dataclass(frozen=True)
+class Driver:
+    """An engine made ready to run packs into one output, its own checks passed."""
+
+    drive: Callable[[Any], str]
+    """Run every wave of a `Run` (or another job's run of the same shape:
+    packtool/engines/megatron/run.py); what was used, in words (the summary's engine line)."""
+    early: Callable[[RunConfig, list[Any]], None] | None = None
+    """Called with the inputs once listed, while they are checked (the local engine starts its
+    worker processes' server then)."""
+    cancels_slurm_jobs: bool = True
+    """A run the Slurm engine started, resumed here: its queued jobs are cancelled first
+    (`slurm.arrays.taken_over`). False for the Slurm engine, which re-attaches to them."""
+    after: Callable[[Run], None] | None = None
+    """Called once the run is finished and swapped in (the Slurm engine removes its scripts
+    and logs)."""
+
+
+def pack_with(config: RunConfig, tokenizer: Tokenizer | str | None, driver: Driver) -> PackSummary:
+    """Pack `config.inputs` into `config.out_dir` with `driver`: the inputs checked, the output
+    locked and staged (or the interrupted run's state read back), the plan made or resumed,
+    every wave driven, the run finished and swapped in (the module docstring)."""
+    early = driver.early
+    checked = check_inputs(config, tokenizer, early and (lambda paths: early(config, paths)))
+    config = checked.config  # long_docs decided by the inputs where it was left out
+    with output_folder(config, fingerprint_of(config, checked)) as output:
+        run = Run(config, checked, output)
+        if output.state is None or not driver.cancels_slurm_jobs:
+            summary = run.finish(driver.drive(run))
+        else:
+            from packtool.engines.slurm.arrays import taken_over
+
+            with taken_over(run):  # a Slurm run's jobs, resumed here
+                summary = run.finish(driver.drive(run))
+    if driver.after is not None:
+        driver.after(run)
+    return summary

@@ -46,12 +46,10 @@ from typing import Any
 
 from packtool import lifeline
 from packtool.engines import context
-from packtool.engines.base import Run
+from packtool.engines.base import Driver, pack_with
 from packtool.engines.config import RunConfig
 from packtool.engines.context import WorkerContext
 from packtool.engines.interrupts import ctrl_c_after
-from packtool.engines.output_folder import output_folder
-from packtool.engines.preflight import check_inputs, fingerprint_of
 from packtool.engines.summary import PackSummary
 from packtool.engines.worker import rechunk, run_partition
 from packtool.storage import local as storage
@@ -64,7 +62,7 @@ POOL_ENV = "PACKTOOL_WORKER_POOL"
 MAX_RETRIES = 3
 """Times the pool is rebuilt after a worker process died before the run gives up."""
 
-__all__ = ["PackSummary", "RunConfig", "drive_local", "rechunk", "run_pack"]
+__all__ = ["PackSummary", "RunConfig", "drive_local", "local_driver", "rechunk", "run_pack"]
 
 
 def run_pack(config: RunConfig, tokenizer: Tokenizer | str | None = None) -> PackSummary:
@@ -76,16 +74,13 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | str | None = None) -> Pac
             Parquet inputs it must match the recorded tokenizer; None accepts the recorded one
             (and means `byte` for raw corpora).
     """
-    checked = check_inputs(config, tokenizer, lambda paths: _start_early(config, paths))
-    config = checked.config  # long_docs decided by the inputs where it was left out
-    with output_folder(config, fingerprint_of(config, checked)) as output:
-        run = Run(config, checked, output)
-        if output.state is None:
-            return run.finish(drive_local(run, config.workers))
-        from packtool.engines.slurm.arrays import taken_over
+    return pack_with(config, tokenizer, local_driver(config.workers))
 
-        with taken_over(run):  # a Slurm run's jobs, resumed here
-            return run.finish(drive_local(run, config.workers))
+
+def local_driver(workers: int | None) -> Driver:
+    """The local engine's `Driver`: `workers` partition workers (None: one per core), their
+    processes' server started while the inputs are checked (`_start_early`)."""
+    return Driver(lambda run: drive_local(run, workers), early=_start_early)
 
 
 def drive_local(run: Any, workers: int | None) -> str:

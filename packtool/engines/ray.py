@@ -47,8 +47,8 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from packtool.engines import context, output_folder, preflight, worker
-from packtool.engines.base import Run
+from packtool.engines import context, output_folder, worker
+from packtool.engines.base import Driver, pack_with
 from packtool.engines.config import RunConfig
 from packtool.engines.summary import PackSummary
 from packtool.errors import ConfigError, MissingDependencyError, PacktoolError
@@ -121,20 +121,16 @@ def run_pack_ray(
     Raises:
         MissingDependencyError: ray is not installed.
     """
-    ray_config = ray_config or RayConfig()
-    output_folder.built_here(config.out_dir, "ray")
-    import_ray()  # no Ray: one line, before any check
-    # A missing path, a tokenizer mismatch or a max_len BOS + EOS fill fails before Ray starts.
-    checked = preflight.check_inputs(config, tokenizer)
-    config = checked.config  # long_docs decided by the inputs where it was left out
-    with output_folder.output_folder(config, preflight.fingerprint_of(config, checked)) as output:
-        run = Run(config, checked, output)
-        if output.state is None:
-            return run.finish(drive_ray(run, ray_config))
-        from packtool.engines.slurm.arrays import taken_over
+    return pack_with(config, tokenizer, ray_driver(ray_config or RayConfig(), config.out_dir))
 
-        with taken_over(run):  # a Slurm run's jobs, resumed here
-            return run.finish(drive_ray(run, ray_config))
+
+def ray_driver(ray_config: RayConfig, out_dir: str | os.PathLike) -> Driver:
+    """The Ray engine's `Driver` for runs into `out_dir`, once Ray imports and the output is one
+    the actors can write (not `hf://`): a missing path, a tokenizer mismatch or a max_len
+    BOS + EOS fill then fails before Ray starts."""
+    output_folder.built_here(out_dir, "ray")
+    import_ray()  # no Ray: one line, before any check
+    return Driver(lambda run: drive_ray(run, ray_config))
 
 
 def drive_ray(run: Any, ray_config: RayConfig) -> str:

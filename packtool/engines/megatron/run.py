@@ -72,7 +72,7 @@ from packtool.dataset.output import (
     transaction,
 )
 from packtool.dataset.output_apart import check_apart
-from packtool.engines import output_folder, preflight, records
+from packtool.engines import drivers, output_folder, preflight, records
 from packtool.engines.base import plan_of, save_plan, saved_plan, source_of, workers_lost
 from packtool.engines.config import RunConfig
 from packtool.engines.megatron.merge import MERGED_BIN, MERGED_LENGTHS, Merge
@@ -154,8 +154,9 @@ def tokenize_megatron(
         raise ConfigError(
             "--to megatron: a Megatron indexed dataset holds token ids only; drop --keep-field"
         )
-    if engine not in ("local", "ray", "slurm"):
-        raise ConfigError(f"engine {engine!r} is unknown; choose local, ray or slurm")
+    # The engine's own checks (a known name, Ray installed, sbatch options Slurm accepts) come
+    # before the tokenizer is loaded and any input read.
+    engine_driver = drivers.driver(engine, engine_config, idx_path, workers)
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, eos=EOS_TOKEN, workers=workers)
     run_config = RunConfig(
@@ -172,12 +173,6 @@ def tokenize_megatron(
         command=command,
         progress=progress,
     )
-    options = None
-    if engine == "slurm":
-        from packtool.engines.slurm.driver import SlurmConfig, slurm_options
-
-        engine_config = engine_config or SlurmConfig()
-        options = slurm_options(engine_config, idx_path)  # a refused submission: before work
     # The .idx is the run's output (checked there); the .bin against what a glob reaches too.
     checked = preflight.check_inputs(
         run_config, tokenizer, lambda paths: check_apart(bin_path, inputs, paths), ends_added=True
@@ -212,22 +207,13 @@ def tokenize_megatron(
         output = Output(work=paths.staging, state=state)
         run = MegatronRun(run_config, checked, output, prefix, bin_path, idx_path, fingerprint)
         try:
-            if engine == "ray":
-                from packtool.engines.ray import RayConfig, drive_ray
-
-                used = drive_ray(run, engine_config or RayConfig(actors=workers))
-            elif engine == "slurm":
-                from packtool.engines.slurm.driver import drive_slurm, logs_folder
-
-                used = drive_slurm(run, engine_config, options or [])
-            else:
-                from packtool.engines.local import drive_local
-
-                used = drive_local(run, workers)
+            used = engine_driver.drive(run)
         finally:
             run.merge.close()
         run.check_merged()
     if engine == "slurm":
+        from packtool.engines.slurm.driver import logs_folder
+
         writing.remove_tree(logs_folder(prefix))  # a finished run's task logs go with it
     return run.summary(used)
 

@@ -36,8 +36,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from packtool.engines import output_folder, preflight, worker
-from packtool.engines.base import Run
+from packtool.engines import output_folder, worker
+from packtool.engines.base import Driver, pack_with
 from packtool.engines.config import RunConfig
 from packtool.engines.interrupts import sigterm_as_ctrl_c
 from packtool.engines.slurm import commands as cli
@@ -49,7 +49,14 @@ from packtool.engines.summary import PackSummary
 from packtool.errors import Detached
 from packtool.tokenizer.tokenizers import Tokenizer
 
-__all__ = ["SlurmConfig", "drive_slurm", "logs_folder", "run_pack_slurm", "slurm_options"]
+__all__ = [
+    "SlurmConfig",
+    "drive_slurm",
+    "logs_folder",
+    "run_pack_slurm",
+    "slurm_driver",
+    "slurm_options",
+]
 
 
 def run_pack_slurm(
@@ -64,16 +71,20 @@ def run_pack_slurm(
         Detached: `slurm.wait` is False: the jobs are queued, the staging folder kept.
         WorkersLost: a partition's tasks ended without it more than `max_retries` times.
     """
-    output_folder.built_here(config.out_dir, "slurm")
-    slurm = slurm or SlurmConfig()
-    options = slurm_options(slurm, config.out_dir)
-    checked = preflight.check_inputs(config, tokenizer)
-    config = checked.config  # long_docs decided by the inputs where it was left out
-    with output_folder.output_folder(config, preflight.fingerprint_of(config, checked)) as output:
-        run = Run(config, checked, output)
-        summary = run.finish(drive_slurm(run, slurm, options))
-    remove_run_folders(run.work, config.out_dir)  # a finished run's scripts and logs go with it
-    return summary
+    return pack_with(config, tokenizer, slurm_driver(slurm or SlurmConfig(), config.out_dir))
+
+
+def slurm_driver(slurm: SlurmConfig, out_dir: str | Path) -> Driver:
+    """The Slurm engine's `Driver` for runs into `out_dir`, once the output is one the tasks
+    can write (not `hf://`) and Slurm accepts the sbatch options (`slurm_options`). A finished
+    run's scripts and logs go with it."""
+    output_folder.built_here(out_dir, "slurm")
+    options = slurm_options(slurm, out_dir)
+    return Driver(
+        lambda run: drive_slurm(run, slurm, options),
+        cancels_slurm_jobs=False,  # its own jobs: the driver re-attaches to them
+        after=lambda run: remove_run_folders(run.work, run.out_dir),
+    )
 
 
 def slurm_options(slurm: SlurmConfig, out_dir: str | Path) -> list[str]:
