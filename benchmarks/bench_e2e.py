@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import real_corpus
-from benchmarks._common import ROOT, markdown_table, update_block
+from benchmarks._common import ROOT, compile_sources, markdown_table, update_block
 from benchmarks.bench_tokenize import gpt2_hub_tokenizer_json, gpt2_ranks, gpt2_tokenizer_json
 from tests.packtool.tokenizer_shapes import mistral_model, sentencepiece_json
 
@@ -254,6 +254,7 @@ def main() -> None:
         "--no-readme", action="store_true", help="print only, leave docs/benchmarks.md alone"
     )
     args = ap.parse_args()
+    compile_sources()  # packtool's processes start from bytecode, as installed
     mb, repeat = (12, 1) if args.quick else (args.mb, args.repeat)
     corpus = DATA / f"real_corpus_{mb}mb.jsonl"
     info = real_corpus.build(corpus, mb * 1_000_000)

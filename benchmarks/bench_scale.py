@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._common import ROOT, markdown_table, update_block
+from benchmarks._common import ROOT, compile_sources, markdown_table, update_block
 
 DATA = ROOT / "bench_data"
 CORPUS = DATA / "scale_1m.jsonl"
@@ -432,6 +432,7 @@ def main() -> None:
     ap.add_argument("--no-gpt2", action="store_true")
     ap.add_argument("--only-tail", action="store_true", help="the tail tree alone, printed")
     args = ap.parse_args()
+    compile_sources()  # packtool's processes start from bytecode, as installed
     OUT.mkdir(parents=True, exist_ok=True)
     before = load()
     if args.only_tail:

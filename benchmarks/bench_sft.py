@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks._common import ROOT, markdown_table, update_block
+from benchmarks._common import ROOT, compile_sources, markdown_table, update_block
 
 DATA = ROOT / "bench_data" / "sft"
 CHAT = ROOT / "sample_data" / "chat.jsonl"
@@ -294,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--map-worker", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    compile_sources()  # packtool's processes start from bytecode, as installed
     if args.trl_worker:
         print(json.dumps(_trl_worker(Path(args.trl_worker[0]), Path(args.trl_worker[1]))))
         return

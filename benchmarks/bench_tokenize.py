@@ -46,7 +46,7 @@ os.environ.setdefault("PACKTOOL_NO_PROGRESS", "1")
 import numpy as np  # noqa: E402
 
 from benchmarks import real_corpus  # noqa: E402
-from benchmarks._common import ROOT, best_of, markdown_table, update_block  # noqa: E402
+from benchmarks._common import ROOT, best_of, compile_sources, markdown_table, update_block  # noqa: E402
 from packtool.read.corpus import read_corpus  # noqa: E402
 from packtool.read.documents import ReadConfig  # noqa: E402
 from packtool.tokenize.tokenize import tokenize_corpus  # noqa: E402
@@ -362,6 +362,7 @@ def main() -> None:
         "--no-readme", action="store_true", help="print only, leave docs/benchmarks.md alone"
     )
     args = ap.parse_args()
+    compile_sources()  # packtool's processes start from bytecode, as installed
     if args.quick:
         args.repeat, args.mb, args.scales = 1, 8, "3"
 
