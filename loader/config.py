@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from packtool.errors import ConfigError
-from packtool.pack.limits import LONG_DOC_POLICIES, check_max_len
+from packtool.pack.limits import check_long_docs, check_max_len
 
 STRATEGIES = ("ffd", "bucketed")
 """`OnlineConfig.strategy` values."""
@@ -287,10 +287,7 @@ class OnlineConfig:
         if not 0.0 <= self.min_fill <= 1.0:
             raise ConfigError(f"min_fill must be in [0, 1], got {self.min_fill!r}")
         check_int("max_holds", self.max_holds, 0)
-        if self.long_docs not in LONG_DOC_POLICIES:
-            raise ConfigError(
-                f"long_docs {self.long_docs!r} is unknown; choose one of {list(LONG_DOC_POLICIES)}"
-            )
+        check_long_docs(self.long_docs)
         check_int("seed", self.seed, 0)
 
 

@@ -28,10 +28,14 @@ import math
 from typing import Any
 
 ALGORITHMS = ("ffd", "bfd")
-"""As `packtool.pack.kernels.ALGORITHMS` (kept here: the loader must not import numba to read a manifest)."""
+"""The packing algorithms a manifest may record. Defined here, where a manifest is checked
+(`dataset` is below `pack`); the packer's options take them from here (packtool/pack/limits.py)."""
 LONG_DOC_POLICIES = ("split", "truncate", "drop")
+"""What a document longer than max_len becomes: cut into max_len pieces, cut to one, or left out."""
 MAX_LEN_LIMIT = 1 << 24
-"""As `packtool.pack.kernels.MAX_LEN_LIMIT`."""
+"""The largest max_len accepted (16,777,216 tokens). The kernels' work arrays are indexed by
+length and remaining capacity, tens of bytes per unit of max_len: at this limit `packtool pack`
+and `packtool stats` peak at ~1.2-1.3 GB whatever the corpus, and 2**30 was measured past 24 GB."""
 EFFICIENCY_TOLERANCE = 1e-6
 """`packtool pack` records efficiency rounded to 6 decimals (error <= 5e-7)."""
 

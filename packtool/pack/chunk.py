@@ -31,7 +31,7 @@ from packtool.errors import ConfigError, DataError
 from packtool.pack import columns as pack_columns
 from packtool.pack import kernels
 from packtool.pack.flat_ids import FlatIds
-from packtool.pack.limits import LONG_DOC_POLICIES
+from packtool.pack.limits import check_long_docs
 from packtool.pack.rows import IDS, PackedRows
 from packtool.pack.tail import DOC_CHUNK, TailPolicy, pieces_table, tail_rows
 
@@ -73,10 +73,8 @@ class PackConfig:
             raise ConfigError(
                 f"algorithm {self.algorithm!r} is unknown; choose one of {sorted(ALGORITHMS)}"
             )
-        if self.long_docs is not None and self.long_docs not in LONG_DOC_POLICIES:
-            raise ConfigError(
-                f"long_docs {self.long_docs!r} is unknown; choose one of {list(LONG_DOC_POLICIES)}"
-            )
+        if self.long_docs is not None:  # None: decided by the inputs (engines/preflight.py)
+            check_long_docs(self.long_docs)
         if not isinstance(self.rounds, int) or not 1 <= self.rounds <= MAX_ROUNDS:
             raise ConfigError(
                 f"rounds must be an integer from 1 to {MAX_ROUNDS:,}, got {self.rounds!r} (each "

@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import numpy as np
 
+from packtool.dataset.manifest_check import ALGORITHMS, LONG_DOC_POLICIES, MAX_LEN_LIMIT
 from packtool.errors import ConfigError
 
-LONG_DOC_POLICIES = ("split", "truncate", "drop")
-"""What a document longer than max_len becomes: cut into max_len pieces, cut to one, or left out."""
-ALGORITHMS = ("ffd", "bfd")
-MAX_LEN_LIMIT = 1 << 24
-"""The largest max_len accepted (16,777,216 tokens). The kernels' work arrays are indexed by
-length and remaining capacity, tens of bytes per unit of max_len: at this limit `packtool pack`
-and `packtool stats` peak at ~1.2-1.3 GB whatever the corpus, and 2**30 was measured past 24 GB."""
+__all__ = [
+    "ALGORITHMS",
+    "LONG_DOC_POLICIES",
+    "MAX_LEN_LIMIT",
+    "check_long_docs",
+    "check_max_len",
+    "int64_lengths",
+]
+
+
+def check_long_docs(long_docs: object) -> None:
+    """`ConfigError` unless `long_docs` is one of `LONG_DOC_POLICIES`."""
+    if long_docs not in LONG_DOC_POLICIES:
+        raise ConfigError(
+            f"long_docs {long_docs!r} is unknown; choose one of {list(LONG_DOC_POLICIES)}"
+        )
 
 
 def check_max_len(max_len: object, name: str = "max_len", minimum: int = 1) -> int:

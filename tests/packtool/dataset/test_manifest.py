@@ -9,7 +9,7 @@ import pytest
 from packtool.audit.inspect import inspect_dataset
 from packtool.audit.verify import verify_dataset
 from packtool.dataset.manifest import INDEX_FILE, dataset_folder, read_manifest
-from packtool.errors import DataError
+from packtool.errors import ConfigError, DataError
 
 ROWS = [[[(0, 0, 5), (1, 0, 3)], [(2, 0, 7)]]]  # one shard, two rows
 
@@ -189,11 +189,25 @@ def test_what_pack_writes_passes_every_manifest_check(packed):
     assert verify_dataset(packed).rows == read_manifest(packed).num_rows
 
 
-def test_the_manifest_check_knows_what_pack_knows():
+def test_the_packer_and_the_loader_take_the_values_a_manifest_may_record():
+    """One list of each (packtool/dataset/manifest_check.py): every long-document policy a
+    manifest may record is one `pack` and the online loader accept, anything else is refused by
+    both in the same words; the same for the algorithms and the largest max_len."""
+    from loader.config import OnlineConfig
     from packtool.dataset import manifest_check
-    from packtool.pack import chunk as pack
-    from packtool.pack import kernels
+    from packtool.pack.chunk import PackConfig
 
-    assert set(manifest_check.ALGORITHMS) == set(kernels.ALGORITHMS)
-    assert manifest_check.LONG_DOC_POLICIES == pack.LONG_DOC_POLICIES
-    assert manifest_check.MAX_LEN_LIMIT == kernels.MAX_LEN_LIMIT
+    for policy in manifest_check.LONG_DOC_POLICIES:
+        assert PackConfig(max_len=64, long_docs=policy).long_docs == policy
+        assert OnlineConfig(max_len=64, long_docs=policy).long_docs == policy
+    refusals = set()
+    for make in (PackConfig, OnlineConfig):
+        with pytest.raises(ConfigError) as e:
+            make(max_len=64, long_docs="chop")
+        refusals.add(str(e.value))
+    assert refusals == {"long_docs 'chop' is unknown; choose one of ['split', 'truncate', 'drop']"}
+    for algorithm in manifest_check.ALGORITHMS:
+        assert PackConfig(max_len=64, algorithm=algorithm).algorithm == algorithm
+    assert PackConfig(max_len=manifest_check.MAX_LEN_LIMIT).max_len == manifest_check.MAX_LEN_LIMIT
+    with pytest.raises(ConfigError, match="too large"):
+        PackConfig(max_len=manifest_check.MAX_LEN_LIMIT + 1)
