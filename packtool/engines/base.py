@@ -333,6 +333,18 @@ class Driver:
     """Called once the run is finished and swapped in (the Slurm engine removes its scripts
     and logs)."""
 
+    def drive_run(self, run: Any, resumed: bool) -> str:
+        """`drive(run)`; when `resumed` and this is not the Slurm engine, the jobs a Slurm
+        driver queued for the run are cancelled first and their files removed after
+        (`slurm.arrays.taken_over`): their tasks would run partitions beside this run's
+        workers, then fail on the folder it removes. For `pack` and `tokenize --to megatron`."""
+        if not resumed or not self.cancels_slurm_jobs:
+            return self.drive(run)
+        from packtool.engines.slurm.arrays import taken_over
+
+        with taken_over(run):
+            return self.drive(run)
+
 
 def pack_with(config: RunConfig, tokenizer: Tokenizer | str | None, driver: Driver) -> PackSummary:
     """Pack `config.inputs` into `config.out_dir` with `driver`: the inputs checked, the output
@@ -343,13 +355,7 @@ def pack_with(config: RunConfig, tokenizer: Tokenizer | str | None, driver: Driv
     config = checked.config  # long_docs decided by the inputs where it was left out
     with output_folder(config, fingerprint_of(config, checked)) as output:
         run = Run(config, checked, output)
-        if output.state is None or not driver.cancels_slurm_jobs:
-            summary = run.finish(driver.drive(run))
-        else:
-            from packtool.engines.slurm.arrays import taken_over
-
-            with taken_over(run):  # a Slurm run's jobs, resumed here
-                summary = run.finish(driver.drive(run))
+        summary = run.finish(driver.drive_run(run, resumed=output.state is not None))
     if driver.after is not None:
         driver.after(run)
     return summary

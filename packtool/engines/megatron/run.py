@@ -207,7 +207,7 @@ def tokenize_megatron(
         output = Output(work=paths.staging, state=state)
         run = MegatronRun(run_config, checked, output, prefix, bin_path, idx_path, fingerprint)
         try:
-            used = engine_driver.drive(run)
+            used = engine_driver.drive_run(run, resumed=state is not None)
         finally:
             run.merge.close()
         run.check_merged()

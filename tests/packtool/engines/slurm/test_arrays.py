@@ -13,7 +13,7 @@ from packtool.dataset.shards import ShardConfig
 from packtool.engines import records
 from packtool.engines.local import run_pack
 from packtool.engines.output_folder import staging_folder
-from packtool.engines.slurm.driver import SlurmConfig, run_pack_slurm
+from packtool.engines.slurm.driver import SlurmConfig, logs_folder, run_pack_slurm
 from packtool.errors import Detached
 from tests.packtool.engines.slurm.test_driver import _config, _queue, _same_dataset
 
@@ -61,6 +61,38 @@ def test_overwrite_cancels_a_detached_runs_jobs_before_it_discards_them(cluster,
         subprocess.run(["scancel", *jobs], capture_output=True)
     run_pack(replace(_config(tmp_path / "ref"), shards=ShardConfig(shard_rows=150)))
     _same_dataset(tmp_path / "ref", out)
+
+
+def test_a_detached_megatron_run_resumed_on_another_engine_cancels_its_slurm_jobs(
+    cluster, tmp_path
+):
+    """`tokenize --to megatron --engine slurm --no-wait`, then `--resume` on the local engine:
+    the queued tasks were left running beside the local workers (writing parts into the
+    staging folder the local run then removed), as `pack` did before `taken_over`."""
+    from packtool.engines.megatron.run import tokenize_megatron
+
+    sample = _config(tmp_path).inputs[0]
+    kw = {"partition_size": 300_000, "progress": False}
+    with pytest.raises(Detached) as gone:
+        tokenize_megatron(
+            [sample],
+            tmp_path / "slurm",
+            engine="slurm",
+            engine_config=SlurmConfig(tasks_per_job=11, wait=False, setup=HOLD),
+            **kw,
+        )
+    jobs = gone.value.job_ids
+    try:
+        assert _queue(jobs)
+        tokenize_megatron([sample], tmp_path / "slurm", resume=True, **kw)
+        assert not _queue(jobs)  # cancelled by the run that took over
+    finally:
+        subprocess.run(["scancel", *jobs], capture_output=True)
+    tokenize_megatron([sample], tmp_path / "ref", **kw)
+    for suffix in (".bin", ".idx"):
+        ref = (tmp_path / f"ref{suffix}").read_bytes()
+        assert (tmp_path / f"slurm{suffix}").read_bytes() == ref
+    assert not logs_folder(tmp_path / "slurm").exists()  # the jobs' logs went with them
 
 
 @pytest.mark.parametrize("first,then", [(None, 2), (1, None)])
