@@ -280,6 +280,9 @@ def _prepare(
                 f"an interrupted run into {shown} left its finished partitions in {work}; pass "
                 "--resume to finish it or --overwrite to start over"
             )
+        from packtool.engines.slurm.state import stop_jobs
+
+        stop_jobs(work, prefix)  # a detached Slurm run's: gone before its folder is (as pack)
         remove(work)
     for path in (bin_path, idx_path):
         if storage.lexists(path) and not config.overwrite:

@@ -95,6 +95,39 @@ def test_a_detached_megatron_run_resumed_on_another_engine_cancels_its_slurm_job
     assert not logs_folder(tmp_path / "slurm").exists()  # the jobs' logs went with them
 
 
+@pytest.mark.parametrize("engine", ["slurm", "local"])
+def test_a_megatron_overwrite_cancels_a_detached_slurm_runs_jobs(cluster, tmp_path, engine):
+    """As `pack --overwrite` (above): `tokenize --to megatron --overwrite` discarded a detached
+    Slurm run's staging folder with its array task still running, free to write old parts
+    into the new run's folder at the same path."""
+    from packtool.engines.megatron.run import tokenize_megatron
+
+    sample = _config(tmp_path).inputs[0]
+    kw = {"partition_size": 300_000, "progress": False}
+    with pytest.raises(Detached) as gone:
+        tokenize_megatron(
+            [sample],
+            tmp_path / "slurm",
+            engine="slurm",
+            engine_config=SlurmConfig(tasks_per_job=11, wait=False, setup=HOLD),
+            **kw,
+        )
+    jobs = gone.value.job_ids
+    try:
+        assert _queue(jobs)
+        config = SlurmConfig(poll_seconds=0.3) if engine == "slurm" else None
+        tokenize_megatron(
+            [sample], tmp_path / "slurm", overwrite=True, engine=engine, engine_config=config, **kw
+        )
+        assert not _queue(jobs)  # cancelled before the staging folder was discarded
+    finally:
+        subprocess.run(["scancel", *jobs], capture_output=True)
+    tokenize_megatron([sample], tmp_path / "ref", **kw)
+    for suffix in (".bin", ".idx"):
+        ref = (tmp_path / f"ref{suffix}").read_bytes()
+        assert (tmp_path / f"slurm{suffix}").read_bytes() == ref
+
+
 @pytest.mark.parametrize("first,then", [(None, 2), (1, None)])
 def test_a_resume_in_the_other_mode_leaves_no_job_of_the_first(
     cluster, local, tmp_path, first, then
