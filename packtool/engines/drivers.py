@@ -54,8 +54,9 @@ def pack_on(
     tokenizer: Tokenizer | str | None = None,
     engine_config: Any = None,
 ) -> PackSummary:
-    """Pack `config` on the engine named `engine` (`run_pack`, `run_pack_ray` or
-    `run_pack_slurm`, chosen by name)."""
+    """Pack `config` on the engine named `engine`, as `run_pack`, `run_pack_ray` or
+    `run_pack_slurm` do, but with `engine_config` None Ray gets at most `config.workers`
+    actors (as `--workers` gives the CLI), where `run_pack_ray` starts one per CPU."""
     return pack_with(
         config, tokenizer, driver(engine, engine_config, config.out_dir, config.workers)
     )

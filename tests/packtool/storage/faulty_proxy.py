@@ -40,7 +40,8 @@ class FaultyProxy:
     """`with FaultyProxy(upstream, every={"slowdown": 3, ...}) as url:` forwards to `upstream`;
     the n-th GET of an object (1-based, ranged reads and whole reads alike) gets the fault whose
     period divides n (the first listed that does), `counts` says how many of each were sent.
-    `most`: each fault is sent at most that many times (None: on every period)."""
+    `most`: each fault is sent at most that many times to each object (None: on every period);
+    `by_object` counts the faults each object got, by (fault, path)."""
 
     def __init__(
         self,
@@ -55,6 +56,7 @@ class FaultyProxy:
         self.every = every
         self.requests = requests
         self.most = most
+        self.by_object: dict[tuple[str, str], int] = {}
         self.counts = {name: 0 for name in every} | {"forwarded": 0}
         self.seen: list[tuple[str, str]] = []
         """Every request's method and path, in the order they came."""
@@ -128,8 +130,12 @@ class FaultyProxy:
             self._n += 1
             n = self._n
             for name, period in self.every.items():
-                if n % period == 0 and (self.most is None or self.counts[name] < self.most):
+                key = (name, path.split("?")[0])
+                if n % period == 0 and (
+                    self.most is None or self.by_object.get(key, 0) < self.most
+                ):
                     self.counts[name] += 1
+                    self.by_object[key] = self.by_object.get(key, 0) + 1
                     return name
             self.counts["forwarded"] += 1
         return None
