@@ -15,7 +15,12 @@ from packtool.engines.local import run_pack
 from packtool.engines.output_folder import staging_folder
 from packtool.engines.slurm.driver import SlurmConfig, logs_folder, run_pack_slurm
 from packtool.errors import Detached
-from tests.packtool.engines.slurm.test_driver import _config, _queue, _same_dataset
+from tests.packtool.engines.slurm.test_driver import (
+    _config,
+    _queue,
+    _same_dataset,
+    _wait_queue_empty,
+)
 
 HOLD = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 600; fi'
 """An array task that never ends (its partitions stay unrecorded while the test acts)."""
@@ -85,7 +90,10 @@ def test_a_detached_megatron_run_resumed_on_another_engine_cancels_its_slurm_job
     try:
         assert _queue(jobs)
         tokenize_megatron([sample], tmp_path / "slurm", resume=True, **kw)
-        assert not _queue(jobs)  # cancelled by the run that took over
+        # Cancelled by the run that took over (scancel is asynchronous: a killed task shows as
+        # completing for a moment; a task left alone would hold for 600 s).
+        _wait_queue_empty(jobs, timeout=30)
+        assert not _queue(jobs)
     finally:
         subprocess.run(["scancel", *jobs], capture_output=True)
     tokenize_megatron([sample], tmp_path / "ref", **kw)
