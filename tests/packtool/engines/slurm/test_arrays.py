@@ -68,38 +68,49 @@ def test_overwrite_cancels_a_detached_runs_jobs_before_it_discards_them(cluster,
     _same_dataset(tmp_path / "ref", out)
 
 
+def _megatron(prefix, **kw):
+    """`tokenize --to megatron` of the sample corpus into `prefix`, 11 partitions."""
+    from packtool.engines.megatron.run import tokenize_megatron
+
+    sample = _config(prefix).inputs[0]
+    return tokenize_megatron([sample], prefix, partition_size=300_000, progress=False, **kw)
+
+
+def _detached_megatron(prefix) -> list[str]:
+    """A `--no-wait` megatron run into `prefix` whose task never ends: the ids of its jobs."""
+    with pytest.raises(Detached) as gone:
+        _megatron(
+            prefix,
+            engine="slurm",
+            engine_config=SlurmConfig(tasks_per_job=11, wait=False, setup=HOLD),
+        )
+    assert _queue(gone.value.job_ids)
+    return gone.value.job_ids
+
+
+def _same_pair_as_a_plain_run(tmp_path, name: str) -> None:
+    _megatron(tmp_path / "ref")
+    for suffix in (".bin", ".idx"):
+        ref = (tmp_path / f"ref{suffix}").read_bytes()
+        assert (tmp_path / f"{name}{suffix}").read_bytes() == ref
+
+
 def test_a_detached_megatron_run_resumed_on_another_engine_cancels_its_slurm_jobs(
     cluster, tmp_path
 ):
     """`tokenize --to megatron --engine slurm --no-wait`, then `--resume` on the local engine:
     the queued tasks were left running beside the local workers (writing parts into the
     staging folder the local run then removed), as `pack` did before `taken_over`."""
-    from packtool.engines.megatron.run import tokenize_megatron
-
-    sample = _config(tmp_path).inputs[0]
-    kw = {"partition_size": 300_000, "progress": False}
-    with pytest.raises(Detached) as gone:
-        tokenize_megatron(
-            [sample],
-            tmp_path / "slurm",
-            engine="slurm",
-            engine_config=SlurmConfig(tasks_per_job=11, wait=False, setup=HOLD),
-            **kw,
-        )
-    jobs = gone.value.job_ids
+    jobs = _detached_megatron(tmp_path / "slurm")
     try:
-        assert _queue(jobs)
-        tokenize_megatron([sample], tmp_path / "slurm", resume=True, **kw)
+        _megatron(tmp_path / "slurm", resume=True)
         # Cancelled by the run that took over (scancel is asynchronous: a killed task shows as
         # completing for a moment; a task left alone would hold for 600 s).
         _wait_queue_empty(jobs, timeout=30)
         assert not _queue(jobs)
     finally:
         subprocess.run(["scancel", *jobs], capture_output=True)
-    tokenize_megatron([sample], tmp_path / "ref", **kw)
-    for suffix in (".bin", ".idx"):
-        ref = (tmp_path / f"ref{suffix}").read_bytes()
-        assert (tmp_path / f"slurm{suffix}").read_bytes() == ref
+    _same_pair_as_a_plain_run(tmp_path, "slurm")
     assert not logs_folder(tmp_path / "slurm").exists()  # the jobs' logs went with them
 
 
@@ -108,32 +119,14 @@ def test_a_megatron_overwrite_cancels_a_detached_slurm_runs_jobs(cluster, tmp_pa
     """As `pack --overwrite` (above): `tokenize --to megatron --overwrite` discarded a detached
     Slurm run's staging folder with its array task still running, free to write old parts
     into the new run's folder at the same path."""
-    from packtool.engines.megatron.run import tokenize_megatron
-
-    sample = _config(tmp_path).inputs[0]
-    kw = {"partition_size": 300_000, "progress": False}
-    with pytest.raises(Detached) as gone:
-        tokenize_megatron(
-            [sample],
-            tmp_path / "slurm",
-            engine="slurm",
-            engine_config=SlurmConfig(tasks_per_job=11, wait=False, setup=HOLD),
-            **kw,
-        )
-    jobs = gone.value.job_ids
+    jobs = _detached_megatron(tmp_path / "slurm")
     try:
-        assert _queue(jobs)
         config = SlurmConfig(poll_seconds=0.3) if engine == "slurm" else None
-        tokenize_megatron(
-            [sample], tmp_path / "slurm", overwrite=True, engine=engine, engine_config=config, **kw
-        )
+        _megatron(tmp_path / "slurm", overwrite=True, engine=engine, engine_config=config)
         assert not _queue(jobs)  # cancelled before the staging folder was discarded
     finally:
         subprocess.run(["scancel", *jobs], capture_output=True)
-    tokenize_megatron([sample], tmp_path / "ref", **kw)
-    for suffix in (".bin", ".idx"):
-        ref = (tmp_path / f"ref{suffix}").read_bytes()
-        assert (tmp_path / f"slurm{suffix}").read_bytes() == ref
+    _same_pair_as_a_plain_run(tmp_path, "slurm")
 
 
 @pytest.mark.parametrize("first,then", [(None, 2), (1, None)])
