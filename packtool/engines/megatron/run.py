@@ -211,10 +211,8 @@ def tokenize_megatron(
         finally:
             run.merge.close()
         run.check_merged()
-    if engine == "slurm":
-        from packtool.engines.slurm.driver import logs_folder
-
-        writing.remove_tree(logs_folder(prefix))  # a finished run's task logs go with it
+    if engine_driver.after is not None:
+        engine_driver.after(run)  # Slurm: a finished run's task logs go with it
     return run.summary(used)
 
 
