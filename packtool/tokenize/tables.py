@@ -22,8 +22,10 @@ during the run is a one-line error naming it, not a silently mixed dataset.
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,8 +129,71 @@ def partition_tables(
     """(tokenized table, input bytes) for every piece of a partition, in order.
 
     `check(piece)` is called before each piece is opened and after it is read (the engine
-    passes `plan.check_unchanged`).
+    passes `plan.check_unchanged`); an object's checks run beside the reading (`_Checks`), and
+    the stream ends only once they all passed.
     """
+    checks = _Checks(check)
+    try:
+        yield from _tables(source, tokenizer, pieces, skips, checks)
+        checks.finish()
+    except GeneratorExit:
+        raise
+    except Exception:
+        checks.finish()  # an object that changed under its reader is the cause of the error
+        raise
+    finally:
+        checks.close()
+
+
+class _Checks:
+    """`check(piece)` for a partition's pieces. A local file's runs at once (a stat). An
+    object's is a request to its store (a HEAD: ~1 ms on loopback, tens of ms on a real store,
+    two a piece), so it runs on a thread of its own, in order, while the reader goes on; a failed
+    one is raised at the next check, at `finish` (the stream's end: the caller commits nothing
+    before it), or in place of the error that reading a changed object gave. Reading the pieces
+    of a bucket prefix from moto (12 objects, 180 MB) took 0.2-0.3 s less with the checks
+    beside it (docs/benchmarks.md, "Object storage")."""
+
+    def __init__(self, check: Any) -> None:
+        self._check = check
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: collections.deque[Future] = collections.deque()
+        self._lock = threading.Lock()
+
+    def __call__(self, piece: FilePiece) -> None:
+        with self._lock:
+            while self._pending and self._pending[0].done():
+                self._pending.popleft().result()
+            if not storage.is_remote(piece.path):
+                self._check(piece)
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="packtool-check")
+            self._pending.append(self._pool.submit(self._check, piece))
+
+    def finish(self) -> None:
+        """Wait for the checks in flight; raise the first that failed."""
+        with self._lock:
+            while self._pending:
+                self._pending.popleft().result()
+
+    def close(self) -> None:
+        with self._lock:
+            for pending in self._pending:
+                pending.cancel()
+            self._pending.clear()
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+                self._pool = None
+
+
+def _tables(
+    source: Source,
+    tokenizer: Tokenizer | None,
+    pieces: list[FilePiece],
+    skips: SkipCounter,
+    check: Any,
+) -> Iterator[tuple[pa.Table, int]]:
     if source.mode == RAW:
         assert tokenizer is not None
         yield from _encoded(_raw_batches(source.read, pieces, skips, check), tokenizer, source)

@@ -172,3 +172,69 @@ def test_a_server_without_etag_or_date_is_noted_once(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("note:") == 1
     assert f"note: {url}: the server sends neither an ETag nor a Last-Modified date" in err
+
+
+def _raw_source():
+    from packtool.dataset.tokenized import tokenized_schema
+    from packtool.read.documents import ReadConfig
+    from packtool.tokenize.tables import RAW, Source
+    from packtool.tokenizer.tokenizers import load_tokenizer
+
+    tok = load_tokenizer("byte")
+    schema = tokenized_schema(tok.identity)
+    return Source(mode=RAW, read=ReadConfig(), schema=schema, identity=tok.identity), tok
+
+
+def test_an_objects_checks_run_beside_its_reading_and_end_the_stream(bucket):
+    """A check of an object is a request to the store (twice a piece): the reader went on
+    without waiting for it (it waited on each, on one thread, before); a failed one still ends
+    the stream with its error, once every table was read."""
+    import threading
+
+    from packtool.read.documents import SkipCounter
+    from packtool.tokenize.tables import FilePiece, partition_tables
+
+    for name in ("a", "b"):
+        _put(bucket, f"beside/{name}.jsonl", OLD)
+    pieces = [
+        FilePiece(f"s3://{bucket}/beside/{name}.jsonl", len(OLD), 0, i)
+        for i, name in enumerate(("a", "b"))
+    ]
+    release, released, checked = threading.Event(), [], []
+
+    def check(piece):
+        released.append(release.wait(timeout=3))  # the first holds until a table arrived
+        checked.append(piece.path)
+        if piece.path.endswith("b.jsonl") and len(checked) == 4:
+            raise DataError(f"{piece.path}: changed since the run was planned (stand-in)")
+
+    source, tok = _raw_source()
+    tables = partition_tables(source, tok, pieces, SkipCounter(), check)
+    first, _ = next(tables)
+    release.set()
+    assert first.num_rows > 0
+    with pytest.raises(DataError, match="b.jsonl: changed since the run was planned"):
+        for _ in tables:
+            pass
+    assert released == [True] * 4
+    assert checked == [p.path for p in pieces for _ in range(2)]  # in order, before and after
+
+
+def test_an_object_that_fails_to_read_reports_its_change_not_the_read(bucket):
+    """An object replaced under its reader (a shorter one: its planned range is gone): the
+    error is the failed check (the cause), not the reading's, though the reader got there
+    first."""
+    from packtool.engines.plan import check_piece
+    from packtool.read.documents import SkipCounter
+    from packtool.tokenize.tables import FilePiece, partition_tables
+
+    _put(bucket, "short/a.jsonl", OLD)
+    url = f"s3://{bucket}/short/a.jsonl"
+    (found,) = storage.expand(f"s3://{bucket}/short/", (".jsonl",), "JSONL")
+    planned = describe(found, "jsonl", 1 << 20)
+    _put(bucket, "short/a.jsonl", b'{"text": "x"}\n{"broken\n')
+    piece = FilePiece(url, planned.size, planned.mtime_ns, 0, 0, planned.size)
+    source, tok = _raw_source()
+    with pytest.raises(DataError, match="a.jsonl: changed since the run was planned"):
+        for _ in partition_tables(source, tok, [piece], SkipCounter(), check_piece):
+            pass
