@@ -62,6 +62,7 @@ def read_parquet(
                 "which to read (rename them)"
             )
     columns = list(dict.fromkeys(wanted))  # a kept field may be the text column itself
+    shown = str(path)  # once, not per row (a URL's is ~8 us)
     text_type = pf.schema_arrow.field(config.text_column).type
     kind = text_kind(text_type)
     if kind is None:
@@ -85,7 +86,7 @@ def read_parquet(
                 for name in config.extra_fields
             ]
             for i, text in enumerate(texts):
-                where = f"{path}:row {row}"  # 0-based, as inspect and pyarrow count rows
+                where = f"{shown}:row {row}"  # 0-based, as inspect and pyarrow count rows
                 row += 1
                 if text is None:
                     skips.add("missing_field", where, f"{config.text_column!r} is null")
