@@ -19,8 +19,9 @@ from packtool.prefetch import io_threads, map_ordered
     threads=st.integers(1, 9),
     batch=st.integers(1, 5),
     fail=st.sets(st.integers(0, 59), max_size=4),
+    listed=st.booleans(),
 )
-def test_same_results_and_same_error_as_map(items, threads, batch, fail):
+def test_same_results_and_same_error_as_map(items, threads, batch, fail, listed):
     """Random delays: results in input order, and the error raised is the first failing item's
     in input order (never the first to fail in time), after exactly the results before it."""
 
@@ -34,7 +35,8 @@ def test_same_results_and_same_error_as_map(items, threads, batch, fail):
     def run(n: int) -> tuple[list[int], str | None]:
         got: list[int] = []
         try:
-            for r in map_ordered(fn, range(len(items)), threads=n, batch=batch):
+            order = list(range(len(items))) if listed else range(len(items))  # a list: batch cut
+            for r in map_ordered(fn, order, threads=n, batch=batch):
                 got.append(r)
         except ValueError as exc:
             return got, str(exc)
@@ -90,3 +92,15 @@ def test_io_threads_from_the_environment(monkeypatch):
         io_threads()
     monkeypatch.delenv("PACKTOOL_IO_THREADS")
     assert io_threads() == 32
+
+
+def test_a_short_list_runs_on_as_many_threads_as_it_has_items():
+    """12 objects' first records: 12 requests at once (each item waits for all 12 to start), not
+    a batch of 8 on one thread and 4 on another, one after the other."""
+    everyone = threading.Barrier(12, timeout=5)
+
+    def fn(i: int) -> int:
+        everyone.wait()
+        return i
+
+    assert list(map_ordered(fn, list(range(12)), threads=32)) == list(range(12))
