@@ -247,6 +247,13 @@ def _remote_paths(prefix: str | os.PathLike, idx_path: Any) -> OutputPaths:
     )
 
 
+def _one_prefix(idx_path: Any) -> str:
+    """The prefix of `PREFIX.idx`, however -o spelled it (`d/corpus`, `d/corpus.idx` or
+    `d/corpus.bin`): the run's `out_dir`, which names the Slurm engine's logs folder, so a run
+    resumed or overwritten under another spelling finds the same one."""
+    return str(idx_path)[: -len(".idx")]
+
+
 def _prepare(
     config: RunConfig, work: Path, prefix: str | os.PathLike, pair: tuple[Path, Path], fp: dict
 ) -> dict[str, Any] | None:
@@ -280,7 +287,7 @@ def _prepare(
             )
         from packtool.engines.slurm.state import stop_jobs
 
-        stop_jobs(work, prefix)  # a detached Slurm run's: gone before its folder is (as pack)
+        stop_jobs(work, _one_prefix(idx_path))  # a detached Slurm run's: gone before its folder
         remove(work)
     for path in (bin_path, idx_path):
         if storage.lexists(path) and not config.overwrite:
@@ -411,7 +418,7 @@ class MegatronRun:
 
     @property
     def out_dir(self) -> str:
-        return self.prefix
+        return _one_prefix(self.idx_path)
 
     @property
     def command(self) -> str:

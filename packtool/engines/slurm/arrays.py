@@ -29,8 +29,10 @@ from packtool.engines.slurm.config import JOBS_DIR, PROBE_OK, SlurmConfig
 from packtool.engines.slurm.state import (
     cancel_and_wait,
     recorded_jobs,
+    refuse_without_slurm,
     remove_run_folders,
     run_folders,
+    slurm_folder,
 )
 from packtool.engines.slurm.task import CANNOT_SEE, task_error
 from packtool.errors import ConfigError, DataError, Detached
@@ -43,8 +45,15 @@ def taken_over(run: Any) -> Iterator[int]:
     """A run the Slurm engine started, resumed by another engine (local, Ray): the jobs its
     driver submitted are cancelled first (their tasks would run partitions beside this run's
     workers, then fail on the folder this run removes), and their logs go when it finishes.
-    Yields how many jobs there were (0 for a run no Slurm driver started)."""
-    jobs = recorded_jobs(run.work, run.out_dir)
+    Yields how many jobs there were (0 for a run no Slurm driver started). One line, and
+    nothing changed, where scancel is not on this machine's PATH."""
+    jobs = recorded_jobs(run.work)
+    if jobs:
+        refuse_without_slurm(
+            jobs, "--resume: the run it resumes", ("scancel",),
+            f"resume it where Slurm's commands are, or delete {slurm_folder(run.work) / JOBS_DIR} "
+            "once those jobs have ended (their partitions are kept)",
+        )  # fmt: skip
     cli.cancel(jobs)
     yield len(jobs)
     if jobs:

@@ -41,13 +41,21 @@ def local_home(work: Any) -> Path:
     return Path.cwd() / LOCAL_HOME / digest
 
 
-def run_folders(work: Any, out_dir: str | Path) -> tuple[Path, Path]:
-    """(the Slurm folder: context, scripts, job files, claims; the logs folder) of a run: in
-    its staging folder and beside its output on a file system, in `local_home` for a bucket."""
+def slurm_folder(work: Any) -> Path:
+    """A run's Slurm folder (context, scripts, job files, claims): in its staging folder `work`
+    on a file system, in `local_home` for a bucket. Found from `work` alone: no request to
+    the output's store."""
     if storage.is_remote(work):
-        home = local_home(work)
-        return home / SLURM_DIR, home / "logs"
-    return records.run_dir(work) / SLURM_DIR, logs_folder(out_dir)
+        return local_home(work) / SLURM_DIR
+    return records.run_dir(work) / SLURM_DIR
+
+
+def run_folders(work: Any, out_dir: str | Path) -> tuple[Path, Path]:
+    """(the Slurm folder, the logs folder) of a run: the logs beside its output on a file
+    system, in `local_home` for a bucket."""
+    if storage.is_remote(work):
+        return slurm_folder(work), local_home(work) / "logs"
+    return slurm_folder(work), logs_folder(out_dir)
 
 
 def remove_run_folders(work: Any, out_dir: str | Path) -> None:
@@ -60,10 +68,10 @@ def remove_run_folders(work: Any, out_dir: str | Path) -> None:
         writing.remove_tree(logs_folder(out_dir))
 
 
-def recorded_jobs(work: Any, out_dir: str | Path) -> list[str]:
+def recorded_jobs(work: Any) -> list[str]:
     """The ids of every job a Slurm driver submitted for the run in `work` (none for a run no
     Slurm driver started)."""
-    folder = run_folders(work, out_dir)[0] / JOBS_DIR
+    folder = slurm_folder(work) / JOBS_DIR
     return [p.stem for p in storage.glob(folder, "*.json")] if storage.is_dir(folder) else []
 
 
@@ -71,21 +79,32 @@ def stop_jobs(work: Any, out_dir: str | Path, timeout: float = 60) -> None:
     """Before `--overwrite` discards the staging folder `work`: the jobs a Slurm driver
     submitted for it are cancelled, and waited for until they leave the queue (a detached
     run's task still running wrote its old-option partitions into the new run's staging
-    folder, at the same path). One line if they do not leave within `timeout` seconds, and
-    where Slurm's commands are not on this machine's PATH (the jobs could neither be cancelled
-    nor seen to have ended: the overwrite went ahead, and a task of the old run still running
-    could write into the new run's folder)."""
-    jobs = recorded_jobs(work, out_dir)
+    folder, at the same path), then its Slurm files and logs removed. One line if they do not
+    leave within `timeout` seconds, and where Slurm's commands are not on this machine's PATH
+    (the jobs could neither be cancelled nor seen to have ended: the overwrite went ahead, and
+    a task of the old run still running could write into the new run's folder)."""
+    jobs = recorded_jobs(work)
     if not jobs:
         return
-    if not (storage.which("scancel") and storage.which("squeue")):
-        ids = ", ".join(sorted(jobs, key=lambda j: (len(j), j))[:5]) + ", ..." * (len(jobs) > 5)
-        raise ConfigError(
-            f"--overwrite: the run it replaces submitted Slurm job(s) {ids}, and scancel and "
-            "squeue are not on this machine's PATH to stop them: run it where Slurm's commands "
-            f"are, or delete {work} once those jobs have ended"
-        )
+    refuse_without_slurm(
+        jobs, "--overwrite: the run it replaces", ("scancel", "squeue"),
+        f"run it where Slurm's commands are, or delete {work} once those jobs have ended",
+    )  # fmt: skip
     cancel_and_wait(jobs, "--overwrite", timeout)
+    remove_run_folders(work, out_dir)  # its logs beside the output too (the run is gone)
+
+
+def refuse_without_slurm(jobs: list[str], what: str, commands: tuple[str, ...], fix: str) -> None:
+    """One line where the jobs `jobs` of an earlier run must be stopped and Slurm's `commands`
+    are not on this machine's PATH (they could neither be cancelled nor seen to end)."""
+    if all(storage.which(command) for command in commands):
+        return
+    ids = ", ".join(sorted(jobs, key=lambda j: (len(j), j))[:5]) + ", ..." * (len(jobs) > 5)
+    needed = " and ".join(commands)
+    raise ConfigError(
+        f"{what} submitted Slurm job(s) {ids}, and {needed} {'are' if len(commands) > 1 else 'is'} "
+        f"not on this machine's PATH to stop them: {fix}"
+    )
 
 
 def cancel_and_wait(jobs: Iterable[str], what: str, timeout: float = 60) -> None:

@@ -62,6 +62,7 @@ def test_overwrite_cancels_a_detached_runs_jobs_before_it_discards_them(cluster,
         else:
             run_pack(fixed)
         assert not _queue(jobs)  # cancelled, and gone before the staging folder was
+        assert not logs_folder(out).exists()  # its logs too (left beside the output before)
     finally:
         subprocess.run(["scancel", *jobs], capture_output=True)
     run_pack(replace(_config(tmp_path / "ref"), shards=ShardConfig(shard_rows=150)))
@@ -100,8 +101,10 @@ def test_a_detached_megatron_run_resumed_on_another_engine_cancels_its_slurm_job
 ):
     """`tokenize --to megatron --engine slurm --no-wait`, then `--resume` on the local engine:
     the queued tasks were left running beside the local workers (writing parts into the
-    staging folder the local run then removed), as `pack` did before `taken_over`."""
-    jobs = _detached_megatron(tmp_path / "slurm")
+    staging folder the local run then removed), as `pack` did before `taken_over`. The prefix
+    spelled as its `.idx` file the first time: the logs folder was named after the spelling,
+    so the resume (plain prefix) left the first one's."""
+    jobs = _detached_megatron(tmp_path / "slurm.idx")
     try:
         _megatron(tmp_path / "slurm", resume=True)
         # Cancelled by the run that took over (scancel is asynchronous: a killed task shows as
@@ -111,7 +114,8 @@ def test_a_detached_megatron_run_resumed_on_another_engine_cancels_its_slurm_job
     finally:
         subprocess.run(["scancel", *jobs], capture_output=True)
     _same_pair_as_a_plain_run(tmp_path, "slurm")
-    assert not logs_folder(tmp_path / "slurm").exists()  # the jobs' logs went with them
+    for spelled in ("slurm", "slurm.idx"):  # the jobs' logs went with them
+        assert not logs_folder(tmp_path / spelled).exists()
 
 
 @pytest.mark.parametrize("engine", ["slurm", "local"])
@@ -124,6 +128,7 @@ def test_a_megatron_overwrite_cancels_a_detached_slurm_runs_jobs(cluster, tmp_pa
         config = SlurmConfig(poll_seconds=0.3) if engine == "slurm" else None
         _megatron(tmp_path / "slurm", overwrite=True, engine=engine, engine_config=config)
         assert not _queue(jobs)  # cancelled before the staging folder was discarded
+        assert not logs_folder(tmp_path / "slurm").exists()  # its logs too
     finally:
         subprocess.run(["scancel", *jobs], capture_output=True)
     _same_pair_as_a_plain_run(tmp_path, "slurm")
@@ -266,3 +271,33 @@ def test_overwrite_of_a_slurm_run_where_slurm_commands_are_missing_stops(tmp_pat
     assert "4242" in message and str(staging) in message and "\n" not in message
     assert (jobs / "4242.json").exists()  # the old run's folder kept: nothing discarded
     assert not out.exists()
+
+
+def test_a_resume_of_a_slurm_run_on_another_engine_where_scancel_is_missing_stops(
+    tmp_path, monkeypatch
+):
+    """Resumed on the local engine where scancel is not on PATH, a Slurm run's jobs were
+    neither cancelled nor mentioned (they could run partitions beside the local workers), and
+    their record was removed when the run finished: one line now, nothing changed."""
+    from types import SimpleNamespace
+
+    from packtool.engines.slurm import arrays, state
+    from packtool.engines.slurm.config import JOBS_DIR
+    from packtool.errors import ConfigError
+    from packtool.storage import local as storage
+
+    out = tmp_path / "packed"
+    staging = staging_folder(out)
+    jobs = state.run_folders(staging, out)[0] / JOBS_DIR
+    jobs.mkdir(parents=True)
+    (jobs / "4243.json").write_text("{}")
+    logs = logs_folder(out)
+    logs.mkdir()
+    monkeypatch.setattr(storage, "which", lambda name: None)
+    run = SimpleNamespace(work=staging, out_dir=out)
+    with pytest.raises(ConfigError) as stopped, arrays.taken_over(run):
+        raise AssertionError("the run went ahead")
+    message = str(stopped.value)
+    assert message.startswith("--resume: ") and "\n" not in message
+    assert "4243" in message and "scancel" in message and str(jobs) in message
+    assert (jobs / "4243.json").exists() and logs.exists()  # nothing changed
