@@ -282,7 +282,7 @@ def _raw_batches(
     # One builder over the pieces: a corpus of many small files still gives full batches.
     builder = BatchBuilder(config, file_index=pieces[0].file_index if pieces else 0)
     for k, piece in enumerate(pieces):
-        if k + 1 < len(pieces):  # an object's first blocks arrive while this piece is read
+        if k + 1 < len(pieces):  # an object's first block arrives while this piece is read
             after = pieces[k + 1]
             end = None if after.end == TO_END else after.end
             storage.prefetch(after.path, after.start, end, after.size)

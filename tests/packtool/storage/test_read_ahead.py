@@ -186,9 +186,10 @@ def _reader(blob: Blob, url: str, end: int | None = None) -> io.BufferedReader:
 def test_a_prefetched_piece_reads_the_same_bytes_each_fetched_once(data, start, end):
     import contextlib
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(remote_read, "FIRST_READ_BYTES", 100)
-        mp.setattr(remote_read, "READ_BYTES", 1000)
+    with pytest.MonkeyPatch.context() as mp:  # blocks of a few bytes: hypothesis's data is short
+        mp.setattr(remote_read, "FIRST_READ_BYTES", 4)
+        mp.setattr(remote_read, "READ_BYTES", 16)
+        mp.setattr(remote_read, "TAIL_BYTES", 3)
         mp.setattr(remote_read, "_PREFETCHED", type(remote_read._PREFETCHED)())
         blob = Blob(data)
         mp.setattr(remote_read, "filesystem", lambda url: (blob, "b/k"))
@@ -201,7 +202,7 @@ def test_a_prefetched_piece_reads_the_same_bytes_each_fetched_once(data, start, 
             f.seek(start)
             got = f.read()
         assert got == data[start:]
-        assert before and before[0][0] == start and len(before) <= 3
+        assert len(before) == 1 and before[0][0] == start  # one GET: the piece's first block
         ranges = sorted(blob.ranges)
         assert ranges[0][0] == start and ranges[-1][1] == len(data)
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
@@ -214,12 +215,21 @@ def test_the_blocks_of_a_prefetch_are_the_reader_s_own_and_the_reader_goes_on_af
     blob = small_blocks["s3://b/k"] = Blob(bytes(range(256)) * 20)  # 5,120 bytes
     remote_read.prefetch("s3://b/k", 0, None, len(blob.data))
     _settle()
-    assert blob.ranges == [(0, 100), (100, 500), (500, 1500)]  # 100, 4 x 100, a full block
+    # One full block (a probe's reader starts at 100 bytes: three GETs for a small object).
+    assert blob.ranges == [(0, 1000)]
     with _reader(blob, "s3://b/k") as f:
         assert f.read() == blob.data
-    assert sorted(blob.ranges) == [(0, 100), (100, 500)] + [
-        (a, min(a + 1000, 5120)) for a in range(500, 5120, 1000)
-    ]
+    assert sorted(blob.ranges) == [(a, min(a + 1000, 5120)) for a in range(0, 5120, 1000)]
+
+
+def test_a_prefetch_of_a_piece_stops_a_tail_past_its_end(small_blocks, monkeypatch):
+    """A piece shorter than a block: its first block is the piece and `TAIL_BYTES` past it (the
+    end of the line that crosses its end), not a whole block of the next piece's bytes."""
+    monkeypatch.setattr(remote_read, "TAIL_BYTES", 50)
+    blob = small_blocks["s3://b/k"] = Blob(bytes(range(256)) * 20)
+    remote_read.prefetch("s3://b/k", 1000, 1300, len(blob.data))
+    _settle()
+    assert blob.ranges == [(1000, 1350)]
 
 
 def test_prefetched_pieces_are_bounded_and_one_never_opened_is_dropped(small_blocks):
@@ -242,7 +252,8 @@ def test_prefetched_pieces_are_bounded_and_one_never_opened_is_dropped(small_blo
 def test_a_failed_prefetched_block_is_one_line_naming_the_url_where_it_is_read(small_blocks):
     blob = small_blocks["s3://b/k"] = Blob(b"y" * 3000, fail_at=300)
     remote_read.prefetch("s3://b/k", 0, None, 3000)
-    with _reader(blob, "s3://b/k") as f:
-        assert f.read(100) == b"y" * 100  # the first block came
-        with pytest.raises(DataError, match=r"^s3://b/k: cannot be read \(connection reset"):
-            f.read(300)  # the second, prefetched, failed on its thread
+    _settle()
+    failed = pytest.raises(DataError, match=r"^s3://b/k: cannot be read \(connection reset")
+    with _reader(blob, "s3://b/k") as f, failed:
+        f.read(100)  # the prefetched block failed on its thread
+    assert blob.ranges == [(0, 1000)]  # raised from the prefetch's GET, not asked again
