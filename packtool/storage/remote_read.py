@@ -35,12 +35,13 @@ FIRST_READ_BYTES = 256 << 10
 wants a few bytes (the probe of a file's kind, a first record, a footer) is served by it."""
 GROWTH = 4
 """The block after the first is this many times the first (1 MB); the ones after it are
-`READ_BYTES`. The block after the first is asked for once half of the first is read, and a
-buffered reader takes the whole first block at once, so a probe of a first record also fetches
-the second block: a small second block keeps that to 1 MB rather than 16 MB an object (a probe
-of every object of a corpus was a second download of it), for one more GET an object read
-whole. Growing every block 4x (256 KB, 1 MB, 4 MB, 16 MB) measured no better: packing the
-180 MB bench corpus from moto, 5 alternations, 4.70 s mean against 4.44 s for this."""
+`READ_BYTES`. A small second block is for a probe of a first record: a buffered reader takes
+the whole first block at once, which asked for the second before the probe read a line (with
+16 MB right after the first, a probe of every object of a corpus was a second download of it;
+with 1 MB, a second GET of each). A first block taken whole in one call now asks for nothing
+until the next call; the second block stays small for a reader that stops soon after it.
+Growing every block 4x (256 KB, 1 MB, 4 MB, 16 MB) measured no better: packing the 180 MB
+bench corpus from moto, 5 alternations, 4.70 s mean against 4.44 s for this."""
 TAIL_BYTES = 64 << 10
 """How far past its range's end a ranged reader's block reaches (a JSONL range is read to the
 end of the line that crosses it): a block is cut there. Reaching a whole block beyond, the 11
@@ -174,8 +175,9 @@ class ReadAhead(_Positioned):
     `block` bytes; a seek elsewhere starts over with `first` bytes there. Once half of a
     block has been read, the blocks after it are fetched on background threads
     (`READ_AHEAD_THREADS` per process), up to `READ_AHEAD_BLOCKS` of them in flight (one while
-    the first block is read: a probe of a first record fetches no more), none starting at or
-    past `end`. A failed fetch raises where its bytes are read, as one line naming the URL
+    the first block is read), none starting at or past `end`; a first block taken whole in one
+    call (a buffered reader's fill: a probe of a first record) fetches nothing more until the
+    next call asks for its bytes. A failed fetch raises where its bytes are read, as one line naming the URL
     (`naming`).
     """
 
@@ -205,12 +207,17 @@ class ReadAhead(_Positioned):
             return 0
         at = self._pos - self._start
         if not 0 <= at < len(self._data):
+            if self._data and at == len(self._data) and not self._ahead:
+                self._fetch_ahead()  # after a first block taken whole: its next, asked for now
             self._take(self._pos)
             at = 0
         n = min(len(buffer), len(self._data) - at)
         buffer[:n] = self._data[at : at + n]
         self._pos += n
-        if len(self._ahead) < self._depth() and 2 * (at + n) >= len(self._data):
+        # A first block taken whole in one call (a buffered reader's fill: a probe of a first
+        # record) asks for nothing yet; the next call does, if it comes.
+        whole_first = self._taken <= 1 and at == 0 and n == len(self._data)
+        if len(self._ahead) < self._depth() and 2 * (at + n) >= len(self._data) and not whole_first:
             self._fetch_ahead()
         return n
 

@@ -117,14 +117,19 @@ def test_past_the_second_block_two_full_blocks_are_in_flight_at_most():
     assert bytes(got) == data and most == remote_read.READ_AHEAD_BLOCKS == 2
 
 
-def test_a_buffered_probe_of_the_first_block_fetches_at_most_the_next_small_one():
-    """A buffered reader (the JSONL reader's) takes the whole first block in one call, which
-    asks for the next: that one is `GROWTH` x the first, not a full block."""
+def test_a_buffered_probe_of_the_first_block_fetches_only_it_and_a_reader_goes_on():
+    """A buffered reader (the JSONL reader's) takes the whole first block in one call: that
+    asked for the next block (`GROWTH` x the first) before the probe of a first record had
+    read a line of it, a second GET per object probed. Now the next call asks for it, if it
+    comes: a reader that goes on gets the `GROWTH` x block, then full ones, each byte once."""
     blob = Blob((b"q" * 99 + b"\n") * 1000)
     with _open(blob, 50_000, buffering=1 << 20, first=1000) as f:
         f.readline()
         _settle()
-    assert blob.ranges == [(0, 1000), (1000, 1000 + remote_read.GROWTH * 1000)]
+        assert blob.ranges == [(0, 1000)]
+        assert f.read() == blob.data[100:]
+    assert blob.ranges == [(0, 1000), (1000, 1000 + remote_read.GROWTH * 1000), (5000, 55_000),
+                           (55_000, 100_000)]  # fmt: skip
 
 
 def test_a_seek_elsewhere_starts_small_again():
