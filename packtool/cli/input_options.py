@@ -19,16 +19,12 @@ from packtool.cli.exits import echo
 from packtool.cli.input_checks import TOKENIZER_OPTIONS, explicit
 from packtool.errors import ConfigError
 from packtool.read.sft_config import FORMATS, TRAIN_ON, SFTConfig
+from packtool.storage import local as storage
 
 
 def _inputs_named(inputs: tuple[str, ...]) -> tuple[str, ...]:
     """INPUT...: an empty one would mean the current folder (an unset variable); say so."""
-    for text in inputs:
-        if not text.strip():
-            raise ConfigError(
-                f"an input path is empty ({text!r}); name a file, folder or glob to read"
-            )
-    return inputs
+    return tuple(storage.named_input(text) for text in inputs)
 
 
 inputs_argument = click.argument(

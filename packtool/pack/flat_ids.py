@@ -82,20 +82,13 @@ class FlatIds:
             ValueError: `src` and `lengths` differ in shape, or a segment is not inside one
                 chunk (segments are pieces of one document, which never spans chunks).
         """
-        src = np.ascontiguousarray(src, dtype=np.int64)
-        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
         chunks = self.values()
         if len(chunks) == 1:
             return kernels.gather_segments(chunks[0], src, lengths)
-        if src.shape != lengths.shape or src.ndim != 1:
-            raise ValueError(
-                f"src and lengths must be 1-D of one shape, got {src.shape}, {lengths.shape}"
-            )
+        src, lengths = kernels.checked_segments(src, lengths, None)
         n_chunks = len(chunks)
         chunk = np.clip(np.searchsorted(self._starts, src, side="right") - 1, 0, n_chunks - 1)
-        if src.size and (
-            src.min() < 0 or lengths.min() < 0 or np.any(src + lengths > self._starts[chunk + 1])
-        ):
+        if np.any(src + lengths > self._starts[chunk + 1]):
             raise ValueError("a segment falls outside the chunk it starts in")
         dst = np.cumsum(lengths) - lengths
         out = np.empty(int(lengths.sum()), dtype=chunks[0].dtype)

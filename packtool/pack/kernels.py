@@ -461,6 +461,29 @@ def ff_assign(lengths: ArrayLike, max_len: int) -> tuple[NDArray[np.int64], NDAr
     return row, offset, int(n_rows)
 
 
+def checked_segments(
+    src: ArrayLike, lengths: ArrayLike, size: int | None
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Segments `[src[i], src[i] + lengths[i])` as two contiguous int64 arrays, checked: of one
+    1-D shape, none starting below 0 or negative, and (`size` given) none past `size` (None: the
+    caller checks the bounds, as `FlatIds.gather` does per chunk).
+
+    Raises:
+        ValueError: a shape or a segment out of bounds.
+    """
+    src = np.ascontiguousarray(src, dtype=np.int64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    if src.shape != lengths.shape or src.ndim != 1:
+        raise ValueError(
+            f"src and lengths must be 1-D of one shape, got {src.shape}, {lengths.shape}"
+        )
+    if src.size and (src.min() < 0 or lengths.min() < 0):
+        raise ValueError("a segment starts below 0 or has a negative length")
+    if size is not None and src.size and (src + lengths).max() > size:
+        raise ValueError(f"a segment falls outside the {size} values")
+    return src, lengths
+
+
 def gather_segments(values: NDArray, src: ArrayLike, lengths: ArrayLike) -> NDArray:
     """Concatenate `values[src[i] : src[i] + lengths[i]]` for every i, in one pass.
 
@@ -469,14 +492,7 @@ def gather_segments(values: NDArray, src: ArrayLike, lengths: ArrayLike) -> NDAr
     Raises:
         ValueError: `src` and `lengths` differ in shape, or a segment falls outside `values`.
     """
-    src = np.ascontiguousarray(src, dtype=np.int64)
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    if src.shape != lengths.shape or src.ndim != 1:
-        raise ValueError(
-            f"src and lengths must be 1-D of one shape, got {src.shape}, {lengths.shape}"
-        )
-    if src.size and (src.min() < 0 or lengths.min() < 0 or (src + lengths).max() > len(values)):
-        raise ValueError(f"a segment falls outside the {len(values)} values")
+    src, lengths = checked_segments(src, lengths, len(values))
     return _gather_segments(np.ascontiguousarray(values), src, lengths)
 
 
@@ -489,14 +505,7 @@ def segment_sums(values: NDArray, src: ArrayLike, lengths: ArrayLike) -> NDArray
     Raises:
         ValueError: as `gather_segments`.
     """
-    src = np.ascontiguousarray(src, dtype=np.int64)
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    if src.shape != lengths.shape or src.ndim != 1:
-        raise ValueError(
-            f"src and lengths must be 1-D of one shape, got {src.shape}, {lengths.shape}"
-        )
-    if src.size and (src.min() < 0 or lengths.min() < 0 or (src + lengths).max() > len(values)):
-        raise ValueError(f"a segment falls outside the {len(values)} values")
+    src, lengths = checked_segments(src, lengths, len(values))
     return _segment_sums(np.ascontiguousarray(values), src, lengths)
 
 

@@ -66,6 +66,19 @@ def input_text(raw: str | os.PathLike) -> str:
     return os.fspath(raw)
 
 
+def named_input(text: str) -> str:
+    """`text`, an input path as given; an empty one is refused (`Path("")` is the current
+    folder: an unset variable in a script would read it). The CLI checks its arguments with
+    this as they are parsed, `expand` every input.
+
+    Raises:
+        ConfigError: `text` is empty or white space.
+    """
+    if not text.strip():
+        raise ConfigError(f"an input path is empty ({text!r}); name a file, folder or glob to read")
+    return text
+
+
 def expand(
     inputs: str | os.PathLike | Iterable[str | os.PathLike],
     suffixes: tuple[str, ...],
@@ -83,11 +96,7 @@ def expand(
     out: list[Any] = []
     seen: set[Any] = set()
     for raw in input_list(inputs):
-        text = input_text(raw)
-        if not text.strip():  # Path("") is the current folder: an unset variable would read it
-            raise ConfigError(
-                f"an input path is empty ({text!r}); name a file, folder or glob to read"
-            )
+        text = named_input(input_text(raw))
         if is_remote(text):  # s3://, gs://, hf://, https://, ...: packtool/storage/remote.py
             from packtool.storage import listing  # URLs only: `import loader` stays small
 

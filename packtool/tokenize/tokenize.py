@@ -168,17 +168,17 @@ def inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
     template = config.sft.chat_template
     if template is not None and found.sft_kind not in CHAT_KINDS and _kinds_known(paths, config):
         what = f"{found.sft_kind} records" if found.sft_kind else "no chat records"
-        raise ConfigError(
-            f"--chat-template {template}: the inputs hold {what} (a template renders messages "
-            "or conversations); drop --chat-template"
-        )
+        raise _refused(
+            "--chat-template", template,
+            f"the inputs hold {what} (a template renders messages or conversations)",
+        )  # fmt: skip
     train_on = config.sft.train_on
     if train_on != "assistant" and found.sft_kind is None and _kinds_known(paths, config):
         # it was ignored without a word: plain text has no loss mask to place
-        raise ConfigError(
-            f"--train-on {train_on}: the inputs hold plain text, which has no prompt or turns "
-            "to leave out of the loss; drop --train-on"
-        )
+        raise _refused(
+            "--train-on", train_on,
+            "the inputs hold plain text, which has no prompt or turns to leave out of the loss",
+        )  # fmt: skip
     return found
 
 
@@ -214,17 +214,19 @@ def _check_chat_options(found: InputsRead, config: ReadConfig) -> None:
     pre-tokenized Parquet): nothing is rendered, and the mask, if any, is the stored one."""
     if found.mode not in (TOKENIZED, PRETOKENIZED):
         return
-    what = TOKENIZED_INPUTS
+    again = "tokenize the records again with it"
     if config.sft.chat_template is not None:
-        raise ConfigError(
-            f"--chat-template {config.sft.chat_template}: {what}; drop --chat-template (or "
-            "tokenize the records again with it)"
-        )
+        raise _refused("--chat-template", config.sft.chat_template, TOKENIZED_INPUTS, again)
     if config.sft.train_on != "assistant":
-        raise ConfigError(
-            f"--train-on {config.sft.train_on}: {what}; drop --train-on (or tokenize the "
-            "records again with it)"
-        )
+        raise _refused("--train-on", config.sft.train_on, TOKENIZED_INPUTS, again)
+
+
+def _refused(option: str, value: object, why: str, instead: str = "") -> ConfigError:
+    """The one line refusing `option value` for inputs it would do nothing for: why, then
+    "drop OPTION" (or `instead`)."""
+    return ConfigError(
+        f"{option} {value}: {why}; drop {option}" + (f" (or {instead})" if instead else "")
+    )
 
 
 def _kinds_known(paths: list[Path], config: ReadConfig) -> bool:

@@ -218,3 +218,29 @@ def test_segment_sums_refuse_a_segment_outside_the_values():
 
     with pytest.raises(ValueError, match="outside the 3 values"):
         segment_sums(np.zeros(3, np.uint8), [2], [2])
+
+
+@pytest.mark.parametrize("entry", ["gather_segments", "segment_sums", "FlatIds.gather"])
+def test_every_segment_entry_refuses_bad_shapes_and_negative_bounds(entry):
+    """The three entry points check their segments with one function (`checked_segments`): a
+    shape mismatch, a start below 0 and a negative length are refused by each (FlatIds over two
+    chunks, which checks its own per-chunk bounds after)."""
+    import pyarrow as pa
+
+    from packtool.pack import kernels
+    from packtool.pack.flat_ids import FlatIds
+
+    values = np.arange(6, dtype=np.uint16)
+    if entry == "FlatIds.gather":
+        column = pa.chunked_array([pa.array([[0, 1, 2]], pa.list_(pa.uint16()))] * 2)
+        call = FlatIds(column).gather
+    else:
+        fn = getattr(kernels, entry)
+        call = lambda src, lengths: fn(values, src, lengths)  # noqa: E731
+    with pytest.raises(ValueError, match="1-D of one shape"):
+        call([0, 1], [1])
+    with pytest.raises(ValueError, match="below 0 or has a negative length"):
+        call([-1], [1])
+    with pytest.raises(ValueError, match="below 0 or has a negative length"):
+        call([2], [-1])
+    assert len(call([1, 3], [2, 2])) == (4 if entry != "segment_sums" else 2)
