@@ -15,7 +15,7 @@ from pathlib import Path
 from packtool.read import jsonl, parquet, text
 from packtool.read.compressed import COMPRESSIONS, compression_suffix, read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter
-from packtool.read.lines import TO_END
+from packtool.read.lines import TO_END, range_start
 from packtool.storage.local import file_name
 
 
@@ -88,6 +88,15 @@ def format_of(path: Path) -> Format:
 def file_kind(path: Path) -> str:
     """`jsonl`, `parquet` or `text`, from the file name (`format_of(path).name`)."""
     return format_of(path).name
+
+
+def sequential_start(path: Path, start: int) -> int | None:
+    """Where the reader of `path`'s piece starting at `start` first reads, when it reads on
+    from there (what `storage.prefetch` fetches ahead for it); None for Parquet, read at
+    offsets (its footer, then its row groups: `start` counts row groups there)."""
+    if format_of(path) is PARQUET:
+        return None
+    return range_start(start)  # a JSONL range; a whole file (text, .json, compressed) at 0
 
 
 def read_file(

@@ -52,7 +52,7 @@ def lines(path: Path, start: int = 0, end: int = TO_END) -> Iterator[tuple[int, 
         if start == 0:
             yield from _numbered(f, 0, end)
             return
-        f.seek(start - 1)
+        f.seek(range_start(start))
         pos = start
         if f.read(1) != b"\n":  # the line at `start` began before it: its owner reads it
             pos += len(f.readline())
@@ -61,6 +61,13 @@ def lines(path: Path, start: int = 0, end: int = TO_END) -> Iterator[tuple[int, 
                 return
             yield pos, None, line
             pos += len(line)
+
+
+def range_start(start: int) -> int:
+    """The first byte `lines` reads of the range that starts at `start`: the one before it (a
+    range starts with the line that begins inside it, so it looks at the byte before), 0 for
+    the file's first range."""
+    return start - 1 if start > 0 else 0
 
 
 def _numbered(f, pos: int, end: int) -> Iterator[tuple[int, int | None, bytes]]:

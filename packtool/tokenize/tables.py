@@ -40,7 +40,7 @@ from packtool.errors import ConfigError
 from packtool.prefetch import prefetch
 from packtool.read import docids
 from packtool.read.documents import BatchBuilder, DocumentBatch, ReadConfig, SkipCounter
-from packtool.read.formats import read_file
+from packtool.read.formats import read_file, sequential_start
 from packtool.read.lines import TO_END
 from packtool.read.pretokenized import read_pretokenized_file
 from packtool.read.tokenized import read_tokenized_file
@@ -136,12 +136,13 @@ def partition_tables(
     checks = _Checks(check)
     try:
         yield from _tables(source, tokenizer, pieces, skips, checks)
-        checks.finish()
     except GeneratorExit:
         raise
     except Exception:
         checks.finish()  # an object that changed under its reader is the cause of the error
         raise
+    else:
+        checks.finish()
     finally:
         checks.close()
 
@@ -164,7 +165,7 @@ class _Checks:
     def __call__(self, piece: FilePiece) -> None:
         with self._lock:
             while self._pending and self._pending[0].done():
-                self._pending.popleft().result()
+                self._next()
             if not storage.is_remote(piece.path):
                 self._check(piece)
                 return
@@ -173,10 +174,21 @@ class _Checks:
             self._pending.append(self._pool.submit(self._check, piece))
 
     def finish(self) -> None:
-        """Wait for the checks in flight; raise the first that failed."""
+        """Wait for the checks in flight; raise the first that failed (in the pieces' order)."""
         with self._lock:
             while self._pending:
-                self._pending.popleft().result()
+                self._next()
+
+    def _next(self) -> None:
+        """The oldest check's outcome; a failure forgets those after it (the first in order is
+        the one reported, wherever it is raised)."""
+        try:
+            self._pending.popleft().result()
+        except BaseException:
+            for later in self._pending:
+                later.cancel()
+            self._pending.clear()
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -284,8 +296,10 @@ def _raw_batches(
     for k, piece in enumerate(pieces):
         if k + 1 < len(pieces):  # an object's first block arrives while this piece is read
             after = pieces[k + 1]
-            end = None if after.end == TO_END else after.end
-            storage.prefetch(after.path, after.start, end, after.size)
+            begins = sequential_start(storage.as_path(after.path), after.start)
+            if begins is not None:
+                end = None if after.end == TO_END else after.end
+                storage.prefetch(after.path, begins, end, after.size)
         check(piece)
         yield from _fill(
             builder,

@@ -238,3 +238,80 @@ def test_an_object_that_fails_to_read_reports_its_change_not_the_read(bucket):
     with pytest.raises(DataError, match="a.jsonl: changed since the run was planned"):
         for _ in partition_tables(source, tok, [piece], SkipCounter(), check_piece):
             pass
+
+
+def test_the_first_failed_check_in_order_is_the_one_reported(bucket):
+    """Two objects whose checks both fail (a's after its reading, b's before and after): the
+    error named b (the stream's end raised a's, then the error path drained the queue on and
+    raised b's over it)."""
+    from packtool.read.documents import SkipCounter
+    from packtool.tokenize.tables import FilePiece, partition_tables
+
+    for name in ("a", "b"):
+        _put(bucket, f"order/{name}.jsonl", OLD)
+    pieces = [
+        FilePiece(f"s3://{bucket}/order/{name}.jsonl", len(OLD), 0, i)
+        for i, name in enumerate(("a", "b"))
+    ]
+    calls: list[str] = []
+
+    def check(piece):
+        calls.append(piece.path)
+        name = piece.path.rsplit("/", 1)[1]
+        if name == "b.jsonl" or calls.count(piece.path) == 2:
+            raise DataError(f"{name}: changed since the run was planned (stand-in)")
+
+    source, tok = _raw_source()
+    with pytest.raises(DataError, match=r"^a\.jsonl: changed"):
+        for _ in partition_tables(source, tok, pieces, SkipCounter(), check):
+            pass
+
+
+def test_the_next_pieces_prefetch_starts_where_its_reader_reads(bucket, monkeypatch):
+    """A JSONL range that starts inside an object is read from the byte before it (is a line
+    starting there?): its prefetched block was keyed at the range's start, never taken, and the
+    reader fetched the same bytes again (16 MB of 20 read, on a 40 MB object); a Parquet piece
+    is read at offsets and never took one (a wasted GET of up to 16 MB)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.read.documents import SkipCounter
+    from packtool.read.lines import TO_END
+    from packtool.storage import remote_read
+    from packtool.tokenize.tables import FilePiece, partition_tables
+
+    body = OLD * 600  # 120,000 lines, ~3.5 MB: past a reader's first blocks (256 KB, 1 MB)
+    _put(bucket, "pre/a.jsonl", body)
+    table = pa.table({"text": [f"row {i}" for i in range(50)]})
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    _put(bucket, "pre/b.parquet", sink.getvalue())
+    half = len(body) // 2
+    url = f"s3://{bucket}/pre/a.jsonl"
+    pieces = [
+        FilePiece(url, len(body), 0, 0, 0, half),
+        FilePiece(url, len(body), 0, 0, half, TO_END),
+        FilePiece(f"s3://{bucket}/pre/b.parquet", len(sink.getvalue()), 0, 1),
+    ]
+    asked: list[tuple[str, int, int]] = []
+    real = remote_read._fetch_range
+
+    def counting(fs, path, start, end):
+        asked.append((path.rsplit("/", 1)[1], start, end))
+        return real(fs, path, start, end)
+
+    monkeypatch.setattr(remote_read, "_fetch_range", counting)
+    source, tok = _raw_source()
+    rows = sum(
+        t.num_rows for t, _ in partition_tables(source, tok, pieces, SkipCounter(), lambda p: None)
+    )
+    assert rows == 120_000 + 50
+    gets = sorted((s, e) for name, s, e in asked if name == "a.jsonl")
+    # The prefetch of the second range, from the byte before it, taken: nothing after it asked
+    # again (the first range's reader stops a tail past its end).
+    assert [(s, e) for s, e in gets if s >= half - 1] == [(half - 1, len(body))], gets
+    assert max(e for s, e in gets if s < half - 1) <= half + remote_read.TAIL_BYTES, gets
+    assert [a for a in asked if a[0] == "b.parquet"] == []  # its reads are ranged reads
+    assert not remote_read._PREFETCHED
