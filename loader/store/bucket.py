@@ -6,7 +6,9 @@ one ranged GET into the node-local cache (packtool/storage/cache.py: downloaded 
 shared by every worker and rank, never evicted while read, bounded by `cache_limit`), then
 decoded from there with the shard's footer, which the store read at open (so no footer is
 fetched again). `fetch_ahead` downloads the ranges of the row groups the epoch order asks for
-next on `FETCH_THREADS` threads per process, while the decode thread works on earlier ones.
+next on `FETCH_THREADS` threads per process, while the decode thread works on earlier ones;
+row groups it is asked for together that lie side by side in a shard come in one GET (up to
+16 MB: `RangeCache.fetch_many`), each still cached on its own.
 
 Pages are checked as they are decoded (their CRC32, `page_checksums`), as for a local
 dataset; a range that fails (a damaged download or cache file) is deleted and fetched once
@@ -33,7 +35,7 @@ from loader.store.row_group import decode_with_jemalloc
 from packtool.dataset.manifest import Manifest
 from packtool.errors import DataError
 from packtool.storage import local as storage
-from packtool.storage.cache import RangeCache, RangeFile
+from packtool.storage.cache import MERGED_BYTES, RangeCache, RangeFile
 
 CACHE_LIMIT = 64 << 30
 """Default bound on a node's cache of a bucket's row groups (`cache_limit`)."""
@@ -209,10 +211,37 @@ class BucketRowGroups:
             self._pid, self._fetcher, self._fetching = os.getpid(), None, {}
         if self._fetcher is None:
             self._fetcher = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="packtool-fetch")
-        for g in groups:
-            if g not in self._fetching:
-                self._fetching[g] = self._fetcher.submit(
-                    self.cache.fetch, *self._where(int(shards[g]), g)
-                )
+        for run in self._runs(
+            [g for g in dict.fromkeys(groups) if g not in self._fetching], shards
+        ):
+            url, key, start, end = self._where(int(shards[run[0]]), run[0])
+            if len(run) == 1:
+                job = self._fetcher.submit(self.cache.fetch, url, key, start, end)
+            else:
+                ranges = [tuple(int(x) for x in self.spans[g]) for g in run]
+                job = self._fetcher.submit(self.cache.fetch_many, url, key, ranges)
+            for g in run:
+                self._fetching[g] = job
         if len(self._fetching) > 4 * FETCH_THREADS:
             self._fetching = {g: f for g, f in self._fetching.items() if not f.done()}
+
+    def _runs(self, groups: list[int], shards: np.ndarray) -> list[list[int]]:
+        """`groups` cut into runs of row groups side by side in one shard (each one's bytes
+        end where the next one's begin), at most `MERGED_BYTES` a run: one GET each. In the
+        order of each run's first row group in `groups`."""
+        order = sorted(groups, key=lambda g: (int(shards[g]), int(self.spans[g][0])))
+        runs: list[list[int]] = []
+        for g in order:
+            if runs:
+                last = runs[-1]
+                joins = (
+                    int(shards[g]) == int(shards[last[-1]])
+                    and self.spans[g][0] == self.spans[last[-1]][1]
+                    and self.spans[g][1] - self.spans[last[0]][0] <= MERGED_BYTES
+                )
+                if joins:
+                    last.append(g)
+                    continue
+            runs.append([g])
+        first = {g: i for i, g in enumerate(groups)}
+        return sorted(runs, key=lambda run: min(first[g] for g in run))

@@ -65,6 +65,11 @@ STALE_S = 2.0
 """A `.part` file whose downloader holds no lock was left by a dead process when it holds
 bytes (the downloader writes only under its lock), or when it is empty and older than this."""
 WAIT_S = 0.005
+MERGED_BYTES = 16 << 20
+"""The most bytes `fetch_many` asks for in one GET (adjacent ranges joined): S3's advice for a
+ranged GET's size; one range larger than this is one GET of its own."""
+_BUSY: Any = object()
+"""`_claim`'s answer while another process downloads the range."""
 _NAME = re.compile(r"([0-9a-f]{64})-(0|[1-9][0-9]*)-(0|[1-9][0-9]*)")
 """A cached range's name: its object's sha256 and the range (in the subfolder of the sha256's
 first two digits). The sweep counts and deletes nothing else."""
@@ -154,10 +159,53 @@ class RangeCache:
         """The cached file of bytes `start`..`end` of `url` (content `key`), downloaded if no
         process of the node has (or is downloading) it."""
         path = self.path(key, start, end)
+        while True:
+            claim = self._claim(path)
+            if claim is None:
+                return path
+            if claim is _BUSY:
+                self._wait_or_take_over(path.with_name(path.name + ".part"))
+                continue
+            self._download(url, [(claim, path, start, end)])
+            return path
+
+    def fetch_many(self, url: Any, key: str, ranges: list[tuple[int, int]]) -> None:
+        """Download those of `ranges` (byte ranges of `url`, content `key`) that no process of
+        the node has or is downloading, each into its own file as `fetch` does one, with one
+        GET for each run of adjacent ranges (at most `MERGED_BYTES`, or one range): the row
+        groups a loader asks for next that lie side by side in a shard. A range another
+        process is downloading is left to it (a reader of it waits in `pinned`)."""
+        claims: list[tuple[int, Path, int, int]] = []
+        try:
+            for start, end in sorted(set(ranges)):
+                path = self.path(key, start, end)
+                claim = self._claim(path)
+                if claim is not None and claim is not _BUSY:
+                    claims.append((claim, path, start, end))
+            while claims:
+                run = 1
+                while (
+                    run < len(claims)
+                    and claims[run][2] == claims[run - 1][3]
+                    and claims[run][3] - claims[0][2] <= MERGED_BYTES
+                ):
+                    run += 1
+                mine, claims = claims[:run], claims[run:]
+                self._download(url, mine)
+        finally:
+            for fd, path, _, _ in claims:  # not downloaded (an error before): let them go
+                with contextlib.suppress(OSError):
+                    os.unlink(path.with_name(path.name + ".part"))
+                os.close(fd)
+
+    def _claim(self, path: Path) -> Any:
+        """One look at the range whose file is `path`: None when the file is there; `_BUSY`
+        while another process downloads it; else the descriptor of its `.part`, created by
+        this process with `O_EXCL` and locked, for this process to download it."""
         part = path.with_name(path.name + ".part")
         while True:
             if self._present(path):
-                return path
+                return None
             try:
                 fd = os.open(part, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             except FileNotFoundError:
@@ -168,44 +216,63 @@ class RangeCache:
                     raise self._unwritable(exc, always=True) from None
                 continue
             except FileExistsError:
-                self._wait_or_take_over(part)
-                continue
+                return _BUSY
             except OSError as exc:
                 raise self._unwritable(exc, always=True) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if self._present(path):  # finished by another process between our checks
                     os.unlink(part)
-                    return path
-                data = local.read_range(url, start, end)
-                if len(data) != end - start:  # the object's doing, not the cache's
-                    raise OSError(
-                        f"{url}: bytes {start}..{end} came back {len(data):,} long; the object "
-                        "is shorter than index.json says"
-                    )
-                trailer = zlib.crc32(data).to_bytes(4, "little") + MAGIC
+                    os.close(fd)
+                    return None
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(part)
+                os.close(fd)
+                raise
+            return fd
+
+    def _download(self, url: Any, claims: list[tuple[int, Path, int, int]]) -> None:
+        """One GET of the bytes of the adjacent ranges `claims` (their `.part`s created and
+        locked by `_claim`: descriptor, file, start, end), each written with its trailer and
+        renamed into place; the descriptors closed, and on a failure the `.part`s removed."""
+        first, last = claims[0][2], claims[-1][3]
+        done = 0
+        try:
+            data = local.read_range(url, first, last)
+            if len(data) != last - first:  # the object's doing, not the cache's
+                raise OSError(
+                    f"{url}: bytes {first}..{last} came back {len(data):,} long; the object "
+                    "is shorter than index.json says"
+                )
+            whole = memoryview(data)
+            self.downloaded += last - first
+            self._since_sweep += last - first
+            if self._since_sweep > self.limit // 16:
+                # Before the renames: room is made for these ranges, which are then the most
+                # recently read, so the next sweep (of any process) evicts them last.
+                self._since_sweep = 0
+                self.sweep(incoming=last - first)
+            for fd, path, start, end in claims:
+                piece = whole[start - first : end - first]
+                trailer = zlib.crc32(piece).to_bytes(4, "little") + MAGIC
                 try:
-                    for chunk in (data, trailer):
+                    for chunk in (piece, trailer):
                         view = memoryview(chunk)
                         while view:
                             view = view[os.write(fd, view) :]
                 except OSError as exc:
                     raise self._unwritable(exc) from None
-                self.downloaded += end - start
-                self._since_sweep += end - start
-                if self._since_sweep > self.limit // 16:
-                    # Before the rename: room is made for this range, which is then the most
-                    # recently read, so the next sweep (of any process) evicts it last.
-                    self._since_sweep = 0
-                    self.sweep(incoming=end - start)
-                os.rename(part, path)
-            except BaseException:
+                os.rename(path.with_name(path.name + ".part"), path)
+                done += 1
+        except BaseException:
+            for _, path, _, _ in claims[done:]:
                 with contextlib.suppress(OSError):
-                    os.unlink(part)
-                raise
-            finally:
+                    os.unlink(path.with_name(path.name + ".part"))
+            raise
+        finally:
+            for fd, _, _, _ in claims:
                 os.close(fd)
-            return path
 
     def _unwritable(self, exc: OSError, always: bool = False) -> Exception:
         """A cache folder that cannot take a download: one line naming it, not the shard

@@ -312,3 +312,71 @@ def test_a_file_the_sweep_cannot_open_or_delete_never_fails_a_read(
         assert str(theirs.name) in left and len(left) == 2
     else:  # a subfolder it cannot list is not counted
         assert len(left) == 5
+
+
+def _gets(monkeypatch) -> list[tuple[int, int]]:
+    """The GETs the cache makes (`local.read_range`), recorded."""
+    asked: list[tuple[int, int]] = []
+    real = cache_module.local.read_range
+
+    def counting(url, start, end):
+        asked.append((start, end))
+        return real(url, start, end)
+
+    monkeypatch.setattr(cache_module.local, "read_range", counting)
+    return asked
+
+
+def test_fetch_many_joins_adjacent_ranges_and_leaves_what_is_there_or_taken(
+    tmp_path, obj, monkeypatch
+):
+    """Row groups side by side come in one GET (at most `MERGED_BYTES`, or one range), each
+    cached on its own; a range already cached or being downloaded by another process is not
+    asked for."""
+    import fcntl
+
+    monkeypatch.setattr(cache_module, "MERGED_BYTES", 450)
+    cache = RangeCache(tmp_path / "c", 1 << 20)
+    cache.fetch(obj, KEY, 300, 400)  # cached before
+    busy = cache.path(KEY, 700, 800).with_name(f"{KEY}-700-800.part")
+    busy.parent.mkdir(parents=True, exist_ok=True)
+    other = os.open(busy, os.O_CREAT | os.O_WRONLY, 0o600)  # another process downloads it
+    fcntl.flock(other, fcntl.LOCK_EX)
+    asked = _gets(monkeypatch)
+    ranges = [(0, 100), (100, 300), (300, 400), (400, 600), (600, 700), (700, 800), (800, 900),
+              (2000, 2100), (2100, 2600)]  # fmt: skip
+    try:
+        cache.fetch_many(obj, KEY, list(reversed(ranges)))
+    finally:
+        os.close(other)
+    # 0-300 joined; 300-400 was there; 400-700 joined; 700-800 another's; 800-900 alone;
+    # 2000-2100 then 2100-2600 (together past MERGED_BYTES: apart).
+    assert asked == [(0, 300), (400, 700), (800, 900), (2000, 2100), (2100, 2600)]
+    data = obj.read_bytes()
+    del asked[:]
+    os.unlink(busy)  # its downloader is gone: the reader below fetches it itself
+    for start, end in ranges:
+        assert _read(cache, obj, start, end) == data[start:end]
+    assert asked == [(700, 800)]
+    assert not list((tmp_path / "c").rglob("*.part"))
+
+
+def test_a_failed_joined_download_leaves_no_part_and_what_came_before_cached(
+    tmp_path, obj, monkeypatch
+):
+    cache = RangeCache(tmp_path / "c", 1 << 20)
+    real = cache_module.local.read_range
+
+    def failing(url, start, end):
+        if start >= 1000:
+            raise OSError("connection reset by peer")
+        return real(url, start, end)
+
+    monkeypatch.setattr(cache_module.local, "read_range", failing)
+    with pytest.raises(OSError, match="connection reset"):
+        cache.fetch_many(obj, KEY, [(0, 100), (100, 200), (1000, 1100), (1100, 1200), (5000, 5100)])
+    assert not list((tmp_path / "c").rglob("*.part"))  # the failed run's and the one after it
+    names = sorted(p.name for p in (tmp_path / "c").rglob("*") if p.is_file())
+    assert names == [f"{KEY}-0-100", f"{KEY}-100-200"]
+    monkeypatch.setattr(cache_module.local, "read_range", real)
+    assert _read(cache, obj, 1000, 1100) == obj.read_bytes()[1000:1100]

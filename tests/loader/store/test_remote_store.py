@@ -352,3 +352,79 @@ def test_a_web_server_that_ignores_ranges_serves_the_loader_too(datasets, tmp_pa
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_row_groups_asked_for_together_come_in_one_get_each_run(datasets, tmp_path, monkeypatch):
+    """The stored order asks for row groups side by side: they came one GET each (~90 GETs of
+    ~30 KB here, a round trip and a billed request each on a real store); now one GET a run of
+    adjacent ones (at most 16 MB), each still cached and checked on its own."""
+    from packtool.storage import cache as cache_module
+
+    local, url = datasets
+    asked: list[tuple[int, int]] = []
+    real = cache_module.local.read_range
+
+    def counting(path, start, end):
+        asked.append((start, end))
+        return real(path, start, end)
+
+    monkeypatch.setattr(cache_module.local, "read_range", counting)
+    want = [
+        b["input_ids"].tolist() for b in PackedDataset(local, tokens_per_batch=4096, shuffle=False)
+    ]
+    ds = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(tmp_path / "c"), shuffle=False)
+    footers = len(asked)
+    assert [b["input_ids"].tolist() for b in ds] == want
+    groups = ds.store.num_row_groups
+    gets = len(asked) - footers
+    assert groups > 40 and gets <= groups // 4, (gets, groups)
+    cached = [p for p in (tmp_path / "c").rglob("*") if p.is_file()]
+    assert len(cached) == groups + footers  # a file per row group (and per footer)
+
+
+def test_runs_are_adjacent_row_groups_of_one_shard_in_the_order_asked():
+    """`BucketRowGroups._runs` on random layouts against what a run must be: every row group
+    once, each run one shard's adjacent groups within MERGED_BYTES (or one group), no two runs
+    that could have been one, runs in the order their first group was asked for."""
+    import numpy as np
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from loader.store.bucket import BucketRowGroups
+    from packtool.storage.cache import MERGED_BYTES
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        sizes=st.lists(st.lists(st.integers(1, 9 << 20), min_size=1, max_size=8), min_size=1,
+                       max_size=4),
+        data=st.data(),
+    )  # fmt: skip
+    def check(sizes, data):
+        spans, shards = [], []
+        for shard, groups in enumerate(sizes):
+            at = 4
+            for n in groups:
+                gap = data.draw(st.sampled_from([0, 0, 0, 7]))  # now and then not adjacent
+                spans.append((at + gap, at + gap + n))
+                shards.append(shard)
+                at += gap + n
+        rows = object.__new__(BucketRowGroups)
+        rows.spans = np.asarray(spans, dtype=np.int64)
+        shard_of = np.asarray(shards, dtype=np.int64)
+        asked = data.draw(st.permutations(range(len(spans))))
+        asked = asked[: data.draw(st.integers(1, len(asked)))]
+        runs = rows._runs(list(asked), shard_of)
+        assert sorted(g for run in runs for g in run) == sorted(asked)
+        for run in runs:
+            assert len({shards[g] for g in run}) == 1
+            assert all(spans[a][1] == spans[b][0] for a, b in zip(run, run[1:], strict=False))
+            assert len(run) == 1 or spans[run[-1]][1] - spans[run[0]][0] <= MERGED_BYTES
+        ends = {(shards[run[-1]], spans[run[-1]][1]): run for run in runs}
+        for run in runs:  # maximal: a run that starts where another ends would pass the cap
+            before = ends.get((shards[run[0]], spans[run[0]][0]))
+            if before is not None and before is not run:
+                assert spans[run[-1]][1] - spans[before[0]][0] > MERGED_BYTES
+        firsts = [min(asked.index(g) for g in run) for run in runs]
+        assert firsts == sorted(firsts)
+
+    check()
