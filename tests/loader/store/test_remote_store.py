@@ -358,17 +358,10 @@ def test_row_groups_asked_for_together_come_in_one_get_each_run(datasets, tmp_pa
     """The stored order asks for row groups side by side: they came one GET each (~90 GETs of
     ~30 KB here, a round trip and a billed request each on a real store); now one GET a run of
     adjacent ones (at most 16 MB), each still cached and checked on its own."""
-    from packtool.storage import cache as cache_module
+    from tests.loader.store.test_range_cache import _gets
 
     local, url = datasets
-    asked: list[tuple[int, int]] = []
-    real = cache_module.local.read_range
-
-    def counting(path, start, end):
-        asked.append((start, end))
-        return real(path, start, end)
-
-    monkeypatch.setattr(cache_module.local, "read_range", counting)
+    asked = _gets(monkeypatch)
     want = [
         b["input_ids"].tolist() for b in PackedDataset(local, tokens_per_batch=4096, shuffle=False)
     ]
