@@ -23,6 +23,7 @@ during the run is a one-line error naming it, not a silently mixed dataset.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -134,17 +135,35 @@ def partition_tables(
     the stream ends only once they all passed.
     """
     checks = _Checks(check)
-    try:
-        yield from _tables(source, tokenizer, pieces, skips, checks)
-    except GeneratorExit:
-        raise
-    except Exception:
-        checks.finish()  # an object that changed under its reader is the cause of the error
-        raise
-    else:
-        checks.finish()
-    finally:
-        checks.close()
+    with _checked(checks):
+        if source.mode == RAW:
+            assert tokenizer is not None
+            yield from _encoded(_raw_batches(source.read, pieces, skips, checks), tokenizer, source)
+            return
+        if source.mode == RECORDS:
+            yield from _records(source, tokenizer, pieces, skips, checks)
+            return
+        for piece in pieces:
+            checks(piece)
+            path = storage.as_path(piece.path)
+            if source.mode == TOKENIZED:
+                tables = read_tokenized_file(
+                    path, piece.file_index, source.schema, source.identity, piece.start, piece.end
+                )
+            else:
+                tables = read_pretokenized_file(
+                    path,
+                    source.mask_source,
+                    source.read,
+                    source.schema,
+                    source.identity.vocab_size,
+                    skips,
+                    file_index=piece.file_index,
+                    start=piece.start,
+                    end=piece.end,
+                )
+            yield from tables
+            checks(piece)
 
 
 class _Checks:
@@ -200,41 +219,22 @@ class _Checks:
                 self._pool = None
 
 
-def _tables(
-    source: Source,
-    tokenizer: Tokenizer | None,
-    pieces: list[FilePiece],
-    skips: SkipCounter,
-    check: Any,
-) -> Iterator[tuple[pa.Table, int]]:
-    if source.mode == RAW:
-        assert tokenizer is not None
-        yield from _encoded(_raw_batches(source.read, pieces, skips, check), tokenizer, source)
-        return
-    if source.mode == RECORDS:
-        yield from _records(source, tokenizer, pieces, skips, check)
-        return
-    for piece in pieces:
-        check(piece)
-        path = storage.as_path(piece.path)
-        if source.mode == TOKENIZED:
-            tables = read_tokenized_file(
-                path, piece.file_index, source.schema, source.identity, piece.start, piece.end
-            )
-        else:
-            tables = read_pretokenized_file(
-                path,
-                source.mask_source,
-                source.read,
-                source.schema,
-                source.identity.vocab_size,
-                skips,
-                file_index=piece.file_index,
-                start=piece.start,
-                end=piece.end,
-            )
-        yield from tables
-        check(piece)
+@contextlib.contextmanager
+def _checked(checks: _Checks) -> Iterator[None]:
+    """The stream's end waits for its checks (the first failure in order raised); an error
+    reading a piece waits for them too, a failed check being its cause (an object replaced
+    under its reader); a stream closed early forgets them."""
+    try:
+        yield
+    except GeneratorExit:
+        raise
+    except Exception:
+        checks.finish()
+        raise
+    else:
+        checks.finish()
+    finally:
+        checks.close()
 
 
 def _records(
