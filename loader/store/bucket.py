@@ -35,7 +35,7 @@ from loader.store.row_group import decode_with_jemalloc
 from packtool.dataset.manifest import Manifest
 from packtool.errors import DataError
 from packtool.storage import local as storage
-from packtool.storage.cache import MERGED_BYTES, RangeCache, RangeFile
+from packtool.storage.cache import MERGED_BYTES, MERGED_RANGES, RangeCache, RangeFile
 
 CACHE_LIMIT = 64 << 30
 """Default bound on a node's cache of a bucket's row groups (`cache_limit`)."""
@@ -227,8 +227,8 @@ class BucketRowGroups:
 
     def _runs(self, groups: list[int], shards: np.ndarray) -> list[list[int]]:
         """`groups` cut into runs of row groups side by side in one shard (each one's bytes
-        end where the next one's begin), at most `MERGED_BYTES` a run: one GET each. In the
-        order of each run's first row group in `groups`."""
+        end where the next one's begin), at most `MERGED_BYTES` and `MERGED_RANGES` a run: one
+        GET each. In the order of each run's first row group in `groups`."""
         order = sorted(groups, key=lambda g: (int(shards[g]), int(self.spans[g][0])))
         runs: list[list[int]] = []
         for g in order:
@@ -238,6 +238,7 @@ class BucketRowGroups:
                     int(shards[g]) == int(shards[last[-1]])
                     and self.spans[g][0] == self.spans[last[-1]][1]
                     and self.spans[g][1] - self.spans[last[0]][0] <= MERGED_BYTES
+                    and len(last) < MERGED_RANGES
                 )
                 if joins:
                     last.append(g)

@@ -93,10 +93,11 @@ def file_kind(path: Path) -> str:
 def sequential_start(path: Path, start: int) -> int | None:
     """Where the reader of `path`'s piece starting at `start` first reads, when it reads on
     from there (what `storage.prefetch` fetches ahead for it); None for Parquet, read at
-    offsets (its footer, then its row groups: `start` counts row groups there)."""
-    if format_of(path) is PARQUET:
-        return None
-    return range_start(start)  # a JSONL range; a whole file (text, .json, compressed) at 0
+    offsets (its footer, then its row groups: `start` counts row groups there), and for a
+    `.json` file, opened twice (its first bytes say whether it is one JSON array)."""
+    if format_of(path) is PARQUET or file_name(path).lower().endswith(jsonl.JSON_SUFFIXES):
+        return None  # a `.json` object is probed first (an array?), which took the block
+    return range_start(start)  # a JSONL range; a whole file (text, compressed) at 0
 
 
 def read_file(

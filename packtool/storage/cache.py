@@ -68,6 +68,9 @@ WAIT_S = 0.005
 MERGED_BYTES = 16 << 20
 """The most bytes `fetch_many` asks for in one GET (adjacent ranges joined): S3's advice for a
 ranged GET's size; one range larger than this is one GET of its own."""
+MERGED_RANGES = 64
+"""The most ranges one GET of `fetch_many` takes: each holds an open, locked `.part` until the
+GET is done (small row groups must not run a process out of file descriptors)."""
 _BUSY: Any = object()
 """`_claim`'s answer while another process downloads the range."""
 _NAME = re.compile(r"([0-9a-f]{64})-(0|[1-9][0-9]*)-(0|[1-9][0-9]*)")
@@ -172,25 +175,42 @@ class RangeCache:
     def fetch_many(self, url: Any, key: str, ranges: list[tuple[int, int]]) -> None:
         """Download those of `ranges` (byte ranges of `url`, content `key`) that no process of
         the node has or is downloading, each into its own file as `fetch` does one, with one
-        GET for each run of adjacent ranges (at most `MERGED_BYTES`, or one range): the row
-        groups a loader asks for next that lie side by side in a shard. A range another
-        process is downloading is left to it (a reader of it waits in `pinned`)."""
+        GET for each run of adjacent ranges (at most `MERGED_BYTES` and `MERGED_RANGES`, or one
+        range): the row groups a loader asks for next that lie side by side in a shard. A
+        range another process is downloading is left to it (a reader of it waits in
+        `pinned`). A run's ranges are claimed just before its GET: a process holds at most
+        `MERGED_RANGES` open `.part`s a call."""
+        wanted = sorted(set(ranges))
+        at = 0
+        while at < len(wanted):
+            run = [wanted[at]]
+            at += 1
+            while (
+                at < len(wanted)
+                and len(run) < MERGED_RANGES
+                and wanted[at][0] == run[-1][1]
+                and wanted[at][1] - run[0][0] <= MERGED_BYTES
+            ):
+                run.append(wanted[at])
+                at += 1
+            self._fetch_run(url, key, run)
+
+    def _fetch_run(self, url: Any, key: str, run: list[tuple[int, int]]) -> None:
+        """Claim the adjacent ranges `run` and download what this process claimed, one GET for
+        each stretch between ranges it did not (cached, or another's)."""
         claims: list[tuple[int, Path, int, int]] = []
         try:
-            for start, end in sorted(set(ranges)):
+            for start, end in run:
                 path = self.path(key, start, end)
                 claim = self._claim(path)
-                if claim is not None and claim is not _BUSY:
-                    claims.append((claim, path, start, end))
-            while claims:
-                run = 1
-                while (
-                    run < len(claims)
-                    and claims[run][2] == claims[run - 1][3]
-                    and claims[run][3] - claims[0][2] <= MERGED_BYTES
-                ):
-                    run += 1
-                mine, claims = claims[:run], claims[run:]
+                if claim is None or claim is _BUSY:
+                    mine, claims = claims, []
+                    if mine:  # the stretch before this range: its own GET
+                        self._download(url, mine)
+                    continue
+                claims.append((claim, path, start, end))
+            mine, claims = claims, []
+            if mine:
                 self._download(url, mine)
         finally:
             for fd, path, _, _ in claims:  # not downloaded (an error before): let them go

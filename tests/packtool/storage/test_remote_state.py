@@ -315,3 +315,38 @@ def test_the_next_pieces_prefetch_starts_where_its_reader_reads(bucket, monkeypa
     assert max(e for s, e in gets if s < half - 1) <= half + remote_read.TAIL_BYTES, gets
     assert [a for a in asked if a[0] == "b.parquet"] == []  # its reads are ranged reads
     assert not remote_read._PREFETCHED
+
+
+def test_a_json_object_after_another_piece_is_not_downloaded_twice(bucket, monkeypatch):
+    """A `.json` object is opened twice (its first bytes say whether it is one JSON array):
+    the first open took the block prefetched for it and the reader fetched the object again
+    from 0. It gets no prefetch now: the probe's first block and the reading, once."""
+    import json
+
+    from packtool.read.documents import SkipCounter
+    from packtool.storage import remote_read
+    from packtool.tokenize.tables import FilePiece, partition_tables
+
+    docs = [{"text": f"json document {i:06d} " + "x" * 40} for i in range(50_000)]
+    array = json.dumps(docs).encode()  # ~3.4 MB, one JSON array
+    _put(bucket, "arr/a.jsonl", OLD)
+    _put(bucket, "arr/b.json", array)
+    pieces = [
+        FilePiece(f"s3://{bucket}/arr/a.jsonl", len(OLD), 0, 0),
+        FilePiece(f"s3://{bucket}/arr/b.json", len(array), 0, 1),
+    ]
+    asked: list[tuple[str, int, int]] = []
+    real = remote_read._fetch_range
+
+    def counting(fs, path, start, end):
+        asked.append((path.rsplit("/", 1)[1], start, end))
+        return real(fs, path, start, end)
+
+    monkeypatch.setattr(remote_read, "_fetch_range", counting)
+    source, tok = _raw_source()
+    rows = sum(
+        t.num_rows for t, _ in partition_tables(source, tok, pieces, SkipCounter(), lambda p: None)
+    )
+    assert rows == 200 + 50_000
+    fetched = sum(e - s for name, s, e in asked if name == "b.json")
+    assert fetched <= len(array) + remote_read.FIRST_READ_BYTES, (fetched, len(array))
