@@ -267,6 +267,27 @@ def test_the_first_failed_check_in_order_is_the_one_reported(bucket):
             pass
 
 
+def _rows_and_gets(pieces, monkeypatch) -> tuple[int, list[tuple[str, int, int]]]:
+    """The rows of a partition of `pieces` (raw text, byte tokenizer, no checks) and the GETs
+    its sequential reads made: (object name, start, end)."""
+    from packtool.read.documents import SkipCounter
+    from packtool.storage import remote_read
+    from packtool.tokenize.tables import partition_tables
+
+    asked: list[tuple[str, int, int]] = []
+    real = remote_read._fetch_range
+
+    def counting(fs, path, start, end):
+        asked.append((path.rsplit("/", 1)[1], start, end))
+        return real(fs, path, start, end)
+
+    monkeypatch.setattr(remote_read, "_fetch_range", counting)
+    source, tok = _raw_source()
+    checks = lambda p: None  # noqa: E731
+    rows = sum(t.num_rows for t, _ in partition_tables(source, tok, pieces, SkipCounter(), checks))
+    return rows, asked
+
+
 def test_the_next_pieces_prefetch_starts_where_its_reader_reads(bucket, monkeypatch):
     """A JSONL range that starts inside an object is read from the byte before it (is a line
     starting there?): its prefetched block was keyed at the range's start, never taken, and the
@@ -277,10 +298,9 @@ def test_the_next_pieces_prefetch_starts_where_its_reader_reads(bucket, monkeypa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from packtool.read.documents import SkipCounter
     from packtool.read.lines import TO_END
     from packtool.storage import remote_read
-    from packtool.tokenize.tables import FilePiece, partition_tables
+    from packtool.tokenize.tables import FilePiece
 
     body = OLD * 600  # 120,000 lines, ~3.5 MB: past a reader's first blocks (256 KB, 1 MB)
     _put(bucket, "pre/a.jsonl", body)
@@ -295,18 +315,7 @@ def test_the_next_pieces_prefetch_starts_where_its_reader_reads(bucket, monkeypa
         FilePiece(url, len(body), 0, 0, half, TO_END),
         FilePiece(f"s3://{bucket}/pre/b.parquet", len(sink.getvalue()), 0, 1),
     ]
-    asked: list[tuple[str, int, int]] = []
-    real = remote_read._fetch_range
-
-    def counting(fs, path, start, end):
-        asked.append((path.rsplit("/", 1)[1], start, end))
-        return real(fs, path, start, end)
-
-    monkeypatch.setattr(remote_read, "_fetch_range", counting)
-    source, tok = _raw_source()
-    rows = sum(
-        t.num_rows for t, _ in partition_tables(source, tok, pieces, SkipCounter(), lambda p: None)
-    )
+    rows, asked = _rows_and_gets(pieces, monkeypatch)
     assert rows == 120_000 + 50
     gets = sorted((s, e) for name, s, e in asked if name == "a.jsonl")
     # The prefetch of the second range, from the byte before it, taken: nothing after it asked
@@ -323,9 +332,8 @@ def test_a_json_object_after_another_piece_is_not_downloaded_twice(bucket, monke
     from 0. It gets no prefetch now: the probe's first block and the reading, once."""
     import json
 
-    from packtool.read.documents import SkipCounter
     from packtool.storage import remote_read
-    from packtool.tokenize.tables import FilePiece, partition_tables
+    from packtool.tokenize.tables import FilePiece
 
     docs = [{"text": f"json document {i:06d} " + "x" * 40} for i in range(50_000)]
     array = json.dumps(docs).encode()  # ~3.4 MB, one JSON array
@@ -335,18 +343,7 @@ def test_a_json_object_after_another_piece_is_not_downloaded_twice(bucket, monke
         FilePiece(f"s3://{bucket}/arr/a.jsonl", len(OLD), 0, 0),
         FilePiece(f"s3://{bucket}/arr/b.json", len(array), 0, 1),
     ]
-    asked: list[tuple[str, int, int]] = []
-    real = remote_read._fetch_range
-
-    def counting(fs, path, start, end):
-        asked.append((path.rsplit("/", 1)[1], start, end))
-        return real(fs, path, start, end)
-
-    monkeypatch.setattr(remote_read, "_fetch_range", counting)
-    source, tok = _raw_source()
-    rows = sum(
-        t.num_rows for t, _ in partition_tables(source, tok, pieces, SkipCounter(), lambda p: None)
-    )
+    rows, asked = _rows_and_gets(pieces, monkeypatch)
     assert rows == 200 + 50_000
     fetched = sum(e - s for name, s, e in asked if name == "b.json")
     assert fetched <= len(array) + remote_read.FIRST_READ_BYTES, (fetched, len(array))
