@@ -48,9 +48,9 @@ def map_ordered(
     is the one reported, never the first to fail in time (items after it may have been read;
     their results are dropped). A thread takes `batch` consecutive items at a time (one task
     per item costs more than a read from the page cache), fewer where a list of items would
-    leave threads idle (12 objects' first records: 12 requests at once, not 8 then 4); at most `2 * threads * batch` results
-    are held at once, whatever the number of items. Close the iterator
-    (`contextlib.closing`) when stopping early.
+    leave threads idle (12 objects' first records: 12 requests at once, not 8 then 4); at
+    most `2 * threads * batch` results are held at once, whatever the number of items. Close
+    the iterator (`contextlib.closing`) when stopping early.
     """
     n = threads or io_threads()
     if n <= 1 or (isinstance(items, list | tuple) and len(items) < 2):

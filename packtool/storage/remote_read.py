@@ -70,11 +70,11 @@ def prefetch(path: Any, start: int, end: int | None, size: int) -> None:
     blocks, so reading a corpus of many objects does not wait, at each object, for a first GET
     and the growing blocks after it (round trips a real store makes long). The block is not cut
     small as a reader's first is (for a probe that wants a few bytes): this reader reads the
-    whole piece from `start` (the caller says where its reader starts: `read.formats.
-    sequential_start`), and an object up to 16 MB is one request, not three (the 180 MB bench corpus
-    from moto, 6 alternations: 3.91 s against 4.05 s s3 -> local, 4.62 against 4.92 s s3 ->
-    s3). Nothing is asked for twice; a failed fetch raises where its bytes are read, as any
-    read-ahead."""
+    whole piece from `start` (the caller says where its reader starts:
+    `read.formats.sequential_start`), and an object up to 16 MB is one request, not three (the
+    180 MB bench corpus from moto, 6 alternations: 3.91 s against 4.05 s s3 -> local, 4.62
+    against 4.92 s s3 -> s3). Nothing is asked for twice; a failed fetch raises where its bytes
+    are read, as any read-ahead."""
     fs, p = filesystem(path)
     stop = size if end is None else min(end, size)
     key = (p, start)
@@ -178,8 +178,8 @@ class ReadAhead(_Positioned):
     (`READ_AHEAD_THREADS` per process), up to `READ_AHEAD_BLOCKS` of them in flight (one while
     the first block is read), none starting at or past `end`; a first block taken whole in one
     call (a buffered reader's fill: a probe of a first record) fetches nothing more until the
-    next call asks for its bytes. A failed fetch raises where its bytes are read, as one line naming the URL
-    (`naming`).
+    next call asks for its bytes. A failed fetch raises where its bytes are read, as one line
+    naming the URL (`naming`).
     """
 
     def __init__(
