@@ -214,11 +214,12 @@ class BucketRowGroups:
         for run in self._runs(
             [g for g in dict.fromkeys(groups) if g not in self._fetching], shards
         ):
-            url, key, start, end = self._where(int(shards[run[0]]), run[0])
+            shard = int(shards[run[0]])
+            url, key, start, end = self._where(shard, run[0])
             if len(run) == 1:
                 job = self._fetcher.submit(self.cache.fetch, url, key, start, end)
             else:
-                ranges = [tuple(int(x) for x in self.spans[g]) for g in run]
+                ranges = [self._where(shard, g)[2:] for g in run]
                 job = self._fetcher.submit(self.cache.fetch_many, url, key, ranges)
             for g in run:
                 self._fetching[g] = job

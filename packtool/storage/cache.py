@@ -167,7 +167,7 @@ class RangeCache:
             if claim is None:
                 return path
             if claim is _BUSY:
-                self._wait_or_take_over(path.with_name(path.name + ".part"))
+                self._wait_or_take_over(_part(path))
                 continue
             self._download(url, [(claim, path, start, end)])
             return path
@@ -215,14 +215,14 @@ class RangeCache:
         finally:
             for fd, path, _, _ in claims:  # not downloaded (an error before): let them go
                 with contextlib.suppress(OSError):
-                    os.unlink(path.with_name(path.name + ".part"))
+                    os.unlink(_part(path))
                 os.close(fd)
 
     def _claim(self, path: Path) -> Any:
         """One look at the range whose file is `path`: None when the file is there; `_BUSY`
         while another process downloads it; else the descriptor of its `.part`, created by
         this process with `O_EXCL` and locked, for this process to download it."""
-        part = path.with_name(path.name + ".part")
+        part = _part(path)
         while True:
             if self._present(path):
                 return None
@@ -283,12 +283,12 @@ class RangeCache:
                             view = view[os.write(fd, view) :]
                 except OSError as exc:
                     raise self._unwritable(exc) from None
-                os.rename(path.with_name(path.name + ".part"), path)
+                os.rename(_part(path), path)
                 done += 1
         except BaseException:
             for _, path, _, _ in claims[done:]:
                 with contextlib.suppress(OSError):
-                    os.unlink(path.with_name(path.name + ".part"))
+                    os.unlink(_part(path))
             raise
         finally:
             for fd, _, _, _ in claims:
@@ -493,6 +493,11 @@ class RangeCache:
 
 
 _EMPTY: Any = object()
+
+
+def _part(path: Path) -> Path:
+    """Where the range whose file is `path` is written while it downloads (`NAME.part`)."""
+    return path.with_name(path.name + ".part")
 
 
 def _checked_map(fd: int, n: int) -> Any:

@@ -204,16 +204,17 @@ class _Checks:
         try:
             self._pending.popleft().result()
         except BaseException:
-            for later in self._pending:
-                later.cancel()
-            self._pending.clear()
+            self._forget()
             raise
+
+    def _forget(self) -> None:
+        for pending in self._pending:
+            pending.cancel()
+        self._pending.clear()
 
     def close(self) -> None:
         with self._lock:
-            for pending in self._pending:
-                pending.cancel()
-            self._pending.clear()
+            self._forget()
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
@@ -226,9 +227,7 @@ def _checked(checks: _Checks) -> Iterator[None]:
     under its reader); a stream closed early forgets them."""
     try:
         yield
-    except GeneratorExit:
-        raise
-    except Exception:
+    except Exception:  # not GeneratorExit (a BaseException): a stream closed early
         checks.finish()
         raise
     else:
