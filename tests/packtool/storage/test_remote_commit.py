@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 
 import pytest
 
 from packtool.dataset import output
+from packtool.dataset.names import RUN_STATE
 from packtool.dataset.output import make_staging, output_paths
 from packtool.engines.local import run_pack
 from packtool.errors import AlreadyComplete, ConfigError, DataError
@@ -285,6 +287,40 @@ def test_a_commit_never_removes_another_run_s_staging(fs, local_pack):
     assert _link(fs, "theirs") == paths_a.staging.name
     assert f"{theirs}/shard-000000-00000.parquet" in _objects(fs, "theirs")
     assert json.loads(fs.cat_file(f"{BUCKET}/theirs/.packtool-staging"))["version"] == theirs
+
+
+def test_a_commit_cleans_up_with_its_requests_side_by_side(fs, local_pack, monkeypatch, capsys):
+    # After the switch the run's state, unfinished uploads and the old version went one
+    # request after another (0.15-0.20 s on a loopback store): each waits here for the others,
+    # so one after another never gets past the first.
+    url = f"s3://{BUCKET}/sidebyside"
+    run_pack(pack_config(url))
+    first = _link(fs, "sidebyside")
+    met = threading.Barrier(3, timeout=10)
+    remove, abort = output.remove, remote_write.abort_uploads
+    seen = []
+
+    def meeting(fn, what):
+        def call(*args, **kwargs):
+            if what not in seen:  # the first call of each kind waits for the other two kinds
+                seen.append(what)
+                met.wait()
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(
+        output,
+        "remove",
+        lambda path: meeting(remove, "state" if path.name == RUN_STATE else "old")(path),
+    )
+    monkeypatch.setattr(remote_write, "abort_uploads", meeting(abort, "uploads"))
+    run_pack(pack_config(url, overwrite=True))
+    assert "warning" not in capsys.readouterr().err
+    assert sorted(seen) == ["old", "state", "uploads"]
+    second = _link(fs, "sidebyside")
+    assert second != first
+    assert _objects(fs, "sidebyside") == ["index.json", *(f"{second}/{n}" for n in local_pack)]
 
 
 def test_resume_of_other_options_never_switches_in_a_run_killed_at_its_link(fs, monkeypatch):
