@@ -153,9 +153,11 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
     abandoned = _abandoned(paths)
     if abandoned or storage.exists(paths.staging):
         if not abandoned and not config.overwrite:
+            done = len(records.finished(paths.staging))
+            left = f"{done:,} finished partition{'s' if done != 1 else ''}" if done else "plan"
             raise ConfigError(
-                f"an interrupted run into {shown} left its finished partitions in "
-                f"{paths.staging}; pass --resume to finish it or --overwrite to start over"
+                f"an interrupted run into {shown} left its {left} in {paths.staging}; pass "
+                "--resume to finish it or --overwrite to start over"
             )
         # (Without a saved plan it was killed while it checked or planned: nothing to keep.)
         from packtool.engines.slurm.state import stop_jobs

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, PacktoolError
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -421,6 +421,25 @@ ENGINES: tuple[Engine, ...] = (
     Engine("sentencepiece", ("sentencepiece",), True, "sentencepiece", _open_sentencepiece),
 )
 ENGINE_NAMES = tuple(e.name for e in ENGINES)
+
+
+def encode_checked(encoder: Encoder, texts: Sequence[str], source: Source, name: str) -> Any:
+    """`encoder.encode(texts)`, where the library's failure is one line naming the tokenizer.
+
+    A tokenizer file can load (and pass the probe, which only the faster engines run) and still
+    fail on some text: an unknown character in a tokenizer.json whose unknown token is not in
+    its vocabulary, a ranks file without all 256 single bytes (tiktoken panics in Rust: a
+    `BaseException`). The run then stops as on a bad option: the tokenizer is at fault."""
+    try:
+        return encoder.encode(texts)
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, MemoryError, PacktoolError)):
+            raise
+        raise ConfigError(
+            f"{source.where}: the {name} engine could not encode the text "
+            f"({type(exc).__name__}: {one_line(exc, 160)}): this tokenizer cannot encode every "
+            "text (a character with no id and no unknown token?); fix its file or use another"
+        ) from None
 
 
 def one_line(value: Any, limit: int = 240) -> str:

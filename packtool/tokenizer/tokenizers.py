@@ -21,10 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from packtool.dataset.identity import (
-    TokenizerIdentity,
-    token_dtype,
-)
+from packtool.dataset.identity import TokenizerIdentity, token_dtype
 from packtool.errors import ConfigError
 from packtool.storage import local as storage
 from packtool.tokenizer.choice import choose_engine, probe_digest
@@ -35,6 +32,7 @@ from packtool.tokenizer.engines import (
     Engine,
     EngineRefused,
     Source,
+    encode_checked,
     flatten_lists,
     limit_threads,
     parse_engines,
@@ -227,7 +225,7 @@ class EngineTokenizer(Tokenizer):
             self.encoder.workers = n
 
     def _library_encode(self, texts: Sequence[str]) -> Any:
-        return self.encoder.encode(texts)
+        return encode_checked(self.encoder, texts, self.source, self.identity.engine or "")
 
     def _flat(self, raw: Any) -> tuple[np.ndarray, np.ndarray]:
         return self.encoder.flat(raw)

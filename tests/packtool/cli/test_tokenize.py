@@ -271,3 +271,56 @@ def test_tokenized_parquet_is_read_with_its_recorded_tokenizer(tmp_path):
         code, _, err = run("tokenize", made, *args, "--tokenizer", "byte")
         line = one_error_line(err)
         assert f"tokenized with hf:{tok}" in line and "requested tokenizer is byte:byte" in line
+
+
+def _cannot_encode(tmp_path: Path) -> dict[str, Path]:
+    """Tokenizer files that load but cannot encode every text: a tokenizer.json whose unknown
+    token is not in its vocabulary, and a ranks file without the 256 single bytes."""
+    import base64
+    import json
+
+    word_level = {
+        "version": "1.0", "added_tokens": [], "normalizer": None,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": {"some": 0, "words": 1}, "unk_token": "<none>"},
+    }  # fmt: skip
+    (tmp_path / "wl.json").write_text(json.dumps(word_level))
+    ranks = b"".join(base64.b64encode(t) + b" %d\n" % i for i, t in enumerate([b"a", b"b", b"ab"]))
+    (tmp_path / "tiny.tiktoken").write_bytes(ranks)
+    return {"tokenizers": tmp_path / "wl.json", "tiktoken": tmp_path / "tiny.tiktoken"}
+
+
+@pytest.mark.parametrize("engine", ["tokenizers", "tiktoken"])
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_a_tokenizer_that_cannot_encode_a_text_is_one_line_and_leaves_nothing(
+    tmp_path, engine, command
+):
+    # tokenizers raised a plain Exception (WordLevel: "Missing [UNK] token"), tiktoken panicked
+    # in Rust (a BaseException): both a traceback, and `pack` kept its staging folder as for a
+    # Ctrl-C, so the corrected command was refused ("an interrupted run ... left its finished
+    # partitions").
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "some words"}\n{"text": "zzz unknown"}\n')
+    tokenizer = _cannot_encode(tmp_path)[engine]
+    out = tmp_path / ("o" if command == "pack" else "o.parquet")
+    args = (
+        command,
+        src,
+        "-o",
+        out,
+        "--tokenizer",
+        tokenizer,
+        "--tokenizer-engine",
+        engine,
+        "--no-eos",
+    )
+    code, _, err = run(*args)
+    *notes, line = err.strip().splitlines()  # a ranks file's note on its split pattern first
+    assert "Traceback" not in err and all(n.startswith("note: ") for n in notes), err
+    assert (
+        code != 0 and f"error: {tokenizer}: the {engine} engine could not encode the text" in line
+    )
+    # nothing left beside the inputs: no output, no staging folder, no lock
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "tiny.tiktoken", "wl.json"]
+    code, _, err = run(command, src, "-o", out)  # the corrected command (byte) runs
+    assert code == 0, err

@@ -158,6 +158,24 @@ def test_resume_with_the_inputs_named_another_way_says_so(tmp_path, monkeypatch)
     assert run(tmp_path / "out", inputs=("c.jsonl",), resume=True, **kw).partitions >= 1
 
 
+def test_a_rerun_after_an_interrupted_run_says_what_it_left(tmp_path, monkeypatch):
+    """A run stopped before any partition finished was said to have left "its finished
+    partitions"; one that finished some says how many."""
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(worker, "write_chunk", boom)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "out", max_len=1024, chunk_docs=500)
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match=r"left its plan in .*; pass --resume"):
+        run(tmp_path / "out", max_len=1024, chunk_docs=500)
+    records.write_record(staging_folder(tmp_path / "out"), {"partition": 0})
+    with pytest.raises(ConfigError, match=r"left its 1 finished partition in "):
+        run(tmp_path / "out", max_len=1024, chunk_docs=500)
+
+
 def test_resume_refuses_changed_options_and_finished_runs(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
