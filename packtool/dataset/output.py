@@ -422,23 +422,28 @@ def _clean_after_switch(paths: OutputPaths) -> None:
     its parts); every other version packtool wrote is deleted (but another run's staging,
     which cannot exist under the lock and is never deleted), with the files of an unversioned
     dataset the link replaced (copied in with `aws s3 sync`, say: its shards at the top, which
-    went on beside the new version for good). The requests do not depend on each other but
-    for the staging object, read once before it is deleted or kept: they go side by side (a
-    commit on a loopback store took 0.15-0.20 s one after another). The first failure is
+    went on beside the new version for good). The requests go side by side (a commit on a
+    loopback store took 0.15-0.20 s one after another), but for the staging object: read once
+    before it is deleted or kept, and deleted only after the run state. The first failure is
     raised once all have ended."""
     from concurrent.futures import ThreadPoolExecutor
 
     version = paths.staging.name
     with ThreadPoolExecutor(4, thread_name_prefix="packtool-commit") as pool:
-        done = [
-            pool.submit(remove, paths.staging / RUN_STATE),  # kept till now: `names.RUN_STATE`
-            pool.submit(remote_write.abort_uploads, paths.target),
-        ]
+        state = pool.submit(remove, paths.staging / RUN_STATE)  # kept till now: `RUN_STATE`
+        done = [state, pool.submit(remote_write.abort_uploads, paths.target)]
         listing = pool.submit(storage.list_dir, paths.target)
         record = staging_record(paths.target)
+        if record is not None and record["version"] == version:  # never another run's
+
+            def staging_after_state() -> None:
+                # Only once the run state is gone: `recover` deletes a linked version's state
+                # only while a staging object names it (a kill in between left it for good).
+                state.result()
+                writing.remove_file(paths.target / REMOTE_STAGING)
+
+            done.append(pool.submit(staging_after_state))
         other = None if record is None else record["version"]
-        if other == version:  # never another run's
-            done.append(pool.submit(writing.remove_file, paths.target / REMOTE_STAGING))
         entries = listing.result()
         stray = _stray_versions(entries, {version, other})
         stray += [e for e in entries if _unversioned_file(e.name)]

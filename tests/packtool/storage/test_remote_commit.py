@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 
 import pytest
 
@@ -321,6 +322,36 @@ def test_a_commit_cleans_up_with_its_requests_side_by_side(fs, local_pack, monke
     second = _link(fs, "sidebyside")
     assert second != first
     assert _objects(fs, "sidebyside") == ["index.json", *(f"{second}/{n}" for n in local_pack)]
+
+
+def test_a_commit_deletes_its_staging_object_only_after_its_run_state(fs, monkeypatch):
+    # The clean-up deleted the run state (many objects) and `.packtool-staging` (one) side by
+    # side: a kill after the latter left the state inside the committed version for good, as
+    # `recover` deletes a linked version's state only while a staging object names it.
+    url = f"s3://{BUCKET}/order"
+    remove, remove_file = output.remove, writing.remove_file
+    state_gone = []
+
+    def slow_remove(path):
+        if path.name == RUN_STATE:
+            time.sleep(0.5)
+            remove(path)
+            state_gone.append(path)
+        else:
+            remove(path)
+
+    def checked_remove_file(path, missing_ok=True):
+        if str(path).endswith(".packtool-staging"):
+            assert state_gone, "the staging object went before the run state"
+        return remove_file(path, missing_ok)
+
+    monkeypatch.setattr(output, "remove", slow_remove)
+    monkeypatch.setattr(writing, "remove_file", checked_remove_file)
+    run_pack(pack_config(url))
+    assert state_gone
+    version = _link(fs, "order")
+    assert not [o for o in _objects(fs, "order") if RUN_STATE in o or "staging" in o]
+    assert f"{version}/index.json" in _objects(fs, "order")
 
 
 def test_resume_of_other_options_never_switches_in_a_run_killed_at_its_link(fs, monkeypatch):
