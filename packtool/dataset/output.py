@@ -204,7 +204,10 @@ def make_staging(paths: OutputPaths) -> None:
         if paths.held is not None:
             paths.held.confirm()
         record = {"version": paths.staging.name, "replaces": current_version(paths.target)}
-        if not writing.create_exclusive(paths.target / REMOTE_STAGING, json.dumps(record).encode()):
+        data, pointer = json.dumps(record).encode(), paths.target / REMOTE_STAGING
+        if not writing.create_exclusive(pointer, data) and _read_or_none(pointer) != data:
+            # (Equal: this run's own put, applied but its answer lost, and refused when the
+            # client retried it. The version's random name makes the record this run's.)
             raise ConfigError(
                 f"{paths.shown}: another run's {REMOTE_STAGING} appeared under the output while "
                 "this one held its lock (another writer took it over?); nothing was committed"
@@ -213,6 +216,13 @@ def make_staging(paths: OutputPaths) -> None:
     if paths.hub:  # what the run replaces, for a commit made later (`--resume`) to check
         hub_record.begin(paths.staging, current_version(paths.target))
     writing.make_dir(paths.staging)
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return storage.read_bytes(path)
+    except FileNotFoundError:
+        return None
 
 
 def remove_staging(paths: OutputPaths, *, leftover: bool = False) -> OutputPaths:

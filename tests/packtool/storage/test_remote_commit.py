@@ -354,6 +354,24 @@ def test_a_commit_deletes_its_staging_object_only_after_its_run_state(fs, monkey
     assert f"{version}/index.json" in _objects(fs, "order")
 
 
+def test_a_lost_answer_to_the_staging_object_s_put_is_this_run_s_own(fs, local_pack, monkeypatch):
+    # The store applied the conditional put of `.packtool-staging`, its answer was lost and the
+    # client's retry was refused (412): the run stopped, blaming "another writer".
+    url = f"s3://{BUCKET}/lost"
+    create = writing.create_exclusive
+
+    def answer_lost(path, data):
+        if str(path).endswith(".packtool-staging"):
+            assert create(path, data)  # applied ...
+            return create(path, data)  # ... and the retry refused: False
+        return create(path, data)
+
+    monkeypatch.setattr(writing, "create_exclusive", answer_lost)
+    run_pack(pack_config(url))
+    version = _link(fs, "lost")
+    assert _objects(fs, "lost") == ["index.json", *(f"{version}/{n}" for n in local_pack)]
+
+
 def test_resume_of_other_options_never_switches_in_a_run_killed_at_its_link(fs, monkeypatch):
     # A run killed while it wrote its link (its version whole, index.json in it), then `--resume`
     # with another max_len: it switched the killed run's version in and said "committed" (exit
