@@ -77,11 +77,10 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
             return [as_path(text)]
         if any(c in p for c in "*?[") and not text.endswith("/"):
             found = sorted(fs.glob(p, detail=True).items())
-            files = [
-                k
-                for k, meta in found
-                if meta.get("type") != "directory" and _glob_shows(p, k, protocol)
-            ]
+            shown = [(k, meta.get("type")) for k, meta in found if _glob_shows(p, k, protocol)]
+            files = [k for k, kind in shown if kind != "directory"]
+            if protocol not in ("http", "https"):  # a web folder's page is no file of it
+                files += _objects_too(fs, [k for k, kind in shown if kind == "directory"])
             if not files:
                 raise DataError(f"{text}: glob matches no objects")
             files.sort(key=lambda k: _plain(protocol, k))  # as a local glob's: by name
@@ -105,6 +104,23 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
         # string sort reverses), a web page's names decoded (`%C3%BC...` is `ü...`)
         named.sort(key=lambda k: _plain(protocol, k).split("/"))
         return [as_path(_url(protocol, k, fs)) for k in named]
+
+
+def _objects_too(fs: Any, prefixes: list[str]) -> list[str]:
+    """Those of the prefixes a glob matched that are objects too (`a.jsonl` beside
+    `a.jsonl/b.jsonl`: a listing shows such a key as a folder only, so a glob passed the object
+    over without a word, while the prefix read it); one look at the store each, side by side.
+    A glob matches prefixes only where it names folders (`data/*`), as a local glob does."""
+    if not prefixes:
+        return []
+    from concurrent.futures import ThreadPoolExecutor
+
+    def an_object(key: str) -> bool:
+        info = _found(fs, key)
+        return info is not None and info.get("type") != "directory"
+
+    with ThreadPoolExecutor(min(16, len(prefixes)), thread_name_prefix="packtool-glob") as pool:
+        return [k for k, yes in zip(prefixes, pool.map(an_object, prefixes), strict=True) if yes]
 
 
 def hidden(segment: str) -> bool:

@@ -376,6 +376,22 @@ def _put(key: str, documents: int) -> None:
     boto3.client("s3").put_object(Bucket="corpus", Key=key, Body=body.encode())
 
 
+def test_a_glob_reads_an_object_whose_key_is_also_a_prefix(bucket, s3_client):
+    # `e/two.jsonl` beside `e/two.jsonl/z.jsonl`: the listing shows it as a folder only, so
+    # 's3://corpus/e/*.jsonl' read `plain.jsonl` alone (the prefix read all three), and
+    # 's3://corpus/g/*' "matches no objects" where `g/dual` is an object and a prefix.
+    _put("e/plain.jsonl", 2)
+    _put("e/two.jsonl", 3)
+    _put("e/two.jsonl/z.jsonl", 5)
+    _put("e/sub/q.jsonl", 7)  # a prefix only: as a local glob's folder, not read
+    _put("g/dual", 11)
+    _put("g/dual/x.jsonl", 13)
+    assert _documents("s3://corpus/e/*.jsonl") == 2 + 3
+    assert _documents("s3://corpus/e/*") == 2 + 3
+    assert _documents("s3://corpus/e/") == 2 + 3 + 5 + 7
+    assert _documents("s3://corpus/g/*") == 1  # no suffix: the object is one text
+
+
 def test_urls_name_the_objects_they_say(bucket, s3_client):
     # Each read another object, or fewer, without a word (an audit, on moto):
     # a trailing slash named the object beside the prefix, not the prefix's objects;
