@@ -80,24 +80,68 @@ def exact_fields(obj: Any, data: bytes, fields: Sequence[str]) -> Any:
     return obj
 
 
-def read_json_array(path: Path, fields: Sequence[str] = ()) -> Iterator[tuple[str, Any, int, int]]:
+LONE_SURROGATE = "no low surrogate in string"
+"""The skip's detail for a string holding a lone surrogate escape (orjson's words)."""
+
+
+def standard_json(data: bytes) -> Any:
+    """What orjson refused, parsed by the standard library where JSON's grammar allows it: a
+    number beyond a double's range (`1e400`, a valid JSON number orjson refuses as infinity;
+    read as `inf`), a string holding a lone surrogate escape (`"\\ud800"`, which the callers
+    skip: no UTF-8 text holds one). None where it is not JSON either (`NaN` and `Infinity`
+    are not JSON, though the standard library reads them; nor are invalid UTF-8, or nesting
+    past the interpreter's recursion limit)."""
+    try:
+        return json.loads(data, parse_constant=_not_json)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError included
+        return None
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether a parsed value holds a string (a key or a value) with a lone surrogate."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_lone_surrogate(k) or _lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(map(_lone_surrogate, value))
+    return False
+
+
+def read_json_array(
+    path: Path, fields: Sequence[str] = (), skips: SkipCounter | None = None
+) -> Iterator[tuple[str, Any, int, int]]:
     """(where, object, bytes, item index) for each element of a file holding one JSON array;
-    `fields` as `exact_fields` says."""
+    `fields` as `exact_fields` says. An element holding a lone surrogate (an array orjson
+    refuses whole, read by `standard_json`) is a `malformed_json` skip, as such a line is."""
     with read_errors(path), open_stream(path) as f:
         data = f.read().removeprefix(BOM)
     try:
         items = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise DataError(
-            f"{path}: starts with '[' but is not one valid JSON array ({exc}); "
-            "JSON Lines files must have one object per line"
-        ) from None
+        items = standard_json(data)
+        if items is None:
+            raise DataError(
+                f"{path}: starts with '[' but is not one valid JSON array ({exc}); "
+                "JSON Lines files must have one object per line"
+            ) from None
     if not isinstance(items, list):  # pragma: no cover - a leading '[' parses as an array
         raise DataError(f"{path}: expected a JSON array")
     if fields and any(isinstance(o, dict) and any(_lossy(o.get(f)) for f in fields) for o in items):
         items = json.loads(data)  # once per file, only where such a number is there
     per_item = len(data) // max(len(items), 1)
     for i, obj in enumerate(items):
+        if skips is not None and _lone_surrogate(obj):  # JSON allows it; UTF-8 text cannot
+            skips.add("malformed_json", f"{path}:item {i}", LONE_SURROGATE)
+            continue
         yield f"{path}:item {i}", obj, per_item, i
 
 
@@ -113,7 +157,7 @@ def json_objects(
     `jsonl_objects`'s for the lines starting in `[start, end)`. Every reader of JSON records
     asks this one function which a file is."""
     if json_array_file(path):
-        return read_json_array(path, fields)
+        return read_json_array(path, fields, skips)
     return jsonl_objects(path, skips, start, end, fields)
 
 
@@ -143,6 +187,10 @@ def _objects(
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
+            obj = standard_json(line)
+            if obj is not None and not _lone_surrogate(obj):
+                yield where, obj, len(line), offset
+                continue
             if offset == 0 and (found := binary_kind(line)) is not None:
                 kind, hint = found  # a whole file of documents, not one bad line: never a skip
                 raise DataError(f"{path}: holds {kind}, not text; {hint}") from None

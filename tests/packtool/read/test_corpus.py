@@ -480,3 +480,25 @@ def test_a_lone_surrogate_escape_is_a_counted_malformed_json_skip(tmp_path):
     assert [d[1] for d in read_all([path], skips=skips)] == ["kept"]
     assert skips.counts == {"malformed_json": 1}
     assert skips.examples["malformed_json"] == [f"{path}:1 (no low surrogate in string)"]
+
+
+def test_valid_json_orjson_refuses_is_read_and_a_lone_surrogate_element_is_a_skip(tmp_path):
+    """A number beyond a double's range (`1e400`, in a field that is not the text) made its
+    line a `malformed_json` skip, and made a `.json` array holding it, or an element with a
+    lone surrogate, an error for the whole file: orjson refuses both, JSON's grammar allows
+    them. `NaN` is still no JSON."""
+    lines = tmp_path / "n.jsonl"
+    lines.write_text(
+        '{"text": "big", "score": 1e400}\n{"text": "nan", "x": NaN}\n{"text": "a\\ud800"}\n'
+        '{"text": "kept"}\n'
+    )
+    array = tmp_path / "a.json"
+    array.write_text('[{"text": "x\\ud800"}, {"text": "ok", "s": -1e999}, {"text": "last"}]')
+    skips = SkipCounter()
+    assert [d[1] for d in read_all([lines, array], skips=skips)] == ["big", "kept", "ok", "last"]
+    assert skips.counts == {"malformed_json": 2 + 1}
+    assert skips.examples["malformed_json"] == [
+        f"{lines}:2 (unexpected character, expected a JSON value)",
+        f"{lines}:3 (no low surrogate in string)",
+        f"{array}:item 0 (no low surrogate in string)",
+    ]
