@@ -166,7 +166,8 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--eos-id",
             default=None,
             metavar="ID|default",
-            help="EOS id appended to every document [default: the tokenizer's own].",
+            help="EOS id appended to every document (chat records: only recorded, their "
+            "template writes the end of each turn; docs/sft.md) [default: the tokenizer's own].",
         ),
         click.option("--no-eos", is_flag=True, help="Append no EOS."),
         click.option(
@@ -209,6 +210,9 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         if storage_options is not None:
             _set_storage_options(storage_options)
+        for flag, value in (("--text-field", text_field), ("--text-column", text_column)):
+            if not value:  # (the library's check names its parameter: `text_field`)
+                raise ConfigError(f"{flag} must name a field, got ''")
         corpus = CorpusOptions(
             text_field,
             text_column,

@@ -358,9 +358,9 @@ def check_recorded_tokenizer(
     raise DataError(
         f"{where}: tokenized with {identity.kind}:{identity.name} "
         f"(vocab {identity.vocab_size}, eos {identity.eos_id}, bos {identity.bos_id}), but "
-        f"the requested tokenizer is {want.kind}:{want.name} (vocab {want.vocab_size}, "
-        f"eos {want.eos_id}, bos {want.bos_id}); pass the same --tokenizer/--eos-id/--bos-id "
-        "or re-tokenize the raw corpus"
+        f"the options give {want.kind}:{want.name} (vocab {want.vocab_size}, eos {want.eos_id}, "
+        f"bos {want.bos_id}{'; byte is the default without --tokenizer' if want.kind == 'byte' else ''}"
+        "); pass the same --tokenizer/--eos-id/--bos-id or re-tokenize the raw corpus"
     )
 
 

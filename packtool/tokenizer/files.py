@@ -278,6 +278,11 @@ def resolve(spec: str) -> TokenizerFiles:
                 name=str(model),
                 config=load_tokenizer_config(path),
             )
+        if not storage.is_file(file) and storage.is_file(model):  # `hf:` asked for the json
+            raise ConfigError(
+                f"tokenizer folder {str(path)!r} has no {TOKENIZER_FILE}, only a SentencePiece "
+                f"{SENTENCEPIECE_FILE}: drop the 'hf:' to load it"
+            )
         if not storage.is_file(file):
             raise ConfigError(
                 f"tokenizer folder {str(path)!r} has no {TOKENIZER_FILE} (nor {SENTENCEPIECE_FILE}); "

@@ -164,7 +164,7 @@ def test_a_run_that_fails_before_any_chunk_leaves_nothing_behind(tmp_path, small
     assert code == 0, err
     # Wrong EOS for this tokenized input: refused before the output folder is made.
     code, _, err = run("pack", tmp_path / "tok.parquet", "-o", tmp_path / "p", "--eos-id", "3")
-    assert code == 1 and "requested tokenizer" in one_error_line(err)
+    assert code == 1 and "the options give" in one_error_line(err)
     assert not (tmp_path / "p").exists()
     # A corpus with no usable document: the state file is dropped again, the folder too.
     empty = jsonl(tmp_path / "empty.jsonl", [{"text": ""}])

@@ -270,7 +270,7 @@ def test_tokenized_parquet_is_read_with_its_recorded_tokenizer(tmp_path):
     for args in (["-o", tmp_path / "b.parquet"], ["--to", "megatron", "-o", tmp_path / "b"]):
         code, _, err = run("tokenize", made, *args, "--tokenizer", "byte")
         line = one_error_line(err)
-        assert f"tokenized with hf:{tok}" in line and "requested tokenizer is byte:byte" in line
+        assert f"tokenized with hf:{tok}" in line and "the options give byte:byte" in line
 
 
 def _cannot_encode(tmp_path: Path) -> dict[str, Path]:
@@ -324,3 +324,21 @@ def test_a_tokenizer_that_cannot_encode_a_text_is_one_line_and_leaves_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "tiny.tiktoken", "wl.json"]
     code, _, err = run(command, src, "-o", out)  # the corrected command (byte) runs
     assert code == 0, err
+
+
+def test_option_messages_name_the_options(tmp_path):
+    # `--text-field ''` was answered in the library's words ("text_field must be a non-empty
+    # string"), and a tokenized input that `--no-bos` alone re-reads (the default tokenizer,
+    # byte) was refused naming "the requested tokenizer byte:byte", which nobody requested.
+    from tests.packtool.tokenizer_shapes import build
+
+    src = write_corpus(tmp_path / "c.jsonl")
+    for flag in ("--text-field", "--text-column"):
+        code, _, err = run("stats", src, flag, "")
+        assert code != 0 and one_error_line(err) == f"error: {flag} must name a field, got ''"
+    made = tmp_path / "made.parquet"
+    assert run("tokenize", src, "-o", made, "--tokenizer", build("gpt2", tmp_path / "tok"))[0] == 0
+    code, _, err = run("pack", made, "-o", tmp_path / "out", "--no-bos")
+    line = one_error_line(err)
+    assert code != 0 and "but the options give byte:byte" in line, line
+    assert "byte is the default without --tokenizer" in line

@@ -282,7 +282,7 @@ def test_tokenizer_mismatch_is_an_error(tmp_path):
         pack=PackConfig(max_len=1024),
         progress=False,
     )
-    with pytest.raises(DataError, match="requested tokenizer"):
+    with pytest.raises(DataError, match="the options give"):
         run_pack(config, load_tokenizer("byte", eos=None))
 
 

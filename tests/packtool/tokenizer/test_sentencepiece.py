@@ -175,6 +175,10 @@ def test_a_folder_with_tokenizer_model_and_no_tokenizer_json(model):
         assert load_tokenizer(str(model.parent)).identity.bos_id is None
     finally:
         (model.parent / "tokenizer_config.json").unlink()
+    # `hf:` asks for its tokenizer.json: the refusal said "no tokenizer.json (nor
+    # tokenizer.model)" of a folder holding one.
+    with pytest.raises(ConfigError, match=r"only a SentencePiece tokenizer.model: drop the 'hf:'"):
+        load_tokenizer(f"hf:{model.parent}")
 
 
 def test_pack_and_verify_with_a_model_file(tmp_path, model):
