@@ -357,7 +357,7 @@ def test_a_commit_deletes_its_staging_object_only_after_its_run_state(fs, monkey
 def test_a_lost_answer_to_the_staging_object_s_put_is_this_run_s_own(fs, local_pack, monkeypatch):
     # The store applied the conditional put of `.packtool-staging`, its answer was lost and the
     # client's retry was refused (412): the run stopped, blaming "another writer".
-    url = f"s3://{BUCKET}/lost"
+    url = f"s3://{BUCKET}/lostanswer"
     create = writing.create_exclusive
 
     def answer_lost(path, data):
@@ -368,8 +368,8 @@ def test_a_lost_answer_to_the_staging_object_s_put_is_this_run_s_own(fs, local_p
 
     monkeypatch.setattr(writing, "create_exclusive", answer_lost)
     run_pack(pack_config(url))
-    version = _link(fs, "lost")
-    assert _objects(fs, "lost") == ["index.json", *(f"{version}/{n}" for n in local_pack)]
+    version = _link(fs, "lostanswer")
+    assert _objects(fs, "lostanswer") == ["index.json", *(f"{version}/{n}" for n in local_pack)]
 
 
 def test_resume_of_other_options_never_switches_in_a_run_killed_at_its_link(fs, monkeypatch):
