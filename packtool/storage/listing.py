@@ -239,7 +239,7 @@ def _web_name(url: str) -> str:
 
 def unread(text: str, suffixes: tuple[str, ...], examples: int) -> tuple[int, list[str]]:
     """The objects under the prefix `text` that `expand` passes over (names ending in none of
-    `suffixes`; hidden names aside, as `expand` skips them): how many, the first `examples`.
+    `suffixes`; hidden names and empty objects aside): how many, the first `examples`.
     One more listing of the prefix (1,000 keys a request): a prefix's other objects are never
     passed over in silence, as a local folder's files are not."""
     fs, p = filesystem(text)
@@ -251,9 +251,12 @@ def unread(text: str, suffixes: tuple[str, ...], examples: int) -> tuple[int, li
             if info is None or info.get("type") != "directory":
                 return 0, []  # an object or nothing: nothing is passed over
         try:
-            keys = sorted(fs.find(p, withdirs=False))
+            found = fs.find(p, withdirs=False, detail=True)
         except FileNotFoundError:
             return 0, []
+    # A zero-byte object holds no text, so nothing is passed over: a folder marker (`w/sub/`,
+    # what a console's "Create folder" writes) was named as an unread file.
+    keys = sorted(k for k, info in found.items() if info.get("size", 1) != 0)
     protocol = scheme(text) or ""
     count, shown = 0, []
     for k in keys:

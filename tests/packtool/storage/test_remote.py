@@ -463,8 +463,13 @@ def test_a_prefix_input_notes_the_objects_it_does_not_read(bucket):
     client.put_object(Bucket="corpus", Key="noted/a.jsonl", Body=b'{"text": "read"}\n')
     client.put_object(Bucket="corpus", Key="noted/notes.bin", Body=b"x")
     client.put_object(Bucket="corpus", Key="noted/.hidden.bin", Body=b"x")  # hidden: skipped
-    code, _, err = run("stats", "s3://corpus/noted/")
+    # folder markers (a console's "Create folder"): were named as unread files
+    for marker in ("noted/", "noted/sub/", "noted/empty/"):
+        client.put_object(Bucket="corpus", Key=marker, Body=b"")
+    client.put_object(Bucket="corpus", Key="noted/sub/b.jsonl", Body=b'{"text": "read too"}\n')
+    code, out, err = run("stats", "s3://corpus/noted/", "--json")
     assert code == 0, err
+    assert json.loads(out)["documents"] == 2
     assert "note: 1 file(s) in the input folders are not read (s3://corpus/noted/notes.bin)" in err
     code, _, err = run("stats", "s3://corpus/noted/a.jsonl")  # an object named: no note
     assert code == 0 and "note:" not in err, err
