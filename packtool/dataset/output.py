@@ -413,9 +413,16 @@ def _collect(paths: OutputPaths) -> None:
         staging = None
     stray = _stray_versions(storage.list_dir(paths.target), {linked, staging})
     if stray or staging is not None:
-        remote_write.abort_uploads(paths.target)
+        remote_write.abort_uploads(paths.target, only=_in_a_version)
     for entry in stray:
         remove(entry)
+
+
+def _in_a_version(key: str) -> bool:
+    """A key below a remote output's prefix inside one of its versions: the only objects of it
+    a run uploads in parts (shards). Another output's under the prefix (`-o s3://b/d/inner`
+    beside `-o s3://b/d`, with a lock of its own) is not this output's to abort."""
+    return is_version(key.split("/", 1)[0])
 
 
 def _stray_versions(entries: list[Path], keep: set[str | None]) -> list[Path]:
@@ -441,7 +448,7 @@ def _clean_after_switch(paths: OutputPaths) -> None:
     version = paths.staging.name
     with ThreadPoolExecutor(4, thread_name_prefix="packtool-commit") as pool:
         state = pool.submit(remove, paths.staging / RUN_STATE)  # kept till now: `RUN_STATE`
-        done = [state, pool.submit(remote_write.abort_uploads, paths.target)]
+        done = [state, pool.submit(remote_write.abort_uploads, paths.target, only=_in_a_version)]
         listing = pool.submit(storage.list_dir, paths.target)
         record = staging_record(paths.target)
         if record is not None and record["version"] == version:  # never another run's

@@ -34,7 +34,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from packtool.errors import DataError
@@ -150,17 +150,19 @@ def _uploads(url: Any, exact: bool) -> Iterator[tuple[str, str]]:
         args["UploadIdMarker"] = found.get("NextUploadIdMarker")
 
 
-def abort_uploads(url: Any, exact: bool = False) -> int:
+def abort_uploads(url: Any, exact: bool = False, only: Callable[[str], bool] | None = None) -> int:
     """Abort the unfinished multipart uploads under the prefix `url` (or of the object `url`,
     `exact`): a process killed during an upload leaves its parts stored and billed, invisible
-    to listings; how many. S3 only."""
+    to listings; how many. `only`: those whose key below the prefix it takes. S3 only."""
     if not _is_s3(url):
         return 0
     fs, p = filesystem(url)
-    bucket = p.partition("/")[0]
+    bucket, _, prefix = p.rstrip("/").partition("/")
     aborted = 0
     with naming(url):
         for key, upload in list(_uploads(url, exact)):
+            if only is not None and not only(key[len(prefix) + 1 :]):
+                continue
             fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload)
             aborted += 1
     return aborted

@@ -528,6 +528,22 @@ def test_a_writer_aborts_only_its_own_prefix_s_unfinished_uploads(fs, s3_client)
     )
 
 
+def test_a_commit_aborts_no_upload_of_another_output_under_its_prefix(fs):
+    """`-o s3://b/nest` aborted every unfinished upload under `nest/`, a live one of another
+    output written to `nest/inner` (with a lock of its own) included; only its versions'."""
+    import boto3
+
+    client = boto3.client("s3")
+    theirs = "nest/inner/v-19700101T000000-00000000/shard-000000-00000.parquet"
+    mine = "nest/v-19700101T000000-00000000/shard-000000-00000.parquet"
+    kept = client.create_multipart_upload(Bucket=BUCKET, Key=theirs)["UploadId"]
+    client.create_multipart_upload(Bucket=BUCKET, Key=mine)  # a dead worker's, say
+    run_pack(pack_config(f"s3://{BUCKET}/nest"))
+    left = client.list_multipart_uploads(Bucket=BUCKET, Prefix="nest/").get("Uploads") or []
+    assert [u["UploadId"] for u in left] == [kept]
+    client.abort_multipart_upload(Bucket=BUCKET, Key=theirs, UploadId=kept)
+
+
 def test_unfinished_uploads_are_aborted_at_every_commit_and_where_a_run_left_work(fs, monkeypatch):
     """A writer aborts the unfinished multipart uploads under the output at its commit (a worker
     that died mid-upload, its partition retried, leaves its parts in a run that succeeds), and
@@ -542,7 +558,7 @@ def test_unfinished_uploads_are_aborted_at_every_commit_and_where_a_run_left_wor
     monkeypatch.setattr(
         remote_write,
         "abort_uploads",
-        lambda url, exact=False: listed.append(str(url)) or real(url, exact),
+        lambda url, exact=False, only=None: listed.append(str(url)) or real(url, exact, only),
     )
     url = f"s3://{BUCKET}/aborts"
     client = boto3.client("s3")
