@@ -311,6 +311,15 @@ class OutputLock:
             self._held = None
 
 
+def _still_held(lock: OutputLock) -> bool:
+    """`lock.holds()` for a failed run; True where that cannot be told (the store out of reach:
+    the run's own error stands)."""
+    try:
+        return lock.holds()
+    except Exception:
+        return True
+
+
 def _describe_holder(note: bytes) -> str:
     try:
         info = json.loads(note or b"{}")
@@ -629,8 +638,17 @@ def transaction(
             try:
                 yield paths, prepared
             except BaseException as exc:
-                if discard(exc, prepared) and lock.holds():  # lost: nothing here is ours
+                held = _still_held(lock)
+                if discard(exc, prepared) and held:  # lost: nothing here is ours
                     remove_staging(paths)
+                if not held and isinstance(exc, Exception):
+                    # What failed is the takeover's doing (its --overwrite deleted this run's
+                    # objects: "parts/000000.json: no such object"): say so first.
+                    what = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+                    raise ConfigError(
+                        f"{paths.shown}: another writer took over this run's lock (its lease ran "
+                        f"out unrenewed) and this run stopped ({what}); nothing was committed"
+                    ) from exc
                 raise
             lock.confirm()  # renewed now, conditionally: a lost lock commits nothing
             if commit_with is None:

@@ -162,6 +162,23 @@ def test_a_writer_that_lost_its_lock_never_names_its_run_and_its_leftovers_never
     assert not any(o.startswith((stale, ".packtool-staging")) for o in _objects(fs, "lost"))
 
 
+def test_a_run_that_fails_after_losing_its_lock_says_so(fs, monkeypatch):
+    # Writer A stalled past its lease; B --overwrite took the lock over and deleted A's run.
+    # A woke and failed on "...parts/000000.json: no such object", not saying why.
+    monkeypatch.setenv("PACKTOOL_LOCK_LEASE_S", "1")
+    url = f"s3://{BUCKET}/stalled"
+    a_run = output.transaction(url, "writer A", lambda p: None, lambda e, s: False)
+    with pytest.raises(ConfigError) as failed, a_run as (paths, _):
+        paths.held._held._stop.set()  # A stalls: no renewal
+        time.sleep(1.5)
+        run_pack(pack_config(url, overwrite=True))  # B takes the stale lock over, commits
+        raise FileNotFoundError(f"{paths.staging}/.packtool-run/parts/000000.json")
+    said = str(failed.value)
+    assert said.startswith(f"{url}: another writer took over this run's lock"), said
+    assert "(FileNotFoundError: " in said and said.endswith("nothing was committed")
+    assert _link(fs, "stalled")  # B's dataset stands
+
+
 def test_a_megatron_run_that_lost_its_lock_swaps_nothing_in(fs, tmp_path, monkeypatch):
     # `tokenize --to megatron -o s3://...` stalled past its lease once its parts were merged
     # (a SIGSTOP, or the store out of reach: no refused renewal had set `lost` yet) and B took
