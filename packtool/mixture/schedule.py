@@ -324,15 +324,9 @@ class Schedule:
             self.done = f"source {spec.name!r} reached max_epochs {spec.max_epochs}"
             self._event("stopped", f"the mixture ended: {self.done}", spec.name)
             return
-        left = [n for n, w in zip(self.names, self.weights, strict=True) if w > 0]
-        if not left:
-            rest = [n for n, c in zip(self.names, self.capped, strict=True) if not c]
-            self.done = "every source reached its max_epochs"
-            if rest:  # weight 0 and no cap: never drawn from, so the mixture ends all the same
-                self.done = (
-                    "every source with a weight reached its max_epochs; only weight-0 "
-                    f"source(s) {', '.join(map(repr, rest))} remain, which are never drawn from"
-                )
+        ended = self._none_left()
+        if ended is not None:
+            self.done = ended
             self._event("stopped", f"the mixture ended: {self.done}", spec.name)
             return
         self._new_segment()
@@ -345,6 +339,19 @@ class Schedule:
             f"{int(self.tokens[i]):,} tokens and was dropped; the others renormalised "
             f"({shares})",
             spec.name,
+        )
+
+    def _none_left(self) -> str | None:
+        """Why the mixture is over when every source with a weight is capped (None: one is not)."""
+        if any(w > 0 for w in self.weights):
+            return None
+        rest = [n for n, c in zip(self.names, self.capped, strict=True) if not c]
+        if not rest:
+            return "every source reached its max_epochs"
+        # weight 0 and no cap: never drawn from, so the mixture ends all the same
+        return (
+            "every source with a weight reached its max_epochs; only weight-0 "
+            f"source(s) {', '.join(map(repr, rest))} remain, which are never drawn from"
         )
 
     def _settle(self) -> None:
@@ -366,6 +373,10 @@ class Schedule:
             allowed = _allowed(spec, self.readers[i], int(self.epoch[i]))
             if allowed is not None and self.pos[i] >= allowed:
                 self._cap(i)
+        ended = None if self.done is not None else self._none_left()
+        if ended is not None:  # every weighted source capped before (a changed mixture resumed:
+            self.done = ended  # its `done` is not restored): nothing to draw, `next` spun for good
+            self._event("stopped", f"the mixture ended: {ended}")
 
     # ---- windows ----------------------------------------------------------------------------
 

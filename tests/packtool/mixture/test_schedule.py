@@ -223,6 +223,26 @@ def test_every_source_capped_with_drop_ends_the_mixture():
     assert rows.shape[1] == 6 and sch.done == "every source reached its max_epochs"
 
 
+@pytest.mark.parametrize("weights", [[1, 2], [0, 1]])
+def test_a_changed_mixture_resumed_with_every_weighted_source_capped_ends_at_once(weights):
+    # A finished mixture of two `drop` sources, resumed with a weight changed (or the uncapped
+    # one's weight 0): a changed mixture's `done` is not restored, the caps are, and `next`
+    # spun forever (no weight left, nothing to refill).
+    def schedule(w, state=None):
+        return Schedule(
+            [SourceSpec(name=f"s{i}", path="x", weight=x, max_epochs=1, at_cap="drop")
+             for i, x in enumerate(w)],
+            [ListReader([1] * 4), ListReader([1] * 2)], unit="rows", max_len=1, state=state,
+        )  # fmt: skip
+
+    first = schedule([1, 1])
+    assert run(first, 100).shape[1] == 6 and first.done is not None
+    again = schedule(weights, first.state())
+    assert again.changes  # (the loader warns "resuming a changed mixture")
+    assert again.done == "every source reached its max_epochs"
+    assert len(again.next(10)) == 0
+
+
 def capped_to(cap, n, state=None):
     """A one-source schedule of `n` one-token rows under max_epochs `cap`, at_cap stop."""
     source = SourceSpec(name="s", path="x", weight=1, max_epochs=cap, at_cap="stop")
