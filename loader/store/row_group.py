@@ -160,6 +160,14 @@ def validate_row_group(
         bad_rows[row_of_step[inside & (steps <= 0)]] = True
         fail(bad_rows, "doc_offsets is not strictly increasing")
     tokens = data.tokens
+    if len(tokens) and np.issubdtype(tokens.dtype, np.signedinteger) and int(tokens.min()) < 0:
+        # (Signed ids: shards other tools wrote; packtool's are unsigned, and pay nothing here.)
+        pos = int(np.flatnonzero(tokens < 0)[0])
+        row = int(np.searchsorted(data.token_offsets, pos, side="right") - 1)
+        raise DataError(
+            f"{where}: row {first_row + row}: token id {int(tokens[pos])} is negative; the shard "
+            "is damaged, repack it"
+        )
     # One max over the row group's tokens (about 2% of decoding it, README "Loader"): an id the
     # model's embedding does not have would otherwise fail much later, or index another row.
     if vocab_size is not None and len(tokens) and np.iinfo(tokens.dtype).max >= vocab_size:

@@ -487,6 +487,19 @@ def test_a_token_id_beyond_the_vocabulary_is_an_error(tmp_path):
         list(PackedDataset(d, rows_per_batch=4, shuffle=False))
 
 
+def test_a_negative_token_id_of_signed_ids_is_an_error(tmp_path):
+    # Shards another tool wrote with signed ids (list<int32>): the check was `>= vocab_size`
+    # only, so an id of -1 reached input_ids without a word.
+    d = _packed(tmp_path, "lz4")
+    table = pq.read_table(d / FIRST_PACKED)
+    rows = table.column("input_ids").to_pylist()
+    rows[3][1] = -1
+    table = table.set_column(0, "input_ids", pa.array(rows, pa.list_(pa.int32())))
+    _rewrite_shard(d, table)
+    with pytest.raises(DataError, match=r"row 3: token id -1 is negative"):
+        list(PackedDataset(d, rows_per_batch=4, shuffle=False))
+
+
 def test_a_footer_whose_row_groups_disagree_with_its_rows_is_an_error(tmp_path):
     d = _packed(tmp_path, "lz4")
     shard = d / FIRST_PACKED
