@@ -32,6 +32,18 @@ def run(out, inputs=(CORPUS,), tokenizer=None, **kw) -> local.PackSummary:
     return run_pack(config, tokenizer)
 
 
+def interrupted(monkeypatch, out, **kw) -> None:
+    """`run(out, **kw)` stopped by a Ctrl-C at its first chunk's write (its plan saved)."""
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(worker, "write_chunk", boom)
+        with pytest.raises(KeyboardInterrupt):
+            run(out, **kw)
+
+
 def shard_bytes(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.parquet"))}
 
@@ -162,13 +174,7 @@ def test_a_rerun_after_an_interrupted_run_says_what_it_left(tmp_path, monkeypatc
     """A run stopped before any partition finished was said to have left "its finished
     partitions"; one that finished some says how many."""
 
-    def boom(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(worker, "write_chunk", boom)
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "out", max_len=1024, chunk_docs=500)
-    monkeypatch.undo()
+    interrupted(monkeypatch, tmp_path / "out", max_len=1024, chunk_docs=500)
     with pytest.raises(ConfigError, match=r"left its plan in .*; pass --resume"):
         run(tmp_path / "out", max_len=1024, chunk_docs=500)
     records.write_record(staging_folder(tmp_path / "out"), {"partition": 0})
@@ -177,13 +183,7 @@ def test_a_rerun_after_an_interrupted_run_says_what_it_left(tmp_path, monkeypatc
 
 
 def test_resume_refuses_changed_options_and_finished_runs(tmp_path, monkeypatch):
-    def boom(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(worker, "write_chunk", boom)
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "out", max_len=1024, chunk_docs=500)
-    monkeypatch.undo()
+    interrupted(monkeypatch, tmp_path / "out", max_len=1024, chunk_docs=500)
     with pytest.raises(ConfigError, match="cannot resume.*pack"):
         run(tmp_path / "out", max_len=2048, chunk_docs=500, resume=True)
     run(tmp_path / "done", max_len=1024)
@@ -399,13 +399,7 @@ def test_resume_refuses_a_changed_input_folder(tmp_path, monkeypatch):
         )
     kw = {"max_len": 256, "chunk_docs": 100}
 
-    def boom(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(worker, "write_chunk", boom)
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "out", inputs=(folder,), **kw)
-    monkeypatch.undo()
+    interrupted(monkeypatch, tmp_path / "out", inputs=(folder,), **kw)
     # A file added to the folder would shift every chunk after the finished ones.
     (folder / "3.jsonl").write_text(json.dumps({"text": "late"}) + "\n")
     with pytest.raises(ConfigError, match=r"options or inputs differ \(inputs: .*3\.jsonl added"):
