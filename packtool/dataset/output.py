@@ -70,15 +70,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from packtool.dataset import hub_record
-from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, link_bytes
-from packtool.dataset.names import RUN_STATE, is_shard_name
+from packtool.dataset.manifest import INDEX_FILE, link_bytes
+from packtool.dataset.names import RUN_STATE
 from packtool.dataset.output_versions import (
     REMOTE_STAGING,
+    clean_after_switch,
+    collect,
     current_version,
-    is_version,
     new_version,
     ours,
-    staging_record,
+    remove,
     staging_version,
     switch_problem,
 )
@@ -200,7 +201,7 @@ def make_staging(paths: OutputPaths) -> None:
         # Only by the lock's holder: checked now (a writer stalled past its lease, the lock
         # taken over, must not name its run over another's), and created only where no other
         # run's object is (a conditional put where the store has one). What the link names now
-        # is recorded: a run is switched in only over that version (`_collect` drops it else).
+        # is recorded: a run is switched in only over that version (`collect` drops it else).
         if paths.held is not None:
             paths.held.confirm()
         record = {"version": paths.staging.name, "replaces": current_version(paths.target)}
@@ -352,7 +353,7 @@ def recover(paths: OutputPaths) -> None:
             remote_write.abort_uploads(paths.target, exact=True)  # a killed upload's parts
         return
     if paths.remote:
-        _collect(paths)
+        collect(paths.target)
         return
     # Only folders packtool writes are moved or deleted: a `.OUT.packtool-ready` or `-old`
     # that is anything else (made by hand, by another tool) made the next run swap the user's
@@ -401,92 +402,6 @@ def _check_ours(folder: Path, paths: OutputPaths) -> None:
         )
 
 
-def _collect(paths: OutputPaths) -> None:
-    """A remote output's `recover`: delete every version that neither the link `index.json` nor
-    the staging object names, and abort the unfinished multipart uploads under the output when
-    a run did not finish (a staging object or a stray version says so: a run's uploads start
-    after it writes the staging object, which stays until its commit or its failure's discard,
-    which aborts its own), saving a request of its own every run. (A commit's own clean-up is
-    `_clean_after_switch`.)"""
-    record = staging_record(paths.target)
-    staging = None if record is None else record["version"]
-    linked = current_version(paths.target)
-    # A commit cut after its switch (it is over), or a run built to replace a version the link
-    # no longer names: another writer committed since, so its writer had lost the lock (no run
-    # can commit it now; its version is collected below when it holds only packtool's names).
-    stale = record is not None and record.get("replaces", linked) != linked
-    if staging is not None and (staging == linked or stale):
-        if staging == linked:  # the run's state, which its commit deletes after the switch
-            remove(paths.target / staging / RUN_STATE)
-        writing.remove_file(paths.target / REMOTE_STAGING)
-        staging = None
-    stray = _stray_versions(storage.list_dir(paths.target), {linked, staging})
-    if stray or staging is not None:
-        remote_write.abort_uploads(paths.target, only=_in_a_version)
-    for entry in stray:
-        remove(entry)
-
-
-def _in_a_version(key: str) -> bool:
-    """A key below a remote output's prefix inside one of its versions: the only objects of it
-    a run uploads in parts (shards). Another output's under the prefix (`-o s3://b/d/inner`
-    beside `-o s3://b/d`, with a lock of its own) is not this output's to abort."""
-    return is_version(key.split("/", 1)[0])
-
-
-def _stray_versions(entries: list[Path], keep: set[str | None]) -> list[Path]:
-    """The versions among `entries` (a remote output's listing) not in `keep`. Only a folder
-    packtool wrote: a version's name, holding only packtool's names (a user's `v-...` folder of
-    other files, or another shape of name, is never deleted)."""
-    return [e for e in entries if is_version(e.name) and e.name not in keep and ours(e)]
-
-
-def _clean_after_switch(paths: OutputPaths) -> None:
-    """The end of a remote commit, once the link names the new version: the run's state and its
-    staging object go; every unfinished multipart upload under the output is aborted (a worker
-    that died mid-upload in a run that then succeeded, its partition retried elsewhere, left
-    its parts); every other version packtool wrote is deleted (but another run's staging,
-    which cannot exist under the lock and is never deleted), with the files of an unversioned
-    dataset the link replaced (copied in with `aws s3 sync`, say: its shards at the top, which
-    went on beside the new version for good). The requests go side by side (a commit on a
-    loopback store took 0.15-0.20 s one after another), but for the staging object: read once
-    before it is deleted or kept, and deleted only after the run state. The first failure is
-    raised once all have ended."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    version = paths.staging.name
-    with ThreadPoolExecutor(4, thread_name_prefix="packtool-commit") as pool:
-        state = pool.submit(remove, paths.staging / RUN_STATE)  # kept till now: `RUN_STATE`
-        done = [state, pool.submit(remote_write.abort_uploads, paths.target, only=_in_a_version)]
-        listing = pool.submit(storage.list_dir, paths.target)
-        record = staging_record(paths.target)
-        if record is not None and record["version"] == version:  # never another run's
-
-            def staging_after_state() -> None:
-                # Only once the run state is gone: `recover` deletes a linked version's state
-                # only while a staging object names it (a kill in between left it for good).
-                state.result()
-                writing.remove_file(paths.target / REMOTE_STAGING)
-
-            done.append(pool.submit(staging_after_state))
-        other = None if record is None else record["version"]
-        entries = listing.result()
-        stray = _stray_versions(entries, {version, other})
-        stray += [e for e in entries if _unversioned_file(e.name)]
-        done += [pool.submit(remove, entry) for entry in stray]
-        for job in done:
-            job.exception()  # wait for every one before raising any
-        for job in done:
-            job.result()
-
-
-def _unversioned_file(name: str) -> bool:
-    """A file of a dataset written straight into a prefix (no version folder): its shards and
-    its list of sources (its `index.json` is the link now). By name alone: a bucket's listing
-    holds objects, and a prefix of that name is no object to delete."""
-    return is_shard_name(name) or name == SOURCES_FILE
-
-
 def commit(paths: OutputPaths, resumable: bool = True) -> None:
     """Swap the complete staging output in for the old one (see the module docstring).
     `resumable`: the command can `--resume` (what a refused Hub commit's message says)."""
@@ -531,7 +446,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         writing.write_atomic(paths.target / INDEX_FILE, link_bytes(paths.staging.name))
         _NEW_VERSIONS.pop(str(paths.target), None)
         try:  # committed: what is left to do is cleaning up, which the next writer redoes
-            _clean_after_switch(paths)
+            clean_after_switch(paths.target, paths.staging.name)
         except Exception as exc:
             print(
                 f"warning: {paths.shown}: the new dataset is committed ({paths.staging.name}), "
@@ -583,11 +498,6 @@ def remove_empty_parents(paths: OutputPaths, made: Path | None) -> None:
         if folder == made:
             return
         folder = folder.parent
-
-
-def remove(path: Path) -> None:
-    """Delete a file or a folder tree, if it is there."""
-    writing.remove_tree(path)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,10 @@ An output in a bucket (packtool/dataset/output.py, docs/remote.md "Writing") is 
 - `staging_version` / `current_version`: what `.packtool-staging` and the link name;
 - `ours`: whether a folder holds only names packtool's commands write (a local staging, ready
   or old folder; a version in a bucket): only such a folder is ever deleted or switched in;
-- `switch_problem`: why a staging whose `index.json` is written must not be switched in.
+- `switch_problem`: why a staging whose `index.json` is written must not be switched in;
+- `collect` / `clean_after_switch`: what a writer deletes under the prefix, the first under the
+  lock before its run (a killed run's leftovers), the second after its link (its run's state
+  and staging object, the old version, unfinished uploads).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import json
 import re
 from pathlib import Path
 
-from packtool.dataset.manifest import INDEX_FILE, linked_version, read_manifest
-from packtool.dataset.names import written_entry
+from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, linked_version, read_manifest
+from packtool.dataset.names import RUN_STATE, is_shard_name, written_entry
 from packtool.errors import ConfigError, PacktoolError
 from packtool.storage import local as storage
+from packtool.storage import remote_write, writing
 
 REMOTE_STAGING = ".packtool-staging"
 """The object under a remote output's prefix that names its run in progress."""
@@ -96,3 +100,93 @@ def switch_problem(staging: Path) -> str | None:
         if not storage.is_file(path) or storage.stat(path).st_size != shard.bytes:
             return f"{shard.file}, which its index.json lists, is missing or not whole"
     return None
+
+
+def remove(path: Path) -> None:
+    """Delete a file or a folder tree, if it is there."""
+    writing.remove_tree(path)
+
+
+def collect(target: Path) -> None:
+    """A remote output's `recover`: delete every version that neither the link `index.json` nor
+    the staging object names, and abort the unfinished multipart uploads under the output when
+    a run did not finish (a staging object or a stray version says so: a run's uploads start
+    after it writes the staging object, which stays until its commit or its failure's discard,
+    which aborts its own), saving a request of its own every run. (A commit's own clean-up is
+    `clean_after_switch`.)"""
+    record = staging_record(target)
+    staging = None if record is None else record["version"]
+    linked = current_version(target)
+    # A commit cut after its switch (it is over), or a run built to replace a version the link
+    # no longer names: another writer committed since, so its writer had lost the lock (no run
+    # can commit it now; its version is collected below when it holds only packtool's names).
+    stale = record is not None and record.get("replaces", linked) != linked
+    if staging is not None and (staging == linked or stale):
+        if staging == linked:  # the run's state, which its commit deletes after the switch
+            remove(target / staging / RUN_STATE)
+        writing.remove_file(target / REMOTE_STAGING)
+        staging = None
+    stray = _stray_versions(storage.list_dir(target), {linked, staging})
+    if stray or staging is not None:
+        remote_write.abort_uploads(target, only=_in_a_version)
+    for entry in stray:
+        remove(entry)
+
+
+def _in_a_version(key: str) -> bool:
+    """A key below a remote output's prefix inside one of its versions: the only objects of it
+    a run uploads in parts (shards). Another output's under the prefix (`-o s3://b/d/inner`
+    beside `-o s3://b/d`, with a lock of its own) is not this output's to abort."""
+    return is_version(key.split("/", 1)[0])
+
+
+def _stray_versions(entries: list[Path], keep: set[str | None]) -> list[Path]:
+    """The versions among `entries` (a remote output's listing) not in `keep`. Only a folder
+    packtool wrote: a version's name, holding only packtool's names (a user's `v-...` folder of
+    other files, or another shape of name, is never deleted)."""
+    return [e for e in entries if is_version(e.name) and e.name not in keep and ours(e)]
+
+
+def clean_after_switch(target: Path, version: str) -> None:
+    """The end of a remote commit, once the link names the new version: the run's state and its
+    staging object go; every unfinished multipart upload under the output is aborted (a worker
+    that died mid-upload in a run that then succeeded, its partition retried elsewhere, left
+    its parts); every other version packtool wrote is deleted (but another run's staging,
+    which cannot exist under the lock and is never deleted), with the files of an unversioned
+    dataset the link replaced (copied in with `aws s3 sync`, say: its shards at the top, which
+    went on beside the new version for good). The requests go side by side (a commit on a
+    loopback store took 0.15-0.20 s one after another), but for the staging object: read once
+    before it is deleted or kept, and deleted only after the run state. The first failure is
+    raised once all have ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4, thread_name_prefix="packtool-commit") as pool:
+        state = pool.submit(remove, target / version / RUN_STATE)  # kept till now: `RUN_STATE`
+        done = [state, pool.submit(remote_write.abort_uploads, target, only=_in_a_version)]
+        listing = pool.submit(storage.list_dir, target)
+        record = staging_record(target)
+        if record is not None and record["version"] == version:  # never another run's
+
+            def staging_after_state() -> None:
+                # Only once the run state is gone: `recover` deletes a linked version's state
+                # only while a staging object names it (a kill in between left it for good).
+                state.result()
+                writing.remove_file(target / REMOTE_STAGING)
+
+            done.append(pool.submit(staging_after_state))
+        other = None if record is None else record["version"]
+        entries = listing.result()
+        stray = _stray_versions(entries, {version, other})
+        stray += [e for e in entries if _unversioned_file(e.name)]
+        done += [pool.submit(remove, entry) for entry in stray]
+        for job in done:
+            job.exception()  # wait for every one before raising any
+        for job in done:
+            job.result()
+
+
+def _unversioned_file(name: str) -> bool:
+    """A file of a dataset written straight into a prefix (no version folder): its shards and
+    its list of sources (its `index.json` is the link now). By name alone: a bucket's listing
+    holds objects, and a prefix of that name is no object to delete."""
+    return is_shard_name(name) or name == SOURCES_FILE

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from packtool.dataset import output
+from packtool.dataset import output, output_versions
 from packtool.dataset.names import RUN_STATE
 from packtool.dataset.output import make_staging, output_paths
 from packtool.engines.local import run_pack
@@ -315,7 +315,7 @@ def test_a_commit_cleans_up_with_its_requests_side_by_side(fs, local_pack, monke
     run_pack(pack_config(url))
     first = _link(fs, "sidebyside")
     met = threading.Barrier(3, timeout=10)
-    remove, abort = output.remove, remote_write.abort_uploads
+    remove, abort = output_versions.remove, remote_write.abort_uploads
     seen = []
 
     def meeting(fn, what):
@@ -328,7 +328,7 @@ def test_a_commit_cleans_up_with_its_requests_side_by_side(fs, local_pack, monke
         return call
 
     monkeypatch.setattr(
-        output,
+        output_versions,
         "remove",
         lambda path: meeting(remove, "state" if path.name == RUN_STATE else "old")(path),
     )
@@ -346,7 +346,7 @@ def test_a_commit_deletes_its_staging_object_only_after_its_run_state(fs, monkey
     # side: a kill after the latter left the state inside the committed version for good, as
     # `recover` deletes a linked version's state only while a staging object names it.
     url = f"s3://{BUCKET}/order"
-    remove, remove_file = output.remove, writing.remove_file
+    remove, remove_file = output_versions.remove, writing.remove_file
     state_gone = []
 
     def slow_remove(path):
@@ -362,7 +362,7 @@ def test_a_commit_deletes_its_staging_object_only_after_its_run_state(fs, monkey
             assert state_gone, "the staging object went before the run state"
         return remove_file(path, missing_ok)
 
-    monkeypatch.setattr(output, "remove", slow_remove)
+    monkeypatch.setattr(output_versions, "remove", slow_remove)
     monkeypatch.setattr(writing, "remove_file", checked_remove_file)
     run_pack(pack_config(url))
     assert state_gone
