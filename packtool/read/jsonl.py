@@ -11,6 +11,7 @@ piece) start and end at line starts (packtool/read/lines.py). The fine-tuning re
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,14 +88,38 @@ LONE_SURROGATE = "no low surrogate in string"
 def standard_json(data: bytes) -> Any:
     """What orjson refused, parsed by the standard library where JSON's grammar allows it: a
     number beyond a double's range (`1e400`, a valid JSON number orjson refuses as infinity;
-    read as `inf`), a string holding a lone surrogate escape (`"\\ud800"`, which the callers
-    skip: no UTF-8 text holds one). None where it is not JSON either (`NaN` and `Infinity`
-    are not JSON, though the standard library reads them; nor are invalid UTF-8, or nesting
-    past the interpreter's recursion limit)."""
+    read as `inf`), a string holding a lone surrogate escape (`"\\ud800"`; see `unkeepable`).
+    None where it is not JSON either: `NaN` and `Infinity`, bytes that are not UTF-8 (the
+    standard library would guess UTF-16 or UTF-32, and drop a byte order mark), nesting past
+    the interpreter's recursion limit."""
     try:
-        return json.loads(data, parse_constant=_not_json)
+        return json.loads(data.decode("utf-8"), parse_constant=_not_json)
     except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError included
         return None
+
+
+def unkeepable(obj: Any, fields: Sequence[str]) -> str | None:
+    """Why a record `standard_json` parsed is still a `malformed_json` skip (None: it is read):
+    a string with a lone surrogate anywhere (no UTF-8 text holds one), or a kept field
+    (`fields`) holding a number beyond a double's range (kept as text it would be `inf`, or
+    null inside an object: not what was written)."""
+    if _lone_surrogate(obj):
+        return LONE_SURROGATE
+    if isinstance(obj, dict):
+        for name in fields:
+            if _infinite(obj.get(name)):
+                return f"field {name!r} holds a number beyond a double's range"
+    return None
+
+
+def _infinite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(map(_infinite, value.values()))
+    if isinstance(value, list):
+        return any(map(_infinite, value))
+    return False
 
 
 def _not_json(name: str) -> Any:
@@ -120,7 +145,7 @@ def read_json_array(
     path: Path, fields: Sequence[str] = (), skips: SkipCounter | None = None
 ) -> Iterator[tuple[str, Any, int, int]]:
     """(where, object, bytes, item index) for each element of a file holding one JSON array;
-    `fields` as `exact_fields` says. An element holding a lone surrogate (an array orjson
+    `fields` as `exact_fields` says. An element `unkeepable` refuses (in an array orjson
     refuses whole, read by `standard_json`) is a `malformed_json` skip, as such a line is."""
     with read_errors(path), open_stream(path) as f:
         data = f.read().removeprefix(BOM)
@@ -139,8 +164,9 @@ def read_json_array(
         items = json.loads(data)  # once per file, only where such a number is there
     per_item = len(data) // max(len(items), 1)
     for i, obj in enumerate(items):
-        if skips is not None and _lone_surrogate(obj):  # JSON allows it; UTF-8 text cannot
-            skips.add("malformed_json", f"{path}:item {i}", LONE_SURROGATE)
+        why = unkeepable(obj, fields) if skips is not None else None
+        if why is not None:
+            skips.add("malformed_json", f"{path}:item {i}", why)
             continue
         yield f"{path}:item {i}", obj, per_item, i
 
@@ -188,8 +214,12 @@ def _objects(
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             obj = standard_json(line)
-            if obj is not None and not _lone_surrogate(obj):
+            why = None if obj is None else unkeepable(obj, fields)
+            if obj is not None and why is None:
                 yield where, obj, len(line), offset
+                continue
+            if why is not None and why != LONE_SURROGATE:
+                skips.add("malformed_json", where, why)
                 continue
             if offset == 0 and (found := binary_kind(line)) is not None:
                 kind, hint = found  # a whole file of documents, not one bad line: never a skip

@@ -502,3 +502,28 @@ def test_valid_json_orjson_refuses_is_read_and_a_lone_surrogate_element_is_a_ski
         f"{lines}:3 (no low surrogate in string)",
         f"{array}:item 0 (no low surrogate in string)",
     ]
+
+
+def test_what_the_fallback_parser_still_refuses(tmp_path):
+    """The standard library, asked where orjson refuses, read a kept field holding 1e400 as
+    'inf' (and inside an object as null), and guessed UTF-16 / UTF-32 or dropped a byte order
+    mark (a UTF-16 file was half read); each stays a counted skip, as before."""
+    kept = tmp_path / "k.jsonl"
+    kept.write_text(
+        '{"text": "a", "score": 1e400}\n{"text": "b", "meta": {"s": -2e308}}\n'
+        '{"text": "c", "other": 1e400, "score": 1}\n'
+    )
+    skips = SkipCounter()
+    docs = read_all([kept], ReadConfig(extra_fields=("score", "meta")), skips)
+    assert [(d[1], d[3]["score"]) for d in docs] == [("c", "1")]
+    assert skips.examples["malformed_json"] == [
+        f"{kept}:1 (field 'score' holds a number beyond a double's range)",
+        f"{kept}:2 (field 'meta' holds a number beyond a double's range)",
+    ]
+    wide = tmp_path / "w.jsonl"
+    wide.write_bytes("".join(json.dumps({"text": t}) + "\n" for t in "xyz").encode("utf-16"))
+    bom = tmp_path / "b.jsonl"
+    bom.write_bytes(b'{"text": "first"}\n\xef\xbb\xbf{"text": "joined"}\n')
+    skips = SkipCounter()
+    assert [d[1] for d in read_all([wide, bom], skips=skips)] == ["first"]
+    assert sum(skips.counts.values()) == 4 + 1  # the UTF-16 file's lines, the BOM line
