@@ -424,22 +424,43 @@ ENGINE_NAMES = tuple(e.name for e in ENGINES)
 
 
 def encode_checked(encoder: Encoder, texts: Sequence[str], source: Source, name: str) -> Any:
-    """`encoder.encode(texts)`, where the library's failure is one line naming the tokenizer.
+    """`encoder.encode(texts)`, where a failure the tokenizer causes is one line naming it.
 
     A tokenizer file can load (and pass the probe, which only the faster engines run) and still
     fail on some text: an unknown character in a tokenizer.json whose unknown token is not in
     its vocabulary, a ranks file without all 256 single bytes (tiktoken panics in Rust: a
-    `BaseException`). The run then stops as on a bad option: the tokenizer is at fault."""
+    `BaseException`). Such a failure recurs on one document alone, encoded on this thread
+    (`_failing_text`); then the run stops as on a bad option (the tokenizer is at fault, so
+    there is nothing to resume). Any other failure (a thread pool that cannot start a thread,
+    say) is raised as it came, and a run keeps its finished work for `--resume`."""
     try:
         return encoder.encode(texts)
     except BaseException as exc:
         if isinstance(exc, (KeyboardInterrupt, SystemExit, MemoryError, PacktoolError)):
             raise
+        found = _failing_text(encoder, texts)
+        if found is None:
+            raise
+        text, why = found
         raise ConfigError(
-            f"{source.where}: the {name} engine could not encode the text "
-            f"({type(exc).__name__}: {one_line(exc, 160)}): this tokenizer cannot encode every "
-            "text (a character with no id and no unknown token?); fix its file or use another"
+            f"{source.where}: the {name} engine could not encode the text beginning "
+            f"{text[:40]!r} ({type(why).__name__}: {one_line(why, 160)}): this tokenizer cannot "
+            "encode every text (a character with no id and no unknown token?); fix its file or "
+            "use another"
         ) from None
+
+
+def _failing_text(encoder: Encoder, texts: Sequence[str]) -> tuple[str, BaseException] | None:
+    """The first of `texts` the encoder fails on alone (one document: no thread pool), with
+    its error; None when each encodes."""
+    for text in texts:
+        try:
+            encoder.encode([text])
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, MemoryError, PacktoolError)):
+                raise
+            return text, exc
+    return None
 
 
 def one_line(value: Any, limit: int = 240) -> str:

@@ -282,7 +282,7 @@ def _cannot_encode(tmp_path: Path) -> dict[str, Path]:
     word_level = {
         "version": "1.0", "added_tokens": [], "normalizer": None,
         "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
-        "model": {"type": "WordLevel", "vocab": {"some": 0, "words": 1}, "unk_token": "<none>"},
+        "model": {"type": "WordLevel", "vocab": {"some": 0, "words": 1, "ab": 2}, "unk_token": "<none>"},
     }  # fmt: skip
     (tmp_path / "wl.json").write_text(json.dumps(word_level))
     ranks = b"".join(base64.b64encode(t) + b" %d\n" % i for i, t in enumerate([b"a", b"b", b"ab"]))
@@ -300,7 +300,7 @@ def test_a_tokenizer_that_cannot_encode_a_text_is_one_line_and_leaves_nothing(
     # Ctrl-C, so the corrected command was refused ("an interrupted run ... left its finished
     # partitions").
     src = tmp_path / "c.jsonl"
-    src.write_text('{"text": "some words"}\n{"text": "zzz unknown"}\n')
+    src.write_text('{"text": "ab"}\n{"text": "zzz unknown"}\n')  # the first encodes with both
     tokenizer = _cannot_encode(tmp_path)[engine]
     out = tmp_path / ("o" if command == "pack" else "o.parquet")
     args = (
@@ -318,7 +318,9 @@ def test_a_tokenizer_that_cannot_encode_a_text_is_one_line_and_leaves_nothing(
     *notes, line = err.strip().splitlines()  # a ranks file's note on its split pattern first
     assert "Traceback" not in err and all(n.startswith("note: ") for n in notes), err
     assert (
-        code != 0 and f"error: {tokenizer}: the {engine} engine could not encode the text" in line
+        code != 0
+        and f"error: {tokenizer}: the {engine} engine could not encode the text beginning 'zzz unknown'"
+        in line
     )
     # nothing left beside the inputs: no output, no staging folder, no lock
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "tiny.tiktoken", "wl.json"]

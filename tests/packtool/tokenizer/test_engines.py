@@ -550,3 +550,26 @@ def test_a_tokenizer_json_nested_too_deep_is_one_line(plain, tmp_path):
     from packtool.tokenizer.json_settings import nesting_depth
 
     assert nesting_depth(path.read_bytes()) == 127
+
+
+def test_encode_checked_blames_the_tokenizer_only_for_a_failure_one_text_reproduces():
+    """A batch's failure that no single document reproduces (a thread pool that cannot start a
+    thread) was also turned into "this tokenizer cannot encode every text", a ConfigError, so
+    `pack` deleted its finished partitions; it is raised as it came now."""
+    from packtool.errors import ConfigError
+    from packtool.tokenizer.engines import Source, encode_checked
+
+    class Flaky:
+        def encode(self, texts):
+            if len(texts) > 1:
+                raise RuntimeError("can't start new thread")
+            if texts[0].startswith("bad"):
+                raise Exception("Missing [UNK] token from the vocabulary")
+            return [[1] for _ in texts]
+
+    source = Source(kind="hf", where="tok.json")
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        encode_checked(Flaky(), ["good", "fine"], source, "tokenizers")
+    with pytest.raises(ConfigError, match=r"^tok.json: the tokenizers engine could not encode "
+                       r"the text beginning 'bad text' \(Exception: Missing \[UNK\]"):  # fmt: skip
+        encode_checked(Flaky(), ["good", "bad text"], source, "tokenizers")
