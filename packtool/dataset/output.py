@@ -83,7 +83,7 @@ from packtool.dataset.output_versions import (
     staging_version,
     switch_problem,
 )
-from packtool.errors import ConfigError
+from packtool.errors import AlreadyComplete, ConfigError, DataError, Detached
 from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
 
@@ -220,9 +220,13 @@ def make_staging(paths: OutputPaths) -> None:
 
 
 def _read_or_none(path: Path) -> bytes | None:
+    """The object's bytes; None when it is not there (a bucket's read says so as a
+    `DataError`, "no such object": asked again, so that other failures stay what they are)."""
     try:
         return storage.read_bytes(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, DataError):
+        if storage.exists(path):
+            raise
         return None
 
 
@@ -548,10 +552,16 @@ def transaction(
             try:
                 yield paths, prepared
             except BaseException as exc:
-                held = _still_held(lock)
-                if discard(exc, prepared) and held:  # lost: nothing here is ours
+                drop = discard(exc, prepared)
+                # A failure (not Ctrl-C, not a run handed to a scheduler or already complete)
+                # asks whether the lock is still held: one conditional renewal, where remote.
+                failed = isinstance(exc, Exception) and not isinstance(
+                    exc, (Detached, AlreadyComplete)
+                )
+                held = _still_held(lock) if drop or failed else True
+                if drop and held:  # lost: nothing here is ours
                     remove_staging(paths)
-                if not held and isinstance(exc, Exception):
+                if not held and failed:
                     # What failed is the takeover's doing (its --overwrite deleted this run's
                     # objects: "parts/000000.json: no such object"): say so first.
                     what = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]

@@ -179,6 +179,32 @@ def test_a_run_that_fails_after_losing_its_lock_says_so(fs, monkeypatch):
     assert _link(fs, "stalled")  # B's dataset stands
 
 
+def test_a_staging_object_that_appears_and_goes_is_another_run_s(fs, monkeypatch):
+    # The conditional put refused (another run's object there), which was gone by the read:
+    # the read of a missing object raised "no such object" (a DataError, not the
+    # FileNotFoundError `_read_or_none` caught) instead of naming the other writer.
+    url = f"s3://{BUCKET}/vanished"
+    monkeypatch.setattr(writing, "create_exclusive", lambda path, data: False)
+    with pytest.raises(ConfigError, match=r"another run's \.packtool-staging appeared"):
+        run_pack(pack_config(url))
+
+
+def test_a_ctrl_c_or_a_detached_run_asks_the_store_nothing_more(fs, monkeypatch):
+    # After a failure the lock's holder was asked again (a conditional PUT: up to 8 attempts
+    # against a store out of reach) on a Ctrl-C too, and a detached run's Detached became
+    # "this run stopped" when the lock had been lost.
+    from packtool.errors import Detached
+
+    asked = []
+    holds = output.OutputLock.holds
+    monkeypatch.setattr(output.OutputLock, "holds", lambda self: asked.append(1) or holds(self))
+    for exc in (KeyboardInterrupt(), Detached("jobs 1-4 go on", ["1", "4"])):
+        a_run = output.transaction(f"s3://{BUCKET}/asked", "x", lambda p: None, lambda e, s: False)
+        with pytest.raises(type(exc)), a_run:
+            raise exc
+    assert asked == []
+
+
 def test_a_megatron_run_that_lost_its_lock_swaps_nothing_in(fs, tmp_path, monkeypatch):
     # `tokenize --to megatron -o s3://...` stalled past its lease once its parts were merged
     # (a SIGSTOP, or the store out of reach: no refused renewal had set `lost` yet) and B took
