@@ -79,7 +79,9 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
             found = sorted(fs.glob(p, detail=True).items())
             shown = [(k, meta.get("type")) for k, meta in found if _glob_shows(p, k, protocol)]
             files = [k for k, kind in shown if kind != "directory"]
-            if protocol not in ("http", "https"):  # a web folder's page is no file of it
+            # (Not on the web, whose folder's page is no file of it, nor on the Hub, whose git
+            # tree cannot hold a file and a folder of one name.)
+            if protocol not in ("http", "https", "hf"):
                 files += _objects_too(fs, [k for k, kind in shown if kind == "directory"])
             if not files:
                 raise DataError(f"{text}: glob matches no objects")

@@ -311,8 +311,8 @@ class NativeS3(AbstractFileSystem):
 
     @_or_s3fs
     def info(self, path: Any, **kwargs: Any) -> dict[str, Any]:
-        """An object's (one HEAD), else a prefix's that holds objects (one listing), as s3fs
-        gives them; `FileNotFoundError` for neither. From what a listing found unless
+        """An object's (one HEAD), else a prefix's that holds objects (its listing's first page),
+        as s3fs gives them; `FileNotFoundError` for neither. From what a listing found unless
         `refresh` (as s3fs)."""
         import obstore
 
@@ -324,9 +324,9 @@ class NativeS3(AbstractFileSystem):
         if key:
             with contextlib.suppress(FileNotFoundError), _errors(p):
                 return self._file(bucket, obstore.head(store, key))
-        with _errors(p):
-            found = obstore.list_with_delimiter(store, f"{key}/" if key else None)
-        if found["objects"] or found["common_prefixes"] or not key:
+        with _errors(p):  # one object under it says so: the first page only, not every page
+            first = next(iter(obstore.list(store, f"{key}/" if key else None, chunk_size=1)), None)
+        if first or not key:  # (a bucket is a folder, empty or not: its errors raise above)
             return {"name": p, "size": 0, "type": "directory"}
         raise FileNotFoundError(p)
 
