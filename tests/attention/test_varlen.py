@@ -64,6 +64,19 @@ def test_uniform_scores_give_running_means_per_document(backend):
     assert out.flatten().tolist() == pytest.approx([1.0, 2.0, 4.0, 100.0, 150.0])
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_non_finite_value_stays_in_its_document_only_where_documented(backend):
+    # docs/attention.md: isolation is of finite values. One masked product over the row
+    # (dense; flex alike) makes 0 * inf = NaN in the other documents; a call per document
+    # (sdpa, and the varlen kernels by cu_seqlens) keeps it in its own.
+    v = torch.tensor([1.0, 3.0, 5.0, math.inf, 200.0], dtype=torch.float64).reshape(5, 1, 1)
+    q = torch.zeros(5, 1, 1, dtype=torch.float64)
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    out = attention.varlen_attention(q, q, v, cu, causal=False, backend=backend).flatten()
+    assert not torch.isfinite(out[3:]).any()
+    assert bool(torch.isfinite(out[:3]).all()) == (backend == "sdpa")
+
+
 def test_normalize_window():
     assert normalize_window(None, True) == (-1, 0)
     assert normalize_window(None, False) == (-1, -1)
