@@ -77,7 +77,7 @@ def test_tokenized_parquet_round_trips_and_checks_the_tokenizer(tmp_path):
     assert input_identity([out]) == load_tokenizer("byte").identity
     assert input_identity([src]) is None
     with pytest.raises(
-        DataError, match=r"tokenized with byte:byte .*eos 256.*requested .*eos None"
+        DataError, match=r"tokenized with byte:byte .*eos 256.*the options give .*eos None"
     ):
         list(tokenized_batches([out], tokenizer=load_tokenizer("byte", eos=None)))
     with pytest.raises(DataError, match=r"no column 'topic'"):
