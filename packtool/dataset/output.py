@@ -39,9 +39,10 @@ same guarantees with other means (docs/remote.md, "Writing"). Under the prefix:
 
 A run builds a fresh version `v-<time>-<random>/` (the staging), writing each object once and
 whole; `commit` writes the link `index.json`, last (the switch: readers see the old dataset or
-the new one), then deletes the old version. `recover` deletes any version neither the link nor
-the staging names (left by a run killed after its switch) and aborts unfinished multipart
-uploads (no other writer is alive: the lock is held). A run confirms it still holds the lock
+the new one), then deletes the run's state, `.packtool-staging` (after the state) and the old
+version. `recover` deletes any version neither the link nor the staging names (left by a run
+killed after its switch) and aborts unfinished multipart uploads in versions (no other writer
+is alive: the lock is held). What each deletes: packtool/dataset/output_versions.py. A run confirms it still holds the lock
 (a conditional renewal) before it creates `.packtool-staging` (conditionally: only where none
 is) and before its link; a `.packtool-staging` whose run was to replace a version the link no
 longer names is a lost lock's leftover, dropped by `recover`. A committed version's objects never
