@@ -98,13 +98,16 @@ def standard_json(data: bytes) -> Any:
         return None
 
 
-def unkeepable(obj: Any, fields: Sequence[str]) -> str | None:
+def unkeepable(obj: Any, fields: Sequence[str], whole: bool = False) -> str | None:
     """Why a record `standard_json` parsed is still a `malformed_json` skip (None: it is read):
     a string with a lone surrogate anywhere (no UTF-8 text holds one), or a kept field
     (`fields`) holding a number beyond a double's range (kept as text it would be `inf`, or
-    null inside an object: not what was written)."""
+    null inside an object: not what was written); with `whole` (a fine-tuning record, used
+    whole: a tool call's arguments go to the chat template), such a number anywhere."""
     if _lone_surrogate(obj):
         return LONE_SURROGATE
+    if whole and _infinite(obj):
+        return "a number beyond a double's range"
     if isinstance(obj, dict):
         for name in fields:
             if _infinite(obj.get(name)):
@@ -142,7 +145,7 @@ def _lone_surrogate(value: Any) -> bool:
 
 
 def read_json_array(
-    path: Path, fields: Sequence[str] = (), skips: SkipCounter | None = None
+    path: Path, fields: Sequence[str] = (), skips: SkipCounter | None = None, whole: bool = False
 ) -> Iterator[tuple[str, Any, int, int]]:
     """(where, object, bytes, item index) for each element of a file holding one JSON array;
     `fields` as `exact_fields` says. An element `unkeepable` refuses (in an array orjson
@@ -164,7 +167,7 @@ def read_json_array(
         items = json.loads(data)  # once per file, only where such a number is there
     per_item = len(data) // max(len(items), 1)
     for i, obj in enumerate(items):
-        why = unkeepable(obj, fields) if skips is not None else None
+        why = unkeepable(obj, fields, whole) if skips is not None else None
         if why is not None:
             skips.add("malformed_json", f"{path}:item {i}", why)
             continue
@@ -177,14 +180,16 @@ def json_objects(
     start: int = 0,
     end: int = TO_END,
     fields: Sequence[str] = (),
+    whole: bool = False,
 ) -> Iterator[tuple[str, Any, int, int]]:
     """The objects of a JSON records file: `read_json_array`'s for a `json_array_file` (read
     whole: `start` and `end` do not apply, the partition plan never cuts one), else
     `jsonl_objects`'s for the lines starting in `[start, end)`. Every reader of JSON records
-    asks this one function which a file is."""
+    asks this one function which a file is. `whole`: the records are used whole
+    (`unkeepable`)."""
     if json_array_file(path):
-        return read_json_array(path, fields, skips)
-    return jsonl_objects(path, skips, start, end, fields)
+        return read_json_array(path, fields, skips, whole)
+    return jsonl_objects(path, skips, start, end, fields, whole)
 
 
 def jsonl_objects(
@@ -193,17 +198,23 @@ def jsonl_objects(
     start: int = 0,
     end: int = TO_END,
     fields: Sequence[str] = (),
+    whole: bool = False,
 ) -> Iterator[tuple[str, Any, int, int]]:
     """(where, parsed object, bytes, byte offset) per non-blank line starting in `[start, end)`;
     unparseable lines are counted skips. `where` is `file:line`, or `file:byte N` inside a
     range that does not start the file (its line numbers are unknown there). `fields` as
     `exact_fields` says."""
     with read_errors(path):
-        yield from _objects(path, skips, start, end, fields)
+        yield from _objects(path, skips, start, end, fields, whole)
 
 
 def _objects(
-    path: Path, skips: SkipCounter, start: int, end: int, fields: Sequence[str] = ()
+    path: Path,
+    skips: SkipCounter,
+    start: int,
+    end: int,
+    fields: Sequence[str] = (),
+    whole: bool = False,
 ) -> Iterator[tuple[str, Any, int, int]]:
     name = str(path)  # once: a URL's `UPath.__str__` is ~8 us, as long as a short line's parse
     for offset, lineno, line in lines(path, start, end):
@@ -214,7 +225,7 @@ def _objects(
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             obj = standard_json(line)
-            why = None if obj is None else unkeepable(obj, fields)
+            why = None if obj is None else unkeepable(obj, fields, whole)
             if obj is not None and why is None:
                 yield where, obj, len(line), offset
                 continue

@@ -411,7 +411,7 @@ def _json_rows(
 ) -> Iterator[tuple[str, Any, int, int]]:
     """(where, object, bytes, offset): the byte of a JSON line, the index of an array's item
     (the kept fields read exactly: `jsonl.exact_fields`)."""
-    return json_objects(path, skips, fields=read.extra_fields)
+    return json_objects(path, skips, fields=read.extra_fields, whole=True)
 
 
 def _text_rows(

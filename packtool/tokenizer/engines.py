@@ -429,10 +429,12 @@ def encode_checked(encoder: Encoder, texts: Sequence[str], source: Source, name:
     A tokenizer file can load (and pass the probe, which only the faster engines run) and still
     fail on some text: an unknown character in a tokenizer.json whose unknown token is not in
     its vocabulary, a ranks file without all 256 single bytes (tiktoken panics in Rust: a
-    `BaseException`). Such a failure recurs on one document alone, encoded on this thread
-    (`_failing_text`); then the run stops as on a bad option (the tokenizer is at fault, so
-    there is nothing to resume). Any other failure (a thread pool that cannot start a thread,
-    say) is raised as it came, and a run keeps its finished work for `--resume`."""
+    `BaseException`). Such a failure recurs on one document alone (`_failing_text`, a batch of
+    one); then the run stops as on a bad option (the tokenizer is at fault, so there is nothing
+    to resume). A failure no single document reproduces (the tiktoken engine's own thread pool
+    failing to start a thread, say: a batch of one is encoded on this thread) is raised as it
+    came, and a run keeps its finished work for `--resume`. (The Rust engines encode a batch of
+    one on their pools too: a pool that cannot start at all is still taken for the file's.)"""
     try:
         return encoder.encode(texts)
     except BaseException as exc:
@@ -451,8 +453,8 @@ def encode_checked(encoder: Encoder, texts: Sequence[str], source: Source, name:
 
 
 def _failing_text(encoder: Encoder, texts: Sequence[str]) -> tuple[str, BaseException] | None:
-    """The first of `texts` the encoder fails on alone (one document: no thread pool), with
-    its error; None when each encodes."""
+    """The first of `texts` the encoder fails on alone (a batch of one), with its error; None
+    when each encodes."""
     for text in texts:
         try:
             encoder.encode([text])

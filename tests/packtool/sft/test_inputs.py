@@ -461,6 +461,27 @@ def test_record_batches_are_cut_by_utf8_bytes_not_characters(tmp_path):
     assert all(b.text_bytes == 6000 for b in batches)
 
 
+def test_a_record_holding_a_number_beyond_a_double_s_range_stays_a_skip(tmp_path):
+    """orjson refuses `1e400`, and the standard library read it as inf: a tool call's
+    arguments of a chat record went to the template as `{"x": Infinity}`, not what was written
+    (a pre-training record's other fields are not read, so there it is read)."""
+    from packtool.sft.inputs import read_records
+
+    path = tmp_path / "chat.jsonl"
+    call = {"type": "function", "function": {"name": "f", "arguments": {"x": 1e400}}}
+    rows = [
+        [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": [call]}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}],
+    ]  # fmt: skip
+    path.write_text(
+        "".join(json.dumps({"messages": m}) + "\n" for m in rows).replace("Infinity", "1e400")
+    )
+    skips = SkipCounter()
+    batches = list(read_records([path], "messages", ReadConfig(), skips))
+    assert sum(len(b) for b in batches) == 1
+    assert skips.examples["malformed_json"] == [f"{path}:1 (a number beyond a double's range)"]
+
+
 def test_a_hub_tokenizers_template_is_read_from_its_snapshot(tmp_path, monkeypatch):
     """`--tokenizer org/model` from the Hugging Face cache looked for the template in ./org: the
     pack failed ('no chat template for the tokenizer in me'), or used ./me/chat_template.jinja."""
