@@ -42,12 +42,12 @@ whole; `commit` writes the link `index.json`, last (the switch: readers see the 
 the new one), then deletes the run's state, `.packtool-staging` (after the state) and the old
 version. `recover` deletes any version neither the link nor the staging names (left by a run
 killed after its switch) and aborts unfinished multipart uploads in versions (no other writer
-is alive: the lock is held). What each deletes: packtool/dataset/output_versions.py. A run confirms it still holds the lock
-(a conditional renewal) before it creates `.packtool-staging` (conditionally: only where none
-is) and before its link; a `.packtool-staging` whose run was to replace a version the link no
-longer names is a lost lock's leftover, dropped by `recover`. A committed version's objects never
-change: a later run always writes a new one, and a run that discards an unfinished one
-(`remove_staging`) builds a version of another name.
+is alive: the lock is held). What each deletes: packtool/dataset/output_versions.py. A run
+confirms it still holds the lock (a conditional renewal) before it creates `.packtool-staging`
+(conditionally: only where none is) and before its link; a `.packtool-staging` whose run was
+to replace a version the link no longer names is a lost lock's leftover, dropped by `recover`.
+A committed version's objects never change: a later run always writes a new one, and a run
+that discards an unfinished one (`remove_staging`) builds a version of another name.
 
 **On the Hugging Face Hub** (`-o hf://...`: every object written there is a commit) the output
 is built like a local one, in a staging folder under this machine's scratch folder with a lock

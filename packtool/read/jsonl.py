@@ -115,33 +115,34 @@ def unkeepable(obj: Any, fields: Sequence[str], whole: bool = False) -> str | No
     return None
 
 
-def _infinite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(map(_infinite, value.values()))
-    if isinstance(value, list):
-        return any(map(_infinite, value))
-    return False
-
-
 def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _holds(value: Any, test: Any) -> bool:
+    """Whether `test` is true of a scalar anywhere in a parsed value (an object's keys too)."""
+    if isinstance(value, dict):
+        return any(_holds(k, test) or _holds(v, test) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds(v, test) for v in value)
+    return test(value)
+
+
+def _infinite(value: Any) -> bool:
+    return _holds(value, lambda v: isinstance(v, float) and not math.isfinite(v))
+
+
 def _lone_surrogate(value: Any) -> bool:
     """Whether a parsed value holds a string (a key or a value) with a lone surrogate."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
+    return _holds(value, lambda v: isinstance(v, str) and not _utf8(v))
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
         return False
-    if isinstance(value, dict):
-        return any(_lone_surrogate(k) or _lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(map(_lone_surrogate, value))
-    return False
+    return True
 
 
 def read_json_array(

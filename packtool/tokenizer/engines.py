@@ -423,6 +423,10 @@ ENGINES: tuple[Engine, ...] = (
 ENGINE_NAMES = tuple(e.name for e in ENGINES)
 
 
+_NOT_THE_FILE = (KeyboardInterrupt, SystemExit, MemoryError, PacktoolError)
+"""Failures of an encode that are never the tokenizer file's (`encode_checked`)."""
+
+
 def encode_checked(encoder: Encoder, texts: Sequence[str], source: Source, name: str) -> Any:
     """`encoder.encode(texts)`, where a failure the tokenizer causes is one line naming it.
 
@@ -438,7 +442,7 @@ def encode_checked(encoder: Encoder, texts: Sequence[str], source: Source, name:
     try:
         return encoder.encode(texts)
     except BaseException as exc:
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, MemoryError, PacktoolError)):
+        if isinstance(exc, _NOT_THE_FILE):
             raise
         found = _failing_text(encoder, texts)
         if found is None:
@@ -459,7 +463,7 @@ def _failing_text(encoder: Encoder, texts: Sequence[str]) -> tuple[str, BaseExce
         try:
             encoder.encode([text])
         except BaseException as exc:
-            if isinstance(exc, (KeyboardInterrupt, SystemExit, MemoryError, PacktoolError)):
+            if isinstance(exc, _NOT_THE_FILE):
                 raise
             return text, exc
     return None
