@@ -109,7 +109,7 @@ def remove(path: Path) -> None:
 
 def collect(target: Path) -> None:
     """A remote output's `recover`: delete every version that neither the link `index.json` nor
-    the staging object names, and abort the unfinished multipart uploads under the output when
+    the staging object names, and abort the unfinished multipart uploads in its versions when
     a run did not finish (a staging object or a stray version says so: a run's uploads start
     after it writes the staging object, which stays until its commit or its failure's discard,
     which aborts its own), saving a request of its own every run. (A commit's own clean-up is
@@ -149,7 +149,7 @@ def _stray_versions(entries: list[Path], keep: set[str | None]) -> list[Path]:
 
 def clean_after_switch(target: Path, version: str) -> None:
     """The end of a remote commit, once the link names the new version: the run's state and its
-    staging object go; every unfinished multipart upload under the output is aborted (a worker
+    staging object go; every unfinished multipart upload in its versions is aborted (a worker
     that died mid-upload in a run that then succeeded, its partition retried elsewhere, left
     its parts); every other version packtool wrote is deleted (but another run's staging,
     which cannot exist under the lock and is never deleted), with the files of an unversioned
