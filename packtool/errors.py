@@ -70,6 +70,24 @@ def naming(path: str | os.PathLike | object, note: str = "") -> Iterator[None]:
         raise OSError(exc.errno, why, name) from None
 
 
+def one_line(value: object, limit: int | None = None) -> str:
+    """`value`'s text (an exception's message) on one line: every run of whitespace, a library's
+    newlines included (pyarrow's Thrift errors, Jinja's, orjson's), made one space, and cut to
+    `limit` characters ending in "..." where one is given."""
+    text = " ".join(str(value).split())
+    if limit is None or len(text) <= limit:
+        return text
+    return text[: limit - 3] + "..."
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of `exc`'s message, at most 300 characters, or its type's name where it
+    has none: for a client library's errors, whose later lines are a request dump or a
+    server's XML body (botocore, aiohttp, huggingface_hub)."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
 def open_file_limit() -> str:
     """This process's limit on open files (`ulimit -n`, the soft limit) as a message gives it:
     "1,024" or "unlimited". For the errors of a process out of descriptors, which read as a

@@ -24,7 +24,7 @@ from packtool.audit.verify import DAMAGED, list_parts
 from packtool.dataset.columns import LOSS_MASK, Column, derived
 from packtool.dataset.manifest import Manifest, dataset_folder, open_dataset
 from packtool.dataset.masks import segment_sums, spans
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, one_line
 from packtool.storage import local as storage
 
 PLOT_ROWS = 64
@@ -324,11 +324,6 @@ def shard_file(file: Path) -> Any:
         what = "missing" if kind == "nothing" else f"{kind}, not a regular file"
         raise DataError(f"{file}: {what}; run `packtool verify`")
     return storage.parquet_file(file)
-
-
-def one_line(exc: BaseException) -> str:
-    """`exc`'s message on one line (pyarrow's can hold newlines)."""
-    return " ".join(str(exc).split())
 
 
 class _Histogram:

@@ -50,7 +50,7 @@ from packtool.dataset.manifest import (
     packed_schema,
     sha256_file,
 )
-from packtool.errors import DataError
+from packtool.errors import DataError, one_line
 from packtool.progress import progress_enabled
 from packtool.read import docids
 from packtool.storage import local as storage
@@ -249,7 +249,7 @@ def first_bad_row(
 
 
 def _fail(where: str, what: str) -> DataError:
-    return DataError(f"{where}: {' '.join(str(what).split())}")
+    return DataError(f"{where}: {one_line(what)}")
 
 
 def _id_files(manifest: Manifest, directory: Path) -> int | None:

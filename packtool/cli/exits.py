@@ -18,7 +18,7 @@ import sys
 import click
 
 from packtool.cli import interrupt
-from packtool.errors import PacktoolError, open_file_limit
+from packtool.errors import PacktoolError, one_line, open_file_limit
 
 _NO_COMMAND = getattr(click.exceptions, "NoArgsIsHelpError", ())
 """`packtool` with no command (click >= 8.2): its message is the whole help."""
@@ -94,11 +94,6 @@ def _open_file_limit(exc: OSError) -> str:
     if exc.errno != errno.EMFILE:
         return ""
     return f" (the limit on open files, `ulimit -n`, is {open_file_limit()})"
-
-
-def one_line(message: object) -> str:
-    """An error as one line: a library's message may hold newlines (pyarrow's Thrift errors)."""
-    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
 def _say(message: str, code: int) -> int:

@@ -84,7 +84,7 @@ from packtool.dataset.output_versions import (
     staging_version,
     switch_problem,
 )
-from packtool.errors import AlreadyComplete, ConfigError, DataError, Detached
+from packtool.errors import AlreadyComplete, ConfigError, DataError, Detached, one_line
 from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
 
@@ -565,7 +565,7 @@ def transaction(
                 if not held and failed:
                     # What failed is the takeover's doing (its --overwrite deleted this run's
                     # objects: "parts/000000.json: no such object"): say so first.
-                    what = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+                    what = one_line(f"{type(exc).__name__}: {exc}", 200)
                     raise ConfigError(
                         f"{paths.shown}: another writer took over this run's lock (its lease ran "
                         f"out unrenewed) and this run stopped ({what}); nothing was committed"

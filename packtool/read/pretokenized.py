@@ -39,7 +39,7 @@ from packtool.arrow_numpy import from_numpy
 from packtool.dataset.columns import IGNORE_INDEX, LOSS_MASK
 from packtool.dataset.masks import target_sums
 from packtool.dataset.tokenized_table import kept_documents, tokenized_table
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, one_line
 from packtool.prefetch import map_ordered
 from packtool.read import docids
 from packtool.read.documents import ReadConfig, SkipCounter, as_extra
@@ -311,5 +311,5 @@ def _as_strings(col: Any, name: str, where: str) -> Any:
         return col.cast(pa.string())
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:
         raise DataError(
-            f"{where}: column {name!r} cannot be kept as text ({' '.join(str(exc).split())})"
+            f"{where}: column {name!r} cannot be kept as text ({one_line(exc)})"
         ) from None

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from packtool.errors import ConfigError, MissingDependencyError
+from packtool.errors import ConfigError, MissingDependencyError, one_line
 from packtool.storage import local as storage
 
 GENERATION_RE = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
@@ -362,7 +362,7 @@ class ChatTemplate:
 
 def failure_message(exc: BaseException) -> str:
     """One line naming what a template raised."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = one_line(exc) or type(exc).__name__
     kind = type(exc).__name__
     return text if kind == "TemplateError" else f"{kind}: {text}"
 

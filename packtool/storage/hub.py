@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from packtool.errors import ConfigError, DataError, MissingDependencyError
+from packtool.errors import ConfigError, DataError, MissingDependencyError, first_line
 from packtool.storage import remote
 
 REPO_TYPES = {"datasets": "dataset", "spaces": "space", "models": "model"}
@@ -58,7 +58,7 @@ def parse(url: Any) -> HubPath:
         try:
             uri = parse_hf_uri("hf://" + text.split("://", 1)[-1].lstrip("/"))
         except Exception as exc:  # HfUriError: a ValueError
-            raise ConfigError(f"{text}: not a Hub path ({remote.first_line(exc)})") from None
+            raise ConfigError(f"{text}: not a Hub path ({first_line(exc)})") from None
         if uri.type not in REPO_TYPES.values():
             raise ConfigError(
                 f"{text}: a {uri.type} is not a repository packtool can commit to; write to a "
@@ -180,7 +180,7 @@ def publish(
             "may have landed)"
         )
         raise DataError(
-            f"{name}: the commit to the Hub failed ({remote.first_line(exc)}); {kept}"
+            f"{name}: the commit to the Hub failed ({first_line(exc)}); {kept}"
         ) from None
     fs, path = remote.filesystem(target)
     fs.invalidate_cache(path)  # this process reads the new dataset next (the summary, verify)

@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from packtool.errors import ConfigError, DataError, MissingDependencyError
+from packtool.errors import ConfigError, DataError, MissingDependencyError, first_line
 
 SCHEMES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "hf", "http", "https"}
 """The URL schemes packtool reads (anything else with `://` is a local path)."""
@@ -291,11 +291,6 @@ def network_failure(exc: BaseException) -> bool:
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
     return type(exc).__module__.startswith("aiohttp") and "Response" not in type(exc).__name__
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
 
 
 class RemoteStat(NamedTuple):

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, one_line
 from packtool.tokenizer.engines import (
     Encoder,
     Engine,
     EngineRefused,
     Source,
-    one_line,
     parse_engines,
 )
 

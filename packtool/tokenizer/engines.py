@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import ConfigError, PacktoolError, one_line
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -152,11 +152,11 @@ def _open_fastokens(source: Source, workers: int) -> Encoder:
                 )
         return _FastokensEncoder(tok, True)
     except (ValueError, OSError, TypeError) as exc:
-        raise EngineRefused(one_line(exc)) from None
+        raise EngineRefused(one_line(exc, 240)) from None
     except BaseException as exc:  # a Rust panic (pyo3 PanicException) is a BaseException
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        raise EngineRefused(f"{type(exc).__name__}: {one_line(exc)}") from None
+        raise EngineRefused(f"{type(exc).__name__}: {one_line(exc, 240)}") from None
 
 
 def _write_ranks(path: Path, ranks: dict[bytes, int]) -> None:
@@ -232,11 +232,11 @@ def _open_gigatoken(source: Source, workers: int) -> Encoder:
     except EngineRefused:
         raise
     except (ValueError, OSError, TypeError, KeyError, ImportError) as exc:
-        raise EngineRefused(one_line(exc)) from None
+        raise EngineRefused(one_line(exc, 240)) from None
     except BaseException as exc:  # a Rust panic (pyo3 PanicException) is a BaseException
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        raise EngineRefused(f"{type(exc).__name__}: {one_line(exc)}") from None
+        raise EngineRefused(f"{type(exc).__name__}: {one_line(exc, 240)}") from None
 
 
 def _sentencepiece_json(source: Source, cached: bool = True) -> str:
@@ -313,7 +313,7 @@ def _open_tokenizers(source: Source, workers: int) -> Encoder:
     try:
         return _HFEncoder(HFTok.from_str(source.json))
     except Exception as exc:  # the library raises plain Exception on a bad file
-        raise EngineRefused(one_line(exc)) from None
+        raise EngineRefused(one_line(exc, 240)) from None
 
 
 # --- tiktoken (reference for ranks files) ----------------------------------------------------
@@ -358,7 +358,7 @@ def _open_tiktoken(source: Source, workers: int) -> Encoder:
     try:
         return _TiktokenEncoder(tiktoken_encoding(source), workers)
     except ValueError as exc:
-        raise EngineRefused(one_line(exc)) from None
+        raise EngineRefused(one_line(exc, 240)) from None
 
 
 # --- sentencepiece ----------------------------------------------------------------------------
@@ -385,7 +385,9 @@ def _open_sentencepiece(source: Source, workers: int) -> Encoder:
     try:
         sp = sentencepiece.SentencePieceProcessor(model_file=source.path)
     except (RuntimeError, OSError) as exc:
-        raise EngineRefused(one_line(exc)) from None  # engine_open says "not a SentencePiece model"
+        raise EngineRefused(
+            one_line(exc, 240)
+        ) from None  # engine_open says "not a SentencePiece model"
     return _SentencePieceEncoder(sp, workers)
 
 
@@ -467,11 +469,6 @@ def _failing_text(encoder: Encoder, texts: Sequence[str]) -> tuple[str, BaseExce
                 raise
             return text, exc
     return None
-
-
-def one_line(value: Any, limit: int = 240) -> str:
-    text = " ".join(str(value).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def engine(name: str) -> Engine:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, one_line
 from packtool.storage import local as storage
 
 CONFIG_FILE = "tokenizer_config.json"
@@ -110,13 +110,8 @@ def _read_json(path: Path) -> Any:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise ConfigError(
-            f"{path}: not a readable JSON file ({_one_line(why)}); fix or remove it"
+            f"{path}: not a readable JSON file ({one_line(why, 200)}); fix or remove it"
         ) from None
-
-
-def _one_line(value: Any, limit: int = 200) -> str:
-    text = " ".join(str(value).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def load_tokenizer_config(folder: str | os.PathLike) -> TokenizerConfig | None:
@@ -207,7 +202,7 @@ def _hub_files(spec: str, repo_id: str, revision: str) -> TokenizerFiles:
             except ImportError:
                 why = "huggingface_hub is not installed (pip install huggingface_hub)"
             except Exception as exc:  # network, authentication, unknown repository
-                why = f"{type(exc).__name__}: {_one_line(exc, 160)}"
+                why = f"{type(exc).__name__}: {one_line(exc, 160)}"
         if snapshot is not None and not storage.is_file(snapshot / TOKENIZER_FILE):
             raise ConfigError(
                 f"tokenizer {spec!r}: the repository has no {TOKENIZER_FILE} (packtool reads "

@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from packtool.errors import naming
+from packtool.errors import first_line, naming, one_line
 from packtool.storage import local as storage
 
 
@@ -19,3 +19,20 @@ def test_naming_names_a_local_path_or_a_url(tmp_path, where):
         raise OSError(errno.ENOSPC, "No space left on device")
     assert raised.value.errno == errno.ENOSPC
     assert raised.value.filename == str(path)
+
+
+def test_one_line_folds_every_whitespace_run_and_cuts_where_asked():
+    thrift = "Couldn't deserialize thrift:\n  TProtocolException:\tInvalid data\n"
+    assert one_line(thrift) == "Couldn't deserialize thrift: TProtocolException: Invalid data"
+    assert one_line(ValueError("a\r\nb")) == "a b"
+    assert one_line("x" * 10, 10) == "x" * 10
+    assert one_line("x" * 11, 10) == "xxxxxxx..."
+    assert len(one_line("word " * 100, 40)) == 40
+    assert one_line("") == ""
+
+
+def test_first_line_keeps_a_client_error_s_first_line_or_its_type():
+    body = "An error occurred (SlowDown)\n<?xml version='1.0'?><Error>...</Error>"
+    assert first_line(RuntimeError(body)) == "An error occurred (SlowDown)"
+    assert first_line(RuntimeError("  \n ")) == "RuntimeError"
+    assert first_line(OSError("y" * 400)) == "y" * 300
