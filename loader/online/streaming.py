@@ -193,7 +193,9 @@ class StreamingPackedDataset(IterableDataset):
     def _generate(self, live: dict[str, Any]) -> Iterator[dict]:
         packer: OnlinePacker = live["packer"]
         batcher: RowBatcher = live["batcher"]
-        files: dict[int, pq.ParquetFile] = {}
+        # Groups run in file order, so only the file being read is kept open (one open file per
+        # input file held till the epoch's end: "Too many open files" past ~1,000 files).
+        opened: tuple[int, pq.ParquetFile] | None = None
         slot, n_slots = live["slot"], live["n_slots"]
         while True:
             while live["ready"]:
@@ -221,9 +223,11 @@ class StreamingPackedDataset(IterableDataset):
                     continue
                 take = np.arange(start, n, n_slots)
             try:
-                if f not in files:
-                    files[f] = storage.parquet_file(self.paths[f])
-                table = files[f].read_row_group(rg, columns=self._read_columns)
+                if opened is None or opened[0] != f:
+                    if opened is not None:
+                        opened[1].close(force=True)
+                    opened = (f, storage.parquet_file(self.paths[f]))
+                table = opened[1].read_row_group(rg, columns=self._read_columns)
             except (OSError, IndexError, pa.ArrowException) as exc:
                 raise DataError(
                     f"{self.paths[f]}: row group {rg} unreadable ({exc}); the file changed or is "

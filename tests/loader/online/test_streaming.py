@@ -206,6 +206,28 @@ def test_no_inputs_and_files_gone_after_open(tokenized, tmp_path) -> None:
             list(ds)
 
 
+def test_only_the_file_being_read_is_open(tmp_path) -> None:
+    # Before: every file read stayed open till the epoch's end, one descriptor per input file
+    # (per DataLoader worker): past `ulimit -n` files, "Too many open files" named as damage.
+    import os
+
+    schema = tokenized_schema(load_tokenizer("byte").identity)
+    for f in range(60):
+        ids = pa.ListArray.from_arrays(
+            pa.array([0, 3], pa.int32()), pa.array([1, 2, 3], pa.uint16())
+        )
+        columns = [pa.array([f], pa.int64()), pa.array(["t"]), ids, pa.array([3], pa.int32())]
+        pq.write_table(pa.Table.from_arrays(columns, schema=schema), tmp_path / f"p{f:03d}.parquet")
+    ds = make(tmp_path, max_len=8, buffer_docs=4, rows_per_batch=1)
+    before = len(os.listdir("/proc/self/fd"))
+    most, docs = 0, []
+    for batch in ds:
+        most = max(most, len(os.listdir("/proc/self/fd")) - before)
+        docs += batch["doc_ids"].tolist()
+    assert sorted(docs) == list(range(60))
+    assert most <= 2
+
+
 @pytest.mark.parametrize(
     ("edit", "match"),
     [
