@@ -47,6 +47,7 @@ LATER_KEYS = _LATER_COUNTS | {"columns", "pending"}
 """Keys added with optional columns (and `pending`, the documents a running `pack_stream` read
 but had not pushed): a state saved before them lacks them and loads with their defaults (no
 optional column, counts 0, nothing pending); present, they are checked like every other part."""
+_INT64_MAX = np.iinfo(np.int64).max
 _COUNT_KEYS = frozenset(f.name for f in fields(PackCounts))
 _ROWS_KEYS = tuple(f.name for f in fields(PackedRows) if f.name != "columns")
 _SEGMENT_KEYS = tuple(f.name for f in fields(Segments) if f.name != "columns")
@@ -122,6 +123,9 @@ class StateCheck:
             raise self.fail(path, f"has {len(value)} entries where {n} are needed")
         if value.size and (low := int(value.min())) < 0:
             raise self.fail(path, f"holds {low}, and none of its values may be negative")
+        if value.dtype == np.uint64 and value.size and (high := int(value.max())) > _INT64_MAX:
+            # It would come out as a negative int64 id.
+            raise self.fail(path, f"holds {high}, past the largest int64")
         return value
 
     def tokens(self, value: Any, path: str, with_tokens: bool | None, need: bool) -> None:
@@ -138,13 +142,19 @@ class StateCheck:
         self.ints(value, path)
 
 
-def _check_rows(check: StateCheck, state: Any, path: str, with_tokens: bool | None) -> None:
+def _check_rows(
+    check: StateCheck, state: Any, path: str, with_tokens: bool | None, max_len: int | None
+) -> None:
     rows = check.dict_(state, path, _ROWS_KEYS)
     seg_len = check.ints(rows["seg_len"], f"{path}.seg_len")
     row_docs = check.ints(rows["row_docs"], f"{path}.row_docs")
     n = len(seg_len)
     if len(row_docs) == 0 or row_docs[0] != 0 or row_docs[-1] != n or (np.diff(row_docs) < 0).any():
         raise check.fail(f"{path}.row_docs", f"does not split {n} segments into rows")
+    if max_len is not None and n:
+        ends = np.r_[0, np.cumsum(seg_len, dtype=np.int64)][row_docs.astype(np.int64)]
+        if (longest := int(np.diff(ends).max())) > max_len:  # it would be emitted as it is
+            raise check.fail(f"{path}.seg_len", f"makes a row of {longest} tokens > max_len")
     check.ints(rows["doc_ids"], f"{path}.doc_ids", n)
     check.ints(rows["doc_chunks"], f"{path}.doc_chunks", n)
     tokens = rows["tokens"]
@@ -173,7 +183,14 @@ def _check_columns(check: StateCheck, cols: Any, path: str, tokens: Any) -> None
             raise check.fail(f"{path}.{name}", f"has {len(values)} entries where {n} are needed")
 
 
-def check_rows_state(state: Any, *, owner: str, path: str, with_tokens: bool | None = None) -> None:
+def check_rows_state(
+    state: Any,
+    *,
+    owner: str,
+    path: str,
+    with_tokens: bool | None = None,
+    max_len: int | None = None,
+) -> None:
     """Refuse a damaged `PackedRows.to_state()` inside a state.
 
     Args:
@@ -181,11 +198,12 @@ def check_rows_state(state: Any, *, owner: str, path: str, with_tokens: bool | N
         owner: The class whose state holds it (for the message).
         path: Its key path in that state (`pending`, `ready[0]`, ...).
         with_tokens: True: rows must carry tokens (unless empty); False: must not; None: either.
+        max_len: No row may be longer (None: not checked).
 
     Raises:
         DataError: A part missing or malformed.
     """
-    _check_rows(StateCheck(owner), state, path, with_tokens)
+    _check_rows(StateCheck(owner), state, path, with_tokens, max_len)
 
 
 def check_packer_state(
@@ -225,7 +243,7 @@ def check_packer_state(
     if not isinstance(seed_key, (list, tuple)):
         raise check.fail(f"{at}seed_key", f"is {_show(seed_key)}, not a list of integers")
     for i, k in enumerate(seed_key):
-        check.int_(k, f"{at}seed_key[{i}]", None)
+        check.int_(k, f"{at}seed_key[{i}]")  # the constructor refuses a negative one
     for key in _COUNTERS:
         check.int_(state[key], f"{at}{key}")
     check.bool_(state["closed"], f"{at}closed")
@@ -256,7 +274,7 @@ def check_packer_state(
             raise check.fail(f"{at}has_tokens", "is None but the buffer holds segments")
         _check_buffer(check, state["buffer"], f"{at}buffer", has_tokens, config.max_len)
     if state["out"] is not None:
-        _check_rows(check, state["out"], f"{at}out", has_tokens)
+        _check_rows(check, state["out"], f"{at}out", has_tokens, config.max_len)
     if state.get("pending") is not None:
         _check_pending(check, state["pending"], f"{at}pending", has_tokens, state["closed"])
 
@@ -285,6 +303,8 @@ def _check_buffer(
     n = len(length)
     if n and length.max() > max_len:  # every buffered piece was cut to max_len when pushed
         raise check.fail(f"{path}.length", f"has a segment of {int(length.max())} > max_len")
+    if n and length.min() == 0:  # empty documents are counted, never buffered
+        raise check.fail(f"{path}.length", "has a segment of 0 tokens")
     start = check.ints(buf["start"], f"{path}.start", n)
     for key in ("doc", "chunk", "holds"):
         check.ints(buf[key], f"{path}.{key}", n)

@@ -331,12 +331,17 @@ class StreamingPackedDataset(IterableDataset):
                 f"{len(self.groups)}; the checkpoint is damaged"
             )
         check.bool_(state["done"], "done")
+        max_len = self.config.max_len
         check_packer_state(state["packer"], self.config, owner=check.owner, at="packer.")
-        check_rows_state(state["pending"], owner=check.owner, path="pending", with_tokens=True)
+        check_rows_state(
+            state["pending"], owner=check.owner, path="pending", with_tokens=True, max_len=max_len
+        )
         if not isinstance(state["ready"], list):
             raise check.fail("ready", f"is {state['ready']!r}, not a list")
         for i, rows in enumerate(state["ready"]):
-            check_rows_state(rows, owner=check.owner, path=f"ready[{i}]", with_tokens=True)
+            check_rows_state(
+                rows, owner=check.owner, path=f"ready[{i}]", with_tokens=True, max_len=max_len
+            )
 
     def _restore(self, live: dict[str, Any], state: dict[str, Any]) -> None:
         if (state["slot"], state["n_slots"]) != (live["slot"], live["n_slots"]):

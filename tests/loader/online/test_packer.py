@@ -442,19 +442,29 @@ def test_every_damaged_part_of_a_packer_state_is_a_clear_error(with_tokens) -> N
             del part[key]
     OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9).load_state_dict(old)
     # Parts of the right type that do not fit together.
-    edits = {
-        "out.row_docs": lambda s: s["out"].update(row_docs=s["out"]["row_docs"][::-1].copy()),
-        "counts.extra": lambda s: s["counts"].update(extra=1),
-        "dtype": lambda s: s.update(dtype="<f8"),
+    edits = [
+        ("out.row_docs", lambda s: s["out"].update(row_docs=s["out"]["row_docs"][::-1].copy())),
+        ("counts.extra", lambda s: s["counts"].update(extra=1)),
+        ("dtype", lambda s: s.update(dtype="<f8")),
         # Before: accepted, then "split long documents first" at the flush.
-        "buffer.length": lambda s: s["buffer"].update(length=s["buffer"]["length"] * 0 + 100),
-    }
+        ("buffer.length", lambda s: s["buffer"].update(length=s["buffer"]["length"] * 0 + 100)),
+        # Before (these four): a negative seed_key loaded, then a bare ValueError at the next
+        # pack; a 0-token segment, then "document 0 has length 0" (a ConfigError); one row of
+        # every out segment (over max_len) was emitted as it was; uint64 ids past 2^63 came
+        # out as negative ids.
+        ("seed_key[0]", lambda s: s.update(seed_key=[-1])),
+        ("buffer.length", lambda s: s["buffer"]["length"].__setitem__(0, 0)),
+        ("out.seg_len", lambda s: s["out"].update(row_docs=s["out"]["row_docs"][[0, -1]])),
+    ]
     if with_tokens:
-        edits["buffer.start"] = lambda s: s["buffer"].update(start=s["buffer"]["start"] + 100)
-        edits["out.tokens"] = lambda s: s["out"].update(tokens=s["out"]["tokens"][:-1])
+        edits += [
+            ("buffer.start", lambda s: s["buffer"].update(start=s["buffer"]["start"] + 100)),
+            ("out.tokens", lambda s: s["out"].update(tokens=s["out"]["tokens"][:-1])),
+            ("buffer.tokens", lambda s: s["buffer"].update(tokens=_past_int64(s["buffer"]))),
+        ]
     else:
-        edits["buffer.tokens"] = lambda s: s["buffer"].update(tokens=np.arange(5))
-    for name, edit in edits.items():
+        edits.append(("buffer.tokens", lambda s: s["buffer"].update(tokens=np.arange(5))))
+    for name, edit in edits:
         damaged = copy.deepcopy(state)
         edit(damaged)
         with pytest.raises(DataError, match=re.escape(name) + ".* the checkpoint is damaged"):
@@ -465,6 +475,10 @@ def test_every_damaged_part_of_a_packer_state_is_a_clear_error(with_tokens) -> N
         packer.flush()
     a, b = p.pop(), target.pop()
     assert a.seg_len.tolist() == b.seg_len.tolist() and a.doc_ids.tolist() == b.doc_ids.tolist()
+
+
+def _past_int64(buffer: dict) -> np.ndarray:
+    return buffer["tokens"].astype(np.uint64) + np.uint64(2**63)
 
 
 @pytest.mark.parametrize("with_tokens", [True, False])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import re
 
@@ -295,6 +296,16 @@ def test_every_damaged_part_of_a_state_is_a_clear_error(tokenized) -> None:
         # Before: bare KeyError / TypeError / ValueError (some only at the next iteration), or
         # accepted (counts deleted, pending.row_docs replaced).
         with pytest.raises(DataError, match=re.escape(name) + r".* the checkpoint is damaged"):
+            target.load_state_dict(damaged)
+    # Before: rows over max_len (a ready batch's, or pending ones) loaded and were yielded.
+    for part in ("ready[0]", "pending"):
+        damaged = copy.deepcopy(state)
+        rows = damaged["ready"][0] if part == "ready[0]" else damaged["pending"]
+        for key in ("seg_len", "tokens", "doc_ids", "doc_chunks"):  # every segment twice
+            rows[key] = np.concatenate([rows[key], rows[key]])
+        rows["row_docs"] = np.array([0, len(rows["seg_len"])])  # all in one row
+        assert rows["seg_len"].sum() > MAX_LEN
+        with pytest.raises(DataError, match=re.escape(f"{part}.seg_len makes a row of")):
             target.load_state_dict(damaged)
     # The intact state still loads and continues.
     target.load_state_dict(state)
