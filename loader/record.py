@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
@@ -105,6 +106,23 @@ def check_ids(arr: np.ndarray, where: str, name: str = "token ids") -> None:
         bad = int(arr.min()) if int(arr.min()) < 0 else int(arr.max())
     if bad is not None:
         raise DataError(f"{where}: token id {bad} is not in 0..2^63-1 (the batch's int64)")
+
+
+def tensor_ids(value: Any, where: str) -> Any:
+    """`value` as numpy sees it, a torch tensor (on any device, grad-tracking or not) made a
+    CPU numpy array first; anything else as it is, for the id checks that follow.
+
+    Raises:
+        DataError: A tensor of a dtype numpy lacks (bfloat16, float8, ...): no ids, named by
+            `where` ("document 3: token ids", "request token ids").
+    """
+    if not hasattr(value, "detach") or not hasattr(value, "is_floating_point"):
+        return value
+    tensor = value.detach().cpu()
+    try:
+        return tensor.numpy()
+    except TypeError:  # "Got unsupported ScalarType BFloat16"
+        raise DataError(f"{where} must be integers, got {tensor.dtype}") from None
 
 
 def outside_int64(arr: np.ndarray) -> int | None:

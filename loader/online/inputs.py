@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from loader.record import INT64_MAX, check_ids, outside_int64
+from loader.record import INT64_MAX, check_ids, outside_int64, tensor_ids
 from packtool.dataset.columns import TOKEN, get, names, optional
 from packtool.errors import ConfigError, DataError
 from packtool.pack.columns import check_policy
@@ -30,6 +30,7 @@ def doc_array(doc: Any, i: int, *, own: bool = False) -> NDArray:
     `own`: the array is kept past the call, so one that may share the caller's memory (an
     array or tensor it could refill) is copied; one numpy made here from a list is not.
     """
+    doc = tensor_ids(doc, f"document {i}: token ids")  # a CUDA or grad-tracking tensor too
     try:
         arr = np.asarray(doc)
     except ValueError as exc:  # ragged nested lists

@@ -19,7 +19,8 @@ back `max_holds` times goes out with its row whatever the fill. The final `flush
 row.
 
 Everything is deterministic for a given input order and seed (the time window aside): where packs
-happen depends only on the counts, and emitted rows are shuffled by `default_rng([seed, pack])`.
+happen depends only on the counts, and emitted rows are shuffled by
+`default_rng([seed, *seed_key, pack])`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from loader.online.inputs import doc_array, doc_id_array, flat_tokens, private, 
 from loader.online.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.online.segments import Segments
 from loader.online.state import check_packer_state, config_state
+from loader.record import tensor_ids
 from packtool.dataset.columns import LOSS_MASK, TOKEN, flat_parts, optional
 from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.pack import kernels
@@ -135,7 +137,7 @@ class OnlinePacker:
     ) -> None:
         """`push()`; `owned`: the packer may keep the arrays (else any the caller could reuse,
         sharing its memory, is copied: the buffer keeps them until the next pack)."""
-        given = tokens
+        given = tokens = tensor_ids(tokens, "token ids")  # a CUDA or grad-tracking tensor too
         if self._closed:
             raise PackerClosedError(
                 "this OnlinePacker was closed by its final flush(); create a new one for more data"

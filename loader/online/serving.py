@@ -34,7 +34,7 @@ from loader.collate import check_collate_kwargs, collate
 from loader.config import check_int
 from loader.online.inputs import private, several_sequences
 from loader.online.request_queue import RequestQueue
-from loader.record import Documents, outside_int64
+from loader.record import Documents, outside_int64, tensor_ids
 from packtool.errors import ConfigError, DataError, PacktoolError
 
 
@@ -75,8 +75,7 @@ def _request_tokens(tokens: Any, token_budget: int, vocab_size: int | None) -> n
     Raises:
         DataError: Why the request cannot be served (its future gets it).
     """
-    if hasattr(tokens, "detach"):  # torch: a CUDA or grad-tracking tensor has no .numpy()
-        tokens = tokens.detach().cpu().numpy()
+    tokens = tensor_ids(tokens, "request token ids")  # a CUDA or grad-tracking tensor too
     try:
         arr = np.asarray(tokens)
     except ValueError as exc:  # ragged nested lists: several sequences

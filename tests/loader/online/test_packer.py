@@ -408,6 +408,26 @@ def test_source_error_keeps_every_document_handed_over() -> None:
     assert sorted(p.pop().tokens.tolist()) == [1, 2, 3]
 
 
+def test_tensors_numpy_cannot_read_are_refused_as_ids() -> None:
+    """Before: bfloat16 ids were a bare TypeError ("Got unsupported ScalarType BFloat16") and
+    grad-tracking float ids a bare RuntimeError, from push_docs and push alike."""
+    bf16 = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    tracked = torch.ones(2, requires_grad=True)
+    p = OnlinePacker(max_len=8, buffer_docs=4)
+    for doc in (bf16, tracked):
+        with pytest.raises(DataError, match="document 1: token ids must be integers, got"):
+            p.push_docs([[1, 2], doc])
+        with pytest.raises(DataError, match="^token ids must be integers, got"):
+            p.push(doc, [2])
+    # Integer tensors are taken as they are, copied from the caller's memory.
+    ids = torch.tensor([4, 5, 6])
+    p.push_docs([ids])
+    p.push(ids[:2], [2])
+    ids[:] = 0
+    p.flush()
+    assert sorted(p.pop().tokens.tolist()) == [4, 4, 5, 5, 6]
+
+
 @pytest.mark.parametrize("state", [None, {}, {"config": {}}, "x"])
 def test_load_state_dict_rejects_what_is_not_a_packer_state(state) -> None:
     with pytest.raises(DataError, match="not an OnlinePacker state"):

@@ -384,6 +384,11 @@ def test_requests_of_several_sequences_and_device_tensors() -> None:
             batcher.submit(np.array([[1], [2]])).result(timeout=5)
         x = torch.ones(2, requires_grad=True)  # .numpy() refuses a tensor that tracks grad
         assert batcher.submit(x.long()).result(timeout=5).tolist() == [3, 3]
+        # Before: bfloat16 (numpy has no such dtype) raised a bare TypeError from submit()
+        # itself; a grad-tracking float tensor reached the integer check only through .detach().
+        for tensor in (torch.tensor([1.0, 2.0], dtype=torch.bfloat16), torch.ones(2) * x):
+            with pytest.raises(DataError, match="request token ids must be integers, got"):
+                batcher.submit(tensor).result(timeout=5)
 
 
 def test_a_single_value_is_not_served_as_a_one_token_request() -> None:
