@@ -108,10 +108,12 @@ class PackedRows:
 
     @property
     def documents(self) -> Documents:
-        """All these rows' documents, end to end."""
-        if self.tokens is None:
+        """All these rows' documents, end to end (none for no rows: `pop()` before anything was
+        packed, whatever the packer was fed)."""
+        if self.tokens is None and len(self.seg_len):
             raise ConfigError("these rows carry no tokens (the packer was fed lengths only)")
-        return Documents(self.tokens, self.seg_len, self.doc_ids, self.columns)
+        tokens = EMPTY_I64 if self.tokens is None else self.tokens
+        return Documents(tokens, self.seg_len, self.doc_ids, self.columns)
 
     def collate(self, **kwargs: Any) -> dict:
         """All these rows as one loader batch (`loader.collate`; keyword arguments pass through)."""

@@ -871,3 +871,18 @@ def test_an_object_handing_out_its_buffer_does_not_change_the_rows() -> None:
     p = OnlinePacker(max_len=16, buffer_docs=100, shuffle_rows=False)
     rows = sorted(t for r in p.pack_stream(source()) for t in r.tokens.tolist())
     assert rows == [1] * 4 + [2] * 4 + [3] * 4
+
+
+def test_rows_popped_before_anything_was_packed_collate_to_an_empty_batch() -> None:
+    # Before: "these rows carry no tokens (the packer was fed lengths only)" for a packer fed
+    # tokens whose pop() came before its first pack.
+    p = OnlinePacker(max_len=8, buffer_docs=4)
+    p.push_docs([[1, 2, 3]])
+    batch = p.pop().collate()
+    assert batch["input_ids"].numel() == 0 and batch["cu_seqlens"].tolist() == [0]
+    # Rows of a packer fed lengths only still have no batch.
+    q = OnlinePacker(max_len=8, buffer_docs=1, min_fill=0.0)
+    q.push(None, [3])
+    q.flush()
+    with pytest.raises(ConfigError, match="the packer was fed lengths only"):
+        q.pop().collate()
