@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
 from packtool.audit import verify
@@ -280,6 +281,14 @@ def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> Datase
             raise DataError(
                 f"{file}: cannot read doc_offsets ({one_line(exc)}); run `packtool verify`"
             ) from None
+        kind = column.type
+        if not (
+            (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+            and pa.types.is_integer(kind.value_type)
+        ):  # list_parts would read it as integers: a TypeError or AttributeError
+            raise DataError(
+                f"{file}: doc_offsets is {kind}, not a list of integers; run `packtool verify`"
+            )
         off_off, off = list_parts(column)
         if len(off_off) - 1 != shard.rows:  # the figures below would mix two datasets
             raise DataError(

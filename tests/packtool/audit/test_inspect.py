@@ -319,3 +319,28 @@ def test_a_damaged_row_is_the_one_line_verify_error(dataset, capsys, edit):
         read_row(dataset, 0)
     code, out, err = run_cli(["inspect", str(dataset), "--row", "0"], capsys)
     assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("kind", "shown"), [("list<string>", "list<.*string>"), ("int32", "int32")]
+)
+def test_doc_offsets_of_another_type_is_one_line(dataset, capsys, kind, shown):
+    """Before: a TypeError ("data type 'string' not understood") or AttributeError ("'Int32Array'
+    object has no attribute 'offsets'") traceback from the summary; verify said it in one line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.errors import DataError
+
+    shard = dataset / "shard-00000.parquet"
+    table = pq.read_table(shard)
+    i = table.schema.get_field_index("doc_offsets")
+    if kind == "int32":
+        column = pa.array([len(r) for r in table.column(i).to_pylist()], pa.int32())
+    else:
+        column = table.column(i).cast(pa.list_(pa.string()))
+    pq.write_table(table.set_column(i, pa.field("doc_offsets", column.type), column), shard)
+    with pytest.raises(DataError, match=f"doc_offsets is {shown}, not a list of integers"):
+        summarize_dataset(dataset)
+    code, _, err = run_cli(["inspect", str(dataset)], capsys)
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
