@@ -147,13 +147,17 @@ def _lists(info: dict[str, Any], directory: Any) -> tuple[list[str], list[str], 
     except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{path}: unreadable list of input files ({exc})") from None
     count = info.get("num_files", len(files) if isinstance(files, list) else -1)
-    if not (isinstance(files, list) and isinstance(units, list)) or not (
-        len(files) == len(units) == count
-    ):
+    if not (_texts(files) and _texts(units)) or not len(files) == len(units) == count:
+        # As strictly as index.json's own lists (manifest_check): a file named 123 or ["a"]
+        # was shown as "from 123:byte ..." or failed as an unhashable key.
         raise DataError(
             f"{path}: not {count} input files with their units (doc_ids.num_files in index.json)"
         )
     return files, units, _sizes(data, count)
+
+
+def _texts(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def _sizes(info: dict[str, Any], count: int) -> list[Any]:

@@ -101,6 +101,20 @@ def test_sizes_kept_in_the_sources_file_are_read(tmp_path):
     assert docids.place({"doc_ids": info}, 3, tmp_path) == f"{f}:line 4 (byte 3)"
 
 
+@pytest.mark.parametrize("files", [[["a"]], [123], [None]])
+def test_a_sources_file_naming_a_file_by_anything_but_text_is_damage(tmp_path, files):
+    """Before: [["a"]] failed `inspect --row` with "unhashable type: 'list'" and [123] was shown
+    as "from 123:byte ..."; the same lists inline in index.json were refused."""
+    import hashlib
+    import json
+
+    data = (json.dumps({"files": files, "units": ["byte"], "sizes": [5]}) + "\n").encode()
+    (tmp_path / docids.SOURCES_FILE).write_bytes(data)
+    info = docids.record(["x"], ["byte"], sources_sha256=hashlib.sha256(data).hexdigest())
+    with pytest.raises(DataError, match="not 1 input files with their units"):
+        docids.places({"doc_ids": info}, [3], tmp_path)
+
+
 def test_a_source_at_a_web_address_is_never_fetched_to_count_lines():
     """inspect counted a source's lines by reading it up to the offset, at whatever address
     the dataset names: a dataset from elsewhere made it fetch from hosts it chose (a cloud's
