@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote
 
@@ -366,7 +366,9 @@ def _shard_files_problem(manifest: Manifest) -> str | None:
         forms = (Path(s.file), Path(decoded))
         if not s.file or any(p.is_absolute() or ".." in p.parts for p in forms) or "://" in decoded:
             return f"shard file {s.file!r} must be a path inside the dataset folder"
-        if s.file in seen:
+        # One file however it is spelled: `./x`, `x` and `a//x` vs `a/x` name the same one.
+        key = str(PurePosixPath(decoded))
+        if key in seen:
             return f"shard file {s.file!r} is listed more than once"
-        seen.add(s.file)
+        seen.add(key)
     return None

@@ -362,15 +362,16 @@ def test_row_index_while_decoding_ahead_matches(random_dataset):
     assert sum(int(b["cu_seqlens"][-1]) for b in it) > 0
 
 
-def test_shard_listed_twice_is_refused(hand_dataset):
-    # Before: every row of that shard was delivered twice per epoch.
+@pytest.mark.parametrize("spelled", ["shard-00000.parquet", "./shard-00000.parquet"])
+def test_shard_listed_twice_is_refused(hand_dataset, spelled):
+    # Before: every row of that shard was delivered twice per epoch (under another spelling,
+    # `./shard-00000.parquet`, it still was).
     m = read_manifest(hand_dataset)
     import dataclasses
 
-    write_manifest(hand_dataset, dataclasses.replace(m, shards=(m.shards[0], m.shards[0])))
-    with pytest.raises(
-        DataError, match="shard file 'shard-00000.parquet' is listed more than once"
-    ):
+    again = dataclasses.replace(m.shards[0], file=spelled)
+    write_manifest(hand_dataset, dataclasses.replace(m, shards=(m.shards[0], again)))
+    with pytest.raises(DataError, match=f"shard file '{spelled}' is listed more than once"):
         PackedDataset(hand_dataset, rows_per_batch=1)
 
 
