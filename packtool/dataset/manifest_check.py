@@ -68,6 +68,8 @@ def _tokenizer(d: dict[str, Any]) -> str | None:
     if tok.get("engine") is not None and not isinstance(tok["engine"], str):
         return f"tokenizer.engine must be a string or null, found {tok['engine']!r}"
     vocab = tok["vocab_size"]
+    if vocab > 2**32:  # no shard holds such ids (uint32 at most)
+        return f"tokenizer.vocab_size is {vocab:,}; token ids are stored as uint32 at most"
     for key in ("eos_id", "bos_id"):
         value = tok.get(key)
         if value is not None and value >= vocab:

@@ -148,6 +148,8 @@ WHOLE = [
     (("extra", "doc_ids", "sizes"), [-1], "extra.doc_ids.sizes is [-1]; expected one size"),
     (("shards", 0, "tokens"), 5, "counts.tokens_out is 2,839,131 but the shards list 5 in total"),
     (("tokenizer", "engine"), 5, "tokenizer.engine must be a string or null, found 5"),
+    # Before: "vocab_size 8589934592 does not fit uint32 token ids", naming no file.
+    (("tokenizer", "vocab_size"), 2**33, "tokenizer.vocab_size is 8,589,934,592; token ids are"),
     # A loss mask's counts (written only for masked data; any dataset is refused with them wrong).
     (
         ("counts", "tokens_supervised"),
