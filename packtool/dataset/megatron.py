@@ -75,7 +75,9 @@ class MegatronWriter:
 
     Args:
         bin_path: the token file to write (a temporary name; the caller moves it in place).
-        idx_path: the index file to write at `close`; None for a part of a partitioned run
+        idx_path: the index file to write at `close` (a temporary name too: a `.idx` is whole
+            only once `close` returns; one it could not finish is deleted); None for a part of
+            a partitioned run
             (packtool/engines/megatron/run.py), whose lengths stay in `lengths_path` for the merge.
         dtype: the token dtype (`megatron_dtype(vocab_size)`).
         lengths_path: where the side file of lengths goes (default: a hidden name by `idx_path`).
@@ -138,8 +140,16 @@ class MegatronWriter:
 
 def write_index(idx_path: Path, lengths_path: Path, dtype: np.dtype, documents: int) -> None:
     """Write the `.idx` of `documents` documents whose int32 lengths are the file
-    `lengths_path`, in blocks (see the module docstring), and fsync it."""
-    dtype = np.dtype(dtype)
+    `lengths_path`, in blocks (see the module docstring), and fsync it. A `.idx` it cannot
+    finish (a full disk) is deleted: its header alone would look like an index."""
+    try:
+        _write_index(idx_path, lengths_path, np.dtype(dtype), documents)
+    except BaseException:
+        writing.remove_file(idx_path)
+        raise
+
+
+def _write_index(idx_path: Path, lengths_path: Path, dtype: np.dtype, documents: int) -> None:
     n = documents
     with naming(idx_path), writing.open_output(idx_path) as out:
         out.write(INDEX_HEADER)

@@ -82,6 +82,26 @@ def test_writer_equals_megatron_builder(tmp_path_factory, docs, vocab, per_table
     assert writer.documents == len(docs) and writer.tokens == sum(map(len, docs))
 
 
+def test_an_index_the_writer_cannot_finish_is_deleted(tmp_path, monkeypatch):
+    """Before: a full disk while the `.idx` was written left its first bytes at its name, a
+    valid header claiming every document (the CLI writes it under a temporary name; a library
+    caller of MegatronWriter got the half file)."""
+    import errno
+
+    from packtool.storage import writing
+
+    writer = MegatronWriter(tmp_path / "a.bin", tmp_path / "a.idx", np.dtype(np.uint16))
+    writer.write(_table([[1, 2, 3], [4]], pa.uint16()))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writing, "append_range", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin"]
+
+
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory):
     return build("gpt2", tmp_path_factory.mktemp("tok"))
