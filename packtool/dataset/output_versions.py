@@ -77,6 +77,9 @@ def ours(folder: Path) -> bool:
     shards or parts, the manifest and its sources list, a run's state or temporaries, each of the
     kind packtool writes it (`names.written_entry`; in a bucket: a version holding only such
     names)."""
+    if storage.is_remote(folder):  # its one listing (none: no version), no `is_dir` first
+        entries = storage.scan_dir(folder)
+        return bool(entries) and all(written_entry(e.name, f, parts=True) for e, f in entries)
     if storage.is_symlink(folder) or not storage.is_dir(folder):
         return False
     # One listing, which says which entries are files (objects): no request per entry.

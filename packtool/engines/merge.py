@@ -152,7 +152,7 @@ def _tails(work: Path, children: range) -> Iterator[pa.Table]:
     for p in children:
         path = records.tail_path(work, p)
         expected = int((records.read_record(work, p).get("tail") or {}).get("pieces", 0))
-        table = records.read_tail(path) if expected or storage.exists(path) else None
+        table = records.read_tail(path) if expected or storage.is_file(path) else None
         found = 0 if table is None else table.num_rows
         if found != expected:
             raise DataError(

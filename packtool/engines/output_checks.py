@@ -34,7 +34,8 @@ def check_replaceable(paths: OutputPaths, overwrite: bool) -> None:
     """Refuse an output that holds anything without `overwrite`, and one holding files `pack`
     did not write even with it."""
     out, shown = paths.target, paths.shown
-    present = list(storage.list_dir(out)) if storage.is_dir(out) else []
+    # A prefix's listing says it all (none: empty), with no HEAD and listing of `is_dir` first.
+    present = list(storage.list_dir(out)) if paths.remote or storage.is_dir(out) else []
     if paths.remote:  # its lock and staging objects are inside the prefix
         present = [p for p in present if not p.name.startswith(".packtool-")]
     if present and not overwrite:

@@ -141,9 +141,10 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
     Nothing is removed from the output itself: `--overwrite` only allows `commit` to replace it.
     """
     out, shown = paths.target, paths.shown
-    if storage.exists(out) and not storage.is_dir(out):
+    folder = storage.is_dir(out)  # once: on a store each is a request or two before the run
+    if not folder and storage.exists(out):
         raise ConfigError(f"output {shown} exists and is not a folder")
-    if storage.is_dir(out) and storage.is_mount(out):
+    if folder and storage.is_mount(out):
         raise ConfigError(
             f"output {shown} is a mount point, which packtool cannot swap a new dataset into; "
             "write to a folder inside it"

@@ -38,7 +38,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from packtool.errors import DataError
-from packtool.storage.remote import filesystem, modified_at, naming, object_etag, scheme
+from packtool.storage.remote import (
+    filesystem,
+    modified_at,
+    naming,
+    object_at,
+    object_etag,
+    scheme,
+)
 
 MAX_PARTS = 10_000
 """S3's limit on the parts of one multipart upload."""
@@ -94,12 +101,12 @@ def write_bytes(url: Any, data: bytes) -> None:
 
 def create_exclusive(url: Any, data: bytes) -> bool:
     """Create the object `url` holding `data` if none is there; False when one is. A check
-    first (the usual answer, in one HEAD), then on S3, GCS and Azure a conditional put: of
-    several writers racing, exactly one succeeds. Elsewhere a plain put (two writers racing may
-    both succeed: docs/remote.md)."""
+    first (the usual answer, in one HEAD on S3), then on S3, GCS and Azure a conditional put:
+    of several writers racing, exactly one succeeds. Elsewhere a plain put (two writers racing
+    may both succeed: docs/remote.md)."""
     fs, p = filesystem(url)
     with naming(url, "written"):
-        if fs.exists(p):
+        if object_at(fs, p):
             return False
         if scheme(url) in CREATES_CONDITIONALLY:
             try:

@@ -931,3 +931,35 @@ def test_verify_of_a_bucket_dataset_that_cannot_copy_a_shard_names_the_copy(fs, 
     assert done.returncode == 1 and line.startswith(f"error: {scratch}/.shard-"), line
     assert "File too large (a local copy of s3://" in line and "PACKTOOL_SCRATCH" in line, line
     assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize("client", ["obstore", "s3fs"])
+def test_a_file_check_is_one_head_never_a_listing_too(fs, s3_server, monkeypatch, client):
+    """A check of an object packtool writes (`.packtool-lock`, `.packtool-staging`, a tail) was
+    `exists` / `isfile`: a HEAD, then after its 404 a listing of `KEY/` (is it a folder?), whose
+    answer a file check never needs. 128 requests for a pack into a bucket of 12 files became
+    108 (on a real store ~10-50 ms each, most before the workers start)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from tests.packtool.storage.faulty_proxy import FaultyProxy
+
+    monkeypatch.setenv(s3_native.CLIENT_ENV, client)
+    url = f"s3://{BUCKET}/headed-{client}"
+    proxy = FaultyProxy(s3_server, {})  # no faults: it lists the requests it forwards
+    with proxy as proxy_url, monkeypatch.context() as through:
+        through.setenv("AWS_ENDPOINT_URL", proxy_url)
+        remote._filesystem.cache_clear()
+        try:
+            run_pack(pack_config(url))
+            run_pack(pack_config(url, overwrite=True))  # the lock, the link, the old version
+        finally:
+            remote._filesystem.cache_clear()
+    prefixes = [
+        parse_qs(urlsplit(path).query).get("prefix", [""])[0]
+        for method, path in proxy.seen
+        if method == "GET" and "list-type=2" in path
+    ]
+    assert prefixes, proxy.seen  # (the listings packtool needs are there)
+    asked = [p for p in prefixes if p.rstrip("/").rsplit("/", 1)[-1].startswith(".packtool-")]
+    assert not [p for p in asked if not p.endswith(".packtool-run/")], asked
+    assert not [p for p in prefixes if p.endswith(".arrow/")], prefixes
