@@ -120,7 +120,7 @@ class ArrayDriver:
             array = f"a{len(self.jobs)}-{time.time_ns()}"
             self._write_descriptors(array, chunk)
             script = self._script(array)
-            log = self.logs / f"{array}-%a.log"
+            log = f"{output_pattern(self.logs)}/{array}-%a.log"
             after = [f"--dependency=afterok:{self.probe_job}"] if self.probe_job else []
             options = [*self.options, *after, f"--output={log}"]
             self._submit_job(options, len(chunk), str(script), {"array": array, "tasks": chunk})
@@ -235,13 +235,12 @@ class ArrayDriver:
             "export PACKTOOL_SLURM_ROLE=probe\n"
             f"{setup}"
             f"if [ -d {target} ] && touch {target}/{PROBE_OK}; then exit 0; fi\n"
-            f'echo "{CANNOT_SEE} {self.probe_target} from $(hostname)" >&2\n'
+            f'echo {shlex.quote(f"{CANNOT_SEE} {self.probe_target} from")} "$(hostname)" >&2\n'
             "exit 3\n"
         )
         script = self.dir / "probe.sh"
         writing.write_atomic(script, body.encode())
-        log = self.logs / "probe.log"
-        options = [*self.options, f"--output={log}"]
+        options = [*self.options, f"--output={output_pattern(self.logs / 'probe.log')}"]
         self.probe_job = self._submit_job(
             options, 1, str(script), {"array": "probe", "tasks": [[]]}
         )
@@ -352,8 +351,15 @@ class ArrayDriver:
             f"partitions {done}/{total} done, {running} running, {pending} pending, {failed} failed"
         )
 
-    def cancel(self) -> None:
-        cli.cancel({key.partition("_")[0] for key in self.open} | set(self.jobs))
+    def cancel(self, wait: float = 0.0) -> None:
+        """scancel every job of this run (`wait`: `commands.cancel`'s)."""
+        cli.cancel({key.partition("_")[0] for key in self.open} | set(self.jobs), wait)
+
+
+def output_pattern(path: Path | str) -> str:
+    """`path` as sbatch's `--output` takes it: its `%` doubled (sbatch reads `%j`, `%a`, ... in
+    a file name as the job's id, the task's index: `/scratch/run_%j/` became another folder)."""
+    return str(path).replace("%", "%%")
 
 
 def last_line(log: Path) -> str:

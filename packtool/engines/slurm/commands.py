@@ -1,12 +1,15 @@
 """What the Slurm engine asks of Slurm, through its commands: `sbatch`, `squeue`, `scancel`,
 `scontrol`. Each call is one subprocess with its output parsed here; a refusal is a one-line
-`ConfigError` quoting Slurm's own first line.
+`SlurmRefused` (a `ConfigError`) quoting Slurm's own first line. The queue's state is asked
+again a few times before a refusal counts: a busy controller answers "Socket timed out" now and
+then, and one such answer must not stop a long run.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Iterable, Sequence
 
 from packtool.errors import ConfigError
@@ -17,6 +20,15 @@ LIVE_STATES = frozenset(
      "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
 )  # fmt: skip
 """squeue states of a task that may still write its records."""
+
+RETRY_SECONDS = (2.0, 5.0, 10.0, 20.0, 30.0)
+"""The waits before squeue is asked again after a refusal or a timeout (about a minute in all)."""
+
+
+class SlurmRefused(ConfigError):
+    """A Slurm command refused or failed. Before the run (`sbatch --test-only`): its options.
+    During it (a poll, a resubmit): the cluster, not the command, so the driver keeps the
+    finished partitions for `--resume` (`driver.drive_slurm`)."""
 
 
 def require(program: str = "sbatch") -> str:
@@ -39,10 +51,10 @@ def _run(args: Sequence[str], what: str, timeout: float = 120, own_session: bool
             start_new_session=own_session,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"--engine slurm: {what} failed ({exc})") from None
+        raise SlurmRefused(f"--engine slurm: {what} failed ({exc})") from None
     if done.returncode != 0:
         line = next((s for s in done.stderr.splitlines() if s.strip()), f"exit {done.returncode}")
-        raise ConfigError(f"--engine slurm: {what} refused: {line.strip()}")
+        raise SlurmRefused(f"--engine slurm: {what} refused: {line.strip()}")
     return done.stdout
 
 
@@ -70,20 +82,24 @@ def submit_array(options: Sequence[str], tasks: int, script: str) -> str:
     return out.strip().split(";")[0]
 
 
-def live_tasks(job_ids: Iterable[str]) -> dict[str, str]:
+def live_tasks(job_ids: Iterable[str], retry: bool = True) -> dict[str, str]:
     """{`JOB_TASK` -> state} of the array tasks of `job_ids` still in the queue (one squeue;
-    pending tasks listed one by one)."""
+    pending tasks listed one by one). A refusal or a timeout is asked again after each of
+    `RETRY_SECONDS` (`retry`) before it is raised."""
     ids = [j for j in job_ids]
     if not ids:
         return {}
-    try:
-        out = _run(
-            [require("squeue"), "-h", "-r", "-j", ",".join(ids), "-o", "%i %T"], "squeue", 60
-        )
-    except ConfigError as exc:
-        if "Invalid job id" in str(exc):  # every one of them finished and was purged
-            return {}
-        raise
+    args = [require("squeue"), "-h", "-r", "-j", ",".join(ids), "-o", "%i %T"]
+    for wait in (*(RETRY_SECONDS if retry else ()), None):
+        try:
+            out = _run(args, "squeue", 60)
+            break
+        except SlurmRefused as exc:
+            if "Invalid job id" in str(exc):  # every one of them finished and was purged
+                return {}
+            if wait is None:
+                raise
+            time.sleep(wait)
     states = {}
     for line in out.splitlines():
         parts = line.split()
@@ -92,8 +108,23 @@ def live_tasks(job_ids: Iterable[str]) -> dict[str, str]:
     return states
 
 
-def cancel(job_ids: Iterable[str]) -> None:
-    """`scancel` the jobs (best effort: a run that stops leaves none in the queue)."""
+def cancel(job_ids: Iterable[str], wait: float = 0.0) -> None:
+    """`scancel` the jobs (best effort: a run that stops leaves none in the queue; a refusal or
+    a hung controller is no error of its own). `wait`: at most that many seconds until none
+    is in the queue (scancel is asynchronous: a task still running could yet write into the
+    staging folder a failed run removes next)."""
     ids = list(job_ids)
-    if ids and storage.which("scancel"):
+    if not ids or not storage.which("scancel"):
+        return
+    try:
         subprocess.run(["scancel", *ids], capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    end = time.monotonic() + wait
+    while wait and time.monotonic() < end:
+        try:
+            if not live_tasks(ids, retry=False):
+                return
+        except ConfigError:
+            return
+        time.sleep(0.3)

@@ -49,6 +49,9 @@ from packtool.engines.summary import PackSummary
 from packtool.errors import Detached
 from packtool.tokenizer.tokenizers import Tokenizer
 
+CANCEL_WAIT = 60.0
+"""Seconds a failed run waits for its cancelled tasks to leave the queue before it goes on."""
+
 __all__ = [
     "SlurmConfig",
     "drive_slurm",
@@ -107,8 +110,13 @@ def drive_slurm(run: Any, slurm: SlurmConfig, options: list[str]) -> str:
             driver.run_partitions()
     except Detached:
         raise
-    except BaseException:
-        driver.cancel()  # no job of a stopped or failed run stays in the queue
+    except cli.SlurmRefused as exc:  # the cluster failed the run: its finished work stays
+        driver.cancel(wait=CANCEL_WAIT)
+        raise run.workers_lost(str(exc), "Slurm failed, not the run's options") from None
+    except BaseException as exc:
+        # No job of a stopped or failed run stays in the queue; a failure's staging folder may
+        # be removed next, so its tasks are gone first (Ctrl-C keeps the folder: no wait).
+        driver.cancel(wait=CANCEL_WAIT if isinstance(exc, Exception) else 0.0)
         raise
     for wave in run.waves()[1:] if run.todo else run.waves():  # the tail tree, here
         for u in wave:

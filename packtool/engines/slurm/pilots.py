@@ -44,7 +44,7 @@ import numpy as np
 
 from packtool.engines import records
 from packtool.engines.slurm import commands as cli
-from packtool.engines.slurm.arrays import ArrayDriver, last_line
+from packtool.engines.slurm.arrays import ArrayDriver, last_line, output_pattern
 from packtool.engines.slurm.config import CLAIMS_DIR, SlurmConfig
 from packtool.engines.slurm.task import task_error
 from packtool.storage import local as storage
@@ -101,7 +101,7 @@ class PilotDriver(ArrayDriver):
             # A name per array: arrays split by MaxArraySize shared one, and their workers'
             # logs (`NAME-%a.log`) overwrote each other's.
             name = f"w{len(self.jobs)}-{time.time_ns()}"
-            log = self.logs / f"{name}-%a.log"
+            log = f"{output_pattern(self.logs)}/{name}-%a.log"
             entry = {"array": name, "pilots": count, "tasks": []}
             self._submit_job([*self.options, f"--output={log}"], count, str(script), entry)
             self.submitted += count

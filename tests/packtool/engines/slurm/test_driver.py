@@ -406,6 +406,84 @@ def test_the_driver_killed_while_jobs_run_is_resumed(cluster, local, tmp_path):
     _same_dataset(local, out)
 
 
+def _refusing_squeue(folder: Path, flag: Path, once: bool) -> None:
+    """A `squeue` in `folder` (put first on PATH) that answers what a busy controller answers
+    while `flag` exists (and removes it: `once`), else the cluster's own squeue's answer."""
+    real = shutil.which("squeue")
+    folder.mkdir()
+    script = folder / "squeue"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"if [ -e {flag} ]; then {'rm -f ' + str(flag) + '; ' if once else ''}"
+        'echo "slurm_load_jobs error: Socket timed out on send/recv operation" >&2; exit 1; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_a_refusing_squeue_mid_run_never_costs_the_finished_partitions(
+    cluster, local, tmp_path, monkeypatch, once
+):
+    """Before: one refused squeue (a busy controller's "Socket timed out") was a ConfigError, so
+    the failed run removed its staging folder with every finished partition. Now squeue is
+    asked again; a refusal that lasts stops the run keeping them for --resume."""
+    import os
+    import threading
+
+    from packtool.engines.slurm import commands
+
+    flag, first, gate = tmp_path / "refuse", tmp_path / "first", tmp_path / "gate"
+    _refusing_squeue(tmp_path / "bin", flag, once)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(commands, "RETRY_SECONDS", (0.2, 0.2))
+    out = tmp_path / "packed"
+    work = staging_folder(out)
+    setup = (  # one task runs; the others wait for the gate (opened after the refusal)
+        f'if [ "$PACKTOOL_SLURM_ROLE" = task ] && ! mkdir {first} 2>/dev/null; then '
+        f"until [ -e {gate} ]; do sleep 0.05; done; fi"
+    )
+
+    def refuse_once_a_partition_finished():
+        end = time.time() + 60
+        while not records.finished(work) and time.time() < end:
+            time.sleep(0.1)
+        flag.touch()
+        if once:  # the run goes on: the others may run now
+            gate.touch()
+
+    threading.Thread(target=refuse_once_a_partition_finished, daemon=True).start()
+    config = SlurmConfig(poll_seconds=0.3, setup=setup)
+    if once:
+        run_pack_slurm(_config(out), config)
+        assert not flag.exists()  # it was refused, and asked again
+        _same_dataset(local, out)
+        return
+    with pytest.raises(WorkersLost) as stopped:
+        run_pack_slurm(_config(out), config)
+    line = str(stopped.value)
+    assert "squeue refused: slurm_load_jobs error: Socket timed out" in line, line
+    assert "finished partition(s) are kept: rerun with --resume" in line, line
+    assert records.finished(work)
+    flag.unlink()
+    gate.touch()
+    run_pack_slurm(replace(_config(out), resume=True), SlurmConfig(poll_seconds=0.3))
+    _same_dataset(local, out)
+
+
+def test_an_output_path_with_quotes_dollars_and_percents_is_taken_as_it_is(
+    cluster, local, tmp_path
+):
+    """Before: the probe script put the folder raw inside double quotes (a `"` in it broke the
+    script, `$(...)` ran), and sbatch read a `%j` in the logs' path as the job id."""
+    parent = tmp_path / 'run_%j "q" $(touch PWNED) `touch PWNED2`'
+    out = parent / "packed"
+    run_pack_slurm(_config(out), SlurmConfig(poll_seconds=0.3))
+    _same_dataset(local, out)
+    assert not list(tmp_path.rglob("PWNED*")) and not list(ROOT.glob("PWNED*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [parent.name]
+
+
 # --- pull mode (--slurm-workers): long-lived workers take the partitions in turn ---
 
 
