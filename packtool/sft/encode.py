@@ -89,7 +89,7 @@ def _chat_template(sft: SFTConfig, tokenizer: Any) -> ChatTemplate:
     identity = tokenizer.identity
     folder = tokenizer.folder if identity.kind == "hf" else None  # a hub id's: its snapshot
     fallback = {}
-    if identity.kind == "hf":  # the ids' strings, when no tokenizer_config.json names them
+    if identity.kind in ("hf", "tiktoken"):  # the ids' strings, where no config names them
         encoder = text_encoder(tokenizer, specials=True)
         own = tokenizer.own_ids  # the tokenizer's defaults: --eos-id/--no-eos change no text
         for name, i in (("bos_token", own["bos"]), ("eos_token", own["eos"])):

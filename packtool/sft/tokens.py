@@ -134,8 +134,14 @@ class TextEncoder:
         return flat.astype(self.dtype, copy=False), lengths
 
     def token_text(self, i: int) -> str | None:
-        """The text of id `i` of a Hugging Face tokenizer (an added token, else the model's)."""
-        assert self._json is not None, "token_text is for Hugging Face tokenizers"
+        """The text of id `i`: a Hugging Face tokenizer's added token, else the model's; a
+        tiktoken ranks file's special token (`<|endoftext|>`); None for `byte` (its EOS 256 and
+        BOS 257 are no text) or an id without one."""
+        if self.kind == "tiktoken":
+            specials = self.tokenizer.source.specials or {}
+            return next((token for token, j in specials.items() if j == i), None)
+        if self._json is None:
+            return None
         for t in self._json.get("added_tokens") or ():
             if t.get("id") == i:
                 return t.get("content")

@@ -594,6 +594,32 @@ def test_eos_and_bos_options_leave_the_templates_tokens_alone(tmp_path):
         assert table.column("input_ids").to_pylist()[0] == expected, options
 
 
+def test_a_tiktoken_templates_eos_token_is_its_end_of_text_token(tmp_path):
+    """Before: only a Hugging Face tokenizer's template saw `eos_token`; with a tiktoken ranks
+    file it was undefined, so `{{ eos_token }}` wrote nothing after every assistant turn (the
+    model never learned where an answer ends) while the summary said `eos <|endoftext|>`."""
+    from tests.packtool.tokenizer_shapes import build, byte_level_ranks
+
+    ranks = byte_level_ranks(build("gpt2", tmp_path / "tj"), tmp_path / "x.tiktoken")
+    tok = load_tokenizer(str(ranks))
+    eos = tok.own_ids["eos"]
+    tpl = template_file(
+        tmp_path,
+        GEN.replace("{{ m.content }}<|end|>{% endgeneration %}", "{{ m.content }}{{ eos_token }}"
+                    "{% endgeneration %}"),
+    )  # fmt: skip
+    path = jsonl(tmp_path / "c.jsonl", [{"messages": CONV}])
+    config = ReadConfig(sft=SFTConfig(chat_template=str(tpl)))
+    (table,) = list(tokenized_batches([path], tokenizer=tok, read_config=config))
+    ids = table.column("input_ids").to_pylist()[0]
+    mask = np.frombuffer(table.column("loss_mask").to_pylist()[0], np.uint8).tolist()
+    ends = [i for i, t in enumerate(ids) if t == eos]
+    assert len(ends) == 2 and all(mask[i] == 1 for i in ends)  # each answer's end, supervised
+    # The byte tokenizer's EOS is no text: undefined, as the docs say (nothing written).
+    (table,) = list(tokenized_batches([path], tokenizer="byte", read_config=config))
+    assert 256 not in table.column("input_ids").to_pylist()[0]
+
+
 def test_every_input_format_has_a_record_reader():
     # The fine-tuning readers dispatch on the format registry, as the corpus readers do: a
     # format added to FORMATS needs its record reader here, or reading it is a KeyError.
