@@ -235,12 +235,38 @@ def open_append(path: str | os.PathLike, size: int) -> BinaryIO:
 
 
 def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
-    """Create `path` holding `data` if no file is there (`O_CREAT | O_EXCL`: of several processes,
-    on any node of a shared file system that honours it, NFSv3+, Lustre, GPFS, exactly one
-    succeeds); False when it exists. A reader may see the file empty for a moment. An object:
-    a conditional put (`remote_write.create_exclusive`)."""
+    """Create `path` holding `data` if no file is there; False when one is. Written whole under a
+    temporary name first, then hard-linked to `path` (`link` fails where a file is: of several
+    processes, on any node of a shared file system, NFS, Lustre, GPFS, exactly one succeeds), so
+    `path` never exists without its data: with `O_CREAT | O_EXCL`, then a write, a process
+    killed between the two left an empty file for good (a Slurm worker's claim naming no
+    owner, which nothing ever released). Where the file system has no hard links: `O_EXCL`,
+    then the write. An object: a conditional put (`remote_write.create_exclusive`)."""
     if is_remote(path):
         return remote_write.create_exclusive(path, data)
+    tmp = temporary_name(path)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:
+                raise
+            return _create_then_write(path, data)
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
+"""`link`'s errors on a file system that has no hard links (some FUSE, SMB and object mounts)."""
+
+
+def _create_then_write(path: str | os.PathLike, data: bytes) -> bool:
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:

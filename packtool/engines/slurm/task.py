@@ -129,7 +129,11 @@ def main(argv: list[str]) -> int:
         claims = slurm_dir / CLAIMS_DIR
         own: set[int] = set()
         if os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0"):  # requeued
-            own = {int(c.name) for c in storage.list_dir(claims) if storage.read_text(c) == key}
+            own = {  # (a claim's temporary, hidden, is no claim: `writing.create_exclusive`)
+                int(c.name)
+                for c in storage.list_dir(claims)
+                if c.name.isdigit() and storage.read_text(c) == key
+            }
         parts = np.frombuffer(storage.read_bytes(slurm_dir / f"{array}.parts"), dtype=np.int64)
         for i, p in enumerate(parts.tolist()):
             if storage.exists(records.record_path(work, p)):

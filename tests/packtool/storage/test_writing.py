@@ -293,3 +293,37 @@ def test_a_sweep_in_another_pid_namespace_keeps_a_live_writer_s_temporaries(tmp_
     command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", sweep]
     subprocess.run(command, env=env, check=True)  # a run starts in another pid namespace
     assert live.is_file()
+
+
+def test_create_exclusive_is_one_winner_and_never_a_file_without_its_data(tmp_path):
+    """Before: `O_CREAT | O_EXCL`, then the write: a process killed between the two left the
+    file without (all of) its data for good (a Slurm worker's claim naming no owner, which
+    nothing released: the run waited for ever). Now the data is written under a temporary
+    name and linked in."""
+    import signal
+    import time
+
+    path = tmp_path / "000001"
+    assert writing.create_exclusive(path, b"7_1") and not writing.create_exclusive(path, b"8_0")
+    assert path.read_bytes() == b"7_1" and [p.name for p in tmp_path.iterdir()] == ["000001"]
+    # Killed mid-write, again and again: each name is there whole or not at all.
+    big = 16 << 20
+    child = (
+        "import sys; from pathlib import Path; from packtool.storage import writing\n"
+        f"data = bytes({big})\n"
+        "for i in range(10**6):\n"
+        "    writing.create_exclusive(Path(sys.argv[1]) / f'{i:06d}', data)\n"
+    )
+    for attempt in range(4):
+        folder = tmp_path / f"kill{attempt}"
+        folder.mkdir()
+        proc = subprocess.Popen([sys.executable, "-c", child, str(folder)], cwd=ROOT)
+        end = time.monotonic() + 30
+        while len(list(folder.glob("[0-9]*"))) < 2 and time.monotonic() < end:
+            time.sleep(0.01)
+        time.sleep(0.003 * attempt)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        written = sorted(folder.glob("[0-9]*"))
+        assert len(written) >= 2
+        assert {p.stat().st_size for p in written} == {big}, [p.stat().st_size for p in written]
