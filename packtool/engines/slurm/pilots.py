@@ -124,10 +124,16 @@ class PilotDriver(ArrayDriver):
         # Claims of workers already gone (a stopped driver's): released now, for the workers
         # submitted below (released a poll later, they had as many workers again submitted
         # beside these: a --resume after Ctrl-C ran twice --slurm-workers)
-        self._release_lost(live, {o for o in self.running.values() if o and o not in live})
+        released = self._release_lost(
+            live, {o for o in self.running.values() if o and o not in live}
+        )
         self.cursor = 0
-        if not live and self.pool:
-            self._submit_workers(min(self.slurm.workers or 1, len(self.pool)))
+        # Workers for what is left, counting those still queued; at least one for released
+        # claims, which live workers may have walked past (left to them, a released partition
+        # waited until every live worker had ended)
+        if self.pool and (not live or released):
+            wanted = min(self.slurm.workers or 1, len(self.pool)) - len(live)
+            self._submit_workers(max(wanted, 1))
         # --no-wait: detach while a partition is left; with none (every one has its record; a
         # worker may still be leaving the queue) finish now, as fixed shares do (it printed
         # "submitted 0 partition(s)" at every --resume and never finished)
@@ -144,11 +150,14 @@ class PilotDriver(ArrayDriver):
         last_poll = 0.0
         stalled, done_at_submit = 0, len(done)
         while True:
-            while self.cursor < len(self.pool) and storage.exists(
-                self._claim(self.pool[self.cursor])
+            # Claims in pool order; a released one is followed apart (below), so the claims
+            # after it are followed now (they waited until it was claimed again)
+            while self.cursor < len(self.pool) and (
+                self.pool[self.cursor] in self.released
+                or storage.exists(self._claim(self.pool[self.cursor]))
             ):
                 p = self.pool[self.cursor]
-                if p not in done:
+                if p not in done and p not in self.released:
                     self.running.setdefault(p, "")
                 self.cursor += 1
             for p in list(self.released):

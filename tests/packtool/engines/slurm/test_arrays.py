@@ -184,6 +184,35 @@ def test_a_resume_after_a_stopped_driver_submits_the_workers_asked_for(cluster, 
     _same_dataset(local, out)
 
 
+def test_a_resume_beside_a_live_worker_gives_a_dead_workers_claim_a_worker(
+    cluster, local, tmp_path
+):
+    """Pull mode: a --resume released the claim of a worker already gone but submitted workers
+    only where none was left alive, so with one still queued (here: one that never takes a
+    partition) the released partition waited for it to end: the run never finished."""
+    import sys
+
+    out = tmp_path / "packed"
+    jobs = _detached_holding(out, SlurmConfig(workers=1))  # a worker that stays, claiming none
+    try:
+        claims = staging_folder(out) / records.RUN_DIR / "slurm" / "claims"
+        claims.mkdir(parents=True, exist_ok=True)
+        (claims / "000000").write_text("1_0")  # a worker long gone held partition 0
+        args = ["pack", str(_config(out).inputs[0]), "-o", str(out), "--max-len", "1024",
+                "--shard-rows", "200", "--partition-size", "300000", "--engine", "slurm",
+                "--slurm-workers", "1", "--resume"]  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "packtool.cli.commands", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        _same_dataset(local, out)
+    finally:
+        subprocess.run(["scancel", *jobs], capture_output=True)
+
+
 @pytest.mark.parametrize("workers", [None, 2])
 def test_sigterm_to_the_driver_cancels_its_jobs_as_ctrl_c_does(cluster, tmp_path, workers):
     """SIGTERM to the driver (a job scheduler's or a terminal's kill) left every job queued,
