@@ -26,11 +26,13 @@ completion record, each atomically, as a partition does. Its input is bounded: a
 F x 32 rows of at most `max_len` tokens (F = 64, max_len 2048: ~4 M tokens, ~0.2 s here),
 whatever the corpus size, and it reads nothing but its children's tails.
 
-The nodes of one level are independent: the engines run them on their workers in parallel,
-one wave per level after the partitions (`base.Run.waves`); the root runs in the driver
-(`base.Run.finish`). At 10^5 partitions and F = 64: 1,563 level-1 nodes, 25 level-2 nodes,
-then the root: three short waves, each as parallel as the cluster, instead of one process
-packing 10^5 x 32 rows.
+The nodes of one level are independent: the local and Ray engines run them on their workers
+in parallel, one wave per level after the partitions (`base.Run.waves`); the Slurm engine runs
+them in its driver, one after another (`slurm.driver.drive_slurm`: a dependent job would wait
+in the queue longer than a node takes); the root runs in the driver (`base.Run.finish`). At
+10^5 partitions and F = 64: 1,563 level-1 nodes, 25 level-2 nodes, then the root: three short
+waves, each as parallel as the cluster (on Slurm, ~5 minutes in the driver), instead of one
+process packing 10^5 x 32 rows.
 """
 
 from __future__ import annotations
