@@ -370,8 +370,9 @@ class Schedule:
             if spec.weight <= 0:
                 continue
             if self.capped[i]:
-                if spec.at_cap == "stop":
+                if spec.at_cap == "stop":  # (a capped source resumed with at_cap drop -> stop)
                     self.done = f"source {spec.name!r} reached max_epochs {spec.max_epochs}"
+                    self.event("stopped", f"the mixture ended: {self.done}", spec.name)
                 continue
             allowed = _allowed(spec, self.readers[i], int(self.epoch[i]))
             if allowed is not None and self.pos[i] >= allowed:

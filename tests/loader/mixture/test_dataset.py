@@ -479,6 +479,30 @@ def test_a_cap_already_passed_at_a_resume_is_warned(sources, at_cap):
         assert batches and not source_rows(batches)[1]
 
 
+def test_a_dropped_source_resumed_with_stop_ends_the_mixture_saying_so(sources):
+    """A source already dropped at its cap, resumed with `at_cap: stop`, ended the mixture (no
+    batch) with no word of it: only "resuming a changed mixture: at_cap ... drop -> stop"."""
+    books = SourceSpec(name="books", path=str(sources[2]), max_epochs=1, at_cap="drop", weight=1)
+    web = SourceSpec(name="web", path=str(sources[0]), weight=1)
+    drop = MixtureSpec(sources=(web, books), total_tokens=60_000)
+    ds = MixedDataset(drop, rows_per_batch=2)
+    dl = MixedDataLoader(ds, num_workers=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in dl:
+            if any(e["what"] == "dropped" for e in ds.describe()["events"]):
+                break
+    state = dl.state_dict()
+    stop = replace(drop, sources=(web, replace(books, at_cap="stop")))
+    resumed = MixedDataset(stop, rows_per_batch=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches, _ = stream(resumed, state=state)
+    said = [str(w.message) for w in caught if "the mixture ended" in str(w.message)]
+    assert batches == [] and len(said) == 1 and "'books' reached max_epochs 1" in said[0], said
+    assert [e["what"] for e in resumed.describe()["events"]][-1] == "stopped"
+
+
 # --- bad input -----------------------------------------------------------------------------
 
 
