@@ -141,8 +141,10 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
     Nothing is removed from the output itself: `--overwrite` only allows `commit` to replace it.
     """
     out, shown = paths.target, paths.shown
-    folder = storage.is_dir(out)  # once: on a store each is a request or two before the run
-    if not folder and storage.exists(out):
+    # Each check is a request or two before the run on a store (~10-50 ms apiece): a prefix is
+    # in the way only as an object (one HEAD), and holds no mount point.
+    folder = False if paths.remote else storage.is_dir(out)
+    if storage.is_file(out) if paths.remote else not folder and storage.exists(out):
         raise ConfigError(f"output {shown} exists and is not a folder")
     if folder and storage.is_mount(out):
         raise ConfigError(
@@ -151,8 +153,13 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
         )
     if config.resume:
         return _load_state(paths)
-    abandoned = _abandoned(paths)
-    if abandoned or storage.exists(paths.staging):
+    if paths.remote:  # a staging version is there only where `.packtool-staging` names it (a
+        left = _named(paths)  # new one's name is this run's own: a time and a random tag)
+        abandoned = left and records.never_planned(paths.staging)
+    else:
+        abandoned = _abandoned(paths)
+        left = abandoned or storage.exists(paths.staging)
+    if left:
         if not abandoned and not config.overwrite:
             done = len(records.finished(paths.staging))
             left = f"{done:,} finished partition{'s' if done != 1 else ''}" if done else "plan"
@@ -176,9 +183,14 @@ def _abandoned(paths: OutputPaths) -> bool:
     so never of a live run's folder. A remote output's staging is the version its
     `.packtool-staging` object names (else a fresh run's new version: not abandoned)."""
     if paths.remote:
-        named = staging_version(paths.target) == paths.staging.name
-        return named and records.never_planned(paths.staging)
+        return _named(paths) and records.never_planned(paths.staging)
     return storage.is_dir(paths.staging) and records.never_planned(paths.staging)
+
+
+def _named(paths: OutputPaths) -> bool:
+    """Whether the remote output's `.packtool-staging` names the version this run would build
+    (an earlier run's, left behind), not a new one (one HEAD; a GET where it is there)."""
+    return staging_version(paths.target) == paths.staging.name
 
 
 def _load_state(paths: OutputPaths) -> dict[str, Any]:

@@ -963,3 +963,23 @@ def test_a_file_check_is_one_head_never_a_listing_too(fs, s3_server, monkeypatch
     asked = [p for p in prefixes if p.rstrip("/").rsplit("/", 1)[-1].startswith(".packtool-")]
     assert not [p for p in asked if not p.endswith(".packtool-run/")], asked
     assert not [p for p in prefixes if p.endswith(".arrow/")], prefixes
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_an_output_that_is_a_file_or_an_object_is_refused_in_one_line(fs, tmp_path, where):
+    # (Untested before; on a store now one HEAD, where it was a HEAD and a listing, twice.)
+    if where == "s3":
+        fs.pipe_file(f"{BUCKET}/plainfile", b"notes")
+        out = f"s3://{BUCKET}/plainfile"
+    else:
+        out = tmp_path / "plainfile"
+        out.write_bytes(b"notes")
+    with pytest.raises(ConfigError, match="plainfile exists and is not a folder"):
+        run_pack(pack_config(out))
+    if where == "s3":
+        assert fs.cat_file(f"{BUCKET}/plainfile") == b"notes"
+        fs.invalidate_cache()
+        under = [k for k in fs.find(BUCKET) if k.startswith(f"{BUCKET}/plainfile")]
+        assert under == [f"{BUCKET}/plainfile"]  # (nothing written beside or under it)
+    else:
+        assert out.read_bytes() == b"notes"
