@@ -131,8 +131,11 @@ def remove_tree(url: Any) -> None:
     fs, p = filesystem(url)
     with naming(url, "deleted"):
         fs.invalidate_cache(p)
-        keys = fs.find(p, withdirs=False) if fs.isdir(p) else []
-        if fs.isfile(p):
+        # One listing (find asks one HEAD of `p` itself where it lists nothing), and a HEAD for
+        # an object that is also the prefix: no `isdir` first (a HEAD and a listing), which
+        # cost the commit's clean-up two round trips a folder.
+        keys = list(fs.find(p, withdirs=False))
+        if keys and p not in keys and object_at(fs, p):
             keys.append(p)
         if keys:
             fs.rm(keys)

@@ -983,3 +983,40 @@ def test_an_output_that_is_a_file_or_an_object_is_refused_in_one_line(fs, tmp_pa
         assert under == [f"{BUCKET}/plainfile"]  # (nothing written beside or under it)
     else:
         assert out.read_bytes() == b"notes"
+
+
+@pytest.mark.parametrize("client", ["obstore", "s3fs"])
+def test_remove_tree_deletes_what_is_there_in_two_requests(fs, s3_server, monkeypatch, client):
+    """A prefix's objects, an object that is also the prefix, a lone object, nothing: each gone
+    after one listing and one HEAD (before: a HEAD and a listing for `isdir`, the listing again,
+    a HEAD for `isfile`: four round trips a folder of the commit's clean-up)."""
+    from tests.packtool.storage.faulty_proxy import FaultyProxy
+
+    monkeypatch.setenv(s3_native.CLIENT_ENV, client)
+    root = f"{BUCKET}/rt-{client}"
+    cases = {
+        "prefix": ["prefix/a", "prefix/sub/b"],
+        "dual": ["dual", "dual/a"],
+        "lone": ["lone"],
+        "nothing": [],
+        "near": ["nearby"],  # a key that only starts like one
+    }
+    for keys in cases.values():
+        for k in keys:
+            fs.pipe_file(f"{root}/{k}", b"x")
+    proxy = FaultyProxy(s3_server, {})
+    with proxy as proxy_url, monkeypatch.context() as through:
+        through.setenv("AWS_ENDPOINT_URL", proxy_url)
+        remote._filesystem.cache_clear()
+        try:
+            for name in ("prefix", "dual", "lone", "nothing", "near"):
+                before = len(proxy.seen)
+                remote_write.remove_tree(f"s3://{root}/{name}")
+                asked = [m for m, _ in proxy.seen[before:] if m in ("GET", "HEAD")]
+                # (s3fs's find asks `isfile` of a prefix with nothing under it: 3 there)
+                empty = client == "s3fs" and name in ("nothing", "near")
+                assert len(asked) <= (3 if empty else 2), (name, proxy.seen[before:])
+        finally:
+            remote._filesystem.cache_clear()
+    fs.invalidate_cache()
+    assert sorted(k[len(root) + 1 :] for k in fs.find(root)) == ["nearby"]
