@@ -80,6 +80,13 @@ def one_line(value: object, limit: int | None = None) -> str:
     return text[: limit - 3] + "..."
 
 
+def joined_lines(message: object) -> str:
+    """`message` on one line, its lines (each stripped) joined by one space and the spaces
+    inside a line kept: what the CLI prints, where a path may hold two spaces in a row
+    (`one_line` would name another path)."""
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of `exc`'s message, at most 300 characters, or its type's name where it
     has none: for a client library's errors, whose later lines are a request dump or a

@@ -18,7 +18,7 @@ import sys
 import click
 
 from packtool.cli import interrupt
-from packtool.errors import PacktoolError, one_line, open_file_limit
+from packtool.errors import PacktoolError, joined_lines, open_file_limit
 
 _NO_COMMAND = getattr(click.exceptions, "NoArgsIsHelpError", ())
 """`packtool` with no command (click >= 8.2): its message is the whole help."""
@@ -32,7 +32,7 @@ def report(exc: BaseException, command: str = "packtool") -> int | None:
         echo(exc.format_message(), err=True)  # the help as click lays it out, not one line
         return exc.exit_code
     if isinstance(exc, PacktoolError):
-        return _say(one_line(exc), 1)
+        return _say(joined_lines(exc), 1)
     if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt)):  # click: Ctrl-C is Abort
         echo(f"interrupted{interrupt.note.get()()}", err=True)
         return 130
@@ -43,7 +43,7 @@ def report(exc: BaseException, command: str = "packtool") -> int | None:
         bad_value = isinstance(exc, click.BadParameter) and not isinstance(
             exc, click.MissingParameter
         )
-        message = f"{one_line(exc.format_message())} (see {where} --help)"
+        message = f"{joined_lines(exc.format_message())} (see {where} --help)"
         return _say(message, 1 if bad_value else exc.exit_code)
     if isinstance(exc, click.ClickException):
         exc.show()
@@ -54,7 +54,7 @@ def report(exc: BaseException, command: str = "packtool") -> int | None:
         return 0
     if isinstance(exc, OSError):  # the disk filled up, a permission changed mid-run, ...
         where = f"{exc.filename}: " if exc.filename else ""
-        why = one_line(exc.strerror or exc) + _open_file_limit(exc)
+        why = joined_lines(exc.strerror or exc) + _open_file_limit(exc)
         return _say(f"{where}{why}{interrupt.note.get()()}", 1)
     return None
 

@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from packtool.errors import first_line, naming, one_line
+from packtool.errors import first_line, joined_lines, naming, one_line
 from packtool.storage import local as storage
 
 
@@ -36,3 +36,14 @@ def test_first_line_keeps_a_client_error_s_first_line_or_its_type():
     assert first_line(RuntimeError(body)) == "An error occurred (SlowDown)"
     assert first_line(RuntimeError("  \n ")) == "RuntimeError"
     assert first_line(OSError("y" * 400)) == "y" * 300
+
+
+def test_the_cli_names_a_path_with_two_spaces_in_a_row_as_it_is(tmp_path):
+    """errors.one_line folds every whitespace run: used for the CLI's lines (89ebc02), a path
+    `no  such   dataset` was printed as `no such dataset`, another path."""
+    from tests.cli import one_error_line, run
+
+    assert joined_lines("a  b\n  c\td  \n\n") == "a  b c\td"
+    missing = tmp_path / "no  such   dataset"
+    code, _, err = run("inspect", str(missing))
+    assert code == 1 and f"{missing}:" in one_error_line(err), err
