@@ -268,8 +268,8 @@ class ArrayDriver:
 
     def _wait(self, todo: set[int]) -> None:
         """Poll until every partition of `todo` is recorded. Each poll costs the tasks still to
-        finish (one squeue of their jobs, a stat of the records of those not pending), never the
-        run's whole history."""
+        finish (one squeue of their jobs, a stat of their partitions' records), never the run's
+        whole history."""
         done = set(records.finished(self.run.work)) & todo  # one listing, at the start
         for p in sorted(done):
             self.run.account(records.read_record(self.run.work, p))
@@ -280,10 +280,8 @@ class ArrayDriver:
                 jobs.add(self.probe_job)
             live = cli.live_tasks(jobs)  # first the queue, then the records
             self._check_probe(live)
-            for key in sorted(self.open):
-                if live.get(key) == "PENDING":  # not started: nothing of it to look for (a
-                    continue  # stat per partition of every queued task cost 10^5 a second)
-                for p in self._partitions_of(key):
+            for key in sorted(self.open):  # pending ones too: one requeued after its last
+                for p in self._partitions_of(key):  # record finished the run (a stat each)
                     if (
                         p in todo
                         and p not in done
