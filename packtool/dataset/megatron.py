@@ -141,37 +141,40 @@ class MegatronWriter:
 def write_index(idx_path: Path, lengths_path: Path, dtype: np.dtype, documents: int) -> None:
     """Write the `.idx` of `documents` documents whose int32 lengths are the file
     `lengths_path`, in blocks (see the module docstring), and fsync it. A `.idx` it cannot
-    finish (a full disk) is deleted: its header alone would look like an index."""
-    try:
-        _write_index(idx_path, lengths_path, np.dtype(dtype), documents)
-    except BaseException:
-        writing.remove_file(idx_path)
-        raise
-
-
-def _write_index(idx_path: Path, lengths_path: Path, dtype: np.dtype, documents: int) -> None:
-    n = documents
+    finish (a full disk) is deleted: its header alone would look like an index (one it could not
+    open, it never wrote: left as it is)."""
     with naming(idx_path), writing.open_output(idx_path) as out:
-        out.write(INDEX_HEADER)
-        out.write(struct.pack("<Q", INDEX_VERSION))
-        out.write(struct.pack("<B", DTYPE_CODES[dtype]))
-        out.write(struct.pack("<Q", n))
-        out.write(struct.pack("<Q", n + 1))
-        writing.append_range(lengths_path, 0, 4 * n, out)
-        itemsize = dtype.itemsize
-        at = np.int64(0)  # the byte where the next block's first document starts
-        with storage.open_input(lengths_path) as lengths:
-            while block := lengths.read(4 * BLOCK):
-                sizes = np.frombuffer(block, dtype=np.int32).astype(np.int64) * itemsize
-                pointers = np.empty(len(sizes), dtype=np.int64)
-                pointers[0] = at
-                np.cumsum(sizes[:-1], out=pointers[1:])
-                pointers[1:] += at
-                at += sizes.sum()
-                out.write(pointers.tobytes())
-        for start in range(0, n + 1, BLOCK):
-            out.write(np.arange(start, min(start + BLOCK, n + 1), dtype=np.int64).tobytes())
-        writing.sync_stream(out)
+        try:
+            _write_index(out, lengths_path, np.dtype(dtype), documents)
+        except BaseException:
+            out.close()
+            writing.remove_file(idx_path)
+            raise
+
+
+def _write_index(out: Any, lengths_path: Path, dtype: np.dtype, documents: int) -> None:
+    """`write_index`'s bytes, into the opened `out`."""
+    n = documents
+    out.write(INDEX_HEADER)
+    out.write(struct.pack("<Q", INDEX_VERSION))
+    out.write(struct.pack("<B", DTYPE_CODES[dtype]))
+    out.write(struct.pack("<Q", n))
+    out.write(struct.pack("<Q", n + 1))
+    writing.append_range(lengths_path, 0, 4 * n, out)
+    itemsize = dtype.itemsize
+    at = np.int64(0)  # the byte where the next block's first document starts
+    with storage.open_input(lengths_path) as lengths:
+        while block := lengths.read(4 * BLOCK):
+            sizes = np.frombuffer(block, dtype=np.int32).astype(np.int64) * itemsize
+            pointers = np.empty(len(sizes), dtype=np.int64)
+            pointers[0] = at
+            np.cumsum(sizes[:-1], out=pointers[1:])
+            pointers[1:] += at
+            at += sizes.sum()
+            out.write(pointers.tobytes())
+    for start in range(0, n + 1, BLOCK):
+        out.write(np.arange(start, min(start + BLOCK, n + 1), dtype=np.int64).tobytes())
+    writing.sync_stream(out)
 
 
 def read_megatron_index(idx_path: str | os.PathLike) -> dict[str, Any]:

@@ -102,6 +102,29 @@ def test_an_index_the_writer_cannot_finish_is_deleted(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin"]
 
 
+def test_an_index_the_writer_cannot_open_is_left_as_it_was(tmp_path, monkeypatch):
+    """The deletion above came with the open inside it: an `.idx` write_index could not even
+    open (EACCES) was deleted, though nothing of it had been written (a reviewer's find)."""
+    import errno
+
+    from packtool.storage import writing
+
+    (tmp_path / "a.idx").write_bytes(b"an older index")
+    writer = MegatronWriter(tmp_path / "a.bin", tmp_path / "a.idx", np.dtype(np.uint16))
+    writer.write(_table([[1, 2, 3]], pa.uint16()))
+    opened = writing.open_output
+
+    def refused(path, *args, **kwargs):
+        if str(path).endswith("a.idx"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return opened(path, *args, **kwargs)
+
+    monkeypatch.setattr(writing, "open_output", refused)
+    with pytest.raises(OSError, match="Permission denied"):
+        writer.close()
+    assert (tmp_path / "a.idx").read_bytes() == b"an older index"
+
+
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory):
     return build("gpt2", tmp_path_factory.mktemp("tok"))
