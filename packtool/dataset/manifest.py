@@ -366,8 +366,9 @@ def _shard_files_problem(manifest: Manifest) -> str | None:
         forms = (Path(s.file), Path(decoded))
         if not s.file or any(p.is_absolute() or ".." in p.parts for p in forms) or "://" in decoded:
             return f"shard file {s.file!r} must be a path inside the dataset folder"
-        # One file however it is spelled: `./x`, `x` and `a//x` vs `a/x` name the same one.
-        key = str(PurePosixPath(decoded))
+        # One file however it is spelled: `./x`, `x` and `a//x` vs `a/x` name the same one (as
+        # written, not decoded: `shard%2000.parquet` and `shard 00.parquet` are two files).
+        key = str(PurePosixPath(s.file))
         if key in seen:
             return f"shard file {s.file!r} is listed more than once"
         seen.add(key)

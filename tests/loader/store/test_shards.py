@@ -375,6 +375,23 @@ def test_shard_listed_twice_is_refused(hand_dataset, spelled):
         PackedDataset(hand_dataset, rows_per_batch=1)
 
 
+def test_two_shard_names_alike_once_decoded_are_two_files(hand_dataset):
+    # The listed-once check keyed on the URL-decoded name: `shard%2000.parquet` beside
+    # `shard 00.parquet` (two files on a disk) was "listed more than once" (a reviewer's find).
+    from packtool.dataset.manifest import _shard_files_problem
+
+    m = read_manifest(hand_dataset)
+    import dataclasses
+
+    pair = (
+        dataclasses.replace(m.shards[0], file="shard%2000.parquet"),
+        dataclasses.replace(m.shards[0], file="shard 00.parquet"),
+    )
+    assert _shard_files_problem(dataclasses.replace(m, shards=pair)) is None
+    again = (pair[0], dataclasses.replace(m.shards[0], file="./shard%2000.parquet"))
+    assert "listed more than once" in _shard_files_problem(dataclasses.replace(m, shards=again))
+
+
 def test_shard_outside_the_folder_is_refused(hand_dataset, tmp_path):
     # The loader must never open a file the manifest points to outside the dataset folder.
     m = read_manifest(hand_dataset)
