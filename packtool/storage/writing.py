@@ -251,7 +251,9 @@ def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
         try:
             os.link(tmp, path)
         except FileExistsError:
-            return False
+            # NFSv2/3 may retry a link whose answer was lost and report EEXIST for its own
+            # success: the temporary's second name says which (open(2)'s recipe).
+            return os.stat(tmp).st_nlink == 2
         except OSError as exc:
             if exc.errno not in _NO_LINKS:
                 raise

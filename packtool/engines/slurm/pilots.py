@@ -6,8 +6,8 @@ scheduling of the task (on a busy cluster, seconds to minutes; on the test clust
 core-seconds a task on this project's test cluster (docs/benchmarks.md, "Slurm engine"). In
 pull mode the driver submits N workers (one array; N at most the partitions left), and each
 walks the run's pool of partitions in plan order, running every partition it can claim (no
-record yet, and the claim file `claims/PPPPPP` created with `O_EXCL`, holding the worker's
-`JOB_TASK`), so the start is paid N times a run and a worker that finishes early takes what is
+record yet, and the claim file `claims/PPPPPP`, holding the worker's `JOB_TASK`, created by it:
+`writing.create_exclusive`, written whole then hard-linked in), so the start is paid N times a run and a worker that finishes early takes what is
 left (the balance of the local engine's pool). The bytes are the local engine's: the same
 partitions through the same `worker.run_partition`.
 
@@ -29,10 +29,10 @@ and releases the claims of those gone.
 No probe job: only N tasks are submitted, and a worker that cannot see the run's folder stops
 the run in one line as a probe would.
 
-Cost of the claims: each worker tries each partition at most once (a stat of its record, a
-failed create for one another worker holds): at 20,000 partitions and 100 workers ~4 x 10^6
-metadata operations spread over the run, ~10^4 per worker per partition-hour, next to a
-partition's minutes of work.
+Cost of the claims: each worker tries each partition at most once (a stat of its record, and
+of its claim: a claim another worker holds costs that one stat, not a create, link and unlink):
+at 20,000 partitions and 100 workers ~4 x 10^6 metadata operations spread over the run, ~10^4
+per worker per partition-hour, next to a partition's minutes of work.
 """
 
 from __future__ import annotations

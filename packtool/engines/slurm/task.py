@@ -11,7 +11,8 @@ runs again whole.
 
 A pull-mode worker (`--slurm-workers`, packtool/engines/slurm/pilots.py) walks the run's pool of
 partitions (`POOL.parts`, in plan order) and runs each one it can claim: no record yet, and its
-claim file created by this task (`O_EXCL`: one worker per partition, on every node). A requeued
+claim file created by this task (`writing.create_exclusive`: written whole, then hard-linked
+in, one worker per partition on every node; a claim already there costs one stat). A requeued
 worker first takes back the claims its earlier run left. It ends when the walk does.
 
 A node that cannot see the run's staging folder exits at once with a line the driver recognises
@@ -138,8 +139,11 @@ def main(argv: list[str]) -> int:
         for i, p in enumerate(parts.tolist()):
             if storage.exists(records.record_path(work, p)):
                 continue
-            if p not in own and not writing.create_exclusive(claims / f"{p:06d}", key.encode()):
-                continue  # another worker has it
+            claim = claims / f"{p:06d}"
+            if p not in own and (
+                storage.exists(claim) or not writing.create_exclusive(claim, key.encode())
+            ):
+                continue  # another worker has it (a stat, where a create, a link, an unlink)
             run(line(f, i)[0])
     return 0
 
