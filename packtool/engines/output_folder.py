@@ -154,12 +154,12 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
     if config.resume:
         return _load_state(paths)
     if paths.remote:  # a staging version is there only where `.packtool-staging` names it (a
-        left = _named(paths)  # new one's name is this run's own: a time and a random tag)
-        abandoned = left and records.never_planned(paths.staging)
+        there = _named(paths)  # new one's name is this run's own: a time and a random tag)
+        abandoned = there and records.never_planned(paths.staging)
     else:
         abandoned = _abandoned(paths)
-        left = abandoned or storage.exists(paths.staging)
-    if left:
+        there = abandoned or storage.exists(paths.staging)
+    if there:
         if not abandoned and not config.overwrite:
             done = len(records.finished(paths.staging))
             left = f"{done:,} finished partition{'s' if done != 1 else ''}" if done else "plan"
