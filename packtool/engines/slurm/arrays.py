@@ -84,8 +84,11 @@ class ArrayDriver:
     # --- the run state: which job runs which partitions (a resumed driver re-attaches) ---
 
     def _load_jobs(self) -> dict[str, dict[str, Any]]:
+        """The jobs submitted so far, in submission order: job ids as numbers (as names, `9` came
+        after `10`, and a resumed driver took an older probe for the last one)."""
         jobs = {}
-        for path in storage.glob(self.dir / JOBS_DIR, "*.json"):
+        found = storage.glob(self.dir / JOBS_DIR, "*.json")
+        for path in sorted(found, key=lambda f: (len(f.stem), f.stem)):
             try:
                 jobs[path.stem] = json.loads(storage.read_text(path))
             except (OSError, ValueError) as exc:

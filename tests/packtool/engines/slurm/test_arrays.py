@@ -330,3 +330,19 @@ def test_a_resume_of_a_slurm_run_on_another_engine_where_scancel_is_missing_stop
     assert message.startswith("--resume: ") and "\n" not in message
     assert "4243" in message and "scancel" in message and str(jobs) in message
     assert (jobs / "4243.json").exists() and logs.exists()  # nothing changed
+
+
+def test_the_jobs_of_a_run_load_in_submission_order(tmp_path):
+    """Job files loaded sorted as names put job 9 after job 10: a resumed driver took an older
+    probe job for the last one and submitted a probe it did not need (a reader's find)."""
+    import json
+
+    from packtool.engines.slurm.arrays import ArrayDriver
+    from packtool.engines.slurm.config import JOBS_DIR
+
+    driver = ArrayDriver.__new__(ArrayDriver)  # only its folder: no cluster asked
+    driver.dir = tmp_path
+    (tmp_path / JOBS_DIR).mkdir()
+    for job in ("10", "9", "100", "11"):
+        (tmp_path / JOBS_DIR / f"{job}.json").write_text(json.dumps({"array": "probe"}))
+    assert list(driver._load_jobs()) == ["9", "10", "11", "100"]
