@@ -8,7 +8,6 @@ run's jobs without importing the task and worker code.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -113,13 +112,10 @@ def cancel_and_wait(jobs: Iterable[str], what: str, timeout: float = 60) -> None
     jobs = set(jobs)
     if not cli.live_tasks(jobs):
         return
-    cli.cancel(jobs)
-    end = time.monotonic() + timeout
-    while live := cli.live_tasks(jobs):
-        if time.monotonic() > end:
-            queued = ", ".join(sorted({key.partition("_")[0] for key in live}, key=int))
-            raise ConfigError(
-                f"{what}: the earlier run's Slurm job(s) {queued} are still in the queue "
-                f"{timeout:.0f} s after scancel; run again once they have left it"
-            )
-        time.sleep(0.3)
+    cli.cancel(jobs, wait=timeout)  # scancel, then the queue watched until they have left it
+    if live := cli.live_tasks(jobs):
+        queued = ", ".join(sorted({key.partition("_")[0] for key in live}, key=int))
+        raise ConfigError(
+            f"{what}: the earlier run's Slurm job(s) {queued} are still in the queue "
+            f"{timeout:.0f} s after scancel; run again once they have left it"
+        )
