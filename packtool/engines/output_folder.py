@@ -143,8 +143,9 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
     out, shown = paths.target, paths.shown
     # Each check is a request or two before the run on a store (~10-50 ms apiece): a prefix is
     # in the way only as an object (one HEAD), and holds no mount point.
-    folder = False if paths.remote else storage.is_dir(out)
-    if storage.is_file(out) if paths.remote else not folder and storage.exists(out):
+    folder = not paths.remote and storage.is_dir(out)
+    in_the_way = storage.is_file(out) if paths.remote else not folder and storage.exists(out)
+    if in_the_way:
         raise ConfigError(f"output {shown} exists and is not a folder")
     if folder and storage.is_mount(out):
         raise ConfigError(
