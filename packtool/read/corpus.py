@@ -79,10 +79,14 @@ def listings_kept() -> Iterator[None]:
     the same inputs get the files of the first listing (`pack` listed them three times: for
     the tokenizer's check of their kind, for their columns and for the plan, each a walk of
     every folder and, for a bucket prefix, 1,000 keys a request). A failed listing is not kept.
-    Threads run in a copy of this context (`contextvars.copy_context().run`) share it."""
+    Threads run in a copy of this context (`contextvars.copy_context().run`) share it. A bucket
+    prefix is listed once for `passed_over` and the files too (`listing.finds_kept`)."""
+    from packtool.storage import listing
+
     token = _KEPT.set(_Listings())
     try:
-        yield
+        with listing.finds_kept():
+            yield
     finally:
         _KEPT.reset(token)
 
@@ -90,7 +94,8 @@ def listings_kept() -> Iterator[None]:
 def passed_over(inputs: Iterable[str | os.PathLike], examples: int = 3) -> tuple[int, list[str]]:
     """The files that folder inputs (and bucket prefixes) hold but `expand_inputs` does not
     read (names ending in no corpus suffix; hidden ones aside): how many, and the first
-    `examples`. One more listing of each folder or prefix.
+    `examples`. One more walk of each folder; a prefix's listing is the one `expand_inputs`
+    then uses, within `listings_kept`.
     """
     count, shown = 0, []
     for raw in input_list(inputs):

@@ -4,17 +4,51 @@
 paths (an object named literally first, even with a glob character in its key; a trailing slash
 names the prefix); `list_dir` and `glob` are the listings behind `storage.local`'s of a folder.
 One listing per input (fsspec's `find` / `glob`: the store lists 1,000 keys a request), held by
-the client's listings cache, so stats after it cost no request.
+the client's listings cache, so stats after it cost no request; within `finds_kept` (a command's
+reading of its inputs) a prefix's listing is made once for `unread` and `expand` both.
 
 Records in: a URL. Out: `UPath`s of objects, sorted.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from packtool.errors import DataError
 from packtool.storage.remote import as_path, filesystem, info_of, naming, network_failure, scheme
+
+_FOUND: ContextVar[dict[str, tuple[Any, dict[str, Any]]] | None] = ContextVar(
+    "found_prefixes", default=None
+)
+
+
+@contextmanager
+def finds_kept() -> Iterator[None]:
+    """Within it, a prefix is listed once (`_find`): `unread` (what a command passes over) and
+    `expand` (what it reads) each walked every object under it, 1,000 keys a request, so a
+    prefix of 10^6 objects was 2,000 requests, not 1,000. A failed listing is not kept."""
+    token = _FOUND.set({})
+    try:
+        yield
+    finally:
+        _FOUND.reset(token)
+
+
+def _find(fs: Any, p: str) -> dict[str, Any]:
+    """`fs.find(p, withdirs=False, detail=True)`: every object under the prefix `p`, kept
+    within `finds_kept` (for the same client object; another is listed anew)."""
+    kept = _FOUND.get()
+    if kept is not None:
+        got = kept.get(p)
+        if got is not None and got[0] is fs:
+            return got[1]
+    found = fs.find(p, withdirs=False, detail=True)
+    if kept is not None:
+        kept[p] = (fs, found)
+    return found
 
 
 def list_dir(folder: Any) -> list[Any]:
@@ -89,7 +123,7 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
             return [as_path(_url(protocol, k, fs)) for k in files]
         if info is None and not text.endswith("/"):
             raise FileNotFoundError(p)  # neither object nor prefix: one line by `naming`
-        keys = fs.find(p, withdirs=False)
+        keys = list(_find(fs, p))
         if not keys and protocol in ("http", "https") and _found(fs, p) is None:
             # fsspec's HTTP `find` lists a page that is not there (404) as empty: say so, not
             # "holds no corpus files", so a mistyped folder URL is not taken for an empty one
@@ -242,8 +276,9 @@ def _web_name(url: str) -> str:
 def unread(text: str, suffixes: tuple[str, ...], examples: int) -> tuple[int, list[str]]:
     """The objects under the prefix `text` that `expand` passes over (names ending in none of
     `suffixes`; hidden names and empty objects aside): how many, the first `examples`.
-    One more listing of the prefix (1,000 keys a request): a prefix's other objects are never
-    passed over in silence, as a local folder's files are not."""
+    A listing of the prefix (1,000 keys a request; within `finds_kept` the one `expand` uses
+    too): a prefix's other objects are never passed over in silence, as a local folder's files
+    are not."""
     fs, p = filesystem(text)
     with naming(text):
         if any(c in p for c in "*?["):
@@ -253,7 +288,7 @@ def unread(text: str, suffixes: tuple[str, ...], examples: int) -> tuple[int, li
             if info is None or info.get("type") != "directory":
                 return 0, []  # an object or nothing: nothing is passed over
         try:
-            found = fs.find(p, withdirs=False, detail=True)
+            found = _find(fs, p)
         except FileNotFoundError:
             return 0, []
     # A zero-byte object holds no text, so nothing is passed over: a folder marker (`w/sub/`,

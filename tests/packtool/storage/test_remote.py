@@ -475,6 +475,47 @@ def test_a_prefix_input_notes_the_objects_it_does_not_read(bucket):
     assert code == 0 and "note:" not in err, err
 
 
+@pytest.mark.parametrize("client", ["obstore", "s3fs"])
+def test_a_prefix_input_is_listed_once_for_the_note_and_the_files(
+    bucket, s3_server, monkeypatch, client
+):
+    """`pack` listed a prefix input twice: for the note on what it passes over, then for the
+    files it reads (1,000 keys a request: 2,000 requests for 10^6 objects where 1,000 do)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    import boto3
+
+    from packtool.storage import s3_native
+    from tests.packtool.storage.faulty_proxy import FaultyProxy
+
+    client_ = boto3.client("s3")
+    for key, body in (
+        ("a.jsonl", b'{"text": "read"}\n'),
+        ("n.bin", b"x"),
+        ("s/b.jsonl", b'{"text": "b"}\n'),
+    ):
+        client_.put_object(Bucket="corpus", Key=f"once-{client}/{key}", Body=body)
+    monkeypatch.setenv(s3_native.CLIENT_ENV, client)
+    proxy = FaultyProxy(s3_server, {})  # no faults: it lists the requests it forwards
+    with proxy as proxy_url, monkeypatch.context() as through:
+        through.setenv("AWS_ENDPOINT_URL", proxy_url)
+        remote._filesystem.cache_clear()
+        try:
+            code, out, err = run("stats", f"s3://corpus/once-{client}/", "--json")
+        finally:
+            remote._filesystem.cache_clear()
+    assert code == 0, err
+    assert json.loads(out)["documents"] == 2
+    assert f"(s3://corpus/once-{client}/n.bin)" in err  # the note is still made
+    listed = [
+        parse_qs(urlsplit(path).query)
+        for method, path in proxy.seen
+        if method == "GET" and "list-type=2" in path
+    ]
+    whole = [q for q in listed if q.get("prefix") == [f"once-{client}/"] and "delimiter" not in q]
+    assert len(whole) == 1, listed
+
+
 def test_a_damaged_parquet_object_is_named_as_a_local_file_is(bucket, tmp_path):
     # it was "URL: ArrowInvalid: ..." where a local file gets "not a readable Parquet file"
     import boto3
