@@ -104,18 +104,28 @@ def create_exclusive(url: Any, data: bytes) -> bool:
     first (the usual answer, in one HEAD on S3), then on S3, GCS and Azure a conditional put:
     of several writers racing, exactly one succeeds. Elsewhere a plain put (two writers racing
     may both succeed: docs/remote.md)."""
+    return _create_exclusive(url, data)[0]
+
+
+def _create_exclusive(url: Any, data: bytes) -> tuple[bool, str | None]:
+    """`create_exclusive`, and the new object's ETag where the store's answer to the put gave
+    one and a put can be conditional on it (`REPLACES_IF_MATCH`): the lock's version, known
+    without a HEAD after the put (which could even see a later writer's object)."""
     fs, p = filesystem(url)
     with naming(url, "written"):
         if object_at(fs, p):
-            return False
+            return False, None
         if scheme(url) in CREATES_CONDITIONALLY:
             try:
-                fs.pipe_file(p, data, mode="create")
+                out = fs.pipe_file(p, data, mode="create")
             except FileExistsError:
-                return False
-            return True
-        fs.pipe_file(p, data)
-        return True
+                return False, None
+        else:
+            out = fs.pipe_file(p, data)
+    if scheme(url) not in REPLACES_IF_MATCH or not isinstance(out, dict):
+        return True, None
+    # obstore's PutResult, s3fs's put_object answer (boto3), adlfs's upload_blob answer
+    return True, out.get("e_tag") or out.get("ETag") or out.get("etag")
 
 
 def remove(url: Any) -> None:
@@ -351,8 +361,9 @@ def take_lock(url: Any, note: bytes = b"") -> RemoteLock:
     fs, p = filesystem(url)
     for _ in range(5):
         fs.invalidate_cache(p)
-        if create_exclusive(url, note):
-            return RemoteLock(url, _etag_of(url), note)
+        created, etag = _create_exclusive(url, note)
+        if created:  # the put's own answer names its version, else one HEAD asks
+            return RemoteLock(url, etag or _etag_of(url), note)
         try:
             with naming(url):
                 info = fs.info(p)
