@@ -339,16 +339,33 @@ def static_max_docs(config: LoaderConfig, n_docs: np.ndarray) -> int:
     return max_docs
 
 
-def dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+def dist_rank_world(
+    rank: int | None, world_size: int | None, context_parallel: tuple[int, int] | None = None
+) -> tuple[int, int]:
     """This process's (rank, world size): the explicit values, else torch.distributed's, else (0, 1).
 
     Raises:
-        ConfigError: Either is not an integer, or the rank is not in [0, world_size).
+        ConfigError: Either is not an integer, or the rank is not in [0, world_size); or
+            `context_parallel` splits batches over several ranks while torch.distributed runs
+            several processes and either is not given: its global rank would give each rank
+            of a context-parallel group other rows (each its share of another batch, silently).
     """
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         processes = dist.get_world_size()
+        if (
+            context_parallel is not None
+            and context_parallel[0] > 1
+            and processes > 1
+            and (rank is None or world_size is None)
+        ):
+            raise ConfigError(
+                f"context_parallel={tuple(context_parallel)} while torch.distributed runs "
+                f"{processes} processes: pass rank= and world_size=, the data-parallel rank and "
+                "world size (every rank of a context-parallel group must read the same rows; "
+                "torch.distributed's global rank gives each its own)"
+            )
         if world_size == 1 and processes > 1:
             # accelerate's Accelerator() without cpu=True on a CPU machine says 0 of 1 under
             # torchrun: every process would read every row.

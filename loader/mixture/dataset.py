@@ -117,7 +117,7 @@ class MixedDataset(IterableDataset):
             )
         self.config = config = replace(config, seed=spec.seed)
         self.spec = spec
-        self.rank, self.world_size = dist_rank_world(rank, world_size)
+        self.rank, self.world_size = dist_rank_world(rank, world_size, config.context_parallel)
         # One row-group cache budget per process, as one dataset has: split over the sources
         # (each keeps at least its shuffle window): three 96 MB caches filled over the first
         # ~150 M tokens cost ~0.4-1 ms of page faults per row group decoded (bench_mixture).

@@ -124,7 +124,7 @@ class PackedDataset(IterableDataset):
     ) -> None:
         super().__init__()
         self.config = config = make_config(LoaderConfig, settings, config)
-        self.rank, self.world_size = dist_rank_world(rank, world_size)
+        self.rank, self.world_size = dist_rank_world(rank, world_size, config.context_parallel)
         if not isinstance(path, (str, os.PathLike)) and not storage.is_remote(path):
             raise ConfigError(f"path must be a dataset folder or URL, got {path!r}")
         self.store = ShardStore(

@@ -17,6 +17,7 @@ from accelerate import Accelerator
 
 from loader import PackedDataLoader, PackedDataset
 from loader.hf import check_packed_model
+from packtool.errors import ConfigError
 from tests.loader.hf_helpers import documents, snippet, tiny_model
 
 
@@ -28,6 +29,17 @@ def main(path: str, out: str, workers: int) -> None:
         PackedDataset(path, rows_per_batch=2, rank=0, world_size=1)
     said = [str(w.message) for w in caught]
     assert any("world_size=1 while torch.distributed runs 2 processes" in m for m in said), said
+    # context_parallel with torch.distributed's global rank and world: each rank of the group
+    # read other rows (its share of another batch), silently; refused now
+    try:
+        PackedDataset(path, rows_per_batch=2, context_parallel=(2, accelerator.process_index))
+    except ConfigError as exc:
+        assert "pass rank= and world_size=, the data-parallel rank" in str(exc), exc
+    else:
+        raise AssertionError("context_parallel without the data-parallel rank and world taken")
+    cp = PackedDataset(path, rows_per_batch=2, context_parallel=(2, accelerator.process_index),
+                       rank=0, world_size=1)  # fmt: skip
+    assert (cp.rank, cp.world_size) == (0, 1)
     ds = PackedDataset(
         path,
         rows_per_batch=2,
