@@ -221,6 +221,17 @@ def collate(
     }
 
 
+def blank(batch: dict[str, Any]) -> None:
+    """Make a collated batch a filler (a rank's step with no rows left, docs/CONTRACTS.md): no
+    targets, no documents, in place: labels -100, `doc_targets` 0, `doc_ids` -1. The one
+    place both datasets blank theirs (the mixture's kept its `doc_targets`)."""
+    batch["labels"].fill_(IGNORE_INDEX)
+    if "doc_targets" in batch:
+        batch["doc_targets"].zero_()
+    if "doc_ids" in batch:
+        batch["doc_ids"].fill_(-1)
+
+
 def check_collate_kwargs(kwargs: dict[str, Any]) -> None:
     """Refuse keyword arguments `collate` does not take, when they are given (a bad one would
     fail every batch, from the first one on).

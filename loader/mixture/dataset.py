@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loader.collate import collate
+from loader.collate import blank, collate
 from loader.config import (
     LoaderConfig,
     check_pad_id,
@@ -411,9 +411,7 @@ class MixedDataset(IterableDataset):
         if not filler:
             source[: len(doc_sources)] = doc_sources
         if filler:
-            out["labels"].fill_(-100)
-            if "doc_ids" in out:
-                out["doc_ids"].fill_(-1)
+            blank(out)
         if c.layout == "hf":  # a key would reach the model's forward (see `HFMixedBatch`)
             out = HFMixedBatch(out)
             out.source = torch.from_numpy(source)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loader.collate import collate
+from loader.collate import blank, collate
 from loader.config import (
     LoaderConfig,
     check_epoch,
@@ -330,10 +330,7 @@ class PackedDataset(IterableDataset):
             pin_memory=pin_memory,
         )
         if filler:
-            out["labels"].fill_(-100)
-            out["doc_targets"].zero_()
-            if "doc_ids" in out:
-                out["doc_ids"].fill_(-1)
+            blank(out)
         if c.context_parallel is not None:  # this context-parallel rank's share
             out = cp_split(
                 out, *c.context_parallel, c.cp_style, c.cp_block, position_limit=self.store.max_len

@@ -245,6 +245,8 @@ def test_total_steps_and_drop_last(sources):
     assert len({len(x) for x in last}) == 1
     fillers = [x[-1] for x in last if (x[-1]["labels"] == -100).all()]
     assert fillers and all((f["source"] == -1).all() for f in fillers)
+    # no documents and no targets (docs/CONTRACTS.md): its doc_targets counted the rows' targets
+    assert all((f["doc_ids"] == -1).all() and int(f["doc_targets"].sum()) == 0 for f in fillers)
     kept = stream(
         MixedDataset(
             spec(sources, total_tokens=900), rows_per_batch=3, rank=0, world_size=4, drop_last=True
