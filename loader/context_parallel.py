@@ -55,7 +55,7 @@ they stay indexable by `doc_index` when the balanced style pads the row."""
 
 def check_cp(size: int, rank: int, style: str, block: int) -> None:
     """Raise `ConfigError` for a group size, rank, style or block size that cannot be used."""
-    for name, value in (("context-parallel size", size), ("block", block)):
+    for name, value in (("context-parallel size", size), ("cp_block", block)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < size:
@@ -74,6 +74,7 @@ def cp_split(
     block: int = 64,
     *,
     position_limit: int | None = None,
+    pin_memory: bool = False,
 ) -> dict[str, Any]:
     """Rank `rank`'s share of a packtool-layout `batch` for a context-parallel group of `size`
     (see the module docstring for the keys and the two styles).
@@ -81,12 +82,20 @@ def cp_split(
     The padding the split adds takes its place in its padded document as position, wrapped at
     `position_limit` (the model's max_len, as `collate` wraps its padding; None: one past the
     batch's largest position), so every position stays inside a position table. The real
-    tokens keep the batch's positions.
+    tokens keep the batch's positions. `pin_memory`: the share's tensors in pinned memory
+    (where CUDA is), as `collate` allocates a batch (the split makes new ones).
 
     Raises:
-        ConfigError: bad `size`, `rank`, `style` or `block`, or a batch of the hf layout.
+        ConfigError: bad `size`, `rank`, `style`, `block` or `position_limit`, or a batch of
+            the hf layout.
     """
     check_cp(size, rank, style, block)
+    if position_limit is not None and (
+        isinstance(position_limit, bool)
+        or not isinstance(position_limit, (int, np.integer))
+        or position_limit < 1
+    ):
+        raise ConfigError(f"position_limit must be an integer >= 1, got {position_limit!r}")
     if "cu_seqlens" not in batch:
         raise ConfigError("context parallelism splits packtool-layout batches (layout='packtool')")
     ids = batch["input_ids"].numpy()
@@ -157,6 +166,8 @@ def cp_split(
         out["cu_seqlens"] = torch.from_numpy(real_cu.astype(np.int32))
         out["cu_seqlens_padded"] = out["global_cu_seqlens"]
         out["max_seqlen"] = int(padded.max()) if len(padded) else 0
+    if pin_memory and torch.cuda.is_available():
+        out = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
     return out
 
 

@@ -419,8 +419,9 @@ class MixedDataset(IterableDataset):
             out["source"] = torch.from_numpy(source)
         if c.context_parallel is not None:  # this context-parallel rank's share
             out = cp_split(
-                out, *c.context_parallel, c.cp_style, c.cp_block, position_limit=self.max_len
-            )
+                out, *c.context_parallel, c.cp_style, c.cp_block,
+                position_limit=self.max_len, pin_memory=pin_memory,
+            )  # fmt: skip
         return out
 
     def batch(
@@ -576,6 +577,10 @@ def batch_sources(batch: dict[str, Any]) -> torch.Tensor:
 def token_sources(batch: dict[str, Any]) -> torch.Tensor:
     """The source of every token of a mixture batch, int64 `(total_tokens,)` (-1 for padding),
     from its per-document `source` and `cu_seqlens` (either layout): e.g. to average a
-    per-token loss by source."""
+    per-token loss by source. A context-parallel share (`cp_split`): of each of this rank's
+    tokens, by its `doc_index` (the batch's `cu_seqlens` are the whole batch's, not the
+    share's: they gave another length and other sources)."""
+    if "doc_index" in batch:
+        return batch_sources(batch)[batch["doc_index"].long()]
     cu = batch["cu_seqlens"] if "cu_seqlens" in batch else batch["cu_seq_lens_q"]
     return torch.repeat_interleave(batch_sources(batch), torch.diff(cu).long())

@@ -333,8 +333,9 @@ class PackedDataset(IterableDataset):
             blank(out)
         if c.context_parallel is not None:  # this context-parallel rank's share
             out = cp_split(
-                out, *c.context_parallel, c.cp_style, c.cp_block, position_limit=self.store.max_len
-            )
+                out, *c.context_parallel, c.cp_style, c.cp_block,
+                position_limit=self.store.max_len, pin_memory=pin_memory,
+            )  # fmt: skip
         return out
 
     @property

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from loader import PackedDataLoader, PackedDataset
 from loader.collate import collate
 from loader.config import LoaderConfig
-from loader.context_parallel import cp_split
+from loader.context_parallel import STYLES, cp_split
 from loader.record import Documents
 from loader.testing import write_dataset
 from packtool.errors import ConfigError
@@ -133,13 +133,18 @@ def test_bad_settings_are_one_line(tmp_path):
     ]:
         with pytest.raises(ConfigError, match=message):
             cp_split(batch, *args)
+    # position_limit was used unchecked: 0 divided by zero, -5 gave negative positions, 2.5
+    # float positions (collate refuses them)
+    for limit in (0, -5, 2.5, True):
+        with pytest.raises(ConfigError, match="position_limit must be an integer >= 1"):
+            cp_split(batch, 4, 0, position_limit=limit)
     hf = collate(Documents(np.arange(4), np.array([4]), np.arange(1)), layout="hf")
     with pytest.raises(ConfigError, match="packtool-layout"):
         cp_split(hf, 2, 0)
     # A style or block is checked without a group too; varlen_keys would be dropped by the split.
     for kwargs, message in [
         ({"cp_style": "nonsense"}, "context-parallel style 'nonsense' is unknown"),
-        ({"cp_block": -5}, "block must be an integer >= 1, got -5"),
+        ({"cp_block": -5}, "cp_block must be an integer >= 1, got -5"),
         ({"context_parallel": (2, 0), "varlen_keys": True}, "varlen_keys does not combine"),
     ]:
         with pytest.raises(ConfigError, match=message):
@@ -245,3 +250,20 @@ def test_static_shape_with_context_parallel_is_fixed_or_refused(tmp_path):
     ):
         shapes.add(tuple((k, tuple(v.shape)) for k, v in b.items() if torch.is_tensor(v)))
     assert len(shapes) == 1
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_pin_memory_reaches_the_share(style):
+    """`pin_memory` pinned the collated batch, then the split made new, unpinned tensors (the
+    loader's `pin_memory=True` was lost with context_parallel). Without CUDA: no pinning, the
+    same share."""
+    batch = _batch([5, 9, 3], 0)
+    plain = cp_split(batch, 2, 1, style, 4)
+    pinned = cp_split(batch, 2, 1, style, 4, pin_memory=True)
+    assert plain.keys() == pinned.keys()
+    for key, value in plain.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, pinned[key]), key
+            assert pinned[key].is_pinned() == torch.cuda.is_available(), key
+        else:
+            assert value == pinned[key], key

@@ -245,6 +245,27 @@ def test_hf_layout_batches_train_a_transformers_model_without_leakage(sources, w
         assert int(batch["doc_targets"].sum()) == int((batch["labels"] != -100).sum())
 
 
+@pytest.mark.parametrize("style", ["megatron", "balanced"])
+def test_token_sources_of_a_context_parallel_share_are_its_tokens_sources(sources, style):
+    """A cp_split share's `cu_seqlens` are the whole batch's: token_sources expanded them, the
+    wrong length and other sources (megatron), or a KeyError (balanced, no `cu_seqlens`)."""
+    whole = MixedDataset(mixture(sources), rows_per_batch=2)
+    for r in range(2):
+        share = MixedDataset(
+            mixture(sources), rows_per_batch=2, context_parallel=(2, r), cp_style=style, cp_block=4
+        )
+        for full, part, _ in zip(whole, share, range(6), strict=False):
+            per_token = token_sources(part)
+            assert per_token.shape == part["input_ids"].shape
+            want = token_sources(full)  # each token's source, in the unsplit layout
+            real = part["labels"] != -100  # (the split's padding has no token of the batch)
+            cu = full["cu_seqlens"].long()
+            doc = part["doc_index"].long()
+            pos = part["position_ids"].long()
+            at = (cu[doc[real]] + pos[real]).clamp(max=len(want) - 1)
+            assert torch.equal(per_token[real], want[at])
+
+
 def test_an_hf_batch_copied_without_its_sources_says_so(sources):
     ds = MixedDataset(mixture(sources), rows_per_batch=2, layout="hf")
     batch = next(iter(ds))
