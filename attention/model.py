@@ -411,12 +411,19 @@ def _int32_vector_on(cu_seqlens: Any, device: torch.device) -> bool:
 
 def _may_wrap(batch: Any) -> bool:
     """Whether the batch's last non-empty document may be collate's static-shape padding, whose
-    positions wrap: not where the batch's host `doc_ids` name a document for every entry (the
-    padding pseudo-document's is -1). Without host `doc_ids` (a batch of another source, or moved
-    to the GPU, where reading them would sync) it may."""
+    positions wrap: not where the batch's host `doc_ids` name a document for that entry (the
+    padding pseudo-document's is -1; so are the empty entries static shapes add after it, so
+    only the last non-empty document's entry counts, where host `cu_seqlens` say which it is).
+    Without host `doc_ids` (a batch of another source, or moved to the GPU, where reading them
+    would sync) it may."""
     doc_ids = batch.get("doc_ids")
     if not isinstance(doc_ids, torch.Tensor) or doc_ids.device.type != "cpu" or not doc_ids.numel():
         return True
+    cu = batch.get("cu_seqlens")
+    if isinstance(cu, torch.Tensor) and cu.device.type == "cpu" and cu.numel() == len(doc_ids) + 1:
+        filled = torch.nonzero(torch.diff(cu.long()) > 0)
+        if len(filled):
+            return bool(doc_ids[int(filled[-1])] < 0)
     return bool((doc_ids < 0).any())
 
 

@@ -268,6 +268,8 @@ def varlen_attention(
         longest = max((b - a for a, b in pairwise(bounds)), default=0)
         if max_seqlen < longest:
             raise ValueError(f"max_seqlen {max_seqlen} is below the longest document ({longest})")
+    if not isinstance(causal, bool):  # None or "no" read as a truth value: a mask unasked for
+        raise ValueError(f"causal must be True or False, got {causal!r}")
     win = normalize_window(window, causal)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])

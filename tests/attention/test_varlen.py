@@ -449,6 +449,10 @@ def test_bad_shapes_heads_dtypes_and_options():
         attention.varlen_attention(q, k, v, cu, window=(True, 0))
     with pytest.raises(ValueError, match="max_seqlen must be an int >= 0 or None, got 4.5"):
         attention.varlen_attention(q, k, v, cu, max_seqlen=4.5)
+    # causal=None read as False (no mask), "no" as True: refused (found by a second reader)
+    for causal in (None, "no", 1):
+        with pytest.raises(ValueError, match=f"causal must be True or False, got {causal!r}"):
+            attention.varlen_attention(q, k, v, cu, causal=causal)
 
 
 @pytest.mark.parametrize("window", [None, 4, (3, 0), [3, 0]])
