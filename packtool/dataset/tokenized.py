@@ -114,6 +114,8 @@ def tokenized_meta(path: str | os.PathLike) -> dict[str, Any] | None:
         meta = json.loads(raw)
     except ValueError:
         raise DataError(f"{path}: malformed packtool metadata") from None
+    if not isinstance(meta, dict):  # `null`, a list: valid JSON, no metadata of ours
+        raise DataError(f"{path}: malformed packtool metadata (not a JSON object)")
     if meta.get("format") != FORMAT:
         return None
     if meta.get("version") not in SUPPORTED_VERSIONS:
@@ -196,7 +198,9 @@ def length_tables(
     lengths, checked, and the table. What `stats` reads, with a loss mask or without.
 
     Raises:
-        DataError: a file without one of the columns, or a negative or null length.
+        DataError: a file without one of the columns, a `length` column of no integer type,
+            or a length that is null, negative or past int32 (the lengths' type: one such was
+            wrapped, 2^32 + 7 read as 7).
     """
     for p, _ in tokenized:
         pf = storage.parquet_file(p)
@@ -204,15 +208,27 @@ def length_tables(
         for name in ("length", *columns):
             if name not in names:
                 raise DataError(f"{p}: no column {name!r} (columns: {', '.join(names)})")
+        kind = pf.schema_arrow.field("length").type
+        if not pa.types.is_integer(kind):  # a float 9.9 was cut to 9
+            raise DataError(
+                f"{p}: column 'length' holds {kind}, not integer token counts; the file was "
+                "damaged or edited: re-run packtool tokenize"
+            )
         row = 0
         for rg in range(pf.num_row_groups):
             table = pf.read_row_group(rg, columns=["length", *columns])
-            lengths = table.column("length").to_numpy(zero_copy_only=False)
-            bad = np.flatnonzero(~(lengths >= 0)) if len(lengths) else []  # negative, or NaN
+            column = table.column("length")
+            lengths = column.to_numpy(zero_copy_only=False)
+            if column.null_count:
+                bad, what = np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False)), None
+            else:
+                bad = np.flatnonzero((lengths < 0) | (lengths > np.iinfo(np.int32).max))
+                what = lengths[bad[0]] if len(bad) else None
             if len(bad):
+                said = "no length (null)" if what is None else f"length {what}"
                 raise DataError(
-                    f"{p}: row {row + int(bad[0])} has length {lengths[bad[0]]}, not a token "
-                    "count; the file was damaged or edited: re-run packtool tokenize"
+                    f"{p}: row {row + int(bad[0])} has {said}, not a token count; the file "
+                    "was damaged or edited: re-run packtool tokenize"
                 )
             row += table.num_rows
             yield lengths, table

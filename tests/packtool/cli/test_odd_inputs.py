@@ -125,6 +125,20 @@ def test_tokenized_metadata_without_its_tokenizer_is_one_line(tmp_path, good):
     _fails_in_one_line(["pack", path, "-o", tmp_path / "o"], "(no tokenizer)")
 
 
+@pytest.mark.parametrize("meta", [None, [1, 2], "text"])
+def test_tokenized_metadata_that_is_no_object_is_one_line(tmp_path, good, meta):
+    # valid JSON of another shape: an AttributeError traceback ('NoneType' has no 'get')
+    path = _tokenized(tmp_path, good, lambda table, _: table)
+    table = pq.read_table(path)
+    pq.write_table(table.replace_schema_metadata({b"packtool": json.dumps(meta).encode()}), path)
+    for args in (
+        ["stats", path],
+        ["pack", path, "-o", tmp_path / "o"],
+        ["tokenize", path, "-o", tmp_path / "t.parquet"],
+    ):
+        _fails_in_one_line(args, "edited.parquet: malformed packtool metadata (not a JSON object)")
+
+
 def test_stats_on_tokenized_parquet_without_lengths_is_one_line(tmp_path, good):
     path = _tokenized(tmp_path, good, lambda table, meta: table.drop_columns(["length"]))
     _fails_in_one_line(["stats", path], "edited.parquet: no column 'length'")

@@ -431,7 +431,7 @@ def test_compute_stats_lists_and_classifies_its_inputs_once(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("damage", ["negative", "null", "dropped"])
+@pytest.mark.parametrize("damage", ["negative", "null", "dropped", "wide", "past_int32", "float"])
 def test_a_damaged_length_column_is_an_error_with_or_without_a_loss_mask(tmp_path, masked, damage):
     """Before: with a loss mask, stats read `length` without read_lengths' checks: a negative
     length gave "document 1 has negative length -5" (no file named), a null one a numpy
@@ -451,15 +451,23 @@ def test_a_damaged_length_column_is_an_error_with_or_without_a_loss_mask(tmp_pat
     if damage == "dropped":
         t = t.drop_columns(["length"])
     else:
+        # (int64 lengths past int32 were wrapped: 2^32 + 7 read as 7, 2^31 + 5 as negative
+        # with no file named; float lengths were cut, 9.9 to 9: found by a second reader)
         values = t.column("length").to_pylist()
-        values[1] = -5 if damage == "negative" else None
+        kind = {"wide": pa.int64(), "past_int32": pa.int64(), "float": pa.float64()}
+        values[1] = {"negative": -5, "null": None, "wide": 2**32 + 7, "past_int32": 2**31 + 5,
+                     "float": 9.9}[damage]  # fmt: skip
         i = t.schema.get_field_index("length")
-        t = t.set_column(i, pa.field("length", pa.int32()), pa.array(values, pa.int32()))
+        dtype = kind.get(damage, pa.int32())
+        t = t.set_column(i, pa.field("length", dtype), pa.array(values, dtype))
     pq.write_table(t.replace_schema_metadata(pq.read_schema(good).metadata), bad)
     want = {
         "negative": "row 1 has length -5, not a token count",
-        "null": "row 1 has length nan, not a token count",
+        "null": "row 1 has no length (null), not a token count",
         "dropped": "no column 'length'",
+        "wide": "row 1 has length 4294967303, not a token count",
+        "past_int32": "row 1 has length 2147483653, not a token count",
+        "float": "column 'length' holds double, not integer token counts",
     }[damage]
     with pytest.raises(DataError) as info:
         compute_stats([bad], StatsConfig(max_len=64, candidates=(64,)))
