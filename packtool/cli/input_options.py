@@ -68,7 +68,10 @@ class CorpusOptions:
         option was given: it is read with the tokenizer it records (`pack`, `stats` and
         `tokenize` alike). `ctx`: the command's click context, for a call from another thread
         (click's current context is the calling thread's)."""
-        if explicit(ctx or click.get_current_context(), TOKENIZER_OPTIONS):
+        # --tokenizer-engine alone picks no tokenizer: it never changes ids (it loaded `byte`
+        # for tokenized Parquet, refused as unlike the tokenizer the files record)
+        chosen = [n for n in TOKENIZER_OPTIONS if n != "tokenizer_engine"]
+        if explicit(ctx or click.get_current_context(), tuple(chosen)):
             # First thing, before any import it does not need (pyarrow's Parquet reader for
             # input_identity): the engine's build is on pack's critical path.
             return self.load_tokenizer(workers, **kw)
@@ -95,8 +98,10 @@ class CorpusOptions:
         tok = load_tokenizer(
             self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
         )
+        # What the user named (an id or `default`: pre-tokenized ids refuse either, which
+        # would add nothing; `default` got through silently)
         tok.given_ids = tuple(
-            f for f, v in (("--eos-id", eos), ("--bos-id", bos)) if isinstance(v, int)
+            f for f, v in (("--eos-id", self.eos_id), ("--bos-id", self.bos_id)) if v is not None
         )
         if tok.file_note:
             echo(f"note: {tok.file_note}", err=True)

@@ -430,9 +430,14 @@ def tokenize_corpus(
     optional = read.columns  # e.g. loss_mask from labels: passed through
     recorded = read.identity() if tokenizer is None else None
     identity = recorded or tokenizer.identity
-    if read.mode == PRETOKENIZED:
-        identity = unchanged_ids(identity, tokenizer)
+    if read.mode == TOKENIZED and recorded is None:  # ids passed through, none encoded here:
+        identity = replace(identity, engine=read.identity().engine)  # the engine that made them
     special_names = read.special_names() if tokenizer is None else tokenizer.special_names
+    if read.mode == PRETOKENIZED:  # no EOS or BOS added: none named (the summary named them)
+        identity = unchanged_ids(identity, tokenizer)
+        special_names = {
+            k: v for k, v in special_names.items() if getattr(identity, f"{k}_id", None) is not None
+        }
     schema = tokenized_schema(
         identity,
         config.extra_fields,

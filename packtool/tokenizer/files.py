@@ -6,8 +6,8 @@
 - `PATH/tokenizer.json` (or any existing file, or `hf:PATH`): a Hugging Face tokenizer file,
   with the `tokenizer_config.json` beside it when there is one;
 - a folder holding `tokenizer.json` (+ `tokenizer_config.json`);
-- `PATH.model`, or a folder holding `tokenizer.model` and no `tokenizer.json`: a SentencePiece
-  model, encoded by `sentencepiece` itself;
+- `PATH.model` (or Mistral's `PATH.model.vN`), or a folder holding `tokenizer.model` and no
+  `tokenizer.json`: a SentencePiece model, encoded by `sentencepiece` itself;
 - `org/model` (optionally `org/model@REVISION`): a Hugging Face Hub repository, found the way
   `transformers` finds it: in the local cache first (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
   `~/.cache/huggingface/hub`, layout `models--org--model/{refs/REV, snapshots/<commit>/}`), so it
@@ -35,6 +35,16 @@ CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 TOKENIZER_FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "tokenizer.model"
+_VERSIONED_MODEL = re.compile(r"\.model\.v\d+(?:m\d+)?$")
+"""A SentencePiece model under Mistral's versioned names (`tokenizer.model.v3`,
+`mistral_instruct_tokenizer_240216.model.v2`, `tokenizer.model.v7m1`), as its Hub repositories
+and mistral-common ship them: read as a tokenizer.json, they were "cannot read the tokenizer
+file ('utf-8' codec can't decode ...)", which reads as a damaged file."""
+
+
+def _sentencepiece_name(path: Any) -> bool:
+    """A name that says SentencePiece model: `.model`, or Mistral's `.model.vN`."""
+    return path.suffix == ".model" or _VERSIONED_MODEL.search(path.name) is not None
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 HUB_FILES = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE, CHAT_TEMPLATE_FILE)
 """What a hub download fetches: the tokenizer and its chat template, nothing of the model."""
@@ -231,7 +241,7 @@ def _remote(url: str) -> TokenizerFiles:
     path = storage.as_path(url.rstrip("/"))
     if storage.is_dir(path):
         path = path / TOKENIZER_FILE
-    if path.suffix in (".model", ".tiktoken"):
+    if path.suffix == ".tiktoken" or _sentencepiece_name(path):
         raise ConfigError(
             f"tokenizer {url!r}: a {path.suffix} file is read from local disk only; copy it "
             "here first (a tokenizer.json can be read from a bucket)"
@@ -290,7 +300,7 @@ def resolve(spec: str) -> TokenizerFiles:
     if storage.is_file(path):
         if path.suffix == ".tiktoken" and not explicit_hf:
             return TokenizerFiles(kind="tiktoken", path=path, name=str(path))
-        if path.suffix == ".model" and not explicit_hf:
+        if _sentencepiece_name(path) and not explicit_hf:
             return TokenizerFiles(
                 kind="sentencepiece",
                 path=path,
@@ -302,7 +312,7 @@ def resolve(spec: str) -> TokenizerFiles:
         )
     if path.suffix == ".tiktoken":
         raise ConfigError(f"tiktoken ranks file {target!r} does not exist")
-    if path.suffix == ".model":
+    if _sentencepiece_name(path):
         raise ConfigError(f"SentencePiece model {target!r} does not exist")
     if path.suffix == ".json" or explicit_hf:  # `hf:` forces a local path (never the Hub)
         raise ConfigError(f"tokenizer file {target!r} does not exist")

@@ -344,3 +344,29 @@ def test_option_messages_name_the_options(tmp_path):
     line = one_error_line(err)
     assert code != 0 and "but the options give byte:byte" in line, line
     assert "byte is the default without --tokenizer" in line
+
+
+def test_the_engine_option_alone_reads_tokenized_parquet_with_its_own_tokenizer(tmp_path):
+    """`--tokenizer-engine` (which never changes ids) made the commands load `byte` for
+    tokenized Parquet, refused as unlike the tokenizer the files record; with `--tokenizer`
+    given, `tokenize` recorded the option's engine for ids it never encoded (found by a second
+    reader)."""
+    from packtool.dataset.tokenized import tokenized_meta
+    from tests.packtool.tokenizer_shapes import build
+
+    src = write_corpus(tmp_path / "c.jsonl")
+    tok = build("gpt2", tmp_path / "tok")
+    made = tmp_path / "made.parquet"
+    assert run("tokenize", src, "-o", made, "--tokenizer", tok)[0] == 0
+    engine = tokenized_meta(made)["tokenizer"]["engine"]
+    for command, out in (("tokenize", tmp_path / "again.parquet"), ("pack", tmp_path / "p")):
+        code, _, err = run(command, made, "-o", out, "--tokenizer-engine", "auto")
+        assert code == 0, err
+    assert tokenized_meta(tmp_path / "again.parquet")["tokenizer"]["engine"] == engine
+    other = "tokenizers" if engine != "tokenizers" else "fastokens"
+    again = tmp_path / "again2.parquet"
+    code, _, err = run(
+        "tokenize", made, "-o", again, "--tokenizer", tok, "--tokenizer-engine", other
+    )
+    assert code == 0, err
+    assert tokenized_meta(again)["tokenizer"]["engine"] == engine  # the ids' maker, kept

@@ -85,10 +85,22 @@ def test_ids_used_unchanged_record_no_eos_or_bos_and_refuse_explicit_ones(tmp_pa
     assert "eos none, bos none" in out
     recorded = tokenized_meta(tmp_path / "t.parquet")["tokenizer"]
     assert recorded["eos_id"] is None and recorded["bos_id"] is None
+    # and no EOS / BOS named beside them: tokenize named the tokenizer's (pack did not)
+    from tests.packtool.tokenizer_shapes import mistral_model
+
+    model = mistral_model()
+    for cmd, out_name in (("tokenize", "tm.parquet"), ("pack", "pm")):
+        code, out, err = run(cmd, path, "-o", tmp_path / out_name, "--tokenizer", model)
+        assert code == 0, err
+        assert "eos none, bos none" in out and "<s>" not in out and "</s>" not in out, out
+    named = tokenized_meta(tmp_path / "tm.parquet").get("special_tokens") or {}
+    assert not set(named) & {"eos", "bos"}, named
     for cmd, out_name in (("pack", "p2"), ("tokenize", "t2.parquet")):
         for flags, said in (
             (["--eos-id", "7"], "--eos-id adds nothing"),
             (["--eos-id", "7", "--bos-id", "9"], "--eos-id and --bos-id add nothing"),
+            (["--bos-id", "default"], "--bos-id adds nothing"),  # `default` got through
+            (["--eos-id", "default"], "--eos-id adds nothing"),
         ):
             code, _, err = run(cmd, path, "-o", tmp_path / out_name, *flags)
             assert code == 1

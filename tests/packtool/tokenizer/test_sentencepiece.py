@@ -128,6 +128,23 @@ def test_mistrals_own_models_encode_as_sentencepiece_does(version, tmp_path):
     assert [d.tolist() for d in np.split(flat, np.cumsum(lengths)[:-1])] == sp.encode(texts)
 
 
+@pytest.mark.parametrize("version", ["v1", "v3"])
+def test_mistrals_versioned_file_names_load_as_sentencepiece(version):
+    """`tokenizer.model.v1` / `*.model.v3` (the names Mistral's Hub repositories and
+    mistral-common ship) were read as a tokenizer.json: "cannot read the tokenizer file ('utf-8'
+    codec can't decode ...)", as if damaged. Read in place, under their own names."""
+    path = mistral_model(version)
+    assert path.name.endswith(f".model.{version}")
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    tok = load_tokenizer(str(path), bos=None, eos=None)
+    assert tok.identity.kind == "sentencepiece"
+    texts = ["Hello world", "See [REF] here.", *stdlib_sample(every=400)]
+    flat, _ = tok.encode_batch(texts)
+    assert flat.tolist() == [i for t in texts for i in sp.encode(t)]
+    with pytest.raises(ConfigError, match="SentencePiece model .* does not exist"):
+        load_tokenizer(str(path.with_name("gone.model.v3")))
+
+
 def test_user_defined_pieces_are_read_from_the_model_and_keep_gigatoken_out(tmp_path):
     model = trained("bpe", str(tmp_path), user_defined="<tool>,foo")
     sp = spm.SentencePieceProcessor(model_file=str(model))
