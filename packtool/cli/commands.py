@@ -363,15 +363,16 @@ def stats_cmd(
         tokenizer=None if tokenized else corpus.load_tokenizer(workers),
         workers=workers,
     )
-    if plot is not None:
-        from packtool.stats.plots import plot_length_histogram
-
-        plot_length_histogram(stats.lengths, config.max_len, plot)
+    # The report first: a plot that fails (a full disk, no permission) after a long pass over
+    # the corpus took the figures with it.
     if as_json:
         echo(json.dumps(stats.to_dict(), indent=2))
     else:
         echo(render_report(stats))
     if plot is not None:
+        from packtool.stats.plots import plot_length_histogram
+
+        plot_length_histogram(stats.lengths, config.max_len, plot)
         echo(f"wrote {plot}", err=as_json)
 
 

@@ -74,6 +74,12 @@ class StatsConfig:
         # The lengths `packtool pack` accepts (rows of one token are refused there too).
         check_max_len(self.max_len, minimum=2)
         check_int("batch_size", self.batch_size)
+        if not isinstance(self.candidates, (tuple, list)) or any(
+            isinstance(c, bool) or not isinstance(c, (int, np.integer)) for c in self.candidates
+        ):  # a TypeError ('<' between str and int, an int not iterable) before
+            raise ConfigError(
+                f"candidates must be a non-empty tuple of positive lengths, got {self.candidates!r}"
+            )
         if not self.candidates or any(c < 1 for c in self.candidates):
             raise ConfigError(
                 f"candidates must be a non-empty tuple of positive lengths, got {self.candidates!r}"
@@ -521,7 +527,12 @@ def compute_stats(
             lengths = read_supervised(read.tokenized, counter)
         if not lengths.size:
             raise DataError(f"no documents in {', '.join(map(str, inputs))} (tokenized, 0 rows)")
-        info: dict[str, Any] = {"kind": "tokenized", "tokenizer": identity.to_dict()}
+        info: dict[str, Any] = {
+            "kind": "tokenized",
+            "tokenizer": identity.to_dict(),
+            "skipped": {},  # as for raw inputs (the key was missing: a KeyError for readers)
+            "skipped_summary": "no skips",
+        }
     else:
         skips = SkipCounter(strict=read_config.strict)
         if tokenizer is None or isinstance(tokenizer, str):

@@ -8,9 +8,10 @@ mask), and a document left with no supervised token past its first is dropped
 (`documents_unsupervised`).
 
 Streaming: `SupervisedCounter.add` takes one table at a time and keeps, per max length, a
-histogram of the kept (truncated) lengths and running sums; memory is bounded by the longest
-document, not by the corpus. FFD rows are computed from the histogram at the end, as the plain
-figures are.
+histogram of the kept (truncated) lengths and running sums, bounded by the longest document.
+The FFD rows at the end expand each histogram back to one length per kept document (int64,
+plus FFD's row and offset per document: ~24 bytes a document per max length, for the moment
+they are packed), as the plain figures hold one length per document (docs/stats.md).
 """
 
 from __future__ import annotations

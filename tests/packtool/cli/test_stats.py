@@ -81,6 +81,17 @@ def test_plot_writes_png(small_corpus, tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
 
 
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_plot_that_cannot_be_written_keeps_the_report(small_corpus, as_json):
+    # The plot was drawn before the report was printed: a write that failed (here /proc, which
+    # exists but takes no file) after a long pass over the corpus took the figures with it.
+    code, out, err = run(
+        "stats", small_corpus, "--max-len", "64", "--plot", "/proc/x.png", *(["--json"] * as_json)
+    )
+    assert code == 1 and one_error_line(err).startswith("error: "), err
+    assert json.loads(out)["documents"] if as_json else "documents" in out, out
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -228,6 +228,9 @@ def test_render_mentions_the_figures():
         ({"batch_size": True}, "^batch_size must be a positive integer, got True$"),
         ({"candidates": ()}, "candidates must be a non-empty tuple"),
         ({"candidates": (512, -1)}, "candidates must be a non-empty tuple"),
+        # Before: TypeErrors ('<' between str and int; 'int' object is not iterable).
+        ({"candidates": ("512",)}, "candidates must be a non-empty tuple"),
+        ({"candidates": 512}, "candidates must be a non-empty tuple"),
     ],
 )
 def test_config_validation(kwargs, match):
@@ -425,6 +428,7 @@ def test_compute_stats_lists_and_classifies_its_inputs_once(tmp_path, monkeypatc
     )
     s = compute_stats(folder, StatsConfig(max_len=64, candidates=(64,)))
     assert s.inputs["kind"] == ("raw" if kind in ("raw", "records") else "tokenized")
+    assert s.inputs["skipped"] == {}  # for tokenized inputs too (a KeyError before)
     assert (s.supervised is not None) == (kind in ("records", "tokenized_masked"))
     assert len(listings) == 1
     assert sorted(map(str, footers)) == sorted(map(str, set(footers)))  # each file once
