@@ -11,7 +11,10 @@ rank boundary wrongly) and every key a rank needs to attend and to weigh its los
 - `style="megatron"`: Megatron's THD convention (Megatron-Bridge #1867; TransformerEngine's
   `thd_get_partitioned_indices`). Each document is padded to a multiple of `2 * size` tokens and
   cut into `2 * size` equal chunks; rank `r` takes chunks `r` and `2 * size - 1 - r` of every
-  document (the "zigzag": an early and a late chunk, so causal work is even). `cu_seqlens` (the
+  document (the "zigzag": an early and a late chunk, so a document's causal work is even over
+  the ranks where its padded length is its length; the padding of short documents is real
+  tokens' work nowhere, so on many short documents a rank's real work can reach ~1.75x the
+  mean at size 4, where `balanced` deals it evenly). `cu_seqlens` (the
   documents' real lengths) and `cu_seqlens_padded` (their padded offsets) are global, as
   TransformerEngine's THD attention takes them with `cp_size` / `cp_rank`.
 - `style="balanced"`: the load-balanced split of torchtitan's varlen context parallelism
