@@ -45,6 +45,8 @@ file ('utf-8' codec can't decode ...)", which reads as a damaged file."""
 def _sentencepiece_name(path: Any) -> bool:
     """A name that says SentencePiece model: `.model`, or Mistral's `.model.vN`."""
     return path.suffix == ".model" or _VERSIONED_MODEL.search(path.name) is not None
+
+
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 HUB_FILES = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE, CHAT_TEMPLATE_FILE)
 """What a hub download fetches: the tokenizer and its chat template, nothing of the model."""
