@@ -1,6 +1,6 @@
 """Shared by the storage tests: what they pack (the sample corpus in small partitions: several
-workers' worth), how they compare a dataset from a store with the local one, and writers
-racing for one lock object."""
+workers' worth), how they compare a dataset from a store with the local one, writers racing
+for one lock object, and the requests a block of code makes (`requests_seen`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from packtool.engines.local import RunConfig, run_pack
 from packtool.pack.chunk import PackConfig
-from packtool.storage import remote_write
+from packtool.storage import remote, remote_write
 
 ROOT = Path(__file__).resolve().parents[3]
 CORPUS = ROOT / "sample_data" / "corpus.jsonl"
@@ -136,3 +136,20 @@ def web_server(folder: Path, handler: type = QuietHandler) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def requests_seen(s3_server: str, monkeypatch: Any) -> Iterator[list[tuple[str, str]]]:
+    """The requests the block makes to the S3 server, as `(method, path)`, in order: the tests'
+    proxy (tests/packtool/storage/faulty_proxy.py, no faults) in front of it, and the clients
+    made anew on entry and exit (they keep their endpoint)."""
+    from tests.packtool.storage.faulty_proxy import FaultyProxy
+
+    proxy = FaultyProxy(s3_server, {})
+    with proxy as proxy_url, monkeypatch.context() as through:
+        through.setenv("AWS_ENDPOINT_URL", proxy_url)
+        remote._filesystem.cache_clear()
+        try:
+            yield proxy.seen
+        finally:
+            remote._filesystem.cache_clear()

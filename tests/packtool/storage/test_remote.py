@@ -25,7 +25,7 @@ from packtool.errors import ConfigError, DataError, MissingDependencyError
 from packtool.storage import local as storage
 from packtool.storage import remote, remote_read
 from tests.cli import one_error_line, run
-from tests.packtool.storage.common import pack_config
+from tests.packtool.storage.common import pack_config, requests_seen
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "sample_data"
@@ -486,7 +486,6 @@ def test_a_prefix_input_is_listed_once_for_the_note_and_the_files(
     import boto3
 
     from packtool.storage import s3_native
-    from tests.packtool.storage.faulty_proxy import FaultyProxy
 
     client_ = boto3.client("s3")
     for key, body in (
@@ -496,20 +495,14 @@ def test_a_prefix_input_is_listed_once_for_the_note_and_the_files(
     ):
         client_.put_object(Bucket="corpus", Key=f"once-{client}/{key}", Body=body)
     monkeypatch.setenv(s3_native.CLIENT_ENV, client)
-    proxy = FaultyProxy(s3_server, {})  # no faults: it lists the requests it forwards
-    with proxy as proxy_url, monkeypatch.context() as through:
-        through.setenv("AWS_ENDPOINT_URL", proxy_url)
-        remote._filesystem.cache_clear()
-        try:
-            code, out, err = run("stats", f"s3://corpus/once-{client}/", "--json")
-        finally:
-            remote._filesystem.cache_clear()
+    with requests_seen(s3_server, monkeypatch) as seen:
+        code, out, err = run("stats", f"s3://corpus/once-{client}/", "--json")
     assert code == 0, err
     assert json.loads(out)["documents"] == 2
     assert f"(s3://corpus/once-{client}/n.bin)" in err  # the note is still made
     listed = [
         parse_qs(urlsplit(path).query)
-        for method, path in proxy.seen
+        for method, path in seen
         if method == "GET" and "list-type=2" in path
     ]
     whole = [q for q in listed if q.get("prefix") == [f"once-{client}/"] and "delimiter" not in q]

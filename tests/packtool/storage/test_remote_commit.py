@@ -18,7 +18,7 @@ from packtool.engines.local import run_pack
 from packtool.errors import AlreadyComplete, ConfigError, DataError
 from packtool.pack.chunk import PackConfig
 from packtool.storage import remote_write, writing
-from tests.packtool.storage.common import linked, pack_config
+from tests.packtool.storage.common import linked, pack_config, requests_seen
 
 BUCKET = "commits"
 
@@ -457,8 +457,6 @@ def test_overwrite_checks_the_old_version_with_its_listing_not_a_head_per_shard(
     # `--overwrite` asked whether each object of the old version was a file: two HEADs a shard
     # (540 for 270 shards), one after another, though the listing says which keys are objects.
     from packtool.dataset.shards import ShardConfig
-    from packtool.storage import remote
-    from tests.packtool.storage.faulty_proxy import FaultyProxy
 
     url = f"s3://{BUCKET}/many-shards-{s3_client}"
     shards = ShardConfig(shard_rows=20, row_group_rows=20)
@@ -466,15 +464,8 @@ def test_overwrite_checks_the_old_version_with_its_listing_not_a_head_per_shard(
     old = _link(fs, f"many-shards-{s3_client}")
     n = sum(o.startswith(f"{old}/shard-") for o in _objects(fs, f"many-shards-{s3_client}"))
     assert n >= 30
-    proxy = FaultyProxy(s3_server, {})  # no faults: it lists the requests it forwards
-    with proxy as proxy_url:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy_url)
-        remote._filesystem.cache_clear()
-        try:
-            run_pack(pack_config(url, shards=shards, overwrite=True, workers=1))
-        finally:
-            remote._filesystem.cache_clear()
-        seen = list(proxy.seen)
+    with requests_seen(s3_server, monkeypatch) as seen:
+        run_pack(pack_config(url, shards=shards, overwrite=True, workers=1))
     heads = [p for m, p in seen if m == "HEAD" and f"/{old}/" in p]
     assert heads == [], f"{len(heads)} HEADs of the old version's {n} shards"
     assert not any(o.startswith(old) for o in _objects(fs, f"many-shards-{s3_client}"))

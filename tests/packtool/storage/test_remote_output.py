@@ -32,6 +32,7 @@ from tests.packtool.storage.common import (
     linked,
     pack_config,
     race_for_lock,
+    requests_seen,
     same_but_inputs,
 )
 
@@ -872,7 +873,6 @@ def test_verify_of_a_bucket_dataset_exits_0_every_time(fs, monkeypatch):
 def test_verify_of_a_bucket_dataset_downloads_each_shard_once(fs, s3_server, tmp_path, monkeypatch):
     # It read each shard twice (the checksum, then the row groups) and a row group by a ranged
     # GET per column chunk: 751 GETs and 144 HEADs for 36 shards of 4 row groups (3.6 s).
-    from tests.packtool.storage.faulty_proxy import FaultyProxy
 
     url = f"s3://{BUCKET}/counted"
     run_pack(pack_config(url, shards=ShardConfig(shard_rows=100, row_group_rows=20)))
@@ -881,16 +881,10 @@ def test_verify_of_a_bucket_dataset_downloads_each_shard_once(fs, s3_server, tmp
     assert len(shards) >= 10
     scratch = tmp_path / "scratch"
     monkeypatch.setenv("PACKTOOL_SCRATCH", str(scratch))
-    proxy = FaultyProxy(s3_server, {})  # no faults: it lists the requests it forwards
-    with proxy as proxy_url, monkeypatch.context() as through:
-        through.setenv("AWS_ENDPOINT_URL", proxy_url)
-        remote._filesystem.cache_clear()
-        try:
-            code, out, err = run("verify", url)
-            assert code == 0 and out.startswith("OK "), err
-            gets = [p for m, p in proxy.seen if m == "GET" and "/shard-" in p]
-        finally:
-            remote._filesystem.cache_clear()
+    with requests_seen(s3_server, monkeypatch) as seen:
+        code, out, err = run("verify", url)
+        assert code == 0 and out.startswith("OK "), err
+        gets = [p for m, p in seen if m == "GET" and "/shard-" in p]
     assert sorted(p.split("?")[0].rsplit("/", 1)[-1] for p in gets) == [
         s.rsplit("/", 1)[-1] for s in shards
     ]
@@ -941,25 +935,17 @@ def test_a_file_check_is_one_head_never_a_listing_too(fs, s3_server, monkeypatch
     108 (on a real store ~10-50 ms each, most before the workers start)."""
     from urllib.parse import parse_qs, urlsplit
 
-    from tests.packtool.storage.faulty_proxy import FaultyProxy
-
     monkeypatch.setenv(s3_native.CLIENT_ENV, client)
     url = f"s3://{BUCKET}/headed-{client}"
-    proxy = FaultyProxy(s3_server, {})  # no faults: it lists the requests it forwards
-    with proxy as proxy_url, monkeypatch.context() as through:
-        through.setenv("AWS_ENDPOINT_URL", proxy_url)
-        remote._filesystem.cache_clear()
-        try:
-            run_pack(pack_config(url))
-            run_pack(pack_config(url, overwrite=True))  # the lock, the link, the old version
-        finally:
-            remote._filesystem.cache_clear()
+    with requests_seen(s3_server, monkeypatch) as seen:
+        run_pack(pack_config(url))
+        run_pack(pack_config(url, overwrite=True))  # the lock, the link, the old version
     prefixes = [
         parse_qs(urlsplit(path).query).get("prefix", [""])[0]
-        for method, path in proxy.seen
+        for method, path in seen
         if method == "GET" and "list-type=2" in path
     ]
-    assert prefixes, proxy.seen  # (the listings packtool needs are there)
+    assert prefixes, seen  # (the listings packtool needs are there)
     asked = [p for p in prefixes if p.rstrip("/").rsplit("/", 1)[-1].startswith(".packtool-")]
     assert not [p for p in asked if not p.endswith(".packtool-run/")], asked
     assert not [p for p in prefixes if p.endswith(".arrow/")], prefixes
@@ -990,7 +976,6 @@ def test_remove_tree_deletes_what_is_there_in_two_requests(fs, s3_server, monkey
     """A prefix's objects, an object that is also the prefix, a lone object, nothing: each gone
     after one listing and one HEAD (before: a HEAD and a listing for `isdir`, the listing again,
     a HEAD for `isfile`: four round trips a folder of the commit's clean-up)."""
-    from tests.packtool.storage.faulty_proxy import FaultyProxy
 
     monkeypatch.setenv(s3_native.CLIENT_ENV, client)
     root = f"{BUCKET}/rt-{client}"
@@ -1004,19 +989,13 @@ def test_remove_tree_deletes_what_is_there_in_two_requests(fs, s3_server, monkey
     for keys in cases.values():
         for k in keys:
             fs.pipe_file(f"{root}/{k}", b"x")
-    proxy = FaultyProxy(s3_server, {})
-    with proxy as proxy_url, monkeypatch.context() as through:
-        through.setenv("AWS_ENDPOINT_URL", proxy_url)
-        remote._filesystem.cache_clear()
-        try:
-            for name in ("prefix", "dual", "lone", "nothing", "near"):
-                before = len(proxy.seen)
-                remote_write.remove_tree(f"s3://{root}/{name}")
-                asked = [m for m, _ in proxy.seen[before:] if m in ("GET", "HEAD")]
-                # (s3fs's find asks `isfile` of a prefix with nothing under it: 3 there)
-                empty = client == "s3fs" and name in ("nothing", "near")
-                assert len(asked) <= (3 if empty else 2), (name, proxy.seen[before:])
-        finally:
-            remote._filesystem.cache_clear()
+    with requests_seen(s3_server, monkeypatch) as seen:
+        for name in ("prefix", "dual", "lone", "nothing", "near"):
+            before = len(seen)
+            remote_write.remove_tree(f"s3://{root}/{name}")
+            asked = [m for m, _ in seen[before:] if m in ("GET", "HEAD")]
+            # (s3fs's find asks `isfile` of a prefix with nothing under it: 3 there)
+            empty = client == "s3fs" and name in ("nothing", "near")
+            assert len(asked) <= (3 if empty else 2), (name, seen[before:])
     fs.invalidate_cache()
     assert sorted(k[len(root) + 1 :] for k in fs.find(root)) == ["nearby"]

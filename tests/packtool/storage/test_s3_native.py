@@ -173,24 +173,18 @@ def test_a_lock_knows_its_version_from_its_put_not_a_head_after(
     """The lock's ETag (what its renewals and its release are conditional on) came from a HEAD
     after the put: one more request before every run, and one that could even see a later
     writer's object. The put's own answer names it now (obstore's and boto3's)."""
-    from tests.packtool.storage.faulty_proxy import FaultyProxy
+    from tests.packtool.storage.common import requests_seen
 
     _, ref = both
     key = f"locks/tagged-{s3_client}"
-    proxy = FaultyProxy(s3_server, {})  # no faults: it lists the requests it forwards
-    with proxy as proxy_url, monkeypatch.context() as through:
-        through.setenv("AWS_ENDPOINT_URL", proxy_url)
-        remote._filesystem.cache_clear()
-        try:
-            lock = remote_write.take_lock(f"s3://{BUCKET}/{key}", b"mine")
-            asked = [m for m, path in proxy.seen if path.split("?")[0] == f"/{BUCKET}/{key}"]
-            assert asked == ["HEAD", "PUT"]  # the check that none is there, the put
-            assert lock.confirm()  # a renewal conditional on that version: accepted
-            ref.pipe_file(f"{BUCKET}/{key}", b"another writer's")
-            assert not lock.confirm() and lock.lost  # on another version: refused
-            lock.release()
-        finally:
-            remote._filesystem.cache_clear()
+    with requests_seen(s3_server, monkeypatch) as seen:
+        lock = remote_write.take_lock(f"s3://{BUCKET}/{key}", b"mine")
+        asked = [m for m, path in seen if path.split("?")[0] == f"/{BUCKET}/{key}"]
+        assert asked == ["HEAD", "PUT"]  # the check that none is there, the put
+        assert lock.confirm()  # a renewal conditional on that version: accepted
+        ref.pipe_file(f"{BUCKET}/{key}", b"another writer's")
+        assert not lock.confirm() and lock.lost  # on another version: refused
+        lock.release()
     assert ref.cat_file(f"{BUCKET}/{key}") == b"another writer's"
 
 
