@@ -58,7 +58,7 @@ they stay indexable by `doc_index` when the balanced style pads the row."""
 
 def check_cp(size: int, rank: int, style: str, block: int) -> None:
     """Raise `ConfigError` for a group size, rank, style or block size that cannot be used."""
-    for name, value in (("context-parallel size", size), ("cp_block", block)):
+    for name, value in (("context-parallel size", size), ("context-parallel block", block)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < size:

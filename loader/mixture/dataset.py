@@ -579,8 +579,12 @@ def token_sources(batch: dict[str, Any]) -> torch.Tensor:
     from its per-document `source` and `cu_seqlens` (either layout): e.g. to average a
     per-token loss by source. A context-parallel share (`cp_split`): of each of this rank's
     tokens, by its `doc_index` (the batch's `cu_seqlens` are the whole batch's, not the
-    share's: they gave another length and other sources)."""
+    share's: they gave another length and other sources), -1 for the padding the split adds
+    (a place past its document's length)."""
     if "doc_index" in batch:
-        return batch_sources(batch)[batch["doc_index"].long()]
+        doc = batch["doc_index"].long()
+        start = batch["global_cu_seqlens"].long()[doc]
+        real = batch["token_index"].long() - start < batch["doc_lengths"].long()[doc]
+        return torch.where(real, batch_sources(batch)[doc], -1)
     cu = batch["cu_seqlens"] if "cu_seqlens" in batch else batch["cu_seq_lens_q"]
     return torch.repeat_interleave(batch_sources(batch), torch.diff(cu).long())

@@ -67,7 +67,11 @@ def _expand(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Pat
 @dataclass
 class _Listings:
     files: dict[tuple[str, ...], list[Path]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    links: dict[str, str | os.PathLike] = field(default_factory=dict)
+    """Each remote input's `_linked` answer (a HEAD, a GET where a link is there): asked once
+    for the note on what is not read and for the files read."""
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    """Reentrant: a listing (`expand_inputs`, holding it) resolves its links (`_linked`)."""
 
 
 _KEPT: ContextVar[_Listings | None] = ContextVar("kept_listings", default=None)
@@ -104,7 +108,9 @@ def passed_over(inputs: Iterable[str | os.PathLike], examples: int = 3) -> tuple
                 continue  # a web server has no listing: a URL there is one file
             from packtool.storage import listing
 
-            n, names = listing.unread(str(raw), KNOWN_SUFFIXES, examples - len(shown))
+            # A linked prefix (tokenize's output) is read as the version its link names: its
+            # other objects are not the corpus's (its own index.json was noted as not read)
+            n, names = listing.unread(str(_linked(raw)), KNOWN_SUFFIXES, examples - len(shown))
         elif is_dir(raw):
             n, names = unread(Path(raw), KNOWN_SUFFIXES, examples - len(shown))
         else:
@@ -115,7 +121,18 @@ def passed_over(inputs: Iterable[str | os.PathLike], examples: int = 3) -> tuple
 
 
 def _linked(raw: str | os.PathLike) -> str | os.PathLike:
-    """A remote prefix with a link `index.json`: the version folder it names (one HEAD)."""
+    """A remote prefix with a link `index.json`: the version folder it names (one HEAD; once a
+    command within `listings_kept`)."""
+    kept = _KEPT.get()
+    if kept is None:
+        return _link_of(raw)
+    with kept.lock:
+        if str(raw) not in kept.links:
+            kept.links[str(raw)] = _link_of(raw)
+        return kept.links[str(raw)]
+
+
+def _link_of(raw: str | os.PathLike) -> str | os.PathLike:
     text = str(raw)
     if not is_remote(text) or has_magic(text) or text.lower().endswith(KNOWN_SUFFIXES):
         return raw
@@ -123,7 +140,8 @@ def _linked(raw: str | os.PathLike) -> str | os.PathLike:
         return raw
     prefix = text.rstrip("/")
     version = linked_version(as_path(f"{prefix}/{INDEX_FILE}"))
-    return f"{prefix}/{version}" if version else raw
+    # With its trailing slash: a prefix, so no look at what the name is (`listing.expand`)
+    return f"{prefix}/{version}/" if version else raw
 
 
 def read_corpus(

@@ -244,8 +244,9 @@ def _remote(url: str) -> TokenizerFiles:
     if storage.is_dir(path):
         path = path / TOKENIZER_FILE
     if path.suffix == ".tiktoken" or _sentencepiece_name(path):
+        kind = "SentencePiece model" if _sentencepiece_name(path) else ".tiktoken file"
         raise ConfigError(
-            f"tokenizer {url!r}: a {path.suffix} file is read from local disk only; copy it "
+            f"tokenizer {url!r}: a {kind} is read from local disk only; copy it "
             "here first (a tokenizer.json can be read from a bucket)"
         )
     if not storage.is_file(path):

@@ -144,7 +144,7 @@ def test_bad_settings_are_one_line(tmp_path):
     # A style or block is checked without a group too; varlen_keys would be dropped by the split.
     for kwargs, message in [
         ({"cp_style": "nonsense"}, "context-parallel style 'nonsense' is unknown"),
-        ({"cp_block": -5}, "cp_block must be an integer >= 1, got -5"),
+        ({"cp_block": -5}, "context-parallel block must be an integer >= 1, got -5"),
         ({"context_parallel": (2, 0), "varlen_keys": True}, "varlen_keys does not combine"),
     ]:
         with pytest.raises(ConfigError, match=message):

@@ -250,12 +250,18 @@ def test_token_sources_of_a_context_parallel_share_are_its_tokens_sources(source
     """A cp_split share's `cu_seqlens` are the whole batch's: token_sources expanded them, the
     wrong length and other sources (megatron), or a KeyError (balanced, no `cu_seqlens`)."""
     whole = MixedDataset(mixture(sources), rows_per_batch=2)
+    counts = {}  # per step, the tokens of each source over both ranks (the split's padding: -1)
     for r in range(2):
         share = MixedDataset(
             mixture(sources), rows_per_batch=2, context_parallel=(2, r), cp_style=style, cp_block=4
         )
-        for full, part, _ in zip(whole, share, range(6), strict=False):
+        for step, (full, part, _) in enumerate(zip(whole, share, range(6), strict=False)):
             per_token = token_sources(part)
+            got = counts.setdefault(step, torch.zeros(3, dtype=torch.int64))
+            got += torch.bincount(per_token + 1, minlength=3)
+            if r == 1:  # as many tokens of each source as the whole batch has, padding aside
+                want = torch.bincount(token_sources(full) + 1, minlength=3)
+                assert torch.equal(got[1:], want[1:]), (step, got, want)
             assert per_token.shape == part["input_ids"].shape
             want = token_sources(full)  # each token's source, in the unsplit layout
             real = part["labels"] != -100  # (the split's padding has no token of the batch)

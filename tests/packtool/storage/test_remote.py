@@ -509,6 +509,33 @@ def test_a_prefix_input_is_listed_once_for_the_note_and_the_files(
     assert len(whole) == 1, listed
 
 
+@pytest.mark.parametrize("client", ["obstore", "s3fs"])
+def test_a_linked_prefix_is_read_and_noted_as_its_version(bucket, s3_server, monkeypatch, client):
+    """A prefix `tokenize -o s3://...` wrote (a link index.json, a version beside it): the note
+    named its own link as a file not read, and listed the prefix whole beside the version the
+    files were read from (found by a reviewer). Both are the version's now, in one listing."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from packtool.storage import s3_native
+
+    monkeypatch.setenv(s3_native.CLIENT_ENV, client)
+    url = f"s3://corpus/linked-{client}"
+    code, _, err = run("tokenize", SAMPLE / "corpus.jsonl", "-o", url)
+    assert code == 0, err
+    with requests_seen(s3_server, monkeypatch) as seen:
+        code, out, err = run("stats", f"{url}/", "--json")
+    assert code == 0 and "note:" not in err, err
+    assert json.loads(out)["inputs"]["kind"] == "tokenized"
+    asked = [parse_qs(urlsplit(path).query) for method, path in seen if method == "GET"]
+    flat = [  # whole listings: no delimiter (s3fs sends an empty one), not a first key's check
+        q["prefix"][0]
+        for q in asked
+        if "list-type" in q and "delimiter" not in q and q.get("max-keys") != ["1"]
+    ]
+    version = [p for p in flat if p.startswith(f"linked-{client}/v-")]
+    assert len(version) == 1 and f"linked-{client}/" not in flat, flat
+
+
 def test_a_damaged_parquet_object_is_named_as_a_local_file_is(bucket, tmp_path):
     # it was "URL: ArrowInvalid: ..." where a local file gets "not a readable Parquet file"
     import boto3
@@ -659,7 +686,8 @@ def test_per_scheme_options_reach_every_spelling_and_bad_ones_are_one_line(monke
     monkeypatch.setenv(remote.OPTIONS_ENV, "{}")
     code, _, err = run("stats", "az://ctr/in/")
     assert code == 1
-    assert one_error_line(err).startswith("error: az://ctr/in/: cannot open the az:// client (")
+    line = one_error_line(err)  # (its link index.json is the first object a prefix asks)
+    assert line.startswith("error: az://ctr/in/") and ": cannot open the az:// client (" in line
 
 
 def test_the_chat_template_beside_a_tokenizer_in_a_bucket_is_used(bucket, tmp_path):
