@@ -465,6 +465,15 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         writing.replace(paths.staging, paths.target)  # one atomic step for a file
         writing.sync_dir(paths.target.parent)
         return
+    if storage.lexists(paths.target) and not ours(paths.target):
+        # Checked at the start (not empty: refused without --overwrite, files packtool did not
+        # write: refused with it), but `--resume` checks no such thing, and a file made there
+        # while the run ran (or since the run a `--resume` finishes) was deleted by the swap.
+        raise ConfigError(
+            f"output {paths.shown} holds files packtool did not write (made while this run "
+            f"ran?); the new dataset stays in {paths.staging}: move them, then run the same "
+            "command with --resume to switch it in"
+        )
     remove(paths.staging / RUN_STATE)  # kept till now: see `names.RUN_STATE`
     try:
         _rename(paths.staging, paths.ready)

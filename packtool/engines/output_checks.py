@@ -73,7 +73,9 @@ def finish_switch(
     config: RunConfig, paths: OutputPaths, fingerprint: dict[str, Any]
 ) -> OutputPaths:
     """Switch in the dataset an earlier run left in `paths.staging` with its `index.json`
-    written, when safe and asked (the module docstring); the paths the run then builds into.
+    written, when safe and asked (`--resume`; the module docstring); the paths the run then
+    builds into. With `--overwrite` a staging packtool wrote is left to the run's checks,
+    which discard it (the run replaces the output itself: one that fails leaves it as it was).
     `fingerprint`: the run's, which a `--resume` must share with the one that built it.
 
     Raises:
@@ -82,10 +84,13 @@ def finish_switch(
             options or inputs.
     """
     problem = switch_problem(paths.staging)
+    if config.overwrite and not config.resume and ours(paths.staging):
+        # Discarded by the run's checks, as any unfinished run's staging: this run replaces
+        # the output itself. (It was switched in first, so an --overwrite that then failed,
+        # "nothing was committed", had replaced the old dataset with the killed run's.)
+        return paths
     if problem is not None:
         mine = ours(paths.staging)
-        if config.overwrite and not config.resume and mine:
-            return paths  # discarded by the run's checks, as any unfinished run's staging
         raise ConfigError(
             f"{paths.shown}: {paths.staging}, left by an earlier run, is not switched in: "
             f"{problem}; "
@@ -94,8 +99,8 @@ def finish_switch(
     if not (config.resume or config.overwrite):
         raise ConfigError(
             f"{paths.shown}: a run killed before its switch left a complete dataset in "
-            f"{paths.staging}; pass --resume to switch it in, or --overwrite to switch it in "
-            "and replace it"
+            f"{paths.staging}; pass --resume to switch it in, or --overwrite to discard it and "
+            "build anew"
         )
     if config.resume and not config.overwrite:
         check_built(fingerprint, paths.staging, paths.shown)  # a refused run switches nothing

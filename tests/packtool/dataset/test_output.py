@@ -111,6 +111,77 @@ def test_a_run_killed_between_the_renames_is_completed_by_the_next_run(
     assert sorted(p.name for p in tmp_path.glob(".D.packtool-*")) == []
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_files_made_at_the_output_during_a_run_are_never_swapped_away(
+    tmp_path, monkeypatch, resume
+):
+    """The start's checks refuse an output holding files packtool did not write, but a file
+    made there while the run ran (or before a --resume, which checks no such thing) was
+    deleted by the swap. The swap refuses now, keeping the new dataset for --resume."""
+    out = tmp_path / "D"
+    src = corpus(tmp_path / "a.jsonl", "a")
+    real = output.commit
+
+    def late(paths, *args, **kwargs):
+        out.mkdir(exist_ok=True)
+        (out / "notes.txt").write_text("mine")
+        return real(paths, *args, **kwargs)
+
+    class Killed(BaseException):
+        pass
+
+    def killed(paths, *args, **kwargs):
+        raise Killed  # kill -9 after index.json, before the swap
+
+    monkeypatch.setattr(output, "commit", killed if resume else late)
+    with pytest.raises(Killed if resume else ConfigError) as info:
+        pack(src, out)
+    monkeypatch.undo()
+    if resume:  # the user's file, made before the --resume that switches the dataset in
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+        with pytest.raises(ConfigError) as info:
+            pack(src, out, resume=True)
+    assert "holds files packtool did not write" in str(info.value)
+    assert (out / "notes.txt").read_text() == "mine" and sorted(os.listdir(out)) == ["notes.txt"]
+    (out / "notes.txt").unlink()
+    with pytest.raises(AlreadyComplete):  # moved: --resume switches the dataset in
+        pack(src, out, resume=True)
+    assert verify_dataset(out).rows > 0
+
+
+def test_a_failed_overwrite_leaves_the_old_dataset_even_beside_a_killed_runs_dataset(
+    tmp_path, monkeypatch
+):
+    """A run killed after its index.json, before its swap, left a complete dataset; the next
+    --overwrite switched it in first, then failed (a misspelt --group-by) saying "nothing was
+    committed", with the old dataset gone. It discards the killed run's now."""
+    out = tmp_path / "D"
+    pack(corpus(tmp_path / "a.jsonl", "a"), out)
+    old = snapshot(out)
+
+    class Killed(BaseException):
+        pass
+
+    def killed(paths, *args, **kwargs):
+        raise Killed
+
+    monkeypatch.setattr(output, "commit", killed)
+    with pytest.raises(Killed):
+        pack(corpus(tmp_path / "b.jsonl", "b"), out, overwrite=True)
+    monkeypatch.undo()
+    misspelt = PackConfig(max_len=64, group_by="nosuchfield")
+    config = RunConfig(
+        inputs=(str(corpus(tmp_path / "c.jsonl", "c")),), out_dir=str(out), pack=misspelt,
+        overwrite=True, progress=False,
+    )  # fmt: skip
+    with pytest.raises(Exception, match="nosuchfield"):
+        run_pack(config)
+    assert snapshot(out) == old
+    pack(corpus(tmp_path / "c.jsonl", "c"), out, overwrite=True)  # and one that succeeds
+    assert snapshot(out) != old and verify_dataset(out).rows > 0
+
+
 def test_recover_puts_an_old_dataset_back_when_no_new_one_is_ready(tmp_path):
     paths = output_paths(tmp_path / "D")
     paths.old.mkdir()
