@@ -247,7 +247,12 @@ def _stop(pool: Any) -> None:
     """Stop a pool now: queued partitions cancelled, running worker processes killed and gone
     before this returns (so none writes into a staging output its run's failure then deletes).
     The processes are taken before `shutdown`, which forgets them (Python 3.11-3.13: the kill
-    that followed it never ran, and a failed run's other workers wrote on after its discard)."""
+    that followed it never ran, and a failed run's other workers wrote on after its discard).
+    Threads (`PACKTOOL_WORKER_POOL=thread`) cannot be killed: the running units finish first
+    (a failed run's discard raced them: "parts: Directory not empty", the real error lost)."""
+    if isinstance(pool, ThreadPoolExecutor):
+        pool.shutdown(wait=True, cancel_futures=True)
+        return
     procs = list((getattr(pool, "_processes", None) or {}).values())
     terminate = getattr(pool, "terminate_workers", None)  # Python 3.14+
     if terminate is not None:

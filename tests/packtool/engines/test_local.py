@@ -18,6 +18,7 @@ from packtool.engines.local import RunConfig, rechunk, run_pack
 from packtool.engines.output_folder import STATE_DIR, staging_folder
 from packtool.errors import AlreadyComplete, ConfigError, DataError
 from packtool.pack.chunk import PackConfig
+from packtool.read.documents import ReadConfig
 from packtool.tokenizer.tokenizers import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -621,3 +622,26 @@ def test_a_tokenizer_spec_is_loaded_as_tokenize_corpus_loads_it(tmp_path):
     with pytest.raises(ConfigError, match="^tokenizer must be a Tokenizer or a tokenizer spec"):
         run(tmp_path / "bad", inputs=[src], max_len=64, tokenizer=3)
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_thread_pool_run_that_fails_says_why_and_leaves_nothing(tmp_path, monkeypatch):
+    """PACKTOOL_WORKER_POOL=thread: a partition's error stopped the pool without waiting for
+    the other threads, which wrote on into the staging folder the failed run then removed:
+    "parts: Directory not empty" in the place of the real error, a half-deleted staging folder
+    that --resume could not read and a plain run refused (found by a second reader)."""
+    monkeypatch.setenv(local.POOL_ENV, "thread")
+    inputs = []
+    for i in range(3):
+        lines = [json.dumps({"text": f"document {i} {j} " * 20}) for j in range(400)]
+        if i == 1:
+            lines[30] = "{not json"
+        (tmp_path / f"{i}.jsonl").write_text("\n".join(lines) + "\n")
+        inputs.append(str(tmp_path / f"{i}.jsonl"))
+    out = tmp_path / "out"
+    config = RunConfig(
+        inputs=tuple(inputs), out_dir=str(out), pack=PackConfig(max_len=256), workers=2,
+        partition_size=20_000, progress=False, read=ReadConfig(strict=True),
+    )  # fmt: skip
+    with pytest.raises(DataError, match=r"1\.jsonl:31: malformed"):
+        run_pack(config)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.jsonl", "1.jsonl", "2.jsonl"]
