@@ -32,6 +32,10 @@ FORMAT_VERSION = 2
 """Written when the documents carry optional columns (`loss_mask`); plain files stay version 1."""
 SUPPORTED_VERSIONS = (1, 2)
 META_KEY = b"packtool"
+DOC_CHUNK = "doc_chunk"
+"""The column a tail adds to the tokenized schema (packtool/pack/tail.py): each piece's chunk
+index within its document. Reserved: no extra field or column of a tokenized table may take it
+(`read.documents.RESERVED_COLUMNS`, `pack.chunk.pack_table`)."""
 
 
 def tokenized_schema(

@@ -322,7 +322,15 @@ def pack_table(
             cut, so they add rows here but no document, segment or token counts.
         tail: set the least-filled rows aside as `PackedChunk.tail` instead of writing them
             (packtool/pack/tail.py); None keeps every row.
+
+    A column of `table` named `doc_chunk` is a `ConfigError`: the name is reserved for the
+    chunk index a tail's pieces carry (`carry=`), as `ReadConfig` refuses it as an extra field.
     """
+    if DOC_CHUNK in table.column_names:
+        raise ConfigError(
+            f"tokenized table: column {DOC_CHUNK!r} is reserved (the chunk index of a carried "
+            "tail's pieces, packtool/pack/tail.py); rename the column"
+        )
     n_carry = carry.num_rows if carry is not None else 0
     if n_carry:
         pieces = carry.drop_columns([DOC_CHUNK])

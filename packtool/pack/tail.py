@@ -33,15 +33,13 @@ from numpy.typing import NDArray
 
 from packtool.arrow_numpy import from_numpy
 from packtool.dataset import columns as shard_columns
+from packtool.dataset.tokenized import DOC_CHUNK
 from packtool.errors import ConfigError
 from packtool.pack import kernels
 from packtool.pack.columns import token_values
 
 if TYPE_CHECKING:
     from packtool.pack.flat_ids import FlatIds
-
-DOC_CHUNK = "doc_chunk"
-"""The column of a tail table giving each piece's chunk index within its document."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,14 +16,16 @@ import numpy as np
 import orjson
 
 from packtool.dataset.columns import names, optional
+from packtool.dataset.tokenized import DOC_CHUNK
 from packtool.errors import ConfigError, DataError
 from packtool.quantities import check_bool, check_int
 from packtool.read import docids
 from packtool.read.sft_config import SFTConfig
 
-RESERVED_COLUMNS = ("doc_id", "source", "input_ids", "length", *names(optional()))
-"""Column names of the tokenized table (with the declared optional ones, packtool/dataset/columns.py);
-an extra field may not take one of them."""
+RESERVED_COLUMNS = ("doc_id", "source", "input_ids", "length", *names(optional()), DOC_CHUNK)
+"""Column names of the tokenized table (with the declared optional ones, packtool/dataset/columns.py)
+and `doc_chunk`, the column a tail of pieces adds to it (packtool/pack/tail.py); an extra field
+may not take one of them."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -102,3 +102,23 @@ def test_a_list_of_binary_values_groups_as_its_text_and_bad_bytes_are_one_line(t
     pq.write_table(pa.table({"input_ids": [[1, 2]], "tags": bad}), path)
     code, _, err = run("pack", path, "-o", tmp_path / "bad", "--group-by", "tags", "--max-len", 64)
     assert code == 1 and "column 'tags' cannot be kept as text" in one_error_line(err)
+
+
+@pytest.mark.parametrize("command", ["pack", "pretokenized", "tokenize"])
+def test_a_field_named_doc_chunk_is_refused_in_one_line(tmp_path, command):
+    # `doc_chunk` is the column a tail's pieces add: `pack --group-by doc_chunk` was a 19-frame
+    # traceback ending in pyarrow's "Column 'doc_chunk' not found"; `tokenize --keep-field
+    # doc_chunk` wrote a file that failed the same way in a later `pack --group-by doc_chunk`.
+    src = tmp_path / "x.jsonl"
+    src.write_text('{"text": "abc", "doc_chunk": "a"}\n')
+    if command == "tokenize":
+        args = ["tokenize", src, "-o", tmp_path / "t.parquet", "--keep-field", "doc_chunk"]
+    else:
+        if command == "pretokenized":
+            src = tmp_path / "pre.parquet"
+            pq.write_table(pa.table({"input_ids": [[1, 2, 3]], "doc_chunk": ["a"]}), src)
+        args = ["pack", src, "-o", tmp_path / "out", "--group-by", "doc_chunk"]
+    code, _, err = run(*args)
+    assert code == 1
+    assert "error: extra field 'doc_chunk' clashes with a built-in column" in one_error_line(err)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "t.parquet").exists()

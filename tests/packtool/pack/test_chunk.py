@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from packtool.errors import ConfigError, DataError
 from packtool.pack.chunk import PackConfig, make_segments, pack_table
+from packtool.pack.tail import TailPolicy
 from packtool.stats import lengths as stats
 
 
@@ -199,3 +200,13 @@ def test_extra_rounds_never_add_rows_on_real_shaped_lengths():
     assert four.rows_per_round[0] == one.counts.rows
     assert four.counts.rows <= one.counts.rows
     assert four.counts.tokens_out == one.counts.tokens_out
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_doc_chunk_column_is_refused_as_the_tails_own(grouped):
+    # A tail adds `doc_chunk` to the table's columns; with the table's own one already there,
+    # packing the tail (`carry=`) failed with pyarrow's "Column 'doc_chunk' not found".
+    table = tokenized([5, 3, 2]).append_column("doc_chunk", pa.array(["a", "b", "a"]))
+    config = PackConfig(max_len=8, group_by="doc_chunk" if grouped else None)
+    with pytest.raises(ConfigError, match="^tokenized table: column 'doc_chunk' is reserved"):
+        pack_table(table, config, tail=TailPolicy())

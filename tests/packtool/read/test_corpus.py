@@ -71,6 +71,9 @@ def read_all(inputs, config=None, skips=None):
         ({"extra_fields": ("lang", "lang")}, "duplicates"),
         ({"extra_fields": ("source",)}, "clashes with a built-in column"),
         ({"extra_fields": ("input_ids",)}, "clashes"),
+        # The column a tail's pieces add (packtool/pack/tail.py): a field of that name reached
+        # the packer and failed there with pyarrow's KeyError traceback.
+        ({"extra_fields": ("doc_chunk",)}, "clashes with a built-in column"),
         ({"batch_docs": 0}, "^batch_docs must be a positive integer, got 0$"),
         ({"batch_bytes": 0}, "^batch_bytes must be a positive integer, got 0$"),
         # Before: accepted (a float count), and strict="no" was kept and acted as strict.
