@@ -117,7 +117,9 @@ def pieces_table(
     """The pieces `table[seg_doc][seg_start : seg_start + seg_len]` as a tokenized table.
 
     The result has `table`'s schema plus `doc_chunk` (int32): per-token columns (`input_ids`,
-    a loss mask) cut like the ids, every other column one value per piece.
+    a loss mask) cut like the ids, in `table`'s types (a mask stored as bytes or as a list stays
+    so, for `carry=` to pack it with the next chunk's table), every other column one value per
+    piece.
 
     Args:
         table: tokenized documents.
@@ -150,6 +152,11 @@ def pieces_table(
         gathered = kernels.gather_segments(
             values_c.astype(c.numpy_dtype(), copy=False), src, seg_len
         )
-        arrays[name] = c.array(offsets, gathered, token_type)
+        kind = table.schema.field(name).type
+        if pa.types.is_binary(kind):  # the shards' storage (tokenized Parquet's too)
+            arrays[name] = c.array(offsets, gathered, token_type)
+        else:  # a list, as a library caller may pass (`token_values` reads both): kept a list
+            lists = pa.ListArray.from_arrays(from_numpy(offsets.astype(np.int32)), gathered)
+            arrays[name] = lists.cast(kind)
     out = pa.table({n: arrays[n] for n in table.column_names}, schema=table.schema)
     return out.append_column(DOC_CHUNK, from_numpy(np.asarray(seg_chunk, np.int32)))

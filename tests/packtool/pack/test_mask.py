@@ -22,6 +22,7 @@ from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.output_folder import staging_folder
 from packtool.errors import AlreadyComplete, ConfigError
 from packtool.pack.chunk import PackConfig, pack_table
+from packtool.pack.tail import TailPolicy
 from packtool.stats.lengths import StatsConfig, compute_stats
 from packtool.stats.report import render_report
 from tests.cli import one_error_line, run
@@ -184,6 +185,41 @@ def test_random_masks_travel_with_their_tokens(docs, max_len, policy, seed):
     assert c.documents_in == c.documents_packed + c.documents_dropped + c.documents_empty
     rows = packed.table.column("input_ids").to_pylist()
     assert all(len(r) <= max_len for r in rows)
+
+
+@pytest.mark.parametrize(
+    "mask_type", [pa.list_(pa.uint8()), pa.binary(), pa.large_list(pa.int64())]
+)
+def test_a_tail_keeps_the_masks_type_and_a_list_mask_packs_as_a_binary_one(mask_type):
+    """A list mask (which `token_values` reads as it reads bytes) with `tail=` was pyarrow's
+    "Unsupported cast from binary to list": the tail built its mask as bytes, the shards'
+    storage, then forced the table's list type on it."""
+    ids, masks = conversations(120, seed=3)
+    base = tokenized(ids, masks)
+    binary = base.set_column(3, "loss_mask", pa.array([bytes(m) for m in masks], pa.binary()))
+    table = (
+        binary
+        if mask_type == pa.binary()
+        else base.set_column(3, "loss_mask", base.column("loss_mask").cast(mask_type))
+    )
+    pack = PackConfig(max_len=96, long_docs="truncate")
+
+    def chunks(t: pa.Table):
+        first = pack_table(t.slice(0, 60), pack, chunk_index=(0, 0), tail=TailPolicy())
+        second = pack_table(
+            t.slice(60), pack, chunk_index=(0, 1), carry=first.tail, tail=TailPolicy()
+        )
+        last = pack_table(t.slice(0, 0), pack, chunk_index=(0, 2), carry=second.tail)
+        return first, second, last
+
+    got, want = chunks(table), chunks(binary)
+    for a, b in zip(got, want, strict=True):
+        assert a.table.equals(b.table) and a.counts == b.counts
+    for a, b in zip(got[:2], want[:2], strict=True):
+        assert a.tail is not None and a.tail.schema.field("loss_mask").type == mask_type
+        masks_of = [[list(m) for m in t.column("loss_mask").to_pylist()] for t in (a.tail, b.tail)]
+        assert masks_of[0] == masks_of[1]
+        assert a.tail.drop_columns(["loss_mask"]).equals(b.tail.drop_columns(["loss_mask"]))
 
 
 def config(out: Path, inputs, **kw) -> RunConfig:
