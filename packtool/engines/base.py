@@ -137,10 +137,11 @@ def source_of(config: RunConfig, checked: Checked, fingerprint: dict[str, Any]) 
     )
 
 
-def workers_lost(work: Path, what: str, advice: str) -> WorkersLost:
+def workers_lost(work: Path, what: str, advice: str, partitions: int) -> WorkersLost:
     """The error that stops a run whose workers died too often (`what`): it says whether
-    finished partitions are kept for `--resume` (`output_folder.output_folder` keeps them)."""
-    done = len(records.finished(work))
+    finished partitions are kept for `--resume` (`output_folder.output_folder` keeps them), and
+    how many (of the plan's `partitions`: the tail tree's merge records are not counted)."""
+    done = len(records.finished_partitions(work, partitions))
     kept = (
         f"its {done} finished partition(s) are kept: rerun with --resume"
         if done
@@ -236,7 +237,7 @@ class Run:
 
     def workers_lost(self, what: str, advice: str) -> WorkersLost:
         """The error that stops a run whose workers died too often (`workers_lost`)."""
-        return workers_lost(self.work, what, advice)
+        return workers_lost(self.work, what, advice, self.partitions)
 
     @property
     def out_dir(self) -> str:

@@ -162,7 +162,7 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
         there = abandoned or storage.exists(paths.staging)
     if there:
         if not abandoned and not config.overwrite:
-            done = len(records.finished(paths.staging))
+            done = len(records.finished_partitions(paths.staging))
             left = f"{done:,} finished partition{'s' if done != 1 else ''}" if done else "plan"
             raise ConfigError(
                 f"an interrupted run into {shown} left its {left} in {paths.staging}; pass "

@@ -148,7 +148,9 @@ def read_record(work: Path, partition: int) -> dict[str, Any]:
 
 
 def finished(work: Path) -> list[int]:
-    """The partitions with a completion record (one listing of `parts/`)."""
+    """The units with a completion record (one listing of `parts/`): partitions, and the tail
+    tree's merge nodes and root after them (ids from the plan's partition count up,
+    packtool/engines/merge.py). `finished_partitions` counts the partitions alone."""
     folder = run_dir(work) / PARTS_DIR
     if not storage.is_dir(folder):
         return []
@@ -158,6 +160,20 @@ def finished(work: Path) -> list[int]:
         if name.endswith(".json") and not name.startswith(".") and name[:-5].isdigit():
             out.append(int(name[:-5]))
     return sorted(out)
+
+
+def finished_partitions(work: Path, partitions: int | None = None) -> list[int]:
+    """The partitions with a completion record: `finished` less the tail tree's merge nodes and
+    root, whose records share `parts/` (ids `partitions` and up). `partitions`: the plan's
+    partition count, else read from the saved plan (when that is unreadable, every record
+    counts: `--resume` names the damage)."""
+    done = finished(work)
+    if partitions is None and done:
+        try:
+            partitions = len(read_plan(work)["plan"]["partitions"])
+        except (DataError, KeyError, TypeError):
+            return done
+    return done if partitions is None else [p for p in done if p < partitions]
 
 
 def records_in_order(work: Path, units: int) -> Iterator[dict[str, Any]]:

@@ -435,7 +435,7 @@ class MegatronRun:
         return {**self.plan.descriptor(p), "kind": "megatron"}
 
     def workers_lost(self, what: str, advice: str) -> WorkersLost:
-        return workers_lost(self.work, what, advice)
+        return workers_lost(self.work, what, advice, len(self.plan.partitions))
 
     def _add(self, record: dict[str, Any]) -> None:
         self.documents += int(record["documents"])

@@ -2,17 +2,27 @@
 
 Every unit but the root is packed by exactly one merge node of the level above it; no node
 has more than F children; ids continue the partitions', level by level, the root last; with at
-most F partitions the tree is the root alone, "partition N", as the single final stage was.
+most F partitions the tree is the root alone, "partition N", as the single final stage was. The
+nodes' records are not counted as finished partitions.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from packtool.engines import records, worker
+from packtool.engines.base import workers_lost
+from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.merge import MERGE, TAIL_FAN_IN, TailTree
+from packtool.engines.output_folder import staging_folder
 from packtool.errors import ConfigError
+from packtool.pack.chunk import PackConfig
+
+CORPUS = Path(__file__).resolve().parents[3] / "sample_data" / "corpus.jsonl"
 
 
 @given(n=st.integers(0, 5000), fan_in=st.integers(2, 80))
@@ -75,3 +85,32 @@ def test_a_partition_is_not_a_merge_node_and_the_fan_in_is_checked():
         tree.level_of(tree.root + 1)
     with pytest.raises(ConfigError, match="fan-in"):
         TailTree(10, 1)
+
+
+def test_the_trees_records_are_not_counted_as_finished_partitions(tmp_path, monkeypatch):
+    """The merge nodes' and the root's records share `parts/` with the partitions' (ids from
+    the plan's partition count up): 154 partitions were said to have left "157 finished
+    partitions", and a run whose workers died counted them too."""
+    config = RunConfig(
+        inputs=(str(CORPUS),),
+        out_dir=str(tmp_path / "out"),
+        pack=PackConfig(max_len=1024),
+        chunk_docs=500,
+        progress=False,
+    )
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:  # stopped at its first write, its plan saved
+        m.setattr(worker, "write_chunk", boom)
+        with pytest.raises(KeyboardInterrupt):
+            run_pack(config)
+    staging = staging_folder(tmp_path / "out")
+    n = len(records.read_plan(staging)["plan"]["partitions"])
+    for unit in (0, n, n + 1):  # a partition, a merge node, the root
+        records.write_record(staging, {"partition": unit})
+    with pytest.raises(ConfigError, match=r"left its 1 finished partition in "):
+        run_pack(config)
+    lost = str(workers_lost(staging, "workers died", "retry", n))
+    assert "its 1 finished partition(s) are kept" in lost, lost
