@@ -2,7 +2,8 @@
 
 A line that is not a JSON object is a `malformed_json` skip, an object without the text field
 (or with a null or non-string one) a `missing_field` skip, bytes that are not UTF-8
-`invalid_utf8`; a file in which no line has the text field is an error. A `.json` file whose
+`invalid_utf8`; a file in which no line has the text field is an error (a line whose text is
+null has it: a skip, as a null Parquet value is, that never leads to this error). A `.json` file whose
 first character is `[` is read as one JSON array of objects. Byte ranges of a file (a partition's
 piece) start and end at line starts (packtool/read/lines.py). The fine-tuning readers
 (packtool/sft/inputs.py) read records through `json_objects` too.
@@ -32,7 +33,8 @@ file whose first character is `[` is read as one JSON array of objects instead."
 
 _JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
 
-# How many JSON objects without the text field, and none with it, before a file is an error.
+# How many JSON objects without the text field, and none with it, before a file is an error
+# (an object whose text field is null has it).
 MISSING_FIELD_PATIENCE = 1000
 
 
@@ -258,18 +260,19 @@ def read_jsonl(
         if not isinstance(obj, dict):
             skips.add("malformed_json", where, f"a JSON {json_type(obj)}, not an object")
             continue
-        text = obj.get(field_name)
-        if text is None:
+        if field_name not in obj:
             if not seen_field:
                 objects_without += 1
                 if not first_keys:
                     first_keys = sorted(obj)
                 if objects_without >= MISSING_FIELD_PATIENCE and start == 0:
                     raise_missing_field(path, field_name, first_keys)
-            what = f"no {field_name!r}" if field_name not in obj else f"{field_name!r} is null"
-            skips.add("missing_field", where, what)
+            skips.add("missing_field", where, f"no {field_name!r}")
             continue
+        # A null text has the field (as a null Parquet value has the column): a counted skip
+        # below, never "no line has the text field" nor a step towards that error.
         seen_field = True
+        text = obj[field_name]
         if not isinstance(text, str):
             skips.add("missing_field", where, f"{field_name!r} is {a_json_type(text)}")
             continue
@@ -292,7 +295,7 @@ def _field_ahead(path: Path, field_name: str, start: int, count: int) -> bool:
     read only to look: their skips are another range's to count)."""
     for _, obj, _, _ in jsonl_objects(path, SkipCounter(), start):
         if isinstance(obj, dict):
-            if obj.get(field_name) is not None:
+            if field_name in obj:
                 return True
             count -= 1
             if count <= 0:

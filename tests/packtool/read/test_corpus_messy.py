@@ -146,6 +146,27 @@ def test_skip_details_use_json_type_names(tmp_path):
     assert skips.counts == {"malformed_json": 5, "missing_field": 2}
 
 
+def test_a_null_text_field_is_a_counted_skip_as_in_parquet(tmp_path, monkeypatch):
+    """Before: a file whose only line held `"text": null` stopped the run with "no line has the
+    text field 'text' (fields found: text)", and nulls counted towards the 1,000-object patience;
+    a null Parquet value was already this skip."""
+    from packtool.read import jsonl
+
+    (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "n.jsonl").write_text('{"text": null}\n')
+    inputs = [tmp_path / "a.jsonl", tmp_path / "n.jsonl"]
+    skips = SkipCounter()
+    assert texts(inputs, skips=skips) == ["a"]
+    assert skips.examples == {"missing_field": [f"{tmp_path / 'n.jsonl'}:1 ('text' is null)"]}
+    with pytest.raises(DataError, match=r"n.jsonl:1: missing field \('text' is null\); run wi"):
+        texts(inputs, ReadConfig(strict=True))
+    monkeypatch.setattr(jsonl, "MISSING_FIELD_PATIENCE", 3)
+    (tmp_path / "late.jsonl").write_text('{"text": null}\n' * 3 + '{"text": "late"}\n')
+    skips = SkipCounter()
+    assert texts([tmp_path / "late.jsonl"], skips=skips) == ["late"]
+    assert skips.counts == {"missing_field": 3}
+
+
 @pytest.mark.parametrize("compress", [None, "gz", "zst"])
 def test_a_json_file_holding_one_array_is_read_as_its_objects(tmp_path, compress):
     rows = [{"text": "a", "lang": "en"}, {"text": ""}, 7, {"text": "b", "lang": "fr"}]
