@@ -119,7 +119,7 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
                 files += _objects_too(fs, [k for k, kind in shown if kind == "directory"])
             if not files:
                 raise DataError(f"{text}: glob matches no objects")
-            files.sort(key=lambda k: _plain(protocol, k))  # as a local glob's: by name
+            files.sort(key=lambda k: _plain(protocol, k).split("/"))  # as a prefix's, below
             return [as_path(_url(protocol, k, fs)) for k in files]
         if info is None and not text.endswith("/"):
             raise FileNotFoundError(p)  # neither object nor prefix: one line by `naming`

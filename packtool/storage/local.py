@@ -85,8 +85,9 @@ def expand(
     described: str,
 ) -> list[Path]:
     """Expand files, folders (recursively, names ending in `suffixes` only) and globs into a
-    file list. Each input's matches are sorted; the inputs keep their order; duplicates (the
-    same file by resolved path) are dropped. `described` names the suffixes in errors.
+    file list. Each input's matches are sorted by their paths' segments (a folder's and a
+    glob's alike); the inputs keep their order; duplicates (the same file by resolved path) are
+    dropped. `described` names the suffixes in errors.
 
     Raises:
         DataError: an input matches no file, or names something that is not a regular file.
@@ -116,8 +117,10 @@ def expand(
             raise DataError(not_a_file(path))
         elif globbing.has_magic(text):
             matches = []
-            for name in sorted(globbing.glob(text, recursive=True)):
-                p = Path(name)
+            # Paths sort by their segments, as `walk`'s do (`d/a/x` before `d/a-b`, which a
+            # string sort reverses): a folder and a glob of it give the same files one order,
+            # so the same doc_ids.
+            for p in sorted(map(Path, globbing.glob(text, recursive=True))):
                 if p.is_file():
                     matches.append(p)
                 elif not p.is_dir():

@@ -142,3 +142,21 @@ def test_a_web_folder_and_a_prefix_list_in_the_order_of_the_local_folder(tmp_pat
     assert shards(tmp_path / "web") == shards(tmp_path / "local")
     index = json.loads((tmp_path / "web" / "index.json").read_text())
     assert index["extra"]["doc_ids"]["files"] == [f"{base}/{n}" for n in shown]
+
+
+def test_a_glob_lists_in_the_order_of_the_folder_walk(tmp_path, s3_server, s3_client):
+    """A local glob sorted its matches as strings, `d/a-b.jsonl` before `d/a/x.jsonl` ('-'
+    sorts before '/'), where the folder's walk sorts by segments: `tokenize d` and
+    `tokenize 'd/**/*.jsonl'` gave the same documents other doc_ids. A bucket's or a web
+    folder's glob sorted so too; each now lists in the walk's order."""
+    _write(tmp_path / "www", {"d/a-b.jsonl": 2, "d/a/x.jsonl": 3, "d/a/y/z.jsonl": 1})
+    base = str(tmp_path / "www")
+    want = ["d/a/x.jsonl", "d/a/y/z.jsonl", "d/a-b.jsonl"]
+    assert _named("d", base) == want
+    assert _named("d/**/*.jsonl", base) == want
+    bucket = f"order-{s3_client}"
+    _upload(tmp_path / "www", bucket)
+    assert _named("d/", f"s3://{bucket}") == want
+    assert _named("d/**/*.jsonl", f"s3://{bucket}") == want
+    with web_server(tmp_path / "www", RangeHandler) as url:
+        assert _named("d/**/*.jsonl", url) == want
