@@ -116,11 +116,13 @@ def expand(
         elif os.path.lexists(path):
             raise DataError(not_a_file(path))
         elif globbing.has_magic(text):
+            from packtool.storage.local_glob import local_glob  # globs only: `import loader`
+
             matches = []
             # Paths sort by their segments, as `walk`'s do (`d/a/x` before `d/a-b`, which a
             # string sort reverses): a folder and a glob of it give the same files one order,
             # so the same doc_ids.
-            for p in sorted(map(Path, globbing.glob(text, recursive=True))):
+            for p in sorted(map(Path, local_glob(text))):  # `**` enters no linked folder
                 if p.is_file():
                     matches.append(p)
                 elif not p.is_dir():
