@@ -30,7 +30,13 @@ from glob import has_magic
 from pathlib import Path
 
 from packtool.dataset.manifest import INDEX_FILE, linked_version
-from packtool.read.documents import BatchBuilder, DocumentBatch, ReadConfig, SkipCounter
+from packtool.read.documents import (
+    BatchBuilder,
+    DocumentBatch,
+    ReadConfig,
+    SkipCounter,
+    run_skips,
+)
 from packtool.read.formats import KNOWN_SHORT, KNOWN_SUFFIXES, read_file
 from packtool.storage.local import as_path, expand, input_list, is_dir, is_remote, unread
 
@@ -157,7 +163,8 @@ def read_corpus(
         inputs: files, folders and globs (see `expand_inputs`).
         config: reading options; defaults to `ReadConfig()`.
         skips: where skipped documents are counted; a fresh counter (strict as `config.strict`)
-            when None.
+            when None. `config.strict` makes the read strict whatever counter is passed: one
+            passed with strict=False is made strict (`documents.run_skips`).
 
     Raises:
         DataError: a missing path, an unreadable file, a missing Parquet column, or any skip in
@@ -165,7 +172,7 @@ def read_corpus(
         ConfigError: an input path is empty, or `inputs` is not a path or paths.
     """
     config = config or ReadConfig()
-    skips = skips if skips is not None else SkipCounter(strict=config.strict)
+    skips = run_skips(skips, config)
     paths = expand_inputs(inputs)
     builder = BatchBuilder(config)
     for path in paths:

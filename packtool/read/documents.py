@@ -40,7 +40,8 @@ class ReadConfig:
     """String fields (JSONL keys / Parquet columns) carried along with each document, e.g. for
     `--group-by`. A missing value becomes null. `source` (the file path) is always carried."""
     strict: bool = False
-    """Raise `DataError` at the first skipped document instead of counting it."""
+    """Raise `DataError` at the first skipped document instead of counting it, whatever
+    `SkipCounter` the caller passes (`run_skips` makes it strict)."""
     batch_docs: int = 8192
     """At most this many documents per batch. Large batches keep the Rust tokenizers' threads
     busy: on 2 cores, 2,048-document batches measured ~5% slower than 8,192."""
@@ -141,6 +142,20 @@ class SkipCounter:
     def note(self) -> str:
         """` (<summary>)` to end an error message with, or "" when nothing was skipped."""
         return f" ({self.summary()})" if self.total else ""
+
+
+def run_skips(skips: SkipCounter | None, config: ReadConfig) -> SkipCounter:
+    """The counter a read counts its skips in (`read_corpus`, `tokenized_batches`): `skips`,
+    or a fresh one, strict as `config.strict`, when None. `config.strict` makes the read strict
+    whatever counter is passed: a counter passed with `strict=False` is made strict (its
+    `strict` set to True, and left so), so the first skip is a `DataError` and nothing is
+    counted, as `--strict` does. (Until 2026-12-06 the caller's counter was used as it was: a
+    `ReadConfig(strict=True)` beside `SkipCounter()` skipped and counted with no error.)"""
+    if skips is None:
+        return SkipCounter(strict=config.strict)
+    if config.strict:
+        skips.strict = True
+    return skips
 
 
 Doc = tuple[str, tuple[str | None, ...], int, int]

@@ -43,7 +43,7 @@ from packtool.dataset.tokenized_writer import BackgroundWriter, PartWriter
 from packtool.errors import ConfigError, DataError
 from packtool.progress import Progress
 from packtool.read.corpus import expand_inputs
-from packtool.read.documents import ReadConfig, SkipCounter
+from packtool.read.documents import ReadConfig, SkipCounter, run_skips
 from packtool.read.pretokenized import split_pretokenized
 from packtool.read.sft_config import CHAT_KINDS
 from packtool.sft.encode import template_record
@@ -269,6 +269,8 @@ def tokenized_batches(
             match the recorded tokenizer (pass None to accept whatever is recorded).
         workers: encoding threads when `tokenizer` is a spec (default: all cores).
         skips: counts skipped documents (a fresh one when None; pass one to read the counts).
+            `read_config.strict` makes the run strict whatever counter is passed: one passed
+            with strict=False is made strict (`packtool.read.documents.run_skips`).
 
     Raises:
         DataError: bad input (see `read_corpus`), or tokenized Parquet made with another
@@ -293,7 +295,7 @@ def _tokenized_batches(
     read = inputs_read(paths, config)
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
-    skips = skips if skips is not None else SkipCounter(strict=config.strict)
+    skips = run_skips(skips, config)
     yield from read_tables(paths, read, config, tokenizer, skips)
 
 

@@ -229,6 +229,25 @@ def test_skips_are_shared_with_the_caller(tmp_path):
     assert skips.counts == {"empty": 1}
 
 
+def test_a_strict_config_makes_the_callers_counter_strict(tmp_path):
+    """Before: the caller's counter was used as it was, so `ReadConfig(strict=True)` beside
+    `SkipCounter()` skipped and counted with no error, in both entry points."""
+    from packtool.read.corpus import read_corpus
+
+    src = tmp_path / "types.jsonl"
+    src.write_text('{"text": "a"}\n{"text": 5}\n')
+    strict = ReadConfig(strict=True)
+    says = r"types.jsonl:2: missing field \('text' is a number\); run without --strict"
+    for read in (
+        lambda skips: tokenized_batches([src], tokenizer="byte", skips=skips, read_config=strict),
+        lambda skips: read_corpus([src], strict, skips),
+    ):
+        skips = SkipCounter()
+        with pytest.raises(DataError, match=says):
+            list(read(skips))
+        assert skips.strict and skips.counts == {}
+
+
 def test_prefetch_forwards_errors_and_stops_early():
     def gen():
         yield 1
