@@ -124,8 +124,8 @@ def _create_exclusive(url: Any, data: bytes) -> tuple[bool, str | None]:
             out = fs.pipe_file(p, data)
     if scheme(url) not in REPLACES_IF_MATCH or not isinstance(out, dict):
         return True, None
-    # obstore's PutResult, s3fs's put_object answer (boto3), adlfs's upload_blob answer
-    return True, out.get("e_tag") or out.get("ETag") or out.get("etag")
+    # obstore's PutResult (`e_tag`); boto3's (s3fs) and adlfs's answers as an `info` names it
+    return True, out.get("e_tag") or object_etag(out)
 
 
 def remove(url: Any) -> None:
