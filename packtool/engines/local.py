@@ -19,8 +19,10 @@ do not inherit this process's threads, and only small partition descriptors go t
 loads the tokenizer and the numba kernels once.
 
 A worker process that dies (killed, out of memory) loses only its partition: the pool is
-rebuilt and the unfinished partitions run again, at most `max_retries` times, with the same
-bytes as a first attempt (packtool/engines/worker.py). Ctrl-C stops the workers at once; the
+rebuilt and the unfinished partitions run again, each at most `MAX_RETRIES` times, with the same
+bytes as a first attempt (packtool/engines/worker.py). The pool does not say which of its
+workers died, so every partition it lost (running or queued) counts one loss: a partition that
+kills its worker every time stops the run, deaths spread over a long run do not. Ctrl-C stops the workers at once; the
 finished partitions stay in the staging folder for `--resume`.
 """
 
@@ -60,7 +62,8 @@ POOL_ENV = "PACKTOOL_WORKER_POOL"
 """`process` (the default) or `thread`: how the local engine runs several partition workers
 (`thread` exists to measure the choice; README, "Scale-out")."""
 MAX_RETRIES = 3
-"""Times the pool is rebuilt after a worker process died before the run gives up."""
+"""Times one partition (or tail-tree unit) runs again after a worker process died while it was
+in the pool; a unit lost once more stops the run."""
 
 __all__ = ["PackSummary", "RunConfig", "drive_local", "local_driver", "rechunk", "run_pack"]
 
@@ -204,7 +207,7 @@ def _make_pool(run: Any, workers: int, threads: int, kind: str) -> tuple[Any, Ca
 def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind: str) -> None:
     """Run each wave's units on `workers` workers, a wave once the one before it is done, at
     most two units queued per worker; the pool is kept from wave to wave."""
-    retries = 0
+    lost: dict[int, int] = {}  # unit -> times it was lost with a dead worker (units lost only)
     pool = task = None
     try:
         for wave in waves:
@@ -216,9 +219,10 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
                 try:
                     while todo or inflight:
                         while todo and len(inflight) < 2 * workers:
-                            p = todo.popleft()
                             with ctrl_c_after():  # a submit may start a worker process
-                                inflight[pool.submit(task, run.descriptor(p))] = p
+                                # raises BrokenProcessPool if a worker died: the unit stays todo
+                                inflight[pool.submit(task, run.descriptor(todo[0]))] = todo[0]
+                            todo.popleft()
                         finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
                         for fut in finished:
                             record = fut.result()  # raises BrokenProcessPool if its worker died
@@ -226,15 +230,22 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
                             run.account(record)
                 except BrokenProcessPool:
                     # A worker process died (killed, out of memory); its units run again.
-                    retries += 1
-                    todo = deque(sorted(set(todo) | set(inflight.values())))
                     _stop(pool)
                     pool = None
-                    if retries > MAX_RETRIES:
+                    units = list(inflight.values()) or [todo[0]]  # [todo[0]]: broke at submit
+                    for unit in units:
+                        lost[unit] = lost.get(unit, 0) + 1
+                    worst = max(units, key=lambda u: (lost[u], -u))
+                    if lost[worst] > MAX_RETRIES:
+                        unit = (
+                            f"partition {worst}" if worst < run.partitions else "a tail-tree merge"
+                        )
                         raise run.workers_lost(
-                            f"partition worker processes died {retries} times",
+                            f"a worker process died {lost[worst]} times while {unit} was in the "
+                            "pool (running or queued)",
                             "fewer --workers if memory is short",
                         ) from None
+                    todo = deque(sorted(set(todo) | set(inflight.values())))
     except BaseException:
         if pool is not None:
             _stop(pool)
