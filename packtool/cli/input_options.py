@@ -244,8 +244,9 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _note_passed_over(inputs: Any) -> None:
     """A line on stderr naming the files that folder inputs hold but are not read (another
-    suffix): never passed over in silence."""
-    from packtool.read.corpus import passed_over
+    suffix), and one naming the folders that glob inputs match (a glob reads files): never
+    passed over in silence."""
+    from packtool.read.corpus import globbed_folders, passed_over
 
     count, examples = passed_over(inputs)
     if count:
@@ -254,6 +255,15 @@ def _note_passed_over(inputs: Any) -> None:
             f"note: {count:,} file(s) in the input folders are not read ({', '.join(examples)}"
             f"{more}): a folder is read for its corpus files only (docs/tokenize.md, Inputs); "
             "pass others by name",
+            err=True,
+        )
+    count, examples = globbed_folders(inputs)
+    if count:
+        more = f" and {count - len(examples)} more" if count > len(examples) else ""
+        echo(
+            f"note: {count:,} folder(s) matched by the input globs are not read "
+            f"({', '.join(examples)}{more}): a glob reads the files it matches, not what a folder "
+            "it matches holds; match their files too ('d/**/*.jsonl') or give the folders",
             err=True,
         )
 

@@ -39,6 +39,7 @@ from packtool.read.documents import (
 )
 from packtool.read.formats import KNOWN_SHORT, KNOWN_SUFFIXES, read_file
 from packtool.storage.local import as_path, expand, input_list, is_dir, is_remote, unread
+from packtool.storage.local import globbed_folders as local_globbed_folders
 
 
 def expand_inputs(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
@@ -123,6 +124,30 @@ def passed_over(inputs: Iterable[str | os.PathLike], examples: int = 3) -> tuple
             continue
         count += n
         shown += names
+    return count, shown
+
+
+def globbed_folders(
+    inputs: Iterable[str | os.PathLike], examples: int = 3
+) -> tuple[int, list[str]]:
+    """The folders (bucket prefixes) that glob inputs match but `expand_inputs` does not read
+    (a glob reads the files it matches, never what a folder it matches holds): how many, and
+    the first `examples`. One more glob of each local glob input; a bucket glob's listing is
+    the one `expand_inputs` then uses, within `listings_kept`. A glob matching no file is
+    `expand_inputs`'s error, which names them."""
+    count, shown = 0, []
+    for raw in input_list(inputs):
+        text = str(raw)
+        if is_remote(text):
+            if text.lower().startswith(("http://", "https://")):
+                continue  # a web server has no listing to glob
+            from packtool.storage import listing
+
+            folders = listing.globbed_prefixes(text)
+        else:
+            folders = local_globbed_folders(text)
+        count += len(folders)
+        shown += folders[: max(0, examples - len(shown))]
     return count, shown
 
 

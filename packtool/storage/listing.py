@@ -20,7 +20,7 @@ from typing import Any
 from packtool.errors import DataError
 from packtool.storage.remote import as_path, filesystem, info_of, naming, network_failure, scheme
 
-_FOUND: ContextVar[dict[str, tuple[Any, dict[str, Any]]] | None] = ContextVar(
+_FOUND: ContextVar[dict[Any, tuple[Any, dict[str, Any]]] | None] = ContextVar(
     "found_prefixes", default=None
 )
 
@@ -110,15 +110,12 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
         if info is not None and info.get("type") != "directory":
             return [as_path(text)]
         if any(c in p for c in "*?[") and not text.endswith("/"):
-            found = sorted(fs.glob(p, detail=True).items())
-            shown = [(k, meta.get("type")) for k, meta in found if _glob_shows(p, k, protocol)]
-            files = [k for k, kind in shown if kind != "directory"]
-            # (Not on the web, whose folder's page is no file of it, nor on the Hub, whose git
-            # tree cannot hold a file and a folder of one name.)
-            if protocol not in ("http", "https", "hf"):
-                files += _objects_too(fs, [k for k, kind in shown if kind == "directory"])
+            files, prefixes = _globbed(fs, p, protocol)
             if not files:
-                raise DataError(f"{text}: glob matches no objects")
+                from packtool.storage.local_glob import no_files_globbed
+
+                shown = [_url(protocol, k, fs) for k in prefixes]
+                raise DataError(no_files_globbed(text, shown, "objects", "prefix"))
             files.sort(key=lambda k: _plain(protocol, k).split("/"))  # as a prefix's, below
             return [as_path(_url(protocol, k, fs)) for k in files]
         if info is None and not text.endswith("/"):
@@ -140,6 +137,48 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
         # string sort reverses), a web page's names decoded (`%C3%BC...` is `ü...`)
         named.sort(key=lambda k: _plain(protocol, k).split("/"))
         return [as_path(_url(protocol, k, fs)) for k in named]
+
+
+def _globbed(fs: Any, p: str, protocol: str) -> tuple[list[str], list[str]]:
+    """The keys of the objects the glob `p` matches (with the matched prefixes that are objects
+    too, `_objects_too`) and of the prefixes it matches that are not, as Python's glob would
+    match them (`_glob_shows`); one listing and a look at each matched prefix, kept within
+    `finds_kept` as `_find`'s (the note on the prefixes a glob does not read and the files read
+    share them)."""
+    kept = _FOUND.get()
+    got = kept.get(("glob", p)) if kept is not None else None
+    if got is not None and got[0] is fs:
+        files, prefixes = got[1]
+        return list(files), list(prefixes)
+    found = sorted(fs.glob(p, detail=True).items())
+    shown = [(k, meta.get("type")) for k, meta in found if _glob_shows(p, k, protocol)]
+    files = [k for k, kind in shown if kind != "directory"]
+    prefixes = [k for k, kind in shown if kind == "directory"]
+    # (Not on the web, whose folder's page is no file of it, nor on the Hub, whose git tree
+    # cannot hold a file and a folder of one name.)
+    if protocol not in ("http", "https", "hf"):
+        objects = _objects_too(fs, prefixes)
+        files += objects
+        prefixes = [k for k in prefixes if k not in set(objects)]
+    if kept is not None:
+        kept[("glob", p)] = (fs, (files, prefixes))
+    return list(files), list(prefixes)
+
+
+def globbed_prefixes(text: str) -> list[str]:
+    """The prefixes the glob `text` matches that are not objects too, as URLs, in the order
+    `expand` sorts: `expand` reads none of them (a glob reads the objects it matches). Empty
+    for anything but a glob, and for a glob matching no object (`expand`'s error names them)."""
+    fs, p = filesystem(text)
+    protocol = scheme(text) or ""
+    if not any(c in p for c in "*?[") or text.endswith("/"):
+        return []
+    with naming(text):
+        files, prefixes = _globbed(fs, p, protocol)
+    if not files:
+        return []  # `expand`'s error names them
+    prefixes.sort(key=lambda k: _plain(protocol, k).split("/"))
+    return [_url(protocol, k, fs) for k in prefixes]
 
 
 def _objects_too(fs: Any, prefixes: list[str]) -> list[str]:

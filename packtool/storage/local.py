@@ -118,17 +118,21 @@ def expand(
         elif globbing.has_magic(text):
             from packtool.storage.local_glob import local_glob  # globs only: `import loader`
 
-            matches = []
+            matches, folders = [], []
             # Paths sort by their segments, as `walk`'s do (`d/a/x` before `d/a-b`, which a
             # string sort reverses): a folder and a glob of it give the same files one order,
             # so the same doc_ids.
             for p in sorted(map(Path, local_glob(text))):  # `**` enters no linked folder
                 if p.is_file():
                     matches.append(p)
-                elif not p.is_dir():
+                elif p.is_dir():
+                    folders.append(p)
+                else:
                     raise DataError(not_a_file(p))
             if not matches:
-                raise DataError(f"{text}: glob matches no files")
+                from packtool.storage.local_glob import no_files_globbed
+
+                raise DataError(no_files_globbed(text, [str(p) for p in folders]))
         else:
             raise DataError(f"{text}: no such file or folder")
         for p, key in zip(matches, map_ordered(resolve, matches), strict=True):
@@ -136,6 +140,21 @@ def expand(
                 seen.add(key)
                 out.append(p)
     return out
+
+
+def globbed_folders(text: str) -> list[str]:
+    """The folders a local glob input matches, sorted: `expand` reads none of them (a glob
+    reads the files it matches). Empty for anything but a glob matching no file by its name,
+    and for a glob that matches no file (`expand`'s error names its folders)."""
+    if not globbing.has_magic(text) or os.path.lexists(text):
+        return []
+    from packtool.storage.local_glob import local_glob
+
+    matched = local_glob(text)
+    folders = [p for p in matched if os.path.isdir(p)]
+    if len(folders) == len(matched):
+        return []
+    return sorted(folders, key=lambda p: p.split("/"))
 
 
 def walk(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:

@@ -184,6 +184,33 @@ def test_files_a_folder_holds_but_does_not_read_are_named_on_stderr(tmp_path, go
     assert code == 0 and "note:" not in err  # files named one by one: nothing to say
 
 
+def test_folders_a_glob_matches_are_named_not_passed_over(tmp_path):
+    """`'d/*'` over d/top.jsonl, d/a/ and d/b/ read d/top.jsonl and passed the folders over with
+    no word; matching folders only, it said "glob matches no files". A note names them, and the
+    error says what the glob did match."""
+    (tmp_path / "d" / "a").mkdir(parents=True)
+    (tmp_path / "d" / "b").mkdir()
+    (tmp_path / "d" / "a" / "x.jsonl").write_bytes(JSONL)
+    (tmp_path / "d" / "b" / "y.jsonl").write_bytes(JSONL)
+    glob = str(tmp_path / "d" / "*")
+    code, out, err = run("stats", glob)
+    assert code == 1 and one_error_line(err) == (
+        f"error: {glob}: glob matches no files, only 2 folder(s) ({tmp_path / 'd' / 'a'}, "
+        f"{tmp_path / 'd' / 'b'}): a glob reads the files it matches; give a folder itself to "
+        "read its corpus files, or match files ('d/*/*.jsonl', 'd/**/*.jsonl')"
+    )
+    (tmp_path / "d" / "top.jsonl").write_bytes(JSONL)
+    code, out, err = run("pack", glob, "-o", tmp_path / "out", "--max-len", "64")
+    assert code == 0 and "packed 40 of 40 documents" in out, err
+    note = next(line for line in err.splitlines() if line.startswith("note: "))
+    assert note.startswith(
+        f"note: 2 folder(s) matched by the input globs are not read ({tmp_path / 'd' / 'a'}, "
+        f"{tmp_path / 'd' / 'b'}): a glob reads the files it matches"
+    )
+    code, out, err = run("stats", str(tmp_path / "d" / "**" / "*.jsonl"))
+    assert code == 0 and "note:" not in err, err  # its files matched: nothing passed over
+
+
 def test_a_linked_folder_inside_an_input_folder_is_named_not_passed_over(tmp_path):
     """Before: corpus/part2 -> ../common (two .txt files) was skipped with no note: "Tokenized
     1 documents", no skips. The walk does not follow it (a link may loop or lead anywhere); the

@@ -475,6 +475,32 @@ def test_a_prefix_input_notes_the_objects_it_does_not_read(bucket):
     assert code == 0 and "note:" not in err, err
 
 
+def test_prefixes_a_glob_matches_are_named_not_passed_over(bucket):
+    """As a local glob's folders: `s3://corpus/globbed/*` over top.jsonl, a/ and b/ there read
+    top.jsonl alone and said nothing of the prefixes; over the prefixes alone, "glob matches
+    no objects". A note names them; the error says what the glob matched."""
+    import boto3
+
+    client = boto3.client("s3")
+    for key in ("globbed/a/x.jsonl", "globbed/b/y.jsonl"):
+        client.put_object(Bucket="corpus", Key=key, Body=b'{"text": "in a prefix"}\n')
+    code, _, err = run("stats", "s3://corpus/globbed/*")
+    assert code == 1 and one_error_line(err) == (
+        "error: s3://corpus/globbed/*: glob matches no objects, only 2 prefix(s) (s3://corpus/globbed/a, "
+        "s3://corpus/globbed/b): a glob reads the objects it matches; give a prefix itself to read "
+        "its corpus files, or match objects ('d/*/*.jsonl', 'd/**/*.jsonl')"
+    )
+    client.put_object(Bucket="corpus", Key="globbed/top.jsonl", Body=b'{"text": "at the top"}\n')
+    code, out, err = run("stats", "s3://corpus/globbed/*", "--json")
+    assert code == 0 and json.loads(out)["documents"] == 1, err
+    assert (
+        "note: 2 folder(s) matched by the input globs are not read (s3://corpus/globbed/a, "
+        "s3://corpus/globbed/b): a glob reads the files it matches" in err
+    )
+    code, out, err = run("stats", "s3://corpus/globbed/**/*.jsonl", "--json")
+    assert code == 0 and json.loads(out)["documents"] == 3 and "note:" not in err, err
+
+
 @pytest.mark.parametrize("client", ["obstore", "s3fs"])
 def test_a_prefix_input_is_listed_once_for_the_note_and_the_files(
     bucket, s3_server, monkeypatch, client
