@@ -111,6 +111,13 @@ def unchanged_ids(
     )
 
 
+def names_kept(names: dict[str, str], identity: TokenizerIdentity) -> dict[str, str]:
+    """Where the EOS / BOS came from (`Tokenizer.special_names`), for those `identity` still
+    records: pre-tokenized ids get none added (`unchanged_ids`), so none is named (the summary
+    and index.json named the tokenizer's EOS and BOS for ids given neither)."""
+    return {k: v for k, v in names.items() if getattr(identity, f"{k}_id", None) is not None}
+
+
 @dataclass(frozen=True)
 class InputsRead:
     """What the inputs are, learnt once from their footers and first records (`inputs_read`) and
@@ -437,9 +444,7 @@ def tokenize_corpus(
     special_names = read.special_names() if tokenizer is None else tokenizer.special_names
     if read.mode == PRETOKENIZED:  # no EOS or BOS added: none named (the summary named them)
         identity = unchanged_ids(identity, tokenizer)
-        special_names = {
-            k: v for k, v in special_names.items() if getattr(identity, f"{k}_id", None) is not None
-        }
+        special_names = names_kept(special_names, identity)
     schema = tokenized_schema(
         identity,
         config.extra_fields,

@@ -89,6 +89,7 @@ from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
 from packtool.tokenize.summary import TokenizeSummary
 from packtool.tokenize.tables import PRETOKENIZED, RAW, RECORDS
+from packtool.tokenize.tokenize import names_kept
 from packtool.tokenizer.specials import EOS_TOKEN
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 
@@ -461,9 +462,7 @@ class MegatronRun:
             return dict(facts.special_names or {}) if facts is not None else {}
         names = dict(tok.special_names)
         if self.checked.mode == PRETOKENIZED:
-            names = {
-                k: v for k, v in names.items() if self.checked.identity.get(f"{k}_id") is not None
-            }
+            names = names_kept(names, TokenizerIdentity.from_dict(self.checked.identity))
         return names
 
     def check_merged(self) -> None:
