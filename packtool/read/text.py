@@ -23,7 +23,8 @@ def read_text(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[Do
     with read_errors(path), open_stream(path) as f:
         data = f.read()
     nbytes = len(data)
-    data = data.removeprefix(BOM)
+    bom = len(BOM) if data.startswith(BOM) else 0
+    data = data[bom:]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -31,7 +32,7 @@ def read_text(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[Do
         if found is not None:  # a whole file of documents, not one bad document: never a skip
             kind, hint = found
             raise DataError(f"{path}: holds {kind}, not text; {hint}") from None
-        skips.add("invalid_utf8", str(path), f"byte {exc.start}")
+        skips.add("invalid_utf8", str(path), f"byte {exc.start + bom}")  # the file's byte
         return
     if not text:
         skips.add("empty", str(path))

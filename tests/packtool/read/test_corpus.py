@@ -384,6 +384,11 @@ def test_invalid_utf8_text_file_is_a_skip(tmp_path):
     skips = SkipCounter()
     assert read_all([tmp_path / "bad.txt"], skips=skips) == []
     assert skips.examples == {"invalid_utf8": [f"{tmp_path / 'bad.txt'} (byte 4)"]}
+    # After a byte order mark (dropped from the text), the byte is still the file's: it was 4.
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfabc \xff\xfe")
+    skips = SkipCounter()
+    assert read_all([tmp_path / "bom.txt"], skips=skips) == []
+    assert skips.examples == {"invalid_utf8": [f"{tmp_path / 'bom.txt'} (byte 7)"]}
 
 
 def test_parquet_missing_column_is_an_error_naming_the_columns(tmp_path):
