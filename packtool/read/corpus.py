@@ -37,7 +37,7 @@ from packtool.read.documents import (
     SkipCounter,
     run_skips,
 )
-from packtool.read.formats import KNOWN_SHORT, KNOWN_SUFFIXES, read_file
+from packtool.read.formats import KNOWN_SHORT, KNOWN_SUFFIXES, RECORD_SUFFIXES, read_file
 from packtool.storage.local import as_path, expand, input_list, is_dir, is_remote, unread
 from packtool.storage.local import globbed_folders as local_globbed_folders
 
@@ -68,7 +68,8 @@ def expand_inputs(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> li
 
 
 def _expand(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
-    return expand([_linked(i) for i in input_list(inputs)], KNOWN_SUFFIXES, KNOWN_SHORT)
+    links = [_linked(i) for i in input_list(inputs)]
+    return expand(links, KNOWN_SUFFIXES, KNOWN_SHORT, RECORD_SUFFIXES)
 
 
 @dataclass
@@ -117,9 +118,12 @@ def passed_over(inputs: Iterable[str | os.PathLike], examples: int = 3) -> tuple
 
             # A linked prefix (tokenize's output) is read as the version its link names: its
             # other objects are not the corpus's (its own index.json was noted as not read)
-            n, names = listing.unread(str(_linked(raw)), KNOWN_SUFFIXES, examples - len(shown))
+            linked = str(_linked(raw))
+            n, names = listing.unread(
+                linked, KNOWN_SUFFIXES, examples - len(shown), RECORD_SUFFIXES
+            )
         elif is_dir(raw):
-            n, names = unread(Path(raw), KNOWN_SUFFIXES, examples - len(shown))
+            n, names = unread(Path(raw), KNOWN_SUFFIXES, examples - len(shown), RECORD_SUFFIXES)
         else:
             continue
         count += n

@@ -66,6 +66,11 @@ any other suffix is read as plain text, one document per file (decompressed when
 `.gz` / `.zst`), except `.json` (below)."""
 
 
+RECORD_SUFFIXES = tuple(s for f in FORMATS if f is not TEXT for s in f.walked)
+"""Suffixes of the walked files that hold records (JSONL, Parquet): beside them a folder's
+`README.md` is a dataset card, passed over (`storage.passed_over.dataset_cards`)."""
+
+
 def _known_short() -> str:
     plain = dict.fromkeys(s.removesuffix(compression_suffix(s)) for s in KNOWN_SUFFIXES)
     packed = [f.label for f in FORMATS if any(compression_suffix(s) for s in f.walked)]

@@ -18,6 +18,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from packtool.errors import DataError
+from packtool.storage.passed_over import CARD_NOTE, dataset_cards
 from packtool.storage.remote import as_path, filesystem, info_of, naming, network_failure, scheme
 
 _FOUND: ContextVar[dict[Any, tuple[Any, dict[str, Any]]] | None] = ContextVar(
@@ -95,10 +96,13 @@ def glob(folder: Any, pattern: str, recursive: bool = False) -> list[Any]:
     return sorted(out, key=str)
 
 
-def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
+def expand(
+    text: str, suffixes: tuple[str, ...], described: str, records: tuple[str, ...] = ()
+) -> list[Any]:
     """The objects a URL names: one object, every object under a prefix ("folder") whose name
-    ends in `suffixes` (hidden names skipped), or a glob's matches; sorted. One listing per
-    input (fsspec's `find` / `glob`: the store lists 1,000 keys a request)."""
+    ends in `suffixes` (hidden names skipped; dataset cards beside objects ending in `records`
+    too, `local.dataset_cards`), or a glob's matches; sorted. One listing per input (fsspec's
+    `find` / `glob`: the store lists 1,000 keys a request)."""
     fs, p = filesystem(text)
     protocol = scheme(text) or ""
     with naming(text):
@@ -112,7 +116,7 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
         if any(c in p for c in "*?[") and not text.endswith("/"):
             files, prefixes = _globbed(fs, p, protocol)
             if not files:
-                from packtool.storage.local_glob import no_files_globbed
+                from packtool.storage.passed_over import no_files_globbed
 
                 shown = [_url(protocol, k, fs) for k in prefixes]
                 raise DataError(no_files_globbed(text, shown, "objects", "prefix"))
@@ -131,6 +135,8 @@ def expand(text: str, suffixes: tuple[str, ...], described: str) -> list[Any]:
             if not any(hidden(part) for part in k[len(p) :].split("/"))
             and k.lower().endswith(suffixes)
         ]
+        cards = set(dataset_cards(named, records))
+        named = [k for k in named if k not in cards]
         if not named:
             raise DataError(f"{text}: prefix holds no corpus files (looked for {described})")
         # As a local folder's walk: by the names' segments (`sub/z` before `sub-x`, which a
@@ -312,9 +318,12 @@ def _web_name(url: str) -> str:
     return urlunsplit(parts._replace(path="/".join(segments)))
 
 
-def unread(text: str, suffixes: tuple[str, ...], examples: int) -> tuple[int, list[str]]:
+def unread(
+    text: str, suffixes: tuple[str, ...], examples: int, records: tuple[str, ...] = ()
+) -> tuple[int, list[str]]:
     """The objects under the prefix `text` that `expand` passes over (names ending in none of
-    `suffixes`; hidden names and empty objects aside): how many, the first `examples`.
+    `suffixes`; hidden names and empty objects aside; dataset cards beside objects ending in
+    `records`, `local.dataset_cards`): how many, the first `examples`.
     A listing of the prefix (1,000 keys a request; within `finds_kept` the one `expand` uses
     too): a prefix's other objects are never passed over in silence, as a local folder's files
     are not."""
@@ -334,7 +343,7 @@ def unread(text: str, suffixes: tuple[str, ...], examples: int) -> tuple[int, li
     # what a console's "Create folder" writes) was named as an unread file.
     keys = sorted(k for k, info in found.items() if info.get("size", 1) != 0)
     protocol = scheme(text) or ""
-    count, shown = 0, []
+    count, shown, read = 0, [], []
     for k in keys:
         rel = k[len(p) :]
         if any(hidden(part) for part in rel.split("/")):
@@ -343,4 +352,9 @@ def unread(text: str, suffixes: tuple[str, ...], examples: int) -> tuple[int, li
             count += 1
             if len(shown) < examples:
                 shown.append(_url(protocol, k, fs))
+        elif records:
+            read.append(k)
+    cards = dataset_cards(read, records)
+    shown += [_url(protocol, k, fs) + CARD_NOTE for k in cards[: max(0, examples - len(shown))]]
+    count += len(cards)
     return count, shown

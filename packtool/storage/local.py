@@ -83,11 +83,13 @@ def expand(
     inputs: str | os.PathLike | Iterable[str | os.PathLike],
     suffixes: tuple[str, ...],
     described: str,
+    records: tuple[str, ...] = (),
 ) -> list[Path]:
     """Expand files, folders (recursively, names ending in `suffixes` only) and globs into a
     file list. Each input's matches are sorted by their paths' segments (a folder's and a
     glob's alike); the inputs keep their order; duplicates (the same file by resolved path) are
-    dropped. `described` names the suffixes in errors.
+    dropped. `described` names the suffixes in errors. A folder whose walk finds files ending
+    in `records` (record formats) passes over its dataset cards (`dataset_cards`).
 
     Raises:
         DataError: an input matches no file, or names something that is not a regular file.
@@ -101,7 +103,7 @@ def expand(
         if is_remote(text):  # s3://, gs://, hf://, https://, ...: packtool/storage/remote.py
             from packtool.storage import listing  # URLs only: `import loader` stays small
 
-            for p in listing.expand(text, suffixes, described):
+            for p in listing.expand(text, suffixes, described, records):
                 if str(p) not in seen:
                     seen.add(str(p))
                     out.append(p)
@@ -109,6 +111,10 @@ def expand(
         path = Path(text)
         if path.is_dir():
             matches = walk(path, suffixes)
+            from packtool.storage.passed_over import dataset_cards  # `import loader`: not here
+
+            cards = set(dataset_cards(list(map(str, matches)), records))
+            matches = [p for p in matches if str(p) not in cards]
             if not matches:
                 raise DataError(f"{text}: folder has no corpus files (looked for {described})")
         elif path.is_file():
@@ -130,7 +136,7 @@ def expand(
                 else:
                     raise DataError(not_a_file(p))
             if not matches:
-                from packtool.storage.local_glob import no_files_globbed
+                from packtool.storage.passed_over import no_files_globbed
 
                 raise DataError(no_files_globbed(text, [str(p) for p in folders]))
         else:
@@ -181,18 +187,27 @@ def walk(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
     return sorted(found)
 
 
-def unread(folder: Path, suffixes: tuple[str, ...], examples: int) -> tuple[int, list[str]]:
-    """The files under `folder` that `walk` passes over (names ending in none of `suffixes`;
-    hidden names and folders aside, as `walk` skips them) and the links to folders it does not
-    enter (`LINKED_FOLDER`): how many, the first `examples`."""
-    count, shown = 0, []
+def unread(
+    folder: Path, suffixes: tuple[str, ...], examples: int, records: tuple[str, ...] = ()
+) -> tuple[int, list[str]]:
+    """The files under `folder` that `expand` passes over (names ending in none of `suffixes`;
+    hidden names and folders aside, as `walk` skips them; the dataset cards beside files ending
+    in `records`, `dataset_cards`) and the links to folders it does not enter
+    (`LINKED_FOLDER`): how many, the first `examples`."""
+    from packtool.storage.passed_over import CARD_NAMES, CARD_NOTE, dataset_cards
+
+    count, shown, read = 0, [], []
     for top, files in _visible(folder, None, links=True):  # unlistable: `walk` says so
         for name in files:
             if not name.lower().endswith(suffixes):
                 count += 1
                 if len(shown) < examples:
                     shown.append(os.path.join(top, name))
-    return count, shown
+            elif records and (name.lower() in CARD_NAMES or name.lower().endswith(records)):
+                read.append(os.path.join(top, name))  # only what `dataset_cards` looks at
+    cards = dataset_cards(read, records)
+    shown += [card + CARD_NOTE for card in cards[: max(0, examples - len(shown))]]
+    return count + len(cards), shown
 
 
 LINKED_FOLDER = " (a link to a folder, not followed)"

@@ -75,19 +75,3 @@ def _entries(folder: str, hidden: bool) -> list[tuple[str, bool]]:
 
 def _join(base: str, name: str) -> str:
     return os.path.join(base, name) if base else name
-
-
-def no_files_globbed(
-    text: str, folders: list[str], files: str = "files", folder: str = "folder"
-) -> str:
-    """The error for a glob that matches no file: where it matches folders, which (a glob
-    reads the files it matches, never what a folder it matches holds). A bucket's glob
-    (packtool/storage/listing.py) says "objects" and "prefix"."""
-    if not folders:
-        return f"{text}: glob matches no {files}"
-    some = ", ".join(folders[:3]) + (f" and {len(folders) - 3} more" if len(folders) > 3 else "")
-    return (
-        f"{text}: glob matches no {files}, only {len(folders):,} {folder}(s) ({some}): a glob "
-        f"reads the {files} it matches; give a {folder} itself to read its corpus files, or "
-        f"match {files} ('d/*/*.jsonl', 'd/**/*.jsonl')"
-    )

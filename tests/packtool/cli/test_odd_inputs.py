@@ -184,6 +184,29 @@ def test_files_a_folder_holds_but_does_not_read_are_named_on_stderr(tmp_path, go
     assert code == 0 and "note:" not in err  # files named one by one: nothing to say
 
 
+def test_a_dataset_card_beside_records_is_named_not_read(tmp_path):
+    """A folder as the Hub gives it (`huggingface-cli download`): README.md (YAML front matter
+    and prose) beside the records was read as one more document, with no word. It is passed over
+    and named; named by itself, or in a folder of text files alone, it is read."""
+    folder = tmp_path / "ds"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "train.jsonl").write_bytes(JSONL)
+    (folder / "README.md").write_text("---\nlicense: mit\n---\n# A dataset\n")
+    code, out, err = run("pack", folder, "-o", tmp_path / "out", "--max-len", "64")
+    assert code == 0 and "packed 40 of 40 documents" in out, err
+    note = next(line for line in err.splitlines() if line.startswith("note: "))
+    assert (
+        f"1 file(s) in the input folders are not read ({folder / 'README.md'} (a dataset card "
+        in (note)
+    )
+    code, out, err = run("pack", folder / "README.md", "-o", tmp_path / "card", "--max-len", "64")
+    assert code == 0 and "packed 1 of 1 documents" in out, err
+    (folder / "data" / "train.jsonl").unlink()
+    (folder / "data" / "a.txt").write_text("text")
+    code, out, err = run("pack", folder, "-o", tmp_path / "texts", "--max-len", "64")
+    assert code == 0 and "packed 2 of 2 documents" in out and "note:" not in err, err
+
+
 def test_folders_a_glob_matches_are_named_not_passed_over(tmp_path):
     """`'d/*'` over d/top.jsonl, d/a/ and d/b/ read d/top.jsonl and passed the folders over with
     no word; matching folders only, it said "glob matches no files". A note names them, and the

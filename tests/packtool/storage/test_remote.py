@@ -475,6 +475,21 @@ def test_a_prefix_input_notes_the_objects_it_does_not_read(bucket):
     assert code == 0 and "note:" not in err, err
 
 
+def test_a_dataset_card_beside_records_in_a_prefix_is_named_not_read(bucket):
+    """As a local folder's: a prefix's README.md beside its records was read as a document."""
+    import boto3
+
+    client = boto3.client("s3")
+    client.put_object(Bucket="corpus", Key="carded/README.md", Body=b"---\nlicense: mit\n---\n")
+    client.put_object(Bucket="corpus", Key="carded/d/t.jsonl", Body=b'{"text": "a record"}\n')
+    code, out, err = run("stats", "s3://corpus/carded/", "--json")
+    assert code == 0 and json.loads(out)["documents"] == 1, err
+    assert (
+        "note: 1 file(s) in the input folders are not read (s3://corpus/carded/README.md "
+        "(a dataset card beside record files))" in err
+    )
+
+
 def test_prefixes_a_glob_matches_are_named_not_passed_over(bucket):
     """As a local glob's folders: `s3://corpus/globbed/*` over top.jsonl, a/ and b/ there read
     top.jsonl alone and said nothing of the prefixes; over the prefixes alone, "glob matches

@@ -1,0 +1,38 @@
+"""What a folder's (or bucket prefix's) walk and a glob read and what they pass over, the same
+for local paths (packtool/storage/local.py) and buckets (packtool/storage/listing.py): the
+dataset cards a walk passes over, and the error for a glob that matches no file."""
+
+from __future__ import annotations
+
+CARD_NAMES = ("readme.md", "readme.txt", "readme.text")
+"""A dataset's card (`README.md`: what the Hugging Face Hub shows, YAML front matter and prose),
+by its name in any case: `dataset_cards`."""
+CARD_NOTE = " (a dataset card beside record files)"
+"""How `unread` names a dataset card it passes over."""
+
+
+def dataset_cards(paths: list[str], records: tuple[str, ...]) -> list[str]:
+    """Of the files a folder's (or prefix's) walk reads, the dataset cards to pass over: those
+    named `README.md` (`CARD_NAMES`) when the walk also finds files ending in `records` (JSONL,
+    Parquet: a dataset's records, which its card describes). A folder downloaded from the Hub
+    (`huggingface-cli download`, an `hf://` prefix) read its card as one more document; a folder
+    of text files alone reads its README as the text it is. Named by itself, a card is read."""
+    if not records or not any(p.lower().endswith(records) for p in paths):
+        return []
+    return [p for p in paths if p.rsplit("/", 1)[-1].lower() in CARD_NAMES]
+
+
+def no_files_globbed(
+    text: str, folders: list[str], files: str = "files", folder: str = "folder"
+) -> str:
+    """The error for a glob that matches no file: where it matches folders, which (a glob
+    reads the files it matches, never what a folder it matches holds). A bucket's glob
+    (packtool/storage/listing.py) says "objects" and "prefix"."""
+    if not folders:
+        return f"{text}: glob matches no {files}"
+    some = ", ".join(folders[:3]) + (f" and {len(folders) - 3} more" if len(folders) > 3 else "")
+    return (
+        f"{text}: glob matches no {files}, only {len(folders):,} {folder}(s) ({some}): a glob "
+        f"reads the {files} it matches; give a {folder} itself to read its corpus files, or "
+        f"match {files} ('d/*/*.jsonl', 'd/**/*.jsonl')"
+    )
