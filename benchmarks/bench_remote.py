@@ -2,7 +2,9 @@
 files on disk, listing a prefix of 10^4 objects, ranged reads and uploads by library.
 
 Run from the repository root: `python -m benchmarks.bench_remote [--mb 180] [--files 12]
-[--objects 10000]` (a few minutes; needs the dev extras: moto's server, s3fs).
+[--objects 10000] [--latency-ms 20]` (a few minutes; needs the dev extras: moto's server, s3fs).
+`--latency-ms` adds s3:// -> s3:// through the tests' proxy holding every request that long
+(a real store's round trip, which loopback has not), and through it with no delay.
 
 The S3 API server is moto's server mode on loopback, run as a process of its own (as a store is
 a server of its own: it does not share the packing process's interpreter). moto is a Python
@@ -82,11 +84,28 @@ def _timed(args: list[str], server: int, env: dict[str, str] | None = None) -> t
     return seconds, cpu, served
 
 
-def _pack(source: str, out: Path | str, server: int, client: str) -> tuple[float, ...]:
+def _pack(
+    source: str, out: Path | str, server: int, client: str, endpoint: str | None = None
+) -> tuple[float, ...]:
     """One `packtool pack SOURCE -o OUT` process (max_len 4096, default options) through the S3
-    client `client` (`PACKTOOL_S3_CLIENT`)."""
+    client `client` (`PACKTOOL_S3_CLIENT`), to the server at `endpoint` (None: the server's own
+    address; else the delaying proxy's)."""
     args = ["pack", source, "-o", str(out), "--max-len", "4096", "--overwrite"]
-    return _timed(args, server, {**os.environ, "PACKTOOL_S3_CLIENT": client})
+    env = {**os.environ, "PACKTOOL_S3_CLIENT": client}
+    if endpoint is not None:
+        env["AWS_ENDPOINT_URL"] = endpoint
+    return _timed(args, server, env)
+
+
+def _proxy(endpoint: str, latency_ms: float) -> tuple[subprocess.Popen, str]:
+    """The tests' fault proxy (tests/packtool/storage/faulty_proxy.py) as a process of its own in
+    front of `endpoint`, holding every request `latency_ms` before it forwards it (a real
+    store's round trip), and its address."""
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "tests.packtool.storage.faulty_proxy", endpoint, str(latency_ms)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    return proxy, proxy.stdout.readline().strip()
 
 
 def _verify(dataset: Path | str, server: int) -> tuple[float, ...]:
@@ -233,6 +252,11 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=12, help="JSONL files the corpus is cut into")
     ap.add_argument("--objects", type=int, default=10_000, help="objects under the listed prefix")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--latency-ms", type=float, default=0,
+        help="also pack s3:// -> s3:// through a proxy holding every request this long, and "
+        "through the same proxy with no delay (what the proxy alone costs)",
+    )  # fmt: skip
     ap.add_argument("--no-docs", action="store_true", help="print only")
     args = ap.parse_args()
     compile_sources()  # packtool's processes start from bytecode, as installed
@@ -280,11 +304,25 @@ def _measure(
         "s3-s3fs": (prefix, out / "s3-s3fs", "s3fs"),
         "s3s3-s3fs": (prefix, "s3://bench/packed-s3fs", "s3fs"),
     }
+    proxies = {}
+    if args.latency_ms:
+        proxies = {
+            "s3s3-proxy": _proxy(endpoint, 0),
+            "s3s3-delayed": _proxy(endpoint, args.latency_ms),
+        }
+        for name in proxies:
+            cases[name] = (prefix, f"s3://bench/{name}", "auto")
     best: dict[str, tuple[float, ...]] = {}
-    for _ in range(args.repeat):
-        for name, (source, target, how) in cases.items():
-            got = _pack(source, target, server, how)
-            best[name] = min(best.get(name, got), got)
+    try:
+        for _ in range(args.repeat):
+            for name, (source, target, how) in cases.items():
+                via = proxies[name][1] if name in proxies else None
+                got = _pack(source, target, server, how, via)
+                best[name] = min(best.get(name, got), got)
+    finally:
+        for proxy, _ in proxies.values():
+            proxy.terminate()
+            proxy.wait()
     for name in cases.keys() - {"local"}:
         if _shards(cases[name][1]) != _shards(out / "local"):
             raise SystemExit(f"the shards of {name} differ from the local ones")
@@ -340,6 +378,17 @@ def _measure(
         pack_row("pack, s3:// prefix -> s3://", "s3s3"),
         pack_row("pack, s3:// prefix -> local, `PACKTOOL_S3_CLIENT=s3fs`", "s3-s3fs"),
         pack_row("pack, s3:// prefix -> s3://, `PACKTOOL_S3_CLIENT=s3fs`", "s3s3-s3fs"),
+    ]
+    if args.latency_ms:
+        rows += [
+            pack_row("pack, s3:// prefix -> s3:// through the proxy, no delay", "s3s3-proxy"),
+            pack_row(
+                f"pack, s3:// prefix -> s3:// through the proxy, every request held "
+                f"{args.latency_ms:g} ms",
+                "s3s3-delayed",
+            ),
+        ]
+    rows += [
         verify_row("verify the local dataset", "local"),
         verify_row("verify the s3:// dataset (each shard downloaded once)", "s3s3"),
         row("read every object once, 16 MB blocks (no packing)", download),
@@ -353,6 +402,15 @@ def _measure(
         ["what", "seconds", "MB/s of input", "speed vs local", "CPU-s: packtool / server"], rows
     )
     own = best["s3s3"][1] / best["local"][1]
+    delayed = ""
+    if args.latency_ms:
+        held, plain = best["s3s3-delayed"][0], best["s3s3-proxy"][0]
+        delayed = (
+            f"Through the tests' proxy (a Python process forwarding every byte, on the same cores) "
+            f"with every request held {args.latency_ms:g} ms, as a real store's round trip: "
+            f"s3:// -> s3:// {local / held:.2f}x local, against {local / plain:.2f}x through the "
+            f"proxy with no delay: the round trips cost {held - plain:.2f} s of the run.\n\n"
+        )
     body = (
         f"Object storage (`python -m benchmarks.bench_remote`, {time.strftime('%Y-%m-%d')}, "
         f"best of {args.repeat}, interleaved): {mb:.0f} MB of real text in {len(parts)} JSONL "
@@ -379,7 +437,7 @@ def _measure(
         f"(its {len(_shards(out / 'local'))} shard(s) downloaded once each into the scratch "
         f"folder, then checked as files) runs at {checked['local'][0] / checked['s3s3'][0]:.2f}x "
         "the local dataset's (one process each; the speed column says so for verify rows).\n\n"
-        f"{table}"
+        f"{delayed}{table}"
     )
     publish("remote", body, docs=not args.no_docs)
 
