@@ -49,6 +49,10 @@ def doc_array(doc: Any, i: int, *, own: bool = False) -> NDArray:
     # Per document, before it joins others: a bad one fails alone, naming itself.
     check_ids(arr, f"document {i}")
     arr = arr.reshape(-1)
+    if not arr.size and arr.dtype.kind not in "iu":  # `[]` is float64 to numpy
+        # Joined with other documents, a float64 one made their ids float64 too (a pack_stream
+        # state's pending documents, refused at load as damaged).
+        return np.zeros(0, np.int64)
     # One dtype for every document: a uint64 beside an int64 would meet in float64.
     return arr.astype(np.int64, copy=False) if arr.dtype == np.uint64 else arr
 

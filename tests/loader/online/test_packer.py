@@ -886,3 +886,24 @@ def test_rows_popped_before_anything_was_packed_collate_to_an_empty_batch() -> N
     q.flush()
     with pytest.raises(ConfigError, match="the packer was fed lengths only"):
         q.pop().collate()
+
+
+def test_a_state_with_an_empty_list_document_pending_loads() -> None:
+    """Before: `[]` became a float64 array, the pending documents joined as float64 and the
+    state was refused at load as damaged (`pending.tokens ... not a 1-D integer array`)."""
+    p = OnlinePacker(max_len=8)
+    states = []
+
+    def source():
+        yield [1, 2, 3]
+        yield []
+        states.append(p.state_dict())  # by the source: both documents read, not yet pushed
+        yield [4, 5]
+
+    whole = [r.tokens.tolist() for r in p.pack_stream(source())]
+    assert states[0]["pending"]["tokens"].dtype.kind in "iu"
+    q = OnlinePacker(max_len=8)
+    q.load_state_dict(states[0])
+    resumed = [r.tokens.tolist() for r in q.pack_stream(iter([[4, 5]]))]
+    assert resumed == whole == [[1, 2, 3, 4, 5]]
+    assert q.stats["documents_empty"] == 1
