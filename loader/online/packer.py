@@ -159,7 +159,6 @@ class OnlinePacker:
             raise ConfigError("do not mix push() with tokens and push_lengths() in one packer")
         if has:
             tokens = flat_tokens(tokens, int(lengths.sum()))
-            tokens = tokens if owned else private(tokens, given)
             if self._dtype is None:
                 self._dtype = tokens.dtype
             elif tokens.dtype != self._dtype:
@@ -168,8 +167,6 @@ class OnlinePacker:
                 # int64 (checked above), the batch's type.
                 self._dtype = merged if merged.kind in "iu" else np.dtype(np.int64)
         extra, self._columns = token_columns(tokens, columns, self._columns, self.config.long_docs)
-        if not owned:
-            extra = {name: private(v, columns[name]) for name, v in extra.items()}
         mask = extra.get(LOSS_MASK)
         if doc_ids is None:
             doc_ids = np.arange(self._next_doc_id, self._next_doc_id + len(lengths), dtype=np.int64)
@@ -186,6 +183,13 @@ class OnlinePacker:
         self._counts.tokens_supervised -= counts.tokens_supervised
         if has:
             start = doc_start[segs.doc] + segs.start
+            if int(segs.length.sum()) < len(tokens):
+                # Truncated or dropped tokens: only the kept ones are buffered (and checkpointed),
+                # not the whole push (100 documents of 100k tokens truncated to 32: 10M ids).
+                tokens, extra, start = Segments.compact(tokens, extra, start, segs.length)
+            elif not owned:  # the buffer keeps them until the next pack
+                tokens = private(tokens, given)
+                extra = {name: private(v, columns[name]) for name, v in extra.items()}
         else:
             start = EMPTY_I64[:0] if not len(segs.length) else np.zeros(len(segs.length), np.int64)
         part = Segments(

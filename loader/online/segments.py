@@ -21,7 +21,7 @@ class Segments:
     """Segments waiting in the buffer; `start` indexes `tokens` (None: lengths only)."""
 
     tokens: NDArray | None
-    """Token ids of the segments (and possibly of others around them)."""
+    """Token ids of the segments, in order (a push keeps no token its segments left out)."""
     start: NDArray[np.int64]
     """Where each segment starts in `tokens`, `(n,)`."""
     length: NDArray[np.int64]
@@ -46,6 +46,16 @@ class Segments:
             toks, start = toks[lo:hi], start - lo
             cols = {name: v[lo:hi] for name, v in cols.items()}
         return Segments(toks, start, length, self.doc[a:b], self.chunk[a:b], self.holds[a:b], cols)
+
+    @staticmethod
+    def compact(
+        tokens: NDArray, columns: dict[str, NDArray], start: NDArray, length: NDArray
+    ) -> tuple[NDArray, dict[str, NDArray], NDArray[np.int64]]:
+        """The tokens (and per-token columns) of the segments `start`/`length` alone, laid end
+        to end (new arrays), and the segments' starts in them."""
+        toks = kernels.gather_segments(tokens, start, length)
+        cols = {n: kernels.gather_segments(v, start, length) for n, v in columns.items()}
+        return toks, cols, np.cumsum(length) - length
 
     @staticmethod
     def concat(parts: list[Segments]) -> Segments:

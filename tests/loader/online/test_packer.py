@@ -907,3 +907,32 @@ def test_a_state_with_an_empty_list_document_pending_loads() -> None:
     resumed = [r.tokens.tolist() for r in q.pack_stream(iter([[4, 5]]))]
     assert resumed == whole == [[1, 2, 3, 4, 5]]
     assert q.stats["documents_empty"] == 1
+
+
+@pytest.mark.parametrize("long_docs", ["truncate", "drop"])
+def test_the_buffer_and_its_state_hold_only_the_tokens_kept(long_docs) -> None:
+    """Before: a push's whole token array stayed in the buffer and in `state_dict()` (100
+    documents of 100k tokens truncated to 32: 10M ids, 40 MB, for 3,200 buffered tokens)."""
+    lengths = np.r_[np.full(50, 1000), 5, 3]
+    tokens = np.arange(int(lengths.sum()), dtype=np.int64)
+    mask = np.ones(len(tokens), np.uint8)
+    mask[-3:] = 0  # the last document has no supervised token: left out, its tokens too
+    p = OnlinePacker(max_len=32, long_docs=long_docs, buffer_docs=1000)
+    p.push(tokens, lengths, loss_mask=mask)
+    n_segs, n_tokens = p.buffered
+    buf = p.state_dict()["buffer"]
+    assert n_tokens == (50 * 32 + 5 if long_docs == "truncate" else 5)
+    assert len(buf["tokens"]) == n_tokens  # no more ids than the buffer's tokens
+    assert len(buf["columns"]["loss_mask"]) == n_tokens
+    q = OnlinePacker(max_len=32, long_docs=long_docs, buffer_docs=1000)
+    q.load_state_dict(p.state_dict())
+    for packer in (p, q):
+        packer.flush()
+        rows = packer.pop()
+        kept = [
+            t
+            for d in range(50 if long_docs == "truncate" else 0)
+            for t in range(1000 * d, 1000 * d + 32)
+        ] + list(range(50_000, 50_005))
+        assert sorted(rows.tokens.tolist()) == kept
+        assert rows.columns["loss_mask"].tolist() == [1] * len(kept)
