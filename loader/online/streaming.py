@@ -6,7 +6,8 @@ re-pack. A `loss_mask` column (tokenized from labels or a mask) comes along and 
 batches' labels; the packer's `long_docs` must then be `truncate` or `drop`.
 
 Sharding: there are `world_size × num_workers` slots; slot `rank × num_workers + worker` takes
-the documents whose global index (position in the sorted inputs) is `slot` modulo the slot count
+the documents whose global index (position in the inputs: in the order given, a folder's or a
+glob's files in path order) is `slot` modulo the slot count
 (`shard_by="document"`), or the whole row groups whose global index is (`shard_by="row_group"`:
 reads only its own row groups; even only when there are many more row groups than slots). Every
 document goes to exactly one slot; each slot packs its own stream, so the rows depend on the
@@ -15,7 +16,8 @@ counted as truncated/dropped by the long-document policy).
 
 Resume: `state_dict()` holds the next row group, the packer's buffer (tokens included), packed rows
 not yet batched and the counters; `load_state_dict()` continues exactly, so the stream before and
-after a restart equals an uninterrupted run. It follows the torchdata `StatefulDataLoader`
+after a restart equals an uninterrupted run. A state is keyed on the input files (each one's
+resolved path, size and documents, in order) and the settings: one of other inputs is refused. It follows the torchdata `StatefulDataLoader`
 protocol (one state per worker, restored in the same worker); in the main process
 (`num_workers=0`) load the dataset's own state before iterating.
 """
@@ -129,14 +131,21 @@ class StreamingPackedDataset(IterableDataset):
         # the global row-group table: (file index, row group, first global document index)
         groups: list[tuple[int, int, int, int]] = []
         first = 0
+        sizes = [st.st_size for st in storage.stat_all(self.paths)]
+        inputs = []
         for f, p in enumerate(self.paths):
             meta = storage.parquet_file(p).metadata
             for g in range(meta.num_row_groups):
                 n = meta.row_group(g).num_rows
                 groups.append((f, g, first, n))
                 first += n
+            inputs.append((str(storage.resolve(p)), int(sizes[f]), int(meta.num_rows)))
         self.groups = groups
         self.num_documents = first
+        self._inputs = inputs
+        """What a state is keyed on: `(resolved path, bytes, documents)` of each file, in order
+        (file names and a total were no key: another folder, or the files in another order,
+        resumed with documents lost and repeated)."""
         self.epoch = 0
         self._resume: dict[str, Any] | None = None
         self._live: dict[str, Any] | None = None  # the running iterator's objects, for state_dict
@@ -246,10 +255,15 @@ class StreamingPackedDataset(IterableDataset):
 
     # ---- resume -----------------------------------------------------------------------------
 
-    def _key(self) -> dict[str, Any]:
+    def _key(self, *, legacy: bool = False) -> dict[str, Any]:
+        """What a state is saved under; `legacy`: as states saved before `inputs` were (file
+        names and the total of documents, all one can compare such a state on)."""
+        if legacy:
+            names = {"files": [Path(p).name for p in self.paths], "documents": self.num_documents}
+        else:
+            names = {"inputs": [list(i) for i in self._inputs]}
         return {
-            "files": [Path(p).name for p in self.paths],
-            "documents": self.num_documents,
+            **names,
             "config": config_state(self.config),
             "rows_per_batch": self.rows_per_batch,
             "tokens_per_batch": self.tokens_per_batch,
@@ -305,7 +319,14 @@ class StreamingPackedDataset(IterableDataset):
         check.int_(state["epoch"], "epoch")  # (set_epoch takes >= 0 only)
         # other settings first: the packer's state is checked against these settings, and a
         # state of another max_len was called "malformed ... damaged"
-        diff = settings_diff(state["key"], self._key())
+        key = state["key"]
+        legacy = "inputs" not in key and "files" in key
+        if not legacy and (where := _inputs_diff(key.get("inputs"), self._inputs)):
+            raise DataError(
+                f"the state was saved with other inputs ({where}); resume with the same files, "
+                "in the same order"
+            )
+        diff = settings_diff(key, self._key(legacy=legacy))
         if diff:
             raise DataError(
                 f"the state was saved with other inputs or settings ({', '.join(diff)}); resume "
@@ -363,3 +384,27 @@ class StreamingPackedDataset(IterableDataset):
         """The running packer's counters (this process / worker)."""
         live = self._live
         return {} if live is None else live["packer"].stats
+
+
+def _inputs_diff(theirs: Any, mine: list[tuple[str, int, int]]) -> str | None:
+    """How the inputs a state was saved with (`theirs`, from its key) differ from `mine`, in a
+    few words; None when they are the same."""
+
+    def show(entry: Any) -> str:
+        if isinstance(entry, (list, tuple)) and len(entry) == 3:
+            path, size, docs = entry
+            return f"{path} ({size} bytes, {docs} documents)"
+        return repr(entry)[:80]
+
+    if not isinstance(theirs, (list, tuple)):
+        return f"the state names its inputs as {show(theirs)}"
+    for i, (t, m) in enumerate(zip(theirs, mine, strict=False)):
+        try:
+            same = isinstance(t, (list, tuple)) and bool(tuple(t) == m)
+        except (TypeError, ValueError):  # an array in a damaged state
+            same = False
+        if not same:
+            return f"input file {i} is {show(m)}, the state's {show(t)}"
+    if len(theirs) != len(mine):
+        return f"input files: {len(mine)} here, {len(theirs)} in the state"
+    return None

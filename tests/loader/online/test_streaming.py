@@ -365,3 +365,50 @@ def test_a_state_of_another_version_is_a_data_error(tokenized, version) -> None:
     state = {**make(path).state_dict(), "version": version}
     with pytest.raises(DataError, match="not a StreamingPackedDataset state"):
         make(path).load_state_dict(state)
+
+
+def test_a_state_of_other_input_files_is_refused(tokenized, tmp_path) -> None:
+    """Before: the key was the files' names and the total of documents, so a state of [A, B]
+    resumed [B, A], or a folder of files of the same names: documents lost and repeated."""
+    import shutil
+
+    path, _ = tokenized
+    files = sorted(path.glob("*.parquet"))
+    ds = make(files)
+    it = iter(ds)
+    head = [next(it) for _ in range(3)]
+    state = _roundtrip(ds.state_dict())
+    copied = shutil.copytree(path, tmp_path / "copy")
+    with pytest.raises(DataError, match=re.escape(f"input file 0 is {copied}/part-00000.parquet")):
+        make(copied).load_state_dict(state)
+    with pytest.raises(DataError, match=re.escape(f"input file 1 is {copied}/part-00000.parquet")):
+        make([files[0], copied / "part-00000.parquet"]).load_state_dict(
+            make([files[0], copied / "part-00001.parquet"]).state_dict()
+        )
+    with pytest.raises(DataError, match=r"other inputs \(input file 0 is .*part-00001.parquet"):
+        make(files[::-1]).load_state_dict(state)
+    with pytest.raises(DataError, match="input files: 1 here, 2 in the state"):
+        make([files[0]]).load_state_dict(make(files).state_dict())
+    # the same files named another way (a folder, a relative path) are the same inputs
+    same = make(path)
+    same.load_state_dict(state)
+    tail = list(same)
+    full = list(make(files))
+    assert [b["input_ids"].tolist() for b in head + tail] == [b["input_ids"].tolist() for b in full]
+
+
+def test_a_state_saved_before_the_inputs_were_keyed_still_loads(tokenized) -> None:
+    path, _ = tokenized
+    ds = make(path)
+    it = iter(ds)
+    head = [next(it) for _ in range(3)]
+    state = ds.state_dict()
+    del state["key"]["inputs"]  # what such a state held instead:
+    state["key"].update(files=["part-00000.parquet", "part-00001.parquet"], documents=200)
+    old = make(path)
+    old.load_state_dict(state)
+    both = [b["input_ids"].tolist() for b in head + list(old)]
+    assert both == [b["input_ids"].tolist() for b in make(path)]
+    state["key"]["documents"] = 199
+    with pytest.raises(DataError, match=r"other inputs or settings \(documents\)"):
+        make(path).load_state_dict(state)
