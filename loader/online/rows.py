@@ -176,7 +176,9 @@ class RowBatcher:
             self.pending = PackedRows.concat([self.pending, rows]) if self.pending.n_rows else rows
 
     def ready(self, *, final: bool = False) -> Iterator[PackedRows]:
-        """Complete batches (and, with `final`, the incomplete last one)."""
+        """Complete batches (and, with `final`, the incomplete last one). A batch is complete
+        when no further row can join it: `rows_per_batch` rows, or rows that fill
+        `tokens_per_batch` exactly or leave too little room for the next row."""
         rows = self.pending
         a = self.handed = 0
         if self.rows_per_batch is not None:
@@ -192,8 +194,8 @@ class RowBatcher:
                 base = cum[a - 1] if a else 0
                 b = int(np.searchsorted(cum, base + budget, side="right"))
                 b = max(b, a + 1)
-                if b >= rows.n_rows and not final:
-                    break  # the batch might still take more rows
+                if b >= rows.n_rows and not final and cum[b - 1] - base < budget:
+                    break  # the batch might still take more rows (one exactly full cannot)
                 a, start = b, a
                 self.handed = a
                 yield rows.slice(start, b)

@@ -936,3 +936,20 @@ def test_the_buffer_and_its_state_hold_only_the_tokens_kept(long_docs) -> None:
         ] + list(range(50_000, 50_005))
         assert sorted(rows.tokens.tolist()) == kept
         assert rows.columns["loss_mask"].tolist() == [1] * len(kept)
+
+
+def test_a_batch_exactly_at_its_token_budget_is_complete() -> None:
+    """Before: the last batch was complete only when a row after it did not fit, so with
+    `drop_last=True` a final batch of exactly `tokens_per_batch` tokens was dropped."""
+    rows = PackedRows(
+        np.array([0, 1, 2, 3]), np.array([5, 4, 9]), np.arange(3), np.zeros(3, np.int32), None
+    )
+    rb = RowBatcher(max_len=9, tokens_per_batch=9)
+    rb.add(rows)
+    assert [b.seg_len.tolist() for b in rb.ready()] == [[5, 4], [9]]
+    assert rb.rest().n_rows == 0
+    docs = [np.arange(16) + 100 * i for i in range(4)]  # each exactly one full row
+    for drop_last in (False, True):
+        p = OnlinePacker(max_len=16, buffer_docs=2)
+        got = list(p.batches(iter(docs), tokens_per_batch=32, drop_last=drop_last))
+        assert [int(b["cu_seqlens"][-1]) for b in got] == [32, 32]
