@@ -232,12 +232,20 @@ def blank(batch: dict[str, Any]) -> None:
         batch["doc_ids"].fill_(-1)
 
 
-def check_collate_kwargs(kwargs: dict[str, Any]) -> None:
-    """Refuse keyword arguments `collate` does not take, when they are given (a bad one would
-    fail every batch, from the first one on).
+def check_collate_kwargs(
+    kwargs: dict[str, Any], batch_tokens: tuple[int, str] | None = None
+) -> None:
+    """Refuse keyword arguments `collate` does not take, or values it refuses, when they are
+    given (a bad one would fail every batch, from the first one on, in a DataLoader worker).
+
+    Args:
+        kwargs: The keyword arguments.
+        batch_tokens: The most tokens a batch can hold and what sets that, in words (e.g.
+            `(96, "rows_per_batch=3 × max_len=32 = 96 tokens")`): `pad_tokens` must be at
+            least that.
 
     Raises:
-        ConfigError: naming the unknown ones and the valid ones.
+        ConfigError: naming the unknown ones and the valid ones, or the bad value.
     """
     import inspect
 
@@ -254,3 +262,13 @@ def check_collate_kwargs(kwargs: dict[str, Any]) -> None:
     for name in ("seq_idx", "varlen_keys", "pin_memory"):
         if name in kwargs and not isinstance(kwargs[name], bool):
             raise ConfigError(f"collate_kwargs {name} must be True or False, got {kwargs[name]!r}")
+    layout = kwargs.get("layout", "packtool")
+    if not isinstance(layout, str) or layout not in ("packtool", "hf"):
+        raise ConfigError(f"collate_kwargs layout must be 'packtool' or 'hf', got {layout!r}")
+    pad = kwargs.get("pad_tokens")
+    if batch_tokens is not None and pad is not None and pad < batch_tokens[0]:
+        most, why = batch_tokens
+        raise ConfigError(
+            f"collate_kwargs pad_tokens={pad} is smaller than a batch can hold ({why}); raise "
+            f"pad_tokens to at least {most}"
+        )

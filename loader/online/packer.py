@@ -563,14 +563,15 @@ class OnlinePacker:
         **collate_kwargs: Any,
     ) -> Iterator[dict]:
         """Loader batches (`loader.collate` dicts) from a stream; see `RowBatcher`. The rows not
-        yet batched are in `state_dict()`."""
+        yet batched are in `state_dict()`. `collate_kwargs` are checked now (a `pad_tokens`
+        below the most tokens a batch can hold is a `ConfigError`)."""
         batcher = RowBatcher(
             max_len=self.config.max_len,
             rows_per_batch=rows_per_batch,
             tokens_per_batch=tokens_per_batch,
         )
         check_bool("drop_last", drop_last)
-        check_collate_kwargs(collate_kwargs)  # now: a TypeError at the first batch, before
+        check_collate_kwargs(collate_kwargs, batcher.batch_tokens)  # now, not at a batch
         return self._batches(source, batcher, drop_last, collate_kwargs)
 
     def _batches(

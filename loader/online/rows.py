@@ -164,12 +164,22 @@ class RowBatcher:
                     f"tokens_per_batch {tokens_per_batch} is smaller than max_len {max_len}: a "
                     "full row would not fit a batch; raise tokens_per_batch or lower max_len"
                 )
+        self.max_len = max_len
         self.rows_per_batch = rows_per_batch
         self.tokens_per_batch = tokens_per_batch
         self.pending: PackedRows = _EMPTY_ROWS
         self.handed = 0
         """Rows of `pending` a running `ready()` has yielded (it trims `pending` only at its
         end): a consumer that stops it early must not be given them again (`rest`)."""
+
+    @property
+    def batch_tokens(self) -> tuple[int, str]:
+        """The most tokens a batch can hold, and what sets that, in words (what a static
+        shape's `pad_tokens` must hold: `loader.collate.check_collate_kwargs`)."""
+        if self.tokens_per_batch is not None:
+            return self.tokens_per_batch, f"tokens_per_batch={self.tokens_per_batch}"
+        k, n = self.rows_per_batch, self.max_len
+        return k * n, f"rows_per_batch={k} × max_len={n} = {k * n} tokens"
 
     def add(self, rows: PackedRows) -> None:
         if rows.n_rows:

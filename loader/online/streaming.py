@@ -70,7 +70,8 @@ class StreamingPackedDataset(IterableDataset):
         rank: This data-parallel rank (default: torch.distributed's, else 0).
         world_size: Data-parallel ranks (default: torch.distributed's, else 1).
         shard_by: `document` (index modulo slots) or `row_group`.
-        collate_kwargs: Passed to `loader.collate` (e.g. `layout="hf"`).
+        collate_kwargs: Passed to `loader.collate` (e.g. `layout="hf"`); checked here (a
+            static shape's `pad_tokens` must hold the most tokens a batch can).
 
     Call `set_epoch(e)` before each epoch; the epoch seeds the row order.
 
@@ -99,7 +100,7 @@ class StreamingPackedDataset(IterableDataset):
             raise ConfigError("a training stream must be reproducible: leave buffer_seconds unset")
         if shard_by not in SHARD_BY:
             raise ConfigError(f"shard_by {shard_by!r} is unknown; choose one of {list(SHARD_BY)}")
-        RowBatcher(
+        batcher = RowBatcher(
             max_len=config.max_len, rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch
         )  # validates
         self.config = config
@@ -109,7 +110,8 @@ class StreamingPackedDataset(IterableDataset):
         self.drop_last = drop_last
         self.shard_by = shard_by
         self.collate_kwargs = dict(collate_kwargs or {})
-        check_collate_kwargs(self.collate_kwargs)  # now, not at the first batch
+        # now, not at the first batch (in a DataLoader worker: a worker's traceback)
+        check_collate_kwargs(self.collate_kwargs, batcher.batch_tokens)
         self.rank, self.world_size = dist_rank_world(rank, world_size)
         if isinstance(inputs, (str, os.PathLike)):
             inputs = [inputs]

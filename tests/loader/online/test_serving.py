@@ -349,6 +349,8 @@ def test_infinite_window_waits_for_a_full_budget_or_close() -> None:
         ({"collate_kwargs": {"pad_tokens": "64"}}, "pad_tokens must be an integer >= 1, got '64'"),
         ({"collate_kwargs": {"pad_docs": "4"}}, "pad_docs must be an integer >= 1, got '4'"),
         ({"collate_kwargs": {"seq_idx": "yes"}}, "seq_idx must be True or False"),
+        # Before: accepted, then every batch failed with collate's ValueError.
+        ({"collate_kwargs": {"layout": "HF"}}, "layout must be 'packtool' or 'hf', got 'HF'"),
     ],
 )
 def test_collate_kwargs_are_checked_upfront(kwargs: dict, match: str) -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from loader.online.packer import OnlinePacker
 from loader.online.state import LATER_KEYS
 from loader.online.streaming import StreamingPackedDataset
 from packtool.dataset.tokenized import tokenized_schema
@@ -412,3 +413,30 @@ def test_a_state_saved_before_the_inputs_were_keyed_still_loads(tokenized) -> No
     state["key"]["documents"] = 199
     with pytest.raises(DataError, match=r"other inputs or settings \(documents\)"):
         make(path).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (
+            {"collate_kwargs": {"pad_tokens": 64}},
+            r"pad_tokens=64 is smaller than a batch can hold \(rows_per_batch=3 × max_len=32 = 96 "
+            r"tokens\); raise pad_tokens to at least 96",
+        ),
+        (
+            {"rows_per_batch": None, "tokens_per_batch": 64, "collate_kwargs": {"pad_tokens": 48}},
+            r"pad_tokens=48 is smaller than a batch can hold \(tokens_per_batch=64\)",
+        ),
+        ({"collate_kwargs": {"layout": "HF"}}, "layout must be 'packtool' or 'hf', got 'HF'"),
+    ],
+)
+def test_collate_kwargs_a_batch_would_fail_on_are_refused_when_made(tokenized, kw, match) -> None:
+    """Before: accepted, then every batch failed (in a DataLoader worker: its traceback)."""
+    path, _ = tokenized
+    with pytest.raises(ConfigError, match=match):
+        make(path, **kw)
+    with pytest.raises(ConfigError, match=match):
+        settings = {"rows_per_batch": 3, **{k: v for k, v in kw.items() if k != "collate_kwargs"}}
+        settings = {k: v for k, v in settings.items() if v is not None}
+        OnlinePacker(max_len=MAX_LEN).batches(iter([]), **settings, **kw["collate_kwargs"])
+    make(path, collate_kwargs={"pad_tokens": 96, "layout": "hf"})  # a batch's most: fine
