@@ -6,6 +6,7 @@ every document leaves here as a 1-D integer array whose ids fit the batch's int6
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -55,6 +56,43 @@ def doc_array(doc: Any, i: int, *, own: bool = False) -> NDArray:
         return np.zeros(0, np.int64)
     # One dtype for every document: a uint64 beside an int64 would meet in float64.
     return arr.astype(np.int64, copy=False) if arr.dtype == np.uint64 else arr
+
+
+def column_values(values: Any, where: str) -> Any:
+    """A per-token column (a loss mask) as numpy sees it: a torch tensor, on any device and
+    grad-tracking or not, made a CPU numpy array (one of a float type numpy lacks, bfloat16 or
+    float8, in float32: exact for 0/1, and the value checks follow); anything else as it is.
+
+    Raises:
+        DataError: A tensor numpy cannot read that is no float either, named by `where`.
+    """
+    if not hasattr(values, "detach") or not hasattr(values, "is_floating_point"):
+        return values
+    tensor = values.detach().cpu()
+    try:
+        return tensor.numpy()
+    except TypeError:  # "Got unsupported ScalarType BFloat16"
+        if tensor.is_floating_point():
+            return tensor.float().numpy()
+        raise DataError(f"{where} must be numbers, got {tensor.dtype}") from None
+
+
+def joined_masks(masks: Iterable[Any], arrays: list[NDArray]) -> NDArray | None:
+    """The loss masks of documents `arrays`, one each (arrays, lists or tensors, on any device
+    and grad-tracking or not), checked against their documents and joined end to end (None for
+    no documents).
+
+    Raises:
+        DataError: Not one mask per document, or one of another length than its document.
+    """
+    masks = [np.asarray(column_values(m, f"document {i}: loss mask")) for i, m in enumerate(masks)]
+    if len(masks) != len(arrays):
+        raise DataError(f"{len(masks)} loss masks for {len(arrays)} documents")
+    masks = [m.reshape(-1) for m in masks]
+    for i, (a, m) in enumerate(zip(arrays, masks, strict=True)):
+        if len(m) != len(a):  # a total alone lets masks slide across documents
+            raise DataError(f"document {i}: its loss mask has {len(m)} values for {len(a)} tokens")
+    return np.concatenate(masks) if masks else None
 
 
 def doc_id_array(doc_ids: Any, n: int) -> NDArray[np.int64]:

@@ -36,7 +36,15 @@ from numpy.typing import NDArray
 from loader.collate import check_collate_kwargs
 from loader.config import OnlineConfig, check_bool, check_int, make_config
 from loader.online.bucketed import bucketed_assign
-from loader.online.inputs import doc_array, doc_id_array, flat_tokens, private, token_columns
+from loader.online.inputs import (
+    column_values,
+    doc_array,
+    doc_id_array,
+    flat_tokens,
+    joined_masks,
+    private,
+    token_columns,
+)
 from loader.online.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.online.segments import Segments
 from loader.online.state import check_packer_state, config_state
@@ -112,11 +120,12 @@ class OnlinePacker:
         `doc_ids` default to a running count. Empty documents are counted and skipped; long ones
         follow `long_docs`. Packs run as soon as the buffer is full.
 
-        `loss_mask` (0/1, one per token, 1 = supervised) travels with the tokens into the rows
-        and becomes the batches' labels (`loader.collate`). With a mask no document is split
-        (`long_docs="split"` is refused: use `truncate` or `drop`), and a document without a
-        supervised token past its first (the first is never a target: labels shift) is left
-        out and counted (`documents_unsupervised`, in `documents_dropped`). A packer takes documents all with a mask or all without.
+        `loss_mask` (0/1, one per token, 1 = supervised; an array or any tensor) travels with
+        the tokens into the rows and becomes the batches' labels (`loader.collate`). With a
+        mask no document is split (`long_docs="split"` is refused: use `truncate` or `drop`),
+        and a document without a supervised token past its first (the first is never a target:
+        labels shift) is left out and counted (`documents_unsupervised`, in
+        `documents_dropped`). A packer takes documents all with a mask or all without.
         `columns` carries any declared optional per-token column the same way, by name
         (`loss_mask=m` is `columns={"loss_mask": m}`).
 
@@ -138,6 +147,7 @@ class OnlinePacker:
         """`push()`; `owned`: the packer may keep the arrays (else any the caller could reuse,
         sharing its memory, is copied: the buffer keeps them until the next pack)."""
         given = tokens = tensor_ids(tokens, "token ids")  # a CUDA or grad-tracking tensor too
+        columns = {name: column_values(v, name) for name, v in columns.items()}  # a mask too
         if self._closed:
             raise PackerClosedError(
                 "this OnlinePacker was closed by its final flush(); create a new one for more data"
@@ -248,26 +258,16 @@ class OnlinePacker:
         """Add documents given one token array (or list of ints) each, and optionally a loss
         mask (0/1 per token) for each."""
         arrays = [doc_array(d, i) for i, d in enumerate(docs)]
-        self._push_arrays(arrays, None if masks is None else [np.asarray(m) for m in masks])
+        self._push_arrays(arrays, None if masks is None else joined_masks(masks, arrays))
 
-    def _push_arrays(self, arrays: list[NDArray], masks: list[NDArray] | None = None) -> None:
-        """Add documents that `doc_array` made 1-D integer arrays."""
+    def _push_arrays(self, arrays: list[NDArray], mask: NDArray | None = None) -> None:
+        """Add documents that `doc_array` made 1-D integer arrays (`mask`: their loss masks,
+        joined: `joined_masks`)."""
         if not arrays:
             return
         lengths = np.fromiter((len(a) for a in arrays), np.int64, len(arrays))
         non_empty = [a for a in arrays if len(a)]
         tokens = np.concatenate(non_empty) if non_empty else np.zeros(0, np.int64)
-        mask = None
-        if masks is not None:
-            if len(masks) != len(arrays):
-                raise DataError(f"{len(masks)} loss masks for {len(arrays)} documents")
-            masks = [m.reshape(-1) for m in masks]
-            for i, (a, m) in enumerate(zip(arrays, masks, strict=True)):
-                if len(m) != len(a):  # a total alone lets masks slide across documents
-                    raise DataError(
-                        f"document {i}: its loss mask has {len(m)} values for {len(a)} tokens"
-                    )
-            mask = np.concatenate(masks) if masks else None
         self._push(tokens, lengths, None, {} if mask is None else {LOSS_MASK: mask}, owned=True)
 
     def _add(self, part: Segments) -> None:

@@ -953,3 +953,27 @@ def test_a_batch_exactly_at_its_token_budget_is_complete() -> None:
         p = OnlinePacker(max_len=16, buffer_docs=2)
         got = list(p.batches(iter(docs), tokens_per_batch=32, drop_last=drop_last))
         assert [int(b["cu_seqlens"][-1]) for b in got] == [32, 32]
+
+
+@pytest.mark.parametrize("api", ["push", "push_docs"])
+def test_a_loss_mask_given_as_a_tensor_goes_the_way_of_the_ids(api) -> None:
+    """Before: torch's own errors (`Got unsupported ScalarType BFloat16`, `Can't call numpy()
+    on Tensor that requires grad`); token ids given so were taken."""
+    toks = torch.tensor([1, 2, 3, 4])
+    masks = [
+        torch.tensor([0, 1, 1, 1], dtype=torch.bfloat16),
+        torch.tensor([0.0, 1.0, 1.0, 1.0], requires_grad=True),
+        torch.tensor([0, 1, 1, 1], dtype=torch.uint8),
+    ]
+    for m in masks:
+        p = OnlinePacker(max_len=8, long_docs="truncate")
+        if api == "push":
+            p.push(toks, [4], loss_mask=m)
+        else:
+            p.push_docs([toks], [m])
+        m.data.zero_()  # the caller reuses its tensor: the buffered mask stays as pushed
+        p.flush()
+        assert p.pop().columns["loss_mask"].tolist() == [0, 1, 1, 1]
+    p = OnlinePacker(max_len=8, long_docs="truncate")
+    with pytest.raises(DataError, match="loss_mask values must be whole numbers"):
+        p.push(toks, [4], loss_mask=torch.tensor([0, 0.5, 1, 1], dtype=torch.bfloat16))
