@@ -95,6 +95,25 @@ def joined_masks(masks: Iterable[Any], arrays: list[NDArray]) -> NDArray | None:
     return np.concatenate(masks) if masks else None
 
 
+def length_array(lengths: Any) -> NDArray[np.int64]:
+    """The document lengths given to `push`, as int64.
+
+    Raises:
+        DataError: Not a 1-D integer array, or a length that is negative or past int64.
+    """
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
+        raise DataError(f"lengths must be a 1-D integer array, got {lengths.dtype} {lengths.shape}")
+    if lengths.dtype == np.uint64 and lengths.size and int(lengths.max()) > INT64_MAX:
+        # cast to int64 it wrapped, and was called a negative length
+        i = int(np.argmax(lengths))
+        raise DataError(f"document {i} has a length of {int(lengths[i])}, too large (past int64)")
+    lengths = lengths.astype(np.int64, copy=False)
+    if lengths.size and int(lengths.min()) < 0:
+        raise DataError(f"document {int(np.argmin(lengths))} has a negative length")
+    return lengths
+
+
 def doc_id_array(doc_ids: Any, n: int) -> NDArray[np.int64]:
     """The ids given for `n` documents, as int64.
 

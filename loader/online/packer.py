@@ -42,6 +42,7 @@ from loader.online.inputs import (
     doc_id_array,
     flat_tokens,
     joined_masks,
+    length_array,
     private,
     token_columns,
 )
@@ -152,14 +153,7 @@ class OnlinePacker:
             raise PackerClosedError(
                 "this OnlinePacker was closed by its final flush(); create a new one for more data"
             )
-        lengths = np.asarray(lengths)
-        if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
-            raise DataError(
-                f"lengths must be a 1-D integer array, got {lengths.dtype} {lengths.shape}"
-            )
-        lengths = lengths.astype(np.int64, copy=False)
-        if lengths.size and int(lengths.min()) < 0:
-            raise DataError(f"document {int(np.argmin(lengths))} has a negative length")
+        lengths = length_array(lengths)
         if doc_ids is not None:
             doc_ids = doc_id_array(doc_ids, len(lengths))
         has = tokens is not None

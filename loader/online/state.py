@@ -272,7 +272,7 @@ def check_packer_state(
     if state["buffer"] is not None:
         if has_tokens is None:  # set by the first push, and a buffer needs a push
             raise check.fail(f"{at}has_tokens", "is None but the buffer holds segments")
-        _check_buffer(check, state["buffer"], f"{at}buffer", has_tokens, config.max_len)
+        _check_buffer(check, state["buffer"], f"{at}buffer", has_tokens, config)
     if state["out"] is not None:
         _check_rows(check, state["out"], f"{at}out", has_tokens, config.max_len)
     if state.get("pending") is not None:
@@ -296,11 +296,13 @@ def _check_pending(
 
 
 def _check_buffer(
-    check: StateCheck, state: Any, path: str, has_tokens: bool | None, max_len: int
+    check: StateCheck, state: Any, path: str, has_tokens: bool | None, config: OnlineConfig
 ) -> None:
     buf = check.dict_(state, path, _SEGMENT_KEYS)
     length = check.ints(buf["length"], f"{path}.length")
-    n = len(length)
+    n, max_len = len(length), config.max_len
+    if n > config.buffer_docs:  # a push packs it at buffer_docs; past that, the next one failed
+        raise check.fail(f"{path}.length", f"holds {n} segments > buffer_docs {config.buffer_docs}")
     if n and length.max() > max_len:  # every buffered piece was cut to max_len when pushed
         raise check.fail(f"{path}.length", f"has a segment of {int(length.max())} > max_len")
     if n and length.min() == 0:  # empty documents are counted, never buffered

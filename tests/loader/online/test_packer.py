@@ -977,3 +977,30 @@ def test_a_loss_mask_given_as_a_tensor_goes_the_way_of_the_ids(api) -> None:
     p = OnlinePacker(max_len=8, long_docs="truncate")
     with pytest.raises(DataError, match="loss_mask values must be whole numbers"):
         p.push(toks, [4], loss_mask=torch.tensor([0, 0.5, 1, 1], dtype=torch.bfloat16))
+
+
+def test_a_state_buffering_more_than_buffer_docs_segments_is_damage() -> None:
+    """Before: it loaded, and the next push failed with an IndexError inside the buffer."""
+    p = OnlinePacker(max_len=32, buffer_docs=16)
+    p.push(np.arange(100), np.full(10, 10))
+    state = p.state_dict()
+    buf = state["buffer"]
+    for k in ("start", "length", "doc", "chunk", "holds"):
+        buf[k] = np.concatenate([buf[k]] * 4)
+    with pytest.raises(DataError, match="buffer.length holds 40 segments > buffer_docs 16"):
+        OnlinePacker(max_len=32, buffer_docs=16).load_state_dict(state)
+    OnlinePacker(max_len=32, buffer_docs=40).load_state_dict(
+        {**state, "config": {**state["config"], "buffer_docs": 40}}
+    )
+
+
+def test_a_length_past_int64_is_too_large_not_negative() -> None:
+    """Before: cast to int64 it wrapped: "document 0 has a negative length"."""
+    with pytest.raises(
+        DataError, match="document 1 has a length of 9223372036854775808, too large"
+    ):
+        OnlinePacker(max_len=8).push(np.array([1, 2]), np.array([2, 2**63], np.uint64))
+    with pytest.raises(
+        DataError, match="document 0 has a length of 18446744073709551615, too large"
+    ):
+        OnlinePacker(max_len=8).push_lengths(np.array([2**64 - 1], np.uint64))
