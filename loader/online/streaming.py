@@ -17,7 +17,7 @@ counted as truncated/dropped by the long-document policy).
 Resume: `state_dict()` holds the next row group, the packer's buffer (tokens included), packed rows
 not yet batched and the counters; `load_state_dict()` continues exactly, so the stream before and
 after a restart equals an uninterrupted run. A state is keyed on the input files (each one's
-resolved path, size and documents, in order) and the settings: one of other inputs is refused. It follows the torchdata `StatefulDataLoader`
+name, size and documents, in order) and the settings: one of other inputs is refused. It follows the torchdata `StatefulDataLoader`
 protocol (one state per worker, restored in the same worker); in the main process
 (`num_workers=0`) load the dataset's own state before iterating.
 """
@@ -141,13 +141,14 @@ class StreamingPackedDataset(IterableDataset):
                 n = meta.row_group(g).num_rows
                 groups.append((f, g, first, n))
                 first += n
-            inputs.append((str(storage.resolve(p)), int(sizes[f]), int(meta.num_rows)))
+            inputs.append((storage.file_name(p), int(sizes[f]), int(meta.num_rows)))
         self.groups = groups
         self.num_documents = first
         self._inputs = inputs
-        """What a state is keyed on: `(resolved path, bytes, documents)` of each file, in order
-        (file names and a total were no key: another folder, or the files in another order,
-        resumed with documents lost and repeated)."""
+        """What a state is keyed on: `(file name, bytes, documents)` of each file, in order
+        (file names and a total were no key: the files in another order, or other files of the
+        same names, resumed with documents lost and repeated). Not the path: a copy of the
+        same files elsewhere (another node's mount, a scratch copy) resumes."""
         self.epoch = 0
         self._resume: dict[str, Any] | None = None
         self._live: dict[str, Any] | None = None  # the running iterator's objects, for state_dict
@@ -394,8 +395,8 @@ def _inputs_diff(theirs: Any, mine: list[tuple[str, int, int]]) -> str | None:
 
     def show(entry: Any) -> str:
         if isinstance(entry, (list, tuple)) and len(entry) == 3:
-            path, size, docs = entry
-            return f"{path} ({size} bytes, {docs} documents)"
+            name, size, docs = entry
+            return f"{name} ({size} bytes, {docs} documents)"
         return repr(entry)[:80]
 
     if not isinstance(theirs, (list, tuple)):

@@ -370,7 +370,8 @@ def test_a_state_of_another_version_is_a_data_error(tokenized, version) -> None:
 
 def test_a_state_of_other_input_files_is_refused(tokenized, tmp_path) -> None:
     """Before: the key was the files' names and the total of documents, so a state of [A, B]
-    resumed [B, A], or a folder of files of the same names: documents lost and repeated."""
+    resumed [B, A], or other files of the same names: documents lost and repeated. A copy of
+    the same files at another path (another node's mount) is the same inputs."""
     import shutil
 
     path, _ = tokenized
@@ -379,23 +380,43 @@ def test_a_state_of_other_input_files_is_refused(tokenized, tmp_path) -> None:
     it = iter(ds)
     head = [next(it) for _ in range(3)]
     state = _roundtrip(ds.state_dict())
-    copied = shutil.copytree(path, tmp_path / "copy")
-    with pytest.raises(DataError, match=re.escape(f"input file 0 is {copied}/part-00000.parquet")):
-        make(copied).load_state_dict(state)
-    with pytest.raises(DataError, match=re.escape(f"input file 1 is {copied}/part-00000.parquet")):
-        make([files[0], copied / "part-00000.parquet"]).load_state_dict(
-            make([files[0], copied / "part-00001.parquet"]).state_dict()
-        )
-    with pytest.raises(DataError, match=r"other inputs \(input file 0 is .*part-00001.parquet"):
+    with pytest.raises(DataError, match=r"other inputs \(input file 0 is part-00001.parquet"):
         make(files[::-1]).load_state_dict(state)
     with pytest.raises(DataError, match="input files: 1 here, 2 in the state"):
         make([files[0]]).load_state_dict(make(files).state_dict())
-    # the same files named another way (a folder, a relative path) are the same inputs
-    same = make(path)
-    same.load_state_dict(state)
-    tail = list(same)
-    full = list(make(files))
-    assert [b["input_ids"].tolist() for b in head + tail] == [b["input_ids"].tolist() for b in full]
+    other = tmp_path / "other"  # files of the same names, other documents
+    other.mkdir()
+    shutil.copy(files[0], other / files[0].name)
+    table = pq.read_table(files[1])
+    pq.write_table(table.slice(0, table.num_rows - 1), other / files[1].name)
+    with pytest.raises(DataError, match=re.escape(f"input file 1 is {files[1].name} (")):
+        make(other).load_state_dict(state)
+    # Two folders of files of the same names and documents, in the other order: the old key
+    # (names, total) took it.
+    trimmed = tmp_path / "trimmed"
+    trimmed.mkdir()
+    for f in files:
+        t = pq.read_table(f)
+        ids = pa.array([x[:-1] if x else x for x in t.column("input_ids").to_pylist()])
+        t = t.set_column(
+            t.schema.get_field_index("input_ids"),
+            "input_ids",
+            ids.cast(t.schema.field("input_ids").type),
+        )
+        pq.write_table(t, trimmed / f.name)
+    both = make([path, trimmed])
+    it = iter(both)
+    next(it)
+    with pytest.raises(DataError, match=re.escape("input file 0 is part-00000.parquet (")):
+        make([trimmed, path]).load_state_dict(_roundtrip(both.state_dict()))
+    # the same files elsewhere, or named another way (a folder), are the same inputs
+    copied = shutil.copytree(path, tmp_path / "copy")
+    for same in (make(copied), make(path)):
+        same.load_state_dict(state)
+        tail = list(same)
+        full = list(make(files))
+        got = [b["input_ids"].tolist() for b in head + tail]
+        assert got == [b["input_ids"].tolist() for b in full]
 
 
 def test_a_state_saved_before_the_inputs_were_keyed_still_loads(tokenized) -> None:
