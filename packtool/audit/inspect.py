@@ -274,12 +274,15 @@ def summarize_dataset(path: str | Path, *, plot_rows: int = PLOT_ROWS) -> Datase
     first_rows: list[NDArray[np.int64]] = []
     for shard in manifest.shards:
         file = directory / shard.file
+        pf = None
         try:
+            pf = shard_file(file)
             # ParquetFile.read, not pq.read_table: the latter imports pandas (~1 s).
-            column = shard_file(file).read(columns=["doc_offsets"]).column(0).combine_chunks()
+            column = pf.read(columns=["doc_offsets"]).column(0).combine_chunks()
         except (*DAMAGED, LookupError) as exc:
             raise DataError(
-                f"{file}: cannot read doc_offsets ({one_line(exc)}); run `packtool verify`"
+                f"{file}: cannot read doc_offsets{_damaged_group(pf, ['doc_offsets'])} "
+                f"({one_line(exc)}); run `packtool verify`"
             ) from None
         kind = column.type
         if not (
@@ -332,7 +335,20 @@ def shard_file(file: Path) -> Any:
     if kind is not None:
         what = "missing" if kind == "nothing" else f"{kind}, not a regular file"
         raise DataError(f"{file}: {what}; run `packtool verify`")
-    return storage.parquet_file(file)
+    # Each page's CRC32 checked as it is decoded, as verify and the loader check it: unchecked,
+    # a flipped bit in a doc_ids page was shown as another document's id (and its source).
+    return storage.parquet_file(file, page_checksum_verification=True)
+
+
+def _damaged_group(pf: Any, columns: list[str]) -> str:
+    """` in row group G` for the first row group of `pf` whose `columns` do not decode (a
+    page's CRC32 that does not match), or "" (no file, or none found: the footer itself)."""
+    for g in range(pf.num_row_groups if pf is not None else 0):
+        try:
+            pf.read_row_group(g, columns=columns)
+        except (*DAMAGED, LookupError):
+            return f" in row group {g}"
+    return ""
 
 
 class _Histogram:
@@ -394,6 +410,7 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
     shard = manifest.shards[i]
     local = row - int(starts[i])
     file = directory / shard.file
+    g = None
     try:
         pf = shard_file(file)
         rg_starts = np.cumsum(
@@ -408,8 +425,9 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
         if missing:  # a column's name damaged in the footer
             raise LookupError(f"no column {missing[0]}")
     except (*DAMAGED, LookupError) as exc:
+        group = f" in row group {g}" if g is not None else ""
         raise DataError(
-            f"{file}: cannot read row {local} ({one_line(exc)}); run `packtool verify`"
+            f"{file}: cannot read row {local}{group} ({one_line(exc)}); run `packtool verify`"
         ) from None
     ids, offsets, doc_ids, chunks, mask = _row_values(values, manifest, f"{file}: row {local}")
     documents = []

@@ -344,3 +344,41 @@ def test_doc_offsets_of_another_type_is_one_line(dataset, capsys, kind, shown):
         summarize_dataset(dataset)
     code, _, err = run_cli(["inspect", str(dataset)], capsys)
     assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def _flip_a_value_bit(dataset, column: str, group: int) -> None:
+    """Rewrite the first shard as `pack` writes shards (a CRC32 on every page; plain, unpacked
+    values here, so that a flipped bit still decodes), then flip a bit of the last byte of
+    `column`'s values in row group `group` (a value, not a page header)."""
+    import pyarrow.parquet as pq
+
+    shard = dataset / "shard-00000.parquet"
+    table = pq.read_table(shard)
+    options = {"compression": "none", "use_dictionary": False, "row_group_size": 2}
+    pq.write_table(table, shard, write_page_checksum=True, **options)
+    meta = pq.ParquetFile(shard).metadata.row_group(group)
+    chunk = next(
+        meta.column(i)
+        for i in range(meta.num_columns)
+        if meta.column(i).path_in_schema.split(".")[0] == column
+    )
+    data = bytearray(shard.read_bytes())
+    data[chunk.data_page_offset + chunk.total_compressed_size - 1] ^= 0x01
+    shard.write_bytes(bytes(data))
+
+
+def test_a_flipped_bit_in_a_page_is_one_line_not_a_wrong_value(dataset, capsys):
+    """Before: inspect read shards without checking the pages' CRC32s (verify and the loader
+    check them), so `inspect --row` showed a damaged doc_ids page's values, exit 0 (r3: a
+    wrong doc id and its source; verify --no-checksums said the CRC failed)."""
+    from packtool.errors import DataError
+
+    _flip_a_value_bit(dataset, "doc_ids", 1)  # row 2, [3, 4]: 4 became 4 + 2**56
+    with pytest.raises(DataError, match=r"cannot read row 2 in row group 1 \(.*CRC"):
+        read_row(dataset, 2)
+    assert [d.doc_id for d in read_row(dataset, 0).documents] == [0, 1]  # group 0 is whole
+    code, out, err = run_cli(["inspect", str(dataset), "--row", "2"], capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "CRC" in err, err
+    _flip_a_value_bit(dataset, "doc_offsets", 1)  # the summary reads doc_offsets only
+    with pytest.raises(DataError, match=r"cannot read doc_offsets in row group 1 \(.*CRC"):
+        summarize_dataset(dataset)
