@@ -488,7 +488,10 @@ def _row_values(values: dict[str, Any], manifest: Manifest, where: str) -> tuple
             max_len=manifest.max_len,
             vocab_size=manifest.tokenizer["vocab_size"],
         )
-        if problem is None and mask is None and LOSS_MASK in manifest.columns:
+        negative = np.flatnonzero(doc_ids < 0)
+        if problem is None and len(negative):  # every scheme numbers from 0 (as verify says)
+            problem = f"doc id {int(doc_ids[negative[0]])} is negative"
+        elif problem is None and mask is None and LOSS_MASK in manifest.columns:
             problem = f"{LOSS_MASK} is null"
         elif problem is None and mask is not None and len(mask) != len(ids):
             problem = f"{len(mask)} {LOSS_MASK} values for {len(ids)} input_ids"

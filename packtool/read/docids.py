@@ -81,11 +81,26 @@ def encode(file_index: int, offsets: NDArray[np.integer] | int) -> NDArray[np.in
 
 
 def decode(doc_ids: NDArray[np.integer] | int) -> tuple[Any, Any]:
-    """(file index, offset inside the file) of each id; the inverse of `encode`."""
+    """(file index, offset inside the file) of each id; the inverse of `encode`.
+
+    Raises:
+        DataError: an id is negative (`encode` makes none: its sign bit is 0). Decoded, -7 was
+            file index -1, which Python's indexing took for the last input file.
+    """
     if isinstance(doc_ids, (int, np.integer)):
+        if doc_ids < 0:
+            raise _negative(int(doc_ids))
         return int(doc_ids) >> OFFSET_BITS, int(doc_ids) & MAX_OFFSET
     ids = np.asarray(doc_ids, dtype=np.int64)
+    if ids.size and ids.min() < 0:
+        raise _negative(int(ids.flat[np.argmax(ids < 0)]))
     return ids >> OFFSET_BITS, ids & MAX_OFFSET
+
+
+def _negative(doc_id: int) -> DataError:
+    return DataError(
+        f"doc id {doc_id} is negative (ids are file index << {OFFSET_BITS} | offset, never below 0)"
+    )
 
 
 def record(
@@ -242,7 +257,7 @@ def _origin(
     """(file, offset, unit, size recorded or None) of `doc_id` in `_listed`'s lists."""
     files, units, sizes = listed
     file_index, offset = decode(int(doc_id))
-    if file_index >= len(files):
+    if not 0 <= file_index < len(files):  # (decode refuses a negative id: never below 0)
         raise DataError(
             f"doc id {doc_id} names input file {file_index}; the dataset lists {len(files)}"
         )

@@ -382,3 +382,24 @@ def test_a_flipped_bit_in_a_page_is_one_line_not_a_wrong_value(dataset, capsys):
     _flip_a_value_bit(dataset, "doc_offsets", 1)  # the summary reads doc_offsets only
     with pytest.raises(DataError, match=r"cannot read doc_offsets in row group 1 \(.*CRC"):
         summarize_dataset(dataset)
+
+
+def test_a_negative_doc_id_is_named_not_decoded(dataset, capsys):
+    """Before: a negative doc id decoded to a negative file index, which Python's indexing
+    took for a file counted from the end (-7 showed the last input file) or, below minus the
+    number of files, an IndexError traceback. verify said "doc id -7 is negative"."""
+    import json
+
+    from packtool.errors import DataError
+
+    index = json.loads((dataset / "index.json").read_text())
+    files = [f"in-{k}.jsonl" for k in range(3)]
+    ids = {"scheme": "file_offset", "file_bits": 24, "offset_bits": 39, "files": files}
+    index["extra"] = {**index.get("extra", {}), "doc_ids": {**ids, "units": ["row"] * 3}}
+    (dataset / "index.json").write_text(json.dumps(index))
+    for bad in (-7, -(100 << 39)):
+        _damaged_row(dataset, lambda rows, bad=bad: rows[0]["doc_ids"].__setitem__(1, bad))
+        with pytest.raises(DataError, match=f"row 0: doc id {bad} is negative; run `packtool"):
+            read_row(dataset, 0)
+        code, out, err = run_cli(["inspect", str(dataset), "--row", "0"], capsys)
+        assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -55,6 +55,23 @@ def test_locate_names_the_file_and_row():
         docids.locate({"doc_ids": {"scheme": "sequential"}}, 3)
 
 
+@pytest.mark.parametrize("doc_id", [-7, -(100 << 39), -(2**63)])
+def test_a_negative_id_is_refused_not_read_as_a_file_from_the_end(doc_id):
+    """Before: -7 decoded to file index -1, which Python's indexing took for the last listed
+    file (inspect named it as the document's source); below minus the number of files it was
+    an IndexError traceback. `encode` makes no negative id (its sign bit is 0)."""
+    extra = {"doc_ids": docids.record(["a.parquet", "b.parquet"])}
+    for read in (docids.locate, docids.place, docids.source):
+        with pytest.raises(DataError, match=f"doc id {doc_id} is negative"):
+            read(extra, doc_id)
+    assert docids.places(extra, [doc_id, 1]) == [
+        f"unknown (doc id {doc_id} is negative (ids are file index << 39 | offset, never below 0))",
+        "a.parquet:row 1",
+    ]
+    with pytest.raises(DataError, match=f"doc id {doc_id} is negative"):
+        docids.decode(np.array([3, doc_id], dtype=np.int64))
+
+
 def test_where_names_each_unit_and_an_older_datasets_kept_record_count():
     assert docids.where("a.parquet", 4, "row") == "a.parquet:row 4"
     assert docids.where("a.json", 2, "item") == "a.json:item 2"
