@@ -413,6 +413,9 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
     g = None
     try:
         pf = shard_file(file)
+        problem = verify.schema_problem(pf.schema_arrow, manifest)
+        if problem is not None:  # a negative id of an int32 column stopped the preview
+            raise DataError(f"{file}: {problem}; run `packtool verify`")
         rg_starts = np.cumsum(
             [0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
         )
@@ -530,7 +533,8 @@ def preview(ids: NDArray[np.int64], tokenizer: dict[str, Any]) -> str:
     """Decoded start of a document for the byte tokenizer, else its first token ids."""
     if tokenizer.get("kind") == "byte":
         specials = {tokenizer.get("eos_id"), tokenizer.get("bos_id")}
-        data = bytes(int(t) for t in ids[: PREVIEW_CHARS * 4] if t < 256 and t not in specials)
+        head = (int(t) for t in ids[: PREVIEW_CHARS * 4])  # any id: out of range ones left out
+        data = bytes(t for t in head if 0 <= t < 256 and t not in specials)
         text = data.decode("utf-8", errors="replace")
         more = len(text) > PREVIEW_CHARS or len(ids) > PREVIEW_CHARS * 4
         return repr(text[:PREVIEW_CHARS]) + ("..." if more else "")

@@ -334,7 +334,6 @@ def verify_dataset(
     index = directory / INDEX_FILE
     vocab, max_len = _check_manifest(manifest, index)
     warnings = unlisted_files(directory, manifest)
-    expected_schema = packed_schema(token_type_for(vocab), manifest.columns)
     optional = verify_columns.optional_columns(manifest.columns)
     id_files = _id_files(manifest, directory)
     supervised = 0
@@ -380,7 +379,9 @@ def verify_dataset(
             except DAMAGED as exc:
                 _not_damage(exc, where)
                 raise _fail(where, f"not a readable Parquet file ({exc})") from None
-            _check_schema(schema, expected_schema, vocab, where)
+            problem = schema_problem(schema, manifest)
+            if problem is not None:
+                raise _fail(where, problem)
             if num_rows != shard.rows:
                 raise _fail(where, f"has {num_rows:,} rows, expected {shard.rows:,} ({INDEX_FILE})")
             shard_starts.append(total_rows)
@@ -488,12 +489,13 @@ def verify_dataset(
     )
 
 
-def _check_schema(found: pa.Schema, expected: pa.Schema, vocab: int, where: str) -> None:
+def schema_problem(found: pa.Schema, manifest: Manifest) -> str | None:
+    """What is wrong with a shard's schema (the columns index.json lists, in order, of their
+    declared types), or None; `inspect --row` checks the shard it reads with it too."""
+    vocab = manifest.tokenizer["vocab_size"]
+    expected = packed_schema(token_type_for(vocab), manifest.columns)
     if found.names != expected.names:
-        raise _fail(
-            where,
-            f"columns are {found.names}, expected exactly {expected.names} (index.json columns)",
-        )
+        return f"columns are {found.names}, expected exactly {expected.names} (index.json columns)"
     for f, e in zip(found, expected, strict=True):
         if not pa.types.is_list(e.type):  # a per-row column: a scalar of the declared type
             ok = f.type.equals(e.type)
@@ -505,10 +507,8 @@ def _check_schema(found: pa.Schema, expected: pa.Schema, vocab: int, where: str)
                 hint = (
                     f" for vocab_size {vocab:,} (uint16 when every id is below 65,536, else uint32)"
                 )
-            raise _fail(
-                where,
-                f"column {f.name} is {_type_name(f.type)}, expected {_type_name(e.type)}{hint}",
-            )
+            return f"column {f.name} is {_type_name(f.type)}, expected {_type_name(e.type)}{hint}"
+    return None
 
 
 def _one_row(parts: dict[str, tuple], r: int) -> dict[str, np.ndarray]:

@@ -403,3 +403,29 @@ def test_a_negative_doc_id_is_named_not_decoded(dataset, capsys):
             read_row(dataset, 0)
         code, out, err = run_cli(["inspect", str(dataset), "--row", "0"], capsys)
         assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_token_column_of_another_type_is_one_line_and_any_id_previews(dataset, capsys):
+    """Before: a shard whose input_ids were int32 (verify: "column input_ids is list<int32>,
+    expected list<uint16>") was read as it was, and a negative id stopped the byte preview
+    with a ValueError traceback ("bytes must be in range(0, 256)")."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.audit.inspect import preview
+    from packtool.errors import DataError
+
+    shard = dataset / "shard-00000.parquet"
+    table = pq.read_table(shard)
+    rows = table.to_pylist()
+    rows[0]["input_ids"][0] = -5
+    schema = table.schema.set(0, pa.field("input_ids", pa.list_(pa.int32())))
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), shard)
+    expected = "column input_ids is list<int32>, expected list<uint16> for vocab_size 300"
+    with pytest.raises(DataError, match=expected):
+        read_row(dataset, 0)
+    code, out, err = run_cli(["inspect", str(dataset), "--row", "0"], capsys)
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    byte = {"kind": "byte", "eos_id": 256, "bos_id": None}
+    ids = np.array([-5, 104, 2**40, 105, 256], dtype=np.int64)
+    assert preview(ids, byte) == "'hi'"
