@@ -6,7 +6,8 @@ file, the row, what is wrong, expected vs found):
 1. `index.json`: readable, a known `format_version`, every field of the right type and range, and
    consistent as a whole (`packtool.dataset.manifest_check`, run by `read_manifest` for every reader:
    tokens in = out + truncated + dropped, the document counts, totals == the sums over the shard
-   entries, efficiency, bounds, eos/bos below the vocabulary).
+   entries, efficiency, bounds, eos/bos below the vocabulary); here, the shards listed in their
+   names' order (partition, shard number: the order rows are read in).
 2. Every listed shard: present, byte size and sha256 as listed, a readable Parquet file with exactly
    the columns index.json lists, in declaration order, with the declared types (uint16 tokens when vocab_size <= 65,536, else uint32), no
    nulls, and as many rows and tokens as listed.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -277,9 +279,40 @@ def _check_manifest(manifest: Manifest, index: Path) -> tuple[int, int]:
 
     Types and ranges of every field, shard paths (inside the folder, each listed once), and the
     identities (`packtool.dataset.manifest_check`): counts.rows / counts.tokens_out against the shard
-    entries, efficiency, tokens in = out + truncated + dropped, documents, bounds.
+    entries, efficiency, tokens in = out + truncated + dropped, documents, bounds. Here: the
+    order of the shard list (`shard_order_problem`).
     """
+    problem = shard_order_problem([s.file for s in manifest.shards])
+    if problem is not None:
+        raise _fail(str(index), problem)
     return manifest.tokenizer["vocab_size"], manifest.max_len
+
+
+_SHARD_NUMBERS = re.compile(r"shard-(\d+)(?:-(\d+))?\.parquet")
+"""`names.PACK_SHARD_PATTERN` (partition or merge node, shard in it) or `names.SHARD_PATTERN`."""
+
+
+def shard_order_problem(files: list[str]) -> str | None:
+    """The first shard listed out of its names' order, or None: rows are read in the order the
+    shards are listed, and packtool lists them by partition and shard number (CONTRACTS.md).
+    Swapped entries passed every other check (each entry's size and sha256 follow it) and
+    changed the row order. Names packtool does not write (both kinds mixed, a folder) have no
+    order to check."""
+    keys = []
+    for name in files:
+        found = _SHARD_NUMBERS.fullmatch(name)
+        if found is None:
+            return None
+        keys.append(tuple(int(n) for n in found.groups() if n is not None))
+    if len({len(k) for k in keys}) > 1:
+        return None
+    for i in range(1, len(keys)):
+        if keys[i] <= keys[i - 1]:
+            return (
+                f"shards[{i}] ({files[i]}) is listed after {files[i - 1]}; shards are listed by "
+                "partition and shard number, the order their rows are read in"
+            )
+    return None
 
 
 def unlisted_files(directory: Path, manifest: Manifest) -> list[str]:

@@ -316,6 +316,32 @@ def test_unlisted_files_are_warnings(packed_dataset_factory, capsys):
     assert [line.split(":")[0] for line in err.strip().splitlines()] == ["warning", "warning"]
 
 
+def test_shards_listed_out_of_order_are_named(packed_dataset_factory, capsys):
+    """Before: swapping two entries of index.json's shard list passed verify (each entry's
+    size and sha256 move with it) and changed the order rows are read in; CONTRACTS.md says
+    shards are listed by partition and shard number."""
+    d = packed_dataset_factory([SHARDS[0], SHARDS[1], [[(8, 0, 3)]]])
+    index = json.loads((d / INDEX_FILE).read_text())
+    names = [f"shard-{p:06d}-{k:05d}.parquet" for p, k in ((0, 0), (0, 1), (1, 0))]
+    for entry, name in zip(index["shards"], names, strict=True):
+        (d / entry["file"]).rename(d / name)
+        entry["file"] = name
+    edit_index(d, shards=index["shards"])
+    assert verify_dataset(d).rows == 7
+    shards = index["shards"]
+    edit_index(d, shards=[shards[2], shards[1], shards[0]])
+    message = assert_fails(
+        d, capsys, f"shards[1] ({names[1]}) is listed after {names[2]}; shards are listed by"
+    )
+    assert message.startswith(f"{d / INDEX_FILE}: "), message
+    # write_shards' names (and an older pack's) too; names packtool never writes: no order.
+    from packtool.audit.verify import shard_order_problem
+
+    assert "shards[1]" in shard_order_problem(["shard-00002.parquet", "shard-00001.parquet"])
+    assert shard_order_problem(["b.parquet", "a.parquet"]) is None
+    assert shard_order_problem(["shard-00001.parquet", "shard-000000-00000.parquet"]) is None
+
+
 def test_shard_path_outside_folder(packed_dataset_factory, capsys):
     d = packed_dataset_factory(SHARDS)
     index = json.loads((d / INDEX_FILE).read_text())
