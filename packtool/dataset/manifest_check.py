@@ -36,8 +36,14 @@ MAX_LEN_LIMIT = 1 << 24
 """The largest max_len accepted (16,777,216 tokens). The kernels' work arrays are indexed by
 length and remaining capacity, tens of bytes per unit of max_len: at this limit `packtool pack`
 and `packtool stats` peak at ~1.2-1.3 GB whatever the corpus, and 2**30 was measured past 24 GB."""
+DOC_ID_BITS = {"file_bits": 24, "offset_bits": 39}
+"""`extra.doc_ids` of the `file_offset` scheme records its layout, always this one
+(packtool/read/docids.py's FILE_BITS and OFFSET_BITS, which a test keeps equal to these)."""
 EFFICIENCY_TOLERANCE = 1e-6
 """`packtool pack` records efficiency rounded to 6 decimals (error <= 5e-7)."""
+
+_COUNTED = ("rows", "tokens")
+"""What `extra.groups` records of each group (with its efficiency)."""
 
 # Which counts each long-doc policy may make non-zero.
 _POLICY_COUNTS = {
@@ -222,6 +228,13 @@ def _doc_ids(info: Any) -> str | None:
         return f"extra.doc_ids.sizes is {sizes!r}; expected one size (bytes) per input file"
     if not isinstance(info.get("sources", ""), str):
         return f"extra.doc_ids.sources is {info['sources']!r}; expected a file name"
+    if info.get("scheme") == "file_offset":  # ids that `inspect` decodes with these bits
+        for key, bits in DOC_ID_BITS.items():
+            if not (_is_int(info.get(key)) and info[key] == bits):
+                return (
+                    f"extra.doc_ids.{key} is {info.get(key)!r}; file_offset ids are always "
+                    + " and ".join(f"{k} {v}" for k, v in DOC_ID_BITS.items())
+                )
     return None
 
 
@@ -261,12 +274,17 @@ def _extra(d: dict[str, Any]) -> str | None:
                 f"never increasing, ending at rows ({counts['rows']:,})"
             )
     groups = extra.get("groups")
-    if isinstance(groups, dict) and groups:
-        try:
-            rows = sum(g["rows"] for g in groups.values())
-            tokens = sum(g["tokens"] for g in groups.values())
-        except (TypeError, KeyError):
-            return "extra.groups must map each group to its rows and tokens"
+    if groups is not None and not isinstance(groups, dict):  # a text passed unchecked
+        return (
+            f"extra.groups is {groups!r}; expected an object mapping each group to its rows "
+            "and tokens"
+        )
+    for name, g in (groups or {}).items():  # (rows 5.0 or true were added up)
+        if not (isinstance(g, dict) and all(_is_int(g.get(k)) and g[k] >= 0 for k in _COUNTED)):
+            return f"extra.groups[{name!r}] is {g!r}; expected its rows and tokens (counts)"
+    if groups:
+        rows = sum(g["rows"] for g in groups.values())
+        tokens = sum(g["tokens"] for g in groups.values())
         if (rows, tokens) != (counts["rows"], counts["tokens_out"]):
             return (
                 f"extra.groups add up to {rows:,} rows and {tokens:,} tokens; the dataset has "

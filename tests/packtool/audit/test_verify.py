@@ -272,6 +272,56 @@ def test_recorded_shares_of_the_slots_are_recomputed(packed_dataset_factory, cap
     assert_fails(d, capsys, f"extra.supervised_efficiency is {share} but tokens / (rows")
 
 
+@pytest.mark.parametrize("value", ["x", -1, float("nan"), 25, 24.0, True, None])
+@pytest.mark.parametrize("key", ["file_bits", "offset_bits"])
+def test_the_doc_id_layout_is_the_one_ids_are_made_with(packed_dataset_factory, capsys, key, value):
+    """Before: `extra.doc_ids.file_bits` / `offset_bits` were never looked at ("x", -1 and NaN
+    passed verify), yet a format 3 dataset's ids are always 24 bits of file and 39 of offset."""
+    d = packed_dataset_factory(SHARDS)
+    extra = json.loads((d / INDEX_FILE).read_text()).get("extra", {})
+    ids = {"scheme": "file_offset", "file_bits": 24, "offset_bits": 39}
+    ids |= {"files": ["a.jsonl"], "units": ["byte"]}
+    edit_index(d, extra={**extra, "doc_ids": ids})
+    assert verify_dataset(d).rows == 6
+    ids = {k: v for k, v in ids.items() if k != key or value is not None}  # None: left out
+    edit_index(
+        d, extra={**extra, "doc_ids": {**ids, **({key: value} if value is not None else {})}}
+    )
+    shown = "nan" if value != value else repr(value)
+    assert_fails(
+        d, capsys, f"extra.doc_ids.{key} is {shown}; file_offset ids are always file_bits 24"
+    )
+    # manifest_check (below packtool.read) writes the layout out; it is the one ids use.
+    from packtool.dataset.manifest_check import DOC_ID_BITS
+    from packtool.read import docids
+
+    assert DOC_ID_BITS == {"file_bits": docids.FILE_BITS, "offset_bits": docids.OFFSET_BITS}
+
+
+@pytest.mark.parametrize(
+    ("groups", "said"),
+    [
+        ("x", "extra.groups is 'x'; expected an object mapping each group to its rows and tokens"),
+        ([], "extra.groups is []; expected an object"),
+        ({"a": {"rows": 6.0, "tokens": TOKENS}}, "extra.groups['a'] is {'rows': 6.0, "),
+        ({"a": {"rows": True, "tokens": TOKENS}}, "extra.groups['a'] is {'rows': True, "),
+        ({"a": 6}, "extra.groups['a'] is 6; expected its rows and tokens"),
+    ],
+)
+def test_groups_that_are_no_object_of_counts_are_refused(
+    packed_dataset_factory, capsys, groups, said
+):
+    """Before: `extra.groups` was checked only when it was a non-empty object: a text passed
+    verify, and rows 6.0 or true were added up (docs/verify-inspect.md says per-group rows and
+    tokens are checked)."""
+    d = packed_dataset_factory(SHARDS)
+    extra = json.loads((d / INDEX_FILE).read_text()).get("extra", {})
+    edit_index(d, extra={**extra, "groups": {"a": {"rows": 6, "tokens": TOKENS}}})
+    assert verify_dataset(d).rows == 6
+    edit_index(d, extra={**extra, "groups": groups})
+    assert_fails(d, capsys, said)
+
+
 def test_duplicated_document(packed_dataset_factory, capsys):
     shards = [SHARDS[0], [*SHARDS[1], [(3, 0, 5)]]]
     d = packed_dataset_factory(shards)
