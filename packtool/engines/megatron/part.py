@@ -94,7 +94,8 @@ def _without_empty(table: Any, skips: SkipCounter, eos: int | None, starts: dict
     """`table` without its documents of no token besides the EOS appended to them (text the
     tokenizer turns into nothing, such as whitespace), each counted as an `empty` skip, as `pack`
     counts them: Megatron's preprocess_data appends no end of document to a text of no ids and
-    gives it no sequence (docs/integrations.md)."""
+    gives it no sequence (docs/integrations.md). Under a BOS-adding tokenizer such a text is
+    [BOS, EOS], a token besides the EOS: kept, as Megatron keeps it (its ids are [BOS])."""
     lengths = table.column("length").to_numpy()
     nothing = int(eos is not None)
     empty = np.flatnonzero(lengths <= nothing)

@@ -624,6 +624,36 @@ def test_the_bytes_are_preprocess_data_s_for_chat_and_bos_tokenizers(
     assert code == 0 and f"eos {ref.token_to_id(text_end)} {text_end} (end of text" in text
 
 
+def test_whitespace_under_a_bos_tokenizer_is_bos_and_eod_as_in_megatron(tmp_path):
+    # docs/integrations.md said a text of no ids (whitespace) is skipped "EOS or not"; under a
+    # BOS-adding tokenizer its ids are [BOS], which Megatron's Encoder.encode writes with its EOD
+    # (and pack keeps): so does packtool. Without the BOS it is a counted skip.
+    folder = _chat_tokenizer(tmp_path / "tok", "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["w1 w2", "   ", "w3"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.tokenizers.text.libraries.huggingface_tokenizer import (
+            HuggingFaceTokenizer,
+        )
+
+    mt = HuggingFaceTokenizer(str(folder), include_special_tokens=True)
+    bos, eod = 23, 22
+    assert (list(mt.text_to_ids("   ")), mt.eod) == ([bos], eod)
+    for flags, ids, skipped in (
+        ((), [bos, 1, 2, eod, bos, eod, bos, 3, eod], False),
+        (("--no-eos",), [bos, 1, 2, bos, bos, 3], False),
+        (("--no-bos",), [1, 2, eod, 3, eod], True),
+    ):
+        out = tmp_path / f"d{len(flags)}{''.join(flags)}"
+        code, text, err = run(
+            "tokenize", corpus, "--to", "megatron", "-o", out, "--tokenizer", folder, *flags
+        )
+        assert code == 0, err
+        assert np.fromfile(f"{out}.bin", dtype=np.uint16).tolist() == ids
+        assert (f"empty 1 (e.g. {corpus}:2" in text) == skipped, text
+
+
 def test_pretokenized_ids_get_the_eos(tmp_path):
     # The summary said "eos 0" and the docs "the ids then the EOS", but none was written:
     # documents ran into each other in Megatron's GPT dataset
