@@ -76,6 +76,26 @@ def _is_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
 
 
+def _plain(value: Any, what: str) -> Any:
+    """`value` with a numpy number made the Python int or float of the same value (json, the
+    mixture's fingerprint and `Fraction` take no numpy scalar); anything else as it is.
+
+    Raises:
+        ConfigError: A numpy float a Python float cannot hold exactly (a long double).
+    """
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        plain = float(value)
+        if math.isfinite(plain) and plain != value:
+            raise ConfigError(
+                f"{what} {_shown(value)} is a {type(value).__name__} that a float64 cannot hold "
+                "exactly; give a Python float"
+            )
+        return plain
+    return value
+
+
 MAX_COUNT = 2**62
 """The largest total a mixture takes (tokens or steps): the schedule counts in int64."""
 
@@ -110,7 +130,9 @@ def parse_count(value: Any, what: str) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class SourceSpec:
-    """One source of a mixture."""
+    """One source of a mixture. A numpy number as `weight` or `max_epochs` is stored as the
+    Python int or float of the same value (`ConfigError` for a long double a float64 cannot
+    hold exactly)."""
 
     name: str
     """Unique within the mixture; the resume state keys each source's cursor by it."""
@@ -131,6 +153,9 @@ class SourceSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigError(f"a source name must be a non-empty string, got {_shown(self.name)}")
+        for key in ("weight", "max_epochs"):  # numpy numbers: the Python number of that value
+            value = _plain(getattr(self, key), f"source {_shown(self.name)}: {key}")
+            object.__setattr__(self, key, value)
         if self.weight is None:
             raise ConfigError(
                 f"source {_shown(self.name)} has no weight; give it one (a number >= 0, relative to "
@@ -171,7 +196,8 @@ class MixtureSpec:
     unit: str = "tokens"
     """`tokens` (weights are shares of the tokens delivered) or `rows` (of packed rows)."""
     seed: int = 0
-    """Seeds every source's epoch order (with the source's fingerprint and epoch)."""
+    """Seeds every source's epoch order (with the source's fingerprint and epoch); a numpy
+    integer is stored as the Python int."""
     total_tokens: int | None = None
     """End the mixture once this many tokens are delivered (the last step may be partial)."""
     total_steps: int | None = None
@@ -209,6 +235,7 @@ class MixtureSpec:
             raise ConfigError(f"unit {_shown(self.unit)} is unknown; choose one of {list(UNITS)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
             raise ConfigError(f"seed must be an integer, got {_shown(self.seed)}")
+        object.__setattr__(self, "seed", int(self.seed))  # a numpy integer: json takes an int
         if self.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {_shown(self.seed)}")
         for key in ("total_tokens", "total_steps"):

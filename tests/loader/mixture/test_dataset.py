@@ -633,6 +633,32 @@ def test_sources_given_as_datasets_and_a_mixture_file(sources, tmp_path):
     assert same(from_file, direct)
 
 
+def test_numpy_numbers_in_a_spec_give_the_plain_numbers_stream(sources):
+    # np.int64 / np.float32 passed the spec's checks, then the fingerprint's json and a
+    # fractional cap's Fraction failed with a traceback.
+    def make(num, **kw):
+        return MixtureSpec(
+            sources=(
+                SourceSpec(name="web", path=str(sources[0]), weight=num(1)),
+                SourceSpec(
+                    name="books", path=str(sources[2]), weight=num(0.5), max_epochs=num(1.5)
+                ),
+            ),
+            seed=kw.get("seed", 3),
+            total_tokens=2000,
+        )
+
+    plain = MixedDataset(make(float), rows_per_batch=2)
+    for num, seed in ((np.float32, np.int64(3)), (np.float64, np.int32(3))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # books reaches its cap
+            ds = MixedDataset(make(num, seed=seed), rows_per_batch=2)
+            got, state = stream(ds)
+            ref, ref_state = stream(plain)
+        assert ds.fingerprint == plain.fingerprint and same(got, ref)
+        assert json.loads(json.dumps(state)) == ref_state
+
+
 def test_no_warning_on_a_plain_run(sources):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

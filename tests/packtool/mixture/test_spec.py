@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from loader.testing import write_random_dataset
@@ -132,6 +133,29 @@ def test_parse_count():
             ConfigError, match=r"x .* is too large: at most 4,611,686,018,427,387,904"
         ):
             parse_count(huge, "x")
+
+
+def test_numpy_numbers_become_the_python_numbers_of_the_same_value():
+    # They passed the checks as they were, then broke json (the loader's fingerprint, the
+    # state) and Fraction (a fractional cap's rows) far from the spec.
+    a = SourceSpec(name="a", path="-", weight=np.float32(0.3), max_epochs=np.float32(1.15))
+    b = SourceSpec(name="b", path="-", weight=np.int64(2), max_epochs=np.int32(3))
+    spec = MixtureSpec(sources=(a, b), seed=np.uint64(7), total_tokens=np.int64(5000))
+    assert (type(a.weight), type(a.max_epochs), type(b.weight), type(b.max_epochs)) == (
+        float,
+        float,
+        int,
+        int,
+    )
+    assert a.weight == np.float32(0.3) and a.max_epochs == np.float32(1.15)  # exact, not 0.3
+    assert (b.weight, b.max_epochs, spec.seed, spec.total_tokens) == (2, 3, 7, 5000)
+    assert type(spec.seed) is int and type(spec.total_tokens) is int
+    json.dumps([spec.seed, a.weight, a.max_epochs, b.weight, b.max_epochs])
+    assert type(spec.with_weights({"a": np.float64(0.5)}).source("a").weight) is float
+    if np.finfo(np.longdouble).nmant > np.finfo(np.float64).nmant:  # x86: 80-bit
+        third = np.longdouble(1) / np.longdouble(3)
+        with pytest.raises(ConfigError, match="'a': weight .*float64 cannot hold exactly"):
+            SourceSpec(name="a", path="-", weight=third)
 
 
 def test_check_compatible_names_what_differs():
