@@ -31,7 +31,7 @@ from loader.store.shards import ShardStore
 _LAZY = {
     "MixedDataLoader": "loader.mixture.dataloader",
     "MixedDataset": "loader.mixture.dataset",
-    "token_sources": "loader.mixture.dataset",
+    "token_sources": "loader.mixture.batch",
     "OnlinePacker": "loader.online.packer",
     "PackedRows": "loader.online.rows",
     "RowBatcher": "loader.online.rows",

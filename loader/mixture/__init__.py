@@ -12,6 +12,7 @@ May import: loader's top-level modules, `store`, `order`, `packed`, `online`; pa
 
 Modules:
 - `dataset.py`: `MixedDataset`; `dataloader.py`: `MixedDataLoader`.
+- `batch.py`: a batch's sources (`HFMixedBatch`, `batch_sources`, `token_sources`).
 - `sources.py`: a source's rows in epoch order.
 - `steps.py`: the row stream and its steps (and `MixtureView`, what they see of the dataset).
 - `worker.py`: a worker's part of each step.

@@ -15,7 +15,8 @@ Batches are the usual batch dict (loader/collate.py, any layout, static shape to
 columns such as `loss_mask` act as in `PackedDataset`) plus `source`: int64 `(n_docs,)`, the
 index of each document's source in `MixedDataset.names` (-1 for padding and filler entries), so
 a training loop can log the loss per source. In `layout="hf"` it is the batch's attribute
-`source` instead of a key (`HFMixedBatch`: `model(**batch)` must see only model inputs).
+`source` instead of a key (`HFMixedBatch`, loader/mixture/batch.py: `model(**batch)` must see
+only model inputs).
 
 Resume: `state_dict()` is the schedule's state at a step boundary (a cursor per source: epoch,
 position, delivered counts) plus the step and the mixture's fingerprint. The same mixture
@@ -47,6 +48,9 @@ from loader.config import (
     static_max_docs,
 )
 from loader.context_parallel import cp_split
+from loader.mixture.batch import HFMixedBatch
+from loader.mixture.batch import batch_sources as batch_sources  # re-exported
+from loader.mixture.batch import token_sources as token_sources  # re-exported
 from loader.mixture.resume import check_order, check_state, make_state
 from loader.mixture.sources import (
     PackedSource,
@@ -548,43 +552,3 @@ class MixedDataset(IterableDataset):
             "changes": self.changes,
             **{k: v for k, v in vars(self.config).items() if k != "seed"},
         }
-
-
-class HFMixedBatch(dict):
-    """A `layout="hf"` mixture batch: exactly the keys of `PackedDataset`'s hf batch, so
-    `model(**batch)`, `loader.hf.check_packed_model` and `Trainer` take it unchanged, and the
-    per-document source as the attribute `source` (int64 `(n_docs,)`).
-
-    Not a key: transformers hands keys its forward does not name on to attention and loss
-    (`source` is a parameter of its cross entropy, so `model(**batch)` would fail). A copy
-    made by a device move (`type(batch)({...})`) has `source` None: read it first.
-    """
-
-    source: torch.Tensor | None = None
-
-
-def batch_sources(batch: dict[str, Any]) -> torch.Tensor:
-    """The per-document source of a mixture batch, either layout (`source`)."""
-    source = batch["source"] if "source" in batch else getattr(batch, "source", None)
-    if source is None:
-        raise ConfigError(
-            "this batch carries no mixture sources (not a MixedDataset batch, or an hf batch "
-            "copied by a device move: read batch.source before moving it)"
-        )
-    return source
-
-
-def token_sources(batch: dict[str, Any]) -> torch.Tensor:
-    """The source of every token of a mixture batch, int64 `(total_tokens,)` (-1 for padding),
-    from its per-document `source` and `cu_seqlens` (either layout): e.g. to average a
-    per-token loss by source. A context-parallel share (`cp_split`): of each of this rank's
-    tokens, by its `doc_index` (the batch's `cu_seqlens` are the whole batch's, not the
-    share's: they gave another length and other sources), -1 for the padding the split adds
-    (a place past its document's length)."""
-    if "doc_index" in batch:
-        doc = batch["doc_index"].long()
-        start = batch["global_cu_seqlens"].long()[doc]
-        real = batch["token_index"].long() - start < batch["doc_lengths"].long()[doc]
-        return torch.where(real, batch_sources(batch)[doc], -1)
-    cu = batch["cu_seqlens"] if "cu_seqlens" in batch else batch["cu_seq_lens_q"]
-    return torch.repeat_interleave(batch_sources(batch), torch.diff(cu).long())

@@ -14,7 +14,7 @@ import torch
 
 from loader import MixedDataLoader, MixedDataset, PackedDataset, StreamingPackedDataset
 from loader.collate import IGNORE_INDEX
-from loader.mixture.dataset import HFMixedBatch, batch_sources, token_sources
+from loader.mixture.batch import HFMixedBatch, batch_sources, token_sources
 from loader.mixture.sources import missing_fill, mixture_columns
 from loader.testing import write_dataset
 from packtool.dataset.columns import LOSS_MASK, TOKEN, Column, get
