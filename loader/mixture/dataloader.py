@@ -208,8 +208,9 @@ class MixedDataLoader(DataLoader):
             raise RuntimeError(f"mixture workers skipped step {consumed}; this is a bug")
 
     def __len__(self) -> int:
-        """Steps left (`MixedDataset.__len__`). Workers send a part of a step each, so torch's
-        own count of items fetched against this length would warn for nothing."""
+        """The steps the next iteration yields (`MixedDataset.__len__`: exact, a cap that ends
+        the mixture first included). Workers send a part of a step each, so torch's own count
+        of items fetched against this length would warn for nothing."""
         return len(self._mixed)
 
     def state_dict(self) -> dict[str, Any]:

@@ -59,7 +59,7 @@ from loader.mixture.sources import (
     mixture_columns,
     open_source,
 )
-from loader.mixture.steps import RowStream, Step, plan_steps
+from loader.mixture.steps import RowStream, Step, count_steps, may_end_before, plan_steps
 from loader.mixture.worker import ring_parts
 from loader.packed.dataset import AHEAD_GROUPS, AHEAD_STEPS, look_ahead
 from loader.packed.workers import WorkerHandoff
@@ -172,6 +172,7 @@ class MixedDataset(IterableDataset):
         self.changes: list[str] = []
         """What the last loaded state's mixture changed (shown by `describe()`)."""
         self._reported = 0  # schedule events already warned about (main process)
+        self._counted: tuple[Any, int] | None = None  # (start it was counted from, len)
         # A MixedDataLoader worker's ring; whether such workers iterated last (packed/workers.py).
         self.handoff = WorkerHandoff("MixedDataset", "MixedDataLoader")
 
@@ -514,10 +515,35 @@ class MixedDataset(IterableDataset):
         return int(max(min(2 * per_token * tokens + 16, tokens), 1))
 
     def __len__(self) -> int:
-        """Steps left (only with `total_steps`; a length in tokens has no step count ahead)."""
-        if self.spec.total_steps is None:
+        """The global steps the next iteration yields (from the state loaded last, else from the
+        start), only with `total_steps`: `total_steps` less the steps done, or fewer where a
+        cap ends the mixture first. Where a cap may (`steps.may_end_before`: a source's
+        `max_epochs` within reach of the rows left, with `at_cap` "stop" or a cap on every
+        source drawn from) the steps are counted on the plan, the schedule and the cuts
+        without reading a token: once per start, as long as planning the rows up to the end.
+
+        Raises:
+            TypeError: No `total_steps` (a length in tokens or caps only has no step count
+                given ahead), or a streaming source's cap may end the mixture first (counting
+                would pack the stream).
+        """
+        total = self.spec.total_steps
+        if total is None:
             raise TypeError("a mixture bounded in tokens or by caps has no length in steps")
-        return max(self.spec.total_steps - int(self.start_state()["step"]), 0)
+        start = self.start_state()
+        first = int(start["step"])
+        if first >= total or not may_end_before(self, start, total):
+            return max(total - first, 0)
+        if self._counted is not None and self._counted[0] is self._start:
+            return self._counted[1]
+        if any(isinstance(s, StreamSource) for s in self.sources):
+            raise TypeError(
+                "a mixture whose streaming source's cap may end it before total_steps has no "
+                "length known ahead (counting its steps would pack the stream)"
+            )
+        n = count_steps(self, RowStream(self, start["schedule"]), first)
+        self._counted = (self._start, n)
+        return n
 
     def describe(self) -> dict[str, Any]:
         """The mixture, its sources and where it stands, for logs."""

@@ -6,7 +6,7 @@ the schedule state at any step boundary is kept). `cut_steps` cuts the next glob
 rank batches as loader/order/steps.py cuts an epoch (`rows_per_batch` rows, or greedily up to
 `tokens_per_batch` and, with static shapes, the document cap); `plan_blocks` plans this rank's
 share of a block of steps at once (rebalanced with `balance=True`; a filler past the end) and
-`plan_steps` yields them one by one. Planning a block at once costs a few microseconds a step
+`plan_steps` yields them one by one (`count_steps` counts them, gathering nothing). Planning a block at once costs a few microseconds a step
 where planning each step alone cost ~40 (numpy's per-call cost, a dozen calls a step): every
 `MixedDataLoader` worker plans every step.
 """
@@ -14,6 +14,7 @@ where planning each step alone cost ~40 (numpy's per-call cost, a dozen calls a 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import numpy as np
 
 from loader.mixture.sources import PackedSource, StreamSource
 from loader.order.balance import balance_step
-from packtool.mixture.schedule import state_after
+from packtool.mixture.schedule import cap_rows, state_after
 
 if TYPE_CHECKING:
     from loader.config import LoaderConfig
@@ -331,6 +332,77 @@ class Block:
     offsets: list[int]
 
 
+def global_steps(
+    ds: MixtureView, stream: RowStream, first: int
+) -> Iterator[list[tuple[int, list[tuple[int, int]]]]]:
+    """Every global step from `first` to the end of the mixture (`total_steps`, the stream's
+    end, a short last step kept or dropped by `drop_last`) as `(step, rank ranges)`, up to
+    `BLOCK_STEPS` steps (one cut) at a time; the stream's rows are read as they are cut."""
+    c = ds.config
+    total = ds.spec.total_steps
+    world = ds.world_size
+    per_block = max(1, min(BLOCK_STEPS, BLOCK_ROWS // (_batch_rows_guess(ds) * world)))
+    step = first
+    while total is None or step < total:
+        cut = cut_steps(ds, stream, per_block if total is None else min(per_block, total - step))
+        if not cut:
+            return
+        steps: list[tuple[int, list[tuple[int, int]]]] = []
+        last = False
+        for ranges in cut:
+            short = len(ranges) < world or (
+                c.rows_per_batch is not None and ranges[-1][1] - ranges[-1][0] < c.rows_per_batch
+            )
+            if short and c.drop_last:
+                last = True
+                break
+            steps.append((step, ranges))
+            step += 1
+            if short:
+                last = True
+                break
+        yield steps
+        if last:
+            return
+
+
+def count_steps(ds: MixtureView, stream: RowStream, first: int) -> int:
+    """How many global steps there are from `first` to the end of the mixture (the steps
+    `plan_blocks` plans, cut but not gathered: the schedule and each row's size only)."""
+    return sum(len(steps) for steps in global_steps(ds, stream, first))
+
+
+def may_end_before(ds: MixtureView, start: dict[str, Any], total: int) -> bool:
+    """Whether the mixture may end before global step `total` from `start` (a state): it has
+    ended, or a source drawn from may reach its `max_epochs` within the rows left (at most
+    `rows_per_batch`, or `tokens_per_batch`, per rank batch) where that stops the mixture
+    (`at_cap` "stop", or every source drawn from has a cap). False is certain: the steps left
+    are `total` less the steps done. A streaming source's cap (epoch length unknown) may."""
+    sched = start["schedule"]
+    if sched["done"] is not None:
+        return True
+    c = ds.config
+    per_batch = c.rows_per_batch if c.rows_per_batch is not None else c.tokens_per_batch
+    most_rows = (total - int(start["step"])) * ds.world_size * per_batch
+    reach = {}  # per source drawn from: whether it may reach its cap
+    for spec, src in zip(ds.spec.sources, ds.sources, strict=True):
+        m = spec.max_epochs
+        if spec.weight <= 0 or m is None:
+            reach[spec.name] = False if spec.weight > 0 else None
+            continue
+        n = src.epoch_rows(0)
+        if n is None:
+            reach[spec.name] = True
+            continue
+        capped = math.floor(m) * n + (cap_rows(m, n) if m > math.floor(m) else 0)
+        at = sched["sources"].get(spec.name, {"epoch": 0, "pos": 0})
+        reach[spec.name] = capped - (int(at["epoch"]) * n + int(at["pos"])) <= most_rows
+    drawn = [s for s in ds.spec.sources if s.weight > 0]
+    return any(reach[s.name] and s.at_cap == "stop" for s in drawn) or all(
+        reach[s.name] for s in drawn
+    )
+
+
 def plan_blocks(
     ds: MixtureView,
     stream: RowStream,
@@ -343,34 +415,10 @@ def plan_blocks(
     block of up to `BLOCK_STEPS` steps at a time (one cut, one sort and one gather per field
     for the block). Without `step_rows` the steps' `rows` are left to the caller (None unless
     rebalanced), which takes its share of the block's rows itself."""
-    c = ds.config
-    total = ds.spec.total_steps
-    world = ds.world_size
-    per_block = max(1, min(BLOCK_STEPS, BLOCK_ROWS // (_batch_rows_guess(ds) * world)))
-    step = first
-    while total is None or step < total:
-        cut = cut_steps(ds, stream, per_block if total is None else min(per_block, total - step))
-        if not cut:
-            return
-        planned: list[tuple[int, list[tuple[int, int]]]] = []
-        last = False
-        for ranges in cut:
-            short = len(ranges) < world or (
-                c.rows_per_batch is not None and ranges[-1][1] - ranges[-1][0] < c.rows_per_batch
-            )
-            if short and c.drop_last:
-                last = True
-                break
-            if own(step):
-                planned.append((step, ranges))
-            step += 1
-            if short:
-                last = True
-                break
+    for steps in global_steps(ds, stream, first):
+        planned = [(k, ranges) for k, ranges in steps if own(k)]
         if planned:
             yield _block(ds, stream, planned, step_rows)
-        if last:
-            return
 
 
 def plan_steps(

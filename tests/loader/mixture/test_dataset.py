@@ -255,6 +255,77 @@ def test_total_steps_and_drop_last(sources):
     assert len(kept) == len(last[0]) - 1
 
 
+def capped(paths, caps, total_steps=100):
+    """`spec` in steps with some sources capped: {index: (max_epochs, at_cap)}."""
+    names = ("web", "code", "books")
+    return MixtureSpec(
+        sources=tuple(
+            SourceSpec(
+                name=n,
+                path=str(p),
+                weight=w,
+                **dict(zip(("max_epochs", "at_cap"), caps.get(i, ()), strict=False)),
+            )
+            for i, (n, p, w) in enumerate(zip(names, paths, WEIGHTS, strict=True))
+        ),
+        total_steps=total_steps,
+    )
+
+
+@pytest.mark.parametrize(
+    ("caps", "kw"),
+    [
+        ({2: (1, "stop")}, dict(rows_per_batch=2)),
+        ({2: (1.5, "stop")}, dict(tokens_per_batch=200, world_size=2)),
+        ({2: (1, "stop")}, dict(rows_per_batch=3, world_size=2, drop_last=True)),
+        ({0: (1, "drop"), 1: (1, "drop"), 2: (2, "drop")}, dict(rows_per_batch=2)),
+    ],
+)
+def test_len_is_the_steps_that_come_when_a_cap_ends_the_mixture_first(sources, caps, kw):
+    # len said total_steps less the steps done (100) where a cap stopped the mixture after 10
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the cap's stop / drops
+        world = kw.pop("world_size", 1)
+        datasets = [
+            MixedDataset(capped(sources, caps), rank=r, world_size=world, **kw)
+            for r in range(world)
+        ]
+        n = len(datasets[0])
+        assert 0 < n < 100
+        for ds in datasets:
+            assert len(ds) == len(MixedDataLoader(ds)) == n == len(stream(ds, workers=1)[0])
+        # from a loaded state: the steps left
+        ds = MixedDataset(capped(sources, caps), world_size=world, **kw)
+        _, state = stream(ds, take=4)
+        ds.load_state_dict(state)
+        assert len(ds) == n - 4 == len(stream(ds)[0])
+        ds.load_state_dict(stream(ds)[1])  # at the end
+        assert len(ds) == 0
+
+
+def test_len_of_a_cap_out_of_reach_is_not_counted(sources, monkeypatch):
+    import loader.mixture.dataset as dataset_module
+
+    def no_count(*args):
+        raise AssertionError("counted")
+
+    # books (6 rows, 0.2 of the tokens) cannot reach 100 epochs in 5 steps of 2 rows
+    ds = MixedDataset(capped(sources, {2: (100, "stop")}, total_steps=5), rows_per_batch=2)
+    monkeypatch.setattr(dataset_module, "count_steps", no_count)
+    assert len(ds) == 5
+    monkeypatch.undo()
+    assert len(stream(ds)[0]) == 5
+
+
+def test_len_of_a_streaming_source_whose_cap_may_end_the_mixture_is_unknown(online):
+    mix = replace(capped_live_spec(online), total_tokens=None, total_steps=10**6)
+    with pytest.raises(TypeError, match="streaming source's cap may end it"):
+        len(MixedDataset(mix, rows_per_batch=2))
+    packed, live = mix.sources  # a packed source's cap out of reach: nothing to count
+    far = (replace(packed, max_epochs=50), replace(live, max_epochs=None))
+    assert len(MixedDataset(replace(mix, sources=far, total_steps=30), rows_per_batch=2)) == 30
+
+
 # --- resume -------------------------------------------------------------------------------
 
 
