@@ -127,6 +127,12 @@ def _check_dataset(ds: Any, args: Any, role: str) -> None:
             f"Trainer process is rank {args.process_index} of {args.world_size}; make it after "
             "TrainingArguments, or pass rank=args.process_index, world_size=args.world_size"
         )
+    if args.dataloader_drop_last:
+        raise ConfigError(
+            f"TrainingArguments(dataloader_drop_last=True) does not reach the {role} "
+            "PackedDataset's batches (they are made whole by the dataset); use "
+            "PackedDataset(..., drop_last=True) and leave dataloader_drop_last False"
+        )
 
 
 def _loader_kwargs(args: Any) -> dict[str, Any]:
@@ -177,8 +183,9 @@ class PackedTrainerMixin:
 
     Raises:
         ConfigError: The dataset is not `layout="hf"`, uses `tokens_per_batch` (Trainer needs the
-            same number of steps every epoch), or was made for another rank; or the model
-            would attend across documents.
+            same number of steps every epoch), or was made for another rank; the arguments
+            set `dataloader_drop_last` (the dataset's `drop_last` drops a short last step);
+            or the model would attend across documents.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

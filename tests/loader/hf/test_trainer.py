@@ -153,6 +153,12 @@ def test_settings_trainer_cannot_follow_are_refused(data, tmp_path):
             PackedTrainer(
                 model=tiny_model(), args=args, train_dataset=PackedDataset(data, **settings)
             )
+    # it was ignored: the last batch still came short (the dataset makes the batches)
+    drop = TrainingArguments(str(tmp_path), use_cpu=True, report_to=[], dataloader_drop_last=True)
+    for role in ("train_dataset", "eval_dataset"):
+        ds = PackedDataset(data, rows_per_batch=5, layout="hf")
+        with pytest.raises(ConfigError, match=r"PackedDataset\(\.\.\., drop_last=True\)"):
+            PackedTrainer(model=tiny_model(), args=drop, **{role: ds})
     cache_on = TrainingArguments(str(tmp_path), use_cpu=True, report_to=[], use_cache=True)
     ds = PackedDataset(data, rows_per_batch=2, layout="hf")
     with pytest.raises(ConfigError, match="use_cache is on"):
