@@ -13,8 +13,9 @@ loader/hf/trainer.py and are imported on first use. See docs/integrations.md.
 - `RowCollator`: rows of `hf_dataset` -> one `layout="hf"` batch (for a plain `Trainer`).
 
 Modules: `datasets.py` (the view, the collator, the model check; torch and numpy only until a
-function needs `datasets`), `trainer.py` (transformers' `Trainer` on a `PackedDataset`). May
-import `loader`'s packed/ and top-level modules, `packtool.dataset` and `packtool.errors`.
+function needs `datasets`), `trainer.py` (transformers' `Trainer` on a `PackedDataset` or a
+`MixedDataset`). May import `loader`'s packed/ and top-level modules (mixture/ only where a
+`MixedDataset` is given), `packtool.dataset` and `packtool.errors`.
 """
 
 from __future__ import annotations

@@ -16,10 +16,19 @@ batches, which `PackedDataset.seek(epoch, k)` has already placed at step k of th
 refuses a placeholder and checks that the first batch trained after the resume is the view's
 first real one, so a skip count that ever disagreed would fail loudly instead of silently
 dropping or repeating data.
+
+A `MixedDataset` (layout="hf") trains the same way through a `MixedDataLoader`
+(`MixtureTrainerLoader`): the mixture is read once (Trainer's epochs continue it; `len` is its
+steps, none without `total_steps`, and Trainer is held to them), and its position is saved with
+every checkpoint (`MixturePosition`, in trainer_state.json) and loaded on a resume, where the
+skip's placeholders are dropped as above: the position, not the step count, places the stream,
+so a mixture changed between the runs resumes as `MixedDataset.load_state_dict` says.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +36,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from loader.hf.datasets import check_packed_model
 from loader.packed.dataloader import PackedDataLoader
@@ -54,7 +64,7 @@ class _SkipView(IterableDataset):
         for _ in range(self.placeholders):
             yield SkippedBatch()
         self.placeholders = 0
-        for i, batch in enumerate(self.owner.loader):
+        for i, batch in enumerate(self.owner.batches()):
             if i == 0:
                 self.first_real = batch
             yield batch
@@ -86,6 +96,10 @@ class TrainerLoader:
         self.steps = self.packed.plan(0).num_steps
 
     def __iter__(self) -> Iterator[dict]:
+        return self.batches()
+
+    def batches(self) -> Iterator[dict]:
+        """The loader's batches (what the skip view yields after its placeholders)."""
         return iter(self.loader)
 
     def __len__(self) -> int:
@@ -94,7 +108,7 @@ class TrainerLoader:
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
 
-    def resume(self, epoch: int, skip: int) -> None:
+    def resume(self, epoch: int, skip: int, position: dict[str, Any] | None = None) -> None:
         """Place the stream at step `skip` of `epoch`, and let the skip drop placeholders."""
         self.packed.seek(epoch, skip)
         self.dataset.placeholders = skip
@@ -107,31 +121,146 @@ class TrainerLoader:
         self.loader.load_state_dict(state)
 
 
-def _check_dataset(ds: Any, args: Any, role: str) -> None:
-    if not isinstance(ds, PackedDataset):
+class MixtureTrainerLoader(TrainerLoader):
+    """`TrainerLoader` for a `MixedDataset` (wraps a `MixedDataLoader`).
+
+    The mixture is read once: `set_epoch` does nothing and an iteration after the first
+    continues where the last one stopped (Trainer's next epoch gets no batch once the mixture
+    has ended, and stops), and `len` is the mixture's steps (`MixedDataset.__len__`; a
+    `TypeError` without `total_steps`: Trainer then needs `max_steps`).
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.dataset = _SkipView(self)
+        try:
+            self.steps: int | None = len(loader)
+        except TypeError:
+            self.steps = None
+        self._started = False
+
+    def batches(self) -> Iterator[dict]:
+        if self._started:  # continue the mixture, never start it over
+            self.loader.load_state_dict(self.loader.state_dict())
+        self._started = True
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        if self.steps is None:
+            raise TypeError("a mixture without total_steps has no length in steps")
+        return self.steps
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def resume(self, epoch: int, skip: int, position: dict[str, Any] | None = None) -> None:
+        """Continue from `position` (a `MixedDataLoader` state), and let the skip drop `skip`
+        placeholders."""
+        if position is not None:
+            self.loader.load_state_dict(position)
+        self.dataset.placeholders = skip
+        self.dataset.first_real = None
+
+
+class MixturePosition(TrainerCallback, ExportableState):
+    """Saves the train mixture's position (`MixedDataLoader.state_dict()`) with every
+    checkpoint, in trainer_state.json (`TrainerState.stateful_callbacks`), for
+    `PackedTrainerMixin` to resume from. As JSON text: Trainer writes the file with sorted
+    keys, and the order of the state's sources is the mixture's (a reordered one reads as a
+    changed mixture)."""
+
+    def __init__(self) -> None:
+        self.loader: Any = None
+
+    def state(self) -> dict[str, Any]:
+        position = json.dumps(self.loader.state_dict()) if self.loader is not None else None
+        return {"args": {}, "attributes": {"position": position}}
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        if isinstance(train_dataloader, MixtureTrainerLoader):
+            self.loader = train_dataloader.loader
+        # a checkpoint saved without it (Trainer's save expects every exported state's key)
+        state.stateful_callbacks.setdefault(type(self).__name__, self.state())
+
+
+def _saved_position(state: Any) -> dict[str, Any] | None:
+    saved = (state.stateful_callbacks or {}).get(MixturePosition.__name__)
+    position = saved.get("attributes", {}).get("position") if isinstance(saved, dict) else None
+    if not isinstance(position, str):
+        return None
+    try:
+        return json.loads(position)
+    except ValueError:
+        raise ConfigError(
+            "the checkpoint's mixture position (MixturePosition in its trainer_state.json) is "
+            "not JSON; the checkpoint is damaged"
+        ) from None
+
+
+def _mixed(ds: Any) -> bool:
+    """Whether `ds` is a `MixedDataset` (its module is loaded where there is one: importing it
+    would load numba's kernels)."""
+    found = sys.modules.get("loader.mixture.dataset")
+    return found is not None and isinstance(ds, found.MixedDataset)
+
+
+def _check_mixture_steps(ds: Any, args: Any) -> None:
+    """Trainer's steps against the train mixture's: it is read once, so the steps Trainer plans
+    (its learning-rate schedule's) must be there."""
+    try:
+        steps = len(ds)
+    except TypeError:
+        if args.max_steps <= 0:
+            raise ConfigError(
+                "the train MixedDataset has no length in steps (no total_steps): give "
+                "TrainingArguments(max_steps=...), or the mixture a total_steps"
+            ) from None
         return
+    ga = args.gradient_accumulation_steps
+    updates = math.ceil(steps / ga)
+    if args.max_steps > updates:
+        raise ConfigError(
+            f"max_steps {args.max_steps} is more than the {updates} optimizer steps the train "
+            f"MixedDataset holds ({steps} batches, gradient_accumulation_steps {ga}); a mixture "
+            "is read once: lower max_steps, or raise the mixture's total_steps"
+        )
+    if args.max_steps <= 0 and args.num_train_epochs > 1:
+        raise ConfigError(
+            f"num_train_epochs {args.num_train_epochs:g} would read the train MixedDataset more "
+            "than once, but a mixture is read once (repeat a source with its max_epochs): set "
+            "num_train_epochs=1, or max_steps"
+        )
+
+
+def _check_dataset(ds: Any, args: Any, role: str) -> None:
+    mixed = _mixed(ds)
+    if not mixed and not isinstance(ds, PackedDataset):
+        return
+    kind = "MixedDataset" if mixed else "PackedDataset"
     c = ds.config
     if c.layout != "hf":
         raise ConfigError(
-            f"the {role} PackedDataset gives layout={c.layout!r} batches; transformers models "
-            "take layout='hf' (PackedDataset(..., layout='hf'))"
+            f"the {role} {kind} gives layout={c.layout!r} batches; transformers models "
+            f"take layout='hf' ({kind}(..., layout='hf'))"
         )
-    if role == "train" and c.rows_per_batch is None:
+    if mixed and role == "train":
+        _check_mixture_steps(ds, args)
+    if role == "train" and not mixed and c.rows_per_batch is None:
         raise ConfigError(
             "Trainer counts every epoch as len(loader) steps, but with tokens_per_batch the "
             "number of steps changes from epoch to epoch; use rows_per_batch"
         )
     if (ds.rank, ds.world_size) != (args.process_index, args.world_size):
         raise ConfigError(
-            f"the {role} PackedDataset was made for rank {ds.rank} of {ds.world_size} but this "
+            f"the {role} {kind} was made for rank {ds.rank} of {ds.world_size} but this "
             f"Trainer process is rank {args.process_index} of {args.world_size}; make it after "
             "TrainingArguments, or pass rank=args.process_index, world_size=args.world_size"
         )
     if args.dataloader_drop_last:
         raise ConfigError(
-            f"TrainingArguments(dataloader_drop_last=True) does not reach the {role} "
-            "PackedDataset's batches (they are made whole by the dataset); use "
-            "PackedDataset(..., drop_last=True) and leave dataloader_drop_last False"
+            f"TrainingArguments(dataloader_drop_last=True) does not reach the {role} {kind}'s "
+            f"batches (they are made whole by the dataset); use {kind}(..., drop_last=True) "
+            "and leave dataloader_drop_last False"
         )
 
 
@@ -162,17 +291,32 @@ class _PackedEpochs(TrainerCallback):
         loader = kwargs.get("train_dataloader")
         if not isinstance(loader, TrainerLoader) or state.global_step == 0:
             return
-        # transformers.Trainer._init_training_state / set_initial_training_values.
+        # transformers.Trainer._init_training_state / set_initial_training_values (without a
+        # length, an epoch is max_steps).
         ga = args.gradient_accumulation_steps
-        per_epoch = max(len(loader) // ga + int(len(loader) % ga > 0), 1)
+        if loader.steps is None:
+            per_epoch = args.max_steps
+        else:
+            per_epoch = max(loader.steps // ga + int(loader.steps % ga > 0), 1)
         epoch = state.global_step // per_epoch
         skip = 0 if args.ignore_data_skip else (state.global_step % per_epoch) * ga
-        loader.resume(epoch, skip)
+        position = None
+        if isinstance(loader, MixtureTrainerLoader) and not args.ignore_data_skip:
+            position = _saved_position(state)
+            if position is None:
+                raise ConfigError(
+                    f"the checkpoint at global step {state.global_step} holds no mixture "
+                    "position (MixturePosition in its trainer_state.json, saved by "
+                    "PackedTrainer training on a MixedDataset); resume with "
+                    "ignore_data_skip=True to start the mixture over"
+                )
+        loader.resume(epoch, skip, position)
         trainer._packed_expect_first = skip > 0
 
 
 class PackedTrainerMixin:
-    """Mix into a `transformers.Trainer` subclass to train on a `PackedDataset` (layout="hf").
+    """Mix into a `transformers.Trainer` subclass to train on a `PackedDataset` or a
+    `MixedDataset` (layout="hf").
 
     The train loader is a `PackedDataLoader` (workers, pinning and prefetch from
     `TrainingArguments.dataloader_*`); each epoch is the dataset's own permutation of that
@@ -181,14 +325,24 @@ class PackedTrainerMixin:
     checked (`check_packed_model`) at init and when training starts. A `PackedDataset` given as
     `eval_dataset` is read in stored order by a `PackedDataLoader` too.
 
+    A `MixedDataset` (layout="hf") as `train_dataset` is read by a `MixedDataLoader`, once
+    (`MixtureTrainerLoader`; `num_train_epochs` 1 or `max_steps` within its steps), and its
+    position is saved with every checkpoint and continued by `resume_from_checkpoint`
+    (`MixturePosition`); as `eval_dataset`, a `MixedDataLoader` from its start.
+
     Raises:
-        ConfigError: The dataset is not `layout="hf"`, uses `tokens_per_batch` (Trainer needs the
-            same number of steps every epoch), or was made for another rank; the arguments
-            set `dataloader_drop_last` (the dataset's `drop_last` drops a short last step);
-            or the model would attend across documents.
+        ConfigError: The dataset is not `layout="hf"`, or was made for another rank; a
+            `PackedDataset` uses `tokens_per_batch` (Trainer needs the same number of steps
+            every epoch); a `MixedDataset` holds fewer steps than Trainer would take (or has no
+            length and no `max_steps` is given); the arguments set `dataloader_drop_last` (the
+            dataset's `drop_last` drops a short last step); the model would attend across
+            documents; a resume from a checkpoint without the mixture's position.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        train, targs = kwargs.get("train_dataset"), kwargs.get("args")
+        if _mixed(train) and targs is not None:  # before Trainer's own (multi-line) refusal
+            _check_mixture_steps(train, targs)
         super().__init__(*args, **kwargs)
         _check_dataset(self.train_dataset, self.args, "train")
         evals = (
@@ -201,9 +355,15 @@ class PackedTrainerMixin:
         check_packed_model(self.model)  # after Trainer set use_cache from TrainingArguments
         self._packed_expect_first = False
         self.add_callback(_PackedEpochs(self))
+        if _mixed(self.train_dataset):
+            self.add_callback(MixturePosition())
 
     def get_train_dataloader(self) -> Any:
         ds = self.train_dataset
+        if _mixed(ds):
+            from loader.mixture.dataloader import MixedDataLoader
+
+            return MixtureTrainerLoader(MixedDataLoader(ds, **_loader_kwargs(self.args)))
         if not isinstance(ds, PackedDataset):
             return super().get_train_dataloader()
         return TrainerLoader(PackedDataLoader(ds, **_loader_kwargs(self.args)))
@@ -212,6 +372,11 @@ class PackedTrainerMixin:
         ds = eval_dataset if eval_dataset is not None else self.eval_dataset
         if isinstance(ds, str):
             ds = self.eval_dataset[ds]
+        if _mixed(ds):
+            from loader.mixture.dataloader import MixedDataLoader
+
+            _check_dataset(ds, self.args, "eval")
+            return MixedDataLoader(ds, **_loader_kwargs(self.args))
         if not isinstance(ds, PackedDataset):
             return super().get_eval_dataloader(eval_dataset)
         _check_dataset(ds, self.args, "eval")

@@ -15,8 +15,10 @@ from packtool.errors import ConfigError
 
 class HFMixedBatch(dict):
     """A `layout="hf"` mixture batch: exactly the keys of `PackedDataset`'s hf batch, so
-    `model(**batch)`, `loader.hf.check_packed_model` and `Trainer` take it unchanged, and the
-    per-document source as the attribute `source` (int64 `(n_docs,)`).
+    `model(**batch)` and `loader.hf.check_packed_model` take it unchanged, and the
+    per-document source as the attribute `source` (int64 `(n_docs,)`). Trainer trains on a
+    `MixedDataset` through `loader.hf.PackedTrainer` (a plain `Trainer`'s loader would batch
+    these batches again).
 
     Not a key: transformers hands keys its forward does not name on to attention and loss
     (`source` is a parameter of its cross entropy, so `model(**batch)` would fail). A copy
