@@ -1,6 +1,7 @@
 """What the Slurm engine asks of Slurm, through its commands: `sbatch`, `squeue`, `scancel`,
 `scontrol`. Each call is one subprocess with its output parsed here; a refusal is a one-line
-`SlurmRefused` (a `ConfigError`) quoting Slurm's own first line. The queue's state is asked
+`SlurmRefused` (a `ConfigError`) quoting Slurm's own line (its first error line, not a warning
+printed before it). The queue's state is asked
 again a few times before a refusal counts: a busy controller answers "Socket timed out" now and
 then, and one such answer must not stop a long run.
 """
@@ -53,9 +54,18 @@ def _run(args: Sequence[str], what: str, timeout: float = 120, own_session: bool
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SlurmRefused(f"--engine slurm: {what} failed ({exc})") from None
     if done.returncode != 0:
-        line = next((s for s in done.stderr.splitlines() if s.strip()), f"exit {done.returncode}")
-        raise SlurmRefused(f"--engine slurm: {what} refused: {line.strip()}")
+        raise SlurmRefused(f"--engine slurm: {what} refused: {refusal_line(done)}")
     return done.stdout
+
+
+def refusal_line(done: subprocess.CompletedProcess) -> str:
+    """The line of a failed command's stderr that says why: the first naming an error (sbatch
+    prints its warnings first: "sbatch: warning: ..." was quoted before "sbatch: error: Invalid
+    account"), else the first line, else the exit status."""
+    lines = [s.strip() for s in done.stderr.splitlines() if s.strip()]
+    return next((s for s in lines if "error" in s.lower()), lines[0] if lines else "") or (
+        f"exit {done.returncode}"
+    )
 
 
 def max_array_size() -> int:

@@ -1,0 +1,52 @@
+"""What the Slurm engine asks of Slurm's commands (packtool/engines/slurm/commands.py), with
+fake `sbatch` and `squeue` scripts first on PATH: no cluster needed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from packtool.engines.slurm import commands as cli
+
+
+def _fake(folder: Path, name: str, body: str) -> Path:
+    """A fake Slurm command `name` in `folder`: it logs its arguments, then runs `body`."""
+    folder.mkdir(exist_ok=True)
+    script = folder / name
+    script.write_text(f'#!/bin/bash\necho "$@" >> {folder / (name + ".args")}\n{body}\n')
+    script.chmod(0o755)
+    return folder / (name + ".args")
+
+
+@pytest.fixture
+def fake_bin(tmp_path, monkeypatch):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("SBATCH_CLUSTERS", raising=False)
+    return folder
+
+
+def test_a_refusal_quotes_the_error_not_the_warning_before_it(fake_bin):
+    """sbatch prints its warnings first: the refusal quoted `sbatch: warning: ...`, not why."""
+    _fake(
+        fake_bin,
+        "sbatch",
+        "echo 'sbatch: warning: can not honor --mem-per-cpu with --mem' >&2\n"
+        "echo 'sbatch: error: Batch job submission failed: Invalid account or account/partition "
+        "combination specified' >&2\nexit 1",
+    )
+    with pytest.raises(cli.SlurmRefused) as refused:
+        cli.test_only(["--account=nosuch"])
+    assert str(refused.value) == (
+        "--engine slurm: sbatch (--test-only) refused: sbatch: error: Batch job submission "
+        "failed: Invalid account or account/partition combination specified"
+    )
+    _fake(fake_bin, "sbatch", "echo '' >&2; echo 'no such thing' >&2; exit 2")
+    with pytest.raises(cli.SlurmRefused, match=r"refused: no such thing$"):
+        cli.test_only([])
+    _fake(fake_bin, "sbatch", "exit 2")
+    with pytest.raises(cli.SlurmRefused, match=r"refused: exit 2$"):
+        cli.test_only([])
