@@ -74,6 +74,13 @@ class Progress:
         if self._bar is not None:
             self._bar.set_postfix_str(text, refresh=True)
 
+    def write(self, text: str) -> None:
+        """`text` as a line on stderr, the bar (if drawn) redrawn below it."""
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
     @property
     def elapsed(self) -> float:
         return time.perf_counter() - self.start

@@ -79,6 +79,8 @@ class ArrayDriver:
         """Tasks an earlier driver queued that this one re-attached to (`describe`)."""
         self.probe_job: str | None = None
         self.probe_target = self.dir  # the folder the probe must see (tests point it elsewhere)
+        self.held_said: set[tuple[str, str]] = set()
+        """(job, state) pairs of held tasks already named on stderr (`_say_held`)."""
         self.max_array = cli.max_array_size()
 
     # --- the run state: which job runs which partitions (a resumed driver re-attaches) ---
@@ -282,6 +284,7 @@ class ArrayDriver:
             if self.probe_job is not None:
                 jobs.add(self.probe_job)
             live = cli.live_tasks(jobs)  # first the queue, then the records
+            self._say_held(live)
             self._check_probe(live)
             for key in sorted(self.open):  # pending ones too: one requeued after its last
                 for p in self._partitions_of(key):  # record finished the run (a stat each)
@@ -348,6 +351,23 @@ class ArrayDriver:
                 f"({line.removeprefix(CANNOT_SEE).strip()}); write the output to a file system "
                 "every node mounts"
             )
+
+    def _say_held(self, live: dict[str, str]) -> None:
+        """A line on stderr, once per job and state, for tasks Slurm holds (REQUEUE_HOLD,
+        SPECIAL_EXIT, SUSPENDED, ...: `commands.HELD_STATES`): the run waits for them, and
+        said nothing."""
+        held: dict[tuple[str, str], int] = {}
+        for key, state in live.items():
+            if state in cli.HELD_STATES:
+                job = key.partition("_")[0]
+                held[job, state] = held.get((job, state), 0) + 1
+        for (job, state), n in sorted(held.items()):
+            if (job, state) not in self.held_said:
+                self.held_said.add((job, state))
+                self.run.bar.write(
+                    f"packtool: Slurm holds {n} task(s) of job {job} ({state}); the run waits "
+                    f"for them: `{cli.HELD_STATES[state]} {job}` lets them run"
+                )
 
     def _progress(self, done: int, total: int, running: int, pending: int, failed: int) -> None:
         self.run.bar.note(

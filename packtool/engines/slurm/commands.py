@@ -18,9 +18,21 @@ from packtool.storage import local as storage
 
 LIVE_STATES = frozenset(
     {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-     "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
+     "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD",
+     "SPECIAL_EXIT"}
 )  # fmt: skip
-"""squeue states of a task that may still write its records."""
+"""squeue states of a task that may still write its records. SPECIAL_EXIT is held as
+REQUEUE_HOLD is (Slurm's own words): counted gone, its partitions were resubmitted, and ran
+twice once it was released."""
+
+HELD_STATES = {
+    "REQUEUE_HOLD": "scontrol release",
+    "SPECIAL_EXIT": "scontrol release",
+    "RESV_DEL_HOLD": "scontrol release",
+    "SUSPENDED": "scontrol resume",
+    "STOPPED": "scancel --signal=CONT",
+}
+"""Live states in which a task runs nothing until someone acts: what releases it."""
 
 RETRY_SECONDS = (2.0, 5.0, 10.0, 20.0, 30.0)
 """The waits before squeue is asked again after a refusal or a timeout (about a minute in all)."""
@@ -99,7 +111,9 @@ def live_tasks(job_ids: Iterable[str], retry: bool = True) -> dict[str, str]:
     ids = [j for j in job_ids]
     if not ids:
         return {}
-    args = [require("squeue"), "-h", "-r", "-j", ",".join(ids), "-o", "%i %T"]
+    # --all: the tasks in partitions hidden from this user too (squeue's default leaves them
+    # out, and a task left out counts gone)
+    args = [require("squeue"), "--all", "-h", "-r", "-j", ",".join(ids), "-o", "%i %T"]
     for wait in (*(RETRY_SECONDS if retry else ()), None):
         try:
             out = _run(args, "squeue", 60)

@@ -176,6 +176,7 @@ class PilotDriver(ArrayDriver):
             if now - last_poll >= self.slurm.poll_seconds:
                 last_poll = now
                 live = cli.live_tasks(self._pilot_jobs())
+                self._say_held(live)
                 lost = self._release_lost(live, gone_once)
                 unclaimed = len(self.pool) - self.cursor + len(self.released)
                 # Every worker gone: what they claimed is released at the next poll (above);

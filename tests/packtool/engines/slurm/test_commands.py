@@ -50,3 +50,12 @@ def test_a_refusal_quotes_the_error_not_the_warning_before_it(fake_bin):
     _fake(fake_bin, "sbatch", "exit 2")
     with pytest.raises(cli.SlurmRefused, match=r"refused: exit 2$"):
         cli.test_only([])
+
+
+def test_squeue_asks_for_every_partition_and_special_exit_is_live(fake_bin):
+    """squeue without --all leaves out the jobs of partitions hidden from the user (each such
+    task counted gone, its partitions resubmitted); SPECIAL_EXIT, held as REQUEUE_HOLD is,
+    counted gone too, so a released task ran its partitions beside their resubmission."""
+    args = _fake(fake_bin, "squeue", "printf '7_0 SPECIAL_EXIT\\n7_1 RUNNING\\n7_2 COMPLETED\\n'")
+    assert cli.live_tasks(["7"]) == {"7_0": "SPECIAL_EXIT", "7_1": "RUNNING"}
+    assert args.read_text().split()[:1] == ["--all"]

@@ -1,0 +1,83 @@
+"""How the Slurm drivers (packtool/engines/slurm/arrays.py, pilots.py) follow their tasks, the
+queue's answers faked (`commands.live_tasks` a scripted sequence), and the scripts they write,
+run here with bash: no cluster needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from packtool.engines import records
+from packtool.engines.base import workers_lost
+from packtool.engines.slurm import commands as cli
+from packtool.engines.slurm.arrays import ArrayDriver
+from packtool.engines.slurm.config import SlurmConfig
+from packtool.engines.slurm.pilots import PilotDriver
+from packtool.progress import Progress
+
+
+class Stop(Exception):
+    """The faked queue's end: the driver would poll on."""
+
+
+def _driver(kind, tmp_path, monkeypatch, queue=(), **slurm):
+    """A driver of `kind` over a run of 4 partitions in `tmp_path`, whose polls of the queue
+    answer `queue` one after another (then `Stop`), and whose submits are only noted
+    (`driver.submits`)."""
+    answers = iter(queue)
+
+    def live_tasks(jobs, retry=True):
+        try:
+            return dict(next(answers))
+        except StopIteration:
+            raise Stop from None
+
+    monkeypatch.setattr(cli, "live_tasks", live_tasks)
+    monkeypatch.setattr(cli, "cancel", lambda jobs, wait=0.0: None)
+    monkeypatch.setattr(cli, "max_array_size", lambda: 4)
+    work = tmp_path / "staging"
+    accounted: list[int] = []
+    run = SimpleNamespace(
+        work=work,
+        out_dir=str(tmp_path / "out"),
+        account=lambda record: accounted.append(record["partition"]),
+        workers_lost=lambda what, advice: workers_lost(work, what, advice, 4),
+        bar=Progress("test", enabled=False),
+        context=None,
+    )
+    driver = kind(run, SlurmConfig(poll_seconds=0.01, **slurm), [])
+    driver.accounted = accounted
+    driver.submits = []
+    monkeypatch.setattr(driver, "_submit", lambda parts: driver.submits.append(parts))
+    monkeypatch.setattr(driver, "_submit_workers", lambda n: driver.submits.append(n), False)
+    return driver
+
+
+def _record(work: Path, p: int) -> None:
+    records.write_record(work, {"partition": p, "shards": [], "counts": {}})
+
+
+@pytest.mark.parametrize("kind", [ArrayDriver, PilotDriver])
+def test_a_held_task_is_named_once(tmp_path, monkeypatch, capsys, kind):
+    """A task Slurm holds (SPECIAL_EXIT, REQUEUE_HOLD, SUSPENDED, ...) runs nothing until
+    someone acts, and the driver waited on it without a word."""
+    held = {"5_0": "SPECIAL_EXIT", "5_1": "SPECIAL_EXIT", "5_2": "SUSPENDED", "5_3": "RUNNING"}
+    driver = _driver(kind, tmp_path, monkeypatch, queue=[held] * 3, workers=1)
+    driver._add_job("5", {"array": "a0", "pilots": 4, "tasks": [[0], [1], [2], [3]]})
+    if kind is PilotDriver:
+        driver.pool = [0, 1, 2, 3]
+        driver.running = {p: f"5_{p}" for p in range(4)}
+        run = lambda: driver._follow({0, 1, 2, 3}, set())  # noqa: E731
+    else:
+        run = lambda: driver._wait({0, 1, 2, 3})  # noqa: E731
+    with pytest.raises(Stop):
+        run()
+    lines = [s for s in capsys.readouterr().err.splitlines() if s.strip()]
+    assert lines == [
+        "packtool: Slurm holds 2 task(s) of job 5 (SPECIAL_EXIT); the run waits for them: "
+        "`scontrol release 5` lets them run",
+        "packtool: Slurm holds 1 task(s) of job 5 (SUSPENDED); the run waits for them: "
+        "`scontrol resume 5` lets them run",
+    ]
