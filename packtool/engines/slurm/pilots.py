@@ -13,8 +13,9 @@ partitions through the same `worker.run_partition`.
 
 The driver follows the claims, not the tasks: the workers claim in plan order, so every
 partition before the first unclaimed one was claimed, and a poll stats the claims from there on
-(new ones), the records of the claimed, unfinished partitions (at most N) and the claims the
-driver itself released; one squeue of the workers' jobs at most every `poll_seconds`. It never
+(new ones), the records of the claimed, unfinished partitions (at most N), and the claims the
+driver itself released with their records (a partition recorded after its claim was released
+is done: no worker claims it again); one squeue of the workers' jobs at most every `poll_seconds`. It never
 lists or reads what is finished.
 
 Faults: a worker that leaves the queue (killed, cancelled, preempted, timed out, node lost)
@@ -161,7 +162,14 @@ class PilotDriver(ArrayDriver):
                     self.running.setdefault(p, "")
                 self.cursor += 1
             for p in list(self.released):
-                if storage.exists(self._claim(p)):
+                if storage.exists(records.record_path(self.run.work, p)):
+                    # Finished all the same: its record was out of sight when the claim was
+                    # released (a file system's cached lookup, a requeued worker holding it),
+                    # and no worker claims a partition with a record (the run failed waiting)
+                    self.released.discard(p)
+                    self.run.account(records.read_record(self.run.work, p))
+                    done.add(p)
+                elif storage.exists(self._claim(p)):
                     self.released.discard(p)
                     self.running[p] = ""
             for p in list(self.running):

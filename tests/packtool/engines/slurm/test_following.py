@@ -59,6 +59,22 @@ def _record(work: Path, p: int) -> None:
     records.write_record(work, {"partition": p, "shards": [], "counts": {}})
 
 
+def test_a_released_partition_recorded_after_its_release_finishes_the_run(tmp_path, monkeypatch):
+    """Pull mode: a claim released because its record was not seen yet (a file system's cached
+    lookup; a requeued worker still holding it) was then followed only for a new claim, which
+    no worker makes for a partition with a record: the run, all its partitions finished,
+    failed with `Slurm workers ended 4 times without finishing a partition`."""
+    driver = _driver(PilotDriver, tmp_path, monkeypatch, queue=[{}] * 20, workers=1)
+    driver.jobs = {"7": {"array": "w0", "pilots": 1, "tasks": []}}
+    driver.pool = [0, 1]
+    (driver.claims / "000000").write_text("7_0")
+    _record(driver.run.work, 0)
+    driver.released = {1}  # its claim removed: its record was out of sight then
+    _record(driver.run.work, 1)  # and is seen now
+    driver._follow({0, 1}, {0})
+    assert sorted(driver.accounted) == [0, 1]
+
+
 @pytest.mark.parametrize("kind", [ArrayDriver, PilotDriver])
 def test_a_held_task_is_named_once(tmp_path, monkeypatch, capsys, kind):
     """A task Slurm holds (SPECIAL_EXIT, REQUEUE_HOLD, SUSPENDED, ...) runs nothing until
