@@ -258,7 +258,7 @@ class ArrayDriver:
         if storage.is_file(self.dir / PROBE_OK):
             self.probe_job = None
             return
-        self._check_visible(self.logs / "probe.log")
+        self._check_visible(self.logs / "probe.log", probe=True)
         raise ConfigError(
             f"--engine slurm: the probe job {self.probe_job} failed before any partition ran "
             f"(log: {self.logs / 'probe.log'}{last_line(self.logs / 'probe.log')})"
@@ -338,19 +338,30 @@ class ArrayDriver:
             self._progress(len(done), len(todo), running, pending, sum(self.attempts.values()))
             time.sleep(self.slurm.poll_seconds)
 
-    def _check_visible(self, log: Path) -> None:
-        """A node that cannot see the run's folder: one line now, not retries."""
+    def _check_visible(self, log: Path, probe: bool = False) -> None:
+        """A node that cannot see the run's folder: one line now, not retries. Found by the
+        probe, or before any partition finished, a `ConfigError` (nothing to keep); mid-run
+        (a node without the mount among nodes with it), `WorkersLost`, which keeps the finished
+        partitions for `--resume` (as a ConfigError, a fresh run's staging folder was removed
+        with them: `output_folder.discard_staging`)."""
         try:
             text = storage.read_text(log) if storage.is_file(log) else ""
         except (OSError, UnicodeDecodeError):
             return
         line = next((s for s in text.splitlines() if s.startswith(CANNOT_SEE)), None)
-        if line is not None:
+        if line is None:
+            return
+        where = line.removeprefix(CANNOT_SEE).strip()
+        if probe or not records.finished(self.run.work):
             raise ConfigError(
-                f"--engine slurm: the cluster's nodes cannot see the run's folder "
-                f"({line.removeprefix(CANNOT_SEE).strip()}); write the output to a file system "
-                "every node mounts"
+                f"--engine slurm: the cluster's nodes cannot see the run's folder ({where}); "
+                "write the output to a file system every node mounts"
             )
+        raise self.run.workers_lost(
+            f"--engine slurm: a node cannot see the run's folder mid-run ({where})",
+            "keep that node out with --sbatch-arg=--exclude=NODE, or write the output to a file "
+            "system every node mounts",
+        )
 
     def _say_held(self, live: dict[str, str]) -> None:
         """A line on stderr, once per job and state, for tasks Slurm holds (REQUEUE_HOLD,

@@ -11,10 +11,13 @@ import pytest
 
 from packtool.engines import records
 from packtool.engines.base import workers_lost
+from packtool.engines.output_folder import discard_staging
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.arrays import ArrayDriver
 from packtool.engines.slurm.config import SlurmConfig
 from packtool.engines.slurm.pilots import PilotDriver
+from packtool.engines.slurm.task import CANNOT_SEE
+from packtool.errors import ConfigError, WorkersLost
 from packtool.progress import Progress
 
 
@@ -97,3 +100,22 @@ def test_a_held_task_is_named_once(tmp_path, monkeypatch, capsys, kind):
         "packtool: Slurm holds 1 task(s) of job 5 (SUSPENDED); the run waits for them: "
         "`scontrol resume 5` lets them run",
     ]
+
+
+def test_a_node_without_the_mount_mid_run_keeps_the_finished_work(tmp_path, monkeypatch):
+    """A task that could not see the run's folder raised a ConfigError wherever it came: mid-
+    run, a fresh run's staging folder then went with its finished partitions (a ConfigError
+    is the command's mistake). Only the probe, or a run with nothing finished, says so now."""
+    driver = _driver(ArrayDriver, tmp_path, monkeypatch)
+    log = tmp_path / "task.log"
+    log.write_text(f"{CANNOT_SEE} {driver.dir} from node7\n")
+    with pytest.raises(ConfigError, match="nodes cannot see the run's folder"):
+        driver._check_visible(log)  # nothing finished: the command's mistake
+    _record(driver.run.work, 2)
+    with pytest.raises(WorkersLost) as lost:
+        driver._check_visible(log)
+    line = str(lost.value)
+    assert "node7" in line and "its 1 finished partition(s) are kept" in line, line
+    assert not discard_staging(lost.value, None, driver.run.work)
+    with pytest.raises(ConfigError):
+        driver._check_visible(log, probe=True)
