@@ -8,6 +8,7 @@ then, and one such answer must not stop a long run.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -78,6 +79,25 @@ def refusal_line(done: subprocess.CompletedProcess) -> str:
     return next((s for s in lines if "error" in s.lower()), lines[0] if lines else "") or (
         f"exit {done.returncode}"
     )
+
+
+def refuse_other_clusters(options: Sequence[str]) -> None:
+    """sbatch `--clusters` / `-M` (or `SBATCH_CLUSTERS`) submits to another cluster, where this
+    driver's squeue and scancel (asking this one) never see its jobs: every task looked gone
+    and was resubmitted. Refused in one line before any work."""
+    named = [
+        " ".join(options[i : i + (2 if o in ("-M", "--clusters") else 1)])
+        for i, o in enumerate(options)
+        if o.startswith(("--clusters", "-M"))
+    ]
+    if os.environ.get("SBATCH_CLUSTERS"):
+        named.append(f"SBATCH_CLUSTERS={os.environ['SBATCH_CLUSTERS']}")
+    if named:
+        raise ConfigError(
+            f"--engine slurm: {named[0]} submits to another Slurm cluster, whose jobs this "
+            "driver cannot follow (its squeue and scancel ask this cluster); run packtool on a "
+            "login node of that cluster, without it"
+        )
 
 
 def max_array_size() -> int:

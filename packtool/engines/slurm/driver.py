@@ -92,9 +92,11 @@ def slurm_driver(slurm: SlurmConfig, out_dir: str | Path) -> Driver:
 
 def slurm_options(slurm: SlurmConfig, out_dir: str | Path) -> list[str]:
     """The sbatch options of a run into `out_dir`, checked with Slurm (`sbatch --test-only`)
-    before any work: a bad partition, account or QoS is one line, nothing written."""
+    before any work: a bad partition, account or QoS is one line, nothing written; so is
+    `--clusters` (`commands.refuse_other_clusters`)."""
     cli.require()
     options = slurm.options(f"packtool-{Path(out_dir).name}")
+    cli.refuse_other_clusters(options)
     cli.test_only(options)
     return options
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from packtool.engines.slurm import commands as cli
+from packtool.engines.slurm.driver import SlurmConfig, slurm_options
+from packtool.errors import ConfigError
 
 
 def _fake(folder: Path, name: str, body: str) -> Path:
@@ -59,3 +61,30 @@ def test_squeue_asks_for_every_partition_and_special_exit_is_live(fake_bin):
     args = _fake(fake_bin, "squeue", "printf '7_0 SPECIAL_EXIT\\n7_1 RUNNING\\n7_2 COMPLETED\\n'")
     assert cli.live_tasks(["7"]) == {"7_0": "SPECIAL_EXIT", "7_1": "RUNNING"}
     assert args.read_text().split()[:1] == ["--all"]
+
+
+@pytest.mark.parametrize(
+    "given", [("--clusters=gpu",), ("--clusters", "gpu"), ("-M", "gpu"), ("-Mgpu",), "env"]
+)
+def test_sbatch_args_naming_another_cluster_are_refused_before_any_work(
+    fake_bin, tmp_path, monkeypatch, given
+):
+    """`--sbatch-arg=--clusters=gpu`: sbatch answered `4567;gpu`, the driver kept `4567` and
+    asked squeue and scancel of this cluster, where the job is not: every task looked gone,
+    was resubmitted, and the run failed with its jobs still queued there. One line now, before
+    sbatch is asked anything."""
+    args = _fake(fake_bin, "sbatch", "exit 0")
+    if given == "env":
+        monkeypatch.setenv("SBATCH_CLUSTERS", "gpu")
+        given = ()
+    with pytest.raises(ConfigError) as refused:
+        slurm_options(SlurmConfig(sbatch_args=tuple(given)), tmp_path / "out")
+    line = str(refused.value)
+    assert "another Slurm cluster" in line and "gpu" in line and "\n" not in line, line
+    assert not args.exists()  # nothing submitted, not even --test-only
+
+
+def test_a_cluster_constraint_is_no_other_cluster(fake_bin, tmp_path):
+    args = _fake(fake_bin, "sbatch", "exit 0")
+    slurm_options(SlurmConfig(sbatch_args=("--cluster-constraint=a",)), tmp_path / "out")
+    assert "--test-only" in args.read_text()
