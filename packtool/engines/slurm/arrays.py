@@ -309,6 +309,7 @@ class ArrayDriver:
                     self.open.discard(key)
                     continue
                 if key in live:
+                    gone_once.discard(key)  # back (a requeue): gone twice in a row counts
                     continue
                 if key not in gone_once:  # out of the queue: look again (records may lag)
                     gone_once.add(key)

@@ -219,6 +219,7 @@ class PilotDriver(ArrayDriver):
             owner = self.running[p] or self._owner(p)
             self.running[p] = owner
             if not owner or owner in live:
+                gone_once.discard(owner)  # back (a requeue): gone twice in a row counts
                 continue
             if owner not in gone_once:
                 gone_once.add(owner)

@@ -76,6 +76,17 @@ def _cpus() -> int:
     return 1
 
 
+def _claim_owner(claim: Path) -> str:
+    """Who holds `claim` ("" for a claim the driver removed since the listing: a traceback and
+    one more attempt of the partition before)."""
+    from packtool.storage import local as storage
+
+    try:
+        return storage.read_text(claim)
+    except OSError:
+        return ""
+
+
 def worker_key() -> str:
     """This array task as squeue names it: `ARRAYJOB_TASK`."""
     job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID", "0")
@@ -133,7 +144,7 @@ def main(argv: list[str]) -> int:
             own = {  # (a claim's temporary, hidden, is no claim: `writing.create_exclusive`)
                 int(c.name)
                 for c in storage.list_dir(claims)
-                if c.name.isdigit() and storage.read_text(c) == key
+                if c.name.isdigit() and _claim_owner(c) == key
             }
         parts = np.frombuffer(storage.read_bytes(slurm_dir / f"{array}.parts"), dtype=np.int64)
         for i, p in enumerate(parts.tolist()):

@@ -78,6 +78,29 @@ def test_a_released_partition_recorded_after_its_release_finishes_the_run(tmp_pa
     assert sorted(driver.accounted) == [0, 1]
 
 
+def test_a_worker_back_in_the_queue_is_not_gone_once_more(tmp_path, monkeypatch):
+    """Pull mode: a worker seen gone once is released only if gone at the next poll too
+    (records may lag); one gone once, back, then gone once again (a requeue) counted as gone
+    twice, and its partition ran a second time beside it."""
+    driver = _driver(PilotDriver, tmp_path, monkeypatch, workers=1)
+    driver.running = {0: "7_0"}
+    (driver.claims / "000000").write_text("7_0")
+    gone_once: set[str] = set()
+    polls = [{}, {"7_0": "RUNNING"}, {}]
+    assert [driver._release_lost(live, gone_once) for live in polls] == [0, 0, 0]
+    assert (driver.claims / "000000").exists() and driver.running == {0: "7_0"}
+
+
+def test_a_task_back_in_the_queue_is_not_gone_once_more(tmp_path, monkeypatch):
+    """Fixed shares: as pull mode's (above), its partitions resubmitted while it ran them."""
+    polls = [{}, {"5_0": "RUNNING"}, {}]
+    driver = _driver(ArrayDriver, tmp_path, monkeypatch, queue=polls)
+    driver._add_job("5", {"array": "a0", "tasks": [[0]]})
+    with pytest.raises(Stop):
+        driver._wait({0})
+    assert driver.submits == []
+
+
 @pytest.mark.parametrize("kind", [ArrayDriver, PilotDriver])
 def test_a_held_task_is_named_once(tmp_path, monkeypatch, capsys, kind):
     """A task Slurm holds (SPECIAL_EXIT, REQUEUE_HOLD, SUSPENDED, ...) runs nothing until
