@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pickle
 import shlex
 import sys
@@ -147,13 +148,31 @@ class ArrayDriver:
         writing.write_atomic(self.dir / f"{array}.jsonl", b"".join(lines))
         writing.write_atomic(self.dir / f"{array}.offsets", offsets.tobytes())
 
+    def _setup(self, stop: bool = True) -> str:
+        """The setup line for a job's script, then (`stop`: a task's script) a stop with its
+        exit status where it ended non-zero (the task ran on without what it set up), then back
+        to the driver's folder, which the inputs' relative paths start from (`cd /proj &&
+        source venv/bin/activate` left the task in /proj). The probe goes on past a non-zero
+        status: `[ "$PACKTOOL_SLURM_ROLE" = task ] && ...` ends 1 there, and its own checks
+        (the interpreter, the folder) say what a task needs."""
+        if not self.slurm.setup:
+            return ""
+        check = (
+            "packtool_setup=$?\n"
+            'if [ "$packtool_setup" -ne 0 ]; then\n'
+            '  echo "packtool-slurm: the setup line ended with exit status $packtool_setup; the '
+            'task stops (a condition: if ...; then ...; fi)" >&2\n'
+            '  exit "$packtool_setup"\n'
+            "fi\n"
+        )
+        return f"{self.slurm.setup}\n{check if stop else ''}cd {shlex.quote(os.getcwd())}\n"
+
     def _script(self, array: str, task: str = '"$SLURM_ARRAY_TASK_ID"') -> Path:
         python = shlex.quote(sys.executable)
-        setup = f"{self.slurm.setup}\n" if self.slurm.setup else ""
         body = (
             "#!/bin/bash\n"
             "export PACKTOOL_SLURM_ROLE=task\n"
-            f"{setup}"
+            f"{self._setup()}"
             f"exec {python} -m packtool.engines.slurm.task {shlex.quote(str(self.dir))} "
             f"{array} {task}\n"
         )
@@ -233,12 +252,19 @@ class ArrayDriver:
         # None yet, or the last one ended without its mark: failed, or cancelled before it ran
         # (the driver's Ctrl-C cancels every job it submitted; reusing that probe made every
         # --resume fail on it). A new probe decides: a real failure fails again, in one line.
+        # The driver's Python must start there and import packtool (a node without the
+        # environment passed the probe, and every task failed after it).
         target = shlex.quote(str(self.probe_target))
-        setup = f"{self.slurm.setup}\n" if self.slurm.setup else ""
+        python = shlex.quote(sys.executable)
+        cannot_import = shlex.quote(f"packtool-slurm: {sys.executable} cannot import packtool on")
         body = (
             "#!/bin/bash\n"
             "export PACKTOOL_SLURM_ROLE=probe\n"
-            f"{setup}"
+            f"{self._setup(stop=False)}"
+            f"if ! {python} -c 'import packtool'; then\n"
+            f'  echo {cannot_import} "$(hostname)" >&2\n'
+            "  exit 3\n"
+            "fi\n"
             f"if [ -d {target} ] && touch {target}/{PROBE_OK}; then exit 0; fi\n"
             f'echo {shlex.quote(f"{CANNOT_SEE} {self.probe_target} from")} "$(hostname)" >&2\n'
             "exit 3\n"

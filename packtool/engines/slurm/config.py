@@ -41,7 +41,9 @@ class SlurmConfig:
     Slurm's scheduling are paid N times a run, not once per partition. None: fixed shares of
     `tasks_per_job` partitions."""
     setup: str | None = None
-    """A shell line run before each task (`module load ...`, `source venv/bin/activate`)."""
+    """A shell line run before each task (`module load ...`, `source venv/bin/activate`): where it
+    ends non-zero the task stops with that status; after it the task goes back to the driver's
+    working folder (`arrays.ArrayDriver._setup`)."""
     wait: bool = True
     """False: submit, print the job ids and return (`Detached`); `--resume` finishes."""
     max_retries: int = 3

@@ -17,7 +17,10 @@ Where the tasks run: each is `SLURM_PYTHON -m packtool.engines.slurm.task ...` w
 packtool (the usual venv or conda environment on the shared file system), with the
 submitting shell's environment (`sbatch`'s default `--export=ALL`); `setup` puts one shell
 line before it (`module load python/3.11`, `source /shared/venv/bin/activate`), after
-`PACKTOOL_SLURM_ROLE` is set to `task` (or `probe` in the probe job, which runs the line too). The inputs and
+`PACKTOOL_SLURM_ROLE` is set to `task` (or `probe` in the probe job, which runs the line too);
+a line that ends non-zero stops the task with that status, and the task then goes back to the driver's
+working folder (relative input paths). The probe also checks that `SLURM_PYTHON` imports
+packtool there. The inputs and
 the output must be on a file system every node sees, or in a bucket: then the tasks read and
 upload their own bytes, and the jobs' scripts, state and logs go to `.packtool-slurm/` in the
 current folder (`state.run_folders`), which the nodes must see.

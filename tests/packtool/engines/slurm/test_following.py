@@ -4,6 +4,9 @@ run here with bash: no cluster needed."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +17,7 @@ from packtool.engines.base import workers_lost
 from packtool.engines.output_folder import discard_staging
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.arrays import ArrayDriver
-from packtool.engines.slurm.config import SlurmConfig
+from packtool.engines.slurm.config import PROBE_OK, SlurmConfig
 from packtool.engines.slurm.pilots import PilotDriver
 from packtool.engines.slurm.task import CANNOT_SEE
 from packtool.errors import ConfigError, WorkersLost
@@ -142,3 +145,52 @@ def test_a_node_without_the_mount_mid_run_keeps_the_finished_work(tmp_path, monk
     assert not discard_staging(lost.value, None, driver.run.work)
     with pytest.raises(ConfigError):
         driver._check_visible(log, probe=True)
+
+
+def _fake_python(folder: Path) -> Path:
+    """An interpreter that says where it ran and with what (and cannot import packtool)."""
+    folder.mkdir()
+    python = folder / "python"
+    python.write_text('#!/bin/bash\nif [ "$1" = -c ]; then exit 1; fi\necho "ran in $PWD: $*"\n')
+    python.chmod(0o755)
+    return python
+
+
+@pytest.mark.parametrize("setup", ["cd / && true", "(exit 5)"])
+def test_the_task_script_goes_back_to_the_submit_folder_and_stops_on_a_failed_setup(
+    tmp_path, monkeypatch, setup
+):
+    """`--slurm-setup 'cd /proj && source venv/bin/activate'` left the task in /proj, where the
+    inputs' relative paths are not; a setup line that failed went on to run the task."""
+    here = tmp_path / "sub mit 'q'"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setattr(sys, "executable", str(_fake_python(tmp_path / "bin")))
+    driver = _driver(ArrayDriver, tmp_path, monkeypatch, setup=setup)
+    script = driver._script("a0")
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "0"}
+    done = subprocess.run(["bash", str(script)], cwd=here, capture_output=True, text=True, env=env)
+    if setup.startswith("cd"):
+        assert done.returncode == 0 and done.stdout.startswith(f"ran in {here}: "), done
+    else:
+        assert done.returncode == 5 and not done.stdout, done
+        assert "the setup line ended with exit status 5; the task stops" in done.stderr
+
+
+def test_the_probe_fails_where_the_drivers_python_cannot_import_packtool(tmp_path, monkeypatch):
+    """The probe only touched the run's folder: a node without the driver's environment passed
+    it, and every task failed after it. A setup line that ends non-zero in the probe (a
+    condition on the role) does not stop it."""
+    real = sys.executable
+    python = _fake_python(tmp_path / "bin")
+    setup = '[ "$PACKTOOL_SLURM_ROLE" = task ] && exit 7'
+    driver = _driver(ArrayDriver, tmp_path, monkeypatch, setup=setup)
+    monkeypatch.setattr(cli, "submit_array", lambda options, tasks, script: "9")
+    for interpreter, code in ((str(python), 3), (real, 0)):
+        monkeypatch.setattr(sys, "executable", interpreter)
+        driver._probe({})
+        probe = driver.dir / "probe.sh"
+        done = subprocess.run(["bash", str(probe)], capture_output=True, text=True)
+        assert done.returncode == code, done
+        assert (driver.dir / PROBE_OK).exists() == (code == 0)
+        assert (f"{python} cannot import packtool on" in done.stderr) == (code == 3), done
