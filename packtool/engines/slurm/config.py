@@ -29,7 +29,8 @@ class SlurmConfig:
     time: str | None = None
     """Per task, as sbatch takes it (`1:00:00`)."""
     cpus_per_task: int | None = None
-    """Cores per task (default 1): the task's tokenizer threads."""
+    """Cores per task (default 1): the task's tokenizer threads (at most the CPUs it may run on:
+    `task._cpus`)."""
     mem: str | None = None
     sbatch_args: tuple[str, ...] = ()
     """Raw extra sbatch arguments (`--constraint=cpu`, `--requeue`, ...)."""

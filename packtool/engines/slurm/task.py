@@ -69,11 +69,20 @@ def task_error(slurm_dir: Path, partition: int, key: str) -> Exception | None:
 
 
 def _cpus() -> int:
-    for name in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
-        value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return 1
+    """The task's tokenizer threads: the CPUs it may run on (`sched_getaffinity`: Slurm's
+    cgroup or affinity binding), at most Slurm's count for it. SLURM_CPUS_PER_TASK alone was
+    trusted, and a driver inside `salloc -c 32` exports it to tasks submitted without
+    --cpus-per-task: 32 threads on one core."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call on this system
+        usable = os.cpu_count() or 1
+    counts = [
+        int(value)
+        for value in (os.environ.get(n, "") for n in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"))
+        if value.isdigit() and int(value) > 0
+    ]
+    return max(1, min(usable, *counts)) if counts else 1
 
 
 def _claim_owner(claim: Path) -> str:

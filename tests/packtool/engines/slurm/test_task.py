@@ -8,8 +8,32 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from packtool.engines.slurm import task
+
+
+@pytest.mark.parametrize(
+    "per_task,on_node,usable,threads",
+    [
+        ("32", None, {0}, 1),
+        ("32", "2", set(range(4)), 2),
+        (None, "4", {0, 1}, 2),
+        ("3", None, set(range(8)), 3),
+    ],
+)
+def test_the_tokenizer_threads_are_the_cpus_the_task_may_run_on(
+    monkeypatch, per_task, on_node, usable, threads
+):
+    """A driver inside `salloc -c 32` exports SLURM_CPUS_PER_TASK=32 to tasks submitted without
+    --cpus-per-task: each task ran 32 tokenizer threads on its one CPU."""
+    for name, value in (("SLURM_CPUS_PER_TASK", per_task), ("SLURM_CPUS_ON_NODE", on_node)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    monkeypatch.setattr(task.os, "sched_getaffinity", lambda pid: usable, raising=False)
+    assert task._cpus() == threads
 
 
 def _pool(folder: Path, work: Path) -> None:
