@@ -17,7 +17,9 @@ from packtool.mixture.schedule_state import check, ended_at_total
 
 
 def _same_mixture(sch: Any, state: dict[str, Any]) -> bool:
-    if state["unit"] != sch.unit or list(state["sources"]) != sch.names:
+    # The sources' order as saved (`order`; a state of before it: its keys' order, which a
+    # save with sorted keys (json.dumps(sort_keys=True)) changed into a "changed mixture").
+    if state["unit"] != sch.unit or state.get("order", list(state["sources"])) != sch.names:
         return False
     for spec in sch.specs:
         s = state["sources"][spec.name]

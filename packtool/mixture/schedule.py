@@ -495,6 +495,7 @@ class Schedule:
             "done": self.done,
             "segment": dict(self.segment),
             "sources": sources,
+            "order": list(sources),  # a save with sorted keys reorders `sources`, not a list
             "dormant": dict(self.dormant),
             "events": list(self.events),
         }

@@ -92,6 +92,13 @@ def check(state: Any) -> None:
             cap = entry.get("max_epochs")
             if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float))):
                 raise _damaged(f"{group}.{name}.max_epochs", cap)
+    order = state.get("order")  # (states saved before it have none)
+    if order is not None and (
+        not isinstance(order, list)
+        or not all(isinstance(name, str) for name in order)
+        or sorted(order) != sorted(state["sources"])
+    ):
+        raise _damaged("order", order)
     for i, event in enumerate(state["events"]):
         if not isinstance(event, dict) or not event.keys() >= _EVENT:
             raise _damaged(f"events[{i}]", event)
