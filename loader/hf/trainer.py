@@ -165,9 +165,9 @@ class MixtureTrainerLoader(TrainerLoader):
 class MixturePosition(TrainerCallback, ExportableState):
     """Saves the train mixture's position (`MixedDataLoader.state_dict()`) with every
     checkpoint, in trainer_state.json (`TrainerState.stateful_callbacks`), for
-    `PackedTrainerMixin` to resume from. As JSON text: Trainer writes the file with sorted
-    keys, and the order of the state's sources is the mixture's (a reordered one reads as a
-    changed mixture)."""
+    `PackedTrainerMixin` to resume from. As JSON text, kept as the loader wrote it: Trainer
+    writes the file with sorted keys (a state keeps its sources' order in a list, `order`, since
+    a reordered dict read as a changed mixture; text keeps any state as it was)."""
 
     def __init__(self) -> None:
         self.loader: Any = None
