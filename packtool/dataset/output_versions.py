@@ -166,7 +166,7 @@ def clean_after_switch(target: Path, version: str) -> None:
     with ThreadPoolExecutor(4, thread_name_prefix="packtool-commit") as pool:
         state = pool.submit(remove, target / version / RUN_STATE)  # kept till now: `RUN_STATE`
         done = [state, pool.submit(remote_write.abort_uploads, target, only=_in_a_version)]
-        listing = pool.submit(storage.list_dir, target)
+        listing = pool.submit(storage.scan_dir, target)
         record = staging_record(target)
         if record is not None and record["version"] == version:  # never another run's
 
@@ -179,9 +179,12 @@ def clean_after_switch(target: Path, version: str) -> None:
             done.append(pool.submit(staging_after_state))
         other = None if record is None else record["version"]
         entries = listing.result()
-        stray = _stray_versions(entries, {version, other})
-        stray += [e for e in entries if _unversioned_file(e.name)]
+        stray = _stray_versions([e for e, file in entries if not file], {version, other})
         done += [pool.submit(remove, entry) for entry in stray]
+        # One object each, never what is under a prefix of its name (a user's notes in
+        # `shard-x.parquet/` went with it until 2026-12-07).
+        unversioned = [e for e, file in entries if file and _unversioned_file(e.name)]
+        done += [pool.submit(writing.remove_file, entry) for entry in unversioned]
         for job in done:
             job.exception()  # wait for every one before raising any
         for job in done:
@@ -190,6 +193,6 @@ def clean_after_switch(target: Path, version: str) -> None:
 
 def _unversioned_file(name: str) -> bool:
     """A file of a dataset written straight into a prefix (no version folder): its shards and
-    its list of sources (its `index.json` is the link now). By name alone: a bucket's listing
-    holds objects, and a prefix of that name is no object to delete."""
+    its list of sources (its `index.json` is the link now). An object of such a name: a prefix
+    of that name is no file of a dataset, and is never deleted."""
     return is_shard_name(name) or name == SOURCES_FILE

@@ -34,16 +34,17 @@ def check_replaceable(paths: OutputPaths, overwrite: bool) -> None:
     """Refuse an output that holds anything without `overwrite`, and one holding files `pack`
     did not write even with it."""
     out, shown = paths.target, paths.shown
-    # A prefix's listing says it all (none: empty), with no HEAD and listing of `is_dir` first.
-    present = list(storage.list_dir(out)) if paths.remote or storage.is_dir(out) else []
+    # A prefix's listing says it all (none: empty), with no HEAD and listing of `is_dir` first;
+    # with each entry's kind (an object, or a prefix: keys under it).
+    present = storage.scan_dir(out) if paths.remote or storage.is_dir(out) else []
     if paths.remote:  # its lock and staging objects are inside the prefix
-        present = [p for p in present if not p.name.startswith(".packtool-")]
+        present = [(p, f) for p, f in present if not p.name.startswith(".packtool-")]
     if present and not overwrite:
         raise ConfigError(
             f"output folder {shown} is not empty; pass --overwrite to replace it "
             "or --resume to finish an interrupted run"
         )
-    foreign = sorted(p.name for p in present if not written_by_pack(p))
+    foreign = sorted({p.name for p, f in present if not written_by_pack(p, f)})
     if foreign:
         # --overwrite replaces a dataset; it never deletes files packtool did not write.
         shown_files = ", ".join(foreign[:3]) + (
@@ -55,18 +56,18 @@ def check_replaceable(paths: OutputPaths, overwrite: bool) -> None:
         )
 
 
-def written_by_pack(path: Path) -> bool:
+def written_by_pack(path: Path, file: bool) -> bool:
     """Shards, the manifest and its list of sources, the run state (also an older packtool's),
     temporaries (`names.written_entry`; not tokenize's parts, which `pack` never writes); in a
-    bucket a version folder."""
+    bucket a version folder. `file`: the entry is a regular file (not a link), or an object (not
+    a prefix), as its folder's listing (`scan_dir`) says. By name and kind: a folder named
+    shard-x.parquet holding notes was deleted, and in a bucket, a prefix of that name (until
+    2026-12-07: a listing's every entry was taken for an object there)."""
     name = path.name
-    if storage.is_remote(path):
-        file = True  # an object store's listing: objects, and versions as prefixes
-    else:  # by name and kind: a folder named shard-x.parquet holding notes was deleted
-        file = storage.is_file(path) and not storage.is_symlink(path)
-    return written_entry(name, file, parts=False) or (
-        is_version(name) and ours(path)  # a version of a dataset on an object store
-    )
+    if written_entry(name, file, parts=False):
+        return True
+    # a version of a dataset on an object store: a prefix (no object) holding packtool's names
+    return not file and is_version(name) and ours(path)
 
 
 def finish_switch(

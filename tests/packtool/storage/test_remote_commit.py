@@ -469,3 +469,45 @@ def test_overwrite_checks_the_old_version_with_its_listing_not_a_head_per_shard(
     heads = [p for m, p in seen if m == "HEAD" and f"/{old}/" in p]
     assert heads == [], f"{len(heads)} HEADs of the old version's {n} shards"
     assert not any(o.startswith(old) for o in _objects(fs, f"many-shards-{s3_client}"))
+
+
+USERS = ("shard-000000-00000.parquet/notes.txt", "sources.json/keep.txt")
+"""A user's objects under prefixes of the names packtool gives a shard and the sources list."""
+
+
+def test_overwrite_refuses_a_prefix_named_as_a_shard_and_deletes_none_of_it(fs, s3_client):
+    # docs/remote.md: --overwrite never deletes objects packtool did not write. Every entry of
+    # the prefix's listing was taken for an object, so `shard-...parquet/` passed for a shard,
+    # and the commit deleted everything under it and under `sources.json/`.
+    key = f"users-{s3_client}"
+    for name in USERS:
+        fs.pipe_file(f"{BUCKET}/{key}/{name}", b"mine")
+    url = f"s3://{BUCKET}/{key}"
+    with pytest.raises(ConfigError, match="not empty; pass --overwrite"):
+        run_pack(pack_config(url))
+    with pytest.raises(ConfigError) as refused:
+        run_pack(pack_config(url, overwrite=True))
+    assert str(refused.value) == (
+        f"--overwrite: {url} holds files packtool pack did not write "
+        "(shard-000000-00000.parquet, sources.json); choose an empty folder or remove them "
+        "yourself"
+    )
+    assert [o for o in _objects(fs, key) if not o.startswith(".packtool")] == sorted(USERS)
+
+
+def test_a_commit_deletes_an_unversioned_dataset_s_objects_never_a_prefix_of_their_names(
+    fs, s3_client
+):
+    # The commit's clean-up deleted an unversioned dataset's files by name, whole trees: a
+    # prefix `shard-x.parquet/` went with everything under it.
+    from packtool.storage.local import as_path
+
+    key = f"cleanup-{s3_client}"
+    url = f"s3://{BUCKET}/{key}"
+    run_pack(pack_config(url))
+    version = _link(fs, key)
+    for name in (*USERS, "shard-000001-00000.parquet", "sources.json"):  # the last two: a copy's
+        fs.pipe_file(f"{BUCKET}/{key}/{name}", b"x")
+    output_versions.clean_after_switch(as_path(url), version)
+    left = [o for o in _objects(fs, key) if not o.startswith(f"{version}/")]
+    assert left == ["index.json", *sorted(USERS)]

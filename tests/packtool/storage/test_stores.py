@@ -163,6 +163,20 @@ def test_one_writer_per_output_and_a_stale_lock_is_taken_over(store, monkeypatch
     assert not store.fs.exists(f"{BUCKET}/locks/stale")
 
 
+def test_overwrite_never_deletes_a_user_s_objects_under_a_shard_s_name(store):
+    # Every entry of a prefix's listing was taken for an object: `shard-...parquet/` and
+    # `sources.json/` passed for a dataset's files, and --overwrite deleted what they held.
+    mine = ("shard-000000-00000.parquet/notes.txt", "sources.json/keep.txt")
+    for name in mine:
+        store.fs.pipe_file(f"{BUCKET}/users/{name}", b"mine")
+    url = store.url("users")
+    code, _, err = run("pack", CORPUS, "-o", url, "--max-len", "512", "--overwrite")
+    assert code != 0 and "did not write (shard-000000-00000.parquet, sources.json)" in (
+        one_error_line(err)
+    )
+    assert [o for o in store.objects("users") if not o.startswith(".packtool")] == list(mine)
+
+
 def test_of_writers_racing_for_a_lock_object_on_azure_exactly_one_wins(azurite_server):
     # A conditional create (adlfs's `mode="create"`: If-None-Match *). GCS makes it with
     # ifGenerationMatch=0, which the emulator does not enforce, so the race is run on Azure here
