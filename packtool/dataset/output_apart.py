@@ -16,6 +16,7 @@ from pathlib import Path
 from packtool.errors import ConfigError
 from packtool.prefetch import map_ordered
 from packtool.storage import local as storage
+from packtool.storage.remote import location
 
 OUTPUT_NAMES = ("shard-00000.parquet", "part-00000.parquet", "index.json")
 """Names `pack` and `tokenize` write inside an output folder (for the glob check)."""
@@ -102,12 +103,14 @@ def check_apart(
 def _check_apart_remote(
     out: str | os.PathLike, inputs: list[str] | tuple[str, ...], files: list[Path]
 ) -> None:
-    """`check_apart` for a remote output: the same refusals on the URLs' text."""
-    target = str(out).rstrip("/") + "/"
+    """`check_apart` for a remote output: the same refusals on the places the URLs name
+    (`remote.location`: `abfs://c/x` is `az://c/x`, as `s3a://` is `s3://`; until 2026-12-07
+    their text was compared, and an output under an input's other spelling was written)."""
+    target = location(out).rstrip("/") + "/"
     for raw in [*map(str, inputs), *map(str, files)]:
         if not storage.is_remote(raw):
             continue
-        text = raw.rstrip("/") + "/"
+        text = location(raw).rstrip("/") + "/"
         fixed = text[: min((text.find(c) for c in "*?[" if c in text), default=len(text))]
         fixed = fixed[: fixed.rfind("/") + 1]
         if text == target:

@@ -96,6 +96,27 @@ def is_remote(path: Any) -> bool:
     return scheme(path) is not None
 
 
+ALIASES = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az"}
+"""Schemes that name the same store as another (fsspec reads both spellings alike)."""
+
+
+def location(url: Any) -> str:
+    """The place a URL names, one text for every spelling of it: the scheme's canonical name
+    (`s3a://` is `s3://`, `gcs://` `gs://`, `abfs(s)://` `az://`) and Azure's
+    `CONTAINER@ACCOUNT.blob.core.windows.net` as the container (adlfs reads it so). Anything
+    else is kept as given."""
+    text = str(url)
+    protocol = scheme(text)
+    if protocol is None:
+        return text
+    rest = text[len(protocol) + 3 :]
+    protocol = ALIASES.get(protocol, protocol)
+    if protocol == "az":
+        container, slash, key = rest.partition("/")
+        rest = container.partition("@")[0] + slash + key
+    return f"{protocol}://{rest}"
+
+
 def parse_options(text: str) -> dict[str, Any]:
     """`--storage-options` / `PACKTOOL_STORAGE_OPTIONS`: a JSON object, or a one-line
     `ConfigError`."""

@@ -346,6 +346,32 @@ def test_unrelated_paths_pass(tmp_path, monkeypatch):
         check_apart("data", ["x"], [tmp_path / "data" / "y.jsonl"])
 
 
+@pytest.mark.parametrize(
+    ("out", "inputs", "message"),
+    [
+        ("abfs://rev1/corpus/packed", ["az://rev1/corpus/"], "inside the input az://rev1/corpus/"),
+        ("abfss://rev1/corpus/packed", ["az://rev1/corpus"], "inside the input"),
+        ("az://rev1/c/p", ["abfs://rev1@devstoreaccount1.blob.core.windows.net/c"], "inside"),
+        (
+            "az://rev1@acct.blob.core.windows.net/c/p",
+            ["az://rev1/c/p/x.jsonl"],
+            "inside the output",
+        ),
+        ("s3a://b/data/p", ["s3://b/data/*.jsonl"], "inside the input"),
+        ("s3://b/d", ["s3a://b/d/"], "is also an input"),
+        ("gcs://b/d/p", ["gs://b/d"], "inside the input"),
+        ("gs://b/d", ["x.jsonl"], None),  # an input named only through `files`, below
+    ],
+)
+def test_a_url_is_kept_apart_from_another_spelling_of_its_place(out, inputs, message):
+    # The URLs' text was compared: `pack az://rev1/corpus/ -o abfs://rev1/corpus/packed` wrote
+    # the dataset into the input's prefix (and each later run on it read its own output).
+    with pytest.raises(ConfigError, match=message or "inside the output"):
+        check_apart(out, inputs, [] if message else ["gcs://b/d/y.jsonl"])
+    check_apart("s3a://b/other", ["s3://b/d/"])  # another place still passes
+    check_apart("az://other/c/p", ["abfs://rev1@acct.blob.core.windows.net/c"])
+
+
 def test_the_transaction_swaps_in_what_the_body_built(tmp_path):
     from packtool.dataset.output import transaction
 

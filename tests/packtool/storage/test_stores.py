@@ -177,6 +177,24 @@ def test_overwrite_never_deletes_a_user_s_objects_under_a_shard_s_name(store):
     assert [o for o in store.objects("users") if not o.startswith(".packtool")] == list(mine)
 
 
+def test_an_output_under_another_spelling_of_the_input_prefix_is_refused(azurite_server):
+    # The URLs' text was compared: the dataset went into the input's prefix, and every later
+    # run on az://apart/corpus/ read (or failed on) its own output.
+    import fsspec
+
+    fs = fsspec.filesystem("az", skip_instance_cache=True)
+    fs.mkdir("apart")
+    fs.pipe_file("apart/corpus/c.jsonl", CORPUS.read_bytes())
+    for out in (
+        "abfs://apart/corpus/packed",
+        "az://apart@devstoreaccount1.blob.core.windows.net/corpus/p",
+    ):
+        code, _, err = run("pack", "az://apart/corpus/", "-o", out, "--max-len", "512")
+        assert code != 0 and "inside the input az://apart/corpus/" in one_error_line(err), err
+    fs.invalidate_cache()
+    assert fs.find("apart/corpus") == ["apart/corpus/c.jsonl"]
+
+
 def test_of_writers_racing_for_a_lock_object_on_azure_exactly_one_wins(azurite_server):
     # A conditional create (adlfs's `mode="create"`: If-None-Match *). GCS makes it with
     # ifGenerationMatch=0, which the emulator does not enforce, so the race is run on Azure here
