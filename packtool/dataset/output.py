@@ -274,6 +274,7 @@ class OutputLock:
         info = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
+            "tag": remote_write.host_tag(),  # its pid namespace: whose pids it may ask about
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": self.command[:300],
         }

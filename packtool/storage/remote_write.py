@@ -13,9 +13,9 @@ ETAG`) on S3 and Azure. The write side is built on those:
   (a conditional put), `remove` / `remove_tree`.
 - `take_lock`: the one-writer lock as a lock object created with `If-None-Match: *` and held by
   a lease: the holder rewrites it every `LEASE_S / 4` seconds with `If-Match` on its own ETag. A
-  lock whose holder is gone (a dead pid on this host, or not renewed for `LEASE_S`) is taken
-  over with `If-Match` on the stale ETag, so of two writers taking over the same stale lock
-  exactly one succeeds. A holder whose renewal is refused has lost the lock (`lost`): its run
+  lock whose holder is gone (a dead pid of this host and pid namespace, or not renewed for
+  `LEASE_S`) is taken over with `If-Match` on the stale ETag, so of two writers taking over the
+  same stale lock exactly one succeeds. A holder whose renewal is refused has lost the lock (`lost`): its run
   then refuses to commit. Azure creates, renews and takes over the same way (adlfs hands
   `etag` / `match_condition` to `upload_blob`), but releases with a plain delete (adlfs's takes
   no ETag); on gs:// the lock is created conditionally but renewed and taken over with plain
@@ -282,13 +282,37 @@ class RemoteLock:
         fs.invalidate_cache(p)
 
 
+def host_tag() -> str:
+    """This host and process-id namespace, in 8 hex characters: whose pids a process may ask
+    about. A scratch folder on a shared file system holds other hosts' temporaries, and one
+    shared by containers of one host name (host networking, a hostPath scratch) other
+    namespaces', and a lock object names a holder that may be either: a live writer there
+    looked dead (its temporary deleted, its lock taken over at once)."""
+    import hashlib
+
+    try:
+        space = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:  # not Linux: the host name alone
+        space = ""
+    return hashlib.sha256(f"{socket.gethostname()}:{space}".encode()).hexdigest()[:8]
+
+
 def _holder_gone(note: bytes, modified: float | None) -> bool:
-    """A lock whose holder cannot be alive: a dead pid on this host, or no renewal for a lease."""
+    """A lock whose holder cannot be alive: a dead pid of this host and pid namespace (the
+    note's `tag`, `host_tag`; a note without one, an older packtool's: its host name alone), or
+    no renewal for a lease. A holder in another namespace of the same host name (a container)
+    is judged by its lease only: its pid is not ours to ask about (until 2026-12-07 it was,
+    and a live writer there lost its lock at once)."""
     try:
         info = json.loads(note or b"{}")
     except ValueError:
         info = {}
-    if isinstance(info, dict) and info.get("host") == socket.gethostname() and "pid" in info:
+    if (
+        isinstance(info, dict)
+        and info.get("host") == socket.gethostname()
+        and info.get("tag", host_tag()) == host_tag()
+        and "pid" in info
+    ):
         try:
             os.kill(int(info["pid"]), 0)
         except ProcessLookupError:

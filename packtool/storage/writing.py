@@ -100,7 +100,10 @@ def temporary_name(path: str | os.PathLike) -> Path:
     if is_remote(path):
         # With this host's tag: `scratch_dir` deletes the temporaries of this host's dead writers.
         name = str(path).rstrip("/").rsplit("/", 1)[-1]
-        return scratch_dir() / f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}-{_host_tag()}.tmp"
+        return (
+            scratch_dir()
+            / f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}-{remote_write.host_tag()}.tmp"
+        )
     path = Path(path)
     return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
 
@@ -169,25 +172,10 @@ _SCRATCH_TEMPORARY = re.compile(r"\..+\.(\d+)-[0-9a-f]{8}-([0-9a-f]{8})\.tmp")
 """`temporary_name`'s name for an object's local file: its writer's pid, then its host's tag."""
 
 
-def _host_tag() -> str:
-    """This host and process-id namespace, in 8 hex characters: a scratch folder on a shared
-    file system holds other hosts' temporaries, and one shared by containers of one host name
-    (host networking, a hostPath scratch) other namespaces', whose pids are not this one's to
-    ask about (a live writer there looked dead, and its temporary was deleted)."""
-    import hashlib
-    import socket
-
-    try:
-        space = str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:  # not Linux: the host name alone
-        space = ""
-    return hashlib.sha256(f"{socket.gethostname()}:{space}".encode()).hexdigest()[:8]
-
-
 def _sweep_scratch(folder: Path) -> None:
     """Delete the temporaries (`temporary_name`) in `folder` whose writer was a process of this
     host that is gone; another host's, a live pid's, and every other name are left alone."""
-    host = _host_tag()
+    host = remote_write.host_tag()
     try:
         entries = list(os.scandir(folder))
     except OSError:

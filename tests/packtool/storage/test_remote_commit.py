@@ -511,3 +511,53 @@ def test_a_commit_deletes_an_unversioned_dataset_s_objects_never_a_prefix_of_the
     output_versions.clean_after_switch(as_path(url), version)
     left = [o for o in _objects(fs, key) if not o.startswith(f"{version}/")]
     assert left == ["index.json", *sorted(USERS)]
+
+
+def _tag_in_another_pid_namespace() -> str:
+    """`host_tag` as a process in a pid namespace of its own sees it (`unshare`, as root), else
+    a tag standing in for one."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.packtool.storage.common import ROOT
+
+    code = "from packtool.storage.remote_write import host_tag; print(host_tag())"
+    try:
+        done = subprocess.run(
+            ["unshare", "--pid", "--fork", sys.executable, "-c", code],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    except OSError:
+        return "0badc0de"
+    return done.stdout.strip() if done.returncode == 0 else "0badc0de"
+
+
+def test_a_lock_held_in_another_pid_namespace_of_this_host_name_is_not_taken_over(fs):
+    # A container of the same host name (host networking) holds the lock: its pid is its own
+    # namespace's, which need not exist here. It was asked about here, found dead, and the
+    # live writer's lock was taken over at once.
+    import socket
+    import subprocess
+    import sys
+
+    from packtool.storage.remote_write import host_tag
+
+    theirs = _tag_in_another_pid_namespace()
+    assert theirs != host_tag()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that is no process here
+    url = f"s3://{BUCKET}/namespaces/.packtool-lock"
+    holder = {"pid": dead.pid, "host": socket.gethostname(), "command": "packtool pack"}
+    fs.pipe_file(f"{BUCKET}/namespaces/.packtool-lock", json.dumps({**holder, "tag": theirs}))
+    with pytest.raises(remote_write.RemoteLockBusy):
+        remote_write.take_lock(url, b"me")
+    # This namespace's dead holder, and one an older packtool recorded (no tag): taken over.
+    for note in ({**holder, "tag": host_tag()}, holder):
+        fs.pipe_file(f"{BUCKET}/namespaces/.packtool-lock", json.dumps(note))
+        remote_write.take_lock(url, b"me").release()
+    # What a run's lock records: its namespace's tag.
+    with output.OutputLock(output_paths(f"s3://{BUCKET}/namespaces"), "packtool pack"):
+        fs.invalidate_cache()
+        assert json.loads(fs.cat_file(f"{BUCKET}/namespaces/.packtool-lock"))["tag"] == host_tag()
