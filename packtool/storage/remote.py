@@ -59,6 +59,8 @@ the read timeout is each client's: `s3_requests`)."""
 GCS_DEFAULTS: dict[str, Any] = {"requests_timeout": 60}
 """gcsfs waits for an answer without end unless told: an endpoint that accepts a connection and
 never answers hung a run (gcsfs retries a request 6 times: about 6 minutes at most)."""
+QUIETED = {"gcs": ("gcsfs",), "azure": ("azure.identity", "azure.core")}
+"""The loggers of each store's libraries that `_filesystem` silences (below CRITICAL)."""
 HTTP_TIMEOUTS = {"sock_connect": 10, "sock_read": 60}
 """Seconds an http(s):// read waits to connect and between bytes (aiohttp has no bound)."""
 
@@ -174,12 +176,14 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
             return s3_native.NativeS3(**given)
     if protocol in ("http", "https"):
         given = _bounded_http(given)
-    if protocol in ("gs", "gcs"):
+    if EXTRAS[protocol] in QUIETED:
         import logging
 
         # gcsfs logs each retried failure with its traceback (~100 lines before the one-line
-        # error); the error packtool prints names the cause.
-        logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+        # error), azure.identity each failed try of its credentials (49 lines with an account
+        # name and no credentials, until 2026-12-07); the error packtool prints names the cause.
+        for logger in QUIETED[EXTRAS[protocol]]:
+            logging.getLogger(logger).setLevel(logging.CRITICAL)
     try:
         if protocol in ("s3", "s3a"):
             return s3_requests.bounded_s3fs(given)  # its timeouts and tries bounded

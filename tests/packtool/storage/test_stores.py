@@ -245,6 +245,39 @@ def test_an_azure_lock_is_renewed_and_taken_over_by_one_writer_only(azurite_serv
     won[0].release()
 
 
+def test_azure_s_failed_credentials_are_not_logged_before_the_error():
+    # An account name and no credentials: azure.identity logged each failed try of its chain
+    # (49 lines of warnings before packtool's one-line error). Its tries here are kept to the
+    # environment's (no network), through the options a user passes to adlfs.
+    import os
+
+    pytest.importorskip("adlfs")
+    from tests.packtool.storage.common import ROOT
+
+    skip = ("workload_identity", "managed_identity", "shared_token_cache", "cli",
+            "visual_studio_code", "powershell", "developer_cli")  # fmt: skip
+    options = {"az": {f"exclude_{name}_credential": True for name in skip}}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AZURE_", "PACKTOOL_"))}
+    env.update(
+        AZURE_STORAGE_ACCOUNT_NAME="devstoreaccount1",
+        PACKTOOL_STORAGE_OPTIONS=json.dumps(options),
+        PYTHONPATH=str(ROOT),
+    )
+    code = (
+        "from packtool.storage import remote\n"
+        "fs, _ = remote.filesystem('az://rev1/corpus/p1.jsonl')\n"
+        "try:\n"
+        "    fs.sync_credential.get_token('https://storage.azure.com/.default')\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == "ClientAuthenticationError", done.stderr
+    assert done.stderr == ""
+
+
 def test_a_missing_bucket_or_object_is_one_line_naming_the_url(store):
     code, _, err = run("pack", CORPUS, "-o", f"{store.scheme}://no-such-bucket-x/ds")
     assert code != 0 and f"{store.scheme}://no-such-bucket-x/ds" in one_error_line(err), err
