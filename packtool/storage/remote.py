@@ -20,12 +20,13 @@ to import and set up in each process that touches a bucket.
 
 Credentials and endpoints come from each library's standard chain (the `AWS_*` variables,
 `AWS_ENDPOINT_URL` for MinIO / R2 / any S3-compatible store, Google's and Azure's defaults,
-`HF_TOKEN`), plus `PACKTOOL_STORAGE_OPTIONS` (JSON: options for every store, or
-`{"s3": {...}, "gs": {...}}` per scheme; the CLI's `--storage-options` sets it, so worker
-processes inherit it). S3 defaults to a bounded, throttling-aware client: 10 s to connect, 8
-attempts in botocore's `adaptive` retry mode (exponential backoff with jitter on `SlowDown`,
-5xx, timeouts and dropped connections), each waiting 60 s for a whole request through obstore
-(3 minutes of retries at most) or 20 s between bytes through s3fs (`s3_requests.s3fs_options`).
+`HF_TOKEN`), plus `PACKTOOL_STORAGE_OPTIONS` (JSON: options for every store, and/or
+`{"s3": {...}, "gs": {...}}` per scheme, which override them; the CLI's `--storage-options`
+sets it, so worker processes inherit it). S3 defaults to a bounded, throttling-aware client:
+10 s to connect, 8 attempts in botocore's `adaptive` retry mode (exponential backoff with jitter
+on `SlowDown`, 5xx, timeouts and dropped connections), each waiting 60 s for a whole request
+through obstore (3 minutes of retries at most) or 20 s between bytes through s3fs
+(`s3_requests.s3fs_options`).
 An unreachable endpoint, a missing bucket or key, denied access or bad credentials become one
 line naming the URL (`DataError`), never a hang or a traceback.
 """
@@ -132,16 +133,17 @@ def parse_options(text: str) -> dict[str, Any]:
 
 
 def options_for(protocol: str) -> dict[str, Any]:
-    """The fsspec options for `protocol`: packtool's defaults, then `PACKTOOL_STORAGE_OPTIONS`
-    (keyed by scheme: those of every spelling of the store, `az` and `abfs` alike, the
-    spelling the URL uses last)."""
+    """The fsspec options for `protocol`: packtool's defaults, then `PACKTOOL_STORAGE_OPTIONS`:
+    its top-level options (every store's), then those keyed by scheme (every spelling of the
+    store, `az` and `abfs` alike, the spelling the URL uses last), which override them. (Until
+    2026-12-07 a key of a scheme dropped every top-level option in silence.)"""
     raw = os.environ.get(OPTIONS_ENV, "").strip()
     given = parse_options(raw) if raw else {}
     if any(k in SCHEMES for k in given):  # per scheme
         family = sorted(
             (k for k in given if EXTRAS.get(k) == EXTRAS[protocol]), key=protocol.__eq__
         )
-        merged: dict[str, Any] = {}
+        merged: dict[str, Any] = {k: v for k, v in given.items() if k not in SCHEMES}
         for key in family:
             if not isinstance(given[key], dict):  # `{"gs": 5}` was a TypeError traceback
                 raise ConfigError(

@@ -52,6 +52,28 @@ def test_a_web_url_with_a_query_or_a_fragment_is_read_by_the_suffix_of_its_path(
     assert shards(tmp_path / "web") == shards(tmp_path / "local")
 
 
+def test_top_level_storage_options_reach_a_store_beside_another_scheme_s_options(tmp_path):
+    # `{"s3": {...}, "headers": {...}}`: a key of a scheme dropped every top-level option in
+    # silence; the top-level ones go to every store, a scheme's override them.
+    seen: list[str | None] = []
+
+    class Recording(RangeHandler):
+        def send_head(self):
+            seen.append(self.headers.get("X-Packtool-Test"))
+            return super().send_head()
+
+    shutil.copy(SAMPLE / "corpus.jsonl", tmp_path / "c.jsonl")
+    for options, want in [
+        ({"s3": {"anon": True}, "headers": {"X-Packtool-Test": "every"}}, "every"),
+        ({"headers": {"X-Packtool-Test": "every"}, "http": {"headers": {"X-Packtool-Test": "web"}}}, "web"),
+    ]:  # fmt: skip
+        seen.clear()
+        with web_server(tmp_path, Recording) as base:
+            code, _, err = run("stats", f"{base}/c.jsonl", "--storage-options", json.dumps(options))
+        assert code == 0, err
+        assert seen and set(seen) == {want}, (options, seen)
+
+
 def test_a_key_holding_a_question_mark_or_a_hash_is_read_by_its_whole_name(s3_server, s3_client):
     """In a bucket `?` and `#` are characters of a key, not a query or a fragment: a key
     `x.jsonl?v=1` is a file of that name, read as text, as a local file of that name is."""
