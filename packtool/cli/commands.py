@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from packtool import __version__
-from packtool.cli import exits, interrupt
+from packtool.cli import exits, input_options, interrupt
 from packtool.cli.engine_options import EngineOptions, engine_options
 from packtool.cli.exits import echo
 from packtool.cli.input_checks import (
@@ -86,6 +86,7 @@ def _named(output: str) -> str:
 @click.option(
     "--no-checksums", is_flag=True, help="Skip recomputing sha256 (sizes are still checked)."
 )
+@input_options.storage_options
 def verify_cmd(directory: str, no_checksums: bool) -> None:
     """Re-check a packed dataset: checksums, schema, offsets, token ids, totals.
 
@@ -113,6 +114,7 @@ def verify_cmd(directory: str, no_checksums: bool) -> None:
     "FILE-row-N.png, that row's causal attention mask.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@input_options.storage_options
 def inspect_cmd(directory: str, row: int | None, plot: str | None, as_json: bool) -> None:
     """Summarise a packed dataset: manifest, fill distribution, one row, pictures."""
     import json

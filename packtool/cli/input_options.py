@@ -140,6 +140,32 @@ def _special_id(flag: str, value: str | None, unset: str) -> int | str:
     return number
 
 
+STORAGE_OPTIONS = click.option(
+    "--storage-options",
+    default=None,
+    metavar="JSON",
+    help="Options for s3:// gs:// az:// hf:// https:// URLs (fsspec's: e.g. "
+    '\'{"anon": true}\', or per scheme \'{"s3": {"endpoint_url": "..."}}\', which override '
+    "those); credentials and AWS_ENDPOINT_URL come from the usual environment. docs/remote.md.",
+)
+"""`--storage-options`, of every command that reads or writes a URL (`corpus_options`'s;
+`storage_options` for a command without those)."""
+
+
+def storage_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add `--storage-options` (`STORAGE_OPTIONS`) to a command that takes no `corpus_options`
+    (`verify`, `inspect`: until 2026-12-07 only `PACKTOOL_STORAGE_OPTIONS` reached them); it is
+    checked and set before the command runs, as there."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, storage_options: str | None, **kwargs: Any) -> Any:
+        if storage_options is not None:
+            _set_storage_options(storage_options)
+        return fn(*args, **kwargs)
+
+    return STORAGE_OPTIONS(wrapper)
+
+
 def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add the input/reader/tokenizer options; the command receives `corpus: CorpusOptions`."""
     options = [
@@ -188,14 +214,7 @@ def corpus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--strict", is_flag=True, help="Stop at the first bad document instead of skipping it."
         ),
-        click.option(
-            "--storage-options",
-            default=None,
-            metavar="JSON",
-            help="Options for s3:// gs:// az:// hf:// https:// inputs (fsspec's: e.g. "
-            '\'{"anon": true}\', or per scheme \'{"s3": {"endpoint_url": "..."}}\'); '
-            "credentials and AWS_ENDPOINT_URL come from the usual environment. docs/remote.md.",
-        ),
+        STORAGE_OPTIONS,
     ]
 
     @functools.wraps(fn)

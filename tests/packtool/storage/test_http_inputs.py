@@ -74,6 +74,29 @@ def test_top_level_storage_options_reach_a_store_beside_another_scheme_s_options
         assert seen and set(seen) == {want}, (options, seen)
 
 
+def test_verify_and_inspect_take_storage_options(tmp_path):
+    # Only PACKTOOL_STORAGE_OPTIONS reached them: `--storage-options` was "no such option".
+    class Keyed(RangeHandler):
+        def send_head(self):
+            if self.headers.get("X-Packtool-Key") != "k":
+                self.send_error(403)
+                return None
+            return super().send_head()
+
+    code, _, err = run("pack", SAMPLE / "corpus.jsonl", "-o", tmp_path / "ds", "--max-len", 512)
+    assert code == 0, err
+    key = json.dumps({"http": {"headers": {"X-Packtool-Key": "k"}}})
+    with web_server(tmp_path, Keyed) as base:
+        code, out, err = run("verify", f"{base}/ds", "--storage-options", key)
+        assert code == 0 and out.startswith("OK "), err
+        code, out, err = run("inspect", f"{base}/ds", "--json", "--storage-options", key)
+        assert code == 0 and json.loads(out), err
+        code, _, err = run("verify", f"{base}/ds")
+        assert code != 0 and "403" in one_error_line(err)
+        code, _, err = run("inspect", f"{base}/ds", "--storage-options", "{not json")
+        assert code != 0 and "--storage-options: not JSON" in one_error_line(err)
+
+
 def test_a_key_holding_a_question_mark_or_a_hash_is_read_by_its_whole_name(s3_server, s3_client):
     """In a bucket `?` and `#` are characters of a key, not a query or a fragment: a key
     `x.jsonl?v=1` is a file of that name, read as text, as a local file of that name is."""
