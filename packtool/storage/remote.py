@@ -390,7 +390,46 @@ def stat(path: Any, fresh: bool = False) -> RemoteStat:
     web = scheme(path) in ("http", "https")
     if web and not fresh and modified_at(info) is None and not object_etag(info):
         _note_stateless(str(path))
-    return RemoteStat(int(info.get("size") or 0), _mtime_ns(info))
+    with naming(path):
+        return RemoteStat(sized(fs, p, info), _mtime_ns(info))
+
+
+def sized(fs: Any, p: str, info: dict[str, Any]) -> int:
+    """The size `info` gives, or for a web file whose server sent none (no Content-Length) the
+    size it has (`_web_size`). Until 2026-12-07 it was 0: such a file was planned as one
+    partition whatever its size (a local copy of it, several: other shards)."""
+    size = info.get("size")
+    if size is not None:
+        return int(size)
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, _web_size, fs, p)
+
+
+async def _web_size(fs: Any, url: str) -> int:
+    """The size of the web file `url`, asked in one GET of its first byte: the total of a range
+    answer's `Content-Range` (`bytes 0-0/TOTAL`); an empty file's 416 (no first byte) is 0; a
+    server that ignores the range sends the file whole, which is counted as it comes (once per
+    stat: only such a server's every read downloads it whole anyway)."""
+    import re
+
+    session = await fs.set_session()
+    kwargs = dict(fs.kwargs)
+    headers = {**(kwargs.pop("headers", None) or {}), "Range": "bytes=0-0"}
+    headers["Accept-Encoding"] = "identity"  # the file's bytes, not a compressed answer
+    async with session.get(fs.encode_url(url), headers=headers, **kwargs) as answer:
+        total = re.fullmatch(
+            r"bytes\s+(?:\d+-\d+|\*)/(\d+)", answer.headers.get("Content-Range", "")
+        )
+        if answer.status == 206 and total is not None:
+            return int(total[1])
+        if answer.status == 416:
+            return 0 if total is None else int(total[1])
+        answer.raise_for_status()
+        size = 0
+        async for chunk in answer.content.iter_chunked(1 << 20):
+            size += len(chunk)
+        return size
 
 
 _STATELESS: set[str] = set()

@@ -25,7 +25,7 @@ from typing import Any
 
 from packtool.errors import DataError
 from packtool.errors import naming as naming_file
-from packtool.storage.remote import filesystem, info_of, naming
+from packtool.storage.remote import filesystem, info_of, naming, sized
 
 READ_BYTES = 16 << 20
 """The most bytes a sequential read of an object asks for at once (one ranged GET): each
@@ -139,10 +139,8 @@ def open_input(path: Any, buffering: int = -1, end: int | None = None) -> Any:
     then (a range's last line)."""
     fs, p = filesystem(path)
     with naming(path):
-        size = info_of(fs, p).get("size")
-    if size is None:  # a web server that does not say: fsspec's own file, one GET per read
-        return io.BufferedReader(open_unbuffered(path), buffer_size=max(buffering, READ_BYTES))
-    raw = ReadAhead(path, fs, p, int(size), end)
+        size = sized(fs, p, info_of(fs, p))  # a web server that does not say: asked (`sized`)
+    raw = ReadAhead(path, fs, p, size, end)
     return io.BufferedReader(
         raw, buffer_size=buffering if buffering > 0 else io.DEFAULT_BUFFER_SIZE
     )
@@ -275,14 +273,6 @@ def _fetchers(pid: int) -> Any:
     from concurrent.futures import ThreadPoolExecutor
 
     return ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="packtool-readahead")
-
-
-def open_unbuffered(path: Any) -> Any:
-    """The object read through fsspec's own file, one GET per read (a web server that gives no
-    size, read sequentially)."""
-    fs, p = filesystem(path)
-    with naming(path):
-        return fs.open(p, "rb", cache_type="none")
 
 
 def open_random(path: Any) -> RandomRead:

@@ -3,6 +3,7 @@ ignores range requests, and ones that misbehave on purpose); no client library i
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import shutil
@@ -11,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from tests.cli import one_error_line, run
-from tests.packtool.storage.common import RangeHandler, web_server
+from tests.packtool.storage.common import QuietHandler, RangeHandler, web_server
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "sample_data"
@@ -183,3 +184,42 @@ def test_a_parquet_read_that_fails_partway_is_one_line_naming_the_url(tmp_path):
             code, _, err = run(command, url, *out)
             assert code == 1, err
             assert one_error_line(err).startswith(f"error: {url}: ClientPayloadError: "), err
+
+
+class Unsized(RangeHandler):
+    """A server that sends no Content-Length (the body ends with the connection, as HTTP/1.0
+    allows), but answers a range request with its `Content-Range` (`bytes A-B/TOTAL`)."""
+
+    def handle(self) -> None:
+        # (a reader that had what it asked for closes the connection)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            super().handle()
+
+    def send_header(self, keyword: str, value: str) -> None:
+        if keyword.lower() != "content-length":
+            super().send_header(keyword, value)
+
+
+class UnsizedWhole(Unsized):
+    """`Unsized`, ignoring range requests too: every answer is the whole file."""
+
+    def send_head(self):
+        return QuietHandler.send_head(self)
+
+
+def test_a_web_file_of_no_stated_size_is_planned_and_packed_as_the_local_file(tmp_path):
+    # No Content-Length: its size was taken for 0, so the plan made one partition where the
+    # local file makes several (other shards than a local pack). Its size is now learned: from a
+    # range answer's total, or by counting the whole answer of a server that ignores ranges.
+    shutil.copy(SAMPLE / "corpus.jsonl", tmp_path / "c.jsonl")
+    options = ["--max-len", "512", "--partition-size", "1MB", "--workers", "2"]
+    code, _, err = run("pack", tmp_path / "c.jsonl", "-o", tmp_path / "local", *options)
+    assert code == 0, err
+    want = _shards(tmp_path / "local")
+    assert len(want) > 2
+    for handler in (Unsized, UnsizedWhole):
+        out = tmp_path / handler.__name__
+        with web_server(tmp_path, handler) as base:
+            code, _, err = run("pack", f"{base}/c.jsonl", "-o", out, *options)
+        assert code == 0, err
+        assert _shards(out) == want, handler.__name__
