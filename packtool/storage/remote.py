@@ -330,8 +330,9 @@ class RemoteStat(NamedTuple):
 def modified_at(info: dict[str, Any]) -> float | None:
     """When an object was last written (seconds since the epoch), from any store's `info`:
     S3's `LastModified`, Azure's `last_modified`, GCS's `mtime` / `updated`, the Hub's
-    `last_commit`, a web server's `Last-Modified` header (an HTTP-date, whole seconds); None
-    when it has none."""
+    `last_commit` date (only where `HfFileSystem` was asked to expand its info: a Hub file's
+    version is its `blob_id`, `object_etag`), a web server's `Last-Modified` header (an
+    HTTP-date, whole seconds); None when it has none."""
     for key in (
         "LastModified",
         "last_modified",
@@ -341,6 +342,8 @@ def modified_at(info: dict[str, Any]) -> float | None:
         "Last-Modified",
     ):
         value = info.get(key)
+        if key == "last_commit" and isinstance(value, dict):  # huggingface_hub's LastCommitInfo
+            value = value.get("date")
         if value is None:
             continue
         if hasattr(value, "timestamp"):
@@ -359,8 +362,11 @@ def modified_at(info: dict[str, Any]) -> float | None:
 
 
 def object_etag(info: dict[str, Any]) -> str | None:
-    """An object's ETag from any store's `info` (S3's `ETag`, Azure's and GCS's `etag`)."""
-    return info.get("ETag") or info.get("etag")
+    """An object's ETag from any store's `info` (S3's `ETag`, Azure's and GCS's `etag`), or
+    what names its version as one does: a Hub file's git blob id (`blob_id`; a large file's
+    is its LFS pointer's, which holds its sha256), else its Xet hash. (Until 2026-12-07 a Hub
+    input had none, nor a date `HfFileSystem.info` fills: it was compared by size alone.)"""
+    return info.get("ETag") or info.get("etag") or info.get("blob_id") or info.get("xet_hash")
 
 
 def _mtime_ns(info: dict[str, Any]) -> int:

@@ -487,3 +487,29 @@ def test_a_damaged_record_of_what_a_run_replaces_is_one_line_not_skipped(stand_i
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
     assert code != 0 and "replaces.json: damaged" in one_error_line(err)
     assert not stand_in.commits
+
+
+def test_a_hub_input_s_state_names_its_version_not_only_its_size():
+    # `HfFileSystem.info` fills no key `modified_at` / `object_etag` read: a Hub input was
+    # compared by size alone, so a same-size new revision went unseen mid-run and on --resume.
+    # Its git blob id (an LFS file's pointer's, holding its sha256) names the version.
+    from datetime import datetime, timezone
+
+    from huggingface_hub import hf_file_system
+    from huggingface_hub.hf_api import LastCommitInfo, RepoFile
+
+    from packtool.storage import remote
+
+    def info(oid: str, **more) -> dict:
+        return hf_file_system._cache_info_from_path_info(
+            RepoFile(path="c.jsonl", size=10, oid=oid, **more), "datasets/o/n/c.jsonl"
+        )
+
+    one, other = info("a" * 40), info("b" * 40)
+    assert remote._mtime_ns(one) != remote._mtime_ns(other)
+    assert remote._mtime_ns(one) == remote._mtime_ns(info("a" * 40))
+    date = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    when = "2026-12-01T00:00:00.000Z"  # as the Hub writes it
+    expanded = info("a" * 40, lastCommit={"id": "c" * 40, "title": "t", "date": when})
+    assert isinstance(expanded["last_commit"], LastCommitInfo)
+    assert remote.modified_at(expanded) == date.timestamp()
