@@ -405,8 +405,8 @@ def sized(fs: Any, p: str, info: dict[str, Any]) -> int:
     size it has (`_web_size`). Until 2026-12-07 it was 0: such a file was planned as one
     partition whatever its size (a local copy of it, several: other shards)."""
     size = info.get("size")
-    if size is not None:
-        return int(size)
+    if size is not None or not hasattr(fs, "loop") or not hasattr(fs, "set_session"):
+        return int(size or 0)  # (only a web server's answer may lack one)
     from fsspec.asyn import sync
 
     return sync(fs.loop, _web_size, fs, p)
