@@ -244,13 +244,34 @@ def merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:
     snap = state.get("_snapshot")
     if snap is None:
         return None
+    damaged = DataError("malformed StatefulDataLoader state; the checkpoint is damaged")
+    since = state.get("_steps_since_snapshot", 0)
+    if isinstance(since, bool) or not isinstance(since, int) or since < 0:
+        raise damaged
+    if since:
+        # Its workers' positions are those of its last snapshot: the batches since then would
+        # come again (the loader itself replays them from its own count; the dataset cannot).
+        raise DataError(
+            f"the StatefulDataLoader state was taken {since} step(s) after its last snapshot "
+            "(snapshot_every_n_steps > 1): its workers' positions are behind the batches "
+            "delivered, which would come again; resume it with the StatefulDataLoader itself "
+            "(the same number of workers), or save states with snapshot_every_n_steps=1 to "
+            "resume the dataset with another number of workers or ranks"
+        )
     # StatefulDataLoader: one dataset state per worker (or the main one with num_workers=0).
+    if not isinstance(snap, dict):
+        raise damaged
+    workers, main_snap = snap.get("_worker_snapshots"), snap.get("_main_snapshot")
+    if not isinstance(workers or {}, dict) or not isinstance(main_snap or {}, dict):
+        raise damaged
     states = []
-    for w in (snap.get("_worker_snapshots") or {}).values():
+    for w in (workers or {}).values():
+        if not isinstance(w or {}, dict):
+            raise damaged
         ds = (w or {}).get("dataset_state")
         if ds is not None:
             states.append(ds)
-    main = (snap.get("_main_snapshot") or {}).get("dataset_state")
+    main = (main_snap or {}).get("dataset_state")
     if main is not None:
         states.append(main)
     if not states:

@@ -81,7 +81,8 @@ class ShardStore:
             slow on large datasets). Sizes and Parquet footers are always checked.
         page_checksums: Check the CRC32 of every Parquet page as it is decoded (packtool pack
             writes them; pages without one are read unchecked): a damaged page is a `DataError`
-            instead of different tokens. Costs about 1% of decoding (README, "Loader").
+            instead of different tokens. Costs about 4 % of the loader's CPU on text, 15 % on
+            incompressible ids (docs/loader.md, `page_checksums`; docs/benchmarks.md, "Loader").
         cache_bytes: Upper bound on decoded row groups kept per process (at least one row group is
             always kept).
         min_row_groups: Row groups kept whatever their bytes (a mixture's source: its share of

@@ -232,6 +232,30 @@ def test_stateful_dataloader_state_with_damaged_worker_state(random_dataset, key
         PackedDataset(random_dataset, **SETTINGS).load_state_dict(state)
 
 
+def test_stateful_dataloader_state_taken_after_its_snapshot_is_refused(random_dataset):
+    """With snapshot_every_n_steps=4 a state taken 2 batches after a snapshot holds the workers'
+    positions of that snapshot: given to the dataset, those 2 batches came again (5 documents
+    twice, an auditor's repro). Refused in one line; a damaged wrapper is one line too."""
+    sdl = StatefulDataLoader(
+        PackedDataset(random_dataset, **SETTINGS),
+        batch_size=None, num_workers=2, snapshot_every_n_steps=4,
+    )  # fmt: skip
+    list(itertools.islice(sdl, 6))
+    state = sdl.state_dict()
+    assert state["_steps_since_snapshot"] == 2
+    with pytest.raises(DataError, match=r"taken 2 step\(s\) after its last snapshot"):
+        PackedDataset(random_dataset, **SETTINGS).load_state_dict(state)
+    for damaged in (
+        {"_snapshot": 5},
+        {"_snapshot": {"_worker_snapshots": {"worker_0": 5}}},
+        {"_snapshot": {"_worker_snapshots": [{}]}},
+        {"_snapshot": {"_main_snapshot": "x"}},
+        {"_snapshot": {}, "_steps_since_snapshot": "2"},
+    ):
+        with pytest.raises(DataError, match="malformed StatefulDataLoader state"):
+            PackedDataset(random_dataset, **SETTINGS).load_state_dict(damaged)
+
+
 def test_checkpoint_between_epochs_resumes_at_the_new_epoch(random_dataset, reference):
     # Before: state_dict() after set_epoch(1) still described epoch 0's end (or, for a fresh
     # loader, epoch 0's start), so a resume replayed finished epochs.
