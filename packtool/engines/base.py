@@ -183,11 +183,12 @@ class Run:
         done = set(records.finished(self.work)) if output.state is not None else set()
         self.resumed_tokens = 0
         """The tokens of the partitions an interrupted run finished (not this run's work)."""
-        for p in sorted(done):
-            if p < root:  # the root's record is added by `finish`
-                record = self._checked_record(p)
-                self.totals.add(record, timed=False)  # the summary times this run's work
-                self.resumed_tokens += int(record["counts"]["tokens_in"]) if p < n else 0
+        # the root's record is added by `finish`; several records (and their shards' stats)
+        # at a time, taken in order: one after another each waited on a bucket's round trips
+        kept = [p for p in sorted(done) if p < root]
+        for p, record in zip(kept, map_ordered(self._checked_record, kept), strict=True):
+            self.totals.add(record, timed=False)  # the summary times this run's work
+            self.resumed_tokens += int(record["counts"]["tokens_in"]) if p < n else 0
         self.resumed = sum(1 for p in done if p < n)
         self.final_done = root in done
         self.todo = [p for p in range(n) if p not in done]

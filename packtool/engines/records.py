@@ -26,6 +26,7 @@ partitions. Shard lists are not kept; `index.json` is streamed from the records 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,9 +179,16 @@ def finished_partitions(work: Path, partitions: int | None = None) -> list[int]:
 
 def records_in_order(work: Path, units: int) -> Iterator[dict[str, Any]]:
     """The records of units 0 .. units - 1 (partitions, then the tail tree's nodes; one file
-    read each, none kept)."""
-    for p in range(units):
-        yield read_record(work, p)
+    read each, `map_ordered`: several at a time, in order, a bounded number held). One after
+    another, each read waited a round trip on a bucket: 10^5 records at 20 ms, half an hour
+    before index.json."""
+    from functools import partial
+
+    from packtool.prefetch import map_ordered
+
+    todo = list(range(units))  # a list: a few records spread over the threads, not on one
+    with contextlib.closing(map_ordered(partial(read_record, work), todo)) as found:
+        yield from found
 
 
 class SkipTotals:

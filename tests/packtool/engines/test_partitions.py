@@ -481,3 +481,50 @@ def test_each_merge_node_reads_only_its_childrens_tails(corpus, tmp_path, monkey
         assert tokens <= 32 * 1024  # a tail: at most 32 rows of at most max_len tokens
     root_reads = [t for n, _, t in reads if n == tree.root]
     assert 1 <= len(root_reads) <= 4 and sum(root_reads) <= 4 * 32 * 1024
+
+
+def _meeting(calls: int, real):
+    """`real`, wrapped so that its first `calls` calls wait for each other (a barrier): calls
+    made one after another never meet, and the barrier breaks after 20 s."""
+    import threading
+
+    barrier = threading.Barrier(calls, timeout=20)
+    seen = [0]
+    lock = threading.Lock()
+
+    def wrapped(*args):
+        with lock:
+            seen[0] += 1
+            first = seen[0] <= calls
+        if first:
+            barrier.wait()
+        return real(*args)
+
+    return wrapped
+
+
+def test_records_are_read_side_by_side(corpus, tmp_path, monkeypatch):
+    """The records index.json's shard list streams (`records_in_order`), and the finished
+    partitions' records and their shards' stats at a resume: one after another, each read
+    waited a round trip on a bucket (10^5 records at 20 ms: half an hour)."""
+    out = tmp_path / "out"
+    staging = staging_folder(out)
+    real = worker.write_chunk
+
+    def stop_in_the_fourth_partition(writer, packed):
+        if len(records.finished(staging)) == 3:
+            raise KeyboardInterrupt
+        return real(writer, packed)
+
+    monkeypatch.setattr(worker, "write_chunk", stop_in_the_fourth_partition)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(config(out, [corpus], workers=1))
+    monkeypatch.undo()
+    monkeypatch.setattr(records, "read_record", _meeting(2, records.read_record))
+    got = [r["shards"] for r in records.records_in_order(staging, 3)]
+    monkeypatch.undo()
+    assert got == [records.read_record(staging, p)["shards"] for p in range(3)]
+    checked = base_engine.Run._checked_record
+    monkeypatch.setattr(base_engine.Run, "_checked_record", _meeting(3, checked))
+    run_pack(config(out, [corpus], workers=1, resume=True))
+    assert not verify_dataset(out).warnings
