@@ -267,24 +267,25 @@ def _note_passed_over(inputs: Any) -> None:
     passed over in silence."""
     from packtool.read.corpus import globbed_folders, passed_over
 
-    count, examples = passed_over(inputs)
+    _note(
+        *passed_over(inputs),
+        "file(s) in the input folders are not read",
+        "a folder is read for its corpus files only (docs/tokenize.md, Inputs); pass others by "
+        "name",
+    )
+    _note(
+        *globbed_folders(inputs),
+        "folder(s) matched by the input globs are not read",
+        "a glob reads the files it matches, not what a folder it matches holds; match their "
+        "files too ('d/**/*.jsonl') or give the folders",
+    )
+
+
+def _note(count: int, examples: list[str], what: str, why: str) -> None:
+    """`note: COUNT WHAT (EXAMPLES and N more): WHY` on stderr, where COUNT is not 0."""
     if count:
         more = f" and {count - len(examples)} more" if count > len(examples) else ""
-        echo(
-            f"note: {count:,} file(s) in the input folders are not read ({', '.join(examples)}"
-            f"{more}): a folder is read for its corpus files only (docs/tokenize.md, Inputs); "
-            "pass others by name",
-            err=True,
-        )
-    count, examples = globbed_folders(inputs)
-    if count:
-        more = f" and {count - len(examples)} more" if count > len(examples) else ""
-        echo(
-            f"note: {count:,} folder(s) matched by the input globs are not read "
-            f"({', '.join(examples)}{more}): a glob reads the files it matches, not what a folder "
-            "it matches holds; match their files too ('d/**/*.jsonl') or give the folders",
-            err=True,
-        )
+        echo(f"note: {count:,} {what} ({', '.join(examples)}{more}): {why}", err=True)
 
 
 def _set_storage_options(text: str) -> None:

@@ -220,3 +220,50 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def recording_trainer(
+    train, out, *, ga: int, epochs: int = 1, stop_at=None, workers=0, **overrides
+):
+    """A `loader.hf.PackedTrainer` on `train` (a PackedDataset or MixedDataset) with the tiny
+    Llama model, CPU settings the Trainer tests share, and `trainer.seen`: each training step's
+    `(input_ids, loss)`. `stop_at`: save and stop at that global step."""
+    from transformers import TrainerCallback, TrainingArguments
+
+    from loader.hf import PackedTrainer
+
+    class StopAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == stop_at:
+                control.should_save = control.should_training_stop = True
+
+    class Recording(PackedTrainer):
+        seen: list
+
+        def training_step(self, model, inputs, *args, **kwargs):
+            loss = super().training_step(model, inputs, *args, **kwargs)
+            self.seen.append((inputs["input_ids"].clone(), loss.item()))
+            return loss
+
+    settings = dict(
+        num_train_epochs=epochs,
+        gradient_accumulation_steps=ga,
+        learning_rate=1e-2,
+        lr_scheduler_type="constant",
+        save_strategy="no",
+        report_to=[],
+        logging_steps=1000,
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=workers,
+        seed=0,
+    )
+    settings.update(overrides)
+    trainer = Recording(
+        model=tiny_model("llama"),
+        args=TrainingArguments(str(out), **settings),
+        train_dataset=train,
+        callbacks=[StopAt()] if stop_at else [],
+    )
+    trainer.seen = []
+    return trainer

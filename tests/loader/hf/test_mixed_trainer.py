@@ -17,6 +17,7 @@ from packtool.mixture.spec import MixtureSpec, SourceSpec
 from tests.loader.hf_helpers import (
     counting_rows,
     one_torch_thread,  # noqa: F401  (autouse: one torch thread)
+    recording_trainer,
     tiny_model,
 )
 
@@ -48,45 +49,7 @@ def dataset(spec, **kw):
 
 
 def make_trainer(train, out, *, stop_at=None, workers=0, **overrides):
-    from transformers import TrainerCallback, TrainingArguments
-
-    from loader.hf import PackedTrainer
-
-    class StopAt(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == stop_at:
-                control.should_save = control.should_training_stop = True
-
-    class Recording(PackedTrainer):
-        seen: list
-
-        def training_step(self, model, inputs, *args, **kwargs):
-            loss = super().training_step(model, inputs, *args, **kwargs)
-            self.seen.append((inputs["input_ids"].clone(), loss.item()))
-            return loss
-
-    settings = dict(
-        num_train_epochs=1,
-        gradient_accumulation_steps=GA,
-        learning_rate=1e-2,
-        lr_scheduler_type="constant",
-        save_strategy="no",
-        report_to=[],
-        logging_steps=1000,
-        use_cpu=True,
-        disable_tqdm=True,
-        dataloader_num_workers=workers,
-        seed=0,
-    )
-    settings.update(overrides)
-    trainer = Recording(
-        model=tiny_model("llama"),
-        args=TrainingArguments(str(out), **settings),
-        train_dataset=train,
-        callbacks=[StopAt()] if stop_at else [],
-    )
-    trainer.seen = []
-    return trainer
+    return recording_trainer(train, out, ga=GA, stop_at=stop_at, workers=workers, **overrides)
 
 
 def ids(batches):

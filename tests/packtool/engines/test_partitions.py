@@ -333,22 +333,29 @@ def test_a_killed_worker_process_is_replaced_and_the_bytes_are_unchanged(
     assert (out / "index.json").read_bytes() == (base / "w1" / "index.json").read_bytes()
 
 
+def _stopped_after(finished: int, out: Path, corpus: Path, monkeypatch) -> Path:
+    """A one-worker run into `out` stopped (Ctrl-C) once `finished` partitions are recorded,
+    in the next one's first shard; its staging folder."""
+    staging = staging_folder(out)
+    real = worker.write_chunk
+
+    def stop_in_the_next_partition(writer, packed):
+        if len(records.finished(staging)) == finished:
+            raise KeyboardInterrupt
+        return real(writer, packed)
+
+    monkeypatch.setattr(worker, "write_chunk", stop_in_the_next_partition)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(config(out, [corpus], workers=1))
+    monkeypatch.undo()
+    return staging
+
+
 def test_a_killed_writers_temporary_file_does_not_reach_the_dataset(corpus, tmp_path, monkeypatch):
     """A worker killed mid-shard leaves `.NAME.<writer>.tmp` in the staging folder; the finished
     dataset holds no such file."""
     out = tmp_path / "out"
-    staging = staging_folder(out)
-    real = worker.write_chunk
-
-    def stop_in_the_third_partition(writer, packed):
-        if len(records.finished(staging)) == 2:
-            raise KeyboardInterrupt
-        return real(writer, packed)
-
-    monkeypatch.setattr(worker, "write_chunk", stop_in_the_third_partition)
-    with pytest.raises(KeyboardInterrupt):
-        run_pack(config(out, [corpus], workers=1))
-    monkeypatch.undo()
+    staging = _stopped_after(2, out, corpus, monkeypatch)
     (staging / ".shard-000002-00000.parquet.999-deadbeef.tmp").write_bytes(b"half a shard")
     run_pack(config(out, [corpus], workers=1, resume=True))
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
@@ -508,18 +515,7 @@ def test_records_are_read_side_by_side(corpus, tmp_path, monkeypatch):
     partitions' records and their shards' stats at a resume: one after another, each read
     waited a round trip on a bucket (10^5 records at 20 ms: half an hour)."""
     out = tmp_path / "out"
-    staging = staging_folder(out)
-    real = worker.write_chunk
-
-    def stop_in_the_fourth_partition(writer, packed):
-        if len(records.finished(staging)) == 3:
-            raise KeyboardInterrupt
-        return real(writer, packed)
-
-    monkeypatch.setattr(worker, "write_chunk", stop_in_the_fourth_partition)
-    with pytest.raises(KeyboardInterrupt):
-        run_pack(config(out, [corpus], workers=1))
-    monkeypatch.undo()
+    staging = _stopped_after(3, out, corpus, monkeypatch)
     monkeypatch.setattr(records, "read_record", _meeting(2, records.read_record))
     got = [r["shards"] for r in records.records_in_order(staging, 3)]
     monkeypatch.undo()
