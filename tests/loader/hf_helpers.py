@@ -267,3 +267,12 @@ def recording_trainer(
     )
     trainer.seen = []
     return trainer
+
+
+def assert_same_steps(resumed: list, seen: list) -> None:
+    """Two `recording_trainer` runs' steps, `(input_ids, loss)` each: the same batches, the
+    same losses (to 1e-6)."""
+    assert len(resumed) == len(seen)
+    for (a, la), (b, lb) in zip(resumed, seen, strict=True):
+        assert torch.equal(a, b)
+        assert abs(la - lb) < 1e-6
