@@ -35,7 +35,7 @@ from packtool import lifeline
 from packtool.errors import DataError
 from packtool.read.sft_config import check_train_on
 from packtool.sft.template import ChatTemplate, TemplateFailure, normalize_messages
-from packtool.sft.turns import NotIncremental, turn_spans
+from packtool.sft.turns import NotIncremental, _common_prefix, turn_spans
 
 POOL_MIN_BYTES = 8 << 20
 """Input bytes below which rendering stays in this process: a forked worker costs ~35 ms of CPU
@@ -106,7 +106,9 @@ class Renderer:
         if t.has_generation:
             r = t.render(messages, track=True)
             spans = list(r.spans)
-            return r.text, spans[-1:] if self.train_on == "last" else spans
+            if self.train_on == "last":
+                spans = _last_turn(t, messages, turns[-1], r.text, spans)
+            return r.text, spans
         return turn_spans(t, messages, turns[-1:] if self.train_on == "last" else turns)
 
     def render_batch(
@@ -318,3 +320,20 @@ def rendered_in_order(
             yield done(*pending.popleft())
     while pending:
         yield done(*pending.popleft())
+
+
+def _last_turn(
+    t: ChatTemplate,
+    messages: list[dict[str, Any]],
+    last: int,
+    text: str,
+    spans: list[tuple[int, int]],
+) -> list[tuple[int, int]]:
+    """The `{% generation %}` blocks of the last assistant turn (message `last`): those that
+    start where the whole render parts from the render of the conversation before that turn
+    (their common start: a template may close a conversation otherwise, phi-3's with an EOS
+    after a user turn), or later. The last block alone was taken: a template that closes the
+    conversation with a block of its own (phi-3's `{% generation %}{{ eos_token }}`) or cuts a
+    turn into several (reasoning, tool call, content) trained its last token or block only."""
+    start = _common_prefix(text, t.render(messages[:last]).text)
+    return [(a, b) for a, b in spans if a >= start] or spans[-1:]

@@ -381,3 +381,37 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _trl_generation_templates():
+    from tests.packtool.chat_helpers import SPECIALS, templates
+
+    return [(p.name, p, SPECIALS) for p in templates(generation=True)]
+
+
+@pytest.mark.parametrize(("name", "path", "specials"), _trl_generation_templates())
+def test_train_on_last_is_every_block_of_the_last_turn(name, path, specials):
+    """`last` took the last `{% generation %}` block: phi-3's training templates close the
+    conversation with a block of their own (`{{ eos_token }}`), and diffusion_gemma's cut a turn
+    into several, so the last answer went untrained (1 supervised token, `</s>`). Now: the
+    `assistant` blocks that start where the whole render parts from the render of the
+    conversation before the last turn (phi-3 closes that one with an EOS of its own)."""
+    t = ChatTemplate(path.read_text(encoding="utf-8"), special_tokens=specials, name=name)
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello there"},
+        {"role": "user", "content": "and?"},
+        {"role": "assistant", "content": "ok good"},
+    ]
+    try:
+        text, every = Renderer(t, "assistant").spans(msgs)
+        before = t.render(msgs[:3]).text
+    except Exception as exc:  # a template that cannot render this conversation
+        pytest.skip(f"{name}: {type(exc).__name__}")
+    if "ok good" not in text:  # (idefics3, smolvlm: content as a list of parts only)
+        pytest.skip(f"{name} renders no text content")
+    _, last = Renderer(t, "last").spans(msgs)
+    start = len(os.path.commonprefix([text, before]))
+    assert last == [(a, b) for a, b in every if a >= start], name
+    assert "ok good" in "".join(text[a:b] for a, b in last), name
+    assert "hello there" not in "".join(text[a:b] for a, b in last), name
