@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from packtool.errors import DataError
-from packtool.storage.passed_over import CARD_NOTE, dataset_cards
+from packtool.storage.passed_over import CARD_NOTE, dataset_cards, passed_folders
 from packtool.storage.remote import as_path, filesystem, info_of, naming, network_failure, scheme
 
 _FOUND: ContextVar[dict[Any, tuple[Any, dict[str, Any]]] | None] = ContextVar(
@@ -183,6 +183,7 @@ def globbed_prefixes(text: str) -> list[str]:
         files, prefixes = _globbed(fs, p, protocol)
     if not files:
         return []  # `expand`'s error names them
+    prefixes = passed_folders(prefixes, set(files))
     prefixes.sort(key=lambda k: _plain(protocol, k).split("/"))
     return [_url(protocol, k, fs) for k in prefixes]
 

@@ -22,6 +22,19 @@ def dataset_cards(paths: list[str], records: tuple[str, ...]) -> list[str]:
     return [p for p in paths if p.rsplit("/", 1)[-1].lower() in CARD_NAMES]
 
 
+def passed_folders(folders: list[str], files: set[str]) -> list[str]:
+    """Of the folders (prefixes) a glob matched, those no file it matched lies under: `'d/**'`
+    matches `d/a` and `d/a/x.jsonl`, and reads what `d/a` holds that way (a note named it as
+    not read)."""
+    holding = set()
+    for f in files:
+        parent = f.rpartition("/")[0]
+        while parent and parent not in holding:
+            holding.add(parent)
+            parent = parent.rpartition("/")[0]
+    return [d for d in folders if d.rstrip("/") not in holding]
+
+
 def no_files_globbed(
     text: str, folders: list[str], files: str = "files", folder: str = "folder"
 ) -> str:

@@ -232,6 +232,11 @@ def test_folders_a_glob_matches_are_named_not_passed_over(tmp_path):
     )
     code, out, err = run("stats", str(tmp_path / "d" / "**" / "*.jsonl"))
     assert code == 0 and "note:" not in err, err  # its files matched: nothing passed over
+    # `d/**` matches the folders and every file under them: it reads what they hold, and an
+    # empty folder holds nothing to pass over (the note named them all as not read)
+    (tmp_path / "d" / "empty").mkdir()
+    code, out, err = run("stats", str(tmp_path / "d" / "**"))
+    assert code == 0 and "note:" not in err, err
 
 
 def test_a_linked_folder_inside_an_input_folder_is_named_not_passed_over(tmp_path):

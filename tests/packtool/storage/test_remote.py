@@ -512,6 +512,8 @@ def test_prefixes_a_glob_matches_are_named_not_passed_over(bucket):
         "note: 2 folder(s) matched by the input globs are not read (s3://corpus/globbed/a, "
         "s3://corpus/globbed/b): a glob reads the files it matches" in err
     )
+    code, out, err = run("stats", "s3://corpus/globbed/**", "--json")  # reads a/ and b/
+    assert code == 0 and json.loads(out)["documents"] == 3 and "note:" not in err, err
     code, out, err = run("stats", "s3://corpus/globbed/**/*.jsonl", "--json")
     assert code == 0 and json.loads(out)["documents"] == 3 and "note:" not in err, err
 
