@@ -235,14 +235,22 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
                     units = list(inflight.values()) or [todo[0]]  # [todo[0]]: broke at submit
                     for unit in units:
                         lost[unit] = lost.get(unit, 0) + 1
-                    worst = max(units, key=lambda u: (lost[u], -u))
-                    if lost[worst] > MAX_RETRIES:
-                        unit = (
-                            f"partition {worst}" if worst < run.partitions else "a tail-tree merge"
+                    over = sorted(u for u in units if lost[u] > MAX_RETRIES)
+                    if over:
+                        # Every one of them: the pool does not say which unit's worker died, and
+                        # the others in it with the one that kills its worker reach the limit
+                        # at the same break (naming the lowest named a partition that never
+                        # failed).
+                        named = [p for p in over if p < run.partitions]
+                        what = f"partition(s) {', '.join(map(str, named[:8]))}" + (
+                            f" and {len(named) - 8} more" if len(named) > 8 else ""
                         )
+                        if len(named) < len(over):
+                            what = f"{what} and a tail-tree merge" if named else "a tail-tree merge"
                         raise run.workers_lost(
-                            f"a worker process died {lost[worst]} times while {unit} was in the "
-                            "pool (running or queued)",
+                            f"worker processes died {lost[over[0]]} times while {what} "
+                            "ran or waited in the pool (which unit's worker died, the pool does "
+                            "not say)",
                             "fewer --workers if memory is short",
                         ) from None
                     todo = deque(sorted(set(todo) | set(inflight.values())))

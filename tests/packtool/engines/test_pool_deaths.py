@@ -80,8 +80,9 @@ def test_a_unit_that_kills_its_worker_every_time_stops_the_run(spawn_pool, tmp_p
     with pytest.raises(WorkersLost) as caught:
         local._run_pool(run, [list(range(8))], workers=1, threads=1, kind="process")
     assert str(caught.value).startswith(
-        f"a worker process died {local.MAX_RETRIES + 1} times while partition 3 was in the pool"
-    )
+        f"worker processes died {local.MAX_RETRIES + 1} times while partition(s) 3, 4 ran or "
+        "waited in the pool"
+    )  # 4 was queued beside 3 at each death (one worker, two units in flight)
     assert len(list(tmp_path.glob("3.*"))) == local.MAX_RETRIES + 1
     assert {0, 1, 2} <= set(run.records) and 3 not in run.records
 
@@ -89,7 +90,7 @@ def test_a_unit_that_kills_its_worker_every_time_stops_the_run(spawn_pool, tmp_p
 def test_a_lost_tail_tree_unit_is_named_as_one(spawn_pool, tmp_path):
     """A unit past the plan's partitions is a tail-tree merge node, and the line says so."""
     run = FakeRun(2, die={2}, times=100, marks=tmp_path)
-    with pytest.raises(WorkersLost, match="while a tail-tree merge was in the pool"):
+    with pytest.raises(WorkersLost, match="while a tail-tree merge ran or waited in the pool"):
         local._run_pool(run, [[0, 1], [2]], workers=1, threads=1, kind="process")
     assert sorted(run.records) == [0, 1]
 
@@ -117,3 +118,13 @@ def test_a_pool_found_broken_at_submit_keeps_the_unit_it_was_given(monkeypatch, 
     run = FakeRun(8, die=set(), times=0, marks=tmp_path)
     local._run_pool(run, [list(range(8))], workers=1, threads=1, kind="process")
     assert BreaksAtUnit4.broke and sorted(run.records) == list(range(8))
+
+
+def test_the_stop_names_every_unit_at_the_limit_not_the_lowest(spawn_pool, tmp_path):
+    """Two workers: unit 1 kills its worker every time, unit 0 runs beside it and is lost with
+    it. Both reach the limit at one break; the line named the lowest, 0, which never failed."""
+    run = FakeRun(6, die={1}, times=100, marks=tmp_path)
+    with pytest.raises(WorkersLost) as caught:
+        local._run_pool(run, [list(range(6))], workers=2, threads=1, kind="process")
+    named = str(caught.value).partition("partition(s) ")[2].partition(" ran")[0]
+    assert 1 in {int(n) for n in named.split(", ")}, caught.value
