@@ -39,7 +39,6 @@ from packtool.read.documents import (
 )
 from packtool.read.formats import KNOWN_SHORT, KNOWN_SUFFIXES, RECORD_SUFFIXES, read_file
 from packtool.storage.local import as_path, expand, input_list, is_dir, is_remote, unread
-from packtool.storage.local import globbed_folders as local_globbed_folders
 
 
 def expand_inputs(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
@@ -149,7 +148,9 @@ def globbed_folders(
 
             folders = listing.globbed_prefixes(text)
         else:
-            folders = local_globbed_folders(text)
+            from packtool.storage.passed_over import globbed_folders as local_folders
+
+            folders = local_folders(text)
         count += len(folders)
         shown += folders[: max(0, examples - len(shown))]
     return count, shown

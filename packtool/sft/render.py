@@ -35,7 +35,7 @@ from packtool import lifeline
 from packtool.errors import DataError
 from packtool.read.sft_config import check_train_on
 from packtool.sft.template import ChatTemplate, TemplateFailure, normalize_messages
-from packtool.sft.turns import NotIncremental, _common_prefix, turn_spans
+from packtool.sft.turns import NotIncremental, common_prefix, turn_spans
 
 POOL_MIN_BYTES = 8 << 20
 """Input bytes below which rendering stays in this process: a forked worker costs ~35 ms of CPU
@@ -335,5 +335,5 @@ def _last_turn(
     after a user turn), or later. The last block alone was taken: a template that closes the
     conversation with a block of its own (phi-3's `{% generation %}{{ eos_token }}`) or cuts a
     turn into several (reasoning, tool call, content) trained its last token or block only."""
-    start = _common_prefix(text, t.render(messages[:last]).text)
+    start = common_prefix(text, t.render(messages[:last]).text)
     return [(a, b) for a, b in spans if a >= start] or spans[-1:]

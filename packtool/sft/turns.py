@@ -422,7 +422,7 @@ def turn_spans(
     if not turns:
         return text, []
     gen_text, gen_watch = _render(template, messages, True)
-    common = _common_prefix(text, gen_text)
+    common = common_prefix(text, gen_text)
     n = len(messages)
     spans = []
     for k in turns:
@@ -437,7 +437,7 @@ def turn_spans(
     return text, spans
 
 
-def _common_prefix(a: str, b: str) -> int:
+def common_prefix(a: str, b: str) -> int:
     """Length of the longest common prefix (slice comparisons: C speed, no per-char Python)."""
     n = min(len(a), len(b))
     lo, step = 0, 4096

@@ -148,33 +148,6 @@ def expand(
     return out
 
 
-def globbed_folders(text: str) -> list[str]:
-    """The folders a local glob input matches, sorted: `expand` reads none of them (a glob
-    reads the files it matches). Empty for anything but a glob matching no file by its name,
-    and for a glob that matches no file (`expand`'s error names its folders)."""
-    if not globbing.has_magic(text) or os.path.lexists(text):
-        return []
-    from packtool.storage.local_glob import local_glob
-    from packtool.storage.passed_over import passed_folders
-
-    matched = local_glob(text)
-    folders = [p for p in matched if os.path.isdir(p)]
-    if len(folders) == len(matched):
-        return []
-    files = set(matched).difference(folders)
-    passed = [d for d in passed_folders(folders, files) if _holds_something(d)]
-    return sorted(passed, key=lambda p: p.split("/"))
-
-
-def _holds_something(folder: str) -> bool:
-    """Whether `folder` holds any entry (an empty folder passed over loses nothing)."""
-    try:
-        with os.scandir(folder) as entries:
-            return next(entries, None) is not None
-    except OSError:
-        return True  # unlistable: say so rather than nothing
-
-
 def walk(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
     """The files under `folder` whose names end in `suffixes`, sorted; hidden names and links
     to folders are skipped (`unread` names the links).

@@ -1,8 +1,12 @@
 """What a folder's (or bucket prefix's) walk and a glob read and what they pass over, the same
 for local paths (packtool/storage/local.py) and buckets (packtool/storage/listing.py): the
-dataset cards a walk passes over, and the error for a glob that matches no file."""
+dataset cards a walk passes over, the folders a glob matches and reads nothing of, and the error
+for a glob that matches no file."""
 
 from __future__ import annotations
+
+import glob
+import os
 
 CARD_NAMES = ("readme.md", "readme.txt", "readme.text")
 """A dataset's card (`README.md`: what the Hugging Face Hub shows, YAML front matter and prose),
@@ -49,3 +53,30 @@ def no_files_globbed(
         f"reads the {files} it matches; give a {folder} itself to read its corpus files, or "
         f"match {files} ('d/*/*.jsonl', 'd/**/*.jsonl')"
     )
+
+
+def globbed_folders(text: str) -> list[str]:
+    """The folders a local glob input matches and reads nothing of (a glob reads the files it
+    matches: no matched file lies under them, and they are not empty), sorted by segments.
+    Empty for anything but a glob matching no file by its name, and for a glob that matches no
+    file (`local.expand`'s error names its folders)."""
+    if not glob.has_magic(text) or os.path.lexists(text):
+        return []
+    from packtool.storage.local_glob import local_glob
+
+    matched = local_glob(text)
+    folders = [p for p in matched if os.path.isdir(p)]
+    if len(folders) == len(matched):
+        return []
+    files = set(matched).difference(folders)
+    passed = [d for d in passed_folders(folders, files) if _holds_something(d)]
+    return sorted(passed, key=lambda p: p.split("/"))
+
+
+def _holds_something(folder: str) -> bool:
+    """Whether `folder` holds any entry (an empty folder passed over loses nothing)."""
+    try:
+        with os.scandir(folder) as entries:
+            return next(entries, None) is not None
+    except OSError:
+        return True  # unlistable: say so rather than nothing
