@@ -60,6 +60,7 @@ PACK_WORKERS = "Partition worker processes (local) or actors (Ray) [default: all
 
 
 AT_LEAST_0, AT_LEAST_1 = click.IntRange(min=0), click.IntRange(min=1)
+ROWS, ROUNDS = click.IntRange(1, (1 << 31) - 1), click.IntRange(1, 1000)  # shards, chunk limits
 CHUNKS = "Documents packed together (bounds memory)."
 GROUP_ROWS = "Rows per Parquet row group."
 
@@ -81,7 +82,7 @@ def _named(output: str) -> str:
 # --- commands are registered below; keep each one thin over a library function ---
 
 
-@cli.command("verify")
+@cli.command("verify", short_help="Re-check a packed dataset: checksums, schema, counts.")
 @click.argument("directory", type=click.Path(path_type=str), metavar="DATASET")
 @click.option(
     "--no-checksums", is_flag=True, help="Skip recomputing sha256 (sizes are still checked)."
@@ -101,7 +102,7 @@ def verify_cmd(directory: str, no_checksums: bool) -> None:
     echo(report.summary())
 
 
-@cli.command("inspect")
+@cli.command("inspect", short_help="Summarise a packed dataset: manifest, fill, one row.")
 @click.argument("directory", type=click.Path(path_type=str), metavar="DATASET")
 @click.option(
     "--row", type=int, default=None, help="List the documents of this global row (0-based)."
@@ -125,7 +126,7 @@ def inspect_cmd(directory: str, row: int | None, plot: str | None, as_json: bool
     echo(json.dumps(result.to_dict(), indent=2) if as_json else result.format())
 
 
-@cli.command("mix")
+@cli.command("mix", short_help="Plan a mixture file: each source's tokens, epochs, share.")
 @click.argument("mixture", metavar="MIXTURE")
 @click.option("--tokens", help="Plan this many tokens (10B, 2.5M, ...).")
 @click.option("--steps", help="Plan this many global steps (give a batch size).")
@@ -149,7 +150,7 @@ def mix_cmd(mixture: str, as_json: bool, **length: Any) -> None:
     echo(json.dumps(plan.to_dict(), indent=2) if as_json else plan.format())
 
 
-@cli.command("tokenize")
+@cli.command("tokenize", short_help="Tokenize a corpus into tokenized Parquet (or Megatron).")
 @inputs_argument
 @click.option(
     "-o",
@@ -217,8 +218,8 @@ def tokenize_cmd(
 ) -> None:
     """Tokenize text corpora into tokenized Parquet (or a Megatron indexed dataset).
 
-    INPUT: .txt / .md (one document per file), .jsonl, .parquet (tokenized Parquet: read with
-    the tokenizer it records); text and JSONL also .gz / .zst; files, folders or quoted globs.
+    INPUT: .txt / .md (one document per file), .jsonl, .parquet (text: --text-column; tokenized
+    Parquet: its ids as recorded); text and JSONL also .gz / .zst; files, folders or quoted globs.
     Bad lines and empty documents are skipped and counted (--strict: errors). Fine-tuning records:
     docs/sft.md. --to megatron: --engine, --partition-size, --resume (docs/scale-out.md).
     """
@@ -272,7 +273,7 @@ def tokenize_cmd(
     echo(summary.format())
 
 
-@cli.command("stats")
+@cli.command("stats", short_help="Length statistics: percentiles, padding waste, bounds.")
 @inputs_argument
 @click.option(
     "--max-len",
@@ -378,7 +379,7 @@ def stats_cmd(
         echo(f"wrote {plot}", err=as_json)
 
 
-@cli.command("pack")
+@cli.command("pack", short_help="Tokenize and pack a corpus into Parquet shards.")
 @inputs_argument
 @click.option(
     "-o",
@@ -413,7 +414,7 @@ def stats_cmd(
 )
 @click.option(
     "--rounds",
-    type=AT_LEAST_1,
+    type=ROUNDS,
     default=1,
     show_default=True,
     help="Packing passes: 1 = plain FFD/BFD; each extra round repacks the least-filled 10% of "
@@ -432,10 +433,8 @@ def stats_cmd(
     "JSONL field / Parquet column).",
 )
 @click.option("--chunk-docs", type=AT_LEAST_1, default=100_000, show_default=True, help=CHUNKS)
-@click.option(
-    "--shard-rows", type=AT_LEAST_1, default=16384, show_default=True, help="Rows per shard."
-)
-@click.option("--row-group-rows", type=AT_LEAST_1, default=256, show_default=True, help=GROUP_ROWS)
+@click.option("--shard-rows", type=ROWS, default=16384, show_default=True, help="Rows per shard.")
+@click.option("--row-group-rows", type=ROWS, default=256, show_default=True, help=GROUP_ROWS)
 @click.option(
     "--compression",
     type=click.Choice(["lz4", "zstd", "snappy", "none"]),

@@ -502,3 +502,13 @@ def test_a_binary_column_kept_is_its_text_and_bad_bytes_name_their_row(tmp_path)
     assert code == 1 and one_error_line(err).endswith(
         ":row 1: column 'k' holds bytes that are not UTF-8 text"
     )
+
+
+def test_row_and_round_limits_are_the_libraries(tmp_path, good):
+    """The CLI's ranges for --shard-rows / --row-group-rows and --rounds (shown in --help, named
+    in errors: tests/packtool/cli/test_group_edges.py) are the library's limits."""
+    from packtool.cli import commands
+    from packtool.dataset.shards import MAX_ROWS
+    from packtool.pack.chunk import MAX_ROUNDS
+
+    assert (commands.ROWS.max, commands.ROUNDS.max) == (MAX_ROWS, MAX_ROUNDS)

@@ -80,7 +80,7 @@ def test_pack_tokenized_input_uses_the_recorded_tokenizer(tmp_path):
         # Out of range: a usage error naming the option (the library's field names leaked).
         (["--max-len", "1"], 1, "--max-len must be an integer >= 2 (tokens), got '1'"),
         (["--chunk-docs", "0"], 1, "Invalid value for '--chunk-docs': 0 is not in the range"),
-        (["--rounds", "0"], 1, "Invalid value for '--rounds': 0 is not in the range x>=1"),
+        (["--rounds", "0"], 1, "Invalid value for '--rounds': 0 is not in the range 1<=x<=1000"),
         (["--shard-rows", "0"], 1, "Invalid value for '--shard-rows': 0 is not in the range"),
         (["--row-group-rows", "0"], 1, "Invalid value for '--row-group-rows': 0 is not in"),
         (["--seed", "-1"], 1, "Invalid value for '--seed': -1 is not in the range x>=0"),
