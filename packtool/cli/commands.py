@@ -83,7 +83,7 @@ def _named(output: str) -> str:
 
 
 @cli.command("verify", short_help="Re-check a packed dataset: checksums, schema, counts.")
-@click.argument("directory", type=click.Path(path_type=str), metavar="DATASET")
+@click.argument("directory", type=input_options.NamedPath(path_type=str), metavar="DATASET")
 @click.option(
     "--no-checksums", is_flag=True, help="Skip recomputing sha256 (sizes are still checked)."
 )
@@ -103,13 +103,13 @@ def verify_cmd(directory: str, no_checksums: bool) -> None:
 
 
 @cli.command("inspect", short_help="Summarise a packed dataset: manifest, fill, one row.")
-@click.argument("directory", type=click.Path(path_type=str), metavar="DATASET")
+@click.argument("directory", type=input_options.NamedPath(path_type=str), metavar="DATASET")
 @click.option(
     "--row", type=int, default=None, help="List the documents of this global row (0-based)."
 )
 @click.option(
     "--plot",
-    type=click.Path(dir_okay=False, path_type=str),
+    type=input_options.NamedPath(dir_okay=False, path_type=str),
     default=None,
     help="Draw the first 64 rows' fill to FILE.png (.svg/.pdf too); with --row also "
     "FILE-row-N.png, that row's causal attention mask.",
@@ -127,7 +127,7 @@ def inspect_cmd(directory: str, row: int | None, plot: str | None, as_json: bool
 
 
 @cli.command("mix", short_help="Plan a mixture file: each source's tokens, epochs, share.")
-@click.argument("mixture", metavar="MIXTURE")
+@click.argument("mixture", type=input_options.NamedPath(path_type=str), metavar="MIXTURE")
 @click.option("--tokens", help="Plan this many tokens (10B, 2.5M, ...).")
 @click.option("--steps", help="Plan this many global steps (give a batch size).")
 @click.option("--rows-per-batch", type=AT_LEAST_1, help="--steps: rows per rank batch.")
@@ -300,7 +300,7 @@ def tokenize_cmd(
 @click.option(
     "--plot",
     default=None,
-    type=click.Path(dir_okay=False, path_type=str),
+    type=input_options.NamedPath(dir_okay=False, path_type=str),
     metavar="FILE.png",
     help="Draw the length histogram with the max length marked.",
 )

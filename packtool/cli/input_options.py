@@ -281,6 +281,16 @@ def _note_passed_over(inputs: Any) -> None:
     )
 
 
+class NamedPath(click.Path):
+    """`click.Path` that refuses an empty value: `""` (an unset shell variable) was read as the
+    current folder ("index.json: missing", "plot file '.'", ".: cannot read the mixture file")."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("the path is empty (an unset shell variable?)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def _note(count: int, examples: list[str], what: str, why: str) -> None:
     """`note: COUNT WHAT (EXAMPLES and N more): WHY` on stderr, where COUNT is not 0."""
     if count:

@@ -512,3 +512,22 @@ def test_row_and_round_limits_are_the_libraries(tmp_path, good):
     from packtool.pack.chunk import MAX_ROUNDS
 
     assert (commands.ROWS.max, commands.ROUNDS.max) == (MAX_ROWS, MAX_ROUNDS)
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["inspect", ""], "'DATASET'"),
+        (["verify", ""], "'DATASET'"),
+        (["mix", ""], "'MIXTURE'"),
+        (["stats", "GOOD", "--plot", ""], "'--plot'"),
+    ],
+)
+def test_an_empty_path_is_named_not_read_as_the_current_folder(good, args, names):
+    """`packtool inspect ""` said "index.json: missing" (the current folder), `mix ""` ".: cannot
+    read the mixture file", `stats --plot ""` "plot file '.'"."""
+    args = [str(good) if a == "GOOD" else a for a in args]
+    code, _, err = run(*args)
+    line = one_error_line(err)
+    assert code == 1 and "the path is empty (an unset shell variable?)" in line, line
+    assert names in line, line
