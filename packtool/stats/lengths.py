@@ -487,6 +487,7 @@ def compute_stats(
     read_config: Any = None,
     tokenizer: Any = "byte",
     workers: int | None = None,
+    progress: bool | None = None,
 ) -> LengthStats:
     """Statistics of a corpus: raw files are tokenized on the fly, tokenized Parquet is read.
 
@@ -498,12 +499,15 @@ def compute_stats(
         tokenizer: a `Tokenizer` or a spec for raw corpora (None: `byte`). Ignored for tokenized
             Parquet, whose recorded tokenizer is reported instead (a spec is then not loaded).
         workers: tokenizer threads when `tokenizer` is a spec.
+        progress: a bar on stderr while raw inputs are tokenized (None: on a terminal,
+            `packtool.progress.progress_enabled`).
 
     Raises:
         DataError: unreadable or mixed inputs, or no documents at all.
         ConfigError: a max length (or candidate) that BOS + EOS fill, which `pack` refuses.
     """
     from packtool.dataset.tokenized import tokenized_lengths
+    from packtool.progress import Progress
     from packtool.read.corpus import expand_inputs
     from packtool.read.documents import ReadConfig, SkipCounter
     from packtool.stats.supervised import SupervisedCounter, read_supervised
@@ -544,10 +548,16 @@ def compute_stats(
             used = unchanged_ids(used, tokenizer)  # ids counted as they are: no EOS, no BOS
         config.check_room_for_text(used.eos_id, used.bos_id)
         parts = []
-        for t, _ in read_tables(paths, read, read_config, tokenizer, skips):
-            parts.append(t.column("length").to_numpy())
-            if counter is not None:
-                counter.add(t)
+        # Tokenizing a whole corpus takes a while (a bar on a terminal, as pack and tokenize)
+        bar = Progress("stats", enabled=progress)
+        try:
+            for t, _ in read_tables(paths, read, read_config, tokenizer, skips):
+                parts.append(t.column("length").to_numpy())
+                bar.update(docs=len(parts[-1]), tokens=int(parts[-1].sum()))
+                if counter is not None:
+                    counter.add(t)
+        finally:
+            bar.close()
         lengths = np.concatenate(parts) if parts else np.empty(0, np.int64)
         if not lengths.size:
             raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")

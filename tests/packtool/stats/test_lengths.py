@@ -490,3 +490,18 @@ def test_a_masked_file_without_its_loss_mask_column_is_an_error(tmp_path):
     pq.write_table(t.replace_schema_metadata(pq.read_schema(good).metadata), bad)
     with pytest.raises(DataError, match=f"^{bad}: no column 'loss_mask' \\(columns: doc_id, "):
         compute_stats([bad], StatsConfig(max_len=64, candidates=(64,)))
+
+
+def test_stats_of_a_raw_corpus_draws_a_bar_while_it_tokenizes(tmp_path, capsys):
+    """stats tokenized a whole corpus with nothing on the terminal until its report (pack and
+    tokenize draw a bar): it draws one too, on stderr, and leaves none behind."""
+    from packtool.stats.lengths import compute_stats
+
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(f'{{"text": "document {i} {"x" * i}"}}\n' for i in range(50)))
+    got = compute_stats([src], StatsConfig(max_len=64, candidates=(64,)), progress=True)
+    assert got.documents == 50
+    err = capsys.readouterr().err
+    assert "stats" in err and "docs" in err, err
+    compute_stats([src], StatsConfig(max_len=64, candidates=(64,)), progress=False)
+    assert capsys.readouterr().err == ""
