@@ -52,6 +52,15 @@ def input_difference(was: Any, now: list[list[Any]]) -> str:
     diff = [k for k in [*new, *old] if old.get(k) != new.get(k)]
     if not diff:
         return "inputs"
+    added = [k for k in diff if k not in old]
+    removed = [k for k in diff if k not in new]
+    for a in added:  # a file named another way (`big.jsonl`, then `/data/big.jsonl`)
+        same = next((r for r in removed if list(old[r][1:]) == list(new[a][1:])), None)
+        if same is not None and len(new[a]) > 1:
+            return (
+                f"inputs: {a[0]} added, {same[0]} removed (the same file named another way? "
+                "give the inputs as the first run did)"
+            )
     how = "added" if diff[0] not in old else "removed" if diff[0] not in new else "changed"
     return f"inputs: {diff[0][0]} {how}"
 

@@ -333,9 +333,9 @@ def test_a_killed_worker_process_is_replaced_and_the_bytes_are_unchanged(
     assert (out / "index.json").read_bytes() == (base / "w1" / "index.json").read_bytes()
 
 
-def _stopped_after(finished: int, out: Path, corpus: Path, monkeypatch) -> Path:
-    """A one-worker run into `out` stopped (Ctrl-C) once `finished` partitions are recorded,
-    in the next one's first shard; its staging folder."""
+def _stopped_after(finished: int, out: Path, corpus: Path | str, monkeypatch) -> Path:
+    """A one-worker run of `corpus` into `out` stopped (Ctrl-C) once `finished` partitions are
+    recorded, in the next one's first shard; its staging folder."""
     staging = staging_folder(out)
     real = worker.write_chunk
 
@@ -524,3 +524,18 @@ def test_records_are_read_side_by_side(corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(base_engine.Run, "_checked_record", _meeting(3, checked))
     run_pack(config(out, [corpus], workers=1, resume=True))
     assert not verify_dataset(out).warnings
+
+
+def test_a_resume_naming_the_same_files_another_way_says_so(corpus, tmp_path, monkeypatch):
+    """A run given `in` (relative, from the corpus's parent folder), resumed from elsewhere
+    with the absolute path: refused (doc ids name the files as first given), and the line said
+    only "inputs: /abs/in/a-0000.jsonl added", not that the file taken for removed was it."""
+    out = tmp_path / "out"
+    monkeypatch.chdir(corpus.parent)
+    _stopped_after(2, out, corpus.name, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        run_pack(config(out, [corpus], workers=1, resume=True))
+    line = str(caught.value)
+    assert f"inputs: {corpus}/a-0000.jsonl added, {corpus.name}/a-0000.jsonl removed" in line
+    assert "(the same file named another way? give the inputs as the first run did)" in line
