@@ -246,18 +246,58 @@ def _encoded(
     return out  # type: ignore[return-value]
 
 
-def _prompt_completion(records: Records) -> _Prepared:
-    """Stage 1 of prompt/completion: the prompts, then the completions, as one list to encode."""
+def _prompt_completion(records: Records, in_context: bool = False) -> _Prepared:
+    """Stage 1 of prompt/completion: the prompts, then the completions, as one list to encode;
+    `in_context` (`completions_in_context`): then each prompt + completion joined too."""
     prompts = [p for p, _ in records.values]
     completions = [c for _, c in records.values]
+    joined = [p + c for p, c in records.values] if in_context else []
     return _Prepared(
-        texts=prompts + completions,
+        texts=prompts + completions + joined,
         wheres=list(records.wheres),
         offsets=list(records.offsets),
         sources=list(records.sources),
         extras=records.extras,
         nbytes=records.nbytes,
     )
+
+
+def completions_in_context(encoder: TextEncoder) -> bool:
+    """Whether `encoder` encodes a text otherwise alone than after other text: a SentencePiece
+    model (or a Metaspace tokenizer.json) puts a dummy prefix `▁` before every text it encodes,
+    so a completion encoded alone began with a space its record does not have ("4" + "2" read
+    "4 2", the model taught to say it). Probed once per encoder: `x\n` then `y`, against
+    `x\ny` (a byte-level BPE encodes both alike)."""
+    found = encoder._in_context
+    if found is None:
+        flat, lengths = encoder.encode(["x\n", "y", "x\ny"])
+        a, b = int(lengths[0]), int(lengths[1])
+        found = flat[: a + b].tolist() != flat[a + b :].tolist()
+        encoder._in_context = found
+    return found
+
+
+def in_context(flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The prompts, then the completions, from the encoded prompts, completions alone and joined
+    texts (`_prompt_completion(in_context=True)`): each completion is the joined text's ids after
+    its prompt's, where the joined ids begin with the prompt's (the prompt's tokens are what a
+    model has at inference); else (a token across the boundary) the completion encoded alone."""
+    n = len(lengths) // 3
+    off = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=off[1:])
+    parts: list[np.ndarray] = []
+    sizes = np.empty(n, np.int64)
+    for i in range(n):
+        prompt = flat[off[i] : off[i + 1]]
+        joined = flat[off[2 * n + i] : off[2 * n + i + 1]]
+        k = len(prompt)
+        tail = (
+            joined[k:] if np.array_equal(joined[:k], prompt) else flat[off[n + i] : off[n + i + 1]]
+        )
+        parts.append(tail)
+        sizes[i] = len(tail)
+    ids = np.concatenate([flat[: off[n]], *parts]) if n else flat[:0]
+    return ids, np.concatenate([lengths[:n], sizes])
 
 
 def _scatter(dest_starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -340,10 +380,12 @@ def sft_tables(
         if processes and (read.sft.render_processes or big):
             pool = RenderPool(renderer, processes)  # forked before the threads below start
 
+    joined = not chat and completions_in_context(encoder)
+
     def prepared() -> Iterator[_Prepared]:
         records = read_records(paths, kind, read, skips)
         if not chat:
-            yield from map(_prompt_completion, records)
+            yield from (_prompt_completion(r, in_context=joined) for r in records)
             return
         for batch, r in rendered_in_order(
             records, lambda b: b.values, renderer, pool, convert=False, drop_unsupervised=True
@@ -365,6 +407,8 @@ def sft_tables(
                 )
                 ids, doc_len = flat, lengths
             else:
+                if joined:
+                    flat, lengths = in_context(flat, lengths)
                 ids, mask, doc_len = assemble_prompt_completion(
                     flat, lengths, identity.bos_id, identity.eos_id, read.sft.train_on
                 )

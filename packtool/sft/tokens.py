@@ -87,6 +87,8 @@ class TextEncoder:
         self._reference: Any = None
         self._tiktoken: Any = None
         self._json: dict[str, Any] | None = None
+        self._in_context: bool | None = None
+        """Whether a text encodes otherwise alone than after other text (`encode.completions_in_context`)."""
         if self.kind == "byte":
             self.byte_lengths = np.ones(tokenizer.vocab_size, np.int64)
         elif self.kind == "hf":

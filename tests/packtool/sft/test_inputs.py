@@ -675,3 +675,41 @@ def test_a_record_file_that_cannot_be_read_is_one_line_naming_it(tmp_path):
             read_records([tmp_path / "plain.jsonl.gz"], "messages", ReadConfig(), SkipCounter()),
         ).value
     )
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+def test_a_completion_is_encoded_as_it_follows_its_prompt(kind, tmp_path_factory):
+    """A Metaspace tokenizer (SentencePiece style) prefixes every text it encodes with "▁": a
+    completion encoded alone began with a space its record does not have ("The answer is 4" +
+    "2" decoded "The answer is 4 2", the model taught to say it). The completion is now the
+    joined text's ids after the prompt's wherever those begin with the prompt's; a byte-level
+    BPE, which encodes a completion alike alone and after its prompt, is unchanged."""
+    from tests.packtool.chat_helpers import trained_tokenizer_dir
+
+    folder = trained_tokenizer_dir(str(tmp_path_factory.getbasetemp()), kind)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    pairs = [("The answer is 4", "2"), ("Q: hello", " world"), ("A list:\n", "- one\n- two")]
+    root = tmp_path_factory.mktemp(f"pc-{kind}")
+    src = root / "pc.jsonl"
+    src.write_text("".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in pairs))
+    code, _, err = run("tokenize", src, "-o", root / "o.parquet", "--tokenizer", folder, "--no-eos")
+    assert code == 0, err
+    rows = pq.read_table(root / "o.parquet").to_pylist()
+    for row, (p, c) in zip(rows, pairs, strict=True):
+        ids = [i for i in row["input_ids"]]
+        prompt = tok.encode(p, add_special_tokens=False).ids
+        alone = tok.encode(c, add_special_tokens=False).ids
+        joined = tok.encode(p + c, add_special_tokens=False).ids
+        start = (
+            len(ids)
+            - len(prompt)
+            - (len(joined) - len(prompt) if kind == "metaspace" else len(alone))
+        )
+        assert ids[start : start + len(prompt)] == prompt
+        if kind == "bytelevel":  # alike alone and after the prompt: unchanged
+            assert ids[start + len(prompt) :] == alone
+        else:
+            assert joined[: len(prompt)] == prompt and ids[start:] == joined
+            assert tok.decode(ids[start:]) == tok.decode(joined)
+            if c == "2":  # alone: "▁2", a space the record does not have
+                assert ids[start + len(prompt) :] != alone, "the probe found nothing to fix"

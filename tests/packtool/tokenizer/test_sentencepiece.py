@@ -257,7 +257,13 @@ def test_prompt_completion_records_with_a_model_file(tmp_path):
     # "chat inputs do not support tokenizer kind 'sentencepiece' yet", for prompt-completion too
     model = tmp_path / "tokenizer.model"  # the package's file, under the name packtool knows
     model.symlink_to(mistral_model("v1"))
-    pairs = [("Q: 2+2?", " 4"), ("Héllo wörld", " ok 🤗"), ("", " only a completion")]
+    pairs = [
+        ("Q: 2+2?", " 4"),
+        ("Héllo wörld", " ok 🤗"),
+        ("", " only a completion"),
+        ("The answer is 4", "2"),  # was "4 2": the completion alone began with a dummy "▁"
+        ("Say: cat", "s"),
+    ]
     corpus = tmp_path / "pc.jsonl"
     corpus.write_text("".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in pairs))
     code, _, err = run("tokenize", corpus, "-o", tmp_path / "o.parquet", "--tokenizer", model)
@@ -266,9 +272,17 @@ def test_prompt_completion_records_with_a_model_file(tmp_path):
 
     sp = spm.SentencePieceProcessor(model_file=str(model))
     for row, (p, c) in zip(pq.read_table(tmp_path / "o.parquet").to_pylist(), pairs, strict=True):
-        prompt, completion = sp.encode(p), sp.encode(c)
+        # The completion as it follows its prompt: the joined text's ids after the prompt's (a
+        # SentencePiece model prefixes every text it encodes with "▁", so a completion encoded
+        # alone read "The answer is 4 2"); where a token crosses the boundary ("cat" + "s":
+        # "▁cats") the prompt's own tokens stay, and the completion is encoded alone.
+        prompt, joined = sp.encode(p), sp.encode(p + c)
+        crossed = joined[: len(prompt)] != prompt
+        completion = sp.encode(c) if crossed else joined[len(prompt) :]
+        assert crossed == (c == "s")
         assert row["input_ids"] == [sp.bos_id(), *prompt, *completion, sp.eos_id()]
         assert list(row["loss_mask"]) == [0] * (1 + len(prompt)) + [1] * (len(completion) + 1)
+        assert crossed or sp.decode(row["input_ids"][1:-1]) == p + c
 
 
 def test_chat_records_with_a_model_file_say_what_to_pass(tmp_path):
