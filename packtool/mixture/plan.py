@@ -10,7 +10,7 @@ epochs, caps and drops are the real run's up to where inside an epoch a row boun
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -161,6 +161,7 @@ def plan_mixture(
     """
     if tokens is not None and steps is not None:
         raise ConfigError("give --tokens or --steps, not both")
+    past = _past_own_total(spec, tokens, steps)
     what = "--steps"  # the length asked for, or the mixture's own
     length = None if tokens is None else f"with --tokens {tokens:,}"
     if tokens is None and steps is None:
@@ -209,9 +210,25 @@ def plan_mixture(
     if state is None:
         state = sch.state()
     seconds = time.perf_counter() - t0
-    return _plan(
+    plan = _plan(
         spec, sizes, state, tokens, steps, rows_per_batch, tokens_per_batch, world_size, seconds
     )
+    return replace(plan, warnings=(*past, *plan.warnings))
+
+
+def _past_own_total(spec: MixtureSpec, tokens: int | None, steps: int | None) -> list[str]:
+    """A warning where --tokens / --steps plans past the mixture's own total, which a run of the
+    file stops at (the plan reported 5,019 tokens of a file whose total_tokens is 2,000)."""
+    for flag, asked, own, key in (
+        ("--tokens", tokens, spec.total_tokens, "total_tokens"),
+        ("--steps", steps, spec.total_steps, "total_steps"),
+    ):
+        if asked is not None and own is not None and asked > own:
+            return [
+                f"{flag} {asked:,} plans past the mixture's own {key} {own:,}, where a run of "
+                "this file stops; the plan shows what a larger total would deliver"
+            ]
+    return []
 
 
 def _no_batching(length: str, rows: int | None, budget: int | None, world: int) -> None:

@@ -262,6 +262,14 @@ def test_batch_options_without_steps_are_refused_naming_them(folders, tmp_path):
     assert plan_mixture(cap, world_size=1).rows == 400  # the default is no option given
     code, out, err = run("mix", file, "--tokens", "10000", "--json")
     assert code == 0 and err == "" and json.loads(out)["steps"] is None
+    # Past the file's own total_tokens 20,000: planned, but the plan said nothing of where a run
+    # of the file stops.
+    code, out, err = run("mix", file, "--tokens", "30000", "--json")
+    assert code == 0 and json.loads(out)["tokens"] >= 30000
+    assert err == (
+        "warning: --tokens 30,000 plans past the mixture's own total_tokens 20,000, where a run "
+        "of this file stops; the plan shows what a larger total would deliver\n"
+    )
 
 
 def test_planning_the_files_total_steps_without_a_batch_size_names_it(folders, tmp_path):
