@@ -154,7 +154,7 @@ STORAGE_OPTIONS = click.option(
 
 def storage_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add `--storage-options` (`STORAGE_OPTIONS`) to a command that takes no `corpus_options`
-    (`verify`, `inspect`: until 2026-12-07 only `PACKTOOL_STORAGE_OPTIONS` reached them); it is
+    (`verify`, `inspect`: until 2026-12-06 only `PACKTOOL_STORAGE_OPTIONS` reached them); it is
     checked and set before the command runs, as there."""
 
     @functools.wraps(fn)

@@ -104,7 +104,7 @@ def _check_apart_remote(
     out: str | os.PathLike, inputs: list[str] | tuple[str, ...], files: list[Path]
 ) -> None:
     """`check_apart` for a remote output: the same refusals on the places the URLs name
-    (`remote.location`: `abfs://c/x` is `az://c/x`, as `s3a://` is `s3://`; until 2026-12-07
+    (`remote.location`: `abfs://c/x` is `az://c/x`, as `s3a://` is `s3://`; until 2026-12-06
     their text was compared, and an output under an input's other spelling was written)."""
     target = location(out).rstrip("/") + "/"
     for raw in [*map(str, inputs), *map(str, files)]:

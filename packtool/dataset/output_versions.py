@@ -182,7 +182,7 @@ def clean_after_switch(target: Path, version: str) -> None:
         stray = _stray_versions([e for e, file in entries if not file], {version, other})
         done += [pool.submit(remove, entry) for entry in stray]
         # One object each, never what is under a prefix of its name (a user's notes in
-        # `shard-x.parquet/` went with it until 2026-12-07).
+        # `shard-x.parquet/` went with it until 2026-12-06).
         unversioned = [e for e, file in entries if file and _unversioned_file(e.name)]
         done += [pool.submit(writing.remove_file, entry) for entry in unversioned]
         for job in done:

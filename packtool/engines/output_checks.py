@@ -62,7 +62,7 @@ def written_by_pack(path: Path, file: bool) -> bool:
     bucket a version folder. `file`: the entry is a regular file (not a link), or an object (not
     a prefix), as its folder's listing (`scan_dir`) says. By name and kind: a folder named
     shard-x.parquet holding notes was deleted, and in a bucket, a prefix of that name (until
-    2026-12-07: a listing's every entry was taken for an object there)."""
+    2026-12-06: a listing's every entry was taken for an object there)."""
     name = path.name
     if written_entry(name, file, parts=False):
         return True

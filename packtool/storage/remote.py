@@ -136,7 +136,7 @@ def options_for(protocol: str) -> dict[str, Any]:
     """The fsspec options for `protocol`: packtool's defaults, then `PACKTOOL_STORAGE_OPTIONS`:
     its top-level options (every store's), then those keyed by scheme (every spelling of the
     store, `az` and `abfs` alike, the spelling the URL uses last), which override them. (Until
-    2026-12-07 a key of a scheme dropped every top-level option in silence.)"""
+    2026-12-06 a key of a scheme dropped every top-level option in silence.)"""
     raw = os.environ.get(OPTIONS_ENV, "").strip()
     given = parse_options(raw) if raw else {}
     if any(k in SCHEMES for k in given):  # per scheme
@@ -183,7 +183,7 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
 
         # gcsfs logs each retried failure with its traceback (~100 lines before the one-line
         # error), azure.identity each failed try of its credentials (49 lines with an account
-        # name and no credentials, until 2026-12-07); the error packtool prints names the cause.
+        # name and no credentials, until 2026-12-06); the error packtool prints names the cause.
         for logger in QUIETED[EXTRAS[protocol]]:
             logging.getLogger(logger).setLevel(logging.CRITICAL)
     try:
@@ -364,7 +364,7 @@ def modified_at(info: dict[str, Any]) -> float | None:
 def object_etag(info: dict[str, Any]) -> str | None:
     """An object's ETag from any store's `info` (S3's `ETag`, Azure's and GCS's `etag`), or
     what names its version as one does: a Hub file's git blob id (`blob_id`; a large file's
-    is its LFS pointer's, which holds its sha256), else its Xet hash. (Until 2026-12-07 a Hub
+    is its LFS pointer's, which holds its sha256), else its Xet hash. (Until 2026-12-06 a Hub
     input had none, nor a date `HfFileSystem.info` fills: it was compared by size alone.)"""
     return info.get("ETag") or info.get("etag") or info.get("blob_id") or info.get("xet_hash")
 
@@ -402,7 +402,7 @@ def stat(path: Any, fresh: bool = False) -> RemoteStat:
 
 def sized(fs: Any, p: str, info: dict[str, Any]) -> int:
     """The size `info` gives, or for a web file whose server sent none (no Content-Length) the
-    size it has (`_web_size`). Until 2026-12-07 it was 0: such a file was planned as one
+    size it has (`_web_size`). Until 2026-12-06 it was 0: such a file was planned as one
     partition whatever its size (a local copy of it, several: other shards)."""
     size = info.get("size")
     if size is not None or not hasattr(fs, "loop") or not hasattr(fs, "set_session"):

@@ -301,7 +301,7 @@ def _holder_gone(note: bytes, modified: float | None) -> bool:
     """A lock whose holder cannot be alive: a dead pid of this host and pid namespace (the
     note's `tag`, `host_tag`; a note without one, an older packtool's: its host name alone), or
     no renewal for a lease. A holder in another namespace of the same host name (a container)
-    is judged by its lease only: its pid is not ours to ask about (until 2026-12-07 it was,
+    is judged by its lease only: its pid is not ours to ask about (until 2026-12-06 it was,
     and a live writer there lost its lock at once)."""
     try:
         info = json.loads(note or b"{}")
