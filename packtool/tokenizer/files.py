@@ -217,9 +217,9 @@ def _hub_files(spec: str, repo_id: str, revision: str) -> TokenizerFiles:
                 why = f"{type(exc).__name__}: {one_line(exc, 160)}"
         if snapshot is not None and not storage.is_file(snapshot / TOKENIZER_FILE):
             raise ConfigError(
-                f"tokenizer {spec!r}: the repository has no {TOKENIZER_FILE} (packtool reads "
-                "Hugging Face tokenizer.json files; a SentencePiece-only repository needs "
-                "converting with transformers first)"
+                f"tokenizer {spec!r}: the repository has no {TOKENIZER_FILE}, the file packtool "
+                "reads from a Hub id; for a SentencePiece-only repository download its "
+                "tokenizer.model and pass that file (or its folder) as --tokenizer"
             )
         if snapshot is None:
             raise ConfigError(

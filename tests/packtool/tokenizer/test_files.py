@@ -134,6 +134,21 @@ def test_hub_id_download_failure_and_success(tmp_path, llama_json, no_download, 
     assert load_tokenizer("acme/remote").identity.name == "acme/remote"
 
 
+def test_a_hub_repository_without_tokenizer_json_says_what_to_pass(tmp_path, monkeypatch):
+    """Its line said a SentencePiece-only repository "needs converting with transformers first",
+    false since .model files load: it says to pass the downloaded tokenizer.model."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    snapshot = tmp_path / "snap"
+    snapshot.mkdir()
+    (snapshot / "tokenizer_config.json").write_text("{}")
+    monkeypatch.setattr(tokenizer_files, "download_snapshot", lambda repo_id, revision: snapshot)
+    with pytest.raises(ConfigError) as caught:
+        load_tokenizer("acme/sp")
+    assert "has no tokenizer.json" in str(caught.value)
+    assert "pass that file (or its folder) as --tokenizer" in str(caught.value)
+
+
 def test_a_folder_with_tokenizer_json_and_config(tmp_path, llama_json):
     folder = tmp_path / "model"
     folder.mkdir()
