@@ -136,7 +136,7 @@ def own_bos(source: Source, files: TokenizerFiles, vocab: dict[str, int]) -> tup
 
 def sentencepiece_bos(files: TokenizerFiles, vocab: dict[str, int]) -> tuple[int | None, str]:
     """A SentencePiece model's own rule: its BOS piece before every text, as Llama's and
-    Mistral's reference code and transformers' slow tokenizers (add_bos_token true by default)
+    Mistral's reference code and transformers 4's slow tokenizers (add_bos_token true by default)
     put it; tokenizer_config.json's add_bos_token false, when present, turns it off."""
     bos = vocab.get(SP_BOS)
     flag = None if files.config is None else files.config.data.get("add_bos_token")
