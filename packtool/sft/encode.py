@@ -106,6 +106,9 @@ class _Prepared:
     """One batch after stage 1: what to encode, and how to mask it."""
 
     texts: list[str]
+    completions: list[str] | None = None
+    """Prompt/completion encoded in context (`texts` the prompts, then each prompt + completion
+    joined): the completions, encoded alone only where a token crosses a prompt's end."""
     rendered: RenderedBatch | None = None
     """Chat: the rendering (its supervised character spans, as flat arrays)."""
     wheres: list[str] = field(default_factory=list)
@@ -248,12 +251,14 @@ def _encoded(
 
 def _prompt_completion(records: Records, in_context: bool = False) -> _Prepared:
     """Stage 1 of prompt/completion: the prompts, then the completions, as one list to encode;
-    `in_context` (`completions_in_context`): then each prompt + completion joined too."""
+    `in_context` (`TextEncoder.prefixes_every_text`): the prompts, then each prompt +
+    completion joined (the completions kept aside, `in_context`)."""
     prompts = [p for p, _ in records.values]
     completions = [c for _, c in records.values]
-    joined = [p + c for p, c in records.values] if in_context else []
+    second = [p + c for p, c in records.values] if in_context else completions
     return _Prepared(
-        texts=prompts + completions + joined,
+        texts=prompts + second,
+        completions=completions if in_context else None,
         wheres=list(records.wheres),
         offsets=list(records.offsets),
         sources=list(records.sources),
@@ -262,40 +267,30 @@ def _prompt_completion(records: Records, in_context: bool = False) -> _Prepared:
     )
 
 
-def completions_in_context(encoder: TextEncoder) -> bool:
-    """Whether `encoder` encodes a text otherwise alone than after other text: a SentencePiece
-    model (or a Metaspace tokenizer.json) puts a dummy prefix `▁` before every text it encodes,
-    so a completion encoded alone began with a space its record does not have ("4" + "2" read
-    "4 2", the model taught to say it). Probed once per encoder: `x\n` then `y`, against
-    `x\ny` (a byte-level BPE encodes both alike)."""
-    found = encoder._in_context
-    if found is None:
-        flat, lengths = encoder.encode(["x\n", "y", "x\ny"])
-        a, b = int(lengths[0]), int(lengths[1])
-        found = flat[: a + b].tolist() != flat[a + b :].tolist()
-        encoder._in_context = found
-    return found
-
-
-def in_context(flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The prompts, then the completions, from the encoded prompts, completions alone and joined
-    texts (`_prompt_completion(in_context=True)`): each completion is the joined text's ids after
-    its prompt's, where the joined ids begin with the prompt's (the prompt's tokens are what a
-    model has at inference); else (a token across the boundary) the completion encoded alone."""
-    n = len(lengths) // 3
+def in_context(
+    encoder: TextEncoder, completions: list[str], flat: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The prompts, then the completions, from the encoded prompts and joined texts
+    (`_prompt_completion(in_context=True)`): each completion is the joined text's ids after its
+    prompt's, where the joined ids begin with the prompt's (the prompt's tokens are what a
+    model has at inference); else (a token across the boundary) the completion encoded alone,
+    for those records only."""
+    n = len(lengths) // 2
     off = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=off[1:])
-    parts: list[np.ndarray] = []
-    sizes = np.empty(n, np.int64)
+    parts: list[np.ndarray | None] = []
+    crossed = []
     for i in range(n):
-        prompt = flat[off[i] : off[i + 1]]
-        joined = flat[off[2 * n + i] : off[2 * n + i + 1]]
-        k = len(prompt)
-        tail = (
-            joined[k:] if np.array_equal(joined[:k], prompt) else flat[off[n + i] : off[n + i + 1]]
-        )
-        parts.append(tail)
-        sizes[i] = len(tail)
+        prompt, joined = flat[off[i] : off[i + 1]], flat[off[n + i] : off[n + i + 1]]
+        same = np.array_equal(joined[: len(prompt)], prompt)
+        parts.append(joined[len(prompt) :] if same else None)
+        if not same:
+            crossed.append(i)
+    if crossed:
+        alone, alone_lengths = encoder.encode([completions[i] for i in crossed])
+        for i, piece in zip(crossed, np.split(alone, np.cumsum(alone_lengths)[:-1]), strict=True):
+            parts[i] = piece
+    sizes = np.fromiter((len(t) for t in parts), np.int64, n)
     ids = np.concatenate([flat[: off[n]], *parts]) if n else flat[:0]
     return ids, np.concatenate([lengths[:n], sizes])
 
@@ -380,7 +375,7 @@ def sft_tables(
         if processes and (read.sft.render_processes or big):
             pool = RenderPool(renderer, processes)  # forked before the threads below start
 
-    joined = not chat and completions_in_context(encoder)
+    joined = not chat and encoder.prefixes_every_text()
 
     def prepared() -> Iterator[_Prepared]:
         records = read_records(paths, kind, read, skips)
@@ -408,7 +403,8 @@ def sft_tables(
                 ids, doc_len = flat, lengths
             else:
                 if joined:
-                    flat, lengths = in_context(flat, lengths)
+                    assert p.completions is not None
+                    flat, lengths = in_context(encoder, p.completions, flat, lengths)
                 ids, mask, doc_len = assemble_prompt_completion(
                     flat, lengths, identity.bos_id, identity.eos_id, read.sft.train_on
                 )

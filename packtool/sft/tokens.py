@@ -87,8 +87,7 @@ class TextEncoder:
         self._reference: Any = None
         self._tiktoken: Any = None
         self._json: dict[str, Any] | None = None
-        self._in_context: bool | None = None
-        """Whether a text encodes otherwise alone than after other text (`encode.completions_in_context`)."""
+        self._prefixes: bool | None = None  # `prefixes_every_text`, once asked
         if self.kind == "byte":
             self.byte_lengths = np.ones(tokenizer.vocab_size, np.int64)
         elif self.kind == "hf":
@@ -115,6 +114,18 @@ class TextEncoder:
             )
         else:  # pragma: no cover - a tokenizer kind this module does not know yet
             raise ConfigError(f"fine-tuning records do not support tokenizer kind {self.kind!r}")
+
+    def prefixes_every_text(self) -> bool:
+        """Whether a text encodes otherwise alone than after other text: a SentencePiece model
+        (or a Metaspace tokenizer.json) puts a dummy prefix `▁` before every text it encodes,
+        so a completion encoded alone began with a space its record does not have ("4" + "2"
+        read "4 2", the model taught to say it; packtool/sft/encode.py `in_context`). Probed
+        once: `x\n` then `y`, against `x\ny` (a byte-level BPE encodes both alike)."""
+        if self._prefixes is None:
+            flat, lengths = self.encode(["x\n", "y", "x\ny"])
+            split = int(lengths[0] + lengths[1])
+            self._prefixes = flat[:split].tolist() != flat[split:].tolist()
+        return self._prefixes
 
     def encode(self, texts: Sequence[str]) -> tuple[NDArray, NDArray[np.int64]]:
         """(flat ids, per-text lengths): no BOS/EOS added."""
