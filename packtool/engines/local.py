@@ -237,20 +237,10 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
                         lost[unit] = lost.get(unit, 0) + 1
                     over = sorted(u for u in units if lost[u] > MAX_RETRIES)
                     if over:
-                        # Every one of them: the pool does not say which unit's worker died, and
-                        # the others in it with the one that kills its worker reach the limit
-                        # at the same break (naming the lowest named a partition that never
-                        # failed).
-                        named = [p for p in over if p < run.partitions]
-                        what = f"partition(s) {', '.join(map(str, named[:8]))}" + (
-                            f" and {len(named) - 8} more" if len(named) > 8 else ""
-                        )
-                        if len(named) < len(over):
-                            what = f"{what} and a tail-tree merge" if named else "a tail-tree merge"
                         raise run.workers_lost(
-                            f"worker processes died {lost[over[0]]} times while {what} "
-                            "ran or waited in the pool (which unit's worker died, the pool does "
-                            "not say)",
+                            f"worker processes died {lost[over[0]]} times while "
+                            f"{_units_named(over, run.partitions)} ran or waited in the pool "
+                            "(which unit's worker died, the pool does not say)",
                             "fewer --workers if memory is short",
                         ) from None
                     todo = deque(sorted(set(todo) | set(inflight.values())))
@@ -260,6 +250,20 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
         raise
     if pool is not None:
         pool.shutdown(wait=True)
+
+
+def _units_named(units: list[int], partitions: int) -> str:
+    """`partition(s) 3, 4` (the first 8), and/or `a tail-tree merge` (units from `partitions`
+    on): every unit at the limit, since the others in the pool with the one that kills its
+    worker reach it at the same break (naming the lowest named a partition that never failed)."""
+    named = [u for u in units if u < partitions]
+    words = []
+    if named:
+        more = f" and {len(named) - 8} more" if len(named) > 8 else ""
+        words.append(f"partition(s) {', '.join(map(str, named[:8]))}{more}")
+    if len(named) < len(units):
+        words.append("a tail-tree merge")
+    return " and ".join(words)
 
 
 def _stop(pool: Any) -> None:
