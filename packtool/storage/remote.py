@@ -397,15 +397,15 @@ def stat(path: Any, fresh: bool = False) -> RemoteStat:
     if web and not fresh and modified_at(info) is None and not object_etag(info):
         _note_stateless(str(path))
     with naming(path):
-        return RemoteStat(sized(fs, p, info), _mtime_ns(info))
+        return RemoteStat(sized(path, fs, p, info), _mtime_ns(info))
 
 
-def sized(fs: Any, p: str, info: dict[str, Any]) -> int:
-    """The size `info` gives, or for a web file whose server sent none (no Content-Length) the
-    size it has (`_web_size`). Until 2026-12-06 it was 0: such a file was planned as one
-    partition whatever its size (a local copy of it, several: other shards)."""
+def sized(path: Any, fs: Any, p: str, info: dict[str, Any]) -> int:
+    """The size `info` gives, or for a web file (`path` http(s)://) whose server sent none (no
+    Content-Length) the size it has (`_web_size`). Until 2026-12-06 it was 0: such a file was
+    planned as one partition whatever its size (a local copy of it, several: other shards)."""
     size = info.get("size")
-    if size is not None or not hasattr(fs, "loop") or not hasattr(fs, "set_session"):
+    if size is not None or scheme(path) not in ("http", "https"):
         return int(size or 0)  # (only a web server's answer may lack one)
     from fsspec.asyn import sync
 

@@ -139,7 +139,7 @@ def open_input(path: Any, buffering: int = -1, end: int | None = None) -> Any:
     then (a range's last line)."""
     fs, p = filesystem(path)
     with naming(path):
-        size = sized(fs, p, info_of(fs, p))  # a web server that does not say: asked (`sized`)
+        size = sized(path, fs, p, info_of(fs, p))  # a web server that does not say: asked (`sized`)
     raw = ReadAhead(path, fs, p, size, end)
     return io.BufferedReader(
         raw, buffer_size=buffering if buffering > 0 else io.DEFAULT_BUFFER_SIZE
