@@ -108,9 +108,11 @@ def check_ids(arr: np.ndarray, where: str, name: str = "token ids") -> None:
         raise DataError(f"{where}: token id {bad} is not in 0..2^63-1 (the batch's int64)")
 
 
-def tensor_ids(value: Any, where: str) -> Any:
+def tensor_ids(value: Any, where: str, *, floats: bool = False) -> Any:
     """`value` as numpy sees it, a torch tensor (on any device, grad-tracking or not) made a
-    CPU numpy array first; anything else as it is, for the id checks that follow.
+    CPU numpy array first; anything else as it is, for the id checks that follow. `floats`
+    (a per-token column such as a loss mask, not ids): a float tensor of a type numpy lacks
+    (bfloat16, float8) is read in float32, exact for 0/1, and the value checks follow.
 
     Raises:
         DataError: A tensor of a dtype numpy lacks (bfloat16, float8, ...): no ids, named by
@@ -122,7 +124,10 @@ def tensor_ids(value: Any, where: str) -> Any:
     try:
         return tensor.numpy()
     except TypeError:  # "Got unsupported ScalarType BFloat16"
-        raise DataError(f"{where} must be integers, got {tensor.dtype}") from None
+        if floats and tensor.is_floating_point():
+            return tensor.float().numpy()
+        kind = "numbers" if floats else "integers"
+        raise DataError(f"{where} must be {kind}, got {tensor.dtype}") from None
 
 
 def outside_int64(arr: np.ndarray) -> int | None:

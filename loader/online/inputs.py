@@ -58,25 +58,6 @@ def doc_array(doc: Any, i: int, *, own: bool = False) -> NDArray:
     return arr.astype(np.int64, copy=False) if arr.dtype == np.uint64 else arr
 
 
-def column_values(values: Any, where: str) -> Any:
-    """A per-token column (a loss mask) as numpy sees it: a torch tensor, on any device and
-    grad-tracking or not, made a CPU numpy array (one of a float type numpy lacks, bfloat16 or
-    float8, in float32: exact for 0/1, and the value checks follow); anything else as it is.
-
-    Raises:
-        DataError: A tensor numpy cannot read that is no float either, named by `where`.
-    """
-    if not hasattr(values, "detach") or not hasattr(values, "is_floating_point"):
-        return values
-    tensor = values.detach().cpu()
-    try:
-        return tensor.numpy()
-    except TypeError:  # "Got unsupported ScalarType BFloat16"
-        if tensor.is_floating_point():
-            return tensor.float().numpy()
-        raise DataError(f"{where} must be numbers, got {tensor.dtype}") from None
-
-
 def joined_masks(masks: Iterable[Any], arrays: list[NDArray]) -> NDArray | None:
     """The loss masks of documents `arrays`, one each (arrays, lists or tensors, on any device
     and grad-tracking or not), checked against their documents and joined end to end (None for
@@ -85,7 +66,10 @@ def joined_masks(masks: Iterable[Any], arrays: list[NDArray]) -> NDArray | None:
     Raises:
         DataError: Not one mask per document, or one of another length than its document.
     """
-    masks = [np.asarray(column_values(m, f"document {i}: loss mask")) for i, m in enumerate(masks)]
+    masks = [
+        np.asarray(tensor_ids(m, f"document {i}: loss mask", floats=True))
+        for i, m in enumerate(masks)
+    ]
     if len(masks) != len(arrays):
         raise DataError(f"{len(masks)} loss masks for {len(arrays)} documents")
     masks = [m.reshape(-1) for m in masks]

@@ -37,7 +37,6 @@ from loader.collate import check_collate_kwargs
 from loader.config import OnlineConfig, check_bool, check_int, make_config
 from loader.online.bucketed import bucketed_assign
 from loader.online.inputs import (
-    column_values,
     doc_array,
     doc_id_array,
     flat_tokens,
@@ -148,7 +147,7 @@ class OnlinePacker:
         """`push()`; `owned`: the packer may keep the arrays (else any the caller could reuse,
         sharing its memory, is copied: the buffer keeps them until the next pack)."""
         given = tokens = tensor_ids(tokens, "token ids")  # a CUDA or grad-tracking tensor too
-        columns = {name: column_values(v, name) for name, v in columns.items()}  # a mask too
+        columns = {name: tensor_ids(v, name, floats=True) for name, v in columns.items()}  # mask
         if self._closed:
             raise PackerClosedError(
                 "this OnlinePacker was closed by its final flush(); create a new one for more data"
