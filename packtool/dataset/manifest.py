@@ -227,10 +227,8 @@ def link_bytes(version: str) -> bytes:
 
 def linked_version(index: str | os.PathLike) -> str | None:
     """The version folder the link `index` names; None when `index` is a manifest (or absent)."""
-    try:
-        if storage.stat(index).st_size >= LINK_BYTES:  # one HEAD for an object
-            return None
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    size = storage.file_size(index)  # one HEAD for an object, absent or not
+    if size is None or size >= LINK_BYTES:
         return None
     try:
         data = json.loads(storage.read_text(index))

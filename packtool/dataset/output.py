@@ -77,14 +77,17 @@ from packtool.dataset.output_versions import (
     REMOTE_STAGING,
     clean_after_switch,
     collect,
+    create_staging_record,
     current_version,
     new_version,
     ours,
     remove,
+    remove_staging_record,
+    staging_known,
     staging_version,
     switch_problem,
 )
-from packtool.errors import AlreadyComplete, ConfigError, DataError, Detached, one_line
+from packtool.errors import AlreadyComplete, ConfigError, Detached, one_line
 from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
 
@@ -139,9 +142,11 @@ _HUB_PARENTS: dict[str, str | None] = {}
 """The head of each Hub output's repository when this process took its lock (`recover`)."""
 
 
-def output_paths(out: str | os.PathLike) -> OutputPaths:
+def output_paths(out: str | os.PathLike, *, read_staging: bool = True) -> OutputPaths:
     """The paths of output `out`. A symlinked output is written where the link points. A remote
-    output's staging is the version its `.packtool-staging` object names, else a new one."""
+    output's staging is the version its `.packtool-staging` object names, else a new one
+    (`read_staging=False`: a new one, unread: what `transaction` locks and recovers with, the
+    staging read under the lock)."""
     if storage.is_remote(out) and str(out).lower().endswith(".parquet"):
         target = storage.as_path(str(out))
         return OutputPaths(
@@ -173,7 +178,8 @@ def output_paths(out: str | os.PathLike) -> OutputPaths:
         )
     if storage.is_remote(out):
         target = storage.as_path(str(out).rstrip("/"))
-        version = staging_version(target) or _NEW_VERSIONS.setdefault(str(target), new_version())
+        named = staging_version(target) if read_staging else None
+        version = named or _NEW_VERSIONS.setdefault(str(target), new_version())
         return OutputPaths(
             shown=str(out),
             target=target,
@@ -206,10 +212,7 @@ def make_staging(paths: OutputPaths) -> None:
         if paths.held is not None:
             paths.held.confirm()
         record = {"version": paths.staging.name, "replaces": current_version(paths.target)}
-        data, pointer = json.dumps(record).encode(), paths.target / REMOTE_STAGING
-        if not writing.create_exclusive(pointer, data) and _read_or_none(pointer) != data:
-            # (Equal: this run's own put, applied but its answer lost, and refused when the
-            # client retried it. The version's random name makes the record this run's.)
+        if not create_staging_record(paths.target, record):
             raise ConfigError(
                 f"{paths.shown}: another run's {REMOTE_STAGING} appeared under the output while "
                 "this one held its lock (another writer took it over?); nothing was committed"
@@ -218,17 +221,6 @@ def make_staging(paths: OutputPaths) -> None:
     if paths.hub:  # what the run replaces, for a commit made later (`--resume`) to check
         hub_record.begin(paths.staging, current_version(paths.target))
     writing.make_dir(paths.staging)
-
-
-def _read_or_none(path: Path) -> bytes | None:
-    """The object's bytes; None when it is not there (a bucket's read says so as a
-    `DataError`, "no such object": asked again, so that other failures stay what they are)."""
-    try:
-        return storage.read_bytes(path)
-    except (FileNotFoundError, DataError):
-        if storage.exists(path):
-            raise
-        return None
 
 
 def remove_staging(paths: OutputPaths, *, leftover: bool = False) -> OutputPaths:
@@ -251,7 +243,7 @@ def remove_staging(paths: OutputPaths, *, leftover: bool = False) -> OutputPaths
     if not paths.remote or paths.whole_object:
         return paths
     if staging_version(paths.target) == paths.staging.name:  # never another run's
-        writing.remove_file(paths.target / REMOTE_STAGING)
+        remove_staging_record(paths.target)
     version = _NEW_VERSIONS[str(paths.target)] = new_version()
     fresh = paths.target / version
     return dataclasses.replace(paths, staging=fresh, ready=fresh, old=fresh)
@@ -545,19 +537,22 @@ def transaction(
     Yields:
         The output's paths and what `prepare` returned.
     """
-    paths = paths or output_paths(out)
+    paths = paths or output_paths(out, read_staging=False)
     made = create_parent(paths)
+    versions = paths.remote and not paths.whole_object
     try:
-        with OutputLock(paths, command) as lock:
+        with (
+            OutputLock(paths, command) as lock,
+            staging_known(paths.target) if versions else contextlib.nullcontext(),
+        ):
             recover_with(paths)  # reads a remote output's state itself, under the lock
-            if paths.remote and not paths.whole_object:
-                # Read again under the lock: a run that committed (or started) while this one
-                # waited for it changed `.packtool-staging`, and its version, named there a
-                # moment ago, may be the one the link names now.
+            if versions:
+                # Named under the lock (`recover` read `.packtool-staging`, known from then
+                # on): a run that committed (or started) before this one took it changed it.
                 paths = output_paths(out)
             paths = dataclasses.replace(paths, held=lock)
             prepared = prepare(paths)
-            if paths.remote and not paths.whole_object:
+            if versions:
                 # `prepare` may have finished or discarded the run in progress: a new version
                 paths = dataclasses.replace(output_paths(out), held=lock)
             try:

@@ -9,6 +9,9 @@ An output in a bucket (packtool/dataset/output.py, docs/remote.md "Writing") is 
 - `ours`: whether a folder holds only names packtool's commands write (a local staging, ready
   or old folder; a version in a bucket): only such a folder is ever deleted or switched in;
 - `switch_problem`: why a staging whose `index.json` is written must not be switched in;
+- `staging_known` / `create_staging_record` / `remove_staging_record`: while this process
+  holds the output's lock, `.packtool-staging` is read once and then known (only the lock's
+  holder writes it, through these);
 - `collect` / `clean_after_switch`: what a writer deletes under the prefix, the first under the
   lock before its run (a killed run's leftovers), the second after its link (its run's state
   and staging object, the old version, unfinished uploads).
@@ -16,13 +19,15 @@ An output in a bucket (packtool/dataset/output.py, docs/remote.md "Writing") is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, linked_version, read_manifest
 from packtool.dataset.names import RUN_STATE, is_shard_name, written_entry
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.storage import local as storage
 from packtool.storage import remote_write, writing
 
@@ -44,10 +49,81 @@ def is_version(name: str) -> bool:
     return _VERSION.fullmatch(name) is not None
 
 
+_UNREAD = object()
+_KNOWN: dict[str, object] = {}
+"""What `.packtool-staging` of each remote output whose lock this process holds says (`_UNREAD`
+until read): `staging_known`."""
+
+
+@contextlib.contextmanager
+def staging_known(target: Path) -> Iterator[None]:
+    """While this process holds the lock of the remote output `target` (`output.transaction`):
+    its `.packtool-staging` is read once and then known, as only the lock's holder writes it,
+    and only through `create_staging_record` / `remove_staging_record`, which keep what is
+    known. A run read it five times before its plan, a request each (10-50 ms on a real store,
+    on the run's critical path). A holder that lost its lock (its lease ran out) may know an
+    object another writer replaced since: what it then writes naming its run is refused
+    anyway (its renewal fails before its staging object and its link; the staging object is
+    created only where none is)."""
+    key = str(target)
+    _KNOWN[key] = _UNREAD
+    try:
+        yield
+    finally:
+        _KNOWN.pop(key, None)
+
+
+def _known(target: Path, record: object) -> None:
+    if str(target) in _KNOWN:
+        _KNOWN[str(target)] = record
+
+
+def create_staging_record(target: Path, record: dict) -> bool:
+    """Create `.packtool-staging` of the remote output `target` holding `record`, only where no
+    object is there (a conditional put where the store has one); False when another one is."""
+    data, pointer = json.dumps(record).encode(), target / REMOTE_STAGING
+    _known(target, _UNREAD)  # until the answer: a failure leaves it unknown
+    created = writing.create_exclusive(pointer, data)
+    # (Not created but equal: this run's own put, applied but its answer lost, and refused
+    # when the client retried it. The version's random name makes the record this run's.)
+    if created or _read_or_none(pointer) == data:
+        _known(target, json.loads(data))
+        return True
+    return False
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    """The object's bytes; None when it is not there (a bucket's read says so as a
+    `DataError`, "no such object": asked again, so that other failures stay what they are)."""
+    try:
+        return storage.read_bytes(path)
+    except (FileNotFoundError, DataError):
+        if storage.exists(path):
+            raise
+        return None
+
+
+def remove_staging_record(target: Path) -> None:
+    """Delete `.packtool-staging` of the remote output `target`, if it is there."""
+    _known(target, _UNREAD)
+    writing.remove_file(target / REMOTE_STAGING)
+    _known(target, None)
+
+
 def staging_record(target: Path) -> dict | None:
     """What `.packtool-staging` of the remote output `target` says (None: no run in progress):
     `version`, the version the run builds, and `replaces`, the version the link named when the
-    run began (absent where an older packtool wrote it)."""
+    run began (absent where an older packtool wrote it). Read once while this process holds
+    the output's lock (`staging_known`)."""
+    known = _KNOWN.get(str(target), _UNREAD)
+    if known is not _UNREAD:
+        return None if known is None else dict(known)  # type: ignore[call-overload]
+    record = _read_staging_record(target)
+    _known(target, record)
+    return None if record is None else dict(record)
+
+
+def _read_staging_record(target: Path) -> dict | None:
     pointer = target / REMOTE_STAGING
     if not storage.is_file(pointer):
         return None
@@ -127,7 +203,7 @@ def collect(target: Path) -> None:
     if staging is not None and (staging == linked or stale):
         if staging == linked:  # the run's state, which its commit deletes after the switch
             remove(target / staging / RUN_STATE)
-        writing.remove_file(target / REMOTE_STAGING)
+        remove_staging_record(target)
         staging = None
     stray = _stray_versions(storage.list_dir(target), {linked, staging})
     if stray or staging is not None:
@@ -174,7 +250,7 @@ def clean_after_switch(target: Path, version: str) -> None:
                 # Only once the run state is gone: `recover` deletes a linked version's state
                 # only while a staging object names it (a kill in between left it for good).
                 state.result()
-                writing.remove_file(target / REMOTE_STAGING)
+                remove_staging_record(target)
 
             done.append(pool.submit(staging_after_state))
         other = None if record is None else record["version"]

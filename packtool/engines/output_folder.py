@@ -99,7 +99,9 @@ def output_folder(config: RunConfig, fingerprint: dict[str, Any]) -> Iterator[Ou
                     "--overwrite to start over"
                 )
             remove(paths.staging)
-        if storage.is_file(paths.staging / INDEX_FILE):
+        # (A bucket's version `.packtool-staging` does not name is this run's new one: empty.)
+        built = not paths.remote or _named(paths)
+        if built and storage.is_file(paths.staging / INDEX_FILE):
             # A run killed after writing index.json (written last) but before its swap.
             paths = finish_switch(config, paths, fingerprint)
             if config.resume:  # it said "already complete ... nothing done" for a commit it made
@@ -190,7 +192,8 @@ def _abandoned(paths: OutputPaths) -> bool:
 
 def _named(paths: OutputPaths) -> bool:
     """Whether the remote output's `.packtool-staging` names the version this run would build
-    (an earlier run's, left behind), not a new one (one HEAD; a GET where it is there)."""
+    (an earlier run's, left behind), not a new one (read once under the lock: no request
+    after the first, `output_versions.staging_known`)."""
     return staging_version(paths.target) == paths.staging.name
 
 

@@ -487,6 +487,18 @@ def size(path: str | os.PathLike) -> int:
     return stat(path).st_size
 
 
+def file_size(path: str | os.PathLike) -> int | None:
+    """The size of the file (the object) at `path`, None where there is none (nothing, a
+    folder, a prefix): on S3 one HEAD, where `stat` of nothing also lists the prefix."""
+    if is_remote(path):
+        return remote.file_size(path)
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_size if S_ISREG(st.st_mode) else None
+
+
 def exists(path: str | os.PathLike) -> bool:
     """Something is at `path` (a symlink is followed: a dangling one is not there)."""
     if is_remote(path):

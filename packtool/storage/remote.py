@@ -507,6 +507,31 @@ def object_at(fs: Any, p: str) -> bool:
     return True
 
 
+def file_size(path: Any) -> int | None:
+    """The size of the object at `path`, None where there is none (nothing, or a prefix): on
+    S3 one HEAD, where `stat` lists the prefix `path/` after a 404 to tell a folder from
+    nothing, a request an "is there a file, how large" needs no answer from (`linked_version`
+    asks it of every output and input folder, most often of nothing)."""
+    fs, p = filesystem(path)
+    native = hasattr(fs, "object_size")  # s3_native.NativeS3
+    if not native and not type(fs).__module__.startswith("s3fs"):
+        try:
+            return stat(path, fresh=True).st_size
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+    with naming(path):
+        fs.invalidate_cache(p)  # another process may have written it since this one listed
+        if native:
+            return fs.object_size(p)
+        bucket, key, _ = fs.split_path(p)
+        if not key:
+            return None
+        try:
+            return int(fs.call_s3("head_object", Bucket=bucket, Key=key)["ContentLength"])
+        except FileNotFoundError:
+            return None
+
+
 def is_dir(path: Any) -> bool:
     fs, p = filesystem(path)
     with naming(path):

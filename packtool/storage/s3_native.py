@@ -375,6 +375,23 @@ class NativeS3(AbstractFileSystem):
             return False
         return True
 
+    def object_size(self, path: Any) -> int | None:
+        """The size of the object at `path` in one HEAD (`remote.file_size`); None for none
+        (a prefix, a bucket, nothing)."""
+        import obstore
+
+        try:
+            store, _, key = self._split(path)
+            if not key:
+                return None
+            with _errors(self._strip_protocol(path)):
+                return int(obstore.head(store, key)["size"])
+        except FileNotFoundError:
+            return None
+        except _Unrepresentable:
+            s3fs = self._s3fs()
+            return int(s3fs.info(path)["size"]) if s3fs.isfile(path) else None
+
     @_or_s3fs
     def ls(self, path: Any, detail: bool = True, **kwargs: Any) -> list[Any]:
         import obstore

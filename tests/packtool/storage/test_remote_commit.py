@@ -561,3 +561,30 @@ def test_a_lock_held_in_another_pid_namespace_of_this_host_name_is_not_taken_ove
     with output.OutputLock(output_paths(f"s3://{BUCKET}/namespaces"), "packtool pack"):
         fs.invalidate_cache()
         assert json.loads(fs.cat_file(f"{BUCKET}/namespaces/.packtool-lock"))["tag"] == host_tag()
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["new", "overwrite"])
+def test_a_run_reads_its_staging_object_once_and_lists_no_link(
+    fs, s3_client, s3_server, monkeypatch, overwrite
+):
+    # Before its plan a run into a bucket read `.packtool-staging` five times (a HEAD each, a
+    # GET too after its own put) and listed `index.json/` after each 404 of the link (twice;
+    # once more for a folder input): ~10 serial requests of 10-50 ms on a real store. Under
+    # the lock only this run writes that object: it is read once, and the link is one HEAD.
+    url = f"s3://{BUCKET}/once-{s3_client}-{overwrite}"
+    if overwrite:
+        run_pack(pack_config(url))
+    with requests_seen(s3_server, monkeypatch) as seen:
+        run_pack(pack_config(url, overwrite=overwrite, workers=1))
+    staging = [m for m, p in seen if p.split("?")[0].endswith("/.packtool-staging")]
+    # collect's HEAD, the conditional create's check and put (its deletion: a DELETE, or one
+    # key of a batch)
+    assert staging[:3] == ["HEAD", "HEAD", "PUT"] and staging[3:] in ([], ["DELETE"]), staging
+    listed = [p for _, p in seen if "index.json%2F" in p or "index.json/" in p]
+    assert listed == []
+    link = f"/once-{s3_client}-{overwrite}/index.json"
+    links = [m for m, p in seen if p.split("?")[0].endswith(link)]
+    # recover's and the staging object's reads of the link (where it is there, a GET each; s3fs
+    # asks a HEAD before a GET), the commit's put
+    assert links.count("GET") == (2 if overwrite else 0) and links[-1:] == ["PUT"], links
+    assert links == ["HEAD", "HEAD", "PUT"] or overwrite, links
