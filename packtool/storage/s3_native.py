@@ -354,26 +354,12 @@ class NativeS3(AbstractFileSystem):
     def isdir(self, path: Any) -> bool:
         return self._kind(path) == "directory"
 
-    @_or_s3fs
     def isfile(self, path: Any) -> bool:
         """One HEAD (or what a listing found): a prefix holding objects is no file, so no
         listing is asked after a 404, as `info` asks one (on a real store every request is
         ~10-50 ms on the run's critical path)."""
-        import obstore
-
-        store, bucket, key = self._split(path)
-        p = self._strip_protocol(path)
-        listed = self._listed.get(p)
-        if listed is not None:  # a listing's entries are objects
-            return True
-        if not key:  # a bucket
-            return False
-        try:
-            with _errors(p):
-                obstore.head(store, key)
-        except FileNotFoundError:
-            return False
-        return True
+        listed = self._listed.get(self._strip_protocol(path))  # a listing's entries are objects
+        return listed is not None or self.object_size(path) is not None
 
     def object_size(self, path: Any) -> int | None:
         """The size of the object at `path` in one HEAD (`remote.file_size`); None for none
