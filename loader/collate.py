@@ -256,9 +256,13 @@ def check_collate_kwargs(
     for name, low in (("pad_tokens", 1), ("pad_docs", 1), ("pad_id", 0), ("position_limit", 1)):
         value = kwargs.get(name)
         if value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low
+            isinstance(value, bool)
+            or not isinstance(value, (int, np.integer))
+            or not low <= value < 2**63
         ):
-            raise ConfigError(f"collate_kwargs {name} must be an integer >= {low}, got {value!r}")
+            raise ConfigError(
+                f"collate_kwargs {name} must be an integer from {low} to 2**63-1, got {value!r}"
+            )
     for name in ("seq_idx", "varlen_keys", "pin_memory"):
         if name in kwargs and not isinstance(kwargs[name], bool):
             raise ConfigError(f"collate_kwargs {name} must be True or False, got {kwargs[name]!r}")

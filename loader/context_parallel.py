@@ -13,8 +13,9 @@ rank boundary wrongly) and every key a rank needs to attend and to weigh its los
   cut into `2 * size` equal chunks; rank `r` takes chunks `r` and `2 * size - 1 - r` of every
   document (the "zigzag": an early and a late chunk, so a document's causal work is even over
   the ranks where its padded length is its length; the padding of short documents is real
-  tokens' work nowhere, so on many short documents a rank's real work can reach ~1.75x the
-  mean at size 4, where `balanced` deals it evenly). `cu_seqlens` (the
+  tokens' work nowhere, so on many short documents a rank's real work reaches up to `size`
+  times the mean: at size 4, 4x on one-token documents (rank 0 holds them all), 2x on
+  three-token ones, 1.44x on lengths 1-8; `balanced` deals it evenly, within ~3%). `cu_seqlens` (the
   documents' real lengths) and `cu_seqlens_padded` (their padded offsets) are global, as
   TransformerEngine's THD attention takes them with `cp_size` / `cp_rank`.
 - `style="balanced"`: the load-balanced split of torchtitan's varlen context parallelism
@@ -77,6 +78,7 @@ def cp_split(
     block: int = 64,
     *,
     position_limit: int | None = None,
+    pad_id: int = 0,
     pin_memory: bool = False,
 ) -> dict[str, Any]:
     """Rank `rank`'s share of a packtool-layout `batch` for a context-parallel group of `size`
@@ -93,12 +95,13 @@ def cp_split(
             the hf layout.
     """
     check_cp(size, rank, style, block)
-    if position_limit is not None and (
-        isinstance(position_limit, bool)
-        or not isinstance(position_limit, (int, np.integer))
-        or position_limit < 1
-    ):
-        raise ConfigError(f"position_limit must be an integer >= 1, got {position_limit!r}")
+    for name, value, low in (("position_limit", position_limit, 1), ("pad_id", pad_id, 0)):
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, np.integer))
+            or not low <= value < 2**63
+        ):
+            raise ConfigError(f"{name} must be an integer from {low} to 2**63-1, got {value!r}")
     if "cu_seqlens" not in batch:
         raise ConfigError("context parallelism splits packtool-layout batches (layout='packtool')")
     ids = batch["input_ids"].numpy()
@@ -123,7 +126,7 @@ def cp_split(
     doc = np.repeat(np.arange(len(padded), dtype=np.int64), padded)
     pos_in_doc = np.arange(n_global, dtype=np.int64) - offsets[doc]
     real = pos_in_doc < lens[doc]
-    g_ids = np.zeros(n_global, ids.dtype)
+    g_ids = np.full(n_global, pad_id, ids.dtype)
     g_labels = np.full(n_global, IGNORE, np.int64)
     source = cu[doc[real]] + pos_in_doc[real]  # where each real token sits in `batch`
     g_ids[real] = ids[source]

@@ -333,7 +333,7 @@ class PackedDataset(IterableDataset):
             blank(out)
         if c.context_parallel is not None:  # this context-parallel rank's share
             out = cp_split(
-                out, *c.context_parallel, c.cp_style, c.cp_block,
+                out, *c.context_parallel, c.cp_style, c.cp_block, pad_id=c.pad_id,
                 position_limit=self.store.max_len, pin_memory=pin_memory,
             )  # fmt: skip
         return out

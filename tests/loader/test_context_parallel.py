@@ -135,9 +135,13 @@ def test_bad_settings_are_one_line(tmp_path):
             cp_split(batch, *args)
     # position_limit was used unchecked: 0 divided by zero, -5 gave negative positions, 2.5
     # float positions (collate refuses them)
-    for limit in (0, -5, 2.5, True):
-        with pytest.raises(ConfigError, match="position_limit must be an integer >= 1"):
+    # (2**70 was an OverflowError deep in the split)
+    for limit in (0, -5, 2.5, True, 2**70):
+        with pytest.raises(ConfigError, match="position_limit must be an integer from 1 to "):
             cp_split(batch, 4, 0, position_limit=limit)
+    for pad_id in (-1, 2**63, 1.0):
+        with pytest.raises(ConfigError, match="^pad_id must be an integer from 0 to 2"):
+            cp_split(batch, 4, 0, pad_id=pad_id)
     hf = collate(Documents(np.arange(4), np.array([4]), np.arange(1)), layout="hf")
     with pytest.raises(ConfigError, match="packtool-layout"):
         cp_split(hf, 2, 0)
@@ -267,3 +271,25 @@ def test_pin_memory_reaches_the_share(style):
             assert pinned[key].is_pinned() == torch.cuda.is_available(), key
         else:
             assert value == pinned[key], key
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_the_split_pads_with_the_batch_pad_id(tmp_path, style):
+    """The split's padding was token 0 whatever `pad_id`: a rank of a static-shape batch held
+    [7, 7, 0, 0, 0, 0] (collate's padding 7, the split's 0). Every padded place holds pad_id:
+    where `token_index` is past the document's real tokens, or in the batch's own padding."""
+    write_dataset(tmp_path / "d", [[[1, 2, 3]], [[4, 5], [6]]], max_len=8)
+    static = {"static_shape": True} if style == "balanced" else {}
+    padded = 0
+    for rank in range(2):
+        config = LoaderConfig(
+            rows_per_batch=1, pad_id=7, cp_style=style, cp_block=3,
+            context_parallel=(2, rank), **static,
+        )  # fmt: skip
+        for b in PackedDataset(tmp_path / "d", config):
+            ids, labels = b["input_ids"].tolist(), b["labels"].tolist()
+            assert set(ids) <= {1, 2, 3, 4, 5, 6, 7}, ids  # no 0
+            pads = [lab for i, lab in zip(ids, labels, strict=True) if i == 7]
+            assert set(pads) <= {-100}, (ids, labels)
+            padded += len(pads)
+    assert padded > 0

@@ -173,6 +173,15 @@ def test_unknown_collate_kwargs_are_refused_when_the_dataset_is_made(tmp_path) -
         )
 
 
+def test_collate_values_past_int64_are_refused_before_the_first_batch() -> None:
+    # pad_id=2**63 passed the check (a lower bound only) and the first batch raised
+    # "OverflowError: Python int too large to convert to C long" from collate's fill.
+    packer = OnlinePacker(OnlineConfig(max_len=8))
+    for name, extra in (("pad_id", {"pad_tokens": 8}), ("position_limit", {})):
+        with pytest.raises(ConfigError, match=f"^collate_kwargs {name} must be an integer from"):
+            packer.batches(iter([np.array([1, 2, 3])]), rows_per_batch=1, **extra, **{name: 2**63})
+
+
 def test_a_token_budget_below_max_len_is_refused() -> None:
     # rows longer than the budget went alone: every batch of a 512-token stream ran over 100
     with pytest.raises(ConfigError, match="tokens_per_batch 10 is smaller than max_len 64"):

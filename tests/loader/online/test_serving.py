@@ -346,8 +346,14 @@ def test_infinite_window_waits_for_a_full_budget_or_close() -> None:
         ({"collate_kwargs": {"pad_tokens": 4}}, "pad_tokens=4 is smaller than token_budget=8"),
         ({"collate_kwargs": {"pad_tokens": 8, "pad_docs": 1}}, "leaves no room"),
         # A TypeError from the checks themselves, before.
-        ({"collate_kwargs": {"pad_tokens": "64"}}, "pad_tokens must be an integer >= 1, got '64'"),
-        ({"collate_kwargs": {"pad_docs": "4"}}, "pad_docs must be an integer >= 1, got '4'"),
+        (
+            {"collate_kwargs": {"pad_tokens": "64"}},
+            r"pad_tokens must be an integer from 1 to 2\*\*63-1, got '64'",
+        ),
+        (
+            {"collate_kwargs": {"pad_docs": "4"}},
+            r"pad_docs must be an integer from 1 to 2\*\*63-1, got '4'",
+        ),
         ({"collate_kwargs": {"seq_idx": "yes"}}, "seq_idx must be True or False"),
         # Before: accepted, then every batch failed with collate's ValueError.
         ({"collate_kwargs": {"layout": "HF"}}, "layout must be 'packtool' or 'hf', got 'HF'"),
