@@ -237,6 +237,19 @@ def linked_version(index: str | os.PathLike) -> str | None:
     return _link_target(data, index)
 
 
+def is_dataset_index(path: str | os.PathLike) -> bool:
+    """Whether the file `path` is a packed dataset's `index.json` (its manifest, or a bucket's
+    link): what a corpus reader refuses by name (read as records, its lines were malformed
+    JSON skips and its one shard entry a document). Only a file of that name is read."""
+    if storage.file_name(path) != INDEX_FILE:
+        return False
+    try:
+        data = json.loads(storage.read_text(path))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and (data.get("format") == FORMAT or set(data) == {LINK_KEY})
+
+
 def _link_target(data: Any, index: Any) -> str | None:
     """The version folder a parsed `index.json` links to; None when it is no link."""
     if not isinstance(data, dict) or set(data) != {LINK_KEY}:

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from packtool.dataset.manifest import is_dataset_index
 from packtool.errors import DataError
 from packtool.read.compressed import binary_kind, compressed_too, open_stream, read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter, as_extra
@@ -220,6 +221,12 @@ def _objects(
     whole: bool = False,
 ) -> Iterator[tuple[str, Any, int, int]]:
     name = str(path)  # once: a URL's `UPath.__str__` is ~8 us, as long as a short line's parse
+    if start == 0 and is_dataset_index(path):
+        raise DataError(
+            f"{path}: the index.json of a packed dataset; packtool reads corpora and tokenized "
+            "Parquet: train on the dataset as it is (loader.PackedDataset), check it with "
+            "packtool verify / inspect, or pack the corpus it was made from"
+        )
     for offset, lineno, line in lines(path, start, end):
         if not line.strip():
             continue  # a blank line is not a document

@@ -230,3 +230,24 @@ def test_a_packed_dataset_as_input_is_refused(tmp_path, command):
         code, _, err = run(command, given, *out[command])
         assert code == 1
         assert "a shard of a packed dataset (rows of several documents" in err.splitlines()[-1]
+    # Its index.json named (verify, inspect and the loader take it as the dataset): its lines
+    # were malformed-JSON skips and "no line has the text field", whose advice (--text-field
+    # file) packed its one shard entry as a document, exit 0. A bucket's link is refused too.
+    link = tmp_path / "link" / "index.json"
+    link.parent.mkdir()
+    link.write_text('{"packtool_dataset": "v-20261206T000000-0123abcd"}\n')
+    for given in (tmp_path / "packed" / "index.json", link):
+        for extra in ((), ("--text-field", "file")):
+            code, _, err = run(command, given, *out[command], *extra)
+            assert code == 1, err
+            assert err.splitlines()[-1] == (
+                f"error: {given}: the index.json of a packed dataset; packtool reads corpora and "
+                "tokenized Parquet: train on the dataset as it is (loader.PackedDataset), check it "
+                "with packtool verify / inspect, or pack the corpus it was made from"
+            )
+    # Any other file of that name is a corpus file as before.
+    other = tmp_path / "other" / "index.json"
+    other.parent.mkdir()
+    other.write_text('{"text": "a document named index.json"}\n')
+    code, _, err = run(command, other, *out[command])
+    assert code == 0, err
