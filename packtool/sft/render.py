@@ -147,6 +147,10 @@ class Renderer:
             if not spans and drop_unsupervised:
                 skips.append((i, "no_supervised_tokens", "no assistant turn"))
                 continue
+            shown = _content_shown_as_list(messages, text)
+            if shown is not None:
+                skips.append((i, "content_parts", shown))
+                continue
             texts.append(text)
             kept.append(i)
             counts.append(len(spans))
@@ -162,6 +166,22 @@ class Renderer:
             span_ends=np.asarray(ends, np.int64),
             skips=skips,
         )
+
+
+def _content_shown_as_list(messages: list[Any], text: str) -> str | None:
+    """Why the rendered `text` is not the conversation: a message's content is a list of parts
+    (OpenAI's `[{"type": "text", "text": ...}]`, as transformers passes it to the template),
+    and the template, written for string contents, printed the list as Python writes it
+    (`[{'type': 'text', ...}]`), which trained the model on that repr in silence. None: no
+    such content, or the template read the parts (Llama 3's and Qwen's templates do)."""
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, (list, dict)) and str(content) in text:
+            return (
+                f"message {i}'s content is a list of parts, which the chat template writes as a "
+                "Python list; give the content as a string, or a template that reads parts"
+            )
+    return None
 
 
 # --- the pool -------------------------------------------------------------------------------

@@ -417,3 +417,33 @@ def test_train_on_last_is_every_block_of_the_last_turn(name, path, specials):
     assert last == [(a, b) for a, b in every if a >= start], name
     assert "ok good" in "".join(text[a:b] for a, b in last), name
     assert "hello there" not in "".join(text[a:b] for a, b in last), name
+
+
+PARTS = GEN.replace(
+    "{{ m.content }}",
+    "{% if m.content is string %}{{ m.content }}"
+    "{% else %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endif %}",
+)
+"""GEN reading a content of parts as Llama 3's and Qwen's templates do."""
+
+
+@pytest.mark.parametrize("train_on", ["all", "assistant", "last"])
+def test_content_parts_a_template_prints_as_a_list_are_a_counted_skip(train_on):
+    # OpenAI-style content parts reached a template written for strings, which wrote the
+    # list as Python does ("[{'type': 'text', 'text': '4'}]"): trained on, in silence.
+    parts = [{"type": "text", "text": "4"}]
+    conv = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": parts}]
+    plain = [conv[0], {"role": "assistant", "content": "4"}]
+    for source, kept in ((GEN, False), (PARTS, True)):
+        r = Renderer(ChatTemplate(source, name="t"), train_on).render_batch(
+            [conv, plain], convert=True, drop_unsupervised=True
+        )
+        if kept:  # a template that reads the parts renders what the string renders
+            assert r.kept.tolist() == [0, 1] and r.skips == []
+            assert len(set(r.texts())) == 1 and "'type'" not in r.text
+        else:
+            assert r.kept.tolist() == [1]
+            assert r.skips == [(0, "content_parts", (
+                "message 1's content is a list of parts, which the chat template writes as a "
+                "Python list; give the content as a string, or a template that reads parts"
+            ))]  # fmt: skip
