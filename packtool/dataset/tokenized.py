@@ -204,7 +204,8 @@ def length_tables(
     Raises:
         DataError: a file without one of the columns, a `length` column of no integer type,
             or a length that is null, negative or past int32 (the lengths' type: one such was
-            wrapped, 2^32 + 7 read as 7).
+            wrapped, 2^32 + 7 read as 7); a `loss_mask` among `columns` that is not one 0/1
+            value per token (`checked_mask`; it comes back as bytes, however it was stored).
     """
     for p, _ in tokenized:
         pf = storage.parquet_file(p)
@@ -234,5 +235,75 @@ def length_tables(
                     f"{p}: row {row + int(bad[0])} has {said}, not a token count; the file "
                     "was damaged or edited: re-run packtool tokenize"
                 )
+            if shard_columns.LOSS_MASK in columns:
+                mask = checked_mask(table.column(shard_columns.LOSS_MASK), lengths, p, row)
+                table = table.set_column(
+                    table.schema.get_field_index(shard_columns.LOSS_MASK), "loss_mask", mask
+                )
             row += table.num_rows
             yield lengths, table
+
+
+def checked_mask(column: Any, lengths: np.ndarray, path: Any, first_row: int) -> pa.Array:
+    """A row group's `loss_mask` as tokenized Parquet stores it (one binary value per document,
+    one byte per token), checked: one value per token (`lengths`: the documents' token counts),
+    each 0 or 1. Another writer's list of integers or booleans per document is read the same.
+
+    Checked here for every reader of tokenized Parquet (`pack`, `tokenize`, `stats`): a mask of
+    2s was packed ("supervised: 200% of tokens out") into a dataset `verify` refused, and a mask
+    of one byte per document failed inside the packer naming no file.
+
+    Raises:
+        DataError: naming `path` and the row: a null, a value other than 0/1, a mask whose
+            length is not its document's, or a column of another type.
+    """
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind = col.type
+    if pa.types.is_large_binary(kind):
+        kind = pa.binary()
+        col = col.cast(kind)  # a row group under 2 GiB of mask: fits int32 offsets
+    is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    if not (
+        pa.types.is_binary(kind)
+        or (
+            is_list
+            and (pa.types.is_integer(kind.value_type) or pa.types.is_boolean(kind.value_type))
+        )
+    ):
+        raise DataError(
+            f"{path}: column 'loss_mask' holds {kind}, not a per-token mask (bytes, or lists "
+            "of 0/1 integers); the file was damaged or edited: re-run packtool tokenize"
+        )
+    if col.null_count:
+        bad = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{path}: row {first_row + bad}: loss_mask is null")
+    if is_list and col.values.null_count:
+        k = int(np.flatnonzero(col.flatten().is_null().to_numpy(zero_copy_only=False))[0])
+        row = _row_at(shard_columns.flat_parts(col)[0], k)
+        raise DataError(f"{path}: row {first_row + row}: loss_mask holds a null")
+    offsets, values = shard_columns.flat_parts(col)
+    counts = np.diff(offsets)
+    if not np.array_equal(counts, lengths):
+        bad = int(np.flatnonzero(counts != lengths)[0])
+        n = int(counts[bad])
+        raise DataError(
+            f"{path}: row {first_row + bad}: loss_mask has {n} value{'' if n == 1 else 's'} for "
+            f"{int(lengths[bad])} tokens; a loss mask holds one 0/1 value per token"
+        )
+    values = np.asarray(values).view(np.uint8) if values.dtype == bool else np.asarray(values)
+    wrong = np.flatnonzero((values < 0) | (values > 1))
+    if len(wrong):
+        k = int(wrong[0])
+        row = _row_at(offsets, k)
+        raise DataError(
+            f"{path}: row {first_row + row}: loss_mask[{k - int(offsets[row])}] = "
+            f"{int(values[k])}; a loss mask holds 0 or 1"
+        )
+    if pa.types.is_binary(kind):
+        return col
+    return shard_columns.get(shard_columns.LOSS_MASK).array(offsets, values.astype(np.uint8))
+
+
+def _row_at(offsets: np.ndarray, position: int) -> int:
+    """The document whose values hold flat position `position` (`offsets` from 0)."""
+    return int(np.searchsorted(offsets, position, side="right") - 1)

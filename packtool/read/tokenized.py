@@ -9,6 +9,8 @@ next to decompressing it), so that every input `pack` accepts makes a dataset `v
   recorded tokenizer; they are cast to the contract's token type (uint16 when every id of the
   vocabulary fits, else uint32), which is what the shards are written in;
 - `length` equals the number of ids of its row;
+- a `loss_mask` holds one 0 or 1 per id (`dataset.tokenized.checked_mask`, which `stats` uses
+  too: a mask of 2s or of the wrong length was packed, or failed in the packer naming no file);
 - `doc_id` is replaced by `packtool.read.docids.encode(file index, row in the file)`: the ids two
   separately tokenized files carry (both 0, 1, 2, ...) can then never collide, and no set of
   seen ids is kept. The original `doc_id` stays in the tokenized file, at that row.
@@ -25,7 +27,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from packtool.dataset.columns import LOSS_MASK
 from packtool.dataset.identity import TokenizerIdentity, token_dtype
+from packtool.dataset.tokenized import checked_mask
 from packtool.errors import DataError
 from packtool.read import docids
 from packtool.storage import local as storage
@@ -49,7 +53,8 @@ def checked_table(
         identity: the tokenizer recorded in the file.
 
     Raises:
-        DataError: a null, out-of-vocabulary or mistyped id, or a wrong `length`.
+        DataError: a null, out-of-vocabulary or mistyped id, a wrong `length`, or a loss
+            mask that is not one 0/1 value per id.
     """
 
     def fail(row: int, what: str) -> DataError:
@@ -86,6 +91,9 @@ def checked_table(
     if not np.array_equal(recorded, lengths):
         row = int(np.flatnonzero(recorded != lengths)[0])
         raise fail(row, f"length is {int(recorded[row])} but the row has {int(lengths[row])} ids")
+    if LOSS_MASK in table.column_names:
+        mask = checked_mask(table.column(LOSS_MASK), lengths, path, first_row)
+        table = table.set_column(table.schema.get_field_index(LOSS_MASK), LOSS_MASK, mask)
     token_type = pa.from_numpy_dtype(token_dtype(vocab))
     if ids.type.value_type != token_type or not pa.types.is_list(ids.type):
         ids = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values.cast(token_type))

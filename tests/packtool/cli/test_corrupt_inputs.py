@@ -127,3 +127,52 @@ def test_a_file_that_is_not_what_its_name_says_is_named_with_the_fix(
     assert code == 1
     line = one_error_line(err)
     assert str(path) in line and says in line
+
+
+# --- tokenized Parquet that another tool wrote (with packtool's metadata) --------------------
+
+ROWS = [[1, 2, 256], [3, 4, 5, 256], [6, 256]]
+
+
+def foreign_tokenized(path: Path, types: dict | None = None, **columns: list) -> Path:
+    """Tokenized Parquet as another tool might write it: packtool's metadata (the byte
+    tokenizer, vocab 258; version 2 when there is a `loss_mask`) over three documents, with
+    `columns` replacing or adding to the usual ones, each of its `types` or the format's."""
+    from packtool.dataset.tokenized import tokenized_schema
+    from packtool.tokenizer.tokenizers import load_tokenizer
+
+    data = {"doc_id": [0, 1, 2], "source": ["s"] * 3, "input_ids": ROWS, "length": [3, 4, 2]}
+    data.update(columns)
+    optional = ["loss_mask"] if "loss_mask" in data else []
+    extras = [c for c in data if c not in ("doc_id", "source", "input_ids", "length", *optional)]
+    schema = tokenized_schema(load_tokenizer("byte").identity, extras, optional=optional)
+    types = {f.name: f.type for f in schema} | (types or {})
+    table = pa.table({c: pa.array(v, types[c]) for c, v in data.items()})
+    pq.write_table(table.replace_schema_metadata(schema.metadata), path, row_group_size=2)
+    return path
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize(
+    ("mask", "says"),
+    [
+        (
+            [b"\x01" * 3, b"\x01" * 4, b"\x01\x02"],
+            "row 2: loss_mask[1] = 2; a loss mask holds 0 or 1",
+        ),
+        ([b"\x01", b"\x01", b"\x01"], "row 0: loss_mask has 1 value for 3 tokens"),
+        ([[0, 1, 1], [0, 1, 1, 1], None], "row 2: loss_mask is null"),
+        ([[0, 1, 1], [0, 1, 1, 1], [0, None]], "row 2: loss_mask holds a null"),
+    ],
+    ids=["a 2", "one byte a document", "null row", "null value"],
+)
+def test_a_bad_loss_mask_in_tokenized_parquet_is_one_line_at_every_command(
+    tmp_path, command, mask, says
+):
+    # A mask of 2s was packed ("supervised: 200.00% of tokens out") into a dataset verify
+    # refused; a mask of one byte per document was copied by tokenize, accepted by stats, and
+    # failed in pack as "tokenized table: loss_mask does not have one value per token", no file.
+    types = {"loss_mask": pa.list_(pa.uint8())} if isinstance(mask[0], list) else None
+    path = foreign_tokenized(tmp_path / "t.parquet", types, loss_mask=mask)
+    code, _, err = run(*COMMANDS[command](path, tmp_path))
+    assert code == 1 and one_error_line(err).startswith(f"error: {path}: {says}")
