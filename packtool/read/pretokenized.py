@@ -280,7 +280,7 @@ def _convert(
     extras = {}
     for name in config.extra_fields:
         col = table.column(name).take(from_numpy(rows))
-        extras[name] = _as_strings(col, name, where)
+        extras[name] = as_strings(col, name, where)
     return tokenized_table(
         schema,
         doc_ids=doc_ids,
@@ -292,8 +292,9 @@ def _convert(
     )
 
 
-def _as_strings(col: Any, name: str, where: str) -> Any:
-    """A kept (or `--group-by`) column as the string column stores it: lists, structs and maps
+def as_strings(col: Any, name: str, where: str) -> Any:
+    """A kept (or `--group-by`) column as the string column stores it (of pre-tokenized Parquet
+    and of tokenized Parquet another tool wrote, packtool/read/tokenized.py): lists, structs and maps
     as `documents.as_extra` writes them (JSON text, as a text Parquet file's kept column; Arrow
     casts none of them to strings, which was a traceback), the rest cast.
 

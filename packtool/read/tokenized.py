@@ -32,6 +32,7 @@ from packtool.dataset.identity import TokenizerIdentity, token_dtype
 from packtool.dataset.tokenized import checked_mask
 from packtool.errors import DataError
 from packtool.read import docids
+from packtool.read.pretokenized import as_strings
 from packtool.storage import local as storage
 
 
@@ -42,19 +43,23 @@ def checked_table(
     first_row: int,
     file_index: int,
     identity: TokenizerIdentity,
+    schema: pa.Schema,
 ) -> pa.Table:
-    """One row group of a tokenized file, checked, with ids cast and doc ids renumbered.
+    """One row group of a tokenized file, checked, as a table of `schema`: ids cast, doc ids
+    renumbered, the other columns in the format's types.
 
     Args:
-        table: the row group (columns doc_id, source, input_ids, length, extras).
+        table: the row group (columns doc_id, source, input_ids, length, loss_mask, extras).
         path: its file, for messages.
         first_row: the row group's first row within the file.
         file_index: the file's position among the inputs (see `packtool.read.docids`).
         identity: the tokenizer recorded in the file.
+        schema: the tokenized schema of the run (`dataset.tokenized.tokenized_schema`).
 
     Raises:
-        DataError: a null, out-of-vocabulary or mistyped id, a wrong `length`, or a loss
-            mask that is not one 0/1 value per id.
+        DataError: a null, out-of-vocabulary or mistyped id, a null or wrong `length`, a loss
+            mask that is not one 0/1 value per id, a null `source`, or a column that cannot be
+            read as its type (an extra field of bytes that are not UTF-8).
     """
 
     def fail(row: int, what: str) -> DataError:
@@ -66,14 +71,12 @@ def checked_table(
     ):
         raise DataError(f"{path}: input_ids is {ids.type}, not a list of integer token ids")
     if ids.null_count:
-        row = int(np.flatnonzero(ids.is_null().to_numpy(zero_copy_only=False))[0])
-        raise fail(row, "null input_ids")
+        raise fail(_first_null(ids), "null input_ids")
     offsets = ids.offsets.to_numpy().astype(np.int64)
     values = ids.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
     offsets -= offsets[0]
     if values.null_count:
-        pos = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
-        raise fail(_row_of(pos, offsets), "a null token id")
+        raise fail(_row_of(_first_null(values), offsets), "a null token id")
     vocab = identity.vocab_size
     if len(values):
         extremes = pc.min_max(values)
@@ -82,27 +85,46 @@ def checked_table(
             pos = int(np.flatnonzero((v < 0) | (v >= vocab))[0])
             raise fail(
                 _row_of(pos, offsets),
-                f"token id {int(v[pos])} is outside the vocabulary of the recorded tokenizer "
+                f"token id {v[pos]} is outside the vocabulary of the recorded tokenizer "
                 f"({identity.kind}:{identity.name}, ids 0..{vocab - 1}); the file is damaged or "
                 "does not match its metadata",
             )
     lengths = np.diff(offsets)
-    recorded = table.column("length").to_numpy()
+    length = table.column("length")
+    if not pa.types.is_integer(length.type):  # a float 9.9 would compare as 9.9, not 9
+        raise DataError(f"{path}: column 'length' holds {length.type}, not integer token counts")
+    if length.null_count:  # `int(nan)` in the message below was a ValueError traceback
+        raise fail(_first_null(length), "no length (null)")
+    recorded = length.to_numpy()
     if not np.array_equal(recorded, lengths):
         row = int(np.flatnonzero(recorded != lengths)[0])
-        raise fail(row, f"length is {int(recorded[row])} but the row has {int(lengths[row])} ids")
-    if LOSS_MASK in table.column_names:
-        mask = checked_mask(table.column(LOSS_MASK), lengths, path, first_row)
-        table = table.set_column(table.schema.get_field_index(LOSS_MASK), LOSS_MASK, mask)
+        raise fail(row, f"length is {recorded[row]} but the row has {lengths[row]} ids")
     token_type = pa.from_numpy_dtype(token_dtype(vocab))
     if ids.type.value_type != token_type or not pa.types.is_list(ids.type):
         ids = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values.cast(token_type))
-        table = table.set_column(table.schema.get_field_index("input_ids"), "input_ids", ids)
     n = table.num_rows
     new_ids = docids.encode(file_index, np.arange(first_row, first_row + n, dtype=np.int64))
-    return table.set_column(
-        table.schema.get_field_index("doc_id"), "doc_id", pa.array(new_ids, pa.int64())
-    )
+    columns = {
+        "doc_id": pa.array(new_ids, pa.int64()),
+        "input_ids": ids,
+        "length": pa.array(lengths.astype(np.int32), pa.int32()),
+    }
+    if LOSS_MASK in schema.names:
+        columns[LOSS_MASK] = checked_mask(table.column(LOSS_MASK), lengths, path, first_row)
+    # `source` and the extra fields as the format stores them, strings; another writer's
+    # list, struct or binary column is kept as the pre-tokenized reader keeps one (JSON text,
+    # UTF-8), where `Table.cast` was an Arrow traceback
+    for name in [f.name for f in schema if f.name not in columns]:
+        col = as_strings(table.column(name), name, str(path))
+        if name == "source" and col.null_count:  # no file to say a document came from
+            raise fail(_first_null(col), "null source (the file the document came from)")
+        columns[name] = col
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+def _first_null(arr: pa.Array | pa.ChunkedArray) -> int:
+    """The position of the first null of `arr`."""
+    return int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
 
 
 def _row_of(position: int, offsets: np.ndarray) -> int:
@@ -139,8 +161,7 @@ def read_tokenized_file(
             raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
         # Ids checked against the vocabulary, doc ids made unique across files (docids.py).
         table = checked_table(
-            table, path=path, first_row=row, file_index=file_index, identity=identity
+            table, path=path, first_row=row, file_index=file_index, identity=identity, schema=schema
         )
         row += table.num_rows
-        nbytes = pf.metadata.row_group(rg).total_byte_size
-        yield table.cast(schema) if table.schema != schema else table, nbytes
+        yield table, pf.metadata.row_group(rg).total_byte_size

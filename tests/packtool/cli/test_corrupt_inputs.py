@@ -176,3 +176,28 @@ def test_a_bad_loss_mask_in_tokenized_parquet_is_one_line_at_every_command(
     path = foreign_tokenized(tmp_path / "t.parquet", types, loss_mask=mask)
     code, _, err = run(*COMMANDS[command](path, tmp_path))
     assert code == 1 and one_error_line(err).startswith(f"error: {path}: {says}")
+
+
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+@pytest.mark.parametrize(
+    ("columns", "types", "says"),
+    [
+        ({"length": [3, None, 2]}, None, "row 1: no length (null)"),
+        ({"length": [3.0, 4.0, 2.0]}, {"length": pa.float64()}, "column 'length' holds double"),
+        ({"source": ["s", None, "s"]}, None, "row 1: null source"),
+        ({"tags": [b"a", b"\xff", b"b"]}, {"tags": pa.binary()}, "column 'tags' cannot be kept"),
+    ],
+    ids=["null length", "float length", "null source", "bytes not utf-8"],
+)
+def test_a_foreign_tokenized_column_pack_cannot_read_is_one_line(
+    tmp_path, command, columns, types, says
+):
+    # Each was a traceback: `int(nan)` in the length message (ValueError), and `Table.cast` to
+    # the tokenized schema ("Casting field 'source' with null values to non-nullable",
+    # ArrowInvalid on bytes that are not UTF-8)
+    path = foreign_tokenized(tmp_path / "t.parquet", types, **columns)
+    keep = []  # the column read: kept by tokenize, grouped by in pack
+    if "tags" in columns:
+        keep = ["--keep-field" if command == "tokenize" else "--group-by", "tags"]
+    code, _, err = run(*COMMANDS[command](path, tmp_path), *keep)
+    assert code == 1 and one_error_line(err).startswith(f"error: {path}: {says}")

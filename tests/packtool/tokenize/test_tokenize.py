@@ -390,3 +390,37 @@ def test_one_path_is_one_input_not_its_characters(tmp_path, monkeypatch):
     for one in ("c.jsonl", Path("c.jsonl")):
         tokenize_corpus(one, tmp_path / "out" / "tok.parquet", overwrite=True, progress=False)
         assert read_lengths(tmp_path / "out" / "tok.parquet").size == len(DOCS)
+
+
+def test_foreign_tokenized_columns_are_read_as_the_format_stores_them(tmp_path):
+    """Another writer's tokenized Parquet (packtool's metadata, its own column types): a
+    list<uint8> loss mask and list/struct extra columns were `Table.cast` tracebacks (Unsupported
+    cast); they are read as the format stores them, the mask as bytes, the extras as JSON text,
+    as the pre-tokenized reader keeps them, and an int64 length as int32."""
+    from tests.packtool.cli.test_corrupt_inputs import foreign_tokenized
+
+    path = foreign_tokenized(
+        tmp_path / "t.parquet",
+        {
+            "loss_mask": pa.list_(pa.uint8()),
+            "tags": pa.list_(pa.int64()),
+            "meta": pa.struct([("k", pa.string())]),
+            "length": pa.int64(),
+        },
+        loss_mask=[[0, 1, 1], [0, 0, 1, 1], [1, 1]],
+        tags=[[1], [], [2, 3]],
+        meta=[{"k": "a"}, {"k": "b"}, None],
+    )
+    table = concat(
+        list(
+            tokenized_batches(
+                [path], read_config=ReadConfig(extra_fields=("tags", "meta")), tokenizer=None
+            )
+        )
+    )
+    assert table.schema.field("loss_mask").type == pa.binary()
+    assert table.column("loss_mask").to_pylist() == [b"\0\1\1", b"\0\0\1\1", b"\1\1"]
+    assert table.column("tags").to_pylist() == ["[1]", "[]", "[2,3]"]
+    assert table.column("meta").to_pylist() == ['{"k":"a"}', '{"k":"b"}', None]
+    assert table.column("length").type == pa.int32()
+    assert table.column("length").to_pylist() == [3, 4, 2]
