@@ -205,10 +205,13 @@ def length_tables(
         DataError: a file without one of the columns, a `length` column of no integer type,
             or a length that is null, negative or past int32 (the lengths' type: one such was
             wrapped, 2^32 + 7 read as 7); a `loss_mask` among `columns` that is not one 0/1
-            value per token (`checked_mask`; it comes back as bytes, however it was stored).
+            value per token (`checked_mask`; it comes back as bytes, however it was stored);
+            a row group that cannot be read (a damaged page: its CRC32 is checked).
     """
     for p, _ in tokenized:
-        pf = storage.parquet_file(p)
+        # Page CRC32s checked, as `pack` reads the file (read/tokenized.py): a flipped bit in
+        # the `length` page gave other statistics, with no word
+        pf = storage.parquet_file(p, page_checksum_verification=True)
         names = pf.schema_arrow.names
         for name in ("length", *columns):
             if name not in names:
@@ -221,7 +224,10 @@ def length_tables(
             )
         row = 0
         for rg in range(pf.num_row_groups):
-            table = pf.read_row_group(rg, columns=["length", *columns])
+            try:
+                table = pf.read_row_group(rg, columns=["length", *columns])
+            except (pa.ArrowException, OSError) as exc:  # it named no file
+                raise DataError(f"{p}: row group {rg} unreadable ({exc})") from None
             column = table.column("length")
             lengths = column.to_numpy(zero_copy_only=False)
             if column.null_count:
