@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from packtool.arrow_numpy import from_numpy
 from packtool.dataset.columns import IGNORE_INDEX, LOSS_MASK
@@ -137,20 +138,30 @@ def _first_row(bad: np.ndarray, offsets: np.ndarray) -> tuple[int, int]:
 
 
 def _mask_of(
-    table: pa.Table, source: str, ids: np.ndarray, offsets: np.ndarray, where: str, first_row: int
+    table: pa.Table,
+    source: str,
+    ids: np.ndarray,
+    offsets: np.ndarray,
+    where: str,
+    first_row: int,
+    null_ids: np.ndarray | None,
 ) -> np.ndarray:
-    """The uint8 loss mask of a row group's documents (checked against the ids)."""
+    """The uint8 loss mask of a row group's documents (checked against the ids). Rows whose
+    ids are null (`null_ids`) are skipped as `missing_field`, so their labels or mask are not
+    read: a row of null ids and null labels stopped the run ("`labels` holds nulls")."""
     col = table.column(source).combine_chunks()
     if not _int_list(col.type, bools=source == LOSS_MASK):
         raise DataError(f"{where}: `{source}` is {col.type}, not a list of integers")
-    if col.null_count or col.values.null_count:
+    if null_ids is not None:
+        col = pc.if_else(pa.array(null_ids), pa.scalar([], col.type), col)
+    m_off, m_values = _list_parts(col)
+    if col.null_count or m_values.null_count:
         row = (
             int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
             if col.null_count
-            else 0
+            else _first_row(m_values.is_null().to_numpy(zero_copy_only=False), m_off)[0]
         )
         raise DataError(f"{where}:row {first_row + row}: `{source}` holds nulls")
-    m_off, m_values = _list_parts(col)
     if len(m_off) != len(offsets) or not np.array_equal(m_off, offsets):
         lens, m_lens = np.diff(offsets), np.diff(m_off)
         row = int(np.flatnonzero(lens != m_lens)[0])
@@ -259,7 +270,7 @@ def _convert(
         keep &= ~null
     mask = None
     if source is not None:
-        mask = _mask_of(table, source, ids, offsets, where, first_row)
+        mask = _mask_of(table, source, ids, offsets, where, first_row, null)
         supervised = target_sums(mask, offsets)
     for row in np.flatnonzero(~keep):
         if null is not None and null[row]:
