@@ -22,6 +22,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from packtool.errors import ConfigError
 from packtool.tokenizer.engines import Source
 from packtool.tokenizer.files import TokenizerConfig, TokenizerFiles
@@ -235,3 +237,31 @@ def own_ids(
     except ConfigError:
         eos = None
     return {"eos": eos, "bos": own_bos(source, files, vocab)[0]}
+
+
+def add_specials(
+    flat: np.ndarray, lengths: np.ndarray, bos: int | None, eos: int | None, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """Flat ids of documents (`lengths`) with `bos` before and `eos` after each, as `dtype`."""
+    n_special = (bos is not None) + (eos is not None)
+    if n_special == 0:
+        return flat.astype(dtype, copy=False), lengths
+    out_lengths = lengths + n_special
+    ends = np.cumsum(out_lengths)  # exclusive end of each document in the output
+    starts = ends - out_lengths
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
+    if bos is not None:
+        out[starts] = bos
+    if eos is not None:
+        out[ends - 1] = eos
+    # A boolean mask assignment: ~1 ns per token, ~8x faster than scattering through indices
+    # (and than one slice copy per document unless documents average over ~1,000 tokens). The
+    # cast to the id dtype comes first: a masked assignment that also casts (uint32 ids into
+    # uint16) measured ~8 ns per token, 0.3 s of CPU for 38 M tokens.
+    plain = np.ones(len(out), dtype=bool)
+    if bos is not None:
+        plain[starts] = False
+    if eos is not None:
+        plain[ends - 1] = False
+    out[plain] = flat.astype(dtype, copy=False)
+    return out, out_lengths

@@ -49,6 +49,7 @@ from packtool.tokenizer.specials import (
     EOS_TOKEN,
     SP_BOS,
     SP_EOS,
+    add_specials,
     default_id,
     marked_special,
     own_bos,
@@ -236,33 +237,6 @@ class EngineTokenizer(Tokenizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.encoder = engine_entry(self.identity.engine or "").open(self.source, self.workers)
-
-
-def add_specials(
-    flat: np.ndarray, lengths: np.ndarray, bos: int | None, eos: int | None, dtype: np.dtype
-) -> tuple[np.ndarray, np.ndarray]:
-    n_special = (bos is not None) + (eos is not None)
-    if n_special == 0:
-        return flat.astype(dtype, copy=False), lengths
-    out_lengths = lengths + n_special
-    ends = np.cumsum(out_lengths)  # exclusive end of each document in the output
-    starts = ends - out_lengths
-    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
-    if bos is not None:
-        out[starts] = bos
-    if eos is not None:
-        out[ends - 1] = eos
-    # A boolean mask assignment: ~1 ns per token, ~8x faster than scattering through indices
-    # (and than one slice copy per document unless documents average over ~1,000 tokens). The
-    # cast to the id dtype comes first: a masked assignment that also casts (uint32 ids into
-    # uint16) measured ~8 ns per token, 0.3 s of CPU for 38 M tokens.
-    plain = np.ones(len(out), dtype=bool)
-    if bos is not None:
-        plain[starts] = False
-    if eos is not None:
-        plain[ends - 1] = False
-    out[plain] = flat.astype(dtype, copy=False)
-    return out, out_lengths
 
 
 def _cpu_count() -> int:

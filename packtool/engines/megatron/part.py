@@ -32,7 +32,8 @@ from packtool.read.lines import line_number
 from packtool.storage import local as storage
 from packtool.storage import writing
 from packtool.tokenize.tables import PRETOKENIZED, Source, partition_tables
-from packtool.tokenizer.tokenizers import Tokenizer, add_specials
+from packtool.tokenizer.specials import add_specials
+from packtool.tokenizer.tokenizers import Tokenizer
 
 MEGATRON = "megatron"
 """The descriptor kind of a Megatron part (`worker.run_partition` dispatches on it)."""
