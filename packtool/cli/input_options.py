@@ -64,20 +64,44 @@ class CorpusOptions:
     def tokenizer_for(
         self, inputs: Any, workers: int | None = None, *, ctx: Any = None, **kw: Any
     ) -> Any:
-        """`load_tokenizer(workers, **kw)`, or None for tokenized Parquet when no tokenizer
-        option was given: it is read with the tokenizer it records (`pack`, `stats` and
-        `tokenize` alike). `ctx`: the command's click context, for a call from another thread
-        (click's current context is the calling thread's)."""
+        """`load_tokenizer(workers, **kw)`, or None for tokenized Parquet when `--tokenizer`
+        was not given: it is read with the tokenizer it records (`pack`, `stats` and
+        `tokenize` alike), and EOS / BOS options given are checked against the recorded ids
+        (`tokenize.recorded.check_recorded_specials`; they were applied to `byte`, the default,
+        and refused as another tokenizer even where they were the recorded ids). `ctx`: the
+        command's click context, for a call from another thread (click's current context is
+        the calling thread's)."""
         # --tokenizer-engine alone picks no tokenizer: it never changes ids (it loaded `byte`
         # for tokenized Parquet, refused as unlike the tokenizer the files record)
         chosen = [n for n in TOKENIZER_OPTIONS if n != "tokenizer_engine"]
-        if explicit(ctx or click.get_current_context(), tuple(chosen)):
+        given = explicit(ctx or click.get_current_context(), tuple(chosen))
+        if "tokenizer" in given:
             # First thing, before any import it does not need (pyarrow's Parquet reader for
-            # input_identity): the engine's build is on pack's critical path.
+            # the inputs' footers): the engine's build is on pack's critical path.
             return self.load_tokenizer(workers, **kw)
-        from packtool.tokenize.tokenize import input_identity
+        from packtool.tokenize.recorded import check_recorded_specials, inputs_recorded
 
-        return self.load_tokenizer(workers, **kw) if input_identity(inputs) is None else None
+        recorded = inputs_recorded(inputs)
+        if recorded is None:
+            return self.load_tokenizer(workers, **kw)
+        if given:
+            where, identity = recorded
+            check_recorded_specials(identity, self.special_options(), where)
+        return None
+
+    def special_options(self) -> dict[str, int | str | None]:
+        """The EOS / BOS the options give, by `eos` / `bos`, as `load_tokenizer` takes them
+        (an id, `default`, None for `--no-eos` / `--no-bos`), for those given only."""
+        if self.no_eos and self.eos_id is not None:
+            raise ConfigError("--eos-id and --no-eos contradict each other; pass one")
+        if self.no_bos and self.bos_id is not None:
+            raise ConfigError("--bos-id and --no-bos contradict each other; pass one")
+        given: dict[str, int | str | None] = {}
+        if self.no_eos or self.eos_id is not None:
+            given["eos"] = None if self.no_eos else _special_id("--eos-id", self.eos_id)
+        if self.no_bos or self.bos_id is not None:
+            given["bos"] = None if self.no_bos else _special_id("--bos-id", self.bos_id)
+        return given
 
     def load_tokenizer(self, workers: int | None = None, *, megatron: bool = False) -> Any:
         """A `packtool.tokenizer.tokenizers.Tokenizer` from --tokenizer and the special-token
@@ -87,17 +111,17 @@ class CorpusOptions:
         from packtool.tokenizer.specials import EOS_TOKEN
         from packtool.tokenizer.tokenizers import load_tokenizer
 
-        if self.no_eos and self.eos_id is not None:
-            raise ConfigError("--eos-id and --no-eos contradict each other; pass one")
-        if self.no_bos and self.bos_id is not None:
-            raise ConfigError("--bos-id and --no-bos contradict each other; pass one")
-        eos = None if self.no_eos else _special_id("--eos-id", self.eos_id, "default")
+        given = self.special_options()
+        eos = given.get("eos", "default")
         if megatron and eos == "default":
             eos = EOS_TOKEN
-        bos = None if self.no_bos else _special_id("--bos-id", self.bos_id, "auto")
+        bos = given.get("bos", "auto")
         tok = load_tokenizer(
             self.tokenizer, eos=eos, bos=bos, workers=workers, engine=self.tokenizer_engine
         )
+        # Tokenized Parquet takes the EOS / BOS it records for those not given here
+        # (packtool/tokenize/recorded.py); megatron's EOS_TOKEN is no choice of the user's
+        tok.chosen_specials = tuple(given)
         # What the user named (an id or `default`: pre-tokenized ids refuse either, which
         # would add nothing; `default` got through silently)
         tok.given_ids = tuple(
@@ -123,12 +147,10 @@ class CorpusOptions:
         return tok
 
 
-def _special_id(flag: str, value: str | None, unset: str) -> int | str:
-    """`--eos-id` / `--bos-id` as `load_tokenizer` takes it: an id, `default`, or `unset` when
-    not given. Only what --help lists is accepted (`auto`, the library's word for the unset
-    --bos-id, passed silently; for --eos-id it failed in the library's words, naming no flag)."""
-    if value is None:
-        return unset
+def _special_id(flag: str, value: str) -> int | str:
+    """`--eos-id` / `--bos-id` as `load_tokenizer` takes it: an id or `default`. Only what
+    --help lists is accepted (`auto`, the library's word for the unset --bos-id, passed
+    silently; for --eos-id it failed in the library's words, naming no flag)."""
     if value == "default":
         return value
     try:

@@ -42,8 +42,9 @@ from packtool.read.jsonl import json_array_file
 from packtool.read.sft_config import CHAT_KINDS
 from packtool.sft.encode import template_record
 from packtool.storage import local as storage
+from packtool.tokenize.recorded import check_recorded_tokenizer
 from packtool.tokenize.tables import PRETOKENIZED, RAW, RECORDS
-from packtool.tokenize.tokenize import check_recorded_tokenizer, inputs_read, unchanged_ids
+from packtool.tokenize.tokenize import inputs_read, unchanged_ids
 from packtool.tokenizer.tokenizers import Tokenizer
 
 UNITS = {"jsonl": "byte", "json_array": "item", "text": "file"}
@@ -141,7 +142,8 @@ def check_inputs(
 
         tokenizer = load_tokenizer(tokenizer or "byte")
     if tokenizer is not None and recorded is not None:
-        check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])
+        # None where it is the recorded one once the EOS / BOS not chosen are the file's
+        tokenizer = check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])
     identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
     if recorded is not None:  # the ids were encoded when tokenizing: record that engine
         identity["engine"] = recorded.engine

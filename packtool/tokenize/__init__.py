@@ -18,6 +18,7 @@ May import: every stage below it: top-level modules, `storage`, `dataset`, `pack
 Modules:
 - `tables.py`: the dispatch (the modes, `Source`, `FilePiece`, `partition_tables`).
 - `tokenize.py`: the inputs' classification, `tokenized_batches`, the `tokenize` command.
+- `recorded.py`: the tokenizer tokenized Parquet records, against the options' (EOS / BOS).
 
 `tokenize --to megatron` runs on the partition engines (packtool/engines/megatron/run.py): the
 same tables, partition by partition, into a Megatron indexed dataset.

@@ -50,6 +50,7 @@ from packtool.sft.encode import template_record
 from packtool.sft.inputs import file_record_kind, sft_kind
 from packtool.storage import hub, writing
 from packtool.storage import local as storage
+from packtool.tokenize.recorded import check_recorded_tokenizer
 from packtool.tokenize.summary import TokenizeSummary, summary_of
 from packtool.tokenize.tables import (
     PRETOKENIZED,
@@ -337,7 +338,7 @@ def source_for(read: InputsRead, config: ReadConfig, tokenizer: Tokenizer | None
     if read.mode == TOKENIZED:
         identity = common_identity(read.tokenized)
         if tokenizer is not None:
-            check_recorded_tokenizer(identity, tokenizer, read.tokenized[0][0])
+            check_recorded_tokenizer(identity, tokenizer, read.tokenized[0][0])  # or DataError
     elif tokenizer is None:
         what = (
             "pre-tokenized inputs need the tokenizer that made them"
@@ -354,22 +355,6 @@ def source_for(read: InputsRead, config: ReadConfig, tokenizer: Tokenizer | None
         identity=identity,
         mask_source=read.mask_source,
         sft_kind=read.sft_kind,
-    )
-
-
-def check_recorded_tokenizer(
-    identity: TokenizerIdentity, tokenizer: Tokenizer, where: str | os.PathLike
-) -> None:
-    """Raise `DataError` naming both when `tokenizer` is not the one recorded in the input."""
-    if tokenizer.identity.matches(identity):
-        return
-    want = tokenizer.identity
-    raise DataError(
-        f"{where}: tokenized with {identity.kind}:{identity.name} "
-        f"(vocab {identity.vocab_size}, eos {identity.eos_id}, bos {identity.bos_id}), but "
-        f"the options give {want.kind}:{want.name} (vocab {want.vocab_size}, eos {want.eos_id}, "
-        f"bos {want.bos_id}{'; byte is the default without --tokenizer' if want.kind == 'byte' else ''}"
-        "); pass the same --tokenizer/--eos-id/--bos-id or re-tokenize the raw corpus"
     )
 
 
@@ -436,6 +421,8 @@ def tokenize_corpus(
     read = inputs_read(expand_inputs(inputs), config)
     if tokenizer is None and read.mode != TOKENIZED:  # only tokenized Parquet records one
         tokenizer = load_tokenizer("byte", workers=workers)
+    if tokenizer is not None and read.mode == TOKENIZED:  # None: the EOS/BOS recorded taken
+        tokenizer = check_recorded_tokenizer(read.identity(), tokenizer, read.tokenized[0][0])
     optional = read.columns  # e.g. loss_mask from labels: passed through
     recorded = read.identity() if tokenizer is None else None
     identity = recorded or tokenizer.identity

@@ -265,3 +265,9 @@ def add_specials(
         plain[ends - 1] = False
     out[plain] = flat.astype(dtype, copy=False)
     return out, out_lengths
+
+
+def chosen_specials(eos: Any, bos: Any) -> tuple[str, ...]:
+    """The specials `load_tokenizer` was given other than by default (`eos` not "default",
+    `bos` not "auto"): `Tokenizer.chosen_specials`."""
+    return tuple(w for w, v, unset in (("eos", eos, "default"), ("bos", bos, "auto")) if v != unset)

@@ -50,6 +50,7 @@ from packtool.tokenizer.specials import (
     SP_BOS,
     SP_EOS,
     add_specials,
+    chosen_specials,
     default_id,
     marked_special,
     own_bos,
@@ -119,6 +120,11 @@ class Tokenizer:
         """`eos` / `bos` -> the token text and where the id came from, for summaries."""
         self.given_ids: tuple[str, ...] = ()
         """The options that named an id explicitly (`--eos-id`, `--bos-id`; set by the CLI)."""
+        self.chosen_specials: tuple[str, ...] = ()
+        """`eos` / `bos` whose id the caller chose (`load_tokenizer`'s `eos` / `bos` other than
+        their defaults; the CLI: --eos-id / --no-eos / --bos-id / --no-bos given). Tokenized
+        Parquet read with this tokenizer takes the EOS / BOS it records for the others
+        (packtool/tokenize/recorded.py)."""
         self.own_ids = {"eos": eos_id, "bos": bos_id}
         """EOS / BOS by the tokenizer's files alone, whatever the options (`specials.own_ids`)."""
         self.folder: Any = None  # the folder its file was resolved to (a hub id's snapshot)
@@ -309,7 +315,7 @@ def load_tokenizer(
                 f"tokenizer engine {engine!r} does not apply to 'byte' (built into packtool); "
                 "engines encode tokenizer.json and tiktoken tokenizers (use auto)"
             )
-        return ByteTokenizer(
+        byte = ByteTokenizer(
             kind="byte",
             name="byte",
             base_vocab=BYTE_VOCAB,
@@ -319,6 +325,8 @@ def load_tokenizer(
             engine="byte",
             workers=workers,
         )
+        byte.chosen_specials = chosen_specials(eos, bos)
+        return byte
     files = resolve(spec)
     limit_threads(workers)
     if files.kind == "tiktoken":
@@ -413,6 +421,7 @@ def load_tokenizer(
     tok.folder = files.path.parent if files.path is not None else None
     if (eos, bos) != ("default", "auto"):  # the options changed them
         tok.own_ids = own_ids(source, files, vocab, spec, marked)
+    tok.chosen_specials = chosen_specials(eos, bos)
     return tok
 
 

@@ -68,10 +68,21 @@ def test_pack_tokenized_input_uses_the_recorded_tokenizer(tmp_path):
     code, _, err = run("pack", tmp_path / "tok.parquet", "-o", tmp_path / "p", "--max-len", "512")
     assert code == 0, err
     assert read_manifest(tmp_path / "p").tokenizer["eos_id"] is None
+    # --tokenizer byte is the recorded tokenizer; the EOS not chosen is the file's (none), said
+    # in a note (it was refused: "the options give byte:byte (..., eos 256 ...)")
     code, _, err = run(
         "pack", tmp_path / "tok.parquet", "-o", tmp_path / "q", "--tokenizer", "byte"
     )
-    assert code == 1 and "the options give" in one_error_line(err)
+    assert code == 0, err
+    assert f"note: {tmp_path / 'tok.parquet'} records eos None, not this tokenizer's eos 256" in err
+    assert read_manifest(tmp_path / "q").tokenizer["eos_id"] is None
+    code, _, err = run(
+        "pack", tmp_path / "tok.parquet", "-o", tmp_path / "r", "--tokenizer", "byte",
+        "--eos-id", "256",
+    )  # fmt: skip
+    line = one_error_line(err)
+    assert code == 1 and "the options give byte:byte (vocab 258, eos 256" in line
+    assert line.endswith("pass --no-eos (what the file records) or leave the EOS/BOS options out")
 
 
 @pytest.mark.parametrize(

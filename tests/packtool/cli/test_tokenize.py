@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from packtool.dataset.manifest import read_manifest
 from packtool.read import docids
 from tests.cli import one_error_line, run
 from tests.packtool.read.test_corpus import bad_jsonl, write_corpus
@@ -340,10 +341,12 @@ def test_option_messages_name_the_options(tmp_path):
         assert code != 0 and one_error_line(err) == f"error: {flag} must name a field, got ''"
     made = tmp_path / "made.parquet"
     assert run("tokenize", src, "-o", made, "--tokenizer", build("gpt2", tmp_path / "tok"))[0] == 0
-    code, _, err = run("pack", made, "-o", tmp_path / "out", "--no-bos")
+    # Without --tokenizer the file's own tokenizer is read, and --no-bos is what it records
+    # (it was applied to `byte` and refused as another tokenizer); --bos-id 5 is not
+    assert run("pack", made, "-o", tmp_path / "out", "--no-bos")[0] == 0
+    code, _, err = run("pack", made, "-o", tmp_path / "out2", "--bos-id", "5")
     line = one_error_line(err)
-    assert code != 0 and "but the options give byte:byte" in line, line
-    assert "byte is the default without --tokenizer" in line
+    assert code != 0 and "but the options give bos 5; pass --no-bos (what the file records)" in line
 
 
 def test_the_engine_option_alone_reads_tokenized_parquet_with_its_own_tokenizer(tmp_path):
@@ -370,3 +373,63 @@ def test_the_engine_option_alone_reads_tokenized_parquet_with_its_own_tokenizer(
     )
     assert code == 0, err
     assert tokenized_meta(again)["tokenizer"]["engine"] == engine  # the ids' maker, kept
+
+
+def _bos_tokenizer(folder: Path) -> Path:
+    """A word-level tokenizer.json with a BOS post-processor (`<s> $A`, id 0) and
+    tokenizer_config.json naming `</s>` (id 1) its EOS: eos 1, bos 0 by default."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"<s>": 0, "</s>": 1, "[UNK]": 2, **{f"w{i}": 3 + i for i in range(10)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tok.add_special_tokens(["<s>", "</s>"])
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text('{"bos_token": "<s>", "eos_token": "</s>"}')
+    return folder / "tokenizer.json"
+
+
+def test_tokenized_parquet_takes_the_eos_and_bos_it_records_where_none_is_chosen(tmp_path):
+    """Found by a second reader: pre-tokenized ids tokenized with tokA record eos None, bos
+    None; `pack` of that output with the same --tokenizer was refused ("... but the options give
+    ... (eos 1, bos 0); pass the same --tokenizer/--eos-id/--bos-id"), which the user had done.
+    And `pack tA.parquet --eos-id 1 --bos-id 0`, exactly the ids recorded, was refused, the
+    options being applied to `byte` without --tokenizer. Now the EOS / BOS not chosen are the
+    file's (a note says so); a chosen one that differs is refused naming the flags that match."""
+    tok = _bos_tokenizer(tmp_path / "tokA")
+    pre = tmp_path / "pre.parquet"
+    pq.write_table(pa.table({"input_ids": [[3, 4, 5], [6, 7]]}), pre)
+    text = tmp_path / "c.jsonl"
+    text.write_text('{"text": "w1 w2"}\n{"text": "w3"}\n')
+    pa_, ta = tmp_path / "pA.parquet", tmp_path / "tA.parquet"
+    assert run("tokenize", pre, "-o", pa_, "--tokenizer", tok)[0] == 0  # eos None, bos None
+    assert run("tokenize", text, "-o", ta, "--tokenizer", tok)[0] == 0  # eos 1, bos 0
+
+    code, _, err = run("pack", pa_, "-o", tmp_path / "p1", "--tokenizer", tok)
+    assert code == 0, err
+    assert f"note: {pa_} records eos None, bos None, not this tokenizer's eos 1, bos 0" in err
+    manifest = read_manifest(tmp_path / "p1").tokenizer
+    assert (manifest["eos_id"], manifest["bos_id"]) == (None, None)
+    again = tmp_path / "again.parquet"
+    assert run("tokenize", pa_, "-o", again, "--tokenizer", tok)[0] == 0
+    assert pq.read_table(again).column("input_ids").to_pylist() == [[3, 4, 5], [6, 7]]
+
+    code, _, err = run("pack", ta, "-o", tmp_path / "p2", "--eos-id", "1", "--bos-id", "0")
+    assert code == 0, err
+    manifest = read_manifest(tmp_path / "p2").tokenizer
+    assert (manifest["kind"], manifest["eos_id"], manifest["bos_id"]) == ("hf", 1, 0)
+
+    hf = ["--tokenizer", tok, "--tokenizer-engine", "tokenizers"]  # no note on the engines
+    for inputs, args, hint in (
+        (ta, ["--no-eos"], "options give eos None; pass --eos-id 1 (what the file records)"),
+        (pa_, [*hf, "--eos-id", "1"], "bos None); pass --no-eos (what the file"),
+        (pa_, [*hf, "--bos-id", "0", "--no-eos"], "; pass --no-bos (what the"),
+        (ta, ["--tokenizer", "byte"], "; leave --tokenizer out (the file is read with the"),
+    ):
+        code, _, err = run("pack", inputs, "-o", tmp_path / "bad", *args)
+        line = one_error_line(err)
+        assert code == 1 and line.startswith(f"error: {inputs}: tokenized with hf:{tok}"), line
+        assert hint in line, line
+    assert not (tmp_path / "bad").exists()

@@ -1,0 +1,135 @@
+"""The tokenizer tokenized Parquet records, against the one the options give.
+
+Tokenized Parquet is read with the tokenizer it records (packtool/dataset/tokenized.py): a
+`--tokenizer` or EOS / BOS option given for it only has to agree with it.
+
+- The EOS and BOS the user did not choose (`Tokenizer.chosen_specials`: no `--eos-id`,
+  `--no-eos`, `--bos-id`, `--no-bos`) are the file's, and a note says so. A file of
+  pre-tokenized ids records none (`tokenize.unchanged_ids`), so `pack` of it with the
+  `--tokenizer` that made it was refused ("eos None, bos None ... but the options give ... eos
+  1, bos 0; pass the same --tokenizer/--eos-id/--bos-id"), which the user had done.
+- Without `--tokenizer`, the EOS / BOS options are compared with the recorded ids alone
+  (`check_recorded_specials`); they were applied to `byte`, the default, and `--eos-id 1
+  --bos-id 0`, exactly what the file records, was refused as another tokenizer.
+- A real difference is a `DataError` whose hint names the flags that read the file as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+from packtool.dataset.identity import TokenizerIdentity
+from packtool.dataset.tokenized import common_identity, split_tokenized
+from packtool.errors import ConfigError, DataError
+from packtool.read.corpus import expand_inputs
+from packtool.tokenizer.tokenizers import Tokenizer
+
+SPECIALS = ("eos", "bos")
+
+
+def inputs_recorded(
+    inputs: Iterable[str | os.PathLike],
+) -> tuple[Path, TokenizerIdentity] | None:
+    """The first tokenized Parquet input and the tokenizer all of them record (None when the
+    inputs are raw)."""
+    tokenized, _ = split_tokenized(expand_inputs(inputs))
+    return (tokenized[0][0], common_identity(tokenized)) if tokenized else None
+
+
+def check_recorded_tokenizer(
+    identity: TokenizerIdentity, tokenizer: Tokenizer, where: str | os.PathLike
+) -> Tokenizer | None:
+    """`tokenizer` where it is the tokenizer `identity` records; None where it is once the EOS
+    and BOS it was not given by choice are the recorded ones (the file is then read with its
+    recorded tokenizer, as without `--tokenizer`; a note on stderr says so).
+
+    Raises:
+        DataError: another tokenizer, or an EOS / BOS chosen unlike the recorded one (naming
+            both, and the flags that match the file).
+    """
+    own = tokenizer.identity
+    if own.matches(identity):
+        return tokenizer
+    specials = {w: getattr(identity, f"{w}_id") for w in SPECIALS}
+    specials.update({w: getattr(own, f"{w}_id") for w in tokenizer.chosen_specials})
+    given = _with(own, tokenizer.base_vocab, specials)  # what the options give for the file
+    if given.matches(identity):
+        taken = [w for w in SPECIALS if getattr(own, f"{w}_id") != specials[w]]
+        print(
+            f"note: {where} records {_ids(identity, taken)}, not this tokenizer's "
+            f"{_ids(own, taken)}: read with the recorded ones (an --eos-id, --no-eos, --bos-id "
+            "or --no-bos given must match them)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+    recorded = {w: getattr(identity, f"{w}_id") for w in SPECIALS}
+    if _with(own, tokenizer.base_vocab, recorded).matches(identity):  # the same file
+        flags = [_flag(w, recorded[w]) for w in SPECIALS if specials[w] != recorded[w]]
+        hint = f"pass {' '.join(flags)} (what the file records) or leave the EOS/BOS options out"
+    else:  # another tokenizer: as it is loaded
+        given = own
+        hint = (
+            "leave --tokenizer out (the file is read with the tokenizer it records), or "
+            "re-tokenize the raw corpus"
+        )
+    raise DataError(
+        f"{where}: tokenized with {_described(identity)}, but the options give "
+        f"{_described(given)}; {hint}"
+    )
+
+
+def check_recorded_specials(
+    identity: TokenizerIdentity, given: dict[str, int | str | None], where: str | os.PathLike
+) -> None:
+    """EOS / BOS options given without `--tokenizer` (`{"eos": 1, "bos": None}`: `--eos-id 1
+    --no-bos`; `"default"` for `--eos-id default`), against what tokenized Parquet records:
+    the file is read with its recorded tokenizer, so they can only agree with it.
+
+    Raises:
+        DataError: an id unlike the recorded one.
+        ConfigError: `default`, which names no id without a tokenizer to take it from.
+    """
+    for which, value in given.items():
+        recorded = getattr(identity, f"{which}_id")
+        if value == "default":
+            raise ConfigError(
+                f"--{which}-id default: {where} is read with the tokenizer it records "
+                f"({_described(identity)}), and without --tokenizer there is no default to "
+                f"take; pass {_flag(which, recorded)} or leave the option out"
+            )
+        if value != recorded:
+            raise DataError(
+                f"{where}: tokenized with {_described(identity)}, but the options give "
+                f"{which} {value}; pass {_flag(which, recorded)} (what the file records) "
+                "or leave the option out"
+            )
+
+
+def _with(
+    identity: TokenizerIdentity, base_vocab: int, specials: dict[str, int | None]
+) -> TokenizerIdentity:
+    """`identity` with these EOS / BOS ids (and the vocabulary they widen, as `Tokenizer`)."""
+    past = [v + 1 for v in specials.values() if v is not None]
+    return replace(
+        identity,
+        eos_id=specials["eos"],
+        bos_id=specials["bos"],
+        vocab_size=max([base_vocab, *past]),
+    )
+
+
+def _flag(which: str, value: int | None) -> str:
+    return f"--no-{which}" if value is None else f"--{which}-id {value}"
+
+
+def _ids(identity: TokenizerIdentity, which: list[str]) -> str:
+    return ", ".join(f"{w} {getattr(identity, f'{w}_id')}" for w in which)
+
+
+def _described(i: TokenizerIdentity) -> str:
+    return f"{i.kind}:{i.name} (vocab {i.vocab_size}, eos {i.eos_id}, bos {i.bos_id})"
