@@ -139,7 +139,8 @@ def _check_tokenizer(path: Path, recorded: Any) -> None:
             f"{path}: malformed packtool metadata (no tokenizer); re-run packtool tokenize"
         )
     vocab = recorded.get("vocab_size")
-    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or not 1 <= vocab <= 2**32:
+        # past 2**32, more ids than the uint32 the format holds (a ConfigError naming no file)
         raise DataError(f"{path}: malformed packtool metadata (tokenizer vocab_size {vocab!r})")
     for name in ("eos_id", "bos_id"):
         value = recorded.get(name)

@@ -74,8 +74,13 @@ def mask_source(path: Path, config: ReadConfig) -> str | None | bool:
         raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
     if b"packtool" in (schema.metadata or {}):
         return False
-    if "input_ids" not in schema.names or not _int_list(schema.field("input_ids").type):
+    if "input_ids" not in schema.names:
         return False
+    if not _int_list(kind := schema.field("input_ids").type):
+        if config.text_column in schema.names and not set(MASK_SOURCES) & set(schema.names):
+            return False  # text, beside a column of another meaning
+        # ids of floats, strings or nested lists: read as text, "no text column 'text'"
+        raise DataError(f"{path}: input_ids is {kind}, not lists of integer token ids")
     if "doc_offsets" in schema.names:
         # a row of a packed shard holds several documents: read as one document a row, their
         # boundaries (and ids) were lost without a word
@@ -255,8 +260,8 @@ def _convert(
     if ids_col.values.null_count:
         raise DataError(f"{where}: input_ids hold null token ids")
     offsets, values = _list_parts(ids_col)
-    ids = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    bad = (ids < 0) | (ids >= vocab_size)
+    ids = values.to_numpy(zero_copy_only=False)
+    bad = (ids < 0) | (ids >= vocab_size)  # in their own type: uint64 2**63 was cast negative
     if bad.any():
         row, pos = _first_row(bad, offsets)
         raise DataError(
@@ -264,6 +269,7 @@ def _convert(
             f"{int(ids[int(offsets[row]) + pos])} is outside the tokenizer's vocabulary "
             f"(0..{vocab_size - 1}); pass the --tokenizer that made these ids"
         )
+    ids = ids.astype(np.int64, copy=False)
     lengths = np.diff(offsets)
     keep = lengths > 0
     if null is not None:

@@ -115,6 +115,18 @@ def test_tokenized_metadata_with_an_eos_outside_its_vocabulary_is_refused(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+def test_tokenized_metadata_with_a_vocabulary_past_uint32_is_refused(tmp_path, good):
+    # vocab_size 2**33: pack failed naming no file ("vocab_size ... does not fit uint32 token
+    # ids"), and stats accepted the file
+    def edit(table, meta):
+        meta["tokenizer"]["vocab_size"] = 2**33
+        return table
+
+    path = _tokenized(tmp_path, good, edit)
+    for args in (["stats", path], ["pack", path, "-o", tmp_path / "out"]):
+        _fails_in_one_line(args, f"{path}: malformed packtool metadata (tokenizer vocab_size")
+
+
 def test_tokenized_metadata_without_its_tokenizer_is_one_line(tmp_path, good):
     def edit(table, meta):
         del meta["tokenizer"]

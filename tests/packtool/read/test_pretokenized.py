@@ -172,6 +172,36 @@ def test_an_id_outside_the_vocabulary_names_the_tokenizer(tmp_path):
         read_all([path])
 
 
+def test_an_id_past_int64_is_named_as_it_is(tmp_path):
+    # uint64 ids were cast to int64 before the check: 2**63 was named as -9223372036854775808
+    ids = pa.array([[1, 2], [3, 2**63]], pa.list_(pa.uint64()))
+    pq.write_table(pa.table({"input_ids": ids, "labels": ids}), tmp_path / "a.parquet")
+    with pytest.raises(DataError, match=rf"a.parquet:row 1: input_ids\[1\] = {2**63} is outside"):
+        read_all([tmp_path / "a.parquet"])
+
+
+@pytest.mark.parametrize(
+    ("ids", "kind"),
+    [
+        ([[1.0, 2.0]], "list<element: double>"),
+        ([["a", "b"]], "list<element: string>"),
+        ([[[1], [2]]], "list<element: list<element: int64>>"),
+    ],
+)
+@pytest.mark.parametrize("mask", [False, True])
+def test_ids_that_are_not_integer_lists_are_named_as_such(tmp_path, ids, kind, mask):
+    # They were read as text: "no text column 'text'", saying nothing of the ids
+    columns = {"input_ids": ids, **({"loss_mask": [[1, 1]]} if mask else {})}
+    path = write(tmp_path / "a.parquet", **columns)
+    message = f"^{path}: input_ids is {kind}, not lists of integer token ids$"
+    with pytest.raises(DataError, match=message.replace("[", r"\[")):
+        read_all([path])
+    # beside a text column (and no mask) they are a column of their own: the text is read
+    write(tmp_path / "t.parquet", input_ids=ids, text=["a text"])
+    if not mask:
+        assert read_all([tmp_path / "t.parquet"])[0].column("length").to_pylist() == [7]
+
+
 def test_a_dataset_is_one_kind(tmp_path):
     a = write(tmp_path / "a.parquet", input_ids=IDS, labels=LABELS)
     b = write(tmp_path / "b.parquet", input_ids=IDS)
