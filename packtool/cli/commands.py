@@ -223,7 +223,7 @@ def tokenize_cmd(
     Bad lines and empty documents are skipped and counted (--strict: errors). Fine-tuning records:
     docs/sft.md. --to megatron: --engine, --partition-size, --resume (docs/scale-out.md).
     """
-    check_input_options(inputs, corpus, sft, strict_used=to == "megatron")
+    check_input_options(inputs, corpus, sft)
     common: dict[str, Any] = {
         "read_config": corpus.read_config(extra_fields=keep_field, sft=sft),
         "tokenizer": corpus.tokenizer_for(inputs, workers, megatron=to == "megatron"),

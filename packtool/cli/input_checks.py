@@ -43,12 +43,11 @@ def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def check_input_options(
-    inputs: tuple[str, ...], corpus: Any, sft: Any, *, strict_used: bool = False
-) -> None:
+def check_input_options(inputs: tuple[str, ...], corpus: Any, sft: Any) -> None:
     """Refuse, or warn about, the given input options these inputs cannot use (the module's
-    rule). `strict_used`: `--strict` counts for tokenized Parquet too (`tokenize --to
-    megatron` skips documents of an EOS alone).
+    rule). `--strict` counts for tokenized inputs too: a row of no id is an `empty` skip
+    (packtool/read/tokenized.py, read/pretokenized.py), and `tokenize --to megatron` skips
+    documents of an EOS alone.
 
     Raises:
         ConfigError: a record field option the inputs are not read by.
@@ -83,12 +82,9 @@ def check_input_options(
         )
     if fields:
         _check_fields(fields, paths, found.sft_kind, sft)
-    if tokenized:  # pre-tokenized rows can be skipped (empty ids): --strict counts there
-        strict_counts = found.mode == PRETOKENIZED or strict_used
+    if tokenized:  # rows can be skipped (no id): --strict counts there
         unused = [
-            flag_of(n) + ("" if n == "strict" else f" {values[n]}")
-            for n in _FOR_RAW_TEXT
-            if n in given and not (n == "strict" and strict_counts)
+            f"{flag_of(n)} {values[n]}" for n in _FOR_RAW_TEXT if n in given and n != "strict"
         ]
         if unused:
             echo(

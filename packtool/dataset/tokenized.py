@@ -185,22 +185,29 @@ def common_identity(tokenized: list[tuple[Path, dict[str, Any]]]) -> TokenizerId
     return first
 
 
-def tokenized_lengths(tokenized: list[tuple[Path, dict[str, Any]]]) -> np.ndarray:
+def tokenized_lengths(
+    tokenized: list[tuple[Path, dict[str, Any]]], skips: Any = None
+) -> np.ndarray:
     """Document lengths (int32, BOS/EOS included) of `packtool tokenize` files (as
-    `split_tokenized` gives them), reading only the `length` column.
+    `split_tokenized` gives them), reading only the `length` column; rows of no token are no
+    documents (`length_tables`).
 
     Raises:
         DataError: as `length_tables`.
     """
-    parts = [lengths for lengths, _ in length_tables(tokenized)]
+    parts = [lengths for lengths, _ in length_tables(tokenized, skips=skips)]
     return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)
 
 
 def length_tables(
-    tokenized: list[tuple[Path, dict[str, Any]]], columns: tuple[str, ...] = ()
+    tokenized: list[tuple[Path, dict[str, Any]]], columns: tuple[str, ...] = (), skips: Any = None
 ) -> Iterator[tuple[np.ndarray, pa.Table]]:
     """Each row group of `packtool tokenize` files read for its `length` and `columns`: the
     lengths, checked, and the table. What `stats` reads, with a loss mask or without.
+
+    A row of length 0 is left out, an `empty` skip counted in `skips` (a
+    `packtool.read.documents.SkipCounter`, or None), as `pack` and `tokenize` read it
+    (packtool/read/tokenized.py): it was a document to `stats` and `empty` to `pack`.
 
     Raises:
         DataError: a file without one of the columns, a `length` column of no integer type,
@@ -247,7 +254,13 @@ def length_tables(
                 table = table.set_column(
                     table.schema.get_field_index(shard_columns.LOSS_MASK), "loss_mask", mask
                 )
-            row += table.num_rows
+            first, row = row, row + table.num_rows
+            if not lengths.all():
+                if skips is not None:
+                    for k in np.flatnonzero(lengths == 0).tolist():
+                        skips.add("empty", f"{p}:row {first + k}", "no token id")
+                keep = lengths > 0
+                lengths, table = lengths[keep], table.filter(pa.array(keep))
             yield lengths, table
 
 

@@ -11,6 +11,8 @@ next to decompressing it), so that every input `pack` accepts makes a dataset `v
 - `length` equals the number of ids of its row;
 - a `loss_mask` holds one 0 or 1 per id (`dataset.tokenized.checked_mask`, which `stats` uses
   too: a mask of 2s or of the wrong length was packed, or failed in the packer naming no file);
+- a row of no id is an `empty` skip (counted; an error with `--strict`), as an empty text or
+  empty pre-tokenized ids are: it was a document to `stats` and `tokenize` and `empty` to `pack`;
 - `doc_id` is replaced by `packtool.read.docids.encode(file index, row in the file)`: the ids two
   separately tokenized files carry (both 0, 1, 2, ...) can then never collide, and no set of
   seen ids is kept. The original `doc_id` stays in the tokenized file, at that row.
@@ -22,16 +24,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from packtool.arrow_numpy import from_numpy
 from packtool.dataset.columns import LOSS_MASK
 from packtool.dataset.identity import TokenizerIdentity, token_dtype
 from packtool.dataset.tokenized import checked_mask
 from packtool.errors import DataError
 from packtool.read import docids
+from packtool.read.documents import SkipCounter
 from packtool.read.pretokenized import as_strings
 from packtool.storage import local as storage
 
@@ -44,9 +49,10 @@ def checked_table(
     file_index: int,
     identity: TokenizerIdentity,
     schema: pa.Schema,
+    skips: SkipCounter,
 ) -> pa.Table:
     """One row group of a tokenized file, checked, as a table of `schema`: ids cast, doc ids
-    renumbered, the other columns in the format's types.
+    renumbered, the other columns in the format's types, rows of no id left out (`skips`).
 
     Args:
         table: the row group (columns doc_id, source, input_ids, length, loss_mask, extras).
@@ -55,6 +61,7 @@ def checked_table(
         file_index: the file's position among the inputs (see `packtool.read.docids`).
         identity: the tokenizer recorded in the file.
         schema: the tokenized schema of the run (`dataset.tokenized.tokenized_schema`).
+        skips: counts the rows of no id, `empty`.
 
     Raises:
         DataError: a null, out-of-vocabulary or mistyped id, a null or wrong `length`, a loss
@@ -104,7 +111,7 @@ def checked_table(
         ids = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values.cast(token_type))
     n = table.num_rows
     new_ids = docids.encode(file_index, np.arange(first_row, first_row + n, dtype=np.int64))
-    columns = {
+    columns: dict[str, Any] = {
         "doc_id": pa.array(new_ids, pa.int64()),
         "input_ids": ids,
         "length": pa.array(lengths.astype(np.int32), pa.int32()),
@@ -119,7 +126,12 @@ def checked_table(
         if name == "source" and col.null_count:  # no file to say a document came from
             raise fail(_first_null(col), "null source (the file the document came from)")
         columns[name] = col
-    return pa.Table.from_pydict(columns, schema=schema)
+    table = pa.Table.from_pydict(columns, schema=schema)
+    if lengths.all():
+        return table
+    for row in np.flatnonzero(lengths == 0).tolist():
+        skips.add("empty", f"{path}:row {first_row + row}", "no token id")
+    return table.filter(from_numpy(lengths > 0))
 
 
 def _first_null(arr: pa.Array | pa.ChunkedArray) -> int:
@@ -137,11 +149,13 @@ def read_tokenized_file(
     file_index: int,
     schema: pa.Schema,
     identity: TokenizerIdentity,
+    skips: SkipCounter,
     start: int = 0,
     end: int = -1,
 ) -> Iterator[tuple[pa.Table, int]]:
     """Row groups `[start, end)` (-1: to the last) of tokenized file number `file_index`, checked
-    (`checked_table`), as tables of `schema`, with the row group's bytes."""
+    (`checked_table`, rows of no id counted in `skips`), as tables of `schema`, with the row
+    group's bytes."""
     columns = schema.names
     # Page CRC32s, where the writer stored them (packtool tokenize does), catch a damaged page.
     pf = storage.parquet_file(path, page_checksum_verification=True)
@@ -160,8 +174,15 @@ def read_tokenized_file(
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
         # Ids checked against the vocabulary, doc ids made unique across files (docids.py).
+        rows = table.num_rows
         table = checked_table(
-            table, path=path, first_row=row, file_index=file_index, identity=identity, schema=schema
+            table,
+            path=path,
+            first_row=row,
+            file_index=file_index,
+            identity=identity,
+            schema=schema,
+            skips=skips,
         )
-        row += table.num_rows
+        row += rows
         yield table, pf.metadata.row_group(rg).total_byte_size

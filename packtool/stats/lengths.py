@@ -523,22 +523,23 @@ def compute_stats(
     counter = None
     if LOSS_MASK in read.columns:
         counter = SupervisedCounter([config.max_len, *config.candidates])
+    skips = SkipCounter(strict=read_config.strict)
     if identity is not None:
         config.check_room_for_text(identity.eos_id, identity.bos_id)
-        if counter is None:
-            lengths = tokenized_lengths(read.tokenized)
+        if counter is None:  # rows of no token are `empty` skips, as pack and tokenize count them
+            lengths = tokenized_lengths(read.tokenized, skips)
         else:
-            lengths = read_supervised(read.tokenized, counter)
+            lengths = read_supervised(read.tokenized, counter, skips)
         if not lengths.size:
-            raise DataError(f"no documents in {', '.join(map(str, inputs))} (tokenized, 0 rows)")
+            what = skips.summary() if skips.total else "0 rows"
+            raise DataError(f"no documents in {', '.join(map(str, inputs))} (tokenized, {what})")
         info: dict[str, Any] = {
             "kind": "tokenized",
             "tokenizer": identity.to_dict(),
-            "skipped": {},  # as for raw inputs (the key was missing: a KeyError for readers)
-            "skipped_summary": "no skips",
+            "skipped": skips.to_dict(),  # the key was missing: a KeyError for readers
+            "skipped_summary": skips.summary(),
         }
     else:
-        skips = SkipCounter(strict=read_config.strict)
         if tokenizer is None or isinstance(tokenizer, str):
             from packtool.tokenizer.tokenizers import load_tokenizer
 

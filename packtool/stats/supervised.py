@@ -87,19 +87,20 @@ class SupervisedStats:
 
 
 def read_supervised(
-    tokenized: list[tuple[Path, dict[str, Any]]], counter: SupervisedCounter
+    tokenized: list[tuple[Path, dict[str, Any]]], counter: SupervisedCounter, skips: Any = None
 ) -> NDArray[np.int32]:
     """Document lengths of `packtool tokenize` files with a loss mask (`InputsRead.tokenized`),
     feeding `counter` on the way.
 
     Reads only the `length` and `loss_mask` columns, one row group at a time, the lengths
-    checked as without a mask (`dataset.tokenized.length_tables`).
+    checked as without a mask (`dataset.tokenized.length_tables`; rows of no token counted
+    in `skips`).
 
     Raises:
         DataError: a file without either column, or a negative or null length.
     """
     parts = []
-    for lengths, table in length_tables(tokenized, (LOSS_MASK,)):
+    for lengths, table in length_tables(tokenized, (LOSS_MASK,), skips):
         parts.append(lengths)
         counter.add(table)
     return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.empty(0, np.int32)

@@ -148,7 +148,13 @@ def partition_tables(
             path = storage.as_path(piece.path)
             if source.mode == TOKENIZED:
                 tables = read_tokenized_file(
-                    path, piece.file_index, source.schema, source.identity, piece.start, piece.end
+                    path,
+                    piece.file_index,
+                    source.schema,
+                    source.identity,
+                    skips,
+                    piece.start,
+                    piece.end,
                 )
             else:
                 tables = read_pretokenized_file(

@@ -222,3 +222,31 @@ def test_a_damaged_page_of_tokenized_parquet_is_named_at_every_command(tmp_path,
     line = one_error_line(err)
     assert code == 1 and line.startswith(f"error: {path}: row group 0 unreadable"), line
     assert "CRC checksum verification failed" in line
+
+
+def test_a_row_of_no_id_is_an_empty_skip_at_every_command(tmp_path):
+    # It was a document to stats ("documents 3", a length 0 in its histogram) and tokenize
+    # (copied through) and `empty` to pack; now each counts it as an `empty` skip, as an empty
+    # text or empty pre-tokenized ids, and --strict makes it an error
+    rows = [[1, 2, 256], [], [6, 256]]
+    path = foreign_tokenized(tmp_path / "t.parquet", input_ids=rows, length=[3, 0, 2])
+    skipped = f"1 skipped: empty 1 (e.g. {path}:row 1 (no token id))"
+    code, out, err = run("stats", path, "--json")
+    assert code == 0, err
+    stats = json.loads(out)
+    assert (stats["documents"], stats["inputs"]["skipped_summary"]) == (2, skipped)
+    code, out, err = run("tokenize", path, "-o", tmp_path / "o.parquet")
+    assert code == 0 and f"Skips: {skipped}" in out, err
+    table = pq.read_table(tmp_path / "o.parquet")
+    assert table.column("input_ids").to_pylist() == [[1, 2, 256], [6, 256]]
+    assert table.column("doc_id").to_pylist() == [0, 2]  # docids.encode(0, row): rows 0 and 2
+    code, _, err = run("pack", path, "-o", tmp_path / "p")
+    assert code == 0, err
+    counts = json.loads((tmp_path / "p" / "index.json").read_text())["counts"]
+    assert (counts["documents_in"], counts["documents_empty"], counts["tokens_out"]) == (3, 1, 5)
+    for command in sorted(COMMANDS):
+        code, _, err = run(*COMMANDS[command](path, tmp_path / "strict"), "--strict")
+        assert code == 1 and one_error_line(err) == (
+            f"error: {path}:row 1: empty (no token id); run without --strict to skip and count "
+            "such documents"
+        )

@@ -166,16 +166,14 @@ def test_options_tokenized_inputs_do_not_use_are_warnings(name, tmp_path, tokeni
     code, plain, err = command(name, tmp_path, tokenized)
     assert code == 0 and "warning" not in err, err
     before = pq.read_table(tmp_path / "out.parquet") if name == "tokenize" else None
+    # --strict is used: a row of no id is an `empty` skip (read/tokenized.py), an error with it
     options = ["--text-field", "body", "--text-column", "body", "--render-processes", "2"]
-    if name != "tokenize":
-        options.append("--strict")  # (`tokenize --to megatron` skips EOS-only documents)
-    code, out, err = command(name, tmp_path, tokenized, *options)
+    code, out, err = command(name, tmp_path, tokenized, *options, "--strict")
     assert code == 0, err
     warned = [line for line in err.splitlines() if line.startswith("warning: ")]
     assert warned == [
-        "warning: --text-field body, --text-column body"
-        + (", --strict" if name != "tokenize" else "")
-        + " ignored: the inputs are tokenized Parquet, read as their stored ids (and loss mask)",
+        "warning: --text-field body, --text-column body ignored: the inputs are tokenized "
+        "Parquet, read as their stored ids (and loss mask)",
         "warning: --render-processes 2 ignored: the inputs hold no chat records, so nothing is "
         "rendered",
     ]
