@@ -11,9 +11,10 @@ May import: the rest of `engines` and every stage below it.
 
 Modules:
 - `run.py`: `tokenize_megatron` and `MegatronRun`, the driver's side: plan, merge as parts
-  arrive, the `.idx` last, the swap (into a bucket too).
+  arrive, the `.idx` last, then the swap.
 - `part.py`: one partition, in the worker: read -> tokenize -> a part `.bin` + its lengths.
 - `merge.py`: parts appended in plan order while the run goes on; resumed after a kill at any
   of its steps.
 - `record.py`: the record beside a finished pair that a `--resume` of it checks.
+- `swap.py`: the finished pair put in place; a swap cut short finished, or dropped when stale.
 """

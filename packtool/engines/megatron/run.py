@@ -44,8 +44,9 @@ after the lock is confirmed still held.
 **Into a bucket** (`-o s3://bucket/data/corpus`, local engine only): the staging folder is a local
 one in the scratch folder, named by the URL; the swap is the same steps with uploads for renames
 (the old `.idx` deleted, the `.bin` uploaded, the `.idx` uploaded last), finished by the next run
-from the staging folder when cut short; the lock is the lock object beside the `.idx`
-(docs/remote.md, "A Megatron indexed dataset in a bucket").
+on this machine from the staging folder when cut short, unless another run has written the pair
+since (then dropped: packtool/engines/megatron/swap.py); the lock is the lock object beside the
+`.idx` (docs/remote.md, "A Megatron indexed dataset in a bucket").
 
 At 10^9 documents: the driver holds the plan (one entry per file and per partition), the
 running sums, and the out-of-order parts' sizes; no document. The workers' memory is a table of
@@ -77,7 +78,8 @@ from packtool.engines.base import plan_of, save_plan, saved_plan, source_of, wor
 from packtool.engines.config import RunConfig
 from packtool.engines.megatron.merge import MERGED_BIN, MERGED_LENGTHS, Merge
 from packtool.engines.megatron.part import MegatronContext
-from packtool.engines.megatron.record import READY_RECORD, check_finished, record_path, write_record
+from packtool.engines.megatron.record import READY_RECORD, check_finished, write_record
+from packtool.engines.megatron.swap import READY_IDX, drop_stale_swap, finish_swap, note_swap
 from packtool.engines.output_folder import Output
 from packtool.engines.plan import PARTITION_SIZE, Plan
 from packtool.errors import ConfigError, DataError, WorkersLost
@@ -93,8 +95,6 @@ from packtool.tokenize.tokenize import names_kept
 from packtool.tokenizer.specials import EOS_TOKEN
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 
-READY_IDX = "ready.idx"
-"""In the staging folder: the finished index, waiting for the swap (see the module docstring)."""
 TO_KEY = "to"
 """The fingerprint's mark of a Megatron run (a pack run's state is never resumed as one)."""
 
@@ -226,8 +226,10 @@ def _recover(config: RunConfig, paths: OutputPaths, bin_path: Path, idx_path: Pa
             remote_write.abort_uploads(path, exact=True)
     if hub.is_hub(idx_path):
         _waiting_hub_pair(config, paths, bin_path, idx_path)
-    else:
-        finish_swap(paths.staging, bin_path, idx_path, paths.shown)
+        return
+    if paths.remote:  # the staging folder is this machine's: others may have written since
+        drop_stale_swap(paths.staging, bin_path, idx_path, paths.shown)
+    finish_swap(paths.staging, bin_path, idx_path, paths.shown)
 
 
 def _remote_paths(prefix: str | os.PathLike, idx_path: Any) -> OutputPaths:
@@ -320,53 +322,6 @@ def _waiting_hub_pair(
             f"a finished {paths.shown}.bin/.idx waits in {paths.staging}: its commit to the Hub "
             "did not happen; pass --resume to commit it or --overwrite to start over"
         )
-
-
-def finish_swap(work: Path, bin_path: Path, idx_path: Path, shown: str = "") -> bool:
-    """Put a finished pair in place from the staging folder (see the module docstring); False
-    when no finished index waits. Idempotent: a killed swap is redone from where it stopped. A
-    failed upload leaves the swap's folder as it is (the next run finishes it); a failed Hub
-    commit the staging folder (`transaction` keeps it)."""
-    done = _done_folder(work)
-    if hub.is_hub(idx_path):  # one Hub commit holds both: never one without the other
-        ready, merged = work / READY_IDX, work / MERGED_BIN
-        if not storage.is_file(ready):
-            remove(done)
-            return False
-        pair = {bin_path: merged} if storage.is_file(merged) else {}
-        if storage.is_file(work / READY_RECORD):
-            pair[record_path(idx_path)] = work / READY_RECORD
-        hub.put_files({**pair, idx_path: ready}, shown)
-        remove(done)  # (a stale one: the rename below needs the name free)
-        writing.replace(work, done)
-        remove(done)
-        return True
-    if storage.is_file(work / READY_IDX):
-        # One rename takes the staging folder aside first: from here the swap is finished from
-        # `done` by whoever comes next, and a half-deleted folder under the staging name (which
-        # reads as an interrupted run) can never be left.
-        remove(done)
-        writing.replace(work, done)
-    elif not storage.is_file(done / READY_IDX):
-        remove(done)  # what a run killed while deleting a swapped folder left
-        return False
-    ready, merged, record = done / READY_IDX, done / MERGED_BIN, done / READY_RECORD
-    if storage.is_file(merged):
-        writing.remove_file(idx_path)  # first: no .idx ever names another .bin
-        writing.remove_file(record_path(idx_path))  # the old pair's record goes with it
-        writing.replace(merged, bin_path)
-    if storage.is_file(record):  # (record.py; a staging folder before it had none)
-        writing.replace(record, record_path(idx_path))
-    writing.replace(ready, idx_path)
-    writing.sync_dir(idx_path.parent)
-    remove(done)
-    return True
-
-
-def _done_folder(work: Path) -> Path:
-    """Where a swapped staging folder goes to be deleted (always local: a bucket prefix's
-    staging folder is a local scratch folder)."""
-    return work.with_name(work.name + ".done")
 
 
 class MegatronRun:
@@ -489,6 +444,8 @@ class MegatronRun:
             write_index(tmp, self.work / MERGED_LENGTHS, self.dtype, self.merge.documents)
             sizes = storage.size(self.work / MERGED_BIN), storage.size(tmp)
             write_record(self.work / READY_RECORD, self.fingerprint, *sizes)  # record.py
+            if storage.is_remote(self.idx_path) and not hub.is_hub(self.idx_path):
+                note_swap(self.work, self.idx_path, sizes[0])  # swap.py: what it replaces
             writing.replace(tmp, ready)  # complete or absent
         finally:
             writing.remove_file(tmp)
@@ -518,4 +475,4 @@ class MegatronRun:
         )
 
 
-__all__ = ["MegatronRun", "finish_swap", "tokenize_megatron"]
+__all__ = ["MegatronRun", "tokenize_megatron"]

@@ -384,11 +384,11 @@ def test_a_swap_cut_at_any_step_is_finished_by_the_next_run(
     .bin, the run's record, the .idx), or while the swapped folder is deleted. The last left a half-deleted run
     folder under the staging name, which every later command took for an interrupted run (and
     --resume then failed on its missing files)."""
-    from packtool.engines.megatron import run as run_module
+    from packtool.engines.megatron import swap
     from packtool.storage import writing
 
     calls = []
-    real_replace, real_remove = writing.replace, run_module.remove
+    real_replace, real_remove = writing.replace, swap.remove
 
     def replace(source, target):
         real_replace(source, target)
@@ -402,8 +402,8 @@ def test_a_swap_cut_at_any_step_is_finished_by_the_next_run(
             raise KeyboardInterrupt
         real_remove(path)
 
-    monkeypatch.setattr(run_module.writing, "replace", replace)
-    monkeypatch.setattr(run_module, "remove", remove)
+    monkeypatch.setattr(writing, "replace", replace)
+    monkeypatch.setattr(swap, "remove", remove)
     prefix = tmp_path / "d"
     with pytest.raises(KeyboardInterrupt):
         tokenize_megatron(mixed, prefix, progress=False)

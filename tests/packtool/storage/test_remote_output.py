@@ -670,6 +670,63 @@ def test_a_megatron_swap_into_a_bucket_cut_short_is_finished_by_the_next_run(
     assert left == [f"{BUCKET}/cut-{error.__name__}/.corpus.idx.packtool.json"]  # the record
 
 
+@pytest.mark.parametrize("cut", [".bin", ".idx"])
+def test_a_megatron_swap_cut_short_is_dropped_once_another_run_wrote_the_pair(
+    fs, tmp_path, monkeypatch, capsys, s3_client, cut
+):
+    """Machine A's swap into a bucket is cut short (its `.bin` upload fails, or its `.idx`
+    upload after it); its leftover waits in A's scratch. Nobody else writes: A's next run
+    finishes it. Machine B (another scratch folder) overwrites the pair: A's next run found
+    its leftover and uploaded it over B's pair, B's `.bin` under A's `.idx` (cut at the `.idx`)
+    or A's older pair back over B's (cut at the `.bin`). Now it is dropped with a warning."""
+    from packtool.engines.megatron.run import tokenize_megatron
+    from packtool.errors import AlreadyComplete
+
+    url = f"s3://{BUCKET}/stale-{s3_client}{cut}/corpus"
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"text": f"document {i} " * 40}) + "\n" for i in range(50)))
+    kw = {"partition_size": 60_000, "progress": False}
+    tokenize_megatron([CORPUS], tmp_path / "a", **kw)
+    tokenize_megatron([other], tmp_path / "b", **kw)
+    local = {n: [(tmp_path / f"{n}{s}").read_bytes() for s in (".bin", ".idx")] for n in "ab"}
+    in_bucket = lambda: [fs.cat_file(f"{url}{s}") for s in (".bin", ".idx")]  # noqa: E731
+    real = remote_write.upload
+
+    def cut_short(**more):  # on machine A
+        def failing(source, target):
+            if str(target) == f"{url}{cut}":
+                raise OSError("connection reset by peer")
+            real(source, target)
+
+        monkeypatch.setenv("PACKTOOL_SCRATCH", str(tmp_path / "scratch-a"))
+        with monkeypatch.context() as m:
+            m.setattr(remote_write, "upload", failing)
+            with pytest.raises(OSError, match="reset"):
+                tokenize_megatron([CORPUS], url, **kw, **more)
+        fs.invalidate_cache()
+        assert not fs.exists(f"{url}.idx")
+        assert list((tmp_path / "scratch-a").iterdir())  # the leftover
+
+    cut_short()
+    with pytest.raises(AlreadyComplete):  # nobody wrote since: finished
+        tokenize_megatron([CORPUS], url, **kw, resume=True)
+    assert in_bucket() == local["a"]
+
+    cut_short(overwrite=True)
+    monkeypatch.setenv("PACKTOOL_SCRATCH", str(tmp_path / "scratch-b"))
+    tokenize_megatron([other], url, **kw, overwrite=True)  # machine B
+    assert in_bucket() == local["b"]
+    capsys.readouterr()
+    monkeypatch.setenv("PACKTOOL_SCRATCH", str(tmp_path / "scratch-a"))
+    with pytest.raises(AlreadyComplete):  # B's pair, which this run's inputs made
+        tokenize_megatron([other], url, **kw, resume=True)
+    assert in_bucket() == local["b"]  # B's, whole
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"warning: {url}: the swap a run on this")
+    assert "another run has written the pair since; dropped, nothing uploaded" in err
+    assert list((tmp_path / "scratch-a").iterdir()) == []
+
+
 def test_tokenize_writes_a_folder_of_parts_to_a_bucket(fs, tmp_path, monkeypatch):
     """`tokenize -o s3://bucket/prefix`: the parts in a fresh version folder, the link
     `index.json` written last (as `pack`'s commit); readers of the prefix read the linked
