@@ -71,7 +71,14 @@ def write_record(
 def check_finished(fingerprint: dict[str, Any], bin_path: Path, idx_path: Path, shown: str) -> None:
     """`--resume` of a finished pair: `AlreadyComplete` when its record says this run's options
     and inputs made it, or when no record of it can tell (a pair from before the record, one
-    another tool wrote); a `ConfigError` when the record says other ones did."""
+    another tool wrote); a `ConfigError` when the record says other ones did, or when the `.bin`
+    is missing (no dataset: until 2026-12-06 its missing size read as "no record", so a
+    requeued job was told "already complete" and trained on an `.idx` alone)."""
+    if not storage.is_file(bin_path):
+        raise ConfigError(
+            f"cannot resume {shown}: {idx_path} exists but {bin_path} does not, so there is no "
+            f"dataset to keep; rerun with --overwrite to write the pair again"
+        )
     record = recorded(bin_path, idx_path)
     if record is not None and record["fingerprint"] != fingerprint_digest(fingerprint):
         raise ConfigError(

@@ -83,6 +83,29 @@ def test_resume_of_a_finished_pair_refuses_other_options_or_inputs(tmp_path):
     assert code != 0 and "cannot resume" in one_error_line(err)
 
 
+def test_resume_of_a_pair_without_its_bin_is_refused(tmp_path):
+    """Only the `.idx` (and the record) copied: the missing `.bin`'s size read as "no record",
+    so `--resume` said "already complete" and exited 0, and a requeued job went on to train on
+    an index alone. Now one line names the missing `.bin` and says what to do."""
+    a = _corpus(tmp_path / "a.jsonl", 40, "alpha")
+    out = tmp_path / "out"
+    code, _, err = run("tokenize", a, "--to", "megatron", "-o", out / "c", "--workers", "1")
+    assert code == 0, err
+    for name in ("c.idx", ".c.idx.packtool.json"):
+        shutil.copyfile(out / name, out / name.replace("c.", "c2."))
+    for copied in (True, False):  # with the record beside it, and without
+        if not copied:
+            record_path(out / "c2.idx").unlink()
+        code, text, err = run("tokenize", a, "--to", "megatron", "-o", out / "c2", "--resume")
+        line = one_error_line(err)
+        assert code != 0 and "already complete" not in text, (text, err)
+        assert f"cannot resume {out / 'c2'}: {out / 'c2.idx'} exists but {out / 'c2.bin'}" in line
+        assert line.endswith("rerun with --overwrite to write the pair again"), line
+    assert not (out / "c2.bin").exists()
+    code, _, err = run("tokenize", a, "--to", "megatron", "-o", out / "c2", "--overwrite")
+    assert code == 0 and _pair(out / "c2") == _pair(out / "c"), err
+
+
 def test_a_resumed_runs_summary_rates_its_own_work(tmp_path, monkeypatch):
     """The rate divided every token, the kept parts' too, by this run's time."""
     from packtool.engines import records
