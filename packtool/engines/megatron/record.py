@@ -19,6 +19,8 @@ It moves into place with the pair (the swap: after the `.bin`, before the `.idx`
 was written by something else over packtool's (a record left behind): it decides nothing. A
 pair written before the record (or without it: a copy of the two files) is taken as complete,
 as `pack` takes a dataset from before its digest, and `--resume` says it could not check it.
+Options that never change the bytes do not count: the partition size is compared as recorded
+(`SAME_BYTES`); the workers and the engine are in no fingerprint.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ RECORD_SUFFIX = ".packtool.json"
 READY_RECORD = "ready.json"
 """In the staging folder: the finished pair's record, waiting for the swap with `ready.idx`."""
 FORMAT_KEY = "packtool_megatron_record"
+SAME_BYTES = ("partition_size",)
+"""Settings of the fingerprint that never change the pair's bytes (run.py: the pair is the same
+whatever the partition size; workers and engine are not in the fingerprint at all). An
+interrupted run's plan depends on them, so its saved state keeps them and a resume of it must
+match (`check_fingerprint`); a finished pair is compared with them taken as recorded."""
 
 
 def record_path(idx_path: Any) -> Any:
@@ -80,6 +87,8 @@ def check_finished(fingerprint: dict[str, Any], bin_path: Path, idx_path: Path, 
             f"dataset to keep; rerun with --overwrite to write the pair again"
         )
     record = recorded(bin_path, idx_path)
+    if record is not None:
+        fingerprint = _as_recorded(fingerprint, record)
     if record is not None and record["fingerprint"] != fingerprint_digest(fingerprint):
         raise ConfigError(
             f"cannot resume {shown}: it is a finished pair of other options or inputs"
@@ -90,6 +99,18 @@ def check_finished(fingerprint: dict[str, Any], bin_path: Path, idx_path: Path, 
         f"{shown} is already complete ({idx_path} exists): nothing to resume, nothing done{note}",
         shown,
     )
+
+
+def _as_recorded(fingerprint: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """`fingerprint` with the `SAME_BYTES` settings the record keeps: until 2026-12-06 `--resume`
+    of a finished pair with another `--partition-size` was refused as "other options", though
+    the bytes are the same. (The record's digest still covers them: records written before
+    keep theirs, and compare the same way.)"""
+    settings = record.get("settings")
+    if not isinstance(settings, dict):
+        return fingerprint
+    kept = {k: settings[k] for k in SAME_BYTES if k in settings and k in fingerprint}
+    return {**fingerprint, **kept}
 
 
 def recorded(bin_path: Path, idx_path: Path) -> dict[str, Any] | None:

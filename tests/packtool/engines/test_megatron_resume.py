@@ -47,7 +47,7 @@ def test_resume_of_a_finished_pair_refuses_other_options_or_inputs(tmp_path):
         ([b], "(inputs: other files or sizes)"),
         ([a, b], "(inputs: 2 files, not 1)"),
         ([a, "--no-eos"], "(tokenizer.eos_id: 256 -> none)"),
-        ([a, "--partition-size", "1MB"], "(partition_size: 268435456 -> 1048576)"),
+        ([a, "--no-eos", "--partition-size", "1MB"], "(tokenizer.eos_id: 256 -> none)"),
     ):
         code, _, err = run("tokenize", *other, *megatron, "--resume")
         line = one_error_line(err)
@@ -81,6 +81,41 @@ def test_resume_of_a_finished_pair_refuses_other_options_or_inputs(tmp_path):
     assert code == 0 and "not checked" not in text, err
     code, _, err = run("tokenize", a, *megatron, "--resume")
     assert code != 0 and "cannot resume" in one_error_line(err)
+
+
+def test_resume_of_a_finished_pair_takes_any_partition_size(tmp_path, monkeypatch):
+    """The pair is byte for byte the same whatever the partition size, workers or engine, but
+    `--resume` of a finished pair with another `--partition-size` was refused as "a finished
+    pair of other options" (the record's digest covered it). An interrupted run's saved plan
+    does depend on it: resuming that with another one is still refused, and with its own
+    finishes the pair of an uninterrupted run."""
+    from tests.packtool.engines.test_megatron import _interrupt_after
+
+    a = _corpus(tmp_path / "a.jsonl", 900, "alpha")
+    prefix = tmp_path / "d"
+    megatron = ["--to", "megatron", "-o", prefix]
+    code, _, err = run("tokenize", a, *megatron, "--partition-size", "100000", "--workers", "1")
+    assert code == 0, err
+    before = _pair(prefix)
+    for options in (["--partition-size", "1MB"], ["--partition-size", "20000", "--workers", "2"]):
+        code, text, err = run("tokenize", a, *megatron, *options, "--resume")
+        assert code == 0 and "already complete" in text and "not checked" not in text, err
+    assert _pair(prefix) == before
+    # The same pair written with another partition size: the same bytes, so nothing to resume.
+    code, _, err = run("tokenize", a, "--to", "megatron", "-o", tmp_path / "big")
+    assert code == 0 and _pair(tmp_path / "big") == before, err
+
+    # Interrupted: its plan is of 100 kB partitions.
+    cut = tmp_path / "cut"
+    _interrupt_after(cut, [a], 1, monkeypatch, partition_size=100_000)
+    code, _, err = run("tokenize", a, "--to", "megatron", "-o", cut, "--resume")
+    line = one_error_line(err)
+    assert code != 0 and "options or inputs differ (partition_size: 100000 -> 268435456)" in line
+    code, text, err = run(
+        "tokenize", a, "--to", "megatron", "-o", cut, "--partition-size", "100000", "--resume"
+    )
+    assert code == 0 and "kept from the interrupted run" in text, err
+    assert _pair(cut) == before
 
 
 def test_resume_of_a_pair_without_its_bin_is_refused(tmp_path):
