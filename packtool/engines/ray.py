@@ -15,8 +15,14 @@ the run's context (options, tokenizer) once and calls `worker.run_partition` (th
 function) on one partition per batch: it reads its own byte ranges / row groups straight from
 the shared file system and writes its shards there under their final names. What comes back
 through Ray Data is the partition's record (a few KB, as JSON); the driver accounts each as it
-arrives (`Run.account`), so no corpus byte passes through the driver or any object store, and
-the streaming executor's backpressure bounds what is held, whatever the number of partitions.
+arrives (`Run.account`), so for `pack` and `tokenize` no corpus byte passes through the driver
+or any object store, and the streaming executor's backpressure bounds what is held, whatever the
+number of partitions. `tokenize --to megatron` is the exception: its output is one `.bin`, so the
+driver appends every part but the first (renamed) to it in the shared staging folder
+(packtool/engines/megatron/merge.py, `copy_file_range`). A file system that copies on its
+servers (an NFS 4.2 server-side copy) moves no byte through the driver's node; one without
+(Lustre, most FUSE mounts) reads every such token byte into the driver's node and writes it
+back: about twice the `.bin` over its network link (docs/scale-out.md).
 
 Faults: an actor whose process or node dies is restarted (at most `max_retries` times each,
 elsewhere if its node is gone) and Ray retries its partition there; a partition rewrites the

@@ -5,7 +5,10 @@ The driver keeps a frontier: when the record of partition `k` arrives and every 
 it is merged, part `k`'s bytes are appended to `merged.bin` and its lengths to `merged.lengths`
 (in the kernel, `copy_file_range`), both fsynced, then the part files removed; parts that finish
 out of order wait on disk (the driver holds two integers each). The first part is renamed, not
-copied, so a corpus of one partition is never copied at all.
+copied, so a corpus of one partition is never copied at all. The appends are the driver's I/O,
+the one place a Ray or Slurm run moves token bytes through it: on a shared file system that does
+not copy on its servers (Lustre, most FUSE mounts) each appended byte is read into the driver's
+node and written back (docs/scale-out.md).
 
 **Resume.** Nothing about the merge is saved besides the files themselves. A resumed run first
 completes the first part's move if a kill fell between its two renames (one of the pair moved,
