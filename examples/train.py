@@ -19,6 +19,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -28,23 +29,68 @@ from loader import MixedDataLoader, MixedDataset, PackedDataLoader, PackedDatase
 from packtool.errors import PacktoolError
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad option on one line (its default prints the usage block of
+    every option first, which buries the message)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
+def int_from(low: int, high: int | None = None):
+    """An argparse type: an int in [low, high]; argparse prints the message as one line."""
+
+    def parse(text: str) -> int:
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an int {bounds}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be an int {bounds}, got {value}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    """An argparse type: a number > 0 (inf allowed: `--clip inf` clips nothing)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not value > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
+MODEL_FLAGS = ("dim", "layers", "heads", "kv_heads")
+"""The options that shape the model: a checkpoint resumes only under its own values."""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # Ranges are checked here, before any data is read: `--ckpt-every 0` was a
+    # ZeroDivisionError after the first step, `--steps 0` a run of no step, `--lr -1` and
+    # `--threads -1` torch tracebacks.
+    positive = int_from(1)
+    p = OneLineParser(description=__doc__.splitlines()[0])
     data = p.add_mutually_exclusive_group(required=True)
     data.add_argument("--data", help="folder written by `packtool pack`")
     data.add_argument("--mixture", help="mixture file of several packed folders (docs/mixtures.md)")
-    p.add_argument("--steps", type=int, default=300, help="train until this global step")
-    p.add_argument("--rows-per-batch", type=int, default=4)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup", type=int, default=20, help="linear learning-rate warm-up steps")
-    p.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping")
+    p.add_argument("--steps", type=positive, default=300, help="train until this global step")
+    p.add_argument("--rows-per-batch", type=positive, default=4)
+    p.add_argument("--dim", type=positive, default=128)
+    p.add_argument("--layers", type=positive, default=2)
+    p.add_argument("--heads", type=positive, default=4)
+    p.add_argument("--kv-heads", type=positive, default=2)
+    p.add_argument("--lr", type=_positive_float, default=3e-3)
+    p.add_argument(
+        "--warmup", type=int_from(0), default=20, help="linear learning-rate warm-up steps"
+    )
+    p.add_argument("--clip", type=_positive_float, default=1.0, help="gradient norm clipping")
     p.add_argument(
         "--seed",
-        type=int,
+        type=int_from(-(2**63), 2**63 - 1),
         default=0,
         help="model init (and data order, but a mixture's file has its own seed)",
     )
@@ -57,10 +103,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--ckpt", default=None, help="checkpoint file (written every --ckpt-every)")
-    p.add_argument("--ckpt-every", type=int, default=100)
-    p.add_argument("--resume", action="store_true", help="continue from --ckpt")
+    p.add_argument("--ckpt-every", type=positive, default=100)
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from --ckpt (with the model flags it was written with: "
+        + ", ".join("--" + f.replace("_", "-") for f in MODEL_FLAGS)
+        + ")",
+    )
     p.add_argument("--log", default=None, help="append {step, loss, ...} JSON lines here")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--threads", type=positive, default=None, help="CPU threads for torch")
     p.add_argument(
         "--loss-normalization",
         choices=["token", "sequence"],
@@ -89,6 +141,38 @@ def save_checkpoint(path: str, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def load_checkpoint(args: argparse.Namespace, device: torch.device) -> dict:
+    """The state in ``--ckpt`` to resume from, or SystemExit with one line: a file that is no
+    checkpoint of this script (torch.load raised UnpicklingError, EOFError, ...), or one written
+    with other model flags (the model's load_state_dict would print a screen of size mismatches;
+    the checkpoint keeps the flags it was written with under "config")."""
+    try:
+        state = torch.load(args.ckpt, map_location=device, weights_only=False)
+    except Exception as exc:  # any unreadable file: what torch.load says, on one line
+        why = (str(exc).strip().splitlines() or [""])[0]
+        raise SystemExit(
+            f"error: --ckpt {args.ckpt} is not a checkpoint of examples/train.py "
+            f"({type(exc).__name__}: {why})"
+        ) from None
+    if not isinstance(state, dict) or not {"model", "optimizer", "loader", "step"} <= set(state):
+        raise SystemExit(
+            f"error: --ckpt {args.ckpt} is not a checkpoint of examples/train.py (it lacks the "
+            "model, optimizer, loader and step it writes)"
+        )
+    saved = state.get("config") or {}
+    differ = [f for f in MODEL_FLAGS if f in saved and saved[f] != getattr(args, f)]
+    if differ:
+        flag = {f: "--" + f.replace("_", "-") for f in differ}
+        raise SystemExit(
+            f"error: --ckpt {args.ckpt} holds a model of "
+            + ", ".join(f"{flag[f]} {saved[f]}" for f in differ)
+            + "; this run has "
+            + ", ".join(f"{flag[f]} {getattr(args, f)}" for f in differ)
+            + ": resume with the flags it was written with"
+        )
+    return state
+
+
 def loss_by_source(logits: torch.Tensor, batch: dict, names: list[str]) -> dict[str, float]:
     """Mean next-token loss of each source's tokens in a mixture batch (no gradient)."""
     with torch.no_grad():
@@ -102,6 +186,18 @@ def loss_by_source(logits: torch.Tensor, batch: dict, names: list[str]) -> dict[
             if mine.any():
                 out[name] = float(per_token[mine].mean())
         return out
+
+
+def mixture_end(dataset: MixedDataset, loader: MixedDataLoader) -> str:
+    """Why the mixture's batches ran out: the schedule's `done` names a cap or total_tokens
+    reached; it stays None when total_steps ends the mixture (it printed "None")."""
+    done = loader.state_dict()["mixed_dataset"]["schedule"]["done"]
+    if done:
+        return str(done)
+    total = dataset.spec.total_steps
+    if total is not None:
+        return f"its total_steps {total} was reached"
+    return "its sources have no more rows"
 
 
 def lr_at(step: int, args: argparse.Namespace) -> float:
@@ -148,13 +244,17 @@ def main(argv: list[str] | None = None) -> list[float]:
 
     step, epoch = 0, 0
     if args.resume:
-        state = torch.load(args.ckpt, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
+        state = load_checkpoint(args, device)
         try:
             loader.load_state_dict(state["loader"])
         except PacktoolError as exc:  # a checkpoint of other data: one line, no traceback
             raise SystemExit(f"error: {exc}") from None
+        try:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:  # flags agree, the model does not
+            why = (str(exc).strip().splitlines() or [""])[0]
+            raise SystemExit(f"error: --ckpt {args.ckpt} does not fit this model: {why}") from None
         step = state["step"]
         epoch = 0 if mixed else state["loader"]["packed_dataset"]["epoch"]
         print(f"resumed at step {step}" + ("" if mixed else f" (epoch {epoch})"))
@@ -223,7 +323,7 @@ def main(argv: list[str] | None = None) -> list[float]:
                     break
             else:
                 if mixed:  # a mixture is one run: it ended (its total or a source's cap)
-                    print(f"the mixture ended at step {step}: {dataset.describe()['done']}")
+                    print(f"the mixture ended at step {step}: {mixture_end(dataset, loader)}")
                     break
                 epoch += 1
     finally:

@@ -129,3 +129,61 @@ def test_a_mixture_trains_logs_loss_per_source_and_resumes(mixture, tmp_path):
     with pytest.warns(UserWarning, match="weight of 'second' 0.3 -> 0.9"):
         more = train.main(_mix_args(edited, 10, "--ckpt", str(ckpt), "--resume"))
     assert len(more) == 2
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--ckpt-every", "0", "must be an int >= 1, got 0"),  # was a ZeroDivisionError
+        ("--steps", "0", "must be an int >= 1, got 0"),  # was a run of no step
+        ("--lr", "-1", "must be a number > 0, got -1"),  # was AdamW's ValueError
+        ("--threads", "-1", "must be an int >= 1, got -1"),  # was torch's RuntimeError
+        ("--warmup", "-1", "must be an int >= 0, got -1"),
+        ("--clip", "nan", "must be a number > 0, got nan"),
+        ("--rows-per-batch", "x", "must be an int >= 1, got 'x'"),
+    ],
+)
+def test_option_ranges_are_refused_at_parse_in_one_line(
+    packed, tmp_path, capsys, option, value, message
+):
+    train = _train_module()
+    with pytest.raises(SystemExit) as exc:
+        train.main(_args(packed, tmp_path, 3, option, value))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: argument {option}: {message}" in err
+
+
+def test_resume_refuses_other_model_flags_and_files_that_are_no_checkpoint(packed, tmp_path):
+    train = _train_module()
+    ckpt = tmp_path / "dim32.pt"
+    train.main(_args(packed, tmp_path, 1, "--ckpt", str(ckpt)))
+    # Was a screen of torch "size mismatch" lines from load_state_dict.
+    with pytest.raises(SystemExit) as exc:
+        train.main(_args(packed, tmp_path, 2, "--ckpt", str(ckpt), "--resume", "--dim", "64"))
+    assert str(exc.value) == (
+        f"error: --ckpt {ckpt} holds a model of --dim 32; this run has --dim 64: resume with "
+        "the flags it was written with"
+    )
+    text = tmp_path / "text.pt"
+    text.write_text("hello\n")  # was _pickle.UnpicklingError
+    with pytest.raises(SystemExit, match=rf"^error: --ckpt {text} is not a checkpoint of .*\(Un"):
+        train.main(_args(packed, tmp_path, 2, "--ckpt", str(text), "--resume"))
+    import torch
+
+    tensor = tmp_path / "tensor.pt"
+    torch.save(torch.zeros(3), tensor)  # readable, but no training state
+    with pytest.raises(SystemExit, match=r"is not a checkpoint of .*it lacks the model"):
+        train.main(_args(packed, tmp_path, 2, "--ckpt", str(tensor), "--resume"))
+    assert len(train.main(_args(packed, tmp_path, 2, "--ckpt", str(ckpt), "--resume"))) == 1
+
+
+def test_a_mixture_that_reaches_its_total_steps_says_so(mixture, tmp_path, capsys):
+    spec = json.loads(mixture.read_text())
+    spec["total_steps"] = 3
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps(spec))
+    losses = _train_module().main(_mix_args(short, 10))
+    assert len(losses) == 3
+    # Printed "the mixture ended at step 3: None": the schedule's `done` names caps only.
+    assert "the mixture ended at step 3: its total_steps 3 was reached\n" in capsys.readouterr().out
