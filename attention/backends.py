@@ -44,6 +44,12 @@ class BackendSpec:
     cuda_rank: int | None = None
     """Its place in `auto`'s CUDA order (lowest first: the first usable one runs); None: `auto`
     never picks it on CUDA."""
+    max_head_dim: int | None = None
+    """The largest head_dim the kernel takes; None: any."""
+    head_dim_multiple: int = 1
+    """head_dim must be a multiple of this (a kernel that does not pad it)."""
+    min_capability: tuple[int, int] | None = None
+    """The oldest CUDA compute capability the kernel runs on; None: any."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,6 +368,9 @@ _ALL = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 SPECS: dict[str, BackendSpec] = {
     spec.name: spec
     for spec in (
+        # FlashAttention-2 (flash-attn's and the copy in aten that torch_varlen calls) refuses
+        # head_dim > 256 and GPUs before Ampere (sm80) with a RuntimeError; flash-attn's Python
+        # wrapper pads head_dim to a multiple of 8, aten._flash_attention_forward does not.
         BackendSpec(
             name="flash_attn",
             cuda_only=True,
@@ -369,6 +378,8 @@ SPECS: dict[str, BackendSpec] = {
             available=_flash_attn_available,
             kernel=flash_attn,
             cuda_rank=0,
+            max_head_dim=256,
+            min_capability=(8, 0),
         ),
         BackendSpec(
             name="torch_varlen",
@@ -378,6 +389,9 @@ SPECS: dict[str, BackendSpec] = {
             supports_window=_torch_varlen_window,
             kernel=torch_varlen,
             cuda_rank=1,
+            max_head_dim=256,
+            head_dim_multiple=8,
+            min_capability=(8, 0),
         ),
         BackendSpec(
             name="flex",

@@ -349,6 +349,7 @@ class Transformer(nn.Module):
                 total_tokens=input_ids.shape[0],
                 n_docs=count_documents(bounds),  # not static-shape padding's empty entries
                 window=normalize_window(self.cfg.sliding_window, True),
+                head_dim=self.cfg.head_dim,
             )
             # The layers get the name, so their varlen_attention never sees auto: log it here,
             # on varlen's logger, as a direct auto call does (docs/attention.md).

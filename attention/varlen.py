@@ -6,6 +6,7 @@ marks where each starts. A query only ever sees keys of its own document.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -149,10 +150,35 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
 
 
+def cuda_capability(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability of a CUDA ``device``; None where this process has no CUDA (a
+    question about "cuda" asked on a CPU machine: no kernel is refused for it)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(index: int) -> tuple[int, int]:
+    # Asked by every layer that names its backend: once per device, not once per call.
+    return torch.cuda.get_device_capability(index)
+
+
 def why_not(
-    name: str, device: torch.device, dtype: torch.dtype, window: Window, causal: bool = True
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    window: Window,
+    causal: bool = True,
+    *,
+    head_dim: int | None = None,
+    capability: tuple[int, int] | None = None,
 ) -> str | None:
-    """Why backend ``name`` cannot run these inputs, or None when it can."""
+    """Why backend ``name`` cannot run these inputs, or None when it can.
+
+    ``head_dim`` None is not checked; ``capability`` (major, minor) None is read from a CUDA
+    ``device`` (`cuda_capability`). Both are arguments so the rule can be tested without a GPU.
+    """
     spec = SPECS[name]
     missing = spec.available()
     if missing is not None:
@@ -162,6 +188,16 @@ def why_not(
     if dtype not in spec.dtypes:
         allowed = ", ".join(str(d).removeprefix("torch.") for d in spec.dtypes)
         return f"{name} takes {allowed}, got {str(dtype).removeprefix('torch.')}"
+    if head_dim is not None:
+        if spec.max_head_dim is not None and head_dim > spec.max_head_dim:
+            return f"{name} takes head_dim <= {spec.max_head_dim}, got {head_dim}"
+        if head_dim % spec.head_dim_multiple:
+            return f"{name} takes a head_dim that is a multiple of {spec.head_dim_multiple}, got {head_dim}"
+    if spec.min_capability is not None and device.type == "cuda":
+        cap = capability if capability is not None else cuda_capability(device)
+        if cap is not None and tuple(cap) < spec.min_capability:
+            need = ".".join(map(str, spec.min_capability))
+            return f"{name} needs a GPU of compute capability >= {need}, got {cap[0]}.{cap[1]}"
     has_window = window[0] >= 0 or (window[1] >= 0 and not causal)
     if has_window and not spec.supports_window():
         return f"{name} cannot apply a sliding window with torch {torch.__version__}"
@@ -169,10 +205,21 @@ def why_not(
 
 
 def usable_backends(
-    device: torch.device, dtype: torch.dtype, window: Window, causal: bool = True
+    device: torch.device,
+    dtype: torch.dtype,
+    window: Window,
+    causal: bool = True,
+    *,
+    head_dim: int | None = None,
+    capability: tuple[int, int] | None = None,
 ) -> list[str]:
-    """Backends that can run inputs of this device, dtype and window."""
-    return [name for name in SPECS if why_not(name, device, dtype, window, causal) is None]
+    """Backends that can run inputs of this device, dtype, window and head_dim."""
+    return [
+        name
+        for name in SPECS
+        if why_not(name, device, dtype, window, causal, head_dim=head_dim, capability=capability)
+        is None
+    ]
 
 
 def choose_backend(
@@ -183,9 +230,12 @@ def choose_backend(
     n_docs: int = 1,
     window: int | tuple[int, int] | None = None,
     causal: bool = True,
+    head_dim: int | None = None,
+    capability: tuple[int, int] | None = None,
 ) -> BackendChoice:
     """The backend `auto` runs for these inputs, with the reason. ``window`` takes the forms
-    `varlen_attention` takes.
+    `varlen_attention` takes; ``head_dim`` (None: not checked) and ``capability`` (None: the
+    device's) rule out the kernels that cannot run them (`why_not`).
 
     CPU: ``dense`` while ``total_tokens**2 <= DENSE_K * n_docs`` (one masked call beats a Python
     loop over many short documents; ``n_docs`` counts non-empty documents, `count_documents`), ``sdpa`` otherwise. CUDA: the first usable of
@@ -204,7 +254,9 @@ def choose_backend(
         )
     skipped = []
     for name in CUDA_ORDER:
-        reason = why_not(name, device, dtype, window, causal)
+        reason = why_not(
+            name, device, dtype, window, causal, head_dim=head_dim, capability=capability
+        )
         if reason is None:
             why = f"cuda: first usable of {' > '.join(CUDA_ORDER)}"
             return BackendChoice(
@@ -296,13 +348,14 @@ def varlen_attention(
             n_docs=n_docs,
             window=win,
             causal=causal,
+            head_dim=q.shape[-1],
         )
         log.debug("varlen_attention auto -> %s (%s)", choice.name, choice.reason)
         name = choice.name
     elif backend in SPECS:
-        reason = why_not(backend, q.device, q.dtype, win, causal)
+        reason = why_not(backend, q.device, q.dtype, win, causal, head_dim=q.shape[-1])
         if reason is not None:
-            ok = usable_backends(q.device, q.dtype, win, causal)
+            ok = usable_backends(q.device, q.dtype, win, causal, head_dim=q.shape[-1])
             raise ValueError(
                 f"backend {backend!r} cannot run: {reason}; usable here: {', '.join(ok)}"
             )

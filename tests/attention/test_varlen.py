@@ -463,9 +463,9 @@ def test_choose_backend_takes_the_window_forms_varlen_attention_takes(window):
     seen = []
     real = attention.varlen.why_not
 
-    def spy(name, device, dtype, win, causal=True):
+    def spy(name, device, dtype, win, causal=True, **kw):
         seen.append(win)
-        return real(name, device, dtype, win, causal)
+        return real(name, device, dtype, win, causal, **kw)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(attention.varlen, "why_not", spy)
@@ -500,6 +500,85 @@ def test_flash_attn_refuses_float32_by_dtype_reason(monkeypatch):
     q, k, v, cu = _valid()
     with pytest.raises(ValueError, match="flash_attn takes float16, bfloat16, got float32"):
         attention.varlen_attention(q, k, v, cu, backend="flash_attn")
+
+
+def _installed(monkeypatch, *names):
+    """The named CUDA kernels as if installed (the installed torch and packages vary)."""
+    for name in names:
+        spec = dataclasses.replace(backends.SPECS[name], available=lambda: None)
+        monkeypatch.setitem(backends.SPECS, name, spec)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "capability", "expected", "skipped"),
+    [
+        (64, (9, 0), "flash_attn", []),
+        (256, (8, 0), "flash_attn", []),
+        # was flash_attn: a raw RuntimeError "only supports head dimension at most 256"
+        (
+            512,
+            (9, 0),
+            "flex",
+            ["flash_attn takes head_dim <= 256, got 512", "torch_varlen takes head_dim <= 256"],
+        ),
+        # was flash_attn on a T4 (sm75) or V100 (sm70): "only supports Ampere GPUs or newer"
+        (
+            64,
+            (7, 5),
+            "flex",
+            ["flash_attn needs a GPU of compute capability >= 8.0, got 7.5", "torch_varlen needs"],
+        ),
+        (64, (7, 0), "flex", ["compute capability >= 8.0, got 7.0"]),
+    ],
+)
+def test_auto_on_cuda_passes_over_kernels_that_cannot_take_the_head_dim_or_the_gpu(
+    monkeypatch, head_dim, capability, expected, skipped
+):
+    _installed(monkeypatch, "flash_attn", "torch_varlen")
+    choice = attention.choose_backend(
+        device="cuda",
+        dtype=torch.bfloat16,
+        total_tokens=64,
+        head_dim=head_dim,
+        capability=capability,
+    )
+    assert choice.name == expected
+    for reason in skipped:
+        assert reason in choice.reason
+
+
+def test_torch_varlen_needs_a_head_dim_multiple_of_8_flash_attn_pads_it(monkeypatch):
+    # aten._flash_attention_forward checks "head_size must be a multiple of 8" (SDPA pads
+    # before calling it, varlen_attn does not); flash-attn's Python wrapper pads itself.
+    _installed(monkeypatch, "flash_attn", "torch_varlen")
+    cuda = torch.device("cuda")
+    assert backends.SPECS["torch_varlen"].head_dim_multiple == 8
+    kw = {"head_dim": 20, "capability": (8, 0)}
+    assert attention.varlen.why_not("flash_attn", cuda, torch.bfloat16, (-1, 0), **kw) is None
+    assert attention.varlen.why_not("torch_varlen", cuda, torch.bfloat16, (-1, 0), **kw) == (
+        "torch_varlen takes a head_dim that is a multiple of 8, got 20"
+    )
+    assert attention.usable_backends(cuda, torch.bfloat16, (-1, 0), **kw) == [
+        "flash_attn",
+        "flex",
+        "sdpa",
+        "dense",
+    ]
+
+
+def test_a_named_kernel_that_cannot_take_the_head_dim_is_one_value_error(monkeypatch):
+    # The CUDA kernel as a CPU one, so the check varlen_attention makes runs here.
+    spec = dataclasses.replace(
+        backends.SPECS["torch_varlen"], cuda_only=False, available=lambda: None
+    )
+    monkeypatch.setitem(backends.SPECS, "torch_varlen", spec)
+    q, k, v = _inputs([3, 4], 2, 1, 264, dtype=torch.bfloat16)
+    with pytest.raises(
+        ValueError,
+        match=r"^backend 'torch_varlen' cannot run: torch_varlen takes head_dim <= 256, got 264; "
+        r"usable here: sdpa, dense$",
+    ):
+        attention.varlen_attention(q, k, v, cu_from_lengths([3, 4]), backend="torch_varlen")
 
 
 def test_empty_documents_and_zero_tokens():

@@ -25,8 +25,9 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
 
 
-def _skip_unless_usable(backend, dtype, window, causal):
-    reason = why_not(backend, torch.device("cuda"), dtype, normalize_window(window, causal), causal)
+def _skip_unless_usable(backend, dtype, window, causal, head_dim=64):
+    window = normalize_window(window, causal)
+    reason = why_not(backend, torch.device("cuda"), dtype, window, causal, head_dim=head_dim)
     if reason is not None:
         pytest.skip(reason)
 
@@ -87,7 +88,7 @@ def test_model_packed_equals_documents_alone_on_cuda(backend):
     from attention.model import ModelConfig, Transformer
     from tests.attention.helpers import make_batch
 
-    _skip_unless_usable(backend, torch.bfloat16, None, True)
+    _skip_unless_usable(backend, torch.bfloat16, None, True, head_dim=32)
     torch.manual_seed(0)
     cfg = ModelConfig(
         vocab_size=64,
