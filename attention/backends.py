@@ -393,13 +393,15 @@ SPECS: dict[str, BackendSpec] = {
             head_dim_multiple=8,
             min_capability=(8, 0),
         ),
+        # Not ranked: compiled flex did not finish a training run whose token count changes
+        # each step (docs/attention.md, "Why auto ..."), and nothing there depends on the dtype;
+        # sdpa, which always runs, would leave any rank after it unreachable.
         BackendSpec(
             name="flex",
             cuda_only=True,
             dtypes=(torch.float16, torch.bfloat16, torch.float32),
             available=_flex_available,
             kernel=flex,
-            cuda_rank=2,
         ),
         BackendSpec(
             name="sdpa",
@@ -407,7 +409,7 @@ SPECS: dict[str, BackendSpec] = {
             dtypes=_ALL,
             available=lambda: None,
             kernel=sdpa,
-            cuda_rank=3,
+            cuda_rank=2,
         ),
         BackendSpec(
             name="dense", cuda_only=False, dtypes=_ALL, available=lambda: None, kernel=dense

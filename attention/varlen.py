@@ -239,7 +239,7 @@ def choose_backend(
 
     CPU: ``dense`` while ``total_tokens**2 <= DENSE_K * n_docs`` (one masked call beats a Python
     loop over many short documents; ``n_docs`` counts non-empty documents, `count_documents`), ``sdpa`` otherwise. CUDA: the first usable of
-    flash_attn > torch_varlen > flex > sdpa.
+    flash_attn > torch_varlen > sdpa (`CUDA_ORDER`; flex only when named: docs/attention.md).
     """
     device = torch.device(device)
     window = normalize_window(window, causal)
