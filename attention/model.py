@@ -65,8 +65,10 @@ class ModelConfig:
     """Share the input embedding with the output projection."""
     loss_normalization: str = "token"
     """What `loss` averages over: `token` (every target weighs the same: the batch's summed loss
-    / its targets) or `sequence` (each document's mean loss, then the mean over the documents
-    that have a target: a short answer weighs as much as a long one). Packing changes neither
+    / its targets) or `sequence` (each sequence's mean loss, then the mean over the sequences
+    that have a target: a short answer weighs as much as a long one). A sequence is a
+    ``cu_seqlens`` entry, a document as packed: one that `packtool pack --long-docs split` (the
+    default without a loss mask) cut into pieces weighs once per piece. Packing changes neither
     (docs/attention.md); both sums are always in the output for micro-batch accumulation."""
 
     def __post_init__(self) -> None:
@@ -137,10 +139,12 @@ class CausalLMOutput:
     num_targets: torch.Tensor | None = None
     """Number of real targets (int64 scalar)."""
     sequence_loss_sum: torch.Tensor | None = None
-    """Sum over documents of each one's mean cross-entropy (float32): combine micro-batches as
-    sum(sequence_loss_sum) / sum(num_sequences) (a document is never split across batches)."""
+    """Sum over the batch's sequences (``cu_seqlens`` entries) of each one's mean cross-entropy
+    (float32): combine micro-batches as sum(sequence_loss_sum) / sum(num_sequences). The pieces
+    of a document split across rows (``--long-docs split``) are sequences of their own, in one
+    batch or several; truncated or dropped long documents (SFT data) are one sequence each."""
     num_sequences: torch.Tensor | None = None
-    """Documents with at least one target (int64 scalar)."""
+    """Sequences (``cu_seqlens`` entries) with at least one target (int64 scalar)."""
     backend: str = ""
     """The attention backend that ran."""
 

@@ -117,7 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--loss-normalization",
         choices=["token", "sequence"],
         default="token",
-        help="mean over every target (token), or each document's mean, then their mean (sequence)",
+        help="mean over every target (token), or each sequence's mean, then their mean "
+        "(sequence); a sequence is a document as packed: one cut by --long-docs split (the "
+        "default without a loss mask) counts once per piece",
     )
     return p.parse_args(argv)
 

@@ -187,3 +187,12 @@ def test_a_mixture_that_reaches_its_total_steps_says_so(mixture, tmp_path, capsy
     assert len(losses) == 3
     # Printed "the mixture ended at step 3: None": the schedule's `done` names caps only.
     assert "the mixture ended at step 3: its total_steps 3 was reached\n" in capsys.readouterr().out
+
+
+def test_help_says_a_split_document_weighs_once_per_piece(capsys):
+    # It said "each document's mean", but a document --long-docs split cut into rows is one
+    # cu_seqlens entry per piece, and the model weighs each entry as a sequence.
+    with pytest.raises(SystemExit):
+        _train_module().main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "one cut by --long-docs split (the default without a loss mask) counts once per" in text
