@@ -6,20 +6,22 @@
     python examples/train_hf.py --data /tmp/packed --steps 50 --trainer --out /tmp/hf-out
 
 The model is a small random Llama (or GPT-2) sized from the data's vocabulary, or `--model`, a
-local `from_pretrained` folder. Before the first step, `loader.hf.check_packed_model` refuses a
-model or configuration in which packed documents would attend to each other (try `--use-cache`).
+local `from_pretrained` folder (with at least as many embedding rows as the data's tokenizer has
+ids). Before the first step, `loader.hf.check_packed_model` refuses a model or configuration in
+which packed documents would attend to each other (try `--use-cache`).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import torch
 
 from loader import PackedDataLoader, PackedDataset
 from loader.hf import check_packed_model
-from packtool.errors import PacktoolError
+from packtool.errors import ConfigError, PacktoolError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,7 +50,9 @@ def make_model(args: argparse.Namespace, vocab: int, max_len: int):
     )
 
     if args.model:
-        return AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=args.attn)
+        model = _from_pretrained(AutoModelForCausalLM, args)
+        check_vocab(model, vocab, args.model)
+        return model
     torch.manual_seed(args.seed)
     if args.arch == "gpt2":
         config = GPT2Config(vocab_size=vocab, n_positions=max_len, n_embd=128, n_layer=2,
@@ -58,6 +62,34 @@ def make_model(args: argparse.Namespace, vocab: int, max_len: int):
                          intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, attn_implementation=args.attn)  # fmt: skip
     return LlamaForCausalLM(config)
+
+
+def _from_pretrained(auto, args: argparse.Namespace):
+    """`from_pretrained(--model)`, or ConfigError in one line: a folder that is not there (which
+    transformers takes for a hub id: "Repo id must be in the form ..."), or one it cannot load."""
+    name = args.model
+    path = Path(name).expanduser()
+    looks_like_path = path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1
+    if looks_like_path and not path.is_dir():
+        raise ConfigError(f"--model {name}: no such folder")
+    try:
+        return auto.from_pretrained(
+            str(path) if looks_like_path else name, attn_implementation=args.attn
+        )
+    except (OSError, ValueError) as exc:  # no config.json or weights, an unknown model type
+        why = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"--model {name}: {why}") from None
+
+
+def check_vocab(model, vocab: int, name: str) -> None:
+    """Refuse (ConfigError) a model with fewer embedding rows than the data's tokenizer has
+    ids (index.json): the first id past them was an IndexError deep in torch's embedding."""
+    rows = model.get_input_embeddings().num_embeddings
+    if rows < vocab:
+        raise ConfigError(
+            f"--model {name} has {rows:,} token ids (embedding rows), the data's tokenizer "
+            f"(index.json) {vocab:,}: pack the data with the model's tokenizer"
+        )
 
 
 def train_loop(args: argparse.Namespace, ds_kwargs: dict) -> list[float]:
@@ -120,7 +152,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     ds_kwargs = {"rows_per_batch": args.rows_per_batch, "layout": "hf", "seed": args.seed}
     try:
         losses = (train_trainer if args.trainer else train_loop)(args, ds_kwargs)
-    except PacktoolError as exc:  # a bad --data folder, or a model that would leak: one line
+    except PacktoolError as exc:  # a bad --data or --model, a model that would leak: one line
         raise SystemExit(f"error: {exc}") from None
     if not all(math.isfinite(x) for x in losses):
         raise SystemExit("error: the loss is not finite")
