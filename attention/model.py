@@ -288,25 +288,31 @@ class Transformer(nn.Module):
                 ``position_ids`` that do not count from each document's start (docs/attention.md;
                 only the last document may wrap, as static-shape padding does), or (checked on host
                 tensors) a position id outside ``max_seq_len``, an input id or label outside
-                the vocabulary.
+                the vocabulary; a label other than -100 at a document's last token (checked on
+                host labels, and on GPU labels with the positions, in the same read).
         """
         _check_batch(batch, self.cfg)
         device = self.embed.weight.device
         input_ids = batch["input_ids"].to(device, non_blocking=True)
         position_ids = batch["position_ids"].to(device, non_blocking=True)
         cu_src, pos_src, total = batch["cu_seqlens"], batch["position_ids"], input_ids.shape[0]
+        labels_src = batch.get("labels")
         # Validate boundaries once per batch (the layers then skip the check): on the loader's
-        # host copy at no sync; on a GPU, reading cu_seqlens is one sync, and the position check
-        # (tensor ops queued before it) comes back in the same read.
-        fault = None
+        # host copy at no sync; on a GPU, reading cu_seqlens is one sync, and the position and
+        # label checks (tensor ops queued before it) come back in the same read.
+        fault = label_fault = None
         if total and pos_src.device.type != "cpu" and _int32_vector_on(cu_src, pos_src.device):
-            fault_at = _position_fault(pos_src, cu_src, _may_wrap(batch))
-            fetched = torch.cat([cu_src, fault_at.to(torch.int32)])
-            *bounds, t, doc, got, want = fetched.tolist()
-            fault = (t, doc, got, want)
-            bounds = check_cu_seqlens(torch.tensor(bounds, dtype=torch.int32), total)
+            parts = [cu_src.long(), _position_fault(pos_src, cu_src, _may_wrap(batch))]
+            gpu_labels = labels_src is not None and labels_src.device == pos_src.device
+            if gpu_labels:
+                parts.append(_label_fault(labels_src, cu_src))
+            fetched, n = torch.cat(parts).tolist(), cu_src.numel()
+            fault = tuple(fetched[n : n + 4])
+            label_fault = tuple(fetched[n + 4 :]) if gpu_labels else None
+            bounds = check_cu_seqlens(torch.tensor(fetched[:n], dtype=torch.int32), total)
         else:
             bounds = check_cu_seqlens(cu_src, total)
+        cu_host = cu_src if cu_src.device.type == "cpu" else torch.tensor(bounds).int()
         longest = max((b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)), default=0)
         max_seqlen = check_max_seqlen(batch.get("max_seqlen"))  # an int, as collate gives
         if max_seqlen is None:
@@ -327,7 +333,6 @@ class Transformer(nn.Module):
                     f"position id {top} is outside ModelConfig.max_seq_len {self.cfg.max_seq_len} "
                     "(a document longer than the model's context?)"
                 )
-            cu_host = cu_src if cu_src.device.type == "cpu" else torch.tensor(bounds).int()
             fault = tuple(_position_fault(pos_src, cu_host, _may_wrap(batch)).tolist())
         if fault is not None and fault[0] >= 0:
             t, doc, got, want = fault
@@ -336,6 +341,15 @@ class Transformer(nn.Module):
                 f"{bounds[doc]}) expects {want}: positions count 0, 1, 2, ... from each "
                 "document's start (only static-shape padding, the last document with doc_ids "
                 "-1, may wrap to 0, at one period)"
+            )
+        if labels_src is not None and labels_src.device.type == "cpu" and total:
+            label_fault = tuple(_label_fault(labels_src, cu_host).tolist())
+        if label_fault is not None and label_fault[0] >= 0:
+            t, doc, got = label_fault
+            raise ValueError(
+                f"labels[{t}] is {got} at the last token of document {doc} (cu_seqlens[{doc + 1}]"
+                f" = {t + 1}): nothing of its document follows it, so its label must be "
+                f"{IGNORE_INDEX} (a label taken across a document boundary, or labels not shifted?)"
             )
         cu_seqlens = cu_src.to(device, non_blocking=True)
 
@@ -464,6 +478,22 @@ def _position_fault(
     at = first.clamp_max(total - 1).view(1)
     found = torch.where(first < total, first, -1).view(1)
     return torch.cat([found, doc[at], pos[at], expected[at]])
+
+
+def _label_fault(labels: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """``[t, doc, label]`` (int64, on labels' device) for the first non-empty document whose
+    last token ``t`` has a label other than -100, ``t = -1`` when none has: such a label is the
+    next document's first token, and trained silently (attention kept the documents apart, the
+    loss did not). A few tensor ops over the documents' ends, not the tokens, ``labels``
+    non-empty: no host sync, and indices clamped for ``cu_seqlens`` not yet validated."""
+    cu = cu_seqlens.to(labels.device, torch.int64)
+    ends = (cu[1:] - 1).clamp(0, labels.numel() - 1)
+    got = labels[ends].long()
+    bad = (cu[1:] > cu[:-1]) & (got != IGNORE_INDEX)
+    n = bad.numel()
+    first = torch.where(bad, torch.arange(n, device=labels.device), n).amin()
+    doc = first.clamp_max(n - 1).view(1)
+    return torch.cat([torch.where(first < n, ends[doc], -1), doc, got[doc]])
 
 
 _INDEX_DTYPES = (torch.int64, torch.int32)

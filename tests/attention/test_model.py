@@ -460,3 +460,30 @@ def test_the_position_check_is_safe_on_cu_seqlens_not_yet_validated(cu, total):
 
     fault = model_module._position_fault(torch.arange(total), torch.tensor(cu, dtype=torch.int32))
     assert fault.shape == (4,) and -1 <= int(fault[0]) < total
+    fault = model_module._label_fault(torch.arange(total), torch.tensor(cu, dtype=torch.int32))
+    assert fault.shape == (3,) and -1 <= int(fault[0]) < total
+
+
+def test_a_label_at_a_documents_last_token_is_refused():
+    # labels[4], the last token of document 0, set to the next document's first token: the model
+    # trained on it silently (attention keeps documents apart; nothing checked the labels).
+    leaked = make_batch(DOCS)
+    leaked["labels"][4] = leaked["input_ids"][5]
+    with pytest.raises(
+        ValueError,
+        match=r"^labels\[4\] is 3 at the last token of document 0 \(cu_seqlens\[1\] = 5\): "
+        r"nothing of its document follows it, so its label must be -100 ",
+    ):
+        _model()(leaked)
+    unshifted = make_batch(DOCS)  # transformers' layout: labels = input_ids, shifted inside
+    unshifted["labels"] = unshifted["input_ids"].clone()
+    with pytest.raises(ValueError, match=r"^labels\[4\] is 1 at the last token of document 0"):
+        _model()(unshifted)
+    # Empty documents (static-shape entries) have no last token; the check finds the next one.
+    padded = make_batch([[1, 2, 3], [4, 5]])
+    padded["cu_seqlens"] = torch.tensor([0, 0, 3, 3, 5, 5], dtype=torch.int32)
+    padded["doc_ids"] = torch.tensor([-1, 0, -1, 1, -1])
+    assert _model()(padded).num_sequences.item() == 2
+    padded["labels"][4] = 7
+    with pytest.raises(ValueError, match=r"^labels\[4\] is 7 at the last token of document 3 "):
+        _model()(padded)
