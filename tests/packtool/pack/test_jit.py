@@ -24,7 +24,7 @@ def test_the_packer_and_the_cli_import_without_numba():
         "from packtool.pack import kernels\n"
         "import numpy as np\n"
         "print(kernels.ffd_assign(np.array([3, 2, 1]), 4)[2], 'numba' in sys.modules)\n"
-        "print(type(kernels._ffd).__name__)\n"
+        "print(type(kernels._decreasing).__name__)\n"
     )
     assert _run(code) == ["False", "2", "True", "CPUDispatcher"]
 

@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import ConfigError
-from packtool.pack.kernels import assign, bfd_assign, ffd_assign, row_fill, sort_decreasing
+from packtool.pack.kernels import (
+    assign,
+    bfd_assign,
+    ffd_assign,
+    grouped_assign,
+    row_fill,
+    sort_decreasing,
+)
 from packtool.pack.reference import bfd_reference, ffd_reference
 
 KERNELS = [(ffd_assign, ffd_reference), (bfd_assign, bfd_reference)]
@@ -244,3 +251,60 @@ def test_every_segment_entry_refuses_bad_shapes_and_negative_bounds(entry):
     with pytest.raises(ValueError, match="below 0 or has a negative length"):
         call([2], [-1])
     assert len(call([1, 3], [2, 2])) == (4 if entry != "segment_sums" else 2)
+
+
+# --- every group packed apart in one call (`--group-by`) ---
+
+
+@st.composite
+def grouped_inputs(draw):
+    lengths, max_len = draw(packing_inputs())
+    n_groups = draw(st.sampled_from([1, 3, 40, 500]))  # up to one group per document and more
+    groups = draw(
+        st.lists(st.integers(0, n_groups - 1), min_size=len(lengths), max_size=len(lengths))
+    )
+    return lengths, groups, max_len, n_groups
+
+
+@settings(max_examples=150, deadline=None)
+@given(grouped_inputs(), st.sampled_from(["ffd", "bfd"]))
+def test_grouped_kernel_matches_the_references_group_by_group(case, algorithm):
+    lengths, groups, max_len, n_groups = case
+    reference = {"ffd": ffd_reference, "bfd": bfd_reference}[algorithm]
+    row, offset, rows = grouped_assign(lengths, groups, max_len, algorithm, n_groups)
+    assert rows.tolist() == [
+        reference([x for x, h in zip(lengths, groups, strict=True) if h == g], max_len)[2]
+        for g in range(n_groups)
+    ]
+    groups = np.asarray(groups, dtype=np.int64)
+    for g in range(n_groups):
+        mine = np.flatnonzero(groups == g)
+        ref_row, ref_offset, _ = reference([lengths[i] for i in mine], max_len)
+        assert (row[mine].tolist(), offset[mine].tolist()) == (ref_row, ref_offset)
+
+
+def test_grouped_kernel_on_many_groups_equals_one_call_per_group():
+    """1,000 groups of 1-40 documents (BFD's stacks are made once and reused from group to
+    group: what one group leaves in them must not reach the next)."""
+    rng = np.random.default_rng(7)
+    groups = np.repeat(np.arange(1000), rng.integers(1, 40, 1000))
+    rng.shuffle(groups)
+    lengths = rng.integers(1, 2**16, len(groups)) // rng.choice([1, 1000], len(groups)) + 1
+    for algorithm in ("ffd", "bfd"):
+        row, offset, rows = grouped_assign(lengths, groups, 2**16, algorithm)
+        for g in range(1000):
+            mine = np.flatnonzero(groups == g)
+            want = assign(lengths[mine], 2**16, algorithm)
+            assert np.array_equal(row[mine], want[0]) and np.array_equal(offset[mine], want[1])
+            assert rows[g] == want[2]
+
+
+def test_grouped_kernel_refuses_bad_groups():
+    with pytest.raises(ConfigError, match=r"^groups must be integers of shape \(2,\)"):
+        grouped_assign([1, 2], [0], 8)
+    with pytest.raises(ConfigError, match="^document 1 has group -1 < 0"):
+        grouped_assign([1, 2], [0, -1], 8)
+    with pytest.raises(ConfigError, match="^unknown packing algorithm 'nfd'"):
+        grouped_assign([1, 2], [0, 0], 8, "nfd")
+    row, offset, rows = grouped_assign([], [], 8, n_groups=3)
+    assert row.size == offset.size == 0 and rows.tolist() == [0, 0, 0]

@@ -51,11 +51,11 @@ def test_gather_segments_rejects_out_of_range():
 
 
 def test_warm_up_loads_every_kernel():
-    from packtool.pack import kernels
+    from packtool.pack import kernels, segments
 
     kernels.warm_up()
-    for fn in (kernels._ffd, kernels._bfd, kernels._ff, kernels._split, kernels._gather_segments):
+    for fn in (kernels._decreasing, kernels._ff, kernels._grouped, segments._split):
         assert fn.signatures, fn
     # token ids come as uint16 or uint32: both gather specialisations are loaded
-    dtypes = {str(sig[0].dtype) for sig in kernels._gather_segments.signatures}
+    dtypes = {str(sig[0].dtype) for sig in segments._gather_segments.signatures}
     assert {"uint16", "uint32"} <= dtypes
