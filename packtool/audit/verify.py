@@ -7,7 +7,9 @@ file, the row, what is wrong, expected vs found):
    consistent as a whole (`packtool.dataset.manifest_check`, run by `read_manifest` for every reader:
    tokens in = out + truncated + dropped, the document counts, totals == the sums over the shard
    entries, efficiency, bounds, eos/bos below the vocabulary); here, the shards listed in their
-   names' order (partition, shard number: the order rows are read in).
+   names' order (partition, shard number: the order rows are read in), and `groups.json` where
+   a dataset of many `--group-by` groups keeps them (its sha256, each group's counts, their
+   sums: packtool/dataset/groups.py).
 2. Every listed shard: present, byte size and sha256 as listed, a readable Parquet file with exactly
    the columns index.json lists, in declaration order, with the declared types (uint16 tokens when vocab_size <= 65,536, else uint32), no
    nulls, and as many rows and tokens as listed.
@@ -44,6 +46,7 @@ from numpy.typing import NDArray
 from packtool.audit import verify_columns
 from packtool.audit.pieces import Pieces
 from packtool.dataset.columns import LOSS_MASK, bytes_parts
+from packtool.dataset.groups import read_groups
 from packtool.dataset.identity import token_dtype
 from packtool.dataset.manifest import (
     INDEX_FILE,
@@ -369,6 +372,9 @@ def verify_dataset(
     warnings = unlisted_files(directory, manifest)
     optional = verify_columns.optional_columns(manifest.columns)
     id_files = _id_files(manifest, directory)
+    # A dataset's groups kept in groups.json: its sha256 and its counts checked as index.json's
+    # own are at open (`read_manifest`), which never reads the file.
+    read_groups(manifest, directory)
     supervised = 0
     # Its spill folder goes with it, also where a problem ends the check early.
     pieces = Pieces(manifest.counts.get("segments"))

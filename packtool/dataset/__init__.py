@@ -12,6 +12,7 @@ Modules:
 - `columns.py`: the packed-shard columns, declared once (schema, levels, derived columns).
 - `identity.py`: the tokenizer identity a dataset records; the token dtype.
 - `manifest.py`, `manifest_check.py`: `index.json`, read and written, and checked as a whole.
+- `groups.py`: a `--group-by` dataset's groups, in `index.json` or past 1,000 in `groups.json`.
 - `shards.py`, `stitch.py`: writing shards atomically (two threads joined into one file).
 - `tokenized.py`, `tokenized_table.py`, `tokenized_writer.py`: the tokenized-Parquet format,
   its table builder and its background writer.

@@ -30,6 +30,9 @@ INDEX_FILE = "index.json"
 SOURCES_FILE = "sources.json"
 """Beside `index.json` when a dataset has too many input files to list inside it
 (`packtool.read.docids`)."""
+GROUPS_FILE = "groups.json"
+"""Beside `index.json` when a dataset has too many `--group-by` groups to list inside it
+(packtool/dataset/groups.py)."""
 SUPPORTED_VERSIONS = (1, 2, 3)
 """1: the four required columns; 2: adds the `columns` list (and optional columns such as
 `loss_mask`); 3: every `doc_ids` value is `packtool.read.docids` (input file index, record offset),

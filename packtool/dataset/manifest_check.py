@@ -273,34 +273,72 @@ def _extra(d: dict[str, Any]) -> str | None:
                 f"extra.rows_per_round is {rounds!r}; expected {d.get('rounds', 1)} row counts, "
                 f"never increasing, ending at rows ({counts['rows']:,})"
             )
-    groups = extra.get("groups")
-    if groups is not None and not isinstance(groups, dict):  # a text passed unchecked
-        return (
-            f"extra.groups is {groups!r}; expected an object mapping each group to its rows "
-            "and tokens"
-        )
-    for name, g in (groups or {}).items():  # (rows 5.0 or true were added up)
-        if not (isinstance(g, dict) and all(_is_int(g.get(k)) and g[k] >= 0 for k in _COUNTED)):
-            return f"extra.groups[{name!r}] is {g!r}; expected its rows and tokens (counts)"
-    if groups:
-        rows = sum(g["rows"] for g in groups.values())
-        tokens = sum(g["tokens"] for g in groups.values())
-        if (rows, tokens) != (counts["rows"], counts["tokens_out"]):
-            return (
-                f"extra.groups add up to {rows:,} rows and {tokens:,} tokens; the dataset has "
-                f"{counts['rows']:,} and {counts['tokens_out']:,}"
-            )
-        for name, g in groups.items():
-            problem = _fraction_of_slots(
-                g, "efficiency", g["tokens"], g["rows"], d["max_len"], f"extra.groups[{name!r}]"
-            )
-            if problem:
-                return problem
+    if "groups" in extra:
+        problem = groups_problem(extra["groups"], counts, d["max_len"], "extra.groups")
+        if problem:
+            return problem
+    if "groups_file" in extra:
+        problem = groups_file_problem(extra)
+        if problem:
+            return problem
     if "supervised_efficiency" in extra and "tokens_supervised" in counts:
         return _fraction_of_slots(
             extra, "supervised_efficiency", counts["tokens_supervised"], counts["rows"],
             d["max_len"], "extra",
         )  # fmt: skip
+    return None
+
+
+def groups_problem(groups: Any, counts: dict[str, Any], max_len: int, where: str) -> str | None:
+    """The first problem of a dataset's groups (`where`: `extra.groups` in index.json, or
+    `groups` in groups.json, packtool/dataset/groups.py), or None: each group's rows and tokens
+    counts, adding up to the dataset's, each efficiency its tokens / (rows x max_len)."""
+    if groups is not None and not isinstance(groups, dict):  # a text passed unchecked
+        return (
+            f"{where} is {groups!r}; expected an object mapping each group to its rows and tokens"
+        )
+    for name, g in (groups or {}).items():  # (rows 5.0 or true were added up)
+        if not (isinstance(g, dict) and all(_is_int(g.get(k)) and g[k] >= 0 for k in _COUNTED)):
+            return f"{where}[{name!r}] is {g!r}; expected its rows and tokens (counts)"
+    if groups:
+        rows = sum(g["rows"] for g in groups.values())
+        tokens = sum(g["tokens"] for g in groups.values())
+        if (rows, tokens) != (counts["rows"], counts["tokens_out"]):
+            return (
+                f"{where} add up to {rows:,} rows and {tokens:,} tokens; the dataset has "
+                f"{counts['rows']:,} and {counts['tokens_out']:,}"
+            )
+        for name, g in groups.items():
+            problem = _fraction_of_slots(
+                g, "efficiency", g["tokens"], g["rows"], max_len, f"{where}[{name!r}]"
+            )
+            if problem:
+                return problem
+    return None
+
+
+def groups_file_problem(extra: dict[str, Any]) -> str | None:
+    """`extra.groups_file`, the record of a dataset's groups kept beside index.json, or None."""
+    info = extra["groups_file"]
+    if "groups" in extra:
+        return "extra.groups and extra.groups_file are both given; a dataset lists its groups once"
+    name = info.get("file") if isinstance(info, dict) else None
+    ok = (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and _is_int(info.get("num_groups"))
+        and info["num_groups"] > 0
+        and isinstance(info.get("sha256"), str)
+        and len(info["sha256"]) == 64
+        and all(c in "0123456789abcdef" for c in info["sha256"])
+    )
+    if not ok:
+        return (
+            f"extra.groups_file is {info!r}; expected the file of the groups (a name inside the "
+            "dataset folder), num_groups and its sha256"
+        )
     return None
 
 

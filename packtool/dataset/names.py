@@ -7,7 +7,7 @@ about is decided by these names, so each is written here once:
   packtool/engines/records.py) and `shard-NNNNN.parquet` (`write_shards`, which
   `loader.testing` writes datasets with, and the `pack` of an older packtool);
 - parts: `part-NNNNN.parquet` (`packtool tokenize`, packtool/dataset/tokenized_writer.py);
-- `index.json` and `sources.json` (packtool/dataset/manifest.py);
+- `index.json`, `sources.json` and `groups.json` (packtool/dataset/manifest.py);
 - a run's state: `.packtool-run` (a folder, packtool/engines/records.py) and an older packtool's
   (`.pack-state.json`, `.ray-chunks`);
 - temporaries of atomic writes (`writing.looks_temporary`).
@@ -19,7 +19,7 @@ like a shard is a user's.
 
 from __future__ import annotations
 
-from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE
+from packtool.dataset.manifest import GROUPS_FILE, INDEX_FILE, SOURCES_FILE
 from packtool.storage import writing
 
 SHARD_PATTERN = "shard-{:05d}.parquet"
@@ -37,7 +37,7 @@ before the switch (in a bucket just after, so it is there while the link is writ
 OLD_STATE = (".pack-state.json", ".ray-chunks")
 """What packtool before the partition engines (#13) kept there (a file and a folder); such a run
 cannot be resumed."""
-MANIFEST_FILES = (INDEX_FILE, SOURCES_FILE)
+MANIFEST_FILES = (INDEX_FILE, SOURCES_FILE, GROUPS_FILE)
 
 
 def is_shard_name(name: str) -> bool:
@@ -58,7 +58,8 @@ def is_state_name(name: str) -> bool:
 def written_entry(name: str, file: bool, *, parts: bool) -> bool:
     """Whether an entry of a dataset folder is one packtool writes, by name and kind (`file`: a
     regular file, or an object in a bucket): shards (with `parts`, tokenize's parts too), the
-    manifest and its sources list, and temporaries as files; a run's state of either kind."""
+    manifest and its lists of sources and groups, and temporaries as files; a run's state of
+    either kind."""
     if is_state_name(name):
         return True
     if not file:

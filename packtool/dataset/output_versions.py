@@ -25,7 +25,13 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, linked_version, read_manifest
+from packtool.dataset.manifest import (
+    GROUPS_FILE,
+    INDEX_FILE,
+    SOURCES_FILE,
+    linked_version,
+    read_manifest,
+)
 from packtool.dataset.names import RUN_STATE, is_shard_name, written_entry
 from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.storage import local as storage
@@ -150,9 +156,9 @@ def current_version(target: Path) -> str | None:
 
 def ours(folder: Path) -> bool:
     """Whether `folder` is one packtool's commands write: a real folder whose entries are all
-    shards or parts, the manifest and its sources list, a run's state or temporaries, each of the
-    kind packtool writes it (`names.written_entry`; in a bucket: a version holding only such
-    names)."""
+    shards or parts, the manifest and its lists of sources and groups, a run's state or
+    temporaries, each of the kind packtool writes it (`names.written_entry`; in a bucket: a
+    version holding only such names)."""
     if storage.is_remote(folder):  # its one listing (none: no version), no `is_dir` first
         entries = storage.scan_dir(folder)
         return bool(entries) and all(written_entry(e.name, f, parts=True) for e, f in entries)
@@ -269,6 +275,6 @@ def clean_after_switch(target: Path, version: str) -> None:
 
 def _unversioned_file(name: str) -> bool:
     """A file of a dataset written straight into a prefix (no version folder): its shards and
-    its list of sources (its `index.json` is the link now). An object of such a name: a prefix
-    of that name is no file of a dataset, and is never deleted."""
-    return is_shard_name(name) or name == SOURCES_FILE
+    its lists of sources and groups (its `index.json` is the link now). An object of such a
+    name: a prefix of that name is no file of a dataset, and is never deleted."""
+    return is_shard_name(name) or name in (SOURCES_FILE, GROUPS_FILE)

@@ -305,6 +305,7 @@ class Run:
             self.fingerprint,
             self.special_names(),
             self.chat_template,
+            work=self.work,
         )
         finish.remove_temporaries(self.work)  # left by workers killed mid-write
         finish.write_index(self.work, manifest, root)

@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from packtool.dataset import groups as group_record
 from packtool.dataset.columns import names, required, written
 from packtool.dataset.manifest import INDEX_FILE, Manifest
 from packtool.engines import merge, records
@@ -52,11 +53,15 @@ def manifest_head(
     fingerprint: str,
     special_names: dict[str, str] | None = None,
     chat_template: dict[str, Any] | None = None,
+    *,
+    work: Path,
 ) -> tuple[PackSummary, Manifest]:
     """The summary and `index.json` without its shard list, from the running sums;
     `fingerprint` is the run's (`resume_checks.fingerprint_digest`), which `--resume` compares;
     `special_names` where the EOS and BOS defaults came from (`Tokenizer.special_names`);
     `chat_template` the template chat records were rendered with (`sft.encode.template_record`).
+    Past `groups.INLINE_GROUPS` groups their list is written to `groups.json` in `work` (the
+    staging folder) and `index.json` records only that file (packtool/dataset/groups.py).
 
     Raises:
         DataError: no document, or nothing left to pack.
@@ -83,7 +88,9 @@ def manifest_head(
     max_len = config.pack.max_len
     l1, l2 = stats.lower_bounds_from_histogram(totals.histogram, max_len)
     efficiency = counts.tokens_out / (counts.rows * max_len)
-    groups = {k: (v[0], v[1]) for k, v in sorted(totals.groups.items())}
+    # The running sums themselves, in name order (a sorted list of names, not a copy of the
+    # sums: at 10^6 groups the driver holds them once).
+    groups = {k: totals.groups[k] for k in sorted(totals.groups)}
     summary = PackSummary(
         counts=counts,
         rows_per_round=[int(r) for r in totals.rounds],
@@ -124,10 +131,7 @@ def manifest_head(
             "chunk_docs": config.chunk_docs,
             "partition_size": config.partition_size,
             "partitions": partitions,
-            "groups": {
-                k: {"rows": r, "tokens": t, "efficiency": round(t / (r * max_len), 6)}
-                for k, (r, t) in groups.items()
-            },
+            **group_record.record(work, groups, max_len),
             "skips": summary.skips,
             "group_by": config.pack.group_by,
             **(

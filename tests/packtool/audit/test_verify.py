@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.audit.verify import first_bad_row, row_problem, verify_dataset
-from packtool.dataset.manifest import INDEX_FILE, packed_schema
+from packtool.dataset.manifest import INDEX_FILE, packed_schema, read_manifest
 from packtool.errors import ConfigError, DataError
 from tests.cli import run
 from tests.packtool.conftest import row_columns
@@ -319,6 +320,58 @@ def test_groups_that_are_no_object_of_counts_are_refused(
     edit_index(d, extra={**extra, "groups": {"a": {"rows": 6, "tokens": TOKENS}}})
     assert verify_dataset(d).rows == 6
     edit_index(d, extra={**extra, "groups": groups})
+    assert_fails(d, capsys, said)
+
+
+def _groups_file(directory: Path, groups: dict, num_groups: int | None = None) -> dict:
+    """`groups` written to groups.json as `pack` writes it past 1,000 groups; its record."""
+    raw = json.dumps({"groups": groups}).encode()
+    (directory / "groups.json").write_bytes(raw)
+    count = len(groups) if num_groups is None else num_groups
+    return {"file": "groups.json", "num_groups": count, "sha256": hashlib.sha256(raw).hexdigest()}
+
+
+def test_groups_kept_in_groups_json_are_checked_by_verify(packed_dataset_factory, capsys):
+    """A dataset of many groups lists them in groups.json (index.json records its name, count
+    and sha256, and nothing reads it at open): verify checks it as index.json's own groups."""
+    d = packed_dataset_factory(SHARDS)
+    extra = json.loads((d / INDEX_FILE).read_text()).get("extra", {})
+    good = {"a": {"rows": 2, "tokens": 32, "efficiency": 1.0}}
+    good["b"] = {"rows": 4, "tokens": TOKENS - 32, "efficiency": round((TOKENS - 32) / 64, 6)}
+    edit_index(d, extra={**extra, "groups_file": _groups_file(d, good)})
+    assert verify_dataset(d).rows == 6
+    where = d / "groups.json"
+    off = {**good, "b": {**good["b"], "tokens": TOKENS - 31}}
+    edit_index(d, extra={**extra, "groups_file": _groups_file(d, off)})
+    message = assert_fails(d, capsys, f"{where}: groups add up to 6 rows and {TOKENS + 1} tokens")
+    assert message.endswith(f"the dataset has 6 and {TOKENS}")
+    edit_index(d, extra={**extra, "groups_file": _groups_file(d, good, num_groups=3)})
+    assert_fails(d, capsys, f"{where}: 2 groups; index.json records 3")
+    edit_index(d, extra={**extra, "groups_file": _groups_file(d, {"a": 6})})
+    assert_fails(d, capsys, f"{where}: groups['a'] is 6; expected its rows and tokens")
+    edit_index(d, extra={**extra, "groups_file": _groups_file(d, good)})
+    where.unlink()
+    assert_fails(d, capsys, f"{where}: unreadable list of groups")
+
+
+@pytest.mark.parametrize(
+    ("record", "said"),
+    [
+        ({"file": "../g.json"}, "extra.groups_file is {'file': '../g.json', "),
+        ({"num_groups": "2"}, "expected the file of the groups (a name inside the dataset"),
+        ({"sha256": "x"}, "extra.groups_file is {"),
+        ({"both": True}, "extra.groups and extra.groups_file are both given"),
+    ],
+)
+def test_a_groups_file_record_is_checked_at_open(packed_dataset_factory, capsys, record, said):
+    d = packed_dataset_factory(SHARDS)
+    extra = json.loads((d / INDEX_FILE).read_text()).get("extra", {})
+    good = _groups_file(d, {"a": {"rows": 6, "tokens": TOKENS}})
+    both = record.pop("both", False)
+    groups = {"groups": {"a": {"rows": 6, "tokens": TOKENS}}} if both else {}
+    edit_index(d, extra={**extra, **groups, "groups_file": {**good, **record}})
+    with pytest.raises(DataError, match="extra.groups"):  # what every reader opens with
+        read_manifest(d)
     assert_fails(d, capsys, said)
 
 

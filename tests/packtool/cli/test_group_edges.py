@@ -5,6 +5,7 @@ allocate or write (tracebacks), and the message for a field with no value anywhe
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from packtool.dataset.groups import read_groups
+from packtool.dataset.manifest import read_manifest
 from tests.cli import one_error_line, run
 
 BIG = 1 << 64  # orjson reads this and BIG + 1 as the same float
@@ -131,3 +134,59 @@ def test_a_field_named_doc_chunk_is_refused_in_one_line(tmp_path, command):
     assert code == 1
     assert "error: extra field 'doc_chunk' clashes with a built-in column" in one_error_line(err)
     assert not (tmp_path / "out").exists() and not (tmp_path / "t.parquet").exists()
+
+
+def test_many_groups_go_to_groups_json_and_the_summary_names_the_largest(tmp_path):
+    """Past 1,000 groups index.json records only groups.json's name, count and sha256 (every
+    group listed in index.json made it ~100 bytes a group, parsed by every reader at open), and
+    the summary names the 20 groups with the most tokens, then how many more (it printed a line
+    per group: 1,207 lines here)."""
+    # Names JSON escapes (a quote, a backslash, a newline, non-ASCII) in every third group.
+    names = [f"u{i:04d}" + ('é"\\\n☃' if i % 3 == 0 else "") for i in range(1200)]
+    src = tmp_path / "a.jsonl"
+    lines = (json.dumps({"text": "x" * (i + 1), "user": n}) for i, n in enumerate(names))
+    src.write_text("".join(line + "\n" for line in lines))
+    out = tmp_path / "out"
+    code, summary, err = run("pack", src, "-o", out, "--group-by", "user", "--max-len", 4096)
+    assert code == 0, err
+    extra = json.loads((out / "index.json").read_text())["extra"]
+    assert "groups" not in extra and (out / "index.json").stat().st_size < 4096
+    raw = (out / "groups.json").read_bytes()
+    assert extra["groups_file"] == {
+        "file": "groups.json",
+        "num_groups": 1200,
+        "sha256": hashlib.sha256(raw).hexdigest(),
+    }
+    groups = json.loads(raw)["groups"]
+    assert sorted(groups) == sorted(names)
+    manifest = read_manifest(out)
+    assert sum(g["rows"] for g in groups.values()) == manifest.counts["rows"]
+    assert sum(g["tokens"] for g in groups.values()) == manifest.counts["tokens_out"]
+    assert read_groups(manifest, out) == groups
+    shown = [line for line in summary.splitlines() if line.startswith("group ")]
+    largest = sorted(groups, key=lambda name: -groups[name]["tokens"])[:20]
+    assert len(shown) == 20
+    for line, name in zip(shown, largest, strict=True):
+        assert line.startswith(f"group {name!r}: {groups[name]['rows']} rows, efficiency ")
+    assert summary.splitlines()[-1].startswith("... and 1,180 more groups (the 20 with the most ")
+    assert "groups.json" in summary.splitlines()[-1]
+    code, said, err = run("verify", out)
+    assert code == 0 and said.startswith("OK"), err
+    # An edited list is caught by verify (index.json records its digest) in one line.
+    (out / "groups.json").write_bytes(raw.replace(b'"rows": 1,', b'"rows": 2,', 1))
+    code, _, err = run("verify", out)
+    assert code == 1
+    assert one_error_line(err) == (
+        f"error: {out / 'groups.json'}: its sha256 is not the one index.json records "
+        "(groups_file.sha256): the list of groups was changed or damaged"
+    )
+
+
+def test_a_thousand_groups_stay_in_index_json(tmp_path):
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"text": "ab", "user": f"u{i}"}) + "\n" for i in range(1000)))
+    code, summary, err = run("pack", src, "-o", tmp_path / "out", "--group-by", "user")
+    assert code == 0, err
+    assert len(_groups(tmp_path / "out")) == 1000 and not (tmp_path / "out/groups.json").exists()
+    assert "more groups (the 20 with the most tokens are shown; every group's rows and " in summary
+    assert "efficiency: index.json (extra.groups))" in summary
