@@ -487,6 +487,8 @@ def _label_fault(labels: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor
     loss did not). A few tensor ops over the documents' ends, not the tokens, ``labels``
     non-empty: no host sync, and indices clamped for ``cu_seqlens`` not yet validated."""
     cu = cu_seqlens.to(labels.device, torch.int64)
+    if cu.numel() < 2:  # no document (a bad cu_seqlens, refused after): amin() of nothing raised
+        return torch.tensor([-1, 0, 0], device=labels.device)
     ends = (cu[1:] - 1).clamp(0, labels.numel() - 1)
     got = labels[ends].long()
     bad = (cu[1:] > cu[:-1]) & (got != IGNORE_INDEX)
