@@ -33,8 +33,12 @@ MIN_PARTITION_SIZE = 1024
 few bytes of input, hours for a megabyte; no corpus needs it."""
 
 
-def positive_int(flag: str, value: str, unit: str = "tokens", least: int = 1) -> int:
-    """`value` as an integer >= `least` (1), or a `ConfigError` naming `flag` and the unit."""
+def positive_int(
+    flag: str, value: str, unit: str = "tokens", least: int = 1, most: int | None = None
+) -> int:
+    """`value` as an integer >= `least` (1) and <= `most`, or a `ConfigError` naming `flag` (as
+    typed: `--max-len`, where the library's own check names its setting, `max_len`) and the
+    unit."""
     try:
         number = int(value)
     except ValueError:
@@ -42,6 +46,8 @@ def positive_int(flag: str, value: str, unit: str = "tokens", least: int = 1) ->
     if number < least:
         what = "a positive integer" if least == 1 else f"an integer >= {least}"
         raise ConfigError(f"{flag} must be {what} ({unit}), got {value!r}")
+    if most is not None and number > most:
+        raise ConfigError(f"{flag} {number} is too large: at most {most:,} {unit}")
     return number
 
 

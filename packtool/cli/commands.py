@@ -27,6 +27,7 @@ from packtool.cli.input_checks import (
     flag_of,
 )
 from packtool.cli.input_options import CorpusOptions, corpus_options, inputs_argument, sft_options
+from packtool.dataset.manifest_check import MAX_LEN_LIMIT
 from packtool.errors import AlreadyComplete, ConfigError, Detached
 from packtool.quantities import MIN_PARTITION_SIZE, parse_size, positive_int
 
@@ -337,7 +338,7 @@ def stats_cmd(
             dict.fromkeys(positive_int("--candidates", c.strip()) for c in candidates.split(","))
         )
     config = StatsConfig(
-        max_len=positive_int("--max-len", max_len, least=2),
+        max_len=positive_int("--max-len", max_len, least=2, most=MAX_LEN_LIMIT),
         batch_size=positive_int("--batch-size", batch_size, "chunks"),
         candidates=cands,
     )
@@ -395,7 +396,9 @@ def stats_cmd(
     default="4096",
     show_default=True,
     metavar="TOKENS",
-    callback=lambda ctx, param, value: positive_int("--max-len", str(value), least=2),
+    callback=lambda ctx, param, value: positive_int(
+        "--max-len", str(value), least=2, most=MAX_LEN_LIMIT
+    ),
     help="Tokens per row at most.",
 )
 @click.option(

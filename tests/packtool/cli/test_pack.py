@@ -95,7 +95,7 @@ def test_pack_tokenized_input_uses_the_recorded_tokenizer(tmp_path):
         (["--shard-rows", "0"], 1, "Invalid value for '--shard-rows': 0 is not in the range"),
         (["--row-group-rows", "0"], 1, "Invalid value for '--row-group-rows': 0 is not in"),
         (["--seed", "-1"], 1, "Invalid value for '--seed': -1 is not in the range x>=0"),
-        (["--max-len", "99999999"], 1, "max_len 99999999 is too large"),
+        (["--max-len", "99999999"], 1, "--max-len 99999999 is too large"),
         (["--group-by", "domain"], 1, "--group-by"),
         (["--overwrite", "--resume"], 1, "exclude each other"),
     ],
