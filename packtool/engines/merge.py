@@ -20,11 +20,14 @@ never on the workers or the engine; F is saved in the run state (`plan.json`), s
 builds the same tree (a run state without it, from an earlier packtool, has the root alone).
 
 A merge node packs like a partition's chunks: its children's tails in id order, regrouped
-into chunks of `chunk_docs` pieces, each chunk packed with the part-empty rows the previous one
-handed on (`carry`), seeded by (node id, chunk); it writes its shards, then its tail, then its
-completion record, each atomically, as a partition does. Its input is bounded: at most
-F x 32 rows of at most `max_len` tokens (F = 64, max_len 2048: ~4 M tokens, ~0.2 s here),
-whatever the corpus size, and it reads nothing but its children's tails.
+into chunks of `chunk_docs` pieces and of at most `token_cut.read_limit` tokens, each chunk
+packed with the part-empty rows the previous one handed on (`carry`), seeded by (node id,
+chunk), in parts where its rows would outgrow one Arrow table (`token_cut.pack_cut`); it
+writes its shards, then its tail, then its completion record, each atomically, as a partition
+does. Its input is bounded: at most F x 32 rows of at most `max_len` tokens (F = 64, max_len
+2048: ~4 M tokens, ~0.2 s here), whatever the corpus size, and it reads nothing but its
+children's tails; it holds one chunk of them at a time (at max_len 2^24 the input is up to
+2^35 tokens, a chunk at most 2^31 - 1 + 32 x 2^24: docs/pack.md, "Chunks and memory").
 
 The nodes of one level are independent: the local and Ray engines run them on their workers
 in parallel, one wave per level after the partitions (`base.Run.waves`); the Slurm engine runs
@@ -51,7 +54,8 @@ from packtool import arrow_numpy
 from packtool.dataset.shards import ShardWriter
 from packtool.engines import records
 from packtool.errors import ConfigError, DataError
-from packtool.pack.chunk import PackCounts, pack_table
+from packtool.pack import token_cut
+from packtool.pack.chunk import PackCounts
 from packtool.pack.flat_ids import rechunk
 from packtool.pack.tail import DOC_CHUNK
 from packtool.storage import local as storage
@@ -147,18 +151,25 @@ class TailTree:
         }
 
 
-def _tails(work: Path, children: range) -> Iterator[pa.Table]:
+def _set_aside(work: Path, children: range) -> list[int]:
+    """The pieces each child's record says it set aside (its tail's rows)."""
+    return [
+        int((records.read_record(work, p).get("tail") or {}).get("pieces", 0)) for p in children
+    ]
+
+
+def _tails(work: Path, children: range, expected: list[int]) -> Iterator[pa.Table]:
     """The children's tails in id order (a child that set nothing aside has none), each checked
-    against what its record says it set aside: a tail lost or damaged in the staging folder
-    would otherwise drop its pieces from a dataset that still counts them."""
-    for p in children:
+    against what its record says it set aside (`expected`, `_set_aside`): a tail lost or
+    damaged in the staging folder would otherwise drop its pieces from a dataset that still
+    counts them."""
+    for p, pieces in zip(children, expected, strict=True):
         path = records.tail_path(work, p)
-        expected = int((records.read_record(work, p).get("tail") or {}).get("pieces", 0))
-        table = records.read_tail(path) if expected or storage.is_file(path) else None
+        table = records.read_tail(path) if pieces or storage.is_file(path) else None
         found = 0 if table is None else table.num_rows
-        if found != expected:
+        if found != pieces:
             raise DataError(
-                f"{path}: holds {found:,} pieces where unit {p}'s record says {expected:,}; "
+                f"{path}: holds {found:,} pieces where unit {p}'s record says {pieces:,}; "
                 "the run's staging folder is damaged: start over with --overwrite"
             )
         if table is not None:
@@ -182,25 +193,31 @@ def merge_node(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]
     rounds = np.zeros(ctx.pack.rounds, dtype=np.int64)
     groups: dict[str, list[int]] = {}
     carry: pa.Table | None = None
-    chunks = rechunk(_tails(work, range(first, stop)), ctx.chunk_docs)  # chunk_docs pieces
-    table = next(chunks, None)
-    c = 0
+    # chunk_docs pieces, and no more tokens than a chunk could pack (`token_cut.read_limit`):
+    # at max_len 2^24 the children's tails are up to 64 x 32 x 2^24 tokens. The last chunk is
+    # known by the pieces the records count, so no second chunk is read ahead to find it.
+    expected = _set_aside(work, range(first, stop))
+    left = sum(expected)
+    limit = token_cut.read_limit(ctx.pack, ctx.tail)
+    chunks = rechunk(_tails(work, range(first, stop), expected), ctx.chunk_docs, limit)
     try:
-        while table is not None:
-            following = next(chunks, None)
+        for c, table in enumerate(chunks):
+            left -= table.num_rows
             pieces = table if carry is None else pa.concat_tables([carry, table])
             empty = pieces.drop_columns([DOC_CHUNK]).slice(0, 0)
-            tail = None if root and following is None else ctx.tail
-            packed = pack_table(empty, ctx.pack, chunk_index=(n, c), carry=pieces, tail=tail)
-            writer.add_rows(packed.rows)
-            carry = packed.tail
-            counts += packed.counts
-            rounds += np.asarray(packed.rows_per_round, dtype=np.int64)
-            for name, (r, t) in packed.groups.items():
-                acc = groups.setdefault(name, [0, 0])
-                acc[0] += r
-                acc[1] += t
-            table, c = following, c + 1
+            tail = None if root and not left else ctx.tail
+            for packed in token_cut.pack_cut(
+                empty, ctx.pack, chunk_index=(n, c), carry=pieces, tail=tail, between=ctx.tail
+            ):
+                writer.add_rows(packed.rows)
+                carry = packed.tail
+                counts += packed.counts
+                rounds += np.asarray(packed.rows_per_round, dtype=np.int64)
+                for name, (r, t) in packed.groups.items():
+                    acc = groups.setdefault(name, [0, 0])
+                    acc[0] += r
+                    acc[1] += t
+            del table, pieces, empty, packed  # one chunk in memory: gone before the next's read
         shards = writer.close()
     except BaseException:
         writer.abort()

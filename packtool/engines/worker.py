@@ -42,9 +42,10 @@ from packtool.engines.megatron import part as megatron_part
 from packtool.engines.plan import TO_END, check_piece, descriptor_pieces
 from packtool.engines.records import read_tail
 from packtool.pack import warmup
-from packtool.pack.chunk import PackCounts, PackedChunk, pack_table
+from packtool.pack.chunk import PackCounts, PackedChunk
 from packtool.pack.flat_ids import rechunk
 from packtool.pack.tail import DOC_CHUNK
+from packtool.pack.token_cut import pack_cut
 from packtool.read.documents import SkipCounter
 from packtool.storage import local as storage
 from packtool.tokenize.tables import ENCODING_STARTED, partition_tables
@@ -145,12 +146,14 @@ def run_partition(
     def pack_and_write(table: pa.Table, c: int, carry: pa.Table | None) -> pa.Table | None:
         t0 = time.perf_counter()
         tail = replace(ctx.tail, open_groups=_open_groups(ctx, table))
-        packed = pack_table(table, ctx.pack, chunk_index=(p, c), carry=carry, tail=tail)
-        t1 = time.perf_counter()
-        write_chunk(writer, packed)
-        state.seconds["pack"] += t1 - t0
-        state.seconds["write"] += time.perf_counter() - t1
-        state.add(packed)
+        # One pack_table call, or parts where its rows would outgrow one Arrow table.
+        for packed in pack_cut(table, ctx.pack, chunk_index=(p, c), carry=carry, tail=tail):
+            t1 = time.perf_counter()
+            write_chunk(writer, packed)
+            state.seconds["pack"] += t1 - t0
+            t0 = time.perf_counter()
+            state.seconds["write"] += t0 - t1
+            state.add(packed)
         return packed.tail
 
     carry: pa.Table | None = None
@@ -176,10 +179,11 @@ def run_partition(
                     c += 1
                 if carry is not None and descriptor.get("partitions") == 1:
                     # The only partition: its tail is the whole final stage, packed here instead.
+                    # (At most 32 rows: 2^29 tokens at max_len 2^24, one pack_table call.)
                     empty = carry.drop_columns([DOC_CHUNK]).slice(0, 0)
-                    packed = pack_table(empty, ctx.pack, chunk_index=(p, c), carry=carry)
-                    write_chunk(writer, packed)
-                    state.add(packed)
+                    for packed in pack_cut(empty, ctx.pack, chunk_index=(p, c), carry=carry):
+                        write_chunk(writer, packed)
+                        state.add(packed)
                     carry = None
             finally:  # the end, a failure or an interrupt: the kernels' wait ends
                 reading.set()

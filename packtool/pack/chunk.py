@@ -40,7 +40,15 @@ ALGORITHMS = kernels.ALGORITHMS
 # Each extra round pools this share of the least-filled rows (at least two rows). Small pools keep
 # a round cheap; the gain of a round comes from the tail of partly-filled rows FFD leaves behind.
 REPACK_FRACTION = 0.10
-_MAX_LIST_VALUES = 2**31 - 1  # Arrow `list` offsets are int32
+MAX_CHUNK_TOKENS = 2**31 - 1
+"""Tokens one chunk's packed rows may hold: they are one Arrow table, whose `list` offsets are
+int32. The engines cut their chunks by tokens too, so that none outgrows it
+(packtool/pack/token_cut.py, which reads it at each call: tests lower it)."""
+
+
+class ChunkTooLarge(ConfigError):
+    """A chunk's packed rows would hold more than `MAX_CHUNK_TOKENS` tokens (`pack_table`);
+    `token_cut.pack_cut` packs such a chunk in parts instead."""
 
 
 MAX_ROUNDS = 1000
@@ -498,9 +506,10 @@ def _packed_rows(
     row_len = np.bincount(out_row, weights=seg_len, minlength=n_rows).astype(np.int64)
     segs_per_row = np.bincount(out_row, minlength=n_rows).astype(np.int64)
     total = int(seg_len.sum())
-    if total > _MAX_LIST_VALUES:
-        raise ConfigError(
-            f"a chunk of {total} tokens is too large for one Arrow table; lower --chunk-docs"
+    if total > MAX_CHUNK_TOKENS:
+        raise ChunkTooLarge(
+            f"a chunk of {total:,} tokens is too large for one Arrow table (at most "
+            f"{MAX_CHUNK_TOKENS:,}); pack fewer documents at once"
         )
 
     # Segment i's tokens are values[src_i : src_i + len_i], laid out one after another (gathered

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from numpy.typing import ArrayLike, NDArray
 
 from packtool.arrow_numpy import to_numpy
@@ -119,21 +120,37 @@ def warm_up() -> None:
         _scatter_segments(v, np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64), v)
 
 
-def rechunk(batches: Iterable[pa.Table], chunk_docs: int) -> Iterator[pa.Table]:
+def rechunk(
+    batches: Iterable[pa.Table], chunk_docs: int, max_tokens: int | None = None
+) -> Iterator[pa.Table]:
     """Regroup a stream of tables into tables of exactly `chunk_docs` rows (the last fewer).
 
     The tables keep the batches as their chunks (no copy): `pack_table` reads the ids chunk by
     chunk (`FlatIds`), so no pass over every token runs after the last batch.
+
+    `max_tokens`: also end a table before the row that would take its `length` column's sum
+    past this (a table holds at least one row). The tail tree reads its children's pieces so
+    (packtool/engines/merge.py): `chunk_docs` pieces of up to `max_len` tokens each are up to
+    100,000 x 2^24 tokens, which no process should hold at once. None: rows alone, as before.
     """
     pending: list[pa.Table] = []
-    held = 0
+    held = tokens = 0
     for batch in batches:
         pending.append(batch)
         held += batch.num_rows
-        while held >= chunk_docs:
+        if max_tokens is not None:
+            tokens += int(pc.sum(batch.column("length")).as_py() or 0)
+        while held >= chunk_docs or (max_tokens is not None and tokens > max_tokens and held):
             table = pa.concat_tables(pending)
-            yield table.slice(0, chunk_docs)
-            rest = table.slice(chunk_docs)
+            cut = min(chunk_docs, held)
+            if max_tokens is not None and tokens > max_tokens:
+                ends = np.cumsum(to_numpy(table.column("length")).astype(np.int64))
+                cut = min(cut, max(1, int(np.searchsorted(ends, max_tokens, side="right"))))
+            yield table.slice(0, cut)
+            rest = table.slice(cut)
+            del table  # the chunk's buffers go with the caller's last reference, not ours
             pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+            if max_tokens is not None:
+                tokens = int(pc.sum(rest.column("length")).as_py() or 0) if held else 0
     if held:
         yield pa.concat_tables(pending)

@@ -8,18 +8,22 @@ nodes' records are not counted as finished partitions.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from packtool.audit.verify import verify_dataset
 from packtool.engines import records, worker
 from packtool.engines.base import workers_lost
 from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.merge import MERGE, TAIL_FAN_IN, TailTree
 from packtool.engines.output_folder import staging_folder
 from packtool.errors import ConfigError
+from packtool.pack import chunk
 from packtool.pack.chunk import PackConfig
 
 CORPUS = Path(__file__).resolve().parents[3] / "sample_data" / "corpus.jsonl"
@@ -114,3 +118,85 @@ def test_the_trees_records_are_not_counted_as_finished_partitions(tmp_path, monk
         run_pack(config)
     lost = str(workers_lost(staging, "workers died", "retry", n))
     assert "its 1 finished partition(s) are kept" in lost, lost
+
+
+# --- a tail tree larger than one Arrow table ----------------------------------------------------
+
+
+def _long_documents(folder: Path) -> Path:
+    """40 documents of 719-793 bytes (byte tokenizer: as many tokens, + EOS), so at max_len 200
+    every partition of 1 KB leaves a part-filled row in its tail: the root packs ~6,000 tokens,
+    as a root at --max-len 2^24 packs up to 64 x 32 rows of 2^24 tokens."""
+    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
+    path = folder / "long.jsonl"
+    lines = (
+        json.dumps({"text": " ".join(words[(i * 7 + j * j) % 8] for j in range(150))})
+        for i in range(40)
+    )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _tree_config(corpus: Path, out: Path, **kw) -> RunConfig:
+    kw = {"partition_size": 1024, **kw}
+    return RunConfig(
+        inputs=(str(corpus),),
+        out_dir=str(out),
+        pack=PackConfig(max_len=200),
+        workers=1,  # in this process: the lowered limit holds for every unit
+        progress=False,
+        **kw,
+    )
+
+
+def _pieces(out: Path) -> dict[tuple[int, int], list[int]]:
+    """Every packed piece's ids by (document, chunk), from the shards; no row over max_len."""
+    pieces: dict[tuple[int, int], list[int]] = {}
+    for shard in sorted(out.glob("shard-*.parquet")):
+        for row in pq.read_table(shard).to_pylist():
+            assert len(row["input_ids"]) <= 200
+            offsets = row["doc_offsets"]
+            for i, key in enumerate(zip(row["doc_ids"], row["doc_chunks"], strict=True)):
+                assert key not in pieces  # each piece once
+                pieces[key] = row["input_ids"][offsets[i] : offsets[i + 1]]
+    return pieces
+
+
+@pytest.mark.parametrize(
+    ("partition_size", "limit"),
+    [(1024, 3_000), (4096, 1_000)],
+    ids=["the root only", "partitions' chunks too"],
+)
+def test_chunks_over_one_arrow_table_are_packed_in_parts(
+    tmp_path, monkeypatch, partition_size, limit
+):
+    """A chunk's rows are one Arrow table (int32 offsets: 2^31 - 1 tokens), and chunks were cut
+    by --chunk-docs alone: at --max-len 2^24 with documents of millions of tokens the root
+    packed more than that and failed after every partition had finished ("a chunk of 6040
+    tokens is too large for one Arrow table; lower --chunk-docs", here with the limit lowered
+    to 3,000), deleting them all. Now a chunk that does not fit is packed in parts: the same
+    pieces, each once; rows that fitted before are the same bytes."""
+    corpus = _long_documents(tmp_path)
+    reference = run_pack(_tree_config(corpus, tmp_path / "ref", partition_size=partition_size))
+    monkeypatch.setattr(chunk, "MAX_CHUNK_TOKENS", limit)
+    summary = run_pack(_tree_config(corpus, tmp_path / "cut", partition_size=partition_size))
+    n = summary.partitions
+    root = TailTree(n).root
+    assert n == reference.partitions and n > 1 and root == n  # the root alone, "partition n"
+    verify_dataset(tmp_path / "cut")
+    got, want = _pieces(tmp_path / "cut"), _pieces(tmp_path / "ref")
+    assert got == want and len(got) == summary.counts.segments
+    assert summary.counts.tokens_out == reference.counts.tokens_out
+    assert summary.counts.documents_packed == 40
+    # The unit over the limit wrote more tokens than one chunk may hold: it was packed in parts.
+    big = root if partition_size == 1024 else 0
+    rows = [
+        ids
+        for s in (tmp_path / "cut").glob(f"shard-{big:06d}-*.parquet")
+        for ids in pq.read_table(s).column("input_ids").to_pylist()
+    ]
+    assert sum(map(len, rows)) > limit
+    if partition_size == 1024:  # partitions under the limit: their shards are the same bytes
+        for p in range(n):
+            for s in (tmp_path / "ref").glob(f"shard-{p:06d}-*.parquet"):
+                assert s.read_bytes() == (tmp_path / "cut" / s.name).read_bytes()

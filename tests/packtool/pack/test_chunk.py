@@ -9,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import ConfigError, DataError
-from packtool.pack.chunk import PackConfig, make_segments, pack_table
+from packtool.pack import chunk
+from packtool.pack.chunk import ChunkTooLarge, PackConfig, make_segments, pack_table
 from packtool.pack.tail import TailPolicy
+from packtool.pack.token_cut import pack_cut
 from packtool.stats import lengths as stats
 
 
@@ -271,3 +273,84 @@ def test_group_by_cost_does_not_grow_with_max_len_per_group():
         seconds = time.perf_counter() - start
         assert packed.counts.rows == 300 and len(packed.groups) == 300
         assert seconds < 2.0, f"{algorithm}: {seconds:.1f} s for 300 one-document groups"
+
+
+def _pieces_of(packed) -> list[tuple[int, int, list[int]]]:
+    """Every piece a pack wrote or set aside: (doc_id, chunk, tokens), sorted."""
+    out = [p for row in rows_of(packed.table) for p in row]
+    if packed.tail is not None:
+        for r in packed.tail.to_pylist():
+            out.append((r["doc_id"], r["doc_chunk"], r["input_ids"]))
+    return sorted(out)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=40),
+    earlier=st.lists(st.integers(1, 30), min_size=0, max_size=20),
+    max_len=st.integers(4, 12),
+    policy=st.sampled_from(["split", "truncate", "drop"]),
+    limit=st.integers(40, 200),
+    grouped=st.booleans(),
+    last_tail=st.booleans(),
+)
+def test_a_chunk_over_one_arrow_table_is_packed_in_parts(
+    lengths, earlier, max_len, policy, limit, grouped, last_tail
+):
+    """A chunk whose rows outgrow one Arrow table (`MAX_CHUNK_TOKENS`, 2^31 - 1, lowered here)
+    was a `ConfigError` ("lower --chunk-docs"), also in the tail tree's root after every
+    partition had finished. `pack_cut` packs it in parts, each within the limit, with the
+    same pieces and counts; a chunk that fits is the one `pack_table` call it always was."""
+    groups = [("a", "b")[i % 2] for i in range(len(lengths))] if grouped else None
+    config = PackConfig(max_len=max_len, long_docs=policy, group_by="lang" if grouped else None)
+    before = [("a", "b")[i % 2] for i in range(len(earlier))] if grouped else None
+    carry = pack_table(tokenized(earlier, before, 1000), config, tail=TailPolicy()).tail
+    table = tokenized(lengths, groups)
+    tail = TailPolicy() if last_tail else None
+    kw = {"chunk_index": (3, 1), "carry": carry, "tail": tail, "between": TailPolicy()}
+    whole = pack_table(table, config, chunk_index=(3, 1), carry=carry, tail=tail)
+    (same,) = pack_cut(table, config, **kw)  # it fits: the very same call
+    assert same.table.equals(whole.table) and _pieces_of(same) == _pieces_of(whole)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(chunk, "MAX_CHUNK_TOKENS", limit)
+        try:
+            pack_table(table, config, chunk_index=(3, 1), carry=carry, tail=tail)
+            fits = True
+        except ChunkTooLarge:
+            fits = False
+        parts = list(pack_cut(table, config, **kw))
+    assert len(parts) == 1 if fits else len(parts) > 1
+    for part in parts:
+        assert sum(len(r["input_ids"]) for r in part.table.to_pylist()) <= limit
+        assert all(len(r["input_ids"]) <= max_len for r in part.table.to_pylist())
+    written = sorted(p for part in parts for row in rows_of(part.table) for p in row)
+    last = parts[-1].tail
+    kept = (
+        []
+        if last is None
+        else [(r["doc_id"], r["doc_chunk"], r["input_ids"]) for r in last.to_pylist()]
+    )
+    assert sorted(written + kept) == _pieces_of(whole)  # each piece once, its tokens intact
+    for name in ("documents_in", "documents_packed", "tokens_in", "tokens_out", "segments"):
+        assert sum(getattr(p.counts, name) for p in parts) == getattr(whole.counts, name)
+    if grouped:
+        for part in parts:
+            for row in rows_of(part.table):
+                assert len({d % 2 if d < 1000 else (d - 1000) % 2 for d, _, _ in row}) == 1
+
+
+def test_a_document_no_chunk_can_hold_is_one_line():
+    config = PackConfig(max_len=8)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(chunk, "MAX_CHUNK_TOKENS", 20)
+        with pytest.raises(ConfigError, match=r"^document 1 keeps 30 tokens, more than one chunk"):
+            list(pack_cut(tokenized([10, 30]), config, chunk_index=(0, 0)))
+        # truncated to max_len, it fits
+        parts = list(
+            pack_cut(
+                tokenized([10, 30, 12]),
+                PackConfig(max_len=8, long_docs="truncate"),
+                chunk_index=(0, 0),
+            )
+        )
+    assert sum(p.counts.tokens_out for p in parts) == 8 + 8 + 8

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import DataError
-from packtool.pack.flat_ids import FlatIds
+from packtool.pack.flat_ids import FlatIds, rechunk
 
 
 def _chunked(docs_per_chunk: list[list[list[int]]]) -> pa.ChunkedArray:
@@ -117,3 +117,37 @@ def test_pack_table_of_batches_equals_pack_table_of_one_array(lengths, cuts, pol
     assert (many.tail is None) == (one.tail is None)
     if one.tail is not None:
         assert many.tail.equals(one.tail.combine_chunks())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 50), max_size=8), max_size=6),
+    st.integers(1, 10),
+    st.one_of(st.none(), st.integers(1, 120)),
+)
+def test_rechunk_by_documents_and_tokens(batches, chunk_docs, max_tokens):
+    """The tail tree reads its children's pieces in tables of `chunk_docs` rows and, since a
+    root at --max-len 2^24 could hold 64 x 32 rows of 2^24 tokens, of at most `max_tokens`
+    tokens (a table holds one row at least): every row once, in order; each table as long as
+    both bounds allow."""
+    tables = [
+        pa.table({"length": pa.array(b, pa.int32()), "i": pa.array(range(len(b)), pa.int64())})
+        for b in batches
+    ]
+    out = list(rechunk(iter(tables), chunk_docs, max_tokens))
+    flat = [n for b in batches for n in b]
+    assert [n for t in out for n in t.column("length").to_pylist()] == flat
+    sizes = [t.num_rows for t in out]
+    lengths = [t.column("length").to_pylist() for t in out]
+    for k, (rows, ls) in enumerate(zip(sizes, lengths, strict=True)):
+        assert 1 <= rows <= chunk_docs
+        if max_tokens is not None:
+            assert sum(ls) <= max_tokens or rows == 1
+        if k + 1 < len(out):  # not the last: the next row would break a bound
+            nxt = lengths[k + 1][0]
+            full = rows == chunk_docs
+            assert full or (max_tokens is not None and sum(ls) + nxt > max_tokens)
+    if max_tokens is None:
+        assert sizes == [chunk_docs] * (len(flat) // chunk_docs) + (
+            [len(flat) % chunk_docs] if len(flat) % chunk_docs else []
+        )
