@@ -20,9 +20,22 @@ class DataError(PacktoolError):
     """Input data is missing, unreadable or malformed; the message names the file (and line)."""
 
 
-class WorkersLost(DataError):
+class StagingKept(DataError):
+    """A failure that is no mistake in the command, so the run's staging folder stays with the
+    work that finished, for `--resume` (`output_folder.discard_staging`); the message says so.
+    Every other `PacktoolError` of a fresh run removes it: the corrected command is another
+    run, which could not resume this one."""
+
+
+class WorkersLost(StagingKept):
     """Partition workers (processes, Ray actors, nodes) died too often and the run stopped; not
     a mistake in the command, so the finished partitions stay for `--resume`."""
+
+
+class TailTreeFailed(StagingKept):
+    """The tail tree (its merge nodes or its root, packtool/engines/merge.py) failed: every
+    partition had finished by then, hours of work on a large corpus, so they stay for
+    `--resume`, which runs only the tree."""
 
 
 class Detached(Exception):

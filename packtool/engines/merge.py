@@ -28,6 +28,8 @@ does. Its input is bounded: at most F x 32 rows of at most `max_len` tokens (F =
 2048: ~4 M tokens, ~0.2 s here), whatever the corpus size, and it reads nothing but its
 children's tails; it holds one chunk of them at a time (at max_len 2^24 the input is up to
 2^35 tokens, a chunk at most 2^31 - 1 + 32 x 2^24: docs/pack.md, "Chunks and memory").
+A `PacktoolError` in a node is a `TailTreeFailed`, which keeps the staging folder: every
+partition had finished (`merge_node`).
 
 The nodes of one level are independent: the local and Ray engines run them on their workers
 in parallel, one wave per level after the partitions (`base.Run.waves`); the Slurm engine runs
@@ -53,7 +55,14 @@ import pyarrow as pa
 from packtool import arrow_numpy
 from packtool.dataset.shards import ShardWriter
 from packtool.engines import records
-from packtool.errors import ConfigError, DataError
+from packtool.errors import (
+    ConfigError,
+    DataError,
+    PacktoolError,
+    StagingKept,
+    TailTreeFailed,
+    joined_lines,
+)
 from packtool.pack import token_cut
 from packtool.pack.chunk import PackCounts
 from packtool.pack.flat_ids import rechunk
@@ -153,22 +162,30 @@ class TailTree:
 
 def _set_aside(work: Path, children: range) -> list[int]:
     """The pieces each child's record says it set aside (its tail's rows)."""
-    return [
-        int((records.read_record(work, p).get("tail") or {}).get("pieces", 0)) for p in children
-    ]
+    try:
+        return [
+            int((records.read_record(work, p).get("tail") or {}).get("pieces", 0)) for p in children
+        ]
+    except DataError as exc:  # damaged: "use --overwrite" (`merge_node` keeps the rest)
+        raise TailTreeFailed(str(exc)) from None
 
 
 def _tails(work: Path, children: range, expected: list[int]) -> Iterator[pa.Table]:
     """The children's tails in id order (a child that set nothing aside has none), each checked
     against what its record says it set aside (`expected`, `_set_aside`): a tail lost or
     damaged in the staging folder would otherwise drop its pieces from a dataset that still
-    counts them."""
+    counts them. Such damage is a `TailTreeFailed` in the reader's words ("start over with
+    --overwrite": --resume would meet it again), which keeps the staging folder as every
+    failure of the tree does."""
     for p, pieces in zip(children, expected, strict=True):
         path = records.tail_path(work, p)
-        table = records.read_tail(path) if pieces or storage.is_file(path) else None
+        try:
+            table = records.read_tail(path) if pieces or storage.is_file(path) else None
+        except DataError as exc:
+            raise TailTreeFailed(str(exc)) from None
         found = 0 if table is None else table.num_rows
         if found != pieces:
-            raise DataError(
+            raise TailTreeFailed(
                 f"{path}: holds {found:,} pieces where unit {p}'s record says {pieces:,}; "
                 "the run's staging folder is damaged: start over with --overwrite"
             )
@@ -180,7 +197,26 @@ def merge_node(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]
     """Pack the children's tails of one node; write its shards, tail and record; return it.
 
     The root (`descriptor["root"]`) keeps no tail: every piece ends in a row.
+
+    Raises:
+        TailTreeFailed: any `PacktoolError` of the node, in its words: every partition has
+            finished when the tree runs, and a fresh run's staging folder is removed on other
+            `PacktoolError`s (`output_folder.discard_staging`: a mistake the corrected command
+            reruns), which would throw them all away with nothing left to `--resume`.
     """
+    try:
+        return _merge_node(ctx, descriptor)
+    except StagingKept:
+        raise
+    except PacktoolError as exc:
+        raise TailTreeFailed(
+            f"{joined_lines(exc)}; the tail tree stopped after every partition had finished: "
+            f"they are kept in {ctx.work}; the same command with --resume (without "
+            "--overwrite) runs only the tail tree"
+        ) from None
+
+
+def _merge_node(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     work = storage.as_path(ctx.work)
     n = int(descriptor["index"])

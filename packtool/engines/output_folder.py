@@ -34,7 +34,7 @@ from packtool.dataset.output import (
 from packtool.engines import records
 from packtool.engines.config import RunConfig
 from packtool.engines.output_checks import check_replaceable, finish_switch
-from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError, WorkersLost
+from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError, StagingKept
 from packtool.storage import hub
 from packtool.storage import local as storage
 
@@ -69,8 +69,9 @@ def output_folder(config: RunConfig, fingerprint: dict[str, Any]) -> Iterator[Ou
     `packtool.dataset.output.commit` replaces it. When the body fails, the staging folder of a fresh run
     is removed on a `PacktoolError` (a mistake: the corrected command is another run, which could
     not resume this one) and on any other error before a partition was recorded; it is kept, for
-    `--resume`, on Ctrl-C, on other errors after a finished partition (a full disk, a lost
-    worker), and always in a resumed run. Parent folders this run created are removed when
+    `--resume`, on Ctrl-C, on other errors after a finished partition (a full disk), on a
+    `StagingKept` (lost workers, a failure in the tail tree after every partition finished),
+    and always in a resumed run. Parent folders this run created are removed when
     empty.
     """
 
@@ -234,6 +235,7 @@ def discard_staging(exc: BaseException, state: dict[str, Any] | None, staging: P
         return False  # the run goes on in a scheduler's jobs: they write into the staging folder
     if not isinstance(exc, Exception) or state is not None:
         return False  # Ctrl-C / SystemExit, or a resumed run: keep the work for --resume
-    if isinstance(exc, PacktoolError) and not isinstance(exc, WorkersLost):
-        return True
+    if isinstance(exc, PacktoolError) and not isinstance(exc, StagingKept):
+        return True  # a mistake: the corrected command is another run (not workers that died,
+        # nor the tail tree failing after every partition finished: `StagingKept`)
     return not records.finished(staging)

@@ -17,12 +17,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from packtool.audit.verify import verify_dataset
-from packtool.engines import records, worker
+from packtool.engines import merge, records, worker
 from packtool.engines.base import workers_lost
 from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.merge import MERGE, TAIL_FAN_IN, TailTree
 from packtool.engines.output_folder import staging_folder
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, PacktoolError, TailTreeFailed
 from packtool.pack import chunk
 from packtool.pack.chunk import PackConfig
 
@@ -200,3 +200,32 @@ def test_chunks_over_one_arrow_table_are_packed_in_parts(
         for p in range(n):
             for s in (tmp_path / "ref").glob(f"shard-{p:06d}-*.parquet"):
                 assert s.read_bytes() == (tmp_path / "cut" / s.name).read_bytes()
+
+
+def test_a_failure_in_the_tail_tree_keeps_the_finished_partitions_for_resume(tmp_path, monkeypatch):
+    """Every partition has finished when the tree runs; a fresh run's staging folder was removed
+    on any `PacktoolError` (the rule for "a mistake the corrected command reruns"), so a failure
+    in the root threw hours of partitions away with nothing to --resume. Now it is kept, the
+    error says so, and --resume runs only the tree, to the same bytes."""
+    corpus = _long_documents(tmp_path)
+    run_pack(_tree_config(corpus, tmp_path / "whole"))
+    out = tmp_path / "cut"
+
+    def refused(*args, **kwargs):  # what the root raised at --max-len 2^24
+        raise ConfigError("a chunk of 6040 tokens is too large for one Arrow table")
+
+    with monkeypatch.context() as m:
+        m.setattr(merge, "rechunk", refused)
+        with pytest.raises(PacktoolError, match="too large for one Arrow table") as failed:
+            run_pack(_tree_config(corpus, out))
+    staging = staging_folder(out)
+    message = str(failed.value)
+    assert isinstance(failed.value, TailTreeFailed)
+    assert f"kept in {staging}" in message and "the same command with --resume" in message
+    n = len(records.read_plan(staging)["plan"]["partitions"])
+    assert records.finished_partitions(staging, n) == list(range(n))
+    summary = run_pack(_tree_config(corpus, out, resume=True))
+    assert summary.resumed_partitions == n
+    for s in sorted((tmp_path / "whole").iterdir()):
+        if s.suffix == ".parquet":
+            assert s.read_bytes() == (out / s.name).read_bytes()
