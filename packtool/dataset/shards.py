@@ -7,8 +7,9 @@ task retried while the first attempt still runs, never rename each other's half-
 
 `write_shards` writes one table; `ShardWriter` streams a partition's chunks into shards of
 exactly `shard_rows` rows in row groups of exactly `row_group_rows` rows (the last ones of the
-partition fewer), so the file layout does not depend on `--chunk-docs`, and many small chunks
-cost no more files than a few large ones. Shards never straddle partitions: the shards of a
+partition fewer; a group also ends early where two chunks' rows would hold more tokens than one
+list array, `MAX_GROUP_TOKENS`), so the file layout does not depend on `--chunk-docs`, and many
+small chunks cost no more files than a few large ones. Shards never straddle partitions: the shards of a
 partition depend only on that partition, which is what lets `--resume` reproduce an
 uninterrupted run byte for byte.
 
@@ -30,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packtool.dataset.manifest import ShardInfo, packed_schema, sha256_file
@@ -58,6 +61,12 @@ class RowSource(Protocol):
 COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
 MAX_ROWS = (1 << 31) - 1
 """The most rows a shard or row group is given (`shard_rows`, `row_group_rows`)."""
+MAX_GROUP_TOKENS = (1 << 31) - 1
+"""Tokens one row group may hold: it is read back as one `list` array, whose offsets are int32.
+A group of one chunk's rows never holds more (a chunk is one table, packtool/pack/token_cut.py);
+a group joining two chunks' rows could from max_len 2^23 on (256 rows of 2^23 tokens), and
+ends before the row that would take it past (`ShardWriter._drain`): Arrow refused to combine
+it ("offset overflow"), a traceback in the tail tree's root."""
 ZSTD_LEVELS = (-(1 << 17), 22)
 """zstd's levels (ZSTD_minCLevel to ZSTD_maxCLevel): pyarrow clamps others without a word."""
 
@@ -158,6 +167,14 @@ def pc_sum_lengths(table: pa.Table) -> int:
             offsets = chunk.offsets  # a slice's own offsets
             total += offsets[len(offsets) - 1].as_py() - offsets[0].as_py()
     return int(total)
+
+
+def _fitting(table: pa.Table, rows: int) -> int:
+    """The first `rows` rows of `table`, or fewer (one at least): as many as hold at most
+    `MAX_GROUP_TOKENS` tokens."""
+    lengths = pc.list_value_length(table.column("input_ids").slice(0, rows))
+    ends = np.cumsum(lengths.to_numpy(zero_copy_only=False).astype(np.int64))
+    return max(1, int(np.searchsorted(ends, MAX_GROUP_TOKENS, side="right")))
 
 
 SYNC_EVERY = 8 << 20
@@ -376,6 +393,8 @@ class ShardWriter:
             room = self.config.shard_rows - self._rows
             take = min(rg, room, self._pending_rows)
             table = pa.concat_tables(self._pending)
+            if table.column("input_ids").num_chunks > 1:  # combined: may hold too many tokens
+                take = _fitting(table, take)
             part, rest = table.slice(0, take), table.slice(take)
             self._pending = [rest] if rest.num_rows else []
             self._pending_rows -= take

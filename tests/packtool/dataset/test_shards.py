@@ -9,6 +9,7 @@ import re
 import threading
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -167,3 +168,43 @@ def test_every_zstd_level_is_written(tmp_path):
         config = ShardConfig(compression="zstd", compression_level=level)
         shards._write_one(tmp_path / "s.parquet", _rows([3, 4]), config)
         assert pa.parquet.read_table(tmp_path / "s.parquet").num_rows == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(1, 60), min_size=1, max_size=4), min_size=1, max_size=8),
+    st.integers(2, 12),
+    st.integers(0, 30),
+)
+def test_a_row_group_joining_two_tables_stays_within_one_list_array(
+    tmp_path_factory, tables, row_group_rows, slack
+):
+    """A row group is read back as one `list` array (int32 offsets: 2^31 - 1 tokens). One that
+    joined the rows of two chunks could hold more from max_len 2^23 on (256 rows of 2^23), and
+    Arrow refused to combine it: "offset overflow while concatenating arrays", a traceback in
+    the tail tree's root. It now ends before the row that would take it past (limit lowered
+    here, to no less than one table holds, as a chunk's rows never hold more); the rows, their
+    order and their tokens are unchanged."""
+    limit = max(map(sum, tables)) + slack
+    folder = tmp_path_factory.mktemp("shards")
+    config = ShardConfig(row_group_rows=row_group_rows, shard_rows=1000)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(shards, "MAX_GROUP_TOKENS", limit)
+        writer = ShardWriter(folder, lambda k: f"s{k}.parquet", config)
+        start = 0
+        for lengths in tables:
+            writer.add(_rows(lengths, start))
+            start += len(lengths)
+        (info,) = writer.close()
+    meta = pq.ParquetFile(folder / info.file).metadata
+    sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    written = pa.concat_tables([_rows(t, sum(map(len, tables[:k]))) for k, t in enumerate(tables)])
+    assert pq.read_table(folder / info.file).column("input_ids").equals(written.column("input_ids"))
+    rows = [n for t in tables for n in t]
+    at = 0
+    for size in sizes:
+        group = rows[at : at + size]
+        assert 1 <= size <= row_group_rows
+        assert sum(group) <= limit or size == 1
+        at += size
+    assert at == len(rows)

@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from packtool.audit.verify import verify_dataset
+from packtool.dataset import shards
 from packtool.engines import merge, records, worker
 from packtool.engines.base import workers_lost
 from packtool.engines.local import RunConfig, run_pack
@@ -179,6 +180,7 @@ def test_chunks_over_one_arrow_table_are_packed_in_parts(
     corpus = _long_documents(tmp_path)
     reference = run_pack(_tree_config(corpus, tmp_path / "ref", partition_size=partition_size))
     monkeypatch.setattr(chunk, "MAX_CHUNK_TOKENS", limit)
+    monkeypatch.setattr(shards, "MAX_GROUP_TOKENS", limit)  # a row group is one list array too
     summary = run_pack(_tree_config(corpus, tmp_path / "cut", partition_size=partition_size))
     n = summary.partitions
     root = TailTree(n).root
@@ -196,6 +198,11 @@ def test_chunks_over_one_arrow_table_are_packed_in_parts(
         for ids in pq.read_table(s).column("input_ids").to_pylist()
     ]
     assert sum(map(len, rows)) > limit
+    for s in (tmp_path / "cut").glob("shard-*.parquet"):  # parts' rows joined in a row group
+        shard = pq.ParquetFile(s)
+        for g in range(shard.num_row_groups):
+            group = shard.read_row_group(g, columns=["input_ids"]).column(0).to_pylist()
+            assert sum(map(len, group)) <= limit or len(group) == 1
     if partition_size == 1024:  # partitions under the limit: their shards are the same bytes
         for p in range(n):
             for s in (tmp_path / "ref").glob(f"shard-{p:06d}-*.parquet"):
