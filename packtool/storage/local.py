@@ -316,7 +316,15 @@ def read_bytes(path: str | os.PathLike) -> bytes:
     if st.st_size > SMALL_FILE_LIMIT:
         raise OSError(errno.EFBIG, f"{st.st_size:,} bytes, past {SMALL_FILE_LIMIT:,}")
     with open(path, "rb") as f:
-        return f.read(SMALL_FILE_LIMIT + 1)
+        # Sized by the stat: `read(n)` allocates n bytes first, so `read(SMALL_FILE_LIMIT + 1)`
+        # asked for 4 GiB of address space for every manifest and record, a MemoryError under
+        # `ulimit -v` (as HPC jobs are often run) or with overcommit off.
+        data = f.read(st.st_size + 1)
+        if len(data) > st.st_size:  # it grew since the stat: the rest, up to the limit
+            data += f.read()
+    if len(data) > SMALL_FILE_LIMIT:
+        raise OSError(errno.EFBIG, f"more than {SMALL_FILE_LIMIT:,} bytes")
+    return data
 
 
 @contextlib.contextmanager

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+
+import pytest
 
 from packtool.storage import local as storage
 
@@ -68,3 +72,34 @@ def test_what_is_at_a_path_that_is_not_a_regular_file(tmp_path):
         "nothing",
         "a pipe (FIFO)",
     ]
+
+
+def test_a_small_file_is_read_within_a_bounded_address_space(tmp_path):
+    # read_bytes read `f.read(SMALL_FILE_LIMIT + 1)`, which allocates its 4 GiB first: every
+    # manifest and run record was a MemoryError in a process under `ulimit -v` (HPC jobs often
+    # run so) or with overcommit off. Here the process may map 3 GiB in all.
+    (tmp_path / "index.json").write_text('{"a": 1}\n')
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+        "from packtool.storage import local; "
+        "sys.stdout.write(local.read_text(sys.argv[1]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "index.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout) == (0, '{"a": 1}\n'), done.stderr[-500:]
+    # A file that grows past its stat is read to its end (here: appended before the read).
+    big = tmp_path / "grows"
+    big.write_bytes(b"x" * 10)
+    real_stat = os.stat
+
+    def stale(path, *a, **k):  # the size the file had a moment before
+        st = real_stat(path, *a, **k)
+        return os.stat_result((st.st_mode, *st[1:6], 4, *st[7:])) if str(path) == str(big) else st
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(os, "stat", stale)
+        assert storage.read_bytes(big) == b"x" * 10
