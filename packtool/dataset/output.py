@@ -230,6 +230,11 @@ def remove_staging(paths: OutputPaths, *, leftover: bool = False) -> OutputPaths
     could yet upload), after aborting the version's unfinished multipart uploads (the staging
     object going, no later `recover` would). `leftover`: another run's (killed, or anything
     at that name), so a local folder holding files packtool did not write is refused."""
+    if paths.remote and paths.held is not None:
+        # Only by the lock's holder, asked now: `.packtool-staging` is known from when the
+        # lock was taken (`staging_known`), and a writer stalled past its lease took the
+        # record of the writer that took the lock over for its own, and deleted it.
+        paths.held.confirm()
     committed = paths.remote and not paths.whole_object
     committed = committed and paths.staging.name == current_version(paths.target)
     if paths.remote and not paths.whole_object and not committed:

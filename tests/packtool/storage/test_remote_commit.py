@@ -588,3 +588,28 @@ def test_a_run_reads_its_staging_object_once_and_lists_no_link(
     # asks a HEAD before a GET), the commit's put
     assert links.count("GET") == (2 if overwrite else 0) and links[-1:] == ["PUT"], links
     assert links == ["HEAD", "HEAD", "PUT"] or overwrite, links
+
+
+def test_a_writer_that_lost_its_lock_never_deletes_the_new_holder_s_staging_object(
+    fs, local_pack, monkeypatch
+):
+    # Found by a reviewer of b2a1ceb: A (--overwrite of an interrupted run's leftover) knew
+    # `.packtool-staging` from when it took the lock; it stalled (here: while it stopped the
+    # leftover's jobs), B took the lock over and named its run; A woke, deleted the leftover and
+    # then B's record, which it took for the leftover's (a killed B then lost its version).
+    from packtool.engines.slurm import state
+
+    url = f"s3://{BUCKET}/stale-known"
+    prefix = url.removeprefix("s3://")
+    _staged_run(fs, url, dict(local_pack))  # the interrupted run's leftover
+    b_record = json.dumps({"version": "v-20991231T000000-0b0b0b0b", "replaces": None}).encode()
+
+    def taken_over(staging, out):  # B takes the lock over and names its run meanwhile
+        fs.pipe_file(f"{prefix}/.packtool-lock", b'{"pid": 1, "host": "b"}')
+        fs.pipe_file(f"{prefix}/.packtool-staging", b_record)
+
+    monkeypatch.setattr(state, "stop_jobs", taken_over)
+    with pytest.raises(ConfigError, match="another writer took over"):
+        run_pack(pack_config(url, overwrite=True))
+    fs.invalidate_cache()
+    assert fs.cat_file(f"{prefix}/.packtool-staging") == b_record
