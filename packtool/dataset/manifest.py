@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -20,7 +21,7 @@ import pyarrow as pa
 
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.manifest_check import manifest_problem
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -240,17 +241,29 @@ def linked_version(index: str | os.PathLike) -> str | None:
     return _link_target(data, index)
 
 
+_MANIFEST_START = re.compile(rb'\A\s*\{\s*"format"\s*:\s*"' + re.escape(FORMAT.encode()) + rb'"')
+"""How a manifest `write_manifest` wrote begins (its `format` key first)."""
+
+
 def is_dataset_index(path: str | os.PathLike) -> bool:
     """Whether the file `path` is a packed dataset's `index.json` (its manifest, or a bucket's
     link): what a corpus reader refuses by name (read as records, its lines were malformed
-    JSON skips and its one shard entry a document). Only a file of that name is read."""
+    JSON skips and its one shard entry a document). Only a file of that name is looked at,
+    and only its first `LINK_BYTES` (a corpus file of that name is not read twice whole)."""
     if storage.file_name(path) != INDEX_FILE:
         return False
     try:
-        data = json.loads(storage.read_text(path))
-    except (OSError, UnicodeDecodeError, ValueError):
+        size = storage.file_size(path)
+        head = storage.read_range(path, 0, min(size, LINK_BYTES)) if size else b""
+    except (OSError, PacktoolError):
         return False
-    return isinstance(data, dict) and (data.get("format") == FORMAT or set(data) == {LINK_KEY})
+    if _MANIFEST_START.match(head):
+        return True
+    try:  # a link is smaller than LINK_BYTES: it is all there
+        data = json.loads(head) if size is not None and size < LINK_BYTES else None
+    except ValueError:
+        return False
+    return isinstance(data, dict) and set(data) == {LINK_KEY}
 
 
 def _link_target(data: Any, index: Any) -> str | None:

@@ -176,10 +176,12 @@ def _content_shown_as_list(messages: list[Any], text: str) -> str | None:
     such content, or the template read the parts (Llama 3's and Qwen's templates do)."""
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, (list, dict)) and str(content) in text:
+        # (An empty one writes `[]` / `{}`, which any text may hold: nothing to tell by.)
+        if isinstance(content, (list, dict)) and content and str(content) in text:
+            what = "a list of parts" if isinstance(content, list) else "an object"
             return (
-                f"message {i}'s content is a list of parts, which the chat template writes as a "
-                "Python list; give the content as a string, or a template that reads parts"
+                f"message {i}'s content is {what}, which the chat template writes as Python "
+                "does; give the content as a string, or a template that reads parts"
             )
     return None
 

@@ -444,6 +444,15 @@ def test_content_parts_a_template_prints_as_a_list_are_a_counted_skip(train_on):
         else:
             assert r.kept.tolist() == [1]
             assert r.skips == [(0, "content_parts", (
-                "message 1's content is a list of parts, which the chat template writes as a "
-                "Python list; give the content as a string, or a template that reads parts"
+                "message 1's content is a list of parts, which the chat template writes as "
+                "Python does; give the content as a string, or a template that reads parts"
             ))]  # fmt: skip
+    # An empty content writes "[]", which a text may hold anyway: not taken for parts.
+    empty = [
+        {"role": "user", "content": "why is x = [] falsy?"},
+        {"role": "assistant", "content": []},
+    ]
+    r = Renderer(ChatTemplate(GEN, name="t"), train_on).render_batch(
+        [empty], convert=True, drop_unsupervised=False
+    )
+    assert r.kept.tolist() == [0] and r.skips == []
