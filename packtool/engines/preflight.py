@@ -40,7 +40,7 @@ from packtool.read.corpus import expand_inputs
 from packtool.read.formats import file_kind
 from packtool.read.jsonl import json_array_file
 from packtool.read.sft_config import CHAT_KINDS
-from packtool.sft.encode import template_record
+from packtool.sft.encode import note_template, template_record
 from packtool.storage import local as storage
 from packtool.tokenize.recorded import check_recorded_tokenizer
 from packtool.tokenize.tables import PRETOKENIZED, RAW, RECORDS
@@ -305,6 +305,7 @@ def fingerprint_of(config: RunConfig, checked: Checked) -> dict[str, Any]:
         # The template's text, not the --chat-template path (edited in place, or the
         # tokenizer's own one, it changes every conversation).
         fingerprint[CHAT_TEMPLATE_KEY] = template_record(config.read.sft, checked.tokenizer)
+        note_template(config.read.sft, checked.tokenizer)
     elif checked.facts is not None and checked.facts.chat_template:  # tokenized conversations
         fingerprint[CHAT_TEMPLATE_KEY] = checked.facts.chat_template
     # Compare in the form the state file stores it (tuples become lists).

@@ -21,6 +21,7 @@ threads) | masks + the table.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +47,7 @@ from packtool.sft.render import (
     render_processes,
     rendered_in_order,
 )
-from packtool.sft.template import ChatTemplate, load_chat_template
+from packtool.sft.template import ChatTemplate, TemplateFailure, load_chat_template
 from packtool.sft.tokens import TextEncoder, masks_for
 from packtool.sft.turns import check_turn_template
 from packtool.storage import local as storage
@@ -82,6 +83,34 @@ def template_record(sft: SFTConfig, tokenizer: Any) -> dict[str, Any]:
         "sha256": template.sha256,
         "special_tokens": dict(sorted(template.special_tokens.items())),
     }
+
+
+def note_template(sft: SFTConfig, tokenizer: Any) -> None:
+    """Say on stderr (once a run, by its driver) what the template will make of the turn masks
+    that a user would not expect: a template without `{% generation %}` blocks that writes
+    nothing for `add_generation_prompt` has each assistant turn's opening (its role header)
+    inside the turn (the turn is what the conversation up to it adds after the generation
+    prompt, docs/sft.md), so it is trained as part of every answer, in silence until now."""
+    if sft.train_on == "all":
+        return
+    template = _chat_template(sft, tokenizer)
+    if template.has_generation or check_turn_template(template) is not None:
+        return  # (one whose turns cannot be found is refused: `chat_template_for`)
+    probe = [{"role": "user", "content": "x"}]
+    try:
+        same = (
+            template.render(probe, add_generation_prompt=True).text == template.render(probe).text
+        )
+    except TemplateFailure:  # one that needs more than a user message: nothing to tell
+        return
+    if same:
+        print(
+            f"note: {template.name} writes nothing for add_generation_prompt, so each "
+            "assistant turn's opening (its role header) is trained as part of the answer; use "
+            "a template that writes it, or one with {% generation %} blocks",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _chat_template(sft: SFTConfig, tokenizer: Any) -> ChatTemplate:

@@ -46,7 +46,7 @@ from packtool.read.corpus import expand_inputs
 from packtool.read.documents import ReadConfig, SkipCounter, run_skips
 from packtool.read.pretokenized import split_pretokenized
 from packtool.read.sft_config import CHAT_KINDS
-from packtool.sft.encode import template_record
+from packtool.sft.encode import note_template, template_record
 from packtool.sft.inputs import file_record_kind, sft_kind
 from packtool.storage import hub, writing
 from packtool.storage import local as storage
@@ -432,6 +432,8 @@ def tokenize_corpus(
     if read.mode == PRETOKENIZED:  # no EOS or BOS added: none named (the summary named them)
         identity = unchanged_ids(identity, tokenizer)
         special_names = names_kept(special_names, identity)
+    if read.sft_kind in CHAT_KINDS:
+        note_template(config.sft, tokenizer)
     schema = tokenized_schema(
         identity,
         config.extra_fields,

@@ -713,3 +713,33 @@ def test_a_completion_is_encoded_as_it_follows_its_prompt(kind, tmp_path_factory
             assert tok.decode(ids[start:]) == tok.decode(joined)
             if c == "2":  # alone: "▁2", a space the record does not have
                 assert ids[start + len(prompt) :] != alone, "the probe found nothing to fix"
+
+
+def test_a_template_that_writes_no_generation_prompt_is_named_once(tmp_path):
+    # A template with no {% generation %} blocks and nothing for add_generation_prompt put each
+    # assistant turn's role header inside the turn (the turn is what the conversation adds after
+    # the generation prompt): `<|assistant|>` trained as part of every answer, in silence.
+    path = jsonl(tmp_path / "c.jsonl", [{"messages": CONV}] * 3)
+    no_prompt = TURNS.replace("{% if add_generation_prompt %}<|assistant|>{% endif %}", "")
+    assert no_prompt != TURNS
+    note = (
+        f"note: {tmp_path / 'chat.jinja'} writes nothing for add_generation_prompt, so each assistant turn's "
+        "opening (its role header) is trained as part of the answer; use a template that "
+        "writes it, or one with {% generation %} blocks"
+    )
+    for source, train_on, said in (
+        (no_prompt, "assistant", True),
+        (no_prompt, "last", True),
+        (no_prompt, "all", False),  # every token is trained anyway
+        (TURNS, "assistant", False),
+        (GEN, "assistant", False),
+    ):
+        template = template_file(tmp_path, source)
+        for command, out in (("pack", ["-o", tmp_path / "p", "--overwrite"]),
+                             ("tokenize", ["-o", tmp_path / "t.parquet", "--overwrite"])):  # fmt: skip
+            code, _, err = run(
+                command, path, *out, "--chat-template", template, "--train-on", train_on
+            )
+            assert code == 0, err
+            assert err.count("writes nothing for add_generation_prompt") == int(said), err
+            assert (note in err.splitlines()) == said, err
