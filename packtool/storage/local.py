@@ -581,7 +581,10 @@ def resolve(path: str | os.PathLike) -> Any:
     URL as it is."""
     if is_remote(path):
         return as_path(str(path))
-    return Path(path).resolve()
+    try:
+        return Path(path).resolve()
+    except RuntimeError:  # Python < 3.13 raises this for a loop (no OSError): a traceback
+        raise DataError(f"{path}: cannot be followed (a loop of symbolic links)") from None
 
 
 def cwd() -> Path:

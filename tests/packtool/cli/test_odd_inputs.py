@@ -543,3 +543,23 @@ def test_an_empty_path_is_named_not_read_as_the_current_folder(good, args, names
     line = one_error_line(err)
     assert code == 1 and "the path is empty (an unset shell variable?)" in line, line
     assert names in line, line
+
+
+def test_a_loop_of_symlinks_as_input_or_output_is_one_line(tmp_path):
+    # `pack a.jsonl` and `pack ok.jsonl -o a.jsonl` (a -> b -> a) were tracebacks: Path.resolve
+    # raises RuntimeError for a loop (Python < 3.13), in the check that keeps output and inputs
+    # apart, before anything else looked at the paths; `stats` said it in one line.
+    (tmp_path / "b.jsonl").symlink_to(tmp_path / "a.jsonl")
+    (tmp_path / "a.jsonl").symlink_to(tmp_path / "b.jsonl")
+    good = tmp_path / "ok.jsonl"
+    good.write_text('{"text": "x"}\n')
+    loop = tmp_path / "a.jsonl"
+    for args in (
+        ["pack", loop, "-o", tmp_path / "o"],
+        ["tokenize", loop, "-o", tmp_path / "t.parquet"],
+        ["stats", loop],
+        ["pack", good, "-o", loop],
+        ["tokenize", good, "-o", loop],
+    ):
+        line = _fails_in_one_line(args, f"error: {loop}: cannot be followed (")
+        assert "symbolic links)" in line, line
