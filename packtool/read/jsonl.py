@@ -250,7 +250,10 @@ def _objects(
             except UnicodeDecodeError:
                 skips.add("invalid_utf8", where)
             else:
-                skips.add("malformed_json", where, str(exc).split(":")[0])
+                why = str(exc).split(":")[0]
+                if b"\r" in line.rstrip(b"\r\n"):  # old Mac line breaks: lines, one skip
+                    why += "; the line holds CR (\\r) line breaks, JSONL lines end with \\n"
+                skips.add("malformed_json", where, why)
             continue
         yield where, exact_fields(obj, line, fields), len(line), offset
 

@@ -201,6 +201,18 @@ def test_jsonl_lines_that_are_arrays_are_still_skips(tmp_path):
     assert skips.counts == {"malformed_json": 1}
 
 
+def test_a_line_of_cr_line_breaks_says_so_in_its_skip(tmp_path):
+    # A file of old Mac line breaks (CR alone) is one line of several documents: one skip
+    # ("unexpected content after document"), which undercounts what is lost; it names why.
+    (tmp_path / "cr.jsonl").write_bytes(b'{"text": "a"}\n{"text": "b"}\r{"text": "c"}\n')
+    skips = SkipCounter()
+    assert texts([tmp_path / "cr.jsonl"], skips=skips) == ["a"]
+    assert skips.examples["malformed_json"] == [
+        f"{tmp_path / 'cr.jsonl'}:2 (unexpected content after document; the line holds CR (\\r) "
+        "line breaks, JSONL lines end with \\n)"
+    ]
+
+
 def test_json_objects_reads_an_array_by_item_and_json_lines_by_line(tmp_path):
     # One decision for every reader of JSON records (the corpus and fine-tuning readers): a
     # `.json` file that starts with `[` is one array, any other file JSON Lines.
