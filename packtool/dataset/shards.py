@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from packtool.arrow_numpy import to_numpy
 from packtool.dataset.manifest import ShardInfo, packed_schema, sha256_file
 from packtool.dataset.names import SHARD_PATTERN
 from packtool.dataset.stitch import StitchError, footer_of, stitched_footer
@@ -173,7 +174,7 @@ def _fitting(table: pa.Table, rows: int) -> int:
     """The first `rows` rows of `table`, or fewer (one at least): as many as hold at most
     `MAX_GROUP_TOKENS` tokens."""
     lengths = pc.list_value_length(table.column("input_ids").slice(0, rows))
-    ends = np.cumsum(lengths.to_numpy(zero_copy_only=False).astype(np.int64))
+    ends = np.cumsum(to_numpy(lengths).astype(np.int64))  # (pyarrow's to_numpy: pandas)
     return max(1, int(np.searchsorted(ends, MAX_GROUP_TOKENS, side="right")))
 
 
