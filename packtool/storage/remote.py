@@ -497,14 +497,19 @@ def object_at(fs: Any, p: str) -> bool:
     real store each request is ~10-50 ms, most of them on the run's critical path."""
     if not type(fs).__module__.startswith("s3fs"):
         return bool(fs.isfile(p))
+    return _s3fs_object_size(fs, p) is not None
+
+
+def _s3fs_object_size(fs: Any, p: str) -> int | None:
+    """The size of the object at `p` of s3fs `fs` in one HEAD; None for none (a prefix, a
+    bucket, nothing): `NativeS3.object_size`'s twin."""
     bucket, key, _ = fs.split_path(p)
     if not key:
-        return False
+        return None
     try:
-        fs.call_s3("head_object", Bucket=bucket, Key=key)
+        return int(fs.call_s3("head_object", Bucket=bucket, Key=key)["ContentLength"])
     except FileNotFoundError:
-        return False
-    return True
+        return None
 
 
 def file_size(path: Any) -> int | None:
@@ -521,15 +526,7 @@ def file_size(path: Any) -> int | None:
             return None
     with naming(path):
         fs.invalidate_cache(p)  # another process may have written it since this one listed
-        if native:
-            return fs.object_size(p)
-        bucket, key, _ = fs.split_path(p)
-        if not key:
-            return None
-        try:
-            return int(fs.call_s3("head_object", Bucket=bucket, Key=key)["ContentLength"])
-        except FileNotFoundError:
-            return None
+        return fs.object_size(p) if native else _s3fs_object_size(fs, p)
 
 
 def is_dir(path: Any) -> bool:
