@@ -50,7 +50,7 @@ from packtool.sft.encode import note_template, template_record
 from packtool.sft.inputs import file_record_kind, sft_kind
 from packtool.storage import hub, writing
 from packtool.storage import local as storage
-from packtool.tokenize.recorded import check_recorded_tokenizer
+from packtool.tokenize.recorded import check_recorded_tokenizer, inputs_recorded
 from packtool.tokenize.summary import TokenizeSummary, summary_of
 from packtool.tokenize.tables import (
     PRETOKENIZED,
@@ -66,8 +66,8 @@ from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 
 def input_identity(inputs: Iterable[str | os.PathLike]) -> TokenizerIdentity | None:
     """The tokenizer recorded in tokenized Parquet inputs (None when the inputs are raw)."""
-    tokenized, _ = split_tokenized(expand_inputs(inputs))
-    return common_identity(tokenized) if tokenized else None
+    recorded = inputs_recorded(inputs)
+    return None if recorded is None else recorded[1]
 
 
 def input_columns(
