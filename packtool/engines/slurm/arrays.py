@@ -167,7 +167,10 @@ class ArrayDriver:
         )
         return f"{self.slurm.setup}\n{check if stop else ''}cd {shlex.quote(os.getcwd())}\n"
 
-    def _script(self, array: str, task: str = '"$SLURM_ARRAY_TASK_ID"') -> Path:
+    def _script(self, array: str, task: str = '"$SLURM_ARRAY_TASK_ID"', name: str = "") -> Path:
+        """The script of an array running `array`'s descriptors, in `NAME.sh` (`name`, else
+        `array`): one file per submitted array, which is how a timed-out sbatch's job is found
+        in the queue (`commands.submit_array`)."""
         python = shlex.quote(sys.executable)
         body = (
             "#!/bin/bash\n"
@@ -176,7 +179,7 @@ class ArrayDriver:
             f"exec {python} -m packtool.engines.slurm.task {shlex.quote(str(self.dir))} "
             f"{array} {task}\n"
         )
-        path = self.dir / f"{array}.sh"
+        path = self.dir / f"{name or array}.sh"
         writing.write_atomic(path, body.encode())
         return path
 

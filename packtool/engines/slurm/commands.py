@@ -3,7 +3,8 @@
 `SlurmRefused` (a `ConfigError`) quoting Slurm's own line (its first error line, not a warning
 printed before it). The queue's state is asked
 again a few times before a refusal counts: a busy controller answers "Socket timed out" now and
-then, and one such answer must not stop a long run.
+then, and one such answer must not stop a long run. So is sbatch, after the queue is asked
+whether the job was queued before its answer was lost (`submit_array`).
 """
 
 from __future__ import annotations
@@ -113,15 +114,57 @@ def test_only(options: Sequence[str]) -> None:
     _run([require(), "--test-only", *options, "--wrap", "true"], "sbatch (--test-only)")
 
 
+TRANSIENT = (
+    "socket timed out",
+    "unable to contact slurm controller",
+    "temporarily unavailable",
+    "temporarily unable",
+    "zero bytes were transmitted",
+    "timed out after",
+)
+"""What a busy or restarting controller answers (lowercased): sbatch's answer may have been
+lost after the job was queued, so the queue is asked before it is submitted again."""
+
+
 def submit_array(options: Sequence[str], tasks: int, script: str) -> str:
     """Submit `script` as an array of `tasks` tasks (indices 0 .. tasks - 1); its job id.
 
     sbatch runs in a session of its own: the terminal's Ctrl-C, sent to the foreground process
     group, would otherwise kill it mid-request, the job queued or not, and its id unknown (the
-    driver holds its own Ctrl-C until the job is recorded: `ArrayDriver._submit_job`)."""
+    driver holds its own Ctrl-C until the job is recorded: `ArrayDriver._submit_job`).
+
+    A transient refusal (`TRANSIENT`: a busy controller's "Socket timed out") is tried again
+    after each of `RETRY_SECONDS`, but first the queue is asked for a job running `script`
+    (each array has a script of its own): a timed-out sbatch may have queued the job, and
+    submitting it again would run its tasks twice. A job that was queued and already left the
+    queue is submitted again; its tasks skip the partitions it finished (`task.py`)."""
     args = [require(), "--parsable", f"--array=0-{tasks - 1}", *options, script]
-    out = _run(args, "sbatch", own_session=True)
-    return out.strip().split(";")[0]
+    for wait in (*RETRY_SECONDS, None):
+        try:
+            out = _run(args, "sbatch", own_session=True)
+            return out.strip().split(";")[0]
+        except SlurmRefused as exc:
+            if wait is None or not any(t in str(exc).lower() for t in TRANSIENT):
+                raise
+            time.sleep(wait)
+            if job := queued_with_script(script):
+                return job
+    raise AssertionError("unreachable")  # the last try returns or raises
+
+
+def queued_with_script(script: str) -> str | None:
+    """The job id of this user's queued job that runs `script` (squeue's `%F`: an array's own
+    id, whichever of its tasks is listed), or None (none, or squeue did not answer)."""
+    try:
+        out = _run([require("squeue"), "--me", "-h", "-o", "%F|%o"], "squeue", 60)
+    except SlurmRefused:
+        return None
+    names = {script, os.path.abspath(script)}
+    for line in out.splitlines():
+        job, _, command = line.partition("|")
+        if command.strip() in names and job.strip():
+            return job.strip()
+    return None
 
 
 def live_tasks(job_ids: Iterable[str], retry: bool = True) -> dict[str, str]:

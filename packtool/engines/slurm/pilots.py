@@ -96,12 +96,13 @@ class PilotDriver(ArrayDriver):
             self._write_descriptors(self.pool_name, [[p] for p in self.pool])
             parts = np.asarray(self.pool, dtype=np.int64).tobytes()
             writing.write_atomic(self.dir / f"{self.pool_name}.parts", parts)
-        script = self._script(self.pool_name, "pilot")
         for start in range(0, n, self.max_array):
             count = min(self.max_array, n - start)
             # A name per array: arrays split by MaxArraySize shared one, and their workers'
-            # logs (`NAME-%a.log`) overwrote each other's.
+            # logs (`NAME-%a.log`) overwrote each other's; a script per array too (how a
+            # timed-out sbatch's job is found in the queue)
             name = f"w{len(self.jobs)}-{time.time_ns()}"
+            script = self._script(self.pool_name, "pilot", name)
             log = f"{output_pattern(self.logs)}/{name}-%a.log"
             entry = {"array": name, "pilots": count, "tasks": []}
             self._submit_job([*self.options, f"--output={log}"], count, str(script), entry)

@@ -346,3 +346,54 @@ def test_the_jobs_of_a_run_load_in_submission_order(tmp_path):
     for job in ("10", "9", "100", "11"):
         (tmp_path / JOBS_DIR / f"{job}.json").write_text(json.dumps({"array": "probe"}))
     assert list(driver._load_jobs()) == ["9", "10", "11", "100"]
+
+
+def _answer_losing_sbatch(folder, log) -> None:
+    """An `sbatch` in `folder` (put first on PATH) that queues each array's first submission
+    with the cluster's sbatch, then answers what a busy controller answers when its reply is
+    lost ("Socket timed out"); `log` gets a line per job queued."""
+    import shutil
+
+    real = shutil.which("sbatch")
+    folder.mkdir()
+    script = folder / "sbatch"
+    script.write_text(
+        "#!/bin/bash\n"
+        'for a; do case "$a" in --output=*) log="$a";; esac; done\n'
+        'mark="$(echo "$log" | md5sum | cut -c1-16)"\n'
+        f'case "$*" in *--test-only*) exec {real} "$@";; esac\n'
+        f'job=$({real} "$@") || exit $?\necho "$job" >> {log}\n'
+        f'if [ ! -e {folder}/"$mark" ]; then touch {folder}/"$mark"\n'
+        '  echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv '
+        'operation" >&2; exit 1\nfi\necho "$job"\n'
+    )
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize("workers", [None, 6])  # 6: two arrays of workers (MaxArraySize 4)
+def test_a_lost_sbatch_answer_neither_stops_the_run_nor_queues_the_job_twice(
+    cluster, local, tmp_path, monkeypatch, workers
+):
+    """Before: sbatch's "Socket timed out" (a busy controller) stopped the run, the job it had
+    queued running on unrecorded. Now the queue is asked for the array's script and the job
+    found there is the one recorded; nothing is submitted twice."""
+    import contextlib
+    import os
+
+    from packtool.engines.slurm import commands
+
+    log = tmp_path / "queued.log"
+    _answer_losing_sbatch(tmp_path / "bin", log)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(commands, "RETRY_SECONDS", (0.2, 0.2))
+    out = tmp_path / "packed"
+    slurm = SlurmConfig(poll_seconds=0.3, workers=workers, wait=False)
+    with contextlib.suppress(Detached):  # detached: its jobs' records are read while it runs
+        run_pack_slurm(_config(out), slurm)
+    folder = staging_folder(out) / records.RUN_DIR / "slurm" / "jobs"
+    recorded = sorted(p.stem for p in folder.glob("*.json"))
+    queued = sorted(log.read_text().split())
+    assert recorded == queued and len(queued) >= 2, (recorded, queued)
+    run_pack_slurm(replace(_config(out), resume=True), replace(slurm, wait=True))
+    _same_dataset(local, out)
+    assert sorted(log.read_text().split()) == queued  # the resume had nothing to submit

@@ -88,3 +88,52 @@ def test_a_cluster_constraint_is_no_other_cluster(fake_bin, tmp_path):
     args = _fake(fake_bin, "sbatch", "exit 0")
     slurm_options(SlurmConfig(sbatch_args=("--cluster-constraint=a",)), tmp_path / "out")
     assert "--test-only" in args.read_text()
+
+
+_TIMED_OUT = (
+    "echo 'sbatch: error: Batch job submission failed: Socket timed out on send/recv "
+    "operation' >&2; exit 1"
+)
+
+
+def _fail_first(folder: Path, body: str) -> str:
+    """A fake sbatch body: the first call runs `body` (what a busy controller answers), the
+    later ones print job id 41."""
+    flag = folder / "sbatch.failed"
+    return f"if [ ! -e {flag} ]; then touch {flag}; {body}; fi\necho 41"
+
+
+def test_a_timed_out_sbatch_whose_job_was_queued_is_not_submitted_again(fake_bin, monkeypatch):
+    """Before: a busy controller's "Socket timed out" from sbatch stopped the run (as a refused
+    squeue did until it was asked again). Now it is tried again, but first the queue is asked
+    for the array's script: the job was queued before the answer was lost, so it is taken."""
+    monkeypatch.setattr(cli, "RETRY_SECONDS", (0.0, 0.0))
+    sbatch = _fake(fake_bin, "sbatch", _fail_first(fake_bin, _TIMED_OUT))
+    squeue = _fake(fake_bin, "squeue", "printf '9|/other/a0-1.sh\\n40|/run/slurm/a1-2.sh\\n'")
+    assert cli.submit_array(["--job-name=x"], 3, "/run/slurm/a1-2.sh") == "40"
+    assert len(sbatch.read_text().splitlines()) == 1  # not submitted twice
+    assert squeue.read_text().split() == ["--me", "-h", "-o", "%F|%o"]
+
+
+def test_a_timed_out_sbatch_whose_job_is_not_queued_is_submitted_again(fake_bin, monkeypatch):
+    monkeypatch.setattr(cli, "RETRY_SECONDS", (0.0, 0.0))
+    sbatch = _fake(fake_bin, "sbatch", _fail_first(fake_bin, _TIMED_OUT))
+    _fake(fake_bin, "squeue", "printf '9|/other/a0-1.sh\\n'")
+    assert cli.submit_array([], 2, "/run/slurm/a1-2.sh") == "41"
+    assert len(sbatch.read_text().splitlines()) == 2
+
+
+def test_sbatch_refusals_that_last_or_are_not_transient_stop_at_once_or_after_the_retries(
+    fake_bin, monkeypatch
+):
+    monkeypatch.setattr(cli, "RETRY_SECONDS", (0.0, 0.0))
+    _fake(fake_bin, "squeue", "exit 0")
+    sbatch = _fake(fake_bin, "sbatch", _TIMED_OUT)
+    with pytest.raises(cli.SlurmRefused, match="Socket timed out"):
+        cli.submit_array([], 2, "/run/a.sh")
+    assert len(sbatch.read_text().splitlines()) == 3  # the first try and two more
+    sbatch.unlink()
+    _fake(fake_bin, "sbatch", "echo 'sbatch: error: Invalid account' >&2; exit 1")
+    with pytest.raises(cli.SlurmRefused, match="Invalid account"):
+        cli.submit_array([], 2, "/run/a.sh")
+    assert len(sbatch.read_text().splitlines()) == 1  # a refusal of the job is not retried
