@@ -370,13 +370,15 @@ def _answer_losing_sbatch(folder, log) -> None:
     script.chmod(0o755)
 
 
-@pytest.mark.parametrize("workers", [None, 6])  # 6: two arrays of workers (MaxArraySize 4)
 def test_a_lost_sbatch_answer_neither_stops_the_run_nor_queues_the_job_twice(
-    cluster, local, tmp_path, monkeypatch, workers
+    cluster, local, tmp_path, monkeypatch
 ):
     """Before: sbatch's "Socket timed out" (a busy controller) stopped the run, the job it had
     queued running on unrecorded. Now the queue is asked for the array's script and the job
-    found there is the one recorded; nothing is submitted twice."""
+    found there is the one recorded; nothing is submitted twice. Pull mode, six workers: two
+    arrays (MaxArraySize 4) over one pool, whose shared script made the second array's retry
+    take the first's job; fixed shares go through the same `submit_array` (test_commands.py)."""
+    workers = 6
     import contextlib
     import os
 
