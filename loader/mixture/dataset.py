@@ -461,7 +461,9 @@ class MixedDataset(IterableDataset):
             batch = self.batch(s.rows, filler=s.filler, runs=s.runs)
             if in_process:
                 self._last_step = s  # its state is made only if state_dict() asks
-                self.report(stream.schedule.events, s.end)
+                # rows delivered since the start of the mixture, as the events count them (the
+                # stream's indices count from this iteration's start: a resume's)
+                self.report(stream.schedule.events, s.chunk.start["rows"] + s.ref[2])
             yield batch
 
     def owners(self, rows: dict[str, np.ndarray], n_workers: int) -> np.ndarray:

@@ -585,6 +585,38 @@ def test_a_dropped_source_resumed_with_stop_ends_the_mixture_saying_so(sources):
     assert [e["what"] for e in resumed.describe()["events"]][-1] == "stopped"
 
 
+def _warned_at(ds, *, state=None, take=None):
+    """(step after the batch, message) of each drop/stop warning, in-process; the state."""
+    dl = MixedDataLoader(ds, num_workers=0)
+    if state is not None:
+        dl.load_state_dict(state)
+    said = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i, _ in enumerate(dl):
+            step = int(dl.state_dict()["mixed_dataset"]["step"])
+            said += [(step, str(w.message)) for w in caught[len(said) :]]
+            if take is not None and i + 1 == take:
+                break
+    return said, dl.state_dict()
+
+
+@pytest.mark.parametrize("at_cap", ["drop", "stop"])
+def test_a_cap_after_a_resume_is_warned_at_its_step_in_process(sources, at_cap):
+    """Resumed without workers, the drop came late (the stream's rows counted from the resume,
+    the events' from the start) and the stop never: each is warned at the step it was warned at
+    in the run that was not interrupted."""
+    books = SourceSpec(name="books", path=str(sources[2]), max_epochs=1, at_cap=at_cap, weight=1)
+    web = SourceSpec(name="web", path=str(sources[0]), weight=1)
+    capped = MixtureSpec(sources=(web, books), total_tokens=3000)
+    whole, _ = _warned_at(MixedDataset(capped, rows_per_batch=2))
+    assert len(whole) == 1 and "'books' reached max_epochs 1" in whole[0][1], whole
+    _, state = _warned_at(MixedDataset(capped, rows_per_batch=2), take=2)
+    assert whole[0][0] > 2  # the cap comes after the resume
+    resumed, _ = _warned_at(MixedDataset(capped, rows_per_batch=2), state=state)
+    assert resumed == whole
+
+
 # --- bad input -----------------------------------------------------------------------------
 
 
