@@ -286,8 +286,21 @@ class MixtureSpec:
 # --- the mixture file ------------------------------------------------------------------------
 
 
+def _names(keys: Any, where: str) -> set[str]:
+    """The keys of a mapping of the mixture file, each a string (a number beside strings, null,
+    or a list as a YAML key is one line, not a TypeError sorting or hashing them)."""
+    for key in keys:
+        if not isinstance(key, str):
+            raise ConfigError(
+                f"{where}: key {_shown(key)} is not a string; the keys of a mixture are names "
+                f"({', '.join(FILE_KEYS)}; a source's {', '.join(SOURCE_KEYS)})"
+            )
+    return set(keys)
+
+
 def _unique_pairs(pairs: list[tuple[Any, Any]], where: str) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
+    _names([key for key, _ in pairs], where)
     for key, value in pairs:
         if key in out:
             raise ConfigError(f"{where}: key {_shown(key)} appears twice; keep one")
@@ -309,7 +322,11 @@ def _load_yaml(text: str, where: str) -> Any:
 
     def mapping(loader: Any, node: Any) -> dict[Any, Any]:
         loader.flatten_mapping(node)
-        pairs = [(loader.construct_object(k), loader.construct_object(v)) for k, v in node.value]
+        # a key in full (a list as a key is filled later otherwise): the message shows it
+        pairs = [
+            (loader.construct_object(k, deep=True), loader.construct_object(v))
+            for k, v in node.value
+        ]
         return _unique_pairs(pairs, where)
 
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
@@ -353,7 +370,7 @@ def mixture_from_dict(
     """A `MixtureSpec` from the parsed mixture file (`base`: folder for relative paths)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: a mixture is a mapping with a `sources` list")
-    unknown = sorted(set(data) - set(FILE_KEYS))
+    unknown = sorted(_names(data, origin) - set(FILE_KEYS))
     if unknown:
         raise ConfigError(
             f"{origin}: unknown key(s) {', '.join(map(repr, unknown))}; a mixture takes "
@@ -367,7 +384,7 @@ def mixture_from_dict(
         if not isinstance(entry, dict):
             raise ConfigError(f"{origin}: sources[{i}] must be a mapping, got {_shown(entry)}")
         label = entry.get("name", f"sources[{i}]")
-        bad = sorted(set(entry) - set(SOURCE_KEYS))
+        bad = sorted(_names(entry, f"{origin}: source {_shown(label)}") - set(SOURCE_KEYS))
         if bad:
             raise ConfigError(
                 f"{origin}: source {_shown(label)}: unknown key(s) {', '.join(map(repr, bad))}; a "

@@ -15,6 +15,7 @@ from packtool.mixture.spec import (
     MixtureSpec,
     SourceSpec,
     check_compatible,
+    mixture_from_dict,
     parse_count,
     read_mixture_file,
 )
@@ -112,6 +113,34 @@ def test_bad_mixture_files_are_one_line_errors(tmp_path, name, text, message):
     with pytest.raises(ConfigError, match=message) as info:
         read_mixture_file(write(tmp_path, name, text))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("{sources: [{name: a, path: p, weight: 1}], 1: 2, foo: 3}", "1"),
+        ("{sources: [{name: a, path: p, weight: 1, 1: 2, foo: 3}]}", "1"),
+        ("{sources: [{name: a, path: p, weight: 1, [1,2]: 3}]}", "[1, 2]"),
+        ("{sources: [{name: a, path: p, weight: 1}], ? [1]: 3}", "[1]"),
+        ("{sources: [{name: a, path: p, weight: 1}], null: 3, 1.5: 2}", "None"),
+        ("{sources: [{name: a, path: p, weight: 1}], {x: 1}: 3}", "{'x': 1}"),
+    ],
+)
+def test_a_key_that_is_not_a_string_is_a_one_line_error(tmp_path, text, key):
+    """Keys of other types (a number beside strings, null, a list or a mapping as a key) were a
+    TypeError traceback: sorting the unknown keys, or a dict lookup of an unhashable key."""
+    with pytest.raises(ConfigError) as info:
+        read_mixture_file(write(tmp_path, "m.yaml", text))
+    assert str(info.value).startswith(f"{tmp_path / 'm.yaml'}: "), info.value
+    assert f"key {key} is not a string" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_mapping_with_a_key_that_is_not_a_string_is_refused():
+    source = {"name": "a", "path": "p", "weight": 1}
+    with pytest.raises(ConfigError, match=r"^mixture: key 1 is not a string"):
+        mixture_from_dict({"sources": [source], 1: 2, "foo": 3})
+    with pytest.raises(ConfigError, match=r"^mixture: source 'a': key \(1, 2\) is not a string"):
+        mixture_from_dict({"sources": [{**source, (1, 2): 3, "foo": 1}]})
 
 
 def test_missing_file(tmp_path):
