@@ -520,9 +520,10 @@ class MixedDataset(IterableDataset):
         """The global steps the next iteration yields (from the state loaded last, else from the
         start), only with `total_steps`: `total_steps` less the steps done, or fewer where a
         cap ends the mixture first. Where a cap may (`steps.may_end_before`: a source's
-        `max_epochs` within reach of the rows left, with `at_cap` "stop" or a cap on every
-        source drawn from) the steps are counted on the plan, the schedule and the cuts
-        without reading a token: once per start, as long as planning the rows up to the end.
+        `max_epochs` within reach of the rows the steps left hold, or with `tokens_per_batch`
+        of the tokens they hold, with `at_cap` "stop" or a cap on every source drawn from) the
+        steps are counted on the plan, the schedule and the cuts without reading a token: once
+        per start, as long as planning the rows up to the end.
 
         Raises:
             TypeError: No `total_steps` (a length in tokens or caps only has no step count

@@ -117,6 +117,7 @@ class PackedSource:
         self.max_len = int(self.store.max_len)
         self.token_dtype = self.store.token_dtype
         self.num_rows = int(self.store.num_rows)
+        self.num_tokens = int(self.store.manifest.num_tokens)
         self.columns: tuple[Column, ...] = self.store.optional
         self._orders: OrderedDict[int, EpochOrder] = OrderedDict()
         self._recent: deque[tuple[int, int, tuple[np.ndarray, ...]]] = deque(maxlen=2)
@@ -133,6 +134,10 @@ class PackedSource:
 
     def epoch_rows(self, epoch: int) -> int:
         return self.num_rows
+
+    def epoch_tokens(self, epoch: int) -> int:
+        """Tokens of an epoch (index.json's, checked against the rows when they are counted)."""
+        return self.num_tokens
 
     def ids(self, epoch: int, start: int, n: int) -> np.ndarray:
         """Row ids at positions `start .. start + n - 1` of `epoch`'s order (fewer at its end)."""
@@ -269,6 +274,9 @@ class StreamSource:
         return state
 
     def epoch_rows(self, epoch: int) -> None:
+        return None
+
+    def epoch_tokens(self, epoch: int) -> None:
         return None
 
     def _seek(self, epoch: int, start: int) -> _Pass:

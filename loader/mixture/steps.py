@@ -374,16 +374,18 @@ def count_steps(ds: MixtureView, stream: RowStream, first: int) -> int:
 
 def may_end_before(ds: MixtureView, start: dict[str, Any], total: int) -> bool:
     """Whether the mixture may end before global step `total` from `start` (a state): it has
-    ended, or a source drawn from may reach its `max_epochs` within the rows left (at most
-    `rows_per_batch`, or `tokens_per_batch`, per rank batch) where that stops the mixture
-    (`at_cap` "stop", or every source drawn from has a cap). False is certain: the steps left
-    are `total` less the steps done. A streaming source's cap (epoch length unknown) may."""
+    ended, or a source drawn from may reach its `max_epochs` within what the steps left hold
+    (`rows_per_batch` rows, or `tokens_per_batch` tokens, per rank batch at most) where that
+    stops the mixture (`at_cap` "stop", or every source drawn from has a cap). False is
+    certain: the steps left are `total` less the steps done. A streaming source's cap (epoch
+    length unknown) may."""
     sched = start["schedule"]
     if sched["done"] is not None:
         return True
     c = ds.config
-    per_batch = c.rows_per_batch if c.rows_per_batch is not None else c.tokens_per_batch
-    most_rows = (total - int(start["step"])) * ds.world_size * per_batch
+    batches = (total - int(start["step"])) * ds.world_size
+    tokens = c.rows_per_batch is None
+    most = batches * (c.tokens_per_batch if tokens else c.rows_per_batch)
     reach = {}  # per source drawn from: whether it may reach its cap
     for spec, src in zip(ds.spec.sources, ds.sources, strict=True):
         m = spec.max_epochs
@@ -396,11 +398,33 @@ def may_end_before(ds: MixtureView, start: dict[str, Any], total: int) -> bool:
             continue
         capped = math.floor(m) * n + (cap_rows(m, n) if m > math.floor(m) else 0)
         at = sched["sources"].get(spec.name, {"epoch": 0, "pos": 0})
-        reach[spec.name] = capped - (int(at["epoch"]) * n + int(at["pos"])) <= most_rows
+        delivered = int(at["epoch"]) * n + int(at["pos"])
+        if tokens:  # the fewest tokens the rows left before the cap can hold
+            left = least_tokens(delivered, capped, n, src.epoch_tokens(0), ds.max_len)
+        else:
+            left = capped - delivered
+        reach[spec.name] = left <= most
     drawn = [s for s in ds.spec.sources if s.weight > 0]
     return any(reach[s.name] and s.at_cap == "stop" for s in drawn) or all(
         reach[s.name] for s in drawn
     )
+
+
+def least_tokens(first: int, stop: int, n: int, tokens: int, max_len: int) -> int:
+    """The fewest tokens rows `first .. stop - 1` of a source can hold, counted over its epochs
+    one after another (`n` rows and `tokens` tokens each, at most `max_len` a row): a whole
+    epoch holds `tokens`, `k` of its rows at least what its other `n - k` rows leave. A
+    bound in O(1), however many epochs the cap is away (planning them is what it saves)."""
+    if stop <= first:
+        return 0
+
+    def part(k: int) -> int:
+        return tokens if k >= n else max(0, tokens - (n - k) * max_len)
+
+    e0, e1 = first // n, (stop - 1) // n
+    if e0 == e1:
+        return part(stop - first)
+    return part((e0 + 1) * n - first) + (e1 - e0 - 1) * tokens + part(stop - e1 * n)
 
 
 def plan_blocks(

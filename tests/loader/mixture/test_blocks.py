@@ -19,6 +19,7 @@ from loader.mixture.steps import (
     STEP_FIELDS,
     RowStream,
     cut_steps,
+    least_tokens,
     plan_blocks,
     plan_steps,
     rank_step,
@@ -229,3 +230,27 @@ def test_a_source_describes_its_rows_as_computed_afresh(sources, reads):
             want = (ids, want_docs, want_sq, groups, ids - src.store.row_group_starts[groups])
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_array_equal(g, w)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 8), min_size=1, max_size=6),
+    first=st.integers(0, 20),
+    count=st.integers(0, 20),
+    seed=st.integers(0, 2**16),
+)
+def test_least_tokens_is_at_most_what_the_rows_hold_in_any_order(lengths, first, count, seed):
+    """`len()` in tokens skips counting the steps where a cap is out of reach of this bound:
+    it must never exceed the tokens of those rows, whatever each epoch's order."""
+    n, rng = len(lengths), np.random.default_rng(seed)
+    rows = np.concatenate([rng.permutation(lengths) for _ in range((first + count) // n + 1)])
+    held = int(rows[first : first + count].sum())
+    assert least_tokens(first, first + count, n, sum(lengths), 8) <= held
+
+
+def test_least_tokens_counts_whole_epochs_exactly():
+    # 3 rows of <= 8 tokens, 20 an epoch: from row 2 to row 11 (epoch 0's last row, epochs
+    # 1 and 2 whole, epoch 3's first 2 rows): at least 20 - 2 * 8, 2 x 20, 20 - 8
+    assert least_tokens(2, 11, 3, 20, 8) == 4 + 40 + 12
+    assert least_tokens(0, 3 * 10**6, 3, 20, 8) == 20 * 10**6  # O(1), not a loop of epochs
+    assert least_tokens(5, 5, 3, 20, 8) == least_tokens(6, 5, 3, 20, 8) == 0

@@ -317,6 +317,25 @@ def test_len_of_a_cap_out_of_reach_is_not_counted(sources, monkeypatch):
     assert len(stream(ds)[0]) == 5
 
 
+def test_len_of_a_cap_out_of_reach_in_tokens_is_not_counted(sources, monkeypatch):
+    """tokens_per_batch was taken for rows: books' 100 epochs (600 rows) looked within reach
+    of 50 steps of 64 "rows", so len planned the whole run (7 s at 100,000 steps). In tokens
+    the 50 steps hold at most 3,200, and 99 whole epochs of books hold far more."""
+    import loader.mixture.dataset as dataset_module
+
+    def no_count(*args):
+        raise AssertionError("counted")
+
+    books = PackedDataset(sources[2], rows_per_batch=1).store.manifest.num_tokens
+    assert 100 * ROWS[2] <= 50 * 64 < 99 * books
+    mix = capped(sources, {2: (100, "stop")}, total_steps=50)
+    ds = MixedDataset(mix, tokens_per_batch=64)
+    monkeypatch.setattr(dataset_module, "count_steps", no_count)
+    assert len(ds) == 50
+    monkeypatch.undo()
+    assert len(stream(ds)[0]) == 50
+
+
 def test_len_of_a_streaming_source_whose_cap_may_end_the_mixture_is_unknown(online):
     mix = replace(capped_live_spec(online), total_tokens=None, total_steps=10**6)
     with pytest.raises(TypeError, match="streaming source's cap may end it"):
