@@ -192,6 +192,7 @@ def plan_mixture(
     )
     batches = carry = 0  # rank batches closed; tokens of the open one (a token budget)
     state = None
+    last = 0  # the last planned row's tokens
     with Progress("mix", enabled=progress) as bar:
         while state is None and sch.done is None:
             chunk = sch.next(1 << 20)
@@ -202,9 +203,10 @@ def plan_mixture(
                 cut, batches, carry = _budget_cut(
                     chunk.length, tokens_per_batch, batches, carry, steps * world_size
                 )
-            bar.update(
-                docs=len(chunk) if cut is None else cut, tokens=int(chunk.length[:cut].sum())
-            )
+            planned = len(chunk) if cut is None else cut
+            if planned:
+                last = int(chunk.length[planned - 1])
+            bar.update(docs=planned, tokens=int(chunk.length[:cut].sum()))
             if cut is not None:
                 state = sch.state_after(chunk, cut)
     if state is None:
@@ -213,12 +215,23 @@ def plan_mixture(
     plan = _plan(
         spec, sizes, state, tokens, steps, rows_per_batch, tokens_per_batch, world_size, seconds
     )
+    own = spec.total_tokens  # with it, `steps` is --steps (a file has no total_steps then)
+    if steps is not None and own is not None and plan.tokens - last >= own:
+        # a run of the file stops after the row that brings its tokens to total_tokens: the
+        # plan's last row comes after that one
+        past.append(
+            f"--steps {steps:,} plans {plan.tokens:,} tokens, past the mixture's own "
+            f"total_tokens {own:,}, where a run of this file stops; the plan shows what a larger "
+            "total would deliver"
+        )
     return replace(plan, warnings=(*past, *plan.warnings))
 
 
 def _past_own_total(spec: MixtureSpec, tokens: int | None, steps: int | None) -> list[str]:
     """A warning where --tokens / --steps plans past the mixture's own total, which a run of the
-    file stops at (the plan reported 5,019 tokens of a file whose total_tokens is 2,000)."""
+    file stops at (the plan reported 5,019 tokens of a file whose total_tokens is 2,000); for
+    --steps past the file's total_tokens, `plan_mixture` warns once the steps' tokens are
+    known."""
     for flag, asked, own, key in (
         ("--tokens", tokens, spec.total_tokens, "total_tokens"),
         ("--steps", steps, spec.total_steps, "total_steps"),

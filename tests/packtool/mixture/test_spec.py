@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -299,6 +300,39 @@ def test_batch_options_without_steps_are_refused_naming_them(folders, tmp_path):
         "warning: --tokens 30,000 plans past the mixture's own total_tokens 20,000, where a run "
         "of this file stops; the plan shows what a larger total would deliver\n"
     )
+
+
+@pytest.mark.parametrize("batch", [("--tokens-per-batch", "2048"), ("--rows-per-batch", "4")])
+def test_steps_past_the_files_total_tokens_are_planned_with_a_warning(folders, tmp_path, batch):
+    """`--steps` planned past the file's total_tokens said nothing (only `--steps` past a
+    total_steps, or `--tokens` past a total_tokens, did), where docs/mixtures.md promises it."""
+    file = write(
+        tmp_path,
+        "tokens.yaml",
+        f"total_tokens: 20000\nsources:\n  - {{name: web, path: {folders / 'web'}, weight: 1}}\n",
+    )
+    code, out, err = run("mix", file, "--steps", "40", *batch, "--json")
+    planned = json.loads(out)["tokens"]
+    assert code == 0 and planned > 20000 + 512, err
+    assert err == (
+        f"warning: --steps 40 plans {planned:,} tokens, past the mixture's own total_tokens "
+        "20,000, where a run of this file stops; the plan shows what a larger total would "
+        "deliver\n"
+    )
+    code, out, err = run("mix", file, "--steps", "2", *batch, "--json")
+    assert code == 0 and err == "" and json.loads(out)["tokens"] < 20000
+
+
+def test_steps_whose_last_row_reaches_the_files_total_tokens_are_not_past_it(folders):
+    # a run stops after the row that brings the tokens to the total: a plan that ends on that
+    # row delivers what the run does, however far past the total the row reaches
+    plan = plan_mixture(spec(folders), steps=10, rows_per_batch=1)
+    for total in (plan.tokens - 1, plan.tokens):
+        own = replace(spec(folders), total_tokens=total)
+        assert plan_mixture(own, steps=10, rows_per_batch=1).warnings == ()
+    first = plan_mixture(spec(folders), steps=9, rows_per_batch=1).tokens
+    own = replace(spec(folders), total_tokens=first)  # reached by the 9th row: the 10th is past
+    assert plan_mixture(own, steps=10, rows_per_batch=1).warnings[0].startswith("--steps 10")
 
 
 def test_planning_the_files_total_steps_without_a_batch_size_names_it(folders, tmp_path):
