@@ -129,7 +129,7 @@ def inspect_cmd(directory: str, row: int | None, plot: str | None, as_json: bool
 
 @cli.command("mix", short_help="Plan a mixture file: each source's tokens, epochs, share.")
 @click.argument("mixture", type=input_options.NamedPath(path_type=str), metavar="MIXTURE")
-@click.option("--tokens", help="Plan this many tokens (10B, 2.5M, ...).")
+@click.option("--tokens", help="Plan this many tokens (10B, 2.5M, 1e9, ...).")
 @click.option("--steps", help="Plan this many global steps (give a batch size).")
 @click.option("--rows-per-batch", type=AT_LEAST_1, help="--steps: rows per rank batch.")
 @click.option("--tokens-per-batch", type=AT_LEAST_1, help="--steps: token budget per rank batch.")

@@ -101,7 +101,8 @@ MAX_COUNT = 2**62
 
 
 def parse_count(value: Any, what: str) -> int:
-    """A positive integer count: an int, or text like `10B`, `2.5M`, `1_000` (K, M, B/G, T).
+    """A positive integer count: an int, or text like `10B`, `2.5M`, `1_000` (K, M, B/G, T) or
+    `1e9`, `1.0e+9`, `2.5e6` (an exponent; YAML 1.1 keeps `1e9` as text), read exactly.
 
     Raises:
         ConfigError: Anything else (the message names `what`).
@@ -110,22 +111,38 @@ def parse_count(value: Any, what: str) -> int:
     if _is_number(value) and float(value).is_integer() and value > 0:
         n = int(value)
     elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([kKmMbBgGtT]?)\s*", value)
-        if m:
-            from decimal import Decimal  # exact: a float rounded 10**30 to 1000...19884624838656
-
-            scale = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
-            exact = Decimal(m.group(1).replace("_", "")) * scale[m.group(2).lower()]
-            if exact >= 1 and exact == exact.to_integral_value():
-                n = int(exact)
+        exact = _exact_count(value)
+        if exact is not None and exact > MAX_COUNT:  # before an int of 10**999999999 is made
+            raise ConfigError(f"{what} {_shown(value)} is too large: at most {MAX_COUNT:,} (2**62)")
+        if exact is not None and exact >= 1 and exact == exact.to_integral_value():
+            n = int(exact)
     if n is None:
         raise ConfigError(
-            f"{what} must be a positive whole number (e.g. 1000000, 10B, 2.5M), got {_shown(value)}"
-            f"{_exponent_hint(value)}"
+            f"{what} must be a positive whole number (e.g. 1000000, 10B, 2.5M, 1e9), got "
+            f"{_shown(value)}"
         )
     if n > MAX_COUNT:  # the schedule counts in int64 (a numba traceback past it)
         raise ConfigError(f"{what} {n:,} is too large: at most {MAX_COUNT:,} (2**62)")
     return n
+
+
+def _exact_count(text: str) -> Any:
+    """The `decimal.Decimal` that count text stands for, exactly (a float rounded 10**30 to
+    1000...19884624838656), or None where it is no count's form."""
+    from decimal import Decimal, InvalidOperation
+
+    m = re.fullmatch(
+        r"\s*([0-9][0-9_]*(?:\.[0-9]+)?)(?:[eE]([-+]?[0-9]+)|\s*([kKmMbBgGtT]?))\s*", text
+    )
+    if not m:
+        return None
+    digits, exponent, suffix = m.groups()
+    if exponent is None:
+        exponent = {"": 0, "k": 3, "m": 6, "b": 9, "g": 9, "t": 12}[suffix.lower()]
+    try:  # built from the text, a Decimal is exact whatever its digits (arithmetic would round)
+        return Decimal(f"{digits.replace('_', '')}e{exponent}")
+    except InvalidOperation:  # an exponent past Decimal's range
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)

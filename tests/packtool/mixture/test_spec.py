@@ -407,21 +407,43 @@ def test_the_exponent_hint_suggests_what_yaml_reads_as_that_number(tmp_path, tex
     ), suggested
 
 
-@pytest.mark.parametrize("text", ["1e9", "1.0e4", "2.5e6", "1E6"])
-def test_a_total_with_an_exponent_gets_the_yaml_hint(tmp_path, text):
-    """YAML reads `total_tokens: 1e9` as text: the message says so and what to write, as it does
-    for weights (it said only "must be a positive whole number"); what it suggests loads as a
-    total that is accepted."""
-    import yaml
-
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [("1e9", 10**9), ("1.0e+9", 10**9), ("2.5e6", 2_500_000), ("1E6", 10**6), ("10e-1", 1)],
+)
+def test_a_total_with_an_exponent_is_read_exactly(tmp_path, text, count):
+    """`--tokens 1.0e+9` was refused with a hint about YAML telling the user to write 1.0e+9;
+    `total_tokens: 1e9` (text to YAML 1.1) with the same hint. Exponent text is read exactly
+    (Decimal) in both."""
+    assert parse_count(text, "--tokens") == count
     spec = tmp_path / "m.yaml"
     spec.write_text(f"total_tokens: {text}\nsources:\n  - {{name: a, path: p, weight: 1}}\n")
-    with pytest.raises(ConfigError, match=f"YAML reads {text} as text") as caught:
-        read_mixture_file(spec)
-    assert "\n" not in str(caught.value)
-    suggested = re.search(r"write (.+)\)$", str(caught.value)).group(1).split(" or ")
-    for form in suggested:
-        assert parse_count(yaml.safe_load(f"t: {form}")["t"], "t") == int(float(text))
+    assert read_mixture_file(spec).total_tokens == count
+
+
+@pytest.mark.parametrize(
+    "text", ["1e-3", "1.5e0", "0e5", "1e1K", "1e+", "2.5e-1", "1e99999999999999999999"]
+)
+def test_an_exponent_that_is_not_a_positive_whole_number_is_refused_without_a_yaml_hint(text):
+    # (an exponent past Decimal's range too: not a decimal.InvalidOperation traceback)
+    with pytest.raises(ConfigError, match="positive whole number") as caught:
+        parse_count(text, "--tokens")
+    assert "YAML" not in str(caught.value), caught.value
+
+
+def test_a_huge_exponent_is_too_large_at_once():
+    # refused before an int of 10**999999999 is made (a Decimal compares without making it)
+    for text in ("1e999999999", "1e30", "1" + "9" * 40 + "e3"):
+        with pytest.raises(ConfigError, match=r"is too large: at most 4,611,686,018,427,387,904"):
+            parse_count(text, "--tokens")
+
+
+def test_the_cli_reads_tokens_with_an_exponent(folders, tmp_path):
+    file = write(
+        tmp_path, "m.yaml", f"sources:\n  - {{name: web, path: {folders / 'web'}, weight: 1}}\n"
+    )
+    code, out, err = run("mix", file, "--tokens", "1.0e+4", "--json")
+    assert code == 0 and err == "" and 10_000 <= json.loads(out)["tokens"] < 10_000 + 512
 
 
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])
