@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from loader.testing import write_random_dataset
+from packtool.dataset.manifest import read_manifest
 from packtool.errors import ConfigError
 from packtool.mixture.plan import plan_mixture
 from packtool.mixture.spec import (
@@ -325,14 +326,19 @@ def test_steps_past_the_files_total_tokens_are_planned_with_a_warning(folders, t
 
 def test_steps_whose_last_row_reaches_the_files_total_tokens_are_not_past_it(folders):
     # a run stops after the row that brings the tokens to the total: a plan that ends on that
-    # row delivers what the run does, however far past the total the row reaches
-    plan = plan_mixture(spec(folders), steps=10, rows_per_batch=1)
-    for total in (plan.tokens - 1, plan.tokens):
-        own = replace(spec(folders), total_tokens=total)
-        assert plan_mixture(own, steps=10, rows_per_batch=1).warnings == ()
-    first = plan_mixture(spec(folders), steps=9, rows_per_batch=1).tokens
-    own = replace(spec(folders), total_tokens=first)  # reached by the 9th row: the 10th is past
-    assert plan_mixture(own, steps=10, rows_per_batch=1).warnings[0].startswith("--steps 10")
+    # row delivers what the run does. One source: its first k rows hold k * T // R tokens
+    # (`SyntheticLengths`), so the 10th row reaches 9 * T // R + 1 and is past 9 * T // R.
+    web = read_manifest(folders / "web")
+    after = [k * web.num_tokens // web.num_rows for k in (9, 10)]
+    one = MixtureSpec(sources=(SourceSpec(name="web", path=str(folders / "web"), weight=1),))
+    reached = plan_mixture(replace(one, total_tokens=after[0] + 1), steps=10, rows_per_batch=1)
+    assert reached.tokens == after[1] and reached.warnings == ()
+    past = plan_mixture(replace(one, total_tokens=after[0]), steps=10, rows_per_batch=1)
+    assert past.warnings == (
+        f"--steps 10 plans {after[1]:,} tokens, past the mixture's own total_tokens "
+        f"{after[0]:,}, where a run of this file stops; the plan shows what a larger total "
+        "would deliver",
+    )
 
 
 def test_planning_the_files_total_steps_without_a_batch_size_names_it(folders, tmp_path):
