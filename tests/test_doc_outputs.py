@@ -29,6 +29,21 @@ def test_stats_md_shows_what_stats_prints(monkeypatch):
     assert out.splitlines() == shown
 
 
+def test_stats_md_shows_what_stats_prints_for_masked_data(monkeypatch):
+    # The masked lines of stats.md came from data no command made; and the split bound stood
+    # unqualified above the masked rows (1,657 vs 666 here).
+    monkeypatch.chdir(ROOT)
+    code, out, err = run(
+        "stats", "sample_data/chat.jsonl", "--chat-template", "examples/chat_template.jinja",
+        "--max-len", "512", "--candidates", "512",
+    )  # fmt: skip
+    assert code == 0, err
+    shown = _block_after(ROOT / "docs" / "stats.md", "real output), at the max length")
+    printed = out.splitlines()
+    at = printed.index(shown[0])
+    assert printed[at : at + len(shown)] == shown
+
+
 def test_readme_shows_what_pack_prints(monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
     out_dir = tmp_path / "packed"

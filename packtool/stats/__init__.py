@@ -13,5 +13,6 @@ May import: packtool's top-level modules, `storage`, `dataset`, `pack`, `mixture
 Modules:
 - `lengths.py`: `compute_stats`, `LengthStats`, the candidates and the suggestion.
 - `supervised.py`: the loss-mask side of the statistics.
+- `bounds.py`: L1 and L2 from a histogram of lengths (both of the above, and the engines).
 - `report.py`: the text report; `plots.py`: the figures.
 """

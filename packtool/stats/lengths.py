@@ -33,6 +33,11 @@ from packtool.pack.kernels import check_max_len, ffd_assign
 from packtool.pack.kernels import split_lengths as _split_lengths
 from packtool.pack.limits import int64_lengths
 from packtool.quantities import check_int
+from packtool.stats.bounds import (
+    lower_bound_l2_histogram,
+    lower_bounds_from_histogram,
+    split_histogram,
+)
 
 if TYPE_CHECKING:
     from packtool.stats.supervised import SupervisedStats
@@ -47,6 +52,7 @@ __all__ = [
     "length_stats",
     "lower_bound_l1",
     "lower_bound_l2",
+    "lower_bounds_from_histogram",
     "split_lengths",
 ]
 
@@ -150,52 +156,7 @@ def lower_bound_l2(lengths: ArrayLike, max_len: int) -> int:
     """
     max_len = check_max_len(max_len)
     values, counts = np.unique(_as_lengths(lengths), return_counts=True)
-    return _lower_bound_l2_hist(*_split_hist(values, counts, max_len), max_len)
-
-
-def lower_bounds_from_histogram(histogram: ArrayLike, max_len: int) -> tuple[int, int]:
-    """(L1, L2) from a histogram of piece lengths (`histogram[l]` pieces of length l <= max_len).
-
-    What the engines use: a histogram merges across partitions by addition, so the bounds of a
-    whole corpus cost max_len + 1 integers, never a list of every length.
-    """
-    hist = np.asarray(histogram, dtype=np.int64)
-    sizes = np.flatnonzero(hist)
-    total = int((sizes * hist[sizes]).sum())
-    if len(sizes) and sizes[-1] > max_len:
-        raise ValueError(f"a piece of {sizes[-1]} tokens is longer than max_len {max_len}")
-    return int(-(-total // max_len)), _lower_bound_l2_hist(sizes, hist[sizes], max_len)
-
-
-def _split_hist(
-    values: NDArray[np.int64], counts: NDArray[np.int64], max_len: int
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """The chunk-length histogram after splitting, from the (distinct length, count) histogram."""
-    full = values // max_len
-    rest = values % max_len
-    keep = rest > 0
-    sizes = np.concatenate([[max_len], rest[keep]])
-    n = np.concatenate([[int((full * counts).sum())], counts[keep]])
-    return sizes, n
-
-
-def _lower_bound_l2_hist(sizes: NDArray[np.int64], n: NDArray[np.int64], max_len: int) -> int:
-    if int(n.sum()) == 0:
-        return 0
-    c = max_len
-    counts = np.bincount(sizes, weights=n, minlength=c + 1).astype(np.int64)
-    cum_n = np.cumsum(counts)  # documents with length <= x
-    cum_t = np.cumsum(counts * np.arange(c + 1, dtype=np.int64))  # tokens in them
-    n = int(cum_n[-1])
-    half = c // 2  # largest length s with 2s <= c
-    k = np.arange(0, half + 1)
-    j1 = n - cum_n[c - k]
-    j2 = cum_n[c - k] - cum_n[half]
-    s2 = cum_t[c - k] - cum_t[half]
-    below_k = np.where(k > 0, cum_t[np.maximum(k - 1, 0)], 0)
-    s3 = cum_t[half] - below_k
-    extra = -(-(s3 - (j2 * c - s2)) // c)
-    return int((j1 + j2 + np.maximum(extra, 0)).max())
+    return lower_bound_l2_histogram(*split_histogram(values, counts, max_len), max_len)
 
 
 def _pad_per_batch_slots(chunks: NDArray[np.int64], batch_size: int) -> int:
@@ -426,7 +387,7 @@ def length_stats(
         return (
             int(c.size),
             _ffd_rows(c, m),
-            _lower_bound_l2_hist(*_split_hist(values, counts, m), m),
+            lower_bound_l2_histogram(*split_histogram(values, counts, m), m),
         )
 
     lens = sorted({L, *config.candidates})

@@ -71,15 +71,28 @@ def _render_histogram_32(
     return lines
 
 
-def _supervised_lines(s: LengthStats) -> list[tuple[str, str]]:
-    """With a loss mask: supervised tokens, and the packing `pack` does by default for them."""
+def _packing_lines(s: LengthStats) -> list[tuple[str, str]]:
+    """The bound and FFD rows after splitting; with a loss mask, `pack` truncates instead (by
+    default), so these are labelled as what splitting would give, and the masked lines follow
+    with the bound on the kept lengths (an unqualified split bound stood above fewer masked
+    rows, and above what `pack` did)."""
     sup = s.supervised
+    split = " (if split)" if sup is not None else ""
+    lines = [
+        (
+            "lower bound (if split)" if sup is not None else "lower bound on rows",
+            f"L1 {s.lower_bound_l1:,}  L2 {s.lower_bound_l2:,}",
+        ),
+        (f"FFD packing{split}", f"{s.ffd_rows:,} rows, efficiency {_pct(s.ffd_efficiency)}"),
+    ]
     if sup is None:
-        return []
+        return lines
     at = sup.at[s.max_len]
     share = sup.supervised_tokens / sup.tokens if sup.tokens else 0.0
     return [
+        *lines,
         ("supervised tokens", f"{sup.supervised_tokens:,} ({_pct(share)} of tokens)"),
+        ("masked: lower bound", f"L1 {at.lower_bound_l1:,}  L2 {at.lower_bound_l2:,}"),
         (
             "masked: FFD, truncated",
             f"{at.rows:,} rows, efficiency {_pct(at.efficiency)}, supervised efficiency "
@@ -136,9 +149,7 @@ def render_report(s: LengthStats) -> str:
                     f"pad batches of {s.batch_size:,}",
                     f"{_pct(s.pad_per_batch_waste)} of slots wasted (each batch to its longest)",
                 ),
-                ("lower bound on rows", f"L1 {s.lower_bound_l1:,}  L2 {s.lower_bound_l2:,}"),
-                ("FFD packing", f"{s.ffd_rows:,} rows, efficiency {_pct(s.ffd_efficiency)}"),
-                *_supervised_lines(s),
+                *_packing_lines(s),
             ]
         ),
         "",

@@ -11,7 +11,8 @@ Streaming: `SupervisedCounter.add` takes one table at a time and keeps, per max 
 histogram of the kept (truncated) lengths and running sums, bounded by the longest document.
 The FFD rows at the end expand each histogram back to one length per kept document (int64,
 plus FFD's row and offset per document: ~24 bytes a document per max length, for the moment
-they are packed), as the plain figures hold one length per document (docs/stats.md).
+they are packed), as the plain figures hold one length per document (docs/stats.md). The bounds
+on rows (L1, L2 on the kept lengths, as `pack` computes its own) come from the histogram itself.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from packtool.dataset.columns import LOSS_MASK, flat_parts
 from packtool.dataset.masks import prefix_sums
 from packtool.dataset.tokenized import length_tables
 from packtool.pack.kernels import ffd_assign
+from packtool.stats.bounds import lower_bounds_from_histogram
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +47,10 @@ class SupervisedAt:
     documents_truncated: int
     documents_unsupervised: int
     """Documents dropped: no supervised token in their first max_len tokens."""
+    lower_bound_l1: int
+    """ceil(kept tokens / max_len): the bound on `rows`, on the kept (truncated) lengths."""
+    lower_bound_l2: int
+    """Martello–Toth L2 on the kept lengths (what `pack` reports as its bound on masked data)."""
 
     @property
     def efficiency(self) -> float:
@@ -62,6 +68,7 @@ class SupervisedAt:
             "supervised_tokens": self.supervised_tokens,
             "documents_truncated": self.documents_truncated,
             "documents_unsupervised": self.documents_unsupervised,
+            "lower_bound_rows": {"l1": self.lower_bound_l1, "l2": self.lower_bound_l2},
             "efficiency": self.efficiency,
             "supervised_efficiency": self.supervised_efficiency,
         }
@@ -143,10 +150,11 @@ class SupervisedCounter:
     def result(self) -> SupervisedStats:
         at = {}
         for j, m in enumerate(self.limits.tolist()):
-            hist = self.hist[j]
+            hist = self.hist[j].copy()
+            hist[0] = 0  # no document is kept with no token (a kept one has a target)
             lengths = np.repeat(np.arange(len(hist), dtype=np.int64), hist)
-            lengths = lengths[lengths > 0]
             rows = int(ffd_assign(lengths, m)[2]) if len(lengths) else 0
+            l1, l2 = lower_bounds_from_histogram(hist, m)
             at[m] = SupervisedAt(
                 max_len=m,
                 rows=rows,
@@ -154,5 +162,7 @@ class SupervisedCounter:
                 supervised_tokens=int(self.supervised[j]),
                 documents_truncated=int(self.truncated[j]),
                 documents_unsupervised=int(self.unsupervised[j]),
+                lower_bound_l1=l1,
+                lower_bound_l2=l2,
             )
         return SupervisedStats(supervised_tokens=self.total_supervised, tokens=self.tokens, at=at)
