@@ -9,9 +9,9 @@ Conventions (the same as `packtool pack` with its default long-document policy):
   anything is packed or padded; "chunks" below are these pieces in input order.
 - Efficiency = real tokens / (rows * max_len), the share of row slots holding tokens.
 - Suggested max length: among the candidates that split at most `SPLIT_TOLERANCE` (1%) of the
-  documents (all candidates >= the p99 length; the largest candidate alone when none is), the
-  smallest whose projected FFD efficiency is within `SUGGEST_TOLERANCE` (one percentage point) of
-  the best of them. Short rows always pack well once documents are chopped to fit, so efficiency
+  documents (all candidates >= the p99 length), the smallest whose projected FFD efficiency is
+  within `SUGGEST_TOLERANCE` (one percentage point) of the best of them (`SUGGESTION_RULE`); the
+  largest candidate when none splits so few (`SUGGESTION_FALLBACK`, the rule then reported). Short rows always pack well once documents are chopped to fit, so efficiency
   alone would always suggest the shortest candidate; the split limit keeps documents whole.
 """
 
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CANDIDATES",
+    "SUGGESTION_FALLBACK",
+    "SUGGESTION_RULE",
     "SUGGEST_TOLERANCE",
     "LengthStats",
     "StatsConfig",
@@ -63,6 +65,11 @@ SUGGESTION_RULE = (
     "among candidates that split at most 1% of documents, the smallest whose projected FFD "
     "efficiency is within 1 percentage point of the best of them"
 )
+SUGGESTION_FALLBACK = (
+    "no candidate splits at most 1% of documents, so the largest (the one that splits fewest)"
+)
+"""The rule's other branch, said instead of `SUGGESTION_RULE` where it was taken (that rule was
+printed for a largest candidate chosen because none split few enough)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -278,6 +285,8 @@ class LengthStats:
     ffd_rows: int
     candidates: list[Candidate]
     suggested_max_len: int
+    suggestion_rule: str = SUGGESTION_RULE
+    """The rule's branch that chose it (`SUGGESTION_RULE` or `SUGGESTION_FALLBACK`)."""
     inputs: dict[str, Any] = field(default_factory=dict)
     """Where the lengths came from: kind (raw | tokenized | array), tokenizer, skipped counts."""
     lengths: NDArray[np.int64] | None = field(default=None, repr=False, compare=False)
@@ -339,7 +348,7 @@ class LengthStats:
             },
             "candidates": [c.to_dict() for c in self.candidates],
             "suggested_max_len": self.suggested_max_len,
-            "suggestion_rule": SUGGESTION_RULE,
+            "suggestion_rule": self.suggestion_rule,
             "histogram_log2": self.histogram_log2,
             "histogram_32": self.histogram_32,
             **({"supervised": self.supervised.to_dict()} if self.supervised else {}),
@@ -348,11 +357,18 @@ class LengthStats:
 
 def suggest_max_len(candidates: Sequence[Candidate], documents: int) -> int:
     """The suggested max length by `SUGGESTION_RULE` (see the module docstring)."""
+    return suggestion(candidates, documents)[0]
+
+
+def suggestion(candidates: Sequence[Candidate], documents: int) -> tuple[int, str]:
+    """The suggested max length and the rule that chose it: `SUGGESTION_RULE`, or
+    `SUGGESTION_FALLBACK` where no candidate splits at most 1% of the documents."""
     eligible = [c for c in candidates if c.long_documents <= SPLIT_TOLERANCE * documents]
     if not eligible:
-        eligible = [max(candidates, key=lambda c: c.max_len)]
+        return max(c.max_len for c in candidates), SUGGESTION_FALLBACK
     best = max(c.efficiency for c in eligible)
-    return min(c.max_len for c in eligible if c.efficiency >= best - SUGGEST_TOLERANCE)
+    chosen = min(c.max_len for c in eligible if c.efficiency >= best - SUGGEST_TOLERANCE)
+    return chosen, SUGGESTION_RULE
 
 
 def length_stats(
@@ -408,7 +424,7 @@ def length_stats(
                 pad_to_max_len_waste=1.0 - tokens / (n_chunks * cand) if n_chunks else 0.0,
             )
         )
-    suggested = suggest_max_len(candidates, int(arr.size))
+    suggested, rule = suggestion(candidates, int(arr.size))
 
     return LengthStats(
         max_len=L,
@@ -435,6 +451,7 @@ def length_stats(
         ffd_rows=packed[L][1],
         candidates=candidates,
         suggested_max_len=suggested,
+        suggestion_rule=rule,
         inputs=dict(inputs or {"kind": "array"}),
         lengths=arr,
         supervised=supervised,

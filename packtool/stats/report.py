@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from packtool.dataset.identity import describe_tokenizer
-from packtool.stats.lengths import SUGGESTION_RULE, LengthStats
+from packtool.stats.lengths import LengthStats
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: bool = True) -> list[str]:
@@ -179,5 +179,5 @@ def render_report(s: LengthStats) -> str:
         "pad-to-max waste",
     ]
     lines += _table(headers + (["supervised eff. (truncated)"] if sup else []), cand_rows)
-    lines += ["", f"suggested max length: {s.suggested_max_len:,} (* : {SUGGESTION_RULE})"]
+    lines += ["", f"suggested max length: {s.suggested_max_len:,} (* : {s.suggestion_rule})"]
     return "\n".join(lines)

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from packtool.errors import ConfigError, DataError
 from packtool.pack.kernels import ffd_assign
 from packtool.stats.lengths import (
+    SUGGESTION_FALLBACK,
+    SUGGESTION_RULE,
     Candidate,
     StatsConfig,
     compute_stats,
@@ -171,6 +173,21 @@ def test_suggestion_rule():
     assert suggest_max_len(cands, 1000) == 1024  # 512 splits 5% of documents
     cands = [cand(512, 50, 0.999), cand(1024, 20, 0.99)]
     assert suggest_max_len(cands, 1000) == 1024  # none eligible: the largest
+
+
+def test_the_printed_rule_says_when_no_candidate_splits_few_enough():
+    # Every candidate splits more than 1% of the documents: the largest is suggested, and the
+    # rule printed (and in the JSON) said "among candidates that split at most 1%" all the same.
+    lengths = [100] * 90 + [5000] * 10
+    s = length_stats(lengths, StatsConfig(max_len=1024, candidates=(512, 1024, 2048)))
+    assert s.suggested_max_len == 2048
+    assert s.suggestion_rule == SUGGESTION_FALLBACK
+    assert s.to_dict()["suggestion_rule"] == SUGGESTION_FALLBACK
+    assert SUGGESTION_FALLBACK.startswith("no candidate splits at most 1% of documents")
+    assert render_report(s).endswith(f"suggested max length: 2,048 (* : {SUGGESTION_FALLBACK})")
+    kept = length_stats([100] * 99 + [5000], StatsConfig(max_len=1024, candidates=(512, 1024)))
+    assert (kept.suggested_max_len, kept.suggestion_rule) == (512, SUGGESTION_RULE)
+    assert render_report(kept).endswith(f"(* : {SUGGESTION_RULE})")
 
 
 def test_to_dict_is_stable_and_json_ready():
