@@ -84,9 +84,10 @@ class StatsConfig:
     """Max lengths compared in the candidates table (the suggestion is one of these)."""
 
     def __post_init__(self) -> None:
-        # The lengths `packtool pack` accepts (rows of one token are refused there too).
-        check_max_len(self.max_len, minimum=2)
-        check_int("batch_size", self.batch_size)
+        # The lengths `packtool pack` accepts (rows of one token are refused there too). Each
+        # kept as a Python int: a NumPy one reached to_dict() and json.dumps refused it.
+        object.__setattr__(self, "max_len", check_max_len(self.max_len, minimum=2))
+        object.__setattr__(self, "batch_size", check_int("batch_size", self.batch_size))
         if not isinstance(self.candidates, (tuple, list)) or any(
             isinstance(c, bool) or not isinstance(c, (int, np.integer)) for c in self.candidates
         ):  # a TypeError ('<' between str and int, an int not iterable) before
@@ -97,8 +98,11 @@ class StatsConfig:
             raise ConfigError(
                 f"candidates must be a non-empty tuple of positive lengths, got {self.candidates!r}"
             )
-        for c in self.candidates:
-            check_max_len(c, "candidate max length", minimum=2)
+        object.__setattr__(
+            self,
+            "candidates",
+            tuple(check_max_len(c, "candidate max length", minimum=2) for c in self.candidates),
+        )
 
     def check_room_for_text(self, eos_id: int | None, bos_id: int | None) -> None:
         """Refuse, as `packtool pack` does, a max length that BOS + EOS fill (`ConfigError`)."""

@@ -222,6 +222,21 @@ def test_to_dict_is_stable_and_json_ready():
     assert "lengths" not in d
 
 
+def test_numpy_ints_in_the_config_give_a_json_ready_dict():
+    # StatsConfig accepted NumPy ints and kept them: to_dict() then held an int64 max_len and
+    # json.dumps raised TypeError.
+    import json
+
+    config = StatsConfig(
+        max_len=np.int64(512), batch_size=np.int32(2), candidates=(np.int64(512), np.uint16(1024))
+    )
+    assert (type(config.max_len), type(config.batch_size)) == (int, int)
+    assert config.candidates == (512, 1024) and {type(c) for c in config.candidates} == {int}
+    d = json.loads(json.dumps(length_stats([5, 600, 7], config).to_dict()))
+    assert (d["max_len"], d["padding"]["pad_per_batch"]["batch_size"]) == (512, 2)
+    assert [c["max_len"] for c in d["candidates"]] == [512, 1024]
+
+
 def test_render_mentions_the_figures():
     text = render_report(length_stats([3, 5, 2, 8], StatsConfig(max_len=8, batch_size=2)))
     assert "documents   4" in text
