@@ -486,7 +486,8 @@ def compute_stats(
 
     Raises:
         DataError: unreadable or mixed inputs, or no documents at all.
-        ConfigError: a max length (or candidate) that BOS + EOS fill, which `pack` refuses.
+        ConfigError: no inputs (an empty list), or a max length (or candidate) that BOS + EOS
+            fill, which `pack` refuses.
     """
     from packtool.dataset.tokenized import tokenized_lengths
     from packtool.progress import Progress
@@ -497,6 +498,8 @@ def compute_stats(
     from packtool.tokenize.tokenize import PRETOKENIZED, inputs_read, read_tables, unchanged_ids
 
     inputs = input_list(inputs)
+    if not inputs:  # else read as nothing: "no documents in " (and no name)
+        raise ConfigError("no inputs: compute_stats needs at least one file, folder, glob or URL")
     config = config or StatsConfig()
     read_config = read_config or ReadConfig()
     paths = expand_inputs(inputs)  # listed and classified once, then handed on

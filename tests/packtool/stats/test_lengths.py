@@ -294,6 +294,16 @@ def test_max_lengths_that_bos_and_eos_fill_are_refused_as_pack_refuses_them(tmp_
     assert (s.tokens, s.chunks) == (4, 2)
 
 
+@pytest.mark.parametrize("inputs", [[], (), iter([])])
+def test_an_empty_list_of_inputs_is_refused_as_such(inputs):
+    # It read nothing and said "no documents in " (the inputs' names: none).
+    with pytest.raises(ConfigError) as info:
+        compute_stats(inputs)
+    assert str(info.value) == (
+        "no inputs: compute_stats needs at least one file, folder, glob or URL"
+    )
+
+
 def test_bad_lengths():
     with pytest.raises(DataError, match="no documents"):
         length_stats([])
