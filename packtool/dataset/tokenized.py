@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.dataset import columns as shard_columns
-from packtool.dataset.identity import TokenizerIdentity
+from packtool.dataset.identity import IDENTITY_FIELDS, TokenizerIdentity
 from packtool.errors import ConfigError, DataError
 from packtool.prefetch import map_ordered
 from packtool.storage import local as storage
@@ -177,12 +177,22 @@ def common_identity(tokenized: list[tuple[Path, dict[str, Any]]]) -> TokenizerId
     for p, meta in tokenized[1:]:
         other = TokenizerIdentity.from_dict(meta["tokenizer"])
         if not other.matches(first):
+            differ = [f for f in IDENTITY_FIELDS if getattr(other, f) != getattr(first, f)]
+            sha = "sha256" in differ
             raise DataError(
-                f"{p}: tokenized with {other.kind}:{other.name} (vocab {other.vocab_size}, "
-                f"eos {other.eos_id}), unlike {first_path} ({first.kind}:{first.name}, "
-                f"vocab {first.vocab_size}, eos {first.eos_id})"
+                f"{p}: tokenized with {other.kind}:{other.name} ({_told(other, sha)}), unlike "
+                f"{first_path} ({first.kind}:{first.name}, {_told(first, sha)}); they differ "
+                f"in {', '.join(differ)}"
             )
     return first
+
+
+def _told(identity: TokenizerIdentity, sha: bool) -> str:
+    """An identity's fields in a mismatch message: every one `matches` compares (two that
+    differed in their BOS alone read the same before), the hash only where the hashes differ."""
+    eos, bos = ("none" if v is None else v for v in (identity.eos_id, identity.bos_id))
+    told = f"vocab {identity.vocab_size}, eos {eos}, bos {bos}"
+    return told + (f", sha256 {identity.sha256[:12]}" if sha else "")
 
 
 def tokenized_lengths(
