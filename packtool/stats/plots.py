@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from packtool.errors import ConfigError, MissingDependencyError
+from packtool.errors import ConfigError, DataError, MissingDependencyError
 from packtool.storage import local as storage
 
 
@@ -45,6 +46,16 @@ def check_plot_path(path: str | os.PathLike) -> Path:
     if not storage.exists(path.parent):
         raise ConfigError(f"plot file {str(path)!r}: folder {str(path.parent)!r} does not exist")
     return path
+
+
+def _save(fig: Any, path: Path) -> None:
+    """`fig.savefig(path)`; a write that fails (a full disk, no permission) is a `DataError`
+    naming the plot file (matplotlib's OSError named none: "error: No space left on device")."""
+    try:
+        fig.savefig(path)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise DataError(f"plot file {str(path)!r}: not written ({why})") from None
 
 
 def plot_length_histogram(
@@ -92,7 +103,7 @@ def plot_length_histogram(
         ax.set_ylabel("documents")
         ax.set_title(title or f"{arr.size:,} documents, {int(arr.sum()):,} tokens")
         fig.tight_layout()
-        fig.savefig(path)
+        _save(fig, path)
     finally:
         plt.close(fig)
     return path
@@ -138,7 +149,7 @@ def plot_row_fill(
         ax.set_ylabel("row")
         ax.set_title(title or f"{n} rows, max_len {max_len:,}")
         fig.tight_layout()
-        fig.savefig(path)
+        _save(fig, path)
     finally:
         plt.close(fig)
     return path
@@ -184,7 +195,7 @@ def plot_attention_mask(
         ax.set_ylabel("query position")
         ax.set_title(title or f"causal mask, {max(off.size - 1, 0)} documents, {length:,} tokens")
         fig.tight_layout()
-        fig.savefig(path)
+        _save(fig, path)
     finally:
         plt.close(fig)
     return path
