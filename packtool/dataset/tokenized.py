@@ -220,8 +220,9 @@ def length_tables(
     (packtool/read/tokenized.py): it was a document to `stats` and `empty` to `pack`.
 
     Raises:
-        DataError: a file without one of the columns, a `length` column of no integer type,
-            or a length that is null, negative or past int32 (the lengths' type: one such was
+        DataError: a file without one of the columns (or `input_ids`), a `length` column of no
+            integer type, a length that is not its row's number of ids (checked from the
+            footer, no id read), or a length that is null, negative or past int32 (the lengths' type: one such was
             wrapped, 2^32 + 7 read as 7); a `loss_mask` among `columns` that is not one 0/1
             value per token (`checked_mask`; it comes back as bytes, however it was stored);
             a row group that cannot be read (a damaged page: its CRC32 is checked).
@@ -240,6 +241,7 @@ def length_tables(
                 f"{p}: column 'length' holds {kind}, not integer token counts; the file was "
                 "damaged or edited: re-run packtool tokenize"
             )
+        ids_leaf = _ids_leaf(pf, p)
         row = 0
         for rg in range(pf.num_row_groups):
             try:
@@ -259,6 +261,7 @@ def length_tables(
                     f"{p}: row {row + int(bad[0])} has {said}, not a token count; the file "
                     "was damaged or edited: re-run packtool tokenize"
                 )
+            _check_ids_count(pf, rg, ids_leaf, lengths, p, row)
             if shard_columns.LOSS_MASK in columns:
                 mask = checked_mask(table.column(shard_columns.LOSS_MASK), lengths, p, row)
                 table = table.set_column(
@@ -272,6 +275,65 @@ def length_tables(
                 keep = lengths > 0
                 lengths, table = lengths[keep], table.filter(pa.array(keep))
             yield lengths, table
+
+
+def _ids_leaf(pf: Any, path: Path) -> int:
+    """The Parquet column index of `input_ids`' values, refusing what `pack` refuses to read as
+    ids (a missing column, one that is no list of integers)."""
+    if "input_ids" not in pf.schema_arrow.names:
+        raise DataError(
+            f"{path}: no column 'input_ids' (columns: {', '.join(pf.schema_arrow.names)})"
+        )
+    kind = pf.schema_arrow.field("input_ids").type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not (
+        pa.types.is_integer(kind.value_type)
+    ):
+        raise DataError(f"{path}: input_ids is {kind}, not a list of integer token ids")
+    schema = pf.metadata.schema
+    return next(i for i in range(len(schema)) if schema.column(i).path.split(".")[0] == "input_ids")
+
+
+def _check_ids_count(
+    pf: Any, rg: int, leaf: int, lengths: np.ndarray, path: Path, first_row: int
+) -> None:
+    """`length` against the ids of row group `rg`, reading no id (`stats` reported a `length`
+    edited past its ids, which `pack`, checking row by row, refused). The footer counts one
+    entry of the ids column per id and one per empty list, and (in its statistics, where the
+    writer kept them) each empty list as a null: so sum(length) + the rows of length 0, and
+    those rows, wherever each `length` is its row's count. Two edits that cancel out in one
+    row group pass; `pack` still refuses them. Only where the counts differ is `input_ids`
+    read, to name the row in `pack`'s words.
+
+    Raises:
+        DataError: a `length` that is not its row's number of ids (or a null among the ids).
+    """
+    column = pf.metadata.row_group(rg).column(leaf)
+    zeros = int((lengths == 0).sum())
+    stats = column.statistics if column.is_stats_set else None
+    nulls = stats.null_count if stats is not None and stats.has_null_count else None
+    if column.num_values == int(lengths.sum(dtype=np.int64)) + zeros and nulls in (None, zeros):
+        return
+    ids = pf.read_row_group(rg, columns=["input_ids"]).column("input_ids").combine_chunks()
+    if ids.null_count:
+        bad = int(np.flatnonzero(ids.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{path}: row {first_row + bad}: null input_ids")
+    offsets = ids.offsets.to_numpy()
+    counts = np.diff(offsets)
+    wrong = np.flatnonzero(counts != lengths)
+    if len(wrong):
+        k = int(wrong[0])
+        raise DataError(
+            f"{path}: row {first_row + k}: length is {lengths[k]} but the row has {counts[k]} ids"
+        )
+    values = ids.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    where = np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))
+    row = _row_at(offsets - offsets[0], int(where[0])) if len(where) else 0
+    raise DataError(  # the counts agree row by row: a null id (as pack says it), or damage
+        f"{path}: row {first_row + row}: a null token id"
+        if len(where)
+        else f"{path}: row group {rg}: its footer counts {column.num_values:,} id entries for "
+        f"{int(lengths.sum()):,} tokens; the file was damaged or edited: re-run packtool tokenize"
+    )
 
 
 def checked_mask(column: Any, lengths: np.ndarray, path: Any, first_row: int) -> pa.Array:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from packtool.dataset.identity import TokenizerIdentity
-from packtool.dataset.tokenized import common_identity
+from packtool.dataset.tokenized import common_identity, length_tables
 from packtool.errors import DataError
+from packtool.storage import local as storage
+from tests.cli import one_error_line, run
 
 BYTE = TokenizerIdentity(
     kind="byte", name="byte", vocab_size=258, eos_id=256, bos_id=None, sha256="a" * 64
@@ -46,3 +50,71 @@ def test_another_name_or_engine_is_the_same_tokenizer():
 
     other = replace(BYTE, name="elsewhere/byte", engine="byte")
     assert common_identity([(Path("a"), _meta(BYTE)), (Path("b"), _meta(other))]) == BYTE
+
+
+def _edited(tmp_path: Path, edit: dict[int, int], null_id_in: int | None = None) -> Path:
+    """A tokenized file of six documents (2..7 ids each), two rows a row group, whose
+    `length` of row r is edited to `edit[r]` (and an id of row `null_id_in` made null)."""
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join('{"text": "%s"}\n' % ("x" * i) for i in range(1, 7)))  # +EOS: 2..7
+    good, bad = tmp_path / "good.parquet", tmp_path / "bad.parquet"
+    tokenize_corpus([src], good, progress=False)
+    t = pq.read_table(good)
+    lengths = t.column("length").to_pylist()
+    assert lengths == [2, 3, 4, 5, 6, 7]
+    for row, value in edit.items():
+        lengths[row] = value
+    t = t.set_column(t.schema.get_field_index("length"), "length", pa.array(lengths, pa.int32()))
+    if null_id_in is not None:
+        ids = t.column("input_ids").to_pylist()
+        ids[null_id_in][0] = None
+        i = t.schema.get_field_index("input_ids")
+        t = t.set_column(i, t.schema.field(i), pa.array(ids, t.schema.field(i).type))
+    pq.write_table(t.replace_schema_metadata(pq.read_schema(good).metadata), bad, row_group_size=2)
+    return bad
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        ({0: 1001}, "row 0: length is 1001 but the row has 2 ids"),
+        ({3: 2}, "row 3: length is 2 but the row has 5 ids"),  # in the second row group
+        ({5: 9, 4: 1}, "row 4: length is 1 but the row has 6 ids"),
+        # sum(length) + rows of length 0 unchanged: the statistics' empty lists tell
+        ({0: 0, 1: 4}, "row 0: length is 0 but the row has 2 ids"),
+    ],
+)
+def test_a_length_unlike_its_ids_is_refused_as_pack_refuses_it(tmp_path, edit, said):
+    # stats trusted `length` (reading only it): a length 1,000 past its ids gave 1,000 more
+    # tokens, which pack then refused. The footer's counts tell, without reading an id.
+    from packtool.stats.lengths import StatsConfig, compute_stats
+
+    bad = _edited(tmp_path, edit)
+    with pytest.raises(DataError) as info:
+        compute_stats([bad], StatsConfig(max_len=64, candidates=(64,)))
+    assert str(info.value) == f"{bad}: {said}"
+    code, _, err = run("pack", bad, "-o", tmp_path / "out", "--max-len", 64)
+    assert code == 1 and one_error_line(err) == f"error: {bad}: {said}"
+
+
+def test_a_null_id_is_named_as_pack_names_it(tmp_path):
+    bad = _edited(tmp_path, {}, null_id_in=2)
+    with pytest.raises(DataError) as info:
+        list(length_tables([(bad, {})]))
+    assert str(info.value) == f"{bad}: row 2: a null token id"
+
+
+def test_lengths_that_match_their_ids_read_no_id(tmp_path, monkeypatch):
+    good = _edited(tmp_path, {})
+    pf = storage.parquet_file(good)
+    read = []
+    real = type(pf).read_row_group
+    monkeypatch.setattr(
+        type(pf),
+        "read_row_group",
+        lambda self, *a, **k: read.append(k["columns"]) or real(self, *a, **k),
+    )
+    assert [len(x) for x, _ in length_tables([(good, {})])] == [2, 2, 2]
+    assert read == [["length"]] * 3
