@@ -497,9 +497,7 @@ def compute_stats(
     from packtool.storage.local import input_list
     from packtool.tokenize.tokenize import PRETOKENIZED, inputs_read, read_tables, unchanged_ids
 
-    inputs = input_list(inputs)
-    if not inputs:  # else read as nothing: "no documents in " (and no name)
-        raise ConfigError("no inputs: compute_stats needs at least one file, folder, glob or URL")
+    inputs = input_list(inputs)  # (an empty list: one line, not "no documents in ")
     config = config or StatsConfig()
     read_config = read_config or ReadConfig()
     paths = expand_inputs(inputs)  # listed and classified once, then handed on

@@ -42,16 +42,16 @@ def input_list(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
     never the characters of its name; any other iterable gives its items.
 
     Raises:
-        ConfigError: `inputs` is neither a path nor an iterable of paths (None, a number, bytes).
+        ConfigError: `inputs` is neither a path nor an iterable of paths (None, a number, bytes),
+            or it is empty (it said "no documents in ", naming nothing).
     """
     if isinstance(inputs, (str, os.PathLike)):
         return [inputs]
     if isinstance(inputs, (bytes, bytearray)) or not isinstance(inputs, Iterable):
-        raise ConfigError(
-            f"inputs must be a path or a list of paths (str or os.PathLike), got "
-            f"{type(inputs).__name__}"
-        )
-    return list(inputs)
+        raise ConfigError(f"inputs must be a path or a list of paths, got {type(inputs).__name__}")
+    if not (out := list(inputs)):
+        raise ConfigError("no inputs: give at least one file, folder, glob or URL")
+    return out
 
 
 def input_text(raw: str | os.PathLike) -> str:

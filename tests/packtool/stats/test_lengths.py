@@ -299,9 +299,22 @@ def test_an_empty_list_of_inputs_is_refused_as_such(inputs):
     # It read nothing and said "no documents in " (the inputs' names: none).
     with pytest.raises(ConfigError) as info:
         compute_stats(inputs)
-    assert str(info.value) == (
-        "no inputs: compute_stats needs at least one file, folder, glob or URL"
-    )
+    assert str(info.value) == "no inputs: give at least one file, folder, glob or URL"
+
+
+@pytest.mark.parametrize("api", ["run_pack", "tokenize_corpus"])
+def test_pack_and_tokenize_refuse_an_empty_list_of_inputs_as_such(api, tmp_path):
+    # Both read nothing and said "no documents in " (naming nothing), as compute_stats did.
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack.chunk import PackConfig
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    with pytest.raises(ConfigError, match=r"^no inputs: give at least one file"):
+        if api == "run_pack":
+            run_pack(RunConfig(inputs=(), out_dir=str(tmp_path / "o"), pack=PackConfig(max_len=8)))
+        else:
+            tokenize_corpus([], tmp_path / "t")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "t").exists()
 
 
 def test_bad_lengths():
