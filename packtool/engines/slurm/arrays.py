@@ -72,8 +72,6 @@ class ArrayDriver:
         self.jobs: dict[str, dict[str, Any]] = self._load_jobs()  # job id -> {array, tasks}
         self.open: set[str] = set()
         """The `JOB_TASK` keys whose partitions are not all recorded: what a poll looks at."""
-        self.mine: set[str] = set()
-        """The jobs this driver submitted or re-attached to: none is left queued at the end."""
         self.attempts: dict[int, int] = {}
         self.submitted = 0
         self.attached = 0
@@ -102,7 +100,6 @@ class ArrayDriver:
         """Record a submitted job (its own file: nothing written before is rewritten)."""
         writing.write_atomic(self.dir / JOBS_DIR / f"{job}.json", json.dumps(entry).encode())
         self.jobs[job] = entry
-        self.mine.add(job)
         self.open.update(f"{job}_{i}" for i, parts in enumerate(entry["tasks"]) if parts)
 
     # --- submitting ---
@@ -187,12 +184,14 @@ class ArrayDriver:
 
     def run_partitions(self) -> None:
         todo = set(self.run.todo)  # the partitions without a record when the run was opened
+        if not todo:  # nothing to run: an earlier driver's jobs cancelled, squeue not asked
+            self.cancel()
+            return
         self.stop_other_mode(pilots=True)  # pull-mode workers: gone before the listing
         done = set(records.finished(self.run.work))
         live = cli.live_tasks(self.jobs)  # jobs of an earlier driver still queued: re-attach
         # The others ended: what they left is submitted now.
         self.open = {key for key in live if self._partitions_of(key)}
-        self.mine.update(key.partition("_")[0] for key in self.open)
         self.attached = len(self.open)
         covered = {p for key in self.open for p in self._partitions_of(key)}
         self._probe(live)
@@ -302,35 +301,37 @@ class ArrayDriver:
 
     def _wait(self, todo: set[int]) -> None:
         """Poll until every partition of `todo` is recorded. Each poll costs the tasks still to
-        finish (one squeue of their jobs, a stat of their partitions' records), never the run's
-        whole history."""
+        finish (a stat of their partitions' records, then one squeue of their jobs), never the
+        run's whole history. The records come first, and are looked at again when squeue
+        refuses for good: a run whose partitions all finished needs no answer from squeue (it
+        failed so while the controller timed out), and ends cancelling its jobs, whatever is
+        left of them, without asking which (`cancel`: scancel of a finished job does nothing).
+        """
         done = set(records.finished(self.run.work)) & todo  # one listing, at the start
         for p in sorted(done):
             self.run.account(records.read_record(self.run.work, p))
         gone_once: set[str] = set()
         while True:
-            jobs = {key.partition("_")[0] for key in self.open}
-            if self.probe_job is not None:
-                jobs.add(self.probe_job)
-            live = cli.live_tasks(jobs)  # first the queue, then the records
-            self._say_held(live)
-            self._check_probe(live)
-            for key in sorted(self.open):  # pending ones too: one requeued after its last
-                for p in self._partitions_of(key):  # record finished the run (a stat each)
-                    if (
-                        p in todo
-                        and p not in done
-                        and storage.exists(records.record_path(self.run.work, p))
-                    ):
-                        self.run.account(records.read_record(self.run.work, p))
-                        done.add(p)
-            if todo <= done:
+            if self._recorded(todo, done):
                 # Tasks still queued have nothing left (exiting, or requeued after finishing):
                 # a finished run leaves no job behind, also one dropped from `open` once
                 # another task recorded its partitions.
-                left = cli.live_tasks(self.mine - jobs)
-                cli.cancel({key.partition("_")[0] for key in (*live, *left)})
+                self.cancel()
                 return
+            jobs = {key.partition("_")[0] for key in self.open}
+            if self.probe_job is not None:
+                jobs.add(self.probe_job)
+            try:
+                # Asked after the records: a task seen gone counts only when seen gone at the
+                # next poll too, after its records were looked at again (they may lag).
+                live = cli.live_tasks(jobs)
+            except cli.SlurmRefused:
+                if self._recorded(todo, done):  # finished while squeue was asked again
+                    self.cancel()
+                    return
+                raise
+            self._say_held(live)
+            self._check_probe(live)
             resubmit = []
             for key in sorted(self.open):
                 missing = [p for p in self._partitions_of(key) if p in todo and p not in done]
@@ -367,6 +368,21 @@ class ArrayDriver:
             pending = len(todo) - len(done) - running
             self._progress(len(done), len(todo), running, pending, sum(self.attempts.values()))
             time.sleep(self.slurm.poll_seconds)
+
+    def _recorded(self, todo: set[int], done: set[int]) -> bool:
+        """Account the partitions of the open tasks that have a record now (added to `done`; a
+        stat each, pending tasks' too: one requeued after its last record finished the run);
+        whether every partition of `todo` has one."""
+        for key in sorted(self.open):
+            for p in self._partitions_of(key):
+                if (
+                    p in todo
+                    and p not in done
+                    and storage.exists(records.record_path(self.run.work, p))
+                ):
+                    self.run.account(records.read_record(self.run.work, p))
+                    done.add(p)
+        return todo <= done
 
     def _check_visible(self, log: Path, probe: bool = False) -> None:
         """A node that cannot see the run's folder: one line now, not retries. Found by the

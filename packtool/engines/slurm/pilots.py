@@ -115,6 +115,9 @@ class PilotDriver(ArrayDriver):
 
     def run_partitions(self) -> None:
         todo = set(self.run.todo)
+        if not todo:  # nothing to run: an earlier driver's jobs cancelled, squeue not asked
+            self.cancel()
+            return
         self.stop_other_mode(pilots=False)  # a fixed-share run's jobs: gone before the listing
         done = set(records.finished(self.run.work))
         self.pool = sorted(todo - done)
@@ -152,39 +155,21 @@ class PilotDriver(ArrayDriver):
         last_poll = 0.0
         stalled, done_at_submit = 0, len(done)
         while True:
-            # Claims in pool order; a released one is followed apart (below), so the claims
-            # after it are followed now (they waited until it was claimed again)
-            while self.cursor < len(self.pool) and (
-                self.pool[self.cursor] in self.released
-                or storage.exists(self._claim(self.pool[self.cursor]))
-            ):
-                p = self.pool[self.cursor]
-                if p not in done and p not in self.released:
-                    self.running.setdefault(p, "")
-                self.cursor += 1
-            for p in list(self.released):
-                if storage.exists(records.record_path(self.run.work, p)):
-                    # Finished all the same: its record was out of sight when the claim was
-                    # released (a file system's cached lookup, a requeued worker holding it),
-                    # and no worker claims a partition with a record (the run failed waiting)
-                    self.released.discard(p)
-                    self.run.account(records.read_record(self.run.work, p))
-                    done.add(p)
-                elif storage.exists(self._claim(p)):
-                    self.released.discard(p)
-                    self.running[p] = ""
-            for p in list(self.running):
-                if storage.exists(records.record_path(self.run.work, p)):
-                    self.run.account(records.read_record(self.run.work, p))
-                    done.add(p)
-                    del self.running[p]
-            if todo <= done:
-                cli.cancel({k.partition("_")[0] for k in cli.live_tasks(self._pilot_jobs())})
+            if self._look(todo, done):
+                # Workers still queued have nothing left: cancelled, whatever is left of them,
+                # without asking squeue which (it failed runs whose partitions all finished)
+                self.cancel()
                 return
             now = time.monotonic()
             if now - last_poll >= self.slurm.poll_seconds:
                 last_poll = now
-                live = cli.live_tasks(self._pilot_jobs())
+                try:
+                    live = cli.live_tasks(self._pilot_jobs())
+                except cli.SlurmRefused:
+                    if self._look(todo, done):  # finished while squeue was asked again
+                        self.cancel()
+                        return
+                    raise
                 self._say_held(live)
                 lost = self._release_lost(live, gone_once)
                 unclaimed = len(self.pool) - self.cursor + len(self.released)
@@ -211,6 +196,38 @@ class PilotDriver(ArrayDriver):
                 pending = len(todo) - len(done) - running
                 self._progress(len(done), len(todo), running, pending, sum(self.attempts.values()))
             time.sleep(min(TICK, self.slurm.poll_seconds))
+
+    def _look(self, todo: set[int], done: set[int]) -> bool:
+        """One look at the claims and records (no squeue): the new claims, in pool order; the
+        released claims (claimed again, or recorded after all); the records of the claimed,
+        unfinished partitions, accounted and added to `done`. Whether all of `todo` is done."""
+        # Claims in pool order; a released one is followed apart (below), so the claims
+        # after it are followed now (they waited until it was claimed again)
+        while self.cursor < len(self.pool) and (
+            self.pool[self.cursor] in self.released
+            or storage.exists(self._claim(self.pool[self.cursor]))
+        ):
+            p = self.pool[self.cursor]
+            if p not in done and p not in self.released:
+                self.running.setdefault(p, "")
+            self.cursor += 1
+        for p in list(self.released):
+            if storage.exists(records.record_path(self.run.work, p)):
+                # Finished all the same: its record was out of sight when the claim was
+                # released (a file system's cached lookup, a requeued worker holding it),
+                # and no worker claims a partition with a record (the run failed waiting)
+                self.released.discard(p)
+                self.run.account(records.read_record(self.run.work, p))
+                done.add(p)
+            elif storage.exists(self._claim(p)):
+                self.released.discard(p)
+                self.running[p] = ""
+        for p in list(self.running):
+            if storage.exists(records.record_path(self.run.work, p)):
+                self.run.account(records.read_record(self.run.work, p))
+                done.add(p)
+                del self.running[p]
+        return todo <= done
 
     def _release_lost(self, live: dict[str, str], gone_once: set[str]) -> int:
         """Release the claims of workers out of the queue (seen gone twice: records may lag);

@@ -128,6 +128,70 @@ def test_a_held_task_is_named_once(tmp_path, monkeypatch, capsys, kind):
     ]
 
 
+def _refusing(work: Path, record: int | None, calls: list[int]):
+    """A `commands.live_tasks` that refuses as squeue does after its retries (a controller that
+    keeps timing out), partition `record` recorded meanwhile (None: none)."""
+
+    def live_tasks(jobs, retry=True):
+        calls.append(1)
+        if record is not None:
+            _record(work, record)
+        raise cli.SlurmRefused("--engine slurm: squeue refused: Socket timed out")
+
+    return live_tasks
+
+
+@pytest.mark.parametrize("kind", [ArrayDriver, PilotDriver])
+@pytest.mark.parametrize("last", ["before", "meanwhile", "never"])
+def test_a_run_whose_partitions_all_finished_needs_no_answer_of_squeue(
+    tmp_path, monkeypatch, kind, last
+):
+    """squeue refusing for good (a controller that keeps timing out) failed runs whose every
+    partition had its record: the queue was asked before the records were looked at, once more
+    after the last one was seen (what to cancel), and a refusal that lasted was the end, though
+    the partitions finished while it was asked again. The records come first now, once more
+    after a refusal, and a finished run cancels its jobs without asking which are left."""
+    driver = _driver(kind, tmp_path, monkeypatch, workers=1)
+    cancelled: list[set[str]] = []
+    monkeypatch.setattr(cli, "cancel", lambda jobs, wait=0.0: cancelled.append(set(jobs)))
+    calls: list[int] = []
+    work = driver.run.work
+    record = {"before": None, "meanwhile": 1, "never": None}[last]
+    monkeypatch.setattr(cli, "live_tasks", _refusing(work, record, calls))
+    driver._add_job("5", {"array": "a0", "pilots": 2, "tasks": [[0], [1]]})
+    _record(work, 0)
+    if last == "before":
+        _record(work, 1)
+    if kind is PilotDriver:
+        driver.pool = [0, 1]
+        for p in (0, 1):
+            (driver.claims / f"{p:06d}").write_text(f"5_{p}")
+        run = lambda: driver._follow({0, 1}, set())  # noqa: E731
+    else:
+        run = lambda: driver._wait({0, 1})  # noqa: E731
+    if last == "never":
+        with pytest.raises(cli.SlurmRefused):
+            run()
+        return
+    run()
+    assert sorted(driver.accounted) == [0, 1]
+    assert len(calls) == (last == "meanwhile")  # squeue asked only while a partition was left
+    assert cancelled == [{"5"}]  # the run's jobs, whatever is left of them
+
+
+@pytest.mark.parametrize("kind", [ArrayDriver, PilotDriver])
+def test_a_resume_with_nothing_left_cancels_its_jobs_without_squeue(tmp_path, monkeypatch, kind):
+    driver = _driver(kind, tmp_path, monkeypatch, workers=1)
+    cancelled: list[set[str]] = []
+    monkeypatch.setattr(cli, "cancel", lambda jobs, wait=0.0: cancelled.append(set(jobs)))
+    calls: list[int] = []
+    monkeypatch.setattr(cli, "live_tasks", _refusing(driver.run.work, None, calls))
+    driver._add_job("5", {"array": "a0", "pilots": 1, "tasks": [[0]]})
+    driver.run.todo = []  # every partition had its record when the run was opened
+    driver.run_partitions()
+    assert not calls and cancelled == [{"5"}] and driver.submits == []
+
+
 def test_a_node_without_the_mount_mid_run_keeps_the_finished_work(tmp_path, monkeypatch):
     """A task that could not see the run's folder raised a ConfigError wherever it came: mid-
     run, a fresh run's staging folder then went with its finished partitions (a ConfigError
