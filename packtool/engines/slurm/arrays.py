@@ -363,8 +363,8 @@ class ArrayDriver:
             if resubmit:
                 self._submit(sorted(resubmit))
             # Partitions, not tasks (nor the probe): one running in each running task with
-            # work left, every other one not done pending.
-            running = sum(1 for key in self.open if live.get(key, "PENDING") != "PENDING")
+            # work left, every other one not done pending (held ones too).
+            running = sum(1 for key in self.open if live.get(key, "PENDING") not in cli.WAITING)
             pending = len(todo) - len(done) - running
             self._progress(len(done), len(todo), running, pending, sum(self.attempts.values()))
             time.sleep(self.slurm.poll_seconds)
@@ -411,8 +411,9 @@ class ArrayDriver:
 
     def _say_held(self, live: dict[str, str]) -> None:
         """A line on stderr, once per job and state, for tasks Slurm holds (REQUEUE_HOLD,
-        SPECIAL_EXIT, SUSPENDED, ...: `commands.HELD_STATES`): the run waits for them, and
-        said nothing."""
+        SPECIAL_EXIT, SUSPENDED, ..., and pending ones held by their user or an admin,
+        JobHeldUser, JobHeldAdmin: `commands.HELD_STATES`): the run waits for them, and said
+        nothing."""
         held: dict[tuple[str, str], int] = {}
         for key, state in live.items():
             if state in cli.HELD_STATES:

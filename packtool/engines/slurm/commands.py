@@ -27,14 +27,23 @@ LIVE_STATES = frozenset(
 REQUEUE_HOLD is (Slurm's own words): counted gone, its partitions were resubmitted, and ran
 twice once it was released."""
 
+HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+"""squeue reasons of a PENDING task held by its user or an admin (`scontrol hold`, `sbatch
+--hold`): `live_tasks` reports the reason as the task's state."""
+
 HELD_STATES = {
     "REQUEUE_HOLD": "scontrol release",
     "SPECIAL_EXIT": "scontrol release",
     "RESV_DEL_HOLD": "scontrol release",
     "SUSPENDED": "scontrol resume",
     "STOPPED": "scancel --signal=CONT",
+    **dict.fromkeys(sorted(HELD_REASONS), "scontrol release"),
 }
-"""Live states in which a task runs nothing until someone acts: what releases it."""
+"""Live states (and held pending tasks' reasons) in which a task runs nothing until someone
+acts: what releases it."""
+
+WAITING = frozenset({"PENDING", *HELD_REASONS})
+"""What `live_tasks` says of a task that has not started."""
 
 RETRY_SECONDS = (2.0, 5.0, 10.0, 20.0, 30.0)
 """The waits before squeue is asked again after a refusal or a timeout (about a minute in all)."""
@@ -169,14 +178,15 @@ def queued_with_script(script: str) -> str | None:
 
 def live_tasks(job_ids: Iterable[str], retry: bool = True) -> dict[str, str]:
     """{`JOB_TASK` -> state} of the array tasks of `job_ids` still in the queue (one squeue;
-    pending tasks listed one by one). A refusal or a timeout is asked again after each of
-    `RETRY_SECONDS` (`retry`) before it is raised."""
+    pending tasks listed one by one; a pending task held by its user or an admin has its
+    reason, `JobHeldUser` / `JobHeldAdmin`, for its state). A refusal or a timeout is asked
+    again after each of `RETRY_SECONDS` (`retry`) before it is raised."""
     ids = [j for j in job_ids]
     if not ids:
         return {}
     # --all: the tasks in partitions hidden from this user too (squeue's default leaves them
-    # out, and a task left out counts gone)
-    args = [require("squeue"), "--all", "-h", "-r", "-j", ",".join(ids), "-o", "%i %T"]
+    # out, and a task left out counts gone); %r: why a pending task waits (a hold)
+    args = [require("squeue"), "--all", "-h", "-r", "-j", ",".join(ids), "-o", "%i %T %r"]
     for wait in (*(RETRY_SECONDS if retry else ()), None):
         try:
             out = _run(args, "squeue", 60)
@@ -189,9 +199,11 @@ def live_tasks(job_ids: Iterable[str], retry: bool = True) -> dict[str, str]:
             time.sleep(wait)
     states = {}
     for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1] in LIVE_STATES:
-            states[parts[0]] = parts[1]
+        parts = line.split(maxsplit=2)  # a reason may hold spaces ("ReqNodeNotAvail, ...")
+        if len(parts) >= 2 and parts[1] in LIVE_STATES:
+            reason = parts[2].strip() if len(parts) == 3 else ""
+            held = parts[1] == "PENDING" and reason in HELD_REASONS
+            states[parts[0]] = reason if held else parts[1]
     return states
 
 

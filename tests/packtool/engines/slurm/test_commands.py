@@ -90,6 +90,27 @@ def test_a_cluster_constraint_is_no_other_cluster(fake_bin, tmp_path):
     assert "--test-only" in args.read_text()
 
 
+def test_squeue_names_the_tasks_held_by_a_user_or_an_admin(fake_bin):
+    """`scontrol hold` leaves a task PENDING (reason JobHeldUser, JobHeldAdmin): the driver
+    waited for it without a word. squeue's reason is asked too, and a held task's state is its
+    hold (`commands.HELD_STATES`: named once with `scontrol release`)."""
+    args = _fake(
+        fake_bin,
+        "squeue",
+        "printf '7_0 PENDING JobHeldUser\\n7_1 PENDING JobHeldAdmin\\n7_2 PENDING Resources\\n"
+        "7_3 PENDING ReqNodeNotAvail, UnavailableNodes:n1\\n7_4 RUNNING None\\n'",
+    )
+    assert cli.live_tasks(["7"]) == {
+        "7_0": "JobHeldUser",
+        "7_1": "JobHeldAdmin",
+        "7_2": "PENDING",
+        "7_3": "PENDING",
+        "7_4": "RUNNING",
+    }
+    assert "%r" in args.read_text().split()  # the reason, asked with the state
+    assert cli.HELD_STATES["JobHeldUser"] == cli.HELD_STATES["JobHeldAdmin"] == "scontrol release"
+
+
 _TIMED_OUT = (
     "echo 'sbatch: error: Batch job submission failed: Socket timed out on send/recv "
     "operation' >&2; exit 1"

@@ -128,6 +128,25 @@ def test_a_held_task_is_named_once(tmp_path, monkeypatch, capsys, kind):
     ]
 
 
+def test_a_task_held_by_a_user_is_named_once_and_not_counted_running(tmp_path, monkeypatch, capsys):
+    """`scontrol hold` (squeue: PENDING, reason JobHeldUser, `commands.live_tasks` reports the
+    hold) was waited for without a word; docs/scale-out.md promised a line."""
+    seen = []
+    monkeypatch.setattr(ArrayDriver, "_progress", lambda self, *counts: seen.append(counts))
+    held = {"5_0": "JobHeldUser", "5_1": "JobHeldAdmin"}
+    driver = _driver(ArrayDriver, tmp_path, monkeypatch, queue=[held] * 3)
+    driver._add_job("5", {"array": "a0", "tasks": [[0], [1]]})
+    with pytest.raises(Stop):
+        driver._wait({0, 1})
+    lines = [s for s in capsys.readouterr().err.splitlines() if s.strip()]
+    assert lines == [
+        f"packtool: Slurm holds 1 task(s) of job 5 ({state}); the run waits for them: "
+        "`scontrol release 5` lets them run"
+        for state in ("JobHeldAdmin", "JobHeldUser")
+    ]
+    assert {counts[2] for counts in seen} == {0}  # none running: both pending
+
+
 def _refusing(work: Path, record: int | None, calls: list[int]):
     """A `commands.live_tasks` that refuses as squeue does after its retries (a controller that
     keeps timing out), partition `record` recorded meanwhile (None: none)."""
