@@ -90,6 +90,22 @@ def test_a_cluster_constraint_is_no_other_cluster(fake_bin, tmp_path):
     assert "--test-only" in args.read_text()
 
 
+@pytest.mark.parametrize("missing", ["squeue", "scancel", "scontrol"])
+def test_the_commands_that_follow_and_stop_jobs_are_required_before_any_work(
+    fake_bin, tmp_path, monkeypatch, missing
+):
+    """Without scancel on PATH a stopped or failed run left its jobs queued without a word;
+    without squeue or scontrol it failed after its first submissions. One line now, before
+    sbatch is asked anything."""
+    args = _fake(fake_bin, "sbatch", "exit 0")
+    for name in {"squeue", "scancel", "scontrol"} - {missing}:
+        _fake(fake_bin, name, "exit 0")
+    monkeypatch.setenv("PATH", str(fake_bin))
+    with pytest.raises(ConfigError, match=f"^--engine slurm: no {missing} on PATH"):
+        slurm_options(SlurmConfig(), tmp_path / "out")
+    assert not args.exists()
+
+
 def test_squeue_names_the_tasks_held_by_a_user_or_an_admin(fake_bin):
     """`scontrol hold` leaves a task PENDING (reason JobHeldUser, JobHeldAdmin): the driver
     waited for it without a word. squeue's reason is asked too, and a held task's state is its
