@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from packtool.errors import ConfigError
 from packtool.storage import local as storage
@@ -91,15 +91,52 @@ def refusal_line(done: subprocess.CompletedProcess) -> str:
     )
 
 
+SHORT_FLAGS = "HhkOQsuVvW"
+"""sbatch's short options that take no argument: in a bundle (`-vo FILE`) the letter after one
+is another option; after any other the rest of the bundle is that option's argument."""
+
+
+def named_options(
+    options: Sequence[str], names: dict[str, str], flags: Collection[str] = ()
+) -> list[tuple[str, str]]:
+    """The sbatch arguments of `options` that set one of `names` (a long name -> its short
+    letter, or ""), as sbatch reads them: abbreviated too (getopt takes any unambiguous start
+    of a long name: `--arr=0` is `--array=0`), short ones alone (`-a0`, `-a 0`) or bundled
+    (`-va0`). Each as (the long name, the argument as given, with its value where apart:
+    `-o x`, `--output x`). `flags`: the names that take no value."""
+    shorts = {letter: name for name, letter in names.items() if letter}
+    found: list[tuple[str, str]] = []
+    skip = False
+    for i, arg in enumerate(options):
+        if skip:  # the value of a short option given apart (`-J -a`: a job named -a)
+            skip = False
+            continue
+        value = list(options[i + 1 : i + 2])
+        if arg.startswith("--") and len(arg) > 2:
+            given, eq, _ = arg[2:].partition("=")
+            name = next((n for n in names if n.startswith(given)), None)
+            if name is not None:
+                found.append((name, " ".join([arg, *([] if eq or name in flags else value)])))
+            continue
+        if not arg.startswith("-") or len(arg) < 2:
+            continue
+        for j, letter in enumerate(arg[1:], 2):
+            if letter in shorts:
+                apart = j == len(arg) and shorts[letter] not in flags
+                found.append((shorts[letter], " ".join([arg, *(value if apart else [])])))
+                break
+            if letter not in SHORT_FLAGS:
+                skip = j == len(arg)  # its value is the next argument
+                break
+    return found
+
+
 def refuse_other_clusters(options: Sequence[str]) -> None:
     """sbatch `--clusters` / `-M` (or `SBATCH_CLUSTERS`) submits to another cluster, where this
     driver's squeue and scancel (asking this one) never see its jobs: every task looked gone
-    and was resubmitted. Refused in one line before any work."""
-    named = [
-        " ".join(options[i : i + (2 if o in ("-M", "--clusters") else 1)])
-        for i, o in enumerate(options)
-        if o.startswith(("--clusters", "-M"))
-    ]
+    and was resubmitted. Refused in one line before any work (`--cluster=gpu`, sbatch's
+    abbreviation, went through until 2026-12-06)."""
+    named = [shown for _, shown in named_options(options, {"clusters": "M"})]
     if os.environ.get("SBATCH_CLUSTERS"):
         named.append(f"SBATCH_CLUSTERS={os.environ['SBATCH_CLUSTERS']}")
     if named:
@@ -107,6 +144,43 @@ def refuse_other_clusters(options: Sequence[str]) -> None:
             f"--engine slurm: {named[0]} submits to another Slurm cluster, whose jobs this "
             "driver cannot follow (its squeue and scancel ask this cluster); run packtool on a "
             "login node of that cluster, without it"
+        )
+
+
+_LOGS = "the tasks' logs, which it reads and its errors name"
+DRIVER_OPTIONS = {
+    "array": ("a", "each array's task range"),
+    "output": ("o", _LOGS),
+    "error": ("e", _LOGS),
+    "wrap": ("", "each array runs the driver's script"),
+    "dependency": ("d", "its arrays wait for its probe job"),
+    "test-only": ("", "its jobs must be queued"),
+    "wait": ("W", "sbatch must answer at once"),
+}
+"""sbatch options that are the driver's own (a long name -> its short letter, why): given again,
+the later one on sbatch's line won (`--array=0`: one task of each array ran, the others counted
+lost) or the run failed mid-way (`--wrap` beside the array's script)."""
+DRIVER_ENV = {"SBATCH_ERROR": "error", "SBATCH_WAIT": "wait"}
+"""sbatch's input variables for them that the driver's own options do not override."""
+
+
+def refuse_driver_options(options: Sequence[str]) -> None:
+    """One line, before any work, for an sbatch option that is the driver's own (`DRIVER_OPTIONS`)
+    among the run's sbatch arguments or in sbatch's environment (`DRIVER_ENV`)."""
+    named = named_options(
+        options, {n: short for n, (short, _) in DRIVER_OPTIONS.items()}, ("test-only", "wait")
+    )
+    given = [(name, f"--sbatch-arg {shown}", "leave it out") for name, shown in named]
+    given += [
+        (name, f"{var}={os.environ[var]}", f"unset {var}")
+        for var, name in DRIVER_ENV.items()
+        if os.environ.get(var)
+    ]
+    if given:
+        name, shown, fix = given[0]
+        raise ConfigError(
+            f"--engine slurm: {shown} sets --{name}, which is the driver's own "
+            f"({DRIVER_OPTIONS[name][1]}); {fix}"
         )
 
 

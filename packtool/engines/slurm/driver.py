@@ -96,12 +96,14 @@ def slurm_driver(slurm: SlurmConfig, out_dir: str | Path) -> Driver:
 def slurm_options(slurm: SlurmConfig, out_dir: str | Path) -> list[str]:
     """The sbatch options of a run into `out_dir`, checked with Slurm (`sbatch --test-only`)
     before any work: a bad partition, account or QoS is one line, nothing written; so are
-    `--clusters` (`commands.refuse_other_clusters`) and a missing squeue, scancel or scontrol
-    (without scancel a stopped run's jobs were left queued without a word)."""
+    `--clusters` (`commands.refuse_other_clusters`), an option that is the driver's own
+    (`commands.refuse_driver_options`) and a missing squeue, scancel or scontrol (without
+    scancel a stopped run's jobs were left queued without a word)."""
     for program in ("sbatch", "squeue", "scancel", "scontrol"):
         cli.require(program)
     options = slurm.options(f"packtool-{Path(out_dir).name}")
     cli.refuse_other_clusters(options)
+    cli.refuse_driver_options(options)
     cli.test_only(options)
     return options
 

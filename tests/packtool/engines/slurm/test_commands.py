@@ -64,8 +64,10 @@ def test_squeue_asks_for_every_partition_and_special_exit_is_live(fake_bin):
 
 
 @pytest.mark.parametrize(
-    "given", [("--clusters=gpu",), ("--clusters", "gpu"), ("-M", "gpu"), ("-Mgpu",), "env"]
-)
+    "given",
+    [("--clusters=gpu",), ("--clusters", "gpu"), ("-M", "gpu"), ("-Mgpu",), ("--cluster=gpu",),
+     ("-vMgpu",), "env"],
+)  # fmt: skip
 def test_sbatch_args_naming_another_cluster_are_refused_before_any_work(
     fake_bin, tmp_path, monkeypatch, given
 ):
@@ -87,6 +89,43 @@ def test_sbatch_args_naming_another_cluster_are_refused_before_any_work(
 def test_a_cluster_constraint_is_no_other_cluster(fake_bin, tmp_path):
     args = _fake(fake_bin, "sbatch", "exit 0")
     slurm_options(SlurmConfig(sbatch_args=("--cluster-constraint=a",)), tmp_path / "out")
+    assert "--test-only" in args.read_text()
+
+
+@pytest.mark.parametrize(
+    "given",
+    [("--array=0",), ("--array", "0-3"), ("-a", "0"), ("-a0",), ("--arr=0",), ("--output=x",),
+     ("-o", "x"), ("-vo", "x"), ("--out", "x"), ("--error=x",), ("-e", "x"), ("--wrap=true",),
+     ("--dependency=afterok:1",), ("-d", "afterok:1"), ("--dep=afterok:1",), ("--test-only",),
+     ("--wait",), ("-W",), "SBATCH_ERROR", "SBATCH_WAIT"],
+)  # fmt: skip
+def test_sbatch_options_that_are_the_drivers_own_are_refused_before_any_work(
+    fake_bin, tmp_path, monkeypatch, given
+):
+    """`--sbatch-arg=--array=0` came after the driver's own `--array` on sbatch's line and won:
+    one task ran of each array, the others counted lost, and the run failed naming a log of no
+    use. Its logs (`--output`, `--error`), its script (`--wrap`), the order of its jobs after
+    the probe (`--dependency`), `--test-only` and `--wait` are the driver's too (short forms,
+    bundles and sbatch's abbreviations as sbatch reads them): one line, nothing asked."""
+    args = _fake(fake_bin, "sbatch", "exit 0")
+    if isinstance(given, str):
+        monkeypatch.setenv(given, "/tmp/x" if given == "SBATCH_ERROR" else "1")
+        given = ()
+    with pytest.raises(ConfigError) as refused:
+        slurm_options(SlurmConfig(sbatch_args=tuple(given)), tmp_path / "out")
+    line = str(refused.value)
+    assert "which is the driver's own" in line and "\n" not in line, line
+    assert " ".join(given) in line or "SBATCH_" in line, line
+    assert not args.exists()
+
+
+def test_sbatch_args_the_driver_leaves_alone_are_passed_on(fake_bin, tmp_path):
+    args = _fake(fake_bin, "sbatch", "exit 0")
+    given = ("--wait-all-nodes=1", "--job-name=mine", "-J", "mine", "--parsable", "-vH",
+             "--open-mode=append", "--exclude=n1", "-c2", "-J", "-a")  # fmt: skip
+    assert slurm_options(SlurmConfig(sbatch_args=given), tmp_path / "out")[-len(given) :] == [
+        *given
+    ]
     assert "--test-only" in args.read_text()
 
 
