@@ -439,7 +439,9 @@ class ArrayDriver:
 
 def output_pattern(path: Path | str) -> str:
     """`path` as sbatch's `--output` takes it: its `%` doubled (sbatch reads `%j`, `%a`, ... in
-    a file name as the job's id, the task's index: `/scratch/run_%j/` became another folder)."""
+    a file name as the job's id, the task's index: `/scratch/run_%j/` became another folder).
+    A path with a `\\` is refused before any work (`state.check_logs_path`): sbatch then reads
+    no pattern, `%%` included, and removes the `\\`."""
     return str(path).replace("%", "%%")
 
 

@@ -47,7 +47,7 @@ from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.arrays import ArrayDriver
 from packtool.engines.slurm.config import SlurmConfig
 from packtool.engines.slurm.pilots import PilotDriver
-from packtool.engines.slurm.state import logs_folder, remove_run_folders
+from packtool.engines.slurm.state import check_logs_path, logs_folder, remove_run_folders
 from packtool.engines.summary import PackSummary
 from packtool.errors import Detached
 from packtool.tokenizer.tokenizers import Tokenizer
@@ -97,13 +97,15 @@ def slurm_options(slurm: SlurmConfig, out_dir: str | Path) -> list[str]:
     """The sbatch options of a run into `out_dir`, checked with Slurm (`sbatch --test-only`)
     before any work: a bad partition, account or QoS is one line, nothing written; so are
     `--clusters` (`commands.refuse_other_clusters`), an option that is the driver's own
-    (`commands.refuse_driver_options`) and a missing squeue, scancel or scontrol (without
-    scancel a stopped run's jobs were left queued without a word)."""
+    (`commands.refuse_driver_options`), a logs folder sbatch cannot name
+    (`state.check_logs_path`) and a missing squeue, scancel or scontrol (without scancel a
+    stopped run's jobs were left queued without a word)."""
     for program in ("sbatch", "squeue", "scancel", "scontrol"):
         cli.require(program)
     options = slurm.options(f"packtool-{Path(out_dir).name}")
     cli.refuse_other_clusters(options)
     cli.refuse_driver_options(options)
+    check_logs_path(out_dir)
     cli.test_only(options)
     return options
 

@@ -31,6 +31,21 @@ def logs_folder(out_dir: str | Path) -> Path:
     return target.parent / f".{target.name}.packtool-slurm-logs"
 
 
+def check_logs_path(out_dir: str | Path) -> None:
+    """One line, before any work, where the logs of a run into `out_dir` would go to a path
+    with a backslash (beside the output; a bucket's under the current folder: `local_home`):
+    sbatch reads a `\\` in `--output` as "no % patterns" and removes it, so the path named a
+    folder that is not there (the driver's `%a` and its `%%` for a `%` not read either), every
+    task failed unable to open its log, and the probe's error had no reason to give."""
+    logs = Path.cwd() / LOCAL_HOME if storage.is_remote(out_dir) else logs_folder(out_dir)
+    if "\\" in str(logs):
+        where = "the current folder" if storage.is_remote(out_dir) else "the output"
+        raise ConfigError(
+            f"--engine slurm: the tasks' logs would go to {logs}, and sbatch cannot write to a "
+            f"path with a backslash (its --output drops it); use a path without one for {where}"
+        )
+
+
 def local_home(work: Any) -> Path:
     """A bucket output's Slurm files: sbatch runs scripts and writes logs on a file system, so
     they go to `.packtool-slurm/<run>` in the current folder (a folder every node must see,

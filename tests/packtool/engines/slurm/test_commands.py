@@ -145,6 +145,25 @@ def test_the_commands_that_follow_and_stop_jobs_are_required_before_any_work(
     assert not args.exists()
 
 
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_logs_folder_with_a_backslash_is_refused_before_any_work(
+    fake_bin, tmp_path, monkeypatch, remote
+):
+    """sbatch reads a `\\` in `--output` as "no % patterns" and drops it: the logs' path named a
+    folder that is not there, and the probe failed without a reason (its log unwritten). The
+    driver's `%%` (a `%` in the path doubled) would not be undone either. The logs of a run into
+    a bucket go under the current folder."""
+    args = _fake(fake_bin, "sbatch", "exit 0")
+    here = tmp_path / "back\\slash"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    out = "s3://bucket/packed" if remote else "out"
+    with pytest.raises(ConfigError, match="backslash") as refused:
+        slurm_options(SlurmConfig(), out)
+    assert str(here) in str(refused.value) and "\n" not in str(refused.value)
+    assert not args.exists()
+
+
 def test_squeue_names_the_tasks_held_by_a_user_or_an_admin(fake_bin):
     """`scontrol hold` leaves a task PENDING (reason JobHeldUser, JobHeldAdmin): the driver
     waited for it without a word. squeue's reason is asked too, and a held task's state is its
