@@ -67,6 +67,7 @@ class ArrayDriver:
     def __init__(self, run: Any, slurm: SlurmConfig, options: list[str]) -> None:
         self.run, self.slurm, self.options = run, slurm, options
         self.dir, self.logs = run_folders(run.work, run.out_dir)
+        self.max_array = cli.max_array_size()  # (before the logs folder: a refusal leaves none)
         writing.make_dirs(self.dir / JOBS_DIR)
         writing.make_dirs(self.logs)
         self.jobs: dict[str, dict[str, Any]] = self._load_jobs()  # job id -> {array, tasks}
@@ -80,7 +81,6 @@ class ArrayDriver:
         self.probe_target = self.dir  # the folder the probe must see (tests point it elsewhere)
         self.held_said: set[tuple[str, str]] = set()
         """(job, state) pairs of held tasks already named on stderr (`_say_held`)."""
-        self.max_array = cli.max_array_size()
 
     # --- the run state: which job runs which partitions (a resumed driver re-attaches) ---
 

@@ -50,6 +50,7 @@ from packtool.engines.slurm.pilots import PilotDriver
 from packtool.engines.slurm.state import check_logs_path, logs_folder, remove_run_folders
 from packtool.engines.summary import PackSummary
 from packtool.errors import Detached
+from packtool.storage import writing
 from packtool.tokenizer.tokenizers import Tokenizer
 
 CANCEL_WAIT = 60.0
@@ -123,11 +124,16 @@ def drive_slurm(run: Any, slurm: SlurmConfig, options: list[str]) -> str:
         raise
     except cli.SlurmRefused as exc:  # the cluster failed the run: its finished work stays
         driver.cancel(wait=CANCEL_WAIT)
+        writing.remove_empty_dir(driver.logs)
         raise run.workers_lost(str(exc), "Slurm failed, not the run's options") from None
     except BaseException as exc:
         # No job of a stopped or failed run stays in the queue; a failure's staging folder may
         # be removed next, so its tasks are gone first (Ctrl-C keeps the folder: no wait).
         driver.cancel(wait=CANCEL_WAIT if isinstance(exc, Exception) else 0.0)
+        if isinstance(exc, Exception):
+            # No task wrote a log (its jobs gone): a fresh run's staging folder may go next,
+            # and the empty folder stayed beside the output for ever (a --resume makes it again)
+            writing.remove_empty_dir(driver.logs)
         raise
     for wave in run.waves()[1:] if run.todo else run.waves():  # the tail tree, here
         for u in wave:

@@ -232,3 +232,30 @@ def test_sbatch_refusals_that_last_or_are_not_transient_stop_at_once_or_after_th
     with pytest.raises(cli.SlurmRefused, match="Invalid account"):
         cli.submit_array([], 2, "/run/a.sh")
     assert len(sbatch.read_text().splitlines()) == 1  # a refusal of the job is not retried
+
+
+def test_a_fresh_run_whose_staging_is_discarded_leaves_no_empty_logs_folder(fake_bin, tmp_path):
+    """A fresh run that failed before a task ran (here sbatch refuses the probe job: a submit
+    limit) had its staging folder removed, and left `.NAME.packtool-slurm-logs/`, empty, beside
+    the output for ever."""
+    from packtool.engines.output_folder import staging_folder
+    from packtool.engines.slurm.driver import logs_folder, run_pack_slurm
+    from packtool.errors import PacktoolError
+    from tests.packtool.engines.slurm.test_driver import _config
+
+    _fake(
+        fake_bin,
+        "sbatch",
+        'case "$*" in *--test-only*) exit 0;; esac\n'
+        "echo 'sbatch: error: Batch job submission failed: Job violates accounting/QOS policy "
+        "(job submit limit)' >&2; exit 1",
+    )
+    _fake(fake_bin, "scontrol", "echo 'MaxArraySize            = 4'")
+    for name in ("squeue", "scancel"):
+        _fake(fake_bin, name, "exit 0")
+    out = tmp_path / "packed"
+    with pytest.raises(PacktoolError, match="job submit limit"):
+        run_pack_slurm(_config(out))
+    assert not staging_folder(out).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin"]
+    assert not logs_folder(out).exists()
