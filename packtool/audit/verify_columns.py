@@ -89,10 +89,15 @@ def _empty_document_rows(
     usable: NDArray[np.bool_],
 ) -> NDArray[np.bool_]:
     """Rows (among `usable`, whose lengths are right) with a document whose values past its
-    first are all 0."""
+    first are all 0.
+
+    Rows with fewer than two doc_offsets hold no document; the core checks report them. Left
+    in, such a row repeats the previous row's last boundary (an index past `sums`), or, first
+    in the batch, marks index -1 and so skips the batch's last document.
+    """
     d_off, d_values = doc_offsets
     out = np.zeros(len(usable), dtype=bool)
-    rows = np.flatnonzero(usable)
+    rows = np.flatnonzero(usable & (np.diff(d_off) >= 2))
     if not len(rows):
         return out
     # Document boundaries of the usable rows, as flat positions into `values`.
