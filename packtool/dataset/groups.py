@@ -16,12 +16,11 @@ second copy of them): `{"groups": {"NAME": {"rows": R, "tokens": T, "efficiency"
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator, Mapping
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from packtool.dataset.manifest import GROUPS_FILE, Manifest
+from packtool.dataset.manifest import GROUPS_FILE, Manifest, json_value
 from packtool.dataset.manifest_check import groups_problem
 from packtool.errors import DataError
 from packtool.storage import local as storage
@@ -98,7 +97,7 @@ def read_groups(manifest: Manifest, directory: Any) -> dict[str, dict[str, Any]]
             "list of groups was changed or damaged"
         )
     try:
-        groups = json.loads(raw)["groups"]
+        groups = json_value(raw)["groups"]
     except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{path}: unreadable list of groups ({exc})") from None
     if not isinstance(groups, dict):

@@ -209,6 +209,16 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def json_value(raw: str | bytes) -> Any:
+    """`json.loads(raw)`, where a value nested past Python's recursion limit is a `ValueError`
+    ("nested too deeply") like any other unreadable JSON: json raises `RecursionError` for it
+    (`[` * 5000 is 5 KB), which no reader of a damaged file catches."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:
     path = Path(directory) / INDEX_FILE
     text = json.dumps(manifest.to_dict(), indent=2, sort_keys=False) + "\n"
@@ -235,8 +245,8 @@ def linked_version(index: str | os.PathLike) -> str | None:
     if size is None or size >= LINK_BYTES:
         return None
     try:
-        data = json.loads(storage.read_text(index))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = json_value(storage.read_text(index))
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return None  # read_manifest says what is wrong with it
     return _link_target(data, index)
 
@@ -260,7 +270,7 @@ def is_dataset_index(path: str | os.PathLike) -> bool:
     if _MANIFEST_START.match(head):
         return True
     try:  # a link is smaller than LINK_BYTES: it is all there
-        data = json.loads(head) if size is not None and size < LINK_BYTES else None
+        data = json_value(head) if size is not None and size < LINK_BYTES else None
     except ValueError:
         return False
     return isinstance(data, dict) and set(data) == {LINK_KEY}
@@ -363,10 +373,10 @@ def _missing(path: Path) -> str:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(storage.read_text(path))
+        return json_value(storage.read_text(path))
     except FileNotFoundError:
         raise DataError(_missing(path)) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError, JSONDecodeError, too deep
         raise DataError(f"{path}: unreadable manifest ({exc})") from None
 
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from packtool.dataset.manifest import SOURCES_FILE
+from packtool.dataset.manifest import SOURCES_FILE, json_value
 from packtool.errors import DataError
 from packtool.storage import local as storage
 from packtool.storage.remote import scheme as remote_scheme
@@ -138,7 +138,6 @@ def _lists(info: dict[str, Any], directory: Any) -> tuple[list[str], list[str], 
         return files, info.get("units") or ["row"] * len(files), _sizes(info, len(files))
     if directory is None:
         raise DataError(f"the dataset lists its input files in {SOURCES_FILE}; pass its folder")
-    import json
     from pathlib import Path
 
     name = info.get("sources", SOURCES_FILE)
@@ -157,7 +156,7 @@ def _lists(info: dict[str, Any], directory: Any) -> tuple[list[str], list[str], 
             "of input files was changed or damaged"
         )
     try:
-        data = json.loads(raw)
+        data = json_value(raw)
         files, units = data["files"], data["units"]
     except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{path}: unreadable list of input files ({exc})") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -213,3 +214,45 @@ def test_the_packer_and_the_loader_take_the_values_a_manifest_may_record():
     assert PackConfig(max_len=manifest_check.MAX_LEN_LIMIT).max_len == manifest_check.MAX_LEN_LIMIT
     with pytest.raises(ConfigError, match="too large"):
         PackConfig(max_len=manifest_check.MAX_LEN_LIMIT + 1)
+
+
+DEEP = "[" * 5000 + "]" * 5000  # past Python's recursion limit: json raises RecursionError
+
+
+def test_a_manifest_nested_too_deeply_is_one_line_in_every_reader(packed_dataset_factory):
+    """Before: a RecursionError traceback from verify, inspect and every read_manifest caller;
+    a link-sized one (< 4 KB) from `linked_version` before the manifest was even read."""
+    from packtool.dataset.manifest import is_dataset_index, linked_version
+    from tests.cli import one_error_line, run
+
+    d = packed_dataset_factory(ROWS, max_len=16)
+    for text in (DEEP, "[" * 2000 + "]" * 2000):
+        (d / INDEX_FILE).write_text(text)
+        message = f"{d / INDEX_FILE}: unreadable manifest (nested too deeply)"
+        with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
+            read_manifest(d)
+        assert linked_version(d / INDEX_FILE) is None  # read_manifest says what is wrong
+        assert not is_dataset_index(d / INDEX_FILE)
+        for command in ("verify", "inspect"):
+            assert one_error_line(run(command, d)[2]) == f"error: {message}"
+
+
+def test_groups_and_sources_files_nested_too_deeply_are_one_line(packed_dataset_factory):
+    import dataclasses
+    import hashlib
+
+    from packtool.dataset.groups import read_groups
+    from packtool.read import docids
+
+    d = packed_dataset_factory(ROWS, max_len=16)
+    raw = DEEP.encode()
+    digest = hashlib.sha256(raw).hexdigest()
+    (d / "groups.json").write_bytes(raw)
+    (d / docids.SOURCES_FILE).write_bytes(raw)
+    record = {"file": "groups.json", "num_groups": 1, "sha256": digest}
+    manifest = dataclasses.replace(read_manifest(d), extra={"groups_file": record})
+    with pytest.raises(DataError, match=r"groups.json: unreadable list of groups \(nested too"):
+        read_groups(manifest, d)
+    info = docids.record(["x"], ["byte"], sources_sha256=digest)
+    with pytest.raises(DataError, match=r"sources.json: unreadable list of input files \(nested"):
+        docids.places({"doc_ids": info}, [3], d)
