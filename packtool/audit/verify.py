@@ -319,19 +319,26 @@ def shard_order_problem(files: list[str]) -> str | None:
 
 
 def unlisted_files(directory: Path, manifest: Manifest) -> list[str]:
-    """Warning lines for files that look like data but are not in the manifest."""
+    """Warning lines for files that look like data but are not in the manifest.
+
+    Looked for where a run writes them: the dataset folder itself (pack writes nothing in a
+    subfolder) and the folder of any shard the manifest lists in a subfolder, not below. A
+    subfolder is someone else's: another dataset, a `packtool tokenize` output.
+    """
     listed = {storage.resolve(directory / s.file) for s in manifest.shards}
+    folders = dict.fromkeys([directory, *((directory / s.file).parent for s in manifest.shards)])
     lines = []
-    # Any Parquet file, not only `names.is_shard_name`'s: what looks like data and is not listed
-    # is worth a word (a hidden one, `.x.parquet`, is not looked at).
-    for p in storage.glob(directory, "*.parquet", recursive=True):
-        if storage.resolve(p) not in listed and not p.name.startswith("."):
-            lines.append(
-                f"{p}: not listed in {INDEX_FILE}, so not part of the dataset "
-                "(a leftover of an interrupted run? delete it)"
-            )
-    for p in storage.glob(directory, writing.TEMPORARY_GLOB, recursive=True):
-        lines.append(f"{p}: temporary file of an interrupted write; ignored (delete it)")
+    for folder in folders:
+        # Any Parquet file, not only `names.is_shard_name`'s: what looks like data and is not
+        # listed is worth a word (a hidden one, `.x.parquet`, is not looked at).
+        for p in storage.glob(folder, "*.parquet"):
+            if storage.resolve(p) not in listed and not p.name.startswith("."):
+                lines.append(
+                    f"{p}: not listed in {INDEX_FILE}, so not part of the dataset "
+                    "(a leftover of an interrupted run? delete it)"
+                )
+        for p in storage.glob(folder, writing.TEMPORARY_GLOB):
+            lines.append(f"{p}: temporary file of an interrupted write; ignored (delete it)")
     return lines
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -417,6 +418,20 @@ def test_unlisted_files_are_warnings(packed_dataset_factory, capsys):
     assert code == 0
     assert out.startswith("OK ")
     assert [line.split(":")[0] for line in err.strip().splitlines()] == ["warning", "warning"]
+
+
+def test_files_in_subfolders_are_not_called_leftovers(packed_dataset_factory):
+    """Before: verify globbed the folder recursively and told the user to delete another
+    dataset's shards and a tokenize output kept in subfolders; pack writes only at the top
+    level (shards, index.json, sources.json, groups.json, temporaries)."""
+    d = packed_dataset_factory(SHARDS)
+    other = packed_dataset_factory(SHARDS, name="other")
+    shutil.copytree(other, d / "other_dataset")
+    (d / "tok").mkdir()
+    (d / "tok" / "part-00000.parquet").write_bytes(b"x")
+    (d / "tok" / ".part-00001.parquet.tmp").write_bytes(b"x")
+    (d / "shard-00009.parquet").write_bytes(b"x")
+    assert [w.split(":")[0] for w in verify_dataset(d).warnings] == [str(d / "shard-00009.parquet")]
 
 
 def test_shards_listed_out_of_order_are_named(packed_dataset_factory, capsys):
