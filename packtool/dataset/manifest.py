@@ -128,19 +128,23 @@ class Manifest:
         if d.get("format") != FORMAT:
             raise DataError(f"{where}: not a packtool dataset (format {d.get('format')!r})")
         version = d.get("format_version")
-        if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:  # True == 1
+        if not _is_int(version) or version not in SUPPORTED_VERSIONS:  # True == 1, 3.0 == 3
             raise DataError(
                 f"{where}: format_version {version!r} is not supported by this packtool "
                 f"(supported: {list(SUPPORTED_VERSIONS)}); upgrade packtool or repack the data"
             )
-        problem = _type_problem(d)
+        problem = _missing_field(cls, d) or _type_problem(d)
         if problem:
             raise DataError(f"{where}: malformed manifest: {problem}")
         columns = shard_columns.manifest_columns(d, version)
         if isinstance(columns, str):
             raise DataError(f"{where}: malformed manifest: {columns}")
         try:
-            shards = tuple(ShardInfo(**s) for s in d["shards"])
+            # Keys a later packtool adds to an entry are ignored, as unknown top-level keys are.
+            known = {f.name for f in dataclasses.fields(ShardInfo)}
+            shards = tuple(
+                ShardInfo(**{k: v for k, v in s.items() if k in known}) for s in d["shards"]
+            )
             names = {f.name for f in dataclasses.fields(cls)} - {"shards", "columns"}
             fields = {k: v for k, v in d.items() if k in names}
             return cls(shards=shards, columns=columns, **fields)
@@ -151,6 +155,15 @@ class Manifest:
 def _is_int(value: Any, minimum: int | None = None) -> bool:
     ok = isinstance(value, int) and not isinstance(value, bool)
     return ok and (minimum is None or value >= minimum)
+
+
+def _missing_field(cls: type, d: dict[str, Any]) -> str | None:
+    """The first field `cls` has no default for that `d` lacks, named."""
+    for f in dataclasses.fields(cls):
+        no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if no_default and f.name not in d:
+            return f"{f.name} is missing"
+    return None
 
 
 def _type_problem(d: dict[str, Any]) -> str | None:

@@ -226,8 +226,12 @@ def _doc_ids(info: Any) -> str | None:
         and (files is None or len(sizes) == len(files))
     ):
         return f"extra.doc_ids.sizes is {sizes!r}; expected one size (bytes) per input file"
-    if not isinstance(info.get("sources", ""), str):
-        return f"extra.doc_ids.sources is {info['sources']!r}; expected a file name"
+    name = info.get("sources")
+    if "sources" in info and (
+        not isinstance(name, str) or not name or "/" in name or name in (".", "..")
+    ):
+        # `sources.json` beside index.json (`packtool.read.docids`): a reader opens no other file.
+        return f"extra.doc_ids.sources is {name!r}; expected a file name inside the dataset folder"
     if info.get("scheme") == "file_offset":  # ids that `inspect` decodes with these bits
         for key, bits in DOC_ID_BITS.items():
             if not (_is_int(info.get(key)) and info[key] == bits):

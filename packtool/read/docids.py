@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from packtool.dataset.manifest import SOURCES_FILE, json_value
+from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, json_value
 from packtool.errors import DataError
 from packtool.storage import local as storage
 from packtool.storage.remote import scheme as remote_scheme
@@ -142,7 +142,10 @@ def _lists(info: dict[str, Any], directory: Any) -> tuple[list[str], list[str], 
 
     name = info.get("sources", SOURCES_FILE)
     if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
-        raise DataError(f"doc_ids.sources {name!r} must name a file inside the dataset folder")
+        raise DataError(
+            f"{Path(directory) / INDEX_FILE}: extra.doc_ids.sources is {name!r}; expected a file "
+            "name inside the dataset folder"
+        )
     path = Path(directory) / name
     try:
         raw = storage.read_bytes(path)  # a regular file only (a FIFO would hang the read)

@@ -68,7 +68,7 @@ def test_a_shard_linked_outside_the_folder_is_refused(packed_dataset_factory, tm
 
 def test_sources_named_outside_the_folder_are_refused(tmp_path):
     info = {"scheme": docids.SCHEME, "sources": "/etc/passwd", "num_files": 1}
-    with pytest.raises(DataError, match="must name a file inside the dataset folder"):
+    with pytest.raises(DataError, match="expected a file name inside the dataset folder"):
         docids.source({"doc_ids": info}, 7, tmp_path)
 
 

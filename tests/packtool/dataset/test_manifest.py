@@ -60,6 +60,31 @@ def test_wrong_types_are_one_clear_error_everywhere(packed_dataset_factory, path
         assert str(d / INDEX_FILE) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "key", ["tokenizer", "algorithm", "seed", "rounds", "long_docs", "lower_bound_rows", "shards"]
+)
+def test_a_missing_field_is_named(packed_dataset_factory, key):
+    """Before: "malformed manifest (Manifest.__init__() missing 1 required keyword-only
+    argument: 'rounds')" for the fields without a type check of their own."""
+    d = packed_dataset_factory(ROWS, max_len=16)
+    index = json.loads((d / INDEX_FILE).read_text())
+    del index[key]
+    (d / INDEX_FILE).write_text(json.dumps(index))
+    message = f"{d / INDEX_FILE}: malformed manifest: {key} is missing"
+    with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
+        read_manifest(d)
+
+
+def test_keys_a_later_packtool_adds_to_a_shard_entry_are_ignored(packed_dataset_factory):
+    """As unknown top-level keys are (forward compatibility). Before: "malformed manifest
+    (ShardInfo.__init__() got an unexpected keyword argument 'row_groups')"."""
+    d = packed_dataset_factory(ROWS, max_len=16)
+    edit(d, ("shards", 0, "row_groups"), 1)
+    edit(d, ("written_by",), "packtool 9")
+    assert read_manifest(d).shards[0].rows == 2
+    assert verify_dataset(d).rows == 2
+
+
 def test_a_valid_manifest_still_reads(packed_dataset_factory):
     d = packed_dataset_factory(ROWS, max_len=16)
     assert read_manifest(d).num_rows == 2
@@ -125,6 +150,7 @@ WHOLE = [
         "tokenizer.eos_id is 999 but token ids are below vocab_size 258",
     ),
     (("format_version",), True, "format_version True is not supported"),
+    (("format_version",), 3.0, "format_version 3.0 is not supported"),  # passed until 2026-12-06
     (("algorithm",), "xyz", "algorithm 'xyz' is not one of ['ffd', 'bfd']"),
     (("long_docs",), "nope", "long_docs 'nope' is not one of ['split', 'truncate', 'drop']"),
     (("tokenizer", "kind"), 5, "tokenizer.kind must be a non-empty string, found 5"),
@@ -147,6 +173,12 @@ WHOLE = [
     (("extra", "doc_ids", "files"), None, "extra.doc_ids.files is None; expected a list"),
     (("extra", "doc_ids", "units"), 5, "extra.doc_ids.units is 5; expected one unit (text)"),
     (("extra", "doc_ids", "sizes"), [-1], "extra.doc_ids.sizes is [-1]; expected one size"),
+    # Before: refused by `verify` only, in a line naming no file (`inspect --row`: "from unknown").
+    (
+        ("extra", "doc_ids", "sources"),
+        "../x.json",
+        "extra.doc_ids.sources is '../x.json'; expected a file name inside the dataset folder",
+    ),
     (("shards", 0, "tokens"), 5, "counts.tokens_out is 2,839,131 but the shards list 5 in total"),
     (("tokenizer", "engine"), 5, "tokenizer.engine must be a string or null, found 5"),
     # Before: "vocab_size 8589934592 does not fit uint32 token ids", naming no file.
