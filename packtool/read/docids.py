@@ -54,6 +54,10 @@ UNITS = ("byte", "row", "item", "file", "record")
 """What an offset counts, per input file (see the module docstring)."""
 INLINE_FILES = 1000
 """Up to this many input files are listed inside `index.json`; more go to `SOURCES_FILE`."""
+LINE_COUNT_BYTES = 256 << 20
+"""A document's line is counted only where it starts below this byte: the count reads the file
+up to the offset (1 GB of JSONL ~1.6 s, decompressed first for `.gz` / `.zst`; a bucket's object
+is downloaded that far). Past it, its place is `file:byte B` (`where`)."""
 
 
 def encode(file_index: int, offsets: NDArray[np.integer] | int) -> NDArray[np.int64] | int:
@@ -272,10 +276,10 @@ def where(
     """`file:line N (byte B)`, `file:row N`, `file:item N` or `file`: a document's place.
 
     A line number is counted from the byte offset (one read of the file up to it) only when
-    the file found is `size` bytes, the size recorded when it was packed: a relative path
-    resolved from another folder, or a file changed since, names other lines (and a line can
-    start at the byte there too). Else, with `count_lines=False`, or when the file is gone:
-    `file:byte B`.
+    the offset is below `LINE_COUNT_BYTES` and the file found is `size` bytes, the size
+    recorded when it was packed: a relative path resolved from another folder, or a file
+    changed since, names other lines (and a line can start at the byte there too). Else, with
+    `count_lines=False`, or when the file is gone: `file:byte B`.
     """
     if unit == "byte":
         numbers = _line_numbers(file, [offset], size) if count_lines else {}
@@ -292,15 +296,17 @@ def _byte_place(file: str, offset: int, line: int | None) -> str:
 
 
 def _line_numbers(file: str, offsets: list[int], size: int | None) -> dict[int, int | None]:
-    """`lines.line_numbers` of `offsets` in `file` (one scan), or {} where lines are not
-    counted: no size recorded, a file of another size, or one that is no regular file."""
+    """`lines.line_numbers` of the `offsets` below `LINE_COUNT_BYTES` in `file` (one scan up
+    to the last of them), or {} where lines are not counted: no size recorded, a file of
+    another size, or one that is no regular file."""
+    offsets = [o for o in offsets if o < LINE_COUNT_BYTES]  # the read is bounded by the cap
     # A dataset names its files; one handed to us may name a FIFO (the read waited for ever)
     # or a device (read up to the offset): lines are counted in regular files only. Nor at
     # any web address it names (a dataset from elsewhere made inspect fetch from hosts it
     # chose, a cloud's metadata address included); a bucket's object is read through the
     # endpoint and credentials the user set.
     local = not storage.is_remote(file)
-    if size is None or remote_scheme(file) in ("http", "https"):
+    if not offsets or size is None or remote_scheme(file) in ("http", "https"):
         return {}
     if local and not storage.is_file(file):
         return {}

@@ -163,3 +163,17 @@ def test_a_source_at_a_web_address_is_never_fetched_to_count_lines():
         server.shutdown()
         server.server_close()
     assert asked == []
+
+
+def test_lines_are_counted_only_below_the_cap(tmp_path, monkeypatch):
+    """Before: inspect --row read a source up to any offset to count its lines (1 GB: 1.6 s,
+    50 GB: a minute; a bucket's object downloaded that far). Past `LINE_COUNT_BYTES` of the
+    file before the document, its place is its byte."""
+    f = tmp_path / "a.jsonl"
+    f.write_bytes(b"\n" * 40)
+    monkeypatch.setattr(docids, "LINE_COUNT_BYTES", 16, raising=False)
+    assert docids.where(str(f), 15, "byte", size=40) == f"{f}:line 16 (byte 15)"
+    assert docids.where(str(f), 16, "byte", size=40) == f"{f}:byte 16"
+    extra = {"doc_ids": docids.record([str(f)], ["byte"], sizes=[40])}
+    ids = [docids.encode(0, 3), docids.encode(0, 30)]
+    assert docids.places(extra, ids) == [f"{f}:line 4 (byte 3)", f"{f}:byte 30"]
