@@ -197,7 +197,11 @@ class PackedSource:
 
 class _OneStream(StreamingPackedDataset):
     """The whole source as one stream: slot 0 of 1 in every process and DataLoader worker,
-    yielding each packed row's `Documents` (optional columns included) instead of a batch."""
+    yielding each packed row's `Documents` (optional columns included) instead of a batch.
+    Its epoch is each process's own: every process that reads the source starts its passes
+    itself (`StreamSource._seek`), two epochs at once at an epoch's edge."""
+
+    share_start = False
 
     def _slot(self) -> tuple[int, int]:
         return 0, 1

@@ -45,8 +45,9 @@ from loader.online.state import (
     config_state,
     settings_diff,
 )
+from loader.packed.resume import PendingStart
 from packtool.dataset.tokenized import common_identity, common_optional, tokenized_meta
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.pack.columns import check_policy
 from packtool.storage import local as storage
 from packtool.storage.local import expand
@@ -73,7 +74,9 @@ class StreamingPackedDataset(IterableDataset):
         collate_kwargs: Passed to `loader.collate` (e.g. `layout="hf"`); checked here (a
             static shape's `pad_tokens` must hold the most tokens a batch can).
 
-    Call `set_epoch(e)` before each epoch; the epoch seeds the row order.
+    Call `set_epoch(e)` before each epoch; the epoch seeds the row order. The epoch and a
+    resume point loaded by `load_state_dict` are shared with DataLoader workers, persistent
+    ones included (a mid-epoch state must be loaded before the workers start).
 
     Raises:
         DataError: an input is not tokenized Parquet, or the inputs used different tokenizers.
@@ -95,6 +98,12 @@ class StreamingPackedDataset(IterableDataset):
         **settings: Any,
     ) -> None:
         super().__init__()
+        # Shared with worker processes, so that set_epoch / load_state_dict reach persistent
+        # workers too, and a resume point they start from is used up here too.
+        self._start = PendingStart(shared=self.share_start)
+        self._resume: dict[str, Any] | None = None  # a mid-epoch state loaded in this process
+        self._resume_serial = -1  # which of `_start`'s resume points `_resume` is
+        self._local_resume: dict[str, Any] | None = None  # loaded inside a DataLoader worker
         config = make_config(OnlineConfig, settings, config)
         if config.buffer_seconds is not None:
             raise ConfigError("a training stream must be reproducible: leave buffer_seconds unset")
@@ -149,22 +158,33 @@ class StreamingPackedDataset(IterableDataset):
         (file names and a total were no key: the files in another order, or other files of the
         same names, resumed with documents lost and repeated). Not the path: a copy of the
         same files elsewhere (another node's mount, a scratch copy) resumes."""
-        self.epoch = 0
-        self._resume: dict[str, Any] | None = None
         self._live: dict[str, Any] | None = None  # the running iterator's objects, for state_dict
 
+    share_start = True
+    """Whether the next iteration's start (epoch, resume point) lives in shared memory, seen by
+    DataLoader workers (False: each process's copy is its own, for a mixture's source, which
+    starts its passes itself in whichever process reads it)."""
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration delivers."""
+        local = self._local_resume
+        return self._start.epoch if local is None else int(local["epoch"])
+
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration delivers (the epoch seeds the row order).
+        """Select the epoch the next iteration delivers (the epoch seeds the row order), here
+        and in DataLoader workers, persistent ones too.
 
         A resume point loaded for this epoch is kept; one for another epoch is dropped (its
         buffer holds that epoch's documents in that epoch's order).
         """
         epoch = check_epoch(epoch)
-        if self._resume is not None and int(self._resume["epoch"]) != epoch:
+        if self._start.set_epoch(epoch):  # False: a resume point of this epoch is kept
             self._resume = None
+        if self._local_resume is not None and int(self._local_resume["epoch"]) != epoch:
+            self._local_resume = None
         if self._live is not None and self._live["epoch"] != epoch:
             self._live = None  # state_dict() now describes the start of the new epoch
-        self.epoch = epoch
 
     # ---- iteration --------------------------------------------------------------------------
 
@@ -173,9 +193,57 @@ class StreamingPackedDataset(IterableDataset):
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
         return self.rank * n_workers + worker, self.world_size * n_workers
 
+    def _pending_resume(self) -> dict[str, Any] | None:
+        """The state the next iteration resumes from (None: the start of `epoch`)."""
+        if self._local_resume is not None:
+            return self._local_resume
+        if not self._start.peek()[4] or self._resume_serial != self._start.serial:
+            return None
+        return self._resume
+
+    def _take_start(self) -> tuple[int, dict[str, Any] | None]:
+        """The epoch an iteration starting now delivers, and the mid-epoch state it resumes
+        from (None: the epoch's start); uses the resume point up (here at once, in DataLoader
+        workers once each of them has started from it)."""
+        if self._local_resume is not None:  # this worker's own, restored by StatefulDataLoader
+            state, self._local_resume = self._local_resume, None
+            return int(state["epoch"]), None if state["start"] else state
+        serial = self._start.serial
+        resuming = self._start.peek()[4]
+        info = get_worker_info()
+        if info is None or not self.share_start:
+            epoch = self._start.take()[0]
+        else:
+            epoch = self._start.take(info.id, info.num_workers)[0]
+        if not resuming:
+            return epoch, None
+        if self._resume is None or self._resume_serial != serial:
+            raise ConfigError(
+                "a mid-epoch state was loaded after these persistent DataLoader workers started, "
+                "so they do not hold it; call load_state_dict before the DataLoader's first "
+                "iteration, or make a new DataLoader"
+            )
+        state = self._resume
+        if info is None:
+            self._resume = None
+        return epoch, state
+
     def __iter__(self) -> Iterator[dict]:
+        try:
+            live = self._begin()
+        except PacktoolError as exc:
+            # Raised at the first batch instead: a persistent DataLoader worker starts its next
+            # iteration outside the guard that hands a worker's errors to the trainer, and died
+            # of it without a word ("worker exited unexpectedly").
+            return _failed(exc)
+        self._live = live
+        return self._generate(live)
+
+    def _begin(self) -> dict[str, Any]:
+        """The objects of an iteration starting now (restored from a resume point, if any)."""
         slot, n_slots = self._slot()
-        packer = OnlinePacker(self.config, seed_key=(self.epoch, slot, n_slots))
+        epoch, resume = self._take_start()
+        packer = OnlinePacker(self.config, seed_key=(epoch, slot, n_slots))
         batcher = RowBatcher(
             max_len=self.config.max_len,
             rows_per_batch=self.rows_per_batch,
@@ -184,18 +252,16 @@ class StreamingPackedDataset(IterableDataset):
         live = {
             "slot": slot,
             "n_slots": n_slots,
-            "epoch": self.epoch,
+            "epoch": epoch,
             "next_group": 0,
             "packer": packer,
             "batcher": batcher,
             "ready": [],
             "done": False,
         }
-        if self._resume is not None:
-            state, self._resume = self._resume, None
-            self._restore(live, state)
-        self._live = live
-        return self._generate(live)
+        if resume is not None:
+            self._restore(live, resume)
+        return live
 
     def _emit(self, rows: PackedRows) -> Any:
         """What the stream yields for one batch of packed rows: the batch dict (a mixture's
@@ -281,8 +347,8 @@ class StreamingPackedDataset(IterableDataset):
         it yielded). Before any iteration: the state loaded by `load_state_dict()` (for this
         epoch), else the start of the current epoch."""
         live = self._live
-        if live is None and self._resume is not None:
-            return dict(self._resume)  # not yet restored: where the next iteration resumes
+        if live is None and (pending := self._pending_resume()) is not None:
+            return dict(pending)  # not yet restored: where the next iteration resumes
         if live is None:
             return {
                 "version": STATE_VERSION,
@@ -335,11 +401,20 @@ class StreamingPackedDataset(IterableDataset):
                 f"the state was saved with other inputs or settings ({', '.join(diff)}); resume "
                 "with the same files, packing and batch settings, rank and world size"
             )
-        if not check.bool_(state["start"], "start"):
+        start = check.bool_(state["start"], "start")
+        if not start:
             self._check_live(check, state)
-        self.epoch = int(state["epoch"])
-        self._resume = None if state["start"] else state
         self._live = None
+        epoch = int(state["epoch"])
+        if get_worker_info() is not None:  # this worker's own state (StatefulDataLoader)
+            self._local_resume = state
+        elif start:
+            self._start.drop()  # a start: no resume point pending, whatever its epoch
+            self._start.set_epoch(epoch)
+            self._resume = None
+        else:
+            self._start.set_resume(epoch, 0, 0, 0)
+            self._resume, self._resume_serial = state, self._start.serial
 
     def _check_live(self, check: StateCheck, state: dict[str, Any]) -> None:
         """Every part of a mid-stream state, before any of it is used."""
@@ -387,6 +462,11 @@ class StreamingPackedDataset(IterableDataset):
         """The running packer's counters (this process / worker)."""
         live = self._live
         return {} if live is None else live["packer"].stats
+
+
+def _failed(exc: PacktoolError) -> Iterator[dict]:
+    raise exc
+    yield  # a generator: raises at its first item
 
 
 def _inputs_diff(theirs: Any, mine: list[tuple[str, int, int]]) -> str | None:

@@ -317,8 +317,11 @@ class PendingStart:
 
     # 0 epoch, 1 origin, 2 first step, 3 resume pending, 4 cursor, 5 the resume's serial number,
     # 6 workers of the iteration taking it, then one slot per worker: the serial it took.
-    def __init__(self) -> None:
-        self._raw = multiprocessing.RawArray("q", 7 + CLAIM_SLOTS)
+    def __init__(self, *, shared: bool = True) -> None:
+        """`shared=False`: kept in this process's memory (a copy made by fork or pickle is its
+        own, for an iterator that each process starts itself: a mixture's streaming source)."""
+        n = 7 + CLAIM_SLOTS
+        self._raw = multiprocessing.RawArray("q", n) if shared else bytearray(8 * n)
 
     @property
     def _a(self) -> np.ndarray:
@@ -327,6 +330,12 @@ class PendingStart:
     @property
     def epoch(self) -> int:
         return int(self._a[0])
+
+    @property
+    def serial(self) -> int:
+        """Counts `set_resume` calls: which resume point is pending (a worker that holds a
+        point's contents checks it holds this one)."""
+        return int(self._a[5])
 
     def set_epoch(self, epoch: int) -> bool:
         """Start the next iteration at the start of `epoch`, unless a resume point of that

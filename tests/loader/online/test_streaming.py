@@ -461,3 +461,44 @@ def test_collate_kwargs_a_batch_would_fail_on_are_refused_when_made(tokenized, k
         settings = {k: v for k, v in settings.items() if v is not None}
         OnlinePacker(max_len=MAX_LEN).batches(iter([]), **settings, **kw["collate_kwargs"])
     make(path, collate_kwargs={"pad_tokens": 96, "layout": "hf"})  # a batch's most: fine
+
+
+def _ids(batches) -> list[list[int]]:
+    return [b["input_ids"].tolist() for b in batches]
+
+
+def test_set_epoch_reaches_persistent_workers(tokenized) -> None:
+    """Before: persistent workers kept the epoch they were started with, so every epoch
+    repeated epoch 0's order."""
+    path, _ = tokenized
+    ds = make(path)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        fresh = make(path)
+        fresh.set_epoch(epoch)
+        want = _ids(DataLoader(fresh, batch_size=None, num_workers=2))
+        assert _ids(loader) == want
+    assert want != _ids(DataLoader(make(path), batch_size=None, num_workers=2))  # epoch 0's
+
+
+def test_a_resume_point_reaches_persistent_workers_once(tokenized) -> None:
+    """A mid-epoch state loaded before the workers start resumes their first iteration only;
+    one loaded after they started, which they cannot hold, is a clear error."""
+    path, _ = tokenized
+    full = _ids(make(path))
+    ds = make(path)
+    it = iter(ds)
+    head = _ids(next(it) for _ in range(4))
+    state = ds.state_dict()  # slot 0 of 1: one worker's slot
+    resumed = make(path)
+    resumed.load_state_dict(state)
+    loader = DataLoader(resumed, batch_size=None, num_workers=1, persistent_workers=True)
+    assert head + _ids(loader) == full
+    assert resumed.state_dict()["start"] is True  # used up by the worker, here too
+    assert _ids(loader) == full  # the next iteration runs the whole epoch
+    resumed.load_state_dict(state)
+    with pytest.raises(ConfigError, match="after these persistent DataLoader workers started"):
+        list(loader)
+    resumed.load_state_dict(make(path).state_dict())  # a start: the epoch alone, it reaches them
+    assert _ids(loader) == full
