@@ -61,15 +61,14 @@ def doc_array(doc: Any, i: int, *, own: bool = False) -> NDArray:
 def joined_masks(masks: Iterable[Any], arrays: list[NDArray]) -> NDArray | None:
     """The loss masks of documents `arrays`, one each (arrays, lists or tensors, on any device
     and grad-tracking or not), checked against their documents and joined end to end (None for
-    no documents).
+    no documents). Each is copied as it is read when it may share the caller's memory (a
+    source may refill one buffer for every document).
 
     Raises:
         DataError: Not one mask per document, or one of another length than its document.
     """
-    masks = [
-        np.asarray(tensor_ids(m, f"document {i}: loss mask", floats=True))
-        for i, m in enumerate(masks)
-    ]
+    given = (tensor_ids(m, f"document {i}: loss mask", floats=True) for i, m in enumerate(masks))
+    masks = [private(np.asarray(m), m) for m in given]
     if len(masks) != len(arrays):
         raise DataError(f"{len(masks)} loss masks for {len(arrays)} documents")
     masks = [m.reshape(-1) for m in masks]

@@ -249,8 +249,9 @@ class OnlinePacker:
 
     def push_docs(self, docs: Iterable[Any], masks: Iterable[Any] | None = None) -> None:
         """Add documents given one token array (or list of ints) each, and optionally a loss
-        mask (0/1 per token) for each."""
-        arrays = [doc_array(d, i) for i, d in enumerate(docs)]
+        mask (0/1 per token) for each. Each is copied as it is read: a source may refill one
+        buffer for every document."""
+        arrays = [doc_array(d, i, own=True) for i, d in enumerate(docs)]
         self._push_arrays(arrays, None if masks is None else joined_masks(masks, arrays))
 
     def _push_arrays(self, arrays: list[NDArray], mask: NDArray | None = None) -> None:

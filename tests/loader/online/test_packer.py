@@ -778,6 +778,24 @@ def test_a_source_reusing_its_buffer_does_not_change_the_rows(kind) -> None:
     p = OnlinePacker(max_len=16, buffer_docs=100, shuffle_rows=False)
     got = [t for b in p.batches(source(), rows_per_batch=1) for t in b["input_ids"].tolist()]
     assert sorted(got) == expected
+    # Before: push_docs() kept every document's array (and mask) until it joined them, so a
+    # refilled buffer gave [3] * 12, and the masks of the last document for all.
+    p = OnlinePacker(max_len=16, buffer_docs=100, shuffle_rows=False, long_docs="truncate")
+    masks = ([0] * (i + 1) + [1] * (3 - i) for i in range(3))
+    p.push_docs(source(), masks=_refilled(masks))
+    p.flush()
+    rows = p.pop()
+    assert rows.tokens.tolist() == expected
+    assert rows.columns["loss_mask"].tolist() == [0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 1]
+
+
+def _refilled(values):
+    """Each of `values` in turn, in one array refilled for each."""
+    buf = None
+    for v in values:
+        buf = np.array(v) if buf is None else buf
+        buf[:] = v
+        yield buf
 
 
 def test_a_single_value_is_not_taken_as_a_one_token_document() -> None:
