@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -55,11 +56,19 @@ class PackedRows:
         np.cumsum(self.row_lengths, out=out[1:])
         return out
 
+    @cached_property
+    def seg_offsets(self) -> NDArray[np.int64]:
+        """Token offsets per segment, `(n_segments + 1,)`: computed once, so that `row` and
+        `slice` cost their own segments, not all those before them (each summed them: reading
+        every row of a large pending run was quadratic)."""
+        out = np.zeros(len(self.seg_len) + 1, np.int64)
+        np.cumsum(self.seg_len, out=out[1:])
+        return out
+
     def row(self, r: int) -> Documents:
         """The documents of row `r` (tokens and columns empty when fed lengths only)."""
         a, b = int(self.row_docs[r]), int(self.row_docs[r + 1])
-        start = int(self.seg_len[:a].sum())
-        stop = start + int(self.seg_len[a:b].sum())
+        start, stop = (int(t) for t in self.seg_offsets[[a, b]])
         toks = EMPTY_I64[:0] if self.tokens is None else self.tokens[start:stop]
         cols = {name: v[start:stop] for name, v in self.columns.items()}
         return Documents(toks, self.seg_len[a:b], self.doc_ids[a:b], cols)
@@ -70,8 +79,7 @@ class PackedRows:
         toks = None
         cols = {}
         if self.tokens is not None:
-            t0 = int(self.seg_len[:s0].sum())
-            t1 = t0 + int(self.seg_len[s0:s1].sum())
+            t0, t1 = (int(t) for t in self.seg_offsets[[s0, s1]])
             toks = self.tokens[t0:t1]
             cols = {name: v[t0:t1] for name, v in self.columns.items()}
         return PackedRows(
