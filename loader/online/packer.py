@@ -59,6 +59,17 @@ class PackerClosedError(PacktoolError):
     """Documents were pushed into a packer after its final flush."""
 
 
+class TableRowError(DataError):
+    """A row of a table given to `push_table` that is no document: `row` is its index in that
+    table, `what` what is wrong with its `input_ids` (a reader of a file maps the row back to
+    its place there: loader/online/streaming.py)."""
+
+    def __init__(self, row: int, what: str) -> None:
+        super().__init__(f"input_ids of row {row} {what}")
+        self.row = row
+        self.what = what
+
+
 class OnlinePacker:
     """Packs a stream of tokenized documents into rows of at most `max_len` tokens, on the fly.
 
@@ -229,8 +240,13 @@ class OnlinePacker:
             raise DataError(f"input_ids must be a list column, found {ids.type}")
         if ids.null_count:  # a null read as an empty document: one left out without a word
             row = int(np.flatnonzero(ids.is_null().to_numpy(zero_copy_only=False))[0])
-            raise DataError(f"input_ids of row {row} is null")
+            raise TableRowError(row, "is null")
         offsets = ids.offsets.to_numpy().astype(np.int64)
+        held = ids.values.slice(offsets[0], offsets[-1] - offsets[0])
+        if held.null_count:  # read as NaN: "token ids must be integers, got dtype float64"
+            at = int(np.flatnonzero(held.is_null().to_numpy(zero_copy_only=False))[0])
+            row = int(np.searchsorted(offsets - offsets[0], at, side="right")) - 1
+            raise TableRowError(row, "holds a null token id")
         values = ids.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
         if pa.types.is_null(ids.type.value_type):  # list<null>: only empty documents
             values = np.zeros(0, np.int64)

@@ -36,7 +36,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.collate import check_collate_kwargs
 from loader.config import OnlineConfig, check_bool, check_epoch, dist_rank_world, make_config
-from loader.online.packer import OnlinePacker
+from loader.online.packer import OnlinePacker, TableRowError
 from loader.online.rows import PackedRows, RowBatcher
 from loader.online.state import (
     StateCheck,
@@ -318,7 +318,14 @@ class StreamingPackedDataset(IterableDataset):
                 )
             if take is not None:
                 table = table.take(take)
-            packer.push_table(table)
+            try:
+                packer.push_table(table)
+            except TableRowError as exc:  # its row in the slot's share: its row in the group
+                row = exc.row if take is None else int(take[exc.row])
+                where = f"{self.paths[f]}: row group {rg}, row {row}"
+                raise DataError(f"{where}: input_ids {exc.what}") from None
+            except DataError as exc:
+                raise DataError(f"{self.paths[f]}: row group {rg}: {exc}") from None
             batcher.add(packer.pop())
             live["ready"] = list(batcher.ready())
 

@@ -261,6 +261,11 @@ def test_negative_ids_null_rows_and_tables_of_empty_documents() -> None:
     assert fits.pop().doc_ids.tolist() == [2**63 - 1]
     with pytest.raises(DataError, match="input_ids of row 1 is null"):
         p.push_table(pa.table({"input_ids": pa.array([[1, 2], None], pa.list_(pa.int64()))}))
+    # Before: "token ids must be integers, got dtype float64" (the null read as NaN)
+    with pytest.raises(DataError, match="input_ids of row 2 holds a null token id"):
+        p.push_table(pa.table({"input_ids": [[1], [2, 3], [4, None, 5]]}).slice(0, 3))
+    with pytest.raises(DataError, match="input_ids of row 0 holds a null token id"):
+        p.push_table(pa.table({"input_ids": [[7], [4, None]]}).slice(1))
     p.push_table(pa.table({"input_ids": [[], []]}))  # list<null>
     p.push_table(pa.table({"input_ids": pa.array([[1, 2, 3]], pa.list_(pa.int64()))}))
     again = OnlinePacker(max_len=8)

@@ -502,3 +502,18 @@ def test_a_resume_point_reaches_persistent_workers_once(tokenized) -> None:
         list(loader)
     resumed.load_state_dict(make(path).state_dict())  # a start: the epoch alone, it reaches them
     assert _ids(loader) == full
+
+
+@pytest.mark.parametrize(("world", "rank"), [(1, 0), (2, 1), (4, 1)])
+def test_a_null_document_names_its_file_row_group_and_row(tmp_path, world, rank) -> None:
+    """Before: "input_ids of row 2 is null", the row counted in the slot's share of the row
+    group (`take`), naming no file."""
+    schema = tokenized_schema(load_tokenizer("byte").identity)
+    nullable = pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
+    ids = pa.array([[1, 2]] * 5 + [None] + [[3]] * 4, pa.list_(pa.uint16()))
+    columns = [pa.array(np.arange(10), pa.int64()), pa.array(["t"] * 10), ids]
+    columns.append(pa.array([2] * 10, pa.int32()))
+    pq.write_table(pa.Table.from_arrays(columns, schema=nullable), tmp_path / "a.parquet")
+    ds = make(tmp_path, world_size=world, rank=rank, max_len=8, rows_per_batch=2)
+    with pytest.raises(DataError, match=r"a\.parquet: row group 0, row 5: input_ids is null$"):
+        list(ds)
