@@ -242,7 +242,8 @@ def check_collate_kwargs(
         kwargs: The keyword arguments.
         batch_tokens: The most tokens a batch can hold and what sets that, in words (e.g.
             `(96, "rows_per_batch=3 × max_len=32 = 96 tokens")`): `pad_tokens` must be at
-            least that.
+            least that, and `pad_docs` too (one-token documents), plus one for the padding
+            entry when `pad_tokens` is larger.
 
     Raises:
         ConfigError: naming the unknown ones and the valid ones, or the bad value.
@@ -276,3 +277,16 @@ def check_collate_kwargs(
             f"collate_kwargs pad_tokens={pad} is smaller than a batch can hold ({why}); raise "
             f"pad_tokens to at least {most}"
         )
+    pad_docs = kwargs.get("pad_docs")
+    if batch_tokens is not None and pad_docs is not None:
+        # Documents have a token at least, so a batch holds up to `most` of them, and the
+        # padding entry when it pads below `pad_tokens`: a lower pad_docs failed mid-stream at
+        # the first batch of many short documents (a cap per batch would split rows instead).
+        most, why = batch_tokens
+        padded = pad is not None and pad > most
+        if pad_docs < most + padded:
+            raise ConfigError(
+                f"collate_kwargs pad_docs={pad_docs} is smaller than the documents a batch can "
+                f"hold ({why}: up to {most} one-token documents{' and the padding' * padded}); "
+                f"raise pad_docs to at least {most + padded}"
+            )

@@ -803,6 +803,21 @@ def _refilled(values):
         yield buf
 
 
+@pytest.mark.parametrize("pad_tokens", [None, 32, 33])
+def test_pad_docs_below_a_full_batch_of_one_token_documents_is_refused_up_front(pad_tokens):
+    """Before: any pad_docs was accepted, then a batch of many short documents failed mid-stream
+    ("batch holds 32 documents (padding included), more than pad_docs=8"). The bound is tight:
+    one-token documents fill a batch with that many."""
+    most = 32 if pad_tokens in (None, 32) else 33  # + the padding entry, when there is padding
+    kw = {"rows_per_batch": 2, "pad_tokens": pad_tokens}
+    with pytest.raises(ConfigError, match=f"raise pad_docs to at least {most}$"):
+        OnlinePacker(max_len=16).batches(iter([]), **kw, pad_docs=most - 1)
+    p = OnlinePacker(max_len=16, buffer_docs=50)
+    batches = list(p.batches([[1]] * 100, **kw, pad_docs=most))
+    assert sum(len(b["doc_ids"][b["doc_ids"] >= 0]) for b in batches) == 100
+    assert all(len(b["cu_seqlens"]) == most + 1 for b in batches)
+
+
 def test_a_single_value_is_not_taken_as_a_one_token_document() -> None:
     # Before: pack_stream(np.arange(1, 11)), a flat token array given as the source, packed 10
     # one-token documents without a word; push_docs([5, 6]) two of them.

@@ -449,6 +449,16 @@ def test_a_state_saved_before_the_inputs_were_keyed_still_loads(tokenized) -> No
             r"pad_tokens=48 is smaller than a batch can hold \(tokens_per_batch=64\)",
         ),
         ({"collate_kwargs": {"layout": "HF"}}, "layout must be 'packtool' or 'hf', got 'HF'"),
+        (  # Before: accepted, then "batch holds 32 documents ..., more than pad_docs=8"
+            {"collate_kwargs": {"pad_tokens": 96, "pad_docs": 8}},
+            r"pad_docs=8 is smaller than the documents a batch can hold \(rows_per_batch=3 × "
+            r"max_len=32 = 96 tokens: up to 96 one-token documents\); raise pad_docs to at "
+            r"least 96",
+        ),
+        (
+            {"collate_kwargs": {"pad_tokens": 97, "pad_docs": 96}},
+            r"up to 96 one-token documents and the padding\); raise pad_docs to at least 97",
+        ),
     ],
 )
 def test_collate_kwargs_a_batch_would_fail_on_are_refused_when_made(tokenized, kw, match) -> None:
@@ -461,6 +471,7 @@ def test_collate_kwargs_a_batch_would_fail_on_are_refused_when_made(tokenized, k
         settings = {k: v for k, v in settings.items() if v is not None}
         OnlinePacker(max_len=MAX_LEN).batches(iter([]), **settings, **kw["collate_kwargs"])
     make(path, collate_kwargs={"pad_tokens": 96, "layout": "hf"})  # a batch's most: fine
+    make(path, collate_kwargs={"pad_tokens": 96, "pad_docs": 96})
 
 
 def _ids(batches) -> list[list[int]]:
