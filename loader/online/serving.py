@@ -202,9 +202,11 @@ class RequestBatcher:
         return fut
 
     def close(self, timeout: float | None = None) -> None:
-        """Refuse new requests, dispatch every queued one, and stop the thread."""
+        """Refuse new requests, dispatch every queued one, and stop the thread (called by the
+        model, on the batcher's own thread: the thread stops once its batch returns)."""
         self._core.shut()
-        self._thread.join(timeout)
+        if threading.current_thread() is not self._thread:  # a thread cannot join itself
+            self._thread.join(timeout)
 
     def __enter__(self) -> RequestBatcher:
         return self
@@ -216,10 +218,9 @@ class RequestBatcher:
     def stats(self) -> dict[str, Any]:
         """Counters, batch fill (tokens / budget) and the time requests waited to be dispatched."""
         core = self._core
-        with core.cond:
+        with core.cond:  # copied under the lock; the percentiles of 100k waits are taken after
             s = core.stats
-            waits = np.asarray(s.waits_ms) if s.waits_ms else np.zeros(1)
-            return {
+            out: dict[str, Any] = {
                 "requests": s.requests,
                 "rejected": s.rejected,
                 "cancelled": s.cancelled,
@@ -228,11 +229,18 @@ class RequestBatcher:
                 "tokens": s.tokens,
                 "queued": len(core.queue),
                 "mean_fill": s.tokens / (s.batches * self.token_budget) if s.batches else 0.0,
-                "wait_ms_p50": float(np.percentile(waits, 50)),
-                "wait_ms_p99": float(np.percentile(waits, 99)),
-                "wait_ms_max": float(waits.max()),
-                "closed": core.closing,
             }
+            waits = list(s.waits_ms)
+            closed = core.closing
+        arr = np.fromiter(waits, np.float64, len(waits)) if waits else np.zeros(1)
+        p50, p99 = np.percentile(arr, [50, 99])
+        out.update(
+            wait_ms_p50=float(p50),
+            wait_ms_p99=float(p99),
+            wait_ms_max=float(arr.max()),
+            closed=closed,
+        )
+        return out
 
 
 def _check_collate(

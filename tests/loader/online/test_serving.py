@@ -476,3 +476,48 @@ def test_counts_take_numpy_integers_and_refuse_bools_and_huge_ids() -> None:
     for name in ("token_budget", "max_requests", "vocab_size"):
         with pytest.raises(ConfigError, match=f"{name} must be an integer >= 1"):
             RequestBatcher(run_batch=lambda b: b, **{name: True})
+
+
+def test_stats_computes_its_percentiles_without_the_queue_lock(monkeypatch) -> None:
+    """Before: `stats` held the queue lock while it took percentiles of up to 100k waits, so
+    `submit` and the serving thread waited on every read of it."""
+    batcher = RequestBatcher(run_batch=Model(), max_wait_ms=0)
+    for f in [batcher.submit([1]) for _ in range(20)]:
+        f.result(timeout=5)
+    free = []
+    percentile = np.percentile
+
+    def take_the_lock() -> None:  # on another thread, as submit() would
+        lock = batcher._core.cond
+        free.append(lock.acquire(timeout=2))
+        if free[-1]:
+            lock.release()
+
+    def probe(*args, **kwargs):
+        other = threading.Thread(target=take_the_lock)
+        other.start()
+        other.join()
+        return percentile(*args, **kwargs)
+
+    monkeypatch.setattr(np, "percentile", probe)
+    s = batcher.stats
+    monkeypatch.undo()
+    batcher.close()
+    assert free == [True] and s["requests"] == 20 and s["wait_ms_max"] >= s["wait_ms_p50"]
+
+
+def test_close_called_by_the_model_on_the_batchers_thread() -> None:
+    """Before: close() from run_batch (the batcher's own thread) failed the batch with
+    RuntimeError('cannot join current thread')."""
+    holder = {}
+
+    def closing(batch: dict) -> torch.Tensor:
+        holder["batcher"].close()
+        return batch["input_ids"] * 2 + 1
+
+    batcher = holder["batcher"] = RequestBatcher(run_batch=closing, max_wait_ms=1)
+    assert batcher.submit([1, 2]).result(timeout=5).tolist() == [3, 5]
+    batcher._thread.join(5)
+    assert not batcher._thread.is_alive()
+    with pytest.raises(BatcherClosedError, match="closed"):
+        batcher.submit([1])
