@@ -6,7 +6,7 @@ every document leaves here as a 1-D integer array whose ids fit the batch's int6
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,29 @@ from loader.record import INT64_MAX, check_ids, outside_int64, tensor_ids
 from packtool.dataset.columns import TOKEN, get, names, optional
 from packtool.errors import ConfigError, DataError
 from packtool.pack.columns import check_policy
+
+DOCUMENTS = "an iterable of documents (token arrays or lists of ints)"
+"""What a packer takes documents from, in words (for the error when it is given something else)."""
+
+
+class TableRowError(DataError):
+    """A row of a table given to `OnlinePacker.push_table` that is no document: `row` is its
+    index in that table, `what` what is wrong with its `input_ids` (a reader of a file maps the
+    row back to its place there: loader/online/streaming.py)."""
+
+    def __init__(self, row: int, what: str) -> None:
+        super().__init__(f"input_ids of row {row} {what}")
+        self.row = row
+        self.what = what
+
+
+def iterable(source: Any, what: str) -> Iterator[Any]:
+    """`iter(source)`, or a `DataError` saying `what` was expected and what came (a bare
+    `TypeError`, "'int' object is not iterable", before)."""
+    try:
+        return iter(source)
+    except TypeError:
+        raise DataError(f"{what}, got {type(source).__name__}") from None
 
 
 def several_sequences(arr: np.ndarray) -> bool:
@@ -67,6 +90,7 @@ def joined_masks(masks: Iterable[Any], arrays: list[NDArray]) -> NDArray | None:
     Raises:
         DataError: Not one mask per document, or one of another length than its document.
     """
+    masks = iterable(masks, "push_docs masks must be an iterable of loss masks, one per document")
     given = (tensor_ids(m, f"document {i}: loss mask", floats=True) for i, m in enumerate(masks))
     masks = [private(np.asarray(m), m) for m in given]
     if len(masks) != len(arrays):

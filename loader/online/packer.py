@@ -37,9 +37,12 @@ from loader.collate import check_collate_kwargs
 from loader.config import OnlineConfig, check_bool, check_int, make_config
 from loader.online.bucketed import bucketed_assign
 from loader.online.inputs import (
+    DOCUMENTS,
+    TableRowError,
     doc_array,
     doc_id_array,
     flat_tokens,
+    iterable,
     joined_masks,
     length_array,
     private,
@@ -57,17 +60,6 @@ from packtool.pack.chunk import PackCounts, drop_unsupervised, make_segments
 
 class PackerClosedError(PacktoolError):
     """Documents were pushed into a packer after its final flush."""
-
-
-class TableRowError(DataError):
-    """A row of a table given to `push_table` that is no document: `row` is its index in that
-    table, `what` what is wrong with its `input_ids` (a reader of a file maps the row back to
-    its place there: loader/online/streaming.py)."""
-
-    def __init__(self, row: int, what: str) -> None:
-        super().__init__(f"input_ids of row {row} {what}")
-        self.row = row
-        self.what = what
 
 
 class OnlinePacker:
@@ -267,6 +259,7 @@ class OnlinePacker:
         """Add documents given one token array (or list of ints) each, and optionally a loss
         mask (0/1 per token) for each. Each is copied as it is read: a source may refill one
         buffer for every document."""
+        docs = iterable(docs, f"push_docs takes {DOCUMENTS}")
         arrays = [doc_array(d, i, own=True) for i, d in enumerate(docs)]
         self._push_arrays(arrays, None if masks is None else joined_masks(masks, arrays))
 
@@ -528,6 +521,7 @@ class OnlinePacker:
         documents collected are in `state_dict()`).
         """
         check_int("docs_per_push", docs_per_push, 1)
+        source = iterable(source, f"pack_stream takes {DOCUMENTS} or tokenized tables")
         return self._stream(source, int(docs_per_push))
 
     def _push_pending(self) -> None:
@@ -582,6 +576,7 @@ class OnlinePacker:
         )
         check_bool("drop_last", drop_last)
         check_collate_kwargs(collate_kwargs, batcher.batch_tokens)  # now, not at a batch
+        source = iterable(source, f"batches takes {DOCUMENTS} or tokenized tables")
         return self._batches(source, batcher, drop_last, collate_kwargs)
 
     def _batches(

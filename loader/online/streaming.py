@@ -36,7 +36,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.collate import check_collate_kwargs
 from loader.config import OnlineConfig, check_bool, check_epoch, dist_rank_world, make_config
-from loader.online.packer import OnlinePacker, TableRowError
+from loader.online.inputs import TableRowError
+from loader.online.packer import OnlinePacker
 from loader.online.rows import PackedRows, RowBatcher
 from loader.online.state import (
     StateCheck,

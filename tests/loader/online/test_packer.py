@@ -818,6 +818,23 @@ def test_pad_docs_below_a_full_batch_of_one_token_documents_is_refused_up_front(
     assert all(len(b["cu_seqlens"]) == most + 1 for b in batches)
 
 
+def test_documents_or_a_source_that_is_not_iterable_is_a_data_error() -> None:
+    # Before: a bare TypeError ("'int' object is not iterable"), from pack_stream and batches
+    # at the first item read.
+    p = OnlinePacker(max_len=8)
+    with pytest.raises(DataError, match=r"^push_docs takes an iterable of documents .*, got int$"):
+        p.push_docs(5)
+    with pytest.raises(DataError, match=r"^push_docs masks must be an iterable .*, got float$"):
+        p.push_docs([[1, 2]], masks=1.5)
+    with pytest.raises(DataError, match=r"^pack_stream takes an iterable of documents .*got int$"):
+        p.pack_stream(5)
+    with pytest.raises(DataError, match=r"^batches takes an iterable of documents .*, got int$"):
+        p.batches(5, rows_per_batch=1)
+    p = OnlinePacker(max_len=8, long_docs="truncate")
+    p.push_docs(iter([[1, 2]]), masks=iter([[1, 1]]))  # any iterable
+    assert p.stats["documents_in"] == 1
+
+
 def test_a_single_value_is_not_taken_as_a_one_token_document() -> None:
     # Before: pack_stream(np.arange(1, 11)), a flat token array given as the source, packed 10
     # one-token documents without a word; push_docs([5, 6]) two of them.
