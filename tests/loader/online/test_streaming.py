@@ -181,8 +181,11 @@ def test_stats_count_skips(tokenized) -> None:
 def test_no_inputs_and_files_gone_after_open(tokenized, tmp_path) -> None:
     path, _ = tokenized
     # Before: an empty input list made a stream that silently yielded nothing.
-    with pytest.raises(DataError, match="no input files"):
+    with pytest.raises(ConfigError, match="^no inputs: give at least one file"):
         make([])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="empty: folder has no corpus files"):
+        make(tmp_path / "empty")
     copy = tmp_path / "copy"
     copy.mkdir()
     for f in path.glob("*.parquet"):
