@@ -118,3 +118,34 @@ def test_lengths_that_match_their_ids_read_no_id(tmp_path, monkeypatch):
     )
     assert [len(x) for x, _ in length_tables([(good, {})])] == [2, 2, 2]
     assert read == [["length"]] * 3
+
+
+def test_a_footer_counting_nulls_otherwise_never_refuses_rows_that_agree(tmp_path):
+    """What a writer counts as a null of a list column is not fixed by Parquet (pyarrow < 6.0
+    counted leaf nulls only): a footer saying no null for a file with an empty document sent
+    the check to read the ids, which agreed with `length`, and it still refused the file."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from packtool.dataset.tokenized import _check_ids_count, _ids_leaf
+
+    path = tmp_path / "a.parquet"
+    lengths = np.array([3, 0, 1], np.int32)
+    ids = pa.array([[1, 2, 3], [], [4]], pa.list_(pa.uint32()))
+    pq.write_table(pa.table({"input_ids": ids, "length": lengths}), path)
+    real = pq.ParquetFile(path)
+
+    class Footer:  # the real footer, its ids' null count as such a writer wrote it
+        def __init__(self, inner, **told):
+            self.inner, self.told = inner, told
+
+        def __getattr__(self, name):
+            return self.told.get(name, getattr(self.inner, name))
+
+    column = real.metadata.row_group(0).column(_ids_leaf(real, path))
+    assert column.statistics.null_count == 1  # today's pyarrow: the empty list
+    stats = Footer(column.statistics, null_count=0)
+    told = Footer(column, statistics=stats)
+    group = Footer(real.metadata.row_group(0), column=lambda i: told)
+    pf = Footer(real, metadata=Footer(real.metadata, row_group=lambda i: group))
+    _check_ids_count(pf, 0, _ids_leaf(real, path), lengths, path, 0)  # no DataError
