@@ -24,7 +24,6 @@ import numpy as np
 
 from packtool.engines import records
 from packtool.engines.config import resume_command
-from packtool.engines.interrupts import ctrl_c_after
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.config import JOBS_DIR, PROBE_OK, SlurmConfig
 from packtool.engines.slurm.state import (
@@ -107,11 +106,8 @@ class ArrayDriver:
     def _submit_job(self, options: list[str], tasks: int, script: str, entry: dict) -> str:
         """sbatch, then the job recorded, as one step: a Ctrl-C while sbatch ran (the job
         queued) came out before the record, so the stopped run's cancel missed the job and it
-        ran on; it now waits for the record (interrupts.py)."""
-        with ctrl_c_after():
-            job = cli.submit_array(options, tasks, script)
-            self._add_job(job, entry)
-        return job
+        ran on; it now waits for the record (`commands.submit_array`, interrupts.py)."""
+        return cli.submit_array(options, tasks, script, lambda job: self._add_job(job, entry))
 
     def _submit(self, partitions: list[int]) -> None:
         """Submit `partitions` as arrays of at most MaxArraySize tasks of `tasks_per_job`."""

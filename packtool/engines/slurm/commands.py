@@ -13,8 +13,9 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
+from packtool.engines.interrupts import ctrl_c_after
 from packtool.errors import ConfigError
 from packtool.storage import local as storage
 
@@ -209,45 +210,68 @@ TRANSIENT = (
 lost after the job was queued, so the queue is asked before it is submitted again."""
 
 
-def submit_array(options: Sequence[str], tasks: int, script: str) -> str:
-    """Submit `script` as an array of `tasks` tasks (indices 0 .. tasks - 1); its job id.
+def submit_array(
+    options: Sequence[str], tasks: int, script: str, record: Callable[[str], None] | None = None
+) -> str:
+    """Submit `script` as an array of `tasks` tasks (indices 0 .. tasks - 1); its job id, given
+    to `record` before Ctrl-C is let through (the driver writes it down: a stopped run cancels
+    what it recorded).
 
     sbatch runs in a session of its own: the terminal's Ctrl-C, sent to the foreground process
-    group, would otherwise kill it mid-request, the job queued or not, and its id unknown (the
-    driver holds its own Ctrl-C until the job is recorded: `ArrayDriver._submit_job`).
+    group, would otherwise kill it mid-request, the job queued or not, and its id unknown; the
+    driver's own Ctrl-C (and SIGTERM) is held over each try and its record (`ctrl_c_after`).
 
     A transient refusal (`TRANSIENT`: a busy controller's "Socket timed out") is tried again
     after each of `RETRY_SECONDS`, but first the queue is asked for a job running `script`
     (each array has a script of its own): a timed-out sbatch may have queued the job, and
     submitting it again would run its tasks twice. A job that was queued and already left the
-    queue is submitted again; its tasks skip the partitions it finished (`task.py`)."""
+    queue is submitted again; its tasks skip the partitions it finished (`task.py`). Ctrl-C is
+    let through during the waits (they were held for a minute): the queue is asked once, what
+    is found recorded, then the run stops. After a later try, a job an earlier one queued
+    unseen (its answer lost, and the queue's too) is cancelled."""
     args = [require(), "--parsable", f"--array=0-{tasks - 1}", *options, script]
-    for wait in (*RETRY_SECONDS, None):
-        try:
-            out = _run(args, "sbatch", own_session=True)
-            return out.strip().split(";")[0]
-        except SlurmRefused as exc:
-            if wait is None or not any(t in str(exc).lower() for t in TRANSIENT):
-                raise
-            time.sleep(wait)
-            if job := queued_with_script(script):
+    record = record or (lambda job: None)
+    for attempt, wait in enumerate((*RETRY_SECONDS, None)):
+        with ctrl_c_after():
+            try:
+                job = _run(args, "sbatch", own_session=True).strip().split(";")[0]
+            except SlurmRefused as exc:
+                if wait is None or not any(t in str(exc).lower() for t in TRANSIENT):
+                    raise
+            else:
+                record(job)
+                if attempt:
+                    cancel([j for j in queued_with_script(script) if j != job])
                 return job
+        found: list[str] = []
+        try:
+            time.sleep(wait)
+        finally:  # (a Ctrl-C in the wait too: what the last try queued is recorded first)
+            with ctrl_c_after():
+                found = queued_with_script(script)
+                if found:
+                    record(found[0])
+                    cancel(found[1:])
+        if found:
+            return found[0]
     raise AssertionError("unreachable")  # the last try returns or raises
 
 
-def queued_with_script(script: str) -> str | None:
-    """The job id of this user's queued job that runs `script` (squeue's `%F`: an array's own
-    id, whichever of its tasks is listed), or None (none, or squeue did not answer)."""
+def queued_with_script(script: str) -> list[str]:
+    """The job ids of this user's queued jobs that run `script` (squeue's `%F`: an array's own
+    id, whichever of its tasks is listed; `--all`: in partitions hidden from the user too), in
+    the queue's order; none where squeue did not answer."""
     try:
-        out = _run([require("squeue"), "--me", "-h", "-o", "%F|%o"], "squeue", 60)
+        out = _run([require("squeue"), "--me", "--all", "-h", "-o", "%F|%o"], "squeue", 60)
     except SlurmRefused:
-        return None
+        return []
     names = {script, os.path.abspath(script)}
+    found = []
     for line in out.splitlines():
         job, _, command = line.partition("|")
-        if command.strip() in names and job.strip():
-            return job.strip()
-    return None
+        if command.strip() in names and job.strip() and job.strip() not in found:
+            found.append(job.strip())
+    return found
 
 
 def live_tasks(job_ids: Iterable[str], retry: bool = True) -> dict[str, str]:

@@ -36,6 +36,7 @@ only what no live job will do. Pull mode's faults: packtool/engines/slurm/pilots
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,8 @@ def drive_slurm(run: Any, slurm: SlurmConfig, options: list[str]) -> str:
         raise
     except cli.SlurmRefused as exc:  # the cluster failed the run: its finished work stays
         driver.cancel(wait=CANCEL_WAIT)
-        writing.remove_empty_dir(driver.logs)
+        with contextlib.suppress(OSError):  # a task that started in the wait: its log stays
+            writing.remove_empty_dir(driver.logs)
         raise run.workers_lost(str(exc), "Slurm failed, not the run's options") from None
     except BaseException as exc:
         # No job of a stopped or failed run stays in the queue; a failure's staging folder may
@@ -133,7 +135,8 @@ def drive_slurm(run: Any, slurm: SlurmConfig, options: list[str]) -> str:
         if isinstance(exc, Exception):
             # No task wrote a log (its jobs gone): a fresh run's staging folder may go next,
             # and the empty folder stayed beside the output for ever (a --resume makes it again)
-            writing.remove_empty_dir(driver.logs)
+            with contextlib.suppress(OSError):  # never in place of the run's own error
+                writing.remove_empty_dir(driver.logs)
         raise
     for wave in run.waves()[1:] if run.todo else run.waves():  # the tail tree, here
         for u in wave:

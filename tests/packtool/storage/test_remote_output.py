@@ -101,9 +101,9 @@ def test_the_slurm_engine_writes_a_bucket_from_its_tasks(
 
     submit = arrays.cli.submit_array
 
-    def watched(options, tasks, script):  # the scripts are in the local folder, every time
+    def watched(options, tasks, script, record):  # the scripts are in the local folder
         seen.append(Path(script).is_relative_to(tmp_path / LOCAL_HOME))
-        return submit(options, tasks, script)
+        return submit(options, tasks, script, record)
 
     monkeypatch.setattr(arrays.cli, "submit_array", watched)
     summary = run_pack_slurm(pack_config(f"s3://{BUCKET}/slurm"), SlurmConfig(poll_seconds=0.3))

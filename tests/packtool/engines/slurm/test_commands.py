@@ -207,7 +207,7 @@ def test_a_timed_out_sbatch_whose_job_was_queued_is_not_submitted_again(fake_bin
     squeue = _fake(fake_bin, "squeue", "printf '9|/other/a0-1.sh\\n40|/run/slurm/a1-2.sh\\n'")
     assert cli.submit_array(["--job-name=x"], 3, "/run/slurm/a1-2.sh") == "40"
     assert len(sbatch.read_text().splitlines()) == 1  # not submitted twice
-    assert squeue.read_text().split() == ["--me", "-h", "-o", "%F|%o"]
+    assert squeue.read_text().split() == ["--me", "--all", "-h", "-o", "%F|%o"]
 
 
 def test_a_timed_out_sbatch_whose_job_is_not_queued_is_submitted_again(fake_bin, monkeypatch):
@@ -259,3 +259,47 @@ def test_a_fresh_run_whose_staging_is_discarded_leaves_no_empty_logs_folder(fake
     assert not staging_folder(out).exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin"]
     assert not logs_folder(out).exists()
+
+
+def test_ctrl_c_in_a_wait_between_sbatch_tries_records_what_was_queued_then_stops(
+    fake_bin, monkeypatch
+):
+    """Ctrl-C (and SIGTERM) were held for the whole retry loop (about a minute, up to ~18 with
+    every command timing out), past Slurm's KillWait: the driver was killed before it
+    cancelled. The waits let it through now, after the queue is asked once and what the last
+    try queued is recorded (so the stopped run cancels it)."""
+    _fake(fake_bin, "sbatch", _TIMED_OUT)
+    _fake(fake_bin, "squeue", "printf '40|/run/slurm/a1-2.sh\\n'")
+
+    real, waits = cli.time.sleep, []
+
+    def interrupted(seconds):  # the first wait (subprocess polls with short ones of its own)
+        if waits or seconds < 1:
+            return real(seconds)
+        waits.append(seconds)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.time, "sleep", interrupted)
+    recorded = []
+    with pytest.raises(KeyboardInterrupt):
+        cli.submit_array([], 2, "/run/slurm/a1-2.sh", recorded.append)
+    assert recorded == ["40"] and waits == [cli.RETRY_SECONDS[0]]
+
+
+def test_a_job_an_earlier_try_queued_unseen_is_cancelled_after_a_later_try(fake_bin, monkeypatch):
+    """The first try's answer lost and the queue's answer too: the second try's job is the
+    run's, and the first one, found queued afterwards, was left running unrecorded."""
+    monkeypatch.setattr(cli, "RETRY_SECONDS", (0.0, 0.0))
+    _fake(fake_bin, "sbatch", _fail_first(fake_bin, _TIMED_OUT))
+    seen = fake_bin / "squeue.seen"
+    _fake(  # no answer the first time it is asked, then both jobs
+        fake_bin,
+        "squeue",
+        f"if [ ! -e {seen} ]; then touch {seen}; exit 1; fi\n"
+        "printf '40|/run/slurm/a1-2.sh\\n41|/run/slurm/a1-2.sh\\n'",
+    )
+    scancel = _fake(fake_bin, "scancel", "exit 0")
+    recorded = []
+    assert cli.submit_array([], 2, "/run/slurm/a1-2.sh", recorded.append) == "41"
+    assert recorded == ["41"]
+    assert scancel.read_text().split() == ["40"]

@@ -311,12 +311,14 @@ def test_ctrl_c_while_sbatch_runs_leaves_no_job_in_the_queue(
     real = commands.submit_array
     submitted = []
 
-    def interrupted(options, tasks, script):
-        job = real(options, tasks, script)
-        if not script.endswith("probe.sh"):  # the first array of partitions (or of workers)
-            submitted.append(job)
-            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as sbatch returns
-        return job
+    def interrupted(options, tasks, script, record):
+        def ctrl_c_then_record(job):
+            if not script.endswith("probe.sh"):  # the first array of partitions (or workers)
+                submitted.append(job)
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as sbatch returns, before the record
+            record(job)
+
+        return real(options, tasks, script, ctrl_c_then_record)
 
     monkeypatch.setattr(commands, "submit_array", interrupted)
     out = tmp_path / "packed"

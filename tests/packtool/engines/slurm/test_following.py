@@ -268,7 +268,9 @@ def test_the_probe_fails_where_the_drivers_python_cannot_import_packtool(tmp_pat
     python = _fake_python(tmp_path / "bin")
     setup = '[ "$PACKTOOL_SLURM_ROLE" = task ] && exit 7'
     driver = _driver(ArrayDriver, tmp_path, monkeypatch, setup=setup)
-    monkeypatch.setattr(cli, "submit_array", lambda options, tasks, script: "9")
+    monkeypatch.setattr(
+        cli, "submit_array", lambda options, tasks, script, record: record("9") or "9"
+    )
     for interpreter, code in ((str(python), 3), (real, 0)):
         monkeypatch.setattr(sys, "executable", interpreter)
         driver._probe({})
