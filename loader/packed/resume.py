@@ -323,6 +323,17 @@ class PendingStart:
         n = 7 + CLAIM_SLOTS
         self._raw = multiprocessing.RawArray("q", n) if shared else bytearray(8 * n)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled to start a worker process: the shared memory itself. Pickled otherwise
+        (`pickle.dumps`, `copy.deepcopy`, Ray): a copy of its values in memory of its own (a
+        shared array pickles only into a process being started: the dataset could not be
+        pickled or copied at all)."""
+        from multiprocessing.context import get_spawning_popen
+
+        if isinstance(self._raw, bytearray) or get_spawning_popen() is not None:
+            return super().__reduce_ex__(protocol)
+        return _copied_start, (self._a.tobytes(),)
+
     @property
     def _a(self) -> np.ndarray:
         return np.frombuffer(self._raw, dtype=np.int64)
@@ -383,3 +394,10 @@ class PendingStart:
     def drop(self) -> None:
         """Use the pending resume point up (a loader that passes the start to its workers)."""
         self._a[3] = 0
+
+
+def _copied_start(values: bytes) -> PendingStart:
+    """A `PendingStart` of its own holding `values` (`PendingStart.__reduce_ex__`)."""
+    start = PendingStart()
+    start._a[:] = np.frombuffer(values, dtype=np.int64)
+    return start

@@ -531,3 +531,22 @@ def test_a_null_document_names_its_file_row_group_and_row(tmp_path, world, rank)
     ds = make(tmp_path, world_size=world, rank=rank, max_len=8, rows_per_batch=2)
     with pytest.raises(DataError, match=r"a\.parquet: row group 0, row 5: input_ids is null$"):
         list(ds)
+
+
+def test_a_stream_pickles_and_copies_with_a_start_of_its_own(tokenized) -> None:
+    """The epoch shared with workers (a multiprocessing array) made the dataset unpicklable and
+    uncopyable (`pickle`, `copy.deepcopy`, Ray): a copy made that way now holds the epoch of
+    its own, and goes on as the original would."""
+    import copy
+    import pickle
+
+    path, _ = tokenized
+    ds = make(path)
+    ds.set_epoch(3)
+    tokens, per_doc = collect(ds)
+    for clone in (pickle.loads(pickle.dumps(ds)), copy.deepcopy(ds)):
+        assert clone.epoch == 3
+        theirs, their_docs = collect(clone)
+        assert np.array_equal(theirs, tokens) and their_docs == per_doc
+        clone.set_epoch(5)
+        assert (clone.epoch, ds.epoch) == (5, 3)  # its own, not the original's
