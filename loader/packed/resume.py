@@ -317,11 +317,14 @@ class PendingStart:
 
     # 0 epoch, 1 origin, 2 first step, 3 resume pending, 4 cursor, 5 the resume's serial number,
     # 6 workers of the iteration taking it, then one slot per worker: the serial it took.
-    def __init__(self, *, shared: bool = True) -> None:
+    def __init__(self, *, shared: bool = True, values: bytes = b"") -> None:
         """`shared=False`: kept in this process's memory (a copy made by fork or pickle is its
-        own, for an iterator that each process starts itself: a mixture's streaming source)."""
+        own, for an iterator that each process starts itself: a mixture's streaming source).
+        `values`: a copy's (`__reduce_ex__`)."""
         n = 7 + CLAIM_SLOTS
         self._raw = multiprocessing.RawArray("q", n) if shared else bytearray(8 * n)
+        if values:
+            self._a[:] = np.frombuffer(values, dtype=np.int64)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         """Pickled to start a worker process: the shared memory itself. Pickled otherwise
@@ -397,7 +400,5 @@ class PendingStart:
 
 
 def _copied_start(values: bytes) -> PendingStart:
-    """A `PendingStart` of its own holding `values` (`PendingStart.__reduce_ex__`)."""
-    start = PendingStart()
-    start._a[:] = np.frombuffer(values, dtype=np.int64)
-    return start
+    """A `PendingStart` in shared memory of its own holding `values` (`__reduce_ex__`)."""
+    return PendingStart(values=values)
