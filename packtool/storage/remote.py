@@ -473,7 +473,41 @@ def stored_info(fs: Any, p: str) -> dict[str, Any]:
     if {"gs", "gcs"} & set(protocols):
         fs.invalidate_cache(p)  # gcsfs's `info` reads its listings whatever `refresh` says
         return info_of(fs, p)
+    if type(fs).__module__.startswith("huggingface_hub"):  # HfFileSystem
+        return _hub_info(fs, p)
     return fs.info(p, refresh=True)
+
+
+def _hub_info(fs: Any, p: str) -> dict[str, Any]:
+    """`HfFileSystem.info(p, refresh=True)` as its listing gives it: with the file's blob id
+    (`object_etag`) and Xet hash, in one `paths-info` request. The file system's own answer
+    keeps only the name, size and type unless asked to expand it (the last commit, which the
+    Hub computes per path and a listing does not hold), so the workers' check saw a state of 0
+    where the plan, stated from a listing, saw the blob id: every hf:// pack failed "changed
+    since the run was planned" until 2026-12-06."""
+    from huggingface_hub import HfApi
+
+    resolved = fs.resolve_path(p)  # a missing repository or revision: FileNotFoundError
+    rel = getattr(resolved, "path_in_repo", None)
+    if not rel:  # a repository's root, a bucket's path: the file system's own answer
+        return fs.info(p, refresh=True)
+    found = HfApi(endpoint=fs.endpoint, token=fs.token).get_paths_info(
+        resolved.repo_id, [rel], revision=resolved.revision, repo_type=resolved.repo_type
+    )
+    if not found:
+        raise FileNotFoundError(p)
+    entry, name = found[0], resolved.unresolve()
+    if not hasattr(entry, "blob_id"):  # a RepoFolder
+        return {"name": name, "size": 0, "type": "directory", "last_commit": None}
+    return {
+        "name": name,
+        "size": entry.size,
+        "type": "file",
+        "blob_id": entry.blob_id,
+        "lfs": entry.lfs,
+        "xet_hash": getattr(entry, "xet_hash", None),
+        "last_commit": None,
+    }
 
 
 def exists(path: Any) -> bool:

@@ -97,9 +97,20 @@ def stand_in(monkeypatch, tmp_path):
     fake = StandInHub()
     monkeypatch.setattr(hub, "api", lambda: fake)
     HubFiles().pipe_file("/datasets/org/name/README.md", b"a dataset card\n")  # the repo exists
+    _upath_forgets()
     yield fake
     remote._filesystem.cache_clear()
     HubFiles.store.clear()
+    _upath_forgets()
+
+
+def _upath_forgets() -> None:
+    """upath keeps each protocol's file system class for naming paths: with HubFiles' it wrote
+    `hf:///datasets/...`, which the real HfFileSystem then read as the model `datasets/ORG` in
+    the later tests of the process (tests/packtool/storage/test_hub_inputs.py)."""
+    from upath._flavour import WrappedFileSystemFlavour
+
+    WrappedFileSystemFlavour.from_protocol.cache_clear()
 
 
 def _hub_files(prefix: str) -> dict[str, bytes]:

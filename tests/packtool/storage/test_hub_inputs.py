@@ -1,0 +1,67 @@
+"""`hf://` inputs read through huggingface_hub's own `HfFileSystem`, over HTTP, from a stand-in
+Hub on loopback (tests/packtool/storage/hub_server.py; `HF_ENDPOINT` and the `endpoint`
+storage option point the client at it): nothing of the client library is replaced, so what its
+listings and its `info` give is what packtool compares."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from packtool.storage import remote
+from tests.cli import run
+from tests.packtool.storage.hub_server import hub_server
+
+pytest.importorskip("huggingface_hub")
+
+SAMPLE = Path(__file__).resolve().parents[3] / "sample_data"
+REPO = "hf://datasets/org/name"
+OPTIONS = ["--max-len", "512", "--workers", "1", "--partition-size", "100KB"]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """The stand-in Hub (one per module), serving 300 KB of the sample corpus (three
+    partitions of 100 KB) and three text files in a folder."""
+    root = tmp_path_factory.mktemp("hub")
+    lines = (SAMPLE / "corpus.jsonl").read_bytes().splitlines(keepends=True)
+    (root / "corpus.jsonl").write_bytes(b"".join(lines[:400]))
+    (root / "text").mkdir()
+    for name in sorted(p.name for p in (SAMPLE / "text").iterdir())[:3]:
+        shutil.copy(SAMPLE / "text" / name, root / "text" / name)
+    with hub_server(root) as (endpoint, served), pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_ENDPOINT", endpoint)
+        # (huggingface_hub reads HF_ENDPOINT once, at its import: the option reaches it always)
+        env.setenv(remote.OPTIONS_ENV, json.dumps({"hf": {"endpoint": endpoint}}))
+        remote._filesystem.cache_clear()
+        yield SimpleNamespace(root=root, served=served)
+    remote._filesystem.cache_clear()
+
+
+def _shards(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.parquet"))}
+
+
+def test_a_hub_file_packs_as_the_local_file(hub, tmp_path):
+    """Every hf:// pack failed "changed since the run was planned (modified)": the plan's state
+    came from a listing, which holds the file's blob id, and the workers' fresh one from
+    `HfFileSystem.info(refresh=True)`, which drops it (a state of 0)."""
+    url = f"{REPO}/corpus.jsonl"
+    assert remote.stat(url, fresh=True) == remote.stat(url)
+    assert remote.stat(url).st_mtime_ns != 0  # its blob id names its version
+    code, _, err = run("pack", hub.root / "corpus.jsonl", "-o", tmp_path / "local", *OPTIONS)
+    assert code == 0, err
+    want = _shards(tmp_path / "local")
+    assert len(want) > 1
+    code, _, err = run("pack", url, "-o", tmp_path / "hub", *OPTIONS)
+    assert code == 0, err
+    assert _shards(tmp_path / "hub") == want
+    code, _, err = run("pack", hub.root / "text", "-o", tmp_path / "text", "--max-len", "512")
+    assert code == 0, err
+    code, _, err = run("pack", f"{REPO}/text/", "-o", tmp_path / "hub-text", "--max-len", "512")
+    assert code == 0, err
+    assert _shards(tmp_path / "hub-text") == _shards(tmp_path / "text")
