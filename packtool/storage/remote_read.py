@@ -94,8 +94,13 @@ def _fetch_range(fs: Any, p: str, start: int, end: int) -> bytes:
     A web server that ignores the range answers the whole object: taken as the block, every
     partition after the first read the file from its start (documents twice, others lost). The
     block is cut out of such an answer instead (each block then downloads the whole object:
-    said once on stderr); a longer answer that is not the whole object is an error."""
-    data = fs.cat_file(p, start=start, end=end)
+    said once on stderr); a longer answer that is not the whole object is an error.
+
+    `HfFileSystem`'s `cat_file` is fsspec's: it opens the file with a 5 MB read-ahead, so each
+    read downloaded up to 5 MB past its end (until 2026-12-06); its file opened without a
+    cache asks for the bytes wanted."""
+    hub = type(fs).__module__.startswith("huggingface_hub")
+    data = fs.cat_file(p, start=start, end=end, **({"cache_type": "none"} if hub else {}))
     if len(data) <= end - start:
         return data
     if len(data) < end:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from packtool.storage import remote
+from packtool.storage import remote, remote_read
 from tests.cli import run
 from tests.packtool.storage.hub_server import hub_server
 
@@ -65,3 +65,19 @@ def test_a_hub_file_packs_as_the_local_file(hub, tmp_path):
     code, _, err = run("pack", f"{REPO}/text/", "-o", tmp_path / "hub-text", "--max-len", "512")
     assert code == 0, err
     assert _shards(tmp_path / "hub-text") == _shards(tmp_path / "text")
+
+
+def test_a_hub_read_downloads_the_bytes_it_asks_for(hub):
+    """`HfFileSystem.cat_file` opens the file with fsspec's 5 MB read-ahead: every ranged read
+    of an hf:// input downloaded up to 5 MB more than it asked for (a 256 KB first block, a
+    partition's range, a record's probe)."""
+    url = f"{REPO}/corpus.jsonl"
+    data = (hub.root / "corpus.jsonl").read_bytes()
+    hub.served.clear()
+    assert remote_read.read_range(url, 1_000, 3_000) == data[1_000:3_000]
+    assert hub.served == [("corpus.jsonl", 2_000)]
+    hub.served.clear()
+    with remote_read.open_input(url) as f:
+        assert f.read() == data
+    assert sum(n for _, n in hub.served) == len(data)  # each byte once
+    assert len(hub.served) == 2  # the first block (256 KB), then the rest
