@@ -30,6 +30,7 @@ from glob import has_magic
 from pathlib import Path
 
 from packtool.dataset.manifest import INDEX_FILE, linked_version
+from packtool.errors import DataError
 from packtool.read.documents import (
     BatchBuilder,
     DocumentBatch,
@@ -175,7 +176,14 @@ def _link_of(raw: str | os.PathLike) -> str | os.PathLike:
     if text.lower().startswith(("http://", "https://")):  # no prefixes there: a URL is a file
         return raw
     prefix = text.rstrip("/")
-    version = linked_version(as_path(f"{prefix}/{INDEX_FILE}"))
+    index = as_path(f"{prefix}/{INDEX_FILE}")
+    try:
+        version = linked_version(index)
+    except DataError as exc:
+        # The look for a link fails as the input's own reading would: its error names the
+        # input, not an `index.json` the user never gave (`.../text/index.json: ConnectError`)
+        why = str(exc).removeprefix(f"{index}: ")
+        raise DataError(f"{raw}: {why}") from None
     # With its trailing slash: a prefix, so no look at what the name is (`listing.expand`)
     return f"{prefix}/{version}/" if version else raw
 

@@ -125,9 +125,11 @@ def expand(
         if info is None and not text.endswith("/"):
             raise FileNotFoundError(p)  # neither object nor prefix: one line by `naming`
         keys = list(_find(fs, p))
-        if not keys and protocol in ("http", "https") and _found(fs, p) is None:
-            # fsspec's HTTP `find` lists a page that is not there (404) as empty: say so, not
-            # "holds no corpus files", so a mistyped folder URL is not taken for an empty one
+        if not keys and protocol in ("http", "https", "hf") and _found(fs, p) is None:
+            # fsspec's HTTP `find` lists a page that is not there (404) as empty, and
+            # `HfFileSystem`'s a folder the repository does not hold: say so, not "holds no
+            # corpus files", so a mistyped folder URL is not taken for an empty one (a Hub
+            # repository's folders are git trees: one is there or not)
             raise FileNotFoundError(p)
         named = [
             k

@@ -300,6 +300,11 @@ def naming(url: Any, doing: str = "read") -> Iterator[None]:
                     f"{url}: the server answered {status} ({first_line(cause)})"
                 ) from None
             raise DataError(f"{url}: not found (the server answered 404)") from None
+        if scheme(str(url)) == "hf":
+            raise DataError(
+                f"{url}: not found on the Hub (no such file or folder in the repository, or "
+                "no such repository or revision, or no access to it: HF_TOKEN)"
+            ) from None
         raise DataError(f"{url}: no such object (or its bucket does not exist)") from None
     except PermissionError as exc:
         raise DataError(f"{url}: access denied ({first_line(exc)})") from None

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from packtool.storage import remote, remote_read
-from tests.cli import run
+from tests.cli import one_error_line, run
 from tests.packtool.storage.hub_server import hub_server
 
 pytest.importorskip("huggingface_hub")
@@ -81,3 +82,28 @@ def test_a_hub_read_downloads_the_bytes_it_asks_for(hub):
         assert f.read() == data
     assert sum(n for _, n in hub.served) == len(data)  # each byte once
     assert len(hub.served) == 2  # the first block (256 KB), then the rest
+
+
+def test_a_missing_hub_path_or_an_unreachable_hub_is_one_line_naming_the_input(hub, monkeypatch):
+    """A folder missing from the repository was "prefix holds no corpus files" (as if empty),
+    and the look for a dataset link under a folder named a file the user never gave
+    (`.../text/index.json: ConnectError`)."""
+    for given in (
+        f"{REPO}/nope/",
+        f"{REPO}/nope",
+        f"{REPO}/nope.jsonl",
+        "hf://datasets/org/nope/x/",
+    ):
+        code, _, err = run("stats", given)
+        assert code == 1
+        assert one_error_line(err).startswith(f"error: {given}: not found on the Hub ("), err
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{free.getsockname()[1]}"
+    monkeypatch.setenv(remote.OPTIONS_ENV, json.dumps({"hf": {"endpoint": dead}}))
+    for given in (f"{REPO}/text/", f"{REPO}/text", f"{REPO}/corpus.jsonl"):
+        code, _, err = run("stats", given)
+        assert code == 1
+        line = one_error_line(err)
+        assert line.startswith(f"error: {given}: ") and "index.json" not in line, line
+        assert "Connect" in line, line
