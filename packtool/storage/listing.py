@@ -112,6 +112,9 @@ def expand(
         # read instead of the prefix's objects).
         info = None if text.endswith("/") else _found(fs, p)
         if info is not None and info.get("type") != "directory":
+            folder = web_folder(text, info, suffixes)
+            if folder is not None:  # its index page: read the folder, as on disk
+                return expand(folder, suffixes, described, records)
             return [as_path(text)]
         if any(c in p for c in "*?[") and not text.endswith("/"):
             files, prefixes = _globbed(fs, p, protocol)
@@ -145,6 +148,34 @@ def expand(
         # string sort reverses), a web page's names decoded (`%C3%BC...` is `ü...`)
         named.sort(key=lambda k: _plain(protocol, k).split("/"))
         return [as_path(_url(protocol, k, fs)) for k in named]
+
+
+def web_folder(text: str, info: dict[str, Any], suffixes: tuple[str, ...]) -> str | None:
+    """For a web URL named without a trailing slash that `info` (fsspec's HTTP `info`, after
+    redirects) says is a folder, the folder's URL (with its slash): a server redirects
+    `http://host/text` to `http://host/text/`, the folder's HTML index page, which was read as
+    one text document (until 2026-12-06). None for anything else.
+
+    Raises:
+        DataError: another HTML page named with no corpus suffix (it is no corpus file, as a
+            folder's walk passes it over; read as one text document, its markup was packed).
+    """
+    from urllib.parse import urlsplit
+
+    if scheme(text) not in ("http", "https") or text.endswith("/"):
+        return None
+    given, final = urlsplit(text), urlsplit(str(info.get("url") or text))
+    if final.path.endswith("/") and not given.path.endswith("/"):
+        plain = not (given.query or given.fragment)
+        return text + "/" if plain else str(info["url"])
+    html = str(info.get("mimetype") or "").lower() in ("text/html", "application/xhtml+xml")
+    if html and not given.path.lower().endswith((*suffixes, ".json")):
+        raise DataError(
+            f"{text}: the server answers an HTML page ({info['mimetype']}), not a corpus file; "
+            "a web folder is read by its URL with a trailing slash, and a page to read as "
+            "text can be saved to a local file"
+        )
+    return None
 
 
 def _globbed(fs: Any, p: str, protocol: str) -> tuple[list[str], list[str]]:
@@ -336,6 +367,9 @@ def unread(
             return 0, []  # a glob: nothing is passed over
         if not text.endswith("/"):  # a trailing slash names the prefix, as in `expand`
             info = _found(fs, p)
+            folder = None if info is None else web_folder(text, info, suffixes)
+            if folder is not None:  # a web folder named without its slash, as in `expand`
+                return unread(folder, suffixes, examples, records)
             if info is None or info.get("type") != "directory":
                 return 0, []  # an object or nothing: nothing is passed over
         try:

@@ -223,3 +223,21 @@ def test_a_web_file_of_no_stated_size_is_planned_and_packed_as_the_local_file(tm
             code, _, err = run("pack", f"{base}/c.jsonl", "-o", out, *options)
         assert code == 0, err
         assert _shards(out) == want, handler.__name__
+
+
+def test_a_web_folder_named_without_its_slash_is_read_as_the_folder(tmp_path):
+    """`http://host/text` (no trailing slash) is redirected to `http://host/text/`, the folder's
+    HTML index page: that page was read as one text document, exit 0. The folder is read, as
+    the local folder named without a slash is; an HTML page named with no corpus suffix is
+    refused, not read as text."""
+    shutil.copytree(SAMPLE / "text", tmp_path / "text")
+    (tmp_path / "page.html").write_text("<html><body><a href='a.txt'>a.txt</a></body></html>")
+    want = _stats(tmp_path / "text")
+    with web_server(tmp_path) as base:
+        assert _stats(f"{base}/text") == want
+        assert _stats(f"{base}/text/") == want
+        for page in (f"{base}/page.html", f"{base}/page.html?v=1"):
+            code, _, err = run("stats", page)
+            assert code == 1
+            line = one_error_line(err)
+            assert line.startswith(f"error: {page}: the server answers an HTML page"), line
