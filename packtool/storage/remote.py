@@ -26,7 +26,8 @@ sets it, so worker processes inherit it). S3 defaults to a bounded, throttling-a
 10 s to connect, 8 attempts in botocore's `adaptive` retry mode (exponential backoff with jitter
 on `SlowDown`, 5xx, timeouts and dropped connections), each waiting 60 s for a whole request
 through obstore (3 minutes of retries at most) or 20 s between bytes through s3fs
-(`s3_requests.s3fs_options`).
+(`s3_requests.s3fs_options`). http(s):// reads get aiohttp timeouts and 5 attempts of each
+request with backoff (`web.py`).
 An unreachable endpoint, a missing bucket or key, denied access or bad credentials become one
 line naming the URL (`DataError`), never a hang or a traceback.
 """
@@ -39,12 +40,15 @@ import json
 import os
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from packtool.errors import ConfigError, DataError, MissingDependencyError, first_line
+from packtool.storage import web
+
+T = TypeVar("T")
 
 SCHEMES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "hf", "http", "https"}
 """The URL schemes packtool reads (anything else with `://` is a local path)."""
@@ -62,8 +66,6 @@ GCS_DEFAULTS: dict[str, Any] = {"requests_timeout": 60}
 never answers hung a run (gcsfs retries a request 6 times: about 6 minutes at most)."""
 QUIETED = {"gcs": ("gcsfs",), "azure": ("azure.identity", "azure.core")}
 """The loggers of each store's libraries that `_filesystem` silences (below CRITICAL)."""
-HTTP_TIMEOUTS = {"sock_connect": 10, "sock_read": 60}
-"""Seconds an http(s):// read waits to connect and between bytes (aiohttp has no bound)."""
 
 
 FORWARDED = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
@@ -177,7 +179,7 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
         if s3_native.usable(given):
             return s3_native.NativeS3(**given)
     if protocol in ("http", "https"):
-        given = _bounded_http(given)
+        given = web.bounded_options(given)
     if EXTRAS[protocol] in QUIETED:
         import logging
 
@@ -198,18 +200,6 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
         # adlfs with no account or connection string, a bad option value: the client cannot
         # be made (it was a traceback); `filesystem` names the URL
         raise ConfigError(f"cannot open the {protocol}:// client ({first_line(exc)})") from None
-
-
-def _bounded_http(given: dict[str, Any]) -> dict[str, Any]:
-    """fsspec's HTTP options with aiohttp timeouts (`HTTP_TIMEOUTS`) unless the user set one."""
-    client = dict(given.get("client_kwargs") or {})
-    if "timeout" not in client:
-        try:
-            import aiohttp
-        except ImportError:  # the http extra is missing: fsspec says so
-            return given
-        client["timeout"] = aiohttp.ClientTimeout(total=None, **HTTP_TIMEOUTS)
-    return {**given, "client_kwargs": client}
 
 
 def client_modules(paths: Any) -> list[str]:
@@ -286,7 +276,7 @@ def naming(url: Any, doing: str = "read") -> Iterator[None]:
     failed in it (`cannot be read`, `cannot be written`, ...)."""
     try:
         yield
-    except (DataError, MissingDependencyError):
+    except (DataError, ConfigError, MissingDependencyError):
         raise
     except FileNotFoundError as exc:
         cause = exc.__cause__  # fsspec's HTTP info turns a failed connection into this
@@ -414,7 +404,7 @@ def sized(path: Any, fs: Any, p: str, info: dict[str, Any]) -> int:
         return int(size or 0)  # (only a web server's answer may lack one)
     from fsspec.asyn import sync
 
-    return sync(fs.loop, _web_size, fs, p)
+    return web_retried(lambda: sync(fs.loop, _web_size, fs, p), path)
 
 
 async def _web_size(fs: Any, url: str) -> int:
@@ -463,7 +453,10 @@ def _note_stateless(url: str) -> None:
 def info_of(fs: Any, p: str) -> dict[str, Any]:
     """`fs.info(p)`, asked of the store again where a listing's cache says "directory": a key
     can be an object and a prefix at once (`dual`, `dual/x.jsonl`), and a listing of the
-    prefix would have the object read as an empty directory."""
+    prefix would have the object read as an empty directory. A web server's answer is asked
+    again after a transient failure (`web_retried`)."""
+    if is_web(fs):
+        return web_retried(lambda: fs.info(p), p)
     info = fs.info(p)
     return fs.info(p, refresh=True) if info.get("type") == "directory" else info
 
@@ -473,8 +466,8 @@ def stored_info(fs: Any, p: str) -> dict[str, Any]:
     since its prefix was listed read as the old one (s3fs's and `NativeS3`'s caches keep what
     a listing found until invalidated)."""
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    if {"http", "https"} & set(protocols):
-        return fs.info(p)  # fsspec's HTTP `info` keeps nothing; its keywords go to the request
+    if is_web(fs):  # fsspec's HTTP `info` keeps nothing; its keywords go to the request
+        return web_retried(lambda: fs.info(p), p)
     if {"gs", "gcs"} & set(protocols):
         fs.invalidate_cache(p)  # gcsfs's `info` reads its listings whatever `refresh` says
         return info_of(fs, p)
@@ -513,6 +506,20 @@ def _hub_info(fs: Any, p: str) -> dict[str, Any]:
         "xet_hash": getattr(entry, "xet_hash", None),
         "last_commit": None,
     }
+
+
+def is_web(fs: Any) -> bool:
+    """Whether `fs` is fsspec's HTTP file system (`http(s)://`)."""
+    protocol = getattr(fs, "protocol", ())
+    protocols = protocol if isinstance(protocol, (tuple, list)) else (protocol,)
+    return bool({"http", "https"} & set(protocols))
+
+
+def web_retried(call: Callable[[], T], url: Any) -> T:
+    """`call()`, a request to the web server of `url`, made again after a transient failure
+    (`web.retried`: a 5xx, a dropped connection, a body cut short), as many tries as the
+    storage options allow (`web.max_attempts`)."""
+    return web.retried(call, web.max_attempts(options_for(scheme(url) or "http")))
 
 
 def exists(path: Any) -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 
 from packtool.errors import DataError
 from packtool.errors import naming as naming_file
-from packtool.storage.remote import filesystem, info_of, naming, sized
+from packtool.storage.remote import filesystem, info_of, is_web, naming, sized, web_retried
 
 READ_BYTES = 16 << 20
 """The most bytes a sequential read of an object asks for at once (one ranged GET): each
@@ -100,7 +100,10 @@ def _fetch_range(fs: Any, p: str, start: int, end: int) -> bytes:
     read downloaded up to 5 MB past its end (until 2026-12-06); its file opened without a
     cache asks for the bytes wanted."""
     hub = type(fs).__module__.startswith("huggingface_hub")
-    data = fs.cat_file(p, start=start, end=end, **({"cache_type": "none"} if hub else {}))
+    if is_web(fs):  # a 5xx, a dropped connection, a body cut short: asked again
+        data = web_retried(lambda: fs.cat_file(p, start=start, end=end), p)
+    else:
+        data = fs.cat_file(p, start=start, end=end, **({"cache_type": "none"} if hub else {}))
     if len(data) <= end - start:
         return data
     if len(data) < end:
@@ -308,7 +311,7 @@ class RandomRead(_Positioned):
         self._pos = 0
         if size is None:
             with naming(url):
-                self._whole = fs.cat_file(p)
+                self._whole = web_retried(lambda: fs.cat_file(p), p)
             size = len(self._whole)
         self._size = size
 
@@ -344,8 +347,10 @@ class RandomRead(_Positioned):
             if self._opened is not None:
                 self._opened.seek(start)
                 data = self._opened.read(end - start)
-            else:
-                data = self._fs.cat_file(self._p, start=start, end=end)
+            else:  # a web server (`open_random`): a transient failure is asked again
+                data = web_retried(
+                    lambda: self._fs.cat_file(self._p, start=start, end=end), self._p
+                )
         if len(data) == end - start:
             return data
         if self._opened is None and len(data) == self._size:  # a server that ignores ranges
@@ -368,7 +373,7 @@ def read_bytes(path: Any) -> bytes:
         # s3fs sizes a whole-object read from the listings cache first: an object another
         # process wrote after this one listed its prefix (a run's records) read as missing.
         fs.invalidate_cache(p)
-        return fs.cat_file(p)
+        return web_retried(lambda: fs.cat_file(p), p) if is_web(fs) else fs.cat_file(p)
 
 
 @contextlib.contextmanager

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from packtool.storage import web
 from tests.cli import one_error_line, run
 from tests.packtool.storage.common import QuietHandler, RangeHandler, web_server
 
@@ -241,3 +244,57 @@ def test_a_web_folder_named_without_its_slash_is_read_as_the_folder(tmp_path):
             assert code == 1
             line = one_error_line(err)
             assert line.startswith(f"error: {page}: the server answers an HTML page"), line
+
+
+class Faulty(RangeHandler):
+    """A server that answers every 4th request 503, drops every 9th connection unanswered and
+    cuts every 11th body in half (its Content-Length the whole), as the S3 tests' proxy does."""
+
+    count = 0
+    lock = threading.Lock()
+
+    def handle_one_request(self) -> None:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            super().handle_one_request()
+
+    def send_head(self):
+        with Faulty.lock:
+            Faulty.count += 1
+            n = Faulty.count
+        if n % 4 == 0:
+            self.send_error(503)
+            return None
+        if n % 9 == 0:
+            self.close_connection = True
+            self.requestline = ""  # nothing is answered
+            raise ConnectionResetError
+        source = super().send_head()
+        if n % 11 == 0 and source is not None:
+            data = source.read()
+            self.close_connection = True
+            return io.BytesIO(data[: len(data) // 2])
+        return source
+
+
+def test_a_web_server_s_transient_failures_are_retried(tmp_path, monkeypatch):
+    """One 503, dropped connection or cut body among a run's requests failed it
+    (`ClientResponseError: 503`): http(s) reads were never retried."""
+    monkeypatch.setattr(web, "BACKOFF", 0.01)  # the workers are threads of this process
+    monkeypatch.setenv("PACKTOOL_WORKER_POOL", "thread")
+    lines = (SAMPLE / "corpus.jsonl").read_bytes().splitlines(keepends=True)
+    (tmp_path / "c.jsonl").write_bytes(b"".join(lines[:400]))
+    pq.write_table(
+        pq.read_table(SAMPLE / "corpus.parquet").slice(0, 300),
+        tmp_path / "d.parquet",
+        row_group_size=50,
+    )
+    options = ["--max-len", "512", "--partition-size", "100KB", "--workers", "2"]
+    for name in ("c.jsonl", "d.parquet"):
+        code, _, err = run("pack", tmp_path / name, "-o", tmp_path / "local" / name, *options)
+        assert code == 0, err
+        Faulty.count = 0
+        with web_server(tmp_path, Faulty) as base:
+            code, _, err = run("pack", f"{base}/{name}", "-o", tmp_path / "web" / name, *options)
+        assert code == 0, err
+        assert Faulty.count > 11, Faulty.count  # every fault was met
+        assert _shards(tmp_path / "web" / name) == _shards(tmp_path / "local" / name), name

@@ -1,0 +1,108 @@
+"""`http(s)://` reads: the client's bounds and the retries of a failed request.
+
+fsspec's HTTP file system (over aiohttp) sets no timeout and retries nothing, where the stores'
+clients do both (S3: 8 attempts in botocore's adaptive mode, `remote.S3_DEFAULTS`): one 503 or
+one dropped connection among the thousands of ranged GETs of a large corpus failed the run.
+`bounded_options` gives the client aiohttp timeouts (`HTTP_TIMEOUTS`); `retried` makes a web
+request again after a transient failure (`transient`: a 5xx, 408 or 429 answer, a connection
+dropped or reset, a body cut short, a timeout), up to `ATTEMPTS` attempts in all with
+exponential backoff and jitter, and starts none later than `RETRY_SECONDS` after the first.
+`{"http": {"retries": {"max_attempts": N}}}` in the storage options sets the attempts (1: no
+retry), as `config_kwargs.retries.max_attempts` does for S3.
+
+Records in: a request (a callable) and the storage options. Out: its answer, or its last error.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from packtool.errors import ConfigError
+
+T = TypeVar("T")
+
+HTTP_TIMEOUTS = {"sock_connect": 10, "sock_read": 60}
+"""Seconds an http(s):// read waits to connect and between bytes (aiohttp has no bound)."""
+ATTEMPTS = 5
+"""Tries of a web request in all (the first and 4 retries) unless the options say otherwise."""
+BACKOFF = 0.5
+"""Seconds before the first retry (at most; jittered down to half), doubled before each next
+one up to `BACKOFF_MAX`: 0.5, 1, 2, 4 s."""
+BACKOFF_MAX = 8.0
+RETRY_SECONDS = 120.0
+"""No retry starts later than this after the request's first attempt began (a server that
+stalls takes `HTTP_TIMEOUTS["sock_read"]` an attempt)."""
+RETRIED_STATUS = frozenset({408, 429})
+"""Answers other than 5xx that are retried: a request timeout and throttling."""
+_DROPPED = frozenset({"ServerDisconnectedError", "ClientPayloadError", "ClientOSError",
+                      "ServerTimeoutError", "ConnectionTimeoutError", "SocketTimeoutError"})  # fmt: skip
+"""aiohttp's errors of a connection dropped, reset or timed out, or a body cut short
+(`ClientConnectorError`, a refused connection or an unknown host, is not one: it fails at once)."""
+
+
+def bounded_options(given: dict[str, Any]) -> dict[str, Any]:
+    """fsspec's HTTP options from the storage options: aiohttp timeouts (`HTTP_TIMEOUTS`) unless
+    the user set one, and packtool's own `retries` taken out (fsspec would pass it to every
+    request)."""
+    max_attempts(given)  # a bad value is refused before any request
+    given = {k: v for k, v in given.items() if k != "retries"}
+    client = dict(given.get("client_kwargs") or {})
+    if "timeout" not in client:
+        try:
+            import aiohttp
+        except ImportError:  # the http extra is missing: fsspec says so
+            return given
+        client["timeout"] = aiohttp.ClientTimeout(total=None, **HTTP_TIMEOUTS)
+    return {**given, "client_kwargs": client}
+
+
+def max_attempts(options: dict[str, Any]) -> int:
+    """The tries of a web request the storage options ask for (`retries.max_attempts`), else
+    `ATTEMPTS`."""
+    retries = options.get("retries")
+    if retries is None:
+        return ATTEMPTS
+    value = retries.get("max_attempts") if isinstance(retries, dict) else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(
+            "--storage-options: http 'retries' must be {\"max_attempts\": N} with N >= 1, got "
+            f"{retries!r}"[:200]
+        )
+    return value
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a web request that failed with `exc` may answer if made again: a 5xx, 408 or 429
+    answer, a connection dropped, reset or timed out, a body cut short. fsspec's HTTP `info`
+    raises `FileNotFoundError` for any failed answer, the answer's error as its cause."""
+    if isinstance(exc, FileNotFoundError):
+        cause = exc.__cause__
+        return cause is not None and transient(cause)
+    if type(exc).__module__.startswith("aiohttp"):
+        if type(exc).__name__ in _DROPPED:
+            return True
+        status = getattr(exc, "status", None)  # ClientResponseError: the server's answer
+        return isinstance(status, int) and (status >= 500 or status in RETRIED_STATUS)
+    return isinstance(exc, (TimeoutError, ConnectionResetError, ConnectionAbortedError))
+
+
+def retried(call: Callable[[], T], attempts: int, sleep: Callable[[float], Any] = time.sleep) -> T:
+    """`call()`, made again after a `transient` failure, `attempts` tries in all, waiting
+    `BACKOFF` x 2^n seconds (jittered down to half of that; at most `BACKOFF_MAX`) between them,
+    none begun past `RETRY_SECONDS`; the last failure is raised as it came."""
+    began = time.monotonic()
+    attempt = 1
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if attempt >= attempts or not transient(exc):
+                raise
+            delay = min(BACKOFF_MAX, BACKOFF * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+            if time.monotonic() - began + delay > RETRY_SECONDS:
+                raise
+        sleep(delay)
+        attempt += 1
