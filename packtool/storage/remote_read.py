@@ -26,6 +26,7 @@ from typing import Any
 from packtool.errors import DataError
 from packtool.errors import naming as naming_file
 from packtool.storage.remote import filesystem, info_of, is_web, naming, sized, web_retried
+from packtool.storage.web import ShortAnswer
 
 READ_BYTES = 16 << 20
 """The most bytes a sequential read of an object asks for at once (one ranged GET): each
@@ -94,17 +95,29 @@ def _fetch_range(fs: Any, p: str, start: int, end: int) -> bytes:
     A web server that ignores the range answers the whole object: taken as the block, every
     partition after the first read the file from its start (documents twice, others lost). The
     block is cut out of such an answer instead (each block then downloads the whole object:
-    said once on stderr); a longer answer that is not the whole object is an error.
+    said once on stderr); a longer answer that is not the whole object is an error, and so is
+    a shorter one (`_checked_range`), after the retries of a web request (`web.retried`)."""
+    if is_web(fs):  # a 5xx, a dropped connection, a body cut short or an empty 206: asked again
+        return web_retried(lambda: _checked_range(fs, p, start, end), p)
+    return _checked_range(fs, p, start, end)
+
+
+def _checked_range(fs: Any, p: str, start: int, end: int) -> bytes:
+    """`_fetch_range`'s one GET, its answer checked: one shorter than asked for (`end` is never
+    past the object's end) is a `web.ShortAnswer`; until 2026-12-06 an empty 206 was taken for
+    the end of the file and the documents after it were lost without a word (exit 0).
 
     `HfFileSystem`'s `cat_file` is fsspec's: it opens the file with a 5 MB read-ahead, so each
     read downloaded up to 5 MB past its end (until 2026-12-06); its file opened without a
     cache asks for the bytes wanted."""
     hub = type(fs).__module__.startswith("huggingface_hub")
-    if is_web(fs):  # a 5xx, a dropped connection, a body cut short: asked again
-        data = web_retried(lambda: fs.cat_file(p, start=start, end=end), p)
-    else:
-        data = fs.cat_file(p, start=start, end=end, **({"cache_type": "none"} if hub else {}))
-    if len(data) <= end - start:
+    data = fs.cat_file(p, start=start, end=end, **({"cache_type": "none"} if hub else {}))
+    if len(data) < end - start:
+        raise ShortAnswer(
+            f"{p}: bytes {start:,}-{end:,} came back {len(data):,} long (the server answered "
+            "with fewer bytes than asked for); read it again, or copy it to a local path"
+        )
+    if len(data) == end - start:
         return data
     if len(data) < end:
         raise DataError(
@@ -253,6 +266,11 @@ class ReadAhead(_Positioned):
                 else:
                     data = self._fetch(start, self._first)
                     self._taken = 1
+        if not data:  # taken for the end of the file, the bytes after it were lost
+            raise DataError(
+                f"{self._url}: no bytes came back at byte {start:,} of {self._size:,}; read it "
+                "again, or copy it to a local path"
+            )
         self._data, self._start = memoryview(data), start
 
     def _fetch_ahead(self) -> None:
@@ -340,6 +358,18 @@ class RandomRead(_Positioned):
         self._whole = None
         super().close()
 
+    def _web_get(self, start: int, end: int) -> bytes:
+        """One ranged GET of a web server's file; an answer shorter than asked is made again
+        (`web.ShortAnswer`), one longer is the whole file of a server that ignores ranges."""
+        data = self._fs.cat_file(self._p, start=start, end=end)
+        if len(data) < end - start:
+            raise ShortAnswer(
+                f"{self._url}: bytes {start:,}-{end:,} came back {len(data):,} long (the server "
+                "answered with fewer bytes than asked for); read it again, or copy it to a "
+                "local path"
+            )
+        return data
+
     def _get(self, start: int, end: int) -> bytes:
         if self._whole is not None:
             return self._whole[start:end]
@@ -348,9 +378,7 @@ class RandomRead(_Positioned):
                 self._opened.seek(start)
                 data = self._opened.read(end - start)
             else:  # a web server (`open_random`): a transient failure is asked again
-                data = web_retried(
-                    lambda: self._fs.cat_file(self._p, start=start, end=end), self._p
-                )
+                data = web_retried(lambda: self._web_get(start, end), self._p)
         if len(data) == end - start:
             return data
         if self._opened is None and len(data) == self._size:  # a server that ignores ranges

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, DataError
 
 T = TypeVar("T")
 
@@ -41,6 +41,12 @@ _DROPPED = frozenset({"ServerDisconnectedError", "ClientPayloadError", "ClientOS
                       "ServerTimeoutError", "ConnectionTimeoutError", "SocketTimeoutError"})  # fmt: skip
 """aiohttp's errors of a connection dropped, reset or timed out, or a body cut short
 (`ClientConnectorError`, a refused connection or an unknown host, is not one: it fails at once)."""
+
+
+class ShortAnswer(DataError):
+    """A range answered with fewer bytes than asked for, the server saying no more (an empty or
+    short 206): the bytes after it were lost without a word, as if the file ended there. Made
+    again as a transient failure is (`transient`); its message names the URL."""
 
 
 def bounded_options(given: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +84,8 @@ def transient(exc: BaseException) -> bool:
     """Whether a web request that failed with `exc` may answer if made again: a 5xx, 408 or 429
     answer, a connection dropped, reset or timed out, a body cut short. fsspec's HTTP `info`
     raises `FileNotFoundError` for any failed answer, the answer's error as its cause."""
+    if isinstance(exc, ShortAnswer):
+        return True
     if isinstance(exc, FileNotFoundError):
         cause = exc.__cause__
         return cause is not None and transient(cause)

@@ -298,3 +298,54 @@ def test_a_web_server_s_transient_failures_are_retried(tmp_path, monkeypatch):
         assert code == 0, err
         assert Faulty.count > 11, Faulty.count  # every fault was met
         assert _shards(tmp_path / "web" / name) == _shards(tmp_path / "local" / name), name
+
+
+class ShortRanges(RangeHandler):
+    """A server whose range answers (206) hold fewer bytes than asked for: none at all
+    (`EMPTY`), or half (their Content-Length and Content-Range say so)."""
+
+    EMPTY = True
+
+    def send_head(self):
+        import os
+        import re
+
+        path = self.translate_path(self.path)
+        wanted = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+        if wanted is None or not os.path.isfile(path):
+            return super().send_head()
+        data = Path(path).read_bytes()
+        start, end = int(wanted.group(1)), min(int(wanted.group(2)), len(data) - 1)
+        body = b"" if self.EMPTY else data[start : start + (end + 1 - start) // 2]
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        return io.BytesIO(body)
+
+
+class HalfRanges(ShortRanges):
+    EMPTY = False
+
+
+def test_a_range_answered_short_is_an_error_not_the_end_of_the_file(tmp_path, monkeypatch):
+    """A 206 with an empty body was taken for the end of the file: the data after it was lost
+    without a word ("packed 4,024 of 4,030 documents", exit 0)."""
+    monkeypatch.setattr(web, "BACKOFF", 0.01)
+    monkeypatch.setenv("PACKTOOL_WORKER_POOL", "thread")
+    lines = (SAMPLE / "corpus.jsonl").read_bytes().splitlines(keepends=True)
+    (tmp_path / "c.jsonl").write_bytes(b"".join(lines[:400]))
+    pq.write_table(pq.read_table(SAMPLE / "corpus.parquet").slice(0, 300), tmp_path / "d.parquet")
+    for handler in (ShortRanges, HalfRanges):
+        with web_server(tmp_path, handler) as base:
+            for command, url in (
+                ("stats", f"{base}/c.jsonl"),
+                ("pack", f"{base}/c.jsonl"),
+                ("stats", f"{base}/d.parquet"),
+            ):
+                out = ("-o", tmp_path / command / handler.__name__) if command == "pack" else ()
+                code, _, err = run(command, url, *out, "--max-len", "512")
+                assert code == 1, (handler.__name__, command, err)
+                line = one_error_line(err)
+                assert line.startswith(f"error: {url}: bytes "), line
+                assert "came back" in line, line
