@@ -19,7 +19,15 @@ from typing import Any
 
 from packtool.errors import DataError
 from packtool.storage.passed_over import CARD_NOTE, dataset_cards, passed_folders
-from packtool.storage.remote import as_path, filesystem, info_of, naming, network_failure, scheme
+from packtool.storage.remote import (
+    as_path,
+    filesystem,
+    info_of,
+    is_web,
+    naming,
+    network_failure,
+    scheme,
+)
 
 _FOUND: ContextVar[dict[Any, tuple[Any, dict[str, Any]]] | None] = ContextVar(
     "found_prefixes", default=None
@@ -303,6 +311,8 @@ def _found(fs: Any, p: str) -> dict[str, Any] | None:
             raise  # fsspec's HTTP info calls a host it cannot reach "not found": `naming` says
         if getattr(cause, "status", 404) != 404:
             raise  # and a server's failed answer (503, 403): `naming` gives its status
+        if cause is not None and is_web(fs) and getattr(cause, "status", None) is None:
+            raise  # and a request the client refused (a bad option): `naming` gives the cause
         return None
 
 

@@ -242,6 +242,8 @@ def filesystem(path: Any) -> tuple[Any, str]:
             protocol, options, json.dumps(forwarded_env(), sort_keys=True), os.getpid()
         )
     except ConfigError as exc:
+        if str(exc).startswith("--storage-options"):  # an option packtool refuses itself
+            raise ConfigError(f"{path}: {exc}") from None
         raise ConfigError(
             f"{path}: {exc}; set the store's credentials (docs/remote.md, 'Credentials, endpoints, options') or "
             "pass them in --storage-options"
@@ -283,13 +285,21 @@ def naming(url: Any, doing: str = "read") -> Iterator[None]:
         if cause is not None and network_failure(cause):
             raise DataError(f"{url}: cannot be reached ({first_line(cause)})") from None
         if scheme(str(url)) in ("http", "https"):
-            # fsspec's HTTP `info` turns any failed answer into this; its cause has the status
-            status = getattr(cause, "status", None) or 404
-            if status != 404:
+            # fsspec's HTTP `info` turns any failure into this: an answer's has its status; one
+            # with none is the request's own (an option the client refused: it said 404 until
+            # 2026-12-06, the cause of `{"headers": "x"}` taken for a missing file); none at all
+            # is `listing.expand`'s for a folder page not there
+            status = getattr(cause, "status", None)
+            if cause is None or status == 404:
+                raise DataError(f"{url}: not found (the server answered 404)") from None
+            if status:
                 raise DataError(
                     f"{url}: the server answered {status} ({first_line(cause)})"
                 ) from None
-            raise DataError(f"{url}: not found (the server answered 404)") from None
+            raise DataError(
+                f"{url}: cannot be {doing} ({type(cause).__name__}: {first_line(cause)}; "
+                "is an option of --storage-options wrong?)"
+            ) from None
         if scheme(str(url)) == "hf":
             raise DataError(
                 f"{url}: not found on the Hub (no such file or folder in the repository, or "

@@ -15,6 +15,8 @@ Records in: a request (a callable) and the storage options. Out: its answer, or 
 
 from __future__ import annotations
 
+import inspect
+import json
 import random
 import time
 from collections.abc import Callable
@@ -50,19 +52,47 @@ class ShortAnswer(DataError):
 
 
 def bounded_options(given: dict[str, Any]) -> dict[str, Any]:
-    """fsspec's HTTP options from the storage options: aiohttp timeouts (`HTTP_TIMEOUTS`) unless
-    the user set one, and packtool's own `retries` taken out (fsspec would pass it to every
-    request)."""
+    """fsspec's HTTP options from the storage options: aiohttp timeouts (`HTTP_TIMEOUTS`, with
+    the keys of a `client_kwargs.timeout` object over them: `{"sock_read": 300}`, any of
+    `aiohttp.ClientTimeout`'s), and packtool's own `retries` taken out (fsspec would pass it to
+    every request). A `client_kwargs` or `timeout` that is not a JSON object is a one-line
+    `ConfigError` (until 2026-12-06 a TypeError traceback, and a timeout could only be an
+    aiohttp object, which JSON cannot give)."""
     max_attempts(given)  # a bad value is refused before any request
     given = {k: v for k, v in given.items() if k != "retries"}
-    client = dict(given.get("client_kwargs") or {})
-    if "timeout" not in client:
-        try:
-            import aiohttp
-        except ImportError:  # the http extra is missing: fsspec says so
-            return given
-        client["timeout"] = aiohttp.ClientTimeout(total=None, **HTTP_TIMEOUTS)
-    return {**given, "client_kwargs": client}
+    client = given.get("client_kwargs")
+    if client is None:
+        client = {}
+    if not isinstance(client, dict):
+        raise ConfigError(
+            f"--storage-options: http 'client_kwargs' must be a JSON object ({{...}}: aiohttp's "
+            f"ClientSession arguments), got {json.dumps(client)[:60]}"
+        )
+    try:
+        import aiohttp
+    except ImportError:  # the http extra is missing: fsspec says so
+        return given
+    timeout = client.get("timeout", {})
+    if isinstance(timeout, aiohttp.ClientTimeout):  # from Python
+        return {**given, "client_kwargs": client}
+    if not isinstance(timeout, dict) or not all(
+        v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)
+        for v in timeout.values()
+    ):
+        raise ConfigError(
+            "--storage-options: http 'client_kwargs.timeout' must be a JSON object of seconds "
+            '(e.g. {"sock_read": 300, "total": null}: aiohttp\'s ClientTimeout), got '
+            f"{json.dumps(timeout)[:60]}"
+        )
+    try:
+        bound = aiohttp.ClientTimeout(**{"total": None, **HTTP_TIMEOUTS, **timeout})
+    except TypeError:
+        fields = ", ".join(inspect.signature(aiohttp.ClientTimeout).parameters)
+        raise ConfigError(
+            f"--storage-options: http 'client_kwargs.timeout' takes {fields}; got "
+            f"{json.dumps(timeout)[:60]}"
+        ) from None
+    return {**given, "client_kwargs": {**client, "timeout": bound}}
 
 
 def max_attempts(options: dict[str, Any]) -> int:

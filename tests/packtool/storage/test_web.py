@@ -91,3 +91,36 @@ def test_the_attempts_are_a_storage_option(tmp_path):
             "stats", f"{base}/c.jsonl", "--storage-options", '{"http": {"retries": 0}}'
         )
         assert code == 1 and "max_attempts" in one_error_line(err), err
+
+
+def test_bad_http_options_are_one_line_naming_the_option_not_a_404(tmp_path):
+    """`{"client_kwargs": 5}` was a TypeError traceback; an option the client refuses at the
+    request (`{"headers": "x"}`, an unknown keyword) read "not found (the server answered
+    404)", the request's error taken for a missing file; `client_kwargs.timeout` could only be
+    an aiohttp object, which JSON cannot give."""
+    (tmp_path / "c.jsonl").write_text('{"text": "a b"}\n{"text": "c"}\n')
+    with web_server(tmp_path, RangeHandler) as base:
+        url = f"{base}/c.jsonl"
+        for options in (
+            {"client_kwargs": 5},
+            {"http": {"client_kwargs": [1]}},
+            {"client_kwargs": {"timeout": 5}},
+            {"client_kwargs": {"timeout": {"sock_reed": 5}}},
+            {"client_kwargs": {"timeout": {"sock_read": "x"}}},
+        ):
+            code, _, err = run("stats", url, "--storage-options", json.dumps(options))
+            line = one_error_line(err)
+            assert code == 1 and line.startswith(f"error: {url}: --storage-options: "), line
+            assert "client_kwargs" in line and "credentials" not in line, line
+        for options in ({"headers": "x"}, {"http": {"bogus_kw": 1}}):
+            code, _, err = run("stats", url, "--storage-options", json.dumps(options))
+            line = one_error_line(err)
+            assert code == 1 and line.startswith(f"error: {url}: "), line
+            assert "404" not in line and "not found" not in line, line
+            assert "--storage-options" in line, line
+        timeout = {"client_kwargs": {"timeout": {"sock_read": 5, "total": 30}}}
+        code, out, err = run("stats", url, "--json", "--storage-options", json.dumps(timeout))
+        assert code == 0 and json.loads(out)["documents"] == 2, err
+    client = web.bounded_options(timeout)["client_kwargs"]["timeout"]
+    assert isinstance(client, aiohttp.ClientTimeout)
+    assert (client.sock_read, client.total, client.sock_connect) == (5, 30, 10)  # ours kept
