@@ -103,7 +103,12 @@ def joined_lines(message: object) -> str:
 def first_line(exc: BaseException) -> str:
     """The first line of `exc`'s message, at most 300 characters, or its type's name where it
     has none: for a client library's errors, whose later lines are a request dump or a
-    server's XML body (botocore, aiohttp, huggingface_hub)."""
+    server's XML body (botocore, huggingface_hub). aiohttp's are its lines joined: it puts the
+    cause on the second (`400, message:` / `Can not decode content-encoding: gzip`), which was
+    dropped until 2026-12-06."""
+    if type(exc).__module__.startswith("aiohttp"):
+        joined = joined_lines(exc)
+        return joined[:300] if joined else type(exc).__name__
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__
 

@@ -429,6 +429,7 @@ async def _web_size(fs: Any, url: str) -> int:
     headers = {**(kwargs.pop("headers", None) or {}), "Range": "bytes=0-0"}
     headers["Accept-Encoding"] = "identity"  # the file's bytes, not a compressed answer
     async with session.get(fs.encode_url(url), headers=headers, **kwargs) as answer:
+        web.check_encoding(url, answer.headers.get("Content-Encoding", ""))
         total = re.fullmatch(
             r"bytes\s+(?:\d+-\d+|\*)/(\d+)", answer.headers.get("Content-Range", "")
         )

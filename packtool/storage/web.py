@@ -60,6 +60,14 @@ def bounded_options(given: dict[str, Any]) -> dict[str, Any]:
     aiohttp object, which JSON cannot give)."""
     max_attempts(given)  # a bad value is refused before any request
     given = {k: v for k, v in given.items() if k != "retries"}
+    headers = given.get("headers") or {}
+    if not isinstance(headers, dict):
+        raise ConfigError(
+            '--storage-options: http \'headers\' must be a JSON object ({"Name": "value"}), '
+            f"got {json.dumps(headers)[:60]}"
+        )
+    if not any(k.lower() == "accept-encoding" for k in headers):
+        given["headers"] = {**headers, "Accept-Encoding": "identity"}  # the file's own bytes
     client = given.get("client_kwargs")
     if client is None:
         client = {}
@@ -73,6 +81,11 @@ def bounded_options(given: dict[str, Any]) -> dict[str, Any]:
     except ImportError:  # the http extra is missing: fsspec says so
         return given
     timeout = client.get("timeout", {})
+    # A server may encode its answer whatever is asked (an object stored with Content-Encoding:
+    # gzip): aiohttp then decompressed each ranged body on its own, which is no range of the
+    # file (taken for a server that ignores ranges), or failed ("Can not decode
+    # content-encoding"). Its bytes are the file's as stored, which the size describes.
+    client = {"auto_decompress": False, **client}
     if isinstance(timeout, aiohttp.ClientTimeout):  # from Python
         return {**given, "client_kwargs": client}
     if not isinstance(timeout, dict) or not all(
@@ -93,6 +106,31 @@ def bounded_options(given: dict[str, Any]) -> dict[str, Any]:
             f"{json.dumps(timeout)[:60]}"
         ) from None
     return {**given, "client_kwargs": {**client, "timeout": bound}}
+
+
+ENCODED_SUFFIXES = {"gzip": (".gz",), "x-gzip": (".gz",), "zstd": (".zst",)}
+"""The names that say a file holds what a `Content-Encoding` encodes (read decompressed)."""
+
+
+def check_encoding(url: str, encoding: str) -> None:
+    """Refuse a file the server sends encoded (`Content-Encoding`, asked for `identity`: an
+    object stored with that metadata) whose name does not say it is compressed: its bytes are
+    not the text its name says (packtool reads a file's bytes as stored: `bounded_options`),
+    where a `.gz` file labelled gzip is read as a `.gz` file is."""
+    from urllib.parse import urlsplit
+
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return
+    named = ENCODED_SUFFIXES.get(encoding)
+    if named and urlsplit(url).path.lower().endswith(named):
+        return
+    raise DataError(
+        f"{url}: the server sends it {encoding}-encoded (Content-Encoding: {encoding}) even when "
+        "asked for its plain bytes, so its ranges are not ranges of its text; serve it "
+        "without that encoding (an object stored with Content-Encoding metadata: remove it), "
+        "or download it decompressed (curl --compressed) and read the local copy"
+    )
 
 
 def max_attempts(options: dict[str, Any]) -> int:

@@ -38,6 +38,18 @@ def test_first_line_keeps_a_client_error_s_first_line_or_its_type():
     assert first_line(OSError("y" * 400)) == "y" * 300
 
 
+def test_first_line_of_an_aiohttp_error_keeps_its_cause_on_the_second_line():
+    # aiohttp puts the cause on a second line ("400, message:\n  Can not decode ..."): the
+    # error read "ClientPayloadError: 400, message:", saying nothing.
+    aiohttp = pytest.importorskip("aiohttp")
+    from aiohttp.http_exceptions import ContentEncodingError
+
+    cause = ContentEncodingError("Can not decode content-encoding: gzip")
+    got = first_line(aiohttp.ClientPayloadError(str(cause)))
+    assert got == "400, message: Can not decode content-encoding: gzip"
+    assert first_line(aiohttp.ClientPayloadError("x\n" * 400)) == ("x " * 150)[:300]
+
+
 def test_the_cli_names_a_path_with_two_spaces_in_a_row_as_it_is(tmp_path):
     """errors.one_line folds every whitespace run: used for the CLI's lines (89ebc02), a path
     `no  such   dataset` was printed as `no such dataset`, another path."""

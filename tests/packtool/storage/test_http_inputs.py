@@ -349,3 +349,40 @@ def test_a_range_answered_short_is_an_error_not_the_end_of_the_file(tmp_path, mo
                 line = one_error_line(err)
                 assert line.startswith(f"error: {url}: bytes "), line
                 assert "came back" in line, line
+
+
+class GzipEncoded(RangeHandler):
+    """A server that labels every answer `Content-Encoding: gzip` (an object stored with that
+    metadata: `aws s3 cp --content-encoding gzip`, Apache's `AddEncoding`), whatever is asked,
+    its ranges ranges of the stored bytes."""
+
+    def end_headers(self) -> None:
+        self.send_header("Content-Encoding", "gzip")
+        super().end_headers()
+
+    def handle(self) -> None:  # (a reader that had what it asked for closes the connection)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            super().handle()
+
+
+def test_a_file_the_server_labels_gzip_encoded_is_read_as_stored(tmp_path):
+    """aiohttp decompressed each ranged body of such a file on its own: a `.jsonl.gz` was
+    taken for a server that ignores ranges and then refused ("the file is not compressed: drop
+    the .gz"), and a `.jsonl` stored compressed failed as "ClientPayloadError: 400, message:",
+    its cause cut off. The stored bytes are read now (their size is what the server states);
+    a file whose name does not say it is compressed is one line saying what the server does."""
+    lines = (SAMPLE / "corpus.jsonl").read_bytes().splitlines(keepends=True)
+    text = b"".join(lines[:400])
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(text))
+    (tmp_path / "b.jsonl").write_bytes(gzip.compress(text))
+    want = _stats(tmp_path / "a.jsonl.gz")
+    with web_server(tmp_path, GzipEncoded) as base:
+        code, out, err = run("stats", f"{base}/a.jsonl.gz", "--json")
+        assert code == 0, err
+        assert "range" not in err, err
+        got = json.loads(out)
+        assert (got["documents"], got["tokens"]) == want
+        code, _, err = run("stats", f"{base}/b.jsonl")
+        assert code == 1
+        line = one_error_line(err)
+        assert line.startswith(f"error: {base}/b.jsonl: the server sends it gzip-encoded"), line
