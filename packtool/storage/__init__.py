@@ -11,9 +11,7 @@ system, split along the read/write seam, and object stores and the web:
   `open_random` (reads at offsets of a file still being written).
 - `remote.py`: what `local.py` hands on for a URL (`s3://`, `gs://`, `az://`, `hf://`,
   `https://`), through fsspec: prefixes and globs listed, objects stat-ed (size and state),
-  opened for ranged reads, their failures one line naming the URL (docs/remote.md).
-- `web.py`: an http(s):// read's bounds: aiohttp timeouts, and each request made again after a
-  transient failure (a 5xx, a dropped connection, a body cut short) with backoff.
+  opened for ranged reads (http(s)://: retried, `web.py`), failures one line naming the URL.
 - `writing.py`, the write side: folders, files written whole (temporary name, fsync, rename),
   pyarrow's writers, in-place appends, replace / rename / remove, folder fsync, and the
   one-writer lock (`take_lock`). On a URL it hands on to:

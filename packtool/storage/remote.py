@@ -46,7 +46,6 @@ from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
 from packtool.errors import ConfigError, DataError, MissingDependencyError, first_line
-from packtool.storage import web
 
 T = TypeVar("T")
 
@@ -179,6 +178,8 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
         if s3_native.usable(given):
             return s3_native.NativeS3(**given)
     if protocol in ("http", "https"):
+        from packtool.storage import web  # (web reads only: `import loader` stays small)
+
         given = web.bounded_options(given)
     if EXTRAS[protocol] in QUIETED:
         import logging
@@ -429,7 +430,9 @@ async def _web_size(fs: Any, url: str) -> int:
     headers = {**(kwargs.pop("headers", None) or {}), "Range": "bytes=0-0"}
     headers["Accept-Encoding"] = "identity"  # the file's bytes, not a compressed answer
     async with session.get(fs.encode_url(url), headers=headers, **kwargs) as answer:
-        web.check_encoding(url, answer.headers.get("Content-Encoding", ""))
+        from packtool.storage.web import check_encoding
+
+        check_encoding(url, answer.headers.get("Content-Encoding", ""))
         total = re.fullmatch(
             r"bytes\s+(?:\d+-\d+|\*)/(\d+)", answer.headers.get("Content-Range", "")
         )
@@ -530,6 +533,8 @@ def web_retried(call: Callable[[], T], url: Any) -> T:
     """`call()`, a request to the web server of `url`, made again after a transient failure
     (`web.retried`: a 5xx, a dropped connection, a body cut short), as many tries as the
     storage options allow (`web.max_attempts`)."""
+    from packtool.storage import web  # (web reads only: `import loader` stays small)
+
     return web.retried(call, web.max_attempts(options_for(scheme(url) or "http")))
 
 
