@@ -17,8 +17,6 @@ from packtool.storage import remote, remote_read
 from tests.cli import one_error_line, run
 from tests.packtool.storage.hub_server import hub_server
 
-pytest.importorskip("huggingface_hub")
-
 SAMPLE = Path(__file__).resolve().parents[3] / "sample_data"
 REPO = "hf://datasets/org/name"
 OPTIONS = ["--max-len", "512", "--workers", "1", "--partition-size", "100KB"]

@@ -609,11 +609,18 @@ def test_an_http_url_reads_as_the_local_file(tmp_path):
         server.shutdown()
 
 
-def test_http_urls_that_are_not_there_say_404_and_a_failing_server_says_its_status(tmp_path):
+def test_http_urls_that_are_not_there_say_404_and_a_failing_server_says_its_status(
+    tmp_path, monkeypatch
+):
     """A mistyped folder URL said the folder 'holds no corpus files' (fsspec lists a 404 page
-    as empty), and a missing page was 'no such object (or its bucket does not exist)'."""
+    as empty), and a missing page was 'no such object (or its bucket does not exist)'. (The
+    503 is asked again, after short waits here: the check runs in this process.)"""
     import functools
     import http.server
+
+    from packtool.storage import web
+
+    monkeypatch.setattr(web, "BACKOFF", 0.01)
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def do_HEAD(self):  # noqa: N802 (the standard library's name)
