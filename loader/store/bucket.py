@@ -22,6 +22,7 @@ group as a `pyarrow.Table` of the asked columns.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,7 +36,7 @@ from loader.store.row_group import decode_with_jemalloc
 from packtool.dataset.manifest import Manifest
 from packtool.errors import DataError
 from packtool.storage import local as storage
-from packtool.storage.cache import MERGED_BYTES, MERGED_RANGES, RangeCache, RangeFile
+from packtool.storage.cache import MERGED_BYTES, MERGED_RANGES, RangeCache
 
 CACHE_LIMIT = 64 << 30
 """Default bound on a node's cache of a bucket's row groups (`cache_limit`)."""
@@ -247,3 +248,50 @@ class BucketRowGroups:
             runs.append([g])
         first = {g: i for i, g in enumerate(groups)}
         return sorted(runs, key=lambda run: min(first[g] for g in run))
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only file of `size` bytes of which only `start`..`start + len(data)` can be read
+    (a row group's range of a shard: what a Parquet reader given the footer reads of it)."""
+
+    def __init__(self, data: memoryview, start: int, size: int) -> None:
+        super().__init__()
+        self._data, self._start, self._size, self._pos = data, start, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = (0, self._pos, self._size)[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def size(self) -> int:
+        return self._size
+
+    def read(self, n: int = -1) -> memoryview:  # type: ignore[override]
+        """A view of the cached bytes, not a copy: pyarrow wraps any buffer without copying
+        (~7% of a row group's decode saved). A decoded table never points into it (Parquet
+        pages are decoded into buffers of their own); were one to, the mapping would outlive
+        the pin until it is freed (`RangeCache.pinned`)."""
+        a = self._pos - self._start
+        b = len(self._data) if n is None or n < 0 else a + n
+        if a < 0 or b > len(self._data):
+            raise OSError(
+                f"read of bytes {self._pos}..{self._start + b} outside the cached range "
+                f"{self._start}..{self._start + len(self._data)}"
+            )
+        out = self._data[a:b]
+        self._pos += len(out)
+        return out
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)

@@ -43,11 +43,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import io
 import mmap
 import os
 import re
 import stat
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -65,6 +65,9 @@ STALE_S = 2.0
 """A `.part` file whose downloader holds no lock was left by a dead process when it holds
 bytes (the downloader writes only under its lock), or when it is empty and older than this."""
 WAIT_S = 0.005
+PIN_WAIT_S = 60.0
+"""The longest `pinned` waits for its shared lock: a range's file is locked whole only for
+moments (renamed into place, swept), so a lock held longer is one that is never let go."""
 MERGED_BYTES = 16 << 20
 """The most bytes `fetch_many` asks for in one GET (adjacent ranges joined): S3's advice for a
 ranged GET's size; one range larger than this is one GET of its own."""
@@ -76,6 +79,48 @@ _BUSY: Any = object()
 _NAME = re.compile(r"([0-9a-f]{64})-(0|[1-9][0-9]*)-(0|[1-9][0-9]*)")
 """A cached range's name: its object's sha256 and the range (in the subfolder of the sha256's
 first two digits). The sweep counts and deletes nothing else."""
+
+_held: set[int] = set()
+"""The descriptors of files the cache locks open in this process (`_open_held`). A `flock`
+belongs to the open file description, which a fork shares: a DataLoader worker forked while
+the main process downloads a range (its `.part` locked) or reads one would hold the lock as
+long as it lives, and every reader of the range would wait on it. A forked child closes them
+(`os.register_at_fork`), which drops nothing of the parent's: a lock goes only when every
+descriptor of its open file description is closed."""
+_guard = threading.Lock()
+"""Held from each open to its record, and across a fork: no child inherits a descriptor the
+registry does not know of yet."""
+
+
+def _open_held(path: str | os.PathLike, flags: int, mode: int = 0o600) -> int:
+    """`os.open`, the descriptor recorded so that a forked child closes it."""
+    with _guard:
+        fd = os.open(path, flags, mode)
+        _held.add(fd)
+    return fd
+
+
+def _close_held(fd: int) -> None:
+    """Close a descriptor `_open_held` gave; one this process no longer holds (a forked child's
+    copy, closed at the fork) is left alone."""
+    if fd in _held:
+        _held.discard(fd)
+        os.close(fd)
+
+
+def _in_child() -> None:
+    for fd in list(_held):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+    _guard.release()
+
+
+os.register_at_fork(
+    before=lambda: _guard.acquire(),
+    after_in_parent=lambda: _guard.release(),
+    after_in_child=_in_child,
+)
 
 
 def default_cache_dir() -> Path:
@@ -216,7 +261,7 @@ class RangeCache:
             for fd, path, _, _ in claims:  # not downloaded (an error before): let them go
                 with contextlib.suppress(OSError):
                     os.unlink(_part(path))
-                os.close(fd)
+                _close_held(fd)
 
     def _claim(self, path: Path) -> Any:
         """One look at the range whose file is `path`: None when the file is there; `_BUSY`
@@ -227,7 +272,7 @@ class RangeCache:
             if self._present(path):
                 return None
             try:
-                fd = os.open(part, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                fd = _open_held(part, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             except FileNotFoundError:
                 try:
                     self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -243,12 +288,12 @@ class RangeCache:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if self._present(path):  # finished by another process between our checks
                     os.unlink(part)
-                    os.close(fd)
+                    _close_held(fd)
                     return None
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(part)
-                os.close(fd)
+                _close_held(fd)
                 raise
             return fd
 
@@ -292,7 +337,7 @@ class RangeCache:
             raise
         finally:
             for fd, _, _, _ in claims:
-                os.close(fd)
+                _close_held(fd)
 
     def _unwritable(self, exc: OSError, always: bool = False) -> Exception:
         """A cache folder that cannot take a download: one line naming it, not the shard
@@ -348,7 +393,7 @@ class RangeCache:
             self._clear(part)  # a link, a folder, another user's: no download of this user's
             return
         try:
-            fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = _open_held(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -369,7 +414,7 @@ class RangeCache:
             else:
                 time.sleep(WAIT_S)  # just created, not yet locked by its downloader
         finally:
-            os.close(fd)
+            _close_held(fd)
 
     @contextlib.contextmanager
     def pinned(self, url: Any, key: str, start: int, end: int) -> Iterator[memoryview]:
@@ -380,26 +425,30 @@ class RangeCache:
         while True:
             path = self.fetch(url, key, start, end)
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                fd = _open_held(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except FileNotFoundError:  # evicted between fetch and open
                 continue
             except OSError as exc:  # replaced by a link since fetch: removed by the next
                 if exc.errno != errno.ELOOP:
                     raise self._unwritable(exc, always=True) from None
                 continue
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                self._lock_shared(fd, path)
+            except BaseException:
+                _close_held(fd)
+                raise
             st = os.fstat(fd)
             if st.st_nlink == 0:  # evicted before our lock: fetch it again
-                os.close(fd)
+                _close_held(fd)
                 continue
             # Another user's file (in a folder once open to others) is not trusted: its CRC32
             # trailer is anyone's to write. Deleted and downloaded again, as a damaged copy
             # (and so is anything but a file: a folder or a FIFO put there since fetch).
             ours = st.st_uid == self.uid and stat.S_ISREG(st.st_mode)
-            mapped = _checked_map(fd, end - start) if ours else None
+            mapped = _checked_map(path, st, end - start) if ours else None
             if mapped is not None:
                 break
-            os.close(fd)
+            _close_held(fd)
             damaged += 1
             if damaged > 2:  # each copy just downloaded and written whole: the cache's doing
                 raise ConfigError(
@@ -422,7 +471,25 @@ class RangeCache:
                     view.release()
                     mapped.close()
         finally:
-            os.close(fd)  # drops the shared lock
+            _close_held(fd)  # drops the shared lock
+
+    def _lock_shared(self, fd: int, path: Path) -> None:
+        """A shared lock on the range's file open at `fd`, waited for at most `PIN_WAIT_S`: a
+        lock held longer is one line, not a reader waiting for ever."""
+        deadline, pause = time.monotonic() + PIN_WAIT_S, WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ConfigError(
+                        f"cache_dir {self.folder}: {path} has been locked by another process "
+                        f"for over {PIN_WAIT_S:g} s; end the process that holds it (fuser "
+                        f"{path}) or empty cache_dir"
+                    ) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.1)
 
     def discard(self, key: str, start: int, end: int) -> None:
         """Delete a cached range (it failed its checks: the next read downloads it again)."""
@@ -467,7 +534,7 @@ class RangeCache:
                 break
             fd = None
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                fd = _open_held(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except FileNotFoundError:
                 total -= size
                 continue
@@ -477,7 +544,7 @@ class RangeCache:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    os.close(fd)
+                    _close_held(fd)
                     continue  # being read: kept
             try:
                 os.unlink(name)
@@ -488,7 +555,7 @@ class RangeCache:
                 pass  # not this user's to delete (a folder from before): kept, counted
             finally:
                 if fd is not None:
-                    os.close(fd)
+                    _close_held(fd)
         return total - incoming
 
 
@@ -500,13 +567,23 @@ def _part(path: Path) -> Path:
     return path.with_name(path.name + ".part")
 
 
-def _checked_map(fd: int, n: int) -> Any:
-    """The file open at `fd` mapped, when it holds `n` bytes and a trailer whose CRC32 they
-    match (`_EMPTY` for `n` == 0); None for a damaged or unfinished copy (also one written
-    before trailers: it is downloaded again)."""
-    if os.fstat(fd).st_size != n + TRAILER:
+def _checked_map(path: Path, st: os.stat_result, n: int) -> Any:
+    """The file at `path` (the one `st` is of) mapped, when it holds `n` bytes and a trailer
+    whose CRC32 they match (`_EMPTY` for `n` == 0); None for a damaged or unfinished copy (also
+    one written before trailers: it is downloaded again), or one replaced since. Mapped through
+    a descriptor of its own, never locked: a mapping keeps a copy of its descriptor, which a
+    forked child would inherit, and with it a lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
-    mapped = mmap.mmap(fd, n + TRAILER, prot=mmap.PROT_READ)
+    try:
+        mine = os.fstat(fd)
+        if (mine.st_ino, mine.st_dev) != (st.st_ino, st.st_dev) or mine.st_size != n + TRAILER:
+            return None
+        mapped = mmap.mmap(fd, n + TRAILER, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
     view = memoryview(mapped)
     ok = view[n + 4 :] == MAGIC and zlib.crc32(view[:n]) == int.from_bytes(
         view[n : n + 4], "little"
@@ -516,50 +593,3 @@ def _checked_map(fd: int, n: int) -> Any:
         return mapped
     mapped.close()
     return _EMPTY if ok else None
-
-
-class RangeFile(io.RawIOBase):
-    """A read-only file of `size` bytes of which only `start`..`start + len(data)` can be read
-    (a row group's range of a shard: what a Parquet reader given the footer reads of it)."""
-
-    def __init__(self, data: memoryview, start: int, size: int) -> None:
-        super().__init__()
-        self._data, self._start, self._size, self._pos = data, start, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = (0, self._pos, self._size)[whence]
-        self._pos = base + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def size(self) -> int:
-        return self._size
-
-    def read(self, n: int = -1) -> memoryview:  # type: ignore[override]
-        """A view of the cached bytes, not a copy: pyarrow wraps any buffer without copying
-        (~7% of a row group's decode saved). A decoded table never points into it (Parquet
-        pages are decoded into buffers of their own); were one to, the mapping would outlive
-        the pin until it is freed (`RangeCache.pinned`)."""
-        a = self._pos - self._start
-        b = len(self._data) if n is None or n < 0 else a + n
-        if a < 0 or b > len(self._data):
-            raise OSError(
-                f"read of bytes {self._pos}..{self._start + b} outside the cached range "
-                f"{self._start}..{self._start + len(self._data)}"
-            )
-        out = self._data[a:b]
-        self._pos += len(out)
-        return out
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)

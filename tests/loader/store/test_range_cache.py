@@ -405,3 +405,61 @@ def test_fetch_many_holds_at_most_merged_ranges_parts_at_once(tmp_path, obj, mon
         _read(cache, obj, i * 100, i * 100 + 100) == data[i * 100 : i * 100 + 100]
         for i in range(10)
     )
+
+
+def test_a_forked_child_holds_none_of_the_caches_locks(tmp_path, obj):
+    """DataLoader workers forked while the main process downloaded inherited its locked
+    `.part` (a `flock` belongs to the open file description, which fork shares): renamed into
+    place the file stayed locked by the workers, and every reader of it (their own `pinned`,
+    other ranks) waited forever. A child closes the cache's descriptors; the parent's locks
+    are its own again, and go when it lets go of them."""
+    import fcntl
+
+    cache = RangeCache(tmp_path / "c", 1 << 30)
+    path = cache.path(KEY, 0, 100)
+    claim = cache._claim(path)  # a download under way: its `.part` created and locked
+    assert isinstance(claim, int)
+    ready, go = os.pipe()
+    with cache.pinned(obj, KEY, 200, 300) as view:
+        assert bytes(view) == obj.read_bytes()[200:300]
+        pid = os.fork()
+        if pid == 0:  # the worker: none of the parent's cache descriptors open
+            try:
+                os.fstat(claim)
+                code = 1
+            except OSError:
+                code = 0
+            os.read(ready, 1)  # lives on while the parent checks
+            os._exit(code)
+    cache._download(obj, [(claim, path, 0, 100)])  # the parent's descriptors closed
+    try:
+        for name in (path, cache.path(KEY, 200, 300)):
+            fd = os.open(name, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody holds it
+            finally:
+                os.close(fd)
+        assert _read(cache, obj, 0, 100) == obj.read_bytes()[:100]
+    finally:
+        os.write(go, b"x")
+        _, status = os.waitpid(pid, 0)
+        os.close(ready)
+        os.close(go)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_range_locked_for_good_is_one_line_not_a_hang(tmp_path, obj, monkeypatch):
+    """`pinned` waited for its shared lock without end: a file another process holds locked
+    (a descriptor inherited from before the fix, a hung process) hung every reader."""
+    import fcntl
+
+    monkeypatch.setattr(cache_module, "PIN_WAIT_S", 0.05)
+    cache = RangeCache(tmp_path / "c", 1 << 30)
+    path = cache.fetch(obj, KEY, 0, 100)
+    other = os.open(path, os.O_RDONLY)  # another process's lock on it, never let go
+    fcntl.flock(other, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(ConfigError, match=rf"^cache_dir {tmp_path / 'c'}: .* locked"):
+            _read(cache, obj, 0, 100)
+    finally:
+        os.close(other)

@@ -216,7 +216,7 @@ def test_opening_a_bucket_dataset_reads_its_link_and_its_manifest_once(
 
 
 def test_a_range_file_reads_its_cached_bytes_in_place_and_nothing_outside():
-    from packtool.storage.cache import RangeFile
+    from loader.store.bucket import RangeFile
 
     data = bytearray(b"0123456789")
     f = RangeFile(memoryview(data), 100, 1000)  # bytes 100..110 of a 1,000-byte file
