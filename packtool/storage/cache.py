@@ -47,7 +47,6 @@ import mmap
 import os
 import re
 import stat
-import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -56,6 +55,7 @@ from typing import Any
 
 from packtool.errors import ConfigError, DataError
 from packtool.storage import local
+from packtool.storage.cache_fds import close_held, open_held
 
 CACHE_ENV = "PACKTOOL_CACHE_DIR"
 MAGIC = b"PTc1"
@@ -79,48 +79,6 @@ _BUSY: Any = object()
 _NAME = re.compile(r"([0-9a-f]{64})-(0|[1-9][0-9]*)-(0|[1-9][0-9]*)")
 """A cached range's name: its object's sha256 and the range (in the subfolder of the sha256's
 first two digits). The sweep counts and deletes nothing else."""
-
-_held: set[int] = set()
-"""The descriptors of files the cache locks open in this process (`_open_held`). A `flock`
-belongs to the open file description, which a fork shares: a DataLoader worker forked while
-the main process downloads a range (its `.part` locked) or reads one would hold the lock as
-long as it lives, and every reader of the range would wait on it. A forked child closes them
-(`os.register_at_fork`), which drops nothing of the parent's: a lock goes only when every
-descriptor of its open file description is closed."""
-_guard = threading.Lock()
-"""Held from each open to its record, and across a fork: no child inherits a descriptor the
-registry does not know of yet."""
-
-
-def _open_held(path: str | os.PathLike, flags: int, mode: int = 0o600) -> int:
-    """`os.open`, the descriptor recorded so that a forked child closes it."""
-    with _guard:
-        fd = os.open(path, flags, mode)
-        _held.add(fd)
-    return fd
-
-
-def _close_held(fd: int) -> None:
-    """Close a descriptor `_open_held` gave; one this process no longer holds (a forked child's
-    copy, closed at the fork) is left alone."""
-    if fd in _held:
-        _held.discard(fd)
-        os.close(fd)
-
-
-def _in_child() -> None:
-    for fd in list(_held):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _held.clear()
-    _guard.release()
-
-
-os.register_at_fork(
-    before=lambda: _guard.acquire(),
-    after_in_parent=lambda: _guard.release(),
-    after_in_child=_in_child,
-)
 
 
 def default_cache_dir() -> Path:
@@ -261,7 +219,7 @@ class RangeCache:
             for fd, path, _, _ in claims:  # not downloaded (an error before): let them go
                 with contextlib.suppress(OSError):
                     os.unlink(_part(path))
-                _close_held(fd)
+                close_held(fd)
 
     def _claim(self, path: Path) -> Any:
         """One look at the range whose file is `path`: None when the file is there; `_BUSY`
@@ -272,7 +230,7 @@ class RangeCache:
             if self._present(path):
                 return None
             try:
-                fd = _open_held(part, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                fd = open_held(part, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             except FileNotFoundError:
                 try:
                     self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -288,12 +246,12 @@ class RangeCache:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if self._present(path):  # finished by another process between our checks
                     os.unlink(part)
-                    _close_held(fd)
+                    close_held(fd)
                     return None
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(part)
-                _close_held(fd)
+                close_held(fd)
                 raise
             return fd
 
@@ -320,15 +278,11 @@ class RangeCache:
                 self.sweep(incoming=last - first)
             for fd, path, start, end in claims:
                 piece = whole[start - first : end - first]
-                trailer = zlib.crc32(piece).to_bytes(4, "little") + MAGIC
+                self._write(fd, piece)
                 try:
-                    for chunk in (piece, trailer):
-                        view = memoryview(chunk)
-                        while view:
-                            view = view[os.write(fd, view) :]
-                except OSError as exc:
-                    raise self._unwritable(exc) from None
-                os.rename(_part(path), path)
+                    os.rename(_part(path), path)
+                except FileNotFoundError:
+                    self._write_again(path, piece)
                 done += 1
         except BaseException:
             for _, path, _, _ in claims[done:]:
@@ -337,7 +291,38 @@ class RangeCache:
             raise
         finally:
             for fd, _, _, _ in claims:
-                _close_held(fd)
+                close_held(fd)
+
+    def _write(self, fd: int, piece: memoryview) -> None:
+        """A range's bytes and their trailer written to its `.part` open at `fd`."""
+        trailer = zlib.crc32(piece).to_bytes(4, "little") + MAGIC
+        try:
+            for chunk in (piece, trailer):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+        except OSError as exc:
+            raise self._unwritable(exc) from None
+
+    def _write_again(self, path: Path, piece: memoryview) -> None:
+        """The `.part` of `path` was gone at its rename: cache_dir (or its subfolder) removed
+        meanwhile (a tmp cleaner). Claimed anew (the folders made again) and written from the
+        bytes in hand, once; gone again, one line naming cache_dir, not the shard."""
+        claim = self._claim(path)
+        if claim is None or claim is _BUSY:
+            return  # there, or another process's download: a reader waits for it
+        try:
+            self._write(claim, piece)
+            os.rename(_part(path), path)
+        except FileNotFoundError:
+            raise ConfigError(
+                f"cache_dir {self.folder}: removed while a download was written into it, twice "
+                f"({path}); give cache_dir (or ${CACHE_ENV}) a folder nothing cleans up"
+            ) from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(_part(path))  # gone after a rename
+            close_held(claim)
 
     def _unwritable(self, exc: OSError, always: bool = False) -> Exception:
         """A cache folder that cannot take a download: one line naming it, not the shard
@@ -393,7 +378,7 @@ class RangeCache:
             self._clear(part)  # a link, a folder, another user's: no download of this user's
             return
         try:
-            fd = _open_held(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = open_held(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -414,7 +399,7 @@ class RangeCache:
             else:
                 time.sleep(WAIT_S)  # just created, not yet locked by its downloader
         finally:
-            _close_held(fd)
+            close_held(fd)
 
     @contextlib.contextmanager
     def pinned(self, url: Any, key: str, start: int, end: int) -> Iterator[memoryview]:
@@ -425,7 +410,7 @@ class RangeCache:
         while True:
             path = self.fetch(url, key, start, end)
             try:
-                fd = _open_held(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                fd = open_held(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except FileNotFoundError:  # evicted between fetch and open
                 continue
             except OSError as exc:  # replaced by a link since fetch: removed by the next
@@ -435,11 +420,11 @@ class RangeCache:
             try:
                 self._lock_shared(fd, path)
             except BaseException:
-                _close_held(fd)
+                close_held(fd)
                 raise
             st = os.fstat(fd)
             if st.st_nlink == 0:  # evicted before our lock: fetch it again
-                _close_held(fd)
+                close_held(fd)
                 continue
             # Another user's file (in a folder once open to others) is not trusted: its CRC32
             # trailer is anyone's to write. Deleted and downloaded again, as a damaged copy
@@ -448,7 +433,7 @@ class RangeCache:
             mapped = _checked_map(path, st, end - start) if ours else None
             if mapped is not None:
                 break
-            _close_held(fd)
+            close_held(fd)
             damaged += 1
             if damaged > 2:  # each copy just downloaded and written whole: the cache's doing
                 raise ConfigError(
@@ -471,7 +456,7 @@ class RangeCache:
                     view.release()
                     mapped.close()
         finally:
-            _close_held(fd)  # drops the shared lock
+            close_held(fd)  # drops the shared lock
 
     def _lock_shared(self, fd: int, path: Path) -> None:
         """A shared lock on the range's file open at `fd`, waited for at most `PIN_WAIT_S`: a
@@ -534,7 +519,7 @@ class RangeCache:
                 break
             fd = None
             try:
-                fd = _open_held(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                fd = open_held(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except FileNotFoundError:
                 total -= size
                 continue
@@ -544,7 +529,7 @@ class RangeCache:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    _close_held(fd)
+                    close_held(fd)
                     continue  # being read: kept
             try:
                 os.unlink(name)
@@ -555,7 +540,7 @@ class RangeCache:
                 pass  # not this user's to delete (a folder from before): kept, counted
             finally:
                 if fd is not None:
-                    _close_held(fd)
+                    close_held(fd)
         return total - incoming
 
 

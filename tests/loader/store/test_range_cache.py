@@ -420,6 +420,7 @@ def test_a_forked_child_holds_none_of_the_caches_locks(tmp_path, obj):
     claim = cache._claim(path)  # a download under way: its `.part` created and locked
     assert isinstance(claim, int)
     ready, go = os.pipe()
+    started, running = os.pipe()
     with cache.pinned(obj, KEY, 200, 300) as view:
         assert bytes(view) == obj.read_bytes()[200:300]
         pid = os.fork()
@@ -429,8 +430,12 @@ def test_a_forked_child_holds_none_of_the_caches_locks(tmp_path, obj):
                 code = 1
             except OSError:
                 code = 0
+            os.write(running, b"x")
             os.read(ready, 1)  # lives on while the parent checks
             os._exit(code)
+    os.read(started, 1)  # the child is past its fork
+    os.close(started)
+    os.close(running)
     cache._download(obj, [(claim, path, 0, 100)])  # the parent's descriptors closed
     try:
         for name in (path, cache.path(KEY, 200, 300)):
@@ -463,3 +468,35 @@ def test_a_range_locked_for_good_is_one_line_not_a_hang(tmp_path, obj, monkeypat
             _read(cache, obj, 0, 100)
     finally:
         os.close(other)
+
+
+def test_a_cache_dir_removed_during_a_download_is_made_again(tmp_path, obj, monkeypatch):
+    """cache_dir removed while a range downloaded (a tmp cleaner, `rm -rf ~/.cache/packtool`):
+    the rename of its `.part` failed (ENOENT) and the loader called the shard damaged. The
+    folders are made again and the bytes in hand written once more; removed again, one line."""
+    import shutil
+
+    cache = RangeCache(tmp_path / "c", 1 << 30)
+    real = cache_module.local.read_range
+    removals = []
+
+    def removed_meanwhile(url, start, end):
+        data = real(url, start, end)
+        if len(removals) < want_removals:
+            removals.append(1)
+            shutil.rmtree(tmp_path / "c")
+        return data
+
+    monkeypatch.setattr(cache_module.local, "read_range", removed_meanwhile)
+    want_removals = 1
+    assert _read(cache, obj, 0, 100) == obj.read_bytes()[:100]
+    assert cache.downloaded == 100  # one GET: written again from the bytes in hand
+
+    def removed_twice(fd, data):  # the rename of the second try fails too
+        shutil.rmtree(tmp_path / "c", ignore_errors=True)
+        return real_write(fd, data)
+
+    real_write = os.write
+    monkeypatch.setattr(cache_module.os, "write", removed_twice)
+    with pytest.raises(ConfigError, match=rf"^cache_dir {tmp_path / 'c'}: removed while"):
+        cache.fetch(obj, KEY, 100, 200)
