@@ -139,6 +139,12 @@ class BucketRowGroups:
                     raise DataError(f"{url}: footer unreadable ({exc})") from None
         raise AssertionError("unreachable")
 
+    def footers(self) -> Iterator[pq.FileMetaData]:
+        """Every shard's footer (`footer`), in manifest order, downloaded on the fetch threads
+        `FETCH_THREADS` at a time: a cold open of many shards does not wait for each GET in
+        turn. A footer's error is raised where it comes in order; those after it are dropped."""
+        return self._pool().map(self.footer, range(len(self.manifest.shards)))
+
     def add_shard(self, meta: pq.FileMetaData) -> None:
         """The next shard's footer (read at open, in manifest order)."""
         self.metas.append(meta)
@@ -208,24 +214,29 @@ class BucketRowGroups:
 
     def fetch_ahead(self, groups: list[int], shards: np.ndarray) -> None:
         """Download the ranges of row groups `groups` (in order) on the fetch threads."""
-        if self._pid != os.getpid():  # a forked worker: its own threads
-            self._pid, self._fetcher, self._fetching = os.getpid(), None, {}
-        if self._fetcher is None:
-            self._fetcher = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="packtool-fetch")
+        pool = self._pool()
         for run in self._runs(
             [g for g in dict.fromkeys(groups) if g not in self._fetching], shards
         ):
             shard = int(shards[run[0]])
             url, key, start, end = self._where(shard, run[0])
             if len(run) == 1:
-                job = self._fetcher.submit(self.cache.fetch, url, key, start, end)
+                job = pool.submit(self.cache.fetch, url, key, start, end)
             else:
                 ranges = [self._where(shard, g)[2:] for g in run]
-                job = self._fetcher.submit(self.cache.fetch_many, url, key, ranges)
+                job = pool.submit(self.cache.fetch_many, url, key, ranges)
             for g in run:
                 self._fetching[g] = job
         if len(self._fetching) > 4 * FETCH_THREADS:
             self._fetching = {g: f for g, f in self._fetching.items() if not f.done()}
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """This process's fetch threads (a forked worker starts its own)."""
+        if self._pid != os.getpid():
+            self._pid, self._fetcher, self._fetching = os.getpid(), None, {}
+        if self._fetcher is None:
+            self._fetcher = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="packtool-fetch")
+        return self._fetcher
 
     def _runs(self, groups: list[int], shards: np.ndarray) -> list[list[int]]:
         """`groups` cut into runs of row groups side by side in one shard (each one's bytes

@@ -135,6 +135,7 @@ class ShardStore:
         rg_shard: list[int] = []
         rg_first: list[int] = []
         token_dtypes = []
+        footers = self.bucket.footers() if self.bucket else None  # fetched together
         for i, info in enumerate(self.manifest.shards):
             file = self.path / info.file
             if verify and sha256_file(file) != info.sha256:
@@ -142,7 +143,7 @@ class ShardStore:
             try:
                 # A bucket's footer from the node's cache (no request once cached); a local
                 # shard's from the file, its size checked first.
-                meta = self.bucket.footer(i) if self.bucket else self._files.footer(file, info)
+                meta = next(footers) if footers else self._files.footer(file, info)
                 schema = meta.schema.to_arrow_schema()
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
