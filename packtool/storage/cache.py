@@ -294,15 +294,31 @@ class RangeCache:
                 close_held(fd)
 
     def _write(self, fd: int, piece: memoryview) -> None:
-        """A range's bytes and their trailer written to its `.part` open at `fd`."""
+        """A range's bytes and their trailer written to its `.part` open at `fd`. A disk full
+        below `limit` (a small tmpfs, others' files) is made room on (`_make_room`) and the
+        write tried once more before it is one line."""
         trailer = zlib.crc32(piece).to_bytes(4, "little") + MAGIC
-        try:
-            for chunk in (piece, trailer):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view) :]
-        except OSError as exc:
-            raise self._unwritable(exc) from None
+        for attempt in (1, 2):
+            try:
+                os.lseek(fd, 0, os.SEEK_SET)
+                os.ftruncate(fd, 0)
+                for chunk in (piece, trailer):
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                return
+            except OSError as exc:
+                full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                if attempt == 2 or not full or not self._make_room(len(piece) + TRAILER):
+                    raise self._unwritable(exc) from None
+
+    def _make_room(self, need: int) -> bool:
+        """Sweep until `need` more bytes fit on the disk (its free space); whether any went."""
+        free = 0
+        with contextlib.suppress(OSError):
+            free = (st := os.statvfs(self.folder)).f_bavail * st.f_frsize
+        held = self.sweep()
+        return self.sweep(limit=max(0, held - (need - free))) < held
 
     def _write_again(self, path: Path, piece: memoryview) -> None:
         """The `.part` of `path` was gone at its rename: cache_dir (or its subfolder) removed
@@ -480,9 +496,10 @@ class RangeCache:
         """Delete a cached range (it failed its checks: the next read downloads it again)."""
         self._clear(self.path(key, start, end))
 
-    def sweep(self, incoming: int = 0) -> int:
+    def sweep(self, incoming: int = 0, limit: int | None = None) -> int:
         """Delete the least recently read unpinned ranges while the cache (with `incoming`
-        bytes about to join it) holds more than `limit`, down to 90% of it; the bytes it holds
+        bytes about to join it) holds more than `limit` (the cache's unless given), down to
+        90% of it; the bytes it holds
         after (`incoming` not counted). Only files of the cache's own names (`_NAME`, in the
         subfolder of their first two digits) are counted or deleted: whatever else lies in
         `folder` is left alone."""
@@ -511,9 +528,10 @@ class RangeCache:
                     st = e.stat(follow_symlinks=False)
                     entries.append((st.st_mtime, st.st_size, e.path))
                     total += st.st_size
-        if total <= self.limit:
+        limit = self.limit if limit is None else limit
+        if total <= limit:
             return total - incoming
-        goal = int(self.limit * 0.9)
+        goal = int(limit * 0.9)
         for _, size, name in sorted(entries):
             if total <= goal:
                 break

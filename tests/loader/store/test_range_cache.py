@@ -500,3 +500,34 @@ def test_a_cache_dir_removed_during_a_download_is_made_again(tmp_path, obj, monk
     monkeypatch.setattr(cache_module.os, "write", removed_twice)
     with pytest.raises(ConfigError, match=rf"^cache_dir {tmp_path / 'c'}: removed while"):
         cache.fetch(obj, KEY, 100, 200)
+
+
+def test_a_disk_full_below_cache_limit_makes_room_and_downloads(tmp_path, obj, monkeypatch):
+    """A disk that filled before `cache_limit` (a small tmpfs, other files on it) ended the run
+    at the next download. The least recently read ranges nobody holds are deleted until it
+    fits, and the write tried once more; a disk still full is the one line."""
+    cache = RangeCache(tmp_path / "c", 1 << 30)
+    for i in range(5):
+        _read(cache, obj, i * 8000, i * 8000 + 8000)
+    full = [1]
+    real_write = os.write
+
+    def full_once(fd, data):
+        if full:
+            full.pop()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    class NoRoom:
+        f_bavail, f_frsize = 0, 4096
+
+    monkeypatch.setattr(cache_module.os, "statvfs", lambda path: NoRoom())
+    monkeypatch.setattr(cache_module.os, "write", full_once)
+    with cache.pinned(obj, KEY, 0, 8000):  # the oldest, but held: kept
+        assert _read(cache, obj, 45_000, 50_000) == obj.read_bytes()[45_000:50_000]
+    left = sorted(p.name for p in (tmp_path / "c").rglob("*") if p.is_file())
+    assert f"{KEY}-0-8000" in left and f"{KEY}-8000-16000" not in left
+    assert len(left) < 6
+    full.extend([1, 1])  # full again after room was made
+    with pytest.raises(ConfigError, match=rf"^cache_dir {tmp_path / 'c'}: cannot write"):
+        _read(cache, obj, 20_000, 21_000)
