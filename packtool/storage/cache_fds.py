@@ -34,10 +34,12 @@ def open_held(path: str | os.PathLike, flags: int, mode: int = 0o600) -> int:
 
 def close_held(fd: int) -> None:
     """Close a descriptor `open_held` gave; one this process no longer holds (a forked child's
-    copy, closed at the fork) is left alone."""
-    if fd in _held:
-        _held.discard(fd)
-        os.close(fd)
+    copy, closed at the fork) is left alone. Under the guard: a fork between the record's
+    removal and the close would hand the child a locked descriptor it does not know of."""
+    with _guard:
+        if fd in _held:
+            _held.discard(fd)
+            os.close(fd)
 
 
 def _in_child() -> None:
