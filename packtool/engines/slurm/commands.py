@@ -222,9 +222,10 @@ def submit_array(
     driver's own Ctrl-C (and SIGTERM) is held over each try and its record (`ctrl_c_after`).
 
     A transient refusal (`TRANSIENT`: a busy controller's "Socket timed out") is tried again
-    after each of `RETRY_SECONDS`, but first the queue is asked for a job running `script`
-    (each array has a script of its own): a timed-out sbatch may have queued the job, and
-    submitting it again would run its tasks twice. A job that was queued and already left the
+    after each of `RETRY_SECONDS`, but first the queue is asked (at once, and again after the
+    wait) for a job running `script` (each array has a script of its own): a timed-out sbatch
+    may have queued the job, and submitting it again would run its tasks twice; the last try's
+    refusal is raised only where the queue holds nothing of it. A job that was queued and already left the
     queue is submitted again; its tasks skip the partitions it finished (`task.py`). Ctrl-C is
     let through during the waits (they were held for a minute): the queue is asked once, what
     is found recorded, then the run stops. After a later try, a job an earlier one queued
@@ -232,29 +233,42 @@ def submit_array(
     args = [require(), "--parsable", f"--array=0-{tasks - 1}", *options, script]
     record = record or (lambda job: None)
     for attempt, wait in enumerate((*RETRY_SECONDS, None)):
+        # Held over the try and, after a transient refusal, a look at the queue: a Ctrl-C in a
+        # try that timed out (sbatch waits out the controller's time-out) stopped the run with
+        # the job it may have queued unrecorded.
         with ctrl_c_after():
             try:
                 job = _run(args, "sbatch", own_session=True).strip().split(";")[0]
             except SlurmRefused as exc:
-                if wait is None or not any(t in str(exc).lower() for t in TRANSIENT):
+                if not any(t in str(exc).lower() for t in TRANSIENT):
+                    raise
+                if found := _take_queued(script, record):
+                    return found
+                if wait is None:  # the last try, and nothing of it queued
                     raise
             else:
                 record(job)
                 if attempt:
                     cancel([j for j in queued_with_script(script) if j != job])
                 return job
-        found: list[str] = []
         try:
             time.sleep(wait)
         finally:  # (a Ctrl-C in the wait too: what the last try queued is recorded first)
             with ctrl_c_after():
-                found = queued_with_script(script)
-                if found:
-                    record(found[0])
-                    cancel(found[1:])
+                found = _take_queued(script, record)
         if found:
-            return found[0]
+            return found
     raise AssertionError("unreachable")  # the last try returns or raises
+
+
+def _take_queued(script: str, record: Callable[[str], None]) -> str:
+    """The queued job running `script` (a try's whose answer was lost), recorded, the others
+    running it cancelled; "" where none is queued."""
+    found = queued_with_script(script)
+    if found:
+        record(found[0])
+        cancel(found[1:])
+    return found[0] if found else ""
 
 
 def queued_with_script(script: str) -> list[str]:

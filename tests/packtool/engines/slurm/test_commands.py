@@ -269,7 +269,12 @@ def test_ctrl_c_in_a_wait_between_sbatch_tries_records_what_was_queued_then_stop
     cancelled. The waits let it through now, after the queue is asked once and what the last
     try queued is recorded (so the stopped run cancels it)."""
     _fake(fake_bin, "sbatch", _TIMED_OUT)
-    _fake(fake_bin, "squeue", "printf '40|/run/slurm/a1-2.sh\\n'")
+    seen = fake_bin / "squeue.seen"
+    _fake(  # nothing queued at once: the job shows after the try's time-out
+        fake_bin,
+        "squeue",
+        f"if [ ! -e {seen} ]; then touch {seen}; exit 0; fi\nprintf '40|/run/slurm/a1-2.sh\\n'",
+    )
 
     real, waits = cli.time.sleep, []
 
@@ -292,10 +297,10 @@ def test_a_job_an_earlier_try_queued_unseen_is_cancelled_after_a_later_try(fake_
     monkeypatch.setattr(cli, "RETRY_SECONDS", (0.0, 0.0))
     _fake(fake_bin, "sbatch", _fail_first(fake_bin, _TIMED_OUT))
     seen = fake_bin / "squeue.seen"
-    _fake(  # no answer the first time it is asked, then both jobs
+    _fake(  # no answer the two times it is asked after the first try, then both jobs
         fake_bin,
         "squeue",
-        f"if [ ! -e {seen} ]; then touch {seen}; exit 1; fi\n"
+        f"echo >> {seen}; if [ $(wc -l < {seen}) -le 2 ]; then exit 1; fi\n"
         "printf '40|/run/slurm/a1-2.sh\\n41|/run/slurm/a1-2.sh\\n'",
     )
     scancel = _fake(fake_bin, "scancel", "exit 0")
@@ -303,3 +308,25 @@ def test_a_job_an_earlier_try_queued_unseen_is_cancelled_after_a_later_try(fake_
     assert cli.submit_array([], 2, "/run/slurm/a1-2.sh", recorded.append) == "41"
     assert recorded == ["41"]
     assert scancel.read_text().split() == ["40"]
+
+
+def test_ctrl_c_during_a_try_that_times_out_records_what_it_queued_then_stops(fake_bin):
+    """The reviewer of the retry: a Ctrl-C while sbatch waited out the controller's time-out
+    was let through as the try ended, before the queue was asked: the job that try queued ran
+    on unrecorded. Now the queue is asked inside the held block."""
+    _fake(fake_bin, "sbatch", "kill -INT $PPID\n" + _TIMED_OUT)
+    _fake(fake_bin, "squeue", "printf '777|/run/slurm/a1-2.sh\\n'")
+    recorded = []
+    with pytest.raises(KeyboardInterrupt):
+        cli.submit_array([], 2, "/run/slurm/a1-2.sh", recorded.append)
+    assert recorded == ["777"]
+
+
+def test_the_last_tries_job_found_queued_is_the_run_s(fake_bin, monkeypatch):
+    """Every try timed out, the last one's job queued all the same: it was raised unasked."""
+    monkeypatch.setattr(cli, "RETRY_SECONDS", ())
+    _fake(fake_bin, "sbatch", _TIMED_OUT)
+    _fake(fake_bin, "squeue", "printf '5|/run/slurm/a1-2.sh\\n'")
+    recorded = []
+    assert cli.submit_array([], 2, "/run/slurm/a1-2.sh", recorded.append) == "5"
+    assert recorded == ["5"]
