@@ -110,13 +110,7 @@ def _checked_range(fs: Any, p: str, start: int, end: int) -> bytes:
     `HfFileSystem`'s `cat_file` is fsspec's: it opens the file with a 5 MB read-ahead, so each
     read downloaded up to 5 MB past its end (until 2026-12-06); its file opened without a
     cache asks for the bytes wanted."""
-    hub = type(fs).__module__.startswith("huggingface_hub")
-    data = fs.cat_file(p, start=start, end=end, **({"cache_type": "none"} if hub else {}))
-    if len(data) < end - start:
-        raise ShortAnswer(
-            f"{p}: bytes {start:,}-{end:,} came back {len(data):,} long (the server answered "
-            "with fewer bytes than asked for); read it again, or copy it to a local path"
-        )
+    data = _ranged_get(fs, p, start, end, p)
     if len(data) == end - start:
         return data
     if len(data) < end:
@@ -130,6 +124,20 @@ def _checked_range(fs: Any, p: str, start: int, end: int) -> bytes:
         "support, or copy it locally)",
     )
     return data[start:end]
+
+
+def _ranged_get(fs: Any, p: str, start: int, end: int, url: Any) -> bytes:
+    """One GET of bytes `start .. end` of `p` (`end` never past its end), at least that many
+    (more: a server that ignores ranges, its callers' case); fewer is a `web.ShortAnswer`
+    naming `url`, made again by `web.retried`."""
+    hub = type(fs).__module__.startswith("huggingface_hub")
+    data = fs.cat_file(p, start=start, end=end, **({"cache_type": "none"} if hub else {}))
+    if len(data) < end - start:
+        raise ShortAnswer(
+            f"{url}: bytes {start:,}-{end:,} came back {len(data):,} long (the server answered "
+            "with fewer bytes than asked for); read it again, or copy it to a local path"
+        )
+    return data
 
 
 def _note_no_ranges(p: str, what: str) -> None:
@@ -358,18 +366,6 @@ class RandomRead(_Positioned):
         self._whole = None
         super().close()
 
-    def _web_get(self, start: int, end: int) -> bytes:
-        """One ranged GET of a web server's file; an answer shorter than asked is made again
-        (`web.ShortAnswer`), one longer is the whole file of a server that ignores ranges."""
-        data = self._fs.cat_file(self._p, start=start, end=end)
-        if len(data) < end - start:
-            raise ShortAnswer(
-                f"{self._url}: bytes {start:,}-{end:,} came back {len(data):,} long (the server "
-                "answered with fewer bytes than asked for); read it again, or copy it to a "
-                "local path"
-            )
-        return data
-
     def _get(self, start: int, end: int) -> bytes:
         if self._whole is not None:
             return self._whole[start:end]
@@ -378,7 +374,9 @@ class RandomRead(_Positioned):
                 self._opened.seek(start)
                 data = self._opened.read(end - start)
             else:  # a web server (`open_random`): a transient failure is asked again
-                data = web_retried(lambda: self._web_get(start, end), self._p)
+                data = web_retried(
+                    lambda: _ranged_get(self._fs, self._p, start, end, self._url), self._p
+                )
         if len(data) == end - start:
             return data
         if self._opened is None and len(data) == self._size:  # a server that ignores ranges
