@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource  # here, not when needed: importing it takes a file descriptor
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 
 class PacktoolError(Exception):
@@ -119,3 +121,15 @@ def open_file_limit() -> str:
     problem of the file they name without it."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
+
+
+def json_value(raw: str | bytes, **options: Any) -> Any:
+    """`json.loads(raw, **options)`, where a value nested past Python's recursion limit is a
+    `ValueError` ("nested too deeply") like any other unreadable JSON: json raises
+    `RecursionError` for it (`[` * 1000 is 1 KB), which no reader of a damaged file catches.
+    Every reader of a file a user or a crash can damage parses it through this one, and says
+    what is wrong with the file in its own words (naming it) from the `ValueError`."""
+    try:
+        return json.loads(raw, **options)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None

@@ -41,7 +41,7 @@ from transformers.trainer_callback import ExportableState
 from loader.hf.datasets import check_packed_model
 from loader.packed.dataloader import PackedDataLoader
 from loader.packed.dataset import PackedDataset
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, json_value
 
 
 class SkippedBatch(dict):
@@ -189,7 +189,7 @@ def _saved_position(state: Any) -> dict[str, Any] | None:
     if not isinstance(position, str):
         return None
     try:
-        return json.loads(position)
+        return json_value(position)
     except ValueError:
         raise ConfigError(
             "the checkpoint's mixture position (MixturePosition in its trainer_state.json) is "

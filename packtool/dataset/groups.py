@@ -20,9 +20,9 @@ from collections.abc import Iterator, Mapping
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from packtool.dataset.manifest import GROUPS_FILE, Manifest, json_value
+from packtool.dataset.manifest import GROUPS_FILE, Manifest
 from packtool.dataset.manifest_check import groups_problem
-from packtool.errors import DataError
+from packtool.errors import DataError, json_value
 from packtool.storage import local as storage
 from packtool.storage import writing
 

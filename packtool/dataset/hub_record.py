@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from packtool.dataset.manifest import INDEX_FILE, linked_version
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, json_value
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -48,7 +48,7 @@ def _read(staging: Path) -> dict | None:
     """The record, or None where there is none (tokenize's staging). A damaged one is an error:
     read as absent, it would let a commit pass over another writer's dataset unchecked."""
     try:
-        record = json.loads(storage.read_text(path(staging)))
+        record = json_value(storage.read_text(path(staging)))
     except FileNotFoundError:
         return None
     except ValueError:

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.manifest_check import manifest_problem
-from packtool.errors import ConfigError, DataError, PacktoolError
+from packtool.errors import ConfigError, DataError, PacktoolError, json_value
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -220,16 +220,6 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-def json_value(raw: str | bytes) -> Any:
-    """`json.loads(raw)`, where a value nested past Python's recursion limit is a `ValueError`
-    ("nested too deeply") like any other unreadable JSON: json raises `RecursionError` for it
-    (`[` * 5000 is 5 KB), which no reader of a damaged file catches."""
-    try:
-        return json.loads(raw)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
 
 
 def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:

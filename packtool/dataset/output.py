@@ -87,7 +87,7 @@ from packtool.dataset.output_versions import (
     staging_version,
     switch_problem,
 )
-from packtool.errors import AlreadyComplete, ConfigError, Detached, one_line
+from packtool.errors import AlreadyComplete, ConfigError, Detached, json_value, one_line
 from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
 
@@ -326,7 +326,7 @@ def _still_held(lock: OutputLock) -> bool:
 
 def _describe_holder(note: bytes) -> str:
     try:
-        info = json.loads(note or b"{}")
+        info = json_value(note or b"{}")
         if not isinstance(info, dict):
             info = {}
     except ValueError:

@@ -33,7 +33,7 @@ from packtool.dataset.manifest import (
     read_manifest,
 )
 from packtool.dataset.names import RUN_STATE, is_shard_name, written_entry
-from packtool.errors import ConfigError, DataError, PacktoolError
+from packtool.errors import ConfigError, DataError, PacktoolError, json_value
 from packtool.storage import local as storage
 from packtool.storage import remote_write, writing
 
@@ -134,7 +134,7 @@ def _read_staging_record(target: Path) -> dict | None:
     if not storage.is_file(pointer):
         return None
     try:
-        record = json.loads(storage.read_text(pointer))
+        record = json_value(storage.read_text(pointer))
     except ValueError:
         record = None
     version = record.get("version") if isinstance(record, dict) else None

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.identity import IDENTITY_FIELDS, TokenizerIdentity
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, json_value
 from packtool.prefetch import map_ordered
 from packtool.storage import local as storage
 
@@ -115,7 +115,7 @@ def tokenized_meta(path: str | os.PathLike) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
-        meta = json.loads(raw)
+        meta = json_value(raw)
     except ValueError:
         raise DataError(f"{path}: malformed packtool metadata") from None
     if not isinstance(meta, dict):  # `null`, a list: valid JSON, no metadata of ours

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.dataset import names
-from packtool.errors import DataError
+from packtool.errors import DataError, json_value
 from packtool.pack.chunk import PackCounts
 from packtool.read.documents import SkipCounter
 from packtool.storage import local as storage
@@ -111,7 +111,7 @@ def write_plan(work: Path, state: dict[str, Any]) -> None:
 def _read_json(path: Path) -> Any:
     """A run-state file's JSON (`DataError` naming the file when it cannot be read)."""
     try:
-        return json.loads(storage.read_text(path))
+        return json_value(storage.read_text(path))
     except (OSError, ValueError) as exc:
         raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
 

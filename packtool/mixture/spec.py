@@ -11,7 +11,6 @@ The loader's `MixedDataset` (loader/mixture/dataset.py) takes the same `MixtureS
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from packtool.dataset.identity import IDENTITY_FIELDS
-from packtool.errors import ConfigError, MissingDependencyError
+from packtool.errors import ConfigError, MissingDependencyError, json_value
 from packtool.storage import local as storage
 
 UNITS = ("tokens", "rows")
@@ -351,6 +350,8 @@ def _load_yaml(text: str, where: str) -> Any:
         return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except RecursionError:  # PyYAML's composer and constructor recurse, as json's parser does
+        raise ConfigError(f"{where}: not valid YAML (nested too deeply)") from None
 
 
 def read_mixture_file(path: str | os.PathLike) -> MixtureSpec:
@@ -375,8 +376,10 @@ def read_mixture_file(path: str | os.PathLike) -> MixtureSpec:
         data = _load_yaml(text, where)
     else:
         try:
-            data = json.loads(text, object_pairs_hook=lambda p: _unique_pairs(p, where))
-        except json.JSONDecodeError as exc:
+            data = json_value(text, object_pairs_hook=lambda p: _unique_pairs(p, where))
+        except ConfigError:
+            raise  # (a ValueError too) a key `_unique_pairs` refused: its own words
+        except ValueError as exc:  # JSONDecodeError, or nested too deeply (`json_value`)
             raise ConfigError(f"{where}: not valid JSON ({exc})") from None
     return mixture_from_dict(data, base=file.parent, origin=where)
 

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE, json_value
-from packtool.errors import DataError
+from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE
+from packtool.errors import DataError, json_value
 from packtool.storage import local as storage
 from packtool.storage.remote import scheme as remote_scheme
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from packtool.errors import ConfigError, MissingDependencyError, one_line
+from packtool.errors import ConfigError, MissingDependencyError, json_value, one_line
 from packtool.storage import local as storage
 
 GENERATION_RE = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
@@ -389,7 +389,7 @@ def read_tokenizer_config(folder: str | os.PathLike) -> dict[str, Any] | None:
     if not storage.is_file(path):
         return None
     try:
-        config = json.loads(storage.read_text(path))
+        config = json_value(storage.read_text(path))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(config, dict):
@@ -458,7 +458,7 @@ def load_chat_template(
             raise ConfigError(f"{path}: cannot read the chat template ({exc})") from None
         if path.suffix.lower() == ".json":
             try:
-                data = json.loads(text)
+                data = json_value(text)
             except ValueError as exc:
                 raise ConfigError(f"{path}: not valid JSON ({exc})") from None
             if not isinstance(data, dict) or "chat_template" not in data:

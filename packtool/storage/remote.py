@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
-from packtool.errors import ConfigError, DataError, MissingDependencyError, first_line
+from packtool.errors import ConfigError, DataError, MissingDependencyError, first_line, json_value
 
 T = TypeVar("T")
 
@@ -125,7 +125,7 @@ def parse_options(text: str) -> dict[str, Any]:
     """`--storage-options` / `PACKTOOL_STORAGE_OPTIONS`: a JSON object, or a one-line
     `ConfigError`."""
     try:
-        value = json.loads(text)
+        value = json_value(text)
     except ValueError as exc:
         raise ConfigError(f"--storage-options: not JSON ({exc})") from None
     if not isinstance(value, dict):

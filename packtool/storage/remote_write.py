@@ -28,7 +28,6 @@ Failures are one line naming the URL (`remote.naming`).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import socket
@@ -37,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from packtool.errors import DataError
+from packtool.errors import DataError, json_value
 from packtool.storage.remote import (
     filesystem,
     modified_at,
@@ -304,7 +303,7 @@ def _holder_gone(note: bytes, modified: float | None) -> bool:
     is judged by its lease only: its pid is not ours to ask about (until 2026-12-06 it was,
     and a live writer there lost its lock at once)."""
     try:
-        info = json.loads(note or b"{}")
+        info = json_value(note or b"{}")
     except ValueError:
         info = {}
     if (

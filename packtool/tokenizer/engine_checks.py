@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packtool.errors import json_value
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -160,7 +161,7 @@ def open_record(sha256: str, reference: str) -> CheckRecord | None:
     path = folder / "engine-checks" / f"{digest}.json"
     values: dict[str, Any] = {}
     try:
-        stored = json.loads(storage.read_bytes(path))
+        stored = json_value(storage.read_bytes(path))
         if isinstance(stored, dict) and stored.get("key") == key and _well_formed(stored):
             values = {k: v for k, v in stored.items() if k != "key"}
     except (OSError, ValueError):

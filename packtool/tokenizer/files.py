@@ -21,14 +21,13 @@ whatever else needs it (EOS/BOS defaults now, chat templates later) calls this.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import ConfigError, one_line
+from packtool.errors import ConfigError, json_value, one_line
 from packtool.storage import local as storage
 
 CONFIG_FILE = "tokenizer_config.json"
@@ -114,11 +113,7 @@ class TokenizerFiles:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(storage.read_text(path))
-    except RecursionError:  # nested thousands deep: a hostile or broken file
-        raise ConfigError(
-            f"{path}: not a readable JSON file (nested too deep); fix or remove it"
-        ) from None
+        return json_value(storage.read_text(path))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise ConfigError(

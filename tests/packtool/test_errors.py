@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import errno
+import json
 
 import pytest
 
-from packtool.errors import first_line, joined_lines, naming, one_line
+from packtool.errors import first_line, joined_lines, json_value, naming, one_line
 from packtool.storage import local as storage
 
 
@@ -59,3 +60,16 @@ def test_the_cli_names_a_path_with_two_spaces_in_a_row_as_it_is(tmp_path):
     missing = tmp_path / "no  such   dataset"
     code, _, err = run("inspect", str(missing))
     assert code == 1 and f"{missing}:" in one_error_line(err), err
+
+
+def test_json_value_makes_nesting_past_the_recursion_limit_a_value_error():
+    # json.loads raises RecursionError for it, which the readers of damaged files did not catch
+    # (tests/packtool/test_nested_json.py: each of them).
+    for raw in ("[" * 100_000 + "]" * 100_000, b"{" + b'"a":{' * 5_000):
+        with pytest.raises(ValueError, match="^nested too deeply$"):
+            json_value(raw)
+    assert json_value(b'{"a": [1, 2.5, null]}') == {"a": [1, 2.5, None]}
+    assert json_value("[" * 100 + "]" * 100) == json.loads("[" * 100 + "]" * 100)
+    assert json_value('{"a": 1}', object_pairs_hook=list) == [("a", 1)]
+    with pytest.raises(json.JSONDecodeError):
+        json_value("[1,")

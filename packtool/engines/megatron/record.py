@@ -33,7 +33,7 @@ from typing import Any
 
 from packtool.engines.differences import listed, setting_differences
 from packtool.engines.resume_checks import fingerprint_digest
-from packtool.errors import AlreadyComplete, ConfigError
+from packtool.errors import AlreadyComplete, ConfigError, json_value
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -119,7 +119,7 @@ def recorded(bin_path: Path, idx_path: Path) -> dict[str, Any] | None:
     try:
         if not storage.is_file(path):
             return None
-        record = json.loads(storage.read_text(path))
+        record = json_value(storage.read_text(path))
         sizes = (storage.size(bin_path), storage.size(idx_path))
         if (record["bin_bytes"], record["idx_bytes"]) != sizes:
             return None  # a record left beside a pair something else wrote

@@ -25,6 +25,7 @@ from typing import Any
 from packtool.dataset.output import remove
 from packtool.engines.megatron.merge import MERGED_BIN
 from packtool.engines.megatron.record import READY_RECORD, record_path
+from packtool.errors import json_value
 from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
 
@@ -92,7 +93,7 @@ def _read_note(path: Path) -> dict[str, Any]:
     """The swap's note; {} when there is none (a leftover of a packtool before it) or it is
     damaged: then nothing is known to match, and a leftover whose `.bin` is up is dropped."""
     try:
-        note = json.loads(storage.read_text(path))
+        note = json_value(storage.read_text(path))
     except (OSError, ValueError):
         return {}
     return note if isinstance(note, dict) else {}

@@ -35,7 +35,7 @@ from packtool.engines.slurm.state import (
     slurm_folder,
 )
 from packtool.engines.slurm.task import CANNOT_SEE, task_error
-from packtool.errors import ConfigError, DataError, Detached
+from packtool.errors import ConfigError, DataError, Detached, json_value
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -90,7 +90,7 @@ class ArrayDriver:
         found = storage.glob(self.dir / JOBS_DIR, "*.json")
         for path in sorted(found, key=lambda f: (len(f.stem), f.stem)):
             try:
-                jobs[path.stem] = json.loads(storage.read_text(path))
+                jobs[path.stem] = json_value(storage.read_text(path))
             except (OSError, ValueError) as exc:
                 raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
         return jobs

@@ -54,12 +54,12 @@ def task_error(slurm_dir: Path, partition: int, key: str) -> Exception | None:
     """The packtool error the task `key` (`JOB_TASK`) recorded for `partition`, rebuilt as its
     class (`ConfigError`, `MissingDependencyError`, else `DataError`), or None. Named by the
     task, so the record of an earlier attempt (a --resume retries) is never raised again."""
-    from packtool.errors import ConfigError, DataError, MissingDependencyError
+    from packtool.errors import ConfigError, DataError, MissingDependencyError, json_value
     from packtool.storage import local as storage
 
     path = _error_path(slurm_dir, partition, key)
     try:
-        found = json.loads(storage.read_bytes(path)) if storage.exists(path) else None
+        found = json_value(storage.read_bytes(path)) if storage.exists(path) else None
     except (OSError, ValueError):
         return None  # unreadable: the partition counts an attempt, as a task without a record
     if not isinstance(found, dict) or not isinstance(found.get("message"), str):

@@ -156,6 +156,21 @@ def test_a_checkpoint_without_the_mixtures_position_is_refused(sources, tmp_path
         trainer.train(resume_from_checkpoint=str(checkpoint))
 
 
+def test_a_checkpoint_whose_position_is_nested_too_deeply_is_one_line(sources, tmp_path):
+    # json.loads raised RecursionError (a traceback) for the position's text nested past
+    # Python's recursion limit; now it is the "damaged" ConfigError any unreadable position is.
+    make_trainer(dataset(mixture(sources)), tmp_path, stop_at=2).train()
+    (checkpoint,) = tmp_path.glob("checkpoint-*")
+    path = checkpoint / "trainer_state.json"
+    saved = json.loads(path.read_text())
+    attributes = saved["stateful_callbacks"]["MixturePosition"]["attributes"]
+    attributes["position"] = "[" * 100_000 + "]" * 100_000
+    path.write_text(json.dumps(saved))
+    trainer = make_trainer(dataset(mixture(sources)), tmp_path)
+    with pytest.raises(ConfigError, match="mixture position .* is not JSON; the checkpoint is"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+
+
 def test_settings_trainer_cannot_follow_on_a_mixture_are_refused(sources, tmp_path):
     from transformers import TrainingArguments
 
