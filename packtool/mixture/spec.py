@@ -307,24 +307,64 @@ def _names(keys: Any, where: str) -> set[str]:
     or a list as a YAML key is one line, not a TypeError sorting or hashing them)."""
     for key in keys:
         if not isinstance(key, str):
-            raise ConfigError(
-                f"{where}: key {_shown(key)} is not a string; the keys of a mixture are names "
-                f"({', '.join(FILE_KEYS)}; a source's {', '.join(SOURCE_KEYS)})"
-            )
+            raise ConfigError(f"{where}: key {_shown(key)} is not a string; {_KEYS_ARE}")
     return set(keys)
 
 
-def _unique_pairs(pairs: list[tuple[Any, Any]], where: str) -> dict[Any, Any]:
-    out: dict[Any, Any] = {}
-    _names([key for key, _ in pairs], where)
-    for key, value in pairs:
-        if key in out:
-            raise ConfigError(f"{where}: key {_shown(key)} appears twice; keep one")
-        out[key] = value
-    return out
+_KEYS_ARE = (
+    f"the keys of a mixture are names ({', '.join(FILE_KEYS)}; a source's {', '.join(SOURCE_KEYS)})"
+)
 
 
-def _load_yaml(text: str, where: str) -> Any:
+class _KeyCheck:
+    """The mappings of one mixture file as they are parsed (JSON's `object_pairs_hook`, the YAML
+    loader's mapping constructor). A key that is not a string or appears twice is noted against
+    its mapping, not raised: only once the whole file is read is it known whose mapping it is,
+    the file's or a source's, and the message names the source (`check`). Raised at once, it
+    named the file alone: `m.yaml: key 'weight' appears twice`, in which of 40 sources?"""
+
+    def __init__(self) -> None:
+        self.flaws: list[tuple[dict[str, Any], str]] = []
+        """(the mapping as read, its keys' fault), in the order they were parsed."""
+
+    def __call__(self, pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        odd = next((key for key, _ in pairs if not isinstance(key, str)), _KeyCheck)
+        twice = None
+        for key, value in pairs:
+            if not isinstance(key, str):
+                continue  # (it may be a list: unhashable) the fault is `odd`
+            if key in out and twice is None:
+                twice = key
+            out.setdefault(key, value)
+        if odd is not _KeyCheck:
+            self.flaws.append((out, f"key {_shown(odd)} is not a string; {_KEYS_ARE}"))
+        elif twice is not None:
+            self.flaws.append((out, f"key {_shown(twice)} appears twice; keep one"))
+        return out
+
+    def check(self, data: Any, where: str) -> None:
+        """Raise the first fault, naming the source whose mapping (or whose value) holds it;
+        the file's own mapping first, then the sources in order, then any other mapping (not
+        searched for: YAML's aliases can make a file of billions of items)."""
+        if not self.flaws:
+            return
+        for mapping, why in self.flaws:
+            if mapping is data:
+                raise ConfigError(f"{where}: {why}")
+        sources = data.get("sources") if isinstance(data, dict) else None
+        for i, entry in enumerate(sources if isinstance(sources, list) else ()):
+            if not isinstance(entry, dict):
+                continue
+            inside = [entry, *(v for v in entry.values() if isinstance(v, dict))]
+            for mapping, why in self.flaws:
+                if any(mapping is m for m in inside):
+                    label = entry.get("name", f"sources[{i}]")
+                    raise ConfigError(f"{where}: source {_shown(label)}: {why}")
+        raise ConfigError(f"{where}: {self.flaws[0][1]}")
+
+
+def _load_yaml(text: str, where: str, keys: _KeyCheck) -> Any:
     try:
         import yaml
     except ImportError:
@@ -343,7 +383,7 @@ def _load_yaml(text: str, where: str) -> Any:
             (loader.construct_object(k, deep=True), loader.construct_object(v))
             for k, v in node.value
         ]
-        return _unique_pairs(pairs, where)
+        return keys(pairs)
 
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
     try:
@@ -372,15 +412,15 @@ def read_mixture_file(path: str | os.PathLike) -> MixtureSpec:
         raise ConfigError(f"{where}: mixture file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: cannot read the mixture file ({exc})") from None
+    keys = _KeyCheck()
     if file.suffix.lower() in (".yaml", ".yml"):
-        data = _load_yaml(text, where)
+        data = _load_yaml(text, where, keys)
     else:
         try:
-            data = json_value(text, object_pairs_hook=lambda p: _unique_pairs(p, where))
-        except ConfigError:
-            raise  # (a ValueError too) a key `_unique_pairs` refused: its own words
+            data = json_value(text, object_pairs_hook=keys)
         except ValueError as exc:  # JSONDecodeError, or nested too deeply (`json_value`)
             raise ConfigError(f"{where}: not valid JSON ({exc})") from None
+    keys.check(data, where)
     return mixture_from_dict(data, base=file.parent, origin=where)
 
 

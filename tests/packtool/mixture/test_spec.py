@@ -137,6 +137,47 @@ def test_a_key_that_is_not_a_string_is_a_one_line_error(tmp_path, text, key):
     assert f"key {key} is not a string" in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "why"),
+    [
+        ("a.yaml", "sources:\n  - {name: web, path: p, weight: 1, weight: 2}\n", "key 'weight' appears twice"),
+        ("b.json", '{"sources": [{"name": "web", "path": "p", "weight": 1, "weight": 2}]}', "key 'weight' appears twice"),
+        ("c.yaml", "sources:\n  - {name: a, path: p, weight: 1}\n  - {name: web, path: q, weight: 1, 3: x}\n", "key 3 is not a string"),
+        ("d.yaml", "sources:\n  - {name: web, path: p, weight: 1, [a]: 1}\n", "key ['a'] is not a string"),
+        ("e.yaml", "sources:\n  - {name: web, name: web2, path: p, weight: 1}\n", "key 'name' appears twice"),
+    ],
+)  # fmt: skip
+def test_a_bad_key_in_a_source_names_the_source(tmp_path, name, text, why):
+    """A key twice, or not a string, inside one source's mapping was refused while the file was
+    parsed, naming only the file: `m.yaml: key 'weight' appears twice` (which source?)."""
+    path = write(tmp_path, name, text)
+    with pytest.raises(ConfigError) as info:
+        read_mixture_file(path)
+    assert str(info.value).startswith(f"{path}: source 'web': {why}"), info.value
+    assert "\n" not in str(info.value)
+
+
+def test_a_bad_key_outside_the_sources_names_where_it_can(tmp_path):
+    unnamed = write(tmp_path, "u.json", '{"sources": [{"path": "p", "weight": 1, "path": "q"}]}')
+    with pytest.raises(ConfigError, match=r": source 'sources\[0\]': key 'path' appears twice"):
+        read_mixture_file(unnamed)
+    top = write(
+        tmp_path, "t.yaml", "sources:\n  - {name: web, path: p, weight: 1}\nseed: 1\nseed: 2\n"
+    )
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(top))}: key 'seed' appears twice"):
+        read_mixture_file(top)
+    # A mapping as a source's value (no value of a source is one): still that source's.
+    inner = write(tmp_path, "v.yaml", "sources:\n  - {name: web, path: p, weight: {a: 1, a: 2}}\n")
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(inner))}: source 'web': key 'a' "):
+        read_mixture_file(inner)
+    # Deeper than that (the file is not walked: YAML aliases can make it billions of items).
+    deeper = write(
+        tmp_path, "w.yaml", "sources:\n  - {name: web, path: p, weight: [{a: 1, a: 2}]}\n"
+    )
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(deeper))}: key 'a' appears twice"):
+        read_mixture_file(deeper)
+
+
 def test_a_mapping_with_a_key_that_is_not_a_string_is_refused():
     source = {"name": "a", "path": "p", "weight": 1}
     with pytest.raises(ConfigError, match=r"^mixture: key 1 is not a string"):
