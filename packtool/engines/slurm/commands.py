@@ -92,6 +92,35 @@ def refusal_line(done: subprocess.CompletedProcess) -> str:
     )
 
 
+SBATCH_VALUED = frozenset({
+    "account", "acctg-freq", "array", "autocomplete", "batch", "bb", "bbf", "begin", "chdir",
+    "cluster", "cluster-constraint", "clusters", "comment", "constraint", "container",
+    "container-id", "context", "core-spec", "cores-per-socket", "cpu-freq", "cpus-per-gpu",
+    "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution", "error",
+    "exclude", "export", "export-file", "extra", "extra-node-info", "gid", "gpu-bind",
+    "gpu-freq", "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "gres",
+    "gres-flags", "hint", "input", "job-name", "kill-on-invalid-dep", "licenses", "mail-type",
+    "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu", "mem-update",
+    "mincpus", "network", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core",
+    "ntasks-per-gpu", "ntasks-per-node", "ntasks-per-socket", "ntasks-per-tres", "open-mode",
+    "output", "partition", "prefer", "priority", "profile", "qos", "reservation", "resources",
+    "runtime", "segment", "signal", "sockets-per-node", "switches", "tasks-per-node",
+    "thread-spec", "threads-per-core", "time", "time-min", "tmp", "tres-bind", "tres-per-task",
+    "uid", "wait-all-nodes", "wckey", "wrap",
+})  # fmt: skip
+"""sbatch's long options that need a value (`required_argument` in Slurm's
+src/common/slurm_opt.c, 26.11): given without `=`, getopt takes the next argument as it,
+whatever it starts with (`--comment -o` is a comment)."""
+SBATCH_UNVALUED = frozenset({
+    "consolidate-segments", "contiguous", "exclusive", "external", "get-user-env", "help",
+    "hold", "ignore-pbs", "nice", "no-kill", "no-requeue", "oom-kill-step", "overcommit",
+    "oversubscribe", "parsable", "propagate", "quiet", "reboot", "requeue", "resv-ports",
+    "spread-job", "spread-segments", "stepmgr", "test-only", "usage", "use-min-nodes",
+    "verbose", "version", "wait",
+})  # fmt: skip
+"""sbatch's other long options: no value, or one given only as `--name=value`
+(`optional_argument`: `--exclusive=user`); the next argument is never theirs. (Both lists
+together: what an abbreviation is resolved against, as getopt does.)"""
 SHORT_FLAGS = "HhkOQsuVvW"
 """sbatch's short options that take no argument: in a bundle (`-vo FILE`) the letter after one
 is another option; after any other the rest of the bundle is that option's argument."""
@@ -109,7 +138,7 @@ def named_options(
     found: list[tuple[str, str]] = []
     skip = False
     for i, arg in enumerate(options):
-        if skip:  # the value of a short option given apart (`-J -a`: a job named -a)
+        if skip:  # the value of an option given apart (`-J -a`, `--comment -o`: not options)
             skip = False
             continue
         value = list(options[i + 1 : i + 2])
@@ -118,6 +147,8 @@ def named_options(
             name = next((n for n in names if n.startswith(given)), None)
             if name is not None:
                 found.append((name, " ".join([arg, *([] if eq or name in flags else value)])))
+            valued = name not in flags if name is not None else _long_option(given) is not None
+            skip = not eq and valued
             continue
         if not arg.startswith("-") or len(arg) < 2:
             continue
@@ -130,6 +161,18 @@ def named_options(
                 skip = j == len(arg)  # its value is the next argument
                 break
     return found
+
+
+def _long_option(given: str) -> str | None:
+    """The sbatch option `--given` is where it needs a value (`SBATCH_VALUED`), as getopt reads
+    a name: whole, else the one option it begins (`--comm`: `--comment`). None for one that
+    takes no next argument, and for one sbatch does not know or cannot tell (ambiguous): taken
+    as a flag, the argument after it is read as an option, and one of the driver's own is
+    refused with `--name=value` as the fix, where taken as a value it would pass unseen."""
+    if given in SBATCH_VALUED or given in SBATCH_UNVALUED:
+        return given if given in SBATCH_VALUED else None
+    begun = [n for n in (*SBATCH_VALUED, *SBATCH_UNVALUED) if n.startswith(given)]
+    return begun[0] if len(begun) == 1 and begun[0] in SBATCH_VALUED else None
 
 
 def refuse_other_clusters(options: Sequence[str]) -> None:

@@ -129,6 +129,41 @@ def test_sbatch_args_the_driver_leaves_alone_are_passed_on(fake_bin, tmp_path):
     assert "--test-only" in args.read_text()
 
 
+@pytest.mark.parametrize(
+    "given",
+    [("--comment", "-o"), ("--job-name", "-oops"), ("--comm", "-a0"), ("--mem", "-a"),
+     ("--comment", "--array=3"), ("--begin", "now", "--comment", "-Mgpu"), ("--comment=-o",),
+     ("--comment", "-e", "-J", "-d"), ("--wait-all-nodes", "-W")],
+)  # fmt: skip
+def test_an_option_s_value_that_looks_like_an_option_is_a_value(fake_bin, tmp_path, given):
+    """`--sbatch-arg=--comment --sbatch-arg=-o`: sbatch reads `-o` as the comment (getopt takes
+    the next argument as the value of a long option that needs one, whatever it starts with),
+    but the driver took it for the refused `-o` (`--output`) and refused the run."""
+    args = _fake(fake_bin, "sbatch", "exit 0")
+    assert slurm_options(SlurmConfig(sbatch_args=given), tmp_path / "out")[-len(given) :] == [
+        *given
+    ]
+    assert "--test-only" in args.read_text()
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [(("--comment", "x", "-o", "y"), "-o y"), (("--parsable", "-o", "y"), "-o y"),
+     (("--exclusive", "-o", "y"), "-o y"), (("--output", "-a"), "--output -a"),
+     (("--out", "-a0"), "--out -a0"), (("--nosuchoption", "-o", "y"), "-o y")],
+)  # fmt: skip
+def test_an_option_after_a_flag_or_a_value_is_still_read(fake_bin, tmp_path, given, shown):
+    """A flag (`--parsable`) or an optional value (`--exclusive`: only as `--exclusive=user`)
+    takes no next argument, nor does an option sbatch does not know (not guessed a value: a
+    refusal with `=` as its fix beats a driver's own option passed through); the value of the
+    driver's own `--output` is not read as `-a` (`--array`) either."""
+    args = _fake(fake_bin, "sbatch", "exit 0")
+    with pytest.raises(ConfigError) as refused:
+        slurm_options(SlurmConfig(sbatch_args=given), tmp_path / "out")
+    assert f"--sbatch-arg {shown} sets --output" in str(refused.value), refused.value
+    assert not args.exists()
+
+
 @pytest.mark.parametrize("missing", ["squeue", "scancel", "scontrol"])
 def test_the_commands_that_follow_and_stop_jobs_are_required_before_any_work(
     fake_bin, tmp_path, monkeypatch, missing
