@@ -320,7 +320,11 @@ class ArrayDriver:
             try:
                 # Asked after the records: a task seen gone counts only when seen gone at the
                 # next poll too, after its records were looked at again (they may lag).
-                live = cli.live_tasks(jobs)
+                live = cli.live_tasks(
+                    jobs,
+                    wanted=lambda: not self._recorded(todo, done),  # looked at between retries
+                    look_every=self.slurm.poll_seconds,
+                )
             except cli.SlurmRefused:
                 if self._recorded(todo, done):  # finished while squeue was asked again
                     self.cancel()

@@ -331,11 +331,19 @@ def queued_with_script(script: str) -> list[str]:
     return found
 
 
-def live_tasks(job_ids: Iterable[str], retry: bool = True) -> dict[str, str]:
+def live_tasks(
+    job_ids: Iterable[str],
+    retry: bool = True,
+    wanted: Callable[[], bool] | None = None,
+    look_every: float = 1.0,
+) -> dict[str, str]:
     """{`JOB_TASK` -> state} of the array tasks of `job_ids` still in the queue (one squeue;
     pending tasks listed one by one; a pending task held by its user or an admin has its
     reason, `JobHeldUser` / `JobHeldAdmin`, for its state). A refusal or a timeout is asked
-    again after each of `RETRY_SECONDS` (`retry`) before it is raised."""
+    again after each of `RETRY_SECONDS` (`retry`) before it is raised. `wanted`, asked before
+    each of those waits and every `look_every` seconds of it: False (the driver's run has all
+    its records: no answer is needed any more) raises the refusal at once; without it a run
+    that finished while squeue refused waited out every retry, 67 s, to end."""
     ids = [j for j in job_ids]
     if not ids:
         return {}
@@ -349,9 +357,8 @@ def live_tasks(job_ids: Iterable[str], retry: bool = True) -> dict[str, str]:
         except SlurmRefused as exc:
             if "Invalid job id" in str(exc):  # every one of them finished and was purged
                 return {}
-            if wait is None:
+            if wait is None or not _waited(wait, wanted, look_every):
                 raise
-            time.sleep(wait)
     states = {}
     for line in out.splitlines():
         parts = line.split(maxsplit=2)  # a reason may hold spaces ("ReqNodeNotAvail, ...")
@@ -360,6 +367,19 @@ def live_tasks(job_ids: Iterable[str], retry: bool = True) -> dict[str, str]:
             held = parts[1] == "PENDING" and reason in HELD_REASONS
             states[parts[0]] = reason if held else parts[1]
     return states
+
+
+def _waited(seconds: float, wanted: Callable[[], bool] | None, look_every: float) -> bool:
+    """Sleep `seconds` (in steps of `look_every` where `wanted` is given); False, at once,
+    where `wanted` says no before a step."""
+    left = seconds
+    while left > 0:
+        if wanted is not None and not wanted():
+            return False
+        step = min(left, max(look_every, 0.01)) if wanted is not None else left
+        time.sleep(step)
+        left -= step
+    return True
 
 
 def cancel(job_ids: Iterable[str], wait: float = 0.0) -> None:

@@ -164,7 +164,11 @@ class PilotDriver(ArrayDriver):
             if now - last_poll >= self.slurm.poll_seconds:
                 last_poll = now
                 try:
-                    live = cli.live_tasks(self._pilot_jobs())
+                    live = cli.live_tasks(
+                        self._pilot_jobs(),
+                        wanted=lambda: not self._look(todo, done),  # looked at between retries
+                        look_every=self.slurm.poll_seconds,
+                    )
                 except cli.SlurmRefused:
                     if self._look(todo, done):  # finished while squeue was asked again
                         self.cancel()

@@ -5,8 +5,10 @@ run here with bash: no cluster needed."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,7 +36,7 @@ def _driver(kind, tmp_path, monkeypatch, queue=(), **slurm):
     (`driver.submits`)."""
     answers = iter(queue)
 
-    def live_tasks(jobs, retry=True):
+    def live_tasks(jobs, retry=True, **_):
         try:
             return dict(next(answers))
         except StopIteration:
@@ -105,6 +107,60 @@ def test_a_task_back_in_the_queue_is_not_gone_once_more(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", [ArrayDriver, PilotDriver])
+@pytest.mark.parametrize("lands", ["asked", "waiting"])
+def test_a_run_whose_last_record_comes_while_squeue_is_retried_ends_without_the_retries(
+    tmp_path, monkeypatch, kind, lands
+):
+    """A run whose last partition was recorded while squeue kept refusing (a controller timing
+    out) waited out every retry of that squeue (`RETRY_SECONDS`, 67 s) before the records were
+    looked at again. Now they are looked at before each wait and during it: the run ends at
+    once. The real `live_tasks` asks a fake squeue; its waits are counted, not slept. The
+    record lands while squeue is asked (its first call), or 12 s into the retries' waits."""
+    real_live_tasks = cli.live_tasks
+    driver = _driver(kind, tmp_path, monkeypatch, workers=1)
+    monkeypatch.setattr(cli, "live_tasks", real_live_tasks)
+    cancelled: list[set[str]] = []
+    monkeypatch.setattr(cli, "cancel", lambda jobs, wait=0.0: cancelled.append(set(jobs)))
+    work = driver.run.work
+    records.write_record(tmp_path / "aside", {"partition": 1, "shards": [], "counts": {}})
+    made, due = records.record_path(tmp_path / "aside", 1), records.record_path(work, 1)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text(  # refuses for good ("asked": the last record landing as it is asked)
+        f"#!/bin/bash\necho x >> {tmp_path / 'squeue.calls'}\n"
+        + (f"cp -n {made} {due}\n" if lands == "asked" else "")
+        + "echo 'squeue: error: slurm_load_jobs error: Socket timed out on send/recv' >&2\n"
+        "exit 1\n"
+    )
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    waits: list[float] = []
+
+    def sleep(seconds):
+        waits.append(seconds)
+        if lands == "waiting" and sum(waits) >= 12:
+            shutil.copyfile(made, due)
+
+    monkeypatch.setattr(cli, "time", SimpleNamespace(sleep=sleep, monotonic=time.monotonic))
+    driver._add_job("5", {"array": "a0", "pilots": 2, "tasks": [[0], [1]]})
+    _record(work, 0)
+    if kind is PilotDriver:
+        driver.pool = [0, 1]
+        for p in (0, 1):
+            (driver.claims / f"{p:06d}").write_text(f"5_{p}")
+        driver._follow({0, 1}, set())
+    else:
+        driver._wait({0, 1})
+    assert sorted(driver.accounted) == [0, 1]
+    landed = 0 if lands == "asked" else 12  # before: 2 + 5 + 10 + 20 + 30 s in either case
+    assert landed <= sum(waits) < landed + 0.1, sum(waits)  # (a look every poll_seconds)
+    asked = (tmp_path / "squeue.calls").read_text().count("x")
+    assert asked == (1 if lands == "asked" else 3)  # at 0 s, and after the waits of 2 and 5
+    assert cancelled == [{"5"}]
+
+
+@pytest.mark.parametrize("kind", [ArrayDriver, PilotDriver])
 def test_a_held_task_is_named_once(tmp_path, monkeypatch, capsys, kind):
     """A task Slurm holds (SPECIAL_EXIT, REQUEUE_HOLD, SUSPENDED, ...) runs nothing until
     someone acts, and the driver waited on it without a word."""
@@ -151,7 +207,7 @@ def _refusing(work: Path, record: int | None, calls: list[int]):
     """A `commands.live_tasks` that refuses as squeue does after its retries (a controller that
     keeps timing out), partition `record` recorded meanwhile (None: none)."""
 
-    def live_tasks(jobs, retry=True):
+    def live_tasks(jobs, retry=True, **_):
         calls.append(1)
         if record is not None:
             _record(work, record)
