@@ -302,18 +302,21 @@ def _check_ids_count(
     writer kept them) each empty list as a null: so sum(length) + the rows of length 0, and
     those rows, wherever each `length` is its row's count. Two edits that cancel out in one
     row group pass; `pack` still refuses them. Only where the counts differ is `input_ids`
-    read, to name the row in `pack`'s words.
+    read, to name the row in `pack`'s words, and where a row has length 0: the footer counts a
+    null row as it counts an empty one, and `pack` refuses a null row ("null input_ids", as a
+    null length or id: no packtool writer makes one) where an empty one is an `empty` skip;
+    `stats` took it for an empty row, a skip, until 2026-12-06. (`tokenize` skips empty
+    documents: only another writer's files have their ids read for this.)
 
     Raises:
         DataError: a `length` that is not its row's number of ids, or a null among the ids
-            where the footer's counts led to reading them (a null row of length 0 counts as the
-            empty row it reads as; `pack` refuses it).
+            where the footer's counts or a row of length 0 led to reading them.
     """
     column = pf.metadata.row_group(rg).column(leaf)
     zeros = int((lengths == 0).sum())
     stats = column.statistics if column.is_stats_set else None
     nulls = stats.null_count if stats is not None and stats.has_null_count else None
-    if column.num_values == int(lengths.sum(dtype=np.int64)) + zeros and nulls in (None, zeros):
+    if not zeros and column.num_values == int(lengths.sum(dtype=np.int64)) and nulls in (None, 0):
         return
     ids = pf.read_row_group(rg, columns=["input_ids"]).column("input_ids").combine_chunks()
     if ids.null_count:

@@ -106,6 +106,35 @@ def test_a_null_id_is_named_as_pack_names_it(tmp_path):
     assert str(info.value) == f"{bad}: row 2: a null token id"
 
 
+@pytest.mark.parametrize("command", ["stats", "pack"])
+def test_a_null_row_of_length_0_is_refused_by_stats_as_pack_refuses_it(tmp_path, command):
+    """A row whose `input_ids` is null and whose `length` is 0 (no packtool writer makes one:
+    the column is not nullable) looked like an empty row from the footer, so `stats` counted it
+    an `empty` skip and went on, while `pack` refused the file ("null input_ids", as it refuses
+    a null length or a null id). A row group with a row of length 0 now has its ids read."""
+    from tests.packtool.cli.test_corrupt_inputs import foreign_tokenized
+
+    ids = [[1, 2, 256], [3, 4, 5, 256], None]
+    bad = foreign_tokenized(tmp_path / "t.parquet", input_ids=ids, length=[3, 4, 0])
+    out = ["-o", tmp_path / "out"] if command == "pack" else []
+    code, _, err = run(command, bad, "--max-len", 64, *out)
+    assert code == 1 and one_error_line(err) == f"error: {bad}: row 2: null input_ids"
+    with pytest.raises(DataError, match=f"^{bad}: row 2: null input_ids$"):
+        list(length_tables([(bad, {})]))
+
+
+def test_an_empty_row_is_still_an_empty_skip_for_stats(tmp_path):
+    from packtool.read.documents import SkipCounter
+    from tests.packtool.cli.test_corrupt_inputs import foreign_tokenized
+
+    path = foreign_tokenized(
+        tmp_path / "t.parquet", input_ids=[[1, 2, 256], [3, 4, 5, 256], []], length=[3, 4, 0]
+    )
+    skips = SkipCounter()
+    assert [x.tolist() for x, _ in length_tables([(path, {})], skips=skips)] == [[3, 4], []]
+    assert skips.counts == {"empty": 1}
+
+
 def test_lengths_that_match_their_ids_read_no_id(tmp_path, monkeypatch):
     good = _edited(tmp_path, {})
     pf = storage.parquet_file(good)
