@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from packtool.dataset.manifest import is_dataset_index
-from packtool.errors import DataError
+from packtool.errors import DataError, json_value
 from packtool.read.compressed import binary_kind, compressed_too, open_stream, read_errors
 from packtool.read.documents import Doc, ReadConfig, SkipCounter, as_extra
 from packtool.read.lines import BOM, TO_END, lines
@@ -62,25 +62,43 @@ def json_array_file(path: Path) -> bool:
 _BIG = float(1 << 63)
 
 
+KEPT_DEPTH = 400
+"""The deepest a kept field (`fields`: the extra fields a run keeps or groups by) may nest: its
+value is stored as JSON text, written (and, for an integer orjson read as a float, parsed
+again) by the standard library, which recurses, and fails past ~990 levels; orjson reads up to
+1,024. A record whose kept field nests deeper is a `malformed_json` skip naming the field."""
+
+
 def _lossy(value: Any) -> bool:
     """Whether orjson may have read an integer of `value` as a float: it reads integers beyond
     64 bits so (`18446744073709551616` -> `1.8446744073709552e+19`, the same float as the next
     integer up)."""
-    if type(value) is float:
-        return not -_BIG <= value < _BIG
-    if isinstance(value, dict):
-        return any(map(_lossy, value.values()))
-    if isinstance(value, list):
-        return any(map(_lossy, value))
-    return False
+    return _holds(value, lambda v: type(v) is float and not -_BIG <= v < _BIG)
+
+
+def _too_deep(obj: dict[str, Any], fields: Sequence[str]) -> str | None:
+    """Why a record is a skip for a kept field nested past `KEPT_DEPTH` (None: none is)."""
+    for name in fields:
+        if _depth(obj.get(name)) > KEPT_DEPTH:
+            return f"field {name!r} nested too deeply (past {KEPT_DEPTH} levels)"
+    return None
 
 
 def exact_fields(obj: Any, data: bytes, fields: Sequence[str]) -> Any:
     """`obj`, parsed by orjson from `data`, parsed again by the standard library (which keeps
     integers of any size) where one of `fields` (the extra fields a run keeps or groups by) may
-    hold an integer orjson read as a float: two ids beyond 2^64 were one group."""
-    if fields and isinstance(obj, dict) and any(_lossy(obj.get(f)) for f in fields):
-        return json.loads(data)
+    hold an integer orjson read as a float: two ids beyond 2^64 were one group.
+
+    Raises:
+        ValueError: a kept field nested past `KEPT_DEPTH`, or (parsed again) a record nested
+            past the standard library's reach: the reader's `malformed_json` skip.
+    """
+    if fields and isinstance(obj, dict):
+        why = _too_deep(obj, fields)
+        if why is not None:
+            raise ValueError(why)
+        if any(_lossy(obj.get(f)) for f in fields):
+            return json_value(data)
     return obj
 
 
@@ -109,6 +127,8 @@ def unkeepable(obj: Any, fields: Sequence[str], whole: bool = False) -> str | No
     whole: a tool call's arguments go to the chat template), such a number anywhere."""
     if _lone_surrogate(obj):
         return LONE_SURROGATE
+    if fields and isinstance(obj, dict) and (deep := _too_deep(obj, fields)) is not None:
+        return deep
     if whole and _infinite(obj):
         return "a number beyond a double's range"
     if isinstance(obj, dict):
@@ -123,12 +143,34 @@ def _not_json(name: str) -> Any:
 
 
 def _holds(value: Any, test: Any) -> bool:
-    """Whether `test` is true of a scalar anywhere in a parsed value (an object's keys too)."""
-    if isinstance(value, dict):
-        return any(_holds(k, test) or _holds(v, test) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_holds(v, test) for v in value)
-    return test(value)
+    """Whether `test` is true of a scalar anywhere in a parsed value (an object's keys too),
+    walked with a stack: orjson reads values nested up to 1,024 deep, and a recursive walk
+    (until 2026-12-06) was a RecursionError past ~330 levels."""
+    if not isinstance(value, (dict, list)):
+        return bool(test(value))
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif test(v):
+            return True
+    return False
+
+
+def _depth(value: Any) -> int:
+    """How deeply a parsed value nests its arrays and objects (a scalar 0, `[1]` 1)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        inside = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if inside is not None:
+            deepest = max(deepest, depth + 1)
+            stack.extend((x, depth + 1) for x in inside)
+    return deepest
 
 
 def _infinite(value: Any) -> bool:
@@ -167,8 +209,19 @@ def read_json_array(
             ) from None
     if not isinstance(items, list):  # pragma: no cover - a leading '[' parses as an array
         raise DataError(f"{path}: expected a JSON array")
-    if fields and any(isinstance(o, dict) and any(_lossy(o.get(f)) for f in fields) for o in items):
-        items = json.loads(data)  # once per file, only where such a number is there
+    if fields and any(
+        isinstance(o, dict)
+        and _too_deep(o, fields) is None
+        and any(_lossy(o.get(f)) for f in fields)
+        for o in items
+    ):
+        try:
+            items = json_value(data)  # once per file, only where such a number is there
+        except ValueError as exc:  # an item nested past the standard library's reach
+            raise DataError(
+                f"{path}: {exc} to read its kept fields exactly (an integer beyond 64 bits is "
+                "there); write it as JSON Lines, where such a record is a skip"
+            ) from None
     per_item = len(data) // max(len(items), 1)
     for i, obj in enumerate(items):
         why = unkeepable(obj, fields, whole) if skips is not None else None
@@ -255,7 +308,12 @@ def _objects(
                     why += "; the line holds CR (\\r) line breaks, JSONL lines end with \\n"
                 skips.add("malformed_json", where, why)
             continue
-        yield where, exact_fields(obj, line, fields), len(line), offset
+        try:
+            obj = exact_fields(obj, line, fields)
+        except ValueError as exc:  # nested too deeply to keep a field of it
+            skips.add("malformed_json", where, str(exc))
+            continue
+        yield where, obj, len(line), offset
 
 
 def read_jsonl(

@@ -233,3 +233,77 @@ def test_json_objects_reads_an_array_by_item_and_json_lines_by_line(tmp_path):
         "b.json": [("b.json:1", {"n": 1}, 0), ("b.json:2", {"n": 2}, 9)],
         "c.jsonl": [("c.jsonl:1", [{"n": 1}], 0), ("c.jsonl:2", {"n": 2}, 11)],
     }
+
+
+def _nested(depth: int, leaf: str = "1") -> str:
+    return "[" * depth + leaf + "]" * depth
+
+
+def _corpus(path, records: list[str]):
+    path.write_text(
+        "[" + ",\n".join(records) + "]" if path.suffix == ".json" else "\n".join(records)
+    )
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_records_nested_hundreds_deep_are_read_or_counted_skips(tmp_path, suffix):
+    """orjson reads values nested up to 1,024 deep, and the checks after it walked them by
+    recursion: every item of a `.json` array (the lone-surrogate check) nested ~330 deep, and a
+    kept field (`--group-by`, extra fields) nested ~500 deep in JSONL, were a RecursionError
+    traceback. Walked with a stack now; a kept field nested past `KEPT_DEPTH` (which JSON text
+    cannot be written from, nor read back exactly, within the recursion limit) is a counted
+    `malformed_json` skip naming the field."""
+    from packtool.read.jsonl import KEPT_DEPTH
+
+    path = _corpus(
+        tmp_path / f"c{suffix}",
+        [
+            f'{{"text": "deep unkept", "meta": {_nested(1020)}, "id": 1}}',
+            f'{{"text": "too deep kept", "id": {_nested(KEPT_DEPTH + 1)}}}',
+            f'{{"text": "too deep kept, lossy", "id": {_nested(1020, "1e30")}}}',
+            '{"text": "flat", "id": 7}',
+        ],
+    )
+    skips = SkipCounter()
+    batches = list(read_corpus([path], ReadConfig(extra_fields=("id",)), skips))
+    assert [t for b in batches for t in b.texts] == ["deep unkept", "flat"]
+    assert [v for b in batches for v in b.extras["id"]] == ["1", "7"]
+    assert skips.counts == {"malformed_json": 2}
+    assert all("field 'id' nested too deeply" in e for e in skips.examples["malformed_json"])
+    assert len(texts([path])) == 4  # without kept fields every record is read, however deep
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_a_kept_field_nested_deep_is_still_read_exactly(tmp_path, suffix):
+    from packtool.read.jsonl import KEPT_DEPTH
+
+    records = [
+        f'{{"text": "deep kept", "id": {_nested(KEPT_DEPTH, "18446744073709551616")}}}',
+        '{"text": "flat", "id": 18446744073709551617}',
+    ]
+    path = _corpus(tmp_path / f"c{suffix}", records)
+    batches = list(read_corpus([path], ReadConfig(extra_fields=("id",))))
+    kept = [v for b in batches for v in b.extras["id"]]
+    assert kept == [_nested(KEPT_DEPTH, "18446744073709551616"), "18446744073709551617"]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_an_unkept_value_nested_past_the_limit_beside_a_huge_integer(tmp_path, suffix):
+    """The one case left an error: a `.json` array is parsed again whole for an integer orjson
+    read as a float, and an item nested past Python's recursion limit stops that (one line
+    naming the file, not a traceback); a JSON Lines file parses the line alone."""
+    records = [
+        f'{{"text": "deep unkept", "meta": {_nested(1020)}, "id": 1}}',
+        '{"text": "flat", "id": 18446744073709551617}',
+    ]
+    path = _corpus(tmp_path / f"c{suffix}", records)
+    config = ReadConfig(extra_fields=("id",))
+    if suffix == ".jsonl":
+        assert [v for b in read_corpus([path], config) for v in b.extras["id"]] == [
+            "1",
+            "18446744073709551617",
+        ]
+        return
+    with pytest.raises(DataError, match=r"^\S*c\.json: nested too deeply to read its kept"):
+        list(read_corpus([path], config))
