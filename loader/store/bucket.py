@@ -22,6 +22,7 @@ group as a `pyarrow.Table` of the asked columns.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 from collections.abc import Iterator
@@ -142,8 +143,20 @@ class BucketRowGroups:
     def footers(self) -> Iterator[pq.FileMetaData]:
         """Every shard's footer (`footer`), in manifest order, downloaded on the fetch threads
         `FETCH_THREADS` at a time: a cold open of many shards does not wait for each GET in
-        turn. A footer's error is raised where it comes in order; those after it are dropped."""
-        return self._pool().map(self.footer, range(len(self.manifest.shards)))
+        turn. A footer's error is raised where it comes in order; those after it are cancelled
+        as it fails (no fetch starts after it). An open that fails calls `stop_fetches`."""
+        pool = self._pool()
+        jobs = [pool.submit(self.footer, i) for i in range(len(self.manifest.shards))]
+        for i, job in enumerate(jobs):
+            job.add_done_callback(functools.partial(_cancel_after_failure, jobs, i))
+        return (job.result() for job in jobs)
+
+    def stop_fetches(self) -> None:
+        """Cancel the downloads not started and wait for those running (a failed open: no GET
+        or fetch thread outlives it; a later fetch starts new threads)."""
+        if self._fetcher is not None and self._pid == os.getpid():
+            self._fetcher.shutdown(wait=True, cancel_futures=True)
+        self._fetcher, self._fetching = None, {}
 
     def add_shard(self, meta: pq.FileMetaData) -> None:
         """The next shard's footer (read at open, in manifest order)."""
@@ -259,6 +272,14 @@ class BucketRowGroups:
             runs.append([g])
         first = {g: i for i, g in enumerate(groups)}
         return sorted(runs, key=lambda run: min(first[g] for g in run))
+
+
+def _cancel_after_failure(jobs: list[Future], i: int, job: Future) -> None:
+    """`jobs[i]` done: when it failed, cancel the jobs after it (called on the fetch thread it
+    ran on, before that thread takes another job)."""
+    if not job.cancelled() and job.exception() is not None:
+        for later in jobs[i + 1 :]:
+            later.cancel()
 
 
 class RangeFile(io.RawIOBase):

@@ -136,47 +136,54 @@ class ShardStore:
         rg_first: list[int] = []
         token_dtypes = []
         footers = self.bucket.footers() if self.bucket else None  # fetched together
-        for i, info in enumerate(self.manifest.shards):
-            file = self.path / info.file
-            if verify and sha256_file(file) != info.sha256:
-                raise DataError(f"{file}: sha256 does not match index.json; the shard is corrupt")
-            try:
-                # A bucket's footer from the node's cache (no request once cached); a local
-                # shard's from the file, its size checked first.
-                meta = next(footers) if footers else self._files.footer(file, info)
-                schema = meta.schema.to_arrow_schema()
-            except (pa.ArrowException, OSError) as exc:
-                raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
-            for name in self._read_columns:
-                if name not in schema.names:
-                    raise DataError(f"{file}: column {name!r} missing (has {schema.names})")
-                kind = schema.field(name).type
-                is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
-                if not is_list and not (pa.types.is_binary(kind) and name in self._bytes):
-                    raise DataError(f"{file}: column {name!r} is {kind}, not a list")
-            value_type = schema.field("input_ids").type.value_type
-            if value_type not in INT_TYPES or value_type.bit_width > 32:
-                raise DataError(
-                    f"{file}: input_ids hold {value_type}, not 8-32 bit integer token ids"
-                )
-            token_dtypes.append(INT_TYPES[value_type])
-            if meta.num_rows != info.rows:
-                raise DataError(f"{file}: {meta.num_rows} rows but index.json says {info.rows}")
-            groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-            if sum(groups) != info.rows:
-                # The footer has no checksum: a damaged row count would shift every row after it.
-                raise DataError(
-                    f"{file}: its row groups hold {sum(groups)} rows but the file says "
-                    f"{meta.num_rows}; the footer is damaged, repack it"
-                )
-            first = 0
-            for g in range(meta.num_row_groups):
-                rg_rows.append(meta.row_group(g).num_rows)
-                rg_shard.append(i)
-                rg_first.append(first)
-                first += rg_rows[-1]
-            if self.bucket is not None:
-                self.bucket.add_shard(meta)
+        try:
+            for i, info in enumerate(self.manifest.shards):
+                file = self.path / info.file
+                if verify and sha256_file(file) != info.sha256:
+                    raise DataError(
+                        f"{file}: sha256 does not match index.json; the shard is corrupt"
+                    )
+                try:
+                    # A bucket's footer from the node's cache (no request once cached); a local
+                    # shard's from the file, its size checked first.
+                    meta = next(footers) if footers else self._files.footer(file, info)
+                    schema = meta.schema.to_arrow_schema()
+                except (pa.ArrowException, OSError) as exc:
+                    raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
+                for name in self._read_columns:
+                    if name not in schema.names:
+                        raise DataError(f"{file}: column {name!r} missing (has {schema.names})")
+                    kind = schema.field(name).type
+                    is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+                    if not is_list and not (pa.types.is_binary(kind) and name in self._bytes):
+                        raise DataError(f"{file}: column {name!r} is {kind}, not a list")
+                value_type = schema.field("input_ids").type.value_type
+                if value_type not in INT_TYPES or value_type.bit_width > 32:
+                    raise DataError(
+                        f"{file}: input_ids hold {value_type}, not 8-32 bit integer token ids"
+                    )
+                token_dtypes.append(INT_TYPES[value_type])
+                if meta.num_rows != info.rows:
+                    raise DataError(f"{file}: {meta.num_rows} rows but index.json says {info.rows}")
+                groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+                if sum(groups) != info.rows:
+                    # The footer has no checksum: a damaged row count would shift every row after it.
+                    raise DataError(
+                        f"{file}: its row groups hold {sum(groups)} rows but the file says "
+                        f"{meta.num_rows}; the footer is damaged, repack it"
+                    )
+                first = 0
+                for g in range(meta.num_row_groups):
+                    rg_rows.append(meta.row_group(g).num_rows)
+                    rg_shard.append(i)
+                    rg_first.append(first)
+                    first += rg_rows[-1]
+                if self.bucket is not None:
+                    self.bucket.add_shard(meta)
+        except BaseException:
+            if self.bucket is not None:  # the footers not fetched yet are not
+                self.bucket.stop_fetches()
+            raise
         # int32 where it fits (a shard holds under 2^31 rows): 20 bytes per row group with the
         # int64 starts (~78 MB at 10^9 rows of 256-row groups), the store's only per-row-group
         # state.

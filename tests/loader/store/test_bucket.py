@@ -111,3 +111,52 @@ def test_a_cold_open_fetches_the_footers_on_the_fetch_threads(url, tmp_path, mon
     metas = ds.store.bucket.metas
     assert [m.num_rows for m in metas] == [s.rows for s in shards]
     assert sum(len(b["input_ids"]) for b in ds) > 0
+
+
+@pytest.mark.parametrize("failure", ["unreadable", "rows"])
+def test_a_failed_open_starts_no_footer_fetch_after_the_failure(
+    url, tmp_path, monkeypatch, failure
+):
+    """Shard 0's footer failing (its GET fails: 'unreadable'; or the open refuses the footer:
+    'rows', another shard's row count) raised the open's error while the other shards' footer
+    GETs went on in the background, the fetch threads taking the next ones (3-4 still running
+    at the raise, one more started after it). No footer fetch starts after a failed GET or after
+    the open's error, and none is still running once the open has raised."""
+    import threading
+    import time
+
+    from loader.store.bucket import BucketRowGroups
+    from packtool.errors import DataError
+
+    metas = PackedDataset(url, rows_per_batch=4, cache_dir=str(tmp_path / "c")).store.bucket.metas
+    assert len(metas) > 8
+    lock = threading.Lock()
+    starts: list[float] = []
+    running = [0]
+    failed_at: list[float] = []
+
+    def stand_in(self, shard):  # a footer GET of 50 ms; shard 0's fails after 120 ms
+        with lock:
+            starts.append(time.monotonic())
+            running[0] += 1
+        try:
+            time.sleep(0.12 if shard == 0 else 0.05)
+            if shard == 0:
+                failed_at.append(time.monotonic())
+                if failure == "unreadable":
+                    raise DataError("s3://footers/ds/shard 0: footer unreadable (stand-in)")
+                return metas[-1]  # 214 rows where index.json says 256
+            return metas[shard]
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(BucketRowGroups, "footer", stand_in)
+    with pytest.raises(DataError, match="unreadable" if failure == "unreadable" else "index.json"):
+        PackedDataset(url, tokens_per_batch=4096, seed=3, cache_dir=str(tmp_path / "c"))
+    raised, still = time.monotonic(), running[0]
+    time.sleep(0.3)
+    # A refused footer is seen on the open's thread: its fetch thread has taken the next one.
+    after = [t for t in starts if t > (failed_at[0] if failure == "unreadable" else raised)]
+    figures = f"{still} running at the raise, {len(after)} of {len(starts)} started after failing"
+    assert still == 0 and after == [], figures  # no GET outlives the open, none starts after
