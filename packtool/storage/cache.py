@@ -309,16 +309,16 @@ class RangeCache:
                 return
             except OSError as exc:
                 full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-                if attempt == 2 or not full or not self._make_room(len(piece) + TRAILER):
+                if attempt == 2 or not full:
                     raise self._unwritable(exc) from None
+                self._make_room(len(piece) + TRAILER)
 
-    def _make_room(self, need: int) -> bool:
-        """Sweep until `need` more bytes fit on the disk (its free space); whether any went."""
+    def _make_room(self, need: int) -> None:
+        """Sweep until `need` more bytes fit on the disk (its free space): one listing."""
         free = 0
         with contextlib.suppress(OSError):
             free = (st := os.statvfs(self.folder)).f_bavail * st.f_frsize
-        held = self.sweep()
-        return self.sweep(limit=max(0, held - (need - free))) < held
+        self.sweep(room=need - free)
 
     def _write_again(self, path: Path, piece: memoryview) -> None:
         """The `.part` of `path` was gone at its rename: cache_dir (or its subfolder) removed
@@ -496,13 +496,13 @@ class RangeCache:
         """Delete a cached range (it failed its checks: the next read downloads it again)."""
         self._clear(self.path(key, start, end))
 
-    def sweep(self, incoming: int = 0, limit: int | None = None) -> int:
+    def sweep(self, incoming: int = 0, room: int = 0) -> int:
         """Delete the least recently read unpinned ranges while the cache (with `incoming`
-        bytes about to join it) holds more than `limit` (the cache's unless given), down to
-        90% of it; the bytes it holds
-        after (`incoming` not counted). Only files of the cache's own names (`_NAME`, in the
-        subfolder of their first two digits) are counted or deleted: whatever else lies in
-        `folder` is left alone."""
+        bytes about to join it) holds more than its limit, or more than `room` bytes less than
+        it holds now (a full disk that must gain `room`: `_make_room`), down to 90% of that;
+        the bytes it holds after (`incoming` not counted).
+        Only files of the cache's own names (`_NAME`, in the subfolder of their first two
+        digits) are counted or deleted: whatever else lies in `folder` is left alone."""
         entries = []
         total = incoming
         try:
@@ -528,7 +528,7 @@ class RangeCache:
                     st = e.stat(follow_symlinks=False)
                     entries.append((st.st_mtime, st.st_size, e.path))
                     total += st.st_size
-        limit = self.limit if limit is None else limit
+        limit = self.limit if room <= 0 else min(self.limit, max(0, total - room))
         if total <= limit:
             return total - incoming
         goal = int(limit * 0.9)

@@ -531,3 +531,37 @@ def test_a_disk_full_below_cache_limit_makes_room_and_downloads(tmp_path, obj, m
     full.extend([1, 1])  # full again after room was made
     with pytest.raises(ConfigError, match=rf"^cache_dir {tmp_path / 'c'}: cannot write"):
         _read(cache, obj, 20_000, 21_000)
+
+
+def test_a_disk_full_lists_the_cache_folder_once(tmp_path, obj, monkeypatch):
+    """Making room on a full disk swept the cache twice (once to its limit, once to make room):
+    2 listings of cache_dir and of each of its subfolders (O(files) twice) per ENOSPC. One
+    listing, and the least recently read range still goes to make room."""
+    cache = RangeCache(tmp_path / "c", 1 << 30)
+    for i in range(5):
+        _read(cache, obj, i * 8000, i * 8000 + 8000)
+    full = [1]
+    real_write, real_scandir = os.write, os.scandir
+    listed: list[str] = []
+
+    def full_once(fd, data):
+        if full:
+            full.pop()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    def counted(path):
+        listed.append(str(path))
+        return real_scandir(path)
+
+    class NoRoom:
+        f_bavail, f_frsize = 0, 4096
+
+    monkeypatch.setattr(cache_module.os, "statvfs", lambda path: NoRoom())
+    monkeypatch.setattr(cache_module.os, "write", full_once)
+    monkeypatch.setattr(cache_module.os, "scandir", counted)
+    assert _read(cache, obj, 45_000, 50_000) == obj.read_bytes()[45_000:50_000]
+    assert listed.count(str(tmp_path / "c")) == 1, listed
+    assert listed.count(str(tmp_path / "c" / KEY[:2])) == 1, listed
+    left = sorted(p.name for p in (tmp_path / "c").rglob("*") if p.is_file())
+    assert f"{KEY}-0-8000" not in left and f"{KEY}-45000-50000" in left
