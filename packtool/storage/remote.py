@@ -249,7 +249,7 @@ def filesystem(path: Any) -> tuple[Any, str]:
             f"{path}: {exc}; set the store's credentials (docs/remote.md, 'Credentials, endpoints, options') or "
             "pass them in --storage-options"
         ) from None
-    text = str(path)
+    text = protocol + str(path)[len(protocol) :]  # `HF://` as `hf://`: fsspec's spelling
     return fs, text if protocol in ("http", "https") else fs._strip_protocol(text)
 
 
@@ -260,7 +260,8 @@ def as_path(text: str) -> Any:
     except ImportError:
         raise MissingDependencyError(_install(scheme(text) or "s3")) from None
     check_bucket(text)
-    return UPath(text)
+    protocol = scheme(text) or ""
+    return UPath(protocol + text[len(protocol) :])  # `HF://x` as `hf://x`: upath's spelling
 
 
 def check_bucket(text: str) -> None:

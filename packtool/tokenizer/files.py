@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.errors import ConfigError, json_value, one_line
+from packtool.storage import hub
 from packtool.storage import local as storage
 
 CONFIG_FILE = "tokenizer_config.json"
@@ -266,9 +267,11 @@ def resolve(spec: str) -> TokenizerFiles:
                 raise ConfigError(f"tiktoken ranks file {target!r} does not exist")
             return TokenizerFiles(kind="tiktoken", path=path, name=str(path))
         return TokenizerFiles(kind="tiktoken", path=None, name=target, encoding=target)
+    if hub.is_hub(spec):  # an hf:// URL (any case): the Hub's file, not `hf:` + a path
+        return _remote(spec)
     explicit_hf = spec.startswith("hf:")
     target = spec.removeprefix("hf:")
-    if storage.is_remote(target) and not target.startswith("hf://"):
+    if storage.is_remote(target) and not hub.is_hub(target):  # `hf:hf://...`: a local path
         return _remote(target)
     path = Path(target)
     if storage.is_dir(path):

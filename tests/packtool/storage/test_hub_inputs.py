@@ -105,3 +105,26 @@ def test_a_missing_hub_path_or_an_unreachable_hub_is_one_line_naming_the_input(h
         line = one_error_line(err)
         assert line.startswith(f"error: {given}: ") and "index.json" not in line, line
         assert "Connect" in line, line
+
+
+@pytest.mark.parametrize("spelling", ["hf", "HF", "Hf"])
+def test_an_hf_url_in_any_case_is_the_same_hub_file(hub, tmp_path, spelling):
+    """`is_remote` took `HF://` (schemes are case-insensitive) but the readers did not:
+    `pack HF://...`, `-o HF://...` and `--tokenizer HF://.../tokenizer.json` were a traceback
+    ("ValueError: Unsupported filesystem: 'HF'"); `--tokenizer hf://.../tokenizer.json` was
+    read as the local path '//datasets/...' (the `hf:` prefix of a local path). Every spelling
+    reads the Hub's file, as `hf://` does as an input."""
+    from packtool.storage import local as storage
+    from packtool.tokenizer.files import resolve
+    from tests.packtool.tokenizer_shapes import build
+
+    tok = build("gpt2", hub.root / "tok")
+    url = f"{spelling}://datasets/org/name"
+    files = resolve(f"{url}/tok/tokenizer.json")
+    assert files.kind == "hf" and storage.read_bytes(files.path) == tok.read_bytes()
+    assert storage.read_bytes(resolve(f"{url}/tok/").path) == tok.read_bytes()
+    code, _, err = run("pack", hub.root / "corpus.jsonl", "-o", tmp_path / "local", *OPTIONS)
+    assert code == 0, err
+    code, _, err = run("pack", f"{url}/corpus.jsonl", "-o", tmp_path / "hub", *OPTIONS)
+    assert code == 0, err
+    assert _shards(tmp_path / "hub") == _shards(tmp_path / "local")
