@@ -230,7 +230,18 @@ def _holds_anything(paths: OutputPaths) -> bool:
 
 def discard_staging(exc: BaseException, state: dict[str, Any] | None, staging: Path) -> bool:
     """Whether a failed run's staging folder goes (see `output_folder`; `tokenize --to
-    megatron` keeps its staging folder by the same rule)."""
+    megatron` keeps its staging folder by the same rule). When it goes, so do a bucket output's
+    Slurm files in the current folder (`slurm.state.remove_scratch`: on a file system they are
+    in the staging folder); kept with it, they are what a `--resume` re-attaches with."""
+    drop = _discarded(exc, state, staging)
+    if drop and storage.is_remote(staging):
+        from packtool.engines.slurm.state import remove_scratch
+
+        remove_scratch(staging)
+    return drop
+
+
+def _discarded(exc: BaseException, state: dict[str, Any] | None, staging: Path) -> bool:
     if isinstance(exc, Detached):
         return False  # the run goes on in a scheduler's jobs: they write into the staging folder
     if not isinstance(exc, Exception) or state is not None:

@@ -82,6 +82,18 @@ def remove_run_folders(work: Any, out_dir: str | Path) -> None:
         writing.remove_tree(logs_folder(out_dir))
 
 
+def remove_scratch(work: Any) -> None:
+    """A failed bucket run whose staging prefix `work` is discarded (nothing can resume it):
+    its Slurm files in the current folder go, as they go with a staging folder on a file
+    system; its logs stay where a task wrote one (the run's error may name it), as beside a
+    folder output."""
+    home = local_home(work)
+    writing.remove_tree(home / SLURM_DIR)
+    for folder in (home / "logs", home, home.parent):
+        if folder.is_dir() and not writing.remove_empty_dir(folder):
+            break  # a log, or another run's files
+
+
 def recorded_jobs(work: Any) -> list[str]:
     """The ids of every job a Slurm driver submitted for the run in `work` (none for a run no
     Slurm driver started)."""

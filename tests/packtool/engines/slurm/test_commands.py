@@ -365,3 +365,54 @@ def test_the_last_tries_job_found_queued_is_the_run_s(fake_bin, monkeypatch):
     recorded = []
     assert cli.submit_array([], 2, "/run/slurm/a1-2.sh", recorded.append) == "5"
     assert recorded == ["5"]
+
+
+_WRITES_ITS_LOG = (
+    'for a in "$@"; do case "$a" in --output=*probe.log) f="${a#--output=}"; mkdir -p "${f%/*}"; '
+    'echo "the probe said why" > "$f";; esac; done'
+)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["no_log", "log"])
+@pytest.mark.parametrize("remote", [False, True], ids=["folder", "bucket"])
+def test_a_failed_fresh_run_leaves_no_slurm_files(
+    fake_bin, tmp_path, monkeypatch, remote, log, request
+):
+    """A fresh run whose probe job fails (a `ConfigError`: its staging folder is removed, there
+    is nothing to resume) left, into a bucket, its Slurm files (job records, context, probe
+    script) in `.packtool-slurm/<run>/` in the current folder for ever (12 entries); into a
+    folder they go with the staging folder. Neither leaves anything now but the probe's log
+    where it wrote one (the error names it), and the bucket's staging is gone too."""
+    from packtool.engines.config import RunConfig
+    from packtool.engines.slurm.driver import run_pack_slurm
+    from packtool.engines.slurm.state import LOCAL_HOME
+    from packtool.pack.chunk import PackConfig
+
+    submit = f"{_WRITES_ITS_LOG}; echo 7" if log else "echo 7"
+    _fake(fake_bin, "sbatch", f'case "$*" in *--test-only*) exit 0;; esac; {submit}')
+    _fake(fake_bin, "squeue", "exit 0")  # the probe left the queue without its mark: failed
+    _fake(fake_bin, "scancel", "exit 0")
+    _fake(fake_bin, "scontrol", "echo 'MaxArraySize = 1001'")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    corpus = here / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(50)))
+    if remote:
+        import boto3
+
+        request.getfixturevalue("s3_server")
+        boto3.client("s3").create_bucket(Bucket=f"slurm-fresh-{log:d}")
+    out = f"s3://slurm-fresh-{log:d}/ds" if remote else str(tmp_path / "out")
+    config = RunConfig(
+        inputs=(str(corpus),), out_dir=out, pack=PackConfig(max_len=64), progress=False
+    )
+    with pytest.raises(ConfigError, match="probe job 7 failed before any partition ran") as e:
+        run_pack_slurm(config, SlurmConfig(poll_seconds=0.01))
+    left = {p for p in tmp_path.rglob("*") if p.is_file() and "bin" not in p.parts}
+    logs = [p for p in left if p.name == "probe.log"]
+    assert left == {corpus, *logs}, left
+    assert len(logs) == log and all(f"log: {p}" in str(e.value) for p in logs)
+    assert (here / LOCAL_HOME).exists() == (remote and log)
+    if remote:  # the staging prefix too
+        assert boto3.client("s3").list_objects_v2(Bucket=f"slurm-fresh-{log:d}")["KeyCount"] == 0
