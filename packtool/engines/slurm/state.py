@@ -90,7 +90,7 @@ def remove_scratch(work: Any) -> None:
     home = local_home(work)
     writing.remove_tree(home / SLURM_DIR)
     for folder in (home / "logs", home, home.parent):
-        if folder.is_dir() and not writing.remove_empty_dir(folder):
+        if storage.is_dir(folder) and not writing.remove_empty_dir(folder):
             break  # a log, or another run's files
 
 
