@@ -127,15 +127,15 @@ class CorpusOptions:
         tok.given_ids = tuple(
             f for f, v in (("--eos-id", self.eos_id), ("--bos-id", self.bos_id)) if v is not None
         )
+        dtype = tok.dtype
+        if megatron:  # the .bin's dtype is Megatron's, not tokenized Parquet's; an id past
+            from packtool.dataset.megatron import megatron_dtype  # int32's: refused, before
+
+            dtype = megatron_dtype(tok.identity.vocab_size)  # any note
         if tok.file_note:
             echo(f"note: {tok.file_note}", err=True)
         if tok.engine_note:
             echo(f"note: {tok.engine_note}; encoding with {tok.identity.engine}", err=True)
-        dtype = tok.dtype
-        if megatron:  # the .bin's dtype is Megatron's, not tokenized Parquet's
-            from packtool.dataset.megatron import megatron_dtype
-
-            dtype = megatron_dtype(tok.identity.vocab_size)
         for flag, value in (("--eos-id", eos), ("--bos-id", bos)):
             if isinstance(value, int) and value >= tok.base_vocab:  # a typo costs a model a
                 echo(  # vocabulary (and embedding) of that size: said, not silent

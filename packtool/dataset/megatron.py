@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +47,26 @@ DTYPE_CODES = {
 """megatron-core's `DType` codes."""
 UINT16_BELOW = 65_500
 """`DType.optimal_dtype`: uint16 for a vocabulary of fewer ids than this, else int32."""
+INT32_IDS = 2**31
+"""The most ids a Megatron dataset holds: int32's 0 .. 2**31 - 1 (`megatron_dtype`)."""
 BLOCK = 1 << 20
 """Documents per block when the index is written (8 MB of pointers)."""
 
 
 def megatron_dtype(vocab_size: int) -> np.dtype:
-    """The dtype megatron-core's `DType.optimal_dtype(vocab_size)` stores ids in."""
+    """The dtype megatron-core's `DType.optimal_dtype(vocab_size)` stores ids in.
+
+    Raises:
+        ConfigError: ids past int32's largest, which the format cannot hold (megatron-core
+            has no wider id type: `optimal_dtype` gives int32 for any vocabulary of 65,500 ids
+            or more, and a wider id would be written wrapped negative).
+    """
+    if vocab_size > INT32_IDS:
+        raise ConfigError(
+            f"--to megatron: the vocabulary has {vocab_size:,} ids, but a Megatron indexed "
+            f"dataset stores int32 ids, at most {INT32_IDS - 1:,}: choose an --eos-id / "
+            "--bos-id below that, or write tokenized Parquet (--to parquet, uint32 ids)"
+        )
     return np.dtype(np.uint16 if vocab_size < UINT16_BELOW else np.int32)
 
 
@@ -81,6 +96,8 @@ class MegatronWriter:
             (packtool/engines/megatron/run.py), whose lengths stay in `lengths_path` for the merge.
         dtype: the token dtype (`megatron_dtype(vocab_size)`).
         lengths_path: where the side file of lengths goes (default: a hidden name by `idx_path`).
+        where: `where(table, row)` names a document in errors (default: its number in the
+            `.bin`, counting from 1).
     """
 
     def __init__(
@@ -89,8 +106,10 @@ class MegatronWriter:
         idx_path: Path | None,
         dtype: np.dtype,
         lengths_path: Path | None = None,
+        where: Callable[[Any, int], str] | None = None,
     ) -> None:
         self.bin_path, self.idx_path, self.dtype = bin_path, idx_path, np.dtype(dtype)
+        self.where = where or (lambda table, row: f"document {self.documents + row + 1:,}")
         if lengths_path is None:
             assert idx_path is not None, "a part writer names its lengths file"
             lengths_path = writing.temporary_name(idx_path.with_name(idx_path.name + ".lengths"))
@@ -108,13 +127,28 @@ class MegatronWriter:
 
         offsets, flat = flat_parts(table.column("input_ids"))
         lengths = np.diff(offsets).astype(np.int32)
-        ids = flat if flat.dtype == self.dtype else flat.astype(self.dtype)
+        ids = flat if flat.dtype == self.dtype else self._narrowed(table, offsets, flat)
         with naming(self.bin_path):
             self._bin.write(ids.tobytes())
         with naming(self.lengths_path):
             self._lengths.write(lengths.tobytes())
         self.documents += len(lengths)
         self.tokens += int(offsets[-1])
+
+    def _narrowed(self, table: Any, offsets: np.ndarray, flat: np.ndarray) -> np.ndarray:
+        """`flat` in the `.bin`'s dtype; `DataError` naming the first document with an id that
+        dtype cannot hold, which `astype` would wrap (3000000000 as int32: -1294967296)."""
+        if len(flat) and not np.can_cast(flat.dtype, self.dtype):
+            info = np.iinfo(self.dtype)
+            if int(flat.min()) < info.min or int(flat.max()) > info.max:
+                wide = flat.astype(np.int64)  # (a uint64 past it: negative, as bad)
+                at = int(np.flatnonzero((wide < info.min) | (wide > info.max))[0])
+                row = int(np.searchsorted(offsets, at, side="right")) - 1
+                raise DataError(
+                    f"{self.where(table, row)}: token id {int(flat[at])} does not fit the "
+                    f"{self.dtype.name} ids of the Megatron .bin ({info.min:,} .. {info.max:,})"
+                )
+        return flat.astype(self.dtype)
 
     def close(self) -> None:
         """Flush the `.bin` (and the lengths) to the disk and write the `.idx` (fsynced too)."""

@@ -122,14 +122,20 @@ def run_part(ctx: MegatronContext, descriptor: dict[str, Any]) -> dict[str, Any]
     bin_path, lengths_path = part_paths(work, p)
     writing.make_dirs(bin_path.parent)
     bin_tmp, lengths_tmp = writing.temporary_name(bin_path), writing.temporary_name(lengths_path)
-    writer = MegatronWriter(bin_tmp, None, np.dtype(ctx.dtype), lengths_path=lengths_tmp)
+    pieces = descriptor_pieces(descriptor)
+    starts = {piece.path: piece.start for piece in pieces}
+
+    def where(table: Any, row: int) -> str:  # a document the writer refuses, as readers name it
+        return _where(str(table.column("source")[row]), table.column("doc_id")[row].as_py(), starts)
+
+    writer = MegatronWriter(
+        bin_tmp, None, np.dtype(ctx.dtype), lengths_path=lengths_tmp, where=where
+    )
     skips = SkipCounter(strict=ctx.source.read.strict)
     nbytes = 0
     try:
         queue = BackgroundWriter(writer)
         try:
-            pieces = descriptor_pieces(descriptor)
-            starts = {piece.path: piece.start for piece in pieces}
             eos = ctx.source.identity.eos_id
             for table, n in partition_tables(ctx.source, ctx.tokenizer, pieces, skips, check_piece):
                 if ctx.source.mode == PRETOKENIZED and eos is not None:

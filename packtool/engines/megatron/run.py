@@ -178,6 +178,9 @@ def tokenize_megatron(
     checked = preflight.check_inputs(
         run_config, tokenizer, lambda paths: check_apart(bin_path, inputs, paths), ends_added=True
     )
+    # The vocabulary as the run writes it (tokenized Parquet's recorded one where its ids are
+    # taken as they are): ids past int32's are refused before anything is written
+    megatron_dtype(TokenizerIdentity.from_dict(checked.identity).vocab_size)
     if checked.columns:
         raise ConfigError(
             f"--to megatron: the inputs carry {', '.join(checked.columns)} (fine-tuning records "

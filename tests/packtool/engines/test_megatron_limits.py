@@ -1,0 +1,119 @@
+"""`tokenize --to megatron` at the edges of the format: ids past int32, each one line naming
+what is wrong."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packtool.dataset.megatron import MegatronWriter, megatron_dtype
+from packtool.engines.megatron.run import tokenize_megatron
+from packtool.errors import ConfigError, DataError
+from packtool.tokenizer.tokenizers import load_tokenizer
+from tests.cli import one_error_line, run
+
+INT32_MAX = 2**31 - 1
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("hi", "there")))
+    return path
+
+
+@pytest.mark.parametrize("flag", ["--eos-id", "--bos-id"])
+@pytest.mark.parametrize("value", [2**31, 3_000_000_000, 2**32 - 1])
+def test_a_special_id_past_int32_is_refused_in_one_line(tmp_path, corpus, flag, value):
+    """Before: `--eos-id 3000000000 --to megatron` was taken, the note said "vocabulary becomes
+    3,000,000,001 (int32 ids)", and megatron-core read the end token as -1294967296."""
+    out = tmp_path / "d"
+    code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", out, flag, str(value))
+    line = one_error_line(err)  # no note before it: the refusal comes first
+    assert code != 0 and f"{value + 1:,} ids" in line and "int32" in line, line
+    assert f"{INT32_MAX:,}" in line and "--to parquet" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+def test_the_largest_int32_id_is_written_as_it_is(tmp_path, corpus):
+    out = tmp_path / "d"
+    code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", out, "--eos-id", INT32_MAX)
+    assert code == 0, err
+    assert "vocabulary becomes 2,147,483,648 (int32 ids)" in err
+    ids = np.fromfile(f"{out}.bin", np.int32).tolist()
+    assert ids == [*b"hi", INT32_MAX, *b"there", INT32_MAX]
+
+
+def test_tokenized_parquet_keeps_uint32_ids_past_int32(tmp_path, corpus):
+    """The refusal is Megatron's: tokenized Parquet stores uint32 ids, and takes them."""
+    out = tmp_path / "t.parquet"
+    code, _, err = run("tokenize", corpus, "-o", out, "--eos-id", "3000000000")
+    assert code == 0, err
+    ids = pq.read_table(out).column("input_ids").to_pylist()
+    assert ids == [[*b"hi", 3_000_000_000], [*b"there", 3_000_000_000]]
+    # ... and those ids, read back with their recorded tokenizer, are refused for Megatron
+    code, _, err = run("tokenize", out, "--to", "megatron", "-o", tmp_path / "d")
+    line = one_error_line(err)
+    assert code != 0 and "3,000,000,001 ids" in line and "int32" in line, line
+    assert not (tmp_path / "d.bin").exists()
+
+
+def test_pre_tokenized_ids_past_int32_are_refused(tmp_path):
+    """The auditor's second repro: pre-tokenized ids of 2.5e9 under --eos-id 2999999999 were
+    written as -1794967296."""
+    ids = tmp_path / "pre.parquet"
+    pq.write_table(
+        pa.table({"input_ids": pa.array([[5, 2_500_000_000, 3]], pa.list_(pa.int64()))}), ids
+    )
+    code, _, err = run(
+        "tokenize", ids, "--to", "megatron", "-o", tmp_path / "d", "--eos-id", "2999999999"
+    )
+    assert code != 0 and "3,000,000,000 ids" in one_error_line(err)
+    assert not (tmp_path / "d.bin").exists()
+
+
+def test_the_library_refuses_a_vocabulary_past_int32(tmp_path, corpus):
+    tok = load_tokenizer("byte", eos=3_000_000_000)
+    with pytest.raises(ConfigError, match="int32"):
+        tokenize_megatron([corpus], tmp_path / "d", tokenizer=tok, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+    with pytest.raises(ConfigError, match="int32"):
+        megatron_dtype(2**31 + 1)
+    assert megatron_dtype(2**31) == np.int32
+
+
+@pytest.mark.parametrize(
+    ("dtype", "ids", "bad"),
+    [
+        (np.int32, pa.array([[1, 2], [3, 3_000_000_000, 4]], pa.list_(pa.uint32())), 3_000_000_000),
+        (np.uint16, pa.array([[1], [2], [70_000]], pa.list_(pa.uint32())), 70_000),
+        (np.uint16, pa.array([[1], [-1]], pa.list_(pa.int64())), -1),
+    ],
+)
+def test_the_writer_never_narrows_an_id_that_does_not_fit(tmp_path, dtype, ids, bad):
+    """Before: `flat.astype(dtype)` wrapped it (3000000000 -> -1294967296) without a word."""
+    writer = MegatronWriter(tmp_path / "a.bin", tmp_path / "a.idx", np.dtype(dtype))
+    writer.write(pa.table({"input_ids": pa.array([[7]], pa.list_(pa.uint32()))}))
+    with pytest.raises(DataError) as caught:
+        writer.write(pa.table({"input_ids": ids}))
+    document = len(ids) + 1  # the last document of the second table, counting from 1
+    message = str(caught.value)
+    assert f"document {document}" in message and f"token id {bad}" in message, message
+    assert np.dtype(dtype).name in message and "\n" not in message
+    writer.abort()
+
+
+def test_an_id_past_the_bin_dtype_in_a_run_names_its_input_line(tmp_path, corpus, monkeypatch):
+    """Should an id still reach the writer past the `.bin`'s dtype (here a dtype made too narrow
+    for the byte tokenizer's EOS, 256), the error names the document as the readers do."""
+    from packtool.engines.megatron import run as run_module
+
+    monkeypatch.setattr(run_module, "megatron_dtype", lambda vocab: np.dtype(np.int8))
+    code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", tmp_path / "d", "--workers", 1)
+    line = one_error_line(err)
+    assert code != 0 and f"{corpus}:1" in line and "token id 256" in line, line
+    assert "int8" in line, line
