@@ -74,15 +74,26 @@ def megatron_paths(prefix: str | os.PathLike) -> tuple[Any, Any]:
     """(`PREFIX.bin`, `PREFIX.idx`); a prefix given as either file names the same pair. A URL
     prefix (`s3://bucket/data/corpus`) gives the pair's objects."""
     text = str(prefix)
-    if text.endswith(("/", os.sep)):
+    path = None if text.endswith(("/", os.sep)) else storage.as_path(prefix)
+    # A folder: `x/`, `.`, `..`, `x/.` (which Path makes `x`), a bucket's root (`s3://b`, whose
+    # name is empty: the pair was `s3://b/.bin`) or a Hub repository's
+    last = text.replace(os.sep, "/").rsplit("/", 1)[-1]
+    if path is None or last in (".", "..") or not path.name or _repository_root(text):
         raise ConfigError(
             f"-o {text}: a Megatron dataset is two files, PREFIX.bin and PREFIX.idx, so -o names "
             f"a file prefix, not a folder (e.g. {text.rstrip('/' + os.sep)}/corpus)"
         )
-    prefix = storage.as_path(prefix)
+    prefix = path
     if prefix.suffix in (".bin", ".idx"):
         prefix = prefix.with_suffix("")
     return prefix.with_name(prefix.name + ".bin"), prefix.with_name(prefix.name + ".idx")
+
+
+def _repository_root(text: str) -> bool:
+    """`hf://datasets/ORG/NAME`: a Hub repository, no file in it."""
+    from packtool.storage import hub
+
+    return hub.is_hub(text) and not hub.parse(text).path_in_repo
 
 
 class MegatronWriter:

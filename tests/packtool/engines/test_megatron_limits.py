@@ -1,5 +1,5 @@
-"""`tokenize --to megatron` at the edges of the format: ids past int32, each one line naming
-what is wrong."""
+"""`tokenize --to megatron` at the edges of the format: ids past int32 and prefixes that name
+no file, each one line naming what is wrong."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packtool.dataset.megatron import MegatronWriter, megatron_dtype
+from packtool.dataset.megatron import MegatronWriter, megatron_dtype, megatron_paths
 from packtool.engines.megatron.run import tokenize_megatron
 from packtool.errors import ConfigError, DataError
 from packtool.tokenizer.tokenizers import load_tokenizer
@@ -117,3 +117,25 @@ def test_an_id_past_the_bin_dtype_in_a_run_names_its_input_line(tmp_path, corpus
     line = one_error_line(err)
     assert code != 0 and f"{corpus}:1" in line and "token id 256" in line, line
     assert "int8" in line, line
+
+
+@pytest.mark.parametrize("output", [".", "..", "sub/.", "sub/.."])
+def test_a_prefix_that_names_a_folder_is_one_line(tmp_path, corpus, monkeypatch, output):
+    """Before: `-o .` gave a traceback (ValueError: PosixPath('.') has an empty name)."""
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub" if output.startswith(".") else tmp_path)
+    code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", output)
+    line = one_error_line(err)
+    assert code != 0 and "names a file prefix, not a folder" in line, line
+    assert not list(tmp_path.rglob("*.bin")) and not list(tmp_path.rglob("*.idx"))
+
+
+@pytest.mark.parametrize(
+    "url", ["s3://mega-bucket", "s3://mega-bucket/.", "gs://b", "hf://datasets/org/name"]
+)
+def test_a_bucket_or_repository_root_is_no_prefix(url):
+    """Before: `-o s3://mega-bucket` wrote objects named `.bin` and `.idx` at the bucket root."""
+    with pytest.raises(ConfigError, match="names a file prefix, not a folder"):
+        megatron_paths(url)
+    bin_path, idx_path = megatron_paths(f"{url.rstrip('.').rstrip('/')}/corpus")
+    assert str(bin_path).endswith("/corpus.bin") and str(idx_path).endswith("/corpus.idx")

@@ -630,6 +630,17 @@ def test_tokenize_to_megatron_writes_the_pair_to_a_bucket(fs, tmp_path, monkeypa
         assert fs.cat_file(f"{url}{suffix}") == (tmp_path / f"local2{suffix}").read_bytes()
 
 
+def test_a_bucket_root_is_no_megatron_prefix(fs, tmp_path, monkeypatch):
+    """Before: `-o s3://BUCKET` wrote objects named `.bin`, `.idx` and `..idx.packtool.json` at
+    the bucket's root, which Megatron's `--data-path s3://BUCKET` never finds."""
+    monkeypatch.setenv("PACKTOOL_SCRATCH", str(tmp_path / "scratch"))
+    for url in (f"s3://{BUCKET}", f"s3://{BUCKET}/."):
+        code, _, err = run("tokenize", CORPUS, "-o", url, *MEGATRON)
+        assert code != 0 and "names a file prefix, not a folder" in one_error_line(err), err
+    fs.invalidate_cache()
+    assert not [p for p in fs.ls(BUCKET, detail=False) if p.rsplit("/", 1)[-1].startswith(".")]
+
+
 @pytest.mark.parametrize("error", [OSError, DataError])
 def test_a_megatron_swap_into_a_bucket_cut_short_is_finished_by_the_next_run(
     fs, tmp_path, monkeypatch, error
