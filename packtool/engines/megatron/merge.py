@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.engines.megatron.part import part_paths
-from packtool.errors import DataError
+from packtool.errors import DataError, naming
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -97,10 +97,12 @@ class Merge:
 
     def _open(self) -> None:
         with contextlib.ExitStack() as stack:
-            self._bin = stack.enter_context(writing.open_append(self.bin_path, self.bin_bytes))
-            self._lengths = stack.enter_context(
-                writing.open_append(self.lengths_path, 4 * self.documents)
-            )
+            with naming(self.bin_path):
+                self._bin = stack.enter_context(writing.open_append(self.bin_path, self.bin_bytes))
+            with naming(self.lengths_path):
+                self._lengths = stack.enter_context(
+                    writing.open_append(self.lengths_path, 4 * self.documents)
+                )
             stack.pop_all()
 
     def _advance(self) -> None:
@@ -113,10 +115,16 @@ class Merge:
                 self.bin_bytes, self.documents = nbytes, docs
                 self._open()
             else:
-                writing.append_range(part_bin, 0, nbytes, self._bin)
-                writing.append_range(part_lengths, 0, 4 * docs, self._lengths)
-                writing.sync_stream(self._bin)
-                writing.sync_stream(self._lengths)
+                # A full disk names the merged file (its bare OSError named none: the CLI
+                # printed "error: No space left on device")
+                with naming(self.bin_path):
+                    writing.append_range(part_bin, 0, nbytes, self._bin)
+                with naming(self.lengths_path):
+                    writing.append_range(part_lengths, 0, 4 * docs, self._lengths)
+                with naming(self.bin_path):
+                    writing.sync_stream(self._bin)
+                with naming(self.lengths_path):
+                    writing.sync_stream(self._lengths)
                 self.bin_bytes += nbytes
                 self.documents += docs
                 writing.remove_file(part_bin)  # only once its bytes are on the disk
@@ -124,10 +132,11 @@ class Merge:
             self.next += 1
 
     def close(self) -> None:
-        for f in (self._bin, self._lengths):
+        for f, path in ((self._bin, self.bin_path), (self._lengths, self.lengths_path)):
             if f is not None:
-                writing.sync_stream(f)
-                f.close()
+                with naming(path):
+                    writing.sync_stream(f)
+                    f.close()
         self._bin = self._lengths = None
 
 

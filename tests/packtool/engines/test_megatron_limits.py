@@ -1,8 +1,9 @@
-"""`tokenize --to megatron` at the edges of the format: ids past int32 and prefixes that name
-no file, each one line naming what is wrong."""
+"""`tokenize --to megatron` at the edges of the format: ids past int32, prefixes that name no
+file, and a full disk during the merge, each one line naming what is wrong."""
 
 from __future__ import annotations
 
+import errno
 import json
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from packtool.dataset.megatron import MegatronWriter, megatron_dtype, megatron_paths
 from packtool.engines.megatron.run import tokenize_megatron
+from packtool.engines.output_folder import staging_folder
 from packtool.errors import ConfigError, DataError
 from packtool.tokenizer.tokenizers import load_tokenizer
 from tests.cli import one_error_line, run
@@ -139,3 +141,24 @@ def test_a_bucket_or_repository_root_is_no_prefix(url):
         megatron_paths(url)
     bin_path, idx_path = megatron_paths(f"{url.rstrip('.').rstrip('/')}/corpus")
     assert str(bin_path).endswith("/corpus.bin") and str(idx_path).endswith("/corpus.idx")
+
+
+def test_a_full_disk_in_the_merge_names_the_merged_file(tmp_path, monkeypatch):
+    """Before: a disk that filled while a part was appended to the merged `.bin` printed
+    `error: No space left on device; finished partitions are kept ...`, naming no file."""
+    from packtool.storage import writing
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"doc {i} " * 300}) + "\n" for i in range(60)))
+
+    def full(source, offset, count, out):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writing, "append_range", full)
+    code, _, err = run(
+        "tokenize", corpus, "--to", "megatron", "-o", tmp_path / "d", "--workers", 1,
+        "--partition-size", "30000",
+    )  # fmt: skip
+    line = one_error_line(err)
+    merged = staging_folder(tmp_path / "d.idx") / "merged.bin"
+    assert code != 0 and f"{merged}: No space left on device" in line, line
