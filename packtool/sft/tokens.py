@@ -120,11 +120,18 @@ class TextEncoder:
         (or a Metaspace tokenizer.json) puts a dummy prefix `▁` before every text it encodes,
         so a completion encoded alone began with a space its record does not have ("4" + "2"
         read "4 2", the model taught to say it; packtool/sft/encode.py `in_context`). Probed
-        once: `x\n` then `y`, against `x\ny` (a byte-level BPE encodes both alike)."""
+        once: `x\n` then `y`, against `x\ny` (a byte-level BPE encodes both alike). A tokenizer
+        that cannot encode the probe (a word-level vocabulary without these characters and no
+        unknown token) puts no prefix there either: False; a record's own text it cannot encode
+        is the usual one-line error when that record is encoded."""
         if self._prefixes is None:
-            flat, lengths = self.encode(["x\n", "y", "x\ny"])
-            split = int(lengths[0] + lengths[1])
-            self._prefixes = flat[:split].tolist() != flat[split:].tolist()
+            try:
+                flat, lengths = self.encode(["x\n", "y", "x\ny"])
+            except ConfigError:
+                self._prefixes = False
+            else:
+                split = int(lengths[0] + lengths[1])
+                self._prefixes = flat[:split].tolist() != flat[split:].tolist()
         return self._prefixes
 
     def encode(self, texts: Sequence[str]) -> tuple[NDArray, NDArray[np.int64]]:
@@ -136,15 +143,16 @@ class TextEncoder:
             lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
             return np.frombuffer(b"".join(encoded), np.uint8).astype(self.dtype), lengths
         if self.kind == "tiktoken" and self.specials:
-            if self._tiktoken is None:
-                from packtool.tokenizer.engines import tiktoken_encoding
+            from packtool.tokenizer.engines import encode_checked
 
-                self._tiktoken = tiktoken_encoding(self.tokenizer.source)
-            docs = self._tiktoken.encode_batch(list(texts), allowed_special="all")
-            return _flatten(docs, self.dtype)
-        engine = self.tokenizer.encoder  # hf: added-token text becomes its id in every engine
-        flat, lengths = engine.flat(engine.encode(texts))
-        return flat.astype(self.dtype, copy=False), lengths
+            if self._tiktoken is None:
+                self._tiktoken = _TiktokenSpecials(self.tokenizer.source)
+            docs = encode_checked(self._tiktoken, texts, self.tokenizer.source, "tiktoken")
+            flat, lengths = self._tiktoken.flat(docs)
+            return flat.astype(self.dtype, copy=False), lengths
+        # hf: added-token text becomes its id in every engine; a text the tokenizer cannot
+        # encode is the same one line as for plain documents
+        return self.tokenizer.encode_bare(texts)
 
     def token_text(self, i: int) -> str | None:
         """The text of id `i`: a Hugging Face tokenizer's added token, else the model's; a
@@ -176,6 +184,22 @@ class TextEncoder:
         enc = self._reference.encode(text, add_special_tokens=False)
         off = np.asarray(enc.offsets, np.int64).reshape(-1, 2)
         return off[:, 0], off[:, 1]
+
+
+class _TiktokenSpecials:
+    """tiktoken's own encoder with special-token text as the special ids (`allowed_special`),
+    as an engine `Encoder`, so that `engines.encode_checked` guards it like the others."""
+
+    def __init__(self, source: Any) -> None:
+        from packtool.tokenizer.engines import tiktoken_encoding
+
+        self.enc = tiktoken_encoding(source)
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.enc.encode_batch(list(texts), allowed_special="all")
+
+    def flat(self, raw: Any) -> tuple[NDArray, NDArray[np.int64]]:
+        return _flatten(raw, np.dtype(np.uint32))
 
 
 def _hf_byte_lengths(tokenizer_json: dict[str, Any], size: int) -> NDArray[np.int64] | None:

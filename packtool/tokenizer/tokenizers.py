@@ -161,6 +161,15 @@ class Tokenizer:
         """One document (BOS/EOS added)."""
         return self.encode_batch([text])[0]
 
+    def encode_bare(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """`(flat_ids, lengths)` of `texts` with no BOS/EOS added (rendered chat texts, prompts
+        and completions), through the same checked encode as documents: a text the tokenizer
+        cannot encode is one `ConfigError` line naming it (`engines.encode_checked`)."""
+        if not texts:
+            return np.empty(0, self.dtype), np.empty(0, np.int64)
+        flat, lengths = self._flat(self._library_encode(texts))
+        return flat.astype(self.dtype, copy=False), lengths
+
     def _library_encode(self, texts: Sequence[str]) -> Any:
         raise NotImplementedError
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -327,6 +328,40 @@ def test_a_tokenizer_that_cannot_encode_a_text_is_one_line_and_leaves_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "tiny.tiktoken", "wl.json"]
     code, _, err = run(command, src, "-o", out)  # the corrected command (byte) runs
     assert code == 0, err
+
+
+@pytest.mark.parametrize("engine", ["tokenizers", "tiktoken"])
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+@pytest.mark.parametrize("records", ["prompt_completion", "chat"])
+def test_fine_tuning_records_a_tokenizer_cannot_encode_are_one_line(
+    tmp_path, engine, command, records
+):
+    # Prompt/completion and chat records went to the engine's encoder directly, past the check
+    # plain text has: a 57-79 line traceback (WordLevel "Missing [UNK] token", tiktoken's Rust
+    # panic), where plain text gets the one line below.
+    src = tmp_path / "c.jsonl"
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{%- for m in messages %}{%- if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+        "{% endgeneration %}{%- else %}{{ m.content }}{%- endif %}{{ ' ' }}{%- endfor %}"
+    )
+    if records == "chat":
+        turns = [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "zzz unknown"}]
+        src.write_text(json.dumps({"messages": turns}) + "\n")
+        extra, failing = ["--chat-template", template], "ab zzz unknown "
+    else:
+        src.write_text('{"prompt": "ab", "completion": "zzz unknown"}\n')
+        extra, failing = [], "zzz unknown"
+    tokenizer = _cannot_encode(tmp_path)[engine]
+    out = tmp_path / ("o" if command == "pack" else "o.parquet")
+    args = [command, src, "-o", out, "--tokenizer", tokenizer, "--tokenizer-engine", engine]
+    code, _, err = run(*args, *extra, "--no-eos", *(["--max-len", 8] if command == "pack" else []))
+    *notes, line = err.strip().splitlines()
+    assert "Traceback" not in err and all(n.startswith("note: ") for n in notes), err
+    assert code != 0 and line.startswith(
+        f"error: {tokenizer}: the {engine} engine could not encode the text beginning {failing!r}"
+    ), line
+    assert not out.exists()
 
 
 def test_option_messages_name_the_options(tmp_path):
