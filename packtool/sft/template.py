@@ -45,6 +45,7 @@ from typing import Any
 
 from packtool.errors import ConfigError, MissingDependencyError, json_value, one_line
 from packtool.storage import local as storage
+from packtool.tokenizer.files import load_tokenizer_config
 
 GENERATION_RE = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
 """How transformers tells that a template has `{% generation %}` blocks."""
@@ -379,24 +380,6 @@ def _token_string(value: Any) -> str | None:
     return None
 
 
-def read_tokenizer_config(folder: str | os.PathLike) -> dict[str, Any] | None:
-    """The parsed `tokenizer_config.json` in `folder`, or None when there is none.
-
-    Raises:
-        ConfigError: the file exists but is not a JSON object.
-    """
-    path = storage.as_path(folder) / CONFIG_FILE
-    if not storage.is_file(path):
-        return None
-    try:
-        config = json_value(storage.read_text(path))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path}: not a JSON object")
-    return config
-
-
 def special_tokens_of(config: Mapping[str, Any] | None) -> dict[str, str]:
     """The named special tokens a tokenizer_config.json sets (strings)."""
     out = {}
@@ -432,17 +415,22 @@ def load_chat_template(
 
     Args:
         template: a `.jinja` (or any text) file holding the template, or a `.json` file with a
-            `chat_template` entry (a tokenizer_config.json). None: the tokenizer's own.
+            `chat_template` entry (a tokenizer_config.json: its special tokens too, merged with
+            a `special_tokens_map.json` beside it). None: the tokenizer's own.
         tokenizer_dir: the folder of the tokenizer's `tokenizer.json`: its `chat_template.jinja`,
             else the `chat_template` of its `tokenizer_config.json`; its special tokens come from
-            that `tokenizer_config.json` in either case.
+            that `tokenizer_config.json` in either case, merged with `special_tokens_map.json`
+            as transformers merges them (`packtool.tokenizer.files.load_tokenizer_config`).
         special_tokens: special-token strings that override the config's (`bos_token`, ...).
 
     Raises:
         ConfigError: no template anywhere (the message says where it looked), or a bad one.
     """
-    config = read_tokenizer_config(tokenizer_dir) if tokenizer_dir is not None else None
-    tokens = {**special_tokens_of(config), **(special_tokens or {})}
+    # tokenizer_config.json merged with special_tokens_map.json as transformers merges them:
+    # the one reader of both files, for the ids and for what templates see
+    config = load_tokenizer_config(tokenizer_dir) if tokenizer_dir is not None else None
+    settings = config.data if config is not None else None
+    tokens = {**special_tokens_of(settings), **(special_tokens or {})}
     if template is not None:
         path = storage.as_path(template)
         if storage.is_dir(path):
@@ -463,7 +451,8 @@ def load_chat_template(
                 raise ConfigError(f"{path}: not valid JSON ({exc})") from None
             if not isinstance(data, dict) or "chat_template" not in data:
                 raise ConfigError(f"{path}: has no chat_template entry")
-            tokens = {**special_tokens_of(data), **tokens}
+            beside = load_tokenizer_config(path.parent) if path.name == CONFIG_FILE else None
+            tokens = {**special_tokens_of(beside.data if beside else data), **tokens}
             text = _pick(data["chat_template"], str(path))
         return ChatTemplate(text, special_tokens=tokens, name=str(path))
     if tokenizer_dir is None:
@@ -477,11 +466,9 @@ def load_chat_template(
         return ChatTemplate(
             storage.read_text(jinja_file), special_tokens=tokens, name=str(jinja_file)
         )
-    if config is not None and config.get("chat_template") is not None:
-        where = str(folder / CONFIG_FILE)
-        return ChatTemplate(
-            _pick(config["chat_template"], where), special_tokens=tokens, name=where
-        )
+    if config is not None and config.chat_template is not None:
+        where = str(config.path)
+        return ChatTemplate(_pick(config.chat_template, where), special_tokens=tokens, name=where)
     raise ConfigError(
         f"no chat template for the tokenizer in {folder} (looked for {TEMPLATE_FILE} and a "
         f"chat_template in {CONFIG_FILE}); pass --chat-template FILE"

@@ -49,12 +49,13 @@ def test_tokenized_metadata_nested_too_deeply_is_one_line(tmp_path):
 
 
 def test_a_tokenizer_config_or_chat_template_nested_too_deeply_is_one_line(tmp_path):
-    from packtool.sft.template import load_chat_template, read_tokenizer_config
+    from packtool.sft.template import load_chat_template
+    from packtool.tokenizer.files import load_tokenizer_config
 
     (tmp_path / "tokenizer_config.json").write_text(DEEP)
-    message = f"{tmp_path / 'tokenizer_config.json'}: not readable JSON (nested too deeply)"
-    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
-        read_tokenizer_config(tmp_path)
+    message = f"{tmp_path / 'tokenizer_config.json'}: not a readable JSON file (nested too deeply)"
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
+        load_tokenizer_config(tmp_path)
     template = tmp_path / "template.json"
     template.write_text(DEEP)
     with pytest.raises(ConfigError, match=f"^{re.escape(f'{template}: not valid JSON')}"):

@@ -210,3 +210,48 @@ def test_train_on_last_and_all(train_on, tok_dir, conv):
         runs = [i for i in range(len(m)) if m[i] and (i == 0 or not m[i - 1])]
         expected = [0] * runs[-1] + m[runs[-1] :]
         assert r.mask.tolist() == expected, (name, conv)
+
+
+@pytest.mark.parametrize("legacy", [True, False], ids=["legacy_config", "added_tokens_decoder"])
+def test_template_special_tokens_merge_special_tokens_map_as_transformers_does(
+    legacy, tok_dir, tmp_path
+):
+    # An older tokenizer_config.json (no added_tokens_decoder) beside a special_tokens_map.json:
+    # transformers renders {{ bos_token }} / {{ eos_token }} from the map, which overrides the
+    # config; packtool read the config alone ('user: hi...yo<|eot_id|>' where transformers wrote
+    # '<|begin_of_text|>user: hi...yo<|im_end|>'). A config with added_tokens_decoder is
+    # used as it is, in both.
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    shutil.copy(tok_dir / "tokenizer.json", folder / "tokenizer.json")
+    source = (
+        "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}"
+        "{% if m.role == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
+    )
+    config = {
+        "eos_token": "<|eot_id|>",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": source,
+    }
+    if not legacy:
+        config["added_tokens_decoder"] = {}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "special_tokens_map.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "bos_token": "<|begin_of_text|>"})
+    )
+    conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    expected = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(conv, tokenize=False)
+    assert ("<|im_end|>" in expected) == legacy  # the two cases differ in transformers
+    template = load_chat_template(tokenizer_dir=folder)
+    tok = load_tokenizer(str(folder / "tokenizer.json"))
+    (r,) = encode_chat([conv], template=template, tokenizer=tok, train_on="all")
+    assert r.text == expected
+    # the same config passed as the template file: the map beside it counts too
+    template = load_chat_template(folder / "tokenizer_config.json")
+    (r,) = encode_chat([conv], template=template, tokenizer=tok, train_on="all")
+    assert r.text == expected
