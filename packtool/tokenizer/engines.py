@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +95,24 @@ def limit_threads(workers: int | None) -> None:
         os.environ.setdefault(var, str(workers))
 
 
+@contextlib.contextmanager
+def refusing(expected: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Around an engine's load: a failure is `EngineRefused`, one line. `expected` (the
+    library's own errors for a bad file) say only their message; anything else, a Rust panic
+    among them (pyo3's `PanicException` is a `BaseException`, not an `Exception`), is named
+    with its type. Ctrl-C and exits pass through."""
+    try:
+        yield
+    except EngineRefused:
+        raise
+    except expected as exc:
+        raise EngineRefused(one_line(exc, 240)) from None
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise EngineRefused(f"{type(exc).__name__}: {one_line(exc, 240)}") from None
+
+
 def flatten_lists(ids: Any) -> tuple[np.ndarray, np.ndarray]:
     """Per-document id lists -> `(flat uint32, lengths int64)`.
 
@@ -136,7 +154,7 @@ class _FastokensEncoder:
 def _open_fastokens(source: Source, workers: int) -> Encoder:
     import fastokens
 
-    try:
+    with refusing((ValueError, OSError, TypeError)):
         if source.kind == "hf":
             return _FastokensEncoder(fastokens.Tokenizer.from_json_str(source.json), False)
         if source.path is not None:
@@ -151,12 +169,6 @@ def _open_fastokens(source: Source, workers: int) -> Encoder:
                     str(path), pattern=source.pattern, special_tokens=source.specials
                 )
         return _FastokensEncoder(tok, True)
-    except (ValueError, OSError, TypeError) as exc:
-        raise EngineRefused(one_line(exc, 240)) from None
-    except BaseException as exc:  # a Rust panic (pyo3 PanicException) is a BaseException
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise EngineRefused(f"{type(exc).__name__}: {one_line(exc, 240)}") from None
 
 
 def _write_ranks(path: Path, ranks: dict[bytes, int]) -> None:
@@ -202,7 +214,7 @@ class _GigatokenEncoder:
 def _open_gigatoken(source: Source, workers: int) -> Encoder:
     import gigatoken
 
-    try:
+    with refusing((ValueError, OSError, TypeError, KeyError, ImportError)):
         import awkward  # noqa: F401  (its ~0.4 s import lands here, off the first batch)
 
         if source.kind == "hf":
@@ -229,14 +241,6 @@ def _open_gigatoken(source: Source, workers: int) -> Encoder:
                         str(path), pretokenizer=scheme, special_tokens={}
                     )
         return _GigatokenEncoder(tok, workers)
-    except EngineRefused:
-        raise
-    except (ValueError, OSError, TypeError, KeyError, ImportError) as exc:
-        raise EngineRefused(one_line(exc, 240)) from None
-    except BaseException as exc:  # a Rust panic (pyo3 PanicException) is a BaseException
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise EngineRefused(f"{type(exc).__name__}: {one_line(exc, 240)}") from None
 
 
 def _sentencepiece_json(source: Source, cached: bool = True) -> str:
@@ -310,10 +314,8 @@ class _HFEncoder:
 def _open_tokenizers(source: Source, workers: int) -> Encoder:
     from tokenizers import Tokenizer as HFTok
 
-    try:
+    with refusing((Exception,)):  # the library raises plain Exception on a bad file
         return _HFEncoder(HFTok.from_str(source.json))
-    except Exception as exc:  # the library raises plain Exception on a bad file
-        raise EngineRefused(one_line(exc, 240)) from None
 
 
 # --- tiktoken (reference for ranks files) ----------------------------------------------------
@@ -355,10 +357,8 @@ def tiktoken_encoding(source: Source) -> Any:
 
 
 def _open_tiktoken(source: Source, workers: int) -> Encoder:
-    try:
+    with refusing((ValueError,)):  # duplicate ranks panic in Rust
         return _TiktokenEncoder(tiktoken_encoding(source), workers)
-    except ValueError as exc:
-        raise EngineRefused(one_line(exc, 240)) from None
 
 
 # --- sentencepiece ----------------------------------------------------------------------------
@@ -382,12 +382,8 @@ class _SentencePieceEncoder:
 def _open_sentencepiece(source: Source, workers: int) -> Encoder:
     import sentencepiece
 
-    try:
+    with refusing((RuntimeError, OSError)):  # engine_open says "not a SentencePiece model"
         sp = sentencepiece.SentencePieceProcessor(model_file=source.path)
-    except (RuntimeError, OSError) as exc:
-        raise EngineRefused(
-            one_line(exc, 240)
-        ) from None  # engine_open says "not a SentencePiece model"
     return _SentencePieceEncoder(sp, workers)
 
 

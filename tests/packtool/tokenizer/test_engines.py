@@ -573,3 +573,42 @@ def test_encode_checked_blames_the_tokenizer_only_for_a_failure_one_text_reprodu
     with pytest.raises(ConfigError, match=r"^tok.json: the tokenizers engine could not encode "
                        r"the text beginning 'bad text' \(Exception: Missing \[UNK\]"):  # fmt: skip
         encode_checked(Flaky(), ["good", "bad text"], source, "tokenizers")
+
+
+def _panicking_files(tmp_path: Path) -> dict[str, Path]:
+    """Tokenizer files on which the reference library panics in Rust while loading: a BPE
+    tokenizer.json with a `continuing_subword_prefix` its merges do not carry, and a ranks file
+    with a rank given twice."""
+    bpe = {
+        "version": "1.0", "added_tokens": [], "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True},
+        "post_processor": None, "decoder": None,
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "##",
+            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+            "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"],
+        },
+    }  # fmt: skip
+    (tmp_path / "prefix.json").write_text(json.dumps(bpe))
+    ranks = [bytes([i]) for i in range(256)] + [b"zz"]
+    lines = [base64.b64encode(t) + b" %d\n" % i for i, t in enumerate(ranks)]
+    lines.append(base64.b64encode(b"yy") + b" 5\n")  # rank 5 again
+    (tmp_path / "dup.tiktoken").write_bytes(b"".join(lines))
+    return {"tokenizers": tmp_path / "prefix.json", "tiktoken": tmp_path / "dup.tiktoken"}
+
+
+@pytest.mark.parametrize("engine", ["tokenizers", "tiktoken"])
+def test_a_file_the_reference_library_panics_on_is_one_line(tmp_path, engine):
+    # pyo3's PanicException is a BaseException: the tokenizers opener caught Exception and the
+    # tiktoken one ValueError, so a Rust panic at load was a 120+ line traceback.
+    path = _panicking_files(tmp_path)[engine]
+    what = "Hugging Face tokenizer.json" if engine == "tokenizers" else "tiktoken ranks file"
+    with pytest.raises(ConfigError, match=rf"^{path}: not a {what} \(PanicException: "):
+        load_tokenizer(str(path), engine=engine)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "ab"}\n')
+    code, _, err = run("tokenize", corpus, "-o", tmp_path / "o.parquet", "--tokenizer", path)
+    *notes, line = err.strip().splitlines()
+    assert "Traceback" not in err and all(n.startswith("note: ") for n in notes), err
+    assert code == 1 and line.startswith(f"error: {path}: not a {what} (PanicException: ")
+    assert not (tmp_path / "o.parquet").exists()
