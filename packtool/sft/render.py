@@ -356,6 +356,8 @@ def _last_turn(
     (their common start: a template may close a conversation otherwise, phi-3's with an EOS
     after a user turn), or later. The last block alone was taken: a template that closes the
     conversation with a block of its own (phi-3's `{% generation %}{{ eos_token }}`) or cuts a
-    turn into several (reasoning, tool call, content) trained its last token or block only."""
-    start = common_prefix(text, t.render(messages[:last]).text)
+    turn into several (reasoning, tool call, content) trained its last token or block only.
+    With the last turn the first message, nothing comes before it: every block (rendering an
+    empty conversation fails in most real templates, and skipped it as a template_error)."""
+    start = common_prefix(text, t.render(messages[:last]).text) if last else 0
     return [(a, b) for a, b in spans if a >= start] or spans[-1:]

@@ -419,6 +419,26 @@ def test_train_on_last_is_every_block_of_the_last_turn(name, path, specials):
     assert "hello there" not in "".join(text[a:b] for a, b in last), name
 
 
+@pytest.mark.parametrize(("name", "path", "specials"), _trl_generation_templates())
+def test_train_on_last_with_the_answer_first_is_that_answer(name, path, specials):
+    """A conversation whose last assistant turn is message 0 was a `template_error` skip with
+    `--train-on last` (qwen2_5_training: 'list object has no element 0', phi3_training: 'no
+    element -1'): the render before that turn was of an empty list, which real templates
+    cannot render. Nothing comes before it: `last` is what `assistant` gives (its only turn)."""
+    t = ChatTemplate(path.read_text(encoding="utf-8"), special_tokens=specials, name=name)
+    for msgs in (
+        [{"role": "assistant", "content": "hello there"}],
+        [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "u"}],
+    ):
+        try:
+            every = Renderer(t, "assistant").spans(msgs)
+        except TemplateFailure:  # the template refuses the conversation (gemma3: roles)
+            with pytest.raises(TemplateFailure):
+                Renderer(t, "last").spans(msgs)
+            continue
+        assert Renderer(t, "last").spans(msgs) == every, (name, msgs)
+
+
 PARTS = GEN.replace(
     "{{ m.content }}",
     "{% if m.content is string %}{{ m.content }}"
