@@ -91,7 +91,8 @@ _TRACKING: ContextVar[_Tracking | None] = ContextVar("packtool_generation", defa
 def _environment(watched: bool = False) -> Any:
     """A fresh sandboxed environment configured as transformers configures its own.
 
-    `watched`: its `namespace` reports reads and writes (see `namespace_class`).
+    `watched`: its `namespace`, `cycler` and `joiner` report reads and writes (see
+    `namespace_class`).
     """
     jinja2 = _jinja()
     from jinja2.ext import Extension, loopcontrols
@@ -153,7 +154,40 @@ def _environment(watched: bool = False) -> Any:
     env.globals["strftime_now"] = strftime_now
     env.globals["dict"] = TemplateDict()
     env.globals["namespace"] = namespace_class(watched)
+    if watched:
+        env.globals.update(_watched_helpers())
     return env
+
+
+def _watched_helpers() -> dict[str, Any]:
+    """jinja2's `cycler` and `joiner`, reporting their state (`pos`, `used`) to the watcher of
+    `namespace_class(watched=True)` as attributes of a namespace: beside `namespace`, the only
+    objects a template can change in one loop and read after it (packtool/sft/turns.py)."""
+    jinja2 = _jinja()
+    watch = namespace_class(watched=True).watch
+
+    def watching(base: type, state: str) -> type:
+        class Watched(base):  # type: ignore[valid-type, misc]
+            def __setattr__(self, name: str, value: Any) -> None:
+                object.__setattr__(self, name, value)
+                watcher = watch.get()
+                if name == state and watcher is not None:
+                    watcher.wrote(self, name, value)
+
+            def __getattribute__(self, name: str) -> Any:
+                value = object.__getattribute__(self, name)
+                watcher = watch.get() if name == state else None
+                if watcher is not None:
+                    watcher.read(self, name, value)
+                return value
+
+        Watched.__name__ = base.__name__
+        return Watched
+
+    return {
+        "cycler": watching(jinja2.utils.Cycler, "pos"),
+        "joiner": watching(jinja2.utils.Joiner, "used"),
+    }
 
 
 _NAMESPACES: dict[bool, Any] = {}

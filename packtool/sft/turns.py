@@ -17,8 +17,10 @@ index >= m, or the length). When that first observation is the message loop aski
 `m` (the loop ends there in the prefix render), the prefix render's output is the whole render's
 output up to that point followed by what the template writes after that loop, *provided* what
 it writes after the loop does not depend on the loop: no observation of `messages` after the
-loop ends, and every `namespace` attribute it reads (the only way state leaves a jinja2 loop in
-the immutable sandbox) has the value it had when element `m` was asked for. Everything else
+loop ends, and every `namespace` attribute it reads, and the state of every `cycler` and `joiner`
+(`pos`, `used`; these three are the only ways state leaves a jinja2 loop in the immutable
+sandbox: its lists and dicts cannot be changed), has the value it had when element `m` was asked
+for. Everything else
 (a peek, a length read, an index beyond, a namespace value that moved, a render of the prefix
 that would not be a prefix of the whole render) leaves the turn undetermined: the conversation is
 reported as `template_not_incremental` (a counted skip), never given a guessed mask.
@@ -347,7 +349,8 @@ def _prefix(watch: _Watch, m: int) -> list[tuple[int, int]]:
 
 
 def _check_namespace(watch: _Watch, skipped: list[tuple[int, int]]) -> None:
-    """Raise unless every namespace value the prefix render reads is the whole render's.
+    """Raise unless every namespace value the prefix render reads is the whole render's (a
+    `cycler`'s position and a `joiner`'s use are reported as namespace values).
 
     A value differs only when the last write before a read lies in a skipped stretch; then the
     first read after that stretch (before the attribute is written again) tells it.
@@ -376,7 +379,8 @@ def _check_namespace(watch: _Watch, skipped: list[tuple[int, int]]) -> None:
             read_value = watch.read_values[key][j]
             if w < 0 or (writes[w][1] is not read_value and writes[w][1] != read_value):
                 raise NotIncremental(
-                    f"the template carries namespace value {key[1]!r} across turns"
+                    f"the template carries a value across turns ({key[1]!r} of a namespace, "
+                    "cycler or joiner)"
                 )
 
 

@@ -439,6 +439,74 @@ def test_train_on_last_with_the_answer_first_is_that_answer(name, path, specials
         assert Renderer(t, "last").spans(msgs) == every, (name, msgs)
 
 
+STATEFUL = {
+    # a cycler advanced once a message and read after the loop (audit t8: the generation
+    # prompt's '>' came from it, and the whole render's loop had moved it on)
+    "cycler_after": "{%- set c = cycler('', '>') -%}"
+    "{%- for m in messages -%}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{{ c.next() and '' }}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}<assistant>{{ c.current }}{%- endif -%}",
+    # a joiner used in the loop and called after it (an answer starting '|' after no user
+    # turn: the whole render's joiner, used by a later user turn, wrote it in the prompt)
+    "joiner_after": "{%- set j = joiner('|') -%}{%- for m in messages -%}"
+    "{%- if m.role == 'user' %}{{ j() }}{% endif %}<{{ m.role }}>{{ m.content }}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}<assistant>{{ j() }}{%- endif -%}",
+    # both changed in the loop, and nothing read after it: every turn is known
+    "inside_only": "{%- set c = cycler('a', 'b') -%}{%- for m in messages -%}"
+    "{%- set j = joiner(',') -%}<{{ m.role }}>{{ j() }}{{ m.content }}{{ j() }}"
+    "{{ c.next() }}{{ c.next() }}{{ c.reset() or '' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<assistant>{%- endif -%}",
+}
+
+
+def _prefix_render_spans(t, msgs):
+    """The turn spans by prefix renders (quadratic: the definition), or None where undefined."""
+    whole = t.render(msgs).text
+    spans = []
+    for k, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        before = t.render(msgs[:k], add_generation_prompt=True).text
+        upto = t.render(msgs[: k + 1]).text
+        if not (whole.startswith(before) and whole.startswith(upto)) or len(before) > len(upto):
+            return None
+        spans.append((len(before), len(upto)))
+    return whole, spans
+
+
+@pytest.mark.parametrize("name", sorted(STATEFUL))
+@settings(max_examples=40, deadline=None)
+@given(
+    convo=st.lists(
+        st.tuples(st.sampled_from(["user", "assistant"]), st.sampled_from(["", "x", ">", "|"])),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_a_cycler_or_joiner_carried_across_turns_is_never_a_wrong_turn_mask(name, convo):
+    """The turn-by-turn masks watched `namespace` only: a template keeping state across turns
+    in jinja2's `cycler` or `joiner` got a mask no prefix render gives, with no skip (audit t8:
+    '>hi</assistant>' supervised where the prefix renders give 'hi</assistant>'). Now their
+    state is watched as a namespace's: wherever a mask is given it is the prefix renders'."""
+    from packtool.sft.turns import NotIncremental
+
+    t = ChatTemplate(STATEFUL[name], name=name)
+    msgs = [{"role": r, "content": c} for r, c in convo]
+    ref = _prefix_render_spans(t, msgs)
+    try:
+        got = Renderer(t, "assistant").spans(msgs)
+    except NotIncremental:
+        assert name != "inside_only", msgs  # no skip where nothing is carried
+        return
+    assert ref is not None and got == ref, (name, msgs)
+
+
+def test_the_audited_cycler_conversation_is_a_counted_skip():
+    t = ChatTemplate(STATEFUL["cycler_after"], name="cycler.jinja")
+    conv = [{"role": "user", "content": "u"}, {"role": "assistant", "content": ">hi"}]
+    (r,) = encode_chat([conv], template=t, tokenizer=load_tokenizer("byte"), processes=0)
+    assert r.skip == "template_not_incremental" and "cycler" in r.detail
+
+
 PARTS = GEN.replace(
     "{{ m.content }}",
     "{% if m.content is string %}{{ m.content }}"
