@@ -58,6 +58,9 @@ class Added:
     """(token, id) after the text, or None."""
     kind: str
     """The post-processor's type (`TemplateProcessing`, ...), or "" when there is none."""
+    unlike: str = ""
+    """What it puts before a text that one BOS id cannot be (several special tokens, or one
+    of several ids), in words; "" when `first` is all of it."""
 
 
 NOTHING = Added(None, None, "")
@@ -79,7 +82,7 @@ def _added(processor: dict[str, Any]) -> Added:
     if kind == "Sequence":
         for inner in processor.get("processors") or []:
             found = _added(inner) if isinstance(inner, dict) else NOTHING
-            if found.first or found.last:
+            if found.first or found.last or found.unlike:
                 return found
         return NOTHING
     if kind in ("BertProcessing", "RobertaProcessing"):
@@ -92,7 +95,14 @@ def _added(processor: dict[str, Any]) -> Added:
             return NOTHING
         before = [p["SpecialToken"]["id"] for p in single[:at] if "SpecialToken" in p]
         after = [p["SpecialToken"]["id"] for p in single[at + 1 :] if "SpecialToken" in p]
-        return Added(_special(before[:1], ids), _special(after[-1:], ids), kind)
+        first = _special(before[:1], ids)
+        unlike = ""
+        if len(before) > 1:
+            named = ", ".join(f"{name} {_ids_of(name, ids)}" for name in before)
+            unlike = f"{len(before)} special tokens ({named})"
+        elif before and first is None:
+            unlike = f"special token {before[0]} as the ids {_ids_of(before[0], ids)}"
+        return Added(first, _special(after[-1:], ids), kind, unlike)
     return NOTHING
 
 
@@ -100,6 +110,12 @@ def _pair(value: Any) -> tuple[str, int] | None:
     if isinstance(value, list) and len(value) == 2 and isinstance(value[1], int):
         return str(value[0]), value[1]
     return None
+
+
+def _ids_of(name: str, ids: dict[str, Any]) -> str:
+    """A TemplateProcessing special token's ids, as the file gives them (`[0]`, `[1, 5]`)."""
+    entry = ids.get(name)
+    return str(entry.get("ids") if isinstance(entry, dict) else None).replace(" ", "")
 
 
 def _special(names: list[str], ids: dict[str, Any]) -> tuple[str, int] | None:
@@ -123,6 +139,13 @@ def own_bos(source: Source, files: TokenizerFiles, vocab: dict[str, int]) -> tup
         return None, ""  # tiktoken encodings add nothing
     added = added_by_post_processor(source.json)
     flag = None if files.config is None else files.config.data.get("add_bos_token")
+    if added.unlike:
+        # transformers' tokenizer(text) starts with all of them; a dataset records one BOS id
+        raise ConfigError(
+            f"{source.where}: its post-processor ({added.kind}) puts {added.unlike} before a "
+            "text, and packtool puts one BOS id before each document: pass --bos-id N (one "
+            "of them) or --no-bos"
+        )
     if added.first is not None:
         token, token_id = added.first
         note = (
@@ -231,12 +254,17 @@ def own_ids(
     """The EOS and BOS ids the tokenizer's own files give (`eos="default"`, `bos="auto"`),
     whatever `--eos-id`, `--bos-id`, `--no-eos`, `--no-bos` say: the `eos_token` / `bos_token`
     a chat template sees where no tokenizer_config.json names them (packtool/sft/encode.py).
-    An EOS that could not be found is None here (the options made it unnecessary)."""
+    An EOS that could not be found, or a BOS that is no one id, is None here (the options made
+    them unnecessary)."""
     try:
         eos = default_id("eos", "default", vocab, files, spec, special)[0]
     except ConfigError:
         eos = None
-    return {"eos": eos, "bos": own_bos(source, files, vocab)[0]}
+    try:
+        bos = own_bos(source, files, vocab)[0]
+    except ConfigError:  # several tokens before a text: no one BOS (the options chose one)
+        bos = None
+    return {"eos": eos, "bos": bos}
 
 
 def add_specials(

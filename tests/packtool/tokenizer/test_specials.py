@@ -164,7 +164,44 @@ def test_the_post_processor_reader_on_every_shape_it_may_meet():
     assert added(None) == NOTHING
     assert added_by_post_processor("not json") == NOTHING
     multi = {**template, "special_tokens": {"<s>": {"id": "<s>", "ids": [1, 5]}}}
-    assert added(multi).first is None  # a special of two ids is not one BOS
+    assert added(multi).first is None  # a special of two ids is not one BOS: said so
+    assert added(multi).unlike == "special token <s> as the ids [1,5]"
+    two = {**template, "single": [template["single"][0], *template["single"]]}
+    assert added(two).unlike == "2 special tokens (<s> [1], <s> [1])"
+    assert added(template).unlike == ""
+
+
+def test_several_tokens_before_a_text_are_refused_in_one_line_not_cut_to_one(tmp_path):
+    # `<|begin_of_text|> <|eot_id|> $A`: transformers' tokenizer(text) starts [0, 2, ...];
+    # packtool kept the first as its BOS, [0, ...], with no word (audit t6 two_before). A
+    # dataset records one BOS id, so the default is refused, naming both and the options.
+    from transformers import AutoTokenizer
+
+    path = build("llama3", tmp_path / "t", single_word=False)
+    tok = HFTokenizer.from_file(str(path))
+    first, second = "<|begin_of_text|>", "<|eot_id|>"
+    ids = (tok.token_to_id(first), tok.token_to_id(second))
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{first} {second} $A",
+        special_tokens=[(first, ids[0]), (second, ids[1])],
+    )
+    tok.save(str(path))
+    assert AutoTokenizer.from_pretrained(str(path.parent))("hi")["input_ids"][:2] == list(ids)
+    message = (
+        f"{path}: its post-processor (TemplateProcessing) puts 2 special tokens ({first} "
+        f"[{ids[0]}], {second} [{ids[1]}]) before a text, and packtool puts one BOS id before "
+        "each document: pass --bos-id N (one of them) or --no-bos"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_tokenizer(str(path))
+    assert str(e.value) == message
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "hi"}\n')
+    code, _, err = run("tokenize", corpus, "-o", tmp_path / "o.parquet", "--tokenizer", path)
+    assert code == 1 and one_error_line(err) == f"error: {message}"
+    chosen = load_tokenizer(str(path), bos=ids[0])  # an explicit choice is taken as it is
+    assert chosen.identity.bos_id == ids[0] and chosen.own_ids["bos"] is None
+    assert load_tokenizer(str(path), bos=None).identity.bos_id is None
 
 
 def test_bos_must_be_a_word_it_knows():
