@@ -37,8 +37,7 @@ from packtool.pack.chunk import check_room_for_text
 from packtool.pack.columns import check_policy, policy_for
 from packtool.prefetch import map_ordered
 from packtool.read.corpus import expand_inputs
-from packtool.read.formats import file_kind
-from packtool.read.jsonl import json_array_file
+from packtool.read.formats import OFFSET_UNITS, raw_kind
 from packtool.read.sft_config import CHAT_KINDS
 from packtool.sft.encode import note_template, template_record
 from packtool.storage import local as storage
@@ -46,10 +45,6 @@ from packtool.tokenize.recorded import check_recorded_tokenizer
 from packtool.tokenize.tables import PRETOKENIZED, RAW, RECORDS
 from packtool.tokenize.tokenize import inputs_read, unchanged_ids
 from packtool.tokenizer.tokenizers import Tokenizer
-
-UNITS = {"jsonl": "byte", "json_array": "item", "text": "file"}
-"""The document-id offset unit per file kind (packtool/read/docids.py); Parquet kinds count rows.
-Fine-tuning records take their file type's (`doc_id_units`)."""
 
 
 @dataclass(frozen=True)
@@ -258,20 +253,12 @@ def _file_kinds(paths: list[Path], mode: str) -> list[str]:
 
 
 def doc_id_units(paths: list[Path], kinds: list[str]) -> list[str]:
-    """Each input's document-id offset unit (`UNITS`). A file of fine-tuning records numbers
+    """Each input's document-id offset unit (`OFFSET_UNITS`). A file of fine-tuning records numbers
     them as a corpus file of its type does (the byte of a JSON line, an array's item, a Parquet
     row: packtool/sft/inputs.py), so its type is read (the first bytes of a JSON file)."""
     records = [p for p, k in zip(paths, kinds, strict=True) if k == RECORDS]
     types = dict(zip(records, map_ordered(raw_kind, records), strict=True))
-    return [UNITS.get(types.get(p, k), "row") for p, k in zip(paths, kinds, strict=True)]
-
-
-def raw_kind(path: Path) -> str:
-    """How a corpus file reads: `file_kind`, with a JSON array told from JSON Lines (`UNITS`)."""
-    kind = file_kind(path)
-    if kind == "jsonl" and json_array_file(path):  # reads the file's first bytes
-        kind = "json_array"
-    return kind
+    return [OFFSET_UNITS.get(types.get(p, k), "row") for p, k in zip(paths, kinds, strict=True)]
 
 
 def _stats(paths: list[Path]) -> zip[tuple[Path, os.stat_result]]:

@@ -95,6 +95,20 @@ def file_kind(path: Path) -> str:
     return format_of(path).name
 
 
+OFFSET_UNITS = {"jsonl": "byte", "json_array": "item", "text": "file"}
+"""The document-id offset unit per `raw_kind` (packtool/read/docids.py); Parquet kinds count
+rows. Fine-tuning records take their file type's (`engines.preflight.doc_id_units`)."""
+
+
+def raw_kind(path: Path) -> str:
+    """How a corpus file reads: `file_kind`, with a JSON array told from JSON Lines
+    (`OFFSET_UNITS`)."""
+    kind = file_kind(path)
+    if kind == "jsonl" and jsonl.json_array_file(path):  # reads the file's first bytes
+        kind = "json_array"
+    return kind
+
+
 def sequential_start(path: Path, start: int) -> int | None:
     """Where the reader of `path`'s piece starting at `start` first reads, when it reads on
     from there (what `storage.prefetch` fetches ahead for it); None for Parquet, read at

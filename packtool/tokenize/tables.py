@@ -37,12 +37,12 @@ import pyarrow as pa
 from packtool.arrow_numpy import from_numpy, strings, to_numpy
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.tokenized_writer import PIPELINE_DEPTH
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, DataError
 from packtool.prefetch import prefetch
 from packtool.read import docids
 from packtool.read.documents import BatchBuilder, DocumentBatch, ReadConfig, SkipCounter
-from packtool.read.formats import read_file, sequential_start
-from packtool.read.lines import TO_END
+from packtool.read.formats import OFFSET_UNITS, raw_kind, read_file, sequential_start
+from packtool.read.lines import TO_END, line_number
 from packtool.read.pretokenized import read_pretokenized_file
 from packtool.read.tokenized import read_tokenized_file
 from packtool.storage import local as storage
@@ -138,7 +138,10 @@ def partition_tables(
     with _checked(checks):
         if source.mode == RAW:
             assert tokenizer is not None
-            yield from _encoded(_raw_batches(source.read, pieces, skips, checks), tokenizer, source)
+            batches = _raw_batches(source.read, pieces, skips, checks)
+            starts = {piece.path: piece.start for piece in pieces}
+            for table, nbytes in _encoded(batches, tokenizer, source):
+                yield without_empty(table, skips, 0, starts), nbytes
             return
         if source.mode == RECORDS:
             yield from _records(source, tokenizer, pieces, skips, checks)
@@ -339,6 +342,39 @@ def _encoded(
     for batch, raw in prefetch(encoded(), depth=PIPELINE_DEPTH):
         flat, lengths = tokenizer.finish_batch(raw)
         yield batch_table(batch, flat, lengths, source.schema), batch.nbytes
+
+
+def without_empty(table: pa.Table, skips: SkipCounter, nothing: int, starts: dict[str, int]) -> Any:
+    """`table` without its documents of at most `nothing` tokens, each an `empty` skip named as
+    the readers name an empty text (`skipped_where`). 0: text the tokenizer turns into no id
+    (whitespace under a stripping normalizer, with no BOS/EOS), an empty document to `tokenize`,
+    `stats` and `pack` alike, as an empty text is (docs/tokenize.md); the Megatron writer passes
+    1 with an EOS (packtool/engines/megatron/part.py)."""
+    lengths = to_numpy(table.column("length"))
+    empty = np.flatnonzero(lengths <= nothing)
+    if not len(empty):
+        return table
+    sources, ids = table.column("source"), table.column("doc_id")
+    for i in empty.tolist():
+        full = len(skips.examples.get("empty", ())) >= skips.max_examples and not skips.strict
+        where = "" if full else skipped_where(str(sources[i]), ids[i].as_py(), starts)
+        skips.add("empty", where, "no token after tokenizing")
+    return table.filter(lengths > nothing)
+
+
+def skipped_where(path: str, doc_id: int, starts: dict[str, int]) -> str:
+    """`file:line`, `file:byte N`, `file:row N`, `file:item N` or `file`, as the readers name a
+    skipped document (from its id: `docids.decode`); `starts` holds each piece's first byte (a
+    line is counted only where the piece starts the file, as the JSONL reader counts them)."""
+    offset = int(docids.decode(int(doc_id))[1])
+    local = storage.as_path(path)
+    unit = OFFSET_UNITS.get(raw_kind(local), "row")  # as the dataset's ids count them
+    if unit == "byte" and starts.get(path) == 0:
+        try:
+            return f"{path}:{line_number(local, offset)}"
+        except (OSError, EOFError, DataError):
+            pass
+    return docids.where(path, offset, unit, count_lines=False)
 
 
 def batch_table(

@@ -24,14 +24,9 @@ from packtool.dataset.megatron import MegatronWriter
 from packtool.dataset.tokenized_writer import BackgroundWriter
 from packtool.engines import records
 from packtool.engines.plan import check_piece, descriptor_pieces
-from packtool.engines.preflight import UNITS, raw_kind
-from packtool.errors import DataError
-from packtool.read import docids
 from packtool.read.documents import SkipCounter
-from packtool.read.lines import line_number
-from packtool.storage import local as storage
 from packtool.storage import writing
-from packtool.tokenize.tables import PRETOKENIZED, Source, partition_tables
+from packtool.tokenize.tables import PRETOKENIZED, Source, partition_tables, without_empty
 from packtool.tokenizer.specials import add_specials
 from packtool.tokenizer.tokenizers import Tokenizer
 
@@ -76,38 +71,13 @@ def _with_eos(table: Any, eos: int) -> Any:
     return table.set_column(k, table.schema.field(k), pa.array(out_lengths.astype(np.int32)))
 
 
-def _where(path: str, doc_id: int, starts: dict[str, int]) -> str:
-    """`file:line`, `file:byte N`, `file:row N`, `file:item N` or `file`, as the readers name a
-    skipped document (from its id: `docids.decode`); `starts` holds each piece's first byte (a
-    line is counted only where the piece starts the file, as the JSONL reader counts them)."""
-    offset = int(docids.decode(int(doc_id))[1])
-    local = storage.as_path(path)
-    unit = UNITS.get(raw_kind(local), "row")  # as the dataset's ids count them
-    if unit == "byte" and starts.get(path) == 0:
-        try:
-            return f"{path}:{line_number(local, offset)}"
-        except (OSError, EOFError, DataError):
-            pass
-    return docids.where(path, offset, unit, count_lines=False)
-
-
 def _without_empty(table: Any, skips: SkipCounter, eos: int | None, starts: dict[str, int]) -> Any:
     """`table` without its documents of no token besides the EOS appended to them (text the
     tokenizer turns into nothing, such as whitespace), each counted as an `empty` skip, as `pack`
     counts them: Megatron's preprocess_data appends no end of document to a text of no ids and
     gives it no sequence (docs/integrations.md). Under a BOS-adding tokenizer such a text is
     [BOS, EOS], a token besides the EOS: kept, as Megatron keeps it (its ids are [BOS])."""
-    lengths = table.column("length").to_numpy()
-    nothing = int(eos is not None)
-    empty = np.flatnonzero(lengths <= nothing)
-    if not len(empty):
-        return table
-    sources, ids = table.column("source"), table.column("doc_id")
-    for i in empty.tolist():
-        full = len(skips.examples.get("empty", ())) >= skips.max_examples and not skips.strict
-        where = "" if full else _where(str(sources[i]), ids[i].as_py(), starts)  # only shown
-        skips.add("empty", where, "no token after tokenizing")
-    return table.filter(lengths > nothing)
+    return without_empty(table, skips, int(eos is not None), starts)
 
 
 def run_part(ctx: MegatronContext, descriptor: dict[str, Any]) -> dict[str, Any]:

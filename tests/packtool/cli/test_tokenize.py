@@ -364,6 +364,44 @@ def test_fine_tuning_records_a_tokenizer_cannot_encode_are_one_line(
     assert not out.exists()
 
 
+def test_a_text_of_no_token_is_an_empty_skip_to_tokenize_stats_and_pack_alike(tmp_path):
+    # Whitespace under a stripping tokenizer, with --no-eos --no-bos: a length-0 row counted as
+    # a document by `tokenize`, a document by `stats` (length min 0), an `empty` by `pack`.
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"real": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Strip()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "strip.json"))
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "   "}\n{"text": "real"}\n{"text": "\\t\\n"}\n')
+    specials = ["--tokenizer", tmp_path / "strip.json", "--no-eos", "--no-bos"]
+    examples = [f"{src}:1 (no token after tokenizing)", f"{src}:3 (no token after tokenizing)"]
+    out = tmp_path / "o.parquet"
+    code, stdout, err = run("tokenize", src, "-o", out, *specials)
+    assert code == 0, err
+    assert stdout.startswith("Tokenized 1 documents into 1 tokens")
+    assert f"Skips: 2 skipped: empty 2 (e.g. {examples[0]}, {examples[1]})" in stdout
+    assert pq.read_table(out).column("input_ids").to_pylist() == [[0]]
+    code, stdout, err = run("stats", src, *specials, "--json")
+    assert code == 0, err
+    stats = json.loads(stdout)
+    assert (stats["documents"], stats["length"]["min"]) == (1, 1)
+    assert stats["inputs"]["skipped"] == {"empty": 2}
+    code, stdout, err = run("pack", src, "-o", tmp_path / "p", "--max-len", 8, *specials, "--json")
+    assert code == 0, err
+    packed = json.loads(stdout)
+    assert packed["counts"]["documents_in"] == 3 and packed["counts"]["documents_empty"] == 2
+    assert packed["skips"] == {"empty": 2} and packed["skip_examples"]["empty"] == examples
+    # nothing but such texts: no documents, as for empty texts
+    src.write_text('{"text": "   "}\n')
+    code, _, err = run("tokenize", src, "-o", tmp_path / "none.parquet", *specials)
+    assert code == 1 and err.strip().splitlines()[-1] == (
+        f"error: no documents in {src} (1 skipped: empty 1 (e.g. {src}:1 (no token after "
+        "tokenizing)))"
+    )
+
+
 def test_option_messages_name_the_options(tmp_path):
     # `--text-field ''` was answered in the library's words ("text_field must be a non-empty
     # string"), and a tokenized input that `--no-bos` alone re-reads (the default tokenizer,
