@@ -368,7 +368,8 @@ def _packtool_modules_after(code: str) -> list[str]:
 
 def test_import_loader_loads_only_the_format_side():
     loaded = _packtool_modules_after("import loader")
-    assert len(loaded) <= 16, loaded
+    # 17 since packtool/storage/local_files.py came out of local.py (600 lines) with `open_size`.
+    assert len(loaded) <= 17, loaded
     assert not [m for m in loaded if m.startswith(NEVER_IN_TRAINING)]
 
 

@@ -3,7 +3,8 @@
 `ShardStore` (shards.py) reads a local shard through `ShardFiles.get`: the file is
 memory-mapped and its footer parsed when one of its row groups is first decoded, after checking
 it is still the file the dataset opened (`footer` recorded its size and mtime), and kept open
-for the next row group. With `limit` open, opening one more first closes the least recently used
+for the next row group, whose read first checks the file is not shorter than its map (a cut in
+place would be a SIGBUS). With `limit` open, opening one more first closes the least recently used
 (its descriptor and memory map; reading it again opens it again), so a process holds a bounded number of
 descriptors and mappings however many shards the dataset has (61 k at 10^9 rows).
 
@@ -31,6 +32,7 @@ from loader.store.bucket import dataset_gone
 from loader.store.row_group import decode_with_jemalloc
 from packtool.errors import DataError, open_file_limit
 from packtool.storage import local as storage
+from packtool.storage.local_files import open_size
 
 OPEN_FILES = 64
 """Shard files one store keeps open per process (a descriptor, a memory map and a parsed footer,
@@ -135,6 +137,7 @@ class ShardFiles:
         """Shard `shard` opened for reading (kept open, up to `limit` files)."""
         got = self.open.get(shard)
         if got is not None:
+            self._check_size(self.names[shard], got[1])
             self.open.move_to_end(shard)
             return got[0]
         while self.open and len(self.open) >= max(self.limit, 1):
@@ -153,6 +156,18 @@ class ShardFiles:
         self.open[shard] = (pf, source)
         self.opens += 1
         return pf
+
+    def _check_size(self, file: str, source: Any) -> None:
+        """Refuse to read on from `file`'s open map if the file is now shorter than the map (cut
+        in place: a copy or rsync over it, a quota): reading a page past its new end would kill
+        the process with SIGBUS. One fstat on the open descriptor per row group read (docs/loader.md,
+        "Files and memory"). A cut during the read itself is not caught (that takes a SIGBUS handler)."""
+        size = open_size(source)
+        if size is not None and size < (was := self.opened[file][0]):
+            raise DataError(
+                f"{file}: the shard changed after the dataset was opened (size {was} -> {size} "
+                "bytes, cut while open): replaced (--overwrite)? reopen the dataset"
+            )
 
     def _mapped(self, file: str) -> Any:
         """`file` memory-mapped, if it is still the file the dataset opened (a process opens

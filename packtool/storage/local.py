@@ -13,7 +13,8 @@
   `stat_all` / `file_states` (many paths at once, in parallel), `size`, `exists`, `lexists`,
   `is_file`, `is_dir`, `is_symlink`, `is_mount`, `list_dir`, `glob`.
 - **Random access to a file that is still growing**: `open_random` (the shard writer's running
-  hash reads what the Parquet writer appended and flushes it to the disk as it goes).
+  hash reads what the Parquet writer appended and flushes it to the disk as it goes); the size
+  now of a file under an open memory map is local_files.py's `open_size`.
 
 The write side (writing, replacing, removing, syncing, the writer's lock) is `writing.py`.
 """
@@ -34,6 +35,7 @@ from typing import Any, BinaryIO
 from packtool.errors import ConfigError, DataError
 from packtool.prefetch import map_ordered
 from packtool.storage import remote
+from packtool.storage.local_files import RandomFile
 from packtool.storage.remote import is_remote
 
 
@@ -430,32 +432,6 @@ def parquet_metadata(path: str | os.PathLike) -> Any:
     if is_remote(path):
         return parquet_file(path).metadata
     return pq.read_metadata(path)
-
-
-class RandomFile:
-    """A file opened read-only for reads at offsets (`os.pread`), whose size is asked each time:
-    the writer beside it may still be appending. The names are `pyarrow.RandomAccessFile`'s."""
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self._fd = os.open(path, os.O_RDONLY)
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def size(self) -> int:
-        """The file's size now."""
-        return os.fstat(self._fd).st_size
-
-    def read_at(self, nbytes: int, offset: int) -> bytes:
-        """Up to `nbytes` bytes from `offset` (fewer, or none, at the end)."""
-        return os.pread(self._fd, nbytes, offset)
-
-    def sync_data(self) -> None:
-        """Flush the file's data to the disk (`fdatasync`; `fsync` where there is none, macOS)."""
-        getattr(os, "fdatasync", os.fsync)(self._fd)
-
-    def close(self) -> None:
-        os.close(self._fd)
 
 
 def open_random(path: str | os.PathLike) -> RandomFile:

@@ -129,3 +129,33 @@ def test_running_out_of_file_descriptors_names_the_limit(many_shards):
     assert "shard-" in message and "too many open files" in message
     assert f"ulimit -n is {limit}" in message
     assert "damaged" not in message and "Errno" not in message
+
+
+_TRUNCATED = """
+import json, os, sys
+from loader import ShardStore
+from packtool.errors import DataError
+store = ShardStore(sys.argv[1], cache_bytes=0)
+store.row_group(0)  # the shard is open and mapped now
+shard = os.path.join(sys.argv[1], json.load(open(os.path.join(sys.argv[1], "index.json")))["shards"][0]["file"])
+os.truncate(shard, 100)  # in place (a copy over it, a quota cut): the map outlives the bytes
+try:
+    store.row_group(store.num_row_groups - 1)  # pages past the new end: a fault, unchecked
+    print("read on")
+except DataError as exc:
+    print(exc)
+"""
+
+
+def test_a_shard_truncated_while_open_is_a_data_error_not_a_bus_error(tmp_path):
+    # It was SIGBUS (exit 135, no message): the size and mtime were checked only when the shard
+    # was (re)opened, and reading a row group past the new end of the mapping faults.
+    path = tmp_path / "ds"
+    rows = [[[(i * 13 + j) % 250 + 1 for j in range(200)]] for i in range(64)]
+    write_dataset(path, rows, max_len=200, row_group_rows=4, compression=None)
+    out = subprocess.run(
+        [sys.executable, "-c", _TRUNCATED, str(path)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, (out.returncode, out.stderr[-500:])
+    (message,) = out.stdout.splitlines()
+    assert "shard-" in message and "the shard changed after the dataset was opened" in message
