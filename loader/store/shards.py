@@ -41,7 +41,7 @@ from loader.store.row_group import (
 )
 from loader.store.row_index import GroupStats, offsets_stats
 from loader.store.shard_files import OPEN_FILES, STATS_FILES, ShardFiles
-from packtool.dataset.columns import BYTES, TOKEN, Column, loaded_optional
+from packtool.dataset.columns import BYTES, TOKEN, Column, declared, loaded_optional, names
 from packtool.dataset.manifest import open_dataset, sha256_file
 from packtool.errors import DataError
 from packtool.storage import local as storage
@@ -136,6 +136,7 @@ class ShardStore:
         rg_first: list[int] = []
         token_dtypes = []
         footers = self.bucket.footers() if self.bucket else None  # fetched together
+        known = set(names(declared()))
         try:
             for i, info in enumerate(self.manifest.shards):
                 file = self.path / info.file
@@ -150,6 +151,17 @@ class ShardStore:
                     schema = meta.schema.to_arrow_schema()
                 except (pa.ArrowException, OSError) as exc:
                     raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
+                # A declared column the shard holds but index.json does not list (an edited
+                # `columns`): the loader would ignore it (a loss mask: every token trained on).
+                unlisted = [
+                    n for n in schema.names if n in known and n not in self.manifest.columns
+                ]
+                if unlisted:
+                    raise DataError(
+                        f"{file}: holds column(s) {unlisted} that index.json columns does not list "
+                        f"({list(self.manifest.columns)}); index.json was edited or belongs to other "
+                        "shards: restore it, or repack"
+                    )
                 for name in self._read_columns:
                     if name not in schema.names:
                         raise DataError(f"{file}: column {name!r} missing (has {schema.names})")

@@ -12,7 +12,8 @@ The identities (docs/verify-inspect.md lists them too):
 - documents_in = documents_packed + documents_dropped + documents_empty (>= documents_packed
   when those are not recorded); documents_split, documents_truncated <= documents_packed;
 - documents_packed <= segments <= tokens_out, rows <= segments; a policy's counts are zero
-  under the other policies (nothing is truncated under `split`, ...);
+  under the other policies (nothing is truncated under `split`, ...); tokens_supervised only
+  with `loss_mask` in `columns`;
 - rows and tokens_out are the sums over the shard entries; each shard holds rows..rows x max_len
   tokens; efficiency = tokens_out / (rows x max_len) to 6 decimals (as written);
 - ceil(tokens_out / max_len) <= lower_bound_rows <= rows; with `extra`, lower_bound_l1 is that
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import math
 from typing import Any
+
+from packtool.dataset.columns import LOSS_MASK
 
 ALGORITHMS = ("ffd", "bfd")
 """The packing algorithms a manifest may record. Defined here, where a manifest is checked
@@ -140,6 +143,14 @@ def _counts(d: dict[str, Any]) -> str | None:
         return (
             f"counts.tokens_supervised is {get('tokens_supervised'):,}, above tokens_out "
             f"{get('tokens_out'):,}"
+        )
+    columns = d.get("columns") if d.get("format_version") != 1 else None
+    if "tokens_supervised" in counts and LOSS_MASK not in (columns or ()):
+        # Written only with a mask (packtool/engines/finish.py): `columns` lost it (an edit),
+        # and the loader would train on every token.
+        return (
+            f"counts.tokens_supervised is {counts['tokens_supervised']:,} but columns lists no "
+            f"{LOSS_MASK} (the supervised counts come with a mask): restore index.json's columns"
         )
     if get("documents_unsupervised") > get("documents_dropped"):
         return (

@@ -139,6 +139,25 @@ def test_truncated_shard_with_matching_manifest_is_not_parquet(hand_dataset):
         ShardStore(hand_dataset)
 
 
+def test_a_declared_column_the_shards_hold_but_index_json_omits_is_refused(tmp_path):
+    # index.json edited to drop loss_mask from `columns` (the shards still hold it): the loader
+    # read only the listed columns and trained on every token, prompts included, without a
+    # word (the auditor's r4: 700 labels -100 instead of 140,436); `packtool verify` refused it.
+    path = tmp_path / "d"
+    rows = [[[5, 6, 7, 8], [9, 10]], [[11, 12, 13]]]
+    masks = [[[0, 0, 1, 1], [1, 1]], [[0, 1, 1]]]
+    write_dataset(path, rows, max_len=8, loss_masks=masks)
+    assert PackedDataset(path, rows_per_batch=2).store.optional  # the mask is read
+    m = json.loads((path / "index.json").read_text())
+    m["columns"].remove("loss_mask")
+    (path / "index.json").write_text(json.dumps(m))
+    with pytest.raises(DataError) as info:
+        PackedDataset(path, rows_per_batch=2)
+    message = str(info.value)
+    assert "shard-00000.parquet" in message and "'loss_mask'" in message
+    assert "index.json columns" in message and "\n" not in message
+
+
 def test_wrong_format_version(hand_dataset):
     m = json.loads((hand_dataset / "index.json").read_text())
     m["format_version"] = 99

@@ -194,6 +194,12 @@ WHOLE = [
         1,
         "documents_unsupervised is 1, above documents_dropped",
     ),
+    # Supervised tokens with no mask column (`columns` edited): the loader trained on every token.
+    (
+        ("counts", "tokens_supervised"),
+        0,
+        "counts.tokens_supervised is 0 but columns lists no loss_mask",
+    ),
 ]
 
 
