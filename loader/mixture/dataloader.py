@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from loader.mixture.dataset import MixedDataset
 from loader.packed.transport import CompactBatch, Ring, head
-from loader.packed.workers import WorkerInit
+from loader.packed.workers import WorkerInit, from_workers
 from loader.record import Documents, TokenRuns
 from packtool.dataset.columns import TOKEN, get
 from packtool.errors import ConfigError
@@ -163,7 +163,7 @@ class MixedDataLoader(DataLoader):
         waiting: dict[int, dict[int, tuple[CompactBatch, tuple]]] = {}
         chunks: dict[int, Any] = {}  # schedule chunks by id (the recent ones)
         consumed = int(start["step"])
-        for chunk in super().__iter__():
+        for chunk in from_workers(super().__iter__()):
             for item, meta in chunk:
                 waiting.setdefault(item.step, {})[meta[0]] = (item, meta)
             while consumed in waiting:

@@ -18,7 +18,7 @@ from loader.order.steps import EpochPlan
 from loader.packed.dataset import CHUNK, PackedDataset
 from loader.packed.resume import IterationStart
 from loader.packed.transport import CompactBatch, Ring
-from loader.packed.workers import WorkerInit
+from loader.packed.workers import WorkerInit, from_workers
 from packtool.errors import ConfigError
 
 
@@ -116,7 +116,7 @@ class PackedDataLoader(DataLoader):
             pin = bool(self.pin_memory)
             # Workers produce blocks of steps; hold early arrivals until their turn.
             waiting: dict[int, CompactBatch] = {}
-            for chunk in super().__iter__():
+            for chunk in from_workers(super().__iter__()):
                 for item in chunk:
                     waiting[item.step] = item
                 while consumed in waiting:

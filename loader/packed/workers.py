@@ -12,17 +12,21 @@ the loader and the dataset for that, the same for both:
   dataset's own `state_dict()` would repeat data and is refused (`check_own_state`) until the
   dataset iterates in process or loads a state (`in_process`).
 
-Each dataset holds one `WorkerHandoff` as its `handoff` attribute.
+Each dataset holds one `WorkerHandoff` as its `handoff` attribute. Both loaders read their
+workers' items through `from_workers`, which gives packtool's own errors back as raised.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 from torch.utils.data import get_worker_info
 
 from loader.packed.transport import Ring
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, PacktoolError
+
+T = TypeVar("T")
 
 
 class WorkerHandoff:
@@ -88,3 +92,36 @@ class WorkerInit:
         get_worker_info().dataset.handoff.use_ring(self.ring)
         if self.user_fn is not None:
             self.user_fn(worker_id)
+
+
+def from_workers(items: Iterable[T]) -> Iterator[T]:
+    """`items`, a DataLoader's iterator over its worker processes, with an error of packtool's
+    own (`PacktoolError`) that a worker raised given back as the worker raised it: its class
+    and its message (one line), instead of torch's "Caught DataError in DataLoader worker
+    process 0. Original Traceback ..." (40-odd lines). Any other error is torch's, unchanged."""
+    try:
+        yield from items
+    except PacktoolError as exc:
+        original = worker_original(exc)
+        if original is None:
+            raise
+        raise original from None
+
+
+def worker_original(exc: PacktoolError) -> PacktoolError | None:
+    """The error a DataLoader worker raised, from what torch raises in its place
+    (`ExceptionWrapper.reraise`: the same class, its message "Caught ... in DataLoader worker
+    process N." then the worker's traceback, which ends "module.Class: message"); None for
+    anything else."""
+    text = str(exc)
+    if not text.startswith("Caught ") or "\nOriginal Traceback" not in text:
+        return None
+    cls = type(exc)
+    mark = f"\n{cls.__module__}.{cls.__qualname__}: "
+    at = text.rfind(mark)  # the last exception of the traceback (a chain prints it last)
+    if at < 0:
+        return None
+    try:
+        return cls(text[at + len(mark) :].rstrip("\n"))
+    except TypeError:  # a class taking more than a message
+        return None

@@ -246,3 +246,29 @@ def test_the_dataset_state_after_loader_workers_iterated_it_is_refused(sources):
     _, state = stream(ds, take=3)
     assert ds.state_dict() == state["mixed_dataset"] and state["mixed_dataset"]["step"] == 3
     assert MixedDataLoader(ds).state_dict() == state  # a new loader, not iterated
+
+
+def test_a_packtool_error_in_a_worker_is_its_one_line_message(sources, tmp_path):
+    """A DataError raised in a MixedDataLoader worker came as torch's "Caught DataError in
+    DataLoader worker process 0. Original Traceback ..." (40-odd lines); in process, one."""
+    import json
+    import shutil
+
+    from packtool.dataset.manifest import read_manifest
+    from packtool.errors import DataError
+    from tests.loader.packed.test_transport import _pieces_and_tokens
+
+    paths = [shutil.copytree(p, tmp_path / p.name) for p in sources]
+    for path in paths:  # pieces counted, as pack writes them: the ring is sized reading none
+        index = json.loads((path / "index.json").read_text())
+        index["counts"]["segments"] = _pieces_and_tokens(path)[0]
+        (path / "index.json").write_text(json.dumps(index))
+    opened = {w: MixedDataset(spec(paths), rows_per_batch=2) for w in (0, 2)}
+    (paths[0] / read_manifest(paths[0]).shards[-1].file).unlink()  # gone after the open
+    messages = []
+    for workers, ds in opened.items():
+        with pytest.raises(DataError) as info:
+            stream(ds, workers=workers)
+        assert type(info.value) is DataError
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and "\n" not in messages[1], messages

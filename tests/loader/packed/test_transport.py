@@ -322,3 +322,37 @@ def test_ring_sizing_of_an_older_dataset_fetches_its_row_groups_side_by_side(ran
     groups = ds.index.num_groups
     assert groups > 1
     assert events == [("prefetch", list(range(groups)))] + [("read", g) for g in range(groups)]
+
+
+def _boom(worker_id: int) -> None:
+    raise ZeroDivisionError("not packtool's")
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_a_packtool_error_in_a_worker_is_its_one_line_message(random_dataset, tmp_path):
+    # It reached the trainer as torch's 43 lines ("Caught DataError in DataLoader worker
+    # process 0. Original Traceback ..."), one line with num_workers=0 (the auditor's r2).
+    import json
+    import shutil
+
+    from packtool.dataset.manifest import read_manifest
+    from packtool.errors import DataError
+
+    path = shutil.copytree(random_dataset, tmp_path / "copy")
+    spec = json.loads((path / "index.json").read_text())
+    spec["counts"]["segments"] = _pieces_and_tokens(path)[0]  # as pack writes: sizing reads none
+    (path / "index.json").write_text(json.dumps(spec))
+    ds = PackedDataset(path, rows_per_batch=4)
+    (path / read_manifest(path).shards[2].file).unlink()  # gone after the open
+    messages = []
+    for workers in (0, 2):
+        with pytest.raises(DataError) as info:
+            for _ in PackedDataLoader(ds, num_workers=workers):
+                pass
+        assert type(info.value) is DataError
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and "\n" not in messages[1], messages
+    assert "shard-00002.parquet" in messages[1]
+    # Any other error is torch's, as it was.
+    with pytest.raises(ZeroDivisionError, match="Caught ZeroDivisionError in DataLoader worker"):
+        next(iter(PackedDataLoader(ds, num_workers=1, worker_init_fn=_boom)))
