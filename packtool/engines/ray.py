@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import socket
 import threading
 import time
@@ -196,15 +197,46 @@ def _connect(ray: Any, address: str | None) -> bool:
     """Join or start Ray; True when this call started it (and so must shut it down)."""
     if ray.is_initialized():
         return False
-    _check_address(address or os.environ.get("RAY_ADDRESS"))
-    ray.init(
-        address=address,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.ERROR,
-        ignore_reinit_error=True,
-    )
+    _check_address(address)
+    try:
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            ignore_reinit_error=True,
+        )
+    except ValueError as exc:  # an address Ray still refuses: its traceback ran to 62-73 lines
+        name, value = _given(address)
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{name} {value}: Ray refused it ({why}); give {_FORMS}") from None
     return True
+
+
+_FORMS = (
+    "`auto` (the cluster this node is in), `local` (a private Ray here), HOST:PORT or "
+    "[IPv6]:PORT (the GCS address `ray start --head` printed, port 6379 by default)"
+)
+_HOST_PORT = re.compile(
+    r"(?:\[(?P<v6>[0-9A-Za-z:.%_-]+)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>\d+)"
+)
+
+
+def _given(address: str | None) -> tuple[str, str | None]:
+    """The address `ray.init(address)` goes to and where it came from: RAY_ADDRESS stands in
+    for no address and for `auto` (as Ray does)."""
+    env = os.environ.get("RAY_ADDRESS")
+    if env and address in (None, "auto"):
+        return "RAY_ADDRESS", env
+    return "--ray-address", address
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a `HOST:PORT` or `[IPv6]:PORT` address; None for any other form."""
+    match = _HOST_PORT.fullmatch(address)
+    if match is None or not match["port"].isascii() or not 0 < int(match["port"]) < 65536:
+        return None
+    return match["v6"] or match["host"], int(match["port"])
 
 
 def _check_address(address: str | None, timeout: float = 10.0) -> None:
@@ -213,7 +245,10 @@ def _check_address(address: str | None, timeout: float = 10.0) -> None:
     kill -9) and where something else did (a dashboard's HTTP port: over 5 minutes). Ray's GCS
     speaks gRPC, so it answers HTTP/2's connection preface with a SETTINGS frame; other
     servers answer otherwise or not at all. With `RAY_USE_TLS` the GCS expects TLS first, so
-    only the connection is checked. A Ray Client address is refused (below)."""
+    only the connection is checked. A Ray Client address is refused (below), and so is any
+    other form: `foo`, `localhost:` or `:6379` went on to `ray.init`, a 62-73 line traceback;
+    `http://HOST:6379` was taken for host `http://HOST` ("nothing answers there")."""
+    name, address = _given(address)
     if not address or address in ("auto", "local"):
         return
     if address.startswith("ray://"):
@@ -221,19 +256,19 @@ def _check_address(address: str | None, timeout: float = 10.0) -> None:
         # Ray Client connection has not: Ray 2.60 failed inside Ray Data with a 60-line
         # traceback ("'Worker' object has no attribute 'core_worker'").
         raise ConfigError(
-            f"--ray-address {address}: Ray Data cannot run through Ray Client (ray://); run "
+            f"{name} {address}: Ray Data cannot run through Ray Client (ray://); run "
             "packtool on a node of the cluster with --ray-address auto (or HOST:6379), or "
             "submit it there as a job: ray job submit -- packtool pack ..."
         )
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        return  # another form: Ray says what it makes of it
+    host_port = _host_port(address)
+    if host_port is None:
+        raise ConfigError(f"{name} {address}: not a Ray address; give {_FORMS}")
     start = "start Ray there (`ray start --head`) or leave the option out to start one here"
     try:
-        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        conn = socket.create_connection(host_port, timeout=timeout)
     except OSError as exc:
         raise ConfigError(
-            f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); {start}"
+            f"{name} {address}: nothing answers there ({exc.strerror or exc}); {start}"
         ) from None
     with conn:
         if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
@@ -250,7 +285,7 @@ def _check_address(address: str | None, timeout: float = 10.0) -> None:
         else:
             what = f"answered {answer[:16]!r}" if answer else "closed the connection"
         raise ConfigError(
-            f"--ray-address {address}: something listens there but it is not Ray (it {what} "
+            f"{name} {address}: something listens there but it is not Ray (it {what} "
             "where Ray's GCS answers gRPC); give the GCS port `ray start --head` printed (6379 "
             "by default), not the dashboard's"
         )

@@ -461,6 +461,61 @@ def test_a_ray_client_address_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    "address",
+    ["foo", "localhost:", ":6379", "host:port", "h:99999", "::1:6379", "[::1]", "http://h:6379"],
+)
+def test_a_malformed_ray_address_is_refused_in_one_line_naming_the_forms(address, monkeypatch):
+    """`foo`, `localhost:` or `:6379` went on to `ray.init`: a 62-73 line traceback (`Invalid
+    address format`, `Unable to parse port number`, `Malformed host`); `http://...` was split
+    at its last colon and named "nothing answers there". Refused before any connection."""
+    from packtool.engines.ray import _check_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError) as err:
+        _check_address(address, timeout=0.5)
+    (line,) = str(err.value).splitlines()
+    assert line.startswith(f"--ray-address {address}: not a Ray address; give ")
+    assert "auto" in line and "HOST:PORT" in line and "[IPv6]:PORT" in line
+
+
+def test_a_malformed_ray_address_env_var_is_named_as_such(monkeypatch):
+    from packtool.engines.ray import _check_address
+
+    monkeypatch.setenv("RAY_ADDRESS", "foo")
+    for given in (None, "auto"):  # ray.init takes RAY_ADDRESS for both
+        with pytest.raises(ConfigError, match=r"^RAY_ADDRESS foo: not a Ray address; give "):
+            _check_address(given, timeout=0.5)
+
+
+def test_a_malformed_ray_address_on_the_command_line_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    out = tmp_path / "o"
+    argv = ["pack", str(CORPUS), "-o", str(out), "--engine", "ray", "--ray-address", ":6379"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: --ray-address :6379: not a Ray address; give ")
+    assert not out.exists()
+
+
+def test_ray_init_refusing_an_address_is_one_line(monkeypatch):
+    """Whatever form Ray still refuses (its ValueError) is a `ConfigError`, not a traceback."""
+    from packtool.engines import ray as ray_engine
+
+    class FakeRay:
+        def is_initialized(self):
+            return False
+
+        def init(self, **kw):
+            raise ValueError("Invalid address format: x\nmore")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError, match=r"^--ray-address local: Ray refused it \(Invalid"):
+        ray_engine._connect(FakeRay(), "local")
+
+
 def test_a_real_ray_gcs_passes_the_address_check(ray_cluster):
     """The check's HTTP/2 probe against the session cluster's GCS (a real one): no error."""
     from packtool.engines.ray import _check_address
