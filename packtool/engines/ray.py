@@ -57,6 +57,7 @@ from typing import Any
 from packtool.engines import context, output_folder, worker
 from packtool.engines.base import Driver, pack_with
 from packtool.engines.config import RunConfig
+from packtool.engines.interrupts import sigterm_as_ctrl_c
 from packtool.engines.summary import PackSummary
 from packtool.errors import ConfigError, MissingDependencyError, PacktoolError
 from packtool.storage import local as storage
@@ -149,8 +150,11 @@ def drive_ray(run: Any, ray_config: RayConfig) -> str:
     try:
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         actors = ray_config.actors or cpus
-        for wave in run.waves():  # the partitions, then each level of the tail tree
-            _execute(ray, run, ray_config, actors, wave)
+        # SIGTERM stops the run as Ctrl-C does (after ray.init, whose core worker's handler
+        # printed a 6-line "*** SIGTERM received" dump and exited 15 without the --resume line)
+        with sigterm_as_ctrl_c():
+            for wave in run.waves():  # the partitions, then each level of the tail tree
+                _execute(ray, run, ray_config, actors, wave)
         finished = True
     except Exception as exc:
         cause = _user_cause(exc)

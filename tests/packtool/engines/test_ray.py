@@ -489,7 +489,11 @@ def test_a_malformed_ray_address_env_var_is_named_as_such(monkeypatch):
 
 
 def test_a_malformed_ray_address_on_the_command_line_is_one_line(tmp_path, monkeypatch, capsys):
+    import ray
+
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # as in a fresh `packtool` process: a Ray this test process already joined takes no address
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
     out = tmp_path / "o"
     argv = ["pack", str(CORPUS), "-o", str(out), "--engine", "ray", "--ray-address", ":6379"]
     with pytest.raises(SystemExit) as exit_info:
@@ -622,3 +626,39 @@ def test_a_failed_run_on_a_ray_it_started_reports_before_ray_shuts_down(tmp_path
     assert ":1: malformed json" in errors[0], errors
     assert "ray.shutdown by the run" not in done.stderr  # Ray's exit handler's, after the line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no folder or lock left
+
+
+def test_sigterm_to_the_ray_driver_stops_the_run_as_ctrl_c(monkeypatch):
+    """SIGTERM while the waves run: Ray's core-worker handler printed a 6-line "*** SIGTERM
+    received" dump and the driver exited 15 with no --resume line. It is now a Ctrl-C
+    (KeyboardInterrupt), as in the Slurm driver; no Ray is started here."""
+    import os
+    import signal
+    import types
+
+    from packtool.engines import ray as ray_engine
+
+    fake_ray = types.SimpleNamespace(cluster_resources=lambda: {"CPU": 1})
+    monkeypatch.setattr(ray_engine, "import_ray", lambda: fake_ray)
+    monkeypatch.setattr(ray_engine, "_connect", lambda ray, address: False)
+    ran = []
+
+    def execute(ray, run, ray_config, actors, wave):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)  # the handler runs at the next bytecode of the main thread
+        ran.append(wave)
+
+    monkeypatch.setattr(ray_engine, "_execute", execute)
+    seen = []  # before the fix, this handler (not the default: death) took the signal
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ray_engine.drive_ray(
+                types.SimpleNamespace(waves=lambda: [[0], [1]]), ray_engine.RayConfig()
+            )
+        assert ran == [] and seen == []
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler before the run is back
+        time.sleep(0.2)
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
