@@ -26,7 +26,13 @@ from packtool.engines import records
 from packtool.engines.plan import check_piece, descriptor_pieces
 from packtool.read.documents import SkipCounter
 from packtool.storage import writing
-from packtool.tokenize.tables import PRETOKENIZED, Source, partition_tables, without_empty
+from packtool.tokenize.tables import (
+    PRETOKENIZED,
+    Source,
+    partition_tables,
+    skipped_where,
+    without_empty,
+)
 from packtool.tokenizer.specials import add_specials
 from packtool.tokenizer.tokenizers import Tokenizer
 
@@ -96,7 +102,9 @@ def run_part(ctx: MegatronContext, descriptor: dict[str, Any]) -> dict[str, Any]
     starts = {piece.path: piece.start for piece in pieces}
 
     def where(table: Any, row: int) -> str:  # a document the writer refuses, as readers name it
-        return _where(str(table.column("source")[row]), table.column("doc_id")[row].as_py(), starts)
+        return skipped_where(
+            str(table.column("source")[row]), table.column("doc_id")[row].as_py(), starts
+        )
 
     writer = MegatronWriter(
         bin_tmp, None, np.dtype(ctx.dtype), lengths_path=lengths_tmp, where=where
