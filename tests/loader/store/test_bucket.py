@@ -135,12 +135,14 @@ def test_a_failed_open_starts_no_footer_fetch_after_the_failure(
     running = [0]
     failed_at: list[float] = []
 
-    def stand_in(self, shard):  # a footer GET of 50 ms; shard 0's fails after 120 ms
+    # A footer GET of 250 ms; shard 0's fails after 100 ms: the other fetch threads are busy
+    # 150 ms past the failure, so a loaded machine's scheduling cannot start one early.
+    def stand_in(self, shard):
         with lock:
             starts.append(time.monotonic())
             running[0] += 1
         try:
-            time.sleep(0.12 if shard == 0 else 0.05)
+            time.sleep(0.1 if shard == 0 else 0.25)
             if shard == 0:
                 failed_at.append(time.monotonic())
                 if failure == "unreadable":
@@ -155,7 +157,7 @@ def test_a_failed_open_starts_no_footer_fetch_after_the_failure(
     with pytest.raises(DataError, match="unreadable" if failure == "unreadable" else "index.json"):
         PackedDataset(url, tokens_per_batch=4096, seed=3, cache_dir=str(tmp_path / "c"))
     raised, still = time.monotonic(), running[0]
-    time.sleep(0.3)
+    time.sleep(0.6)
     # A refused footer is seen on the open's thread: its fetch thread has taken the next one.
     after = [t for t in starts if t > (failed_at[0] if failure == "unreadable" else raised)]
     figures = f"{still} running at the raise, {len(after)} of {len(starts)} started after failing"
