@@ -15,5 +15,7 @@ Modules:
   output is the same either way).
 - `engine_options.py`: where `pack` runs (`--engine local|ray|slurm` and their options).
 - `interrupt.py`: Ctrl-C handling.
+- `command_line.py`: the command line a run records (index.json, the output's lock), secrets
+  (`--storage-options`, a URL's password) hidden.
 - `exits.py`: a failure as one line on stderr and an exit code (a closed pipe: 0).
 """

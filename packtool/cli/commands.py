@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from packtool import __version__
-from packtool.cli import exits, input_options, interrupt
+from packtool.cli import command_line, exits, input_options, interrupt
 from packtool.cli.engine_options import EngineOptions, engine_options
 from packtool.cli.exits import echo
 from packtool.cli.input_checks import (
@@ -230,7 +230,7 @@ def tokenize_cmd(
         "tokenizer": corpus.tokenizer_for(inputs, workers, megatron=to == "megatron"),
         "workers": workers,
         "overwrite": overwrite,
-        "command": _command_line(),
+        "command": command_line.recorded(),
     }
     if to != "megatron":
         given = [
@@ -524,7 +524,7 @@ def pack_cmd(
         workers=workers,
         overwrite=overwrite,
         resume=resume,
-        command=_command_line(),
+        command=command_line.recorded(),
     )
     tokenizer = loading.result()
     interrupt.note.set(functools.partial(interrupt.resume_note, output, overwrite))
@@ -549,18 +549,6 @@ def pack_cmd(
         echo(summary.format(max_len))
 
 
-_ARGS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("args", default=None)
-
-
-def _command_line() -> str:
-    """`packtool ARGS` as `main` was given them (`_ARGS`, per thread: two runs at once record
-    their own), not the argv of a program that called it."""
-    import shlex
-
-    given = _ARGS.get()
-    return shlex.join(["packtool", *(sys.argv[1:] if given is None else given)])
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
     previous = interrupt.install_sigint()
@@ -569,7 +557,7 @@ def main(argv: list[str] | None = None) -> None:
     gc.set_threshold(10_000, 10, 10)
     os.environ.setdefault("PACKTOOL_NUMBA_EXTENSIONS", "0")  # packtool/pack/warmup.py says why
     given = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    running, noting = _ARGS.set(given), interrupt.note.set(lambda: "")
+    running, noting = command_line.ARGS.set(given), interrupt.note.set(lambda: "")
     try:
         cli.main(args=given, prog_name="packtool", standalone_mode=False)
     except BaseException as exc:  # one line and an exit code for what a user can act on
@@ -580,7 +568,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(code)
     finally:
         interrupt.note.reset(noting)
-        _ARGS.reset(running)
+        command_line.ARGS.reset(running)
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
         if argv is None:

@@ -1,0 +1,107 @@
+"""The command line a dataset records (`index.json`'s "command", the output's lock) holds no
+secret: `--storage-options` credentials were written verbatim into index.json (uploaded with
+the dataset) and into the lock record, which a second run printed."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from packtool.cli.command_line import REDACTED, redacted
+from packtool.dataset.manifest import read_manifest
+from tests.cli import run
+
+ROOT = Path(__file__).resolve().parents[3]
+CORPUS = ROOT / "sample_data" / "corpus.jsonl"
+SECRET = "hf_SUPERSECRET"
+OPTIONS = json.dumps({"hf": {"token": SECRET}})
+
+
+@pytest.fixture
+def locked(monkeypatch):
+    """What each run writes into its output's lock (a second writer is shown its command)."""
+    from packtool.storage import writing
+
+    notes: list[bytes] = []
+    real = writing.take_lock
+    monkeypatch.setattr(
+        writing, "take_lock", lambda path, note=b"": notes.append(note) or real(path, note)
+    )
+    return notes
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--storage-options", OPTIONS],
+        [f"--storage-options={OPTIONS}"],
+        ["--storage-options", OPTIONS, "--storage-options", OPTIONS],
+    ],
+    ids=["separate", "joined", "twice"],
+)
+def test_pack_records_no_storage_options_secret(tmp_path, locked, given):
+    out = tmp_path / "out"
+    code, _, err = run("pack", CORPUS, "-o", out, "--max-len", "512", *given)
+    assert code == 0, err
+    command = read_manifest(out).command
+    assert SECRET not in command
+    assert SECRET not in (out / "index.json").read_text()
+    assert locked and all(SECRET.encode() not in data for data in locked)
+    # what is kept: every other word, and the option with its value hidden
+    words = shlex.split(command)
+    assert words[:2] == ["packtool", "pack"] and "--max-len" in words
+    assert words.count(REDACTED) + sum(w.endswith(f"={REDACTED}") for w in words) == len(
+        [g for g in given if g.startswith("--storage-options")]
+    )
+
+
+@pytest.mark.parametrize("to", ["parquet", "megatron"])
+def test_tokenize_records_no_secret_in_its_lock(tmp_path, locked, to):
+    out = tmp_path / ("t.parquet" if to == "parquet" else "t")
+    code, _, err = run("tokenize", CORPUS, "-o", out, "--to", to, "--storage-options", OPTIONS)
+    assert code == 0, err
+    assert locked and all(SECRET.encode() not in note for note in locked)
+    assert all(b"--storage-options" in note for note in locked)  # the command is there
+    assert not any(SECRET in p.read_bytes().decode("latin-1") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("arg", "kept", "hidden"),
+    [
+        ("https://alice:pw123@example.com/c.jsonl", "https://", "alice:pw123"),
+        ("s3://KEYID:SECRETKEY@bucket/x", "s3://", "SECRETKEY"),
+        ("https://h/c.jsonl?X-Amz-Signature=abc123&x=1", "x=1", "abc123"),
+        ("https://acct.blob/c.jsonl?sv=2020&sig=zzz999", "sv=2020", "zzz999"),
+        ("https://h/t.json?access_token=tok42", "https://h/t.json", "tok42"),
+        ("export HF_TOKEN=hf_abc; module load x", "module load x", "hf_abc"),
+        ("--export=ALL,AWS_SECRET_ACCESS_KEY=xyz", "--export=ALL", "xyz"),
+        ('export API_KEY="a b c"', "export API_KEY=", "a b c"),
+    ],
+)
+def test_secrets_in_any_argument_are_hidden(arg, kept, hidden):
+    (shown,) = redacted([arg])
+    assert hidden not in shown
+    assert kept in shown and REDACTED in shown
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "hf://datasets/org/name@main/data.jsonl",  # a revision, not a user
+        "--tokenizer=gpt2",
+        "--keep-field=api_key",
+        "https://example.com/c.jsonl?page=2",
+        "corpus.jsonl",
+        "--text-field=key",
+    ],
+)
+def test_words_without_a_secret_are_kept(arg):
+    assert redacted([arg]) == [arg]
+
+
+def test_only_the_value_of_storage_options_is_hidden():
+    args = ["pack", "c.jsonl", "--storage-options", "{}", "-o", "out"]
+    assert redacted(args) == ["pack", "c.jsonl", "--storage-options", REDACTED, "-o", "out"]
