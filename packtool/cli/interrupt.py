@@ -26,14 +26,28 @@ _interrupted = threading.Event()
 
 
 def resume_note(output: str, overwrite: bool) -> str:
-    """`pack`'s note: where the finished partitions are kept and how to finish the run."""
-    from packtool.engines.output_folder import STATE_DIR, staging_folder
+    """`pack`'s note: what the interrupted run keeps and how to finish it. "Finished
+    partitions" only where a partition's record was written (its `parts/` folder: one stat,
+    whatever the number of partitions); a run stopped earlier, its plan saved, keeps only that
+    (a rerun without --resume is refused, naming it); one stopped before it saved its plan
+    keeps nothing to resume."""
+    from packtool.engines import records
+    from packtool.engines.output_folder import staging_folder
 
     staging = staging_folder(output)
-    if not storage.exists(staging / STATE_DIR):
-        return ""
     how = "--resume instead of --overwrite" if overwrite else "--resume"
-    return f"; finished partitions are kept in {staging}: run the same command with {how} to finish"
+    run = records.run_dir(staging)
+    if storage.is_dir(run / records.PARTS_DIR):
+        return (
+            f"; finished partitions are kept in {staging}: run the same command with {how} to "
+            "finish"
+        )
+    if storage.exists(run / records.PLAN_FILE):
+        return (
+            f"; no partition had finished (the run's plan is kept in {staging}): run the same "
+            f"command with {how} to finish"
+        )
+    return ""
 
 
 def _force_exit(said: Callable[[], str]) -> None:

@@ -4,7 +4,9 @@ Some steps start something outside this process and then record it: a pool's sub
 worker and then add it to the pool's list (`local.py`); `sbatch` queues a job and then the
 driver writes down its id (`slurm/arrays.py`). A Ctrl-C between the two left what was started
 unknown to the code that stops a run (a worker never killed, a job never cancelled).
-`ctrl_c_after()` lets the block finish and raises the Ctrl-C (or SIGTERM) at its end.
+`ctrl_c_after()` lets the block finish and raises the Ctrl-C (or SIGTERM) at its end; with
+`at_once`, the handler in place still runs at each signal (the CLI's watchdog and its second
+Ctrl-C), only its `KeyboardInterrupt` waiting for the block's end.
 `sigterm_as_ctrl_c()` makes SIGTERM stop a run as Ctrl-C does (the Slurm driver).
 
 Records in: nothing. Out: nothing (the SIGINT handler restored as it was).
@@ -16,12 +18,21 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 
 @contextmanager
-def ctrl_c_after() -> Iterator[None]:
+def ctrl_c_after(at_once: bool = False) -> Iterator[None]:
     """Ctrl-C held back until the block ends (the main thread only; elsewhere no handler can
-    be set, and the main thread gets the signal)."""
+    be set, and the main thread gets the signal).
+
+    `at_once`: the handler in place runs at each signal, and only what it raises (the
+    `KeyboardInterrupt`) waits for the block's end. The CLI's handler then starts its watchdog
+    at the first Ctrl-C and exits at once at the second (`cli/interrupt.on_sigint`), as
+    docs/pack.md promises: for a block that may wait long and whose process may end midway (a
+    pool's first submit waits for the fork server's imports, 20 s and more on a loaded machine,
+    and a worker forked for a driver that is gone follows it out: `lifeline`). Without it, both
+    Ctrl-Cs were noted and nothing else until the block ended."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -29,14 +40,29 @@ def ctrl_c_after() -> Iterator[None]:
     # SIGINT to any thread that does not block it (a tokenizer or prefetch thread), and Python
     # then raised it in the main thread all the same.
     # SIGTERM too: the Slurm driver handles it as Ctrl-C (`sigterm_as_ctrl_c`).
-    pending: list[int] = []
+    pending: list[int] = []  # signals whose handler has not run yet
+    raised: list[BaseException] = []  # what a handler run at once raised
     held = (signal.SIGINT, signal.SIGTERM)
-    previous = [signal.signal(s, lambda signum, frame: pending.append(signum)) for s in held]
+    previous: list[Any] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        handler = previous[held.index(signum)]
+        if not (at_once and callable(handler)):
+            pending.append(signum)
+            return
+        try:
+            handler(signum, frame)
+        except BaseException as exc:  # raised where the block ends
+            raised.append(exc)
+
+    previous.extend(signal.signal(s, hold) for s in held)
     try:
         yield
     finally:
         for s, handler in zip(held, previous, strict=True):
             signal.signal(s, handler)
+        if raised:
+            raise raised[0]
         if pending:
             signal.raise_signal(pending[0])  # the held signal, through the handler restored
 

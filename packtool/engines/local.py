@@ -219,7 +219,10 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
                 try:
                     while todo or inflight:
                         while todo and len(inflight) < 2 * workers:
-                            with ctrl_c_after():  # a submit may start a worker process
+                            # A submit may start a worker process (held: its Ctrl-C is raised
+                            # after it); the first waits for the fork server's imports, so the
+                            # CLI's watchdog and second Ctrl-C still end the run meanwhile.
+                            with ctrl_c_after(at_once=True):
                                 # raises BrokenProcessPool if a worker died: the unit stays todo
                                 inflight[pool.submit(task, run.descriptor(todo[0]))] = todo[0]
                             todo.popleft()

@@ -223,13 +223,14 @@ def test_a_failed_run_in_one_thread_says_its_own_resume_note(tmp_path, monkeypat
     import threading
 
     from packtool.cli import engine_options
+    from packtool.engines import records
     from packtool.engines.output_folder import STATE_DIR, staging_folder
 
     noted, other_done = threading.Event(), threading.Event()
 
     def held(self, config, tokenizer, workers):
         if threading.current_thread().name == "first":  # a run with finished partitions
-            os.makedirs(staging_folder(config.out_dir) / STATE_DIR)
+            os.makedirs(staging_folder(config.out_dir) / STATE_DIR / records.PARTS_DIR)
             noted.set()
             assert other_done.wait(120)
             raise KeyboardInterrupt

@@ -1,0 +1,113 @@
+"""Ctrl-C held over a step (`ctrl_c_after`) and the CLI's promise around it: a stall over 5 s
+or a second Ctrl-C ends the run at once (docs/pack.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from packtool.engines.interrupts import ctrl_c_after
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_at_once_runs_the_handler_in_place_and_raises_after_the_block():
+    calls = []
+
+    def handler(signum, frame):
+        calls.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        reached = []
+        with pytest.raises(KeyboardInterrupt), ctrl_c_after(at_once=True):
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(100_000))  # where a pending signal's handler runs
+            assert calls == [signal.SIGINT]  # at once, not at the block's end
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(100_000))
+            reached.append("the rest of the block")
+        assert reached == ["the rest of the block"]
+        assert calls == [signal.SIGINT, signal.SIGINT]  # not run a third time at the end
+        assert signal.getsignal(signal.SIGINT) is handler  # restored
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_without_at_once_the_handler_runs_once_after_the_block():
+    calls = []
+
+    def handler(signum, frame):
+        calls.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), ctrl_c_after():
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(100_000))
+            assert calls == []
+        assert calls == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# The local engine's first submit, standing in: it waits for the fork server's imports (20 s
+# and more on a loaded box) inside `ctrl_c_after`. The CLI's handler is installed as `main`
+# installs it, with a 1 s grace instead of 5.
+STALLED_SUBMIT = """
+import sys, time
+import packtool.cli.interrupt as interrupt
+from packtool.engines import local
+
+interrupt.FORCE_EXIT_AFTER_S = 1.0
+interrupt.install_sigint()
+
+
+class Pool:
+    def submit(self, task, descriptor):
+        print("submitting", flush=True)
+        time.sleep(60)  # the fork server still importing
+
+
+class Run:
+    def descriptor(self, unit):
+        return {"unit": unit}
+
+
+local._make_pool = lambda run, workers, threads, kind: (Pool(), None)
+local._stop = lambda pool: None
+local._run_pool(Run(), [[0, 1]], 2, 1, "process")
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("signals", [1, 2])
+def test_ctrl_c_while_the_pool_starts_is_not_held_for_the_whole_start(signals):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STALLED_SUBMIT],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "submitting\n"
+        t0 = time.monotonic()
+        for _ in range(signals):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.2)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    # One Ctrl-C: out after the grace period (1 s here); a second one: at once.
+    assert time.monotonic() - t0 < (10 if signals == 1 else 3), err
+    assert proc.returncode == 130, err
+    assert err.strip() == "interrupted (forced exit)"
