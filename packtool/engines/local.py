@@ -149,8 +149,29 @@ def start_pool_server(paths: tuple[str, ...] = ()) -> Any:
     mp = multiprocessing.get_context("forkserver")
     if os.environ.get(POOL_ENV, "process") == "process":
         mp.set_forkserver_preload(_preload(paths))
-        multiprocessing.forkserver.ensure_running()
+        _start_deaf(multiprocessing.forkserver.ensure_running)
     return mp
+
+
+def _start_deaf(start: Callable[[], None]) -> None:
+    """`start()` the fork server with SIGINT blocked in this thread, so that the server starts
+    with it blocked (a mask outlives fork and exec; a handler does not) and a Ctrl-C in its
+    start-up waits until `pool_server` ignores it and unblocks it: before that, its imports
+    died of it with a traceback (6 of 10 early Ctrl-Cs of a multi-partition pack). This
+    process loses nothing: another thread takes the signal meanwhile, or this one once it is
+    unblocked. As CPython starts its resource tracker, which is started first here (its own
+    start unblocks SIGINT when it ends)."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
+        start()
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _preload(paths: tuple[str, ...]) -> list[str]:

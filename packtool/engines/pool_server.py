@@ -7,8 +7,10 @@ workers included. The driver answers it (it stops the pool, says `interrupted; .
 task from the driver's pipe) died of it with a traceback printed after the shell prompt came
 back. `multiprocessing.forkserver.main` imports its preload modules first, then takes the
 handlers it gives every child from the server's own; this module is the first of
-`engines.local`'s preload list, so the handler the children get is "ignore". Imported
-anywhere else (not in a fork server's `main`) it does nothing.
+`engines.local`'s preload list, so the handler the children get is "ignore". Before it is
+imported the server has SIGINT blocked (the driver starts it so: `local.start_pool_server`),
+so a Ctrl-C in the interpreter's start-up or the first imports waits, and is dropped here.
+Imported anywhere else (not in a fork server's `main`) it does nothing.
 """
 
 from __future__ import annotations
@@ -29,3 +31,7 @@ def _in_fork_server() -> bool:
 
 if _in_fork_server():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The driver started the server with SIGINT blocked (`local.start_pool_server`): a Ctrl-C
+    # during the start-up is pending until now, and is dropped here, ignored.
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
