@@ -71,14 +71,16 @@ class ClosedPipe(Exception):
 
 
 def echo(message: object, err: bool = False) -> None:
-    """`click.echo` of what packtool prints, control characters shown as escapes (`\\x1b`).
+    """`click.echo` of what packtool prints, control characters shown as escapes (`\\x1b`),
+    and what the stream's encoding cannot hold too (`_encodable`).
 
     Raises:
         ClosedPipe: stdout's reader has gone (stdout then writes to /dev/null, so nothing
             buffered fails again at exit).
     """
+    text = _encodable(str(message).translate(_CONTROL), sys.stderr if err else sys.stdout)
     try:
-        click.echo(str(message).translate(_CONTROL), err=err)
+        click.echo(text, err=err)
     except BrokenPipeError:
         if err:
             raise
@@ -86,6 +88,24 @@ def echo(message: object, err: bool = False) -> None:
 
         writing.discard_output(sys.stdout.fileno())
         raise ClosedPipe from None
+
+
+_ASCII_BARS = str.maketrans("▁▂▃▄▅▆▇█", "_.:-=+*#")
+"""The histogram's bars (`stats`) for a terminal that cannot show them."""
+
+
+def _encodable(text: str, stream: object) -> str:
+    """`text` as `stream` can encode it: a non-UTF-8 locale (en_US.ISO-8859-1) raised
+    UnicodeEncodeError after a whole pass over the corpus (`stats`' bars, `inspect --row` of
+    Chinese text). There, bars become ASCII and other characters their escapes (`\\u4e2d`)."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding, getattr(stream, "errors", None) or "strict")
+    except UnicodeEncodeError:
+        return text.translate(_ASCII_BARS).encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:  # an encoding Python does not know: leave it to the stream
+        pass
+    return text
 
 
 def _open_file_limit(exc: OSError) -> str:
