@@ -16,6 +16,7 @@ from numpy.typing import ArrayLike
 
 from packtool.errors import ConfigError, DataError, MissingDependencyError
 from packtool.storage import local as storage
+from packtool.storage import writing
 
 
 def _pyplot():
@@ -49,10 +50,13 @@ def check_plot_path(path: str | os.PathLike) -> Path:
 
 
 def _save(fig: Any, path: Path) -> None:
-    """`fig.savefig(path)`; a write that fails (a full disk, no permission) is a `DataError`
-    naming the plot file (matplotlib's OSError named none: "error: No space left on device")."""
+    """`fig.savefig` into `path`, whole or not at all (`writing.atomic_output`: a full disk left
+    a good picture of that name truncated); a write that fails (a full disk, no permission) is
+    a `DataError` naming the plot file (matplotlib's OSError named none: "error: No space left
+    on device")."""
     try:
-        fig.savefig(path)
+        with writing.atomic_output(path) as f:
+            fig.savefig(f, format=path.suffix[1:].lower())
     except OSError as exc:
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise DataError(f"plot file {str(path)!r}: not written ({why})") from None
