@@ -1,0 +1,34 @@
+"""The `packtool` console script: Ctrl-C while the command line is still loading is one line.
+
+Importing the commands takes ~0.6 s (click, the storage layer, pyarrow's loader); a Ctrl-C
+then printed a KeyboardInterrupt traceback, since `commands.main` installs its handler only
+once it is imported (or the import machinery swallowed the KeyboardInterrupt, "Exception
+ignored in ... _get_module_lock", and the command ran on to exit 0). This module imports
+nothing heavy, and installs a handler of its own first: until `commands.main` installs the
+CLI's, a Ctrl-C is `interrupted` and exit code 130 at once (nothing is written before then).
+
+Records in: argv (through `commands.main`). Out: the exit code.
+May import: `cli/commands.py`, once called.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+
+def main() -> None:
+    """Console-script entry point: `commands.main` once it is imported."""
+    with contextlib.suppress(ValueError):  # not the main thread: the program's handler stays
+        signal.signal(signal.SIGINT, _interrupted)
+    from packtool.cli.commands import main as run
+
+    run()
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """Out now, with one line (`os._exit`: an import cut short may leave locks held)."""
+    with contextlib.suppress(OSError):  # stderr closed: the exit code says it
+        os.write(2, b"interrupted\n")
+    os._exit(130)

@@ -1,0 +1,63 @@
+"""The console script's entry point (packtool/cli/entry.py): Ctrl-C while the CLI is still
+importing is one line and exit code 130, not a KeyboardInterrupt traceback."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# The terminal's Ctrl-C lands while the commands are imported (the first ~0.6 s of every
+# command): sent by the process to itself when `click` is about to be imported.
+CTRL_C_DURING_IMPORT = """
+import os, signal, sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "click":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv[1:] = ["stats", "sample_data/corpus.jsonl"]
+from packtool.cli.entry import main
+main()
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_while_the_cli_imports_is_one_line():
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_DURING_IMPORT],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "interrupted\n"
+    assert done.stdout == ""
+
+
+def test_the_console_script_is_the_entry_module():
+    text = (ROOT / "pyproject.toml").read_text()
+    scripts = text.split("[project.scripts]\n", 1)[1].split("\n[", 1)[0]  # (no tomllib on 3.10)
+    assert re.findall(r'^packtool = "(.*)"$', scripts, re.MULTILINE) == ["packtool.cli.entry:main"]
+
+
+def test_the_entry_module_imports_nothing_heavy():
+    code = (
+        "import sys; import packtool.cli.entry; "
+        "print(sorted(m for m in ('click', 'pyarrow', 'numpy', 'packtool.cli.commands') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
