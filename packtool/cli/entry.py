@@ -7,8 +7,12 @@ ignored in ... _get_module_lock", and the command ran on to exit 0). This module
 nothing heavy, and installs a handler of its own first: until `commands.main` installs the
 CLI's, a Ctrl-C is `interrupted` and exit code 130 at once (nothing is written before then).
 
+It also opens the null device on a standard descriptor the shell closed (`>&-`), so that no
+file of the run takes its number (`writing.hold_standard_descriptors`); the command still sees
+stdout closed and says so (`exits.echo`).
+
 Records in: argv (through `commands.main`). Out: the exit code.
-May import: `cli/commands.py`, once called.
+May import: `cli/commands.py` and `storage/writing.py`, once called.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ def main() -> None:
     """Console-script entry point: `commands.main` once it is imported."""
     with contextlib.suppress(ValueError):  # not the main thread: the program's handler stays
         signal.signal(signal.SIGINT, _interrupted)
+    from packtool.storage import writing
+
+    writing.hold_standard_descriptors()  # stdout closed: no file of the run takes its number
     from packtool.cli.commands import main as run
 
     run()

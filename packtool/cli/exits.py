@@ -2,8 +2,9 @@
 
 `report(exc)` prints the line and returns the code for every failure a user can act on, and
 None for anything else (a bug: its traceback is the report). Codes: 1 an error (a
-`PacktoolError`, a bad option value, a failed write), 2 a wrong option or argument, 130 Ctrl-C,
-0 a closed pipe (`packtool stats ... | head`).
+`PacktoolError`, a bad option value, a failed write, a report stdout could not take: closed or
+full), 2 a wrong option or argument, 130 Ctrl-C, 0 a closed pipe (`packtool stats ... | head`).
+Where stderr is closed or full too, the exit code alone says it.
 
 Records in: the exception `main()` caught. Out: a line on stderr, the exit code.
 May import: click, `cli/interrupt.py` (the resume hint an interrupted run leaves) and
@@ -12,6 +13,7 @@ May import: click, `cli/interrupt.py` (the resume hint an interrupted run leaves
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import sys
 
@@ -34,7 +36,7 @@ def report(exc: BaseException, command: str = "packtool") -> int | None:
     if isinstance(exc, PacktoolError):
         return _say(joined_lines(exc), 1)
     if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt)):  # click: Ctrl-C is Abort
-        echo(f"interrupted{interrupt.note.get()()}", err=True)
+        _tell(f"interrupted{interrupt.note.get()()}")
         return 130
     if isinstance(exc, click.UsageError):
         # One line, as every other error. A bad value (`--chunk-docs 0`) exits 1 like the
@@ -52,6 +54,8 @@ def report(exc: BaseException, command: str = "packtool") -> int | None:
         return exc.exit_code
     if isinstance(exc, (ClosedPipe, BrokenPipeError)):
         return 0
+    if isinstance(exc, LostOutput):
+        return _say(str(exc), 1)
     if isinstance(exc, OSError):  # the disk filled up, a permission changed mid-run, ...
         where = f"{exc.filename}: " if exc.filename else ""
         why = joined_lines(exc.strerror or exc) + _open_file_limit(exc)
@@ -63,6 +67,11 @@ _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) i
 """Control characters but tab and newline, as their escapes: a name a dataset, a corpus or a
 file system hands us (a shard, an input file, a tokenizer's) could set the terminal's title,
 clear the screen or move the cursor when printed raw."""
+
+
+class LostOutput(Exception):
+    """What a command prints could not be written to stdout (closed, a full disk): an error,
+    since the command's result is its report (exit code 1)."""
 
 
 class ClosedPipe(Exception):
@@ -78,16 +87,34 @@ def echo(message: object, err: bool = False) -> None:
         ClosedPipe: stdout's reader has gone (stdout then writes to /dev/null, so nothing
             buffered fails again at exit).
     """
-    text = _encodable(str(message).translate(_CONTROL), sys.stderr if err else sys.stdout)
+    stream = sys.stderr if err else sys.stdout
+    if stream is None:  # closed when the process started (`>&-`): click.echo printed nothing
+        if err:
+            return  # nothing can say it; the exit code does
+        raise LostOutput("stdout is closed: the report was not printed")
+    text = _encodable(str(message).translate(_CONTROL), stream)
     try:
         click.echo(text, err=err)
     except BrokenPipeError:
         if err:
             raise
-        from packtool.storage import writing  # rarely needed: not on every command's import
-
-        writing.discard_output(sys.stdout.fileno())
+        _discard_stdout()
         raise ClosedPipe from None
+    except OSError as exc:  # `>/dev/full`: said "No space left on device", naming no file
+        if err:
+            raise
+        _discard_stdout()
+        why = joined_lines(exc.strerror or exc)
+        raise LostOutput(f"stdout: {why} (the report was not printed)") from None
+
+
+def _discard_stdout() -> None:
+    """stdout pointed at the null device: what is still buffered for it goes nowhere, instead
+    of failing again at exit."""
+    from packtool.storage import writing  # rarely needed: not on every command's import
+
+    with contextlib.suppress(OSError, ValueError):
+        writing.discard_output(sys.stdout.fileno())
 
 
 _ASCII_BARS = str.maketrans("▁▂▃▄▅▆▇█", "_.:-=+*#")
@@ -117,5 +144,11 @@ def _open_file_limit(exc: OSError) -> str:
 
 
 def _say(message: str, code: int) -> int:
-    echo(f"error: {message}", err=True)
+    _tell(f"error: {message}")
     return code
+
+
+def _tell(line: str) -> None:
+    """`line` on stderr, if it can take it (not `2>/dev/full`): the exit code says it anyway."""
+    with contextlib.suppress(OSError):
+        echo(line, err=True)

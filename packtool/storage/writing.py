@@ -53,6 +53,20 @@ def discard_output(fd: int) -> None:
         os.close(null)
 
 
+def hold_standard_descriptors() -> None:
+    """Descriptors 0, 1 and 2 that are closed (`packtool ... >&-`) opened on the null device:
+    a file the run opens would take the lowest free number, and whatever writes to that
+    descriptor (a library's warning to fd 2, a worker process's output) would land in it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
 def make_dirs(folder: str | os.PathLike) -> None:
     """`folder` and its parents, created where missing; a `ConfigError` that says why not.
 

@@ -61,3 +61,67 @@ def test_inspect_row_of_non_latin_text_in_a_latin1_locale(chinese_dataset):
     out = done.stdout.decode("latin-1")
     assert "row 0" in out
     assert "\\u4e2d\\u6587" in out  # the preview's characters, escaped rather than lost
+
+
+# --- a report that cannot reach its reader -----------------------------------------------------
+
+ENTRY = "import sys; from packtool.cli.entry import main; sys.exit(main())"
+
+
+def _closing(*fds: int):
+    return lambda: [os.close(fd) for fd in fds]
+
+
+@pytest.fixture
+def tiny(tmp_path) -> Path:
+    path = tmp_path / "tiny.jsonl"
+    path.write_text("".join(json.dumps({"text": f"doc {i} " * i}) + "\n" for i in range(1, 30)))
+    return path
+
+
+def _entry(*args: object, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", ENTRY, *map(str, args)],
+        cwd=ROOT,
+        env={**os.environ, "PACKTOOL_NO_PROGRESS": "1"},
+        timeout=300,
+        **kw,
+    )
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX file descriptors")
+def test_a_closed_stdout_is_an_error_exit_naming_it(tiny):
+    # Seen: `packtool stats small.jsonl >&-` printed nothing and exited 0.
+    done = _entry("stats", tiny, stderr=subprocess.PIPE, preexec_fn=_closing(1))
+    assert done.returncode == 1
+    assert done.stderr.decode() == "error: stdout is closed: the report was not printed\n"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX file descriptors")
+def test_closed_stdout_and_stderr_leave_the_exit_code(tiny, tmp_path):
+    # Nothing can be said; the exit code says it. And no file the run opens takes the closed
+    # descriptors' numbers (a library's warning to fd 2 would land in it).
+    probe = tmp_path / "fd"
+    code = (
+        "import atexit, os, sys\n"
+        f"atexit.register(lambda: open({str(probe)!r}, 'w').write(str(open(os.devnull).fileno())))\n"
+        f"{ENTRY}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "stats", tiny],
+        cwd=ROOT,
+        preexec_fn=_closing(1, 2),
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert int(probe.read_text()) > 2
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_stdout_is_an_error_naming_stdout(tiny):
+    with open("/dev/full", "w") as full:
+        done = _entry("stats", tiny, stdout=full, stderr=subprocess.PIPE)
+    assert done.returncode == 1
+    assert done.stderr.decode() == (
+        "error: stdout: No space left on device (the report was not printed)\n"
+    )
