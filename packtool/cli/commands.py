@@ -37,7 +37,10 @@ from packtool.quantities import MIN_PARTITION_SIZE, parse_size, positive_int
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=exits.Commands,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="packtool")
 def cli() -> None:
     """Turn raw text corpora into packed training data.

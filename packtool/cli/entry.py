@@ -36,6 +36,7 @@ def main() -> None:
 
 def _interrupted(signum: int, frame: object) -> None:
     """Out now, with one line (`os._exit`: an import cut short may leave locks held)."""
+    start = b"\n" if os.isatty(2) else b""  # a terminal's `^C` line ended first, as later on
     with contextlib.suppress(OSError):  # stderr closed: the exit code says it
-        os.write(2, b"interrupted\n")
+        os.write(2, start + b"interrupted\n")
     os._exit(130)

@@ -35,8 +35,10 @@ def report(exc: BaseException, command: str = "packtool") -> int | None:
         return exc.exit_code
     if isinstance(exc, PacktoolError):
         return _say(joined_lines(exc), 1)
-    if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt)):  # click: Ctrl-C is Abort
-        _tell(f"interrupted{interrupt.note.get()()}")
+    if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt, Interrupted)):
+        # (Abort: click's word for a Ctrl-C while it parses; after it, `Commands` raises
+        # `Interrupted`.) A terminal has echoed `^C`: that line is ended first.
+        _tell(f"{_line_start()}interrupted{interrupt.note.get()()}")
         return 130
     if isinstance(exc, click.UsageError):
         # One line, as every other error. A bad value (`--chunk-docs 0`) exits 1 like the
@@ -67,6 +69,22 @@ _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) i
 """Control characters but tab and newline, as their escapes: a name a dataset, a corpus or a
 file system hands us (a shard, an input file, a tokenizer's) could set the terminal's title,
 clear the screen or move the cursor when printed raw."""
+
+
+class Interrupted(BaseException):
+    """Ctrl-C inside a command, on its way past click (`Commands`) to `report`."""
+
+
+class Commands(click.Group):
+    """click's group, except that a Ctrl-C inside a command reaches `report` as `Interrupted`:
+    click's own handler printed an empty line before it (to end a terminal's `^C` line; in a
+    log, two lines where docs/pack.md says one). `report` ends that line on a terminal only."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise Interrupted from None
 
 
 class LostOutput(Exception):
@@ -146,6 +164,15 @@ def _open_file_limit(exc: OSError) -> str:
 def _say(message: str, code: int) -> int:
     _tell(f"error: {message}")
     return code
+
+
+def _line_start() -> str:
+    """A newline where stderr is a terminal, which has echoed `^C` on the line the message
+    would continue; nothing elsewhere (a log: one line)."""
+    try:
+        return "\n" if sys.stderr is not None and sys.stderr.isatty() else ""
+    except (OSError, ValueError):  # closed
+        return ""
 
 
 def _tell(line: str) -> None:

@@ -7,6 +7,7 @@ locks (see `on_sigint`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -51,7 +52,9 @@ def resume_note(output: str, overwrite: bool) -> str:
 
 
 def _force_exit(said: Callable[[], str]) -> None:
-    os.write(2, f"interrupted{said()} (forced exit)\n".encode())
+    start = "\n" if os.isatty(2) else ""  # a terminal's `^C` line ended first (`exits.report`)
+    with contextlib.suppress(OSError):  # stderr closed or full: the exit code says it
+        os.write(2, f"{start}interrupted{said()} (forced exit)\n".encode())
     os._exit(130)
 
 

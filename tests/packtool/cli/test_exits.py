@@ -125,3 +125,56 @@ def test_a_full_stdout_is_an_error_naming_stdout(tiny):
     assert done.stderr.decode() == (
         "error: stdout: No space left on device (the report was not printed)\n"
     )
+
+
+# --- Ctrl-C: one line --------------------------------------------------------------------------
+
+
+def test_ctrl_c_in_a_command_is_one_line_without_a_blank_one_before(monkeypatch, tiny):
+    # click's own handler printed an empty line first (to end a terminal's `^C` line): two
+    # lines in a log, where docs/pack.md says one.
+    import packtool.stats.lengths as lengths
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lengths, "compute_stats", interrupted)
+    code, out, err = run("stats", tiny)
+    assert code == 130
+    assert err == "interrupted\n"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a terminal")
+def test_ctrl_c_on_a_terminal_starts_a_line_of_its_own(tiny):
+    # On a terminal the `^C` the tty echoed is ended first, as click did.
+    import pty
+
+    code = (
+        "import packtool.stats.lengths as lengths\n"
+        "def interrupted(*a, **k): raise KeyboardInterrupt\n"
+        "lengths.compute_stats = interrupted\n"
+        f"{ENTRY}\n"
+    )
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, "stats", tiny],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=follower,
+            timeout=300,
+        )
+        os.close(follower)
+        said = b""
+        while True:
+            try:
+                chunk = os.read(leader, 1024)
+            except OSError:  # EIO: the terminal's other end is closed and drained
+                break
+            if not chunk:
+                break
+            said += chunk
+    finally:
+        os.close(leader)
+    assert done.returncode == 130
+    assert said.replace(b"\r\n", b"\n") == b"\ninterrupted\n"
