@@ -19,7 +19,12 @@ like a shard is a user's.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
 from packtool.dataset.manifest import GROUPS_FILE, INDEX_FILE, SOURCES_FILE
+from packtool.errors import ConfigError
 from packtool.storage import writing
 
 SHARD_PATTERN = "shard-{:05d}.parquet"
@@ -70,3 +75,24 @@ def written_entry(name: str, file: bool, *, parts: bool) -> bool:
         or name in MANIFEST_FILES
         or writing.looks_temporary(name)
     )
+
+
+def check_name_fits(shown: str, target: Path, beside: Iterable[Path]) -> None:
+    """Refuse a local output whose name, or a name packtool writes beside it (`.NAME.packtool-
+    staging`, the lock, ...), is longer than its folder's file system allows (`NAME_MAX`): the
+    failure came later as "File name too long", naming the output itself (whose name fits) or
+    the hidden name without saying what it is. Asked once the parent folder exists."""
+    limit = writing.name_limit(target.parent)
+    own = len(os.fsencode(target.name))
+    if own > limit:
+        raise ConfigError(
+            f"{shown}: the name is {own} bytes, longer than the file system allows ({limit})"
+        )
+    longest = max((len(os.fsencode(p.name)) for p in beside), default=0)
+    given = len(os.fsencode(Path(shown).name))  # `-o` as typed (a Megatron PREFIX, not .idx)
+    if longest > limit:
+        raise ConfigError(
+            f"{shown}: the name is too long for the names packtool writes beside it "
+            f"(.NAME.packtool-staging and the like: {longest} bytes, where the file system "
+            f"allows {limit}); choose a shorter name (at most {given - (longest - limit)} bytes)"
+        )

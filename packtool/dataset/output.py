@@ -72,7 +72,7 @@ from typing import Any, TypeVar
 
 from packtool.dataset import hub_record
 from packtool.dataset.manifest import INDEX_FILE, link_bytes
-from packtool.dataset.names import RUN_STATE
+from packtool.dataset.names import RUN_STATE, check_name_fits
 from packtool.dataset.output_versions import (
     REMOTE_STAGING,
     clean_after_switch,
@@ -546,6 +546,8 @@ def transaction(
     made = create_parent(paths)
     versions = paths.remote and not paths.whole_object
     try:
+        if not (paths.remote or paths.hub):
+            check_name_fits(paths.shown, paths.target, (paths.lock, paths.staging, paths.old))
         with (
             OutputLock(paths, command) as lock,
             staging_known(paths.target) if versions else contextlib.nullcontext(),

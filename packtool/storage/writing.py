@@ -67,6 +67,15 @@ def hold_standard_descriptors() -> None:
                 os.close(null)
 
 
+def name_limit(folder: str | os.PathLike) -> int:
+    """The longest file name, in bytes, `folder`'s file system takes (`NAME_MAX`; 255 where it
+    does not say)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # not POSIX, or the folder is not there
+        return 255
+
+
 def make_dirs(folder: str | os.PathLike) -> None:
     """`folder` and its parents, created where missing; a `ConfigError` that says why not.
 

@@ -547,8 +547,7 @@ def write_all(
 def _check_out(out: Path, single: bool, overwrite: bool, *, shown: str) -> None:
     if not storage.exists(out):
         return
-    if not overwrite:
-        raise ConfigError(f"{shown} already exists; pass --overwrite to replace it")
+    # What --overwrite cannot replace first: it was suggested, then refused (`-o /dev/null`).
     if single and storage.is_dir(out):
         raise ConfigError(
             f"{shown} is a folder; give a .parquet file name or a folder without .parquet"
@@ -564,6 +563,8 @@ def _check_out(out: Path, single: bool, overwrite: bool, *, shown: str) -> None:
             )
         if storage.is_mount(out):
             raise ConfigError(f"{shown} is a mount point; write to a folder inside it")
+    if not overwrite:
+        raise ConfigError(f"{shown} already exists; pass --overwrite to replace it")
 
 
 def _check_remote_out(out: Path, overwrite: bool, *, shown: str) -> None:

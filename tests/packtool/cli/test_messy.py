@@ -104,6 +104,50 @@ def test_output_under_a_file_is_a_one_line_error(tmp_path, small, command):
     assert f"({tmp_path / 'afile'} is a file, not a folder)" in line
 
 
+@pytest.mark.parametrize(
+    ("name", "kind", "message"),
+    [
+        ("d.parquet", "folder", "d.parquet is a folder; give a .parquet file name"),
+        ("parts", "file", "parts exists and is not a folder"),
+    ],
+)
+def test_tokenize_does_not_suggest_overwrite_where_it_cannot_work(
+    tmp_path, small, name, kind, message
+):
+    # `tokenize -o /dev/null` said "pass --overwrite to replace it", which then refused
+    # "/dev/null exists and is not a folder".
+    out = tmp_path / name
+    out.mkdir() if kind == "folder" else out.write_text("x")
+    for extra in ([], ["--overwrite"]):
+        code, _, err = run("tokenize", small, "-o", out, *extra)
+        assert code == 1
+        line = one_error_line(err)
+        assert message in line and "--overwrite" not in line
+
+
+@pytest.mark.parametrize("command", ["pack", "tokenize", "megatron"])
+def test_an_output_name_too_long_for_the_names_beside_it_says_so(tmp_path, small, command):
+    # A 240-character name was refused as "File name too long", naming the name itself (or
+    # the staging folder without saying what it is): the name fits, `.NAME.packtool-staging`
+    # beside it does not.
+    name = "a" * 240 + (".parquet" if command == "tokenize" else "")
+    extra = ["--to", "megatron"] if command == "megatron" else []
+    cmd = "pack" if command == "pack" else "tokenize"
+    code, _, err = run(cmd, small, "-o", tmp_path / name, *extra)
+    assert code == 1
+    line = one_error_line(err)
+    assert "packtool-" in line and "beside it" in line and "choose a shorter name" in line
+    assert "255" in line
+    assert os.listdir(tmp_path) == ["small.jsonl"]  # nothing left behind
+
+
+def test_an_output_name_itself_too_long_says_so(tmp_path, small):
+    code, _, err = run("pack", small, "-o", tmp_path / ("b" * 300))
+    assert code == 1
+    line = one_error_line(err)
+    assert "the name is 300 bytes" in line and "255" in line
+
+
 @pytest.mark.parametrize("value", ["99999999999999999999", str(2**24 + 1)])
 def test_pack_max_len_beyond_the_limit(tmp_path, small, value):
     # It said "max_len 16777217 is too large", the library's setting, where every other
