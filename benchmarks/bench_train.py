@@ -21,6 +21,7 @@ import dataclasses
 import json
 import multiprocessing as mp
 import platform
+import queue as _queue
 import time
 from dataclasses import dataclass
 
@@ -298,7 +299,16 @@ def run_isolated(setup: Setup, mode: str) -> dict:
     queue = ctx.Queue()
     proc = ctx.Process(target=_child, args=(setup, mode, queue))
     proc.start()
-    result = queue.get()
+    while True:  # a child that dies (a backend that cannot run, an OOM kill) puts nothing
+        try:
+            result = queue.get(timeout=1.0)
+            break
+        except _queue.Empty:
+            if not proc.is_alive():
+                raise SystemExit(
+                    f"bench_train: the {mode} run's process ended (exit code {proc.exitcode}) "
+                    "without a result; its error is above"
+                ) from None
     proc.join()
     return result
 
@@ -512,18 +522,29 @@ def backend_sweep(device: str, repeat: int = 5) -> str:
     )
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (0 was read as the default, -1 ran)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument(
-        "--steps", type=int, default=None, help="timed steps (default 30 CPU, 60 CUDA)"
+        "--steps", type=_positive, default=None, help="timed steps (default 30 CPU, 60 CUDA)"
     )
     parser.add_argument("--crossover", action="store_true", help="CPU dense-vs-sdpa timing only")
     parser.add_argument(
         "--sweep", action="store_true", help="every backend on --device against document length"
     )
     parser.add_argument(
-        "--threads", type=int, default=None, help="CPU threads for torch (default: torch's)"
+        "--threads", type=_positive, default=None, help="CPU threads for torch (default: torch's)"
     )
     parser.add_argument(
         "--attn",
@@ -556,9 +577,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         setup = dataclasses.replace(setup, threads=args.threads)
     if args.attn:
-        setup = dataclasses.replace(
-            setup, model=dataclasses.replace(setup.model, attn_backend=args.attn)
-        )
+        try:
+            setup = dataclasses.replace(
+                setup, model=dataclasses.replace(setup.model, attn_backend=args.attn)
+            )
+        except ValueError as exc:
+            raise SystemExit(f"error: --attn {args.attn}: {exc}") from None
     if args.flex_dynamic:
         setup = dataclasses.replace(setup, flex_dynamic=True)
     print(describe(setup), flush=True)
