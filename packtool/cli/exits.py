@@ -104,6 +104,8 @@ def echo(message: object, err: bool = False) -> None:
     Raises:
         ClosedPipe: stdout's reader has gone (stdout then writes to /dev/null, so nothing
             buffered fails again at exit).
+        LostOutput: stdout is closed (`>&-`) or its write failed (`>/dev/full`); a message
+            for a closed stderr is dropped (the exit code says what happened).
     """
     stream = sys.stderr if err else sys.stdout
     if stream is None:  # closed when the process started (`>&-`): click.echo printed nothing

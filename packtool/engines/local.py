@@ -167,11 +167,11 @@ def _start_deaf(start: Callable[[], None]) -> None:
     if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
         start()
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         start()
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # as it was
 
 
 def _preload(paths: tuple[str, ...]) -> list[str]:
