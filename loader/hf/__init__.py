@@ -14,7 +14,8 @@ loader/hf/trainer.py and are imported on first use. See docs/integrations.md.
 
 Modules: `datasets.py` (the view, the collator, the model check; torch and numpy only until a
 function needs `datasets`), `trainer.py` (transformers' `Trainer` on a `PackedDataset` or a
-`MixedDataset`). May import `loader`'s packed/ and top-level modules (mixture/ only where a
+`MixedDataset`), `resume.py` (the loader position each checkpoint holds, and the checks and
+arithmetic of a resume). May import `loader`'s packed/ and top-level modules (mixture/ only where a
 `MixedDataset` is given), `packtool.dataset` and `packtool.errors`.
 """
 

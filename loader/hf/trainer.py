@@ -11,37 +11,55 @@ instead: a new loader over `loader.dataset` that reads k batches and drops them,
 
 `TrainerLoader` makes that path exact and cheap: its `dataset` is a view that first yields k
 empty `SkippedBatch` placeholders (what the skip drops) and then the `PackedDataLoader`'s
-batches, which `PackedDataset.seek(epoch, k)` has already placed at step k of the right epoch
-(`_PackedEpochs.on_train_begin`, from the same arithmetic). `PackedTrainerMixin.training_step`
-refuses a placeholder and checks that the first batch trained after the resume is the view's
-first real one, so a skip count that ever disagreed would fail loudly instead of silently
-dropping or repeating data.
+batches, already placed where the data stands (`_PackedEpochs.on_train_begin`).
+`PackedTrainerMixin.training_step` refuses a placeholder and checks that the first batch trained
+after the resume is the view's first real one, so a skip count that ever disagreed would fail
+loudly instead of silently dropping or repeating data.
+
+Where the data stands is the loader's position saved with the checkpoint (`PackedPosition`,
+loader/hf/resume.py), not Trainer's (epoch, k): those agree only when the run cuts batches and
+steps as the saved one did. Where they agree, the loader is placed at step k of that epoch and
+Trainer's epochs stay the data's. Where they do not (another world size, `rows_per_batch` or
+gradient accumulation), the loader's stream continues from the saved position (the first row no
+step trained) and each Trainer epoch takes the next `len(loader)` batches of it, the stream
+moving on to the next epoch's permutation as one ends, up to Trainer's epoch count: every row
+once per epoch; a warning counts what Trainer's remaining steps cannot hold. A checkpoint
+written before the position was saved is resumed by Trainer's (epoch, k) only where what it
+records agrees with the run (`check_unrecorded`), else refused.
 
 A `MixedDataset` (layout="hf") trains the same way through a `MixedDataLoader`
 (`MixtureTrainerLoader`): the mixture is read once (Trainer's epochs continue it; `len` is its
 steps, none without `total_steps`, and Trainer is held to them), and its position is saved with
-every checkpoint (`MixturePosition`, in trainer_state.json) and loaded on a resume, where the
+every checkpoint (`MixturePosition`, in trainer_state.json, resume.py) and loaded on a resume, where the
 skip's placeholders are dropped as above: the position, not the step count, places the stream,
 so a mixture changed between the runs resumes as `MixedDataset.load_state_dict` says.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import get_last_checkpoint
 
 from loader.hf.datasets import check_packed_model
+from loader.hf.resume import (
+    MixturePosition,
+    PackedPosition,
+    check_unrecorded,
+    saved_accumulation,
+    saved_position,
+    stream_warning,
+)
 from loader.packed.dataloader import PackedDataLoader
 from loader.packed.dataset import PackedDataset
-from packtool.errors import ConfigError, json_value
+from packtool.errors import ConfigError
 
 
 class SkippedBatch(dict):
@@ -94,25 +112,67 @@ class TrainerLoader:
         self.packed: PackedDataset = loader.dataset
         self.dataset = _SkipView(self)
         self.steps = self.packed.plan(0).num_steps
+        self.last_epoch: int | None = None
+        """Set by a resume off Trainer's own position (`continue_from`): the loader's stream
+        goes on from the saved position, epoch after epoch up to this one (not included),
+        whatever epoch Trainer counts; None: Trainer's epochs are the data's."""
+        self._streamed = False
 
     def __iter__(self) -> Iterator[dict]:
         return self.batches()
 
     def batches(self) -> Iterator[dict]:
         """The loader's batches (what the skip view yields after its placeholders)."""
-        return iter(self.loader)
+        if self.last_epoch is None:
+            return iter(self.loader)
+        return self._stream()
+
+    def _stream(self) -> Iterator[dict]:
+        """The stream from where Trainer's last epoch stopped taking batches, into the next
+        epoch's permutation whenever one ends."""
+        loader, packed = self.loader, self.packed
+        if self._streamed:
+            loader.load_state_dict(loader.state_dict())
+        self._streamed = True
+        while True:
+            yield from loader
+            if packed.epoch + 1 >= self.last_epoch:
+                return
+            loader.set_epoch(packed.epoch + 1)
 
     def __len__(self) -> int:
         return self.steps
 
     def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
+        if self.last_epoch is None:  # else the stream moves on by itself
+            self.loader.set_epoch(epoch)
 
     def resume(self, epoch: int, skip: int, position: dict[str, Any] | None = None) -> None:
         """Place the stream at step `skip` of `epoch`, and let the skip drop placeholders."""
         self.packed.seek(epoch, skip)
         self.dataset.placeholders = skip
         self.dataset.first_real = None
+
+    def continue_from(
+        self, position: dict[str, Any], epoch: int, skip: int, last_epoch: int
+    ) -> bool:
+        """Place the stream at a saved `position` (`PackedDataLoader.state_dict()`), Trainer
+        being at batch `skip` of its epoch `epoch`, and let the skip drop placeholders. True
+        where that is not Trainer's own position: the stream then goes on from the saved one
+        up to epoch `last_epoch` (`batches`).
+
+        Raises:
+            DataError: A position of another dataset or seed, or another row order in the
+                middle of an epoch (`PackedDataset.load_state_dict`).
+        """
+        self.loader.load_state_dict(position)
+        at, origin, first = self.packed.pending_start()
+        ended = not self.packed.next_start().plan.has_step(first)
+        own = (at, origin, first) == (epoch, 0, skip) or (ended and (at + 1, 0) == (epoch, skip))
+        self.last_epoch = None if own else last_epoch
+        self.dataset.placeholders = skip
+        self.dataset.first_real = None
+        return not own
 
     def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict()
@@ -160,41 +220,6 @@ class MixtureTrainerLoader(TrainerLoader):
             self.loader.load_state_dict(position)
         self.dataset.placeholders = skip
         self.dataset.first_real = None
-
-
-class MixturePosition(TrainerCallback, ExportableState):
-    """Saves the train mixture's position (`MixedDataLoader.state_dict()`) with every
-    checkpoint, in trainer_state.json (`TrainerState.stateful_callbacks`), for
-    `PackedTrainerMixin` to resume from. As JSON text, kept as the loader wrote it: Trainer
-    writes the file with sorted keys (a state keeps its sources' order in a list, `order`, since
-    a reordered dict read as a changed mixture; text keeps any state as it was)."""
-
-    def __init__(self) -> None:
-        self.loader: Any = None
-
-    def state(self) -> dict[str, Any]:
-        position = json.dumps(self.loader.state_dict()) if self.loader is not None else None
-        return {"args": {}, "attributes": {"position": position}}
-
-    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        if isinstance(train_dataloader, MixtureTrainerLoader):
-            self.loader = train_dataloader.loader
-        # a checkpoint saved without it (Trainer's save expects every exported state's key)
-        state.stateful_callbacks.setdefault(type(self).__name__, self.state())
-
-
-def _saved_position(state: Any) -> dict[str, Any] | None:
-    saved = (state.stateful_callbacks or {}).get(MixturePosition.__name__)
-    position = saved.get("attributes", {}).get("position") if isinstance(saved, dict) else None
-    if not isinstance(position, str):
-        return None
-    try:
-        return json_value(position)
-    except ValueError:
-        raise ConfigError(
-            "the checkpoint's mixture position (MixturePosition in its trainer_state.json) is "
-            "not JSON; the checkpoint is damaged"
-        ) from None
 
 
 def _mixed(ds: Any) -> bool:
@@ -280,10 +305,12 @@ def _loader_kwargs(args: Any) -> dict[str, Any]:
 
 
 class _PackedEpochs(TrainerCallback):
-    """Checks the model, and on a resume places the loader where Trainer will continue."""
+    """Checks the model, and on a resume places the loader where the data stands."""
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
+        self.checkpoint: Any = None
+        """The checkpoint `train` resumes from (`PackedTrainerMixin.train`)."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         trainer = self.trainer
@@ -300,18 +327,52 @@ class _PackedEpochs(TrainerCallback):
             per_epoch = max(loader.steps // ga + int(loader.steps % ga > 0), 1)
         epoch = state.global_step // per_epoch
         skip = 0 if args.ignore_data_skip else (state.global_step % per_epoch) * ga
-        position = None
-        if isinstance(loader, MixtureTrainerLoader) and not args.ignore_data_skip:
-            position = _saved_position(state)
-            if position is None:
-                raise ConfigError(
-                    f"the checkpoint at global step {state.global_step} holds no mixture "
-                    "position (MixturePosition in its trainer_state.json, saved by "
-                    "PackedTrainer training on a MixedDataset); resume with "
-                    "ignore_data_skip=True to start the mixture over"
-                )
-        loader.resume(epoch, skip, position)
+        if isinstance(loader, MixtureTrainerLoader):
+            position = None
+            if not args.ignore_data_skip:
+                position = saved_position(state, MixturePosition)
+                if position is None:
+                    raise ConfigError(
+                        f"the checkpoint at global step {state.global_step} holds no mixture "
+                        "position (MixturePosition in its trainer_state.json, saved by "
+                        "PackedTrainer training on a MixedDataset); resume with "
+                        "ignore_data_skip=True to start the mixture over"
+                    )
+            loader.resume(epoch, skip, position)
+        elif args.ignore_data_skip:
+            loader.resume(epoch, 0)  # the epoch over, as Trainer's flag says
+        else:
+            self._place(loader, args, state, epoch, skip)
         trainer._packed_expect_first = skip > 0
+
+    def _place(self, loader: TrainerLoader, args: Any, state: Any, epoch: int, skip: int) -> None:
+        """Place a `PackedDataset`'s loader at the position its checkpoint saved (resume.py)."""
+        position = saved_position(state, PackedPosition)
+        if position is None:  # written before positions were saved
+            check_unrecorded(self.checkpoint, world_size=args.world_size, state=state, epoch=epoch)
+            loader.resume(epoch, skip)
+            return
+        if not loader.continue_from(position, epoch, skip, state.num_train_epochs):
+            return
+        epochs = float(args.num_train_epochs)
+        if args.max_steps > 0 or not epochs.is_integer():
+            return  # a run of so many steps: its budget is its own
+        ours = loader.packed.config.layout_key(loader.packed.world_size)
+        saved = dict(position.get("packed_dataset", {}).get("layout", {}))
+        saved["gradient_accumulation_steps"] = saved_accumulation(state, PackedPosition)
+        text = stream_warning(
+            saved=saved,
+            ours={**ours, "gradient_accumulation_steps": args.gradient_accumulation_steps},
+            data_epoch=loader.packed.epoch,
+            rest=len(loader.packed),
+            epoch_batches=loader.steps,
+            trainer_epoch=epoch,
+            skip=skip,
+            epochs=int(epochs),
+            ga=args.gradient_accumulation_steps,
+        )
+        if text is not None:
+            warnings.warn(text, stacklevel=2)
 
 
 class PackedTrainerMixin:
@@ -320,7 +381,9 @@ class PackedTrainerMixin:
 
     The train loader is a `PackedDataLoader` (workers, pinning and prefetch from
     `TrainingArguments.dataloader_*`); each epoch is the dataset's own permutation of that
-    epoch, and `resume_from_checkpoint` continues the token stream exactly. The batch size is
+    epoch, its position is saved with every checkpoint (`PackedPosition`), and
+    `resume_from_checkpoint` continues the token stream from it: exactly, or on another world
+    size or batch settings from the first row no step trained (module docstring). The batch size is
     the dataset's (`rows_per_batch`); `per_device_train_batch_size` is not used. The model is
     checked (`check_packed_model`) at init and when training starts. A `PackedDataset` given as
     `eval_dataset` is read in stored order by a `PackedDataLoader` too.
@@ -336,7 +399,8 @@ class PackedTrainerMixin:
             every epoch); a `MixedDataset` holds fewer steps than Trainer would take (or has no
             length and no `max_steps` is given); the arguments set `dataloader_drop_last` (the
             dataset's `drop_last` drops a short last step); the model would attend across
-            documents; a resume from a checkpoint without the mixture's position.
+            documents; a resume from a checkpoint without the mixture's position, or without a
+            `PackedDataset`'s where what it records differs from the run (resume.py).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -354,9 +418,20 @@ class PackedTrainerMixin:
             raise ConfigError("PackedTrainer does not support sequence parallelism (sp_size > 1)")
         check_packed_model(self.model)  # after Trainer set use_cache from TrainingArguments
         self._packed_expect_first = False
-        self.add_callback(_PackedEpochs(self))
+        self._packed_epochs = _PackedEpochs(self)
+        self.add_callback(self._packed_epochs)
         if _mixed(self.train_dataset):
             self.add_callback(MixturePosition())
+        elif isinstance(self.train_dataset, PackedDataset):
+            self.add_callback(PackedPosition())
+
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """`Trainer.train`; the checkpoint it resumes from is noted for the resume's checks."""
+        checkpoint = resume_from_checkpoint
+        if isinstance(checkpoint, bool):  # as Trainer reads it
+            checkpoint = get_last_checkpoint(self.args.output_dir) if checkpoint else None
+        self._packed_epochs.checkpoint = checkpoint
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def get_train_dataloader(self) -> Any:
         ds = self.train_dataset

@@ -223,11 +223,13 @@ def one_torch_thread():
 
 
 def recording_trainer(
-    train, out, *, ga: int, epochs: int = 1, stop_at=None, workers=0, **overrides
+    train, out, *, ga: int, epochs: int = 1, stop_at=None, workers=0, args_type=None, **overrides
 ):
     """A `loader.hf.PackedTrainer` on `train` (a PackedDataset or MixedDataset) with the tiny
-    Llama model, CPU settings the Trainer tests share, and `trainer.seen`: each training step's
-    `(input_ids, loss)`. `stop_at`: save and stop at that global step."""
+    Llama model, CPU settings the Trainer tests share, `trainer.seen`: each training step's
+    `(input_ids, loss)`, and `trainer.docs`: the documents trained on, in order (token tuples).
+    `stop_at`: save and stop at that global step. `args_type`: a `TrainingArguments` subclass
+    to make the arguments with."""
     from transformers import TrainerCallback, TrainingArguments
 
     from loader.hf import PackedTrainer
@@ -243,6 +245,7 @@ def recording_trainer(
         def training_step(self, model, inputs, *args, **kwargs):
             loss = super().training_step(model, inputs, *args, **kwargs)
             self.seen.append((inputs["input_ids"].clone(), loss.item()))
+            self.docs.extend(tuple(d.tolist()) for d in documents(inputs))
             return loss
 
     settings = dict(
@@ -261,11 +264,11 @@ def recording_trainer(
     settings.update(overrides)
     trainer = Recording(
         model=tiny_model("llama"),
-        args=TrainingArguments(str(out), **settings),
+        args=(args_type or TrainingArguments)(str(out), **settings),
         train_dataset=train,
         callbacks=[StopAt()] if stop_at else [],
     )
-    trainer.seen = []
+    trainer.seen, trainer.docs = [], []
     return trainer
 
 

@@ -167,7 +167,7 @@ def test_a_checkpoint_whose_position_is_nested_too_deeply_is_one_line(sources, t
     attributes["position"] = "[" * 100_000 + "]" * 100_000
     path.write_text(json.dumps(saved))
     trainer = make_trainer(dataset(mixture(sources)), tmp_path)
-    with pytest.raises(ConfigError, match="mixture position .* is not JSON; the checkpoint is"):
+    with pytest.raises(ConfigError, match="loader position .* is not JSON; the checkpoint is"):
         trainer.train(resume_from_checkpoint=str(checkpoint))
 
 
