@@ -304,7 +304,7 @@ def run_isolated(setup: Setup, mode: str) -> dict:
             result = queue.get(timeout=1.0)
             break
         except _queue.Empty:
-            if not proc.is_alive():
+            if not proc.is_alive() and queue.empty():  # a result put just before it ended
                 raise SystemExit(
                     f"bench_train: the {mode} run's process ended (exit code {proc.exitcode}) "
                     "without a result; its error is above"

@@ -31,7 +31,7 @@ _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s?#]+@")
 """`scheme://user:password@`: a revision (`hf://datasets/org/name@main`) has a `/` before it."""
 _QUERY = re.compile(rf"([?&][\w.-]*{_SECRET_WORD}[\w.-]*=)[^&#\s]*", re.IGNORECASE)
 _ASSIGNED = re.compile(
-    rf"((?<![\w-])[A-Za-z_]\w*{_SECRET_WORD}\w*=)(?:\"[^\"]*\"|'[^']*'|[^\s,;'\"&]+)",
+    rf"((?<![\w-])\w*{_SECRET_WORD}\w*=)(?:\"[^\"]*\"|'[^']*'|[^\s,;&])*",
     re.IGNORECASE,
 )
 """`NAME=VALUE` with a secret's NAME; an option (`--tokenizer=x`) is preceded by `-`."""

@@ -46,6 +46,8 @@ def ctrl_c_after(at_once: bool = False) -> Iterator[None]:
     previous: list[Any] = []
 
     def hold(signum: int, frame: Any) -> None:
+        # `previous` is filled before `hold` is installed: a signal landing between two
+        # installs finds its own handler there, not an IndexError
         handler = previous[held.index(signum)]
         if not (at_once and callable(handler)):
             pending.append(signum)
@@ -55,7 +57,9 @@ def ctrl_c_after(at_once: bool = False) -> Iterator[None]:
         except BaseException as exc:  # raised where the block ends
             raised.append(exc)
 
-    previous.extend(signal.signal(s, hold) for s in held)
+    previous.extend(signal.getsignal(s) for s in held)
+    for s in held:
+        signal.signal(s, hold)
     try:
         yield
     finally:

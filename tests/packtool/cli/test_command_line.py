@@ -79,6 +79,13 @@ def test_tokenize_records_no_secret_in_its_lock(tmp_path, locked, to):
         ("export HF_TOKEN=hf_abc; module load x", "module load x", "hf_abc"),
         ("--export=ALL,AWS_SECRET_ACCESS_KEY=xyz", "--export=ALL", "xyz"),
         ('export API_KEY="a b c"', "export API_KEY=", "a b c"),
+        # a name that starts with the secret word (a reviewer: TOKEN=, PASSWORD= were kept)
+        ("export TOKEN=t0k PATH=/bin", "PATH=/bin", "t0k"),
+        ("export PASSWORD=hunter2", "export PASSWORD=", "hunter2"),
+        ("--export=ALL,SECRET=s3cr3t", "--export=ALL", "s3cr3t"),
+        # a quoted piece inside the value (shell-joined): all of it, not up to the quote
+        ('export HF_TOKEN="ab"cd9', "export HF_TOKEN=", "cd9"),
+        ("export X_TOKEN=ab'c d'e9 Y=1", "Y=1", "e9"),
     ],
 )
 def test_secrets_in_any_argument_are_hidden(arg, kept, hidden):
