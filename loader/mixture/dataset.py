@@ -448,7 +448,7 @@ class MixedDataset(IterableDataset):
         ring = self.handoff.ring if info is not None else None
         if ring is not None:
             ring.start_worker()
-            return ring_parts(self, stream, first, ring, worker, n_workers)
+            return self.handoff.carry(ring_parts(self, stream, first, ring, worker, n_workers))
 
         def own(step: int) -> bool:
             return (step - first) % n_workers == worker

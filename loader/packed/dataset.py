@@ -399,7 +399,7 @@ class PackedDataset(IterableDataset):
         self._next_step = stride_first
         if ring is not None:
             ring.start_worker()
-            return self._generate_blocks(plan, first, worker, n_workers, ring)
+            return self.handoff.carry(self._generate_blocks(plan, first, worker, n_workers, ring))
         return self._generate(plan, stride_first, n_workers)
 
     def _generate(self, plan: EpochPlan, first: int, stride: int) -> Iterator[dict]:

@@ -12,8 +12,9 @@ the loader and the dataset for that, the same for both:
   dataset's own `state_dict()` would repeat data and is refused (`check_own_state`) until the
   dataset iterates in process or loads a state (`in_process`).
 
-Each dataset holds one `WorkerHandoff` as its `handoff` attribute. Both loaders read their
-workers' items through `from_workers`, which gives packtool's own errors back as raised.
+Each dataset holds one `WorkerHandoff` as its `handoff` attribute. A worker's copy sends
+packtool's own errors on as items (`WorkerHandoff.carry`); both loaders read their workers'
+items through `from_workers`, which raises them as the worker raised them.
 """
 
 from __future__ import annotations
@@ -61,6 +62,15 @@ class WorkerHandoff:
         iterates in the main process or loads a state)."""
         self.workers = 0
 
+    def carry(self, items: Iterable[T]) -> Iterator[T | WorkerFailed]:
+        """`items`, this worker's output for the loader's ring, with an error of packtool's own
+        raised while making them sent on as a last item (`WorkerFailed`), which the loader's
+        `from_workers` raises in the main process as it was raised here."""
+        try:
+            yield from items
+        except PacktoolError as exc:
+            yield WorkerFailed(exc)
+
     def check_own_state(self) -> None:
         """Refuse the dataset's own `state_dict()` in the main process after the loader's
         workers iterated it (the dataset's `state_dict` calls it first).
@@ -98,30 +108,34 @@ def from_workers(items: Iterable[T]) -> Iterator[T]:
     """`items`, a DataLoader's iterator over its worker processes, with an error of packtool's
     own (`PacktoolError`) that a worker raised given back as the worker raised it: its class
     and its message (one line), instead of torch's "Caught DataError in DataLoader worker
-    process 0. Original Traceback ..." (40-odd lines). Any other error is torch's, unchanged."""
-    try:
-        yield from items
-    except PacktoolError as exc:
-        original = worker_original(exc)
-        if original is None:
-            raise
-        raise original from None
+    process 0. Original Traceback ..." (40-odd lines). The worker sends it as an item
+    (`WorkerHandoff.carry`); any other error is torch's, unchanged."""
+    for item in items:
+        if isinstance(item, WorkerFailed):
+            raise item.error from None
+        yield item
 
 
-def worker_original(exc: PacktoolError) -> PacktoolError | None:
-    """The error a DataLoader worker raised, from what torch raises in its place
-    (`ExceptionWrapper.reraise`: the same class, its message "Caught ... in DataLoader worker
-    process N." then the worker's traceback, which ends "module.Class: message"); None for
-    anything else."""
-    text = str(exc)
-    if not text.startswith("Caught ") or "\nOriginal Traceback" not in text:
-        return None
-    cls = type(exc)
-    mark = f"\n{cls.__module__}.{cls.__qualname__}: "
-    at = text.rfind(mark)  # the last exception of the traceback (a chain prints it last)
-    if at < 0:
-        return None
-    try:
-        return cls(text[at + len(mark) :].rstrip("\n"))
-    except TypeError:  # a class taking more than a message
-        return None
+class WorkerFailed:
+    """An error of packtool's own raised in a loader's worker, sent to the main process as an
+    item (`WorkerHandoff.carry`), where `from_workers` raises it.
+
+    Pickled as its class, its `args` and its attributes, not through the class's constructor
+    (a subclass may take more than a message); without the notes Python's `add_note` gave it,
+    so the main process prints the one line the worker raised.
+    """
+
+    def __init__(self, error: PacktoolError) -> None:
+        self.error = error
+
+    def __reduce__(self) -> tuple:
+        exc = self.error
+        attrs = {k: v for k, v in vars(exc).items() if k != "__notes__"}
+        return (_rebuild, (type(exc), exc.args, attrs))
+
+
+def _rebuild(cls: type[PacktoolError], args: tuple, attrs: dict) -> WorkerFailed:
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    vars(exc).update(attrs)
+    return WorkerFailed(exc)
