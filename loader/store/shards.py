@@ -22,12 +22,14 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from loader.record import Documents, empty_documents
 from loader.store.bucket import CACHE_LIMIT, BucketRowGroups
@@ -42,7 +44,7 @@ from loader.store.row_group import (
 from loader.store.row_index import GroupStats, offsets_stats
 from loader.store.shard_files import OPEN_FILES, STATS_FILES, ShardFiles
 from packtool.dataset.columns import BYTES, TOKEN, Column, declared, loaded_optional, names
-from packtool.dataset.manifest import open_dataset, sha256_file
+from packtool.dataset.manifest import ShardInfo, open_dataset, sha256_file
 from packtool.errors import DataError
 from packtool.storage import local as storage
 
@@ -140,56 +142,15 @@ class ShardStore:
         try:
             for i, info in enumerate(self.manifest.shards):
                 file = self.path / info.file
-                if verify and sha256_file(file) != info.sha256:
-                    raise DataError(
-                        f"{file}: sha256 does not match index.json; the shard is corrupt"
-                    )
-                try:
-                    # A bucket's footer from the node's cache (no request once cached); a local
-                    # shard's from the file, its size checked first.
-                    meta = next(footers) if footers else self._files.footer(file, info)
-                    schema = meta.schema.to_arrow_schema()
-                except (pa.ArrowException, OSError) as exc:
-                    raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
-                # A declared column the shard holds but index.json does not list (an edited
-                # `columns`): the loader would ignore it (a loss mask: every token trained on).
-                unlisted = [
-                    n for n in schema.names if n in known and n not in self.manifest.columns
-                ]
-                if unlisted:
-                    raise DataError(
-                        f"{file}: holds column(s) {unlisted} that index.json columns does not list "
-                        f"({list(self.manifest.columns)}); index.json was edited or belongs to other "
-                        "shards: restore it, or repack"
-                    )
-                for name in self._read_columns:
-                    if name not in schema.names:
-                        raise DataError(f"{file}: column {name!r} missing (has {schema.names})")
-                    kind = schema.field(name).type
-                    is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
-                    if not is_list and not (pa.types.is_binary(kind) and name in self._bytes):
-                        raise DataError(f"{file}: column {name!r} is {kind}, not a list")
-                value_type = schema.field("input_ids").type.value_type
-                if value_type not in INT_TYPES or value_type.bit_width > 32:
-                    raise DataError(
-                        f"{file}: input_ids hold {value_type}, not 8-32 bit integer token ids"
-                    )
-                token_dtypes.append(INT_TYPES[value_type])
-                if meta.num_rows != info.rows:
-                    raise DataError(f"{file}: {meta.num_rows} rows but index.json says {info.rows}")
-                groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-                if sum(groups) != info.rows:
-                    # The footer has no checksum: a damaged row count would shift every row after it.
-                    raise DataError(
-                        f"{file}: its row groups hold {sum(groups)} rows but the file says "
-                        f"{meta.num_rows}; the footer is damaged, repack it"
-                    )
+                meta, schema = self._footer(file, info, footers, verify)
+                token_dtype, groups = self._check_shard(file, info, meta, schema, known)
+                token_dtypes.append(token_dtype)
                 first = 0
-                for g in range(meta.num_row_groups):
-                    rg_rows.append(meta.row_group(g).num_rows)
+                for rows in groups:
+                    rg_rows.append(rows)
                     rg_shard.append(i)
                     rg_first.append(first)
-                    first += rg_rows[-1]
+                    first += rows
                 if self.bucket is not None:
                     self.bucket.add_shard(meta)
         except BaseException:
@@ -226,6 +187,64 @@ class ShardStore:
         # Row counts (`row_stats`) are read through file handles of their own, so the iterating
         # thread never waits behind the decode thread's queue (nor reads its files).
         self._stats_lock = threading.Lock()
+
+    def _footer(
+        self, file: Path, info: ShardInfo, footers: Iterator[pq.FileMetaData] | None, verify: bool
+    ) -> tuple[pq.FileMetaData, pa.Schema]:
+        """A shard's footer and its schema: a bucket's from `footers`, fetched together into
+        the node's cache (no request once cached); a local shard's from the file, its size
+        checked first (and with `verify` its sha256, before)."""
+        if verify and sha256_file(file) != info.sha256:
+            raise DataError(f"{file}: sha256 does not match index.json; the shard is corrupt")
+        try:
+            meta = next(footers) if footers else self._files.footer(file, info)
+            return meta, meta.schema.to_arrow_schema()
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
+
+    def _check_shard(
+        self,
+        file: Path,
+        info: ShardInfo,
+        meta: pq.FileMetaData,
+        schema: pa.Schema,
+        known: set[str],
+    ) -> tuple[type[np.integer], list[int]]:
+        """Check one shard's footer against index.json (`known`: the declared column names):
+        its columns, token type and rows. Returns its token dtype and its row groups' rows.
+
+        Raises:
+            DataError: What does not match, naming the file.
+        """
+        # A declared column the shard holds but index.json does not list (an edited
+        # `columns`): the loader would ignore it (a loss mask: every token trained on).
+        unlisted = [n for n in schema.names if n in known and n not in self.manifest.columns]
+        if unlisted:
+            raise DataError(
+                f"{file}: holds column(s) {unlisted} that index.json columns does not list "
+                f"({list(self.manifest.columns)}); index.json was edited or belongs to other "
+                "shards: restore it, or repack"
+            )
+        for name in self._read_columns:
+            if name not in schema.names:
+                raise DataError(f"{file}: column {name!r} missing (has {schema.names})")
+            kind = schema.field(name).type
+            is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+            if not is_list and not (pa.types.is_binary(kind) and name in self._bytes):
+                raise DataError(f"{file}: column {name!r} is {kind}, not a list")
+        value_type = schema.field("input_ids").type.value_type
+        if value_type not in INT_TYPES or value_type.bit_width > 32:
+            raise DataError(f"{file}: input_ids hold {value_type}, not 8-32 bit integer token ids")
+        if meta.num_rows != info.rows:
+            raise DataError(f"{file}: {meta.num_rows} rows but index.json says {info.rows}")
+        groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        if sum(groups) != info.rows:
+            # The footer has no checksum: a damaged row count would shift every row after it.
+            raise DataError(
+                f"{file}: its row groups hold {sum(groups)} rows but the file says "
+                f"{meta.num_rows}; the footer is damaged, repack it"
+            )
+        return INT_TYPES[value_type], groups
 
     # Open files, cached row groups and the decode thread belong to one process; a worker (forked
     # or spawned) starts with none of them.
