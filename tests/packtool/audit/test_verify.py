@@ -273,6 +273,42 @@ def test_recorded_shares_of_the_slots_are_recomputed(packed_dataset_factory, cap
     assert_fails(d, capsys, "counts.tokens_supervised is 48 but columns lists no loss_mask")
 
 
+def test_a_masked_datasets_supervised_share_is_recomputed(tmp_path, capsys):
+    """The supervised efficiency of a dataset packed with a loss mask (pre-tokenized input_ids
+    and labels) is counts.tokens_supervised / (rows x max_len): the packed value passes, an
+    edited one is named; an edited tokens_supervised is checked against the mask's sum. (The
+    case above lost its masked dataset: a count without a loss_mask column is refused first.)"""
+    from tests.packtool.pack.test_mask import write_sft
+
+    out = tmp_path / "out"
+    code, _, err = run("pack", *write_sft(tmp_path / "sft", n=80), "-o", out, "--max-len", 64)
+    assert code == 0, err
+    index = json.loads((out / INDEX_FILE).read_text())
+    counts, extra = index["counts"], index["extra"]
+    assert (
+        "loss_mask" in index["columns"] and 0 < counts["tokens_supervised"] < counts["tokens_out"]
+    )
+    share = counts["tokens_supervised"] / (counts["rows"] * 64)
+    assert extra["supervised_efficiency"] == round(share, 6)
+    assert verify_dataset(out).supervised_tokens == counts["tokens_supervised"]
+    assert run_cli(["verify", str(out)], capsys)[0] == 0
+    tampered = round(share + 0.05, 6)
+    edit_index(out, extra={**extra, "supervised_efficiency": tampered})
+    assert_fails(
+        out,
+        capsys,
+        f"extra.supervised_efficiency is {tampered!r} but tokens / (rows * max_len) = {share:.6f}",
+    )
+    # A supervised count edited with its share to match: the shards' masks sum to another.
+    more = counts["tokens_supervised"] + 1
+    edit_index(
+        out,
+        counts={**counts, "tokens_supervised": more},
+        extra={**extra, "supervised_efficiency": round(more / (counts["rows"] * 64), 6)},
+    )
+    assert_fails(out, capsys, f"counts.tokens_supervised is {more:,} but the shards hold ")
+
+
 @pytest.mark.parametrize("value", ["x", -1, float("nan"), 25, 24.0, True, None])
 @pytest.mark.parametrize("key", ["file_bits", "offset_bits"])
 def test_the_doc_id_layout_is_the_one_ids_are_made_with(packed_dataset_factory, capsys, key, value):
