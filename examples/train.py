@@ -64,6 +64,30 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _device(text: str) -> str:
+    """An argparse type: a device of this machine that torch can train on (cpu, cuda, cuda:N,
+    mps); anything else was torch's traceback when the model moved there."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"must be cpu, cuda, cuda:N or mps, got {text!r}"
+        ) from None
+    if device.type == "cuda":
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have == 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: torch sees no CUDA device here; use cpu")
+        if device.index is not None and device.index >= have:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: torch sees {have} CUDA device(s) here, cuda:0 to cuda:{have - 1}"
+            )
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: torch sees no MPS device here; use cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda, cuda:N or mps, got {text!r}")
+    return text
+
+
 MODEL_FLAGS = ("dim", "layers", "heads", "kv_heads")
 """The options that shape the model: a checkpoint resumes only under its own values."""
 
@@ -101,7 +125,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="bf16 autocast; auto = bf16 where the hardware has native bf16 (CUDA that supports "
         "it; a CPU with avx512_bf16 or amx_bf16), else fp32 (CPU autocast still works, only slower)",
     )
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--device",
+        type=_device,
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu, cuda, cuda:N or mps (default: cuda where torch sees one)",
+    )
     p.add_argument("--ckpt", default=None, help="checkpoint file (written every --ckpt-every)")
     p.add_argument("--ckpt-every", type=positive, default=100)
     p.add_argument(

@@ -154,6 +154,31 @@ def test_option_ranges_are_refused_at_parse_in_one_line(
     assert err.count("\n") == 1 and f"error: argument {option}: {message}" in err
 
 
+@pytest.mark.parametrize(
+    ("value", "gpus", "message"),
+    [
+        ("gpu", 0, "must be cpu, cuda, cuda:N or mps, got 'gpu'"),  # was torch's RuntimeError
+        ("cuda:x", 1, "must be cpu, cuda, cuda:N or mps, got 'cuda:x'"),
+        ("meta", 0, "must be cpu, cuda, cuda:N or mps, got 'meta'"),
+        ("cuda", 0, "'cuda': torch sees no CUDA device here; use cpu"),  # was an AssertionError
+        ("cuda:1", 1, "'cuda:1': torch sees 1 CUDA device(s) here, cuda:0 to cuda:0"),
+    ],
+)
+def test_a_device_torch_cannot_use_is_refused_at_parse_in_one_line(
+    packed, tmp_path, capsys, monkeypatch, value, gpus, message
+):
+    import torch
+
+    train = _train_module()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(SystemExit) as exc:
+        train.main(_args(packed, tmp_path, 3, "--device", value))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: argument --device: {message}" in err, err
+
+
 def test_resume_refuses_other_model_flags_and_files_that_are_no_checkpoint(packed, tmp_path):
     train = _train_module()
     ckpt = tmp_path / "dim32.pt"
