@@ -90,3 +90,18 @@ def test_tokenize_md_lists_the_metadata_tokenize_writes(tmp_path):
     assert listed, "tokenize.md: no tokenizer metadata"
     assert [k.strip() for k in listed.group(1).split(",")] == list(meta["tokenizer"])
     assert "special_tokens" not in meta  # byte: none to say; tokenize.md says so
+
+
+def test_every_benchmark_block_is_in_benchmarks_md():
+    """Each block a benchmark publishes (`publish("NAME", ...)`) has its markers in
+    docs/benchmarks.md, and a figure of docs/remote.md's open comes from one: the cold open of
+    many shards was quoted in remote.md only, measured by no script."""
+    names = set()
+    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+        names |= set(re.findall(r'publish\(\s*"([\w-]+)"', script.read_text(encoding="utf-8")))
+    assert {"bucket-loader", "bucket-open", "remote"} <= names
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    missing = [n for n in sorted(names) if f"<!-- bench:{n}:start -->" not in page]
+    assert not missing, f"docs/benchmarks.md has no block for {missing}"
+    remote = (ROOT / "docs" / "remote.md").read_text(encoding="utf-8")
+    assert "python -m benchmarks.bench_bucket_open" in remote
