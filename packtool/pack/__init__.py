@@ -13,7 +13,7 @@ Modules:
 - `kernels.py`, `limits.py`, `warmup.py`: the kernels, their bounds (no numba), their warm-up.
 - `segments.py`: documents cut into pieces, pieces gathered and summed (numba).
 - `jit.py`: the kernels' decorator; numba is imported at the first kernel call, not at import.
-- `chunk.py`: one chunk packed (`PackConfig`, `pack_table`, `PackCounts`).
+- `chunk.py`: one chunk packed (`PackConfig`, `pack_table`, `PackCounts`); `repack.py`: its rounds.
 - `columns.py`: the optional columns (loss mask) that move with `input_ids`.
 - `tail.py`, `rows.py`, `flat_ids.py`: tails, packed rows gathered on demand, flat id arrays.
 - `reference.py`: plain-Python references the tests hold the kernels to.

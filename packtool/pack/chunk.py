@@ -17,7 +17,6 @@ training order.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -29,7 +28,7 @@ from packtool.arrow_numpy import from_numpy, to_numpy
 from packtool.dataset import columns
 from packtool.errors import ConfigError, DataError
 from packtool.pack import columns as pack_columns
-from packtool.pack import kernels
+from packtool.pack import kernels, repack
 from packtool.pack.flat_ids import FlatIds
 from packtool.pack.limits import check_long_docs
 from packtool.pack.rows import IDS, PackedRows
@@ -37,9 +36,6 @@ from packtool.pack.tail import DOC_CHUNK, TailPolicy, pieces_table, tail_rows
 
 ALGORITHMS = kernels.ALGORITHMS
 
-# Each extra round pools this share of the least-filled rows (at least two rows). Small pools keep
-# a round cheap; the gain of a round comes from the tail of partly-filled rows FFD leaves behind.
-REPACK_FRACTION = 0.10
 MAX_CHUNK_TOKENS = 2**31 - 1
 """Tokens one chunk's packed rows may hold: they are one Arrow table, whose `list` offsets are
 int32. The engines cut their chunks by tokens too, so that none outgrows it
@@ -250,46 +246,18 @@ def _first_round(
     return np.asarray(row, dtype=np.int64), np.asarray(offset, dtype=np.int64), int(n_rows)
 
 
-def _repack_round(
-    row: NDArray[np.int64],
-    offset: NDArray[np.int64],
-    n_rows: int,
-    seg_len: NDArray[np.int64],
-    max_len: int,
-    rng: np.random.Generator,
-) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
-    """Pool the least-filled rows, shuffle their segments, first-fit them again; keep if better."""
-    if n_rows < 2:
-        return row, offset, n_rows
-    fill = np.bincount(row, weights=seg_len, minlength=n_rows)
-    k = max(2, math.ceil(REPACK_FRACTION * n_rows))
-    chosen = np.argsort(fill, kind="stable")[:k]
-    in_pool = np.zeros(n_rows, dtype=bool)
-    in_pool[chosen] = True
-    pool = np.flatnonzero(in_pool[row])
-    order = pool[rng.permutation(len(pool))]
-    new_row, new_offset, m = kernels.ff_assign(seg_len[order], max_len)
-    if m >= k:
-        return row, offset, n_rows
-    row, offset = row.copy(), offset.copy()
-    # Reuse the chosen rows' numbers for the new rows, then renumber densely.
-    row[order] = np.sort(chosen)[np.asarray(new_row, dtype=np.int64)]
-    offset[order] = new_offset
-    used, row = np.unique(row, return_inverse=True)
-    return row.astype(np.int64), offset, len(used)
-
-
 def _assign(
     seg_len: NDArray[np.int64], config: PackConfig, rng: np.random.Generator
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], list[int]]:
     if len(seg_len) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), [0] * config.rounds
     row, offset, n_rows = _first_round(seg_len, config.max_len, config.algorithm)
-    history = [n_rows]
-    for _ in range(1, config.rounds):
-        row, offset, n_rows = _repack_round(row, offset, n_rows, seg_len, config.max_len, rng)
-        history.append(n_rows)
-    return row, offset, history
+    rows = np.array([n_rows], np.int64)
+    group = np.zeros(len(seg_len), np.int64)
+    history = repack.repack_groups(
+        seg_len, group, row, offset, rows, config.max_len, config.rounds, rng
+    )
+    return row, offset, history.tolist()
 
 
 def _group_codes(table: pa.Table, column: str) -> tuple[NDArray[np.int64], list[str]]:
@@ -463,20 +431,11 @@ def _place(
     row, offset, rows = kernels.grouped_assign(
         segs.length, seg_group, config.max_len, config.algorithm, n_groups
     )
-    history = np.full(config.rounds, rows.sum(), dtype=np.int64)
-    if config.rounds > 1:
-        # Groups in name order, as one call per group took them, so the repack shuffles draw
-        # from `rng` in the same order; a group of one row is never repacked (nor draws).
-        by_group = np.argsort(seg_group, kind="stable")
-        starts = np.zeros(n_groups + 1, np.int64)
-        np.cumsum(np.bincount(seg_group, minlength=n_groups), out=starts[1:])
-        for g in np.flatnonzero(rows >= 2):
-            members = by_group[starts[g] : starts[g + 1]]
-            r, o, n = row[members], offset[members], int(rows[g])
-            for k in range(1, config.rounds):
-                r, o, n = _repack_round(r, o, n, segs.length[members], config.max_len, rng)
-                history[k] += n - rows[g]
-            row[members], offset[members], rows[g] = r, o, n
+    # Every group's extra rounds in one kernel call too, groups in name order (a group of one
+    # row is never repacked, nor draws); a Python call per group and round cost 0.2 ms each.
+    history = repack.repack_groups(
+        segs.length, seg_group, row, offset, rows, config.max_len, config.rounds, rng
+    )
     row += (np.cumsum(rows) - rows)[seg_group]  # each group's rows after the groups before it
     tokens = np.bincount(seg_group, weights=segs.length, minlength=n_groups).astype(np.int64)
     present = np.flatnonzero(np.bincount(seg_group, minlength=n_groups))

@@ -43,6 +43,7 @@ __all__ = [
     "checked_segments",
     "ff_assign",
     "ffd_assign",
+    "first_fit",
     "gather_segments",
     "grouped_assign",
     "row_fill",
@@ -249,7 +250,7 @@ def _ffd_runs(lens, cnts, d, max_len, proto, first, run_row, run_off, run_k):  #
 
 
 @jit.njit(cache=True, nogil=True)
-def _ff(lengths, max_len):  # pragma: no cover - compiled
+def first_fit(lengths, max_len):  # pragma: no cover - compiled
     """First fit in the given order (no sort), on the same max segment tree as `_ffd_runs`."""
     n = lengths.size
     row = np.empty(n, np.int64)
@@ -510,7 +511,7 @@ def ff_assign(lengths: ArrayLike, max_len: int) -> tuple[NDArray[np.int64], NDAr
     arr, max_len = checked_lengths(lengths, max_len)
     if arr.size == 0:
         return _empty()
-    row, offset, n_rows = _ff(arr, max_len)
+    row, offset, n_rows = first_fit(arr, max_len)
     return row, offset, int(n_rows)
 
 

@@ -6,7 +6,11 @@ Used by the tests (the numba kernels must give exactly the same assignment) and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
 
 
 def _decreasing(lengths: Sequence[int]) -> list[int]:
@@ -117,3 +121,68 @@ def mix_reference(
         if tokens_left <= 0:
             return out, 3, -1, tokens_left
     return out, 0, -1, tokens_left
+
+
+def repack_reference(
+    seg_len: NDArray[np.int64],
+    seg_group: NDArray[np.int64],
+    row: NDArray[np.int64],
+    offset: NDArray[np.int64],
+    rows: NDArray[np.int64],
+    max_len: int,
+    rounds: int,
+    rng: np.random.Generator,
+    fraction: float = 0.10,
+    first_fit: Callable[[Sequence[int], int], tuple] = ff_reference,
+) -> NDArray[np.int64]:
+    """The extra rounds as `pack_table` ran them until 2026-12-07: a Python call per group and
+    round (packtool/pack/repack.py's `repack_groups`, same arguments, same in-place updates).
+
+    A round pools the least-filled `fraction` of a group's rows (at least two), shuffles their
+    segments with `rng`, first-fits them in that order (`first_fit`: `ff_reference`, or the
+    `kernels.ff_assign` the old path called, for its speed) and keeps the result if it needs
+    fewer rows. Returns the rows of all groups after each round.
+    """
+    n_groups = len(rows)
+    history = np.full(rounds, rows.sum(), dtype=np.int64)
+    by_group = np.argsort(seg_group, kind="stable")
+    starts = np.zeros(n_groups + 1, np.int64)
+    np.cumsum(np.bincount(seg_group, minlength=n_groups), out=starts[1:])
+    for g in np.flatnonzero(rows >= 2):
+        members = by_group[starts[g] : starts[g + 1]]
+        r, o, n = row[members], offset[members], int(rows[g])
+        for k in range(1, rounds):
+            r, o, n = _repack_round(r, o, n, seg_len[members], max_len, rng, fraction, first_fit)
+            history[k] += n - rows[g]
+        row[members], offset[members], rows[g] = r, o, n
+    return history
+
+
+def _repack_round(
+    row: NDArray[np.int64],
+    offset: NDArray[np.int64],
+    n_rows: int,
+    seg_len: NDArray[np.int64],
+    max_len: int,
+    rng: np.random.Generator,
+    fraction: float,
+    first_fit: Callable[[Sequence[int], int], tuple],
+) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
+    if n_rows < 2:
+        return row, offset, n_rows
+    fill = np.bincount(row, weights=seg_len, minlength=n_rows)
+    k = max(2, math.ceil(fraction * n_rows))
+    chosen = np.argsort(fill, kind="stable")[:k]
+    in_pool = np.zeros(n_rows, dtype=bool)
+    in_pool[chosen] = True
+    pool = np.flatnonzero(in_pool[row])
+    order = pool[rng.permutation(len(pool))]
+    new_row, new_offset, m = first_fit(seg_len[order], max_len)
+    if m >= k:
+        return row, offset, n_rows
+    row, offset = row.copy(), offset.copy()
+    # Reuse the chosen rows' numbers for the new rows, then renumber densely.
+    row[order] = np.sort(chosen)[np.asarray(new_row, dtype=np.int64)]
+    offset[order] = new_offset
+    used, row = np.unique(row, return_inverse=True)
+    return row.astype(np.int64), offset, len(used)

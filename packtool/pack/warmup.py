@@ -3,17 +3,19 @@
 The first call of each kernel in a process imports numba (packtool/pack/jit.py says when, and
 which of numba's extensions it skips) and costs ~0.1-0.2 s of cache loading (or a compile on a
 cold cache); a partition worker calls `warm_up` in a background thread once its first batch is
-being encoded, well before its first chunk is packed. The kernels of packtool/pack/kernels.py
-and packtool/pack/flat_ids.py are warmed here, above both, so neither module has to import the
-other's user.
+being encoded, well before its first chunk is packed. The kernels of packtool/pack/kernels.py,
+packtool/pack/repack.py and packtool/pack/flat_ids.py are warmed here, above them, so none of
+them has to import another's user.
 """
 
 from __future__ import annotations
 
-from packtool.pack import flat_ids, kernels
+from packtool.pack import flat_ids, kernels, repack
 
 
 def warm_up() -> None:
-    """Warm the bin-packing kernels, then the flat-id gathers (the order a chunk uses them)."""
+    """Warm the bin-packing kernels, the rounds, then the flat-id gathers (the order a chunk
+    uses them)."""
     kernels.warm_up()
+    repack.warm_up()
     flat_ids.warm_up()

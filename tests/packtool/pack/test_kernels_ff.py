@@ -54,7 +54,7 @@ def test_warm_up_loads_every_kernel():
     from packtool.pack import kernels, segments
 
     kernels.warm_up()
-    for fn in (kernels._decreasing, kernels._ff, kernels._grouped, segments._split):
+    for fn in (kernels._decreasing, kernels.first_fit, kernels._grouped, segments._split):
         assert fn.signatures, fn
     # token ids come as uint16 or uint32: both gather specialisations are loaded
     dtypes = {str(sig[0].dtype) for sig in segments._gather_segments.signatures}
