@@ -349,12 +349,21 @@ class Driver:
             return self.drive(run)
 
 
-def pack_with(config: RunConfig, tokenizer: Tokenizer | str | None, driver: Driver) -> PackSummary:
+def pack_with(
+    config: RunConfig,
+    tokenizer: Tokenizer | str | None,
+    driver: Driver,
+    *,
+    bos: int | str | None = "auto",
+) -> PackSummary:
     """Pack `config.inputs` into `config.out_dir` with `driver`: the inputs checked, the output
     locked and staged (or the interrupted run's state read back), the plan made or resumed,
-    every wave driven, the run finished and swapped in (the module docstring)."""
+    every wave driven, the run finished and swapped in (the module docstring). `bos`: the BOS
+    choice for a `tokenizer` given by name (`run_pack`)."""
     early = driver.early
-    checked = check_inputs(config, tokenizer, early and (lambda paths: early(config, paths)))
+    checked = check_inputs(
+        config, tokenizer, early and (lambda paths: early(config, paths)), bos=bos
+    )
     config = checked.config  # long_docs decided by the inputs where it was left out
     with output_folder(config, fingerprint_of(config, checked)) as output:
         run = Run(config, checked, output)

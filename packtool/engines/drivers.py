@@ -53,10 +53,13 @@ def pack_on(
     config: RunConfig,
     tokenizer: Tokenizer | str | None = None,
     engine_config: Any = None,
+    *,
+    bos: int | str | None = "auto",
 ) -> PackSummary:
     """Pack `config` on the engine named `engine`, as `run_pack`, `run_pack_ray` or
     `run_pack_slurm` do, but with `engine_config` None Ray gets at most `config.workers`
-    actors (as `--workers` gives the CLI), where `run_pack_ray` starts one per CPU."""
+    actors (as `--workers` gives the CLI), where `run_pack_ray` starts one per CPU; `bos` as
+    `run_pack`'s."""
     return pack_with(
-        config, tokenizer, driver(engine, engine_config, config.out_dir, config.workers)
+        config, tokenizer, driver(engine, engine_config, config.out_dir, config.workers), bos=bos
     )

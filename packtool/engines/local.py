@@ -68,7 +68,9 @@ in the pool; a unit lost once more stops the run."""
 __all__ = ["PackSummary", "RunConfig", "drive_local", "local_driver", "rechunk", "run_pack"]
 
 
-def run_pack(config: RunConfig, tokenizer: Tokenizer | str | None = None) -> PackSummary:
+def run_pack(
+    config: RunConfig, tokenizer: Tokenizer | str | None = None, *, bos: int | str | None = "auto"
+) -> PackSummary:
     """Pack `config.inputs` into shards + `index.json` in `config.out_dir`.
 
     Args:
@@ -76,8 +78,10 @@ def run_pack(config: RunConfig, tokenizer: Tokenizer | str | None = None) -> Pac
         tokenizer: encodes raw corpora: a `Tokenizer` or a `load_tokenizer` spec. For tokenized
             Parquet inputs it must match the recorded tokenizer; None accepts the recorded one
             (and means `byte` for raw corpora).
+        bos: the BOS choice when `tokenizer` is a spec (`load_tokenizer`'s: "auto", the
+            tokenizer's own rule; "default"; an id; None for none: `--bos-id` / `--no-bos`).
     """
-    return pack_with(config, tokenizer, local_driver(config.workers))
+    return pack_with(config, tokenizer, local_driver(config.workers), bos=bos)
 
 
 def local_driver(workers: int | None) -> Driver:

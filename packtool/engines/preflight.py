@@ -44,6 +44,7 @@ from packtool.storage import local as storage
 from packtool.tokenize.recorded import check_recorded_tokenizer
 from packtool.tokenize.tables import PRETOKENIZED, RAW, RECORDS
 from packtool.tokenize.tokenize import inputs_read, unchanged_ids
+from packtool.tokenizer.by_name import tokenizer_by_name
 from packtool.tokenizer.tokenizers import Tokenizer
 
 
@@ -92,6 +93,7 @@ def check_inputs(
     expanded: Callable[[list[Path]], None] | None = None,
     *,
     ends_added: bool = False,
+    bos: int | str | None = "auto",
 ) -> Checked:
     """Check the inputs, the tokenizer and `max_len` before anything is written.
 
@@ -107,6 +109,8 @@ def check_inputs(
             nothing else: the identity records no BOS and an explicit `--bos-id` is refused;
             otherwise they are used unchanged, so the identity records no EOS or BOS and an
             explicit `--eos-id` / `--bos-id` is refused (it would add nothing).
+        bos: the BOS choice when `tokenizer` is a spec (`load_tokenizer`'s: "auto", the
+            tokenizer's own rule; "default"; an id; None for none: `--bos-id` / `--no-bos`).
 
     Raises:
         DataError: a missing input, a tokenizer that differs from the recorded one, or inputs
@@ -133,9 +137,9 @@ def check_inputs(
     check_policy(facts.columns, long_docs, api=not config.command)
     recorded = None if facts.recorded is None else TokenizerIdentity.from_dict(facts.recorded)
     if isinstance(tokenizer, str) or (tokenizer is None and recorded is None):
-        from packtool.tokenizer.tokenizers import load_tokenizer
-
-        tokenizer = load_tokenizer(tokenizer or "byte")
+        tokenizer = tokenizer_by_name(tokenizer or "byte", bos)
+    else:
+        tokenizer_by_name(tokenizer, bos)  # a Tokenizer with a `bos` too: refused
     if tokenizer is not None and recorded is not None:
         # None where it is the recorded one once the EOS / BOS not chosen are the file's
         tokenizer = check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])

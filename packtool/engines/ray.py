@@ -118,6 +118,8 @@ def run_pack_ray(
     config: RunConfig,
     ray_config: RayConfig | None = None,
     tokenizer: Tokenizer | str | None = None,
+    *,
+    bos: int | str | None = "auto",
 ) -> PackSummary:
     """Pack `config.inputs` like `packtool.engines.local.run_pack`, a Ray Data actor pool doing
     the work.
@@ -129,7 +131,8 @@ def run_pack_ray(
     Raises:
         MissingDependencyError: ray is not installed.
     """
-    return pack_with(config, tokenizer, ray_driver(ray_config or RayConfig(), config.out_dir))
+    driver = ray_driver(ray_config or RayConfig(), config.out_dir)
+    return pack_with(config, tokenizer, driver, bos=bos)
 
 
 def ray_driver(ray_config: RayConfig, out_dir: str | os.PathLike) -> Driver:

@@ -470,6 +470,7 @@ def compute_stats(
     tokenizer: Any = "byte",
     workers: int | None = None,
     progress: bool | None = None,
+    bos: int | str | None = "auto",
 ) -> LengthStats:
     """Statistics of a corpus: raw files are tokenized on the fly, tokenized Parquet is read.
 
@@ -481,6 +482,8 @@ def compute_stats(
         tokenizer: a `Tokenizer` or a spec for raw corpora (None: `byte`). Ignored for tokenized
             Parquet, whose recorded tokenizer is reported instead (a spec is then not loaded).
         workers: tokenizer threads when `tokenizer` is a spec.
+        bos: the BOS choice when `tokenizer` is a spec (`load_tokenizer`'s: "auto", the
+            tokenizer's own rule; "default"; an id; None for none: `--bos-id` / `--no-bos`).
         progress: a bar on stderr while raw inputs are tokenized (None: on a terminal,
             `packtool.progress.progress_enabled`).
 
@@ -523,10 +526,9 @@ def compute_stats(
             "skipped_summary": skips.summary(),
         }
     else:
-        if tokenizer is None or isinstance(tokenizer, str):
-            from packtool.tokenizer.tokenizers import load_tokenizer
+        from packtool.tokenizer.by_name import tokenizer_by_name
 
-            tokenizer = load_tokenizer(tokenizer or "byte", workers=workers)
+        tokenizer = tokenizer_by_name(tokenizer or "byte", bos, workers=workers)
         used = tokenizer.identity
         if read.mode == PRETOKENIZED:
             used = unchanged_ids(used, tokenizer)  # ids counted as they are: no EOS, no BOS

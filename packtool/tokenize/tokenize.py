@@ -61,6 +61,7 @@ from packtool.tokenize.tables import (
     Source,
     partition_tables,
 )
+from packtool.tokenizer.by_name import tokenizer_by_name
 from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
 
 
@@ -265,6 +266,7 @@ def tokenized_batches(
     tokenizer: Tokenizer | str | None = "byte",
     workers: int | None = None,
     skips: SkipCounter | None = None,
+    bos: int | str | None = "auto",
 ) -> Iterator[pa.Table]:
     """Yield tables of the tokenized schema, from raw corpora or from tokenized Parquet.
 
@@ -276,6 +278,8 @@ def tokenized_batches(
         tokenizer: a `Tokenizer` or a spec for `load_tokenizer`. For tokenized Parquet it must
             match the recorded tokenizer (pass None to accept whatever is recorded).
         workers: encoding threads when `tokenizer` is a spec (default: all cores).
+        bos: the BOS choice when `tokenizer` is a spec (`load_tokenizer`'s: "auto", the
+            tokenizer's own rule; "default"; an id; None for none: `--bos-id` / `--no-bos`).
         skips: counts skipped documents (a fresh one when None; pass one to read the counts).
             `read_config.strict` makes the run strict whatever counter is passed: one passed
             with strict=False is made strict (`packtool.read.documents.run_skips`).
@@ -284,6 +288,7 @@ def tokenized_batches(
         DataError: bad input (see `read_corpus`), or tokenized Parquet made with another
             tokenizer.
     """
+    tokenizer = tokenizer_by_name(tokenizer, bos, workers=workers)
     for table, _ in _tokenized_batches(
         inputs, read_config=read_config, tokenizer=tokenizer, workers=workers, skips=skips
     ):
@@ -384,6 +389,7 @@ def tokenize_corpus(
     progress: bool | None = None,
     part_tokens: int = 200_000_000,
     command: str = "",
+    bos: int | str | None = "auto",
 ) -> TokenizeSummary:
     """Tokenize `inputs` into tokenized Parquet at `out`.
 
@@ -397,6 +403,8 @@ def tokenize_corpus(
             match the recorded tokenizer, and None takes the recorded one (`byte` for other
             inputs), as `pack` does.
         workers: encoding threads (default: all cores).
+        bos: the BOS choice when `tokenizer` is a spec (`load_tokenizer`'s: "auto", the
+            tokenizer's own rule; "default"; an id; None for none: `--bos-id` / `--no-bos`).
         overwrite: replace an existing `out` (a folder only if it holds nothing but part files).
         progress: draw a progress bar (default: when stderr is a terminal).
         part_tokens: tokens per part file when `out` is a folder.
@@ -414,13 +422,12 @@ def tokenize_corpus(
     config = read_config or ReadConfig()
     out = storage.as_path(out) if storage.is_remote(out) else Path(out)
     check_apart(out, [storage.input_text(i) for i in inputs])  # before anything is read
-    if isinstance(tokenizer, str):
-        tokenizer = load_tokenizer(tokenizer, workers=workers)
+    tokenizer = tokenizer_by_name(tokenizer, bos, workers=workers)
     single = out.name.lower().endswith(".parquet")
     skips = SkipCounter(strict=config.strict)
     read = inputs_read(expand_inputs(inputs), config)
     if tokenizer is None and read.mode != TOKENIZED:  # only tokenized Parquet records one
-        tokenizer = load_tokenizer("byte", workers=workers)
+        tokenizer = load_tokenizer("byte", workers=workers, bos=bos)
     if tokenizer is not None and read.mode == TOKENIZED:  # None: the EOS/BOS recorded taken
         tokenizer = check_recorded_tokenizer(read.identity(), tokenizer, read.tokenized[0][0])
     optional = read.columns  # e.g. loss_mask from labels: passed through

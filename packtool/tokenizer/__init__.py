@@ -16,4 +16,5 @@ Modules:
 - `engine_checks.py`: self-checks already passed, recorded per tokenizer and engine.
 - `files.py`: tokenizer names as people write them, resolved to files.
 - `specials.py`: the tokenizer's own BOS / EOS rule, and the defaults `load_tokenizer` takes.
+- `by_name.py`: a tokenizer an API function is given by name, loaded with the caller's `bos`.
 """

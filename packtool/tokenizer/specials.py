@@ -61,6 +61,9 @@ class Added:
     unlike: str = ""
     """What it puts before a text that one BOS id cannot be (several special tokens, or one
     of several ids), in words; "" when `first` is all of it."""
+    before: tuple[tuple[str, int], ...] = ()
+    """With `unlike`: every (token, id) it puts before a text, in order (each id of a special
+    token of several), so the refusal can say what each one-id choice gives."""
 
 
 NOTHING = Added(None, None, "")
@@ -102,7 +105,8 @@ def _added(processor: dict[str, Any]) -> Added:
             unlike = f"{len(before)} special tokens ({named})"
         elif before and first is None:
             unlike = f"special token {before[0]} as the ids {_ids_of(before[0], ids)}"
-        return Added(first, _special(after[-1:], ids), kind, unlike)
+        each = tuple((name, i) for name in before for i in _id_list(name, ids)) if unlike else ()
+        return Added(first, _special(after[-1:], ids), kind, unlike, each)
     return NOTHING
 
 
@@ -116,6 +120,31 @@ def _ids_of(name: str, ids: dict[str, Any]) -> str:
     """A TemplateProcessing special token's ids, as the file gives them (`[0]`, `[1, 5]`)."""
     entry = ids.get(name)
     return str(entry.get("ids") if isinstance(entry, dict) else None).replace(" ", "")
+
+
+def _id_list(name: str, ids: dict[str, Any]) -> list[int]:
+    entry = ids.get(name)
+    found = entry.get("ids") if isinstance(entry, dict) else None
+    return [i for i in found if isinstance(i, int)] if isinstance(found, list) else []
+
+
+def prefix_refusal(where: str, added: Added) -> str:
+    """Why the default BOS is refused where the post-processor puts more than one id before a
+    text, and what each choice gives instead (`own_bos`; docs/tokenize.md, "BOS and EOS")."""
+    choices = []
+    names = [token for token, _ in dict.fromkeys(added.before)]
+    for token, token_id in dict.fromkeys(added.before):
+        what = token if names.count(token) == 1 else f"{token_id} (one of {token}'s ids)"
+        choices.append(f"--bos-id {token_id} puts {what} alone before each document")
+    ids = ", ".join(str(i) for _, i in added.before) or "its ids"
+    return (
+        f"{where}: its post-processor ({added.kind}) puts {added.unlike} before a text, so "
+        f"transformers' tokenizer(text) starts with [{ids}]; a packtool dataset records one BOS "
+        "id, and no choice gives that prefix: "
+        + "; ".join([*choices, "--no-bos puts none"])
+        + " (in Python: bos=ID or bos=None, to load_tokenizer or to any function given the "
+        "tokenizer by name)"
+    )
 
 
 def _special(names: list[str], ids: dict[str, Any]) -> tuple[str, int] | None:
@@ -141,11 +170,7 @@ def own_bos(source: Source, files: TokenizerFiles, vocab: dict[str, int]) -> tup
     flag = None if files.config is None else files.config.data.get("add_bos_token")
     if added.unlike:
         # transformers' tokenizer(text) starts with all of them; a dataset records one BOS id
-        raise ConfigError(
-            f"{source.where}: its post-processor ({added.kind}) puts {added.unlike} before a "
-            "text, and packtool puts one BOS id before each document: pass --bos-id N (one "
-            "of them) or --no-bos"
-        )
+        raise ConfigError(prefix_refusal(source.where, added))
     if added.first is not None:
         token, token_id = added.first
         note = (

@@ -92,8 +92,9 @@ from packtool.storage import local as storage
 from packtool.tokenize.summary import TokenizeSummary
 from packtool.tokenize.tables import PRETOKENIZED, RAW, RECORDS
 from packtool.tokenize.tokenize import names_kept
+from packtool.tokenizer.by_name import tokenizer_by_name
 from packtool.tokenizer.specials import EOS_TOKEN
-from packtool.tokenizer.tokenizers import Tokenizer, load_tokenizer
+from packtool.tokenizer.tokenizers import Tokenizer
 
 TO_KEY = "to"
 """The fingerprint's mark of a Megatron run (a pack run's state is never resumed as one)."""
@@ -113,6 +114,7 @@ def tokenize_megatron(
     engine: str = "local",
     engine_config: Any = None,
     command: str = "",
+    bos: int | str | None = "auto",
 ) -> TokenizeSummary:
     """Tokenize `inputs` into `PREFIX.bin` and `PREFIX.idx` (see the module docstring).
 
@@ -133,6 +135,8 @@ def tokenize_megatron(
         engine: `local`, `ray` or `slurm`.
         engine_config: `ray.RayConfig` / `slurm.driver.SlurmConfig` (None: the defaults).
         command: the command line, shown to a second writer that the lock refuses.
+        bos: the BOS choice when `tokenizer` is a spec (`load_tokenizer`'s: "auto", the
+            tokenizer's own rule; "default"; an id; None for none: `--bos-id` / `--no-bos`).
 
     Raises:
         ConfigError: the pair exists without `overwrite`, another process writes it, it is
@@ -158,8 +162,7 @@ def tokenize_megatron(
     # The engine's own checks (a known name, Ray installed, sbatch options Slurm accepts) come
     # before the tokenizer is loaded and any input read.
     engine_driver = drivers.driver(engine, engine_config, idx_path, workers)
-    if isinstance(tokenizer, str):
-        tokenizer = load_tokenizer(tokenizer, eos=EOS_TOKEN, workers=workers)
+    tokenizer = tokenizer_by_name(tokenizer, bos, eos=EOS_TOKEN, workers=workers)
     run_config = RunConfig(
         inputs=tuple(inputs),
         out_dir=str(idx_path),

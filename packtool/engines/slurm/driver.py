@@ -68,7 +68,11 @@ __all__ = [
 
 
 def run_pack_slurm(
-    config: RunConfig, slurm: SlurmConfig | None = None, tokenizer: Tokenizer | str | None = None
+    config: RunConfig,
+    slurm: SlurmConfig | None = None,
+    tokenizer: Tokenizer | str | None = None,
+    *,
+    bos: int | str | None = "auto",
 ) -> PackSummary:
     """Pack `config.inputs` like `packtool.engines.local.run_pack`, the partitions run as Slurm
     job arrays (see the module docstring).
@@ -79,7 +83,9 @@ def run_pack_slurm(
         Detached: `slurm.wait` is False: the jobs are queued, the staging folder kept.
         WorkersLost: a partition's tasks ended without it more than `max_retries` times.
     """
-    return pack_with(config, tokenizer, slurm_driver(slurm or SlurmConfig(), config.out_dir))
+    return pack_with(
+        config, tokenizer, slurm_driver(slurm or SlurmConfig(), config.out_dir), bos=bos
+    )
 
 
 def slurm_driver(slurm: SlurmConfig, out_dir: str | Path) -> Driver:

@@ -189,8 +189,12 @@ def test_several_tokens_before_a_text_are_refused_in_one_line_not_cut_to_one(tmp
     assert AutoTokenizer.from_pretrained(str(path.parent))("hi")["input_ids"][:2] == list(ids)
     message = (
         f"{path}: its post-processor (TemplateProcessing) puts 2 special tokens ({first} "
-        f"[{ids[0]}], {second} [{ids[1]}]) before a text, and packtool puts one BOS id before "
-        "each document: pass --bos-id N (one of them) or --no-bos"
+        f"[{ids[0]}], {second} [{ids[1]}]) before a text, so transformers' tokenizer(text) "
+        f"starts with [{ids[0]}, {ids[1]}]; a packtool dataset records one BOS id, and no choice "
+        f"gives that prefix: --bos-id {ids[0]} puts {first} alone before each document; "
+        f"--bos-id {ids[1]} puts {second} alone before each document; --no-bos puts none (in "
+        "Python: bos=ID or bos=None, to load_tokenizer or to any function given the tokenizer by "
+        "name)"
     )
     with pytest.raises(ConfigError) as e:
         load_tokenizer(str(path))
