@@ -7,6 +7,8 @@ Parts (each a function returning its markdown; `main` runs them and writes docs/
   plain-Python references (`packtool.pack.reference`) at N = 1e5. docs/benchmarks.md block `pack-assign`.
 - `pack_efficiency.bench_efficiency`: rows against the lower bound at max_len 2048/4096/8192,
   gains per extra round, whole-corpus BFD, and the cost of chunking. docs/benchmarks.md `pack-efficiency`.
+- `pack_rounds.bench_rounds`: `--rounds` x `--group-by`, every group's extra rounds in one numba
+  call against the Python call per group and round it replaced. docs/benchmarks.md `pack-rounds`.
 - `pack_efficiency.bench_end_to_end`: `packtool pack` from raw JSONL with GPT-2 BPE against the
   tokenizer library alone on the same texts: time beyond tokenization, peak RSS. docs/benchmarks.md `pack-e2e`.
 """
@@ -21,7 +23,7 @@ import time
 import numba
 import numpy as np
 
-from benchmarks import pack_efficiency
+from benchmarks import pack_efficiency, pack_rounds
 from benchmarks._common import best_of, markdown_table, peak_rss_mib, update_block
 from packtool.pack.kernels import bfd_assign, ffd_assign
 from packtool.pack.reference import bfd_reference, ffd_reference
@@ -138,16 +140,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=["pack-assign", "pack-efficiency", "pack-e2e"],
+        choices=["pack-assign", "pack-rounds", "pack-efficiency", "pack-e2e"],
         help="run only these parts",
     )
     args = parser.parse_args(argv)
     if args.quick:
-        body = bench_assign(sizes=(10_000, 100_000), reference_n=10_000, repeat=1)
-        print(body)
+        print(bench_assign(sizes=(10_000, 100_000), reference_n=10_000, repeat=1))
+        print(pack_rounds.bench_rounds(groups=(300,), rounds=(4,), repeat=1))
         return
     parts = {
         "pack-assign": bench_assign,
+        "pack-rounds": pack_rounds.bench_rounds,
         "pack-efficiency": pack_efficiency.bench_efficiency,
         "pack-e2e": pack_efficiency.bench_end_to_end,
     }
