@@ -5,10 +5,11 @@ shuffles their segments with the chunk's generator, first-fits them again in tha
 keeps the result if it needs fewer rows than it pooled; rows are then numbered densely in their
 old order. A group of fewer than two rows is left as it is and draws nothing.
 
-The shuffles are numpy's own: numba runs `Generator.permutation` on the generator's bit
-generator (the same draws, the generator's state advanced in place), and the groups take their
-rounds in group order, as one Python call per group and round did until 2026-12-07 (0.2 ms each:
-3,000 groups, 16 rounds were 9.8 s of the pack stage). So a seed gives the rows it gave then;
+The shuffles are numpy's own: numba runs `Generator.shuffle` (the draws of `permutation`) on the
+generator's bit generator (its state advanced in place), and the groups take their
+rounds in group order, as one Python call per group and round did until 2026-12-07 (~30 us of
+CPU each: 3,000 groups x 16 rounds were 11.5 s of `packtool pack`'s pack stage on a loaded 2-core
+box; docs/benchmarks.md `pack-rounds`). So a seed gives the rows it gave then;
 `packtool.pack.reference.repack_reference` keeps that Python path, and the tests hold this
 kernel to it. Cost: per group and round, O(m log m) for its m segments, in compiled code.
 """
