@@ -75,16 +75,26 @@ class Interrupted(BaseException):
     """Ctrl-C inside a command, on its way past click (`Commands`) to `report`."""
 
 
+class UnexpectedEOF(Exception):
+    """An `EOFError` out of a command, on its way past click, which turns every `EOFError`
+    into its `Abort`: "interrupted" and exit code 130 for what no one interrupted (the local
+    engine's fork server dying did; `engines/local.py` now says that as a lost worker). What
+    is left is a bug, whose traceback (the `EOFError` its cause) is the report."""
+
+
 class Commands(click.Group):
     """click's group, except that a Ctrl-C inside a command reaches `report` as `Interrupted`:
     click's own handler printed an empty line before it (to end a terminal's `^C` line; in a
-    log, two lines where docs/pack.md says one). `report` ends that line on a terminal only."""
+    log, two lines where docs/pack.md says one). `report` ends that line on a terminal only.
+    An `EOFError` reaches it as `UnexpectedEOF`, not as click's Ctrl-C."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
             raise Interrupted from None
+        except EOFError as exc:
+            raise UnexpectedEOF(f"EOFError: {exc} (not a Ctrl-C)") from exc
 
 
 class LostOutput(Exception):

@@ -18,8 +18,8 @@ other's noise (README, "Scale-out": processes 1.4x faster in one run, threads 1.
 do not inherit this process's threads, and only small partition descriptors go to them; each
 loads the tokenizer and the numba kernels once.
 
-A worker process that dies (killed, out of memory) loses only its partition: the pool is
-rebuilt and the unfinished partitions run again, each at most `MAX_RETRIES` times, with the same
+A worker process that dies (killed, out of memory) loses only its partition, and a fork server
+that dies loses the partition it was starting a worker for: the pool is rebuilt and the unfinished partitions run again, each at most `MAX_RETRIES` times, with the same
 bytes as a first attempt (packtool/engines/worker.py). The pool does not say which of its
 workers died, so every partition it lost (running or queued) counts one loss: a partition that
 kills its worker every time stops the run, deaths spread over a long run do not. Ctrl-C stops the workers at once; the
@@ -249,7 +249,7 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
                             # CLI's watchdog and second Ctrl-C still end the run meanwhile.
                             with ctrl_c_after(at_once=True):
                                 # raises BrokenProcessPool if a worker died: the unit stays todo
-                                inflight[pool.submit(task, run.descriptor(todo[0]))] = todo[0]
+                                inflight[_submit(pool, task, run.descriptor(todo[0]))] = todo[0]
                             todo.popleft()
                         finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
                         for fut in finished:
@@ -278,6 +278,17 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
         raise
     if pool is not None:
         pool.shutdown(wait=True)
+
+
+def _submit(pool: Any, task: Callable, descriptor: dict[str, Any]) -> Future:
+    """`pool.submit`, a fork server that died (killed, out of memory) raised as the worker
+    death it is: the server's end of the socket closed while it was to fork a worker, an
+    `EOFError` that reached click as a Ctrl-C ("interrupted", exit 130). Only here: a unit
+    that raises `EOFError` itself is that unit's error, not a lost worker."""
+    try:
+        return pool.submit(task, descriptor)
+    except EOFError as exc:
+        raise BrokenProcessPool(f"the worker processes' fork server died ({exc})") from exc
 
 
 def _units_named(units: list[int], partitions: int) -> str:

@@ -178,3 +178,18 @@ def test_ctrl_c_on_a_terminal_starts_a_line_of_its_own(tiny):
         os.close(leader)
     assert done.returncode == 130
     assert said.replace(b"\r\n", b"\n") == b"\ninterrupted\n"
+
+
+def test_an_eof_error_in_a_command_is_not_reported_as_a_ctrl_c(monkeypatch, tiny):
+    # click turns any EOFError into its Abort: the local engine's fork server killed mid-run
+    # ended the run "interrupted", exit 130, though no one pressed Ctrl-C.
+    import packtool.stats.lengths as lengths
+    from packtool.cli import exits
+
+    def ends_early(*args, **kwargs):
+        raise EOFError("unexpected EOF")
+
+    monkeypatch.setattr(lengths, "compute_stats", ends_early)
+    with pytest.raises(exits.UnexpectedEOF) as caught:
+        run("stats", tiny)
+    assert isinstance(caught.value.__cause__, EOFError)

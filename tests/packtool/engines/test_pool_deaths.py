@@ -128,3 +128,65 @@ def test_the_stop_names_every_unit_at_the_limit_not_the_lowest(spawn_pool, tmp_p
         local._run_pool(run, [list(range(6))], workers=2, threads=1, kind="process")
     named = str(caught.value).partition("partition(s) ")[2].partition(" ran")[0]
     assert 1 in {int(n) for n in named.split(", ")}, caught.value
+
+
+def eof_error(descriptor: dict[str, Any]) -> dict[str, Any]:
+    raise EOFError("a truncated stream")
+
+
+class ForkServerDiesAt(ProcessPoolExecutor):
+    """A pool whose fork server dies as it is asked for a worker while `unit` is submitted:
+    `submit` raises the `EOFError` multiprocessing raises then (the server's socket closed
+    before it sent the new worker's pid), `times` times."""
+
+    unit, times, died = 0, 0, 0
+
+    def submit(self, fn, descriptor):
+        if descriptor["unit"] == type(self).unit and type(self).died < type(self).times:
+            type(self).died += 1
+            raise EOFError
+        return super().submit(fn, descriptor)
+
+
+def fork_server_dies(monkeypatch, unit: int, times: int) -> type:
+    pool = type("Pool", (ForkServerDiesAt,), {"unit": unit, "times": times, "died": 0})
+
+    def make(run, workers, threads, kind):
+        return pool(workers, mp_context=multiprocessing.get_context("spawn")), die_on_chosen_units
+
+    monkeypatch.setattr(local, "_make_pool", make)
+    return pool
+
+
+def test_a_fork_server_that_dies_at_a_submit_is_a_lost_worker(monkeypatch, tmp_path):
+    """The fork server killed while a worker is forked: `submit` raised EOFError, which ended
+    the run as a Ctrl-C ("interrupted", exit 130). It is a lost worker now: the pool is rebuilt
+    and every unit runs."""
+    pool = fork_server_dies(monkeypatch, unit=3, times=1)
+    run = FakeRun(8, die=set(), times=0, marks=tmp_path)
+    local._run_pool(run, [list(range(8))], workers=1, threads=1, kind="process")
+    assert pool.died == 1 and sorted(run.records) == list(range(8))
+
+
+def test_a_fork_server_that_keeps_dying_stops_the_run_as_lost_workers(monkeypatch, tmp_path):
+    """A fork server that dies at every try stops the run with the lost workers' one line."""
+    fork_server_dies(monkeypatch, unit=2, times=100)
+    run = FakeRun(8, die=set(), times=0, marks=tmp_path)
+    with pytest.raises(WorkersLost, match=r"^worker processes died \d+ times while partition"):
+        local._run_pool(run, [list(range(8))], workers=1, threads=1, kind="process")
+    assert 0 in run.records and 2 not in run.records
+
+
+def test_an_eof_error_of_a_unit_itself_is_its_error_not_a_lost_worker(monkeypatch, tmp_path):
+    """Only `submit`'s EOFError is the fork server's: a task that raises one is not run again."""
+
+    def make(run, workers, threads, kind):
+        return ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn")
+        ), eof_error
+
+    monkeypatch.setattr(local, "_make_pool", make)
+    with pytest.raises(EOFError, match="a truncated stream"):
+        local._run_pool(
+            FakeRun(2, set(), 0, tmp_path), [[0, 1]], workers=1, threads=1, kind="process"
+        )
