@@ -8,8 +8,13 @@ there verbatim. `recorded()` replaces with `REDACTED`:
 - the value of `--storage-options` (`--storage-options X` and `--storage-options=X`);
 - in any argument, a URL's user and password (`https://user:pw@host/...`) and the value of a
   query parameter that signs or authorises (`?sig=`, `X-Amz-Signature=`, `access_token=`);
-- in any argument, the value of `NAME=VALUE` where NAME names a secret (`HF_TOKEN=...` in
-  `--slurm-setup`, `AWS_SECRET_ACCESS_KEY=...` in `--sbatch-arg=--export=...`).
+- in any argument, the value of `NAME=VALUE` where a whole word of NAME names a secret
+  (`HF_TOKEN=...` in `--slurm-setup`, `AWS_SECRET_ACCESS_KEY=...` in
+  `--sbatch-arg=--export=...`; not `MAX_TOKENS=`, `donkey=`, nor a path's folder
+  `s3://b/t/partition_key=3/`).
+
+A command with a secret hidden cannot be rerun as recorded: `engines.config.resume_command`
+then says "the same command with --resume" in words.
 
 Records in: argv. Out: the command line as one shell-quoted string.
 May import: nothing of packtool.
@@ -24,17 +29,34 @@ import sys
 from collections.abc import Sequence
 
 REDACTED = "<redacted>"
+"""As `engines.config.REDACTED`, which a resume line looks for (kept equal by a test)."""
 SECRET_OPTIONS = ("--storage-options",)
 """Options whose whole value is hidden."""
-_SECRET_WORD = r"(?:token|secret|passw(?:or)?d|pass|pwd|key|credential|auth|sig(?:nature)?)"
+_SECRET_WORD = (
+    r"(?i:token|secret|passw(?:or)?d|pass(?:phrase)?|pwd|(?:api)?key|credentials?|auth"
+    r"|sig(?:nature)?)"
+)
+"""A word of a secret's NAME, any case: a whole word of it (`HF_TOKEN`, `aws_secret_access_key`,
+`KEY`, `apiKey`), not inside another (`donkey`, `MAX_TOKENS`, `PASSAGE`, `AUTHOR`, which were
+hidden)."""
+
+
+def _secret_name(separators: str) -> str:
+    """A NAME (its characters: `\\w` and `separators`) with `_SECRET_WORD` as one of its words:
+    words split at a separator or a camelCase step (`accessToken`), a digit may follow."""
+    before = rf"(?:[\w{separators}]*[{separators}]|[\w{separators}]*[a-z0-9](?=[A-Z]))?"
+    after = rf"(?:\d*(?=[{separators}=])|(?<=[a-z])(?=[A-Z]))[\w{separators}]*"
+    return rf"{before}{_SECRET_WORD}{after}"
+
+
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s?#]+@")
 """`scheme://user:password@`: a revision (`hf://datasets/org/name@main`) has a `/` before it."""
-_QUERY = re.compile(rf"([?&][\w.-]*{_SECRET_WORD}[\w.-]*=)[^&#\s]*", re.IGNORECASE)
+_QUERY = re.compile(rf"([?&]{_secret_name('_.-')}=)[^&#\s]*")
 _ASSIGNED = re.compile(
-    rf"((?<![\w-])\w*{_SECRET_WORD}\w*=)(?:\"[^\"]*\"|'[^']*'|[^\s,;&])*",
-    re.IGNORECASE,
+    rf"((?<![\w/-]){_secret_name('_')}=)(?:\"[^\"]*\"|'[^']*'|[^\s,;&])*",
 )
-"""`NAME=VALUE` with a secret's NAME; an option (`--tokenizer=x`) is preceded by `-`."""
+"""`NAME=VALUE` with a secret's NAME; an option (`--tokenizer=x`) is preceded by `-`, a
+folder of a path (`s3://b/t/partition_key=3/`, Hive's partitions) by `/`."""
 
 ARGS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("args", default=None)
 """The arguments `main` was given, per thread (two runs at once record their own)."""

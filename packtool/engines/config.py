@@ -51,11 +51,19 @@ class RunConfig:
             raise ConfigError("--overwrite and --resume exclude each other; choose one")
 
 
-def resume_command(command: str) -> str:
+REDACTED = "<redacted>"
+"""What the CLI's recorded command holds where it hid a secret (`cli/command_line.py`)."""
+
+
+def resume_command(command: str) -> str | None:
     """`command` as the one that finishes its run: `--resume` once, without `--overwrite` (the
-    two exclude each other) or `--no-wait` (it would submit nothing and wait for nothing)."""
+    two exclude each other) or `--no-wait` (it would submit nothing and wait for nothing).
+    None where a secret was hidden in it (`REDACTED`): copied, it would fail; the caller says
+    "the same command with --resume" instead."""
     import shlex
 
+    if REDACTED in command:
+        return None
     try:
         words = shlex.split(command)
     except ValueError:  # not a shell line (an API caller's own text): say it in words

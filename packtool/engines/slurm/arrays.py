@@ -210,8 +210,8 @@ class ArrayDriver:
         """`--no-wait`: what the command prints (the jobs run on; `--resume` re-attaches)."""
         queued = sorted(jobs, key=int)
         ids = ", ".join(queued)
-        command = self.run.command
-        again = f"`{resume_command(command)}`" if command else "the same command with --resume"
+        line = resume_command(self.run.command) if self.run.command else None
+        again = f"`{line}`" if line else "the same command with --resume"
         return Detached(
             f"submitted {partitions} partition(s) to Slurm (job(s) {ids}); the run goes on "
             f"there: {again} waits for it and finishes {self.run.out_dir} (it re-attaches to "

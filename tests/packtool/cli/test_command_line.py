@@ -86,6 +86,11 @@ def test_tokenize_records_no_secret_in_its_lock(tmp_path, locked, to):
         # a quoted piece inside the value (shell-joined): all of it, not up to the quote
         ('export HF_TOKEN="ab"cd9', "export HF_TOKEN=", "cd9"),
         ("export X_TOKEN=ab'c d'e9 Y=1", "Y=1", "e9"),
+        # `key` as a whole segment of the NAME, any case, camelCase too
+        ("--export=ALL,aws_secret_access_key=xyz", "--export=ALL", "xyz"),
+        ("export KEY=k3y", "export KEY=", "k3y"),
+        ("export apiKey=k3y HF_TOKEN2=t0k Y=1", "Y=1", "k3y"),
+        ("export accessToken=t0k", "export accessToken=", "t0k"),
     ],
 )
 def test_secrets_in_any_argument_are_hidden(arg, kept, hidden):
@@ -103,6 +108,11 @@ def test_secrets_in_any_argument_are_hidden(arg, kept, hidden):
         "https://example.com/c.jsonl?page=2",
         "corpus.jsonl",
         "--text-field=key",
+        # a secret word inside another word, or a Hive partition in a path (all were hidden)
+        "s3://b/t/partition_key=3/",
+        "donkey=3",
+        "export MAX_TOKENS=8 MONKEY=1 PASSAGE=2 AUTHOR=me",
+        "https://example.com/c.jsonl?monkey=1&turnkey=2",
     ],
 )
 def test_words_without_a_secret_are_kept(arg):
@@ -112,3 +122,20 @@ def test_words_without_a_secret_are_kept(arg):
 def test_only_the_value_of_storage_options_is_hidden():
     args = ["pack", "c.jsonl", "--storage-options", "{}", "-o", "out"]
     assert redacted(args) == ["pack", "c.jsonl", "--storage-options", REDACTED, "-o", "out"]
+
+
+def test_a_resume_line_for_a_command_with_a_secret_hidden_is_in_words():
+    # Seen: the Slurm `--no-wait` line printed `packtool pack ... --storage-options <redacted>
+    # --resume`, which fails when copied; where a secret was hidden it says it in words.
+    from packtool.engines.config import resume_command
+
+    kept = shlex.join(redacted(["pack", "c.jsonl", "-o", "out", "--no-wait"]))
+    assert resume_command(f"packtool {kept}") == "packtool pack c.jsonl -o out --resume"
+    hidden = shlex.join(redacted(["pack", "c.jsonl", "--storage-options", OPTIONS, "-o", "o"]))
+    assert REDACTED in hidden and resume_command(f"packtool {hidden}") is None
+
+
+def test_the_engines_know_the_cli_s_redaction_mark():
+    from packtool.engines import config
+
+    assert config.REDACTED == REDACTED
