@@ -251,7 +251,7 @@ def tokenize_cmd(
             )
         from packtool.tokenize.tokenize import tokenize_corpus
 
-        echo(tokenize_corpus(inputs, output, **common).format())
+        exits.written(tokenize_corpus(inputs, output, **common).format())
         return
     from packtool.dataset.megatron import megatron_paths
     from packtool.engines.megatron.run import tokenize_megatron
@@ -272,9 +272,9 @@ def tokenize_cmd(
             **common,
         )
     except (AlreadyComplete, Detached) as done:  # nothing to do / the jobs run on
-        echo(str(done))
+        exits.written(str(done))
         return
-    echo(summary.format())
+    exits.written(summary.format())
 
 
 @cli.command("stats", short_help="Length statistics: percentiles, padding waste, bounds.")
@@ -535,7 +535,7 @@ def pack_cmd(
         summary = engines.run(config, tokenizer, workers)
     except AlreadyComplete as done:  # --resume of a finished run: success, with nothing to do
         as_dict = {"output": done.output, "already_complete": True, "message": str(done)}
-        echo(json.dumps(as_dict, indent=2) if as_json else str(done))
+        exits.written(json.dumps(as_dict, indent=2) if as_json else str(done))
         return
     except Detached as gone:  # --no-wait: the jobs run on; --resume finishes
         as_dict = {
@@ -544,12 +544,12 @@ def pack_cmd(
             "job_ids": gone.job_ids,
             "message": str(gone),
         }
-        echo(json.dumps(as_dict, indent=2) if as_json else str(gone))
+        exits.written(json.dumps(as_dict, indent=2) if as_json else str(gone))
         return
     if as_json:
-        echo(json.dumps(summary.to_dict(), indent=2))
+        exits.written(json.dumps(summary.to_dict(), indent=2))
     else:
-        echo(summary.format(max_len))
+        exits.written(summary.format(max_len))
 
 
 def main(argv: list[str] | None = None) -> None:

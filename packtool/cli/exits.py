@@ -4,6 +4,8 @@
 None for anything else (a bug: its traceback is the report). Codes: 1 an error (a
 `PacktoolError`, a bad option value, a failed write, a report stdout could not take: closed or
 full), 2 a wrong option or argument, 130 Ctrl-C, 0 a closed pipe (`packtool stats ... | head`).
+`pack` and `tokenize` commit their output before their report: its loss is a warning and 0
+(`written`).
 Where stderr is closed or full too, the exit code alone says it.
 
 Records in: the exception `main()` caught. Out: a line on stderr, the exit code.
@@ -136,6 +138,18 @@ def echo(message: object, err: bool = False) -> None:
         _discard_stdout()
         why = joined_lines(exc.strerror or exc)
         raise LostOutput(f"stdout: {why} (the report was not printed)") from None
+
+
+def written(message: object) -> None:
+    """`echo` of a writing command's last report (`pack`, `tokenize`: their output committed
+    by then, or their jobs submitted: `--no-wait`): a stdout that cannot take it (closed, full) is a warning on stderr and exit code
+    0. It was an error, exit 1, after the commit: a wrapper that retries a failed command was
+    then refused, the output being there. (A report-only command's report is its result, and
+    its loss an error: `LostOutput`.)"""
+    try:
+        echo(message)
+    except LostOutput as lost:
+        _tell(f"warning: {lost}; the command succeeded")
 
 
 def _discard_stdout() -> None:
