@@ -146,7 +146,7 @@ def child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
 
 def run_packtool(corpus: Path, tokenizer: Path, out: Path) -> tuple[float, float, dict]:
     cmd = [
-        sys.executable, "-m", "packtool.cli.commands", "pack", str(corpus), "-o", str(out),
+        sys.executable, "-m", "packtool.cli", "pack", str(corpus), "-o", str(out),
         "--max-len", str(MAX_LEN), "--tokenizer", str(tokenizer), "--overwrite", "--json",
     ]  # fmt: skip
     wall, cpu, stdout = child(cmd, {**os.environ, "PACKTOOL_NO_PROGRESS": "1"})

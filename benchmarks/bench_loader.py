@@ -85,7 +85,7 @@ def text_dataset(copies: int = 330) -> Path:
                 f.write(data)
         tmp.replace(corpus)
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "packtool.cli.commands", "pack", str(corpus), "-o", str(path)]
+    cmd = [sys.executable, "-m", "packtool.cli", "pack", str(corpus), "-o", str(path)]
     subprocess.run([*cmd, "--max-len", str(MAX_LEN), "--overwrite"], check=True, cwd=ROOT)
     print(f"wrote {path} in {time.perf_counter() - t0:.1f}s")
     return path

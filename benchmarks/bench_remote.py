@@ -72,7 +72,7 @@ def _cpu_of(pid: int) -> float:
 def _timed(args: list[str], server: int, env: dict[str, str] | None = None) -> tuple[float, ...]:
     """One `packtool ARGS` process: (seconds, CPU seconds of its processes, CPU seconds of the
     server `server` meanwhile)."""
-    cmd = [sys.executable, "-m", "packtool.cli.commands", *args]
+    cmd = [sys.executable, "-m", "packtool.cli", *args]
     before, served = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_of(server)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)

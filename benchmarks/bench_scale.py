@@ -98,7 +98,7 @@ def pack(corpus: Path, *args: str, env: dict | None = None, prefix=()) -> tuple[
         *prefix,
         sys.executable,
         "-m",
-        "packtool.cli.commands",
+        "packtool.cli",
         "pack",
         str(corpus),
         "-o",

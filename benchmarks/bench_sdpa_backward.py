@@ -73,7 +73,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "packed"
         subprocess.run(
-            [sys.executable, "-m", "packtool.cli.commands", "pack", str(CORPUS), "-o", str(out)],
+            [sys.executable, "-m", "packtool.cli", "pack", str(CORPUS), "-o", str(out)],
             check=True, capture_output=True,
         )  # fmt: skip
         batch = next(iter(PackedDataLoader(PackedDataset(out, rows_per_batch=args.rows))))

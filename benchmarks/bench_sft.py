@@ -240,7 +240,7 @@ def packtool_pack(path: Path, folder: Path, template_path: Path, max_len: int, o
     """`packtool pack` as a user runs it: a whole process, start-up and imports included."""
     t0 = time.perf_counter()
     cmd = [
-        sys.executable, "-m", "packtool.cli.commands", "pack", str(path), "-o", str(out), "--overwrite",
+        sys.executable, "-m", "packtool.cli", "pack", str(path), "-o", str(out), "--overwrite",
         "--tokenizer", str(folder / "tokenizer.json"), "--chat-template", str(template_path),
         "--max-len", str(max_len), "--json",
     ]  # fmt: skip

@@ -33,7 +33,7 @@ GOAL = 1.0
 
 
 def pack(corpus: Path, out: Path, partition: str, *extra: str) -> float:
-    cmd = [sys.executable, "-m", "packtool.cli.commands", "pack", str(corpus), "-o", str(out),
+    cmd = [sys.executable, "-m", "packtool.cli", "pack", str(corpus), "-o", str(out),
            "--max-len", "4096", "--partition-size", partition, "--overwrite", *extra]  # fmt: skip
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)

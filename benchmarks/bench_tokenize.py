@@ -323,7 +323,7 @@ def child_peak(cmd: list[str]) -> tuple[float, float]:
 
 
 def memory(scales: list[int]) -> list[list[object]]:
-    cli = [sys.executable, "-m", "packtool.cli.commands"]
+    cli = [sys.executable, "-m", "packtool.cli"]
     corpora = [SAMPLE, *(repeated_corpus(n) for n in scales)]
     commands = {
         "python -c 'import packtool.tokenize.tokenize' (floor)": lambda _: [

@@ -11,6 +11,9 @@ May import: anything in packtool (it is the top layer); nothing imports it.
 
 Modules:
 - `entry.py`: the console script, light to import (Ctrl-C while the commands load).
+- `__main__.py`: `python -m packtool.cli`, the console script for a program that runs the CLI
+  with its own interpreter (benchmarks/; `python -m packtool.cli.commands` misses only the
+  early Ctrl-C handler).
 - `commands.py`: the commands (`tokenize`, `stats`, `pack`, `mix`, `verify`, `inspect`).
 - `input_options.py`: the corpus and fine-tuning options the input commands share.
 - `input_checks.py`: given options the inputs cannot use (an error, or a warning where the

@@ -587,4 +587,10 @@ def _before_exit() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
+    # `python -m packtool.cli.commands` (older scripts) as `entry.main` runs it, stdout and
+    # stderr held when closed; only a Ctrl-C during this module's imports is not one line here
+    # (`python -m packtool.cli` is the console script entirely).
+    from packtool.storage import writing
+
+    writing.hold_standard_descriptors()
     main()

@@ -61,3 +61,51 @@ def test_the_entry_module_imports_nothing_heavy():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_python_m_packtool_cli_is_the_console_script_for_an_early_ctrl_c():
+    # The benchmarks ran `python -m packtool.cli.commands`, which skipped the entry module:
+    # a Ctrl-C while it imported was a KeyboardInterrupt traceback. `python -m packtool.cli`
+    # (what they run now) goes through it, as the console script does.
+    code = CTRL_C_DURING_IMPORT.replace(
+        "from packtool.cli.entry import main\nmain()",
+        "import runpy\nrunpy.run_module('packtool.cli', run_name='__main__', alter_sys=True)",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stderr, done.stdout) == (130, "interrupted\n", "")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX file descriptors")
+@pytest.mark.parametrize("module", ["packtool.cli", "packtool.cli.commands"])
+def test_python_m_holds_the_closed_standard_descriptors_as_the_console_script(tmp_path, module):
+    # `python -m packtool.cli.commands` did not open the null device on a closed stdout and
+    # stderr: the first file the run opened took descriptor 1 (a library's print went into it).
+    import os
+
+    probe = tmp_path / "fd"
+    tiny = tmp_path / "tiny.jsonl"
+    tiny.write_text('{"text": "a b c"}\n')
+    code = (
+        "import atexit, os, runpy, sys\n"
+        f"atexit.register(lambda: open({str(probe)!r}, 'w').write(str(open(os.devnull).fileno())))\n"
+        f"sys.argv[1:] = ['stats', {str(tiny)!r}]\n"
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        preexec_fn=lambda: [os.close(fd) for fd in (1, 2)],
+        timeout=300,
+    )
+    assert done.returncode == 1  # the report could not be printed
+    assert int(probe.read_text()) > 2
+
+
+def test_the_benchmarks_run_the_cli_through_the_entry_module():
+    scripts = sorted((ROOT / "benchmarks").glob("*.py"))
+    assert scripts
+    assert [p.name for p in scripts if '"-m", "packtool.cli.commands"' in p.read_text()] == []
+    assert [p.name for p in scripts if '"packtool.cli.commands",' in p.read_text()] == []
