@@ -28,8 +28,8 @@ _interrupted = threading.Event()
 
 def resume_note(output: str, overwrite: bool) -> str:
     """`pack`'s note: what the interrupted run keeps and how to finish it. "Finished
-    partitions" only where a partition's record was written (its `parts/` folder: one stat,
-    whatever the number of partitions); a run stopped earlier, its plan saved, keeps only that
+    partitions" only where a partition's record was written (`records.any_finished`: it stops
+    at the first record, whatever the number of partitions); a run stopped earlier, its plan saved, keeps only that
     (a rerun without --resume is refused, naming it); one stopped before it saved its plan
     keeps nothing to resume."""
     from packtool.engines import records
@@ -38,7 +38,7 @@ def resume_note(output: str, overwrite: bool) -> str:
     staging = staging_folder(output)
     how = "--resume instead of --overwrite" if overwrite else "--resume"
     run = records.run_dir(staging)
-    if storage.is_dir(run / records.PARTS_DIR):
+    if records.any_finished(staging):
         return (
             f"; finished partitions are kept in {staging}: run the same command with {how} to "
             "finish"

@@ -155,12 +155,23 @@ def finished(work: Path) -> list[int]:
     folder = run_dir(work) / PARTS_DIR
     if not storage.is_dir(folder):
         return []
-    out = []
-    for e in storage.list_dir(folder):
-        name = e.name
-        if name.endswith(".json") and not name.startswith(".") and name[:-5].isdigit():
-            out.append(int(name[:-5]))
-    return sorted(out)
+    return sorted(int(e.name[:-5]) for e in storage.list_dir(folder) if _is_record(e.name))
+
+
+def any_finished(work: Path) -> bool:
+    """Whether a unit has a completion record: not `parts/` alone, which a Ctrl-C during the
+    first record's write leaves holding only that write's temporary. Stops at the first record
+    (before it, at most the temporaries of the records being written), however many there are.
+    Under a prefix `parts/` is there only once a record is: an object appears whole, its
+    temporary a local file (`writing.temporary_name`), and a listing would read every record."""
+    folder = run_dir(work) / PARTS_DIR
+    if storage.is_remote(folder):
+        return storage.is_dir(folder)
+    return storage.is_dir(folder) and any(map(_is_record, storage.iter_names(folder)))
+
+
+def _is_record(name: str) -> bool:
+    return name.endswith(".json") and not name.startswith(".") and name[:-5].isdigit()
 
 
 def finished_partitions(work: Path, partitions: int | None = None) -> list[int]:

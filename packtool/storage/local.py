@@ -530,6 +530,16 @@ def list_dir(folder: str | os.PathLike) -> list[Path]:
     return list(Path(folder).iterdir())
 
 
+def iter_names(folder: str | os.PathLike) -> Iterator[str]:
+    """The names in `folder` one at a time: a caller that stops at what it looks for reads no
+    more of a large folder (locally; under a prefix, `list_dir`'s one listing)."""
+    if is_remote(folder):
+        yield from (entry.name for entry in list_dir(folder))
+        return
+    with os.scandir(folder) as entries:
+        yield from (entry.name for entry in entries)
+
+
 def scan_dir(folder: str | os.PathLike) -> list[tuple[Path, bool]]:
     """`list_dir` with whether each entry is a regular file (not a link; under a prefix, an
     object), from the listing itself: no request (no stat) per entry."""
