@@ -164,10 +164,8 @@ def _start_deaf(start: Callable[[], None]) -> None:
     died of it with a traceback (6 of 10 early Ctrl-Cs of a multi-partition pack). This
     process loses nothing: another thread takes the signal meanwhile, or this one once it is
     unblocked. As CPython starts its resource tracker, which is started first here (its own
-    start unblocks SIGINT when it ends)."""
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()
+    start unblocks SIGINT when it ends: `_start_tracker`)."""
+    _start_tracker()
     if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
         start()
         return
@@ -176,6 +174,28 @@ def _start_deaf(start: Callable[[], None]) -> None:
         start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # as it was
+
+
+def _start_tracker() -> None:
+    """CPython's resource tracker, started where it is not yet, without its leak warning.
+
+    The pool's queues hold named semaphores (a worker the fork server starts later opens them
+    by name, so they cannot be unlinked at once), which the tracker unlinks if this process
+    dies first. After a `kill -9` of the driver it did, and printed "UserWarning:
+    resource_tracker: There appear to be 5 leaked semaphore objects to clean up at shutdown"
+    (two lines, after the shell's prompt) for what it was cleaning up as it should. It starts
+    with `sys.warnoptions` as its flags (`-W`): one more, for its process alone, turns its own
+    warnings off ("resource_tracker: ..."; it still unlinks). A tracker already running
+    (a program's own, started before) is left as it is."""
+    import sys
+    from multiprocessing import resource_tracker
+
+    given = list(sys.warnoptions)
+    sys.warnoptions.append("ignore:resource_tracker:UserWarning")
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions[:] = given  # this process's filters never read it: only the tracker's
 
 
 def _preload(paths: tuple[str, ...]) -> list[str]:

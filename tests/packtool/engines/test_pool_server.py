@@ -74,3 +74,32 @@ def test_ctrl_c_while_the_fork_server_starts_prints_no_traceback(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert out.splitlines() == ["driver: Ctrl-C", "worker True"], (out, err)
     assert proc.returncode == 0, err
+
+
+KILLED_DRIVER = """
+import os, signal
+from packtool.engines import local
+
+mp = local.start_pool_server()  # the resource tracker and the fork server, as a run starts them
+lock = mp.Lock()  # a named semaphore, as the pool's queues hold: the tracker unlinks it if
+print(lock._semlock.name, flush=True)  # its process dies before it does
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX semaphores in /dev/shm")
+def test_a_driver_killed_outright_leaves_no_leak_warning_and_no_semaphore():
+    # Seen: after `kill -9` of a multi-partition pack, the orphaned resource tracker printed
+    # "UserWarning: resource_tracker: There appear to be 5 leaked semaphore objects to clean
+    # up at shutdown" (two lines) on the terminal, after the shell's prompt.
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_DRIVER],
+        cwd=ROOT,
+        capture_output=True,  # until every holder of stderr (the tracker too) has closed it
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL
+    name = done.stdout.strip()
+    assert name and "leaked" not in done.stderr and done.stderr == ""
+    assert not Path("/dev/shm", "sem." + name.lstrip("/")).exists()  # cleaned up all the same
