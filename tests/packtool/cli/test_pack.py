@@ -219,18 +219,18 @@ def test_a_failed_run_in_one_thread_says_its_own_resume_note(tmp_path, monkeypat
     # meanwhile (its output holding finished partitions) had this run's full-disk line end
     # with "finished partitions are kept in" the other run's folder.
     import errno
-    import os
     import threading
 
     from packtool.cli import engine_options
     from packtool.engines import records
-    from packtool.engines.output_folder import STATE_DIR, staging_folder
+    from packtool.engines.output_folder import staging_folder
 
     noted, other_done = threading.Event(), threading.Event()
 
     def held(self, config, tokenizer, workers):
         if threading.current_thread().name == "first":  # a run with finished partitions
-            os.makedirs(staging_folder(config.out_dir) / STATE_DIR / records.PARTS_DIR)
+            staging = staging_folder(config.out_dir)  # one partition's record committed
+            records.write_record(staging, {"partition": 0, "shards": [], "counts": {}})
             noted.set()
             assert other_done.wait(120)
             raise KeyboardInterrupt
