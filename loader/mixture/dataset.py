@@ -69,7 +69,7 @@ from loader.store.shard_files import open_files_share
 from loader.store.shards import DecodeThread
 from packtool.errors import ConfigError
 from packtool.mixture.schedule import Schedule, check_caps
-from packtool.mixture.spec import check_compatible
+from packtool.mixture.spec import check_compatible, check_distinct_data
 
 AHEAD_STREAMING = 32
 """Most steps planned ahead when a source is streaming (it holds those steps' rows)."""
@@ -93,7 +93,7 @@ class MixedDataset(IterableDataset):
 
     Raises:
         ConfigError: Bad weights, names or settings; sources with different tokenizers or
-            max_len; an empty source; a mixture that never ends.
+            max_len; two sources on the same data; an empty source; a mixture that never ends.
         DataError: A missing or damaged dataset.
     """
 
@@ -135,6 +135,9 @@ class MixedDataset(IterableDataset):
                 s.store.open_files = open_files_share(len(self.sources), s.store.min_row_groups)
         self.names = spec.names
         check_compatible([(s.name, s.tokenizer, s.max_len) for s in self.sources])
+        check_distinct_data(
+            [(s, src.fingerprint) for s, src in zip(spec.sources, self.sources, strict=True)]
+        )
         check_pad_id(config, self.sources[0].tokenizer.get("vocab_size"), "the mixture's data")
         for s in self.sources:
             if s.num_rows == 0:

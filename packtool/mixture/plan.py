@@ -18,7 +18,13 @@ import numpy as np
 from packtool.dataset.manifest import read_manifest
 from packtool.errors import ConfigError
 from packtool.mixture.schedule import Schedule, SyntheticLengths
-from packtool.mixture.spec import MixtureSpec, check_compatible, parse_count, read_mixture_file
+from packtool.mixture.spec import (
+    MixtureSpec,
+    check_compatible,
+    check_distinct_data,
+    parse_count,
+    read_mixture_file,
+)
 from packtool.progress import Progress
 
 
@@ -107,7 +113,7 @@ class MixPlan:
 
 def _source_sizes(spec: MixtureSpec) -> tuple[list[tuple[str, int, int]], int]:
     """`(path, rows, tokens)` per source from its index.json, and their common max_len."""
-    entries, sizes = [], []
+    entries, sizes, data = [], [], []
     for s in spec.sources:
         if not isinstance(s.path, (str, bytes)) and not hasattr(s.path, "__fspath__"):
             raise ConfigError(f"source {s.name!r}: `packtool mix` plans packed dataset folders")
@@ -116,7 +122,9 @@ def _source_sizes(spec: MixtureSpec) -> tuple[list[tuple[str, int, int]], int]:
         if m.num_rows == 0:
             raise ConfigError(f"source {s.name!r} ({s.path}) has no rows; remove it")
         sizes.append((str(s.path), m.num_rows, m.num_tokens))
+        data.append((s, m.fingerprint))
     check_compatible(entries)  # one max_len for all
+    check_distinct_data(data)
     return sizes, int(entries[0][2])
 
 

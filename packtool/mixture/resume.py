@@ -32,6 +32,18 @@ def _same_mixture(sch: Any, state: dict[str, Any]) -> bool:
     return True
 
 
+def _added(name: str, fingerprint: str | None, saved: dict[str, Any]) -> str:
+    """The change an added source makes: it starts at its first row. The data of a saved
+    source under a new name (a rename) is said to be that: its rows come again."""
+    same = [n for n, e in saved.items() if fingerprint and e.get("fingerprint") == fingerprint]
+    if not same:
+        return f"added {name!r} (starts at its first row)"
+    return (
+        f"added {name!r} (starts at its first row: the same data as the saved source "
+        f"{same[0]!r}, whose rows come again; keep the name {same[0]!r} to continue its cursor)"
+    )
+
+
 def restore(sch: Any, state: dict[str, Any]) -> None:
     """Load `state` into a new `Schedule`; sets `sch.changes`.
 
@@ -41,7 +53,8 @@ def restore(sch: Any, state: dict[str, Any]) -> None:
     in that epoch's order, so no row of the epoch is repeated or skipped), an added source
     starts at its first row, a removed one is kept aside ("dormant") so that adding it back
     later continues it, and a new segment starts (targets count from here). What changed is
-    returned in words. Different data under a kept name (another fingerprint) is refused.
+    returned in words; an added source on the data of a saved one (a rename) is said to start
+    again. Different data under a kept name (another fingerprint) is refused.
 
     Raises:
         DataError: A damaged state, another max_len, or other data under a kept name.
@@ -61,7 +74,7 @@ def restore(sch: Any, state: dict[str, Any]) -> None:
             entry = dormant.pop(spec.name)
             changes.append(f"added back {spec.name!r} (continues from its cursor)")
         if entry is None:
-            changes.append(f"added {spec.name!r} (starts at its first row)")
+            changes.append(_added(spec.name, sch.fingerprints[i], {**dormant, **old}))
             continue
         saved, now = entry.get("fingerprint"), sch.fingerprints[i]
         if saved is not None and now is not None and saved != now:

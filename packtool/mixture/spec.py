@@ -4,7 +4,8 @@ A mixture is a list of sources (a name, a packed dataset folder, a weight, an op
 repetitions and what happens at the cap) plus the unit the weights count (`tokens` or `rows`),
 a seed and an optional total length. This module holds the description and its checks (pure,
 no torch): `MixtureSpec`, `read_mixture_file` (JSON, or YAML when PyYAML is installed),
-`check_compatible` (one tokenizer and one max_len) and `plan_mixture`, which runs the loader's
+`check_compatible` (one tokenizer and one max_len), `check_distinct_data` (no two sources on
+the same data) and `plan_mixture`, which runs the loader's
 own schedule (`packtool.mixture.schedule`) on the sizes in each source's `index.json` for `packtool mix`.
 The loader's `MixedDataset` (loader/mixture/dataset.py) takes the same `MixtureSpec`.
 """
@@ -497,4 +498,26 @@ def check_compatible(entries: Sequence[tuple[str, Mapping[str, Any], int]]) -> N
             raise ConfigError(
                 f"the sources were packed with different tokenizers ({values}); a mixture needs "
                 "one tokenizer"
+            )
+
+
+def check_distinct_data(entries: Sequence[tuple[SourceSpec, str]]) -> None:
+    """Refuse two sources on the same data: an epoch order is seeded by the mixture's seed,
+    the data's fingerprint and the epoch, so both would walk the same rows in the same order and
+    every row would come twice (a copy-pasted path, or a copy of a folder).
+
+    Args:
+        entries: `(source, its data's fingerprint)` per source.
+
+    Raises:
+        ConfigError: One line naming both sources and the weight one source would take.
+    """
+    seen: dict[str, SourceSpec] = {}
+    for source, fingerprint in entries:
+        first = seen.setdefault(fingerprint, source)
+        if first is not source:
+            raise ConfigError(
+                f"sources {first.name!r} and {source.name!r} are the same data (fingerprint "
+                f"{fingerprint}): every row would come twice; use one source with their summed "
+                f"weight ({first.weight + source.weight:g})"
             )

@@ -206,11 +206,15 @@ def test_a_masked_streaming_source_has_the_labels_of_its_stream(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_hf_layout_batches_train_a_transformers_model_without_leakage(sources, workers):
+def test_hf_layout_batches_train_a_transformers_model_without_leakage(sources, workers, tmp_path):
     from loader.hf import check_packed_model
 
     torch.set_num_threads(1)
-    web = {"web": sources["web"], "web2": sources["web"]}  # unmasked: every target counts
+    # a second plain source: other data (web's twice is refused: every row would come twice)
+    rows, _ = random_rows(20, seed=21, masked=False)
+    ids = [[20_000 + 10 * r + k for k in range(len(row))] for r, row in enumerate(rows)]
+    write_dataset(tmp_path / "web2", rows, max_len=32, doc_ids=ids, row_group_rows=3)
+    web = {"web": sources["web"], "web2": tmp_path / "web2"}  # unmasked: every target counts
     spec = MixtureSpec(
         sources=tuple(SourceSpec(name=n, path=str(p), weight=1) for n, p in web.items()),
         total_steps=3,

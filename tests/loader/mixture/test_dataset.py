@@ -381,7 +381,7 @@ def per_source_reference(paths):
     "change",
     ["weights", "added", "removed"],
 )
-def test_resume_with_a_changed_mixture_repeats_and_skips_nothing(sources, change):
+def test_resume_with_a_changed_mixture_repeats_and_skips_nothing(sources, change, tmp_path):
     ref = per_source_reference(sources)
     first, state = stream(MixedDataset(spec(sources), tokens_per_batch=150), take=9)
     before = source_rows(first)
@@ -391,12 +391,11 @@ def test_resume_with_a_changed_mixture_repeats_and_skips_nothing(sources, change
     elif change == "removed":
         new = spec(sources[:2], names=("web", "code"))
         kept = {0: 0, 1: 1}
-    else:
-        new = MixtureSpec(
-            sources=spec(sources).sources
-            + (SourceSpec(name="extra", path=str(sources[0]), weight=1.0),),
-            total_tokens=6000,
-        )
+    else:  # other data (the same data as a kept source is refused: its rows would come twice)
+        extra = tmp_path / "extra"
+        write_random_dataset(extra, n_rows=11, max_len=64, mean_doc=9, row_group_rows=3, seed=20)
+        added = SourceSpec(name="extra", path=str(extra), weight=1.0)
+        new = MixtureSpec(sources=spec(sources).sources + (added,), total_tokens=6000)
         kept = {0: 0, 1: 1, 2: 2}
     ds = MixedDataset(new, tokens_per_batch=150)
     with pytest.warns(UserWarning, match="resuming a changed mixture"):
@@ -409,7 +408,9 @@ def test_resume_with_a_changed_mixture_repeats_and_skips_nothing(sources, change
         assert delivered == ref[old_i][: len(delivered)]  # its epoch order, no repeat, no gap
     if change == "added":
         assert after[3]  # the new source is drawn from, from its first row
-        assert after[3] == ref[0][: len(after[3])]
+        alone = MixtureSpec(sources=(replace(added, name="web"),), total_tokens=40_000)
+        own = source_rows(stream(MixedDataset(alone, rows_per_batch=4))[0])[0]
+        assert after[3] == own[: len(after[3])]
 
 
 def test_resume_onto_other_data_under_the_same_name_is_refused(sources):
@@ -419,6 +420,21 @@ def test_resume_onto_other_data_under_the_same_name_is_refused(sources):
         DataError, match=r"^source 'web': the state was saved on data \w+ but 'web' is now \w+"
     ):
         MixedDataset(swapped, rows_per_batch=2).load_state_dict(state)
+
+
+def test_a_source_renamed_at_a_resume_is_warned_that_its_rows_come_again(sources):
+    """A resume continues a source by its name: the data of a saved source under a new name
+    is an added source, from its first row. The warning says it is the same data."""
+    first, state = stream(MixedDataset(spec(sources), rows_per_batch=2), take=6)
+    assert source_rows(first)[2]  # 'books' delivered rows before the checkpoint
+    ds = MixedDataset(spec(sources, names=("web", "code", "tomes")), rows_per_batch=2)
+    with pytest.warns(
+        UserWarning,
+        match=r"added 'tomes' \(starts at its first row: the same data as the saved source "
+        r"'books', whose rows come again; keep the name 'books' to continue its cursor\)",
+    ):
+        ds.load_state_dict(state)
+    assert any("same data as the saved source 'books'" in c for c in ds.describe()["changes"])
 
 
 def test_resume_refuses_another_seed_and_other_states(sources, tmp_path):
@@ -726,6 +742,30 @@ def test_sources_must_share_tokenizer_and_max_len(sources, tmp_path):
         MixedDataset(spec([sources[0], other_len]), rows_per_batch=2)
 
 
+def test_two_sources_on_the_same_data_are_refused(sources, tmp_path):
+    """The same data under two names walks the same epoch order twice: every row would come
+    twice. One line naming both sources, saying to use one with the summed weight."""
+    import shutil
+
+    copy = tmp_path / "copy"  # another folder holding the same data: the same rows too
+    shutil.copytree(sources[0], copy)
+    for other in (str(sources[0]), copy, PackedDataset(sources[0], rows_per_batch=3)):
+        mix = MixtureSpec(
+            sources=(
+                SourceSpec(name="web", path=str(sources[0]), weight=1),
+                SourceSpec(name="code", path=str(sources[1]), weight=1),
+                SourceSpec(name="web2", path=other, weight=0.5),
+            ),
+            total_tokens=6000,
+        )
+        with pytest.raises(
+            ConfigError,
+            match=r"^sources 'web' and 'web2' are the same data .*one source with their summed "
+            r"weight \(1\.5\)",
+        ):
+            MixedDataset(mix, rows_per_batch=2)
+
+
 def test_an_empty_source_and_a_mixture_without_end_are_refused(sources, tmp_path):
     empty = tmp_path / "empty"
     write_dataset(empty, [], max_len=64)
@@ -849,6 +889,13 @@ def online_spec(online, **kw):
         total_tokens=kw.pop("total_tokens", 5000),
         **kw,
     )
+
+
+def test_two_streaming_sources_on_the_same_files_are_refused(online):
+    mix = online_spec(online)
+    twice = replace(mix, sources=(*mix.sources, replace(mix.sources[1], name="live2")))
+    with pytest.raises(ConfigError, match=r"^sources 'live' and 'live2' are the same data"):
+        MixedDataset(twice, rows_per_batch=2)
 
 
 def test_a_streaming_source_is_read_whole_once_per_epoch_whatever_the_workers(online):

@@ -46,6 +46,21 @@ def refs(sources):
     return per_source_reference(sources)
 
 
+@pytest.fixture(scope="module")
+def extras(tmp_path_factory):
+    """Three more sources (other data: the same data twice in one mixture is refused) and each
+    one's documents in its own epoch order."""
+    from loader.testing import write_random_dataset
+
+    root = tmp_path_factory.mktemp("extras")
+    paths = [root / f"extra{i}" for i in range(3)]
+    for i, (p, n) in enumerate(zip(paths, (9, 14, 5), strict=True)):
+        write_random_dataset(
+            p, n_rows=n, max_len=64, mean_doc=9, rows_per_shard=7, row_group_rows=3, seed=30 + i
+        )
+    return paths, per_source_reference(paths)
+
+
 def delivered_rows(batches):
     """(source, tokens) of every row, in order: a batch of `rows_per_batch=1` is one row."""
     out = []
@@ -89,7 +104,9 @@ def test_every_prefix_of_rows_is_within_one_row_of_its_target(sources, weights, 
     weights=weights_st,
     dropped=st.integers(0, 2),
 )
-def test_resume_at_any_step_same_or_changed_mixture(sources, refs, cut, change, weights, dropped):
+def test_resume_at_any_step_same_or_changed_mixture(
+    sources, extras, refs, cut, change, weights, dropped
+):
     old = spec(sources)
     first, state = stream(MixedDataset(old, tokens_per_batch=150), take=cut)
     state = json.loads(json.dumps(state))  # a checkpoint survives JSON
@@ -109,10 +126,8 @@ def test_resume_at_any_step_same_or_changed_mixture(sources, refs, cut, change, 
         )
         kept = {i: k for k, i in enumerate(keep)}
     else:
-        new = MixtureSpec(
-            sources=old.sources + (SourceSpec(name="extra", path=str(sources[dropped]), weight=1),),
-            total_tokens=old.total_tokens,
-        )
+        extra = SourceSpec(name="extra", path=str(extras[0][dropped]), weight=1)
+        new = MixtureSpec(sources=old.sources + (extra,), total_tokens=old.total_tokens)
         kept = {0: 0, 1: 1, 2: 2}
     ds = MixedDataset(new, tokens_per_batch=150)
     with pytest.warns(UserWarning, match="resuming a changed mixture"):
@@ -122,4 +137,4 @@ def test_resume_at_any_step_same_or_changed_mixture(sources, refs, cut, change, 
         got = before[old_i] + after.get(new_i, [])
         assert got == refs[old_i][: len(got)]  # its epoch order: no repeat, no gap
     if change == "added" and after.get(3):
-        assert after[3] == refs[dropped][: len(after[3])]  # the new source from its first row
+        assert after[3] == extras[1][dropped][: len(after[3])]  # from its first row

@@ -248,6 +248,37 @@ def test_check_compatible_names_what_differs():
         check_compatible([("a", tok, 64), ("b", tok, 32)])
 
 
+def test_two_sources_on_the_same_data_are_refused_by_packtool_mix(folders, tmp_path):
+    """A copy-pasted path planned as two sources would give every row twice (one epoch order
+    per data): one line naming both, saying to use one source with the summed weight."""
+    import shutil
+
+    copy = tmp_path / "web_copy"  # the same data in another folder: the same rows too
+    shutil.copytree(folders / "web", copy)
+    for other in (folders / "web", copy):
+        file = write(
+            tmp_path,
+            "same.yaml",
+            f"total_steps: 3\nsources:\n  - {{name: w, path: {folders / 'web'}, weight: 1}}\n"
+            f"  - {{name: b, path: {folders / 'books'}, weight: 1}}\n"
+            f"  - {{name: w2, path: {other}, weight: 2}}\n",
+        )
+        code, _, err = run("mix", file, "--rows-per-batch", "2")
+        line = one_error_line(err)
+        assert code == 1 and "sources 'w' and 'w2' are the same data" in line, err
+        assert "one source with their summed weight (3)" in line
+    with pytest.raises(ConfigError, match=r"^sources 'w' and 'w2' are the same data"):
+        plan_mixture(
+            MixtureSpec(
+                sources=(
+                    SourceSpec(name="w", path=str(folders / "web"), weight=1),
+                    SourceSpec(name="w2", path=str(folders / "web"), weight=1),
+                ),
+                total_tokens=1000,
+            )
+        )
+
+
 def spec(folders, **kw):
     return MixtureSpec(
         sources=(
