@@ -10,10 +10,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
 from loader.record import INT64_MAX, check_ids, outside_int64, tensor_ids
-from packtool.dataset.columns import TOKEN, get, names, optional
+from packtool.dataset.columns import TOKEN, flat_parts, get, names, optional
 from packtool.errors import ConfigError, DataError
 from packtool.pack.columns import check_policy
 
@@ -163,6 +164,40 @@ def flat_tokens(tokens: Any, n: int) -> NDArray:
         raise DataError(f"token id {top} does not fit int64 (the batch's input_ids)")
     # uint64 that fits: never met by a signed type in float64
     return tokens.astype(np.int64) if tokens.dtype == np.uint64 else tokens
+
+
+def table_columns(table: Any, offsets: NDArray) -> dict[str, NDArray]:
+    """The per-token columns (`loss_mask`) a tokenized table carries, flat, for its
+    `input_ids` of list `offsets`; its `length` column, when it has one, checked against
+    them (another reader may trust it).
+
+    Raises:
+        DataError: A column that is not one value per token; a `length` that is not the
+            row's token count (`TableRowError`, naming the row).
+    """
+    if "length" in table.schema.names:
+        col = table.column("length")
+        if not pa.types.is_integer(col.type):
+            raise DataError(f"the length column must hold integers, found {col.type}")
+        held = np.diff(offsets)
+        null = col.is_null().to_numpy(zero_copy_only=False)
+        said = col.fill_null(0).to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(null | (said != held))
+        if bad.size:
+            row, n = int(bad[0]), int(held[bad[0]])
+            says = "is null" if null[row] else f"says {said[row]}"
+            raise TableRowError(
+                row, f"holds {n} token{'' if n == 1 else 's'} but its length column {says}"
+            )
+    extra = {}
+    for c in optional():  # the declared per-token columns the table carries
+        if c.level != TOKEN or c.name not in table.schema.names:
+            continue
+        c_off, c_values = flat_parts(table.column(c.name))  # a list, or bytes
+        if not np.array_equal(c_off, offsets - offsets[0]):
+            raise DataError(f"{c.name} does not have one value per token of input_ids")
+        extra[c.name] = c_values
+    return extra
 
 
 def token_columns(

@@ -46,13 +46,14 @@ from loader.online.inputs import (
     joined_masks,
     length_array,
     private,
+    table_columns,
     token_columns,
 )
 from loader.online.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.online.segments import Segments
 from loader.online.state import check_packer_state, config_state
 from loader.record import tensor_ids
-from packtool.dataset.columns import LOSS_MASK, TOKEN, flat_parts, optional
+from packtool.dataset.columns import LOSS_MASK
 from packtool.errors import ConfigError, DataError, PacktoolError
 from packtool.pack import kernels
 from packtool.pack.chunk import PackCounts, drop_unsupervised, make_segments
@@ -216,7 +217,8 @@ class OnlinePacker:
         self._push(None, lengths, doc_ids, {}, owned=True)
 
     def push_table(self, table: pa.Table | pa.RecordBatch) -> None:
-        """Add a tokenized table (`input_ids` list column, `doc_id` used when present)."""
+        """Add a tokenized table (`input_ids` list column, `doc_id` used when present, a
+        `length` column checked against it)."""
         if not isinstance(table, (pa.Table, pa.RecordBatch)):
             got = type(table).__name__  # not a bare AttributeError on .schema
             raise DataError(f"push_table takes a pyarrow Table or RecordBatch, got {got}")
@@ -245,14 +247,7 @@ class OnlinePacker:
         doc_ids = None
         if "doc_id" in table.schema.names:
             doc_ids = table.column("doc_id").to_numpy()
-        extra = {}
-        for c in optional():  # the declared per-token columns the table carries
-            if c.level != TOKEN or c.name not in table.schema.names:
-                continue
-            c_off, c_values = flat_parts(table.column(c.name))  # a list, or bytes
-            if not np.array_equal(c_off, offsets - offsets[0]):
-                raise DataError(f"{c.name} does not have one value per token of input_ids")
-            extra[c.name] = c_values
+        extra = table_columns(table, offsets)  # a `length` column checked against the lists
         self._push(values, np.diff(offsets), doc_ids, extra, owned=True)  # arrow's: immutable
 
     def push_docs(self, docs: Iterable[Any], masks: Iterable[Any] | None = None) -> None:

@@ -276,6 +276,29 @@ def test_negative_ids_null_rows_and_tables_of_empty_documents() -> None:
     assert p.pop().tokens.tolist() == again.pop().tokens.tolist() == [1, 2, 3]
 
 
+def test_a_table_whose_length_column_disagrees_with_input_ids_is_refused() -> None:
+    """Before: input_ids [[1, 2], [3]] with length [5, 1] was packed without a word (push()
+    refuses lengths that do not match the tokens; a damaged length column passed here)."""
+    p = OnlinePacker(max_len=8)
+    ids = pa.array([[1, 2], [3], [4, 5, 6]], pa.list_(pa.int64()))
+    with pytest.raises(
+        DataError, match=r"^input_ids of row 0 holds 2 tokens but its length column says 5$"
+    ):
+        p.push_table(pa.table({"input_ids": ids, "length": pa.array([5, 1, 3], pa.int32())}))
+    with pytest.raises(DataError, match="input_ids of row 1 holds 3 tokens but its length"):
+        p.push_table(
+            pa.table({"input_ids": ids, "length": pa.array([2, 1, 2], pa.int32())}).slice(1)
+        )
+    with pytest.raises(
+        DataError, match="input_ids of row 1 holds 1 token but its length column is null"
+    ):
+        p.push_table(pa.table({"input_ids": ids, "length": pa.array([2, None, 3], pa.int32())}))
+    assert p.stats["documents_in"] == 0  # a refused table adds nothing
+    p.push_table(pa.table({"input_ids": ids, "length": pa.array([2, 1, 3], pa.int32())}).slice(1))
+    p.flush()
+    assert sorted(p.pop().tokens.tolist()) == [3, 4, 5, 6]
+
+
 def test_time_window_packs_without_a_full_buffer() -> None:
     p = OnlinePacker(max_len=8, buffer_docs=1000, buffer_seconds=0.01, min_fill=0.0)
     p.push_lengths(np.array([3]))
