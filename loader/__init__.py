@@ -36,6 +36,7 @@ _LAZY = {
     "PackedRows": "loader.online.rows",
     "RowBatcher": "loader.online.rows",
     "BatcherClosedError": "loader.online.serving",
+    "BatcherTimeoutError": "loader.online.serving",
     "RequestBatcher": "loader.online.serving",
     "StreamingPackedDataset": "loader.online.streaming",
 }
@@ -56,6 +57,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BatcherClosedError",
+    "BatcherTimeoutError",
     "Documents",
     "IGNORE_INDEX",
     "LoaderConfig",

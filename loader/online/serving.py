@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -40,6 +41,16 @@ from packtool.errors import ConfigError, DataError, PacktoolError
 
 class BatcherClosedError(PacktoolError):
     """A request was submitted after `RequestBatcher.close()`."""
+
+
+class BatcherTimeoutError(PacktoolError, TimeoutError):
+    """`RequestBatcher.close(timeout)` or leaving its `with` block gave up waiting for a model
+    call (`run_batch`) still running; the batcher's thread goes on in the background."""
+
+
+EXIT_TIMEOUT = 60.0
+"""Default `exit_timeout`: seconds leaving a `with RequestBatcher(...)` block waits for a model
+call before `BatcherTimeoutError` (batch after batch finishing, a long drain, is waited for)."""
 
 
 @dataclass
@@ -128,6 +139,9 @@ class RequestBatcher:
             be at least `token_budget`, and `pad_docs` caps the requests per batch).
         vocab_size: Token ids must be below this (None: only `>= 0` is checked); a request
             with another id fails alone, on its own future.
+        exit_timeout: Seconds leaving the `with` block waits for one model call (default 60;
+            None: no bound): when no batch finishes in that time, `BatcherTimeoutError` (a
+            warning where the block is left by an exception, which goes on).
 
     Use as a context manager, or call `close()` to drain and stop. A batcher dropped without
     `close()` is closed when garbage-collected (its queued requests are still served).
@@ -142,6 +156,7 @@ class RequestBatcher:
         max_requests: int | None = None,
         collate_kwargs: dict[str, Any] | None = None,
         vocab_size: int | None = None,
+        exit_timeout: float | None = EXIT_TIMEOUT,
     ) -> None:
         if not callable(run_batch):
             raise ConfigError(f"run_batch must be callable, got {run_batch!r}")
@@ -149,6 +164,7 @@ class RequestBatcher:
             raise ConfigError(f"max_wait_ms must be a number of milliseconds, got {max_wait_ms!r}")
         if not max_wait_ms >= 0:
             raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
+        self.exit_timeout = _check_timeout("exit_timeout", exit_timeout)
         # numpy integers are integers; bools are not counts (max_requests=True was 1)
         check_int("token_budget", token_budget, 1)
         token_budget = int(token_budget)
@@ -203,16 +219,57 @@ class RequestBatcher:
 
     def close(self, timeout: float | None = None) -> None:
         """Refuse new requests, dispatch every queued one, and stop the thread (called by the
-        model, on the batcher's own thread: the thread stops once its batch returns)."""
+        model, on the batcher's own thread: the thread stops once its batch returns).
+
+        Args:
+            timeout: Seconds to wait for the thread to serve the queue and stop (None: as
+                long as it takes).
+
+        Raises:
+            BatcherTimeoutError: The thread is still running after `timeout` (a model call
+                still running); it goes on in the background.
+        """
+        timeout = _check_timeout("timeout", timeout)
         self._core.shut()
-        if threading.current_thread() is not self._thread:  # a thread cannot join itself
-            self._thread.join(timeout)
+        if threading.current_thread() is self._thread:  # a thread cannot join itself
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise BatcherTimeoutError(self._still_running(timeout))
 
     def __enter__(self) -> RequestBatcher:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type | None, *exc: object) -> None:
+        """`close()`, waiting while batches keep finishing, up to `exit_timeout` for each."""
+        core = self._core
+        core.shut()
+        if threading.current_thread() is self._thread:
+            return
+        finished = -1
+        while True:
+            self._thread.join(self.exit_timeout)
+            if not self._thread.is_alive():
+                return
+            with core.cond:
+                now = core.stats.batches + core.stats.failed_batches
+            if now == finished:  # no batch finished in a whole exit_timeout
+                break
+            finished = now
+        message = self._still_running(self.exit_timeout)
+        if kind is not None:  # the block's own error goes on; this one is said alongside
+            warnings.warn(message, stacklevel=2)
+            return
+        raise BatcherTimeoutError(message)
+
+    def _still_running(self, waited: float | None) -> str:
+        with self._core.cond:
+            queued = len(self._core.queue)
+        return (
+            f"RequestBatcher: the model call (run_batch) is still running after {waited:g} s; "
+            f"its thread goes on in the background ({queued} request"
+            f"{'' if queued == 1 else 's'} queued)"
+        )
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -241,6 +298,15 @@ class RequestBatcher:
             closed=closed,
         )
         return out
+
+
+def _check_timeout(name: str, value: Any) -> float | None:
+    """A wait in seconds: a number >= 0, or None (no bound)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigError(f"{name} must be a number of seconds >= 0 or None, got {value!r}")
+    return None if value == float("inf") else float(value)  # inf overflows a lock's wait
 
 
 def _check_collate(

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.online.request_queue import RequestQueue
-from loader.online.serving import BatcherClosedError, RequestBatcher
+from loader.online.serving import BatcherClosedError, BatcherTimeoutError, RequestBatcher
 from packtool.errors import ConfigError, DataError
 
 
@@ -521,3 +521,83 @@ def test_close_called_by_the_model_on_the_batchers_thread() -> None:
     assert not batcher._thread.is_alive()
     with pytest.raises(BatcherClosedError, match="closed"):
         batcher.submit([1])
+
+
+def _hung_batcher(**kw):
+    """A batcher whose model hangs until `release` is set; `called` is set when it starts."""
+    called, release = threading.Event(), threading.Event()
+
+    def hang(batch: dict) -> torch.Tensor:
+        called.set()
+        release.wait(30)
+        return batch["input_ids"] * 2 + 1
+
+    return RequestBatcher(run_batch=hang, max_wait_ms=1, **kw), called, release
+
+
+def test_leaving_the_with_block_is_bounded_when_the_model_hangs() -> None:
+    """Before: __exit__ called close() with no timeout and blocked forever on a hung model."""
+    batcher, called, release = _hung_batcher(exit_timeout=0.3)
+    start = time.monotonic()
+    try:
+        with (
+            pytest.raises(
+                BatcherTimeoutError,
+                match=r"^RequestBatcher: the model call \(run_batch\) is still running after 0\.3 s; "
+                r"its thread goes on in the background \(1 request queued\)$",
+            ),
+            batcher,
+        ):
+            fut = batcher.submit([1, 2])
+            assert called.wait(5)
+            batcher.submit([3])  # queued behind the hung call
+    finally:
+        release.set()
+    assert time.monotonic() - start < 10
+    assert fut.result(timeout=5).tolist() == [3, 5]  # served once the model returns
+    assert isinstance(BatcherTimeoutError("x"), TimeoutError)
+
+
+def test_close_with_a_timeout_says_the_model_call_is_still_running() -> None:
+    batcher, called, release = _hung_batcher()
+    try:
+        fut = batcher.submit([1])
+        assert called.wait(5)
+        with pytest.raises(BatcherTimeoutError, match=r"still running after 0\.2 s"):
+            batcher.close(timeout=0.2)
+    finally:
+        release.set()
+    assert fut.result(timeout=5).tolist() == [3]
+    batcher.close(timeout=5)  # the thread has ended: no error
+
+
+def test_an_error_leaving_the_with_block_is_kept_and_a_hung_model_warned() -> None:
+    batcher, called, release = _hung_batcher(exit_timeout=0.2)
+    try:
+        warned = pytest.warns(UserWarning, match=r"the model call \(run_batch\) is still running")
+        with warned, pytest.raises(KeyError, match="mine"), batcher:
+            batcher.submit([1])
+            assert called.wait(5)
+            raise KeyError("mine")
+    finally:
+        release.set()
+
+
+def test_leaving_the_with_block_waits_for_a_long_drain_that_makes_progress() -> None:
+    """The bound is on a model call: a queue that takes longer to drain, batch after batch,
+    is served whole."""
+    model = Model(delay=0.05)
+    batcher = RequestBatcher(run_batch=model, max_wait_ms=10_000, token_budget=2, exit_timeout=1)
+    with batcher:
+        futs = [batcher.submit([i, i]) for i in range(40)]  # 40 batches, ~2 s in all
+    assert [f.result(timeout=0).tolist() for f in futs] == [[2 * i + 1] * 2 for i in range(40)]
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, True, "5", float("nan")])
+def test_exit_timeout_and_close_timeout_are_checked(bad) -> None:
+    with pytest.raises(ConfigError, match="exit_timeout must be a number of seconds >= 0 or None"):
+        RequestBatcher(run_batch=Model(), exit_timeout=bad)
+    batcher = RequestBatcher(run_batch=Model(), exit_timeout=float("inf"))  # inf: no bound
+    with pytest.raises(ConfigError, match="timeout must be a number of seconds >= 0 or None"):
+        batcher.close(timeout=bad)
+    batcher.close(timeout=float("inf"))
