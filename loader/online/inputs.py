@@ -48,6 +48,18 @@ def several_sequences(arr: np.ndarray) -> bool:
     return arr.ndim > 1 and (arr.shape[0] > 1 or sum(d > 1 for d in arr.shape) > 1)
 
 
+def not_a_sequence(value: Any) -> str | None:
+    """What `value` is ("a generator", "a dict") where it iterates, numpy having made a 0-d
+    array of it (a generator, an iterator, a dict or a set is no sequence to numpy), else
+    None: a plain number, a string or a 0-d array is a single value, not this."""
+    if isinstance(value, (str, bytes)) or hasattr(value, "__array__"):
+        return None
+    if not isinstance(value, Iterable):
+        return None
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
 def doc_array(doc: Any, i: int, *, own: bool = False) -> NDArray:
     """One document's token ids as a 1-D array; `(1, T)` (a tokenizer's batch of one) is fine.
 

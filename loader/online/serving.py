@@ -33,7 +33,7 @@ import numpy as np
 
 from loader.collate import check_collate_kwargs, collate
 from loader.config import check_int
-from loader.online.inputs import private, several_sequences
+from loader.online.inputs import not_a_sequence, private, several_sequences
 from loader.online.request_queue import RequestQueue
 from loader.record import Documents, outside_int64, tensor_ids
 from packtool.errors import ConfigError, DataError, PacktoolError
@@ -91,6 +91,8 @@ def _request_tokens(tokens: Any, token_budget: int, vocab_size: int | None) -> n
         arr = np.asarray(tokens)
     except ValueError as exc:  # ragged nested lists: several sequences
         raise DataError(f"a request is one sequence of token ids ({exc})") from None
+    if arr.ndim == 0 and (what := not_a_sequence(tokens)) is not None:
+        raise DataError(f"a request must be a sequence of token ids (list/array), got {what}")
     if arr.ndim == 0:  # not the request [5]
         raise DataError(
             f"a request is one 1-d array of token ids, got a single value ({arr.item()!r:.40})"

@@ -601,3 +601,23 @@ def test_exit_timeout_and_close_timeout_are_checked(bad) -> None:
     with pytest.raises(ConfigError, match="timeout must be a number of seconds >= 0 or None"):
         batcher.close(timeout=bad)
     batcher.close(timeout=float("inf"))
+
+
+@pytest.mark.parametrize(
+    ("request_", "what"),
+    [
+        ((i for i in range(3)), "a generator"),
+        ({1: 2}, "a dict"),
+        ({1, 2}, "a set"),
+        (iter([1, 2]), "a list_iterator"),
+    ],
+)
+def test_a_request_that_is_not_a_sequence_is_named_for_what_it_is(request_, what) -> None:
+    """Before: a generator or a dict was refused as 'a single value (<generator ...>)'."""
+    with RequestBatcher(run_batch=Model(), max_wait_ms=1) as batcher:
+        with pytest.raises(
+            DataError,
+            match=rf"^a request must be a sequence of token ids \(list/array\), got {what}$",
+        ):
+            batcher.submit(request_).result(timeout=5)
+        assert batcher.submit([1, 2]).result(timeout=5).tolist() == [3, 5]
