@@ -7,8 +7,8 @@ system, split along the read/write seam, and object stores and the web:
   de-duplicated file list (stat-ing in parallel, refusing in one line what is not a regular
   file); stat and listing (`stat`, `file_states`, `exists`, `is_file`, `list_dir`, `glob`,
   `resolve`); reads: `open_input` (byte streams), `read_bytes` / `read_text` (small files),
-  `memory_map` (the loader's shards), `parquet_file` / `parquet_schema` / `parquet_metadata`,
-  `open_random` (reads at offsets of a growing file) and `open_size` (`local_files.py`).
+  `memory_map`, `parquet_file` / `_schema` / `_metadata`, `open_random`, `open_size`: a
+  local file's are `local_files.py`'s (pyarrow's opens by name, names not UTF-8 included).
 - `remote.py`: what `local.py` hands on for a URL (`s3://`, `gs://`, `az://`, `hf://`,
   `https://`), through fsspec: prefixes and globs listed, objects stat-ed (size and state),
   opened for ranged reads (http(s)://: retried, `web.py`), failures one line naming the URL.

@@ -7,14 +7,16 @@
 - **Reading**: `open_input` (a byte stream), `read_bytes` / `read_text` (small files: manifests,
   records, tokenizer files), `memory_map` (random access shared through the page cache: shards),
   `parquet_file` / `parquet_schema` / `parquet_metadata` (Parquet, by path or opened source).
-  Each is the call packtool made before, unchanged; no other module opens a file to read it
-  (tests/test_architecture.py checks), so another backend (object storage) plugs in here.
+  A local path's is `local_files.py`'s (what pyarrow opens by name; a name that is not UTF-8
+  is handed over as an open descriptor's), a URL's `remote_read.py`'s. No other module opens a
+  file to read it (tests/test_architecture.py checks), so another backend plugs in here.
 - **Stat and list** (`pyarrow.fs.get_file_info` / fsspec `info`, `ls`, `glob`): `stat`,
   `stat_all` / `file_states` (many paths at once, in parallel), `size`, `exists`, `lexists`,
   `is_file`, `is_dir`, `is_symlink`, `is_mount`, `list_dir`, `glob`.
 - **Random access to a file that is still growing**: `open_random` (the shard writer's running
   hash reads what the Parquet writer appended and flushes it to the disk as it goes); the size
-  now of a file under an open memory map is local_files.py's `open_size`.
+  now of a file under an open memory map is local_files.py's `open_size` (local_files.py: the
+  files opened for random access, pyarrow's and packtool's own).
 
 The write side (writing, replacing, removing, syncing, the writer's lock) is `writing.py`.
 """
@@ -34,7 +36,7 @@ from typing import Any, BinaryIO
 
 from packtool.errors import ConfigError, DataError
 from packtool.prefetch import map_ordered
-from packtool.storage import remote
+from packtool.storage import local_files, remote
 from packtool.storage.local_files import RandomFile
 from packtool.storage.remote import is_remote
 
@@ -357,19 +359,19 @@ def read_range(path: str | os.PathLike, start: int, end: int) -> bytes:
 
 
 def memory_map(path: str | os.PathLike) -> Any:
-    """`path` memory-mapped read-only as a `pyarrow.NativeFile`: random reads share the page
-    cache across processes (the loader's workers). An object (a run's tail in a bucket) is
-    read whole into memory."""
-    import pyarrow as pa
-
+    """`path` memory-mapped read-only as a `pyarrow.NativeFile` (`local_files.memory_map`):
+    random reads share the page cache across processes (the loader's workers). An object (a
+    run's tail in a bucket) is read whole into memory."""
     if is_remote(path):
-        return pa.BufferReader(_reads().read_bytes(path))
+        import pyarrow as pa
 
-    return pa.memory_map(os.fspath(path), "r")
+        return pa.BufferReader(_reads().read_bytes(path))
+    return local_files.memory_map(path)
 
 
 def parquet_file(source: Any, **options: Any) -> Any:
-    """`pyarrow.parquet.ParquetFile(source, **options)`; `source` a path or an opened file.
+    """`pyarrow.parquet.ParquetFile(source, **options)`; `source` a path or an opened file
+    (`local_files.parquet_file`).
 
     An object in a store is read through a Python file object, whose reads come back as Python
     bytes that pyarrow holds on to (its `PyBuffer`). Decoded on pyarrow's thread pool (its
@@ -377,13 +379,11 @@ def parquet_file(source: Any, **options: Any) -> Any:
     after the read returned; at the interpreter's exit that thread cannot take the GIL and the
     process aborts (`terminate called without an active exception`, exit 134, after `verify`
     printed OK). So such a file reads on the calling thread only (`_serial_parquet_file`)."""
-    import pyarrow.parquet as pq
-
     if is_remote(source):  # its footer, then each column chunk, by ranged reads
         with remote.naming(source):
             opened = _reads().open_random(source)  # every read inside `remote.naming`
             return _serial_parquet_file()(opened, **{**options, "pre_buffer": False})
-    return pq.ParquetFile(source, **options)
+    return local_files.parquet_file(source, **options)
 
 
 @functools.cache
@@ -418,20 +418,16 @@ def _serial_parquet_file() -> type:
 
 def parquet_schema(path: str | os.PathLike) -> Any:
     """The Arrow schema of a Parquet file, from its footer."""
-    import pyarrow.parquet as pq
-
     if is_remote(path):
         return parquet_file(path).schema_arrow
-    return pq.read_schema(path)
+    return local_files.parquet_schema(path)
 
 
 def parquet_metadata(path: str | os.PathLike) -> Any:
     """The footer metadata of a Parquet file."""
-    import pyarrow.parquet as pq
-
     if is_remote(path):
         return parquet_file(path).metadata
-    return pq.read_metadata(path)
+    return local_files.parquet_metadata(path)
 
 
 def open_random(path: str | os.PathLike) -> RandomFile:

@@ -1,11 +1,113 @@
-"""Local files held open: reads at offsets of a file still growing (`RandomFile`, what
-`local.open_random` returns) and the size now of a file under an open memory map (`open_size`).
-Apart from local.py for its size alone."""
+"""Local files opened for random access: what pyarrow opens by name, and the files packtool
+holds open itself. One seam: a local path turned into an open file (or a name pyarrow can open).
+
+- **pyarrow's opens by name**: `memory_map` (the loader's shards, tails), `parquet_file`,
+  `parquet_schema`, `parquet_metadata` (local paths or opened files; `local.py` names them and
+  hands a URL to `remote_read.py` instead), and `arrow_path`, which pyarrow's writers
+  (`writing.parquet_writer`, `writing.write_parquet`) go through as well. pyarrow takes a path
+  as UTF-8 text; a file name that is not UTF-8 (legal on Linux: `o\\xff`, which Python holds as
+  the surrogate escape `o\\udcff`) raised UnicodeEncodeError from deep inside pyarrow (until
+  2026-12-07 a 60-80 line traceback of `pack -o`, `tokenize -o`, `stats` of such a Parquet
+  file). Such a file is opened here and pyarrow is given the open descriptor's name
+  (`/proc/self/fd/N`, ASCII); every other name goes as it is, with no extra system call.
+- **Files held open**: `RandomFile` (reads at offsets of a file still growing, what
+  `local.open_random` returns: the shard writer's running hash) and `open_size` (the size now
+  of a file under an open memory map: the loader checks a shard was not cut shorter).
+
+Records in: local paths (or opened files). Out: pyarrow files, schemas and footers, open files.
+May import: `remote` (`is_remote`) only; pyarrow on first use. (Not `remote_read`: it imports
+`writing`, which imports this.)
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
+
+from packtool.storage.remote import is_remote
+
+_FD_FOLDERS = ("/proc/self/fd", "/dev/fd")
+"""Where the open descriptors have names (Linux; macOS and the BSDs)."""
+
+
+# --- names pyarrow can open --------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def arrow_path(path: Any, write: bool = False) -> Iterator[Any]:
+    """`path` as pyarrow can open it while the block runs: itself, or, where its name is not
+    UTF-8, this file opened here and named by its descriptor (`/proc/self/fd/N`; `write`:
+    created or truncated, as pyarrow's writers open it). pyarrow opens the file again by that
+    name, so the block must open it (a reader's or writer's constructor), not only keep the
+    name. A missing file is `FileNotFoundError`, as pyarrow's own open says."""
+    if not isinstance(path, (str, os.PathLike)) or is_remote(path) or _utf8(path):
+        yield path
+        return
+    folder = next((f for f in _FD_FOLDERS if os.path.isdir(f)), None)
+    if folder is None:  # pragma: no cover - no system this runs on lacks both
+        yield path
+        return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY | os.O_NONBLOCK
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        yield f"{folder}/{fd}"
+    finally:
+        os.close(fd)
+
+
+def _utf8(path: str | os.PathLike) -> bool:
+    name = os.fspath(path)
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# --- pyarrow's reads of a local file -----------------------------------------------------------
+
+
+def memory_map(path: str | os.PathLike) -> Any:
+    """`path` memory-mapped read-only as a `pyarrow.NativeFile`: random reads share the page
+    cache across processes (the loader's workers)."""
+    import pyarrow as pa
+
+    with arrow_path(path) as name:
+        return pa.memory_map(os.fspath(name), "r")
+
+
+def parquet_file(source: Any, **options: Any) -> Any:
+    """`pyarrow.parquet.ParquetFile(source, **options)`; `source` a local path or an opened
+    file."""
+    import pyarrow.parquet as pq
+
+    with arrow_path(source) as name:
+        return pq.ParquetFile(name, **options)
+
+
+def parquet_schema(path: str | os.PathLike) -> Any:
+    """The Arrow schema of a local Parquet file, from its footer."""
+    import pyarrow.parquet as pq
+
+    with arrow_path(path) as name:
+        return pq.read_schema(name)
+
+
+def parquet_metadata(path: str | os.PathLike) -> Any:
+    """The footer metadata of a local Parquet file."""
+    import pyarrow.parquet as pq
+
+    with arrow_path(path) as name:
+        return pq.read_metadata(name)
+
+
+# --- files held open ---------------------------------------------------------------------------
 
 
 def open_size(source: Any) -> int | None:

@@ -6,7 +6,8 @@
 - **Writing a file**: `atomic_output` / `write_atomic` (through a hidden temporary name unique
   to the writer, fsync, one rename: a reader sees the old file or the whole new one, never a
   part), `open_output` (a stream the caller closes), `parquet_writer` / `write_parquet`
-  (pyarrow's writers, by path), `temporary_name`, `sync_file`, `sync_stream`, `create_empty`; in place:
+  (pyarrow's writers, by path; a name that is not UTF-8 through `local_files.arrow_path`),
+  `temporary_name`, `sync_file`, `sync_stream`, `create_empty`; in place:
   `open_update` and `append_range` (the shard writer joins its parts with these).
 - **Moving and removing**: `replace` (atomic, over what is there), `rename`, `remove_file`,
   `remove_tree`, `remove_empty_dir`, `sync_dir` (make the renames in a folder durable).
@@ -38,6 +39,7 @@ from typing import IO, Any, BinaryIO
 
 from packtool.errors import ConfigError, naming
 from packtool.storage import remote_write
+from packtool.storage.local_files import arrow_path
 from packtool.storage.remote import is_remote
 
 # --- folders -----------------------------------------------------------------------------------
@@ -367,17 +369,21 @@ def write_atomic(path: str | os.PathLike, data: bytes, make_parent: bool = False
 
 
 def parquet_writer(path: str | os.PathLike, schema: Any, **options: Any) -> Any:
-    """`pyarrow.parquet.ParquetWriter(path, schema, **options)`."""
+    """`pyarrow.parquet.ParquetWriter(path, schema, **options)` (a name that is not UTF-8:
+    `local_files.arrow_path`)."""
     import pyarrow.parquet as pq
 
-    return pq.ParquetWriter(path, schema, **options)
+    with arrow_path(path, write=True) as name:
+        return pq.ParquetWriter(name, schema, **options)
 
 
 def write_parquet(table: Any, path: str | os.PathLike, **options: Any) -> None:
-    """`pyarrow.parquet.write_table(table, path, **options)`."""
+    """`pyarrow.parquet.write_table(table, path, **options)` (a name that is not UTF-8:
+    `local_files.arrow_path`)."""
     import pyarrow.parquet as pq
 
-    pq.write_table(table, path, **options)
+    with arrow_path(path, write=True) as name:
+        pq.write_table(table, name, **options)
 
 
 # --- moving and removing -----------------------------------------------------------------------

@@ -92,6 +92,51 @@ def test_a_file_name_that_is_not_utf8_is_read_and_named_by_its_escape(tmp_path):
     assert source.endswith("latin1_\\udce9.jsonl")
 
 
+NOT_UTF8 = pytest.mark.skipif(sys.platform == "darwin", reason="macOS file names must be UTF-8")
+
+
+@NOT_UTF8
+@pytest.mark.parametrize("command", ["pack", "tokenize", "tokenize-folder", "megatron"])
+def test_an_output_named_in_bytes_that_are_not_utf8_is_written(tmp_path, good, command):
+    # Seen: a 60-80 line traceback (pyarrow was handed the surrogate-escaped name).
+    name = os.fsdecode(b"o\xff.parquet" if command == "tokenize" else b"o\xff")
+    out = tmp_path / name
+    extra = {"pack": ["--max-len", "64"], "megatron": ["--to", "megatron"]}.get(command, [])
+    code, _, err = run("pack" if command == "pack" else "tokenize", good, "-o", out, *extra)
+    assert code == 0, err
+    if command == "pack":
+        code, out_text, err = run("verify", out)
+        assert code == 0 and "OK" in out_text, err
+        code, out_text, err = run("inspect", out, "--row", "0")
+        assert code == 0 and "row 0" in out_text, err
+    elif command == "megatron":
+        assert (tmp_path / os.fsdecode(b"o\xff.bin")).stat().st_size > 0
+    else:
+        files = [out] if command == "tokenize" else sorted(out.glob("part-*.parquet"))
+        rows = sum(pq.read_metadata(pa.BufferReader(f.read_bytes())).num_rows for f in files)
+        assert rows == len(ROWS)
+
+
+@NOT_UTF8
+@pytest.mark.parametrize("command", ["stats", "pack", "tokenize"])
+def test_parquet_input_named_in_bytes_that_are_not_utf8_is_read(tmp_path, good, command):
+    code, _, err = run("tokenize", good, "-o", tmp_path / "tok.parquet")
+    assert code == 0, err
+    raw = tmp_path / os.fsdecode(b"q\xff.parquet")  # tokenized Parquet: its footer read
+    raw.write_bytes((tmp_path / "tok.parquet").read_bytes())
+    text = tmp_path / os.fsdecode(b"r\xff.parquet")  # a text column
+    with open(text, "wb") as f:
+        pq.write_table(pa.table({"text": [r["text"] for r in ROWS]}), f)
+    for path in (raw, text):
+        out = ["-o", tmp_path / f"out-{path.name[0]}"] if command != "stats" else []
+        max_len = ["--max-len", "64"] if command != "tokenize" else []
+        code, out_text, err = run(command, path, *out, *max_len)
+        assert code == 0, err
+        assert "Traceback" not in err
+        if command == "pack":
+            assert "packed 40 of 40 documents" in out_text
+
+
 def _tokenized(tmp_path: Path, good: Path, edit) -> Path:
     code, _, err = run("tokenize", good, "-o", tmp_path / "tok.parquet")
     assert code == 0, err

@@ -1,0 +1,45 @@
+"""pyarrow's files at names that are not UTF-8 (packtool/storage/local_files.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pyarrow as pa
+import pytest
+
+from packtool.storage import local, writing
+from packtool.storage.local_files import arrow_path
+
+pytestmark = pytest.mark.skipif(sys.platform == "darwin", reason="macOS names must be UTF-8")
+TABLE = pa.table({"x": list(range(100)), "s": [f"row {i}" for i in range(100)]})
+
+
+def test_a_utf8_name_goes_as_it_is(tmp_path):
+    for name in ("plain.parquet", "中文.parquet"):
+        with arrow_path(tmp_path / name) as given:
+            assert given == tmp_path / name
+        assert not (tmp_path / name).exists()  # nothing opened, nothing created
+
+
+@pytest.mark.parametrize("how", ["writer", "write_table"])
+def test_parquet_round_trip_at_a_name_that_is_not_utf8(tmp_path, how):
+    path = tmp_path / os.fsdecode(b"sub\xff") / os.fsdecode(b"t\xe9.parquet")
+    path.parent.mkdir()
+    if how == "writer":
+        with writing.parquet_writer(path, TABLE.schema) as w:
+            w.write_table(TABLE)
+    else:
+        writing.write_parquet(TABLE, path, row_group_size=10)
+    assert os.listdir(path.parent) == [path.name]  # written under its own name, nothing else
+    assert local.parquet_schema(path) == TABLE.schema
+    assert local.parquet_metadata(path).num_rows == 100
+    assert local.parquet_file(path).read().equals(TABLE)
+    assert local.parquet_file(path, memory_map=True).read().equals(TABLE)
+    with local.memory_map(path) as mapped:
+        assert mapped.size() == path.stat().st_size
+
+
+def test_a_missing_file_at_such_a_name_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        local.parquet_schema(tmp_path / os.fsdecode(b"gone\xff.parquet"))
