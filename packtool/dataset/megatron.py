@@ -83,10 +83,15 @@ def megatron_paths(prefix: str | os.PathLike) -> tuple[Any, Any]:
             f"-o {text}: a Megatron dataset is two files, PREFIX.bin and PREFIX.idx, so -o names "
             f"a file prefix, not a folder (e.g. {text.rstrip('/' + os.sep)}/corpus)"
         )
-    prefix = path
-    if prefix.suffix in (".bin", ".idx"):
-        prefix = prefix.with_suffix("")
-    return prefix.with_name(prefix.name + ".bin"), prefix.with_name(prefix.name + ".idx")
+    name = path.name
+    stem = name[: -len(".idx")] if name.endswith((".bin", ".idx")) else name
+    if stem in ("", ".", ".."):  # `d/.idx` (whose suffix Path sees as none) wrote `d/.idx.bin`
+        raise ConfigError(
+            f"-o {text}: the prefix's name is empty once {name[len(stem) :]} is taken off (a "
+            "Megatron dataset is PREFIX.bin and PREFIX.idx): give it a name, e.g. "
+            f"{text[: len(text) - len(name)]}corpus"
+        )
+    return path.with_name(stem + ".bin"), path.with_name(stem + ".idx")
 
 
 def _repository_root(text: str) -> bool:

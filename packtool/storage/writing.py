@@ -300,27 +300,63 @@ def create_empty(path: str | os.PathLike) -> None:
 
 def append_range(source: str | os.PathLike, offset: int, count: int, out: BinaryIO) -> None:
     """Append `count` bytes of `source` from `offset` to the end of `out` (in the kernel with
-    `copy_file_range` where it can: Linux; a plain copy elsewhere)."""
+    `copy_file_range` where it can: Linux; a plain copy where the system or the file system
+    has no such copy, `_NO_KERNEL_COPY`). Any other failure is raised naming its file: `source`
+    for a read (EIO), `out` for a write (a full disk, `_WRITE_ERRORS`); until 2026-12-07 every
+    OSError of the kernel copy was taken for "not supported" and the bytes copied again."""
     out.flush()
     with open(source, "rb") as f:
         try:
             while count > 0:
                 done = os.copy_file_range(f.fileno(), out.fileno(), count, offset)
                 if done <= 0:
-                    raise OSError("copy_file_range copied nothing")
+                    break  # copied nothing (some file systems): the plain copy says why
                 offset += done
                 count -= done
-            return
-        except (AttributeError, OSError):  # not Linux, or a file system without it
+            if count <= 0:
+                return
+        except AttributeError:  # not Linux
             pass
+        except OSError as exc:
+            if exc.errno not in _NO_KERNEL_COPY:
+                raise _named(exc, out if exc.errno in _WRITE_ERRORS else source) from None
         f.seek(offset)
         out.seek(0, os.SEEK_END)
         while count > 0:
-            block = f.read(min(count, 1 << 22))
+            with naming(source):
+                block = f.read(min(count, 1 << 22))
             if not block:
                 raise OSError(f"{source}: shorter than its footer says")
-            out.write(block)
+            try:
+                out.write(block)
+            except OSError as exc:
+                raise _named(exc, out) from None
             count -= len(block)
+
+
+_NO_KERNEL_COPY = {
+    errno.EXDEV,  # across file systems (Linux before 5.3; some since)
+    errno.ENOSYS,  # no such system call
+    errno.EOPNOTSUPP,
+    errno.ENOTSUP,
+    errno.EINVAL,  # a file system (or file kind) the kernel copy does not take
+    errno.EBADF,  # `out` opened O_APPEND
+    errno.EPERM,  # a sandbox's seccomp filter refusing the call
+}
+"""`copy_file_range`'s answers that mean "not here": the plain copy does the work instead."""
+
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+"""`copy_file_range`'s failures that are the output's (the rest are taken as the source's)."""
+
+
+def _named(exc: OSError, file: Any) -> OSError:
+    """`exc` naming `file` (a path, or an open file's name); as it is when it names one or
+    `file` has no name."""
+    name = file if isinstance(file, (str, os.PathLike)) else getattr(file, "name", None)
+    if exc.filename is not None or not isinstance(name, (str, os.PathLike)):
+        return exc
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    return OSError(exc.errno, why, os.fspath(name))
 
 
 def sync_stream(f: IO[Any]) -> None:

@@ -116,7 +116,8 @@ class Merge:
                 self._open()
             else:
                 # A full disk names the merged file (its bare OSError named none: the CLI
-                # printed "error: No space left on device")
+                # printed "error: No space left on device"); a failed read names the part
+                # (`append_range` names the file it failed on)
                 with naming(self.bin_path):
                     writing.append_range(part_bin, 0, nbytes, self._bin)
                 with naming(self.lengths_path):
@@ -132,12 +133,24 @@ class Merge:
             self.next += 1
 
     def close(self) -> None:
-        for f, path in ((self._bin, self.bin_path), (self._lengths, self.lengths_path)):
-            if f is not None:
+        """Both merged files synced and closed; the first failure is raised once both are
+        closed (until 2026-12-07 a failed sync of `.bin` left `.lengths` open)."""
+        files = ((self._bin, self.bin_path), (self._lengths, self.lengths_path))
+        self._bin = self._lengths = None
+        failed: OSError | None = None
+        for f, path in files:
+            if f is None:
+                continue
+            try:
                 with naming(path):
                     writing.sync_stream(f)
                     f.close()
-        self._bin = self._lengths = None
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    f.close()  # (its descriptor is let go even where the flush fails again)
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 __all__ = ["MERGED_BIN", "MERGED_LENGTHS", "Merge"]

@@ -162,3 +162,76 @@ def test_a_full_disk_in_the_merge_names_the_merged_file(tmp_path, monkeypatch):
     line = one_error_line(err)
     merged = staging_folder(tmp_path / "d.idx") / "merged.bin"
     assert code != 0 and f"{merged}: No space left on device" in line, line
+
+
+def test_a_failed_read_of_a_part_in_the_merge_names_the_part(tmp_path, monkeypatch):
+    """Before: an EIO reading a part while it was appended named the merged `.bin`, the file
+    being written, not the one that could not be read."""
+    import os
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"doc {i} " * 300}) + "\n" for i in range(60)))
+
+    def unreadable(*args):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "copy_file_range", unreadable, raising=False)
+    code, _, err = run(
+        "tokenize", corpus, "--to", "megatron", "-o", tmp_path / "d", "--workers", 1,
+        "--partition-size", "30000",
+    )  # fmt: skip
+    line = one_error_line(err)
+    assert code != 0 and "Input/output error" in line, line
+    assert "part-000001.bin: Input/output error" in line and "merged.bin" not in line, line
+
+
+def test_closing_the_merge_closes_both_files_when_the_first_sync_fails(tmp_path, monkeypatch):
+    """Before: a failed fsync of the merged `.bin` (a full disk) left `.lengths` open."""
+    from packtool.engines.megatron.merge import Merge
+    from packtool.engines.megatron.part import part_paths
+    from packtool.storage import writing
+
+    part_bin, part_lengths = part_paths(tmp_path, 0)
+    part_bin.parent.mkdir(parents=True)
+    part_bin.write_bytes(b"\0" * 8)
+    part_lengths.write_bytes(np.array([4], dtype=np.int32).tobytes())
+    opened = []
+    real_open = writing.open_append
+
+    def recording(path, size):
+        opened.append(real_open(path, size))
+        return opened[-1]
+
+    monkeypatch.setattr(writing, "open_append", recording)
+    merge = Merge(tmp_path)
+    merge.add({"partition": 0, "bin_bytes": 8, "documents": 1})
+    assert len(opened) == 2
+
+    def full(f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writing, "sync_stream", full)
+    with pytest.raises(OSError) as info:
+        merge.close()
+    assert info.value.filename == str(tmp_path / "merged.bin")
+    assert all(f.closed for f in opened)
+
+
+@pytest.mark.parametrize("output", [".idx", ".bin", "sub/.idx", "sub/.bin"])
+def test_a_prefix_with_an_empty_name_once_its_suffix_is_off_is_one_line(
+    tmp_path, corpus, monkeypatch, output
+):
+    """Before: `-o d/.idx` wrote `d/.idx.bin` and `d/.idx.idx`."""
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", output)
+    line = one_error_line(err)
+    assert code != 0 and "the prefix's name is empty once" in line, line
+    assert not list(tmp_path.rglob("*.bin")) and not list(tmp_path.rglob("*.idx"))
+
+
+def test_a_prefix_given_as_either_file_of_the_pair_names_the_pair(tmp_path):
+    for given in ("corpus", "corpus.bin", "corpus.idx", ".hidden.idx"):
+        bin_path, idx_path = megatron_paths(tmp_path / given)
+        stem = given.removesuffix(".bin").removesuffix(".idx")
+        assert (bin_path, idx_path) == (tmp_path / f"{stem}.bin", tmp_path / f"{stem}.idx")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -156,6 +157,59 @@ def test_append_range_refuses_a_source_shorter_than_asked(tmp_path, monkeypatch)
         pytest.raises(OSError, match="shorter than its footer says"),
     ):
         writing.append_range(tmp_path / "src", 1, 10, out)
+
+
+def _append(tmp_path, source=b"abcdefgh"):
+    (tmp_path / "src").write_bytes(source)
+    (tmp_path / "out").write_bytes(b"head")
+    with writing.open_update(tmp_path / "out") as out:
+        out.seek(0, os.SEEK_END)
+        writing.append_range(tmp_path / "src", 2, 4, out)
+    return (tmp_path / "out").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "code", [errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM, None]
+)
+def test_append_range_copies_plainly_where_the_kernel_copy_is_not_supported(
+    tmp_path, monkeypatch, code
+):
+    def unsupported(*args):
+        if code is None:
+            return 0  # some file systems copy nothing rather than say no
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "copy_file_range", unsupported, raising=False)
+    assert _append(tmp_path) == b"head" + b"cdef"
+
+
+@pytest.mark.parametrize(
+    ("code", "named"), [(errno.EIO, "src"), (errno.ENOSPC, "out"), (errno.EDQUOT, "out")]
+)
+def test_append_range_raises_a_failed_kernel_copy_naming_its_file(
+    tmp_path, monkeypatch, code, named
+):
+    # Seen: any OSError of copy_file_range (a full disk, EIO) was taken for "not supported"
+    # and the same bytes copied again by read/write, hiding the error it had met.
+    def failing(*args):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "copy_file_range", failing, raising=False)
+    with pytest.raises(OSError) as info:
+        _append(tmp_path)
+    assert info.value.errno == code
+    assert info.value.filename == str(tmp_path / named)
+    assert (tmp_path / "out").read_bytes() == b"head"  # no plain copy after it
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="Linux /proc")
+def test_append_range_names_the_source_when_its_plain_read_fails(tmp_path, monkeypatch):
+    monkeypatch.delattr(os, "copy_file_range", raising=False)
+    (tmp_path / "out").write_bytes(b"")
+    with writing.open_update(tmp_path / "out") as out, pytest.raises(OSError) as info:
+        writing.append_range("/proc/self/mem", 0, 10, out)  # reading offset 0 is EIO
+    assert info.value.errno == errno.EIO
+    assert info.value.filename == "/proc/self/mem"
 
 
 def test_take_lock_is_exclusive_and_released(tmp_path):
