@@ -48,7 +48,7 @@ from loader.online.state import (
 )
 from loader.packed.resume import PendingStart
 from packtool.dataset.tokenized import common_identity, common_optional, tokenized_meta
-from packtool.errors import ConfigError, DataError, PacktoolError
+from packtool.errors import ConfigError, DataError, PacktoolError, one_line
 from packtool.pack.columns import check_policy
 from packtool.storage import local as storage
 from packtool.storage.local import expand
@@ -309,7 +309,7 @@ class StreamingPackedDataset(IterableDataset):
                 table = opened[1].read_row_group(rg, columns=self._read_columns)
             except (OSError, IndexError, pa.ArrowException) as exc:
                 raise DataError(
-                    f"{self.paths[f]}: row group {rg} unreadable ({exc}); the file changed or is "
+                    f"{self.paths[f]}: row group {rg} unreadable ({one_line(exc)}); the file changed or is "
                     "damaged since the dataset was opened"
                 ) from None
             if table.num_rows != n:  # rewritten with other row groups: rows would go astray

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from loader.store.row_group import decode_with_jemalloc
 from packtool.dataset.manifest import Manifest
-from packtool.errors import DataError
+from packtool.errors import DataError, one_line
 from packtool.storage import local as storage
 from packtool.storage.cache import MERGED_BYTES, MERGED_RANGES, RangeCache
 
@@ -137,7 +137,7 @@ class BucketRowGroups:
                 for at in {last, start}:  # a damaged copy: fetched again
                     self.cache.discard(info.sha256, at, size)
                 if attempt == 2:
-                    raise DataError(f"{url}: footer unreadable ({exc})") from None
+                    raise DataError(f"{url}: footer unreadable ({one_line(exc)})") from None
         raise AssertionError("unreachable")
 
     def footers(self) -> Iterator[pq.FileMetaData]:

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from loader.store.bucket import dataset_gone
 from loader.store.row_group import decode_with_jemalloc
-from packtool.errors import DataError, open_file_limit
+from packtool.errors import DataError, one_line, open_file_limit
 from packtool.storage import local as storage
 from packtool.storage.local_files import open_size
 
@@ -58,7 +58,7 @@ def open_error(file: Any, exc: BaseException, what: str) -> DataError:
     process or the system is out of file descriptors, which limit that is."""
     code = getattr(exc, "errno", None)
     if code not in (errno.EMFILE, errno.ENFILE):
-        return DataError(f"{file}: {what} ({exc})")
+        return DataError(f"{file}: {what} ({one_line(exc)})")
     if code == errno.ENFILE:
         return DataError(
             f"{file}: cannot open shard: too many open files on this machine (the system's "

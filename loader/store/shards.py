@@ -45,7 +45,7 @@ from loader.store.row_index import GroupStats, offsets_stats
 from loader.store.shard_files import OPEN_FILES, STATS_FILES, ShardFiles
 from packtool.dataset.columns import BYTES, TOKEN, Column, declared, loaded_optional, names
 from packtool.dataset.manifest import ShardInfo, open_dataset, sha256_file
-from packtool.errors import DataError
+from packtool.errors import DataError, one_line
 from packtool.storage import local as storage
 
 _NO_COLUMNS: Mapping[str, np.ndarray] = MappingProxyType({})
@@ -200,7 +200,7 @@ class ShardStore:
             meta = next(footers) if footers else self._files.footer(file, info)
             return meta, meta.schema.to_arrow_schema()
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"{file}: not a readable Parquet file ({exc})") from None
+            raise DataError(f"{file}: not a readable Parquet file ({one_line(exc)})") from None
 
     def _check_shard(
         self,
@@ -377,7 +377,7 @@ class ShardStore:
             extra = {c.name: list_parts(table.column(c.name)) for c in self.optional}
         except (pa.ArrowException, OSError, TypeError) as exc:
             raise DataError(
-                f"{where}: row group {int(self._rg_local[g])} unreadable ({exc}); the shard is damaged"
+                f"{where}: row group {int(self._rg_local[g])} unreadable ({one_line(exc)}); the shard is damaged"
             ) from None
         if tok_nulls or off_nulls or ids_nulls or any(x[2] for x in extra.values()):
             raise DataError(f"{where}: row group {int(self._rg_local[g])} holds nulls")
@@ -541,7 +541,7 @@ class ShardStore:
                 off, off_off, nulls = list_parts(col)
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(
-                    f"{where}: doc_offsets unreadable ({exc}); the shard is damaged"
+                    f"{where}: doc_offsets unreadable ({one_line(exc)}); the shard is damaged"
                 ) from None
             stats = offsets_stats(
                 off, off_off, nulls, max_len=self.max_len, where=where, first_row=0
@@ -572,7 +572,7 @@ class ShardStore:
                 col = self.bucket.read(g, shard, local, ["doc_offsets"])
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(
-                    f"{where}: row group {local}: doc_offsets unreadable ({exc}); the shard is "
+                    f"{where}: row group {local}: doc_offsets unreadable ({one_line(exc)}); the shard is "
                     "damaged"
                 ) from None
             off, off_off, nulls = list_parts(col.column("doc_offsets"))
@@ -587,7 +587,7 @@ class ShardStore:
                 off, off_off, nulls = list_parts(col.column("doc_offsets"))
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(
-                    f"{where}: row group {local}: doc_offsets unreadable ({exc}); the shard is "
+                    f"{where}: row group {local}: doc_offsets unreadable ({one_line(exc)}); the shard is "
                     "damaged"
                 ) from None
         return offsets_stats(

@@ -227,7 +227,7 @@ def read_pretokenized_file(
         try:
             table = pf.read_row_group(rg, columns=wanted)
         except (OSError, pa.ArrowException) as exc:
-            raise DataError(f"{path}: row group {rg} unreadable ({exc})") from None
+            raise DataError(f"{path}: row group {rg} unreadable ({one_line(exc)})") from None
         nbytes = pf.metadata.row_group(rg).total_byte_size
         out = _convert(
             table,

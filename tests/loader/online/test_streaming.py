@@ -550,3 +550,28 @@ def test_a_stream_pickles_and_copies_with_a_start_of_its_own(tokenized) -> None:
         assert np.array_equal(theirs, tokens) and their_docs == per_doc
         clone.set_epoch(5)
         assert (clone.epoch, ds.epoch) == (5, 3)  # its own, not the original's
+
+
+def test_an_unreadable_row_group_is_a_one_line_error(tokenized, tmp_path) -> None:
+    # Seen: pyarrow's several-line message appended whole ("Couldn't deserialize thrift:
+    # ...\nDeserializing page header failed.\n").
+    path, _ = tokenized
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in path.glob("*.parquet"):
+        (copy / f.name).write_bytes(f.read_bytes())
+    first = copy / "part-00000.parquet"
+    meta = pq.ParquetFile(first).metadata.row_group(0)
+    column = next(
+        meta.column(i) for i in range(meta.num_columns)
+        if meta.column(i).path_in_schema.startswith("input_ids")
+    )  # fmt: skip
+    data = bytearray(first.read_bytes())
+    for i in range(6):
+        data[column.data_page_offset + i] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with pytest.raises(DataError) as info:
+        list(make(copy))
+    said = str(info.value)
+    assert "part-00000.parquet: row group 0 unreadable (" in said
+    assert "\n" not in said

@@ -561,3 +561,27 @@ def test_a_footer_whose_row_groups_disagree_with_its_rows_is_an_error(tmp_path):
                 ShardStore(d)
             caught += 1
     assert caught  # the footer has such fields: each is refused
+
+
+def _damage_page_header(shard) -> None:
+    """The first page header of row group 0's input_ids, overwritten: pyarrow's error for it is
+    several lines ("Couldn't deserialize thrift: ...\\nDeserializing page header failed.\\n")."""
+    column = pq.ParquetFile(shard).metadata.row_group(0).column(0)
+    assert column.path_in_schema == "input_ids.list.element"
+    data = bytearray(shard.read_bytes())
+    for i in range(6):
+        data[column.data_page_offset + i] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+
+def test_an_unreadable_row_group_is_a_one_line_error(tmp_path):
+    # Seen: "...: row group 0 unreadable (Couldn't deserialize thrift: ...\nDeserializing page
+    # header failed.\n); the shard is damaged", pyarrow's message appended whole.
+    d = _packed(tmp_path, "zstd")
+    _damage_page_header(d / FIRST_PACKED)
+    with pytest.raises(DataError) as info:
+        list(PackedDataset(d, rows_per_batch=4, shuffle=False))
+    said = str(info.value)
+    assert FIRST_PACKED + ": row group 0 unreadable (" in said and "the shard is damaged" in said
+    assert "Deserializing page header failed" in said
+    assert "\n" not in said

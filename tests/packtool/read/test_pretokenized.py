@@ -291,3 +291,20 @@ def test_a_packed_dataset_as_input_is_refused(tmp_path, command):
     other.write_text('{"text": "a document named index.json"}\n')
     code, _, err = run(command, other, *out[command])
     assert code == 0, err
+
+
+def test_an_unreadable_row_group_is_a_one_line_error(tmp_path):
+    # Seen: pyarrow's several-line message appended whole ("Couldn't deserialize thrift:
+    # ...\nDeserializing page header failed.\n").
+    path = write(tmp_path / "p.parquet", input_ids=[[1, 2, 3], [4, 5]], labels=[[1, 2, 3], [4, 5]])
+    column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    assert column.path_in_schema.startswith("input_ids")
+    data = bytearray(path.read_bytes())
+    for i in range(6):
+        data[column.data_page_offset + i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError) as info:
+        read_all([path])
+    said = str(info.value)
+    assert "p.parquet: row group 0 unreadable (" in said
+    assert "\n" not in said
