@@ -7,6 +7,11 @@ One listing per input (fsspec's `find` / `glob`: the store lists 1,000 keys a re
 the client's listings cache, so stats after it cost no request; within `finds_kept` (a command's
 reading of its inputs) a prefix's listing is made once for `unread` and `expand` both.
 
+`as_path` makes every URL's `UPath` (the listings' and `storage.local.as_path`'s), holding the
+run's storage options (`remote.options_for`; http(s):// as `web.bounded_options` shapes them),
+so that its own reads (`read_bytes`, `exists`: a library user's) reach the store packtool's do
+(until 2026-12-07 a bare UPath: an endpoint named only in --storage-options was not reached).
+
 Records in: a URL. Out: `UPath`s of objects, sorted.
 """
 
@@ -17,17 +22,36 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from packtool.errors import DataError
+from packtool.errors import DataError, MissingDependencyError
 from packtool.storage.passed_over import CARD_NOTE, dataset_cards, passed_folders
 from packtool.storage.remote import (
-    as_path,
+    check_bucket,
     filesystem,
     info_of,
+    install_hint,
     is_web,
     naming,
     network_failure,
+    options_for,
     scheme,
 )
+
+
+def as_path(text: str) -> Any:
+    """A `UPath` for a URL (pathlib's naming methods on it), with the run's storage options."""
+    try:
+        from upath import UPath
+    except ImportError:
+        raise MissingDependencyError(install_hint(scheme(text) or "s3")) from None
+    check_bucket(text)
+    protocol = scheme(text) or ""
+    options = options_for(protocol) if protocol else {}
+    if protocol in ("http", "https"):  # as `remote.filesystem` gives them (no `retries`, ...)
+        from packtool.storage import web
+
+        options = web.bounded_options(options)
+    return UPath(protocol + text[len(protocol) :], **options)  # `HF://x` as `hf://x`
+
 
 _FOUND: ContextVar[dict[Any, tuple[Any, dict[str, Any]]] | None] = ContextVar(
     "found_prefixes", default=None

@@ -264,7 +264,9 @@ def as_path(text: str | os.PathLike) -> Any:
     """An input path as the readers take it: a `Path`, or a `UPath` for a URL (a plan or a
     descriptor keeps inputs as strings)."""
     if is_remote(text):
-        return remote.as_path(str(text))
+        from packtool.storage import listing
+
+        return listing.as_path(str(text))
     return Path(text)
 
 

@@ -168,7 +168,7 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
     try:
         import fsspec
     except ImportError:
-        raise MissingDependencyError(_install(protocol)) from None
+        raise MissingDependencyError(install_hint(protocol)) from None
     from packtool.storage import s3_requests
 
     given = json.loads(options)
@@ -194,10 +194,10 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
             return s3_requests.bounded_s3fs(given)  # its timeouts and tries bounded
         return fsspec.filesystem(protocol, skip_instance_cache=True, **given)
     except ImportError:
-        raise MissingDependencyError(_install(protocol)) from None
+        raise MissingDependencyError(install_hint(protocol)) from None
     except ValueError as exc:
         if "Protocol not known" in str(exc):
-            raise MissingDependencyError(_install(protocol)) from None
+            raise MissingDependencyError(install_hint(protocol)) from None
         # adlfs with no account or connection string, a bad option value: the client cannot
         # be made (it was a traceback); `filesystem` names the URL
         raise ConfigError(f"cannot open the {protocol}:// client ({first_line(exc)})") from None
@@ -228,7 +228,8 @@ def _client_modules(protocol: str, known: dict[str, Any]) -> list[str]:
     return [name.rsplit(".", 1)[0]] if "." in name else []
 
 
-def _install(protocol: str) -> str:
+def install_hint(protocol: str) -> str:
+    """The one line that says which extra installs `protocol`'s client."""
     return f"{protocol}:// inputs need fsspec's {protocol} support: pip install 'packtool[{EXTRAS[protocol]}]'"
 
 
@@ -251,17 +252,6 @@ def filesystem(path: Any) -> tuple[Any, str]:
         ) from None
     text = protocol + str(path)[len(protocol) :]  # `HF://` as `hf://`: fsspec's spelling
     return fs, text if protocol in ("http", "https") else fs._strip_protocol(text)
-
-
-def as_path(text: str) -> Any:
-    """A `UPath` for a URL (pathlib's naming methods on it)."""
-    try:
-        from upath import UPath
-    except ImportError:
-        raise MissingDependencyError(_install(scheme(text) or "s3")) from None
-    check_bucket(text)
-    protocol = scheme(text) or ""
-    return UPath(protocol + text[len(protocol) :])  # `HF://x` as `hf://x`: upath's spelling
 
 
 def check_bucket(text: str) -> None:

@@ -215,7 +215,7 @@ def test_probing_the_kind_of_an_object_downloads_its_first_blocks_not_the_object
         return real(fs, path, start, end)
 
     monkeypatch.setattr(remote_read, "_fetch_range", counting)
-    assert dataset_kind([remote.as_path("s3://corpus/data/a.jsonl")], ReadConfig()) == "text"
+    assert dataset_kind([storage.as_path("s3://corpus/data/a.jsonl")], ReadConfig()) == "text"
     time.sleep(0.5)  # a fetch ahead would be on its thread by now
     first = remote_read.FIRST_READ_BYTES
     assert (bucket / "a.jsonl").stat().st_size > (1 + remote_read.GROWTH) * first
@@ -771,3 +771,21 @@ def test_the_chat_template_beside_a_tokenizer_in_a_bucket_is_used(bucket, tmp_pa
             "sha256"
         ]
     )
+
+
+def test_a_url_s_upath_holds_the_run_s_storage_options(s3_server, monkeypatch):
+    # Seen: `as_path` built a bare UPath: the endpoint named only in --storage-options
+    # (PACKTOOL_STORAGE_OPTIONS) was not in it, so its own reads and listings (a library
+    # user's `path.read_bytes()`, `path.exists()`) went to AWS itself, not the MinIO/moto server.
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="upath-options")
+    boto3.client("s3").put_object(Bucket="upath-options", Key="d/a.txt", Body=b"hello")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # the endpoint from the options alone
+    monkeypatch.setenv(remote.OPTIONS_ENV, json.dumps({"s3": {"endpoint_url": s3_server}}))
+    path = storage.as_path("s3://upath-options/d/a.txt")
+    assert path.storage_options["endpoint_url"] == s3_server
+    assert path.read_bytes() == b"hello"
+    assert (path.parent / "a.txt").exists() and not (path.parent / "b.txt").exists()
+    listed = storage.glob("s3://upath-options/d", "*.txt")  # listings' UPaths too
+    assert [p.read_bytes() for p in listed] == [b"hello"]

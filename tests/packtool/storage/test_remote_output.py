@@ -24,6 +24,7 @@ from packtool.engines.local import RunConfig, run_pack
 from packtool.errors import ConfigError, DataError
 from packtool.pack.chunk import PackConfig
 from packtool.read.documents import ReadConfig
+from packtool.storage import local as storage
 from packtool.storage import remote, remote_write, s3_native
 from tests.cli import one_error_line, run
 from tests.packtool.storage.common import (
@@ -816,7 +817,7 @@ def test_shards_upload_on_a_thread_while_the_next_is_written(fs, tmp_path, monke
 
     monkeypatch.setattr(writing, "replace", watched)
     url = f"s3://{BUCKET}/writer"
-    remote_writer = ShardWriter(remote.as_path(url), lambda k: f"shard-{k:05d}.parquet", config)
+    remote_writer = ShardWriter(storage.as_path(url), lambda k: f"shard-{k:05d}.parquet", config)
     for rows in chunks:
         remote_writer.add_rows(rows)
     got = remote_writer.close()
@@ -849,7 +850,7 @@ def test_a_failed_shard_upload_fails_the_writer_and_leaves_no_scratch_file(
     monkeypatch.setattr(writing, "replace", second_fails)
     config = ShardConfig(shard_rows=40, row_group_rows=8)
     url = f"s3://{BUCKET}/failing"
-    writer = ShardWriter(remote.as_path(url), lambda k: f"shard-{k:05d}.parquet", config)
+    writer = ShardWriter(storage.as_path(url), lambda k: f"shard-{k:05d}.parquet", config)
     with pytest.raises(DataError, match="injected"):
         for rows in _writer_rows():
             writer.add_rows(rows)
