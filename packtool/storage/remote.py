@@ -27,10 +27,9 @@ sets it, so worker processes inherit it). S3 defaults to a bounded, throttling-a
 on `SlowDown`, 5xx, timeouts and dropped connections), each waiting 60 s for a whole request
 through obstore (3 minutes of retries at most) or 20 s between bytes through s3fs
 (`s3_requests.s3fs_options`). http(s):// reads get aiohttp timeouts and 5 attempts of each
-request with backoff (`web.py`).
-An unreachable endpoint, a missing bucket or key, denied access or bad credentials become one
-line naming the URL (`DataError`), never a hang or a traceback.
-"""
+request with backoff (`web.py`). An unreachable endpoint, a missing bucket or key, denied
+access or bad credentials become one line naming the URL (`DataError`), never a hang or a
+traceback."""
 
 from __future__ import annotations
 
@@ -195,11 +194,13 @@ def _filesystem(protocol: str, options: str, env: str, pid: int) -> Any:
         return fsspec.filesystem(protocol, skip_instance_cache=True, **given)
     except ImportError:
         raise MissingDependencyError(install_hint(protocol)) from None
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, ConfigError):  # an option packtool refuses itself (s3_requests)
+            raise
         if "Protocol not known" in str(exc):
             raise MissingDependencyError(install_hint(protocol)) from None
-        # adlfs with no account or connection string, a bad option value: the client cannot
-        # be made (it was a traceback); `filesystem` names the URL
+        # adlfs with no account or connection string, a bad option value or name: the client
+        # cannot be made (it was a traceback); `filesystem` names the URL
         raise ConfigError(f"cannot open the {protocol}:// client ({first_line(exc)})") from None
 
 

@@ -100,6 +100,7 @@ def usable(options: dict[str, Any]) -> bool:
     chosen = os.environ.get(CLIENT_ENV, "auto").strip().lower() or "auto"
     if chosen not in ("auto", "s3fs", "obstore"):
         raise ConfigError(f"{CLIENT_ENV}={chosen}: expected s3fs, obstore or auto")
+    s3_requests.check_options(options)  # a value of the wrong shape: one line, either client
     if chosen == "s3fs":
         return False
     if _STARTED_IN is not None and os.getpid() != _STARTED_IN:
@@ -107,9 +108,8 @@ def usable(options: dict[str, Any]) -> bool:
     untranslated = _untranslated(options)
     if untranslated:
         if chosen == "obstore":
-            raise ConfigError(
-                f"{CLIENT_ENV}=obstore: storage options it cannot take: {untranslated}"
-            )
+            s3_requests.check_s3fs_names(options)  # no s3 option at all: said so, as s3fs's
+            raise ConfigError(f"--storage-options: {CLIENT_ENV}=obstore cannot take {untranslated}")
         return False
     try:
         import obstore  # noqa: F401
@@ -136,14 +136,8 @@ def usable(options: dict[str, Any]) -> bool:
 def _untranslated(options: dict[str, Any]) -> list[str]:
     """The s3fs options (and `client_kwargs` / `config_kwargs` keys) `NativeS3` cannot take."""
     out = sorted(set(options) - _TRANSLATED)
-    out += [
-        f"client_kwargs.{k}"
-        for k in sorted(set(options.get("client_kwargs") or {}) - _CLIENT_KWARGS)
-    ]
-    out += [
-        f"config_kwargs.{k}"
-        for k in sorted(set(options.get("config_kwargs") or {}) - _CONFIG_KWARGS)
-    ]
+    for name, taken in (("client_kwargs", _CLIENT_KWARGS), ("config_kwargs", _CONFIG_KWARGS)):
+        out += [f"{name}.{k}" for k in sorted(set(options.get(name) or {}) - taken)]
     return out
 
 

@@ -13,6 +13,7 @@ none (`anon`: unsigned); the endpoint is the one named (else AWS's regional one)
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -21,6 +22,8 @@ import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
 from typing import Any
+
+from packtool.errors import ConfigError
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 CONFIG_ONLY_S3FS = frozenset({"ca_bundle", "s3", "endpoint_url", "services",
@@ -58,6 +61,95 @@ S3FS_TRIES = 2
 for what botocore does not retry (a body cut short, an answer that does not parse)."""
 
 
+_STRINGS = ("key", "secret", "token", "endpoint_url", "username", "password", "profile",
+            "client_kwargs.region_name", "client_kwargs.endpoint_url")  # fmt: skip
+_SECONDS = ("config_kwargs.connect_timeout", "config_kwargs.read_timeout")
+_ATTEMPTS = ("config_kwargs.retries.max_attempts", "config_kwargs.retries.total_max_attempts")
+_RETRIES = {"max_attempts", "total_max_attempts", "mode"}
+_MODES = ("legacy", "standard", "adaptive")
+
+
+def _refuse(name: str, what: str, value: Any = None) -> ConfigError:
+    got = "" if value is None else f", got {json.dumps(value, default=repr)[:60]}"
+    return ConfigError(f"--storage-options: s3 {name!r} {what}{got}")
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """A one-line `ConfigError` naming the S3 option (s3fs's keyword arguments, which obstore
+    takes too: `s3_native`) whose value is not the shape the clients read, before any client
+    is made: an object where one is read (`client_kwargs`, `config_kwargs`, its `retries`),
+    strings, seconds, attempts, `anon`, `retries.mode`, and a `config_kwargs` key given at the
+    top. Until 2026-12-07 each was a TypeError traceback (`{"config_kwargs": 5}`) or the
+    client's one line naming no option (`'int' object has no attribute 'get'`)."""
+    for name in ("retries", "connect_timeout", "read_timeout"):
+        if name in options:
+            raise _refuse(name, f'goes in config_kwargs ({{"config_kwargs": {{"{name}": ...}}}})')
+    for name, what in (("client_kwargs", "botocore's client arguments: region_name, ..."),
+                       ("config_kwargs", "botocore's Config: connect_timeout, retries, ...")):  # fmt: skip
+        if not isinstance(options.get(name) or {}, dict):
+            raise _refuse(name, f"must be a JSON object ({{...}}: {what})", options[name])
+    config = options.get("config_kwargs") or {}
+    retries = config.get("retries") or {}
+    if not isinstance(retries, dict):
+        raise _refuse(
+            "config_kwargs.retries", 'must be a JSON object ({"max_attempts": N})', retries
+        )
+    for extra in sorted(set(retries) - _RETRIES):
+        raise _refuse(
+            f"config_kwargs.retries.{extra}", f"is no s3 option (retries takes {sorted(_RETRIES)})"
+        )
+    found = {"client_kwargs": options.get("client_kwargs") or {}, "config_kwargs": config,
+             "config_kwargs.retries": retries, "": options}  # fmt: skip
+    for name in _STRINGS + _SECONDS + _ATTEMPTS + ("anon", "config_kwargs.retries.mode"):
+        where, _, key = name.rpartition(".")
+        value = found[where].get(key)
+        if value is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name in _STRINGS and not isinstance(value, str):
+            raise _refuse(name, "must be a string", value)
+        if name in _SECONDS and not (number and value > 0):
+            raise _refuse(name, "must be seconds (a number above 0)", value)
+        if name in _ATTEMPTS and not (number and float(value).is_integer() and value >= 1):
+            raise _refuse(name, "must be a whole number of at least 1", value)
+        if name == "anon" and not isinstance(value, bool):
+            raise _refuse(name, "must be true or false", value)
+        if name.endswith("mode") and value not in _MODES:
+            raise _refuse(name, f"must be one of {', '.join(_MODES)}", value)
+
+
+def check_s3fs_names(options: dict[str, Any]) -> None:
+    """A one-line `ConfigError` naming an option s3fs would pass on to a call that refuses it
+    at the first request (`AioSession`, botocore's `Config` or `create_client`: a TypeError
+    naming no option): an argument of none of them. Imports s3fs and botocore (s3fs's path)."""
+    import inspect
+
+    try:
+        import s3fs
+        from aiobotocore.config import AioConfig
+        from aiobotocore.session import AioSession
+        from botocore.config import Config
+        from botocore.session import Session
+    except ImportError:  # the caller says s3fs is missing
+        return
+
+    def params(f: Any) -> set[str]:
+        return set(inspect.signature(f).parameters) - {"self", "args", "kwargs"}
+
+    known = {
+        "": params(s3fs.S3FileSystem.__init__) | params(AioSession.__init__)
+        | {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"},
+        "client_kwargs.": params(Session.create_client) - {"service_name", "config"},
+        "config_kwargs.": set(Config.OPTION_DEFAULTS) | params(AioConfig.__init__),
+    }  # fmt: skip
+    for prefix, names in known.items():
+        given = options.get(prefix[:-1]) or {} if prefix else options
+        for extra in sorted(set(given) - names):
+            where = {"": "s3fs's S3FileSystem", "client_kwargs.": "botocore's create_client",
+                     "config_kwargs.": "botocore's Config"}[prefix]  # fmt: skip
+            raise _refuse(prefix + extra, f"is no s3 option (not an argument of {where})")
+
+
 def s3fs_options(options: dict[str, Any]) -> dict[str, Any]:
     """s3fs's options with its timeouts bounded: `S3FS_READ_TIMEOUT_S` and `CONNECT_TIMEOUT_S`
     unless set, and the options' attempts (`max_attempts`, attempts in all as obstore takes it,
@@ -80,6 +172,8 @@ def bounded_s3fs(options: dict[str, Any]) -> Any:
     """An s3fs client (no instance cache) with `s3fs_options` and `S3FS_TRIES`."""
     import fsspec
 
+    check_s3fs_names(options)
+    options = {k: v for k, v in options.items() if k != "skip_instance_cache"}
     fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3fs_options(options))
     fs.retries = S3FS_TRIES
     return fs

@@ -23,7 +23,7 @@ from packtool.engines.local import run_pack
 from packtool.engines.plan import check_unchanged, describe
 from packtool.errors import ConfigError, DataError, MissingDependencyError
 from packtool.storage import local as storage
-from packtool.storage import remote, remote_read
+from packtool.storage import remote, remote_read, s3_native
 from tests.cli import one_error_line, run
 from tests.packtool.storage.common import pack_config, requests_seen
 
@@ -283,6 +283,53 @@ def test_the_one_line_errors(bucket, tmp_path, monkeypatch, s3_client):
     with pytest.raises(MissingDependencyError, match=r"packtool\[gcs\]"):
         storage.expand(["gs://bucket/x.jsonl"], (".jsonl",), ".jsonl")
     remote._filesystem.cache_clear()
+
+
+WRONG_S3_OPTIONS = [
+    ({"config_kwargs": 5}, "'config_kwargs' must be a JSON object"),
+    ({"config_kwargs": {"retries": 3}}, "'config_kwargs.retries' must be a JSON object"),
+    ({"retries": 3}, "'retries' goes in config_kwargs"),
+    ({"retries": {"max_attempts": "x"}}, "'retries' goes in config_kwargs"),
+    ({"bogus_option": 1}, "'bogus_option' is no s3 option"),
+    ({"config_kwargs": {"retries": {"max_attempts": "x"}}},
+     "'config_kwargs.retries.max_attempts' must be a whole number of at least 1, got \"x\""),
+    ({"config_kwargs": {"retries": {"tries": 2}}}, "'config_kwargs.retries.tries' is no s3 option"),
+    ({"config_kwargs": {"read_timeout": "x"}}, "'config_kwargs.read_timeout' must be seconds"),
+    ({"config_kwargs": {"bogus": 1}}, "'config_kwargs.bogus' is no s3 option"),
+    ({"client_kwargs": 5}, "'client_kwargs' must be a JSON object"),
+    ({"client_kwargs": {"bogus": 1}}, "'client_kwargs.bogus' is no s3 option"),
+    ({"key": 5}, "'key' must be a string"),
+    ({"anon": "yes"}, "'anon' must be true or false"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("client", ["auto", "obstore", "s3fs"])
+def test_a_wrong_s3_option_is_one_line_naming_it(bucket, tmp_path, monkeypatch, client):
+    """Each was a TypeError traceback (`{"config_kwargs": 5}`: 45 lines), or one line that did
+    not name the option (`AttributeError: 'int' object has no attribute 'get'`, `invalid literal
+    for int()`, `AioSession.__init__() got an unexpected keyword argument`), through either
+    client: now one line naming the option and what it must be, before any request."""
+    monkeypatch.setenv(s3_native.CLIENT_ENV, client)
+    url = "s3://corpus/data/a.jsonl"
+    try:
+        for options, said in WRONG_S3_OPTIONS:
+            remote._filesystem.cache_clear()
+            code, _, err = run("stats", url, "--storage-options", json.dumps(options))
+            line = one_error_line(err)
+            assert code == 1 and line.startswith(f"error: {url}: --storage-options: "), line
+            assert said in line, (options, line)
+            assert "credentials" not in line  # the option is wrong, not the credentials
+        for options, said in WRONG_S3_OPTIONS[:3]:
+            remote._filesystem.cache_clear()
+            out = tmp_path / f"ds-{client}"
+            code, _, err = run("pack", url, "-o", out, "--storage-options", json.dumps(options))
+            assert code == 1 and said in one_error_line(err), err
+        remote._filesystem.cache_clear()  # and a right one still reads
+        good = {"config_kwargs": {"connect_timeout": 5, "retries": {"max_attempts": 3}}}
+        code, out, err = run("stats", url, "--storage-options", json.dumps(good))
+        assert code == 0, err
+    finally:
+        remote._filesystem.cache_clear()
 
 
 def test_an_unreachable_endpoint_is_one_line_in_bounded_time(bucket, tmp_path, monkeypatch):
