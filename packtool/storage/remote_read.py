@@ -83,14 +83,16 @@ def prefetch(path: Any, start: int, end: int | None, size: int) -> None:
         if key in _PREFETCHED or start >= stop:
             return
         n = READ_BYTES if end is None else min(READ_BYTES, stop - start + TAIL_BYTES)
-        job = _fetchers(os.getpid()).submit(_fetch_range, fs, p, start, min(size, start + n))
+        job = _fetchers(os.getpid()).submit(_fetch_range, fs, p, start, min(size, start + n), path)
         _PREFETCHED[key] = [(start, n, job)]
         while len(_PREFETCHED) > PREFETCHED_PIECES:
             _PREFETCHED.popitem(last=False)
 
 
-def _fetch_range(fs: Any, p: str, start: int, end: int) -> bytes:
+def _fetch_range(fs: Any, p: str, start: int, end: int, url: Any) -> bytes:
     """One ranged GET of a sequential reader (`ReadAhead`, `prefetch`): every block goes here.
+    Its errors name `url`, the object as the user named it (`p` is the client's name: an
+    s3:// object's has no scheme, as its short answer's message had none until 2026-12-07).
 
     A web server that ignores the range answers the whole object: taken as the block, every
     partition after the first read the file from its start (documents twice, others lost). The
@@ -98,11 +100,11 @@ def _fetch_range(fs: Any, p: str, start: int, end: int) -> bytes:
     said once on stderr); a longer answer that is not the whole object is an error, and so is
     a shorter one (`_checked_range`), after the retries of a web request (`web.retried`)."""
     if is_web(fs):  # a 5xx, a dropped connection, a body cut short or an empty 206: asked again
-        return web_retried(lambda: _checked_range(fs, p, start, end), p)
-    return _checked_range(fs, p, start, end)
+        return web_retried(lambda: _checked_range(fs, p, start, end, url), p)
+    return _checked_range(fs, p, start, end, url)
 
 
-def _checked_range(fs: Any, p: str, start: int, end: int) -> bytes:
+def _checked_range(fs: Any, p: str, start: int, end: int, url: Any) -> bytes:
     """`_fetch_range`'s one GET, its answer checked: one shorter than asked for (`end` is never
     past the object's end) is a `web.ShortAnswer`; until 2026-12-06 an empty 206 was taken for
     the end of the file and the documents after it were lost without a word (exit 0).
@@ -110,12 +112,12 @@ def _checked_range(fs: Any, p: str, start: int, end: int) -> bytes:
     `HfFileSystem`'s `cat_file` is fsspec's: it opens the file with a 5 MB read-ahead, so each
     read downloaded up to 5 MB past its end (until 2026-12-06); its file opened without a
     cache asks for the bytes wanted."""
-    data = _ranged_get(fs, p, start, end, p)
+    data = _ranged_get(fs, p, start, end, url)
     if len(data) == end - start:
         return data
     if len(data) < end:
         raise DataError(
-            f"{p}: the server answered {len(data):,} bytes for bytes {start:,}-{end:,}; "
+            f"{url}: the server answered {len(data):,} bytes for bytes {start:,}-{end:,}; "
             "read it again, or copy it to a local path"
         )
     _note_no_ranges(
@@ -298,7 +300,7 @@ class ReadAhead(_Positioned):
             following += n
 
     def _fetch(self, start: int, n: int) -> bytes:
-        return _fetch_range(self._fs, self._path, start, min(self._size, start + n))
+        return _fetch_range(self._fs, self._path, start, min(self._size, start + n), self._url)
 
 
 @functools.lru_cache(maxsize=1)
@@ -441,7 +443,7 @@ def read_range(path: Any, start: int, end: int) -> bytes:
     """Bytes `start` to `end` of the object (one ranged GET)."""
     fs, p = filesystem(path)
     with naming(path):
-        data = _fetch_range(fs, p, start, end)  # a server that ignores ranges: cut out of it
+        data = _fetch_range(fs, p, start, end, path)  # a server that ignores ranges: cut out of it
     if len(data) != end - start:
         raise DataError(f"{path}: bytes {start}-{end} came back {len(data)} long; read it again")
     return data

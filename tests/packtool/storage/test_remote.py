@@ -109,8 +109,8 @@ def test_a_worker_reads_its_own_byte_ranges(bucket, tmp_path, monkeypatch):
     fetched: dict[str, int] = {}
     real = remote_read._fetch_range
 
-    def counting(fs, path, start, end):
-        data = real(fs, path, start, end)
+    def counting(fs, path, start, end, url):
+        data = real(fs, path, start, end, url)
         fetched[path] = fetched.get(path, 0) + len(data)
         return data
 
@@ -134,9 +134,9 @@ def test_with_the_default_blocks_the_partitions_fetch_an_object_about_once(
     asked: list[tuple[int, int]] = []
     real = remote_read._fetch_range
 
-    def counting(fs, path, start, end):
+    def counting(fs, path, start, end, url):
         asked.append((start, end))
-        return real(fs, path, start, end)
+        return real(fs, path, start, end, url)
 
     monkeypatch.setattr(remote_read, "_fetch_range", counting)
     summary = run_pack(pack_config(tmp_path / "out", ["s3://corpus/data/a.jsonl"], workers=1))
@@ -168,9 +168,9 @@ def test_a_partition_of_several_objects_fetches_the_next_ones_first_blocks_ahead
     asked: list[tuple[str, int, int, str]] = []
     real = remote_read._fetch_range
 
-    def counting(fs, path, start, end):
+    def counting(fs, path, start, end, url):
         asked.append((path, start, end, threading.current_thread().name))
-        return real(fs, path, start, end)
+        return real(fs, path, start, end, url)
 
     monkeypatch.setattr(remote_read, "_fetch_range", counting)
     monkeypatch.setattr(remote_read, "FIRST_READ_BYTES", 4096)
@@ -210,9 +210,9 @@ def test_probing_the_kind_of_an_object_downloads_its_first_blocks_not_the_object
     asked: list[tuple[str, int, int]] = []
     real = remote_read._fetch_range
 
-    def counting(fs, path, start, end):
+    def counting(fs, path, start, end, url):
         asked.append((path, start, end - start))
-        return real(fs, path, start, end)
+        return real(fs, path, start, end, url)
 
     monkeypatch.setattr(remote_read, "_fetch_range", counting)
     assert dataset_kind([storage.as_path("s3://corpus/data/a.jsonl")], ReadConfig()) == "text"
@@ -283,6 +283,16 @@ def test_the_one_line_errors(bucket, tmp_path, monkeypatch, s3_client):
     with pytest.raises(MissingDependencyError, match=r"packtool\[gcs\]"):
         storage.expand(["gs://bucket/x.jsonl"], (".jsonl",), ".jsonl")
     remote._filesystem.cache_clear()
+
+
+def test_a_short_answer_names_the_object_with_its_scheme(bucket, s3_client):
+    """A range answered short named the client's path, `corpus/data/a.jsonl: bytes ...`, no
+    s3:// (audit remote, swap9.log): the URL as given now."""
+    url = "s3://corpus/data/a.jsonl"
+    size = storage.size(url)
+    with pytest.raises(DataError) as got:
+        remote_read.read_range(url, size - 10, size + 10)  # past the end: 10 bytes come back
+    assert str(got.value).startswith(f"{url}: bytes {size - 10:,}-{size + 10:,} came back 10 long")
 
 
 WRONG_S3_OPTIONS = [

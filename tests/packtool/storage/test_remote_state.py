@@ -277,9 +277,9 @@ def _rows_and_gets(pieces, monkeypatch) -> tuple[int, list[tuple[str, int, int]]
     asked: list[tuple[str, int, int]] = []
     real = remote_read._fetch_range
 
-    def counting(fs, path, start, end):
+    def counting(fs, path, start, end, url):
         asked.append((path.rsplit("/", 1)[1], start, end))
-        return real(fs, path, start, end)
+        return real(fs, path, start, end, url)
 
     monkeypatch.setattr(remote_read, "_fetch_range", counting)
     source, tok = _raw_source()
