@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.store.row_group import decode_with_jemalloc
-from packtool.dataset.manifest import Manifest
+from packtool.dataset.manifest import INDEX_FILE, Manifest
 from packtool.errors import DataError, one_line
 from packtool.storage import local as storage
 from packtool.storage.cache import MERGED_BYTES, MERGED_RANGES, RangeCache
@@ -108,7 +108,11 @@ class BucketRowGroups:
         first time on the node; a footer larger than that takes one more, both kept cached, so
         a warm open downloads neither). One whose row count is not index.json's (another
         shard's, under this one's name in the cache: it passes its CRC32) is downloaded again
-        once; the caller then reports what it says."""
+        once; the caller then reports what it says. A failure is `_shard_checked`."""
+        with self._shard_checked(shard):
+            return self._footer(shard)
+
+    def _footer(self, shard: int) -> pq.FileMetaData:
         info = self.manifest.shards[shard]
         url, size = self.urls[shard], info.bytes
         last = max(0, size - FOOTER_BYTES)
@@ -179,7 +183,7 @@ class BucketRowGroups:
         size = self.manifest.shards[shard].bytes
         for attempt in (1, 2, 3):
             url, key, start, end = self._where(shard, g)
-            with self._gone_checked(url), self.cache.pinned(url, key, start, end) as view:
+            with self._shard_checked(shard), self.cache.pinned(url, key, start, end) as view:
                 source = RangeFile(view, start, size)
                 try:
                     pf = storage.parquet_file(
@@ -216,13 +220,28 @@ class BucketRowGroups:
         return True
 
     @contextlib.contextmanager
-    def _gone_checked(self, url: str) -> Iterator[None]:
-        """A failed download of an object that no longer exists: the dataset was replaced."""
+    def _shard_checked(self, shard: int) -> Iterator[None]:
+        """A failed read of shard `shard` (a download, a decode, its footer) is told by what
+        the object is now, in one HEAD made only then (none while reads succeed): gone (the
+        dataset was replaced: `dataset_gone`), or of another size than index.json's, in the
+        words of `packtool verify` (rewritten or truncated since packing: no read again helps;
+        until 2026-12-07 a shorter one's range read "came back N long ... read it again", or
+        "416 Range Not Satisfiable"); else the failure as it was."""
         try:
             yield
-        except DataError:
-            if not storage.exists(url):
+        except (DataError, OSError, pa.ArrowException):
+            url, want = self.urls[shard], self.manifest.shards[shard].bytes
+            try:
+                size = storage.file_size(url)
+            except Exception:  # the store cannot be asked now: the failure as it was
+                size = want
+            if size is None:
                 raise dataset_gone(url, self.folder) from None
+            if size != want:
+                raise DataError(
+                    f"{url}: size is {size:,} bytes, expected {want:,} ({INDEX_FILE}); "
+                    "truncated or rewritten"
+                ) from None
             raise
 
     def fetch_ahead(self, groups: list[int], shards: np.ndarray) -> None:

@@ -162,3 +162,72 @@ def test_a_failed_open_starts_no_footer_fetch_after_the_failure(
     after = [t for t in starts if t > (failed_at[0] if failure == "unreadable" else raised)]
     figures = f"{still} running at the raise, {len(after)} of {len(starts)} started after failing"
     assert still == 0 and after == [], figures  # no GET outlives the open, none starts after
+
+
+@pytest.fixture(scope="module")
+def other(url) -> str:
+    """The same corpus packed with another max_len: shards of the same names, other sizes."""
+    run_pack(
+        RunConfig(
+            inputs=(str(CORPUS),),
+            out_dir="s3://footers/other",
+            pack=PackConfig(max_len=512),
+            shards=ShardConfig(shard_rows=256, row_group_rows=32),
+            progress=False,
+        )  # fmt: skip
+    )
+    return "s3://footers/other"
+
+
+def _version(fs, prefix: str) -> str:
+    import json
+
+    return json.loads(fs.cat(f"{prefix}/index.json"))["packtool_dataset"]
+
+
+@pytest.mark.parametrize("when", ["after_open", "before_open"])
+def test_a_shard_rewritten_in_the_bucket_is_named_by_its_size(url, other, tmp_path, when):
+    """Another pack's shards put over two of a dataset's (the auditor's swap.py): the read
+    failed 'footers/ds/.../shard-...: bytes A-B came back N long (the server answered with fewer
+    bytes than asked for); read it again' (no s3://, and reading again cannot help), or, cold,
+    the same at open. Now, as `packtool verify` says it: the shard's URL, 'size is N bytes,
+    expected M (index.json); truncated or rewritten' (one HEAD, made only once a read failed)."""
+    import re
+
+    from packtool.errors import DataError
+    from packtool.storage import remote
+
+    fs, _ = remote.filesystem(url)
+    prefix = f"footers/t-{when}"
+    for name in fs.find("footers/ds"):
+        fs.pipe(prefix + name[len("footers/ds") :], fs.cat(name))
+    mine, theirs = _version(fs, prefix), _version(fs, "footers/other")
+    names = ["shard-000000-00001.parquet", "shard-000000-00002.parquet"]
+    sizes = {n: fs.size(f"{prefix}/{mine}/{n}") for n in names}
+    cache = tmp_path / "cache"
+
+    def swap() -> None:
+        for n in names:
+            fs.pipe(f"{prefix}/{mine}/{n}", fs.cat(f"footers/other/{theirs}/{n}"))
+        fs.invalidate_cache()
+
+    if when == "after_open":
+        ds = PackedDataset(f"s3://{prefix}", tokens_per_batch=4096, seed=3, cache_dir=str(cache))
+        swap()
+        with pytest.raises(DataError) as got:
+            for _ in ds:
+                pass
+    else:
+        swap()
+        with pytest.raises(DataError) as got:
+            PackedDataset(f"s3://{prefix}", tokens_per_batch=4096, seed=3, cache_dir=str(cache))
+    text = str(got.value)
+    said = re.fullmatch(
+        rf"s3://{prefix}/{mine}/(shard-000000-0000[12]\.parquet): size is ([\d,]+) bytes, "
+        r"expected ([\d,]+) \(index.json\); truncated or rewritten",
+        text,
+    )
+    assert said is not None, text
+    name, now, was = said.group(1), said.group(2), said.group(3)
+    assert int(now.replace(",", "")) == fs.size(f"footers/other/{theirs}/{name}")
+    assert int(was.replace(",", "")) == sizes[name] != int(now.replace(",", ""))
