@@ -186,29 +186,32 @@ def _version(fs, prefix: str) -> str:
 
 
 @pytest.mark.parametrize("when", ["after_open", "before_open"])
-def test_a_shard_rewritten_in_the_bucket_is_named_by_its_size(url, other, tmp_path, when):
+@pytest.mark.parametrize("kind", ["shorter", "longer"])
+def test_a_shard_rewritten_in_the_bucket_is_named_by_its_size(url, other, tmp_path, when, kind):
     """Another pack's shards put over two of a dataset's (the auditor's swap.py): the read
     failed 'footers/ds/.../shard-...: bytes A-B came back N long (the server answered with fewer
     bytes than asked for); read it again' (no s3://, and reading again cannot help), or, cold,
     the same at open. Now, as `packtool verify` says it: the shard's URL, 'size is N bytes,
-    expected M (index.json); truncated or rewritten' (one HEAD, made only once a read failed)."""
+    expected M (index.json); truncated or rewritten' (one HEAD, made only once a read failed).
+    `longer`: the other way round (max_len 1024's shards over 512's), which failed its footer."""
     import re
 
     from packtool.errors import DataError
     from packtool.storage import remote
 
     fs, _ = remote.filesystem(url)
-    prefix = f"footers/t-{when}"
-    for name in fs.find("footers/ds"):
-        fs.pipe(prefix + name[len("footers/ds") :], fs.cat(name))
-    mine, theirs = _version(fs, prefix), _version(fs, "footers/other")
+    prefix = f"footers/t-{when}-{kind}"
+    source, donor = ("footers/ds", "footers/other")[:: 1 if kind == "shorter" else -1]
+    for name in fs.find(source):
+        fs.pipe(prefix + name[len(source) :], fs.cat(name))
+    mine, theirs = _version(fs, prefix), _version(fs, donor)
     names = ["shard-000000-00001.parquet", "shard-000000-00002.parquet"]
     sizes = {n: fs.size(f"{prefix}/{mine}/{n}") for n in names}
     cache = tmp_path / "cache"
 
     def swap() -> None:
         for n in names:
-            fs.pipe(f"{prefix}/{mine}/{n}", fs.cat(f"footers/other/{theirs}/{n}"))
+            fs.pipe(f"{prefix}/{mine}/{n}", fs.cat(f"{donor}/{theirs}/{n}"))
         fs.invalidate_cache()
 
     if when == "after_open":
@@ -229,5 +232,6 @@ def test_a_shard_rewritten_in_the_bucket_is_named_by_its_size(url, other, tmp_pa
     )
     assert said is not None, text
     name, now, was = said.group(1), said.group(2), said.group(3)
-    assert int(now.replace(",", "")) == fs.size(f"footers/other/{theirs}/{name}")
-    assert int(was.replace(",", "")) == sizes[name] != int(now.replace(",", ""))
+    now, was = int(now.replace(",", "")), int(was.replace(",", ""))
+    assert now == fs.size(f"{donor}/{theirs}/{name}") and was == sizes[name]
+    assert now < was if kind == "shorter" else now > was
