@@ -7,19 +7,27 @@ unknown to the code that stops a run (a worker never killed, a job never cancell
 `ctrl_c_after()` lets the block finish and raises the Ctrl-C (or SIGTERM) at its end; with
 `at_once`, the handler in place still runs at each signal (the CLI's watchdog and its second
 Ctrl-C), only its `KeyboardInterrupt` waiting for the block's end.
-`sigterm_as_ctrl_c()` makes SIGTERM stop a run as Ctrl-C does (the Slurm driver).
+`sigterm_as_ctrl_c()` makes SIGTERM stop a run as Ctrl-C does (the Slurm and Ray drivers),
+forced exit included: a graceful stop that hangs ends the process after `FORCE_EXIT_AFTER_S`.
 
 Records in: nothing. Out: nothing (the SIGINT handler restored as it was).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+FORCE_EXIT_AFTER_S = 5.0
+"""After SIGTERM with no CLI handler in place, how long the graceful stop may take before the
+process exits anyway (the CLI's own Ctrl-C grace, `cli/interrupt.FORCE_EXIT_AFTER_S`, is the
+same 5 s)."""
 
 @contextmanager
 def ctrl_c_after(at_once: bool = False) -> Iterator[None]:
@@ -76,12 +84,29 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
     """SIGTERM raised as a Ctrl-C (`KeyboardInterrupt`) over the block, so that what stops a
     run on Ctrl-C (the Slurm driver cancels its jobs) runs on SIGTERM too, where the signal's
     default action ended the process at once (every job left queued, no message). The main
-    thread only, as `ctrl_c_after`."""
+    thread only, as `ctrl_c_after`.
+
+    Also as Ctrl-C, a stop that hangs is bounded: SIGTERM runs the SIGINT handler in place, so
+    under the CLI (`cli/interrupt.on_sigint`) the process exits 5 s later with the resume line
+    if the stop has not ended, and at once at a second signal; with no such handler (the Python
+    API) a watchdog of this module's does the same, without the line. Until 2026-12-07 a
+    SIGTERM whose stop hung (a stuck `finally`) left the driver running for good."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def on_term(signum: int, frame: object) -> None:
+    terminated: list[int] = []  # SIGTERMs this block's own watchdog answered
+
+    def on_term(signum: int, frame: Any) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler) and handler is not signal.default_int_handler:
+            handler(signal.SIGINT, frame)  # the CLI's: its watchdog, its note, its 2nd signal
+        if terminated:
+            _force_exit()  # a second SIGTERM: at once, as a second Ctrl-C
+        terminated.append(signum)
+        # Not stopped when the block ends: SIGTERM ends the process (its default action did
+        # at once), and the stop may go on after the block (the Slurm driver cancels there).
+        threading.Thread(target=_exit_later, name="packtool-sigterm", daemon=True).start()
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
@@ -89,3 +114,14 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _force_exit() -> None:
+    with contextlib.suppress(OSError):  # stderr closed or full: the exit code says it
+        os.write(2, b"interrupted (forced exit)\n")
+    os._exit(130)
+
+
+def _exit_later() -> None:
+    time.sleep(FORCE_EXIT_AFTER_S)
+    _force_exit()

@@ -111,3 +111,48 @@ def test_ctrl_c_while_the_pool_starts_is_not_held_for_the_whole_start(signals):
     assert time.monotonic() - t0 < (10 if signals == 1 else 3), err
     assert proc.returncode == 130, err
     assert err.strip() == "interrupted (forced exit)"
+
+
+# A driver's graceful stop that hangs after SIGTERM (the Ray and Slurm drivers run their waves
+# inside `sigterm_as_ctrl_c`): a `finally` that never returns stands in for a stuck cleanup.
+HUNG_STOP = """
+import sys, time
+import packtool.cli.interrupt as interrupt
+from packtool.engines import interrupts
+
+interrupts.FORCE_EXIT_AFTER_S = interrupt.FORCE_EXIT_AFTER_S = 1.0
+if sys.argv[1] == "cli":
+    interrupt.install_sigint()
+with interrupts.sigterm_as_ctrl_c():
+    try:
+        print("running", flush=True)
+        time.sleep(60)
+    finally:
+        time.sleep(60)  # the graceful stop, stuck
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("signals", [1, 2])
+@pytest.mark.parametrize("caller", ["cli", "python"])
+def test_sigterm_whose_graceful_stop_hangs_still_exits(caller, signals):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HUNG_STOP, caller],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "running\n"
+        t0 = time.monotonic()
+        for _ in range(signals):
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    # One SIGTERM: out after the grace period (1 s here), as after a Ctrl-C; a second: at once.
+    assert time.monotonic() - t0 < (10 if signals == 1 else 3), err
+    assert proc.returncode == 130, err
+    assert err.strip() == "interrupted (forced exit)", err

@@ -651,14 +651,22 @@ def test_sigterm_to_the_ray_driver_stops_the_run_as_ctrl_c(monkeypatch):
     monkeypatch.setattr(ray_engine, "_execute", execute)
     seen = []  # before the fix, this handler (not the default: death) took the signal
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    ctrl_c = []  # the CLI's Ctrl-C handler stands in: SIGTERM takes its path (its watchdog)
+
+    def on_sigint(signum, frame):
+        ctrl_c.append(signum)
+        raise KeyboardInterrupt
+
+    previous_int = signal.signal(signal.SIGINT, on_sigint)
     try:
         with pytest.raises(KeyboardInterrupt):
             ray_engine.drive_ray(
                 types.SimpleNamespace(waves=lambda: [[0], [1]]), ray_engine.RayConfig()
             )
-        assert ran == [] and seen == []
+        assert ran == [] and seen == [] and ctrl_c == [signal.SIGINT]
         os.kill(os.getpid(), signal.SIGTERM)  # the handler before the run is back
         time.sleep(0.2)
         assert seen == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
