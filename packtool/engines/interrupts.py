@@ -29,6 +29,7 @@ FORCE_EXIT_AFTER_S = 5.0
 process exits anyway (the CLI's own Ctrl-C grace, `cli/interrupt.FORCE_EXIT_AFTER_S`, is the
 same 5 s)."""
 
+
 @contextmanager
 def ctrl_c_after(at_once: bool = False) -> Iterator[None]:
     """Ctrl-C held back until the block ends (the main thread only; elsewhere no handler can
