@@ -217,7 +217,32 @@ def _connect(ray: Any, address: str | None) -> bool:
         name, value = _given(address)
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{name} {value}: Ray refused it ({why}); give {_FORMS}") from None
+    except (ConnectionError, ray.exceptions.AuthenticationError) as exc:
+        if not _refused_token(exc, ray.exceptions.AuthenticationError):
+            raise
+        name, value = _given(address)
+        raise ConfigError(
+            f"{name} {value}: the Ray cluster there requires an authentication token, and "
+            "this process gave none or another one; set RAY_AUTH_MODE=token and the cluster's "
+            "token in RAY_AUTH_TOKEN (or in a file named by RAY_AUTH_TOKEN_PATH, by default "
+            "~/.ray/auth_token)"
+        ) from None
     return True
+
+
+def _refused_token(exc: BaseException, auth_error: type) -> bool:
+    """Whether `ray.init` failed for want of the cluster's token: Ray 2.60 raised only
+    `ConnectionError("Failed to connect to Ray cluster at ...")`, the GCS's "Unauthenticated:
+    ... InvalidAuthToken" in the text of its cause (or an `AuthenticationError` where
+    RAY_AUTH_MODE=token is set without a token)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, auth_error) or re.search(r"Unauthenticated|InvalidAuthToken", str(e)):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 _FORMS = (

@@ -520,6 +520,68 @@ def test_ray_init_refusing_an_address_is_one_line(monkeypatch):
         ray_engine._connect(FakeRay(), "local")
 
 
+class _AuthenticationError(Exception):
+    pass
+
+
+class _RayFailingToConnect:
+    """`ray.init` as Ray 2.60 fails against a GCS that requires a token it was not given."""
+
+    exceptions = __import__("types").SimpleNamespace(AuthenticationError=_AuthenticationError)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def is_initialized(self):
+        return False
+
+    def init(self, **kw):
+        raise self.error
+
+
+def _gcs_failure(cause_text: str) -> ConnectionError:
+    try:
+        try:
+            raise RuntimeError(cause_text)
+        except RuntimeError as cause:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from cause
+    except ConnectionError as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        _gcs_failure(
+            "Failed to connect to GCS. Last connection error: ... RpcError: Unauthenticated: RPC "
+            "error: InvalidAuthToken: Authentication token is missing or incorrect"
+        ),
+        _AuthenticationError("Token authentication is enabled but no authentication token..."),
+    ],
+    ids=["no-or-wrong-token", "token-mode-without-token"],
+)
+def test_a_cluster_that_wants_a_token_is_named_in_one_line(error, monkeypatch):
+    """Joining a GCS that requires a token without it said only `Failed to connect to Ray
+    cluster at HOST:PORT` (after ~20 s of retries): the line now names the token."""
+    from packtool.engines import ray as ray_engine
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    with pytest.raises(ConfigError) as raised:
+        ray_engine._connect(_RayFailingToConnect(error), "auto")
+    line = str(raised.value)
+    assert line.startswith("RAY_ADDRESS 10.0.0.1:6379: the Ray cluster there requires an auth")
+    assert "RAY_AUTH_TOKEN" in line and "RAY_AUTH_MODE=token" in line and "\n" not in line
+
+
+def test_a_connection_failure_without_auth_is_left_as_it_was(monkeypatch):
+    from packtool.engines import ray as ray_engine
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    error = _gcs_failure("Failed to connect to GCS. Last connection error: timed out")
+    with pytest.raises(ConnectionError, match="Failed to connect to Ray cluster"):
+        ray_engine._connect(_RayFailingToConnect(error), "auto")
+
+
 def test_a_real_ray_gcs_passes_the_address_check(ray_cluster):
     """The check's HTTP/2 probe against the session cluster's GCS (a real one): no error."""
     from packtool.engines.ray import _check_address
