@@ -54,6 +54,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
+from packtool import lifeline
 from packtool.engines import context, output_folder, worker
 from packtool.engines.base import Driver, pack_with
 from packtool.engines.config import RunConfig
@@ -149,6 +150,9 @@ def drive_ray(run: Any, ray_config: RayConfig) -> str:
     packtool/engines/megatron/run.py) on a Ray Data actor pool; what was used, in words."""
     ray = import_ray()
     started = _connect(ray, ray_config.address)
+    # A private Ray's actors follow this process out (`lifeline`): after a kill -9 of the
+    # driver they ran on ~15 s, still writing partition records into the staging folder.
+    follow = os.getpid() if started and _started_here(ray) else 0
     finished = False
     try:
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -157,7 +161,7 @@ def drive_ray(run: Any, ray_config: RayConfig) -> str:
         # printed a 6-line "*** SIGTERM received" dump and exited 15 without the --resume line)
         with sigterm_as_ctrl_c():
             for wave in run.waves():  # the partitions, then each level of the tail tree
-                _execute(ray, run, ray_config, actors, wave)
+                _execute(ray, run, ray_config, actors, wave, follow=follow)
         finished = True
     except Exception as exc:
         cause = _user_cause(exc)
@@ -183,6 +187,13 @@ def drive_ray(run: Any, ray_config: RayConfig) -> str:
         f"Ray: {cpus} CPU(s) in the cluster, a Ray Data pool of up to {actors} partition "
         "actor(s) (stage times summed over actors)"
     )
+
+
+def _started_here(ray: Any) -> bool:
+    """Whether `ray.init` started Ray's head in this process (a private Ray, whose nodes are
+    this machine's and whose processes see this one's pid), not joined a running one."""
+    node = getattr(getattr(getattr(ray, "_private", None), "worker", None), "_global_node", None)
+    return getattr(node, "head", False) is True
 
 
 def _let_prefetchers_end(timeout: float = 10.0) -> None:
@@ -353,9 +364,11 @@ def _h2_answer(conn: socket.socket, deadline: float) -> bytes | None:
 class PartitionActor:
     """A Ray Data actor: runs one partition per batch with the run's context (`task`)."""
 
-    def __init__(self, task: Any, key: str, blob: Any, cwd: str = "") -> None:
+    def __init__(self, task: Any, key: str, blob: Any, cwd: str = "", follow: int = 0) -> None:
         import ray
 
+        if follow:
+            lifeline.follow(follow)  # a private Ray's driver: its death ends this actor
         self.task, self.key = task, key  # task: `_partition_task` (tests pass a faulty one)
         self.blob = ray.get(blob) if isinstance(blob, ray.ObjectRef) else blob
         if cwd and storage.is_dir(cwd):
@@ -379,11 +392,17 @@ class PartitionActor:
 
 
 def _execute(
-    ray: Any, run: Any, ray_config: RayConfig, actors: int, units: list[int] | None = None
+    ray: Any,
+    run: Any,
+    ray_config: RayConfig,
+    actors: int,
+    units: list[int] | None = None,
+    follow: int = 0,
 ) -> None:
-    """Run the units `units` (default `run.todo`; or a level of merge nodes) to completion on a pool of at most
-    `actors` actors, accounting each record as it arrives; on any exception (Ctrl-C
-    included) the pool is shut down, its actors killed, before it propagates."""
+    """Run the units `units` (default `run.todo`; or a level of merge nodes) to completion on
+    a pool of at most `actors` actors, accounting each record as it arrives; on any exception
+    (Ctrl-C included) the pool is shut down, its actors killed, before it propagates.
+    `follow`: the driver's pid, which the actors follow out (`lifeline`), or 0."""
     todo = list(run.todo if units is None else units)
     if not todo:
         return
@@ -395,6 +414,7 @@ def _execute(
         ) from None
     blob = pickle.dumps(run.context)
     key = hashlib.sha256(blob).hexdigest()
+    args = (key, ray.put(blob), follow)
     items = [{"descriptor": json.dumps(run.descriptor(p))} for p in todo]
     n = min(actors, len(items))
     data = ray.data.DataContext.get_current()
@@ -408,9 +428,9 @@ def _execute(
     try:
         source = ray.data.from_items(items, override_num_blocks=len(items))
         try:
-            ds = _pool(source, ray_config, key, ray.put(blob), (1, n, n))  # start n at once
+            ds = _pool(source, ray_config, args, (1, n, n))  # start n at once
         except (TypeError, ValueError):  # a Ray without an initial pool size (ray#56370)
-            ds = _pool(source, ray_config, key, ray.put(blob), (1, n))
+            ds = _pool(source, ray_config, args, (1, n))
         with closing(iter(ds.iter_rows())) as rows:  # closing shuts the pool down
             for row in rows:
                 got = json.loads(row["record"])
@@ -445,15 +465,17 @@ def _on_screen(handler: logging.Handler) -> bool:
     )
 
 
-def _pool(source: Any, ray_config: RayConfig, key: str, blob: Any, size: tuple) -> Any:
-    """`source` (descriptors) mapped by a pool of `size` (min, max[, initial]) actors."""
+def _pool(source: Any, ray_config: RayConfig, args: tuple, size: tuple) -> Any:
+    """`source` (descriptors) mapped by a pool of `size` (min, max[, initial]) actors; `args`:
+    their (context key, context ref, pid to follow)."""
+    key, blob, follow = args
     with warnings.catch_warnings():
         # Ray 2.60 deprecates passing actor options (max_restarts) this way, and has no other:
         # without them Ray Data restarts an actor without bound.
         warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated")
         return source.map_batches(
             PartitionActor,
-            fn_constructor_args=(_partition_task, key, blob, os.getcwd()),
+            fn_constructor_args=(_partition_task, key, blob, os.getcwd(), follow),
             batch_size=1,
             concurrency=size,  # fewer than n when nodes are lost
             num_cpus=1,

@@ -705,7 +705,7 @@ def test_sigterm_to_the_ray_driver_stops_the_run_as_ctrl_c(monkeypatch):
     monkeypatch.setattr(ray_engine, "_connect", lambda ray, address: False)
     ran = []
 
-    def execute(ray, run, ray_config, actors, wave):
+    def execute(ray, run, ray_config, actors, wave, follow=0):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)  # the handler runs at the next bytecode of the main thread
         ran.append(wave)
@@ -732,3 +732,70 @@ def test_sigterm_to_the_ray_driver_stops_the_run_as_ctrl_c(monkeypatch):
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
+
+
+# The driver of a private Ray (`--ray-address local`), each partition slowed to >= 2 s.
+SLOW_PRIVATE_DRIVER = """
+import sys, time
+from packtool.engines import ray as engine
+
+real = engine._partition_task
+
+def slow(key, blob, descriptor):  # defined in __main__: Ray ships it by value
+    time.sleep(2.0)
+    return real(key, blob, descriptor)
+
+engine._partition_task = slow
+from packtool.cli.commands import main
+main(sys.argv[1:])
+"""
+
+
+def _actors_in(group: int) -> list[str]:
+    """The Ray Data actor processes (`ray::MapWorker(...)`) of a process group still running
+    (an ended one its raylet has not reaped yet is a zombie: state Z)."""
+    import subprocess
+
+    ps = subprocess.run(["ps", "-o", "stat=,pid=,args=", "-g", str(group)], capture_output=True)
+    lines = ps.stdout.decode().splitlines()
+    return [line for line in lines if "MapWorker" in line and not line.startswith("Z")]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ps -g, pidfd")
+def test_a_private_rays_actors_stop_when_its_driver_is_killed(tmp_path):
+    """kill -9 of a driver that started its own Ray: its actors ran on (2-5 s here, ~15 s under
+    load), the partitions they held still running and writing into the dead run's folder.
+    They now follow the driver out (`lifeline`), as the local engine's workers do."""
+    import os
+    import signal
+    import subprocess
+
+    out = tmp_path / "out"
+    args = ["pack", CORPUS, "-o", out, "--max-len", "512", "--partition-size", "100KB"]
+    args += ["--engine", "ray", "--ray-address", "local", "--workers", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_PRIVATE_DRIVER, *map(str, args)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the private Ray's processes too: killed below as a group
+        env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""},
+    )
+    staging = staging_folder(out)
+    try:
+        deadline = time.monotonic() + 240
+        while len(records.finished(staging)) < 2 and proc.poll() is None:
+            assert time.monotonic() < deadline, "no partition finished in 240 s"
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert _actors_in(proc.pid), "no actor process found to watch"
+        proc.kill()  # kill -9: nothing in the driver runs
+        proc.wait()
+        time.sleep(1.0)  # the lifeline ends an actor within milliseconds of its driver
+        assert _actors_in(proc.pid) == []
+        done = records.finished(staging)
+        time.sleep(4)
+        assert records.finished(staging) == done and len(done) < 30  # 30 partitions
+    finally:
+        proc.kill()
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
