@@ -16,8 +16,9 @@ function) on one partition per batch: it reads its own byte ranges / row groups 
 the shared file system and writes its shards there under their final names. What comes back
 through Ray Data is the partition's record (a few KB, as JSON); the driver accounts each as it
 arrives (`Run.account`), so for `pack` and `tokenize` no corpus byte passes through the driver
-or any object store, and the streaming executor's backpressure bounds what is held, whatever the
-number of partitions. `tokenize --to megatron` is the exception: its output is one `.bin`, so the
+or any object store, and the streaming executor's backpressure bounds the records and blocks
+in flight (not all of the driver's memory: Ray's own native bookkeeping grows ~2-5 KB a
+partition done, docs/scale-out.md). `tokenize --to megatron` is the exception: its output is one `.bin`, so the
 driver appends every part but the first (renamed) to it in the shared staging folder
 (packtool/engines/megatron/merge.py, `copy_file_range`). A file system that copies on its
 servers (an NFS 4.2 server-side copy) moves no byte through the driver's node; one without
