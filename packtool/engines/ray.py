@@ -83,8 +83,9 @@ class RayConfig:
     """Where and how wide the Ray engine runs."""
 
     address: str | None = None
-    """Ray cluster to join (`auto`, `HOST:6379`, `ray://HOST:10001`); None starts a local Ray on
-    this machine unless one is already initialised in this process (or RAY_ADDRESS is set)."""
+    """Ray cluster to join (`auto`, `HOST:6379`); None starts a private Ray on this machine
+    unless one is already initialised in this process or RAY_ADDRESS is set (never a cluster
+    `ray start` left recorded in /tmp/ray: that is `auto`)."""
     actors: int | None = None
     """Partition actors at most, 1 CPU each (default: the cluster's CPU count at the start)."""
     max_retries: int = 3
@@ -217,6 +218,10 @@ def _connect(ray: Any, address: str | None) -> bool:
     if ray.is_initialized():
         return False
     _check_address(address)
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        # Ray's own default joins a cluster `ray start` left recorded in
+        # /tmp/ray/ray_current_cluster: the default here is a private Ray (docs/scale-out.md)
+        address = "local"
     try:
         ray.init(
             address=address,

@@ -520,6 +520,31 @@ def test_ray_init_refusing_an_address_is_one_line(monkeypatch):
         ray_engine._connect(FakeRay(), "local")
 
 
+def test_no_address_is_a_private_ray_not_a_cluster_ray_start_left_recorded(monkeypatch):
+    """With no address and no RAY_ADDRESS, `ray.init(address=None)` joins a cluster `ray start`
+    recorded in /tmp/ray/ray_current_cluster (a fixer's probe joined another run's Ray that
+    way); docs/scale-out.md promises a private Ray: `local`. Given forms go on as given."""
+    from packtool.engines import ray as ray_engine
+
+    class FakeRay:
+        def __init__(self):
+            self.addresses = []
+
+        def is_initialized(self):
+            return False
+
+        def init(self, **kw):
+            self.addresses.append(kw["address"])
+
+    fake = FakeRay()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray_engine._connect(fake, None)
+    monkeypatch.setenv("RAY_ADDRESS", "")  # empty: unset, as Ray reads it
+    ray_engine._connect(fake, None)
+    ray_engine._connect(fake, "auto")
+    assert fake.addresses == ["local", "local", "auto"]
+
+
 class _AuthenticationError(Exception):
     pass
 
