@@ -339,7 +339,7 @@ def packtool_process(*args: object, env: dict[str, str] | None = None) -> subpro
     )
 
 
-def wait_for(condition, timeout: float = 60.0) -> None:
+def wait_for(condition, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out"
