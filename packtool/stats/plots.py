@@ -148,7 +148,10 @@ def plot_row_fill(
                 edgecolor="none",
             )
         ax.set_xlim(0, max_len)
-        ax.set_ylim(n - 0.5, -0.5)
+        # no rows: keep a one-row-high axis (matplotlib warns on identical y limits) with a note
+        ax.set_ylim(max(n, 1) - 0.5, -0.5)
+        if n == 0:
+            ax.text(max_len / 2, 0, "no rows", ha="center", va="center", color="#666666")
         ax.set_xlabel("token position in row")
         ax.set_ylabel("row")
         ax.set_title(title or f"{n} rows, max_len {max_len:,}")

@@ -58,3 +58,28 @@ def test_a_plot_replaces_the_old_one_whole_in_its_format(tmp_path, plot, suffix)
     head = path.read_bytes()[:8]
     assert head.startswith({".png": b"\x89PNG", ".svg": b"<?xml", ".pdf": b"%PDF"}[suffix])
     assert sorted(os.listdir(tmp_path)) == [path.name]
+
+
+def test_row_fill_of_no_rows_draws_a_note_without_a_warning(tmp_path):
+    # A 0-row dataset (verify says OK) made `inspect --plot` print matplotlib's "Attempting to
+    # set identical low and high ylims" UserWarning and its source line (audit
+    # repro_empty_plot.sh): set_ylim(n - 0.5, -0.5) with n = 0.
+    import warnings
+
+    from matplotlib.figure import Figure
+
+    texts: list[str] = []
+    real_savefig = Figure.savefig
+
+    def savefig(self, fname, **kwargs):
+        texts.extend(t.get_text() for ax in self.axes for t in ax.texts)
+        return real_savefig(self, fname, **kwargs)
+
+    path = tmp_path / "empty.png"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Figure, "savefig", savefig)
+            assert plot_row_fill([], 16, path) == path
+    assert path.read_bytes()[:8].startswith(b"\x89PNG")
+    assert texts == ["no rows"]
