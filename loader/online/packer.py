@@ -137,8 +137,8 @@ class OnlinePacker:
             PackerClosedError: after `flush(final=True)`.
             DataError: `lengths` do not match `tokens`, or are negative; a mask that is not
                 one 0/1 value per token.
-            ConfigError: documents with and without a mask in one packer, or `long_docs="split"`
-                with a mask.
+            ConfigError: documents with and without a mask in one packer, `long_docs="split"`
+                with a mask, or lengths split into over `limits.MAX_SPLIT_CHUNKS` pieces.
         """
         extra = dict(columns or {})
         if loss_mask is not None:

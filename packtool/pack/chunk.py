@@ -28,9 +28,9 @@ from packtool.arrow_numpy import from_numpy, to_numpy
 from packtool.dataset import columns
 from packtool.errors import ConfigError, DataError
 from packtool.pack import columns as pack_columns
-from packtool.pack import kernels, repack
+from packtool.pack import kernels, limits, repack
 from packtool.pack.flat_ids import FlatIds
-from packtool.pack.limits import check_long_docs
+from packtool.pack.limits import check_long_docs, check_split_chunks
 from packtool.pack.rows import IDS, PackedRows
 from packtool.pack.tail import DOC_CHUNK, TailPolicy, pieces_table, tail_rows
 
@@ -181,6 +181,9 @@ def make_segments(
     counts.documents_empty = int(empty.sum())
     if policy == "split":
         pieces = np.where(empty, 0, -(-lengths // max_len))
+        # counted before np.repeat allocates them: a length of 2**40 was a 1 TiB MemoryError
+        bound = limits.MAX_SPLIT_CHUNKS
+        check_split_chunks(lengths, max_len, int(np.minimum(pieces, bound + 1).sum()))
         counts.documents_split = int(long.sum())
     elif policy == "truncate":
         pieces = (~empty).astype(np.int64)

@@ -17,11 +17,20 @@ __all__ = [
     "ALGORITHMS",
     "LONG_DOC_POLICIES",
     "MAX_LEN_LIMIT",
+    "MAX_SPLIT_CHUNKS",
     "check_long_docs",
     "check_max_len",
+    "check_split_chunks",
     "checked_lengths",
     "int64_lengths",
 ]
+
+MAX_SPLIT_CHUNKS = 2**31 - 1
+"""Chunks one cut of lengths at max_len may make (`split_lengths`, `chunk.make_segments`):
+their arrays are allocated before anything else looks at them, so a length far past any real
+document (2**40 at max_len 8: 2**37 chunks, a 0.5-1 TiB allocation) was a bare MemoryError.
+2**31 - 1 is past what `stats` is sized for (docs/stats.md: 10^9 documents); read at each call
+(tests lower it)."""
 
 
 def check_long_docs(long_docs: object) -> None:
@@ -81,3 +90,19 @@ def checked_lengths(lengths: ArrayLike, max_len: int) -> tuple[NDArray[np.intege
                 f"document {i} has length {hi} > max_len {max_len}; split long documents first"
             )
     return arr, int(max_len)
+
+
+def check_split_chunks(lengths: NDArray[np.integer], max_len: int, total: int) -> None:
+    """`ConfigError` naming the longest document when `total`, the chunks `lengths` cut at
+    `max_len` make (or any count past the bound where the counting stopped early), is more
+    than `MAX_SPLIT_CHUNKS`."""
+    bound = MAX_SPLIT_CHUNKS
+    if total <= bound:
+        return
+    i = int(np.argmax(lengths))
+    length = int(lengths[i])
+    raise ConfigError(
+        f"document {i} has length {length:,}: cut at max_len {max_len:,} it alone makes "
+        f"{-(-length // max_len):,} chunks, and the lengths more than the {bound:,} chunks "
+        "a split may hold; check the lengths (a token count per document)"
+    )

@@ -14,8 +14,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from packtool.errors import ConfigError
-from packtool.pack import jit
-from packtool.pack.limits import check_max_len, int64_lengths
+from packtool.pack import jit, limits
+from packtool.pack.limits import check_max_len, check_split_chunks, int64_lengths
 
 __all__ = ["checked_segments", "gather_segments", "segment_sums", "split_lengths"]
 
@@ -48,10 +48,19 @@ def _segment_sums(values, src, lengths):  # pragma: no cover - compiled
 
 
 @jit.njit(cache=True, nogil=True)
-def _split(lengths, max_len):  # pragma: no cover - compiled
+def _count_chunks(lengths, max_len, bound):  # pragma: no cover - compiled
+    """Chunks the lengths make cut at max_len; stops at the first count past `bound`."""
     n_chunks = 0
     for i in range(lengths.size):
-        n_chunks += (lengths[i] + max_len - 1) // max_len
+        x = lengths[i]
+        n_chunks += x // max_len + (1 if x % max_len else 0)  # x + max_len could overflow
+        if n_chunks > bound:
+            break
+    return n_chunks
+
+
+@jit.njit(cache=True, nogil=True)
+def _split(lengths, max_len, n_chunks):  # pragma: no cover - compiled
     out = np.empty(n_chunks, np.int32)
     j = 0
     for i in range(lengths.size):
@@ -120,8 +129,9 @@ def split_lengths(lengths: ArrayLike, max_len: int) -> NDArray[np.int32]:
     Chunks come in input order (a document's pieces in order); empty documents give none.
 
     Raises:
-        ConfigError: `max_len` is not an integer in 1..MAX_LEN_LIMIT, or a length is negative or
-            not an int.
+        ConfigError: `max_len` is not an integer in 1..MAX_LEN_LIMIT, a length is negative or
+            not an int, or the chunks would be more than `limits.MAX_SPLIT_CHUNKS` (counted
+            before any is allocated).
     """
     max_len = check_max_len(max_len)
     arr = np.asarray(lengths)
@@ -130,4 +140,7 @@ def split_lengths(lengths: ArrayLike, max_len: int) -> NDArray[np.int32]:
     arr = int64_lengths(arr)
     if arr.size and arr.min() < 0:
         raise ConfigError(f"document {int(np.argmin(arr))} has negative length {int(arr.min())}")
-    return _split(np.ascontiguousarray(arr), int(max_len))
+    arr = np.ascontiguousarray(arr)
+    n_chunks = _count_chunks(arr, max_len, limits.MAX_SPLIT_CHUNKS)
+    check_split_chunks(arr, max_len, int(n_chunks))
+    return _split(arr, max_len, n_chunks)

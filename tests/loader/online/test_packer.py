@@ -1091,3 +1091,13 @@ def test_a_length_past_int64_is_too_large_not_negative() -> None:
         DataError, match="document 0 has a length of 18446744073709551615, too large"
     ):
         OnlinePacker(max_len=8).push_lengths(np.array([2**64 - 1], np.uint64))
+
+
+def test_push_lengths_refuses_a_length_split_into_too_many_pieces_in_one_line() -> None:
+    # push_lengths([2**40]) at max_len 8 was numpy's "Unable to allocate 1.00 TiB" traceback
+    # (make_segments' np.repeat of 2**37 pieces; the same hole as audit repro_huge_length.py).
+    p = OnlinePacker(max_len=8, buffer_docs=4)
+    with pytest.raises(ConfigError, match=r"^document 0 has length 1,099,511,627,776: cut at"):
+        p.push_lengths(np.array([2**40]))
+    p.push_lengths(np.array([8, 8, 8, 8]))  # the packer still works afterwards
+    assert p.pop().seg_len.tolist() == [8, 8, 8, 8]

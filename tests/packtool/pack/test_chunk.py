@@ -354,3 +354,14 @@ def test_a_document_no_chunk_can_hold_is_one_line():
             )
         )
     assert sum(p.counts.tokens_out for p in parts) == 8 + 8 + 8
+
+
+def test_make_segments_refuses_a_length_cut_into_too_many_pieces_naming_it():
+    # The same hole as split_lengths' (audit repro_huge_length.py): OnlinePacker.push_lengths
+    # ([2**40]) at max_len 8 was numpy's "Unable to allocate 1.00 TiB" traceback from
+    # make_segments' np.repeat of 2**37 pieces. Truncate and drop make one piece at most.
+    with pytest.raises(ConfigError, match=r"^document 1 has length 1,099,511,627,776: cut at"):
+        make_segments(np.array([3, 2**40]), 8, "split")
+    for policy in ("truncate", "drop"):
+        segs, _ = make_segments(np.array([3, 2**40]), 8, policy)
+        assert segs.length.tolist() == ([3, 8] if policy == "truncate" else [3])

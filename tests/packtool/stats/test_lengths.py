@@ -560,3 +560,32 @@ def test_stats_of_a_raw_corpus_draws_a_bar_while_it_tokenizes(tmp_path, capsys):
     assert "stats" in err and "docs" in err, err
     compute_stats([src], StatsConfig(max_len=64, candidates=(64,)), progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_length_cut_into_too_many_chunks_is_refused_naming_it_not_a_memory_error():
+    # length_stats([2**40], StatsConfig(max_len=8)) was a bare "MemoryError: Allocation failed"
+    # traceback (audit repro_huge_length.py): split_lengths allocated one entry per chunk
+    # (2**37 of them) before anything checked the count.
+    config = StatsConfig(max_len=8, candidates=(8,))
+    with pytest.raises(ConfigError) as info:
+        length_stats([5, 2**40], config)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("document 1 has length 1,099,511,627,776: cut at max_len 8 ")
+    assert "137,438,953,472 chunks" in message and "2,147,483,647" in message
+    with pytest.raises(ConfigError, match=r"^document 1 has length 1,099,511,627,776: "):
+        split_lengths([5, 2**40], 8)
+    # no one length too many, but together: 2**30 + 2**30 chunks; the longest is named
+    with pytest.raises(ConfigError, match=r"^document 1 has length 8,589,934,600: cut at max_len"):
+        split_lengths([2**33, 2**33 + 8], 8)
+
+
+def test_split_lengths_cuts_up_to_the_chunk_bound_and_refuses_one_past_it(monkeypatch):
+    from packtool.pack import limits
+
+    monkeypatch.setattr(limits, "MAX_SPLIT_CHUNKS", 5)
+    assert split_lengths([16, 0, 17], 8).tolist() == [8, 8, 8, 8, 1]
+    with pytest.raises(
+        ConfigError, match=r"^document 2 has length 25: cut at max_len 8 .* more than the 5 chunks "
+    ):
+        split_lengths([16, 0, 25], 8)
