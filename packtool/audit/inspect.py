@@ -21,8 +21,9 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from packtool.audit import verify
+from packtool.audit.row_values import row_values
 from packtool.audit.verify import DAMAGED, list_parts
-from packtool.dataset.columns import LOSS_MASK, Column, derived
+from packtool.dataset.columns import Column, derived
 from packtool.dataset.manifest import Manifest, dataset_folder, open_dataset
 from packtool.dataset.masks import segment_sums, spans
 from packtool.errors import ConfigError, DataError, one_line
@@ -432,7 +433,7 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
         raise DataError(
             f"{file}: cannot read row {local}{group} ({one_line(exc)}); run `packtool verify`"
         ) from None
-    ids, offsets, doc_ids, chunks, mask = _row_values(values, manifest, f"{file}: row {local}")
+    ids, offsets, doc_ids, chunks, mask = row_values(values, manifest, f"{file}: row {local}")
     documents = []
     sources = _sources(manifest, doc_ids.tolist(), directory)
     for k, (doc_id, chunk) in enumerate(zip(doc_ids.tolist(), chunks.tolist(), strict=True)):
@@ -463,44 +464,6 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
         documents=tuple(documents),
         mask_strip="" if mask is None else mask_strip(mask, offsets),
     )
-
-
-def _row_values(values: dict[str, Any], manifest: Manifest, where: str) -> tuple[Any, ...]:
-    """(input_ids, doc_offsets, doc_ids, doc_chunks, loss_mask or None) of a row as arrays,
-    once the row keeps the invariants verify checks (`DataError` else: a doc_offsets one entry
-    short, a null token or chunk gave an IndexError or TypeError traceback)."""
-    nulls = [c for c in verify.COLUMNS if values[c] is None or None in values[c]]
-    if nulls:
-        raise DataError(f"{where}: {nulls[0]} contains nulls; run `packtool verify`")
-    try:
-        ids, offsets, doc_ids, chunks = (
-            np.asarray(values[c], dtype=np.int64) for c in verify.COLUMNS
-        )
-        mask = values.get(LOSS_MASK)  # bytes (its storage) or a list
-        if isinstance(mask, bytes):
-            mask = np.frombuffer(mask, np.uint8)
-        mask = None if mask is None else np.asarray(mask, dtype=np.uint8)
-    except (TypeError, ValueError, OverflowError) as exc:
-        problem: str | None = f"unreadable values ({one_line(exc)})"
-    else:
-        problem = verify.row_problem(
-            ids,
-            offsets,
-            doc_ids,
-            chunks,
-            max_len=manifest.max_len,
-            vocab_size=manifest.tokenizer["vocab_size"],
-        )
-        negative = np.flatnonzero(doc_ids < 0)
-        if problem is None and len(negative):  # every scheme numbers from 0 (as verify says)
-            problem = f"doc id {int(doc_ids[negative[0]])} is negative"
-        elif problem is None and mask is None and LOSS_MASK in manifest.columns:
-            problem = f"{LOSS_MASK} is null"
-        elif problem is None and mask is not None and len(mask) != len(ids):
-            problem = f"{len(mask)} {LOSS_MASK} values for {len(ids)} input_ids"
-    if problem is not None:
-        raise DataError(f"{where}: {problem}; run `packtool verify`")
-    return ids, offsets, doc_ids, chunks, mask
 
 
 def _sources(manifest: Manifest, doc_ids: list[int], directory: Path) -> list[str]:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.audit.inspect import inspect_dataset, read_row, summarize_dataset
+from packtool.audit.verify import verify_dataset
 from packtool.errors import ConfigError
 from packtool.stats.plots import plot_attention_mask, plot_row_fill
 from tests.packtool.audit.test_verify import run_cli
@@ -429,3 +430,31 @@ def test_a_token_column_of_another_type_is_one_line_and_any_id_previews(dataset,
     byte = {"kind": "byte", "eos_id": 256, "bos_id": None}
     ids = np.array([-5, 104, 2**40, 105, 256], dtype=np.int64)
     assert preview(ids, byte) == "'hi'"
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ([0, 0, 2, 1], r"loss_mask\[2\] = 2 is above 1"),
+        ([0, 0, 1], "3 loss_mask values for 4 input_ids"),
+        ([1, 0, 0, 0], r"document 0 \(tokens 0..4\) has no non-zero loss_mask value past its"),
+    ],
+)
+def test_inspect_row_refuses_the_mask_verify_refuses_in_one_line(
+    packed_dataset_factory, capsys, bad, message
+):
+    """Before: `inspect --row` showed a loss_mask value of 2 as supervised (mask strip drawn,
+    exit 0) where verify says "loss_mask[250] = 2 is above 1" (audit repro_mask2_inspect.sh):
+    the row reader checked the mask's length only, never verify_columns.row_problem."""
+    from packtool.errors import DataError
+    from tests.packtool.audit.test_verify_columns import GOOD, make
+
+    d = make(packed_dataset_factory, [GOOD[0], {**GOOD[1], "loss_mask": bad}])
+    assert read_row(d, 0).documents[0].supervised == 2  # the good row still reads
+    with pytest.raises(DataError, match=message) as verified:
+        verify_dataset(d)
+    with pytest.raises(DataError, match=f"row 1: {message}.*; run `packtool verify`$"):
+        read_row(d, 1)
+    code, out, err = run_cli(["inspect", str(d), "--row", "1"], capsys)
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert str(verified.value).split("(global row 1): ")[1] in err  # verify's own words
