@@ -20,7 +20,9 @@ file, the row, what is wrong, expected vs found):
    (`loss_mask`) are checked as packtool/dataset/columns.py declares them (packtool/audit/verify_columns.py):
    one value per token or per document, values in range, for `loss_mask` no document
    without a supervised token, and a derived column (`seq_lengths`) equal to its rule (the
-   differences of `doc_offsets`); `counts.tokens_supervised` equals the mask's sum.
+   differences of `doc_offsets`); `counts.tokens_supervised` equals the mask's sum. Where
+   documents end in EOS (an `eos_id` recorded, no chat template), every piece ends in `eos_id`
+   or is `max_len` long (packtool/audit/piece_ends.py).
 4. Across the dataset: every (doc_id, chunk) appears exactly once, the chunks of a split
    document are 0..k-1 with none missing, and `counts.segments` / `counts.documents_packed` (when
    recorded) equal the (doc_id, chunk) pieces / distinct doc_ids found.
@@ -43,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from packtool.audit import verify_columns
+from packtool.audit import piece_ends, verify_columns
 from packtool.audit.pieces import Pieces
 from packtool.dataset.columns import LOSS_MASK, bytes_parts
 from packtool.dataset.groups import read_groups
@@ -378,6 +380,7 @@ def verify_dataset(
     vocab, max_len = _check_manifest(manifest, index)
     warnings = unlisted_files(directory, manifest)
     optional = verify_columns.optional_columns(manifest.columns)
+    eos = piece_ends.ending_eos(manifest.tokenizer, manifest.extra)
     id_files = _id_files(manifest, directory)
     # A dataset's groups kept in groups.json: its sha256 and its counts checked as index.json's
     # own are at open (`read_manifest`), which never reads the file.
@@ -448,14 +451,19 @@ def verify_dataset(
                 core = first_bad_row(parts, max_len=max_len, vocab_size=vocab)
                 more = verify_columns.first_bad_row(parts, optional)
                 bad = min((b for b in (core, more) if b is not None), default=None)
+                if bad is None and eos is not None:  # the rows' invariants hold: offsets usable
+                    bad = piece_ends.first_bad_row(parts, eos_id=eos, max_len=max_len)
                 if bad is not None:
+                    row = _one_row(parts, bad)
                     what = (
-                        row_problem(
-                            *(v[o[bad] : o[bad + 1]] for o, v in (parts[c] for c in COLUMNS)),
-                            max_len=max_len,
-                            vocab_size=vocab,
+                        row_problem(*(row[c] for c in COLUMNS), max_len=max_len, vocab_size=vocab)
+                        or verify_columns.row_problem(row, optional)
+                        or (
+                            eos is not None
+                            and piece_ends.row_problem(
+                                row["input_ids"], row["doc_offsets"], eos_id=eos, max_len=max_len
+                            )
                         )
-                        or verify_columns.row_problem(_one_row(parts, bad), optional)
                         or "breaks a row invariant"
                     )
                     r = row_base + bad

@@ -103,7 +103,9 @@ def build_packed_dataset(
             "kind": "byte",
             "name": "byte",
             "vocab_size": vocab_size,
-            "eos_id": vocab_size - 1,
+            # None: these documents' ids do not end in an EOS (verify checks that pieces end in
+            # the recorded eos_id or are max_len long: packtool/audit/piece_ends.py)
+            "eos_id": None,
             "bos_id": None,
             "sha256": "",
         },
