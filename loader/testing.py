@@ -243,7 +243,7 @@ def _finish(
             "kind": "test",
             "name": "test",
             "vocab_size": 65536,
-            "eos_id": 0,
+            "eos_id": None,  # these ids end in no EOS (verify: audit/piece_ends.py)
             "bos_id": None,
             "sha256": "",
         },
