@@ -326,7 +326,9 @@ def append_range(source: str | os.PathLike, offset: int, count: int, out: Binary
             with naming(source):
                 block = f.read(min(count, 1 << 22))
             if not block:
-                raise OSError(f"{source}: shorter than its footer says")
+                # A failed read of `source`, named (no errno nor name: the caller's `naming`
+                # put the merged file's on it, after "[Errno None]", until 2026-12-07)
+                raise OSError(errno.EIO, "shorter than its footer says", os.fspath(source))
             try:
                 out.write(block)
             except OSError as exc:

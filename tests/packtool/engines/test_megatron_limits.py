@@ -185,6 +185,28 @@ def test_a_failed_read_of_a_part_in_the_merge_names_the_part(tmp_path, monkeypat
     assert "part-000001.bin: Input/output error" in line and "merged.bin" not in line, line
 
 
+def test_a_part_shorter_than_its_record_names_the_part_on_one_line(tmp_path):
+    """Before: `[Errno None] .../part-000001.bin: shorter than its footer says: '.../merged.bin'`
+    (the error named no file, so the merge's `naming` blamed the merged file)."""
+    from packtool.engines.megatron.merge import Merge
+    from packtool.engines.megatron.part import part_paths
+
+    for p, size in ((0, 8), (1, 3)):  # part 1 holds 3 of the 8 bytes its record says
+        part_bin, part_lengths = part_paths(tmp_path, p)
+        part_bin.parent.mkdir(parents=True, exist_ok=True)
+        part_bin.write_bytes(b"\0" * size)
+        part_lengths.write_bytes(np.array([4], dtype=np.int32).tobytes())
+    merge = Merge(tmp_path)
+    merge.add({"partition": 0, "bin_bytes": 8, "documents": 1})
+    with pytest.raises(OSError) as info:
+        merge.add({"partition": 1, "bin_bytes": 8, "documents": 1})
+    merge.close()
+    assert info.value.filename == str(part_paths(tmp_path, 1)[0])
+    assert info.value.errno == errno.EIO
+    assert info.value.strerror == "shorter than its footer says"
+    assert "merged" not in str(info.value) and "\n" not in str(info.value)
+
+
 def test_closing_the_merge_closes_both_files_when_the_first_sync_fails(tmp_path, monkeypatch):
     """Before: a failed fsync of the merged `.bin` (a full disk) left `.lengths` open."""
     from packtool.engines.megatron.merge import Merge

@@ -154,9 +154,12 @@ def test_append_range_refuses_a_source_shorter_than_asked(tmp_path, monkeypatch)
     (tmp_path / "out").write_bytes(b"")
     with (
         writing.open_update(tmp_path / "out") as out,
-        pytest.raises(OSError, match="shorter than its footer says"),
+        pytest.raises(OSError, match="shorter than its footer says") as info,
     ):
         writing.append_range(tmp_path / "src", 1, 10, out)
+    # Named as a failed read of the source (until 2026-12-07 no errno and no filename: a
+    # caller's `naming` put its own file's name on it)
+    assert info.value.filename == str(tmp_path / "src") and info.value.errno == errno.EIO
 
 
 def _append(tmp_path, source=b"abcdefgh"):
