@@ -417,11 +417,18 @@ def parquet_writer(path: str | os.PathLike, schema: Any, **options: Any) -> Any:
 
 def write_parquet(table: Any, path: str | os.PathLike, **options: Any) -> None:
     """`pyarrow.parquet.write_table(table, path, **options)` (a name that is not UTF-8:
-    `local_files.arrow_path`)."""
+    `local_files.arrow_path`); a failure leaves no file at `path`, as pyarrow's own removal does
+    at a UTF-8 name (at `/proc/self/fd/N` it could not: the partial file stayed until 2026-12-07)."""
     import pyarrow.parquet as pq
 
     with arrow_path(path, write=True) as name:
-        pq.write_table(table, name, **options)
+        try:
+            pq.write_table(table, name, **options)
+        except Exception:
+            if name is not path:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise
 
 
 # --- moving and removing -----------------------------------------------------------------------

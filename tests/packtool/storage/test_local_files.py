@@ -43,3 +43,13 @@ def test_parquet_round_trip_at_a_name_that_is_not_utf8(tmp_path, how):
 def test_a_missing_file_at_such_a_name_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
         local.parquet_schema(tmp_path / os.fsdecode(b"gone\xff.parquet"))
+
+
+@pytest.mark.parametrize("name", [b"plain.parquet", b"err\xff.parquet"])
+def test_a_failed_write_parquet_leaves_no_file_at_either_name(tmp_path, name):
+    """Before: at a name that is not UTF-8 the failed write's partial file stayed (pyarrow's
+    own removal was given `/proc/self/fd/N`, which cannot be removed); a UTF-8 name left none."""
+    path = tmp_path / os.fsdecode(name)
+    with pytest.raises(Exception, match="nosuch"):
+        writing.write_parquet(TABLE, path, compression="nosuch")
+    assert os.listdir(tmp_path) == []
