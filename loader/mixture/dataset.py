@@ -445,13 +445,19 @@ class MixedDataset(IterableDataset):
         worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
         if info is None:
             self.handoff.in_process()  # iterated here: its position is this copy's
+        ring = self.handoff.ring if info is not None else None
+        if ring is not None:  # the setup too runs carried: an error in it reaches the trainer
+
+            def parts() -> Iterator[Any]:
+                start = self.start_state()
+                stream = RowStream(self, start["schedule"])
+                ring.start_worker()
+                return ring_parts(self, stream, int(start["step"]), ring, worker, n_workers)
+
+            return self.handoff.carry(parts)
         start = self.start_state()
         stream = RowStream(self, start["schedule"])
         first = int(start["step"])
-        ring = self.handoff.ring if info is not None else None
-        if ring is not None:
-            ring.start_worker()
-            return self.handoff.carry(ring_parts(self, stream, first, ring, worker, n_workers))
 
         def own(step: int) -> bool:
             return (step - first) % n_workers == worker

@@ -382,24 +382,26 @@ class PackedDataset(IterableDataset):
         if info is None:
             self.handoff.in_process()  # iterated here: its position is this copy's
         ring = self.handoff.ring if info is not None else None
+        if ring is not None:  # the setup too runs carried: an error in it reaches the trainer
+            return self.handoff.carry(lambda: self._start_iter(worker, n_workers, ring))
+        return self._start_iter(None if info is None else worker, n_workers, None)  # None: here
+
+    def _start_iter(self, worker: int | None, n_workers: int, ring: Ring | None) -> Iterator:
         if self._local_resume is not None:
-            epoch, origin, first, cursor = self._local_resume
-            self._local_resume = None
+            (epoch, origin, first, cursor), self._local_resume = self._local_resume, None
             stride_first = first  # a worker's own next step, restored by StatefulDataLoader
         else:
             if ring is not None:  # the PackedDataLoader's start (it used the resume point up)
                 epoch, origin, first, cursor = (int(x) for x in ring.start)
             else:  # uses a pending resume point up (here, or once every worker started from it)
-                epoch, origin, first, cursor = self._start.take(
-                    None if info is None else worker, n_workers
-                )
-            stride_first = first + worker
+                epoch, origin, first, cursor = self._start.take(worker, n_workers)
+            stride_first = first + (worker or 0)
         plan = self._start_plan(epoch, origin, first, cursor)
         self._iter_epoch, self._iter_origin = epoch, origin
         self._next_step = stride_first
         if ring is not None:
             ring.start_worker()
-            return self.handoff.carry(self._generate_blocks(plan, first, worker, n_workers, ring))
+            return self._generate_blocks(plan, first, worker, n_workers, ring)
         return self._generate(plan, stride_first, n_workers)
 
     def _generate(self, plan: EpochPlan, first: int, stride: int) -> Iterator[dict]:

@@ -62,12 +62,16 @@ class WorkerHandoff:
         iterates in the main process or loads a state)."""
         self.workers = 0
 
-    def carry(self, items: Iterable[T]) -> Iterator[T | WorkerFailed]:
-        """`items`, this worker's output for the loader's ring, with an error of packtool's own
-        raised while making them sent on as a last item (`WorkerFailed`), which the loader's
-        `from_workers` raises in the main process as it was raised here."""
+    def carry(self, make: Callable[[], Iterable[T]]) -> Iterator[T | WorkerFailed]:
+        """The items `make()` gives, this worker's output for the loader's ring, with an error of
+        packtool's own raised while making them sent on as a last item (`WorkerFailed`), which
+        the loader's `from_workers` raises in the main process as it was raised here.
+
+        `make` runs at the first item, inside the carry: the dataset's setup for the iteration
+        (its plan, the ring's start) goes in it, so an error there is carried too, not left to
+        torch's "Caught DataError in DataLoader worker process 0. Original Traceback ..."."""
         try:
-            yield from items
+            yield from make()
         except PacktoolError as exc:
             yield WorkerFailed(exc)
 

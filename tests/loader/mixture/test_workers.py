@@ -272,3 +272,26 @@ def test_a_packtool_error_in_a_worker_is_its_one_line_message(sources, tmp_path)
         assert type(info.value) is DataError
         messages.append(str(info.value))
     assert messages[0] == messages[1] and "\n" not in messages[1], messages
+
+
+def test_a_worker_error_before_its_first_batch_is_its_one_line_message(sources, monkeypatch):
+    """A DataError raised in a MixedDataLoader worker's setup (`start_state`, before its first
+    batch) came as torch's "Caught DataError in DataLoader worker process 0. Original
+    Traceback ...": only the batches were carried, not the setup."""
+    from torch.utils.data import get_worker_info
+
+    from packtool.errors import DataError
+
+    real = MixedDataset.start_state
+
+    def start_state(self):
+        if get_worker_info() is not None:
+            raise DataError("shard 2 is damaged")
+        return real(self)
+
+    monkeypatch.setattr(MixedDataset, "start_state", start_state)
+    ds = MixedDataset(spec(sources), rows_per_batch=2)
+    with pytest.raises(DataError) as info:
+        stream(ds, workers=1, take=1)
+    assert type(info.value) is DataError
+    assert str(info.value) == "shard 2 is damaged"

@@ -54,3 +54,31 @@ def test_a_worker_error_comes_whole_whatever_its_constructor(random_dataset, mon
         next(iter(PackedDataLoader(ds, num_workers=1)))
     assert (str(info.value), info.value.shard) == ("lost", 2)
     assert "Caught" not in str(info.value) and "Traceback" not in str(info.value)
+
+
+def _fail_in_workers(exc: Exception, real):
+    def start_plan(self, *args, **kwargs):
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None:
+            raise exc
+        return real(self, *args, **kwargs)
+
+    return start_plan
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_a_worker_error_before_its_first_batch_is_its_one_line_message(random_dataset, monkeypatch):
+    # Before: only the ring generator was carried, so an error in `__iter__`'s setup (the plan,
+    # before the first batch) came as torch's "Caught DataError in DataLoader worker process 0.
+    # \nOriginal Traceback ..." (a RuntimeError-like text, not the worker's one line).
+    real = PackedDataset._start_plan
+    monkeypatch.setattr(
+        PackedDataset, "_start_plan", _fail_in_workers(DataError("shard 2 is damaged"), real)
+    )
+    ds = PackedDataset(random_dataset, rows_per_batch=4)
+    with pytest.raises(DataError) as info:
+        next(iter(PackedDataLoader(ds, num_workers=1)))
+    assert type(info.value) is DataError
+    assert str(info.value) == "shard 2 is damaged"
+    next(iter(PackedDataLoader(ds, num_workers=0)))  # in process the setup runs as before
