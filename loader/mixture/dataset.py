@@ -136,7 +136,7 @@ class MixedDataset(IterableDataset):
         self.names = spec.names
         check_compatible([(s.name, s.tokenizer, s.max_len) for s in self.sources])
         check_distinct_data(
-            [(s, src.fingerprint) for s, src in zip(spec.sources, self.sources, strict=True)]
+            [(s, *src.data) for s, src in zip(spec.sources, self.sources, strict=True)]
         )
         check_pad_id(config, self.sources[0].tokenizer.get("vocab_size"), "the mixture's data")
         for s in self.sources:

@@ -113,6 +113,8 @@ class PackedSource:
         self.index = self.ds.index  # RowIndex: counts per row group, loaded on demand
         self.path = str(self.store.path)
         self.fingerprint = self.ds.fingerprint
+        self.data = (self.fingerprint, f"fingerprint {self.fingerprint}")
+        """What the same-data check compares, and its words (`check_distinct_data`)."""
         self.tokenizer = dict(self.store.manifest.tokenizer)
         self.max_len = int(self.store.max_len)
         self.token_dtype = self.store.token_dtype
@@ -265,6 +267,9 @@ class StreamSource:
             h.update(f"{Path(p).name}:{storage.size(p)};".encode())
         h.update(repr((src.num_documents, sorted(config_state(src.config).items()))).encode())
         self.fingerprint = h.hexdigest()[:16]
+        # the same files are the same data (equal names and sizes are not: two part.parquet)
+        files = tuple(str(storage.resolve(p)) for p in src.paths)
+        self.data = (files, f"the same files: {self.path}")
         self.tokenizer = src.identity.to_dict() if src.identity is not None else {}
         self.max_len = int(src.config.max_len)
         self.token_dtype = np.dtype(np.uint32)

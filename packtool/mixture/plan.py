@@ -122,7 +122,7 @@ def _source_sizes(spec: MixtureSpec) -> tuple[list[tuple[str, int, int]], int]:
         if m.num_rows == 0:
             raise ConfigError(f"source {s.name!r} ({s.path}) has no rows; remove it")
         sizes.append((str(s.path), m.num_rows, m.num_tokens))
-        data.append((s, m.fingerprint))
+        data.append((s, m.fingerprint, f"fingerprint {m.fingerprint}"))
     check_compatible(entries)  # one max_len for all
     check_distinct_data(data)
     return sizes, int(entries[0][2])

@@ -501,23 +501,26 @@ def check_compatible(entries: Sequence[tuple[str, Mapping[str, Any], int]]) -> N
             )
 
 
-def check_distinct_data(entries: Sequence[tuple[SourceSpec, str]]) -> None:
+def check_distinct_data(entries: Sequence[tuple[SourceSpec, object, str]]) -> None:
     """Refuse two sources on the same data: an epoch order is seeded by the mixture's seed,
     the data's fingerprint and the epoch, so both would walk the same rows in the same order and
     every row would come twice (a copy-pasted path, or a copy of a folder).
 
     Args:
-        entries: `(source, its data's fingerprint)` per source.
+        entries: `(source, its data, that data in words)` per source: a packed dataset's data
+            is its fingerprint (its shards: a copy of the folder is the same data), a
+            streaming source's its files' resolved paths (its fingerprint is their names and
+            sizes: other files of one name and size are other data).
 
     Raises:
         ConfigError: One line naming both sources and the weight one source would take.
     """
-    seen: dict[str, SourceSpec] = {}
-    for source, fingerprint in entries:
-        first = seen.setdefault(fingerprint, source)
+    seen: dict[object, SourceSpec] = {}
+    for source, data, shown in entries:
+        first = seen.setdefault(data, source)
         if first is not source:
             raise ConfigError(
-                f"sources {first.name!r} and {source.name!r} are the same data (fingerprint "
-                f"{fingerprint}): every row would come twice; use one source with their summed "
-                f"weight ({first.weight + source.weight:g})"
+                f"sources {first.name!r} and {source.name!r} are the same data ({shown}): "
+                "every row would come twice; use one source with their summed weight "
+                f"({first.weight + source.weight:g})"
             )

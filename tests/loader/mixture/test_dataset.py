@@ -1024,3 +1024,53 @@ def test_a_fractional_cap_on_a_streaming_source_is_refused_up_front(online, cap)
     )
     with pytest.raises(ConfigError, match=f"source 'live': max_epochs {cap} is fractional"):
         MixedDataset(spec, rows_per_batch=1)
+
+
+def test_two_streaming_sources_on_other_files_of_equal_size_are_not_the_same_data(tmp_path):
+    """Two `part.parquet` of one size and document count in two folders were refused as "the
+    same data": a streaming source's fingerprint is its files' names and sizes, not their
+    content. Other files are other data; the same files stay refused."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from loader import StreamingPackedDataset
+    from packtool.dataset.tokenized import tokenized_schema
+    from packtool.tokenizer.tokenizers import load_tokenizer
+
+    identity = load_tokenizer("byte").identity
+    lengths = np.random.default_rng(4).integers(1, 40, 90)
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+    files = []
+    for name, shift in (("a", 0), ("b", 7)):
+        tokens = (np.arange(offsets[-1]) + shift) % 250
+        table = pa.Table.from_arrays(
+            [
+                pa.array(np.arange(1000, 1090), pa.int64()),
+                pa.array(["t"] * 90),
+                pa.ListArray.from_arrays(pa.array(offsets), pa.array(tokens, pa.uint16())),
+                pa.array(lengths.astype(np.int32)),
+            ],
+            schema=tokenized_schema(identity),
+        )
+        (tmp_path / name).mkdir()
+        files.append(tmp_path / name / "part.parquet")
+        pq.write_table(table, files[-1], compression="NONE", use_dictionary=False)
+    assert files[0].stat().st_size == files[1].stat().st_size
+    assert files[0].read_bytes() != files[1].read_bytes()
+
+    def live(path):
+        return StreamingPackedDataset(path, max_len=64, buffer_docs=20, rows_per_batch=1)
+
+    mix = MixtureSpec(
+        sources=(
+            SourceSpec(name="one", path=live(files[0]), weight=0.5),
+            SourceSpec(name="two", path=live(files[1]), weight=0.5),
+        ),
+        total_tokens=2000,
+    )
+    ds = MixedDataset(mix, rows_per_batch=2)
+    assert list(ds.names) == ["one", "two"]
+    assert len(stream(ds, take=2)[0]) == 2
+    again = replace(mix, sources=(mix.sources[0], replace(mix.sources[0], name="again")))
+    with pytest.raises(ConfigError, match=r"^sources 'one' and 'again' are the same data"):
+        MixedDataset(again, rows_per_batch=2)
