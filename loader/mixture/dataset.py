@@ -135,13 +135,14 @@ class MixedDataset(IterableDataset):
                 s.store.open_files = open_files_share(len(self.sources), s.store.min_row_groups)
         self.names = spec.names
         check_compatible([(s.name, s.tokenizer, s.max_len) for s in self.sources])
-        check_distinct_data(
-            [(s, *src.data) for s, src in zip(spec.sources, self.sources, strict=True)]
-        )
         check_pad_id(config, self.sources[0].tokenizer.get("vocab_size"), "the mixture's data")
         for s in self.sources:
             if s.num_rows == 0:
                 raise ConfigError(f"source {s.name!r} ({s.path}) has no rows; remove it")
+        # after the empty check (as plan.py): the fingerprint of no shards is the max_len alone
+        check_distinct_data(
+            [(s, *src.data) for s, src in zip(spec.sources, self.sources, strict=True)]
+        )
         if not spec.ends():
             raise ConfigError(
                 "this mixture never ends: give total_tokens or total_steps, or a max_epochs with "

@@ -766,6 +766,15 @@ def test_two_sources_on_the_same_data_are_refused(sources, tmp_path):
             MixedDataset(mix, rows_per_batch=2)
 
 
+def test_two_different_empty_sources_are_refused_as_empty_not_as_the_same_data(sources, tmp_path):
+    # Before: "sources 'code' and 'books' are the same data (fingerprint ...)": the fingerprint
+    # of no shards is the max_len alone, and the same-data check ran before the empty one.
+    for name in ("empty", "void"):
+        write_dataset(tmp_path / name, [], max_len=64)
+    with pytest.raises(ConfigError, match=r"^source 'code' \(.*empty\) has no rows; remove it"):
+        MixedDataset(spec([sources[0], tmp_path / "empty", tmp_path / "void"]), rows_per_batch=2)
+
+
 def test_an_empty_source_and_a_mixture_without_end_are_refused(sources, tmp_path):
     empty = tmp_path / "empty"
     write_dataset(empty, [], max_len=64)
