@@ -248,7 +248,8 @@ class RequestBatcher:
         core.shut()
         if threading.current_thread() is self._thread:
             return
-        finished = -1
+        with core.cond:  # the batches finished so far: a wait with none more is no progress
+            finished = core.stats.batches + core.stats.failed_batches
         while True:
             self._thread.join(self.exit_timeout)
             if not self._thread.is_alive():

@@ -558,6 +558,30 @@ def test_leaving_the_with_block_is_bounded_when_the_model_hangs() -> None:
     assert isinstance(BatcherTimeoutError("x"), TimeoutError)
 
 
+def test_leaving_the_with_block_on_a_hung_model_waits_one_exit_timeout() -> None:
+    """Before: with exit_timeout=1 the BatcherTimeoutError came at 2.2 s: the first wait was
+    taken for progress (no batch count to compare with yet), so a second one followed."""
+    batcher, called, release = _hung_batcher(exit_timeout=1)
+    joins = []
+    join = batcher._thread.join
+
+    def counted(timeout=None):
+        joins.append(timeout)
+        join(timeout)
+
+    batcher._thread.join = counted
+    try:
+        with pytest.raises(BatcherTimeoutError, match=r"still running after 1 s"), batcher:
+            batcher.submit([1])
+            assert called.wait(5)
+            start = time.monotonic()
+        waited = time.monotonic() - start
+    finally:
+        release.set()
+    assert joins == [1]  # one wait of exit_timeout: no batch finished in it
+    assert waited < 2  # two waits took 2 s at least
+
+
 def test_close_with_a_timeout_says_the_model_call_is_still_running() -> None:
     batcher, called, release = _hung_batcher()
     try:
