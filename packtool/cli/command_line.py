@@ -8,10 +8,13 @@ there verbatim. `recorded()` replaces with `REDACTED`:
 - the value of `--storage-options` (`--storage-options X` and `--storage-options=X`);
 - in any argument, a URL's user and password (`https://user:pw@host/...`) and the value of a
   query parameter that signs or authorises (`?sig=`, `X-Amz-Signature=`, `access_token=`);
-- in any argument, the value of `NAME=VALUE` where a whole word of NAME names a secret
-  (`HF_TOKEN=...` in `--slurm-setup`, `AWS_SECRET_ACCESS_KEY=...` in
-  `--sbatch-arg=--export=...`; not `MAX_TOKENS=`, `donkey=`, nor a path's folder
-  `s3://b/t/partition_key=3/`).
+- in any argument, the value of `NAME=VALUE` (and of a URL's `?NAME=`) where NAME contains a
+  secret's word (`HF_TOKEN=...` in `--slurm-setup`, `PGPASSWORD=`, `APITOKEN=`,
+  `AWS_SECRET_ACCESS_KEY=...` in `--sbatch-arg=--export=...`, `?authtoken=`; `donkey=` too),
+  except a plural count (`MAX_TOKENS=`, `NUM_KEYS=`) and a path's folder
+  `s3://b/t/partition_key=3/`;
+- in any argument, a bare Hugging Face token (`hf_` and 20 or more letters or digits) and
+  the value after `Bearer `.
 
 A command with a secret hidden cannot be rerun as recorded: `engines.config.resume_command`
 then says "the same command with --resume" in words.
@@ -33,30 +36,40 @@ REDACTED = "<redacted>"
 SECRET_OPTIONS = ("--storage-options",)
 """Options whose whole value is hidden."""
 _SECRET_WORD = (
-    r"(?i:token|secret|passw(?:or)?d|pass(?:phrase)?|pwd|(?:api)?key|credentials?|auth"
-    r"|sig(?:nature)?)"
+    r"(?:token|secret|passw(?:or)?d|pass|pwd|key|credential|auth|sig(?:nature)?|bearer|cookie"
+    r"|private|(?<![a-z])pat(?![a-z]))"
 )
-"""A word of a secret's NAME, any case: a whole word of it (`HF_TOKEN`, `aws_secret_access_key`,
-`KEY`, `apiKey`), not inside another (`donkey`, `MAX_TOKENS`, `PASSAGE`, `AUTHOR`, which were
-hidden)."""
-
-
-def _secret_name(separators: str) -> str:
-    """A NAME (its characters: `\\w` and `separators`) with `_SECRET_WORD` as one of its words:
-    words split at a separator or a camelCase step (`accessToken`), a digit may follow."""
-    before = rf"(?:[\w{separators}]*[{separators}]|[\w{separators}]*[a-z0-9](?=[A-Z]))?"
-    after = rf"(?:\d*(?=[{separators}=])|(?<=[a-z])(?=[A-Z]))[\w{separators}]*"
-    return rf"{before}{_SECRET_WORD}{after}"
-
-
+"""A secret's word, any case, anywhere in a NAME: `HF_TOKEN`, `PGPASSWORD`, `APITOKEN`,
+`SECRETKEY`, `GITHUB_PAT` (not `PATH`); `donkey`, `PASSAGE`, `AUTHOR` are hidden too (missing a secret costs more than
+hiding a harmless value)."""
+_PLURAL_COUNT = re.compile(r"(?:\w*_)?(?:tokens|keys)", re.IGNORECASE)
+"""A harmless shape: a plural count (`MAX_TOKENS`, `MAX_NEW_TOKENS`, `NUM_KEYS`), kept where
+what comes before the plural names no secret (`API_KEYS`, `SECRET_KEYS` are hidden)."""
+_SECRET_BEFORE = re.compile(rf"{_SECRET_WORD}|api|access", re.IGNORECASE)
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s?#]+@")
 """`scheme://user:password@`: a revision (`hf://datasets/org/name@main`) has a `/` before it."""
-_QUERY = re.compile(rf"([?&]{_secret_name('_.-')}=)[^&#\s]*")
+_QUERY = re.compile(rf"([?&]([\w.-]*{_SECRET_WORD}[\w.-]*)=)[^&#\s]*", re.IGNORECASE)
 _ASSIGNED = re.compile(
-    rf"((?<![\w/-]){_secret_name('_')}=)(?:\"[^\"]*\"|'[^']*'|[^\s,;&])*",
+    rf"((?<![\w/-])(\w*{_SECRET_WORD}\w*)=)(?:\"[^\"]*\"|'[^']*'|[^\s,;&])*",
+    re.IGNORECASE,
 )
 """`NAME=VALUE` with a secret's NAME; an option (`--tokenizer=x`) is preceded by `-`, a
-folder of a path (`s3://b/t/partition_key=3/`, Hive's partitions) by `/`."""
+folder of a path (`s3://b/t/partition_key=3/`, Hive's partitions) by `/`: neither is hidden."""
+_BARE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|(?<=\bBearer )[^\s'\"]+", re.IGNORECASE)
+"""A Hugging Face token anywhere (`huggingface-cli login --token hf_...`), `Bearer VALUE`."""
+
+
+def _count(name: str) -> bool:
+    """Whether NAME is a plural count (`_PLURAL_COUNT`), not a secret."""
+    if not _PLURAL_COUNT.fullmatch(name):
+        return False
+    before = name[: -len("tokens")] if name.lower().endswith("tokens") else name[: -len("keys")]
+    return _SECRET_BEFORE.search(before) is None
+
+
+def _hide(match: re.Match[str]) -> str:
+    return match[0] if _count(match[2]) else f"{match[1]}{REDACTED}"
+
 
 ARGS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("args", default=None)
 """The arguments `main` was given, per thread (two runs at once record their own)."""
@@ -89,5 +102,6 @@ def redacted(args: Sequence[str]) -> list[str]:
 
 def _hidden(arg: str) -> str:
     arg = _USERINFO.sub(rf"\g<1>{REDACTED}@", arg)
-    arg = _QUERY.sub(rf"\g<1>{REDACTED}", arg)
-    return _ASSIGNED.sub(rf"\g<1>{REDACTED}", arg)
+    arg = _QUERY.sub(_hide, arg)
+    arg = _ASSIGNED.sub(_hide, arg)
+    return _BARE.sub(REDACTED, arg)
