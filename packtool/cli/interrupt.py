@@ -16,6 +16,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
+from packtool.engines.interrupts import exit_held_for
 from packtool.storage import local as storage
 
 FORCE_EXIT_AFTER_S = 5.0
@@ -60,17 +61,22 @@ def _force_exit(said: Callable[[], str]) -> None:
 
 def _exit_later(said: Callable[[], str]) -> None:
     time.sleep(FORCE_EXIT_AFTER_S)
+    # a step that must end first holds it, within its own bound (the Slurm driver's scancel:
+    # cut at 5 s, it left jobs queued)
+    while (left := exit_held_for()) > 0:
+        time.sleep(min(left, 0.1))
     _force_exit(said)
 
 
 def on_sigint(signum: int, frame: Any) -> None:
     """First Ctrl-C: raise KeyboardInterrupt as usual, and exit anyway if that stalls.
 
-    A KeyboardInterrupt that lands while the main thread imports a module can be swallowed by
-    the import machinery and leave its lock held; the reader, tokenizer and packer threads then
-    wait on it forever (seen in `pack` under load). The watchdog bounds that. A second Ctrl-C
-    exits at once. Either way `pack --resume` works: shards and partition records are written
-    atomically, and only finished partitions are recorded.
+        A KeyboardInterrupt that lands while the main thread imports a module can be swallowed by
+        the import machinery and leave its lock held; the reader, tokenizer and packer threads then
+        wait on it forever (seen in `pack` under load). The watchdog bounds that. A second Ctrl-C
+        exits at once. A step under `engines.interrupts.forced_exit_held` (the Slurm driver's scancel)
+    holds the watchdog within its own bound. Either way `pack --resume` works: shards and partition records are written
+        atomically, and only finished partitions are recorded.
     """
     said = note.get()  # the main thread's note: the watchdog thread has a context of its own
     if _interrupted.is_set():

@@ -7,8 +7,10 @@ unknown to the code that stops a run (a worker never killed, a job never cancell
 `ctrl_c_after()` lets the block finish and raises the Ctrl-C (or SIGTERM) at its end; with
 `at_once`, the handler in place still runs at each signal (the CLI's watchdog and its second
 Ctrl-C), only its `KeyboardInterrupt` waiting for the block's end.
-`sigterm_as_ctrl_c()` makes SIGTERM stop a run as Ctrl-C does (the Slurm and Ray drivers),
-forced exit included: a graceful stop that hangs ends the process after `FORCE_EXIT_AFTER_S`.
+`sigterm_as_ctrl_c()` makes SIGTERM stop a run as Ctrl-C does (the Slurm and Ray drivers):
+under the CLI its 5 s forced exit included, from the Python API only a second SIGTERM.
+`forced_exit_held()` makes that forced exit wait for a step that must end first (the Slurm
+driver's scancel), within the step's own bound.
 
 Records in: nothing. Out: nothing (the SIGINT handler restored as it was).
 """
@@ -24,10 +26,27 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-FORCE_EXIT_AFTER_S = 5.0
-"""After SIGTERM with no CLI handler in place, how long the graceful stop may take before the
-process exits anyway (the CLI's own Ctrl-C grace, `cli/interrupt.FORCE_EXIT_AFTER_S`, is the
-same 5 s)."""
+_held: list[float] = []
+"""The `time.monotonic()` deadlines of the steps the forced exit waits for (`forced_exit_held`)."""
+
+
+@contextmanager
+def forced_exit_held(bound_s: float) -> Iterator[None]:
+    """The CLI's timed forced exit (`cli/interrupt.on_sigint`'s watchdog, 5 s after a Ctrl-C or
+    SIGTERM) waits for the block, at most `bound_s` seconds from its start: a step that stops
+    what a run started elsewhere (the Slurm driver's `scancel`, up to 60 s) is not cut short,
+    which left jobs queued. A second signal still ends the process at once."""
+    deadline = time.monotonic() + bound_s
+    _held.append(deadline)
+    try:
+        yield
+    finally:
+        _held.remove(deadline)
+
+
+def exit_held_for() -> float:
+    """Seconds the forced exit still waits for (`forced_exit_held`); 0.0 where nothing holds it."""
+    return max((d - time.monotonic() for d in list(_held)), default=0.0) if _held else 0.0
 
 
 @contextmanager
@@ -87,16 +106,20 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
     default action ended the process at once (every job left queued, no message). The main
     thread only, as `ctrl_c_after`.
 
-    Also as Ctrl-C, a stop that hangs is bounded: SIGTERM runs the SIGINT handler in place, so
-    under the CLI (`cli/interrupt.on_sigint`) the process exits 5 s later with the resume line
-    if the stop has not ended, and at once at a second signal; with no such handler (the Python
-    API) a watchdog of this module's does the same, without the line. Until 2026-12-07 a
-    SIGTERM whose stop hung (a stuck `finally`) left the driver running for good."""
+    Under the CLI, SIGTERM runs its SIGINT handler (`cli/interrupt.on_sigint`), so a stop that
+    hangs is bounded as after a Ctrl-C: the process exits 5 s later with the resume line (later
+    where a step holds it: `forced_exit_held`), at once at a second signal. With no such
+    handler (the Python API) there is no timed exit: the program may catch the
+    `KeyboardInterrupt` and go on (for part of 2026-12-07 a watchdog ended it 5 s later, exit
+    130, whatever it did); a second SIGTERM in the block ends the process at once (exit 130),
+    and after the block SIGTERM is the caller's again (by default, the end of the process).
+    Until 2026-12-07 a SIGTERM whose stop hung left the driver running for good.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    terminated: list[int] = []  # SIGTERMs this block's own watchdog answered
+    terminated: list[int] = []  # SIGTERMs answered with a KeyboardInterrupt (no CLI handler)
 
     def on_term(signum: int, frame: Any) -> None:
         handler = signal.getsignal(signal.SIGINT)
@@ -105,10 +128,7 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         if terminated:
             _force_exit()  # a second SIGTERM: at once, as a second Ctrl-C
         terminated.append(signum)
-        # Not stopped when the block ends: SIGTERM ends the process (its default action did
-        # at once), and the stop may go on after the block (the Slurm driver cancels there).
-        threading.Thread(target=_exit_later, name="packtool-sigterm", daemon=True).start()
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt  # no timer: a program that catches it may go on
 
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
@@ -121,8 +141,3 @@ def _force_exit() -> None:
     with contextlib.suppress(OSError):  # stderr closed or full: the exit code says it
         os.write(2, b"interrupted (forced exit)\n")
     os._exit(130)
-
-
-def _exit_later() -> None:
-    time.sleep(FORCE_EXIT_AFTER_S)
-    _force_exit()

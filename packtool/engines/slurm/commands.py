@@ -382,6 +382,10 @@ def _waited(seconds: float, wanted: Callable[[], bool] | None, look_every: float
     return True
 
 
+SCANCEL_TIMEOUT_S = 60.0
+"""How long `cancel` lets scancel run (a hung controller)."""
+
+
 def cancel(job_ids: Iterable[str], wait: float = 0.0) -> None:
     """`scancel` the jobs (best effort: a run that stops leaves none in the queue; a refusal or
     a hung controller is no error of its own). `wait`: at most that many seconds until none
@@ -391,7 +395,9 @@ def cancel(job_ids: Iterable[str], wait: float = 0.0) -> None:
     if not ids or not storage.which("scancel"):
         return
     try:
-        subprocess.run(["scancel", *ids], capture_output=True, timeout=60, check=False)
+        subprocess.run(
+            ["scancel", *ids], capture_output=True, timeout=SCANCEL_TIMEOUT_S, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return
     end = time.monotonic() + wait

@@ -43,7 +43,7 @@ from typing import Any
 from packtool.engines import output_folder, worker
 from packtool.engines.base import Driver, pack_with
 from packtool.engines.config import RunConfig
-from packtool.engines.interrupts import sigterm_as_ctrl_c
+from packtool.engines.interrupts import forced_exit_held, sigterm_as_ctrl_c
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.arrays import ArrayDriver
 from packtool.engines.slurm.config import SlurmConfig
@@ -56,6 +56,8 @@ from packtool.tokenizer.tokenizers import Tokenizer
 
 CANCEL_WAIT = 60.0
 """Seconds a failed run waits for its cancelled tasks to leave the queue before it goes on."""
+CANCEL_SLACK_S = 5.0
+"""Beyond scancel's and the wait's bounds, how long the forced exit waits for a cancel."""
 
 __all__ = [
     "SlurmConfig",
@@ -130,14 +132,14 @@ def drive_slurm(run: Any, slurm: SlurmConfig, options: list[str]) -> str:
     except Detached:
         raise
     except cli.SlurmRefused as exc:  # the cluster failed the run: its finished work stays
-        driver.cancel(wait=CANCEL_WAIT)
+        _cancel(driver, CANCEL_WAIT)
         with contextlib.suppress(OSError):  # a task that started in the wait: its log stays
             writing.remove_empty_dir(driver.logs)
         raise run.workers_lost(str(exc), "Slurm failed, not the run's options") from None
     except BaseException as exc:
         # No job of a stopped or failed run stays in the queue; a failure's staging folder may
         # be removed next, so its tasks are gone first (Ctrl-C keeps the folder: no wait).
-        driver.cancel(wait=CANCEL_WAIT if isinstance(exc, Exception) else 0.0)
+        _cancel(driver, CANCEL_WAIT if isinstance(exc, Exception) else 0.0)
         if isinstance(exc, Exception):
             # No task wrote a log (its jobs gone): a fresh run's staging folder may go next,
             # and the empty folder stayed beside the output for ever (a --resume makes it again)
@@ -148,3 +150,11 @@ def drive_slurm(run: Any, slurm: SlurmConfig, options: list[str]) -> str:
         for u in wave:
             run.account(worker.run_partition(run.context, run.descriptor(u)))
     return driver.describe()
+
+
+def _cancel(driver: Any, wait: float) -> None:
+    """`driver.cancel(wait)`, the CLI's forced exit after Ctrl-C or SIGTERM (5 s) held until it
+    ends, within scancel's own bound: cut short, it left jobs queued. A second signal still
+    ends the process at once."""
+    with forced_exit_held(cli.SCANCEL_TIMEOUT_S + wait + CANCEL_SLACK_S):
+        driver.cancel(wait=wait)

@@ -120,7 +120,7 @@ import sys, time
 import packtool.cli.interrupt as interrupt
 from packtool.engines import interrupts
 
-interrupts.FORCE_EXIT_AFTER_S = interrupt.FORCE_EXIT_AFTER_S = 1.0
+interrupt.FORCE_EXIT_AFTER_S = 1.0
 if sys.argv[1] == "cli":
     interrupt.install_sigint()
 with interrupts.sigterm_as_ctrl_c():
@@ -133,9 +133,10 @@ with interrupts.sigterm_as_ctrl_c():
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-@pytest.mark.parametrize("signals", [1, 2])
-@pytest.mark.parametrize("caller", ["cli", "python"])
+@pytest.mark.parametrize(("caller", "signals"), [("cli", 1), ("cli", 2), ("python", 2)])
 def test_sigterm_whose_graceful_stop_hangs_still_exits(caller, signals):
+    # From the Python API one SIGTERM sets no timer (the program may catch it and go on:
+    # `test_a_python_caller_that_catches_sigterm_goes_on`): only a second one forces the exit.
     proc = subprocess.Popen(
         [sys.executable, "-c", HUNG_STOP, caller],
         cwd=ROOT,
@@ -152,7 +153,98 @@ def test_sigterm_whose_graceful_stop_hangs_still_exits(caller, signals):
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    # One SIGTERM: out after the grace period (1 s here), as after a Ctrl-C; a second: at once.
+    # One SIGTERM under the CLI: out after the grace period (1 s here), as after a Ctrl-C; a
+    # second: at once.
     assert time.monotonic() - t0 < (10 if signals == 1 else 3), err
     assert proc.returncode == 130, err
     assert err.strip() == "interrupted (forced exit)", err
+
+
+# A program that calls the Python API, catches the Ctrl-C that SIGTERM became and goes on
+# (/tmp/review-b/term.py: a watchdog ended it 5 s later, exit 130, "done" never printed).
+CAUGHT = """
+import os, signal, sys, time
+from packtool.engines import interrupts
+
+try:
+    with interrupts.sigterm_as_ctrl_c():
+        print("running", flush=True)
+        time.sleep(60)
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+time.sleep(float(sys.argv[1]))
+print("done", flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_python_caller_that_catches_sigterm_goes_on():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CAUGHT, "6"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "running\n"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.split() == ["stopped", "done"], err
+
+
+# The Slurm driver's cancel after a Ctrl-C or SIGTERM under the CLI (scancel may take up to
+# 60 s): a stand-in driver whose cancel takes longer than the CLI's grace (1 s here). The
+# forced exit cut it short and left the jobs queued.
+SLOW_CANCEL = """
+import signal, sys, time
+import packtool.cli.interrupt as interrupt
+from packtool.engines.slurm import driver as slurm_driver
+
+interrupt.FORCE_EXIT_AFTER_S = 1.0
+interrupt.install_sigint()
+
+
+class StandIn:
+    def __init__(self, run, slurm, options):
+        self.logs = None
+
+    def run_partitions(self):
+        print("running", flush=True)
+        time.sleep(60)
+
+    def cancel(self, wait=0.0):
+        time.sleep(3)  # scancel, slow
+        print("cancelled", flush=True)
+
+
+slurm_driver.ArrayDriver = StandIn
+try:
+    slurm_driver.drive_slurm(None, type("S", (), {"workers": 0})(), [])
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+sys.exit(130)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_cli_s_forced_exit_waits_for_the_slurm_cancel(sig):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_CANCEL],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "running\n"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert out.split() == ["cancelled", "stopped"], err
+    assert proc.returncode == 130, err
