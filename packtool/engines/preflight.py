@@ -41,7 +41,7 @@ from packtool.read.formats import OFFSET_UNITS, raw_kind
 from packtool.read.sft_config import CHAT_KINDS
 from packtool.sft.encode import note_template, template_record
 from packtool.storage import local as storage
-from packtool.tokenize.recorded import check_recorded_tokenizer
+from packtool.tokenize.recorded import check_recorded_specials, check_recorded_tokenizer
 from packtool.tokenize.tables import PRETOKENIZED, RAW, RECORDS
 from packtool.tokenize.tokenize import inputs_read, unchanged_ids
 from packtool.tokenizer.by_name import tokenizer_by_name
@@ -140,6 +140,8 @@ def check_inputs(
         tokenizer = tokenizer_by_name(tokenizer or "byte", bos)
     else:
         tokenizer_by_name(tokenizer, bos)  # a Tokenizer with a `bos` too: refused
+    if tokenizer is None and recorded is not None:  # read as recorded: no tokenizer applies
+        check_recorded_specials(recorded, {} if bos == "auto" else {"bos": bos}, config.inputs[0])
     if tokenizer is not None and recorded is not None:
         # None where it is the recorded one once the EOS / BOS not chosen are the file's
         tokenizer = check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])

@@ -511,6 +511,9 @@ def compute_stats(
         counter = SupervisedCounter([config.max_len, *config.candidates])
     skips = SkipCounter(strict=read_config.strict)
     if identity is not None:
+        from packtool.tokenize.recorded import check_recorded_bos
+
+        check_recorded_bos(read, bos)  # no tokenizer applies it: refused unless the file's
         config.check_room_for_text(identity.eos_id, identity.bos_id)
         if counter is None:  # rows of no token are `empty` skips, as pack and tokenize count them
             lengths = tokenized_lengths(read.tokenized, skips)

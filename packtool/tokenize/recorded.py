@@ -21,6 +21,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.tokenized import common_identity, split_tokenized
@@ -81,6 +82,16 @@ def check_recorded_tokenizer(
         f"{where}: tokenized with {_described(identity)}, but the options give "
         f"{_described(given)}; {hint}"
     )
+
+
+def check_recorded_bos(read: Any, bos: int | str | None) -> None:
+    """`bos` given to the API with `tokenizer=None` (`"auto"`: none) for `read`
+    (`tokenize.InputsRead`): tokenized Parquet is read with the BOS it records and no
+    tokenizer is loaded to apply another, so it is checked as the CLI checks `--bos-id` there
+    (`check_recorded_specials`): it was ignored, and bos_id None recorded, until 2026-12-07."""
+    identity = read.identity()
+    if bos != "auto" and identity is not None:
+        check_recorded_specials(identity, {"bos": bos}, read.tokenized[0][0])
 
 
 def check_recorded_specials(

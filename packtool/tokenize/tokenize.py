@@ -50,7 +50,7 @@ from packtool.sft.encode import note_template, template_record
 from packtool.sft.inputs import file_record_kind, sft_kind
 from packtool.storage import hub, writing
 from packtool.storage import local as storage
-from packtool.tokenize.recorded import check_recorded_tokenizer, inputs_recorded
+from packtool.tokenize.recorded import check_recorded_bos, check_recorded_tokenizer, inputs_recorded
 from packtool.tokenize.summary import TokenizeSummary, summary_of
 from packtool.tokenize.tables import (
     PRETOKENIZED,
@@ -290,7 +290,7 @@ def tokenized_batches(
     """
     tokenizer = tokenizer_by_name(tokenizer, bos, workers=workers)
     for table, _ in _tokenized_batches(
-        inputs, read_config=read_config, tokenizer=tokenizer, workers=workers, skips=skips
+        inputs, read_config=read_config, tokenizer=tokenizer, workers=workers, skips=skips, bos=bos
     ):
         yield table
 
@@ -302,10 +302,13 @@ def _tokenized_batches(
     tokenizer: Tokenizer | str | None,
     workers: int | None,
     skips: SkipCounter | None,
+    bos: int | str | None = "auto",
 ) -> Iterator[tuple[pa.Table, int]]:
     config = read_config or ReadConfig()
     paths = expand_inputs(inputs)
     read = inputs_read(paths, config)
+    if tokenizer is None:  # no tokenizer to apply it: refused unless it is the file's
+        check_recorded_bos(read, bos)
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
     skips = run_skips(skips, config)
@@ -428,6 +431,8 @@ def tokenize_corpus(
     read = inputs_read(expand_inputs(inputs), config)
     if tokenizer is None and read.mode != TOKENIZED:  # only tokenized Parquet records one
         tokenizer = load_tokenizer("byte", workers=workers, bos=bos)
+    if tokenizer is None:  # no tokenizer to apply it: refused unless it is the file's
+        check_recorded_bos(read, bos)
     if tokenizer is not None and read.mode == TOKENIZED:  # None: the EOS/BOS recorded taken
         tokenizer = check_recorded_tokenizer(read.identity(), tokenizer, read.tokenized[0][0])
     optional = read.columns  # e.g. loss_mask from labels: passed through
