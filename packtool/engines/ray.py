@@ -213,11 +213,17 @@ def _let_prefetchers_end(timeout: float = 10.0) -> None:
         thread.join(max(0.0, end - time.monotonic()))
 
 
+_DEFAULT_RAY = "a private Ray (no --ray-address nor RAY_ADDRESS given)"
+"""What a message names where no address was given (`local` is asked for: `_connect`)."""
+
+
 def _connect(ray: Any, address: str | None) -> bool:
     """Join or start Ray; True when this call started it (and so must shut it down)."""
     if ray.is_initialized():
         return False
     _check_address(address)
+    name, value = _given(address)  # what the user gave, before `local` stands in for none
+    shown = f"{name} {value}" if value is not None else _DEFAULT_RAY
     if address is None and not os.environ.get("RAY_ADDRESS"):
         # Ray's own default joins a cluster `ray start` left recorded in
         # /tmp/ray/ray_current_cluster: the default here is a private Ray (docs/scale-out.md)
@@ -231,15 +237,13 @@ def _connect(ray: Any, address: str | None) -> bool:
             ignore_reinit_error=True,
         )
     except ValueError as exc:  # an address Ray still refuses: its traceback ran to 62-73 lines
-        name, value = _given(address)
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"{name} {value}: Ray refused it ({why}); give {_FORMS}") from None
+        raise ConfigError(f"{shown}: Ray refused it ({why}); give {_FORMS}") from None
     except (ConnectionError, ray.exceptions.AuthenticationError) as exc:
         if not _refused_token(exc, ray.exceptions.AuthenticationError):
             raise
-        name, value = _given(address)
         raise ConfigError(
-            f"{name} {value}: the Ray cluster there requires an authentication token, and "
+            f"{shown}: the Ray cluster there requires an authentication token, and "
             "this process gave none or another one; set RAY_AUTH_MODE=token and the cluster's "
             "token in RAY_AUTH_TOKEN (or in a file named by RAY_AUTH_TOKEN_PATH, by default "
             "~/.ray/auth_token)"

@@ -1,7 +1,7 @@
 """A tokenizer given to an API function by name, loaded with the caller's BOS choice.
 
 The functions that take `tokenizer` as a `Tokenizer` or a spec string (`compute_stats`,
-`tokenize_corpus`, `tokenize_to_parquet`, `run_pack` and its engines, `tokenize_megatron`) also
+`tokenize_corpus`, `tokenized_batches`, `run_pack` and its engines, `tokenize_megatron`) also
 take `bos`, which reaches `load_tokenizer` when they load the spec: the Python form of
 `--bos-id N` (an int), `--bos-id default` ("default") and `--no-bos` (None); "auto", the default,
 is the tokenizer's own rule. A tokenizer whose post-processor puts several ids before a text

@@ -520,6 +520,19 @@ def test_ray_init_refusing_an_address_is_one_line(monkeypatch):
         ray_engine._connect(FakeRay(), "local")
 
 
+def test_ray_refusing_the_default_private_ray_does_not_name_an_address_not_given(monkeypatch):
+    """With no address given, `_connect` asks for `local` (a private Ray); its refusal said
+    `--ray-address local: ...`, an option the user never gave."""
+    from packtool.engines import ray as ray_engine
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError) as raised:
+        ray_engine._connect(_RayFailingToConnect(ValueError("Invalid: x")), None)
+    line = str(raised.value)
+    assert not line.startswith("--ray-address"), line
+    assert line.startswith("a private Ray (no --ray-address nor RAY_ADDRESS given): Ray refused")
+
+
 def test_no_address_is_a_private_ray_not_a_cluster_ray_start_left_recorded(monkeypatch):
     """With no address and no RAY_ADDRESS, `ray.init(address=None)` joins a cluster `ray start`
     recorded in /tmp/ray/ray_current_cluster (a fixer's probe joined another run's Ray that
