@@ -38,7 +38,7 @@ def _pack(url: str, copies: int, max_len: int, folder: Path) -> None:
     for i in range(copies):
         inputs.append(folder / f"corpus-{i}.jsonl")
         shutil.copyfile(CORPUS, inputs[-1])
-    cmd = [sys.executable, "-m", "packtool.cli.commands", "pack", *map(str, inputs), "-o", url]
+    cmd = [sys.executable, "-m", "packtool.cli", "pack", *map(str, inputs), "-o", url]
     cmd += ["--max-len", str(max_len), "--shard-rows", "64", "--row-group-rows", "32"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:

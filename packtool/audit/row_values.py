@@ -1,8 +1,11 @@
 """One packed row, read for display (`packtool inspect --row`), checked as `packtool verify`
 checks it: the required columns' invariants (`verify.row_problem`), doc ids >= 0, and the
 declared optional columns (`verify_columns.row_problem`: a mask's length and 0/1 values, no
-document without a supervised token, a derived column equal to its rule). A row verify refuses
-is refused here in one line ending "run `packtool verify`", never shown.
+document without a supervised token, a derived column equal to its rule). A row these checks
+refuse is refused here in one line ending "run `packtool verify`", never shown. Not repeated
+here: verify's piece-end check (packtool/audit/piece_ends.py: every piece ends in `eos_id` or
+is `max_len` long), so a row whose boundaries or recorded `eos_id` were edited is still shown;
+`packtool verify` refuses it.
 """
 
 from __future__ import annotations

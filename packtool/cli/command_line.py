@@ -40,12 +40,13 @@ _SECRET_WORD = (
     r"|private|(?<![a-z])pat(?![a-z]))"
 )
 """A secret's word, any case, anywhere in a NAME: `HF_TOKEN`, `PGPASSWORD`, `APITOKEN`,
-`SECRETKEY`, `GITHUB_PAT` (not `PATH`); `donkey`, `PASSAGE`, `AUTHOR` are hidden too (missing a secret costs more than
-hiding a harmless value)."""
+`SECRETKEY`, `GITHUB_PAT` (not `PATH`); `donkey` is hidden too (missing a secret costs more
+than hiding a harmless value), `TOKENIZERS_PARALLELISM` and `AUTHOR` are not (`_HARMLESS`)."""
 _PLURAL_COUNT = re.compile(r"(?:\w*_)?(?:tokens|keys)", re.IGNORECASE)
 """A harmless shape: a plural count (`MAX_TOKENS`, `MAX_NEW_TOKENS`, `NUM_KEYS`), kept where
 what comes before the plural names no secret (`API_KEYS`, `SECRET_KEYS` are hidden)."""
 _SECRET_BEFORE = re.compile(rf"{_SECRET_WORD}|api|access", re.IGNORECASE)
+_SECRET_WORD_RE = re.compile(_SECRET_WORD, re.IGNORECASE)
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s?#]+@")
 """`scheme://user:password@`: a revision (`hf://datasets/org/name@main`) has a `/` before it."""
 _QUERY = re.compile(rf"([?&]([\w.-]*{_SECRET_WORD}[\w.-]*)=)[^&#\s]*", re.IGNORECASE)
@@ -59,8 +60,16 @@ _BARE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|(?<=\bBearer )[^\s'\"]+", re.IGNORECA
 """A Hugging Face token anywhere (`huggingface-cli login --token hf_...`), `Bearer VALUE`."""
 
 
+_HARMLESS = re.compile(r"tokeniz(?:ers?|ation|ed)?|author|passes|passage|design", re.IGNORECASE)
+"""Words that hold a secret's word and name none (`TOKENIZERS_PARALLELISM`, HF's common
+setting: hiding it cost a Slurm run its copyable --resume line)."""
+
+
 def _count(name: str) -> bool:
-    """Whether NAME is a plural count (`_PLURAL_COUNT`), not a secret."""
+    """Whether NAME names no secret: a plural count (`_PLURAL_COUNT`), or a secret's word only
+    inside a harmless word (`_HARMLESS`)."""
+    if _SECRET_WORD_RE.search(_HARMLESS.sub("", name)) is None:
+        return True
     if not _PLURAL_COUNT.fullmatch(name):
         return False
     before = name[: -len("tokens")] if name.lower().endswith("tokens") else name[: -len("keys")]

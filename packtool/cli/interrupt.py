@@ -71,12 +71,12 @@ def _exit_later(said: Callable[[], str]) -> None:
 def on_sigint(signum: int, frame: Any) -> None:
     """First Ctrl-C: raise KeyboardInterrupt as usual, and exit anyway if that stalls.
 
-        A KeyboardInterrupt that lands while the main thread imports a module can be swallowed by
-        the import machinery and leave its lock held; the reader, tokenizer and packer threads then
-        wait on it forever (seen in `pack` under load). The watchdog bounds that. A second Ctrl-C
-        exits at once. A step under `engines.interrupts.forced_exit_held` (the Slurm driver's scancel)
-    holds the watchdog within its own bound. Either way `pack --resume` works: shards and partition records are written
-        atomically, and only finished partitions are recorded.
+    A KeyboardInterrupt that lands while the main thread imports a module can be swallowed by
+    the import machinery and leave its lock held; the reader, tokenizer and packer threads then
+    wait on it forever (seen in `pack` under load). The watchdog bounds that. A second Ctrl-C
+    exits at once. A step under `engines.interrupts.forced_exit_held` (the Slurm driver's
+    scancel) holds the watchdog within its own bound. Either way `pack --resume` works: shards
+    and partition records are written atomically, and only finished partitions are recorded.
     """
     said = note.get()  # the main thread's note: the watchdog thread has a context of its own
     if _interrupted.is_set():

@@ -149,7 +149,17 @@ def test_a_mixture_file_and_the_hf_view_read_a_bucket(datasets, tmp_path):
         ],
     }
     mix.write_text(json.dumps(spec))
-    (tmp_path / "ds").symlink_to(local)
+    # Other data on disk (another seed): the bucket's own copy under a second name would be
+    # the same data twice, which a mixture refuses.
+    run_pack(
+        RunConfig(
+            inputs=(str(CORPUS),),
+            out_dir=str(tmp_path / "ds"),
+            pack=PackConfig(max_len=1024, seed=1),
+            shards=ShardConfig(row_group_rows=32),
+            progress=False,
+        )  # fmt: skip
+    )
     mixed = MixedDataset(mix, tokens_per_batch=4096, cache_dir=str(tmp_path / "c"))
     sources = set()
     for b in mixed:

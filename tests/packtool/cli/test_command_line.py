@@ -128,11 +128,15 @@ def test_secrets_in_any_argument_are_hidden(arg, kept, hidden):
         "corpus.jsonl",
         "--text-field=key",
         # a plural count, or a Hive partition in a path (a NAME holding a secret's word,
-        # `donkey=`, `AUTHOR=`, is hidden: missing a secret costs more than over-hiding)
+        # `donkey=`, is hidden: missing a secret costs more than over-hiding)
         "s3://b/t/partition_key=3/",
         "export MAX_TOKENS=8 MAX_NEW_TOKENS=9 NUM_KEYS=2 PATH=/bin",
         "https://example.com/c.jsonl?max_tokens=1&page=2",
         "export X=1/HF_TOKEN=2",
+        # a secret's word only inside a harmless word: HF's common setting, hidden, cost a
+        # Slurm run its --resume line
+        "export TOKENIZERS_PARALLELISM=false AUTHOR=me PASSES=3",
+        "https://example.com/c.jsonl?design=1",
     ],
 )
 def test_words_without_a_secret_are_kept(arg):
