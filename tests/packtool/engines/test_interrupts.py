@@ -88,27 +88,36 @@ local._run_pool(Run(), [[0, 1]], 2, 1, "process")
 """
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-@pytest.mark.parametrize("signals", [1, 2])
-def test_ctrl_c_while_the_pool_starts_is_not_held_for_the_whole_start(signals):
+def _signalled(
+    script: list[str], ready: str, signum: int, signals: int
+) -> tuple[subprocess.Popen, str, float]:
+    """Run `python -c SCRIPT ARGS`, wait for its `ready` line, send `signum` `signals` times
+    (0.2 s apart); the process, its stderr and the seconds from the first signal to its end."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", STALLED_SUBMIT],
+        [sys.executable, "-c", *script],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == "submitting\n"
+        assert proc.stdout is not None and proc.stdout.readline() == f"{ready}\n"
         t0 = time.monotonic()
         for _ in range(signals):
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
             time.sleep(0.2)
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
+    return proc, err, time.monotonic() - t0
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("signals", [1, 2])
+def test_ctrl_c_while_the_pool_starts_is_not_held_for_the_whole_start(signals):
+    proc, err, took = _signalled([STALLED_SUBMIT], "submitting", signal.SIGINT, signals)
     # One Ctrl-C: out after the grace period (1 s here); a second one: at once.
-    assert time.monotonic() - t0 < (10 if signals == 1 else 3), err
+    assert took < (10 if signals == 1 else 3), err
     assert proc.returncode == 130, err
     assert err.strip() == "interrupted (forced exit)"
 
@@ -137,25 +146,10 @@ with interrupts.sigterm_as_ctrl_c():
 def test_sigterm_whose_graceful_stop_hangs_still_exits(caller, signals):
     # From the Python API one SIGTERM sets no timer (the program may catch it and go on:
     # `test_a_python_caller_that_catches_sigterm_goes_on`): only a second one forces the exit.
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HUNG_STOP, caller],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "running\n"
-        t0 = time.monotonic()
-        for _ in range(signals):
-            proc.send_signal(signal.SIGTERM)
-            time.sleep(0.2)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
+    proc, err, took = _signalled([HUNG_STOP, caller], "running", signal.SIGTERM, signals)
     # One SIGTERM under the CLI: out after the grace period (1 s here), as after a Ctrl-C; a
     # second: at once.
-    assert time.monotonic() - t0 < (10 if signals == 1 else 3), err
+    assert took < (10 if signals == 1 else 3), err
     assert proc.returncode == 130, err
     assert err.strip() == "interrupted (forced exit)", err
 
