@@ -7,7 +7,6 @@ locks (see `on_sigint`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
@@ -16,7 +15,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from packtool.engines.interrupts import exit_held_for
+from packtool.engines.interrupts import exit_held_for, force_exit
 from packtool.storage import local as storage
 
 FORCE_EXIT_AFTER_S = 5.0
@@ -54,9 +53,7 @@ def resume_note(output: str, overwrite: bool) -> str:
 
 def _force_exit(said: Callable[[], str]) -> None:
     start = "\n" if os.isatty(2) else ""  # a terminal's `^C` line ended first (`exits.report`)
-    with contextlib.suppress(OSError):  # stderr closed or full: the exit code says it
-        os.write(2, f"{start}interrupted{said()} (forced exit)\n".encode())
-    os._exit(130)
+    force_exit(f"{start}interrupted{said()} (forced exit)")
 
 
 def _exit_later(said: Callable[[], str]) -> None:

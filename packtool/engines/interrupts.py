@@ -126,7 +126,7 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         if callable(handler) and handler is not signal.default_int_handler:
             handler(signal.SIGINT, frame)  # the CLI's: its watchdog, its note, its 2nd signal
         if terminated:
-            _force_exit()  # a second SIGTERM: at once, as a second Ctrl-C
+            force_exit()  # a second SIGTERM: at once, as a second Ctrl-C
         terminated.append(signum)
         raise KeyboardInterrupt  # no timer: a program that catches it may go on
 
@@ -137,7 +137,9 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _force_exit() -> None:
+def force_exit(line: str = "interrupted (forced exit)") -> None:
+    """End the process now, exit 130, `line` on stderr (no cleanup runs: a stop that hung, or a
+    second signal; the CLI's watchdog words its own line)."""
     with contextlib.suppress(OSError):  # stderr closed or full: the exit code says it
-        os.write(2, b"interrupted (forced exit)\n")
+        os.write(2, f"{line}\n".encode())
     os._exit(130)
