@@ -140,7 +140,7 @@ def run_partition(
             while not (ENCODING_STARTED.wait(0.01) or reading.is_set()):
                 pass
         t0 = time.perf_counter()
-        warmup.warm_up()  # ~0.3 s on a process's first call, then free
+        warmup.warm_up(ctx.pack.rounds)  # ~0.3 s on a process's first call, then free
         state.seconds["load kernels"] += time.perf_counter() - t0
 
     def pack_and_write(table: pa.Table, c: int, carry: pa.Table | None) -> pa.Table | None:
