@@ -4,8 +4,8 @@ The first call of each kernel in a process imports numba (packtool/pack/jit.py s
 which of numba's extensions it skips) and costs ~0.1-0.2 s of cache loading (or a compile on a
 cold cache); a partition worker calls `warm_up` in a background thread once its first batch is
 being encoded, well before its first chunk is packed. The kernels of packtool/pack/kernels.py,
-packtool/pack/repack.py and packtool/pack/flat_ids.py are warmed here, above them, so none of
-them has to import another's user.
+packtool/pack/repack.py (only for a run with extra rounds) and packtool/pack/flat_ids.py are
+warmed here, above them, so none of them has to import another's user.
 """
 
 from __future__ import annotations
