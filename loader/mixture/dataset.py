@@ -199,6 +199,7 @@ class MixedDataset(IterableDataset):
             max_len=self.max_len,
             total_tokens=self.spec.total_tokens,
             fingerprints=[s.fingerprint for s in self.sources],
+            former_fingerprints=[s.former_fingerprints for s in self.sources],
             state=state,
         )
 

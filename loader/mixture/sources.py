@@ -87,6 +87,8 @@ class PackedSource:
 
     kind = "packed"
     window = 4096
+    former_fingerprints: tuple[str, ...] = ()
+    """Other fingerprints a saved state may record for this data (none: its dataset's)."""
 
     def __init__(
         self, spec: SourceSpec, config: LoaderConfig, cache_share: int | None = None
@@ -262,14 +264,21 @@ class StreamSource:
         self.ds = _OneStream(
             src.paths, src.config, rows_per_batch=1, shard_by=src.shard_by, rank=0, world_size=1
         )
-        h = hashlib.sha256()
-        for p in src.paths:
-            h.update(f"{Path(p).name}:{storage.size(p)};".encode())
-        h.update(repr((src.num_documents, sorted(config_state(src.config).items()))).encode())
-        self.fingerprint = h.hexdigest()[:16]
         # the same files are the same data (equal names and sizes are not: two part.parquet)
         files = tuple(str(storage.resolve(p)) for p in src.paths)
         self.data = (files, f"the same files: {self.path}")
+        settings = (src.num_documents, sorted(config_state(src.config).items()))
+        # A resume identifies the source as the same-data check does, by its resolved files,
+        # with each one's size and modification time (a file rewritten in place is other data)
+        states = storage.file_states(files)
+        self.fingerprint = hashlib.sha256(repr((states, settings)).encode()).hexdigest()[:16]
+        old = hashlib.sha256()
+        for p, st in zip(src.paths, states, strict=True):
+            old.update(f"{Path(p).name}:{st[1]};".encode())
+        old.update(repr(settings).encode())
+        self.former_fingerprints = (old.hexdigest()[:16],)
+        """What states saved before recorded for these files (their names and sizes): such a
+        state resumes, checked as it was then."""
         self.tokenizer = src.identity.to_dict() if src.identity is not None else {}
         self.max_len = int(src.config.max_len)
         self.token_dtype = np.dtype(np.uint32)

@@ -10,6 +10,7 @@ is given (its counters and arrays), importing nothing of it.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from packtool.errors import DataError
@@ -42,6 +43,14 @@ def _added(name: str, fingerprint: str | None, saved: dict[str, Any]) -> str:
         f"added {name!r} (starts at its first row: the same data as the saved source "
         f"{same[0]!r}, whose rows come again; keep the name {same[0]!r} to continue its cursor)"
     )
+
+
+def _where(spec: Any, reader: Any) -> str:
+    """The source's data in words: its path, or its reader's (a dataset object given as the
+    path, a `StreamingPackedDataset`, has no words of its own)."""
+    if isinstance(spec.path, (str, os.PathLike)):
+        return str(spec.path)
+    return str(getattr(reader, "path", type(spec.path).__name__))
 
 
 def restore(sch: Any, state: dict[str, Any]) -> None:
@@ -77,10 +86,11 @@ def restore(sch: Any, state: dict[str, Any]) -> None:
             changes.append(_added(spec.name, sch.fingerprints[i], {**dormant, **old}))
             continue
         saved, now = entry.get("fingerprint"), sch.fingerprints[i]
-        if saved is not None and now is not None and saved != now:
+        if now is not None and saved not in (None, now, *sch.former_fingerprints[i]):
             raise DataError(
                 f"source {spec.name!r}: the state was saved on data {saved} but {spec.name!r} "
-                f"is now {now} ({spec.path}); resume on the same data or give it a new name"
+                f"is now {now} ({_where(spec, sch.readers[i])}); resume on the same data or "
+                "give it a new name"
             )
         rows = sch.readers[i].epoch_rows(int(entry["epoch"]))
         if rows is not None and entry["pos"] > rows:

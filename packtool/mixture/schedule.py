@@ -228,6 +228,8 @@ class Schedule:
         total_tokens: End the stream once this many tokens are delivered.
         fingerprints: Per source, what identifies its data (a resume onto other data under the
             same name is refused).
+        former_fingerprints: Per source, other fingerprints a state saved by an earlier
+            version recorded for the same data (accepted at a resume; default none).
         state: Continue from `state()` of an earlier schedule (see `restore` for changes).
 
     Raises:
@@ -243,6 +245,7 @@ class Schedule:
         max_len: int,
         total_tokens: int | None = None,
         fingerprints: Sequence[str | None] | None = None,
+        former_fingerprints: Sequence[Sequence[str]] | None = None,
         state: dict[str, Any] | None = None,
     ) -> None:
         self.specs = list(sources)
@@ -253,6 +256,9 @@ class Schedule:
         self.max_len = int(max_len)
         self.total_tokens = total_tokens
         self.fingerprints = list(fingerprints) if fingerprints is not None else [None] * k
+        self.former_fingerprints = [
+            tuple(f) for f in (former_fingerprints if former_fingerprints is not None else [()] * k)
+        ]
         self.epoch = np.zeros(k, np.int64)
         self.pos = np.zeros(k, np.int64)
         self.rows = np.zeros(k, np.int64)

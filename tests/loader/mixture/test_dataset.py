@@ -4,6 +4,8 @@ workers, determinism, layouts, resume (same and changed mixtures) and bad input.
 from __future__ import annotations
 
 import json
+import os
+import re
 import warnings
 from dataclasses import replace
 from fractions import Fraction
@@ -1035,45 +1037,52 @@ def test_a_fractional_cap_on_a_streaming_source_is_refused_up_front(online, cap)
         MixedDataset(spec, rows_per_batch=1)
 
 
-def test_two_streaming_sources_on_other_files_of_equal_size_are_not_the_same_data(tmp_path):
-    """Two `part.parquet` of one size and document count in two folders were refused as "the
-    same data": a streaming source's fingerprint is its files' names and sizes, not their
-    content. Other files are other data; the same files stay refused."""
+def equal_size_parquet(path, shift):
+    """Tokenized Parquet of 90 documents (byte tokenizer) at `path`, its tokens shifted by
+    `shift`: uncompressed, so every shift gives a file of one size and document count."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from loader import StreamingPackedDataset
     from packtool.dataset.tokenized import tokenized_schema
     from packtool.tokenizer.tokenizers import load_tokenizer
 
     identity = load_tokenizer("byte").identity
     lengths = np.random.default_rng(4).integers(1, 40, 90)
     offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
-    files = []
-    for name, shift in (("a", 0), ("b", 7)):
-        tokens = (np.arange(offsets[-1]) + shift) % 250
-        table = pa.Table.from_arrays(
-            [
-                pa.array(np.arange(1000, 1090), pa.int64()),
-                pa.array(["t"] * 90),
-                pa.ListArray.from_arrays(pa.array(offsets), pa.array(tokens, pa.uint16())),
-                pa.array(lengths.astype(np.int32)),
-            ],
-            schema=tokenized_schema(identity),
-        )
-        (tmp_path / name).mkdir()
-        files.append(tmp_path / name / "part.parquet")
-        pq.write_table(table, files[-1], compression="NONE", use_dictionary=False)
+    tokens = (np.arange(offsets[-1]) + shift) % 250
+    table = pa.Table.from_arrays(
+        [
+            pa.array(np.arange(1000, 1090), pa.int64()),
+            pa.array(["t"] * 90),
+            pa.ListArray.from_arrays(pa.array(offsets), pa.array(tokens, pa.uint16())),
+            pa.array(lengths.astype(np.int32)),
+        ],
+        schema=tokenized_schema(identity),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, compression="NONE", use_dictionary=False)
+    return path
+
+
+def live_source(path):
+    from loader import StreamingPackedDataset
+
+    return StreamingPackedDataset(path, max_len=64, buffer_docs=20, rows_per_batch=1)
+
+
+def test_two_streaming_sources_on_other_files_of_equal_size_are_not_the_same_data(tmp_path):
+    """Two `part.parquet` of one size and document count in two folders were refused as "the
+    same data": a streaming source's fingerprint is its files' names and sizes, not their
+    content. Other files are other data; the same files stay refused."""
+    files = [
+        equal_size_parquet(tmp_path / name / "part.parquet", s) for name, s in (("a", 0), ("b", 7))
+    ]
     assert files[0].stat().st_size == files[1].stat().st_size
     assert files[0].read_bytes() != files[1].read_bytes()
-
-    def live(path):
-        return StreamingPackedDataset(path, max_len=64, buffer_docs=20, rows_per_batch=1)
-
     mix = MixtureSpec(
         sources=(
-            SourceSpec(name="one", path=live(files[0]), weight=0.5),
-            SourceSpec(name="two", path=live(files[1]), weight=0.5),
+            SourceSpec(name="one", path=live_source(files[0]), weight=0.5),
+            SourceSpec(name="two", path=live_source(files[1]), weight=0.5),
         ),
         total_tokens=2000,
     )
@@ -1083,3 +1092,81 @@ def test_two_streaming_sources_on_other_files_of_equal_size_are_not_the_same_dat
     again = replace(mix, sources=(mix.sources[0], replace(mix.sources[0], name="again")))
     with pytest.raises(ConfigError, match=r"^sources 'one' and 'again' are the same data"):
         MixedDataset(again, rows_per_batch=2)
+
+
+def live_mix(online, path):
+    _, packed = online
+    return MixtureSpec(
+        sources=(
+            SourceSpec(name="packed", path=str(packed), weight=0.6),
+            SourceSpec(name="live", path=live_source(path), weight=0.4),
+        ),
+        total_tokens=3000,
+    )
+
+
+@pytest.mark.parametrize("change", ["other folder", "rewritten in place"])
+def test_a_streaming_source_changed_at_a_resume_is_refused(online, tmp_path, change):
+    """A resume identified a streaming source by its files' names and sizes (and document
+    count): other files of one name and size, or a file rewritten with other tokens of the
+    same size, resumed without a word on other data. It is now identified as the same-data
+    check identifies it (its resolved files), with each file's size and modification time."""
+    first = equal_size_parquet(tmp_path / "a" / "part.parquet", 0)
+    _, state = stream(MixedDataset(live_mix(online, first), rows_per_batch=2), take=3)
+    if change == "other folder":
+        now = equal_size_parquet(tmp_path / "b" / "part.parquet", 7)
+    else:
+        before = first.stat()
+        now = equal_size_parquet(first, 7)
+        os.utime(now, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+        assert now.stat().st_size == before.st_size
+    ds = MixedDataset(live_mix(online, now), rows_per_batch=2)
+    with pytest.raises(DataError) as info:
+        ds.load_state_dict(state)
+    message = str(info.value)
+    assert "\n" not in message
+    assert re.match(
+        r"^source 'live': the state was saved on data \w+ but 'live' is now \w+", message
+    )
+
+
+def test_an_unchanged_streaming_source_resumes_by_any_path_to_its_files(online, tmp_path):
+    """The same files resume, also given through a symbolic link (resolved, as the same-data
+    check resolves them), and the rest is the uninterrupted run's."""
+    path = equal_size_parquet(tmp_path / "a" / "part.parquet", 0)
+    link = tmp_path / "link"
+    link.symlink_to(path.parent, target_is_directory=True)
+    ref, _ = stream(MixedDataset(live_mix(online, path), rows_per_batch=2))
+    first, state = stream(MixedDataset(live_mix(online, path), rows_per_batch=2), take=3)
+    ds = MixedDataset(live_mix(online, link / "part.parquet"), rows_per_batch=2)
+    rest, _ = stream(ds, state=state)
+    assert ds.changes == []
+    assert same(first + rest, ref)
+
+
+def test_a_state_saved_before_streaming_sources_were_identified_by_their_files_resumes(
+    online, tmp_path
+):
+    """States saved before recorded a streaming source's fingerprint as its files' names and
+    sizes: such a state still resumes (as checked as it was then), and the next state records
+    the fingerprint of today."""
+    import hashlib
+
+    from loader.mixture.resume import state_check
+    from loader.online.state import config_state
+
+    path = equal_size_parquet(tmp_path / "a" / "part.parquet", 0)
+    ref, _ = stream(MixedDataset(live_mix(online, path), rows_per_batch=2))
+    first, state = stream(MixedDataset(live_mix(online, path), rows_per_batch=2), take=3)
+    live = live_source(path)
+    h = hashlib.sha256()
+    h.update(f"part.parquet:{path.stat().st_size};".encode())
+    h.update(repr((live.num_documents, sorted(config_state(live.config).items()))).encode())
+    old = json.loads(json.dumps(state["mixed_dataset"]))
+    fresh = old["schedule"]["sources"]["live"]["fingerprint"]
+    old["schedule"]["sources"]["live"]["fingerprint"] = h.hexdigest()[:16]
+    old["check"] = state_check(old)
+    assert old["schedule"]["sources"]["live"]["fingerprint"] != fresh
+    rest, after = stream(MixedDataset(live_mix(online, path), rows_per_batch=2), state=old)
+    assert same(first + rest, ref)
+    assert after["mixed_dataset"]["schedule"]["sources"]["live"]["fingerprint"] == fresh
