@@ -276,6 +276,49 @@ def test_negative_ids_null_rows_and_tables_of_empty_documents() -> None:
     assert p.pop().tokens.tolist() == again.pop().tokens.tolist() == [1, 2, 3]
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 5), min_size=1, max_size=12),
+    skip=st.integers(0, 3),
+    masked=st.booleans(),
+)
+@example(lengths=[0, 2, 0], skip=0, masked=False)
+def test_zero_length_rows_of_a_table_are_counted_empty_documents(lengths, skip, masked) -> None:
+    """`push_table` rows whose `input_ids` is an empty list (not null) are skipped and counted
+    as `documents_empty`, as `pack` counts an empty document: every other row comes out whole
+    under its own `doc_id` (a sliced table too), and documents_in = packed + empty."""
+    if masked:  # a one-token document holds no target (its token predicts nothing): dropped
+        lengths = [2 if n == 1 else n for n in lengths]
+    rng = np.random.default_rng(len(lengths) * 7 + skip)
+    docs = [rng.integers(1, 200, n).tolist() for n in lengths]
+    ids = list(range(100, 100 + len(docs)))
+    columns = {
+        "input_ids": pa.array(docs, pa.list_(pa.int32())),
+        "doc_id": pa.array(ids, pa.int64()),
+    }
+    if masked:
+        columns["loss_mask"] = pa.array([[1] * n for n in lengths], pa.list_(pa.uint8()))
+    table = pa.table(columns).slice(min(skip, len(docs) - 1))
+    lengths, docs, ids = (x[min(skip, len(x) - 1) :] for x in (lengths, docs, ids))
+    p = OnlinePacker(max_len=8, buffer_docs=100, shuffle_rows=False, long_docs="truncate")
+    p.push_table(table)
+    p.flush()
+    rows = p.pop()
+    kept = {i: d for i, d, n in zip(ids, docs, lengths, strict=True) if n}
+    s = p.stats
+    assert s["documents_empty"] == lengths.count(0)
+    assert s["documents_in"] == len(lengths) == s["documents_packed"] + s["documents_empty"]
+    assert s["tokens_in"] == s["tokens_out"] == sum(lengths)
+    got = dict(zip(rows.doc_ids.tolist(), rows_docs(rows), strict=True)) if kept else {}
+    assert got == kept
+
+
+def rows_docs(rows: PackedRows) -> list[list[int]]:
+    """Each document's tokens, in the rows' document order."""
+    cut = np.cumsum(rows.seg_len)[:-1]
+    return [part.tolist() for part in np.split(np.asarray(rows.tokens), cut)]
+
+
 def test_a_table_whose_length_column_disagrees_with_input_ids_is_refused() -> None:
     """Before: input_ids [[1, 2], [3]] with length [5, 1] was packed without a word (push()
     refuses lengths that do not match the tokens; a damaged length column passed here)."""
