@@ -3,18 +3,19 @@ holds open itself. One seam: a local path turned into an open file (or a name py
 
 - **pyarrow's opens by name**: `memory_map` (the loader's shards, tails), `parquet_file`,
   `parquet_schema`, `parquet_metadata` (local paths or opened files; `local.py` names them and
-  hands a URL to `remote_read.py` instead), and `arrow_path`, which pyarrow's writers
-  (`writing.parquet_writer`, `writing.write_parquet`) go through as well. pyarrow takes a path
-  as UTF-8 text; a file name that is not UTF-8 (legal on Linux: `o\\xff`, which Python holds as
+  hands a URL to `remote_read.py` instead), and `arrow_path`, which pyarrow's writers go
+  through as well. pyarrow takes a path as UTF-8 text; a file name that is not UTF-8 (legal on Linux: `o\\xff`, which Python holds as
   the surrogate escape `o\\udcff`) raised UnicodeEncodeError from deep inside pyarrow (until
   2026-12-07 a 60-80 line traceback of `pack -o`, `tokenize -o`, `stats` of such a Parquet
   file). Such a file is opened here and pyarrow is given the open descriptor's name
   (`/proc/self/fd/N`, ASCII); every other name goes as it is, with no extra system call.
+- **pyarrow's writes by name**: `parquet_writer`, `write_parquet` (`writing.py` re-exports
+  them, with the rest of the write side); a failed one leaves no file it created.
 - **Files held open**: `RandomFile` (reads at offsets of a file still growing, what
   `local.open_random` returns: the shard writer's running hash) and `open_size` (the size now
   of a file under an open memory map: the loader checks a shard was not cut shorter).
 
-Records in: local paths (or opened files). Out: pyarrow files, schemas and footers, open files.
+Records in: local paths (or opened files). Out: pyarrow files, schemas and footers, open files, Parquet writers.
 May import: `remote` (`is_remote`) only; pyarrow on first use. (Not `remote_read`: it imports
 `writing`, which imports this.)
 """
@@ -105,6 +106,43 @@ def parquet_metadata(path: str | os.PathLike) -> Any:
 
     with arrow_path(path) as name:
         return pq.read_metadata(name)
+
+
+# --- pyarrow's writes to a local file ----------------------------------------------------------
+
+
+def parquet_writer(path: str | os.PathLike, schema: Any, **options: Any) -> Any:
+    """`pyarrow.parquet.ParquetWriter(path, schema, **options)` (a name that is not UTF-8:
+    `arrow_path`). A writer that fails to start (an option or a schema refused after pyarrow
+    created the file) leaves no file where there was none (the empty file stayed, at either
+    name, until 2026-12-07); one that was there is the caller's."""
+    import pyarrow.parquet as pq
+
+    created = not is_remote(path) and not os.path.lexists(path)
+    with arrow_path(path, write=True) as name:
+        try:
+            return pq.ParquetWriter(name, schema, **options)
+        except BaseException:
+            if created:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise
+
+
+def write_parquet(table: Any, path: str | os.PathLike, **options: Any) -> None:
+    """`pyarrow.parquet.write_table(table, path, **options)` (a name that is not UTF-8:
+    `arrow_path`); a failure leaves no file at `path`, as pyarrow's own removal does at a
+    UTF-8 name (at `/proc/self/fd/N` it could not: the partial file stayed until 2026-12-07)."""
+    import pyarrow.parquet as pq
+
+    with arrow_path(path, write=True) as name:
+        try:
+            pq.write_table(table, name, **options)
+        except Exception:
+            if name is not path:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise
 
 
 # --- files held open ---------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 - **Writing a file**: `atomic_output` / `write_atomic` (through a hidden temporary name unique
   to the writer, fsync, one rename: a reader sees the old file or the whole new one, never a
   part), `open_output` (a stream the caller closes), `parquet_writer` / `write_parquet`
-  (pyarrow's writers, by path; a name that is not UTF-8 through `local_files.arrow_path`),
+  (pyarrow's writers, by path: `local_files.py`'s, re-exported here),
   `temporary_name`, `sync_file`, `sync_stream`, `create_empty`; in place:
   `open_update` and `append_range` (the shard writer joins its parts with these).
 - **Moving and removing**: `replace` (atomic, over what is there), `rename`, `remove_file`,
@@ -39,7 +39,8 @@ from typing import IO, Any, BinaryIO
 
 from packtool.errors import ConfigError, naming
 from packtool.storage import remote_write
-from packtool.storage.local_files import arrow_path
+from packtool.storage.local_files import parquet_writer as parquet_writer  # re-exported
+from packtool.storage.local_files import write_parquet as write_parquet  # re-exported
 from packtool.storage.remote import is_remote
 
 # --- folders -----------------------------------------------------------------------------------
@@ -404,31 +405,6 @@ def write_atomic(path: str | os.PathLike, data: bytes, make_parent: bool = False
     """`data` as the whole of `path`, through `atomic_output`."""
     with atomic_output(path, make_parent=make_parent) as f:
         f.write(data)
-
-
-def parquet_writer(path: str | os.PathLike, schema: Any, **options: Any) -> Any:
-    """`pyarrow.parquet.ParquetWriter(path, schema, **options)` (a name that is not UTF-8:
-    `local_files.arrow_path`)."""
-    import pyarrow.parquet as pq
-
-    with arrow_path(path, write=True) as name:
-        return pq.ParquetWriter(name, schema, **options)
-
-
-def write_parquet(table: Any, path: str | os.PathLike, **options: Any) -> None:
-    """`pyarrow.parquet.write_table(table, path, **options)` (a name that is not UTF-8:
-    `local_files.arrow_path`); a failure leaves no file at `path`, as pyarrow's own removal does
-    at a UTF-8 name (at `/proc/self/fd/N` it could not: the partial file stayed until 2026-12-07)."""
-    import pyarrow.parquet as pq
-
-    with arrow_path(path, write=True) as name:
-        try:
-            pq.write_table(table, name, **options)
-        except Exception:
-            if name is not path:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-            raise
 
 
 # --- moving and removing -----------------------------------------------------------------------

@@ -53,3 +53,17 @@ def test_a_failed_write_parquet_leaves_no_file_at_either_name(tmp_path, name):
     with pytest.raises(Exception, match="nosuch"):
         writing.write_parquet(TABLE, path, compression="nosuch")
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", [b"plain.parquet", b"err\xff.parquet"])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"compression": "nosuch"}, "nosuch"), ({"version": "9.9"}, "9.9")],
+)
+def test_a_parquet_writer_that_fails_to_start_leaves_no_file(tmp_path, name, options, message):
+    """Before: `pq.ParquetWriter` opens (creates) the file, then refuses an option, and the
+    empty file stayed at either name (0 bytes, looking like a written file)."""
+    path = tmp_path / os.fsdecode(name)
+    with pytest.raises(Exception, match=message):
+        writing.parquet_writer(path, TABLE.schema, **options)
+    assert os.listdir(tmp_path) == []
