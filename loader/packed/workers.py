@@ -19,6 +19,8 @@ items through `from_workers`, which raises them as the worker raised them.
 
 from __future__ import annotations
 
+import contextlib
+import pickle
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
@@ -126,7 +128,12 @@ class WorkerFailed:
 
     Pickled as its class, its `args` and its attributes, not through the class's constructor
     (a subclass may take more than a message); without the notes Python's `add_note` gave it,
-    so the main process prints the one line the worker raised.
+    so the main process prints the one line the worker raised. An error that cannot travel so
+    (a class defined in a function, an attribute that does not pickle, a class whose `__new__`
+    refuses its `args` when rebuilt) comes as the nearest class it derives from that can (a
+    `DataError` for most), its one line naming the original class and message: until
+    2026-12-07 the first was lost in the worker (the loader ended as if the data had, with no
+    error) and the last was a traceback of the unpickling in the main process.
     """
 
     def __init__(self, error: PacktoolError) -> None:
@@ -135,11 +142,53 @@ class WorkerFailed:
     def __reduce__(self) -> tuple:
         exc = self.error
         attrs = {k: v for k, v in vars(exc).items() if k != "__notes__"}
-        return (_rebuild, (type(exc), exc.args, attrs))
+        try:
+            whole: bytes | None = pickle.dumps((type(exc), exc.args, attrs))
+        except Exception:  # any failure to pickle: the stand-in goes instead
+            whole = None
+        line = _one_line(exc)
+        return (_rebuild, (whole, _nearest(type(exc), line), line))
 
 
-def _rebuild(cls: type[PacktoolError], args: tuple, attrs: dict) -> WorkerFailed:
-    exc = cls.__new__(cls, *args)
-    exc.args = args
-    vars(exc).update(attrs)
-    return WorkerFailed(exc)
+def _one_line(exc: BaseException) -> str:
+    """`exc` as one line naming its class: `module.Class: message`."""
+    cls = type(exc)
+    try:
+        message = str(exc)
+    except Exception:  # a __str__ that fails: its args instead
+        message = repr(exc.args)
+    return f"{cls.__module__}.{cls.__qualname__}: {' '.join(message.split())}"
+
+
+def _nearest(cls: type, line: str) -> type[PacktoolError]:
+    """The first class of `cls`'s ancestry (itself first) among packtool's errors that pickles
+    by name (defined at a module's top level, found there again) and makes an error of `line`
+    alone (`__new__`, as `_rebuild` makes it)."""
+    for base in cls.__mro__:
+        if not (isinstance(base, type) and issubclass(base, PacktoolError)):
+            continue
+        with contextlib.suppress(Exception):  # not this one: its parent
+            if pickle.loads(pickle.dumps(base)) is base:
+                base.__new__(base, line)
+                return base
+    return PacktoolError
+
+
+def _rebuild(whole: bytes | None, nearest: type[PacktoolError], line: str) -> WorkerFailed:
+    """The worker's error (main process); when it cannot be rebuilt here, `nearest` saying
+    `line`."""
+    if whole is not None:
+        try:
+            cls, args, attrs = pickle.loads(whole)
+            exc = cls.__new__(cls, *args)
+            exc.args = args
+            vars(exc).update(attrs)
+            return WorkerFailed(exc)
+        except Exception:  # rebuilt another way: below
+            pass
+    try:
+        stand_in = nearest.__new__(nearest, line)
+    except Exception:  # it made one in the worker, not here
+        stand_in = PacktoolError(line)
+    stand_in.args = (line,)
+    return WorkerFailed(stand_in)

@@ -82,3 +82,52 @@ def test_a_worker_error_before_its_first_batch_is_its_one_line_message(random_da
     assert type(info.value) is DataError
     assert str(info.value) == "shard 2 is damaged"
     next(iter(PackedDataLoader(ds, num_workers=0)))  # in process the setup runs as before
+
+
+class NeedsTwo(DataError):
+    """A DataError whose class pickles but whose rebuilding fails: `__new__` takes two
+    required arguments, so unpickling it (with its `args`, one message) raises TypeError."""
+
+    def __new__(cls, message: str, shard: int):
+        return super().__new__(cls, message)
+
+    def __init__(self, message: str, shard: int) -> None:
+        super().__init__(message)
+        self.shard = shard
+
+
+def _local_error() -> DataError:
+    class ShardGone(DataError):  # defined in a function: its class cannot be pickled
+        pass
+
+    return ShardGone("shard 2 is gone")
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize(
+    ("make", "name", "message"),
+    [
+        (_local_error, "ShardGone", "shard 2 is gone"),
+        (lambda: NeedsTwo("shard 3 is gone", 3), "NeedsTwo", "shard 3 is gone"),
+    ],
+)
+def test_a_worker_error_whose_class_cannot_travel_is_still_its_one_line_message(
+    random_dataset, monkeypatch, capfd, make, name, message
+):
+    """Before: a local class failed to pickle in the worker (the error was lost and the loader
+    ended as if the data had: no batch, no error), and a class that pickles but cannot be
+    rebuilt failed in the main process with an unpickling traceback. Either now comes as the
+    nearest packtool class it derives from (DataError) naming the original type and message."""
+    exc = make()
+    monkeypatch.setattr(PackedDataset, "_generate_blocks", _fail_with(exc))
+    ds = PackedDataset(random_dataset, rows_per_batch=4)
+    with pytest.raises(DataError) as info:
+        next(iter(PackedDataLoader(ds, num_workers=1)))
+    text = str(info.value)
+    assert type(info.value) is DataError
+    assert "\n" not in text
+    assert name in text and message in text
+    assert "pickl" not in text.lower() and "Traceback" not in text
+    (line,) = traceback.format_exception_only(info.value)
+    assert line.startswith("packtool.errors.DataError: ")
+    assert "pickle" not in capfd.readouterr().err  # nor a traceback printed by the worker
