@@ -163,3 +163,91 @@ def test_the_engines_know_the_cli_s_redaction_mark():
     from packtool.engines import config
 
     assert config.REDACTED == REDACTED
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pack", "c.jsonl", "--password", "s3cr3t", "-o", "out"],
+        ["pack", "c.jsonl", "--token", "s3cr3t", "-o", "out"],
+        ["pack", "c.jsonl", "--api-key", "s3cr3t", "-o", "out"],
+        ["pack", "c.jsonl", "--hf-token", "s3cr3t", "-o", "out"],
+        ["pack", "c.jsonl", "-o", "out", "--github-tokens", "s3cr3t"],
+    ],
+)
+def test_the_value_after_a_secret_option_is_hidden(args):
+    # Seen: `--password hunter2` as two argv items was recorded verbatim (only `NAME=VALUE`
+    # was looked at).
+    assert redacted(args) == [REDACTED if a == "s3cr3t" else a for a in args]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pack", "c.jsonl", "--tokenizer", "gpt2", "-o", "out"],
+        ["plan", "index.json", "--tokens", "10B", "--tokens-per-batch", "4096"],
+        ["x", "--max-tokens", "4096", "--num-keys", "3", "--total-tokens", "2.5M"],
+        # a flag whose name holds a secret's word, then an option: no value to hide
+        ["x", "--no-auth", "--resume"],
+        ["x", "--token"],
+    ],
+)
+def test_the_value_after_a_harmless_or_count_option_is_kept(args):
+    assert redacted(args) == args
+
+
+@pytest.mark.parametrize(
+    ("arg", "kept", "hidden"),
+    [
+        # a name with hyphens (seen: kept, `-` ended the name)
+        ("export HF-TOKEN=abc9 Y=1", "Y=1", "abc9"),
+        ("--sbatch-arg=--hf-token=abc9", "--sbatch-arg=--hf-token=", "abc9"),
+        ("--api-key=k3y", "--api-key=", "k3y"),
+        # an option and its value inside one argument (`--slurm-setup "..."`)
+        ("mytool --password hunter2 && make", "&& make", "hunter2"),
+        ("mytool --api-key 'a b' x", "mytool --api-key", "a b"),
+        # a plural that holds secrets, all of its list (seen: `GITHUB_TOKENS=` kept whole,
+        # `API_KEYS=a,b` kept `b`)
+        ("export GITHUB_TOKENS=ghp_x,ghp_y", "export GITHUB_TOKENS=", "ghp_y"),
+        ("export API_KEYS=a1,b2 Y=1", "Y=1", "b2"),
+        ("export SESSION_TOKENS=12ab", "export SESSION_TOKENS=", "12ab"),
+        ("--hf-tokens=t1,t2", "--hf-tokens=", "t2"),
+        ("https://h/x?access_keys=k1,k2&y=1", "y=1", "k2"),
+        # a list stops before the next `NAME=` (Slurm's `--export=A=1,B=2`)
+        ("--export=ALL,HF_TOKEN=t0k,PATH=/bin", "PATH=/bin", "t0k"),
+    ],
+)
+def test_hyphenated_spaced_and_plural_secrets_are_hidden(arg, kept, hidden):
+    (shown,) = redacted([arg])
+    assert hidden not in shown
+    assert kept in shown and REDACTED in shown
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        # a plural whose value is a number is a count, whatever comes before it
+        "export MAX_TOKENS=4096 NUM_KEYS=3 TOTAL_TOKENS=1e9 MAX_NEW_TOKENS=-1 N_KEYS=2_000",
+        "--max-tokens=4096",
+        "--tokens=2.5M",
+        "--tokenizer-engine=fast",
+        "export HF_HOME=/scratch/hf TOKENIZERS_PARALLELISM=false",
+        "mytool --max-tokens 512 --tokenizer gpt2 && make",
+    ],
+)
+def test_counts_and_harmless_names_with_a_secret_s_word_are_kept(arg):
+    assert redacted([arg]) == [arg]
+
+
+def test_a_slurm_resume_line_keeps_counts_and_harmless_settings():
+    # What a Slurm `--no-wait` run prints must stay copyable when nothing secret is in it.
+    from packtool.engines.config import resume_command
+
+    args = [
+        "pack", "c.jsonl", "-o", "out", "--engine", "slurm", "--tokenizer", "gpt2",
+        "--slurm-setup", "export TOKENIZERS_PARALLELISM=false MAX_TOKENS=4096",
+        "--sbatch-arg=--export=ALL,NUM_KEYS=3", "--no-wait",
+    ]  # fmt: skip
+    assert redacted(args) == args
+    line = resume_command(shlex.join(["packtool", *redacted(args)]))
+    assert line is not None and shlex.split(line) == ["packtool", *args[:-1], "--resume"]
