@@ -11,7 +11,10 @@ Tokenized Parquet is read with the tokenizer it records (packtool/dataset/tokeni
 - Without `--tokenizer`, the EOS / BOS options are compared with the recorded ids alone
   (`check_recorded_specials`); they were applied to `byte`, the default, and `--eos-id 1
   --bos-id 0`, exactly what the file records, was refused as another tokenizer.
-- A real difference is a `DataError` whose hint names the flags that read the file as it is.
+- A real difference is a `DataError` whose hint names the choices that read the file as it is,
+  as the CLI's flag and the Python argument (`--no-bos / bos=None`): the API's functions
+  (`tokenized_batches`, `compute_stats`, `run_pack`, ...) raise the same line, and a Python
+  caller told "pass --no-bos" had no flag to pass.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.tokenized import common_identity, split_tokenized
 from packtool.errors import ConfigError, DataError
 from packtool.read.corpus import expand_inputs
+from packtool.tokenizer.specials import special_choice
 from packtool.tokenizer.tokenizers import Tokenizer
 
 SPECIALS = ("eos", "bos")
@@ -62,21 +66,23 @@ def check_recorded_tokenizer(
         taken = [w for w in SPECIALS if getattr(own, f"{w}_id") != specials[w]]
         print(
             f"note: {where} records {_ids(identity, taken)}, not this tokenizer's "
-            f"{_ids(own, taken)}: read with the recorded ones (an --eos-id, --no-eos, --bos-id "
-            "or --no-bos given must match them)",
+            f"{_ids(own, taken)}: read with the recorded ones (an EOS / BOS chosen by "
+            "--eos-id, --no-eos, --bos-id, --no-bos or eos= / bos= must match them)",
             file=sys.stderr,
             flush=True,
         )
         return None
     recorded = {w: getattr(identity, f"{w}_id") for w in SPECIALS}
     if _with(own, tokenizer.base_vocab, recorded).matches(identity):  # the same file
-        flags = [_flag(w, recorded[w]) for w in SPECIALS if specials[w] != recorded[w]]
-        hint = f"pass {' '.join(flags)} (what the file records) or leave the EOS/BOS options out"
+        flags = [special_choice(w, recorded[w]) for w in SPECIALS if specials[w] != recorded[w]]
+        hint = (
+            f"pass {' and '.join(flags)} (what the file records) or leave the EOS/BOS options out"
+        )
     else:  # another tokenizer: as it is loaded
         given = own
         hint = (
-            "leave --tokenizer out (the file is read with the tokenizer it records), or "
-            "re-tokenize the raw corpus"
+            "leave --tokenizer out / pass tokenizer=None (the file is read with the tokenizer "
+            "it records), or re-tokenize the raw corpus"
         )
     raise DataError(
         f"{where}: tokenized with {_described(identity)}, but the options give "
@@ -109,15 +115,16 @@ def check_recorded_specials(
         recorded = getattr(identity, f"{which}_id")
         if value == "default":
             raise ConfigError(
-                f"--{which}-id default: {where} is read with the tokenizer it records "
-                f"({_described(identity)}), and without --tokenizer there is no default to "
-                f"take; pass {_flag(which, recorded)} or leave the option out"
+                f"{special_choice(which, value)}: {where} is read with the tokenizer it "
+                f"records ({_described(identity)}), and without a tokenizer (--tokenizer / "
+                "tokenizer=) there is no default to take; "
+                f"pass {special_choice(which, recorded)} or leave it out"
             )
         if value != recorded:
             raise DataError(
                 f"{where}: tokenized with {_described(identity)}, but the options give "
-                f"{which} {value}; pass {_flag(which, recorded)} (what the file records) "
-                "or leave the option out"
+                f"{which} {value}; pass {special_choice(which, recorded)} (what the file "
+                "records) or leave the option out"
             )
 
 
@@ -132,10 +139,6 @@ def _with(
         bos_id=specials["bos"],
         vocab_size=max([base_vocab, *past]),
     )
-
-
-def _flag(which: str, value: int | None) -> str:
-    return f"--no-{which}" if value is None else f"--{which}-id {value}"
 
 
 def _ids(identity: TokenizerIdentity, which: list[str]) -> str:

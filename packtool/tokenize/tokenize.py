@@ -353,7 +353,7 @@ def source_for(read: InputsRead, config: ReadConfig, tokenizer: Tokenizer | None
             if read.mode == PRETOKENIZED
             else ("raw corpus inputs need a tokenizer")
         )
-        raise ConfigError(f"{what} (e.g. --tokenizer byte)")
+        raise ConfigError(f"{what} (e.g. --tokenizer byte / tokenizer='byte')")
     else:
         identity = tokenizer.identity
     return Source(

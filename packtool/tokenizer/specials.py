@@ -128,6 +128,15 @@ def _id_list(name: str, ids: dict[str, Any]) -> list[int]:
     return [i for i in found if isinstance(i, int)] if isinstance(found, list) else []
 
 
+def special_choice(which: str, value: int | str | None) -> str:
+    """An EOS / BOS choice as both callers make it, for a message either may reach (the
+    library's functions raise it to Python callers and to the CLI alike): `--bos-id 3 /
+    bos=3`, `--no-bos / bos=None`, `--eos-id default / eos='default'`, `--eos-id N / eos=N`."""
+    flag = f"--no-{which}" if value is None else f"--{which}-id {value}"
+    given = value if isinstance(value, str) and value != "default" else repr(value)
+    return f"{flag} / {which}={given}"
+
+
 def prefix_refusal(where: str, added: Added) -> str:
     """Why the default BOS is refused where the post-processor puts more than one id before a
     text, and what each choice gives instead (`own_bos`; docs/tokenize.md, "BOS and EOS")."""
@@ -236,7 +245,8 @@ def default_id(
         if token not in vocab:
             raise ConfigError(
                 f"{config.path}: {which}_token {token!r} is not in the tokenizer's vocabulary "
-                f"({files.name}); pass --{which}-id N" + (" or --no-eos" if which == "eos" else "")
+                f"({files.name}); pass {special_choice(which, 'N')}"
+                + (f" or {special_choice(which, None)}" if which == "eos" else "")
             )
         if which == "eos" and value == EOS_TOKEN:
             return vocab[token], f"{token} ({origin}'s eos_token, Megatron's EOD)"
@@ -262,7 +272,8 @@ def default_id(
         found = [name for name in found if name in marked] or found
     if found:
         return vocab[found[0]], found[0]
-    flag = "--eos-id N or --no-eos" if which == "eos" else "--bos-id N"
+    flag = special_choice(which, "N")
+    flag += f" or {special_choice(which, None)}" if which == "eos" else ""
     raise ConfigError(
         f"tokenizer {spec!r} has no default {which.upper()} token (looked for "
         f"{', '.join(names)}); pass {flag}"

@@ -82,7 +82,9 @@ def test_pack_tokenized_input_uses_the_recorded_tokenizer(tmp_path):
     )  # fmt: skip
     line = one_error_line(err)
     assert code == 1 and "the options give byte:byte (vocab 258, eos 256" in line
-    assert line.endswith("pass --no-eos (what the file records) or leave the EOS/BOS options out")
+    assert line.endswith(
+        "pass --no-eos / eos=None (what the file records) or leave the EOS/BOS options out"
+    )
 
 
 @pytest.mark.parametrize(

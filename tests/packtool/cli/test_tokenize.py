@@ -419,7 +419,8 @@ def test_option_messages_name_the_options(tmp_path):
     assert run("pack", made, "-o", tmp_path / "out", "--no-bos")[0] == 0
     code, _, err = run("pack", made, "-o", tmp_path / "out2", "--bos-id", "5")
     line = one_error_line(err)
-    assert code != 0 and "but the options give bos 5; pass --no-bos (what the file records)" in line
+    # the flag first, the Python argument beside it (the library's line reaches both)
+    assert code != 0 and "options give bos 5; pass --no-bos / bos=None (what the file" in line
 
 
 def test_the_engine_option_alone_reads_tokenized_parquet_with_its_own_tokenizer(tmp_path):
@@ -496,10 +497,10 @@ def test_tokenized_parquet_takes_the_eos_and_bos_it_records_where_none_is_chosen
 
     hf = ["--tokenizer", tok, "--tokenizer-engine", "tokenizers"]  # no note on the engines
     for inputs, args, hint in (
-        (ta, ["--no-eos"], "options give eos None; pass --eos-id 1 (what the file records)"),
-        (pa_, [*hf, "--eos-id", "1"], "bos None); pass --no-eos (what the file"),
-        (pa_, [*hf, "--bos-id", "0", "--no-eos"], "; pass --no-bos (what the"),
-        (ta, ["--tokenizer", "byte"], "; leave --tokenizer out (the file is read with the"),
+        (ta, ["--no-eos"], "options give eos None; pass --eos-id 1 / eos=1 (what the file"),
+        (pa_, [*hf, "--eos-id", "1"], "bos None); pass --no-eos / eos=None (what the file"),
+        (pa_, [*hf, "--bos-id", "0", "--no-eos"], "; pass --no-bos / bos=None (what the"),
+        (ta, ["--tokenizer", "byte"], "; leave --tokenizer out / pass tokenizer=None (the file"),
     ):
         code, _, err = run("pack", inputs, "-o", tmp_path / "bad", *args)
         line = one_error_line(err)

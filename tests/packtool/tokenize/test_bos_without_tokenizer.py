@@ -58,3 +58,34 @@ def test_a_bos_no_tokenizer_applies_is_refused(tokenized, tmp_path, call):
 @pytest.mark.parametrize("call", sorted(CALLS))
 def test_a_bos_that_agrees_with_the_file_is_accepted(tokenized, tmp_path, call):
     assert CALLS[call](tokenized, tmp_path, None) is not None
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_the_refusal_names_the_python_argument_beside_the_flag(tokenized, tmp_path, call):
+    # Seen: `bos=7` from Python was told "pass --no-bos (what the file records)", a flag the
+    # caller has no way to pass; the line names both forms, as the CLI's line does.
+    with pytest.raises(DataError) as caught:
+        CALLS[call](tokenized, tmp_path, 7)
+    assert "pass --no-bos / bos=None (what the file records)" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        CALLS[call](tokenized, tmp_path, "default")
+    message = str(caught.value)
+    assert message.startswith("--bos-id default / bos='default': ")
+    assert "without a tokenizer (--tokenizer / tokenizer=)" in message
+    assert "pass --no-bos / bos=None or leave it out" in message
+
+
+def test_a_tokenizer_unlike_the_file_s_is_told_to_pass_none(tokenized, tmp_path):
+    from tests.packtool.tokenizer_shapes import build
+
+    other = str(build("gpt2", tmp_path / "tok"))
+    with pytest.raises(DataError) as caught:
+        list(tokenized_batches([str(tokenized)], tokenizer=other))
+    assert "leave --tokenizer out / pass tokenizer=None (the file is read" in str(caught.value)
+
+
+def test_raw_inputs_without_a_tokenizer_name_the_argument(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "hi"}\n')
+    with pytest.raises(ConfigError, match=r"\(e\.g\. --tokenizer byte / tokenizer='byte'\)$"):
+        list(tokenized_batches([str(corpus)], tokenizer=None))

@@ -256,7 +256,8 @@ def test_hf_errors(hf_json, tmp_path):
     stripped = tmp_path / "stripped.json"
     stripped.write_text(json.dumps(data))
     with pytest.raises(
-        ConfigError, match=r"has no default EOS token .*pass --eos-id N or --no-eos"
+        ConfigError,
+        match=r"has no default EOS token .*pass --eos-id N / eos=N or --no-eos / eos=None$",
     ):
         load_tokenizer(str(stripped))
     assert load_tokenizer(str(stripped), eos=5).identity.eos_id == 5
