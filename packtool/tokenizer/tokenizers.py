@@ -247,10 +247,16 @@ class EngineTokenizer(Tokenizer):
         return self.encoder.flat(raw)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "encoder": None}  # Rust objects and thread pools do not pickle
+        """No encoder (Rust objects and thread pools do not pickle); a bucket folder as its URL:
+        its `UPath` holds the run's storage options, credentials that went into every pickle of
+        a run's context (Slurm's `context.pkl` is a file). A worker takes its own (forwarded)."""
+        folder = str(self.folder) if storage.is_remote(self.folder) else self.folder
+        return {**self.__dict__, "encoder": None, "folder": folder}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        if isinstance(self.folder, str):
+            self.folder = storage.as_path(self.folder)
         self.encoder = engine_entry(self.identity.engine or "").open(self.source, self.workers)
 
 
