@@ -24,7 +24,6 @@ from packtool.cli.input_checks import (
     TOKENIZER_OPTIONS,
     check_input_options,
     explicit,
-    flag_of,
 )
 from packtool.cli.input_options import CorpusOptions, corpus_options, inputs_argument, sft_options
 from packtool.dataset.manifest_check import MAX_LEN_LIMIT
@@ -349,17 +348,16 @@ def stats_cmd(
         from packtool.stats.plots import check_plot_path
 
         check_plot_path(plot)  # fail before the (possibly long) pass over the corpus
-    from packtool.tokenize.tokenize import input_identity
-
-    # Tokenized Parquet carries its lengths: only the `length` column is read, so the tokenizer
-    # is neither needed nor loaded (loading a large tokenizer.json takes seconds).
-    tokenized = input_identity(inputs) is not None
-    if tokenized and explicit(ctx, TOKENIZER_OPTIONS):
+    # Tokenized Parquet carries its lengths: only the `length` column is read, and the
+    # tokenizer is loaded only where --tokenizer is given (loading a large tokenizer.json takes
+    # seconds), to be compared with the recorded one as pack and tokenize compare it (a
+    # tokenizer unlike it, or an --eos-id / --bos-id unlike the file's, is their one-line
+    # error; until 2026-12-07 stats warned that they were ignored and went on).
+    tokenizer = corpus.tokenizer_for(inputs, workers)
+    if tokenizer is None and "tokenizer_engine" in explicit(ctx, TOKENIZER_OPTIONS):
         echo(
-            "warning: the inputs are tokenized Parquet; the tokenizer recorded in them is "
-            "reported and "
-            + ", ".join(map(flag_of, explicit(ctx, TOKENIZER_OPTIONS)))
-            + " ignored",
+            "warning: the inputs are tokenized Parquet; nothing is encoded, so "
+            "--tokenizer-engine is ignored",
             err=True,
         )
     check_input_options(inputs, corpus, sft)
@@ -367,7 +365,7 @@ def stats_cmd(
         inputs,
         config,
         read_config=corpus.read_config(sft=sft),
-        tokenizer=None if tokenized else corpus.load_tokenizer(workers),
+        tokenizer=tokenizer,
         workers=workers,
     )
     # The report first: a plot that fails (a full disk, no permission) after a long pass over

@@ -467,7 +467,7 @@ def compute_stats(
     config: StatsConfig | None = None,
     *,
     read_config: Any = None,
-    tokenizer: Any = "byte",
+    tokenizer: Any = None,
     workers: int | None = None,
     progress: bool | None = None,
     bos: int | str | None = "auto",
@@ -479,8 +479,11 @@ def compute_stats(
             `os.PathLike` is one input).
         config: what to compute.
         read_config: a `packtool.read.corpus.ReadConfig` for raw corpora.
-        tokenizer: a `Tokenizer` or a spec for raw corpora (None: `byte`). Ignored for tokenized
-            Parquet, whose recorded tokenizer is reported instead (a spec is then not loaded).
+        tokenizer: a `Tokenizer` or a spec for raw corpora (None: `byte`). For tokenized
+            Parquet None reads the recorded tokenizer (a spec given is loaded to be compared):
+            one given must be the recorded one, as for `tokenize_corpus` and `pack`
+            (`packtool.tokenize.recorded.check_recorded_tokenizer`: the EOS / BOS not chosen
+            are the file's, with a note on stderr; until 2026-12-07 it was ignored silently).
         workers: tokenizer threads when `tokenizer` is a spec.
         bos: the BOS choice when `tokenizer` is a spec (`load_tokenizer`'s: "auto", the
             tokenizer's own rule; "default"; an id; None for none: `--bos-id` / `--no-bos`).
@@ -488,7 +491,8 @@ def compute_stats(
             `packtool.progress.progress_enabled`).
 
     Raises:
-        DataError: unreadable or mixed inputs, or no documents at all.
+        DataError: unreadable or mixed inputs, no documents at all, or a tokenizer (or `bos`)
+            unlike the one tokenized Parquet records.
         ConfigError: no inputs (an empty list), or a max length (or candidate) that BOS + EOS
             fill, which `pack` refuses.
     """
@@ -511,9 +515,14 @@ def compute_stats(
         counter = SupervisedCounter([config.max_len, *config.candidates])
     skips = SkipCounter(strict=read_config.strict)
     if identity is not None:
-        from packtool.tokenize.recorded import check_recorded_bos
+        from packtool.tokenize.recorded import check_recorded_bos, check_recorded_tokenizer
+        from packtool.tokenizer.by_name import tokenizer_by_name
 
-        check_recorded_bos(read, bos)  # no tokenizer applies it: refused unless the file's
+        if tokenizer is None:  # no tokenizer applies `bos`: refused unless it is the file's
+            check_recorded_bos(read, bos)
+        else:  # the recorded one or a DataError, as tokenize and pack (the ids are the file's)
+            given = tokenizer_by_name(tokenizer, bos, workers=workers)
+            check_recorded_tokenizer(identity, given, read.tokenized[0][0])
         config.check_room_for_text(identity.eos_id, identity.bos_id)
         if counter is None:  # rows of no token are `empty` skips, as pack and tokenize count them
             lengths = tokenized_lengths(read.tokenized, skips)

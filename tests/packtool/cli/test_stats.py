@@ -185,11 +185,57 @@ def test_a_batch_size_past_the_chunks_is_one_batch_not_a_traceback(small_corpus)
     assert "pad batches of 10,000,000,000 " in line and line.split("of 10,000,000,000 ")[1].strip()
 
 
-@pytest.mark.parametrize("option", [["--no-bos"], ["--tokenizer-engine", "tokenizers"]])
-def test_tokenizer_options_on_tokenized_parquet_are_warned_about(small_corpus, tmp_path, option):
-    # Before: --no-bos and --tokenizer-engine were dropped without a word (--bos-id warned).
+def test_tokenizer_engine_on_tokenized_parquet_is_warned_about(small_corpus, tmp_path):
+    # Before: --tokenizer-engine was dropped without a word. Nothing is encoded for tokenized
+    # Parquet, so the engine changes nothing: one warning line, the run goes on.
     out_dir = tmp_path / "tok"
     code, _, err = run("tokenize", small_corpus, "-o", out_dir)
     assert code == 0, err
-    code, _, err = run("stats", out_dir, *option)
-    assert code == 0 and "warning: the inputs are tokenized Parquet" in err and option[0] in err
+    code, _, err = run("stats", out_dir, "--tokenizer-engine", "tokenizers")
+    assert code == 0 and "warning: the inputs are tokenized Parquet" in err
+    assert "--tokenizer-engine" in err
+
+
+def _word_tokenizer(folder):
+    """A word-level tokenizer.json (vocab 13, `</s>` id 1 its EOS): another tokenizer than byte."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<s>": 0, "</s>": 1, "[UNK]": 2, **{f"w{i}": 3 + i for i in range(10)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<s>", "</s>"])
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    return folder / "tokenizer.json"
+
+
+def test_tokenizer_options_on_tokenized_parquet_follow_packs_rule(small_corpus, tmp_path):
+    """Before: `stats tok/ --tokenizer X` (or --eos-id, --no-eos, --bos-id, --no-bos) only
+    warned that they were ignored and reported the file's figures, where `pack` of the same file
+    refuses a tokenizer unlike the recorded one. Now stats takes pack's and tokenize's rule
+    (packtool/tokenize/recorded.py): the recorded tokenizer (or its EOS / BOS) is accepted, with
+    no warning; another is their one-line error."""
+    out_dir = tmp_path / "tok"
+    assert run("tokenize", small_corpus, "-o", out_dir)[0] == 0  # byte: eos 256, bos None
+    code, plain, err = run("stats", out_dir, "--json")
+    assert code == 0, err
+    for same in (["--tokenizer", "byte"], ["--no-bos"], ["--eos-id", "256"]):
+        code, out, err = run("stats", out_dir, "--json", *same)
+        assert code == 0 and out == plain and err == "", (same, err)
+    other = str(_word_tokenizer(tmp_path / "words"))
+    hf = ["--tokenizer-engine", "tokenizers", "--tokenizer"]  # no note on the engines tried
+    for args, hint in (
+        ([*hf, other], "leave --tokenizer out (the file is read with the tokenizer"),
+        (["--tokenizer", "byte", "--no-eos"], "pass --eos-id 256 (what the file records)"),
+        (["--bos-id", "5"], "pass --no-bos (what the file records)"),
+    ):
+        code, _, err = run("stats", out_dir, *args)
+        line = one_error_line(err)
+        assert code == 1 and line.startswith(f"error: {out_dir}"), line
+        assert "tokenized with byte:byte" in line and hint in line, line
+        # tokenize's line (pack names the input as given, the folder, not its part file)
+        code, _, tokenize_err = run("tokenize", out_dir, "-o", tmp_path / "t.parquet", *args)
+        assert code == 1 and one_error_line(tokenize_err) == line
+        code, _, pack_err = run("pack", out_dir, "-o", tmp_path / "p", *args)
+        assert code == 1 and one_error_line(pack_err).split(": ", 2)[2] == line.split(": ", 2)[2]

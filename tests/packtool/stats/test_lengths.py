@@ -589,3 +589,42 @@ def test_split_lengths_cuts_up_to_the_chunk_bound_and_refuses_one_past_it(monkey
         ConfigError, match=r"^document 2 has length 25: cut at max_len 8 .* more than the 5 chunks "
     ):
         split_lengths([16, 0, 25], 8)
+
+
+def test_a_tokenizer_given_for_tokenized_parquet_must_be_the_recorded_one(tmp_path, capsys):
+    """Before: `compute_stats(tok.parquet, tokenizer=...)` ignored the tokenizer without a word
+    and reported the file's, where `tokenize_corpus` and `pack` refuse one unlike the recorded
+    tokenizer. Now the same rule (packtool/tokenize/recorded.py): the recorded one is accepted
+    (a note where the EOS / BOS not chosen are the file's), another is refused."""
+    from packtool.tokenize.tokenize import tokenize_corpus
+    from packtool.tokenizer.tokenizers import load_tokenizer
+
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "abc"}\n{"text": "hello"}\n')
+    tok, with_bos = tmp_path / "tok.parquet", tmp_path / "bos.parquet"
+    tokenize_corpus([src], tok, progress=False)  # byte: eos 256, bos None
+    bos = load_tokenizer("byte", bos="default")
+    tokenize_corpus([src], with_bos, tokenizer=bos, progress=False)
+    config = StatsConfig(max_len=64, candidates=(64,))
+    plain = compute_stats([tok], config).to_dict()
+    for same in ("byte", load_tokenizer("byte")):
+        assert compute_stats([tok], config, tokenizer=same).to_dict() == plain
+    capsys.readouterr()
+
+    other = load_tokenizer("byte", eos=None)
+    with pytest.raises(DataError) as ours:
+        compute_stats([tok], config, tokenizer=other)
+    with pytest.raises(DataError) as theirs:
+        tokenize_corpus([tok], tmp_path / "again.parquet", tokenizer=other, progress=False)
+    assert str(ours.value) == str(theirs.value)
+    assert "tokenized with byte:byte (vocab 258, eos 256, bos None)" in str(ours.value)
+    assert "pass --eos-id 256 (what the file records)" in str(ours.value)
+
+    # `byte` given for a file that records a BOS: the BOS not chosen is the file's (a note).
+    s = compute_stats([with_bos], config, tokenizer="byte")
+    assert s.inputs["tokenizer"] == bos.identity.to_dict()
+    assert s.tokens == 3 + 5 + 2 * 2  # a BOS and an EOS each
+    bos_id = bos.identity.bos_id
+    assert f"records bos {bos_id}, not this tokenizer's bos None" in capsys.readouterr().err
+    with pytest.raises(DataError, match=f"pass --bos-id {bos_id} .what the file records"):
+        compute_stats([with_bos], config, tokenizer="byte", bos=None)  # chosen: no BOS
