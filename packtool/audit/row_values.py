@@ -1,11 +1,12 @@
 """One packed row, read for display (`packtool inspect --row`), checked as `packtool verify`
 checks it: the required columns' invariants (`verify.row_problem`), doc ids >= 0, and the
 declared optional columns (`verify_columns.row_problem`: a mask's length and 0/1 values, no
-document without a supervised token, a derived column equal to its rule). A row these checks
-refuse is refused here in one line ending "run `packtool verify`", never shown. Not repeated
-here: verify's piece-end check (packtool/audit/piece_ends.py: every piece ends in `eos_id` or
-is `max_len` long), so a row whose boundaries or recorded `eos_id` were edited is still shown;
-`packtool verify` refuses it.
+document without a supervised token, a derived column equal to its rule), verify's piece-end
+check (packtool/audit/piece_ends.py: with an `eos_id` recorded and no chat template, every piece
+ends in `eos_id` or is `max_len` long), then doc ids >= 0, in verify's order. A row these checks
+refuse is refused here in one line ending "run `packtool verify`", never shown (until
+2026-12-07 the piece-end check was not repeated, and a row whose boundaries or recorded
+`eos_id` were edited was shown). Only the row shown is checked: no pass over the dataset.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from packtool.audit import verify, verify_columns
+from packtool.audit import piece_ends, verify, verify_columns
 from packtool.dataset.columns import LOSS_MASK
 from packtool.dataset.manifest import Manifest
 from packtool.errors import DataError, one_line
@@ -49,12 +50,15 @@ def row_values(values: dict[str, Any], manifest: Manifest, where: str) -> tuple[
             max_len=manifest.max_len,
             vocab_size=manifest.tokenizer["vocab_size"],
         )
+        if problem is None:  # the optional columns, as verify checks them (a mask value 2)
+            row = dict(zip(verify.COLUMNS, (ids, offsets, doc_ids, chunks), strict=True))
+            problem = optional_problem(values, row, manifest, mask)
+        eos = piece_ends.ending_eos(manifest.tokenizer, manifest.extra)
+        if problem is None and eos is not None:  # the offsets usable: where pieces end
+            problem = piece_ends.row_problem(ids, offsets, eos_id=eos, max_len=manifest.max_len)
         negative = np.flatnonzero(doc_ids < 0)
         if problem is None and len(negative):  # every scheme numbers from 0 (as verify says)
             problem = f"doc id {int(doc_ids[negative[0]])} is negative"
-        elif problem is None:  # the optional columns, as verify checks them (a mask value 2)
-            row = dict(zip(verify.COLUMNS, (ids, offsets, doc_ids, chunks), strict=True))
-            problem = optional_problem(values, row, manifest, mask)
     if problem is not None:
         raise DataError(f"{where}: {problem}; run `packtool verify`")
     return ids, offsets, doc_ids, chunks, mask

@@ -68,7 +68,7 @@ def test_byte_preview_and_token_ids(dataset, packed_dataset_factory):
     # Ids above 255 (specials) are left out of a byte preview.
     assert read_row(dataset, 5).documents[0].preview == "''"
     other = packed_dataset_factory(
-        [[[(0, 0, list(range(100, 110)))]]],
+        [[[(0, 0, [*range(100, 110), 0])]]],  # ends in its EOS, as verify (and inspect) want
         name="hf",
         tokenizer={"kind": "hf", "name": "t", "vocab_size": 300, "eos_id": 0, "bos_id": None},
     )

@@ -90,6 +90,33 @@ def test_documents_without_an_appended_eos_are_not_held_to_it(
     assert piece_ends.ending_eos(TOKENIZER, {}) == EOS
 
 
+@pytest.mark.parametrize("edit", ["moved boundary", "edited eos_id"])
+def test_inspect_row_refuses_the_pieces_verify_refuses_in_one_line(packed_dataset_factory, edit):
+    """Before: `inspect --row 1` of a dataset whose document boundary was moved (or whose
+    index.json eos_id was edited) showed the row, exit 0, where verify says "document 0
+    (tokens 0..4) ends in token 6, not eos_id 255, ...": the row reader (row_values.py) did not
+    repeat the piece-end check. Now the row shown goes through it (that row alone)."""
+    from packtool.audit.inspect import read_row
+
+    rows = [SPLIT_ROW, MIXED_ROW, TRUNCATED_ROW]
+    d = make(packed_dataset_factory, moved_boundary(rows) if edit == "moved boundary" else rows)
+    if edit == "edited eos_id":
+        index = json.loads((d / INDEX_FILE).read_text())
+        index["tokenizer"]["eos_id"] = 5
+        (d / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(DataError) as verified:
+        verify_dataset(d)
+    words = str(verified.value).split("(global row 1): ")[1]  # verify's own words
+    with pytest.raises(DataError) as refused:
+        read_row(d, 1)
+    assert str(refused.value).endswith(f": row 1: {words}; run `packtool verify`")
+    code, out, err = run("inspect", d, "--row", "1")
+    assert code == 1 and out == ""
+    assert one_error_line(err) == f"error: {refused.value}"
+    for good in (0, 2):  # the other rows still show
+        assert read_row(d, good).documents
+
+
 @st.composite
 def row_groups(draw):
     """Rows of pieces with valid offsets; each piece ends in EOS or not, some max_len long."""
