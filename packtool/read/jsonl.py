@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,29 @@ def exact_fields(obj: Any, data: bytes, fields: Sequence[str]) -> Any:
     return obj
 
 
+class LongInteger(float):
+    """An integer literal of more digits than Python converts (`sys.get_int_max_str_digits()`,
+    4,300 by default) as `standard_json` reads it: infinity of its sign, a number beyond a
+    double's range as orjson judges it (read where it is not used, as `1e400`), told apart for
+    the skip's words. The standard library refused it, and its line was a `malformed_json` skip
+    named "number is infinity when parsed as double" (orjson's words), a `.json` array holding
+    one an error, until 2026-12-07."""
+
+    __slots__ = ()
+
+    def __new__(cls, digits: str) -> LongInteger:
+        return super().__new__(cls, "-inf" if digits.startswith("-") else "inf")
+
+
+def _integer(digits: str) -> int | float:
+    """An integer literal as the standard library reads it, or a `LongInteger` where it has
+    too many digits to convert (`int` checks the length before converting: no quadratic cost)."""
+    try:
+        return int(digits)
+    except ValueError:
+        return LongInteger(digits)
+
+
 LONE_SURROGATE = "no low surrogate in string"
 """The skip's detail for a string holding a lone surrogate escape (orjson's words)."""
 
@@ -109,12 +133,13 @@ LONE_SURROGATE = "no low surrogate in string"
 def standard_json(data: bytes) -> Any:
     """What orjson refused, parsed by the standard library where JSON's grammar allows it: a
     number beyond a double's range (`1e400`, a valid JSON number orjson refuses as infinity;
-    read as `inf`), a string holding a lone surrogate escape (`"\\ud800"`; see `unkeepable`).
+    read as `inf`; an integer of more digits than Python converts, a `LongInteger`), a string
+    holding a lone surrogate escape (`"\\ud800"`; see `unkeepable`).
     None where it is not JSON either: `NaN` and `Infinity`, bytes that are not UTF-8 (the
     standard library would guess UTF-16 or UTF-32, and drop a byte order mark), nesting past
     the interpreter's recursion limit."""
     try:
-        return json.loads(data.decode("utf-8"), parse_constant=_not_json)
+        return json.loads(data.decode("utf-8"), parse_constant=_not_json, parse_int=_integer)
     except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError included
         return None
 
@@ -129,13 +154,22 @@ def unkeepable(obj: Any, fields: Sequence[str], whole: bool = False) -> str | No
         return LONE_SURROGATE
     if fields and isinstance(obj, dict) and (deep := _too_deep(obj, fields)) is not None:
         return deep
-    if whole and _infinite(obj):
-        return "a number beyond a double's range"
+    if whole and (why := _beyond(obj)) is not None:
+        return why
     if isinstance(obj, dict):
         for name in fields:
-            if _infinite(obj.get(name)):
-                return f"field {name!r} holds a number beyond a double's range"
+            if (why := _beyond(obj.get(name))) is not None:
+                return f"field {name!r} holds {why}"
     return None
+
+
+def _beyond(value: Any) -> str | None:
+    """What a parsed value holds beyond a double's range, in words (None: nothing)."""
+    if not _infinite(value):
+        return None
+    if _holds(value, lambda v: type(v) is LongInteger):
+        return f"a number with more than {sys.get_int_max_str_digits()} digits"
+    return "a number beyond a double's range"
 
 
 def _not_json(name: str) -> Any:
@@ -216,7 +250,7 @@ def read_json_array(
         for o in items
     ):
         try:
-            items = json_value(data)  # once per file, only where such a number is there
+            items = json_value(data, parse_int=_integer)  # once a file, only for such a number
         except ValueError as exc:  # an item nested past the standard library's reach
             raise DataError(
                 f"{path}: {exc} to read its kept fields exactly (an integer beyond 64 bits is "

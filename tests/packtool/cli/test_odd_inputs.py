@@ -608,3 +608,29 @@ def test_a_loop_of_symlinks_as_input_or_output_is_one_line(tmp_path):
     ):
         line = _fails_in_one_line(args, f"error: {loop}: cannot be followed (")
         assert "symbolic links)" in line, line
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json"])
+def test_an_integer_past_pythons_digit_limit_is_read_or_a_skip_said_in_words(tmp_path, kind):
+    """Before: a record holding an integer of 5,000 digits (past Python's 4,300-digit limit on
+    int conversion) was a `malformed_json` skip "number is infinity when parsed as double" in a
+    `.jsonl`, and the whole `.json` array an error naming orjson's words. It is read as a number
+    beyond a double's range (`1e400`): the document counts where the field is not used; a kept
+    field holding it is a counted skip that says what it is."""
+    big = "1" * 5000
+    records = [f'{{"text": "a", "n": {big}}}', '{"text": "bb", "n": 2}']
+    path = tmp_path / f"big.{kind}"
+    if kind == "jsonl":
+        path.write_text("".join(r + "\n" for r in records))
+    else:
+        path.write_text("[" + ", ".join(records) + "]\n")
+    code, out, err = run("stats", path, "--json", "--max-len", "64", "--candidates", "64")
+    assert code == 0, err
+    d = json.loads(out)
+    assert (d["documents"], d["tokens"], d["inputs"]["skipped"]) == (2, 2 + 3, {})
+    code, out, err = run("tokenize", path, "-o", tmp_path / "t.parquet", "--keep-field", "n")
+    assert code == 0, err
+    where = f"{path}:1" if kind == "jsonl" else f"{path}:item 0"
+    words = f"field 'n' holds a number with more than {sys.get_int_max_str_digits()} digits"
+    assert f"malformed_json 1 (e.g. {where} ({words}))" in out, out
+    assert pq.read_table(tmp_path / "t.parquet").column("n").to_pylist() == ["2"]

@@ -512,6 +512,39 @@ def test_valid_json_orjson_refuses_is_read_and_a_lone_surrogate_element_is_a_ski
     ]
 
 
+def test_an_integer_past_pythons_digit_limit_is_read_as_a_number_beyond_a_double_s_range(
+    tmp_path,
+):
+    """Before: `{"text": "a", "n": <5,000 digits>}` was a `malformed_json` skip named "number
+    is infinity when parsed as double" (orjson's words: the standard library, asked again,
+    refuses an integer past `sys.get_int_max_str_digits()`, 4,300 digits), and a `.json` array
+    holding one was an error for the whole file. Such an integer is a number beyond a double's
+    range, as `1e400` is: read where the record's other fields are not used; in a kept field a
+    counted skip that says so in words."""
+    import sys
+
+    big = "1" * 5000
+    lines = tmp_path / "n.jsonl"
+    lines.write_text(
+        f'{{"text": "a", "n": {big}}}\n{{"text": "b", "n": [-{big}]}}\n{{"text": "c"}}\n'
+    )
+    array = tmp_path / "a.json"
+    array.write_text(f'[{{"text": "x", "n": {{"m": {big}}}}}, {{"text": "y", "n": 2}}]')
+    skips = SkipCounter()
+    assert [d[1] for d in read_all([lines, array], skips=skips)] == ["a", "b", "c", "x", "y"]
+    assert skips.counts == {}
+    skips = SkipCounter()
+    docs = read_all([lines, array], ReadConfig(extra_fields=("n",)), skips)
+    assert [(d[1], d[3]["n"]) for d in docs] == [("c", None), ("y", "2")]
+    words = f"field 'n' holds a number with more than {sys.get_int_max_str_digits()} digits"
+    assert skips.counts == {"malformed_json": 3}
+    assert skips.examples["malformed_json"] == [
+        f"{lines}:1 ({words})",
+        f"{lines}:2 ({words})",
+        f"{array}:item 0 ({words})",
+    ]
+
+
 def test_what_the_fallback_parser_still_refuses(tmp_path):
     """The standard library, asked where orjson refuses, read a kept field holding 1e400 as
     'inf' (and inside an object as null), and guessed UTF-16 / UTF-32 or dropped a byte order

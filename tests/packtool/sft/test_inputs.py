@@ -482,6 +482,31 @@ def test_a_record_holding_a_number_beyond_a_double_s_range_stays_a_skip(tmp_path
     assert skips.examples["malformed_json"] == [f"{path}:1 (a number beyond a double's range)"]
 
 
+def test_a_record_holding_an_integer_past_pythons_digit_limit_is_a_skip_in_words(tmp_path):
+    """A chat record is used whole (a tool call's arguments go to the template): one holding an
+    integer of 5,000 digits, past Python's limit on int conversion, was skipped as "number is
+    infinity when parsed as double" (orjson's words); the skip now says what is there."""
+    import sys
+
+    from packtool.sft.inputs import read_records
+
+    path = tmp_path / "chat.jsonl"
+    call = {"type": "function", "function": {"name": "f", "arguments": {"x": 7}}}
+    rows = [
+        [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": [call]}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}],
+    ]  # fmt: skip
+    text = "".join(json.dumps({"messages": m}) + "\n" for m in rows)
+    path.write_text(text.replace('{"x": 7}', '{"x": ' + "9" * 5000 + "}"))
+    skips = SkipCounter()
+    batches = list(read_records([path], "messages", ReadConfig(), skips))
+    assert sum(len(b) for b in batches) == 1
+    limit = sys.get_int_max_str_digits()
+    assert skips.examples["malformed_json"] == [
+        f"{path}:1 (a number with more than {limit} digits)"
+    ]
+
+
 def test_a_hub_tokenizers_template_is_read_from_its_snapshot(tmp_path, monkeypatch):
     """`--tokenizer org/model` from the Hugging Face cache looked for the template in ./org: the
     pack failed ('no chat template for the tokenizer in me'), or used ./me/chat_template.jinja."""
