@@ -231,12 +231,15 @@ def read_json_array(
     `fields` as `exact_fields` says. An element `unkeepable` refuses (in an array orjson
     refuses whole, read by `standard_json`) is a `malformed_json` skip, as such a line is."""
     with read_errors(path), open_stream(path) as f:
-        data = f.read().removeprefix(BOM)
+        data = f.read()
+    bom = data.startswith(BOM)
+    data = data.removeprefix(BOM)
     try:
         items = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         items = standard_json(data)
         if items is None:
+            _check_utf8(path, data, len(BOM) if bom else 0)
             raise DataError(
                 f"{path}: starts with '[' but is not one valid JSON array ({exc}); "
                 "JSON Lines files must have one object per line"
@@ -263,6 +266,28 @@ def read_json_array(
             skips.add("malformed_json", f"{path}:item {i}", why)
             continue
         yield f"{path}:item {i}", obj, per_item, i
+
+
+def _check_utf8(path: Path, data: bytes, skipped: int) -> None:
+    """Refuse a JSON array whose bytes are not UTF-8, naming the first bad byte's line, column
+    (in characters) and offset in the file (`skipped`: a byte order mark before `data`).
+    orjson checks the encoding before parsing and named "line 1 column 1 (char 0)" until
+    2026-12-07, wherever the byte was.
+
+    Raises:
+        DataError: `data` is not UTF-8.
+    """
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        column = len(data[line_start : exc.start].decode("utf-8")) + 1
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataError(
+            f"{path}: not UTF-8: byte 0x{data[exc.start]:02x} at line {line} column {column} "
+            f"(byte {exc.start + skipped}); JSON text is UTF-8: save the file as UTF-8 (or as "
+            "JSON Lines, where such a line is an invalid_utf8 skip)"
+        ) from None
 
 
 def json_objects(

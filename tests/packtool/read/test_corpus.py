@@ -545,6 +545,24 @@ def test_an_integer_past_pythons_digit_limit_is_read_as_a_number_beyond_a_double
     ]
 
 
+def test_a_json_array_that_is_not_utf8_names_the_bytes_place(tmp_path):
+    """Before: a `.json` array with a 0xff byte inside a text value on its second line was
+    "not one valid JSON array (str is not valid UTF-8: surrogates not allowed: line 1 column 1
+    (char 0))": orjson checks the encoding first and names the file's start. Now the error names
+    the byte, its line and column, and its offset."""
+    path = tmp_path / "bad.json"
+    path.write_bytes(b'[{"text": "hello"},\n {"text": "\xc3\xa9ab\xffcd"},\n {"text": "x"}]\n')
+    with pytest.raises(DataError) as info:
+        read_all([path])
+    assert str(info.value) == (
+        f"{path}: not UTF-8: byte 0xff at line 2 column 15 (byte 35); JSON text is UTF-8: save "
+        "the file as UTF-8 (or as JSON Lines, where such a line is an invalid_utf8 skip)"
+    )
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # the offset is the file's: BOM too
+    with pytest.raises(DataError, match=r"line 2 column 15 \(byte 38\);"):
+        read_all([path])
+
+
 def test_what_the_fallback_parser_still_refuses(tmp_path):
     """The standard library, asked where orjson refuses, read a kept field holding 1e400 as
     'inf' (and inside an object as null), and guessed UTF-16 / UTF-32 or dropped a byte order
