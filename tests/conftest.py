@@ -100,6 +100,16 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedClusters(config, log)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (the README's test command): one worker per core, and at least 4 (the command's
+    `--maxprocesses 4` caps it). Many tests wait, not compute: on a Slurm job, a Ray cluster, a
+    server on loopback, a subprocess; and each shared cluster's tests run one after another in
+    one worker (the scheduler above), the Slurm ones for ~8 minutes. With one worker per core
+    on a 2-core machine the other worker was left alone with the rest of the suite meanwhile."""
+    return max(4, os.cpu_count() or 1)
+
+
 _UNNAMED = pytest.StashKey[str]()
 
 
