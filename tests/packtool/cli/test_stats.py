@@ -226,9 +226,15 @@ def test_tokenizer_options_on_tokenized_parquet_follow_packs_rule(small_corpus, 
     other = str(_word_tokenizer(tmp_path / "words"))
     hf = ["--tokenizer-engine", "tokenizers", "--tokenizer"]  # no note on the engines tried
     for args, hint in (
-        ([*hf, other], "leave --tokenizer out (the file is read with the tokenizer"),
-        (["--tokenizer", "byte", "--no-eos"], "pass --eos-id 256 (what the file records)"),
-        (["--bos-id", "5"], "pass --no-bos (what the file records)"),
+        (
+            [*hf, other],
+            "leave --tokenizer out / pass tokenizer=None (the file is read with the tokenizer",
+        ),
+        (
+            ["--tokenizer", "byte", "--no-eos"],
+            "pass --eos-id 256 / eos=256 (what the file records)",
+        ),
+        (["--bos-id", "5"], "pass --no-bos / bos=None (what the file records)"),
     ):
         code, _, err = run("stats", out_dir, *args)
         line = one_error_line(err)

@@ -618,7 +618,7 @@ def test_a_tokenizer_given_for_tokenized_parquet_must_be_the_recorded_one(tmp_pa
         tokenize_corpus([tok], tmp_path / "again.parquet", tokenizer=other, progress=False)
     assert str(ours.value) == str(theirs.value)
     assert "tokenized with byte:byte (vocab 258, eos 256, bos None)" in str(ours.value)
-    assert "pass --eos-id 256 (what the file records)" in str(ours.value)
+    assert "pass --eos-id 256 / eos=256 (what the file records)" in str(ours.value)
 
     # `byte` given for a file that records a BOS: the BOS not chosen is the file's (a note).
     s = compute_stats([with_bos], config, tokenizer="byte")
@@ -626,5 +626,7 @@ def test_a_tokenizer_given_for_tokenized_parquet_must_be_the_recorded_one(tmp_pa
     assert s.tokens == 3 + 5 + 2 * 2  # a BOS and an EOS each
     bos_id = bos.identity.bos_id
     assert f"records bos {bos_id}, not this tokenizer's bos None" in capsys.readouterr().err
-    with pytest.raises(DataError, match=f"pass --bos-id {bos_id} .what the file records"):
+    with pytest.raises(
+        DataError, match=f"pass --bos-id {bos_id} / bos={bos_id} .what the file records"
+    ):
         compute_stats([with_bos], config, tokenizer="byte", bos=None)  # chosen: no BOS
