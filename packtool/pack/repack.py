@@ -5,18 +5,28 @@ shuffles their segments with the chunk's generator, first-fits them again in tha
 keeps the result if it needs fewer rows than it pooled; rows are then numbered densely in their
 old order. A group of fewer than two rows is left as it is and draws nothing.
 
-The shuffles are numpy's own: numba runs `Generator.shuffle` (the draws of `permutation`) on the
-generator's bit generator (its state advanced in place), and the groups take their
-rounds in group order, as one Python call per group and round did until 2026-12-07 (~30 us of
-CPU each: 3,000 groups x 16 rounds were 11.5 s of `packtool pack`'s pack stage on a loaded 2-core
-box; docs/benchmarks.md `pack-rounds`). So a seed gives the rows it gave then;
-`packtool.pack.reference.repack_reference` keeps that Python path, and the tests hold this
-kernel to it. Cost: per group and round, O(m log m) for its m segments, in compiled code.
+The shuffles are numpy's own: `_shuffle` is `Generator.shuffle`'s loop (the draws of
+`permutation`), run on the generator's bit generator through numpy's ctypes interface for
+compiled code (its state advanced in place), and the groups take their rounds in group order,
+as one Python call per group and round did until 2026-12-07 (~30 us of CPU each: 3,000 groups x
+16 rounds were 11.5 s of `packtool pack`'s pack stage on a loaded 2-core box; docs/benchmarks.md
+`pack-rounds`). So a seed gives the rows it gave then; `packtool.pack.reference.repack_reference`
+keeps that Python path, and the tests hold this kernel to it. Cost: per group and round,
+O(m log m) for its m segments, in compiled code.
+
+Compile time: the kernels use plain loops only. numba's own `Generator.shuffle` (N-d indexing
+with `...`), `ndarray.sort` and fancy indexing (which compiles the formatting of its
+shape-mismatch message) made a cold compile of these kernels ~16 s of CPU (82 functions) until
+2026-12, now ~3 s (16), paid once per machine (numba caches it); the warm kernel got faster too
+(docs/benchmarks.md `pack-rounds`). A kernel called with a literal int compiles a second
+specialization: hence `np.int64(0)` below.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -29,7 +39,65 @@ keep a round cheap; the gain of a round comes from the tail of partly-filled row
 
 
 @jit.njit(cache=True, nogil=True)
-def _round(lens, row, offset, n_rows, max_len, fraction, rng, work):  # pragma: no cover - compiled
+def _shuffle(x, bits):  # pragma: no cover - compiled
+    """numpy's `Generator.shuffle` of a 1-d array: its Fisher-Yates loop and `random_interval`
+    (numpy/random/src/distributions), drawing from `bits` (see `_bits`) as numpy would."""
+    next32, next64, state = bits
+    for i in range(x.size - 1, 0, -1):
+        top = np.uint64(i)
+        mask = top  # the lowest all-ones mask covering i
+        for s in (1, 2, 4, 8, 16, 32):
+            mask |= mask >> np.uint64(s)
+        if top <= np.uint64(0xFFFFFFFF):
+            value = np.uint64(next32(state)) & mask
+            while value > top:
+                value = np.uint64(next32(state)) & mask
+        else:
+            value = np.uint64(next64(state)) & mask
+            while value > top:
+                value = np.uint64(next64(state)) & mask
+        j = np.int64(value)
+        t = x[i]
+        x[i] = x[j]
+        x[j] = t
+
+
+@jit.njit(cache=True, nogil=True)
+def _sift_down(heap, i):  # pragma: no cover - compiled
+    """Restore the max-heap `heap` below node i."""
+    v = heap[i]
+    while True:
+        c = 2 * i + 1
+        if c >= heap.size:
+            break
+        if c + 1 < heap.size and heap[c + 1] > heap[c]:
+            c += 1
+        if heap[c] <= v:
+            break
+        heap[i] = heap[c]
+        i = c
+    heap[i] = v
+
+
+@jit.njit(cache=True, nogil=True)
+def _k_smallest(key, least):  # pragma: no cover - compiled
+    """The `least.size` (k) smallest of `key` into `least`, in no set order: a max-heap of the
+    smallest so far, O(n log k) at worst and O(n + k log k) where most keys exceed its top
+    (well-filled rows). A sort (`key.sort()`) chose them until 2026-12: numba's quicksort
+    compiled for ~3 s of CPU, and a round needs the set, not its order."""
+    k = least.size
+    for i in range(k):  # a loop: `least[:] = key[:k]` compiles numba's shape-mismatch message
+        least[i] = key[i]
+    for i in range(k // 2 - 1, -1, -1):
+        _sift_down(least, i)
+    for r in range(k, key.size):
+        if key[r] < least[0]:
+            least[0] = key[r]
+            _sift_down(least, np.int64(0))  # not a literal 0: one compile of _sift_down
+
+
+@jit.njit(cache=True, nogil=True)
+def _round(lens, row, offset, n_rows, max_len, fraction, bits, work):  # pragma: no cover - compiled
     """One round on one group's segments (`row`, `offset` updated in place); its rows after.
 
     `work`: five buffers of at least the group's segments each, reused from round to round."""
@@ -44,11 +112,12 @@ def _round(lens, row, offset, n_rows, max_len, fraction, rng, work):  # pragma: 
     # The k least-filled rows, ties to the lower row (a stable argsort's first k): distinct keys.
     for r in range(n_rows):
         key[r] = key[r] * n_rows + r
-    key.sort()
+    least = work[2, :k]
+    _k_smallest(key, least)
     in_pool = work[1, :n_rows]
     in_pool[:] = 0
     for j in range(k):
-        in_pool[key[j] % n_rows] = 1
+        in_pool[least[j] % n_rows] = 1
     chosen = work[2]  # the chosen rows, lowest first
     c = 0
     for r in range(n_rows):
@@ -62,7 +131,7 @@ def _round(lens, row, offset, n_rows, max_len, fraction, rng, work):  # pragma: 
             order[size] = t
             size += 1
     order = order[:size]
-    rng.shuffle(order)  # the draws of rng.permutation(size), applied to the pool
+    _shuffle(order, bits)  # the draws of rng.permutation(size), applied to the pool
     pooled = work[4, :size]
     for t in range(size):
         pooled[t] = lens[order[t]]
@@ -91,7 +160,7 @@ def _round(lens, row, offset, n_rows, max_len, fraction, rng, work):  # pragma: 
 
 @jit.njit(cache=True, nogil=True)
 def _repack(
-    seg_len, row, offset, rows, by_group, starts, max_len, rounds, fraction, rng
+    seg_len, row, offset, rows, by_group, starts, max_len, rounds, fraction, bits
 ):  # pragma: no cover
     """Rounds 2..`rounds` of every group of two rows or more, in group order; returns each
     round's change in rows (summed over the groups) and updates `row`, `offset`, `rows`."""
@@ -100,21 +169,46 @@ def _repack(
     for g in range(rows.size):
         largest = max(largest, starts[g + 1] - starts[g])
     work = np.empty((5, largest), np.int64)
+    group = np.empty((3, largest), np.int64)  # the group's lengths, rows and offsets
     for g in range(rows.size):
         if rows[g] < 2:
             continue
-        members = by_group[starts[g] : starts[g + 1]]
-        lens = seg_len[members]
-        r = row[members]
-        o = offset[members]
+        a = starts[g]
+        m = starts[g + 1] - a
+        lens = group[0, :m]
+        r = group[1, :m]
+        o = group[2, :m]
+        for t in range(m):  # loops, not fancy indexing: numba compiles those for seconds
+            s = by_group[a + t]
+            lens[t] = seg_len[s]
+            r[t] = row[s]
+            o[t] = offset[s]
         n = rows[g]
         for k in range(1, rounds):
-            n = _round(lens, r, o, n, max_len, fraction, rng, work)
+            n = _round(lens, r, o, n, max_len, fraction, bits, work)
             change[k] += n - rows[g]
-        row[members] = r
-        offset[members] = o
+        for t in range(m):
+            s = by_group[a + t]
+            row[s] = r[t]
+            offset[s] = o[t]
         rows[g] = n
     return change
+
+
+_NEXT32 = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_size_t)
+_NEXT64 = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_size_t)
+
+
+def _bits(rng: np.random.Generator) -> tuple[Any, Any, int]:
+    """The generator's bit generator as numpy exposes it for compiled code (its `ctypes`
+    interface): its next_uint32 and next_uint64 functions, typed to take the state's address,
+    and that address. The kernel advances the state in place; `rng` must outlive the call."""
+    interface = rng.bit_generator.ctypes
+    return (
+        ctypes.cast(interface.next_uint32, _NEXT32),
+        ctypes.cast(interface.next_uint64, _NEXT64),
+        interface.state_address,
+    )
 
 
 def repack_groups(
@@ -156,7 +250,7 @@ def repack_groups(
         max_len,
         rounds,
         REPACK_FRACTION,
-        rng,
+        _bits(rng),
     )
     return first + change
 

@@ -17,9 +17,10 @@ def warm_up(rounds: int = 1) -> None:
     """Warm the bin-packing kernels, the extra rounds' where the run has them (`rounds` > 1),
     then the flat-id gathers (the order a chunk uses them).
 
-    The rounds' kernel only where it will run: compiling it on a cold cache took ~13 s (a first
-    `packtool pack` of the sample corpus: 10.8 s of kernel loading before it, 23.5 s with it at
-    `--rounds 1`, which never calls it)."""
+    The rounds' kernel only where it will run (a run at `--rounds 1` never calls it): compiling
+    it on a cold cache took ~13 s of a first `packtool pack` of the sample corpus (10.8 s of
+    kernel loading before it, 23.5 s with it); ~3 s of CPU since 2026-12 (packtool/pack/repack.py
+    says why), in this background thread like the rest."""
     kernels.warm_up()
     if rounds > 1:
         repack.warm_up()
