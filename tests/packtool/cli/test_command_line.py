@@ -251,3 +251,38 @@ def test_a_slurm_resume_line_keeps_counts_and_harmless_settings():
     assert redacted(args) == args
     line = resume_command(shlex.join(["packtool", *redacted(args)]))
     assert line is not None and shlex.split(line) == ["packtool", *args[:-1], "--resume"]
+
+
+@pytest.fixture
+def deadline():
+    """Fails a redaction that has not ended in 5 s: a pattern that retries each word of a long
+    argument (seen: 0.46 s at 10,000 characters, 15 s at 40,000, growing as the square) would
+    take minutes on the 200,000 characters below, a linear one takes milliseconds."""
+    import signal
+
+    def expired(signum, frame):
+        raise TimeoutError("redaction still running after 5 s")
+
+    before = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, before)
+
+
+@pytest.mark.parametrize(
+    "long",
+    [
+        "-".join(["word"] * 40_000),  # hyphenated words: a URL's scheme?
+        "a.b+c-" * 33_000,  # all a scheme's characters, no `://`
+        "tokenpart-" * 20_000,  # a secret's name (`NAME=`), no `=`
+        "--" + "tokenpart-" * 20_000 + " --flag",  # a secret's option, no value
+        "https://h/x?" + "token." * 33_000,  # a secret's query parameter, no `=`
+    ],
+    ids=["hyphenated", "scheme-characters", "assigned", "spaced", "query"],
+)
+def test_a_long_argument_is_redacted_in_one_pass(deadline, long):
+    (shown,) = redacted([f"{long} https://me:pw1@host/x HF_TOKEN=pw2 --password pw3"])
+    assert shown.startswith(long)
+    assert "pw1" not in shown and "pw2" not in shown and "pw3" not in shown
+    assert shown.endswith(f"https://{REDACTED}@host/x HF_TOKEN={REDACTED} --password {REDACTED}")
