@@ -85,6 +85,16 @@ def naming(path: str | os.PathLike | object, note: str = "") -> Iterator[None]:
         raise OSError(exc.errno, why, name) from None
 
 
+def option_choice(flag: str, name: str, value: object) -> str:
+    """A choice as both callers make it, for a message either may reach (the library's
+    functions raise it to Python callers and to the CLI alike): the CLI's `FLAG VALUE` and the
+    Python argument `NAME=VALUE`, `--tokenizer-engine auto / engine='auto'`, `--eos-id 3 /
+    eos=3`; a capitalised word stands for what the user fills in, bare on both sides
+    (`--tokenizer PATH / tokenizer=PATH`)."""
+    given = value if isinstance(value, str) and value.isupper() else repr(value)
+    return f"{flag} {value} / {name}={given}"
+
+
 def one_line(value: object, limit: int | None = None) -> str:
     """`value`'s text (an exception's message) on one line: every run of whitespace, a library's
     newlines included (pyarrow's Thrift errors, Jinja's, orjson's), made one space, and cut to

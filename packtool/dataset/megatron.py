@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from packtool.errors import ConfigError, DataError, naming
+from packtool.errors import ConfigError, DataError, naming, option_choice
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -63,9 +63,11 @@ def megatron_dtype(vocab_size: int) -> np.dtype:
     """
     if vocab_size > INT32_IDS:
         raise ConfigError(
-            f"--to megatron: the vocabulary has {vocab_size:,} ids, but a Megatron indexed "
-            f"dataset stores int32 ids, at most {INT32_IDS - 1:,}: choose an --eos-id / "
-            "--bos-id below that, or write tokenized Parquet (--to parquet, uint32 ids)"
+            f"--to megatron / tokenize_megatron: the vocabulary has {vocab_size:,} ids, but a "
+            f"Megatron indexed dataset stores int32 ids, at most {INT32_IDS - 1:,}: choose an "
+            f"EOS / BOS id below that ({option_choice('--eos-id', 'eos', 'N')}, "
+            f"{option_choice('--bos-id', 'bos', 'N')}), or write tokenized Parquet "
+            "(--to parquet / tokenize_corpus: uint32 ids)"
         )
     return np.dtype(np.uint16 if vocab_size < UINT16_BELOW else np.int32)
 

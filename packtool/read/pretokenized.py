@@ -40,7 +40,7 @@ from packtool.arrow_numpy import from_numpy
 from packtool.dataset.columns import IGNORE_INDEX, LOSS_MASK
 from packtool.dataset.masks import target_sums
 from packtool.dataset.tokenized_table import kept_documents, tokenized_table
-from packtool.errors import ConfigError, DataError, one_line
+from packtool.errors import ConfigError, DataError, one_line, option_choice
 from packtool.prefetch import map_ordered
 from packtool.read import docids
 from packtool.read.documents import ReadConfig, SkipCounter, as_extra
@@ -267,7 +267,8 @@ def _convert(
         raise DataError(
             f"{where}:row {first_row + row}: input_ids[{pos}] = "
             f"{int(ids[int(offsets[row]) + pos])} is outside the tokenizer's vocabulary "
-            f"(0..{vocab_size - 1}); pass the --tokenizer that made these ids"
+            f"(0..{vocab_size - 1}); pass the tokenizer that made these ids: "
+            + option_choice("--tokenizer", "tokenizer", "SPEC")
         )
     ids = ids.astype(np.int64, copy=False)
     lengths = np.diff(offsets)

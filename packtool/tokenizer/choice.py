@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packtool.errors import ConfigError, one_line
+from packtool.errors import ConfigError, one_line, option_choice
 from packtool.tokenizer.engines import (
     Encoder,
     Engine,
@@ -207,5 +207,5 @@ def choose_engine(
     fallback = "auto" if forced else reference_name
     raise ConfigError(
         f"{source.where}: no tokenizer engine of {spec!r} can encode this tokenizer exactly: "
-        f"{'; '.join(passed_over)}; use --tokenizer-engine {fallback}"
+        f"{'; '.join(passed_over)}; use {option_choice('--tokenizer-engine', 'engine', fallback)}"
     )

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import ConfigError, json_value, one_line
+from packtool.errors import ConfigError, json_value, one_line, option_choice
 from packtool.storage import hub
 from packtool.storage import local as storage
 
@@ -215,7 +215,8 @@ def _hub_files(spec: str, repo_id: str, revision: str) -> TokenizerFiles:
             raise ConfigError(
                 f"tokenizer {spec!r}: the repository has no {TOKENIZER_FILE}, the file packtool "
                 "reads from a Hub id; for a SentencePiece-only repository download its "
-                "tokenizer.model and pass that file (or its folder) as --tokenizer"
+                "tokenizer.model and pass that file (or its folder) as the tokenizer: "
+                + option_choice("--tokenizer", "tokenizer", "PATH")
             )
         if snapshot is None:
             raise ConfigError(

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, option_choice
 from packtool.tokenizer.engines import Source
 from packtool.tokenizer.files import TokenizerConfig, TokenizerFiles
 
@@ -131,10 +131,11 @@ def _id_list(name: str, ids: dict[str, Any]) -> list[int]:
 def special_choice(which: str, value: int | str | None) -> str:
     """An EOS / BOS choice as both callers make it, for a message either may reach (the
     library's functions raise it to Python callers and to the CLI alike): `--bos-id 3 /
-    bos=3`, `--no-bos / bos=None`, `--eos-id default / eos='default'`, `--eos-id N / eos=N`."""
-    flag = f"--no-{which}" if value is None else f"--{which}-id {value}"
-    given = value if isinstance(value, str) and value != "default" else repr(value)
-    return f"{flag} / {which}={given}"
+    bos=3`, `--no-bos / bos=None`, `--eos-id default / eos='default'`, `--eos-id N / eos=N`
+    (`errors.option_choice`)."""
+    if value is None:
+        return f"--no-{which} / {which}=None"
+    return option_choice(f"--{which}-id", which, value)
 
 
 def prefix_refusal(where: str, added: Added) -> str:

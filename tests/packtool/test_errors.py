@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from packtool.errors import first_line, joined_lines, json_value, naming, one_line
+from packtool.errors import first_line, joined_lines, json_value, naming, one_line, option_choice
 from packtool.storage import local as storage
 
 
@@ -73,3 +73,17 @@ def test_json_value_makes_nesting_past_the_recursion_limit_a_value_error():
     assert json_value('{"a": 1}', object_pairs_hook=list) == [("a", 1)]
     with pytest.raises(json.JSONDecodeError):
         json_value("[1,")
+
+
+@pytest.mark.parametrize(
+    ("flag", "name", "value", "shown"),
+    [
+        ("--tokenizer-engine", "engine", "auto", "--tokenizer-engine auto / engine='auto'"),
+        ("--eos-id", "eos", 3, "--eos-id 3 / eos=3"),
+        ("--eos-id", "eos", "default", "--eos-id default / eos='default'"),
+        ("--tokenizer", "tokenizer", "PATH", "--tokenizer PATH / tokenizer=PATH"),  # a blank
+    ],
+)
+def test_a_choice_is_written_as_both_callers_make_it(flag, name, value, shown):
+    # A message the library raises reaches Python callers too: it named only the CLI's flag.
+    assert option_choice(flag, name, value) == shown

@@ -83,9 +83,14 @@ def test_the_library_refuses_a_vocabulary_past_int32(tmp_path, corpus):
     with pytest.raises(ConfigError, match="int32"):
         tokenize_megatron([corpus], tmp_path / "d", tokenizer=tok, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
-    with pytest.raises(ConfigError, match="int32"):
+    with pytest.raises(ConfigError, match="int32") as e:
         megatron_dtype(2**31 + 1)
     assert megatron_dtype(2**31) == np.int32
+    # Both callers' forms of each choice: `tokenize_megatron(tokenizer=load_tokenizer(eos=))`
+    # reaches it as well as the CLI.
+    for choice in ("--eos-id N / eos=N", "--bos-id N / bos=N", "--to parquet / tokenize_corpus"):
+        assert choice in str(e.value)
+    assert str(e.value).startswith("--to megatron / tokenize_megatron: ")
 
 
 @pytest.mark.parametrize(

@@ -146,7 +146,10 @@ def test_a_hub_repository_without_tokenizer_json_says_what_to_pass(tmp_path, mon
     with pytest.raises(ConfigError) as caught:
         load_tokenizer("acme/sp")
     assert "has no tokenizer.json" in str(caught.value)
-    assert "pass that file (or its folder) as --tokenizer" in str(caught.value)
+    # Both callers' forms: `load_tokenizer` / `tokenizer=` reach it as well as the CLI.
+    assert str(caught.value).endswith(
+        "pass that file (or its folder) as the tokenizer: --tokenizer PATH / tokenizer=PATH"
+    )
 
 
 def test_a_folder_with_tokenizer_json_and_config(tmp_path, llama_json):
@@ -210,7 +213,7 @@ def test_tokenizer_config_merging_and_errors(tmp_path):
 def test_a_config_eos_missing_from_the_vocabulary(tmp_path, llama_json):
     (tmp_path / "tokenizer.json").write_bytes(llama_json.read_bytes())
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<nope>"}))
-    with pytest.raises(ConfigError, match=r"eos_token '<nope>' is not in the tokenizer's vocab.*--eos-id N or --no-eos"):  # fmt: skip
+    with pytest.raises(ConfigError, match=r"eos_token '<nope>' is not in the tokenizer's vocab.*--eos-id N / eos=N or --no-eos / eos=None$"):  # fmt: skip
         load_tokenizer(str(tmp_path))
     assert load_tokenizer(str(tmp_path), eos=3).identity.eos_id == 3
 
