@@ -20,11 +20,7 @@ from packtool import __version__
 from packtool.cli import command_line, exits, input_options, interrupt
 from packtool.cli.engine_options import EngineOptions, engine_options
 from packtool.cli.exits import echo
-from packtool.cli.input_checks import (
-    TOKENIZER_OPTIONS,
-    check_input_options,
-    explicit,
-)
+from packtool.cli.input_checks import check_input_options
 from packtool.cli.input_options import CorpusOptions, corpus_options, inputs_argument, sft_options
 from packtool.dataset.manifest_check import MAX_LEN_LIMIT
 from packtool.errors import AlreadyComplete, ConfigError, Detached
@@ -310,9 +306,7 @@ def tokenize_cmd(
 @click.option("--workers", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
 @corpus_options
 @sft_options
-@click.pass_context
 def stats_cmd(
-    ctx: click.Context,
     inputs: tuple[str, ...],
     max_len: str,
     batch_size: str,
@@ -353,13 +347,7 @@ def stats_cmd(
     # seconds), to be compared with the recorded one as pack and tokenize compare it (a
     # tokenizer unlike it, or an --eos-id / --bos-id unlike the file's, is their one-line
     # error; until 2026-12-07 stats warned that they were ignored and went on).
-    tokenizer = corpus.tokenizer_for(inputs, workers)
-    if tokenizer is None and "tokenizer_engine" in explicit(ctx, TOKENIZER_OPTIONS):
-        echo(
-            "warning: the inputs are tokenized Parquet; nothing is encoded, so "
-            "--tokenizer-engine is ignored",
-            err=True,
-        )
+    tokenizer = corpus.tokenizer_for(inputs, workers)  # --tokenizer-engine alone: a warning
     check_input_options(inputs, corpus, sft)
     stats = compute_stats(
         inputs,

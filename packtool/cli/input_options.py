@@ -70,11 +70,13 @@ class CorpusOptions:
         (`tokenize.recorded.check_recorded_specials`; they were applied to `byte`, the default,
         and refused as another tokenizer even where they were the recorded ids). `ctx`: the
         command's click context, for a call from another thread (click's current context is
-        the calling thread's)."""
+        the calling thread's). `--tokenizer-engine` given then encodes nothing: a `warning:`
+        line, the same for the three commands (until 2026-12-07 only `stats` said so)."""
         # --tokenizer-engine alone picks no tokenizer: it never changes ids (it loaded `byte`
         # for tokenized Parquet, refused as unlike the tokenizer the files record)
-        chosen = [n for n in TOKENIZER_OPTIONS if n != "tokenizer_engine"]
-        given = explicit(ctx or click.get_current_context(), tuple(chosen))
+        given = explicit(ctx or click.get_current_context(), TOKENIZER_OPTIONS)
+        engine = "tokenizer_engine" in given
+        given = [n for n in given if n != "tokenizer_engine"]
         if "tokenizer" in given:
             # First thing, before any import it does not need (pyarrow's Parquet reader for
             # the inputs' footers): the engine's build is on pack's critical path.
@@ -87,6 +89,12 @@ class CorpusOptions:
         if given:
             where, identity = recorded
             check_recorded_specials(identity, self.special_options(), where)
+        if engine:
+            echo(
+                "warning: the inputs are tokenized Parquet; nothing is encoded, so "
+                "--tokenizer-engine is ignored",
+                err=True,
+            )
         return None
 
     def special_options(self) -> dict[str, int | str | None]:

@@ -196,6 +196,25 @@ def test_tokenizer_engine_on_tokenized_parquet_is_warned_about(small_corpus, tmp
     assert "--tokenizer-engine" in err
 
 
+def test_every_command_warns_alike_of_a_tokenizer_engine_over_tokenized_parquet(
+    small_corpus, tmp_path
+):
+    # Before: stats warned, pack and tokenize dropped --tokenizer-engine without a word.
+    made = tmp_path / "tok"
+    assert run("tokenize", small_corpus, "-o", made)[0] == 0
+    outputs = {"pack": ["-o", tmp_path / "packed"], "tokenize": ["-o", tmp_path / "again"]}
+    warned = {}
+    for command in ("pack", "tokenize", "stats"):
+        code, _, err = run(command, made, *outputs.get(command, []), "--tokenizer-engine", "auto")
+        assert code == 0, err
+        warned[command] = [line for line in err.splitlines() if "--tokenizer-engine" in line]
+    assert warned["stats"] == [
+        "warning: the inputs are tokenized Parquet; nothing is encoded, so --tokenizer-engine "
+        "is ignored"
+    ]
+    assert warned["pack"] == warned["tokenize"] == warned["stats"]
+
+
 def _word_tokenizer(folder):
     """A word-level tokenizer.json (vocab 13, `</s>` id 1 its EOS): another tokenizer than byte."""
     from tokenizers import Tokenizer, models, pre_tokenizers
