@@ -179,7 +179,13 @@ def tokenize_megatron(
     )
     # The .idx is the run's output (checked there); the .bin against what a glob reaches too.
     checked = preflight.check_inputs(
-        run_config, tokenizer, lambda paths: check_apart(bin_path, inputs, paths), ends_added=True
+        run_config,
+        tokenizer,
+        lambda paths: check_apart(bin_path, inputs, paths),
+        ends_added=True,
+        # None: the inputs' recorded tokenizer (or byte), which `bos` must agree with (it was
+        # dropped without a word); a tokenizer loaded above has it already
+        bos=bos if tokenizer is None else "auto",
     )
     # The vocabulary as the run writes it (tokenized Parquet's recorded one where its ids are
     # taken as they are): ids past int32's are refused before anything is written

@@ -262,3 +262,17 @@ def test_a_prefix_given_as_either_file_of_the_pair_names_the_pair(tmp_path):
         bin_path, idx_path = megatron_paths(tmp_path / given)
         stem = given.removesuffix(".bin").removesuffix(".idx")
         assert (bin_path, idx_path) == (tmp_path / f"{stem}.bin", tmp_path / f"{stem}.idx")
+
+
+def test_a_bos_unlike_the_recorded_one_is_refused_for_tokenized_parquet(tmp_path, corpus):
+    # Before: `tokenize_megatron(tok, prefix, tokenizer=None, bos=5)` wrote the pair with the
+    # file's BOS (none), `bos` dropped without a word; `run_pack` and `tokenize_corpus` refuse it.
+    from packtool.tokenize.tokenize import tokenize_corpus
+
+    tok = tmp_path / "tok.parquet"
+    tokenize_corpus([corpus], tok, progress=False)  # byte: eos 256, bos None
+    with pytest.raises(DataError, match=r"but the options give bos 5; pass --no-bos / bos=None"):
+        tokenize_megatron([tok], tmp_path / "d", tokenizer=None, bos=5, progress=False)
+    assert not (tmp_path / "d.bin").exists() and not (tmp_path / "d.idx").exists()
+    summary = tokenize_megatron([tok], tmp_path / "d", tokenizer=None, bos=None, progress=False)
+    assert summary.tokenizer["bos_id"] is None  # the file's own choice is accepted
