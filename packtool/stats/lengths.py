@@ -501,7 +501,7 @@ def compute_stats(
     from packtool.read.corpus import expand_inputs
     from packtool.read.documents import ReadConfig, SkipCounter
     from packtool.stats.supervised import SupervisedCounter, read_supervised
-    from packtool.storage.local import input_list
+    from packtool.storage.local import input_list, input_text
     from packtool.tokenize.tokenize import PRETOKENIZED, inputs_read, read_tables, unchanged_ids
 
     inputs = input_list(inputs)  # (an empty list: one line, not "no documents in ")
@@ -515,14 +515,13 @@ def compute_stats(
         counter = SupervisedCounter([config.max_len, *config.candidates])
     skips = SkipCounter(strict=read_config.strict)
     if identity is not None:
-        from packtool.tokenize.recorded import check_recorded_bos, check_recorded_tokenizer
+        from packtool.tokenize.recorded import recorded_check
         from packtool.tokenizer.by_name import tokenizer_by_name
 
-        if tokenizer is None:  # no tokenizer applies `bos`: refused unless it is the file's
-            check_recorded_bos(read, bos)
-        else:  # the recorded one or a DataError, as tokenize and pack (the ids are the file's)
-            given = tokenizer_by_name(tokenizer, bos, workers=workers)
-            check_recorded_tokenizer(identity, given, read.tokenized[0][0])
+        # the recorded one or a DataError, as tokenize and pack (the ids are the file's); with
+        # no tokenizer, `bos` is refused unless it is the file's
+        given = None if tokenizer is None else tokenizer_by_name(tokenizer, bos, workers=workers)
+        recorded_check(read, given, bos, input_text(inputs[0]))
         config.check_room_for_text(identity.eos_id, identity.bos_id)
         if counter is None:  # rows of no token are `empty` skips, as pack and tokenize count them
             lengths = tokenized_lengths(read.tokenized, skips)

@@ -15,6 +15,9 @@ Tokenized Parquet is read with the tokenizer it records (packtool/dataset/tokeni
   as the CLI's flag and the Python argument (`--no-bos / bos=None`): the API's functions
   (`tokenized_batches`, `compute_stats`, `run_pack`, ...) raise the same line, and a Python
   caller told "pass --no-bos" had no flag to pass.
+- The line names the first input as the user gave it (`tok`), at every command: until
+  2026-12-07 `tokenize` and `stats` named the first part file (`tok/part-00000.parquet`),
+  `pack` and `tokenize --to megatron` the input, so the same mistake read two ways.
 """
 
 from __future__ import annotations
@@ -23,13 +26,13 @@ import os
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from packtool.dataset.identity import TokenizerIdentity
 from packtool.dataset.tokenized import common_identity, split_tokenized
 from packtool.errors import ConfigError, DataError
 from packtool.read.corpus import expand_inputs
+from packtool.storage import local as storage
 from packtool.tokenizer.specials import special_choice
 from packtool.tokenizer.tokenizers import Tokenizer
 
@@ -37,12 +40,13 @@ SPECIALS = ("eos", "bos")
 
 
 def inputs_recorded(
-    inputs: Iterable[str | os.PathLike],
-) -> tuple[Path, TokenizerIdentity] | None:
-    """The first tokenized Parquet input and the tokenizer all of them record (None when the
-    inputs are raw)."""
-    tokenized, _ = split_tokenized(expand_inputs(inputs))
-    return (tokenized[0][0], common_identity(tokenized)) if tokenized else None
+    inputs: str | os.PathLike | Iterable[str | os.PathLike],
+) -> tuple[str, TokenizerIdentity] | None:
+    """The first input as given (what a line about them names) and the tokenizer all of them
+    record (None when the inputs are raw)."""
+    given = storage.input_list(inputs)
+    tokenized, _ = split_tokenized(expand_inputs(given))
+    return (storage.input_text(given[0]), common_identity(tokenized)) if tokenized else None
 
 
 def check_recorded_tokenizer(
@@ -90,14 +94,24 @@ def check_recorded_tokenizer(
     )
 
 
-def check_recorded_bos(read: Any, bos: int | str | None) -> None:
-    """`bos` given to the API with `tokenizer=None` (`"auto"`: none) for `read`
-    (`tokenize.InputsRead`): tokenized Parquet is read with the BOS it records and no
-    tokenizer is loaded to apply another, so it is checked as the CLI checks `--bos-id` there
-    (`check_recorded_specials`): it was ignored, and bos_id None recorded, until 2026-12-07."""
+def recorded_check(
+    read: Any, tokenizer: Tokenizer | None, bos: int | str | None, where: str | os.PathLike
+) -> Tokenizer | None:
+    """`tokenizer` for inputs `read` (`tokenize.InputsRead`) once checked against the tokenizer
+    tokenized Parquet records (`check_recorded_tokenizer`: None where the inputs are read with
+    their recorded one); other inputs have nothing to check. `where`: the first input as given.
+
+    With `tokenizer` None, `bos` given to the API (`"auto"`: none) is checked as the CLI checks
+    `--bos-id` there (`check_recorded_specials`): no tokenizer is loaded to apply another (it
+    was ignored, and bos_id None recorded, until 2026-12-07).
+    """
     identity = read.identity()
-    if bos != "auto" and identity is not None:
-        check_recorded_specials(identity, {"bos": bos}, read.tokenized[0][0])
+    if identity is None:
+        return tokenizer
+    if tokenizer is None:
+        check_recorded_specials(identity, {} if bos == "auto" else {"bos": bos}, where)
+        return None
+    return check_recorded_tokenizer(identity, tokenizer, where)
 
 
 def check_recorded_specials(

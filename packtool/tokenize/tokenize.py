@@ -50,7 +50,7 @@ from packtool.sft.encode import note_template, template_record
 from packtool.sft.inputs import file_record_kind, sft_kind
 from packtool.storage import hub, writing
 from packtool.storage import local as storage
-from packtool.tokenize.recorded import check_recorded_bos, check_recorded_tokenizer, inputs_recorded
+from packtool.tokenize.recorded import check_recorded_tokenizer, inputs_recorded, recorded_check
 from packtool.tokenize.summary import TokenizeSummary, summary_of
 from packtool.tokenize.tables import (
     PRETOKENIZED,
@@ -305,12 +305,12 @@ def _tokenized_batches(
     bos: int | str | None = "auto",
 ) -> Iterator[tuple[pa.Table, int]]:
     config = read_config or ReadConfig()
+    inputs = storage.input_list(inputs)  # the first, as given, names them (recorded.py)
     paths = expand_inputs(inputs)
     read = inputs_read(paths, config)
-    if tokenizer is None:  # no tokenizer to apply it: refused unless it is the file's
-        check_recorded_bos(read, bos)
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
+    tokenizer = recorded_check(read, tokenizer, bos, storage.input_text(inputs[0]))
     skips = run_skips(skips, config)
     yield from read_tables(paths, read, config, tokenizer, skips)
 
@@ -431,10 +431,8 @@ def tokenize_corpus(
     read = inputs_read(expand_inputs(inputs), config)
     if tokenizer is None and read.mode != TOKENIZED:  # only tokenized Parquet records one
         tokenizer = load_tokenizer("byte", workers=workers, bos=bos)
-    if tokenizer is None:  # no tokenizer to apply it: refused unless it is the file's
-        check_recorded_bos(read, bos)
-    if tokenizer is not None and read.mode == TOKENIZED:  # None: the EOS/BOS recorded taken
-        tokenizer = check_recorded_tokenizer(read.identity(), tokenizer, read.tokenized[0][0])
+    # None: read with the recorded tokenizer (an EOS / BOS option refused unless the file's)
+    tokenizer = recorded_check(read, tokenizer, bos, storage.input_text(inputs[0]))
     optional = read.columns  # e.g. loss_mask from labels: passed through
     recorded = read.identity() if tokenizer is None else None
     identity = recorded or tokenizer.identity

@@ -234,7 +234,9 @@ def test_tokenizer_options_on_tokenized_parquet_follow_packs_rule(small_corpus, 
     warned that they were ignored and reported the file's figures, where `pack` of the same file
     refuses a tokenizer unlike the recorded one. Now stats takes pack's and tokenize's rule
     (packtool/tokenize/recorded.py): the recorded tokenizer (or its EOS / BOS) is accepted, with
-    no warning; another is their one-line error."""
+    no warning; another is their one-line error, the same line at the four commands: it named
+    the input as given at `pack` and `tokenize --to megatron` (`tok`), the first part file at
+    `stats` and `tokenize` (`tok/part-00000.parquet`)."""
     out_dir = tmp_path / "tok"
     assert run("tokenize", small_corpus, "-o", out_dir)[0] == 0  # byte: eos 256, bos None
     code, plain, err = run("stats", out_dir, "--json")
@@ -245,22 +247,18 @@ def test_tokenizer_options_on_tokenized_parquet_follow_packs_rule(small_corpus, 
     other = str(_word_tokenizer(tmp_path / "words"))
     hf = ["--tokenizer-engine", "tokenizers", "--tokenizer"]  # no note on the engines tried
     for args, hint in (
-        (
-            [*hf, other],
-            "leave --tokenizer out / pass tokenizer=None (the file is read with the tokenizer",
-        ),
-        (
-            ["--tokenizer", "byte", "--no-eos"],
-            "pass --eos-id 256 / eos=256 (what the file records)",
-        ),
+        ([*hf, other], "leave --tokenizer out / pass tokenizer=None (the file is read with"),
+        (["--tokenizer", "byte", "--no-eos"], "pass --eos-id 256 / eos=256 (what the file"),
         (["--bos-id", "5"], "pass --no-bos / bos=None (what the file records)"),
     ):
         code, _, err = run("stats", out_dir, *args)
         line = one_error_line(err)
-        assert code == 1 and line.startswith(f"error: {out_dir}"), line
-        assert "tokenized with byte:byte" in line and hint in line, line
-        # tokenize's line (pack names the input as given, the folder, not its part file)
-        code, _, tokenize_err = run("tokenize", out_dir, "-o", tmp_path / "t.parquet", *args)
-        assert code == 1 and one_error_line(tokenize_err) == line
-        code, _, pack_err = run("pack", out_dir, "-o", tmp_path / "p", *args)
-        assert code == 1 and one_error_line(pack_err).split(": ", 2)[2] == line.split(": ", 2)[2]
+        assert code == 1 and line.startswith(f"error: {out_dir}: tokenized with byte:byte"), line
+        assert hint in line, line
+        for command, out in (
+            ("tokenize", ["-o", tmp_path / "t.parquet"]),
+            ("tokenize", ["--to", "megatron", "-o", tmp_path / "m"]),
+            ("pack", ["-o", tmp_path / "p"]),
+        ):
+            code, _, other_err = run(command, out_dir, *out, *args)
+            assert code == 1 and one_error_line(other_err) == line, (command, out, other_err)

@@ -626,7 +626,42 @@ def test_a_tokenizer_given_for_tokenized_parquet_must_be_the_recorded_one(tmp_pa
     assert s.tokens == 3 + 5 + 2 * 2  # a BOS and an EOS each
     bos_id = bos.identity.bos_id
     assert f"records bos {bos_id}, not this tokenizer's bos None" in capsys.readouterr().err
-    with pytest.raises(
-        DataError, match=f"pass --bos-id {bos_id} / bos={bos_id} .what the file records"
-    ):
+    with pytest.raises(DataError, match=f"pass --bos-id {bos_id} / bos={bos_id} .what the file"):
         compute_stats([with_bos], config, tokenizer="byte", bos=None)  # chosen: no BOS
+
+
+@pytest.mark.parametrize("refused", ["tokenizer", "bos"])
+def test_every_function_names_tokenized_parquet_as_it_was_given(tmp_path, refused):
+    """A tokenizer (or a `bos`) unlike the recorded one: `run_pack` and `tokenize_megatron`
+    named the input as given (`tok`), `compute_stats`, `tokenize_corpus` and
+    `tokenized_batches` the first part file (`tok/part-00000.parquet`). One line now, naming
+    `tok`, at each."""
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.engines.megatron.run import tokenize_megatron
+    from packtool.pack.chunk import PackConfig
+    from packtool.tokenize.tokenize import tokenize_corpus, tokenized_batches
+    from packtool.tokenizer.tokenizers import load_tokenizer
+
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "abc"}\n{"text": "hello"}\n')
+    tok = tmp_path / "tok"
+    tokenize_corpus([src], tok, progress=False)  # byte: eos 256, bos None; tok/part-00000
+    other = {"tokenizer": load_tokenizer("byte", eos=None)}  # no EOS: not the file's
+    given = other if refused == "tokenizer" else {"tokenizer": None, "bos": 5}
+    calls = {
+        "compute_stats": lambda: compute_stats([tok], StatsConfig(max_len=64), **given),
+        "tokenize_corpus": lambda: tokenize_corpus([tok], tmp_path / "t.parquet", **given),
+        "tokenized_batches": lambda: list(tokenized_batches([tok], **given)),
+        "run_pack": lambda: run_pack(
+            RunConfig(inputs=(str(tok),), out_dir=str(tmp_path / "p"), pack=PackConfig(max_len=64)),
+            **given,
+        ),
+        "tokenize_megatron": lambda: tokenize_megatron([tok], tmp_path / "m", **given),
+    }
+    lines = {}
+    for name, call in calls.items():
+        with pytest.raises(DataError) as raised:
+            call()
+        lines[name] = str(raised.value)
+    assert lines["run_pack"].startswith(f"{tok}: tokenized with byte:byte"), lines
+    assert set(lines.values()) == {lines["run_pack"]}, lines
