@@ -70,10 +70,11 @@ each rescanning the run's rest (time as the square of its length: 15 s on 40,000
 _QUERY = re.compile(rf"([?&](?=[\w.-]*?{_SECRET_WORD})([\w.-]*)=)[^&#\s]*", re.IGNORECASE)
 _PIECE = r"(?:\"[^\"]*\"|'[^']*'|[^\s,;&])*"
 _ASSIGNED = re.compile(
-    rf"((?<![\w/-])(?=[\w-]*?{_SECRET_WORD})([\w-]*)=){_PIECE}(?:,(?![\w-]+=){_PIECE})*",
+    rf"((?<![\w/-])(?=[\w-]*?{_SECRET_WORD})([\w-]*)=){_PIECE}(?:,(?![\w-]+=(?![=,\s;&]|$)){_PIECE})*",
     re.IGNORECASE,
 )
-"""`NAME=VALUE` with a secret's NAME (`HF-TOKEN=`, `--hf-token=`), a list's every item; a
+"""`NAME=VALUE` with a secret's NAME (`HF-TOKEN=`, `--hf-token=`), a list's every item (up to
+an item `NAME=VALUE`; one ending in `=`, base64's padding, is an item of the list); a
 folder of a path (`s3://b/t/partition_key=3/`, Hive's partitions) is preceded by `/`: kept."""
 _SPACED = re.compile(
     rf"((?<![\w/-])(?=--?[\w-]*?{_SECRET_WORD})(--?[\w-]*)\s+)"

@@ -215,6 +215,9 @@ def test_the_value_after_a_harmless_or_count_option_is_kept(args):
         ("https://h/x?access_keys=k1,k2&y=1", "y=1", "k2"),
         # a list stops before the next `NAME=` (Slurm's `--export=A=1,B=2`)
         ("--export=ALL,HF_TOKEN=t0k,PATH=/bin", "PATH=/bin", "t0k"),
+        # ... but not before an item that ends in base64's `=` padding (seen: kept)
+        ("--export=ALL,GITHUB_TOKENS=ghp_x,dG9rZW4=,PATH=/bin", "PATH=/bin", "dG9rZW4"),
+        ("export API_KEYS=abc,c2VjcmV0== Y=1", "Y=1", "c2VjcmV0"),
     ],
 )
 def test_hyphenated_spaced_and_plural_secrets_are_hidden(arg, kept, hidden):
