@@ -347,8 +347,8 @@ def stats_cmd(
     # seconds), to be compared with the recorded one as pack and tokenize compare it (a
     # tokenizer unlike it, or an --eos-id / --bos-id unlike the file's, is their one-line
     # error; until 2026-12-07 stats warned that they were ignored and went on).
+    check_input_options(inputs, corpus, sft)  # first, as tokenize: a misspelt field costs no load
     tokenizer = corpus.tokenizer_for(inputs, workers)  # --tokenizer-engine alone: a warning
-    check_input_options(inputs, corpus, sft)
     stats = compute_stats(
         inputs,
         config,

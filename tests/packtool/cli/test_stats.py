@@ -262,3 +262,14 @@ def test_tokenizer_options_on_tokenized_parquet_follow_packs_rule(small_corpus, 
         ):
             code, _, other_err = run(command, out_dir, *out, *args)
             assert code == 1 and one_error_line(other_err) == line, (command, out, other_err)
+
+
+def test_input_options_are_checked_before_the_tokenizer_loads(small_corpus, tmp_path):
+    """As `tokenize` does: a misspelt field is named before a (large, remote) tokenizer is
+    loaded; stats loaded it first and said the tokenizer file was missing."""
+    missing = tmp_path / "none" / "tokenizer.json"
+    for command in ("stats", "tokenize"):
+        extra = ["-o", tmp_path / "out"] if command == "tokenize" else []
+        code, _, err = run(command, small_corpus, *extra, "--tokenizer", missing,
+                           "--prompt-field", "nosuchfield")  # fmt: skip
+        assert code != 0 and "nosuchfield" in one_error_line(err), (command, err)
