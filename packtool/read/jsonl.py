@@ -116,6 +116,9 @@ class LongInteger(float):
     def __new__(cls, digits: str) -> LongInteger:
         return super().__new__(cls, "-inf" if digits.startswith("-") else "inf")
 
+    def __reduce__(self) -> tuple:
+        return (float, (float(self),))  # pickled or copied: the infinity it reads as
+
 
 def _integer(digits: str) -> int | float:
     """An integer literal as the standard library reads it, or a `LongInteger` where it has

@@ -586,3 +586,16 @@ def test_what_the_fallback_parser_still_refuses(tmp_path):
     skips = SkipCounter()
     assert [d[1] for d in read_all([wide, bom], skips=skips)] == ["first"]
     assert sum(skips.counts.values()) == 4 + 1  # the UTF-16 file's lines, the BOM line
+
+
+def test_a_number_past_pythons_digit_limit_pickles_and_copies_as_its_infinity():
+    """`LongInteger` (what such a literal reads as) refused pickle and deepcopy (its `__new__`
+    was handed a float): a parsed record that travels to a process or is copied keeps it as
+    the infinity it reads as."""
+    import copy
+    import math
+    import pickle
+
+    record = jsonl.standard_json(b'{"n": -' + b"9" * 5000 + b', "m": [' + b"1" * 5000 + b"]}")
+    for again in (pickle.loads(pickle.dumps(record)), copy.deepcopy(record)):
+        assert again["n"] == -math.inf and again["m"] == [math.inf]
