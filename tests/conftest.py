@@ -106,7 +106,10 @@ def pytest_xdist_auto_num_workers(config):
     `--maxprocesses 4` caps it). Many tests wait, not compute: on a Slurm job, a Ray cluster, a
     server on loopback, a subprocess; and each shared cluster's tests run one after another in
     one worker (the scheduler above), the Slurm ones for ~8 minutes. With one worker per core
-    on a 2-core machine the other worker was left alone with the rest of the suite meanwhile."""
+    on a 2-core machine the other worker was left alone with the rest of the suite meanwhile.
+    `PYTEST_XDIST_AUTO_NUM_WORKERS` still chooses (xdist's own rule)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
     return max(4, os.cpu_count() or 1)
 
 

@@ -509,8 +509,8 @@ def check_distinct_data(entries: Sequence[tuple[SourceSpec, object, str]]) -> No
     Args:
         entries: `(source, its data, that data in words)` per source: a packed dataset's data
             is its fingerprint (its shards: a copy of the folder is the same data), a
-            streaming source's its files' resolved paths (its fingerprint is their names and
-            sizes: other files of one name and size are other data).
+            streaming source's its files' resolved paths (its fingerprint, which a resume
+            compares, is those files with their sizes and modification times).
 
     Raises:
         ConfigError: One line naming both sources and the weight one source would take.
