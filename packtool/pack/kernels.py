@@ -422,7 +422,7 @@ def _grouped(lengths, order, starts, max_len, best_fit, proto):  # pragma: no co
     for g in range(n_groups):
         a = starts[g]
         b = starts[g + 1]
-        d = 0
+        d = np.int64(0)  # not a literal 0: `_ffd_runs`, `_bfd_runs` would compile for it too
         for p in range(a, b):  # the group's distinct lengths, longest first
             length = lengths[order[p]]
             if d == 0 or lens[d - 1] != length:

@@ -4,6 +4,7 @@ a program importing packtool keeps numba's behaviour."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,3 +57,61 @@ def test_the_rounds_kernel_is_warmed_only_for_a_run_with_rounds(rounds, warmed):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
     assert out == [str(warmed)]
+
+
+COMPILES = """
+import json
+from numba.core import event
+from packtool.pack import warmup
+
+seen = []
+
+
+class Seen(event.Listener):
+    def on_start(self, e):
+        pass
+
+    def on_end(self, e):
+        fn = e.data["dispatcher"].py_func
+        seen.append([fn.__module__, fn.__qualname__, str(e.data["args"])])
+
+
+with event.install_listener("numba:compile", Seen()):
+    warmup.warm_up()
+print(json.dumps(seen))
+"""
+
+DTYPES = {
+    "_gather_segments": {"uint8", "uint16", "uint32"},
+    "_scatter_segments": {"uint16", "uint32"},
+}
+"""The kernels warmed for several value dtypes on purpose (loss masks; token ids)."""
+
+
+def test_the_warm_up_compiles_each_kernel_once(tmp_path):
+    """On a cold numba cache `_grouped` compiled `_ffd_runs`, `_bfd_runs` and `_row_bound` a
+    second time each: its group's `d = 0` reached them typed `Literal[int](0)` while numba
+    inferred its type, a second specialization beside the int64 one `_decreasing` compiles.
+    Each kernel is now compiled once, but for the value dtypes it is warmed for, and none of
+    numba's costly library code (sorts, random, string formatting) is compiled."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PACKTOOL_NUMBA_EXTENSIONS": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", COMPILES], env=env, capture_output=True, text=True, check=True
+    )
+    seen = [tuple(x) for x in json.loads(out.stdout.splitlines()[-1])]
+    ours = [(q, args) for m, q, args in seen if m.startswith("packtool.")]
+    names = {q for q, _ in ours}
+    assert {"_decreasing", "_grouped", "_ffd_runs", "_bfd_runs", "_row_bound"} <= names
+    assert {"first_fit", "_split", "_segment_sums"} | set(DTYPES) <= names
+    for name in names:
+        specializations = [args for q, args in ours if q == name]
+        want = DTYPES.get(name)
+        if want is None:
+            assert len(specializations) == 1, (name, specializations)
+        else:
+            assert len(specializations) == len(want), (name, specializations)
+            assert {
+                dtype for dtype in want if any(f"({dtype}," in a for a in specializations)
+            } == want
+    heavy = ("numba.misc.quicksort", "numba.np.random", "numba.cpython.unicode")
+    assert [x for x in seen if x[0].startswith(heavy)] == []
