@@ -38,7 +38,7 @@ def small(tmp_path) -> Path:
 # --- stats ------------------------------------------------------------------------------------
 
 
-def test_stats_on_tokenized_parquet_does_not_load_the_tokenizer(tmp_path, small, monkeypatch):
+def test_stats_on_tokenized_parquet_loads_only_a_tokenizer_given(tmp_path, small, monkeypatch):
     code, _, err = run("tokenize", small, "-o", tmp_path / "tok.parquet")
     assert code == 0, err
 
@@ -51,11 +51,14 @@ def test_stats_on_tokenized_parquet_does_not_load_the_tokenizer(tmp_path, small,
     code, out, err = run("stats", tmp_path / "tok.parquet", "--max-len", "64")
     assert code == 0, err
     assert "documents   60" in out and err == ""
-    # A tokenizer that does not even exist is not looked at; the user is told it is ignored.
+    # A tokenizer given is loaded to be compared with the recorded one, as pack and tokenize
+    # compare it (until 2026-12-07 stats warned it was ignored): one that does not exist is
+    # their one-line error.
+    monkeypatch.undo()
     code, out, err = run("stats", tmp_path / "tok.parquet", "--tokenizer", tmp_path / "no.json")
-    assert code == 0, err
-    assert "tokenizer   byte:byte" in out
-    assert err.startswith("warning: the inputs are tokenized Parquet") and "ignored" in err
+    assert code != 0 and "no.json" in one_error_line(err)
+    assert run("pack", tmp_path / "tok.parquet", "-o", tmp_path / "p", "--tokenizer",
+               tmp_path / "no.json")[2] == err  # fmt: skip
 
 
 def test_stats_with_only_skipped_documents_says_why(tmp_path):
