@@ -4,9 +4,6 @@ that ran a call per group and round (kept as `reference.repack_reference`)."""
 from __future__ import annotations
 
 import collections
-import json
-import os
-import subprocess
 import sys
 from unittest import mock
 
@@ -18,6 +15,7 @@ from hypothesis import strategies as st
 from packtool.pack import kernels, repack
 from packtool.pack.chunk import PackConfig, pack_table
 from packtool.pack.reference import repack_reference
+from tests.packtool.pack.compiles import cold_compiles
 
 
 def _first_round(lengths, groups, n_groups, max_len, algorithm):
@@ -139,40 +137,16 @@ def test_rounds_make_no_python_call_per_group():
     assert sixteen - one < n_groups, f"16 rounds: {sixteen:,} Python calls, 1 round: {one:,}"
 
 
-COMPILES = """
-import json
-from numba.core import event
-from packtool.pack import repack
-
-seen = []
-
-
-class Seen(event.Listener):
-    def on_start(self, e):
-        pass
-
-    def on_end(self, e):
-        fn = e.data["dispatcher"].py_func
-        seen.append([fn.__module__, fn.__qualname__])
-
-
-with event.install_listener("numba:compile", Seen()):
-    repack.warm_up()
-print(json.dumps(seen))
-"""
-
-
 def test_the_rounds_kernel_compiles_no_sort_shuffle_or_message_code(tmp_path):
     """On a cold numba cache the rounds' kernel compiled numba's quicksort (`key.sort()`),
     its `Generator.shuffle` (N-d indexing with `...`) and, for fancy indexing, the string
     formatting of a shape-mismatch message: 82 functions, ~18.5 s of CPU on this 2-core box, the
     first time `packtool pack --rounds 4` ran on a machine. Now packtool's own loops: each of its
     kernels compiled once (one type specialization), and a few of numba's array allocators."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}  # cold: nothing cached there
-    out = subprocess.run(
-        [sys.executable, "-c", COMPILES], env=env, capture_output=True, text=True, check=True
-    )
-    seen = [tuple(x) for x in json.loads(out.stdout.splitlines()[-1])]
+    seen = [
+        c[:2]
+        for c in cold_compiles("from packtool.pack import repack", "repack.warm_up()", tmp_path)
+    ]
     ours = collections.Counter(q for m, q in seen if m.startswith("packtool."))
     assert {"_repack", "_round", "first_fit"} <= set(ours)
     assert set(ours.values()) == {1}, ours

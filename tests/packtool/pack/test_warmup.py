@@ -4,12 +4,13 @@ a program importing packtool keeps numba's behaviour."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+from tests.packtool.pack.compiles import cold_compiles
 
 CHECK = (
     "import sys; from packtool.pack import warmup; warmup.warm_up(); "
@@ -59,28 +60,6 @@ def test_the_rounds_kernel_is_warmed_only_for_a_run_with_rounds(rounds, warmed):
     assert out == [str(warmed)]
 
 
-COMPILES = """
-import json
-from numba.core import event
-from packtool.pack import warmup
-
-seen = []
-
-
-class Seen(event.Listener):
-    def on_start(self, e):
-        pass
-
-    def on_end(self, e):
-        fn = e.data["dispatcher"].py_func
-        seen.append([fn.__module__, fn.__qualname__, str(e.data["args"])])
-
-
-with event.install_listener("numba:compile", Seen()):
-    warmup.warm_up()
-print(json.dumps(seen))
-"""
-
 DTYPES = {
     "_gather_segments": {"uint8", "uint16", "uint32"},
     "_scatter_segments": {"uint16", "uint32"},
@@ -94,11 +73,10 @@ def test_the_warm_up_compiles_each_kernel_once(tmp_path):
     inferred its type, a second specialization beside the int64 one `_decreasing` compiles.
     Each kernel is now compiled once, but for the value dtypes it is warmed for, and none of
     numba's costly library code (sorts, random, string formatting) is compiled."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PACKTOOL_NUMBA_EXTENSIONS": "0"}
-    out = subprocess.run(
-        [sys.executable, "-c", COMPILES], env=env, capture_output=True, text=True, check=True
-    )
-    seen = [tuple(x) for x in json.loads(out.stdout.splitlines()[-1])]
+    seen = cold_compiles(
+        "from packtool.pack import warmup", "warmup.warm_up()", tmp_path,
+        PACKTOOL_NUMBA_EXTENSIONS="0",
+    )  # fmt: skip
     ours = [(q, args) for m, q, args in seen if m.startswith("packtool.")]
     names = {q for q, _ in ours}
     assert {"_decreasing", "_grouped", "_ffd_runs", "_bfd_runs", "_row_bound"} <= names
