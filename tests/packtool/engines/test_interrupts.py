@@ -89,10 +89,11 @@ local._run_pool(Run(), [[0, 1]], 2, 1, "process")
 
 
 def _signalled(
-    script: list[str], ready: str, signum: int, signals: int
-) -> tuple[subprocess.Popen, str, float]:
+    script: list[str], ready: str, signum: int, signals: int = 1
+) -> tuple[subprocess.Popen, str, str, float]:
     """Run `python -c SCRIPT ARGS`, wait for its `ready` line, send `signum` `signals` times
-    (0.2 s apart); the process, its stderr and the seconds from the first signal to its end."""
+    (0.2 s apart); the process, the rest of its stdout, its stderr and the seconds from the
+    first signal to its end."""
     proc = subprocess.Popen(
         [sys.executable, "-c", *script],
         cwd=ROOT,
@@ -106,16 +107,16 @@ def _signalled(
         for _ in range(signals):
             proc.send_signal(signum)
             time.sleep(0.2)
-        _, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    return proc, err, time.monotonic() - t0
+    return proc, out, err, time.monotonic() - t0
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 @pytest.mark.parametrize("signals", [1, 2])
 def test_ctrl_c_while_the_pool_starts_is_not_held_for_the_whole_start(signals):
-    proc, err, took = _signalled([STALLED_SUBMIT], "submitting", signal.SIGINT, signals)
+    proc, _, err, took = _signalled([STALLED_SUBMIT], "submitting", signal.SIGINT, signals)
     # One Ctrl-C: out after the grace period (1 s here); a second one: at once.
     assert took < (10 if signals == 1 else 3), err
     assert proc.returncode == 130, err
@@ -146,7 +147,7 @@ with interrupts.sigterm_as_ctrl_c():
 def test_sigterm_whose_graceful_stop_hangs_still_exits(caller, signals):
     # From the Python API one SIGTERM sets no timer (the program may catch it and go on:
     # `test_a_python_caller_that_catches_sigterm_goes_on`): only a second one forces the exit.
-    proc, err, took = _signalled([HUNG_STOP, caller], "running", signal.SIGTERM, signals)
+    proc, _, err, took = _signalled([HUNG_STOP, caller], "running", signal.SIGTERM, signals)
     # One SIGTERM under the CLI: out after the grace period (1 s here), as after a Ctrl-C; a
     # second: at once.
     assert took < (10 if signals == 1 else 3), err
@@ -173,19 +174,7 @@ print("done", flush=True)
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_a_python_caller_that_catches_sigterm_goes_on():
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CAUGHT, "6"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "running\n"
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
+    proc, out, err, _ = _signalled([CAUGHT, "6"], "running", signal.SIGTERM)
     assert proc.returncode == 0, err
     assert out.split() == ["stopped", "done"], err
 
@@ -227,18 +216,6 @@ sys.exit(130)
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_the_cli_s_forced_exit_waits_for_the_slurm_cancel(sig):
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CANCEL],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "running\n"
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
+    proc, out, err, _ = _signalled([SLOW_CANCEL], "running", sig)
     assert out.split() == ["cancelled", "stopped"], err
     assert proc.returncode == 130, err
