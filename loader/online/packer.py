@@ -408,7 +408,10 @@ class OnlinePacker:
             self._closed = True
 
     def pop(self) -> PackedRows:
-        """The rows packed since the last `pop()` (possibly none)."""
+        """The rows packed since the last `pop()`; none: empty arrays of the rows' dtypes."""
+        if not self._out:  # tokens None only for a packer fed lengths only (int64 before a push)
+            dtype = None if self._has_tokens is False else self._dtype or np.dtype(np.int64)
+            return PackedRows.empty(dtype, self._columns or ())
         out = PackedRows.concat(self._out)
         self._out = []
         return out

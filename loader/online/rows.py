@@ -7,7 +7,7 @@ collating never touch a Python object per row.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from loader.config import check_int
 from loader.record import Documents
+from packtool.dataset.columns import get
 from packtool.errors import ConfigError
 
 
@@ -92,7 +93,20 @@ class PackedRows:
         )
 
     @staticmethod
+    def empty(tokens: Any = np.int64, columns: Iterable[str] = ()) -> PackedRows:
+        """No rows, with the arrays a packer's rows have: `tokens` of that dtype (None: a
+        packer fed lengths only, whose rows carry none) and the per-token `columns` named, each
+        of its declared dtype."""
+        toks = None if tokens is None else np.zeros(0, tokens)
+        cols = {} if toks is None else {n: np.zeros(0, get(n).numpy_dtype()) for n in columns}
+        return PackedRows(np.zeros(1, np.int64), EMPTY_I64, EMPTY_I64, EMPTY_I32, toks, cols)
+
+    @staticmethod
     def concat(parts: list[PackedRows]) -> PackedRows:
+        """`parts` end to end. Parts without rows add nothing and are left out (their types
+        neither promote the others' nor, tokens None, hide them); `concat([])` has no rows and
+        no tokens (no dtype is known)."""
+        parts = [p for p in parts if p.n_rows] or parts[:1]
         if not parts:
             return _EMPTY_ROWS
         if len(parts) == 1:
@@ -142,7 +156,8 @@ class PackedRows:
 
 
 EMPTY_I64 = np.zeros(0, np.int64)
-_EMPTY_ROWS = PackedRows(np.zeros(1, np.int64), EMPTY_I64, EMPTY_I64, np.zeros(0, np.int32), None)
+EMPTY_I32 = np.zeros(0, np.int32)
+_EMPTY_ROWS = PackedRows.empty(None)
 
 
 class RowBatcher:

@@ -1144,3 +1144,64 @@ def test_push_lengths_refuses_a_length_split_into_too_many_pieces_in_one_line() 
         p.push_lengths(np.array([2**40]))
     p.push_lengths(np.array([8, 8, 8, 8]))  # the packer still works afterwards
     assert p.pop().seg_len.tolist() == [8, 8, 8, 8]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("dtype", [np.int32, np.uint16, np.int64])
+def test_pop_after_only_empty_documents_gives_empty_arrays_of_the_packers_dtypes(
+    masked, dtype
+) -> None:
+    """Before: `pop()` of a packer fed tokens but nothing packed (only empty documents pushed,
+    or no pack yet) returned rows whose `tokens` was None, the lengths-only marker, and no
+    `loss_mask` column: a consumer reading `rows.tokens.dtype` or `rows.columns["loss_mask"]`
+    failed. Now: empty arrays of the types the packer's rows have."""
+    p = OnlinePacker(max_len=8, long_docs="truncate")
+    mask = {"loss_mask": np.zeros(0, np.uint8)} if masked else {}
+    p.push(np.zeros(0, dtype), [0, 0], **mask)
+    before = p.pop()  # nothing packed yet
+    p.flush()
+    after = p.pop()  # the final flush packed nothing
+    for rows in (before, after):
+        assert rows.n_rows == 0 and len(rows.seg_len) == len(rows.doc_ids) == 0
+        assert isinstance(rows.tokens, np.ndarray) and rows.tokens.shape == (0,)
+        assert rows.tokens.dtype == dtype
+        assert rows.seg_len.dtype == rows.doc_ids.dtype == np.int64
+        assert rows.doc_chunks.dtype == np.int32
+        assert sorted(rows.columns) == (["loss_mask"] if masked else [])
+        for v in rows.columns.values():
+            assert v.shape == (0,) and v.dtype == np.uint8
+        assert rows.documents.tokens.dtype == dtype
+        batch = rows.collate()
+        assert batch["input_ids"].numel() == 0 and batch["cu_seqlens"].tolist() == [0]
+    # The empty rows join real ones without changing their types.
+    q = OnlinePacker(max_len=8, long_docs="truncate", buffer_docs=1)
+    q.push(
+        np.arange(3, dtype=dtype), [3], **({"loss_mask": np.ones(3, np.uint8)} if masked else {})
+    )
+    full = q.pop()
+    assert full.n_rows == 1
+    for parts in ([after, full], [full, after], [after, full, before]):
+        joined = PackedRows.concat(parts)
+        assert joined.tokens.dtype == dtype and joined.tokens.tolist() == [0, 1, 2]
+        assert {k: v.dtype for k, v in joined.columns.items()} == {
+            k: v.dtype for k, v in full.columns.items()
+        }
+    batcher = RowBatcher(max_len=8, rows_per_batch=1)
+    batcher.add(after)
+    batcher.add(full)
+    assert [b.tokens.tolist() for b in batcher.ready(final=True)] == [[0, 1, 2]]
+    # A state saved while such rows wait loads and goes on.
+    p2 = OnlinePacker(max_len=8, long_docs="truncate")
+    p2.push(np.zeros(0, dtype), [0], **mask)
+    p2.flush()
+    p3 = OnlinePacker(max_len=8, long_docs="truncate")
+    p3.load_state_dict(p2.state_dict())
+    assert p3.pop().tokens.dtype == dtype
+
+
+def test_pop_of_a_packer_fed_lengths_only_still_has_no_tokens() -> None:
+    p = OnlinePacker(max_len=8)
+    p.push_lengths([0, 0])
+    p.flush()
+    rows = p.pop()
+    assert rows.n_rows == 0 and rows.tokens is None and rows.columns == {}
