@@ -16,7 +16,11 @@ there verbatim. `recorded()` replaces with `REDACTED`:
   count and a path's folder `s3://b/t/partition_key=3/`;
 - the value after an option whose name contains a secret's word, as the next argument
   (`--password VALUE`) or inside one argument (`--slurm-setup "x --token VALUE"`), unless that
-  value is itself an option (`--no-auth --resume`: a flag) or the option is a count;
+  value is itself a long option (starts with `--`: `--no-auth --resume`, a flag) or the option
+  is a count; a value that starts with one `-` (`--password -hunter2`, and so `--no-auth -v`
+  too) is hidden: a secret may start with `-`, a short option after a flag costs only the
+  copyable resume line;
+- a value's backslash-escaped characters are part of it (`HF_TOKEN=a\\ b`), as in a shell;
 - in any argument, a bare Hugging Face token (`hf_` and 20 or more letters or digits) and
   the value after `Bearer `.
 
@@ -68,7 +72,10 @@ finds a secret's word in that run by one look ahead (`(?=NAME*?WORD)`): a word b
 started at each word of `a-b-c-...` and `NAME*WORD NAME*=` retried each `WORD` of the run,
 each rescanning the run's rest (time as the square of its length: 15 s on 40,000 characters)."""
 _QUERY = re.compile(rf"([?&](?=[\w.-]*?{_SECRET_WORD})([\w.-]*)=)[^&#\s]*", re.IGNORECASE)
-_PIECE = r"(?:\"[^\"]*\"|'[^']*'|[^\s,;&])*"
+_VALUE = r"\"(?:\\[\s\S]|[^\"\\])*\"|'[^']*'|\\[\s\S]"
+"""The pieces of a shell word a value holds beyond plain characters: a double-quoted string
+(its `\\"` escapes inside), a single-quoted one, an escaped character (`a\\ b`: one word)."""
+_PIECE = rf"(?:{_VALUE}|[^\s,;&\\])*"
 _ASSIGNED = re.compile(
     rf"((?<![\w/-])(?=[\w-]*?{_SECRET_WORD})([\w-]*)=){_PIECE}(?:,(?![\w-]+=(?![=,\s;&]|$)){_PIECE})*",
     re.IGNORECASE,
@@ -78,13 +85,13 @@ an item `NAME=VALUE`; one ending in `=`, base64's padding, is an item of the lis
 folder of a path (`s3://b/t/partition_key=3/`, Hive's partitions) is preceded by `/`: kept."""
 _SPACED = re.compile(
     rf"((?<![\w/-])(?=--?[\w-]*?{_SECRET_WORD})(--?[\w-]*)\s+)"
-    r"(?!--?[a-z])(?:\"[^\"]*\"|'[^']*'|[^\s;&|])+",
+    rf"(?!--)(?:{_VALUE}|[^\s;&|\\])+",
     re.IGNORECASE,
 )
 """`--NAME VALUE` inside one argument (a `--slurm-setup` line), NAME a secret's."""
 _OPTION = re.compile(r"--?[a-z]", re.IGNORECASE)
-"""How an option starts: after a secret's option, a flag then, no value to hide."""
-_BARE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|(?<=\bBearer )[^\s'\"]+", re.IGNORECASE)
+"""How an option starts."""
+_BARE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|(?<=\bBearer )(?:\\[\s\S]|[^\s'\"\\])+", re.IGNORECASE)
 """A Hugging Face token anywhere (`huggingface-cli login --token hf_...`), `Bearer VALUE`."""
 
 
@@ -142,8 +149,9 @@ def redacted(args: Sequence[str]) -> list[str]:
 
 def _secret_option(arg: str, after: str) -> bool:
     """Whether `arg` is an option whose name holds a secret and `after` its value
-    (`--password VALUE`), not a flag followed by an option nor a count (`--max-tokens 4096`)."""
-    if not _OPTION.match(arg) or _OPTION.match(after) or any(c.isspace() for c in arg):
+    (`--password VALUE`, `--password -hunter2`), not a flag followed by a long option
+    (`--no-auth --resume`, `--token --`) nor a count (`--max-tokens 4096`)."""
+    if not _OPTION.match(arg) or after.startswith("--") or any(c.isspace() for c in arg):
         return False
     return _SECRET_WORD_RE.search(arg) is not None and not _kept(arg, after)
 

@@ -289,3 +289,64 @@ def test_a_long_argument_is_redacted_in_one_pass(deadline, long):
     assert shown.startswith(long)
     assert "pw1" not in shown and "pw2" not in shown and "pw3" not in shown
     assert shown.endswith(f"https://{REDACTED}@host/x HF_TOKEN={REDACTED} --password {REDACTED}")
+
+
+@pytest.mark.parametrize(
+    ("args", "hidden"),
+    [
+        (["pack", "c.jsonl", "--password", "-hunter2", "-o", "out"], "-hunter2"),
+        (["pack", "c.jsonl", "--token", "-abc", "-o", "out"], "-abc"),
+        (["x", "--api-key", "-k3y"], "-k3y"),
+        (["x", "--hf-token", "-"], "-"),  # a lone dash is a value too
+        (["x", "--no-auth", "-v"], "-v"),  # a short option after one: hidden (it may be a value)
+    ],
+)
+def test_a_value_starting_with_a_dash_after_a_secret_option_is_hidden(args, hidden):
+    # Seen: `--password -hunter2` was recorded verbatim: `-h...` was taken for a flag. The next
+    # item is a secret option's value unless it is a long option (`--x`, or `--`).
+    assert redacted(args) == [REDACTED if a == hidden else a for a in args]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["x", "--password", "--verbose", "-o", "out"],
+        ["x", "--no-auth", "--resume"],
+        ["x", "--token", "--"],
+        ["x", "--max-tokens", "-1"],  # a count
+    ],
+)
+def test_a_long_option_after_a_secret_option_is_not_its_value(args):
+    assert redacted(args) == args
+
+
+@pytest.mark.parametrize(
+    ("arg", "kept", "hidden"),
+    [
+        # a `--slurm-setup` line: the value after a secret option starts with `-`
+        ("mytool --password -hunter2 && make", "mytool --password ", "-hunter2"),
+        ("mytool --token -abc --verbose", "--verbose", "-abc"),
+        ("mytool -token -abc x", "x", "-abc"),
+        # an escaped space is part of the value (seen: ` b` shown)
+        ("export HF_TOKEN=a\\ b; make", "; make", " b"),
+        ("export HF_TOKEN=a\\ b\\ cz Y=1", "Y=1", "cz"),
+        ("mytool --password a\\ b && make", "&& make", " b"),
+        ('export HF_TOKEN="a\\" b" Y=1', "Y=1", " b"),  # an escaped quote inside quotes
+    ],
+)
+def test_dash_values_and_escaped_spaces_in_one_argument_are_hidden(arg, kept, hidden):
+    (shown,) = redacted([arg])
+    assert hidden not in shown, shown
+    assert kept in shown and REDACTED in shown
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "mytool --password --verbose && make",
+        "mytool --no-auth --resume",
+        "mytool --max-tokens -1 x",
+    ],
+)
+def test_a_long_option_after_a_secret_option_in_one_argument_is_kept(arg):
+    assert redacted([arg]) == [arg]
