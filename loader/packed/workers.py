@@ -131,7 +131,10 @@ class WorkerFailed:
     so the main process prints the one line the worker raised. An error that cannot travel so
     (a class defined in a function, an attribute that does not pickle, a class whose `__new__`
     refuses its `args` when rebuilt) comes as the nearest class it derives from that can (a
-    `DataError` for most), its one line naming the original class and message: until
+    `DataError` for most), its one line naming the original class and message; where that
+    class is its own (only an attribute failed), as its class and message alone, the class
+    named once, without any of its attributes (none travels, not even those that pickle: an
+    error is made of its message, not by its constructor). Until
     2026-12-07 the first was lost in the worker (the loader ended as if the data had, with no
     error) and the last was a traceback of the unpickling in the main process.
     """
@@ -146,18 +149,20 @@ class WorkerFailed:
             whole: bytes | None = pickle.dumps((type(exc), exc.args, attrs))
         except Exception:  # any failure to pickle: the stand-in goes instead
             whole = None
-        line = _one_line(exc)
-        return (_rebuild, (whole, _nearest(type(exc), line), line))
+        cls, message = type(exc), _one_line(exc)
+        nearest = _nearest(cls, message)
+        if nearest is not cls:  # a parent stands in: its line names the original class
+            message = f"{cls.__module__}.{cls.__qualname__}: {message}"
+        return (_rebuild, (whole, nearest, message))
 
 
 def _one_line(exc: BaseException) -> str:
-    """`exc` as one line naming its class: `module.Class: message`."""
-    cls = type(exc)
+    """`exc`'s message as one line."""
     try:
         message = str(exc)
     except Exception:  # a __str__ that fails: its args instead
         message = repr(exc.args)
-    return f"{cls.__module__}.{cls.__qualname__}: {' '.join(message.split())}"
+    return " ".join(message.split())
 
 
 def _nearest(cls: type, line: str) -> type[PacktoolError]:

@@ -3,11 +3,14 @@ main process as the worker raised it, carried by the worker, not parsed from tor
 
 from __future__ import annotations
 
+import pickle
+import threading
 import traceback
 
 import pytest
 
 from loader import PackedDataLoader, PackedDataset
+from loader.packed.workers import WorkerFailed
 from packtool.errors import DataError
 
 
@@ -131,3 +134,43 @@ def test_a_worker_error_whose_class_cannot_travel_is_still_its_one_line_message(
     (line,) = traceback.format_exception_only(info.value)
     assert line.startswith("packtool.errors.DataError: ")
     assert "pickle" not in capfd.readouterr().err  # nor a traceback printed by the worker
+
+
+class HoldsALock(DataError):
+    """A DataError whose class pickles by name but which holds an attribute that does not (a
+    lock): it travels as its own class, by its message alone."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+        self.shard = 4
+
+
+def test_an_error_with_an_unpicklable_attribute_comes_as_its_class_named_once():
+    """Before: it came back as HoldsALock whose message was "tests...HoldsALock: shard 4 is
+    gone", so its printed line named the class twice ("...HoldsALock: ...HoldsALock: shard 4
+    is gone"). Its attributes are gone (documented): only its class and message travel."""
+    back = pickle.loads(pickle.dumps(WorkerFailed(HoldsALock("shard 4 is gone")))).error
+    assert type(back) is HoldsALock
+    assert str(back) == "shard 4 is gone" and back.args == ("shard 4 is gone",)
+    (line,) = traceback.format_exception_only(back)
+    assert line == f"{HoldsALock.__module__}.HoldsALock: shard 4 is gone\n"
+    assert not hasattr(back, "lock") and not hasattr(back, "shard")
+    # A parent class standing in still names the original class, once.
+    local = pickle.loads(pickle.dumps(WorkerFailed(_local_error()))).error
+    assert type(local) is DataError
+    assert str(local).count("ShardGone") == 1 and str(local).endswith(": shard 2 is gone")
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_a_worker_error_with_an_unpicklable_attribute_names_its_class_once(
+    random_dataset, monkeypatch
+):
+    monkeypatch.setattr(
+        PackedDataset, "_generate_blocks", _fail_with(HoldsALock("shard 4 is gone"))
+    )
+    ds = PackedDataset(random_dataset, rows_per_batch=4)
+    with pytest.raises(HoldsALock) as info:
+        next(iter(PackedDataLoader(ds, num_workers=1)))
+    (line,) = traceback.format_exception_only(info.value)
+    assert line == f"{HoldsALock.__module__}.HoldsALock: shard 4 is gone\n"
