@@ -10,7 +10,8 @@ holds open itself. One seam: a local path turned into an open file (or a name py
   file). Such a file is opened here and pyarrow is given the open descriptor's name
   (`/proc/self/fd/N`, ASCII); every other name goes as it is, with no extra system call.
 - **pyarrow's writes by name**: `parquet_writer`, `write_parquet` (`writing.py` re-exports
-  them, with the rest of the write side); a failed one leaves no file it created.
+  them, with the rest of the write side); a failed one leaves no file it created, and a
+  writer is never started on a file that holds data (pyarrow would empty it first).
 - **Files held open**: `RandomFile` (reads at offsets of a file still growing, what
   `local.open_random` returns: the shard writer's running hash) and `open_size` (the size now
   of a file under an open memory map: the loader checks a shard was not cut shorter).
@@ -23,7 +24,9 @@ May import: `remote` (`is_remote`) only; pyarrow on first use. (Not `remote_read
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,10 +118,23 @@ def parquet_writer(path: str | os.PathLike, schema: Any, **options: Any) -> Any:
     """`pyarrow.parquet.ParquetWriter(path, schema, **options)` (a name that is not UTF-8:
     `arrow_path`). A writer that fails to start (an option or a schema refused after pyarrow
     created the file) leaves no file where there was none (the empty file stayed, at either
-    name, until 2026-12-07); one that was there is the caller's."""
+    name, until 2026-12-07); an empty one that was there is the caller's, left empty.
+
+    A local file that holds data is refused (`FileExistsError`) before anything opens it:
+    pyarrow truncates the file before it knows it can write, so a writer that failed to start
+    left the old file empty (until 2026-12-07). No caller passes one: each writes a new
+    temporary name it renames in when done, or a file it has just made empty (`tokenize -o
+    x.parquet`'s staging file, a shard's second part, whose running hash opened it first)."""
     import pyarrow.parquet as pq
 
     created = not is_remote(path) and not os.path.lexists(path)
+    if not created and not is_remote(path) and _holds_data(path):
+        raise FileExistsError(
+            errno.EEXIST,
+            "holds data; a Parquet writer starts only on a new or empty file (it would empty "
+            "this one first): write a new name and rename it in",
+            path,
+        )
     with arrow_path(path, write=True) as name:
         try:
             return pq.ParquetWriter(name, schema, **options)
@@ -127,6 +143,15 @@ def parquet_writer(path: str | os.PathLike, schema: Any, **options: Any) -> Any:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
             raise
+
+
+def _holds_data(path: str | os.PathLike) -> bool:
+    """Whether `path` is a regular file with bytes in it (a link followed)."""
+    try:
+        st = os.stat(path)
+    except OSError:  # a dangling link, a name it cannot look up: pyarrow's open says why
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size > 0
 
 
 def write_parquet(table: Any, path: str | os.PathLike, **options: Any) -> None:

@@ -67,3 +67,33 @@ def test_a_parquet_writer_that_fails_to_start_leaves_no_file(tmp_path, name, opt
     with pytest.raises(Exception, match=message):
         writing.parquet_writer(path, TABLE.schema, **options)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", [b"plain.parquet", b"old\xff.parquet"])
+@pytest.mark.parametrize("options", [{"compression": "nosuch"}, {}])
+def test_a_parquet_writer_never_truncates_a_file_that_holds_data(tmp_path, name, options):
+    """Before: given an existing file, pyarrow truncated it to 0 bytes when it opened it, then
+    refused the option, and the empty file stayed (the old Parquet file gone, at either name).
+    No caller passes one (they write a new temporary name, or a file they just created empty):
+    a file that holds data is refused before anything opens it, and stays as it was."""
+    path = tmp_path / os.fsdecode(name)
+    writing.write_parquet(TABLE, path)
+    before = path.read_bytes()
+    with pytest.raises(FileExistsError, match="holds data") as info:
+        writing.parquet_writer(path, TABLE.schema, **options)
+    assert info.value.filename == path
+    assert "\n" not in str(info.value)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == [path.name]
+
+
+@pytest.mark.parametrize("name", [b"plain.parquet", b"empty\xff.parquet"])
+def test_a_parquet_writer_writes_into_an_empty_file_made_first(tmp_path, name):
+    # What `tokenize -o x.parquet` and a shard's second part do: the file is made empty first.
+    path = tmp_path / os.fsdecode(name)
+    writing.create_empty(path)
+    with pytest.raises(Exception, match="nosuch"):
+        writing.parquet_writer(path, TABLE.schema, compression="nosuch")
+    assert path.stat().st_size == 0  # the caller's, left as it was
+    with writing.parquet_writer(path, TABLE.schema) as w:
+        w.write_table(TABLE)
+    assert local.parquet_file(path).read().equals(TABLE)
