@@ -48,6 +48,13 @@ def compression_of(path: Path) -> str | None:
     return COMPRESSIONS.get(compression_suffix(storage.file_name(path)))
 
 
+def byte_place(path: Path, offset: int) -> str:
+    """`byte N`: `offset` in what `open_stream(path)` reads, said to be in the decompressed
+    text where `path` is compressed (the file's own byte N is elsewhere; until 2026-12-07 a
+    `.json.gz`'s bad byte was named as if it were the file's)."""
+    return f"byte {offset}" + (" of the decompressed text" if compression_of(path) else "")
+
+
 def open_stream(path: Path) -> io.BufferedIOBase:
     """Open `path` for reading bytes, decompressing `.gz` / `.zst` on the fly.
 

@@ -22,7 +22,13 @@ import orjson
 
 from packtool.dataset.manifest import is_dataset_index
 from packtool.errors import DataError, json_value
-from packtool.read.compressed import binary_kind, compressed_too, open_stream, read_errors
+from packtool.read.compressed import (
+    binary_kind,
+    byte_place,
+    compressed_too,
+    open_stream,
+    read_errors,
+)
 from packtool.read.documents import Doc, ReadConfig, SkipCounter, as_extra
 from packtool.read.lines import BOM, TO_END, lines
 from packtool.storage import local as storage
@@ -273,7 +279,8 @@ def read_json_array(
 
 def _check_utf8(path: Path, data: bytes, skipped: int) -> None:
     """Refuse a JSON array whose bytes are not UTF-8, naming the first bad byte's line, column
-    (in characters) and offset in the file (`skipped`: a byte order mark before `data`).
+    (in characters) and offset in the file, or in its decompressed text (`byte_place`;
+    `skipped`: a byte order mark before `data`).
     orjson checks the encoding before parsing and named "line 1 column 1 (char 0)" until
     2026-12-07, wherever the byte was.
 
@@ -288,8 +295,8 @@ def _check_utf8(path: Path, data: bytes, skipped: int) -> None:
         line = data.count(b"\n", 0, exc.start) + 1
         raise DataError(
             f"{path}: not UTF-8: byte 0x{data[exc.start]:02x} at line {line} column {column} "
-            f"(byte {exc.start + skipped}); JSON text is UTF-8: save the file as UTF-8 (or as "
-            "JSON Lines, where such a line is an invalid_utf8 skip)"
+            f"({byte_place(path, exc.start + skipped)}); JSON text is UTF-8: save the file as "
+            "UTF-8 (or as JSON Lines, where such a line is an invalid_utf8 skip)"
         ) from None
 
 

@@ -10,7 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from packtool.errors import DataError
-from packtool.read.compressed import binary_kind, compressed_too, open_stream, read_errors
+from packtool.read.compressed import (
+    binary_kind,
+    byte_place,
+    compressed_too,
+    open_stream,
+    read_errors,
+)
 from packtool.read.documents import Doc, ReadConfig, SkipCounter
 from packtool.read.lines import BOM
 
@@ -32,7 +38,8 @@ def read_text(path: Path, config: ReadConfig, skips: SkipCounter) -> Iterator[Do
         if found is not None:  # a whole file of documents, not one bad document: never a skip
             kind, hint = found
             raise DataError(f"{path}: holds {kind}, not text; {hint}") from None
-        skips.add("invalid_utf8", str(path), f"byte {exc.start + bom}")  # the file's byte
+        # the file's byte, or the decompressed text's
+        skips.add("invalid_utf8", str(path), byte_place(path, exc.start + bom))
         return
     if not text:
         skips.add("empty", str(path))

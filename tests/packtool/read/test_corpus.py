@@ -599,3 +599,57 @@ def test_a_number_past_pythons_digit_limit_pickles_and_copies_as_its_infinity():
     record = jsonl.standard_json(b'{"n": -' + b"9" * 5000 + b', "m": [' + b"1" * 5000 + b"]}")
     for again in (pickle.loads(pickle.dumps(record)), copy.deepcopy(record)):
         assert again["n"] == -math.inf and again["m"] == [math.inf]
+
+
+BAD_ARRAY = b'[{"text": "hello"},\n {"text": "\xc3\xa9ab\xffcd"},\n {"text": "x"}]\n'
+
+
+@pytest.mark.parametrize(
+    ("suffix", "compress", "place"),
+    [
+        ("", bytes, "byte 35"),
+        (".gz", gzip.compress, "byte 35 of the decompressed text"),
+        (
+            ".zst",
+            lambda b: zstandard.ZstdCompressor().compress(b),
+            "byte 35 of the decompressed text",
+        ),
+    ],
+)
+def test_a_bad_utf8_byte_of_a_compressed_json_array_is_placed_in_the_decompressed_text(
+    tmp_path, suffix, compress, place
+):
+    """Before: `bad.json.gz` said "(byte 35)", an offset in the decompressed stream, as if it
+    were the file's (the compressed file's byte 35 is somewhere else). A plain file's offset is
+    its own, said as before."""
+    path = tmp_path / f"bad.json{suffix}"
+    path.write_bytes(compress(BAD_ARRAY))
+    with pytest.raises(DataError) as info:
+        read_all([path])
+    assert str(info.value) == (
+        f"{path}: not UTF-8: byte 0xff at line 2 column 15 ({place}); JSON text is UTF-8: save "
+        "the file as UTF-8 (or as JSON Lines, where such a line is an invalid_utf8 skip)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("suffix", "compress", "place"),
+    [
+        ("", bytes, "byte 4"),
+        (".gz", gzip.compress, "byte 4 of the decompressed text"),
+        (
+            ".zst",
+            lambda b: zstandard.ZstdCompressor().compress(b),
+            "byte 4 of the decompressed text",
+        ),
+    ],
+)
+def test_a_bad_utf8_byte_of_a_compressed_text_file_is_placed_in_the_decompressed_text(
+    tmp_path, suffix, compress, place
+):
+    """Before: the skip of `bad.txt.gz` said "(byte 4)" without saying whose byte."""
+    path = tmp_path / f"bad.txt{suffix}"
+    path.write_bytes(compress(b"abc \xff\xfe"))
+    skips = SkipCounter()
+    assert read_all([path], skips=skips) == []
+    assert skips.examples == {"invalid_utf8": [f"{path} ({place})"]}
