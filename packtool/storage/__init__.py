@@ -9,6 +9,8 @@ system, split along the read/write seam, and object stores and the web:
   `resolve`); reads: `open_input` (byte streams), `read_bytes` / `read_text` (small files),
   `memory_map`, `parquet_file` / `_schema` / `_metadata`, `open_random`, `open_size`: a
   local file's are `local_files.py`'s (pyarrow's opens by name, names not UTF-8 included).
+- `footers.py`: a Parquet file's identity by content (its size and footer bytes, one ranged
+  read), local or in a bucket: the loader's streaming resume key.
 - `remote.py`: what `local.py` hands on for a URL (`s3://`, `gs://`, `az://`, `hf://`,
   `https://`), through fsspec: prefixes and globs listed, objects stat-ed (size and state),
   opened for ranged reads (http(s)://: retried, `web.py`), failures one line naming the URL.
