@@ -17,13 +17,16 @@ counted as truncated/dropped by the long-document policy).
 Resume: `state_dict()` holds the next row group, the packer's buffer (tokens included), packed rows
 not yet batched and the counters; `load_state_dict()` continues exactly, so the stream before and
 after a restart equals an uninterrupted run. A state is keyed on the input files (each one's
-name, size and documents, in order) and the settings: one of other inputs is refused. It follows the torchdata `StatefulDataLoader`
+name, size and documents, in order, and one digest of every file's size and Parquet footer:
+`packtool.storage.footers`) and the settings: one of other inputs is refused, a byte-identical
+copy elsewhere or with another modification time resumes. It follows the torchdata `StatefulDataLoader`
 protocol (one state per worker, restored in the same worker); in the main process
 (`num_workers=0`) load the dataset's own state before iterating.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -51,6 +54,7 @@ from packtool.dataset.tokenized import common_identity, common_optional, tokeniz
 from packtool.errors import ConfigError, DataError, PacktoolError, one_line
 from packtool.pack.columns import check_policy
 from packtool.storage import local as storage
+from packtool.storage.footers import footer_digests
 from packtool.storage.local import expand
 
 STATE_VERSION = 1
@@ -159,6 +163,11 @@ class StreamingPackedDataset(IterableDataset):
         (file names and a total were no key: the files in another order, or other files of the
         same names, resumed with documents lost and repeated). Not the path: a copy of the
         same files elsewhere (another node's mount, a scratch copy) resumes."""
+        self.footers = _joined(footer_digests(self.paths, sizes))
+        """The files' identity by content: one digest (16 hex digits) of each file's size and
+        Parquet footer (`packtool.storage.footers`), in order; one ranged read per file, here.
+        The key holds it beside `inputs` (a file rewritten with other documents of its name,
+        size and count resumed on other data), and a mixture identifies the source by it."""
         self._live: dict[str, Any] | None = None  # the running iterator's objects, for state_dict
 
     share_start = True
@@ -332,13 +341,17 @@ class StreamingPackedDataset(IterableDataset):
 
     # ---- resume -----------------------------------------------------------------------------
 
-    def _key(self, *, legacy: bool = False) -> dict[str, Any]:
+    def _key(self, *, legacy: bool = False, footers: bool = True) -> dict[str, Any]:
         """What a state is saved under; `legacy`: as states saved before `inputs` were (file
-        names and the total of documents, all one can compare such a state on)."""
+        names and the total of documents, all one can compare such a state on); `footers`
+        False: as states saved before the key held the files' footers."""
+        names: dict[str, Any]
         if legacy:
             names = {"files": [Path(p).name for p in self.paths], "documents": self.num_documents}
         else:
             names = {"inputs": [list(i) for i in self._inputs]}
+        if footers:
+            names["footers"] = self.footers
         return {
             **names,
             "config": config_state(self.config),
@@ -403,7 +416,14 @@ class StreamingPackedDataset(IterableDataset):
                 f"the state was saved with other inputs ({where}); resume with the same files, "
                 "in the same order"
             )
-        diff = settings_diff(key, self._key(legacy=legacy))
+        footers = "footers" in key  # a state saved before has none: checked as it was then
+        if footers and not (isinstance(key["footers"], str) and key["footers"] == self.footers):
+            raise DataError(
+                "the state was saved with other inputs (the files' Parquet footers differ: a "
+                "file of the same name, size and document count holds other data); resume with "
+                "the same files, in the same order"
+            )
+        diff = settings_diff(key, self._key(legacy=legacy, footers=footers))
         if diff:
             raise DataError(
                 f"the state was saved with other inputs or settings ({', '.join(diff)}); resume "
@@ -475,6 +495,14 @@ class StreamingPackedDataset(IterableDataset):
 def _failed(exc: PacktoolError) -> Iterator[dict]:
     raise exc
     yield  # a generator: raises at its first item
+
+
+def _joined(digests: Iterable[str]) -> str:
+    """One digest (16 hex digits) of the files' digests, in order."""
+    h = hashlib.sha256()
+    for d in digests:
+        h.update(d.encode())
+    return h.hexdigest()[:16]
 
 
 def _inputs_diff(theirs: Any, mine: list[tuple[str, int, int]]) -> str | None:

@@ -428,7 +428,7 @@ def test_a_state_saved_before_the_inputs_were_keyed_still_loads(tokenized) -> No
     it = iter(ds)
     head = [next(it) for _ in range(3)]
     state = ds.state_dict()
-    del state["key"]["inputs"]  # what such a state held instead:
+    del state["key"]["inputs"], state["key"]["footers"]  # what such a state held instead:
     state["key"].update(files=["part-00000.parquet", "part-00001.parquet"], documents=200)
     old = make(path)
     old.load_state_dict(state)
@@ -436,6 +436,93 @@ def test_a_state_saved_before_the_inputs_were_keyed_still_loads(tokenized) -> No
     assert both == [b["input_ids"].tolist() for b in make(path)]
     state["key"]["documents"] = 199
     with pytest.raises(DataError, match=r"other inputs or settings \(documents\)"):
+        make(path).load_state_dict(state)
+
+
+def _plain_file(path, first_id):
+    """A tokenized file of 60 documents in 3 row groups, doc ids from `first_id`: uncompressed,
+    so every `first_id` gives a file of one name, size and document count (and another footer:
+    its statistics hold the ids)."""
+    lengths = np.random.default_rng(2).integers(1, 30, 60)
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+    table = pa.Table.from_arrays(
+        [
+            pa.array(np.arange(first_id, first_id + 60), pa.int64()),
+            pa.array(["t"] * 60),
+            pa.ListArray.from_arrays(
+                pa.array(offsets), pa.array(np.arange(offsets[-1]) % 250, pa.uint16())
+            ),
+            pa.array(lengths.astype(np.int32)),
+        ],
+        schema=tokenized_schema(load_tokenizer("byte").identity),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=20, compression="NONE", use_dictionary=False)
+    return path
+
+
+def test_a_state_of_a_file_rewritten_with_other_documents_of_one_size_is_refused(tmp_path):
+    """The key was each file's name, size and document count: a file rewritten with other
+    documents (re-tokenized, another shard of the corpus) of the same size resumed on other data
+    without a word, the documents of the saved run's buffer packed beside the new file's. The
+    key holds the files' Parquet footers too (row groups, byte sizes, statistics)."""
+    path = _plain_file(tmp_path / "a" / "part.parquet", 0)
+    ds = make(path)
+    it = iter(ds)
+    next(it)
+    state = _roundtrip(ds.state_dict())
+    size = path.stat().st_size
+    data = path.read_bytes()
+    _plain_file(path, 5000)
+    assert path.stat().st_size == size and path.read_bytes() != data
+    again = make(path)
+    assert again.num_documents == ds.num_documents
+    with pytest.raises(DataError) as info:
+        again.load_state_dict(state)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("the state was saved with other inputs (")
+    assert "footer" in message
+
+
+@pytest.mark.parametrize("staged", ["copied to another folder", "new modification time"])
+def test_a_state_resumes_on_its_files_staged_again(tmp_path, staged) -> None:
+    """Byte-identical files staged again (another folder, a new modification time) resume."""
+    import os
+    import shutil
+
+    path = _plain_file(tmp_path / "a" / "part.parquet", 0)
+    full = [b["input_ids"].tolist() for b in make(path)]
+    ds = make(path)
+    it = iter(ds)
+    head = [next(it)["input_ids"].tolist() for _ in range(2)]
+    state = _roundtrip(ds.state_dict())
+    st = path.stat()
+    now = path
+    if staged == "copied to another folder":
+        (tmp_path / "node").mkdir()
+        now = shutil.copy(path, tmp_path / "node" / "part.parquet")
+    os.utime(now, ns=(st.st_atime_ns, st.st_mtime_ns + 7_000_000_000))
+    again = make(now)
+    again.load_state_dict(state)
+    assert head + [b["input_ids"].tolist() for b in again] == full
+
+
+def test_a_state_saved_before_the_footers_were_keyed_still_loads(tmp_path) -> None:
+    """A state saved before the key held the files' footers (`inputs` only) resumes on the
+    same files, checked on what it holds (names, sizes, documents)."""
+    path = _plain_file(tmp_path / "a" / "part.parquet", 0)
+    full = [b["input_ids"].tolist() for b in make(path)]
+    ds = make(path)
+    it = iter(ds)
+    head = [next(it)["input_ids"].tolist() for _ in range(2)]
+    state = _roundtrip(ds.state_dict())
+    del state["key"]["footers"]
+    old = make(path)
+    old.load_state_dict(state)
+    assert head + [b["input_ids"].tolist() for b in old] == full
+    state["key"]["inputs"][0][1] += 1
+    with pytest.raises(DataError, match=r"other inputs \(input file 0 is part.parquet \("):
         make(path).load_state_dict(state)
 
 
