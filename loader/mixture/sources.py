@@ -268,17 +268,16 @@ class StreamSource:
         files = tuple(str(storage.resolve(p)) for p in src.paths)
         self.data = (files, f"the same files: {self.path}")
         settings = (src.num_documents, sorted(config_state(src.config).items()))
-        # A resume identifies the source as the same-data check does, by its resolved files,
-        # with each one's size and modification time (a file rewritten in place is other data)
-        states = storage.file_states(files)
-        self.fingerprint = hashlib.sha256(repr((states, settings)).encode()).hexdigest()[:16]
-        old = hashlib.sha256()
-        for p, st in zip(src.paths, states, strict=True):
-            old.update(f"{Path(p).name}:{st[1]};".encode())
-        old.update(repr(settings).encode())
-        self.former_fingerprints = (old.hexdigest()[:16],)
-        """What states saved before recorded for these files (their names and sizes): such a
-        state resumes, checked as it was then."""
+        # A resume identifies the source by content: each file's size and Parquet footer, in
+        # order (`self.ds.footers`, one ranged read per file when the stream was opened), so
+        # byte-identical files staged again (another folder, a new modification time) resume
+        # and a file rewritten with other documents (other footer) is other data.
+        content = repr((self.ds.footers, settings)).encode()
+        self.fingerprint = hashlib.sha256(content).hexdigest()[:16]
+        self.former_fingerprints = _former_fingerprints(src.paths, files, settings)
+        """What states saved before recorded for these files (their resolved paths with sizes
+        and modification times; before that, their names and sizes): such a state resumes,
+        checked as it was then."""
         self.tokenizer = src.identity.to_dict() if src.identity is not None else {}
         self.max_len = int(src.config.max_len)
         self.token_dtype = np.dtype(np.uint32)
@@ -365,6 +364,20 @@ class StreamSource:
 
     def close_iteration(self) -> None:
         self._passes = {}
+
+
+def _former_fingerprints(paths: Sequence[Any], files: tuple[str, ...], settings: Any) -> tuple:
+    """A streaming source's fingerprints as states saved before content identity recorded them:
+    over its resolved files with each one's size and modification time (from 2026-12-07 on, until
+    content identity came in the same day), and over its file names and sizes (before). One
+    stat per file."""
+    states = storage.file_states(files)
+    by_path = hashlib.sha256(repr((states, settings)).encode()).hexdigest()[:16]
+    old = hashlib.sha256()
+    for p, st in zip(paths, states, strict=True):
+        old.update(f"{Path(p).name}:{st[1]};".encode())
+    old.update(repr(settings).encode())
+    return by_path, old.hexdigest()[:16]
 
 
 def open_source(

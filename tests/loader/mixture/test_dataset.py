@@ -9,6 +9,7 @@ import re
 import warnings
 from dataclasses import replace
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1037,9 +1038,11 @@ def test_a_fractional_cap_on_a_streaming_source_is_refused_up_front(online, cap)
         MixedDataset(spec, rows_per_batch=1)
 
 
-def equal_size_parquet(path, shift):
+def equal_size_parquet(path, shift, first_id=1000):
     """Tokenized Parquet of 90 documents (byte tokenizer) at `path`, its tokens shifted by
-    `shift`: uncompressed, so every shift gives a file of one size and document count."""
+    `shift`, its doc ids from `first_id`: uncompressed, so every shift and first id gives a
+    file of one size and document count (other doc ids: another Parquet footer, whose
+    statistics hold the ids; shifted tokens of the same range: the same footer)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -1052,7 +1055,7 @@ def equal_size_parquet(path, shift):
     tokens = (np.arange(offsets[-1]) + shift) % 250
     table = pa.Table.from_arrays(
         [
-            pa.array(np.arange(1000, 1090), pa.int64()),
+            pa.array(np.arange(first_id, first_id + 90), pa.int64()),
             pa.array(["t"] * 90),
             pa.ListArray.from_arrays(pa.array(offsets), pa.array(tokens, pa.uint16())),
             pa.array(lengths.astype(np.int32)),
@@ -1108,18 +1111,19 @@ def live_mix(online, path):
 @pytest.mark.parametrize("change", ["other folder", "rewritten in place"])
 def test_a_streaming_source_changed_at_a_resume_is_refused(online, tmp_path, change):
     """A resume identified a streaming source by its files' names and sizes (and document
-    count): other files of one name and size, or a file rewritten with other tokens of the
-    same size, resumed without a word on other data. It is now identified as the same-data
-    check identifies it (its resolved files), with each file's size and modification time."""
+    count): other files of one name and size, or a file rewritten with other documents of the
+    same size, resumed without a word on other data. It is identified by each file's size and
+    Parquet footer (row groups, byte sizes, statistics): here the same name, size and document
+    count, other documents (their ids in the footer's statistics)."""
     first = equal_size_parquet(tmp_path / "a" / "part.parquet", 0)
     _, state = stream(MixedDataset(live_mix(online, first), rows_per_batch=2), take=3)
+    before = first.stat()
     if change == "other folder":
-        now = equal_size_parquet(tmp_path / "b" / "part.parquet", 7)
+        now = equal_size_parquet(tmp_path / "b" / "part.parquet", 0, first_id=5000)
     else:
-        before = first.stat()
-        now = equal_size_parquet(first, 7)
-        os.utime(now, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
-        assert now.stat().st_size == before.st_size
+        now = equal_size_parquet(first, 0, first_id=5000)
+        os.utime(now, ns=(before.st_atime_ns, before.st_mtime_ns))  # even at the old time
+    assert now.stat().st_size == before.st_size
     ds = MixedDataset(live_mix(online, now), rows_per_batch=2)
     with pytest.raises(DataError) as info:
         ds.load_state_dict(state)
@@ -1128,6 +1132,35 @@ def test_a_streaming_source_changed_at_a_resume_is_refused(online, tmp_path, cha
     assert re.match(
         r"^source 'live': the state was saved on data \w+ but 'live' is now \w+", message
     )
+
+
+@pytest.mark.parametrize("staged", ["copied to another folder", "new modification time"])
+def test_a_streaming_source_resumes_on_its_files_staged_again(online, tmp_path, staged):
+    """A job that stages byte-identical files to node-local disk each time (another folder, a
+    new modification time: `cp` without `-p`) could not resume a mixture: the source was
+    identified by its resolved paths with their sizes and modification times ("the state was
+    saved on data ... but 'live' is now ..."). It is identified by content (each file's size and
+    Parquet footer), and the rest is the uninterrupted run's."""
+    import shutil
+
+    path = equal_size_parquet(tmp_path / "a" / "part.parquet", 0)
+    ref, _ = stream(MixedDataset(live_mix(online, path), rows_per_batch=2))
+    first, state = stream(MixedDataset(live_mix(online, path), rows_per_batch=2), take=3)
+    st = path.stat()
+    if staged == "copied to another folder":
+        (tmp_path / "node").mkdir()
+        now = Path(shutil.copy(path, tmp_path / "node" / "part.parquet"))
+        os.utime(now, ns=(st.st_atime_ns, st.st_mtime_ns + 7_000_000_000))
+    else:
+        now = path
+        os.utime(now, ns=(st.st_atime_ns, st.st_mtime_ns + 7_000_000_000))
+    assert now.stat().st_mtime_ns != st.st_mtime_ns
+    ds = MixedDataset(live_mix(online, now), rows_per_batch=2)
+    rest, after = stream(ds, state=state)
+    assert ds.changes == []
+    assert same(first + rest, ref)
+    saved = state["mixed_dataset"]["schedule"]["sources"]["live"]["fingerprint"]
+    assert after["mixed_dataset"]["schedule"]["sources"]["live"]["fingerprint"] == saved
 
 
 def test_an_unchanged_streaming_source_resumes_by_any_path_to_its_files(online, tmp_path):
@@ -1170,3 +1203,35 @@ def test_a_state_saved_before_streaming_sources_were_identified_by_their_files_r
     rest, after = stream(MixedDataset(live_mix(online, path), rows_per_batch=2), state=old)
     assert same(first + rest, ref)
     assert after["mixed_dataset"]["schedule"]["sources"]["live"]["fingerprint"] == fresh
+
+
+def test_a_state_saved_when_streaming_sources_were_identified_by_path_and_time_resumes(
+    online, tmp_path
+):
+    """States saved before content identity recorded a streaming source's fingerprint over its
+    resolved paths with each file's size and modification time: such a state resumes on the
+    same files, unchanged (checked as it was then), and the next state records today's."""
+    import hashlib
+
+    from loader.mixture.resume import state_check
+    from loader.online.state import config_state
+
+    path = equal_size_parquet(tmp_path / "a" / "part.parquet", 0)
+    ref, _ = stream(MixedDataset(live_mix(online, path), rows_per_batch=2))
+    first, state = stream(MixedDataset(live_mix(online, path), rows_per_batch=2), take=3)
+    live = live_source(path)
+    st = path.resolve().stat()
+    states = ((str(path.resolve()), st.st_size, st.st_mtime_ns),)
+    settings = (live.num_documents, sorted(config_state(live.config).items()))
+    was = hashlib.sha256(repr((states, settings)).encode()).hexdigest()[:16]
+    old = json.loads(json.dumps(state["mixed_dataset"]))
+    fresh = old["schedule"]["sources"]["live"]["fingerprint"]
+    old["schedule"]["sources"]["live"]["fingerprint"] = was
+    old["check"] = state_check(old)
+    rest, after = stream(MixedDataset(live_mix(online, path), rows_per_batch=2), state=old)
+    assert same(first + rest, ref)
+    assert after["mixed_dataset"]["schedule"]["sources"]["live"]["fingerprint"] == fresh
+    # checked as it was then: the same state on the file with another time is other data
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(DataError, match=r"^source 'live': the state was saved on data "):
+        MixedDataset(live_mix(online, path), rows_per_batch=2).load_state_dict(old)
