@@ -8,9 +8,8 @@ system, split along the read/write seam, and object stores and the web:
   file); stat and listing (`stat`, `file_states`, `exists`, `is_file`, `list_dir`, `glob`,
   `resolve`); reads: `open_input` (byte streams), `read_bytes` / `read_text` (small files),
   `memory_map`, `parquet_file` / `_schema` / `_metadata`, `open_random`, `open_size`: a
-  local file's are `local_files.py`'s (pyarrow's opens by name, names not UTF-8 included).
-- `footers.py`: a Parquet file's identity by content (its size and footer bytes, one ranged
-  read), local or in a bucket: the loader's streaming resume key.
+  local file's are `local_files.py`'s (pyarrow's opens by name, names not UTF-8 included);
+  `footers.py`: a Parquet file's identity by content (its size and footer bytes, one read).
 - `remote.py`: what `local.py` hands on for a URL (`s3://`, `gs://`, `az://`, `hf://`,
   `https://`), through fsspec: prefixes and globs listed, objects stat-ed (size and state),
   opened for ranged reads (http(s)://: retried, `web.py`), failures one line naming the URL.
@@ -21,8 +20,7 @@ system, split along the read/write seam, and object stores and the web:
   under 10,000 parts, aborted on failure), small objects in one PUT, conditional puts, removal,
   unfinished uploads aborted, and the lock object under a renewed lease.
 - `cache.py`: the node-local cache of byte ranges of objects (the loader's row groups of a
-  dataset in a bucket): downloaded once per node, shared by its processes, pinned while read,
-  bounded.
+  dataset in a bucket): downloaded once per node, shared by its processes, pinned, bounded.
 
 Names follow fsspec / `pyarrow.fs`; tests/test_architecture.py fails when another module
 touches the file system itself (docs/architecture.md, "The storage seam").
