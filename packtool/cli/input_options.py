@@ -22,6 +22,22 @@ from packtool.read.sft_config import FORMATS, TRAIN_ON, SFTConfig
 from packtool.storage import local as storage
 
 
+def _engine_ignored() -> None:
+    """The warning for `--tokenizer-engine` over tokenized Parquet, which nothing encodes."""
+    echo(
+        "warning: the inputs are tokenized Parquet; nothing is encoded, so "
+        "--tokenizer-engine is ignored",
+        err=True,
+    )
+
+
+def _recorded(inputs: Any) -> Any:
+    """`tokenize.recorded.inputs_recorded` (imported on use: it reads Parquet footers)."""
+    from packtool.tokenize.recorded import inputs_recorded
+
+    return inputs_recorded(inputs)
+
+
 def _inputs_named(inputs: tuple[str, ...]) -> tuple[str, ...]:
     """INPUT...: an empty one would mean the current folder (an unset variable); say so."""
     return tuple(storage.named_input(text) for text in inputs)
@@ -71,7 +87,9 @@ class CorpusOptions:
         and refused as another tokenizer even where they were the recorded ids). `ctx`: the
         command's click context, for a call from another thread (click's current context is
         the calling thread's). `--tokenizer-engine` given then encodes nothing: a `warning:`
-        line, the same for the three commands (until 2026-12-07 only `stats` said so)."""
+        line, the same for the three commands (until 2026-12-07 only `stats` said so), and the
+        same beside `--tokenizer` (only compared with the recorded one: until 2026-12-07 the
+        engine was then dropped without a word)."""
         # --tokenizer-engine alone picks no tokenizer: it never changes ids (it loaded `byte`
         # for tokenized Parquet, refused as unlike the tokenizer the files record)
         given = explicit(ctx or click.get_current_context(), TOKENIZER_OPTIONS)
@@ -79,22 +97,22 @@ class CorpusOptions:
         given = [n for n in given if n != "tokenizer_engine"]
         if "tokenizer" in given:
             # First thing, before any import it does not need (pyarrow's Parquet reader for
-            # the inputs' footers): the engine's build is on pack's critical path.
-            return self.load_tokenizer(workers, **kw)
-        from packtool.tokenize.recorded import check_recorded_specials, inputs_recorded
+            # the inputs' footers): the engine's build is on pack's critical path. The
+            # footers are read after it only where an engine was named.
+            tokenizer = self.load_tokenizer(workers, **kw)
+            if engine and _recorded(inputs) is not None:
+                _engine_ignored()
+            return tokenizer
+        from packtool.tokenize.recorded import check_recorded_specials
 
-        recorded = inputs_recorded(inputs)
+        recorded = _recorded(inputs)
         if recorded is None:
             return self.load_tokenizer(workers, **kw)
         if given:
             where, identity = recorded
             check_recorded_specials(identity, self.special_options(), where)
         if engine:
-            echo(
-                "warning: the inputs are tokenized Parquet; nothing is encoded, so "
-                "--tokenizer-engine is ignored",
-                err=True,
-            )
+            _engine_ignored()
         return None
 
     def special_options(self) -> dict[str, int | str | None]:

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from packtool.cli.commands import cli
-from tests.cli import one_error_line, run
+from tests.cli import ENGINE_IGNORED, error_line, one_error_line, run
 
 SAMPLE = "sample_data/corpus.jsonl"
 
@@ -252,7 +252,7 @@ def test_tokenizer_options_on_tokenized_parquet_follow_packs_rule(small_corpus, 
         (["--bos-id", "5"], "pass --no-bos / bos=None (what the file records)"),
     ):
         code, _, err = run("stats", out_dir, *args)
-        line = one_error_line(err)
+        line = error_line(err, args)
         assert code == 1 and line.startswith(f"error: {out_dir}: tokenized with byte:byte"), line
         assert hint in line, line
         for command, out in (
@@ -261,7 +261,7 @@ def test_tokenizer_options_on_tokenized_parquet_follow_packs_rule(small_corpus, 
             ("pack", ["-o", tmp_path / "p"]),
         ):
             code, _, other_err = run(command, out_dir, *out, *args)
-            assert code == 1 and one_error_line(other_err) == line, (command, out, other_err)
+            assert code == 1 and error_line(other_err, args) == line, (command, out, other_err)
 
 
 def test_input_options_are_checked_before_the_tokenizer_loads(small_corpus, tmp_path):
@@ -273,3 +273,24 @@ def test_input_options_are_checked_before_the_tokenizer_loads(small_corpus, tmp_
         code, _, err = run(command, small_corpus, *extra, "--tokenizer", missing,
                            "--prompt-field", "nosuchfield")  # fmt: skip
         assert code != 0 and "nosuchfield" in one_error_line(err), (command, err)
+
+
+def test_a_tokenizer_engine_beside_a_tokenizer_over_tokenized_parquet_is_warned_about(
+    small_corpus, tmp_path
+):
+    # Before: `--tokenizer-engine` alone warned, but beside `--tokenizer byte` (the recorded
+    # tokenizer, only compared with the file's) the engine was dropped without a word: nothing
+    # is encoded either way. Now the same line at the three commands.
+    made = tmp_path / "tok"
+    assert run("tokenize", small_corpus, "-o", made)[0] == 0
+    outputs = {"pack": ["-o", tmp_path / "packed"], "tokenize": ["-o", tmp_path / "again"]}
+    for command in ("pack", "tokenize", "stats"):
+        options = ["--tokenizer", "byte", "--tokenizer-engine", "auto"]
+        code, _, err = run(command, made, *outputs.get(command, []), *options)
+        assert code == 0, err
+        assert [line for line in err.splitlines() if "--tokenizer-engine" in line] == [
+            ENGINE_IGNORED
+        ], command
+    # Raw inputs encode with the engine: no warning there.
+    code, _, err = run("stats", small_corpus, "--tokenizer", "byte", "--tokenizer-engine", "auto")
+    assert code == 0 and "--tokenizer-engine" not in err
