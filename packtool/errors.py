@@ -90,9 +90,20 @@ def option_choice(flag: str, name: str, value: object) -> str:
     functions raise it to Python callers and to the CLI alike): the CLI's `FLAG VALUE` and the
     Python argument `NAME=VALUE`, `--tokenizer-engine auto / engine='auto'`, `--eos-id 3 /
     eos=3`; a capitalised word stands for what the user fills in, bare on both sides
-    (`--tokenizer PATH / tokenizer=PATH`)."""
+    (`--tokenizer PATH / tokenizer=PATH`); True is a flag without a value (`--overwrite /
+    overwrite=True`)."""
+    if value is True:
+        return f"{flag} / {name}=True"
     given = value if isinstance(value, str) and value.isupper() else repr(value)
     return f"{flag} {value} / {name}={given}"
+
+
+OVERWRITE = option_choice("--overwrite", "overwrite", True)
+"""`--overwrite / overwrite=True`: what a message that says to start over names (`run_pack`'s
+`RunConfig`, `tokenize_corpus` and `tokenize_megatron` take `overwrite=` as the CLI does)."""
+
+RESUME = option_choice("--resume", "resume", True)
+"""`--resume / resume=True`, as `OVERWRITE`."""
 
 
 def one_line(value: object, limit: int | None = None) -> str:

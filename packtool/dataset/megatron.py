@@ -53,6 +53,10 @@ BLOCK = 1 << 20
 """Documents per block when the index is written (8 MB of pointers)."""
 
 
+MEGATRON = "--to megatron / tokenize_megatron"
+"""What a message about the format names: the CLI's choice and the library's function."""
+
+
 def megatron_dtype(vocab_size: int) -> np.dtype:
     """The dtype megatron-core's `DType.optimal_dtype(vocab_size)` stores ids in.
 
@@ -63,7 +67,7 @@ def megatron_dtype(vocab_size: int) -> np.dtype:
     """
     if vocab_size > INT32_IDS:
         raise ConfigError(
-            f"--to megatron / tokenize_megatron: the vocabulary has {vocab_size:,} ids, but a "
+            f"{MEGATRON}: the vocabulary has {vocab_size:,} ids, but a "
             f"Megatron indexed dataset stores int32 ids, at most {INT32_IDS - 1:,}: choose an "
             f"EOS / BOS id below that ({option_choice('--eos-id', 'eos', 'N')}, "
             f"{option_choice('--bos-id', 'bos', 'N')}), or write tokenized Parquet "

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.dataset import names
-from packtool.errors import DataError, json_value
+from packtool.errors import OVERWRITE, DataError, json_value
 from packtool.pack.chunk import PackCounts
 from packtool.read.documents import SkipCounter
 from packtool.storage import local as storage
@@ -83,7 +83,7 @@ def read_tail(path: Path) -> pa.Table:
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(
             f"{path}: unreadable tail ({exc}); the run's staging folder is damaged: start over "
-            "with --overwrite"
+            f"with {OVERWRITE}"
         ) from None
 
 
@@ -113,7 +113,7 @@ def _read_json(path: Path) -> Any:
     try:
         return json_value(storage.read_text(path))
     except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
+        raise DataError(f"{path}: unreadable ({exc}); use {OVERWRITE}") from None
 
 
 def read_plan(work: Path) -> dict[str, Any]:
@@ -125,7 +125,7 @@ def read_plan(work: Path) -> dict[str, Any]:
         and isinstance(state.get("fingerprint"), dict)
         and isinstance(state.get("plan"), dict)
     ):
-        raise DataError(f"{path}: malformed run state; use --overwrite")
+        raise DataError(f"{path}: malformed run state; use {OVERWRITE}")
     return state
 
 
@@ -144,7 +144,7 @@ def read_record(work: Path, partition: int) -> dict[str, Any]:
         and isinstance(record.get("shards"), list)
         and isinstance(record.get("counts"), dict)
     ):
-        raise DataError(f"{path}: malformed partition record; use --overwrite")
+        raise DataError(f"{path}: malformed partition record; use {OVERWRITE}")
     return record
 
 

@@ -82,6 +82,7 @@ def test_json_value_makes_nesting_past_the_recursion_limit_a_value_error():
         ("--eos-id", "eos", 3, "--eos-id 3 / eos=3"),
         ("--eos-id", "eos", "default", "--eos-id default / eos='default'"),
         ("--tokenizer", "tokenizer", "PATH", "--tokenizer PATH / tokenizer=PATH"),  # a blank
+        ("--overwrite", "overwrite", True, "--overwrite / overwrite=True"),  # a flag
     ],
 )
 def test_a_choice_is_written_as_both_callers_make_it(flag, name, value, shown):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.engines.megatron.part import part_paths
-from packtool.errors import DataError, naming
+from packtool.errors import OVERWRITE, DataError, naming
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -71,7 +71,7 @@ class Merge:
                 if not storage.is_file(path):
                     raise DataError(
                         f"{path}: a finished partition's part is missing; start over with "
-                        "--overwrite"
+                        f"{OVERWRITE}"
                     )
         if self.next or storage.is_file(self.bin_path):
             self._open()

@@ -33,7 +33,7 @@ from typing import Any
 
 from packtool.engines.differences import listed, setting_differences
 from packtool.engines.resume_checks import fingerprint_digest
-from packtool.errors import AlreadyComplete, ConfigError, json_value
+from packtool.errors import OVERWRITE, AlreadyComplete, ConfigError, json_value
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -84,7 +84,7 @@ def check_finished(fingerprint: dict[str, Any], bin_path: Path, idx_path: Path, 
     if not storage.is_file(bin_path):
         raise ConfigError(
             f"cannot resume {shown}: {idx_path} exists but {bin_path} does not, so there is no "
-            f"dataset to keep; rerun with --overwrite to write the pair again"
+            f"dataset to keep; rerun with {OVERWRITE} to write the pair again"
         )
     record = recorded(bin_path, idx_path)
     if record is not None:
@@ -92,7 +92,7 @@ def check_finished(fingerprint: dict[str, Any], bin_path: Path, idx_path: Path, 
     if record is not None and record["fingerprint"] != fingerprint_digest(fingerprint):
         raise ConfigError(
             f"cannot resume {shown}: it is a finished pair of other options or inputs"
-            f"{_differences(record, fingerprint)}; use --overwrite to replace it"
+            f"{_differences(record, fingerprint)}; use {OVERWRITE} to replace it"
         )
     note = "" if record is not None else f" (not checked against this run: {_no_record(idx_path)})"
     raise AlreadyComplete(

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from packtool.dataset.identity import TokenizerIdentity
-from packtool.dataset.megatron import megatron_dtype, megatron_paths, write_index
+from packtool.dataset.megatron import MEGATRON, megatron_dtype, megatron_paths, write_index
 from packtool.dataset.output import (
     OutputPaths,
     object_lock,
@@ -82,7 +82,7 @@ from packtool.engines.megatron.record import READY_RECORD, check_finished, write
 from packtool.engines.megatron.swap import READY_IDX, drop_stale_swap, finish_swap, note_swap
 from packtool.engines.output_folder import Output
 from packtool.engines.plan import PARTITION_SIZE, Plan
-from packtool.errors import ConfigError, DataError, WorkersLost
+from packtool.errors import OVERWRITE, RESUME, ConfigError, DataError, WorkersLost, option_choice
 from packtool.pack.chunk import PackConfig
 from packtool.pack.kernels import MAX_LEN_LIMIT
 from packtool.progress import Progress
@@ -148,16 +148,18 @@ def tokenize_megatron(
     config = read_config or ReadConfig()
     if storage.is_remote(prefix) and engine != "local":
         raise ConfigError(
-            f"{prefix}: --to megatron into a bucket runs on --engine local (the parts are "
-            "merged in a local staging folder, then uploaded); --engine ray or slurm writes "
-            "to a shared file system"
+            f"{prefix}: {MEGATRON} into a bucket runs on "
+            f"{option_choice('--engine', 'engine', 'local')} (the parts are merged in a local "
+            "staging folder, then uploaded); the ray and slurm engines write to a shared file "
+            "system"
         )
     bin_path, idx_path = megatron_paths(prefix)
     for path in (bin_path, idx_path):
         check_apart(path, inputs)  # before anything is read
     if config.extra_fields:
         raise ConfigError(
-            "--to megatron: a Megatron indexed dataset holds token ids only; drop --keep-field"
+            f"{MEGATRON}: a Megatron indexed dataset holds token ids only; drop --keep-field / "
+            f"extra_fields={tuple(config.extra_fields)!r}"
         )
     # The engine's own checks (a known name, Ray installed, sbatch options Slurm accepts) come
     # before the tokenizer is loaded and any input read.
@@ -192,9 +194,9 @@ def tokenize_megatron(
     megatron_dtype(TokenizerIdentity.from_dict(checked.identity).vocab_size)
     if checked.columns:
         raise ConfigError(
-            f"--to megatron: the inputs carry {', '.join(checked.columns)} (fine-tuning records "
+            f"{MEGATRON}: the inputs carry {', '.join(checked.columns)} (fine-tuning records "
             "or labels), which a Megatron indexed dataset cannot hold; write tokenized Parquet "
-            "(--to parquet) or pack them"
+            "(--to parquet / tokenize_corpus) or pack them"
         )
     fingerprint = {**preflight.fingerprint_of(run_config, checked), TO_KEY: "megatron"}
     pair = (bin_path, idx_path)
@@ -277,7 +279,10 @@ def _prepare(
         writing.remove_file(work)
     for path in (bin_path, idx_path):
         if storage.is_dir(path):
-            raise ConfigError(f"{path} is a folder; choose another --output prefix")
+            raise ConfigError(
+                f"{path} is a folder; choose another prefix: "
+                + option_choice("--output", "prefix", "PREFIX")
+            )
     # A run killed before it saved its plan did nothing: started again by a plain run, as
     # `pack`'s (`records.never_planned`; the lock, taken first, rules out a live run's).
     abandoned = storage.is_dir(work) and records.never_planned(work)
@@ -289,16 +294,16 @@ def _prepare(
         if abandoned:
             raise ConfigError(
                 f"{shown}: the interrupted run stopped before it saved its plan, so there is "
-                "nothing to resume; run again without --resume"
+                f"nothing to resume; run again without {RESUME}"
             )
         if storage.exists(work):
-            raise ConfigError(f"{shown}: no interrupted run to resume; use --overwrite")
-        raise ConfigError(f"{shown}: no interrupted run to resume; drop --resume")
+            raise ConfigError(f"{shown}: no interrupted run to resume; use {OVERWRITE}")
+        raise ConfigError(f"{shown}: no interrupted run to resume; drop {RESUME}")
     if storage.exists(work):
         if not abandoned and not config.overwrite:
             raise ConfigError(
                 f"an interrupted run into {shown} left its finished partitions in {work}; pass "
-                "--resume to finish it or --overwrite to start over"
+                f"{RESUME} to finish it or {OVERWRITE} to start over"
             )
         from packtool.engines.slurm.state import stop_jobs
 
@@ -307,7 +312,7 @@ def _prepare(
     for path in (bin_path, idx_path):
         if storage.lexists(path) and not config.overwrite:
             raise ConfigError(
-                f"{path} exists; pass --overwrite to replace {bin_path} and {idx_path}"
+                f"{path} exists; pass {OVERWRITE} to replace {bin_path} and {idx_path}"
             )
     try:  # the first write, up front: a failure names the user's path
         writing.make_dir(work)
@@ -332,7 +337,7 @@ def _waiting_hub_pair(
     else:
         raise ConfigError(
             f"a finished {paths.shown}.bin/.idx waits in {paths.staging}: its commit to the Hub "
-            "did not happen; pass --resume to commit it or --overwrite to start over"
+            f"did not happen; pass {RESUME} to commit it or {OVERWRITE} to start over"
         )
 
 
@@ -439,7 +444,7 @@ class MegatronRun:
         if self.merge.next != self.partitions:  # a driver bug, never bad input: keep the run
             raise RuntimeError(
                 f"{self.merge.next} of {self.partitions} parts merged before the index; the "
-                "finished ones are kept: rerun with --resume"
+                f"finished ones are kept: rerun with {RESUME}"
             )
         if self.documents == 0:
             # As `stats` and `pack` do: an output without a document is a mistake.

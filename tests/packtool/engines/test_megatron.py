@@ -200,7 +200,10 @@ def test_replacing_a_dataset_and_the_one_line_errors(tmp_path, corpus):
     assert code != 0 and "d.bin exists; pass --overwrite" in one_error_line(err)
     # given as the .bin, it names the pair it replaces (it said "d.bin.bin/.idx")
     code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", f"{prefix}.bin")
-    assert f"pass --overwrite to replace {prefix}.bin and {prefix}.idx" in one_error_line(err)
+    assert (
+        f"pass --overwrite / overwrite=True to replace {prefix}.bin and {prefix}.idx"
+        in one_error_line(err)
+    )
     # A run that fails (no documents) leaves the old pair as it was and nothing beside it.
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"text": ""}\n')
@@ -222,7 +225,7 @@ def test_replacing_a_dataset_and_the_one_line_errors(tmp_path, corpus):
     )
     assert (tmp_path / "d.idx").read_bytes() != before
     code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", prefix, "--keep-field", "x")
-    assert code != 0 and "drop --keep-field" in one_error_line(err)
+    assert code != 0 and "drop --keep-field / extra_fields=('x',)" in one_error_line(err)
 
 
 def test_inputs_with_a_loss_mask_are_refused(tmp_path):
@@ -232,6 +235,50 @@ def test_inputs_with_a_loss_mask_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="cannot hold"):
         tokenize_megatron([chat], tmp_path / "d", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl"]
+
+
+def test_the_library_s_refusals_name_the_python_argument_beside_the_flag(tmp_path):
+    """Before: `tokenize_megatron(...)` raised "--to megatron: ... drop --keep-field", "--to
+    megatron: the inputs carry loss_mask ... (--to parquet)", "... runs on --engine local" and
+    "pass --overwrite": flags a Python caller cannot pass. Each line now names both forms."""
+    from packtool.read.documents import ReadConfig
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "abc", "x": "1"}\n')
+    chat = tmp_path / "chat.jsonl"
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    chat.write_text(json.dumps({"messages": messages}) + "\n")
+    prefix = tmp_path / "d"
+    kept = ReadConfig(extra_fields=("x",))
+    with pytest.raises(ConfigError) as e:
+        tokenize_megatron([corpus], prefix, read_config=kept, progress=False)
+    assert str(e.value) == (
+        "--to megatron / tokenize_megatron: a Megatron indexed dataset holds token ids only; "
+        "drop --keep-field / extra_fields=('x',)"
+    )
+    with pytest.raises(ConfigError) as e:
+        tokenize_megatron([chat], prefix, progress=False)
+    assert str(e.value).startswith("--to megatron / tokenize_megatron: the inputs carry loss_mask")
+    assert str(e.value).endswith(
+        "write tokenized Parquet (--to parquet / tokenize_corpus) or pack them"
+    )
+    with pytest.raises(ConfigError) as e:
+        tokenize_megatron([corpus], "s3://bucket/d", engine="ray", progress=False)
+    assert "into a bucket runs on --engine local / engine='local' (" in str(e.value)
+    tokenize_megatron([corpus], prefix, progress=False)
+    with pytest.raises(ConfigError) as e:
+        tokenize_megatron([corpus], prefix, progress=False)
+    assert f"pass --overwrite / overwrite=True to replace {prefix}.bin" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        tokenize_megatron([corpus], tmp_path / "e", resume=True, progress=False)
+    assert str(e.value).endswith("no interrupted run to resume; drop --resume / resume=True")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".d.idx.packtool.json",
+        "c.jsonl",
+        "chat.jsonl",
+        "d.bin",
+        "d.idx",
+    ]
 
 
 def test_one_path_is_one_input_not_its_characters(tmp_path, monkeypatch):
@@ -479,7 +526,7 @@ def test_the_resume_errors_are_one_line(tmp_path, mixed, monkeypatch):
     assert code != 0 and "no interrupted run to resume" in one_error_line(err)
     _interrupt_after(prefix, mixed, 2, monkeypatch)
     code, _, err = run(*base)
-    assert code != 0 and "pass --resume to finish it" in one_error_line(err)
+    assert code != 0 and "pass --resume / resume=True to finish it" in one_error_line(err)
     code, _, err = run(*base[:-1], "200000", "--resume")
     assert (
         code != 0

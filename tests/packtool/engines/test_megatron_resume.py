@@ -135,7 +135,9 @@ def test_resume_of_a_pair_without_its_bin_is_refused(tmp_path):
         line = one_error_line(err)
         assert code != 0 and "already complete" not in text, (text, err)
         assert f"cannot resume {out / 'c2'}: {out / 'c2.idx'} exists but {out / 'c2.bin'}" in line
-        assert line.endswith("rerun with --overwrite to write the pair again"), line
+        assert line.endswith("rerun with --overwrite / overwrite=True to write the pair again"), (
+            line
+        )
     assert not (out / "c2.bin").exists()
     code, _, err = run("tokenize", a, "--to", "megatron", "-o", out / "c2", "--overwrite")
     assert code == 0 and _pair(out / "c2") == _pair(out / "c"), err
@@ -247,7 +249,7 @@ def test_a_run_killed_before_it_saved_its_plan_is_started_again_by_a_plain_run(t
     code, _, err = run("tokenize", corpus, *megatron, "-o", prefix, "--resume")
     line = one_error_line(err)
     assert code != 0 and "stopped before it saved its plan" in line, line
-    assert "nothing to resume; run again without --resume" in line, line
+    assert "nothing to resume; run again without --resume / resume=True" in line, line
     assert staging.is_dir()  # a refused --resume removes nothing
     code, _, err = run("tokenize", corpus, *megatron, "-o", prefix)
     assert code == 0, err
@@ -267,7 +269,7 @@ def test_a_staging_folder_holding_more_than_a_plan_temporary_is_kept(tmp_path):
     (records.run_dir(staging) / ".plan.json.4242-0123abcd.tmp").write_text('{"fingerprint"')
     (staging / "merged.bin").write_bytes(b"tokens")
     code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", prefix)
-    assert code != 0 and "pass --resume to finish it" in one_error_line(err)
+    assert code != 0 and "pass --resume / resume=True to finish it" in one_error_line(err)
     code, _, err = run("tokenize", corpus, "--to", "megatron", "-o", prefix, "--resume")
-    assert code != 0 and "use --overwrite" in one_error_line(err)
+    assert code != 0 and "use --overwrite / overwrite=True" in one_error_line(err)
     assert (staging / "merged.bin").read_bytes() == b"tokens"

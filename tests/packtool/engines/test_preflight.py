@@ -158,7 +158,8 @@ def test_a_damaged_partition_record_is_refused_before_ray_starts(
     path = records.record_path(staging_folder(out), 0)
     path.write_text(record)
     with pytest.raises(
-        DataError, match=r"parts/000000\.json: malformed partition record.*--overwrite$"
+        DataError,
+        match=r"parts/000000\.json: malformed partition record.*--overwrite / overwrite=True$",
     ):
         pack_with(engine)(config(good, out, resume=True, **kw))
     assert path.read_text() == record
