@@ -105,6 +105,10 @@ OVERWRITE = option_choice("--overwrite", "overwrite", True)
 RESUME = option_choice("--resume", "resume", True)
 """`--resume / resume=True`, as `OVERWRITE`."""
 
+STORAGE_OPTIONS = "--storage-options / PACKTOOL_STORAGE_OPTIONS"
+"""What a message about a store's options names: the CLI's option and the variable it sets,
+which the library reads (`storage.remote.OPTIONS_ENV`)."""
+
 
 def one_line(value: object, limit: int | None = None) -> str:
     """`value`'s text (an exception's message) on one line: every run of whitespace, a library's

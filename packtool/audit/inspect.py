@@ -26,7 +26,7 @@ from packtool.audit.verify import DAMAGED, list_parts
 from packtool.dataset.columns import Column, derived
 from packtool.dataset.manifest import Manifest, dataset_folder, open_dataset
 from packtool.dataset.masks import segment_sums, spans
-from packtool.errors import ConfigError, DataError, one_line
+from packtool.errors import ConfigError, DataError, one_line, option_choice
 from packtool.storage import local as storage
 
 PLOT_ROWS = 64
@@ -405,7 +405,9 @@ def read_row(path: str | Path, row: int, *, manifest: Manifest | None = None) ->
     total = manifest.num_rows
     if not 0 <= row < total:
         valid = f"0..{total - 1}" if total else "none: the dataset has no rows"
-        raise ConfigError(f"--row {row} is out of range (valid: {valid}; {total:,} rows)")
+        raise ConfigError(
+            f"{option_choice('--row', 'row', row)} is out of range (valid: {valid}; {total:,} rows)"
+        )
     starts = np.cumsum([0] + [s.rows for s in manifest.shards])
     i = int(np.searchsorted(starts, row, side="right") - 1)
     shard = manifest.shards[i]

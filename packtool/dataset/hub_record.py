@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from packtool.dataset.manifest import INDEX_FILE, linked_version
-from packtool.errors import ConfigError, DataError, json_value
+from packtool.errors import OVERWRITE, ConfigError, DataError, json_value
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -54,7 +54,7 @@ def _read(staging: Path) -> dict | None:
     except ValueError:
         record = None
     if not isinstance(record, dict):
-        raise DataError(f"{path(staging)}: damaged; rerun with --overwrite to start over")
+        raise DataError(f"{path(staging)}: damaged; rerun with {OVERWRITE} to start over")
     return record
 
 
@@ -69,7 +69,7 @@ def check(staging: Path, shown: str, now: str | None) -> None:
         raise ConfigError(
             f"{shown}: another writer committed a dataset there ({now}) after this run "
             f"began (over {began or 'nothing'}); not replaced. To replace it, run again with "
-            "--overwrite (this run's build is discarded)"
+            f"{OVERWRITE} (this run's build is discarded)"
         )
 
 

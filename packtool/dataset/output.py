@@ -87,7 +87,7 @@ from packtool.dataset.output_versions import (
     staging_version,
     switch_problem,
 )
-from packtool.errors import AlreadyComplete, ConfigError, Detached, json_value, one_line
+from packtool.errors import RESUME, AlreadyComplete, ConfigError, Detached, json_value, one_line
 from packtool.storage import hub, remote_write, writing
 from packtool.storage import local as storage
 
@@ -470,7 +470,7 @@ def commit(paths: OutputPaths, resumable: bool = True) -> None:
         raise ConfigError(
             f"output {paths.shown} holds files packtool did not write (made while this run "
             f"ran?); the new dataset stays in {paths.staging}: move them, then run the same "
-            "command with --resume to switch it in"
+            f"command with {RESUME} to switch it in"
         )
     remove(paths.staging / RUN_STATE)  # kept till now: see `names.RUN_STATE`
     try:

@@ -58,7 +58,7 @@ from packtool.engines.resume_checks import (
     fingerprint_digest,
 )
 from packtool.engines.summary import PackSummary
-from packtool.errors import ConfigError, DataError, WorkersLost
+from packtool.errors import OVERWRITE, RESUME, ConfigError, DataError, WorkersLost
 from packtool.prefetch import map_ordered
 from packtool.progress import Progress
 from packtool.storage import local as storage
@@ -115,7 +115,7 @@ def saved_plan(
         plan = Plan.from_dict(state["plan"])
     except (KeyError, TypeError, ValueError):
         raise DataError(
-            f"{records.run_dir(work) / records.PLAN_FILE}: malformed plan; use --overwrite"
+            f"{records.run_dir(work) / records.PLAN_FILE}: malformed plan; use {OVERWRITE}"
         ) from None
     if [f.path for f in plan.files] != [str(p) for p in checked.paths]:
         raise ConfigError(f"cannot resume {out}: the partition plan differs")
@@ -143,7 +143,7 @@ def workers_lost(work: Path, what: str, advice: str, partitions: int) -> Workers
     how many (of the plan's `partitions`: the tail tree's merge records are not counted)."""
     done = len(records.finished_partitions(work, partitions))
     kept = (
-        f"its {done} finished partition(s) are kept: rerun with --resume"
+        f"its {done} finished partition(s) are kept: rerun with {RESUME}"
         if done
         else "no partition had finished"
     )
@@ -215,7 +215,7 @@ class Run:
             path = self.work / s["file"]
             if not storage.is_file(path) or storage.size(path) != s["bytes"]:
                 raise DataError(
-                    f"{path}: finished shard is missing or changed; rerun with --overwrite"
+                    f"{path}: finished shard is missing or changed; rerun with {OVERWRITE}"
                 )
         return record
 
@@ -282,7 +282,7 @@ class Run:
             raise RuntimeError(
                 f"{self.totals.partitions} of {n} partition records and {self.totals.merges} of "
                 f"{merges} merge records accounted before the final stage; the finished ones "
-                "are kept: rerun with --resume"
+                f"are kept: rerun with {RESUME}"
             )
         if self.final_done:
             final = records.read_record(self.work, root)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from packtool.dataset.shards import ShardConfig
 from packtool.engines.plan import PARTITION_SIZE, check_partition_size
-from packtool.errors import ConfigError
+from packtool.errors import OVERWRITE, RESUME, ConfigError
 from packtool.pack.chunk import PackConfig
 from packtool.read.documents import ReadConfig
 from packtool.storage.local import input_list, input_text
@@ -48,7 +48,7 @@ class RunConfig:
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):
             raise ConfigError(f"workers must be a positive integer, got {self.workers!r}")
         if self.overwrite and self.resume:
-            raise ConfigError("--overwrite and --resume exclude each other; choose one")
+            raise ConfigError(f"{OVERWRITE} and {RESUME} exclude each other; choose one")
 
 
 REDACTED = "<redacted>"

@@ -30,7 +30,7 @@ from packtool.engines.context import WorkerContext
 from packtool.engines.merge import TailTree
 from packtool.engines.records import Totals
 from packtool.engines.summary import PackSummary
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, option_choice
 from packtool.read import docids
 from packtool.stats import lengths as stats
 from packtool.storage import local as storage
@@ -81,7 +81,8 @@ def manifest_head(
         raise DataError("every document was empty or dropped; nothing to pack" + note)
     if config.pack.group_by is not None and set(totals.groups) == {""}:
         raise ConfigError(
-            f"--group-by {config.pack.group_by!r}: no document has this field, or a value "
+            f"{option_choice('--group-by', 'group_by', config.pack.group_by)}: no document has "
+            "this field, or a value "
             "for it (missing, null or empty in every one: check the name; nothing was "
             "committed)"
         )

@@ -54,6 +54,7 @@ from packtool.engines.context import WorkerContext
 from packtool.engines.interrupts import ctrl_c_after
 from packtool.engines.summary import PackSummary
 from packtool.engines.worker import rechunk, run_partition
+from packtool.errors import option_choice
 from packtool.storage import local as storage
 from packtool.storage import remote
 from packtool.tokenizer.tokenizers import Tokenizer
@@ -289,7 +290,8 @@ def _run_pool(run: Any, waves: list[list[int]], workers: int, threads: int, kind
                             f"worker processes died {lost[over[0]]} times while "
                             f"{_units_named(over, run.partitions)} ran or waited in the pool "
                             "(which unit's worker died, the pool does not say)",
-                            "fewer --workers if memory is short",
+                            f"fewer {option_choice('--workers', 'workers', 'N')} if memory is "
+                            "short",
                         ) from None
                     todo = deque(sorted(set(todo) | set(inflight.values())))
     except BaseException:

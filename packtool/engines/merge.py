@@ -56,6 +56,8 @@ from packtool import arrow_numpy
 from packtool.dataset.shards import ShardWriter
 from packtool.engines import records
 from packtool.errors import (
+    OVERWRITE,
+    RESUME,
     ConfigError,
     DataError,
     PacktoolError,
@@ -187,7 +189,7 @@ def _tails(work: Path, children: range, expected: list[int]) -> Iterator[pa.Tabl
         if found != pieces:
             raise TailTreeFailed(
                 f"{path}: holds {found:,} pieces where unit {p}'s record says {pieces:,}; "
-                "the run's staging folder is damaged: start over with --overwrite"
+                f"the run's staging folder is damaged: start over with {OVERWRITE}"
             )
         if table is not None:
             yield table
@@ -211,8 +213,8 @@ def merge_node(ctx: WorkerContext, descriptor: dict[str, Any]) -> dict[str, Any]
     except PacktoolError as exc:
         raise TailTreeFailed(
             f"{joined_lines(exc)}; the tail tree stopped after every partition had finished: "
-            f"they are kept in {ctx.work}; the same command with --resume (without "
-            "--overwrite) runs only the tail tree"
+            f"they are kept in {ctx.work}; the same command with {RESUME} (without "
+            f"{OVERWRITE}) runs only the tail tree"
         ) from None
 
 

@@ -24,7 +24,7 @@ from packtool.dataset.output_versions import is_version, ours, switch_problem
 from packtool.engines import records
 from packtool.engines.config import RunConfig
 from packtool.engines.resume_checks import check_built
-from packtool.errors import ConfigError
+from packtool.errors import OVERWRITE, RESUME, ConfigError
 from packtool.storage import local as storage
 
 STATE_DIR = records.RUN_DIR
@@ -41,8 +41,8 @@ def check_replaceable(paths: OutputPaths, overwrite: bool) -> None:
         present = [(p, f) for p, f in present if not p.name.startswith(".packtool-")]
     if present and not overwrite:
         raise ConfigError(
-            f"output folder {shown} is not empty; pass --overwrite to replace it "
-            "or --resume to finish an interrupted run"
+            f"output folder {shown} is not empty; pass {OVERWRITE} to replace it "
+            f"or {RESUME} to finish an interrupted run"
         )
     foreign = sorted({p.name for p, f in present if not written_by_pack(p, f)})
     if foreign:
@@ -51,7 +51,7 @@ def check_replaceable(paths: OutputPaths, overwrite: bool) -> None:
             f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         )
         raise ConfigError(
-            f"--overwrite: {shown} holds files packtool pack did not write ({shown_files}); "
+            f"{OVERWRITE}: {shown} holds files packtool pack did not write ({shown_files}); "
             "choose an empty folder or remove them yourself"
         )
 
@@ -95,12 +95,12 @@ def finish_switch(
         raise ConfigError(
             f"{paths.shown}: {paths.staging}, left by an earlier run, is not switched in: "
             f"{problem}; "
-            + ("pass --overwrite to discard it" if mine else "move or remove it yourself")
+            + (f"pass {OVERWRITE} to discard it" if mine else "move or remove it yourself")
         )
     if not (config.resume or config.overwrite):
         raise ConfigError(
             f"{paths.shown}: a run killed before its switch left a complete dataset in "
-            f"{paths.staging}; pass --resume to switch it in, or --overwrite to discard it and "
+            f"{paths.staging}; pass {RESUME} to switch it in, or {OVERWRITE} to discard it and "
             "build anew"
         )
     if config.resume and not config.overwrite:

@@ -34,7 +34,16 @@ from packtool.dataset.output import (
 from packtool.engines import records
 from packtool.engines.config import RunConfig
 from packtool.engines.output_checks import check_replaceable, finish_switch
-from packtool.errors import AlreadyComplete, ConfigError, Detached, PacktoolError, StagingKept
+from packtool.errors import (
+    OVERWRITE,
+    RESUME,
+    AlreadyComplete,
+    ConfigError,
+    Detached,
+    PacktoolError,
+    StagingKept,
+    option_choice,
+)
 from packtool.storage import hub
 from packtool.storage import local as storage
 
@@ -96,8 +105,8 @@ def output_folder(config: RunConfig, fingerprint: dict[str, Any]) -> Iterator[Ou
             if not config.overwrite:
                 raise ConfigError(
                     f"{paths.shown}: a dataset an earlier run built waits in {paths.staging} "
-                    "(its commit to the Hub did not happen); pass --resume to commit it or "
-                    "--overwrite to start over"
+                    f"(its commit to the Hub did not happen); pass {RESUME} to commit it or "
+                    f"{OVERWRITE} to start over"
                 )
             remove(paths.staging)
         # (A bucket's version `.packtool-staging` does not name is this run's new one: empty.)
@@ -128,8 +137,9 @@ def built_here(out_dir: str | os.PathLike, engine: str) -> None:
     if hub.is_hub(out_dir):
         raise ConfigError(
             f"{out_dir}: an hf:// output is built on this machine and committed to the Hub in "
-            f"one commit, and --engine {engine} builds on other machines; use --engine local, "
-            "or pack to a bucket or a shared folder and upload that"
+            f"one commit, and the {engine} engine builds on other machines; use "
+            f"{option_choice('--engine', 'engine', 'local')}, or pack to a bucket or a shared "
+            "folder and upload that"
         )
 
 
@@ -169,7 +179,7 @@ def _prepare(config: RunConfig, paths: OutputPaths) -> dict[str, Any] | None:
             left = f"{done:,} finished partition{'s' if done != 1 else ''}" if done else "plan"
             raise ConfigError(
                 f"an interrupted run into {shown} left its {left} in {paths.staging}; pass "
-                "--resume to finish it or --overwrite to start over"
+                f"{RESUME} to finish it or {OVERWRITE} to start over"
             )
         # (Without a saved plan it was killed while it checked or planned: nothing to keep.)
         from packtool.engines.slurm.state import stop_jobs
@@ -205,7 +215,7 @@ def _load_state(paths: OutputPaths) -> dict[str, Any]:
             return {COMPLETE: True}  # `check_complete` decides, once the options are known
         raise ConfigError(
             f"{shown}: the interrupted run stopped before it saved its plan, so there is "
-            "nothing to resume; run again without --resume"
+            f"nothing to resume; run again without {RESUME}"
         )
     if not storage.is_dir(paths.staging / STATE_DIR):
         if storage.exists(out / INDEX_FILE):
@@ -213,11 +223,11 @@ def _load_state(paths: OutputPaths) -> dict[str, Any]:
         if any(storage.exists(where / old) for where in (out, paths.staging) for old in OLD_STATE):
             raise ConfigError(
                 f"{shown} holds a run interrupted by an older packtool, which this one cannot "
-                "finish; start over with --overwrite"
+                f"finish; start over with {OVERWRITE}"
             )
         if not _holds_anything(paths) and not storage.exists(paths.staging):
-            raise ConfigError(f"{shown} does not exist: nothing to resume; drop --resume")
-        raise ConfigError(f"{shown}: no interrupted run to resume; use --overwrite")
+            raise ConfigError(f"{shown} does not exist: nothing to resume; drop {RESUME}")
+        raise ConfigError(f"{shown}: no interrupted run to resume; use {OVERWRITE}")
     return records.read_plan(paths.staging)
 
 

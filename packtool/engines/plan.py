@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import ConfigError, DataError
+from packtool.errors import OVERWRITE, ConfigError, DataError
 from packtool.read.compressed import compression_of
 from packtool.storage import local as storage
 from packtool.tokenize.tables import FilePiece
@@ -189,7 +189,7 @@ def check_unchanged(path: str, size: int, mtime_ns: int) -> None:
         what = f"size {size:,} -> {st.st_size:,} bytes" if st.st_size != size else "modified"
         raise DataError(
             f"{path}: changed since the run was planned ({what}); inputs must not change during "
-            "a run: run it again once they are final (with --overwrite where it resumed an "
+            f"a run: run it again once they are final (with {OVERWRITE} where it resumed an "
             "earlier run, whose finished partitions read the old file)"
         )
 

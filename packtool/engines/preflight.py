@@ -32,7 +32,7 @@ from packtool.engines import records
 from packtool.engines.config import RunConfig
 from packtool.engines.output_folder import staging_folder
 from packtool.engines.resume_checks import CHAT_TEMPLATE_KEY, MASK_RULE, MASK_RULE_KEY
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import OVERWRITE, ConfigError, PacktoolError
 from packtool.pack.chunk import check_room_for_text
 from packtool.pack.columns import check_policy, policy_for
 from packtool.prefetch import map_ordered
@@ -328,5 +328,5 @@ def check_facts(state: dict[str, Any], checked: Checked, out: Path) -> None:
         what = what.replace("kinds", f"{checked.paths[i]} read as {now['kinds'][i]}, not {was[i]}")
     raise ConfigError(
         f"cannot resume {out}: the inputs read differently from the saved run ({what}); "
-        "start over with --overwrite"
+        f"start over with {OVERWRITE}"
     )

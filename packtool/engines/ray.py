@@ -61,7 +61,7 @@ from packtool.engines.base import Driver, pack_with
 from packtool.engines.config import RunConfig
 from packtool.engines.interrupts import sigterm_as_ctrl_c
 from packtool.engines.summary import PackSummary
-from packtool.errors import ConfigError, MissingDependencyError, PacktoolError
+from packtool.errors import ConfigError, MissingDependencyError, PacktoolError, option_choice
 from packtool.storage import local as storage
 from packtool.storage import remote
 from packtool.tokenizer.tokenizers import Tokenizer
@@ -73,7 +73,7 @@ def import_ray() -> Any:
         import ray
     except ImportError:
         raise MissingDependencyError(
-            "--engine ray needs Ray: pip install 'packtool[ray]'"
+            "the ray engine needs Ray: pip install 'packtool[ray]'"
         ) from None
     return ray
 
@@ -173,7 +173,7 @@ def drive_ray(run: Any, ray_config: RayConfig) -> str:
             raise run.workers_lost(
                 f"a partition actor's process or node died more than {ray_config.max_retries} "
                 "time(s)",
-                "fewer --workers if memory is short",
+                f"fewer {option_choice('--workers', 'actors', 'N')} if memory is short",
             ) from None
         raise
     finally:
@@ -213,7 +213,7 @@ def _let_prefetchers_end(timeout: float = 10.0) -> None:
         thread.join(max(0.0, end - time.monotonic()))
 
 
-_DEFAULT_RAY = "a private Ray (no --ray-address nor RAY_ADDRESS given)"
+_DEFAULT_RAY = "a private Ray (no --ray-address / address nor RAY_ADDRESS given)"
 """What a message names where no address was given (`local` is asked for: `_connect`)."""
 
 
@@ -223,7 +223,7 @@ def _connect(ray: Any, address: str | None) -> bool:
         return False
     _check_address(address)
     name, value = _given(address)  # what the user gave, before `local` stands in for none
-    shown = f"{name} {value}" if value is not None else _DEFAULT_RAY
+    shown = _shown(name, value) if value is not None else _DEFAULT_RAY
     if address is None and not os.environ.get("RAY_ADDRESS"):
         # Ray's own default joins a cluster `ray start` left recorded in
         # /tmp/ray/ray_current_cluster: the default here is a private Ray (docs/scale-out.md)
@@ -284,6 +284,12 @@ def _given(address: str | None) -> tuple[str, str | None]:
     return "--ray-address", address
 
 
+def _shown(name: str, address: str) -> str:
+    """The address as a message names it: `RAY_ADDRESS x`, or both callers' forms of the
+    option (`--ray-address x / address='x'`: `RayConfig(address=)`)."""
+    return f"{name} {address}" if name == "RAY_ADDRESS" else option_choice(name, "address", address)
+
+
 def _host_port(address: str) -> tuple[str, int] | None:
     """(host, port) of a `HOST:PORT` or `[IPv6]:PORT` address; None for any other form."""
     match = _HOST_PORT.fullmatch(address)
@@ -309,19 +315,20 @@ def _check_address(address: str | None, timeout: float = 10.0) -> None:
         # Ray Client connection has not: Ray 2.60 failed inside Ray Data with a 60-line
         # traceback ("'Worker' object has no attribute 'core_worker'").
         raise ConfigError(
-            f"{name} {address}: Ray Data cannot run through Ray Client (ray://); run "
-            "packtool on a node of the cluster with --ray-address auto (or HOST:6379), or "
+            f"{_shown(name, address)}: Ray Data cannot run through Ray Client (ray://); run "
+            f"packtool on a node of the cluster with "
+            f"{option_choice('--ray-address', 'address', 'auto')} (or HOST:6379), or "
             "submit it there as a job: ray job submit -- packtool pack ..."
         )
     host_port = _host_port(address)
     if host_port is None:
-        raise ConfigError(f"{name} {address}: not a Ray address; give {_FORMS}")
+        raise ConfigError(f"{_shown(name, address)}: not a Ray address; give {_FORMS}")
     start = "start Ray there (`ray start --head`) or leave the option out to start one here"
     try:
         conn = socket.create_connection(host_port, timeout=timeout)
     except OSError as exc:
         raise ConfigError(
-            f"{name} {address}: nothing answers there ({exc.strerror or exc}); {start}"
+            f"{_shown(name, address)}: nothing answers there ({exc.strerror or exc}); {start}"
         ) from None
     with conn:
         if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
@@ -338,7 +345,7 @@ def _check_address(address: str | None, timeout: float = 10.0) -> None:
         else:
             what = f"answered {answer[:16]!r}" if answer else "closed the connection"
         raise ConfigError(
-            f"{name} {address}: something listens there but it is not Ray (it {what} "
+            f"{_shown(name, address)}: something listens there but it is not Ray (it {what} "
             "where Ray's GCS answers gRPC); give the GCS port `ray start --head` printed (6379 "
             "by default), not the dashboard's"
         )
@@ -420,7 +427,7 @@ def _execute(
         import ray.data
     except ImportError:
         raise MissingDependencyError(
-            "--engine ray needs Ray Data: pip install 'packtool[ray]'"
+            "the ray engine needs Ray Data: pip install 'packtool[ray]'"
         ) from None
     blob = pickle.dumps(run.context)
     key = hashlib.sha256(blob).hexdigest()

@@ -20,7 +20,7 @@ from typing import Any
 from packtool.dataset.manifest import INDEX_FILE, read_manifest
 from packtool.engines import records
 from packtool.engines.differences import input_difference, listed, setting_differences
-from packtool.errors import AlreadyComplete, ConfigError, DataError
+from packtool.errors import OVERWRITE, AlreadyComplete, ConfigError, DataError
 from packtool.storage import local as storage
 
 CHAT_TEMPLATE_KEY = "chat_template"
@@ -53,7 +53,7 @@ def check_complete(fingerprint: dict[str, Any], out: Path, shown: str | None = N
         raise ConfigError(
             f"cannot resume {shown}: it is a finished dataset of other options or inputs (its "
             f"{INDEX_FILE} keeps their digest, extra.fingerprint, not them, so which ones differ "
-            "cannot be told); use --overwrite to replace it"
+            f"cannot be told); use {OVERWRITE} to replace it"
         )
     raise AlreadyComplete(
         f"{shown} is already complete ({INDEX_FILE} exists): nothing to resume, nothing done",
@@ -123,7 +123,7 @@ def check_built(fingerprint: dict[str, Any], staging: Path, shown: str) -> None:
         raise ConfigError(
             f"cannot resume {shown}: options or inputs differ (the dataset the interrupted run "
             f"built keeps their digest, extra.fingerprint, not them, so which ones differ "
-            "cannot be told); use --overwrite to replace it"
+            f"cannot be told); use {OVERWRITE} to replace it"
         )
 
 

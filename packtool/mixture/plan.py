@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from packtool.dataset.manifest import read_manifest
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, option_choice
 from packtool.mixture.schedule import Schedule, SyntheticLengths
 from packtool.mixture.spec import (
     MixtureSpec,
@@ -128,6 +128,12 @@ def _source_sizes(spec: MixtureSpec) -> tuple[list[tuple[str, int, int]], int]:
     return sizes, int(entries[0][2])
 
 
+def _option(flag: str, value: object = "N") -> str:
+    """A length or batch option as both callers give it: `--tokens N / tokens=N` (the CLI's
+    flag, `plan_mixture`'s argument)."""
+    return option_choice(flag, flag[2:].replace("-", "_"), value)
+
+
 def plan_file(
     path: str, *, tokens: str | int | None = None, steps: str | int | None = None, **batching: Any
 ) -> MixPlan:
@@ -168,26 +174,28 @@ def plan_mixture(
         DataError: A missing or damaged `index.json`.
     """
     if tokens is not None and steps is not None:
-        raise ConfigError("give --tokens or --steps, not both")
+        raise ConfigError(f"give {_option('--tokens')} or {_option('--steps')}, not both")
     past = _past_own_total(spec, tokens, steps)
-    what = "--steps"  # the length asked for, or the mixture's own
-    length = None if tokens is None else f"with --tokens {tokens:,}"
-    if tokens is None and steps is None:
+    what = _option("--steps", steps)  # the length asked for, or the mixture's own
+    length = None if tokens is None else f"with {_option('--tokens', tokens)}"
+    own = tokens is None and steps is None
+    if own:
         tokens, steps = spec.total_tokens, spec.total_steps
         what = f"the mixture's total_steps {steps or 0:,}"
         length = None if tokens is None else f"with the mixture's total_tokens {tokens:,}"
     if tokens is None and steps is None and not spec.ends():
         raise ConfigError(
-            "give a length to plan (--tokens or --steps): the mixture has no total and no cap "
-            "that ends it"
+            f"give a length to plan ({_option('--tokens')} or {_option('--steps')}): the "
+            "mixture has no total and no cap that ends it"
         )
     if steps is None:  # a batch size and the world size only count steps
         length = length or "in a plan that runs until the caps end it"
         _no_batching(length, rows_per_batch, tokens_per_batch, world_size)
     if steps is not None and (rows_per_batch is None) == (tokens_per_batch is None):
         raise ConfigError(
-            f"planning {what} needs exactly one of --rows-per-batch, --tokens-per-batch"
-            + ("" if what == "--steps" else " (or plan a length in --tokens)")
+            f"planning {what} needs exactly one of {_option('--rows-per-batch')}, "
+            + _option("--tokens-per-batch")
+            + (f" (or plan a length in {_option('--tokens')})" if own else "")
         )
     sizes, max_len = _source_sizes(spec)
     if tokens_per_batch is not None and tokens_per_batch < max_len:
@@ -228,7 +236,7 @@ def plan_mixture(
         # a run of the file stops after the row that brings its tokens to total_tokens: the
         # plan's last row comes after that one
         past.append(
-            f"--steps {steps:,} plans {plan.tokens:,} tokens, past the mixture's own "
+            f"{_option('--steps', steps)} plans {plan.tokens:,} tokens, past the mixture's own "
             f"total_tokens {own:,}, where a run of this file stops; the plan shows what a larger "
             "total would deliver"
         )
@@ -246,7 +254,7 @@ def _past_own_total(spec: MixtureSpec, tokens: int | None, steps: int | None) ->
     ):
         if asked is not None and own is not None and asked > own:
             return [
-                f"{flag} {asked:,} plans past the mixture's own {key} {own:,}, where a run of "
+                f"{_option(flag, asked)} plans past the mixture's own {key} {own:,}, where a run of "
                 "this file stops; the plan shows what a larger total would deliver"
             ]
     return []
@@ -256,7 +264,7 @@ def _no_batching(length: str, rows: int | None, budget: int | None, world: int) 
     """Refuse batch options for a plan in tokens: they would change nothing (they were ignored
     without a word, both batch sizes at once included)."""
     given = [
-        flag
+        _option(flag, value)
         for flag, value in (
             ("--rows-per-batch", rows),
             ("--tokens-per-batch", budget),
@@ -268,8 +276,8 @@ def _no_batching(length: str, rows: int | None, budget: int | None, world: int) 
         names = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
         raise ConfigError(
             f"{names} {'has' if len(given) == 1 else 'have'} no effect {length} (a batch size "
-            "and the world size count steps): plan --steps with one batch size, or drop "
-            + ("it" if len(given) == 1 else "them")
+            f"and the world size count steps): plan {_option('--steps')} with one batch size, "
+            "or drop " + ("it" if len(given) == 1 else "them")
         )
 
 

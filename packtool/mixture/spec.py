@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from packtool.dataset.identity import IDENTITY_FIELDS
-from packtool.errors import ConfigError, MissingDependencyError, json_value
+from packtool.errors import ConfigError, MissingDependencyError, json_value, option_choice
 from packtool.storage import local as storage
 
 UNITS = ("tokens", "rows")
@@ -488,7 +488,7 @@ def check_compatible(entries: Sequence[tuple[str, Mapping[str, Any], int]]) -> N
         values = ", ".join(f"{n} {m}" for n, _, m in entries)
         raise ConfigError(
             f"the sources were packed with different max_len ({values}); pack them with one "
-            "--max-len"
+            + option_choice("--max-len", "max_len", "N")
         )
     for key in IDENTITY_FIELDS:  # as TokenizerIdentity.matches compares
         if len({repr(t.get(key)) for _, t, _ in entries}) > 1:

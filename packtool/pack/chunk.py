@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 
 from packtool.arrow_numpy import from_numpy, to_numpy
 from packtool.dataset import columns
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, option_choice
 from packtool.pack import columns as pack_columns
 from packtool.pack import kernels, limits, repack
 from packtool.pack.flat_ids import FlatIds
@@ -90,19 +90,25 @@ class PackConfig:
 
 
 def check_room_for_text(
-    max_len: int, eos_id: int | None, bos_id: int | None, name: str = "--max-len"
+    max_len: int, eos_id: int | None, bos_id: int | None, name: str | None = None
 ) -> None:
     """Refuse a max_len that BOS + EOS alone fill: no row could hold a token of any document.
 
     Such rows are legal but every document would come out cut into pieces of specials and
     single tokens; it is a typo (`--max-len 2` for 2048) far more often than a wish. `name` is
-    what the message calls the length (`packtool stats` checks its candidates too).
+    what the message calls the length (`packtool stats` checks its candidates too; None: the
+    option, `--max-len N / max_len=N`).
     """
     specials = (eos_id is not None) + (bos_id is not None)
     if max_len <= specials:
+        given, fix = (
+            (f"{name} {max_len}", f"{name} {specials + 1}")
+            if name is not None
+            else tuple(option_choice("--max-len", "max_len", n) for n in (max_len, specials + 1))
+        )
         raise ConfigError(
-            f"{name} {max_len} leaves no room for text: every document already takes "
-            f"{specials} tokens for BOS and EOS; use {name} {specials + 1} or more"
+            f"{given} leaves no room for text: every document already takes "
+            f"{specials} tokens for BOS and EOS; use {fix} or more"
         )
 
 
@@ -266,7 +272,8 @@ def _assign(
 def _group_codes(table: pa.Table, column: str) -> tuple[NDArray[np.int64], list[str]]:
     if column not in table.column_names:
         available = [c for c in table.column_names if c not in ("input_ids", "length", "doc_id")]
-        raise ConfigError(f"--group-by {column!r}: no such field; available: {available}")
+        group_by = option_choice("--group-by", "group_by", column)
+        raise ConfigError(f"{group_by}: no such field; available: {available}")
     values = pc.cast(table.column(column), pa.string())
     # Documents without the field form their own group, named "". A chunk in which no document
     # has it is no error (the field may appear in later chunks): the engine checks the whole run.

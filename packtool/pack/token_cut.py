@@ -29,7 +29,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from packtool.dataset import columns
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, option_choice
 from packtool.pack import chunk
 from packtool.pack import columns as pack_columns
 from packtool.pack.chunk import ChunkTooLarge, PackConfig, PackedChunk, pack_table
@@ -155,8 +155,8 @@ def _too_long(table: pa.Table, doc: int, tokens: int, room: int) -> None:
     name = f"document {table.column('doc_id')[doc].as_py()}" if doc >= 0 else "a carried piece"
     raise ConfigError(
         f"{name} keeps {tokens:,} tokens, more than one chunk's packed rows can hold "
-        f"({room:,} of {chunk.MAX_CHUNK_TOKENS:,}: one Arrow table); --long-docs truncate or "
-        "drop would cut it"
+        f"({room:,} of {chunk.MAX_CHUNK_TOKENS:,}: one Arrow table); "
+        f"{option_choice('--long-docs', 'long_docs', 'truncate')} or 'drop' would cut it"
     )
 
 

@@ -17,7 +17,7 @@ import orjson
 
 from packtool.dataset.columns import names, optional
 from packtool.dataset.tokenized import DOC_CHUNK
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, option_choice
 from packtool.quantities import check_bool, check_int
 from packtool.read import docids
 from packtool.read.sft_config import SFTConfig
@@ -115,7 +115,8 @@ class SkipCounter:
             extra = f" ({detail})" if detail else ""
             raise DataError(
                 f"{where}: {reason.replace('_', ' ')}{extra}; "
-                "run without --strict to skip and count such documents"
+                f"run without {option_choice('--strict', 'strict', True)} to skip and count "
+                "such documents"
             )
         self.counts[reason] = self.counts.get(reason, 0) + 1
         examples = self.examples.setdefault(reason, [])

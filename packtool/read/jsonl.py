@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from packtool.dataset.manifest import is_dataset_index
-from packtool.errors import DataError, json_value
+from packtool.errors import DataError, json_value, option_choice
 from packtool.read.compressed import (
     binary_kind,
     byte_place,
@@ -443,5 +443,6 @@ def _field_ahead(path: Path, field_name: str, start: int, count: int) -> bool:
 def raise_missing_field(path: Path, field_name: str, keys: list[str]) -> None:
     raise DataError(
         f"{path}: no line has the text field {field_name!r} "
-        f"(fields found: {', '.join(keys) or 'none'}); pass --text-field NAME"
+        f"(fields found: {', '.join(keys) or 'none'}); pass "
+        + option_choice("--text-field", "text_field", "NAME")
     )

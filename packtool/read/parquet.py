@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import DataError
+from packtool.errors import DataError, option_choice
 from packtool.read.documents import Doc, ReadConfig, SkipCounter, as_extra
 from packtool.read.lines import TO_END
 from packtool.storage import local as storage
@@ -54,7 +54,8 @@ def read_parquet(
     for name in wanted:
         if name not in names:
             what = "text column" if name == config.text_column else "extra field"
-            hint = "; pass --text-column NAME" if name == config.text_column else ""
+            text_column = option_choice("--text-column", "text_column", "NAME")
+            hint = f"; pass {text_column}" if name == config.text_column else ""
             raise DataError(f"{path}: no {what} {name!r} (columns: {', '.join(names)}){hint}")
         if names.count(name) > 1:
             raise DataError(

@@ -33,7 +33,7 @@ import pyarrow as pa
 from packtool.arrow_numpy import strings
 from packtool.dataset.masks import target_sums
 from packtool.dataset.tokenized_table import kept_documents, tokenized_table
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, option_choice
 from packtool.read.documents import ReadConfig, SkipCounter
 from packtool.read.sft_config import CHAT_KINDS, SFTConfig
 from packtool.sft.inputs import Records, read_records
@@ -65,7 +65,8 @@ def chat_template_for(sft: SFTConfig, tokenizer: Any) -> ChatTemplate:
         if why is not None:
             raise ConfigError(
                 f"{template.name}: assistant turns cannot be found in this template ({why}); "
-                "use a template with {% generation %} blocks, or --train-on all"
+                "use a template with {% generation %} blocks, or "
+                + option_choice("--train-on", "train_on", "all")
             )
     return template
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import ConfigError, DataError
+from packtool.errors import ConfigError, DataError, option_choice
 from packtool.prefetch import map_ordered
 from packtool.read import formats
 from packtool.read.compressed import read_errors
@@ -194,10 +194,14 @@ def dataset_kind(paths: list[Path], read: ReadConfig) -> str:
             if kind is None:
                 kind, first_path = found, path
             elif found != kind:
-                against = f"{first_path} ({kind})" if first_path else f"--format {kind}"
+                against = (
+                    f"{first_path} ({kind})"
+                    if first_path
+                    else option_choice("--format", "format", kind)
+                )
                 raise DataError(
                     f"{path}: holds {found} records, unlike {against}; a dataset is one kind "
-                    "(pass --format to say which)"
+                    f"(pass {option_choice('--format', 'format', 'KIND')} to say which)"
                 )
     return kind or TEXT
 
@@ -218,13 +222,15 @@ def sft_kind(paths: list[Path], read: ReadConfig, *, tokenized: bool) -> str | N
     if tokenized:
         if fmt not in ("auto", TOKENIZED):
             raise ConfigError(
-                f"the inputs are tokenized Parquet; --format {fmt} is for raw records "
-                "(use --format auto or tokenized)"
+                f"the inputs are tokenized Parquet; {option_choice('--format', 'format', fmt)} "
+                f"is for raw records (use {option_choice('--format', 'format', 'auto')} or "
+                "'tokenized')"
             )
         return None
     if fmt == TOKENIZED:
         raise ConfigError(
-            f"--format tokenized, but {paths[0]} is not tokenized Parquet (packtool tokenize "
+            f"{option_choice('--format', 'format', TOKENIZED)}, but {paths[0]} is not "
+            "tokenized Parquet (packtool tokenize "
             "output, or Parquet with an input_ids column)"
         )
     if fmt == TEXT:
@@ -398,8 +404,8 @@ def _objects(
                 if missing >= _PATIENCE:
                     raise DataError(
                         f"{path}: none of the first {_PATIENCE} records is a {kind} record "
-                        f"(fields found: {', '.join(sorted(obj)) or 'none'}); pass --format or "
-                        "the field options"
+                        f"(fields found: {', '.join(sorted(obj)) or 'none'}); pass "
+                        f"{option_choice('--format', 'format', 'KIND')} or the field options"
                     )
             else:
                 seen = True

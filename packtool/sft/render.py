@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from packtool import lifeline
-from packtool.errors import DataError
+from packtool.errors import DataError, option_choice
 from packtool.read.sft_config import check_train_on
 from packtool.sft.template import ChatTemplate, TemplateFailure, normalize_messages
 from packtool.sft.turns import NotIncremental, common_prefix, turn_spans
@@ -324,7 +324,8 @@ def rendered_in_order(
         except BrokenProcessPool:
             raise DataError(
                 "a chat template rendering process died (out of memory?); rerun with "
-                "--render-processes 0 to render in the main process"
+                f"{option_choice('--render-processes', 'render_processes', 0)} to render in "
+                "the main process"
             ) from None
 
     it = iter(batches)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from packtool.errors import ConfigError, MissingDependencyError, json_value, one_line
+from packtool.errors import ConfigError, MissingDependencyError, json_value, one_line, option_choice
 from packtool.storage import local as storage
 from packtool.tokenizer.files import load_tokenizer_config
 
@@ -62,6 +62,8 @@ SPECIAL_TOKEN_NAMES = (
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
+CHAT_TEMPLATE = option_choice("--chat-template", "chat_template", "FILE")
+"""`--chat-template FILE / chat_template=FILE`: the CLI's option, the `SFTConfig` field."""
 
 
 class TemplateFailure(Exception):
@@ -434,7 +436,7 @@ def _pick(value: Any, where: str) -> str:
             return named["default"]
         raise ConfigError(
             f"{where}: chat_template lists {', '.join(map(str, named)) or 'nothing'} but no "
-            "'default' template; pass --chat-template FILE"
+            f"'default' template; pass {CHAT_TEMPLATE}"
         )
     raise ConfigError(f"{where}: chat_template is a {type(value).__name__}, not a template")
 
@@ -491,8 +493,9 @@ def load_chat_template(
         return ChatTemplate(text, special_tokens=tokens, name=str(path))
     if tokenizer_dir is None:
         raise ConfigError(
-            "chat inputs need a chat template: pass --chat-template FILE, or a --tokenizer "
-            "PATH/tokenizer.json whose folder has tokenizer_config.json with a chat_template"
+            f"chat inputs need a chat template: pass {CHAT_TEMPLATE}, or a tokenizer "
+            f"({option_choice('--tokenizer', 'tokenizer', 'PATH')}) whose folder has "
+            "tokenizer_config.json with a chat_template"
         )
     folder = storage.as_path(tokenizer_dir)
     jinja_file = folder / TEMPLATE_FILE
@@ -505,5 +508,5 @@ def load_chat_template(
         return ChatTemplate(_pick(config.chat_template, where), special_tokens=tokens, name=where)
     raise ConfigError(
         f"no chat template for the tokenizer in {folder} (looked for {TEMPLATE_FILE} and a "
-        f"chat_template in {CONFIG_FILE}); pass --chat-template FILE"
+        f"chat_template in {CONFIG_FILE}); pass {CHAT_TEMPLATE}"
     )

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from packtool.errors import ConfigError, DataError, MissingDependencyError
+from packtool.errors import ConfigError, DataError, MissingDependencyError, option_choice
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -27,7 +27,8 @@ def _pyplot():
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover - matplotlib is a core dependency
         raise MissingDependencyError(
-            "--plot needs matplotlib: pip install matplotlib (or reinstall packtool)"
+            f"{option_choice('--plot', 'plot', 'PATH')} needs matplotlib: pip install "
+            "matplotlib (or reinstall packtool)"
         ) from None
     return plt
 

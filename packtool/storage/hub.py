@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from packtool.errors import ConfigError, DataError, MissingDependencyError, first_line
+from packtool.errors import (
+    OVERWRITE,
+    RESUME,
+    ConfigError,
+    DataError,
+    MissingDependencyError,
+    first_line,
+)
 from packtool.storage import remote
 
 REPO_TYPES = {"datasets": "dataset", "spaces": "space", "models": "model"}
@@ -163,8 +170,8 @@ def publish(
         name = shown or str(target)
         if _moved(exc):  # refused: certainly not committed
             kept = (
-                f"nothing was committed; the dataset is built in {staging}: rerun with --resume "
-                "to commit it (or --overwrite to start over)"
+                f"nothing was committed; the dataset is built in {staging}: rerun with {RESUME} "
+                f"to commit it (or {OVERWRITE} to start over)"
                 if resumable
                 else "nothing was committed; rerun to build and commit it again"
             )
@@ -173,8 +180,8 @@ def publish(
             ) from None
         # Any other failure may come after the Hub applied the commit (a lost answer).
         kept = (
-            f"the dataset is built in {staging}: rerun with --resume, which commits it unless "
-            "this commit landed after all (or --overwrite to start over)"
+            f"the dataset is built in {staging}: rerun with {RESUME}, which commits it unless "
+            f"this commit landed after all (or {OVERWRITE} to start over)"
             if resumable
             else "rerun to build and commit it again (check the repository first: the commit "
             "may have landed)"

@@ -44,7 +44,15 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
-from packtool.errors import ConfigError, DataError, MissingDependencyError, first_line, json_value
+from packtool.errors import (
+    RESUME,
+    STORAGE_OPTIONS,
+    ConfigError,
+    DataError,
+    MissingDependencyError,
+    first_line,
+    json_value,
+)
 
 T = TypeVar("T")
 
@@ -126,9 +134,9 @@ def parse_options(text: str) -> dict[str, Any]:
     try:
         value = json_value(text)
     except ValueError as exc:
-        raise ConfigError(f"--storage-options: not JSON ({exc})") from None
+        raise ConfigError(f"{STORAGE_OPTIONS}: not JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise ConfigError(f"--storage-options: a JSON object ({{...}}), got {text[:60]}")
+        raise ConfigError(f"{STORAGE_OPTIONS}: a JSON object ({{...}}), got {text[:60]}")
     return value
 
 
@@ -147,7 +155,7 @@ def options_for(protocol: str) -> dict[str, Any]:
         for key in family:
             if not isinstance(given[key], dict):  # `{"gs": 5}` was a TypeError traceback
                 raise ConfigError(
-                    f"--storage-options: the options for {key!r} must be a JSON object "
+                    f"{STORAGE_OPTIONS}: the options for {key!r} must be a JSON object "
                     f"({{...}}), got {json.dumps(given[key])[:60]}"
                 )
             merged.update(given[key])
@@ -245,11 +253,11 @@ def filesystem(path: Any) -> tuple[Any, str]:
             protocol, options, json.dumps(forwarded_env(), sort_keys=True), os.getpid()
         )
     except ConfigError as exc:
-        if str(exc).startswith("--storage-options"):  # an option packtool refuses itself
+        if str(exc).startswith(STORAGE_OPTIONS):  # an option packtool refuses itself
             raise ConfigError(f"{path}: {exc}") from None
         raise ConfigError(
             f"{path}: {exc}; set the store's credentials (docs/remote.md, 'Credentials, endpoints, options') or "
-            "pass them in --storage-options"
+            f"pass them in {STORAGE_OPTIONS}"
         ) from None
     text = protocol + str(path)[len(protocol) :]  # `HF://` as `hf://`: fsspec's spelling
     return fs, text if protocol in ("http", "https") else fs._strip_protocol(text)
@@ -291,7 +299,7 @@ def naming(url: Any, doing: str = "read") -> Iterator[None]:
                 ) from None
             raise DataError(
                 f"{url}: cannot be {doing} ({type(cause).__name__}: {first_line(cause)}; "
-                "is an option of --storage-options wrong?)"
+                f"is an option of {STORAGE_OPTIONS} wrong?)"
             ) from None
         if scheme(str(url)) == "hf":
             raise DataError(
@@ -451,7 +459,7 @@ def _note_stateless(url: str) -> None:
         _STATELESS.add(url)
         print(
             f"note: {url}: the server sends neither an ETag nor a Last-Modified date, so a "
-            "change that keeps its size goes unseen, during the run and on --resume",
+            f"change that keeps its size goes unseen, during the run and on {RESUME}",
             file=sys.stderr,
         )
 

@@ -46,7 +46,7 @@ from typing import Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
-from packtool.errors import ConfigError, MissingDependencyError
+from packtool.errors import STORAGE_OPTIONS, ConfigError, MissingDependencyError
 from packtool.storage import s3_requests
 
 UPLOAD_CONCURRENCY = 4
@@ -109,7 +109,7 @@ def usable(options: dict[str, Any]) -> bool:
     if untranslated:
         if chosen == "obstore":
             s3_requests.check_s3fs_names(options)  # no s3 option at all: said so, as s3fs's
-            raise ConfigError(f"--storage-options: {CLIENT_ENV}=obstore cannot take {untranslated}")
+            raise ConfigError(f"{STORAGE_OPTIONS}: {CLIENT_ENV}=obstore cannot take {untranslated}")
         return False
     try:
         import obstore  # noqa: F401

@@ -23,7 +23,7 @@ import urllib.request
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from packtool.errors import ConfigError
+from packtool.errors import STORAGE_OPTIONS, ConfigError
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 CONFIG_ONLY_S3FS = frozenset({"ca_bundle", "s3", "endpoint_url", "services",
@@ -71,7 +71,7 @@ _MODES = ("legacy", "standard", "adaptive")
 
 def _refuse(name: str, what: str, value: Any = None) -> ConfigError:
     got = "" if value is None else f", got {json.dumps(value, default=repr)[:60]}"
-    return ConfigError(f"--storage-options: s3 {name!r} {what}{got}")
+    return ConfigError(f"{STORAGE_OPTIONS}: s3 {name!r} {what}{got}")
 
 
 def check_options(options: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from packtool.errors import ConfigError, DataError
+from packtool.errors import STORAGE_OPTIONS, ConfigError, DataError
 
 T = TypeVar("T")
 
@@ -63,7 +63,7 @@ def bounded_options(given: dict[str, Any]) -> dict[str, Any]:
     headers = given.get("headers") or {}
     if not isinstance(headers, dict):
         raise ConfigError(
-            '--storage-options: http \'headers\' must be a JSON object ({"Name": "value"}), '
+            f'{STORAGE_OPTIONS}: http \'headers\' must be a JSON object ({{"Name": "value"}}), '
             f"got {json.dumps(headers)[:60]}"
         )
     if not any(k.lower() == "accept-encoding" for k in headers):
@@ -73,7 +73,7 @@ def bounded_options(given: dict[str, Any]) -> dict[str, Any]:
         client = {}
     if not isinstance(client, dict):
         raise ConfigError(
-            f"--storage-options: http 'client_kwargs' must be a JSON object ({{...}}: aiohttp's "
+            f"{STORAGE_OPTIONS}: http 'client_kwargs' must be a JSON object ({{...}}: aiohttp's "
             f"ClientSession arguments), got {json.dumps(client)[:60]}"
         )
     try:
@@ -93,7 +93,7 @@ def bounded_options(given: dict[str, Any]) -> dict[str, Any]:
         for v in timeout.values()
     ):
         raise ConfigError(
-            "--storage-options: http 'client_kwargs.timeout' must be a JSON object of seconds "
+            f"{STORAGE_OPTIONS}: http 'client_kwargs.timeout' must be a JSON object of seconds "
             '(e.g. {"sock_read": 300, "total": null}: aiohttp\'s ClientTimeout), got '
             f"{json.dumps(timeout)[:60]}"
         )
@@ -102,7 +102,7 @@ def bounded_options(given: dict[str, Any]) -> dict[str, Any]:
     except TypeError:
         fields = ", ".join(inspect.signature(aiohttp.ClientTimeout).parameters)
         raise ConfigError(
-            f"--storage-options: http 'client_kwargs.timeout' takes {fields}; got "
+            f"{STORAGE_OPTIONS}: http 'client_kwargs.timeout' takes {fields}; got "
             f"{json.dumps(timeout)[:60]}"
         ) from None
     return {**given, "client_kwargs": {**client, "timeout": bound}}
@@ -142,7 +142,7 @@ def max_attempts(options: dict[str, Any]) -> int:
     value = retries.get("max_attempts") if isinstance(retries, dict) else None
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(
-            "--storage-options: http 'retries' must be {\"max_attempts\": N} with N >= 1, got "
+            f"{STORAGE_OPTIONS}: http 'retries' must be {{\"max_attempts\": N}} with N >= 1, got "
             f"{retries!r}"[:200]
         )
     return value

@@ -71,7 +71,8 @@ def check_recorded_tokenizer(
         print(
             f"note: {where} records {_ids(identity, taken)}, not this tokenizer's "
             f"{_ids(own, taken)}: read with the recorded ones (an EOS / BOS chosen by "
-            "--eos-id, --no-eos, --bos-id, --no-bos or eos= / bos= must match them)",
+            f"{special_choice('eos', 'N')}, {special_choice('eos', None)}, "
+            f"{special_choice('bos', 'N')} or {special_choice('bos', None)} must match them)",
             file=sys.stderr,
             flush=True,
         )

@@ -40,7 +40,7 @@ from packtool.dataset.tokenized import (
     tokenized_schema,
 )
 from packtool.dataset.tokenized_writer import BackgroundWriter, PartWriter
-from packtool.errors import ConfigError, DataError
+from packtool.errors import OVERWRITE, ConfigError, DataError, option_choice
 from packtool.progress import Progress
 from packtool.read.corpus import expand_inputs
 from packtool.read.documents import ReadConfig, SkipCounter, run_skips
@@ -178,14 +178,14 @@ def inputs_read(paths: list[Path], config: ReadConfig) -> InputsRead:
     if template is not None and found.sft_kind not in CHAT_KINDS and _kinds_known(paths, config):
         what = f"{found.sft_kind} records" if found.sft_kind else "no chat records"
         raise _refused(
-            "--chat-template", template,
+            "--chat-template", "chat_template", template,
             f"the inputs hold {what} (a template renders messages or conversations)",
         )  # fmt: skip
     train_on = config.sft.train_on
     if train_on != "assistant" and found.sft_kind is None and _kinds_known(paths, config):
         # it was ignored without a word: plain text has no loss mask to place
         raise _refused(
-            "--train-on", train_on,
+            "--train-on", "train_on", train_on,
             "the inputs hold plain text, which has no prompt or turns to leave out of the loss",
         )  # fmt: skip
     return found
@@ -225,17 +225,17 @@ def _check_chat_options(found: InputsRead, config: ReadConfig) -> None:
         return
     again = "tokenize the records again with it"
     if config.sft.chat_template is not None:
-        raise _refused("--chat-template", config.sft.chat_template, TOKENIZED_INPUTS, again)
+        template = config.sft.chat_template
+        raise _refused("--chat-template", "chat_template", template, TOKENIZED_INPUTS, again)
     if config.sft.train_on != "assistant":
-        raise _refused("--train-on", config.sft.train_on, TOKENIZED_INPUTS, again)
+        raise _refused("--train-on", "train_on", config.sft.train_on, TOKENIZED_INPUTS, again)
 
 
-def _refused(option: str, value: object, why: str, instead: str = "") -> ConfigError:
-    """The one line refusing `option value` for inputs it would do nothing for: why, then
-    "drop OPTION" (or `instead`)."""
-    return ConfigError(
-        f"{option} {value}: {why}; drop {option}" + (f" (or {instead})" if instead else "")
-    )
+def _refused(option: str, name: str, value: object, why: str, instead: str = "") -> ConfigError:
+    """The one line refusing `option value` (the library's `name=value`) for inputs it would
+    do nothing for: why, then "drop" it (or `instead`)."""
+    given = option_choice(option, name, value)
+    return ConfigError(f"{given}: {why}; drop it" + (f" (or {instead})" if instead else ""))
 
 
 def _kinds_known(paths: list[Path], config: ReadConfig) -> bool:
@@ -465,7 +465,7 @@ def tokenize_corpus(
             # (waiting for `pack --resume`) unasked.
             raise ConfigError(
                 f"{out}: a dataset `packtool pack` built waits in {paths.staging} (its commit "
-                "to the Hub did not happen); pass --overwrite to discard it"
+                f"to the Hub did not happen); pass {OVERWRITE} to discard it"
             )
         # A killed run's leftovers (tokenize has nothing to resume): a local folder only if
         # packtool's; the Hub's with pack's record of what it replaces; a bucket's version and
@@ -548,7 +548,8 @@ def write_all(
         raise DataError(f"no documents in {', '.join(map(str, inputs))}{skips.note()}")
     if unseen:  # an all-null column is a misspelt name, not a result (as pack's --group-by)
         raise DataError(
-            f"--keep-field {unseen[0]!r}: none of the {bar.docs:,} documents has a value for "
+            f"kept field {unseen[0]!r} (--keep-field / extra_fields): none of the "
+            f"{bar.docs:,} documents has a value for "
             "it (missing or null in every record: check the name); nothing was written"
         )
     return bar, supervised
@@ -574,7 +575,7 @@ def _check_out(out: Path, single: bool, overwrite: bool, *, shown: str) -> None:
         if storage.is_mount(out):
             raise ConfigError(f"{shown} is a mount point; write to a folder inside it")
     if not overwrite:
-        raise ConfigError(f"{shown} already exists; pass --overwrite to replace it")
+        raise ConfigError(f"{shown} already exists; pass {OVERWRITE} to replace it")
 
 
 def _check_remote_out(out: Path, overwrite: bool, *, shown: str) -> None:
@@ -582,7 +583,7 @@ def _check_remote_out(out: Path, overwrite: bool, *, shown: str) -> None:
     earlier run committed) are replaced only with `overwrite`; other objects never."""
     present = [p for p in storage.list_dir(out) if not p.name.startswith(".packtool-")]
     if present and not overwrite:
-        raise ConfigError(f"{shown} already exists; pass --overwrite to replace it")
+        raise ConfigError(f"{shown} already exists; pass {OVERWRITE} to replace it")
     foreign = sorted(
         p.name for p in present if p.name != INDEX_FILE and not (is_version(p.name) and ours(p))
     )

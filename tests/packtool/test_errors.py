@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import errno
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +91,82 @@ def test_json_value_makes_nesting_past_the_recursion_limit_a_value_error():
 def test_a_choice_is_written_as_both_callers_make_it(flag, name, value, shown):
     # A message the library raises reaches Python callers too: it named only the CLI's flag.
     assert option_choice(flag, name, value) == shown
+
+
+# --- Every message the library raises names the Python argument beside a CLI flag ---
+
+PACKTOOL = Path(__file__).resolve().parents[2] / "packtool"
+FLAG = re.compile(r"(?<![\w=-])--[a-z][a-z0-9-]*")
+BOTH_FORMS = re.compile(r"([=\s][^\s/;,()]+)?\s+/\s")  # `--flag / arg=`, `--flag VALUE / arg=`
+CHOICE_HELPERS = {"option_choice", "special_choice"}
+SAID = {"print", "warn", "echo", "workers_lost"}  # a line said beside a raise (stderr, warnings)
+CLI_ONLY = {
+    # (module, flag): reached from the CLI alone, or another program's flag
+    ("tokenize/tokenize.py", "--bos-id"): "`Tokenizer.given_ids`: set by the CLI's options only",
+    ("tokenize/tokenize.py", "--to"): "the same line: `--bos-id` with `--to megatron`",
+    ("engines/slurm/state.py", "--output"): "sbatch's own option",
+    ("engines/slurm/arrays.py", "--exclude"): "sbatch's own option, given in sbatch_args",
+    ("engines/ray.py", "--head"): "`ray start --head`: Ray's own command",
+    ("storage/web.py", "--compressed"): "`curl --compressed`",
+}
+
+
+def _text(node: ast.AST) -> str:
+    """A message's text as written: a formatted value is `{}`, a choice the helpers write
+    (both forms) is `<choice>`."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(
+            _text(v.value) if isinstance(v, ast.FormattedValue) else _text(v) for v in node.values
+        )
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _text(node.left) + _text(node.right)
+    if isinstance(node, ast.Call) and _called(node) in CHOICE_HELPERS:
+        return "<choice>"
+    if isinstance(node, ast.IfExp):
+        return _text(node.body) + " | " + _text(node.orelse)
+    return "{}"
+
+
+def _called(call: ast.Call) -> str:
+    fn = call.func
+    return fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+
+
+def _messages(tree: ast.AST) -> list[tuple[int, str]]:
+    calls = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            calls += [c for c in ast.walk(node.exc) if isinstance(c, ast.Call)]
+        elif isinstance(node, ast.Call) and _called(node) in SAID:
+            calls.append(node)
+    return [
+        (arg.lineno, _text(arg))
+        for call in calls
+        if _called(call) not in CHOICE_HELPERS
+        for arg in call.args
+        if isinstance(arg, ast.Constant | ast.JoinedStr | ast.BinOp | ast.IfExp)
+        and not FLAG.fullmatch(_text(arg))  # a flag's name given to a helper that words it
+    ]
+
+
+def _flag_only(text: str) -> list[str]:
+    return [m.group() for m in FLAG.finditer(text) if not BOTH_FORMS.match(text, m.end())]
+
+
+def test_every_library_message_names_the_python_argument_beside_a_flag():
+    # Before: the library's functions (run_pack, tokenize_corpus, tokenize_megatron,
+    # compute_stats, inspect_dataset, ...) raised lines such as "--to megatron: ...; drop
+    # --keep-field" or "pass --overwrite", flags a Python caller cannot pass. A flag in a
+    # message outside packtool/cli/ is followed by its Python form (`errors.option_choice`).
+    found = []
+    for path in sorted(PACKTOOL.rglob("*.py")):
+        module = path.relative_to(PACKTOOL).as_posix()
+        if module.startswith("cli/"):
+            continue
+        for line, text in _messages(ast.parse(path.read_text(encoding="utf-8"))):
+            for flag in _flag_only(text):
+                if (module, flag) not in CLI_ONLY:
+                    found.append(f"packtool/{module}:{line}: {flag}: {text[:100]}")
+    assert found == [], "\n".join(found)

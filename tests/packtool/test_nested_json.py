@@ -34,7 +34,10 @@ def test_a_mixture_file_nested_too_deeply_is_one_line(tmp_path, suffix):
 def test_storage_options_nested_too_deeply_are_one_line(tmp_path):
     code, _, err = run("stats", SAMPLE, "--max-len", 64, "--storage-options", DEEP)
     assert code != 0
-    assert one_error_line(err) == "error: --storage-options: not JSON (nested too deeply)"
+    assert (
+        one_error_line(err)
+        == "error: --storage-options / PACKTOOL_STORAGE_OPTIONS: not JSON (nested too deeply)"
+    )
 
 
 def test_tokenized_metadata_nested_too_deeply_is_one_line(tmp_path):

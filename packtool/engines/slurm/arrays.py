@@ -35,7 +35,7 @@ from packtool.engines.slurm.state import (
     slurm_folder,
 )
 from packtool.engines.slurm.task import CANNOT_SEE, task_error
-from packtool.errors import ConfigError, DataError, Detached, json_value
+from packtool.errors import OVERWRITE, RESUME, ConfigError, DataError, Detached, json_value
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -50,7 +50,7 @@ def taken_over(run: Any) -> Iterator[int]:
     jobs = recorded_jobs(run.work)
     if jobs:
         refuse_without_slurm(
-            jobs, "--resume: the run it resumes", ("scancel",),
+            jobs, f"{RESUME}: the run it resumes", ("scancel",),
             f"resume it where Slurm's commands are, or delete {slurm_folder(run.work) / JOBS_DIR} "
             "once those jobs have ended (their partitions are kept)",
         )  # fmt: skip
@@ -92,7 +92,7 @@ class ArrayDriver:
             try:
                 jobs[path.stem] = json_value(storage.read_text(path))
             except (OSError, ValueError) as exc:
-                raise DataError(f"{path}: unreadable ({exc}); use --overwrite") from None
+                raise DataError(f"{path}: unreadable ({exc}); use {OVERWRITE}") from None
         return jobs
 
     def _add_job(self, job: str, entry: dict[str, Any]) -> None:
@@ -204,14 +204,14 @@ class ArrayDriver:
         mode's jobs, which this driver does not follow, are cancelled and gone before it
         submits (they were left queued, running partitions beside this driver's tasks)."""
         other = {job for job, entry in self.jobs.items() if bool(entry.get("pilots")) == pilots}
-        cancel_and_wait(other, "--resume in the other mode")
+        cancel_and_wait(other, f"{RESUME} in the other mode")
 
     def _detached(self, partitions: int, jobs: set[str]) -> Detached:
         """`--no-wait`: what the command prints (the jobs run on; `--resume` re-attaches)."""
         queued = sorted(jobs, key=int)
         ids = ", ".join(queued)
         line = resume_command(self.run.command) if self.run.command else None
-        again = f"`{line}`" if line else "the same command with --resume"
+        again = f"`{line}`" if line else f"the same command with {RESUME}"
         return Detached(
             f"submitted {partitions} partition(s) to Slurm (job(s) {ids}); the run goes on "
             f"there: {again} waits for it and finishes {self.run.out_dir} (it re-attaches to "
@@ -284,7 +284,7 @@ class ArrayDriver:
             return
         self._check_visible(self.logs / "probe.log", probe=True)
         raise ConfigError(
-            f"--engine slurm: the probe job {self.probe_job} failed before any partition ran "
+            f"{cli.SLURM}: the probe job {self.probe_job} failed before any partition ran "
             f"(log: {self.logs / 'probe.log'}{last_line(self.logs / 'probe.log')})"
         )
 
@@ -400,13 +400,14 @@ class ArrayDriver:
         where = line.removeprefix(CANNOT_SEE).strip()
         if probe or not records.finished(self.run.work):
             raise ConfigError(
-                f"--engine slurm: the cluster's nodes cannot see the run's folder ({where}); "
+                f"{cli.SLURM}: the cluster's nodes cannot see the run's folder ({where}); "
                 "write the output to a file system every node mounts"
             )
         raise self.run.workers_lost(
-            f"--engine slurm: a node cannot see the run's folder mid-run ({where})",
-            "keep that node out with --sbatch-arg=--exclude=NODE, or write the output to a file "
-            "system every node mounts",
+            f"{cli.SLURM}: a node cannot see the run's folder mid-run ({where})",
+            "keep that node out with --sbatch-arg=--exclude=NODE / "
+            "sbatch_args=('--exclude=NODE',), or write the output to a file system every node "
+            "mounts",
         )
 
     def _say_held(self, live: dict[str, str]) -> None:

@@ -16,9 +16,11 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 
 from packtool.engines.interrupts import ctrl_c_after
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, option_choice
 from packtool.storage import local as storage
 
+SLURM = option_choice("--engine", "engine", "slurm")
+"""What the Slurm engine's messages open with: `--engine slurm / engine='slurm'`."""
 LIVE_STATES = frozenset(
     {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
      "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD",
@@ -61,7 +63,7 @@ def require(program: str = "sbatch") -> str:
     path = storage.which(program)
     if path is None:
         raise ConfigError(
-            f"--engine slurm: no {program} on PATH; run on a Slurm login node (or load its module)"
+            f"{SLURM}: no {program} on PATH; run on a Slurm login node (or load its module)"
         )
     return path
 
@@ -76,9 +78,9 @@ def _run(args: Sequence[str], what: str, timeout: float = 120, own_session: bool
             start_new_session=own_session,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SlurmRefused(f"--engine slurm: {what} failed ({exc})") from None
+        raise SlurmRefused(f"{SLURM}: {what} failed ({exc})") from None
     if done.returncode != 0:
-        raise SlurmRefused(f"--engine slurm: {what} refused: {refusal_line(done)}")
+        raise SlurmRefused(f"{SLURM}: {what} refused: {refusal_line(done)}")
     return done.stdout
 
 
@@ -185,7 +187,7 @@ def refuse_other_clusters(options: Sequence[str]) -> None:
         named.append(f"SBATCH_CLUSTERS={os.environ['SBATCH_CLUSTERS']}")
     if named:
         raise ConfigError(
-            f"--engine slurm: {named[0]} submits to another Slurm cluster, whose jobs this "
+            f"{SLURM}: {named[0]} submits to another Slurm cluster, whose jobs this "
             "driver cannot follow (its squeue and scancel ask this cluster); run packtool on a "
             "login node of that cluster, without it"
         )
@@ -214,7 +216,9 @@ def refuse_driver_options(options: Sequence[str]) -> None:
     named = named_options(
         options, {n: short for n, (short, _) in DRIVER_OPTIONS.items()}, ("test-only", "wait")
     )
-    given = [(name, f"--sbatch-arg {shown}", "leave it out") for name, shown in named]
+    given = [
+        (name, f"{shown} in --sbatch-arg / sbatch_args", "leave it out") for name, shown in named
+    ]
     given += [
         (name, f"{var}={os.environ[var]}", f"unset {var}")
         for var, name in DRIVER_ENV.items()
@@ -223,7 +227,7 @@ def refuse_driver_options(options: Sequence[str]) -> None:
     if given:
         name, shown, fix = given[0]
         raise ConfigError(
-            f"--engine slurm: {shown} sets --{name}, which is the driver's own "
+            f"{SLURM}: {shown} sets --{name}, which is the driver's own "
             f"({DRIVER_OPTIONS[name][1]}); {fix}"
         )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, option_choice
 
 SLURM_DIR = "slurm"
 """Inside the run state folder: the context, the task descriptors and scripts, the jobs."""
@@ -62,8 +62,9 @@ class SlurmConfig:
             raise ConfigError(f"max_retries must be an integer >= 0, got {self.max_retries!r}")
         if self.workers is not None and self.tasks_per_job != 1:
             raise ConfigError(
-                "--slurm-workers and --tasks-per-job exclude each other: workers take partitions "
-                "one after another until none is left"
+                f"{option_choice('--slurm-workers', 'workers', 'N')} and "
+                f"{option_choice('--tasks-per-job', 'tasks_per_job', 'N')} exclude each other: "
+                "workers take partitions one after another until none is left"
             )
 
     def options(self, name: str) -> list[str]:

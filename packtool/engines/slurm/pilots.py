@@ -48,6 +48,7 @@ from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.arrays import ArrayDriver, last_line, output_pattern
 from packtool.engines.slurm.config import CLAIMS_DIR, SlurmConfig
 from packtool.engines.slurm.task import task_error
+from packtool.errors import option_choice
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -71,8 +72,9 @@ class PilotDriver(ArrayDriver):
 
     def describe(self) -> str:
         return (
-            f"Slurm: {self.tasks('worker')} taking partitions in turn (--slurm-workers "
-            f"{self.slurm.workers}), {self.slurm.cpus_per_task or 1} CPU(s) each (stage times "
+            f"Slurm: {self.tasks('worker')} taking partitions in turn "
+            f"({option_choice('--slurm-workers', 'workers', self.slurm.workers)}), "
+            f"{self.slurm.cpus_per_task or 1} CPU(s) each (stage times "
             "summed over tasks)"
         )
 

@@ -16,7 +16,7 @@ from packtool.dataset.output import output_paths
 from packtool.engines import records
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.config import JOBS_DIR, SLURM_DIR
-from packtool.errors import ConfigError
+from packtool.errors import OVERWRITE, ConfigError
 from packtool.storage import local as storage
 from packtool.storage import writing
 
@@ -41,7 +41,7 @@ def check_logs_path(out_dir: str | Path) -> None:
     if "\\" in str(logs):
         where = "the current folder" if storage.is_remote(out_dir) else "the output"
         raise ConfigError(
-            f"--engine slurm: the tasks' logs would go to {logs}, and sbatch cannot write to a "
+            f"{cli.SLURM}: the tasks' logs would go to {logs}, and sbatch cannot write to a "
             f"path with a backslash (its --output drops it); use a path without one for {where}"
         )
 
@@ -113,10 +113,10 @@ def stop_jobs(work: Any, out_dir: str | Path, timeout: float = 60) -> None:
     if not jobs:
         return
     refuse_without_slurm(
-        jobs, "--overwrite: the run it replaces", ("scancel", "squeue"),
+        jobs, f"{OVERWRITE}: the run it replaces", ("scancel", "squeue"),
         f"run it where Slurm's commands are, or delete {work} once those jobs have ended",
     )  # fmt: skip
-    cancel_and_wait(jobs, "--overwrite", timeout)
+    cancel_and_wait(jobs, OVERWRITE, timeout)
     remove_run_folders(work, out_dir)  # its logs beside the output too (the run is gone)
 
 

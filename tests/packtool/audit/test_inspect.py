@@ -90,7 +90,7 @@ def test_cli_row_output(dataset, capsys):
 def test_out_of_range_row_is_one_line(dataset, capsys, row):
     code, out, err = run_cli(["inspect", str(dataset), "--row", row], capsys)
     assert code == 1
-    assert err.strip() == f"error: --row {row} is out of range (valid: 0..5; 6 rows)"
+    assert err.strip() == f"error: --row {row} / row={row} is out of range (valid: 0..5; 6 rows)"
     with pytest.raises(ConfigError):
         read_row(dataset, int(row))
 

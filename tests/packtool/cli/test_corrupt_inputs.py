@@ -247,6 +247,6 @@ def test_a_row_of_no_id_is_an_empty_skip_at_every_command(tmp_path):
     for command in sorted(COMMANDS):
         code, _, err = run(*COMMANDS[command](path, tmp_path / "strict"), "--strict")
         assert code == 1 and one_error_line(err) == (
-            f"error: {path}:row 1: empty (no token id); run without --strict to skip and count "
+            f"error: {path}:row 1: empty (no token id); run without --strict / strict=True to skip and count "
             "such documents"
         )

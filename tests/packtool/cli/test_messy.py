@@ -165,7 +165,7 @@ def test_pack_max_len_beyond_the_limit(tmp_path, small, value):
 def test_pack_max_len_with_no_room_beside_bos_and_eos(tmp_path, small):
     code, _, err = run("pack", small, "-o", tmp_path / "p", "--max-len", "2", "--bos-id", "default")
     assert code == 1
-    assert "--max-len 2 leaves no room for text" in one_error_line(err)
+    assert "--max-len 2 / max_len=2 leaves no room for text" in one_error_line(err)
     assert not (tmp_path / "p").exists()
     # EOS alone leaves one token of text per row: allowed.
     code, _, err = run("pack", small, "-o", tmp_path / "q", "--max-len", "2")

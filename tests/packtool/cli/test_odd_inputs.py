@@ -439,7 +439,9 @@ def test_a_chat_template_for_inputs_with_no_chat_is_refused(tmp_path, good):
     for command in ("stats", "pack"):
         args = [command, good, "--chat-template", template]
         args += ["-o", tmp_path / command] if command == "pack" else []
-        _fails_in_one_line(args, "the inputs hold no chat records", "drop --chat-template")
+        _fails_in_one_line(
+            args, f"--chat-template {template} / chat_template=", "the inputs hold no chat records"
+        )
 
 
 def test_train_on_for_plain_text_is_refused(tmp_path, good):
@@ -448,7 +450,9 @@ def test_train_on_for_plain_text_is_refused(tmp_path, good):
         args = [command, good, "--train-on", "last"]
         out = tmp_path / ("t.parquet" if command == "tokenize" else command)
         args += ["-o", out] if command != "stats" else []
-        _fails_in_one_line(args, "--train-on last: the inputs hold plain text", "drop --train-on")
+        _fails_in_one_line(
+            args, "--train-on last / train_on='last': the inputs hold plain text", "; drop it"
+        )
 
 
 def test_chat_options_for_tokenized_inputs_are_refused(tmp_path, good):
@@ -484,13 +488,15 @@ def test_chat_options_for_tokenized_inputs_are_refused(tmp_path, good):
             _fails_in_one_line(
                 [*args, "--chat-template", tmp_path / "missing.jinja"],
                 "the inputs hold tokenized documents",
-                "drop --chat-template",
+                "--chat-template ",
+                "; drop it (or tokenize the records again with it)",
             )
             for train_on in ("all", "last"):
                 _fails_in_one_line(
                     [*args, "--train-on", train_on],
-                    f"--train-on {train_on}: the inputs hold tokenized documents",
-                    "drop --train-on",
+                    f"--train-on {train_on} / train_on={train_on!r}: the inputs hold tokenized "
+                    "documents",
+                    "; drop it",
                 )
     assert not (tmp_path / "pack").exists()
 

@@ -101,7 +101,7 @@ def test_a_misspelt_group_by_then_the_corrected_command(tmp_path):
     out = tmp_path / "D"
     code, _, err = run("pack", lang, "-o", out, "--group-by", "lnag")
     line = one_error_line(err)
-    assert code == 1 and "--group-by 'lnag': no document has this field" in line
+    assert code == 1 and "--group-by lnag / group_by='lnag': no document has this field" in line
     assert "nothing was committed" in line and "--overwrite" not in line  # it is not needed
     assert not out.exists() and beside(out) == []
     code, out_text, err = run("pack", lang, "-o", out, "--group-by", "lang")

@@ -44,7 +44,8 @@ def test_a_kept_field_no_record_has_is_one_error_line_and_the_old_output_stays(t
     code, stdout, err = run("tokenize", src, "-o", out, "--keep-field", "lnag", "--overwrite")
     assert code == 1 and stdout == ""
     assert one_error_line(err) == (
-        "error: --keep-field 'lnag': none of the 3 documents has a value for it (missing or "
+        "error: kept field 'lnag' (--keep-field / extra_fields): none of the 3 documents has a "
+        "value for it (missing or "
         "null in every record: check the name); nothing was written"
     )
     assert out.read_bytes() == before  # the output it would have replaced is untouched

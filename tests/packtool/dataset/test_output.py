@@ -99,7 +99,7 @@ def test_a_run_killed_between_the_renames_is_completed_by_the_next_run(
     assert not out.exists() or snapshot(out) in (old, new)
     if killed_before == 1:
         # Not switched yet (no ready folder): a refused run leaves it be; --resume switches it.
-        with pytest.raises(ConfigError, match="pass --resume to switch it in"):
+        with pytest.raises(ConfigError, match="pass --resume / resume=True to switch it in"):
             pack(corpus(tmp_path / "c.jsonl", "c"), out)
         assert snapshot(out) == old
         with pytest.raises(AlreadyComplete):

@@ -30,7 +30,7 @@ def test_an_unknown_engine_is_refused_before_any_input_is_read(tmp_path):
 @pytest.mark.parametrize("engine", ["ray", "slurm"])
 def test_an_hf_output_is_refused_by_engines_that_build_elsewhere(tmp_path, engine):
     # Slurm's own check runs sbatch: the hf:// refusal comes before it, so none is needed here.
-    with pytest.raises(ConfigError, match=f"--engine {engine} builds on other machines"):
+    with pytest.raises(ConfigError, match=f"the {engine} engine builds on other machines"):
         drivers.driver(engine, None, "hf://datasets/user/name", None)
 
 

@@ -143,7 +143,9 @@ def test_a_finished_partitions_tail_lost_from_the_staging_folder_is_an_error(
         tail.unlink()
     else:
         tail.write_bytes(tail.read_bytes()[:100])
-    with pytest.raises(DataError, match=r"tails/000001.arrow: .*start over with --overwrite"):
+    with pytest.raises(
+        DataError, match=r"tails/000001.arrow: .*start over with --overwrite / overwrite=True"
+    ):
         run(tmp_path / "cut", resume=True, **kw)
     assert not (tmp_path / "cut").exists()
 
@@ -176,7 +178,7 @@ def test_a_rerun_after_an_interrupted_run_says_what_it_left(tmp_path, monkeypatc
     partitions"; one that finished some says how many."""
 
     interrupted(monkeypatch, tmp_path / "out", max_len=1024, chunk_docs=500)
-    with pytest.raises(ConfigError, match=r"left its plan in .*; pass --resume"):
+    with pytest.raises(ConfigError, match=r"left its plan in .*; pass --resume / resume=True"):
         run(tmp_path / "out", max_len=1024, chunk_docs=500)
     records.write_record(staging_folder(tmp_path / "out"), {"partition": 0})
     with pytest.raises(ConfigError, match=r"left its 1 finished partition in "):
@@ -454,7 +456,7 @@ def test_a_refused_resume_names_the_settings_that_differ(tmp_path, monkeypatch):
     run(tmp_path / "out", pack=pack, chunk_docs=100, resume=True)
     assert refused(pack=PackConfig(max_len=256, seed=3)).endswith(
         "a finished dataset of other options or inputs (its index.json keeps their digest, "
-        "extra.fingerprint, not them, so which ones differ cannot be told); use --overwrite "
+        "extra.fingerprint, not them, so which ones differ cannot be told); use --overwrite / overwrite=True "
         "to replace it"
     )
 

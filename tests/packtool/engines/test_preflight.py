@@ -92,7 +92,9 @@ def test_a_max_len_that_bos_and_eos_fill_is_refused_before_any_output(
         raw, tokenizer = tmp_path / "tok.parquet", None
     out = tmp_path / "out"
     cfg = config(raw, out, pack=PackConfig(max_len=2))
-    with pytest.raises(ConfigError, match=r"^--max-len 2 leaves no room for text: .* 2 tokens"):
+    with pytest.raises(
+        ConfigError, match=r"^--max-len 2 / max_len=2 leaves no room for text: .* 2 tokens"
+    ):
         pack_with(engine)(cfg, tokenizer)
     assert not out.exists()
 
@@ -101,7 +103,7 @@ FAILURES = {
     # No usable document: the run fails at the end, with no chunk at all.
     "empty corpus": ([""], ReadConfig(), "every document was empty or dropped"),
     # --strict stops at the empty document while the first chunk is read.
-    "strict": (["fine", ""], ReadConfig(strict=True), "empty.*run without --strict"),
+    "strict": (["fine", ""], ReadConfig(strict=True), "empty.*run without --strict / strict=True"),
 }
 
 
@@ -206,7 +208,9 @@ def test_a_run_killed_before_it_saved_its_plan_is_started_again_by_a_plain_run(t
     run_pack(config(good, tmp_path / "reference"))
     staging = staging_folder(out)
     _left_before_the_plan(staging, left)
-    with pytest.raises(ConfigError, match="stopped before it saved its plan.*without --resume$"):
+    with pytest.raises(
+        ConfigError, match="stopped before it saved its plan.*without --resume / resume=True$"
+    ):
         run_pack(config(good, out, resume=True))
     assert staging.is_dir()  # a refused --resume removes nothing
     assert run_pack(config(good, out)).counts.documents_packed == 2
@@ -235,7 +239,10 @@ def test_a_plan_temporary_beside_other_files_is_work_to_keep(tmp_path):
     staging = staging_folder(out)
     _left_before_the_plan(staging, "plan temporary")
     (staging / records.shard_name(0, 0)).write_bytes(b"a shard")
-    with pytest.raises(ConfigError, match="pass --resume to finish it or --overwrite"):
+    with pytest.raises(
+        ConfigError,
+        match="pass --resume / resume=True to finish it or --overwrite / overwrite=True",
+    ):
         run_pack(config(good, out))
     assert (staging / records.shard_name(0, 0)).read_bytes() == b"a shard"
 

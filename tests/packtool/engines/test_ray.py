@@ -296,7 +296,7 @@ def test_either_engine_resumes_the_others_run(ray_session, tmp_path, monkeypatch
 
 def test_a_user_error_inside_a_ray_task_is_one_readable_error(ray_session, tmp_path):
     # sample_data has 6 empty documents: strict mode stops at the first, inside a task.
-    with pytest.raises(DataError, match="empty.*run without --strict") as e:
+    with pytest.raises(DataError, match="empty.*run without --strict / strict=True") as e:
         run_ray(config(tmp_path / "out", read=ReadConfig(strict=True)), max_retries=0)
     assert "\n" not in str(e.value)
 
@@ -321,7 +321,7 @@ def test_missing_ray_names_the_extra(tmp_path, monkeypatch, capsys):
         main(argv)
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.strip()
-    assert err == "error: --engine ray needs Ray: pip install 'packtool[ray]'"
+    assert err == "error: the ray engine needs Ray: pip install 'packtool[ray]'"
 
 
 def test_ray_address_needs_the_ray_engine(tmp_path):
@@ -347,7 +347,9 @@ def test_a_ray_address_nothing_answers_on_is_one_line_not_a_hang(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr[-500:]
     (line,) = out.stderr.strip().splitlines()
-    assert line.startswith(f"error: --ray-address 127.0.0.1:{port}: nothing answers there (")
+    assert line.startswith(
+        f"error: --ray-address 127.0.0.1:{port} / address='127.0.0.1:{port}': nothing answers there ("
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -380,7 +382,9 @@ def test_a_ray_address_where_another_server_answers_is_one_line_not_a_hang(tmp_p
         server.shutdown()
     assert code == 1, err[-500:]
     (line,) = err.strip().splitlines()
-    assert line.startswith(f"error: --ray-address {address}: something listens there but it is ")
+    assert line.startswith(
+        f"error: --ray-address {address} / address={address!r}: something listens there but it is "
+    )
     assert "not Ray (it answered b'<!DOCTYPE' where Ray's GCS answers gRPC)" in line
     assert not (tmp_path / "o").exists()
 
@@ -456,7 +460,11 @@ def test_a_ray_client_address_is_refused_in_one_line(tmp_path):
     code, err = _pack_at("ray://127.0.0.1:1", tmp_path / "o")
     assert code == 1, err[-500:]
     (line,) = err.strip().splitlines()
-    assert line.startswith("error: --ray-address ray://127.0.0.1:1: Ray Data cannot run through")
+    assert line.startswith(
+        "error: --ray-address ray://127.0.0.1:1 / address='ray://127.0.0.1:1': Ray Data cannot "
+        "run through"
+    )
+    assert "--ray-address auto / address='auto' (or HOST:6379)" in line
     assert "ray job submit" in line
     assert not (tmp_path / "o").exists()
 
@@ -475,7 +483,9 @@ def test_a_malformed_ray_address_is_refused_in_one_line_naming_the_forms(address
     with pytest.raises(ConfigError) as err:
         _check_address(address, timeout=0.5)
     (line,) = str(err.value).splitlines()
-    assert line.startswith(f"--ray-address {address}: not a Ray address; give ")
+    assert line.startswith(
+        f"--ray-address {address} / address={address!r}: not a Ray address; give "
+    )
     assert "auto" in line and "HOST:PORT" in line and "[IPv6]:PORT" in line
 
 
@@ -500,7 +510,7 @@ def test_a_malformed_ray_address_on_the_command_line_is_one_line(tmp_path, monke
         main(argv)
     assert exit_info.value.code == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("error: --ray-address :6379: not a Ray address; give ")
+    assert line.startswith("error: --ray-address :6379 / address=':6379': not a Ray address; give ")
     assert not out.exists()
 
 
@@ -516,7 +526,9 @@ def test_ray_init_refusing_an_address_is_one_line(monkeypatch):
             raise ValueError("Invalid address format: x\nmore")
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    with pytest.raises(ConfigError, match=r"^--ray-address local: Ray refused it \(Invalid"):
+    with pytest.raises(
+        ConfigError, match=r"^--ray-address local / address='local': Ray refused it \(Invalid"
+    ):
         ray_engine._connect(FakeRay(), "local")
 
 
@@ -530,7 +542,9 @@ def test_ray_refusing_the_default_private_ray_does_not_name_an_address_not_given
         ray_engine._connect(_RayFailingToConnect(ValueError("Invalid: x")), None)
     line = str(raised.value)
     assert not line.startswith("--ray-address"), line
-    assert line.startswith("a private Ray (no --ray-address nor RAY_ADDRESS given): Ray refused")
+    assert line.startswith(
+        "a private Ray (no --ray-address / address nor RAY_ADDRESS given): Ray refused"
+    )
 
 
 def test_no_address_is_a_private_ray_not_a_cluster_ray_start_left_recorded(monkeypatch):
@@ -667,8 +681,8 @@ def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(
     assert message.startswith("a partition actor's process or node died more than 1 time(s); ")
     kept = int(message.split("its ")[1].split(" finished")[0])
     assert message.endswith(
-        f"its {kept} finished partition(s) are kept: rerun with --resume "
-        "(fewer --workers if memory is short)"
+        f"its {kept} finished partition(s) are kept: rerun with --resume / resume=True "
+        "(fewer --workers N / actors=N if memory is short)"
     )
     assert 2 <= kept <= len(records.finished(staging)) < 6 and 3 not in records.finished(staging)
     summary = run_ray(config(out, resume=True))

@@ -248,7 +248,7 @@ def test_facts_that_changed_under_the_lock_are_refused_naming_the_file(tmp_path,
     message = str(e.value)
     assert message == (
         f"cannot resume {cfg.out_dir}: the inputs read differently from the saved run "
-        f"({checked.paths[3]} read as jsonl, not json_array); start over with --overwrite"
+        f"({checked.paths[3]} read as jsonl, not json_array); start over with --overwrite / overwrite=True"
     )
     assert checked.paths[3] == sorted(folder.iterdir())[3]
     assert staging_folder(tmp_path / "cut").is_dir()  # a resumed run's work is kept

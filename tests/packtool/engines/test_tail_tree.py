@@ -228,7 +228,10 @@ def test_a_failure_in_the_tail_tree_keeps_the_finished_partitions_for_resume(tmp
     staging = staging_folder(out)
     message = str(failed.value)
     assert isinstance(failed.value, TailTreeFailed)
-    assert f"kept in {staging}" in message and "the same command with --resume" in message
+    assert (
+        f"kept in {staging}" in message
+        and "the same command with --resume / resume=True" in message
+    )
     n = len(records.read_plan(staging)["plan"]["partitions"])
     assert records.finished_partitions(staging, n) == list(range(n))
     summary = run_pack(_tree_config(corpus, out, resume=True))

@@ -343,23 +343,29 @@ def test_batch_options_without_steps_are_refused_naming_them(folders, tmp_path):
     code, _, err = run("mix", file, "--tokens", "10000", "--rows-per-batch", "2", "--tokens-per-batch", "600", "--world-size", "8")  # fmt: skip
     assert code == 1
     assert one_error_line(err) == (
-        "error: --rows-per-batch, --tokens-per-batch and --world-size have no effect with "
-        "--tokens 10,000 (a batch size and the world size count steps): plan --steps with one "
-        "batch size, or drop them"
+        "error: --rows-per-batch 2 / rows_per_batch=2, --tokens-per-batch 600 / "
+        "tokens_per_batch=600 and --world-size 8 / world_size=8 have no effect with --tokens "
+        "10000 / tokens=10000 (a batch size and the world size count steps): plan --steps N / "
+        "steps=N with one batch size, or drop them"
     )
     code, _, err = run("mix", file, "--world-size", "4")
     assert code == 1
     assert one_error_line(err) == (
-        "error: --world-size has no effect with the mixture's total_tokens 20,000 (a batch "
-        "size and the world size count steps): plan --steps with one batch size, or drop it"
+        "error: --world-size 4 / world_size=4 has no effect with the mixture's total_tokens "
+        "20,000 (a batch size and the world size count steps): plan --steps N / steps=N with "
+        "one batch size, or drop it"
     )
-    with pytest.raises(ConfigError, match=r"^--tokens-per-batch has no effect with --tokens"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--tokens-per-batch 1024 / tokens_per_batch=1024 has no effect with --tokens 1000 / ",
+    ):
         plan_mixture(spec(folders), tokens=1000, tokens_per_batch=1024)
     cap = MixtureSpec(
         sources=(SourceSpec(name="web", path=str(folders / "web"), weight=1, max_epochs=1),)
     )
     with pytest.raises(
-        ConfigError, match=r"^--rows-per-batch has no effect in a plan that runs until the caps"
+        ConfigError,
+        match=r"^--rows-per-batch 2 / rows_per_batch=2 has no effect in a plan that runs until",
     ):
         plan_mixture(cap, rows_per_batch=2)
     assert plan_mixture(cap, world_size=1).rows == 400  # the default is no option given
@@ -370,7 +376,8 @@ def test_batch_options_without_steps_are_refused_naming_them(folders, tmp_path):
     code, out, err = run("mix", file, "--tokens", "30000", "--json")
     assert code == 0 and json.loads(out)["tokens"] >= 30000
     assert err == (
-        "warning: --tokens 30,000 plans past the mixture's own total_tokens 20,000, where a run "
+        "warning: --tokens 30000 / tokens=30000 plans past the mixture's own total_tokens 20,000, "
+        "where a run "
         "of this file stops; the plan shows what a larger total would deliver\n"
     )
 
@@ -388,7 +395,8 @@ def test_steps_past_the_files_total_tokens_are_planned_with_a_warning(folders, t
     planned = json.loads(out)["tokens"]
     assert code == 0 and planned > 20000 + 512, err
     assert err == (
-        f"warning: --steps 40 plans {planned:,} tokens, past the mixture's own total_tokens "
+        f"warning: --steps 40 / steps=40 plans {planned:,} tokens, past the mixture's own "
+        "total_tokens "
         "20,000, where a run of this file stops; the plan shows what a larger total would "
         "deliver\n"
     )
@@ -407,7 +415,7 @@ def test_steps_whose_last_row_reaches_the_files_total_tokens_are_not_past_it(fol
     assert reached.tokens == after[1] and reached.warnings == ()
     past = plan_mixture(replace(one, total_tokens=after[0]), steps=10, rows_per_batch=1)
     assert past.warnings == (
-        f"--steps 10 plans {after[1]:,} tokens, past the mixture's own total_tokens "
+        f"--steps 10 / steps=10 plans {after[1]:,} tokens, past the mixture's own total_tokens "
         f"{after[0]:,}, where a run of this file stops; the plan shows what a larger total "
         "would deliver",
     )
@@ -423,11 +431,15 @@ def test_planning_the_files_total_steps_without_a_batch_size_names_it(folders, t
     code, _, err = run("mix", file)
     line = one_error_line(err)
     assert code == 1 and "--steps" not in line, line
-    assert "planning the mixture's total_steps 40 needs exactly one of --rows-per-batch" in line
+    assert (
+        "planning the mixture's total_steps 40 needs exactly one of --rows-per-batch N / "
+        "rows_per_batch=N, --tokens-per-batch N / tokens_per_batch=N (or plan a length in "
+        "--tokens N / tokens=N)"
+    ) in line
     code, _, err = run(
         "mix", file, "--steps", "5", "--rows-per-batch", "2", "--tokens-per-batch", "600"
     )
-    assert code == 1 and "planning --steps needs exactly one of" in one_error_line(err)
+    assert code == 1 and "planning --steps 5 / steps=5 needs exactly one of" in one_error_line(err)
     code, out, err = run("mix", file, "--rows-per-batch", "2", "--json")
     assert code == 0 and json.loads(out)["rows"] == 80, err
 

@@ -226,7 +226,7 @@ def test_detection_and_format(tmp_path):
     # --format text reads a chat file as text: no text field there, the usual error.
     with pytest.raises(DataError, match="no line has the text field"):
         read([chat], format="text")
-    with pytest.raises(ConfigError, match="--format tokenized, but"):
+    with pytest.raises(ConfigError, match="--format tokenized / format='tokenized', but"):
         input_columns([chat], ReadConfig(sft=SFTConfig(format="tokenized")))
     tok = tmp_path / "tok.parquet"
     pq.write_table(pa.table({"input_ids": [[1, 2]], "labels": [[-100, 2]]}), tok)

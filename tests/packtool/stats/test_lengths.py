@@ -279,8 +279,8 @@ def test_max_lengths_that_bos_and_eos_fill_are_refused_as_pack_refuses_them(tmp_
     both = load_tokenizer("byte", bos="default")  # BOS + EOS: 2 tokens a document
     tokenize_corpus([src], tmp_path / "tok.parquet", tokenizer=both, progress=False)
     packs_message = (
-        "--max-len 2 leaves no room for text: every document already takes 2 tokens for BOS "
-        "and EOS; use --max-len 3 or more"
+        "--max-len 2 / max_len=2 leaves no room for text: every document already takes 2 "
+        "tokens for BOS and EOS; use --max-len 3 / max_len=3 or more"
     )
     # Raw input with that tokenizer, and tokenized input that recorded it.
     for inputs, tokenizer in [([src], both), ([tmp_path / "tok.parquet"], None)]:

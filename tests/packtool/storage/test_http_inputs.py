@@ -98,7 +98,10 @@ def test_verify_and_inspect_take_storage_options(tmp_path):
         code, _, err = run("verify", f"{base}/ds")
         assert code != 0 and "403" in one_error_line(err)
         code, _, err = run("inspect", f"{base}/ds", "--storage-options", "{not json")
-        assert code != 0 and "--storage-options: not JSON" in one_error_line(err)
+        assert (
+            code != 0
+            and "--storage-options / PACKTOOL_STORAGE_OPTIONS: not JSON" in one_error_line(err)
+        )
 
 
 def test_a_key_holding_a_question_mark_or_a_hash_is_read_by_its_whole_name(s3_server, s3_client):

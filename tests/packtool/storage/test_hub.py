@@ -235,7 +235,7 @@ def test_engines_on_other_machines_refuse_a_hub_output():
     from packtool.engines.slurm.driver import run_pack_slurm
 
     for engine, call in (("ray", run_pack_ray), ("slurm", run_pack_slurm)):
-        with pytest.raises(ConfigError, match=f"--engine {engine} builds on other machines"):
+        with pytest.raises(ConfigError, match=f"the {engine} engine builds on other machines"):
             call(pack_config(URL))
 
 
@@ -288,7 +288,10 @@ def test_a_commit_that_fails_otherwise_is_one_line_and_keeps_the_dataset_for_res
     )  # fmt: skip
     line = one_error_line(err)
     assert code != 0 and line.startswith(f"error: {URL}") and "Server disconnected" in line
-    assert "rerun with --resume, which commits it unless" in line and not stand_in.commits
+    assert (
+        "rerun with --resume / resume=True, which commits it unless" in line
+        and not stand_in.commits
+    )
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512", "--resume")
     assert code == 0, err
     assert len(stand_in.commits) == 1
@@ -398,7 +401,7 @@ def test_after_a_refused_commit_a_rerun_asks_and_overwrite_starts_over(stand_in,
     not the one before the discarded build)."""
     stand_in.meddle = True
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "512")
-    assert code != 0 and "--overwrite to start over" in one_error_line(err)
+    assert code != 0 and "--overwrite / overwrite=True to start over" in one_error_line(err)
     _a_plain_rerun_refuses(stand_in, "pack", CORPUS, "-o", URL, "--max-len", "1024")
     code, _, err = run("pack", CORPUS, "-o", URL, "--max-len", "1024", "--overwrite")
     assert code == 0, err

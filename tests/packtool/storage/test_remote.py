@@ -273,7 +273,9 @@ def test_the_one_line_errors(bucket, tmp_path, monkeypatch, s3_client):
     code, _, err = run("stats", "s3://corpus/data/*.txt")
     assert code != 0 and "glob matches no objects" in one_error_line(err)
     code, _, err = run("stats", "s3://corpus/data/", "--storage-options", "{not json")
-    assert code != 0 and "--storage-options: not JSON" in one_error_line(err)
+    assert code != 0 and "--storage-options / PACKTOOL_STORAGE_OPTIONS: not JSON" in one_error_line(
+        err
+    )
     # A scheme whose library is not installed (gcsfs, hidden from this process's imports, and
     # from fsspec's registry of the classes it imported already: an earlier test's gs://).
     monkeypatch.setitem(sys.modules, "gcsfs", None)
@@ -326,7 +328,9 @@ def test_a_wrong_s3_option_is_one_line_naming_it(bucket, tmp_path, monkeypatch, 
             remote._filesystem.cache_clear()
             code, _, err = run("stats", url, "--storage-options", json.dumps(options))
             line = one_error_line(err)
-            assert code == 1 and line.startswith(f"error: {url}: --storage-options: "), line
+            assert code == 1 and line.startswith(
+                f"error: {url}: --storage-options / PACKTOOL_STORAGE_OPTIONS: "
+            ), line
             assert said in line, (options, line)
             assert "credentials" not in line  # the option is wrong, not the credentials
         for options, said in WRONG_S3_OPTIONS[:3]:

@@ -488,7 +488,7 @@ def test_overwrite_refuses_a_prefix_named_as_a_shard_and_deletes_none_of_it(fs, 
     with pytest.raises(ConfigError) as refused:
         run_pack(pack_config(url, overwrite=True))
     assert str(refused.value) == (
-        f"--overwrite: {url} holds files packtool pack did not write "
+        f"--overwrite / overwrite=True: {url} holds files packtool pack did not write "
         "(shard-000000-00000.parquet, sources.json); choose an empty folder or remove them "
         "yourself"
     )

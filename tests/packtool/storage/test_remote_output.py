@@ -217,7 +217,10 @@ def test_overwrite_of_an_interrupted_run_builds_a_new_version(fs, local_pack):
     make_staging(paths)
     left = f"{BUCKET}/discarded/{paths.staging.name}/shard-000000-00000.parquet"
     fs.pipe_file(left, b"the discarded run's")
-    with pytest.raises(ConfigError, match="pass --resume to finish it or --overwrite"):
+    with pytest.raises(
+        ConfigError,
+        match="pass --resume / resume=True to finish it or --overwrite / overwrite=True",
+    ):
         run_pack(pack_config(url))
     run_pack(pack_config(url, overwrite=True))
     assert _link(fs, "discarded") != paths.staging.name
@@ -243,7 +246,9 @@ def test_a_run_killed_before_it_saved_its_plan_is_started_again_by_a_plain_run(
         fs.pipe_file(f"{BUCKET}/{prefix}/{paths.staging.name}/.packtool-run/.plan.json."
                      "4242-0123abcd.tmp", b'{"fingerprint"')  # fmt: skip
     before = _objects(fs, prefix)
-    with pytest.raises(ConfigError, match="stopped before it saved its plan.*without --resume$"):
+    with pytest.raises(
+        ConfigError, match="stopped before it saved its plan.*without --resume / resume=True$"
+    ):
         run_pack(pack_config(url, resume=True))
     assert _objects(fs, prefix) == before  # a refused --resume removes nothing
     run_pack(pack_config(url))

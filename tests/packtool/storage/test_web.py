@@ -110,7 +110,9 @@ def test_bad_http_options_are_one_line_naming_the_option_not_a_404(tmp_path):
         ):
             code, _, err = run("stats", url, "--storage-options", json.dumps(options))
             line = one_error_line(err)
-            assert code == 1 and line.startswith(f"error: {url}: --storage-options: "), line
+            assert code == 1 and line.startswith(
+                f"error: {url}: --storage-options / PACKTOOL_STORAGE_OPTIONS: "
+            ), line
             assert "client_kwargs" in line and "credentials" not in line, line
         for options in ({"headers": "x"}, {"http": {"bogus_kw": 1}}):
             code, _, err = run("stats", url, "--storage-options", json.dumps(options))

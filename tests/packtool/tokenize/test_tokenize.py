@@ -237,7 +237,7 @@ def test_a_strict_config_makes_the_callers_counter_strict(tmp_path):
     src = tmp_path / "types.jsonl"
     src.write_text('{"text": "a"}\n{"text": 5}\n')
     strict = ReadConfig(strict=True)
-    says = r"types.jsonl:2: missing field \('text' is a number\); run without --strict"
+    says = r"types.jsonl:2: missing field \('text' is a number\); run without --strict / strict"
     for read in (
         lambda skips: tokenized_batches([src], tokenizer="byte", skips=skips, read_config=strict),
         lambda skips: read_corpus([src], strict, skips),

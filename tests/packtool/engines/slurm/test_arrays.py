@@ -327,7 +327,7 @@ def test_a_resume_of_a_slurm_run_on_another_engine_where_scancel_is_missing_stop
     with pytest.raises(ConfigError) as stopped, arrays.taken_over(run):
         raise AssertionError("the run went ahead")
     message = str(stopped.value)
-    assert message.startswith("--resume: ") and "\n" not in message
+    assert message.startswith("--resume / resume=True: ") and "\n" not in message
     assert "4243" in message and "scancel" in message and str(jobs) in message
     assert (jobs / "4243.json").exists() and logs.exists()  # nothing changed
 

@@ -43,7 +43,7 @@ def test_a_refusal_quotes_the_error_not_the_warning_before_it(fake_bin):
     with pytest.raises(cli.SlurmRefused) as refused:
         cli.test_only(["--account=nosuch"])
     assert str(refused.value) == (
-        "--engine slurm: sbatch (--test-only) refused: sbatch: error: Batch job submission "
+        "--engine slurm / engine='slurm': sbatch (--test-only) refused: sbatch: error: Batch job submission "
         "failed: Invalid account or account/partition combination specified"
     )
     _fake(fake_bin, "sbatch", "echo '' >&2; echo 'no such thing' >&2; exit 2")
@@ -160,7 +160,9 @@ def test_an_option_after_a_flag_or_a_value_is_still_read(fake_bin, tmp_path, giv
     args = _fake(fake_bin, "sbatch", "exit 0")
     with pytest.raises(ConfigError) as refused:
         slurm_options(SlurmConfig(sbatch_args=given), tmp_path / "out")
-    assert f"--sbatch-arg {shown} sets --output" in str(refused.value), refused.value
+    assert f"{shown} in --sbatch-arg / sbatch_args sets --output" in str(refused.value), (
+        refused.value
+    )
     assert not args.exists()
 
 
@@ -175,7 +177,9 @@ def test_the_commands_that_follow_and_stop_jobs_are_required_before_any_work(
     for name in {"squeue", "scancel", "scontrol"} - {missing}:
         _fake(fake_bin, name, "exit 0")
     monkeypatch.setenv("PATH", str(fake_bin))
-    with pytest.raises(ConfigError, match=f"^--engine slurm: no {missing} on PATH"):
+    with pytest.raises(
+        ConfigError, match=f"^--engine slurm / engine='slurm': no {missing} on PATH"
+    ):
         slurm_options(SlurmConfig(), tmp_path / "out")
     assert not args.exists()
 

@@ -465,7 +465,7 @@ def test_a_refusing_squeue_mid_run_never_costs_the_finished_partitions(
         run_pack_slurm(_config(out), config)
     line = str(stopped.value)
     assert "squeue refused: slurm_load_jobs error: Socket timed out" in line, line
-    assert "finished partition(s) are kept: rerun with --resume" in line, line
+    assert "finished partition(s) are kept: rerun with --resume / resume=True" in line, line
     assert records.finished(work)
     flag.unlink()
     gate.touch()

@@ -211,7 +211,7 @@ def _refusing(work: Path, record: int | None, calls: list[int]):
         calls.append(1)
         if record is not None:
             _record(work, record)
-        raise cli.SlurmRefused("--engine slurm: squeue refused: Socket timed out")
+        raise cli.SlurmRefused(f"{cli.SLURM}: squeue refused: Socket timed out")
 
     return live_tasks
 
