@@ -105,6 +105,15 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return _cluster_named(nodeid) or nodeid.split("::", 1)[0]
 
+        def _assign_work_unit(self, node) -> None:
+            # The two cluster scopes are the longest (Slurm ~8-10 minutes, Ray ~7-15, one
+            # worker each): started first, not when xdist's order by test count reaches them
+            # (Ray's 58 tests were the 17th scope), so neither is what the run waits on last.
+            for scope in ("ray", "slurm"):
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
     return SharedClusters(config, log)
 
 
