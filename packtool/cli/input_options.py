@@ -149,10 +149,9 @@ class CorpusOptions:
         # (packtool/tokenize/recorded.py); megatron's EOS_TOKEN is no choice of the user's
         tok.chosen_specials = tuple(given)
         # What the user named (an id or `default`: pre-tokenized ids refuse either, which
-        # would add nothing; `default` got through silently)
-        tok.given_ids = tuple(
-            f for f, v in (("--eos-id", self.eos_id), ("--bos-id", self.bos_id)) if v is not None
-        )
+        # would add nothing; `default` got through silently). `--eos-id default` too, which
+        # load_tokenizer cannot tell from its default
+        tok.given_ids = {w: v for w, v in given.items() if v is not None}
         dtype = tok.dtype
         if megatron:  # the .bin's dtype is Megatron's, not tokenized Parquet's; an id past
             from packtool.dataset.megatron import megatron_dtype  # int32's: refused, before

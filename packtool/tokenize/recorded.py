@@ -115,6 +115,35 @@ def recorded_check(
     return check_recorded_tokenizer(identity, tokenizer, where)
 
 
+def check_none_given(tokenizer: Tokenizer | None, eos_added: bool = False) -> None:
+    """Refuse an EOS / BOS id chosen for pre-tokenized ids, which are used unchanged (with
+    `eos_added`, `tokenize --to megatron`: the EOS is appended, a BOS refused). The one check
+    every entry point makes (`tokenize.unchanged_ids`): `Tokenizer.given_ids` holds the ids
+    chosen by `--eos-id` / `--bos-id` and by `eos=` / `bos=` to `load_tokenizer` (so to any API
+    function given the tokenizer by name); until 2026-12-07 only the CLI's were, and `bos=5`
+    to `tokenize_corpus`, `run_pack`, `compute_stats` or `tokenize_megatron` added nothing and
+    recorded nothing, without a word.
+
+    Raises:
+        ConfigError: such an id, named as both callers choose it (`--bos-id 5 / bos=5`).
+    """
+    given = dict(tokenizer.given_ids) if tokenizer is not None else {}
+    if eos_added:
+        given.pop("eos", None)
+    if not given:
+        return
+    it = "it" if len(given) == 1 else "them"
+    how = "are used unchanged"
+    if eos_added:
+        how = "get only the EOS with --to megatron / tokenize_megatron"
+    raise ConfigError(
+        f"{' and '.join(special_choice(w, v) for w, v in given.items())} "
+        f"add{'s' if it == 'it' else ''} nothing to pre-tokenized ids, which "
+        f"{how} (docs/tokenize.md, 'Pre-tokenized "
+        f"Parquet'); leave {it} out, or put {it} in the ids"
+    )
+
+
 def check_recorded_specials(
     identity: TokenizerIdentity, given: dict[str, int | str | None], where: str | os.PathLike
 ) -> None:

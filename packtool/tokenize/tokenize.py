@@ -50,7 +50,12 @@ from packtool.sft.encode import note_template, template_record
 from packtool.sft.inputs import file_record_kind, sft_kind
 from packtool.storage import hub, writing
 from packtool.storage import local as storage
-from packtool.tokenize.recorded import check_recorded_tokenizer, inputs_recorded, recorded_check
+from packtool.tokenize.recorded import (
+    check_none_given,
+    check_recorded_tokenizer,
+    inputs_recorded,
+    recorded_check,
+)
 from packtool.tokenize.summary import TokenizeSummary, summary_of
 from packtool.tokenize.tables import (
     PRETOKENIZED,
@@ -92,22 +97,9 @@ def unchanged_ids(
     BOS it never wrote).
 
     Raises:
-        ConfigError: `--eos-id` / `--bos-id` named an id, which would add nothing.
+        ConfigError: an EOS / BOS id chosen, which would add nothing (`check_none_given`).
     """
-    given = tokenizer.given_ids if tokenizer is not None else ()
-    if eos_added and "--bos-id" in given:
-        raise ConfigError(
-            "--bos-id adds nothing to pre-tokenized ids, which get only the EOS with --to "
-            "megatron (docs/tokenize.md, 'Pre-tokenized Parquet'); leave it out, or put the "
-            "BOS in the ids"
-        )
-    if given and not eos_added:
-        raise ConfigError(
-            f"{' and '.join(given)} {'add' if len(given) > 1 else 'adds'} nothing to "
-            "pre-tokenized ids, which are used unchanged (docs/tokenize.md, 'Pre-tokenized "
-            f"Parquet'); leave {'them' if len(given) > 1 else 'it'} out, or end the documents "
-            "in the ids"
-        )
+    check_none_given(tokenizer, eos_added)
     return (
         replace(identity, bos_id=None) if eos_added else replace(identity, eos_id=None, bos_id=None)
     )
@@ -311,6 +303,8 @@ def _tokenized_batches(
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, workers=workers)
     tokenizer = recorded_check(read, tokenizer, bos, storage.input_text(inputs[0]))
+    if read.mode == PRETOKENIZED:  # used unchanged: an EOS / BOS chosen adds nothing
+        check_none_given(tokenizer)
     skips = run_skips(skips, config)
     yield from read_tables(paths, read, config, tokenizer, skips)
 

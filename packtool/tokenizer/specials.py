@@ -336,3 +336,11 @@ def chosen_specials(eos: Any, bos: Any) -> tuple[str, ...]:
     """The specials `load_tokenizer` was given other than by default (`eos` not "default",
     `bos` not "auto"): `Tokenizer.chosen_specials`."""
     return tuple(w for w, v, unset in (("eos", eos, "default"), ("bos", bos, "auto")) if v != unset)
+
+
+def given_ids(eos: Any, bos: Any) -> dict[str, int | str]:
+    """The EOS / BOS ids `load_tokenizer` was told to add, by `eos` / `bos`: an id, or `bos`
+    "default" (the BOS token always); not a default rule, nor None (none added).
+    `Tokenizer.given_ids`: pre-tokenized ids refuse them (`recorded.check_none_given`)."""
+    chosen = {"eos": None if isinstance(eos, str) else eos, "bos": None if bos == "auto" else bos}
+    return {w: v if isinstance(v, str) else int(v) for w, v in chosen.items() if v is not None}

@@ -52,6 +52,7 @@ from packtool.tokenizer.specials import (
     add_specials,
     chosen_specials,
     default_id,
+    given_ids,
     marked_special,
     own_bos,
     own_ids,
@@ -118,8 +119,8 @@ class Tokenizer:
         "" (the reference library, or `byte`)."""
         self.special_names: dict[str, str] = {}
         """`eos` / `bos` -> the token text and where the id came from, for summaries."""
-        self.given_ids: tuple[str, ...] = ()
-        """The options that named an id explicitly (`--eos-id`, `--bos-id`; set by the CLI)."""
+        self.given_ids: dict[str, int | str] = {}
+        """`eos` / `bos` -> the id chosen (`specials.given_ids`; the CLI adds `--eos-id default`)."""
         self.chosen_specials: tuple[str, ...] = ()
         """`eos` / `bos` whose id the caller chose (`load_tokenizer`'s `eos` / `bos` other than
         their defaults; the CLI: --eos-id / --no-eos / --bos-id / --no-bos given). Tokenized
@@ -340,7 +341,7 @@ def load_tokenizer(
             engine="byte",
             workers=workers,
         )
-        byte.chosen_specials = chosen_specials(eos, bos)
+        byte.chosen_specials, byte.given_ids = chosen_specials(eos, bos), given_ids(eos, bos)
         return byte
     files = resolve(spec)
     limit_threads(workers)
@@ -436,7 +437,7 @@ def load_tokenizer(
     tok.folder = files.path.parent if files.path is not None else None
     if (eos, bos) != ("default", "auto"):  # the options changed them
         tok.own_ids = own_ids(source, files, vocab, spec, marked)
-    tok.chosen_specials = chosen_specials(eos, bos)
+    tok.chosen_specials, tok.given_ids = chosen_specials(eos, bos), given_ids(eos, bos)
     return tok
 
 

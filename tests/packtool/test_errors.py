@@ -102,8 +102,6 @@ CHOICE_HELPERS = {"option_choice", "special_choice"}
 SAID = {"print", "warn", "echo", "workers_lost"}  # a line said beside a raise (stderr, warnings)
 CLI_ONLY = {
     # (module, flag): reached from the CLI alone, or another program's flag
-    ("tokenize/tokenize.py", "--bos-id"): "`Tokenizer.given_ids`: set by the CLI's options only",
-    ("tokenize/tokenize.py", "--to"): "the same line: `--bos-id` with `--to megatron`",
     ("engines/slurm/state.py", "--output"): "sbatch's own option",
     ("engines/slurm/arrays.py", "--exclude"): "sbatch's own option, given in sbatch_args",
     ("engines/ray.py", "--head"): "`ray start --head`: Ray's own command",

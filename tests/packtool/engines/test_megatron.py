@@ -776,6 +776,8 @@ def test_pre_tokenized_ids_get_the_eos_and_never_a_bos(tmp_path):
         "--bos-id", "70000",
     )  # fmt: skip
     last = err.strip().splitlines()[-1]  # (after the notes on the engine and the id's room)
-    assert code != 0 and last.startswith("error: --bos-id adds nothing to pre-tokenized ids"), err
-    assert "which get only the EOS with --to megatron" in last and "put the BOS in the ids" in last
+    assert code != 0 and last.startswith(
+        "error: --bos-id 70000 / bos=70000 adds nothing to pre-tok"
+    ), err
+    assert "which get only the EOS with --to megatron" in last and "put it in the ids" in last
     assert not (tmp_path / "b.bin").exists()

@@ -97,18 +97,89 @@ def test_ids_used_unchanged_record_no_eos_or_bos_and_refuse_explicit_ones(tmp_pa
     assert not set(named) & {"eos", "bos"}, named
     for cmd, out_name in (("pack", "p2"), ("tokenize", "t2.parquet")):
         for flags, said in (
-            (["--eos-id", "7"], "--eos-id adds nothing"),
-            (["--eos-id", "7", "--bos-id", "9"], "--eos-id and --bos-id add nothing"),
-            (["--bos-id", "default"], "--bos-id adds nothing"),  # `default` got through
-            (["--eos-id", "default"], "--eos-id adds nothing"),
+            (["--eos-id", "7"], "--eos-id 7 / eos=7 adds"),
+            (["--eos-id", "7", "--bos-id", "9"], "--eos-id 7 / eos=7 and --bos-id 9 / bos=9 add"),
+            (["--bos-id", "default"], "--bos-id default / bos='default' adds"),  # got through
+            (["--eos-id", "default"], "--eos-id default / eos='default' adds"),
         ):
             code, _, err = run(cmd, path, "-o", tmp_path / out_name, *flags)
             assert code == 1
-            assert f"error: {said} to pre-tokenized ids, which are used unchanged" in err
+            assert f"error: {said} nothing to pre-tokenized ids, which are used unchanged" in err
             assert not (tmp_path / out_name).exists()
     # --to megatron appends the EOS to such ids (--append-eod): the option still counts there.
     code, _, err = run("tokenize", path, "--to", "megatron", "-o", tmp_path / "m", "--eos-id", "7")
     assert code == 0, err
+
+
+def _entry_point(name, path, out, tokenizer, **kw):
+    """Run one library entry point over `path` with `tokenizer` and `kw` (`bos=`)."""
+    from packtool.engines.config import RunConfig
+    from packtool.engines.local import run_pack
+    from packtool.engines.megatron.run import tokenize_megatron
+    from packtool.pack.chunk import PackConfig
+    from packtool.stats.lengths import compute_stats
+
+    if name == "tokenize_corpus":
+        return tokenize_corpus([path], out / "t.parquet", tokenizer=tokenizer, **kw)
+    if name == "tokenize_megatron":
+        return tokenize_megatron([path], out / "m", tokenizer=tokenizer, workers=1, **kw)
+    if name == "run_pack":
+        pack = PackConfig(max_len=8)
+        config = RunConfig(inputs=(str(path),), out_dir=str(out / "p"), pack=pack, workers=1)
+        return run_pack(config, tokenizer, **kw)
+    if name == "compute_stats":
+        return compute_stats([path], tokenizer=tokenizer, **kw)
+    return list(tokenized_batches([path], tokenizer=tokenizer, **kw))
+
+
+ENTRY_POINTS = ["tokenize_corpus", "tokenize_megatron", "run_pack", "compute_stats", "batches"]
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize(("tokenizer", "bos"), [("byte", 5), (None, 5), ("byte", "default")])
+def test_library_entry_points_refuse_a_bos_over_pretokenized_ids(tmp_path, entry, tokenizer, bos):
+    """The CLI refused `--bos-id 5` over pre-tokenized ids; `tokenize_corpus`, `run_pack`,
+    `compute_stats`, `tokenize_megatron` and `tokenized_batches` given `bos=5` succeeded, the BOS
+    neither added nor recorded (the Tokenizer loaded by name did not say an id was chosen)."""
+    path = write(tmp_path / "a.parquet", input_ids=IDS)
+    if entry == "batches" and tokenizer is None:
+        tokenizer = "byte"  # tokenized_batches needs one for ids made elsewhere
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ConfigError) as caught:
+        _entry_point(entry, path, out, tokenizer, bos=bos)
+    said = f"--bos-id {bos} / bos={bos!r} adds nothing to pre-tokenized ids"
+    assert str(caught.value).startswith(said), caught.value
+    assert list(out.iterdir()) == []  # nothing written
+    # --no-bos / bos=None adds nothing either way: read as without it
+    _entry_point(entry, path, out, tokenizer, bos=None)
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_a_tokenizer_loaded_with_an_eos_or_bos_is_refused_over_pretokenized_ids(tmp_path, entry):
+    """`load_tokenizer("byte", eos=7)` handed to an entry point: the EOS it was loaded with was
+    neither appended nor recorded (but by tokenize_megatron, which appends it)."""
+    from packtool.tokenizer.tokenizers import load_tokenizer
+
+    path = write(tmp_path / "a.parquet", input_ids=IDS)
+    for i, (kw, said) in enumerate(
+        (
+            ({"eos": 7}, "--eos-id 7 / eos=7 adds"),
+            ({"bos": 9}, "--bos-id 9 / bos=9 adds"),
+            ({"eos": 7, "bos": 9}, "--eos-id 7 / eos=7 and --bos-id 9 / bos=9 add"),
+        )
+    ):
+        out = tmp_path / f"out{i}"
+        out.mkdir()
+        if entry == "tokenize_megatron" and "bos" not in kw:
+            summary = _entry_point(entry, path, out, load_tokenizer("byte", **kw))
+            assert summary.tokenizer["eos_id"] == 7 and summary.tokens == 16  # 12 ids + 4 EOS
+            continue
+        if entry == "tokenize_megatron":
+            said = "--bos-id 9 / bos=9 adds"
+        with pytest.raises(ConfigError, match=f"^{said} nothing to pre-tokenized ids"):
+            _entry_point(entry, path, out, load_tokenizer("byte", **kw))
+        assert list(out.iterdir()) == []  # nothing written
 
 
 def test_a_text_column_with_ids_and_no_mask_is_still_read_as_text(tmp_path):
