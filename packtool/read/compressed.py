@@ -43,12 +43,12 @@ def compression_suffix(name: str) -> str:
     return next((s for s in COMPRESSIONS if name.endswith(s)), "")
 
 
-def compression_of(path: Path) -> str | None:
+def compression_of(path: str | Path) -> str | None:
     """`gzip`, `zstd` or None, from the file name (`storage.file_name`)."""
     return COMPRESSIONS.get(compression_suffix(storage.file_name(path)))
 
 
-def byte_place(path: Path, offset: int) -> str:
+def byte_place(path: str | Path, offset: int) -> str:
     """`byte N`: `offset` in what `open_stream(path)` reads, said to be in the decompressed
     text where `path` is compressed (the file's own byte N is elsewhere; until 2026-12-07 a
     `.json.gz`'s bad byte was named as if it were the file's)."""

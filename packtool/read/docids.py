@@ -41,6 +41,7 @@ from numpy.typing import NDArray
 
 from packtool.dataset.manifest import INDEX_FILE, SOURCES_FILE
 from packtool.errors import DataError, json_value
+from packtool.read.compressed import byte_place
 from packtool.storage import local as storage
 from packtool.storage.remote import scheme as remote_scheme
 
@@ -292,7 +293,10 @@ def where(
 
 
 def _byte_place(file: str, offset: int, line: int | None) -> str:
-    return f"{file}:byte {offset}" if line is None else f"{file}:line {line} (byte {offset})"
+    """`file:line N (byte B)` or `file:byte B`; B is said to be of the decompressed text for a
+    `.gz` / `.zst` (`compressed.byte_place`: until 2026-12-07 it read as the file's own byte)."""
+    byte = byte_place(file, offset)
+    return f"{file}:{byte}" if line is None else f"{file}:line {line} ({byte})"
 
 
 def _line_numbers(file: str, offsets: list[int], size: int | None) -> dict[int, int | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import matplotlib.image
 import numpy as np
@@ -183,6 +184,32 @@ def test_a_packed_documents_source_file_and_line(tmp_path, capsys):
         # The document's own text names its file and line: the two must agree.
         assert doc.preview.strip("'").startswith(f"file {file[-7]} line {line_no} ")
         assert where == doc.source
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_inspect_says_a_gz_documents_byte_is_of_the_decompressed_text(tmp_path, capsys, suffix):
+    """`inspect --row` of data packed from a `.jsonl.gz` said `s.jsonl.gz:line 14 (byte 5889)`,
+    an offset in the decompressed text labelled as the file's own byte."""
+    import gzip
+
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack.chunk import PackConfig
+
+    path = tmp_path / f"s{suffix}"
+    text = "".join(json.dumps({"text": f"line {k + 1} " + "x" * k}) + "\n" for k in range(30))
+    path.write_bytes(gzip.compress(text.encode()) if suffix == ".jsonl.gz" else text.encode())
+    out = tmp_path / "out"
+    config = RunConfig(inputs=(str(path),), out_dir=str(out), pack=PackConfig(max_len=64))
+    run_pack(replace(config, workers=1, progress=False))
+    code, shown, err = run_cli(["inspect", str(out), "--row", "2"], capsys)
+    assert code == 0, err
+    sources = [line.split("from ", 1)[1] for line in shown.splitlines() if " from " in line]
+    assert sources, shown
+    for where in sources:
+        line_no = int(where.split(":line ")[1].split()[0])
+        offset = text.encode().index(json.dumps({"text": f"line {line_no} "})[:-2].encode())
+        label = f"byte {offset}" + (" of the decompressed text" if suffix != ".jsonl" else "")
+        assert where == f"{path}:line {line_no} ({label})", where
 
 
 @settings(max_examples=200, deadline=None)

@@ -177,3 +177,30 @@ def test_lines_are_counted_only_below_the_cap(tmp_path, monkeypatch):
     extra = {"doc_ids": docids.record([str(f)], ["byte"], sizes=[40])}
     ids = [docids.encode(0, 3), docids.encode(0, 30)]
     assert docids.places(extra, ids) == [f"{f}:line 4 (byte 3)", f"{f}:byte 30"]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+def test_a_compressed_files_byte_is_said_to_be_of_the_decompressed_text(
+    tmp_path, monkeypatch, suffix
+):
+    """`inspect` said `s.jsonl.gz:line 14 (byte 5889)`: an offset in the decompressed text,
+    labelled as if it were the file's own byte (`compressed.byte_place` says which)."""
+    import gzip
+
+    import zstandard
+
+    text = b"a\n" * 20
+    f = tmp_path / f"s{suffix}"
+    compress = {".gz": gzip.compress, ".zst": zstandard.ZstdCompressor().compress}
+    f.write_bytes(compress.get(f.suffix, bytes)(text))
+    size = f.stat().st_size
+    label = "byte 6" if suffix == ".jsonl" else "byte 6 of the decompressed text"
+    assert docids.where(str(f), 6, "byte", size=size) == f"{f}:line 4 ({label})"
+    assert docids.where(str(f), 6, "byte", count_lines=False) == f"{f}:{label}"
+    extra = {"doc_ids": docids.record([str(f)], ["byte"], sizes=[size])}
+    assert docids.place(extra, docids.encode(0, 6)) == f"{f}:line 4 ({label})"
+    monkeypatch.setattr(docids, "LINE_COUNT_BYTES", 4, raising=False)  # past the cap: no line
+    assert docids.places(extra, [docids.encode(0, 2), docids.encode(0, 6)]) == [
+        f"{f}:line 2 ({label.replace('6', '2')})",
+        f"{f}:{label}",
+    ]
