@@ -485,18 +485,24 @@ def test_a_state_of_a_file_rewritten_with_other_documents_of_one_size_is_refused
     assert "footer" in message
 
 
+def _two_batches_in(tmp_path) -> tuple:
+    """A plain file, its whole run's batches, the first two of a run stopped there, and the
+    state saved after them."""
+    path = _plain_file(tmp_path / "a" / "part.parquet", 0)
+    full = [b["input_ids"].tolist() for b in make(path)]
+    ds = make(path)
+    it = iter(ds)
+    head = [next(it)["input_ids"].tolist() for _ in range(2)]
+    return path, full, head, _roundtrip(ds.state_dict())
+
+
 @pytest.mark.parametrize("staged", ["copied to another folder", "new modification time"])
 def test_a_state_resumes_on_its_files_staged_again(tmp_path, staged) -> None:
     """Byte-identical files staged again (another folder, a new modification time) resume."""
     import os
     import shutil
 
-    path = _plain_file(tmp_path / "a" / "part.parquet", 0)
-    full = [b["input_ids"].tolist() for b in make(path)]
-    ds = make(path)
-    it = iter(ds)
-    head = [next(it)["input_ids"].tolist() for _ in range(2)]
-    state = _roundtrip(ds.state_dict())
+    path, full, head, state = _two_batches_in(tmp_path)
     st = path.stat()
     now = path
     if staged == "copied to another folder":
@@ -511,12 +517,7 @@ def test_a_state_resumes_on_its_files_staged_again(tmp_path, staged) -> None:
 def test_a_state_saved_before_the_footers_were_keyed_still_loads(tmp_path) -> None:
     """A state saved before the key held the files' footers (`inputs` only) resumes on the
     same files, checked on what it holds (names, sizes, documents)."""
-    path = _plain_file(tmp_path / "a" / "part.parquet", 0)
-    full = [b["input_ids"].tolist() for b in make(path)]
-    ds = make(path)
-    it = iter(ds)
-    head = [next(it)["input_ids"].tolist() for _ in range(2)]
-    state = _roundtrip(ds.state_dict())
+    path, full, head, state = _two_batches_in(tmp_path)
     del state["key"]["footers"]
     old = make(path)
     old.load_state_dict(state)

@@ -601,21 +601,17 @@ def test_a_number_past_pythons_digit_limit_pickles_and_copies_as_its_infinity():
         assert again["n"] == -math.inf and again["m"] == [math.inf]
 
 
+def _compressions(byte: int) -> list[tuple]:
+    """(suffix, compress, where byte `byte` is said to be) of a plain, .gz and .zst file."""
+    inner = f"byte {byte} of the decompressed text"
+    zstd = zstandard.ZstdCompressor().compress
+    return [("", bytes, f"byte {byte}"), (".gz", gzip.compress, inner), (".zst", zstd, inner)]
+
+
 BAD_ARRAY = b'[{"text": "hello"},\n {"text": "\xc3\xa9ab\xffcd"},\n {"text": "x"}]\n'
 
 
-@pytest.mark.parametrize(
-    ("suffix", "compress", "place"),
-    [
-        ("", bytes, "byte 35"),
-        (".gz", gzip.compress, "byte 35 of the decompressed text"),
-        (
-            ".zst",
-            lambda b: zstandard.ZstdCompressor().compress(b),
-            "byte 35 of the decompressed text",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("suffix", "compress", "place"), _compressions(35))
 def test_a_bad_utf8_byte_of_a_compressed_json_array_is_placed_in_the_decompressed_text(
     tmp_path, suffix, compress, place
 ):
@@ -632,18 +628,7 @@ def test_a_bad_utf8_byte_of_a_compressed_json_array_is_placed_in_the_decompresse
     )
 
 
-@pytest.mark.parametrize(
-    ("suffix", "compress", "place"),
-    [
-        ("", bytes, "byte 4"),
-        (".gz", gzip.compress, "byte 4 of the decompressed text"),
-        (
-            ".zst",
-            lambda b: zstandard.ZstdCompressor().compress(b),
-            "byte 4 of the decompressed text",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("suffix", "compress", "place"), _compressions(4))
 def test_a_bad_utf8_byte_of_a_compressed_text_file_is_placed_in_the_decompressed_text(
     tmp_path, suffix, compress, place
 ):
