@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import resource  # here, not when needed: importing it takes a file descriptor
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -89,13 +90,22 @@ def option_choice(flag: str, name: str, value: object) -> str:
     """A choice as both callers make it, for a message either may reach (the library's
     functions raise it to Python callers and to the CLI alike): the CLI's `FLAG VALUE` and the
     Python argument `NAME=VALUE`, `--tokenizer-engine auto / engine='auto'`, `--eos-id 3 /
-    eos=3`; a capitalised word stands for what the user fills in, bare on both sides
+    eos=3`; one of `PLACEHOLDERS` stands for what the user fills in, bare on both sides
     (`--tokenizer PATH / tokenizer=PATH`); True is a flag without a value (`--overwrite /
-    overwrite=True`)."""
+    overwrite=True`). A value the user gave is quoted for a shell on the CLI's side where it
+    needs it (`--group-by 'my field' / group_by='my field'`), and kept as it is otherwise (a
+    column named `URL` is no placeholder: `group_by='URL'`)."""
     if value is True:
         return f"{flag} / {name}=True"
-    given = value if isinstance(value, str) and value.isupper() else repr(value)
-    return f"{flag} {value} / {name}={given}"
+    if isinstance(value, str) and value in PLACEHOLDERS:
+        return f"{flag} {value} / {name}={value}"
+    said = shlex.quote(value) if isinstance(value, str) else value
+    return f"{flag} {said} / {name}={value!r}"
+
+
+PLACEHOLDERS = frozenset({"N", "PATH", "FILE", "NAME", "PREFIX", "SPEC", "KIND"})
+"""The words `option_choice` writes bare, as what the user fills in (`--max-len N /
+max_len=N`); any other value is the user's own and written as such."""
 
 
 OVERWRITE = option_choice("--overwrite", "overwrite", True)

@@ -35,11 +35,12 @@ def one_error_line(err: str) -> str:
 
 
 ENGINE_IGNORED = (
-    "warning: the inputs are tokenized Parquet; nothing is encoded, so --tokenizer-engine "
-    "is ignored"
+    "warning: the inputs are tokenized Parquet; nothing is encoded, so --tokenizer-engine / "
+    "engine= is ignored"
 )
 """The line `tokenize`, `stats` and `pack` warn with of a `--tokenizer-engine` over tokenized
-Parquet, which nothing encodes (alone or beside `--tokenizer`)."""
+Parquet, which nothing encodes (alone or beside `--tokenizer`): spelled out here, not imported,
+so a change of wording fails a test."""
 
 
 def error_line(err: str, args: list[object]) -> str:

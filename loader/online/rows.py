@@ -105,8 +105,13 @@ class PackedRows:
     def concat(parts: list[PackedRows]) -> PackedRows:
         """`parts` end to end. Parts without rows add nothing and are left out (their types
         neither promote the others' nor, tokens None, hide them); `concat([])` has no rows and
-        no tokens (no dtype is known)."""
-        parts = [p for p in parts if p.n_rows] or parts[:1]
+        no tokens (no dtype is known); of parts all without rows, the first that has tokens
+        (their dtype and columns) is the result."""
+        parts = (
+            [p for p in parts if p.n_rows]
+            or [p for p in parts if p.tokens is not None][:1]
+            or parts[:1]
+        )
         if not parts:
             return _EMPTY_ROWS
         if len(parts) == 1:

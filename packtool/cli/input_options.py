@@ -24,11 +24,9 @@ from packtool.storage import local as storage
 
 def _engine_ignored() -> None:
     """The warning for `--tokenizer-engine` over tokenized Parquet, which nothing encodes."""
-    echo(
-        "warning: the inputs are tokenized Parquet; nothing is encoded, so "
-        "--tokenizer-engine is ignored",
-        err=True,
-    )
+    from packtool.tokenize.recorded import ENGINE_IGNORED
+
+    echo(ENGINE_IGNORED, err=True)
 
 
 def _recorded(inputs: Any) -> Any:
@@ -97,11 +95,13 @@ class CorpusOptions:
         given = [n for n in given if n != "tokenizer_engine"]
         if "tokenizer" in given:
             # First thing, before any import it does not need (pyarrow's Parquet reader for
-            # the inputs' footers): the engine's build is on pack's critical path. The
-            # footers are read after it only where an engine was named.
+            # the inputs' footers): the engine's build is on pack's critical path. An engine
+            # named beside it over tokenized Parquet is warned of where the tokenizer is
+            # compared with the recorded one (`check_recorded_tokenizer`), not by reading
+            # every input's footer here; named by the user, `auto` included.
             tokenizer = self.load_tokenizer(workers, **kw)
-            if engine and _recorded(inputs) is not None:
-                _engine_ignored()
+            if engine:
+                tokenizer.engine_asked = self.tokenizer_engine
             return tokenizer
         from packtool.tokenize.recorded import check_recorded_specials
 

@@ -41,7 +41,11 @@ from packtool.read.formats import OFFSET_UNITS, raw_kind
 from packtool.read.sft_config import CHAT_KINDS
 from packtool.sft.encode import note_template, template_record
 from packtool.storage import local as storage
-from packtool.tokenize.recorded import check_recorded_specials, check_recorded_tokenizer
+from packtool.tokenize.recorded import (
+    check_recorded_specials,
+    check_recorded_tokenizer,
+    warn_engine_unused,
+)
 from packtool.tokenize.tables import PRETOKENIZED, RAW, RECORDS
 from packtool.tokenize.tokenize import inputs_read, unchanged_ids
 from packtool.tokenizer.by_name import tokenizer_by_name
@@ -144,6 +148,7 @@ def check_inputs(
         check_recorded_specials(recorded, {} if bos == "auto" else {"bos": bos}, config.inputs[0])
     if tokenizer is not None and recorded is not None:
         # None where it is the recorded one once the EOS / BOS not chosen are the file's
+        warn_engine_unused(tokenizer)
         tokenizer = check_recorded_tokenizer(recorded, tokenizer, config.inputs[0])
     identity = (tokenizer.identity if tokenizer is not None else recorded).to_dict()
     if recorded is not None:  # the ids were encoded when tokenizing: record that engine

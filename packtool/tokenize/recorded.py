@@ -39,6 +39,14 @@ from packtool.tokenizer.tokenizers import Tokenizer
 SPECIALS = ("eos", "bos")
 
 
+ENGINE_IGNORED = (
+    "warning: the inputs are tokenized Parquet; nothing is encoded, so --tokenizer-engine / "
+    "engine= is ignored"
+)
+"""Said where a tokenizer engine was chosen for inputs whose ids are already there (the
+tokenizer given beside them is only compared with the one they record)."""
+
+
 def inputs_recorded(
     inputs: str | os.PathLike | Iterable[str | os.PathLike],
 ) -> tuple[str, TokenizerIdentity] | None:
@@ -112,7 +120,17 @@ def recorded_check(
     if tokenizer is None:
         check_recorded_specials(identity, {} if bos == "auto" else {"bos": bos}, where)
         return None
+    warn_engine_unused(tokenizer)
     return check_recorded_tokenizer(identity, tokenizer, where)
+
+
+def warn_engine_unused(tokenizer: Tokenizer) -> None:
+    """`ENGINE_IGNORED` on stderr where `tokenizer` was loaded with an engine chosen and the
+    inputs are tokenized Parquet (the caller's to know), before the run's checks; once per
+    tokenizer (`tokenize_corpus` checks it twice: the choice is then forgotten)."""
+    if tokenizer.engine_asked is not None:
+        print(ENGINE_IGNORED, file=sys.stderr, flush=True)
+        tokenizer.engine_asked = None
 
 
 def check_none_given(tokenizer: Tokenizer | None, eos_added: bool = False) -> None:

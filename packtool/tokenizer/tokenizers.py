@@ -121,6 +121,7 @@ class Tokenizer:
         """`eos` / `bos` -> the token text and where the id came from, for summaries."""
         self.given_ids: dict[str, int | str] = {}
         """`eos` / `bos` -> the id chosen (`specials.given_ids`; the CLI adds `--eos-id default`)."""
+        self.engine_asked: str | None = None  # an engine chosen (warned of over tokenized ids)
         self.chosen_specials: tuple[str, ...] = ()
         """`eos` / `bos` whose id the caller chose (`load_tokenizer`'s `eos` / `bos` other than
         their defaults; the CLI: --eos-id / --no-eos / --bos-id / --no-bos given). Tokenized
@@ -342,6 +343,7 @@ def load_tokenizer(
             workers=workers,
         )
         byte.chosen_specials, byte.given_ids = chosen_specials(eos, bos), given_ids(eos, bos)
+        byte.engine_asked = None if engine == "auto" else engine
         return byte
     files = resolve(spec)
     limit_threads(workers)
@@ -438,6 +440,7 @@ def load_tokenizer(
     if (eos, bos) != ("default", "auto"):  # the options changed them
         tok.own_ids = own_ids(source, files, vocab, spec, marked)
     tok.chosen_specials, tok.given_ids = chosen_specials(eos, bos), given_ids(eos, bos)
+    tok.engine_asked = None if engine == "auto" else engine
     return tok
 
 

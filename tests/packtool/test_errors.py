@@ -86,6 +86,16 @@ def test_json_value_makes_nesting_past_the_recursion_limit_a_value_error():
         ("--eos-id", "eos", "default", "--eos-id default / eos='default'"),
         ("--tokenizer", "tokenizer", "PATH", "--tokenizer PATH / tokenizer=PATH"),  # a blank
         ("--overwrite", "overwrite", True, "--overwrite / overwrite=True"),  # a flag
+        # A user's value is theirs: quoted for a shell where it needs it, and an all-capital
+        # one is no blank (both were written bare: `--group-by my field`, `group_by=URL`).
+        ("--group-by", "group_by", "my field", "--group-by 'my field' / group_by='my field'"),
+        ("--group-by", "group_by", "URL", "--group-by URL / group_by='URL'"),
+        (
+            "--chat-template",
+            "chat_template",
+            "/D/C.J2",
+            "--chat-template /D/C.J2 / chat_template='/D/C.J2'",
+        ),
     ],
 )
 def test_a_choice_is_written_as_both_callers_make_it(flag, name, value, shown):

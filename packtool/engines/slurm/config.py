@@ -52,12 +52,14 @@ class SlurmConfig:
     poll_seconds: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("tasks_per_job", "cpus_per_task", "workers"):
+        for name, flag in (
+            ("tasks_per_job", "--tasks-per-job"),
+            ("cpus_per_task", "--cpus-per-task"),
+            ("workers", "--slurm-workers"),  # pack's --workers is another option
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(
-                    f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}"
-                )
+                raise ConfigError(f"{flag} / {name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.max_retries, int) or self.max_retries < 0:
             raise ConfigError(f"max_retries must be an integer >= 0, got {self.max_retries!r}")
         if self.workers is not None and self.tasks_per_job != 1:

@@ -1186,6 +1186,12 @@ def test_pop_after_only_empty_documents_gives_empty_arrays_of_the_packers_dtypes
         assert {k: v.dtype for k, v in joined.columns.items()} == {
             k: v.dtype for k, v in full.columns.items()
         }
+    # Parts all without rows: the one with tokens is the result (a lengths-only part, tokens
+    # None, first in the list no longer hides it).
+    for parts in ([PackedRows.concat([]), after], [after, PackedRows.concat([])]):
+        joined = PackedRows.concat(parts)
+        assert joined.n_rows == 0 and joined.tokens.dtype == dtype
+        assert sorted(joined.columns) == sorted(after.columns)
     batcher = RowBatcher(max_len=8, rows_per_batch=1)
     batcher.add(after)
     batcher.add(full)

@@ -208,10 +208,7 @@ def test_every_command_warns_alike_of_a_tokenizer_engine_over_tokenized_parquet(
         code, _, err = run(command, made, *outputs.get(command, []), "--tokenizer-engine", "auto")
         assert code == 0, err
         warned[command] = [line for line in err.splitlines() if "--tokenizer-engine" in line]
-    assert warned["stats"] == [
-        "warning: the inputs are tokenized Parquet; nothing is encoded, so --tokenizer-engine "
-        "is ignored"
-    ]
+    assert warned["stats"] == [ENGINE_IGNORED]
     assert warned["pack"] == warned["tokenize"] == warned["stats"]
 
 
@@ -294,3 +291,29 @@ def test_a_tokenizer_engine_beside_a_tokenizer_over_tokenized_parquet_is_warned_
     # Raw inputs encode with the engine: no warning there.
     code, _, err = run("stats", small_corpus, "--tokenizer", "byte", "--tokenizer-engine", "auto")
     assert code == 0 and "--tokenizer-engine" not in err
+
+
+def test_a_library_tokenizer_with_an_engine_over_tokenized_parquet_is_warned_about(
+    tmp_path, capsys
+):
+    # The warning is the check's (packtool/tokenize/recorded.py), not the CLI's: the CLI read
+    # every input's Parquet footer once more to decide it (10^5 objects in a bucket: 10^5 more
+    # GETs), and a Python caller's engine was never warned of.
+    from packtool.stats.lengths import compute_stats
+    from packtool.tokenize.tokenize import tokenize_corpus
+    from packtool.tokenizer.tokenizers import load_tokenizer
+
+    words = _word_tokenizer(tmp_path / "words")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "w1 w2 w3"}\n{"text": "w4 w5"}\n')
+    made = tmp_path / "tok"
+    tokenize_corpus(corpus, made, tokenizer=str(words), progress=False)
+    capsys.readouterr()
+    for engine, warned in (("tokenizers", [ENGINE_IGNORED]), ("auto", [])):
+        for run_it in (
+            lambda tok: compute_stats(made, tokenizer=tok, progress=False),
+            lambda tok: tokenize_corpus(made, tmp_path / "again", tokenizer=tok, overwrite=True),
+        ):
+            run_it(load_tokenizer(str(words), engine=engine))
+            err = capsys.readouterr().err
+            assert [line for line in err.splitlines() if "engine" in line] == warned, err

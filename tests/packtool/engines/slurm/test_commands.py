@@ -420,3 +420,17 @@ def test_a_failed_fresh_run_leaves_no_slurm_files(
     assert (here / LOCAL_HOME).exists() == (remote and log)
     if remote:  # the staging prefix too
         assert boto3.client("s3").list_objects_v2(Bucket=f"slurm-fresh-{log:d}")["KeyCount"] == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "flag"),
+    [
+        ("workers", "--slurm-workers"),
+        ("tasks_per_job", "--tasks-per-job"),
+        ("cpus_per_task", "--cpus-per-task"),
+    ],
+)
+def test_a_slurm_count_below_1_names_its_own_flag_and_argument(name, flag):
+    # Before: SlurmConfig(workers=0) said "--workers must be ...", pack's other option.
+    with pytest.raises(ConfigError, match=f"^{flag} / {name} must be an integer >= 1, got 0$"):
+        SlurmConfig(**{name: 0})
