@@ -10,7 +10,9 @@ Ctrl-C), only its `KeyboardInterrupt` waiting for the block's end.
 `sigterm_as_ctrl_c()` makes SIGTERM stop a run as Ctrl-C does (the Slurm and Ray drivers):
 under the CLI its 5 s forced exit included, from the Python API only a second SIGTERM.
 `forced_exit_held()` makes that forced exit wait for a step that must end first (the Slurm
-driver's scancel), within the step's own bound.
+driver's scancel), within the step's own bound, its line saying what the step leaves undone;
+`one_signal_let_through()` runs such a step to its end through a first Ctrl-C or SIGTERM, a
+second ending the process at once with that line.
 
 Records in: nothing. Out: nothing (the SIGINT handler restored as it was).
 """
@@ -26,27 +28,81 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_held: list[float] = []
-"""The `time.monotonic()` deadlines of the steps the forced exit waits for (`forced_exit_held`)."""
+_held: list[tuple[float, str]] = []
+"""The steps the forced exit waits for (`forced_exit_held`): their `time.monotonic()` deadline,
+and what each leaves undone if the process ends in it (`force_exit` says it)."""
 
 
 @contextmanager
-def forced_exit_held(bound_s: float) -> Iterator[None]:
+def forced_exit_held(bound_s: float, left: str = "") -> Iterator[None]:
     """The CLI's timed forced exit (`cli/interrupt.on_sigint`'s watchdog, 5 s after a Ctrl-C or
     SIGTERM) waits for the block, at most `bound_s` seconds from its start: a step that stops
     what a run started elsewhere (the Slurm driver's `scancel`, up to 60 s) is not cut short,
-    which left jobs queued. A second signal still ends the process at once."""
-    deadline = time.monotonic() + bound_s
-    _held.append(deadline)
+    which left jobs queued. A second signal still ends the process at once; a forced exit in
+    the block adds `left` to its line (`force_exit`: which jobs may still be queued)."""
+    held = (time.monotonic() + bound_s, left)
+    _held.append(held)
     try:
         yield
     finally:
-        _held.remove(deadline)
+        _held.remove(held)
 
 
 def exit_held_for() -> float:
     """Seconds the forced exit still waits for (`forced_exit_held`); 0.0 where nothing holds it."""
-    return max((d - time.monotonic() for d in list(_held)), default=0.0) if _held else 0.0
+    return max((d - time.monotonic() for d, _ in list(_held)), default=0.0) if _held else 0.0
+
+
+@contextmanager
+def one_signal_let_through(
+    bound_s: float, left: str, first: str, stopping: bool = False
+) -> Iterator[None]:
+    """A step that stops what a run started elsewhere (the Slurm driver's `scancel` and its wait
+    for the jobs to leave the queue), run to its end through a Ctrl-C or SIGTERM: the first is
+    answered with the line `first` on stderr and the step goes on (the caller's error, if it
+    has one, is raised after it; the run was stopping anyway); a second ends the process at
+    once, exit 130, its line naming `left` (the jobs that may still be queued and how to
+    cancel them). `stopping`: the run is stopping on a signal already, so the next one is the
+    second (under the CLI its own handler ends the process, its resume line and `left` said).
+    Until 2026-12-07 a signal in the step cut it short: SIGTERM killed the process without a
+    word (the jobs of a run that failed left queued), a terminal's Ctrl-C killed `scancel`
+    too, and the run's error was lost. The CLI's timed forced exit waits for the block
+    (`forced_exit_held`, `bound_s`). Main thread only, as `ctrl_c_after`."""
+    with forced_exit_held(bound_s, left):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        seen = [0] if stopping else []
+        held = (signal.SIGINT, signal.SIGTERM)
+        previous = [signal.getsignal(s) for s in held]
+
+        def on_signal(signum: int, frame: Any) -> None:
+            seen.append(signum)
+            if len(seen) == 1:
+                with contextlib.suppress(OSError):
+                    os.write(2, f"{_line_start()}{first}\n".encode())
+                return
+            handler = previous[0]
+            if stopping and callable(handler) and handler is not signal.default_int_handler:
+                with contextlib.suppress(BaseException):  # the CLI's ends the process here
+                    handler(signal.SIGINT, frame)
+            force_exit()
+
+        for s in held:
+            signal.signal(s, on_signal)
+        try:
+            yield
+        finally:
+            for s, handler in zip(held, previous, strict=True):
+                signal.signal(s, handler)
+
+
+def _line_start() -> str:
+    """A newline on a terminal, which has echoed `^C` (the CLI's lines start so too)."""
+    try:
+        return "\n" if os.isatty(2) else ""
+    except OSError:
+        return ""
 
 
 @contextmanager
@@ -139,7 +195,9 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
 
 def force_exit(line: str = "interrupted (forced exit)") -> None:
     """End the process now, exit 130, `line` on stderr (no cleanup runs: a stop that hung, or a
-    second signal; the CLI's watchdog words its own line)."""
+    second signal; the CLI's watchdog words its own line), followed by what the steps it cuts
+    short leave undone (`forced_exit_held`'s `left`), on the same line."""
+    undone = [left for _, left in list(_held) if left]
     with contextlib.suppress(OSError):  # stderr closed or full: the exit code says it
-        os.write(2, f"{line}\n".encode())
+        os.write(2, f"{'; '.join([line, *undone])}\n".encode())
     os._exit(130)

@@ -433,9 +433,14 @@ class ArrayDriver:
             f"partitions {done}/{total} done, {running} running, {pending} pending, {failed} failed"
         )
 
+    def job_ids(self) -> list[str]:
+        """Every job of this run (its run state's, and what is open), in submission order."""
+        ids = {key.partition("_")[0] for key in self.open} | set(self.jobs)
+        return sorted(ids, key=lambda job: (len(job), job))
+
     def cancel(self, wait: float = 0.0) -> None:
         """scancel every job of this run (`wait`: `commands.cancel`'s)."""
-        cli.cancel({key.partition("_")[0] for key in self.open} | set(self.jobs), wait)
+        cli.cancel(self.job_ids(), wait)
 
 
 def output_pattern(path: Path | str) -> str:

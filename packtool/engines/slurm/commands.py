@@ -356,7 +356,7 @@ def live_tasks(
     args = [require("squeue"), "--all", "-h", "-r", "-j", ",".join(ids), "-o", "%i %T %r"]
     for wait in (*(RETRY_SECONDS if retry else ()), None):
         try:
-            out = _run(args, "squeue", 60)
+            out = _run(args, "squeue", 60, own_session=True)  # (a Ctrl-C: as `cancel`)
             break
         except SlurmRefused as exc:
             if "Invalid job id" in str(exc):  # every one of them finished and was purged
@@ -399,8 +399,15 @@ def cancel(job_ids: Iterable[str], wait: float = 0.0) -> None:
     if not ids or not storage.which("scancel"):
         return
     try:
+        # In a session of its own: a terminal's Ctrl-C, sent to the foreground process group,
+        # killed it mid-request (the driver goes on with the cancel through one signal:
+        # `driver._cancel`), and the jobs of a failed run were left queued.
         subprocess.run(
-            ["scancel", *ids], capture_output=True, timeout=SCANCEL_TIMEOUT_S, check=False
+            ["scancel", *ids],
+            capture_output=True,
+            timeout=SCANCEL_TIMEOUT_S,
+            check=False,
+            start_new_session=True,
         )
     except (OSError, subprocess.TimeoutExpired):
         return

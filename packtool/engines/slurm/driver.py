@@ -43,7 +43,7 @@ from typing import Any
 from packtool.engines import output_folder, worker
 from packtool.engines.base import Driver, pack_with
 from packtool.engines.config import RunConfig
-from packtool.engines.interrupts import forced_exit_held, sigterm_as_ctrl_c
+from packtool.engines.interrupts import one_signal_let_through, sigterm_as_ctrl_c
 from packtool.engines.slurm import commands as cli
 from packtool.engines.slurm.arrays import ArrayDriver
 from packtool.engines.slurm.config import SlurmConfig
@@ -132,14 +132,15 @@ def drive_slurm(run: Any, slurm: SlurmConfig, options: list[str]) -> str:
     except Detached:
         raise
     except cli.SlurmRefused as exc:  # the cluster failed the run: its finished work stays
-        _cancel(driver, CANCEL_WAIT)
+        _cancel(driver, CANCEL_WAIT, stopping=False)
         with contextlib.suppress(OSError):  # a task that started in the wait: its log stays
             writing.remove_empty_dir(driver.logs)
         raise run.workers_lost(str(exc), "Slurm failed, not the run's options") from None
     except BaseException as exc:
         # No job of a stopped or failed run stays in the queue; a failure's staging folder may
         # be removed next, so its tasks are gone first (Ctrl-C keeps the folder: no wait).
-        _cancel(driver, CANCEL_WAIT if isinstance(exc, Exception) else 0.0)
+        failed = isinstance(exc, Exception)
+        _cancel(driver, CANCEL_WAIT if failed else 0.0, stopping=not failed)
         if isinstance(exc, Exception):
             # No task wrote a log (its jobs gone): a fresh run's staging folder may go next,
             # and the empty folder stayed beside the output for ever (a --resume makes it again)
@@ -152,9 +153,23 @@ def drive_slurm(run: Any, slurm: SlurmConfig, options: list[str]) -> str:
     return driver.describe()
 
 
-def _cancel(driver: Any, wait: float) -> None:
-    """`driver.cancel(wait)`, the CLI's forced exit after Ctrl-C or SIGTERM (5 s) held until it
-    ends, within scancel's own bound: cut short, it left jobs queued. A second signal still
-    ends the process at once."""
-    with forced_exit_held(cli.SCANCEL_TIMEOUT_S + wait + CANCEL_SLACK_S):
+def _cancel(driver: Any, wait: float, stopping: bool) -> None:
+    """`driver.cancel(wait)`, run to its end through a first Ctrl-C or SIGTERM (the run's error,
+    if it failed, raised after it), the CLI's forced exit after a Ctrl-C or SIGTERM (5 s) held
+    until it ends, within scancel's own bound: cut short, it left jobs queued. A second signal
+    (`stopping`: the run stops on one already, so the next) ends the process at once, its one
+    line naming the jobs that may still be queued and the scancel line that cancels them
+    (`interrupts.one_signal_let_through`)."""
+    ids = driver.job_ids()
+    left = (
+        f"Slurm job(s) {', '.join(ids)} may still be queued: run `scancel {' '.join(ids)}`"
+        if ids
+        else ""
+    )
+    first = (
+        "packtool: cancelling the run's Slurm job(s) before it stops; a second Ctrl-C or "
+        "SIGTERM ends it at once and may leave them queued"
+    )
+    bound = cli.SCANCEL_TIMEOUT_S + wait + CANCEL_SLACK_S
+    with one_signal_let_through(bound, left, first, stopping):
         driver.cancel(wait=wait)

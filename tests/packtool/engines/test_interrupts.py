@@ -199,6 +199,9 @@ class StandIn:
         print("running", flush=True)
         time.sleep(60)
 
+    def job_ids(self):
+        return ["7"]
+
     def cancel(self, wait=0.0):
         time.sleep(3)  # scancel, slow
         print("cancelled", flush=True)
