@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -177,6 +178,53 @@ def _long_option(given: str) -> str | None:
     return begun[0] if len(begun) == 1 and begun[0] in SBATCH_VALUED else None
 
 
+def _takes_next(arg: str) -> bool:
+    """Whether sbatch reads the argument after the option `arg` as its value: a long one that
+    needs a value given without `=` (`_long_option`), a short one (alone or ending a bundle:
+    `-J`, `-vJ`) that is not one of `SHORT_FLAGS`."""
+    if arg.startswith("--"):
+        given, eq, _ = arg[2:].partition("=")
+        return not eq and _long_option(given) is not None
+    for j, letter in enumerate(arg[1:], 2):
+        if letter not in SHORT_FLAGS:
+            return j == len(arg)  # else the rest of the bundle is its value
+    return False
+
+
+def refuse_stray_arguments(options: Sequence[str]) -> None:
+    """One line, before any work, for an sbatch argument that is not an option nor an option's
+    value, as sbatch reads them: `--` ends its options (the driver's own after it, `--array`
+    and `--output`, and its script were read as the job's script and its arguments: "Unable to
+    open file --wrap", naming no --sbatch-arg); any other (`job.sh`, `a b`, ``, `-`) is the
+    job's script (an existing one ran in place of the driver's); and an option that needs a
+    value with none after it (`--comment` last) took the driver's next option for it."""
+    i = 0
+    while i < len(options):
+        arg = options[i]
+        shown = shlex.quote(arg)
+        if arg == "--":
+            raise ConfigError(
+                f"{SLURM}: -- in --sbatch-arg / sbatch_args ends sbatch's options: the driver's "
+                "own after it and its script would be read as the job's script and its "
+                "arguments; leave it out"
+            )
+        if not arg.startswith("-") or arg == "-":
+            raise ConfigError(
+                f"{SLURM}: {shown} in --sbatch-arg / sbatch_args is no sbatch option nor an "
+                "option's value: sbatch would run it as the job's script, in place of the "
+                "driver's; give options only (`--name=value`)"
+            )
+        if _takes_next(arg):
+            if i + 1 == len(options):
+                raise ConfigError(
+                    f"{SLURM}: {shown} in --sbatch-arg / sbatch_args needs a value, and sbatch "
+                    "would take the driver's next option for it; give it one (`--name=value`, "
+                    "or the value as the next --sbatch-arg)"
+                )
+            i += 1  # its value, whatever it looks like (`--comment --`, `-J job.sh`)
+        i += 1
+
+
 def refuse_other_clusters(options: Sequence[str]) -> None:
     """sbatch `--clusters` / `-M` (or `SBATCH_CLUSTERS`) submits to another cluster, where this
     driver's squeue and scancel (asking this one) never see its jobs: every task looked gone
@@ -239,10 +287,43 @@ def max_array_size() -> int:
     return max(1, int(m.group(1))) if m else 1001
 
 
-def test_only(options: Sequence[str]) -> None:
+def test_only(options: Sequence[str], given: int = 0) -> None:
     """`sbatch --test-only` with the run's options: a bad partition, account or QoS is refused
-    here, before any work (nothing is queued)."""
-    _run([require(), "--test-only", *options, "--wrap", "true"], "sbatch (--test-only)")
+    here, before any work (nothing is queued). `given`: how many of the last `options` are the
+    run's own sbatch arguments (`--sbatch-arg`); where sbatch refuses the options with them
+    and takes them without, the line names the one whose addition made it refuse, with its
+    value where apart (sbatch's "allocation failure: Invalid feature specification" named
+    none). Only a refusal costs those further checks (one sbatch each, at most `given` + 1)."""
+    try:
+        _test_only(options)
+    except SlurmRefused:
+        base, extra = list(options[: len(options) - given]), list(options[len(options) - given :])
+        if not extra or _test_only(base, quiet=True) is not None:
+            raise
+        i = 0
+        while i < len(extra):  # one argument at a time, an option's value apart with it
+            n = 2 if _takes_next(extra[i]) else 1
+            refused = _test_only([*base, *extra[: i + n]], quiet=True)
+            if refused is not None:
+                shown = shlex.join(extra[i : i + n])
+                raise SlurmRefused(
+                    f"{SLURM}: sbatch (--test-only) refused {shown} in --sbatch-arg / "
+                    f"sbatch_args: {refused}"
+                ) from None
+            i += n
+        raise
+
+
+def _test_only(options: Sequence[str], quiet: bool = False) -> str | None:
+    """`sbatch --test-only` of `options`; its refusal line (`quiet`) or `SlurmRefused`, else
+    None."""
+    try:
+        _run([require(), "--test-only", *options, "--wrap", "true"], "sbatch (--test-only)")
+    except SlurmRefused as exc:
+        if not quiet:
+            raise
+        return str(exc).partition(" refused: ")[2] or str(exc)
+    return None
 
 
 TRANSIENT = (

@@ -105,18 +105,21 @@ def slurm_driver(slurm: SlurmConfig, out_dir: str | Path) -> Driver:
 
 def slurm_options(slurm: SlurmConfig, out_dir: str | Path) -> list[str]:
     """The sbatch options of a run into `out_dir`, checked with Slurm (`sbatch --test-only`)
-    before any work: a bad partition, account or QoS is one line, nothing written; so are
-    `--clusters` (`commands.refuse_other_clusters`), an option that is the driver's own
+    before any work: a bad partition, account or QoS is one line, nothing written (a refused
+    --sbatch-arg named: `commands.test_only`); so are an argument sbatch would read as the
+    job's script or that ends its options (`commands.refuse_stray_arguments`), `--clusters`
+    (`commands.refuse_other_clusters`), an option that is the driver's own
     (`commands.refuse_driver_options`), a logs folder sbatch cannot name
     (`state.check_logs_path`) and a missing squeue, scancel or scontrol (without scancel a
     stopped run's jobs were left queued without a word)."""
     for program in ("sbatch", "squeue", "scancel", "scontrol"):
         cli.require(program)
     options = slurm.options(f"packtool-{Path(out_dir).name}")
+    cli.refuse_stray_arguments(options)
     cli.refuse_other_clusters(options)
     cli.refuse_driver_options(options)
     check_logs_path(out_dir)
-    cli.test_only(options)
+    cli.test_only(options, given=len(slurm.sbatch_args))
     return options
 
 

@@ -133,7 +133,8 @@ def test_sbatch_args_the_driver_leaves_alone_are_passed_on(fake_bin, tmp_path):
     "given",
     [("--comment", "-o"), ("--job-name", "-oops"), ("--comm", "-a0"), ("--mem", "-a"),
      ("--comment", "--array=3"), ("--begin", "now", "--comment", "-Mgpu"), ("--comment=-o",),
-     ("--comment", "-e", "-J", "-d"), ("--wait-all-nodes", "-W")],
+     ("--comment", "-e", "-J", "-d"), ("--wait-all-nodes", "-W"), ("-J", "--"),
+     ("--comment", "--"), ("--comment", "job.sh"), ("--exclusive=user",)],
 )  # fmt: skip
 def test_an_option_s_value_that_looks_like_an_option_is_a_value(fake_bin, tmp_path, given):
     """`--sbatch-arg=--comment --sbatch-arg=-o`: sbatch reads `-o` as the comment (getopt takes
@@ -144,6 +145,44 @@ def test_an_option_s_value_that_looks_like_an_option_is_a_value(fake_bin, tmp_pa
         *given
     ]
     assert "--test-only" in args.read_text()
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [(("--",), "--"), (("--requeue", "--", "--exclusive"), "--"), (("job.sh",), "job.sh"),
+     (("",), "''"), (("-",), "-"), (("--comment", "x", "job.sh"), "job.sh"),
+     (("--exclusive", "user"), "user"), (("a b",), "'a b'")],
+)  # fmt: skip
+def test_an_argument_sbatch_would_read_as_the_job_s_script_is_refused_before_any_work(
+    fake_bin, tmp_path, given, shown
+):
+    """`--sbatch-arg=--` ended sbatch's options: the driver's own after it were read as the
+    script ("Unable to open file --wrap", naming no --sbatch-arg). An argument that is no option
+    nor an option's value is sbatch's script: `--sbatch-arg=job.sh` (a script that exists) ran
+    in place of the driver's, its options for arguments, and the run failed naming a probe log
+    that was never written. One line naming it now, sbatch not asked."""
+    args = _fake(fake_bin, "sbatch", "exit 0")
+    with pytest.raises(ConfigError) as refused:
+        slurm_options(SlurmConfig(sbatch_args=given), tmp_path / "out")
+    line = str(refused.value)
+    assert line.startswith(f"--engine slurm / engine='slurm': {shown} in --sbatch-arg / "), line
+    assert ("ends sbatch's options" if shown == "--" else "the job's script") in line, line
+    assert "\n" not in line and not args.exists()
+
+
+@pytest.mark.parametrize("given", [("--comment",), ("--requeue", "-J"), ("--comm",), ("-vJ",)])
+def test_an_option_without_its_value_at_the_end_is_refused_before_any_work(
+    fake_bin, tmp_path, given
+):
+    """`--sbatch-arg=--comment` alone took the driver's next option for its value (its
+    `--dependency` or `--output` at a submit; at the check, `--wrap`, and sbatch's refusal
+    spoke of the script's first line). One line naming it now, sbatch not asked."""
+    args = _fake(fake_bin, "sbatch", "exit 0")
+    with pytest.raises(ConfigError) as refused:
+        slurm_options(SlurmConfig(sbatch_args=given), tmp_path / "out")
+    line = str(refused.value)
+    assert f": {given[-1]} in --sbatch-arg / sbatch_args needs a value" in line, line
+    assert "\n" not in line and not args.exists()
 
 
 @pytest.mark.parametrize(

@@ -355,6 +355,54 @@ def test_the_one_line_errors(cluster, tmp_path, monkeypatch):
     assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize(
+    ("given", "shown", "why"),
+    [(["--sbatch-arg=--constraint=nosuch"], "--constraint=nosuch", "Invalid feature"),
+     (["--sbatch-arg", "--exclusive", "--sbatch-arg", "--nodelist", "--sbatch-arg", "nosuch"],
+      "--nodelist nosuch", "node"),
+     (["--sbatch-arg=--exclude node1"], "'--exclude node1'", "unrecognized option")],
+)  # fmt: skip
+def test_an_sbatch_arg_slurm_refuses_is_named_in_one_line(cluster, tmp_path, given, shown, why):
+    """sbatch's refusal alone ("allocation failure: Invalid feature specification") named no
+    --sbatch-arg: the one whose addition makes sbatch refuse is named now, its value with it
+    (`--nodelist nosuch`), quoted as a shell would need it."""
+    code, _, err = run("pack", SAMPLE, "-o", tmp_path / "a", "--engine", "slurm",
+                       "--sbatch-arg=--requeue", *given)  # fmt: skip
+    assert code != 0
+    line = one_error_line(err)
+    assert f"sbatch (--test-only) refused {shown} in --sbatch-arg / sbatch_args: " in line, line
+    assert why in line, line
+    assert not (tmp_path / "a").exists()
+
+
+def test_sbatch_args_reach_sbatch_as_given(cluster, tmp_path):
+    """`--sbatch-arg --exclusive` (a value that is an sbatch option, given apart) and a value with
+    spaces, quotes, `$` and `;` reach sbatch as one argument each, as given (no shell between):
+    the job's comment reads back whole, `--exclusive` holds, and the printed command that
+    finishes the run gives the value back as it was."""
+    import re
+    import shlex
+
+    comment = "a b 'c' \"d\" $HOME;x"
+    code, out, err = run("pack", SAMPLE, "-o", tmp_path / "packed", "--engine", "slurm",
+                         "--no-wait", "--sbatch-arg", "--exclusive",
+                         f"--sbatch-arg=--comment={comment}")  # fmt: skip
+    assert code == 0, err
+    jobs = re.search(r"job\(s\) ([\d, ]+)\)", out).group(1).split(", ")
+    try:
+        for job in jobs:
+            shown = subprocess.run(
+                ["scontrol", "show", "job", job], capture_output=True, text=True
+            ).stdout
+            assert f"Comment={comment} " in shown or f"Comment={comment}\n" in shown, shown
+            assert "OverSubscribe=NO" in shown, shown
+        finish = shlex.split(re.search(r"`([^`]*)` waits", out).group(1))
+        assert f"--sbatch-arg=--comment={comment}" in finish
+        assert finish[finish.index("--exclusive") - 1] == "--sbatch-arg"
+    finally:
+        subprocess.run(["scancel", *jobs], capture_output=True)
+
+
 def test_nodes_that_cannot_see_the_output_stop_the_run_before_any_partition(
     cluster, tmp_path, monkeypatch
 ):
