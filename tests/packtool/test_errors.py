@@ -114,6 +114,7 @@ CLI_ONLY = {
     # (module, flag): reached from the CLI alone, or another program's flag
     ("engines/slurm/state.py", "--output"): "sbatch's own option",
     ("engines/slurm/arrays.py", "--exclude"): "sbatch's own option, given in sbatch_args",
+    ("engines/slurm/commands.py", "--test-only"): "sbatch's own option: the driver's dry run",
     ("engines/ray.py", "--head"): "`ray start --head`: Ray's own command",
     ("storage/web.py", "--compressed"): "`curl --compressed`",
 }

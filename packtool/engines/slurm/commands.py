@@ -212,14 +212,14 @@ def refuse_stray_arguments(options: Sequence[str]) -> None:
             raise ConfigError(
                 f"{SLURM}: {shown} in --sbatch-arg / sbatch_args is no sbatch option nor an "
                 "option's value: sbatch would run it as the job's script, in place of the "
-                "driver's; give options only (`--name=value`)"
+                "driver's; give sbatch options only, each value after its option's `=`"
             )
         if _takes_next(arg):
             if i + 1 == len(options):
                 raise ConfigError(
                     f"{SLURM}: {shown} in --sbatch-arg / sbatch_args needs a value, and sbatch "
-                    "would take the driver's next option for it; give it one (`--name=value`, "
-                    "or the value as the next --sbatch-arg)"
+                    "would take the driver's next option for it; give it one, after `=` in the "
+                    "same argument or as the next argument"
                 )
             i += 1  # its value, whatever it looks like (`--comment --`, `-J job.sh`)
         i += 1

@@ -9,6 +9,7 @@ run without Ray.
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import sys
 import threading
@@ -483,8 +484,8 @@ def test_a_malformed_ray_address_is_refused_in_one_line_naming_the_forms(address
     with pytest.raises(ConfigError) as err:
         _check_address(address, timeout=0.5)
     (line,) = str(err.value).splitlines()
-    assert line.startswith(
-        f"--ray-address {address} / address={address!r}: not a Ray address; give "
+    assert line.startswith(  # quoted for a shell where it needs it: '[::1]'
+        f"--ray-address {shlex.quote(address)} / address={address!r}: not a Ray address; give "
     )
     assert "auto" in line and "HOST:PORT" in line and "[IPv6]:PORT" in line
 
