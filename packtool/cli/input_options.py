@@ -29,13 +29,6 @@ def _engine_ignored() -> None:
     echo(ENGINE_IGNORED, err=True)
 
 
-def _recorded(inputs: Any) -> Any:
-    """`tokenize.recorded.inputs_recorded` (imported on use: it reads Parquet footers)."""
-    from packtool.tokenize.recorded import inputs_recorded
-
-    return inputs_recorded(inputs)
-
-
 def _inputs_named(inputs: tuple[str, ...]) -> tuple[str, ...]:
     """INPUT...: an empty one would mean the current folder (an unset variable); say so."""
     return tuple(storage.named_input(text) for text in inputs)
@@ -103,9 +96,9 @@ class CorpusOptions:
             if engine:
                 tokenizer.engine_asked = self.tokenizer_engine
             return tokenizer
-        from packtool.tokenize.recorded import check_recorded_specials
+        from packtool.tokenize.recorded import check_recorded_specials, inputs_recorded
 
-        recorded = _recorded(inputs)
+        recorded = inputs_recorded(inputs)
         if recorded is None:
             return self.load_tokenizer(workers, **kw)
         if given:
