@@ -5,7 +5,9 @@ lives, only as regular files, and bounded. A FIFO named index.json hung every re
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import traceback
 
 import pytest
 
@@ -16,8 +18,10 @@ from packtool.read import docids
 from tests.packtool.audit.test_verify import SHARDS
 
 
-def finishes(call, seconds: float = 20.0):
-    """`call()`'s exception (or None), failing the test if it has not returned in time."""
+def finishes(call, seconds: float = 60.0):
+    """`call()`'s exception (or None), failing the test if it has not returned in time (a
+    FIFO's open waits for ever; a busy CI box has taken over 20 s for a 10 ms call), with where
+    the call waits."""
     out: list = []
 
     def run() -> None:
@@ -30,7 +34,10 @@ def finishes(call, seconds: float = 20.0):
     t = threading.Thread(target=run, daemon=True)
     t.start()
     t.join(seconds)
-    assert out, "it hung"
+    if not out:
+        frame = sys._current_frames().get(t.ident)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(gone)"
+        pytest.fail(f"it hung for {seconds:.0f} s, waiting in:\n{stack}")
     return out[0]
 
 
