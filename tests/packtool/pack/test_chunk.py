@@ -272,7 +272,8 @@ def test_group_by_cost_does_not_grow_with_max_len_per_group():
         packed = pack_table(table, config)
         seconds = time.perf_counter() - start
         assert packed.counts.rows == 300 and len(packed.groups) == 300
-        assert seconds < 2.0, f"{algorithm}: {seconds:.1f} s for 300 one-document groups"
+        # 0.002-0.12 s here; a cost per group took 89 s. The bound leaves a loaded CI box room.
+        assert seconds < 20.0, f"{algorithm}: {seconds:.1f} s for 300 one-document groups"
 
 
 def _pieces_of(packed) -> list[tuple[int, int, list[int]]]:
