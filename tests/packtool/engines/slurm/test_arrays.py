@@ -16,6 +16,8 @@ from packtool.engines.output_folder import staging_folder
 from packtool.engines.slurm.driver import SlurmConfig, logs_folder, run_pack_slurm
 from packtool.errors import Detached
 from tests.packtool.engines.slurm.test_driver import (
+    PARTITION_SIZE,
+    PARTITIONS,
     _config,
     _queue,
     _same_dataset,
@@ -38,25 +40,33 @@ def cluster(slurm_cluster):
     return slurm_cluster
 
 
+def _rows_150(out):
+    """`_config` in shards of 150 rows: the options of a run that overwrites one of `_config`."""
+    return replace(_config(out), shards=ShardConfig(shard_rows=150))
+
+
 @pytest.fixture(scope="module")
-def local(tmp_path_factory):
-    out = tmp_path_factory.mktemp("local") / "packed"
-    run_pack(_config(out))
+def local_150(tmp_path_factory):
+    """`_rows_150`'s dataset, packed by the local engine."""
+    out = tmp_path_factory.mktemp("local-150") / "packed"
+    run_pack(_rows_150(out))
     return out
 
 
 @pytest.mark.parametrize("engine", ["slurm", "local"])
-def test_overwrite_cancels_a_detached_runs_jobs_before_it_discards_them(cluster, tmp_path, engine):
+def test_overwrite_cancels_a_detached_runs_jobs_before_it_discards_them(
+    cluster, local_150, tmp_path, engine
+):
     """A detached run replaced by --overwrite left its jobs running, and a task of it still
     running wrote old-option partitions into the new run's staging folder (same path): 9 of 12
     partitions with the old tokenizer's ids, verify OK."""
     out = tmp_path / "packed"
-    jobs = _detached_holding(out, SlurmConfig(tasks_per_job=11))
+    jobs = _detached_holding(out, SlurmConfig(tasks_per_job=PARTITIONS))
     try:
         end = time.time() + 30
         while not any("_" in k and "_0" in k for k in _queue(jobs)) and time.time() < end:
             time.sleep(0.2)
-        fixed = replace(_config(out, overwrite=True), shards=ShardConfig(shard_rows=150))
+        fixed = replace(_rows_150(out), overwrite=True)
         if engine == "slurm":
             run_pack_slurm(fixed, SlurmConfig(poll_seconds=0.3))
         else:
@@ -65,16 +75,15 @@ def test_overwrite_cancels_a_detached_runs_jobs_before_it_discards_them(cluster,
         assert not logs_folder(out).exists()  # its logs too (left beside the output before)
     finally:
         subprocess.run(["scancel", *jobs], capture_output=True)
-    run_pack(replace(_config(tmp_path / "ref"), shards=ShardConfig(shard_rows=150)))
-    _same_dataset(tmp_path / "ref", out)
+    _same_dataset(local_150, out)
 
 
 def _megatron(prefix, **kw):
-    """`tokenize --to megatron` of the sample corpus into `prefix`, 11 partitions."""
+    """`tokenize --to megatron` of the sample corpus into `prefix`, `PARTITIONS` parts."""
     from packtool.engines.megatron.run import tokenize_megatron
 
     sample = _config(prefix).inputs[0]
-    return tokenize_megatron([sample], prefix, partition_size=300_000, progress=False, **kw)
+    return tokenize_megatron([sample], prefix, partition_size=PARTITION_SIZE, progress=False, **kw)
 
 
 def _detached_megatron(prefix) -> list[str]:
@@ -83,21 +92,28 @@ def _detached_megatron(prefix) -> list[str]:
         _megatron(
             prefix,
             engine="slurm",
-            engine_config=SlurmConfig(tasks_per_job=11, wait=False, setup=HOLD),
+            engine_config=SlurmConfig(tasks_per_job=PARTITIONS, wait=False, setup=HOLD),
         )
     assert _queue(gone.value.job_ids)
     return gone.value.job_ids
 
 
-def _same_pair_as_a_plain_run(tmp_path, name: str) -> None:
-    _megatron(tmp_path / "ref")
+@pytest.fixture(scope="module")
+def megatron_ref(tmp_path_factory):
+    """The `.bin` / `.idx` pair of a plain local `_megatron` run (its prefix)."""
+    prefix = tmp_path_factory.mktemp("megatron") / "ref"
+    _megatron(prefix)
+    return prefix
+
+
+def _same_pair_as_a_plain_run(ref, tmp_path, name: str) -> None:
     for suffix in (".bin", ".idx"):
-        ref = (tmp_path / f"ref{suffix}").read_bytes()
-        assert (tmp_path / f"{name}{suffix}").read_bytes() == ref
+        want = ref.with_name(f"{ref.name}{suffix}").read_bytes()
+        assert (tmp_path / f"{name}{suffix}").read_bytes() == want
 
 
 def test_a_detached_megatron_run_resumed_on_another_engine_cancels_its_slurm_jobs(
-    cluster, tmp_path
+    cluster, megatron_ref, tmp_path
 ):
     """`tokenize --to megatron --engine slurm --no-wait`, then `--resume` on the local engine:
     the queued tasks were left running beside the local workers (writing parts into the
@@ -113,13 +129,15 @@ def test_a_detached_megatron_run_resumed_on_another_engine_cancels_its_slurm_job
         assert not _queue(jobs)
     finally:
         subprocess.run(["scancel", *jobs], capture_output=True)
-    _same_pair_as_a_plain_run(tmp_path, "slurm")
+    _same_pair_as_a_plain_run(megatron_ref, tmp_path, "slurm")
     for spelled in ("slurm", "slurm.idx"):  # the jobs' logs went with them
         assert not logs_folder(tmp_path / spelled).exists()
 
 
 @pytest.mark.parametrize("engine", ["slurm", "local"])
-def test_a_megatron_overwrite_cancels_a_detached_slurm_runs_jobs(cluster, tmp_path, engine):
+def test_a_megatron_overwrite_cancels_a_detached_slurm_runs_jobs(
+    cluster, megatron_ref, tmp_path, engine
+):
     """As `pack --overwrite` (above): `tokenize --to megatron --overwrite` discarded a detached
     Slurm run's staging folder with its array task still running, free to write old parts
     into the new run's folder at the same path."""
@@ -131,7 +149,7 @@ def test_a_megatron_overwrite_cancels_a_detached_slurm_runs_jobs(cluster, tmp_pa
         assert not logs_folder(tmp_path / "slurm").exists()  # its logs too
     finally:
         subprocess.run(["scancel", *jobs], capture_output=True)
-    _same_pair_as_a_plain_run(tmp_path, "slurm")
+    _same_pair_as_a_plain_run(megatron_ref, tmp_path, "slurm")
 
 
 @pytest.mark.parametrize("first,then", [(None, 2), (1, None)])
@@ -141,7 +159,7 @@ def test_a_resume_in_the_other_mode_leaves_no_job_of_the_first(
     """A detached fixed-share run resumed with --slurm-workers (and the reverse) finished with
     the first mode's jobs still queued: each driver looked only at its own mode's jobs."""
     out = tmp_path / "packed"
-    slurm = SlurmConfig(tasks_per_job=11 if first is None else 1, workers=first)
+    slurm = SlurmConfig(tasks_per_job=PARTITIONS if first is None else 1, workers=first)
     # (one task of the first mode holds one of the two cores: the other runs the resume)
     jobs = _detached_holding(out, slurm)
     try:
@@ -199,7 +217,7 @@ def test_a_resume_beside_a_live_worker_gives_a_dead_workers_claim_a_worker(
         claims.mkdir(parents=True, exist_ok=True)
         (claims / "000000").write_text("1_0")  # a worker long gone held partition 0
         args = ["pack", str(_config(out).inputs[0]), "-o", str(out), "--max-len", "1024",
-                "--shard-rows", "200", "--partition-size", "300000", "--engine", "slurm",
+                "--shard-rows", "200", "--partition-size", str(PARTITION_SIZE), "--engine", "slurm",
                 "--slurm-workers", "1", "--resume"]  # fmt: skip
         done = subprocess.run(
             [sys.executable, "-m", "packtool.cli.commands", *args],
@@ -225,7 +243,8 @@ def test_sigterm_to_the_driver_cancels_its_jobs_as_ctrl_c_does(cluster, tmp_path
 
     out = tmp_path / "packed"
     args = ["pack", str(SAMPLE), "-o", str(out), "--max-len", "1024", "--shard-rows", "200",
-            "--partition-size", "300000", "--engine", "slurm", "--slurm-setup", HOLD]  # fmt: skip
+            "--partition-size", str(PARTITION_SIZE), "--engine", "slurm",
+            "--slurm-setup", HOLD]  # fmt: skip
     if workers:
         args += ["--slurm-workers", str(workers)]
     cmd = [sys.executable, "-m", "packtool.cli.commands", *args]
@@ -251,17 +270,18 @@ def test_sigterm_to_the_driver_cancels_its_jobs_as_ctrl_c_does(cluster, tmp_path
 @pytest.mark.parametrize("workers", [None, 2])
 def test_the_progress_counts_partitions_not_tasks(cluster, tmp_path, monkeypatch, workers):
     """The bar's `partitions done / running / pending` counted array tasks (and the probe job):
-    one task of 11 partitions showed as 2 pending partitions, then 1 running."""
+    one task of 11 partitions showed as 2 pending partitions, then 1 running (here: one task of
+    all `PARTITIONS`)."""
     from packtool.engines.slurm.arrays import ArrayDriver
 
     seen = []
     monkeypatch.setattr(ArrayDriver, "_progress", lambda self, *counts: seen.append(counts))
     slow = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 1; fi'
-    slurm = SlurmConfig(tasks_per_job=1 if workers else 11, workers=workers, setup=slow)
+    slurm = SlurmConfig(tasks_per_job=1 if workers else PARTITIONS, workers=workers, setup=slow)
     run_pack_slurm(_config(tmp_path / "packed"), replace(slurm, poll_seconds=0.3))
     assert seen
     for done, total, running, pending, _ in seen:
-        assert total == 11 and done + running + pending == total, seen
+        assert total == PARTITIONS and done + running + pending == total, seen
         assert running <= (workers or 1), seen  # one partition at a time per task
 
 
@@ -271,7 +291,7 @@ def test_a_resume_that_only_re_attached_says_so(cluster, local, tmp_path, worker
     `Slurm: 0 array task(s)`."""
     out = tmp_path / "packed"
     slow = 'if [ "$PACKTOOL_SLURM_ROLE" = task ]; then sleep 3; fi'
-    slurm = SlurmConfig(tasks_per_job=1 if workers else 11, workers=workers, setup=slow)
+    slurm = SlurmConfig(tasks_per_job=1 if workers else PARTITIONS, workers=workers, setup=slow)
     with pytest.raises(Detached):
         run_pack_slurm(_config(out), replace(slurm, wait=False))
     summary = run_pack_slurm(_config(out, resume=True), replace(slurm, poll_seconds=0.3))

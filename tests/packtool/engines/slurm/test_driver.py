@@ -25,6 +25,12 @@ from tests.cli import one_error_line, run
 
 ROOT = Path(__file__).resolve().parents[4]
 SAMPLE = ROOT / "sample_data" / "corpus.jsonl"
+PARTITION_SIZE = 550_000
+"""The sample corpus (3.1 MB) in `PARTITIONS` partitions: with one a task, two arrays of at most
+MaxArraySize (4) tasks; six pull-mode workers are two arrays too. (300,000 made 11 partitions,
+three arrays: five task starts more a run, each ~1.7 s of CPU for the interpreter, the imports
+and the kernels' load, on the two cores every test shares.)"""
+PARTITIONS = 6
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +44,10 @@ def _config(out: Path, **kw) -> RunConfig:
         out_dir=str(out),
         pack=PackConfig(max_len=1024),
         shards=ShardConfig(shard_rows=200),
-        partition_size=300_000,  # 11 partitions: three arrays of at most 4 tasks
+        partition_size=PARTITION_SIZE,  # PARTITIONS partitions: two arrays of at most 4 tasks
         progress=False,
         **kw,
     )
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory):
-    out = tmp_path_factory.mktemp("local") / "packed"
-    run_pack(_config(out))
-    return out
 
 
 def _same_dataset(a: Path, b: Path) -> None:
@@ -104,34 +103,48 @@ def _requeue_now(key: str) -> None:
     subprocess.run(["scontrol", "update", f"JobId={key}", "StartTime=now"], capture_output=True)
 
 
-def test_slurm_writes_the_local_bytes_in_several_arrays(cluster, local, tmp_path):
-    out = tmp_path / "packed"
-    summary = run_pack_slurm(_config(out), SlurmConfig(poll_seconds=0.3))
+@pytest.fixture(scope="module")
+def odd_path_run(cluster, tmp_path_factory):
+    """One Slurm run of `_config` (one partition a task, several arrays) into a folder whose
+    path holds quotes, `$(...)`, backquotes and `%j`: (the run's own tmp folder, the output,
+    the summary). Two tests read it: the bytes and arrays, and the path taken as it is."""
+    root = tmp_path_factory.mktemp("odd-path")
+    out = root / 'run_%j "q" $(touch PWNED) `touch PWNED2`' / "packed"
+    return root, out, run_pack_slurm(_config(out), SlurmConfig(poll_seconds=0.3))
+
+
+def test_slurm_writes_the_local_bytes_in_several_arrays(odd_path_run, local):
+    from packtool.engines.slurm.commands import max_array_size
+
+    _, out, summary = odd_path_run
     _same_dataset(local, out)
-    assert summary.partitions == 11 and "11 array task(s)" in summary.cores_used
+    assert summary.partitions == PARTITIONS
+    assert f"{PARTITIONS} array task(s)" in summary.cores_used
+    assert max_array_size() < PARTITIONS  # so the tasks went in several arrays
     assert not staging_folder(out).exists()
 
 
 def test_tokenize_to_megatron_writes_the_local_pair_and_resumes_detached_jobs(cluster, tmp_path):
     from packtool.engines.megatron.run import tokenize_megatron
 
-    tokenize_megatron([SAMPLE], tmp_path / "local", partition_size=300_000, progress=False)
+    tokenize_megatron([SAMPLE], tmp_path / "local", partition_size=PARTITION_SIZE, progress=False)
     prefix = tmp_path / "slurm"
     code, out, err = run(
-        "tokenize", SAMPLE, "--to", "megatron", "-o", prefix, "--partition-size", "300000",
+        "tokenize", SAMPLE, "--to", "megatron", "-o", prefix, "--partition-size", PARTITION_SIZE,
         "--engine", "slurm", "--tasks-per-job", "3", "--no-wait",
     )  # fmt: skip
     assert code == 0 and "--resume" in out, err
     summary = tokenize_megatron(
         [SAMPLE],
         prefix,
-        partition_size=300_000,
+        partition_size=PARTITION_SIZE,
         resume=True,
         engine="slurm",
         engine_config=SlurmConfig(tasks_per_job=3, poll_seconds=0.3),
         progress=False,
     )
-    assert summary.partitions == 11 and "array task(s) of 3 partition(s)" in summary.engine
+    assert summary.partitions == PARTITIONS
+    assert "array task(s) of 3 partition(s)" in summary.engine
     for suffix in (".bin", ".idx"):
         assert (tmp_path / f"slurm{suffix}").read_bytes() == (
             tmp_path / f"local{suffix}"
@@ -154,7 +167,7 @@ def test_tasks_per_job_and_no_wait_then_resume(cluster, local, tmp_path):
         _config(out, resume=True), SlurmConfig(tasks_per_job=3, poll_seconds=0.3)
     )
     _same_dataset(local, out)
-    assert summary.partitions == 11
+    assert summary.partitions == PARTITIONS
     _wait_queue_empty(jobs, timeout=30)  # what was left is cancelled (scancel is asynchronous)
     assert not _queue(jobs)
 
@@ -182,7 +195,7 @@ def test_a_slurm_run_finished_by_the_local_engine_leaves_no_job_and_no_logs(
 def test_scancel_then_resume_runs_only_what_is_left(cluster, local, tmp_path):
     out = tmp_path / "packed"
     # Only the first task to start runs; the others wait for a gate never opened, until the
-    # scancel. (Without it, on a machine of 11 or more cores every task ran at once and all
+    # scancel. (Without it, on a machine of as many cores as tasks every task ran at once and all
     # could finish before the scancel came.)
     first, gate = tmp_path / "first", tmp_path / "gate"
     setup = (
@@ -199,7 +212,7 @@ def test_scancel_then_resume_runs_only_what_is_left(cluster, local, tmp_path):
     subprocess.run(["scancel", *jobs], check=True)
     _wait_queue_empty(jobs)
     kept = set(records.finished(work))
-    assert 0 < len(kept) < 11  # the first task's partitions finished, the rest cancelled
+    assert 0 < len(kept) < PARTITIONS  # the first task's partitions finished, the rest cancelled
     code, stdout, err = run(
         "pack",
         SAMPLE,
@@ -210,7 +223,7 @@ def test_scancel_then_resume_runs_only_what_is_left(cluster, local, tmp_path):
         "--shard-rows",
         "200",
         "--partition-size",
-        "300000",
+        PARTITION_SIZE,
         "--engine",
         "slurm",
         "--resume",
@@ -220,14 +233,12 @@ def test_scancel_then_resume_runs_only_what_is_left(cluster, local, tmp_path):
     _same_dataset(local, out)
 
 
-def test_a_task_killed_mid_partition_and_a_requeued_one_are_run_again(cluster, tmp_path):
-    # Small chunks and row groups: a partition writes its shard over many steps, so the hidden
-    # temporary shard exists for most of its time.
-    def config(out, **kw):
-        small = ShardConfig(shard_rows=200, row_group_rows=4)
-        return replace(_config(out, chunk_docs=20, **kw), shards=small)
-
-    run_pack(config(tmp_path / "local"))
+def test_a_task_killed_mid_partition_and_a_requeued_one_are_run_again(
+    cluster, local_small, tmp_path
+):
+    # Small chunks and row groups (`_small`): a partition writes its shard over many steps, so
+    # the hidden temporary shard exists for most of its time.
+    config = _small
     out = tmp_path / "packed"
     mark = tmp_path / "killed-once"
     work = staging_folder(out)
@@ -249,8 +260,8 @@ def test_a_task_killed_mid_partition_and_a_requeued_one_are_run_again(cluster, t
         _requeue_now(live[-1])
     summary = run_pack_slurm(config(out, resume=True), SlurmConfig(setup=setup, poll_seconds=0.3))
     assert (mark / "fired").exists()  # the kill came while a shard was being written
-    _same_dataset(tmp_path / "local", out)  # no half-written shard survived, none is missing
-    assert summary.partitions == 11
+    _same_dataset(local_small, out)  # no half-written shard survived, none is missing
+    assert summary.partitions == PARTITIONS
 
 
 def test_a_partition_that_always_fails_stops_the_run_naming_its_log(cluster, tmp_path):
@@ -433,9 +444,9 @@ def test_the_driver_killed_while_jobs_run_is_resumed(cluster, local, tmp_path):
 
     out = tmp_path / "packed"
     args = ["pack", str(SAMPLE), "-o", str(out), "--max-len", "1024", "--shard-rows", "200",
-            "--partition-size", "300000", "--engine", "slurm"]  # fmt: skip
+            "--partition-size", str(PARTITION_SIZE), "--engine", "slurm"]  # fmt: skip
     # Only the first task runs until the gate opens, so the driver dies with work left to do
-    # on any machine (else all 11 could finish first, and the resume would prove nothing).
+    # on any machine (else all could finish first, and the resume would prove nothing).
     first, gate = tmp_path / "first", tmp_path / "gate"
     setup = (
         f'if [ "$PACKTOOL_SLURM_ROLE" = task ] && ! mkdir {first} 2>/dev/null; then '
@@ -449,7 +460,7 @@ def test_the_driver_killed_while_jobs_run_is_resumed(cluster, local, tmp_path):
         time.sleep(0.2)
     os.kill(driver.pid, signal.SIGKILL)  # no chance to cancel its jobs
     driver.wait()
-    assert 0 < len(records.finished(work)) < 11
+    assert 0 < len(records.finished(work)) < PARTITIONS
     gate.touch()  # the jobs it left run on; the resumed driver re-attaches to them
     code, stdout, err = run(*args, "--resume")
     assert code == 0, err
@@ -521,17 +532,14 @@ def test_a_refusing_squeue_mid_run_never_costs_the_finished_partitions(
     _same_dataset(local, out)
 
 
-def test_an_output_path_with_quotes_dollars_and_percents_is_taken_as_it_is(
-    cluster, local, tmp_path
-):
+def test_an_output_path_with_quotes_dollars_and_percents_is_taken_as_it_is(odd_path_run, local):
     """Before: the probe script put the folder raw inside double quotes (a `"` in it broke the
-    script, `$(...)` ran), and sbatch read a `%j` in the logs' path as the job id."""
-    parent = tmp_path / 'run_%j "q" $(touch PWNED) `touch PWNED2`'
-    out = parent / "packed"
-    run_pack_slurm(_config(out), SlurmConfig(poll_seconds=0.3))
+    script, `$(...)` ran), and sbatch read a `%j` in the logs' path as the job id. (The run is
+    `odd_path_run`'s, which test_slurm_writes_the_local_bytes_in_several_arrays reads too.)"""
+    root, out, _ = odd_path_run
     _same_dataset(local, out)
-    assert not list(tmp_path.rglob("PWNED*")) and not list(ROOT.glob("PWNED*"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [parent.name]
+    assert not list(root.rglob("PWNED*")) and not list(ROOT.glob("PWNED*"))
+    assert sorted(p.name for p in root.iterdir()) == [out.parent.name]
 
 
 # --- pull mode (--slurm-workers): long-lived workers take the partitions in turn ---
@@ -541,7 +549,7 @@ def test_workers_take_the_partitions_in_turn_and_write_the_local_bytes(cluster, 
     out = tmp_path / "packed"
     code, stdout, err = run(
         "pack", SAMPLE, "-o", out, "--max-len", "1024", "--shard-rows", "200",
-        "--partition-size", "300000", "--engine", "slurm", "--slurm-workers", "2",
+        "--partition-size", PARTITION_SIZE, "--engine", "slurm", "--slurm-workers", "2",
     )  # fmt: skip
     assert code == 0, err
     assert "2 worker task(s) taking partitions in turn" in stdout
@@ -572,8 +580,9 @@ def _small(out: Path, **kw) -> RunConfig:
     )
 
 
-def test_a_worker_killed_mid_partition_a_requeued_one_and_no_wait_then_resume(cluster, tmp_path):
-    run_pack(_small(tmp_path / "local"))
+def test_a_worker_killed_mid_partition_a_requeued_one_and_no_wait_then_resume(
+    cluster, local_small, tmp_path
+):
     out = tmp_path / "packed"
     mark = tmp_path / "killed-once"
     setup = _killer(mark, staging_folder(out))
@@ -589,8 +598,8 @@ def test_a_worker_killed_mid_partition_a_requeued_one_and_no_wait_then_resume(cl
         _requeue_now(live[-1])
     summary = run_pack_slurm(_small(out, resume=True), slurm)
     assert (mark / "fired").exists()  # a worker was killed while it wrote a shard
-    _same_dataset(tmp_path / "local", out)
-    assert summary.partitions == 11
+    _same_dataset(local_small, out)
+    assert summary.partitions == PARTITIONS
 
 
 def test_a_partition_whose_worker_always_dies_stops_the_run_naming_its_log(cluster, tmp_path):
@@ -643,7 +652,7 @@ def test_the_command_no_wait_prints_finishes_the_run(cluster, local, tmp_path, m
     out.mkdir()
     args = [
         "pack", SAMPLE, "-o", out, "--max-len", "1024", "--shard-rows", "200",
-        "--partition-size", "300000", "--engine", "slurm", "--overwrite", "--no-wait",
+        "--partition-size", PARTITION_SIZE, "--engine", "slurm", "--overwrite", "--no-wait",
     ]  # fmt: skip
     monkeypatch.setattr(sys, "argv", ["packtool", *map(str, args)])
     code, text, err = run(*args)
@@ -667,7 +676,7 @@ def test_no_wait_with_nothing_left_to_run_finishes_the_run(cluster, local, tmp_p
         run_pack_slurm(_config(out), SlurmConfig(wait=False, workers=workers))
     staging = staging_folder(out)
     deadline = time.monotonic() + 120
-    while len(records.finished(staging)) < 11 and time.monotonic() < deadline:
+    while len(records.finished(staging)) < PARTITIONS and time.monotonic() < deadline:
         time.sleep(0.3)  # every partition's record: the jobs are done
     again = SlurmConfig(wait=False, poll_seconds=0.3, workers=workers)
     run_pack_slurm(_config(out, resume=True), again)
