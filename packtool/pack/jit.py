@@ -16,7 +16,8 @@ numba runs every installed `numba_extensions` entry point before its first kerne
 every installed distribution's metadata and imports what they name (awkward, a dependency of the
 gigatoken engine, registers one: ~0.2 s of CPU per process). packtool's kernels use no
 extension, so its own processes (the CLI sets `PACKTOOL_NUMBA_EXTENSIONS=0`; its pool workers
-inherit it) skip them; a program that imports packtool as a library keeps numba's behaviour.
+inherit it; a Slurm array task sets it too, whoever started the run) skip them; a program that
+imports packtool as a library keeps numba's behaviour.
 
 A name bound elsewhere with `from module import kernel` before the first call keeps the lazy
 wrapper, which forwards each call to the dispatcher (one Python call more per kernel call; the

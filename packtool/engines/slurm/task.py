@@ -169,4 +169,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # packtool's own process, as the CLI's: numba's extension entry points skipped (awkward's
+    # import, ~0.2 s of CPU in every task of a run started from Python; packtool/pack/jit.py).
+    os.environ.setdefault("PACKTOOL_NUMBA_EXTENSIONS", "0")
     sys.exit(main(sys.argv[1:]))

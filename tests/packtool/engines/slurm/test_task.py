@@ -68,3 +68,30 @@ def test_a_requeued_worker_passes_over_a_claim_removed_while_it_looked(tmp_path,
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "7")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
     assert task.main([str(slurm_dir), "pool", "pilot"]) == 0
+
+
+@pytest.mark.parametrize(("setting", "seen"), [(None, "0"), ("1", "1")])
+def test_a_task_skips_numbas_extensions_as_the_cli_does(setting, seen):
+    """A task is packtool's own process, whoever started the run: numba's extension entry points
+    (awkward's import, ~0.2 s of CPU a task) were run in every task of a run started from
+    Python (`run_pack_slurm`), which only the CLI's own environment turned off. A value the
+    driver's environment gives is kept."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, runpy, sys\n"
+        "sys.argv = ['task', '/nonexistent/slurm', 'a0', '0']\n"
+        "try:\n"
+        "    runpy.run_module('packtool.engines.slurm.task', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    print(exc.code, os.environ.get('PACKTOOL_NUMBA_EXTENSIONS'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PACKTOOL_NUMBA_EXTENSIONS"}
+    if setting is not None:
+        env["PACKTOOL_NUMBA_EXTENSIONS"] = setting
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["3", seen], out.stderr  # 3: a folder it cannot see
