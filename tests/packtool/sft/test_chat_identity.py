@@ -78,6 +78,19 @@ def _tokenizers(folder):
     return load_tokenizer(str(folder / "tokenizer.json")), hf_tokenizer(folder)
 
 
+# A template compiled once for all of a test's examples, as a run compiles it once for all its
+# conversations (compiling it for each example, twice with the watched copy, was 3/4 of these
+# tests' time).
+@cache
+def _loaded_template(path, folder) -> ChatTemplate:
+    return load_chat_template(path, tokenizer_dir=folder)
+
+
+@cache
+def _template(path, name: str = "") -> ChatTemplate:
+    return ChatTemplate(path.read_text(encoding="utf-8"), special_tokens=SPECIALS, name=name)
+
+
 def _transformers(hf, source, conv, **kw):
     """transformers' result, or None when it raises."""
     try:
@@ -89,7 +102,7 @@ def _transformers(hf, source, conv, **kw):
 def _check_generation_template(path, folder, convs):
     ours_tok, hf = _tokenizers(folder)
     source = path.read_text(encoding="utf-8")
-    template = load_chat_template(path, tokenizer_dir=folder)
+    template = _loaded_template(path, folder)
     for conv, r in zip(
         convs, encode_chat(convs, template=template, tokenizer=ours_tok), strict=True
     ):
@@ -166,7 +179,7 @@ def reference_turn_mask(hf, source, conv):
 def test_turn_masks_equal_prefix_renders(path, tok_dir, convs):
     ours_tok, hf = _tokenizers(tok_dir)
     source = path.read_text(encoding="utf-8")
-    template = ChatTemplate(source, special_tokens=SPECIALS, name=path.name)
+    template = _template(path, path.name)
     for conv, r in zip(
         convs, encode_chat(convs, template=template, tokenizer=ours_tok), strict=True
     ):
@@ -196,7 +209,7 @@ def test_train_on_last_and_all(train_on, tok_dir, conv):
     ours_tok, hf = _tokenizers(tok_dir)
     for name in ("qwen2_5_training", "qwen2_5"):  # generation blocks, and turn by turn
         path = next(p for p in templates() if p.stem == name)
-        template = ChatTemplate(path.read_text("utf-8"), special_tokens=SPECIALS)
+        template = _template(path)
         (every,) = encode_chat([conv], template=template, tokenizer=ours_tok)
         (r,) = encode_chat([conv], template=template, tokenizer=ours_tok, train_on=train_on)
         if train_on == "all":
