@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -84,13 +85,26 @@ def test_the_ids_are_sentencepieces_with_its_bos_and_eos_around_them(model):
         start += n
 
 
+@functools.cache
+def _bpe_encoders(folder: str, engine: str) -> tuple[spm.SentencePieceProcessor, Any]:
+    """sentencepiece and packtool (with `engine`) on the BPE model trained into `folder`: built
+    once for all the examples of a test (each example trained a model of its own, 1.6 s)."""
+    model = trained("bpe", folder)
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    return sp, load_tokenizer(str(model), bos=None, eos=None, engine=engine)
+
+
+@pytest.fixture(scope="module")
+def bpe_folder(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("bpe"))
+
+
 @pytest.mark.parametrize("engine", ["gigatoken", "sentencepiece"])
 @settings(max_examples=60, deadline=None)
 @given(texts=st.lists(st.text(max_size=80), min_size=1, max_size=8))
-def test_any_text_encodes_as_sentencepiece_does(tmp_path_factory, engine, texts):
-    model = trained("bpe", str(tmp_path_factory.mktemp("bpe")))
-    sp = spm.SentencePieceProcessor(model_file=str(model))
-    tok = load_tokenizer(str(model), bos=None, eos=None, engine=engine)
+def test_any_text_encodes_as_sentencepiece_does(bpe_folder, engine, texts):
+    sp, tok = _bpe_encoders(bpe_folder, engine)
+    assert tok.identity.engine == engine
     flat, lengths = tok.encode_batch(texts)
     assert flat.tolist() == [i for t in texts for i in sp.encode(t)]
     assert lengths.tolist() == [len(sp.encode(t)) for t in texts]
