@@ -355,27 +355,39 @@ def test_the_file_system_check_sees_each_kind_of_call():
     ])  # fmt: skip
 
 
-def _packtool_modules_after(code: str) -> list[str]:
+@cache
+def _packtool_modules_after(*steps: str) -> tuple[list[str], ...]:
+    """The packtool modules loaded after each of `steps` (code), run one after another in one
+    fresh interpreter: what the first loads is what it loads alone. (The loader's tests share
+    one: `import loader` alone is ~3.5 s of CPU, torch's import.)"""
+    show = "import sys as _sys\nprint(sorted(_sys.modules))"
     out = subprocess.run(
-        [sys.executable, "-c", f"{code}\nimport sys\nprint(sorted(sys.modules))"],
+        [sys.executable, "-c", "\n".join(f"{step}\n{show}" for step in steps)],
         capture_output=True,
         text=True,
         check=True,
         cwd=ROOT,
     ).stdout
-    return [m for m in ast.literal_eval(out.strip().splitlines()[-1]) if m.startswith("packtool")]
+    lines = out.strip().splitlines()[-len(steps) :]
+    return tuple([m for m in ast.literal_eval(line) if m.startswith("packtool")] for line in lines)
+
+
+def _loader_imports() -> tuple[list[str], ...]:
+    """The packtool modules `import loader` loads, then those of every loader module but
+    loader.testing (imported after it, in the same interpreter)."""
+    every = [m for m in project_modules() if m.startswith("loader") and m != "loader.testing"]
+    return _packtool_modules_after("import loader", "\n".join(f"import {m}" for m in every))
 
 
 def test_import_loader_loads_only_the_format_side():
-    loaded = _packtool_modules_after("import loader")
+    loaded, _ = _loader_imports()
     # 17 since packtool/storage/local_files.py came out of local.py (600 lines) with `open_size`.
     assert len(loaded) <= 17, loaded
     assert not [m for m in loaded if m.startswith(NEVER_IN_TRAINING)]
 
 
 def test_the_whole_loader_never_loads_a_tokenizer_or_the_cli():
-    every = [m for m in project_modules() if m.startswith("loader") and m != "loader.testing"]
-    loaded = _packtool_modules_after("\n".join(f"import {m}" for m in every))
+    _, loaded = _loader_imports()
     assert not [m for m in loaded if m.startswith(NEVER_IN_TRAINING)], loaded
     assert "packtool.tokenize" not in loaded
 
