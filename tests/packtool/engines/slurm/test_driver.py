@@ -291,9 +291,10 @@ def test_a_packtool_error_in_a_task_stops_the_run_as_itself_not_retried(cluster,
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     lines = SAMPLE.read_text().splitlines(keepends=True)
-    (corpus / "a.jsonl").write_text("".join(lines[:200]))
+    (corpus / "a.jsonl").write_text("".join(lines[:50]))
     (corpus / "b.jsonl").write_text("".join(lines[200:300]) + "{not json\n")
     out = tmp_path / "packed"
+    # 3 partitions (a.jsonl; b.jsonl in two pieces), the bad document in the last one
     config = replace(
         _config(out), inputs=(str(corpus),), read=ReadConfig(strict=True), partition_size=50_000
     )
@@ -672,13 +673,15 @@ def test_no_wait_with_nothing_left_to_run_finishes_the_run(cluster, local, tmp_p
     """Pull mode (`--slurm-workers`) printed "submitted 0 partition(s)" at every --no-wait
     --resume once every partition had its record, and never finished (the engines audit)."""
     out = tmp_path / "packed"
+    # Fixed shares of 3 partitions (two tasks), else two workers: what is left is none either way
+    share = 1 if workers else 3
     with pytest.raises(Detached):
-        run_pack_slurm(_config(out), SlurmConfig(wait=False, workers=workers))
+        run_pack_slurm(_config(out), SlurmConfig(wait=False, workers=workers, tasks_per_job=share))
     staging = staging_folder(out)
     deadline = time.monotonic() + 120
     while len(records.finished(staging)) < PARTITIONS and time.monotonic() < deadline:
         time.sleep(0.3)  # every partition's record: the jobs are done
-    again = SlurmConfig(wait=False, poll_seconds=0.3, workers=workers)
+    again = SlurmConfig(wait=False, poll_seconds=0.3, workers=workers, tasks_per_job=share)
     run_pack_slurm(_config(out, resume=True), again)
     _same_dataset(local, out)  # finished, not "submitted 0 partition(s) ... goes on there"
 
@@ -705,13 +708,14 @@ def test_a_probe_cancelled_before_it_ran_is_submitted_again_at_resume(cluster, l
     job ... failed before any partition ran"; the engines audit). A probe that ended without
     its mark is not reused: a new one decides."""
     out = tmp_path / "packed"
-    later = SlurmConfig(wait=False, sbatch_args=("--begin=now+300",))  # queued, not started
-    with pytest.raises(Detached):
+    # (Three partitions a task: the probe is what is tested, two tasks run the partitions.)
+    later = SlurmConfig(wait=False, tasks_per_job=3, sbatch_args=("--begin=now+300",))
+    with pytest.raises(Detached):  # queued, not started
         run_pack_slurm(_config(out), later)
     # What the driver's Ctrl-C does: every job it submitted cancelled, the probe's too.
     subprocess.run(["scancel", "--name", "packtool-packed"], capture_output=True)
     assert not _named_in_queue("packtool-packed")
-    run_pack_slurm(_config(out, resume=True), SlurmConfig(poll_seconds=0.3))
+    run_pack_slurm(_config(out, resume=True), SlurmConfig(tasks_per_job=3, poll_seconds=0.3))
     _same_dataset(local, out)
     assert not _named_in_queue("packtool-packed")
 
