@@ -16,7 +16,7 @@ not serialise the workers. On this project's shared 2-core box the two measured 
 other's noise (README, "Scale-out": processes 1.4x faster in one run, threads 1.4x in the next);
 `PACKTOOL_WORKER_POOL=thread` selects threads. The pool is a `forkserver` pool, so the workers
 do not inherit this process's threads, and only small partition descriptors go to them; each
-loads the tokenizer and the numba kernels once.
+loads the tokenizer once, and finds the numba kernels the server loaded (`pool_kernels`).
 
 A worker process that dies (killed, out of memory) loses only its partition, and a fork server
 that dies loses the partition it was starting a worker for: the pool is rebuilt and the unfinished partitions run again, each at most `MAX_RETRIES` times, with the same
@@ -140,20 +140,21 @@ def _start_early(config: RunConfig, paths: list[Any]) -> None:
     if config.workers == 1 or _cores() < 2:
         return
     if sum(st.st_size for st in storage.stat_all(paths)) > config.partition_size:
-        start_pool_server((*map(str, paths), str(config.out_dir)))
+        start_pool_server((*map(str, paths), str(config.out_dir)), kernels=True)
 
 
-def start_pool_server(paths: tuple[str, ...] = ()) -> Any:
+def start_pool_server(paths: tuple[str, ...] = (), kernels: bool = False) -> Any:
     """The `forkserver` context the worker processes come from, its server started now.
 
     Started before the driver checks the inputs and plans, so its imports (the worker's
     modules, and the store's client library for `paths` in a bucket: `remote.client_modules`)
-    run on another core meanwhile, once, and every worker forked from it has them; no run
-    waits for them at its first partition. A server started earlier (another run in this
-    process) is kept as it is. Does nothing with `PACKTOOL_WORKER_POOL=thread`."""
+    and, for `kernels` (a pack's workers), the packer's numba kernels (`pool_kernels`) run on
+    another core meanwhile, once, and every worker forked from it has them; no run waits for
+    them at its first partition. A server started earlier (another run in this process) is
+    kept as it is. Does nothing with `PACKTOOL_WORKER_POOL=thread`."""
     mp = multiprocessing.get_context("forkserver")
     if os.environ.get(POOL_ENV, "process") == "process":
-        mp.set_forkserver_preload(_preload(paths))
+        mp.set_forkserver_preload(_preload(paths, kernels))
         _start_deaf(multiprocessing.forkserver.ensure_running)
     return mp
 
@@ -199,16 +200,19 @@ def _start_tracker() -> None:
         sys.warnoptions[:] = given  # this process's filters never read it: only the tracker's
 
 
-def _preload(paths: tuple[str, ...]) -> list[str]:
+def _preload(paths: tuple[str, ...], kernels: bool = False) -> list[str]:
     """`pool_server` first (the server and its workers ignore Ctrl-C: the driver answers it),
     then what every worker process imports sooner or later: this module (the pool's initializer
     and task live here), the store clients for `paths`, and pandas where it is installed:
     pyarrow imports it at a process's first `pa.array` / `to_numpy` (~0.45 s of one core here),
-    which every worker that keeps a tail reaches."""
+    which every worker that keeps a tail reaches. Then, for `kernels` (the workers of a pack),
+    `pool_kernels`: the packer's numba kernels, loaded (~1.2 s of CPU) once for all workers."""
     modules = ["packtool.engines.pool_server", "packtool.engines.local"]
     modules += remote.client_modules(paths)
     if importlib.util.find_spec("pandas") is not None:
         modules.append("pandas")
+    if kernels:
+        modules.append("packtool.engines.pool_kernels")
     return modules
 
 
@@ -240,7 +244,8 @@ def _make_pool(run: Any, workers: int, threads: int, kind: str) -> tuple[Any, Ca
             ctx.tokenizer.workers = threads
         pool = ThreadPoolExecutor(workers, thread_name_prefix="packtool-partition")
         return pool, lambda d: run_partition(ctx, d)
-    mp = start_pool_server()  # already running when run_pack started it
+    # already running when run_pack started it; a pack's workers run the packer's kernels
+    mp = start_pool_server(kernels=isinstance(run.context, WorkerContext))
     pool = ProcessPoolExecutor(
         workers,
         mp_context=mp,

@@ -19,7 +19,8 @@ import signal
 import sys
 
 
-def _in_fork_server() -> bool:
+def in_fork_server() -> bool:
+    """Whether this import runs in a fork server's `main` (its preload)."""
     frame = sys._getframe()
     while frame is not None:
         code = frame.f_code
@@ -29,7 +30,7 @@ def _in_fork_server() -> bool:
     return False
 
 
-if _in_fork_server():
+if in_fork_server():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The driver started the server with SIGINT blocked (`local.start_pool_server`): a Ctrl-C
     # during the start-up is pending until now, and is dropped here, ignored.

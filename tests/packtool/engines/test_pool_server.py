@@ -103,3 +103,24 @@ def test_a_driver_killed_outright_leaves_no_leak_warning_and_no_semaphore():
     name = done.stdout.strip()
     assert name and "leaked" not in done.stderr and done.stderr == ""
     assert not Path("/dev/shm", "sem." + name.lstrip("/")).exists()  # cleaned up all the same
+
+
+KERNELS = """
+from concurrent.futures import ProcessPoolExecutor
+from packtool.engines import local
+from packtool.pack import jit
+
+mp = local.start_pool_server(kernels=True)  # as a pack's driver starts it
+with ProcessPoolExecutor(2, mp_context=mp) as pool:
+    print([f.result() for f in [pool.submit(jit.loaded) for _ in range(4)]], jit.loaded())
+"""
+
+
+def test_a_pack_s_fork_server_loads_the_kernels_once_for_every_worker():
+    # Each partition worker imported numba and loaded the packer's kernels itself (~1.2 s of
+    # CPU a process, every worker of every run): a pack's fork server loads them before it
+    # forks any, and the driver, which starts it, loads none of them for it.
+    done = subprocess.run(
+        [sys.executable, "-c", KERNELS], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == "[True, True, True, True] False", done.stderr[-2000:]
