@@ -21,21 +21,31 @@ ROOT = Path(__file__).resolve().parents[3]
 CORPUS = ROOT / "sample_data" / "corpus.jsonl"
 
 
-def pack_config(out, inputs=(CORPUS,), **kw) -> RunConfig:
-    """A pack of `inputs` into `out` at max_len 1024 in partitions of 300 kB, no progress bar."""
+PARTITION_SIZE = 300_000
+"""`pack_config`'s partitions: 11 of the sample corpus."""
+FEW_PARTITIONS = 1_100_000
+"""Partitions of 1.1 MB: 3 of the sample corpus, still several workers' worth, for tests of
+what a run does with its output (a bucket's commit, its lock) rather than of its partitions:
+each partition of a run into a bucket is a dozen requests more (records, shards, tails) and, on
+Slurm, a task of its own (a fresh interpreter)."""
+
+
+def pack_config(out, inputs=(CORPUS,), partition_size=PARTITION_SIZE, **kw) -> RunConfig:
+    """A pack of `inputs` into `out` at max_len 1024 in partitions of 300 kB (or
+    `partition_size`), no progress bar."""
     return RunConfig(
         inputs=tuple(str(i) for i in inputs),
         out_dir=str(out),
         pack=PackConfig(max_len=1024),
-        partition_size=300_000,
+        partition_size=partition_size,
         progress=False,
         **kw,
     )
 
 
-def packed_files(out: Path) -> dict[str, bytes]:
+def packed_files(out: Path, partition_size: int = PARTITION_SIZE) -> dict[str, bytes]:
     """A local pack of the corpus into `out`: every file's bytes by name."""
-    run_pack(pack_config(out))
+    run_pack(pack_config(out, partition_size=partition_size))
     return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from packtool.storage import remote, s3_native
-from tests.packtool.storage.common import bucket_fs, packed_files
+from tests.packtool.storage.common import PARTITION_SIZE, bucket_fs, packed_files
 
 
 @pytest.fixture(params=["obstore", "s3fs"])
@@ -25,6 +25,8 @@ def fs(s3_server, request):
 
 
 @pytest.fixture(scope="module")
-def local_pack(tmp_path_factory) -> dict[str, bytes]:
-    """What a local -> local pack of the corpus writes: every file's bytes by name."""
-    return packed_files(tmp_path_factory.mktemp("local") / "ds")
+def local_pack(tmp_path_factory, request) -> dict[str, bytes]:
+    """What a local -> local pack of the corpus writes: every file's bytes by name (in the
+    test module's `PARTITION_SIZE`, where it has one: its `pack_config`'s)."""
+    size = getattr(request.module, "PARTITION_SIZE", PARTITION_SIZE)
+    return packed_files(tmp_path_factory.mktemp("local") / "ds", size)

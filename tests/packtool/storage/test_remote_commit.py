@@ -14,13 +14,23 @@ import pytest
 from packtool.dataset import output, output_versions
 from packtool.dataset.names import RUN_STATE
 from packtool.dataset.output import make_staging, output_paths
-from packtool.engines.local import run_pack
+from packtool.engines.local import RunConfig, run_pack
 from packtool.errors import AlreadyComplete, ConfigError, DataError
 from packtool.pack.chunk import PackConfig
 from packtool.storage import remote_write, writing
-from tests.packtool.storage.common import linked, pack_config, requests_seen
+from tests.packtool.storage import common
+from tests.packtool.storage.common import CORPUS, linked, requests_seen
 
 BUCKET = "commits"
+
+PARTITION_SIZE = common.FEW_PARTITIONS
+"""This module's partitions (3 of the sample corpus): its tests are of the output's commit, not
+of partitions; `local_pack` (conftest.py) is packed in them too."""
+
+
+def pack_config(out, inputs=(CORPUS,), **kw) -> RunConfig:
+    """`common.pack_config` in this module's partitions."""
+    return common.pack_config(out, inputs, PARTITION_SIZE, **kw)
 
 
 def _link(fs, prefix: str) -> str:
@@ -74,7 +84,6 @@ def test_tokenize_overwrite_of_a_killed_pack_builds_a_version_of_another_name(fs
     # prepare deleted the killed pack's version and rebuilt into its name.
     from packtool.read.documents import ReadConfig
     from packtool.tokenize.tokenize import tokenize_corpus
-    from tests.packtool.storage.common import CORPUS
 
     url = f"s3://{BUCKET}/samename"
     killed = _staged_run(fs, url, {"shard-000000-00000.parquet": b"a killed pack's shard"})
@@ -214,7 +223,6 @@ def test_a_megatron_run_that_lost_its_lock_swaps_nothing_in(fs, tmp_path, monkey
 
     from packtool.engines import local
     from packtool.engines.megatron.run import tokenize_megatron
-    from tests.packtool.storage.common import CORPUS
 
     monkeypatch.setenv("PACKTOOL_SCRATCH", str(tmp_path / "scratch"))
     monkeypatch.setenv("PACKTOOL_LOCK_LEASE_S", "1")
@@ -281,7 +289,6 @@ def test_only_versions_holding_packtool_s_names_are_collected(fs, local_pack):
 
 def test_tokenize_overwrite_refuses_a_version_shaped_folder_of_the_user_s(fs, tmp_path):
     from packtool.tokenize.tokenize import tokenize_corpus
-    from tests.packtool.storage.common import CORPUS
 
     prefix = f"{BUCKET}/hostile-tokenize"
     fs.pipe_file(f"{prefix}/v-20200101T000000-deadbeef/important.csv", b"the user's")
@@ -456,10 +463,11 @@ def test_overwrite_checks_the_old_version_with_its_listing_not_a_head_per_shard(
 ):
     # `--overwrite` asked whether each object of the old version was a file: two HEADs a shard
     # (540 for 270 shards), one after another, though the listing says which keys are objects.
+    # (Shards of 80 rows: ~36 of the corpus, where 20 made ~140, each a PUT and a record line.)
     from packtool.dataset.shards import ShardConfig
 
     url = f"s3://{BUCKET}/many-shards-{s3_client}"
-    shards = ShardConfig(shard_rows=20, row_group_rows=20)
+    shards = ShardConfig(shard_rows=80, row_group_rows=20)
     run_pack(pack_config(url, shards=shards))
     old = _link(fs, f"many-shards-{s3_client}")
     n = sum(o.startswith(f"{old}/shard-") for o in _objects(fs, f"many-shards-{s3_client}"))

@@ -27,17 +27,26 @@ from packtool.read.documents import ReadConfig
 from packtool.storage import local as storage
 from packtool.storage import remote, remote_write, s3_native
 from tests.cli import one_error_line, run
+from tests.packtool.storage import common
 from tests.packtool.storage.common import (
     CORPUS,
     ROOT,
     linked,
-    pack_config,
     race_for_lock,
     requests_seen,
     same_but_inputs,
 )
 
 BUCKET = "datasets"
+
+PARTITION_SIZE = common.FEW_PARTITIONS
+"""This module's partitions (3 of the sample corpus): its tests are of the output's commit, not
+of partitions; `local_pack` (conftest.py) is packed in them too."""
+
+
+def pack_config(out, inputs=(CORPUS,), **kw) -> RunConfig:
+    """`common.pack_config` in this module's partitions."""
+    return common.pack_config(out, inputs, PARTITION_SIZE, **kw)
 
 
 def _link(fs, prefix: str) -> str:

@@ -19,20 +19,23 @@ import pytest
 
 from loader import PackedDataset
 from packtool.dataset.output import OutputLock, output_paths
-from packtool.engines.local import run_pack
+from packtool.engines.local import RunConfig, run_pack
 from packtool.errors import ConfigError
 from packtool.storage import remote_write
 from packtool.tokenize.tokenize import tokenize_corpus
 from tests.cli import one_error_line, run
-from tests.packtool.storage.common import (
-    CORPUS,
-    pack_config,
-    packed_files,
-    race_for_lock,
-    same_but_inputs,
-)
+from tests.packtool.storage import common
+from tests.packtool.storage.common import CORPUS, packed_files, race_for_lock, same_but_inputs
 
 BUCKET = "packtool-test"
+PARTITION_SIZE = common.FEW_PARTITIONS
+"""This module's partitions (3 of the sample corpus): its tests are of the stores' commit and
+reads, not of partitions; `local_pack` is packed in them too."""
+
+
+def pack_config(out, inputs=(CORPUS,), **kw) -> RunConfig:
+    """`common.pack_config` in this module's partitions."""
+    return common.pack_config(out, inputs, PARTITION_SIZE, **kw)
 
 
 @dataclass
@@ -72,7 +75,7 @@ def store(request) -> Store:
 
 @pytest.fixture(scope="module")
 def local_pack(tmp_path_factory) -> dict[str, bytes]:
-    return packed_files(tmp_path_factory.mktemp("local") / "ds")
+    return packed_files(tmp_path_factory.mktemp("local") / "ds", PARTITION_SIZE)
 
 
 def test_a_pack_into_the_store_writes_the_bytes_of_a_local_pack(store, local_pack):
