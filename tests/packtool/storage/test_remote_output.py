@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -334,12 +335,16 @@ def test_a_lock_whose_holder_is_gone_is_taken_over(fs, monkeypatch, s3_client):
     remote_write.take_lock(url, b'{"pid": 1}').release()
     # Another host's holder: refused while its lease runs, taken once it has run out. The
     # lease is 3 s, not 1: LastModified has whole seconds, so a lock written at 10.9 s reads as
-    # written at 10 s, and a 1 s lease could run out before the check on a loaded machine.
+    # written at 10 s, and a 1 s lease could run out before the check on a loaded machine. The
+    # clock the lease is read against moves on by hand (as test_stores.py's), not by a sleep.
     monkeypatch.setenv(remote_write.LEASE_ENV, "3")
+    later = [0.0]
+    clock = SimpleNamespace(time=lambda: time.time() + later[0], sleep=time.sleep)
+    monkeypatch.setattr(remote_write, "time", clock)
     fs.pipe_file(url, json.dumps({"pid": 1, "host": "elsewhere"}).encode())
     with pytest.raises(remote_write.RemoteLockBusy):
         remote_write.take_lock(url)
-    time.sleep(4.2)  # the lease, plus the second LastModified may have lost
+    later[0] = 4.2  # the lease, plus the second LastModified may have lost
     held = remote_write.take_lock(url, b"me")
     # A live holder renews its lease; one whose lock was taken over knows it has lost it.
     time.sleep(1.5)
@@ -353,10 +358,31 @@ def test_a_lock_whose_holder_is_gone_is_taken_over(fs, monkeypatch, s3_client):
     assert fs.cat_file(url) == b"someone else"
 
 
-def test_kill_9_during_a_pack_then_resume_gives_the_same_bytes(fs, tmp_path, s3_client):
+KILLED_PARTITIONS = 120_000
+"""The kill -9 test's partitions: 26 of the corpus, so that the kill lands mid-run (3 recorded,
+the rest to do) and the resume has many left (60 kB, 52 partitions, doubled both runs' cost)."""
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, bytes]:
+    """The kill -9 test's run, uninterrupted, into a local folder: every file's bytes by name."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "ds"
+    run_pack(
+        RunConfig(
+            inputs=(str(CORPUS),),
+            out_dir=str(out),
+            pack=PackConfig(max_len=1024),
+            partition_size=KILLED_PARTITIONS,
+            progress=False,
+        )
+    )  # fmt: skip
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def test_kill_9_during_a_pack_then_resume_gives_the_same_bytes(fs, uninterrupted, s3_client):
     k = f"k-{s3_client}"
     url = f"s3://{BUCKET}/{k}"
-    options = ["--max-len", "1024", "--partition-size", "60000"]
+    options = ["--max-len", "1024", "--partition-size", str(KILLED_PARTITIONS)]
     cmd = [sys.executable, "-c", "from packtool.cli.commands import main; main()", "pack",
            str(CORPUS), "-o", url, *options, "--workers", "1"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -376,16 +402,7 @@ def test_kill_9_during_a_pack_then_resume_gives_the_same_bytes(fs, tmp_path, s3_
     assert code == 0, err
     assert remote_write.uploads_in_progress(f"s3://{BUCKET}/{k}/") == []
     assert [o for o in _objects(fs, k) if ".packtool" in o] == []  # no state, no lock
-    run_pack(
-        RunConfig(
-            inputs=(str(CORPUS),),
-            out_dir=str(tmp_path / "ds"),
-            pack=PackConfig(max_len=1024),
-            partition_size=60_000,
-            progress=False,
-        )
-    )  # fmt: skip  the same run, uninterrupted, into a local folder
-    local = {p.name: p.read_bytes() for p in sorted((tmp_path / "ds").iterdir())}
+    local = dict(uninterrupted)  # the same run, uninterrupted, into a local folder
     got = _version_files(fs, k)
     a, b = (json.loads(files.pop("index.json")) for files in (got, local))
     assert got == local
