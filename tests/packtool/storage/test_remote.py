@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -55,12 +56,22 @@ def _shards(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.parquet"))}
 
 
+@pytest.fixture(scope="module")
+def local_pack(bucket, tmp_path_factory) -> tuple[Any, dict[str, bytes]]:
+    """The local folder of `bucket` packed (`pack_config`), what the packs of `s3://corpus/data/`
+    are compared with: (its summary, its shards' bytes by name)."""
+    out = tmp_path_factory.mktemp("local") / "ds"
+    return run_pack(pack_config(out, [bucket])), _shards(out)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_pack_from_a_bucket_writes_the_shards_of_the_same_local_pack(bucket, tmp_path, workers):
-    want = run_pack(pack_config(tmp_path / "local", [bucket]))
+def test_a_pack_from_a_bucket_writes_the_shards_of_the_same_local_pack(
+    local_pack, tmp_path, workers
+):
+    want, shards = local_pack
     got = run_pack(pack_config(tmp_path / "s3", ["s3://corpus/data/"], workers=workers))
     assert got.partitions == want.partitions >= 12  # byte ranges and row groups, as locally
-    assert _shards(tmp_path / "s3") == _shards(tmp_path / "local")
+    assert _shards(tmp_path / "s3") == shards
     assert got.counts == want.counts and got.skips == want.skips
     doc_ids = json.loads((tmp_path / "s3" / "index.json").read_text())["extra"]["doc_ids"]
     names = ["a.jsonl", "b.parquet", "c.jsonl.gz"]  # the hidden object skipped, as a hidden file
@@ -68,18 +79,17 @@ def test_a_pack_from_a_bucket_writes_the_shards_of_the_same_local_pack(bucket, t
     assert read_manifest(tmp_path / "s3").extra["partitions"] == got.partitions
 
 
-def test_the_ray_engine_reads_a_bucket_from_its_own_workers(ray_session, bucket, tmp_path):
+def test_the_ray_engine_reads_a_bucket_from_its_own_workers(ray_session, local_pack, tmp_path):
     """Ray's workers were started before the S3 variables were set here: they read the bucket
     with what the driver hands them (`remote.forwarded_env` in the actors' runtime_env)."""
     from packtool.engines.ray import RayConfig, run_pack_ray
 
-    run_pack(pack_config(tmp_path / "local", [bucket]))
     run_pack_ray(pack_config(tmp_path / "ray", ["s3://corpus/data/"]), RayConfig())
-    assert _shards(tmp_path / "ray") == _shards(tmp_path / "local")
+    assert _shards(tmp_path / "ray") == local_pack[1]
 
 
 def test_a_pack_rides_out_throttling_dropped_connections_and_cut_bodies(
-    bucket, s3_server, tmp_path, monkeypatch, s3_client
+    local_pack, s3_server, tmp_path, monkeypatch, s3_client
 ):
     """Through a proxy that answers every 4th object read with 503 SlowDown, drops every 9th
     connection unanswered and cuts every 11th body in half, at most twice each per object: the
@@ -89,14 +99,13 @@ def test_a_pack_rides_out_throttling_dropped_connections_and_cut_bodies(
     while one in four was refused, and the s3fs run took 40 s waiting.)"""
     from tests.packtool.storage.faulty_proxy import FaultyProxy
 
-    run_pack(pack_config(tmp_path / "local", [bucket]))
     proxy = FaultyProxy(s3_server, {"slowdown": 4, "drop": 9, "truncate": 11}, most=2)
     with proxy as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL", url)
         remote._filesystem.cache_clear()
         run_pack(pack_config(tmp_path / "s3", ["s3://corpus/data/"], workers=1))
     remote._filesystem.cache_clear()
-    assert _shards(tmp_path / "s3") == _shards(tmp_path / "local")
+    assert _shards(tmp_path / "s3") == local_pack[1]
     for fault in ("slowdown", "drop", "truncate"):
         for name in ("a.jsonl", "b.parquet"):
             assert proxy.by_object.get((fault, f"/corpus/data/{name}"), 0) >= 1, proxy.by_object
