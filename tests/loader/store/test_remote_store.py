@@ -42,8 +42,13 @@ def datasets(s3_server, tmp_path_factory):
     return local, "s3://train/ds"
 
 
-def _epochs(path, cache: Path | None, epochs: int = 2, **kw) -> list[dict]:
-    """Every batch of `epochs` epochs over 2 ranks, 2 workers each (tensors as lists)."""
+def _epochs(path, cache: Path | None, epochs: int = 2, workers: int = 2, **kw) -> list[dict]:
+    """Every batch of `epochs` epochs over 2 ranks, `workers` workers each (tensors as lists).
+
+    The batches do not depend on the number of workers (loader/packed/dataloader.py; the resume
+    test below holds a run of workers to one of none): the local dataset's, which the bucket's
+    are held to, are read in this process (`workers=0`), not by worker processes of their own
+    (8 for 2 epochs)."""
     out = []
     for rank in range(2):
         ds = PackedDataset(
@@ -52,7 +57,7 @@ def _epochs(path, cache: Path | None, epochs: int = 2, **kw) -> list[dict]:
         )  # fmt: skip
         for epoch in range(epochs):
             ds.set_epoch(epoch)
-            for b in PackedDataLoader(ds, num_workers=2):
+            for b in PackedDataLoader(ds, num_workers=workers):
                 out.append({k: v.tolist() for k, v in b.items() if hasattr(v, "tolist")})
     return out
 
@@ -60,7 +65,7 @@ def _epochs(path, cache: Path | None, epochs: int = 2, **kw) -> list[dict]:
 def test_the_loader_from_a_bucket_gives_the_batches_of_the_local_dataset(datasets, tmp_path):
     local, url = datasets
     cache = tmp_path / "cache"
-    want = _epochs(local, None)
+    want = _epochs(local, None, workers=0)
     # A cache much smaller than the dataset (~0.5 MB of ~3 MB): row groups come and go.
     got = _epochs(url, cache, cache_limit=512 << 10)
     assert len(got) == len(want) > 10
@@ -255,7 +260,7 @@ def test_an_uncompressed_dataset_reads_the_same_from_the_bucket_under_eviction(d
                 progress=False,
             )  # fmt: skip
         )
-    want = _epochs(local, None, epochs=1)
+    want = _epochs(local, None, epochs=1, workers=0)
     got = _epochs(url, tmp_path / "cache", epochs=1, cache_limit=256 << 10)
     assert len(got) == len(want) > 10 and got == want
 
