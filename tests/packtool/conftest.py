@@ -24,7 +24,7 @@ from packtool.dataset.manifest import (
     sha256_file,
     write_manifest,
 )
-from tests.conftest import need
+from tests.conftest import _environ, need
 
 Doc = tuple[int, int, int | Sequence[int]]
 """(doc_id, chunk, tokens): tokens is a list of ids, or a length (ids then derived from doc_id)."""
@@ -148,11 +148,12 @@ def ray_session():
     ray = need("ray", "ray[data] is not installed (pip install 'packtool[ray]')")
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False},
-    )
-    cluster.add_node(num_cpus=1)
+    # No log monitor on either node: it only sends the workers' output to drivers, and this
+    # one takes none (`log_to_driver=False`); each polled the logs at ~0.01 of a core.
+    node = {"num_cpus": 1, "include_log_monitor": False}
+    with _environ(**NODE_ENV):
+        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+        cluster.add_node(**node)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
     _CLUSTER.append(cluster)
@@ -163,6 +164,13 @@ def ray_session():
 
 
 _CLUSTER: list[Any] = []
+
+NODE_ENV = {"PACKTOOL_NUMBA_EXTENSIONS": "0"}
+"""What the cluster's processes (and so its Ray workers) have in their environment besides
+this process's variables: numba's extension scan skipped, as in the CLI's own processes
+(packtool/pack/jit.py). Each partition actor's kernel warm-up scanned every installed
+distribution's metadata and imported awkward, which no test is about: ~1 s of CPU per actor here
+(a one-partition Ray run took ~6.0 s of CPU, now ~4.7)."""
 
 
 @pytest.fixture
