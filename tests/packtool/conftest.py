@@ -1,6 +1,7 @@
 """Shared fixtures for packtool tests: small packed datasets built by hand, per the shard contract.
 
-`ray_session` starts a two-node Ray cluster for the whole test session (start-up ~10 s).
+`ray_session` starts a two-node Ray cluster at the first test that needs it (start-up ~10 s) and
+stops it after the session's last Ray test (tests/conftest.py runs them in one process).
 
 `packed_dataset_factory` writes Parquet shards with pyarrow and an `index.json` with
 `packtool.dataset.manifest.write_manifest`, independently of `packtool pack`, so readers (verify, inspect,
@@ -24,7 +25,7 @@ from packtool.dataset.manifest import (
     sha256_file,
     write_manifest,
 )
-from tests.conftest import _environ, need
+from tests.conftest import _cluster_named, _environ, need
 
 Doc = tuple[int, int, int | Sequence[int]]
 """(doc_id, chunk, tokens): tokens is a list of ids, or a length (ids then derived from doc_id)."""
@@ -140,12 +141,34 @@ def packed_dataset_factory(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_session():
     """A real two-node Ray cluster on this machine (`ray.cluster_utils.Cluster`: a head and a
     worker node, 1 CPU each, separate raylets and object stores), shared by every test that
-    runs the Ray engine; the `ray_cluster` fixture lets a test add and remove nodes."""
+    runs the Ray engine; the `ray_cluster` fixture lets a test add and remove nodes.
+
+    Started by the first test that asks for it; stopped once the session's last Ray test is
+    done (`pytest_runtest_teardown`), not at the session's end: idle, a cluster that has run
+    Ray Data (its raylets, agents and Ray Data's own actors) took ~0.06 of a core, and
+    tests/conftest.py runs the Ray tests first in the process that runs them, which then goes
+    on with other tests."""
     ray = need("ray", "ray[data] is not installed (pip install 'packtool[ray]')")
+    if not _CLUSTER:
+        _start_cluster(ray)
+    return ray
+
+
+_CLUSTER: list[Any] = []
+
+NODE_ENV = {"PACKTOOL_NUMBA_EXTENSIONS": "0"}
+"""What the cluster's processes (and so its Ray workers) have in their environment besides
+this process's variables: numba's extension scan skipped, as in the CLI's own processes
+(packtool/pack/jit.py). Each partition actor's kernel warm-up scanned every installed
+distribution's metadata and imported awkward, which no test is about: ~1 s of CPU per actor here
+(a one-partition Ray run took ~6.0 s of CPU, now ~4.7)."""
+
+
+def _start_cluster(ray: Any) -> None:
     from ray.cluster_utils import Cluster
 
     # No log monitor on either node: it only sends the workers' output to drivers, and this
@@ -157,20 +180,47 @@ def ray_session():
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
     _CLUSTER.append(cluster)
-    yield ray
+
+
+def _stop_cluster() -> None:
+    import ray
+
+    cluster = _CLUSTER.pop()
     ray.shutdown()
     cluster.shutdown()
-    _CLUSTER.clear()
 
 
-_CLUSTER: list[Any] = []
+_RAY_TESTS_LEFT: set[str] | None = None
+"""The node ids of this session's Ray tests under this folder not yet run (None: not yet known)."""
 
-NODE_ENV = {"PACKTOOL_NUMBA_EXTENSIONS": "0"}
-"""What the cluster's processes (and so its Ray workers) have in their environment besides
-this process's variables: numba's extension scan skipped, as in the CLI's own processes
-(packtool/pack/jit.py). Each partition actor's kernel warm-up scanned every installed
-distribution's metadata and imported awkward, which no test is about: ~1 s of CPU per actor here
-(a one-partition Ray run took ~6.0 s of CPU, now ~4.7)."""
+
+def _ray_tests(session: pytest.Session) -> set[str]:
+    """The tests tests/conftest.py schedules together as the Ray cluster's (by their names):
+    those this folder's `ray_session` can serve."""
+    here = Path(__file__).resolve().parent
+    return {
+        item.nodeid
+        for item in session.items
+        if _cluster_named(item.nodeid) == "ray" and here in Path(item.path).resolve().parents
+    }
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    global _RAY_TESTS_LEFT
+    try:
+        return (yield)
+    finally:
+        if _RAY_TESTS_LEFT is None:
+            _RAY_TESTS_LEFT = _ray_tests(item.session)
+        _RAY_TESTS_LEFT.discard(item.nodeid)
+        if _CLUSTER and not _RAY_TESTS_LEFT:
+            _stop_cluster()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _CLUSTER:  # a Ray test that did not run here (another xdist scheduler), or none named so
+        _stop_cluster()
 
 
 @pytest.fixture
