@@ -10,14 +10,19 @@ extra rounds' kernel is not among them (`warm_up` loads it only for a run with `
 numba starts no thread here, so the server still forks a single-threaded process.
 
 `engines.local` lists this module in its preload after `pool_server`; imported anywhere else
-(not in a fork server's `main`) it does nothing, as `pool_server`.
+(not in a fork server's `main`) it does nothing, as `pool_server`. A failure to load them (a
+numba cache it cannot write, say) is left to the workers, each of which then tries as before:
+an exception here would kill the server, and every worker with it, saying nothing of why.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from packtool.engines.pool_server import in_fork_server
 
 if in_fork_server():
     from packtool.pack import warmup
 
-    warmup.warm_up()
+    with contextlib.suppress(Exception):  # the server must live: the workers then load them
+        warmup.warm_up()

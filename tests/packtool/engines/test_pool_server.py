@@ -106,21 +106,48 @@ def test_a_driver_killed_outright_leaves_no_leak_warning_and_no_semaphore():
 
 
 KERNELS = """
+import multiprocessing.forkserver, os
 from concurrent.futures import ProcessPoolExecutor
 from packtool.engines import local
 from packtool.pack import jit
 
-mp = local.start_pool_server(kernels=True)  # as a pack's driver starts it
-with ProcessPoolExecutor(2, mp_context=mp) as pool:
-    print([f.result() for f in [pool.submit(jit.loaded) for _ in range(4)]], jit.loaded())
+
+def loaded_in_workers():
+    mp = local.start_pool_server(kernels=True)  # as a pack's driver starts it
+    with ProcessPoolExecutor(2, mp_context=mp) as pool:
+        return [f.result() for f in [pool.submit(jit.loaded) for _ in range(4)]]
+
+
+print(loaded_in_workers(), jit.loaded())
+multiprocessing.forkserver._forkserver._stop()  # a server of its own for the second
+os.environ["BREAK_KERNELS"] = "1"
+print(loaded_in_workers(), jit.loaded())
+"""
+
+BROKEN_KERNELS = """
+import os, sys
+if os.environ.get("BREAK_KERNELS") and "forkserver" in " ".join(sys.orig_argv):
+    import packtool.pack.warmup
+
+    def broken(rounds=1):
+        raise OSError("numba's cache cannot be written (stand-in)")
+
+    packtool.pack.warmup.warm_up = broken
 """
 
 
-def test_a_pack_s_fork_server_loads_the_kernels_once_for_every_worker():
+def test_a_pack_s_fork_server_loads_the_kernels_once_for_every_worker(tmp_path):
     # Each partition worker imported numba and loaded the packer's kernels itself (~1.2 s of
     # CPU a process, every worker of every run): a pack's fork server loads them before it
-    # forks any, and the driver, which starts it, loads none of them for it.
+    # forks any, and the driver, which starts it, loads none of them for it. A server that
+    # cannot load them lives on, and its workers load them themselves.
+    (tmp_path / "sitecustomize.py").write_text(BROKEN_KERNELS)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
     done = subprocess.run(
-        [sys.executable, "-c", KERNELS], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.stdout.strip() == "[True, True, True, True] False", done.stderr[-2000:]
+        [sys.executable, "-c", KERNELS], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.stdout.splitlines() == [
+        "[True, True, True, True] False",
+        "[False, False, False, False] False",
+    ], done.stderr[-2000:]
