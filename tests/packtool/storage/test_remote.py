@@ -516,8 +516,12 @@ def test_a_tokenizer_json_in_a_bucket_tokenizes_as_the_local_file(bucket, tmp_pa
     tok = build("gpt2", tmp_path / "tok")
     boto3.client("s3").upload_file(str(tok), "corpus", "tok/tokenizer.json")
     runs = {"local": tok, "file": "s3://corpus/tok/tokenizer.json", "folder": "s3://corpus/tok/"}
+    lines = (bucket / "a.jsonl").read_bytes().splitlines(keepends=True)
+    (tmp_path / "a.jsonl").write_bytes(b"".join(lines[:400]))  # (BPE: 3 MB three times is slow)
     for name, where in runs.items():
-        code, _, err = run("pack", bucket / "a.jsonl", "-o", tmp_path / name, "--tokenizer", where)
+        code, _, err = run(
+            "pack", tmp_path / "a.jsonl", "-o", tmp_path / name, "--tokenizer", where
+        )
         assert code == 0, err
     local = _shards(tmp_path / "local")
     assert local and _shards(tmp_path / "file") == local == _shards(tmp_path / "folder")
@@ -822,7 +826,9 @@ def test_the_chat_template_beside_a_tokenizer_in_a_bucket_is_used(bucket, tmp_pa
     client = boto3.client("s3")
     client.upload_file(str(tok), "corpus", "chatok/tokenizer.json")
     client.upload_file(str(tmp_path / "tok" / "chat_template.jinja"), "corpus", "chatok/chat_template.jinja")  # fmt: skip
-    chat = ROOT / "sample_data" / "chat.jsonl"
+    chat = tmp_path / "chat.jsonl"  # a quarter of the sample's (BPE: 0.9 MB three times is slow)
+    lines = (ROOT / "sample_data" / "chat.jsonl").read_bytes().splitlines(keepends=True)
+    chat.write_bytes(b"".join(lines[: len(lines) // 4]))
     runs = {
         "local": (tok,),
         "bucket": ("s3://corpus/chatok/tokenizer.json",),
