@@ -26,6 +26,7 @@ from packtool.dataset.shards import ShardConfig
 from packtool.engines import base, merge, records, worker
 from packtool.engines.local import RunConfig, run_pack
 from packtool.engines.output_folder import staging_folder
+from packtool.engines.summary import PackSummary
 from packtool.errors import ConfigError, DataError, MissingDependencyError, WorkersLost
 from packtool.pack.chunk import PackConfig
 from packtool.read.documents import ReadConfig
@@ -61,6 +62,14 @@ def manifest_without_command(out: Path) -> dict:
     return data
 
 
+@pytest.fixture(scope="module")
+def local(tmp_path_factory) -> tuple[Path, PackSummary]:
+    """The local engine's dataset of sample_data with `config`'s defaults, and its summary: what
+    the tests that run the Ray engine with those options compare with (they only read it)."""
+    out = tmp_path_factory.mktemp("reference") / "local"
+    return out, run_pack(config(out))
+
+
 def assert_same_as_local(ray_out: Path, local_out: Path) -> None:
     assert manifest_without_command(ray_out) == manifest_without_command(local_out)
     assert shard_bytes(ray_out) == shard_bytes(local_out)
@@ -75,11 +84,15 @@ def assert_same_as_local(ray_out: Path, local_out: Path) -> None:
     ],
     ids=["ffd", "bfd-rounds-groups"],
 )
-def test_ray_is_byte_identical_to_the_local_engine(ray_session, tmp_path, pack):
+def test_ray_is_byte_identical_to_the_local_engine(ray_session, tmp_path, pack, request):
     read = ReadConfig(extra_fields=("lang",) if pack.group_by == "lang" else ())
-    want = run_pack(config(tmp_path / "local", pack=pack, read=read))
+    if config(tmp_path, pack=pack, read=read) == config(tmp_path):  # the module's reference
+        local_out, want = request.getfixturevalue("local")
+    else:
+        local_out = tmp_path / "local"
+        want = run_pack(config(local_out, pack=pack, read=read))
     got = run_ray(config(tmp_path / "ray", pack=pack, read=read))
-    assert_same_as_local(tmp_path / "ray", tmp_path / "local")
+    assert_same_as_local(tmp_path / "ray", local_out)
     assert got.partitions == want.partitions == 6
     assert got.counts == want.counts and got.skips == want.skips == {"empty": 6}
     assert "Ray: 2 CPU(s) in the cluster, a Ray Data pool of up to 2" in got.cores_used
@@ -156,7 +169,8 @@ def test_relative_inputs_and_output_mean_the_same_on_the_ray_engine(
     common = ["corpus.jsonl", "--max-len", "1024", "--partition-size", "200KB"]
     result = runner.invoke(cli, ["pack", *common, "-o", "ray", "--engine", "ray"])
     assert result.exit_code == 0, result.output
-    assert runner.invoke(cli, ["pack", *common, "-o", "local"]).exit_code == 0
+    # The local engine's bytes, in this process (a pool of workers writes the same ones)
+    assert runner.invoke(cli, ["pack", *common, "-o", "local", "--workers", "1"]).exit_code == 0
     assert_same_as_local(tmp_path / "ray", tmp_path / "local")
 
 
@@ -222,8 +236,7 @@ def test_a_killed_worker_and_a_removed_node_leave_the_bytes_unchanged(
     assert_same_as_local(tmp_path / "ray", base_dir / "local")
 
 
-def test_a_killed_driver_is_resumed_with_the_same_bytes(ray_session, tmp_path, monkeypatch):
-    run_pack(config(tmp_path / "local"))
+def test_a_killed_driver_is_resumed_with_the_same_bytes(ray_session, tmp_path, monkeypatch, local):
     real = base.Run.account
     seen = []
 
@@ -259,12 +272,12 @@ def test_a_killed_driver_is_resumed_with_the_same_bytes(ray_session, tmp_path, m
         run_ray(config(out))  # neither --overwrite nor --resume
     summary = run_ray(config(out, resume=True))
     assert summary.resumed_partitions == len(done)
-    assert_same_as_local(out, tmp_path / "local")
+    assert_same_as_local(out, local[0])
     assert not staging.exists()
 
 
-def test_either_engine_resumes_the_others_run(ray_session, tmp_path, monkeypatch):
-    run_pack(config(tmp_path / "whole"))
+def test_either_engine_resumes_the_others_run(ray_session, tmp_path, monkeypatch, local):
+    whole = local[0]
     real = worker.write_chunk
 
     def stop_in_the_third_partition(writer, packed):
@@ -278,7 +291,7 @@ def test_either_engine_resumes_the_others_run(ray_session, tmp_path, monkeypatch
     monkeypatch.undo()
     summary = run_ray(config(tmp_path / "a", resume=True))  # local started, Ray finishes
     assert summary.resumed_partitions == 2
-    assert_same_as_local(tmp_path / "a", tmp_path / "whole")
+    assert_same_as_local(tmp_path / "a", whole)
 
     real_account = base.Run.account
 
@@ -292,7 +305,7 @@ def test_either_engine_resumes_the_others_run(ray_session, tmp_path, monkeypatch
     monkeypatch.undo()
     summary = run_pack(config(tmp_path / "b", resume=True))  # Ray started, local finishes
     assert summary.resumed_partitions >= 1
-    assert_same_as_local(tmp_path / "b", tmp_path / "whole")
+    assert_same_as_local(tmp_path / "b", whole)
 
 
 def test_a_user_error_inside_a_ray_task_is_one_readable_error(ray_session, tmp_path):
@@ -645,7 +658,7 @@ def test_a_real_ray_gcs_passes_the_address_check(ray_cluster):
 
 
 def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(
-    ray_session, tmp_path, monkeypatch, capfd
+    ray_session, tmp_path, monkeypatch, capfd, local
 ):
     """A partition whose actor dies every time (as an out-of-memory kill would) ends the run
     after `max_retries` restarts with one line, not a Ray traceback or a hang (Ray Data's own
@@ -653,7 +666,6 @@ def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(
     finished are kept, and `--resume` ends with the local engine's bytes."""
     from packtool.engines import ray as ray_engine
 
-    run_pack(config(tmp_path / "local"))
     out = tmp_path / "ray"
     staging = staging_folder(out)
 
@@ -688,7 +700,7 @@ def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(
     assert 2 <= kept <= len(records.finished(staging)) < 6 and 3 not in records.finished(staging)
     summary = run_ray(config(out, resume=True))
     assert summary.resumed_partitions >= kept
-    assert_same_as_local(out, tmp_path / "local")
+    assert_same_as_local(out, local[0])
 
 
 def test_an_os_error_inside_a_ray_actor_is_the_error_reported():
