@@ -381,8 +381,9 @@ def _loader_imports() -> tuple[list[str], ...]:
 
 def test_import_loader_loads_only_the_format_side():
     loaded, _ = _loader_imports()
-    # 17 since packtool/storage/local_files.py came out of local.py (600 lines) with `open_size`.
-    assert len(loaded) <= 17, loaded
+    # 17 since packtool/storage/local_files.py came out of local.py (600 lines) with `open_size`;
+    # 18 since the range cache's file form (block CRC32s) came out of storage/cache.py.
+    assert len(loaded) <= 18, loaded
     assert not [m for m in loaded if m.startswith(NEVER_IN_TRAINING)]
 
 

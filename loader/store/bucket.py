@@ -74,6 +74,23 @@ def byte_range(meta: pq.FileMetaData, g: int) -> tuple[int, int]:
     return min(starts), max(ends)
 
 
+def chunks_range(meta: pq.FileMetaData, g: int, columns: list[str]) -> tuple[int, int]:
+    """The bytes of row group `g` in its file that the chunks of `columns` (top-level names)
+    span: from the first one's first page to the last one's end (a column between them, unread,
+    is inside). All of `byte_range` where the row group has no chunk of them."""
+    rg, wanted, spans = meta.row_group(g), set(columns), []
+    for c in range(rg.num_columns):
+        col = rg.column(c)
+        if col.path_in_schema.split(".", 1)[0] in wanted:
+            start = col.data_page_offset
+            if col.has_dictionary_page and col.dictionary_page_offset:
+                start = min(start, col.dictionary_page_offset)
+            spans.append((start, start + col.total_compressed_size))
+    if not spans:
+        return byte_range(meta, g)
+    return min(a for a, _ in spans), max(b for _, b in spans)
+
+
 class BucketRowGroups:
     """Reads row groups of the dataset at `folder` (a URL) through the node's `RangeCache`."""
 
@@ -177,20 +194,25 @@ class BucketRowGroups:
         return self.urls[shard], self.manifest.shards[shard].sha256, start, end
 
     def read(self, g: int, shard: int, local: int, columns: list[str]) -> pa.Table:
-        """Row group `g` (number `local` in shard `shard`): `columns` of it. A range that fails
-        is downloaded again; failing again, the shard's footer is (a cached footer can be
-        another shard's and pass its CRC32), and the read tried once more where it differs."""
+        """Row group `g` (number `local` in shard `shard`): `columns` of it. Only the bytes of
+        those columns' chunks are checked and read (`RowIndex`'s stats read one small column of
+        every row group an epoch plans). A range that fails is downloaded again; failing again,
+        the shard's footer is (a cached footer can be another shard's and pass its CRC32), and
+        the read tried once more where it differs."""
         size = self.manifest.shards[shard].bytes
         for attempt in (1, 2, 3):
             url, key, start, end = self._where(shard, g)
-            with self._shard_checked(shard), self.cache.pinned(url, key, start, end) as view:
-                source = RangeFile(view, start, size)
+            check = chunks_range(self.metas[shard], local, columns)
+            pin = self.cache.pinned(url, key, start, end, check)
+            with self._shard_checked(shard), pin as view:
+                source = RangeFile(view, check[0], size)
                 try:
                     pf = storage.parquet_file(
                         source, metadata=self.metas[shard],
                         page_checksum_verification=self.page_checksums,
                     )  # fmt: skip
-                    decode_with_jemalloc(pf, source, self.page_checksums)
+                    if "input_ids" in columns:  # a row group's decode, not a small column's
+                        decode_with_jemalloc(pf, source, self.page_checksums)
                     return pf.read_row_group(local, columns=columns, use_threads=False)
                 except (pa.ArrowException, OSError):
                     if attempt == 3 or (

@@ -28,11 +28,13 @@ under `cache_dir`, and memory-mapped from there by every worker (and rank) that 
   or can write in is refused at construction: a CRC32 trailer is anyone's to write, so whoever
   can create files there could replace the training data. Files are made 0600 (a job's ranks
   and workers are one user), and a cached file another user owns is downloaded again.
-- **Checked.** Each file ends with a CRC32 of its bytes (`TRAILER`); `pinned` checks it, and the
-  size, before any byte is handed on, and a file that fails (a flipped bit on disk, a file cut
-  short by a crash: the rename is not synced) is deleted and downloaded again. A footer read
-  from a damaged copy could abort the process inside pyarrow's C++ (no Python exception to
-  catch), so nothing unchecked is parsed.
+- **Checked.** Each file ends with a CRC32 of each 64 KiB block of its bytes (cache_format.py);
+  `pinned` checks the size and the blocks of the bytes it hands on (all of them, or those of
+  `check`: a reader of one column of a row group, `RowIndex`'s stats, checks that column's
+  blocks, not the whole range), and a file that fails (a flipped bit on disk, a file cut short
+  by a crash: the rename is not synced) is deleted and downloaded again. A footer read from a
+  damaged copy could abort the process inside pyarrow's C++ (no Python exception to catch), so
+  nothing unchecked is parsed.
 
 Records in: an object's URL, its content key (sha256), a byte range. Out: a read-only buffer of
 those bytes (`pinned`) or the cached file's path (`fetch`).
@@ -43,12 +45,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import mmap
 import os
 import re
 import stat
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,11 +56,14 @@ from typing import Any
 from packtool.errors import ConfigError, DataError
 from packtool.storage import local
 from packtool.storage.cache_fds import close_held, open_held
+from packtool.storage.cache_format import (
+    EMPTY,
+    checked_map,
+    trailer,
+    trailer_size,
+)
 
 CACHE_ENV = "PACKTOOL_CACHE_DIR"
-MAGIC = b"PTc1"
-TRAILER = 8
-"""Bytes after a cached range: its CRC32 (little-endian) and `MAGIC`."""
 STALE_S = 2.0
 """A `.part` file whose downloader holds no lock was left by a dead process when it holds
 bytes (the downloader writes only under its lock), or when it is empty and older than this."""
@@ -297,12 +300,12 @@ class RangeCache:
         """A range's bytes and their trailer written to its `.part` open at `fd`. A disk full
         below `limit` (a small tmpfs, others' files) is made room on (`_make_room`) and the
         write tried once more before it is one line."""
-        trailer = zlib.crc32(piece).to_bytes(4, "little") + MAGIC
+        tail = trailer(piece)
         for attempt in (1, 2):
             try:
                 os.lseek(fd, 0, os.SEEK_SET)
                 os.ftruncate(fd, 0)
-                for chunk in (piece, trailer):
+                for chunk in (piece, tail):
                     view = memoryview(chunk)
                     while view:
                         view = view[os.write(fd, view) :]
@@ -311,7 +314,7 @@ class RangeCache:
                 full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
                 if attempt == 2 or not full:
                     raise self._unwritable(exc) from None
-                self._make_room(len(piece) + TRAILER)
+                self._make_room(len(piece) + trailer_size(len(piece)))
 
     def _make_room(self, need: int) -> None:
         """Sweep until `need` more bytes fit on the disk (its free space): one listing."""
@@ -418,10 +421,17 @@ class RangeCache:
             close_held(fd)
 
     @contextlib.contextmanager
-    def pinned(self, url: Any, key: str, start: int, end: int) -> Iterator[memoryview]:
+    def pinned(
+        self, url: Any, key: str, start: int, end: int, check: tuple[int, int] | None = None
+    ) -> Iterator[memoryview]:
         """The bytes `start`..`end` of `url`, memory-mapped from the cache and checked against
-        their CRC32; the file cannot be evicted until the block ends. A cached copy that fails
-        the check is deleted and downloaded again."""
+        their CRC32s; the file cannot be evicted until the block ends. With `check` (`a`, `b`
+        within the range), only the bytes `a`..`b` are checked and handed on (what a reader of
+        part of the range reads: the view begins at byte `a`). A cached copy that fails the
+        check is deleted and downloaded again."""
+        a, b = (start, end) if check is None else check
+        if not start <= a <= b <= end:
+            raise ValueError(f"check {a}..{b} is not within the range {start}..{end}")
         damaged = 0
         while True:
             path = self.fetch(url, key, start, end)
@@ -446,7 +456,7 @@ class RangeCache:
             # trailer is anyone's to write. Deleted and downloaded again, as a damaged copy
             # (and so is anything but a file: a folder or a FIFO put there since fetch).
             ours = st.st_uid == self.uid and stat.S_ISREG(st.st_mode)
-            mapped = _checked_map(path, st, end - start) if ours else None
+            mapped = checked_map(path, st, end - start, (a - start, b - start)) if ours else None
             if mapped is not None:
                 break
             close_held(fd)
@@ -461,10 +471,10 @@ class RangeCache:
         try:
             with contextlib.suppress(OSError):
                 os.utime(fd)  # recently read: the last to be evicted
-            if mapped is _EMPTY:
+            if mapped is EMPTY or a == b:
                 yield memoryview(b"")
                 return
-            view = memoryview(mapped)[: end - start]
+            view = memoryview(mapped)[a - start : b - start]
             try:
                 yield view
             finally:
@@ -562,37 +572,6 @@ class RangeCache:
         return total - incoming
 
 
-_EMPTY: Any = object()
-
-
 def _part(path: Path) -> Path:
     """Where the range whose file is `path` is written while it downloads (`NAME.part`)."""
     return path.with_name(path.name + ".part")
-
-
-def _checked_map(path: Path, st: os.stat_result, n: int) -> Any:
-    """The file at `path` (the one `st` is of) mapped, when it holds `n` bytes and a trailer
-    whose CRC32 they match (`_EMPTY` for `n` == 0); None for a damaged or unfinished copy (also
-    one written before trailers: it is downloaded again), or one replaced since. Mapped through
-    a descriptor of its own, never locked: a mapping keeps a copy of its descriptor, which a
-    forked child would inherit, and with it a lock."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        mine = os.fstat(fd)
-        if (mine.st_ino, mine.st_dev) != (st.st_ino, st.st_dev) or mine.st_size != n + TRAILER:
-            return None
-        mapped = mmap.mmap(fd, n + TRAILER, prot=mmap.PROT_READ)
-    finally:
-        os.close(fd)
-    view = memoryview(mapped)
-    ok = view[n + 4 :] == MAGIC and zlib.crc32(view[:n]) == int.from_bytes(
-        view[n : n + 4], "little"
-    )
-    view.release()
-    if ok and n:
-        return mapped
-    mapped.close()
-    return _EMPTY if ok else None

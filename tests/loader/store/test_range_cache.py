@@ -13,10 +13,13 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from packtool.errors import ConfigError, DataError
 from packtool.storage import cache as cache_module
-from packtool.storage.cache import TRAILER, RangeCache
+from packtool.storage.cache import RangeCache
+from packtool.storage.cache_format import BLOCK, MAGIC, TRAILER, trailer_size
 
 KEY = "ab" * 32
 
@@ -33,7 +36,9 @@ def _read(cache: RangeCache, obj: Path, start: int, end: int) -> bytes:
         return bytes(view)
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "extend", "no_trailer"])
+@pytest.mark.parametrize(
+    "damage", ["flip", "truncate", "empty", "extend", "no_trailer", "old_trailer"]
+)
 def test_a_damaged_cached_copy_is_downloaded_again_never_handed_on(tmp_path, obj, damage):
     """A cut or emptied copy failed every read ('the shard is damaged') until the cache was
     emptied by hand; a flipped bit in a footer aborted every reader inside pyarrow."""
@@ -51,13 +56,54 @@ def test_a_damaged_cached_copy_is_downloaded_again_never_handed_on(tmp_path, obj
         data = bytearray()
     elif damage == "extend":
         data += b"0123456789"
-    else:  # a copy written before the trailers
+    elif damage == "no_trailer":  # a copy written before the trailers
         data = data[:-TRAILER]
+    else:  # a copy written before block CRC32s (one CRC32 of the whole range: "PTc1")
+        data[-4:] = b"PTc1"
     path.write_bytes(bytes(data))
     before = cache.downloaded
     assert _read(cache, obj, 1000, 9000) == want
     assert cache.downloaded == before + 8000  # downloaded again
     assert _read(cache, obj, 1000, 9000) == want and cache.downloaded == before + 8000
+
+
+@given(data=st.data())
+def test_a_check_of_part_of_a_range_reads_and_checks_only_its_blocks(tmp_path_factory, data):
+    """A reader of one column of a row group (`RowIndex`'s stats: `doc_offsets` alone) checked
+    the CRC32 of the whole range, in every process, for every row group an epoch plans. Now it
+    checks the blocks its bytes lie in, and is handed only those bytes: a flipped bit there is
+    downloaded again; one elsewhere is left to the reader of those bytes (a whole pin here),
+    which downloads it again."""
+    folder = tmp_path_factory.mktemp("partial")
+    obj = folder / "object.bin"
+    obj.write_bytes(os.urandom(3 * BLOCK + 5000))
+    body = obj.read_bytes()
+    cache = RangeCache(folder / "c", 1 << 30)
+    start = data.draw(st.integers(0, 2 * BLOCK), label="start")
+    end = data.draw(st.integers(start + 1, len(body)), label="end")
+    a = data.draw(st.integers(start, end), label="a")
+    b = data.draw(st.integers(a, end), label="b")
+    flip = data.draw(st.integers(0, end - start - 1), label="flipped byte")
+    assert _read(cache, obj, start, end) == body[start:end]
+    path = cache.path(KEY, start, end)
+    damaged = bytearray(path.read_bytes())
+    assert len(damaged) == end - start + trailer_size(end - start)
+    damaged[flip] ^= 0x10
+    path.write_bytes(bytes(damaged))
+    before = cache.downloaded
+    with cache.pinned(obj, KEY, start, end, check=(a, b)) as view:
+        assert bytes(view) == body[a:b]
+    checked = a < b and (a - start) // BLOCK <= flip // BLOCK < -(-(b - start) // BLOCK)
+    assert cache.downloaded == before + (end - start if checked else 0)
+    assert _read(cache, obj, start, end) == body[start:end]  # whole: never the flipped byte
+    assert cache.downloaded == before + end - start
+
+
+def test_a_check_outside_the_range_is_refused(tmp_path, obj):
+    cache = RangeCache(tmp_path / "c", 1 << 30)
+    refused = pytest.raises(ValueError, match="not within the range")
+    with refused, cache.pinned(obj, KEY, 100, 200, check=(50, 150)):
+        pass
 
 
 def test_an_empty_range_and_a_fresh_copy_pass_their_check(tmp_path, obj):
@@ -199,7 +245,7 @@ def test_a_cached_file_another_user_planted_is_downloaded_again(tmp_path, obj):
     assert _read(cache, obj, 1000, 3000) == want
     path = cache.path(KEY, 1000, 3000)
     forged = b"A" * 2000
-    path.write_bytes(forged + zlib.crc32(forged).to_bytes(4, "little") + cache_module.MAGIC)
+    path.write_bytes(forged + zlib.crc32(forged).to_bytes(4, "little") + MAGIC)
     os.chown(path, 65534, 65534)
     before = cache.downloaded
     assert _read(cache, obj, 1000, 3000) == want

@@ -15,7 +15,8 @@ from loader import PackedDataLoader, PackedDataset
 from packtool.dataset.shards import ShardConfig
 from packtool.engines.local import RunConfig, run_pack
 from packtool.pack.chunk import PackConfig
-from packtool.storage.cache import TRAILER, RangeCache
+from packtool.storage.cache import RangeCache
+from packtool.storage.cache_format import trailer_size
 
 ROOT = Path(__file__).resolve().parents[3]
 CORPUS = ROOT / "sample_data" / "corpus.jsonl"
@@ -102,7 +103,7 @@ def test_a_warm_cache_downloads_nothing_and_a_node_downloads_each_range_once(dat
     for t in threads:
         t.join()
     assert sum(c.downloaded for c in readers) == end - start
-    assert fresh.sweep() == end - start + TRAILER  # the range and its CRC32 trailer
+    assert fresh.sweep() == end - start + trailer_size(end - start)  # the range, its CRC32s
 
 
 def test_a_pinned_range_is_never_evicted(datasets, tmp_path):
