@@ -10,6 +10,8 @@ the loader) can be tested on exact, hand-checkable data, then damaged in specifi
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -186,8 +188,28 @@ def _stop_cluster() -> None:
     import ray
 
     cluster = _CLUSTER.pop()
+    logs = Path(cluster.head_node.get_session_dir_path()) / "logs"
     ray.shutdown()
     cluster.shutdown()
+    _kill_hung_workers(logs)
+
+
+def _kill_hung_workers(logs: Path) -> None:
+    """Kill the cluster's worker processes that outlived it: a Ray worker can deadlock in its own
+    exit handlers (seen 2026-12-07: an actor's `CoreWorkerProcessImpl` destructor waiting on a
+    boost::asio lock it held, after "Shutdown complete"), and then lives on, orphaned, after its
+    raylet is gone. Each worker's log file names its pid (`worker-<id>-<job>-<pid>.out`)."""
+    import signal
+
+    for log in logs.glob("worker-*.out"):
+        pid = log.stem.rsplit("-", 1)[-1]
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue  # ended, as it should have
+        if cmd.startswith(b"ray::") or b"default_worker.py" in cmd:
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
 
 
 _RAY_TESTS_LEFT: set[str] | None = None
