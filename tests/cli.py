@@ -9,13 +9,17 @@ from click.testing import CliRunner
 from packtool.cli.commands import main
 from packtool.storage.remote import OPTIONS_ENV
 
+NUMBA_EXTENSIONS_ENV = "PACKTOOL_NUMBA_EXTENSIONS"
+
 
 def run(*args: object) -> tuple[int, str, str]:
     """Run `packtool ARGS` through `main()`; returns (exit code, stdout, stderr). The variable
-    `--storage-options` sets for the run's worker processes is put back afterwards, as it is
-    when a `packtool` process ends (else one test's options would reach the next ones)."""
+    `--storage-options` sets for the run's worker processes, and `PACKTOOL_NUMBA_EXTENSIONS`
+    (which `main()` sets for its own process where unset), are put back afterwards, as they are
+    when a `packtool` process ends (else one test's run would change the next ones)."""
     runner = CliRunner()
-    with runner.isolation(env={OPTIONS_ENV: os.environ.get(OPTIONS_ENV)}) as streams:
+    kept = {name: os.environ.get(name) for name in (OPTIONS_ENV, NUMBA_EXTENSIONS_ENV)}
+    with runner.isolation(env=kept) as streams:
         try:
             main([str(a) for a in args])
             code = 0
