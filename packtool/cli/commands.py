@@ -540,13 +540,15 @@ def pack_cmd(
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns `PacktoolError` into one line."""
-    previous = interrupt.install_sigint()
     # Python's default (700) ran ~250 collections in a pack's imports: 0.3-0.45 s with the GIL
     # held. A command's data is arrays, not cycles; collections stay on, just rarer.
     gc.set_threshold(10_000, 10, 10)
     os.environ.setdefault("PACKTOOL_NUMBA_EXTENSIONS", "0")  # packtool/pack/warmup.py says why
     given = sys.argv[1:] if argv is None else [str(a) for a in argv]
     running, noting = command_line.ARGS.set(given), interrupt.note.set(lambda: "")
+    # Installed here, next to the `try` whose `finally` restores it: an error before it (an
+    # argument that is no text) left the CLI's handler in place for an in-process caller.
+    previous = interrupt.install_sigint()
     try:
         cli.main(args=given, prog_name="packtool", standalone_mode=False)
     except BaseException as exc:  # one line and an exit code for what a user can act on
