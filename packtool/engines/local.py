@@ -201,18 +201,20 @@ def _start_tracker() -> None:
 
 
 def _preload(paths: tuple[str, ...], kernels: bool = False) -> list[str]:
-    """`pool_server` first (the server and its workers ignore Ctrl-C: the driver answers it),
-    then what every worker process imports sooner or later: this module (the pool's initializer
-    and task live here), the store clients for `paths`, and pandas where it is installed:
-    pyarrow imports it at a process's first `pa.array` / `to_numpy` (~0.45 s of one core here),
-    which every worker that keeps a tail reaches. Then, for `kernels` (the workers of a pack),
-    `pool_kernels`: the packer's numba kernels, loaded (~1.2 s of CPU) once for all workers."""
+    """`pool_server` first (the server and its workers ignore Ctrl-C: the driver answers it;
+    and the server ends if its driver does before `pool_ready`, last), then what every worker
+    process imports sooner or later: this module (the pool's initializer and task live here),
+    the store clients for `paths`, and pandas where it is installed: pyarrow imports it at a
+    process's first `pa.array` / `to_numpy` (~0.45 s of one core here), which every worker that
+    keeps a tail reaches. Then, for `kernels` (the workers of a pack), `pool_kernels`: the
+    packer's numba kernels, loaded (~1.2 s of CPU) once for all workers."""
     modules = ["packtool.engines.pool_server", "packtool.engines.local"]
     modules += remote.client_modules(paths)
     if importlib.util.find_spec("pandas") is not None:
         modules.append("pandas")
     if kernels:
         modules.append("packtool.engines.pool_kernels")
+    modules.append("packtool.engines.pool_ready")
     return modules
 
 

@@ -151,3 +151,78 @@ def test_a_pack_s_fork_server_loads_the_kernels_once_for_every_worker(tmp_path):
         "[True, True, True, True] False",
         "[False, False, False, False] False",
     ], done.stderr[-2000:]
+
+
+GONE_DRIVER = """
+import multiprocessing.forkserver, os, pathlib, sys, time
+from packtool.engines import local
+
+local.start_pool_server(kernels=True)  # as a pack's driver starts it, then a preflight error
+print(multiprocessing.forkserver._forkserver._forkserver_pid, flush=True)
+if sys.argv[1] == "compiling":  # until the server has written its first kernel's cache
+    cache = pathlib.Path(os.environ["NUMBA_CACHE_DIR"])
+    while not any(cache.rglob("*.nbc")):
+        time.sleep(0.02)
+"""
+
+
+def _server_running(pid: int) -> bool:
+    """Whether fork server `pid` still runs (a zombie nobody reaps has ended)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return b"forkserver" in cmdline and state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+@pytest.mark.parametrize("when", ["at once", "compiling"])
+def test_a_fork_server_ends_with_a_driver_gone_during_its_preload(tmp_path, when):
+    # Seen: `packtool pack ... -o <non-empty folder> --partition-size 300000` exited 1 at its
+    # preflight while its fork server, started early, went on loading the kernels for nobody:
+    # 3.8 s with numba's cache warm, 15 s cold (41 cache files written); the server sees its
+    # driver's end in its own loop only, once its preload has run. A cold cache here: without
+    # the watch it would still be compiling at the deadline. The driver ends at once, or once
+    # the server is compiling the kernels.
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"), PYTHONPATH=str(ROOT))
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("w") as stdout, err.open("w") as stderr:  # files: the server holds them too
+        done = subprocess.run(
+            [sys.executable, "-c", GONE_DRIVER, when], cwd=ROOT, env=env, stdout=stdout,
+            stderr=stderr, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 0, err.read_text()[-2000:]
+    pid = int(out.read_text())
+    try:
+        deadline = time.monotonic() + 6
+        while _server_running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _server_running(pid), "the fork server outlived its driver"
+    finally:
+        if _server_running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+SERVER_THREADS = """
+import multiprocessing.forkserver, os
+from concurrent.futures import ProcessPoolExecutor
+from packtool.engines import local
+
+mp = local.start_pool_server(kernels=True)
+with ProcessPoolExecutor(1, mp_context=mp) as pool:
+    pool.submit(os.getpid).result()  # the server has finished its preload
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    print(len(os.listdir(f"/proc/{pid}/task")))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_fork_server_forks_its_workers_without_the_driver_watch():
+    # The watch's thread ends with the preload (`pool_ready`): the server forks its workers
+    # with the threads it has anyway, the interpreter's and pyarrow's jemalloc_bg_thd.
+    done = subprocess.run(
+        [sys.executable, "-c", SERVER_THREADS], cwd=ROOT, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.stdout.strip() == "2", done.stderr[-2000:]

@@ -909,11 +909,14 @@ def test_the_workers_server_imports_the_store_client_and_pandas_ahead(monkeypatc
     assert ({"s3fs", "obstore"} - {client}).isdisjoint(modules)
     assert ("pandas" in modules) == (importlib.util.find_spec("pandas") is not None)
     assert client not in local._preload(("/data/in", "/tmp/out"))
-    # a pack's server loads the packer's kernels too, last (test_pool_server.py: once for all)
+    # a pack's server loads the packer's kernels too, last but for pool_ready, which ends the
+    # driver watch pool_server started (test_pool_server.py: once for all; the watch)
     assert "packtool.engines.pool_kernels" not in modules
-    assert local._preload(("/data/in", "/tmp/out"), kernels=True)[-1] == (
-        "packtool.engines.pool_kernels"
-    )
+    assert modules[-1] == "packtool.engines.pool_ready"
+    assert local._preload(("/data/in", "/tmp/out"), kernels=True)[-2:] == [
+        "packtool.engines.pool_kernels",
+        "packtool.engines.pool_ready",
+    ]
 
 
 @pytest.mark.parametrize("client", ["s3fs", "obstore"])
