@@ -42,7 +42,9 @@ class WorkerContext:
 
 def setup_process(threads: int | None) -> None:
     """Once per worker process: tokenizer threads for this worker's share of the cores. (The
-    packer's kernels load in its first partition, once the reading has begun.)"""
+    packer's kernels are usually loaded already in a pool worker, by the fork server it was
+    forked from (`pool_kernels`); where not, and in a process of its own, they load in its
+    first partition, once the reading has begun.)"""
     # The Rust engines size their thread pools at their first encode (an explicit variable wins).
     limit_threads(threads)
 

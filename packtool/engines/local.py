@@ -16,7 +16,11 @@ not serialise the workers. On this project's shared 2-core box the two measured 
 other's noise (README, "Scale-out": processes 1.4x faster in one run, threads 1.4x in the next);
 `PACKTOOL_WORKER_POOL=thread` selects threads. The pool is a `forkserver` pool, so the workers
 do not inherit this process's threads, and only small partition descriptors go to them; each
-loads the tokenizer once, and finds the numba kernels the server loaded (`pool_kernels`).
+loads the tokenizer once, and usually finds the numba kernels the server loaded
+(`pool_kernels`). Not where the server already ran without them (started earlier in this
+process by a `tokenize --to megatron` run, whose server loads none: a later pack keeps it),
+nor where the server's loading failed (a numba cache it cannot write): each worker then loads
+them itself in its first partition. The extra rounds' kernel (`--rounds`) is never among them.
 
 A worker process that dies (killed, out of memory) loses only its partition, and a fork server
 that dies loses the partition it was starting a worker for: the pool is rebuilt and the unfinished partitions run again, each at most `MAX_RETRIES` times, with the same
@@ -207,7 +211,8 @@ def _preload(paths: tuple[str, ...], kernels: bool = False) -> list[str]:
     the store clients for `paths`, and pandas where it is installed: pyarrow imports it at a
     process's first `pa.array` / `to_numpy` (~0.45 s of one core here), which every worker that
     keeps a tail reaches. Then, for `kernels` (the workers of a pack), `pool_kernels`: the
-    packer's numba kernels, loaded (~1.2 s of CPU) once for all workers."""
+    packer's numba kernels, loaded once for all workers (0.6-1.3 s of CPU a process: what that
+    measures is in `pool_kernels`)."""
     modules = ["packtool.engines.pool_server", "packtool.engines.local"]
     modules += remote.client_modules(paths)
     if importlib.util.find_spec("pandas") is not None:

@@ -140,7 +140,10 @@ def run_partition(
             while not (ENCODING_STARTED.wait(0.01) or reading.is_set()):
                 pass
         t0 = time.perf_counter()
-        warmup.warm_up(ctx.pack.rounds)  # ~0.3 s on a process's first call, then free
+        # numba's import and cache loading on a process's first call (pool_kernels.py says
+        # what it costs), then free; a pool worker's first is usually free too: its fork
+        # server loaded them (not the --rounds kernel).
+        warmup.warm_up(ctx.pack.rounds)
         state.seconds["load kernels"] += time.perf_counter() - t0
 
     def pack_and_write(table: pa.Table, c: int, carry: pa.Table | None) -> pa.Table | None:
