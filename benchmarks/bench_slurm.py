@@ -113,7 +113,7 @@ def main() -> None:
         f"{'met' if pull <= GOAL else 'missed'}). With fixed shares every task pays its own "
         f"start, {fixed:.2f} core-s at one partition a task: about 0.9 s of the task's Python "
         "start, imports (numba) and kernel load, which the local engine pays once per worker "
-        "process, and Slurm's scheduling of the next task (up to the test cluster's 1 s "
+        "process (the kernels once per run, in its fork server), and Slurm's scheduling of the next task (up to the test cluster's 1 s "
         "scheduling interval; a production cluster's queue adds more), plus the probe job. "
         "Pull mode pays them once per worker and has no probe job.\n\n"
         f"{table}"
