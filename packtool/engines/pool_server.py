@@ -65,9 +65,9 @@ def watch_driver() -> None:
     """
     global _WATCH
     main = _server_main()
-    if main is None or _WATCH is not None:
-        return
-    alive_r = main.f_locals["alive_r"]
+    alive_r = None if main is None else main.f_locals.get("alive_r")
+    if not isinstance(alive_r, int) or _WATCH is not None:
+        return  # not a fork server's preload, or a `main` of another shape: no watch
     wake_r, wake_w = os.pipe()
 
     def wait() -> None:
