@@ -28,7 +28,7 @@ under `cache_dir`, and memory-mapped from there by every worker (and rank) that 
   or can write in is refused at construction: a CRC32 trailer is anyone's to write, so whoever
   can create files there could replace the training data. Files are made 0600 (a job's ranks
   and workers are one user), and a cached file another user owns is downloaded again.
-- **Checked.** Each file ends with a CRC32 of each 64 KiB block of its bytes (cache_format.py);
+- **Checked.** Each file ends with a CRC32 of each 16 KiB block of its bytes (cache_format.py);
   `pinned` checks the size and the blocks of the bytes it hands on (all of them, or those of
   `check`: a reader of one column of a row group, `RowIndex`'s stats, checks that column's
   blocks, not the whole range), and a file that fails (a flipped bit on disk, a file cut short

@@ -22,8 +22,13 @@ from typing import Any
 MAGIC = b"PTc2"
 """The last bytes of a cached file. `PTc1` (until 2026-12-07): one CRC32 of the whole range,
 which a reader of one column of a row group checked whole; such files are downloaded again."""
-BLOCK = 64 << 10
-"""The bytes each CRC32 of a cached file's trailer covers (the last block may be shorter)."""
+BLOCK = 16 << 10
+"""The bytes each CRC32 of a cached file's trailer covers (the last block may be shorter). A
+reader of a row group's small `doc_offsets` chunk (every process of a node reads it for every
+row group an epoch plans) checks one or two blocks; the decode of a ~1 MB row group (once per
+node) makes 64 `zlib.crc32` calls. Measured 2026-12-07 (180 MB bench corpus, 161 row groups,
+warm cache, one process): every row group's stats read took 173 ms of CPU with one CRC32 of
+the whole range, 101 ms with 64 KiB blocks, 88-92 ms with 16 KiB ones (from disk: 38-61 ms)."""
 
 
 def trailer_size(n: int) -> int:

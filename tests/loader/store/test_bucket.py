@@ -246,7 +246,8 @@ def test_the_row_stats_of_a_row_group_check_only_its_doc_offsets(url, tmp_path, 
     from loader.store.bucket import chunks_range
     from packtool.storage import cache_format
 
-    # This corpus's row groups are ~36 KB, under one 64 KiB block: blocks of 4 KiB here
+    # This corpus's row groups are ~36 KB, 3 blocks of 16 KiB: 4 KiB blocks here put the first
+    # page of input_ids and the doc_offsets chunk in blocks of their own (asserted below)
     monkeypatch.setattr(cache_format, "BLOCK", 4096)
     cache = tmp_path / "cache"
     want = _batches(url, cache)
