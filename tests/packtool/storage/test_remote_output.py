@@ -367,16 +367,7 @@ the rest to do) and the resume has many left (60 kB, 52 partitions, doubled both
 def uninterrupted(tmp_path_factory) -> dict[str, bytes]:
     """The kill -9 test's run, uninterrupted, into a local folder: every file's bytes by name."""
     out = tmp_path_factory.mktemp("uninterrupted") / "ds"
-    run_pack(
-        RunConfig(
-            inputs=(str(CORPUS),),
-            out_dir=str(out),
-            pack=PackConfig(max_len=1024),
-            partition_size=KILLED_PARTITIONS,
-            progress=False,
-        )
-    )  # fmt: skip
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    return common.packed_files(out, partition_size=KILLED_PARTITIONS)
 
 
 def test_kill_9_during_a_pack_then_resume_gives_the_same_bytes(fs, uninterrupted, s3_client):
