@@ -59,29 +59,16 @@ def dataset_gone(shard: Any, folder: Any) -> DataError:
     )
 
 
-def byte_range(meta: pq.FileMetaData, g: int) -> tuple[int, int]:
+def byte_range(meta: pq.FileMetaData, g: int, columns: list[str] | None = None) -> tuple[int, int]:
     """The bytes of row group `g` in its file: from its first column chunk's first page
-    (dictionary or data) to its last chunk's end."""
+    (dictionary or data) to its last chunk's end; with `columns` (top-level names), of those
+    columns' chunks only (a column between them, unread, is inside), or all of them where the
+    row group has no chunk of these."""
     rg = meta.row_group(g)
-    starts, ends = [], []
+    spans = []
     for c in range(rg.num_columns):
         col = rg.column(c)
-        start = col.data_page_offset
-        if col.has_dictionary_page and col.dictionary_page_offset:
-            start = min(start, col.dictionary_page_offset)
-        starts.append(start)
-        ends.append(start + col.total_compressed_size)
-    return min(starts), max(ends)
-
-
-def chunks_range(meta: pq.FileMetaData, g: int, columns: list[str]) -> tuple[int, int]:
-    """The bytes of row group `g` in its file that the chunks of `columns` (top-level names)
-    span: from the first one's first page to the last one's end (a column between them, unread,
-    is inside). All of `byte_range` where the row group has no chunk of them."""
-    rg, wanted, spans = meta.row_group(g), set(columns), []
-    for c in range(rg.num_columns):
-        col = rg.column(c)
-        if col.path_in_schema.split(".", 1)[0] in wanted:
+        if columns is None or col.path_in_schema.split(".", 1)[0] in columns:
             start = col.data_page_offset
             if col.has_dictionary_page and col.dictionary_page_offset:
                 start = min(start, col.dictionary_page_offset)
@@ -202,7 +189,7 @@ class BucketRowGroups:
         size = self.manifest.shards[shard].bytes
         for attempt in (1, 2, 3):
             url, key, start, end = self._where(shard, g)
-            check = chunks_range(self.metas[shard], local, columns)
+            check = byte_range(self.metas[shard], local, columns)
             pin = self.cache.pinned(url, key, start, end, check)
             with self._shard_checked(shard), pin as view:
                 source = RangeFile(view, check[0], size)

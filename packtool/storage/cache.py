@@ -471,7 +471,7 @@ class RangeCache:
         try:
             with contextlib.suppress(OSError):
                 os.utime(fd)  # recently read: the last to be evicted
-            if mapped is EMPTY or a == b:
+            if mapped is EMPTY:
                 yield memoryview(b"")
                 return
             view = memoryview(mapped)[a - start : b - start]

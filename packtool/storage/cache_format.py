@@ -41,7 +41,7 @@ TRAILER = trailer_size(1)
 """The trailer of a range of at most `BLOCK` bytes (one CRC32 and `MAGIC`)."""
 
 EMPTY: Any = object()
-"""`checked_map`'s answer for a range of no bytes that passes its check (nothing to map)."""
+"""`checked_map`'s answer for a check of no bytes that passes (nothing to map)."""
 
 
 def trailer(piece: memoryview) -> bytes:
@@ -59,7 +59,7 @@ def _crcs(piece: memoryview) -> bytes:
 def checked_map(path: Path, st: os.stat_result, n: int, check: tuple[int, int]) -> Any:
     """The file at `path` (the one `st` is of) mapped, when it holds `n` bytes and a trailer
     (`trailer_size`) whose CRC32s the blocks of bytes `check` (`a`, `b`: offsets in the range)
-    match (`EMPTY` for `n` == 0); None for a damaged or unfinished copy (also one of an older
+    match (`EMPTY` where `check` holds no byte: nothing to map); None for a damaged or unfinished copy (also one of an older
     trailer: it is downloaded again), or one replaced since. Mapped through a descriptor of its
     own, never locked: a mapping keeps a copy of its descriptor, which a forked child would
     inherit, and with it a lock."""
@@ -82,7 +82,7 @@ def checked_map(path: Path, st: os.stat_result, n: int, check: tuple[int, int]) 
         view[first * BLOCK : min(last * BLOCK, n)]
     ) == bytes(view[n + 4 * first : n + 4 * last])
     view.release()
-    if ok and n:
+    if ok and a < b:
         return mapped
     mapped.close()
     return EMPTY if ok else None

@@ -243,7 +243,7 @@ def test_the_row_stats_of_a_row_group_check_only_its_doc_offsets(url, tmp_path, 
     spent ~1.4 CPU-s more than from disk (180 MB, 2 ranks x 2 workers), the stats most of it.
     Now they check the blocks of that column's chunk; the decode of the row group checks every
     column it reads, so damage the stats did not read is still never handed on."""
-    from loader.store.bucket import chunks_range
+    from loader.store.bucket import byte_range
     from packtool.storage import cache_format
 
     # This corpus's row groups are ~36 KB, 3 blocks of 16 KiB: 4 KiB blocks here put the first
@@ -256,8 +256,8 @@ def test_the_row_stats_of_a_row_group_check_only_its_doc_offsets(url, tmp_path, 
     g = store.num_row_groups // 2
     shard, local = int(store._rg_shard[g]), int(store._rg_local[g])
     _, key, start, end = bucket._where(shard, g)
-    ids = chunks_range(bucket.metas[shard], local, ["input_ids"])
-    offsets = chunks_range(bucket.metas[shard], local, ["doc_offsets"])
+    ids = byte_range(bucket.metas[shard], local, ["input_ids"])
+    offsets = byte_range(bucket.metas[shard], local, ["doc_offsets"])
     assert start <= ids[0] < ids[1] <= offsets[0] < offsets[1] <= end
     assert offsets[1] - offsets[0] < (end - start) // 4  # a small part of the range
     assert (ids[0] - start) // 4096 < (offsets[0] - start) // 4096  # in blocks of their own
