@@ -27,8 +27,9 @@ BLOCK = 16 << 10
 reader of a row group's small `doc_offsets` chunk (every process of a node reads it for every
 row group an epoch plans) checks one or two blocks; the decode of a ~1 MB row group (once per
 node) makes 64 `zlib.crc32` calls. Measured 2026-12-07 (180 MB bench corpus, 161 row groups,
-warm cache, one process): every row group's stats read took 173 ms of CPU with one CRC32 of
-the whole range, 101 ms with 64 KiB blocks, 88-92 ms with 16 KiB ones (from disk: 38-61 ms)."""
+warm cache, one process): every row group's row counts took 173 ms of CPU with one CRC32 of
+the whole range, 101 ms with 64 KiB blocks, 88-92 ms with 16 KiB ones (from disk: 38-61 ms);
+`python -m benchmarks.bench_bucket_loader` measures the last two (its row counts row)."""
 
 
 def trailer_size(n: int) -> int:
