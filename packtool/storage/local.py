@@ -307,6 +307,13 @@ def prefetch(path: str | os.PathLike, start: int, end: int | None, size: int) ->
         _reads().prefetch(path, start, end, size)
 
 
+def forget_prefetch(path: str | os.PathLike, start: int) -> None:
+    """Drop what `prefetch(path, start, ...)` fetched if this process never read it (the
+    partition failed or stopped first); nothing for a local file or a block already taken."""
+    if is_remote(path):
+        _reads().forget_prefetch(path, start)
+
+
 SMALL_FILE_LIMIT = 4 << 30
 """The most bytes `read_bytes` / `read_text` read: manifests, records, tokenizer files."""
 

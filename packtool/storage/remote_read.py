@@ -3,7 +3,8 @@
 `open_input` gives a seekable, buffered file whose reads are ranged GETs (`ReadAhead`: a small
 first block, a 1 MB one, then `READ_BYTES` blocks fetched ahead on threads), so a worker parses
 one block while the next downloads and no worker downloads an object it does not need;
-`prefetch` starts the first block of the piece a process reads next; `read_range` and
+`prefetch` starts the first block of the piece a process reads next (`forget_prefetch` drops it
+if the piece is never opened); `read_range` and
 `read_bytes` are one GET; `open_random` reads at offsets (Parquet). A web server that ignores
 ranges is handled in `_fetch_range` and `RandomRead`.
 
@@ -153,6 +154,18 @@ def _note_no_ranges(p: str, what: str) -> None:
 
 _NO_RANGES: set[str] = set()
 """URLs whose server answered a ranged read with the whole object (noted once per process)."""
+
+
+def forget_prefetch(path: Any, start: int) -> None:
+    """Drop the block `prefetch` started at `start` of the object `path` if no reader took it
+    (its reader's partition failed or stopped before opening it), cancelling its GET if it has
+    not begun: a failed partition's prefetch held up to `READ_BYTES` in the worker until two
+    newer prefetches pushed it out (until 2026-12-07)."""
+    _, p = filesystem(path)
+    with _PREFETCH_LOCK:
+        blocks = _PREFETCHED.pop((p, start), [])
+    for _, _, job in blocks:
+        job.cancel()
 
 
 def _prefetched(p: str, start: int) -> list[tuple[int, int, Any]]:

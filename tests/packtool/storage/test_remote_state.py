@@ -269,6 +269,56 @@ def test_the_first_failed_check_in_order_is_the_one_reported(bucket):
             pass
 
 
+def test_a_partition_that_fails_keeps_no_prefetched_block(bucket, monkeypatch):
+    """A partition that fails after its first piece (a's check after reading) had started the
+    first block of b, which it never opened: the block stayed in the process's prefetch table
+    (up to 16 MB held until two newer prefetches pushed it out, and found by a later test in CI,
+    2026-12-07). It is dropped when the partition's reading stops; a stop while the piece is
+    read keeps nothing either."""
+    from packtool.read.documents import SkipCounter
+    from packtool.storage import remote_read
+    from packtool.tokenize.tables import FilePiece, partition_tables
+
+    monkeypatch.setattr(remote_read, "_PREFETCHED", collections.OrderedDict())
+    started: list[tuple[str, int]] = []
+    real = remote_read.prefetch
+
+    def noted(path, start, end, size):
+        started.append((str(path).rsplit("/", 1)[1], start))
+        real(path, start, end, size)
+
+    monkeypatch.setattr(remote_read, "prefetch", noted)
+    for name in ("a", "b", "c"):
+        _put(bucket, f"fail/{name}.jsonl", OLD)
+    pieces = [
+        FilePiece(f"s3://{bucket}/fail/{name}.jsonl", len(OLD), 0, i)
+        for i, name in enumerate(("a", "b", "c"))
+    ]
+
+    def check(piece):
+        if piece.path.endswith("a.jsonl") and check.calls:
+            raise DataError("a.jsonl: changed since the run was planned (stand-in)")
+        check.calls += 1
+
+    check.calls = 0
+    source, tok = _raw_source()
+    with pytest.raises(DataError, match=r"^a\.jsonl: changed"):
+        for _ in partition_tables(source, tok, pieces, SkipCounter(), check):
+            pass
+    # The prefetches the failure must drop were made (b's, and c's when b was read before a's
+    # check failed: the checks run beside the reading)
+    assert started[:1] == [("b.jsonl", 0)], started
+    assert not remote_read._PREFETCHED
+    # Stopped by its consumer in the middle of b (c's block started, not opened): dropped too.
+    started.clear()
+    check.calls = -10  # no check fails
+    tables = partition_tables(source, tok, pieces[1:], SkipCounter(), check)
+    next(iter(tables))
+    tables.close()
+    assert started == [("c.jsonl", 0)], started
+    assert not remote_read._PREFETCHED
+
+
 def _rows_and_gets(pieces, monkeypatch) -> tuple[int, list[tuple[str, int, int]]]:
     """The rows of a partition of `pieces` (raw text, byte tokenizer, no checks) and the GETs
     its sequential reads made: (object name, start, end)."""
@@ -284,9 +334,8 @@ def _rows_and_gets(pieces, monkeypatch) -> tuple[int, list[tuple[str, int, int]]
         return real(fs, path, start, end, url)
 
     monkeypatch.setattr(remote_read, "_fetch_range", counting)
-    # This partition's prefetches only: an earlier test's run that failed mid-partition (the
-    # checks-in-order test) can leave one it never took, which a caller's `not _PREFETCHED`
-    # would count as this run's (seen in CI, 2026-12-07: 'state-s3fs/order/b.jsonl').
+    # This partition's prefetches only (an earlier test's run that failed mid-partition left
+    # one it never took until 2026-12-07, seen in CI: 'state-s3fs/order/b.jsonl').
     monkeypatch.setattr(remote_read, "_PREFETCHED", collections.OrderedDict())
     source, tok = _raw_source()
     checks = lambda p: None  # noqa: E731
