@@ -51,7 +51,7 @@ from loader.online.inputs import (
 )
 from loader.online.rows import EMPTY_I64, PackedRows, RowBatcher
 from loader.online.segments import Segments
-from loader.online.state import check_packer_state, config_state
+from loader.online.state import check_packer_state, config_state, saved
 from loader.record import tensor_ids
 from packtool.dataset.columns import LOSS_MASK
 from packtool.errors import ConfigError, DataError, PacktoolError
@@ -442,8 +442,8 @@ class OnlinePacker:
         """Everything needed to continue exactly: buffered segments (tokens included), rows not
         yet popped, counters; during `pack_stream` / `batches`, also the documents read from the
         source but not yet pushed and the rows packed but not yet batched (resume: load it, then
-        run over the source from the first document not yet read). numpy arrays inside;
-        `torch.save` / pickle store it as is."""
+        run over the source from the first document not yet read). Arrays as torch tensors, so
+        `torch.load`'s default `weights_only=True` loads a checkpoint holding it."""
         buf = Segments.concat(self._parts) if self._parts else None
         rest = [] if self._batcher is None else [self._batcher.rest()]
         out = [r for r in rest + self._out if r.n_rows]  # the batcher's rows come first
@@ -451,23 +451,25 @@ class OnlinePacker:
         if self._pending:
             lengths = np.fromiter(map(len, self._pending), np.int64, len(self._pending))
             pending = {"tokens": np.concatenate(self._pending), "lengths": lengths}
-        return {
-            "config": config_state(self.config),
-            "seed_key": list(self.seed_key),
-            "buffer": None if buf is None else buf.to_state(),
-            "out": PackedRows.concat(out).to_state() if out else None,
-            "pending": pending,
-            "has_tokens": self._has_tokens,
-            "columns": None if self._columns is None else list(self._columns),
-            "dtype": None if self._dtype is None else self._dtype.str,
-            "counts": self._counts.to_dict(),
-            "packs": self._packs,
-            "held_rows": self._held_rows,
-            "forced_rows": self._forced_rows,
-            "flushes": self._flushes,
-            "next_doc_id": self._next_doc_id,
-            "closed": self._closed,
-        }
+        return saved(
+            {
+                "config": config_state(self.config),
+                "seed_key": list(self.seed_key),
+                "buffer": None if buf is None else buf.to_state(),
+                "out": PackedRows.concat(out).to_state() if out else None,
+                "pending": pending,
+                "has_tokens": self._has_tokens,
+                "columns": None if self._columns is None else list(self._columns),
+                "dtype": None if self._dtype is None else self._dtype.str,
+                "counts": self._counts.to_dict(),
+                "packs": self._packs,
+                "held_rows": self._held_rows,
+                "forced_rows": self._forced_rows,
+                "flushes": self._flushes,
+                "next_doc_id": self._next_doc_id,
+                "closed": self._closed,
+            }
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state_dict()` (saved with the same settings).
@@ -476,7 +478,7 @@ class OnlinePacker:
             DataError: Not a packer state, one saved with other settings, or a damaged one (a
                 part missing or malformed; loader/online/state.py checks every part).
         """
-        check_packer_state(state, self.config)
+        state = check_packer_state(state, self.config)  # its tensors as numpy arrays
         self.load_checked_state(state)
 
     def load_checked_state(self, state: dict[str, Any]) -> None:

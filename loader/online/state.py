@@ -1,7 +1,9 @@
 """Checkpoints of online packing: the `OnlinePacker` state and the packed rows inside states.
 
-`OnlinePacker.state_dict()` and `StreamingPackedDataset.state_dict()` hold numpy arrays, counters
-and flags. Everything is checked before any of it is used: a damaged part would otherwise fail
+`OnlinePacker.state_dict()` and `StreamingPackedDataset.state_dict()` hold arrays (as torch
+tensors, `saved`: `torch.load`'s default `weights_only=True` refused numpy's arrays until
+2026-12-07, so a checkpoint loaded as torch's documentation shows failed), counters and flags;
+`loaded` turns them back into numpy arrays (a state pickled with numpy's arrays still loads). Everything is checked before any of it is used: a damaged part would otherwise fail
 later as a bare KeyError / TypeError, or worse, be used as is (a truthy string for `closed`, a
 count gone missing, a segment pointing outside its tokens). A bad part is a `DataError` naming its
 key path (`packer.buffer.length`, `ready[0].tokens`) and saying the checkpoint is damaged.
@@ -9,10 +11,12 @@ key path (`packer.buffer.length`, `ready[0].tokens`) and saying the checkpoint i
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import fields
 from typing import Any
 
 import numpy as np
+import torch
 
 from loader.config import OnlineConfig
 from loader.online.rows import PackedRows
@@ -51,6 +55,34 @@ _INT64_MAX = np.iinfo(np.int64).max
 _COUNT_KEYS = frozenset(f.name for f in fields(PackCounts))
 _ROWS_KEYS = tuple(f.name for f in fields(PackedRows) if f.name != "columns")
 _SEGMENT_KEYS = tuple(f.name for f in fields(Segments) if f.name != "columns")
+
+
+def saved(value: Any) -> Any:
+    """`value` with every numpy array a torch tensor sharing its memory and every numpy scalar
+    a Python number: what `torch.load(..., weights_only=True)`, torch's default, accepts."""
+    if isinstance(value, np.ndarray):
+        with warnings.catch_warnings():  # a read-only array (an Arrow buffer): only read
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: saved(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(saved(v) for v in value)
+    return value
+
+
+def loaded(value: Any) -> Any:
+    """`value` with every torch tensor a numpy array sharing its memory (`saved` undone); what
+    is not a tensor is left as it is, for the checks to judge."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    if isinstance(value, dict):
+        return {k: loaded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(loaded(v) for v in value)
+    return value
 
 
 def config_state(config: OnlineConfig) -> dict[str, Any]:
@@ -208,8 +240,9 @@ def check_rows_state(
 
 def check_packer_state(
     state: Any, config: OnlineConfig, *, owner: str = "OnlinePacker", at: str = ""
-) -> None:
-    """Refuse what is not an intact `OnlinePacker` state saved with `config`.
+) -> Any:
+    """Refuse what is not an intact `OnlinePacker` state saved with `config`; the state, its
+    tensors as numpy arrays (`loaded`), if it is one.
 
     Args:
         state: An `OnlinePacker.state_dict()`.
@@ -220,6 +253,7 @@ def check_packer_state(
     Raises:
         DataError: Not a packer state, one saved with other settings, or a damaged one.
     """
+    state = loaded(state)  # tensors (or numpy arrays, in states saved before 2026-12-07)
     check = StateCheck(owner)
     if not at:
         # A packer's own state: say plainly when it is not one at all.
@@ -277,6 +311,7 @@ def check_packer_state(
         _check_rows(check, state["out"], f"{at}out", has_tokens, config.max_len)
     if state.get("pending") is not None:
         _check_pending(check, state["pending"], f"{at}pending", has_tokens, state["closed"])
+    return state
 
 
 def _check_pending(

@@ -47,6 +47,8 @@ from loader.online.state import (
     check_packer_state,
     check_rows_state,
     config_state,
+    loaded,
+    saved,
     settings_diff,
 )
 from loader.packed.resume import PendingStart
@@ -366,7 +368,11 @@ class StreamingPackedDataset(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """Where this copy of the dataset stands, buffer contents included (after the last batch
         it yielded). Before any iteration: the state loaded by `load_state_dict()` (for this
-        epoch), else the start of the current epoch."""
+        epoch), else the start of the current epoch. Arrays as torch tensors, so `torch.load`'s
+        default `weights_only=True` loads a checkpoint holding it."""
+        return saved(self._state())
+
+    def _state(self) -> dict[str, Any]:
         live = self._live
         if live is None and (pending := self._pending_resume()) is not None:
             return dict(pending)  # not yet restored: where the next iteration resumes
@@ -399,6 +405,7 @@ class StreamingPackedDataset(IterableDataset):
                 class, or is damaged (every part is checked here, the packer's and the packed
                 rows' included, before any of it is used).
         """
+        state = loaded(state)  # tensors (or numpy arrays, from states saved before 2026-12-07)
         version = state.get("version") if isinstance(state, dict) else None
         integer = isinstance(version, (int, np.integer)) and not isinstance(version, bool)
         if not integer or version != STATE_VERSION:  # an array's == is no answer

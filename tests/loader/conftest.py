@@ -91,15 +91,22 @@ def damaged_states(state: dict, skip: tuple[str, ...] = (), optional: frozenset 
 
 
 def negative_states(state: dict, skip: tuple[str, ...] = ()):
-    """`(name, damaged copy)` for every non-empty integer array in `state` (ids, lengths,
-    counts, offsets; optional per-token `columns` aside) with its first entry made -1: no part
-    of a state is ever negative, so each is damage."""
+    """`(name, damaged copy)` for every non-empty integer array in `state` (numpy's, or torch
+    tensors as states are saved: ids, lengths, counts, offsets; optional per-token `columns`
+    aside) with its first entry made -1: no part of a state is ever negative, so each is damage."""
     import copy
+
+    import torch
+
+    def integers(v) -> bool:
+        if isinstance(v, torch.Tensor):
+            return not v.dtype.is_floating_point and v.dtype != torch.bool and v.numel() > 0
+        return isinstance(v, np.ndarray) and v.dtype.kind in "iu" and v.size > 0
 
     def arrays(value, path):
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for k, v in items:
-            if isinstance(v, np.ndarray) and v.dtype.kind in "iu" and v.size:
+            if integers(v):
                 yield (*path, k)
             elif isinstance(v, (dict, list, tuple)) and k != "columns":
                 yield from arrays(v, (*path, k))
@@ -111,6 +118,7 @@ def negative_states(state: dict, skip: tuple[str, ...] = ()):
         parent = damaged
         for k in path[:-1]:
             parent = parent[k]
-        parent[path[-1]] = parent[path[-1]].astype(np.int64)
+        part = parent[path[-1]]
+        parent[path[-1]] = part.to(torch.int64) if torch.is_tensor(part) else part.astype(np.int64)
         parent[path[-1]][0] = -1
         yield key_name(path), damaged

@@ -21,7 +21,7 @@ from loader.online.packer import (
     RowBatcher,
     bucketed_assign,
 )
-from loader.online.state import LATER_KEYS
+from loader.online.state import LATER_KEYS, loaded
 from loader.online.streaming import StreamingPackedDataset
 from packtool.errors import ConfigError, DataError
 from tests.loader.conftest import damaged_states, negative_states
@@ -528,7 +528,9 @@ def test_every_damaged_part_of_a_packer_state_is_a_clear_error(with_tokens) -> N
     p = OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9)
     lengths = np.array([3, 5, 2, 7, 1, 4, 6])
     p.push(np.arange(lengths.sum()) if with_tokens else None, lengths)
-    state = p.state_dict()
+    # Its arrays as numpy's (the form the checks see, and states saved before 2026-12-07 hold;
+    # `state_dict()` gives torch tensors): the edits below slice and cast them as numpy does.
+    state = loaded(p.state_dict())
     assert state["buffer"] is not None and state["out"] is not None  # both parts to damage
     target = OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9)
     # "config" is compared, not parsed: another value is "saved with other settings".
@@ -575,6 +577,38 @@ def test_every_damaged_part_of_a_packer_state_is_a_clear_error(with_tokens) -> N
         packer.flush()
     a, b = p.pop(), target.pop()
     assert a.seg_len.tolist() == b.seg_len.tolist() and a.doc_ids.tolist() == b.doc_ids.tolist()
+
+
+@pytest.mark.parametrize("with_tokens", [True, False])
+def test_a_packer_state_loads_with_torch_loads_default(with_tokens, tmp_path) -> None:
+    """`torch.load` refuses numpy's arrays unless told `weights_only=False` (its default since
+    torch 2.6): a checkpoint holding a packer's state failed to load as torch's documentation
+    shows (until 2026-12-07). Its arrays are tensors now; it loads with the default and
+    continues exactly; a state holding numpy arrays (saved before) still loads."""
+    p = OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9)
+    lengths = np.array([3, 5, 2, 7, 1, 4, 6])
+    p.push(np.arange(lengths.sum()) if with_tokens else None, lengths)
+    torch.save({"packer": p.state_dict()}, tmp_path / "ckpt.pt")
+    state = torch.load(tmp_path / "ckpt.pt")["packer"]  # weights_only=True
+    old = loaded(p.state_dict())
+    assert isinstance(old["buffer"]["length"], np.ndarray)
+    runs = []
+    for s in (state, old):
+        q = OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9)
+        q.load_state_dict(s)
+        q.flush()
+        rows = q.pop()
+        runs.append(_rows_seen(rows))
+    p.flush()
+    rows = p.pop()
+    assert runs[0] == runs[1] == _rows_seen(rows)
+    assert len(runs[0][0]) == len(lengths)
+
+
+def _rows_seen(rows) -> tuple:
+    """Rows as lists: segment lengths, document ids, tokens (None without tokens)."""
+    tokens = None if rows.tokens is None else rows.tokens.tolist()
+    return rows.seg_len.tolist(), rows.doc_ids.tolist(), tokens
 
 
 def _past_int64(buffer: dict) -> np.ndarray:
@@ -1031,7 +1065,7 @@ def test_a_state_with_an_empty_list_document_pending_loads() -> None:
         yield [4, 5]
 
     whole = [r.tokens.tolist() for r in p.pack_stream(source())]
-    assert states[0]["pending"]["tokens"].dtype.kind in "iu"
+    assert states[0]["pending"]["tokens"].numpy().dtype.kind in "iu"
     q = OnlinePacker(max_len=8)
     q.load_state_dict(states[0])
     resumed = [r.tokens.tolist() for r in q.pack_stream(iter([[4, 5]]))]

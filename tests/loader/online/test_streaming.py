@@ -100,7 +100,7 @@ def _roundtrip(state):
     buf = io.BytesIO()
     torch.save(state, buf)
     buf.seek(0)
-    return torch.load(buf, weights_only=False)
+    return torch.load(buf, weights_only=True)
 
 
 def test_resume_equals_uninterrupted_run(tokenized) -> None:
