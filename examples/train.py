@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import time
+import zipfile
 from pathlib import Path
 from typing import NoReturn
 
@@ -174,16 +175,18 @@ def save_checkpoint(path: str, state: dict) -> None:
 
 def load_checkpoint(args: argparse.Namespace, device: torch.device) -> dict:
     """The state in ``--ckpt`` to resume from, or SystemExit with one line: a file that is no
-    checkpoint of this script (torch.load raised UnpicklingError, EOFError, ...), or one written
+    checkpoint of this script (not a zip file torch.save wrote, or one torch.load refused: it
+    loads with `weights_only=True`, so a pickle that would run code is refused), or one written
     with other model flags (the model's load_state_dict would print a screen of size mismatches;
     the checkpoint keeps the flags it was written with under "config")."""
     try:
-        state = torch.load(args.ckpt, map_location=device, weights_only=False)
+        state = torch.load(args.ckpt, map_location=device, weights_only=True)
     except Exception as exc:  # any unreadable file: what torch.load says, on one line
-        why = (str(exc).strip().splitlines() or [""])[0]
+        why = f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0]
+        if os.path.isfile(args.ckpt) and not zipfile.is_zipfile(args.ckpt):
+            why = "not a file torch.save wrote"  # torch.load said "KeyError: 101" of a text file
         raise SystemExit(
-            f"error: --ckpt {args.ckpt} is not a checkpoint of examples/train.py "
-            f"({type(exc).__name__}: {why})"
+            f"error: --ckpt {args.ckpt} is not a checkpoint of examples/train.py ({why})"
         ) from None
     if not isinstance(state, dict) or not {"model", "optimizer", "loader", "step"} <= set(state):
         raise SystemExit(

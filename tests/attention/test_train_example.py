@@ -191,8 +191,9 @@ def test_resume_refuses_other_model_flags_and_files_that_are_no_checkpoint(packe
         "the flags it was written with"
     )
     text = tmp_path / "text.pt"
-    text.write_text("hello\n")  # was _pickle.UnpicklingError
-    with pytest.raises(SystemExit, match=rf"^error: --ckpt {text} is not a checkpoint of .*\(Un"):
+    text.write_text("hello\n")  # was _pickle.UnpicklingError, then torch's "KeyError: 101"
+    not_torch = rf"^error: --ckpt {text} is not a checkpoint of .*\(not a file torch.save wrote"
+    with pytest.raises(SystemExit, match=not_torch):
         train.main(_args(packed, tmp_path, 2, "--ckpt", str(text), "--resume"))
     import torch
 
@@ -200,7 +201,24 @@ def test_resume_refuses_other_model_flags_and_files_that_are_no_checkpoint(packe
     torch.save(torch.zeros(3), tensor)  # readable, but no training state
     with pytest.raises(SystemExit, match=r"is not a checkpoint of .*it lacks the model"):
         train.main(_args(packed, tmp_path, 2, "--ckpt", str(tensor), "--resume"))
+    # A pickle that runs code on load (torch.load's weights_only=True refuses it; the script
+    # passed weights_only=False until 2026-12-07): one line, and the code never ran.
+    ran = tmp_path / "ran"
+    torch.save({"model": _RunsOnLoad(str(ran))}, tmp_path / "evil.pt")
+    with pytest.raises(SystemExit, match=r"is not a checkpoint of .*\(UnpicklingError: "):
+        train.main(_args(packed, tmp_path, 2, "--ckpt", str(tmp_path / "evil.pt"), "--resume"))
+    assert not ran.exists()
     assert len(train.main(_args(packed, tmp_path, 2, "--ckpt", str(ckpt), "--resume"))) == 1
+
+
+class _RunsOnLoad:
+    """An object whose unpickling creates the file `path` (what a malicious checkpoint does)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
 
 
 def test_a_mixture_that_reaches_its_total_steps_says_so(mixture, tmp_path, capsys):

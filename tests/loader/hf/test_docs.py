@@ -75,6 +75,6 @@ def test_trl_snippets_train_on_load_dataset_and_on_masked_rows(workspace, monkey
 def test_plain_loop_snippet_trains_and_saves_the_loader_position(workspace, monkeypatch):
     monkeypatch.chdir(workspace)
     scope = run("loop")
-    state = torch.load(workspace / "loop.pt", weights_only=False)["loader"]
+    state = torch.load(workspace / "loop.pt", weights_only=True)["loader"]
     assert state["packed_dataset"]["epoch"] == 1 and state["packed_dataset"]["next_step"] == 3
     assert torch.isfinite(scope["loss"])
