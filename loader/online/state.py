@@ -77,7 +77,10 @@ def loaded(value: Any) -> Any:
     """`value` with every torch tensor a numpy array sharing its memory (`saved` undone); what
     is not a tensor is left as it is, for the checks to judge."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
+        try:
+            return value.detach().cpu().numpy()
+        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16): damage, as it is
+            return value
     if isinstance(value, dict):
         return {k: loaded(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -105,8 +108,8 @@ def settings_diff(theirs: dict[Any, Any], mine: dict[str, Any]) -> list[str]:
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, np.ndarray):
-        return f"an array of {value.dtype} {value.shape}"
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return f"an array of {value.dtype} {tuple(value.shape)}"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 

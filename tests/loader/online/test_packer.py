@@ -603,6 +603,10 @@ def test_a_packer_state_loads_with_torch_loads_default(with_tokens, tmp_path) ->
     rows = p.pop()
     assert runs[0] == runs[1] == _rows_seen(rows)
     assert len(runs[0][0]) == len(lengths)
+    # A tensor of a type numpy lacks is damage named as such, not a TypeError from `.numpy()`.
+    state["buffer"]["length"] = state["buffer"]["length"].to(torch.bfloat16)
+    with pytest.raises(DataError, match=r"buffer\.length is an array of torch\.bfloat16 \("):
+        OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9).load_state_dict(state)
 
 
 def _rows_seen(rows) -> tuple:
