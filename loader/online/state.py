@@ -1,11 +1,12 @@
 """Checkpoints of online packing: the `OnlinePacker` state and the packed rows inside states.
 
 `OnlinePacker.state_dict()` and `StreamingPackedDataset.state_dict()` hold arrays (as torch
-tensors, `saved`: `torch.load`'s default `weights_only=True` refused numpy's arrays until
-2026-12-07, so a checkpoint loaded as torch's documentation shows failed), counters and flags;
-`loaded` turns them back into numpy arrays (a state pickled with numpy's arrays still loads). Everything is checked before any of it is used: a damaged part would otherwise fail
-later as a bare KeyError / TypeError, or worse, be used as is (a truthy string for `closed`, a
-count gone missing, a segment pointing outside its tokens). A bad part is a `DataError` naming its
+tensors, `saved`: `torch.load`'s default `weights_only=True` refuses numpy's arrays, so until
+2026-12-07 a checkpoint loaded as torch documents it failed), counters and flags; `loaded`
+turns them back into numpy arrays (a state pickled with numpy's arrays still loads). Everything
+is checked before any of it is used: a damaged part would otherwise fail later as a bare
+KeyError / TypeError, or worse, be used as is (a truthy string for `closed`, a count gone
+missing, a segment pointing outside its tokens). A bad part is a `DataError` naming its
 key path (`packer.buffer.length`, `ready[0].tokens`) and saying the checkpoint is damaged.
 """
 
