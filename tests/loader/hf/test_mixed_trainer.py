@@ -17,6 +17,7 @@ from packtool.mixture.spec import MixtureSpec, SourceSpec
 from tests.loader.hf_helpers import (
     assert_same_steps,
     counting_rows,
+    gc_skips_the_imports,  # noqa: F401  (autouse: gc.freeze after the imports)
     one_torch_thread,  # noqa: F401  (autouse: one torch thread)
     recording_trainer,
     tiny_model,

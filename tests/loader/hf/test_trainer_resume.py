@@ -20,6 +20,7 @@ from packtool.errors import ConfigError
 from tests.loader.hf_helpers import (
     counting_rows,
     documents,
+    gc_skips_the_imports,  # noqa: F401  (autouse: gc.freeze after the imports)
     one_torch_thread,  # noqa: F401  (autouse: one torch thread)
     recording_trainer,
 )

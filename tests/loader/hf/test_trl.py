@@ -20,6 +20,7 @@ from packtool.dataset.manifest import read_manifest
 from packtool.errors import ConfigError
 from tests.loader.hf_helpers import (
     VOCAB,
+    gc_skips_the_imports,  # noqa: F401  (autouse: gc.freeze after the imports)
     one_torch_thread,  # noqa: F401  (autouse: one torch thread)
     per_document_loss,
     random_rows,
