@@ -21,12 +21,24 @@ from tests.loader.hf_helpers import docs_workspace, random_rows
 ROOT = Path(__file__).resolve().parents[3]
 
 
+# What every rank imports (~9 CPU-s a process, transformers' own import most of it), imported
+# once by torchrun's launcher before it forks the two ranks.
+PRELOAD = (
+    "import accelerate, loader, loader.hf, tests.loader.hf_helpers; "
+    "from transformers import LlamaConfig, LlamaForCausalLM"
+)
+
+
 def run_distributed(script: Path, *args: str, cwd: Path, timeout: int = 240) -> None:
-    """`python -m torch.distributed.run --nproc_per_node 2 script args` (what `accelerate
-    launch --num_processes 2` runs); fails the test with both ranks' output."""
+    """torchrun (`torch.distributed.run`, what `accelerate launch --num_processes 2` runs) with
+    `--nproc_per_node 2 script args`; fails the test with both ranks' output. Its launcher
+    imports what the ranks import first, then starts them with `--start-method fork
+    --run-path` (its options to fork each rank and run the script in it with runpy): two
+    processes all the same, minus two imports of torch and transformers and the launcher's."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    cmd += ["--standalone", str(script), *args]
+    launcher = f"{PRELOAD}; from torch.distributed.run import main; main()"
+    cmd = [sys.executable, "-c", launcher, "--nproc_per_node", "2", "--standalone"]
+    cmd += ["--start-method", "fork", "--run-path", str(script), *args]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
