@@ -138,6 +138,9 @@ def pytest_collection_modifyitems(config, items):
         cluster = _shared_cluster(item)
         if cluster not in (None, _cluster_named(item.nodeid)):
             item.stash[_UNNAMED] = cluster
+    gpu = [item for item in items if "gpu" in item.keywords]
+    if not gpu:  # torch not imported for nothing: ~3 CPU-s in each of test_parallel_runs'
+        return  # sub-suites' processes (xdist's controller too)
     try:
         import torch
 
@@ -147,9 +150,8 @@ def pytest_collection_modifyitems(config, items):
     if has_cuda:
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip_gpu)
+    for item in gpu:
+        item.add_marker(skip_gpu)
 
 
 def pytest_runtest_setup(item):
