@@ -78,25 +78,28 @@ def assert_same_as_local(ray_out: Path, local_out: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "pack",
+    ("pack", "actors"),
     [
-        PackConfig(max_len=2048),
-        PackConfig(max_len=1024, algorithm="bfd", rounds=3, seed=7, group_by="lang"),
+        (PackConfig(max_len=2048), None),
+        # One actor: `ffd` is the run with a pool on both nodes (the cluster's CPUs); this one
+        # is about the options, and a second actor process cost ~3 s of CPU.
+        (PackConfig(max_len=1024, algorithm="bfd", rounds=3, seed=7, group_by="lang"), 1),
     ],
     ids=["ffd", "bfd-rounds-groups"],
 )
-def test_ray_is_byte_identical_to_the_local_engine(ray_session, tmp_path, pack, request):
+def test_ray_is_byte_identical_to_the_local_engine(ray_session, tmp_path, pack, actors, request):
     read = ReadConfig(extra_fields=("lang",) if pack.group_by == "lang" else ())
     if config(tmp_path, pack=pack, read=read) == config(tmp_path):  # the module's reference
         local_out, want = request.getfixturevalue("local")
     else:
         local_out = tmp_path / "local"
         want = run_pack(config(local_out, pack=pack, read=read))
-    got = run_ray(config(tmp_path / "ray", pack=pack, read=read))
+    got = run_ray(config(tmp_path / "ray", pack=pack, read=read), actors=actors)
     assert_same_as_local(tmp_path / "ray", local_out)
     assert got.partitions == want.partitions == 6
     assert got.counts == want.counts and got.skips == want.skips == {"empty": 6}
-    assert "Ray: 2 CPU(s) in the cluster, a Ray Data pool of up to 2" in got.cores_used
+    pool = f"a Ray Data pool of up to {actors or 2} partition actor(s)"  # default: one per CPU
+    assert f"Ray: 2 CPU(s) in the cluster, {pool}" in got.cores_used
     assert verify_dataset(tmp_path / "ray", checksums=True).rows == got.counts.rows
     # Every document exactly once, with all of its tokens.
     table = pq.read_table(sorted(str(p) for p in (tmp_path / "ray").glob("shard-*.parquet")))
@@ -116,7 +119,8 @@ def test_ray_is_byte_identical_with_a_tail_tree_and_resumes_mid_tree(
     """Fan-in 2 over the 6 partitions: 3 level-1 nodes, 2 level-2 nodes, the root (unit 11).
     The merge nodes run as Ray tasks, a wave per level; a driver stopped after the first
     merge record is resumed on Ray: between them the two runs made every level of the tree on
-    Ray, and the result is the local engine's bytes."""
+    Ray, and the result is the local engine's bytes. One actor per pool: a wave per level is
+    the point here, not parallel actors (each pool of two cost an actor process more)."""
     monkeypatch.setattr(merge, "TAIL_FAN_IN", 2)
     tree = merge.TailTree(6, 2)
     assert tree.sizes == (6, 3, 2) and tree.root == 11
@@ -133,26 +137,28 @@ def test_ray_is_byte_identical_with_a_tail_tree_and_resumes_mid_tree(
 
     monkeypatch.setattr(base.Run, "account", driver_dies)
     with pytest.raises(KeyboardInterrupt):
-        run_ray(config(tmp_path / "cut"))
+        run_ray(config(tmp_path / "cut"), actors=1)
     monkeypatch.setattr(base.Run, "account", real)
     done = set(records.finished(staging_folder(tmp_path / "cut")))
     assert set(range(6)) <= done and done & set(tree.level_ids(1))
     assert tree.root not in done
-    summary = run_ray(config(tmp_path / "cut", resume=True))
+    summary = run_ray(config(tmp_path / "cut", resume=True), actors=1)
     assert summary.resumed_partitions == summary.partitions == 6
     assert_same_as_local(tmp_path / "cut", tmp_path / "local")
 
 
 def test_cli_engine_ray_on_tokenized_parquet(ray_session, tmp_path):
-    """`packtool pack --engine ray` through the CLI, on `packtool tokenize` output."""
+    """`packtool pack --engine ray` through the CLI, on `packtool tokenize` output (one actor:
+    `--workers 1`; the pool on both nodes is `test_ray_is_byte_identical_to_the_local_engine`'s)."""
     runner = CliRunner()
     tok = tmp_path / "tok.parquet"
     assert runner.invoke(cli, ["tokenize", str(CORPUS), "-o", str(tok)]).exit_code == 0
     common = [str(tok), "--max-len", "4096", "--chunk-docs", "1500", "--shard-rows", "64"]
     common += ["--partition-size", "200KB"]
-    result = runner.invoke(cli, ["pack", *common, "-o", str(tmp_path / "ray"), "--engine", "ray"])
+    ray = ["-o", str(tmp_path / "ray"), "--engine", "ray", "--workers", "1"]
+    result = runner.invoke(cli, ["pack", *common, *ray])
     assert result.exit_code == 0, result.output
-    assert "Ray: 2 CPU(s) in the cluster, a Ray Data pool of up to " in result.output
+    assert "Ray: 2 CPU(s) in the cluster, a Ray Data pool of up to 1 " in result.output
     assert runner.invoke(cli, ["pack", *common, "-o", str(tmp_path / "local")]).exit_code == 0
     assert_same_as_local(tmp_path / "ray", tmp_path / "local")
 
@@ -161,14 +167,15 @@ def test_relative_inputs_and_output_mean_the_same_on_the_ray_engine(
     ray_session, tmp_path, monkeypatch
 ):
     """A Ray actor starts in a folder of Ray's: relative paths are resolved where packtool ran
-    (they failed as "cannot be read any more" before), with the local engine's bytes."""
+    (they failed as "cannot be read any more" before), with the local engine's bytes. One
+    actor (`--workers 1`): an actor's folder is the point, not a pool of them."""
     import shutil
 
     shutil.copy(CORPUS, tmp_path / "corpus.jsonl")
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     common = ["corpus.jsonl", "--max-len", "1024", "--partition-size", "200KB"]
-    result = runner.invoke(cli, ["pack", *common, "-o", "ray", "--engine", "ray"])
+    result = runner.invoke(cli, ["pack", *common, "-o", "ray", "--engine", "ray", "--workers", "1"])
     assert result.exit_code == 0, result.output
     # The local engine's bytes, in this process (a pool of workers writes the same ones)
     assert runner.invoke(cli, ["pack", *common, "-o", "local", "--workers", "1"]).exit_code == 0
@@ -271,7 +278,7 @@ def test_a_killed_driver_is_resumed_with_the_same_bytes(ray_session, tmp_path, m
     assert records.finished(staging) == done  # the pool was shut down with the driver
     with pytest.raises(ConfigError, match="interrupted run .* --resume"):
         run_ray(config(out))  # neither --overwrite nor --resume
-    summary = run_ray(config(out, resume=True))
+    summary = run_ray(config(out, resume=True), actors=1)  # the resume needs no second actor
     assert summary.resumed_partitions == len(done)
     assert_same_as_local(out, local[0])
     assert not staging.exists()
@@ -290,7 +297,8 @@ def test_either_engine_resumes_the_others_run(ray_session, tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         run_pack(config(tmp_path / "a"))
     monkeypatch.undo()
-    summary = run_ray(config(tmp_path / "a", resume=True))  # local started, Ray finishes
+    # One actor in both Ray runs: what each engine left is the point, not a pool of two
+    summary = run_ray(config(tmp_path / "a", resume=True), actors=1)  # local started, Ray ends
     assert summary.resumed_partitions == 2
     assert_same_as_local(tmp_path / "a", whole)
 
@@ -302,7 +310,7 @@ def test_either_engine_resumes_the_others_run(ray_session, tmp_path, monkeypatch
 
     monkeypatch.setattr(base.Run, "account", driver_dies)
     with pytest.raises(KeyboardInterrupt):
-        run_ray(config(tmp_path / "b"))
+        run_ray(config(tmp_path / "b"), actors=1)
     monkeypatch.undo()
     summary = run_pack(config(tmp_path / "b", resume=True))  # Ray started, local finishes
     assert summary.resumed_partitions >= 1
@@ -312,7 +320,7 @@ def test_either_engine_resumes_the_others_run(ray_session, tmp_path, monkeypatch
 def test_a_user_error_inside_a_ray_task_is_one_readable_error(ray_session, tmp_path):
     # sample_data has 6 empty documents: strict mode stops at the first, inside a task.
     with pytest.raises(DataError, match="empty.*run without --strict / strict=True") as e:
-        run_ray(config(tmp_path / "out", read=ReadConfig(strict=True)), max_retries=0)
+        run_ray(config(tmp_path / "out", read=ReadConfig(strict=True)), max_retries=0, actors=1)
     assert "\n" not in str(e.value)
 
 
@@ -702,7 +710,7 @@ def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(
         "(fewer --workers N / actors=N if memory is short)"
     )
     assert 2 <= kept <= len(records.finished(staging)) < 6 and 3 not in records.finished(staging)
-    summary = run_ray(config(out, resume=True))
+    summary = run_ray(config(out, resume=True), actors=1)  # the resume needs no second actor
     assert summary.resumed_partitions >= kept
     assert_same_as_local(out, local[0])
 
