@@ -169,6 +169,14 @@ this process's variables: numba's extension scan skipped, as in the CLI's own pr
 distribution's metadata and imported awkward, which no test is about: ~1 s of CPU per actor here
 (a one-partition Ray run took ~6.0 s of CPU, now ~4.7)."""
 
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
+"""What the nodes and this process (the driver: Ray Data reads it at each run) have in their
+environment while the cluster is up: Ray's usage stats off, as `ray disable-usage-stats` does.
+With them on, the first Ray Data run started a `_UsageCollectionActor`, a worker process of
+its own importing ray.data (~2-4 s of CPU, per cluster), and every run built and sent it a
+usage record; nothing leaves this machine either way, and no test is about them."""
+_RAY_ENV = contextlib.ExitStack()
+
 
 def _start_cluster(ray: Any) -> None:
     from ray.cluster_utils import Cluster
@@ -176,6 +184,7 @@ def _start_cluster(ray: Any) -> None:
     # No log monitor on either node: it only sends the workers' output to drivers, and this
     # one takes none (`log_to_driver=False`); each polled the logs at ~0.01 of a core.
     node = {"num_cpus": 1, "include_log_monitor": False}
+    _RAY_ENV.enter_context(_environ(**RAY_ENV))  # until `_stop_cluster`
     with _environ(**NODE_ENV):
         cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
         cluster.add_node(**node)
@@ -191,6 +200,7 @@ def _stop_cluster() -> None:
     logs = Path(cluster.head_node.get_session_dir_path()) / "logs"
     ray.shutdown()
     cluster.shutdown()
+    _RAY_ENV.close()
     _kill_hung_workers(logs)
 
 

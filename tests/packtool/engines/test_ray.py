@@ -31,6 +31,7 @@ from packtool.engines.summary import PackSummary
 from packtool.errors import ConfigError, DataError, MissingDependencyError, WorkersLost
 from packtool.pack.chunk import PackConfig
 from packtool.read.documents import ReadConfig
+from tests.packtool.conftest import RAY_ENV
 from tests.packtool.scale_corpus import make_corpus
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -758,7 +759,7 @@ def test_a_failed_run_on_a_ray_it_started_reports_before_ray_shuts_down(tmp_path
         capture_output=True,
         text=True,
         timeout=300,
-        env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""},
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "", **RAY_ENV},
     )
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert done.returncode == 1 and len(errors) == 1, done.stderr[-3000:]
@@ -855,7 +856,7 @@ def test_a_private_rays_actors_stop_when_its_driver_is_killed(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # the private Ray's processes too: killed below as a group
-        env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "", **RAY_ENV},
     )
     staging = staging_folder(out)
     try:
