@@ -67,6 +67,23 @@ def _objects(fs, prefix: str) -> list[str]:
     return sorted(k[len(root) :] for k in fs.find(root))
 
 
+SMALL_DOCS = 500
+"""`small_corpus`'s documents: the first 500 of the sample corpus (0.35 MB of its 3.1 MB)."""
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> Path:
+    """The first `SMALL_DOCS` lines of the sample corpus: what the tests of `tokenize`'s
+    outputs in a bucket (the swap of a Megatron pair, a folder of parts, one object) write, in
+    several parts or partitions still (6 of `MEGATRON`'s 60 kB), where they wrote the whole
+    corpus (52 partitions a run, most of these tests' time) for checks of the output's commit
+    that no size reaches."""
+    path = tmp_path_factory.mktemp("small") / "corpus.jsonl"
+    with CORPUS.open("rb") as f:
+        path.write_bytes(b"".join(next(f) for _ in range(SMALL_DOCS)))
+    return path
+
+
 def test_a_pack_to_a_bucket_writes_the_bytes_of_a_local_pack(fs, local_pack):
     url = f"s3://{BUCKET}/a"
     run_pack(pack_config(url))
@@ -358,9 +375,11 @@ def test_a_lock_whose_holder_is_gone_is_taken_over(fs, monkeypatch, s3_client):
     assert fs.cat_file(url) == b"someone else"
 
 
-KILLED_PARTITIONS = 120_000
-"""The kill -9 test's partitions: 26 of the corpus, so that the kill lands mid-run (3 recorded,
-the rest to do) and the resume has many left (60 kB, 52 partitions, doubled both runs' cost)."""
+KILLED_PARTITIONS = common.PARTITION_SIZE
+"""The kill -9 test's partitions: 11 of the corpus, so that the kill lands mid-run (3 recorded,
+8 to do, each a few tenths of a second of the killed run's one worker: the test looks every
+0.05 s) and the resume has several left (60 kB, 52 partitions, doubled both runs' cost; 120 kB,
+26, took a fifth more CPU than 11 and nearly twice the time)."""
 
 
 @pytest.fixture(scope="module")
@@ -520,17 +539,17 @@ def test_a_pack_into_a_bucket_rides_out_faulty_uploads(fs, s3_server, local_pack
     assert _version_files(fs, "faulty") == local_pack
 
 
-def test_tokenize_writes_one_object_to_a_bucket(fs, tmp_path):
+def test_tokenize_writes_one_object_to_a_bucket(fs, small_corpus, tmp_path):
     """`tokenize -o s3://.../OUT.parquet`: built in local scratch, uploaded whole at the end
     (nothing there until then), the bytes of the same local output; pack reads it back."""
     url = f"s3://{BUCKET}/tok/corpus.parquet"
-    code, _, err = run("tokenize", CORPUS, "-o", tmp_path / "local.parquet")
+    code, _, err = run("tokenize", small_corpus, "-o", tmp_path / "local.parquet")
     assert code == 0, err
-    code, _, err = run("tokenize", CORPUS, "-o", url)
+    code, _, err = run("tokenize", small_corpus, "-o", url)
     assert code == 0, err
     assert fs.cat_file(url) == (tmp_path / "local.parquet").read_bytes()
     assert sorted(fs.find(f"{BUCKET}/tok/")) == [f"{BUCKET}/tok/corpus.parquet"]  # no lock left
-    code, _, err = run("tokenize", CORPUS, "-o", url)
+    code, _, err = run("tokenize", small_corpus, "-o", url)
     assert code != 0 and "--overwrite" in one_error_line(err)
     code, _, err = run("pack", url, "-o", tmp_path / "packed", "--max-len", 1024)
     assert code == 0, err
@@ -613,15 +632,15 @@ def test_unfinished_uploads_are_aborted_at_every_commit_and_where_a_run_left_wor
 MEGATRON = ["--to", "megatron", "--partition-size", "60000", "--workers", "2"]
 
 
-def test_tokenize_to_megatron_writes_the_pair_to_a_bucket(fs, tmp_path, monkeypatch):
+def test_tokenize_to_megatron_writes_the_pair_to_a_bucket(fs, small_corpus, tmp_path, monkeypatch):
     """`tokenize --to megatron -o s3://.../PREFIX`: the parts merged in local scratch, then
     PREFIX.bin uploaded and PREFIX.idx last; the bytes of the same local run, and nothing else
     left in the bucket or the scratch folder."""
     monkeypatch.setenv("PACKTOOL_SCRATCH", str(tmp_path / "scratch"))
     url = f"s3://{BUCKET}/mega/corpus"
-    code, _, err = run("tokenize", CORPUS, "-o", tmp_path / "local", *MEGATRON)
+    code, _, err = run("tokenize", small_corpus, "-o", tmp_path / "local", *MEGATRON)
     assert code == 0, err
-    code, out, err = run("tokenize", CORPUS, "-o", url, *MEGATRON)
+    code, out, err = run("tokenize", small_corpus, "-o", url, *MEGATRON)
     assert code == 0, err
     assert f"{url}.bin" in out
     for suffix in (".bin", ".idx"):
@@ -634,13 +653,13 @@ def test_tokenize_to_megatron_writes_the_pair_to_a_bucket(fs, tmp_path, monkeypa
     ]
     assert list((tmp_path / "scratch").iterdir()) == []  # the staging folder went with the swap
 
-    code, _, err = run("tokenize", CORPUS, "-o", url, *MEGATRON)
+    code, _, err = run("tokenize", small_corpus, "-o", url, *MEGATRON)
     assert code != 0 and "--overwrite" in one_error_line(err)
-    code, out, err = run("tokenize", CORPUS, "-o", url, *MEGATRON, "--resume")
+    code, out, err = run("tokenize", small_corpus, "-o", url, *MEGATRON, "--resume")
     assert code == 0 and "nothing to resume" in out and "not checked" not in out, (out, err)
-    code, _, err = run("tokenize", CORPUS, "-o", url, *MEGATRON, "--resume", "--no-eos")
+    code, _, err = run("tokenize", small_corpus, "-o", url, *MEGATRON, "--resume", "--no-eos")
     assert code != 0 and "cannot resume" in one_error_line(err)  # other options: refused
-    code, _, err = run("tokenize", CORPUS, "-o", f"{url}.idx", *MEGATRON, "--engine", "ray")
+    code, _, err = run("tokenize", small_corpus, "-o", f"{url}.idx", *MEGATRON, "--engine", "ray")
     assert code != 0 and "--engine local" in one_error_line(err)
 
     other = tmp_path / "other.jsonl"  # --overwrite: the pair of the new corpus, whole
@@ -666,7 +685,7 @@ def test_a_bucket_root_is_no_megatron_prefix(fs, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("error", [OSError, DataError])
 def test_a_megatron_swap_into_a_bucket_cut_short_is_finished_by_the_next_run(
-    fs, tmp_path, monkeypatch, error
+    fs, small_corpus, tmp_path, monkeypatch, error
 ):
     """The upload of PREFIX.idx fails after PREFIX.bin is up: no .idx, so no dataset (a reader
     of the pair never sees the new .bin with an index); the next run on the prefix finishes the
@@ -679,7 +698,7 @@ def test_a_megatron_swap_into_a_bucket_cut_short_is_finished_by_the_next_run(
 
     monkeypatch.setenv("PACKTOOL_SCRATCH", str(tmp_path / "scratch"))
     url = f"s3://{BUCKET}/cut-{error.__name__}/corpus"
-    tokenize_megatron([CORPUS], tmp_path / "local", partition_size=60_000, progress=False)
+    tokenize_megatron([small_corpus], tmp_path / "local", partition_size=60_000, progress=False)
     real = writing.replace
 
     def failing(source, target):
@@ -690,13 +709,13 @@ def test_a_megatron_swap_into_a_bucket_cut_short_is_finished_by_the_next_run(
     with monkeypatch.context() as m:
         m.setattr(writing, "replace", failing)
         with pytest.raises(error, match="reset"):
-            tokenize_megatron([CORPUS], url, partition_size=60_000, progress=False)
+            tokenize_megatron([small_corpus], url, partition_size=60_000, progress=False)
     fs.invalidate_cache()
     assert not fs.exists(f"{url}.idx") and fs.exists(f"{url}.bin")
     assert list((tmp_path / "scratch").iterdir())  # the finished index waits there
 
     with pytest.raises(AlreadyComplete):  # the swap finished first, under the lock
-        tokenize_megatron([CORPUS], url, partition_size=60_000, progress=False, resume=True)
+        tokenize_megatron([small_corpus], url, partition_size=60_000, progress=False, resume=True)
     for suffix in (".bin", ".idx"):
         assert fs.cat_file(f"{url}{suffix}") == (tmp_path / f"local{suffix}").read_bytes()
     fs.invalidate_cache()
@@ -706,7 +725,7 @@ def test_a_megatron_swap_into_a_bucket_cut_short_is_finished_by_the_next_run(
 
 @pytest.mark.parametrize("cut", [".bin", ".idx"])
 def test_a_megatron_swap_cut_short_is_dropped_once_another_run_wrote_the_pair(
-    fs, tmp_path, monkeypatch, capsys, s3_client, cut
+    fs, small_corpus, tmp_path, monkeypatch, capsys, s3_client, cut
 ):
     """Machine A's swap into a bucket is cut short (its `.bin` upload fails, or its `.idx`
     upload after it); its leftover waits in A's scratch. Nobody else writes: A's next run
@@ -720,7 +739,7 @@ def test_a_megatron_swap_cut_short_is_dropped_once_another_run_wrote_the_pair(
     other = tmp_path / "other.jsonl"
     other.write_text("".join(json.dumps({"text": f"document {i} " * 40}) + "\n" for i in range(50)))
     kw = {"partition_size": 60_000, "progress": False}
-    tokenize_megatron([CORPUS], tmp_path / "a", **kw)
+    tokenize_megatron([small_corpus], tmp_path / "a", **kw)
     tokenize_megatron([other], tmp_path / "b", **kw)
     local = {n: [(tmp_path / f"{n}{s}").read_bytes() for s in (".bin", ".idx")] for n in "ab"}
     in_bucket = lambda: [fs.cat_file(f"{url}{s}") for s in (".bin", ".idx")]  # noqa: E731
@@ -736,14 +755,14 @@ def test_a_megatron_swap_cut_short_is_dropped_once_another_run_wrote_the_pair(
         with monkeypatch.context() as m:
             m.setattr(remote_write, "upload", failing)
             with pytest.raises(OSError, match="reset"):
-                tokenize_megatron([CORPUS], url, **kw, **more)
+                tokenize_megatron([small_corpus], url, **kw, **more)
         fs.invalidate_cache()
         assert not fs.exists(f"{url}.idx")
         assert list((tmp_path / "scratch-a").iterdir())  # the leftover
 
     cut_short()
     with pytest.raises(AlreadyComplete):  # nobody wrote since: finished
-        tokenize_megatron([CORPUS], url, **kw, resume=True)
+        tokenize_megatron([small_corpus], url, **kw, resume=True)
     assert in_bucket() == local["a"]
 
     cut_short(overwrite=True)
@@ -761,7 +780,7 @@ def test_a_megatron_swap_cut_short_is_dropped_once_another_run_wrote_the_pair(
     assert list((tmp_path / "scratch-a").iterdir()) == []
 
 
-def test_tokenize_writes_a_folder_of_parts_to_a_bucket(fs, tmp_path, monkeypatch):
+def test_tokenize_writes_a_folder_of_parts_to_a_bucket(fs, small_corpus, tmp_path, monkeypatch):
     """`tokenize -o s3://bucket/prefix`: the parts in a fresh version folder, the link
     `index.json` written last (as `pack`'s commit); readers of the prefix read the linked
     version only, never one a run in progress or a killed run left beside it; the parts are the
@@ -770,14 +789,14 @@ def test_tokenize_writes_a_folder_of_parts_to_a_bucket(fs, tmp_path, monkeypatch
 
     url = f"s3://{BUCKET}/parts"
     kw = {"read_config": ReadConfig(batch_docs=200), "part_tokens": 100_000, "progress": False}
-    tokenize_corpus([CORPUS], tmp_path / "local", **kw)
+    tokenize_corpus([small_corpus], tmp_path / "local", **kw)
     local = {p.name: p.read_bytes() for p in sorted((tmp_path / "local").iterdir())}
     assert len(local) > 1
-    summary = tokenize_corpus([CORPUS], url, **kw)
+    summary = tokenize_corpus([small_corpus], url, **kw)
     assert _version_files(fs, "parts") == local
     assert [o for o in _objects(fs, "parts") if ".packtool" in o] == []  # no lock, no staging
     assert all(f"{url}/v-" in str(f) for f in summary.files), summary.files
-    code, _, err = run("tokenize", CORPUS, "-o", url)
+    code, _, err = run("tokenize", small_corpus, "-o", url)
     assert code != 0 and "--overwrite" in one_error_line(err)
 
     # A version nobody links (a run in progress, or killed) is never read from the prefix.
@@ -954,13 +973,33 @@ def test_overwrite_of_a_dataset_copied_into_a_prefix_replaces_all_of_it(fs, tmp_
     assert code == 0 and out.startswith("OK "), err
 
 
-def test_verify_of_a_bucket_dataset_exits_0_every_time(fs, monkeypatch):
+@pytest.fixture(scope="module")
+def many_shards(fs) -> str:
+    """A dataset in the bucket of many small shards of several row groups each (36 of 100 rows
+    in row groups of 20), packed once: the URL the tests of reading a bucket's shards (verify,
+    `parquet_file`) read, and copy where they change it (`copy_of`)."""
+    url = f"s3://{BUCKET}/many-shards"
+    run_pack(pack_config(url, shards=ShardConfig(shard_rows=100, row_group_rows=20)))
+    return url
+
+
+def copy_of(fs, dataset: str, prefix: str) -> str:
+    """The dataset `dataset` (a URL in the bucket) copied object by object (server side) to
+    `prefix`, its link included: the URL of the copy, a dataset of its own."""
+    source = dataset.removeprefix("s3://")
+    fs.invalidate_cache()
+    for key in fs.find(source):
+        fs.copy(key, f"{BUCKET}/{prefix}/{key[len(source) + 1 :]}")
+    fs.invalidate_cache()
+    return f"s3://{BUCKET}/{prefix}"
+
+
+def test_verify_of_a_bucket_dataset_exits_0_every_time(many_shards, monkeypatch):
     # `packtool verify s3://...` printed OK, then often died of SIGABRT (exit 134, "terminate
     # called without an active exception"; 6 of 12 runs through obstore): row groups decoded on
     # pyarrow's thread pool over a Python file object left buffers of it for a pool thread to
     # release while the interpreter exited.
-    url = f"s3://{BUCKET}/verified"
-    run_pack(pack_config(url, shards=ShardConfig(shard_rows=100, row_group_rows=20)))
+    url = many_shards
     monkeypatch.setenv(s3_native.CLIENT_ENV, "obstore")
     cmd = [sys.executable, "-c", "from packtool.cli.commands import main; main()", "verify", url]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -970,14 +1009,13 @@ def test_verify_of_a_bucket_dataset_exits_0_every_time(fs, monkeypatch):
 
 
 @pytest.mark.parametrize("client", ["obstore", "s3fs"])
-def test_a_bucket_shard_is_read_on_the_calling_thread_only(fs, monkeypatch, client):
+def test_a_bucket_shard_is_read_on_the_calling_thread_only(fs, many_shards, monkeypatch, client):
     """The cause of the aborts above: a pool thread of pyarrow's (decoding, or pre-buffering)
     reading a bucket's Python file object held its bytes past the read. Every read of every
     `ParquetFile` method, even one asking for threads, runs on the calling thread."""
     monkeypatch.setenv(s3_native.CLIENT_ENV, client)
-    url = f"s3://{BUCKET}/threads-{client}"
-    run_pack(pack_config(url, shards=ShardConfig(shard_rows=100, row_group_rows=20)))
-    shard = next(o for o in _objects(fs, f"threads-{client}") if "/shard-" in o)
+    url = many_shards
+    shard = next(o for o in _objects(fs, url.rsplit("/", 1)[-1]) if "/shard-" in o)
     reads = storage._reads()
     opened, seen = reads.open_random, set()
 
@@ -1002,12 +1040,13 @@ def test_a_bucket_shard_is_read_on_the_calling_thread_only(fs, monkeypatch, clie
     assert seen == {threading.get_ident()}
 
 
-def test_verify_of_a_bucket_dataset_downloads_each_shard_once(fs, s3_server, tmp_path, monkeypatch):
+def test_verify_of_a_bucket_dataset_downloads_each_shard_once(
+    fs, many_shards, s3_server, tmp_path, monkeypatch
+):
     # It read each shard twice (the checksum, then the row groups) and a row group by a ranged
     # GET per column chunk: 751 GETs and 144 HEADs for 36 shards of 4 row groups (3.6 s).
 
-    url = f"s3://{BUCKET}/counted"
-    run_pack(pack_config(url, shards=ShardConfig(shard_rows=100, row_group_rows=20)))
+    url = copy_of(fs, many_shards, "counted")  # a shard of it is damaged below
     version = _link(fs, "counted")
     shards = sorted(o for o in _objects(fs, "counted") if o.startswith(f"{version}/shard-"))
     assert len(shards) >= 10
@@ -1033,12 +1072,11 @@ def test_verify_of_a_bucket_dataset_downloads_each_shard_once(fs, s3_server, tmp
     assert list(scratch.iterdir()) == []
 
 
-def test_verify_of_a_bucket_dataset_that_cannot_copy_a_shard_names_the_copy(fs, tmp_path):
+def test_verify_of_a_bucket_dataset_that_cannot_copy_a_shard_names_the_copy(many_shards, tmp_path):
     # A full scratch disk was `error: No space left on device`, naming nothing: verify had not
     # written before, and the line did not say where or why it writes. (A file size limit
     # stands in for the full disk: the same OSError naming no file, from the same write.)
-    url = f"s3://{BUCKET}/copied"
-    run_pack(pack_config(url, shards=ShardConfig(shard_rows=100, row_group_rows=20)))
+    url = many_shards
     scratch = tmp_path / "scratch"
     limited = (
         "import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
