@@ -676,7 +676,9 @@ def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(
     """A partition whose actor dies every time (as an out-of-memory kill would) ends the run
     after `max_retries` restarts with one line, not a Ray traceback or a hang (Ray Data's own
     record of it, a traceback of ~40 lines, stays in its log file); the partitions that
-    finished are kept, and `--resume` ends with the local engine's bytes."""
+    finished are kept, and `--resume` ends with the local engine's bytes. One actor: a
+    partition's actor dying is the point, not a pool of two (an actor process more, ~3-5 s
+    of CPU); it runs the partitions in order, so 0-2 are done when partition 3 first dies."""
     from packtool.engines import ray as ray_engine
 
     out = tmp_path / "ray"
@@ -698,7 +700,7 @@ def test_an_actor_that_keeps_dying_stops_the_run_in_one_line(
     monkeypatch.setattr(ray_engine, "_partition_task", partition_3_dies)
     capfd.readouterr()
     with pytest.raises(WorkersLost) as e:
-        run_ray(config(out), max_retries=1)
+        run_ray(config(out), max_retries=1, actors=1)
     monkeypatch.undo()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "ActorDiedError" not in err, err[-2000:]
@@ -733,7 +735,8 @@ def test_a_failed_run_on_a_ray_it_started_reports_before_ray_shuts_down(tmp_path
     # `ray.shutdown` while Ray Data's threads still ran (its prefetcher, its executor) had Ray
     # end the process ("the core worker has already been shutdown"): exit 1, no error line, the
     # run's folder and lock left (3 of 8 runs). Only a Ray the run started itself shuts down: a
-    # process of its own.
+    # process of its own. One actor (`--workers 1`): the Ray the run starts and its shutdown
+    # order are the point, not a pool of two (an actor process more, ~3-5 s of CPU).
     import subprocess
 
     bad = tmp_path / "bad"
@@ -753,7 +756,7 @@ def test_a_failed_run_on_a_ray_it_started_reports_before_ray_shuts_down(tmp_path
     )
     out = tmp_path / "y"
     args = ["pack", bad, "-o", out, "--max-len", "512", "--partition-size", "50KB", "--strict"]
-    args += ["--engine", "ray", "--ray-address", "local", "--workers", "2"]
+    args += ["--engine", "ray", "--ray-address", "local", "--workers", "1"]
     done = subprocess.run(
         [sys.executable, "-c", script, *map(str, args)],
         capture_output=True,
@@ -850,7 +853,7 @@ def test_a_private_rays_actors_stop_when_its_driver_is_killed(tmp_path):
 
     out = tmp_path / "out"
     args = ["pack", CORPUS, "-o", out, "--max-len", "512", "--partition-size", "100KB"]
-    args += ["--engine", "ray", "--ray-address", "local", "--workers", "2"]
+    args += ["--engine", "ray", "--ray-address", "local", "--workers", "1"]
     proc = subprocess.Popen(
         [sys.executable, "-c", SLOW_PRIVATE_DRIVER, *map(str, args)],
         stdout=subprocess.DEVNULL,
