@@ -374,7 +374,11 @@ def _load_yaml(text: str, where: str, keys: _KeyCheck) -> Any:
             "as JSON"
         ) from None
 
-    class Loader(yaml.SafeLoader):
+    # libyaml's parser where PyYAML has it: PyYAML's own scanner, for every token, goes over the
+    # simple keys still possible at each open flow level (`[[[[...` keeps up to 1,024), so a
+    # file nested too deeply took seconds before the recursion limit stopped it (more under a
+    # raised limit); libyaml refuses it past 1,000 levels at once. Constructing stays Python's.
+    class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
         pass
 
     def mapping(loader: Any, node: Any) -> dict[Any, Any]:
@@ -390,6 +394,8 @@ def _load_yaml(text: str, where: str, keys: _KeyCheck) -> Any:
     try:
         return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
+        if getattr(exc, "problem", None) == "exceeded maximum nesting depth":  # libyaml's limit
+            raise ConfigError(f"{where}: not valid YAML (nested too deeply)") from None
         raise ConfigError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
     except RecursionError:  # PyYAML's composer and constructor recurse, as json's parser does
         raise ConfigError(f"{where}: not valid YAML (nested too deeply)") from None

@@ -5,6 +5,8 @@ helps) read as none; never a RecursionError traceback."""
 from __future__ import annotations
 
 import re
+import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,6 +31,32 @@ def test_a_mixture_file_nested_too_deeply_is_one_line(tmp_path, suffix):
     assert code != 0
     kind = "JSON" if suffix == ".json" else "YAML"
     assert one_error_line(err) == f"error: {path}: not valid {kind} (nested too deeply)"
+
+
+def test_a_yaml_mixture_file_nested_too_deeply_is_refused_at_once_under_a_raised_limit(tmp_path):
+    """In a process that raised its recursion limit (torch's compiler sets 2,000 or more), a YAML
+    mixture file nested too deeply is still the one-line error, at once: libyaml's parser
+    refuses it past 1,000 levels, where PyYAML's own scanner went over every still-possible
+    simple key for every token until the recursion limit stopped it (5 s at 3,000 levels;
+    34 s in CI)."""
+    from packtool.mixture.spec import read_mixture_file
+
+    yaml = pytest.importorskip("yaml")
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML built without libyaml")
+    path = tmp_path / "mix.yaml"
+    path.write_text(DEEP)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)
+    try:
+        start = time.perf_counter()
+        with pytest.raises(ConfigError) as info:
+            read_mixture_file(path)
+        elapsed = time.perf_counter() - start
+    finally:
+        sys.setrecursionlimit(limit)
+    assert str(info.value) == f"{path}: not valid YAML (nested too deeply)"
+    assert elapsed < 10, f"{elapsed:.1f} s to refuse a deeply nested YAML file"
 
 
 def test_storage_options_nested_too_deeply_are_one_line(tmp_path):
