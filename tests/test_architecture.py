@@ -372,11 +372,47 @@ def _packtool_modules_after(*steps: str) -> tuple[list[str], ...]:
     return tuple([m for m in ast.literal_eval(line) if m.startswith("packtool")] for line in lines)
 
 
+STUB_TRANSFORMERS = """
+import importlib.abc, importlib.machinery, sys, types
+
+class _Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "transformers":
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+
+        def attribute(name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return type(name, (), {})
+
+        module.__getattr__ = attribute
+        return module
+
+    def exec_module(self, module):
+        pass
+
+sys.meta_path.insert(0, _Stub())
+"""
+"""Makes `transformers` (and its submodules) an empty module whose every name is a class: the
+loader's Trainer pieces (loader.hf.trainer, loader.hf.resume) subclass and import its names at
+import time, and the real import (with the datasets and accelerate it pulls in) was ~6 of the
+~11 CPU-s of `_loader_imports`' interpreter. transformers imports no packtool module, so the
+packtool modules each loader module loads are the same; tests/loader/hf/ imports the real
+one."""
+
+
 def _loader_imports() -> tuple[list[str], ...]:
     """The packtool modules `import loader` loads, then those of every loader module but
-    loader.testing (imported after it, in the same interpreter)."""
+    loader.testing (imported after it, in the same interpreter; transformers stubbed, see
+    `STUB_TRANSFORMERS`)."""
     every = [m for m in project_modules() if m.startswith("loader") and m != "loader.testing"]
-    return _packtool_modules_after("import loader", "\n".join(f"import {m}" for m in every))
+    return _packtool_modules_after(
+        STUB_TRANSFORMERS + "import loader", "\n".join(f"import {m}" for m in every)
+    )
 
 
 def test_import_loader_loads_only_the_format_side():
