@@ -573,7 +573,10 @@ def transaction(
                 )
                 held = _still_held(lock) if drop or failed else True
                 if drop and held:  # lost: nothing here is ours
-                    remove_staging(paths)
+                    try:
+                        remove_staging(paths)
+                    except OSError as gone:  # said; the run ends with its own error
+                        print(f"warning: {paths.staging}: not removed ({gone})", file=sys.stderr)
                 if not held and failed:
                     # What failed is the takeover's doing (its --overwrite deleted this run's
                     # objects: "parts/000000.json: no such object"): say so first.

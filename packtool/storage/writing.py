@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import stat
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -438,15 +439,35 @@ def remove_file(path: str | os.PathLike, missing_ok: bool = True) -> None:
     Path(path).unlink(missing_ok=missing_ok)
 
 
+REMOVE_TRIES, REMOVE_PAUSE = 50, 0.1
+"""How often `remove_tree` deletes a folder again that a writer still fills, and how many
+seconds apart."""
+
+
 def remove_tree(path: str | os.PathLike) -> None:
     """Delete a file or a folder tree, if it is there (a symlink itself, never what it names);
-    every object under a prefix."""
+    every object under a prefix. A folder that a writer still fills as it goes (a failed
+    run's worker not yet stopped: a Ray actor's process outlives its pool's shutdown by a
+    moment) is deleted again, up to `REMOVE_TRIES` times: its "Directory not empty" was the
+    failed run's message until 2026-12-07, in place of the run's own error."""
     if is_remote(path):
         remote_write.remove_tree(path)
         return
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
+        for tries_left in range(REMOVE_TRIES - 1, -1, -1):
+            try:
+                shutil.rmtree(path)
+                return
+            except FileNotFoundError:  # a file (or the folder) went meanwhile: look again
+                if not path.is_dir():
+                    return
+                if not tries_left:
+                    raise
+            except OSError as exc:
+                if exc.errno != errno.ENOTEMPTY or not tries_left:
+                    raise
+            time.sleep(REMOVE_PAUSE)
     elif os.path.lexists(path):
         path.unlink()
 
