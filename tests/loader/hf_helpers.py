@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.torch_threads import one_torch_thread  # noqa: F401  (re-exported: autouse)
+
 VOCAB = 96
 
 
@@ -211,15 +213,6 @@ def docs_workspace(folder: Path) -> Path:
     finally:
         os.chdir(cwd)
     return folder
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run fastest on one thread, and far faster than on two on a loaded box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True, scope="module")
