@@ -301,19 +301,17 @@ def _raw_batches(
 ) -> Iterator[DocumentBatch]:
     # One builder over the pieces: a corpus of many small files still gives full batches.
     builder = BatchBuilder(config, file_index=pieces[0].file_index if pieces else 0)
-    # The prefetches started for this piece and for the next (`forget_prefetch` leaves one a
-    # reader took): what a stop before their readers opened them must drop.
-    ahead: list[tuple[str, int, int]] = []  # (object, start, piece)
+    mine = ahead = None  # (object, start) prefetched for this piece and for the next
     try:
         for k, piece in enumerate(pieces):
-            ahead = ahead[-1:] if ahead and ahead[-1][2] == k else []
+            mine, ahead = ahead, None
             if k + 1 < len(pieces):  # an object's first block arrives while this piece is read
                 after = pieces[k + 1]
                 begins = sequential_start(storage.as_path(after.path), after.start)
                 if begins is not None:
                     end = None if after.end == TO_END else after.end
                     storage.prefetch(after.path, begins, end, after.size)
-                    ahead.append((after.path, begins, k + 1))
+                    ahead = (after.path, begins)
             check(piece)
             yield from _fill(
                 builder,
@@ -328,9 +326,10 @@ def _raw_batches(
     finally:
         # A partition that fails or is stopped before the next piece (a check, a bad document,
         # the consumer's error) drops its block: kept, it held up to 16 MB in the worker until
-        # newer prefetches pushed it out.
-        for path, begins, _ in ahead:
-            storage.forget_prefetch(path, begins)
+        # newer prefetches pushed it out. One its reader took is not there: nothing to drop.
+        for key in (mine, ahead):
+            if key is not None:
+                storage.forget_prefetch(*key)
     if builder.texts:
         yield builder.flush()
 
