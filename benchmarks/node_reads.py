@@ -1,0 +1,63 @@
+"""What each rank and each node of a multi-node job reads of a dataset in one epoch.
+
+Run: `python -m benchmarks.node_reads [--rows 1048576] [--nodes 8] [--ranks-per-node 8]
+[--rows-per-batch 8] [--window 16]`.
+
+No files: the epoch order and plan of a synthetic dataset (`loader.testing.synthetic_index`,
+256-row row groups) cut for `nodes x ranks-per-node` ranks with `rows_per_batch`, as
+`PackedDataset` cuts them (rank r of a step takes the r-th of the step's consecutive rank
+batches). Prints, per rank and per node (ranks `n*L .. n*L + L - 1`), the share of the epoch's
+row groups its rows come from: what a rank decodes and what a node downloads into its cache
+from a bucket (docs/remote.md, "Several nodes"). The defaults are a 64-rank job.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from benchmarks._common import markdown_table
+from loader.order.permutation import EpochOrder
+from loader.order.steps import EpochPlan
+from loader.testing import synthetic_index
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=1 << 20)
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--ranks-per-node", type=int, default=8)
+    ap.add_argument("--rows-per-batch", type=int, default=8)
+    ap.add_argument("--window", type=int, default=16)
+    args = ap.parse_args()
+    index = synthetic_index(args.rows)
+    starts = index.group_starts
+    world = args.nodes * args.ranks_per_node
+    order = EpochOrder(starts, fingerprint="node-reads", seed=0, epoch=0, window=args.window)
+    plan = EpochPlan(order, world_size=world, rows_per_batch=args.rows_per_batch)
+    n_groups = len(starts) - 1
+    touched = np.zeros((world, n_groups), dtype=bool)
+    for step in range(plan.num_steps):
+        for rank, rows in enumerate(plan.step_rows(step)):
+            touched[rank, np.searchsorted(starts, rows, side="right") - 1] = True
+    per_rank = touched.sum(axis=1) / n_groups
+    nodes = touched.reshape(args.nodes, args.ranks_per_node, n_groups).any(axis=1)
+    per_node = nodes.sum(axis=1) / n_groups
+    print(
+        f"{args.rows:,} rows in {n_groups:,} row groups; {args.nodes} nodes x "
+        f"{args.ranks_per_node} ranks, rows_per_batch {args.rows_per_batch}, shuffle window "
+        f"{args.window} row groups; one epoch ({plan.num_steps:,} steps)"
+    )
+    rows = [
+        [what, *(f"{x:.1%}" for x in (share.min(), share.mean(), share.max(), even))]
+        for what, share, even in (
+            ("row groups a rank reads", per_rank, 1 / world),
+            ("row groups a node reads", per_node, 1 / args.nodes),
+        )
+    ]
+    print(markdown_table(["", "min", "mean", "max", "if split evenly"], rows))
+
+
+if __name__ == "__main__":
+    main()
