@@ -6,9 +6,10 @@ Run: `python -m benchmarks.node_reads [--rows 1048576] [--nodes 8] [--ranks-per-
 No files: the epoch order and plan of a synthetic dataset (`loader.testing.synthetic_index`,
 256-row row groups) cut for `nodes x ranks-per-node` ranks with `rows_per_batch`, as
 `PackedDataset` cuts them (rank r of a step takes the r-th of the step's consecutive rank
-batches). Prints, per rank and per node (ranks `n*L .. n*L + L - 1`), the share of the epoch's
-row groups its rows come from: what a rank decodes and what a node downloads into its cache
-from a bucket (docs/remote.md, "Several nodes"). The defaults are a 64-rank job.
+batches), in the plain order and in the order dealt to nodes (`PackedDataset(nodes=...)`,
+loader/order/nodes.py). Prints, per rank and per node (ranks `n*L .. n*L + L - 1`), the share
+of the epoch's row groups its rows come from: what a rank decodes and what a node downloads
+into its cache from a bucket (docs/remote.md, "Several nodes"). The defaults are a 64-rank job.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import numpy as np
 
 from benchmarks._common import markdown_table
+from loader.order.nodes import NodeOrder
 from loader.order.permutation import EpochOrder
 from loader.order.steps import EpochPlan
 from loader.testing import synthetic_index
@@ -34,29 +36,33 @@ def main() -> None:
     index = synthetic_index(args.rows)
     starts = index.group_starts
     world = args.nodes * args.ranks_per_node
-    order = EpochOrder(starts, fingerprint="node-reads", seed=0, epoch=0, window=args.window)
-    plan = EpochPlan(order, world_size=world, rows_per_batch=args.rows_per_batch)
     n_groups = len(starts) - 1
-    touched = np.zeros((world, n_groups), dtype=bool)
-    for step in range(plan.num_steps):
-        for rank, rows in enumerate(plan.step_rows(step)):
-            touched[rank, np.searchsorted(starts, rows, side="right") - 1] = True
-    per_rank = touched.sum(axis=1) / n_groups
-    nodes = touched.reshape(args.nodes, args.ranks_per_node, n_groups).any(axis=1)
-    per_node = nodes.sum(axis=1) / n_groups
     print(
         f"{args.rows:,} rows in {n_groups:,} row groups; {args.nodes} nodes x "
         f"{args.ranks_per_node} ranks, rows_per_batch {args.rows_per_batch}, shuffle window "
-        f"{args.window} row groups; one epoch ({plan.num_steps:,} steps)"
+        f"{args.window} row groups; one epoch"
     )
-    rows = [
-        [what, *(f"{x:.1%}" for x in (share.min(), share.mean(), share.max(), even))]
+    rows = []
+    for name in ("plain order", f"nodes={args.nodes}"):
+        order = EpochOrder(starts, fingerprint="node-reads", seed=0, epoch=0, window=args.window)
+        if name != "plain order":
+            stripe = args.ranks_per_node * args.rows_per_batch
+            order = NodeOrder(order, nodes=args.nodes, stripe=stripe)
+        plan = EpochPlan(order, world_size=world, rows_per_batch=args.rows_per_batch)
+        touched = np.zeros((world, n_groups), dtype=bool)
+        for step in range(plan.num_steps):
+            for rank, got in enumerate(plan.step_rows(step)):
+                touched[rank, np.searchsorted(starts, got, side="right") - 1] = True
+        per_rank = touched.sum(axis=1) / n_groups
+        nodes = touched.reshape(args.nodes, args.ranks_per_node, n_groups).any(axis=1)
+        per_node = nodes.sum(axis=1) / n_groups
         for what, share, even in (
             ("row groups a rank reads", per_rank, 1 / world),
             ("row groups a node reads", per_node, 1 / args.nodes),
-        )
-    ]
-    print(markdown_table(["", "min", "mean", "max", "if split evenly"], rows))
+        ):
+            stats = (share.min(), share.mean(), share.max(), even)
+            rows.append([name, what, *(f"{x:.1%}" for x in stats)])
+    print(markdown_table(["order", "", "min", "mean", "max", "if split evenly"], rows))
 
 
 if __name__ == "__main__":

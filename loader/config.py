@@ -95,6 +95,13 @@ class LoaderConfig:
     """Row groups whose rows are shuffled together (row groups themselves are shuffled too); 0
     shuffles all rows freely, which decodes a whole row group per row unless the cache holds the
     dataset. Keep `cache_bytes` above this many decoded row groups."""
+    nodes: int = 1
+    """Nodes the ranks run on (ranks `n * world_size // nodes ...` on node n, as torchrun
+    numbers them): each node's ranks then read rows of that node's own shuffle windows
+    (loader/order/nodes.py), so from a bucket a node downloads ~1/nodes of the dataset, not all
+    of it (docs/remote.md, "Several nodes"). Needs `rows_per_batch` and windows (not
+    `shuffle_window=0`); the order then depends on the ranks per node, so a resume inside an
+    epoch keeps the world size. 1: the plain order."""
     drop_last: bool = False
     """Drop an incomplete last global step; otherwise ranks short of rows get a filler batch."""
     static_shape: bool = False
@@ -153,7 +160,7 @@ class LoaderConfig:
         for name in ("rows_per_batch", "tokens_per_batch", "max_docs_per_batch"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name))
-        for name in ("seed", "shuffle_window", "pad_id", "cache_bytes", "cache_limit"):
+        for name in ("seed", "shuffle_window", "nodes", "pad_id", "cache_bytes", "cache_limit"):
             check_int(name, getattr(self, name))
         if self.cache_limit < 1:
             raise ConfigError(f"cache_limit must be >= 1 byte, got {self.cache_limit}")
@@ -224,6 +231,18 @@ class LoaderConfig:
                 )
         if self.shuffle_window < 0:
             raise ConfigError(f"shuffle_window must be >= 0, got {self.shuffle_window}")
+        if self.nodes < 1:
+            raise ConfigError(f"nodes must be >= 1, got {self.nodes}")
+        if self.nodes > 1 and self.tokens_per_batch is not None:
+            raise ConfigError(
+                "nodes > 1 needs rows_per_batch: a node's ranks take a fixed run of rows of its "
+                "own windows each step, and a token budget cuts batches of varying rows"
+            )
+        if self.nodes > 1 and self.shuffle and self.shuffle_window == 0:
+            raise ConfigError(
+                "nodes > 1 needs shuffle windows (shuffle_window > 0): the free shuffle puts "
+                "every row anywhere, so no node has rows of its own"
+            )
         if self.cache_bytes < 0:
             raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
 
@@ -237,6 +256,8 @@ class LoaderConfig:
             "drop_last": self.drop_last,
             "shuffle": self.shuffle,
             "shuffle_window": self.shuffle_window,
+            # Only where set: states saved before `nodes` existed keep their layout.
+            **({"nodes": self.nodes} if self.nodes != 1 else {}),
         }
 
 

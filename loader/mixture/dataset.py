@@ -61,7 +61,7 @@ from loader.mixture.sources import (
 )
 from loader.mixture.steps import RowStream, Step, count_steps, may_end_before, plan_steps
 from loader.mixture.worker import ring_parts
-from loader.packed.dataset import AHEAD_GROUPS, AHEAD_STEPS, look_ahead
+from loader.order.ahead import AHEAD_GROUPS, AHEAD_STEPS, look_ahead
 from loader.packed.workers import WorkerHandoff
 from loader.record import Documents, empty_documents
 from loader.store.row_group import write_parts
@@ -114,6 +114,11 @@ class MixedDataset(IterableDataset):
                 "not a loader setting"
             )
         config = make_config(LoaderConfig, settings, config)
+        if config.nodes != 1:
+            raise ConfigError(
+                "nodes > 1 is for a PackedDataset: a mixture does not deal its sources' rows "
+                "to nodes (leave nodes at 1)"
+            )
         if config.seed not in (0, spec.seed):
             raise ConfigError(
                 f"config.seed {config.seed} differs from the mixture's seed {spec.seed}; set it "
@@ -266,7 +271,7 @@ class MixedDataset(IterableDataset):
     def look_ahead(self, steps: Iterator[Step], stream: RowStream, keep=None) -> Iterator[Step]:
         """The steps, with the row groups of upcoming ones decoding in the background (of those
         steps `keep(step)` is not False for: a worker's steps without rows of its own), as
-        `PackedDataset` looks ahead (`loader.packed.dataset.look_ahead`): up to `AHEAD_STEPS` steps
+        `PackedDataset` looks ahead (`loader.order.ahead.look_ahead`): up to `AHEAD_STEPS` steps
         while fewer than `AHEAD_GROUPS` row groups per source wait to be used (in all, in the
         iterating process; each source, in a worker). With a streaming source,
         `AHEAD_STREAMING` steps (it holds the rows of the steps planned); it forgets its rows

@@ -122,6 +122,8 @@ class EpochOrder:
         self._feistel: FeistelPermutation | None = None
         self._cache: OrderedDict[int, NDArray[np.int64]] = OrderedDict()
         self._hint: tuple[int, int, NDArray[np.int64]] | None = None  # (start, end, rows)
+        self.windows_cached = WINDOWS_CACHED
+        """Windows whose rows are kept (a `NodeOrder` reads one window of each node's at once)."""
         if not shuffle:
             self.kind, self.window = "stored", STORED_WINDOW
         elif window == 0:
@@ -192,7 +194,7 @@ class EpochOrder:
             rows = rows[np.random.default_rng(seq).permutation(b - a)]
         rows.flags.writeable = False  # slices of it are handed out
         self._cache[j] = rows
-        while len(self._cache) > WINDOWS_CACHED:
+        while len(self._cache) > self.windows_cached:
             self._cache.popitem(last=False)
         return rows
 

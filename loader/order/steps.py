@@ -478,22 +478,26 @@ def rank_rows(
     rows_cap: int | None = None,
     tokens_cap: int | None = None,
     docs_cap: int | None = None,
+    nodes: int = 1,
 ) -> NDArray[np.int64]:
     """Row ids rank `rank` trains on at global `step` (empty: a filler batch).
 
     With `balance`, the step's rows are reassigned to ranks by attention cost (`index`'s
-    Σ len² + `linear` × tokens) under the caps.
+    Σ len² + `linear` × tokens) under the caps: among the ranks of `rank`'s node with `nodes`
+    > 1 (each node keeps the rows of its own windows, `loader.order.nodes`).
     """
     per_rank = plan.step_rows(step)
-    if not balance or plan.world_size == 1:
+    group = plan.world_size // nodes
+    if not balance or group == 1:
         return per_rank[rank]
-    rows = np.concatenate(per_rank)
+    first = rank - rank % group
+    rows = np.concatenate(per_rank[first : first + group])
     assert index is not None
     lengths, n_docs, sq = index.stats(rows)
     assignment = balance_step(
         rows,
         row_cost(sq, lengths, linear),
-        plan.world_size,
+        group,
         lengths=lengths,
         n_docs=n_docs,
         rows_cap=rows_cap,
@@ -502,7 +506,7 @@ def rank_rows(
     )
     if assignment is None:  # no balanced split fits the caps: keep the plain one
         return per_rank[rank]
-    return rows[assignment == rank]
+    return rows[assignment == rank - first]
 
 
 def iter_blocks(

@@ -15,10 +15,9 @@ and checks: loader/packed/resume.py).
 from __future__ import annotations
 
 import os
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +34,9 @@ from loader.config import (
     static_max_docs,
 )
 from loader.context_parallel import cp_split
+from loader.order.ahead import AHEAD_GROUPS, AHEAD_STEPS, look_ahead
 from loader.order.balance import imbalance, row_cost
+from loader.order.nodes import NodeOrder
 from loader.order.permutation import EpochOrder
 from loader.order.steps import EpochPlan, block_steps_bound, iter_blocks, rank_rows
 from loader.packed.resume import (
@@ -56,45 +57,6 @@ from packtool.storage import local as storage
 
 CHUNK = 4
 """Compact batches a PackedDataLoader worker sends per DataLoader queue item (after the first)."""
-AHEAD_STEPS = 1024
-"""Most upcoming steps whose rows are planned ahead of the one being produced."""
-AHEAD_GROUPS = 16
-"""Most row groups decoded ahead and not yet used (one default shuffle window; 0: none)."""
-_END = object()
-S = TypeVar("S")
-T = TypeVar("T")
-
-
-def look_ahead(
-    steps: Iterable[S],
-    start: Callable[[S], T],
-    *,
-    most: int,
-    busy: Callable[[], bool],
-    after: Callable[[T | None], None] | None = None,
-) -> Iterator[T]:
-    """`start(step)` of each step, called ahead of the step's turn: `start` hands the row groups
-    the step will need, in first-use order, to the decode thread, which decodes them while the
-    steps before are gathered. Looks ahead up to `most` steps while not `busy()` (a windowed
-    shuffle needs a whole window of new row groups every window: `AHEAD_GROUPS` waiting), at
-    least one. `after(next item, or None)` runs once each item has been handed out.
-    `PackedDataset` and `loader.mixture.dataset.MixedDataset` share it.
-    """
-    queue: deque[T] = deque()
-    upcoming = iter(steps)
-    more = True
-    while True:
-        while more and len(queue) < most and (not queue or not busy()):
-            step = next(upcoming, _END)
-            if step is _END:
-                more = False
-                break
-            queue.append(start(step))
-        if not queue:
-            return
-        yield queue.popleft()
-        if after is not None:
-            after(queue[0] if queue else None)
 
 
 class PackedDataset(IterableDataset):
@@ -125,6 +87,11 @@ class PackedDataset(IterableDataset):
         super().__init__()
         self.config = config = make_config(LoaderConfig, settings, config)
         self.rank, self.world_size = dist_rank_world(rank, world_size, config.context_parallel)
+        if self.world_size % config.nodes:
+            raise ConfigError(
+                f"nodes={config.nodes} does not divide the {self.world_size} (data-parallel) "
+                "ranks; give the number of nodes the ranks run on, each with as many ranks"
+            )
         if not isinstance(path, (str, os.PathLike)) and not storage.is_remote(path):
             raise ConfigError(f"path must be a dataset folder or URL, got {path!r}")
         self.store = ShardStore(
@@ -166,7 +133,7 @@ class PackedDataset(IterableDataset):
         self._next_step = 0
         self._iter_epoch = 0
         self._iter_origin = 0
-        self._order_cache: tuple[int, EpochOrder] | None = None
+        self._order_cache: tuple[int, EpochOrder | NodeOrder] | None = None
         self._plan_cache: tuple[tuple[int, int], EpochPlan] | None = None
         # A PackedDataLoader worker's ring; whether such workers iterated last (workers.py).
         self.handoff = WorkerHandoff("PackedDataset", "PackedDataLoader")
@@ -201,7 +168,7 @@ class PackedDataset(IterableDataset):
             )
         self.load_state_dict(self._state(epoch, 0, step, plan))
 
-    def order(self, epoch: int) -> EpochOrder:
+    def order(self, epoch: int) -> EpochOrder | NodeOrder:
         """The row order of `epoch` (lazy: a window at a time; cached)."""
         if self._order_cache is None or self._order_cache[0] != epoch:
             c = self.config
@@ -213,6 +180,9 @@ class PackedDataset(IterableDataset):
                 shuffle=c.shuffle,
                 window=c.shuffle_window,
             )
+            if c.nodes > 1:  # each node's ranks read rows of its own windows
+                stripe = self.world_size // c.nodes * c.rows_per_batch
+                order = NodeOrder(order, nodes=c.nodes, stripe=stripe)
             self._order_cache = (epoch, order)
         return self._order_cache[1]
 
@@ -295,6 +265,7 @@ class PackedDataset(IterableDataset):
             if c.tokens_per_batch is None and c.static_shape
             else c.tokens_per_batch,
             docs_cap=(self.max_docs - 1) if c.static_shape else None,
+            nodes=c.nodes,
         )
 
     # ---- iteration --------------------------------------------------------------------------

@@ -218,8 +218,8 @@ def _check_order(
     if cursor == 0 or ended or not all(k in saved for k in ORDER_KEYS):
         return  # nothing consumed yet, or the epoch is over: any order has the same rows left
     if order_of(saved) != order_of(ours):
-        was = ", ".join(f"{k}={saved[k]!r}" for k in ORDER_KEYS)
-        now = ", ".join(f"{k}={ours[k]!r}" for k in ORDER_KEYS)
+        nodes = "nodes" in saved or "nodes" in ours
+        was, now = order_words(saved, nodes), order_words(ours, nodes)
         raise DataError(
             f"the state was saved with {was} but this loader uses {now}: the rest of the epoch "
             f"({num_rows - cursor} of {num_rows} rows) exists only in the saved order; resume "
@@ -229,8 +229,24 @@ def _check_order(
 
 
 def order_of(layout: dict[str, Any]) -> tuple[Any, ...]:
-    """What decides the epoch's row order in a layout (the window means nothing unshuffled)."""
-    return (True, layout["shuffle_window"]) if layout["shuffle"] else (False,)
+    """What decides the epoch's row order in a layout (the window means nothing unshuffled;
+    with `nodes` > 1 the nodes and each block's rows a node, `loader.order.nodes`)."""
+    order = (True, layout["shuffle_window"]) if layout["shuffle"] else (False,)
+    nodes = layout.get("nodes", 1)
+    if nodes == 1:
+        return order
+    ranks, rows = layout.get("world_size"), layout.get("rows_per_batch")
+    return (*order, nodes, ranks, rows)  # a node's rows a block: ranks // nodes x rows
+
+
+def order_words(layout: dict[str, Any], nodes: bool) -> str:
+    """The settings `order_of` reads, as a user wrote them (messages); with `nodes`, those
+    that place rows on nodes too."""
+    words = [f"{k}={layout[k]!r}" for k in ORDER_KEYS]
+    if nodes:
+        words.append(f"nodes={layout.get('nodes', 1)!r}")
+        words += [f"{k}={layout[k]!r}" for k in ("world_size", "rows_per_batch") if k in layout]
+    return ", ".join(words)
 
 
 def merge_loader_state(state: dict[str, Any]) -> dict[str, Any] | None:

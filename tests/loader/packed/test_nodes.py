@@ -1,0 +1,144 @@
+"""`PackedDataset(nodes=N)`: each node's ranks read rows of the node's own windows, every row
+once over the world, with workers, balance and resume as without."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from loader import MixedDataset, PackedDataLoader, PackedDataset
+from loader.testing import write_random_dataset
+from packtool.errors import ConfigError, DataError
+from packtool.mixture.spec import SourceSpec
+from tests.loader.conftest import all_doc_ids
+
+NODES, RANKS = 2, 4  # 2 nodes of 2 ranks
+KW = {"rows_per_batch": 2, "seed": 5, "shuffle_window": 2}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """240 rows in 60 row groups of 4 (30 windows of 2 row groups); doc ids unique."""
+    path = tmp_path_factory.mktemp("nodes") / "ds"
+    write_random_dataset(
+        path, n_rows=240, max_len=64, mean_doc=9, rows_per_shard=40, row_group_rows=4, seed=11
+    )
+    return path
+
+
+def _doc_ids(batch) -> list[int]:
+    ids = batch["doc_ids"]
+    return ids[ids >= 0].tolist()
+
+
+def _node_groups(ds: PackedDataset, rows: list[np.ndarray]) -> set[int]:
+    return set(ds.store.row_group_of(np.concatenate(rows)).tolist()) if rows else set()
+
+
+@pytest.mark.parametrize(("workers", "balance"), [(0, False), (2, False), (0, True)])
+def test_every_row_once_and_each_node_reads_about_its_share(dataset, workers, balance):
+    seen, groups = [], {}
+    for rank in range(RANKS):
+        ds = PackedDataset(dataset, rank=rank, world_size=RANKS, nodes=NODES, balance=balance, **KW)
+        for b in PackedDataLoader(ds, num_workers=workers):
+            seen += _doc_ids(b)
+        plan = ds.plan(0)
+        rows = [ds.rows_for(plan, s) for s in range(plan.num_steps)]
+        groups.setdefault(rank // (RANKS // NODES), set()).update(_node_groups(ds, rows))
+    assert sorted(seen) == all_doc_ids(dataset).tolist()
+    n = ds.store.num_row_groups
+    # Without nodes each node reads rows of every row group (the test below); here ~1/2 (and
+    # the rows of the streams' tail).
+    assert all(len(g) <= 0.65 * n for g in groups.values()), [len(g) for g in groups.values()]
+    assert len(groups[0] & groups[1]) <= 0.15 * n
+
+
+def test_without_nodes_every_node_reads_nearly_every_row_group(dataset):
+    groups = {}
+    for rank in range(RANKS):
+        ds = PackedDataset(dataset, rank=rank, world_size=RANKS, **KW)
+        plan = ds.plan(0)
+        rows = [ds.rows_for(plan, s) for s in range(plan.num_steps)]
+        groups.setdefault(rank // 2, set()).update(_node_groups(ds, rows))
+    assert all(len(g) >= 0.9 * ds.store.num_row_groups for g in groups.values())
+
+
+def test_balance_moves_rows_only_between_the_ranks_of_a_node(dataset):
+    plain = [PackedDataset(dataset, rank=r, world_size=RANKS, nodes=NODES, **KW) for r in (0, 1)]
+    even = [
+        PackedDataset(dataset, rank=r, world_size=RANKS, nodes=NODES, balance=True, **KW)
+        for r in (0, 1)
+    ]
+    plan, moved = plain[0].plan(0), 0
+    for step in range(plan.num_steps):
+        before = [d.rows_for(plan, step) for d in plain]
+        after = [d.rows_for(d.plan(0), step) for d in even]
+        assert sorted(np.concatenate(before).tolist()) == sorted(np.concatenate(after).tolist())
+        moved += any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    assert moved  # balance did move rows (between node 0's two ranks)
+
+
+def _stream(dataset, *, rank, state=None, take=None, world=RANKS, nodes=NODES, **kw):
+    ds = PackedDataset(dataset, rank=rank, world_size=world, nodes=nodes, **{**KW, **kw})
+    dl = PackedDataLoader(ds, num_workers=1)
+    if state is not None:
+        dl.load_state_dict(state)
+    out = [tuple(b["doc_ids"].tolist()) for b in itertools.islice(dl, take)]
+    return out, dl.state_dict()
+
+
+def test_a_resume_with_the_same_layout_continues_the_stream(dataset):
+    for rank in (0, 3):
+        whole, _ = _stream(dataset, rank=rank)
+        first, state = _stream(dataset, rank=rank, take=7)
+        rest, _ = _stream(dataset, rank=rank, state=state)
+        assert first + rest == whole
+
+
+def test_a_resume_into_other_ranks_per_node_waits_for_the_next_epoch(dataset):
+    # The order depends on the ranks per node (a block's rows a node): inside an epoch the rest
+    # of it exists only in the saved order.
+    _, state = _stream(dataset, rank=0, take=3)
+    with pytest.raises(DataError, match=r"nodes=2, world_size=4, rows_per_batch=2 but this"):
+        _stream(dataset, rank=0, state=state, world=2, nodes=1)
+    with pytest.raises(DataError, match=r"saved with .*nodes=2.* but this loader uses .*nodes=1"):
+        _stream(dataset, rank=0, state=state, nodes=1)
+    # At an epoch's end any layout goes on with the next epoch.
+    _, ended = _stream(dataset, rank=0)
+    got, _ = _stream(dataset, rank=0, state=ended, world=2, nodes=1)
+    assert got == []  # nothing of epoch 0 is left
+
+
+def test_a_state_without_nodes_keeps_the_layout_it_always_had(dataset):
+    ds = PackedDataset(dataset, **KW)
+    assert "nodes" not in PackedDataLoader(ds).state_dict()["packed_dataset"]["layout"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"nodes": 0}, "nodes must be >= 1"),
+        ({"nodes": 1.5}, "nodes must be an integer"),
+        ({"nodes": 2, "rows_per_batch": None, "tokens_per_batch": 256}, "needs rows_per_batch"),
+        ({"nodes": 2, "shuffle_window": 0}, "needs shuffle windows"),
+        ({"nodes": 3}, "nodes=3 does not divide the 4"),
+    ],
+)
+def test_settings_nodes_cannot_take_are_one_line(dataset, kw, message):
+    with pytest.raises(ConfigError, match=message):
+        PackedDataset(dataset, rank=0, world_size=RANKS, **{**KW, **kw})
+
+
+def test_the_stored_order_is_dealt_to_nodes_too(dataset):
+    seen = []
+    for rank in range(RANKS):
+        ds = PackedDataset(dataset, rank=rank, world_size=RANKS, nodes=NODES, shuffle=False, **KW)
+        seen += [d for b in ds for d in _doc_ids(b)]
+    assert sorted(seen) == all_doc_ids(dataset).tolist()
+
+
+def test_a_mixture_refuses_nodes(dataset):
+    with pytest.raises(ConfigError, match="nodes > 1 is for a PackedDataset"):
+        MixedDataset([SourceSpec(name="a", path=str(dataset), weight=1)], rows_per_batch=2, nodes=2)

@@ -1,0 +1,64 @@
+"""Training from a bucket on several nodes: with `nodes=N` each node's cache downloads about its
+share of the dataset, not all of it (loader/order/nodes.py), against a real S3 API server on
+loopback (moto's server mode, the `s3_server` fixture)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loader import PackedDataset
+from packtool.dataset.shards import ShardConfig
+from packtool.engines.local import RunConfig, run_pack
+from packtool.pack.chunk import PackConfig
+
+ROOT = Path(__file__).resolve().parents[3]
+CORPUS = ROOT / "sample_data" / "corpus.jsonl"
+KW = {"rows_per_batch": 4, "seed": 2, "shuffle_window": 2}  # ~45 windows of 2 row groups
+
+
+@pytest.fixture(scope="module")
+def datasets(s3_server, tmp_path_factory):
+    """The sample corpus packed (row groups of 32 rows: ~90 of them) into a local folder and
+    into `s3://nodes/ds`."""
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="nodes")
+    local = tmp_path_factory.mktemp("nodes") / "ds"
+    for out in (local, "s3://nodes/ds"):
+        run_pack(
+            RunConfig(
+                inputs=(str(CORPUS),),
+                out_dir=str(out),
+                pack=PackConfig(max_len=1024),
+                shards=ShardConfig(row_group_rows=32),
+                progress=False,
+            )  # fmt: skip
+        )
+    return local, "s3://nodes/ds"
+
+
+def _two_nodes(path, caches: Path | None, nodes: int) -> tuple[list[list[int]], list[int]]:
+    """One epoch of 2 nodes x 2 ranks, each node with a cache folder of its own: every rank's
+    batches (doc ids), and the bytes each node downloaded."""
+    batches, downloaded = [], [0, 0]
+    for rank in range(4):
+        cache = None if caches is None else str(caches / f"node{rank // 2}")
+        ds = PackedDataset(path, rank=rank, world_size=4, nodes=nodes, cache_dir=cache, **KW)
+        batches += [b["doc_ids"].tolist() for b in ds]
+        downloaded[rank // 2] += ds.store.downloaded_bytes
+    return batches, downloaded
+
+
+def test_each_node_downloads_about_its_share_with_nodes(datasets, tmp_path):
+    local, url = datasets
+    size = sum(s.bytes for s in PackedDataset(local, **KW).store.manifest.shards)
+    got, dealt = _two_nodes(url, tmp_path / "dealt", nodes=2)
+    want, _ = _two_nodes(local, None, nodes=2)
+    assert got == want  # the bucket's batches are the local dataset's
+    _, plain = _two_nodes(url, tmp_path / "plain", nodes=1)
+    # Without nodes every node downloads (nearly) the whole dataset; with them about half
+    # (footers, and the rows of the streams' tail, read by any node, on top).
+    assert all(d >= 0.9 * size for d in plain), (plain, size)
+    assert all(0.3 * size <= d <= 0.7 * size for d in dealt), (dealt, size)
