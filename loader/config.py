@@ -95,13 +95,15 @@ class LoaderConfig:
     """Row groups whose rows are shuffled together (row groups themselves are shuffled too); 0
     shuffles all rows freely, which decodes a whole row group per row unless the cache holds the
     dataset. Keep `cache_bytes` above this many decoded row groups."""
-    nodes: int = 1
+    nodes: int | str = 1
     """Nodes the ranks run on (ranks `n * world_size // nodes ...` on node n, as torchrun
     numbers them): each node's ranks then read rows of that node's own shuffle windows
     (loader/order/nodes.py), so from a bucket a node downloads ~1/nodes of the dataset, not all
     of it (docs/remote.md, "Several nodes"). Needs `rows_per_batch` and windows (not
     `shuffle_window=0`); the order then depends on the ranks per node, so a resume inside an
-    epoch keeps the world size. 1: the plain order."""
+    epoch keeps the world size. 1: the plain order. "auto": the launcher's count
+    (`resolve_nodes`: torchrun's WORLD_SIZE / LOCAL_WORLD_SIZE, else Slurm's SLURM_NNODES,
+    else 1)."""
     drop_last: bool = False
     """Drop an incomplete last global step; otherwise ranks short of rows get a filler batch."""
     static_shape: bool = False
@@ -160,7 +162,7 @@ class LoaderConfig:
         for name in ("rows_per_batch", "tokens_per_batch", "max_docs_per_batch"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name))
-        for name in ("seed", "shuffle_window", "nodes", "pad_id", "cache_bytes", "cache_limit"):
+        for name in ("seed", "shuffle_window", "pad_id", "cache_bytes", "cache_limit"):
             check_int(name, getattr(self, name))
         if self.cache_limit < 1:
             raise ConfigError(f"cache_limit must be >= 1 byte, got {self.cache_limit}")
@@ -231,14 +233,15 @@ class LoaderConfig:
                 )
         if self.shuffle_window < 0:
             raise ConfigError(f"shuffle_window must be >= 0, got {self.shuffle_window}")
-        if self.nodes < 1:
-            raise ConfigError(f"nodes must be >= 1, got {self.nodes}")
-        if self.nodes > 1 and self.tokens_per_batch is not None:
+        if self.nodes != "auto":
+            check_int("nodes", self.nodes, 1)
+        dealt = self.nodes != "auto" and self.nodes > 1  # "auto": checked once resolved
+        if dealt and self.tokens_per_batch is not None:
             raise ConfigError(
                 "nodes > 1 needs rows_per_batch: a node's ranks take a fixed run of rows of its "
                 "own windows each step, and a token budget cuts batches of varying rows"
             )
-        if self.nodes > 1 and self.shuffle and self.shuffle_window == 0:
+        if dealt and self.shuffle and self.shuffle_window == 0:
             raise ConfigError(
                 "nodes > 1 needs shuffle windows (shuffle_window > 0): the free shuffle puts "
                 "every row anywhere, so no node has rows of its own"
@@ -358,6 +361,34 @@ def static_max_docs(config: LoaderConfig, n_docs: np.ndarray) -> int:
             f"{need} documents, plus one entry for padding; use at least {need + 1}"
         )
     return max_docs
+
+
+def resolve_nodes(nodes: int | str) -> int:
+    """`nodes`, with "auto" read from the launcher: torchrun's (and accelerate's, DeepSpeed's)
+    `WORLD_SIZE / LOCAL_WORLD_SIZE`, else Slurm's `SLURM_NNODES` (srun starting every rank),
+    else 1."""
+    if nodes != "auto":
+        return int(nodes)
+    env = os.environ
+    if env.get("WORLD_SIZE") and env.get("LOCAL_WORLD_SIZE"):
+        world, local = env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]
+        if not (world.isdigit() and local.isdigit() and int(local) > 0):
+            raise ConfigError(
+                f"nodes='auto': WORLD_SIZE={world!r} and LOCAL_WORLD_SIZE={local!r} are not "
+                "process counts; give nodes= a number"
+            )
+        if int(world) % int(local):
+            raise ConfigError(
+                f"nodes='auto': WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local} "
+                "(nodes running different numbers of ranks); give nodes= a number"
+            )
+        return int(world) // int(local)
+    slurm = env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES")
+    if slurm:
+        if not slurm.isdigit() or int(slurm) < 1:
+            raise ConfigError(f"nodes='auto': SLURM_NNODES={slurm!r} is not a node count")
+        return int(slurm)
+    return 1
 
 
 def dist_rank_world(

@@ -45,6 +45,7 @@ from loader.config import (
     check_pad_id,
     dist_rank_world,
     make_config,
+    resolve_nodes,
     static_max_docs,
 )
 from loader.context_parallel import cp_split
@@ -114,7 +115,7 @@ class MixedDataset(IterableDataset):
                 "not a loader setting"
             )
         config = make_config(LoaderConfig, settings, config)
-        if config.nodes != 1:
+        if resolve_nodes(config.nodes) != 1:
             raise ConfigError(
                 "nodes > 1 is for a PackedDataset: a mixture does not deal its sources' rows "
                 "to nodes (leave nodes at 1)"

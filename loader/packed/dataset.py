@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from loader.config import (
     check_pad_id,
     dist_rank_world,
     make_config,
+    resolve_nodes,
     static_max_docs,
 )
 from loader.context_parallel import cp_split
@@ -85,7 +86,8 @@ class PackedDataset(IterableDataset):
         **settings: Any,
     ) -> None:
         super().__init__()
-        self.config = config = make_config(LoaderConfig, settings, config)
+        config = make_config(LoaderConfig, settings, config)
+        self.config = config = replace(config, nodes=resolve_nodes(config.nodes))
         self.rank, self.world_size = dist_rank_world(rank, world_size, config.context_parallel)
         if self.world_size % config.nodes:
             raise ConfigError(

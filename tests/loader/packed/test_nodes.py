@@ -119,8 +119,9 @@ def test_a_state_without_nodes_keeps_the_layout_it_always_had(dataset):
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"nodes": 0}, "nodes must be >= 1"),
+        ({"nodes": 0}, "nodes must be an integer >= 1, got 0"),
         ({"nodes": 1.5}, "nodes must be an integer"),
+        ({"nodes": "two"}, "nodes must be an integer >= 1, got 'two'"),
         ({"nodes": 2, "rows_per_batch": None, "tokens_per_batch": 256}, "needs rows_per_batch"),
         ({"nodes": 2, "shuffle_window": 0}, "needs shuffle windows"),
         ({"nodes": 3}, "nodes=3 does not divide the 4"),
@@ -142,3 +143,52 @@ def test_the_stored_order_is_dealt_to_nodes_too(dataset):
 def test_a_mixture_refuses_nodes(dataset):
     with pytest.raises(ConfigError, match="nodes > 1 is for a PackedDataset"):
         MixedDataset([SourceSpec(name="a", path=str(dataset), weight=1)], rows_per_batch=2, nodes=2)
+
+
+@pytest.mark.parametrize(
+    ("env", "nodes"),
+    [
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "SLURM_NNODES": "9"}, 2),  # torchrun
+        ({"SLURM_NNODES": "2"}, 2),  # srun starting every rank
+        ({}, 1),
+    ],
+)
+def test_auto_takes_the_launchers_node_count(dataset, monkeypatch, env, nodes):
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    ds = PackedDataset(dataset, rank=1, world_size=RANKS, nodes="auto", **KW)
+    assert ds.config.nodes == nodes
+    want = PackedDataset(dataset, rank=1, world_size=RANKS, nodes=nodes, **KW)
+    assert [b["doc_ids"].tolist() for b in ds] == [b["doc_ids"].tolist() for b in want]
+    layout = PackedDataLoader(ds).state_dict()["packed_dataset"]["layout"]
+    assert layout.get("nodes", 1) == nodes  # the number, not "auto", decides a resume
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"WORLD_SIZE": "5", "LOCAL_WORLD_SIZE": "2"}, "not a multiple of LOCAL_WORLD_SIZE=2"),
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "x"}, "are not process counts"),
+        ({"SLURM_NNODES": "0"}, "is not a node count"),
+    ],
+)
+def test_auto_with_launcher_values_it_cannot_use_is_one_line(dataset, monkeypatch, env, message):
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message):
+        PackedDataset(dataset, rank=0, world_size=RANKS, nodes="auto", **KW)
+
+
+def test_auto_on_one_node_takes_any_batch_setting(dataset, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    budget = {"tokens_per_batch": 256, "rows_per_batch": None}
+    ds = PackedDataset(dataset, rank=0, world_size=2, nodes="auto", **{**KW, **budget})
+    assert ds.config.nodes == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # two nodes: a token budget cannot be dealt
+    with pytest.raises(ConfigError, match="needs rows_per_batch"):
+        PackedDataset(dataset, rank=0, world_size=2, nodes="auto", **{**KW, **budget})
