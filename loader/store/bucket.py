@@ -8,7 +8,9 @@ decoded from there with the shard's footer, which the store read at open (so no 
 fetched again). `fetch_ahead` downloads the ranges of the row groups the epoch order asks for
 next on `FETCH_THREADS` threads per process, while the decode thread works on earlier ones;
 row groups it is asked for together that lie side by side in a shard come in one GET (up to
-16 MB: `RangeCache.fetch_many`), each still cached on its own.
+16 MB: `RangeCache.fetch_many`), each still cached on its own. A read of a row group's counts
+alone (its `doc_offsets` chunk) downloads that chunk only, where the whole range is neither
+cached nor being fetched ahead (`BucketRowGroups.read`).
 
 Pages are checked as they are decoded (their CRC32, `page_checksums`), as for a local
 dataset; a range that fails (a damaged download or cache file) is deleted and fetched once
@@ -45,6 +47,8 @@ FETCH_THREADS = 4
 """Downloads of a bucket's row groups each process runs at once, ahead of the decode."""
 FOOTER_BYTES = 64 << 10
 """The end of a shard read (and cached) at open: its footer, in one GET where it fits."""
+COUNTS = "doc_offsets"
+"""The column a read of a row group's counts asks for alone (`ShardStore.row_stats`)."""
 
 
 def dataset_gone(shard: Any, folder: Any) -> DataError:
@@ -183,13 +187,18 @@ class BucketRowGroups:
     def read(self, g: int, shard: int, local: int, columns: list[str]) -> pa.Table:
         """Row group `g` (number `local` in shard `shard`): `columns` of it. Only the bytes of
         those columns' chunks are checked and read (`RowIndex`'s stats read one small column of
-        every row group an epoch plans). A range that fails is downloaded again; failing again,
-        the shard's footer is (a cached footer can be another shard's and pass its CRC32), and
-        the read tried once more where it differs."""
+        every row group an epoch plans). A read of the counts alone (`COUNTS`) downloads only
+        their chunk (~1% of the range), as a range of its own, unless the whole range is at
+        hand (`_whole_at_hand`): a scan of every row group's counts at open (`static_shape`)
+        downloaded the whole dataset until 2026-12-07. A range that fails (the one read) is
+        downloaded again; failing again, the shard's footer is (a cached footer can be another
+        shard's and pass its CRC32), and the read tried once more where it differs."""
         size = self.manifest.shards[shard].bytes
         for attempt in (1, 2, 3):
             url, key, start, end = self._where(shard, g)
             check = byte_range(self.metas[shard], local, columns)
+            if columns == [COUNTS] and not self._whole_at_hand(g, key, start, end):
+                start, end = check  # the counts' chunk alone, cached as a range of its own
             pin = self.cache.pinned(url, key, start, end, check)
             with self._shard_checked(shard), pin as view:
                 source = RangeFile(view, check[0], size)
@@ -208,6 +217,13 @@ class BucketRowGroups:
                         raise
             self.cache.discard(key, start, end)  # downloaded again on the next try
         raise AssertionError("unreachable")
+
+    def _whole_at_hand(self, g: int, key: str, start: int, end: int) -> bool:
+        """Whether row group `g`'s whole range (`start`..`end`, content `key`) is in the node's
+        cache, or being downloaded by this process's fetch threads (`fetch_ahead`: a read of it
+        waits for that download): a read of its counts then uses it and adds no GET."""
+        fetching = self._pid == os.getpid() and g in self._fetching
+        return fetching or self.cache.cached(key, start, end)
 
     def _footer_refreshed(self, shard: int, first: int) -> bool:
         """Download shard `shard`'s footer again (its row groups numbered from `first`): True

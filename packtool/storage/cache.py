@@ -164,6 +164,11 @@ class RangeCache:
             )
         return self.folder / key[:2] / name
 
+    def cached(self, key: str, start: int, end: int) -> bool:
+        """Whether the range is in the cache now: one `lstat`, neither checked nor pinned (it
+        can be evicted the next moment; `pinned` reads it safely, downloading it if gone)."""
+        return self._present(self.path(key, start, end))
+
     def fetch(self, url: Any, key: str, start: int, end: int) -> Path:
         """The cached file of bytes `start`..`end` of `url` (content `key`), downloaded if no
         process of the node has (or is downloading) it."""

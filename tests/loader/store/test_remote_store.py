@@ -437,3 +437,80 @@ def test_runs_are_adjacent_row_groups_of_one_shard_in_the_order_asked():
         assert firsts == sorted(firsts)
 
     check()
+
+
+def test_a_static_shape_open_downloads_the_counts_not_the_dataset(datasets, tmp_path):
+    """`static_shape` reads every row's document count at open (`RowIndex.top_n_docs`): each
+    row group's count read pinned, and so downloaded, its whole range, the whole dataset
+    before the first batch (1 TB for a 1 TB dataset; under `cache_limit`, evicted and
+    downloaded again by the decode). Now the `doc_offsets` chunks alone, each a range of its
+    own; the epoch after it is the local dataset's."""
+    local, url = datasets
+    kw = dict(static_shape=True, rows_per_batch=4, shuffle=False)
+    ds = PackedDataset(url, cache_dir=str(tmp_path / "c"), **kw)
+    total = sum(s.bytes for s in ds.store.manifest.shards)
+    opened = ds.store.downloaded_bytes  # the footers, and the counts' chunks
+    assert 0 < opened < total * 0.05, (opened, total)
+    got = [{k: v.tolist() for k, v in b.items() if hasattr(v, "tolist")} for b in ds]
+    want = [
+        {k: v.tolist() for k, v in b.items() if hasattr(v, "tolist")}
+        for b in PackedDataset(local, **kw)
+    ]
+    assert len(got) == len(want) > 10 and got == want
+    assert ds.store.downloaded_bytes < opened + total  # the row groups, downloaded once
+    store = PackedDataset(url, rows_per_batch=4, cache_dir=str(tmp_path / "d")).store
+    lengths, _, _ = store.row_index()  # `row_index` too: the chunks
+    assert len(lengths) == store.num_rows and store.downloaded_bytes < total * 0.05
+
+
+def test_an_epoch_by_tokens_reads_the_counts_from_the_ranges_it_fetches(
+    datasets, tmp_path, monkeypatch
+):
+    """The token budget reads the counts of a window's row groups right after `fetch_ahead`
+    started their whole ranges (the decode's downloads): the counts wait for those and use
+    them, no chunk of their own is downloaded (no GET, no byte more than the ranges)."""
+    from tests.loader.store.test_range_cache import _gets
+
+    _, url = datasets
+    asked = _gets(monkeypatch)
+    cache = tmp_path / "c"
+    ds = PackedDataset(url, tokens_per_batch=4096, cache_dir=str(cache), seed=3)
+    footers = len(asked)
+    assert len(list(ds)) > 10
+    spans = [(int(a), int(b)) for a, b in ds.store.bucket.spans]
+    starts, ends = {a for a, _ in spans}, {b for _, b in spans}
+    gets = asked[footers:]
+    assert all(a in starts and b in ends for a, b in gets)  # whole ranges (or runs of them)
+    assert sum(b - a for a, b in gets) == sum(b - a for a, b in spans)  # each once
+    assert ds.store.downloaded_bytes == sum(b - a for a, b in asked)
+
+
+@pytest.mark.parametrize("damage", ["bit", "passes_crc32"])
+def test_a_damaged_cached_counts_chunk_is_downloaded_again(datasets, tmp_path, damage):
+    """A row group's counts chunk cached damaged, as a whole range can be: a flipped bit (its
+    CRC32 fails: `pinned` downloads it again) or bytes that pass the CRC32 but not the page's
+    own (the read fails: the range read, the chunk, is deleted and downloaded again, not the
+    whole range, which was never downloaded)."""
+    from loader.store.bucket import byte_range
+    from packtool.storage.cache_format import trailer
+
+    _, url = datasets
+    ds = PackedDataset(url, static_shape=True, rows_per_batch=4, cache_dir=str(tmp_path / "c"))
+    store, bucket = ds.store, ds.store.bucket
+    g = store.num_row_groups // 2
+    shard, local = int(store._rg_shard[g]), int(store._rg_local[g])
+    _, key, start, end = bucket._where(shard, g)
+    a, b = byte_range(bucket.metas[shard], local, ["doc_offsets"])
+    path = bucket.cache.path(key, a, b)
+    assert path.is_file() and not bucket.cache.cached(key, start, end)
+    good = path.read_bytes()
+    want = store.row_stats(g)
+    body = bytearray(good[: b - a])
+    body[-1] ^= 0x01  # the last page's data
+    path.write_bytes(bytes(body) + (good[b - a :] if damage == "bit" else trailer(body)))
+    before = bucket.cache.downloaded
+    got = store.row_stats(g)
+    for name in ("lengths", "n_docs", "sq"):
+        assert getattr(got, name).tolist() == getattr(want, name).tolist()
+    assert bucket.cache.downloaded - before == b - a  # the chunk again, alone
+    assert path.read_bytes() == good and not bucket.cache.cached(key, start, end)
