@@ -1,7 +1,8 @@
 """What each rank and each node of a multi-node job reads of a dataset in one epoch.
 
 Run: `python -m benchmarks.node_reads [--rows 1048576] [--nodes 8] [--ranks-per-node 8]
-[--rows-per-batch 8] [--window 16]`.
+[--rows-per-batch 8] [--window 16] [--no-docs]` (writes its block into docs/benchmarks.md,
+"Several nodes", unless `--no-docs`).
 
 No files: the epoch order and plan of a synthetic dataset (`loader.testing.synthetic_index`,
 256-row row groups) cut for `nodes x ranks-per-node` ranks with `rows_per_batch`, as
@@ -15,10 +16,11 @@ into its cache from a bucket (docs/remote.md, "Several nodes"). The defaults are
 from __future__ import annotations
 
 import argparse
+import time
 
 import numpy as np
 
-from benchmarks._common import markdown_table
+from benchmarks._common import markdown_table, publish
 from loader.order.nodes import NodeOrder
 from loader.order.permutation import EpochOrder
 from loader.order.steps import EpochPlan
@@ -32,15 +34,20 @@ def main() -> None:
     ap.add_argument("--ranks-per-node", type=int, default=8)
     ap.add_argument("--rows-per-batch", type=int, default=8)
     ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--no-docs", action="store_true", help="print only")
     args = ap.parse_args()
     index = synthetic_index(args.rows)
     starts = index.group_starts
     world = args.nodes * args.ranks_per_node
     n_groups = len(starts) - 1
-    print(
-        f"{args.rows:,} rows in {n_groups:,} row groups; {args.nodes} nodes x "
-        f"{args.ranks_per_node} ranks, rows_per_batch {args.rows_per_batch}, shuffle window "
-        f"{args.window} row groups; one epoch"
+    head = (
+        f"What each rank and node reads of a dataset in one epoch (`python -m "
+        f"benchmarks.node_reads`, {time.strftime('%Y-%m-%d')}; no files: the epoch plan of a "
+        f"synthetic dataset of {args.rows:,} rows in {n_groups:,} row groups, {args.nodes} nodes "
+        f"x {args.ranks_per_node} ranks, rows_per_batch {args.rows_per_batch}, shuffle window "
+        f"{args.window} row groups): the share of the row groups whose rows a rank reads (and "
+        "decodes), and a node (and downloads from a bucket), in the plain order and dealt to "
+        "nodes (`PackedDataset(nodes=...)`)."
     )
     rows = []
     for name in ("plain order", f"nodes={args.nodes}"):
@@ -62,7 +69,8 @@ def main() -> None:
         ):
             stats = (share.min(), share.mean(), share.max(), even)
             rows.append([name, what, *(f"{x:.1%}" for x in stats)])
-    print(markdown_table(["order", "", "min", "mean", "max", "if split evenly"], rows))
+    table = markdown_table(["order", "", "min", "mean", "max", "if split evenly"], rows)
+    publish("node-reads", f"{head}\n\n{table}", docs=not args.no_docs)
 
 
 if __name__ == "__main__":
