@@ -510,16 +510,21 @@ def rank_rows(
 
 
 def iter_blocks(
-    plan: EpochPlan, first: int, *, per_step: bool = False
+    plan: EpochPlan, first: int, *, per_step: bool = False, node: int | None = None
 ) -> Iterator[tuple[int, int]]:
     """`(start, end)` step ranges of the `PackedDataLoader` worker blocks from step `first`.
 
     A block is the run of steps whose middle row lies in one window of the order (a step that
     crosses a window's edge goes with the window holding most of its rows), so a worker decodes
     its windows' row groups plus a few of a neighbour's. The first block starts at `first`.
-    With `per_step` (a free shuffle, which has no windows) every step is its own block.
+    With `per_step` (a free shuffle, which has no windows) every step is its own block. With
+    `node` (an order dealt to nodes, `loader.order.nodes`): the middle row of that node's rank
+    batches, so the blocks follow the windows of the node's own stream (streams' windows differ
+    in size, so another stream's edges would cut each of the node's windows in two, and two
+    workers would decode its row groups).
     """
     w = plan.world_size
+    ranks = None if node is None else w // plan.order.nodes
     start, window, step = first, None, first
     while plan.has_step(step):
         if per_step:
@@ -529,7 +534,11 @@ def iter_blocks(
         count = 256
         starts = plan.batch_starts(step * w, (step + count) * w)
         lo, hi = starts[:-1:w][:count], starts[w::w][:count]
-        windows = plan.order.window_of((lo + hi) // 2).tolist()
+        middle = (lo + hi) // 2
+        if ranks is not None:  # the node's rank batches; the step's middle where it has none
+            a, b = starts[node * ranks :: w][: len(lo)], starts[(node + 1) * ranks :: w][: len(lo)]
+            middle = np.where(a < b, (a + b) // 2, middle)
+        windows = plan.order.window_of(middle).tolist()
         for j in windows:
             if not plan.has_step(step):
                 break

@@ -418,13 +418,22 @@ class PackedDataset(IterableDataset):
         for a free shuffle. Cuts the whole epoch: for tests and reports (workers walk the blocks
         lazily).
         """
-        starts = [a for a, _ in iter_blocks(plan, 0, per_step=self._per_step_blocks)]
+        starts = [
+            a for a, _ in iter_blocks(plan, 0, per_step=self._per_step_blocks, node=self._node)
+        ]
         return np.asarray([*starts, plan.num_steps], dtype=np.int64)
 
     def block_steps(self, plan: EpochPlan) -> int:
         """At least the most steps in one `PackedDataLoader` worker block, at most 1024 (sizes
         the transport ring), from the window sizes alone."""
         return block_steps_bound(plan, max_len=self.store.max_len, per_step=self._per_step_blocks)
+
+    @property
+    def _node(self) -> int | None:
+        """This rank's node where the order is dealt to nodes (its worker blocks follow that
+        node's windows, `iter_blocks`), else None."""
+        c = self.config
+        return self.rank // (self.world_size // c.nodes) if c.nodes > 1 else None
 
     @property
     def _per_step_blocks(self) -> bool:
@@ -441,7 +450,7 @@ class PackedDataset(IterableDataset):
         where its own begin."""
 
         def my_steps() -> Iterator[int]:
-            blocks = iter_blocks(plan, first, per_step=self._per_step_blocks)
+            blocks = iter_blocks(plan, first, per_step=self._per_step_blocks, node=self._node)
             for b, (start, end) in enumerate(blocks):
                 if b % n_workers == worker:
                     yield from range(start, end)

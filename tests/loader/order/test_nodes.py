@@ -114,7 +114,8 @@ def test_worker_blocks_stay_within_the_bound(sizes, window, nodes, ranks, rows):
     order = NodeOrder(base, nodes=nodes, stripe=ranks * rows)
     plan = EpochPlan(order, world_size=nodes * ranks, rows_per_batch=rows)
     bound = block_steps_bound(plan, max_len=64)
-    assert max((b - a for a, b in iter_blocks(plan, 0)), default=0) <= bound
+    for node in (None, *range(nodes)):  # a rank's blocks follow its node's windows
+        assert max((b - a for a, b in iter_blocks(plan, 0, node=node)), default=0) <= bound
 
 
 def test_the_free_order_has_no_windows_to_deal():

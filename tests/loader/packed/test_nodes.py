@@ -192,3 +192,27 @@ def test_auto_on_one_node_takes_any_batch_setting(dataset, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # two nodes: a token budget cannot be dealt
     with pytest.raises(ConfigError, match="needs rows_per_batch"):
         PackedDataset(dataset, rank=0, world_size=2, nodes="auto", **{**KW, **budget})
+
+
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_each_ranks_worker_blocks_follow_its_own_nodes_windows(random_dataset, window):
+    # One row a rank a step: a block of rank r is one window of its node's stream, so no row
+    # group of its is in two blocks and its workers decode its rows' row groups once between
+    # them. Blocks used to follow the middle node's windows (node 1 here): where windows differ
+    # in size (shards' short last row groups) node 0's blocks cut its windows in two, and two
+    # workers decoded each (1.85x the row groups of a node-0 rank over 4 workers, 8 nodes x 8
+    # ranks of a 1.5 M-row dataset of 5,000-row shards).
+    for rank in range(2):
+        ds = PackedDataset(
+            random_dataset, rank=rank, world_size=2, nodes=2, rows_per_batch=1,
+            shuffle_window=window, seed=window,
+        )  # fmt: skip
+        plan = ds.plan(0)
+        starts = ds.block_starts(plan)
+        assert starts[0] == 0 and starts[-1] == plan.num_steps and (np.diff(starts) > 0).all()
+        seen: set[int] = set()
+        for a, b in itertools.pairwise(starts.tolist()):
+            rows = np.concatenate([ds.rows_for(plan, s) for s in range(a, b)])
+            groups = set(ds.store.row_group_of(rows).tolist())
+            assert not groups & seen, (rank, a, b)
+            seen |= groups
