@@ -11,10 +11,13 @@ of stream n: position p lies in block `b = p // (nodes * stripe)`, stream
 `stripe` = ranks per node x `rows_per_batch`, a step's rank batches cut one after another give
 node n's ranks rows of stream n only, so a node reads ~1/nodes of the row groups.
 
-Streams differ in length by about a window (their last windows, and shards' shorter last row
-groups). Once the shortest cannot fill a block (the *tail*: at most ~`nodes` x (largest window
-+ `stripe`) rows, at the epoch's end), the streams' remaining rows follow one stream after
-another, and those last steps read rows of other nodes' windows.
+Streams differ in length by their last windows and by shards' shorter last row groups, whose
+share of each stream varies like a random walk (the spread grows with the square root of the
+windows a stream). Once the shortest cannot fill a block (the *tail*, at the epoch's end), the
+streams' remaining rows follow one stream after another, and those last steps read rows of
+other nodes' windows: ~86 k rows at 8 nodes, ~734 k at 64 (0.01 % and 0.07 %) of a 10^9-row
+dataset in 61 k shards of 16,000-16,700 rows (256-row row groups, 16-row-group windows, stripe
+64), ~2.6x `nodes` x (largest window + `stripe`).
 
 A pure function of the plain order, `nodes` and `stripe` (every rank computes the same one),
 and a permutation of the plain order's positions: the same rows, each once. The free order
