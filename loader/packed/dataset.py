@@ -92,7 +92,7 @@ class PackedDataset(IterableDataset):
         if self.world_size % config.nodes:
             raise ConfigError(
                 f"nodes={config.nodes} does not divide the {self.world_size} (data-parallel) "
-                "ranks; give the number of nodes the ranks run on, each with as many ranks"
+                "ranks; every node must run as many of them (give the number of nodes)"
             )
         if not isinstance(path, (str, os.PathLike)) and not storage.is_remote(path):
             raise ConfigError(f"path must be a dataset folder or URL, got {path!r}")

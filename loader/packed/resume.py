@@ -236,7 +236,9 @@ def order_of(layout: dict[str, Any]) -> tuple[Any, ...]:
     if nodes == 1:
         return order
     ranks, rows = layout.get("world_size"), layout.get("rows_per_batch")
-    return (*order, nodes, ranks, rows)  # a node's rows a block: ranks // nodes x rows
+    if not (isinstance(ranks, int) and isinstance(rows, int) and isinstance(nodes, int)):
+        return (*order, nodes, ranks, rows)  # damaged: equal to no sound layout's
+    return (*order, nodes, ranks // nodes * rows)  # a node's rows a block (its stripe)
 
 
 def order_words(layout: dict[str, Any], nodes: bool) -> str:

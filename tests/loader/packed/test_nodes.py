@@ -111,6 +111,22 @@ def test_a_resume_into_other_ranks_per_node_waits_for_the_next_epoch(dataset):
     assert got == []  # nothing of epoch 0 is left
 
 
+def test_a_resume_into_other_ranks_with_the_same_rows_a_node_goes_on(dataset):
+    # The order depends on the nodes and each node's rows a step (ranks per node x rows): 2
+    # nodes of 2 ranks x 2 rows and 2 nodes of 4 ranks x 1 row deal the same order.
+    _, state = _stream(dataset, rank=0, take=5)
+    seen = set()
+    for rank in range(RANKS):
+        ds = PackedDataset(dataset, rank=rank, world_size=RANKS, nodes=NODES, **KW)
+        dl = PackedDataLoader(ds)
+        seen |= {d for b in itertools.islice(dl, 5) for d in _doc_ids(b)}
+    rest = []
+    for rank in range(8):
+        got, _ = _stream(dataset, rank=rank, state=state, world=8, rows_per_batch=1)
+        rest += [d for b in got for d in b if d >= 0]
+    assert sorted([*seen, *rest]) == all_doc_ids(dataset).tolist()
+
+
 def test_a_state_without_nodes_keeps_the_layout_it_always_had(dataset):
     ds = PackedDataset(dataset, **KW)
     assert "nodes" not in PackedDataLoader(ds).state_dict()["packed_dataset"]["layout"]
