@@ -47,6 +47,24 @@ def all_doc_ids(path) -> np.ndarray:
     return np.sort(np.concatenate(ids))
 
 
+def block_row_groups(ds) -> set[int]:
+    """The row groups of `ds`'s epoch-0 `PackedDataLoader` worker blocks (with one row a rank a
+    step a block is one window), asserting that none lies in two blocks: N workers then decode
+    each of the rank's row groups once between them."""
+    import itertools
+
+    plan = ds.plan(0)
+    starts = ds.block_starts(plan)
+    assert starts[0] == 0 and starts[-1] == plan.num_steps and (np.diff(starts) > 0).all()
+    seen: set[int] = set()
+    for a, b in itertools.pairwise(starts.tolist()):
+        rows = np.concatenate([ds.rows_for(plan, s) for s in range(a, b)])
+        groups = set(ds.store.row_group_of(rows).tolist())
+        assert not groups & seen, (ds.rank, a, b)
+        seen |= groups
+    return seen
+
+
 BAD_VALUES = ("x", 1.5, {"bad": 1})
 """Values of the wrong type for every part of a state (no part takes a str, float or such dict)."""
 

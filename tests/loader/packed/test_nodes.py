@@ -12,7 +12,7 @@ from loader import MixedDataset, PackedDataLoader, PackedDataset
 from loader.testing import write_random_dataset
 from packtool.errors import ConfigError, DataError
 from packtool.mixture.spec import SourceSpec
-from tests.loader.conftest import all_doc_ids
+from tests.loader.conftest import all_doc_ids, block_row_groups
 
 NODES, RANKS = 2, 4  # 2 nodes of 2 ranks
 KW = {"rows_per_batch": 2, "seed": 5, "shuffle_window": 2}
@@ -223,12 +223,4 @@ def test_each_ranks_worker_blocks_follow_its_own_nodes_windows(random_dataset, w
             random_dataset, rank=rank, world_size=2, nodes=2, rows_per_batch=1,
             shuffle_window=window, seed=window,
         )  # fmt: skip
-        plan = ds.plan(0)
-        starts = ds.block_starts(plan)
-        assert starts[0] == 0 and starts[-1] == plan.num_steps and (np.diff(starts) > 0).all()
-        seen: set[int] = set()
-        for a, b in itertools.pairwise(starts.tolist()):
-            rows = np.concatenate([ds.rows_for(plan, s) for s in range(a, b)])
-            groups = set(ds.store.row_group_of(rows).tolist())
-            assert not groups & seen, (rank, a, b)
-            seen |= groups
+        block_row_groups(ds)

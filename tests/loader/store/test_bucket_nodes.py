@@ -9,34 +9,8 @@ from pathlib import Path
 import pytest
 
 from loader import PackedDataset
-from packtool.dataset.shards import ShardConfig
-from packtool.engines.local import RunConfig, run_pack
-from packtool.pack.chunk import PackConfig
 
-ROOT = Path(__file__).resolve().parents[3]
-CORPUS = ROOT / "sample_data" / "corpus.jsonl"
 KW = {"rows_per_batch": 4, "seed": 2, "shuffle_window": 2}  # ~45 windows of 2 row groups
-
-
-@pytest.fixture(scope="module")
-def datasets(s3_server, tmp_path_factory):
-    """The sample corpus packed (row groups of 32 rows: ~90 of them) into a local folder and
-    into `s3://nodes/ds`."""
-    import boto3
-
-    boto3.client("s3").create_bucket(Bucket="nodes")
-    local = tmp_path_factory.mktemp("nodes") / "ds"
-    for out in (local, "s3://nodes/ds"):
-        run_pack(
-            RunConfig(
-                inputs=(str(CORPUS),),
-                out_dir=str(out),
-                pack=PackConfig(max_len=1024),
-                shards=ShardConfig(row_group_rows=32),
-                progress=False,
-            )  # fmt: skip
-        )
-    return local, "s3://nodes/ds"
 
 
 def _two_nodes(path, caches: Path | None, nodes: int, **kw) -> tuple[list[list[int]], list[int]]:

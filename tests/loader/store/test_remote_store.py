@@ -17,30 +17,7 @@ from packtool.engines.local import RunConfig, run_pack
 from packtool.pack.chunk import PackConfig
 from packtool.storage.cache import RangeCache
 from packtool.storage.cache_format import trailer_size
-
-ROOT = Path(__file__).resolve().parents[3]
-CORPUS = ROOT / "sample_data" / "corpus.jsonl"
-
-
-@pytest.fixture(scope="module")
-def datasets(s3_server, tmp_path_factory):
-    """The sample corpus packed (row groups of 32 rows: ~90 of them) into a local folder and
-    into `s3://train/ds`."""
-    import boto3
-
-    boto3.client("s3").create_bucket(Bucket="train")
-    local = tmp_path_factory.mktemp("train") / "ds"
-    for out in (local, "s3://train/ds"):
-        run_pack(
-            RunConfig(
-                inputs=(str(CORPUS),),
-                out_dir=str(out),
-                pack=PackConfig(max_len=1024),
-                shards=ShardConfig(row_group_rows=32),
-                progress=False,
-            )  # fmt: skip
-        )
-    return local, "s3://train/ds"
+from tests.loader.store.conftest import CORPUS
 
 
 def _epochs(path, cache: Path | None, epochs: int = 2, workers: int = 2, **kw) -> list[dict]:
