@@ -101,9 +101,9 @@ class LoaderConfig:
     (loader/order/nodes.py), so from a bucket a node downloads ~1/nodes of the dataset, not all
     of it (docs/remote.md, "Several nodes"). Needs `rows_per_batch` and windows (not
     `shuffle_window=0`); the order then depends on a node's rows a step (ranks per node x
-    `rows_per_batch`), so a resume inside an epoch keeps it. 1: the plain order. "auto": the launcher's count
-    (`resolve_nodes`: torchrun's WORLD_SIZE / LOCAL_WORLD_SIZE, else Slurm's SLURM_NNODES,
-    else 1)."""
+    `rows_per_batch`), so a resume inside an epoch keeps it. 1: the plain order. "auto": the
+    launcher's count (`resolve_nodes`: torchrun's WORLD_SIZE / LOCAL_WORLD_SIZE, else Slurm's
+    SLURM_NNODES, else 1)."""
     drop_last: bool = False
     """Drop an incomplete last global step; otherwise ranks short of rows get a filler batch."""
     static_shape: bool = False
