@@ -7,6 +7,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loader import MixedDataset, PackedDataLoader, PackedDataset
 from loader.testing import write_random_dataset
@@ -224,3 +226,41 @@ def test_each_ranks_worker_blocks_follow_its_own_nodes_windows(random_dataset, w
             shuffle_window=window, seed=window,
         )  # fmt: skip
         block_row_groups(ds)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n_rows=st.integers(1, 60),
+    group_rows=st.integers(1, 5),
+    shard_rows=st.integers(1, 20),
+    nodes=st.integers(1, 3),
+    ranks=st.integers(1, 3),
+    rows=st.integers(1, 3),
+    window=st.integers(1, 3),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    balance=st.booleans(),
+)
+def test_every_row_at_most_once_and_all_without_drop_last(
+    tmp_path_factory, n_rows, group_rows, shard_rows, nodes, ranks, rows, window, shuffle,
+    drop_last, balance,
+):  # fmt: skip
+    path = tmp_path_factory.mktemp("any") / "ds"
+    write_random_dataset(
+        path, n_rows=n_rows, max_len=32, mean_doc=5, rows_per_shard=shard_rows,
+        row_group_rows=group_rows, seed=n_rows,
+    )  # fmt: skip
+    world, seen, steps = nodes * ranks, [], set()
+    for rank in range(world):
+        ds = PackedDataset(
+            path, rank=rank, world_size=world, nodes=nodes, rows_per_batch=rows,
+            shuffle_window=window, shuffle=shuffle, drop_last=drop_last, balance=balance, seed=3,
+        )  # fmt: skip
+        batches = list(ds)
+        steps.add(len(batches))  # every rank runs the same steps (collectives never hang)
+        seen += [d for b in batches for d in _doc_ids(b)]
+    assert len(steps) == 1
+    want = all_doc_ids(path).tolist()
+    assert len(seen) == len(set(seen)) and set(seen) <= set(want)
+    if not drop_last:
+        assert sorted(seen) == want
