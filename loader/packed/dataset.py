@@ -389,14 +389,13 @@ class PackedDataset(IterableDataset):
         """`(step, rows, filler)` for each step, decoding upcoming row groups in the background
         (`look_ahead`: up to `AHEAD_STEPS` steps while fewer than `AHEAD_GROUPS` row groups
         wait to be used)."""
-        filler_row = plan.order[0] if len(plan.order) else 0
         store = self.store
 
         def start(step: int) -> tuple[int, np.ndarray, bool]:
             rows = self.rows_for(plan, step)
             filler = len(rows) == 0
             if filler:
-                rows = np.asarray([filler_row], dtype=np.int64)
+                rows = np.asarray([self.filler_row(plan)], dtype=np.int64)
             if AHEAD_GROUPS:
                 store.prefetch(store.row_group_of(rows))
             return step, rows, filler
@@ -427,6 +426,17 @@ class PackedDataset(IterableDataset):
         """At least the most steps in one `PackedDataLoader` worker block, at most 1024 (sizes
         the transport ring), from the window sizes alone."""
         return block_steps_bound(plan, max_len=self.store.max_len, per_step=self._per_step_blocks)
+
+    def filler_row(self, plan: EpochPlan) -> int:
+        """The row a filler batch repeats (its labels -100): the epoch's first, or with `nodes`
+        the first of this rank's node, which it reads anyway (another node's would be a row
+        group downloaded for nothing)."""
+        n = len(plan.order)
+        if n == 0:
+            return 0
+        node, c = self._node, self.config
+        first = 0 if node is None else node * (self.world_size // c.nodes) * c.rows_per_batch
+        return int(plan.order[min(first, n - 1)])
 
     @property
     def _node(self) -> int | None:
