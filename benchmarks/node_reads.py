@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from benchmarks._common import markdown_table, publish
+from benchmarks._common import best_of, markdown_table, publish
 from loader.order.nodes import NodeOrder
 from loader.order.permutation import EpochOrder
-from loader.order.steps import EpochPlan
+from loader.order.steps import EpochPlan, rank_rows
 from loader.testing import synthetic_index
 
 
@@ -47,9 +47,10 @@ def main() -> None:
         f"x {args.ranks_per_node} ranks, rows_per_batch {args.rows_per_batch}, shuffle window "
         f"{args.window} row groups): the share of the row groups whose rows a rank reads (and "
         "decodes), and a node (and downloads from a bucket), in the plain order and dealt to "
-        "nodes (`PackedDataset(nodes=...)`)."
+        "nodes (`PackedDataset(nodes=...)`); and the time a rank spends on its rows of a step "
+        "(`rank_rows` of the last rank, 500 steps, best of 3)."
     )
-    rows = []
+    rows, costs = [], []
     for name in ("plain order", f"nodes={args.nodes}"):
         order = EpochOrder(starts, fingerprint="node-reads", seed=0, epoch=0, window=args.window)
         if name != "plain order":
@@ -69,8 +70,17 @@ def main() -> None:
         ):
             stats = (share.min(), share.mean(), share.max(), even)
             rows.append([name, what, *(f"{x:.1%}" for x in stats)])
+        dealt = 1 if name == "plain order" else args.nodes
+        steps = range(min(500, plan.num_steps))
+
+        def own_rows(plan: EpochPlan = plan, dealt: int = dealt, steps: range = steps) -> None:
+            for step in steps:
+                rank_rows(plan, step, world - 1, nodes=dealt)
+
+        costs.append([name, f"{best_of(own_rows) / max(len(steps), 1) * 1e3:.3f}"])
     table = markdown_table(["order", "", "min", "mean", "max", "if split evenly"], rows)
-    publish("node-reads", f"{head}\n\n{table}", docs=not args.no_docs)
+    cost = markdown_table(["order", "a rank's rows of a step, ms (one thread)"], costs)
+    publish("node-reads", f"{head}\n\n{table}\n\n{cost}", docs=not args.no_docs)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ dataset in 61 k shards of 16,000-16,700 rows (256-row row groups, 16-row-group w
 A pure function of the plain order, `nodes` and `stripe` (every rank computes the same one),
 and a permutation of the plain order's positions: the same rows, each once. The free order
 (`window=0`) has no windows to deal. Held: one int64 per window a stream (~0.5 MB at 10^9
-rows in 256-row row groups and 16-row-group windows), besides the plain order.
+rows in 256-row row groups and 16-row-group windows), besides the plain order, which keeps
+up to 4 + 2 x `nodes` windows (at most `MOST_CACHED`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from loader.order.permutation import WINDOWS_CACHED, EpochOrder
+
+MOST_CACHED = 64
+"""Most windows of the plain order kept (32 KB each at 4,096 rows): whole steps of more than
+~30 nodes, which only reports read (a rank reads its own node's), compute some again."""
 
 
 class NodeOrder:
@@ -52,8 +57,10 @@ class NodeOrder:
         self.group_starts = base.group_starts
         self.num_rows = base.num_rows
         self.kind, self.window = base.kind, base.window
-        # Every step reads one window of each stream: keep them all, and their neighbours.
-        base.windows_cached = max(base.windows_cached, WINDOWS_CACHED + 2 * self.nodes)
+        # A whole step reads one window of each stream: keep them and their neighbours, up to
+        # `MOST_CACHED` (a rank reads its own node's rows only: `rank_rows`).
+        wanted = min(WINDOWS_CACHED + 2 * self.nodes, MOST_CACHED)
+        base.windows_cached = max(base.windows_cached, wanted)
         sizes = np.diff(base.window_starts)
         self._windows = [np.arange(c, len(sizes), self.nodes) for c in range(self.nodes)]
         """Each stream's windows (the plain order's numbers), in stream order."""

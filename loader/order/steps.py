@@ -354,13 +354,18 @@ class EpochPlan:
             return self.origin
         return int(self.batch_starts(steps * self.world_size, steps * self.world_size)[0])
 
-    def step_rows(self, step: int) -> list[NDArray[np.int64]]:
-        """Row ids of each rank for global `step` (an empty array means a filler batch)."""
+    def step_rows(
+        self, step: int, first: int = 0, count: int | None = None
+    ) -> list[NDArray[np.int64]]:
+        """Row ids of each rank for global `step` (an empty array means a filler batch); with
+        `first` and `count`, of ranks `first .. first + count - 1` only (a rank's own batch: an
+        order dealt to nodes then computes one node's rows, not every node's)."""
         w = self.world_size
-        starts = self.batch_starts(step * w, step * w + w)
+        count = w - first if count is None else count
+        starts = self.batch_starts(step * w + first, step * w + first + count)
         rows = self.order.rows(int(starts[0]), int(starts[-1]))
         cuts = (starts - starts[0]).tolist()
-        return [rows[cuts[r] : cuts[r + 1]] for r in range(w)]
+        return [rows[cuts[r] : cuts[r + 1]] for r in range(count)]
 
     def check_position(self, *, epoch: int, step: int, cursor: int, own_step: bool) -> None:
         """Refuse a resume position `(step, cursor)` that cannot belong to this plan.
@@ -486,12 +491,12 @@ def rank_rows(
     Σ len² + `linear` × tokens) under the caps: among the ranks of `rank`'s node with `nodes`
     > 1 (each node keeps the rows of its own windows, `loader.order.nodes`).
     """
-    per_rank = plan.step_rows(step)
     group = plan.world_size // nodes
     if not balance or group == 1:
-        return per_rank[rank]
+        return plan.step_rows(step, rank, 1)[0]
     first = rank - rank % group
-    rows = np.concatenate(per_rank[first : first + group])
+    per_rank = plan.step_rows(step, first, group)
+    rows = np.concatenate(per_rank)
     assert index is not None
     lengths, n_docs, sq = index.stats(rows)
     assignment = balance_step(
@@ -505,7 +510,7 @@ def rank_rows(
         docs_cap=docs_cap,
     )
     if assignment is None:  # no balanced split fits the caps: keep the plain one
-        return per_rank[rank]
+        return per_rank[rank - first]
     return rows[assignment == rank - first]
 
 
