@@ -110,17 +110,21 @@ class NodeOrder:
             at[tail] = self._blocks * self.stripe + t - self._tail[c]
         return stream, at
 
-    def base_positions(self, positions: NDArray[np.integer]) -> NDArray[np.int64]:
-        """Where each position's row lies in the plain order."""
+    def _locate(
+        self, positions: NDArray[np.integer]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """`(where in the plain order, the plain order's window)` of each position's row (the
+        window is the stream's, found on the way: no search of the plain order's starts)."""
         stream, at = self.streams(positions)
-        out = np.empty(len(at), dtype=np.int64)
+        where = np.empty(len(at), dtype=np.int64)
+        window = np.empty(len(at), dtype=np.int64)
         for c in np.unique(stream).tolist():
             mine = stream == c
             q = at[mine]
             k = np.searchsorted(self._starts[c], q, side="right") - 1
-            windows = self._windows[c][k]
-            out[mine] = self.base.window_starts[windows] + q - self._starts[c][k]
-        return out
+            window[mine] = self._windows[c][k]
+            where[mine] = self.base.window_starts[window[mine]] + q - self._starts[c][k]
+        return where, window
 
     def window_of(self, positions: NDArray[np.integer]) -> NDArray[np.int64]:
         """The plain order's window holding each position's row (`num_windows` for a position
@@ -128,7 +132,7 @@ class NodeOrder:
         p = np.asarray(positions, dtype=np.int64)
         inside = p < self.num_rows
         out = np.full(len(p), self.base.num_windows, dtype=np.int64)
-        out[inside] = self.base.window_of(self.base_positions(p[inside]))
+        out[inside] = self._locate(p[inside])[1]
         return out
 
     def rows(self, a: int, b: int) -> NDArray[np.int64]:
@@ -136,8 +140,7 @@ class NodeOrder:
         a, b = max(int(a), 0), min(int(b), self.num_rows)
         if a >= b:
             return np.zeros(0, dtype=np.int64)
-        where = self.base_positions(np.arange(a, b, dtype=np.int64))
-        window = self.base.window_of(where)
+        where, window = self._locate(np.arange(a, b, dtype=np.int64))
         out = np.empty(len(where), dtype=np.int64)
         for j in np.unique(window).tolist():
             mine = window == j

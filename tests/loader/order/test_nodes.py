@@ -66,10 +66,11 @@ def test_node_order_is_the_reference_and_any_range_agrees(
     assert np.array_equal(fresh.rows(a, b), full[a:b])
     if a < n:
         assert fresh[a] == full[a]
-    # Each position's window is the plain order's window of its row.
-    where = np.searchsorted(np.asarray(base()), full[a:b]) if stored else None
-    if where is not None:
-        assert np.array_equal(order.window_of(np.arange(a, b)), base().window_of(where))
+    # Each position's window is the plain order's window of its row (where that row lies in
+    # the plain order: the inverse of its permutation).
+    where = np.empty(n, dtype=np.int64)
+    where[np.asarray(base())] = np.arange(n)
+    assert np.array_equal(order.window_of(np.arange(a, b)), base().window_of(where[full[a:b]]))
 
 
 @pytest.mark.parametrize(
