@@ -431,11 +431,10 @@ class PackedDataset(IterableDataset):
         """The row a filler batch repeats (its labels -100): the epoch's first, or with `nodes`
         the first of this rank's node, which it reads anyway (another node's would be a row
         group downloaded for nothing)."""
-        n = len(plan.order)
+        n, node = len(plan.order), self._node
         if n == 0:
             return 0
-        node, c = self._node, self.config
-        first = 0 if node is None else node * (self.world_size // c.nodes) * c.rows_per_batch
+        first = 0 if node is None else node * plan.order.stripe  # its stripe of block 0
         return int(plan.order[min(first, n - 1)])
 
     @property
