@@ -62,9 +62,8 @@ def checked_map(path: Path, st: os.stat_result, n: int, check: tuple[int, int]) 
     (`trailer_size`) whose CRC32s the blocks of bytes `check` (`a`, `b`: offsets in the range)
     match (`EMPTY` where `check` holds no byte: nothing to map); None for a damaged or
     unfinished copy (also one of an older trailer: it is downloaded again), or one replaced
-    since. Mapped through a descriptor of its
-    own, never locked: a mapping keeps a copy of its descriptor, which a forked child would
-    inherit, and with it a lock."""
+    since. Mapped through a descriptor of its own, never locked: a mapping keeps a copy of its
+    descriptor, which a forked child would inherit, and with it a lock."""
     size = n + trailer_size(n)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
