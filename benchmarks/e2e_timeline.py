@@ -94,7 +94,7 @@ def _patch_engines(m: Any) -> None:
 
 
 def _patch_worker(m: Any) -> None:
-    m.pack_table = _timed(m.pack_table, "pack_table")
+    m.pack_cut = _timed_iter(m.pack_cut, "pack_cut (pack a chunk)")
     m.write_chunk = _timed(m.write_chunk, "write rows")
 
 
