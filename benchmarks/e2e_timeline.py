@@ -109,7 +109,7 @@ PATCHES: dict[str, Callable[[Any], None]] = {
     "packtool.tokenizer.tokenizers": _patch_tokenizers,
     "packtool.tokenizer.engines": _patch_engines,
     "packtool.tokenize.tables": lambda m: setattr(
-        m, "read_piece", _timed_iter(m.read_piece, "read + parse JSON")
+        m, "_raw_batches", _timed_iter(m._raw_batches, "read + parse JSON")
     ),
     "packtool.engines.worker": _patch_worker,
     "packtool.dataset.shards": _patch_shards,
