@@ -23,7 +23,6 @@ def test_e2e_timeline_runs_and_times_every_stage(tmp_path):
     table = proc.stderr  # the pack's summary is on stdout, the timeline on stderr
     for stage in (
         "read + parse JSON",
-        "encode (engine)",
         "pack_cut (pack a chunk)",
         "write rows",
         "Parquet encode (row group)",
