@@ -12,14 +12,16 @@ import time
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from packtool.errors import ConfigError, DataError
 from packtool.storage import cache as cache_module
+from packtool.storage import cache_format
 from packtool.storage.cache import RangeCache
-from packtool.storage.cache_format import BLOCK, MAGIC, TRAILER, trailer_size
+from packtool.storage.cache_format import BLOCK, MAGIC, TRAILER, trailer, trailer_size
 
 KEY = "ab" * 32
 
@@ -65,6 +67,28 @@ def test_a_damaged_cached_copy_is_downloaded_again_never_handed_on(tmp_path, obj
     assert _read(cache, obj, 1000, 9000) == want
     assert cache.downloaded == before + 8000  # downloaded again
     assert _read(cache, obj, 1000, 9000) == want and cache.downloaded == before + 8000
+
+
+@given(size=st.integers(0, 3 * BLOCK + 17), seed=st.integers(0, 2**32 - 1))
+def test_the_trailer_holds_zlibs_crc32_of_each_block_whoever_computes_it(size, seed):
+    """ISA-L's CRC32 (python-isal, ~3.4x zlib's here) computes the trailer where it is
+    installed; a cache written with it must read without it and back: zlib's values, block by
+    block."""
+    body = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+    want = b"".join(
+        zlib.crc32(body[i : i + BLOCK]).to_bytes(4, "little") for i in range(0, size, BLOCK)
+    )
+    assert trailer(memoryview(body)) == want + MAGIC
+    assert len(trailer(memoryview(body))) == trailer_size(size)
+
+
+def test_isal_is_the_crc32_where_installed():
+    """The remote extras install python-isal; where it is missing, zlib's CRC32 (the same)."""
+    try:
+        from isal.isal_zlib import crc32
+    except ImportError:
+        crc32 = zlib.crc32
+    assert cache_format._crc32 is crc32
 
 
 @given(data=st.data())
