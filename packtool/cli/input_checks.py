@@ -8,8 +8,8 @@ The rule (docs/sft.md, "Options the inputs cannot use"), for options given on th
   one-line error where the inputs are not read by it: a field no first record has, records read
   as another kind, or tokenized Parquet. Going on would hand back other data than the option
   asks for (plain text with no loss mask, or the ids stored earlier);
-- an option that cannot change what comes out of these inputs (`--text-field`, `--text-column`
-  and `--strict` for tokenized Parquet, `--text-field` where no input is JSONL and
+- an option that cannot change what comes out of these inputs (`--text-field` and
+  `--text-column` for tokenized Parquet, `--text-field` where no input is JSONL and
   `--text-column` where none is Parquet or the records are fine-tuning records,
   `--render-processes` where nothing is rendered) is one `warning:` line on stderr, and the run
   goes on.
