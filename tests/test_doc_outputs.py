@@ -105,3 +105,84 @@ def test_every_benchmark_block_is_in_benchmarks_md():
     assert not missing, f"docs/benchmarks.md has no block for {missing}"
     remote = (ROOT / "docs" / "remote.md").read_text(encoding="utf-8")
     assert "python -m benchmarks.bench_bucket_open" in remote
+
+
+def _same_shape(shown, got, where: str = "") -> None:
+    """`shown` (a doc's JSON, values rounded, lists cut short with "...") agrees with `got`:
+    the same keys at every level, integers and unshortened strings equal, floats to the digits
+    shown, and each listed element like the real one in its place."""
+    if isinstance(shown, dict):
+        assert isinstance(got, dict) and list(shown) == list(got), (where, list(shown), list(got))
+        for key in shown:
+            _same_shape(shown[key], got[key], f"{where}.{key}")
+    elif isinstance(shown, list):
+        items = [s for s in shown if s != "..."]
+        assert isinstance(got, list) and len(got) >= len(items), where
+        for i, item in enumerate(items):
+            _same_shape(item, got[i], f"{where}[{i}]")
+    elif isinstance(shown, float):
+        digits = len(repr(shown).split(".")[1])
+        assert round(got, digits) == shown, (where, shown, got)
+    elif isinstance(shown, str) and "..." in shown:
+        assert isinstance(got, str), where
+    else:
+        assert shown == got, (where, shown, got)
+
+
+def test_stats_md_json_is_what_stats_json_prints(monkeypatch):
+    # stats.md's JSON gave the tokenizer without the `engine` key every raw run prints.
+    import json
+
+    monkeypatch.chdir(ROOT)
+    code, out, err = run("stats", "sample_data/corpus.jsonl", "--max-len", "4096", "--json")
+    assert code == 0, err
+    text = (ROOT / "docs" / "stats.md").read_text(encoding="utf-8")
+    at = text.index("## JSON (`--json`)")
+    shown = re.search(r"```json\n(.*?)```", text[at:], re.S)
+    assert shown, "stats.md: no JSON block"
+    _same_shape(json.loads(shown.group(1)), json.loads(out))
+
+
+def test_verify_inspect_md_shows_what_verify_and_inspect_print(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # the outputs name the corpus and the folder as given
+    (tmp_path / "sample_data").symlink_to(ROOT / "sample_data")
+    code, out, err = run("pack", "sample_data/corpus.jsonl", "-o", "packed/", "--max-len", "4096")
+    assert code == 0, err
+    doc = ROOT / "docs" / "verify-inspect.md"
+    shown = _block_after(doc, "## `packtool verify DIR")
+    code, out, err = run("verify", "packed/")
+    assert code == 0, err
+    assert shown[-1].startswith("OK ")
+    took = re.compile(r"[0-9.]+s$")  # the seconds differ from box to box
+    assert took.sub("", out.strip()) == took.sub("", shown[-1])
+    shown = _block_after(doc, "On the sample corpus packed as above")
+    command = shown[0].removeprefix("$ packtool ").split()
+    code, out, err = run(*command)
+    assert code == 0, err
+    printed = out.splitlines()
+    cut = shown.index("  ...")  # the row's other documents are left out on the page
+    assert printed[: cut - 1] == shown[1:cut]
+    assert printed[-2:] == shown[cut + 1 :]
+
+
+def test_loader_md_lists_every_loader_option_with_its_default():
+    import ast
+    import dataclasses
+
+    from loader.config import LoaderConfig
+
+    text = (ROOT / "docs" / "loader.md").read_text(encoding="utf-8")
+    table = text.split("## Options (`LoaderConfig`", 1)[1].split("\n\n", 2)[1]
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \|", table, re.M)
+    fields = {f.name: f.default for f in dataclasses.fields(LoaderConfig)}
+    assert [name for name, _ in rows] == list(fields)
+    units = {"MiB": 2**20, "GiB": 2**30}
+    for name, shown in rows:
+        shown = shown.strip().strip("`")
+        if shown in ("True", "False", "None") or re.fullmatch(r"-?[0-9.]+|\"\w+\"", shown):
+            want = ast.literal_eval(shown)  # a literal: True, 0, 1024, "packtool"
+        elif match := re.fullmatch(r"(\d+) (MiB|GiB)", shown):
+            want = int(match.group(1)) * units[match.group(2)]
+        else:  # "–", or a rule ("rows x most docs in a row + 1"): decided at open, None here
+            want = None
+        assert fields[name] == want, (name, shown, fields[name])
