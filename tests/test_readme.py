@@ -31,8 +31,10 @@ def layout() -> str:
     lines = ["```"]
     for package in PACKAGES:
         lines.append(f"{package + '/':<20}{_summary(ROOT / package / '__init__.py')}")
-        stages = [
-            n for n in order.get(package, ()) if (ROOT / package / n / "__init__.py").is_file()
+        stages = [  # "" is the package's own top level: its line is the one above
+            n
+            for n in order.get(package, ())
+            if n and (ROOT / package / n / "__init__.py").is_file()
         ]
         for name in stages:
             lines.append(f"  {name + '/':<18}{_summary(ROOT / package / name / '__init__.py')}")
