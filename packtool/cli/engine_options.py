@@ -88,9 +88,9 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default=None,
             metavar="ADDR",
             help=(
-                "Ray cluster to join (auto, HOST:6379, local for a new one here); default as "
-                "ray.init: $RAY_ADDRESS, else a cluster `ray start` began on this machine, else "
-                "a new one here."
+                "Ray cluster to join (auto, HOST:6379, local for a new one here); default: "
+                "$RAY_ADDRESS, else a new one here (never a cluster `ray start` left on this "
+                "machine: give auto for that)."
             ),
         ),
         click.option("--slurm-partition", default=None, metavar="NAME", help="Slurm partition."),
