@@ -165,24 +165,46 @@ def test_verify_inspect_md_shows_what_verify_and_inspect_print(monkeypatch, tmp_
     assert printed[-2:] == shown[cut + 1 :]
 
 
-def test_loader_md_lists_every_loader_option_with_its_default():
+def _shown_default(shown: str) -> object:
+    """A settings table's default as a value: a literal (`True`, 0, 10,000, `"packtool"`), a
+    word in backticks (`ffd`), a size (96 MiB), `required` (no default); any other text is a
+    rule applied at open (None in the dataclass)."""
     import ast
     import dataclasses
 
-    from loader.config import LoaderConfig
+    shown = shown.strip()
+    value = shown.strip("`").replace(",", "")
+    if value == "required":
+        return dataclasses.MISSING
+    if value in ("True", "False", "None") or re.fullmatch(r"-?[0-9.]+|\"\w+\"", value):
+        return ast.literal_eval(value)
+    if shown.startswith("`") and re.fullmatch(r"\w+", value):
+        return value
+    if match := re.fullmatch(r"(\d+) (MiB|GiB)", value):
+        return int(match.group(1)) * {"MiB": 2**20, "GiB": 2**30}[match.group(2)]
+    return None  # "–", or "rows x most docs in a row + 1"
 
-    text = (ROOT / "docs" / "loader.md").read_text(encoding="utf-8")
-    table = text.split("## Options (`LoaderConfig`", 1)[1].split("\n\n", 2)[1]
-    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \|", table, re.M)
-    fields = {f.name: f.default for f in dataclasses.fields(LoaderConfig)}
-    assert [name for name, _ in rows] == list(fields)
-    units = {"MiB": 2**20, "GiB": 2**30}
+
+def _check_settings_table(page: str, heading: str, config: type) -> None:
+    import dataclasses
+
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    table = text.split(heading, 1)[1].split("\n| ", 1)[1].split("\n\n", 1)[0]
+    rows = []
+    for names, shown in re.findall(r"^\| (`\w+`(?:, `\w+`)*) \| ([^|]+) \|", table, re.M):
+        values = shown.split(", ") if ", " in names else [shown]
+        rows += zip(re.findall(r"`(\w+)`", names), values, strict=True)
+    fields = {f.name: f.default for f in dataclasses.fields(config)}
+    assert [name for name, _ in rows] == list(fields), page
     for name, shown in rows:
-        shown = shown.strip().strip("`")
-        if shown in ("True", "False", "None") or re.fullmatch(r"-?[0-9.]+|\"\w+\"", shown):
-            want = ast.literal_eval(shown)  # a literal: True, 0, 1024, "packtool"
-        elif match := re.fullmatch(r"(\d+) (MiB|GiB)", shown):
-            want = int(match.group(1)) * units[match.group(2)]
-        else:  # "–", or a rule ("rows x most docs in a row + 1"): decided at open, None here
-            want = None
-        assert fields[name] == want, (name, shown, fields[name])
+        want = _shown_default(shown)
+        assert fields[name] == want, (page, name, shown, fields[name])
+
+
+def test_the_settings_tables_give_every_setting_with_its_default():
+    # loader.md's LoaderConfig options and online.md's OnlineConfig settings: every field, in
+    # order, with the default the dataclass has.
+    from loader.config import LoaderConfig, OnlineConfig
+
+    _check_settings_table("loader.md", "## Options (`LoaderConfig`", LoaderConfig)
+    _check_settings_table("online.md", "Settings (`OnlineConfig`", OnlineConfig)
