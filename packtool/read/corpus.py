@@ -30,7 +30,7 @@ from glob import has_magic
 from pathlib import Path
 
 from packtool.dataset.manifest import INDEX_FILE, linked_version
-from packtool.errors import DataError
+from packtool.errors import ConfigError, DataError
 from packtool.read.documents import (
     BatchBuilder,
     DocumentBatch,
@@ -176,14 +176,17 @@ def _link_of(raw: str | os.PathLike) -> str | os.PathLike:
     if text.lower().startswith(("http://", "https://")):  # no prefixes there: a URL is a file
         return raw
     prefix = text.rstrip("/")
-    index = as_path(f"{prefix}/{INDEX_FILE}")
+    named = f"{prefix}/{INDEX_FILE}"
     try:
+        index = as_path(named)  # (refuses a URL without a bucket)
+        named = str(index)
         version = linked_version(index)
-    except DataError as exc:
+    except (DataError, ConfigError) as exc:
         # The look for a link fails as the input's own reading would: its error names the
-        # input, not an `index.json` the user never gave (`.../text/index.json: ConnectError`)
-        why = str(exc).removeprefix(f"{index}: ")
-        raise DataError(f"{raw}: {why}") from None
+        # input, not an `index.json` the user never gave (`.../text/index.json: ConnectError`,
+        # `s3:///x/index.json: no bucket in the URL`)
+        why = str(exc).removeprefix(f"{named}: ")
+        raise type(exc)(f"{raw}: {why}") from None
     # With its trailing slash: a prefix, so no look at what the name is (`listing.expand`)
     return f"{prefix}/{version}/" if version else raw
 

@@ -391,6 +391,9 @@ def test_a_url_without_a_bucket_is_one_line(tmp_path, good, url, says):
     for args in (["stats", url], ["verify", url], ["pack", url, "-o", tmp_path / "o"]):
         _fails_in_one_line(args, says)
     _fails_in_one_line(["pack", good, "-o", url], says)
+    if url.startswith("s3:"):  # named as given: `s3:///x/index.json` was a file never given
+        for args in (["stats", url], ["tokenize", url, "-o", tmp_path / "t.parquet"]):
+            assert _fails_in_one_line(args, says).startswith(f"error: {url}: "), args
 
 
 def test_an_empty_output_or_engine_list_says_so(tmp_path, good):
