@@ -208,3 +208,35 @@ def test_the_settings_tables_give_every_setting_with_its_default():
 
     _check_settings_table("loader.md", "## Options (`LoaderConfig`", LoaderConfig)
     _check_settings_table("online.md", "Settings (`OnlineConfig`", OnlineConfig)
+
+
+def test_every_packtool_command_line_in_the_docs_parses():
+    """Each `packtool ...` line of a bash block (README, docs/) is one the command line takes:
+    its options exist and their values parse; and a `--to megatron` output is a file prefix
+    (remote.md showed `-o tokenized/`, which tokenize refuses: a folder)."""
+    import shlex
+
+    import click
+
+    from packtool.cli.commands import cli
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    seen = 0
+    for page in pages:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                for part in line.split("&&"):
+                    match = re.match(r"^\s*(?:\w+=\S+ )*packtool (\w+)(.*)$", part)
+                    if not match:
+                        continue
+                    name, args = match.group(1), shlex.split(match.group(2), comments=True)
+                    try:
+                        command = cli.commands[name]
+                        command.make_context(name, list(args)).close()  # (it eats its list)
+                    except click.ClickException as exc:
+                        raise AssertionError(f"{page.name}: {part.strip()}: {exc}") from None
+                    if name == "tokenize" and "megatron" in args:
+                        out = args[args.index("-o") + 1]
+                        assert not out.endswith("/"), f"{page.name}: {part.strip()}"
+                    seen += 1
+    assert seen >= 30  # the pages' examples were found
