@@ -240,3 +240,22 @@ def test_every_packtool_command_line_in_the_docs_parses():
                         assert not out.endswith("/"), f"{page.name}: {part.strip()}"
                     seen += 1
     assert seen >= 30  # the pages' examples were found
+
+
+def test_verify_inspect_md_quotes_the_shard_order_error_verify_prints(tmp_path):
+    # The page quoted `shards[1] (shard-000000-00001.parquet) is listed after ...-00002`: the
+    # entry out of place after a swap is the third, shards[2].
+    import json
+
+    out = tmp_path / "DIR"
+    code, _, err = run("pack", CORPUS, "-o", out, "--shard-rows", "300")
+    assert code == 0, err
+    manifest = json.loads((out / "index.json").read_text())
+    shards = manifest["shards"]
+    shards[1], shards[2] = shards[2], shards[1]
+    (out / "index.json").write_text(json.dumps(manifest))
+    code, _, err = run("verify", out)
+    line = one_error_line(err).replace(str(out), "DIR")
+    text = (ROOT / "docs" / "verify-inspect.md").read_text(encoding="utf-8")
+    quoted = re.search(r"`(error: DIR/index\.json: shards\[.*?); \.\.\.`", text)
+    assert code == 1 and quoted and line.startswith(quoted.group(1) + "; "), line
