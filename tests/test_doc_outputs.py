@@ -259,3 +259,20 @@ def test_verify_inspect_md_quotes_the_shard_order_error_verify_prints(tmp_path):
     text = (ROOT / "docs" / "verify-inspect.md").read_text(encoding="utf-8")
     quoted = re.search(r"`(error: DIR/index\.json: shards\[.*?); \.\.\.`", text)
     assert code == 1 and quoted and line.startswith(quoted.group(1) + "; "), line
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """A file or folder of this repository named on a page (`packtool/engines/worker.py`,
+    `tests/packtool/cli/`, `examples/sft.py`) is there: a module moved or renamed leaves no
+    stale pointer."""
+    tops = "packtool|loader|attention|tests|examples|benchmarks|scripts|sample_data"
+    path = re.compile(
+        rf"(?<![\w/.-])((?:{tops})/[\w./-]*?(?:\.(?:py|sh|jinja|jsonl|parquet)|/))(?![\w./-])"
+    )
+    missing = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            for name in path.findall(line):
+                if not (ROOT / name).exists():
+                    missing.append(f"{page.name}:{number}: {name}")
+    assert not missing, missing
