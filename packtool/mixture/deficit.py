@@ -9,14 +9,15 @@ needs its next window (`REFILL`), reached its cap (`CAP`), or the total was reac
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numpy.typing import NDArray
+
+from packtool.pack import jit
 
 OK, REFILL, CAP, TOTAL = 0, 1, 2, 3
 
 
-@numba.njit(cache=True, nogil=True)
+@jit.njit(cache=True, nogil=True)
 def mix_window(
     weights,
     seg,

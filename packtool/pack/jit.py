@@ -27,7 +27,9 @@ kernels are called once per chunk, never per token).
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -62,7 +64,7 @@ def njit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     def mark(fn: Callable[..., Any]) -> Any:
         with _LOCK:
             if _NUMBA is not None:
-                return _NUMBA.njit(**options)(fn)
+                return _compiled(_NUMBA, fn, options)
             kernel = LazyKernel(fn, options)
             _PENDING.append(kernel)
             if not any(g is fn.__globals__ for g in _MODULES):
@@ -89,7 +91,7 @@ def _load(kernel: LazyKernel) -> Any:
 
                 entrypoints._already_initialized = True  # numba's own "extensions loaded" flag
             for k in _PENDING:
-                k.dispatcher = numba.njit(**k.options)(k.py_func)
+                k.dispatcher = _compiled(numba, k.py_func, k.options)
             for names in _MODULES:
                 for name, value in list(names.items()):
                     if isinstance(value, LazyKernel) and value.dispatcher is not None:
@@ -97,3 +99,31 @@ def _load(kernel: LazyKernel) -> Any:
             _PENDING.clear()
             _NUMBA = numba
     return kernel.dispatcher
+
+
+def _compiled(numba: Any, fn: Callable[..., Any], options: dict[str, Any]) -> Any:
+    """`numba.njit(**options)(fn)`, or without its on-disk cache where numba finds no folder it
+    may write one to (packtool installed read-only, and no writable `~/.cache`: a container run
+    as another user, a shared cluster install), which numba refuses with a RuntimeError; the
+    kernel then compiles in each process that calls it, which a process that is no
+    multiprocessing child (the driver; the forkserver that loads the workers' kernels) says once."""
+    try:
+        return numba.njit(**options)(fn)
+    except RuntimeError as exc:
+        if not options.get("cache") or "no locator available" not in str(exc):
+            raise
+    global _UNCACHED
+    if not _UNCACHED and multiprocessing.parent_process() is None:  # not once per worker
+        _UNCACHED = True
+        print(
+            f"note: numba finds no writable folder to cache packtool's kernels in (beside "
+            f"{fn.__code__.co_filename}, nor its user cache): they compile in every run (seconds); "
+            "set NUMBA_CACHE_DIR to a writable folder to keep them",
+            file=sys.stderr,
+            flush=True,
+        )
+    return numba.njit(**{**options, "cache": False})(fn)
+
+
+_UNCACHED = False
+"""Whether the main process has said that its kernels compile without a cache."""

@@ -97,3 +97,34 @@ def test_kernels_that_call_each_other_turn_together_and_later_ones_are_dispatche
         *("42", "CPUDispatcher", "CPUDispatcher", "True"),
         *("CPUDispatcher", "5"),
     ]
+
+
+def test_kernels_compile_without_a_cache_where_numba_has_no_folder_to_keep_one(tmp_path):
+    # packtool installed read-only and no writable ~/.cache (a container run as another user):
+    # numba finds no cache locator and refuses `cache=True` with a RuntimeError, which was a
+    # traceback at the first pack. Emptying numba's locator list is that case, even as root.
+    # The mixture kernel (packtool/mixture/deficit.py) compiled at import, and failed the same.
+    code = (
+        "import sys\n"
+        "from numba.core import caching\n"
+        "caching.CacheImpl._locator_classes = []\n"
+        "from packtool.cli import commands\n"
+        f"sys.argv = ['packtool', 'pack', 'sample_data/corpus.jsonl', '-o', {str(tmp_path / 'o')!r},"
+        " '--max-len', '512', '--workers', '1']\n"
+        "try:\n"
+        "    commands.main()\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "import numpy as np\n"
+        "from packtool.mixture import deficit\n"
+        "one = np.ones(1, np.int64)\n"
+        "src = deficit.mix_kernel(np.ones(1), one * 0, one * 5, one * 0, one, one * -1,"
+        " tokens_mode=False, max_units=1, tokens_left=10, n_out=1)[0]\n"
+        "print(src.tolist())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("note: numba finds no writable folder") == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    assert (tmp_path / "o" / "index.json").is_file()
+    assert out.stdout.split()[-1] == "[0]"
