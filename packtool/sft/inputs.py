@@ -350,34 +350,45 @@ def _text_bytes(value: Any) -> int:
 def read_records(
     paths: list[Path], kind: str, read: ReadConfig, skips: SkipCounter
 ) -> Iterator[Records]:
-    """Batches of the records of `paths`, for an SFT `kind` (see the module docstring)."""
+    """Batches of the records of `paths`, for an SFT `kind` (see the module docstring).
+
+    Under `--strict` a bad record's error comes after the batch of the records read before it,
+    which are rendered and checked first, so the error names the first bad record in reading
+    order also where an earlier one of its batch fails only once rendered (no assistant turn, a
+    template error) and it fails as it is read (until 2026-12-08 it was named instead)."""
     batch = Records(extras={f: [] for f in read.extra_fields})
     limit = min(read.batch_docs, BATCH_RECORDS)
-    for path in paths:
-        source = str(path)  # once a file (a URL's is ~8 us)
-        for where, obj, nbytes, offset in _objects(path, kind, read, skips):
-            try:
-                value = _value(obj, kind, read.sft, read)
-            except BadRecord as bad:
-                skips.add(bad.reason, where, bad.detail)
-                continue
-            batch.wheres.append(where)
-            batch.offsets.append(offset)
-            batch.sources.append(source)
-            batch.values.append(value)
-            for name in read.extra_fields:
+    try:
+        for path in paths:
+            source = str(path)  # once a file (a URL's is ~8 us)
+            for where, obj, nbytes, offset in _objects(path, kind, read, skips):
                 try:
-                    batch.extras[name].append(as_extra(obj.get(name)))
-                except UnicodeDecodeError:  # a binary Parquet column
-                    raise DataError(
-                        f"{where}: column {name!r} holds bytes that are not UTF-8 text"
-                    ) from None
-            size = _text_bytes(value)
-            batch.nbytes += nbytes or size  # Parquet: the text, as the corpus readers count it
-            batch.text_bytes += size
-            if len(batch) >= limit or batch.text_bytes >= read.batch_bytes:
-                yield batch
-                batch = Records(extras={f: [] for f in read.extra_fields})
+                    value = _value(obj, kind, read.sft, read)
+                except BadRecord as bad:
+                    skips.add(bad.reason, where, bad.detail)
+                    continue
+                batch.wheres.append(where)
+                batch.offsets.append(offset)
+                batch.sources.append(source)
+                batch.values.append(value)
+                for name in read.extra_fields:
+                    try:
+                        batch.extras[name].append(as_extra(obj.get(name)))
+                    except UnicodeDecodeError:  # a binary Parquet column
+                        raise DataError(
+                            f"{where}: column {name!r} holds bytes that are not UTF-8 text"
+                        ) from None
+                size = _text_bytes(value)
+                batch.nbytes += nbytes or size  # Parquet: the text, as the corpus readers count it
+                batch.text_bytes += size
+                if len(batch) >= limit or batch.text_bytes >= read.batch_bytes:
+                    yield batch
+                    batch = Records(extras={f: [] for f in read.extra_fields})
+    except DataError:
+        if not (skips.strict and len(batch)):
+            raise
+        yield batch  # rendered and checked before this error is raised
+        raise
     if len(batch):
         yield batch
 

@@ -4,6 +4,7 @@ loss mask, every bad input a counted skip or a one-line error."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -276,6 +277,31 @@ def test_bad_records_are_counted_or_strict_errors(tmp_path):
         one = jsonl(tmp_path / f"one{line}.jsonl", [records[line - 1]])
         with pytest.raises(DataError, match=f"{one}:1: {reason}"):
             read([one], chat_template=tpl, skips=SkipCounter(strict=True))
+
+
+def test_the_strict_error_names_the_first_bad_record_of_its_batch(tmp_path):
+    # Record 2 fails only once rendered (no assistant turn, a template error) or encoded (no
+    # supervised token), record 3 as it is read (no messages, no completion), all in one batch:
+    # the error named record 3 (read first), which fixed, record 2 would fail next.
+    tpl = str(template_file(tmp_path, "{% if messages[0].content == 'boom' %}"
+                            "{{ raise_exception('no boom') }}{% endif %}" + GEN))  # fmt: skip
+    boom = {"messages": [{"role": "user", "content": "boom"}, *CONV[2:3]]}
+    cases = [
+        ("no supervised tokens (no assistant turn)", [CONV, CONV[1:2], []], tpl),
+        ("template error (no boom)", [CONV, boom["messages"], []], tpl),
+        ("no supervised tokens (the mask", [("p", "c"), ("", ""), ("p", None)], None),
+    ]
+    for reason, values, template in cases:
+        if template:
+            records = [{"messages": v} for v in values]
+        else:
+            records = [{"prompt": p, "completion": c} for p, c in values]
+            del records[2]["completion"]
+        path = jsonl(tmp_path / "order.jsonl", records)
+        for processes in (0, 2) if template else (0,):
+            with pytest.raises(DataError, match=re.escape(f"{path}:2: {reason}")):
+                read([path], skips=SkipCounter(strict=True), chat_template=template,
+                     render_processes=processes)  # fmt: skip
 
 
 def test_a_template_that_looks_ahead_is_a_counted_skip(tmp_path):
