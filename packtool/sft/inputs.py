@@ -367,17 +367,20 @@ def read_records(
                 except BadRecord as bad:
                     skips.add(bad.reason, where, bad.detail)
                     continue
-                batch.wheres.append(where)
-                batch.offsets.append(offset)
-                batch.sources.append(source)
-                batch.values.append(value)
+                extras = []  # before the record joins the batch: a bad column leaves none of it
                 for name in read.extra_fields:
                     try:
-                        batch.extras[name].append(as_extra(obj.get(name)))
+                        extras.append(as_extra(obj.get(name)))
                     except UnicodeDecodeError:  # a binary Parquet column
                         raise DataError(
                             f"{where}: column {name!r} holds bytes that are not UTF-8 text"
                         ) from None
+                batch.wheres.append(where)
+                batch.offsets.append(offset)
+                batch.sources.append(source)
+                batch.values.append(value)
+                for name, extra in zip(read.extra_fields, extras, strict=True):
+                    batch.extras[name].append(extra)
                 size = _text_bytes(value)
                 batch.nbytes += nbytes or size  # Parquet: the text, as the corpus readers count it
                 batch.text_bytes += size

@@ -181,6 +181,21 @@ def test_pc_parquet_and_extra_fields(tmp_path):
     assert table.column("doc_id").to_pylist() == [0, 1]
 
 
+def test_a_kept_column_that_is_no_text_is_one_error_also_under_strict(tmp_path):
+    # Under --strict the batch read before an error is handed on first (the error names the
+    # first bad record in reading order): a record whose second kept column held bytes that are
+    # no UTF-8 was half in it (its first column's value, not its second), an IndexError.
+    path = tmp_path / "pc.parquet"
+    k = pa.array([b"ok", b"\xff", b"ok"])
+    pq.write_table(pa.table({"prompt": ["a", "b", "x"], "completion": ["c", "d", "y"],
+                             "j": ["1", "2", "3"], "k": k}), path)  # fmt: skip
+    config = ReadConfig(extra_fields=("j", "k"))
+    for strict in (False, True):
+        with pytest.raises(DataError, match=r":row 1: column 'k' holds bytes that are not UTF-8"):
+            list(tokenized_batches([path], read_config=config, tokenizer="byte",
+                                   skips=SkipCounter(strict=strict)))  # fmt: skip
+
+
 def test_a_record_supervised_only_at_its_first_token_is_a_counted_skip(tmp_path):
     """The loader never makes a document's first token a target (labels shift): an empty
     prompt and completion (only the EOS, first and supervised) or an assistant turn of one
