@@ -118,7 +118,16 @@ def from_workers(items: Iterable[T]) -> Iterator[T]:
     (`WorkerHandoff.carry`); any other error is torch's, unchanged."""
     for item in items:
         if isinstance(item, WorkerFailed):
-            raise item.error from None
+            error = item.error
+            # The raised error's traceback holds this frame: without `item` and `error` in it,
+            # no cycle keeps `items` (the workers' iterator) alive after the caller drops the
+            # error, to be collected in a worker forked by the next iteration (torch's "can
+            # only test a child process" traceback, once per worker).
+            del item
+            try:
+                raise error from None
+            finally:
+                del error
         yield item
 
 

@@ -174,3 +174,32 @@ def test_a_worker_error_with_an_unpicklable_attribute_names_its_class_once(
         next(iter(PackedDataLoader(ds, num_workers=1)))
     (line,) = traceback.format_exception_only(info.value)
     assert line == f"{HoldsALock.__module__}.HoldsALock: shard 4 is gone\n"
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_a_worker_error_leaves_no_workers_iterator_to_a_later_fork(
+    random_dataset, monkeypatch, capfd
+):
+    # Before: the raised error's traceback held `from_workers`' frame, whose `item` held the
+    # error: a cycle that kept torch's iterator over the workers alive after the error was
+    # dropped, until a collection, often in a worker forked by the next iteration, which
+    # printed torch's "AssertionError: can only test a child process" traceback per worker.
+    import gc
+
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    monkeypatch.setattr(PackedDataset, "_generate_blocks", _fail_with(DataError("row group 3")))
+    dl = PackedDataLoader(PackedDataset(random_dataset, rows_per_batch=4), num_workers=2)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(2):
+            try:
+                next(iter(dl))
+            except DataError as e:
+                assert str(e) == "row group 3"
+            alive = [o for o in gc.get_objects() if type(o) is _MultiProcessingDataLoaderIter]
+            assert alive == []
+    finally:
+        gc.enable()
+    assert "can only test a child process" not in capfd.readouterr().err
