@@ -379,6 +379,8 @@ def _read_json(path: Path) -> Any:
         return json_value(storage.read_text(path))
     except FileNotFoundError:
         raise DataError(_missing(path)) from None
+    except PacktoolError:  # the store's options or endpoint (a ConfigError is a ValueError)
+        raise
     except (OSError, ValueError) as exc:  # UnicodeDecodeError, JSONDecodeError, too deep
         raise DataError(f"{path}: unreadable manifest ({exc})") from None
 

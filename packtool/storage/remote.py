@@ -253,7 +253,7 @@ def filesystem(path: Any) -> tuple[Any, str]:
             protocol, options, json.dumps(forwarded_env(), sort_keys=True), os.getpid()
         )
     except ConfigError as exc:
-        if str(exc).startswith(STORAGE_OPTIONS):  # an option packtool refuses itself
+        if str(exc).startswith((STORAGE_OPTIONS, "AWS_ENDPOINT_URL")):  # refused by packtool
             raise ConfigError(f"{path}: {exc}") from None
         raise ConfigError(
             f"{path}: {exc}; set the store's credentials (docs/remote.md, 'Credentials, endpoints, options') or "

@@ -181,10 +181,35 @@ def bounded_s3fs(options: dict[str, Any]) -> Any:
 
 def endpoint(options: dict[str, Any]) -> str | None:
     """The endpoint named for S3: the options' (`endpoint_url`, also in `client_kwargs`), else
-    the variables' (`AWS_ENDPOINT_URL_S3`, then `AWS_ENDPOINT_URL`); None: AWS itself."""
+    the variables' (`AWS_ENDPOINT_URL_S3`, then `AWS_ENDPOINT_URL`); None: AWS itself.
+
+    Raises:
+        ConfigError: The one named is no http(s) URL of a host (obstore panicked in Rust on
+            one, a 50-line backtrace; botocore says "Invalid endpoint").
+    """
     client = options.get("client_kwargs") or {}
-    return (options.get("endpoint_url") or client.get("endpoint_url")
-            or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))  # fmt: skip
+    named = ((f"{STORAGE_OPTIONS} endpoint_url", options.get("endpoint_url")),
+             (f"{STORAGE_OPTIONS} client_kwargs.endpoint_url", client.get("endpoint_url")),
+             ("AWS_ENDPOINT_URL_S3", os.environ.get("AWS_ENDPOINT_URL_S3")),
+             ("AWS_ENDPOINT_URL", os.environ.get("AWS_ENDPOINT_URL")))  # fmt: skip
+    name, url = next(((n, u) for n, u in named if u), ("", None))
+    if url is None:
+        return None
+    parts = urllib.parse.urlsplit(str(url))
+    try:
+        parts.port  # noqa: B018 (a port that is no number or out of range raises)
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(c.isspace() for c in str(url))
+    ):
+        raise ConfigError(
+            f"{name} {url!r} is not an endpoint URL; give http(s)://HOST[:PORT] "
+            "(e.g. http://minio:9000)"
+        )
+    return url
 
 
 def region(options: dict[str, Any]) -> str | None:

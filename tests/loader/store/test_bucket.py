@@ -11,6 +11,7 @@ import pytest
 from loader import PackedDataset
 from packtool.dataset.shards import ShardConfig
 from packtool.engines.local import RunConfig, run_pack
+from packtool.errors import ConfigError
 from packtool.pack.chunk import PackConfig
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -272,3 +273,26 @@ def test_the_row_stats_of_a_row_group_check_only_its_doc_offsets(url, tmp_path, 
         assert getattr(again, name).tolist() == getattr(stats, name).tolist()
     assert _batches(url, cache) == want  # the decode finds the damage and downloads the range
     assert path.read_bytes() != bytes(damaged)
+
+
+def test_a_bad_endpoint_is_a_config_error_naming_it_not_an_unreadable_manifest(
+    monkeypatch, tmp_path
+):
+    # Before: obstore panicked (a Rust backtrace); and any ConfigError of the store (a bad
+    # storage option) came as "DataError: .../index.json: unreadable manifest (...)".
+    for name, value in (("AWS_ACCESS_KEY_ID", "k"), ("AWS_SECRET_ACCESS_KEY", "s")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "minio:9000")
+    monkeypatch.delenv("PACKTOOL_S3_CLIENT", raising=False)
+    with pytest.raises(ConfigError) as info:
+        PackedDataset("s3://nowhere/ds", rows_per_batch=2, cache_dir=str(tmp_path / "cache"))
+    assert str(info.value) == (
+        "s3://nowhere/ds/index.json: AWS_ENDPOINT_URL 'minio:9000' is not an endpoint URL; "
+        "give http(s)://HOST[:PORT] (e.g. http://minio:9000)"
+    )
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("PACKTOOL_STORAGE_OPTIONS", '{"bogus": 1}')
+    with pytest.raises(
+        ConfigError, match=r"^s3://nowhere/ds/index.json: .* 'bogus' is no s3 option"
+    ):
+        PackedDataset("s3://nowhere/ds", rows_per_batch=2, cache_dir=str(tmp_path / "cache"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -417,3 +418,19 @@ def test_a_lock_and_a_pack_under_a_key_obstore_cannot_hold_go_through_s3fs(both,
     assert ref.exists(f"{BUCKET}/dd/../ee/index.json")
     assert remote_write.uploads_in_progress(f"s3://{BUCKET}/dd/../ee/") == []
     remote._filesystem.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "url", ["not a url", "http://", "ftp://h:1", "http://h:abc", "http://h:1 x", "minio:9000"]
+)
+def test_an_endpoint_that_is_no_http_url_is_one_line_not_a_panic(monkeypatch, url):
+    # Before: obstore panicked in Rust at the first request ("request valid: InvalidUri", a
+    # 50-line backtrace and a PanicException, no Exception to catch).
+    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+    with pytest.raises(
+        ConfigError, match=rf"^AWS_ENDPOINT_URL '{re.escape(url)}' is not an endpoint URL"
+    ):
+        s3_native.NativeS3(key="k", secret="s").cat_file(f"{BUCKET}/x")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    with pytest.raises(ConfigError, match=r"endpoint_url .* is not an endpoint URL"):
+        s3_native.NativeS3(endpoint_url=url, key="k", secret="s").cat_file(f"{BUCKET}/x")
