@@ -113,6 +113,12 @@ def check_state(state: dict[str, Any], *, fingerprint: str, seed: int, path: Any
     Raises:
         DataError: Not a state, a field missing or of the wrong type, or another dataset or seed.
     """
+    if isinstance(state, dict) and ("mixed_dataset" in state or "format" in state):
+        # A mixture's state has a version too: without this it read as a damaged checkpoint.
+        raise DataError(
+            "not a PackedDataset state but a MixedDataset one; load it into the MixedDataset "
+            "(or MixedDataLoader) it was saved from"
+        )
     version = state.get("version") if isinstance(state, dict) else None
     if version != STATE_VERSION and version not in OLD_VERSIONS:
         raise DataError(f"not a PackedDataset state (version {version!r})")

@@ -493,3 +493,19 @@ def test_the_dataset_state_after_loader_workers_iterated_it_is_refused(random_da
         )
         again.load_state_dict(sdl.state_dict())
         assert got + [_key(b) for b in again][:2] == reference[:5]
+
+
+def test_a_mixture_state_is_named_as_one_not_as_a_damaged_checkpoint(random_dataset):
+    # Before: "malformed PackedDataset state: 'epoch' is None; the checkpoint is damaged" (a
+    # mixture's state has a `version` too), for a checkpoint that is whole.
+    from loader import MixedDataLoader, MixedDataset
+    from packtool.mixture.spec import MixtureSpec, SourceSpec
+
+    spec = MixtureSpec(
+        sources=(SourceSpec(name="a", path=random_dataset, weight=1),), total_steps=4
+    )
+    mixed = MixedDataset(spec, rows_per_batch=2)
+    next(iter(mixed))
+    for state in (mixed.state_dict(), MixedDataLoader(mixed).state_dict()):
+        with pytest.raises(DataError, match=r"^not a PackedDataset state but a MixedDataset one;"):
+            PackedDataset(random_dataset, **SETTINGS).load_state_dict(state)
