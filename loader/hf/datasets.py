@@ -14,13 +14,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow.dataset as pds
 import torch
 
 from loader.collate import collate
 from loader.record import Documents, check_ids
 from packtool.dataset import columns as shard_columns
 from packtool.dataset.columns import IGNORE_INDEX, LOSS_MASK, SEQ_LENGTHS, flat_parts
-from packtool.errors import ConfigError, MissingDependencyError
+from packtool.errors import ConfigError, DataError, MissingDependencyError
 
 MASK_FROM_POSITIONS = ("sdpa", "eager", "flex_attention")
 """Attention implementations that ignore `cu_seq_lens_*`: transformers separates documents for
@@ -329,7 +330,9 @@ def hf_dataset(
 
     Raises:
         DataError: A missing or damaged `index.json`; a shard missing, of another size or row
-            count than `index.json` lists (truncated, or replaced), or not a Parquet file.
+            count than `index.json` lists (truncated, or replaced), or not a Parquet file; a
+            page that fails its CRC32 or does not decode (with `streaming`, as rows stream:
+            pyarrow's `OSError`).
         MissingDependencyError: `datasets` is not installed.
     """
     from functools import partial
@@ -354,7 +357,20 @@ def hf_dataset(
     kwargs["data_files"] = {"train": files}
     if cache_dir is not None and not streaming:
         kwargs["cache_dir"] = os.fspath(cache_dir)
-    ds = datasets.load_dataset("parquet", streaming=streaming, **kwargs)
+    # Each page's CRC32, as the loader checks it (`page_checksums`): without it a flipped byte
+    # of a page's lz4 literals decoded into other tokens, silently (98 rows of the sample).
+    kwargs["fragment_scan_options"] = pds.ParquetFragmentScanOptions(
+        page_checksum_verification=True
+    )
+    try:
+        ds = datasets.load_dataset("parquet", streaming=streaming, **kwargs)
+    except datasets.exceptions.DatasetGenerationError as exc:
+        cause = exc.__cause__ or exc.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise DataError(
+            f"{folder}: a shard is damaged ({cause}); `packtool verify {folder}` names it"
+        ) from None
     columns = ds.column_names if not streaming else list(ds.features or {})
     lengths = SEQ_LENGTHS not in columns
     labels = LOSS_MASK in columns and LABELS not in columns

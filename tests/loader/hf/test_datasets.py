@@ -369,3 +369,39 @@ def test_trl_collator_on_masked_rows_equals_the_loader(masked, tmp_path):
     assert "loss_mask" in raw.column_names and "labels" not in raw.column_names
     every = trl([{k: r[k] for k in ("input_ids", "seq_lengths")} for r in raw.select(range(3))])
     assert (every["labels"] != -100).sum() > (want["labels"] != -100).sum()
+
+
+def test_hf_dataset_checks_each_page_as_the_loader_does(tmp_path):
+    # datasets reads Parquet without the pages' CRC32: a flipped byte of a page decoded into
+    # other token ids, and hf_dataset gave them as the rows, silently (PackedDataset refuses
+    # them: "row group 0 unreadable (... CRC checksum verification failed ...)").
+    from packtool.dataset.shards import ShardConfig
+    from packtool.engines.local import RunConfig, run_pack
+    from packtool.pack.chunk import PackConfig
+
+    path = tmp_path / "ds"
+    corpus = Path(__file__).resolve().parents[3] / "sample_data" / "corpus.jsonl"
+    run_pack(
+        RunConfig(
+            inputs=(str(corpus),),
+            out_dir=str(path),
+            pack=PackConfig(max_len=256),
+            shards=ShardConfig(compression="none"),
+            progress=False,
+        )  # fmt: skip
+    )
+    shard = path / read_manifest(path).shards[0].file
+    chunk = pq.ParquetFile(shard).metadata.row_group(0).column(0)  # input_ids, PLAIN int32
+    end = chunk.data_page_offset + chunk.total_compressed_size  # after the last id
+    original = shard.read_bytes()
+    data = bytearray(original)
+    data[end - 4] ^= 1  # the last id's low byte
+    shard.write_bytes(bytes(data))
+    unchecked = pq.read_table(shard, page_checksum_verification=False)["input_ids"]
+    assert unchecked != pq.read_table(pa.BufferReader(original))["input_ids"]  # read, wrongly
+    with pytest.raises(DataError, match="CRC checksum"):
+        list(PackedDataset(path, rows_per_batch=256, shuffle=False))
+    with pytest.raises(DataError, match=r"/ds: a shard is damaged \(.*CRC checksum"):
+        hf_dataset(path, cache_dir=tmp_path / "c")
+    with pytest.raises(OSError, match="CRC checksum"):
+        list(hf_dataset(path, streaming=True))
