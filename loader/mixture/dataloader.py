@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from loader.mixture.dataset import MixedDataset
 from loader.packed.transport import CompactBatch, Ring, head
-from loader.packed.workers import WorkerInit, from_workers
+from loader.packed.workers import WorkerInit, check_worker_args, from_workers
 from loader.record import Documents, TokenRuns
 from packtool.dataset.columns import TOKEN, get
 from packtool.errors import ConfigError
@@ -108,6 +108,7 @@ class MixedDataLoader(DataLoader):
 
     def __init__(self, dataset: MixedDataset, *, num_workers: int = 0, **kwargs: Any) -> None:
         kwargs.pop("persistent_workers", None)
+        check_worker_args(num_workers, kwargs)
         if "batch_size" in kwargs and kwargs["batch_size"] is None:
             del kwargs["batch_size"]  # what the loader uses itself: the batches are whole
         taken = sorted(

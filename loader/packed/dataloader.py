@@ -18,7 +18,7 @@ from loader.order.steps import EpochPlan
 from loader.packed.dataset import CHUNK, PackedDataset
 from loader.packed.resume import IterationStart
 from loader.packed.transport import CompactBatch, Ring
-from loader.packed.workers import WorkerInit, from_workers
+from loader.packed.workers import WorkerInit, check_worker_args, from_workers
 from packtool.errors import ConfigError
 
 
@@ -48,6 +48,7 @@ class PackedDataLoader(DataLoader):
                 f"PackedDataLoader takes a PackedDataset, got {type(dataset).__name__} (a "
                 "MixedDataset goes to MixedDataLoader; anything else to torch's DataLoader)"
             )
+        check_worker_args(num_workers, kwargs)
         if "batch_size" in kwargs and kwargs["batch_size"] is None:
             del kwargs["batch_size"]  # what the loader uses itself: the batches are whole
         taken = sorted(

@@ -22,10 +22,11 @@ from __future__ import annotations
 import contextlib
 import pickle
 from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from torch.utils.data import get_worker_info
 
+from loader.config import check_int
 from loader.packed.transport import Ring
 from packtool.errors import ConfigError, PacktoolError
 
@@ -108,6 +109,16 @@ class WorkerInit:
         get_worker_info().dataset.handoff.use_ring(self.ring)
         if self.user_fn is not None:
             self.user_fn(worker_id)
+
+
+def check_worker_args(num_workers: Any, kwargs: dict[str, Any]) -> None:
+    """Refuse, in one line, a `num_workers` or `prefetch_factor` that is no count: the loaders
+    size their ring by them, and torch checks neither's type (a `num_workers` of 1.5 was a
+    TypeError inside the ring's allocation, a `prefetch_factor` of 0 an AssertionError at the
+    first iteration and a traceback from the iterator's `__del__`)."""
+    check_int("num_workers", num_workers, 0)
+    if kwargs.get("prefetch_factor") is not None:
+        check_int("prefetch_factor", kwargs["prefetch_factor"], 1)
 
 
 def from_workers(items: Iterable[T]) -> Iterator[T]:

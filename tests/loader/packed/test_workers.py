@@ -11,7 +11,7 @@ import pytest
 
 from loader import PackedDataLoader, PackedDataset
 from loader.packed.workers import WorkerFailed
-from packtool.errors import DataError
+from packtool.errors import ConfigError, DataError
 
 
 class ShardLost(DataError):
@@ -203,3 +203,35 @@ def test_a_worker_error_leaves_no_workers_iterator_to_a_later_fork(
     finally:
         gc.enable()
     assert "can only test a child process" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_workers": 1.5}, "num_workers must be an integer >= 0, got 1.5"),
+        ({"num_workers": -1}, "num_workers must be an integer >= 0, got -1"),
+        ({"num_workers": "2"}, "num_workers must be an integer >= 0, got '2'"),
+        (
+            {"num_workers": 1, "prefetch_factor": 0},
+            "prefetch_factor must be an integer >= 1, got 0",
+        ),
+        ({"num_workers": 1, "prefetch_factor": 2.5}, "prefetch_factor must be an integer >= 1"),
+    ],
+)
+def test_a_worker_count_that_is_no_count_is_one_line(random_dataset, kwargs, message):
+    # Before: num_workers=1.5 was a TypeError from the ring's allocation ("'float' object
+    # cannot be interpreted as an integer") at the first iteration, prefetch_factor=0 torch's
+    # AssertionError there, plus a traceback from the iterator's __del__.
+    from loader import MixedDataLoader, MixedDataset
+    from packtool.mixture.spec import MixtureSpec, SourceSpec
+
+    spec = MixtureSpec(
+        sources=(SourceSpec(name="a", path=random_dataset, weight=1),), total_steps=2
+    )
+    for loader in (
+        lambda: PackedDataLoader(PackedDataset(random_dataset, rows_per_batch=4), **kwargs),
+        lambda: MixedDataLoader(MixedDataset(spec, rows_per_batch=4), **kwargs),
+    ):
+        with pytest.raises(ConfigError) as info:
+            next(iter(loader()))
+        assert str(info.value).startswith(message)
