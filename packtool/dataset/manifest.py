@@ -23,7 +23,7 @@ from packtool.dataset import columns as shard_columns
 from packtool.dataset.manifest_check import manifest_problem
 from packtool.errors import ConfigError, DataError, PacktoolError, json_value
 from packtool.storage import local as storage
-from packtool.storage import writing
+from packtool.storage import remote, writing
 
 FORMAT = "packtool.packed"
 FORMAT_VERSION = 3
@@ -335,6 +335,13 @@ def open_dataset(path: str | os.PathLike) -> tuple[Path, Manifest]:
                 raise DataError(
                     f"{folder}: a file, not a dataset (a dataset is the folder `packtool pack "
                     "-o` wrote, or its index.json)"
+                )
+            text = os.fspath(path)
+            if "://" in str(text):  # read as a local path (`s4:/b/ds`): say which stores are
+                known = ", ".join(sorted(remote.SCHEMES))
+                raise DataError(
+                    f"{text}: no such dataset folder (read as a local path: "
+                    f"{str(text).split('://')[0]}:// is no store packtool reads; it reads {known})"
                 )
             raise DataError(f"{folder}: no such dataset folder")
         if not storage.is_file(folder / INDEX_FILE):

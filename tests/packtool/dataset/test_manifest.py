@@ -294,3 +294,15 @@ def test_groups_and_sources_files_nested_too_deeply_are_one_line(packed_dataset_
     info = docids.record(["x"], ["byte"], sources_sha256=digest)
     with pytest.raises(DataError, match=r"sources.json: unreadable list of input files \(nested"):
         docids.places({"doc_ids": info}, [3], d)
+
+
+def test_a_url_of_a_store_packtool_does_not_read_is_named_whole(tmp_path, monkeypatch):
+    # Before: "s4:/train/ds: no such dataset folder": the URL read as a local path, its "//"
+    # collapsed, with no word that s4:// is no store (a typo of s3://).
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as info:
+        read_manifest("s4://train/ds")
+    assert str(info.value) == (
+        "s4://train/ds: no such dataset folder (read as a local path: s4:// is no store packtool "
+        "reads; it reads abfs, abfss, az, gcs, gs, hf, http, https, s3, s3a)"
+    )
