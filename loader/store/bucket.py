@@ -248,9 +248,10 @@ class BucketRowGroups:
     def _shard_checked(self, shard: int) -> Iterator[None]:
         """A failed read of shard `shard` (a download, a decode, its footer) is told by what
         the object is now, in one HEAD made only then (none while reads succeed): gone (the
-        dataset was replaced: `dataset_gone`), or of another size than index.json's, in the
-        words of `packtool verify` (rewritten or truncated since packing: no read again helps;
-        until 2026-12-07 a shorter one's range read "came back N long ... read it again", or
+        dataset was replaced since this job read the shard's footer: `dataset_gone`; gone at
+        open, before that, it is missing, as a local shard is), or of another size than
+        index.json's, in the words of `packtool verify` (rewritten or truncated since packing:
+        no read again helps; until 2026-12-07 a shorter one's range read "came back N long ... read it again", or
         "416 Range Not Satisfiable"); else the failure as it was."""
         try:
             yield
@@ -260,6 +261,8 @@ class BucketRowGroups:
                 size = storage.file_size(url)
             except Exception:  # the store cannot be asked now: the failure as it was
                 size = want
+            if size is None and shard >= len(self.metas):  # its footer, at open: never read
+                raise DataError(f"{url}: shard listed in index.json is missing") from None
             if size is None:
                 raise dataset_gone(url, self.folder) from None
             if size != want:

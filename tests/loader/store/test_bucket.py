@@ -11,7 +11,7 @@ import pytest
 from loader import PackedDataset
 from packtool.dataset.shards import ShardConfig
 from packtool.engines.local import RunConfig, run_pack
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, DataError
 from packtool.pack.chunk import PackConfig
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -296,3 +296,29 @@ def test_a_bad_endpoint_is_a_config_error_naming_it_not_an_unreadable_manifest(
         ConfigError, match=r"^s3://nowhere/ds/index.json: .* 'bogus' is no s3 option"
     ):
         PackedDataset("s3://nowhere/ds", rows_per_batch=2, cache_dir=str(tmp_path / "cache"))
+
+
+def test_a_shard_gone_at_a_cold_open_is_missing_not_replaced_since_the_open(s3_server, tmp_path):
+    # Before: "...: gone: the dataset ... was replaced (--overwrite) or deleted since this job
+    # opened it; reopen it to read the new one" at the open itself, where reopening finds the
+    # same hole (a local dataset says "shard listed in index.json is missing").
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="holes")
+    run_pack(
+        RunConfig(
+            inputs=(str(CORPUS),),
+            out_dir="s3://holes/ds",
+            pack=PackConfig(max_len=1024),
+            shards=ShardConfig(shard_rows=512, row_group_rows=32),
+            progress=False,
+        )  # fmt: skip
+    )
+    ds = PackedDataset("s3://holes/ds", rows_per_batch=2, cache_dir=str(tmp_path / "warm"))
+    shard = f"{ds.store.path}/{ds.store.manifest.shards[1].file}"
+    boto3.client("s3").delete_object(Bucket="holes", Key=shard.removeprefix("s3://holes/"))
+    with pytest.raises(DataError) as info:
+        PackedDataset("s3://holes/ds", rows_per_batch=2, cache_dir=str(tmp_path / "cold"))
+    assert str(info.value) == f"{shard}: shard listed in index.json is missing"
+    with pytest.raises(DataError, match="was replaced .* since this job opened it"):
+        list(ds)  # opened before: its footers were read, the shard has gone since
