@@ -397,7 +397,9 @@ def dist_rank_world(
     """This process's (rank, world size): the explicit values, else torch.distributed's, else (0, 1).
 
     Raises:
-        ConfigError: Either is not an integer, or the rank is not in [0, world_size); or
+        ConfigError: Either is not an integer, or the rank is not in [0, world_size); the rank
+            is not given while a launcher's WORLD_SIZE says several processes run and
+            torch.distributed is not initialised (each would read rank 0's rows); or
             `context_parallel` splits batches over several ranks while torch.distributed runs
             several processes and either is not given: its global rank would give each rank
             of a context-parallel group other rows (each its share of another batch, silently).
@@ -430,6 +432,15 @@ def dist_rank_world(
             )
         rank = dist.get_rank() if rank is None else rank
         world_size = processes if world_size is None else world_size
+    launched = os.environ.get("WORLD_SIZE", "")
+    # Made before init_process_group under a launcher, each process would read as rank 0.
+    if rank is None and world_size != 1 and launched.isdigit() and int(launched) > 1:
+        raise ConfigError(
+            f"WORLD_SIZE={launched} (a launcher started {launched} processes) but "
+            "torch.distributed is not initialised, so every process would read as rank 0 "
+            "(the same rows); make the dataset after init_process_group (or "
+            "TrainingArguments, Accelerator), or pass rank= and world_size="
+        )
     rank = 0 if rank is None else rank
     world_size = 1 if world_size is None else world_size
     check_int("rank", rank)
