@@ -313,11 +313,14 @@ class PackedDataset(IterableDataset):
 
     @property
     def max_batch_tokens(self) -> int:
-        """Most real tokens in one batch (token budget, or rows x max_len)."""
+        """Most real tokens in one batch (token budget, or rows x max_len), at most the
+        dataset's: a budget past it sized the workers' ring by the budget (10^12 tokens: a
+        33 TB allocation failing inside torch)."""
         c = self.config
+        whole = sum(s.tokens for s in self.store.manifest.shards)
         if c.tokens_per_batch is not None:
-            return c.tokens_per_batch
-        return c.rows_per_batch * self.store.max_len
+            return min(c.tokens_per_batch, whole)
+        return min(c.rows_per_batch * self.store.max_len, whole)
 
     def max_batch_docs(self) -> int:
         """Documents a transport ring slot has room for.

@@ -350,3 +350,16 @@ def test_a_packtool_error_in_a_worker_is_its_one_line_message(random_dataset, tm
     # Any other error is torch's, as it was.
     with pytest.raises(ZeroDivisionError, match="Caught ZeroDivisionError in DataLoader worker"):
         next(iter(PackedDataLoader(ds, num_workers=1, worker_init_fn=_boom)))
+
+
+@pytest.mark.parametrize("settings", [{"tokens_per_batch": 10**12}, {"rows_per_batch": 10**9}])
+def test_a_batch_setting_past_the_whole_dataset_sizes_the_ring_by_the_dataset(
+    random_dataset, settings
+):
+    # Before: the workers' ring was sized by the setting: a RuntimeError from torch's allocator
+    # ("you tried to allocate 33774650063872 bytes") at the first iteration.
+    ds = PackedDataset(random_dataset, **settings)
+    assert ds.max_batch_tokens == sum(s.tokens for s in ds.store.manifest.shards)
+    expected = [b["input_ids"].tolist() for b in ds]
+    got = [b["input_ids"].tolist() for b in PackedDataLoader(ds, num_workers=1)]
+    assert got == expected and len(got) == 1
