@@ -300,6 +300,19 @@ def _with_view_columns(table: Any, *, lengths: bool, labels: bool) -> Any:
     return table
 
 
+def _reads_scan_options(datasets: Any) -> bool:
+    """Whether this `datasets`' Parquet builder takes `fragment_scan_options` (recent releases;
+    an older one refuses an unknown key)."""
+    import dataclasses
+
+    try:
+        from datasets.packaged_modules.parquet.parquet import ParquetConfig
+
+        return "fragment_scan_options" in {f.name for f in dataclasses.fields(ParquetConfig)}
+    except (ImportError, TypeError):
+        return False
+
+
 def hf_dataset(
     path: str | os.PathLike,
     *,
@@ -359,9 +372,17 @@ def hf_dataset(
         kwargs["cache_dir"] = os.fspath(cache_dir)
     # Each page's CRC32, as the loader checks it (`page_checksums`): without it a flipped byte
     # of a page's lz4 literals decoded into other tokens, silently (98 rows of the sample).
-    kwargs["fragment_scan_options"] = pds.ParquetFragmentScanOptions(
-        page_checksum_verification=True
-    )
+    if _reads_scan_options(datasets):
+        kwargs["fragment_scan_options"] = pds.ParquetFragmentScanOptions(
+            page_checksum_verification=True
+        )
+    else:  # an older datasets refuses the key: load as before, and say what is not checked
+        warnings.warn(
+            f"datasets {datasets.__version__} takes no fragment_scan_options, so hf_dataset "
+            "cannot check the shards' page checksums (a damaged page would decode into other "
+            f"tokens); upgrade datasets, or run `packtool verify {folder}` once",
+            stacklevel=2,
+        )
     try:
         ds = datasets.load_dataset("parquet", streaming=streaming, **kwargs)
     except datasets.exceptions.DatasetGenerationError as exc:

@@ -405,3 +405,14 @@ def test_hf_dataset_checks_each_page_as_the_loader_does(tmp_path):
         hf_dataset(path, cache_dir=tmp_path / "c")
     with pytest.raises(OSError, match="CRC checksum"):
         list(hf_dataset(path, streaming=True))
+    # A datasets whose Parquet builder takes no fragment_scan_options (older releases refuse
+    # the key): the rows load as before, with a warning saying the pages go unchecked.
+    from loader.hf import datasets as hf_datasets
+
+    shard.write_bytes(original)
+    want = hf_dataset(path, cache_dir=tmp_path / "c2")["input_ids"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hf_datasets, "_reads_scan_options", lambda datasets: False)
+        with pytest.warns(UserWarning, match="cannot check the shards' page checksums"):
+            got = hf_dataset(path, cache_dir=tmp_path / "c3")["input_ids"]
+    assert got == want
