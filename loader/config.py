@@ -316,6 +316,38 @@ class OnlineConfig:
         check_int("seed", self.seed, 0)
 
 
+MAX_BATCH_TOKENS = 2**31 - 1
+"""Most tokens one batch may hold: `cu_seqlens` is int32 (flash-attn's, torch's varlen)."""
+
+
+def check_batch_size(config: LoaderConfig, max_len: int, whose: str) -> None:
+    """Refuse a batch setting rows of `max_len` tokens cannot fill or `cu_seqlens` cannot hold.
+
+    Raises:
+        ConfigError: `tokens_per_batch` below `max_len` (a row would not fit), or a batch of more
+            than `MAX_BATCH_TOKENS` (`tokens_per_batch`, or `rows_per_batch` x `max_len`: a
+            budget of 10^12 sized the workers' ring or the static padding by it, a failed
+            allocation deep in torch).
+    """
+    budget = config.tokens_per_batch
+    if budget is not None and budget < max_len:
+        raise ConfigError(
+            f"tokens_per_batch {budget} is smaller than {whose} max_len {max_len}; a row "
+            "would not fit"
+        )
+    most = budget if budget is not None else config.rows_per_batch * max_len
+    if most > MAX_BATCH_TOKENS:
+        setting = (
+            f"tokens_per_batch {budget:,}"
+            if budget is not None
+            else f"rows_per_batch {config.rows_per_batch:,} x max_len {max_len:,}"
+        )
+        raise ConfigError(
+            f"{setting} is more tokens than a batch can hold: cu_seqlens is int32, so at most "
+            f"{MAX_BATCH_TOKENS:,} a batch"
+        )
+
+
 def check_pad_id(config: LoaderConfig, vocab_size: Any, where: str) -> None:
     """Refuse a `pad_id` that is not a token id of the data's vocabulary (it would reach
     `input_ids`, and an embedding lookup, in every static-shape batch).

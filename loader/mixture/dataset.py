@@ -42,6 +42,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from loader.collate import blank, collate
 from loader.config import (
     LoaderConfig,
+    check_batch_size,
     check_pad_id,
     dist_rank_world,
     make_config,
@@ -155,11 +156,7 @@ class MixedDataset(IterableDataset):
                 "at_cap 'stop' (or a max_epochs on every source)"
             )
         self.max_len = self.sources[0].max_len
-        if config.tokens_per_batch is not None and config.tokens_per_batch < self.max_len:
-            raise ConfigError(
-                f"tokens_per_batch {config.tokens_per_batch} is smaller than the sources' max_len "
-                f"{self.max_len}; a row would not fit"
-            )
+        check_batch_size(config, self.max_len, "the sources'")
         self.token_dtype = np.dtype(np.result_type(*[s.token_dtype for s in self.sources]))
         self.columns = mixture_columns(self.sources)
         """The optional columns the batches carry (`loss_mask`): those any source has."""

@@ -26,6 +26,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from loader.collate import blank, collate
 from loader.config import (
     LoaderConfig,
+    check_batch_size,
     check_epoch,
     check_int,
     check_pad_id,
@@ -107,11 +108,7 @@ class PackedDataset(IterableDataset):
         self.fingerprint = self.store.manifest.fingerprint
         check_pad_id(config, self.store.vocab_size, f"the dataset {self.store.path}")
         max_len = self.store.max_len
-        if config.tokens_per_batch is not None and config.tokens_per_batch < max_len:
-            raise ConfigError(
-                f"tokens_per_batch {config.tokens_per_batch} is smaller than the dataset's max_len "
-                f"{max_len}; a row would not fit"
-            )
+        check_batch_size(config, max_len, "the dataset's")
         # Row lengths, document counts and Σ len², read per row group when the order needs them
         # (token budget, balance); never an array of every row.
         # From a bucket, the row groups a window needs download side by side (one at a time,

@@ -715,6 +715,14 @@ def test_bad_specs_are_one_line_errors(sources, make, message):
     assert "\n" not in str(info.value)
 
 
+def test_a_batch_past_int32_cu_seqlens_is_one_line(sources):
+    # tokens_per_batch=10**12 read the schedule for a whole step: a 29 GiB MemoryError.
+    with pytest.raises(ConfigError, match="tokens_per_batch 1,000,000,000,000 is more tokens"):
+        MixedDataset(spec(sources), tokens_per_batch=10**12)
+    with pytest.raises(ConfigError, match=r"rows_per_batch 33,554,432 x max_len \d+ is more"):
+        MixedDataset(spec(sources), rows_per_batch=2**25)
+
+
 def _copy_with(path, tmp_path, name, **changes):
     import shutil
 

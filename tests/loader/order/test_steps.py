@@ -134,6 +134,19 @@ def test_config_validation(hand_dataset):
         LoaderConfig(rows_per_batch=1, cache_bytes=-1)
     with pytest.raises(ConfigError, match="smaller than the dataset's max_len 6"):
         PackedDataset(hand_dataset, tokens_per_batch=5)
+    # More than int32 cu_seqlens hold: 10^12 sized the workers' ring (or the static padding)
+    # by the budget, a failed 33 TB allocation inside torch.
+    for kw, says in (
+        ({"tokens_per_batch": 10**12}, "tokens_per_batch 1,000,000,000,000 is more tokens"),
+        ({"rows_per_batch": 2**29}, "rows_per_batch 536,870,912 x max_len 6 is more tokens"),
+        (
+            {"tokens_per_batch": 2**31, "static_shape": True, "max_docs_per_batch": 4},
+            "2,147,483,648",
+        ),
+    ):
+        with pytest.raises(ConfigError, match=f"{says}.*cu_seqlens is int32"):
+            PackedDataset(hand_dataset, **kw)
+    assert PackedDataset(hand_dataset, tokens_per_batch=2**31 - 1).config.tokens_per_batch
     with pytest.raises(ConfigError, match="rank must be in"):
         PackedDataset(hand_dataset, rows_per_batch=1, rank=2, world_size=2)
 
