@@ -21,19 +21,25 @@ CORPUS = ROOT / "sample_data" / "corpus.jsonl"
 @pytest.fixture(scope="module")
 def url(s3_server) -> str:
     """The sample corpus in shards of 256 rows (the last 214) of 32-row row groups, in a bucket."""
+
+    return _packed_into("footers", shard_rows=256)
+
+
+def _packed_into(bucket: str, shard_rows: int) -> str:
+    """The sample corpus packed into a new bucket (max_len 1024, 32-row row groups)."""
     import boto3
 
-    boto3.client("s3").create_bucket(Bucket="footers")
+    boto3.client("s3").create_bucket(Bucket=bucket)
     run_pack(
         RunConfig(
             inputs=(str(CORPUS),),
-            out_dir="s3://footers/ds",
+            out_dir=f"s3://{bucket}/ds",
             pack=PackConfig(max_len=1024),
-            shards=ShardConfig(shard_rows=256, row_group_rows=32),
+            shards=ShardConfig(shard_rows=shard_rows, row_group_rows=32),
             progress=False,
         )  # fmt: skip
     )
-    return "s3://footers/ds"
+    return f"s3://{bucket}/ds"
 
 
 def _batches(url: str, cache: Path) -> list[list[list[int]]]:
@@ -304,16 +310,7 @@ def test_a_shard_gone_at_a_cold_open_is_missing_not_replaced_since_the_open(s3_s
     # same hole (a local dataset says "shard listed in index.json is missing").
     import boto3
 
-    boto3.client("s3").create_bucket(Bucket="holes")
-    run_pack(
-        RunConfig(
-            inputs=(str(CORPUS),),
-            out_dir="s3://holes/ds",
-            pack=PackConfig(max_len=1024),
-            shards=ShardConfig(shard_rows=512, row_group_rows=32),
-            progress=False,
-        )  # fmt: skip
-    )
+    _packed_into("holes", shard_rows=512)
     ds = PackedDataset("s3://holes/ds", rows_per_batch=2, cache_dir=str(tmp_path / "warm"))
     shard = f"{ds.store.path}/{ds.store.manifest.shards[1].file}"
     boto3.client("s3").delete_object(Bucket="holes", Key=shard.removeprefix("s3://holes/"))
