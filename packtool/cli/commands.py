@@ -548,7 +548,7 @@ def main(argv: list[str] | None = None) -> None:
     running, noting = command_line.ARGS.set(given), interrupt.note.set(lambda: "")
     # Installed here, next to the `try` whose `finally` restores it: an error before it (an
     # argument that is no text) left the CLI's handler in place for an in-process caller.
-    previous = interrupt.install_sigint()
+    previous, previous_term = interrupt.install_sigint(), interrupt.install_sigterm()
     try:
         cli.main(args=given, prog_name="packtool", standalone_mode=False)
     except BaseException as exc:  # one line and an exit code for what a user can act on
@@ -562,6 +562,8 @@ def main(argv: list[str] | None = None) -> None:
         command_line.ARGS.reset(running)
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
         if argv is None:
             _before_exit()
 

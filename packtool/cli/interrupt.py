@@ -91,3 +91,15 @@ def install_sigint() -> Any:
         return signal.signal(signal.SIGINT, on_sigint)
     except ValueError:  # not the main thread (e.g. an embedding application)
         return None
+
+
+def install_sigterm() -> Any:
+    """Install `on_sigint` for SIGTERM too (a scheduler's time limit, `kill`): a command stops on
+    it as on Ctrl-C, with the resume line and exit 130, on every engine and at every step.
+    Returns the previous handler (None when not on the main thread). Until 2026-12-08 only the
+    Ray and Slurm drivers' waves handled it: a local run, a Slurm run's tail tree or any run's
+    finish killed by SIGTERM ended at once, exit 143 and not a word (its --resume worked)."""
+    try:
+        return signal.signal(signal.SIGTERM, on_sigint)
+    except ValueError:  # not the main thread (e.g. an embedding application)
+        return None

@@ -47,6 +47,7 @@ import logging
 import os
 import pickle
 import re
+import signal
 import socket
 import threading
 import time
@@ -228,6 +229,10 @@ def _connect(ray: Any, address: str | None) -> bool:
         # Ray's own default joins a cluster `ray start` left recorded in
         # /tmp/ray/ray_current_cluster: the default here is a private Ray (docs/scale-out.md)
         address = "local"
+    # ray.init puts its own SIGTERM handler (sys.exit) in place of the caller's: the CLI's, which
+    # stops a run as Ctrl-C does, is put back, or a SIGTERM after the waves (the pool's end, the
+    # root, the finish) ended the run with exit 143 and no line (until 2026-12-08)
+    term = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(
             address=address,
@@ -248,6 +253,8 @@ def _connect(ray: Any, address: str | None) -> bool:
             "token in RAY_AUTH_TOKEN (or in a file named by RAY_AUTH_TOKEN_PATH, by default "
             "~/.ray/auth_token)"
         ) from None
+    if callable(term) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, term)
     return True
 
 

@@ -222,3 +222,42 @@ def test_the_cli_s_forced_exit_waits_for_the_slurm_cancel(sig):
     proc, out, err, _ = _signalled([SLOW_CANCEL], "running", sig)
     assert out.split() == ["cancelled", "stopped"], err
     assert proc.returncode == 130, err
+
+
+def test_sigterm_stops_a_local_cli_run_as_ctrl_c_and_resume_finishes_it(tmp_path):
+    """SIGTERM (a scheduler's time limit, `kill`) to a local `packtool pack`: the resume line and
+    exit 130, as Ctrl-C and the Ray and Slurm drivers give; until 2026-12-08 it ended at once,
+    exit 143 (-15 here) and not a word. `--resume` then gives the uninterrupted run's bytes."""
+    from packtool.engines import records
+    from packtool.engines.output_folder import staging_folder
+
+    corpus = tmp_path / "x4.jsonl"
+    corpus.write_bytes((ROOT / "sample_data" / "corpus.jsonl").read_bytes() * 4)
+    args = [str(corpus), "--max-len", "1024", "--partition-size", "1MB", "--workers", "1"]
+    cmd = [sys.executable, "-m", "packtool.cli.commands", "pack", *args]
+    env = {**os.environ, "PACKTOOL_NO_PROGRESS": "1"}
+    whole = subprocess.run([*cmd, "-o", str(tmp_path / "whole")], env=env, capture_output=True)
+    assert whole.returncode == 0, whole.stderr
+
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(
+        [*cmd, "-o", str(cut)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 60  # stopped once two of its 12 partitions are recorded
+    while len(records.finished(staging_folder(cut))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    if cut.exists():
+        pytest.fail("the run finished before it could be stopped; make the corpus larger")
+    assert proc.returncode == 130, err
+    last = err.decode().strip().splitlines()[-1]
+    kept = f"interrupted; finished partitions are kept in {staging_folder(cut)}: run the same"
+    assert last.startswith(f"{kept} command with --resume"), err
+
+    done = subprocess.run([*cmd, "-o", str(cut), "--resume"], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    shards = sorted(p.name for p in (tmp_path / "whole").glob("shard-*.parquet"))
+    assert shards == sorted(p.name for p in cut.glob("shard-*.parquet"))
+    for name in shards:
+        assert (cut / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name

@@ -882,3 +882,31 @@ def test_a_private_rays_actors_stop_when_its_driver_is_killed(tmp_path):
         proc.kill()
         with __import__("contextlib").suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_ray_init_leaves_the_callers_sigterm_handler_in_place(monkeypatch):
+    """`ray.init` puts its own SIGTERM handler (`sys.exit`) in place of the caller's: a SIGTERM
+    after the waves (the pool's end, the root, the finish) then ended a CLI run with exit 143
+    and no --resume line (until 2026-12-08). The caller's handler (the CLI's) is put back; no
+    Ray is started here."""
+    import signal
+    import types
+
+    from packtool.engines import ray as ray_engine
+
+    def init(**kwargs):
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)  # Ray's, in its place
+
+    fake_ray = types.SimpleNamespace(is_initialized=lambda: False, init=init)
+    monkeypatch.setattr(ray_engine, "_check_address", lambda address: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    def cli_handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, cli_handler)
+    try:
+        assert ray_engine._connect(fake_ray, None) is True
+        assert signal.getsignal(signal.SIGTERM) is cli_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
