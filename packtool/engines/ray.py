@@ -159,11 +159,14 @@ def drive_ray(run: Any, ray_config: RayConfig) -> str:
     finished = False
     try:
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        actors = ray_config.actors or cpus
+        waves = run.waves()  # the partitions, then each level of the tail tree
+        # at most one actor per unit of a wave, as the pool starts (`_execute`): the summary
+        # said "a pool of up to 1000" for --workers 1000 and 6 partitions (until 2026-12-08)
+        actors = min(ray_config.actors or cpus, max(map(len, waves), default=1))
         # SIGTERM stops the run as Ctrl-C does (after ray.init, whose core worker's handler
         # printed a 6-line "*** SIGTERM received" dump and exited 15 without the --resume line)
         with sigterm_as_ctrl_c():
-            for wave in run.waves():  # the partitions, then each level of the tail tree
+            for wave in waves:
                 _execute(ray, run, ray_config, actors, wave, follow=follow)
         finished = True
     except Exception as exc:

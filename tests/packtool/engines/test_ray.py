@@ -910,3 +910,22 @@ def test_ray_init_leaves_the_callers_sigterm_handler_in_place(monkeypatch):
         assert signal.getsignal(signal.SIGTERM) is cli_handler
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_summary_counts_no_more_actors_than_a_wave_has_units(monkeypatch):
+    """`--workers 1000` with 6 partitions: the pool starts at most one actor per unit of a wave
+    (`_execute`), and the summary says so, as the local engine's does; it said "a Ray Data pool
+    of up to 1000 partition actor(s)" until 2026-12-08. No Ray is started here."""
+    import types
+
+    from packtool.engines import ray as ray_engine
+
+    fake_ray = types.SimpleNamespace(cluster_resources=lambda: {"CPU": 2})
+    monkeypatch.setattr(ray_engine, "import_ray", lambda: fake_ray)
+    monkeypatch.setattr(ray_engine, "_connect", lambda ray, address: False)
+    monkeypatch.setattr(ray_engine, "_execute", lambda *args, **kwargs: None)
+    run = types.SimpleNamespace(waves=lambda: [[0, 1, 2, 3, 4, 5], [6]])
+    said = ray_engine.drive_ray(run, ray_engine.RayConfig(actors=1000))
+    assert said.startswith("Ray: 2 CPU(s) in the cluster, a Ray Data pool of up to 6 partition")
+    said = ray_engine.drive_ray(run, ray_engine.RayConfig(actors=3))
+    assert "a Ray Data pool of up to 3 partition" in said
