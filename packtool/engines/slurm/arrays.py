@@ -151,14 +151,22 @@ class ArrayDriver:
         if not self.slurm.setup:
             return ""
         check = (
-            "packtool_setup=$?\n"
             'if [ "$packtool_setup" -ne 0 ]; then\n'
             '  echo "packtool-slurm: the setup line ended with exit status $packtool_setup; the '
             'task stops (a condition: if ...; then ...; fi)" >&2\n'
             '  exit "$packtool_setup"\n'
             "fi\n"
         )
-        return f"{self.slurm.setup}\n{check if stop else ''}cd {shlex.quote(os.getcwd())}\n"
+        # A line that ends the shell itself (`exit 3`, a failing `set -e` step) left the probe's
+        # log empty: "the probe job failed (log: ...)" and nothing in it (until 2026-12-08)
+        said = shlex.quote(
+            "echo \"packtool-slurm: the setup line ended the job's shell (exit status $?) before "
+            'packtool ran" >&2'
+        )
+        return (
+            f"trap {said} EXIT\n{self.slurm.setup}\npacktool_setup=$?\ntrap - EXIT\n"
+            f"{check if stop else ''}cd {shlex.quote(os.getcwd())}\n"
+        )
 
     def _script(self, array: str, task: str = '"$SLURM_ARRAY_TASK_ID"', name: str = "") -> Path:
         """The script of an array running `array`'s descriptors, in `NAME.sh` (`name`, else

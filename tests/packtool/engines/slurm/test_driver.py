@@ -734,3 +734,18 @@ def test_workers_with_the_slurm_engine_is_refused_not_ignored(tmp_path, to):
         "--cpus-per-task N instead"
     )
     assert not out.exists()
+
+
+def test_a_setup_line_that_ends_the_probes_shell_is_named_in_the_one_line(cluster, tmp_path):
+    """`--slurm-setup 'exit 3'` ends the probe job's shell before its checks: the probe's log
+    was empty, and the line said only "the probe job failed before any partition ran (log:
+    ...)" (until 2026-12-08)."""
+    out = tmp_path / "packed"
+    with pytest.raises(ConfigError) as failed:
+        run_pack_slurm(_config(out), SlurmConfig(setup="exit 3", poll_seconds=0.3))
+    message = str(failed.value)
+    assert "the probe job" in message and "\n" not in message
+    assert message.endswith(
+        "probe.log: packtool-slurm: the setup line ended the job's shell (exit status 3) before "
+        "packtool ran)"
+    ), message
