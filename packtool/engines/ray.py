@@ -248,6 +248,13 @@ def _connect(ray: Any, address: str | None) -> bool:
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{shown}: Ray refused it ({why}); give {_FORMS}") from None
     except (ConnectionError, ray.exceptions.AuthenticationError) as exc:
+        if "Could not find any running Ray instance" in str(exc):
+            # Ray's line told to set "the `--address` flag", which packtool has not
+            raise ConfigError(
+                f"{shown}: no Ray cluster runs on this node (`auto` joins one `ray start` "
+                "started); start one with `ray start --head`, give a cluster's HOST:PORT, or "
+                "leave the option out to start one here"
+            ) from None
         if not _refused_token(exc, ray.exceptions.AuthenticationError):
             raise
         raise ConfigError(

@@ -929,3 +929,28 @@ def test_the_summary_counts_no_more_actors_than_a_wave_has_units(monkeypatch):
     assert said.startswith("Ray: 2 CPU(s) in the cluster, a Ray Data pool of up to 6 partition")
     said = ray_engine.drive_ray(run, ray_engine.RayConfig(actors=3))
     assert "a Ray Data pool of up to 3 partition" in said
+
+
+def test_ray_address_auto_with_no_cluster_names_packtools_option(monkeypatch):
+    """`--ray-address auto` on a node where no `ray start` cluster runs: Ray's own line told the
+    user to set "the `--address` flag", which packtool has not (until 2026-12-08). No Ray is
+    started here: the fake `ray.init` raises what Ray 2.60's does."""
+    import types
+
+    from packtool.engines import ray as ray_engine
+
+    def init(**kwargs):
+        raise ConnectionError(
+            "Could not find any running Ray instance. Please specify the one to connect to by "
+            "setting `--address` flag or `RAY_ADDRESS` environment variable."
+        )
+
+    exceptions = types.SimpleNamespace(AuthenticationError=type("AuthError", (Exception,), {}))
+    fake_ray = types.SimpleNamespace(is_initialized=lambda: False, init=init, exceptions=exceptions)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError) as refused:
+        ray_engine._connect(fake_ray, "auto")
+    assert str(refused.value).startswith(
+        "--ray-address auto / address='auto': no Ray cluster runs on this node"
+    ), refused.value
+    assert "`--address`" not in str(refused.value)
