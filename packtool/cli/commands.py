@@ -286,7 +286,7 @@ def tokenize_cmd(
     default="8",
     show_default=True,
     metavar="N",
-    help="Chunks (documents after splitting at --max-len) per batch for the "
+    help="Chunks (documents after --long-docs at --max-len) per batch for the "
     "pad-each-batch-to-its-longest waste figure.",
 )
 @click.option(
@@ -294,6 +294,14 @@ def tokenize_cmd(
     default=None,
     metavar="L1,L2,...",
     help="Max lengths to compare [default: 512,1024,...,32768].",
+)
+@click.option(
+    "--long-docs",
+    type=click.Choice(["split", "truncate", "drop"]),
+    default="split",
+    show_default=True,
+    help="Model `pack --long-docs`: documents longer than a max length are cut into chunks, "
+    "truncated or dropped before padding and packing (with a loss mask: split or truncate).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option(
@@ -311,6 +319,7 @@ def stats_cmd(
     max_len: str,
     batch_size: str,
     candidates: str | None,
+    long_docs: str,
     as_json: bool,
     plot: str | None,
     workers: int | None,
@@ -337,6 +346,7 @@ def stats_cmd(
         max_len=positive_int("--max-len", max_len, least=2, most=MAX_LEN_LIMIT),
         batch_size=positive_int("--batch-size", batch_size, "chunks"),
         candidates=cands,
+        long_docs=long_docs,
     )
     if plot is not None:
         from packtool.stats.plots import check_plot_path

@@ -11,7 +11,9 @@ May import: packtool's top-level modules, `storage`, `dataset`, `pack`, `mixture
 `tokenizer`, `sft`, `tokenize`.
 
 Modules:
-- `lengths.py`: `compute_stats`, `LengthStats`, the candidates and the suggestion.
+- `lengths.py`: `compute_stats`, `LengthStats`, the figures at each max length.
+- `candidates.py`: a candidate max length's figures and the rule that suggests one.
+- `policy.py`: the pieces `pack --long-docs split|truncate|drop` packs, from the lengths.
 - `supervised.py`: the loss-mask side of the statistics.
 - `bounds.py`: L1 and L2 from a histogram of lengths (both of the above, and the engines).
 - `report.py`: the text report; `plots.py`: the figures.

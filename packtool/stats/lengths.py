@@ -4,21 +4,24 @@ Everything is computed on an array of document lengths in tokens (`length_stats`
 gets that array from raw corpora (tokenizing on the fly) or from tokenized Parquet (reading only
 the `length` column). `packtool.stats.report.render_report` formats them.
 
-Conventions (the same as `packtool pack` with its default long-document policy):
-- Documents longer than `max_len` are split into `max_len`-token chunks plus a remainder before
-  anything is packed or padded; "chunks" below are these pieces in input order.
-- Efficiency = real tokens / (rows * max_len), the share of row slots holding tokens.
-- Suggested max length: among the candidates that split at most `SPLIT_TOLERANCE` (1%) of the
-  documents (all candidates >= the p99 length), the smallest whose projected FFD efficiency is
-  within `SUGGEST_TOLERANCE` (one percentage point) of the best of them (`SUGGESTION_RULE`); the
-  largest candidate when none splits so few (`SUGGESTION_FALLBACK`, the rule then reported). Short rows always pack well once documents are chopped to fit, so efficiency
-  alone would always suggest the shortest candidate; the split limit keeps documents whole.
+Conventions (those of `packtool pack --long-docs X`, `StatsConfig.long_docs`, split by default):
+- Documents longer than `max_len` are split into `max_len`-token chunks plus a remainder,
+  truncated or dropped (`policy.py`) before anything is packed or padded; "chunks" below are the
+  pieces packed, in input order. Document-level figures (percentiles, Gini, histograms) are the
+  corpus's.
+- Efficiency = tokens packed / (rows * max_len), the share of row slots holding tokens.
+- Suggested max length: among the candidates that split (truncate, drop) at most
+  `SPLIT_TOLERANCE` (1%) of the documents (all candidates >= the p99 length), the smallest whose
+  projected FFD efficiency is within `SUGGEST_TOLERANCE` (one percentage point) of the best of
+  them (`SUGGESTION_RULE`); the largest candidate when none cuts so few (`SUGGESTION_FALLBACK`,
+  the rule then reported). Short rows always pack well once documents are chopped to fit, so
+  efficiency alone would always suggest the shortest candidate; the limit keeps documents whole.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,6 +41,15 @@ from packtool.stats.bounds import (
     lower_bounds_from_histogram,
     split_histogram,
 )
+from packtool.stats.candidates import (
+    SUGGEST_TOLERANCE,
+    SUGGESTION_FALLBACK,
+    SUGGESTION_RULE,
+    Candidate,
+    suggest_max_len,
+    suggestion,
+)
+from packtool.stats.policy import LONG_DOC_POLICIES, policy_histogram, policy_pieces
 
 if TYPE_CHECKING:
     from packtool.stats.supervised import SupervisedStats
@@ -47,6 +59,7 @@ __all__ = [
     "SUGGESTION_FALLBACK",
     "SUGGESTION_RULE",
     "SUGGEST_TOLERANCE",
+    "Candidate",
     "LengthStats",
     "StatsConfig",
     "compute_stats",
@@ -56,20 +69,10 @@ __all__ = [
     "lower_bound_l2",
     "lower_bounds_from_histogram",
     "split_lengths",
+    "suggest_max_len",
 ]
 
 DEFAULT_CANDIDATES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
-SUGGEST_TOLERANCE = 0.01
-SPLIT_TOLERANCE = 0.01
-SUGGESTION_RULE = (
-    "among candidates that split at most 1% of documents, the smallest whose projected FFD "
-    "efficiency is within 1 percentage point of the best of them"
-)
-SUGGESTION_FALLBACK = (
-    "no candidate splits at most 1% of documents, so the largest (the one that splits fewest)"
-)
-"""The rule's other branch, said instead of `SUGGESTION_RULE` where it was taken (that rule was
-printed for a largest candidate chosen because none split few enough)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,8 +85,15 @@ class StatsConfig:
     """Documents per batch for the "pad each batch to its longest" waste figure."""
     candidates: tuple[int, ...] = DEFAULT_CANDIDATES
     """Max lengths compared in the candidates table (the suggestion is one of these)."""
+    long_docs: str = "split"
+    """The `pack --long-docs` policy modelled: documents longer than a max length are `split`
+    into chunks, `truncate`d or `drop`ped before padding and packing (`policy.py`)."""
 
     def __post_init__(self) -> None:
+        if self.long_docs not in LONG_DOC_POLICIES:
+            raise ConfigError(
+                f"long_docs must be one of {', '.join(LONG_DOC_POLICIES)}, got {self.long_docs!r}"
+            )
         # The lengths `packtool pack` accepts (rows of one token are refused there too). Each
         # kept as a Python int: a NumPy one reached to_dict() and json.dumps refused it.
         object.__setattr__(self, "max_len", check_max_len(self.max_len, minimum=2))
@@ -103,6 +113,15 @@ class StatsConfig:
             "candidates",
             tuple(check_max_len(c, "candidate max length", minimum=2) for c in self.candidates),
         )
+
+    def check_masked(self) -> None:
+        """Refuse a policy not modelled for data with a loss mask (`ConfigError`): `supervised.py`
+        models pack's default, truncate; split (the default here) is the plain figures' model."""
+        if self.long_docs == "drop":
+            raise ConfigError(
+                "dropping long documents is not modelled for data with a loss mask: stats "
+                "models truncate (pack's default for it), or split for the plain figures alone"
+            )
 
     def check_room_for_text(self, eos_id: int | None, bos_id: int | None) -> None:
         """Refuse, as `packtool pack` does, a max length that BOS + EOS fill (`ConfigError`)."""
@@ -230,35 +249,6 @@ def _efficiency(tokens: int, rows: int, max_len: int) -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Candidate:
-    """Projected packing at one candidate max length."""
-
-    max_len: int
-    long_documents: int
-    """Documents longer than max_len (split into chunks)."""
-    chunks: int
-    """Pieces after splitting documents longer than max_len."""
-    lower_bound_rows: int
-    """Martello–Toth L2."""
-    rows: int
-    """Rows FFD packs the chunks into."""
-    efficiency: float
-    pad_to_max_len_waste: float
-    """Share of slots wasted if every chunk were padded to max_len."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "max_len": self.max_len,
-            "long_documents": self.long_documents,
-            "chunks": self.chunks,
-            "lower_bound_rows": self.lower_bound_rows,
-            "rows": self.rows,
-            "efficiency": self.efficiency,
-            "pad_to_max_len_waste": self.pad_to_max_len_waste,
-        }
-
-
-@dataclass(frozen=True, kw_only=True)
 class LengthStats:
     """The statistics `packtool stats` reports; `to_dict()` for scripts, `render()` for people."""
 
@@ -279,9 +269,11 @@ class LengthStats:
     """Documents longer than max_len."""
     long_tokens: int
     long_chunks: int
-    """The pieces the documents longer than max_len are split into."""
+    """The pieces the documents longer than max_len become (truncated: one each; dropped: 0)."""
     chunks: int
-    """Pieces of the whole corpus after splitting (every document is one, or its pieces)."""
+    """Pieces of the whole corpus after the policy (every document is one, or its pieces)."""
+    packed_tokens: int
+    """Tokens in those pieces (`tokens` less what truncate or drop leave out)."""
     pad_to_max_len_slots: int
     pad_per_batch_slots: int
     lower_bound_l1: int
@@ -289,6 +281,8 @@ class LengthStats:
     ffd_rows: int
     candidates: list[Candidate]
     suggested_max_len: int
+    long_docs: str = "split"
+    """The `pack --long-docs` policy the max-length figures are for."""
     suggestion_rule: str = SUGGESTION_RULE
     """The rule's branch that chose it (`SUGGESTION_RULE` or `SUGGESTION_FALLBACK`)."""
     inputs: dict[str, Any] = field(default_factory=dict)
@@ -300,20 +294,23 @@ class LengthStats:
 
     @property
     def ffd_efficiency(self) -> float:
-        return _efficiency(self.tokens, self.ffd_rows, self.max_len)
+        return _efficiency(self.packed_tokens, self.ffd_rows, self.max_len)
 
     @property
     def pad_to_max_len_waste(self) -> float:
-        return 1.0 - self.tokens / self.pad_to_max_len_slots if self.pad_to_max_len_slots else 0.0
+        slots = self.pad_to_max_len_slots
+        return 1.0 - self.packed_tokens / slots if slots else 0.0
 
     @property
     def pad_per_batch_waste(self) -> float:
-        return 1.0 - self.tokens / self.pad_per_batch_slots if self.pad_per_batch_slots else 0.0
+        slots = self.pad_per_batch_slots
+        return 1.0 - self.packed_tokens / slots if slots else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict with stable keys (see docs/stats.md)."""
         return {
             "max_len": self.max_len,
+            "long_docs": self.long_docs,
             "inputs": self.inputs,
             "documents": self.documents,
             "tokens": self.tokens,
@@ -346,6 +343,7 @@ class LengthStats:
             "lower_bound_rows": {"l1": self.lower_bound_l1, "l2": self.lower_bound_l2},
             "packed": {
                 "algorithm": "ffd",
+                "tokens": self.packed_tokens,
                 "rows": self.ffd_rows,
                 "efficiency": self.ffd_efficiency,
                 "rows_over_l2": self.ffd_rows / self.lower_bound_l2 if self.lower_bound_l2 else 0.0,
@@ -359,22 +357,6 @@ class LengthStats:
         }
 
 
-def suggest_max_len(candidates: Sequence[Candidate], documents: int) -> int:
-    """The suggested max length by `SUGGESTION_RULE` (see the module docstring)."""
-    return suggestion(candidates, documents)[0]
-
-
-def suggestion(candidates: Sequence[Candidate], documents: int) -> tuple[int, str]:
-    """The suggested max length and the rule that chose it: `SUGGESTION_RULE`, or
-    `SUGGESTION_FALLBACK` where no candidate splits at most 1% of the documents."""
-    eligible = [c for c in candidates if c.long_documents <= SPLIT_TOLERANCE * documents]
-    if not eligible:
-        return max(c.max_len for c in candidates), SUGGESTION_FALLBACK
-    best = max(c.efficiency for c in eligible)
-    chosen = min(c.max_len for c in eligible if c.efficiency >= best - SUGGEST_TOLERANCE)
-    return chosen, SUGGESTION_RULE
-
-
 def length_stats(
     lengths: ArrayLike,
     config: StatsConfig | None = None,
@@ -386,14 +368,17 @@ def length_stats(
 
     Raises:
         DataError: there are no documents.
-        ConfigError: lengths are not a 1-D array of non-negative integers.
+        ConfigError: lengths are not a 1-D array of non-negative integers, or `supervised` is
+            given with a `long_docs` not modelled for masked data (`StatsConfig.check_masked`).
     """
     config = config or StatsConfig()
+    if supervised is not None:
+        config.check_masked()
     arr = _as_lengths(lengths)
     if arr.size == 0:
         raise DataError("no documents to describe (every input was empty or skipped)")
-    L = config.max_len
-    chunks = split_lengths(arr, L)
+    L, policy = config.max_len, config.long_docs
+    chunks = policy_pieces(arr, L, policy)
     tokens = int(arr.sum())
     p50, p90, p99 = (int(v) for v in np.percentile(arr, [50, 90, 99], method="inverted_cdf"))
     long_mask = arr > L
@@ -402,12 +387,13 @@ def length_stats(
     # release the GIL, so the lengths are packed in parallel threads.
     values, counts = np.unique(arr, return_counts=True)
 
-    def pack_at(m: int) -> tuple[int, int, int]:
-        c = chunks if m == L else split_lengths(arr, m)
+    def pack_at(m: int) -> tuple[int, int, int, int]:
+        c = chunks if m == L else policy_pieces(arr, m, policy)
         return (
             int(c.size),
+            int(c.sum()),
             _ffd_rows(c, m),
-            lower_bound_l2_histogram(*split_histogram(values, counts, m), m),
+            lower_bound_l2_histogram(*policy_histogram(values, counts, m, policy), m),
         )
 
     lens = sorted({L, *config.candidates})
@@ -416,19 +402,25 @@ def length_stats(
 
     candidates = []
     for cand in config.candidates:
-        n_chunks, rows, l2 = packed[cand]
+        n_chunks, kept, rows, l2 = packed[cand]
         candidates.append(
             Candidate(
                 max_len=cand,
                 long_documents=int((arr > cand).sum()),
                 chunks=n_chunks,
+                tokens=kept,
                 lower_bound_rows=l2,
                 rows=rows,
-                efficiency=_efficiency(tokens, rows, cand),
-                pad_to_max_len_waste=1.0 - tokens / (n_chunks * cand) if n_chunks else 0.0,
+                efficiency=_efficiency(kept, rows, cand),
+                pad_to_max_len_waste=1.0 - kept / (n_chunks * cand) if n_chunks else 0.0,
             )
         )
-    suggested, rule = suggestion(candidates, int(arr.size))
+    suggested, rule = suggestion(candidates, int(arr.size), policy)
+    long_chunks = {
+        "split": int(-(-arr[long_mask] // L).sum()),
+        "truncate": int(long_mask.sum()),
+        "drop": 0,
+    }[policy]
 
     return LengthStats(
         max_len=L,
@@ -446,15 +438,17 @@ def length_stats(
         histogram_32=_histogram_linear(arr, 32),
         long_documents=int(long_mask.sum()),
         long_tokens=int(arr[long_mask].sum()),
-        long_chunks=int(-(-arr[long_mask] // L).sum()),
+        long_chunks=long_chunks,
         chunks=int(chunks.size),
+        packed_tokens=packed[L][1],
         pad_to_max_len_slots=int(chunks.size) * L,
         pad_per_batch_slots=_pad_per_batch_slots(chunks, config.batch_size) if chunks.size else 0,
         lower_bound_l1=lower_bound_l1(chunks, L),
-        lower_bound_l2=packed[L][2],
-        ffd_rows=packed[L][1],
+        lower_bound_l2=packed[L][3],
+        ffd_rows=packed[L][2],
         candidates=candidates,
         suggested_max_len=suggested,
+        long_docs=policy,
         suggestion_rule=rule,
         inputs=dict(inputs or {"kind": "array"}),
         lengths=arr,
@@ -512,6 +506,7 @@ def compute_stats(
     identity = read.identity()
     counter = None
     if LOSS_MASK in read.columns:
+        config.check_masked()  # before the pass over the corpus
         counter = SupervisedCounter([config.max_len, *config.candidates])
     skips = SkipCounter(strict=read_config.strict)
     if identity is not None:

@@ -71,16 +71,29 @@ def _render_histogram_32(
     return lines
 
 
+def _long_line(s: LengthStats) -> str:
+    """What the documents longer than the max length become under `s.long_docs`."""
+    became = {
+        "split": f"{s.long_chunks:,} chunks after splitting",
+        "truncate": f"truncated, {s.tokens - s.packed_tokens:,} tokens cut",
+        "drop": "dropped",
+    }[s.long_docs]
+    return (
+        f"{s.long_documents:,} documents, {s.long_tokens:,} tokens -> {became} "
+        f"({s.chunks:,} pieces in all)"
+    )
+
+
 def _packing_lines(s: LengthStats) -> list[tuple[str, str]]:
-    """The bound and FFD rows after splitting; with a loss mask, `pack` truncates instead (by
-    default), so these are labelled as what splitting would give, and the masked lines follow
-    with the bound on the kept lengths (an unqualified split bound stood above fewer masked
-    rows, and above what `pack` did)."""
+    """The bound and FFD rows after the long-document policy; with a loss mask, `pack` also
+    drops the documents left unsupervised (and refuses split), so these are labelled by the
+    policy, and the masked lines follow with the bound on the kept lengths (an unqualified split
+    bound stood above fewer masked rows, and above what `pack` did)."""
     sup = s.supervised
-    split = " (if split)" if sup is not None else ""
+    split = {"split": " (if split)", "truncate": " (truncated)"}[s.long_docs] if sup else ""
     lines = [
         (
-            "lower bound (if split)" if sup is not None else "lower bound on rows",
+            f"lower bound{split}" if sup is not None else "lower bound on rows",
             f"L1 {s.lower_bound_l1:,}  L2 {s.lower_bound_l2:,}",
         ),
         (f"FFD packing{split}", f"{s.ffd_rows:,} rows, efficiency {_pct(s.ffd_efficiency)}"),
@@ -139,11 +152,7 @@ def render_report(s: LengthStats) -> str:
         *(
             f"  {label:<23} {value}"  # a label past 23 characters keeps a space
             for label, value in [
-                (
-                    f"longer than {L:,}",
-                    f"{s.long_documents:,} documents, {s.long_tokens:,} tokens "
-                    f"-> {s.long_chunks:,} chunks after splitting ({s.chunks:,} pieces in all)",
-                ),
+                (f"longer than {L:,}", _long_line(s)),
                 (f"pad each to {L:,}", f"{_pct(s.pad_to_max_len_waste)} of slots wasted"),
                 (
                     f"pad batches of {s.batch_size:,}",
@@ -153,7 +162,11 @@ def render_report(s: LengthStats) -> str:
             ]
         ),
         "",
-        "candidate max lengths (FFD after splitting)",
+        "candidate max lengths (FFD "
+        + {"split": "after splitting", "truncate": "after truncating", "drop": "after dropping"}[
+            s.long_docs
+        ]
+        + ")",
     ]
     sup = s.supervised
     cand_rows = [
@@ -171,7 +184,7 @@ def render_report(s: LengthStats) -> str:
     ]
     headers = [
         "max_len",
-        "split docs",
+        {"split": "split docs", "truncate": "truncated docs", "drop": "dropped docs"}[s.long_docs],
         "chunks",
         "L2 rows",
         "FFD rows",

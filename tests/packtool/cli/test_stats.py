@@ -317,3 +317,31 @@ def test_a_library_tokenizer_with_an_engine_over_tokenized_parquet_is_warned_abo
             run_it(load_tokenizer(str(words), engine=engine))
             err = capsys.readouterr().err
             assert [line for line in err.splitlines() if "engine" in line] == warned, err
+
+
+def test_long_docs_option(small_corpus):
+    # 10, 20, 40, 100 at max length 64: the 100-token document truncated to 64 (36 cut) or
+    # dropped; stats had no such option (until 2026-12-08).
+    def stats(*args):
+        result = CliRunner().invoke(
+            cli, ["stats", str(small_corpus), "--max-len", "64", "--candidates", "64", *args]
+        )
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    d = json.loads(stats("--json"))
+    assert (d["long_docs"], d["packed"]["tokens"]) == ("split", 170)
+    d = json.loads(stats("--long-docs", "truncate", "--json"))
+    assert (d["long_docs"], d["packed"]["tokens"], d["packed"]["rows"]) == ("truncate", 134, 3)
+    assert d["candidates"][0]["tokens"] == 134 and d["tokens"] == 170  # the corpus's tokens
+    d = json.loads(stats("--long-docs", "drop", "--json"))
+    assert (d["packed"]["tokens"], d["packed"]["rows"], d["lower_bound_rows"]["l2"]) == (70, 2, 2)
+    assert "1 documents, 100 tokens -> dropped (3 pieces in all)" in stats("--long-docs", "drop")
+
+
+def test_a_bad_long_docs_is_one_line(small_corpus, capsys):
+    code, out, err = run_main(["stats", str(small_corpus), "--long-docs", "keep"], capsys)
+    assert code == 1 and one_error_line(err) == (
+        "error: Invalid value for '--long-docs': 'keep' is not one of 'split', 'truncate', "
+        "'drop'. (see packtool stats --help)"
+    )

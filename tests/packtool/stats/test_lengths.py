@@ -159,6 +159,7 @@ def test_suggestion_rule():
             max_len=max_len,
             long_documents=long_docs,
             chunks=0,
+            tokens=0,
             lower_bound_rows=0,
             rows=0,
             efficiency=eff,
@@ -197,6 +198,7 @@ def test_to_dict_is_stable_and_json_ready():
     d = json.loads(json.dumps(s.to_dict()))
     assert list(d) == [
         "max_len",
+        "long_docs",  # added 2026-12-08
         "inputs",
         "documents",
         "tokens",
@@ -214,6 +216,7 @@ def test_to_dict_is_stable_and_json_ready():
     ]
     assert d["packed"] == {
         "algorithm": "ffd",
+        "tokens": 18,  # added 2026-12-08: what the efficiency divides
         "rows": 3,
         "efficiency": 18 / 24,
         "rows_over_l2": 1.0,
@@ -263,6 +266,8 @@ def test_render_mentions_the_figures():
         # Before: TypeErrors ('<' between str and int; 'int' object is not iterable).
         ({"candidates": ("512",)}, "candidates must be a non-empty tuple"),
         ({"candidates": 512}, "candidates must be a non-empty tuple"),
+        ({"long_docs": "keep"}, "^long_docs must be one of split, truncate, drop, got 'keep'$"),
+        ({"long_docs": None}, "^long_docs must be one of split, truncate, drop, got None$"),
     ],
 )
 def test_config_validation(kwargs, match):
@@ -665,3 +670,59 @@ def test_every_function_names_tokenized_parquet_as_it_was_given(tmp_path, refuse
         lines[name] = str(raised.value)
     assert lines["run_pack"].startswith(f"{tok}: tokenized with byte:byte"), lines
     assert set(lines.values()) == {lines["run_pack"]}, lines
+
+
+@pytest.mark.parametrize(
+    ("long_docs", "pieces", "long_chunks", "rule"),
+    [
+        ("split", [10, 10, 3, 8], 2, "split"),
+        ("truncate", [10, 3, 8], 1, "truncate"),
+        ("drop", [3, 8], 0, "drop"),
+    ],
+)
+def test_the_max_length_figures_follow_the_long_docs_policy(long_docs, pieces, long_chunks, rule):
+    # Lengths 20, 3, 0, 8 at max length 10 (the empty document is no piece under any policy).
+    s = length_stats(
+        [20, 3, 0, 8],
+        StatsConfig(max_len=10, batch_size=2, candidates=(10, 32), long_docs=long_docs),
+    )
+    kept = sum(pieces)
+    assert (s.documents, s.tokens, s.p50, s.max) == (4, 31, 3, 20)  # the corpus's, always
+    assert (s.long_documents, s.long_tokens) == (1, 20)
+    assert (s.chunks, s.packed_tokens, s.long_chunks) == (len(pieces), kept, long_chunks)
+    assert s.pad_to_max_len_slots == 10 * len(pieces)
+    assert s.pad_to_max_len_waste == pytest.approx(1 - kept / (10 * len(pieces)))
+    assert s.lower_bound_l1 == -(-kept // 10)
+    assert s.lower_bound_l2 == lower_bound_l2(pieces, 10)
+    assert s.ffd_rows == ffd_assign(pieces, 10)[2]
+    assert s.ffd_efficiency == pytest.approx(kept / (s.ffd_rows * 10))
+    c = s.candidates[0]
+    assert (c.chunks, c.tokens, c.rows, c.lower_bound_rows) == (
+        len(pieces),
+        kept,
+        s.ffd_rows,
+        s.lower_bound_l2,
+    )
+    # 32 cuts no document: the rule, in the policy's words
+    assert f"candidates that {rule} at most 1% of documents" in s.suggestion_rule
+    d = s.to_dict()
+    assert d["long_docs"] == long_docs
+    assert d["packed"]["tokens"] == kept and d["candidates"][0]["tokens"] == kept
+    assert d["longer_than_max_len"]["chunks_after_split"] == len(pieces)
+
+
+def test_the_report_says_what_became_of_the_long_documents():
+    def report(long_docs):
+        config = StatsConfig(max_len=10, candidates=(10,), long_docs=long_docs)
+        return render_report(length_stats([25, 3, 8], config))
+
+    assert "1 documents, 25 tokens -> 3 chunks after splitting (5 pieces in all)" in report("split")
+    text = report("truncate")
+    assert "1 documents, 25 tokens -> truncated, 15 tokens cut (3 pieces in all)" in text
+    assert "candidate max lengths (FFD after truncating)\nmax_len  truncated docs" in text
+    text = report("drop")
+    assert "1 documents, 25 tokens -> dropped (2 pieces in all)" in text
+    assert "candidate max lengths (FFD after dropping)\nmax_len  dropped docs" in text
+    assert SUGGESTION_FALLBACK.replace("split", "drop") in render_report(
+        length_stats([25] * 9 + [3], StatsConfig(max_len=10, candidates=(10,), long_docs="drop"))
+    )
