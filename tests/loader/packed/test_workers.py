@@ -189,7 +189,7 @@ def test_a_worker_error_leaves_no_workers_iterator_to_a_later_fork(
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
     monkeypatch.setattr(PackedDataset, "_generate_blocks", _fail_with(DataError("row group 3")))
-    dl = PackedDataLoader(PackedDataset(random_dataset, rows_per_batch=4), num_workers=2)
+    dl = PackedDataLoader(PackedDataset(random_dataset, rows_per_batch=4), num_workers=1)
     gc.collect()
     gc.disable()
     try:
