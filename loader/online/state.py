@@ -137,12 +137,16 @@ class StateCheck:
                 raise self.fail(f"{path}.{key}" if path else key, "is missing")
         return value
 
-    def int_(self, value: Any, path: str, lo: int | None = 0) -> int:
-        """`value`, an integer (>= `lo` unless None)."""
+    def int_(self, value: Any, path: str, lo: int | None = 0, *, int64: bool = True) -> int:
+        """`value`, an integer (>= `lo` unless None) that fits int64 unless `int64` is False:
+        every count, id and epoch a state holds does (2**63 as `next_doc_id` or `epoch` was
+        numpy's OverflowError at the next push or iteration); a seed need not."""
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise self.fail(path, f"is {_show(value)}, not an integer")
         if lo is not None and value < lo:
             raise self.fail(path, f"is {value}, not >= {lo}")
+        if int64 and value > _INT64_MAX:
+            raise self.fail(path, f"is {value}, past int64")
         return int(value)
 
     def bool_(self, value: Any, path: str) -> bool:
@@ -281,7 +285,7 @@ def check_packer_state(
     if not isinstance(seed_key, (list, tuple)):
         raise check.fail(f"{at}seed_key", f"is {_show(seed_key)}, not a list of integers")
     for i, k in enumerate(seed_key):
-        check.int_(k, f"{at}seed_key[{i}]")  # the constructor refuses a negative one
+        check.int_(k, f"{at}seed_key[{i}]", int64=False)  # the constructor refuses a negative one
     for key in _COUNTERS:
         check.int_(state[key], f"{at}{key}")
     check.bool_(state["closed"], f"{at}closed")

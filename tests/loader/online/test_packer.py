@@ -632,6 +632,27 @@ def test_a_negative_value_anywhere_in_a_packer_state_is_damage(with_tokens) -> N
             OnlinePacker(max_len=8, buffer_docs=4, min_fill=0.9).load_state_dict(damaged)
 
 
+@pytest.mark.parametrize("big", [2**63, 2**70])
+def test_a_count_past_int64_in_a_packer_state_is_damage(big) -> None:
+    # Before: next_doc_id 2**63 loaded, then numpy's OverflowError at the next push.
+    p = OnlinePacker(max_len=8, buffer_docs=4)
+    p.push_docs([[1, 2, 3]] * 5)
+    for key in ("next_doc_id", "packs"):
+        state = p.state_dict()
+        state[key] = big
+        with pytest.raises(DataError, match=f"{key} is {big}, past int64; the checkpoint is dam"):
+            OnlinePacker(max_len=8, buffer_docs=4).load_state_dict(state)
+
+
+def test_a_seed_key_past_int64_still_resumes() -> None:
+    # The constructor takes any integer >= 0 as a seed_key entry: its state must load.
+    p = OnlinePacker(max_len=8, buffer_docs=4, seed_key=(2**70,))
+    p.push_docs([[1, 2, 3]] * 5)
+    q = OnlinePacker(max_len=8, buffer_docs=4, seed_key=(2**70,))
+    q.load_state_dict(p.state_dict())
+    assert q.seed_key == (2**70,)
+
+
 def test_a_config_and_keyword_settings_together_are_refused() -> None:
     with pytest.raises(
         ConfigError, match=r"give either a config or keyword settings, not both \(\['seed'\]\)"

@@ -243,6 +243,8 @@ def test_only_the_file_being_read_is_open(tmp_path) -> None:
         ({"epoch": "0"}, "epoch is '0', not an integer"),
         # Before: accepted, then a seed_key error at the first batch naming no checkpoint.
         ({"epoch": -1}, "epoch is -1, not >= 0"),
+        # Before: loaded, then numpy's OverflowError at the first batch.
+        ({"epoch": 2**70}, f"epoch is {2**70}, past int64"),
     ],
 )
 def test_damaged_state_is_a_clear_error(tokenized, edit, match) -> None:
