@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from loader.config import MAX_BATCH_TOKENS
 from loader.record import Documents, TokenRuns
 from packtool.dataset.columns import IGNORE_INDEX
 from packtool.errors import ConfigError, DataError
@@ -267,6 +268,13 @@ def check_collate_kwargs(
     for name in ("seq_idx", "varlen_keys", "pin_memory"):
         if name in kwargs and not isinstance(kwargs[name], bool):
             raise ConfigError(f"collate_kwargs {name} must be True or False, got {kwargs[name]!r}")
+    if (pad := kwargs.get("pad_tokens")) is not None and pad > MAX_BATCH_TOKENS:
+        # allocated (3 x 8 bytes a token) and failed deep in torch at the first batch, or past
+        # int32 made a cu_seqlens that does not hold the batch
+        raise ConfigError(
+            f"collate_kwargs pad_tokens={pad:,} is more tokens than a batch can hold: cu_seqlens "
+            f"is int32, so at most {MAX_BATCH_TOKENS:,}"
+        )
     layout = kwargs.get("layout", "packtool")
     if not isinstance(layout, str) or layout not in ("packtool", "hf"):
         raise ConfigError(f"collate_kwargs layout must be 'packtool' or 'hf', got {layout!r}")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from loader.config import check_int
+from loader.config import MAX_BATCH_TOKENS, check_int
 from loader.record import Documents
 from packtool.dataset.columns import get
 from packtool.errors import ConfigError
@@ -195,6 +195,12 @@ class RowBatcher:
         self.max_len = max_len
         self.rows_per_batch = rows_per_batch
         self.tokens_per_batch = tokens_per_batch
+        most, why = self.batch_tokens
+        if most > MAX_BATCH_TOKENS:  # as `PackedDataset` refuses it (loader.config)
+            raise ConfigError(
+                f"{why} is more tokens than a batch can hold: cu_seqlens is int32, so at most "
+                f"{MAX_BATCH_TOKENS:,} a batch"
+            )
         self.pending: PackedRows = _EMPTY_ROWS
         self.handed = 0
         """Rows of `pending` a running `ready()` has yielded (it trims `pending` only at its

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from loader.collate import check_collate_kwargs, collate
-from loader.config import check_int
+from loader.config import MAX_BATCH_TOKENS, check_int
 from loader.online.inputs import not_a_sequence, private, several_sequences
 from loader.online.request_queue import RequestQueue
 from loader.record import Documents, outside_int64, tensor_ids
@@ -170,6 +170,11 @@ class RequestBatcher:
         # numpy integers are integers; bools are not counts (max_requests=True was 1)
         check_int("token_budget", token_budget, 1)
         token_budget = int(token_budget)
+        if token_budget > MAX_BATCH_TOKENS:  # a batch's cu_seqlens is int32
+            raise ConfigError(
+                f"token_budget {token_budget:,} is more tokens than a batch can hold: cu_seqlens "
+                f"is int32, so at most {MAX_BATCH_TOKENS:,}"
+            )
         if vocab_size is not None:
             check_int("vocab_size", vocab_size, 1)
             vocab_size = int(vocab_size)

@@ -943,6 +943,24 @@ def test_pad_docs_below_a_full_batch_of_one_token_documents_is_refused_up_front(
     assert all(len(b["cu_seqlens"]) == most + 1 for b in batches)
 
 
+@pytest.mark.parametrize(
+    ("kw", "what"),
+    [
+        ({"rows_per_batch": 2**40}, "rows_per_batch=1099511627776 × max_len=16"),
+        ({"tokens_per_batch": 2**31}, "tokens_per_batch=2147483648"),
+        ({"rows_per_batch": 2, "pad_tokens": 2**40}, "pad_tokens=1,099,511,627,776"),
+    ],
+)
+def test_a_batch_past_int32_cu_seqlens_is_refused_up_front(kw, what) -> None:
+    """Before: accepted (`PackedDataset` refuses them); a pad_tokens of 2**40 then failed at the
+    first batch with torch's "can't allocate memory" RuntimeError."""
+    p = OnlinePacker(max_len=16)
+    with pytest.raises(ConfigError, match=re.escape(what) + ".* cu_seqlens is int32"):
+        p.batches([[1, 2]], **kw)
+    (batch,) = p.batches([[1, 2]], rows_per_batch=(2**31 - 1) // 16)  # the largest is fine
+    assert batch["input_ids"].tolist() == [1, 2]
+
+
 def test_documents_or_a_source_that_is_not_iterable_is_a_data_error() -> None:
     # Before: a bare TypeError ("'int' object is not iterable"), from pack_stream and batches
     # at the first item read.

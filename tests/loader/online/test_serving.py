@@ -306,6 +306,8 @@ def test_bad_token_ids_fail_only_their_own_request() -> None:
         ({"vocab_size": 0}, "vocab_size"),
         ({"max_requests": 0}, "max_requests"),
         ({"run_batch": 3}, "callable"),
+        # Before: accepted; a batch past int32 cu_seqlens (2**31 - 1 tokens) cannot be built.
+        ({"token_budget": 2**31}, "token_budget 2,147,483,648 is more tokens than a batch"),
     ],
 )
 def test_config_validation(kwargs: dict, match: str) -> None:
@@ -357,6 +359,8 @@ def test_infinite_window_waits_for_a_full_budget_or_close() -> None:
         ({"collate_kwargs": {"seq_idx": "yes"}}, "seq_idx must be True or False"),
         # Before: accepted, then every batch failed with collate's ValueError.
         ({"collate_kwargs": {"layout": "HF"}}, "layout must be 'packtool' or 'hf', got 'HF'"),
+        # Before: accepted, then every batch failed with torch's "can't allocate memory".
+        ({"collate_kwargs": {"pad_tokens": 2**40}}, "cu_seqlens is int32, so at most"),
     ],
 )
 def test_collate_kwargs_are_checked_upfront(kwargs: dict, match: str) -> None:
