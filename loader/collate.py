@@ -233,6 +233,18 @@ def blank(batch: dict[str, Any]) -> None:
         batch["doc_ids"].fill_(-1)
 
 
+def collate_kwargs_dict(value: Any) -> dict[str, Any]:
+    """`collate_kwargs` as given to a dataset or batcher, as a new dict (None: none), or a
+    `ConfigError`: a list or a string was `dict()`'s bare TypeError / ValueError."""
+    try:
+        return dict(value or {})
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"collate_kwargs must be a dict of loader.collate keyword arguments, got "
+            f"{type(value).__name__}"
+        ) from None
+
+
 def check_collate_kwargs(
     kwargs: dict[str, Any], batch_tokens: tuple[int, str] | None = None
 ) -> None:

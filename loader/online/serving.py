@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.collate import check_collate_kwargs, collate
+from loader.collate import check_collate_kwargs, collate, collate_kwargs_dict
 from loader.config import MAX_BATCH_TOKENS, check_int
 from loader.online.inputs import not_a_sequence, private, several_sequences
 from loader.online.request_queue import RequestQueue
@@ -181,7 +181,7 @@ class RequestBatcher:
         if max_requests is not None:
             check_int("max_requests", max_requests, 1)
             max_requests = int(max_requests)
-        collate_kwargs = dict(collate_kwargs or {})
+        collate_kwargs = collate_kwargs_dict(collate_kwargs)
         max_requests = _check_collate(collate_kwargs, token_budget, max_requests)
         self.run_batch = run_batch
         self.max_wait = max_wait_ms / 1000.0

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loader.collate import check_collate_kwargs
+from loader.collate import check_collate_kwargs, collate_kwargs_dict
 from loader.config import OnlineConfig, check_bool, check_epoch, dist_rank_world, make_config
 from loader.online.inputs import TableRowError
 from loader.online.packer import OnlinePacker
@@ -125,7 +125,7 @@ class StreamingPackedDataset(IterableDataset):
         check_bool("drop_last", drop_last)
         self.drop_last = drop_last
         self.shard_by = shard_by
-        self.collate_kwargs = dict(collate_kwargs or {})
+        self.collate_kwargs = collate_kwargs_dict(collate_kwargs)
         # now, not at the first batch (in a DataLoader worker: a worker's traceback)
         check_collate_kwargs(self.collate_kwargs, batcher.batch_tokens)
         self.rank, self.world_size = dist_rank_world(rank, world_size)

@@ -359,6 +359,9 @@ def test_infinite_window_waits_for_a_full_budget_or_close() -> None:
         ({"collate_kwargs": {"seq_idx": "yes"}}, "seq_idx must be True or False"),
         # Before: accepted, then every batch failed with collate's ValueError.
         ({"collate_kwargs": {"layout": "HF"}}, "layout must be 'packtool' or 'hf', got 'HF'"),
+        # Before: dict()'s bare TypeError / ValueError.
+        ({"collate_kwargs": [1]}, "collate_kwargs must be a dict .*, got list"),
+        ({"collate_kwargs": "hf"}, "collate_kwargs must be a dict .*, got str"),
         # Before: accepted, then every batch failed with torch's "can't allocate memory".
         ({"collate_kwargs": {"pad_tokens": 2**40}}, "cu_seqlens is int32, so at most"),
     ],

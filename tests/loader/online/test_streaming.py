@@ -233,6 +233,16 @@ def test_only_the_file_being_read_is_open(tmp_path) -> None:
     assert most <= 2
 
 
+@pytest.mark.parametrize("kwargs", [[1], "hf", 1])
+def test_collate_kwargs_that_are_not_a_dict_are_a_config_error(tokenized, kwargs) -> None:
+    # Before: dict()'s bare TypeError or ValueError.
+    path, _ = tokenized
+    with pytest.raises(
+        ConfigError, match=f"^collate_kwargs must be a dict .*{type(kwargs).__name__}$"
+    ):
+        make(path, collate_kwargs=kwargs)
+
+
 @pytest.mark.parametrize(
     ("edit", "match"),
     [
