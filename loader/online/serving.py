@@ -48,6 +48,9 @@ class BatcherTimeoutError(PacktoolError, TimeoutError):
     call (`run_batch`) still running; the batcher's thread goes on in the background."""
 
 
+_NUMBERS = (int, float, np.integer, np.floating)
+"""What a time setting may be (a bool is refused apart)."""
+
 EXIT_TIMEOUT = 60.0
 """Default `exit_timeout`: seconds leaving a `with RequestBatcher(...)` block waits for a model
 call before `BatcherTimeoutError` (batch after batch finishing, a long drain, is waited for)."""
@@ -162,7 +165,8 @@ class RequestBatcher:
     ) -> None:
         if not callable(run_batch):
             raise ConfigError(f"run_batch must be callable, got {run_batch!r}")
-        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, (int, float)):
+        # numpy numbers too (np.int64(50) from a config array was "must be a number")
+        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, _NUMBERS):
             raise ConfigError(f"max_wait_ms must be a number of milliseconds, got {max_wait_ms!r}")
         if not max_wait_ms >= 0:
             raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
@@ -184,7 +188,7 @@ class RequestBatcher:
         collate_kwargs = collate_kwargs_dict(collate_kwargs)
         max_requests = _check_collate(collate_kwargs, token_budget, max_requests)
         self.run_batch = run_batch
-        self.max_wait = max_wait_ms / 1000.0
+        self.max_wait = float(max_wait_ms) / 1000.0
         self.token_budget = token_budget
         self.max_requests = max_requests
         self.collate_kwargs = collate_kwargs
@@ -312,7 +316,7 @@ def _check_timeout(name: str, value: Any) -> float | None:
     """A wait in seconds: a number >= 0, or None (no bound)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+    if isinstance(value, bool) or not isinstance(value, _NUMBERS) or not value >= 0:
         raise ConfigError(f"{name} must be a number of seconds >= 0 or None, got {value!r}")
     return None if value == float("inf") else float(value)  # inf overflows a lock's wait
 

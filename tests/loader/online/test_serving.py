@@ -465,6 +465,16 @@ def test_hf_layout_and_list_outputs_give_each_request_its_rows() -> None:
         batcher.submit([1, 2, 3]).result(timeout=10)
 
 
+def test_times_take_numpy_numbers() -> None:
+    # Before: np.int64(5) or np.float32(5) as max_wait_ms (or exit_timeout) was a ConfigError
+    # "must be a number", though token_budget takes numpy integers.
+    for wait in (np.int64(5), np.float32(5.0)):
+        with RequestBatcher(run_batch=Model(), max_wait_ms=wait, exit_timeout=np.float32(5)) as b:
+            assert b.max_wait == 0.005
+            assert b.submit([1, 2]).result(timeout=5).tolist() == [3, 5]  # 2x + 1
+            b.close(timeout=np.int64(5))
+
+
 def test_counts_take_numpy_integers_and_refuse_bools_and_huge_ids() -> None:
     # Before: token_budget=np.int64(64) was refused ("got np.int64(64)"), max_requests=True
     # taken as 1, and an id past uint64 was reported as "got dtype object".
