@@ -14,7 +14,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from loader.record import INT64_MAX, check_ids, outside_int64, tensor_ids
-from packtool.dataset.columns import TOKEN, flat_parts, get, names, optional
+from packtool.dataset.columns import LOSS_MASK, TOKEN, flat_parts, get, names, optional
 from packtool.errors import ConfigError, DataError
 from packtool.pack.columns import check_policy
 
@@ -212,6 +212,22 @@ def table_columns(table: Any, offsets: NDArray) -> dict[str, NDArray]:
     return extra
 
 
+def column_dict(columns: Any, loss_mask: Any) -> dict[str, Any]:
+    """`push`'s per-token `columns` by name, with `loss_mask` when given, as a new dict.
+
+    Raises:
+        ConfigError: `columns` is not a dict (was dict()'s TypeError).
+    """
+    if columns is not None and not isinstance(columns, dict):
+        raise ConfigError(
+            f"columns must be a dict of per-token arrays by name, got {columns!r:.40}"
+        )
+    out = dict(columns or {})
+    if loss_mask is not None:
+        out[LOSS_MASK] = loss_mask
+    return out
+
+
 def token_columns(
     tokens: NDArray | None, columns: dict[str, Any], kind: tuple[str, ...] | None, long_docs: str
 ) -> tuple[dict[str, NDArray], tuple[str, ...]]:
@@ -226,7 +242,13 @@ def token_columns(
     """
     out = {}
     for name, values in columns.items():
-        c = get(name)
+        try:
+            c = get(name)
+        except KeyError:  # was that bare KeyError
+            carried = [c.name for c in optional() if c.level == TOKEN]
+            raise ConfigError(
+                f"unknown column {name!r}; the packer carries the per-token columns {carried}"
+            ) from None
         if c.level != TOKEN:
             raise ConfigError(f"{name} is not a per-token column; the packer carries only those")
         if tokens is None:

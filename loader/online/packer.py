@@ -39,6 +39,7 @@ from loader.online.bucketed import bucketed_assign
 from loader.online.inputs import (
     DOCUMENTS,
     TableRowError,
+    column_dict,
     doc_array,
     doc_id_array,
     flat_tokens,
@@ -140,10 +141,7 @@ class OnlinePacker:
             ConfigError: documents with and without a mask in one packer, `long_docs="split"`
                 with a mask, or lengths split into over `limits.MAX_SPLIT_CHUNKS` pieces.
         """
-        extra = dict(columns or {})
-        if loss_mask is not None:
-            extra[LOSS_MASK] = loss_mask
-        self._push(tokens, lengths, doc_ids, extra, owned=False)
+        self._push(tokens, lengths, doc_ids, column_dict(columns, loss_mask), owned=False)
 
     def _push(
         self, tokens: Any, lengths: Any, doc_ids: Any, columns: dict[str, Any], *, owned: bool

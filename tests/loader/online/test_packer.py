@@ -961,6 +961,23 @@ def test_a_batch_past_int32_cu_seqlens_is_refused_up_front(kw, what) -> None:
     assert batch["input_ids"].tolist() == [1, 2]
 
 
+@pytest.mark.parametrize(
+    ("columns", "match"),
+    [
+        ({"foo": [1, 1, 1]}, r"^unknown column 'foo'; the packer carries .*\['loss_mask'\]$"),
+        ({"doc_id": [1]}, r"^unknown column 'doc_id'; the packer carries"),
+        ([1], r"^columns must be a dict of per-token arrays by name, got \[1\]$"),
+    ],
+)
+def test_push_columns_of_an_unknown_name_or_not_a_dict_are_a_config_error(columns, match):
+    # Before: a bare KeyError from the column registry, or dict()'s TypeError.
+    p = OnlinePacker(max_len=8, long_docs="truncate")
+    with pytest.raises(ConfigError, match=match):
+        p.push(np.arange(3), [3], columns=columns)
+    p.push(np.arange(3), [3], columns={"loss_mask": [0, 1, 1]})  # a known one still goes
+    assert p.stats["documents_in"] == 1
+
+
 def test_documents_or_a_source_that_is_not_iterable_is_a_data_error() -> None:
     # Before: a bare TypeError ("'int' object is not iterable"), from pack_stream and batches
     # at the first item read.
