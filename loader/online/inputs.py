@@ -174,6 +174,8 @@ def flat_tokens(tokens: Any, n: int) -> NDArray:
     if tokens.dtype == np.uint64 and tokens.size and (top := int(tokens.max())) > INT64_MAX:
         # collate's int64 input_ids would wrap it to a negative index
         raise DataError(f"token id {top} does not fit int64 (the batch's input_ids)")
+    if not tokens.dtype.isnative:  # big-endian ('>i4', np.fromfile): numba's kernels refused
+        tokens = tokens.astype(tokens.dtype.newbyteorder("="))  # it with a TypingError
     # uint64 that fits: never met by a signed type in float64
     return tokens.astype(np.int64) if tokens.dtype == np.uint64 else tokens
 

@@ -978,6 +978,20 @@ def test_push_columns_of_an_unknown_name_or_not_a_dict_are_a_config_error(column
     assert p.stats["documents_in"] == 1
 
 
+@pytest.mark.parametrize("dtype", [">i8", ">u2", ">i4"])
+@pytest.mark.parametrize("long_docs", ["split", "truncate"])
+def test_push_takes_big_endian_token_ids(dtype, long_docs) -> None:
+    # Before: numba's TypingError ("non-precise type pyobject") from the pack kernels.
+    p = OnlinePacker(max_len=8, buffer_docs=2, long_docs=long_docs, shuffle_rows=False)
+    tokens = np.arange(1, 21).astype(dtype)
+    p.push(tokens, [3, 12, 5])
+    p.flush()
+    rows = p.pop()
+    assert rows.tokens.dtype.isnative and rows.tokens.dtype.kind == np.dtype(dtype).kind
+    kept = np.r_[1:4, 4:16, 16:21] if long_docs == "split" else np.r_[1:4, 4:12, 16:21]
+    assert sorted(rows.tokens.tolist()) == kept.tolist()
+
+
 def test_documents_or_a_source_that_is_not_iterable_is_a_data_error() -> None:
     # Before: a bare TypeError ("'int' object is not iterable"), from pack_stream and batches
     # at the first item read.
