@@ -120,7 +120,14 @@ def tensor_ids(value: Any, where: str, *, floats: bool = False) -> Any:
     """
     if not hasattr(value, "detach") or not hasattr(value, "is_floating_point"):
         return value
-    tensor = value.detach().cpu()
+    tensor = value.detach()
+    # Neither holds ids numpy can read: a meta tensor (torch's NotImplementedError "Cannot
+    # copy out of meta tensor") and a sparse one ("must be integers, got torch.int64").
+    if getattr(tensor, "is_meta", False):
+        raise DataError(f"{where}: a tensor on the meta device holds no values")
+    if str(getattr(tensor, "layout", "torch.strided")) != "torch.strided":
+        raise DataError(f"{where} must be a dense tensor, got layout {tensor.layout}")
+    tensor = tensor.cpu()
     try:
         return tensor.numpy()
     except TypeError:  # "Got unsupported ScalarType BFloat16"

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loader.online.packer import OnlinePacker
 from loader.online.request_queue import RequestQueue
 from loader.online.serving import BatcherClosedError, BatcherTimeoutError, RequestBatcher
 from packtool.errors import ConfigError, DataError
@@ -495,6 +496,20 @@ def test_times_take_numpy_numbers() -> None:
             assert b.max_wait == 0.005
             assert b.submit([1, 2]).result(timeout=5).tolist() == [3, 5]  # 2x + 1
             b.close(timeout=np.int64(5))
+
+
+def test_a_meta_or_sparse_tensor_is_a_data_error_naming_it() -> None:
+    # Before: torch's NotImplementedError (meta) on the future, or "request token ids must be
+    # integers, got torch.int64" (sparse); the packer's documents the same.
+    with RequestBatcher(run_batch=Model(), max_wait_ms=1) as b:
+        meta = b.submit(torch.empty(3, dtype=torch.long, device="meta"))
+        with pytest.raises(DataError, match="^request token ids: a tensor on the meta device"):
+            meta.result(timeout=5)
+        sparse = b.submit(torch.tensor([1, 2]).to_sparse())
+        with pytest.raises(DataError, match="must be a dense tensor, got layout torch.sparse_coo"):
+            sparse.result(timeout=5)
+    with pytest.raises(DataError, match="^document 0: token ids: a tensor on the meta device"):
+        OnlinePacker(max_len=8).push_docs([torch.empty(3, dtype=torch.long, device="meta")])
 
 
 def test_counts_take_numpy_integers_and_refuse_bools_and_huge_ids() -> None:
