@@ -398,6 +398,7 @@ class OnlinePacker:
 
     def flush(self, *, final: bool = True) -> None:
         """Pack what is buffered now. `final=True` emits every row and closes the packer."""
+        check_bool("final", final)  # final="no" closed the packer
         if self._n_segs:
             self._pack(final=final)
         elif final and not self._closed:

@@ -992,6 +992,16 @@ def test_push_takes_big_endian_token_ids(dtype, long_docs) -> None:
     assert sorted(rows.tokens.tolist()) == kept.tolist()
 
 
+@pytest.mark.parametrize("final", ["no", None, 0])
+def test_flush_final_must_be_a_bool(final) -> None:
+    # Before: "no" (true) closed the packer; None and 0 packed as a non-final flush.
+    p = OnlinePacker(max_len=8, buffer_docs=100)
+    p.push_docs([[1, 2, 3]])
+    with pytest.raises(ConfigError, match=f"^final must be True or False, got {final!r}$"):
+        p.flush(final=final)
+    assert p.buffered == (1, 3) and not p.stats["stream_closed"]
+
+
 def test_documents_or_a_source_that_is_not_iterable_is_a_data_error() -> None:
     # Before: a bare TypeError ("'int' object is not iterable"), from pack_stream and batches
     # at the first item read.
