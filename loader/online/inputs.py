@@ -72,6 +72,8 @@ def doc_array(doc: Any, i: int, *, own: bool = False) -> NDArray:
         arr = np.asarray(doc)
     except ValueError as exc:  # ragged nested lists
         raise DataError(f"document {i} is not one sequence of token ids ({exc})") from None
+    if arr.ndim == 0 and (what := not_a_sequence(doc)) is not None:  # e.g. a dataset's row
+        raise DataError(f"document {i} must be a sequence of token ids (list/array), got {what}")
     if arr.ndim == 0:  # e.g. a flat token array given as the source: each id is no document
         raise DataError(
             f"document {i} is a single value ({arr.item()!r:.40}); give a 1-d array of token "

@@ -1002,6 +1002,20 @@ def test_flush_final_must_be_a_bool(final) -> None:
     assert p.buffered == (1, 3) and not p.stats["stream_closed"]
 
 
+@pytest.mark.parametrize(
+    ("doc", "what"),
+    [({"input_ids": [1, 2]}, "a dict"), ((i for i in range(3)), "a generator"), ({1, 2}, "a set")],
+)
+def test_a_document_that_is_no_sequence_is_named_for_what_it_is(doc, what) -> None:
+    # Before: "document 0 is a single value ({'input_ids': [1, 2]})", as RequestBatcher said
+    # until 2026-12-07: a dataset's row (a dict) is the likely mistake.
+    want = f"^document 0 must be a sequence of token ids \\(list/array\\), got {what}$"
+    with pytest.raises(DataError, match=want):
+        OnlinePacker(max_len=8).push_docs([doc])
+    with pytest.raises(DataError, match=want):
+        list(OnlinePacker(max_len=8).batches([doc], rows_per_batch=1))
+
+
 def test_documents_or_a_source_that_is_not_iterable_is_a_data_error() -> None:
     # Before: a bare TypeError ("'int' object is not iterable"), from pack_stream and batches
     # at the first item read.
