@@ -22,7 +22,7 @@ from packtool.cli.engine_options import EngineOptions, engine_options
 from packtool.cli.exits import echo
 from packtool.cli.input_checks import check_input_options
 from packtool.cli.input_options import CorpusOptions, corpus_options, inputs_argument, sft_options
-from packtool.dataset.manifest_check import MAX_LEN_LIMIT
+from packtool.dataset.manifest_check import LONG_DOC_POLICIES, MAX_LEN_LIMIT
 from packtool.errors import AlreadyComplete, ConfigError, Detached
 from packtool.quantities import MIN_PARTITION_SIZE, parse_size, positive_int
 
@@ -297,7 +297,7 @@ def tokenize_cmd(
 )
 @click.option(
     "--long-docs",
-    type=click.Choice(["split", "truncate", "drop"]),
+    type=click.Choice(LONG_DOC_POLICIES),
     default="split",
     show_default=True,
     help="Model `pack --long-docs`: documents longer than a max length are cut into chunks, "
@@ -409,7 +409,7 @@ def stats_cmd(
 )
 @click.option(
     "--long-docs",
-    type=click.Choice(["split", "truncate", "drop"]),
+    type=click.Choice(LONG_DOC_POLICIES),
     default=None,
     help="Documents longer than --max-len: cut into max-len chunks, truncate, or drop "
     "[default: split; truncate for data with a loss mask, which is never split].",
